@@ -1,0 +1,4 @@
+//! Framesmith: LoRA training for Wan video diffusion transformers.
+
+pub mod models;
+pub mod nn;

@@ -1,0 +1,3 @@
+//! Model definitions. Pure tensor code: no channels, config files or logging policy.
+
+pub mod wan;

@@ -1,0 +1,8 @@
+//! Neural-network building blocks shared by the models: linear layers (dense, FP8, LoRA), attention, norms and
+//! the checkpoint tensor view. Knows nothing of channels, config files or logging.
+
+pub mod attention;
+pub mod linear;
+pub mod lora;
+pub mod norm;
+pub mod vb;

@@ -1,0 +1,58 @@
+//! Differentiable normalisations (RMSNorm, LayerNorm) written as compositions of candle ops that all have a
+//! backward: candle's fused `ops::rms_norm` / `layer_norm` return no gradient. Statistics are computed in f32 and
+//! the result cast back, as the official Wan code does.
+
+use candle_core::{DType, Result, Tensor, D};
+
+/// `x * rsqrt(mean(x²) + eps) * weight` over the last dimension, computed in f32, returned in `xs`' dtype.
+pub fn rms_norm(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    let dtype = xs.dtype();
+    let x = xs.to_dtype(DType::F32)?;
+    let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = x.broadcast_div(&(ms + eps)?.sqrt()?)?.to_dtype(dtype)?;
+    match weight {
+        Some(w) => normed.broadcast_mul(&w.to_dtype(dtype)?),
+        None => Ok(normed),
+    }
+}
+
+/// LayerNorm over the last dimension in f32 with optional affine parameters, returned in `xs`' dtype.
+pub fn layer_norm(xs: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    let dtype = xs.dtype();
+    let x = xs.to_dtype(DType::F32)?;
+    let mean = x.mean_keepdim(D::Minus1)?;
+    let centred = x.broadcast_sub(&mean)?;
+    let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
+    let mut out = centred.broadcast_div(&(var + eps)?.sqrt()?)?;
+    if let Some(w) = weight {
+        out = out.broadcast_mul(&w.to_dtype(DType::F32)?)?;
+    }
+    if let Some(b) = bias {
+        out = out.broadcast_add(&b.to_dtype(DType::F32)?)?;
+    }
+    out.to_dtype(dtype)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{Device, Var};
+
+    #[test]
+    fn norms_have_gradients() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1., (3, 8), &dev)?)?;
+        let w = Tensor::randn(1f32, 0.1, 8, &dev)?;
+        let probe = Tensor::randn(0f32, 1., (3, 8), &dev)?;
+        for y in [
+            rms_norm(x.as_tensor(), Some(&w), 1e-6)?,
+            layer_norm(x.as_tensor(), Some(&w), Some(&w), 1e-6)?,
+        ] {
+            let grads = (y * &probe)?.sum_all()?.backward()?;
+            let g = grads.get(x.as_tensor()).map(|g| g.abs()).transpose()?;
+            let total = g.map(|g| g.sum_all()?.to_scalar::<f32>()).transpose()?.unwrap_or(0.0);
+            assert!(total > 0.0, "input gradient missing");
+        }
+        Ok(())
+    }
+}

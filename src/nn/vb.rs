@@ -1,0 +1,99 @@
+//! `Vb`: a read-only view of named checkpoint tensors with a key prefix, so model code reads straight down the
+//! key tree (`Block::new(cfg, vb.pp("self_attn").pp("q"))`). Knows nothing of file formats: loaders fill it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Result, Shape, Tensor};
+
+/// Named tensors plus the prefix of the module being built, the compute dtype and the device.
+#[derive(Clone)]
+pub struct Vb {
+    tensors: Arc<HashMap<String, Tensor>>,
+    prefix: String,
+    dtype: DType,
+    device: Device,
+}
+
+impl Vb {
+    /// Wraps a map of tensors keyed by their full (official) names.
+    pub fn from_tensors(tensors: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
+        Self {
+            tensors: Arc::new(tensors),
+            prefix: String::new(),
+            dtype,
+            device: device.clone(),
+        }
+    }
+
+    /// The view of a sub-module: `vb.pp("blocks").pp(3)` reads `blocks.3.*`.
+    pub fn pp<S: ToString>(&self, name: S) -> Self {
+        Self {
+            tensors: self.tensors.clone(),
+            prefix: self.path(&name.to_string()),
+            dtype: self.dtype,
+            device: self.device.clone(),
+        }
+    }
+
+    /// The full key of `name` under this view's prefix.
+    pub fn path(&self, name: &str) -> String {
+        if self.prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{}.{name}", self.prefix)
+        }
+    }
+
+    /// This view's prefix (the module path, e.g. `blocks.3.self_attn.q`).
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// Whether `name` exists under this view's prefix.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(&self.path(name))
+    }
+
+    /// The compute dtype tensors are converted to by [`Vb::get`].
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// The device tensors are moved to.
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A view with another compute dtype (e.g. f32 for modulation parameters).
+    pub fn with_dtype(&self, dtype: DType) -> Self {
+        Self {
+            dtype,
+            ..self.clone()
+        }
+    }
+
+    /// The tensor as stored (dtype unchanged), moved to the device.
+    pub fn get_raw(&self, name: &str) -> Result<Tensor> {
+        let key = self.path(name);
+        match self.tensors.get(&key) {
+            Some(t) => t.to_device(&self.device),
+            None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
+        }
+    }
+
+    /// The tensor with the expected shape, converted to the compute dtype.
+    pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
+        let shape = shape.into();
+        let t = self.get_raw(name)?;
+        if t.shape() != &shape {
+            candle_core::bail!(
+                "tensor `{}` has shape {:?}, expected {:?}",
+                self.path(name),
+                t.dims(),
+                shape.dims()
+            );
+        }
+        t.to_dtype(self.dtype)
+    }
+}
