@@ -10,7 +10,12 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
 }
 
 /// Reference attention that materialises the score matrix. For tests and tiny shapes only.
-pub fn naive_attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
+pub fn naive_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_lens: Option<&[usize]>,
+) -> Result<Tensor> {
     let dtype = q.dtype();
     let (b, lq, h, d) = q.dims4()?;
     let lk = k.dim(1)?;

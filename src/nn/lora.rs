@@ -13,7 +13,14 @@ pub struct Lora {
 
 impl Lora {
     /// A fresh adapter: `down` Kaiming-uniform like musubi-tuner (bound 1/sqrt(in)), `up` zero.
-    pub fn new(in_dim: usize, out_dim: usize, rank: usize, alpha: f64, dtype: DType, device: &Device) -> Result<Self> {
+    pub fn new(
+        in_dim: usize,
+        out_dim: usize,
+        rank: usize,
+        alpha: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let bound = 1.0 / (in_dim as f64).sqrt();
         let down = Tensor::rand(-bound, bound, (rank, in_dim), device)?.to_dtype(dtype)?;
         let up = Tensor::zeros((out_dim, rank), dtype, device)?;

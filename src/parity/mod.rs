@@ -8,6 +8,8 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 
+pub mod wan_dit;
+
 /// Relative tolerance for outputs and intermediates (f32).
 pub const OUTPUT_REL_TOL: f64 = 1e-4;
 /// Relative tolerance for gradients (f32).
@@ -55,7 +57,10 @@ pub fn compare(name: &str, got: &Tensor, expected: &Tensor, tol: f64) -> anyhow:
         });
     }
     let g = got.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
-    let e = expected.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    let e = expected
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
     let mut max_abs = 0f64;
     let mut diff2 = 0f64;
     let mut ref2 = 0f64;
@@ -67,7 +72,11 @@ pub fn compare(name: &str, got: &Tensor, expected: &Tensor, tol: f64) -> anyhow:
         diff2 += d * d;
         ref2 += b * b;
     }
-    let rel = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
+    let rel = if ref2 > 0.0 {
+        (diff2 / ref2).sqrt()
+    } else {
+        diff2.sqrt()
+    };
     let passed = finite && rel <= tol;
     Ok(ParityRow {
         name: name.to_string(),
@@ -81,9 +90,17 @@ pub fn compare(name: &str, got: &Tensor, expected: &Tensor, tol: f64) -> anyhow:
 
 /// Compares integer tensors exactly (scheduler timesteps).
 pub fn compare_exact(name: &str, got: &[i64], expected: &Tensor) -> anyhow::Result<ParityRow> {
-    let e = expected.to_dtype(DType::I64)?.flatten_all()?.to_vec1::<i64>()?;
-    let mismatches = got.iter().zip(&e).filter(|(a, b)| a != b).count() + got.len().abs_diff(e.len());
-    let max_abs = got.iter().zip(&e).map(|(a, b)| a.abs_diff(*b) as f64).fold(0.0, f64::max);
+    let e = expected
+        .to_dtype(DType::I64)?
+        .flatten_all()?
+        .to_vec1::<i64>()?;
+    let mismatches =
+        got.iter().zip(&e).filter(|(a, b)| a != b).count() + got.len().abs_diff(e.len());
+    let max_abs = got
+        .iter()
+        .zip(&e)
+        .map(|(a, b)| a.abs_diff(*b) as f64)
+        .fold(0.0, f64::max);
     Ok(ParityRow {
         name: name.to_string(),
         shape: expected.dims().to_vec(),
@@ -108,8 +125,12 @@ impl Fixture {
         let config_path = dir.join("config.json");
         let text = std::fs::read_to_string(&config_path)
             .with_context(|| format!("cannot read the fixture config {}", config_path.display()))?;
-        let config: serde_json::Value = serde_json::from_str(&text)
-            .with_context(|| format!("the fixture config is not valid JSON: {}", config_path.display()))?;
+        let config: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "the fixture config is not valid JSON: {}",
+                config_path.display()
+            )
+        })?;
         let read = |name: &str, required: bool| -> anyhow::Result<HashMap<String, Tensor>> {
             let path = dir.join(name);
             if !path.exists() && !required {
@@ -128,17 +149,24 @@ impl Fixture {
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`).
     pub fn kind(&self) -> &str {
-        self.config.get("kind").and_then(|v| v.as_str()).unwrap_or("")
+        self.config
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
     }
 
     /// An input tensor by name.
     pub fn input(&self, name: &str) -> anyhow::Result<&Tensor> {
-        self.inputs.get(name).with_context(|| format!("the fixture has no input `{name}`"))
+        self.inputs
+            .get(name)
+            .with_context(|| format!("the fixture has no input `{name}`"))
     }
 
     /// An expected tensor by name.
     pub fn expected(&self, name: &str) -> anyhow::Result<&Tensor> {
-        self.expected.get(name).with_context(|| format!("the fixture has no expected tensor `{name}`"))
+        self.expected
+            .get(name)
+            .with_context(|| format!("the fixture has no expected tensor `{name}`"))
     }
 }
 
@@ -146,6 +174,7 @@ impl Fixture {
 pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
     let fixture = Fixture::load(dir)?;
     match fixture.kind() {
+        "wan_dit" => wan_dit::check(&fixture),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit) in {}",
             dir.display()
