@@ -2,6 +2,7 @@
 //! the checkpoint tensor view. Knows nothing of channels, config files or logging.
 
 pub mod attention;
+pub mod init;
 pub mod linear;
 pub mod lora;
 pub mod norm;

@@ -3,6 +3,7 @@
 pub mod block;
 pub mod config;
 pub mod embeddings;
+pub mod random;
 pub mod rope;
 pub mod transformer;
 

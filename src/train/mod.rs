@@ -1,0 +1,3 @@
+//! Training: the checkpointed step, and (growing) the engine thread, schedules, optimizer and checkpoints.
+
+pub mod step;
