@@ -1,6 +1,8 @@
 //! Framesmith: LoRA training for Wan video diffusion transformers.
 
+pub mod config;
 pub mod models;
 pub mod nn;
 pub mod parity;
+pub mod protocol;
 pub mod train;
