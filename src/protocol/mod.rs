@@ -85,3 +85,35 @@ pub enum Event {
         message: String,
     },
 }
+
+/// The UI's end of the engine: send commands, drain events. Dropping it tells the engine to stop.
+pub struct EngineHandle {
+    pub commands: std::sync::mpsc::SyncSender<Command>,
+    pub events: std::sync::mpsc::Receiver<Event>,
+}
+
+/// The engine thread's end of the same channels.
+pub struct EngineEnd {
+    pub commands: std::sync::mpsc::Receiver<Command>,
+    pub events: std::sync::mpsc::SyncSender<Event>,
+}
+
+/// Commands are few; events are drained once per UI frame, so a few hundred cover any frame hitch.
+pub const COMMAND_CAPACITY: usize = 16;
+pub const EVENT_CAPACITY: usize = 1024;
+
+/// A connected pair of bounded channels.
+pub fn channel_pair() -> (EngineHandle, EngineEnd) {
+    let (command_tx, command_rx) = std::sync::mpsc::sync_channel(COMMAND_CAPACITY);
+    let (event_tx, event_rx) = std::sync::mpsc::sync_channel(EVENT_CAPACITY);
+    (
+        EngineHandle {
+            commands: command_tx,
+            events: event_rx,
+        },
+        EngineEnd {
+            commands: command_rx,
+            events: event_tx,
+        },
+    )
+}
