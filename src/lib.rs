@@ -6,3 +6,4 @@ pub mod nn;
 pub mod parity;
 pub mod protocol;
 pub mod train;
+pub mod video;
