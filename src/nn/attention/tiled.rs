@@ -56,6 +56,7 @@ impl PeakElems {
     }
 
     /// The largest element count recorded so far.
+    #[cfg(test)]
     pub fn get(&self) -> usize {
         self.0.load(Ordering::Relaxed)
     }
@@ -270,12 +271,14 @@ pub(crate) fn backward(
     let mut dvs = Vec::new();
     let key_tiles = pb.key_tiles(tiles.k, device)?;
     for (ks, kl, bias) in &key_tiles {
-        let kj = tile(k, *ks, *kl, peak)?;
+        // Scaling the key tile once here, rather than each query tile in the inner loop, gives
+        // S·scale = Q (K·scale)ᵀ and dQ = dS (K·scale) directly; only dK needs the scale, once per key tile.
+        let kj = (tile(k, *ks, *kl, peak)? * scale)?;
         let vj = tile(v, *ks, *kl, peak)?;
         let mut dk: Option<Tensor> = None;
         let mut dv: Option<Tensor> = None;
         for (qt, dq) in query_tiles.iter().zip(dqs.iter_mut()) {
-            let qi = (tile(q, qt.start, qt.len, peak)? * scale)?;
+            let qi = tile(q, qt.start, qt.len, peak)?;
             let d_o = tile(saved.grad_out, qt.start, qt.len, peak)?;
             let mut scores = mm(&qi, &kj.t()?, peak)?;
             if let Some(bias) = bias {
@@ -286,18 +289,17 @@ pub(crate) fn backward(
             let dp = mm(&d_o, &vj.t()?, peak)?;
             let ds = (p * dp.broadcast_sub(&qt.delta)?)?;
             *dq = Some(accumulate(dq.take(), mm(&ds, &kj, peak)?)?);
-            // `qi` already carries the scale, so this is dSᵀ Q·scale.
             dk = Some(accumulate(dk, mm(&ds.t()?, &qi, peak)?)?);
         }
         let zeros = || Tensor::zeros((bh, *kl, pb.d), DType::F32, device);
-        dks.push(dk.map_or_else(zeros, Ok)?);
+        dks.push(dk.map_or_else(zeros, |dk| dk * scale)?);
         dvs.push(dv.map_or_else(zeros, Ok)?);
     }
     let dq = dqs
         .into_iter()
         .zip(&query_tiles)
         .map(|(dq, qt)| match dq {
-            Some(dq) => dq * scale,
+            Some(dq) => Ok(dq),
             None => Tensor::zeros((bh, qt.len, pb.d), DType::F32, device),
         })
         .collect::<Result<Vec<_>>>()?;
