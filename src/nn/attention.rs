@@ -17,7 +17,7 @@ use tiled::{PeakElems, Problem, Tiles};
 
 /// Attention of `q` [b, lq, h, d] over `k`, `v` [b, lk, h, d], scale 1/sqrt(d). `kv_lens[i]` keys of sample i are
 /// attended (`None`: all; lengths above `lk` are clamped). A sample with no keys gets a zero output and zero
-/// gradients. Differentiable; computed in f32 and returned in `q`'s dtype. Memory is O(tokens × tile).
+/// gradients. `kv_lens` holds one length per sample, else this is an error. Differentiable; computed in f32 and returned in `q`'s dtype. Memory is O(tokens × tile).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
     tiled_attention(q, k, v, kv_lens, None, Arc::default())
 }

@@ -16,11 +16,13 @@ pub(crate) struct TiledAttention {
     tiles: Option<Tiles>,
     peak: Arc<PeakElems>,
     /// Per-row log-sum-exp [bh, lq, 1] f32 from the forward. Kept rather than recomputed: it is `b·h·lq` floats
-    /// (1/d of the output), while recomputing it costs a full `Q Kᵀ` pass, a third of the forward's work.
+    /// (1/d of the output), while recomputing it takes another `Q Kᵀ` pass with its exps over every tile, about a
+    /// fifth more work on top of the backward's five matmuls per tile.
     lse: Mutex<Option<Tensor>>,
 }
 
 impl TiledAttention {
+    /// The op for one call; `tiles` overrides the per-device choice, `peak` records the largest tile tensor.
     pub fn new(pb: Problem, tiles: Option<Tiles>, peak: Arc<PeakElems>) -> Self {
         Self {
             pb,
@@ -41,8 +43,8 @@ impl TiledAttention {
         let q_shape = Shape::from((pb.b, pb.lq, pb.h, pb.d));
         let kv_shape = Shape::from((pb.b, pb.lk, pb.h, pb.d));
         if ql.shape() != &q_shape || kl.shape() != &kv_shape || vl.shape() != &kv_shape {
-            bail!("attention op: got q {:?}, k {:?}, v {:?}, built for q {q_shape:?}, k/v {kv_shape:?}",
-                ql.shape(), kl.shape(), vl.shape());
+            let (q, k, v) = (ql.shape(), kl.shape(), vl.shape());
+            bail!("attention op: got q {q:?}, k {k:?}, v {v:?}, built for q {q_shape:?}, k/v {kv_shape:?}");
         }
         let q = to_heads(qs, ql)?;
         let k = to_heads(ks, kl)?;

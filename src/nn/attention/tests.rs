@@ -241,6 +241,35 @@ fn samples_without_keys_get_zero_output_and_gradients() -> Result<()> {
 }
 
 #[test]
+fn no_keys_at_all_gives_zeros() -> Result<()> {
+    let (q, w) = (uniform((2, 5, 2, 4), 1)?, uniform((2, 5, 2, 4), 2)?);
+    let kv = Tensor::zeros((2, 0, 2, 4), DType::F32, &Device::Cpu)?;
+    let [out, dq, dk, dv] = run(&|q, k, v| attention(q, k, v, None), &q, &kv, &kv, &w)?;
+    assert_eq!((max_abs(&out)?, max_abs(&dq)?), (0.0, 0.0));
+    assert_eq!((dk.dims(), dv.dims()), (kv.dims(), kv.dims()));
+    Ok(())
+}
+
+#[test]
+fn mismatched_inputs_are_errors() -> Result<()> {
+    let q = uniform((2, 5, 2, 4), 1)?;
+    let k = uniform((2, 7, 2, 4), 2)?;
+    assert!(
+        attention(&q, &k, &k, Some(&[7])).is_err(),
+        "one length for two samples"
+    );
+    assert!(
+        attention(&q, &k, &k.narrow(1, 0, 6)?, None).is_err(),
+        "k and v lengths differ"
+    );
+    assert!(
+        attention(&q, &k.narrow(3, 0, 2)?, &k.narrow(3, 0, 2)?, None).is_err(),
+        "head dims differ"
+    );
+    Ok(())
+}
+
+#[test]
 fn gradients_match_finite_differences() -> Result<()> {
     let case = Case {
         b: 2,
