@@ -30,21 +30,37 @@ pub struct TrainSet {
 
 impl TrainSet {
     /// Groups `items` by latent shape into batches of at most `batch_size` (each item `repeats` times).
-    pub fn new(items: Vec<TrainItem>, batch_size: usize, repeats: usize, seed: u64) -> Result<Self> {
+    pub fn new(
+        items: Vec<TrainItem>,
+        batch_size: usize,
+        repeats: usize,
+        seed: u64,
+    ) -> Result<Self> {
         if items.is_empty() {
             candle_core::bail!("the dataset has no cached items");
         }
         let mut buckets: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
             for _ in 0..repeats.max(1) {
-                buckets.entry(item.latents.dims().to_vec()).or_default().push(i);
+                buckets
+                    .entry(item.latents.dims().to_vec())
+                    .or_default()
+                    .push(i);
             }
         }
         let batches = buckets
             .into_values()
-            .flat_map(|idx| idx.chunks(batch_size.max(1)).map(|c| c.to_vec()).collect::<Vec<_>>())
+            .flat_map(|idx| {
+                idx.chunks(batch_size.max(1))
+                    .map(|c| c.to_vec())
+                    .collect::<Vec<_>>()
+            })
             .collect();
-        Ok(Self { items, batches, seed })
+        Ok(Self {
+            items,
+            batches,
+            seed,
+        })
     }
 
     /// Batches per epoch.
@@ -61,7 +77,9 @@ impl TrainSet {
         let n = self.batches.len();
         let epoch = index / n;
         let mut order: Vec<usize> = (0..n).collect();
-        order.shuffle(&mut StdRng::seed_from_u64(self.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)));
+        order.shuffle(&mut StdRng::seed_from_u64(
+            self.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        ));
         let batch = &self.batches[order[index % n]];
         (epoch + 1, batch.iter().map(|&i| &self.items[i]).collect())
     }
@@ -91,7 +109,13 @@ mod tests {
 
     #[test]
     fn batches_share_a_shape_and_order_is_reproducible() -> Result<()> {
-        let items = vec![item("a", 1)?, item("b", 2)?, item("c", 1)?, item("d", 2)?, item("e", 1)?];
+        let items = vec![
+            item("a", 1)?,
+            item("b", 2)?,
+            item("c", 1)?,
+            item("d", 2)?,
+            item("e", 1)?,
+        ];
         let set = TrainSet::new(items, 2, 1, 7)?;
         assert_eq!(set.batches_per_epoch(), 3);
         for step in 0..9 {
