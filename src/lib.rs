@@ -3,3 +3,4 @@
 pub mod models;
 pub mod nn;
 pub mod parity;
+pub mod train;
