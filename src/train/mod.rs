@@ -1,4 +1,6 @@
-//! Training: the checkpointed step, and (growing) the engine thread, schedules, optimizer and checkpoints.
+//! Training: the checkpointed step, the training set, the sampler for previews, and (growing) the engine thread,
+//! schedules, optimizer and checkpoints.
 
 pub mod data;
+pub mod sampler;
 pub mod step;

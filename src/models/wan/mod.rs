@@ -5,7 +5,9 @@ pub mod config;
 pub mod embeddings;
 pub mod random;
 pub mod rope;
+pub mod text_encoder;
 pub mod transformer;
+pub mod vae;
 
 pub use config::{Generation, ModelType, WanConfig};
 pub use transformer::{Prepared, Timesteps, WanInputs, WanModel};
