@@ -11,7 +11,7 @@ use framesmith::models::wan::random::{random_inputs, random_weights};
 use framesmith::models::wan::{WanConfig, WanModel};
 use framesmith::nn::lora::Lora;
 use framesmith::nn::vb::Vb;
-use framesmith::train::step::{checkpointed_step, whole_graph_step, LossTarget};
+use framesmith::train::step::{checkpointed_step, whole_graph_step, LossTarget, StepOptions};
 
 struct Counting;
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
@@ -45,7 +45,7 @@ fn ckpt(
     t: &LossTarget,
     v: &[Var],
 ) -> candle_core::Result<f32> {
-    checkpointed_step(m, i, t, v, false).map(|o| o.loss)
+    checkpointed_step(m, i, t, v, &StepOptions::default()).map(|o| o.loss)
 }
 
 fn whole(

@@ -2,5 +2,11 @@
 //! schedules, optimizer and checkpoints.
 
 pub mod data;
+pub mod engine;
+pub mod generate;
+pub mod prompts;
+pub mod samples;
+pub mod checkpoint;
+pub mod trainer;
 pub mod sampler;
 pub mod step;
