@@ -12,6 +12,8 @@ mod report;
 mod source;
 
 #[cfg(test)]
+mod error_tests;
+#[cfg(test)]
 mod fuzz_tests;
 #[cfg(test)]
 mod testkit;
@@ -30,7 +32,7 @@ pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNam
 
 use super::config::Expert;
 use super::WanConfig;
-use detect::{Detected, DetectError, Mismatch};
+use detect::{DetectError, Detected, Mismatch};
 use header::{Header, TensorInfo};
 use keys::Foreign;
 use mmap::Entry;
@@ -67,7 +69,9 @@ pub fn load(
     let scan = scan(path)?;
     let config = match expected {
         None => scan.detected.config.clone(),
-        Some(expected) => detect::check_expected(&scan.detected, expected).map_err(|m| mismatch_error(m, path))?,
+        Some(expected) => {
+            detect::check_expected(&scan.detected, expected).map_err(|m| mismatch_error(m, path))?
+        }
     };
     if let Some(entry) = scan
         .entries
@@ -77,7 +81,11 @@ pub fn load(
         return Err(ModelFormatError::UnsupportedDtype {
             tensor: entry.name.clone(),
             dtype: dtype_label(&entry.dtype),
-            path: scan.files.get(entry.file).cloned().unwrap_or_else(|| path.to_path_buf()),
+            path: scan
+                .files
+                .get(entry.file)
+                .cloned()
+                .unwrap_or_else(|| path.to_path_buf()),
         });
     }
     let tensors = mmap::load_tensors(&scan.files, &scan.entries, device)?;
@@ -126,7 +134,8 @@ fn scan(path: &Path) -> Result<Scan, ModelFormatError> {
         .collect();
     let hints = hints(&source, &headers);
     let config_json = source.config_json.as_ref().map(|(_, t)| t.as_str());
-    let detected = detect::detect(&shapes, hints, config_json).map_err(|e| detect_error(e, path))?;
+    let detected =
+        detect::detect(&shapes, hints, config_json).map_err(|e| detect_error(e, path))?;
     let report = build_report(path, &source, &headers, &sorted, &detected);
     Ok(Scan {
         report,
@@ -194,7 +203,9 @@ fn sort_tensors<'a>(
         ignored: 0,
     };
     for (&stored_name, &(file, info)) in stored {
-        let bare = prefix.and_then(|p| stored_name.strip_prefix(p)).unwrap_or(stored_name);
+        let bare = prefix
+            .and_then(|p| stored_name.strip_prefix(p))
+            .unwrap_or(stored_name);
         if bare == keys::SCALED_FP8_MARKER {
             sorted.has_marker = true;
             continue;
@@ -230,7 +241,11 @@ fn check_index(
             .iter()
             .position(|f| f.file_name().and_then(|n| n.to_str()) == Some(shard.as_str()))
             .and_then(|i| headers.get(i))
-            .is_some_and(|h| h.tensors.binary_search_by(|t| t.name.as_str().cmp(tensor)).is_ok());
+            .is_some_and(|h| {
+                h.tensors
+                    .binary_search_by(|t| t.name.as_str().cmp(tensor))
+                    .is_ok()
+            });
         if !held {
             return Err(ModelFormatError::BadIndex {
                 reason: format!("it places `{tensor}` in `{shard}`, which does not hold it"),
@@ -276,7 +291,11 @@ fn build_report(
             parameter_count = parameter_count.saturating_add(info.numel());
         }
     }
-    let fp8 = detect::fp8_info(&sorted.official, sorted.has_marker, sorted.weight_scale_names);
+    let fp8 = detect::fp8_info(
+        &sorted.official,
+        sorted.has_marker,
+        sorted.weight_scale_names,
+    );
     let mut notes = detected.notes.clone();
     if source.sharded && path.is_file() {
         notes.push("a single shard was given; the whole shard set in its folder was read".into());
@@ -287,7 +306,10 @@ fn build_report(
         ));
     }
     if fp8.as_ref().is_some_and(|f| f.format.contains("e5m2")) {
-        notes.push("Framesmith cannot train from float8_e5m2 weights; use the float8_e4m3fn or bf16 file".into());
+        notes.push(
+            "Framesmith cannot train from float8_e5m2 weights; use the float8_e4m3fn or bf16 file"
+                .into(),
+        );
     }
     let layout = if source.sharded {
         Layout::Sharded {

@@ -70,9 +70,9 @@ pub fn variant_name(cfg: &WanConfig, expert: Option<Expert>) -> String {
         Some(Expert::LowNoise) => "low-noise expert",
         None => "expert",
     };
-    let named = WanConfig::named_variants()
-        .into_iter()
-        .find(|(_, v)| same_shapes(v, cfg) && v.generation == cfg.generation && v.model_type == cfg.model_type);
+    let named = WanConfig::named_variants().into_iter().find(|(_, v)| {
+        same_shapes(v, cfg) && v.generation == cfg.generation && v.model_type == cfg.model_type
+    });
     match named.map(|(n, _)| n) {
         Some("t2v-1.3b") => "Wan2.1 T2V-1.3B".into(),
         Some("t2v-14b") => "Wan2.1 T2V-14B".into(),
@@ -120,7 +120,11 @@ fn same_shapes(a: &WanConfig, b: &WanConfig) -> bool {
 }
 
 /// Detects the variant from the shapes of the (normalised) tensors.
-pub(crate) fn detect(shapes: &Shapes, hints: NameHints, config_json: Option<&str>) -> Result<Detected, DetectError> {
+pub(crate) fn detect(
+    shapes: &Shapes,
+    hints: NameHints,
+    config_json: Option<&str>,
+) -> Result<Detected, DetectError> {
     let mut cfg = config_from_shapes(shapes)?;
     let ambiguous = cfg.model_type == ModelType::T2v
         && !hints.wan21
@@ -129,10 +133,9 @@ pub(crate) fn detect(shapes: &Shapes, hints: NameHints, config_json: Option<&str
     if cfg.model_type == ModelType::T2v && hints.wan22 {
         cfg.generation = Generation::Wan22;
     }
-    if let Some((_, named)) = WanConfig::named_variants()
-        .into_iter()
-        .find(|(_, v)| same_shapes(v, &cfg) && v.generation == cfg.generation && v.model_type == cfg.model_type)
-    {
+    if let Some((_, named)) = WanConfig::named_variants().into_iter().find(|(_, v)| {
+        same_shapes(v, &cfg) && v.generation == cfg.generation && v.model_type == cfg.model_type
+    }) {
         cfg = named;
     }
     let mut notes = Vec::new();
@@ -152,7 +155,10 @@ pub(crate) fn detect(shapes: &Shapes, hints: NameHints, config_json: Option<&str
              text-to-video forward pass"
                 .into(),
         );
-        vec![variant_name(&cfg, None), variant_name(&WanConfig::wan22_t2v_a14b(), None)]
+        vec![
+            variant_name(&cfg, None),
+            variant_name(&WanConfig::wan22_t2v_a14b(), None),
+        ]
     } else {
         vec![variant_name(&cfg, expert)]
     };
@@ -183,7 +189,9 @@ fn config_from_shapes(shapes: &Shapes) -> Result<WanConfig, DetectError> {
         )));
     };
     if !pe.iter().all(valid) {
-        return Err(incomplete(format!("`patch_embedding.weight` has shape {pe:?}")));
+        return Err(incomplete(format!(
+            "`patch_embedding.weight` has shape {pe:?}"
+        )));
     }
     let num_layers = block_count(shapes)?;
     let size = |name: &str, rank: usize, axis: usize| -> Result<usize, DetectError> {
@@ -192,14 +200,21 @@ fn config_from_shapes(shapes: &Shapes) -> Result<WanConfig, DetectError> {
             Some(s) if s.len() != rank || !s.iter().all(valid) => {
                 Err(incomplete(format!("`{name}` has shape {s:?}")))
             }
-            Some(s) => s.get(axis).copied().ok_or_else(|| incomplete(format!("`{name}` has shape {s:?}"))),
+            Some(s) => s
+                .get(axis)
+                .copied()
+                .ok_or_else(|| incomplete(format!("`{name}` has shape {s:?}"))),
         }
     };
     let ffn_dim = size("blocks.0.ffn.0.weight", 2, 0)?;
     let text_dim = size("text_embedding.0.weight", 2, 1)?;
     let freq_dim = size("time_embedding.0.weight", 2, 1)?;
     let head_out = size("head.head.weight", 2, 0)?;
-    let patch = p0 * p1 * p2;
+    // Each factor is at most MAX_DIM, so the product fits in 64 bits; checked for 32-bit targets.
+    let patch = p0
+        .checked_mul(p1)
+        .and_then(|x| x.checked_mul(p2))
+        .ok_or_else(|| incomplete(format!("`patch_embedding.weight` has shape {pe:?}")))?;
     if head_out % patch != 0 {
         return Err(incomplete(format!(
             "`head.head.weight` has {head_out} outputs, not a multiple of the patch size {patch}"
@@ -256,7 +271,9 @@ fn block_count(shapes: &Shapes) -> Result<usize, DetectError> {
         .filter_map(|k| k.strip_prefix("blocks.")?.split('.').next()?.parse().ok())
         .collect();
     let Some(&last) = indices.last() else {
-        return Err(DetectError::Unknown("it has no `blocks.N.` transformer blocks".into()));
+        return Err(DetectError::Unknown(
+            "it has no `blocks.N.` transformer blocks".into(),
+        ));
     };
     if let Some(missing) = (0..=last).find(|i| !indices.contains(i)) {
         return Err(DetectError::Incomplete {
@@ -269,11 +286,12 @@ fn block_count(shapes: &Shapes) -> Result<usize, DetectError> {
 
 fn apply_config_json(cfg: &mut WanConfig, text: &str, notes: &mut Vec<String>) -> HeadsSource {
     match WanConfig::from_json(text, cfg.generation) {
-        Ok(j) if j.dim == cfg.dim
-            && j.num_layers == cfg.num_layers
-            && j.ffn_dim == cfg.ffn_dim
-            && j.in_dim == cfg.in_dim
-            && j.out_dim == cfg.out_dim =>
+        Ok(j)
+            if j.dim == cfg.dim
+                && j.num_layers == cfg.num_layers
+                && j.ffn_dim == cfg.ffn_dim
+                && j.in_dim == cfg.in_dim
+                && j.out_dim == cfg.out_dim =>
         {
             cfg.num_heads = j.num_heads;
             cfg.text_len = j.text_len;
@@ -297,7 +315,11 @@ fn apply_config_json(cfg: &mut WanConfig, text: &str, notes: &mut Vec<String>) -
 }
 
 /// Checks that every official tensor of `cfg` is present with its shape; returns notes on extra tensors.
-fn check_complete(shapes: &Shapes, cfg: &WanConfig, variant: &str) -> Result<Vec<String>, DetectError> {
+fn check_complete(
+    shapes: &Shapes,
+    cfg: &WanConfig,
+    variant: &str,
+) -> Result<Vec<String>, DetectError> {
     let official = official_shapes(cfg);
     let incomplete = |problem: String| DetectError::Incomplete {
         variant: variant.to_string(),
@@ -308,7 +330,9 @@ fn check_complete(shapes: &Shapes, cfg: &WanConfig, variant: &str) -> Result<Vec
         match shapes.get(name) {
             None => missing.push(format!("`{name}`")),
             Some(got) if got != shape => {
-                return Err(incomplete(format!("`{name}` has shape {got:?}, expected {shape:?}")));
+                return Err(incomplete(format!(
+                    "`{name}` has shape {got:?}, expected {shape:?}"
+                )));
             }
             Some(_) => {}
         }
@@ -353,7 +377,8 @@ pub(crate) fn check_expected(det: &Detected, expected: &WanConfig) -> Result<Wan
             found_kind,
         });
     }
-    let heads_differ = det.heads == HeadsSource::ConfigJson && det.config.num_heads != expected.num_heads;
+    let heads_differ =
+        det.heads == HeadsSource::ConfigJson && det.config.num_heads != expected.num_heads;
     if !same_shapes(expected, &det.config) || heads_differ {
         return Err(Mismatch::Variant {
             found,
@@ -422,9 +447,11 @@ pub(crate) fn scaling_mode(weight: &[usize], scale: Option<&[usize]>) -> Fp8Scal
     let inputs = rest.iter().fold(1usize, |a, &d| a.saturating_mul(d));
     match *scale {
         [o] | [o, 1] if o == out => Fp8Scaling::Channel,
-        [o, blocks, 1] | [o, blocks] if o == out && blocks > 1 && inputs % blocks == 0 => Fp8Scaling::Block {
-            size: inputs / blocks,
-        },
+        [o, blocks, 1] | [o, blocks] if o == out && blocks > 1 && inputs % blocks == 0 => {
+            Fp8Scaling::Block {
+                size: inputs / blocks,
+            }
+        }
         [r, c] if r > 0 && c > 0 => {
             let (rows, cols) = (out.div_ceil(r), inputs.div_ceil(c));
             if rows > 0 && cols > 0 && out.div_ceil(rows) == r && inputs.div_ceil(cols) == c {

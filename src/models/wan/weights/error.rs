@@ -13,7 +13,10 @@ pub enum ModelFormatError {
 
     /// The file or folder exists but could not be read.
     #[error("cannot read this ({cause}); check the file's permissions and that its disk is still attached: {}", path.display())]
-    Unreadable { cause: std::io::Error, path: PathBuf },
+    Unreadable {
+        cause: std::io::Error,
+        path: PathBuf,
+    },
 
     /// A zero-byte file.
     #[error("the file is empty (0 bytes), probably an interrupted download; download it again: {}", path.display())]
@@ -213,7 +216,9 @@ impl fmt::Display for ForeignModel {
             Self::ClipVision => "a CLIP vision encoder",
             Self::Lora => "a LoRA adapter",
             Self::HunyuanVideo => "HunyuanVideo weights (keys like `double_blocks.0.img_attn_qkv`)",
-            Self::Flux => "FLUX weights (keys like `double_blocks`, `single_blocks.0.linear1`, `img_in`)",
+            Self::Flux => {
+                "FLUX weights (keys like `double_blocks`, `single_blocks.0.linear1`, `img_in`)"
+            }
         })
     }
 }

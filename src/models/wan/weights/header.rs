@@ -61,16 +61,25 @@ pub(crate) fn dtype_bits(dtype: &str) -> Option<u64> {
 
 /// Reads and validates the header of the safetensors file at `path`.
 pub(crate) fn read_header(path: &Path) -> Result<Header, ModelFormatError> {
+    let mut file = File::open(path).map_err(|e| io_error(e, path))?;
+    let file_bytes = file.metadata().map_err(|e| io_error(e, path))?.len();
+    read_header_from(&mut file, file_bytes, path)
+}
+
+/// Reads and validates a safetensors header from `reader`, a file of `file_bytes` bytes at `path`.
+pub(crate) fn read_header_from<R: Read + Seek>(
+    reader: &mut R,
+    file_bytes: u64,
+    path: &Path,
+) -> Result<Header, ModelFormatError> {
     let unreadable = |cause: std::io::Error| io_error(cause, path);
-    let mut file = File::open(path).map_err(unreadable)?;
-    let file_bytes = file.metadata().map_err(unreadable)?.len();
     if file_bytes == 0 {
         return Err(ModelFormatError::Empty {
             path: path.to_path_buf(),
         });
     }
     let mut head = [0u8; 64];
-    let head_len = read_up_to(&mut file, &mut head).map_err(unreadable)?;
+    let head_len = read_up_to(reader, &mut head).map_err(unreadable)?;
     let head = head.get(..head_len).unwrap_or_default();
     let header_bytes = sniff(head, file_bytes, path)?;
     let header_end = 8 + header_bytes;
@@ -85,8 +94,8 @@ pub(crate) fn read_header(path: &Path) -> Result<Header, ModelFormatError> {
         });
     }
     let mut json = vec![0u8; header_bytes as usize];
-    file.seek(SeekFrom::Start(8)).map_err(unreadable)?;
-    file.read_exact(&mut json).map_err(unreadable)?;
+    reader.seek(SeekFrom::Start(8)).map_err(unreadable)?;
+    reader.read_exact(&mut json).map_err(unreadable)?;
     parse_header(&json, header_end, file_bytes).map_err(|problem| match problem {
         HeaderProblem::Bad(reason) => ModelFormatError::BadHeader {
             reason,
@@ -113,13 +122,13 @@ pub(crate) fn io_error(cause: std::io::Error, path: &Path) -> ModelFormatError {
     }
 }
 
-fn read_up_to(file: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
+fn read_up_to<R: Read>(reader: &mut R, buf: &mut [u8]) -> std::io::Result<usize> {
     let mut filled = 0;
     while filled < buf.len() {
         let Some(rest) = buf.get_mut(filled..) else {
             break;
         };
-        match file.read(rest) {
+        match reader.read(rest) {
             Ok(0) => break,
             Ok(n) => filled += n,
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
@@ -157,9 +166,7 @@ fn sniff(head: &[u8], file_bytes: u64, path: &Path) -> Result<u64, ModelFormatEr
     };
     if short {
         return Err(ModelFormatError::Truncated {
-            detail: format!(
-                "it has only {file_bytes} bytes, too few for a safetensors header"
-            ),
+            detail: format!("it has only {file_bytes} bytes, too few for a safetensors header"),
             path: path.to_path_buf(),
         });
     }
@@ -181,7 +188,9 @@ fn foreign_kind(head: &[u8]) -> Option<NotSafetensors> {
     if head.starts_with(b"version https://git-lfs") {
         return Some(NotSafetensors::LfsPointer);
     }
-    let lower = String::from_utf8_lossy(head).trim_start().to_ascii_lowercase();
+    let lower = String::from_utf8_lossy(head)
+        .trim_start()
+        .to_ascii_lowercase();
     if lower.starts_with("<!doctype html") || lower.starts_with("<html") {
         return Some(NotSafetensors::Html);
     }
@@ -193,7 +202,9 @@ fn text_line(head: &[u8]) -> Option<String> {
     let text = match std::str::from_utf8(head) {
         Ok(t) => t,
         // A multi-byte character cut by the end of the sniffed window is still text.
-        Err(e) if e.error_len().is_none() => std::str::from_utf8(head.get(..e.valid_up_to())?).ok()?,
+        Err(e) if e.error_len().is_none() => {
+            std::str::from_utf8(head.get(..e.valid_up_to())?).ok()?
+        }
         Err(_) => return None,
     };
     let printable = |c: char| !c.is_control() || matches!(c, '\n' | '\r' | '\t');
@@ -291,7 +302,8 @@ fn parse_entry(name: &str, entry: &serde_json::Value) -> Result<(TensorInfo, (u6
     let dtype = field("dtype")?
         .as_str()
         .ok_or_else(|| format!("tensor `{name}` has a non-text dtype"))?;
-    let bits = dtype_bits(dtype).ok_or_else(|| format!("tensor `{name}` has unknown dtype `{dtype}`"))?;
+    let bits =
+        dtype_bits(dtype).ok_or_else(|| format!("tensor `{name}` has unknown dtype `{dtype}`"))?;
     let shape = field("shape")?
         .as_array()
         .ok_or_else(|| format!("tensor `{name}` has a shape that is not a list"))?

@@ -29,7 +29,12 @@ pub(crate) fn dit_prefix(names: &[&str]) -> Option<&'static str> {
 pub(crate) fn classify_foreign(names: &[&str]) -> Option<Foreign> {
     let any = |pat: &str| names.iter().any(|n| n.contains(pat));
     let any_prefix = |pat: &str| names.iter().any(|n| n.starts_with(pat));
-    if any("lora_down") || any("lora_up") || any(".lora_A.") || any(".lora_B.") || any_prefix("lora_unet_") {
+    if any("lora_down")
+        || any("lora_up")
+        || any(".lora_A.")
+        || any(".lora_B.")
+        || any_prefix("lora_unet_")
+    {
         return Some(Foreign::Model(ForeignModel::Lora));
     }
     if any_prefix("condition_embedder.") || any(".attn1.to_q") {
@@ -96,7 +101,10 @@ pub fn official_shapes(cfg: &WanConfig) -> Vec<(String, Vec<usize>)> {
         out.push((format!("{name}.weight"), vec![o, i]));
         out.push((format!("{name}.bias"), vec![o]));
     }
-    out.push(("patch_embedding.weight".into(), vec![d, cfg.in_dim, p0, p1, p2]));
+    out.push((
+        "patch_embedding.weight".into(),
+        vec![d, cfg.in_dim, p0, p1, p2],
+    ));
     out.push(("patch_embedding.bias".into(), vec![d]));
     linear(&mut out, "text_embedding.0", cfg.text_dim, d);
     linear(&mut out, "text_embedding.2", d, d);
@@ -149,7 +157,10 @@ mod tests {
 
     #[test]
     fn official_shapes_count_the_published_parameters() {
-        let mut configs: Vec<WanConfig> = WanConfig::named_variants().into_iter().map(|(_, c)| c).collect();
+        let mut configs: Vec<WanConfig> = WanConfig::named_variants()
+            .into_iter()
+            .map(|(_, c)| c)
+            .collect();
         configs.push(WanConfig::tiny(2));
         for cfg in configs {
             let total: u64 = official_shapes(&cfg)
@@ -164,7 +175,10 @@ mod tests {
     fn normalises_prefixes_and_scale_names() {
         let p = Some("model.diffusion_model.");
         let n = |s: &str, p: Option<&str>| normalise(s, p);
-        assert_eq!(n("model.diffusion_model.head.modulation", p).as_deref(), Some("head.modulation"));
+        assert_eq!(
+            n("model.diffusion_model.head.modulation", p).as_deref(),
+            Some("head.modulation")
+        );
         assert_eq!(n("model.diffusion_model.scaled_fp8", p), None);
         assert_eq!(n("vae.encoder.conv1.weight", p), None);
         assert_eq!(
@@ -177,23 +191,45 @@ mod tests {
     fn recognises_other_models_by_their_keys() {
         let f = |names: &[&str]| classify_foreign(names);
         assert_eq!(
-            f(&["double_blocks.0.img_attn_qkv.weight", "txt_in.individual_token_refiner.blocks.0.norm1.weight"]),
+            f(&[
+                "double_blocks.0.img_attn_qkv.weight",
+                "txt_in.individual_token_refiner.blocks.0.norm1.weight"
+            ]),
             Some(Foreign::Model(ForeignModel::HunyuanVideo))
         );
         assert_eq!(
-            f(&["double_blocks.0.img_attn.qkv.weight", "single_blocks.0.linear1.weight", "img_in.weight"]),
+            f(&[
+                "double_blocks.0.img_attn.qkv.weight",
+                "single_blocks.0.linear1.weight",
+                "img_in.weight"
+            ]),
             Some(Foreign::Model(ForeignModel::Flux))
         );
-        assert_eq!(f(&["token_embedding.weight", "blocks.0.attn.q.weight"]), Some(Foreign::Model(ForeignModel::Umt5)));
         assert_eq!(
-            f(&["encoder.block.0.layer.0.SelfAttention.q.weight", "shared.weight"]),
+            f(&["token_embedding.weight", "blocks.0.attn.q.weight"]),
             Some(Foreign::Model(ForeignModel::Umt5))
         );
-        assert_eq!(f(&["vision_model.encoder.layers.0.mlp.fc1.weight"]), Some(Foreign::Model(ForeignModel::ClipVision)));
         assert_eq!(
-            f(&["blocks.0.self_attn.q.lora_A.weight", "blocks.0.self_attn.q.lora_B.weight"]),
+            f(&[
+                "encoder.block.0.layer.0.SelfAttention.q.weight",
+                "shared.weight"
+            ]),
+            Some(Foreign::Model(ForeignModel::Umt5))
+        );
+        assert_eq!(
+            f(&["vision_model.encoder.layers.0.mlp.fc1.weight"]),
+            Some(Foreign::Model(ForeignModel::ClipVision))
+        );
+        assert_eq!(
+            f(&[
+                "blocks.0.self_attn.q.lora_A.weight",
+                "blocks.0.self_attn.q.lora_B.weight"
+            ]),
             Some(Foreign::Model(ForeignModel::Lora))
         );
-        assert_eq!(f(&["patch_embedding.weight", "blocks.0.self_attn.q.weight"]), None);
+        assert_eq!(
+            f(&["patch_embedding.weight", "blocks.0.self_attn.q.weight"]),
+            None
+        );
     }
 }

@@ -103,13 +103,22 @@ pub struct ModelReport {
 impl ModelReport {
     /// A one-line description of the layout (`ComfyUI scaled_fp8 single file …`).
     pub fn layout_label(&self) -> String {
-        let comfy_fp8 = self.fp8.as_ref().is_some_and(|f| f.naming == ScaleNaming::ComfyScaledFp8);
+        let comfy_fp8 = self
+            .fp8
+            .as_ref()
+            .is_some_and(|f| f.naming == ScaleNaming::ComfyScaledFp8);
         let base = match (&self.layout, self.key_prefix.as_deref()) {
             (Layout::Sharded { shards, indexed }, _) => format!(
                 "official Wan-AI shards, {shards} files {}",
-                if *indexed { "with index" } else { "without index" }
+                if *indexed {
+                    "with index"
+                } else {
+                    "without index"
+                }
             ),
-            (Layout::SingleFile, Some(prefix)) => format!("ComfyUI single file (keys prefixed `{prefix}`)"),
+            (Layout::SingleFile, Some(prefix)) => {
+                format!("ComfyUI single file (keys prefixed `{prefix}`)")
+            }
             (Layout::SingleFile, None) => "single file, official key names".to_string(),
         };
         if comfy_fp8 {
@@ -195,7 +204,13 @@ impl fmt::Display for ModelReport {
                 .iter()
                 .map(|(s, n)| format!("{} on {n} weights", scaling_label(*s)))
                 .collect();
-            writeln!(f, "  fp8         {}: {} ({})", fp8.format, modes.join(", "), naming_label(fp8.naming))?;
+            writeln!(
+                f,
+                "  fp8         {}: {} ({})",
+                fp8.format,
+                modes.join(", "),
+                naming_label(fp8.naming)
+            )?;
         }
         let heads = match self.heads_source {
             HeadsSource::ConfigJson => "from config.json",

@@ -57,7 +57,8 @@ pub(crate) fn resolve(path: &Path) -> Result<Source, ModelFormatError> {
         }
     };
     let folder = if meta.is_dir() { path } else { parent_of(path) };
-    source.config_json = read_small(&folder.join("config.json")).map(|t| (folder.join("config.json"), t));
+    source.config_json =
+        read_small(&folder.join("config.json")).map(|t| (folder.join("config.json"), t));
     source.hints = hints_from_path(path);
     Ok(source)
 }
@@ -88,7 +89,10 @@ fn resolve_dir(dir: &Path, index: Option<PathBuf>) -> Result<Source, ModelFormat
     if let Some(index_path) = index {
         return resolve_indexed(dir, index_path);
     }
-    let weights: Vec<&String> = listing.iter().filter(|n| n.ends_with(".safetensors")).collect();
+    let weights: Vec<&String> = listing
+        .iter()
+        .filter(|n| n.ends_with(".safetensors"))
+        .collect();
     if weights.is_empty() {
         if dir.join("high_noise_model").is_dir() && dir.join("low_noise_model").is_dir() {
             return Err(ModelFormatError::TwoExperts {
@@ -99,7 +103,11 @@ fn resolve_dir(dir: &Path, index: Option<PathBuf>) -> Result<Source, ModelFormat
         let found = if others.is_empty() {
             String::new()
         } else {
-            format!(" (it has {}{})", others.join(", "), if listing.len() > 4 { ", …" } else { "" })
+            format!(
+                " (it has {}{})",
+                others.join(", "),
+                if listing.len() > 4 { ", …" } else { "" }
+            )
         };
         return Err(ModelFormatError::NoWeights {
             found,
@@ -114,7 +122,11 @@ fn resolve_dir(dir: &Path, index: Option<PathBuf>) -> Result<Source, ModelFormat
     resolve_unindexed_shards(dir, &weights)
 }
 
-fn plain_source(files: Vec<PathBuf>, sharded: bool, index: Option<(PathBuf, BTreeMap<String, String>)>) -> Source {
+fn plain_source(
+    files: Vec<PathBuf>,
+    sharded: bool,
+    index: Option<(PathBuf, BTreeMap<String, String>)>,
+) -> Source {
     Source {
         files,
         sharded,
@@ -166,7 +178,8 @@ fn resolve_indexed(dir: &Path, index_path: PathBuf) -> Result<Source, ModelForma
         reason,
         path: index_path.clone(),
     };
-    let text = read_small(&index_path).ok_or_else(|| bad("it cannot be read as a small text file".into()))?;
+    let text = read_small(&index_path)
+        .ok_or_else(|| bad("it cannot be read as a small text file".into()))?;
     let value: serde_json::Value =
         serde_json::from_str(&text).map_err(|e| bad(format!("it is not valid JSON: {e}")))?;
     let map = value
@@ -180,7 +193,9 @@ fn resolve_indexed(dir: &Path, index_path: PathBuf) -> Result<Source, ModelForma
             .ok_or_else(|| bad(format!("the shard of `{tensor}` is not a file name")))?;
         // Shards live in the index's folder; a name with a path in it is not an index we wrote or downloaded.
         if Path::new(shard).file_name().and_then(|n| n.to_str()) != Some(shard) {
-            return Err(bad(format!("it names `{shard}`, which is not a plain file name")));
+            return Err(bad(format!(
+                "it names `{shard}`, which is not a plain file name"
+            )));
         }
         weight_map.insert(tensor.clone(), shard.to_string());
     }
@@ -250,8 +265,12 @@ pub(crate) fn hints_from_path(path: &Path) -> NameHints {
 pub(crate) fn hints_from_text(text: &str) -> NameHints {
     let lower = text.to_ascii_lowercase();
     let any = |pats: &[&str]| pats.iter().any(|p| lower.contains(p));
-    let wan22 = any(&["wan2.2", "wan2_2", "wan22", "wan-2.2", "wan_2.2", "wan 2.2", "wan2-2"]);
-    let wan21 = any(&["wan2.1", "wan2_1", "wan21", "wan-2.1", "wan_2.1", "wan 2.1", "wan2-1"]);
+    let wan22 = any(&[
+        "wan2.2", "wan2_2", "wan22", "wan-2.2", "wan_2.2", "wan 2.2", "wan2-2",
+    ]);
+    let wan21 = any(&[
+        "wan2.1", "wan2_1", "wan21", "wan-2.1", "wan_2.1", "wan 2.1", "wan2-1",
+    ]);
     let high = any(&["high_noise", "high-noise", "highnoise"]);
     let low = any(&["low_noise", "low-noise", "lownoise"]);
     let expert = match (high, low) {

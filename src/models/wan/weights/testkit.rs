@@ -6,6 +6,18 @@ use std::path::{Path, PathBuf};
 use super::keys::official_shapes;
 use crate::models::wan::WanConfig;
 
+/// A temporary folder, in memory (`/dev/shm`) where there is one: the fuzz tests write thousands of small files,
+/// which on a busy disk costs tens of seconds.
+pub(crate) fn scratch_dir() -> std::io::Result<tempfile::TempDir> {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return Ok(dir);
+        }
+    }
+    tempfile::tempdir()
+}
+
 /// One tensor to write.
 #[derive(Debug, Clone)]
 pub(crate) struct Spec {
@@ -50,7 +62,9 @@ fn data_bytes(dtype: &str, numel: usize) -> Vec<u8> {
             let bits = super::header::dtype_bits(other).unwrap_or(8) as usize;
             // Small non-NaN FP8 codes (0x00, 0x08, … 0x20), zeros for wider types.
             let bytes = (numel * bits).div_ceil(8);
-            (0..bytes).map(|k| if bits == 8 { ((k % 5) << 3) as u8 } else { 0 }).collect()
+            (0..bytes)
+                .map(|k| if bits == 8 { ((k % 5) << 3) as u8 } else { 0 })
+                .collect()
         }
     }
 }
@@ -94,12 +108,20 @@ pub(crate) fn write(path: &Path, specs: &[Spec]) -> std::io::Result<PathBuf> {
 
 /// Writes `specs` as `diffusion_pytorch_model-0000N-of-0000M.safetensors` shards, with the official index when
 /// `index` is set. Returns the shard paths.
-pub(crate) fn write_sharded(dir: &Path, specs: &[Spec], shards: usize, index: bool) -> std::io::Result<Vec<PathBuf>> {
+pub(crate) fn write_sharded(
+    dir: &Path,
+    specs: &[Spec],
+    shards: usize,
+    index: bool,
+) -> std::io::Result<Vec<PathBuf>> {
     let per = specs.len().div_ceil(shards);
     let mut weight_map = serde_json::Map::new();
     let mut paths = Vec::new();
     for (i, chunk) in specs.chunks(per).enumerate() {
-        let name = format!("diffusion_pytorch_model-{:05}-of-{shards:05}.safetensors", i + 1);
+        let name = format!(
+            "diffusion_pytorch_model-{:05}-of-{shards:05}.safetensors",
+            i + 1
+        );
         for spec in chunk {
             weight_map.insert(spec.name.clone(), serde_json::Value::String(name.clone()));
         }
@@ -107,7 +129,10 @@ pub(crate) fn write_sharded(dir: &Path, specs: &[Spec], shards: usize, index: bo
     }
     if index {
         let json = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
-        std::fs::write(dir.join("diffusion_pytorch_model.safetensors.index.json"), json.to_string())?;
+        std::fs::write(
+            dir.join("diffusion_pytorch_model.safetensors.index.json"),
+            json.to_string(),
+        )?;
     }
     Ok(paths)
 }
@@ -140,7 +165,10 @@ pub(crate) enum Scales {
 pub(crate) fn fp8(specs: &[Spec], scales: Scales) -> Vec<Spec> {
     let mut out = Vec::new();
     for s in specs {
-        let module = s.name.strip_suffix(".weight").filter(|_| s.shape.len() == 2 && s.name.starts_with("blocks."));
+        let module = s
+            .name
+            .strip_suffix(".weight")
+            .filter(|_| s.shape.len() == 2 && s.name.starts_with("blocks."));
         let Some(module) = module else {
             out.push(s.clone());
             continue;
@@ -151,9 +179,17 @@ pub(crate) fn fp8(specs: &[Spec], scales: Scales) -> Vec<Spec> {
         });
         let (o, i) = (s.shape[0], s.shape[1]);
         match scales {
-            Scales::ComfyTensor => out.push(Spec::new(&format!("{module}.scale_weight"), "F32", &[])),
-            Scales::ChannelWeightScale => out.push(Spec::new(&format!("{module}.weight_scale"), "F32", &[o, 1])),
-            Scales::Block(b) => out.push(Spec::new(&format!("{module}.scale_weight"), "F32", &[o, i / b, 1])),
+            Scales::ComfyTensor => {
+                out.push(Spec::new(&format!("{module}.scale_weight"), "F32", &[]))
+            }
+            Scales::ChannelWeightScale => {
+                out.push(Spec::new(&format!("{module}.weight_scale"), "F32", &[o, 1]))
+            }
+            Scales::Block(b) => out.push(Spec::new(
+                &format!("{module}.scale_weight"),
+                "F32",
+                &[o, i / b, 1],
+            )),
             Scales::None => {}
         }
     }
