@@ -8,6 +8,7 @@ pub mod rope;
 pub mod text_encoder;
 pub mod transformer;
 pub mod vae;
+pub mod weights;
 
 pub use config::{Generation, ModelType, WanConfig};
 pub use transformer::{Prepared, Timesteps, WanInputs, WanModel};
