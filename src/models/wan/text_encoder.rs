@@ -459,6 +459,20 @@ mod tests {
         assert_eq!(b(-7), 7);
         assert_eq!(b(-8), 8);
         assert_eq!(b(-16), 10);
+        // Exact float boundaries (log ratio exactly 2, 4, 6): buckets as PyTorch 2.11 computes them.
+        for (rel, want) in [
+            (15, 25),
+            (16, 26),
+            (31, 27),
+            (32, 28),
+            (33, 28),
+            (63, 29),
+            (64, 30),
+            (127, 31),
+        ] {
+            assert_eq!(b(rel), want, "rel {rel}");
+        }
+        assert_eq!((b(-32), b(-64), b(-128)), (12, 14, 15));
         assert_eq!(b(-127), 15);
         assert_eq!(b(-1000), 15);
         assert_eq!(b(1000), 31);

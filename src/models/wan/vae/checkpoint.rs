@@ -166,13 +166,13 @@ pub fn load_vae(
 mod tests {
     use super::*;
 
-    fn tensors(keys: &[(&str, &[usize])]) -> HashMap<String, Tensor> {
+    fn tensors(keys: &[(&str, &[usize])]) -> candle_core::Result<HashMap<String, Tensor>> {
         keys.iter()
             .map(|(k, s)| {
-                (
+                Ok((
                     (*k).to_string(),
-                    Tensor::zeros(*s, DType::F32, &Device::Cpu).expect("zeros"),
-                )
+                    Tensor::zeros(*s, DType::F32, &Device::Cpu)?,
+                ))
             })
             .collect()
     }
@@ -213,14 +213,14 @@ mod tests {
         let wan22 = tensors(&[
             ("encoder.conv1.weight", &[8, 12, 3, 3, 3]),
             ("decoder.conv1.weight", &[1]),
-        ]);
+        ])?;
         assert_eq!(detect_vae_variant(&wan22), Some(VaeVariant::Wan22));
         let prefixed = strip_vae_prefix(tensors(&[
             ("vae.encoder.conv1.weight", &[8, 3, 3, 3, 3]),
             ("vae.decoder.conv1.weight", &[1]),
-        ]));
+        ])?);
         assert_eq!(detect_vae_variant(&prefixed), Some(VaeVariant::Wan21));
-        let dit = tensors(&[("blocks.0.self_attn.q.weight", &[2, 2])]);
+        let dit = tensors(&[("blocks.0.self_attn.q.weight", &[2, 2])])?;
         assert!(describe_non_vae(&dit).contains("diffusion model"));
 
         let dir = tempfile::tempdir()?;
@@ -229,7 +229,8 @@ mod tests {
         let err = load_vae(&path, &VaeConfig::wan21(), DType::F32, &Device::Cpu).err();
         let msg = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(
-            msg.contains("Wan 2.2 VAE") && msg.contains("Wan 2.1 VAE was asked for"),
+            msg.contains("Wan 2.2 VAE")
+                && msg.contains("Wan 2.1 VAE (16 latent channels) was asked for"),
             "{msg}"
         );
         assert!(msg.contains("wan22.safetensors"), "{msg}");
