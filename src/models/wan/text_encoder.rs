@@ -459,6 +459,20 @@ mod tests {
         assert_eq!(b(-7), 7);
         assert_eq!(b(-8), 8);
         assert_eq!(b(-16), 10);
+        // Exact float boundaries (log ratio exactly 2, 4, 6): buckets as PyTorch 2.11 computes them.
+        for (rel, want) in [
+            (15, 25),
+            (16, 26),
+            (31, 27),
+            (32, 28),
+            (33, 28),
+            (63, 29),
+            (64, 30),
+            (127, 31),
+        ] {
+            assert_eq!(b(rel), want, "rel {rel}");
+        }
+        assert_eq!((b(-32), b(-64), b(-128)), (12, 14, 15));
         assert_eq!(b(-127), 15);
         assert_eq!(b(-1000), 15);
         assert_eq!(b(1000), 31);
@@ -487,5 +501,89 @@ mod tests {
             hf_to_official("encoder.block.0.layer.9.unknown.weight"),
             None
         );
+    }
+
+    /// The fixture's official-name weights renamed to Hugging Face names (as in ComfyUI's umT5 files), saved,
+    /// loaded through [`load_umt5`] and run: the output must equal the official `hidden`.
+    #[test]
+    fn hf_named_safetensors_load_and_match_the_fixture() -> anyhow::Result<()> {
+        let case = crate::parity::schedulers::fixture_case("umt5_tiny");
+        let weights =
+            candle_core::safetensors::load(case.join("weights.safetensors"), &Device::Cpu)?;
+        let inputs = candle_core::safetensors::load(case.join("inputs.safetensors"), &Device::Cpu)?;
+        let expected =
+            candle_core::safetensors::load(case.join("expected.safetensors"), &Device::Cpu)?;
+        let official_to_hf = |k: &str| -> String {
+            let tail_map = [
+                ("attn.q.weight", "layer.0.SelfAttention.q.weight"),
+                ("attn.k.weight", "layer.0.SelfAttention.k.weight"),
+                ("attn.v.weight", "layer.0.SelfAttention.v.weight"),
+                ("attn.o.weight", "layer.0.SelfAttention.o.weight"),
+                (
+                    "pos_embedding.embedding.weight",
+                    "layer.0.SelfAttention.relative_attention_bias.weight",
+                ),
+                ("norm1.weight", "layer.0.layer_norm.weight"),
+                ("ffn.gate.0.weight", "layer.1.DenseReluDense.wi_0.weight"),
+                ("ffn.fc1.weight", "layer.1.DenseReluDense.wi_1.weight"),
+                ("ffn.fc2.weight", "layer.1.DenseReluDense.wo.weight"),
+                ("norm2.weight", "layer.1.layer_norm.weight"),
+            ];
+            match k {
+                "token_embedding.weight" => "shared.weight".into(),
+                "norm.weight" => "encoder.final_layer_norm.weight".into(),
+                _ => {
+                    let rest = k.strip_prefix("blocks.").unwrap_or(k);
+                    let (block, tail) = rest.split_once('.').unwrap_or((rest, ""));
+                    let hf = tail_map
+                        .iter()
+                        .find(|(o, _)| *o == tail)
+                        .map(|(_, h)| *h)
+                        .unwrap_or(tail);
+                    format!("encoder.block.{block}.{hf}")
+                }
+            }
+        };
+        let hf: HashMap<String, Tensor> = weights
+            .iter()
+            .map(|(k, v)| (official_to_hf(k), v.clone()))
+            .collect();
+        assert!(hf.keys().all(|k| !k.starts_with("blocks.")));
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("umt5_hf.safetensors");
+        candle_core::safetensors::save(&hf, &path)?;
+        let cfg = T5Config {
+            vocab: 100,
+            dim: 32,
+            dim_attn: 32,
+            dim_ffn: 64,
+            num_heads: 2,
+            num_layers: 2,
+            num_buckets: 32,
+            ..T5Config::umt5_xxl()
+        };
+        let encoder = load_umt5(&path, &cfg, DType::F32, &Device::Cpu)?;
+        let hidden = encoder.encode(&inputs["ids"], &inputs["mask"])?;
+        let err = (hidden - &expected["hidden"])?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert!(err < 1e-4, "max abs error {err}");
+        let trimmed = encoder.encode_trimmed(&inputs["ids"], &inputs["mask"])?;
+        assert_eq!(
+            trimmed
+                .iter()
+                .map(|t| t.dim(0))
+                .collect::<candle_core::Result<Vec<_>>>()?,
+            vec![12, 7]
+        );
+
+        let err = load_umt5(&path, &T5Config::umt5_xxl(), DType::F32, &Device::Cpu).err();
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains("do not fit the umT5 encoder") && msg.contains("umt5_hf.safetensors"),
+            "{msg}"
+        );
+        Ok(())
     }
 }

@@ -31,9 +31,9 @@ impl SchedulerConfig {
     /// converted to float32, shifted in float32, read back as Python floats.
     pub fn train_sigma_range(&self) -> (f64, f64) {
         let n = self.num_train_timesteps.max(1);
-        // alphas = linspace(1, 1/n, n)[::-1]; sigmas = 1 - alphas: only the two ends are needed.
+        // alphas = linspace(1, 1/n, n)[::-1]; sigmas = 1 - alphas: only the two ends are needed, 1 - 1/n and 0.
         let first = 1.0 - 1.0 / n as f64;
-        let last = 1.0 - 1.0;
+        let last = 0.0;
         let shift32 = |s: f64| -> f64 {
             let s = s as f32;
             let shift = self.shift as f32;

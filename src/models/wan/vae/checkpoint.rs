@@ -30,7 +30,7 @@ pub enum CheckpointError {
     #[error("{what}: {}", path.display())]
     WrongModel { path: PathBuf, what: String },
     /// The file is the right kind of model but a tensor is missing or has another shape.
-    #[error("the weights do not fit the {model} ({detail}): {}", path.display())]
+    #[error("the weights do not fit the {model}: {detail}: {}", path.display())]
     Mismatch {
         path: PathBuf,
         model: &'static str,
@@ -166,13 +166,13 @@ pub fn load_vae(
 mod tests {
     use super::*;
 
-    fn tensors(keys: &[(&str, &[usize])]) -> HashMap<String, Tensor> {
+    fn tensors(keys: &[(&str, &[usize])]) -> candle_core::Result<HashMap<String, Tensor>> {
         keys.iter()
             .map(|(k, s)| {
-                (
+                Ok((
                     (*k).to_string(),
-                    Tensor::zeros(*s, DType::F32, &Device::Cpu).expect("zeros"),
-                )
+                    Tensor::zeros(*s, DType::F32, &Device::Cpu)?,
+                ))
             })
             .collect()
     }
@@ -208,19 +208,44 @@ mod tests {
         Ok(())
     }
 
+    /// `plain.pth` / `nested.pth` were written by `torch.save` (PyTorch 2.11) from a state dict with f32 and bf16
+    /// tensors, the second under a `state_dict` entry as training checkpoints store it.
+    #[test]
+    fn pytorch_pth_files_are_read() -> anyhow::Result<()> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/models/wan/vae/testdata");
+        for name in ["plain.pth", "nested.pth"] {
+            let t = read_checkpoint(&dir.join(name))?;
+            assert_eq!(t.len(), 3, "{name}");
+            let conv = &t["encoder.conv1.weight"];
+            assert_eq!(conv.dims(), &[2, 3, 3, 3, 3]);
+            let v = conv.flatten_all()?.to_vec1::<f32>()?;
+            assert!(v
+                .iter()
+                .enumerate()
+                .all(|(i, x)| (x - i as f32 / 10.0).abs() < 1e-6));
+            let q = &t["blocks.0.attn.q.weight"];
+            assert_eq!((q.dtype(), q.dims()), (DType::BF16, &[2usize, 4][..]));
+            let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            assert_eq!(qv, (0..8).map(|i| i as f32 / 4.0).collect::<Vec<_>>());
+            assert_eq!(detect_vae_variant(&t), Some(VaeVariant::Wan21));
+        }
+        Ok(())
+    }
+
     #[test]
     fn variants_and_foreign_files_are_told_apart() -> anyhow::Result<()> {
         let wan22 = tensors(&[
             ("encoder.conv1.weight", &[8, 12, 3, 3, 3]),
             ("decoder.conv1.weight", &[1]),
-        ]);
+        ])?;
         assert_eq!(detect_vae_variant(&wan22), Some(VaeVariant::Wan22));
         let prefixed = strip_vae_prefix(tensors(&[
             ("vae.encoder.conv1.weight", &[8, 3, 3, 3, 3]),
             ("vae.decoder.conv1.weight", &[1]),
-        ]));
+        ])?);
         assert_eq!(detect_vae_variant(&prefixed), Some(VaeVariant::Wan21));
-        let dit = tensors(&[("blocks.0.self_attn.q.weight", &[2, 2])]);
+        let dit = tensors(&[("blocks.0.self_attn.q.weight", &[2, 2])])?;
         assert!(describe_non_vae(&dit).contains("diffusion model"));
 
         let dir = tempfile::tempdir()?;
@@ -229,10 +254,35 @@ mod tests {
         let err = load_vae(&path, &VaeConfig::wan21(), DType::F32, &Device::Cpu).err();
         let msg = err.map(|e| e.to_string()).unwrap_or_default();
         assert!(
-            msg.contains("Wan 2.2 VAE") && msg.contains("Wan 2.1 VAE was asked for"),
+            msg.contains("Wan 2.2 VAE")
+                && msg.contains("Wan 2.1 VAE (16 latent channels) was asked for"),
             "{msg}"
         );
         assert!(msg.contains("wan22.safetensors"), "{msg}");
+        Ok(())
+    }
+
+    #[test]
+    fn fixture_weights_load_and_a_size_mismatch_names_the_file() -> anyhow::Result<()> {
+        let path =
+            crate::parity::schedulers::fixture_case("wan21_vae_tiny").join("weights.safetensors");
+        let tiny = VaeConfig {
+            dim: 8,
+            dec_dim: 8,
+            dim_mult: vec![1, 2, 2, 2],
+            num_res_blocks: 1,
+            ..VaeConfig::wan21()
+        };
+        let vae = load_vae(&path, &tiny, DType::F32, &Device::Cpu)?;
+        assert_eq!(vae.config().z_dim, 16);
+        let msg = load_vae(&path, &VaeConfig::wan21(), DType::F32, &Device::Cpu)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            msg.contains("do not fit the Wan 2.1 VAE") && msg.contains("weights.safetensors"),
+            "{msg}"
+        );
         Ok(())
     }
 }

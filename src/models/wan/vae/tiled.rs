@@ -172,6 +172,9 @@ impl WanVae {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::models::wan::vae::{VaeConfig, VaeVariant};
+    use crate::nn::vb::Vb;
+    use candle_core::{DType, Device};
 
     #[test]
     fn tiles_cover_the_axis_and_weights_sum_to_one() {
@@ -189,5 +192,94 @@ mod tests {
             }
         }
         assert!(total.iter().all(|t| (t - 1.0).abs() < 1e-6));
+    }
+
+    /// The tiny fixture VAE made spatially pointwise: only the centre tap of every 3×3 kernel kept and the
+    /// attention output projection zeroed (its official initial value). Tiling is then exact, so any error in
+    /// tile placement, scaling or blending shows up.
+    fn pointwise_vae() -> anyhow::Result<WanVae> {
+        let dir = crate::parity::schedulers::fixture_case("wan21_vae_tiny");
+        let mut weights =
+            candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
+        for (key, w) in weights.iter_mut() {
+            let dims = w.dims().to_vec();
+            let (kh, kw) = match dims.as_slice() {
+                [.., kh, kw] if dims.len() >= 4 => (*kh, *kw),
+                _ => continue,
+            };
+            if key.ends_with("proj.weight") {
+                *w = w.zeros_like()?;
+            } else if kh == 3 && kw == 3 {
+                let mut mask = vec![0f32; 9];
+                mask[4] = 1.0;
+                let mut shape = vec![1usize; dims.len() - 2];
+                shape.extend([3, 3]);
+                *w = w.broadcast_mul(&Tensor::from_vec(mask, shape, &Device::Cpu)?)?;
+            }
+        }
+        let cfg = VaeConfig {
+            variant: VaeVariant::Wan21,
+            dim: 8,
+            dec_dim: 8,
+            z_dim: 16,
+            dim_mult: vec![1, 2, 2, 2],
+            num_res_blocks: 1,
+            attn_scales: vec![],
+            temporal_downsample: vec![false, true, true],
+        };
+        Ok(WanVae::new(
+            &cfg,
+            &Vb::from_tensors(weights, DType::F32, &Device::Cpu),
+        )?)
+    }
+
+    fn max_abs_diff(a: &Tensor, b: &Tensor) -> Result<f32> {
+        (a - b)?.abs()?.max_all()?.to_scalar::<f32>()
+    }
+
+    #[test]
+    fn tiled_decode_and_encode_match_untiled_for_a_pointwise_vae() -> anyhow::Result<()> {
+        let vae = pointwise_vae()?;
+        let dev = Device::Cpu;
+        let stats = LatentStats::official(VaeVariant::Wan21, &dev)?;
+        let z = Tensor::randn(0f32, 1.0, (1, 16, 2, 6, 6), &dev)?;
+        let full = vae.decode(&z, &stats)?;
+        let tiled = vae.decode_tiled(
+            &z,
+            &stats,
+            &TileConfig {
+                tile: 4,
+                overlap: 2,
+            },
+        )?;
+        assert_eq!(tiled.dims(), &[1, 3, 5, 48, 48]);
+        let err = max_abs_diff(&tiled, &full)?;
+        println!("tiled decode max abs diff {err:e}");
+        assert!(err < 1e-5, "tiled decode differs by {err}");
+        let one_tile = vae.decode_tiled(
+            &z,
+            &stats,
+            &TileConfig {
+                tile: 6,
+                overlap: 2,
+            },
+        )?;
+        assert!(max_abs_diff(&one_tile, &full)? == 0.0);
+
+        let video = Tensor::rand(-1f32, 1.0, (1, 3, 5, 32, 32), &dev)?;
+        let full = vae.encode(&video, &stats)?;
+        let tiled = vae.encode_tiled(
+            &video,
+            &stats,
+            &TileConfig {
+                tile: 2,
+                overlap: 1,
+            },
+        )?;
+        assert_eq!(tiled.dims(), &[1, 16, 2, 4, 4]);
+        let err = max_abs_diff(&tiled, &full)?;
+        println!("tiled encode max abs diff {err:e}");
+        assert!(err < 1e-5, "tiled encode differs by {err}");
+        Ok(())
     }
 }
