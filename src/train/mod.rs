@@ -2,11 +2,7 @@
 //! schedules, optimizer and checkpoints.
 
 pub mod data;
-pub mod engine;
 pub mod generate;
 pub mod prompts;
-pub mod samples;
-pub mod checkpoint;
-pub mod trainer;
 pub mod sampler;
 pub mod step;
