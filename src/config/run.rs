@@ -211,7 +211,7 @@ pub enum WeightingScheme {
 #[serde(default, deny_unknown_fields)]
 pub struct TrainingSection {
     pub max_train_steps: usize,
-    /// When set, overrides `max_train_steps` by whole epochs.
+    /// When set (and not 0), overrides `max_train_steps` by whole epochs.
     pub max_train_epochs: Option<usize>,
     pub gradient_accumulation_steps: usize,
     pub seed: u64,
@@ -388,7 +388,9 @@ pub enum SaveDtype {
 pub struct OutputSection {
     pub output_dir: PathBuf,
     pub output_name: String,
+    /// Save a LoRA every N optimizer steps; unset or 0: off.
     pub save_every_n_steps: Option<usize>,
+    /// Save a LoRA every N epochs; unset or 0: off.
     pub save_every_n_epochs: Option<usize>,
     /// Also write a resumable training-state folder at each save.
     pub save_state: bool,
@@ -414,7 +416,9 @@ impl Default for OutputSection {
 pub struct SamplingSection {
     /// musubi-tuner prompt file (`.txt` with `--w --h --f --d --s` options, or `.toml`).
     pub prompts: Option<PathBuf>,
+    /// Unset or 0: off.
     pub sample_every_n_steps: Option<usize>,
+    /// Unset or 0: off.
     pub sample_every_n_epochs: Option<usize>,
     pub sample_at_first: bool,
 }
