@@ -179,7 +179,8 @@ pub fn qinglong_shift(sampling: TimestepSampling, latent_hw: (usize, usize)) -> 
 
 /// The loss weight of a sample with the given model timestep. musubi-tuner looks the timestep up in the
 /// unshifted 1000-step schedule (nearest entry, so `t·1000 + 1` maps to sigma ≈ t + 0.001) and weighs by
-/// `sigma_sqrt`: σ⁻², or `cosmap`: 2 / (π(1 − 2σ + 2σ²)); `none` weighs 1.
+/// `sigma_sqrt`: σ⁻², or `cosmap`: 2 / (π(1 − 2σ + 2σ²)); `none` weighs 1. musubi-tuner evaluates this in the
+/// DiT dtype (bf16, which rounds σ to 8 significant bits); here it is exact.
 pub fn loss_weight(scheme: WeightingScheme, model_timestep: f64) -> f64 {
     let sigma = schedule_sigma(model_timestep);
     match scheme {
