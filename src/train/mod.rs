@@ -1,8 +1,15 @@
-//! Training: the checkpointed step, the training set, the sampler for previews, and (growing) the engine thread,
-//! schedules, optimizer and checkpoints.
+//! Training: the engine thread, the trainer and its checkpointed step, optimizer, schedules, timestep sampling,
+//! the training set, checkpoints, and sample clips (samplers and generation).
 
+pub mod checkpoint;
 pub mod data;
+pub mod engine;
 pub mod generate;
+pub mod optimizer;
 pub mod prompts;
 pub mod sampler;
+pub mod samples;
+pub mod schedule;
 pub mod step;
+pub mod timesteps;
+pub mod trainer;
