@@ -1,0 +1,1 @@
+//! LoRA files (placeholder).
