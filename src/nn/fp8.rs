@@ -55,7 +55,9 @@ impl FromStr for Fp8Scale {
             "tensor" => Ok(Self::Tensor),
             "channel" => Ok(Self::Channel),
             "block64" | "block" => Ok(Self::Block64),
-            other => Err(format!("unknown FP8 scale mode `{other}` (expected tensor, channel or block64)")),
+            other => Err(format!(
+                "unknown FP8 scale mode `{other}` (expected tensor, channel or block64)"
+            )),
         }
     }
 }
@@ -119,7 +121,10 @@ pub fn quantize(weight: &Tensor, mode: Fp8Scale) -> Result<Fp8Weight> {
         );
     }
     let group_len = group_len(mode, out_dim, in_dim).max(1);
-    let scales: Vec<f32> = values.par_chunks(group_len).map(|g| group_scale(g)).collect();
+    let scales: Vec<f32> = values
+        .par_chunks(group_len)
+        .map(|g| group_scale(g))
+        .collect();
     let codes: Vec<u8> = values
         .par_iter()
         .enumerate()
@@ -243,7 +248,11 @@ impl Fp8Weight {
 
     /// The same weight on `device`.
     pub fn to_device(&self, device: &Device) -> Result<Self> {
-        Self::new(self.codes.to_device(device)?, self.scale.to_device(device)?, self.mode)
+        Self::new(
+            self.codes.to_device(device)?,
+            self.scale.to_device(device)?,
+            self.mode,
+        )
     }
 
     /// The dense weight `[out, in]` in `dtype`: each code's value times its scale, computed in f32 and rounded
@@ -274,7 +283,11 @@ impl Fp8Weight {
 fn scale_layout(dims: &[usize], out_dim: usize, in_dim: usize) -> Result<Fp8Scale> {
     let numel: usize = dims.iter().product();
     let trailing_one = dims.len() > 1 && dims[dims.len() - 1] == 1;
-    let core = if trailing_one { &dims[..dims.len() - 1] } else { dims };
+    let core = if trailing_one {
+        &dims[..dims.len() - 1]
+    } else {
+        dims
+    };
     if numel == 1 {
         return Ok(Fp8Scale::Tensor);
     }
@@ -296,10 +309,14 @@ fn codes_to_bytes(codes: &Tensor) -> Result<Vec<u8>> {
     let flat = codes.flatten_all()?.to_device(&Device::Cpu)?;
     match codes.dtype() {
         DType::U8 => flat.to_vec1::<u8>(),
-        DType::F8E4M3 => Ok(flat.to_vec1::<F8E4M3>()?.iter().map(|c| c.to_bits()).collect()),
+        DType::F8E4M3 => Ok(flat
+            .to_vec1::<F8E4M3>()?
+            .iter()
+            .map(|c| c.to_bits())
+            .collect()),
         other => candle_core::bail!("FP8 weight has dtype {other:?}, expected F8E4M3"),
     }
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

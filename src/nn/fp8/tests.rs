@@ -59,7 +59,11 @@ fn encoder_is_round_to_nearest_even_with_saturation() {
         .map(|(i, v)| v * 2f32.powi((i % 24) as i32 - 14))
         .collect();
     // Exact midpoints between neighbours (ties), the neighbours themselves, and values just off the midpoints.
-    let mut positive: Vec<f32> = codes.iter().map(|&(_, v)| v).filter(|v| *v >= 0.0).collect();
+    let mut positive: Vec<f32> = codes
+        .iter()
+        .map(|&(_, v)| v)
+        .filter(|v| *v >= 0.0)
+        .collect();
     positive.sort_by(f32::total_cmp);
     positive.dedup();
     for pair in positive.windows(2) {
@@ -68,11 +72,27 @@ fn encoder_is_round_to_nearest_even_with_saturation() {
             xs.extend([x, -x]);
         }
     }
-    xs.extend([0.0, -0.0, 448.0, 449.0, 463.9, 464.0, 464.1, 1e6, -1e6, f32::MAX, 2f32.powi(-10), 1e-30]);
+    xs.extend([
+        0.0,
+        -0.0,
+        448.0,
+        449.0,
+        463.9,
+        464.0,
+        464.1,
+        1e6,
+        -1e6,
+        f32::MAX,
+        2f32.powi(-10),
+        1e-30,
+    ]);
     for x in xs {
         let got = e4m3_decode(e4m3_encode(x));
         let want = nearest_e4m3(x, &codes);
-        assert!(got == want, "x = {x:e}: encoder gave {got:e}, nearest-even is {want:e}");
+        assert!(
+            got == want,
+            "x = {x:e}: encoder gave {got:e}, nearest-even is {want:e}"
+        );
     }
     // A tie that must go to the even code: 1.0625 lies between 1.0 (code 0x38) and 1.125 (0x39).
     assert_eq!(e4m3_encode(1.0625), 0x38);
@@ -80,7 +100,10 @@ fn encoder_is_round_to_nearest_even_with_saturation() {
 }
 
 fn scale_of(w: &Fp8Weight) -> Vec<f32> {
-    w.scale().flatten_all().and_then(|s| s.to_vec1::<f32>()).unwrap()
+    w.scale()
+        .flatten_all()
+        .and_then(|s| s.to_vec1::<f32>())
+        .unwrap()
 }
 
 /// Per element `|deq - w| <= max(2^-4 |w|, 2^-10 s) (1 + 1e-5) + 2^-148`, where `s` is the element's group
@@ -107,7 +130,13 @@ fn assert_within_e4m3_bound(w: &[f32], deq: &[f32], scales: &[f32], group_len: u
 fn round_trip(w: &[f32], out_dim: usize, in_dim: usize, mode: Fp8Scale) -> (Fp8Weight, Vec<f32>) {
     let t = Tensor::from_vec(w.to_vec(), (out_dim, in_dim), &Device::Cpu).unwrap();
     let q = quantize(&t, mode).unwrap();
-    let deq = q.dequantize(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let deq = q
+        .dequantize(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     (q, deq)
 }
 
@@ -126,12 +155,20 @@ fn round_trip_error_is_within_e4m3_bounds_for_every_mode() {
         let scales = scale_of(&q);
         // Each group's scale is its amax / 448.
         for (g, &s) in scales.iter().enumerate() {
-            let amax = w[g * group_len..(g + 1) * group_len].iter().fold(0f32, |m, v| m.max(v.abs()));
-            assert!((s * 448.0 - amax).abs() <= amax * 1e-6, "{mode}: group {g} scale {s} amax {amax}");
+            let amax = w[g * group_len..(g + 1) * group_len]
+                .iter()
+                .fold(0f32, |m, v| m.max(v.abs()));
+            assert!(
+                (s * 448.0 - amax).abs() <= amax * 1e-6,
+                "{mode}: group {g} scale {s} amax {amax}"
+            );
         }
         let worst = assert_within_e4m3_bound(&w, &deq, &scales, group_len);
         // The bound is nearly reached (rounding really happens) but never passed.
-        assert!(worst > 0.04 && worst <= 0.0625 * (1.0 + 1e-5), "{mode}: worst relative error {worst}");
+        assert!(
+            worst > 0.04 && worst <= 0.0625 * (1.0 + 1e-5),
+            "{mode}: worst relative error {worst}"
+        );
     }
 }
 
@@ -149,7 +186,10 @@ fn finer_scales_give_smaller_error() {
         })
         .collect();
     // Per-tensor scaling pushes the small rows into e4m3's subnormal range.
-    assert!(errs[0] > errs[1] && errs[1] >= errs[2], "relative errors tensor/channel/block: {errs:?}");
+    assert!(
+        errs[0] > errs[1] && errs[1] >= errs[2],
+        "relative errors tensor/channel/block: {errs:?}"
+    );
     assert!(errs[2] < 0.03, "block64 relative error {}", errs[2]);
 }
 
@@ -159,18 +199,40 @@ fn zero_groups_huge_values_and_subnormals_round_trip() {
     let mut w = vec![0f32; out_dim * in_dim];
     // Row 0 stays zero; row 1 huge; row 2 f32 subnormals; row 3 mixes a zero block with normal values.
     for c in 0..in_dim {
-        w[in_dim + c] = if c % 2 == 0 { f32::MAX } else { -3e38 * ((c as f32 + 1.0) / 128.0) };
-        w[2 * in_dim + c] = f32::from_bits(1 + c as u32 * 997) * if c % 3 == 0 { -1.0 } else { 1.0 };
-        w[3 * in_dim + c] = if c < 64 { 0.0 } else { (c as f32 - 90.0) * 0.01 };
+        w[in_dim + c] = if c % 2 == 0 {
+            f32::MAX
+        } else {
+            -3e38 * ((c as f32 + 1.0) / 128.0)
+        };
+        w[2 * in_dim + c] =
+            f32::from_bits(1 + c as u32 * 997) * if c % 3 == 0 { -1.0 } else { 1.0 };
+        w[3 * in_dim + c] = if c < 64 {
+            0.0
+        } else {
+            (c as f32 - 90.0) * 0.01
+        };
     }
     for mode in [Fp8Scale::Tensor, Fp8Scale::Channel, Fp8Scale::Block64] {
         let (q, deq) = round_trip(&w, out_dim, in_dim, mode);
-        assert!(deq.iter().all(|v| v.is_finite()), "{mode}: non-finite output");
-        assert!(deq[..in_dim].iter().all(|&v| v == 0.0), "{mode}: zero row changed");
+        assert!(
+            deq.iter().all(|v| v.is_finite()),
+            "{mode}: non-finite output"
+        );
+        assert!(
+            deq[..in_dim].iter().all(|&v| v == 0.0),
+            "{mode}: zero row changed"
+        );
         let scales = scale_of(&q);
-        assert!(scales.iter().all(|s| s.is_finite() && *s > 0.0), "{mode}: scales {scales:?}");
+        assert!(
+            scales.iter().all(|s| s.is_finite() && *s > 0.0),
+            "{mode}: scales {scales:?}"
+        );
         if mode != Fp8Scale::Tensor {
-            let group_len = if mode == Fp8Scale::Channel { in_dim } else { 64 };
+            let group_len = if mode == Fp8Scale::Channel {
+                in_dim
+            } else {
+                64
+            };
             assert_within_e4m3_bound(&w, &deq, &scales, group_len);
             assert_eq!(deq[in_dim], f32::MAX, "{mode}: amax must survive exactly");
         }
@@ -178,8 +240,20 @@ fn zero_groups_huge_values_and_subnormals_round_trip() {
     let all_zero = Tensor::zeros((3, 64), DType::F32, &Device::Cpu).unwrap();
     let q = quantize(&all_zero, Fp8Scale::Tensor).unwrap();
     assert_eq!(scale_of(&q), vec![1.0]);
-    let deq = q.dequantize(DType::BF16).unwrap().to_dtype(DType::F32).unwrap();
-    assert_eq!(deq.abs().unwrap().sum_all().unwrap().to_scalar::<f32>().unwrap(), 0.0);
+    let deq = q
+        .dequantize(DType::BF16)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    assert_eq!(
+        deq.abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap(),
+        0.0
+    );
 }
 
 #[test]
@@ -204,26 +278,53 @@ fn block64_falls_back_to_channel_when_rows_do_not_split() {
 #[test]
 fn checkpoint_scale_layouts_are_recognised() {
     let (out_dim, in_dim) = (6, 128);
-    let w = Tensor::from_vec(uneven_weight(5, out_dim, in_dim), (out_dim, in_dim), &Device::Cpu).unwrap();
+    let w = Tensor::from_vec(
+        uneven_weight(5, out_dim, in_dim),
+        (out_dim, in_dim),
+        &Device::Cpu,
+    )
+    .unwrap();
     for mode in [Fp8Scale::Tensor, Fp8Scale::Channel, Fp8Scale::Block64] {
         let q = quantize(&w, mode).unwrap();
         let want = q.dequantize(DType::F32).unwrap();
         // The same codes as a checkpoint's F8E4M3 tensor (decoded values are exact in e4m3, so the cast is too).
-        let values = q.table.index_select(&q.codes().flatten_all().unwrap(), 0).unwrap();
-        let f8 = values.reshape((out_dim, in_dim)).unwrap().to_dtype(DType::F8E4M3).unwrap();
+        let values = q
+            .table
+            .index_select(&q.codes().flatten_all().unwrap(), 0)
+            .unwrap();
+        let f8 = values
+            .reshape((out_dim, in_dim))
+            .unwrap()
+            .to_dtype(DType::F8E4M3)
+            .unwrap();
         let s = q.scale().clone();
         let layouts: Vec<Tensor> = match mode {
-            Fp8Scale::Tensor => vec![s.reshape(()).unwrap(), s.clone(), s.reshape((1, 1)).unwrap()],
+            Fp8Scale::Tensor => vec![
+                s.reshape(()).unwrap(),
+                s.clone(),
+                s.reshape((1, 1)).unwrap(),
+            ],
             Fp8Scale::Channel => vec![s.clone(), s.reshape((out_dim, 1)).unwrap()],
             Fp8Scale::Block64 => vec![s.clone(), s.reshape((out_dim, 2, 1)).unwrap()],
         };
         for layout in layouts {
             for codes in [q.codes(), &f8] {
-                let scale = layout.to_dtype(DType::BF16).unwrap().to_dtype(DType::F32).unwrap();
+                let scale = layout
+                    .to_dtype(DType::BF16)
+                    .unwrap()
+                    .to_dtype(DType::F32)
+                    .unwrap();
                 let p = Fp8Weight::from_checkpoint(codes, Some(&layout)).unwrap();
                 assert_eq!(p.mode(), mode, "layout {:?}", layout.dims());
                 let got = p.dequantize(DType::F32).unwrap();
-                let diff = (got - &want).unwrap().abs().unwrap().max_all().unwrap().to_scalar::<f32>().unwrap();
+                let diff = (got - &want)
+                    .unwrap()
+                    .abs()
+                    .unwrap()
+                    .max_all()
+                    .unwrap()
+                    .to_scalar::<f32>()
+                    .unwrap();
                 assert_eq!(diff, 0.0, "{mode} layout {:?}", layout.dims());
                 // bf16 scales (musubi-tuner keeps the model dtype) are accepted too.
                 assert!(Fp8Weight::from_checkpoint(codes, Some(&scale)).is_ok());
@@ -232,7 +333,9 @@ fn checkpoint_scale_layouts_are_recognised() {
     }
     let q = quantize(&w, Fp8Scale::Channel).unwrap();
     let bad = Tensor::ones((out_dim, 3), DType::F32, &Device::Cpu).unwrap();
-    let err = Fp8Weight::from_checkpoint(q.codes(), Some(&bad)).unwrap_err().to_string();
+    let err = Fp8Weight::from_checkpoint(q.codes(), Some(&bad))
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("[6, 3]"), "{err}");
 }
 
@@ -240,10 +343,18 @@ fn checkpoint_scale_layouts_are_recognised() {
 fn unscaled_and_nan_codes() {
     let codes = Tensor::from_vec(vec![0x38u8, 0xb8, 0x7e, 0x01], (2, 2), &Device::Cpu).unwrap();
     let w = Fp8Weight::from_checkpoint(&codes, None).unwrap();
-    let deq = w.dequantize(DType::F32).unwrap().flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let deq = w
+        .dequantize(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
     assert_eq!(deq, vec![1.0, -1.0, 448.0, 2f32.powi(-9)]);
     let nan = Tensor::from_vec(vec![0x38u8, 0x7f], (1, 2), &Device::Cpu).unwrap();
-    let err = Fp8Weight::from_checkpoint(&nan, None).unwrap_err().to_string();
+    let err = Fp8Weight::from_checkpoint(&nan, None)
+        .unwrap_err()
+        .to_string();
     assert!(err.contains("NaN"), "{err}");
 }
 
@@ -251,7 +362,11 @@ fn unscaled_and_nan_codes() {
 fn dequantize_rounds_once_to_the_requested_dtype() {
     let w = Tensor::from_vec(randn(6, 4 * 64), (4, 64), &Device::Cpu).unwrap();
     let q = quantize(&w, Fp8Scale::Block64).unwrap();
-    let f32_then_bf16 = q.dequantize(DType::F32).unwrap().to_dtype(DType::BF16).unwrap();
+    let f32_then_bf16 = q
+        .dequantize(DType::F32)
+        .unwrap()
+        .to_dtype(DType::BF16)
+        .unwrap();
     let bf16 = q.dequantize(DType::BF16).unwrap();
     assert_eq!(bf16.dtype(), DType::BF16);
     let diff = (f32_then_bf16.to_dtype(DType::F32).unwrap() - bf16.to_dtype(DType::F32).unwrap())
