@@ -121,10 +121,7 @@ pub fn quantize(weight: &Tensor, mode: Fp8Scale) -> Result<Fp8Weight> {
         );
     }
     let group_len = group_len(mode, out_dim, in_dim).max(1);
-    let scales: Vec<f32> = values
-        .par_chunks(group_len)
-        .map(|g| group_scale(g))
-        .collect();
+    let scales: Vec<f32> = values.par_chunks(group_len).map(group_scale).collect();
     let codes: Vec<u8> = values
         .par_iter()
         .enumerate()
