@@ -62,13 +62,31 @@ impl FromStr for Fp8Scale {
     }
 }
 
-/// e4m3fn code of `x`: round to nearest, ties to even; magnitudes above 448 saturate to ±448; NaN maps to the
-/// NaN code (callers reject NaN before encoding).
+/// e4m3fn code of `x`: round to nearest, ties to even; magnitudes above 448 (and infinities) saturate to ±448;
+/// NaN maps to a NaN code (callers reject NaN before encoding). Agrees with NVIDIA's `__NV_SATFINITE`
+/// conversion (checked against the `float8` crate's port of it and an exhaustive nearest-value search).
 pub fn e4m3_encode(x: f32) -> u8 {
-    // float8's conversion is a port of NVIDIA's cuda_fp8.hpp (__NV_SATFINITE); f32 -> f64 is exact, so there
-    // is a single rounding. Checked against an exhaustive nearest-value search in the tests.
-    F8E4M3::from_f32(x).to_bits()
+    if x.is_nan() {
+        return 0x7f;
+    }
+    let sign = ((x.to_bits() >> 24) & 0x80) as u8;
+    let a = x.abs().min(E4M3_MAX);
+    let magnitude = if a < E4M3_MIN_NORMAL {
+        // Subnormal codes are the multiples of 2^-9, and code 8 is the smallest normal 2^-6, so rounding
+        // a · 2^9 (exact in f32) to an integer gives the code, including the round-up into the normals.
+        (a * 512.0).round_ties_even() as u8
+    } else {
+        // Round f32's 23 mantissa bits to 3, ties to even; a carry moves into the exponent as it should, and
+        // a <= 448 keeps the result finite. Then rebias the exponent from 127 to 7.
+        let bits = a.to_bits();
+        let rounded = (bits + 0x7_ffff + ((bits >> 20) & 1)) >> 20;
+        (rounded - ((127 - 7) << 3)) as u8
+    };
+    sign | magnitude
 }
+
+/// Smallest normal e4m3fn magnitude, 2^-6.
+const E4M3_MIN_NORMAL: f32 = 0.015625;
 
 /// The value of an e4m3fn code (NaN for 0x7f / 0xff).
 pub fn e4m3_decode(code: u8) -> f32 {
@@ -212,6 +230,31 @@ impl Fp8Weight {
         Self::new(codes, scale, mode)
     }
 
+    /// A weight from codes `U8` `[out, in]` and scales `F32` in `mode`'s canonical shape (`[1]`, `[out]` or
+    /// `[out, in/64]`) on the same device. Checks dtypes and shapes only, reading no data: for parts that were
+    /// validated when first loaded (e.g. views into a streamed block's buffer).
+    pub fn from_raw(codes: Tensor, scale: Tensor, mode: Fp8Scale) -> Result<Self> {
+        let (out_dim, in_dim) = codes.dims2()?;
+        let want = scale_dims(effective_mode(mode, in_dim), out_dim, in_dim);
+        if codes.dtype() != DType::U8 || scale.dtype() != DType::F32 {
+            candle_core::bail!(
+                "FP8 parts must be U8 codes and F32 scales, got {:?} and {:?}",
+                codes.dtype(),
+                scale.dtype()
+            );
+        }
+        if effective_mode(mode, in_dim) != mode || scale.dims() != want.as_slice() {
+            candle_core::bail!(
+                "FP8 {mode} scales for a weight [{out_dim}, {in_dim}] must have shape {want:?}, got {:?}",
+                scale.dims()
+            );
+        }
+        if !codes.device().same_device(scale.device()) {
+            candle_core::bail!("FP8 codes and scales are on different devices");
+        }
+        Self::new(codes, scale, mode)
+    }
+
     /// `(out, in)`.
     pub fn dims(&self) -> (usize, usize) {
         let d = self.codes.dims();
@@ -253,8 +296,31 @@ impl Fp8Weight {
     }
 
     /// The dense weight `[out, in]` in `dtype`: each code's value times its scale, computed in f32 and rounded
-    /// once to `dtype`. The one place FP8 becomes dense; a fused CUDA kernel belongs here.
+    /// once to `dtype`. The one place FP8 becomes dense; a fused CUDA kernel belongs here. Until then the CPU
+    /// runs a direct loop and other devices a table lookup with candle ops.
     pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
+        match self.device() {
+            Device::Cpu => self.dequantize_cpu(dtype),
+            _ => self.dequantize_with_tensor_ops(dtype),
+        }
+    }
+
+    fn dequantize_cpu(&self, dtype: DType) -> Result<Tensor> {
+        let (out_dim, in_dim) = self.dims();
+        let codes = self.codes.flatten_all()?.to_vec1::<u8>()?;
+        let scales = self.scale.flatten_all()?.to_vec1::<f32>()?;
+        let group = group_len(self.mode, out_dim, in_dim).max(1);
+        let table: Vec<f32> = (0..=255u8).map(e4m3_decode).collect();
+        let values: Vec<f32> = codes
+            .par_iter()
+            .enumerate()
+            .map(|(i, &c)| table[c as usize] * scales[i / group])
+            .collect();
+        Tensor::from_vec(values, (out_dim, in_dim), &Device::Cpu)?.to_dtype(dtype)
+    }
+
+    /// Device-agnostic dequantisation: a 256-entry table indexed by the codes, then the scales broadcast.
+    pub(crate) fn dequantize_with_tensor_ops(&self, dtype: DType) -> Result<Tensor> {
         let (out_dim, in_dim) = self.dims();
         let values = self.table.index_select(&self.codes.flatten_all()?, 0)?;
         let dense = match self.mode {

@@ -99,6 +99,63 @@ fn encoder_is_round_to_nearest_even_with_saturation() {
     assert_eq!(e4m3_encode(1.1875), 0x3a);
 }
 
+/// The bit-level encoder agrees with the `float8` crate (a port of NVIDIA's cuda_fp8.hpp conversion with
+/// saturation) on a sweep of f32 bit patterns from 0 to beyond 448, both signs, plus specials.
+#[test]
+fn encoder_agrees_with_nvidia_conversion() {
+    let mut checked = 0;
+    let mut bits = 0u32;
+    while bits < 0x4400_0000 {
+        for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+            assert_eq!(e4m3_encode(x), F8E4M3::from_f32(x).to_bits(), "x = {x:e}");
+            checked += 1;
+        }
+        bits += 997;
+    }
+    for x in [
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::MAX,
+        f32::MIN,
+        464.0,
+        464.0001,
+        2f32.powi(-10),
+    ] {
+        assert_eq!(e4m3_encode(x), F8E4M3::from_f32(x).to_bits(), "x = {x:e}");
+    }
+    assert!(is_nan_code(e4m3_encode(f32::NAN)));
+    assert!(checked > 2_000_000);
+}
+
+/// The CPU loop and the table-lookup path used on other devices give identical weights.
+#[test]
+fn cpu_and_tensor_op_dequantisation_agree() {
+    let (out_dim, in_dim) = (5, 192);
+    let w = Tensor::from_vec(
+        uneven_weight(8, out_dim, in_dim),
+        (out_dim, in_dim),
+        &Device::Cpu,
+    )
+    .unwrap();
+    for mode in [Fp8Scale::Tensor, Fp8Scale::Channel, Fp8Scale::Block64] {
+        let q = quantize(&w, mode).unwrap();
+        for dtype in [DType::F32, DType::BF16, DType::F16] {
+            let a = q.dequantize(dtype).unwrap();
+            let b = q.dequantize_with_tensor_ops(dtype).unwrap();
+            assert_eq!(a.dtype(), dtype);
+            let diff = (a.to_dtype(DType::F32).unwrap() - b.to_dtype(DType::F32).unwrap())
+                .unwrap()
+                .abs()
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f32>()
+                .unwrap();
+            assert_eq!(diff, 0.0, "{mode} {dtype:?}");
+        }
+    }
+}
+
 fn scale_of(w: &Fp8Weight) -> Vec<f32> {
     w.scale()
         .flatten_all()
@@ -387,4 +444,28 @@ fn scale_mode_names_round_trip() {
         assert_eq!(mode.as_str().parse::<Fp8Scale>(), Ok(mode));
     }
     assert!("block128".parse::<Fp8Scale>().is_err());
+}
+
+#[test]
+fn raw_parts_are_checked_for_shape_and_dtype() {
+    let w = Tensor::from_vec(randn(7, 4 * 128), (4, 128), &Device::Cpu).unwrap();
+    let q = quantize(&w, Fp8Scale::Block64).unwrap();
+    let raw = Fp8Weight::from_raw(q.codes().clone(), q.scale().clone(), Fp8Scale::Block64).unwrap();
+    let diff = (raw.dequantize(DType::F32).unwrap() - q.dequantize(DType::F32).unwrap())
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap();
+    assert_eq!(diff, 0.0);
+    let wrong_mode = Fp8Weight::from_raw(q.codes().clone(), q.scale().clone(), Fp8Scale::Channel);
+    assert!(wrong_mode.unwrap_err().to_string().contains("[4]"));
+    let wrong_dtype = Fp8Weight::from_raw(
+        q.codes().to_dtype(DType::F32).unwrap(),
+        q.scale().clone(),
+        Fp8Scale::Block64,
+    );
+    assert!(wrong_dtype.is_err());
 }
