@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod fp8;
+pub mod init;
 pub mod linear;
 pub mod lora;
 pub mod lora_file;

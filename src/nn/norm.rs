@@ -17,7 +17,12 @@ pub fn rms_norm(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor
 }
 
 /// LayerNorm over the last dimension in f32 with optional affine parameters, returned in `xs`' dtype.
-pub fn layer_norm(xs: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+pub fn layer_norm(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     let dtype = xs.dtype();
     let x = xs.to_dtype(DType::F32)?;
     let mean = x.mean_keepdim(D::Minus1)?;
@@ -50,7 +55,10 @@ mod tests {
         ] {
             let grads = (y * &probe)?.sum_all()?.backward()?;
             let g = grads.get(x.as_tensor()).map(|g| g.abs()).transpose()?;
-            let total = g.map(|g| g.sum_all()?.to_scalar::<f32>()).transpose()?.unwrap_or(0.0);
+            let total = g
+                .map(|g| g.sum_all()?.to_scalar::<f32>())
+                .transpose()?
+                .unwrap_or(0.0);
             assert!(total > 0.0, "input gradient missing");
         }
         Ok(())

@@ -191,7 +191,11 @@ impl WanConfig {
         let usize_key = |key: &'static str| -> Result<Option<usize>, ConfigJsonError> {
             Ok(obj.get(key).and_then(|v| v.as_u64()).map(|v| v as usize))
         };
-        let model_type = match obj.get("model_type").and_then(|v| v.as_str()).unwrap_or("t2v") {
+        let model_type = match obj
+            .get("model_type")
+            .and_then(|v| v.as_str())
+            .unwrap_or("t2v")
+        {
             "t2v" => ModelType::T2v,
             "i2v" | "flf2v" => ModelType::I2v,
             "ti2v" => ModelType::Ti2v,
@@ -205,7 +209,8 @@ impl WanConfig {
         let mut cfg = Self::base(generation, model_type);
         cfg.dim = usize_key("dim")?.ok_or(ConfigJsonError::MissingKey("dim"))?;
         cfg.num_heads = usize_key("num_heads")?.ok_or(ConfigJsonError::MissingKey("num_heads"))?;
-        cfg.num_layers = usize_key("num_layers")?.ok_or(ConfigJsonError::MissingKey("num_layers"))?;
+        cfg.num_layers =
+            usize_key("num_layers")?.ok_or(ConfigJsonError::MissingKey("num_layers"))?;
         cfg.ffn_dim = usize_key("ffn_dim")?.ok_or(ConfigJsonError::MissingKey("ffn_dim"))?;
         for (key, field) in [
             ("text_len", &mut cfg.text_len),
@@ -267,7 +272,8 @@ impl WanConfig {
         let f = self.ffn_dim as u64;
         let patch = self.patch_size.iter().product::<usize>() as u64;
         let lin = |i: u64, o: u64| i * o + o;
-        let mut block = 4 * lin(d, d) + 4 * lin(d, d) + lin(d, f) + lin(f, d) + 6 * d + 4 * d + 2 * d;
+        let mut block =
+            4 * lin(d, d) + 4 * lin(d, d) + lin(d, f) + lin(f, d) + 6 * d + 4 * d + 2 * d;
         if self.has_clip() {
             block += 2 * lin(d, d) + d;
         }

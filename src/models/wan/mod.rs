@@ -1,5 +1,11 @@
 //! The Wan DiT (Wan 2.1 and 2.2): config, RoPE, embeddings, attention block, head and transformer.
 
+pub mod block;
 pub mod config;
+pub mod embeddings;
+pub mod random;
+pub mod rope;
+pub mod transformer;
 
 pub use config::{Generation, ModelType, WanConfig};
+pub use transformer::{Prepared, Timesteps, WanInputs, WanModel};

@@ -1,0 +1,183 @@
+//! Parity checks against reference fixtures produced by the official Wan implementation (the format of
+//! `shared/fixtures/wan/README.md`): load a case directory, run the matching module, compare every expected tensor.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device, Tensor};
+
+pub mod wan_dit;
+
+/// Relative tolerance for outputs and intermediates (f32).
+pub const OUTPUT_REL_TOL: f64 = 1e-4;
+/// Relative tolerance for gradients (f32).
+pub const GRAD_REL_TOL: f64 = 1e-3;
+
+/// One compared tensor.
+#[derive(Debug, Clone)]
+pub struct ParityRow {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub max_abs: f64,
+    /// ‖got − expected‖ / ‖expected‖.
+    pub rel: f64,
+    pub tolerance: f64,
+    pub passed: bool,
+}
+
+impl fmt::Display for ParityRow {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{:<4} {:<48} {:<18} max_abs {:>10.3e}  rel {:>10.3e}  (tol {:.0e})",
+            if self.passed { "ok" } else { "FAIL" },
+            self.name,
+            format!("{:?}", self.shape),
+            self.max_abs,
+            self.rel,
+            self.tolerance
+        )
+    }
+}
+
+/// Compares `got` with `expected` (any float dtype, same shape) with relative tolerance `tol`.
+/// A shape mismatch or a non-finite value fails the row.
+pub fn compare(name: &str, got: &Tensor, expected: &Tensor, tol: f64) -> anyhow::Result<ParityRow> {
+    let shape = expected.dims().to_vec();
+    if got.dims() != expected.dims() {
+        return Ok(ParityRow {
+            name: format!("{name} (shape {:?} != {:?})", got.dims(), expected.dims()),
+            shape,
+            max_abs: f64::INFINITY,
+            rel: f64::INFINITY,
+            tolerance: tol,
+            passed: false,
+        });
+    }
+    let g = got.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    let e = expected
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let mut max_abs = 0f64;
+    let mut diff2 = 0f64;
+    let mut ref2 = 0f64;
+    let mut finite = true;
+    for (a, b) in g.iter().zip(&e) {
+        finite &= a.is_finite();
+        let d = (a - b).abs();
+        max_abs = max_abs.max(d);
+        diff2 += d * d;
+        ref2 += b * b;
+    }
+    let rel = if ref2 > 0.0 {
+        (diff2 / ref2).sqrt()
+    } else {
+        diff2.sqrt()
+    };
+    let passed = finite && rel <= tol;
+    Ok(ParityRow {
+        name: name.to_string(),
+        shape,
+        max_abs: if finite { max_abs } else { f64::NAN },
+        rel: if finite { rel } else { f64::NAN },
+        tolerance: tol,
+        passed,
+    })
+}
+
+/// Compares integer tensors exactly (scheduler timesteps).
+pub fn compare_exact(name: &str, got: &[i64], expected: &Tensor) -> anyhow::Result<ParityRow> {
+    let e = expected
+        .to_dtype(DType::I64)?
+        .flatten_all()?
+        .to_vec1::<i64>()?;
+    let mismatches =
+        got.iter().zip(&e).filter(|(a, b)| a != b).count() + got.len().abs_diff(e.len());
+    let max_abs = got
+        .iter()
+        .zip(&e)
+        .map(|(a, b)| a.abs_diff(*b) as f64)
+        .fold(0.0, f64::max);
+    Ok(ParityRow {
+        name: name.to_string(),
+        shape: expected.dims().to_vec(),
+        max_abs,
+        rel: mismatches as f64,
+        tolerance: 0.0,
+        passed: mismatches == 0,
+    })
+}
+
+/// A fixture case directory: its `config.json` and the three safetensors files (weights absent for schedulers).
+pub struct Fixture {
+    pub config: serde_json::Value,
+    pub weights: HashMap<String, Tensor>,
+    pub inputs: HashMap<String, Tensor>,
+    pub expected: HashMap<String, Tensor>,
+}
+
+impl Fixture {
+    /// Reads a case directory.
+    pub fn load(dir: &Path) -> anyhow::Result<Self> {
+        let config_path = dir.join("config.json");
+        let text = std::fs::read_to_string(&config_path)
+            .with_context(|| format!("cannot read the fixture config {}", config_path.display()))?;
+        let config: serde_json::Value = serde_json::from_str(&text).with_context(|| {
+            format!(
+                "the fixture config is not valid JSON: {}",
+                config_path.display()
+            )
+        })?;
+        let read = |name: &str, required: bool| -> anyhow::Result<HashMap<String, Tensor>> {
+            let path = dir.join(name);
+            if !path.exists() && !required {
+                return Ok(HashMap::new());
+            }
+            candle_core::safetensors::load(&path, &Device::Cpu)
+                .with_context(|| format!("cannot read the fixture tensors {}", path.display()))
+        };
+        Ok(Self {
+            weights: read("weights.safetensors", false)?,
+            inputs: read("inputs.safetensors", true)?,
+            expected: read("expected.safetensors", true)?,
+            config,
+        })
+    }
+
+    /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`).
+    pub fn kind(&self) -> &str {
+        self.config
+            .get("kind")
+            .and_then(|v| v.as_str())
+            .unwrap_or("")
+    }
+
+    /// An input tensor by name.
+    pub fn input(&self, name: &str) -> anyhow::Result<&Tensor> {
+        self.inputs
+            .get(name)
+            .with_context(|| format!("the fixture has no input `{name}`"))
+    }
+
+    /// An expected tensor by name.
+    pub fn expected(&self, name: &str) -> anyhow::Result<&Tensor> {
+        self.expected
+            .get(name)
+            .with_context(|| format!("the fixture has no expected tensor `{name}`"))
+    }
+}
+
+/// Runs the module a fixture directory describes and compares every expected tensor.
+pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
+    let fixture = Fixture::load(dir)?;
+    match fixture.kind() {
+        "wan_dit" => wan_dit::check(&fixture),
+        other => bail!(
+            "fixture kind `{other}` is not handled yet (supported: wan_dit) in {}",
+            dir.display()
+        ),
+    }
+}
