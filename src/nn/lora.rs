@@ -5,8 +5,11 @@
 use std::cmp::Ordering;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 use regex::Regex;
 
+use super::init;
 use super::linear::Linear;
 
 /// A LoRA pair. `up` starts at zero so a fresh adapter leaves the model unchanged.
@@ -190,7 +193,8 @@ pub struct LoraSpec {
 
 /// Attaches a fresh adapter to every linear in `modules` (path, layer) that the spec targets, replacing any
 /// adapter already there, and returns them in [`LoraSet`] order. `down` is Kaiming-uniform like musubi-tuner
-/// (bound 1/√in) from a seeded generator, `up` is zero; both live on the layer's device.
+/// (bound 1/√in), drawn on the host from the spec's seed mixed with the module path; `up` is zero; both live
+/// on the layer's device.
 pub fn attach_loras<'a, I>(modules: I, spec: &LoraSpec) -> std::result::Result<LoraSet, LoraError>
 where
     I: IntoIterator<Item = (String, &'a mut Linear)>,
@@ -212,11 +216,9 @@ where
         let (in_dim, out_dim) = (linear.in_dim(), linear.out_dim());
         let device = linear.base().device().clone();
         let bound = 1.0 / (in_dim as f32).sqrt();
-        let mut rng = SplitMix64(spec.seed ^ fnv1a(path.as_bytes()));
-        let down: Vec<f32> = (0..spec.rank * in_dim)
-            .map(|_| (2.0 * rng.unit() - 1.0) * bound)
-            .collect();
-        let down = Tensor::from_vec(down, (spec.rank, in_dim), &device)?.to_dtype(spec.dtype)?;
+        let mut rng = StdRng::seed_from_u64(spec.seed ^ fnv1a(path.as_bytes()));
+        let down = init::uniform(&mut rng, (spec.rank, in_dim), -bound, bound, &device)?;
+        let down = down.to_dtype(spec.dtype)?;
         let up = Tensor::zeros((out_dim, spec.rank), spec.dtype, &device)?;
         let lora = Lora::from_tensors(&down, &up, alpha)?;
         linear.set_lora(Some(lora.clone()));
@@ -231,24 +233,7 @@ where
     Ok(LoraSet::new(created))
 }
 
-/// A fixed, documented generator, so a seed gives the same initial adapters in every build.
-struct SplitMix64(u64);
-
-impl SplitMix64 {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in [0, 1) with 24 bits.
-    fn unit(&mut self) -> f32 {
-        (self.next() >> 40) as f32 / (1u64 << 24) as f32
-    }
-}
-
+/// FNV-1a: a fixed hash of the module path (std's hasher may change between Rust releases).
 fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
