@@ -2,8 +2,10 @@
 //! the checkpoint tensor view. Knows nothing of channels, config files or logging.
 
 pub mod attention;
+pub mod fp8;
 pub mod init;
 pub mod linear;
 pub mod lora;
+pub mod lora_file;
 pub mod norm;
 pub mod vb;
