@@ -62,7 +62,7 @@ fn step_peak(layers: usize, step: Step) -> candle_core::Result<usize> {
     let dev = Device::Cpu;
     let cfg = WanConfig::tiny(layers);
     let vb = Vb::from_tensors(random_weights(&cfg, 1, DType::F32, &dev)?, DType::F32, &dev);
-    let mut model = WanModel::new(&cfg, vb, DType::F32)?;
+    let mut model = WanModel::new(&cfg, vb, &Default::default())?;
     let mut vars = Vec::new();
     for (_, linear) in model.linears_mut() {
         let lora = Lora::new(linear.in_dim(), linear.out_dim(), 4, 4.0, DType::F32, &dev)?;

@@ -70,7 +70,8 @@ fn io_context(action: &str, path: &Path) -> String {
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
     let tmp = path.with_extension("partial");
     let mut f = File::create(&tmp).with_context(|| io_context("create", &tmp))?;
-    f.write_all(bytes).with_context(|| io_context("write", &tmp))?;
+    f.write_all(bytes)
+        .with_context(|| io_context("write", &tmp))?;
     f.sync_all().with_context(|| io_context("sync", &tmp))?;
     fs::rename(&tmp, path).with_context(|| io_context("rename into place", path))?;
     sync_dir(path.parent());
@@ -86,7 +87,11 @@ fn sync_dir(dir: Option<&Path>) {
 
 impl Outputs {
     /// Creates the output folder and opens (appending) its `metrics.jsonl`.
-    pub fn create(dir: &Path, name: &str, metadata: HashMap<String, String>) -> anyhow::Result<Self> {
+    pub fn create(
+        dir: &Path,
+        name: &str,
+        metadata: HashMap<String, String>,
+    ) -> anyhow::Result<Self> {
         fs::create_dir_all(dir).with_context(|| io_context("create the output folder", dir))?;
         let metrics_path = dir.join("metrics.jsonl");
         let metrics = OpenOptions::new()
@@ -149,7 +154,10 @@ impl Trainer {
         };
         let mut metadata = out.metadata.clone();
         metadata.insert("ss_steps".into(), step.to_string());
-        metadata.insert("ss_epoch".into(), self.epoch().saturating_sub(1).to_string());
+        metadata.insert(
+            "ss_epoch".into(),
+            self.epoch().saturating_sub(1).to_string(),
+        );
         self.loras
             .save(&lora, out.save_dtype, &metadata)
             .with_context(|| io_context("save the LoRA", &lora))?;
@@ -169,13 +177,16 @@ impl Trainer {
             fs::remove_dir_all(&tmp).with_context(|| io_context("clear", &tmp))?;
         }
         fs::create_dir_all(&tmp).with_context(|| io_context("create", &tmp))?;
-        self.loras.save(&tmp.join("lora.safetensors"), DType::F32, metadata)?;
-        let optimizer: HashMap<String, Tensor> = self.optimizer.export_state()?.into_iter().collect();
-        let bytes = safetensors::tensor::serialize(
-            optimizer.iter().map(|(k, v)| (k.clone(), v)).collect::<Vec<_>>(),
-            None,
-        )?;
-        write_atomic(&tmp.join("optimizer.safetensors"), &bytes)?;
+        self.loras
+            .save(&tmp.join("lora.safetensors"), DType::F32, metadata)?;
+        let optimizer: HashMap<String, Tensor> =
+            self.optimizer.export_state()?.into_iter().collect();
+        let optimizer_path = tmp.join("optimizer.safetensors");
+        candle_core::safetensors::save(&optimizer, &optimizer_path)
+            .with_context(|| io_context("write", &optimizer_path))?;
+        File::open(&optimizer_path)
+            .and_then(|f| f.sync_all())
+            .with_context(|| io_context("sync", &optimizer_path))?;
         let state = StateFile {
             format: STATE_FORMAT,
             step: self.step,
@@ -184,7 +195,10 @@ impl Trainer {
             total_steps: self.total_steps,
             lora_modules: self.loras.len(),
         };
-        write_atomic(&tmp.join("state.json"), serde_json::to_string_pretty(&state)?.as_bytes())?;
+        write_atomic(
+            &tmp.join("state.json"),
+            serde_json::to_string_pretty(&state)?.as_bytes(),
+        )?;
         if dir.exists() {
             fs::remove_dir_all(&dir).with_context(|| io_context("replace", &dir))?;
         }
@@ -214,10 +228,14 @@ impl Trainer {
             })?
         };
         let state_path = dir.join("state.json");
-        let text = fs::read_to_string(&state_path).with_context(|| io_context("read", &state_path))?;
-        let state: StateFile =
-            serde_json::from_str(&text).with_context(|| format!("corrupt training state {}", state_path.display()))?;
-        if state.format != STATE_FORMAT || state.accumulation != self.accumulation || state.seed != self.seed {
+        let text =
+            fs::read_to_string(&state_path).with_context(|| io_context("read", &state_path))?;
+        let state: StateFile = serde_json::from_str(&text)
+            .with_context(|| format!("corrupt training state {}", state_path.display()))?;
+        if state.format != STATE_FORMAT
+            || state.accumulation != self.accumulation
+            || state.seed != self.seed
+        {
             anyhow::bail!(
                 "the training state in {} was made with other settings (seed {}, accumulation {}); resume with the \
                  run's original config",
@@ -229,10 +247,11 @@ impl Trainer {
         let device = self.device().clone();
         let lora = LoraFile::load(&dir.join("lora.safetensors"), &device)?;
         self.loras.load_weights(&lora)?;
-        let optimizer = candle_core::safetensors::load(dir.join("optimizer.safetensors"), &Device::Cpu)?
-            .into_iter()
-            .map(|(k, v)| Ok((k, v.to_device(&device)?)))
-            .collect::<candle_core::Result<HashMap<_, _>>>()?;
+        let optimizer =
+            candle_core::safetensors::load(dir.join("optimizer.safetensors"), &Device::Cpu)?
+                .into_iter()
+                .map(|(k, v)| Ok((k, v.to_device(&device)?)))
+                .collect::<candle_core::Result<HashMap<_, _>>>()?;
         self.optimizer.import_state(&optimizer)?;
         self.step = state.step;
         Ok(dir)

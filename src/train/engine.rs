@@ -8,7 +8,9 @@ use std::sync::mpsc::{SyncSender, TryRecvError, TrySendError};
 use std::time::Instant;
 
 use super::trainer::{Interrupted, Trainer};
-use crate::protocol::{channel_pair, Command, EngineEnd, EngineHandle, Event, LogLevel, Progress, RunState, StartRun};
+use crate::protocol::{
+    channel_pair, Command, EngineEnd, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
+};
 
 /// Starts the engine thread and returns the UI's end of its channels.
 pub fn spawn() -> std::io::Result<EngineHandle> {
@@ -25,7 +27,10 @@ fn engine_main(end: EngineEnd) {
     while let Some(command) = inbox.wait() {
         match command {
             Command::StartRun(request) => run(&request, &inbox, &events),
-            other => events.log(LogLevel::Warn, format!("no run in progress: {other:?} ignored")),
+            other => events.log(
+                LogLevel::Warn,
+                format!("no run in progress: {other:?} ignored"),
+            ),
         }
         events.state(RunState::Idle);
     }
@@ -64,7 +69,12 @@ impl<'a> Inbox<'a> {
     /// Whether the run must stop now (a queued Stop, or the UI went away).
     fn stop_requested(&self) -> bool {
         self.poll();
-        *self.disconnected.borrow() || self.queue.borrow().iter().any(|c| matches!(c, Command::Stop))
+        *self.disconnected.borrow()
+            || self
+                .queue
+                .borrow()
+                .iter()
+                .any(|c| matches!(c, Command::Stop))
     }
 
     fn next(&self) -> Option<Command> {
@@ -130,7 +140,11 @@ fn run(request: &StartRun, inbox: &Inbox, events: &Events) {
     }
 }
 
-fn finish(trainer: &mut Trainer, outcome: anyhow::Result<Outcome>, events: &Events) -> anyhow::Result<()> {
+fn finish(
+    trainer: &mut Trainer,
+    outcome: anyhow::Result<Outcome>,
+    events: &Events,
+) -> anyhow::Result<()> {
     let outcome = match outcome {
         Ok(o) => o,
         Err(err) => {
@@ -174,9 +188,10 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
                 Command::SaveNow => events.send(trainer.save(false)?.event()),
                 Command::SampleNow => sample(trainer, events)?,
                 Command::Resume => {}
-                Command::StartRun(_) => {
-                    events.log(LogLevel::Warn, "a run is already in progress; queue the next one".into())
-                }
+                Command::StartRun(_) => events.log(
+                    LogLevel::Warn,
+                    "a run is already in progress; queue the next one".into(),
+                ),
             }
         }
         let report = match trainer.train_step(&|| inbox.stop_requested()) {

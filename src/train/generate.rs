@@ -7,7 +7,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::sampler::{FlowDpmSolverScheduler, FlowEulerScheduler, FlowScheduler, FlowUniPcScheduler, SchedulerConfig};
+use super::sampler::{
+    FlowDpmSolverScheduler, FlowEulerScheduler, FlowScheduler, FlowUniPcScheduler, SchedulerConfig,
+};
 use crate::models::wan::{Timesteps, WanInputs, WanModel};
 use crate::nn::init::randn;
 
@@ -62,7 +64,11 @@ pub struct GenerateRequest<'a> {
 }
 
 /// Runs the sampling loop; `cancelled` is polled between denoising steps.
-pub fn generate(experts: &Experts, req: &GenerateRequest, cancelled: &dyn Fn() -> bool) -> Result<Tensor> {
+pub fn generate(
+    experts: &Experts,
+    req: &GenerateRequest,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Tensor> {
     let device = experts.high_noise.device();
     let rng = &mut StdRng::seed_from_u64(req.seed);
     let mut latents = randn(rng, req.latent_shape.as_slice(), 0.0, 1.0, device)?;

@@ -10,6 +10,7 @@ pub mod prompts;
 pub mod sampler;
 pub mod samples;
 pub mod schedule;
+pub mod setup;
 pub mod step;
 pub mod timesteps;
 pub mod trainer;

@@ -41,9 +41,16 @@ impl Default for PromptSpec {
 #[derive(Debug, thiserror::Error)]
 pub enum PromptError {
     #[error("cannot read the prompt file {path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{path}:{line}: {message}")]
-    Line { path: String, line: usize, message: String },
+    Line {
+        path: String,
+        line: usize,
+        message: String,
+    },
     #[error("{path}: {message}")]
     Toml { path: String, message: String },
 }
@@ -90,7 +97,10 @@ pub fn parse_line(line: &str) -> Result<PromptSpec, String> {
         ..PromptSpec::default()
     };
     for part in parts {
-        let (key, value) = part.trim().split_once(char::is_whitespace).unwrap_or((part.trim(), ""));
+        let (key, value) = part
+            .trim()
+            .split_once(char::is_whitespace)
+            .unwrap_or((part.trim(), ""));
         let value = value.trim();
         let number = |what: &str| format!("--{key} needs {what}, got `{value}`");
         match key {
@@ -102,7 +112,11 @@ pub fn parse_line(line: &str) -> Result<PromptSpec, String> {
             "l" => spec.guidance = value.parse().map_err(|_| number("a guidance scale"))?,
             "fs" => spec.flow_shift = value.parse().map_err(|_| number("a flow shift"))?,
             "n" => spec.negative = Some(value.to_string()),
-            other => return Err(format!("unknown option --{other} (known: --w --h --f --d --s --l --fs --n)")),
+            other => {
+                return Err(format!(
+                    "unknown option --{other} (known: --w --h --f --d --s --l --fs --n)"
+                ))
+            }
         }
     }
     if spec.prompt.is_empty() {
@@ -129,7 +143,9 @@ mod tests {
     #[test]
     fn bad_lines_name_the_problem() {
         assert!(parse_line("x --w wide").unwrap_err().contains("--w"));
-        assert!(parse_line("x --zz 1").unwrap_err().contains("unknown option --zz"));
+        assert!(parse_line("x --zz 1")
+            .unwrap_err()
+            .contains("unknown option --zz"));
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("p.txt");
         std::fs::write(&path, "# comment\nok prompt\nbad --s x\n").expect("write");

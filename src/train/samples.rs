@@ -60,8 +60,14 @@ pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (i, f) in frames.iter().enumerate() {
         let path = dir.join(format!("frame_{i:04}.png"));
-        image::save_buffer(&path, &f.data, f.width as u32, f.height as u32, image::ExtendedColorType::Rgb8)
-            .with_context(|| format!("cannot write {}", path.display()))?;
+        image::save_buffer(
+            &path,
+            &f.data,
+            f.width as u32,
+            f.height as u32,
+            image::ExtendedColorType::Rgb8,
+        )
+        .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let (w, h) = frames.first().map_or((0, 0), |f| (f.width, f.height));
     let info = serde_json::json!({ "fps": fps, "frames": frames.len(), "width": w, "height": h });
@@ -99,7 +105,8 @@ impl Trainer {
             let frames_dir = sampling.dir.join(&stem);
             write_frames(&frames_dir, &frames, SAMPLE_FPS)?;
             let video = sampling.dir.join(format!("{stem}.mp4"));
-            write_mp4(&video, &frames, SAMPLE_FPS).with_context(|| format!("cannot write {}", video.display()))?;
+            write_mp4(&video, &frames, SAMPLE_FPS)
+                .with_context(|| format!("cannot write {}", video.display()))?;
             events.push(Event::SampleReady {
                 step: self.step,
                 video,

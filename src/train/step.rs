@@ -223,7 +223,7 @@ mod tests {
         let dev = Device::Cpu;
         let cfg = WanConfig::tiny(layers);
         let vb = Vb::from_tensors(random_weights(&cfg, 7, DType::F32, &dev)?, DType::F32, &dev);
-        let mut model = WanModel::new(&cfg, vb, DType::F32)?;
+        let mut model = WanModel::new(&cfg, vb, &Default::default())?;
         let mut vars = Vec::new();
         let rng = &mut StdRng::seed_from_u64(11);
         for (_, linear) in model.linears_mut() {

@@ -59,7 +59,10 @@ pub struct Trainer {
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
 fn mix(seed: u64, index: u64) -> u64 {
-    let mut z = seed ^ index.wrapping_add(0x9E37_79B9_7F4A_7C15).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let mut z = seed
+        ^ index
+            .wrapping_add(0x9E37_79B9_7F4A_7C15)
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
     z ^ (z >> 31)
@@ -91,7 +94,11 @@ impl Trainer {
     }
 
     /// One micro-batch: noise, timesteps, the checkpointed step. Returns the loss and gradients.
-    fn micro_step(&self, index: usize, interrupted: &dyn Fn() -> bool) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
+    fn micro_step(
+        &self,
+        index: usize,
+        interrupted: &dyn Fn() -> bool,
+    ) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
         let (_, _, h, w) = batch[0].latents.dims4()?;
@@ -125,13 +132,14 @@ impl Trainer {
             want_input_grads: false,
             interrupted: Some(interrupted),
         };
-        let out = checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
-            if interrupted() {
-                anyhow::Error::new(Interrupted)
-            } else {
-                anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
-            }
-        })?;
+        let out =
+            checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
+                if interrupted() {
+                    anyhow::Error::new(Interrupted)
+                } else {
+                    anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
+                }
+            })?;
         Ok((out.loss, out.grads, epoch))
     }
 

@@ -11,4 +11,4 @@ pub mod vae;
 pub mod weights;
 
 pub use config::{Generation, ModelType, WanConfig};
-pub use transformer::{Prepared, Timesteps, WanInputs, WanModel};
+pub use transformer::{ModelOptions, Prepared, Timesteps, WanInputs, WanModel};

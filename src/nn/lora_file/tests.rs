@@ -483,7 +483,7 @@ fn tiny_wan_model_round_trip() {
         WanModel::new(
             &cfg,
             Vb::from_tensors(weights.clone(), DType::F32, &dev),
-            DType::F32,
+            &Default::default(),
         )
         .unwrap()
     };
