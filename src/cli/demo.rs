@@ -22,6 +22,7 @@ pub fn demo_config(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig
         .config;
     if let Some(steps) = steps {
         config.training.max_train_steps = steps;
+        config.optimizer.lr_warmup_steps = config.optimizer.lr_warmup_steps.min(steps / 10);
     }
     config.output.output_dir = dir.join("output");
     config.sampling.prompts = Some(dir.join("sample_prompts.txt"));

@@ -72,6 +72,12 @@ impl TrainSet {
         &self.items
     }
 
+    /// Mutable access to the items (tests corrupt them to exercise the non-finite guard).
+    #[cfg(test)]
+    pub fn items_mut(&mut self) -> &mut [TrainItem] {
+        &mut self.items
+    }
+
     /// The batch used at global micro-step `index` (0-based) and its epoch (1-based).
     pub fn batch_at(&self, index: usize) -> (usize, Vec<&TrainItem>) {
         let n = self.batches.len();

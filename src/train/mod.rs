@@ -14,3 +14,6 @@ pub mod setup;
 pub mod step;
 pub mod timesteps;
 pub mod trainer;
+
+#[cfg(test)]
+mod tests;

@@ -255,7 +255,7 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
-            .map_err(|errors| anyhow::anyhow!("the run configuration has problems:\n{errors}"))?;
+            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         for note in &plan.notes {
             log(LogLevel::Info, note.clone());
         }
