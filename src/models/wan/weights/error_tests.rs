@@ -64,6 +64,13 @@ fn missing_empty_and_truncated_files() -> Result<()> {
     std::fs::write(&cut, &full[..200])?;
     let e = inspect_err(&cut);
     assert_says(&e, &["cut short", "its header alone needs"], &cut);
+
+    let device = Path::new("/dev/null");
+    if device.exists() {
+        let e = inspect_err(device);
+        assert!(matches!(e, ModelFormatError::Unreadable { .. }));
+        assert_says(&e, &["not a regular file or folder"], device);
+    }
     Ok(())
 }
 

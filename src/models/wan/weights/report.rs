@@ -107,24 +107,30 @@ impl ModelReport {
             .fp8
             .as_ref()
             .is_some_and(|f| f.naming == ScaleNaming::ComfyScaledFp8);
-        let base = match (&self.layout, self.key_prefix.as_deref()) {
+        let single = if comfy_fp8 {
+            "ComfyUI scaled_fp8 single file"
+        } else {
+            "single file"
+        };
+        match (&self.layout, self.key_prefix.as_deref()) {
             (Layout::Sharded { shards, indexed }, _) => format!(
-                "official Wan-AI shards, {shards} files {}",
+                "official Wan-AI shards, {shards} files {}{}",
                 if *indexed {
                     "with index"
                 } else {
                     "without index"
+                },
+                if comfy_fp8 {
+                    ", ComfyUI scaled_fp8"
+                } else {
+                    ""
                 }
             ),
-            (Layout::SingleFile, Some(prefix)) => {
+            (Layout::SingleFile, Some(prefix)) if !comfy_fp8 => {
                 format!("ComfyUI single file (keys prefixed `{prefix}`)")
             }
-            (Layout::SingleFile, None) => "single file, official key names".to_string(),
-        };
-        if comfy_fp8 {
-            format!("{base}, ComfyUI scaled_fp8")
-        } else {
-            base
+            (Layout::SingleFile, Some(prefix)) => format!("{single} (keys prefixed `{prefix}`)"),
+            (Layout::SingleFile, None) => format!("{single}, official key names"),
         }
     }
 }
@@ -214,7 +220,7 @@ impl fmt::Display for ModelReport {
         }
         let heads = match self.heads_source {
             HeadsSource::ConfigJson => "from config.json",
-            HeadsSource::Rule => "assumed: no config.json",
+            HeadsSource::Rule => "inferred, no config.json beside the weights",
         };
         writeln!(
             f,

@@ -39,6 +39,13 @@ pub(crate) struct Source {
 /// Finds the files behind `path`.
 pub(crate) fn resolve(path: &Path) -> Result<Source, ModelFormatError> {
     let meta = std::fs::metadata(path).map_err(|e| io_error(e, path))?;
+    if !meta.is_dir() && !meta.is_file() {
+        // A pipe or device would block or never end; weights are always plain files.
+        return Err(ModelFormatError::Unreadable {
+            cause: std::io::Error::other("not a regular file or folder"),
+            path: path.to_path_buf(),
+        });
+    }
     let file_name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
     let mut source = if meta.is_dir() {
         resolve_dir(path, None)?

@@ -5,7 +5,9 @@ use std::path::Path;
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 
-use super::testkit::{dit_specs, fp8, prefixed, value_at, write, write_sharded, Scales, Spec};
+use super::testkit::{
+    dit_specs, fp8, prefixed, scratch_dir, value_at, write, write_sharded, Scales, Spec,
+};
 use super::*;
 use crate::models::wan::{Generation, ModelType};
 
@@ -169,7 +171,10 @@ fn comfyui_scaled_fp8_file() -> Result<()> {
     assert_eq!(info.weights, fp8_weights);
     assert_eq!(info.scaling.get(&Fp8Scaling::Tensor), Some(&fp8_weights));
     assert_eq!(report.parameter_count, cfg.parameter_count());
-    assert!(report.layout_label().contains("ComfyUI scaled_fp8"));
+    assert_eq!(
+        report.layout_label(),
+        "ComfyUI scaled_fp8 single file (keys prefixed `model.diffusion_model.`)"
+    );
     assert!(
         report
             .to_string()
@@ -427,5 +432,36 @@ fn detects_the_official_fixtures() -> Result<()> {
     if checked < 3 {
         bail!("expected 3 wan_dit fixtures, found {checked}");
     }
+    Ok(())
+}
+
+/// Header inspection and load speed on a 1.3B-wide, 4-block bf16 file (about 390 MB). Prints, asserts nothing
+/// about time. Run: `cargo test --lib models::wan::weights::tests::load_throughput -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn load_throughput() -> Result<()> {
+    let mut cfg = WanConfig::wan21_t2v_1_3b();
+    cfg.num_layers = 4;
+    let dir = scratch_dir()?;
+    let path = write(
+        &dir.path().join("wide.safetensors"),
+        &dit_specs(&cfg, "BF16"),
+    )?;
+    let bytes = std::fs::metadata(&path)?.len() as f64;
+    let start = std::time::Instant::now();
+    let report = inspect(&path)?;
+    let inspect_secs = start.elapsed().as_secs_f64();
+    let start = std::time::Instant::now();
+    let loaded = load(&path, None, &Device::Cpu)?;
+    let load_secs = start.elapsed().as_secs_f64();
+    assert_eq!(loaded.tensors.len(), report.tensor_count);
+    println!(
+        "{:.0} MB, {} tensors: inspect {:.2} ms, load {:.3} s ({:.2} GB/s)",
+        bytes / 1e6,
+        report.tensor_count,
+        inspect_secs * 1e3,
+        load_secs,
+        bytes / load_secs / 1e9
+    );
     Ok(())
 }
