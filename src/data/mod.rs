@@ -1,0 +1,20 @@
+//! Training data: musubi-tuner dataset configs, dataset scans and reports, buckets, frame extraction, media
+//! decoding through ffmpeg, and latent / text-encoder caches in musubi-tuner's format. No GUI, no model code.
+
+pub mod bucket;
+pub mod config;
+#[cfg(test)]
+mod config_tests;
+pub mod frames;
+mod keys;
+pub mod media;
+pub mod probe;
+pub mod problem;
+pub mod resize;
+pub mod validate;
+
+pub use config::{
+    ConfigError, DatasetConfig, DatasetKind, DatasetSection, DatasetSource, FrameExtraction, GeneralSection,
+    ParsedConfig, ResolvedDataset, Resolution, VideoParams,
+};
+pub use problem::{Problem, Severity};
