@@ -124,7 +124,9 @@ fn strip_section<T: DeserializeOwned>(
         let mut single = toml::Table::new();
         single.insert(key.clone(), value.clone());
         if let Err(e) = single.try_into::<T>() {
-            let message = format!("bad value {value}: {}", e.message().trim());
+            // serde names Rust types; say what a user would write instead.
+            let why = e.message().trim().replace("expected u32", "expected a whole number, 0 or more");
+            let message = format!("bad value {value}: {why}");
             problems.push(Problem::key_error(file, key_path, message));
             bad.push(key.clone());
         }

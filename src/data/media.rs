@@ -64,6 +64,21 @@ pub enum MediaError {
     },
 }
 
+impl MediaError {
+    /// What went wrong, without the file path (for messages that show the path separately).
+    pub fn reason(&self) -> String {
+        match self {
+            MediaError::ToolMissing { .. } => self.to_string(),
+            MediaError::Timeout { tool, secs, .. } => {
+                format!("{tool} did not finish within {secs} s and was stopped; the file may be damaged")
+            }
+            MediaError::Unreadable { tool, message, .. } => format!("{tool} cannot read this video ({message})"),
+            MediaError::Empty { .. } => "the video file is empty (0 bytes)".into(),
+            MediaError::Io { tool, source, .. } => format!("cannot run {tool} ({source})"),
+        }
+    }
+}
+
 /// Where ffmpeg and ffprobe are, and how long each call may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MediaTools {

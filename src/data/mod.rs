@@ -2,15 +2,22 @@
 //! decoding through ffmpeg, and latent / text-encoder caches in musubi-tuner's format. No GUI, no model code.
 
 pub mod bucket;
+pub mod cache;
+#[cfg(test)]
+mod cache_tests;
 pub mod config;
 #[cfg(test)]
 mod config_tests;
 pub mod frames;
+pub mod jsonl;
 mod keys;
 pub mod media;
 pub mod probe;
 pub mod problem;
+pub mod report;
 pub mod resize;
+pub mod scan;
+pub mod tensor_file;
 pub mod validate;
 
 pub use config::{

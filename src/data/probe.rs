@@ -51,6 +51,13 @@ pub struct ImageReadError {
     pub path: PathBuf,
 }
 
+impl ImageReadError {
+    /// What went wrong, without the file path.
+    pub fn reason(&self) -> String {
+        format!("cannot read the image ({})", self.message)
+    }
+}
+
 fn image_error(path: &Path, e: impl std::fmt::Display) -> ImageReadError {
     ImageReadError {
         message: e.to_string(),
@@ -103,8 +110,20 @@ pub enum VideoProbeError {
     EmptyFolder(PathBuf),
 }
 
-/// Measures a video file (through ffprobe) or a folder of frames (count, and the first frame's size).
-pub fn probe_video(tools: &MediaTools, path: &Path) -> Result<MediaInfo, VideoProbeError> {
+impl VideoProbeError {
+    /// What went wrong, without the file path.
+    pub fn reason(&self) -> String {
+        match self {
+            VideoProbeError::Media(e) => e.reason(),
+            VideoProbeError::Image(e) => format!("a frame in the folder is unreadable: {}", e),
+            VideoProbeError::EmptyFolder(_) => "the folder has no images to use as video frames".into(),
+        }
+    }
+}
+
+/// Measures a video file (through ffprobe) or a folder of frames (count, and the first frame's size; no
+/// ffprobe needed).
+pub fn probe_video(tools: Option<&MediaTools>, path: &Path) -> Result<MediaInfo, VideoProbeError> {
     if path.is_dir() {
         let frames = list_files(path, is_image).unwrap_or_default();
         let first = frames.first().ok_or_else(|| VideoProbeError::EmptyFolder(path.to_path_buf()))?;
@@ -116,7 +135,7 @@ pub fn probe_video(tools: &MediaTools, path: &Path) -> Result<MediaInfo, VideoPr
             fps: None,
         });
     }
-    let info = tools.probe(path)?;
+    let info = require(tools, "ffprobe")?.probe(path)?;
     Ok(MediaInfo {
         width: info.width,
         height: info.height,
@@ -126,14 +145,23 @@ pub fn probe_video(tools: &MediaTools, path: &Path) -> Result<MediaInfo, VideoPr
 }
 
 /// Decodes the first `max_frames` frames (all when `None`) of a video file or folder of frames.
-pub fn decode_video(tools: &MediaTools, path: &Path, max_frames: Option<usize>) -> Result<Vec<RgbImage>, VideoProbeError> {
+pub fn decode_video(
+    tools: Option<&MediaTools>,
+    path: &Path,
+    max_frames: Option<usize>,
+) -> Result<Vec<RgbImage>, VideoProbeError> {
     if path.is_dir() {
         let frames = list_files(path, is_image).unwrap_or_default();
         let take = max_frames.unwrap_or(frames.len());
         return Ok(frames.iter().take(take).map(|f| load_rgb(f)).collect::<Result<_, _>>()?);
     }
+    let tools = require(tools, "ffmpeg")?;
     let info = tools.probe(path)?;
     Ok(tools.decode(path, &info, max_frames)?)
+}
+
+fn require<'a>(tools: Option<&'a MediaTools>, tool: &str) -> Result<&'a MediaTools, MediaError> {
+    tools.ok_or_else(|| MediaError::ToolMissing { tool: tool.into() })
 }
 
 #[cfg(test)]
@@ -170,9 +198,11 @@ mod tests {
         for i in 0..3 {
             RgbImage::new(32, 16).save(dir.path().join(format!("f{i}.png"))).unwrap();
         }
-        let tools = MediaTools::with_paths("/nonexistent/ffmpeg", "/nonexistent/ffprobe");
-        let info = probe_video(&tools, dir.path()).unwrap();
+        let info = probe_video(None, dir.path()).unwrap();
         assert_eq!((info.width, info.height, info.frame_count), (32, 16, Some(3)));
-        assert_eq!(decode_video(&tools, dir.path(), Some(2)).unwrap().len(), 2);
+        assert_eq!(decode_video(None, dir.path(), Some(2)).unwrap().len(), 2);
+        let file = dir.path().join("f0.png");
+        let err = probe_video(None, &file).unwrap_err().to_string();
+        assert!(err.contains("ffprobe was not found"), "{err}");
     }
 }
