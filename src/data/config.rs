@@ -475,13 +475,18 @@ impl ResolvedDataset {
     }
 }
 
-/// Makes `path` absolute against `base` (the config file's folder); absolute paths are kept.
+/// Makes `path` absolute against `base` (the config file's folder); absolute paths are kept. `.` components
+/// are dropped so reported paths read cleanly.
 pub fn resolve_path(base: &Path, path: &Path) -> PathBuf {
-    if path.is_absolute() {
+    let joined = if path.is_absolute() {
         path.to_path_buf()
     } else {
         base.join(path)
-    }
+    };
+    joined
+        .components()
+        .filter(|c| !matches!(c, std::path::Component::CurDir))
+        .collect()
 }
 
 /// musubi-tuner's rounding of a clip length down to N*4+1 (lengths below 1 stay as they are).

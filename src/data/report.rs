@@ -275,7 +275,7 @@ impl fmt::Display for DatasetSummary {
         writeln!(f, "datasets[{}]: {} dataset at {}x{}: {}", self.index, self.kind, w, h, self.source.display())?;
         writeln!(
             f,
-            "  {} {}s found, {} used, {} captions, {} missing captions, {} unreadable",
+            "  {} {}s found, {} used; captions: {} read, {} missing; {} unreadable file(s)",
             self.media_found,
             self.kind,
             self.items,
@@ -290,8 +290,9 @@ impl fmt::Display for DatasetSummary {
             writeln!(f, "  frames: {} to {} (mean {:.1})", s.min, s.max, s.mean)?;
         }
         if !self.buckets.is_empty() {
+            let video = self.kind == DatasetKind::Video;
             let entries = self.buckets.iter().map(|(k, &n)| {
-                let clip = if k.frames > 1 { format!(" x{}f", k.frames) } else { String::new() };
+                let clip = if video { format!(" x{}f", k.frames) } else { String::new() };
                 (format!("{}x{}{clip}", k.width, k.height), n)
             });
             writeln!(f, "  buckets: {}", top_entries(entries))?;

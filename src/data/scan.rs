@@ -175,12 +175,12 @@ fn check_name_clashes(entries: &[Entry], problems: &mut Vec<Problem>) {
             Some(other) if *other != entry.media.as_path() => problems.push(Problem::error(
                 &entry.media,
                 format!(
-                    "has the same name without extension as {}, so their cache files would overwrite each other; \
+                    "same name without extension as {}, so their cache files would overwrite each other; \
                      rename one",
                     other.display()
                 ),
             )),
-            Some(_) => problems.push(Problem::warning(&entry.media, "is listed twice; it is used once")),
+            Some(_) => problems.push(Problem::warning(&entry.media, "listed twice; it is used once")),
             None => {
                 first.insert(stem, &entry.media);
             }
@@ -241,11 +241,11 @@ fn collect_item(
                 // musubi-tuner silently skips images without captions; say so rather than fail.
                 scan.problems.push(Problem::warning(
                     &entry.media,
-                    format!("has no caption file ({name}), so it is left out"),
+                    format!("no caption file (expected {name}), so this image is left out as musubi-tuner does"),
                 ));
                 return;
             }
-            scan.problems.push(Problem::error(&entry.media, format!("has no caption file ({name})")));
+            scan.problems.push(Problem::error(&entry.media, format!("no caption file (expected {name})")));
             None
         }
         CaptionResult::Bad(problem) => {
@@ -261,4 +261,62 @@ fn collect_item(
         caption,
         info,
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::config::DatasetConfig;
+
+    fn dataset(toml: &str, base: &Path) -> ResolvedDataset {
+        let parsed = DatasetConfig::parse(toml, &base.join("d.toml")).unwrap();
+        assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+        parsed.config.resolve(base).remove(0)
+    }
+
+    #[test]
+    fn caption_path_replaces_only_the_last_extension() {
+        assert_eq!(caption_path(Path::new("/d/a.b.mp4"), ".txt"), PathBuf::from("/d/a.b.txt"));
+        assert_eq!(caption_path(Path::new("x.png"), ".caption"), PathBuf::from("x.caption"));
+    }
+
+    #[test]
+    fn same_stem_in_one_dataset_is_an_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        for name in ["a.png", "a.jpg"] {
+            image::RgbImage::new(16, 16).save(d.join(name)).unwrap();
+        }
+        std::fs::write(d.join("a.txt"), "caption").unwrap();
+        let ds = dataset("[[datasets]]\nimage_directory = \".\"\ncaption_extension = \".txt\"\n", d);
+        let scan = scan_dataset(&ds, &ScanOptions::default());
+        assert_eq!(scan.items.len(), 2);
+        assert!(scan.items.iter().all(|i| i.info.is_none()), "probing was off");
+        let text: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 1, "{text:#?}");
+        assert!(text[0].contains("same name without extension as") && text[0].ends_with("a.png"), "{text:#?}");
+    }
+
+    #[test]
+    fn jsonl_items_resolve_against_the_file_and_missing_media_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        std::fs::create_dir(d.join("img")).unwrap();
+        image::RgbImage::new(32, 16).save(d.join("img/one.png")).unwrap();
+        std::fs::write(
+            d.join("meta.jsonl"),
+            "{\"image_path\": \"img/one.png\", \"caption\": \" kept as written \"}\n{\"image_path\": \"img/two.png\", \"caption\": \"x\"}\n",
+        )
+        .unwrap();
+        let ds = dataset("[[datasets]]\nimage_jsonl_file = \"meta.jsonl\"\ncache_directory = \"cache\"\n", d);
+        let options = ScanOptions { probe_media: true, tools: None };
+        let scan = scan_dataset(&ds, &options);
+        assert_eq!(scan.items.len(), 1);
+        assert_eq!(scan.items[0].media, d.join("img/one.png"));
+        assert_eq!(scan.items[0].caption.as_deref(), Some(" kept as written "));
+        assert_eq!(scan.items[0].info.as_ref().map(|i| (i.width, i.height)), Some((32, 16)));
+        let text: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 1, "{text:#?}");
+        assert!(text[0].contains("line 2 of meta.jsonl") && text[0].ends_with("two.png"), "{text:#?}");
+    }
 }
