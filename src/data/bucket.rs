@@ -36,7 +36,10 @@ impl BucketSelector {
         } else {
             vec![resolution]
         };
-        let aspect_ratios = buckets.iter().map(|&(w, h)| f64::from(w) / f64::from(h)).collect();
+        let aspect_ratios = buckets
+            .iter()
+            .map(|&(w, h)| f64::from(w) / f64::from(h))
+            .collect();
         Self {
             resolution,
             area,
@@ -111,6 +114,7 @@ fn bucket_list(area: u64, step: u32) -> Vec<Size> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

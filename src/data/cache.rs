@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use super::config::DatasetKind;
 use super::frames::FrameWindow;
 use super::tensor_file::{
-    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file, CacheError, RawTensor,
+    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
+    CacheError, RawTensor,
 };
 
 /// musubi-tuner's short architecture name, at the end of cache file names.
@@ -20,13 +21,24 @@ pub const CACHE_FORMAT_VERSION: &str = "1.0.1";
 
 /// The name of a media file without its last extension (Python's `os.path.splitext(basename)[0]`).
 pub fn media_stem(media: &Path) -> String {
-    media.file_stem().unwrap_or_default().to_string_lossy().into_owned()
+    media
+        .file_stem()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned()
 }
 
 /// Latent cache file name of a video clip. `original_size` is the video's frame size before resizing.
-pub fn video_latent_cache_name(stem: &str, window: FrameWindow, original_size: (u32, u32)) -> String {
+pub fn video_latent_cache_name(
+    stem: &str,
+    window: FrameWindow,
+    original_size: (u32, u32),
+) -> String {
     let (w, h) = original_size;
-    format!("{stem}_{:05}-{:03}_{w:04}x{h:04}_{WAN_ARCHITECTURE}.safetensors", window.start, window.frames)
+    format!(
+        "{stem}_{:05}-{:03}_{w:04}x{h:04}_{WAN_ARCHITECTURE}.safetensors",
+        window.start, window.frames
+    )
 }
 
 /// Latent cache file name of an image. `original_size` is the image's size before resizing.
@@ -119,7 +131,8 @@ pub fn write_wan_latent_cache(
         .dims4()
         .map_err(|e| format_error(path, format!("latents must be [C, F, H, W]: {e}")))?;
     let dtype = torch_dtype_name(cache.latents.dtype());
-    let mut named: Vec<(String, &Tensor)> = vec![(format!("latents_{f}x{h}x{w}_{dtype}"), &cache.latents)];
+    let mut named: Vec<(String, &Tensor)> =
+        vec![(format!("latents_{f}x{h}x{w}_{dtype}"), &cache.latents)];
     if let Some(t) = &cache.clip {
         named.push((format!("clip_{dtype}"), t));
     }
@@ -130,7 +143,10 @@ pub fn write_wan_latent_cache(
         named.push((format!("latents_control_{f}x{h}x{w}_{dtype}"), t));
     }
     let f_indices = match &cache.f_indices {
-        Some(v) => Some(Tensor::new(v.as_slice(), &Device::Cpu).map_err(|e| format_error(path, e.to_string()))?),
+        Some(v) => Some(
+            Tensor::new(v.as_slice(), &Device::Cpu)
+                .map_err(|e| format_error(path, e.to_string()))?,
+        ),
         None => None,
     };
     if let Some(t) = &f_indices {
@@ -172,7 +188,10 @@ impl LatentCacheMetadata {
 }
 
 /// Reads a Wan latent cache written by musubi-tuner or by [`write_wan_latent_cache`].
-pub fn read_wan_latent_cache(path: &Path, device: &Device) -> Result<(WanLatentCache, LatentCacheMetadata), CacheError> {
+pub fn read_wan_latent_cache(
+    path: &Path,
+    device: &Device,
+) -> Result<(WanLatentCache, LatentCacheMetadata), CacheError> {
     let file = read_tensor_file(path, device)?;
     let mut latents = None;
     let mut cache_parts: HashMap<&str, Tensor> = HashMap::new();
@@ -193,7 +212,8 @@ pub fn read_wan_latent_cache(path: &Path, device: &Device) -> Result<(WanLatentC
         };
         cache_parts.insert(part, t.clone());
     }
-    let latents = latents.ok_or_else(|| format_error(path, "no latents_{F}x{H}x{W}_{dtype} tensor"))?;
+    let latents =
+        latents.ok_or_else(|| format_error(path, "no latents_{F}x{H}x{W}_{dtype} tensor"))?;
     let f_indices = match cache_parts.remove("f_indices") {
         Some(t) => Some(
             t.to_dtype(DType::I64)
@@ -220,13 +240,23 @@ fn check_latent_shape(path: &Path, base: &str, t: &Tensor) -> Result<(), CacheEr
     let shape = base.rsplit('_').next().unwrap_or_default();
     let dims: Vec<usize> = shape.split('x').filter_map(|d| d.parse().ok()).collect();
     if dims.len() != 3 || t.dims().len() != 4 || t.dims()[1..] != dims[..] {
-        return Err(format_error(path, format!("tensor {base} has shape {:?}", t.dims())));
+        return Err(format_error(
+            path,
+            format!("tensor {base} has shape {:?}", t.dims()),
+        ));
     }
     Ok(())
 }
 
-fn latent_metadata(path: &Path, m: &HashMap<String, String>) -> Result<LatentCacheMetadata, CacheError> {
-    let text = |key: &str| m.get(key).cloned().ok_or_else(|| format_error(path, format!("no {key} in the metadata")));
+fn latent_metadata(
+    path: &Path,
+    m: &HashMap<String, String>,
+) -> Result<LatentCacheMetadata, CacheError> {
+    let text = |key: &str| {
+        m.get(key)
+            .cloned()
+            .ok_or_else(|| format_error(path, format!("no {key} in the metadata")))
+    };
     let number = |key: &str| {
         text(key)?
             .parse::<u32>()
@@ -234,14 +264,20 @@ fn latent_metadata(path: &Path, m: &HashMap<String, String>) -> Result<LatentCac
     };
     let architecture = text("architecture")?;
     if architecture != WAN_ARCHITECTURE {
-        return Err(format_error(path, format!("made for architecture {architecture}, not wan")));
+        return Err(format_error(
+            path,
+            format!("made for architecture {architecture}, not wan"),
+        ));
     }
     Ok(LatentCacheMetadata {
         architecture,
         width: number("width")?,
         height: number("height")?,
         format_version: text("format_version")?,
-        frame_count: m.get("frame_count").map(|_| number("frame_count")).transpose()?,
+        frame_count: m
+            .get("frame_count")
+            .map(|_| number("frame_count"))
+            .transpose()?,
     })
 }
 
@@ -264,7 +300,10 @@ pub fn write_wan_text_cache(path: &Path, t5: &Tensor, caption: &str) -> Result<(
     if path.exists() {
         let old = read_tensor_file(path, &Device::Cpu)?;
         if old.metadata.get("architecture").map(String::as_str) != Some(WAN_ARCHITECTURE) {
-            return Err(format_error(path, "an existing cache for another architecture is in the way"));
+            return Err(format_error(
+                path,
+                "an existing cache for another architecture is in the way",
+            ));
         }
         for (k, t) in &old.tensors {
             if strip_dtype_suffix(k) != "varlen_t5" {
@@ -283,7 +322,10 @@ pub fn write_wan_text_cache(path: &Path, t5: &Tensor, caption: &str) -> Result<(
 pub fn read_wan_text_cache(path: &Path, device: &Device) -> Result<WanTextCache, CacheError> {
     let file = read_tensor_file(path, device)?;
     if file.metadata.get("architecture").map(String::as_str) != Some(WAN_ARCHITECTURE) {
-        return Err(format_error(path, "the metadata does not say architecture = wan"));
+        return Err(format_error(
+            path,
+            "the metadata does not say architecture = wan",
+        ));
     }
     let t5 = file
         .tensors

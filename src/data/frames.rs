@@ -39,7 +39,9 @@ pub fn kept_source_frames(
 ) -> Vec<usize> {
     let Some(source_fps) = source_fps.filter(|f| f.is_finite() && *f > 0.0) else {
         let first = start.unwrap_or(0).min(source_frame_count);
-        let last = end.map_or(source_frame_count, |e| e.min(source_frame_count)).max(first);
+        let last = end
+            .map_or(source_frame_count, |e| e.min(source_frame_count))
+            .max(first);
         return (first..last).collect();
     };
     let delta = target_fps / source_fps;
@@ -73,13 +75,22 @@ pub fn extraction_windows(frame_count: usize, params: &VideoParams) -> Vec<Frame
         start: u32::try_from(start).unwrap_or(u32::MAX),
         frames: u32::try_from(frames).unwrap_or(u32::MAX),
     };
-    let targets = params.target_frames.iter().map(|&t| t as usize).filter(|&t| t > 0);
+    let targets = params
+        .target_frames
+        .iter()
+        .map(|&t| t as usize)
+        .filter(|&t| t > 0);
     let mut out = Vec::new();
     match params.frame_extraction {
         FrameExtraction::Head => out.extend(targets.filter(|&t| n >= t).map(|t| window(0, t))),
         FrameExtraction::Chunk => {
             for t in targets {
-                out.extend((0..n).step_by(t).filter(|i| i + t <= n).map(|i| window(i, t)));
+                out.extend(
+                    (0..n)
+                        .step_by(t)
+                        .filter(|i| i + t <= n)
+                        .map(|i| window(i, t)),
+                );
             }
         }
         FrameExtraction::Slide => {
@@ -90,11 +101,17 @@ pub fn extraction_windows(frame_count: usize, params: &VideoParams) -> Vec<Frame
         }
         FrameExtraction::Uniform => {
             for t in targets.filter(|&t| n >= t) {
-                out.extend(linspace_floor(n - t, params.frame_sample as usize).into_iter().map(|i| window(i, t)));
+                out.extend(
+                    linspace_floor(n - t, params.frame_sample as usize)
+                        .into_iter()
+                        .map(|i| window(i, t)),
+                );
             }
         }
         FrameExtraction::Full => {
-            let t = round_down_to_4n1(u32::try_from(n.min(params.max_frames as usize)).unwrap_or(u32::MAX));
+            let t = round_down_to_4n1(
+                u32::try_from(n.min(params.max_frames as usize)).unwrap_or(u32::MAX),
+            );
             if t > 0 {
                 out.push(window(0, t as usize));
             }
@@ -112,7 +129,13 @@ pub fn linspace_floor(stop: usize, num: usize) -> Vec<usize> {
         _ => {
             let step = stop as f64 / (num - 1) as f64;
             (0..num)
-                .map(|i| if i == num - 1 { stop } else { (i as f64 * step).floor() as usize })
+                .map(|i| {
+                    if i == num - 1 {
+                        stop
+                    } else {
+                        (i as f64 * step).floor() as usize
+                    }
+                })
                 .collect()
         }
     }
@@ -127,9 +150,19 @@ pub fn decode_end(params: &VideoParams) -> Option<usize> {
 }
 
 /// Every clip of a video with `source_frame_count` decoded frames, with its source frame indices.
-pub fn select_frames(source_frame_count: usize, params: &VideoParams, target_fps: f64) -> Vec<FrameSelection> {
+pub fn select_frames(
+    source_frame_count: usize,
+    params: &VideoParams,
+    target_fps: f64,
+) -> Vec<FrameSelection> {
     let start = decode_end(params).map(|_| 0);
-    let kept = kept_source_frames(source_frame_count, params.source_fps, target_fps, start, decode_end(params));
+    let kept = kept_source_frames(
+        source_frame_count,
+        params.source_fps,
+        target_fps,
+        start,
+        decode_end(params),
+    );
     extraction_windows(kept.len(), params)
         .into_iter()
         .map(|window| {
@@ -137,13 +170,17 @@ pub fn select_frames(source_frame_count: usize, params: &VideoParams, target_fps
             let to = from + window.frames as usize;
             FrameSelection {
                 window,
-                source_indices: kept.get(from..to).map(<[usize]>::to_vec).unwrap_or_default(),
+                source_indices: kept
+                    .get(from..to)
+                    .map(<[usize]>::to_vec)
+                    .unwrap_or_default(),
             }
         })
         .collect()
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -185,7 +222,17 @@ mod tests {
         let w = extraction_windows(40, &p);
         assert_eq!(
             pairs(&w),
-            vec![(0, 1), (10, 1), (20, 1), (30, 1), (0, 13), (10, 13), (20, 13), (0, 25), (10, 25)]
+            vec![
+                (0, 1),
+                (10, 1),
+                (20, 1),
+                (30, 1),
+                (0, 13),
+                (10, 13),
+                (20, 13),
+                (0, 25),
+                (10, 25)
+            ]
         );
     }
 
@@ -251,9 +298,18 @@ mod tests {
 
     #[test]
     fn without_fps_start_and_end_bound_the_frames() {
-        assert_eq!(kept_source_frames(10, None, WAN_TARGET_FPS, Some(0), Some(4)), vec![0, 1, 2, 3]);
-        assert_eq!(kept_source_frames(3, None, WAN_TARGET_FPS, Some(0), Some(9)), vec![0, 1, 2]);
-        assert_eq!(kept_source_frames(3, None, WAN_TARGET_FPS, None, None), vec![0, 1, 2]);
+        assert_eq!(
+            kept_source_frames(10, None, WAN_TARGET_FPS, Some(0), Some(4)),
+            vec![0, 1, 2, 3]
+        );
+        assert_eq!(
+            kept_source_frames(3, None, WAN_TARGET_FPS, Some(0), Some(9)),
+            vec![0, 1, 2]
+        );
+        assert_eq!(
+            kept_source_frames(3, None, WAN_TARGET_FPS, None, None),
+            vec![0, 1, 2]
+        );
     }
 
     #[test]
@@ -264,7 +320,13 @@ mod tests {
         // 24 frames at 30 fps keep 13 frames: 0,2,4,6,8,10,12,14,16,17,19,21,23; two chunks of 5.
         assert_eq!(sel.len(), 2);
         assert_eq!(sel[0].source_indices, vec![0, 2, 4, 6, 8]);
-        assert_eq!(sel[1].window, FrameWindow { start: 5, frames: 5 });
+        assert_eq!(
+            sel[1].window,
+            FrameWindow {
+                start: 5,
+                frames: 5
+            }
+        );
         assert_eq!(sel[1].source_indices, vec![10, 12, 14, 16, 17]);
         // Head stops decoding at the longest target.
         let p = params(FrameExtraction::Head, &[1, 5]);

@@ -45,7 +45,9 @@ pub fn parse_jsonl(text: &str, kind: DatasetKind, file: &Path) -> (Vec<JsonlItem
             problems.push(bad("is not a JSON object".into()));
             continue;
         };
-        let path = path_keys.iter().find_map(|k| object.get(*k).and_then(Value::as_str));
+        let path = path_keys
+            .iter()
+            .find_map(|k| object.get(*k).and_then(Value::as_str));
         let caption = object.get("caption").and_then(Value::as_str);
         match (path, caption) {
             (Some(path), Some(caption)) => items.push(JsonlItem {
@@ -62,28 +64,48 @@ pub fn parse_jsonl(text: &str, kind: DatasetKind, file: &Path) -> (Vec<JsonlItem
 
 /// Reads a JSONL file into scan entries, media paths resolved against the file's folder, and reports media that
 /// do not exist.
-pub(crate) fn read_jsonl(file: &Path, kind: DatasetKind, problems: &mut Vec<Problem>) -> Vec<Entry> {
+pub(crate) fn read_jsonl(
+    file: &Path,
+    kind: DatasetKind,
+    problems: &mut Vec<Problem>,
+) -> Vec<Entry> {
     let bytes = match std::fs::read(file) {
         Ok(b) => b,
         Err(e) => {
-            problems.push(Problem::error(file, format!("cannot read the JSONL file ({e})")));
+            problems.push(Problem::error(
+                file,
+                format!("cannot read the JSONL file ({e})"),
+            ));
             return Vec::new();
         }
     };
     let Ok(text) = String::from_utf8(bytes) else {
-        problems.push(Problem::error(file, "the JSONL file is not UTF-8 text; save it as UTF-8"));
+        problems.push(Problem::error(
+            file,
+            "the JSONL file is not UTF-8 text; save it as UTF-8",
+        ));
         return Vec::new();
     };
     let (items, mut line_problems) = parse_jsonl(&text, kind, file);
     problems.append(&mut line_problems);
     let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
-    let name = file.file_name().unwrap_or_default().to_string_lossy().into_owned();
+    let name = file
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
     items
         .into_iter()
         .filter_map(|item| {
             let media: PathBuf = resolve_path(&base, Path::new(&item.path));
             if !media.exists() {
-                problems.push(Problem::error(&media, format!("is listed on line {} of {name} but does not exist", item.line)));
+                problems.push(Problem::error(
+                    &media,
+                    format!(
+                        "is listed on line {} of {name} but does not exist",
+                        item.line
+                    ),
+                ));
                 return None;
             }
             Some(Entry {
@@ -95,6 +117,7 @@ pub(crate) fn read_jsonl(file: &Path, kind: DatasetKind, problems: &mut Vec<Prob
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -123,8 +146,14 @@ mod tests {
         assert_eq!(msgs.len(), 4, "{msgs:#?}");
         assert!(msgs[0].contains("line 1: has no \"caption\""), "{msgs:#?}");
         assert!(msgs[1].contains("line 3: not valid JSON"), "{msgs:#?}");
-        assert!(msgs[2].contains("line 4: is not a JSON object"), "{msgs:#?}");
-        assert!(msgs[3].contains("line 5: has no \"image_path\""), "{msgs:#?}");
+        assert!(
+            msgs[2].contains("line 4: is not a JSON object"),
+            "{msgs:#?}"
+        );
+        assert!(
+            msgs[3].contains("line 5: has no \"image_path\""),
+            "{msgs:#?}"
+        );
         assert!(msgs.iter().all(|m| m.ends_with("/d/m.jsonl")));
     }
 }

@@ -6,7 +6,8 @@ use std::path::Path;
 use serde::de::DeserializeOwned;
 
 use super::config::{
-    DatasetSection, GeneralSection, GENERAL_KEYS, IMAGE_ONLY_KEYS, SHARED_DATASET_KEYS, VIDEO_ONLY_KEYS,
+    DatasetSection, GeneralSection, GENERAL_KEYS, IMAGE_ONLY_KEYS, SHARED_DATASET_KEYS,
+    VIDEO_ONLY_KEYS,
 };
 use super::problem::Problem;
 
@@ -16,9 +17,19 @@ pub(crate) fn strip_bad_keys(table: &mut toml::Table, file: &Path, problems: &mu
     for (key, value) in table.iter_mut() {
         match key.as_str() {
             "general" => match value.as_table_mut() {
-                Some(general) => strip_section::<GeneralSection>(general, "general", general_allows, file, problems),
+                Some(general) => strip_section::<GeneralSection>(
+                    general,
+                    "general",
+                    general_allows,
+                    file,
+                    problems,
+                ),
                 None => {
-                    problems.push(Problem::key_error(file, "general", "must be a table: write it as [general]"));
+                    problems.push(Problem::key_error(
+                        file,
+                        "general",
+                        "must be a table: write it as [general]",
+                    ));
                     bad.push(key.clone());
                 }
             },
@@ -32,7 +43,9 @@ pub(crate) fn strip_bad_keys(table: &mut toml::Table, file: &Path, problems: &mu
                 problems.push(Problem::key_error(
                     file,
                     other,
-                    format!("unknown key; a dataset config has only [general] and [[datasets]]{hint}"),
+                    format!(
+                        "unknown key; a dataset config has only [general] and [[datasets]]{hint}"
+                    ),
                 ));
                 bad.push(key.clone());
             }
@@ -46,7 +59,11 @@ pub(crate) fn strip_bad_keys(table: &mut toml::Table, file: &Path, problems: &mu
 /// Returns false when `datasets` is not an array of tables at all.
 fn strip_datasets(value: &mut toml::Value, file: &Path, problems: &mut Vec<Problem>) -> bool {
     let Some(array) = value.as_array_mut() else {
-        problems.push(Problem::key_error(file, "datasets", "must be written as [[datasets]] tables"));
+        problems.push(Problem::key_error(
+            file,
+            "datasets",
+            "must be written as [[datasets]] tables",
+        ));
         return false;
     };
     let mut keep = Vec::with_capacity(array.len());
@@ -54,13 +71,18 @@ fn strip_datasets(value: &mut toml::Value, file: &Path, problems: &mut Vec<Probl
         let section = format!("datasets[{i}]");
         match item.as_table_mut() {
             Some(ds) => {
-                let is_video = ds.contains_key("video_directory") || ds.contains_key("video_jsonl_file");
+                let is_video =
+                    ds.contains_key("video_directory") || ds.contains_key("video_jsonl_file");
                 let allows = if is_video { video_allows } else { image_allows };
                 strip_section::<DatasetSection>(ds, &section, allows, file, problems);
                 keep.push(true);
             }
             None => {
-                problems.push(Problem::key_error(file, section, "must be a table: write it as [[datasets]]"));
+                problems.push(Problem::key_error(
+                    file,
+                    section,
+                    "must be a table: write it as [[datasets]]",
+                ));
                 keep.push(false);
             }
         }
@@ -76,31 +98,55 @@ type Allows = fn(&str) -> Option<String>;
 fn general_allows(key: &str) -> Option<String> {
     if GENERAL_KEYS.contains(&key) {
         None
-    } else if VIDEO_ONLY_KEYS.contains(&key) || IMAGE_ONLY_KEYS.contains(&key) || SHARED_DATASET_KEYS.contains(&key) {
+    } else if VIDEO_ONLY_KEYS.contains(&key)
+        || IMAGE_ONLY_KEYS.contains(&key)
+        || SHARED_DATASET_KEYS.contains(&key)
+    {
         Some("cannot be set in [general]; set it in each [[datasets]] section".into())
     } else {
-        Some(format!("unknown key in [general]{}", suggestion(key, GENERAL_KEYS)))
+        Some(format!(
+            "unknown key in [general]{}",
+            suggestion(key, GENERAL_KEYS)
+        ))
     }
 }
 
 fn image_allows(key: &str) -> Option<String> {
-    if GENERAL_KEYS.contains(&key) || SHARED_DATASET_KEYS.contains(&key) || IMAGE_ONLY_KEYS.contains(&key) {
+    if GENERAL_KEYS.contains(&key)
+        || SHARED_DATASET_KEYS.contains(&key)
+        || IMAGE_ONLY_KEYS.contains(&key)
+    {
         None
     } else if VIDEO_ONLY_KEYS.contains(&key) {
         Some("applies only to video datasets; this is an image dataset (no video_directory or video_jsonl_file)".into())
     } else {
-        let known: Vec<&str> = [GENERAL_KEYS, SHARED_DATASET_KEYS, IMAGE_ONLY_KEYS, VIDEO_ONLY_KEYS].concat();
+        let known: Vec<&str> = [
+            GENERAL_KEYS,
+            SHARED_DATASET_KEYS,
+            IMAGE_ONLY_KEYS,
+            VIDEO_ONLY_KEYS,
+        ]
+        .concat();
         Some(format!("unknown key{}", suggestion(key, &known)))
     }
 }
 
 fn video_allows(key: &str) -> Option<String> {
-    if GENERAL_KEYS.contains(&key) || SHARED_DATASET_KEYS.contains(&key) || VIDEO_ONLY_KEYS.contains(&key) {
+    if GENERAL_KEYS.contains(&key)
+        || SHARED_DATASET_KEYS.contains(&key)
+        || VIDEO_ONLY_KEYS.contains(&key)
+    {
         None
     } else if IMAGE_ONLY_KEYS.contains(&key) {
         Some("applies only to image datasets; this is a video dataset".into())
     } else {
-        let known: Vec<&str> = [GENERAL_KEYS, SHARED_DATASET_KEYS, VIDEO_ONLY_KEYS, IMAGE_ONLY_KEYS].concat();
+        let known: Vec<&str> = [
+            GENERAL_KEYS,
+            SHARED_DATASET_KEYS,
+            VIDEO_ONLY_KEYS,
+            IMAGE_ONLY_KEYS,
+        ]
+        .concat();
         Some(format!("unknown key{}", suggestion(key, &known)))
     }
 }
@@ -125,7 +171,10 @@ fn strip_section<T: DeserializeOwned>(
         single.insert(key.clone(), value.clone());
         if let Err(e) = single.try_into::<T>() {
             // serde names Rust types; say what a user would write instead.
-            let why = e.message().trim().replace("expected u32", "expected a whole number, 0 or more");
+            let why = e
+                .message()
+                .trim()
+                .replace("expected u32", "expected a whole number, 0 or more");
             let message = format!("bad value {value}: {why}");
             problems.push(Problem::key_error(file, key_path, message));
             bad.push(key.clone());
@@ -163,6 +212,7 @@ fn edit_distance(a: &str, b: &str) -> usize {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -171,7 +221,10 @@ mod tests {
         assert_eq!(edit_distance("batch_siz", "batch_size"), 1);
         assert_eq!(edit_distance("abc", "abc"), 0);
         assert_eq!(edit_distance("taget_frame", "target_frames"), 2);
-        assert_eq!(suggestion("resolutin", GENERAL_KEYS), "; did you mean `resolution`?");
+        assert_eq!(
+            suggestion("resolutin", GENERAL_KEYS),
+            "; did you mean `resolution`?"
+        );
         assert_eq!(suggestion("zzzz", GENERAL_KEYS), "");
     }
 
@@ -180,7 +233,10 @@ mod tests {
         for key in GENERAL_KEYS {
             let mut t = toml::Table::new();
             t.insert((*key).into(), sample_value(key));
-            assert!(t.clone().try_into::<GeneralSection>().is_ok(), "{key} in general");
+            assert!(
+                t.clone().try_into::<GeneralSection>().is_ok(),
+                "{key} in general"
+            );
             assert!(t.try_into::<DatasetSection>().is_ok(), "{key} in datasets");
         }
         for key in [IMAGE_ONLY_KEYS, VIDEO_ONLY_KEYS, SHARED_DATASET_KEYS].concat() {

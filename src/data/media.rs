@@ -13,7 +13,8 @@ use image::RgbImage;
 use serde::Deserialize;
 
 /// How to get ffmpeg, shown whenever it is missing.
-pub const FFMPEG_INSTALL_HINT: &str = "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; Windows: \
+pub const FFMPEG_INSTALL_HINT: &str =
+    "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; Windows: \
      ffmpeg.exe and ffprobe.exe ship beside framesmith.exe, put them back there)";
 
 /// A video could not be probed or decoded.
@@ -26,7 +27,9 @@ pub enum MediaError {
         tool: String,
     },
     /// The subprocess ran past its time limit and was killed.
-    #[error("{tool} did not finish within {secs} s and was stopped; the file may be damaged: {path}")]
+    #[error(
+        "{tool} did not finish within {secs} s and was stopped; the file may be damaged: {path}"
+    )]
     Timeout {
         /// `ffmpeg` or `ffprobe`.
         tool: String,
@@ -72,7 +75,9 @@ impl MediaError {
             MediaError::Timeout { tool, secs, .. } => {
                 format!("{tool} did not finish within {secs} s and was stopped; the file may be damaged")
             }
-            MediaError::Unreadable { tool, message, .. } => format!("{tool} cannot read this video ({message})"),
+            MediaError::Unreadable { tool, message, .. } => {
+                format!("{tool} cannot read this video ({message})")
+            }
             MediaError::Empty { .. } => "the video file is empty (0 bytes)".into(),
             MediaError::Io { tool, source, .. } => format!("cannot run {tool} ({source})"),
         }
@@ -110,8 +115,12 @@ impl MediaTools {
 
     /// Finds `ffmpeg` and `ffprobe` beside the running executable, then on `PATH`.
     pub fn locate() -> Result<Self, MediaError> {
-        let ffmpeg = find_tool("ffmpeg").ok_or_else(|| MediaError::ToolMissing { tool: "ffmpeg".into() })?;
-        let ffprobe = find_tool("ffprobe").ok_or_else(|| MediaError::ToolMissing { tool: "ffprobe".into() })?;
+        let ffmpeg = find_tool("ffmpeg").ok_or_else(|| MediaError::ToolMissing {
+            tool: "ffmpeg".into(),
+        })?;
+        let ffprobe = find_tool("ffprobe").ok_or_else(|| MediaError::ToolMissing {
+            tool: "ffprobe".into(),
+        })?;
         Ok(Self::with_paths(ffmpeg, ffprobe))
     }
 
@@ -119,10 +128,17 @@ impl MediaTools {
     pub fn probe(&self, path: &Path) -> Result<VideoInfo, MediaError> {
         check_not_empty(path)?;
         let mut cmd = Command::new(&self.ffprobe);
-        cmd.args(["-v", "error", "-select_streams", "v:0", "-count_packets", "-show_entries"])
-            .arg("stream=codec_name,width,height,nb_frames,nb_read_packets,r_frame_rate,avg_frame_rate")
-            .args(["-of", "json"])
-            .arg(path);
+        cmd.args([
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-count_packets",
+            "-show_entries",
+        ])
+        .arg("stream=codec_name,width,height,nb_frames,nb_read_packets,r_frame_rate,avg_frame_rate")
+        .args(["-of", "json"])
+        .arg(path);
         let out = run_with_timeout(cmd, self.probe_timeout, "ffprobe", path)?;
         if !out.status.success() {
             return Err(unreadable("ffprobe", last_lines(&out.stderr), path));
@@ -132,7 +148,12 @@ impl MediaTools {
 
     /// Decodes up to `max_frames` frames (all when `None`) as RGB, in decode order with no frame dropped or
     /// repeated, and without applying rotation metadata (as musubi-tuner's PyAV reader).
-    pub fn decode(&self, path: &Path, info: &VideoInfo, max_frames: Option<usize>) -> Result<Vec<RgbImage>, MediaError> {
+    pub fn decode(
+        &self,
+        path: &Path,
+        info: &VideoInfo,
+        max_frames: Option<usize>,
+    ) -> Result<Vec<RgbImage>, MediaError> {
         check_not_empty(path)?;
         let mut cmd = Command::new(&self.ffmpeg);
         cmd.args(["-nostdin", "-v", "error", "-noautorotate", "-i"])
@@ -190,14 +211,31 @@ fn parse_probe(stdout: &[u8], path: &Path) -> Result<VideoInfo, MediaError> {
     };
     let (width, height) = match (stream.width, stream.height) {
         (Some(w), Some(h)) if w > 0 && h > 0 => (w, h),
-        _ => return Err(unreadable("ffprobe", "the video stream has no picture size".into(), path)),
+        _ => {
+            return Err(unreadable(
+                "ffprobe",
+                "the video stream has no picture size".into(),
+                path,
+            ))
+        }
     };
-    let count = |s: &Option<String>| s.as_deref().and_then(|v| v.parse::<u32>().ok()).filter(|&n| n > 0);
-    let frame_count = count(&stream.nb_read_packets).or_else(|| count(&stream.nb_frames)).unwrap_or(0);
+    let count = |s: &Option<String>| {
+        s.as_deref()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&n| n > 0)
+    };
+    let frame_count = count(&stream.nb_read_packets)
+        .or_else(|| count(&stream.nb_frames))
+        .unwrap_or(0);
     if frame_count == 0 {
-        return Err(unreadable("ffprobe", "the video has no frames".into(), path));
+        return Err(unreadable(
+            "ffprobe",
+            "the video has no frames".into(),
+            path,
+        ));
     }
-    let fps = parse_rate(stream.avg_frame_rate.as_deref()).or_else(|| parse_rate(stream.r_frame_rate.as_deref()));
+    let fps = parse_rate(stream.avg_frame_rate.as_deref())
+        .or_else(|| parse_rate(stream.r_frame_rate.as_deref()));
     Ok(VideoInfo {
         width,
         height,
@@ -214,7 +252,12 @@ fn parse_rate(rate: Option<&str>) -> Option<f64> {
     (den > 0.0 && num > 0.0).then(|| num / den)
 }
 
-fn split_frames(bytes: Vec<u8>, width: u32, height: u32, path: &Path) -> Result<Vec<RgbImage>, MediaError> {
+fn split_frames(
+    bytes: Vec<u8>,
+    width: u32,
+    height: u32,
+    path: &Path,
+) -> Result<Vec<RgbImage>, MediaError> {
     let frame_len = width as usize * height as usize * 3;
     if bytes.is_empty() {
         return Err(unreadable("ffmpeg", "no frames were decoded".into(), path));
@@ -222,7 +265,10 @@ fn split_frames(bytes: Vec<u8>, width: u32, height: u32, path: &Path) -> Result<
     if bytes.len() % frame_len != 0 {
         return Err(unreadable(
             "ffmpeg",
-            format!("{} bytes of output is not a whole number of {width}x{height} frames", bytes.len()),
+            format!(
+                "{} bytes of output is not a whole number of {width}x{height} frames",
+                bytes.len()
+            ),
             path,
         ));
     }
@@ -247,7 +293,9 @@ fn check_not_empty(path: &Path) -> Result<(), MediaError> {
         source,
     })?;
     if meta.len() == 0 {
-        return Err(MediaError::Empty { path: path.to_path_buf() });
+        return Err(MediaError::Empty {
+            path: path.to_path_buf(),
+        });
     }
     Ok(())
 }
@@ -255,7 +303,11 @@ fn check_not_empty(path: &Path) -> Result<(), MediaError> {
 /// The last few lines of a tool's stderr, on one line.
 fn last_lines(stderr: &[u8]) -> String {
     let text = String::from_utf8_lossy(stderr);
-    let lines: Vec<&str> = text.lines().map(str::trim).filter(|l| !l.is_empty()).collect();
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
     let tail = &lines[lines.len().saturating_sub(3)..];
     if tail.is_empty() {
         "no error message".into()
@@ -274,8 +326,15 @@ struct Finished {
 
 /// Runs `cmd`, reading stdout and stderr on their own threads so that neither pipe can fill up and block the
 /// child. Past `timeout` the child is killed: a hung decoder is reported, not waited on.
-fn run_with_timeout(mut cmd: Command, timeout: Duration, tool: &str, path: &Path) -> Result<Finished, MediaError> {
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+fn run_with_timeout(
+    mut cmd: Command,
+    timeout: Duration,
+    tool: &str,
+    path: &Path,
+) -> Result<Finished, MediaError> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     let mut child = cmd.spawn().map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => MediaError::ToolMissing { tool: tool.into() },
         _ => MediaError::Io {
@@ -304,7 +363,11 @@ fn run_with_timeout(mut cmd: Command, timeout: Duration, tool: &str, path: &Path
         Ok((stdout, _)) => {
             let status = wait(&mut child, tool, path)?;
             let stderr = stderr_reader.join().unwrap_or_default();
-            Ok(Finished { status, stdout, stderr })
+            Ok(Finished {
+                status,
+                stdout,
+                stderr,
+            })
         }
         Err(_) => {
             // Killing closes the pipes, which ends both reader threads.
@@ -344,11 +407,14 @@ fn find_tool(name: &str) -> Option<PathBuf> {
         .filter(|p| p.is_file());
     beside_exe.or_else(|| {
         let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path).map(|dir| dir.join(&file)).find(|p| p.is_file())
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(&file))
+            .find(|p| p.is_file())
     })
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -360,8 +426,13 @@ mod tests {
         assert_eq!((info.width, info.height, info.frame_count), (320, 240, 30));
         assert!((info.fps.unwrap() - 29.97).abs() < 0.01);
         let none = br#"{"streams": []}"#;
-        let err = parse_probe(none, Path::new("a.mp4")).unwrap_err().to_string();
-        assert!(err.contains("no video stream") && err.ends_with("a.mp4"), "{err}");
+        let err = parse_probe(none, Path::new("a.mp4"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no video stream") && err.ends_with("a.mp4"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -380,7 +451,10 @@ mod tests {
         let err = tools.probe(&video).unwrap_err();
         assert!(matches!(err, MediaError::ToolMissing { .. }));
         let msg = err.to_string();
-        assert!(msg.contains("apt install ffmpeg") && msg.contains("beside framesmith.exe"), "{msg}");
+        assert!(
+            msg.contains("apt install ffmpeg") && msg.contains("beside framesmith.exe"),
+            "{msg}"
+        );
     }
 
     #[cfg(unix)]
@@ -388,7 +462,13 @@ mod tests {
     fn hung_process_is_killed_and_reported() {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", "exec sleep 30"]);
-        let err = run_with_timeout(cmd, Duration::from_millis(100), "ffprobe", Path::new("/d/hung.mp4")).unwrap_err();
+        let err = run_with_timeout(
+            cmd,
+            Duration::from_millis(100),
+            "ffprobe",
+            Path::new("/d/hung.mp4"),
+        )
+        .unwrap_err();
         let msg = err.to_string();
         assert!(matches!(err, MediaError::Timeout { .. }), "{msg}");
         assert!(msg.ends_with("/d/hung.mp4"), "{msg}");

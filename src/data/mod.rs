@@ -16,12 +16,19 @@ pub mod probe;
 pub mod problem;
 pub mod report;
 pub mod resize;
+pub mod resolve;
+pub mod samples;
 pub mod scan;
 pub mod tensor_file;
 pub mod validate;
+#[cfg(test)]
+mod validate_tests;
 
 pub use config::{
-    ConfigError, DatasetConfig, DatasetKind, DatasetSection, DatasetSource, FrameExtraction, GeneralSection,
-    ParsedConfig, ResolvedDataset, Resolution, VideoParams,
+    ConfigError, DatasetConfig, DatasetKind, DatasetSection, DatasetSource, FrameExtraction,
+    GeneralSection, ParsedConfig, Resolution, ResolvedDataset, VideoParams,
 };
 pub use problem::{Problem, Severity};
+pub use report::{check_path, DatasetReport};
+pub use scan::ScanOptions;
+pub use validate::{load_valid, validate, ValidConfig};

@@ -10,7 +10,9 @@ use super::media::{MediaError, MediaTools};
 /// Image extensions read (musubi-tuner also reads AVIF and, with plugins, JPEG XL; those are not supported).
 pub const IMAGE_EXTENSIONS: &[&str] = &["png", "jpg", "jpeg", "webp", "bmp"];
 /// Video extensions read, as musubi-tuner's list.
-pub const VIDEO_EXTENSIONS: &[&str] = &["mp4", "webm", "avi", "mkv", "mov", "flv", "wmv", "m4v", "mpg", "mpeg"];
+pub const VIDEO_EXTENSIONS: &[&str] = &[
+    "mp4", "webm", "avi", "mkv", "mov", "flv", "wmv", "m4v", "mpg", "mpeg",
+];
 
 fn has_extension(path: &Path, list: &[&str]) -> bool {
     path.extension()
@@ -68,7 +70,9 @@ fn image_error(path: &Path, e: impl std::fmt::Display) -> ImageReadError {
 /// `(width, height)` from the image header, without decoding pixels.
 pub fn image_size(path: &Path) -> Result<(u32, u32), ImageReadError> {
     let reader = image::ImageReader::open(path).map_err(|e| image_error(path, e))?;
-    let reader = reader.with_guessed_format().map_err(|e| image_error(path, e))?;
+    let reader = reader
+        .with_guessed_format()
+        .map_err(|e| image_error(path, e))?;
     let (w, h) = reader.into_dimensions().map_err(|e| image_error(path, e))?;
     if w == 0 || h == 0 {
         return Err(image_error(path, "the image is 0 pixels wide or high"));
@@ -79,7 +83,9 @@ pub fn image_size(path: &Path) -> Result<(u32, u32), ImageReadError> {
 /// Decodes an image as 8-bit RGB; an alpha channel is dropped, as musubi-tuner's RGB conversion does.
 pub fn load_rgb(path: &Path) -> Result<RgbImage, ImageReadError> {
     let reader = image::ImageReader::open(path).map_err(|e| image_error(path, e))?;
-    let reader = reader.with_guessed_format().map_err(|e| image_error(path, e))?;
+    let reader = reader
+        .with_guessed_format()
+        .map_err(|e| image_error(path, e))?;
     Ok(reader.decode().map_err(|e| image_error(path, e))?.to_rgb8())
 }
 
@@ -116,7 +122,9 @@ impl VideoProbeError {
         match self {
             VideoProbeError::Media(e) => e.reason(),
             VideoProbeError::Image(e) => format!("a frame in the folder is unreadable: {}", e),
-            VideoProbeError::EmptyFolder(_) => "the folder has no images to use as video frames".into(),
+            VideoProbeError::EmptyFolder(_) => {
+                "the folder has no images to use as video frames".into()
+            }
         }
     }
 }
@@ -126,7 +134,9 @@ impl VideoProbeError {
 pub fn probe_video(tools: Option<&MediaTools>, path: &Path) -> Result<MediaInfo, VideoProbeError> {
     if path.is_dir() {
         let frames = list_files(path, is_image).unwrap_or_default();
-        let first = frames.first().ok_or_else(|| VideoProbeError::EmptyFolder(path.to_path_buf()))?;
+        let first = frames
+            .first()
+            .ok_or_else(|| VideoProbeError::EmptyFolder(path.to_path_buf()))?;
         let (width, height) = image_size(first)?;
         return Ok(MediaInfo {
             width,
@@ -153,7 +163,11 @@ pub fn decode_video(
     if path.is_dir() {
         let frames = list_files(path, is_image).unwrap_or_default();
         let take = max_frames.unwrap_or(frames.len());
-        return Ok(frames.iter().take(take).map(|f| load_rgb(f)).collect::<Result<_, _>>()?);
+        return Ok(frames
+            .iter()
+            .take(take)
+            .map(|f| load_rgb(f))
+            .collect::<Result<_, _>>()?);
     }
     let tools = require(tools, "ffmpeg")?;
     let info = tools.probe(path)?;
@@ -165,14 +179,23 @@ fn require<'a>(tools: Option<&'a MediaTools>, tool: &str) -> Result<&'a MediaToo
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn extensions_ignore_case() {
-        assert!(is_image(Path::new("a/B.PNG")) && is_image(Path::new("x.JpEg")) && is_image(Path::new("x.webp")));
+        assert!(
+            is_image(Path::new("a/B.PNG"))
+                && is_image(Path::new("x.JpEg"))
+                && is_image(Path::new("x.webp"))
+        );
         assert!(is_video(Path::new("c.MP4")) && is_video(Path::new("c.mkv")));
-        assert!(!is_image(Path::new("a.txt")) && !is_video(Path::new("a")) && !is_image(Path::new("mp4")));
+        assert!(
+            !is_image(Path::new("a.txt"))
+                && !is_video(Path::new("a"))
+                && !is_image(Path::new("mp4"))
+        );
     }
 
     #[test]
@@ -196,10 +219,15 @@ mod tests {
     fn folder_of_frames_is_a_video() {
         let dir = tempfile::tempdir().unwrap();
         for i in 0..3 {
-            RgbImage::new(32, 16).save(dir.path().join(format!("f{i}.png"))).unwrap();
+            RgbImage::new(32, 16)
+                .save(dir.path().join(format!("f{i}.png")))
+                .unwrap();
         }
         let info = probe_video(None, dir.path()).unwrap();
-        assert_eq!((info.width, info.height, info.frame_count), (32, 16, Some(3)));
+        assert_eq!(
+            (info.width, info.height, info.frame_count),
+            (32, 16, Some(3))
+        );
         assert_eq!(decode_video(None, dir.path(), Some(2)).unwrap().len(), 2);
         let file = dir.path().join("f0.png");
         let err = probe_video(None, &file).unwrap_err().to_string();

@@ -99,13 +99,21 @@ pub fn error_count(problems: &[Problem]) -> usize {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn display_puts_key_first_and_file_last() {
-        let p = Problem::key_error(Path::new("/d/ds.toml"), "datasets[0].batch_size", "must be at least 1");
-        assert_eq!(p.to_string(), "error: datasets[0].batch_size: must be at least 1: /d/ds.toml");
+        let p = Problem::key_error(
+            Path::new("/d/ds.toml"),
+            "datasets[0].batch_size",
+            "must be at least 1",
+        );
+        assert_eq!(
+            p.to_string(),
+            "error: datasets[0].batch_size: must be at least 1: /d/ds.toml"
+        );
         let w = Problem::warning("/d/a.png", "no caption");
         assert_eq!(w.to_string(), "warning: no caption: /d/a.png");
         assert_eq!(error_count(&[p, w]), 1);

@@ -6,7 +6,9 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::bucket::BucketSelector;
-use super::config::{ConfigError, DatasetConfig, DatasetKind, DatasetSection, GeneralSection, ResolvedDataset};
+use super::config::{
+    ConfigError, DatasetConfig, DatasetKind, DatasetSection, GeneralSection, ResolvedDataset,
+};
 use super::frames::{select_frames, FrameWindow, WAN_TARGET_FPS};
 use super::probe::{is_image, is_video, list_files, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
 use super::problem::{Problem, Severity};
@@ -154,7 +156,11 @@ pub fn folder_config(dir: &Path) -> DatasetConfig {
 }
 
 /// Sums up scans and puts the problems in order, errors first.
-pub fn build_report(checked: &Path, mut problems: Vec<Problem>, scans: Vec<DatasetScan>) -> DatasetReport {
+pub fn build_report(
+    checked: &Path,
+    mut problems: Vec<Problem>,
+    scans: Vec<DatasetScan>,
+) -> DatasetReport {
     let mut datasets = Vec::new();
     for mut scan in scans {
         let summary = summarize(&scan, &mut problems);
@@ -172,7 +178,12 @@ pub fn build_report(checked: &Path, mut problems: Vec<Problem>, scans: Vec<Datas
 fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary {
     let ds = &scan.dataset;
     let kind = ds.kind();
-    let media_found = scan.items.len() + if kind == DatasetKind::Image { scan.missing_captions.len() } else { 0 };
+    let media_found = scan.items.len()
+        + if kind == DatasetKind::Image {
+            scan.missing_captions.len()
+        } else {
+            0
+        };
     if media_found == 0 {
         let exts = match kind {
             DatasetKind::Image => IMAGE_EXTENSIONS,
@@ -192,7 +203,13 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         *sizes.entry((info.width, info.height)).or_insert(0) += 1;
         let (width, height) = selector.bucket_for((info.width, info.height));
         for frames in clip_lengths(ds, info.frame_count, &item.media, problems) {
-            *buckets.entry(BucketKey { width, height, frames }).or_insert(0) += 1;
+            *buckets
+                .entry(BucketKey {
+                    width,
+                    height,
+                    frames,
+                })
+                .or_insert(0) += 1;
         }
         frame_counts.extend(info.frame_count);
     }
@@ -216,16 +233,27 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
 
 /// Clip lengths taken from one item (one entry per distinct clip; `[1]` for an image), with a warning when a
 /// video is too short to give any.
-fn clip_lengths(ds: &ResolvedDataset, frame_count: Option<u32>, media: &Path, problems: &mut Vec<Problem>) -> Vec<u32> {
+fn clip_lengths(
+    ds: &ResolvedDataset,
+    frame_count: Option<u32>,
+    media: &Path,
+    problems: &mut Vec<Problem>,
+) -> Vec<u32> {
     let (Some(video), Some(count)) = (&ds.video, frame_count) else {
         return vec![1];
     };
     // Uniform sampling can repeat a window; repeats share one cache file, so count each once.
-    let windows: BTreeSet<FrameWindow> =
-        select_frames(count as usize, video, WAN_TARGET_FPS).into_iter().map(|s| s.window).collect();
+    let windows: BTreeSet<FrameWindow> = select_frames(count as usize, video, WAN_TARGET_FPS)
+        .into_iter()
+        .map(|s| s.window)
+        .collect();
     if windows.is_empty() {
         let shortest = video.target_frames.first().copied().unwrap_or(1);
-        let fps_note = if video.source_fps.is_some() { " after frame dropping to 16 fps" } else { "" };
+        let fps_note = if video.source_fps.is_some() {
+            " after frame dropping to 16 fps"
+        } else {
+            ""
+        };
         problems.push(Problem::warning(
             media,
             format!("gives no clip: {count} frames{fps_note} is shorter than the shortest target_frames ({shortest})"),
@@ -249,7 +277,11 @@ impl fmt::Display for DatasetReport {
             write!(f, "{ds}")?;
         }
         for severity in [Severity::Error, Severity::Warning] {
-            let list: Vec<&Problem> = self.problems.iter().filter(|p| p.severity == severity).collect();
+            let list: Vec<&Problem> = self
+                .problems
+                .iter()
+                .filter(|p| p.severity == severity)
+                .collect();
             if !list.is_empty() {
                 writeln!(f)?;
                 writeln!(f, "{}s:", capitalized(severity))?;
@@ -272,7 +304,15 @@ fn capitalized(severity: Severity) -> &'static str {
 impl fmt::Display for DatasetSummary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let (w, h) = self.resolution;
-        writeln!(f, "datasets[{}]: {} dataset at {}x{}: {}", self.index, self.kind, w, h, self.source.display())?;
+        writeln!(
+            f,
+            "datasets[{}]: {} dataset at {}x{}: {}",
+            self.index,
+            self.kind,
+            w,
+            h,
+            self.source.display()
+        )?;
         writeln!(
             f,
             "  {} {}s found, {} used; captions: {} read, {} missing; {} unreadable file(s)",
@@ -284,7 +324,15 @@ impl fmt::Display for DatasetSummary {
             self.unreadable.len()
         )?;
         if !self.sizes.is_empty() {
-            writeln!(f, "  sizes: {}", top_entries(self.sizes.iter().map(|(&(w, h), &n)| (format!("{w}x{h}"), n))))?;
+            writeln!(
+                f,
+                "  sizes: {}",
+                top_entries(
+                    self.sizes
+                        .iter()
+                        .map(|(&(w, h), &n)| (format!("{w}x{h}"), n))
+                )
+            )?;
         }
         if let Some(s) = self.frame_counts {
             writeln!(f, "  frames: {} to {} (mean {:.1})", s.min, s.max, s.mean)?;
@@ -292,7 +340,11 @@ impl fmt::Display for DatasetSummary {
         if !self.buckets.is_empty() {
             let video = self.kind == DatasetKind::Video;
             let entries = self.buckets.iter().map(|(k, &n)| {
-                let clip = if video { format!(" x{}f", k.frames) } else { String::new() };
+                let clip = if video {
+                    format!(" x{}f", k.frames)
+                } else {
+                    String::new()
+                };
                 (format!("{}x{}{clip}", k.width, k.height), n)
             });
             writeln!(f, "  buckets: {}", top_entries(entries))?;
@@ -306,7 +358,11 @@ fn top_entries(entries: impl Iterator<Item = (String, usize)>) -> String {
     const SHOWN: usize = 6;
     let mut all: Vec<(String, usize)> = entries.collect();
     all.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
-    let mut text: Vec<String> = all.iter().take(SHOWN).map(|(name, n)| format!("{name} ({n})")).collect();
+    let mut text: Vec<String> = all
+        .iter()
+        .take(SHOWN)
+        .map(|(name, n)| format!("{name} ({n})"))
+        .collect();
     if all.len() > SHOWN {
         text.push(format!("and {} more", all.len() - SHOWN));
     }

@@ -68,7 +68,9 @@ pub fn resize_to_bucket(image: &RgbImage, bucket: Size) -> RgbImage {
     let plan = resize_plan(image.dimensions(), bucket);
     let scaled = match plan.filter {
         ResizeFilter::None => return image.clone(),
-        ResizeFilter::Lanczos => imageops::resize(image, plan.scaled.0, plan.scaled.1, FilterType::Lanczos3),
+        ResizeFilter::Lanczos => {
+            imageops::resize(image, plan.scaled.0, plan.scaled.1, FilterType::Lanczos3)
+        }
         ResizeFilter::Area => resize_area(image, plan.scaled),
     };
     imageops::crop_imm(&scaled, plan.crop_left, plan.crop_top, bucket.0, bucket.1).to_image()
@@ -139,6 +141,7 @@ pub fn resize_area(image: &RgbImage, size: Size) -> RgbImage {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
@@ -155,9 +158,15 @@ mod tests {
         assert_eq!((p.crop_left, p.crop_top), (0, 0));
         assert_eq!(p.filter, ResizeFilter::Lanczos);
         // 100x100 → 720x720.
-        assert_eq!(resize_plan((100, 100), (720, 720)).filter, ResizeFilter::Lanczos);
+        assert_eq!(
+            resize_plan((100, 100), (720, 720)).filter,
+            ResizeFilter::Lanczos
+        );
         // Same size: untouched.
-        assert_eq!(resize_plan((960, 544), (960, 544)).filter, ResizeFilter::None);
+        assert_eq!(
+            resize_plan((960, 544), (960, 544)).filter,
+            ResizeFilter::None
+        );
         // Wide image into a square bucket crops the sides: 1000x500 → 512x512: scale 1.024, 1024x512, left 256.
         let p = resize_plan((1000, 500), (512, 512));
         assert_eq!(p.scaled, (1024, 512));
@@ -195,7 +204,12 @@ mod tests {
             let out = resize_to_bucket(&img, bucket);
             assert_eq!(out.dimensions(), bucket);
             let p = out.get_pixel(bucket.0 / 2, bucket.1 / 2).0;
-            assert!(p.iter().zip([10u8, 120, 250]).all(|(a, b)| a.abs_diff(b) <= 1), "{p:?}");
+            assert!(
+                p.iter()
+                    .zip([10u8, 120, 250])
+                    .all(|(a, b)| a.abs_diff(b) <= 1),
+                "{p:?}"
+            );
         }
     }
 

@@ -78,15 +78,25 @@ pub fn scan_dataset(dataset: &ResolvedDataset, options: &ScanOptions) -> Dataset
     let entries = match &dataset.source {
         DatasetSource::ImageDirectory(dir) => list_directory(dir, is_image, &mut scan),
         DatasetSource::VideoDirectory(dir) => list_directory(dir, is_video, &mut scan),
-        DatasetSource::ImageJsonl(file) => super::jsonl::read_jsonl(file, DatasetKind::Image, &mut scan.problems),
-        DatasetSource::VideoJsonl(file) => super::jsonl::read_jsonl(file, DatasetKind::Video, &mut scan.problems),
+        DatasetSource::ImageJsonl(file) => {
+            super::jsonl::read_jsonl(file, DatasetKind::Image, &mut scan.problems)
+        }
+        DatasetSource::VideoJsonl(file) => {
+            super::jsonl::read_jsonl(file, DatasetKind::Video, &mut scan.problems)
+        }
     };
     check_name_clashes(&entries, &mut scan.problems);
     let kind = dataset.kind();
-    if kind == DatasetKind::Video && options.probe_media && options.tools.is_none() && !entries.is_empty() {
+    if kind == DatasetKind::Video
+        && options.probe_media
+        && options.tools.is_none()
+        && !entries.is_empty()
+    {
         scan.problems.push(Problem::error(
             dataset.source.path(),
-            format!("videos were listed but not measured: ffprobe was not found; {FFMPEG_INSTALL_HINT}"),
+            format!(
+                "videos were listed but not measured: ffprobe was not found; {FFMPEG_INSTALL_HINT}"
+            ),
         ));
     }
     let caption_ext = dataset.caption_extension.as_deref();
@@ -140,8 +150,13 @@ pub fn caption_path(media: &Path, ext: &str) -> PathBuf {
 
 fn read_caption(path: &Path) -> CaptionResult {
     match std::fs::read(path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => CaptionResult::Missing(path.to_path_buf()),
-        Err(e) => CaptionResult::Bad(Problem::error(path, format!("cannot read the caption ({e})"))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            CaptionResult::Missing(path.to_path_buf())
+        }
+        Err(e) => CaptionResult::Bad(Problem::error(
+            path,
+            format!("cannot read the caption ({e})"),
+        )),
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(text) => CaptionResult::Read(text.trim().to_string()),
             Err(e) => CaptionResult::Bad(Problem::error(
@@ -157,9 +172,16 @@ fn read_caption(path: &Path) -> CaptionResult {
 
 fn list_directory(dir: &Path, keep: fn(&Path) -> bool, scan: &mut DatasetScan) -> Vec<Entry> {
     match list_files(dir, keep) {
-        Ok(files) => files.into_iter().map(|media| Entry { media, caption: None }).collect(),
+        Ok(files) => files
+            .into_iter()
+            .map(|media| Entry {
+                media,
+                caption: None,
+            })
+            .collect(),
         Err(e) => {
-            scan.problems.push(Problem::error(dir, format!("cannot list the folder ({e})")));
+            scan.problems
+                .push(Problem::error(dir, format!("cannot list the folder ({e})")));
             Vec::new()
         }
     }
@@ -170,7 +192,9 @@ fn list_directory(dir: &Path, keep: fn(&Path) -> bool, scan: &mut DatasetScan) -
 fn check_name_clashes(entries: &[Entry], problems: &mut Vec<Problem>) {
     let mut first: HashMap<&std::ffi::OsStr, &Path> = HashMap::new();
     for entry in entries {
-        let Some(stem) = entry.media.file_stem() else { continue };
+        let Some(stem) = entry.media.file_stem() else {
+            continue;
+        };
         match first.get(stem) {
             Some(other) if *other != entry.media.as_path() => problems.push(Problem::error(
                 &entry.media,
@@ -188,7 +212,11 @@ fn check_name_clashes(entries: &[Entry], problems: &mut Vec<Problem>) {
     }
 }
 
-fn probe_item(media: &Path, kind: DatasetKind, options: &ScanOptions) -> Result<Option<MediaInfo>, Problem> {
+fn probe_item(
+    media: &Path,
+    kind: DatasetKind,
+    options: &ScanOptions,
+) -> Result<Option<MediaInfo>, Problem> {
     if !options.probe_media {
         return Ok(None);
     }
@@ -230,13 +258,18 @@ fn collect_item(
         CaptionResult::Read(text) => {
             scan.captions += 1;
             if text.is_empty() {
-                scan.problems.push(Problem::warning(&entry.media, "the caption is empty"));
+                scan.problems
+                    .push(Problem::warning(&entry.media, "the caption is empty"));
             }
             Some(text)
         }
         CaptionResult::Missing(caption_file) => {
             scan.missing_captions.push(entry.media.clone());
-            let name = caption_file.file_name().unwrap_or_default().to_string_lossy().into_owned();
+            let name = caption_file
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
             if kind == DatasetKind::Image {
                 // musubi-tuner silently skips images without captions; say so rather than fail.
                 scan.problems.push(Problem::warning(
@@ -245,7 +278,10 @@ fn collect_item(
                 ));
                 return;
             }
-            scan.problems.push(Problem::error(&entry.media, format!("no caption file (expected {name})")));
+            scan.problems.push(Problem::error(
+                &entry.media,
+                format!("no caption file (expected {name})"),
+            ));
             None
         }
         CaptionResult::Bad(problem) => {
@@ -264,6 +300,7 @@ fn collect_item(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use crate::data::config::DatasetConfig;
@@ -276,8 +313,14 @@ mod tests {
 
     #[test]
     fn caption_path_replaces_only_the_last_extension() {
-        assert_eq!(caption_path(Path::new("/d/a.b.mp4"), ".txt"), PathBuf::from("/d/a.b.txt"));
-        assert_eq!(caption_path(Path::new("x.png"), ".caption"), PathBuf::from("x.caption"));
+        assert_eq!(
+            caption_path(Path::new("/d/a.b.mp4"), ".txt"),
+            PathBuf::from("/d/a.b.txt")
+        );
+        assert_eq!(
+            caption_path(Path::new("x.png"), ".caption"),
+            PathBuf::from("x.caption")
+        );
     }
 
     #[test]
@@ -288,13 +331,22 @@ mod tests {
             image::RgbImage::new(16, 16).save(d.join(name)).unwrap();
         }
         std::fs::write(d.join("a.txt"), "caption").unwrap();
-        let ds = dataset("[[datasets]]\nimage_directory = \".\"\ncaption_extension = \".txt\"\n", d);
+        let ds = dataset(
+            "[[datasets]]\nimage_directory = \".\"\ncaption_extension = \".txt\"\n",
+            d,
+        );
         let scan = scan_dataset(&ds, &ScanOptions::default());
         assert_eq!(scan.items.len(), 2);
-        assert!(scan.items.iter().all(|i| i.info.is_none()), "probing was off");
+        assert!(
+            scan.items.iter().all(|i| i.info.is_none()),
+            "probing was off"
+        );
         let text: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
         assert_eq!(text.len(), 1, "{text:#?}");
-        assert!(text[0].contains("same name without extension as") && text[0].ends_with("a.png"), "{text:#?}");
+        assert!(
+            text[0].contains("same name without extension as") && text[0].ends_with("a.png"),
+            "{text:#?}"
+        );
     }
 
     #[test]
@@ -302,21 +354,35 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         std::fs::create_dir(d.join("img")).unwrap();
-        image::RgbImage::new(32, 16).save(d.join("img/one.png")).unwrap();
+        image::RgbImage::new(32, 16)
+            .save(d.join("img/one.png"))
+            .unwrap();
         std::fs::write(
             d.join("meta.jsonl"),
             "{\"image_path\": \"img/one.png\", \"caption\": \" kept as written \"}\n{\"image_path\": \"img/two.png\", \"caption\": \"x\"}\n",
         )
         .unwrap();
-        let ds = dataset("[[datasets]]\nimage_jsonl_file = \"meta.jsonl\"\ncache_directory = \"cache\"\n", d);
-        let options = ScanOptions { probe_media: true, tools: None };
+        let ds = dataset(
+            "[[datasets]]\nimage_jsonl_file = \"meta.jsonl\"\ncache_directory = \"cache\"\n",
+            d,
+        );
+        let options = ScanOptions {
+            probe_media: true,
+            tools: None,
+        };
         let scan = scan_dataset(&ds, &options);
         assert_eq!(scan.items.len(), 1);
         assert_eq!(scan.items[0].media, d.join("img/one.png"));
         assert_eq!(scan.items[0].caption.as_deref(), Some(" kept as written "));
-        assert_eq!(scan.items[0].info.as_ref().map(|i| (i.width, i.height)), Some((32, 16)));
+        assert_eq!(
+            scan.items[0].info.as_ref().map(|i| (i.width, i.height)),
+            Some((32, 16))
+        );
         let text: Vec<String> = scan.problems.iter().map(ToString::to_string).collect();
         assert_eq!(text.len(), 1, "{text:#?}");
-        assert!(text[0].contains("line 2 of meta.jsonl") && text[0].ends_with("two.png"), "{text:#?}");
+        assert!(
+            text[0].contains("line 2 of meta.jsonl") && text[0].ends_with("two.png"),
+            "{text:#?}"
+        );
     }
 }

@@ -112,8 +112,15 @@ impl View for &RawTensor {
     }
 }
 
-fn le_bytes<T: candle_core::WithDType, const N: usize>(t: &Tensor, to_bytes: fn(T) -> [u8; N]) -> candle_core::Result<Vec<u8>> {
-    Ok(t.flatten_all()?.to_vec1::<T>()?.into_iter().flat_map(to_bytes).collect())
+fn le_bytes<T: candle_core::WithDType, const N: usize>(
+    t: &Tensor,
+    to_bytes: fn(T) -> [u8; N],
+) -> candle_core::Result<Vec<u8>> {
+    Ok(t.flatten_all()?
+        .to_vec1::<T>()?
+        .into_iter()
+        .flat_map(to_bytes)
+        .collect())
 }
 
 impl RawTensor {
@@ -122,15 +129,26 @@ impl RawTensor {
     pub(crate) fn from_tensor(t: &Tensor, path: &Path) -> Result<(Self, bool), CacheError> {
         let err = |e: candle_core::Error| format_error(path, format!("cannot copy a tensor: {e}"));
         let (dtype, mut data) = match t.dtype() {
-            DType::BF16 => (Dtype::BF16, le_bytes(t, |v: half::bf16| v.to_le_bytes()).map_err(err)?),
-            DType::F16 => (Dtype::F16, le_bytes(t, |v: half::f16| v.to_le_bytes()).map_err(err)?),
+            DType::BF16 => (
+                Dtype::BF16,
+                le_bytes(t, |v: half::bf16| v.to_le_bytes()).map_err(err)?,
+            ),
+            DType::F16 => (
+                Dtype::F16,
+                le_bytes(t, |v: half::f16| v.to_le_bytes()).map_err(err)?,
+            ),
             DType::F32 => (Dtype::F32, le_bytes(t, f32::to_le_bytes).map_err(err)?),
             DType::F64 => (Dtype::F64, le_bytes(t, f64::to_le_bytes).map_err(err)?),
             DType::I32 => (Dtype::I32, le_bytes(t, i32::to_le_bytes).map_err(err)?),
             DType::I64 => (Dtype::I64, le_bytes(t, i64::to_le_bytes).map_err(err)?),
             DType::U32 => (Dtype::U32, le_bytes(t, u32::to_le_bytes).map_err(err)?),
             DType::U8 => (Dtype::U8, le_bytes(t, |v: u8| [v]).map_err(err)?),
-            other => return Err(format_error(path, format!("cannot store {other:?} tensors in a cache"))),
+            other => {
+                return Err(format_error(
+                    path,
+                    format!("cannot store {other:?} tensors in a cache"),
+                ))
+            }
         };
         let had_nan = zero_nans(dtype, &mut data);
         Ok((
@@ -149,7 +167,11 @@ fn zero_nans(dtype: Dtype, data: &mut [u8]) -> bool {
     let mut found = false;
     match dtype {
         Dtype::BF16 | Dtype::F16 => {
-            let (exp, man) = if dtype == Dtype::BF16 { (0x7f80, 0x007f) } else { (0x7c00, 0x03ff) };
+            let (exp, man) = if dtype == Dtype::BF16 {
+                (0x7f80, 0x007f)
+            } else {
+                (0x7c00, 0x03ff)
+            };
             for c in data.chunks_exact_mut(2) {
                 let bits = u16::from_le_bytes([c[0], c[1]]);
                 if bits & exp == exp && bits & man != 0 {
@@ -211,12 +233,17 @@ pub(crate) fn read_tensor_file(path: &Path, device: &Device) -> Result<TensorFil
         source,
     })?;
     let st = SafeTensors::deserialize(&bytes).map_err(|e| format_error(path, e.to_string()))?;
-    let (_, header) = SafeTensors::read_metadata(&bytes).map_err(|e| format_error(path, e.to_string()))?;
+    let (_, header) =
+        SafeTensors::read_metadata(&bytes).map_err(|e| format_error(path, e.to_string()))?;
     let metadata = header.metadata().clone().unwrap_or_default();
     let mut tensors = HashMap::new();
     for (name, view) in st.tensors() {
-        let dtype = candle_dtype(view.dtype())
-            .ok_or_else(|| format_error(path, format!("tensor {name} has unsupported dtype {:?}", view.dtype())))?;
+        let dtype = candle_dtype(view.dtype()).ok_or_else(|| {
+            format_error(
+                path,
+                format!("tensor {name} has unsupported dtype {:?}", view.dtype()),
+            )
+        })?;
         let t = Tensor::from_raw_buffer(view.data(), dtype, view.shape(), device)
             .map_err(|e| format_error(path, format!("tensor {name}: {e}")))?;
         tensors.insert(name, t);
@@ -235,8 +262,9 @@ pub(crate) fn write_tensor_file(
         path: path.to_path_buf(),
         source,
     };
-    let bytes = safetensors::serialize(tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(metadata))
-        .map_err(|e| format_error(path, e.to_string()))?;
+    let bytes =
+        safetensors::serialize(tensors.iter().map(|(k, v)| (k.as_str(), v)), Some(metadata))
+            .map_err(|e| format_error(path, e.to_string()))?;
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).map_err(io)?;
     }
@@ -251,16 +279,26 @@ pub(crate) fn write_tensor_file(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 
     #[test]
     fn dtype_suffixes_strip_like_musubi() {
-        assert_eq!(strip_dtype_suffix("latents_21x60x104_bfloat16"), "latents_21x60x104");
+        assert_eq!(
+            strip_dtype_suffix("latents_21x60x104_bfloat16"),
+            "latents_21x60x104"
+        );
         assert_eq!(strip_dtype_suffix("clip_float16"), "clip");
-        assert_eq!(strip_dtype_suffix("latents_control_0_1x8x8_float8_e4m3fn"), "latents_control_0_1x8x8");
+        assert_eq!(
+            strip_dtype_suffix("latents_control_0_1x8x8_float8_e4m3fn"),
+            "latents_control_0_1x8x8"
+        );
         assert_eq!(strip_dtype_suffix("varlen_t5_bfloat16"), "varlen_t5");
-        assert_eq!(strip_dtype_suffix("llama_attention_mask"), "llama_attention_mask");
+        assert_eq!(
+            strip_dtype_suffix("llama_attention_mask"),
+            "llama_attention_mask"
+        );
         assert_eq!(torch_dtype_name(DType::BF16), "bfloat16");
     }
 
@@ -268,7 +306,8 @@ mod tests {
     fn nans_are_zeroed_in_every_float_width() {
         let t = Tensor::new(&[1.0f32, f32::NAN, -2.0], &Device::Cpu).unwrap();
         for dtype in [DType::F32, DType::BF16, DType::F16, DType::F64] {
-            let (raw, had_nan) = RawTensor::from_tensor(&t.to_dtype(dtype).unwrap(), Path::new("x")).unwrap();
+            let (raw, had_nan) =
+                RawTensor::from_tensor(&t.to_dtype(dtype).unwrap(), Path::new("x")).unwrap();
             assert!(had_nan, "{dtype:?}");
             let back = Tensor::from_raw_buffer(&raw.data, dtype, &raw.shape, &Device::Cpu).unwrap();
             let v = back.to_dtype(DType::F32).unwrap().to_vec1::<f32>().unwrap();

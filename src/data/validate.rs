@@ -5,13 +5,43 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::config::{
-    resolve_path, round_down_to_4n1, DatasetConfig, DatasetKind, DatasetSection, FrameExtraction, GeneralSection,
-    Resolution,
+    resolve_path, round_down_to_4n1, ConfigError, DatasetConfig, DatasetKind, DatasetSection,
+    FrameExtraction, GeneralSection, Resolution, ResolvedDataset,
 };
 use super::problem::Problem;
 
 /// Pixel multiple every resolution must be (VAE stride 8 × patch 2).
 pub const RESOLUTION_STEP: u32 = 16;
+
+/// A dataset config with no errors, ready for training.
+#[derive(Clone, Debug)]
+pub struct ValidConfig {
+    /// The config as read.
+    pub config: DatasetConfig,
+    /// Its datasets with `[general]` and the defaults applied.
+    pub datasets: Vec<ResolvedDataset>,
+    /// Warnings to show the user.
+    pub warnings: Vec<Problem>,
+}
+
+/// Reads and validates a dataset config file; any error (every one is listed) fails with
+/// [`ConfigError::Invalid`]. Relative paths are taken from the file's folder.
+pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigError> {
+    let parsed = DatasetConfig::read(path)?;
+    let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let mut problems = parsed.problems;
+    problems.extend(validate(&parsed.config, path, &base));
+    let (errors, warnings): (Vec<Problem>, Vec<Problem>) =
+        problems.into_iter().partition(Problem::is_error);
+    if !errors.is_empty() {
+        return Err(ConfigError::Invalid { problems: errors });
+    }
+    Ok(ValidConfig {
+        datasets: parsed.config.resolve(&base),
+        config: parsed.config,
+        warnings,
+    })
+}
 
 /// Every problem in `config` (read from `file`, relative paths taken from `base`), errors and warnings.
 pub fn validate(config: &DatasetConfig, file: &Path, base: &Path) -> Vec<Problem> {
@@ -66,7 +96,11 @@ fn check_general(g: &GeneralSection, file: &Path, out: &mut Vec<Problem>) {
         }
     }
     if g.batch_size == Some(0) {
-        out.push(Problem::key_error(file, "general.batch_size", "must be at least 1"));
+        out.push(Problem::key_error(
+            file,
+            "general.batch_size",
+            "must be at least 1",
+        ));
     }
     if let Some(ext) = &g.caption_extension {
         if let Some(m) = caption_extension_problem(ext) {
@@ -129,7 +163,10 @@ fn check_source(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
     if let Some(dir) = &ds.control_directory {
         let abs = resolve_path(cx.base, dir);
         if !abs.is_dir() {
-            out.push(cx.error("control_directory", format!("directory {} does not exist", abs.display())));
+            out.push(cx.error(
+                "control_directory",
+                format!("directory {} does not exist", abs.display()),
+            ));
         }
     }
 }
@@ -142,11 +179,17 @@ fn check_common(ds: &DatasetSection, g: &GeneralSection, cx: &Cx, out: &mut Vec<
         out.push(cx.error("batch_size", "must be at least 1"));
     }
     if ds.num_repeats.or(g.num_repeats) == Some(0) {
-        out.push(cx.warning("num_repeats", "is 0, so this dataset is left out of training"));
+        out.push(cx.warning(
+            "num_repeats",
+            "is 0, so this dataset is left out of training",
+        ));
     }
     let enable_bucket = ds.enable_bucket.or(g.enable_bucket).unwrap_or(false);
     if !enable_bucket && ds.bucket_no_upscale == Some(true) {
-        out.push(cx.warning("bucket_no_upscale", "has no effect because enable_bucket is off"));
+        out.push(cx.warning(
+            "bucket_no_upscale",
+            "has no effect because enable_bucket is off",
+        ));
     }
     let is_jsonl = ds.image_jsonl_file.is_some() || ds.video_jsonl_file.is_some();
     let is_dir = ds.image_directory.is_some() || ds.video_directory.is_some();
@@ -163,12 +206,18 @@ fn check_common(ds: &DatasetSection, g: &GeneralSection, cx: &Cx, out: &mut Vec<
         _ => {}
     }
     if is_jsonl && ds.cache_directory.is_none() {
-        out.push(cx.error("cache_directory", "is required for a dataset read from a JSONL file"));
+        out.push(cx.error(
+            "cache_directory",
+            "is required for a dataset read from a JSONL file",
+        ));
     }
     if let Some(dir) = &ds.cache_directory {
         let abs = resolve_path(cx.base, dir);
         if abs.exists() && !abs.is_dir() {
-            out.push(cx.error("cache_directory", format!("{} exists and is not a directory", abs.display())));
+            out.push(cx.error(
+                "cache_directory",
+                format!("{} exists and is not a directory", abs.display()),
+            ));
         }
     }
 }
@@ -193,14 +242,26 @@ fn check_video(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
             }
         }
     }
-    for (key, value) in [("frame_stride", ds.frame_stride), ("frame_sample", ds.frame_sample), ("max_frames", ds.max_frames)] {
+    for (key, value) in [
+        ("frame_stride", ds.frame_stride),
+        ("frame_sample", ds.frame_sample),
+        ("max_frames", ds.max_frames),
+    ] {
         if value == Some(0) {
             out.push(cx.error(key, "must be at least 1"));
         }
     }
     let unused = [
-        ("frame_stride", ds.frame_stride.is_some(), FrameExtraction::Slide),
-        ("frame_sample", ds.frame_sample.is_some(), FrameExtraction::Uniform),
+        (
+            "frame_stride",
+            ds.frame_stride.is_some(),
+            FrameExtraction::Slide,
+        ),
+        (
+            "frame_sample",
+            ds.frame_sample.is_some(),
+            FrameExtraction::Uniform,
+        ),
         ("max_frames", ds.max_frames.is_some(), FrameExtraction::Full),
     ];
     for (key, set, used_by) in unused {
@@ -209,7 +270,10 @@ fn check_video(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
         }
     }
     if extraction == FrameExtraction::Uniform && ds.frame_sample.unwrap_or(1) == 1 {
-        out.push(cx.warning("frame_sample", "is 1, so frame_extraction = \"uniform\" acts as \"head\""));
+        out.push(cx.warning(
+            "frame_sample",
+            "is 1, so frame_extraction = \"uniform\" acts as \"head\"",
+        ));
     }
     if let Some(fps) = ds.source_fps {
         if !(fps.is_finite() && fps > 0.0) {
@@ -245,12 +309,20 @@ fn check_unused(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
     ];
     for (key, set) in other_models {
         if set {
-            out.push(cx.warning(key, "is kept in the config but not used by framesmith's Wan trainer"));
+            out.push(cx.warning(
+                key,
+                "is kept in the config but not used by framesmith's Wan trainer",
+            ));
         }
     }
 }
 
-fn check_cache_directories(config: &DatasetConfig, file: &Path, base: &Path, out: &mut Vec<Problem>) {
+fn check_cache_directories(
+    config: &DatasetConfig,
+    file: &Path,
+    base: &Path,
+    out: &mut Vec<Problem>,
+) {
     let mut seen: HashMap<PathBuf, usize> = HashMap::new();
     for (i, ds) in config.datasets.iter().enumerate() {
         // musubi-tuner falls back to the image/video directory when cache_directory is not set.
