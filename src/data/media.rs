@@ -155,19 +155,37 @@ impl MediaTools {
         max_frames: Option<usize>,
     ) -> Result<Vec<RgbImage>, MediaError> {
         check_not_empty(path)?;
-        let mut cmd = Command::new(&self.ffmpeg);
-        cmd.args(["-nostdin", "-v", "error", "-noautorotate", "-i"])
-            .arg(path)
-            .args(["-map", "0:v:0", "-vsync", "passthrough"]);
-        if let Some(n) = max_frames {
-            cmd.args(["-frames:v", &n.to_string()]);
+        // `-fps_mode` exists from ffmpeg 5.1, `-vsync` (its older name) is deprecated there; try the new one.
+        let mut out = self.run_decode(path, max_frames, "-fps_mode")?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success()
+            && stderr.contains("fps_mode")
+            && stderr.contains("nrecognized option")
+        {
+            out = self.run_decode(path, max_frames, "-vsync")?;
         }
-        cmd.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]);
-        let out = run_with_timeout(cmd, self.decode_timeout, "ffmpeg", path)?;
         if !out.status.success() {
             return Err(unreadable("ffmpeg", last_lines(&out.stderr), path));
         }
         split_frames(out.stdout, info.width, info.height, path)
+    }
+
+    /// Every decoded frame goes out as it is: passthrough frame timing, so none is dropped or repeated.
+    fn run_decode(
+        &self,
+        path: &Path,
+        max_frames: Option<usize>,
+        sync_option: &str,
+    ) -> Result<Finished, MediaError> {
+        let mut cmd = Command::new(&self.ffmpeg);
+        cmd.args(["-nostdin", "-v", "error", "-noautorotate", "-i"])
+            .arg(path)
+            .args(["-map", "0:v:0", sync_option, "passthrough"]);
+        if let Some(n) = max_frames {
+            cmd.args(["-frames:v", &n.to_string()]);
+        }
+        cmd.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]);
+        run_with_timeout(cmd, self.decode_timeout, "ffmpeg", path)
     }
 }
 

@@ -126,6 +126,8 @@ enum CaptionResult {
     Read(String),
     Missing(PathBuf),
     Bad(Problem),
+    /// No caption_extension for a directory dataset: validation reports that once, not per item.
+    NotConfigured,
 }
 
 impl Entry {
@@ -134,8 +136,7 @@ impl Entry {
             return CaptionResult::Read(caption.clone());
         }
         let Some(ext) = ext else {
-            // Validation reports the missing caption_extension once for the dataset.
-            return CaptionResult::Missing(self.media.clone());
+            return CaptionResult::NotConfigured;
         };
         read_caption(&caption_path(&self.media, ext))
     }
@@ -284,6 +285,7 @@ fn collect_item(
             ));
             None
         }
+        CaptionResult::NotConfigured => None,
         CaptionResult::Bad(problem) => {
             if let Some(file) = &problem.file {
                 scan.unreadable.push(file.clone());
