@@ -1,6 +1,7 @@
 //! Framesmith: LoRA training for Wan video diffusion transformers.
 
 pub mod config;
+pub mod data;
 pub mod demo;
 pub mod models;
 pub mod nn;
