@@ -51,11 +51,22 @@ enum Command {
     },
     /// Say what a model file or folder is
     Inspect { path: PathBuf },
+    /// Datasets: check a musubi-tuner dataset TOML or a folder
+    Dataset {
+        #[command(subcommand)]
+        action: DatasetAction,
+    },
     /// Compare a module against reference fixture directories made by the official Wan code
     CheckParity {
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
     },
+}
+
+#[derive(Subcommand)]
+enum DatasetAction {
+    /// List every problem in a dataset (a musubi-tuner TOML, or a folder of media and captions)
+    Check { path: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -80,6 +91,9 @@ fn main() -> ExitCode {
         }
         Some(Command::Presets { action }) => show_presets(action),
         Some(Command::Inspect { path }) => inspect(&path),
+        Some(Command::Dataset {
+            action: DatasetAction::Check { path },
+        }) => dataset_check(&path),
         Some(Command::CheckParity { dirs }) => check_parity(&dirs),
     };
     match result {
@@ -131,6 +145,17 @@ fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
         .context("not a usable Wan DiT checkpoint")?;
     println!("{report}");
     Ok(ExitCode::SUCCESS)
+}
+
+fn dataset_check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let options = framesmith::data::ScanOptions::locate();
+    let report = framesmith::data::check_path(path, &options)?;
+    print!("{report}");
+    Ok(if report.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn check_parity(dirs: &[PathBuf]) -> anyhow::Result<ExitCode> {

@@ -22,14 +22,24 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 /// Lines of non-test code (comments dropped) in `src/<module>` that mention any of `needles`. Test files
 /// (`tests.rs`, `*_tests.rs`) and everything after a file's `#[cfg(test)]` are not the module's code.
 fn offending(module: &str, needles: &[&str]) -> Vec<String> {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(module);
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("src")
+        .join(module);
     let mut found = Vec::new();
     for file in rust_files(&root) {
-        if file.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.ends_with("tests.rs")) {
+        if file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.ends_with("tests.rs"))
+        {
             continue;
         }
         let text = std::fs::read_to_string(&file).unwrap_or_default();
-        for (i, line) in text.lines().enumerate().take_while(|(_, l)| !l.trim_start().starts_with("#[cfg(test)]")) {
+        for (i, line) in text
+            .lines()
+            .enumerate()
+            .take_while(|(_, l)| !l.trim_start().starts_with("#[cfg(test)]"))
+        {
             let code = line.split("//").next().unwrap_or_default();
             if needles.iter().any(|n| code.contains(n)) {
                 found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
@@ -41,22 +51,53 @@ fn offending(module: &str, needles: &[&str]) -> Vec<String> {
 
 #[test]
 fn app_never_touches_tensors() {
-    let bad = offending("app", &["candle", "Tensor", "crate::nn", "crate::models::wan::WanModel", "crate::train::trainer"]);
-    assert!(bad.is_empty(), "the app must talk to the engine only through protocol:\n{}", bad.join("\n"));
+    let bad = offending(
+        "app",
+        &[
+            "candle",
+            "Tensor",
+            "crate::nn",
+            "crate::models::wan::WanModel",
+            "crate::train::trainer",
+        ],
+    );
+    assert!(
+        bad.is_empty(),
+        "the app must talk to the engine only through protocol:\n{}",
+        bad.join("\n")
+    );
 }
 
 #[test]
 fn engine_never_imports_the_gui() {
     for module in ["train", "models", "nn", "data"] {
         let bad = offending(module, &["egui", "eframe", "crate::app"]);
-        assert!(bad.is_empty(), "{module} must not depend on the GUI:\n{}", bad.join("\n"));
+        assert!(
+            bad.is_empty(),
+            "{module} must not depend on the GUI:\n{}",
+            bad.join("\n")
+        );
     }
 }
 
 #[test]
 fn models_and_nn_know_no_channels_configs_or_logging() {
     for module in ["models", "nn"] {
-        let bad = offending(module, &["mpsc", "crate::protocol", "crate::config", "println!", "eprintln!", "log::"]);
-        assert!(bad.is_empty(), "{module} must stay pure tensor code:\n{}", bad.join("\n"));
+        let bad = offending(
+            module,
+            &[
+                "mpsc",
+                "crate::protocol",
+                "crate::config",
+                "println!",
+                "eprintln!",
+                "log::",
+            ],
+        );
+        assert!(
+            bad.is_empty(),
+            "{module} must stay pure tensor code:\n{}",
+            bad.join("\n")
+        );
     }
 }

@@ -136,3 +136,79 @@ mod tests {
         Ok(())
     }
 }
+
+/// Cached items of a musubi-tuner dataset config, as musubi-tuner's trainer finds them: every
+/// `*_wan.safetensors` latent cache in each dataset's cache directory, with the text cache of its media stem.
+/// Returns the items (each repeated `num_repeats` times) and the first dataset's batch size.
+pub fn load_cached_items(
+    dataset_toml: &std::path::Path,
+    cfg: &crate::models::wan::WanConfig,
+    device: &Device,
+) -> anyhow::Result<(Vec<TrainItem>, usize)> {
+    use crate::data::cache::{
+        parse_latent_cache_name, read_wan_latent_cache, read_wan_text_cache, text_cache_name,
+    };
+    use anyhow::Context;
+
+    let valid = crate::data::load_valid(dataset_toml)?;
+    let mut items = Vec::new();
+    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
+    for dataset in &valid.datasets {
+        let dir = dataset.cache_directory.clone().with_context(|| {
+            format!(
+                "dataset {} has no cache_directory; set one in {}",
+                dataset.index,
+                dataset_toml.display()
+            )
+        })?;
+        let mut names: Vec<(String, String)> = std::fs::read_dir(&dir)
+            .with_context(|| format!("cannot list the cache directory {}", dir.display()))?
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter_map(|n| parse_latent_cache_name(&n, dataset.kind()).map(|p| (n, p.stem)))
+            .collect();
+        names.sort();
+        if names.is_empty() {
+            anyhow::bail!(
+                "no latent caches (*_wan.safetensors) in {}: cache the dataset first (framesmith cache, or \
+                 musubi-tuner's wan_cache_latents.py and wan_cache_text_encoder_outputs.py)",
+                dir.display()
+            );
+        }
+        for (name, stem) in names {
+            let latent_path = dir.join(&name);
+            let (latent, _) = read_wan_latent_cache(&latent_path, device)?;
+            let text_path = dir.join(text_cache_name(&stem));
+            let text = read_wan_text_cache(&text_path, device).with_context(|| {
+                format!(
+                    "the text cache for {} is missing or unreadable",
+                    latent_path.display()
+                )
+            })?;
+            let channels = latent.latents.dim(0)?;
+            if channels != cfg.out_dim {
+                anyhow::bail!(
+                    "{} has {channels}-channel latents but the model expects {} (a cache made with another VAE?): {}",
+                    name,
+                    cfg.out_dim,
+                    latent_path.display()
+                );
+            }
+            let width = text.t5.dim(1)?;
+            if width != cfg.text_dim {
+                anyhow::bail!(
+                    "the text embedding is {width} wide but the model expects {}: {}",
+                    cfg.text_dim,
+                    text_path.display()
+                );
+            }
+            for _ in 0..dataset.num_repeats.max(1) {
+                items.push(TrainItem {
+                    key: name.clone(),
+                    latents: latent.latents.clone(),
+                    context: text.t5.clone(),
+                });
+            }
+        }
+    }
+    Ok((items, batch_size))
+}

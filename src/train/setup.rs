@@ -8,7 +8,7 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use super::checkpoint::Outputs;
-use super::data::{TrainItem, TrainSet};
+use super::data::{load_cached_items, TrainItem, TrainSet};
 use super::optimizer::AdamW;
 use super::samples::{Decoder, SamplePrompt, Sampling};
 use super::trainer::Trainer;
@@ -127,13 +127,15 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
         .collect()
 }
 
-fn load_items(plan: &RunPlan, cfg: &WanConfig, device: &Device) -> anyhow::Result<Vec<TrainItem>> {
+/// The training items and the batch size.
+fn load_items(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    device: &Device,
+) -> anyhow::Result<(Vec<TrainItem>, usize)> {
     match &plan.dataset.source {
-        DatasetSource::Synthetic => demo_items(cfg, plan.training.seed, device),
-        DatasetSource::Config(path) => anyhow::bail!(
-            "training from a dataset TOML ({}) is wired once the cache reader lands",
-            path.display()
-        ),
+        DatasetSource::Synthetic => Ok((demo_items(cfg, plan.training.seed, device)?, 1)),
+        DatasetSource::Config(path) => load_cached_items(path, cfg, device),
     }
 }
 
@@ -279,8 +281,8 @@ impl Trainer {
         let (mut model, base_name) = load_model(plan, &device)?;
         log(LogLevel::Info, format!("model: {base_name} on {device:?}"));
         let cfg = model.config().clone();
-        let items = load_items(plan, &cfg, &device)?;
-        let data = TrainSet::new(items, 1, 1, plan.training.seed)?;
+        let (items, batch_size) = load_items(plan, &cfg, &device)?;
+        let data = TrainSet::new(items, batch_size, 1, plan.training.seed)?;
         let spec = LoraSpec {
             rank: plan.lora.rank,
             alpha: plan.lora.alpha,
