@@ -1,6 +1,7 @@
 //! The dependency rules of DESIGN.md §3, checked by scanning `src/`: the app never touches candle or tensors;
 //! `train`, `models`, `nn` and `data` never import egui/eframe; `models` and `nn` know nothing of channels,
 //! config files or logging.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::path::{Path, PathBuf};
 

@@ -1,4 +1,5 @@
 //! Small headless commands: `inspect`, `presets`, `dataset check`, with their exit statuses.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::process::Command;
 

@@ -1,5 +1,6 @@
 //! The `framesmith` binary end to end on the demo: the loss falls, the LoRA loads back, the sample clip decodes
 //! with ffmpeg; and a process killed while writing checkpoints leaves every finished checkpoint loadable.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::io::{BufRead, BufReader};
 use std::path::Path;

@@ -1,5 +1,6 @@
 //! Parity with the official Wan implementation: every expected tensor of the shared DiT fixtures, through the
 //! library and through `framesmith check-parity`.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::path::PathBuf;
 use std::process::Command;

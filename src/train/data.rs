@@ -100,43 +100,6 @@ impl TrainSet {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::DType;
-
-    fn item(key: &str, f: usize) -> Result<TrainItem> {
-        Ok(TrainItem {
-            key: key.into(),
-            latents: Tensor::zeros((16, f, 2, 2), DType::F32, &Device::Cpu)?,
-            context: Tensor::zeros((3, 4), DType::F32, &Device::Cpu)?,
-        })
-    }
-
-    #[test]
-    fn batches_share_a_shape_and_order_is_reproducible() -> Result<()> {
-        let items = vec![
-            item("a", 1)?,
-            item("b", 2)?,
-            item("c", 1)?,
-            item("d", 2)?,
-            item("e", 1)?,
-        ];
-        let set = TrainSet::new(items, 2, 1, 7)?;
-        assert_eq!(set.batches_per_epoch(), 3);
-        for step in 0..9 {
-            let (epoch, batch) = set.batch_at(step);
-            assert_eq!(epoch, step / 3 + 1);
-            let shape = batch[0].latents.dims().to_vec();
-            assert!(batch.iter().all(|i| i.latents.dims() == shape.as_slice()));
-            let (_, again) = set.batch_at(step);
-            let keys: Vec<_> = batch.iter().map(|i| &i.key).collect();
-            assert_eq!(keys, again.iter().map(|i| &i.key).collect::<Vec<_>>());
-        }
-        Ok(())
-    }
-}
-
 /// Cached items of a musubi-tuner dataset config, as musubi-tuner's trainer finds them: every
 /// `*_wan.safetensors` latent cache in each dataset's cache directory, with the text cache of its media stem.
 /// Returns the items (each repeated `num_repeats` times) and the first dataset's batch size.
@@ -211,4 +174,41 @@ pub fn load_cached_items(
         }
     }
     Ok((items, batch_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    fn item(key: &str, f: usize) -> Result<TrainItem> {
+        Ok(TrainItem {
+            key: key.into(),
+            latents: Tensor::zeros((16, f, 2, 2), DType::F32, &Device::Cpu)?,
+            context: Tensor::zeros((3, 4), DType::F32, &Device::Cpu)?,
+        })
+    }
+
+    #[test]
+    fn batches_share_a_shape_and_order_is_reproducible() -> Result<()> {
+        let items = vec![
+            item("a", 1)?,
+            item("b", 2)?,
+            item("c", 1)?,
+            item("d", 2)?,
+            item("e", 1)?,
+        ];
+        let set = TrainSet::new(items, 2, 1, 7)?;
+        assert_eq!(set.batches_per_epoch(), 3);
+        for step in 0..9 {
+            let (epoch, batch) = set.batch_at(step);
+            assert_eq!(epoch, step / 3 + 1);
+            let shape = batch[0].latents.dims().to_vec();
+            assert!(batch.iter().all(|i| i.latents.dims() == shape.as_slice()));
+            let (_, again) = set.batch_at(step);
+            let keys: Vec<_> = batch.iter().map(|i| &i.key).collect();
+            assert_eq!(keys, again.iter().map(|i| &i.key).collect::<Vec<_>>());
+        }
+        Ok(())
+    }
 }
