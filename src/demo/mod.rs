@@ -4,3 +4,4 @@
 pub mod codec;
 pub mod shapes;
 pub mod text;
+pub mod base;

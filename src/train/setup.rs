@@ -16,7 +16,6 @@ use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
 use crate::config::run::Fp8ScaleMode;
 use crate::config::{validate, HostInfo, RunPlan};
 use crate::demo;
-use crate::models::wan::random::random_weights;
 use crate::models::wan::weights;
 use crate::models::wan::{ModelOptions, WanConfig, WanModel};
 use crate::nn::fp8::Fp8Scale;
@@ -84,7 +83,7 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
     match &plan.model.source {
         ModelSource::Demo => {
             let cfg = demo_model_config();
-            let tensors = random_weights(&cfg, DEMO_BASE_SEED, DType::F32, device)?;
+            let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
             let model = WanModel::new(&cfg, Vb::from_tensors(tensors, compute, device), &options)?;
             Ok((model, "framesmith-demo-tiny".into()))
         }
@@ -110,8 +109,8 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
 
 /// Demo clips: 8 clips of 9 frames at 32×32 pixels.
 pub const DEMO_CLIPS: usize = 8;
-pub const DEMO_FRAMES: usize = 9;
-pub const DEMO_SIZE: usize = 32;
+pub const DEMO_FRAMES: usize = 5;
+pub const DEMO_SIZE: usize = 16;
 
 /// The generated demo items: clips encoded with the demo codec, captions with the demo text embedding.
 pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result<Vec<TrainItem>> {
