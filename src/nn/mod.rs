@@ -6,3 +6,5 @@ pub mod linear;
 pub mod lora;
 pub mod norm;
 pub mod vb;
+#[cfg(feature = "cuda")]
+pub mod cuda;
