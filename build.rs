@@ -15,7 +15,14 @@ const PTX_ARCHS: [u32; 2] = [80, 90];
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=kernels");
-    for var in ["CUDA_ROOT", "CUDA_PATH", "NVCC", "CUDNN_ROOT", "CUDNN_FRONTEND_INCLUDE", "CXX"] {
+    for var in [
+        "CUDA_ROOT",
+        "CUDA_PATH",
+        "NVCC",
+        "CUDNN_ROOT",
+        "CUDNN_FRONTEND_INCLUDE",
+        "CXX",
+    ] {
         println!("cargo:rerun-if-env-changed={var}");
     }
     if env::var_os("CARGO_FEATURE_CUDA").is_none() {
@@ -54,7 +61,9 @@ fn run(cmd: &mut Command, what: &str) {
     match cmd.status() {
         Ok(s) if s.success() => {}
         Ok(s) => fail(&format!("{what} failed ({s}): {cmd:?}")),
-        Err(e) => fail(&format!("{what} could not start ({e}): {cmd:?}. Run scripts/cuda-toolchain.sh")),
+        Err(e) => fail(&format!(
+            "{what} could not start ({e}): {cmd:?}. Run scripts/cuda-toolchain.sh"
+        )),
     }
 }
 
@@ -95,33 +104,43 @@ fn build_ptx(out_dir: &Path) {
         );
     }
     let dest = out_dir.join("framesmith_kernels.rs");
-    std::fs::write(&dest, generated).unwrap_or_else(|e| fail(&format!("cannot write {dest:?}: {e}")));
+    std::fs::write(&dest, generated)
+        .unwrap_or_else(|e| fail(&format!("cannot write {dest:?}: {e}")));
 }
 
 /// Compiles the cuDNN frontend shim. The frontend is header-only and built with dynamic loading, so the binary
 /// does not link libcudnn / libcudart: they are opened at run time (PyTorch's copies on the test machine).
 fn build_cudnn_shim(out_dir: &Path) {
     let src = Path::new("kernels/cudnn_sdpa.cpp");
-    let cuda = cuda_root().unwrap_or_else(|| fail("the cudnn feature needs CUDA_ROOT (scripts/cuda-toolchain.sh)"));
+    let cuda = cuda_root()
+        .unwrap_or_else(|| fail("the cudnn feature needs CUDA_ROOT (scripts/cuda-toolchain.sh)"));
     let cudnn = env::var_os("CUDNN_ROOT")
         .map(PathBuf::from)
-        .unwrap_or_else(|| fail("the cudnn feature needs CUDNN_ROOT (scripts/cuda-toolchain.sh --cudnn)"));
+        .unwrap_or_else(|| {
+            fail("the cudnn feature needs CUDNN_ROOT (scripts/cuda-toolchain.sh --cudnn)")
+        });
     let frontend = env::var_os("CUDNN_FRONTEND_INCLUDE")
         .map(PathBuf::from)
         .unwrap_or_else(|| fail("the cudnn feature needs CUDNN_FRONTEND_INCLUDE (scripts/cuda-toolchain.sh --cudnn)"));
     let cxx = env::var_os("CXX").unwrap_or_else(|| "c++".into());
     let obj = out_dir.join("cudnn_sdpa.o");
     let mut cmd = Command::new(cxx);
-    cmd.args(["-c", "-O2", "-std=c++17", "-fPIC", "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING"])
-        .arg("-I")
-        .arg(&frontend)
-        .arg("-I")
-        .arg(cudnn.join("include"))
-        .arg("-I")
-        .arg(cuda.join("include"))
-        .arg("-o")
-        .arg(&obj)
-        .arg(src);
+    cmd.args([
+        "-c",
+        "-O2",
+        "-std=c++17",
+        "-fPIC",
+        "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
+    ])
+    .arg("-I")
+    .arg(&frontend)
+    .arg("-I")
+    .arg(cudnn.join("include"))
+    .arg("-I")
+    .arg(cuda.join("include"))
+    .arg("-o")
+    .arg(&obj)
+    .arg(src);
     run(&mut cmd, "c++ (cuDNN shim)");
     let lib = out_dir.join("libframesmith_cudnn.a");
     let _ = std::fs::remove_file(&lib);

@@ -1,6 +1,7 @@
 // Element-wise ops of the Wan block: adaptive modulation `x * (1 + scale) + shift`, the gated residual
-// `x + y * gate`, and GELU with the tanh approximation, forward and backward. Activations are T (f32 or bf16);
-// modulation vectors are f32 [B * Ls, D] where Ls is 1 (one vector per sample) or L (one per token).
+// `x + y * gate`, GELU with the tanh approximation and the rotary embedding, forward and backward.
+// Activations are T (f32 or bf16); modulation vectors are f32 [B * Ls, D] where Ls is 1 (one vector per sample)
+// or L (one per token).
 #include "common.cuh"
 
 __device__ __forceinline__ long mod_row(long row, long L, long Ls) {
@@ -92,6 +93,24 @@ __device__ void gelu_bwd(const T* x, const T* dy, T* dx, long n) {
         dx[i] = from_f32<T>(to_f32(dy[i]) * gelu_tanh_grad(to_f32(x[i])));
 }
 
+// Rotary embedding on adjacent pairs (x[2j], x[2j+1]) of x [rows, heads, 2 * half] with per-row angle tables
+// cos / sin [rows, half] (f32): out = (re·c − s·sign·im, sign·s·re + c·im). sign = 1 rotates forward; sign = −1
+// rotates back, which is the backward of the forward rotation. One thread per pair.
+template <typename T>
+__device__ void rope(const T* x, const float* cosv, const float* sinv, float sign, T* out, long rows, long heads,
+                     long half) {
+    const long pairs = rows * heads * half;
+    for (long p = (long)blockIdx.x * blockDim.x + threadIdx.x; p < pairs; p += (long)gridDim.x * blockDim.x) {
+        const long j = p % half;
+        const long row = p / (heads * half);
+        const float c = cosv[row * half + j];
+        const float s = sign * sinv[row * half + j];
+        const float re = to_f32(x[2 * p]), im = to_f32(x[2 * p + 1]);
+        out[2 * p] = from_f32<T>(re * c - im * s);
+        out[2 * p + 1] = from_f32<T>(re * s + im * c);
+    }
+}
+
 #define ELEMENTWISE_KERNELS(T, S)                                                                               \
     extern "C" __global__ void fs_modulate_fwd_##S(const T* x, const float* scale, const float* shift, T* y,    \
                                                    long rows, long D, long L, long Ls) {                        \
@@ -108,6 +127,10 @@ __device__ void gelu_bwd(const T* x, const T* dy, T* dx, long n) {
     extern "C" __global__ void fs_mod_param_grad_##S(const T* a, const T* g, float* ga, float* gb, long D,      \
                                                      long L, long Ls, long rows_per_chunk) {                    \
         mod_param_grad<T>(a, g, ga, gb, D, L, Ls, rows_per_chunk);                                              \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rope_##S(const T* x, const float* c, const float* s, float sign, T* out,        \
+                                           long rows, long heads, long half) {                                  \
+        rope<T>(x, c, s, sign, out, rows, heads, half);                                                         \
     }                                                                                                           \
     extern "C" __global__ void fs_gelu_fwd_##S(const T* x, T* y, long n) { gelu_fwd<T>(x, y, n); }              \
     extern "C" __global__ void fs_gelu_bwd_##S(const T* x, const T* dy, T* dx, long n) {                        \

@@ -60,7 +60,11 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
     let mut cases: Vec<(&str, usize, Option<Vec<usize>>)> =
         vec![("self", l, None), ("cross", opts.text_tokens, None)];
     if let Some(len) = opts.text_len {
-        cases.push(("cross padded", opts.text_tokens, Some(vec![len.min(opts.text_tokens); b])));
+        cases.push((
+            "cross padded",
+            opts.text_tokens,
+            Some(vec![len.min(opts.text_tokens); b]),
+        ));
     }
     let mut out = Vec::new();
     for (case, lk, lens) in cases {
@@ -81,7 +85,14 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
             drop(grads);
             Ok(())
         })?;
-        out.push(record("attention", case, "fwd+bwd", &shape, 3.5 * fwd_flops, t));
+        out.push(record(
+            "attention",
+            case,
+            "fwd+bwd",
+            &shape,
+            3.5 * fwd_flops,
+            t,
+        ));
     }
     Ok(out)
 }

@@ -43,7 +43,9 @@ fn dequantize(codes: &Tensor, scale: &Tensor) -> Result<Tensor> {
 #[cfg(not(feature = "cuda"))]
 fn fp8_reference(codes: &Tensor, scale: &Tensor) -> Result<Tensor> {
     let (rows, cols) = codes.dims2()?;
-    let table: Vec<f32> = (0..=255u8).map(|c| float8::F8E4M3::from_bits(c).to_f32()).collect();
+    let table: Vec<f32> = (0..=255u8)
+        .map(|c| float8::F8E4M3::from_bits(c).to_f32())
+        .collect();
     let table = Tensor::from_vec(table, 256, codes.device())?;
     let values = table.index_select(&codes.flatten_all()?.to_dtype(DType::U32)?, 0)?;
     let blocks = cols / 64;
@@ -59,7 +61,8 @@ fn random_fp8(out: usize, inp: usize, dev: &Device) -> Result<(Tensor, Tensor)> 
     // Codes below 0x7f are the non-negative finite values; the sign bit is added for about half of them.
     let mag = (Tensor::rand(0f32, 126.0, (out, inp), dev)?.floor()?).to_dtype(DType::U8)?;
     let sign = Tensor::rand(0f32, 1.0, (out, inp), dev)?.ge(0.5)?;
-    let codes = (mag.to_dtype(DType::F32)? + sign.to_dtype(DType::F32)?.affine(128.0, 0.0)?)?.to_dtype(DType::U8)?;
+    let codes = (mag.to_dtype(DType::F32)? + sign.to_dtype(DType::F32)?.affine(128.0, 0.0)?)?
+        .to_dtype(DType::U8)?;
     let scale = Tensor::rand(1e-4f32, 1e-3, (out, inp / 64), dev)?;
     Ok((codes, scale))
 }
@@ -71,7 +74,11 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &LinearBench) -> Result<Vec<Reco
     let (dim, ffn) = (cfg.dim, cfg.ffn_dim);
     let m = opts.tokens;
     let mut out = Vec::new();
-    for (layer, n, k) in [("qkvo", dim, dim), ("ffn_up", ffn, dim), ("ffn_down", dim, ffn)] {
+    for (layer, n, k) in [
+        ("qkvo", dim, dim),
+        ("ffn_up", ffn, dim),
+        ("ffn_down", dim, ffn),
+    ] {
         let x = Tensor::randn(0f32, 1.0, (m, k), dev)?.to_dtype(DType::BF16)?;
         let dy = Tensor::randn(0f32, 1.0, (m, n), dev)?.to_dtype(DType::BF16)?;
         let w = Tensor::randn(0f32, 0.02, (n, k), dev)?.to_dtype(DType::BF16)?;
@@ -85,18 +92,50 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &LinearBench) -> Result<Vec<Reco
             Ok(())
         };
         let t = time(dev, opts.warmup, opts.iters, || step(&w))?;
-        out.push(record("linear", &format!("{layer} bf16"), "fwd+dgrad", &shape, flops, t));
-        let t = time(dev, opts.warmup, opts.iters, || step(&dequantize(&codes, &scale)?))?;
-        out.push(record("linear", &format!("{layer} fp8"), "fwd+dgrad", &shape, flops, t));
+        out.push(record(
+            "linear",
+            &format!("{layer} bf16"),
+            "fwd+dgrad",
+            &shape,
+            flops,
+            t,
+        ));
+        let t = time(dev, opts.warmup, opts.iters, || {
+            step(&dequantize(&codes, &scale)?)
+        })?;
+        out.push(record(
+            "linear",
+            &format!("{layer} fp8"),
+            "fwd+dgrad",
+            &shape,
+            flops,
+            t,
+        ));
         let t = time(dev, opts.warmup, opts.iters, || {
             let y = x.matmul(&dequantize(&codes, &scale)?.t()?)?;
             let dx = dy.matmul(&dequantize(&codes, &scale)?)?;
             drop((y, dx));
             Ok(())
         })?;
-        out.push(record("linear", &format!("{layer} fp8 x2"), "fwd+dgrad", &shape, flops, t));
-        let t = time(dev, opts.warmup, opts.iters, || dequantize(&codes, &scale).map(drop))?;
-        out.push(record("linear", &format!("{layer} dequant"), "dequant", &shape, 0.0, t));
+        out.push(record(
+            "linear",
+            &format!("{layer} fp8 x2"),
+            "fwd+dgrad",
+            &shape,
+            flops,
+            t,
+        ));
+        let t = time(dev, opts.warmup, opts.iters, || {
+            dequantize(&codes, &scale).map(drop)
+        })?;
+        out.push(record(
+            "linear",
+            &format!("{layer} dequant"),
+            "dequant",
+            &shape,
+            0.0,
+            t,
+        ));
     }
     Ok(out)
 }

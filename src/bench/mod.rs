@@ -48,7 +48,12 @@ pub struct Timing {
 
 /// Times `f` `iters` times after `warmup` untimed calls, each repetition bracketed by device events on CUDA
 /// (host clock and a synchronize elsewhere), and returns the median.
-pub fn time<F: FnMut() -> Result<()>>(dev: &Device, warmup: usize, iters: usize, mut f: F) -> Result<Timing> {
+pub fn time<F: FnMut() -> Result<()>>(
+    dev: &Device,
+    warmup: usize,
+    iters: usize,
+    mut f: F,
+) -> Result<Timing> {
     for _ in 0..warmup {
         f()?;
     }
@@ -110,7 +115,9 @@ mod peak {
     /// Peak bytes above the baseline.
     pub fn read(dev: &Device, baseline: Option<u64>) -> Result<Option<u64>> {
         match (dev, baseline) {
-            (Device::Cuda(cuda), Some(base)) => Ok(Some(device::peak_memory_bytes(cuda)?.saturating_sub(base))),
+            (Device::Cuda(cuda), Some(base)) => {
+                Ok(Some(device::peak_memory_bytes(cuda)?.saturating_sub(base)))
+            }
             _ => Ok(None),
         }
     }
@@ -172,10 +179,23 @@ mod tests {
         })?;
         assert_eq!(calls, 6);
         assert!(t.median_ms >= 0.0);
-        let r = record("attention", "self", "fwd", "b=1", 2e9, Timing { median_ms: 2.0, peak_bytes: None });
+        let r = record(
+            "attention",
+            "self",
+            "fwd",
+            "b=1",
+            2e9,
+            Timing {
+                median_ms: 2.0,
+                peak_bytes: None,
+            },
+        );
         assert!((r.tflops - 1e-3).abs() < 1e-12);
         let line = r.json_line();
-        assert!(line.starts_with("BENCH {") && line.contains("\"ms\":2.0"), "{line}");
+        assert!(
+            line.starts_with("BENCH {") && line.contains("\"ms\":2.0"),
+            "{line}"
+        );
         assert!(table(&[r]).lines().count() == 2);
         Ok(())
     }

@@ -77,9 +77,15 @@ fn check(dev: &Device) -> Result<()> {
     for o in &outcomes {
         let verdict = if o.passed() { "ok  " } else { "FAIL" };
         failed += usize::from(!o.passed());
-        println!("{verdict} {:<70} rel {:.2e} (tol {:.0e}) max|d| {:.2e}", o.name, o.rel_err, o.tol, o.max_abs);
+        println!(
+            "{verdict} {:<70} rel {:.2e} (tol {:.0e}) max|d| {:.2e}",
+            o.name, o.rel_err, o.tol, o.max_abs
+        );
     }
-    println!("checks: {} passed, {failed} failed", outcomes.len() - failed);
+    println!(
+        "checks: {} passed, {failed} failed",
+        outcomes.len() - failed
+    );
     if failed > 0 {
         bail!("{failed} device checks failed");
     }
@@ -108,19 +114,39 @@ fn main() -> Result<()> {
     }
     match cli.command {
         Command::Check => check(&dev),
-        Command::Attention { variant: name, tokens, batch, iters, check: first } => {
+        Command::Attention {
+            variant: name,
+            tokens,
+            batch,
+            iters,
+            check: first,
+        } => {
             if first {
                 check(&dev)?;
             }
-            let opts = AttentionBench { tokens, batch, iters, ..AttentionBench::default() };
+            let opts = AttentionBench {
+                tokens,
+                batch,
+                iters,
+                ..AttentionBench::default()
+            };
             report(&bench::attention::run(&dev, &variant(&name)?, &opts)?);
             Ok(())
         }
-        Command::Linear { variant: name, tokens, iters, check: first } => {
+        Command::Linear {
+            variant: name,
+            tokens,
+            iters,
+            check: first,
+        } => {
             if first {
                 check(&dev)?;
             }
-            let opts = LinearBench { tokens, iters, ..LinearBench::default() };
+            let opts = LinearBench {
+                tokens,
+                iters,
+                ..LinearBench::default()
+            };
             report(&bench::linear::run(&dev, &variant(&name)?, &opts)?);
             Ok(())
         }

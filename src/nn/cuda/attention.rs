@@ -8,7 +8,9 @@ use std::sync::{Arc, Mutex};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::op::BackpropOp;
-use candle_core::{CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor};
+use candle_core::{
+    CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
+};
 
 extern "C" {
     fn fs_sdpa_last_error() -> *const c_char;
@@ -82,10 +84,17 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
     let (b, lq, h, d) = q.dims4()?;
     let (bk, lk, hk, dk) = k.dims4()?;
     if (bk, hk, dk) != (b, h, d) || v.dims() != k.dims() {
-        candle_core::bail!("attention shapes q {:?}, k {:?}, v {:?} do not match", q.dims(), k.dims(), v.dims());
+        candle_core::bail!(
+            "attention shapes q {:?}, k {:?}, v {:?} do not match",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
     }
     let kv_lens = match kv_lens {
-        Some(lens) if lens.len() != b => candle_core::bail!("{} key lengths for a batch of {b}", lens.len()),
+        Some(lens) if lens.len() != b => {
+            candle_core::bail!("{} key lengths for a batch of {b}", lens.len())
+        }
         Some(lens) => Some(lens.iter().map(|&l| l.min(lk) as i32).collect()),
         None => None,
     };
@@ -94,7 +103,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
         kv_lens,
         stats: Arc::new(Mutex::new(None)),
     };
-    q.contiguous()?.apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    q.contiguous()?
+        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -122,22 +132,44 @@ struct Sdpa {
 fn shim_error(what: &str) -> candle_core::Error {
     // SAFETY: the shim returns a pointer to a NUL-terminated string it owns, valid until its next call; it is
     // copied at once.
-    let msg = unsafe { CStr::from_ptr(fs_sdpa_last_error()) }.to_string_lossy().into_owned();
+    let msg = unsafe { CStr::from_ptr(fs_sdpa_last_error()) }
+        .to_string_lossy()
+        .into_owned();
     candle_core::Error::Msg(format!("{what}: {msg}"))
 }
 
 /// Sequence-length buffers for the padding mask: every query row, `kv_lens` keys.
-fn seq_lens(dev: &CudaDevice, geo: Geo, kv_lens: &[i32]) -> Result<(CudaSlice<i32>, CudaSlice<i32>)> {
+fn seq_lens(
+    dev: &CudaDevice,
+    geo: Geo,
+    kv_lens: &[i32],
+) -> Result<(CudaSlice<i32>, CudaSlice<i32>)> {
     let q = vec![geo.lq as i32; geo.b];
     Ok((dev.clone_htod(&q)?, dev.clone_htod(kv_lens)?))
 }
 
 fn workspace(dev: &CudaDevice, geo: Geo, padded: bool, backward: bool) -> Result<CudaSlice<u8>> {
     let mut bytes = 0i64;
-    let (b, h, lq, lk, d) = (geo.b as i64, geo.h as i64, geo.lq as i64, geo.lk as i64, geo.d as i64);
+    let (b, h, lq, lk, d) = (
+        geo.b as i64,
+        geo.h as i64,
+        geo.lq as i64,
+        geo.lk as i64,
+        geo.d as i64,
+    );
     // SAFETY: plain values and a pointer to a live i64.
     let rc = unsafe {
-        fs_sdpa_workspace(b, h, lq, lk, d, i32::from(padded), i32::from(backward), geo.scale(), &mut bytes)
+        fs_sdpa_workspace(
+            b,
+            h,
+            lq,
+            lk,
+            d,
+            i32::from(padded),
+            i32::from(backward),
+            geo.scale(),
+            &mut bytes,
+        )
     };
     if rc != 0 {
         return Err(shim_error("cuDNN attention plan"));
@@ -146,7 +178,10 @@ fn workspace(dev: &CudaDevice, geo: Geo, padded: bool, backward: bool) -> Result
     unsafe { dev.alloc::<u8>((bytes as usize).max(1)) }
 }
 
-fn bf16_view<'a>(s: &'a CudaStorage, l: &Layout) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>> {
+fn bf16_view<'a>(
+    s: &'a CudaStorage,
+    l: &Layout,
+) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>> {
     super::ptx::view::<half::bf16>(s, l)
 }
 
@@ -247,9 +282,16 @@ impl CustomOp3 for Sdpa {
             .lock()
             .map_err(|_| candle_core::Error::Msg("attention statistics lock poisoned".into()))?
             .take()
-            .ok_or_else(|| candle_core::Error::Msg("attention backward run twice or before forward".into()))?;
+            .ok_or_else(|| {
+                candle_core::Error::Msg("attention backward run twice or before forward".into())
+            })?;
         let d_o = d_o.to_dtype(DType::BF16)?.contiguous()?;
-        let (dq, dk, dv) = backward(self.geo, self.kv_lens.as_deref(), [q, k, v, o, &d_o], &stats)?;
+        let (dq, dk, dv) = backward(
+            self.geo,
+            self.kv_lens.as_deref(),
+            [q, k, v, o, &d_o],
+            &stats,
+        )?;
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }

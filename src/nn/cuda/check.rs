@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 
-use super::{elementwise, fp8, norm};
+use super::{elementwise, fp8, norm, rope};
 
 /// The outcome of one comparison.
 #[derive(Clone, Debug)]
@@ -27,23 +27,53 @@ impl CheckOutcome {
 }
 
 /// Compares `got` with `want` (any devices / float dtypes) in f64 on the CPU.
-pub fn compare(name: impl Into<String>, got: &Tensor, want: &Tensor, tol: f64) -> Result<CheckOutcome> {
+pub fn compare(
+    name: impl Into<String>,
+    got: &Tensor,
+    want: &Tensor,
+    tol: f64,
+) -> Result<CheckOutcome> {
     let name = name.into();
     if got.dims() != want.dims() {
         candle_core::bail!("{name}: shape {:?} against {:?}", got.dims(), want.dims());
     }
-    let g = got.to_device(&Device::Cpu)?.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
-    let w = want.to_device(&Device::Cpu)?.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    let g = got
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
+    let w = want
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?;
     let (mut diff2, mut ref2, mut max_abs) = (0f64, 0f64, 0f64);
     for (a, b) in g.iter().zip(&w) {
         let d = a - b;
         diff2 += d * d;
         ref2 += b * b;
-        max_abs = if d.abs() > max_abs || d.is_nan() { d.abs() } else { max_abs };
+        max_abs = if d.abs() > max_abs || d.is_nan() {
+            d.abs()
+        } else {
+            max_abs
+        };
     }
-    let rel_err = if ref2 > 0.0 { (diff2 / ref2).sqrt() } else { diff2.sqrt() };
-    let rel_err = if g.iter().chain(&w).any(|v| v.is_nan()) { f64::NAN } else { rel_err };
-    Ok(CheckOutcome { name, rel_err, max_abs, tol })
+    let rel_err = if ref2 > 0.0 {
+        (diff2 / ref2).sqrt()
+    } else {
+        diff2.sqrt()
+    };
+    let rel_err = if g.iter().chain(&w).any(|v| v.is_nan()) {
+        f64::NAN
+    } else {
+        rel_err
+    };
+    Ok(CheckOutcome {
+        name,
+        rel_err,
+        max_abs,
+        tol,
+    })
 }
 
 /// Fills and frees a block of device memory with NaN so that outputs a kernel fails to write show up as NaN
@@ -75,26 +105,49 @@ fn fwd_bwd_case(
     reference: Op,
 ) -> Result<Vec<CheckOutcome>> {
     poison(dev)?;
-    let gpu_vars = inputs.iter().map(|t| Var::from_tensor(&t.to_device(dev)?)).collect::<Result<Vec<_>>>()?;
-    let cpu_vars = inputs.iter().map(|t| Var::from_tensor(&t.to_dtype(DType::F32)?)).collect::<Result<Vec<_>>>()?;
+    let gpu_vars = inputs
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_device(dev)?))
+        .collect::<Result<Vec<_>>>()?;
+    let cpu_vars = inputs
+        .iter()
+        .map(|t| Var::from_tensor(&t.to_dtype(DType::F32)?))
+        .collect::<Result<Vec<_>>>()?;
     let gpu_in: Vec<Tensor> = gpu_vars.iter().map(|v| v.as_tensor().clone()).collect();
     let cpu_in: Vec<Tensor> = cpu_vars.iter().map(|v| v.as_tensor().clone()).collect();
     let got = device_op(&gpu_in)?;
     let want = reference(&cpu_in)?;
     let probe = Tensor::randn(0f32, 1.0, want.shape(), &Device::Cpu)?;
     let dtype = got.dtype();
-    let mut out = vec![compare(format!("{name} forward"), &got, &want, tol(dtype, 1e-5))?];
-    let g_grads = (got.to_dtype(DType::F32)? * probe.to_device(dev)?)?.sum_all()?.backward()?;
+    let mut out = vec![compare(
+        format!("{name} forward"),
+        &got,
+        &want,
+        tol(dtype, 1e-5),
+    )?];
+    let g_grads = (got.to_dtype(DType::F32)? * probe.to_device(dev)?)?
+        .sum_all()?
+        .backward()?;
     let c_grads = (want * &probe)?.sum_all()?.backward()?;
     for (i, wanted) in wants_grad.iter().enumerate() {
         if !wanted {
             continue;
         }
         let label = format!("{name} grad[{i}]");
-        let (Some(g), Some(c)) = (g_grads.get(gpu_vars[i].as_tensor()), c_grads.get(cpu_vars[i].as_tensor())) else {
+        let (Some(g), Some(c)) = (
+            g_grads.get(gpu_vars[i].as_tensor()),
+            c_grads.get(cpu_vars[i].as_tensor()),
+        ) else {
             candle_core::bail!("{label}: gradient missing");
         };
-        out.push(compare(label, g, c, tol(inputs[i].dtype(), 1e-4))?);
+        // A gradient that flows back through a bf16 output (or into a bf16 input) carries bf16 rounding even when
+        // the input itself is f32 (the modulation vectors).
+        let grad_dtype = if dtype == DType::BF16 {
+            dtype
+        } else {
+            inputs[i].dtype()
+        };
+        out.push(compare(label, g, c, tol(grad_dtype, 1e-4))?);
     }
     Ok(out)
 }
@@ -180,6 +233,26 @@ pub fn elementwise_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
     Ok(out)
 }
 
+/// Rotary embedding with random angle tables, f32 and bf16; the input gradient is the inverse rotation.
+pub fn rope_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    let (b, l, h, d) = (2, 40, 3, 128);
+    let angles = Tensor::rand(-10f32, 10.0, (b, l, 1, d / 2), &Device::Cpu)?;
+    let (cos, sin) = (angles.cos()?, angles.sin()?);
+    for dtype in [DType::F32, DType::BF16] {
+        let (c_dev, s_dev) = (cos.to_device(dev)?, sin.to_device(dev)?);
+        out.extend(fwd_bwd_case(
+            &format!("rope {dtype:?} [{b},{l},{h},{d}]"),
+            dev,
+            &[randn(&[b, l, h, d], 0.0, 1.0, dtype)?],
+            &[true],
+            &|t| rope::rope_apply(&t[0], &c_dev, &s_dev),
+            &|t| rope::rope_reference(&t[0], &cos, &sin),
+        )?);
+    }
+    Ok(out)
+}
+
 /// Random e4m3fn codes (NaN codes excluded) as `U8`.
 fn random_codes(rows: usize, cols: usize) -> Result<Tensor> {
     let u = Tensor::rand(0f32, 254.0, (rows, cols), &Device::Cpu)?.to_vec2::<f32>()?;
@@ -208,14 +281,31 @@ pub fn fp8_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         let scales = [
             ("tensor", Tensor::rand(0.001f32, 0.01, 1, &Device::Cpu)?),
             ("channel", Tensor::rand(0.001f32, 0.01, rows, &Device::Cpu)?),
-            ("block64", Tensor::rand(0.001f32, 0.01, (rows, cols.div_ceil(fp8::BLOCK)), &Device::Cpu)?),
+            (
+                "block64",
+                Tensor::rand(
+                    0.001f32,
+                    0.01,
+                    (rows, cols.div_ceil(fp8::BLOCK)),
+                    &Device::Cpu,
+                )?,
+            ),
         ];
         for (mode, scale) in &scales {
             for dtype in [DType::BF16, DType::F32] {
                 poison(dev)?;
-                let got = fp8::dequantize_fp8_cuda(&codes.to_device(dev)?, &scale.to_device(dev)?, dtype)?;
+                let got = fp8::dequantize_fp8_cuda(
+                    &codes.to_device(dev)?,
+                    &scale.to_device(dev)?,
+                    dtype,
+                )?;
                 let want = fp8::dequantize_fp8_reference(&codes, scale, dtype)?;
-                out.push(compare(format!("fp8 {mode} -> {dtype:?} [{rows},{cols}]"), &got, &want, 1e-7)?);
+                out.push(compare(
+                    format!("fp8 {mode} -> {dtype:?} [{rows},{cols}]"),
+                    &got,
+                    &want,
+                    1e-7,
+                )?);
             }
         }
     }
@@ -229,7 +319,11 @@ pub fn attention_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
     use crate::nn::attention::naive_attention;
     let mut out = Vec::new();
     let (b, h, d) = (2, 4, 128);
-    for (lq, lk, lens) in [(300, 300, None), (300, 300, Some(vec![300, 211])), (300, 77, Some(vec![77, 50]))] {
+    for (lq, lk, lens) in [
+        (300, 300, None),
+        (300, 300, Some(vec![300, 211])),
+        (300, 77, Some(vec![77, 50])),
+    ] {
         let inputs = [
             randn(&[b, lq, h, d], 0.0, 1.0, DType::BF16)?,
             randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?,
@@ -253,6 +347,7 @@ pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     let mut out = fp8_checks(dev)?;
     out.extend(norm_checks(dev)?);
     out.extend(elementwise_checks(dev)?);
+    out.extend(rope_checks(dev)?);
     #[cfg(feature = "cudnn")]
     out.extend(attention_checks(dev)?);
     Ok(out)
@@ -295,6 +390,12 @@ mod tests {
     #[test]
     fn elementwise_kernels_match_reference() -> Result<()> {
         assert_all_pass(elementwise_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn rope_kernel_matches_reference() -> Result<()> {
+        assert_all_pass(rope_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

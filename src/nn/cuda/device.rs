@@ -39,18 +39,29 @@ pub fn peak_memory_bytes(dev: &CudaDevice) -> Result<u64> {
 
 /// Bytes currently allocated from the pool.
 pub fn used_memory_bytes(dev: &CudaDevice) -> Result<u64> {
-    pool_attr(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT)
+    pool_attr(
+        dev,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+    )
 }
 
 /// Restarts the high-water mark from the memory in use now.
 pub fn reset_peak_memory(dev: &CudaDevice) -> Result<()> {
-    set_pool_attr(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH, 0)
+    set_pool_attr(
+        dev,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+        0,
+    )
 }
 
 /// Lets the pool keep up to `bytes` of freed memory across synchronisations instead of returning it to the
 /// driver (the default threshold, 0, makes every synchronize release memory that is then allocated again).
 pub fn set_pool_release_threshold(dev: &CudaDevice, bytes: u64) -> Result<()> {
-    set_pool_attr(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes)
+    set_pool_attr(
+        dev,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+        bytes,
+    )
 }
 
 /// A pair of timing events around work queued on the device's stream.

@@ -4,10 +4,13 @@
 //! f32. Each function has a plain candle composition (`*_reference`) that is the CPU path and the test reference.
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{WithDType, 
+use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    WithDType,
 };
 
 use super::ptx::{self, long};
@@ -23,7 +26,11 @@ pub fn modulate(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
     }
     let g = Geometry::of(xs, scale)?;
     if shift.elem_count() != scale.elem_count() {
-        candle_core::bail!("modulate: shift has {} values, scale {}", shift.elem_count(), scale.elem_count());
+        candle_core::bail!(
+            "modulate: shift has {} values, scale {}",
+            shift.elem_count(),
+            scale.elem_count()
+        );
     }
     xs.contiguous()?
         .apply_op3(&as_mod_f32(scale)?, &as_mod_f32(shift)?, Modulate { g })
@@ -32,9 +39,15 @@ pub fn modulate(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
 /// Composition of candle ops computing [`modulate`] (f32 arithmetic, result in `x`'s dtype).
 pub fn modulate_reference(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
     let g = Geometry::of(xs, scale)?;
-    let x = xs.to_dtype(DType::F32)?.reshape((g.batch, g.tokens, g.dim))?;
-    let scale = scale.to_dtype(DType::F32)?.reshape((g.batch, g.mod_tokens, g.dim))?;
-    let shift = shift.to_dtype(DType::F32)?.reshape((g.batch, g.mod_tokens, g.dim))?;
+    let x = xs
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.tokens, g.dim))?;
+    let scale = scale
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.mod_tokens, g.dim))?;
+    let shift = shift
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.mod_tokens, g.dim))?;
     x.broadcast_mul(&(scale + 1.0)?)?
         .broadcast_add(&shift)?
         .reshape(xs.shape())?
@@ -49,14 +62,19 @@ pub fn gated_residual(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<Tensor>
     }
     let g = Geometry::of(xs, gate)?;
     let ys = ys.to_dtype(xs.dtype())?.contiguous()?;
-    xs.contiguous()?.apply_op3(&ys, &as_mod_f32(gate)?, Gated { g })
+    xs.contiguous()?
+        .apply_op3(&ys, &as_mod_f32(gate)?, Gated { g })
 }
 
 /// Composition of candle ops computing [`gated_residual`].
 pub fn gated_residual_reference(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<Tensor> {
     let g = Geometry::of(xs, gate)?;
-    let y = ys.to_dtype(DType::F32)?.reshape((g.batch, g.tokens, g.dim))?;
-    let gate = gate.to_dtype(DType::F32)?.reshape((g.batch, g.mod_tokens, g.dim))?;
+    let y = ys
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.tokens, g.dim))?;
+    let gate = gate
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.mod_tokens, g.dim))?;
     let branch = y.broadcast_mul(&gate)?.reshape(xs.shape())?;
     (xs.to_dtype(DType::F32)? + branch)?.to_dtype(xs.dtype())
 }
@@ -120,7 +138,12 @@ impl Geometry {
     }
 
     fn args(&self) -> Result<[i64; 4]> {
-        Ok([long(self.rows())?, long(self.dim)?, long(self.tokens)?, long(self.mod_tokens)?])
+        Ok([
+            long(self.rows())?,
+            long(self.dim)?,
+            long(self.tokens)?,
+            long(self.mod_tokens)?,
+        ])
     }
 
     fn mod_shape(&self) -> (usize, usize, usize) {
@@ -144,7 +167,11 @@ fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(
     n: usize,
 ) -> Result<CudaStorage> {
     let dev = inputs[0].0.device().clone();
-    let func = ptx::load(&dev, &ptx::ELEMENTWISE, &format!("{name}_{}", ptx::suffix(T::DTYPE)?))?;
+    let func = ptx::load(
+        &dev,
+        &ptx::ELEMENTWISE,
+        &format!("{name}_{}", ptx::suffix(T::DTYPE)?),
+    )?;
     let views = inputs
         .iter()
         .map(|(s, l)| match s.dtype() {
@@ -155,7 +182,7 @@ fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(
     // SAFETY: the kernel writes all n elements before the tensor is read.
     let out = unsafe { dev.alloc::<T>(n)? };
     let stream = dev.cuda_stream();
-        let mut builder = stream.launch_builder(&func);
+    let mut builder = stream.launch_builder(&func);
     for v in &views {
         match v {
             Input::Act(a) => builder.arg(a),
@@ -176,7 +203,7 @@ fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(
 }
 
 /// Dispatches a launch on the activation dtype of the first input.
-fn launch_dispatch(
+pub(super) fn launch_dispatch(
     name: &str,
     inputs: &[(&CudaStorage, &Layout)],
     scalars: &[f32],
@@ -190,6 +217,7 @@ fn launch_dispatch(
     }
 }
 
+/// `cpu_fwd` for ops that only run on CUDA.
 macro_rules! cuda_only_cpu_fwd {
     ($name:expr, $($arg:ident),*) => {
         fn cpu_fwd(&self, $($arg: &CpuStorage, _: &Layout),*) -> Result<(CpuStorage, Shape)> {
@@ -220,7 +248,13 @@ impl CustomOp3 for Modulate {
         hl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
-        let out = launch_dispatch("fs_modulate_fwd", &[(x, xl), (scale, sl), (shift, hl)], &[], &self.g.args()?, n)?;
+        let out = launch_dispatch(
+            "fs_modulate_fwd",
+            &[(x, xl), (scale, sl), (shift, hl)],
+            &[],
+            &self.g.args()?,
+            n,
+        )?;
         Ok((out, xl.shape().clone()))
     }
 
@@ -233,7 +267,13 @@ impl CustomOp3 for Modulate {
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dy = dy.contiguous()?;
-        let dx = dy.apply_op2_no_bwd(scale, &ScaledBwd { g: self.g, offset: 1.0 })?;
+        let dx = dy.apply_op2_no_bwd(
+            scale,
+            &ScaledBwd {
+                g: self.g,
+                offset: 1.0,
+            },
+        )?;
         if !scale.track_op() && !shift.track_op() {
             return Ok((Some(dx), None, None));
         }
@@ -264,7 +304,13 @@ impl CustomOp3 for Gated {
         gl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
-        let out = launch_dispatch("fs_gated_fwd", &[(x, xl), (y, yl), (gate, gl)], &[], &self.g.args()?, n)?;
+        let out = launch_dispatch(
+            "fs_gated_fwd",
+            &[(x, xl), (y, yl), (gate, gl)],
+            &[],
+            &self.g.args()?,
+            n,
+        )?;
         Ok((out, xl.shape().clone()))
     }
 
@@ -277,9 +323,19 @@ impl CustomOp3 for Gated {
         dout: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let dout = dout.contiguous()?;
-        let dy = dout.apply_op2_no_bwd(gate, &ScaledBwd { g: self.g, offset: 0.0 })?;
+        let dy = dout.apply_op2_no_bwd(
+            gate,
+            &ScaledBwd {
+                g: self.g,
+                offset: 0.0,
+            },
+        )?;
         let dgate = if gate.track_op() {
-            Some(mod_param_grad(y, &dout, self.g, false)?.0.reshape(gate.shape())?)
+            Some(
+                mod_param_grad(y, &dout, self.g, false)?
+                    .0
+                    .reshape(gate.shape())?,
+            )
         } else {
             None
         };
@@ -308,16 +364,33 @@ impl CustomOp2 for ScaledBwd {
         sl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = dyl.shape().elem_count();
-        let out = launch_dispatch("fs_scaled_bwd", &[(dy, dyl), (scale, sl)], &[self.offset], &self.g.args()?, n)?;
+        let out = launch_dispatch(
+            "fs_scaled_bwd",
+            &[(dy, dyl), (scale, sl)],
+            &[self.offset],
+            &self.g.args()?,
+            n,
+        )?;
         Ok((out, dyl.shape().clone()))
     }
 }
 
 /// Gradients of a modulation vector: `(sum g * a, sum g)` over the tokens that share it, each `[B, Ls, D]` f32.
-fn mod_param_grad(a: &Tensor, g: &Tensor, geo: Geometry, with_sum: bool) -> Result<(Tensor, Option<Tensor>)> {
-    let packed = a.contiguous()?.apply_op2_no_bwd(g, &ModParamGrad { g: geo, with_sum })?;
+fn mod_param_grad(
+    a: &Tensor,
+    g: &Tensor,
+    geo: Geometry,
+    with_sum: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let packed = a
+        .contiguous()?
+        .apply_op2_no_bwd(g, &ModParamGrad { g: geo, with_sum })?;
     let ga = packed.get(0)?.reshape(geo.mod_shape())?;
-    let gb = if with_sum { Some(packed.get(1)?.reshape(geo.mod_shape())?) } else { None };
+    let gb = if with_sum {
+        Some(packed.get(1)?.reshape(geo.mod_shape())?)
+    } else {
+        None
+    };
     Ok((ga, gb))
 }
 
@@ -334,13 +407,23 @@ impl CustomOp2 for ModParamGrad {
 
     cuda_only_cpu_fwd!("framesmith-mod-param-grad", a, b);
 
-    fn cuda_fwd(&self, a: &CudaStorage, al: &Layout, g: &CudaStorage, gl: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        a: &CudaStorage,
+        al: &Layout,
+        g: &CudaStorage,
+        gl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
         let dev = a.device().clone();
         let geo = self.g;
         let m = geo.batch * geo.mod_tokens * geo.dim;
         let out = dev.alloc_zeros::<f32>(2 * m)?;
         let suffix = ptx::suffix(a.dtype())?;
-        let func = ptx::load(&dev, &ptx::ELEMENTWISE, &format!("fs_mod_param_grad_{suffix}"))?;
+        let func = ptx::load(
+            &dev,
+            &ptx::ELEMENTWISE,
+            &format!("fs_mod_param_grad_{suffix}"),
+        )?;
         let (ga, gb) = (out.slice(0..m), out.slice(m..2 * m));
         let null = 0u64;
         let [_, d, l, ls] = geo.args()?;
@@ -370,7 +453,9 @@ impl CustomOp2 for ModParamGrad {
         match a.dtype() {
             DType::F32 => launch!(f32),
             DType::BF16 => launch!(half::bf16),
-            other => candle_core::bail!("framesmith-mod-param-grad takes f32 or bf16, not {other:?}"),
+            other => {
+                candle_core::bail!("framesmith-mod-param-grad takes f32 or bf16, not {other:?}")
+            }
         }
         drop((ga, gb));
         Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((2, m))))
@@ -406,7 +491,13 @@ impl CustomOp2 for GeluBwd {
 
     cuda_only_cpu_fwd!("framesmith-gelu-tanh-bwd", a, b);
 
-    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout, dy: &CudaStorage, dyl: &Layout) -> Result<(CudaStorage, Shape)> {
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
         let out = launch_dispatch("fs_gelu_bwd", &[(x, xl), (dy, dyl)], &[], &[long(n)?], n)?;
         Ok((out, xl.shape().clone()))

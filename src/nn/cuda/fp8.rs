@@ -61,7 +61,9 @@ pub fn dequantize_fp8_cuda(codes: &Tensor, scale: &Tensor, dtype: DType) -> Resu
         return dequantize_fp8_reference(codes, scale, dtype);
     }
     let scale = scale.to_dtype(DType::F32)?.flatten_all()?.contiguous()?;
-    codes.contiguous()?.apply_op2_no_bwd(&scale, &Dequant { dtype })
+    codes
+        .contiguous()?
+        .apply_op2_no_bwd(&scale, &Dequant { dtype })
 }
 
 /// CPU-friendly reference: candle's own e4m3 decoding (through `F8E4M3`), the scale broadcast per layout, then
@@ -74,12 +76,16 @@ pub fn dequantize_fp8_reference(codes: &Tensor, scale: &Tensor, dtype: DType) ->
     let values = match cpu.dtype() {
         DType::U8 => {
             let bytes = cpu.flatten_all()?.to_vec1::<u8>()?;
-            let f8: Vec<float8::F8E4M3> = bytes.into_iter().map(float8::F8E4M3::from_bits).collect();
+            let f8: Vec<float8::F8E4M3> =
+                bytes.into_iter().map(float8::F8E4M3::from_bits).collect();
             Tensor::from_vec(f8, (rows, cols), &candle_core::Device::Cpu)?.to_dtype(DType::F32)?
         }
         _ => cpu.to_dtype(DType::F32)?,
     };
-    let scale = scale.to_device(&candle_core::Device::Cpu)?.to_dtype(DType::F32)?.flatten_all()?;
+    let scale = scale
+        .to_device(&candle_core::Device::Cpu)?
+        .to_dtype(DType::F32)?
+        .flatten_all()?;
     let out = match layout {
         ScaleLayout::Tensor => values.broadcast_mul(&scale.reshape((1, 1))?)?,
         ScaleLayout::Channel => values.broadcast_mul(&scale.reshape((rows, 1))?)?,
@@ -110,7 +116,13 @@ impl CustomOp2 for Dequant {
         "framesmith-fp8-dequant"
     }
 
-    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
         candle_core::bail!("framesmith-fp8-dequant runs on CUDA only; use dequantize_fp8_reference")
     }
 
@@ -158,7 +170,9 @@ impl CustomOp2 for Dequant {
         let out = match (codes.dtype(), self.dtype) {
             (DType::U8, DType::BF16) => launch!(ptx::view::<u8>(codes, codes_l)?, half::bf16),
             (DType::U8, _) => launch!(ptx::view::<u8>(codes, codes_l)?, f32),
-            (DType::F8E4M3, DType::BF16) => launch!(ptx::view::<float8::F8E4M3>(codes, codes_l)?, half::bf16),
+            (DType::F8E4M3, DType::BF16) => {
+                launch!(ptx::view::<float8::F8E4M3>(codes, codes_l)?, half::bf16)
+            }
             (DType::F8E4M3, _) => launch!(ptx::view::<float8::F8E4M3>(codes, codes_l)?, f32),
             (other, _) => candle_core::bail!("FP8 codes must be U8 or F8E4M3, not {other:?}"),
         };

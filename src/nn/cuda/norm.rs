@@ -6,7 +6,9 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{WithDType, CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType, D,
+};
 
 use super::ptx::{self, long};
 
@@ -27,7 +29,12 @@ pub fn rms_norm(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor
 
 /// LayerNorm over the last dimension with optional affine parameters; differentiable (input, and weight / bias
 /// when tracked). CUDA f32 / bf16 tensors run the fused kernels, anything else [`crate::nn::norm::layer_norm`].
-pub fn layer_norm(xs: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+pub fn layer_norm(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     if !runs_on_kernel(xs) {
         return crate::nn::norm::layer_norm(xs, weight, bias, eps);
     }
@@ -40,14 +47,23 @@ fn runs_on_kernel(xs: &Tensor) -> bool {
 
 /// The custom ops always take three tensors; a missing weight or bias is a one-element placeholder that the
 /// kernel never reads (it is passed as a null pointer).
-fn apply(kind: Kind, xs: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+fn apply(
+    kind: Kind,
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
     let dtype = xs.dtype();
     let cols = xs.dim(D::Minus1)?;
     let placeholder = || Tensor::zeros(1, dtype, xs.device());
     let param = |p: Option<&Tensor>| -> Result<Tensor> {
         match p {
             Some(p) if p.elem_count() == cols => p.to_dtype(dtype)?.flatten_all()?.contiguous(),
-            Some(p) => candle_core::bail!("norm parameter has {} values for {cols} features", p.elem_count()),
+            Some(p) => candle_core::bail!(
+                "norm parameter has {} values for {cols} features",
+                p.elem_count()
+            ),
             None => placeholder(),
         }
     };
@@ -57,7 +73,8 @@ fn apply(kind: Kind, xs: &Tensor, weight: Option<&Tensor>, bias: Option<&Tensor>
         has_weight: weight.is_some(),
         has_bias: bias.is_some(),
     };
-    xs.contiguous()?.apply_op3(&param(weight)?, &param(bias)?, op)
+    xs.contiguous()?
+        .apply_op3(&param(weight)?, &param(bias)?, op)
 }
 
 struct NormFwd {
@@ -74,7 +91,10 @@ struct NormBwd {
 }
 
 impl NormFwd {
-    fn launch<T: CudaDType + DeviceRepr + WithDType>(&self, args: [(&CudaStorage, &Layout); 3]) -> Result<CudaStorage> {
+    fn launch<T: CudaDType + DeviceRepr + WithDType>(
+        &self,
+        args: [(&CudaStorage, &Layout); 3],
+    ) -> Result<CudaStorage> {
         let [(x, xl), (w, wl), (b, bl)] = args;
         let dev = x.device().clone();
         let cols = *xl.shape().dims().last().unwrap_or(&1);
@@ -84,7 +104,11 @@ impl NormFwd {
             Kind::Layer => format!("fs_ln_fwd_{}", ptx::suffix(x.dtype())?),
         };
         let func = ptx::load(&dev, &ptx::NORM, &name)?;
-        let (xv, wv, bv) = (ptx::view::<T>(x, xl)?, ptx::view::<T>(w, wl)?, ptx::view::<T>(b, bl)?);
+        let (xv, wv, bv) = (
+            ptx::view::<T>(x, xl)?,
+            ptx::view::<T>(w, wl)?,
+            ptx::view::<T>(b, bl)?,
+        );
         let null = 0u64;
         // SAFETY: every row is written by its block before the tensor is read.
         let out = unsafe { dev.alloc::<T>(rows * cols)? };
@@ -92,9 +116,17 @@ impl NormFwd {
         let stream = dev.cuda_stream();
         let mut builder = stream.launch_builder(&func);
         builder.arg(&xv);
-        if self.has_weight { builder.arg(&wv) } else { builder.arg(&null) };
+        if self.has_weight {
+            builder.arg(&wv)
+        } else {
+            builder.arg(&null)
+        };
         if self.kind == Kind::Layer {
-            if self.has_bias { builder.arg(&bv) } else { builder.arg(&null) };
+            if self.has_bias {
+                builder.arg(&bv)
+            } else {
+                builder.arg(&null)
+            };
         }
         builder.arg(&out).arg(&cols_l).arg(&eps);
         // SAFETY: argument order and types match kernels/norm.cu; x holds rows * cols values, w and b cols.
@@ -169,7 +201,10 @@ impl CustomOp3 for NormFwd {
                 has_bias: false,
                 ..*self
             };
-            let xhat = x.apply_op3_no_bwd(w, b, &plain)?.to_dtype(DType::F32)?.reshape((rows, cols))?;
+            let xhat = x
+                .apply_op3_no_bwd(w, b, &plain)?
+                .to_dtype(DType::F32)?
+                .reshape((rows, cols))?;
             Some((&dy32 * xhat)?.sum(0)?.to_dtype(w.dtype())?)
         } else {
             None
@@ -192,7 +227,10 @@ impl Clone for NormFwd {
 impl Copy for NormFwd {}
 
 impl NormBwd {
-    fn launch<T: CudaDType + DeviceRepr + WithDType>(&self, args: [(&CudaStorage, &Layout); 3]) -> Result<CudaStorage> {
+    fn launch<T: CudaDType + DeviceRepr + WithDType>(
+        &self,
+        args: [(&CudaStorage, &Layout); 3],
+    ) -> Result<CudaStorage> {
         let [(x, xl), (w, wl), (dy, dyl)] = args;
         let dev = x.device().clone();
         let cols = *xl.shape().dims().last().unwrap_or(&1);
@@ -202,7 +240,11 @@ impl NormBwd {
             Kind::Layer => format!("fs_ln_bwd_{}", ptx::suffix(x.dtype())?),
         };
         let func = ptx::load(&dev, &ptx::NORM, &name)?;
-        let (xv, wv, dyv) = (ptx::view::<T>(x, xl)?, ptx::view::<T>(w, wl)?, ptx::view::<T>(dy, dyl)?);
+        let (xv, wv, dyv) = (
+            ptx::view::<T>(x, xl)?,
+            ptx::view::<T>(w, wl)?,
+            ptx::view::<T>(dy, dyl)?,
+        );
         let null = 0u64;
         // SAFETY: every row is written by its block before the tensor is read.
         let out = unsafe { dev.alloc::<T>(rows * cols)? };
@@ -210,7 +252,11 @@ impl NormBwd {
         let stream = dev.cuda_stream();
         let mut builder = stream.launch_builder(&func);
         builder.arg(&xv);
-        if self.has_weight { builder.arg(&wv) } else { builder.arg(&null) };
+        if self.has_weight {
+            builder.arg(&wv)
+        } else {
+            builder.arg(&null)
+        };
         builder.arg(&dyv).arg(&out).arg(&cols_l).arg(&eps);
         // SAFETY: argument order and types match kernels/norm.cu; x and dy hold rows * cols values, w cols.
         unsafe { builder.launch(ptx::row_config(rows)?) }.w()?;

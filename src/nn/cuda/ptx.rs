@@ -46,7 +46,8 @@ pub fn elementwise_config(n: usize) -> LaunchConfig {
 
 /// One block per row.
 pub fn row_config(rows: usize) -> Result<LaunchConfig> {
-    let rows = u32::try_from(rows).map_err(|_| candle_core::Error::Msg(format!("too many rows ({rows})")))?;
+    let rows = u32::try_from(rows)
+        .map_err(|_| candle_core::Error::Msg(format!("too many rows ({rows})")))?;
     Ok(LaunchConfig {
         grid_dim: (rows.max(1), 1, 1),
         block_dim: (THREADS, 1, 1),
@@ -65,7 +66,10 @@ pub fn suffix(dtype: DType) -> Result<&'static str> {
 
 /// The contiguous elements of a tensor's storage as a typed view. Fails for strided layouts: the public wrappers
 /// make their inputs contiguous first.
-pub fn view<'a, T: CudaDType>(storage: &'a CudaStorage, layout: &Layout) -> Result<CudaView<'a, T>> {
+pub fn view<'a, T: CudaDType>(
+    storage: &'a CudaStorage,
+    layout: &Layout,
+) -> Result<CudaView<'a, T>> {
     let Some((start, end)) = layout.contiguous_offsets() else {
         candle_core::bail!("framesmith CUDA kernel given a non-contiguous tensor");
     };
