@@ -12,7 +12,7 @@ export PYTHONUNBUFFERED=1
 LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
 REF="$HERE/reference"
-run() { echo "+ $*" | tee -a "$LOG/commands.log"; "$@"; }
+run() { echo "+ $*" | tee -a "$LOG/commands.log"; timeout 150 "$@"; }
 
 {
     date -u +%Y-%m-%dT%H:%M:%SZ
@@ -29,6 +29,8 @@ run python3 "$REF/attention.py" --heads 40 --iters 10 2>&1 | tee "$LOG/torch-att
 run python3 "$REF/attention.py" --heads 40 --iters 10 --backend flash 2>&1 | tee "$LOG/torch-flash-attn-14b.log"
 run "$BIN" attention --variant t2v-1.3b --iters 10 2>&1 | tee "$LOG/ours-attn-1.3b.log"
 run python3 "$REF/attention.py" --heads 12 --iters 10 2>&1 | tee "$LOG/torch-attn-1.3b.log"
+run "$BIN" kernels --variant t2v-14b --iters 20 2>&1 | tee "$LOG/ours-kernels-14b.log"
+run python3 "$REF/kernels.py" --dim 5120 --ffn 13824 --heads 40 --iters 20 2>&1 | tee "$LOG/torch-kernels-14b.log"
 run "$BIN" linear --variant t2v-14b --iters 20 2>&1 | tee "$LOG/ours-linear-14b.log"
 run python3 "$REF/linear.py" --dim 5120 --ffn 13824 --iters 20 2>&1 | tee "$LOG/torch-linear-14b.log"
 run "$BIN" linear --variant t2v-1.3b --iters 20 2>&1 | tee "$LOG/ours-linear-1.3b.log"

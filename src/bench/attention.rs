@@ -49,6 +49,27 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
     }
 }
 
+/// Forward and backward for the output gradient `d_o`, as a training step runs them: the fused entry point
+/// without a loss where this build has it, candle's autograd otherwise.
+fn forward_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d_o: &Tensor,
+    lens: Option<&[usize]>,
+) -> Result<()> {
+    #[cfg(feature = "cudnn")]
+    if crate::nn::cuda::attention::runs_fused(q) {
+        drop(crate::nn::cuda::attention::attention_forward_backward(
+            q, k, v, d_o, lens,
+        )?);
+        return Ok(());
+    }
+    let o = attention(q, k, v, lens)?;
+    drop(o.mul(d_o)?.sum_all()?.backward()?);
+    Ok(())
+}
+
 fn random(shape: (usize, usize, usize, usize), dev: &Device) -> Result<Tensor> {
     Tensor::randn(0f32, 1.0, shape, dev)?.to_dtype(DType::BF16)
 }
@@ -80,10 +101,7 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
         })?;
         out.push(record("attention", case, "fwd", &shape, fwd_flops, t));
         let t = time(dev, opts.warmup, opts.iters, || {
-            let o = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), lens)?;
-            let grads = o.mul(&d_o)?.sum_all()?.backward()?;
-            drop(grads);
-            Ok(())
+            forward_backward(q.as_tensor(), k.as_tensor(), v.as_tensor(), &d_o, lens)
         })?;
         out.push(record(
             "attention",
@@ -93,6 +111,23 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
             3.5 * fwd_flops,
             t,
         ));
+        if case == "self" {
+            // The same through candle's autograd with a loss `sum(o · dO)`: shows what the bookkeeping of a
+            // loss on a large tensor costs (not part of a training step's attention).
+            let t = time(dev, opts.warmup, opts.iters, || {
+                let o = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), lens)?;
+                drop(o.mul(&d_o)?.sum_all()?.backward()?);
+                Ok(())
+            })?;
+            out.push(record(
+                "attention",
+                case,
+                "fwd+bwd autograd",
+                &shape,
+                3.5 * fwd_flops,
+                t,
+            ));
+        }
     }
     Ok(out)
 }

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::{record, time, Record};
+use super::{record, time_interleaved, Case, Record};
 use crate::models::wan::config::WanConfig;
 
 /// What to measure.
@@ -69,7 +69,7 @@ fn random_fp8(out: usize, inp: usize, dev: &Device) -> Result<(Tensor, Tensor)> 
 
 /// bf16 forward + input gradient of `x [m, k] · w[n, k]ᵀ`, and the same with an FP8 block-64 weight
 /// dequantised once per step (`fp8`) and twice (`fp8 x2`: forward and again for the backward, as a recomputed
-/// block does).
+/// block does), timed in round-robin so that the FP8 / bf16 ratio is not skewed by clock changes.
 pub fn run(dev: &Device, cfg: &WanConfig, opts: &LinearBench) -> Result<Vec<Record>> {
     let (dim, ffn) = (cfg.dim, cfg.ffn_dim);
     let m = opts.tokens;
@@ -91,51 +91,39 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &LinearBench) -> Result<Vec<Reco
             drop((y, dx));
             Ok(())
         };
-        let t = time(dev, opts.warmup, opts.iters, || step(&w))?;
-        out.push(record(
-            "linear",
-            &format!("{layer} bf16"),
-            "fwd+dgrad",
-            &shape,
-            flops,
-            t,
-        ));
-        let t = time(dev, opts.warmup, opts.iters, || {
-            step(&dequantize(&codes, &scale)?)
-        })?;
-        out.push(record(
-            "linear",
-            &format!("{layer} fp8"),
-            "fwd+dgrad",
-            &shape,
-            flops,
-            t,
-        ));
-        let t = time(dev, opts.warmup, opts.iters, || {
+        let mut bf16 = || step(&w);
+        let mut fp8 = || step(&dequantize(&codes, &scale)?);
+        let mut fp8_twice = || {
             let y = x.matmul(&dequantize(&codes, &scale)?.t()?)?;
             let dx = dy.matmul(&dequantize(&codes, &scale)?)?;
             drop((y, dx));
             Ok(())
-        })?;
-        out.push(record(
-            "linear",
-            &format!("{layer} fp8 x2"),
-            "fwd+dgrad",
-            &shape,
-            flops,
-            t,
-        ));
-        let t = time(dev, opts.warmup, opts.iters, || {
-            dequantize(&codes, &scale).map(drop)
-        })?;
-        out.push(record(
-            "linear",
-            &format!("{layer} dequant"),
-            "dequant",
-            &shape,
-            0.0,
-            t,
-        ));
+        };
+        let mut dequant = || dequantize(&codes, &scale).map(drop);
+        let cases: [(&str, f64, Case); 4] = [
+            ("bf16", flops, &mut bf16),
+            ("fp8", flops, &mut fp8),
+            ("fp8 x2", flops, &mut fp8_twice),
+            ("dequant", 0.0, &mut dequant),
+        ];
+        let (labels, mut fns): (Vec<_>, Vec<Case>) =
+            cases.into_iter().map(|(l, f, c)| ((l, f), c)).unzip();
+        let timings = time_interleaved(dev, opts.warmup, opts.iters, &mut fns)?;
+        for ((label, flops), t) in labels.into_iter().zip(timings) {
+            let pass = if label == "dequant" {
+                "dequant"
+            } else {
+                "fwd+dgrad"
+            };
+            out.push(record(
+                "linear",
+                &format!("{layer} {label}"),
+                pass,
+                &shape,
+                flops,
+                t,
+            ));
+        }
     }
     Ok(out)
 }

@@ -1,8 +1,10 @@
-//! GPU benchmarks (`framesmith-bench attention|linear|check`): random inputs of Wan shapes, median time over
+//! GPU benchmarks (`framesmith-bench attention|linear|kernels|check`): random inputs of Wan shapes, median time over
 //! timed repetitions, TFLOP/s and peak pool memory, printed as a table and as `BENCH {json}` lines that
 //! `bench/reference/compare.py` joins with PyTorch's numbers from the same run. No training code depends on this.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod kernels;
 pub mod linear;
 
 use candle_core::{Device, Result};
@@ -69,6 +71,50 @@ pub fn time<F: FnMut() -> Result<()>>(
         median_ms: samples[samples.len() / 2],
         peak_bytes,
     })
+}
+
+/// A case for [`time_interleaved`].
+pub type Case<'a> = &'a mut dyn FnMut() -> Result<()>;
+
+/// Times several cases in round-robin (one repetition of each in turn), so that clock and power changes during
+/// the run affect them alike and their ratios are stable; peak memory is taken from one separate call of each.
+pub fn time_interleaved(
+    dev: &Device,
+    warmup: usize,
+    iters: usize,
+    cases: &mut [Case],
+) -> Result<Vec<Timing>> {
+    let mut peaks = Vec::with_capacity(cases.len());
+    for f in cases.iter_mut() {
+        f()?;
+        dev.synchronize()?;
+        let base = peak::reset(dev)?;
+        f()?;
+        dev.synchronize()?;
+        peaks.push(peak::read(dev, base)?);
+    }
+    for _ in 0..warmup {
+        for f in cases.iter_mut() {
+            f()?;
+        }
+    }
+    let mut samples = vec![Vec::with_capacity(iters); cases.len()];
+    for _ in 0..iters.max(1) {
+        for (f, s) in cases.iter_mut().zip(&mut samples) {
+            s.push(timed_once(dev, f)?);
+        }
+    }
+    Ok(samples
+        .into_iter()
+        .zip(peaks)
+        .map(|(mut s, peak_bytes)| {
+            s.sort_by(f64::total_cmp);
+            Timing {
+                median_ms: s[s.len() / 2],
+                peak_bytes,
+            }
+        })
+        .collect())
 }
 
 #[cfg(feature = "cuda")]

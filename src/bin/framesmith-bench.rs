@@ -41,6 +41,18 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Time the element-wise kernels (norms, modulation, GELU, RoPE) at a Wan variant's activation shapes.
+    Kernels {
+        /// Wan variant.
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Video tokens.
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
     /// Time a Wan block's linear layers, bf16 and FP8 block-64, forward + input gradient.
     Linear {
         /// Wan variant.
@@ -97,6 +109,23 @@ fn check(_: &Device) -> Result<()> {
     bail!("device checks need a build with the cuda feature")
 }
 
+#[cfg(feature = "cuda")]
+fn kernels(dev: &Device, cfg: &WanConfig, tokens: usize, iters: usize) -> Result<()> {
+    use framesmith::bench::kernels::KernelBench;
+    let opts = KernelBench {
+        tokens,
+        iters,
+        ..KernelBench::default()
+    };
+    report(&bench::kernels::run(dev, cfg, &opts)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels(_: &Device, _: &WanConfig, _: usize, _: usize) -> Result<()> {
+    bail!("the kernel benchmark needs a build with the cuda feature")
+}
+
 fn report(records: &[Record]) {
     for r in records {
         println!("{}", r.json_line());
@@ -133,6 +162,11 @@ fn main() -> Result<()> {
             report(&bench::attention::run(&dev, &variant(&name)?, &opts)?);
             Ok(())
         }
+        Command::Kernels {
+            variant: name,
+            tokens,
+            iters,
+        } => kernels(&dev, &variant(&name)?, tokens, iters),
         Command::Linear {
             variant: name,
             tokens,

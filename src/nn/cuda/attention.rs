@@ -81,30 +81,38 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
     if !runs_fused(q) || k.dtype() != DType::BF16 || v.dtype() != DType::BF16 {
         return crate::nn::attention::attention(q, k, v, kv_lens);
     }
-    let (b, lq, h, d) = q.dims4()?;
-    let (bk, lk, hk, dk) = k.dims4()?;
-    if (bk, hk, dk) != (b, h, d) || v.dims() != k.dims() {
-        candle_core::bail!(
-            "attention shapes q {:?}, k {:?}, v {:?} do not match",
-            q.dims(),
-            k.dims(),
-            v.dims()
-        );
-    }
-    let kv_lens = match kv_lens {
-        Some(lens) if lens.len() != b => {
-            candle_core::bail!("{} key lengths for a batch of {b}", lens.len())
-        }
-        Some(lens) => Some(lens.iter().map(|&l| l.min(lk) as i32).collect()),
-        None => None,
-    };
-    let op = Sdpa {
-        geo: Geo { b, h, lq, lk, d },
-        kv_lens,
-        stats: Arc::new(Mutex::new(None)),
-    };
+    let op = Sdpa::new(q, k, v, kv_lens)?;
     q.contiguous()?
         .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+}
+
+/// Forward and backward in one call, outside autograd: `(o, dq, dk, dv)` for the output gradient `d_o`
+/// [b, lq, h, d]. What a training step's attention costs, without the bookkeeping of a loss; the benchmark
+/// times this against PyTorch's `sdpa(q, k, v).backward(d_o)`. Fused inputs only (see [`runs_fused`]).
+pub fn attention_forward_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    d_o: &Tensor,
+    kv_lens: Option<&[usize]>,
+) -> Result<(Tensor, Tensor, Tensor, Tensor)> {
+    if !runs_fused(q) || k.dtype() != DType::BF16 || v.dtype() != DType::BF16 {
+        candle_core::bail!(
+            "attention_forward_backward needs bf16 CUDA tensors with head dim <= 128"
+        );
+    }
+    let op = Sdpa::new(q, k, v, kv_lens)?;
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let o = q.apply_op3_no_bwd(&k, &v, &op)?;
+    let stats = op.take_stats()?;
+    let d_o = d_o.to_dtype(DType::BF16)?.contiguous()?;
+    let (dq, dk, dv) = backward(
+        op.geo,
+        op.kv_lens.as_deref(),
+        [&q, &k, &v, &o, &d_o],
+        &stats,
+    )?;
+    Ok((o, dq, dk, dv))
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -127,6 +135,44 @@ struct Sdpa {
     geo: Geo,
     kv_lens: Option<Vec<i32>>,
     stats: Arc<Mutex<Option<CudaSlice<f32>>>>,
+}
+
+impl Sdpa {
+    /// Checks the shapes of q [b, lq, h, d], k and v [b, lk, h, d] and the key lengths.
+    fn new(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Self> {
+        let (b, lq, h, d) = q.dims4()?;
+        let (bk, lk, hk, dk) = k.dims4()?;
+        if (bk, hk, dk) != (b, h, d) || v.dims() != k.dims() {
+            candle_core::bail!(
+                "attention shapes q {:?}, k {:?}, v {:?} do not match",
+                q.dims(),
+                k.dims(),
+                v.dims()
+            );
+        }
+        let kv_lens = match kv_lens {
+            Some(lens) if lens.len() != b => {
+                candle_core::bail!("{} key lengths for a batch of {b}", lens.len())
+            }
+            Some(lens) => Some(lens.iter().map(|&l| l.min(lk) as i32).collect()),
+            None => None,
+        };
+        Ok(Self {
+            geo: Geo { b, h, lq, lk, d },
+            kv_lens,
+            stats: Arc::new(Mutex::new(None)),
+        })
+    }
+
+    fn take_stats(&self) -> Result<CudaSlice<f32>> {
+        self.stats
+            .lock()
+            .map_err(|_| candle_core::Error::Msg("attention statistics lock poisoned".into()))?
+            .take()
+            .ok_or_else(|| {
+                candle_core::Error::Msg("attention backward run twice or before forward".into())
+            })
+    }
 }
 
 fn shim_error(what: &str) -> candle_core::Error {
@@ -277,14 +323,7 @@ impl CustomOp3 for Sdpa {
         o: &Tensor,
         d_o: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let stats = self
-            .stats
-            .lock()
-            .map_err(|_| candle_core::Error::Msg("attention statistics lock poisoned".into()))?
-            .take()
-            .ok_or_else(|| {
-                candle_core::Error::Msg("attention backward run twice or before forward".into())
-            })?;
+        let stats = self.take_stats()?;
         let d_o = d_o.to_dtype(DType::BF16)?.contiguous()?;
         let (dq, dk, dv) = backward(
             self.geo,

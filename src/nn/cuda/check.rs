@@ -342,6 +342,48 @@ pub fn attention_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
     Ok(out)
 }
 
+/// The non-autograd forward+backward entry point against the reference's gradients of `sum(o · d_o)`.
+#[cfg(feature = "cudnn")]
+pub fn attention_direct_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    use crate::nn::attention::naive_attention;
+    let (b, lq, lk, h, d) = (2, 200, 150, 2, 128);
+    let lens = [150, 97];
+    let q = randn(&[b, lq, h, d], 0.0, 1.0, DType::BF16)?;
+    let k = randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?;
+    let v = randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?;
+    let d_o = randn(&[b, lq, h, d], 0.0, 1.0, DType::BF16)?;
+    poison(dev)?;
+    let on = |t: &Tensor| t.to_device(dev);
+    let (o, dq, dk, dv) = super::attention::attention_forward_backward(
+        &on(&q)?,
+        &on(&k)?,
+        &on(&v)?,
+        &on(&d_o)?,
+        Some(&lens),
+    )?;
+    let vars = [&q, &k, &v].map(|t| t.to_dtype(DType::F32).and_then(|t| Var::from_tensor(&t)));
+    let [qv, kv, vv] = vars;
+    let (qv, kv, vv) = (qv?, kv?, vv?);
+    let o_ref = naive_attention(qv.as_tensor(), kv.as_tensor(), vv.as_tensor(), Some(&lens))?;
+    let grads = (&o_ref * d_o.to_dtype(DType::F32)?)?
+        .sum_all()?
+        .backward()?;
+    let grad = |v: &Var| {
+        grads
+            .get(v.as_tensor())
+            .cloned()
+            .ok_or_else(|| candle_core::Error::Msg("gradient missing".into()))
+    };
+    let name =
+        format!("cudnn attention_forward_backward q [{b},{lq},{h},{d}] k [{b},{lk}] lens {lens:?}");
+    Ok(vec![
+        compare(format!("{name} o"), &o, &o_ref, 2e-2)?,
+        compare(format!("{name} dq"), &dq, &grad(&qv)?, 2e-2)?,
+        compare(format!("{name} dk"), &dk, &grad(&kv)?, 2e-2)?,
+        compare(format!("{name} dv"), &dv, &grad(&vv)?, 2e-2)?,
+    ])
+}
+
 /// Every check this build has.
 pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     let mut out = fp8_checks(dev)?;
@@ -350,6 +392,8 @@ pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     out.extend(rope_checks(dev)?);
     #[cfg(feature = "cudnn")]
     out.extend(attention_checks(dev)?);
+    #[cfg(feature = "cudnn")]
+    out.extend(attention_direct_checks(dev)?);
     Ok(out)
 }
 
@@ -402,7 +446,9 @@ mod tests {
     #[cfg(feature = "cudnn")]
     #[test]
     fn cudnn_attention_matches_reference() -> Result<()> {
-        assert_all_pass(attention_checks(&Device::new_cuda(0)?)?);
+        let dev = Device::new_cuda(0)?;
+        assert_all_pass(attention_checks(&dev)?);
+        assert_all_pass(attention_direct_checks(&dev)?);
         Ok(())
     }
 }
