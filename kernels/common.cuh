@@ -41,3 +41,48 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     __syncthreads();
     return r;
 }
+
+// ---- Vectorised access: W consecutive values through one 16-byte load / store (W = 16 / sizeof(T)), or one
+// value (W = 1). Callers guarantee 16-byte alignment when W > 1. ----
+
+template <typename T> __host__ __device__ constexpr int vec_width() { return 16 / sizeof(T); }
+
+template <typename T, int W> __device__ __forceinline__ void load_vec(const T* p, float* out) {
+    if constexpr (W == 1) {
+        out[0] = to_f32(p[0]);
+    } else {
+        static_assert(W * sizeof(T) == 16, "one 16-byte access");
+        const uint4 raw = *reinterpret_cast<const uint4*>(p);
+        const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = to_f32(v[k]);
+    }
+}
+
+template <typename T, int W> __device__ __forceinline__ void store_vec(T* p, const float* in) {
+    if constexpr (W == 1) {
+        p[0] = from_f32<T>(in[0]);
+    } else {
+        __align__(16) T v[W];
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = from_f32<T>(in[k]);
+        *reinterpret_cast<uint4*>(p) = *reinterpret_cast<const uint4*>(v);
+    }
+}
+
+// W f32 values; 16-byte loads when W is a multiple of 4 (then 16-byte aligned), plain loads otherwise.
+template <int W> __device__ __forceinline__ void load_f32(const float* p, float* out) {
+    if constexpr (W % 4 != 0) {
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = p[k];
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; k += 4) {
+            const float4 f = *reinterpret_cast<const float4*>(p + k);
+            out[k] = f.x;
+            out[k + 1] = f.y;
+            out[k + 2] = f.z;
+            out[k + 3] = f.w;
+        }
+    }
+}

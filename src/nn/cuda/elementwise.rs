@@ -157,15 +157,38 @@ enum Input<'a, T> {
     Mod(CudaView<'a, f32>),
 }
 
-/// Launches `name_{f32|bf16}(inputs..., scalars..., out, sizes...)` over `n` output elements of type T (the
-/// argument order every kernel in kernels/elementwise.cu follows).
-fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(
-    name: &str,
-    inputs: &[(&CudaStorage, &Layout)],
-    scalars: &[f32],
-    sizes: &[i64],
-    n: usize,
-) -> Result<CudaStorage> {
+/// One launch of an element-wise kernel: `name_{f32|bf16}(inputs..., scalars..., out, sizes..., vec)` over `n`
+/// output elements (the argument order every kernel in kernels/elementwise.cu follows).
+pub(super) struct Launch<'a> {
+    /// Kernel name without the dtype suffix.
+    pub name: &'a str,
+    /// Activations (T) and f32 modulation / angle tables.
+    pub inputs: &'a [(&'a CudaStorage, &'a Layout)],
+    /// f32 arguments after the inputs.
+    pub scalars: &'a [f32],
+    /// Size arguments after the output.
+    pub sizes: &'a [i64],
+    /// Output elements.
+    pub n: usize,
+    /// The length every 16-byte chunk must stay within (row width, head dim, or n): the vectorised path runs
+    /// when it is a multiple of the chunk and every input is 16-byte aligned.
+    pub unit: usize,
+}
+
+fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(l: &Launch) -> Result<CudaStorage> {
+    let Launch {
+        name,
+        inputs,
+        scalars,
+        sizes,
+        n,
+        unit,
+    } = *l;
+    let width = 16 / T::DTYPE.size_in_bytes();
+    let aligned = inputs
+        .iter()
+        .all(|(s, l)| (l.start_offset() * s.dtype().size_in_bytes()) % 16 == 0);
+    let vec = unit % width == 0 && aligned;
     let dev = inputs[0].0.device().clone();
     let func = ptx::load(
         &dev,
@@ -196,24 +219,21 @@ fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(
     for s in sizes {
         builder.arg(s);
     }
+    let vec_arg = i64::from(vec);
+    builder.arg(&vec_arg);
+    let chunks = if vec { n.div_ceil(width) } else { n };
     // SAFETY: the callers pass arguments in the order of the kernel signatures in kernels/elementwise.cu, with
-    // buffers sized by the checked Geometry.
-    unsafe { builder.launch(ptx::elementwise_config(n)) }.w()?;
+    // buffers sized by the checked Geometry; `vec` only when sizes and alignment allow 16-byte accesses.
+    unsafe { builder.launch(ptx::elementwise_config(chunks)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
 }
 
 /// Dispatches a launch on the activation dtype of the first input.
-pub(super) fn launch_dispatch(
-    name: &str,
-    inputs: &[(&CudaStorage, &Layout)],
-    scalars: &[f32],
-    sizes: &[i64],
-    n: usize,
-) -> Result<CudaStorage> {
-    match inputs[0].0.dtype() {
-        DType::F32 => launch_elementwise::<f32>(name, inputs, scalars, sizes, n),
-        DType::BF16 => launch_elementwise::<half::bf16>(name, inputs, scalars, sizes, n),
-        other => candle_core::bail!("{name} takes f32 or bf16 activations, not {other:?}"),
+pub(super) fn launch_dispatch(l: &Launch) -> Result<CudaStorage> {
+    match l.inputs[0].0.dtype() {
+        DType::F32 => launch_elementwise::<f32>(l),
+        DType::BF16 => launch_elementwise::<half::bf16>(l),
+        other => candle_core::bail!("{} takes f32 or bf16 activations, not {other:?}", l.name),
     }
 }
 
@@ -248,13 +268,14 @@ impl CustomOp3 for Modulate {
         hl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
-        let out = launch_dispatch(
-            "fs_modulate_fwd",
-            &[(x, xl), (scale, sl), (shift, hl)],
-            &[],
-            &self.g.args()?,
+        let out = launch_dispatch(&Launch {
+            name: "fs_modulate_fwd",
+            inputs: &[(x, xl), (scale, sl), (shift, hl)],
+            scalars: &[],
+            sizes: &self.g.args()?,
             n,
-        )?;
+            unit: self.g.dim,
+        })?;
         Ok((out, xl.shape().clone()))
     }
 
@@ -304,13 +325,14 @@ impl CustomOp3 for Gated {
         gl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
-        let out = launch_dispatch(
-            "fs_gated_fwd",
-            &[(x, xl), (y, yl), (gate, gl)],
-            &[],
-            &self.g.args()?,
+        let out = launch_dispatch(&Launch {
+            name: "fs_gated_fwd",
+            inputs: &[(x, xl), (y, yl), (gate, gl)],
+            scalars: &[],
+            sizes: &self.g.args()?,
             n,
-        )?;
+            unit: self.g.dim,
+        })?;
         Ok((out, xl.shape().clone()))
     }
 
@@ -364,13 +386,14 @@ impl CustomOp2 for ScaledBwd {
         sl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = dyl.shape().elem_count();
-        let out = launch_dispatch(
-            "fs_scaled_bwd",
-            &[(dy, dyl), (scale, sl)],
-            &[self.offset],
-            &self.g.args()?,
+        let out = launch_dispatch(&Launch {
+            name: "fs_scaled_bwd",
+            inputs: &[(dy, dyl), (scale, sl)],
+            scalars: &[self.offset],
+            sizes: &self.g.args()?,
             n,
-        )?;
+            unit: self.g.dim,
+        })?;
         Ok((out, dyl.shape().clone()))
     }
 }
@@ -473,7 +496,14 @@ impl CustomOp1 for Gelu {
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
-        let out = launch_dispatch("fs_gelu_fwd", &[(x, xl)], &[], &[long(n)?], n)?;
+        let out = launch_dispatch(&Launch {
+            name: "fs_gelu_fwd",
+            inputs: &[(x, xl)],
+            scalars: &[],
+            sizes: &[long(n)?],
+            n,
+            unit: n,
+        })?;
         Ok((out, xl.shape().clone()))
     }
 
@@ -499,7 +529,14 @@ impl CustomOp2 for GeluBwd {
         dyl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
-        let out = launch_dispatch("fs_gelu_bwd", &[(x, xl), (dy, dyl)], &[], &[long(n)?], n)?;
+        let out = launch_dispatch(&Launch {
+            name: "fs_gelu_bwd",
+            inputs: &[(x, xl), (dy, dyl)],
+            scalars: &[],
+            sizes: &[long(n)?],
+            n,
+            unit: n,
+        })?;
         Ok((out, xl.shape().clone()))
     }
 }

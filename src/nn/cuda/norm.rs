@@ -41,6 +41,13 @@ pub fn layer_norm(
     apply(Kind::Layer, xs, weight, bias, eps)
 }
 
+/// 1 when a row splits into 16-byte chunks and every buffer starts 16-byte aligned (the kernels' `vec`).
+fn vec_flag<T: WithDType>(cols: usize, layouts: &[&Layout]) -> i32 {
+    let size = T::DTYPE.size_in_bytes();
+    let aligned = layouts.iter().all(|l| (l.start_offset() * size) % 16 == 0);
+    i32::from((cols * size) % 16 == 0 && aligned)
+}
+
 fn runs_on_kernel(xs: &Tensor) -> bool {
     xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) && xs.rank() > 0
 }
@@ -128,8 +135,10 @@ impl NormFwd {
                 builder.arg(&null)
             };
         }
-        builder.arg(&out).arg(&cols_l).arg(&eps);
-        // SAFETY: argument order and types match kernels/norm.cu; x holds rows * cols values, w and b cols.
+        let vec = vec_flag::<T>(cols, &[xl, wl, bl]);
+        builder.arg(&out).arg(&cols_l).arg(&eps).arg(&vec);
+        // SAFETY: argument order and types match kernels/norm.cu; x holds rows * cols values, w and b cols;
+        // `vec` only when rows and buffers allow 16-byte accesses.
         unsafe { builder.launch(ptx::row_config(rows)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev))
     }
@@ -257,8 +266,10 @@ impl NormBwd {
         } else {
             builder.arg(&null)
         };
-        builder.arg(&dyv).arg(&out).arg(&cols_l).arg(&eps);
-        // SAFETY: argument order and types match kernels/norm.cu; x and dy hold rows * cols values, w cols.
+        let vec = vec_flag::<T>(cols, &[xl, wl, dyl]);
+        builder.arg(&dyv).arg(&out).arg(&cols_l).arg(&eps).arg(&vec);
+        // SAFETY: argument order and types match kernels/norm.cu; x and dy hold rows * cols values, w cols;
+        // `vec` only when rows and buffers allow 16-byte accesses.
         unsafe { builder.launch(ptx::row_config(rows)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(out, dev))
     }

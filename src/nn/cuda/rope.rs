@@ -5,7 +5,7 @@
 
 use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
-use super::elementwise::launch_dispatch;
+use super::elementwise::{launch_dispatch, Launch};
 use super::ptx::long;
 
 /// Rotates `xs` [b, l, h, d] pairwise by `cos` / `sin` tables of `b · l · d/2` values (e.g. [b, l, 1, d/2]).
@@ -84,13 +84,14 @@ impl CustomOp3 for Rope {
     ) -> Result<(CudaStorage, Shape)> {
         let sizes = [long(self.rows)?, long(self.heads)?, long(self.half)?];
         let n = xl.shape().elem_count();
-        let out = launch_dispatch(
-            "fs_rope",
-            &[(x, xl), (cos, cl), (sin, sl)],
-            &[self.sign],
-            &sizes,
+        let out = launch_dispatch(&Launch {
+            name: "fs_rope",
+            inputs: &[(x, xl), (cos, cl), (sin, sl)],
+            scalars: &[self.sign],
+            sizes: &sizes,
             n,
-        )?;
+            unit: 2 * self.half,
+        })?;
         Ok((out, xl.shape().clone()))
     }
 
