@@ -43,7 +43,7 @@ fn fail(msg: &str) -> ! {
 fn cuda_root() -> Option<PathBuf> {
     ["CUDA_ROOT", "CUDA_PATH"]
         .iter()
-        .find_map(|v| env::var_os(v))
+        .find_map(env::var_os)
         .map(PathBuf::from)
 }
 

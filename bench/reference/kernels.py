@@ -1,5 +1,5 @@
-"""PyTorch reference for `framesmith-bench kernels`: the same element-wise ops of a Wan block in bf16, forward
-and forward+backward (gradient seeded with ones), with PyTorch's fused kernels where it has them
+"""PyTorch reference for `framesmith-bench kernels`: the same element-wise ops of a Wan block in bf16, forward,
+input gradient alone (autograd.grad on a kept graph) and forward+backward (gradient seeded with ones), with PyTorch's fused kernels where it has them
 (F.rms_norm, F.layer_norm, F.gelu(approximate="tanh")) and the official Wan code's eager formulas elsewhere
 (modulation and gated residual in f32, RoPE on adjacent pairs). `tflops` carries TB/s, as ours does."""
 import argparse
@@ -49,6 +49,13 @@ def main():
         with torch.no_grad():
             ms, peak = time_cuda(lambda: op(x), a.warmup, a.iters)
         emit("kernels", name, "fwd", label, bytes_fwd, ms, peak)
+        if name != "gated_residual":
+            # The input gradient alone: autograd.grad over a graph built once and kept.
+            y = op(x)
+            dy = torch.randn(*shape, device=dev, dtype=torch.bfloat16)
+            ms, peak = time_cuda(lambda: torch.autograd.grad(y, x, dy, retain_graph=True), a.warmup, a.iters)
+            emit("kernels", name, "bwd", label, 1.5 * bytes_fwd, ms, peak)
+            del y
         ones = torch.ones(*shape, device=dev, dtype=torch.bfloat16)
 
         def fwd_bwd():
@@ -56,7 +63,7 @@ def main():
             x.grad = None
 
         ms, peak = time_cuda(fwd_bwd, a.warmup, a.iters)
-        emit("kernels", name, "fwd+bwd", label, 2.5 * bytes_fwd, ms, peak)
+        emit("kernels", name, "fwd+bwd autograd", label, 2.5 * bytes_fwd, ms, peak)
 
 
 if __name__ == "__main__":

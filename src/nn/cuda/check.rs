@@ -253,6 +253,87 @@ pub fn rope_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
     Ok(out)
 }
 
+type Direct = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor>>;
+type Reference = Box<dyn Fn(&[Tensor]) -> Result<Tensor>>;
+
+/// The input-gradient functions used outside autograd (`*_backward`) against the reference's gradient of
+/// `sum(y · dy)`.
+pub fn direct_backward_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let (l, d, h, hd) = (37, 1536, 3, 128);
+    let w = randn(&[d], 1.0, 0.1, DType::F32)?;
+    let scale = randn(&[2, 1, d], 0.0, 0.5, DType::F32)?;
+    let shift = scale.zeros_like()?;
+    let angles = Tensor::rand(-10f32, 10.0, (2, l, 1, hd / 2), &Device::Cpu)?;
+    let (cos, sin) = (angles.cos()?, angles.sin()?);
+    let (wg, sg, cg, ssg) = (
+        w.to_device(dev)?,
+        scale.to_device(dev)?,
+        cos.to_device(dev)?,
+        sin.to_device(dev)?,
+    );
+    let eps = 1e-6;
+    let cases: Vec<(&str, Vec<usize>, Direct, Reference)> = vec![
+        (
+            "rms_norm_backward",
+            vec![2, l, d],
+            {
+                let wg = wg.clone();
+                Box::new(move |x, dy| norm::rms_norm_backward(x, Some(&wg), dy, eps))
+            },
+            {
+                let w = w.clone();
+                Box::new(move |t| crate::nn::norm::rms_norm(&t[0], Some(&w), eps))
+            },
+        ),
+        (
+            "layer_norm_backward",
+            vec![2, l, d],
+            Box::new(move |x, dy| norm::layer_norm_backward(x, Some(&wg), dy, eps)),
+            Box::new(move |t| crate::nn::norm::layer_norm(&t[0], Some(&w), None, eps)),
+        ),
+        (
+            "modulate_backward",
+            vec![2, l, d],
+            Box::new(move |_, dy| elementwise::modulate_backward(dy, &sg)),
+            Box::new(move |t| elementwise::modulate_reference(&t[0], &scale, &shift)),
+        ),
+        (
+            "gelu_tanh_backward",
+            vec![2, l, d],
+            Box::new(elementwise::gelu_tanh_backward),
+            Box::new(|t| elementwise::gelu_tanh_reference(&t[0])),
+        ),
+        (
+            "rope_backward",
+            vec![2, l, h, hd],
+            Box::new(move |_, dy| rope::rope_backward(dy, &cg, &ssg)),
+            Box::new(move |t| rope::rope_reference(&t[0], &cos, &sin)),
+        ),
+    ];
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        for (name, shape, direct, reference) in &cases {
+            poison(dev)?;
+            let x = randn(shape, 0.5, 2.0, dtype)?;
+            let dy = randn(shape, 0.0, 1.0, dtype)?;
+            let got = direct(&x.to_device(dev)?, &dy.to_device(dev)?)?;
+            let xv = Var::from_tensor(&x.to_dtype(DType::F32)?)?;
+            let y = reference(&[xv.as_tensor().clone()])?;
+            let grads = (y * dy.to_dtype(DType::F32)?)?.sum_all()?.backward()?;
+            let Some(want) = grads.get(xv.as_tensor()) else {
+                candle_core::bail!("{name}: reference gradient missing");
+            };
+            out.push(compare(
+                format!("{name} {dtype:?} {shape:?}"),
+                &got,
+                want,
+                tol(dtype, 1e-4),
+            )?);
+        }
+    }
+    Ok(out)
+}
+
 /// Random e4m3fn codes (NaN codes excluded) as `U8`.
 fn random_codes(rows: usize, cols: usize) -> Result<Tensor> {
     let u = Tensor::rand(0f32, 254.0, (rows, cols), &Device::Cpu)?.to_vec2::<f32>()?;
@@ -390,6 +471,7 @@ pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     out.extend(norm_checks(dev)?);
     out.extend(elementwise_checks(dev)?);
     out.extend(rope_checks(dev)?);
+    out.extend(direct_backward_checks(dev)?);
     #[cfg(feature = "cudnn")]
     out.extend(attention_checks(dev)?);
     #[cfg(feature = "cudnn")]
@@ -434,6 +516,12 @@ mod tests {
     #[test]
     fn elementwise_kernels_match_reference() -> Result<()> {
         assert_all_pass(elementwise_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn direct_backward_kernels_match_reference() -> Result<()> {
+        assert_all_pass(direct_backward_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

@@ -87,6 +87,25 @@ pub fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
     xs.contiguous()?.apply_op1(Gelu)
 }
 
+/// Input gradient of [`modulate`] (`dy * (1 + scale)`) outside autograd. CUDA only.
+pub fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(dy) {
+        candle_core::bail!("modulate_backward needs an f32 / bf16 CUDA tensor");
+    }
+    let g = Geometry::of(dy, scale)?;
+    dy.contiguous()?
+        .apply_op2_no_bwd(&as_mod_f32(scale)?, &ScaledBwd { g, offset: 1.0 })
+}
+
+/// Input gradient of [`gelu_tanh`] for the output gradient `dy`, outside autograd. CUDA only.
+pub fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(xs) || dy.dims() != xs.dims() {
+        candle_core::bail!("gelu_tanh_backward needs f32 / bf16 CUDA tensors of one shape");
+    }
+    let dy = dy.to_dtype(xs.dtype())?.contiguous()?;
+    xs.contiguous()?.apply_op2_no_bwd(&dy, &GeluBwd)
+}
+
 /// GELU-tanh in f32 through candle's own op, result in `xs`' dtype.
 pub fn gelu_tanh_reference(xs: &Tensor) -> Result<Tensor> {
     xs.to_dtype(DType::F32)?.gelu()?.to_dtype(xs.dtype())

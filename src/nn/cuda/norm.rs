@@ -54,6 +54,18 @@ fn runs_on_kernel(xs: &Tensor) -> bool {
 
 /// The custom ops always take three tensors; a missing weight or bias is a one-element placeholder that the
 /// kernel never reads (it is passed as a null pointer).
+fn param(p: Option<&Tensor>, xs: &Tensor) -> Result<Tensor> {
+    let cols = xs.dim(D::Minus1)?;
+    match p {
+        Some(p) if p.elem_count() == cols => p.to_dtype(xs.dtype())?.flatten_all()?.contiguous(),
+        Some(p) => candle_core::bail!(
+            "norm parameter has {} values for {cols} features",
+            p.elem_count()
+        ),
+        None => Tensor::zeros(1, xs.dtype(), xs.device()),
+    }
+}
+
 fn apply(
     kind: Kind,
     xs: &Tensor,
@@ -61,19 +73,6 @@ fn apply(
     bias: Option<&Tensor>,
     eps: f64,
 ) -> Result<Tensor> {
-    let dtype = xs.dtype();
-    let cols = xs.dim(D::Minus1)?;
-    let placeholder = || Tensor::zeros(1, dtype, xs.device());
-    let param = |p: Option<&Tensor>| -> Result<Tensor> {
-        match p {
-            Some(p) if p.elem_count() == cols => p.to_dtype(dtype)?.flatten_all()?.contiguous(),
-            Some(p) => candle_core::bail!(
-                "norm parameter has {} values for {cols} features",
-                p.elem_count()
-            ),
-            None => placeholder(),
-        }
-    };
     let op = NormFwd {
         kind,
         eps: eps as f32,
@@ -81,7 +80,49 @@ fn apply(
         has_bias: bias.is_some(),
     };
     xs.contiguous()?
-        .apply_op3(&param(weight)?, &param(bias)?, op)
+        .apply_op3(&param(weight, xs)?, &param(bias, xs)?, op)
+}
+
+/// Input gradient of [`rms_norm`] for the output gradient `dy`, outside autograd (for hand-written backward
+/// passes: candle's autograd adds a zero-fill and an add for every gradient it accumulates). CUDA only.
+pub fn rms_norm_backward(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    backward(Kind::Rms, xs, weight, dy, eps)
+}
+
+/// Input gradient of [`layer_norm`] (the bias does not enter it) for the output gradient `dy`, outside
+/// autograd. CUDA only.
+pub fn layer_norm_backward(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    backward(Kind::Layer, xs, weight, dy, eps)
+}
+
+fn backward(
+    kind: Kind,
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    if !runs_on_kernel(xs) || dy.dims() != xs.dims() {
+        candle_core::bail!("norm backward needs f32 / bf16 CUDA tensors of one shape");
+    }
+    let op = NormBwd {
+        kind,
+        eps: eps as f32,
+        has_weight: weight.is_some(),
+    };
+    let dy = dy.to_dtype(xs.dtype())?.contiguous()?;
+    xs.contiguous()?
+        .apply_op3_no_bwd(&param(weight, xs)?, &dy, &op)
 }
 
 struct NormFwd {

@@ -33,6 +33,31 @@ pub fn rope_apply(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     xs.contiguous()?.apply_op3(&table(cos)?, &table(sin)?, op)
 }
 
+/// Input gradient of [`rope_apply`] (the inverse rotation of `dy`), outside autograd. CUDA only.
+pub fn rope_backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let (b, l, h, d) = dy.dims4()?;
+    if !dy.device().is_cuda() || !matches!(dy.dtype(), DType::F32 | DType::BF16) {
+        candle_core::bail!("rope_backward needs an f32 / bf16 CUDA tensor");
+    }
+    if cos.elem_count() != b * l * d / 2 || sin.elem_count() != cos.elem_count() {
+        candle_core::bail!(
+            "rope tables with {} / {} values for dy {:?}",
+            cos.elem_count(),
+            sin.elem_count(),
+            dy.dims()
+        );
+    }
+    let table = |t: &Tensor| t.detach().to_dtype(DType::F32)?.contiguous();
+    let op = Rope {
+        rows: b * l,
+        heads: h,
+        half: d / 2,
+        sign: -1.0,
+    };
+    dy.contiguous()?
+        .apply_op3_no_bwd(&table(cos)?, &table(sin)?, &op)
+}
+
 /// The rotation written with candle ops (in f32, result in `xs`' dtype): the CPU path and the test reference.
 pub fn rope_reference(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let (b, l, h, d) = xs.dims4()?;
