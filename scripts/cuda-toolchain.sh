@@ -67,11 +67,14 @@ if [[ $PRINT_ONLY -eq 0 ]]; then
 
     # Stub driver library. The symbol list is every driver function cudarc declares (a
     # superset of what candle references), so it does not depend on a previous build.
-    cudarc_sys="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-*/src/driver/sys/mod.rs 2>/dev/null || true)"
+    find_cudarc() { ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/cudarc-*/src/driver/sys/mod.rs 2>/dev/null || true; }
+    cudarc_sys="$(find_cudarc)"
     if [[ -z "$cudarc_sys" ]]; then
-        echo "cudarc sources not found: run 'cargo fetch' in the repo first" >&2
-        exit 1
+        echo "fetching crate sources (cudarc's driver bindings list the symbols to stub)" >&2
+        (cd "$(dirname "$0")/.." && cargo fetch --locked)
+        cudarc_sys="$(find_cudarc)"
     fi
+    [[ -n "$cudarc_sys" ]] || { echo "cudarc sources not found after cargo fetch" >&2; exit 1; }
     mkdir -p "$STUB_DIR"
     # shellcheck disable=SC2086
     grep -hoE '^\s+fn cu[A-Za-z0-9_]+\(' $cudarc_sys \

@@ -131,3 +131,35 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_every_case_on_a_tiny_config() -> Result<()> {
+        let opts = AttentionBench {
+            tokens: 12,
+            text_tokens: 5,
+            text_len: Some(3),
+            batch: 1,
+            warmup: 0,
+            iters: 1,
+        };
+        let records = run(&Device::Cpu, &WanConfig::tiny(1), &opts)?;
+        let passes: Vec<_> = records.iter().map(|r| format!("{} {}", r.case, r.pass)).collect();
+        assert_eq!(
+            passes,
+            [
+                "self fwd",
+                "self fwd+bwd",
+                "self fwd+bwd autograd",
+                "cross fwd",
+                "cross fwd+bwd",
+                "cross padded fwd",
+                "cross padded fwd+bwd"
+            ]
+        );
+        Ok(())
+    }
+}

@@ -33,13 +33,11 @@ impl Default for KernelBench {
 
 type Op = Box<dyn Fn(&Tensor) -> Result<Tensor>>;
 type Bwd = Box<dyn Fn(&Tensor, &Tensor) -> Result<Tensor>>;
+/// An op's name, input shape, forward and input gradient.
+type OpCase = (&'static str, Vec<usize>, Op, Bwd);
 
 /// Each op with its input shape, its forward and its input gradient outside autograd.
-fn ops(
-    cfg: &WanConfig,
-    dev: &Device,
-    l: usize,
-) -> Result<Vec<(&'static str, Vec<usize>, Op, Bwd)>> {
+fn ops(cfg: &WanConfig, dev: &Device, l: usize) -> Result<Vec<OpCase>> {
     let (d, f, h) = (cfg.dim, cfg.ffn_dim, cfg.num_heads);
     let hd = cfg.head_dim();
     let w = Tensor::randn(1f32, 0.1, d, dev)?.to_dtype(DType::BF16)?;

@@ -127,3 +127,22 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &LinearBench) -> Result<Vec<Reco
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_every_case_on_a_tiny_config() -> Result<()> {
+        let opts = LinearBench {
+            tokens: 8,
+            warmup: 0,
+            iters: 1,
+        };
+        let records = run(&Device::Cpu, &WanConfig::tiny(1), &opts)?;
+        assert_eq!(records.len(), 12);
+        assert!(records.iter().all(|r| r.ms >= 0.0 && r.bench == "linear"));
+        assert!(records.iter().any(|r| r.case == "ffn_up fp8 x2"));
+        Ok(())
+    }
+}

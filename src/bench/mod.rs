@@ -236,7 +236,7 @@ mod tests {
                 peak_bytes: None,
             },
         );
-        assert!((r.tflops - 1e-3).abs() < 1e-12);
+        assert!((r.tflops - 1.0).abs() < 1e-12, "{}", r.tflops);
         let line = r.json_line();
         assert!(
             line.starts_with("BENCH {") && line.contains("\"ms\":2.0"),

@@ -335,7 +335,7 @@ impl CustomOp3 for Sdpa {
     }
 }
 
-fn cuda_storage<'a>(s: &'a Storage) -> Result<&'a CudaStorage> {
+fn cuda_storage(s: &Storage) -> Result<&CudaStorage> {
     match s {
         Storage::Cuda(c) => Ok(c),
         _ => candle_core::bail!("cuDNN attention backward given a tensor that is not on CUDA"),

@@ -499,7 +499,6 @@ impl CustomOp2 for ModParamGrad {
                 candle_core::bail!("framesmith-mod-param-grad takes f32 or bf16, not {other:?}")
             }
         }
-        drop((ga, gb));
         Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((2, m))))
     }
 }
