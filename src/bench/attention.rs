@@ -147,7 +147,10 @@ mod tests {
             iters: 1,
         };
         let records = run(&Device::Cpu, &WanConfig::tiny(1), &opts)?;
-        let passes: Vec<_> = records.iter().map(|r| format!("{} {}", r.case, r.pass)).collect();
+        let passes: Vec<_> = records
+            .iter()
+            .map(|r| format!("{} {}", r.case, r.pass))
+            .collect();
         assert_eq!(
             passes,
             [
