@@ -1,5 +1,6 @@
 //! Framesmith: LoRA training for Wan video diffusion transformers.
 
+pub mod bench;
 pub mod config;
 pub mod data;
 pub mod demo;

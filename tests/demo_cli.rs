@@ -73,11 +73,11 @@ fn demo_trains_saves_and_samples() {
         .expect("ffprobe is installed (apt install ffmpeg)");
     assert_eq!(
         String::from_utf8_lossy(&probe.stdout).trim(),
-        "h264,32,32,9"
+        "h264,16,16,5"
     );
     assert!(dir
         .path()
-        .join("output/samples/000060-00/frame_0008.png")
+        .join("output/samples/000060-00/frame_0004.png")
         .exists());
     assert!(dir.path().join("dataset/clip_000.mp4").exists());
     assert!(dir.path().join("dataset/clip_000.txt").exists());

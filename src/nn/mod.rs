@@ -9,3 +9,5 @@ pub mod lora;
 pub mod lora_file;
 pub mod norm;
 pub mod vb;
+#[cfg(feature = "cuda")]
+pub mod cuda;
