@@ -376,7 +376,7 @@ mod tests {
         assert!(!plan.memory.applies);
         assert_eq!(plan.output.save_every_n_epochs, None);
         assert_eq!(plan.output.save_every_n_steps, Some(100));
-        assert!(plan.training.total_steps(1) <= 500);
+        assert!(plan.training.total_steps(1) <= 1000);
     }
 
     #[test]
