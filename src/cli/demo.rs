@@ -120,10 +120,18 @@ pub fn write_demo_project(dir: &Path, seed: u64) -> anyhow::Result<()> {
     fs::write(&path, prompts).with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// Writes the demo project into `dir` (when its dataset config is not there yet) and returns its run config.
+pub fn prepare_demo(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig> {
+    let config = demo_config(dir, steps)?;
+    if !dir.join("dataset.toml").exists() {
+        write_demo_project(dir, config.training.seed)?;
+    }
+    Ok(config)
+}
+
 /// Runs the demo in `dir`.
 pub fn run_demo(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunSummary> {
-    let config = demo_config(dir, steps)?;
-    write_demo_project(dir, config.training.seed)?;
+    let config = prepare_demo(dir, steps)?;
     eprintln!("demo project in {}", dir.display());
     let summary = run_headless(config, None)?;
     if let (Some(first), Some(last)) = (summary.first_loss, summary.last_smoothed_loss) {
