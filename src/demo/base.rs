@@ -14,7 +14,11 @@ use crate::models::wan::WanConfig;
 const BLOCK_OUTPUT_SCALE: f64 = 0.1;
 
 /// Demo base weights for `cfg` (patch size (1, 2, 2), `in_dim == out_dim`).
-pub fn demo_base_weights(cfg: &WanConfig, seed: u64, device: &Device) -> Result<HashMap<String, Tensor>> {
+pub fn demo_base_weights(
+    cfg: &WanConfig,
+    seed: u64,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
     let mut w = random_weights(cfg, seed, DType::F32, device)?;
     let [pt, ph, pw] = cfg.patch_size;
     let patch = pt * ph * pw;
@@ -45,7 +49,9 @@ pub fn demo_base_weights(cfg: &WanConfig, seed: u64, device: &Device) -> Result<
     let scaled: Vec<(String, Tensor)> = w
         .iter()
         .filter(|(k, _)| {
-            k.ends_with("self_attn.o.weight") || k.ends_with("cross_attn.o.weight") || k.ends_with("ffn.2.weight")
+            k.ends_with("self_attn.o.weight")
+                || k.ends_with("cross_attn.o.weight")
+                || k.ends_with("ffn.2.weight")
         })
         .map(|(k, t)| Ok((k.clone(), (t * BLOCK_OUTPUT_SCALE)?)))
         .collect::<Result<_>>()?;

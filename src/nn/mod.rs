@@ -2,6 +2,8 @@
 //! the checkpoint tensor view. Knows nothing of channels, config files or logging.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
 pub mod fp8;
 pub mod init;
 pub mod linear;
@@ -9,5 +11,3 @@ pub mod lora;
 pub mod lora_file;
 pub mod norm;
 pub mod vb;
-#[cfg(feature = "cuda")]
-pub mod cuda;
