@@ -30,6 +30,8 @@ pub struct Outputs {
     pub save_dtype: DType,
     /// ss_* / modelspec / framesmith.* metadata written into every LoRA.
     pub metadata: HashMap<String, String>,
+    /// The resolved run config (TOML), copied into every training-state folder.
+    pub config_toml: String,
     metrics: File,
 }
 
@@ -107,6 +109,7 @@ impl Outputs {
             save_state: true,
             save_dtype: DType::F32,
             metadata,
+            config_toml: String::new(),
             metrics,
         })
     }
@@ -199,6 +202,7 @@ impl Trainer {
             &tmp.join("state.json"),
             serde_json::to_string_pretty(&state)?.as_bytes(),
         )?;
+        write_atomic(&tmp.join("config.toml"), out.config_toml.as_bytes())?;
         if dir.exists() {
             fs::remove_dir_all(&dir).with_context(|| io_context("replace", &dir))?;
         }

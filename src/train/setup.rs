@@ -323,6 +323,7 @@ impl Trainer {
         outputs.every_n_epochs = plan.output.save_every_n_epochs;
         outputs.save_state = plan.output.save_state;
         outputs.save_dtype = float_dtype(plan.output.save_dtype);
+        outputs.config_toml = plan.config.to_toml_string()?;
         plan.config
             .save(&plan.output.output_dir.join("run.toml"))
             .context("saving the resolved run config")?;

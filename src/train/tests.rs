@@ -57,7 +57,20 @@ fn resume_continues_bit_identically() {
     while first.step() < 5 {
         losses_resumed.push(first.train_step(&|| false).expect("step").loss);
     }
-    first.save(false).expect("save");
+    let saved = first.save(false).expect("save");
+    let state = saved.state.expect("a training-state folder");
+    for file in [
+        "lora.safetensors",
+        "optimizer.safetensors",
+        "state.json",
+        "config.toml",
+    ] {
+        assert!(
+            state.join(file).exists(),
+            "{file} missing from {}",
+            state.display()
+        );
+    }
     drop(first);
     let mut second = start(&config_b, Some(&dir.path().join("b")));
     assert_eq!(second.step(), 5);
