@@ -64,7 +64,8 @@ pub(crate) fn tiny_tokenizer() -> anyhow::Result<Tokenizer> {
         AddedToken::from("<pad>", true),
         AddedToken::from("</s>", true),
         AddedToken::from("<unk>", true),
-    ])?;
+    ])
+    .map_err(anyhow::Error::msg)?;
     Ok(tokenizer)
 }
 
