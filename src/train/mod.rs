@@ -1,6 +1,7 @@
 //! Training: the engine thread, the trainer and its checkpointed step, optimizer, schedules, timestep sampling,
 //! the training set, checkpoints, and sample clips (samplers and generation).
 
+pub mod caching;
 pub mod checkpoint;
 pub mod data;
 pub mod engine;
