@@ -3,6 +3,7 @@
 
 pub mod caching;
 pub mod checkpoint;
+pub mod clip;
 pub mod data;
 pub mod engine;
 pub mod generate;
