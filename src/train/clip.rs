@@ -156,6 +156,12 @@ pub fn video_to_frames(video: &Tensor) -> anyhow::Result<Vec<RgbFrame>> {
         .collect())
 }
 
+/// A text embedding `[L, dim]` cut to the DiT's `text_len` tokens, as the tokenizer would have cut the prompt.
+pub fn fit_context(context: &Tensor, text_len: usize) -> candle_core::Result<Tensor> {
+    let l = context.dim(0)?.min(text_len);
+    context.narrow(0, 0, l)
+}
+
 /// Denoises and decodes one clip. Contexts longer than the DiT's `text_len` are cut to it, as the tokenizer
 /// would have cut the prompt.
 pub fn generate_clip(
@@ -167,12 +173,12 @@ pub fn generate_clip(
 ) -> anyhow::Result<Vec<RgbFrame>> {
     let cfg = experts.high_noise.config();
     let latent_shape = latent_shape(cfg, decoder.vae.config(), settings)?;
-    let fit = |c: &Tensor| -> candle_core::Result<Tensor> {
-        let l = c.dim(0)?.min(cfg.text_len);
-        c.narrow(0, 0, l)
-    };
-    let context = fit(&conditioning.context)?;
-    let negative = conditioning.negative.as_ref().map(fit).transpose()?;
+    let context = fit_context(&conditioning.context, cfg.text_len)?;
+    let negative = conditioning
+        .negative
+        .as_ref()
+        .map(|n| fit_context(n, cfg.text_len))
+        .transpose()?;
     let request = GenerateRequest {
         context: &context,
         negative: negative.as_ref(),

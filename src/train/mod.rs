@@ -9,6 +9,7 @@ pub mod engine;
 pub mod generate;
 pub mod optimizer;
 pub mod prompts;
+pub mod sample_models;
 pub mod sampler;
 pub mod samples;
 pub mod schedule;
