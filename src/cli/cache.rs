@@ -11,7 +11,8 @@ use framesmith::data::{load_valid, DatasetKind, ValidConfig};
 use framesmith::models::wan::text_encoder::TextEncoder;
 use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith::train::caching::{
-    cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ItemOutcome, LatentEncoder,
+    cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ItemOutcome,
+    LatentEncoder,
 };
 use indicatif::ProgressBar;
 
@@ -107,7 +108,10 @@ impl CacheProgress for Reporter {
 
 fn reporter() -> Reporter {
     Reporter {
-        bar: progress_bar(0, "{bar:30} {pos}/{len} items  {msg}  [{elapsed_precise} < {eta_precise}]"),
+        bar: progress_bar(
+            0,
+            "{bar:30} {pos}/{len} items  {msg}  [{elapsed_precise} < {eta_precise}]",
+        ),
     }
 }
 
@@ -123,14 +127,23 @@ fn dataset(path: &Path) -> anyhow::Result<ValidConfig> {
 fn latents(args: &LatentArgs) -> anyhow::Result<()> {
     let valid = dataset(&args.dataset)?;
     let tools = MediaTools::locate().ok();
-    if tools.is_none() && valid.datasets.iter().any(|d| d.kind() == DatasetKind::Video) {
+    if tools.is_none()
+        && valid
+            .datasets
+            .iter()
+            .any(|d| d.kind() == DatasetKind::Video)
+    {
         eprintln!("warning: ffmpeg was not found, so video files cannot be decoded; {FFMPEG_INSTALL_HINT}");
     }
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device);
     let vae = load_vae_auto(&args.vae, dtype, &device)?;
     let stats = LatentStats::official(vae.config().variant, &device)?;
-    eprintln!("VAE: {:?}, {} latent channels, on {device:?} in {dtype:?}", vae.config().variant, vae.config().z_dim);
+    eprintln!(
+        "VAE: {:?}, {} latent channels, on {device:?} in {dtype:?}",
+        vae.config().variant,
+        vae.config().z_dim
+    );
     let encoder = LatentEncoder {
         vae: &vae,
         stats: &stats,
@@ -152,8 +165,13 @@ fn text(args: &TextArgs) -> anyhow::Result<()> {
     let valid = dataset(&args.dataset)?;
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device);
-    let encoder = TextEncoder::load(&args.text_encoder, args.tokenizer.as_deref(), dtype, &device)
-        .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
+    let encoder = TextEncoder::load(
+        &args.text_encoder,
+        args.tokenizer.as_deref(),
+        dtype,
+        &device,
+    )
+    .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
     eprintln!(
         "text encoder: {} layers, width {}, on {device:?} in {dtype:?}",
         encoder.encoder.config().num_layers,

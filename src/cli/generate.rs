@@ -119,9 +119,19 @@ pub fn parse_lora(spec: &str) -> (PathBuf, f64) {
 }
 
 /// Loads a DiT and attaches its LoRAs (several are combined into one adapter per layer).
-fn load_dit(path: &Path, loras: &[String], device: &Device, dtype: DType, fp8: Option<Fp8Arg>) -> anyhow::Result<WanModel> {
+fn load_dit(
+    path: &Path,
+    loras: &[String],
+    device: &Device,
+    dtype: DType,
+    fp8: Option<Fp8Arg>,
+) -> anyhow::Result<WanModel> {
     let loaded = weights::load(path, None, device)?;
-    eprintln!("DiT: {} ({})", weights::variant_name(&loaded.config, loaded.expert), path.display());
+    eprintln!(
+        "DiT: {} ({})",
+        weights::variant_name(&loaded.config, loaded.expert),
+        path.display()
+    );
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: fp8.map(|f| match f {
@@ -130,8 +140,12 @@ fn load_dit(path: &Path, loras: &[String], device: &Device, dtype: DType, fp8: O
             Fp8Arg::Block64 => Fp8Scale::Block64,
         }),
     };
-    let mut model = WanModel::new(&loaded.config, Vb::from_tensors(loaded.tensors, dtype, device), &options)
-        .with_context(|| format!("building the DiT from {}", path.display()))?;
+    let mut model = WanModel::new(
+        &loaded.config,
+        Vb::from_tensors(loaded.tensors, dtype, device),
+        &options,
+    )
+    .with_context(|| format!("building the DiT from {}", path.display()))?;
     if loras.is_empty() {
         return Ok(model);
     }
@@ -166,18 +180,32 @@ fn boundary(arg: Option<f64>, cfg: &WanConfig) -> f64 {
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device);
-    let text = TextEncoder::load(&args.text_encoder, args.tokenizer.as_deref(), dtype, &device)
-        .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
-    let conditioning = Conditioning::encode(&text, &args.prompt, args.negative.as_deref(), args.guidance)?;
+    let text = TextEncoder::load(
+        &args.text_encoder,
+        args.tokenizer.as_deref(),
+        dtype,
+        &device,
+    )
+    .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
+    let conditioning =
+        Conditioning::encode(&text, &args.prompt, args.negative.as_deref(), args.guidance)?;
     drop(text);
     let high = load_dit(&args.dit, &args.loras, &device, dtype, args.fp8)?;
     let low = match &args.dit_low_noise {
-        Some(path) => Some(load_dit(path, &args.loras_low_noise, &device, dtype, args.fp8)?),
+        Some(path) => Some(load_dit(
+            path,
+            &args.loras_low_noise,
+            &device,
+            dtype,
+            args.fp8,
+        )?),
         None => None,
     };
     let experts = Experts {
         high_noise: &high,
-        low_noise: low.as_ref().map(|l| (l, boundary(args.boundary, high.config()))),
+        low_noise: low
+            .as_ref()
+            .map(|l| (l, boundary(args.boundary, high.config()))),
     };
     let vae = load_vae_auto(&args.vae, dtype, &device)?;
     let decoder = VaeDecoder {
@@ -201,8 +229,14 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             SolverArg::Euler => Solver::Euler,
         },
     };
-    eprintln!("seed {seed}, {}x{}, {} frames, {} steps", args.width, args.height, args.frames, args.steps);
-    let bar = progress_bar(args.steps as u64, "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]");
+    eprintln!(
+        "seed {seed}, {}x{}, {} frames, {} steps",
+        args.width, args.height, args.frames, args.steps
+    );
+    let bar = progress_bar(
+        args.steps as u64,
+        "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]",
+    );
     // The loop polls this once before each step: a free progress tick.
     let frames = generate_clip(&experts, &decoder, &conditioning, &settings, &|| {
         bar.inc(1);
@@ -210,7 +244,12 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     })?;
     bar.finish_and_clear();
     let frames_dir = write_clip(&args.out, &frames, CLIP_FPS)?;
-    println!("wrote {} ({} frames) and {}", args.out.display(), frames.len(), frames_dir.display());
+    println!(
+        "wrote {} ({} frames) and {}",
+        args.out.display(),
+        frames.len(),
+        frames_dir.display()
+    );
     Ok(())
 }
 
@@ -220,9 +259,21 @@ mod tests {
 
     #[test]
     fn lora_specs_split_only_at_a_numeric_multiplier() {
-        assert_eq!(parse_lora("a.safetensors"), (PathBuf::from("a.safetensors"), 1.0));
-        assert_eq!(parse_lora("a.safetensors:0.5"), (PathBuf::from("a.safetensors"), 0.5));
-        assert_eq!(parse_lora(r"C:\l\a.safetensors"), (PathBuf::from(r"C:\l\a.safetensors"), 1.0));
-        assert_eq!(parse_lora(r"C:\l\a.safetensors:-1"), (PathBuf::from(r"C:\l\a.safetensors"), -1.0));
+        assert_eq!(
+            parse_lora("a.safetensors"),
+            (PathBuf::from("a.safetensors"), 1.0)
+        );
+        assert_eq!(
+            parse_lora("a.safetensors:0.5"),
+            (PathBuf::from("a.safetensors"), 0.5)
+        );
+        assert_eq!(
+            parse_lora(r"C:\l\a.safetensors"),
+            (PathBuf::from(r"C:\l\a.safetensors"), 1.0)
+        );
+        assert_eq!(
+            parse_lora(r"C:\l\a.safetensors:-1"),
+            (PathBuf::from(r"C:\l\a.safetensors"), -1.0)
+        );
     }
 }

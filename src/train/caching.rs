@@ -217,7 +217,9 @@ impl Expected {
                 .filter_map(|e| e.ok())
                 .filter_map(|e| e.file_name().into_string().ok())
                 .filter(|name| name.ends_with(suffix) && !keep.contains(name))
-                .filter(|name| !failed.is_some_and(|f| f.iter().any(|s| name.starts_with(&format!("{s}_")))))
+                .filter(|name| {
+                    !failed.is_some_and(|f| f.iter().any(|s| name.starts_with(&format!("{s}_"))))
+                })
                 .map(|name| dir.join(name))
                 .collect();
             stale.sort();
@@ -284,7 +286,11 @@ pub fn cache_latents(
 
 /// The latent cache files of an item, from headers and a probe only (no decoding); `None` when the media
 /// cannot be measured that way.
-fn planned_caches(ds: &ResolvedDataset, tools: Option<&MediaTools>, media: &Path) -> Option<Vec<PathBuf>> {
+fn planned_caches(
+    ds: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    media: &Path,
+) -> Option<Vec<PathBuf>> {
     let dir = cache_dir(ds, media);
     let stem = media_stem(media);
     match ds.kind() {
@@ -298,7 +304,13 @@ fn planned_caches(ds: &ResolvedDataset, tools: Option<&MediaTools>, media: &Path
             let frames = info.frame_count? as usize;
             let names = select_frames(frames, params, WAN_TARGET_FPS)
                 .into_iter()
-                .map(|c| dir.join(video_latent_cache_name(&stem, c.window, (info.width, info.height))))
+                .map(|c| {
+                    dir.join(video_latent_cache_name(
+                        &stem,
+                        c.window,
+                        (info.width, info.height),
+                    ))
+                })
                 .collect();
             Some(names)
         }

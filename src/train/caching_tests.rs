@@ -34,7 +34,12 @@ fn models(dir: &Path) -> anyhow::Result<Models> {
     Ok(Models {
         vae: load_vae_auto(&fixture("wan21_vae_tiny"), DType::F32, &Device::Cpu)?,
         stats: LatentStats::official(VaeVariant::Wan21, &Device::Cpu)?,
-        text: TextEncoder::load(&fixture("umt5_tiny"), Some(&tokenizer), DType::F32, &Device::Cpu)?,
+        text: TextEncoder::load(
+            &fixture("umt5_tiny"),
+            Some(&tokenizer),
+            DType::F32,
+            &Device::Cpu,
+        )?,
     })
 }
 
@@ -80,7 +85,7 @@ fn image_dataset(root: &Path, cache_dir: &str) -> anyhow::Result<PathBuf> {
 
 fn keys(path: &Path) -> anyhow::Result<Vec<String>> {
     let file = read_tensor_file(path, &Device::Cpu)?;
-    let mut keys: Vec<String> = file.tensors.iter().map(|(k, _)| k.clone()).collect();
+    let mut keys: Vec<String> = file.tensors.keys().cloned().collect();
     keys.sort();
     Ok(keys)
 }
@@ -93,11 +98,24 @@ fn image_latents_use_musubi_names_skip_existing_and_drop_stale() -> anyhow::Resu
     let valid = load_valid(&toml)?;
     let cache = dir.path().join("cache");
 
-    let first = cache_latents(&valid, None, &encoder(&m), &CacheOptions::default(), &mut ())?;
-    assert_eq!((first.items, first.written, first.skipped), (3, 2, 0), "{first}");
+    let first = cache_latents(
+        &valid,
+        None,
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
+    assert_eq!(
+        (first.items, first.written, first.skipped),
+        (3, 2, 0),
+        "{first}"
+    );
     assert_eq!(first.failed.len(), 1);
     let (bad, why) = &first.failed[0];
-    assert!(bad.ends_with("broken.png") && why.contains("cannot read the image"), "{why}");
+    assert!(
+        bad.ends_with("broken.png") && why.contains("cannot read the image"),
+        "{why}"
+    );
     let red = cache.join("red_0040x0030_wan.safetensors");
     assert_eq!(keys(&red)?, vec!["latents_1x4x4_float32".to_string()]);
     let (latent, meta) = read_wan_latent_cache(&red, &Device::Cpu)?;
@@ -106,8 +124,18 @@ fn image_latents_use_musubi_names_skip_existing_and_drop_stale() -> anyhow::Resu
     assert!(cache.join("blue_0048x0032_wan.safetensors").is_file());
 
     // A second run writes nothing; the broken file is reported again.
-    let again = cache_latents(&valid, None, &encoder(&m), &CacheOptions::default(), &mut ())?;
-    assert_eq!((again.written, again.skipped, again.failed.len()), (0, 2, 1), "{again}");
+    let again = cache_latents(
+        &valid,
+        None,
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
+    assert_eq!(
+        (again.written, again.skipped, again.failed.len()),
+        (0, 2, 1),
+        "{again}"
+    );
 
     // Stale: a cache of a removed image and of an item never in the dataset go; the failed item's old cache and
     // the text caches stay.
@@ -118,13 +146,32 @@ fn image_latents_use_musubi_names_skip_existing_and_drop_stale() -> anyhow::Resu
     for path in [&gone, &broken_old] {
         std::fs::copy(&red, path)?;
     }
-    write_wan_text_cache(&text, &Tensor::zeros((2, 32), DType::F32, &Device::Cpu)?, "x")?;
-    let kept = cache_latents(&valid, None, &encoder(&m), &CacheOptions { keep_stale: true }, &mut ())?;
+    write_wan_text_cache(
+        &text,
+        &Tensor::zeros((2, 32), DType::F32, &Device::Cpu)?,
+        "x",
+    )?;
+    let kept = cache_latents(
+        &valid,
+        None,
+        &encoder(&m),
+        &CacheOptions { keep_stale: true },
+        &mut (),
+    )?;
     assert!(kept.removed.is_empty() && gone.is_file());
-    let cleaned = cache_latents(&valid, None, &encoder(&m), &CacheOptions::default(), &mut ())?;
+    let cleaned = cache_latents(
+        &valid,
+        None,
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     let mut removed = cleaned.removed.clone();
     removed.sort();
-    assert_eq!(removed, vec![cache.join("blue_0048x0032_wan.safetensors"), gone]);
+    assert_eq!(
+        removed,
+        vec![cache.join("blue_0048x0032_wan.safetensors"), gone]
+    );
     assert!(broken_old.is_file() && text.is_file() && red.is_file());
     Ok(())
 }
@@ -136,11 +183,24 @@ fn text_caches_hold_the_caption_and_follow_caption_edits() -> anyhow::Result<()>
     let toml = image_dataset(dir.path(), "cache")?;
     let valid = load_valid(&toml)?;
     let cache = dir.path().join("cache");
-    let run = || cache_text(&valid, None, &m.text, DType::F32, &CacheOptions::default(), &mut ());
+    let run = || {
+        cache_text(
+            &valid,
+            None,
+            &m.text,
+            DType::F32,
+            &CacheOptions::default(),
+            &mut (),
+        )
+    };
 
     let first = run()?;
     // Text caches need no pixels: the broken image's caption is cached too.
-    assert_eq!((first.items, first.written, first.failed.len()), (3, 3, 0), "{first}");
+    assert_eq!(
+        (first.items, first.written, first.failed.len()),
+        (3, 3, 0),
+        "{first}"
+    );
     let red = cache.join("red_wan_te.safetensors");
     assert_eq!(keys(&red)?, vec!["varlen_t5_float32".to_string()]);
     let cached = read_wan_text_cache(&red, &Device::Cpu)?;
@@ -153,9 +213,19 @@ fn text_caches_hold_the_caption_and_follow_caption_edits() -> anyhow::Result<()>
     assert_eq!(run()?.written, 0);
     std::fs::write(dir.path().join("images/red.txt"), "a green dog")?;
     let edited = load_valid(&toml)?;
-    let after = cache_text(&edited, None, &m.text, DType::F32, &CacheOptions::default(), &mut ())?;
+    let after = cache_text(
+        &edited,
+        None,
+        &m.text,
+        DType::F32,
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     assert_eq!((after.written, after.skipped), (1, 2), "{after}");
-    assert_eq!(read_wan_text_cache(&red, &Device::Cpu)?.caption, "a green dog");
+    assert_eq!(
+        read_wan_text_cache(&red, &Device::Cpu)?.caption,
+        "a green dog"
+    );
     Ok(())
 }
 
@@ -170,7 +240,16 @@ fn video_clips_are_cached_per_window() -> anyhow::Result<()> {
     let videos = dir.path().join("videos");
     std::fs::create_dir_all(&videos)?;
     let status = std::process::Command::new(&tools.ffmpeg)
-        .args(["-v", "error", "-f", "lavfi", "-i", "testsrc=size=48x32:rate=16", "-frames:v", "12"])
+        .args([
+            "-v",
+            "error",
+            "-f",
+            "lavfi",
+            "-i",
+            "testsrc=size=48x32:rate=16",
+            "-frames:v",
+            "12",
+        ])
         .args(["-pix_fmt", "yuv420p"])
         .arg(videos.join("pattern.mp4"))
         .status()?;
@@ -185,7 +264,13 @@ fn video_clips_are_cached_per_window() -> anyhow::Result<()> {
     )?;
     let valid = load_valid(&toml)?;
     let m = models(dir.path())?;
-    let summary = cache_latents(&valid, Some(&tools), &encoder(&m), &CacheOptions::default(), &mut ())?;
+    let summary = cache_latents(
+        &valid,
+        Some(&tools),
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     assert_eq!((summary.items, summary.written), (1, 2), "{summary}");
     let cache = dir.path().join("cache");
     for start in [0, 5] {
@@ -194,7 +279,13 @@ fn video_clips_are_cached_per_window() -> anyhow::Result<()> {
         assert_eq!(latent.latents.dims(), &[16, 2, 4, 4]);
         assert_eq!(meta.frame_count, Some(5));
     }
-    let again = cache_latents(&valid, Some(&tools), &encoder(&m), &CacheOptions::default(), &mut ())?;
+    let again = cache_latents(
+        &valid,
+        Some(&tools),
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     assert_eq!((again.written, again.skipped), (0, 1), "{again}");
     Ok(())
 }
@@ -209,17 +300,37 @@ fn training_on_framesmith_caches_equals_musubi_format_caches() -> anyhow::Result
     let ours = image_dataset(dir.path(), "cache_ours")?;
     let musubi = image_dataset(dir.path(), "cache_musubi")?;
     let valid = load_valid(&ours)?;
-    cache_latents(&valid, None, &encoder(&m), &CacheOptions::default(), &mut ())?;
-    cache_text(&valid, None, &m.text, DType::F32, &CacheOptions::default(), &mut ())?;
+    cache_latents(
+        &valid,
+        None,
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
+    cache_text(
+        &valid,
+        None,
+        &m.text,
+        DType::F32,
+        &CacheOptions::default(),
+        &mut (),
+    )?;
 
     let target = dir.path().join("cache_musubi");
     std::fs::create_dir_all(&target)?;
     let t5 = m.text.encode_prompts(&["a dog"])?.remove(0);
     write_wan_text_cache(&target.join(text_cache_name("broken")), &t5, "a dog")?;
-    for (stem, size, caption) in [("red", (40, 30), "a red cat"), ("blue", (48, 32), "a blue square on the left")] {
+    for (stem, size, caption) in [
+        ("red", (40, 30), "a red cat"),
+        ("blue", (48, 32), "a blue square on the left"),
+    ] {
         let img = image::open(dir.path().join(format!("images/{stem}.png")))?.to_rgb8();
         let resized = crate::data::resize::resize_to_bucket(&img, (32, 32));
-        let pixels: Vec<f32> = resized.as_raw().iter().map(|&v| f32::from(v) / 127.5 - 1.0).collect();
+        let pixels: Vec<f32> = resized
+            .as_raw()
+            .iter()
+            .map(|&v| f32::from(v) / 127.5 - 1.0)
+            .collect();
         let video = Tensor::from_vec(pixels, (1, 32, 32, 3), &Device::Cpu)?
             .permute((3, 0, 1, 2))?
             .unsqueeze(0)?;
@@ -232,7 +343,11 @@ fn training_on_framesmith_caches_equals_musubi_format_caches() -> anyhow::Result
             f_indices: None,
         };
         let name = image_latent_cache_name(stem, size);
-        write_wan_latent_cache(&target.join(&name), &cache, &LatentCacheMetadata::wan(size, None))?;
+        write_wan_latent_cache(
+            &target.join(&name),
+            &cache,
+            &LatentCacheMetadata::wan(size, None),
+        )?;
         let t5 = m.text.encode_prompts(&[caption])?.remove(0);
         write_wan_text_cache(&target.join(text_cache_name(stem)), &t5, caption)?;
     }
@@ -253,25 +368,39 @@ fn training_on_framesmith_caches_equals_musubi_format_caches() -> anyhow::Result
         assert_eq!(a.metadata, b.metadata, "{name}");
         assert_eq!(a.tensors.len(), b.tensors.len(), "{name}");
         for (key, ta) in &a.tensors {
-            let tb = b.tensors.get(key).ok_or_else(|| anyhow::anyhow!("{name}: no {key}"))?;
+            let tb = b
+                .tensors
+                .get(key)
+                .ok_or_else(|| anyhow::anyhow!("{name}: no {key}"))?;
             let bits = |t: &Tensor| -> anyhow::Result<Vec<u32>> {
-                Ok(t.flatten_all()?.to_vec1::<f32>()?.iter().map(|v| v.to_bits()).collect())
+                Ok(t.flatten_all()?
+                    .to_vec1::<f32>()?
+                    .iter()
+                    .map(|v| v.to_bits())
+                    .collect())
             };
             assert!(bits(ta)? == bits(tb)?, "{name}: {key} differs");
         }
     }
 
     let losses = |toml: &Path, out: &str| -> anyhow::Result<Vec<Option<f64>>> {
-        let mut config = presets::builtin("demo-cpu")?.apply(&RunConfig::default())?.config;
+        let mut config = presets::builtin("demo-cpu")?
+            .apply(&RunConfig::default())?
+            .config;
         config.dataset.synthetic = false;
         config.dataset.config = toml.to_path_buf();
         config.training.max_train_steps = 3;
         config.optimizer.lr_warmup_steps = 0;
         config.output.output_dir = dir.path().join(out);
         config.output.save_every_n_steps = Some(0);
-        let request = StartRun { config, resume_from: None };
+        let request = StartRun {
+            config,
+            resume_from: None,
+        };
         let mut trainer = Trainer::start(&request, &mut |_, _| {})?;
-        (0..3).map(|_| Ok(trainer.train_step(&|| false)?.loss)).collect()
+        (0..3)
+            .map(|_| Ok(trainer.train_step(&|| false)?.loss))
+            .collect()
     };
     let a = losses(&ours, "run_ours")?;
     assert!(a.iter().all(|l| l.is_some_and(f64::is_finite)), "{a:?}");

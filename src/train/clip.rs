@@ -52,7 +52,9 @@ impl Conditioning {
             out.extend(text.encode_prompts(&[p])?);
         }
         let mut out = out.into_iter();
-        let context = out.next().context("the text encoder returned no embedding")?;
+        let context = out
+            .next()
+            .context("the text encoder returned no embedding")?;
         Ok(Self {
             context,
             negative: out.next(),
@@ -75,7 +77,11 @@ pub struct ClipSettings {
 }
 
 /// The latent shape `[z, (frames − 1) / 4 + 1, h / s, w / s]` of a clip, or an error saying which sizes work.
-pub fn latent_shape(dit: &WanConfig, vae: &VaeConfig, s: &ClipSettings) -> anyhow::Result<[usize; 4]> {
+pub fn latent_shape(
+    dit: &WanConfig,
+    vae: &VaeConfig,
+    s: &ClipSettings,
+) -> anyhow::Result<[usize; 4]> {
     let step = vae.spatial_factor() * dit.patch_size[1].max(dit.patch_size[2]);
     if s.width == 0 || s.height == 0 || s.width % step != 0 || s.height % step != 0 {
         anyhow::bail!(
@@ -230,8 +236,10 @@ pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
             downs.push(m.down.to_dtype(DType::F32)?);
             ups.push((m.up.to_dtype(DType::F32)? * scale)?);
         }
-        let down = Tensor::cat(&downs, 0).with_context(|| format!("LoRA module {name}: in widths differ"))?;
-        let up = Tensor::cat(&ups, 1).with_context(|| format!("LoRA module {name}: out widths differ"))?;
+        let down = Tensor::cat(&downs, 0)
+            .with_context(|| format!("LoRA module {name}: in widths differ"))?;
+        let up = Tensor::cat(&ups, 1)
+            .with_context(|| format!("LoRA module {name}: out widths differ"))?;
         modules.push(LoadedLora {
             alpha: down.dim(0)? as f64,
             path: list.first().and_then(|(m, _)| m.path.clone()),

@@ -52,7 +52,11 @@ fn random_lora(seed: u64, rank: usize) -> anyhow::Result<LoraFile> {
         .iter()
         .enumerate()
         .map(|(i, path)| {
-            let (in_dim, out_dim) = if path.ends_with("ffn.0") { (64, 128) } else { (64, 64) };
+            let (in_dim, out_dim) = if path.ends_with("ffn.0") {
+                (64, 128)
+            } else {
+                (64, 64)
+            };
             let s = (seed * 10 + i as u64) as f64;
             Ok(LoadedLora {
                 name: crate::nn::lora_file::musubi_name(path),
@@ -102,11 +106,20 @@ fn sizes_that_do_not_fit_are_explained() {
     };
     assert_eq!(latent_shape(&dit, &vae, &s).ok(), Some([16, 21, 60, 104]));
     s.width = 840;
-    let msg = latent_shape(&dit, &vae, &s).err().map(|e| e.to_string()).unwrap_or_default();
-    assert!(msg.contains("multiples of 16") && msg.contains("832x480"), "{msg}");
+    let msg = latent_shape(&dit, &vae, &s)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        msg.contains("multiples of 16") && msg.contains("832x480"),
+        "{msg}"
+    );
     s.width = 832;
     s.frames = 80;
-    let msg = latent_shape(&dit, &vae, &s).err().map(|e| e.to_string()).unwrap_or_default();
+    let msg = latent_shape(&dit, &vae, &s)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
     assert!(msg.contains("4k + 1") && msg.contains("77"), "{msg}");
     s.frames = 81;
     let msg = latent_shape(&dit, &VaeConfig::wan22(), &s)
@@ -121,12 +134,22 @@ fn tiny_models_make_a_deterministic_clip_with_loras() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let tokenizer = dir.path().join("tokenizer.json");
     write_tiny_tokenizer(&tokenizer)?;
-    let text = TextEncoder::load(&fixture("umt5_tiny"), Some(&tokenizer), DType::F32, &Device::Cpu)?;
+    let text = TextEncoder::load(
+        &fixture("umt5_tiny"),
+        Some(&tokenizer),
+        DType::F32,
+        &Device::Cpu,
+    )?;
     let cond = Conditioning::encode(&text, "a red cat on the left", Some("a dog"), 3.0)?;
     assert_eq!(cond.context.dims(), &[7, 32]);
-    assert_eq!(cond.negative.as_ref().map(Tensor::dims), Some(&[3usize, 32][..]));
+    assert_eq!(
+        cond.negative.as_ref().map(Tensor::dims),
+        Some(&[3usize, 32][..])
+    );
     // Unguided: no negative prompt is encoded, the default included.
-    assert!(Conditioning::encode(&text, "a cat", None, 1.0)?.negative.is_none());
+    assert!(Conditioning::encode(&text, "a cat", None, 1.0)?
+        .negative
+        .is_none());
     drop(text);
 
     let mut dit = tiny_dit()?;

@@ -39,8 +39,12 @@ pub fn encode_sample_prompts(
         .as_ref()
         .context("samples need model.text_encoder (the umT5 weights)")?;
     let specs = read_prompt_file(&sampling.prompts)?;
-    let encoder = TextEncoder::load(path, None, dtype, device)
-        .with_context(|| format!("loading the text encoder for samples from {}", path.display()))?;
+    let encoder = TextEncoder::load(path, None, dtype, device).with_context(|| {
+        format!(
+            "loading the text encoder for samples from {}",
+            path.display()
+        )
+    })?;
     let encoded = specs
         .into_iter()
         .map(|spec| {
@@ -56,7 +60,10 @@ pub fn encode_sample_prompts(
         .collect::<anyhow::Result<Vec<_>>>()?;
     log(
         LogLevel::Info,
-        format!("{} sample prompts encoded; text encoder released", encoded.len()),
+        format!(
+            "{} sample prompts encoded; text encoder released",
+            encoded.len()
+        ),
     );
     Ok(Some(encoded))
 }
@@ -108,12 +115,12 @@ pub fn vae_sampling(
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let decoder = Decoder::Vae(VaeDecoder {
+    let decoder = Decoder::Vae(Box::new(VaeDecoder {
         vae,
         stats,
         tiles: None,
         dtype,
-    });
+    }));
     Ok((prompts, decoder))
 }
 

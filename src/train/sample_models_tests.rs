@@ -22,8 +22,10 @@ fn fixture(case: &str) -> std::path::PathBuf {
 fn cached_dataset(root: &Path, text_encoder: &Path) -> anyhow::Result<std::path::PathBuf> {
     let images = root.join("images");
     std::fs::create_dir_all(&images)?;
-    image::RgbImage::from_fn(32, 32, |x, y| image::Rgb([(x * 8) as u8, (y * 8) as u8, 90]))
-        .save(images.join("grid.png"))?;
+    image::RgbImage::from_fn(32, 32, |x, y| {
+        image::Rgb([(x * 8) as u8, (y * 8) as u8, 90])
+    })
+    .save(images.join("grid.png"))?;
     std::fs::write(images.join("grid.txt"), "a blue square")?;
     let toml = root.join("dataset.toml");
     std::fs::write(
@@ -43,7 +45,14 @@ fn cached_dataset(root: &Path, text_encoder: &Path) -> anyhow::Result<std::path:
     };
     cache_latents(&valid, None, &encoder, &CacheOptions::default(), &mut ())?;
     let text = TextEncoder::load(text_encoder, None, DType::F32, &Device::Cpu)?;
-    cache_text(&valid, None, &text, DType::F32, &CacheOptions::default(), &mut ())?;
+    cache_text(
+        &valid,
+        None,
+        &text,
+        DType::F32,
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     Ok(toml)
 }
 
@@ -56,7 +65,10 @@ fn a_real_model_run_samples_through_the_vae() -> anyhow::Result<()> {
     std::fs::copy(fixture("umt5_tiny"), &text_encoder)?;
     write_tiny_tokenizer(&models.join("tokenizer.json"))?;
     let prompts = dir.path().join("prompts.txt");
-    std::fs::write(&prompts, "a red cat --w 32 --h 48 --f 5 --s 2 --l 2.0 --n a dog --d 3\n")?;
+    std::fs::write(
+        &prompts,
+        "a red cat --w 32 --h 48 --f 5 --s 2 --l 2.0 --n a dog --d 3\n",
+    )?;
 
     let mut config = RunConfig::default();
     config.model.dit = fixture("wan21_t2v_tiny");
@@ -80,7 +92,8 @@ fn a_real_model_run_samples_through_the_vae() -> anyhow::Result<()> {
     };
     let mut trainer = Trainer::start(&request, &mut |level, line| logs.push((level, line)))?;
     assert!(
-        logs.iter().any(|(l, m)| *l == LogLevel::Info && m.contains("text encoder released")),
+        logs.iter()
+            .any(|(l, m)| *l == LogLevel::Info && m.contains("text encoder released")),
         "{logs:?}"
     );
     assert!(trainer.sample_at_start());
@@ -88,10 +101,15 @@ fn a_real_model_run_samples_through_the_vae() -> anyhow::Result<()> {
     assert_eq!(events.len(), 1);
     let samples = dir.path().join("out").join("samples");
     assert!(samples.join("000000-00.mp4").is_file());
-    let info: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(samples.join("000000-00/frames.json"))?)?;
+    let info: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        samples.join("000000-00/frames.json"),
+    )?)?;
     assert_eq!(
-        (info["frames"].as_u64(), info["width"].as_u64(), info["height"].as_u64()),
+        (
+            info["frames"].as_u64(),
+            info["width"].as_u64(),
+            info["height"].as_u64()
+        ),
         (Some(5), Some(32), Some(48))
     );
     let report = trainer.train_step(&|| false)?;

@@ -23,7 +23,7 @@ pub enum Decoder {
     /// The demo codec (the built-in demo model).
     Demo,
     /// A Wan VAE (real models).
-    Vae(super::clip::VaeDecoder),
+    Vae(Box<super::clip::VaeDecoder>),
 }
 
 /// One prompt, with its text embedding computed once.

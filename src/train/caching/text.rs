@@ -8,7 +8,9 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use super::{scan_items, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome};
-use crate::data::cache::{media_stem, read_wan_text_cache, text_cache_name, write_wan_text_cache, WAN_ARCHITECTURE};
+use crate::data::cache::{
+    media_stem, read_wan_text_cache, text_cache_name, write_wan_text_cache, WAN_ARCHITECTURE,
+};
 use crate::data::media::MediaTools;
 use crate::data::samples::cache_dir;
 use crate::data::ValidConfig;
@@ -27,8 +29,7 @@ fn text_suffix() -> String {
 
 /// Whether `path` holds a readable text cache of `caption`.
 fn cached(path: &Path, caption: &str) -> bool {
-    path.is_file()
-        && read_wan_text_cache(path, &Device::Cpu).is_ok_and(|c| c.caption == caption)
+    path.is_file() && read_wan_text_cache(path, &Device::Cpu).is_ok_and(|c| c.caption == caption)
 }
 
 /// Writes the umT5 embedding of every caption of the dataset config, stored in `dtype`.

@@ -86,11 +86,10 @@ impl UmT5Tokenizer {
                 path: path.to_path_buf(),
             });
         }
-        let tokenizer =
-            Tokenizer::from_file(path).map_err(|e| TokenizerError::Unreadable {
-                path: path.to_path_buf(),
-                reason: e.to_string(),
-            })?;
+        let tokenizer = Tokenizer::from_file(path).map_err(|e| TokenizerError::Unreadable {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
         Self::new(tokenizer, path)
     }
 

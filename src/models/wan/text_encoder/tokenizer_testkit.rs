@@ -60,12 +60,13 @@ pub(crate) fn tiny_tokenizer() -> anyhow::Result<Tokenizer> {
             .special_tokens(vec![("</s>".to_string(), 1u32)])
             .build()?,
     ));
-    tokenizer.add_special_tokens([
-        AddedToken::from("<pad>", true),
-        AddedToken::from("</s>", true),
-        AddedToken::from("<unk>", true),
-    ])
-    .map_err(anyhow::Error::msg)?;
+    tokenizer
+        .add_special_tokens([
+            AddedToken::from("<pad>", true),
+            AddedToken::from("</s>", true),
+            AddedToken::from("<unk>", true),
+        ])
+        .map_err(anyhow::Error::msg)?;
     Ok(tokenizer)
 }
 

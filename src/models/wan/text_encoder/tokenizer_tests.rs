@@ -19,10 +19,16 @@ fn prompts_are_cleaned_like_wans_whitespace_clean() {
         "a \"red\" cat on the left"
     );
     // Unescaped twice, as `basic_clean` does.
-    assert_eq!(clean_prompt("cats &amp;amp; dogs &#39;x&#x27;"), "cats & dogs 'x'");
+    assert_eq!(
+        clean_prompt("cats &amp;amp; dogs &#39;x&#x27;"),
+        "cats & dogs 'x'"
+    );
     assert_eq!(clean_prompt("&unknown; & so"), "&unknown; & so");
     // Full-width punctuation and the ideographic space of Chinese prompts become ASCII.
-    assert_eq!(clean_prompt("色调艳丽，过曝\u{3000}静态"), "色调艳丽,过曝 静态");
+    assert_eq!(
+        clean_prompt("色调艳丽，过曝\u{3000}静态"),
+        "色调艳丽,过曝 静态"
+    );
     assert_eq!(clean_prompt("\u{fb01}ne\u{0007}\u{feff}"), "fine");
 }
 

@@ -99,10 +99,7 @@ pub fn vae_config_from_tensors(tensors: &HashMap<String, Tensor>) -> Option<VaeC
         .iter()
         .map(|s| s.residual_widths.last().map(|w| w / dim))
         .collect::<Option<Vec<_>>>()?;
-    let temporal_downsample = inner
-        .iter()
-        .map(|s| s.resample.unwrap_or(false))
-        .collect();
+    let temporal_downsample = inner.iter().map(|s| s.resample.unwrap_or(false)).collect();
     let attn_scales = stages
         .iter()
         .enumerate()
@@ -129,11 +126,16 @@ pub fn vae_config_from_tensors(tensors: &HashMap<String, Tensor>) -> Option<VaeC
 
 /// Loads a Wan VAE (official `.pth`, ComfyUI or other safetensors) with the architecture read from its
 /// weights, converting them to `dtype` on `device`.
-pub fn load_vae_auto(path: &Path, dtype: DType, device: &Device) -> Result<WanVae, CheckpointError> {
+pub fn load_vae_auto(
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<WanVae, CheckpointError> {
     let tensors = strip_vae_prefix(read_checkpoint(path)?);
     let Some(cfg) = vae_config_from_tensors(&tensors) else {
         let what = if detect_vae_variant(&tensors).is_some() {
-            "this Wan VAE has a layout the official code does not make (stages of unequal depth?)".into()
+            "this Wan VAE has a layout the official code does not make (stages of unequal depth?)"
+                .into()
         } else {
             describe_non_vae(&tensors)
         };
@@ -159,7 +161,8 @@ mod tests {
 
     fn fixture_config(case: &str) -> anyhow::Result<(HashMap<String, Tensor>, VaeConfig)> {
         let dir = crate::parity::schedulers::fixture_case(case);
-        let tensors = candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
+        let tensors =
+            candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
         let json: serde_json::Value =
             serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
         let init = &json["init"];
@@ -199,8 +202,8 @@ mod tests {
             let (tensors, expected) = fixture_config(case)?;
             assert_eq!(vae_config_from_tensors(&tensors), Some(expected), "{case}");
         }
-        let path = crate::parity::schedulers::fixture_case("wan22_vae_tiny")
-            .join("weights.safetensors");
+        let path =
+            crate::parity::schedulers::fixture_case("wan22_vae_tiny").join("weights.safetensors");
         let vae = load_vae_auto(&path, DType::F32, &Device::Cpu)?;
         assert_eq!((vae.config().dec_dim, vae.config().z_dim), (12, 48));
         Ok(())
@@ -221,7 +224,10 @@ mod tests {
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
-        assert!(msg.contains("T5 text encoder, not the VAE") && msg.contains("t5.safetensors"), "{msg}");
+        assert!(
+            msg.contains("T5 text encoder, not the VAE") && msg.contains("t5.safetensors"),
+            "{msg}"
+        );
         Ok(())
     }
 }
