@@ -136,7 +136,7 @@ fn latents(args: &LatentArgs) -> anyhow::Result<()> {
         eprintln!("warning: ffmpeg was not found, so video files cannot be decoded; {FFMPEG_INSTALL_HINT}");
     }
     let device = open_device(args.device)?;
-    let dtype = pick_dtype(args.dtype, &device);
+    let dtype = pick_dtype(args.dtype, &device)?;
     let vae = load_vae_auto(&args.vae, dtype, &device)?;
     let stats = LatentStats::official(vae.config().variant, &device)?;
     eprintln!(
@@ -164,7 +164,7 @@ fn latents(args: &LatentArgs) -> anyhow::Result<()> {
 fn text(args: &TextArgs) -> anyhow::Result<()> {
     let valid = dataset(&args.dataset)?;
     let device = open_device(args.device)?;
-    let dtype = pick_dtype(args.dtype, &device);
+    let dtype = pick_dtype(args.dtype, &device)?;
     let encoder = TextEncoder::load(
         &args.text_encoder,
         args.tokenizer.as_deref(),

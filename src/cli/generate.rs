@@ -179,7 +179,7 @@ fn boundary(arg: Option<f64>, cfg: &WanConfig) -> f64 {
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let device = open_device(args.device)?;
-    let dtype = pick_dtype(args.dtype, &device);
+    let dtype = pick_dtype(args.dtype, &device)?;
     let text = TextEncoder::load(
         &args.text_encoder,
         args.tokenizer.as_deref(),

@@ -33,14 +33,20 @@ pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
 }
 
 /// The dtype asked for, else bf16 on a GPU (as the official code runs) and f32 on the CPU (where it is fast).
-pub fn pick_dtype(arg: Option<DtypeArg>, device: &Device) -> DType {
-    match arg {
+/// bf16 on the CPU is refused up front: candle's CPU matrix multiply has no bf16 kernel.
+pub fn pick_dtype(arg: Option<DtypeArg>, device: &Device) -> anyhow::Result<DType> {
+    Ok(match arg {
+        Some(DtypeArg::Bf16) if device.is_cpu() => {
+            anyhow::bail!(
+                "bf16 does not run on the CPU (no bf16 matrix multiply there); use --dtype f32"
+            )
+        }
         Some(DtypeArg::F32) => DType::F32,
         Some(DtypeArg::Bf16) => DType::BF16,
         Some(DtypeArg::F16) => DType::F16,
         None if device.is_cpu() => DType::F32,
         None => DType::BF16,
-    }
+    })
 }
 
 /// A progress bar with `template` on a terminal; hidden otherwise (lines are then printed by the caller).

@@ -3,6 +3,7 @@
 //! already on disk are kept (a text cache only while its caption is unchanged), caches of items no longer in the
 //! dataset are removed unless asked not to, and a file that cannot be decoded is reported and skipped.
 
+mod header;
 mod text;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -14,8 +15,8 @@ use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 use crate::data::cache::{
-    image_latent_cache_name, media_stem, read_wan_latent_cache, video_latent_cache_name,
-    write_wan_latent_cache, LatentCacheMetadata, WanLatentCache, WAN_ARCHITECTURE,
+    image_latent_cache_name, media_stem, video_latent_cache_name, write_wan_latent_cache,
+    LatentCacheMetadata, WanLatentCache, WAN_ARCHITECTURE,
 };
 use crate::data::frames::{select_frames, WAN_TARGET_FPS};
 use crate::data::media::MediaTools;
@@ -258,22 +259,15 @@ pub fn cache_latents(
         let ds = &scan.dataset;
         expected.dataset(ds, scan);
         for item in &scan.items {
-            let outcome = match cache_item(ds, tools, &item.media, encoder, &mut expected) {
-                Ok((outcome, nan_keys)) => {
-                    if !nan_keys.is_empty() {
-                        summary.warnings.push(format!(
-                            "NaN in {} (stored as 0, as musubi-tuner does): {}",
-                            nan_keys.join(", "),
-                            item.media.display()
-                        ));
-                    }
-                    outcome
-                }
-                Err(e) => {
-                    expected.failed(ds, &item.media);
-                    ItemOutcome::Failed(format!("{e:#}"))
-                }
-            };
+            let (outcome, nan_keys) = cache_item(ds, tools, &item.media, encoder, &mut expected)
+                .with_context(|| format!("caching {}", item.media.display()))?;
+            if !nan_keys.is_empty() {
+                summary.warnings.push(format!(
+                    "NaN in {} (stored as 0, as musubi-tuner does): {}",
+                    nan_keys.join(", "),
+                    item.media.display()
+                ));
+            }
             progress.item_done(&item.media, &outcome);
             summary.record(&item.media, &outcome);
         }
@@ -317,9 +311,9 @@ fn planned_caches(
     }
 }
 
-/// Whether a readable latent cache is at `path`.
+/// Whether a complete latent cache is at `path`.
 fn cached(path: &Path) -> bool {
-    path.is_file() && read_wan_latent_cache(path, &Device::Cpu).is_ok()
+    header::complete_cache(path, "latents_").is_some()
 }
 
 /// Caches one image or video; returns what happened and the names of tensors that held NaN.
@@ -336,13 +330,23 @@ fn cache_item(
             return Ok((ItemOutcome::Skipped, Vec::new()));
         }
     }
-    let samples: Vec<Sample> = match ds.kind() {
-        DatasetKind::Image => vec![image_sample(ds, media)?],
-        DatasetKind::Video => video_samples(ds, tools, media)?,
+    // A file that does not decode is the item's failure; anything later (the VAE, the disk) stops the run.
+    let decoded = match ds.kind() {
+        DatasetKind::Image => image_sample(ds, media)
+            .map(|s| vec![s])
+            .map_err(|e| e.reason()),
+        DatasetKind::Video => video_samples(ds, tools, media).map_err(|e| e.reason()),
     };
-    if samples.is_empty() {
-        anyhow::bail!("the video is too short for any clip of target_frames");
-    }
+    let samples: Vec<Sample> = match decoded {
+        Ok(samples) if !samples.is_empty() => samples,
+        failed => {
+            expected.failed(ds, media);
+            let reason = failed
+                .err()
+                .unwrap_or_else(|| "the video is too short for any clip of target_frames".into());
+            return Ok((ItemOutcome::Failed(reason), Vec::new()));
+        }
+    };
     let (mut written, mut nan_keys) = (0, Vec::new());
     for sample in &samples {
         expected.file(&sample.latent_cache);

@@ -9,7 +9,9 @@ use image::RgbImage;
 
 use super::*;
 use crate::config::{presets, RunConfig};
-use crate::data::cache::{read_wan_text_cache, text_cache_name, write_wan_text_cache};
+use crate::data::cache::{
+    read_wan_latent_cache, read_wan_text_cache, text_cache_name, write_wan_text_cache,
+};
 use crate::data::load_valid;
 use crate::data::tensor_file::read_tensor_file;
 use crate::models::wan::text_encoder::tokenizer::testkit::write_tiny_tokenizer;
@@ -136,6 +138,18 @@ fn image_latents_use_musubi_names_skip_existing_and_drop_stale() -> anyhow::Resu
         (0, 2, 1),
         "{again}"
     );
+    // A cache cut short (a run killed while writing) is made again.
+    let bytes = std::fs::read(&red)?;
+    std::fs::write(&red, &bytes[..bytes.len() - 4])?;
+    let repaired = cache_latents(
+        &valid,
+        None,
+        &encoder(&m),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
+    assert_eq!((repaired.written, repaired.skipped), (1, 1), "{repaired}");
+    assert!(read_wan_latent_cache(&red, &Device::Cpu).is_ok());
 
     // Stale: a cache of a removed image and of an item never in the dataset go; the failed item's old cache and
     // the text caches stay.
@@ -173,6 +187,30 @@ fn image_latents_use_musubi_names_skip_existing_and_drop_stale() -> anyhow::Resu
         vec![cache.join("blue_0048x0032_wan.safetensors"), gone]
     );
     assert!(broken_old.is_file() && text.is_file() && red.is_file());
+    Ok(())
+}
+
+/// A failing VAE is not one bad file: the run stops and names the item it was on.
+#[test]
+fn an_encoder_failure_stops_the_run() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let m = models(dir.path())?;
+    let valid = load_valid(&image_dataset(dir.path(), "cache")?)?;
+    let broken = LatentEncoder {
+        tiles: Some(TileConfig {
+            tile: 0,
+            overlap: 0,
+        }),
+        ..encoder(&m)
+    };
+    let err = cache_latents(&valid, None, &broken, &CacheOptions::default(), &mut ())
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        err.contains("caching") && err.contains("blue.png") && err.contains("tile size"),
+        "{err}"
+    );
     Ok(())
 }
 

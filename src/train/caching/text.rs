@@ -8,9 +8,7 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use super::{scan_items, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome};
-use crate::data::cache::{
-    media_stem, read_wan_text_cache, text_cache_name, write_wan_text_cache, WAN_ARCHITECTURE,
-};
+use crate::data::cache::{media_stem, text_cache_name, write_wan_text_cache, WAN_ARCHITECTURE};
 use crate::data::media::MediaTools;
 use crate::data::samples::cache_dir;
 use crate::data::ValidConfig;
@@ -27,9 +25,10 @@ fn text_suffix() -> String {
     format!("_{WAN_ARCHITECTURE}_te.safetensors")
 }
 
-/// Whether `path` holds a readable text cache of `caption`.
+/// Whether `path` holds a complete text cache of `caption`.
 fn cached(path: &Path, caption: &str) -> bool {
-    path.is_file() && read_wan_text_cache(path, &Device::Cpu).is_ok_and(|c| c.caption == caption)
+    super::header::complete_cache(path, "varlen_t5_")
+        .is_some_and(|meta| meta.get("caption1").map(String::as_str) == Some(caption))
 }
 
 /// Writes the umT5 embedding of every caption of the dataset config, stored in `dtype`.
@@ -76,10 +75,10 @@ pub fn cache_text(
         }
     }
     for item in &pending {
-        let outcome = match encode_one(encoder, item, dtype) {
-            Ok(()) => ItemOutcome::Written(1),
-            Err(e) => ItemOutcome::Failed(format!("{e:#}")),
-        };
+        // The encoder failing is not about one caption: it stops the run.
+        encode_one(encoder, item, dtype)
+            .with_context(|| format!("encoding the caption of {}", item.media.display()))?;
+        let outcome = ItemOutcome::Written(1);
         progress.item_done(&item.media, &outcome);
         summary.record(&item.media, &outcome);
     }
