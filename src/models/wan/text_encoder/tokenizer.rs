@@ -86,10 +86,15 @@ impl UmT5Tokenizer {
                 path: path.to_path_buf(),
             });
         }
-        let tokenizer = Tokenizer::from_file(path).map_err(|e| TokenizerError::Unreadable {
+        let unreadable = |reason: String| TokenizerError::Unreadable {
             path: path.to_path_buf(),
-            reason: e.to_string(),
-        })?;
+            reason,
+        };
+        // The tokenizers library can panic on damaged files rather than return an error; a bad file is the user's
+        // input, so it becomes an error here.
+        let tokenizer = std::panic::catch_unwind(|| Tokenizer::from_file(path))
+            .map_err(|_| unreadable("the tokenizers library crashed reading it".into()))?
+            .map_err(|e| unreadable(e.to_string()))?;
         Self::new(tokenizer, path)
     }
 
@@ -123,13 +128,16 @@ impl UmT5Tokenizer {
     /// one still gives the official ids.
     pub fn tokenize(&self, prompt: &str) -> Result<Vec<u32>, TokenizerError> {
         let cleaned = clean_prompt(prompt);
-        let encoding = self
-            .tokenizer
-            .encode(cleaned.as_str(), false)
-            .map_err(|e| TokenizerError::Encode {
-                prompt: prompt.to_string(),
-                reason: e.to_string(),
-            })?;
+        let failed = |reason: String| TokenizerError::Encode {
+            prompt: prompt.to_string(),
+            reason,
+        };
+        // A damaged normaliser table can make the library index out of bounds: an error, not a crash.
+        let encoding = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.tokenizer.encode(cleaned.as_str(), false)
+        }))
+        .map_err(|_| failed("the tokenizers library crashed (is tokenizer.json damaged?)".into()))?
+        .map_err(|e| failed(e.to_string()))?;
         let mut ids: Vec<u32> = encoding.get_ids().to_vec();
         ids.truncate(self.max_tokens - 1);
         ids.push(self.eos_id);
