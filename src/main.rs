@@ -56,6 +56,13 @@ enum Command {
         #[command(subcommand)]
         action: DatasetAction,
     },
+    /// Cache a dataset's VAE latents or text-encoder outputs (musubi-tuner's cache files)
+    Cache {
+        #[command(subcommand)]
+        action: cli::cache::CacheAction,
+    },
+    /// Generate a clip from a prompt with a Wan DiT and LoRAs
+    Generate(Box<cli::generate::GenerateArgs>),
     /// Compare a module against reference fixture directories made by the official Wan code
     CheckParity {
         #[arg(required = true)]
@@ -95,6 +102,8 @@ fn main() -> ExitCode {
             action: DatasetAction::Check { path },
         }) => dataset_check(&path),
         Some(Command::CheckParity { dirs }) => check_parity(&dirs),
+        Some(Command::Cache { action }) => cli::cache::run(&action).map(|_| ExitCode::SUCCESS),
+        Some(Command::Generate(args)) => cli::generate::run(&args).map(|_| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

@@ -32,7 +32,8 @@ pub struct Sample {
     pub text_cache: PathBuf,
 }
 
-fn cache_dir(ds: &ResolvedDataset, media: &Path) -> PathBuf {
+/// The folder an item's caches go to: the dataset's cache directory, else the media's own folder.
+pub fn cache_dir(ds: &ResolvedDataset, media: &Path) -> PathBuf {
     ds.cache_directory
         .clone()
         .or_else(|| media.parent().map(Path::to_path_buf))

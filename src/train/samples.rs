@@ -22,6 +22,8 @@ pub const SAMPLE_FPS: f64 = 16.0;
 pub enum Decoder {
     /// The demo codec (the built-in demo model).
     Demo,
+    /// A Wan VAE (real models).
+    Vae(Box<super::clip::VaeDecoder>),
 }
 
 /// One prompt, with its text embedding computed once.
@@ -98,8 +100,9 @@ impl Trainer {
             };
             let latents = generate(&experts, &request, &|| false)
                 .with_context(|| format!("generating the sample for \"{}\"", p.prompt))?;
-            let frames = match sampling.decoder {
+            let frames = match &sampling.decoder {
                 Decoder::Demo => demo::codec::decode(&latents)?,
+                Decoder::Vae(vae) => vae.decode(&latents)?,
             };
             let stem = format!("{:06}-{i:02}", self.step);
             let frames_dir = sampling.dir.join(&stem);

@@ -10,6 +10,7 @@ use candle_core::{DType, Device};
 use super::checkpoint::Outputs;
 use super::data::{load_cached_items, TrainItem, TrainSet};
 use super::optimizer::AdamW;
+use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use super::samples::{Decoder, SamplePrompt, Sampling};
 use super::trainer::Trainer;
 use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
@@ -194,23 +195,28 @@ fn lora_metadata(plan: &RunPlan, base_name: &str) -> HashMap<String, String> {
     meta
 }
 
+/// Samples: real models use the prompts `encoded` before the DiT was loaded and the Wan VAE; the demo model its
+/// own text embedding and codec.
 fn sampling(
     plan: &RunPlan,
     cfg: &WanConfig,
+    encoded: Option<Vec<EncodedPrompt>>,
     device: &Device,
-    log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<Option<Sampling>> {
     let Some(s) = &plan.sampling else {
         return Ok(None);
     };
-    if plan.model.source != ModelSource::Demo {
-        log(
-            LogLevel::Warn,
-            "samples during training need the text encoder and VAE, which this build does not load yet: sampling is \
-             off for this run"
-                .into(),
-        );
-        return Ok(None);
+    if let Some(encoded) = encoded {
+        let dtype = float_dtype(plan.model.compute_dtype);
+        let (prompts, decoder) = vae_sampling(plan, cfg, encoded, dtype, device)?;
+        return Ok(Some(Sampling {
+            prompts,
+            every_n_steps: s.every_n_steps,
+            every_n_epochs: s.every_n_epochs,
+            at_first: s.at_first,
+            decoder,
+            dir: plan.output.output_dir.join("samples"),
+        }));
     }
     let specs = super::prompts::read_prompt_file(&s.prompts)?;
     let factor = demo::codec::FACTOR;
@@ -277,6 +283,9 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let device = device_for(plan)?;
+        // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
+        let encoded =
+            encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
         let (mut model, base_name) = load_model(plan, &device)?;
         log(LogLevel::Info, format!("model: {base_name} on {device:?}"));
         let cfg = model.config().clone();
@@ -328,7 +337,7 @@ impl Trainer {
             .save(&plan.output.output_dir.join("run.toml"))
             .context("saving the resolved run config")?;
         Ok(Trainer {
-            sampling: sampling(plan, &cfg, &device, log)?,
+            sampling: sampling(plan, &cfg, encoded, &device)?,
             model,
             loras,
             optimizer,

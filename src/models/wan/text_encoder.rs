@@ -1,8 +1,11 @@
 //! The umT5 text encoder of Wan (`T5Encoder` of `wan/modules/t5.py`): token embedding, pre-norm self-attention
 //! blocks with a relative-position bias per block (umT5) or one shared table (T5), gated GELU-tanh feed-forward,
 //! final T5 RMS norm. Official key names (`token_embedding.weight`, `blocks.N.attn.q.weight`,
-//! `blocks.N.pos_embedding.embedding.weight`, `blocks.N.ffn.gate.0.weight`, `norm.weight`). Tokenisation is not
-//! here: [`UmT5Encoder::encode`] takes token ids and a mask.
+//! `blocks.N.pos_embedding.embedding.weight`, `blocks.N.ffn.gate.0.weight`, `norm.weight`). [`UmT5Encoder::encode`]
+//! takes token ids and a mask; [`TextEncoder`] adds the tokenizer (`tokenizer`) and takes prompts.
+
+mod pipeline;
+pub mod tokenizer;
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -12,6 +15,8 @@ use candle_core::{DType, Device, Result, Tensor, D};
 use super::vae::{read_checkpoint, CheckpointError};
 use crate::nn::linear::Linear;
 use crate::nn::vb::Vb;
+
+pub use pipeline::{load_umt5_auto, t5_config_from_tensors, TextEncoder, TextEncoderError};
 
 /// Sizes of a T5 encoder (constructor arguments of the official `T5Encoder`).
 #[derive(Debug, Clone, PartialEq)]

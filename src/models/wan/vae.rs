@@ -5,6 +5,7 @@
 //! `(mu − mean) · inv_std`. Spatially tiled variants keep memory bounded for large frames.
 
 mod checkpoint;
+mod infer;
 mod layers;
 mod tiled;
 mod wan21;
@@ -16,6 +17,7 @@ use crate::nn::vb::Vb;
 use layers::{CausalConv3d, FeatCache};
 
 pub use checkpoint::{detect_vae_variant, load_vae, read_checkpoint, CheckpointError};
+pub use infer::{load_vae_auto, vae_config_from_tensors};
 pub use tiled::TileConfig;
 
 /// Which official VAE architecture.

@@ -84,7 +84,7 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
 const VAE_PREFIXES: [&str; 3] = ["first_stage_model.", "vae.", "model."];
 
 /// Strips a known prefix when the official keys are not at the top level.
-fn strip_vae_prefix(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+pub(super) fn strip_vae_prefix(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
     if tensors.contains_key("decoder.conv1.weight") {
         return tensors;
     }
@@ -118,7 +118,7 @@ fn variant_name(v: VaeVariant) -> &'static str {
 }
 
 /// What a file that is not a Wan VAE seems to be, for the error message.
-fn describe_non_vae(tensors: &HashMap<String, Tensor>) -> String {
+pub(super) fn describe_non_vae(tensors: &HashMap<String, Tensor>) -> String {
     let has = |p: &str| tensors.keys().any(|k| k.starts_with(p) || k.contains(p));
     if has("decoder.up_blocks.") || has("encoder.down_blocks.") {
         "this is a diffusers-format VAE; give the official Wan2.1_VAE.pth / Wan2.2_VAE.pth or a ComfyUI VAE file".into()

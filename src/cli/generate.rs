@@ -1,0 +1,279 @@
+//! `framesmith generate`: one clip from a prompt with a Wan DiT, its LoRAs (and, for Wan2.2 A14B, the low-noise
+//! expert), the umT5 text encoder and the Wan VAE. Models are loaded one after the other and the text encoder is
+//! dropped before the DiT loads, so peak memory is the DiT's plus the VAE's.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+use clap::{Args, ValueEnum};
+use framesmith::config::run::DeviceSpec;
+use framesmith::models::wan::text_encoder::TextEncoder;
+use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith::models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
+use framesmith::nn::fp8::Fp8Scale;
+use framesmith::nn::lora_file::LoraFile;
+use framesmith::nn::vb::Vb;
+use framesmith::train::clip::{
+    combine_loras, generate_clip, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
+};
+use framesmith::train::generate::{Experts, Solver};
+
+use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
+
+/// Sampling solver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum SolverArg {
+    Unipc,
+    Dpmpp,
+    Euler,
+}
+
+/// FP8 storage of the DiT's block weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Fp8Arg {
+    Tensor,
+    Channel,
+    Block64,
+}
+
+/// `generate` options.
+#[derive(Args)]
+pub struct GenerateArgs {
+    /// DiT checkpoint (file or folder); for Wan2.2 A14B the high-noise expert
+    #[arg(long)]
+    dit: PathBuf,
+    /// Wan2.2 A14B low-noise expert (denoises below the boundary)
+    #[arg(long)]
+    dit_low_noise: Option<PathBuf>,
+    /// Switch to the low-noise expert below this fraction of the timesteps (default: the model's; 0.875 T2V, 0.9 I2V)
+    #[arg(long)]
+    boundary: Option<f64>,
+    /// LoRA for the DiT, FILE or FILE:MULTIPLIER; repeat for several
+    #[arg(long = "lora", value_name = "FILE[:MULT]")]
+    loras: Vec<String>,
+    /// LoRA for the low-noise expert, FILE or FILE:MULTIPLIER; repeat for several
+    #[arg(long = "lora-low-noise", value_name = "FILE[:MULT]")]
+    loras_low_noise: Vec<String>,
+    /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors)
+    #[arg(long)]
+    text_encoder: PathBuf,
+    /// tokenizer.json of google/umt5-xxl (default: found beside the text encoder weights)
+    #[arg(long)]
+    tokenizer: Option<PathBuf>,
+    /// Wan VAE weights
+    #[arg(long)]
+    vae: PathBuf,
+    /// What the clip shows
+    #[arg(long)]
+    prompt: String,
+    /// Negative prompt (default: the official Wan one, used when --guidance > 1)
+    #[arg(long)]
+    negative: Option<String>,
+    #[arg(long, default_value_t = 832)]
+    width: usize,
+    #[arg(long, default_value_t = 480)]
+    height: usize,
+    /// Frames, 4k + 1
+    #[arg(long, default_value_t = 81)]
+    frames: usize,
+    #[arg(long, default_value_t = 50)]
+    steps: usize,
+    /// Flow shift of the sampling schedule
+    #[arg(long, default_value_t = 5.0)]
+    shift: f64,
+    /// Classifier-free guidance scale (1 turns it off)
+    #[arg(long, default_value_t = 5.0)]
+    guidance: f64,
+    /// Noise seed (default: random, printed)
+    #[arg(long)]
+    seed: Option<u64>,
+    #[arg(long, value_enum, default_value = "unipc")]
+    solver: SolverArg,
+    /// auto, cpu, cuda or cuda:N
+    #[arg(long, default_value = "auto")]
+    device: DeviceSpec,
+    /// Compute dtype (default: bf16 on a GPU, f32 on the CPU)
+    #[arg(long, value_enum)]
+    dtype: Option<DtypeArg>,
+    /// Keep the DiT's block weights in FP8 with these scales (about half the memory of bf16)
+    #[arg(long, value_enum)]
+    fp8: Option<Fp8Arg>,
+    /// Decode in overlapping spatial tiles (less memory for large frames; approximate)
+    #[arg(long)]
+    tiled: bool,
+    /// The MP4 to write; PNG frames go to a `<name>_frames` folder beside it
+    #[arg(long)]
+    out: PathBuf,
+}
+
+/// `FILE` or `FILE:MULT` (the multiplier only when what follows the last `:` is a number, so `C:\x` stays a path).
+pub fn parse_lora(spec: &str) -> (PathBuf, f64) {
+    match spec.rsplit_once(':') {
+        Some((path, mult)) if !path.is_empty() => match mult.parse::<f64>() {
+            Ok(m) => (PathBuf::from(path), m),
+            Err(_) => (PathBuf::from(spec), 1.0),
+        },
+        _ => (PathBuf::from(spec), 1.0),
+    }
+}
+
+/// Loads a DiT and attaches its LoRAs (several are combined into one adapter per layer).
+fn load_dit(
+    path: &Path,
+    loras: &[String],
+    device: &Device,
+    dtype: DType,
+    fp8: Option<Fp8Arg>,
+) -> anyhow::Result<WanModel> {
+    let loaded = weights::load(path, None, device)?;
+    eprintln!(
+        "DiT: {} ({})",
+        weights::variant_name(&loaded.config, loaded.expert),
+        path.display()
+    );
+    let options = ModelOptions {
+        residual_dtype: DType::F32,
+        blocks_fp8: fp8.map(|f| match f {
+            Fp8Arg::Tensor => Fp8Scale::Tensor,
+            Fp8Arg::Channel => Fp8Scale::Channel,
+            Fp8Arg::Block64 => Fp8Scale::Block64,
+        }),
+    };
+    let mut model = WanModel::new(
+        &loaded.config,
+        Vb::from_tensors(loaded.tensors, dtype, device),
+        &options,
+    )
+    .with_context(|| format!("building the DiT from {}", path.display()))?;
+    if loras.is_empty() {
+        return Ok(model);
+    }
+    let files = loras
+        .iter()
+        .map(|spec| {
+            let (file, multiplier) = parse_lora(spec);
+            eprintln!("LoRA: {} × {multiplier}", file.display());
+            Ok((LoraFile::load(&file, device)?, multiplier))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let (lora, multiplier) = match files.as_slice() {
+        [(one, m)] => (one.clone(), *m),
+        _ => (combine_loras(&files)?, 1.0),
+    };
+    lora.apply(model.linears_mut(), multiplier, dtype)
+        .context("the LoRA does not fit this DiT")?;
+    Ok(model)
+}
+
+/// The expert boundary in timesteps: `--boundary`, else the model's, else the official value for its task.
+fn boundary(arg: Option<f64>, cfg: &WanConfig) -> f64 {
+    arg.map(|b| b * 1000.0)
+        .or(cfg.expert_boundary)
+        .unwrap_or(match cfg.model_type {
+            ModelType::I2v => 900.0,
+            _ => 875.0,
+        })
+}
+
+/// Runs `generate`.
+pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    let device = open_device(args.device)?;
+    let dtype = pick_dtype(args.dtype, &device)?;
+    let text = TextEncoder::load(
+        &args.text_encoder,
+        args.tokenizer.as_deref(),
+        dtype,
+        &device,
+    )
+    .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
+    let conditioning =
+        Conditioning::encode(&text, &args.prompt, args.negative.as_deref(), args.guidance)?;
+    drop(text);
+    let high = load_dit(&args.dit, &args.loras, &device, dtype, args.fp8)?;
+    let low = match &args.dit_low_noise {
+        Some(path) => Some(load_dit(
+            path,
+            &args.loras_low_noise,
+            &device,
+            dtype,
+            args.fp8,
+        )?),
+        None => None,
+    };
+    let experts = Experts {
+        high_noise: &high,
+        low_noise: low
+            .as_ref()
+            .map(|l| (l, boundary(args.boundary, high.config()))),
+    };
+    let vae = load_vae_auto(&args.vae, dtype, &device)?;
+    let decoder = VaeDecoder {
+        stats: LatentStats::official(vae.config().variant, &device)?,
+        vae,
+        tiles: args.tiled.then(TileConfig::default),
+        dtype,
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let settings = ClipSettings {
+        width: args.width,
+        height: args.height,
+        frames: args.frames,
+        steps: args.steps,
+        shift: args.shift,
+        guidance: args.guidance,
+        seed,
+        solver: match args.solver {
+            SolverArg::Unipc => Solver::Unipc,
+            SolverArg::Dpmpp => Solver::Dpmpp,
+            SolverArg::Euler => Solver::Euler,
+        },
+    };
+    eprintln!(
+        "seed {seed}, {}x{}, {} frames, {} steps",
+        args.width, args.height, args.frames, args.steps
+    );
+    let bar = progress_bar(
+        args.steps as u64,
+        "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]",
+    );
+    // The loop polls this once before each step: a free progress tick.
+    let frames = generate_clip(&experts, &decoder, &conditioning, &settings, &|| {
+        bar.inc(1);
+        false
+    })?;
+    bar.finish_and_clear();
+    let frames_dir = write_clip(&args.out, &frames, CLIP_FPS)?;
+    println!(
+        "wrote {} ({} frames) and {}",
+        args.out.display(),
+        frames.len(),
+        frames_dir.display()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lora_specs_split_only_at_a_numeric_multiplier() {
+        assert_eq!(
+            parse_lora("a.safetensors"),
+            (PathBuf::from("a.safetensors"), 1.0)
+        );
+        assert_eq!(
+            parse_lora("a.safetensors:0.5"),
+            (PathBuf::from("a.safetensors"), 0.5)
+        );
+        assert_eq!(
+            parse_lora(r"C:\l\a.safetensors"),
+            (PathBuf::from(r"C:\l\a.safetensors"), 1.0)
+        );
+        assert_eq!(
+            parse_lora(r"C:\l\a.safetensors:-1"),
+            (PathBuf::from(r"C:\l\a.safetensors"), -1.0)
+        );
+    }
+}

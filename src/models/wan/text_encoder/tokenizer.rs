@@ -1,0 +1,286 @@
+//! umT5's tokenizer as Wan uses it (`HuggingfaceTokenizer(name, seq_len=512, clean='whitespace')` of
+//! `wan/modules/tokenizers.py`): the prompt is cleaned, tokenized with the `tokenizer.json` of the model folder
+//! (`google/umt5-xxl`), truncated to 511 tokens, and closed with `</s>`, as the fast T5 tokenizer does with
+//! `truncation=True, max_length=512`. The file is always read from disk, never fetched.
+
+use std::path::{Path, PathBuf};
+
+use tokenizers::Tokenizer;
+
+/// Most tokens per prompt, `</s>` included (`text_len` of every Wan config).
+pub const MAX_TOKENS: usize = 512;
+/// File name of the tokenizer inside a model folder.
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// The end-of-sequence token T5 appends.
+pub const EOS_TOKEN: &str = "</s>";
+
+/// Why the tokenizer could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenizerError {
+    /// No `tokenizer.json` where it was looked for.
+    #[error(
+        "no umT5 tokenizer found: put tokenizer.json from the umT5 folder (google/umt5-xxl, inside the Wan model \
+         folder) next to the text encoder weights, or pass --tokenizer: {}",
+        path.display()
+    )]
+    NotFound { path: PathBuf },
+    /// The file exists but is not a tokenizer the `tokenizers` library reads.
+    #[error("cannot read the tokenizer ({reason}); give the tokenizer.json of google/umt5-xxl: {}", path.display())]
+    Unreadable { path: PathBuf, reason: String },
+    /// The tokenizer has no `</s>` token: not a T5 tokenizer.
+    #[error("the tokenizer has no `</s>` token, so it is not umT5's; give the tokenizer.json of google/umt5-xxl: {}", path.display())]
+    NoEos { path: PathBuf },
+    /// Tokenizing a prompt failed.
+    #[error("cannot tokenize the prompt \"{prompt}\": {reason}")]
+    Encode { prompt: String, reason: String },
+}
+
+/// Where the tokenizer of the text encoder at `weights` is: `tokenizer.json` beside the weights, or in a
+/// `google/umt5-xxl` (or `umt5-xxl`) folder beside them, as the official Wan model folders ship it. Returns the
+/// first candidate that exists, else the path beside the weights (for the error message).
+pub fn tokenizer_beside(weights: &Path) -> PathBuf {
+    let dir = weights.parent().unwrap_or(Path::new("."));
+    let candidates = [
+        dir.join(TOKENIZER_FILE),
+        dir.join("google").join("umt5-xxl").join(TOKENIZER_FILE),
+        dir.join("umt5-xxl").join(TOKENIZER_FILE),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| dir.join(TOKENIZER_FILE))
+}
+
+/// The tokenizer with Wan's cleaning, truncation and `</s>`.
+pub struct UmT5Tokenizer {
+    tokenizer: Tokenizer,
+    eos_id: u32,
+    max_tokens: usize,
+}
+
+/// Token ids of a batch, padded with 0 (`<pad>`) to the longest row, and the mask (1 = token).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TokenBatch {
+    /// `[batch][len]` ids.
+    pub ids: Vec<Vec<u32>>,
+    /// `[batch][len]`, 1 at tokens, 0 at padding.
+    pub mask: Vec<Vec<u32>>,
+}
+
+impl TokenBatch {
+    /// Tokens per row (before padding).
+    pub fn lens(&self) -> Vec<usize> {
+        self.mask
+            .iter()
+            .map(|m| m.iter().filter(|&&v| v != 0).count())
+            .collect()
+    }
+}
+
+impl UmT5Tokenizer {
+    /// Reads a `tokenizer.json`.
+    pub fn load(path: &Path) -> Result<Self, TokenizerError> {
+        if !path.is_file() {
+            return Err(TokenizerError::NotFound {
+                path: path.to_path_buf(),
+            });
+        }
+        let unreadable = |reason: String| TokenizerError::Unreadable {
+            path: path.to_path_buf(),
+            reason,
+        };
+        // The tokenizers library can panic on damaged files rather than return an error; a bad file is the user's
+        // input, so it becomes an error here.
+        let tokenizer = std::panic::catch_unwind(|| Tokenizer::from_file(path))
+            .map_err(|_| unreadable("the tokenizers library crashed reading it".into()))?
+            .map_err(|e| unreadable(e.to_string()))?;
+        Self::new(tokenizer, path)
+    }
+
+    /// Wraps a tokenizer built in memory; `origin` names it in errors.
+    pub fn new(tokenizer: Tokenizer, origin: &Path) -> Result<Self, TokenizerError> {
+        let eos_id = tokenizer
+            .token_to_id(EOS_TOKEN)
+            .ok_or_else(|| TokenizerError::NoEos {
+                path: origin.to_path_buf(),
+            })?;
+        Ok(Self {
+            tokenizer,
+            eos_id,
+            max_tokens: MAX_TOKENS,
+        })
+    }
+
+    /// The same tokenizer with another token limit (`</s>` included; at least 1).
+    pub fn with_max_tokens(mut self, max_tokens: usize) -> Self {
+        self.max_tokens = max_tokens.max(1);
+        self
+    }
+
+    /// Vocabulary size, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+
+    /// Token ids of one prompt: cleaned, tokenized without special tokens, cut to `max_tokens − 1`, then `</s>`.
+    /// The `</s>` is appended here rather than by the file's post-processor, so a tokenizer.json saved without
+    /// one still gives the official ids.
+    pub fn tokenize(&self, prompt: &str) -> Result<Vec<u32>, TokenizerError> {
+        let cleaned = clean_prompt(prompt);
+        let failed = |reason: String| TokenizerError::Encode {
+            prompt: prompt.to_string(),
+            reason,
+        };
+        // A damaged normaliser table can make the library index out of bounds: an error, not a crash.
+        let encoding = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.tokenizer.encode(cleaned.as_str(), false)
+        }))
+        .map_err(|_| failed("the tokenizers library crashed (is tokenizer.json damaged?)".into()))?
+        .map_err(|e| failed(e.to_string()))?;
+        let mut ids: Vec<u32> = encoding.get_ids().to_vec();
+        ids.truncate(self.max_tokens - 1);
+        ids.push(self.eos_id);
+        Ok(ids)
+    }
+
+    /// Token ids and mask of `prompts`, padded with 0 to the longest. The official wrapper pads to 512; the
+    /// encoder masks padded keys, so the tokens' outputs do not depend on how far a batch is padded.
+    pub fn tokenize_batch(&self, prompts: &[&str]) -> Result<TokenBatch, TokenizerError> {
+        let rows = prompts
+            .iter()
+            .map(|p| self.tokenize(p))
+            .collect::<Result<Vec<_>, _>>()?;
+        let width = rows.iter().map(Vec::len).max().unwrap_or(0);
+        let mask = rows
+            .iter()
+            .map(|r| {
+                let mut m = vec![1u32; r.len()];
+                m.resize(width, 0);
+                m
+            })
+            .collect();
+        let ids = rows
+            .into_iter()
+            .map(|mut r| {
+                r.resize(width, 0);
+                r
+            })
+            .collect();
+        Ok(TokenBatch { ids, mask })
+    }
+}
+
+/// Wan's `clean='whitespace'`: `whitespace_clean(basic_clean(text))`, where `basic_clean` is `ftfy.fix_text`,
+/// then `html.unescape` twice, then `strip`. Of ftfy's fixes this applies the ones that change ordinary prompts:
+/// curly quotes to straight ones, full-width ASCII and the ideographic space to their plain forms (Chinese
+/// prompts use `，`), Latin ligatures split, control characters dropped. Mojibake repair and NFC are left out:
+/// the umT5 tokenizer's own NFKC normaliser covers the Unicode forms, and mis-decoded text does not come from
+/// caption files read as UTF-8.
+pub fn clean_prompt(text: &str) -> String {
+    let fixed = fix_text(text);
+    let unescaped = html_unescape(&html_unescape(&fixed));
+    unescaped.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+fn fix_text(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        match c {
+            '\u{2018}'..='\u{201b}' | '\u{02bc}' => out.push('\''),
+            '\u{201c}'..='\u{201f}' => out.push('"'),
+            '\u{3000}' => out.push(' '),
+            '\u{ff01}'..='\u{ff5e}' => {
+                out.push(char::from_u32(c as u32 - 0xfee0).unwrap_or(c));
+            }
+            '\u{fb00}' => out.push_str("ff"),
+            '\u{fb01}' => out.push_str("fi"),
+            '\u{fb02}' => out.push_str("fl"),
+            '\u{fb03}' => out.push_str("ffi"),
+            '\u{fb04}' => out.push_str("ffl"),
+            '\u{fb05}' | '\u{fb06}' => out.push_str("st"),
+            // ftfy's remove_control_chars: C0 controls other than tab / newlines, DEL, the deprecated
+            // formatting characters and the byte-order mark.
+            '\u{0000}'..='\u{0008}'
+            | '\u{000b}'
+            | '\u{000e}'..='\u{001f}'
+            | '\u{007f}'
+            | '\u{206a}'..='\u{206f}'
+            | '\u{feff}'
+            | '\u{fff9}'..='\u{fffc}' => {}
+            _ => out.push(c),
+        }
+    }
+    out
+}
+
+/// Python's `html.unescape` for numeric references and the named ones prompts contain.
+fn html_unescape(text: &str) -> String {
+    if !text.contains('&') {
+        return text.to_string();
+    }
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find('&') {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        match decode_reference(tail) {
+            Some((decoded, used)) => {
+                out.push_str(&decoded);
+                rest = &tail[used..];
+            }
+            None => {
+                out.push('&');
+                rest = &tail[1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
+/// The character a reference at the start of `s` (`&amp;`, `&#39;`, `&#x27;`) stands for, and its length.
+fn decode_reference(s: &str) -> Option<(String, usize)> {
+    let end = s.find(';')?;
+    if end > 32 {
+        return None;
+    }
+    let body = &s[1..end];
+    let decoded = if let Some(num) = body.strip_prefix('#') {
+        let code = match num.strip_prefix(['x', 'X']) {
+            Some(hex) => u32::from_str_radix(hex, 16).ok()?,
+            None => num.parse::<u32>().ok()?,
+        };
+        // Python maps 0 and invalid code points to U+FFFD.
+        char::from_u32(code)
+            .filter(|&c| c != '\0')
+            .unwrap_or('\u{fffd}')
+            .to_string()
+    } else {
+        match body {
+            "amp" => "&",
+            "lt" => "<",
+            "gt" => ">",
+            "quot" => "\"",
+            "apos" => "'",
+            "nbsp" => "\u{a0}",
+            "hellip" => "\u{2026}",
+            "mdash" => "\u{2014}",
+            "ndash" => "\u{2013}",
+            "copy" => "\u{a9}",
+            "reg" => "\u{ae}",
+            "deg" => "\u{b0}",
+            _ => return None,
+        }
+        .to_string()
+    };
+    Some((decoded, end + 1))
+}
+
+#[cfg(test)]
+#[path = "tokenizer_tests.rs"]
+mod tests;
+
+#[cfg(test)]
+#[path = "tokenizer_testkit.rs"]
+pub(crate) mod testkit;

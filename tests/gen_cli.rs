@@ -1,0 +1,281 @@
+//! `framesmith cache latents|text` and `framesmith generate` end to end on the tiny fixture VAE, umT5 and DiT,
+//! with a tiny tokenizer built here.
+
+// Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use candle_core::{DType, Device, Tensor};
+use tokenizers::models::unigram::Unigram;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::Tokenizer;
+
+fn framesmith(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
+        .args(args)
+        .output()
+        .expect("framesmith runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fixture's weights: `../shared` from the main checkout, `../../shared` from a worktree.
+fn fixture(case: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let main = root.join("../shared/fixtures/wan").join(case);
+    let dir = if main.exists() {
+        main
+    } else {
+        root.join("../../shared/fixtures/wan").join(case)
+    };
+    dir.join("weights.safetensors").display().to_string()
+}
+
+/// A Unigram tokenizer over a few words and the letters, `</s>` = 1 (fits the tiny umT5's 100-token vocabulary).
+fn write_tokenizer(path: &Path) {
+    let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>", "▁"]
+        .iter()
+        .map(|s| (s.to_string(), 0.0))
+        .collect();
+    vocab.extend(('a'..='z').map(|c| (c.to_string(), -5.0)));
+    vocab.extend(
+        ["▁a", "▁red", "▁cat", "▁dog", "▁blue", "▁square"]
+            .iter()
+            .map(|w| (w.to_string(), -1.0)),
+    );
+    let mut tokenizer = Tokenizer::new(Unigram::from(vocab, Some(2), false).expect("unigram"));
+    tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+    tokenizer.save(path, false).expect("tokenizer saved");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+/// Two captioned images and one broken file, cached into `cache/`.
+fn dataset(root: &Path) -> PathBuf {
+    let images = root.join("images");
+    std::fs::create_dir_all(&images).expect("dir");
+    for (name, w, h) in [("red", 40u32, 30u32), ("blue", 32, 48)] {
+        image::RgbImage::from_fn(w, h, |x, y| image::Rgb([(x * 6) as u8, (y * 5) as u8, 70]))
+            .save(images.join(format!("{name}.png")))
+            .expect("png");
+        std::fs::write(
+            images.join(format!("{name}.txt")),
+            format!("a {name} square"),
+        )
+        .expect("caption");
+    }
+    std::fs::write(images.join("broken.png"), "not a png").expect("write");
+    std::fs::write(images.join("broken.txt"), "a dog").expect("write");
+    let toml = root.join("dataset.toml");
+    std::fs::write(
+        &toml,
+        "[general]\nresolution = [32, 32]\ncaption_extension = \".txt\"\nenable_bucket = false\n\n\
+         [[datasets]]\nimage_directory = \"images\"\ncache_directory = \"cache\"\n",
+    )
+    .expect("toml");
+    toml
+}
+
+#[test]
+fn cache_commands_write_skip_and_report() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let toml = dataset(dir.path());
+    let vae = fixture("wan21_vae_tiny");
+    let args = [
+        "cache",
+        "latents",
+        "--dataset",
+        s(&toml),
+        "--vae",
+        &vae,
+        "--device",
+        "cpu",
+    ];
+    let (ok, stdout, stderr) = framesmith(&args);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("3 items: 2 cache files written, 0 already cached, 1 failed"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("broken.png") && stderr.contains("skipped"),
+        "{stdout}\n{stderr}"
+    );
+    let cache = dir.path().join("cache");
+    assert!(cache.join("red_0040x0030_wan.safetensors").is_file());
+    assert!(cache.join("blue_0032x0048_wan.safetensors").is_file());
+    let (ok, stdout, _) = framesmith(&args);
+    assert!(
+        ok && stdout.contains("0 cache files written, 2 already cached"),
+        "{stdout}"
+    );
+
+    let te = fixture("umt5_tiny");
+    let (ok, _, stderr) = framesmith(&[
+        "cache",
+        "text",
+        "--dataset",
+        s(&toml),
+        "--text-encoder",
+        &te,
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("put tokenizer.json from the umT5 folder")
+            && stderr.contains("--tokenizer"),
+        "{stderr}"
+    );
+    let tokenizer = dir.path().join("tokenizer.json");
+    write_tokenizer(&tokenizer);
+    let text = [
+        "cache",
+        "text",
+        "--dataset",
+        s(&toml),
+        "--text-encoder",
+        &te,
+        "--tokenizer",
+        s(&tokenizer),
+    ];
+    let (ok, stdout, stderr) = framesmith(&text);
+    assert!(ok, "{stderr}");
+    assert!(
+        stdout.contains("3 items: 3 cache files written"),
+        "{stdout}"
+    );
+    assert!(cache.join("red_wan_te.safetensors").is_file());
+}
+
+/// A rank-2 LoRA for one attention projection of the tiny DiT, in musubi-tuner's layout.
+fn write_lora(path: &Path) {
+    let dev = Device::Cpu;
+    let name = "lora_unet_blocks_0_self_attn_q";
+    let tensors: HashMap<String, Tensor> = [
+        (
+            format!("{name}.lora_down.weight"),
+            Tensor::ones((2, 64), DType::F32, &dev),
+        ),
+        (
+            format!("{name}.lora_up.weight"),
+            Tensor::ones((64, 2), DType::F32, &dev),
+        ),
+        (format!("{name}.alpha"), Tensor::new(2f32, &dev)),
+    ]
+    .into_iter()
+    .map(|(k, t)| (k, t.expect("tensor")))
+    .collect();
+    candle_core::safetensors::save(&tensors, path).expect("lora saved");
+}
+
+#[test]
+fn generate_writes_a_deterministic_clip() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokenizer = dir.path().join("tokenizer.json");
+    write_tokenizer(&tokenizer);
+    let lora = dir.path().join("lora.safetensors");
+    write_lora(&lora);
+    let (dit, te, vae) = (
+        fixture("wan21_t2v_tiny"),
+        fixture("umt5_tiny"),
+        fixture("wan21_vae_tiny"),
+    );
+    let clip = |out: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "generate",
+            "--dit",
+            &dit,
+            "--text-encoder",
+            &te,
+            "--tokenizer",
+            s(&tokenizer),
+            "--vae",
+            &vae,
+            "--prompt",
+            "a red cat",
+            "--negative",
+            "a dog",
+            "--width",
+            "32",
+            "--height",
+            "48",
+            "--frames",
+            "5",
+            "--steps",
+            "2",
+            "--seed",
+            "11",
+            "--device",
+            "cpu",
+            "--out",
+            s(out),
+        ];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = framesmith(&args);
+        assert!(ok, "{stderr}");
+        assert!(stdout.contains("5 frames"), "{stdout}");
+    };
+    let (a, b, c) = (
+        dir.path().join("a.mp4"),
+        dir.path().join("b.mp4"),
+        dir.path().join("c.mp4"),
+    );
+    clip(&a, &[]);
+    clip(&b, &[]);
+    let lora_arg = format!("{}:0.5", lora.display());
+    clip(&c, &["--lora", &lora_arg]);
+    let frame = |mp4: &Path, i: usize| {
+        let stem = mp4.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
+        std::fs::read(
+            mp4.with_file_name(format!("{stem}_frames"))
+                .join(format!("frame_{i:04}.png")),
+        )
+        .expect("frame written")
+    };
+    for i in 0..5 {
+        assert_eq!(
+            frame(&a, i),
+            frame(&b, i),
+            "frame {i} differs between runs with one seed"
+        );
+    }
+    assert!(
+        (0..5).any(|i| frame(&a, i) != frame(&c, i)),
+        "the LoRA changes nothing"
+    );
+    if let Ok(tools) = framesmith::data::media::MediaTools::locate() {
+        let info = tools.probe(&a).expect("ffprobe reads the clip");
+        assert_eq!((info.width, info.height, info.frame_count), (32, 48, 5));
+    }
+    let (ok, _, stderr) = framesmith(&[
+        "generate",
+        "--dit",
+        &dit,
+        "--text-encoder",
+        &te,
+        "--tokenizer",
+        s(&tokenizer),
+        "--vae",
+        &vae,
+        "--prompt",
+        "x",
+        "--width",
+        "40",
+        "--height",
+        "48",
+        "--frames",
+        "5",
+        "--device",
+        "cpu",
+        "--out",
+        s(&dir.path().join("bad.mp4")),
+    ]);
+    assert!(!ok && stderr.contains("multiples of 16"), "{stderr}");
+}
