@@ -87,8 +87,8 @@ pub fn build(
         exclude_patterns: vec![WAN_DEFAULT_EXCLUDE.to_string()],
         seed,
     };
-    let loras =
-        attach_loras(model.linears_mut(), &spec).map_err(|e| candle_core::Error::msg(e.to_string()))?;
+    let loras = attach_loras(model.linears_mut(), &spec)
+        .map_err(|e| candle_core::Error::msg(e.to_string()))?;
     Ok((model, loras))
 }
 
@@ -128,18 +128,34 @@ pub fn flow_batch(
     Ok((inputs, vec![target.to_device(device)?]))
 }
 
-fn step(model: &WanModel, inputs: &WanInputs, targets: &[Tensor], loras: &LoraSet) -> Result<StepOutput> {
+fn step(
+    model: &WanModel,
+    inputs: &WanInputs,
+    targets: &[Tensor],
+    loras: &LoraSet,
+) -> Result<StepOutput> {
     let target = LossTarget {
         targets,
         weights: None,
     };
-    checkpointed_step(model, inputs, &target, &loras.vars(), &StepOptions::default())
+    checkpointed_step(
+        model,
+        inputs,
+        &target,
+        &loras.vars(),
+        &StepOptions::default(),
+    )
 }
 
 /// Forward FLOPs of one sample through the blocks (linears and attention; element-wise work left out). A step
 /// costs about four times this: forward, the checkpointed recompute, and a backward of twice the forward.
 pub fn block_forward_flops(cfg: &WanConfig, tokens: usize, text_len: usize) -> f64 {
-    let (l, c, d, f) = (tokens as f64, text_len as f64, cfg.dim as f64, cfg.ffn_dim as f64);
+    let (l, c, d, f) = (
+        tokens as f64,
+        text_len as f64,
+        cfg.dim as f64,
+        cfg.ffn_dim as f64,
+    );
     let linears = 2.0 * l * (6.0 * d * d + 2.0 * d * f) + 2.0 * c * 2.0 * d * d;
     let attention = 4.0 * l * l * d + 4.0 * l * c * d;
     cfg.num_layers as f64 * (linears + attention)
