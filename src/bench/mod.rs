@@ -1,4 +1,4 @@
-//! GPU benchmarks (`framesmith-bench attention|linear|kernels|check`): random inputs of Wan shapes, median time over
+//! GPU benchmarks (`framesmith-bench attention|linear|kernels|step|check`): random inputs of Wan shapes, median time over
 //! timed repetitions, TFLOP/s and peak pool memory, printed as a table and as `BENCH {json}` lines that
 //! `bench/reference/compare.py` joins with PyTorch's numbers from the same run. No training code depends on this.
 
@@ -6,6 +6,7 @@ pub mod attention;
 #[cfg(feature = "cuda")]
 pub mod kernels;
 pub mod linear;
+pub mod step;
 
 use candle_core::{Device, Result};
 use serde::Serialize;

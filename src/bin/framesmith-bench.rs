@@ -8,6 +8,7 @@ use clap::{Parser, Subcommand};
 
 use framesmith::bench::{self, attention::AttentionBench, linear::LinearBench, Record};
 use framesmith::models::wan::config::WanConfig;
+use framesmith::nn::fp8::Fp8Scale;
 
 #[derive(Parser)]
 #[command(about = "Framesmith GPU benchmarks and device checks")]
@@ -68,6 +69,66 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Time the checkpointed LoRA training step of a whole Wan DiT (random weights drawn on the device).
+    Step {
+        /// Wan variant (t2v-1.3b, t2v-14b).
+        #[arg(long, default_value = "t2v-1.3b")]
+        variant: String,
+        /// Video frames.
+        #[arg(long, default_value_t = 81)]
+        frames: usize,
+        /// Height in pixels.
+        #[arg(long, default_value_t = 480)]
+        height: usize,
+        /// Width in pixels.
+        #[arg(long, default_value_t = 832)]
+        width: usize,
+        /// LoRA rank.
+        #[arg(long, default_value_t = 32)]
+        rank: usize,
+        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+        #[arg(long)]
+        fp8: Option<String>,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Timed steps.
+        #[arg(long, default_value_t = 3)]
+        iters: usize,
+        /// First compare the tiny config's LoRA gradients on this device with the CPU step's; stop on a mismatch.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+/// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
+const STEP_CHECK_TOL: f64 = 3e-2;
+
+fn step_check(dev: &Device) -> Result<()> {
+    let c = bench::step::check_tiny(dev)?;
+    let verdict = if c.max_rel_err <= STEP_CHECK_TOL {
+        "ok  "
+    } else {
+        "FAIL"
+    };
+    println!(
+        "{verdict} step tiny(2) LoRA grads device vs cpu: max rel {:.2e} (tol {STEP_CHECK_TOL:.0e}, worst var {} of {}), loss {:.6} vs {:.6}",
+        c.max_rel_err, c.worst, c.tensors, c.loss_device, c.loss_cpu
+    );
+    if c.max_rel_err > STEP_CHECK_TOL {
+        bail!("the device step's LoRA gradients differ from the CPU step's");
+    }
+    Ok(())
+}
+
+fn fp8_mode(name: Option<&str>) -> Result<Option<Fp8Scale>> {
+    match name {
+        None => Ok(None),
+        Some("block64") => Ok(Some(Fp8Scale::Block64)),
+        Some("channel") => Ok(Some(Fp8Scale::Channel)),
+        Some("tensor") => Ok(Some(Fp8Scale::Tensor)),
+        Some(other) => bail!("unknown FP8 mode `{other}` (block64, channel, tensor)"),
+    }
 }
 
 fn device(ordinal: usize) -> Result<Device> {
@@ -182,6 +243,33 @@ fn main() -> Result<()> {
                 ..LinearBench::default()
             };
             report(&bench::linear::run(&dev, &variant(&name)?, &opts)?);
+            Ok(())
+        }
+        Command::Step {
+            variant: name,
+            frames,
+            height,
+            width,
+            rank,
+            fp8,
+            warmup,
+            iters,
+            check: first,
+        } => {
+            if first {
+                step_check(&dev)?;
+            }
+            let opts = bench::step::StepBench {
+                frames,
+                height,
+                width,
+                rank,
+                fp8: fp8_mode(fp8.as_deref())?,
+                warmup,
+                iters,
+                ..bench::step::StepBench::default()
+            };
+            report(&[bench::step::run(&dev, &name, &variant(&name)?, &opts)?]);
             Ok(())
         }
     }

@@ -1,7 +1,8 @@
 //! Scaled dot-product attention for the Wan DiT, `[b, l, heads, head_dim]` layout, with per-sample key lengths
 //! (keys at or beyond a sample's length are masked; every query row is computed, as flash-attention varlen does).
 //! [`attention`] is the portable tiled op (DESIGN.md §4.5): flash-attention style forward and backward built from
-//! candle ops on tiles, so it runs on every device and never materialises the score matrix.
+//! candle ops on tiles, so it runs on every device and never materialises the score matrix. With the `cudnn`
+//! feature, bf16 CUDA inputs run cuDNN's fused attention instead ([`crate::nn::cuda::attention`]).
 
 mod op;
 #[cfg(test)]
@@ -18,7 +19,26 @@ use tiled::{PeakElems, Problem, Tiles};
 /// Attention of `q` [b, lq, h, d] over `k`, `v` [b, lk, h, d], scale 1/sqrt(d). `kv_lens[i]` keys of sample i are
 /// attended (`None`: all; lengths above `lk` are clamped). A sample with no keys gets a zero output and zero
 /// gradients. `kv_lens` holds one length per sample, else this is an error. Differentiable; computed in f32 and returned in `q`'s dtype. Memory is O(tokens × tile).
+/// On CUDA with the `cudnn` feature, bf16 inputs with a head dim up to 128 run cuDNN's fused kernels (also
+/// differentiable); everything else runs [`portable_attention`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
+    #[cfg(feature = "cudnn")]
+    if crate::nn::cuda::attention::runs_fused(q)
+        && k.dtype() == DType::BF16
+        && v.dtype() == DType::BF16
+    {
+        return crate::nn::cuda::attention::attention(q, k, v, kv_lens);
+    }
+    portable_attention(q, k, v, kv_lens)
+}
+
+/// The portable tiled attention on any device (the CPU path of [`attention`] and the fallback of the fused one).
+pub fn portable_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_lens: Option<&[usize]>,
+) -> Result<Tensor> {
     tiled_attention(q, k, v, kv_lens, None, Arc::default())
 }
 

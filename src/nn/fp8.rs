@@ -296,11 +296,16 @@ impl Fp8Weight {
     }
 
     /// The dense weight `[out, in]` in `dtype`: each code's value times its scale, computed in f32 and rounded
-    /// once to `dtype`. The one place FP8 becomes dense; a fused CUDA kernel belongs here. Until then the CPU
-    /// runs a direct loop and other devices a table lookup with candle ops.
+    /// once to `dtype`. The one place FP8 becomes dense: the CPU runs a direct loop, CUDA (feature `cuda`, output
+    /// bf16 or f32) the fused kernel [`crate::nn::cuda::dequantize_fp8_cuda`], other devices a table lookup with
+    /// candle ops.
     pub fn dequantize(&self, dtype: DType) -> Result<Tensor> {
         match self.device() {
             Device::Cpu => self.dequantize_cpu(dtype),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(_) if matches!(dtype, DType::BF16 | DType::F32) => {
+                crate::nn::cuda::dequantize_fp8_cuda(&self.codes, &self.scale, dtype)
+            }
             _ => self.dequantize_with_tensor_ops(dtype),
         }
     }

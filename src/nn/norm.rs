@@ -1,11 +1,28 @@
 //! Differentiable normalisations (RMSNorm, LayerNorm) written as compositions of candle ops that all have a
 //! backward: candle's fused `ops::rms_norm` / `layer_norm` return no gradient. Statistics are computed in f32 and
-//! the result cast back, as the official Wan code does.
+//! the result cast back, as the official Wan code does. With the `cuda` feature, f32 / bf16 CUDA tensors run the
+//! fused kernels of [`crate::nn::cuda::norm`] (autograd-capable custom ops with the same numerics).
 
 use candle_core::{DType, Result, Tensor, D};
 
+/// Whether the fused CUDA kernels take `xs` (the condition [`crate::nn::cuda::norm`] checks before falling back).
+#[cfg(feature = "cuda")]
+fn on_cuda_kernel(xs: &Tensor) -> bool {
+    xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) && xs.rank() > 0
+}
+
 /// `x * rsqrt(mean(x²) + eps) * weight` over the last dimension, computed in f32, returned in `xs`' dtype.
+/// Differentiable; CUDA f32 / bf16 tensors run the fused kernel, everything else [`rms_norm_portable`].
 pub fn rms_norm(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_cuda_kernel(xs) {
+        return crate::nn::cuda::norm::rms_norm(xs, weight, eps);
+    }
+    rms_norm_portable(xs, weight, eps)
+}
+
+/// [`rms_norm`] as a composition of candle ops, on any device (the CPU path and the CUDA kernel's reference).
+pub fn rms_norm_portable(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     let dtype = xs.dtype();
     let x = xs.to_dtype(DType::F32)?;
     let ms = x.sqr()?.mean_keepdim(D::Minus1)?;
@@ -17,7 +34,22 @@ pub fn rms_norm(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor
 }
 
 /// LayerNorm over the last dimension in f32 with optional affine parameters, returned in `xs`' dtype.
+/// Differentiable; CUDA f32 / bf16 tensors run the fused kernel, everything else [`layer_norm_portable`].
 pub fn layer_norm(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_cuda_kernel(xs) {
+        return crate::nn::cuda::norm::layer_norm(xs, weight, bias, eps);
+    }
+    layer_norm_portable(xs, weight, bias, eps)
+}
+
+/// [`layer_norm`] as a composition of candle ops, on any device (the CPU path and the CUDA kernel's reference).
+pub fn layer_norm_portable(
     xs: &Tensor,
     weight: Option<&Tensor>,
     bias: Option<&Tensor>,

@@ -45,6 +45,34 @@ pub fn random_weights(
     Ok(map)
 }
 
+/// Random weights for `cfg` in `dtype` drawn on `device` itself (seeded through [`Device::set_seed`]), with the
+/// same distributions as [`random_weights`] but not the same values: what benchmarks of the 14B variants use,
+/// where drawing 14 billion values on the host would take minutes.
+pub fn random_weights_on_device(
+    cfg: &WanConfig,
+    seed: u64,
+    dtype: DType,
+    device: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    device.set_seed(seed)?;
+    let mut map = HashMap::new();
+    for (name, shape) in official_shapes(cfg) {
+        let (mean, std) = if name.ends_with("modulation") {
+            (0.0, 0.1)
+        } else if name.ends_with(".weight") && shape.len() == 1 {
+            (1.0, 0.1)
+        } else if name.ends_with(".bias") {
+            (0.0, 0.05)
+        } else {
+            let fan_in: usize = shape[1..].iter().product();
+            (0.0, 1.0 / (fan_in as f32).sqrt())
+        };
+        let t = Tensor::randn(mean, std, shape.as_slice(), device)?;
+        map.insert(name, t.to_dtype(dtype)?);
+    }
+    Ok(map)
+}
+
 /// Random inputs for a batch of latents with the given latent sizes `[frames, height, width]`: latents, per-sample
 /// timesteps in 0..1000, text contexts of varying length, and (for I2V) conditioning and CLIP features.
 pub fn random_inputs(

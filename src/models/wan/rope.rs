@@ -95,6 +95,11 @@ impl Rope {
     /// Rotates `xs` [b, seq_len, heads, head_dim] pairwise (adjacent elements form a complex number).
     /// Differentiable: built from ops that all have a backward.
     pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
+        // On CUDA the fused kernel rotates in f32 (one pass); the composition below is the CPU path.
+        #[cfg(feature = "cuda")]
+        if xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) {
+            return crate::nn::cuda::rope_apply(xs, &self.cos, &self.sin);
+        }
         let (b, l, h, d) = xs.dims4()?;
         let pairs = xs.reshape((b, l, h, d / 2, 2))?;
         let re = pairs.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;

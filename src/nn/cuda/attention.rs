@@ -76,10 +76,10 @@ pub fn runs_fused(q: &Tensor) -> bool {
 
 /// Attention of `q` [b, lq, h, d] over `k`, `v` [b, lk, h, d], scale 1/sqrt(d); keys at or beyond `kv_lens[i]`
 /// are masked for sample i (`None`: all keys). Differentiable in q, k and v. Fused (cuDNN) when
-/// [`runs_fused`], else [`crate::nn::attention::attention`].
+/// [`runs_fused`], else [`crate::nn::attention::portable_attention`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
     if !runs_fused(q) || k.dtype() != DType::BF16 || v.dtype() != DType::BF16 {
-        return crate::nn::attention::attention(q, k, v, kv_lens);
+        return crate::nn::attention::portable_attention(q, k, v, kv_lens);
     }
     let op = Sdpa::new(q, k, v, kv_lens)?;
     q.contiguous()?

@@ -171,7 +171,7 @@ pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             &inputs[..2],
             &[true, true],
             &|t| norm::rms_norm(&t[0], Some(&t[1]), eps),
-            &|t| crate::nn::norm::rms_norm(&t[0], Some(&t[1]), eps),
+            &|t| crate::nn::norm::rms_norm_portable(&t[0], Some(&t[1]), eps),
         )?);
         out.extend(fwd_bwd_case(
             &format!("layer_norm affine {dtype:?} [2,37,1536]"),
@@ -179,7 +179,7 @@ pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             &inputs,
             &[true, true, true],
             &|t| norm::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), eps),
-            &|t| crate::nn::norm::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), eps),
+            &|t| crate::nn::norm::layer_norm_portable(&t[0], Some(&t[1]), Some(&t[2]), eps),
         )?);
         out.extend(fwd_bwd_case(
             &format!("layer_norm plain {dtype:?} [2,37,1536]"),
@@ -187,7 +187,7 @@ pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             &inputs[..1],
             &[true],
             &|t| norm::layer_norm(&t[0], None, None, eps),
-            &|t| crate::nn::norm::layer_norm(&t[0], None, None, eps),
+            &|t| crate::nn::norm::layer_norm_portable(&t[0], None, None, eps),
         )?);
     }
     Ok(out)
@@ -282,14 +282,14 @@ pub fn direct_backward_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             },
             {
                 let w = w.clone();
-                Box::new(move |t| crate::nn::norm::rms_norm(&t[0], Some(&w), eps))
+                Box::new(move |t| crate::nn::norm::rms_norm_portable(&t[0], Some(&w), eps))
             },
         ),
         (
             "layer_norm_backward",
             vec![2, l, d],
             Box::new(move |x, dy| norm::layer_norm_backward(x, Some(&wg), dy, eps)),
-            Box::new(move |t| crate::nn::norm::layer_norm(&t[0], Some(&w), None, eps)),
+            Box::new(move |t| crate::nn::norm::layer_norm_portable(&t[0], Some(&w), None, eps)),
         ),
         (
             "modulate_backward",

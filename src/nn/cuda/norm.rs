@@ -19,16 +19,16 @@ enum Kind {
 }
 
 /// `x * rsqrt(mean(x²) + eps) * weight` over the last dimension; differentiable (input and, when it is tracked,
-/// weight). CUDA f32 / bf16 tensors run the fused kernels, anything else [`crate::nn::norm::rms_norm`].
+/// weight). CUDA f32 / bf16 tensors run the fused kernels, anything else [`crate::nn::norm::rms_norm_portable`].
 pub fn rms_norm(xs: &Tensor, weight: Option<&Tensor>, eps: f64) -> Result<Tensor> {
     if !runs_on_kernel(xs) {
-        return crate::nn::norm::rms_norm(xs, weight, eps);
+        return crate::nn::norm::rms_norm_portable(xs, weight, eps);
     }
     apply(Kind::Rms, xs, weight, None, eps)
 }
 
 /// LayerNorm over the last dimension with optional affine parameters; differentiable (input, and weight / bias
-/// when tracked). CUDA f32 / bf16 tensors run the fused kernels, anything else [`crate::nn::norm::layer_norm`].
+/// when tracked). CUDA f32 / bf16 tensors run the fused kernels, anything else [`crate::nn::norm::layer_norm_portable`].
 pub fn layer_norm(
     xs: &Tensor,
     weight: Option<&Tensor>,
@@ -36,7 +36,7 @@ pub fn layer_norm(
     eps: f64,
 ) -> Result<Tensor> {
     if !runs_on_kernel(xs) {
-        return crate::nn::norm::layer_norm(xs, weight, bias, eps);
+        return crate::nn::norm::layer_norm_portable(xs, weight, bias, eps);
     }
     apply(Kind::Layer, xs, weight, bias, eps)
 }

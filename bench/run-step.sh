@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The training-step benchmark on the H200 test machine (see shared/CUDA.md), in one call: the tiny device-vs-CPU
+# LoRA gradient check, then Wan2.1-1.3B at 480×832×81 (32,760 tokens) ours and PyTorch's, then 14B with FP8
+# block-64 block linears (ours), and 14B bf16 PyTorch when STEP_TORCH_14B=1; a table of ratios last.
+# Builds nothing. Usage: bench/run-step.sh [path/to/framesmith-bench] [out-dir]
+set -uo pipefail
+HERE="$(cd "$(dirname "$0")" && pwd)"
+BIN="${1:-devbin/framesmith-bench}"
+LOG="${2:-${OUT:-/tmp/framesmith-bench}}"
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1
+LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH
+REF="$HERE/reference"
+SHAPE=(--frames 81 --height 480 --width 832 --rank 32)
+run() { local t=$1; shift; echo "+ $*" | tee -a "$LOG/commands.log"; timeout "$t" "$@"; }
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,power.limit --format=csv,noheader
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
+} 2>&1 | tee "$LOG/env.log"
+
+run 180 "$BIN" step --check --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 | tee "$LOG/ours-step-1.3b.log"
+run 180 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 | tee "$LOG/torch-step-1.3b.log"
+run "${STEP_14B_TIMEOUT:-240}" "$BIN" step --variant t2v-14b --fp8 block64 "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 \
+    | tee "$LOG/ours-step-14b-fp8.log"
+if [[ "${STEP_TORCH_14B:-0}" == 1 ]]; then
+    run 180 python3 "$REF/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 | tee "$LOG/torch-step-14b.log"
+fi
+
+echo "=== summary (ref/ours > 1: ours faster) ==="
+grep -h -E '^(ok  |FAIL)' "$LOG/ours-step-1.3b.log"
+grep -h '^BENCH' "$LOG"/*step*.log
+python3 "$REF/compare.py" "$LOG"/ours-*.log "$LOG"/torch-*.log | tee "$LOG/summary.txt"
