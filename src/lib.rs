@@ -1,8 +1,12 @@
 //! Framesmith: LoRA training for Wan video diffusion transformers.
 
+#[cfg(feature = "gui")]
+pub mod app;
 pub mod config;
 pub mod models;
 pub mod nn;
 pub mod parity;
 pub mod protocol;
+#[cfg(feature = "telemetry")]
+pub mod telemetry;
 pub mod train;
