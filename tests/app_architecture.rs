@@ -55,8 +55,15 @@ fn app_and_telemetry_never_touch_candle_or_the_engine_modules() {
 
 #[test]
 fn engine_side_never_imports_the_gui() {
-    let found = offenders(&["train", "models", "nn", "data", "protocol", "config"], &["egui", "eframe"]);
-    assert!(found.is_empty(), "GUI imports outside the app:\n{}", found.join("\n"));
+    let found = offenders(
+        &["train", "models", "nn", "data", "protocol", "config"],
+        &["egui", "eframe"],
+    );
+    assert!(
+        found.is_empty(),
+        "GUI imports outside the app:\n{}",
+        found.join("\n")
+    );
 }
 
 #[test]

@@ -7,8 +7,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use app_support::{
-    frames_dir, harness, png, settle, Dropped, FakeBackend, PRESET, RANK_LIMIT_MESSAGE, RANK_REASON,
-    STREAMING_REASON,
+    frames_dir, harness, png, settle, Dropped, FakeBackend, PRESET, RANK_LIMIT_MESSAGE,
+    RANK_REASON, STREAMING_REASON,
 };
 use egui_kittest::kittest::Queryable;
 use framesmith::config::run::StreamingMode;
@@ -27,7 +27,10 @@ fn progress(step: usize, eta_secs: f64) -> Event {
     })
 }
 
-fn start_run(backend: &FakeBackend, h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>) -> framesmith::protocol::EngineEnd {
+fn start_run(
+    backend: &FakeBackend,
+    h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>,
+) -> framesmith::protocol::EngineEnd {
     h.get_by_label("Train").click();
     settle(h);
     h.get_by_label("Start").click();
@@ -50,7 +53,9 @@ fn dropping_a_folder_fills_the_dataset_panel_with_counts() {
     std::fs::write(root.join("broken.jpg"), b"not a jpeg").unwrap();
 
     let mut h = harness(FakeBackend::new());
-    h.input_mut().dropped_files.push(Arc::new(Dropped(root.to_path_buf())));
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(root.to_path_buf())));
     settle(&mut h);
 
     // The drop switched to the Project tab and the scan's counts are shown.
@@ -62,7 +67,10 @@ fn dropping_a_folder_fills_the_dataset_panel_with_counts() {
     h.get_by_label("Resolution 8×6");
     h.get_by_label(&format!("Dataset 1: {}", root.display()));
     // The folder went into the dataset form as an image folder.
-    assert_eq!(h.get_by_label("Image folder").value().as_deref(), Some(&*root.to_string_lossy()));
+    assert_eq!(
+        h.get_by_label("Image folder").value().as_deref(),
+        Some(&*root.to_string_lossy())
+    );
 }
 
 #[test]
@@ -73,11 +81,18 @@ fn dropped_model_file_is_inspected_and_shown() {
     std::fs::write(&dit, b"x").unwrap();
     std::fs::write(&vae, b"x").unwrap();
     let mut h = harness(FakeBackend::new());
-    h.input_mut().dropped_files.push(Arc::new(Dropped(dit.clone())));
-    h.input_mut().dropped_files.push(Arc::new(Dropped(vae.clone())));
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(dit.clone())));
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(vae.clone())));
     settle(&mut h);
     h.get_by_label("Wan2.1 T2V-1.3B · ComfyUI single file · bf16 · 2.6 GiB");
-    h.get_by_label(&format!("this is a diffusers folder, not a Wan checkpoint: {}", vae.display()));
+    h.get_by_label(&format!(
+        "this is a diffusers folder, not a Wan checkpoint: {}",
+        vae.display()
+    ));
     assert_eq!(h.state().config().model.dit, dit);
     assert_eq!(h.state().config().model.vae, vae);
 }
@@ -88,16 +103,18 @@ fn clicking_a_preset_changes_the_shown_fields_and_marks_them() {
     h.get_by_label("Config").click();
     settle(&mut h);
     assert_eq!(h.get_by_label("Rank").value().as_deref(), Some("32"));
-    assert!(h.query_by_label(&format!("Preset: {RANK_REASON}")).is_none());
+    assert!(h
+        .query_by_label(&format!("Preset: {RANK_REASON}"))
+        .is_none());
 
     h.get_by_label(PRESET).click();
     settle(&mut h);
 
     assert_eq!(h.get_by_label("Rank").value().as_deref(), Some("16"));
     h.get_by_label(&format!("Preset {PRESET} changed 3 fields"));
-    h.get_by_label(&format!("Streaming → staged: {STREAMING_REASON}"));
-    h.get_by_label(&format!("Rank → 16: {RANK_REASON}"));
-    h.get_by_label(&format!("Shared-memory guard → true: set by {PRESET}"));
+    h.get_by_label(&format!("Streaming = staged: {STREAMING_REASON}"));
+    h.get_by_label(&format!("Rank = 16: {RANK_REASON}"));
+    h.get_by_label(&format!("Shared-memory guard = true: set by {PRESET}"));
     // The marks sit beside the fields themselves.
     h.get_by_label(&format!("Preset: {RANK_REASON}"));
     h.get_by_label(&format!("Preset: {STREAMING_REASON}"));
@@ -115,7 +132,8 @@ fn invalid_values_are_marked_in_place_and_block_start() {
     settle(&mut h);
     h.get_by_label(RANK_LIMIT_MESSAGE);
 
-    h.get_by_label("Learning rate").set_text_value_accesskit("fast");
+    h.get_by_label("Learning rate")
+        .set_text_value_accesskit("fast");
     settle(&mut h);
     h.get_by_label("Enter a number like 2e-4 (not \"fast\")");
 
@@ -137,7 +155,10 @@ fn start_sends_the_edited_config_as_start_run() {
     h.get_by_label(PRESET).click();
     settle(&mut h);
     let expected = h.state().config().clone();
-    assert!(expected.model.demo, "the first start opens the demo project");
+    assert!(
+        expected.model.demo,
+        "the first start opens the demo project"
+    );
 
     let engine = start_run(&backend, &mut h);
     match engine.commands.try_recv() {
@@ -156,9 +177,16 @@ fn progress_events_move_the_charts_and_eta() {
     let backend = FakeBackend::new();
     let mut h = harness(Arc::clone(&backend));
     let engine = start_run(&backend, &mut h);
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
     h.get_by_label("ETA —");
 
-    engine.events.send(Event::StateChanged(RunState::Training)).unwrap();
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
     engine.events.send(progress(10, 180.0)).unwrap();
     settle(&mut h);
     h.get_by_label("ETA 3 m 00 s");
@@ -184,10 +212,21 @@ fn failed_event_shows_its_message_and_the_app_stays_usable() {
     let backend = FakeBackend::new();
     let mut h = harness(Arc::clone(&backend));
     let engine = start_run(&backend, &mut h);
-    assert!(matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))));
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
     let message = "CUDA out of memory at block 12: lower the resolution or stream more blocks";
-    engine.events.send(Event::StateChanged(RunState::Training)).unwrap();
-    engine.events.send(Event::Failed { message: message.into() }).unwrap();
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
+    engine
+        .events
+        .send(Event::Failed {
+            message: message.into(),
+        })
+        .unwrap();
     settle(&mut h);
 
     h.get_by_label("Run failed");
@@ -202,16 +241,19 @@ fn failed_event_shows_its_message_and_the_app_stays_usable() {
     settle(&mut h);
     h.get_by_label("Start").click();
     settle(&mut h);
-    assert!(matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))));
-    assert!(h.query_by_label(message).is_none(), "a new run clears the old failure");
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
+    assert!(
+        h.query_by_label(message).is_none(),
+        "a new run clears the old failure"
+    );
 }
 
 #[test]
 fn engine_that_cannot_start_is_a_failure_not_a_crash() {
-    let backend = Arc::new(FakeBackend {
-        engine_error: Some("no CUDA device and the demo model is off".into()),
-        ..FakeBackend::default()
-    });
+    let backend = FakeBackend::failing_engine("no CUDA device and the demo model is off");
     let mut h = harness(backend);
     h.get_by_label("Train").click();
     settle(&mut h);
@@ -237,13 +279,25 @@ fn queued_runs_start_one_after_another() {
     h.get_by_label("Start queue").click();
     settle(&mut h);
     let engine = backend.engine();
-    assert!(matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))));
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
     assert!(h.query_by_label("2. demo (100 steps)").is_none());
 
-    engine.events.send(Event::StateChanged(RunState::Training)).unwrap();
-    engine.events.send(Event::StateChanged(RunState::Finished)).unwrap();
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Finished))
+        .unwrap();
     settle(&mut h);
-    assert!(matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))), "the next run started by itself");
+    assert!(
+        matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))),
+        "the next run started by itself"
+    );
     assert!(h.query_by_label("1. demo (100 steps)").is_none());
 }
 
@@ -283,7 +337,11 @@ fn player_steps_frames_of_a_sample() {
     h.get_by_label("Next frame").click();
     settle(&mut h);
     h.get_by_label("Frame 3 / 3");
-    assert_eq!(h.state().shown_sample_frame(), Some(2), "stepping stops at the last frame");
+    assert_eq!(
+        h.state().shown_sample_frame(),
+        Some(2),
+        "stepping stops at the last frame"
+    );
 
     h.get_by_label("Previous frame").click();
     settle(&mut h);

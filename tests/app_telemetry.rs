@@ -7,7 +7,10 @@ fn one_sample_reads_ram_and_each_gpu_or_says_why_not() {
     println!("{sample:#?}\nGPU status: {gpu_status:?}");
     assert!(sample.ram_total_bytes > 0);
     assert!(sample.ram_used_bytes <= sample.ram_total_bytes);
-    assert!(sample.process_resident_bytes > 0, "sysinfo sees this process");
+    assert!(
+        sample.process_resident_bytes > 0,
+        "sysinfo sees this process"
+    );
     match gpu_status {
         Ok(()) => {
             assert!(!sample.gpus.is_empty());
@@ -19,7 +22,10 @@ fn one_sample_reads_ram_and_each_gpu_or_says_why_not() {
         }
         Err(reason) => {
             assert!(sample.gpus.is_empty());
-            assert!(reason.contains("NVIDIA") || reason.contains("NVML"), "{reason}");
+            assert!(
+                reason.contains("NVIDIA") || reason.contains("NVML"),
+                "{reason}"
+            );
         }
     }
 }

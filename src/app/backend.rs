@@ -9,7 +9,9 @@ use crate::config::RunConfig;
 use crate::protocol::EngineHandle;
 
 /// Which model file a slot holds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
 pub enum ModelRole {
     Dit,
     Vae,

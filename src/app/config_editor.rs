@@ -56,6 +56,7 @@ impl ConfigEditor {
     }
 
     /// Bumped on every change; validation results carry the generation they checked.
+    #[cfg(test)]
     pub fn generation(&self) -> u64 {
         self.generation
     }
@@ -77,7 +78,12 @@ impl ConfigEditor {
     }
 
     /// Applies a preset's result and marks each field it changed with the preset's reason.
-    pub fn apply_preset(&mut self, name: &str, result: RunConfig, reasons: &BTreeMap<String, String>) {
+    pub fn apply_preset(
+        &mut self,
+        name: &str,
+        result: RunConfig,
+        reasons: &BTreeMap<String, String>,
+    ) {
         let before = self.table.clone();
         self.replace(result);
         let changes: Vec<PresetChange> = form::changed_keys(&before, &self.table)
@@ -88,14 +94,19 @@ impl ConfigEditor {
                     .cloned()
                     .unwrap_or_else(|| format!("set by {name}"));
                 PresetChange {
-                    label: fields::run_field(&key).map_or_else(|| key.clone(), |f| f.label.to_owned()),
-                    value: form::get(&self.table, &key).map_or_else(|| "default".into(), form::value_text),
+                    label: fields::run_field(&key)
+                        .map_or_else(|| key.clone(), |f| f.label.to_owned()),
+                    value: form::get(&self.table, &key)
+                        .map_or_else(|| "default".into(), form::value_text),
                     key,
                     reason,
                 }
             })
             .collect();
-        self.marks.preset = changes.iter().map(|c| (c.key.clone(), c.reason.clone())).collect();
+        self.marks.preset = changes
+            .iter()
+            .map(|c| (c.key.clone(), c.reason.clone()))
+            .collect();
         self.preset = Some((name.to_owned(), changes));
     }
 
@@ -131,7 +142,10 @@ impl ConfigEditor {
         self.marks.warnings.clear();
         self.general_issues.clear();
         for issue in issues {
-            if issue.key.is_empty() || form::get(&self.table, &issue.key).is_none() && fields::run_field(&issue.key).is_none() {
+            if issue.key.is_empty()
+                || form::get(&self.table, &issue.key).is_none()
+                    && fields::run_field(&issue.key).is_none()
+            {
                 self.general_issues.push(issue);
                 continue;
             }
@@ -167,7 +181,8 @@ impl ConfigEditor {
 
     /// The config as TOML (what Save config… writes).
     pub fn to_toml(&self) -> Result<String, String> {
-        toml::to_string_pretty(&self.config).map_err(|err| format!("cannot write the config as TOML: {err}"))
+        toml::to_string_pretty(&self.config)
+            .map_err(|err| format!("cannot write the config as TOML: {err}"))
     }
 }
 
@@ -209,7 +224,10 @@ mod tests {
         editor.edited("lora.rank");
         assert_eq!(editor.config().lora.rank, 8);
         assert!(!editor.marks.preset.contains_key("lora.rank"));
-        assert!(editor.marks.preset.contains_key("memory.shared_memory_guard"));
+        assert!(editor
+            .marks
+            .preset
+            .contains_key("memory.shared_memory_guard"));
     }
 
     #[test]
@@ -218,8 +236,16 @@ mod tests {
         let generation = editor.generation();
         form::set(&mut editor.table, "lora.rank", Some((-3).into()));
         editor.edited("lora.rank");
-        assert!(editor.table_error.as_deref().unwrap().starts_with("lora.rank"));
-        assert_eq!(editor.generation(), generation, "the typed config is unchanged");
+        assert!(editor
+            .table_error
+            .as_deref()
+            .unwrap()
+            .starts_with("lora.rank"));
+        assert_eq!(
+            editor.generation(),
+            generation,
+            "the typed config is unchanged"
+        );
         assert_eq!(editor.blocking_problems().len(), 1);
     }
 
@@ -231,7 +257,10 @@ mod tests {
             message: "bad".into(),
             severity,
         };
-        editor.set_issues(editor.generation() + 1, vec![issue("lora.rank", Severity::Error)]);
+        editor.set_issues(
+            editor.generation() + 1,
+            vec![issue("lora.rank", Severity::Error)],
+        );
         assert!(editor.marks.errors.is_empty());
         assert_eq!(editor.needs_validation(), Some(editor.generation()));
         editor.set_issues(
@@ -254,6 +283,8 @@ mod tests {
         config.optimizer.learning_rate = 1e-4;
         let editor = ConfigEditor::new(config.clone());
         assert_eq!(parse_config(&editor.to_toml().unwrap()).unwrap(), config);
-        assert!(parse_config("[lora]\nrnak = 3").unwrap_err().contains("rnak"));
+        assert!(parse_config("[lora]\nrnak = 3")
+            .unwrap_err()
+            .contains("rnak"));
     }
 }

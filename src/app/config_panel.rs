@@ -30,11 +30,14 @@ pub(super) fn config_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         egui::CollapsingHeader::new(section.title)
             .default_open(true)
             .show(ui, |ui| {
-                egui::Grid::new(section.title).num_columns(3).spacing([12.0, 4.0]).show(ui, |ui| {
-                    for spec in section.fields {
-                        field_row_ui(app, ui, spec);
-                    }
-                });
+                egui::Grid::new(section.title)
+                    .num_columns(3)
+                    .spacing([12.0, 4.0])
+                    .show(ui, |ui| {
+                        for spec in section.fields {
+                            field_row_ui(app, ui, spec);
+                        }
+                    });
             });
     }
     other_settings_ui(app, ui);
@@ -42,7 +45,14 @@ pub(super) fn config_ui(app: &mut FramesmithApp, ui: &mut Ui) {
 
 fn field_row_ui(app: &mut FramesmithApp, ui: &mut Ui, spec: &FieldSpec<'_>) {
     let editor = &mut app.editor;
-    let outcome = field_ui(ui, spec, spec.key, &mut editor.table, &mut editor.drafts, &editor.marks);
+    let outcome = field_ui(
+        ui,
+        spec,
+        spec.key,
+        &mut editor.table,
+        &mut editor.drafts,
+        &editor.marks,
+    );
     if outcome.changed {
         editor.edited(spec.key);
     }
@@ -59,7 +69,11 @@ fn presets_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         }
         let mut clicked = None;
         for preset in &app.presets {
-            if ui.button(preset.name.as_str()).on_hover_text(preset.summary.as_str()).clicked() {
+            if ui
+                .button(preset.name.as_str())
+                .on_hover_text(preset.summary.as_str())
+                .clicked()
+            {
                 clicked = Some(preset.name.clone());
             }
         }
@@ -72,13 +86,25 @@ fn presets_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     };
     egui::Frame::group(ui.style()).show(ui, |ui| {
         if changes.is_empty() {
-            ui.label(format!("Preset {name} changed nothing: the config already matched it"));
+            ui.label(format!(
+                "Preset {name} changed nothing: the config already matched it"
+            ));
             return;
         }
-        let fields = if changes.len() == 1 { "field" } else { "fields" };
-        ui.label(RichText::new(format!("Preset {name} changed {} {fields}", changes.len())).color(theme::ACCENT));
+        let fields = if changes.len() == 1 {
+            "field"
+        } else {
+            "fields"
+        };
+        ui.label(
+            RichText::new(format!("Preset {name} changed {} {fields}", changes.len()))
+                .color(theme::ACCENT),
+        );
         for change in changes {
-            ui.label(format!("{} → {}: {}", change.label, change.value, change.reason));
+            ui.label(format!(
+                "{} = {}: {}",
+                change.label, change.value, change.reason
+            ));
         }
     });
 }
@@ -107,17 +133,19 @@ fn other_settings_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         return;
     }
     egui::CollapsingHeader::new("Other settings").show(ui, |ui| {
-        egui::Grid::new("other settings").num_columns(3).show(ui, |ui| {
-            for (key, value) in &extra {
-                let spec = FieldSpec {
-                    key,
-                    label: key,
-                    kind: kind_of_value(value),
-                    optional: false,
-                    help: "",
-                };
-                field_row_ui(app, ui, &spec);
-            }
-        });
+        egui::Grid::new("other settings")
+            .num_columns(3)
+            .show(ui, |ui| {
+                for (key, value) in &extra {
+                    let spec = FieldSpec {
+                        key,
+                        label: key,
+                        kind: kind_of_value(value),
+                        optional: false,
+                        help: "",
+                    };
+                    field_row_ui(app, ui, &spec);
+                }
+            });
     });
 }

@@ -121,7 +121,11 @@ impl DatasetEditor {
     }
 
     pub fn remove_entry(&mut self, index: usize) {
-        if let Some(list) = self.table.get_mut("datasets").and_then(toml::Value::as_array_mut) {
+        if let Some(list) = self
+            .table
+            .get_mut("datasets")
+            .and_then(toml::Value::as_array_mut)
+        {
             if index < list.len() {
                 list.remove(index);
             }
@@ -152,7 +156,11 @@ impl DatasetEditor {
     }
 
     fn mark_video_folder(&mut self, folder: &Path) {
-        let Some(list) = self.table.get_mut("datasets").and_then(toml::Value::as_array_mut) else {
+        let Some(list) = self
+            .table
+            .get_mut("datasets")
+            .and_then(toml::Value::as_array_mut)
+        else {
             return;
         };
         for entry in list.iter_mut().filter_map(toml::Value::as_table_mut) {
@@ -172,7 +180,8 @@ impl DatasetEditor {
 
     /// The dataset TOML as musubi-tuner reads it.
     pub fn to_toml(&self) -> Result<String, String> {
-        toml::to_string_pretty(&self.table).map_err(|err| format!("cannot write the dataset TOML: {err}"))
+        toml::to_string_pretty(&self.table)
+            .map_err(|err| format!("cannot write the dataset TOML: {err}"))
     }
 
     /// Replaces the form with a dataset TOML. It must have at least one `[[datasets]]` entry.
@@ -220,7 +229,10 @@ mod tests {
         let text = editor.to_toml().unwrap();
         let parsed: toml::Table = toml::from_str(&text).unwrap();
         let datasets = parsed["datasets"].as_array().unwrap();
-        assert_eq!(datasets[0]["image_directory"].as_str(), Some("/data/stills"));
+        assert_eq!(
+            datasets[0]["image_directory"].as_str(),
+            Some("/data/stills")
+        );
         assert_eq!(datasets[1]["video_directory"].as_str(), Some("/data/clips"));
         assert_eq!(datasets[1]["frame_extraction"].as_str(), Some("head"));
         assert_eq!(parsed["general"]["resolution"].as_array().unwrap().len(), 2);

@@ -18,8 +18,10 @@ pub(super) fn dataset_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     ui.heading("Dataset");
     if app.editor.config().model.demo {
         ui.label(
-            RichText::new("The demo model trains on synthetic clips; turn it off to train on this dataset")
-                .color(theme::MUTED),
+            RichText::new(
+                "The demo model trains on synthetic clips; turn it off to train on this dataset",
+            )
+            .color(theme::MUTED),
         );
     }
     ui.horizontal(|ui| {
@@ -30,10 +32,16 @@ pub(super) fn dataset_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             app.pick(PickPurpose::ImportDataset);
         }
         let has_entries = !app.dataset.is_empty();
-        if ui.add_enabled(has_entries, egui::Button::new("Export TOML…")).clicked() {
+        if ui
+            .add_enabled(has_entries, egui::Button::new("Export TOML…"))
+            .clicked()
+        {
             app.pick(PickPurpose::ExportDataset);
         }
-        if ui.add_enabled(has_entries, egui::Button::new("Rescan")).clicked() {
+        if ui
+            .add_enabled(has_entries, egui::Button::new("Rescan"))
+            .clicked()
+        {
             app.scan_dataset();
         }
     });
@@ -80,7 +88,11 @@ fn summary_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {
             });
     }
     if !summary.unreadable.is_empty() {
-        let title = plural(summary.unreadable.len(), "unreadable file", "unreadable files");
+        let title = plural(
+            summary.unreadable.len(),
+            "unreadable file",
+            "unreadable files",
+        );
         egui::CollapsingHeader::new(RichText::new(title).color(theme::ERROR))
             .id_salt("unreadable")
             .show(ui, |ui| {
@@ -97,9 +109,10 @@ fn summary_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {
 }
 
 fn frames_ui(ui: &mut Ui, summary: &DatasetSummary) {
-    let (Some((&least, _)), Some((&most, _))) =
-        (summary.frame_counts.first_key_value(), summary.frame_counts.last_key_value())
-    else {
+    let (Some((&least, _)), Some((&most, _))) = (
+        summary.frame_counts.first_key_value(),
+        summary.frame_counts.last_key_value(),
+    ) else {
         if summary.videos > 0 {
             ui.label(RichText::new("Frame counts are not known yet").color(theme::MUTED));
         }
@@ -127,7 +140,11 @@ fn thumbnails_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary)
                 .or_insert_with(|| {
                     let size = [thumbnail.width as usize, thumbnail.height as usize];
                     let image = egui::ColorImage::from_rgba_unmultiplied(size, &thumbnail.rgba);
-                    ui.ctx().load_texture(thumbnail.path.display().to_string(), image, TextureOptions::LINEAR)
+                    ui.ctx().load_texture(
+                        thumbnail.path.display().to_string(),
+                        image,
+                        TextureOptions::LINEAR,
+                    )
                 });
             ui.add(egui::Image::new((texture.id(), texture.size_vec2())))
                 .on_hover_text(thumbnail.path.display().to_string());
@@ -140,32 +157,59 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     ui.label(RichText::new("Dataset config (musubi-tuner format)").strong());
     let mut rescan = false;
     let mut general = std::mem::take(app.dataset.general_mut());
-    egui::Grid::new("dataset general").num_columns(3).show(ui, |ui| {
-        for spec in DATASET_GENERAL {
-            let key = format!("general.{}", spec.key);
-            field_ui(ui, spec, &key, &mut general, &mut app.dataset.drafts, &marks);
-        }
-    });
+    egui::Grid::new("dataset general")
+        .num_columns(3)
+        .show(ui, |ui| {
+            for spec in DATASET_GENERAL {
+                let key = format!("general.{}", spec.key);
+                field_ui(
+                    ui,
+                    spec,
+                    &key,
+                    &mut general,
+                    &mut app.dataset.drafts,
+                    &marks,
+                );
+            }
+        });
     *app.dataset.general_mut() = general;
     let mut remove = None;
     let mut browse = None;
     for index in 0..app.dataset.entries().len() {
-        let folder = app.dataset.entries().get(index).map(entry_folder).unwrap_or_default();
+        let folder = app
+            .dataset
+            .entries()
+            .get(index)
+            .map(entry_folder)
+            .unwrap_or_default();
         egui::CollapsingHeader::new(format!("Dataset {}: {folder}", index + 1))
             .id_salt(("dataset entry", index))
             .default_open(true)
             .show(ui, |ui| {
-                let mut entry = app.dataset.entry_mut(index).map(std::mem::take).unwrap_or_default();
-                egui::Grid::new(("dataset entry grid", index)).num_columns(3).show(ui, |ui| {
-                    for spec in DATASET_ENTRY {
-                        let key = format!("datasets.{index}.{}", spec.key);
-                        let outcome = field_ui(ui, spec, &key, &mut entry, &mut app.dataset.drafts, &marks);
-                        rescan |= outcome.changed && spec.key.ends_with("directory");
-                        if outcome.browse {
-                            browse = Some((index, spec.key.to_owned()));
+                let mut entry = app
+                    .dataset
+                    .entry_mut(index)
+                    .map(std::mem::take)
+                    .unwrap_or_default();
+                egui::Grid::new(("dataset entry grid", index))
+                    .num_columns(3)
+                    .show(ui, |ui| {
+                        for spec in DATASET_ENTRY {
+                            let key = format!("datasets.{index}.{}", spec.key);
+                            let outcome = field_ui(
+                                ui,
+                                spec,
+                                &key,
+                                &mut entry,
+                                &mut app.dataset.drafts,
+                                &marks,
+                            );
+                            rescan |= outcome.changed && spec.key.ends_with("directory");
+                            if outcome.browse {
+                                browse = Some((index, spec.key.to_owned()));
+                            }
                         }
-                    }
-                });
+                    });
                 unknown_keys_ui(ui, &entry);
                 if let Some(slot) = app.dataset.entry_mut(index) {
                     *slot = entry;
@@ -188,19 +232,30 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
 }
 
 fn entry_folder(entry: &toml::Value) -> String {
-    ["video_directory", "image_directory", "video_jsonl_file", "image_jsonl_file"]
-        .iter()
-        .find_map(|key| entry.get(key).and_then(toml::Value::as_str))
-        .unwrap_or("no folder")
-        .to_owned()
+    [
+        "video_directory",
+        "image_directory",
+        "video_jsonl_file",
+        "image_jsonl_file",
+    ]
+    .iter()
+    .find_map(|key| entry.get(key).and_then(toml::Value::as_str))
+    .unwrap_or("no folder")
+    .to_owned()
 }
 
 /// Keys the form has no widget for are shown read-only, so an imported file hides nothing.
 fn unknown_keys_ui(ui: &mut Ui, entry: &toml::Table) {
     let known: Vec<&str> = DATASET_ENTRY.iter().map(|f| f.key).collect();
-    let unknown: BTreeMap<&String, &toml::Value> =
-        entry.iter().filter(|(k, _)| !known.contains(&k.as_str())).collect();
+    let unknown: BTreeMap<&String, &toml::Value> = entry
+        .iter()
+        .filter(|(k, _)| !known.contains(&k.as_str()))
+        .collect();
     for (key, value) in unknown {
-        ui.label(RichText::new(format!("{key} = {value}")).monospace().color(theme::MUTED));
+        ui.label(
+            RichText::new(format!("{key} = {value}"))
+                .monospace()
+                .color(theme::MUTED),
+        );
     }
 }

@@ -14,19 +14,21 @@ pub(super) fn pick(purpose: &PickPurpose) -> Vec<PathBuf> {
     let toml = |d: rfd::FileDialog| d.add_filter("TOML", &["toml"]);
     let one = |p: Option<PathBuf>| p.into_iter().collect();
     match purpose {
-        PickPurpose::Model(role) => one(
-            dialog
-                .set_title(format!("Choose the {} file", role.label()))
-                .add_filter("Model weights", &MODEL_EXTENSIONS)
-                .pick_file(),
-        ),
+        PickPurpose::Model(role) => one(dialog
+            .set_title(format!("Choose the {} file", role.label()))
+            .add_filter("Model weights", &MODEL_EXTENSIONS)
+            .pick_file()),
         PickPurpose::DatasetFolders => dialog
             .set_title("Choose dataset folders")
             .pick_folders()
             .unwrap_or_default(),
         PickPurpose::ConfigPath(key) => {
             let folder = run_field(key).is_some_and(|f| f.kind == FieldKind::Folder);
-            one(if folder { dialog.pick_folder() } else { dialog.pick_file() })
+            one(if folder {
+                dialog.pick_folder()
+            } else {
+                dialog.pick_file()
+            })
         }
         PickPurpose::DatasetPath(_, _) | PickPurpose::ResumeState => one(dialog.pick_folder()),
         PickPurpose::LoadConfig | PickPurpose::ImportDataset => one(toml(dialog).pick_file()),

@@ -68,7 +68,11 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "auto, t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b",
             ),
             field("model.base_dtype", "Base dtype", FieldKind::Choice(DTYPES)),
-            field("model.fp8_scale", "FP8 scale", FieldKind::Choice(FP8_SCALES)),
+            field(
+                "model.fp8_scale",
+                "FP8 scale",
+                FieldKind::Choice(FP8_SCALES),
+            ),
             field(
                 "model.residual_dtype",
                 "Residual dtype",
@@ -88,8 +92,16 @@ pub const RUN_SECTIONS: &[Section] = &[
         fields: &[
             field("lora.rank", "Rank", FieldKind::Int),
             field("lora.alpha", "Alpha", FieldKind::Float),
-            field("lora.include_patterns", "Include patterns", FieldKind::Strings),
-            field("lora.exclude_patterns", "Exclude patterns", FieldKind::Strings),
+            field(
+                "lora.include_patterns",
+                "Include patterns",
+                FieldKind::Strings,
+            ),
+            field(
+                "lora.exclude_patterns",
+                "Exclude patterns",
+                FieldKind::Strings,
+            ),
             optional("lora.init_from", "Start from LoRA", FieldKind::Path),
         ],
     },
@@ -167,9 +179,17 @@ pub const RUN_SECTIONS: &[Section] = &[
     Section {
         title: "Memory",
         fields: &[
-            field("memory.streaming", "Streaming", FieldKind::Choice(STREAMING)),
+            field(
+                "memory.streaming",
+                "Streaming",
+                FieldKind::Choice(STREAMING),
+            ),
             help(
-                field("memory.blocks_to_swap", "Blocks to stream", FieldKind::IntOrAuto),
+                field(
+                    "memory.blocks_to_swap",
+                    "Blocks to stream",
+                    FieldKind::IntOrAuto,
+                ),
                 "A count, or auto to let the planner pick",
             ),
             field(
@@ -178,7 +198,11 @@ pub const RUN_SECTIONS: &[Section] = &[
                 FieldKind::Choice(PLACEMENTS),
             ),
             help(
-                optional("memory.vram_budget_gb", "VRAM budget (GB)", FieldKind::Float),
+                optional(
+                    "memory.vram_budget_gb",
+                    "VRAM budget (GB)",
+                    FieldKind::Float,
+                ),
                 "Empty: the card's free memory minus headroom",
             ),
             field("memory.staging_slots", "Staging slots", FieldKind::Int),
@@ -197,7 +221,11 @@ pub const RUN_SECTIONS: &[Section] = &[
         fields: &[
             field("output.output_dir", "Output folder", FieldKind::Folder),
             field("output.output_name", "Output name", FieldKind::Text),
-            optional("output.save_every_n_steps", "Save every n steps", FieldKind::Int),
+            optional(
+                "output.save_every_n_steps",
+                "Save every n steps",
+                FieldKind::Int,
+            ),
             optional(
                 "output.save_every_n_epochs",
                 "Save every n epochs",
@@ -225,7 +253,11 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "Sample every n epochs",
                 FieldKind::Int,
             ),
-            field("sampling.sample_at_first", "Sample before training", FieldKind::Bool),
+            field(
+                "sampling.sample_at_first",
+                "Sample before training",
+                FieldKind::Bool,
+            ),
         ],
     },
 ];
@@ -248,7 +280,11 @@ pub const DATASET_GENERAL: &[FieldSpec<'static>] = &[
     optional("batch_size", "Batch size", FieldKind::Int),
     optional("num_repeats", "Repeats", FieldKind::Int),
     optional("enable_bucket", "Buckets", FieldKind::Bool),
-    optional("bucket_no_upscale", "No upscale in buckets", FieldKind::Bool),
+    optional(
+        "bucket_no_upscale",
+        "No upscale in buckets",
+        FieldKind::Bool,
+    ),
 ];
 
 /// musubi-tuner `[[datasets]]` keys (each may also override a `[general]` key).
@@ -312,7 +348,11 @@ mod tests {
             assert!(run_field(key).is_some(), "no form field for {key}");
         }
         for field in RUN_SECTIONS.iter().flat_map(|s| s.fields.iter()) {
-            assert!(keys.contains_key(field.key), "{} is not a RunConfig key", field.key);
+            assert!(
+                keys.contains_key(field.key),
+                "{} is not a RunConfig key",
+                field.key
+            );
         }
     }
 }

@@ -102,7 +102,10 @@ pub fn field_ui(
     let mut draft_error = None;
     ui.horizontal(|ui| match spec.kind {
         FieldKind::Bool => {
-            let mut value = current.as_ref().and_then(toml::Value::as_bool).unwrap_or(false);
+            let mut value = current
+                .as_ref()
+                .and_then(toml::Value::as_bool)
+                .unwrap_or(false);
             if ui.checkbox(&mut value, "").labelled_by(label.id).changed() {
                 set(table, spec.key, Some(toml::Value::Boolean(value)));
                 outcome.changed = true;
@@ -116,7 +119,9 @@ pub fn field_ui(
             outcome.changed = changed;
             draft_error = error;
             if matches!(spec.kind, FieldKind::Path | FieldKind::Folder) {
-                let button = ui.button("…").on_hover_text(format!("Browse for {}", spec.label));
+                let button = ui
+                    .button("…")
+                    .on_hover_text(format!("Browse for {}", spec.label));
                 outcome.browse = button.clicked();
             }
         }
@@ -154,7 +159,11 @@ fn choice_ui(
     combo.response.labelled_by(label.id);
     match picked {
         Some(choice) if choice != Some(shown.as_str()) => {
-            set(table, spec.key, choice.map(|c| toml::Value::String(c.into())));
+            set(
+                table,
+                spec.key,
+                choice.map(|c| toml::Value::String(c.into())),
+            );
             true
         }
         _ => false,
@@ -174,7 +183,10 @@ fn text_ui(
         .get(full_key)
         .cloned()
         .unwrap_or_else(|| get(table, spec.key).map(value_text).unwrap_or_default());
-    let width = if matches!(spec.kind, FieldKind::Path | FieldKind::Folder | FieldKind::Strings) {
+    let width = if matches!(
+        spec.kind,
+        FieldKind::Path | FieldKind::Folder | FieldKind::Strings
+    ) {
         320.0
     } else {
         140.0
@@ -238,7 +250,8 @@ fn float_text(f: f64) -> String {
         format!("{f:e}")
     } else {
         let text = f.to_string();
-        if text.contains('.') || text.contains('e') || text.contains("inf") || text.contains("NaN") {
+        if text.contains('.') || text.contains('e') || text.contains("inf") || text.contains("NaN")
+        {
             text
         } else {
             format!("{text}.0")
@@ -260,10 +273,9 @@ pub fn parse(kind: FieldKind, optional: bool, text: &str) -> Result<Option<toml:
         FieldKind::Text | FieldKind::Path | FieldKind::Folder => toml::Value::String(text.into()),
         FieldKind::Int => toml::Value::Integer(parse_int(text)?),
         FieldKind::Float => toml::Value::Float(parse_float(text)?),
-        FieldKind::Bool => toml::Value::Boolean(
-            text.parse()
-                .map_err(|_| "Enter true or false".to_owned())?,
-        ),
+        FieldKind::Bool => {
+            toml::Value::Boolean(text.parse().map_err(|_| "Enter true or false".to_owned())?)
+        }
         FieldKind::Choice(_) => toml::Value::String(text.into()),
         FieldKind::IntOrAuto if text.eq_ignore_ascii_case("auto") => {
             toml::Value::String("auto".into())
@@ -393,15 +405,15 @@ mod tests {
         let some = |k, t| parse(k, false, t).unwrap().unwrap();
         assert_eq!(some(FieldKind::Int, " 32 "), toml::Value::Integer(32));
         assert_eq!(some(FieldKind::Float, "2e-4"), toml::Value::Float(2e-4));
-        assert_eq!(some(FieldKind::IntOrAuto, "Auto"), toml::Value::String("auto".into()));
+        assert_eq!(
+            some(FieldKind::IntOrAuto, "Auto"),
+            toml::Value::String("auto".into())
+        );
         assert_eq!(
             some(FieldKind::Ints, "1, 25,45"),
             toml::Value::Array(vec![1.into(), 25.into(), 45.into()])
         );
-        assert_eq!(
-            some(FieldKind::Strings, ""),
-            toml::Value::Array(Vec::new())
-        );
+        assert_eq!(some(FieldKind::Strings, ""), toml::Value::Array(Vec::new()));
         assert!(parse(FieldKind::Int, false, "3.5").is_err());
         assert!(parse(FieldKind::Float, false, "inf").is_err());
         assert!(parse(FieldKind::Int, false, "").is_err());
@@ -420,12 +432,16 @@ mod tests {
 
     #[test]
     fn dotted_get_set_and_diff() {
-        let mut table: toml::Table = toml::from_str("[lora]\nrank = 32\n[memory]\nstreaming = \"off\"").unwrap();
+        let mut table: toml::Table =
+            toml::from_str("[lora]\nrank = 32\n[memory]\nstreaming = \"off\"").unwrap();
         let before = table.clone();
         set(&mut table, "memory.streaming", Some("staged".into()));
         set(&mut table, "memory.staging_slots", Some(4.into()));
         set(&mut table, "lora.rank", None);
-        assert_eq!(get(&table, "memory.streaming").and_then(|v| v.as_str()), Some("staged"));
+        assert_eq!(
+            get(&table, "memory.streaming").and_then(|v| v.as_str()),
+            Some("staged")
+        );
         assert_eq!(
             changed_keys(&before, &table),
             vec!["lora.rank", "memory.staging_slots", "memory.streaming"]

@@ -22,7 +22,9 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
                 app.models.insert(role, (path, status));
             }
         }
-        JobResult::DatasetScanned { generation, result } => app.dataset.finish_scan(generation, result),
+        JobResult::DatasetScanned { generation, result } => {
+            app.dataset.finish_scan(generation, result)
+        }
         JobResult::Validated { generation, issues } => {
             if app.validating == Some(generation) {
                 app.validating = None;
@@ -34,25 +36,39 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
             Ok(config) => {
                 app.editor.replace(config);
                 app.inspect_all_models();
-                app.run.note(LogLevel::Info, format!("Loaded {}", path.display()));
+                app.run
+                    .note(LogLevel::Info, format!("Loaded {}", path.display()));
             }
-            Err(err) => app.run.note(LogLevel::Error, format!("{err}: {}", path.display())),
+            Err(err) => app
+                .run
+                .note(LogLevel::Error, format!("{err}: {}", path.display())),
         },
         JobResult::DatasetRead { path, result } => {
             match result.and_then(|text| app.dataset.import(&text)) {
                 Ok(()) => {
-                    app.run.note(LogLevel::Info, format!("Imported the dataset config {}", path.display()));
+                    app.run.note(
+                        LogLevel::Info,
+                        format!("Imported the dataset config {}", path.display()),
+                    );
                     app.scan_dataset();
                 }
-                Err(err) => app.run.note(LogLevel::Error, format!("{err}: {}", path.display())),
+                Err(err) => app
+                    .run
+                    .note(LogLevel::Error, format!("{err}: {}", path.display())),
             }
         }
         JobResult::Saved { what, result } => match result {
-            Ok(path) => app.run.note(LogLevel::Info, format!("Saved the {what} to {}", path.display())),
+            Ok(path) => app.run.note(
+                LogLevel::Info,
+                format!("Saved the {what} to {}", path.display()),
+            ),
             Err(err) => app.run.note(LogLevel::Error, err),
         },
         JobResult::RunPrepared(result) => run_prepared(app, result),
-        JobResult::SampleThumbnail { frames_dir, thumbnail } => {
+        JobResult::SampleThumbnail {
+            frames_dir,
+            thumbnail,
+        } => {
             app.samples.take_thumbnail(frames_dir, thumbnail);
         }
     }
@@ -78,11 +94,17 @@ fn picked(app: &mut FramesmithApp, purpose: PickPurpose, paths: Vec<PathBuf>) {
         PickPurpose::Model(role) => app.set_model(role, first),
         PickPurpose::DatasetFolders => app.add_dataset_folders(&paths),
         PickPurpose::ConfigPath(key) => {
-            app.editor.set(&key, Some(toml::Value::String(first.to_string_lossy().into_owned())));
+            app.editor.set(
+                &key,
+                Some(toml::Value::String(first.to_string_lossy().into_owned())),
+            );
         }
         PickPurpose::DatasetPath(index, key) => {
             if let Some(entry) = app.dataset.entry_mut(index) {
-                entry.insert(key, toml::Value::String(first.to_string_lossy().into_owned()));
+                entry.insert(
+                    key,
+                    toml::Value::String(first.to_string_lossy().into_owned()),
+                );
                 app.dataset.drafts.clear();
                 app.scan_dataset();
             }
@@ -90,17 +112,22 @@ fn picked(app: &mut FramesmithApp, purpose: PickPurpose, paths: Vec<PathBuf>) {
         PickPurpose::LoadConfig => app.load_config_file(first),
         PickPurpose::SaveConfig => {
             let text = app.editor.to_toml();
-            app.jobs.spawn("save config", move || write_text("run config", first, text));
+            app.jobs
+                .spawn("save config", move || write_text("run config", first, text));
         }
         PickPurpose::ImportDataset => {
-            app.jobs.spawn("import dataset", move || JobResult::DatasetRead {
-                result: std::fs::read_to_string(&first).map_err(|err| format!("cannot read the file: {err}")),
-                path: first,
-            });
+            app.jobs
+                .spawn("import dataset", move || JobResult::DatasetRead {
+                    result: std::fs::read_to_string(&first)
+                        .map_err(|err| format!("cannot read the file: {err}")),
+                    path: first,
+                });
         }
         PickPurpose::ExportDataset => {
             let text = app.dataset.to_toml();
-            app.jobs.spawn("export dataset", move || write_text("dataset config", first, text));
+            app.jobs.spawn("export dataset", move || {
+                write_text("dataset config", first, text)
+            });
         }
         PickPurpose::ResumeState => app.start(Some(first)),
     }
@@ -128,7 +155,10 @@ pub(super) fn read_toml_file(path: PathBuf) -> JobResult {
     };
     let is_dataset = toml::from_str::<toml::Table>(&text).is_ok_and(|t| t.contains_key("datasets"));
     if is_dataset {
-        JobResult::DatasetRead { path, result: Ok(text) }
+        JobResult::DatasetRead {
+            path,
+            result: Ok(text),
+        }
     } else {
         JobResult::ConfigLoaded {
             result: parse_config(&text),
@@ -139,7 +169,10 @@ pub(super) fn read_toml_file(path: PathBuf) -> JobResult {
 
 /// Writes the run's dataset TOML (when it was built in the Project tab) beside its outputs and points the config
 /// at it. Runs on a job thread.
-pub(super) fn prepare_run(run: QueuedRun, resume_from: Option<PathBuf>) -> Result<Box<StartRun>, String> {
+pub(super) fn prepare_run(
+    run: QueuedRun,
+    resume_from: Option<PathBuf>,
+) -> Result<Box<StartRun>, String> {
     let mut config = run.config;
     if let Some(text) = run.dataset_toml {
         let dir = &config.output.output_dir;
@@ -150,7 +183,10 @@ pub(super) fn prepare_run(run: QueuedRun, resume_from: Option<PathBuf>) -> Resul
             .map_err(|err| format!("cannot write the dataset config: {err}: {}", path.display()))?;
         config.dataset.config = path;
     }
-    Ok(Box::new(StartRun { config, resume_from }))
+    Ok(Box::new(StartRun {
+        config,
+        resume_from,
+    }))
 }
 
 #[cfg(test)]
@@ -172,7 +208,9 @@ mod tests {
         let start = prepare_run(run, None).unwrap();
         let written = dir.path().join("out").join("cat_dataset.toml");
         assert_eq!(start.config.dataset.config, written);
-        assert!(std::fs::read_to_string(written).unwrap().contains("image_directory"));
+        assert!(std::fs::read_to_string(written)
+            .unwrap()
+            .contains("image_directory"));
         let plain = prepare_run(
             QueuedRun {
                 name: "x".into(),
@@ -191,11 +229,16 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let dataset = dir.path().join("d.toml");
         std::fs::write(&dataset, "[[datasets]]\nimage_directory = \"/d\"\n").unwrap();
-        assert!(matches!(read_toml_file(dataset), JobResult::DatasetRead { result: Ok(_), .. }));
+        assert!(matches!(
+            read_toml_file(dataset),
+            JobResult::DatasetRead { result: Ok(_), .. }
+        ));
         let run = dir.path().join("r.toml");
         std::fs::write(&run, "[lora]\nrank = 4\n").unwrap();
         match read_toml_file(run) {
-            JobResult::ConfigLoaded { result: Ok(config), .. } => assert_eq!(config.lora.rank, 4),
+            JobResult::ConfigLoaded {
+                result: Ok(config), ..
+            } => assert_eq!(config.lora.rank, 4),
             other => panic!("{other:?}"),
         }
     }

@@ -157,7 +157,9 @@ mod tests {
         jobs.spawn("one", || saved(1));
         // Blocking here is the test's own thread, standing in for later frames.
         let result = jobs.results_rx.recv().unwrap();
-        assert!(matches!(result, JobResult::Saved { result: Ok(p), .. } if p == PathBuf::from("1")));
+        assert!(
+            matches!(result, JobResult::Saved { result: Ok(p), .. } if p == PathBuf::from("1"))
+        );
     }
 
     #[test]

@@ -32,7 +32,9 @@ use std::sync::Arc;
 
 use anyhow::{anyhow, bail};
 
-pub use backend::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity, Thumbnail};
+pub use backend::{
+    Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity, Thumbnail,
+};
 pub use jobs::JobMode;
 pub use player::{PlayerClock, DEFAULT_FPS};
 pub use run_view::{format_duration, LogLine, RunEnd, RunView, SampleClip, StepPoint};
@@ -43,6 +45,15 @@ pub use window::FramesmithApp;
 use screenshot::ScreenshotRequest;
 use tabs::tabs_ui;
 
+/// Where telemetry comes from.
+pub enum TelemetrySource {
+    Off,
+    /// The sampling thread (NVML, sysinfo, PDH).
+    Live,
+    /// A fixed history (tests).
+    Fixed(crate::telemetry::History),
+}
+
 /// How the app starts.
 pub struct AppOptions {
     /// The rest of Framesmith (model inspector, dataset scanner, presets, validation, engine).
@@ -51,8 +62,8 @@ pub struct AppOptions {
     pub project: Option<PathBuf>,
     /// `Background` in the app; `Inline` makes jobs finish within the frame that starts them (tests).
     pub jobs: JobMode,
-    /// Sample GPU and RAM telemetry on a background thread.
-    pub telemetry: bool,
+    /// Where the Monitor tab's numbers come from.
+    pub telemetry: TelemetrySource,
     /// Read and write settings through eframe storage.
     pub persistence: bool,
     screenshot: Option<ScreenshotRequest>,
@@ -65,7 +76,7 @@ impl AppOptions {
             backend,
             project: None,
             jobs: JobMode::Background,
-            telemetry: true,
+            telemetry: TelemetrySource::Live,
             persistence: true,
             screenshot: None,
         }
@@ -75,7 +86,7 @@ impl AppOptions {
     pub fn for_tests(backend: Arc<dyn Backend>) -> Self {
         Self {
             jobs: JobMode::Inline,
-            telemetry: false,
+            telemetry: TelemetrySource::Off,
             persistence: false,
             ..Self::new(backend)
         }

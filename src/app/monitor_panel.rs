@@ -32,7 +32,11 @@ pub fn monitor_ui(ui: &mut Ui, telemetry: Option<&Telemetry>, spill: Option<&Spi
 /// The red line shown when the driver spills; also used by the Train tab.
 pub fn spill_banner_ui(ui: &mut Ui, spill: &SpillWarning) {
     egui::Frame::group(ui.style()).show(ui, |ui| {
-        ui.label(RichText::new(spill.message()).color(theme::WARNING).strong());
+        ui.label(
+            RichText::new(spill.message())
+                .color(theme::WARNING)
+                .strong(),
+        );
     });
 }
 
@@ -77,17 +81,31 @@ fn gpu_ui(ui: &mut Ui, history: &History) {
             line += &format!(" · {watts:.0} W");
         }
         if let (Some(tx), Some(rx)) = (gpu.pcie_tx_bytes_per_sec, gpu.pcie_rx_bytes_per_sec) {
-            line += &format!(" · PCIe ↑{}/s ↓{}/s", format_bytes(tx), format_bytes(rx));
+            line += &format!(
+                " · PCIe out {}/s, in {}/s",
+                format_bytes(tx),
+                format_bytes(rx)
+            );
         }
         ui.label(line);
     }
     // One used/ours pair of series per GPU would need owned names; the first GPU carries the chart and the
     // rest are summed, which is what matters for "is memory full".
     let used = series(history, |s| {
-        Some(s.gpus.iter().map(|g| g.memory_used_bytes as f64).sum::<f64>() / GIB)
+        Some(
+            s.gpus
+                .iter()
+                .map(|g| g.memory_used_bytes as f64)
+                .sum::<f64>()
+                / GIB,
+        )
     });
     let ours = series(history, |s| {
-        let bytes: Option<u64> = s.gpus.iter().filter_map(|g| g.process_memory_bytes).reduce(|a, b| a + b);
+        let bytes: Option<u64> = s
+            .gpus
+            .iter()
+            .filter_map(|g| g.process_memory_bytes)
+            .reduce(|a, b| a + b);
         bytes.map(|b| b as f64 / GIB)
     });
     let gpu_count = latest.gpus.len().max(1) as f64;

@@ -31,7 +31,11 @@ impl PlayerClock {
         Self {
             frame: 0,
             count,
-            fps: if fps.is_finite() && fps > 0.0 { fps } else { DEFAULT_FPS },
+            fps: if fps.is_finite() && fps > 0.0 {
+                fps
+            } else {
+                DEFAULT_FPS
+            },
             playing: false,
             looping: true,
             carry_secs: 0.0,
@@ -151,7 +155,11 @@ impl Decoder {
     }
 }
 
-fn decode_loop(requests: &Receiver<Request>, results: &SyncSender<Decoded>, repaint: Option<&egui::Context>) {
+fn decode_loop(
+    requests: &Receiver<Request>,
+    results: &SyncSender<Decoded>,
+    repaint: Option<&egui::Context>,
+) {
     while let Ok(mut request) = requests.recv() {
         // Skip frame requests that newer ones have replaced; an Open is always handled.
         while let Ok(next) = requests.try_recv() {
@@ -183,8 +191,12 @@ fn handle(request: Request) -> Decoded {
 
 /// PNG frames sorted by name, and the fps from `frames.json` (`{"fps": 16}`).
 pub fn list_frames(frames_dir: &Path) -> Result<(Vec<PathBuf>, f64), String> {
-    let entries = std::fs::read_dir(frames_dir)
-        .map_err(|err| format!("cannot read the frames of this sample: {err}: {}", frames_dir.display()))?;
+    let entries = std::fs::read_dir(frames_dir).map_err(|err| {
+        format!(
+            "cannot read the frames of this sample: {err}: {}",
+            frames_dir.display()
+        )
+    })?;
     let mut frames: Vec<PathBuf> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
@@ -297,7 +309,11 @@ impl Player {
                         match &mut self.texture {
                             Some(texture) => texture.set(image, TextureOptions::LINEAR),
                             None => {
-                                self.texture = Some(ctx.load_texture("sample player", image, TextureOptions::LINEAR));
+                                self.texture = Some(ctx.load_texture(
+                                    "sample player",
+                                    image,
+                                    TextureOptions::LINEAR,
+                                ));
                             }
                         }
                         self.shown = Some(index);
@@ -356,7 +372,11 @@ impl Player {
         });
         let mut frame = self.clock.frame;
         let last = count.saturating_sub(1);
-        let slider = ui.add(egui::Slider::new(&mut frame, 0..=last).show_value(false).text("Scrub"));
+        let slider = ui.add(
+            egui::Slider::new(&mut frame, 0..=last)
+                .show_value(false)
+                .text("Scrub"),
+        );
         if slider.changed() {
             self.clock.playing = false;
             self.clock.seek(frame);
@@ -411,13 +431,17 @@ mod tests {
     fn frames_are_listed_in_order_with_fps_from_json() {
         let dir = tempfile::tempdir().unwrap();
         for name in ["0002.png", "0001.png"] {
-            image::RgbaImage::new(2, 2).save(dir.path().join(name)).unwrap();
+            image::RgbaImage::new(2, 2)
+                .save(dir.path().join(name))
+                .unwrap();
         }
         std::fs::write(dir.path().join("frames.json"), r#"{"fps": 24}"#).unwrap();
         let (frames, fps) = list_frames(dir.path()).unwrap();
         assert_eq!(frames[0].file_name().unwrap(), "0001.png");
         assert_eq!(fps, 24.0);
         let empty = tempfile::tempdir().unwrap();
-        assert!(list_frames(empty.path()).unwrap_err().contains("no PNG frames"));
+        assert!(list_frames(empty.path())
+            .unwrap_err()
+            .contains("no PNG frames"));
     }
 }

@@ -94,7 +94,10 @@ impl RunView {
             Event::Progress(progress) => self.push_progress(progress),
             Event::Log { level, message } => self.push_log(level, message),
             Event::CheckpointSaved { step, lora, state } => {
-                self.push_log(LogLevel::Info, format!("Saved step {step}: {}", lora.display()));
+                self.push_log(
+                    LogLevel::Info,
+                    format!("Saved step {step}: {}", lora.display()),
+                );
                 self.checkpoints.push(Checkpoint { step, lora, state });
             }
             Event::SampleReady {
@@ -169,7 +172,8 @@ impl RunView {
             return None;
         }
         self.apply(Event::Failed {
-            message: "The training engine stopped without saying why; the log above may tell more".into(),
+            message: "The training engine stopped without saying why; the log above may tell more"
+                .into(),
         })
     }
 

@@ -50,8 +50,15 @@ impl SamplesState {
     fn texture(&mut self, ctx: &egui::Context, frames_dir: &Path) -> Option<&TextureHandle> {
         if let Some(thumbnail) = self.pending.remove(frames_dir) {
             let texture = thumbnail.map(|t| {
-                let image = egui::ColorImage::from_rgba_unmultiplied([t.width as usize, t.height as usize], &t.rgba);
-                ctx.load_texture(frames_dir.display().to_string(), image, TextureOptions::LINEAR)
+                let image = egui::ColorImage::from_rgba_unmultiplied(
+                    [t.width as usize, t.height as usize],
+                    &t.rgba,
+                );
+                ctx.load_texture(
+                    frames_dir.display().to_string(),
+                    image,
+                    TextureOptions::LINEAR,
+                )
             });
             self.thumbnails.insert(frames_dir.to_path_buf(), texture);
         }
@@ -81,27 +88,33 @@ pub(super) fn samples_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     ui.heading("Gallery");
     let mut open = None;
     let clips = app.run.samples.clone();
-    egui::ScrollArea::horizontal().id_salt("gallery").show(ui, |ui| {
-        ui.horizontal(|ui| {
-            for clip in &clips {
-                ui.vertical(|ui| {
-                    ui.set_width(theme::GALLERY_THUMBNAIL + 8.0);
-                    if let Some(texture) = app.samples.texture(ui.ctx(), &clip.frames_dir) {
-                        ui.add(egui::Image::new((texture.id(), texture.size_vec2())));
-                    }
-                    if ui.button(format!("Play step {}", clip.step)).clicked() {
-                        open = Some(clip.frames_dir.clone());
-                    }
-                    ui.label(RichText::new(&clip.prompt).small().color(theme::MUTED));
-                });
-            }
+    egui::ScrollArea::horizontal()
+        .id_salt("gallery")
+        .show(ui, |ui| {
+            ui.horizontal(|ui| {
+                for clip in &clips {
+                    ui.vertical(|ui| {
+                        ui.set_width(theme::GALLERY_THUMBNAIL + 8.0);
+                        if let Some(texture) = app.samples.texture(ui.ctx(), &clip.frames_dir) {
+                            ui.add(egui::Image::new((texture.id(), texture.size_vec2())));
+                        }
+                        if ui.button(format!("Play step {}", clip.step)).clicked() {
+                            open = Some(clip.frames_dir.clone());
+                        }
+                        ui.label(RichText::new(&clip.prompt).small().color(theme::MUTED));
+                    });
+                }
+            });
         });
-    });
     if let Some(frames_dir) = open {
         app.samples.player.open(&frames_dir);
     }
     ui.separator();
-    let playing = app.samples.player.frames_dir().and_then(|dir| clips.iter().find(|c| c.frames_dir == dir));
+    let playing = app
+        .samples
+        .player
+        .frames_dir()
+        .and_then(|dir| clips.iter().find(|c| c.frames_dir == dir));
     if let Some(clip) = playing {
         ui.label(format!("Step {} · {}", clip.step, clip.video.display()));
     }

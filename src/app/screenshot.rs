@@ -37,7 +37,10 @@ impl ScreenshotRequest {
 
     /// The capture's result; `None` if the window closed before it finished.
     pub fn take_outcome(&self) -> Option<Result<(), String>> {
-        self.outcome.lock().unwrap_or_else(PoisonError::into_inner).take()
+        self.outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
     }
 }
 
@@ -76,13 +79,17 @@ impl ScreenshotState {
         }
         let outcome = match self.rx.try_recv() {
             Ok(image) => Some(save_png(&self.request.path, &image)),
-            Err(_) if self.frames > GIVE_UP_FRAMES => {
-                Some(Err(format!("no screenshot arrived after {GIVE_UP_FRAMES} frames")))
-            }
+            Err(_) if self.frames > GIVE_UP_FRAMES => Some(Err(format!(
+                "no screenshot arrived after {GIVE_UP_FRAMES} frames"
+            ))),
             Err(_) => None,
         };
         if let Some(outcome) = outcome {
-            *self.request.outcome.lock().unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+            *self
+                .request
+                .outcome
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
             ctx.send_viewport_cmd(egui::ViewportCommand::Close);
         }
     }
@@ -113,17 +120,20 @@ pub fn staged_events() -> Vec<Event> {
     let mut events = vec![
         Event::Log {
             level: LogLevel::Info,
-            message: "Demo model: 2 blocks, dim 64, synthetic clips 8×32×32".into(),
+            message: "Demo project: the built-in tiny model on synthetic clips".into(),
         },
         Event::StateChanged(RunState::Training),
     ];
     let mut smoothed = 0.0;
     for step in 1..=STAGED_STEPS {
         let t = step as f64;
-        // A small hash of the step gives noise that is the same on every machine.
-        let noise = ((step.wrapping_mul(2_654_435_761) % 1000) as f64 / 1000.0 - 0.5) * 0.04;
+        let noise = (unit_hash(step as u64) - 0.5) * 0.04;
         let loss = 0.09 + 0.12 * (-t / 25.0).exp() + noise;
-        smoothed = if step == 1 { loss } else { 0.9 * smoothed + 0.1 * loss };
+        smoothed = if step == 1 {
+            loss
+        } else {
+            0.9 * smoothed + 0.1 * loss
+        };
         let learning_rate = 2e-4 * (t / 20.0).min(1.0);
         events.push(Event::Progress(Progress {
             step,
@@ -145,6 +155,15 @@ pub fn staged_events() -> Vec<Event> {
     events
 }
 
+/// A value in [0, 1) from a step number (splitmix64), so the staged noise is the same on every machine.
+fn unit_hash(x: u64) -> f64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -153,7 +172,10 @@ mod tests {
     fn staged_run_is_mid_way_and_deterministic() {
         let events = staged_events();
         assert_eq!(events, staged_events());
-        let progress = events.iter().filter(|e| matches!(e, Event::Progress(_))).count();
+        let progress = events
+            .iter()
+            .filter(|e| matches!(e, Event::Progress(_)))
+            .count();
         assert_eq!(progress, STAGED_STEPS);
     }
 

@@ -22,7 +22,8 @@ pub struct StandaloneBackend;
 
 impl Backend for StandaloneBackend {
     fn inspect_model(&self, _role: ModelRole, path: &Path) -> Result<String, String> {
-        let meta = std::fs::metadata(path).map_err(|err| format!("cannot read {}: {err}", path.display()))?;
+        let meta = std::fs::metadata(path)
+            .map_err(|err| format!("cannot read {}: {err}", path.display()))?;
         Ok(format!(
             "{} (the model inspector is not part of this build)",
             format_bytes(meta.len())
@@ -141,7 +142,9 @@ fn scan_image(path: &Path, summary: &mut DatasetSummary) {
                 }
             }
         }
-        Err(err) => summary.unreadable.push((path.to_path_buf(), err.to_string())),
+        Err(err) => summary
+            .unreadable
+            .push((path.to_path_buf(), err.to_string())),
     }
 }
 
@@ -152,7 +155,9 @@ fn scan_video(path: &Path, summary: &mut DatasetSummary) {
             .unreadable
             .push((path.to_path_buf(), "the file is empty".into())),
         Ok(_) => {}
-        Err(err) => summary.unreadable.push((path.to_path_buf(), err.to_string())),
+        Err(err) => summary
+            .unreadable
+            .push((path.to_path_buf(), err.to_string())),
     }
 }
 
@@ -214,13 +219,19 @@ mod tests {
         std::fs::write(root.join("clip.mp4"), b"").unwrap();
         std::fs::write(root.join("notes.md"), "ignored").unwrap();
         let summary = scan_folders(&[root.to_path_buf()]).unwrap();
-        assert_eq!((summary.images, summary.videos, summary.captions), (3, 1, 2));
+        assert_eq!(
+            (summary.images, summary.videos, summary.captions),
+            (3, 1, 2)
+        );
         assert_eq!(
             summary.missing_captions,
             vec![root.join("b.png"), root.join("clip.mp4")]
         );
         let unreadable: Vec<&PathBuf> = summary.unreadable.iter().map(|(p, _)| p).collect();
-        assert_eq!(unreadable, vec![&root.join("c.jpg"), &root.join("clip.mp4")]);
+        assert_eq!(
+            unreadable,
+            vec![&root.join("c.jpg"), &root.join("clip.mp4")]
+        );
         assert_eq!(summary.resolutions.len(), 2);
         assert_eq!(summary.thumbnails.len(), 2);
         assert!(summary.video_folders.is_empty());

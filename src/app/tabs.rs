@@ -28,9 +28,11 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     egui::CentralPanel::default().show(ui, |ui| {
         if ui.ctx().input(|i| !i.raw.hovered_files.is_empty()) {
             ui.label(
-                RichText::new("Drop folders for the dataset, model files for the models, or a config TOML")
-                    .color(theme::ACCENT)
-                    .strong(),
+                RichText::new(
+                    "Drop folders for the dataset, model files for the models, or a config TOML",
+                )
+                .color(theme::ACCENT)
+                .strong(),
             );
         }
         let tab = app.settings.tab;

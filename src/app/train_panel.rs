@@ -34,19 +34,34 @@ fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         if ui.add_enabled(can_start, Button::new("Start")).clicked() {
             app.start(None);
         }
-        if ui.add_enabled(app.run.can_pause(), Button::new("Pause")).clicked() {
+        if ui
+            .add_enabled(app.run.can_pause(), Button::new("Pause"))
+            .clicked()
+        {
             app.send(Command::Pause);
         }
-        if ui.add_enabled(app.run.can_resume(), Button::new("Resume")).clicked() {
+        if ui
+            .add_enabled(app.run.can_resume(), Button::new("Resume"))
+            .clicked()
+        {
             app.send(Command::Resume);
         }
-        if ui.add_enabled(app.run.is_active(), Button::new("Stop")).clicked() {
+        if ui
+            .add_enabled(app.run.is_active(), Button::new("Stop"))
+            .clicked()
+        {
             app.send(Command::Stop);
         }
-        if ui.add_enabled(app.run.can_save_or_sample(), Button::new("Save now")).clicked() {
+        if ui
+            .add_enabled(app.run.can_save_or_sample(), Button::new("Save now"))
+            .clicked()
+        {
             app.send(Command::SaveNow);
         }
-        if ui.add_enabled(app.run.can_save_or_sample(), Button::new("Sample now")).clicked() {
+        if ui
+            .add_enabled(app.run.can_save_or_sample(), Button::new("Sample now"))
+            .clicked()
+        {
             app.send(Command::SampleNow);
         }
         ui.separator();
@@ -60,8 +75,11 @@ fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     let problems = app.editor.blocking_problems();
     if !problems.is_empty() {
         ui.label(
-            RichText::new(format!("The config has {} problem(s); see the Config tab", problems.len()))
-                .color(theme::ERROR),
+            RichText::new(format!(
+                "The config has {} problem(s); see the Config tab",
+                problems.len()
+            ))
+            .color(theme::ERROR),
         );
     }
 }
@@ -99,7 +117,10 @@ fn progress_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         ui.label(run.eta_text());
         if let Some(p) = &run.progress {
             ui.separator();
-            ui.label(format!("Loss {:.4} (smoothed {:.4})", p.loss, p.smoothed_loss));
+            ui.label(format!(
+                "Loss {:.4} (smoothed {:.4})",
+                p.loss, p.smoothed_loss
+            ));
             ui.separator();
             ui.label(format!("LR {:.2e}", p.learning_rate));
         }
@@ -131,7 +152,10 @@ fn charts_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     loss.push(Series {
         name: "Smoothed",
         color: theme::LOSS_SMOOTHED,
-        points: points.iter().map(|p| [p.step as f64, p.smoothed_loss]).collect(),
+        points: points
+            .iter()
+            .map(|p| [p.step as f64, p.smoothed_loss])
+            .collect(),
     });
     chart_ui(ui, "loss chart", "Loss", loss, None);
     ui.heading("Learning rate");
@@ -142,7 +166,10 @@ fn charts_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         vec![Series {
             name: "Learning rate",
             color: theme::LEARNING_RATE,
-            points: points.iter().map(|p| [p.step as f64, p.learning_rate]).collect(),
+            points: points
+                .iter()
+                .map(|p| [p.step as f64, p.learning_rate])
+                .collect(),
         }],
         None,
     );
@@ -159,7 +186,10 @@ fn queue_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             app.enqueue();
         }
         let can_start = app.run.can_start() && !app.preparing && !app.queue.is_empty();
-        if ui.add_enabled(can_start, Button::new("Start queue")).clicked() {
+        if ui
+            .add_enabled(can_start, Button::new("Start queue"))
+            .clicked()
+        {
             if let Some(next) = app.queue.take_next() {
                 app.start_queued(next);
             }
@@ -172,7 +202,11 @@ fn queue_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     for (i, run) in app.queue.iter().enumerate() {
         ui.horizontal(|ui| {
             ui.label(format!("{}. {}", i + 1, run.name));
-            if ui.small_button("✕").on_hover_text("Remove from the queue").clicked() {
+            if ui
+                .small_button("Remove")
+                .on_hover_text("Remove from the queue")
+                .clicked()
+            {
                 remove = Some(i);
             }
         });
@@ -196,7 +230,11 @@ fn log_ui(app: &FramesmithApp, ui: &mut Ui) {
                     LogLevel::Warn => ("warn", theme::WARNING),
                     LogLevel::Error => ("error", theme::ERROR),
                 };
-                ui.label(RichText::new(format!("[{tag}] {}", line.message)).color(color).monospace());
+                ui.label(
+                    RichText::new(format!("[{tag}] {}", line.message))
+                        .color(color)
+                        .monospace(),
+                );
             }
         });
 }

@@ -20,7 +20,7 @@ use super::run_view::{RunEnd, RunView};
 use super::samples_panel::SamplesState;
 use super::screenshot::ScreenshotState;
 use super::settings::{SavedRun, Settings, Tab};
-use super::{tabs_ui, theme, AppOptions};
+use super::{tabs_ui, theme, AppOptions, TelemetrySource};
 
 /// Events folded per frame at most, so a flood never stalls a frame (the rest wait for the next).
 const EVENTS_PER_FRAME: usize = 4096;
@@ -76,13 +76,22 @@ impl FramesmithApp {
         let config = match settings.config_toml.as_deref().map(parse_config) {
             Some(Ok(config)) => config,
             Some(Err(err)) => {
-                run.note(LogLevel::Warn, format!("The saved config could not be read, so the demo project opened: {err}"));
+                run.note(
+                    LogLevel::Warn,
+                    format!(
+                        "The saved config could not be read, so the demo project opened: {err}"
+                    ),
+                );
                 backend.demo_project()
             }
             None => backend.demo_project(),
         };
         let repaint = (options.jobs == JobMode::Background).then(|| cc.egui_ctx.clone());
-        let telemetry = options.telemetry.then(|| spawn_telemetry(&mut run)).flatten();
+        let telemetry = match options.telemetry {
+            TelemetrySource::Off => None,
+            TelemetrySource::Live => spawn_telemetry(&mut run),
+            TelemetrySource::Fixed(history) => Some(Telemetry::fixed(history)),
+        };
         let mut app = Self {
             presets: backend.presets(),
             dataset: DatasetEditor::from_toml(&settings.dataset_toml),
@@ -168,7 +177,8 @@ impl FramesmithApp {
                 }
                 Err(TrySendError::Full(_)) => {
                     self.engine = Some(engine);
-                    self.run.note(LogLevel::Warn, "The engine is busy; try again in a moment");
+                    self.run
+                        .note(LogLevel::Warn, "The engine is busy; try again in a moment");
                     return false;
                 }
                 // The engine thread ended; the next attempt starts a fresh one.
@@ -252,7 +262,8 @@ impl FramesmithApp {
 
     /// The dataset TOML to write for a run, when the run uses the dataset built in the Project tab.
     pub(super) fn dataset_toml_for(&self, config: &RunConfig) -> Option<String> {
-        let uses_project_dataset = !config.model.demo && config.dataset.config.as_os_str().is_empty();
+        let uses_project_dataset =
+            !config.model.demo && config.dataset.config.as_os_str().is_empty();
         if uses_project_dataset && !self.dataset.is_empty() {
             self.dataset.to_toml().ok()
         } else {
@@ -263,7 +274,10 @@ impl FramesmithApp {
     pub(super) fn enqueue(&mut self) {
         let config = self.editor.config().clone();
         self.queue.push(QueuedRun {
-            name: format!("{} ({} steps)", config.output.output_name, config.training.max_train_steps),
+            name: format!(
+                "{} ({} steps)",
+                config.output.output_name, config.training.max_train_steps
+            ),
             dataset_toml: self.dataset_toml_for(&config),
             config,
         });
@@ -279,8 +293,10 @@ impl FramesmithApp {
     }
 
     pub(super) fn set_model(&mut self, role: ModelRole, path: PathBuf) {
-        self.editor
-            .set(role.config_key(), Some(toml::Value::String(path.to_string_lossy().into_owned())));
+        self.editor.set(
+            role.config_key(),
+            Some(toml::Value::String(path.to_string_lossy().into_owned())),
+        );
         self.inspect_model(role, path);
     }
 
@@ -298,13 +314,15 @@ impl FramesmithApp {
     }
 
     fn inspect_model(&mut self, role: ModelRole, path: PathBuf) {
-        self.models.insert(role, (path.clone(), ModelStatus::Inspecting));
+        self.models
+            .insert(role, (path.clone(), ModelStatus::Inspecting));
         let backend = Arc::clone(&self.backend);
-        self.jobs.spawn("inspect model", move || JobResult::ModelInspected {
-            result: backend.inspect_model(role, &path),
-            role,
-            path,
-        });
+        self.jobs
+            .spawn("inspect model", move || JobResult::ModelInspected {
+                result: backend.inspect_model(role, &path),
+                role,
+                path,
+            });
     }
 
     pub(super) fn add_dataset_folders(&mut self, folders: &[PathBuf]) {
@@ -315,10 +333,11 @@ impl FramesmithApp {
     pub(super) fn scan_dataset(&mut self) {
         let (folders, generation) = self.dataset.begin_scan();
         let backend = Arc::clone(&self.backend);
-        self.jobs.spawn("scan dataset", move || JobResult::DatasetScanned {
-            result: backend.scan_dataset(&folders),
-            generation,
-        });
+        self.jobs
+            .spawn("scan dataset", move || JobResult::DatasetScanned {
+                result: backend.scan_dataset(&folders),
+                generation,
+            });
     }
 
     pub(super) fn apply_preset(&mut self, name: &str) {
@@ -327,16 +346,21 @@ impl FramesmithApp {
         };
         match self.backend.apply_preset(name, self.editor.config()) {
             Ok(config) => self.editor.apply_preset(name, config, &preset.reasons),
-            Err(err) => self.run.note(LogLevel::Error, format!("Preset {name}: {err}")),
+            Err(err) => self
+                .run
+                .note(LogLevel::Error, format!("Preset {name}: {err}")),
         }
     }
 
     pub(super) fn load_config_file(&mut self, path: PathBuf) {
-        self.jobs.spawn("load config", move || super::handlers::read_toml_file(path));
+        self.jobs
+            .spawn("load config", move || super::handlers::read_toml_file(path));
     }
 
     fn validate_if_stale(&mut self) {
-        let Some(generation) = self.editor.needs_validation() else { return };
+        let Some(generation) = self.editor.needs_validation() else {
+            return;
+        };
         if self.validating == Some(generation) {
             return;
         }
@@ -350,12 +374,18 @@ impl FramesmithApp {
     }
 
     fn take_dropped_files(&mut self, ctx: &egui::Context) {
-        let paths: Vec<PathBuf> =
-            ctx.input(|i| i.raw.dropped_files.iter().map(|f| f.path().to_path_buf()).collect());
+        let paths: Vec<PathBuf> = ctx.input(|i| {
+            i.raw
+                .dropped_files
+                .iter()
+                .map(|f| f.path().to_path_buf())
+                .collect()
+        });
         if paths.is_empty() {
             return;
         }
-        let (folders, files): (Vec<PathBuf>, Vec<PathBuf>) = paths.into_iter().partition(|p| p.is_dir());
+        let (folders, files): (Vec<PathBuf>, Vec<PathBuf>) =
+            paths.into_iter().partition(|p| p.is_dir());
         if !folders.is_empty() {
             self.add_dataset_folders(&folders);
             self.settings.tab = Tab::Project;
@@ -378,7 +408,10 @@ impl FramesmithApp {
             "toml" => self.load_config_file(file),
             _ => self.run.note(
                 LogLevel::Warn,
-                format!("Framesmith does not know what to do with {}", file.display()),
+                format!(
+                    "Framesmith does not know what to do with {}",
+                    file.display()
+                ),
             ),
         }
     }
@@ -466,7 +499,10 @@ impl eframe::App for FramesmithApp {
     fn on_exit(&mut self) {
         // Dropping the handle tells the engine to stop; a run in progress saves its state as on Stop.
         if self.run.is_active() {
-            let _ = self.engine.as_ref().map(|e| e.commands.try_send(Command::Stop));
+            let _ = self
+                .engine
+                .as_ref()
+                .map(|e| e.commands.try_send(Command::Stop));
         }
     }
 }

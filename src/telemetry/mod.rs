@@ -65,6 +65,15 @@ impl Telemetry {
         })
     }
 
+    /// A telemetry with a fixed history and no thread (tests, and screens that replay a recording).
+    pub fn fixed(history: History) -> Self {
+        Self {
+            history: Arc::new(Mutex::new(history)),
+            stop: None,
+            thread: None,
+        }
+    }
+
     /// Runs `f` on the history. The sampling thread holds the lock only to push one sample, so this never waits long.
     pub fn read<R>(&self, f: impl FnOnce(&History) -> R) -> R {
         let guard = self.history.lock().unwrap_or_else(PoisonError::into_inner);

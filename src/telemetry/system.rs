@@ -22,8 +22,7 @@ impl SystemSource {
         let Some(system) = &mut self.system else {
             return;
         };
-        system
-            .refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+        system.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
         sample.ram_total_bytes = system.total_memory();
         sample.ram_used_bytes = system.used_memory();
         if let Some(pid) = self.pid {

@@ -8,8 +8,8 @@ use std::sync::{Arc, Mutex};
 
 use egui_kittest::Harness;
 use framesmith::app::{
-    scan_folders, AppOptions, Backend, DatasetSummary, FieldIssue, FramesmithApp, ModelRole, PresetView,
-    Severity,
+    scan_folders, AppOptions, Backend, DatasetSummary, FieldIssue, FramesmithApp, ModelRole,
+    PresetView, Severity,
 };
 use framesmith::config::run::StreamingMode;
 use framesmith::config::RunConfig;
@@ -32,6 +32,14 @@ impl FakeBackend {
         Arc::new(Self::default())
     }
 
+    /// A backend whose engine cannot start.
+    pub fn failing_engine(message: &str) -> Arc<Self> {
+        Arc::new(Self {
+            engine_error: Some(message.into()),
+            ..Self::default()
+        })
+    }
+
     /// The engine end of the most recent `spawn_engine`.
     pub fn engine(&self) -> EngineEnd {
         self.engine_ends
@@ -49,7 +57,10 @@ impl FakeBackend {
 impl Backend for FakeBackend {
     fn inspect_model(&self, _role: ModelRole, path: &Path) -> Result<String, String> {
         if path.to_string_lossy().contains("diffusers") {
-            Err(format!("this is a diffusers folder, not a Wan checkpoint: {}", path.display()))
+            Err(format!(
+                "this is a diffusers folder, not a Wan checkpoint: {}",
+                path.display()
+            ))
         } else {
             Ok("Wan2.1 T2V-1.3B · ComfyUI single file · bf16 · 2.6 GiB".into())
         }
@@ -136,9 +147,14 @@ impl egui::DroppedFile for Dropped {
 
 /// The real app, jobs inline, no telemetry, no stored settings.
 pub fn harness(backend: Arc<FakeBackend>) -> Harness<'static, FramesmithApp> {
+    harness_with(AppOptions::for_tests(backend))
+}
+
+/// The real app with the given options.
+pub fn harness_with(options: AppOptions) -> Harness<'static, FramesmithApp> {
     let mut harness = Harness::builder()
         .with_size(egui::vec2(1280.0, 1000.0))
-        .build_eframe(move |cc| FramesmithApp::new(cc, AppOptions::for_tests(backend)));
+        .build_eframe(move |cc| FramesmithApp::new(cc, options));
     harness.step();
     harness
 }
@@ -150,7 +166,9 @@ pub fn settle(harness: &mut Harness<'_, FramesmithApp>) {
 
 /// A tiny PNG of one colour.
 pub fn png(path: &Path, rgba: [u8; 4]) {
-    image::RgbaImage::from_pixel(8, 6, image::Rgba(rgba)).save(path).unwrap();
+    image::RgbaImage::from_pixel(8, 6, image::Rgba(rgba))
+        .save(path)
+        .unwrap();
 }
 
 /// A sample's frames: `count` PNGs of different colours and a frames.json with `fps`.
@@ -158,7 +176,10 @@ pub fn frames_dir(root: &Path, count: usize, fps: u32) -> PathBuf {
     let dir = root.join("sample_000050");
     std::fs::create_dir_all(&dir).unwrap();
     for i in 0..count {
-        png(&dir.join(format!("{i:04}.png")), [40 * i as u8, 100, 200, 255]);
+        png(
+            &dir.join(format!("{i:04}.png")),
+            [40 * i as u8, 100, 200, 255],
+        );
     }
     std::fs::write(dir.join("frames.json"), format!("{{\"fps\": {fps}}}")).unwrap();
     dir
@@ -167,7 +188,9 @@ pub fn frames_dir(root: &Path, count: usize, fps: u32) -> PathBuf {
 /// The one tolerance every snapshot uses: the default per-pixel threshold, and a few pixels of slack for
 /// anti-aliasing differences between software and hardware rasterizers.
 pub fn snapshot_options() -> egui_kittest::SnapshotOptions {
-    egui_kittest::SnapshotOptions::new().threshold(0.6).max_failed_pixels(8)
+    egui_kittest::SnapshotOptions::new()
+        .threshold(0.6)
+        .max_failed_pixels(8)
 }
 
 /// Whether a wgpu adapter exists to render snapshots; prints why not when it does not.
