@@ -2,7 +2,10 @@
 
 #[cfg(feature = "gui")]
 pub mod app;
+pub mod bench;
 pub mod config;
+pub mod data;
+pub mod demo;
 pub mod models;
 pub mod nn;
 pub mod parity;
@@ -10,3 +13,4 @@ pub mod protocol;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;
 pub mod train;
+pub mod video;

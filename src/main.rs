@@ -1,9 +1,14 @@
-//! The `framesmith` binary: parses the command line and runs a headless command (the GUI comes later).
+//! The `framesmith` binary: parses the command line and starts the GUI or a headless command. The only place
+//! that wires the app and the engine together.
+
+mod cli;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use framesmith::config::{presets, RunConfig};
 
 #[derive(Parser)]
 #[command(
@@ -13,23 +18,83 @@ use clap::{Parser, Subcommand};
 )]
 struct Cli {
     #[command(subcommand)]
-    command: Command,
+    command: Option<Command>,
 }
 
 #[derive(Subcommand)]
 enum Command {
-    /// Compare a module against a reference fixture directory made by the official Wan code
+    /// Train a LoRA from a run config
+    Train {
+        /// Run config (TOML)
+        #[arg(long)]
+        config: PathBuf,
+        /// Presets applied over the config, in order
+        #[arg(long = "preset")]
+        presets: Vec<String>,
+        /// Continue from a training-state folder (or an output folder holding them)
+        #[arg(long)]
+        resume: Option<PathBuf>,
+    },
+    /// Train the built-in tiny demo model on generated clips (CPU, no downloads)
+    Demo {
+        /// Folder for the demo dataset and outputs
+        #[arg(long, default_value = "framesmith-demo")]
+        out: PathBuf,
+        /// Optimizer steps (default: the demo-cpu preset's)
+        #[arg(long)]
+        steps: Option<usize>,
+    },
+    /// List the presets, or show what one changes
+    Presets {
+        #[command(subcommand)]
+        action: Option<PresetAction>,
+    },
+    /// Say what a model file or folder is
+    Inspect { path: PathBuf },
+    /// Datasets: check a musubi-tuner dataset TOML or a folder
+    Dataset {
+        #[command(subcommand)]
+        action: DatasetAction,
+    },
+    /// Compare a module against reference fixture directories made by the official Wan code
     CheckParity {
-        /// Fixture case directories (config.json + inputs/expected/weights safetensors)
         #[arg(required = true)]
         dirs: Vec<PathBuf>,
     },
 }
 
+#[derive(Subcommand)]
+enum DatasetAction {
+    /// List every problem in a dataset (a musubi-tuner TOML, or a folder of media and captions)
+    Check { path: PathBuf },
+}
+
+#[derive(Subcommand)]
+enum PresetAction {
+    /// Show the fields a preset sets and why
+    Show { name: String },
+}
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::CheckParity { dirs } => check_parity(&dirs),
+        None => {
+            cli::demo::run_demo(&cli::demo::default_demo_dir(), None).map(|_| ExitCode::SUCCESS)
+        }
+        Some(Command::Train {
+            config,
+            presets,
+            resume,
+        }) => train(&config, &presets, resume),
+        Some(Command::Demo { out, steps }) => {
+            cli::demo::run_demo(&out, steps).map(|_| ExitCode::SUCCESS)
+        }
+        Some(Command::Presets { action }) => show_presets(action),
+        Some(Command::Inspect { path }) => inspect(&path),
+        Some(Command::Dataset {
+            action: DatasetAction::Check { path },
+        }) => dataset_check(&path),
+        Some(Command::CheckParity { dirs }) => check_parity(&dirs),
     };
     match result {
         Ok(code) => code,
@@ -38,6 +103,59 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn train(
+    config: &std::path::Path,
+    names: &[String],
+    resume: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let mut cfg = RunConfig::load(config)?;
+    for name in names {
+        let applied = presets::builtin(name)?.apply(&cfg)?;
+        for change in &applied.changes {
+            eprintln!("preset {name}: {change}");
+        }
+        cfg = applied.config;
+    }
+    cli::run::run_headless(cfg, resume)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {
+    match action {
+        None => {
+            for preset in presets::builtins()? {
+                println!("{:<20} {}", preset.name, preset.summary);
+            }
+        }
+        Some(PresetAction::Show { name }) => {
+            let preset = presets::builtin(&name)?;
+            println!("{} — {}\n{}\n", preset.name, preset.title, preset.summary);
+            for setting in preset.settings() {
+                println!("{} = {}  — {}", setting.key, setting.value, setting.why);
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let report = framesmith::models::wan::weights::inspect(path)
+        .context("not a usable Wan DiT checkpoint")?;
+    println!("{report}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn dataset_check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let options = framesmith::data::ScanOptions::locate();
+    let report = framesmith::data::check_path(path, &options)?;
+    print!("{report}");
+    Ok(if report.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn check_parity(dirs: &[PathBuf]) -> anyhow::Result<ExitCode> {

@@ -1,5 +1,15 @@
 //! Run configuration: `RunConfig` (serde/TOML), presets and validation into the `RunPlan` the engine accepts.
 
+pub mod error;
+pub mod io;
+pub mod plan;
+pub mod presets;
 pub mod run;
+pub mod validate;
+mod validate_train;
 
+pub use error::ConfigError;
+pub use plan::{HostInfo, RunPlan};
+pub use presets::{FieldChange, Preset, PresetApplied};
 pub use run::RunConfig;
+pub use validate::{validate, Problem, ValidationErrors};

@@ -103,6 +103,12 @@ impl Default for ModelSection {
 #[serde(default, deny_unknown_fields)]
 pub struct DatasetSection {
     pub config: PathBuf,
+    /// Train on generated latents and text embeddings instead of files (the demo model, smoke tests).
+    pub synthetic: bool,
+    /// Overrides `resolution` ([width, height]) of every dataset in the dataset config.
+    pub resolution: Option<[usize; 2]>,
+    /// Overrides `target_frames` of every video dataset in the dataset config (each 4k+1).
+    pub target_frames: Option<Vec<usize>>,
 }
 
 /// The LoRA being trained.
@@ -183,7 +189,12 @@ pub enum TimestepSampling {
     Sigmoid,
     Shift,
     Logsnr,
+    /// musubi-tuner's `qinglong_flux` (called `qinglong` before 2025-08-11): 80% resolution-shifted sigmoid,
+    /// 7.5% logSNR(logit_mean, logit_std), 12.5% logSNR(5.36, 1).
+    #[serde(alias = "qinglong_flux")]
     Qinglong,
+    /// musubi-tuner's `qinglong_qwen`: as `qinglong` with the Qwen-Image resolution shift.
+    QinglongQwen,
 }
 
 /// Per-sample loss weighting.
@@ -200,7 +211,7 @@ pub enum WeightingScheme {
 #[serde(default, deny_unknown_fields)]
 pub struct TrainingSection {
     pub max_train_steps: usize,
-    /// When set, overrides `max_train_steps` by whole epochs.
+    /// When set (and not 0), overrides `max_train_steps` by whole epochs.
     pub max_train_epochs: Option<usize>,
     pub gradient_accumulation_steps: usize,
     pub seed: u64,
@@ -212,6 +223,15 @@ pub struct TrainingSection {
     pub weighting_scheme: WeightingScheme,
     /// Stop the run after this many non-finite steps in a row.
     pub max_consecutive_nonfinite: usize,
+    /// Where to train: `"auto"` (the first CUDA device, else the CPU), `"cpu"`, `"cuda"` or `"cuda:N"`.
+    pub device: DeviceSpec,
+    /// Mean of the logSNR normal for `logsnr` / `qinglong` sampling.
+    pub logit_mean: f64,
+    /// Standard deviation of the logSNR normal for `logsnr` / `qinglong` sampling.
+    pub logit_std: f64,
+    /// Keep the sampling distribution's shape inside [min_timestep, max_timestep] by rejection instead of
+    /// scaling [0, 1] onto the range.
+    pub preserve_distribution_shape: bool,
 }
 
 impl Default for TrainingSection {
@@ -228,7 +248,66 @@ impl Default for TrainingSection {
             max_timestep: 1000.0,
             weighting_scheme: WeightingScheme::None,
             max_consecutive_nonfinite: 5,
+            device: DeviceSpec::Auto,
+            logit_mean: 0.0,
+            logit_std: 1.0,
+            preserve_distribution_shape: false,
         }
+    }
+}
+
+/// Which device trains: written `"auto"`, `"cpu"`, `"cuda"` (= `"cuda:0"`) or `"cuda:N"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceSpec {
+    /// The first CUDA device when there is one, else the CPU.
+    Auto,
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let lower = text.trim().to_ascii_lowercase();
+        match lower.as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda(0)),
+            _ => lower
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| {
+                    format!("unknown device `{text}`, expected `auto`, `cpu`, `cuda` or `cuda:N`")
+                }),
+        }
+    }
+}
+
+impl TryFrom<String> for DeviceSpec {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
+    }
+}
+
+impl From<DeviceSpec> for String {
+    fn from(spec: DeviceSpec) -> Self {
+        spec.to_string()
     }
 }
 
@@ -299,6 +378,8 @@ pub enum SaveDtype {
     Fp32,
     Bf16,
     Fp16,
+    /// The DiT's compute dtype (bf16 for an FP8 or bf16 base), as musubi-tuner saves.
+    Dit,
 }
 
 /// Where and when outputs are written.
@@ -307,7 +388,9 @@ pub enum SaveDtype {
 pub struct OutputSection {
     pub output_dir: PathBuf,
     pub output_name: String,
+    /// Save a LoRA every N optimizer steps; unset or 0: off.
     pub save_every_n_steps: Option<usize>,
+    /// Save a LoRA every N epochs; unset or 0: off.
     pub save_every_n_epochs: Option<usize>,
     /// Also write a resumable training-state folder at each save.
     pub save_state: bool,
@@ -333,7 +416,9 @@ impl Default for OutputSection {
 pub struct SamplingSection {
     /// musubi-tuner prompt file (`.txt` with `--w --h --f --d --s` options, or `.toml`).
     pub prompts: Option<PathBuf>,
+    /// Unset or 0: off.
     pub sample_every_n_steps: Option<usize>,
+    /// Unset or 0: off.
     pub sample_every_n_epochs: Option<usize>,
     pub sample_at_first: bool,
 }

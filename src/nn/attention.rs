@@ -1,12 +1,79 @@
 //! Scaled dot-product attention for the Wan DiT, `[b, l, heads, head_dim]` layout, with per-sample key lengths
 //! (keys at or beyond a sample's length are masked; every query row is computed, as flash-attention varlen does).
+//! [`attention`] is the portable tiled op (DESIGN.md §4.5): flash-attention style forward and backward built from
+//! candle ops on tiles, so it runs on every device and never materialises the score matrix.
 
-use candle_core::{DType, Result, Tensor, D};
+mod op;
+#[cfg(test)]
+mod tests;
+mod tiled;
+
+use std::sync::Arc;
+
+use candle_core::{bail, DType, Result, Tensor, D};
+
+use op::TiledAttention;
+use tiled::{PeakElems, Problem, Tiles};
 
 /// Attention of `q` [b, lq, h, d] over `k`, `v` [b, lk, h, d], scale 1/sqrt(d). `kv_lens[i]` keys of sample i are
-/// attended (`None`: all). Differentiable; computed in f32 and returned in `q`'s dtype.
+/// attended (`None`: all; lengths above `lk` are clamped). A sample with no keys gets a zero output and zero
+/// gradients. `kv_lens` holds one length per sample, else this is an error. Differentiable; computed in f32 and returned in `q`'s dtype. Memory is O(tokens × tile).
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
-    naive_attention(q, k, v, kv_lens)
+    tiled_attention(q, k, v, kv_lens, None, Arc::default())
+}
+
+/// [`attention`] with explicit tiles (`None`: chosen per device) and a tracker of the largest tile-loop tensor.
+fn tiled_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_lens: Option<&[usize]>,
+    tiles: Option<Tiles>,
+    peak: Arc<PeakElems>,
+) -> Result<Tensor> {
+    let pb = problem(q, k, v, kv_lens)?;
+    if q.elem_count() == 0 {
+        // Nothing to attend from; no gradient flows through an empty output anyway.
+        return q.zeros_like();
+    }
+    q.apply_op3(k, v, TiledAttention::new(pb, tiles, peak))
+}
+
+/// Checks shapes and dtypes and clamps the key lengths.
+fn problem(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Problem> {
+    let (b, lq, h, d) = q.dims4()?;
+    let (kb, lk, kh, kd) = k.dims4()?;
+    if (kb, kh, kd) != (b, h, d) || v.dims() != k.dims() {
+        bail!(
+            "attention: q {:?}, k {:?} and v {:?} must be [b, l, h, d] with equal b, h, d and k, v equal",
+            q.dims(),
+            k.dims(),
+            v.dims()
+        );
+    }
+    for (name, xs) in [("q", q), ("k", k), ("v", v)] {
+        if !xs.dtype().is_float() {
+            bail!(
+                "attention: {name} must be a float tensor, got {:?}",
+                xs.dtype()
+            );
+        }
+    }
+    let lens = match kv_lens {
+        Some(lens) if lens.len() != b => {
+            bail!("attention: {} kv_lens for a batch of {b}", lens.len())
+        }
+        Some(lens) => lens.iter().map(|&l| l.min(lk)).collect(),
+        None => vec![lk; b],
+    };
+    Ok(Problem {
+        b,
+        h,
+        lq,
+        lk,
+        d,
+        lens,
+    })
 }
 
 /// Reference attention that materialises the score matrix. For tests and tiny shapes only.

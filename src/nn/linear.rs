@@ -1,32 +1,107 @@
-//! `Linear`: one linear layer for every base-weight format, frozen, with an optional trainable LoRA.
+//! `Linear`: one linear layer for every base-weight format (dense f32/bf16/f16, or FP8 e4m3 with per-tensor,
+//! per-channel or block-64 scales), frozen, with an optional trainable LoRA.
 //! The base matmul runs as a custom op whose backward yields only the input gradient: candle's own matmul
-//! backward would compute (and keep) a weight-sized gradient for the frozen base.
+//! backward would compute (and keep) a weight-sized gradient for the frozen base. An FP8 base is dequantised
+//! inside the op, in the forward and again in the backward, so no dense copy outlives either.
 
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp1, Layout, Result, Shape, Storage, Tensor, D};
+use candle_core::{
+    CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
+};
 
+use super::fp8::{self, Fp8Weight};
 use super::lora::Lora;
 use super::vb::Vb;
+
+/// The frozen base weight `[out, in]` of a [`Linear`].
+#[derive(Clone, Debug)]
+pub enum BaseWeight {
+    /// Dense, in the dtype it was loaded in (normally the compute dtype).
+    Dense(Tensor),
+    /// FP8 e4m3 codes with f32 scales, dequantised on the fly.
+    Fp8(Fp8Weight),
+}
+
+impl BaseWeight {
+    /// `(out, in)`.
+    pub fn dims(&self) -> (usize, usize) {
+        match self {
+            Self::Dense(w) => {
+                let d = w.dims();
+                (d[0], d[1])
+            }
+            Self::Fp8(w) => w.dims(),
+        }
+    }
+
+    /// The device holding the weight.
+    pub fn device(&self) -> &Device {
+        match self {
+            Self::Dense(w) => w.device(),
+            Self::Fp8(w) => w.device(),
+        }
+    }
+
+    /// Bytes the base occupies (what block streaming moves).
+    pub fn storage_bytes(&self) -> usize {
+        match self {
+            Self::Dense(w) => w.elem_count() * w.dtype().size_in_bytes(),
+            Self::Fp8(w) => w.storage_bytes(),
+        }
+    }
+
+    /// The dense weight `[out, in]` in `dtype` (dequantised for FP8).
+    pub fn dense(&self, dtype: DType) -> Result<Tensor> {
+        match self {
+            Self::Dense(w) => w.to_dtype(dtype),
+            Self::Fp8(w) => w.dequantize(dtype),
+        }
+    }
+}
 
 /// A frozen linear layer `y = x Wᵀ + b` with an optional LoRA `y += up(down(x)) · alpha / rank · multiplier`.
 #[derive(Clone)]
 pub struct Linear {
-    weight: Tensor,
+    base: BaseWeight,
     bias: Option<Tensor>,
     lora: Option<Lora>,
 }
 
 impl Linear {
     /// Reads `weight` [out, in] and, when present, `bias` [out] under `vb`.
+    ///
+    /// A dense weight stays dense, or is quantised to FP8 when `vb.fp8()` is set. A pre-quantised weight
+    /// (dtype F8E4M3) takes its scale from `scale_weight` (ComfyUI `scaled_fp8`, musubi-tuner) or `weight_scale`
+    /// (ComfyUI mixed precision, other exporters), or scale 1 when neither exists; it stays FP8 when `vb.fp8()`
+    /// is set and is dequantised to the compute dtype otherwise. Input scales (`scale_input`, `input_scale`)
+    /// only matter to FP8×FP8 matmuls and are not read: activations stay in the compute dtype here.
     pub fn load(vb: &Vb, in_dim: usize, out_dim: usize) -> Result<Self> {
-        let weight = vb.get((out_dim, in_dim), "weight")?;
+        let stored = vb.get_stored("weight")?;
+        if stored.dims() != [out_dim, in_dim] {
+            candle_core::bail!(
+                "tensor `{}` has shape {:?}, expected [{out_dim}, {in_dim}]",
+                vb.path("weight"),
+                stored.dims()
+            );
+        }
+        let base = if stored.dtype() == DType::F8E4M3 {
+            let weight = load_prequantized(vb, &stored)?;
+            match vb.fp8() {
+                Some(_) => BaseWeight::Fp8(weight.to_device(vb.device())?),
+                None => BaseWeight::Dense(weight.dequantize(vb.dtype())?.to_device(vb.device())?),
+            }
+        } else if let Some(mode) = vb.fp8() {
+            BaseWeight::Fp8(fp8::quantize(&stored, mode)?.to_device(vb.device())?)
+        } else {
+            BaseWeight::Dense(vb.get((out_dim, in_dim), "weight")?)
+        };
         let bias = if vb.contains("bias") {
             Some(vb.get(out_dim, "bias")?)
         } else {
             None
         };
         Ok(Self {
-            weight,
+            base,
             bias,
             lora: None,
         })
@@ -34,21 +109,36 @@ impl Linear {
 
     /// A layer from a dense weight [out, in] and optional bias [out].
     pub fn from_weights(weight: Tensor, bias: Option<Tensor>) -> Self {
+        Self::from_base(BaseWeight::Dense(weight), bias)
+    }
+
+    /// A layer from a base weight in any format and optional bias [out].
+    pub fn from_base(base: BaseWeight, bias: Option<Tensor>) -> Self {
         Self {
-            weight,
+            base,
             bias,
             lora: None,
         }
     }
 
+    /// The frozen base weight.
+    pub fn base(&self) -> &BaseWeight {
+        &self.base
+    }
+
+    /// The bias, if any.
+    pub fn bias(&self) -> Option<&Tensor> {
+        self.bias.as_ref()
+    }
+
     /// Input width.
     pub fn in_dim(&self) -> usize {
-        self.weight.dims()[1]
+        self.base.dims().1
     }
 
     /// Output width.
     pub fn out_dim(&self) -> usize {
-        self.weight.dims()[0]
+        self.base.dims().0
     }
 
     /// The LoRA attached to this layer, if any.
@@ -61,18 +151,18 @@ impl Linear {
         self.lora = lora;
     }
 
-    /// Applies the layer to `xs` [..., in].
+    /// Applies the layer to `xs` [..., in]; the result has `xs`' dtype.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let mut out_dims = xs.dims().to_vec();
         if let Some(last) = out_dims.last_mut() {
             *last = self.out_dim();
         }
         let x2 = xs.flatten_to(D::Minus2)?.contiguous()?;
-        let mut y = x2.apply_op1_arc(std::sync::Arc::new(Box::new(FrozenMatmul {
-            weight: self.weight.clone(),
-        })))?;
+        let mut y = x2.apply_op1(FrozenMatmul {
+            base: self.base.clone(),
+        })?;
         if let Some(b) = &self.bias {
-            y = y.broadcast_add(b)?;
+            y = y.broadcast_add(&b.to_dtype(y.dtype())?)?;
         }
         if let Some(lora) = &self.lora {
             y = (y + lora.forward(&x2)?)?;
@@ -81,15 +171,56 @@ impl Linear {
     }
 }
 
+/// The FP8 weight under `vb` from its codes and whichever scale key the checkpoint uses.
+fn load_prequantized(vb: &Vb, codes: &Tensor) -> Result<Fp8Weight> {
+    if vb.contains("comfy_quant") {
+        check_comfy_quant(vb)?;
+    }
+    let scale = ["scale_weight", "weight_scale"]
+        .into_iter()
+        .find(|name| vb.contains(name))
+        .map(|name| vb.get_stored(name))
+        .transpose()?;
+    Fp8Weight::from_checkpoint(codes, scale.as_ref())
+        .map_err(|e| candle_core::Error::msg(format!("{e} (weight `{}`)", vb.path("weight"))))
+}
+
+/// ComfyUI's per-layer `comfy_quant` marker is JSON in a `U8` tensor; only `float8_e4m3fn` is read here.
+fn check_comfy_quant(vb: &Vb) -> Result<()> {
+    let bytes = vb
+        .get_stored("comfy_quant")?
+        .flatten_all()?
+        .to_dtype(DType::U8)?
+        .to_vec1::<u8>()?;
+    let conf: serde_json::Value = serde_json::from_slice(&bytes).map_err(|e| {
+        candle_core::Error::msg(format!(
+            "`{}` is not valid JSON: {e}",
+            vb.path("comfy_quant")
+        ))
+    })?;
+    match conf.get("format").and_then(|f| f.as_str()) {
+        Some("float8_e4m3fn") => Ok(()),
+        other => candle_core::bail!(
+            "`{}` uses quantisation format {other:?}; only float8_e4m3fn is supported",
+            vb.path("comfy_quant")
+        ),
+    }
+}
+
 /// `x [m, in] @ Wᵀ` with W captured (not an argument), so no gradient is ever formed for W.
 struct FrozenMatmul {
-    weight: Tensor,
+    base: BaseWeight,
 }
 
 impl FrozenMatmul {
     fn bmnk(&self, layout: &Layout) -> Result<(usize, usize, usize, usize)> {
         let (m, k) = layout.shape().dims2()?;
-        let n = self.weight.dims()[0];
+        let (n, in_dim) = self.base.dims();
+        if k != in_dim {
+            candle_core::bail!(
+                "frozen-matmul: input width {k} does not match the weight's {in_dim}"
+            );
+        }
         Ok((1, m, n, k))
     }
 }
@@ -101,7 +232,7 @@ impl CustomOp1 for FrozenMatmul {
 
     fn cpu_fwd(&self, storage: &CpuStorage, layout: &Layout) -> Result<(CpuStorage, Shape)> {
         let bmnk = self.bmnk(layout)?;
-        let wt = self.weight.t()?;
+        let wt = self.base.dense(storage.dtype())?.t()?;
         let (w_storage, w_layout) = wt.storage_and_layout();
         let Storage::Cpu(w) = &*w_storage else {
             candle_core::bail!("frozen-matmul: weight and input are on different devices")
@@ -117,7 +248,7 @@ impl CustomOp1 for FrozenMatmul {
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let bmnk = self.bmnk(layout)?;
-        let wt = self.weight.t()?;
+        let wt = self.base.dense(storage.dtype())?.t()?;
         let (w_storage, w_layout) = wt.storage_and_layout();
         let Storage::Cuda(w) = &*w_storage else {
             candle_core::bail!("frozen-matmul: weight and input are on different devices")
@@ -127,6 +258,10 @@ impl CustomOp1 for FrozenMatmul {
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(grad_res.matmul(&self.weight)?))
+        let w = self.base.dense(grad_res.dtype())?;
+        Ok(Some(grad_res.matmul(&w)?))
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,6 +1,16 @@
-//! LoRA adapters: trainable `down` [rank, in] and `up` [out, rank] with `alpha` and a multiplier.
+//! LoRA adapters: trainable `down` [rank, in] and `up` [out, rank] with `alpha` and a multiplier; which of a
+//! model's linears get one (musubi-tuner's Wan targets with include/exclude patterns); attaching fresh adapters;
+//! and [`LoraSet`], the adapters a trainer optimises. Files live in [`super::lora_file`].
+
+use std::cmp::Ordering;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use regex::Regex;
+
+use super::init;
+use super::linear::Linear;
 
 /// A LoRA pair. `up` starts at zero so a fresh adapter leaves the model unchanged.
 #[derive(Clone)]
@@ -24,9 +34,24 @@ impl Lora {
         let bound = 1.0 / (in_dim as f64).sqrt();
         let down = Tensor::rand(-bound, bound, (rank, in_dim), device)?.to_dtype(dtype)?;
         let up = Tensor::zeros((out_dim, rank), dtype, device)?;
+        Self::from_tensors(&down, &up, alpha)
+    }
+
+    /// An adapter from existing factors `down` [rank, in] and `up` [out, rank] (copied into new `Var`s),
+    /// multiplier 1.
+    pub fn from_tensors(down: &Tensor, up: &Tensor, alpha: f64) -> Result<Self> {
+        let (rank, _) = down.dims2()?;
+        let (_, up_rank) = up.dims2()?;
+        if rank != up_rank || rank == 0 {
+            candle_core::bail!(
+                "LoRA factors do not fit: down {:?}, up {:?} (need [rank, in] and [out, rank], rank >= 1)",
+                down.dims(),
+                up.dims()
+            );
+        }
         Ok(Self {
-            down: Var::from_tensor(&down)?,
-            up: Var::from_tensor(&up)?,
+            down: Var::from_tensor(down)?,
+            up: Var::from_tensor(up)?,
             alpha,
             multiplier: 1.0,
         })
@@ -35,6 +60,16 @@ impl Lora {
     /// The rank (rows of `down`).
     pub fn rank(&self) -> usize {
         self.down.dims()[0]
+    }
+
+    /// Input width (columns of `down`).
+    pub fn in_dim(&self) -> usize {
+        self.down.dims()[1]
+    }
+
+    /// Output width (rows of `up`).
+    pub fn out_dim(&self) -> usize {
+        self.up.dims()[0]
     }
 
     /// The factor applied to `up(down(x))`.
@@ -50,3 +85,236 @@ impl Lora {
         xs.matmul(&down.t()?)?.matmul(&up.t()?)? * self.scale()
     }
 }
+
+/// The linears of one Wan attention block that musubi-tuner adapts (paths under `blocks.{i}.`); `k_img` and
+/// `v_img` exist in I2V models only.
+pub const WAN_BLOCK_LINEARS: [&str; 12] = [
+    "self_attn.q",
+    "self_attn.k",
+    "self_attn.v",
+    "self_attn.o",
+    "cross_attn.q",
+    "cross_attn.k",
+    "cross_attn.v",
+    "cross_attn.o",
+    "cross_attn.k_img",
+    "cross_attn.v_img",
+    "ffn.0",
+    "ffn.2",
+];
+
+/// musubi-tuner's exclude pattern for Wan, always applied (user patterns are added to it).
+pub const WAN_DEFAULT_EXCLUDE: &str =
+    r".*(patch_embedding|text_embedding|time_embedding|time_projection|norm|head).*";
+
+/// Errors building LoRA targets or adapters.
+#[derive(Debug, thiserror::Error)]
+pub enum LoraError {
+    #[error("invalid LoRA module pattern `{pattern}`: {source}")]
+    Pattern {
+        pattern: String,
+        #[source]
+        source: Box<regex::Error>,
+    },
+    #[error("LoRA rank must be at least 1")]
+    ZeroRank,
+    #[error("no linear layer matches the LoRA targets (include patterns {include:?}, exclude patterns {exclude:?})")]
+    NoTargets {
+        include: Vec<String>,
+        exclude: Vec<String>,
+    },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+/// Which module paths get an adapter, with musubi-tuner's rules: only linears inside the attention blocks
+/// (`blocks.{i}.…`); a path is skipped when an exclude pattern matches it in full, unless an include pattern
+/// also matches it in full (include patterns re-admit excluded modules; they do not narrow the selection).
+#[derive(Clone, Debug)]
+pub struct LoraTargets {
+    include: Vec<Regex>,
+    exclude: Vec<Regex>,
+}
+
+impl LoraTargets {
+    /// Compiles the user's patterns; [`WAN_DEFAULT_EXCLUDE`] is always added to the excludes.
+    pub fn new(include: &[String], exclude: &[String]) -> std::result::Result<Self, LoraError> {
+        let compile = |p: &str| {
+            // Python's re.fullmatch: the whole path must match.
+            Regex::new(&format!("^(?:{p})$")).map_err(|source| LoraError::Pattern {
+                pattern: p.to_string(),
+                source: Box::new(source),
+            })
+        };
+        let include = include
+            .iter()
+            .map(|p| compile(p))
+            .collect::<std::result::Result<_, _>>()?;
+        let mut exclude: Vec<Regex> = exclude
+            .iter()
+            .map(|p| compile(p))
+            .collect::<std::result::Result<_, _>>()?;
+        exclude.push(compile(WAN_DEFAULT_EXCLUDE)?);
+        Ok(Self { include, exclude })
+    }
+
+    /// Whether the linear at `module_path` (e.g. `blocks.0.self_attn.q`) gets an adapter.
+    pub fn matches(&self, module_path: &str) -> bool {
+        if !in_attention_block(module_path) {
+            return false;
+        }
+        let excluded = self.exclude.iter().any(|r| r.is_match(module_path));
+        !excluded || self.include.iter().any(|r| r.is_match(module_path))
+    }
+}
+
+fn in_attention_block(path: &str) -> bool {
+    let mut parts = path.splitn(3, '.');
+    parts.next() == Some("blocks")
+        && parts
+            .next()
+            .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
+        && parts.next().is_some_and(|rest| !rest.is_empty())
+}
+
+/// How fresh adapters are made.
+#[derive(Clone, Debug)]
+pub struct LoraSpec {
+    pub rank: usize,
+    /// `alpha / rank` scales the adapter's output; 0 means `alpha = rank` (scale 1), as musubi-tuner does.
+    pub alpha: f64,
+    /// Storage dtype of `down` and `up`.
+    pub dtype: DType,
+    pub include_patterns: Vec<String>,
+    pub exclude_patterns: Vec<String>,
+    /// Seeds `down`'s initialisation (mixed with each module's path, so adding a module changes no other).
+    pub seed: u64,
+}
+
+/// Attaches a fresh adapter to every linear in `modules` (path, layer) that the spec targets, replacing any
+/// adapter already there, and returns them in [`LoraSet`] order. `down` is Kaiming-uniform like musubi-tuner
+/// (bound 1/√in), drawn on the host from the spec's seed mixed with the module path; `up` is zero; both live
+/// on the layer's device.
+pub fn attach_loras<'a, I>(modules: I, spec: &LoraSpec) -> std::result::Result<LoraSet, LoraError>
+where
+    I: IntoIterator<Item = (String, &'a mut Linear)>,
+{
+    if spec.rank == 0 {
+        return Err(LoraError::ZeroRank);
+    }
+    let targets = LoraTargets::new(&spec.include_patterns, &spec.exclude_patterns)?;
+    let alpha = if spec.alpha == 0.0 {
+        spec.rank as f64
+    } else {
+        spec.alpha
+    };
+    let mut created = Vec::new();
+    for (path, linear) in modules {
+        if !targets.matches(&path) {
+            continue;
+        }
+        let (in_dim, out_dim) = (linear.in_dim(), linear.out_dim());
+        let device = linear.base().device().clone();
+        let bound = 1.0 / (in_dim as f32).sqrt();
+        let mut rng = StdRng::seed_from_u64(spec.seed ^ fnv1a(path.as_bytes()));
+        let down = init::uniform(&mut rng, (spec.rank, in_dim), -bound, bound, &device)?;
+        let down = down.to_dtype(spec.dtype)?;
+        let up = Tensor::zeros((out_dim, spec.rank), spec.dtype, &device)?;
+        let lora = Lora::from_tensors(&down, &up, alpha)?;
+        linear.set_lora(Some(lora.clone()));
+        created.push((path, lora));
+    }
+    if created.is_empty() {
+        return Err(LoraError::NoTargets {
+            include: spec.include_patterns.clone(),
+            exclude: spec.exclude_patterns.clone(),
+        });
+    }
+    Ok(LoraSet::new(created))
+}
+
+/// FNV-1a: a fixed hash of the module path (std's hasher may change between Rust releases).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
+        (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+/// Adapters by module path, in natural path order (`blocks.2` before `blocks.10`). Each `Lora` shares its
+/// `Var`s with the copy attached to the layer, so optimiser updates through [`LoraSet::vars`] reach the model.
+#[derive(Clone, Default)]
+pub struct LoraSet {
+    modules: Vec<(String, Lora)>,
+}
+
+impl LoraSet {
+    /// A set from (module path, adapter) pairs, sorted into natural path order.
+    pub fn new(mut modules: Vec<(String, Lora)>) -> Self {
+        modules.sort_by(|a, b| natural_cmp(&a.0, &b.0));
+        Self { modules }
+    }
+
+    /// (module path, adapter) in order.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &Lora)> {
+        self.modules.iter().map(|(p, l)| (p.as_str(), l))
+    }
+
+    /// The adapter of `module_path`.
+    pub fn get(&self, module_path: &str) -> Option<&Lora> {
+        self.modules
+            .iter()
+            .find(|(p, _)| p == module_path)
+            .map(|(_, l)| l)
+    }
+
+    /// Number of adapted modules.
+    pub fn len(&self) -> usize {
+        self.modules.len()
+    }
+
+    /// Whether no module is adapted.
+    pub fn is_empty(&self) -> bool {
+        self.modules.is_empty()
+    }
+
+    /// The trainable variables, `down` then `up` of each module, in order.
+    pub fn vars(&self) -> Vec<Var> {
+        self.modules
+            .iter()
+            .flat_map(|(_, l)| [l.down.clone(), l.up.clone()])
+            .collect()
+    }
+
+    /// Trainable parameter count.
+    pub fn parameter_count(&self) -> usize {
+        self.modules
+            .iter()
+            .map(|(_, l)| l.down.elem_count() + l.up.elem_count())
+            .sum()
+    }
+}
+
+/// Compares dotted paths segment by segment, numeric segments as numbers.
+pub fn natural_cmp(a: &str, b: &str) -> Ordering {
+    let mut xs = a.split('.');
+    let mut ys = b.split('.');
+    loop {
+        match (xs.next(), ys.next()) {
+            (None, None) => return Ordering::Equal,
+            (None, Some(_)) => return Ordering::Less,
+            (Some(_), None) => return Ordering::Greater,
+            (Some(x), Some(y)) => {
+                let ord = match (x.parse::<u64>(), y.parse::<u64>()) {
+                    (Ok(i), Ok(j)) => i.cmp(&j),
+                    _ => x.cmp(y),
+                };
+                if ord != Ordering::Equal {
+                    return ord;
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

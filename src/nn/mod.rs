@@ -2,8 +2,12 @@
 //! the checkpoint tensor view. Knows nothing of channels, config files or logging.
 
 pub mod attention;
+#[cfg(feature = "cuda")]
+pub mod cuda;
+pub mod fp8;
 pub mod init;
 pub mod linear;
 pub mod lora;
+pub mod lora_file;
 pub mod norm;
 pub mod vb;

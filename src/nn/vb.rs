@@ -6,13 +6,17 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Shape, Tensor};
 
-/// Named tensors plus the prefix of the module being built, the compute dtype and the device.
+use super::fp8::Fp8Scale;
+
+/// Named tensors plus the prefix of the module being built, the compute dtype, the device and whether linear
+/// bases are quantised to FP8 on load.
 #[derive(Clone)]
 pub struct Vb {
     tensors: Arc<HashMap<String, Tensor>>,
     prefix: String,
     dtype: DType,
     device: Device,
+    fp8: Option<Fp8Scale>,
 }
 
 impl Vb {
@@ -23,16 +27,15 @@ impl Vb {
             prefix: String::new(),
             dtype,
             device: device.clone(),
+            fp8: None,
         }
     }
 
     /// The view of a sub-module: `vb.pp("blocks").pp(3)` reads `blocks.3.*`.
     pub fn pp<S: ToString>(&self, name: S) -> Self {
         Self {
-            tensors: self.tensors.clone(),
             prefix: self.path(&name.to_string()),
-            dtype: self.dtype,
-            device: self.device.clone(),
+            ..self.clone()
         }
     }
 
@@ -70,6 +73,30 @@ impl Vb {
         Self {
             dtype,
             ..self.clone()
+        }
+    }
+
+    /// A view whose `Linear`s quantise dense base weights to FP8 with these scales (`None`: keep them dense).
+    /// Pre-quantised FP8 weights keep their own scales when this is set, and are dequantised when it is not.
+    pub fn with_fp8(&self, fp8: Option<Fp8Scale>) -> Self {
+        Self {
+            fp8,
+            ..self.clone()
+        }
+    }
+
+    /// The FP8 mode set by [`Vb::with_fp8`].
+    pub fn fp8(&self) -> Option<Fp8Scale> {
+        self.fp8
+    }
+
+    /// The tensor exactly as the loader stored it: dtype and device unchanged (quantisation reads it on the
+    /// host without a round trip through the accelerator).
+    pub fn get_stored(&self, name: &str) -> Result<Tensor> {
+        let key = self.path(name);
+        match self.tensors.get(&key) {
+            Some(t) => Ok(t.clone()),
+            None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
         }
     }
 

@@ -8,6 +8,9 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 
+pub mod schedulers;
+pub mod umt5;
+pub mod vae;
 pub mod wan_dit;
 
 /// Relative tolerance for outputs and intermediates (f32).
@@ -175,8 +178,11 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
     let fixture = Fixture::load(dir)?;
     match fixture.kind() {
         "wan_dit" => wan_dit::check(&fixture),
+        "wan_vae" => vae::check(&fixture),
+        "umt5" => umt5::check(&fixture),
+        "flow_unipc" | "flow_dpmpp" => schedulers::check(&fixture),
         other => bail!(
-            "fixture kind `{other}` is not handled yet (supported: wan_dit) in {}",
+            "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp) in {}",
             dir.display()
         ),
     }

@@ -32,7 +32,7 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
         .context("config.json has no call.seq_len")? as usize;
 
     let vb = Vb::from_tensors(fixture.weights.clone(), DType::F32, &dev);
-    let mut model = WanModel::new(&cfg, vb, DType::F32)?;
+    let mut model = WanModel::new(&cfg, vb, &Default::default())?;
     let weight_grads = attach_identity_loras(&mut model, fixture)?;
 
     let vars = |prefix: &str| -> anyhow::Result<Option<Vec<Var>>> {

@@ -1,3 +1,19 @@
-//! Training: the checkpointed step, and (growing) the engine thread, schedules, optimizer and checkpoints.
+//! Training: the engine thread, the trainer and its checkpointed step, optimizer, schedules, timestep sampling,
+//! the training set, checkpoints, and sample clips (samplers and generation).
 
+pub mod checkpoint;
+pub mod data;
+pub mod engine;
+pub mod generate;
+pub mod optimizer;
+pub mod prompts;
+pub mod sampler;
+pub mod samples;
+pub mod schedule;
+pub mod setup;
 pub mod step;
+pub mod timesteps;
+pub mod trainer;
+
+#[cfg(test)]
+mod tests;

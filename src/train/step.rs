@@ -88,14 +88,29 @@ fn finish_grads(acc: Vec<Option<Tensor>>, vars: &[Var]) -> Result<Vec<Tensor>> {
         .collect()
 }
 
-/// The checkpointed step. `vars` are the trainable variables (LoRA down/up); `want_input_grads` also returns the
-/// gradient of the input latents when `inputs.latents` are variables (tests).
+/// Options of the checkpointed step.
+#[derive(Default)]
+pub struct StepOptions<'a> {
+    /// Also return the gradient of the input latents (when `inputs.latents` are variables; tests).
+    pub want_input_grads: bool,
+    /// Polled between blocks: returning true abandons the step with an error (cooperative cancel).
+    pub interrupted: Option<&'a dyn Fn() -> bool>,
+}
+
+fn check_interrupt(options: &StepOptions) -> Result<()> {
+    match options.interrupted {
+        Some(f) if f() => candle_core::bail!("interrupted"),
+        _ => Ok(()),
+    }
+}
+
+/// The checkpointed step. `vars` are the trainable variables (LoRA down/up).
 pub fn checkpointed_step(
     model: &WanModel,
     inputs: &WanInputs,
     target: &LossTarget,
     vars: &[Var],
-    want_input_grads: bool,
+    options: &StepOptions,
 ) -> Result<StepOutput> {
     let prepared = model.prepare(inputs)?;
     let shared = detached_inputs(&prepared.blocks);
@@ -109,6 +124,7 @@ pub fn checkpointed_step(
     let mut saved = Vec::with_capacity(model.blocks().len());
     let mut xs = prepared.x.detach();
     for block in model.blocks() {
+        check_interrupt(options)?;
         let next = block.forward(&xs, &shared)?.detach();
         saved.push(xs);
         xs = next;
@@ -129,6 +145,7 @@ pub fn checkpointed_step(
     drop((store, outs, loss, last));
 
     for (block, input) in model.blocks().iter().zip(saved).rev() {
+        check_interrupt(options)?;
         let input = Var::from_tensor(&input)?;
         let out = block.forward(input.as_tensor(), &shared)?;
         let surrogate = (out.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
@@ -140,7 +157,7 @@ pub fn checkpointed_step(
         };
     }
 
-    let input_grads = if want_input_grads {
+    let input_grads = if options.want_input_grads {
         let surrogate =
             (prepared.x.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
         let store = surrogate.backward()?;
@@ -206,7 +223,7 @@ mod tests {
         let dev = Device::Cpu;
         let cfg = WanConfig::tiny(layers);
         let vb = Vb::from_tensors(random_weights(&cfg, 7, DType::F32, &dev)?, DType::F32, &dev);
-        let mut model = WanModel::new(&cfg, vb, DType::F32)?;
+        let mut model = WanModel::new(&cfg, vb, &Default::default())?;
         let mut vars = Vec::new();
         let rng = &mut StdRng::seed_from_u64(11);
         for (_, linear) in model.linears_mut() {
@@ -253,7 +270,11 @@ mod tests {
             targets: &targets,
             weights: Some(&weights),
         };
-        let ckpt = checkpointed_step(&model, &inputs, &target, &vars, true)?;
+        let options = StepOptions {
+            want_input_grads: true,
+            interrupted: None,
+        };
+        let ckpt = checkpointed_step(&model, &inputs, &target, &vars, &options)?;
         let full = whole_graph_step(&model, &inputs, &target, &vars)?;
         assert!((ckpt.loss - full.loss).abs() <= 1e-6 * full.loss.abs());
         for (a, b) in ckpt.grads.iter().zip(&full.grads) {
@@ -283,7 +304,7 @@ mod tests {
             targets: &targets,
             weights: None,
         };
-        let out = checkpointed_step(&model, &inputs, &target, &vars, false)?;
+        let out = checkpointed_step(&model, &inputs, &target, &vars, &StepOptions::default())?;
         // Directional derivative along a random direction over all LoRA parameters, by central differences.
         let rng = &mut StdRng::seed_from_u64(9);
         let dirs = vars

@@ -5,7 +5,10 @@ pub mod config;
 pub mod embeddings;
 pub mod random;
 pub mod rope;
+pub mod text_encoder;
 pub mod transformer;
+pub mod vae;
+pub mod weights;
 
 pub use config::{Generation, ModelType, WanConfig};
-pub use transformer::{Prepared, Timesteps, WanInputs, WanModel};
+pub use transformer::{ModelOptions, Prepared, Timesteps, WanInputs, WanModel};

@@ -9,78 +9,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::config::WanConfig;
+use super::weights::official_shapes;
 use crate::nn::init::randn;
-
-/// Every tensor name of the official `WanModel.state_dict()` for `cfg`, with its shape.
-pub fn official_shapes(cfg: &WanConfig) -> Vec<(String, Vec<usize>)> {
-    let (d, f) = (cfg.dim, cfg.ffn_dim);
-    let [pt, ph, pw] = cfg.patch_size;
-    let patch = pt * ph * pw;
-    let mut out: Vec<(String, Vec<usize>)> = Vec::new();
-    let mut linear = |name: String, i: usize, o: usize| {
-        out.push((format!("{name}.weight"), vec![o, i]));
-        out.push((format!("{name}.bias"), vec![o]));
-    };
-    linear("text_embedding.0".into(), cfg.text_dim, d);
-    linear("text_embedding.2".into(), d, d);
-    linear("time_embedding.0".into(), cfg.freq_dim, d);
-    linear("time_embedding.2".into(), d, d);
-    linear("time_projection.1".into(), d, 6 * d);
-    linear("head.head".into(), d, cfg.out_dim * patch);
-    if cfg.has_clip() {
-        linear("img_emb.proj.1".into(), cfg.clip_dim, cfg.clip_dim);
-        linear("img_emb.proj.3".into(), cfg.clip_dim, d);
-    }
-    for i in 0..cfg.num_layers {
-        let b = format!("blocks.{i}");
-        for attn in ["self_attn", "cross_attn"] {
-            for p in ["q", "k", "v", "o"] {
-                linear(format!("{b}.{attn}.{p}"), d, d);
-            }
-        }
-        if cfg.has_clip() {
-            linear(format!("{b}.cross_attn.k_img"), d, d);
-            linear(format!("{b}.cross_attn.v_img"), d, d);
-        }
-        linear(format!("{b}.ffn.0"), d, f);
-        linear(format!("{b}.ffn.2"), f, d);
-    }
-    out.push((
-        "patch_embedding.weight".into(),
-        vec![d, cfg.in_dim, pt, ph, pw],
-    ));
-    out.push(("patch_embedding.bias".into(), vec![d]));
-    out.push(("head.modulation".into(), vec![1, 2, d]));
-    if cfg.has_clip() {
-        for n in ["img_emb.proj.0", "img_emb.proj.4"] {
-            let width = if n.ends_with('0') { cfg.clip_dim } else { d };
-            out.push((format!("{n}.weight"), vec![width]));
-            out.push((format!("{n}.bias"), vec![width]));
-        }
-    }
-    for i in 0..cfg.num_layers {
-        let b = format!("blocks.{i}");
-        out.push((format!("{b}.modulation"), vec![1, 6, d]));
-        if cfg.qk_norm {
-            for n in [
-                "self_attn.norm_q",
-                "self_attn.norm_k",
-                "cross_attn.norm_q",
-                "cross_attn.norm_k",
-            ] {
-                out.push((format!("{b}.{n}.weight"), vec![d]));
-            }
-            if cfg.has_clip() {
-                out.push((format!("{b}.cross_attn.norm_k_img.weight"), vec![d]));
-            }
-        }
-        if cfg.cross_attn_norm {
-            out.push((format!("{b}.norm3.weight"), vec![d]));
-            out.push((format!("{b}.norm3.bias"), vec![d]));
-        }
-    }
-    out
-}
 
 /// Random weights for `cfg` in `dtype` on `device`, deterministic for a given seed. Drawn on the host, so meant
 /// for small models; benchmarks of large variants draw on the device instead.

@@ -8,6 +8,7 @@ use super::block::{Block, BlockInputs, Head};
 use super::config::WanConfig;
 use super::embeddings::{ImageEmbedding, PatchEmbedding, TextEmbedding, TimeEmbedding};
 use super::rope::Rope;
+use crate::nn::fp8::Fp8Scale;
 use crate::nn::linear::Linear;
 use crate::nn::vb::Vb;
 
@@ -47,6 +48,25 @@ pub struct Prepared {
     pub grid_sizes: Vec<[usize; 3]>,
 }
 
+/// How the DiT is built from its checkpoint tensors.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ModelOptions {
+    /// The residual stream's dtype (f32 in the official code; bf16 as musubi-tuner since v0.2.10).
+    pub residual_dtype: DType,
+    /// Quantise (or keep) the block linears in FP8 with this scale granularity; other layers stay dense, as in
+    /// musubi-tuner.
+    pub blocks_fp8: Option<Fp8Scale>,
+}
+
+impl Default for ModelOptions {
+    fn default() -> Self {
+        Self {
+            residual_dtype: DType::F32,
+            blocks_fp8: None,
+        }
+    }
+}
+
 /// The Wan diffusion transformer.
 #[derive(Clone)]
 pub struct WanModel {
@@ -63,16 +83,17 @@ pub struct WanModel {
 }
 
 impl WanModel {
-    /// Builds the model from official-named tensors. `vb.dtype()` is the compute dtype of the linear layers;
-    /// the residual stream is kept in `residual_dtype` (f32 in the official code).
-    pub fn new(cfg: &WanConfig, vb: Vb, residual_dtype: DType) -> Result<Self> {
+    /// Builds the model from official-named tensors. `vb.dtype()` is the compute dtype of the linear layers.
+    pub fn new(cfg: &WanConfig, vb: Vb, options: &ModelOptions) -> Result<Self> {
+        let residual_dtype = options.residual_dtype;
+        let vb_blocks = vb.pp("blocks").with_fp8(options.blocks_fp8);
         let img_emb = if cfg.has_clip() {
             Some(ImageEmbedding::new(cfg, vb.pp("img_emb"))?)
         } else {
             None
         };
         let blocks = (0..cfg.num_layers)
-            .map(|i| Block::new(cfg, vb.pp("blocks").pp(i)))
+            .map(|i| Block::new(cfg, vb_blocks.pp(i)))
             .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg: cfg.clone(),

@@ -1,0 +1,199 @@
+// Element-wise ops of the Wan block: adaptive modulation `x * (1 + scale) + shift`, the gated residual
+// `x + y * gate`, GELU with the tanh approximation and the rotary embedding, forward and backward.
+// Activations are T (f32 or bf16); modulation vectors are f32 [B * Ls, D] where Ls is 1 (one vector per sample)
+// or L (one per token). Each thread handles chunks of W consecutive values: W = 16 / sizeof(T) (16-byte
+// accesses) when the kernel's `vec` argument is nonzero (the caller checked sizes and alignment), else 1.
+#include "common.cuh"
+
+#define FOR_CHUNKS(i, n) \
+    for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * W; i < (n); i += (long)gridDim.x * blockDim.x * W)
+
+__device__ __forceinline__ long mod_row(long row, long L, long Ls) {
+    const long b = row / L;
+    return Ls == 1 ? b : b * Ls + (row % L);
+}
+
+template <typename T, int W>
+__device__ void modulate_fwd(const T* x, const float* scale, const float* shift, T* y, long rows, long D, long L,
+                             long Ls) {
+    FOR_CHUNKS(i, rows * D) {
+        const long m = mod_row(i / D, L, Ls) * D + i % D;
+        float v[W], s[W], h[W];
+        load_vec<T, W>(x + i, v);
+        load_f32<W>(scale + m, s);
+        load_f32<W>(shift + m, h);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + h[k];
+        store_vec<T, W>(y + i, v);
+    }
+}
+
+// dx = dy * (offset + scale): offset 1 for the modulation's input, 0 for the gated residual's branch.
+template <typename T, int W>
+__device__ void scaled_bwd(const T* dy, const float* scale, float offset, T* dx, long rows, long D, long L,
+                           long Ls) {
+    FOR_CHUNKS(i, rows * D) {
+        const long m = mod_row(i / D, L, Ls) * D + i % D;
+        float v[W], s[W];
+        load_vec<T, W>(dy + i, v);
+        load_f32<W>(scale + m, s);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] *= offset + s[k];
+        store_vec<T, W>(dx + i, v);
+    }
+}
+
+template <typename T, int W>
+__device__ void gated_fwd(const T* x, const T* y, const float* gate, T* out, long rows, long D, long L, long Ls) {
+    FOR_CHUNKS(i, rows * D) {
+        const long m = mod_row(i / D, L, Ls) * D + i % D;
+        float a[W], b[W], g[W];
+        load_vec<T, W>(x + i, a);
+        load_vec<T, W>(y + i, b);
+        load_f32<W>(gate + m, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] += b[k] * g[k];
+        store_vec<T, W>(out + i, a);
+    }
+}
+
+// Gradients of the modulation vectors: ga[m, c] += sum g * a, gb[m, c] += sum g over the rows that use vector m.
+// Grid: (ceil(D / blockDim.x), chunks of `rows_per_chunk` tokens, B). ga / gb (gb may be null) must be zeroed.
+// Only needed when the modulation itself is trained, so kept simple (one column per thread).
+template <typename T>
+__device__ void mod_param_grad(const T* a, const T* g, float* ga, float* gb, long D, long L, long Ls,
+                               long rows_per_chunk) {
+    const long c = (long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= D) return;
+    const long b = blockIdx.z;
+    const long l0 = (long)blockIdx.y * rows_per_chunk;
+    const long l1 = min(L, l0 + rows_per_chunk);
+    if (Ls == 1) {
+        float sa = 0.f, sb = 0.f;
+        for (long l = l0; l < l1; ++l) {
+            const long i = (b * L + l) * D + c;
+            const float gv = to_f32(g[i]);
+            sa += gv * to_f32(a[i]);
+            sb += gv;
+        }
+        atomicAdd(ga + b * D + c, sa);
+        if (gb) atomicAdd(gb + b * D + c, sb);
+    } else {
+        for (long l = l0; l < l1; ++l) {
+            const long i = (b * L + l) * D + c;
+            const float gv = to_f32(g[i]);
+            ga[i] += gv * to_f32(a[i]);
+            if (gb) gb[i] += gv;
+        }
+    }
+}
+
+__device__ __forceinline__ float gelu_tanh_f(float x) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    return 0.5f * x * (1.f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
+
+__device__ __forceinline__ float gelu_tanh_grad(float x) {
+    const float k = 0.7978845608028654f;
+    const float t = tanhf(k * (x + 0.044715f * x * x * x));
+    return 0.5f * (1.f + t) + 0.5f * x * (1.f - t * t) * k * (1.f + 3.f * 0.044715f * x * x);
+}
+
+template <typename T, int W>
+__device__ void gelu_fwd(const T* x, T* y, long n) {
+    FOR_CHUNKS(i, n) {
+        float v[W];
+        load_vec<T, W>(x + i, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = gelu_tanh_f(v[k]);
+        store_vec<T, W>(y + i, v);
+    }
+}
+
+template <typename T, int W>
+__device__ void gelu_bwd(const T* x, const T* dy, T* dx, long n) {
+    FOR_CHUNKS(i, n) {
+        float v[W], d[W];
+        load_vec<T, W>(x + i, v);
+        load_vec<T, W>(dy + i, d);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = d[k] * gelu_tanh_grad(v[k]);
+        store_vec<T, W>(dx + i, v);
+    }
+}
+
+// Rotary embedding on adjacent pairs (x[2j], x[2j+1]) of x [rows, heads, 2 * half] with per-row angle tables
+// cos / sin [rows, half] (f32): out = (re·c − s·sign·im, sign·s·re + c·im). sign = 1 rotates forward; sign = −1
+// rotates back, which is the backward of the forward rotation. A chunk of W values is W / 2 pairs of one head.
+template <typename T, int W>
+__device__ void rope(const T* x, const float* cosv, const float* sinv, float sign, T* out, long rows, long heads,
+                     long half) {
+    constexpr int P = W > 1 ? W / 2 : 1;
+    FOR_CHUNKS(i, rows * heads * half * 2) {
+        const long p = i / 2;
+        const long t = (p / (heads * half)) * half + p % half;
+        float v[W > 1 ? W : 2], c[P], s[P];
+        if constexpr (W > 1) {
+            load_vec<T, W>(x + i, v);
+        } else {
+            // Scalar path: the thread owning the even element does the pair.
+            if (i % 2) continue;
+            v[0] = to_f32(x[i]);
+            v[1] = to_f32(x[i + 1]);
+        }
+        load_f32<P>(cosv + t, c);
+        load_f32<P>(sinv + t, s);
+#pragma unroll
+        for (int k = 0; k < P; ++k) {
+            const float re = v[2 * k], im = v[2 * k + 1], sk = sign * s[k];
+            v[2 * k] = re * c[k] - im * sk;
+            v[2 * k + 1] = re * sk + im * c[k];
+        }
+        if constexpr (W > 1) {
+            store_vec<T, W>(out + i, v);
+        } else {
+            out[i] = from_f32<T>(v[0]);
+            out[i + 1] = from_f32<T>(v[1]);
+        }
+    }
+}
+
+#define DISPATCH_VEC(T, call) \
+    if (vec) { \
+        constexpr int W = vec_width<T>(); \
+        call; \
+    } else { \
+        constexpr int W = 1; \
+        call; \
+    }
+
+#define ELEMENTWISE_KERNELS(T, S)                                                                               \
+    extern "C" __global__ void fs_modulate_fwd_##S(const T* x, const float* scale, const float* shift, T* y,    \
+                                                   long rows, long D, long L, long Ls, long vec) {              \
+        DISPATCH_VEC(T, (modulate_fwd<T, W>(x, scale, shift, y, rows, D, L, Ls)))                               \
+    }                                                                                                           \
+    extern "C" __global__ void fs_scaled_bwd_##S(const T* dy, const float* scale, float offset, T* dx,          \
+                                                 long rows, long D, long L, long Ls, long vec) {                \
+        DISPATCH_VEC(T, (scaled_bwd<T, W>(dy, scale, offset, dx, rows, D, L, Ls)))                              \
+    }                                                                                                           \
+    extern "C" __global__ void fs_gated_fwd_##S(const T* x, const T* y, const float* gate, T* out, long rows,   \
+                                                long D, long L, long Ls, long vec) {                            \
+        DISPATCH_VEC(T, (gated_fwd<T, W>(x, y, gate, out, rows, D, L, Ls)))                                     \
+    }                                                                                                           \
+    extern "C" __global__ void fs_mod_param_grad_##S(const T* a, const T* g, float* ga, float* gb, long D,      \
+                                                     long L, long Ls, long rows_per_chunk) {                    \
+        mod_param_grad<T>(a, g, ga, gb, D, L, Ls, rows_per_chunk);                                              \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rope_##S(const T* x, const float* c, const float* s, float sign, T* out,      \
+                                           long rows, long heads, long half, long vec) {                        \
+        DISPATCH_VEC(T, (rope<T, W>(x, c, s, sign, out, rows, heads, half)))                                    \
+    }                                                                                                           \
+    extern "C" __global__ void fs_gelu_fwd_##S(const T* x, T* y, long n, long vec) {                            \
+        DISPATCH_VEC(T, (gelu_fwd<T, W>(x, y, n)))                                                              \
+    }                                                                                                           \
+    extern "C" __global__ void fs_gelu_bwd_##S(const T* x, const T* dy, T* dx, long n, long vec) {              \
+        DISPATCH_VEC(T, (gelu_bwd<T, W>(x, dy, dx, n)))                                                         \
+    }
+
+ELEMENTWISE_KERNELS(float, f32)
+ELEMENTWISE_KERNELS(__nv_bfloat16, bf16)

@@ -1,0 +1,194 @@
+// RMSNorm and LayerNorm over the last dimension, forward and backward. One thread block per row; statistics in
+// f32. As in the official Wan code, the normalised value is rounded to the activation dtype before the weight
+// multiplies it (RMSNorm), while LayerNorm applies its affine parameters in f32. Every kernel takes `vec`:
+// nonzero when rows and pointers allow 16-byte accesses (cols a multiple of 16 / sizeof(T), aligned buffers).
+#include "common.cuh"
+
+// Loops over a row in chunks of W values: each thread takes every blockDim.x-th chunk.
+#define FOR_CHUNKS(c, cols) for (long c = (long)threadIdx.x * W; c < (cols); c += (long)blockDim.x * W)
+
+template <typename T, int W>
+__device__ void load_param(const T* p, long c, float* out) {
+    if (p) {
+        load_vec<T, W>(p + c, out);
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = 1.f;
+    }
+}
+
+// ---- RMSNorm ----
+
+template <typename T, int W>
+__device__ float row_rstd_rms(const T* x, long cols, float eps, float* scratch) {
+    float ss = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W];
+        load_vec<T, W>(x + c, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) ss += v[k] * v[k];
+    }
+    ss = block_sum(ss, scratch);
+    return rsqrtf(ss / (float)cols + eps);
+}
+
+template <typename T, int W>
+__device__ void rms_fwd(const T* x, const T* w, T* y, long cols, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
+    FOR_CHUNKS(c, cols) {
+        float v[W], g[W];
+        load_vec<T, W>(x + c, v);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = round_through<T>(v[k] * rstd) * g[k];
+        store_vec<T, W>(y + c, v);
+    }
+}
+
+// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w. Statistics are recomputed rather than saved: a row
+// re-read is cheaper than keeping per-row statistics alive across the checkpointed block's graph.
+template <typename T, int W>
+__device__ void rms_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    dy += row * cols;
+    dx += row * cols;
+    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
+    float dot = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_vec<T, W>(x + c, v);
+        load_vec<T, W>(dy + c, d);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dot += d[k] * g[k] * v[k] * rstd;
+    }
+    const float mean_dot = block_sum(dot, scratch) / (float)cols;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_vec<T, W>(x + c, v);
+        load_vec<T, W>(dy + c, d);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = rstd * (d[k] * g[k] - v[k] * rstd * mean_dot);
+        store_vec<T, W>(dx + c, v);
+    }
+}
+
+// ---- LayerNorm ----
+
+template <typename T, int W>
+__device__ void row_stats_ln(const T* x, long cols, float* scratch, float* mean, float* var) {
+    float s = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W];
+        load_vec<T, W>(x + c, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += v[k];
+    }
+    const float m = block_sum(s, scratch) / (float)cols;
+    float q = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W];
+        load_vec<T, W>(x + c, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) q += (v[k] - m) * (v[k] - m);
+    }
+    *mean = m;
+    *var = block_sum(q, scratch) / (float)cols;
+}
+
+template <typename T, int W>
+__device__ void ln_fwd(const T* x, const T* w, const T* b, T* y, long cols, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    float mean, var;
+    row_stats_ln<T, W>(x, cols, scratch, &mean, &var);
+    const float rstd = rsqrtf(var + eps);
+    FOR_CHUNKS(c, cols) {
+        float v[W], g[W], h[W];
+        load_vec<T, W>(x + c, v);
+        load_param<T, W>(w, c, g);
+        if (b) {
+            load_vec<T, W>(b + c, h);
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; ++k) h[k] = 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = (v[k] - mean) * rstd * g[k] + h[k];
+        store_vec<T, W>(y + c, v);
+    }
+}
+
+// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
+template <typename T, int W>
+__device__ void ln_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    dy += row * cols;
+    dx += row * cols;
+    float mean, var;
+    row_stats_ln<T, W>(x, cols, scratch, &mean, &var);
+    const float rstd = rsqrtf(var + eps);
+    float sg = 0.f, sgx = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_vec<T, W>(x + c, v);
+        load_vec<T, W>(dy + c, d);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            sg += d[k] * g[k];
+            sgx += d[k] * g[k] * (v[k] - mean) * rstd;
+        }
+    }
+    const float mean_g = block_sum(sg, scratch) / (float)cols;
+    const float mean_gx = block_sum(sgx, scratch) / (float)cols;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_vec<T, W>(x + c, v);
+        load_vec<T, W>(dy + c, d);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = rstd * (d[k] * g[k] - mean_g - (v[k] - mean) * rstd * mean_gx);
+        store_vec<T, W>(dx + c, v);
+    }
+}
+
+#define DISPATCH_VEC(T, call) \
+    if (vec) { \
+        constexpr int W = vec_width<T>(); \
+        call; \
+    } else { \
+        constexpr int W = 1; \
+        call; \
+    }
+
+#define NORM_KERNELS(T, S)                                                                                      \
+    extern "C" __global__ void fs_rms_fwd_##S(const T* x, const T* w, T* y, long cols, float eps, int vec) {    \
+        DISPATCH_VEC(T, (rms_fwd<T, W>(x, w, y, cols, eps)))                                                    \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rms_bwd_##S(const T* x, const T* w, const T* dy, T* dx, long cols,            \
+                                              float eps, int vec) {                                             \
+        DISPATCH_VEC(T, (rms_bwd<T, W>(x, w, dy, dx, cols, eps)))                                               \
+    }                                                                                                           \
+    extern "C" __global__ void fs_ln_fwd_##S(const T* x, const T* w, const T* b, T* y, long cols, float eps,    \
+                                             int vec) {                                                         \
+        DISPATCH_VEC(T, (ln_fwd<T, W>(x, w, b, y, cols, eps)))                                                  \
+    }                                                                                                           \
+    extern "C" __global__ void fs_ln_bwd_##S(const T* x, const T* w, const T* dy, T* dx, long cols, float eps,  \
+                                             int vec) {                                                         \
+        DISPATCH_VEC(T, (ln_bwd<T, W>(x, w, dy, dx, cols, eps)))                                                \
+    }
+
+NORM_KERNELS(float, f32)
+NORM_KERNELS(__nv_bfloat16, bf16)

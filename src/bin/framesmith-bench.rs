@@ -1,0 +1,188 @@
+//! `framesmith-bench`: GPU benchmarks and device checks, a small binary without GUI dependencies that is carried
+//! to the test machine. `check` compares every CUDA kernel with its CPU reference; `attention` and `linear` time
+//! Wan shapes (after a correctness check on a small size with `--check`).
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use clap::{Parser, Subcommand};
+
+use framesmith::bench::{self, attention::AttentionBench, linear::LinearBench, Record};
+use framesmith::models::wan::config::WanConfig;
+
+#[derive(Parser)]
+#[command(about = "Framesmith GPU benchmarks and device checks")]
+struct Cli {
+    /// CUDA device ordinal (the CPU when built without the cuda feature).
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compare every CUDA kernel with its CPU reference on fresh random inputs.
+    Check,
+    /// Time fused attention (self and cross) at a Wan variant's head count.
+    Attention {
+        /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Video tokens (32,760 for 480×832×81).
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Batch size.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 10)]
+        iters: usize,
+        /// Run the device checks first and stop if any fails.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Time the element-wise kernels (norms, modulation, GELU, RoPE) at a Wan variant's activation shapes.
+    Kernels {
+        /// Wan variant.
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Video tokens.
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+    /// Time a Wan block's linear layers, bf16 and FP8 block-64, forward + input gradient.
+    Linear {
+        /// Wan variant.
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Activation rows.
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Run the device checks first and stop if any fails.
+        #[arg(long)]
+        check: bool,
+    },
+}
+
+fn device(ordinal: usize) -> Result<Device> {
+    if cfg!(feature = "cuda") {
+        Device::new_cuda(ordinal).context("opening the CUDA device")
+    } else {
+        Ok(Device::Cpu)
+    }
+}
+
+fn variant(name: &str) -> Result<WanConfig> {
+    WanConfig::by_name(name).with_context(|| format!("unknown Wan variant `{name}`"))
+}
+
+#[cfg(feature = "cuda")]
+fn check(dev: &Device) -> Result<()> {
+    let outcomes = framesmith::nn::cuda::check::run_all(dev)?;
+    let mut failed = 0;
+    for o in &outcomes {
+        let verdict = if o.passed() { "ok  " } else { "FAIL" };
+        failed += usize::from(!o.passed());
+        println!(
+            "{verdict} {:<70} rel {:.2e} (tol {:.0e}) max|d| {:.2e}",
+            o.name, o.rel_err, o.tol, o.max_abs
+        );
+    }
+    println!(
+        "checks: {} passed, {failed} failed",
+        outcomes.len() - failed
+    );
+    if failed > 0 {
+        bail!("{failed} device checks failed");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn check(_: &Device) -> Result<()> {
+    bail!("device checks need a build with the cuda feature")
+}
+
+#[cfg(feature = "cuda")]
+fn kernels(dev: &Device, cfg: &WanConfig, tokens: usize, iters: usize) -> Result<()> {
+    use framesmith::bench::kernels::KernelBench;
+    let opts = KernelBench {
+        tokens,
+        iters,
+        ..KernelBench::default()
+    };
+    report(&bench::kernels::run(dev, cfg, &opts)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels(_: &Device, _: &WanConfig, _: usize, _: usize) -> Result<()> {
+    bail!("the kernel benchmark needs a build with the cuda feature")
+}
+
+fn report(records: &[Record]) {
+    for r in records {
+        println!("{}", r.json_line());
+    }
+    print!("{}", bench::table(records));
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let dev = device(cli.device)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = &dev {
+        // Keep freed memory in the pool between repetitions, as training does.
+        framesmith::nn::cuda::device::set_pool_release_threshold(cuda, u64::MAX)?;
+    }
+    match cli.command {
+        Command::Check => check(&dev),
+        Command::Attention {
+            variant: name,
+            tokens,
+            batch,
+            iters,
+            check: first,
+        } => {
+            if first {
+                check(&dev)?;
+            }
+            let opts = AttentionBench {
+                tokens,
+                batch,
+                iters,
+                ..AttentionBench::default()
+            };
+            report(&bench::attention::run(&dev, &variant(&name)?, &opts)?);
+            Ok(())
+        }
+        Command::Kernels {
+            variant: name,
+            tokens,
+            iters,
+        } => kernels(&dev, &variant(&name)?, tokens, iters),
+        Command::Linear {
+            variant: name,
+            tokens,
+            iters,
+            check: first,
+        } => {
+            if first {
+                check(&dev)?;
+            }
+            let opts = LinearBench {
+                tokens,
+                iters,
+                ..LinearBench::default()
+            };
+            report(&bench::linear::run(&dev, &variant(&name)?, &opts)?);
+            Ok(())
+        }
+    }
+}

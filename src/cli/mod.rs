@@ -1,0 +1,4 @@
+//! The headless commands of the `framesmith` binary.
+
+pub mod demo;
+pub mod run;

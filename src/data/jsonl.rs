@@ -1,0 +1,159 @@
+//! musubi-tuner's metadata JSONL files: one `{"image_path" | "video_path": ..., "caption": ...}` object per line,
+//! each bad line reported with its line number.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+use super::config::{resolve_path, DatasetKind};
+use super::problem::Problem;
+use super::scan::Entry;
+
+/// One line of a metadata JSONL file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct JsonlItem {
+    /// 1-based line number.
+    pub line: usize,
+    /// The media path as written (relative paths are resolved later).
+    pub path: String,
+    /// The caption, used as written (musubi-tuner does not trim JSONL captions).
+    pub caption: String,
+}
+
+/// Parses JSONL text: one item per non-blank line, one problem per bad line (naming `file` and the line).
+pub fn parse_jsonl(text: &str, kind: DatasetKind, file: &Path) -> (Vec<JsonlItem>, Vec<Problem>) {
+    let path_keys: &[&str] = match kind {
+        DatasetKind::Image => &["image_path", "image_path_0"],
+        DatasetKind::Video => &["video_path"],
+    };
+    let mut items = Vec::new();
+    let mut problems = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line_no = i + 1;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |why: String| Problem::error(file, format!("line {line_no}: {why}"));
+        let value: Value = match serde_json::from_str(line) {
+            Ok(v) => v,
+            Err(e) => {
+                problems.push(bad(format!("not valid JSON ({e})")));
+                continue;
+            }
+        };
+        let Some(object) = value.as_object() else {
+            problems.push(bad("is not a JSON object".into()));
+            continue;
+        };
+        let path = path_keys
+            .iter()
+            .find_map(|k| object.get(*k).and_then(Value::as_str));
+        let caption = object.get("caption").and_then(Value::as_str);
+        match (path, caption) {
+            (Some(path), Some(caption)) => items.push(JsonlItem {
+                line: line_no,
+                path: path.to_string(),
+                caption: caption.to_string(),
+            }),
+            (None, _) => problems.push(bad(format!("has no \"{}\" string", path_keys[0]))),
+            (_, None) => problems.push(bad("has no \"caption\" string".into())),
+        }
+    }
+    (items, problems)
+}
+
+/// Reads a JSONL file into scan entries, media paths resolved against the file's folder, and reports media that
+/// do not exist.
+pub(crate) fn read_jsonl(
+    file: &Path,
+    kind: DatasetKind,
+    problems: &mut Vec<Problem>,
+) -> Vec<Entry> {
+    let bytes = match std::fs::read(file) {
+        Ok(b) => b,
+        Err(e) => {
+            problems.push(Problem::error(
+                file,
+                format!("cannot read the JSONL file ({e})"),
+            ));
+            return Vec::new();
+        }
+    };
+    let Ok(text) = String::from_utf8(bytes) else {
+        problems.push(Problem::error(
+            file,
+            "the JSONL file is not UTF-8 text; save it as UTF-8",
+        ));
+        return Vec::new();
+    };
+    let (items, mut line_problems) = parse_jsonl(&text, kind, file);
+    problems.append(&mut line_problems);
+    let base = file.parent().map(Path::to_path_buf).unwrap_or_default();
+    let name = file
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    items
+        .into_iter()
+        .filter_map(|item| {
+            let media: PathBuf = resolve_path(&base, Path::new(&item.path));
+            if !media.exists() {
+                problems.push(Problem::error(
+                    &media,
+                    format!(
+                        "is listed on line {} of {name} but does not exist",
+                        item.line
+                    ),
+                ));
+                return None;
+            }
+            Some(Entry {
+                media,
+                caption: Some(item.caption),
+            })
+        })
+        .collect()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn documented_lines_parse() {
+        let text = r#"{"image_path": "/path/to/image1.jpg", "caption": "A caption for image1"}
+{"image_path": "/path/to/image2.jpg", "caption": "A caption for image2"}
+"#;
+        let (items, problems) = parse_jsonl(text, DatasetKind::Image, Path::new("m.jsonl"));
+        assert!(problems.is_empty());
+        assert_eq!(items.len(), 2);
+        assert_eq!(items[1].path, "/path/to/image2.jpg");
+        assert_eq!(items[1].caption, "A caption for image2");
+        let video = r#"{"video_path": "/v/1.mp4", "control_path": "/c/1.mp4", "caption": "x"}"#;
+        let (items, _) = parse_jsonl(video, DatasetKind::Video, Path::new("m.jsonl"));
+        assert_eq!(items[0].path, "/v/1.mp4");
+    }
+
+    #[test]
+    fn every_bad_line_is_reported_with_its_number() {
+        let text = "{\"image_path\": \"a.png\"}\n\nnot json\n[1]\n{\"caption\": \"c\"}\n{\"image_path_0\": \"b.png\", \"caption\": \"ok\"}\n";
+        let (items, problems) = parse_jsonl(text, DatasetKind::Image, Path::new("/d/m.jsonl"));
+        assert_eq!(items.len(), 1);
+        assert_eq!(items[0].line, 6);
+        let msgs: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(msgs.len(), 4, "{msgs:#?}");
+        assert!(msgs[0].contains("line 1: has no \"caption\""), "{msgs:#?}");
+        assert!(msgs[1].contains("line 3: not valid JSON"), "{msgs:#?}");
+        assert!(
+            msgs[2].contains("line 4: is not a JSON object"),
+            "{msgs:#?}"
+        );
+        assert!(
+            msgs[3].contains("line 5: has no \"image_path\""),
+            "{msgs:#?}"
+        );
+        assert!(msgs.iter().all(|m| m.ends_with("/d/m.jsonl")));
+    }
+}

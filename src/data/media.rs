@@ -1,0 +1,494 @@
+//! Video probing and decoding through `ffprobe` / `ffmpeg` subprocesses, each with a time limit after which the
+//! process is killed and the file reported. Finds the tools beside the executable first (the Windows package
+//! ships them there), then on `PATH`.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::thread;
+use std::time::Duration;
+
+use image::RgbImage;
+use serde::Deserialize;
+
+/// How to get ffmpeg, shown whenever it is missing.
+pub const FFMPEG_INSTALL_HINT: &str =
+    "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; Windows: \
+     ffmpeg.exe and ffprobe.exe ship beside framesmith.exe, put them back there)";
+
+/// A video could not be probed or decoded.
+#[derive(Debug, thiserror::Error)]
+pub enum MediaError {
+    /// `ffmpeg` or `ffprobe` is not installed.
+    #[error("{tool} was not found; {FFMPEG_INSTALL_HINT}")]
+    ToolMissing {
+        /// `ffmpeg` or `ffprobe`.
+        tool: String,
+    },
+    /// The subprocess ran past its time limit and was killed.
+    #[error(
+        "{tool} did not finish within {secs} s and was stopped; the file may be damaged: {path}"
+    )]
+    Timeout {
+        /// `ffmpeg` or `ffprobe`.
+        tool: String,
+        /// The limit.
+        secs: u64,
+        /// The video.
+        path: PathBuf,
+    },
+    /// The tool ran and failed, or its output made no sense.
+    #[error("{tool} cannot read this video ({message}): {path}")]
+    Unreadable {
+        /// `ffmpeg` or `ffprobe`.
+        tool: String,
+        /// ffmpeg's own words, or what was wrong with the output.
+        message: String,
+        /// The video.
+        path: PathBuf,
+    },
+    /// The file has no bytes.
+    #[error("the video file is empty (0 bytes): {path}")]
+    Empty {
+        /// The video.
+        path: PathBuf,
+    },
+    /// Starting the tool or reading the file failed.
+    #[error("cannot run {tool}: {path}")]
+    Io {
+        /// `ffmpeg` or `ffprobe`.
+        tool: String,
+        /// The video.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl MediaError {
+    /// What went wrong, without the file path (for messages that show the path separately).
+    pub fn reason(&self) -> String {
+        match self {
+            MediaError::ToolMissing { .. } => self.to_string(),
+            MediaError::Timeout { tool, secs, .. } => {
+                format!("{tool} did not finish within {secs} s and was stopped; the file may be damaged")
+            }
+            MediaError::Unreadable { tool, message, .. } => {
+                format!("{tool} cannot read this video ({message})")
+            }
+            MediaError::Empty { .. } => "the video file is empty (0 bytes)".into(),
+            MediaError::Io { tool, source, .. } => format!("cannot run {tool} ({source})"),
+        }
+    }
+}
+
+/// Where ffmpeg and ffprobe are, and how long each call may take.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MediaTools {
+    /// The `ffmpeg` executable.
+    pub ffmpeg: PathBuf,
+    /// The `ffprobe` executable.
+    pub ffprobe: PathBuf,
+    /// Limit for one probe.
+    pub probe_timeout: Duration,
+    /// Limit for decoding one video.
+    pub decode_timeout: Duration,
+}
+
+/// Default limit for one `ffprobe` call.
+pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default limit for decoding one video.
+pub const DEFAULT_DECODE_TIMEOUT: Duration = Duration::from_secs(600);
+
+impl MediaTools {
+    /// Tools at the given paths with the default time limits.
+    pub fn with_paths(ffmpeg: impl Into<PathBuf>, ffprobe: impl Into<PathBuf>) -> Self {
+        Self {
+            ffmpeg: ffmpeg.into(),
+            ffprobe: ffprobe.into(),
+            probe_timeout: DEFAULT_PROBE_TIMEOUT,
+            decode_timeout: DEFAULT_DECODE_TIMEOUT,
+        }
+    }
+
+    /// Finds `ffmpeg` and `ffprobe` beside the running executable, then on `PATH`.
+    pub fn locate() -> Result<Self, MediaError> {
+        let ffmpeg = find_tool("ffmpeg").ok_or_else(|| MediaError::ToolMissing {
+            tool: "ffmpeg".into(),
+        })?;
+        let ffprobe = find_tool("ffprobe").ok_or_else(|| MediaError::ToolMissing {
+            tool: "ffprobe".into(),
+        })?;
+        Ok(Self::with_paths(ffmpeg, ffprobe))
+    }
+
+    /// Size, frame count and frame rate of a video's first video stream.
+    pub fn probe(&self, path: &Path) -> Result<VideoInfo, MediaError> {
+        check_not_empty(path)?;
+        let mut cmd = Command::new(&self.ffprobe);
+        cmd.args([
+            "-v",
+            "error",
+            "-select_streams",
+            "v:0",
+            "-count_packets",
+            "-show_entries",
+        ])
+        .arg("stream=codec_name,width,height,nb_frames,nb_read_packets,r_frame_rate,avg_frame_rate")
+        .args(["-of", "json"])
+        .arg(path);
+        let out = run_with_timeout(cmd, self.probe_timeout, "ffprobe", path)?;
+        if !out.status.success() {
+            return Err(unreadable("ffprobe", last_lines(&out.stderr), path));
+        }
+        parse_probe(&out.stdout, path)
+    }
+
+    /// Decodes up to `max_frames` frames (all when `None`) as RGB, in decode order with no frame dropped or
+    /// repeated, and without applying rotation metadata (as musubi-tuner's PyAV reader).
+    pub fn decode(
+        &self,
+        path: &Path,
+        info: &VideoInfo,
+        max_frames: Option<usize>,
+    ) -> Result<Vec<RgbImage>, MediaError> {
+        check_not_empty(path)?;
+        // `-fps_mode` exists from ffmpeg 5.1, `-vsync` (its older name) is deprecated there; try the new one.
+        let mut out = self.run_decode(path, max_frames, "-fps_mode")?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if !out.status.success()
+            && stderr.contains("fps_mode")
+            && stderr.contains("nrecognized option")
+        {
+            out = self.run_decode(path, max_frames, "-vsync")?;
+        }
+        if !out.status.success() {
+            return Err(unreadable("ffmpeg", last_lines(&out.stderr), path));
+        }
+        split_frames(out.stdout, info.width, info.height, path)
+    }
+
+    /// Every decoded frame goes out as it is: passthrough frame timing, so none is dropped or repeated.
+    fn run_decode(
+        &self,
+        path: &Path,
+        max_frames: Option<usize>,
+        sync_option: &str,
+    ) -> Result<Finished, MediaError> {
+        let mut cmd = Command::new(&self.ffmpeg);
+        cmd.args(["-nostdin", "-v", "error", "-noautorotate", "-i"])
+            .arg(path)
+            .args(["-map", "0:v:0", sync_option, "passthrough"]);
+        if let Some(n) = max_frames {
+            cmd.args(["-frames:v", &n.to_string()]);
+        }
+        cmd.args(["-f", "rawvideo", "-pix_fmt", "rgb24", "pipe:1"]);
+        run_with_timeout(cmd, self.decode_timeout, "ffmpeg", path)
+    }
+}
+
+/// What `ffprobe` says about a video.
+#[derive(Clone, Debug, PartialEq)]
+pub struct VideoInfo {
+    /// Coded width in pixels (rotation metadata not applied).
+    pub width: u32,
+    /// Coded height in pixels.
+    pub height: u32,
+    /// Number of frames (packets counted by demuxing).
+    pub frame_count: u32,
+    /// Average frame rate, when the container knows it.
+    pub fps: Option<f64>,
+    /// Codec name, e.g. `h264`.
+    pub codec: String,
+}
+
+#[derive(Deserialize)]
+struct ProbeOutput {
+    #[serde(default)]
+    streams: Vec<ProbeStream>,
+}
+
+#[derive(Deserialize)]
+struct ProbeStream {
+    codec_name: Option<String>,
+    width: Option<u32>,
+    height: Option<u32>,
+    nb_frames: Option<String>,
+    nb_read_packets: Option<String>,
+    avg_frame_rate: Option<String>,
+    r_frame_rate: Option<String>,
+}
+
+fn parse_probe(stdout: &[u8], path: &Path) -> Result<VideoInfo, MediaError> {
+    let parsed: ProbeOutput = serde_json::from_slice(stdout)
+        .map_err(|e| unreadable("ffprobe", format!("unexpected output: {e}"), path))?;
+    let Some(stream) = parsed.streams.into_iter().next() else {
+        return Err(unreadable("ffprobe", "no video stream".into(), path));
+    };
+    let (width, height) = match (stream.width, stream.height) {
+        (Some(w), Some(h)) if w > 0 && h > 0 => (w, h),
+        _ => {
+            return Err(unreadable(
+                "ffprobe",
+                "the video stream has no picture size".into(),
+                path,
+            ))
+        }
+    };
+    let count = |s: &Option<String>| {
+        s.as_deref()
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&n| n > 0)
+    };
+    let frame_count = count(&stream.nb_read_packets)
+        .or_else(|| count(&stream.nb_frames))
+        .unwrap_or(0);
+    if frame_count == 0 {
+        return Err(unreadable(
+            "ffprobe",
+            "the video has no frames".into(),
+            path,
+        ));
+    }
+    let fps = parse_rate(stream.avg_frame_rate.as_deref())
+        .or_else(|| parse_rate(stream.r_frame_rate.as_deref()));
+    Ok(VideoInfo {
+        width,
+        height,
+        frame_count,
+        fps,
+        codec: stream.codec_name.unwrap_or_default(),
+    })
+}
+
+/// `"30000/1001"` → 29.97; `"0/0"` → `None`.
+fn parse_rate(rate: Option<&str>) -> Option<f64> {
+    let (num, den) = rate?.split_once('/')?;
+    let (num, den): (f64, f64) = (num.parse().ok()?, den.parse().ok()?);
+    (den > 0.0 && num > 0.0).then(|| num / den)
+}
+
+fn split_frames(
+    bytes: Vec<u8>,
+    width: u32,
+    height: u32,
+    path: &Path,
+) -> Result<Vec<RgbImage>, MediaError> {
+    let frame_len = width as usize * height as usize * 3;
+    if bytes.is_empty() {
+        return Err(unreadable("ffmpeg", "no frames were decoded".into(), path));
+    }
+    if bytes.len() % frame_len != 0 {
+        return Err(unreadable(
+            "ffmpeg",
+            format!(
+                "{} bytes of output is not a whole number of {width}x{height} frames",
+                bytes.len()
+            ),
+            path,
+        ));
+    }
+    Ok(bytes
+        .chunks_exact(frame_len)
+        .filter_map(|c| RgbImage::from_raw(width, height, c.to_vec()))
+        .collect())
+}
+
+fn unreadable(tool: &str, message: String, path: &Path) -> MediaError {
+    MediaError::Unreadable {
+        tool: tool.into(),
+        message,
+        path: path.to_path_buf(),
+    }
+}
+
+fn check_not_empty(path: &Path) -> Result<(), MediaError> {
+    let meta = std::fs::metadata(path).map_err(|source| MediaError::Io {
+        tool: "the file system".into(),
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if meta.len() == 0 {
+        return Err(MediaError::Empty {
+            path: path.to_path_buf(),
+        });
+    }
+    Ok(())
+}
+
+/// The last few lines of a tool's stderr, on one line.
+fn last_lines(stderr: &[u8]) -> String {
+    let text = String::from_utf8_lossy(stderr);
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    let tail = &lines[lines.len().saturating_sub(3)..];
+    if tail.is_empty() {
+        "no error message".into()
+    } else {
+        tail.join("; ")
+    }
+}
+
+/// Output of a finished subprocess.
+#[derive(Debug)]
+struct Finished {
+    status: ExitStatus,
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Runs `cmd`, reading stdout and stderr on their own threads so that neither pipe can fill up and block the
+/// child. Past `timeout` the child is killed: a hung decoder is reported, not waited on.
+fn run_with_timeout(
+    mut cmd: Command,
+    timeout: Duration,
+    tool: &str,
+    path: &Path,
+) -> Result<Finished, MediaError> {
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|source| match source.kind() {
+        std::io::ErrorKind::NotFound => MediaError::ToolMissing { tool: tool.into() },
+        _ => MediaError::Io {
+            tool: tool.into(),
+            path: path.to_path_buf(),
+            source,
+        },
+    })?;
+    let (tx, rx) = mpsc::channel();
+    let stdout = child.stdout.take();
+    thread::spawn(move || {
+        let mut buf = Vec::new();
+        let read = stdout.map(|mut s| s.read_to_end(&mut buf));
+        // The receiver is gone only after a timeout, when the output is no longer wanted.
+        let _ = tx.send((buf, read.map(|r| r.is_ok()).unwrap_or(true)));
+    });
+    let stderr = child.stderr.take();
+    let stderr_reader = thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut s) = stderr {
+            let _ = s.read_to_end(&mut buf);
+        }
+        buf
+    });
+    match rx.recv_timeout(timeout) {
+        Ok((stdout, _)) => {
+            let status = wait(&mut child, tool, path)?;
+            let stderr = stderr_reader.join().unwrap_or_default();
+            Ok(Finished {
+                status,
+                stdout,
+                stderr,
+            })
+        }
+        Err(_) => {
+            // Killing closes the pipes, which ends both reader threads.
+            let _ = child.kill();
+            let _ = child.wait();
+            Err(MediaError::Timeout {
+                tool: tool.into(),
+                secs: timeout.as_secs_f64().ceil() as u64,
+                path: path.to_path_buf(),
+            })
+        }
+    }
+}
+
+fn wait(child: &mut Child, tool: &str, path: &Path) -> Result<ExitStatus, MediaError> {
+    child.wait().map_err(|source| MediaError::Io {
+        tool: tool.into(),
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn exe_name(name: &str) -> String {
+    if cfg!(windows) {
+        format!("{name}.exe")
+    } else {
+        name.to_string()
+    }
+}
+
+/// `name` beside the running executable, else the first match on `PATH`.
+fn find_tool(name: &str) -> Option<PathBuf> {
+    let file = exe_name(name);
+    let beside_exe = std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|dir| dir.join(&file)))
+        .filter(|p| p.is_file());
+    beside_exe.or_else(|| {
+        let path = std::env::var_os("PATH")?;
+        std::env::split_paths(&path)
+            .map(|dir| dir.join(&file))
+            .find(|p| p.is_file())
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_json_is_parsed() {
+        let json = br#"{"programs": [], "streams": [{"codec_name": "h264", "width": 320, "height": 240,
+            "r_frame_rate": "30/1", "avg_frame_rate": "30000/1001", "nb_frames": "31", "nb_read_packets": "30"}]}"#;
+        let info = parse_probe(json, Path::new("a.mp4")).unwrap();
+        assert_eq!((info.width, info.height, info.frame_count), (320, 240, 30));
+        assert!((info.fps.unwrap() - 29.97).abs() < 0.01);
+        let none = br#"{"streams": []}"#;
+        let err = parse_probe(none, Path::new("a.mp4"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("no video stream") && err.ends_with("a.mp4"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn raw_output_is_split_into_frames() {
+        let frames = split_frames(vec![7; 2 * 2 * 3 * 3], 2, 2, Path::new("v.mp4")).unwrap();
+        assert_eq!(frames.len(), 3);
+        assert!(split_frames(vec![0; 13], 2, 2, Path::new("v.mp4")).is_err());
+    }
+
+    #[test]
+    fn missing_tool_says_how_to_install() {
+        let tools = MediaTools::with_paths("/nonexistent/ffmpeg", "/nonexistent/ffprobe");
+        let dir = tempfile::tempdir().unwrap();
+        let video = dir.path().join("v.mp4");
+        std::fs::write(&video, b"not empty").unwrap();
+        let err = tools.probe(&video).unwrap_err();
+        assert!(matches!(err, MediaError::ToolMissing { .. }));
+        let msg = err.to_string();
+        assert!(
+            msg.contains("apt install ffmpeg") && msg.contains("beside framesmith.exe"),
+            "{msg}"
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn hung_process_is_killed_and_reported() {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", "exec sleep 30"]);
+        let err = run_with_timeout(
+            cmd,
+            Duration::from_millis(100),
+            "ffprobe",
+            Path::new("/d/hung.mp4"),
+        )
+        .unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, MediaError::Timeout { .. }), "{msg}");
+        assert!(msg.ends_with("/d/hung.mp4"), "{msg}");
+    }
+}

@@ -1,0 +1,288 @@
+//! Reading VAE (and umT5) weight files: safetensors (ComfyUI, official names at the top level or under a known
+//! prefix) and the official PyTorch `.pth` files through candle's pickle reader (which never executes code).
+//! Errors name the file and say what it holds when it is not what was asked for.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{VaeConfig, VaeVariant, WanVae};
+use crate::nn::vb::Vb;
+
+/// Why a weights file could not be used.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    /// The path does not exist.
+    #[error("weights file not found: {}", path.display())]
+    NotFound { path: PathBuf },
+    /// The file could not be parsed (truncated, not a tensor file, ...).
+    #[error("cannot read the weights file ({source}): {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: candle_core::Error,
+    },
+    /// The extension is not one we read.
+    #[error("unsupported weights file type (expected .safetensors, .pth, .pt or .ckpt): {}", path.display())]
+    Extension { path: PathBuf },
+    /// The file holds another model or another variant.
+    #[error("{what}: {}", path.display())]
+    WrongModel { path: PathBuf, what: String },
+    /// The file is the right kind of model but a tensor is missing or has another shape.
+    #[error("the weights do not fit the {model}: {detail}: {}", path.display())]
+    Mismatch {
+        path: PathBuf,
+        model: &'static str,
+        detail: String,
+    },
+}
+
+/// Every tensor of a `.safetensors` or `.pth`/`.pt`/`.ckpt` file, on the CPU, keyed by name. A `.pth` whose
+/// tensors sit under a `state_dict` or `model` entry is read from there.
+pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, CheckpointError> {
+    if path.is_dir() {
+        return Err(CheckpointError::WrongModel {
+            path: path.to_path_buf(),
+            what: "this is a folder (a diffusers layout?); give the single .safetensors or .pth weights file".into(),
+        });
+    }
+    if !path.exists() {
+        return Err(CheckpointError::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    let read_err = |source| CheckpointError::Read {
+        path: path.to_path_buf(),
+        source,
+    };
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_ascii_lowercase();
+    match ext.as_str() {
+        "safetensors" => candle_core::safetensors::load(path, &Device::Cpu).map_err(read_err),
+        "pth" | "pt" | "ckpt" | "bin" => {
+            let mut tensors = candle_core::pickle::read_all(path).map_err(read_err)?;
+            for key in ["state_dict", "model"] {
+                if !tensors.is_empty() {
+                    break;
+                }
+                tensors =
+                    candle_core::pickle::read_all_with_key(path, Some(key)).map_err(read_err)?;
+            }
+            Ok(tensors.into_iter().collect())
+        }
+        _ => Err(CheckpointError::Extension {
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+/// Prefixes under which other tools store the VAE's official keys.
+const VAE_PREFIXES: [&str; 3] = ["first_stage_model.", "vae.", "model."];
+
+/// Strips a known prefix when the official keys are not at the top level.
+fn strip_vae_prefix(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    if tensors.contains_key("decoder.conv1.weight") {
+        return tensors;
+    }
+    for prefix in VAE_PREFIXES {
+        if tensors.contains_key(&format!("{prefix}decoder.conv1.weight")) {
+            return tensors
+                .into_iter()
+                .filter_map(|(k, v)| k.strip_prefix(prefix).map(|k| (k.to_string(), v)))
+                .collect();
+        }
+    }
+    tensors
+}
+
+/// The VAE architecture of a state dict (official names), from the encoder's input channels: 3 (Wan 2.1) or
+/// 12 patchified channels (Wan 2.2). `None` when it is not a Wan VAE.
+pub fn detect_vae_variant(tensors: &HashMap<String, Tensor>) -> Option<VaeVariant> {
+    let conv = tensors.get("encoder.conv1.weight")?;
+    match conv.dims() {
+        [_, 3, 3, 3, 3] => Some(VaeVariant::Wan21),
+        [_, 12, 3, 3, 3] => Some(VaeVariant::Wan22),
+        _ => None,
+    }
+}
+
+fn variant_name(v: VaeVariant) -> &'static str {
+    match v {
+        VaeVariant::Wan21 => "Wan 2.1 VAE (16 latent channels)",
+        VaeVariant::Wan22 => "Wan 2.2 VAE (48 latent channels)",
+    }
+}
+
+/// What a file that is not a Wan VAE seems to be, for the error message.
+fn describe_non_vae(tensors: &HashMap<String, Tensor>) -> String {
+    let has = |p: &str| tensors.keys().any(|k| k.starts_with(p) || k.contains(p));
+    if has("decoder.up_blocks.") || has("encoder.down_blocks.") {
+        "this is a diffusers-format VAE; give the official Wan2.1_VAE.pth / Wan2.2_VAE.pth or a ComfyUI VAE file".into()
+    } else if has("blocks.0.self_attn.") || has("patch_embedding.") {
+        "this is a Wan diffusion model (DiT), not the VAE".into()
+    } else if has("token_embedding.") || has("encoder.block.") || has("shared.weight") {
+        "this is a T5 text encoder, not the VAE".into()
+    } else {
+        "this file holds no Wan VAE (no `encoder.conv1.weight` / `decoder.conv1.weight`)".into()
+    }
+}
+
+/// Loads a Wan VAE of architecture `cfg` from `path` (official `.pth`, ComfyUI or other safetensors with the
+/// official key names), converting weights to `dtype` on `device`.
+pub fn load_vae(
+    path: &Path,
+    cfg: &VaeConfig,
+    dtype: DType,
+    device: &Device,
+) -> Result<WanVae, CheckpointError> {
+    let tensors = strip_vae_prefix(read_checkpoint(path)?);
+    let wrong = |what: String| CheckpointError::WrongModel {
+        path: path.to_path_buf(),
+        what,
+    };
+    let Some(found) = detect_vae_variant(&tensors) else {
+        return Err(wrong(describe_non_vae(&tensors)));
+    };
+    if found != cfg.variant {
+        return Err(wrong(format!(
+            "this is a {}, but a {} was asked for",
+            variant_name(found),
+            variant_name(cfg.variant)
+        )));
+    }
+    let vb = Vb::from_tensors(tensors, dtype, device);
+    WanVae::new(cfg, &vb).map_err(|e| CheckpointError::Mismatch {
+        path: path.to_path_buf(),
+        model: variant_name(cfg.variant),
+        detail: format!("{e}"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensors(keys: &[(&str, &[usize])]) -> candle_core::Result<HashMap<String, Tensor>> {
+        keys.iter()
+            .map(|(k, s)| {
+                Ok((
+                    (*k).to_string(),
+                    Tensor::zeros(*s, DType::F32, &Device::Cpu)?,
+                ))
+            })
+            .collect()
+    }
+
+    #[test]
+    fn unreadable_files_name_the_path() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let missing = dir.path().join("absent.safetensors");
+        let e = read_checkpoint(&missing)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("not found") && e.contains("absent.safetensors"),
+            "{e}"
+        );
+        let junk = dir.path().join("junk.safetensors");
+        std::fs::write(&junk, b"not a tensor file")?;
+        let e = read_checkpoint(&junk)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            e.contains("cannot read") && e.contains("junk.safetensors"),
+            "{e}"
+        );
+        let txt = dir.path().join("weights.txt");
+        std::fs::write(&txt, b"x")?;
+        assert!(matches!(
+            read_checkpoint(&txt),
+            Err(CheckpointError::Extension { .. })
+        ));
+        Ok(())
+    }
+
+    /// `plain.pth` / `nested.pth` were written by `torch.save` (PyTorch 2.11) from a state dict with f32 and bf16
+    /// tensors, the second under a `state_dict` entry as training checkpoints store it.
+    #[test]
+    fn pytorch_pth_files_are_read() -> anyhow::Result<()> {
+        let dir =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/models/wan/vae/testdata");
+        for name in ["plain.pth", "nested.pth"] {
+            let t = read_checkpoint(&dir.join(name))?;
+            assert_eq!(t.len(), 3, "{name}");
+            let conv = &t["encoder.conv1.weight"];
+            assert_eq!(conv.dims(), &[2, 3, 3, 3, 3]);
+            let v = conv.flatten_all()?.to_vec1::<f32>()?;
+            assert!(v
+                .iter()
+                .enumerate()
+                .all(|(i, x)| (x - i as f32 / 10.0).abs() < 1e-6));
+            let q = &t["blocks.0.attn.q.weight"];
+            assert_eq!((q.dtype(), q.dims()), (DType::BF16, &[2usize, 4][..]));
+            let qv = q.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            assert_eq!(qv, (0..8).map(|i| i as f32 / 4.0).collect::<Vec<_>>());
+            assert_eq!(detect_vae_variant(&t), Some(VaeVariant::Wan21));
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn variants_and_foreign_files_are_told_apart() -> anyhow::Result<()> {
+        let wan22 = tensors(&[
+            ("encoder.conv1.weight", &[8, 12, 3, 3, 3]),
+            ("decoder.conv1.weight", &[1]),
+        ])?;
+        assert_eq!(detect_vae_variant(&wan22), Some(VaeVariant::Wan22));
+        let prefixed = strip_vae_prefix(tensors(&[
+            ("vae.encoder.conv1.weight", &[8, 3, 3, 3, 3]),
+            ("vae.decoder.conv1.weight", &[1]),
+        ])?);
+        assert_eq!(detect_vae_variant(&prefixed), Some(VaeVariant::Wan21));
+        let dit = tensors(&[("blocks.0.self_attn.q.weight", &[2, 2])])?;
+        assert!(describe_non_vae(&dit).contains("diffusion model"));
+
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join("wan22.safetensors");
+        candle_core::safetensors::save(&wan22, &path)?;
+        let err = load_vae(&path, &VaeConfig::wan21(), DType::F32, &Device::Cpu).err();
+        let msg = err.map(|e| e.to_string()).unwrap_or_default();
+        assert!(
+            msg.contains("Wan 2.2 VAE")
+                && msg.contains("Wan 2.1 VAE (16 latent channels) was asked for"),
+            "{msg}"
+        );
+        assert!(msg.contains("wan22.safetensors"), "{msg}");
+        Ok(())
+    }
+
+    #[test]
+    fn fixture_weights_load_and_a_size_mismatch_names_the_file() -> anyhow::Result<()> {
+        let path =
+            crate::parity::schedulers::fixture_case("wan21_vae_tiny").join("weights.safetensors");
+        let tiny = VaeConfig {
+            dim: 8,
+            dec_dim: 8,
+            dim_mult: vec![1, 2, 2, 2],
+            num_res_blocks: 1,
+            ..VaeConfig::wan21()
+        };
+        let vae = load_vae(&path, &tiny, DType::F32, &Device::Cpu)?;
+        assert_eq!(vae.config().z_dim, 16);
+        let msg = load_vae(&path, &VaeConfig::wan21(), DType::F32, &Device::Cpu)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            msg.contains("do not fit the Wan 2.1 VAE") && msg.contains("weights.safetensors"),
+            "{msg}"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,560 @@
+//! Element-wise ops of the Wan block on CUDA (`kernels/elementwise.cu`) as differentiable candle custom ops:
+//! adaptive modulation `x * (1 + scale) + shift`, the gated residual `x + y * gate`, and GELU-tanh. Modulation
+//! vectors are `[B, D]`, `[B, 1, D]` (one per sample) or `[B, L, D]` (one per token, Wan2.2 TI2V) and are used in
+//! f32. Each function has a plain candle composition (`*_reference`) that is the CPU path and the test reference.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{
+    CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    WithDType,
+};
+
+use super::ptx::{self, long};
+
+/// Tokens per block in the modulation-gradient reduction.
+const TOKENS_PER_CHUNK: usize = 64;
+
+/// `x * (1 + scale) + shift` for `x` `[B, L, D]` (any rank ≥ 2: first dim batch, last dim features); result in
+/// `x`'s dtype. Differentiable in all three inputs.
+pub fn modulate(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(xs) {
+        return modulate_reference(xs, scale, shift);
+    }
+    let g = Geometry::of(xs, scale)?;
+    if shift.elem_count() != scale.elem_count() {
+        candle_core::bail!(
+            "modulate: shift has {} values, scale {}",
+            shift.elem_count(),
+            scale.elem_count()
+        );
+    }
+    xs.contiguous()?
+        .apply_op3(&as_mod_f32(scale)?, &as_mod_f32(shift)?, Modulate { g })
+}
+
+/// Composition of candle ops computing [`modulate`] (f32 arithmetic, result in `x`'s dtype).
+pub fn modulate_reference(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+    let g = Geometry::of(xs, scale)?;
+    let x = xs
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.tokens, g.dim))?;
+    let scale = scale
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.mod_tokens, g.dim))?;
+    let shift = shift
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.mod_tokens, g.dim))?;
+    x.broadcast_mul(&(scale + 1.0)?)?
+        .broadcast_add(&shift)?
+        .reshape(xs.shape())?
+        .to_dtype(xs.dtype())
+}
+
+/// `x + y * gate` (the gated residual), `y` cast to `x`'s dtype first (so an f32 residual stream stays f32).
+/// Differentiable in all three inputs.
+pub fn gated_residual(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(xs) {
+        return gated_residual_reference(xs, ys, gate);
+    }
+    let g = Geometry::of(xs, gate)?;
+    let ys = ys.to_dtype(xs.dtype())?.contiguous()?;
+    xs.contiguous()?
+        .apply_op3(&ys, &as_mod_f32(gate)?, Gated { g })
+}
+
+/// Composition of candle ops computing [`gated_residual`].
+pub fn gated_residual_reference(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    let g = Geometry::of(xs, gate)?;
+    let y = ys
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.tokens, g.dim))?;
+    let gate = gate
+        .to_dtype(DType::F32)?
+        .reshape((g.batch, g.mod_tokens, g.dim))?;
+    let branch = y.broadcast_mul(&gate)?.reshape(xs.shape())?;
+    (xs.to_dtype(DType::F32)? + branch)?.to_dtype(xs.dtype())
+}
+
+/// GELU with the tanh approximation (Wan's FFN), differentiable.
+pub fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(xs) {
+        return gelu_tanh_reference(xs);
+    }
+    xs.contiguous()?.apply_op1(Gelu)
+}
+
+/// Input gradient of [`modulate`] (`dy * (1 + scale)`) outside autograd. CUDA only.
+pub fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(dy) {
+        candle_core::bail!("modulate_backward needs an f32 / bf16 CUDA tensor");
+    }
+    let g = Geometry::of(dy, scale)?;
+    dy.contiguous()?
+        .apply_op2_no_bwd(&as_mod_f32(scale)?, &ScaledBwd { g, offset: 1.0 })
+}
+
+/// Input gradient of [`gelu_tanh`] for the output gradient `dy`, outside autograd. CUDA only.
+pub fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(xs) || dy.dims() != xs.dims() {
+        candle_core::bail!("gelu_tanh_backward needs f32 / bf16 CUDA tensors of one shape");
+    }
+    let dy = dy.to_dtype(xs.dtype())?.contiguous()?;
+    xs.contiguous()?.apply_op2_no_bwd(&dy, &GeluBwd)
+}
+
+/// GELU-tanh in f32 through candle's own op, result in `xs`' dtype.
+pub fn gelu_tanh_reference(xs: &Tensor) -> Result<Tensor> {
+    xs.to_dtype(DType::F32)?.gelu()?.to_dtype(xs.dtype())
+}
+
+fn runs_on_kernel(xs: &Tensor) -> bool {
+    xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16)
+}
+
+fn as_mod_f32(t: &Tensor) -> Result<Tensor> {
+    t.to_dtype(DType::F32)?.contiguous()
+}
+
+/// `x` seen as `[batch, tokens, dim]` and its modulation as `[batch, mod_tokens, dim]`, `mod_tokens` 1 or
+/// `tokens`.
+#[derive(Clone, Copy, Debug)]
+struct Geometry {
+    batch: usize,
+    tokens: usize,
+    dim: usize,
+    mod_tokens: usize,
+}
+
+impl Geometry {
+    fn of(xs: &Tensor, modulation: &Tensor) -> Result<Self> {
+        let dims = xs.dims();
+        if dims.len() < 2 {
+            candle_core::bail!("modulation input needs rank >= 2, got {:?}", dims);
+        }
+        let (batch, dim) = (dims[0], dims[dims.len() - 1]);
+        let tokens = xs.elem_count() / (batch * dim).max(1);
+        let mod_tokens = match modulation.elem_count() {
+            n if n == batch * dim => 1,
+            n if n == batch * tokens * dim => tokens,
+            n => candle_core::bail!(
+                "modulation with {n} values fits neither [{batch}, 1, {dim}] nor [{batch}, {tokens}, {dim}]"
+            ),
+        };
+        Ok(Self {
+            batch,
+            tokens,
+            dim,
+            mod_tokens,
+        })
+    }
+
+    fn rows(&self) -> usize {
+        self.batch * self.tokens
+    }
+
+    fn args(&self) -> Result<[i64; 4]> {
+        Ok([
+            long(self.rows())?,
+            long(self.dim)?,
+            long(self.tokens)?,
+            long(self.mod_tokens)?,
+        ])
+    }
+
+    fn mod_shape(&self) -> (usize, usize, usize) {
+        (self.batch, self.mod_tokens, self.dim)
+    }
+}
+
+/// A kernel input: an activation (T) or an f32 modulation vector.
+enum Input<'a, T> {
+    Act(CudaView<'a, T>),
+    Mod(CudaView<'a, f32>),
+}
+
+/// One launch of an element-wise kernel: `name_{f32|bf16}(inputs..., scalars..., out, sizes..., vec)` over `n`
+/// output elements (the argument order every kernel in kernels/elementwise.cu follows).
+pub(super) struct Launch<'a> {
+    /// Kernel name without the dtype suffix.
+    pub name: &'a str,
+    /// Activations (T) and f32 modulation / angle tables.
+    pub inputs: &'a [(&'a CudaStorage, &'a Layout)],
+    /// f32 arguments after the inputs.
+    pub scalars: &'a [f32],
+    /// Size arguments after the output.
+    pub sizes: &'a [i64],
+    /// Output elements.
+    pub n: usize,
+    /// The length every 16-byte chunk must stay within (row width, head dim, or n): the vectorised path runs
+    /// when it is a multiple of the chunk and every input is 16-byte aligned.
+    pub unit: usize,
+}
+
+fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(l: &Launch) -> Result<CudaStorage> {
+    let Launch {
+        name,
+        inputs,
+        scalars,
+        sizes,
+        n,
+        unit,
+    } = *l;
+    let width = 16 / T::DTYPE.size_in_bytes();
+    let aligned = inputs
+        .iter()
+        .all(|(s, l)| (l.start_offset() * s.dtype().size_in_bytes()) % 16 == 0);
+    let vec = unit % width == 0 && aligned;
+    let dev = inputs[0].0.device().clone();
+    let func = ptx::load(
+        &dev,
+        &ptx::ELEMENTWISE,
+        &format!("{name}_{}", ptx::suffix(T::DTYPE)?),
+    )?;
+    let views = inputs
+        .iter()
+        .map(|(s, l)| match s.dtype() {
+            DType::F32 => ptx::view::<f32>(s, l).map(Input::Mod),
+            _ => ptx::view::<T>(s, l).map(Input::Act),
+        })
+        .collect::<Result<Vec<_>>>()?;
+    // SAFETY: the kernel writes all n elements before the tensor is read.
+    let out = unsafe { dev.alloc::<T>(n)? };
+    let stream = dev.cuda_stream();
+    let mut builder = stream.launch_builder(&func);
+    for v in &views {
+        match v {
+            Input::Act(a) => builder.arg(a),
+            Input::Mod(m) => builder.arg(m),
+        };
+    }
+    for s in scalars {
+        builder.arg(s);
+    }
+    builder.arg(&out);
+    for s in sizes {
+        builder.arg(s);
+    }
+    let vec_arg = i64::from(vec);
+    builder.arg(&vec_arg);
+    let chunks = if vec { n.div_ceil(width) } else { n };
+    // SAFETY: the callers pass arguments in the order of the kernel signatures in kernels/elementwise.cu, with
+    // buffers sized by the checked Geometry; `vec` only when sizes and alignment allow 16-byte accesses.
+    unsafe { builder.launch(ptx::elementwise_config(chunks)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Dispatches a launch on the activation dtype of the first input.
+pub(super) fn launch_dispatch(l: &Launch) -> Result<CudaStorage> {
+    match l.inputs[0].0.dtype() {
+        DType::F32 => launch_elementwise::<f32>(l),
+        DType::BF16 => launch_elementwise::<half::bf16>(l),
+        other => candle_core::bail!("{} takes f32 or bf16 activations, not {other:?}", l.name),
+    }
+}
+
+/// `cpu_fwd` for ops that only run on CUDA.
+macro_rules! cuda_only_cpu_fwd {
+    ($name:expr, $($arg:ident),*) => {
+        fn cpu_fwd(&self, $($arg: &CpuStorage, _: &Layout),*) -> Result<(CpuStorage, Shape)> {
+            $(let _ = $arg;)*
+            candle_core::bail!("{} runs on CUDA only; the *_reference functions are the CPU version", $name)
+        }
+    };
+}
+
+struct Modulate {
+    g: Geometry,
+}
+
+impl CustomOp3 for Modulate {
+    fn name(&self) -> &'static str {
+        "framesmith-modulate"
+    }
+
+    cuda_only_cpu_fwd!("framesmith-modulate", a, b, c);
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        scale: &CudaStorage,
+        sl: &Layout,
+        shift: &CudaStorage,
+        hl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let n = xl.shape().elem_count();
+        let out = launch_dispatch(&Launch {
+            name: "fs_modulate_fwd",
+            inputs: &[(x, xl), (scale, sl), (shift, hl)],
+            scalars: &[],
+            sizes: &self.g.args()?,
+            n,
+            unit: self.g.dim,
+        })?;
+        Ok((out, xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        scale: &Tensor,
+        shift: &Tensor,
+        _res: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dy = dy.contiguous()?;
+        let dx = dy.apply_op2_no_bwd(
+            scale,
+            &ScaledBwd {
+                g: self.g,
+                offset: 1.0,
+            },
+        )?;
+        if !scale.track_op() && !shift.track_op() {
+            return Ok((Some(dx), None, None));
+        }
+        let (dscale, dshift) = mod_param_grad(x, &dy, self.g, true)?;
+        let dshift = dshift.map(|d| d.reshape(shift.shape())).transpose()?;
+        Ok((Some(dx), Some(dscale.reshape(scale.shape())?), dshift))
+    }
+}
+
+struct Gated {
+    g: Geometry,
+}
+
+impl CustomOp3 for Gated {
+    fn name(&self) -> &'static str {
+        "framesmith-gated-residual"
+    }
+
+    cuda_only_cpu_fwd!("framesmith-gated-residual", a, b, c);
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        y: &CudaStorage,
+        yl: &Layout,
+        gate: &CudaStorage,
+        gl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let n = xl.shape().elem_count();
+        let out = launch_dispatch(&Launch {
+            name: "fs_gated_fwd",
+            inputs: &[(x, xl), (y, yl), (gate, gl)],
+            scalars: &[],
+            sizes: &self.g.args()?,
+            n,
+            unit: self.g.dim,
+        })?;
+        Ok((out, xl.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        y: &Tensor,
+        gate: &Tensor,
+        _res: &Tensor,
+        dout: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dout = dout.contiguous()?;
+        let dy = dout.apply_op2_no_bwd(
+            gate,
+            &ScaledBwd {
+                g: self.g,
+                offset: 0.0,
+            },
+        )?;
+        let dgate = if gate.track_op() {
+            Some(
+                mod_param_grad(y, &dout, self.g, false)?
+                    .0
+                    .reshape(gate.shape())?,
+            )
+        } else {
+            None
+        };
+        Ok((Some(dout), Some(dy), dgate))
+    }
+}
+
+/// `dy * (offset + scale)`.
+struct ScaledBwd {
+    g: Geometry,
+    offset: f32,
+}
+
+impl CustomOp2 for ScaledBwd {
+    fn name(&self) -> &'static str {
+        "framesmith-scaled-bwd"
+    }
+
+    cuda_only_cpu_fwd!("framesmith-scaled-bwd", a, b);
+
+    fn cuda_fwd(
+        &self,
+        dy: &CudaStorage,
+        dyl: &Layout,
+        scale: &CudaStorage,
+        sl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let n = dyl.shape().elem_count();
+        let out = launch_dispatch(&Launch {
+            name: "fs_scaled_bwd",
+            inputs: &[(dy, dyl), (scale, sl)],
+            scalars: &[self.offset],
+            sizes: &self.g.args()?,
+            n,
+            unit: self.g.dim,
+        })?;
+        Ok((out, dyl.shape().clone()))
+    }
+}
+
+/// Gradients of a modulation vector: `(sum g * a, sum g)` over the tokens that share it, each `[B, Ls, D]` f32.
+fn mod_param_grad(
+    a: &Tensor,
+    g: &Tensor,
+    geo: Geometry,
+    with_sum: bool,
+) -> Result<(Tensor, Option<Tensor>)> {
+    let packed = a
+        .contiguous()?
+        .apply_op2_no_bwd(g, &ModParamGrad { g: geo, with_sum })?;
+    let ga = packed.get(0)?.reshape(geo.mod_shape())?;
+    let gb = if with_sum {
+        Some(packed.get(1)?.reshape(geo.mod_shape())?)
+    } else {
+        None
+    };
+    Ok((ga, gb))
+}
+
+/// Output `[2, B * Ls * D]` f32: row 0 `sum g * a`, row 1 `sum g` (left zero unless `with_sum`).
+struct ModParamGrad {
+    g: Geometry,
+    with_sum: bool,
+}
+
+impl CustomOp2 for ModParamGrad {
+    fn name(&self) -> &'static str {
+        "framesmith-mod-param-grad"
+    }
+
+    cuda_only_cpu_fwd!("framesmith-mod-param-grad", a, b);
+
+    fn cuda_fwd(
+        &self,
+        a: &CudaStorage,
+        al: &Layout,
+        g: &CudaStorage,
+        gl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let dev = a.device().clone();
+        let geo = self.g;
+        let m = geo.batch * geo.mod_tokens * geo.dim;
+        let out = dev.alloc_zeros::<f32>(2 * m)?;
+        let suffix = ptx::suffix(a.dtype())?;
+        let func = ptx::load(
+            &dev,
+            &ptx::ELEMENTWISE,
+            &format!("fs_mod_param_grad_{suffix}"),
+        )?;
+        let (ga, gb) = (out.slice(0..m), out.slice(m..2 * m));
+        let null = 0u64;
+        let [_, d, l, ls] = geo.args()?;
+        let chunk = TOKENS_PER_CHUNK as i64;
+        let cfg = LaunchConfig {
+            grid_dim: (
+                geo.dim.div_ceil(ptx::THREADS as usize) as u32,
+                geo.tokens.div_ceil(TOKENS_PER_CHUNK).max(1) as u32,
+                geo.batch as u32,
+            ),
+            block_dim: (ptx::THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        macro_rules! launch {
+            ($t:ty) => {{
+                let (av, gv) = (ptx::view::<$t>(a, al)?, ptx::view::<$t>(g, gl)?);
+                let stream = dev.cuda_stream();
+                let mut b = stream.launch_builder(&func);
+                b.arg(&av).arg(&gv).arg(&ga);
+                if self.with_sum { b.arg(&gb) } else { b.arg(&null) };
+                b.arg(&d).arg(&l).arg(&ls).arg(&chunk);
+                // SAFETY: argument order and types match fs_mod_param_grad in kernels/elementwise.cu; a and g
+                // hold B * L * D values and the zeroed output 2 * B * Ls * D.
+                unsafe { b.launch(cfg) }.w()?;
+            }};
+        }
+        match a.dtype() {
+            DType::F32 => launch!(f32),
+            DType::BF16 => launch!(half::bf16),
+            other => {
+                candle_core::bail!("framesmith-mod-param-grad takes f32 or bf16, not {other:?}")
+            }
+        }
+        Ok((CudaStorage::wrap_cuda_slice(out, dev), Shape::from((2, m))))
+    }
+}
+
+struct Gelu;
+
+impl CustomOp1 for Gelu {
+    fn name(&self) -> &'static str {
+        "framesmith-gelu-tanh"
+    }
+
+    cuda_only_cpu_fwd!("framesmith-gelu-tanh", a);
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let n = xl.shape().elem_count();
+        let out = launch_dispatch(&Launch {
+            name: "fs_gelu_fwd",
+            inputs: &[(x, xl)],
+            scalars: &[],
+            sizes: &[long(n)?],
+            n,
+            unit: n,
+        })?;
+        Ok((out, xl.shape().clone()))
+    }
+
+    fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        Ok(Some(x.apply_op2_no_bwd(&dy.contiguous()?, &GeluBwd)?))
+    }
+}
+
+struct GeluBwd;
+
+impl CustomOp2 for GeluBwd {
+    fn name(&self) -> &'static str {
+        "framesmith-gelu-tanh-bwd"
+    }
+
+    cuda_only_cpu_fwd!("framesmith-gelu-tanh-bwd", a, b);
+
+    fn cuda_fwd(
+        &self,
+        x: &CudaStorage,
+        xl: &Layout,
+        dy: &CudaStorage,
+        dyl: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let n = xl.shape().elem_count();
+        let out = launch_dispatch(&Launch {
+            name: "fs_gelu_bwd",
+            inputs: &[(x, xl), (dy, dyl)],
+            scalars: &[],
+            sizes: &[long(n)?],
+            n,
+            unit: n,
+        })?;
+        Ok((out, xl.shape().clone()))
+    }
+}

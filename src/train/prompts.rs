@@ -1,0 +1,155 @@
+//! Sample prompt files in musubi-tuner's syntax: one prompt per line with options `--w` width, `--h` height,
+//! `--f` frames, `--d` seed, `--s` steps, `--l` guidance scale, `--fs` flow shift, `--n` negative prompt;
+//! `#` starts a comment line. A `.toml` file holds `[[prompt]]` tables with the same fields spelled out.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+/// One sample to generate.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PromptSpec {
+    pub prompt: String,
+    pub negative: Option<String>,
+    pub width: usize,
+    pub height: usize,
+    pub frames: usize,
+    pub seed: u64,
+    pub steps: usize,
+    pub guidance: f64,
+    pub flow_shift: f64,
+}
+
+impl Default for PromptSpec {
+    fn default() -> Self {
+        Self {
+            prompt: String::new(),
+            negative: None,
+            width: 832,
+            height: 480,
+            frames: 81,
+            seed: 42,
+            steps: 20,
+            guidance: 5.0,
+            flow_shift: 5.0,
+        }
+    }
+}
+
+/// A prompt-file problem, naming the line.
+#[derive(Debug, thiserror::Error)]
+pub enum PromptError {
+    #[error("cannot read the prompt file {path}: {source}")]
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {message}")]
+    Line {
+        path: String,
+        line: usize,
+        message: String,
+    },
+    #[error("{path}: {message}")]
+    Toml { path: String, message: String },
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TomlPrompts {
+    prompt: Vec<PromptSpec>,
+}
+
+/// Reads a `.txt` or `.toml` prompt file.
+pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
+    let shown = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| PromptError::Io {
+        path: shown.clone(),
+        source,
+    })?;
+    if path.extension().and_then(|e| e.to_str()) == Some("toml") {
+        return toml::from_str::<TomlPrompts>(&text)
+            .map(|t| t.prompt)
+            .map_err(|e| PromptError::Toml {
+                path: shown,
+                message: e.to_string(),
+            });
+    }
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
+        .map(|(i, l)| {
+            parse_line(l).map_err(|message| PromptError::Line {
+                path: shown.clone(),
+                line: i + 1,
+                message,
+            })
+        })
+        .collect()
+}
+
+/// Parses one line: the prompt text, then ` --key value` options.
+pub fn parse_line(line: &str) -> Result<PromptSpec, String> {
+    let mut parts = line.split(" --");
+    let mut spec = PromptSpec {
+        prompt: parts.next().unwrap_or_default().trim().to_string(),
+        ..PromptSpec::default()
+    };
+    for part in parts {
+        let (key, value) = part
+            .trim()
+            .split_once(char::is_whitespace)
+            .unwrap_or((part.trim(), ""));
+        let value = value.trim();
+        let number = |what: &str| format!("--{key} needs {what}, got `{value}`");
+        match key {
+            "w" => spec.width = value.parse().map_err(|_| number("a width in pixels"))?,
+            "h" => spec.height = value.parse().map_err(|_| number("a height in pixels"))?,
+            "f" => spec.frames = value.parse().map_err(|_| number("a frame count"))?,
+            "d" => spec.seed = value.parse().map_err(|_| number("an integer seed"))?,
+            "s" => spec.steps = value.parse().map_err(|_| number("a step count"))?,
+            "l" => spec.guidance = value.parse().map_err(|_| number("a guidance scale"))?,
+            "fs" => spec.flow_shift = value.parse().map_err(|_| number("a flow shift"))?,
+            "n" => spec.negative = Some(value.to_string()),
+            other => {
+                return Err(format!(
+                    "unknown option --{other} (known: --w --h --f --d --s --l --fs --n)"
+                ))
+            }
+        }
+    }
+    if spec.prompt.is_empty() {
+        return Err("the line has options but no prompt text".into());
+    }
+    Ok(spec)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_musubi_lines() {
+        let spec = parse_line("a cat walking --w 512 --h 320 --f 33 --d 7 --s 25 --l 6.5 --fs 3 --n blurry, low quality")
+            .expect("valid line");
+        assert_eq!(spec.prompt, "a cat walking");
+        assert_eq!((spec.width, spec.height, spec.frames), (512, 320, 33));
+        assert_eq!((spec.seed, spec.steps), (7, 25));
+        assert_eq!((spec.guidance, spec.flow_shift), (6.5, 3.0));
+        assert_eq!(spec.negative.as_deref(), Some("blurry, low quality"));
+    }
+
+    #[test]
+    fn bad_lines_name_the_problem() {
+        assert!(parse_line("x --w wide").unwrap_err().contains("--w"));
+        assert!(parse_line("x --zz 1")
+            .unwrap_err()
+            .contains("unknown option --zz"));
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.txt");
+        std::fs::write(&path, "# comment\nok prompt\nbad --s x\n").expect("write");
+        let err = read_prompt_file(&path).unwrap_err().to_string();
+        assert!(err.contains("p.txt:3"), "{err}");
+    }
+}

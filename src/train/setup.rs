@@ -1,0 +1,346 @@
+//! Building a `Trainer` from a `StartRun`: validate the config into a plan, pick the device, load (or make) the
+//! DiT, attach the LoRAs, load the training data, set up the optimizer, schedules, outputs and samples, and
+//! resume when asked.
+
+use std::collections::HashMap;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+
+use super::checkpoint::Outputs;
+use super::data::{load_cached_items, TrainItem, TrainSet};
+use super::optimizer::AdamW;
+use super::samples::{Decoder, SamplePrompt, Sampling};
+use super::trainer::Trainer;
+use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
+use crate::config::run::Fp8ScaleMode;
+use crate::config::{validate, HostInfo, RunPlan};
+use crate::demo;
+use crate::models::wan::weights;
+use crate::models::wan::{ModelOptions, WanConfig, WanModel};
+use crate::nn::fp8::Fp8Scale;
+use crate::nn::lora::{attach_loras, LoraSpec};
+use crate::nn::lora_file::LoraFile;
+use crate::nn::vb::Vb;
+use crate::protocol::{LogLevel, StartRun};
+
+/// Seed of the demo base model's weights: fixed, so every demo LoRA belongs to the same base.
+const DEMO_BASE_SEED: u64 = 2024;
+/// Layers of the demo model.
+pub const DEMO_LAYERS: usize = 2;
+
+/// CUDA devices this build can use (0 without the `cuda` feature).
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        (0..16).take_while(|&i| Device::new_cuda(i).is_ok()).count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
+fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
+    match plan.device {
+        PlanDevice::Cpu => Ok(Device::Cpu),
+        PlanDevice::Cuda(i) => Device::new_cuda(i).with_context(|| {
+            format!("cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver")
+        }),
+    }
+}
+
+fn float_dtype(d: FloatDtype) -> DType {
+    match d {
+        FloatDtype::F32 => DType::F32,
+        FloatDtype::Bf16 => DType::BF16,
+        FloatDtype::F16 => DType::F16,
+    }
+}
+
+fn fp8_scale(mode: Fp8ScaleMode) -> Fp8Scale {
+    match mode {
+        Fp8ScaleMode::Tensor => Fp8Scale::Tensor,
+        Fp8ScaleMode::Channel => Fp8Scale::Channel,
+        Fp8ScaleMode::Block64 => Fp8Scale::Block64,
+    }
+}
+
+/// The demo model's config: a tiny Wan2.1-T2V-shaped DiT over the demo codec's 16-channel latents.
+pub fn demo_model_config() -> WanConfig {
+    WanConfig::tiny(DEMO_LAYERS)
+}
+
+fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, String)> {
+    let compute = float_dtype(plan.model.compute_dtype);
+    let options = ModelOptions {
+        residual_dtype: match plan.model.residual_dtype {
+            crate::config::run::ResidualDtype::F32 => DType::F32,
+            crate::config::run::ResidualDtype::Bf16 => DType::BF16,
+        },
+        blocks_fp8: plan.model.fp8_scale.map(fp8_scale),
+    };
+    match &plan.model.source {
+        ModelSource::Demo => {
+            let cfg = demo_model_config();
+            let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
+            let model = WanModel::new(&cfg, Vb::from_tensors(tensors, compute, device), &options)?;
+            Ok((model, "framesmith-demo-tiny".into()))
+        }
+        ModelSource::File(path) => {
+            let expected = match &plan.model.variant {
+                Some(name) => Some(WanConfig::by_name(name).with_context(|| {
+                    format!("unknown model.variant `{name}` (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b)")
+                })?),
+                None => None,
+            };
+            let loaded = weights::load(path, expected.as_ref(), device)?;
+            let name = weights::variant_name(&loaded.config, loaded.expert);
+            let model = WanModel::new(
+                &loaded.config,
+                Vb::from_tensors(loaded.tensors, compute, device),
+                &options,
+            )
+            .with_context(|| format!("building the DiT from {}", path.display()))?;
+            Ok((model, name))
+        }
+    }
+}
+
+/// Demo clips: 8 clips of 9 frames at 32×32 pixels.
+pub const DEMO_CLIPS: usize = 8;
+pub const DEMO_FRAMES: usize = 5;
+pub const DEMO_SIZE: usize = 16;
+
+/// The generated demo items: clips encoded with the demo codec, captions with the demo text embedding.
+pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result<Vec<TrainItem>> {
+    demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed)
+        .into_iter()
+        .map(|clip| {
+            Ok(TrainItem {
+                key: clip.name.clone(),
+                latents: demo::codec::encode(&clip.frames, device)?,
+                context: demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, device)?,
+            })
+        })
+        .collect()
+}
+
+/// The training items and the batch size.
+fn load_items(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    device: &Device,
+) -> anyhow::Result<(Vec<TrainItem>, usize)> {
+    match &plan.dataset.source {
+        DatasetSource::Synthetic => Ok((demo_items(cfg, plan.training.seed, device)?, 1)),
+        DatasetSource::Config(path) => load_cached_items(path, cfg, device),
+    }
+}
+
+fn lora_metadata(plan: &RunPlan, base_name: &str) -> HashMap<String, String> {
+    let m = &plan.model;
+    let mut meta = HashMap::new();
+    let mut put = |k: &str, v: String| {
+        meta.insert(k.to_string(), v);
+    };
+    put("ss_network_module", "networks.lora_wan".into());
+    put("ss_network_dim", plan.lora.rank.to_string());
+    put("ss_network_alpha", plan.lora.alpha.to_string());
+    put("ss_base_model_version", base_name.into());
+    put("ss_output_name", plan.output.output_name.clone());
+    put("ss_learning_rate", plan.schedule.base_lr.to_string());
+    put(
+        "ss_lr_scheduler",
+        format!("{:?}", plan.schedule.kind).to_lowercase(),
+    );
+    put("ss_seed", plan.training.seed.to_string());
+    put(
+        "ss_gradient_accumulation_steps",
+        plan.training.gradient_accumulation_steps.to_string(),
+    );
+    put(
+        "ss_timestep_sampling",
+        format!("{:?}", plan.training.timesteps.sampling).to_lowercase(),
+    );
+    put(
+        "ss_discrete_flow_shift",
+        plan.training.timesteps.discrete_flow_shift.to_string(),
+    );
+    put("ss_training_comment", "trained with Framesmith".into());
+    put("modelspec.sai_model_spec", "1.0.0".into());
+    put("modelspec.architecture", format!("{base_name}/lora"));
+    put(
+        "modelspec.implementation",
+        "https://github.com/Wan-Video/Wan2.1".into(),
+    );
+    put("modelspec.title", plan.output.output_name.clone());
+    put("framesmith.version", env!("CARGO_PKG_VERSION").into());
+    put(
+        "framesmith.residual_dtype",
+        format!("{:?}", m.residual_dtype).to_lowercase(),
+    );
+    put(
+        "framesmith.base_dtype",
+        format!("{:?}", m.base_dtype).to_lowercase(),
+    );
+    put(
+        "framesmith.fp8_scale",
+        m.fp8_scale
+            .map_or("none".into(), |s| format!("{s:?}").to_lowercase()),
+    );
+    put("framesmith.model_timestep", "t*1000+1".into());
+    put("framesmith.time_embedding", "per_sample".into());
+    meta
+}
+
+fn sampling(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    device: &Device,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Option<Sampling>> {
+    let Some(s) = &plan.sampling else {
+        return Ok(None);
+    };
+    if plan.model.source != ModelSource::Demo {
+        log(
+            LogLevel::Warn,
+            "samples during training need the text encoder and VAE, which this build does not load yet: sampling is \
+             off for this run"
+                .into(),
+        );
+        return Ok(None);
+    }
+    let specs = super::prompts::read_prompt_file(&s.prompts)?;
+    let factor = demo::codec::FACTOR;
+    let prompts = specs
+        .into_iter()
+        .map(|p| {
+            let latent_shape = [
+                cfg.out_dim,
+                p.frames.max(1),
+                (p.height / factor).max(2),
+                (p.width / factor).max(2),
+            ];
+            Ok(SamplePrompt {
+                context: demo::text::embed(&p.prompt, cfg.text_dim, cfg.text_len, device)?,
+                negative: p
+                    .negative
+                    .as_deref()
+                    .map(|n| demo::text::embed(n, cfg.text_dim, cfg.text_len, device))
+                    .transpose()?,
+                latent_shape,
+                steps: p.steps,
+                shift: p.flow_shift,
+                guidance: p.guidance,
+                seed: p.seed,
+                prompt: p.prompt,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(Sampling {
+        prompts,
+        every_n_steps: s.every_n_steps,
+        every_n_epochs: s.every_n_epochs,
+        at_first: s.at_first,
+        decoder: Decoder::Demo,
+        dir: plan.output.output_dir.join("samples"),
+    }))
+}
+
+impl Trainer {
+    /// Validates the request's config and builds the run; resumes when asked.
+    pub fn start(
+        request: &StartRun,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<Trainer> {
+        let plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
+            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        for note in &plan.notes {
+            log(LogLevel::Info, note.clone());
+        }
+        let mut trainer = Self::from_plan(&plan, log)?;
+        if let Some(path) = &request.resume_from {
+            let dir = trainer.resume(path)?;
+            log(
+                LogLevel::Info,
+                format!("resumed at step {} from {}", trainer.step(), dir.display()),
+            );
+        }
+        Ok(trainer)
+    }
+
+    /// Builds the run from a validated plan.
+    pub fn from_plan(
+        plan: &RunPlan,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<Trainer> {
+        let device = device_for(plan)?;
+        let (mut model, base_name) = load_model(plan, &device)?;
+        log(LogLevel::Info, format!("model: {base_name} on {device:?}"));
+        let cfg = model.config().clone();
+        let (items, batch_size) = load_items(plan, &cfg, &device)?;
+        let data = TrainSet::new(items, batch_size, 1, plan.training.seed)?;
+        let spec = LoraSpec {
+            rank: plan.lora.rank,
+            alpha: plan.lora.alpha,
+            dtype: DType::F32,
+            include_patterns: plan.lora.include_patterns.clone(),
+            exclude_patterns: plan.lora.exclude_patterns.clone(),
+            seed: plan.training.seed,
+        };
+        let loras = attach_loras(model.linears_mut(), &spec)?;
+        if let Some(path) = &plan.lora.init_from {
+            loras.load_weights(&LoraFile::load(path, &device)?)?;
+        }
+        log(
+            LogLevel::Info,
+            format!(
+                "LoRA: {} modules, {} parameters",
+                loras.len(),
+                loras.parameter_count()
+            ),
+        );
+        let named = loras
+            .iter()
+            .flat_map(|(path, l)| {
+                [
+                    (format!("{path}.lora_down"), l.down.clone()),
+                    (format!("{path}.lora_up"), l.up.clone()),
+                ]
+            })
+            .collect();
+        let optimizer = AdamW::new(named, plan.optimizer)?;
+        let accumulation = plan.training.gradient_accumulation_steps.max(1);
+        let total_steps = plan.training.total_steps(data.batches_per_epoch());
+        let mut outputs = Outputs::create(
+            &plan.output.output_dir,
+            &plan.output.output_name,
+            lora_metadata(plan, &base_name),
+        )?;
+        outputs.every_n_steps = plan.output.save_every_n_steps;
+        outputs.every_n_epochs = plan.output.save_every_n_epochs;
+        outputs.save_state = plan.output.save_state;
+        outputs.save_dtype = float_dtype(plan.output.save_dtype);
+        plan.config
+            .save(&plan.output.output_dir.join("run.toml"))
+            .context("saving the resolved run config")?;
+        Ok(Trainer {
+            sampling: sampling(plan, &cfg, &device, log)?,
+            model,
+            loras,
+            optimizer,
+            schedule: plan.schedule.with_total_steps(total_steps),
+            timesteps: plan.training.timesteps,
+            data,
+            seed: plan.training.seed,
+            accumulation,
+            total_steps,
+            max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
+            step: 0,
+            consecutive_nonfinite: 0,
+            outputs,
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! Trainer tests on the demo model: exact resume, the NaN guard, and that sampling leaves training unchanged.
+
+use std::path::Path;
+
+use super::trainer::Trainer;
+use crate::config::{presets, RunConfig};
+use crate::nn::lora_file::LoraFile;
+use crate::protocol::StartRun;
+
+fn demo_config(dir: &Path, steps: usize) -> RunConfig {
+    let mut config = presets::builtin("demo-cpu")
+        .and_then(|p| p.apply(&RunConfig::default()))
+        .map(|a| a.config)
+        .expect("demo-cpu applies");
+    config.training.max_train_steps = steps;
+    config.optimizer.lr_warmup_steps = 0;
+    config.output.output_dir = dir.to_path_buf();
+    config.output.save_every_n_steps = Some(0);
+    config
+}
+
+fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
+    let request = StartRun {
+        config: config.clone(),
+        resume_from: resume_from.map(Path::to_path_buf),
+    };
+    Trainer::start(&request, &mut |_, _| {}).expect("trainer starts")
+}
+
+fn lora_values(trainer: &Trainer) -> Vec<Vec<f32>> {
+    trainer
+        .loras()
+        .vars()
+        .iter()
+        .map(|v| {
+            v.as_tensor()
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("f32 LoRA")
+        })
+        .collect()
+}
+
+#[test]
+fn resume_continues_bit_identically() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = demo_config(&dir.path().join("a"), 10);
+    let mut straight = start(&config, None);
+    let mut losses_straight = Vec::new();
+    while straight.step() < 10 {
+        losses_straight.push(straight.train_step(&|| false).expect("step").loss);
+    }
+
+    let config_b = demo_config(&dir.path().join("b"), 10);
+    let mut first = start(&config_b, None);
+    let mut losses_resumed = Vec::new();
+    while first.step() < 5 {
+        losses_resumed.push(first.train_step(&|| false).expect("step").loss);
+    }
+    first.save(false).expect("save");
+    drop(first);
+    let mut second = start(&config_b, Some(&dir.path().join("b")));
+    assert_eq!(second.step(), 5);
+    while second.step() < 10 {
+        losses_resumed.push(second.train_step(&|| false).expect("step").loss);
+    }
+    assert_eq!(losses_straight, losses_resumed);
+    assert_eq!(lora_values(&straight), lora_values(&second));
+}
+
+#[test]
+fn non_finite_steps_are_skipped_and_never_saved() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config = demo_config(dir.path(), 20);
+    config.training.max_consecutive_nonfinite = 3;
+    let mut trainer = start(&config, None);
+    for _ in 0..3 {
+        trainer.train_step(&|| false).expect("good step");
+    }
+    let good = lora_values(&trainer);
+    // Corrupt every cached item: each following step sees a NaN loss and NaN gradients.
+    for item in trainer.data.items_mut() {
+        item.latents = (item.latents.clone() * f64::NAN).expect("poisoned latents");
+    }
+    for expected_in_a_row in 1..3 {
+        let report = trainer
+            .train_step(&|| false)
+            .expect("skipped, not fatal yet");
+        assert!(report.loss.is_none());
+        let warning = report.warning.expect("a skipped step warns");
+        assert!(
+            warning.contains(&format!("({expected_in_a_row} in a row)")),
+            "{warning}"
+        );
+        assert_eq!(
+            lora_values(&trainer),
+            good,
+            "a skipped step must not change the LoRA"
+        );
+    }
+    let saved = trainer.save(false).expect("save");
+    let file = LoraFile::load(&saved.lora, &candle_core::Device::Cpu).expect("saved LoRA loads");
+    for module in &file.modules {
+        for t in [&module.down, &module.up] {
+            let finite = t
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("f32")
+                .iter()
+                .all(|v| v.is_finite());
+            assert!(finite, "{} holds a non-finite value", module.name);
+        }
+    }
+    let err = trainer
+        .train_step(&|| false)
+        .expect_err("third in a row stops the run");
+    assert!(format!("{err:#}").contains("non-finite steps in a row"));
+}
+
+#[test]
+fn interrupt_between_blocks_abandons_the_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut trainer = start(&demo_config(dir.path(), 5), None);
+    let before = lora_values(&trainer);
+    let err = trainer.train_step(&|| true).expect_err("interrupted");
+    assert!(err.downcast_ref::<super::trainer::Interrupted>().is_some());
+    assert_eq!(trainer.step(), 0);
+    assert_eq!(lora_values(&trainer), before);
+}
+
+#[test]
+fn sampling_does_not_change_training() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a red circle moving left on a blue background --w 32 --h 32 --f 5 --s 4 --l 1.0\n",
+    )
+    .expect("prompt file");
+    let plain = demo_config(&dir.path().join("plain"), 4);
+    let mut sampled = demo_config(&dir.path().join("sampled"), 4);
+    sampled.sampling.prompts = Some(prompts);
+    sampled.sampling.sample_every_n_steps = Some(2);
+    sampled.sampling.sample_at_first = true;
+    let (mut a, mut b) = (start(&plain, None), start(&sampled, None));
+    let mut samples = b.sample().expect("sample at first").len();
+    let (mut la, mut lb) = (Vec::new(), Vec::new());
+    while a.step() < 4 {
+        la.push(a.train_step(&|| false).expect("step").loss);
+        lb.push(b.train_step(&|| false).expect("step").loss);
+        if b.sample_due() {
+            samples += b.sample().expect("sample").len();
+        }
+    }
+    assert_eq!(la, lb);
+    assert_eq!(samples, 3);
+    assert!(dir.path().join("sampled/samples/000002-00.mp4").exists());
+    assert!(dir
+        .path()
+        .join("sampled/samples/000004-00/frame_0004.png")
+        .exists());
+}
