@@ -24,7 +24,8 @@ fn offenders(dirs: &[&str], forbidden: &[&str]) -> Vec<String> {
     let mut found = Vec::new();
     for dir in dirs {
         for file in rust_files(&src.join(dir)) {
-            let text = std::fs::read_to_string(&file).unwrap();
+            let text = std::fs::read_to_string(&file)
+                .unwrap_or_else(|err| panic!("cannot read {}: {err}", file.display()));
             for (n, line) in text.lines().enumerate() {
                 let code = line.split("//").next().unwrap_or("");
                 for word in forbidden {

@@ -98,11 +98,23 @@ fn spilling_raises_a_warning_on_the_train_tab_and_the_monitor() {
     h.get_by_label("Start").click();
     settle(&mut h);
     let engine = backend.engine();
-    assert!(matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))));
-    assert!(h.query_by_label("spilling into shared memory").is_none(), "steady so far");
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
+    assert!(
+        h.query_by_label("spilling into shared memory").is_none(),
+        "steady so far"
+    );
 
-    engine.events.send(Event::StateChanged(RunState::Training)).unwrap();
-    for (step, step_secs) in [1.0, 1.0, 1.1, 1.0, 1.0, 3.0, 3.2, 3.1].into_iter().enumerate() {
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
+    for (step, step_secs) in [1.0, 1.0, 1.1, 1.0, 1.0, 3.0, 3.2, 3.1]
+        .into_iter()
+        .enumerate()
+    {
         engine
             .events
             .send(Event::Progress(Progress {

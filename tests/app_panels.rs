@@ -293,7 +293,13 @@ fn queued_runs_start_one_after_another() {
         .events
         .send(Event::StateChanged(RunState::Finished))
         .unwrap();
+    // The engine reports Idle after every run; the next run, already begun, stays preparing.
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Idle))
+        .unwrap();
     settle(&mut h);
+    h.get_by_label("State: preparing");
     assert!(
         matches!(engine.commands.try_recv(), Ok(Command::StartRun(_))),
         "the next run started by itself"

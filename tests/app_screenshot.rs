@@ -1,7 +1,10 @@
 //! `framesmith --screenshot`'s code path in a real window: needs a display (CI runs it under `xvfb-run`) and
 //! skips, saying why, without one. Runs on the main thread (`harness = false`), as winit requires.
 
-use std::path::{Path, PathBuf};
+// A test with its own `main`: clippy does not see it as a test, and panicking is how it fails.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+use std::path::Path;
 
 fn main() {
     let has_display =

@@ -77,8 +77,10 @@ pub struct DatasetSummary {
     pub unreadable: Vec<(PathBuf, String)>,
     /// (width, height) → number of items.
     pub resolutions: BTreeMap<(u32, u32), usize>,
-    /// Video frame count → number of videos (empty when frame counts are unknown).
-    pub frame_counts: BTreeMap<u32, usize>,
+    /// Shortest and longest video in frames (`None` when unknown or there are no videos).
+    pub frame_range: Option<(u32, u32)>,
+    /// Every other finding of the scanner, one line each (errors first).
+    pub problems: Vec<String>,
     /// Which of the folders hold mostly videos (the rest are image folders).
     pub video_folders: Vec<PathBuf>,
     pub thumbnails: Vec<Thumbnail>,

@@ -163,8 +163,8 @@ impl ConfigEditor {
         if let Some(err) = &self.table_error {
             problems.push(err.clone());
         }
-        let kinds = |key: &str| fields::run_field(key).map(|f| f.kind);
-        for (key, err) in self.drafts.invalid(&kinds) {
+        let spec_of = |key: &str| fields::run_field(key).map(|f| (f.kind, f.optional));
+        for (key, err) in self.drafts.invalid(&spec_of) {
             problems.push(format!("{key}: {err}"));
         }
         for (key, messages) in &self.marks.errors {
@@ -247,6 +247,17 @@ mod tests {
             "the typed config is unchanged"
         );
         assert_eq!(editor.blocking_problems().len(), 1);
+    }
+
+    #[test]
+    fn emptied_optional_field_is_not_a_problem() {
+        let mut editor = ConfigEditor::new(RunConfig::default());
+        editor.drafts.set("output.save_every_n_steps", "");
+        editor.drafts.set("lora.rank", "");
+        assert_eq!(
+            editor.blocking_problems(),
+            vec!["lora.rank: Enter a whole number (not \"\")".to_owned()]
+        );
     }
 
     #[test]

@@ -105,27 +105,37 @@ fn summary_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {
         ui.label(format!("Resolution {spread}"));
     }
     frames_ui(ui, summary);
+    problems_ui(ui, summary);
     thumbnails_ui(app, ui, summary);
 }
 
 fn frames_ui(ui: &mut Ui, summary: &DatasetSummary) {
-    let (Some((&least, _)), Some((&most, _))) = (
-        summary.frame_counts.first_key_value(),
-        summary.frame_counts.last_key_value(),
-    ) else {
-        if summary.videos > 0 {
+    match summary.frame_range {
+        Some((least, most)) if least == most => {
+            ui.label(format!("Frames {least}"));
+        }
+        Some((least, most)) => {
+            ui.label(format!("Frames {least} to {most}"));
+        }
+        None if summary.videos > 0 => {
             ui.label(RichText::new("Frame counts are not known yet").color(theme::MUTED));
         }
-        return;
-    };
-    if least == most {
-        ui.label(format!("Frames {least}"));
-    } else {
-        ui.label(format!(
-            "Frames {least} to {most} ({} lengths)",
-            summary.frame_counts.len()
-        ));
+        None => {}
     }
+}
+
+fn problems_ui(ui: &mut Ui, summary: &DatasetSummary) {
+    if summary.problems.is_empty() {
+        return;
+    }
+    let title = plural(summary.problems.len(), "problem", "problems");
+    egui::CollapsingHeader::new(RichText::new(title).color(theme::WARNING))
+        .id_salt("dataset problems")
+        .show(ui, |ui| {
+            for problem in &summary.problems {
+                ui.label(problem);
+            }
+        });
 }
 
 fn thumbnails_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {

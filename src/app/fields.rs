@@ -38,11 +38,19 @@ const SCHEDULERS: &[&str] = &[
     "cosine_with_restarts",
     "polynomial",
 ];
-const TIMESTEPS: &[&str] = &["sigma", "uniform", "sigmoid", "shift", "logsnr", "qinglong"];
+const TIMESTEPS: &[&str] = &[
+    "sigma",
+    "uniform",
+    "sigmoid",
+    "shift",
+    "logsnr",
+    "qinglong",
+    "qinglong_qwen",
+];
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];
 const PLACEMENTS: &[&str] = &["device", "host"];
-const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16"];
+const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
 
 /// A titled group of run-config fields.
@@ -82,10 +90,28 @@ pub const RUN_SECTIONS: &[Section] = &[
     },
     Section {
         title: "Dataset",
-        fields: &[help(
-            field("dataset.config", "Dataset config", FieldKind::Path),
-            "A musubi-tuner dataset TOML; left empty, the dataset built in the Project tab is used",
-        )],
+        fields: &[
+            help(
+                field("dataset.config", "Dataset config", FieldKind::Path),
+                "A musubi-tuner dataset TOML; left empty, the dataset built in the Project tab is used",
+            ),
+            help(
+                field("dataset.synthetic", "Synthetic data", FieldKind::Bool),
+                "Train on generated latents and text embeddings (the demo model, smoke tests)",
+            ),
+            help(
+                optional("dataset.resolution", "Resolution override", FieldKind::Ints),
+                "Width, height for every dataset",
+            ),
+            help(
+                optional(
+                    "dataset.target_frames",
+                    "Target frames override",
+                    FieldKind::Ints,
+                ),
+                "Frame counts for every video dataset, each 4k+1",
+            ),
+        ],
     },
     Section {
         title: "LoRA",
@@ -165,6 +191,20 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "training.weighting_scheme",
                 "Loss weighting",
                 FieldKind::Choice(WEIGHTINGS),
+            ),
+            help(
+                field("training.device", "Device", FieldKind::Text),
+                "auto (the first CUDA device, else the CPU), cpu, cuda or cuda:N",
+            ),
+            field("training.logit_mean", "LogSNR mean", FieldKind::Float),
+            field("training.logit_std", "LogSNR std", FieldKind::Float),
+            help(
+                field(
+                    "training.preserve_distribution_shape",
+                    "Preserve distribution shape",
+                    FieldKind::Bool,
+                ),
+                "Keep the timestep distribution's shape inside the range by rejection instead of scaling",
             ),
             help(
                 field(
@@ -342,6 +382,8 @@ mod tests {
         config.sampling.sample_every_n_steps = Some(100);
         config.sampling.sample_every_n_epochs = Some(1);
         config.lora.init_from = Some("l.safetensors".into());
+        config.dataset.resolution = Some([832, 480]);
+        config.dataset.target_frames = Some(vec![1, 25]);
         let table = crate::app::config_editor::to_table(&config);
         let keys = flatten(&table);
         for key in keys.keys().filter(|k| *k != "schema_version") {

@@ -57,19 +57,27 @@ pub struct Drafts {
 }
 
 impl Drafts {
+    /// Holds `text` as the draft of `key` (what the field shows until it parses and loses focus).
+    pub fn set(&mut self, key: &str, text: &str) {
+        self.text.insert(key.to_owned(), text.to_owned());
+    }
+
     /// Forgets every draft (after the table is replaced from elsewhere).
     pub fn clear(&mut self) {
         self.text.clear();
     }
 
-    /// Keys whose draft does not parse, with the reason.
-    pub fn invalid(&self, kinds: &dyn Fn(&str) -> Option<FieldKind>) -> Vec<(String, String)> {
+    /// Keys whose draft does not parse, with the reason. `spec_of` gives a key's kind and whether it is optional.
+    pub fn invalid(
+        &self,
+        spec_of: &dyn Fn(&str) -> Option<(FieldKind, bool)>,
+    ) -> Vec<(String, String)> {
         let mut out: Vec<(String, String)> = self
             .text
             .iter()
             .filter_map(|(key, text)| {
-                let kind = kinds(key)?;
-                parse(kind, false, text).err().map(|e| (key.clone(), e))
+                let (kind, optional) = spec_of(key)?;
+                parse(kind, optional, text).err().map(|e| (key.clone(), e))
             })
             .collect();
         out.sort();
@@ -196,7 +204,7 @@ fn text_ui(
         .labelled_by(label.id);
     let mut changed = false;
     if response.changed() {
-        drafts.text.insert(full_key.to_owned(), text.clone());
+        drafts.set(full_key, &text);
         if let Ok(value) = parse(spec.kind, spec.optional, &text) {
             if get(table, spec.key) != value.as_ref() {
                 set(table, spec.key, value);

@@ -34,7 +34,7 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
         JobResult::Picked { purpose, paths } => picked(app, purpose, paths),
         JobResult::ConfigLoaded { path, result } => match result {
             Ok(config) => {
-                app.editor.replace(config);
+                app.editor.replace(*config);
                 app.inspect_all_models();
                 app.run
                     .note(LogLevel::Info, format!("Loaded {}", path.display()));
@@ -161,7 +161,7 @@ pub(super) fn read_toml_file(path: PathBuf) -> JobResult {
         }
     } else {
         JobResult::ConfigLoaded {
-            result: parse_config(&text),
+            result: parse_config(&text).map(Box::new),
             path,
         }
     }

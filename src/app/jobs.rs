@@ -52,7 +52,7 @@ pub enum JobResult {
     },
     ConfigLoaded {
         path: PathBuf,
-        result: Result<RunConfig, String>,
+        result: Result<Box<RunConfig>, String>,
     },
     DatasetRead {
         path: PathBuf,
@@ -142,6 +142,8 @@ impl Jobs {
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
 
     fn saved(n: usize) -> JobResult {
@@ -157,9 +159,7 @@ mod tests {
         jobs.spawn("one", || saved(1));
         // Blocking here is the test's own thread, standing in for later frames.
         let result = jobs.results_rx.recv().unwrap();
-        assert!(
-            matches!(result, JobResult::Saved { result: Ok(p), .. } if p == PathBuf::from("1"))
-        );
+        assert!(matches!(result, JobResult::Saved { result: Ok(p), .. } if p == Path::new("1")));
     }
 
     #[test]

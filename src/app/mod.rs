@@ -39,7 +39,7 @@ pub use jobs::JobMode;
 pub use player::{PlayerClock, DEFAULT_FPS};
 pub use run_view::{format_duration, LogLine, RunEnd, RunView, SampleClip, StepPoint};
 pub use screenshot::staged_events;
-pub use standalone::{format_bytes, scan_folders, StandaloneBackend};
+pub use standalone::{format_bytes, scan_folders, thumbnails, StandaloneBackend, THUMBNAILS};
 pub use window::FramesmithApp;
 
 use screenshot::ScreenshotRequest;

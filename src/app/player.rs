@@ -163,10 +163,8 @@ fn decode_loop(
     while let Ok(mut request) = requests.recv() {
         // Skip frame requests that newer ones have replaced; an Open is always handled.
         while let Ok(next) = requests.try_recv() {
-            if matches!(request, Request::Open(_)) {
-                if results.send(handle(request)).is_err() {
-                    return;
-                }
+            if matches!(request, Request::Open(_)) && results.send(handle(request)).is_err() {
+                return;
             }
             request = next;
         }
@@ -347,7 +345,7 @@ impl Player {
         }
         if let Some(texture) = &self.texture {
             let size = texture.size_vec2();
-            let scale = (ui.available_width() / size.x).min(1.5).max(0.1);
+            let scale = (ui.available_width() / size.x).clamp(0.1, 1.5);
             ui.add(egui::Image::new((texture.id(), size * scale)));
         }
         self.controls_ui(ui);

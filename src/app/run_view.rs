@@ -124,6 +124,15 @@ impl RunView {
     }
 
     fn set_state(&mut self, state: RunState) -> Option<RunEnd> {
+        // The engine goes Idle after every run: the view keeps showing how that run ended, and a run the UI has
+        // just begun (queued behind it) stays Preparing.
+        let ended_or_next = matches!(
+            self.state,
+            RunState::Finished | RunState::Stopped | RunState::Failed | RunState::Preparing
+        );
+        if state == RunState::Idle && ended_or_next {
+            return None;
+        }
         let was_active = self.is_active();
         self.state = state;
         if !was_active {
@@ -342,6 +351,24 @@ mod tests {
         );
         assert_eq!(view.apply(Event::StateChanged(RunState::Stopped)), None);
         assert_eq!(view.engine_lost(), None);
+    }
+
+    #[test]
+    fn engine_going_idle_after_a_run_keeps_the_ending_shown() {
+        let mut view = RunView::default();
+        view.begin_run();
+        view.apply(Event::StateChanged(RunState::Training));
+        assert_eq!(
+            view.apply(Event::StateChanged(RunState::Finished)),
+            Some(RunEnd::Finished)
+        );
+        assert_eq!(view.apply(Event::StateChanged(RunState::Idle)), None);
+        assert_eq!(view.state, RunState::Finished);
+        assert!(view.can_start());
+        // The next queued run began before the engine's Idle for the last one arrived.
+        view.begin_run();
+        view.apply(Event::StateChanged(RunState::Idle));
+        assert_eq!(view.state, RunState::Preparing);
     }
 
     #[test]

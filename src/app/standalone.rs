@@ -13,7 +13,7 @@ const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "webp", "bmp"];
 const VIDEO_EXTENSIONS: [&str; 6] = ["mp4", "webm", "mov", "mkv", "avi", "gif"];
 const CAPTION_EXTENSION: &str = "txt";
 /// Thumbnails made per scan, and their longest side.
-const THUMBNAILS: usize = 6;
+pub const THUMBNAILS: usize = 6;
 const THUMBNAIL_SIDE: u32 = 96;
 
 /// A backend that needs nothing but the file system.
@@ -159,6 +159,33 @@ fn scan_video(path: &Path, summary: &mut DatasetSummary) {
             .unreadable
             .push((path.to_path_buf(), err.to_string())),
     }
+}
+
+/// Thumbnails of the first few readable images in the folders (top level, name order).
+pub fn thumbnails(folders: &[PathBuf], count: usize) -> Vec<Thumbnail> {
+    let mut out = Vec::new();
+    for folder in folders {
+        let Ok(entries) = std::fs::read_dir(folder) else {
+            continue;
+        };
+        let mut images: Vec<PathBuf> = entries
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| IMAGE_EXTENSIONS.contains(&extension(p).as_str()))
+            .collect();
+        images.sort();
+        out.extend(
+            images
+                .iter()
+                .filter_map(|p| thumbnail(p))
+                .take(count - out.len().min(count)),
+        );
+        if out.len() >= count {
+            break;
+        }
+    }
+    out.truncate(count);
+    out
 }
 
 fn thumbnail(path: &Path) -> Option<Thumbnail> {

@@ -1,6 +1,8 @@
 //! Shared pieces of the app tests: a fake backend with a real channel pair, dropped folders, a harness builder
 //! and the one snapshot tolerance helper.
-#![allow(dead_code)] // each test file uses a different part of this module
+// Each test file uses a different part of this module, and a failed setup step should stop the test where it
+// happened.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
