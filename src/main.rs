@@ -17,6 +17,9 @@ use framesmith::config::{presets, RunConfig};
     about = "Train LoRA adapters for Wan video diffusion models"
 )]
 struct Cli {
+    /// Render the app with the demo project into a PNG after a few frames, then exit
+    #[arg(long, value_name = "PATH")]
+    screenshot: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -85,9 +88,7 @@ enum PresetAction {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => {
-            cli::demo::run_demo(&cli::demo::default_demo_dir(), None).map(|_| ExitCode::SUCCESS)
-        }
+        None => open_app(cli.screenshot),
         Some(Command::Train {
             config,
             presets,
@@ -112,6 +113,28 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Opens the desktop app (or renders it into a PNG with `--screenshot`).
+#[cfg(feature = "gui")]
+fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    use std::sync::Arc;
+    let options = framesmith::app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
+    match screenshot {
+        Some(path) => framesmith::app::screenshot_with(options, &path)?,
+        None => framesmith::app::run_app(options)?,
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Without the GUI feature, `framesmith` alone runs the headless demo.
+#[cfg(not(feature = "gui"))]
+fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    if screenshot.is_some() {
+        anyhow::bail!("this build has no GUI (built without the `gui` feature)");
+    }
+    cli::demo::run_demo(&cli::demo::default_demo_dir(), None)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn train(

@@ -147,6 +147,7 @@ pub fn run_demo(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunSummary> 
 }
 
 /// Default folder of the demo project.
+#[cfg(not(feature = "gui"))]
 pub fn default_demo_dir() -> PathBuf {
     PathBuf::from("framesmith-demo")
 }

@@ -3,5 +3,7 @@
 pub mod cache;
 pub mod demo;
 pub mod generate;
+#[cfg(feature = "gui")]
+pub mod gui;
 pub mod models;
 pub mod run;

@@ -1,0 +1,122 @@
+//! The Samples tab: a gallery of sample clips by step (first-frame thumbnails made off the UI thread) and the
+//! player.
+
+use std::collections::{HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use egui::{RichText, TextureHandle, TextureOptions, Ui};
+
+use super::backend::Thumbnail;
+use super::jobs::{JobMode, JobResult, Jobs};
+use super::player::{list_frames, Player};
+use super::theme;
+use super::window::FramesmithApp;
+
+/// Gallery thumbnails and the player.
+pub struct SamplesState {
+    pub player: Player,
+    thumbnails: HashMap<PathBuf, Option<TextureHandle>>,
+    pending: HashMap<PathBuf, Option<Thumbnail>>,
+    requested: HashSet<PathBuf>,
+}
+
+impl SamplesState {
+    pub fn new(mode: JobMode, repaint: Option<egui::Context>) -> Self {
+        Self {
+            player: Player::new(mode, repaint),
+            thumbnails: HashMap::new(),
+            pending: HashMap::new(),
+            requested: HashSet::new(),
+        }
+    }
+
+    /// Asks for a clip's first-frame thumbnail (once per clip).
+    pub fn request_thumbnail(&mut self, jobs: &mut Jobs, frames_dir: &Path) {
+        if !self.requested.insert(frames_dir.to_path_buf()) {
+            return;
+        }
+        let frames_dir = frames_dir.to_path_buf();
+        jobs.spawn("sample thumbnail", move || JobResult::SampleThumbnail {
+            thumbnail: first_frame_thumbnail(&frames_dir),
+            frames_dir,
+        });
+    }
+
+    /// Keeps a finished thumbnail until the gallery draws it (textures are made on the UI thread).
+    pub fn take_thumbnail(&mut self, frames_dir: PathBuf, thumbnail: Option<Thumbnail>) {
+        self.pending.insert(frames_dir, thumbnail);
+    }
+
+    fn texture(&mut self, ctx: &egui::Context, frames_dir: &Path) -> Option<&TextureHandle> {
+        if let Some(thumbnail) = self.pending.remove(frames_dir) {
+            let texture = thumbnail.map(|t| {
+                let image = egui::ColorImage::from_rgba_unmultiplied(
+                    [t.width as usize, t.height as usize],
+                    &t.rgba,
+                );
+                ctx.load_texture(
+                    frames_dir.display().to_string(),
+                    image,
+                    TextureOptions::LINEAR,
+                )
+            });
+            self.thumbnails.insert(frames_dir.to_path_buf(), texture);
+        }
+        self.thumbnails.get(frames_dir)?.as_ref()
+    }
+}
+
+fn first_frame_thumbnail(frames_dir: &Path) -> Option<Thumbnail> {
+    let (frames, _) = list_frames(frames_dir).ok()?;
+    let first = frames.first()?;
+    let side = theme::GALLERY_THUMBNAIL as u32;
+    let image = image::open(first).ok()?.thumbnail(side, side).to_rgba8();
+    Some(Thumbnail {
+        path: first.clone(),
+        width: image.width(),
+        height: image.height(),
+        rgba: image.into_raw(),
+    })
+}
+
+/// Draws the Samples tab.
+pub(super) fn samples_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+    if app.run.samples.is_empty() {
+        ui.label("No samples yet: set sample prompts in the Config tab, or press Sample now while training");
+        return;
+    }
+    ui.heading("Gallery");
+    let mut open = None;
+    let clips = app.run.samples.clone();
+    egui::ScrollArea::horizontal()
+        .id_salt("gallery")
+        .show(ui, |ui| {
+            ui.horizontal(|ui| {
+                for clip in &clips {
+                    ui.vertical(|ui| {
+                        ui.set_width(theme::GALLERY_THUMBNAIL + 8.0);
+                        if let Some(texture) = app.samples.texture(ui.ctx(), &clip.frames_dir) {
+                            ui.add(egui::Image::new((texture.id(), texture.size_vec2())));
+                        }
+                        if ui.button(format!("Play step {}", clip.step)).clicked() {
+                            open = Some(clip.frames_dir.clone());
+                        }
+                        ui.label(RichText::new(&clip.prompt).small().color(theme::MUTED));
+                    });
+                }
+            });
+        });
+    if let Some(frames_dir) = open {
+        app.samples.player.open(&frames_dir);
+    }
+    ui.separator();
+    let playing = app
+        .samples
+        .player
+        .frames_dir()
+        .and_then(|dir| clips.iter().find(|c| c.frames_dir == dir));
+    if let Some(clip) = playing {
+        ui.label(format!("Step {} · {}", clip.step, clip.video.display()));
+    }
+    app.samples.player.ui(ui);
+}

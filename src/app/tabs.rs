@@ -1,0 +1,68 @@
+//! The window's layout: the tab bar with a one-line run status, and the current tab in a scroll area.
+
+use egui::{RichText, Ui};
+
+use super::config_panel::config_ui;
+use super::monitor_panel::monitor_ui;
+use super::project_panel::project_ui;
+use super::run_view::state_name;
+use super::samples_panel::samples_ui;
+use super::settings::Tab;
+use super::theme;
+use super::train_panel::train_ui;
+use super::window::FramesmithApp;
+
+/// Draws the whole window.
+pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+    egui::Panel::top("tabs").show(ui, |ui| {
+        ui.horizontal(|ui| {
+            ui.heading("Framesmith");
+            ui.separator();
+            for tab in Tab::ALL {
+                ui.selectable_value(&mut app.settings.tab, tab, tab.label());
+            }
+            ui.separator();
+            status_ui(app, ui);
+        });
+    });
+    egui::CentralPanel::default().show(ui, |ui| {
+        if ui.ctx().input(|i| !i.raw.hovered_files.is_empty()) {
+            ui.label(
+                RichText::new(
+                    "Drop folders for the dataset, model files for the models, or a config TOML",
+                )
+                .color(theme::ACCENT)
+                .strong(),
+            );
+        }
+        let tab = app.settings.tab;
+        egui::ScrollArea::vertical()
+            .id_salt(tab.label())
+            .auto_shrink(false)
+            .show(ui, |ui| match tab {
+                Tab::Project => project_ui(app, ui),
+                Tab::Config => config_ui(app, ui),
+                Tab::Train => train_ui(app, ui),
+                Tab::Monitor => monitor_ui(ui, app.telemetry.as_ref(), app.spill.as_ref()),
+                Tab::Samples => samples_ui(app, ui),
+            });
+    });
+}
+
+/// "training · 42%" beside the tabs, so the run is visible from every tab.
+fn status_ui(app: &FramesmithApp, ui: &mut Ui) {
+    let run = &app.run;
+    let mut text = state_name(run.state).to_owned();
+    if run.progress.is_some() {
+        text += &format!(" · {:.0}%", run.fraction_done() * 100.0);
+    }
+    let color = if run.failure.is_some() {
+        theme::ERROR
+    } else {
+        theme::MUTED
+    };
+    ui.label(RichText::new(text).color(color));
+    if app.spill.is_some() {
+        ui.label(RichText::new("spilling into shared memory").color(theme::WARNING));
+    }
+}

@@ -1,0 +1,156 @@
+//! The GUI's `Backend`: connects the app (which never sees tensors) to the model inspector, the dataset checker,
+//! the presets, validation and the engine thread. Uses only `framesmith::` paths, so `tests/app_wiring.rs` can
+//! include this file as it is.
+
+use std::path::{Path, PathBuf};
+
+use framesmith::app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
+use framesmith::config::{presets, validate, HostInfo, RunConfig};
+use framesmith::data::config::DatasetKind;
+use framesmith::data::{check_path, DatasetReport, ScanOptions};
+use framesmith::protocol::EngineHandle;
+
+/// Where the GUI's demo project writes its outputs.
+pub const DEMO_DIR: &str = "framesmith-demo";
+
+/// The real modules behind the app.
+pub struct EngineBackend {
+    presets: Vec<presets::Preset>,
+}
+
+impl EngineBackend {
+    /// Loads the built-in presets once.
+    pub fn new() -> anyhow::Result<Self> {
+        Ok(Self {
+            presets: presets::builtins()?,
+        })
+    }
+}
+
+impl Backend for EngineBackend {
+    fn inspect_model(&self, role: ModelRole, path: &Path) -> Result<String, String> {
+        match role {
+            ModelRole::Dit => framesmith::models::wan::weights::inspect(path)
+                .map(|report| report.to_string())
+                .map_err(|err| format!("{err:#}")),
+            // No VAE / umT5 inspector yet: say what is known without claiming the format is right.
+            ModelRole::Vae | ModelRole::TextEncoder => std::fs::metadata(path)
+                .map(|meta| {
+                    format!(
+                        "{} (checked when the run loads it)",
+                        framesmith::app::format_bytes(meta.len())
+                    )
+                })
+                .map_err(|err| format!("cannot read the file: {err}: {}", path.display())),
+        }
+    }
+
+    fn scan_dataset(&self, folders: &[PathBuf]) -> Result<DatasetSummary, String> {
+        let options = ScanOptions::locate();
+        let mut summary = DatasetSummary {
+            folders: folders.to_vec(),
+            thumbnails: framesmith::app::thumbnails(folders, framesmith::app::THUMBNAILS),
+            ..DatasetSummary::default()
+        };
+        for folder in folders {
+            let report = check_path(folder, &options).map_err(|err| format!("{err:#}"))?;
+            add_report(&mut summary, folder, &report);
+        }
+        Ok(summary)
+    }
+
+    fn presets(&self) -> Vec<PresetView> {
+        self.presets
+            .iter()
+            .map(|preset| PresetView {
+                name: preset.name.clone(),
+                summary: preset.summary.clone(),
+                reasons: preset
+                    .settings()
+                    .into_iter()
+                    .map(|s| (s.key, s.why))
+                    .collect(),
+            })
+            .collect()
+    }
+
+    fn apply_preset(&self, name: &str, config: &RunConfig) -> Result<RunConfig, String> {
+        let preset = self
+            .presets
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| format!("no preset named {name}"))?;
+        preset
+            .apply(config)
+            .map(|applied| applied.config)
+            .map_err(|err| format!("{err:#}"))
+    }
+
+    fn validate(&self, config: &RunConfig) -> Vec<FieldIssue> {
+        // Validation runs on a job thread; counting CUDA devices there never stalls the UI.
+        let host = HostInfo::new(framesmith::train::setup::cuda_device_count());
+        match validate(config, &host) {
+            Ok(_) => Vec::new(),
+            Err(errors) => errors
+                .problems
+                .into_iter()
+                .map(|p| FieldIssue {
+                    key: p.key,
+                    message: format!("{}; {}", p.message, p.fix),
+                    severity: Severity::Error,
+                })
+                .collect(),
+        }
+    }
+
+    fn demo_project(&self) -> RunConfig {
+        // demo-cpu over the defaults trains on generated data: nothing to download or write first.
+        let mut config = self
+            .apply_preset("demo-cpu", &RunConfig::default())
+            .unwrap_or_default();
+        config.output.output_dir = Path::new(DEMO_DIR).join("output");
+        config
+    }
+
+    fn spawn_engine(&self) -> Result<EngineHandle, String> {
+        framesmith::train::engine::spawn()
+            .map_err(|err| format!("cannot start the engine thread: {err}"))
+    }
+}
+
+/// Folds one folder's dataset report into the app's summary.
+fn add_report(summary: &mut DatasetSummary, folder: &Path, report: &DatasetReport) {
+    for dataset in &report.datasets {
+        match dataset.kind {
+            DatasetKind::Image => summary.images += dataset.media_found,
+            DatasetKind::Video => {
+                summary.videos += dataset.media_found;
+                summary.video_folders.push(folder.to_path_buf());
+            }
+        }
+        summary.captions += dataset.captions;
+        summary
+            .missing_captions
+            .extend(dataset.missing_captions.iter().cloned());
+        summary.unreadable.extend(
+            dataset
+                .unreadable
+                .iter()
+                .map(|p| (p.clone(), "cannot be read".to_owned())),
+        );
+        for (&size, &count) in &dataset.sizes {
+            *summary.resolutions.entry(size).or_insert(0) += count;
+        }
+        if let Some(spread) = dataset.frame_counts {
+            let (min, max) = summary
+                .frame_range
+                .map_or((spread.min, spread.max), |(a, b)| {
+                    (a.min(spread.min), b.max(spread.max))
+                });
+            summary.frame_range = Some((min, max));
+        }
+    }
+    summary
+        .problems
+        .extend(report.problems.iter().map(ToString::to_string));
+}

@@ -1,0 +1,135 @@
+//! Telemetry samples and the bounded history that holds them.
+
+use std::collections::VecDeque;
+
+/// One GPU at one instant. Fields NVML could not read are `None`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct GpuSample {
+    pub index: u32,
+    pub name: String,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Memory held by this process on the device (`None` under Windows WDDM, where NVML cannot see it).
+    pub process_memory_bytes: Option<u64>,
+    pub utilization_percent: Option<u32>,
+    pub temperature_celsius: Option<u32>,
+    pub power_watts: Option<f64>,
+    pub pcie_tx_bytes_per_sec: Option<u64>,
+    pub pcie_rx_bytes_per_sec: Option<u64>,
+}
+
+impl GpuSample {
+    /// Used fraction of the device memory (0 when the total is unknown).
+    pub fn memory_fraction(&self) -> f64 {
+        if self.memory_total_bytes == 0 {
+            0.0
+        } else {
+            self.memory_used_bytes as f64 / self.memory_total_bytes as f64
+        }
+    }
+}
+
+/// Windows shared GPU memory (system RAM the driver maps for the GPU), from the PDH counters.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct SharedMemorySample {
+    /// `\GPU Adapter Memory(*)\Shared Usage`, summed over adapters.
+    pub adapter_bytes: u64,
+    /// `\GPU Process Memory(pid_<ours>*)\Shared Usage`.
+    pub process_bytes: u64,
+}
+
+/// Everything sampled at one instant.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Sample {
+    /// Seconds since the telemetry thread started.
+    pub at_secs: f64,
+    pub ram_used_bytes: u64,
+    pub ram_total_bytes: u64,
+    /// Resident memory of this process.
+    pub process_resident_bytes: u64,
+    pub gpus: Vec<GpuSample>,
+    /// `None` off Windows or when the counters cannot be read.
+    pub shared: Option<SharedMemorySample>,
+}
+
+/// The last `capacity` samples, oldest first, plus why a source is missing.
+#[derive(Debug, Clone)]
+pub struct History {
+    samples: VecDeque<Sample>,
+    capacity: usize,
+    /// `Err` says why there are no GPU samples (no NVIDIA driver, no device).
+    pub gpu_status: Result<(), String>,
+    /// `Err` says why there are no shared-memory samples.
+    pub shared_status: Result<(), String>,
+}
+
+impl History {
+    /// An empty history that keeps at most `capacity` samples (at least one).
+    pub fn new(capacity: usize) -> Self {
+        Self {
+            samples: VecDeque::with_capacity(capacity.clamp(1, 4096)),
+            capacity: capacity.max(1),
+            gpu_status: Err("waiting for the first sample".into()),
+            shared_status: Err("waiting for the first sample".into()),
+        }
+    }
+
+    /// Appends a sample, dropping the oldest when full.
+    pub fn push(&mut self, sample: Sample) {
+        if self.samples.len() == self.capacity {
+            self.samples.pop_front();
+        }
+        self.samples.push_back(sample);
+    }
+
+    pub fn len(&self) -> usize {
+        self.samples.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.samples.is_empty()
+    }
+
+    pub fn latest(&self) -> Option<&Sample> {
+        self.samples.back()
+    }
+
+    /// Samples, oldest first.
+    pub fn iter(&self) -> impl DoubleEndedIterator<Item = &Sample> + ExactSizeIterator {
+        self.samples.iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn push_drops_the_oldest_when_full() {
+        let mut history = History::new(2);
+        for i in 0..3 {
+            history.push(Sample {
+                at_secs: i as f64,
+                ..Sample::default()
+            });
+        }
+        let times: Vec<f64> = history.iter().map(|s| s.at_secs).collect();
+        assert_eq!(times, vec![1.0, 2.0]);
+        assert_eq!(history.latest().map(|s| s.at_secs), Some(2.0));
+    }
+
+    #[test]
+    fn memory_fraction_handles_unknown_total() {
+        let gpu = GpuSample {
+            memory_used_bytes: 5,
+            ..GpuSample::default()
+        };
+        assert_eq!(gpu.memory_fraction(), 0.0);
+        let gpu = GpuSample {
+            memory_used_bytes: 3,
+            memory_total_bytes: 4,
+            ..GpuSample::default()
+        };
+        assert_eq!(gpu.memory_fraction(), 0.75);
+    }
+}

@@ -1,0 +1,140 @@
+//! The Monitor tab and the spilling warning, fed a fixed telemetry history: no NVIDIA GPU leaves the rest
+//! working, and VRAM full + shared memory growing + slower steps raises the warning where the user looks.
+
+mod app_support;
+
+use app_support::{harness_with, settle, FakeBackend};
+use egui_kittest::kittest::Queryable;
+use framesmith::app::{AppOptions, TelemetrySource};
+use framesmith::protocol::{Command, Event, Progress, RunState};
+use framesmith::telemetry::{GpuSample, History, Sample, SharedMemorySample};
+
+const GIB: u64 = 1 << 30;
+
+fn options(history: History) -> (std::sync::Arc<FakeBackend>, AppOptions) {
+    let backend = FakeBackend::new();
+    let mut options = AppOptions::for_tests(backend.clone());
+    options.telemetry = TelemetrySource::Fixed(history);
+    (backend, options)
+}
+
+#[test]
+fn without_an_nvidia_gpu_the_gpu_charts_say_so_and_ram_still_shows() {
+    let mut history = History::new(10);
+    history.gpu_status = Err("no NVIDIA GPU found (NVML: libnvidia-ml.so: cannot open)".into());
+    history.shared_status = Err("shared GPU memory is a Windows (WDDM) counter".into());
+    history.push(Sample {
+        at_secs: 0.0,
+        ram_used_bytes: 3 * GIB,
+        ram_total_bytes: 16 * GIB,
+        process_resident_bytes: 512 << 20,
+        ..Sample::default()
+    });
+    let (_, options) = options(history);
+    let mut h = harness_with(options);
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    h.get_by_label("GPU charts are off: no NVIDIA GPU found (NVML: libnvidia-ml.so: cannot open)");
+    h.get_by_label("3.0 GiB of 16 GiB used · Framesmith 512 MiB");
+    h.get_by_label("Not charted: shared GPU memory is a Windows (WDDM) counter");
+    // The rest of the app keeps working.
+    h.get_by_label("Config").click();
+    settle(&mut h);
+    h.get_by_label("Rank");
+}
+
+#[test]
+fn gpu_readings_are_listed_per_device() {
+    let mut history = History::new(10);
+    history.gpu_status = Ok(());
+    history.push(Sample {
+        gpus: vec![GpuSample {
+            index: 0,
+            name: "NVIDIA GeForce RTX 4090".into(),
+            memory_used_bytes: 20 * GIB,
+            memory_total_bytes: 24 * GIB,
+            process_memory_bytes: Some(18 * GIB),
+            utilization_percent: Some(97),
+            temperature_celsius: Some(71),
+            power_watts: Some(410.0),
+            pcie_tx_bytes_per_sec: Some(GIB),
+            pcie_rx_bytes_per_sec: Some(12 * GIB),
+        }],
+        ..Sample::default()
+    });
+    let (_, options) = options(history);
+    let mut h = harness_with(options);
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    h.get_by_label(
+        "GPU 0 · NVIDIA GeForce RTX 4090 · 20 GiB of 24 GiB (Framesmith 18 GiB) · 97% busy · 71 °C · 410 W · PCIe out 1.0 GiB/s, in 12 GiB/s",
+    );
+}
+
+#[test]
+fn spilling_raises_a_warning_on_the_train_tab_and_the_monitor() {
+    let mut history = History::new(10);
+    history.gpu_status = Ok(());
+    history.shared_status = Ok(());
+    for (i, shared_mib) in [100u64, 300, 600].into_iter().enumerate() {
+        history.push(Sample {
+            at_secs: i as f64,
+            gpus: vec![GpuSample {
+                memory_used_bytes: 97,
+                memory_total_bytes: 100,
+                ..GpuSample::default()
+            }],
+            shared: Some(SharedMemorySample {
+                adapter_bytes: shared_mib << 20,
+                process_bytes: 0,
+            }),
+            ..Sample::default()
+        });
+    }
+    let (backend, options) = options(history);
+    let mut h = harness_with(options);
+    h.get_by_label("Train").click();
+    settle(&mut h);
+    h.get_by_label("Start").click();
+    settle(&mut h);
+    let engine = backend.engine();
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
+    assert!(
+        h.query_by_label("spilling into shared memory").is_none(),
+        "steady so far"
+    );
+
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
+    for (step, step_secs) in [1.0, 1.0, 1.1, 1.0, 1.0, 3.0, 3.2, 3.1]
+        .into_iter()
+        .enumerate()
+    {
+        engine
+            .events
+            .send(Event::Progress(Progress {
+                step: step + 1,
+                total_steps: 100,
+                epoch: 1,
+                loss: 0.1,
+                smoothed_loss: 0.1,
+                learning_rate: 1e-4,
+                step_secs,
+                eta_secs: 100.0,
+            }))
+            .unwrap();
+    }
+    settle(&mut h);
+    let warning = "The driver is spilling VRAM into shared memory: VRAM 97% full, shared memory +500 MiB, steps 3.1× slower. Stream more blocks or lower the resolution";
+    h.get_by_label(warning);
+    h.get_by_label("spilling into shared memory");
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    h.get_by_label(warning);
+    h.get_by_label("Shared GPU memory");
+}
