@@ -4,7 +4,7 @@
 //! with the `demo-cpu` preset and writes the LoRA, the metrics and sample clips there.
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use candle_core::Device;
@@ -148,6 +148,6 @@ pub fn run_demo(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunSummary> 
 
 /// Default folder of the demo project.
 #[cfg(not(feature = "gui"))]
-pub fn default_demo_dir() -> PathBuf {
-    PathBuf::from("framesmith-demo")
+pub fn default_demo_dir() -> std::path::PathBuf {
+    std::path::PathBuf::from("framesmith-demo")
 }
