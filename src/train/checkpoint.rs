@@ -68,16 +68,9 @@ fn io_context(action: &str, path: &Path) -> String {
     format!("cannot {action} {}", path.display())
 }
 
-/// Writes `bytes` to `path` atomically: temporary file in the same folder, fsync, rename, fsync the folder.
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename), naming the file on failure.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("partial");
-    let mut f = File::create(&tmp).with_context(|| io_context("create", &tmp))?;
-    f.write_all(bytes)
-        .with_context(|| io_context("write", &tmp))?;
-    f.sync_all().with_context(|| io_context("sync", &tmp))?;
-    fs::rename(&tmp, path).with_context(|| io_context("rename into place", path))?;
-    sync_dir(path.parent());
-    Ok(())
+    crate::config::io::write_atomic(path, bytes).with_context(|| io_context("write", path))
 }
 
 fn sync_dir(dir: Option<&Path>) {
