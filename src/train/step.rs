@@ -121,11 +121,14 @@ pub fn checkpointed_step(
         grid_sizes: prepared.grid_sizes.clone(),
     };
 
-    let mut saved = Vec::with_capacity(model.blocks().len());
+    let n = model.num_blocks();
+    let order: Vec<usize> = (0..n).chain((0..n).rev()).collect();
+    model.begin_blocks(&order, false)?;
+    let mut saved = Vec::with_capacity(n);
     let mut xs = prepared.x.detach();
-    for block in model.blocks() {
+    for i in 0..n {
         check_interrupt(options)?;
-        let next = block.forward(&xs, &shared)?.detach();
+        let next = model.block(i)?.forward(&xs, &shared)?.detach();
         saved.push(xs);
         xs = next;
     }
@@ -144,8 +147,9 @@ pub fn checkpointed_step(
     };
     drop((store, outs, loss, last));
 
-    for (block, input) in model.blocks().iter().zip(saved).rev() {
+    for (i, input) in saved.into_iter().enumerate().rev() {
         check_interrupt(options)?;
+        let block = model.block(i)?;
         let input = Var::from_tensor(&input)?;
         let out = block.forward(input.as_tensor(), &shared)?;
         let surrogate = (out.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
@@ -187,6 +191,9 @@ pub fn whole_graph_step(
     target: &LossTarget,
     vars: &[Var],
 ) -> Result<StepOutput> {
+    if model.streamer().is_some() {
+        candle_core::bail!("the whole-graph step cannot run on a model that streams blocks");
+    }
     let outs = model.forward(inputs)?;
     let loss = flow_loss(&outs, target)?;
     let loss_value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
