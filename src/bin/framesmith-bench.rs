@@ -99,6 +99,53 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Block streaming: the step resident and streamed (each mode), copy bandwidths, an optional VRAM budget.
+    Stream {
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        #[arg(long, default_value_t = 81)]
+        frames: usize,
+        #[arg(long, default_value_t = 480)]
+        height: usize,
+        #[arg(long, default_value_t = 832)]
+        width: usize,
+        #[arg(long, default_value_t = 32)]
+        rank: usize,
+        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+        #[arg(long)]
+        fp8: Option<String>,
+        /// Cases, comma-separated: `resident`, `pinned`, `staged`.
+        #[arg(long, default_value = "resident,pinned,staged")]
+        modes: String,
+        /// Streamed blocks.
+        #[arg(long, default_value_t = 30)]
+        blocks: usize,
+        /// `spread` or `last`.
+        #[arg(long, default_value = "spread")]
+        placement: String,
+        /// Residual stream dtype (`f32` or `bf16`).
+        #[arg(long, default_value = "f32")]
+        residual: String,
+        /// Keep saved block inputs in host RAM.
+        #[arg(long)]
+        host_activations: bool,
+        /// GPU slots in the ring.
+        #[arg(long, default_value_t = 2)]
+        slots: usize,
+        /// Let the run use only this much device memory (the rest is reserved first).
+        #[arg(long)]
+        vram_budget_gb: Option<f64>,
+        /// Also measure the copy bandwidth of a plain pinned copy and of the streaming path.
+        #[arg(long)]
+        bandwidth: bool,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        #[arg(long, default_value_t = 2)]
+        iters: usize,
+        /// First compare streamed and resident LoRA gradients on a tiny config.
+        #[arg(long)]
+        check: bool,
+    },
 }
 
 /// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
@@ -272,5 +319,148 @@ fn main() -> Result<()> {
             report(&[bench::step::run(&dev, &name, &variant(&name)?, &opts)?]);
             Ok(())
         }
+        Command::Stream {
+            variant: name,
+            frames,
+            height,
+            width,
+            rank,
+            fp8,
+            modes,
+            blocks,
+            placement,
+            residual,
+            host_activations,
+            slots,
+            vram_budget_gb,
+            bandwidth,
+            warmup,
+            iters,
+            check: first,
+        } => {
+            let opts = bench::stream::StreamBench {
+                frames,
+                height,
+                width,
+                rank,
+                fp8: fp8_mode(fp8.as_deref())?,
+                residual: match residual.as_str() {
+                    "f32" => candle_core::DType::F32,
+                    "bf16" => candle_core::DType::BF16,
+                    other => bail!("unknown residual dtype `{other}` (f32, bf16)"),
+                },
+                activations_on_host: host_activations,
+                slots,
+                staging_slots: 2,
+                warmup,
+                iters,
+                seed: 0,
+            };
+            stream(
+                &dev,
+                &name,
+                &opts,
+                &modes,
+                blocks,
+                &placement,
+                vram_budget_gb,
+                bandwidth,
+                first,
+            )
+        }
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    dev: &Device,
+    name: &str,
+    opts: &bench::stream::StreamBench,
+    modes: &str,
+    blocks: usize,
+    placement: &str,
+    vram_budget_gb: Option<f64>,
+    bandwidth: bool,
+    first: bool,
+) -> Result<()> {
+    use framesmith::nn::offload::{Placement, StreamMode};
+    if first {
+        for (what, rel) in bench::stream::check_tiny(dev)? {
+            let ok = rel <= 1e-2;
+            println!(
+                "{} stream tiny(4) LoRA grads streamed ({what}) vs resident: max rel {rel:.2e} (tol 1e-2)",
+                if ok { "ok  " } else { "FAIL" }
+            );
+            if !ok {
+                bail!("streamed and resident gradients differ");
+            }
+        }
+    }
+    let cfg = variant(name)?;
+    let placements: Vec<Placement> = match placement {
+        "spread" => vec![Placement::Spread],
+        "last" => vec![Placement::Last],
+        "both" => vec![Placement::Spread, Placement::Last],
+        other => bail!("unknown placement `{other}` (spread, last, both)"),
+    };
+    let mut cases = Vec::new();
+    for m in modes.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let mode = match m {
+            "resident" => None,
+            "pinned" => Some(StreamMode::Pinned),
+            "staged" => Some(StreamMode::Staged),
+            other => bail!("unknown mode `{other}` (resident, pinned, staged)"),
+        };
+        let places = if mode.is_some() {
+            placements.clone()
+        } else {
+            vec![Placement::Spread]
+        };
+        for p in places {
+            cases.push(bench::stream::StreamCase {
+                mode,
+                blocks,
+                placement: p,
+            });
+        }
+    }
+    #[cfg(feature = "cuda")]
+    let _reservation = match (dev, vram_budget_gb) {
+        (Device::Cuda(cuda), Some(gb)) => {
+            let r = framesmith::nn::cuda::device::VramReservation::leave_budget(
+                cuda,
+                (gb * 1e9) as u64,
+            )?;
+            if let Some(r) = &r {
+                eprintln!(
+                    "stream: reserved {:.2} GB, leaving a {gb} GB budget",
+                    r.bytes() as f64 / 1e9
+                );
+            }
+            r
+        }
+        _ => None,
+    };
+    #[cfg(not(feature = "cuda"))]
+    let _ = vram_budget_gb;
+    if bandwidth {
+        for mode in [StreamMode::Pinned, StreamMode::Staged] {
+            let bw = bench::stream::copy_bandwidth(dev, &cfg, opts, mode)?;
+            println!(
+                "BANDWIDTH {{\"mode\":\"{}\",\"plain_pinned_gbs\":{:.2},\"streaming_gbs\":{:.2},\"ratio\":{:.3},\"block_bytes\":{}}}",
+                mode.as_str(),
+                bw.plain_gbs,
+                bw.streaming_gbs,
+                bw.streaming_gbs / bw.plain_gbs.max(1e-9),
+                bw.bytes_per_block
+            );
+        }
+    }
+    let results = bench::stream::run(dev, name, &cfg, opts, &cases)?;
+    for (r, bytes) in &results {
+        println!("STREAMED_BYTES_PER_STEP {} {bytes}", r.case);
+    }
+    let records: Vec<Record> = results.into_iter().map(|(r, _)| r).collect();
+    report(&records);
+    Ok(())
 }

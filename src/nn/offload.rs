@@ -309,3 +309,9 @@ impl BlockStreamer {
 
 #[cfg(test)]
 mod tests;
+
+/// Whether `err` is a device allocation failure (the run should stop cleanly and say how to fit).
+pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
+    let text = format!("{err:?}");
+    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
+}

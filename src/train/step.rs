@@ -95,6 +95,8 @@ pub struct StepOptions<'a> {
     pub want_input_grads: bool,
     /// Polled between blocks: returning true abandons the step with an error (cooperative cancel).
     pub interrupted: Option<&'a dyn Fn() -> bool>,
+    /// Keep the saved block inputs in host RAM instead of device memory (`memory.activations = "host"`).
+    pub activations_on_host: bool,
 }
 
 fn check_interrupt(options: &StepOptions) -> Result<()> {
@@ -129,7 +131,11 @@ pub fn checkpointed_step(
     for i in 0..n {
         check_interrupt(options)?;
         let next = model.block(i)?.forward(&xs, &shared)?.detach();
-        saved.push(xs);
+        saved.push(if options.activations_on_host {
+            xs.to_device(&candle_core::Device::Cpu)?
+        } else {
+            xs
+        });
         xs = next;
     }
 
@@ -150,7 +156,7 @@ pub fn checkpointed_step(
     for (i, input) in saved.into_iter().enumerate().rev() {
         check_interrupt(options)?;
         let block = model.block(i)?;
-        let input = Var::from_tensor(&input)?;
+        let input = Var::from_tensor(&input.to_device(model.device())?)?;
         let out = block.forward(input.as_tensor(), &shared)?;
         let surrogate = (out.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
         let store = surrogate.backward()?;
