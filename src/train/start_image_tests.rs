@@ -159,6 +159,17 @@ fn wan21_i2v_start_image_conditions_the_clip() -> anyhow::Result<()> {
         max_diff(&a, &run(&dit, shape, &prompt, &mixed)?)? > 1e-4,
         "CLIP features are used"
     );
+    let ImageConditioning::Channels { y: y_b, .. } = &cond_b else {
+        anyhow::bail!("channels expected");
+    };
+    let mixed = ImageConditioning::Channels {
+        y: y_b.clone(),
+        clip: Some(fea.clone()),
+    };
+    assert!(
+        max_diff(&a, &run(&dit, shape, &prompt, &mixed)?)? > 1e-4,
+        "the y latents are used"
+    );
 
     let experts = Experts {
         high_noise: &dit,

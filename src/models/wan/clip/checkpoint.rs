@@ -270,7 +270,11 @@ pub fn load_clip_vision(
     ClipVision::new(cfg, &vb).map_err(|e| CheckpointError::Mismatch {
         path: path.to_path_buf(),
         model: "CLIP image encoder (open-clip ViT-H/14)",
-        detail: format!("{e}; {CLIP_FILES}"),
+        // The first line only: with RUST_BACKTRACE set, candle appends a backtrace.
+        detail: format!(
+            "{}; {CLIP_FILES}",
+            e.to_string().lines().next().unwrap_or_default()
+        ),
     })
 }
 
