@@ -73,10 +73,12 @@ pub fn load_start_image(path: &Path) -> Result<RgbImage, StartImageError> {
 /// An RGB image as `[3, H, W]` f32 in [−1, 1] (`to_tensor(img).sub_(0.5).div_(0.5)`).
 pub fn image_tensor(image: &RgbImage, device: &Device) -> candle_core::Result<Tensor> {
     let (w, h) = (image.width() as usize, image.height() as usize);
-    Tensor::from_vec(image.as_raw().clone(), (h, w, 3), device)?
+    // Built on the host: byte tensors and their casts are plain there on every backend.
+    Tensor::from_vec(image.as_raw().clone(), (h, w, 3), &Device::Cpu)?
         .permute((2, 0, 1))?
         .to_dtype(DType::F32)?
-        .affine(2.0 / 255.0, -1.0)
+        .affine(2.0 / 255.0, -1.0)?
+        .to_device(device)
 }
 
 /// The centred crop of `image` with the aspect ratio of `width × height` (the whole image when it already has
