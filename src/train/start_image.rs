@@ -49,6 +49,57 @@ pub fn check_image_use(
     }
 }
 
+/// Pixel budget of an image-to-video clip whose size is not given: 480p for Wan2.1 / Wan2.2 I2V (as
+/// `--size 832*480`), and TI2V-5B's own 720p (`1280*704`).
+pub fn default_max_area(cfg: &WanConfig) -> usize {
+    match cfg.model_type {
+        ModelType::Ti2v => 1280 * 704,
+        _ => 832 * 480,
+    }
+}
+
+/// The clip size `(width, height)` the official pipelines pick for a start image of `image_size` within
+/// `max_area` pixels: Wan2.1 / Wan2.2 I2V keep the aspect ratio with sides rounded down to multiples of
+/// VAE stride × patch (`WanI2V.generate`); TI2V-5B tries rounding the width first and the height first and keeps
+/// the closer aspect ratio (`best_output_size`).
+pub fn official_size(cfg: &WanConfig, image_size: (u32, u32), max_area: usize) -> (usize, usize) {
+    let (iw, ih) = (
+        f64::from(image_size.0.max(1)),
+        f64::from(image_size.1.max(1)),
+    );
+    let area = max_area as f64;
+    let patch = cfg.patch_size[1].max(cfg.patch_size[2]).max(1);
+    if cfg.model_type != ModelType::Ti2v {
+        let stride = 8.0;
+        let p = patch as f64;
+        let aspect = ih / iw;
+        let lat_h = ((area * aspect).sqrt() / stride).floor() / p;
+        let lat_w = ((area / aspect).sqrt() / stride).floor() / p;
+        let side = |lat: f64| ((lat.floor() * p) as usize).max(patch) * 8;
+        return (side(lat_w), side(lat_h));
+    }
+    let d = (16 * patch) as f64;
+    let ratio = iw / ih;
+    let ow = (area * ratio).sqrt();
+    let oh = area / ow;
+    let fit = |x: f64| ((x / d).floor() * d).max(d);
+    let first = {
+        let w = fit(ow);
+        (w, fit(area / w))
+    };
+    let second = {
+        let h = fit(oh);
+        (fit(area / h), h)
+    };
+    let off = |(w, h): (f64, f64)| (ratio / (w / h)).max((w / h) / ratio);
+    let (w, h) = if off(first) < off(second) {
+        first
+    } else {
+        second
+    };
+    (w as usize, h as usize)
+}
+
 /// Reads the start image at `path` as RGB.
 pub fn load_start_image(path: &Path) -> Result<RgbImage, StartImageError> {
     if !path.is_file() {

@@ -234,6 +234,23 @@ fn ti2v_first_latent_frame_is_the_image() -> anyhow::Result<()> {
 }
 
 #[test]
+fn clip_sizes_follow_the_image_as_officially() {
+    let i2v = WanConfig::wan21_i2v_14b();
+    // Expected values from the official formulas run in Python (NumPy floats). An 832×480 image gets 464
+    // rows there too: √(399360 · 480/832) lands a hair under 480.
+    assert_eq!(official_size(&i2v, (1920, 1080), 832 * 480), (832, 464));
+    assert_eq!(official_size(&i2v, (832, 480), 832 * 480), (832, 464));
+    assert_eq!(official_size(&i2v, (480, 832), 832 * 480), (480, 832));
+    assert_eq!(official_size(&i2v, (1024, 768), 832 * 480), (720, 544));
+    assert_eq!(official_size(&i2v, (500, 500), 832 * 480), (624, 624));
+    let ti2v = WanConfig::wan22_ti2v_5b();
+    assert_eq!(default_max_area(&ti2v), 1280 * 704);
+    assert_eq!(official_size(&ti2v, (1280, 704), 1280 * 704), (1280, 704));
+    assert_eq!(official_size(&ti2v, (704, 1280), 1280 * 704), (704, 1280));
+    assert_eq!(official_size(&ti2v, (1024, 768), 1280 * 704), (1088, 800));
+}
+
+#[test]
 fn sizes_and_crops_follow_the_official_fits() {
     let wide = picture(100, 50, 0);
     assert_eq!(crop_to_aspect(&wide, 32, 32).dimensions(), (50, 50));
