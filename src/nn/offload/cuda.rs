@@ -287,7 +287,7 @@ impl CudaBackend {
             }
         };
         // Slot tensors were zero-filled on the compute stream: the first copies must come after that.
-        dev.synchronize()?;
+        device.synchronize()?;
         Ok(Self {
             compute: stream.cu_stream(),
             copy,
