@@ -131,6 +131,7 @@ impl Trainer {
         let options = StepOptions {
             want_input_grads: false,
             interrupted: Some(interrupted),
+            ..Default::default()
         };
         let out =
             checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
