@@ -203,7 +203,7 @@ pub fn checkpointed_step(
         grad = match options.backward {
             BlockBackward::Manual => {
                 let tape = block.recompute(&input, &shared, kept.pop().as_ref())?;
-                let grads = block.backward(&tape, &grad)?;
+                let grads = block.backward(tape, &grad)?;
                 accumulate_params(&mut acc, &slots, &grads.params)?;
                 grads.input
             }

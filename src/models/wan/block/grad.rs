@@ -100,6 +100,8 @@ fn missing(what: &str) -> candle_core::Error {
 }
 
 struct SelfTape {
+    /// Block input (residual dtype).
+    x: Tensor,
     /// Modulated norm1 output (the q/k/v input), compute dtype.
     h1: Tensor,
     q: Projection,
@@ -116,6 +118,8 @@ struct ImageTape {
 }
 
 struct CrossTape {
+    /// Residual after self-attention (the norm3 input).
+    x1: Tensor,
     /// norm3 output (the query input), compute dtype.
     n3: Tensor,
     q: Projection,
@@ -129,6 +133,8 @@ struct CrossTape {
 }
 
 struct FfnTape {
+    /// Residual after cross-attention (the norm2 input).
+    x2: Tensor,
     /// Modulated norm2 output (the `ffn.0` input), compute dtype.
     h2: Tensor,
     /// `ffn.0` output (GELU input).
@@ -138,18 +144,20 @@ struct FfnTape {
     ffn2: Option<LinearTape>,
 }
 
-/// Everything [`Block::backward`] needs from the forward (one block's activations).
-pub struct BlockTape {
-    /// Block input, after self-attention, after cross-attention (residual dtype).
-    x: Tensor,
-    x1: Tensor,
-    x2: Tensor,
+/// The block's shared inputs as the backward uses them.
+struct Common {
     /// The six modulation vectors (shift, scale, gate of self-attention, then of the FFN), f32 [b, lt, dim].
     chunks: Vec<Tensor>,
     rope: Rope,
     context: Tensor,
     context_img: Option<Tensor>,
     compute: DType,
+}
+
+/// Everything [`Block::backward`] needs from the forward (one block's activations), in three parts the backward
+/// frees one after the other.
+pub struct BlockTape {
+    common: Common,
     sa: SelfTape,
     ca: CrossTape,
     ffn: FfnTape,
@@ -208,11 +216,11 @@ impl Block {
             .map(|i| e.narrow(2, i, 1)?.squeeze(2)?.contiguous())
             .collect::<Result<Vec<_>>>()?;
 
-        let (y1, sa) = self.self_attention_tape(&x, &chunks, inputs, kept)?;
-        let x1 = gated_residual(&x, &y1, &chunks[2], residual)?;
+        let (y1, sa) = self.self_attention_tape(x, &chunks, inputs, kept)?;
+        let x1 = gated_residual(&sa.x, &y1, &chunks[2], residual)?;
         drop(y1);
-        let (y2, ca) = self.cross_attention_tape(&x1, inputs)?;
-        let x2 = (x1.to_dtype(DType::F32)? + y2.to_dtype(DType::F32)?)?.to_dtype(residual)?;
+        let (y2, ca) = self.cross_attention_tape(x1, inputs)?;
+        let x2 = (ca.x1.to_dtype(DType::F32)? + y2.to_dtype(DType::F32)?)?.to_dtype(residual)?;
         drop(y2);
 
         let n2 = layer_norm(&x2, None, None, self.eps)?.to_dtype(DType::F32)?;
@@ -228,32 +236,39 @@ impl Block {
         } else {
             (None, None)
         };
-        let tape = BlockTape {
-            x,
-            x1,
-            x2,
+        let common = Common {
             chunks,
             rope: inputs.rope.clone(),
             context: inputs.context.detach(),
             context_img: inputs.context_img.as_ref().map(Tensor::detach),
             compute,
+        };
+        let ffn = FfnTape {
+            x2,
+            h2,
+            f0,
+            ffn0,
+            ffn2,
+        };
+        let tape = BlockTape {
+            common,
             sa,
             ca,
-            ffn: FfnTape { h2, f0, ffn0, ffn2 },
+            ffn,
         };
         Ok((tape, out))
     }
 
     fn self_attention_tape(
         &self,
-        x: &Tensor,
+        x: Tensor,
         chunks: &[Tensor],
         inputs: &BlockInputs,
         kept: Option<&KeptAttention>,
     ) -> Result<(Tensor, SelfTape)> {
         let sa = &self.self_attn;
         let (heads, eps) = (sa.num_heads, sa.eps);
-        let n1 = layer_norm(x, None, None, self.eps)?.to_dtype(DType::F32)?;
+        let n1 = layer_norm(&x, None, None, self.eps)?.to_dtype(DType::F32)?;
         let h1 = modulate_f32(&n1, &chunks[1], &chunks[0])?.to_dtype(inputs.context.dtype())?;
         drop(n1);
         let (q, qp) = project(&sa.q, sa.norm_q.as_ref(), &h1, heads, eps)?;
@@ -267,6 +282,7 @@ impl Block {
         };
         let (y, o) = sa.o.forward_untracked(&attn.out().flatten_from(2)?)?;
         let tape = SelfTape {
+            x,
             h1,
             q: qp,
             k: kp,
@@ -279,13 +295,13 @@ impl Block {
 
     fn cross_attention_tape(
         &self,
-        x1: &Tensor,
+        x1: Tensor,
         inputs: &BlockInputs,
     ) -> Result<(Tensor, CrossTape)> {
         let ca = &self.cross_attn;
         let (heads, eps) = (ca.num_heads, ca.eps);
         let n3 = match &self.norm3 {
-            Some((w, b)) => layer_norm(x1, Some(w), Some(b), self.eps)?,
+            Some((w, b)) => layer_norm(&x1, Some(w), Some(b), self.eps)?,
             None => x1.clone(),
         }
         .to_dtype(inputs.context.dtype())?;
@@ -308,6 +324,7 @@ impl Block {
         };
         let (y, o) = ca.o.forward_untracked(&ac)?;
         let tape = CrossTape {
+            x1,
             n3,
             q: qp,
             k: kp,
@@ -321,27 +338,34 @@ impl Block {
     }
 
     /// Back-propagates `grad_out` (the gradient of the block output) through the block recorded in `tape`:
-    /// the input gradient and the LoRA gradients of the block's linears.
-    pub fn backward(&self, tape: &BlockTape, grad_out: &Tensor) -> Result<BlockGrads> {
-        let dout = grad_out.detach().to_dtype(tape.x.dtype())?;
+    /// the input gradient and the LoRA gradients of the block's linears. Each part of the tape is freed as soon
+    /// as the backward is past it.
+    pub fn backward(&self, tape: BlockTape, grad_out: &Tensor) -> Result<BlockGrads> {
+        let BlockTape {
+            common,
+            sa,
+            ca,
+            ffn,
+        } = tape;
+        let dout = grad_out.detach().to_dtype(sa.x.dtype())?;
         let mut params = Vec::new();
-        let dx2 = self.ffn_backward(tape, &dout, &mut params)?;
+        let dx2 = self.ffn_backward(ffn, &common, &dout, &mut params)?;
         drop(dout);
-        let dx1 = self.cross_backward(tape, &dx2, &mut params)?;
+        let dx1 = self.cross_backward(ca, &common, &dx2, &mut params)?;
         drop(dx2);
-        let input = self.self_attention_backward(tape, &dx1, &mut params)?;
+        let input = self.self_attention_backward(sa, &common, &dx1, &mut params)?;
         Ok(BlockGrads { input, params })
     }
 
     /// FFN and its gated residual: `dout` → gradient of `x2`.
     fn ffn_backward(
         &self,
-        tape: &BlockTape,
+        t: FfnTape,
+        c: &Common,
         dout: &Tensor,
         params: &mut Vec<ParamGrad>,
     ) -> Result<Tensor> {
-        let t = &tape.ffn;
-        let dy3 = ops::gate_backward(dout, &tape.chunks[5], tape.compute)?;
+        let dy3 = ops::gate_backward(dout, &c.chunks[5], c.compute)?;
         let g = gelu_tanh(&t.f0)?;
         let empty = LinearTape::default();
         let (dg, p) = self
@@ -350,12 +374,13 @@ impl Block {
         params.extend(p);
         drop((g, dy3));
         let df0 = ops::gelu_tanh_backward(&t.f0, &dg.ok_or_else(|| missing("ffn.2"))?)?;
+        drop(t.f0);
         let (dh2, p) = self.ffn0.backward(&t.h2, &t.ffn0, &df0, true)?;
         params.extend(p);
-        drop(df0);
-        let dn2 = ops::modulate_backward(&dh2.ok_or_else(|| missing("ffn.0"))?, &tape.chunks[4])?;
-        let residual = tape.x.dtype();
-        let dln = layer_norm_backward(&tape.x2, None, &dn2.to_dtype(residual)?, self.eps)?;
+        drop((df0, t.h2));
+        let dn2 = ops::modulate_backward(&dh2.ok_or_else(|| missing("ffn.0"))?, &c.chunks[4])?;
+        let residual = t.x2.dtype();
+        let dln = layer_norm_backward(&t.x2, None, &dn2.to_dtype(residual)?, self.eps)?;
         dout + dln
     }
 
@@ -363,22 +388,23 @@ impl Block {
     /// the LoRAs of `k`, `v` (and `k_img`, `v_img`) do.
     fn cross_backward(
         &self,
-        tape: &BlockTape,
+        t: CrossTape,
+        c: &Common,
         dx2: &Tensor,
         params: &mut Vec<ParamGrad>,
     ) -> Result<Tensor> {
-        let (c, ca) = (&tape.ca, &self.cross_attn);
+        let ca = &self.cross_attn;
         let (dac, p) =
-            ca.o.backward(&c.ac, &c.o, &dx2.to_dtype(tape.compute)?, true)?;
+            ca.o.backward(&t.ac, &t.o, &dx2.to_dtype(c.compute)?, true)?;
         params.extend(p);
         let dac = dac
             .ok_or_else(|| missing("cross_attn.o"))?
-            .reshape(c.text.out().shape())?;
-        let (mut dq, dk, dv) = c.text.backward(&dac)?;
-        project_backward(&ca.k, &tape.context, &c.k, &dk, false, params)?;
-        project_backward(&ca.v, &tape.context, &c.v, &dv, false, params)?;
+            .reshape(t.text.out().shape())?;
+        let (mut dq, dk, dv) = t.text.backward(&dac)?;
+        project_backward(&ca.k, &c.context, &t.k, &dk, false, params)?;
+        project_backward(&ca.v, &c.context, &t.v, &dv, false, params)?;
         if let (Some(img), Some(k_img), Some(v_img), Some(ctx)) =
-            (&c.img, &ca.k_img, &ca.v_img, &tape.context_img)
+            (&t.img, &ca.k_img, &ca.v_img, &c.context_img)
         {
             let (dq_img, dk, dv) = img.attn.backward(&dac)?;
             dq = (dq + dq_img)?;
@@ -386,11 +412,11 @@ impl Block {
             project_backward(v_img, ctx, &img.v, &dv, false, params)?;
         }
         drop(dac);
-        let dn3 = project_backward(&ca.q, &c.n3, &c.q, &dq, true, params)?
+        let dn3 = project_backward(&ca.q, &t.n3, &t.q, &dq, true, params)?
             .ok_or_else(|| missing("cross_attn.q"))?
-            .to_dtype(tape.x.dtype())?;
+            .to_dtype(t.x1.dtype())?;
         let dnorm = match &self.norm3 {
-            Some((w, _)) => layer_norm_backward(&tape.x1, Some(w), &dn3, self.eps)?,
+            Some((w, _)) => layer_norm_backward(&t.x1, Some(w), &dn3, self.eps)?,
             None => dn3,
         };
         dx2 + dnorm
@@ -399,26 +425,27 @@ impl Block {
     /// Self-attention and its gated residual: gradient of `x1` → gradient of the block input.
     fn self_attention_backward(
         &self,
-        tape: &BlockTape,
+        t: SelfTape,
+        c: &Common,
         dx1: &Tensor,
         params: &mut Vec<ParamGrad>,
     ) -> Result<Tensor> {
-        let (s, sa) = (&tape.sa, &self.self_attn);
-        let dy1 = ops::gate_backward(dx1, &tape.chunks[2], tape.compute)?;
-        let a = s.attn.out().flatten_from(2)?;
-        let (da, p) = sa.o.backward(&a, &s.o, &dy1, true)?;
+        let sa = &self.self_attn;
+        let dy1 = ops::gate_backward(dx1, &c.chunks[2], c.compute)?;
+        let a = t.attn.out().flatten_from(2)?;
+        let (da, p) = sa.o.backward(&a, &t.o, &dy1, true)?;
         params.extend(p);
-        drop(dy1);
+        drop((a, dy1));
         let da = da
             .ok_or_else(|| missing("self_attn.o"))?
-            .reshape(s.attn.out().shape())?;
-        let (dq, dk, dv) = s.attn.backward(&da)?;
-        drop(da);
-        let dq = ops::rope_backward(&tape.rope, &dq)?;
-        let dk = ops::rope_backward(&tape.rope, &dk)?;
+            .reshape(t.attn.out().shape())?;
+        let (dq, dk, dv) = t.attn.backward(&da)?;
+        drop((da, t.attn));
+        let dq = ops::rope_backward(&c.rope, &dq)?;
+        let dk = ops::rope_backward(&c.rope, &dk)?;
         let mut dh1 = None;
-        for (lin, proj, d) in [(&sa.q, &s.q, dq), (&sa.k, &s.k, dk), (&sa.v, &s.v, dv)] {
-            let dh = project_backward(lin, &s.h1, proj, &d, true, params)?
+        for (lin, proj, d) in [(&sa.q, &t.q, dq), (&sa.k, &t.k, dk), (&sa.v, &t.v, dv)] {
+            let dh = project_backward(lin, &t.h1, proj, &d, true, params)?
                 .ok_or_else(|| missing("self_attn.q/k/v"))?;
             dh1 = Some(match dh1 {
                 Some(acc) => (acc + dh)?,
@@ -426,9 +453,9 @@ impl Block {
             });
         }
         let dh1 = dh1.ok_or_else(|| missing("self_attn"))?;
-        let dn1 = ops::modulate_backward(&dh1, &tape.chunks[1])?;
-        let residual = tape.x.dtype();
-        let dln = layer_norm_backward(&tape.x, None, &dn1.to_dtype(residual)?, self.eps)?;
+        let dn1 = ops::modulate_backward(&dh1, &c.chunks[1])?;
+        let residual = t.x.dtype();
+        let dln = layer_norm_backward(&t.x, None, &dn1.to_dtype(residual)?, self.eps)?;
         dx1 + dln
     }
 }

@@ -55,7 +55,7 @@ fn check(model: &WanModel, vars: &[Var], inputs: &WanInputs, tol: f64) -> Result
         assert!(!out.track_op(), "the untracked forward built a graph");
         assert!(rel(&out, &out_ref)? <= tol, "block {i} output");
         let tape = block.recompute(&xs, &prepared.blocks, None)?;
-        let grads = block.backward(&tape, &grad)?;
+        let grads = block.backward(tape, &grad)?;
         assert_eq!(grads.input.dtype(), xs.dtype());
         let want = store
             .get(x.as_tensor())
@@ -88,7 +88,7 @@ fn check(model: &WanModel, vars: &[Var], inputs: &WanInputs, tol: f64) -> Result
         eprintln!("block {i}: worst LoRA gradient rel {worst:.2e}");
         // Selective checkpointing: the kept attention gives the same gradients as recomputing it.
         let tape = block.recompute(&xs, &prepared.blocks, Some(&kept))?;
-        let again = block.backward(&tape, &grad)?;
+        let again = block.backward(tape, &grad)?;
         assert!(rel(&again.input, &grads.input)? <= 1e-7);
         xs = out;
     }
