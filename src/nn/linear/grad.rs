@@ -35,28 +35,45 @@ fn detached_factors(lora: &Lora, dtype: candle_core::DType) -> Result<(Tensor, T
 
 impl Linear {
     /// [`Linear::forward`] without building an autograd graph; also returns what [`Linear::backward`] needs.
-    /// The LoRA's scale multiplies the `[m, rank]` activation rather than the `[m, out]` product (one pass
-    /// over `m × rank` values instead of `m × out`).
+    /// The LoRA's scale multiplies the `[m, rank]` activation rather than the `[m, out]` product, and the bias
+    /// is added by the LoRA's matmul: two passes over the `[m, out]` output fewer than [`Linear::forward`].
     pub fn forward_untracked(&self, xs: &Tensor) -> Result<(Tensor, LinearTape)> {
         let mut out_dims = xs.dims().to_vec();
         if let Some(last) = out_dims.last_mut() {
             *last = self.out_dim();
         }
         let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
-        let mut y = x2.apply_op1_no_bwd(&FrozenMatmul {
+        let dtype = x2.dtype();
+        let y = x2.apply_op1_no_bwd(&FrozenMatmul {
             base: self.base.clone(),
         })?;
-        if let Some(b) = &self.bias {
-            y = y.broadcast_add(&b.detach().to_dtype(y.dtype())?)?;
-        }
-        let mut mid = None;
-        if let Some(lora) = &self.lora {
-            let (down, up) = detached_factors(lora, x2.dtype())?;
-            let m = (x2.matmul(&down.t()?)? * lora.scale())?;
-            y = (y + m.matmul(&up.t()?)?)?;
-            mid = Some(m);
-        }
-        Ok((y.reshape(out_dims)?, LinearTape { mid }))
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|b| b.detach().to_dtype(dtype))
+            .transpose()?;
+        let Some(lora) = &self.lora else {
+            let y = match bias {
+                Some(b) => y.broadcast_add(&b)?,
+                None => y,
+            };
+            return Ok((y.reshape(out_dims)?, LinearTape::default()));
+        };
+        let (down, up) = detached_factors(lora, dtype)?;
+        let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
+        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ), so the output gets
+        // one add instead of two.
+        let update = match bias {
+            Some(b) => {
+                let ones = Tensor::ones((mid.dim(0)?, 1), dtype, mid.device())?;
+                let mid1 = Tensor::cat(&[&mid, &ones], 1)?;
+                let up1 = Tensor::cat(&[&up, &b.unsqueeze(1)?], 1)?;
+                mid1.matmul(&up1.t()?)?
+            }
+            None => mid.matmul(&up.t()?)?,
+        };
+        let y = (y + update)?;
+        Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
     }
 
     /// Backward of [`Linear::forward_untracked`] for the output gradient `dy` [..., out]: the input gradient
@@ -173,6 +190,14 @@ mod tests {
             let (none, again) = lin.backward(x.as_tensor(), &tape, &dy, false)?;
             assert!(none.is_none());
             assert!(rel(&again[1].grad, &params[1].grad)? == 0.0);
+
+            // Without a LoRA: bias added directly, no parameter gradients.
+            let mut plain = lin.clone();
+            plain.set_lora(None);
+            let (y, tape) = plain.forward_untracked(x.as_tensor())?;
+            assert!(rel(&y, &plain.forward(x.as_tensor())?)? < 1e-6);
+            let (dx, params) = plain.backward(x.as_tensor(), &tape, &dy, true)?;
+            assert!(params.is_empty() && dx.is_some());
         }
         Ok(())
     }
