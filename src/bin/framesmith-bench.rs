@@ -6,9 +6,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Parser, Subcommand};
 
+use framesmith::bench::step::StepMode;
 use framesmith::bench::{self, attention::AttentionBench, linear::LinearBench, Record};
 use framesmith::models::wan::config::WanConfig;
 use framesmith::nn::fp8::Fp8Scale;
+use framesmith::train::step::BlockBackward;
 
 #[derive(Parser)]
 #[command(about = "Framesmith GPU benchmarks and device checks")]
@@ -95,9 +97,16 @@ enum Command {
         /// Timed steps.
         #[arg(long, default_value_t = 3)]
         iters: usize,
-        /// First compare the tiny config's LoRA gradients on this device with the CPU step's; stop on a mismatch.
+        /// First compare the tiny config's LoRA gradients on this device (in this mode) with the CPU autograd
+        /// step's; stop on a mismatch.
         #[arg(long)]
         check: bool,
+        /// Block backward: `manual` (hand-written, the default) or `autograd` (candle's, the reference).
+        #[arg(long, default_value = "manual")]
+        backward: String,
+        /// Keep each block's self-attention output from the forward (selective checkpointing; manual only).
+        #[arg(long)]
+        keep_attention: bool,
     },
     /// Block streaming: the step resident and streamed (each mode), copy bandwidths, an optional VRAM budget.
     Stream {
@@ -151,21 +160,41 @@ enum Command {
 /// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
 const STEP_CHECK_TOL: f64 = 3e-2;
 
-fn step_check(dev: &Device) -> Result<()> {
-    let c = bench::step::check_tiny(dev)?;
+fn step_check(dev: &Device, mode: StepMode) -> Result<()> {
+    let c = bench::step::check_tiny(dev, mode)?;
     let verdict = if c.max_rel_err <= STEP_CHECK_TOL {
         "ok  "
     } else {
         "FAIL"
     };
     println!(
-        "{verdict} step tiny(2) LoRA grads device vs cpu: max rel {:.2e} (tol {STEP_CHECK_TOL:.0e}, worst var {} of {}), loss {:.6} vs {:.6}",
-        c.max_rel_err, c.worst, c.tensors, c.loss_device, c.loss_cpu
+        "{verdict} step tiny(2) LoRA grads device ({}) vs cpu (autograd): max rel {:.2e} (tol {STEP_CHECK_TOL:.0e}, worst var {} of {}), loss {:.6} vs {:.6}",
+        mode.label(),
+        c.max_rel_err,
+        c.worst,
+        c.tensors,
+        c.loss_device,
+        c.loss_cpu
     );
     if c.max_rel_err > STEP_CHECK_TOL {
         bail!("the device step's LoRA gradients differ from the CPU step's");
     }
     Ok(())
+}
+
+fn step_mode(backward: &str, keep_attention: bool) -> Result<StepMode> {
+    let backward = match backward {
+        "manual" => BlockBackward::Manual,
+        "autograd" => BlockBackward::Autograd,
+        other => bail!("unknown block backward `{other}` (manual, autograd)"),
+    };
+    if keep_attention && backward != BlockBackward::Manual {
+        bail!("--keep-attention needs --backward manual");
+    }
+    Ok(StepMode {
+        backward,
+        keep_attention,
+    })
 }
 
 fn fp8_mode(name: Option<&str>) -> Result<Option<Fp8Scale>> {
@@ -302,11 +331,15 @@ fn main() -> Result<()> {
             warmup,
             iters,
             check: first,
+            backward,
+            keep_attention,
         } => {
+            let mode = step_mode(&backward, keep_attention)?;
             if first {
-                step_check(&dev)?;
+                step_check(&dev, mode)?;
             }
             let opts = bench::step::StepBench {
+                mode,
                 frames,
                 height,
                 width,

@@ -276,5 +276,8 @@ impl CustomOp1 for FrozenMatmul {
     }
 }
 
+mod grad;
+pub use grad::{LinearTape, ParamGrad};
+
 #[cfg(test)]
 mod tests;

@@ -136,6 +136,7 @@ impl Trainer {
             want_input_grads: false,
             interrupted: Some(interrupted),
             activations_on_host: self.activations_on_host,
+            ..Default::default()
         };
         let out =
             checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
