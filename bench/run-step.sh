@@ -31,8 +31,10 @@ if [[ "${STEP_AUTOGRAD:-0}" == 1 ]]; then
         | tee "$LOG/ours-step-1.3b-autograd.log"
 fi
 run 180 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 | tee "$LOG/torch-step-1.3b.log"
-run "${STEP_14B_TIMEOUT:-240}" "$BIN" step --variant t2v-14b --fp8 block64 "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 \
-    | tee "$LOG/ours-step-14b-fp8.log"
+if [[ "${STEP_SKIP_14B:-0}" != 1 ]]; then
+    run "${STEP_14B_TIMEOUT:-240}" "$BIN" step --variant t2v-14b --fp8 block64 "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 \
+        | tee "$LOG/ours-step-14b-fp8.log"
+fi
 if [[ "${STEP_TORCH_14B:-0}" == 1 ]]; then
     run 180 python3 "$REF/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 | tee "$LOG/torch-step-14b.log"
 fi
