@@ -208,6 +208,10 @@ pub fn run(
         };
         let vars = loras.vars();
         let mut loss = 0f32;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(cuda) = dev {
+            crate::nn::cuda::device::reset_peak_reserved(cuda)?;
+        }
         let t = time(dev, opts.warmup, opts.iters, || {
             loss = checkpointed_step(&model, &inputs, &target, &vars, &step_options)?.loss;
             Ok(())
@@ -225,6 +229,16 @@ pub fn run(
             None => 0,
         };
         let peak = total_peak(dev, &t)?;
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(cuda) = dev {
+            let reserved = crate::nn::cuda::device::peak_reserved_bytes(cuda)?;
+            println!(
+                "RESERVED {} {:.3} GiB (pool reserved high-water; used high-water {:.3} GiB)",
+                case_name(case),
+                reserved as f64 / (1u64 << 30) as f64,
+                peak.unwrap_or(0) as f64 / (1u64 << 30) as f64
+            );
+        }
         let shape = format!(
             "b=1 {}x{}x{} tokens={tokens} r={} residual={:?} act={}",
             opts.frames,

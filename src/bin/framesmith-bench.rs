@@ -141,7 +141,7 @@ enum Command {
         /// GPU slots in the ring.
         #[arg(long, default_value_t = 2)]
         slots: usize,
-        /// Let the run use only this much device memory (the rest is reserved first).
+        /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,
         /// Also measure the copy bandwidth of a plain pinned copy and of the streaming path.
@@ -460,14 +460,15 @@ fn stream(
     #[cfg(feature = "cuda")]
     let _reservation = match (dev, vram_budget_gb) {
         (Device::Cuda(cuda), Some(gb)) => {
+            // GiB, as cards are sized: a "24 GB" card has 24 GiB.
             let r = framesmith::nn::cuda::device::VramReservation::leave_budget(
                 cuda,
-                (gb * 1e9) as u64,
+                (gb * (1u64 << 30) as f64) as u64,
             )?;
             if let Some(r) = &r {
                 eprintln!(
-                    "stream: reserved {:.2} GB, leaving a {gb} GB budget",
-                    r.bytes() as f64 / 1e9
+                    "stream: reserved {:.2} GiB, leaving a {gb} GiB budget",
+                    r.bytes() as f64 / (1u64 << 30) as f64
                 );
             }
             r

@@ -163,3 +163,19 @@ pub fn pinned_copy_bandwidth(dev: &CudaDevice, bytes: usize, reps: usize) -> Res
         Ok(best)
     }
 }
+
+/// High-water mark of the memory the pool has reserved from the driver since the last
+/// [`reset_peak_reserved`] — what a run actually takes from the card (used memory plus the pool's
+/// fragmentation), the number a VRAM budget has to hold.
+pub fn peak_reserved_bytes(dev: &CudaDevice) -> Result<u64> {
+    pool_attr(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+}
+
+/// Restarts the reserved high-water mark.
+pub fn reset_peak_reserved(dev: &CudaDevice) -> Result<()> {
+    set_pool_attr(
+        dev,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+        0,
+    )
+}
