@@ -3,11 +3,13 @@
 use std::path::Path;
 
 use super::bytes::BaseFormat;
+use super::machine;
 use super::working_set::{DEFAULT_GPU_SLOTS, WORKING_SET};
 use super::{LoraShape, PlanError, PlanInput, StreamingSetup};
 use crate::config::plan::RunPlan;
-use crate::config::run::RunConfig;
+use crate::config::run::{DeviceSpec, RunConfig};
 use crate::models::wan::WanConfig;
+use crate::protocol::memory::PlanReport;
 use crate::train::setup::DEMO_LAYERS;
 
 /// The clip one training step sees: the largest bucket of the dataset.
@@ -53,6 +55,50 @@ impl ClipShape {
             assumed,
         )
     }
+}
+
+/// The largest clip a run trains on: the dataset config's largest (resolution × longest clip × batch), then the run
+/// config's overrides (`dataset.resolution`, `dataset.target_frames`), then [`DEFAULT_CLIP`] for whatever is
+/// still unknown. The note says what was assumed.
+pub fn clip_for_config(cfg: &RunConfig) -> (ClipShape, Option<String>) {
+    let d = &cfg.dataset;
+    let from_dataset = (!d.synthetic && !d.config.as_os_str().is_empty())
+        .then(|| largest_dataset_clip(&d.config))
+        .flatten();
+    let known = from_dataset.is_some();
+    let (clip, assumed) = ClipShape::from_config(cfg, from_dataset.unwrap_or(DEFAULT_CLIP));
+    let note = (assumed && !known).then(|| {
+        format!(
+            "the clip size is assumed ({}x{}, {} frames, batch {}): set dataset.resolution and dataset.target_frames \
+             or the dataset config",
+            clip.width, clip.height, clip.frames, clip.batch
+        )
+    });
+    (clip, note)
+}
+
+/// The dataset of a musubi-tuner dataset TOML with the most pixels per step; `None` when it cannot be read.
+fn largest_dataset_clip(path: &Path) -> Option<ClipShape> {
+    let parsed = crate::data::config::DatasetConfig::read(path).ok()?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    parsed
+        .config
+        .resolve(base)
+        .iter()
+        .map(|ds| {
+            let frames = ds
+                .video
+                .as_ref()
+                .and_then(|v| v.target_frames.iter().copied().max())
+                .unwrap_or(1);
+            ClipShape {
+                width: ds.resolution.0 as usize,
+                height: ds.resolution.1 as usize,
+                frames: frames as usize,
+                batch: ds.batch_size.max(1) as usize,
+            }
+        })
+        .max_by_key(|c| c.width * c.height * c.frames * c.batch)
 }
 
 /// The command-line name of a named variant (`t2v-14b`), `tiny` for the demo model, else its shape.
@@ -143,5 +189,35 @@ impl PlanInput {
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
         input.streaming.staging_slots = plan.memory.staging_slots;
         input
+    }
+}
+
+/// Plans a run config on this machine: the model it names (or its DiT's header), its largest clip, the free
+/// memory of the card `training.device` names and the RAM. What `framesmith plan --config` and the app's "Will it
+/// fit?" show.
+pub fn plan_config(cfg: &RunConfig) -> Result<PlanReport, PlanError> {
+    let model = model_for_config(cfg)?;
+    let (clip, clip_note) = clip_for_config(cfg);
+    let mut input = PlanInput::from_config(cfg, model, clip);
+    input.probe_machine(cfg.training.device);
+    let mut report = super::plan(&input)?;
+    if cfg.training.device == DeviceSpec::Cpu {
+        report
+            .notes
+            .push("training.device = \"cpu\": this is the plan for a CUDA card".into());
+    }
+    report.notes.extend(clip_note);
+    Ok(report)
+}
+
+impl PlanInput {
+    /// Reads the free memory of the card `device` names (none for the CPU) and the total RAM.
+    pub fn probe_machine(&mut self, device: DeviceSpec) {
+        self.host_ram_bytes = machine::host_ram_bytes();
+        self.free_vram_bytes = match device {
+            DeviceSpec::Cpu => None,
+            DeviceSpec::Auto => machine::free_vram_bytes(0),
+            DeviceSpec::Cuda(n) => machine::free_vram_bytes(n),
+        };
     }
 }

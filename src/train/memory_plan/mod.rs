@@ -5,13 +5,16 @@
 
 mod bytes;
 mod input;
+pub mod machine;
 mod working_set;
 
 pub use bytes::{
     block_bytes, dtype_bytes, fp8_weight_bytes, lora_parameters, resident_weights,
     tokens_per_sample, vae_for, BaseFormat,
 };
-pub use input::{model_for_config, variant_name, ClipShape, DEFAULT_CLIP};
+pub use input::{
+    clip_for_config, model_for_config, plan_config, variant_name, ClipShape, DEFAULT_CLIP,
+};
 pub use working_set::{
     per_token_modulation_bytes, shared_inputs, StepShape, WorkingSet, CUDA_CONTEXT_BYTES,
     DEFAULT_GPU_SLOTS, VRAM_HEADROOM_BYTES, WORKING_SET,
