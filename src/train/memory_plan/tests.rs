@@ -436,3 +436,49 @@ fn wan22_per_token_time_costs_its_modulation() {
     let e0 = 32_760 * 6 * 5120 * 4;
     assert_eq!(diff, 2 * e0 - 6 * 5120 * 4);
 }
+
+#[test]
+fn presets_plan_as_issue_7_wires_them() {
+    use crate::config::presets::builtin;
+    use crate::config::RunConfig;
+    let mut base = RunConfig::default();
+    base.model.variant = "t2v-14b".into();
+    let planned = |name: &str, budget_gb: f64| {
+        let mut base = base.clone();
+        base.memory.vram_budget_gb = Some(budget_gb);
+        let cfg = builtin(name).unwrap().apply(&base).unwrap().config;
+        let model = model_for_config(&cfg).unwrap();
+        let (clip, _) = clip_for_config(&cfg);
+        let mut i = PlanInput::from_config(&cfg, model, clip);
+        i.working_set = WorkingSet::FUSED_BACKWARD;
+        plan(&i).unwrap()
+    };
+    let compatible = planned("e7adb86-compatible", 24.0);
+    assert!(compatible.blocks_chosen && compatible.streamed_blocks > 0);
+    assert!(compatible.model.contains("fp8 tensor"));
+    // Pinned: every streamed block is page-locked.
+    assert_eq!(
+        compatible.pinned_ram_bytes,
+        compatible.streamed_blocks as u64 * compatible.block_bytes
+    );
+    let low = planned("low-vram-windows", 12.0);
+    assert!(low.blocks_chosen && low.streamed_blocks > 0);
+    assert!(
+        low.workload.starts_with("832x480, 33 frames"),
+        "{}",
+        low.workload
+    );
+    let ring = low
+        .breakdown
+        .iter()
+        .find(|l| l.label.starts_with("pinned staging ring (2 ×"))
+        .expect("a staging ring");
+    assert_eq!(ring.placement, Placement::HostPinned);
+    assert!(low
+        .breakdown
+        .iter()
+        .any(|l| l.label.starts_with("saved block inputs") && l.placement.is_host()));
+    let full = planned("full-speed-80gb", 80.0);
+    assert_eq!((full.streamed_blocks, full.pinned_ram_bytes), (0, 0));
+    assert!(full.model.contains("bf16"));
+}
