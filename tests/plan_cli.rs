@@ -51,7 +51,7 @@ fn prints_the_table_and_exits_by_verdict() {
     println!("{stdout}");
     assert_eq!(code, Some(0), "{stderr}");
     for needle in [
-        "t2v-14b (fp8 block64) — 832x480, 81 frames, batch 1 → 32760 tokens",
+        "t2v-14b (fp8 block64) — 832x480, 81 frames, batch 1, 32760 tokens",
         "component",
         "resident blocks (40 × 356.2 MiB)",
         "saved block inputs (40 × 32760 tokens, f32)",

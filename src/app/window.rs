@@ -14,6 +14,7 @@ use crate::telemetry::{detect_spill, SpillWarning, Telemetry, TelemetryOptions};
 use super::backend::{Backend, ModelRole, PresetView};
 use super::config_editor::{parse_config, ConfigEditor};
 use super::dataset_config::DatasetEditor;
+use super::fit_panel::FitView;
 use super::jobs::{JobMode, JobResult, Jobs, PickPurpose};
 use super::queue::{QueuedRun, RunQueue};
 use super::run_view::{RunEnd, RunView};
@@ -58,6 +59,8 @@ pub struct FramesmithApp {
     /// A run is being prepared (its dataset TOML written) and will start when the job reports.
     pub(super) preparing: bool,
     pub(super) validating: Option<u64>,
+    /// The "Will it fit?" plan of the edited config.
+    pub(super) fit: FitView,
     pub(super) screenshot: Option<ScreenshotState>,
     persistence: bool,
 }
@@ -108,6 +111,7 @@ impl FramesmithApp {
             dataset_thumbnails: std::collections::HashMap::new(),
             preparing: false,
             validating: None,
+            fit: FitView::default(),
             screenshot: options.screenshot.map(ScreenshotState::new),
             persistence: options.persistence,
             backend,
@@ -134,6 +138,11 @@ impl FramesmithApp {
     /// The config a Start would send.
     pub fn config(&self) -> &RunConfig {
         self.editor.config()
+    }
+
+    /// The "Will it fit?" plan of the edited config, once one has arrived.
+    pub fn memory_plan(&self) -> Option<&crate::protocol::memory::PlanReport> {
+        self.fit.report()
     }
 
     /// The frame now shown by the sample player.
@@ -369,6 +378,12 @@ impl FramesmithApp {
         let config = self.editor.config().clone();
         self.jobs.spawn("validate", move || JobResult::Validated {
             issues: backend.validate(&config),
+            generation,
+        });
+        let backend = Arc::clone(&self.backend);
+        let config = self.editor.config().clone();
+        self.jobs.spawn("plan memory", move || JobResult::Planned {
+            result: backend.plan_memory(&config).map(Box::new),
             generation,
         });
     }

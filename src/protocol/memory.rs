@@ -93,7 +93,7 @@ impl fmt::Display for Suggestion {
 pub struct PlanReport {
     /// The model, in words ("Wan2.1 T2V-14B", or its shape).
     pub model: String,
-    /// What one step trains on ("832x480, 81 frames, batch 1 → 32760 tokens").
+    /// What one step trains on ("832x480, 81 frames, batch 1, 32760 tokens").
     pub workload: String,
     /// Transformer tokens of one step (all samples of the batch).
     pub tokens: u64,

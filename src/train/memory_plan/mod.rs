@@ -378,7 +378,7 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     Ok(PlanReport {
         model: format!("{} ({})", variant_name(&input.model), input.base.label()),
         workload: format!(
-            "{}x{}, {} frames, batch {} → {} tokens",
+            "{}x{}, {} frames, batch {}, {} tokens",
             c.width, c.height, c.frames, c.batch, s.shape.tokens
         ),
         tokens: s.shape.tokens,
