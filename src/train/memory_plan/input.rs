@@ -6,7 +6,7 @@ use super::bytes::BaseFormat;
 use super::machine;
 use super::working_set::{DEFAULT_GPU_SLOTS, WORKING_SET};
 use super::{LoraShape, PlanError, PlanInput, StreamingSetup};
-use crate::config::plan::RunPlan;
+use crate::config::plan::{PlanDevice, RunPlan};
 use crate::config::run::{DeviceSpec, RunConfig};
 use crate::models::wan::WanConfig;
 use crate::protocol::memory::PlanReport;
@@ -208,6 +208,24 @@ pub fn plan_config(cfg: &RunConfig) -> Result<PlanReport, PlanError> {
     }
     report.notes.extend(clip_note);
     Ok(report)
+}
+
+/// The plan of a validated run on this machine, for the engine's setup: call it before the DiT is loaded (the
+/// free memory it reads must not include the model's own), with the loaded checkpoint's config and the largest
+/// clip of the training set. `report.streamed_blocks` is what to stream (the planner's choice for
+/// `blocks_to_swap = "auto"`, else the configured count); `report.verdict_line()` is worth logging, and
+/// `Verdict::DoesNotFit` worth a warning with `report.suggestions`.
+pub fn plan_run(
+    plan: &RunPlan,
+    model: WanConfig,
+    clip: ClipShape,
+) -> Result<PlanReport, PlanError> {
+    let mut input = PlanInput::from_run_plan(plan, model, clip);
+    input.probe_machine(match plan.device {
+        PlanDevice::Cpu => DeviceSpec::Cpu,
+        PlanDevice::Cuda(n) => DeviceSpec::Cuda(n),
+    });
+    super::plan(&input)
 }
 
 impl PlanInput {

@@ -482,3 +482,84 @@ fn presets_plan_as_issue_7_wires_them() {
     assert_eq!((full.streamed_blocks, full.pinned_ram_bytes), (0, 0));
     assert!(full.model.contains("bf16"));
 }
+
+#[test]
+fn the_clip_comes_from_the_dataset_config_then_the_overrides() {
+    use crate::config::RunConfig;
+    let dir = tempfile::tempdir().unwrap();
+    let dataset = dir.path().join("dataset.toml");
+    std::fs::write(
+        &dataset,
+        r#"
+[general]
+caption_extension = ".txt"
+
+[[datasets]]
+image_directory = "images"
+resolution = [960, 544]
+batch_size = 4
+
+[[datasets]]
+video_directory = "videos"
+resolution = [832, 480]
+target_frames = [17, 33]
+batch_size = 2
+"#,
+    )
+    .unwrap();
+    let mut cfg = RunConfig::default();
+    cfg.dataset.config = dataset;
+    let (clip, note) = clip_for_config(&cfg);
+    // The video dataset moves more pixels per step than the images.
+    assert_eq!(
+        clip,
+        ClipShape {
+            width: 832,
+            height: 480,
+            frames: 33,
+            batch: 2
+        }
+    );
+    assert_eq!(note, None);
+    cfg.dataset.resolution = Some([512, 512]);
+    cfg.dataset.target_frames = Some(vec![49, 9]);
+    let (clip, _) = clip_for_config(&cfg);
+    assert_eq!(
+        (clip.width, clip.height, clip.frames, clip.batch),
+        (512, 512, 49, 2)
+    );
+    // Nothing known: the assumed clip, said so.
+    let (clip, note) = clip_for_config(&RunConfig::default());
+    assert_eq!(clip, DEFAULT_CLIP);
+    assert!(note.unwrap().contains("assumed"));
+}
+
+#[test]
+fn a_validated_run_plans_like_its_config() {
+    use crate::config::plan::HostInfo;
+    use crate::config::{validate, RunConfig};
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RunConfig::default();
+    for (path, name) in [
+        (&mut cfg.model.dit, "wan.safetensors"),
+        (&mut cfg.dataset.config, "d.toml"),
+    ] {
+        *path = dir.path().join(name);
+        std::fs::write(&*path, b"").unwrap();
+    }
+    cfg.model.variant = "t2v-14b".into();
+    cfg.model.base_dtype = crate::config::run::BaseDtype::Fp8;
+    cfg.memory.streaming = StreamingMode::Staged;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(20);
+    cfg.memory.staging_slots = 3;
+    cfg.memory.vram_budget_gb = Some(30.0);
+    let run = validate(&cfg, &HostInfo::new(1)).unwrap();
+    let model = WanConfig::wan21_t2v_14b();
+    let from_run = PlanInput::from_run_plan(&run, model.clone(), DEFAULT_CLIP);
+    let from_cfg = PlanInput::from_config(&cfg, model, DEFAULT_CLIP);
+    assert_eq!(from_run, from_cfg);
+    assert_eq!(from_run.base, BaseFormat::Fp8(Fp8ScaleMode::Block64));
+    assert_eq!(from_run.vram_budget_bytes, Some(30 * GIB));
+    let report = plan(&from_run).unwrap();
+    assert_eq!((report.streamed_blocks, report.blocks_chosen), (20, false));
+}
