@@ -1,13 +1,14 @@
 use candle_core::{DType, Device};
 
 use super::*;
-use crate::config::run::AutoKeyword;
+use crate::config::run::{AutoKeyword, Fp8ScaleMode};
 use crate::models::wan::block::Block;
 use crate::models::wan::random::random_weights;
 use crate::models::wan::{Generation, ModelType, WanModel};
 use crate::nn::fp8::Fp8Scale;
 use crate::nn::lora::{attach_loras, LoraSpec};
 use crate::nn::vb::Vb;
+use crate::protocol::memory::Suggestion;
 
 const GIB: u64 = 1 << 30;
 

@@ -58,7 +58,7 @@ impl WorkingSet {
         head_tokens_dim_f32: 6,
     };
 
-    /// Bytes of this working set for a step of `tokens` tokens.
+    /// Bytes of this working set for a step of `shape`.
     pub fn bytes(&self, cfg: &WanConfig, shape: &StepShape) -> u64 {
         let l = shape.tokens;
         let (d, f, h) = (cfg.dim as u64, cfg.ffn_dim as u64, cfg.num_heads as u64);
