@@ -11,7 +11,7 @@ mod gui;
 use std::path::Path;
 use std::sync::Arc;
 
-use app_support::{harness, harness_with, settle, FakeBackend};
+use app_support::{harness, harness_with, png, settle, Dropped, FakeBackend};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
 use framesmith::app::{staged_events, AppOptions, FramesmithApp};
@@ -94,4 +94,36 @@ fn steps_aside_while_a_run_is_in_progress() {
     }
     settle(&mut h);
     assert!(h.query_by_label("Will it fit?").is_none());
+}
+
+#[test]
+fn plans_the_project_tabs_dataset() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut h = real_app_on(dir.path(), 24.0);
+    h.get_by_label("Train").click();
+    settle(&mut h);
+    let before = h.state().memory_plan().expect("a plan").clone();
+    assert!(
+        before.notes.iter().any(|n| n.contains("assumed")),
+        "{before:?}"
+    );
+    // Dropping an image folder makes the run's dataset: one frame at the Project tab's resolution.
+    let images = dir.path().join("images");
+    std::fs::create_dir(&images).unwrap();
+    png(&images.join("a.png"), [200, 40, 40, 255]);
+    h.input_mut().dropped_files.push(Arc::new(Dropped(images)));
+    settle(&mut h);
+    h.get_by_label("Train").click();
+    settle(&mut h);
+    let after = h.state().memory_plan().expect("a plan").clone();
+    assert!(
+        after.workload.contains(", 1 frames, batch 1"),
+        "{}",
+        after.workload
+    );
+    assert!(after.tokens < before.tokens);
+    assert!(
+        after.notes.iter().all(|n| !n.contains("assumed")),
+        "{after:?}"
+    );
 }

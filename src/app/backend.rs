@@ -133,9 +133,14 @@ pub trait Backend: Send + Sync {
     fn validate(&self, config: &RunConfig) -> Vec<FieldIssue>;
 
     /// Peak VRAM and RAM of training `config` on this machine, and how many blocks to stream ("Will it fit?").
-    /// May read the DiT's header and the GPU's free memory.
-    fn plan_memory(&self, config: &RunConfig) -> Result<PlanReport, String> {
-        let _ = config;
+    /// `dataset_toml` is the Project tab's dataset when the run will use it (`config` names no dataset file). May
+    /// read the DiT's header and the GPU's free memory.
+    fn plan_memory(
+        &self,
+        config: &RunConfig,
+        dataset_toml: Option<&str>,
+    ) -> Result<PlanReport, String> {
+        let _ = (config, dataset_toml);
         Err("the memory planner is not connected".into())
     }
 

@@ -8,14 +8,28 @@ use crate::protocol::memory::{format_gib, Placement, PlanReport, Verdict};
 
 use super::theme;
 
-/// The latest plan, tagged with the config generation it was made for.
+/// The latest plan, tagged with the request it answers.
 #[derive(Default)]
 pub struct FitView {
     latest: Option<(u64, Result<Box<PlanReport>, String>)>,
+    /// The config generation and dataset TOML of the last request.
+    planned_for: Option<(u64, Option<String>)>,
+    requests: u64,
 }
 
 impl FitView {
-    /// Keeps a plan unless a newer generation's is already here (background jobs may finish out of order).
+    /// A new request number when the config (`generation`) or the Project tab's dataset changed since the last.
+    pub fn needs_plan(&mut self, generation: u64, dataset_toml: Option<&str>) -> Option<u64> {
+        let key = (generation, dataset_toml.map(str::to_owned));
+        if self.planned_for.as_ref() == Some(&key) {
+            return None;
+        }
+        self.planned_for = Some(key);
+        self.requests += 1;
+        Some(self.requests)
+    }
+
+    /// Keeps a plan unless a newer request's is already here (background jobs may finish out of order).
     pub fn finish(&mut self, generation: u64, result: Result<Box<PlanReport>, String>) {
         if self.latest.as_ref().is_none_or(|(g, _)| *g <= generation) {
             self.latest = Some((generation, result));

@@ -46,7 +46,7 @@ pub enum JobResult {
         generation: u64,
         issues: Vec<FieldIssue>,
     },
-    /// The memory plan of the config at `generation`.
+    /// The memory plan answering request `generation` (`FitView::needs_plan`).
     Planned {
         generation: u64,
         result: Result<Box<PlanReport>, String>,

@@ -380,11 +380,27 @@ impl FramesmithApp {
             issues: backend.validate(&config),
             generation,
         });
-        let backend = Arc::clone(&self.backend);
+    }
+
+    /// Re-plans "Will it fit?" when the config or the Project tab's dataset changed, while the Train tab shows it.
+    fn plan_if_stale(&mut self) {
+        if self.settings.tab != Tab::Train || !self.run.can_start() {
+            return;
+        }
         let config = self.editor.config().clone();
+        let dataset_toml = self.dataset_toml_for(&config);
+        let Some(request) = self
+            .fit
+            .needs_plan(self.editor.generation(), dataset_toml.as_deref())
+        else {
+            return;
+        };
+        let backend = Arc::clone(&self.backend);
         self.jobs.spawn("plan memory", move || JobResult::Planned {
-            result: backend.plan_memory(&config).map(Box::new),
-            generation,
+            result: backend
+                .plan_memory(&config, dataset_toml.as_deref())
+                .map(Box::new),
+            generation: request,
         });
     }
 
@@ -488,6 +504,7 @@ impl eframe::App for FramesmithApp {
         }
         self.drain_engine();
         self.validate_if_stale();
+        self.plan_if_stale();
         self.take_dropped_files(ctx);
         if let Some(telemetry) = &self.telemetry {
             let steps = self.run.step_secs();

@@ -104,8 +104,13 @@ impl Backend for EngineBackend {
         }
     }
 
-    fn plan_memory(&self, config: &RunConfig) -> Result<PlanReport, String> {
-        framesmith::train::memory_plan::plan_config(config).map_err(|err| format!("{err:#}"))
+    fn plan_memory(
+        &self,
+        config: &RunConfig,
+        dataset_toml: Option<&str>,
+    ) -> Result<PlanReport, String> {
+        framesmith::train::memory_plan::plan_config(config, dataset_toml)
+            .map_err(|err| format!("{err:#}"))
     }
 
     fn demo_project(&self) -> RunConfig {

@@ -61,10 +61,25 @@ impl ClipShape {
 /// config's overrides (`dataset.resolution`, `dataset.target_frames`), then [`DEFAULT_CLIP`] for whatever is
 /// still unknown. The note says what was assumed.
 pub fn clip_for_config(cfg: &RunConfig) -> (ClipShape, Option<String>) {
+    clip_with_dataset(cfg, None)
+}
+
+/// [`clip_for_config`], with the text of the dataset TOML the run will write (the app's Project tab) used when the
+/// config names no dataset file.
+pub fn clip_with_dataset(
+    cfg: &RunConfig,
+    dataset_toml: Option<&str>,
+) -> (ClipShape, Option<String>) {
     let d = &cfg.dataset;
-    let from_dataset = (!d.synthetic && !d.config.as_os_str().is_empty())
-        .then(|| largest_dataset_clip(&d.config))
-        .flatten();
+    let from_dataset = if d.synthetic {
+        None
+    } else if !d.config.as_os_str().is_empty() {
+        std::fs::read_to_string(&d.config)
+            .ok()
+            .and_then(|text| largest_dataset_clip(&text, &d.config))
+    } else {
+        dataset_toml.and_then(|text| largest_dataset_clip(text, Path::new("dataset.toml")))
+    };
     let known = from_dataset.is_some();
     let (clip, assumed) = ClipShape::from_config(cfg, from_dataset.unwrap_or(DEFAULT_CLIP));
     let note = (assumed && !known).then(|| {
@@ -77,9 +92,10 @@ pub fn clip_for_config(cfg: &RunConfig) -> (ClipShape, Option<String>) {
     (clip, note)
 }
 
-/// The dataset of a musubi-tuner dataset TOML with the most pixels per step; `None` when it cannot be read.
-fn largest_dataset_clip(path: &Path) -> Option<ClipShape> {
-    let parsed = crate::data::config::DatasetConfig::read(path).ok()?;
+/// The dataset of a musubi-tuner dataset TOML (read from `path`) with the most pixels per step; `None` when it
+/// cannot be read.
+fn largest_dataset_clip(text: &str, path: &Path) -> Option<ClipShape> {
+    let parsed = crate::data::config::DatasetConfig::parse(text, path).ok()?;
     let base = path.parent().unwrap_or(Path::new("."));
     parsed
         .config
@@ -192,12 +208,12 @@ impl PlanInput {
     }
 }
 
-/// Plans a run config on this machine: the model it names (or its DiT's header), its largest clip, the free
-/// memory of the card `training.device` names and the RAM. What `framesmith plan --config` and the app's "Will it
-/// fit?" show.
-pub fn plan_config(cfg: &RunConfig) -> Result<PlanReport, PlanError> {
+/// Plans a run config on this machine: the model it names (or its DiT's header), its largest clip (from its
+/// dataset file, else `dataset_toml`, see [`clip_with_dataset`]), the free memory of the card `training.device`
+/// names and the RAM. What the app's "Will it fit?" shows.
+pub fn plan_config(cfg: &RunConfig, dataset_toml: Option<&str>) -> Result<PlanReport, PlanError> {
     let model = model_for_config(cfg)?;
-    let (clip, clip_note) = clip_for_config(cfg);
+    let (clip, clip_note) = clip_with_dataset(cfg, dataset_toml);
     let mut input = PlanInput::from_config(cfg, model, clip);
     input.probe_machine(cfg.training.device);
     let mut report = super::plan(&input)?;

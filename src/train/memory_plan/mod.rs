@@ -14,7 +14,8 @@ pub use bytes::{
     tokens_per_sample, vae_for, BaseFormat,
 };
 pub use input::{
-    clip_for_config, model_for_config, plan_config, plan_run, variant_name, ClipShape, DEFAULT_CLIP,
+    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
+    ClipShape, DEFAULT_CLIP,
 };
 pub use working_set::{
     per_token_modulation_bytes, shared_inputs, StepShape, WorkingSet, CUDA_CONTEXT_BYTES,
