@@ -387,14 +387,14 @@ impl FramesmithApp {
         if self.settings.tab != Tab::Train || !self.run.can_start() {
             return;
         }
-        let config = self.editor.config().clone();
-        let dataset_toml = self.dataset_toml_for(&config);
+        let dataset_toml = self.dataset_toml_for(self.editor.config());
         let Some(request) = self
             .fit
             .needs_plan(self.editor.generation(), dataset_toml.as_deref())
         else {
             return;
         };
+        let config = self.editor.config().clone();
         let backend = Arc::clone(&self.backend);
         self.jobs.spawn("plan memory", move || JobResult::Planned {
             result: backend

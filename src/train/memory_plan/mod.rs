@@ -152,6 +152,10 @@ fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
             tokens: per_sample * c.batch as u64,
             compute_bytes: dtype_bytes(input.compute),
             residual_bytes: residual_bytes(input.residual),
+            dequantised_weight_bytes: match input.base {
+                BaseFormat::Fp8(_) => (cfg.dim * cfg.ffn_dim) as u64 * dtype_bytes(input.compute),
+                BaseFormat::Dense(_) => 0,
+            },
         },
     })
 }

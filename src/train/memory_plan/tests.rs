@@ -287,7 +287,7 @@ fn wan14b_fp8_480p_81_frames_on_24gb() {
     assert_eq!(today.streamed_blocks, 39);
     assert_eq!(
         today.suggestions,
-        vec![Suggestion::FewerFrames { frames: 41 }]
+        vec![Suggestion::FewerFrames { frames: 37 }]
     );
 }
 

@@ -21,6 +21,9 @@ pub struct WorkingSet {
     pub tokens_heads_f32: u64,
     /// Copies of the per-token time modulation `[L, 6, dim]` f32 (Wan 2.2 only: `modulation + e0` per block).
     pub per_token_modulation: u64,
+    /// Dense copies (compute dtype) of the largest block linear that an FP8 base is dequantised into inside the
+    /// linear op, forward and backward; 0 bytes for a dense base.
+    pub dequantised_weights: u64,
     /// `[L, dim]` f32 tensors of the head and the loss (held with every saved input, but not with a block's
     /// working set: the larger of the two counts).
     pub head_tokens_dim_f32: u64,
@@ -41,6 +44,7 @@ impl WorkingSet {
         tokens_ffn_compute: 13,
         tokens_heads_f32: 4,
         per_token_modulation: 1,
+        dequantised_weights: 1,
         head_tokens_dim_f32: 6,
     };
 
@@ -55,6 +59,7 @@ impl WorkingSet {
         tokens_ffn_compute: 4,
         tokens_heads_f32: 4,
         per_token_modulation: 1,
+        dequantised_weights: 1,
         head_tokens_dim_f32: 6,
     };
 
@@ -67,7 +72,8 @@ impl WorkingSet {
                 + l * d * shape.residual_bytes * self.tokens_dim_residual
                 + l * f * shape.compute_bytes * self.tokens_ffn_compute
                 + l * h * 4 * self.tokens_heads_f32
-                + self.per_token_modulation * per_token_modulation_bytes(cfg, l);
+                + self.per_token_modulation * per_token_modulation_bytes(cfg, l)
+                + self.dequantised_weights * shape.dequantised_weight_bytes;
         let head = l * d * 4 * self.head_tokens_dim_f32;
         block.max(head)
     }
@@ -97,6 +103,8 @@ pub struct StepShape {
     pub tokens: u64,
     pub compute_bytes: u64,
     pub residual_bytes: u64,
+    /// The largest block linear dequantised to the compute dtype (FP8 bases), else 0.
+    pub dequantised_weight_bytes: u64,
 }
 
 /// The per-token time modulation `e0` `[L, 6, dim]` in f32 (Wan 2.2 embeds the timestep per token); 0 for Wan 2.1,
