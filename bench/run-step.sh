@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The training-step benchmark on the H200 test machine (see shared/CUDA.md), in one call: the tiny device-vs-CPU
-# LoRA gradient check, then Wan2.1-1.3B at 480×832×81 (32,760 tokens) ours and PyTorch's, then 14B with FP8
-# block-64 block linears (ours), and 14B bf16 PyTorch when STEP_TORCH_14B=1; a table of ratios last.
+# LoRA gradient check, then Wan2.1-1.3B at 480×832×81 (32,760 tokens) ours (manual block backward, then with
+# selective checkpointing --keep-attention, and candle's autograd backward when STEP_AUTOGRAD=1) and PyTorch's,
+# then 14B with FP8 block-64 block linears (ours), and 14B bf16 PyTorch when STEP_TORCH_14B=1; a table of ratios
+# last.
 # Builds nothing. Usage: bench/run-step.sh [path/to/framesmith-bench] [out-dir]
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -22,14 +24,22 @@ run() { local t=$1; shift; echo "+ $*" | tee -a "$LOG/commands.log"; timeout "$t
 } 2>&1 | tee "$LOG/env.log"
 
 run 180 "$BIN" step --check --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 | tee "$LOG/ours-step-1.3b.log"
+run 180 "$BIN" step --check --keep-attention --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 \
+    | tee "$LOG/ours-step-1.3b-keep.log"
+if [[ "${STEP_AUTOGRAD:-0}" == 1 ]]; then
+    run 180 "$BIN" step --backward autograd --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 \
+        | tee "$LOG/ours-step-1.3b-autograd.log"
+fi
 run 180 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 | tee "$LOG/torch-step-1.3b.log"
-run "${STEP_14B_TIMEOUT:-240}" "$BIN" step --variant t2v-14b --fp8 block64 "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 \
-    | tee "$LOG/ours-step-14b-fp8.log"
+if [[ "${STEP_SKIP_14B:-0}" != 1 ]]; then
+    run "${STEP_14B_TIMEOUT:-240}" "$BIN" step --variant t2v-14b --fp8 block64 "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 \
+        | tee "$LOG/ours-step-14b-fp8.log"
+fi
 if [[ "${STEP_TORCH_14B:-0}" == 1 ]]; then
     run 180 python3 "$REF/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 | tee "$LOG/torch-step-14b.log"
 fi
 
 echo "=== summary (ref/ours > 1: ours faster) ==="
-grep -h -E '^(ok  |FAIL)' "$LOG/ours-step-1.3b.log"
+grep -h -E '^(ok  |FAIL)' "$LOG"/ours-step-1.3b*.log
 grep -h '^BENCH' "$LOG"/*step*.log
 python3 "$REF/compare.py" "$LOG"/ours-*.log "$LOG"/torch-*.log | tee "$LOG/summary.txt"

@@ -7,6 +7,7 @@ pub mod attention;
 pub mod kernels;
 pub mod linear;
 pub mod step;
+pub mod stream;
 
 use candle_core::{Device, Result};
 use serde::Serialize;

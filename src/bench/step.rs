@@ -14,7 +14,7 @@ use crate::nn::fp8::Fp8Scale;
 use crate::nn::init::randn;
 use crate::nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
 use crate::nn::vb::Vb;
-use crate::train::step::{checkpointed_step, LossTarget, StepOptions, StepOutput};
+use crate::train::step::{checkpointed_step, BlockBackward, LossTarget, StepOptions, StepOutput};
 
 /// What to measure.
 #[derive(Clone, Debug)]
@@ -34,6 +34,31 @@ pub struct StepBench {
     /// Timed steps.
     pub iters: usize,
     pub seed: u64,
+    /// How blocks are back-propagated, and whether their self-attention is kept from the forward.
+    pub mode: StepMode,
+}
+
+/// The step options the benchmark varies.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StepMode {
+    pub backward: BlockBackward,
+    /// Selective checkpointing ([`StepOptions::keep_attention`]).
+    pub keep_attention: bool,
+}
+
+impl StepMode {
+    /// A short label for reports (`manual`, `manual+keep-attention`, `autograd`).
+    pub fn label(&self) -> String {
+        let base = match self.backward {
+            BlockBackward::Manual => "manual",
+            BlockBackward::Autograd => "autograd",
+        };
+        if self.keep_attention && self.backward == BlockBackward::Manual {
+            format!("{base}+keep-attention")
+        } else {
+            base.to_string()
+        }
+    }
 }
 
 impl Default for StepBench {
@@ -48,6 +73,7 @@ impl Default for StepBench {
             warmup: 1,
             iters: 3,
             seed: 0,
+            mode: StepMode::default(),
         }
     }
 }
@@ -74,6 +100,17 @@ pub fn build(
     seed: u64,
 ) -> Result<(WanModel, LoraSet)> {
     let vb = Vb::from_tensors(weights, DType::BF16, device);
+    build_from_vb(cfg, vb, fp8, rank, seed)
+}
+
+/// [`build`] with the compute dtype and device of `vb`.
+fn build_from_vb(
+    cfg: &WanConfig,
+    vb: Vb,
+    fp8: Option<Fp8Scale>,
+    rank: usize,
+    seed: u64,
+) -> Result<(WanModel, LoraSet)> {
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: fp8,
@@ -133,18 +170,18 @@ fn step(
     inputs: &WanInputs,
     targets: &[Tensor],
     loras: &LoraSet,
+    mode: StepMode,
 ) -> Result<StepOutput> {
     let target = LossTarget {
         targets,
         weights: None,
     };
-    checkpointed_step(
-        model,
-        inputs,
-        &target,
-        &loras.vars(),
-        &StepOptions::default(),
-    )
+    let options = StepOptions {
+        backward: mode.backward,
+        keep_attention: mode.keep_attention,
+        ..Default::default()
+    };
+    checkpointed_step(model, inputs, &target, &loras.vars(), &options)
 }
 
 /// Forward FLOPs of one sample through the blocks (linears and attention; element-wise work left out). A step
@@ -190,7 +227,7 @@ pub fn run(dev: &Device, name: &str, cfg: &WanConfig, opts: &StepBench) -> Resul
     );
     let mut loss = 0f32;
     let t = time(dev, opts.warmup, opts.iters, || {
-        loss = step(&model, &inputs, &targets, &loras)?.loss;
+        loss = step(&model, &inputs, &targets, &loras, opts.mode)?.loss;
         Ok(())
     })?;
     if !loss.is_finite() {
@@ -213,7 +250,7 @@ pub fn run(dev: &Device, name: &str, cfg: &WanConfig, opts: &StepBench) -> Resul
     };
     Ok(record(
         "step",
-        &format!("{name} {weight_kind}"),
+        &format!("{name} {weight_kind} {}", opts.mode.label()),
         "lora step",
         &shape,
         flops,
@@ -221,9 +258,12 @@ pub fn run(dev: &Device, name: &str, cfg: &WanConfig, opts: &StepBench) -> Resul
     ))
 }
 
-/// The tiny config's step on `dev` and on the CPU with identical weights (bf16) and inputs.
+/// The tiny config's step on `dev` (bf16, in the benchmark's mode) and on the CPU in f32 with autograd (the
+/// reference), with identical weights (drawn in bf16), LoRA factors and inputs. The f32 reference leaves only the
+/// device's own bf16 rounding in the difference.
 pub struct StepCheck {
-    /// Largest relative error over the LoRA gradients: max |gpu − cpu| / max |cpu| per tensor, worst tensor.
+    /// Largest relative error over the LoRA gradients: ‖gpu − cpu‖ / ‖cpu‖ (Frobenius) per tensor, worst tensor.
+    /// A ratio of maxima would swing with single bf16 outliers (2.5e-2 on the CPU where this is 1.5e-2).
     pub max_rel_err: f64,
     /// The worst tensor's index in [`LoraSet::vars`] order.
     pub worst: usize,
@@ -235,19 +275,21 @@ pub struct StepCheck {
 
 /// Runs [`StepCheck`]. LoRA `up` starts non-zero here (else every `down` gradient would be zero and compare
 /// trivially).
-pub fn check_tiny(dev: &Device) -> Result<StepCheck> {
+pub fn check_tiny(dev: &Device, mode: StepMode) -> Result<StepCheck> {
     let cfg = WanConfig::tiny(2);
     let weights = random_weights(&cfg, 7, DType::BF16, &Device::Cpu)?;
     let on_dev = weights
         .iter()
         .map(|(k, v)| Ok((k.clone(), v.to_device(dev)?)))
         .collect::<Result<std::collections::HashMap<_, _>>>()?;
-    let (cpu_model, cpu_loras) = build(&cfg, weights, &Device::Cpu, None, 4, 3)?;
+    let cpu_vb = Vb::from_tensors(weights, DType::F32, &Device::Cpu);
+    let (cpu_model, cpu_loras) = build_from_vb(&cfg, cpu_vb, None, 4, 3)?;
     let (dev_model, dev_loras) = build(&cfg, on_dev, dev, None, 4, 3)?;
     // Non-zero `up`, identical on both sides.
+    let rng = &mut <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(17);
     for (i, (c, d)) in cpu_loras.vars().iter().zip(dev_loras.vars()).enumerate() {
         if i % 2 == 1 {
-            let up = (Tensor::randn(0f32, 0.05, c.shape(), &Device::Cpu)?).to_dtype(c.dtype())?;
+            let up = randn(rng, c.shape(), 0.0, 0.05, &Device::Cpu)?.to_dtype(c.dtype())?;
             c.set(&up)?;
             d.set(&up.to_device(dev)?)?;
         }
@@ -255,15 +297,23 @@ pub fn check_tiny(dev: &Device) -> Result<StepCheck> {
     let latent = [3, 4, 6];
     let (cpu_in, cpu_t) = flow_batch(&cfg, latent, 5, 0.6, 11, &Device::Cpu)?;
     let (dev_in, dev_t) = flow_batch(&cfg, latent, 5, 0.6, 11, dev)?;
-    let cpu = step(&cpu_model, &cpu_in, &cpu_t, &cpu_loras)?;
-    let gpu = step(&dev_model, &dev_in, &dev_t, &dev_loras)?;
+    let reference = StepMode {
+        backward: BlockBackward::Autograd,
+        keep_attention: false,
+    };
+    let cpu = step(&cpu_model, &cpu_in, &cpu_t, &cpu_loras, reference)?;
+    let gpu = step(&dev_model, &dev_in, &dev_t, &dev_loras, mode)?;
     let mut worst = (0.0f64, 0usize);
     for (i, (c, g)) in cpu.grads.iter().zip(&gpu.grads).enumerate() {
         let c = c.to_dtype(DType::F32)?;
         let g = g.to_device(&Device::Cpu)?.to_dtype(DType::F32)?;
-        let scale = c.abs()?.max_all()?.to_scalar::<f32>()? as f64;
-        let diff = (g - &c)?.abs()?.max_all()?.to_scalar::<f32>()? as f64;
-        let rel = if scale > 0.0 { diff / scale } else { diff };
+        let norm = c.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        let diff = (g - &c)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        let rel = if norm > 0.0 {
+            (diff / norm).sqrt()
+        } else {
+            diff.sqrt()
+        };
         if !rel.is_finite() || rel > worst.0 {
             worst = (if rel.is_finite() { rel } else { f64::INFINITY }, i);
         }
@@ -289,11 +339,34 @@ mod tests {
         assert_eq!(video_tokens(&cfg, latent), 32_760);
     }
 
+    /// The CPU's bf16 step in every mode against the f32 reference: bf16 rounding only (non-zero, well inside
+    /// the device check's 3e-2), so the check measures the device's bf16 error and not the reference's.
     #[test]
-    fn tiny_check_on_cpu_agrees_with_itself() -> Result<()> {
-        let c = check_tiny(&Device::Cpu)?;
-        assert_eq!(c.max_rel_err, 0.0);
-        assert!(c.tensors > 0 && c.loss_cpu.is_finite());
+    fn tiny_check_on_cpu_is_within_bf16_rounding() -> Result<()> {
+        for (backward, keep_attention) in [
+            (BlockBackward::Autograd, false),
+            (BlockBackward::Manual, false),
+            (BlockBackward::Manual, true),
+        ] {
+            let mode = StepMode {
+                backward,
+                keep_attention,
+            };
+            let c = check_tiny(&Device::Cpu, mode)?;
+            eprintln!(
+                "{}: bf16 vs f32 on the CPU, max rel {:.2e}, loss {} vs {}",
+                mode.label(),
+                c.max_rel_err,
+                c.loss_device,
+                c.loss_cpu
+            );
+            assert!(c.tensors > 0 && c.loss_cpu.is_finite());
+            assert!(
+                c.max_rel_err > 0.0 && c.max_rel_err < 1.5e-2,
+                "{}",
+                c.max_rel_err
+            );
+        }
         Ok(())
     }
 }

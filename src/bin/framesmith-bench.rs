@@ -6,9 +6,11 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Parser, Subcommand};
 
+use framesmith::bench::step::StepMode;
 use framesmith::bench::{self, attention::AttentionBench, linear::LinearBench, Record};
 use framesmith::models::wan::config::WanConfig;
 use framesmith::nn::fp8::Fp8Scale;
+use framesmith::train::step::BlockBackward;
 
 #[derive(Parser)]
 #[command(about = "Framesmith GPU benchmarks and device checks")]
@@ -95,7 +97,61 @@ enum Command {
         /// Timed steps.
         #[arg(long, default_value_t = 3)]
         iters: usize,
-        /// First compare the tiny config's LoRA gradients on this device with the CPU step's; stop on a mismatch.
+        /// First compare the tiny config's LoRA gradients on this device (in this mode) with the CPU autograd
+        /// step's; stop on a mismatch.
+        #[arg(long)]
+        check: bool,
+        /// Block backward: `manual` (hand-written, the default) or `autograd` (candle's, the reference).
+        #[arg(long, default_value = "manual")]
+        backward: String,
+        /// Keep each block's self-attention output from the forward (selective checkpointing; manual only).
+        #[arg(long)]
+        keep_attention: bool,
+    },
+    /// Block streaming: the step resident and streamed (each mode), copy bandwidths, an optional VRAM budget.
+    Stream {
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        #[arg(long, default_value_t = 81)]
+        frames: usize,
+        #[arg(long, default_value_t = 480)]
+        height: usize,
+        #[arg(long, default_value_t = 832)]
+        width: usize,
+        #[arg(long, default_value_t = 32)]
+        rank: usize,
+        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+        #[arg(long)]
+        fp8: Option<String>,
+        /// Cases, comma-separated: `resident`, `pinned`, `staged`.
+        #[arg(long, default_value = "resident,pinned,staged")]
+        modes: String,
+        /// Streamed blocks.
+        #[arg(long, default_value_t = 30)]
+        blocks: usize,
+        /// `spread` or `last`.
+        #[arg(long, default_value = "spread")]
+        placement: String,
+        /// Residual stream dtype (`f32` or `bf16`).
+        #[arg(long, default_value = "f32")]
+        residual: String,
+        /// Keep saved block inputs in host RAM.
+        #[arg(long)]
+        host_activations: bool,
+        /// GPU slots in the ring.
+        #[arg(long, default_value_t = 2)]
+        slots: usize,
+        /// Let the run use only this much device memory (the rest is reserved first).
+        #[arg(long)]
+        vram_budget_gb: Option<f64>,
+        /// Also measure the copy bandwidth of a plain pinned copy and of the streaming path.
+        #[arg(long)]
+        bandwidth: bool,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        #[arg(long, default_value_t = 2)]
+        iters: usize,
+        /// First compare streamed and resident LoRA gradients on a tiny config.
         #[arg(long)]
         check: bool,
     },
@@ -104,21 +160,41 @@ enum Command {
 /// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
 const STEP_CHECK_TOL: f64 = 3e-2;
 
-fn step_check(dev: &Device) -> Result<()> {
-    let c = bench::step::check_tiny(dev)?;
+fn step_check(dev: &Device, mode: StepMode) -> Result<()> {
+    let c = bench::step::check_tiny(dev, mode)?;
     let verdict = if c.max_rel_err <= STEP_CHECK_TOL {
         "ok  "
     } else {
         "FAIL"
     };
     println!(
-        "{verdict} step tiny(2) LoRA grads device vs cpu: max rel {:.2e} (tol {STEP_CHECK_TOL:.0e}, worst var {} of {}), loss {:.6} vs {:.6}",
-        c.max_rel_err, c.worst, c.tensors, c.loss_device, c.loss_cpu
+        "{verdict} step tiny(2) LoRA grads device ({}) vs cpu (autograd): max rel {:.2e} (tol {STEP_CHECK_TOL:.0e}, worst var {} of {}), loss {:.6} vs {:.6}",
+        mode.label(),
+        c.max_rel_err,
+        c.worst,
+        c.tensors,
+        c.loss_device,
+        c.loss_cpu
     );
     if c.max_rel_err > STEP_CHECK_TOL {
         bail!("the device step's LoRA gradients differ from the CPU step's");
     }
     Ok(())
+}
+
+fn step_mode(backward: &str, keep_attention: bool) -> Result<StepMode> {
+    let backward = match backward {
+        "manual" => BlockBackward::Manual,
+        "autograd" => BlockBackward::Autograd,
+        other => bail!("unknown block backward `{other}` (manual, autograd)"),
+    };
+    if keep_attention && backward != BlockBackward::Manual {
+        bail!("--keep-attention needs --backward manual");
+    }
+    Ok(StepMode {
+        backward,
+        keep_attention,
+    })
 }
 
 fn fp8_mode(name: Option<&str>) -> Result<Option<Fp8Scale>> {
@@ -255,11 +331,15 @@ fn main() -> Result<()> {
             warmup,
             iters,
             check: first,
+            backward,
+            keep_attention,
         } => {
+            let mode = step_mode(&backward, keep_attention)?;
             if first {
-                step_check(&dev)?;
+                step_check(&dev, mode)?;
             }
             let opts = bench::step::StepBench {
+                mode,
                 frames,
                 height,
                 width,
@@ -272,5 +352,148 @@ fn main() -> Result<()> {
             report(&[bench::step::run(&dev, &name, &variant(&name)?, &opts)?]);
             Ok(())
         }
+        Command::Stream {
+            variant: name,
+            frames,
+            height,
+            width,
+            rank,
+            fp8,
+            modes,
+            blocks,
+            placement,
+            residual,
+            host_activations,
+            slots,
+            vram_budget_gb,
+            bandwidth,
+            warmup,
+            iters,
+            check: first,
+        } => {
+            let opts = bench::stream::StreamBench {
+                frames,
+                height,
+                width,
+                rank,
+                fp8: fp8_mode(fp8.as_deref())?,
+                residual: match residual.as_str() {
+                    "f32" => candle_core::DType::F32,
+                    "bf16" => candle_core::DType::BF16,
+                    other => bail!("unknown residual dtype `{other}` (f32, bf16)"),
+                },
+                activations_on_host: host_activations,
+                slots,
+                staging_slots: 2,
+                warmup,
+                iters,
+                seed: 0,
+            };
+            stream(
+                &dev,
+                &name,
+                &opts,
+                &modes,
+                blocks,
+                &placement,
+                vram_budget_gb,
+                bandwidth,
+                first,
+            )
+        }
     }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    dev: &Device,
+    name: &str,
+    opts: &bench::stream::StreamBench,
+    modes: &str,
+    blocks: usize,
+    placement: &str,
+    vram_budget_gb: Option<f64>,
+    bandwidth: bool,
+    first: bool,
+) -> Result<()> {
+    use framesmith::nn::offload::{Placement, StreamMode};
+    if first {
+        for (what, rel) in bench::stream::check_tiny(dev)? {
+            let ok = rel <= 1e-2;
+            println!(
+                "{} stream tiny(4) LoRA grads streamed ({what}) vs resident: max rel {rel:.2e} (tol 1e-2)",
+                if ok { "ok  " } else { "FAIL" }
+            );
+            if !ok {
+                bail!("streamed and resident gradients differ");
+            }
+        }
+    }
+    let cfg = variant(name)?;
+    let placements: Vec<Placement> = match placement {
+        "spread" => vec![Placement::Spread],
+        "last" => vec![Placement::Last],
+        "both" => vec![Placement::Spread, Placement::Last],
+        other => bail!("unknown placement `{other}` (spread, last, both)"),
+    };
+    let mut cases = Vec::new();
+    for m in modes.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let mode = match m {
+            "resident" => None,
+            "pinned" => Some(StreamMode::Pinned),
+            "staged" => Some(StreamMode::Staged),
+            other => bail!("unknown mode `{other}` (resident, pinned, staged)"),
+        };
+        let places = if mode.is_some() {
+            placements.clone()
+        } else {
+            vec![Placement::Spread]
+        };
+        for p in places {
+            cases.push(bench::stream::StreamCase {
+                mode,
+                blocks,
+                placement: p,
+            });
+        }
+    }
+    #[cfg(feature = "cuda")]
+    let _reservation = match (dev, vram_budget_gb) {
+        (Device::Cuda(cuda), Some(gb)) => {
+            let r = framesmith::nn::cuda::device::VramReservation::leave_budget(
+                cuda,
+                (gb * 1e9) as u64,
+            )?;
+            if let Some(r) = &r {
+                eprintln!(
+                    "stream: reserved {:.2} GB, leaving a {gb} GB budget",
+                    r.bytes() as f64 / 1e9
+                );
+            }
+            r
+        }
+        _ => None,
+    };
+    #[cfg(not(feature = "cuda"))]
+    let _ = vram_budget_gb;
+    if bandwidth {
+        for mode in [StreamMode::Pinned, StreamMode::Staged] {
+            let bw = bench::stream::copy_bandwidth(dev, &cfg, opts, mode)?;
+            println!(
+                "BANDWIDTH {{\"mode\":\"{}\",\"plain_pinned_gbs\":{:.2},\"streaming_gbs\":{:.2},\"ratio\":{:.3},\"block_bytes\":{}}}",
+                mode.as_str(),
+                bw.plain_gbs,
+                bw.streaming_gbs,
+                bw.streaming_gbs / bw.plain_gbs.max(1e-9),
+                bw.bytes_per_block
+            );
+        }
+    }
+    let results = bench::stream::run(dev, name, &cfg, opts, &cases)?;
+    for (r, bytes) in &results {
+        println!("STREAMED_BYTES_PER_STEP {} {bytes}", r.case);
+    }
+    let records: Vec<Record> = results.into_iter().map(|(r, _)| r).collect();
+    report(&records);
+    Ok(())
 }

@@ -8,6 +8,7 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::{Args, ValueEnum};
 use framesmith::config::run::DeviceSpec;
+use framesmith::models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith::models::wan::text_encoder::TextEncoder;
 use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith::models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
@@ -15,9 +16,14 @@ use framesmith::nn::fp8::Fp8Scale;
 use framesmith::nn::lora_file::LoraFile;
 use framesmith::nn::vb::Vb;
 use framesmith::train::clip::{
-    combine_loras, generate_clip, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
+    combine_loras, generate_clip_from, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
 };
-use framesmith::train::generate::{Experts, Solver};
+use framesmith::train::generate::{Experts, ImageConditioning, Solver};
+use framesmith::train::start_image::{
+    check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
+    StartImageError,
+};
+use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
 
@@ -64,16 +70,26 @@ pub struct GenerateArgs {
     /// Wan VAE weights
     #[arg(long)]
     vae: PathBuf,
+    /// Start image (PNG, JPEG, WebP, BMP) for image-to-video models (Wan2.1 I2V, Wan2.2 I2V-A14B, TI2V-5B);
+    /// centre-cropped to the clip's aspect ratio
+    #[arg(long)]
+    image: Option<PathBuf>,
+    /// CLIP image encoder for Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
+    /// clip_vision_h.safetensors)
+    #[arg(long)]
+    clip: Option<PathBuf>,
     /// What the clip shows
     #[arg(long)]
     prompt: String,
     /// Negative prompt (default: the official Wan one, used when --guidance > 1)
     #[arg(long)]
     negative: Option<String>,
-    #[arg(long, default_value_t = 832)]
-    width: usize,
-    #[arg(long, default_value_t = 480)]
-    height: usize,
+    /// Clip width (default 832; with --image and no size given, the official size for the image's aspect ratio)
+    #[arg(long)]
+    width: Option<usize>,
+    /// Clip height (default 480; see --width)
+    #[arg(long)]
+    height: Option<usize>,
     /// Frames, 4k + 1
     #[arg(long, default_value_t = 81)]
     frames: usize,
@@ -176,8 +192,77 @@ fn boundary(arg: Option<f64>, cfg: &WanConfig) -> f64 {
         })
 }
 
+/// The start image, checked against the DiT's task before any model is loaded: an image for a T2V model, none
+/// for an I2V model, or no `--clip` for Wan2.1 I2V is an error that says what to change.
+/// Returns the DiT's configuration (read from the headers) with the image.
+fn start_image(args: &GenerateArgs) -> anyhow::Result<(WanConfig, Option<RgbImage>)> {
+    let report = weights::inspect(&args.dit)?;
+    let name = weights::variant_name(&report.config, report.expert);
+    check_image_use(&report.config, &name, args.image.is_some())?;
+    let Some(path) = &args.image else {
+        return Ok((report.config, None));
+    };
+    if report.config.has_clip() && args.clip.is_none() {
+        return Err(StartImageError::ClipMissing.into());
+    }
+    if !report.config.has_clip() && args.clip.is_some() {
+        eprintln!("note: {name} has no CLIP image input; --clip is not used");
+    }
+    Ok((report.config, Some(load_start_image(path)?)))
+}
+
+/// `--width` × `--height`; without both, for a start image the official size for its aspect ratio, else
+/// 832 × 480.
+fn clip_size(args: &GenerateArgs, cfg: &WanConfig, image: Option<&RgbImage>) -> (usize, usize) {
+    match (args.width, args.height, image) {
+        (None, None, Some(img)) => official_size(cfg, img.dimensions(), default_max_area(cfg)),
+        (w, h, _) => (w.unwrap_or(832), h.unwrap_or(480)),
+    }
+}
+
+/// The DiT conditioning of the start image: CLIP features (Wan2.1 I2V; the encoder is dropped afterwards) and
+/// the VAE latents, as [`image_conditioning`] makes them.
+fn encode_start_image(
+    args: &GenerateArgs,
+    cfg: &WanConfig,
+    image: &RgbImage,
+    decoder: &VaeDecoder,
+    settings: &ClipSettings,
+    (dtype, device): (DType, &Device),
+) -> anyhow::Result<ImageConditioning> {
+    let clip = match (&args.clip, cfg.has_clip()) {
+        (Some(path), true) => Some(
+            load_clip_vision(path, &ClipVisionConfig::vit_h_14(), dtype, device)
+                .with_context(|| format!("loading the CLIP image encoder {}", path.display()))?,
+        ),
+        _ => None,
+    };
+    image_conditioning(cfg, image, decoder, clip.as_ref(), settings)
+        .context("encoding the start image")
+}
+
+/// The clip settings of the command line, with the seed chosen.
+fn clip_settings(args: &GenerateArgs, (width, height): (usize, usize), seed: u64) -> ClipSettings {
+    ClipSettings {
+        width,
+        height,
+        frames: args.frames,
+        steps: args.steps,
+        shift: args.shift,
+        guidance: args.guidance,
+        seed,
+        solver: match args.solver {
+            SolverArg::Unipc => Solver::Unipc,
+            SolverArg::Dpmpp => Solver::Dpmpp,
+            SolverArg::Euler => Solver::Euler,
+        },
+    }
+}
+
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    let (cfg, image) = start_image(args)?;
+    let size = clip_size(args, &cfg, image.as_ref());
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device)?;
     let text = TextEncoder::load(
@@ -190,6 +275,19 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let conditioning =
         Conditioning::encode(&text, &args.prompt, args.negative.as_deref(), args.guidance)?;
     drop(text);
+    let vae = load_vae_auto(&args.vae, dtype, &device)?;
+    let decoder = VaeDecoder {
+        stats: LatentStats::official(vae.config().variant, &device)?,
+        vae,
+        tiles: args.tiled.then(TileConfig::default),
+        dtype,
+    };
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let settings = clip_settings(args, size, seed);
+    // Before the DiT loads, so the CLIP encoder is gone by then.
+    let image = image
+        .map(|img| encode_start_image(args, &cfg, &img, &decoder, &settings, (dtype, &device)))
+        .transpose()?;
     let high = load_dit(&args.dit, &args.loras, &device, dtype, args.fp8)?;
     let low = match &args.dit_low_noise {
         Some(path) => Some(load_dit(
@@ -207,41 +305,35 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             .as_ref()
             .map(|l| (l, boundary(args.boundary, high.config()))),
     };
-    let vae = load_vae_auto(&args.vae, dtype, &device)?;
-    let decoder = VaeDecoder {
-        stats: LatentStats::official(vae.config().variant, &device)?,
-        vae,
-        tiles: args.tiled.then(TileConfig::default),
-        dtype,
-    };
-    let seed = args.seed.unwrap_or_else(rand::random);
-    let settings = ClipSettings {
-        width: args.width,
-        height: args.height,
-        frames: args.frames,
-        steps: args.steps,
-        shift: args.shift,
-        guidance: args.guidance,
-        seed,
-        solver: match args.solver {
-            SolverArg::Unipc => Solver::Unipc,
-            SolverArg::Dpmpp => Solver::Dpmpp,
-            SolverArg::Euler => Solver::Euler,
-        },
-    };
     eprintln!(
-        "seed {seed}, {}x{}, {} frames, {} steps",
-        args.width, args.height, args.frames, args.steps
+        "seed {seed}, {}x{}, {} frames, {} steps{}",
+        size.0,
+        size.1,
+        args.frames,
+        args.steps,
+        if image.is_some() {
+            ", from the start image"
+        } else {
+            ""
+        }
     );
     let bar = progress_bar(
         args.steps as u64,
         "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]",
     );
     // The loop polls this once before each step: a free progress tick.
-    let frames = generate_clip(&experts, &decoder, &conditioning, &settings, &|| {
+    let tick = || {
         bar.inc(1);
         false
-    })?;
+    };
+    let frames = generate_clip_from(
+        &experts,
+        &decoder,
+        &conditioning,
+        image.as_ref(),
+        &settings,
+        &tick,
+    )?;
     bar.finish_and_clear();
     let frames_dir = write_clip(&args.out, &frames, CLIP_FPS)?;
     println!(
@@ -256,6 +348,46 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: GenerateArgs,
+    }
+
+    fn parse(extra: &[&str]) -> GenerateArgs {
+        let base = [
+            "x",
+            "--dit",
+            "d",
+            "--text-encoder",
+            "t",
+            "--vae",
+            "v",
+            "--prompt",
+            "p",
+            "--out",
+            "o",
+        ];
+        let all: Vec<&str> = base.iter().chain(extra).copied().collect();
+        <Cli as clap::Parser>::try_parse_from(all)
+            .map(|c| c.args)
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn clip_size_follows_the_start_image_unless_given() {
+        let ti2v = WanConfig::wan22_ti2v_5b();
+        let portrait = RgbImage::new(704, 1280);
+        assert_eq!(clip_size(&parse(&[]), &ti2v, Some(&portrait)), (704, 1280));
+        assert_eq!(clip_size(&parse(&[]), &ti2v, None), (832, 480));
+        let given = parse(&["--width", "640", "--height", "352"]);
+        assert_eq!(clip_size(&given, &ti2v, Some(&portrait)), (640, 352));
+        assert_eq!(
+            clip_size(&parse(&["--width", "640"]), &ti2v, Some(&portrait)),
+            (640, 480)
+        );
+    }
 
     #[test]
     fn lora_specs_split_only_at_a_numeric_multiplier() {

@@ -4,6 +4,7 @@
 //! candle ops on tiles, so it runs on every device and never materialises the score matrix. With the `cudnn`
 //! feature, bf16 CUDA inputs run cuDNN's fused attention instead ([`crate::nn::cuda::attention`]).
 
+mod lse;
 mod op;
 #[cfg(test)]
 mod tests;
@@ -13,6 +14,7 @@ use std::sync::Arc;
 
 use candle_core::{bail, DType, Result, Tensor, D};
 
+pub use lse::{attention_forward, AttentionTape};
 use op::TiledAttention;
 use tiled::{PeakElems, Problem, Tiles};
 

@@ -281,6 +281,12 @@ impl Fp8Weight {
         self.codes.device()
     }
 
+    /// The codes and scales themselves, for block streaming to swap in same-shaped copies that live elsewhere
+    /// (the decode table stays: it is the same for every weight on a device).
+    pub fn tensors_mut(&mut self) -> [&mut Tensor; 2] {
+        [&mut self.codes, &mut self.scale]
+    }
+
     /// Bytes held: one per weight plus four per scale.
     pub fn storage_bytes(&self) -> usize {
         self.codes.elem_count() + 4 * self.scale.elem_count()

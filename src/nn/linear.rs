@@ -146,6 +146,19 @@ impl Linear {
         self.lora.as_ref()
     }
 
+    /// The frozen tensors (base weight — FP8 codes and scales — and bias) in a fixed order, for block streaming
+    /// to point the layer at same-shaped copies in a GPU slot. The LoRA is not among them: it stays put.
+    pub fn frozen_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut out: Vec<&mut Tensor> = match &mut self.base {
+            BaseWeight::Dense(w) => vec![w],
+            BaseWeight::Fp8(w) => w.tensors_mut().into_iter().collect(),
+        };
+        if let Some(b) = self.bias.as_mut() {
+            out.push(b);
+        }
+        out
+    }
+
     /// Attaches (or removes) a LoRA.
     pub fn set_lora(&mut self, lora: Option<Lora>) {
         self.lora = lora;
@@ -262,6 +275,9 @@ impl CustomOp1 for FrozenMatmul {
         Ok(Some(grad_res.matmul(&w)?))
     }
 }
+
+mod grad;
+pub use grad::{LinearTape, ParamGrad};
 
 #[cfg(test)]
 mod tests;

@@ -10,4 +10,5 @@ pub mod linear;
 pub mod lora;
 pub mod lora_file;
 pub mod norm;
+pub mod offload;
 pub mod vb;

@@ -5,6 +5,9 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
+mod grad;
+pub use grad::{layer_norm_backward, rms_norm_backward};
+
 /// Whether the fused CUDA kernels take `xs` (the condition [`crate::nn::cuda::norm`] checks before falling back).
 #[cfg(feature = "cuda")]
 fn on_cuda_kernel(xs: &Tensor) -> bool {

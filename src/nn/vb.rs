@@ -31,6 +31,14 @@ impl Vb {
         }
     }
 
+    /// The same view with tensors moved to `device` instead (block streaming builds streamed blocks in host RAM).
+    pub fn with_device(&self, device: &Device) -> Self {
+        Self {
+            device: device.clone(),
+            ..self.clone()
+        }
+    }
+
     /// The view of a sub-module: `vb.pp("blocks").pp(3)` reads `blocks.3.*`.
     pub fn pp<S: ToString>(&self, name: S) -> Self {
         Self {

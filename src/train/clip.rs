@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use super::generate::{generate, Experts, GenerateRequest, Solver};
+use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
 use super::samples::write_frames;
 use crate::models::wan::text_encoder::TextEncoder;
 use crate::models::wan::vae::{LatentStats, TileConfig, VaeConfig, WanVae};
@@ -177,6 +177,18 @@ pub fn generate_clip(
     settings: &ClipSettings,
     cancelled: &dyn Fn() -> bool,
 ) -> anyhow::Result<Vec<RgbFrame>> {
+    generate_clip_from(experts, decoder, conditioning, None, settings, cancelled)
+}
+
+/// [`generate_clip`] conditioned on a start image (see [`super::start_image::image_conditioning`]).
+pub fn generate_clip_from(
+    experts: &Experts,
+    decoder: &VaeDecoder,
+    conditioning: &Conditioning,
+    image: Option<&ImageConditioning>,
+    settings: &ClipSettings,
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<Vec<RgbFrame>> {
     let cfg = experts.high_noise.config();
     let latent_shape = latent_shape(cfg, decoder.vae.config(), settings)?;
     let context = fit_context(&conditioning.context, cfg.text_len)?;
@@ -195,7 +207,7 @@ pub fn generate_clip(
         seed: settings.seed,
         solver: settings.solver,
     };
-    let latents = generate(experts, &request, cancelled)?;
+    let latents = generate_from(experts, &request, image, cancelled)?;
     decoder.decode(&latents)
 }
 

@@ -15,6 +15,7 @@ pub mod sampler;
 pub mod samples;
 pub mod schedule;
 pub mod setup;
+pub mod start_image;
 pub mod step;
 pub mod timesteps;
 pub mod trainer;

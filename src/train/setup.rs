@@ -108,6 +108,12 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
     }
 }
 
+/// What to change after an out-of-memory failure, when the planner has nothing more specific.
+pub const OUT_OF_MEMORY_ADVICE: &str = "The LoRA saved so far is kept. To fit: stream more blocks \
+    (memory.blocks_to_swap = \"auto\" picks the smallest number that fits), keep saved activations in RAM \
+    (memory.activations = \"host\"), or lower dataset.resolution / target_frames; `framesmith plan --config \
+    run.toml` shows where the memory goes.";
+
 /// Demo clips: 8 clips of 9 frames at 32×32 pixels.
 pub const DEMO_CLIPS: usize = 8;
 pub const DEMO_FRAMES: usize = 5;
@@ -350,6 +356,8 @@ impl Trainer {
             max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
             step: 0,
             consecutive_nonfinite: 0,
+            activations_on_host: false,
+            out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
             outputs,
         })
     }

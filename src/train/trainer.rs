@@ -53,6 +53,10 @@ pub struct Trainer {
     pub(super) max_consecutive_nonfinite: usize,
     pub(super) step: usize,
     pub(super) consecutive_nonfinite: usize,
+    /// Saved block inputs wait in host RAM (`memory.activations = "host"`).
+    pub(super) activations_on_host: bool,
+    /// What to change when the GPU runs out of memory (from the memory planner).
+    pub(super) out_of_memory_advice: String,
     pub(super) outputs: super::checkpoint::Outputs,
     pub(super) sampling: Option<super::samples::Sampling>,
 }
@@ -131,11 +135,19 @@ impl Trainer {
         let options = StepOptions {
             want_input_grads: false,
             interrupted: Some(interrupted),
+            activations_on_host: self.activations_on_host,
+            ..Default::default()
         };
         let out =
             checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
                 if interrupted() {
                     anyhow::Error::new(Interrupted)
+                } else if crate::nn::offload::is_out_of_memory(&e) {
+                    anyhow::anyhow!(
+                        "the GPU ran out of memory during the training step on {} ({e}). {}",
+                        batch[0].key,
+                        self.out_of_memory_advice
+                    )
                 } else {
                     anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
                 }

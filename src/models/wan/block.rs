@@ -11,6 +11,9 @@ use crate::nn::linear::Linear;
 use crate::nn::norm::{layer_norm, rms_norm};
 use crate::nn::vb::Vb;
 
+mod frozen;
+pub mod grad;
+
 /// Everything a block needs besides its input; shared by all blocks of one forward pass.
 #[derive(Clone)]
 pub struct BlockInputs {

@@ -1,6 +1,7 @@
 //! The Wan DiT (Wan 2.1 and 2.2): config, RoPE, embeddings, attention block, head and transformer.
 
 pub mod block;
+pub mod clip;
 pub mod config;
 pub mod embeddings;
 pub mod random;

@@ -2,6 +2,9 @@
 //! different latent sizes padded to `seq_len` as the official code does. The block loop is exposed
 //! (`prepare` → `blocks` → `finish`) so the training step can checkpoint and stream block by block.
 
+use std::borrow::Cow;
+use std::sync::Arc;
+
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::block::{Block, BlockInputs, Head};
@@ -10,6 +13,7 @@ use super::embeddings::{ImageEmbedding, PatchEmbedding, TextEmbedding, TimeEmbed
 use super::rope::Rope;
 use crate::nn::fp8::Fp8Scale;
 use crate::nn::linear::Linear;
+use crate::nn::offload::{BlockStreamer, OffloadOptions};
 use crate::nn::vb::Vb;
 
 /// Diffusion timesteps in the model's scale (0..1000): one per sample, or one per token (Wan 2.2 TI2V,
@@ -80,6 +84,8 @@ pub struct WanModel {
     residual_dtype: DType,
     compute_dtype: DType,
     device: Device,
+    /// The streamed blocks' host masters and GPU ring (`blocks` then holds their shells).
+    streamer: Option<Arc<BlockStreamer>>,
 }
 
 impl WanModel {
@@ -106,7 +112,121 @@ impl WanModel {
             residual_dtype,
             compute_dtype: vb.dtype(),
             device: vb.device().clone(),
+            streamer: None,
         })
+    }
+
+    /// Builds the model with the blocks in `streamed` kept in host RAM and streamed through a ring of GPU slots
+    /// (DESIGN.md §4.4): those blocks are built on the CPU (quantised there for FP8), packed, and never occupy
+    /// the device beyond the ring.
+    pub fn new_streamed(
+        cfg: &WanConfig,
+        vb: Vb,
+        options: &ModelOptions,
+        streamed: &[usize],
+        offload: &OffloadOptions,
+    ) -> Result<Self> {
+        let mut resident_cfg = cfg.clone();
+        resident_cfg.num_layers = 0;
+        let mut model = Self::new(&resident_cfg, vb.clone(), options)?;
+        model.cfg = cfg.clone();
+        let vb_blocks = vb.pp("blocks").with_fp8(options.blocks_fp8);
+        let host = vb_blocks.with_device(&Device::Cpu);
+        let mut streamed_blocks = Vec::with_capacity(streamed.len());
+        for i in 0..cfg.num_layers {
+            if streamed.contains(&i) {
+                streamed_blocks.push((i, Block::new(cfg, host.pp(i))?));
+            } else {
+                model.blocks.push(Block::new(cfg, vb_blocks.pp(i))?);
+            }
+        }
+        model.attach_streamer(streamed_blocks, offload)?;
+        Ok(model)
+    }
+
+    /// Streams the blocks in `streamed` of an already built model: their weights move to host RAM (packed) and
+    /// the device copies are dropped. LoRAs attached to them stay where they are.
+    pub fn stream_blocks(&mut self, streamed: &[usize], offload: &OffloadOptions) -> Result<()> {
+        if self.streamer.is_some() {
+            candle_core::bail!("the model already streams blocks");
+        }
+        let mut taken = Vec::with_capacity(streamed.len());
+        for &i in streamed {
+            match self.blocks.get(i) {
+                Some(b) => taken.push((i, b.clone())),
+                None => candle_core::bail!("block {i} out of range"),
+            }
+        }
+        self.attach_streamer(taken, offload)
+    }
+
+    fn attach_streamer(
+        &mut self,
+        blocks: Vec<(usize, Block)>,
+        offload: &OffloadOptions,
+    ) -> Result<()> {
+        if blocks.is_empty() {
+            return Ok(());
+        }
+        let n = self.cfg.num_layers;
+        if blocks.windows(2).any(|w| w[0].0 >= w[1].0) || blocks.iter().any(|(i, _)| *i >= n) {
+            candle_core::bail!("streamed block indices must be increasing and within the model");
+        }
+        let (streamer, shells) = BlockStreamer::new(&self.device, n, blocks, offload)?;
+        // `new_streamed` leaves streamed positions out of `blocks`; rebuild the list in model order.
+        let mut resident = std::mem::take(&mut self.blocks).into_iter();
+        let mut shells = shells.into_iter().peekable();
+        let mut all = Vec::with_capacity(n);
+        let full = resident.len() == n;
+        for i in 0..n {
+            if shells.peek().is_some_and(|(j, _)| *j == i) {
+                if let Some((_, shell)) = shells.next() {
+                    all.push(shell);
+                }
+                if full {
+                    resident.next();
+                }
+            } else if let Some(b) = resident.next() {
+                all.push(b);
+            }
+        }
+        if all.len() != n {
+            candle_core::bail!("the model has {} blocks, expected {n}", all.len());
+        }
+        self.blocks = all;
+        self.streamer = Some(Arc::new(streamer));
+        Ok(())
+    }
+
+    /// The block streamer, when some blocks stream.
+    pub fn streamer(&self) -> Option<&BlockStreamer> {
+        self.streamer.as_deref()
+    }
+
+    /// Number of blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// Declares the order the coming [`WanModel::block`] calls will follow, so streamed blocks are prefetched
+    /// (`cyclic`: the order repeats, as in sampling). Does nothing without streaming.
+    pub fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        match &self.streamer {
+            Some(s) => s.begin(order, cyclic),
+            None => Ok(()),
+        }
+    }
+
+    /// Block `i`, ready to run: resident blocks as they are, a streamed one with its weights in a GPU slot.
+    /// Work reading a streamed block must be queued before the next call (the slot may then be refilled).
+    pub fn block(&self, i: usize) -> Result<Cow<'_, Block>> {
+        let Some(block) = self.blocks.get(i) else {
+            candle_core::bail!("block {i} out of range");
+        };
+        match &self.streamer {
+            Some(s) if s.is_streamed(i) => Ok(Cow::Owned(block.with_frozen(&s.fetch(i)?)?)),
+            _ => Ok(Cow::Borrowed(block)),
+        }
     }
 
     pub fn config(&self) -> &WanConfig {
@@ -267,8 +387,10 @@ impl WanModel {
     pub fn forward(&self, inputs: &WanInputs) -> Result<Vec<Tensor>> {
         let prepared = self.prepare(inputs)?;
         let mut xs = prepared.x.clone();
-        for block in &self.blocks {
-            xs = block.forward(&xs, &prepared.blocks)?;
+        let order: Vec<usize> = (0..self.blocks.len()).collect();
+        self.begin_blocks(&order, true)?;
+        for i in order {
+            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
         }
         self.finish(&xs, &prepared)
     }

@@ -115,6 +115,71 @@ pub fn attention_forward_backward(
     Ok((o, dq, dk, dv))
 }
 
+/// Forward outside autograd, for hand-written backward passes: the output [b, lq, h, d] (bf16) and cuDNN's
+/// softmax statistics (the per-row log-sum-exp) as a `[b, h, lq]` f32 tensor for [`attention_backward_stats`].
+/// Fused inputs only (see [`runs_fused`]).
+pub fn attention_forward_stats(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_lens: Option<&[usize]>,
+) -> Result<(Tensor, Tensor)> {
+    if !runs_fused(q) || k.dtype() != DType::BF16 || v.dtype() != DType::BF16 {
+        candle_core::bail!("attention_forward_stats needs bf16 CUDA tensors with head dim <= 128");
+    }
+    let op = Sdpa::new(q, k, v, kv_lens)?;
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let o = q.apply_op3_no_bwd(&k, &v, &op)?;
+    let stats = op.take_stats()?;
+    let g = op.geo;
+    let dev = match q.device() {
+        candle_core::Device::Cuda(dev) => dev.clone(),
+        _ => candle_core::bail!("attention_forward_stats: q is not on CUDA"),
+    };
+    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(stats, dev));
+    let stats = Tensor::from_storage(storage, (g.b, g.h, g.lq), BackpropOp::none(), false);
+    Ok((o, stats))
+}
+
+/// Backward outside autograd: `(dq, dk, dv)` (bf16) from `[q, k, v, o, d_o]` and the statistics of
+/// [`attention_forward_stats`] on the same inputs.
+pub fn attention_backward_stats(
+    inputs: [&Tensor; 5],
+    stats: &Tensor,
+    kv_lens: Option<&[usize]>,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let [q, k, v, o, d_o] = inputs;
+    if !runs_fused(q) || k.dtype() != DType::BF16 || v.dtype() != DType::BF16 {
+        candle_core::bail!("attention_backward_stats needs bf16 CUDA tensors with head dim <= 128");
+    }
+    let op = Sdpa::new(q, k, v, kv_lens)?;
+    let g = op.geo;
+    if stats.dtype() != DType::F32 || stats.elem_count() != g.b * g.h * g.lq {
+        candle_core::bail!(
+            "attention statistics {:?} {:?} do not fit q {:?}",
+            stats.dtype(),
+            stats.dims(),
+            q.dims()
+        );
+    }
+    let contiguous = |t: &Tensor, dtype: DType| t.to_dtype(dtype)?.contiguous();
+    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let (o, d_o) = (contiguous(o, DType::BF16)?, contiguous(d_o, DType::BF16)?);
+    let stats = stats.contiguous()?;
+    let (storage, layout) = stats.storage_and_layout();
+    let Some((start, end)) = layout.contiguous_offsets() else {
+        candle_core::bail!("attention statistics are not contiguous");
+    };
+    let slice = cuda_storage(&storage)?.as_cuda_slice::<f32>()?;
+    if start != 0 || end > slice.len() {
+        // A view into a larger buffer: the shim reads from the slice's start, so copy it out first.
+        let owned = stats.copy()?;
+        drop(storage);
+        return attention_backward_stats([&q, &k, &v, &o, &d_o], &owned, kv_lens);
+    }
+    backward(g, op.kv_lens.as_deref(), [&q, &k, &v, &o, &d_o], slice)
+}
+
 #[derive(Clone, Copy, Debug)]
 struct Geo {
     b: usize,

@@ -86,3 +86,80 @@ impl EventTimer {
         Ok(f64::from(self.start.elapsed_ms(&self.end).w()?))
     }
 }
+
+/// Device memory set aside so the engine can use only a budget of the card (`--vram-budget-gb`): allocated
+/// outside the stream-ordered pool, held until dropped. A run on a large card then fails its allocations where
+/// a card of the budget's size would.
+pub struct VramReservation {
+    ptr: sys::CUdeviceptr,
+    bytes: usize,
+}
+
+impl VramReservation {
+    /// Reserves everything free on `dev` beyond `budget` bytes; `None` when less than the budget is free.
+    pub fn leave_budget(dev: &CudaDevice, budget: u64) -> Result<Option<Self>> {
+        let stream = dev.cuda_stream();
+        stream.context().bind_to_thread().w()?;
+        let (free, _total) = result::mem_get_info().w()?;
+        let Some(extra) = (free as u64).checked_sub(budget).filter(|&b| b > 0) else {
+            return Ok(None);
+        };
+        let bytes = usize::try_from(extra).unwrap_or(usize::MAX);
+        // SAFETY: a plain allocation of `bytes`, freed exactly once in `drop`.
+        let ptr = unsafe { result::malloc_sync(bytes) }.w()?;
+        Ok(Some(Self { ptr, bytes }))
+    }
+
+    /// Bytes held back.
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+}
+
+impl Drop for VramReservation {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `malloc_sync` in `leave_budget`; nothing else refers to it.
+        let _ = unsafe { result::free_sync(self.ptr) };
+    }
+}
+
+/// Free and total device memory in bytes.
+pub fn memory_info(dev: &CudaDevice) -> Result<(u64, u64)> {
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    let (free, total) = result::mem_get_info().w()?;
+    Ok((free as u64, total as u64))
+}
+
+/// GB/s of a plain page-locked host → device copy of `bytes` (best of `reps`), on a stream of its own.
+pub fn pinned_copy_bandwidth(dev: &CudaDevice, bytes: usize, reps: usize) -> Result<f64> {
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread().w()?;
+    // SAFETY: fresh allocations freed below; the copy reads `host` only after it is written.
+    unsafe {
+        let host = result::malloc_host(bytes, 0).w()?;
+        std::ptr::write_bytes(host.cast::<u8>(), 1, bytes);
+        let dst = result::malloc_sync(bytes).w()?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
+        let flags = sys::CUevent_flags::CU_EVENT_DEFAULT;
+        let (start, end) = (
+            result::event::create(flags).w()?,
+            result::event::create(flags).w()?,
+        );
+        let src = std::slice::from_raw_parts(host.cast::<u8>(), bytes);
+        let mut best = 0f64;
+        for _ in 0..reps.max(1) {
+            result::event::record(start, stream).w()?;
+            result::memcpy_htod_async(dst, src, stream).w()?;
+            result::event::record(end, stream).w()?;
+            result::event::synchronize(end).w()?;
+            let ms = f64::from(result::event::elapsed(start, end).w()?);
+            best = best.max(bytes as f64 / (ms / 1e3) / 1e9);
+        }
+        let _ = result::event::destroy(start);
+        let _ = result::event::destroy(end);
+        let _ = result::stream::destroy(stream);
+        let _ = result::free_sync(dst);
+        let _ = result::free_host(host);
+        Ok(best)
+    }
+}

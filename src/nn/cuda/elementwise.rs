@@ -97,6 +97,17 @@ pub fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
         .apply_op2_no_bwd(&as_mod_f32(scale)?, &ScaledBwd { g, offset: 1.0 })
 }
 
+/// Gradient of the branch `y` of [`gated_residual`] (`dout * gate`, in `dout`'s dtype) outside autograd.
+/// CUDA only.
+pub fn gated_residual_backward(dout: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    if !runs_on_kernel(dout) {
+        candle_core::bail!("gated_residual_backward needs an f32 / bf16 CUDA tensor");
+    }
+    let g = Geometry::of(dout, gate)?;
+    dout.contiguous()?
+        .apply_op2_no_bwd(&as_mod_f32(gate)?, &ScaledBwd { g, offset: 0.0 })
+}
+
 /// Input gradient of [`gelu_tanh`] for the output gradient `dy`, outside autograd. CUDA only.
 pub fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
     if !runs_on_kernel(xs) || dy.dims() != xs.dims() {

@@ -1,0 +1,117 @@
+//! Backward of the block's element-wise steps, outside autograd: the CUDA kernels' `*_backward` functions on
+//! f32 / bf16 CUDA tensors, the same math written with candle ops elsewhere (the dispatch the forward in
+//! `block.rs` makes).
+
+use candle_core::{DType, Result, Tensor};
+
+use crate::models::wan::rope::Rope;
+
+#[cfg(feature = "cuda")]
+fn on_kernel(xs: &Tensor) -> bool {
+    xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16)
+}
+
+/// Input gradient of `x * (1 + scale) + shift` for an f32 `dy`: `dy * (1 + scale)` in f32.
+pub(super) fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let dy = dy.to_dtype(DType::F32)?;
+    #[cfg(feature = "cuda")]
+    if on_kernel(&dy) {
+        return crate::nn::cuda::elementwise::modulate_backward(&dy, scale);
+    }
+    dy.broadcast_mul(&(scale + 1.0)?)
+}
+
+/// Gradient of the branch `y` of the gated residual `x + y · gate` for the residual gradient `dout`:
+/// `dout · gate` computed in f32, returned in `dtype` (the branch's dtype).
+pub(super) fn gate_backward(dout: &Tensor, gate: &Tensor, dtype: DType) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(dout) {
+        return crate::nn::cuda::elementwise::gated_residual_backward(dout, gate)?.to_dtype(dtype);
+    }
+    dout.to_dtype(DType::F32)?
+        .broadcast_mul(gate)?
+        .to_dtype(dtype)
+}
+
+/// Input gradient of GELU-tanh at `xs` for the output gradient `dy`, in `xs`' dtype:
+/// `0.5 (1 + t) + 0.5 x (1 − t²) √(2/π) (1 + 3 · 0.044715 x²)` with `t = tanh(√(2/π) (x + 0.044715 x³))`.
+pub(super) fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(xs) {
+        return crate::nn::cuda::elementwise::gelu_tanh_backward(xs, dy);
+    }
+    const C: f64 = 0.044_715;
+    let k = (2.0 / std::f64::consts::PI).sqrt();
+    let x = xs.to_dtype(DType::F32)?;
+    let x2 = x.sqr()?;
+    let t = ((&x + (&x * &x2)? * C)? * k)?.tanh()?;
+    let left = ((&t + 1.0)? * 0.5)?;
+    let right = ((&x * (t.sqr()?.neg()? + 1.0)?)? * ((x2 * (3.0 * C))? + 1.0)?)? * (0.5 * k);
+    ((left + right)? * dy.to_dtype(DType::F32)?)?.to_dtype(xs.dtype())
+}
+
+/// Input gradient of [`Rope::apply`]: `dy` rotated by the negative angles.
+pub(super) fn rope_backward(rope: &Rope, dy: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(dy) {
+        return crate::nn::cuda::rope::rope_backward(dy, &rope.cos, &rope.sin);
+    }
+    let inverse = Rope {
+        cos: rope.cos.clone(),
+        sin: rope.sin.neg()?,
+    };
+    inverse.apply(dy)
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+
+    use super::*;
+
+    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
+        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
+        Ok((d / n.max(1e-30)).sqrt())
+    }
+
+    fn grad_of(x: &Var, y: &Tensor, dy: &Tensor) -> Result<Tensor> {
+        let store = (y * dy)?.sum_all()?.backward()?;
+        store
+            .get(x.as_tensor())
+            .cloned()
+            .ok_or_else(|| candle_core::Error::msg("no reference gradient"))
+    }
+
+    /// Each backward equals candle's autograd through the forward composition, per-sample and per-token
+    /// modulation, and RoPE with padded rows.
+    #[test]
+    fn elementwise_backwards_match_autograd() -> Result<()> {
+        let dev = Device::Cpu;
+        let x = Var::from_tensor(&Tensor::randn(0f32, 1.5, (2, 6, 8), &dev)?)?;
+        let dy = Tensor::randn(0f32, 1., (2, 6, 8), &dev)?;
+        for tokens in [1, 6] {
+            let scale = Tensor::randn(0f32, 0.3, (2, tokens, 8), &dev)?;
+            let shift = Tensor::randn(0f32, 0.3, (2, tokens, 8), &dev)?;
+            let y = x
+                .as_tensor()
+                .broadcast_mul(&(&scale + 1.0)?)?
+                .broadcast_add(&shift)?;
+            let want = grad_of(&x, &y, &dy)?;
+            assert!(rel(&modulate_backward(&dy, &scale)?, &want)? < 1e-6);
+            let y = x.as_tensor().broadcast_mul(&scale)?;
+            let want = grad_of(&x, &y, &dy)?;
+            assert!(rel(&gate_backward(&dy, &scale, DType::F32)?, &want)? < 1e-6);
+        }
+        let want = grad_of(&x, &x.as_tensor().gelu()?, &dy)?;
+        let r = rel(&gelu_tanh_backward(x.as_tensor(), &dy)?, &want)?;
+        assert!(r < 1e-5, "gelu rel {r}");
+
+        let rope = Rope::new(&[[2, 2, 3], [1, 2, 2]], 12, 16, DType::F32, &dev)?;
+        let q = Var::from_tensor(&Tensor::randn(0f32, 1., (2, 12, 2, 16), &dev)?)?;
+        let dq = Tensor::randn(0f32, 1., (2, 12, 2, 16), &dev)?;
+        let want = grad_of(&q, &rope.apply(q.as_tensor())?, &dq)?;
+        assert!(rel(&rope_backward(&rope, &dq)?, &want)? < 1e-6);
+        Ok(())
+    }
+}

@@ -1,0 +1,317 @@
+//! Block streaming (DESIGN.md §4.4): the frozen weights of streamed blocks live in host RAM, each block packed
+//! into one aligned buffer, and are copied into a small ring of GPU slots as the step walks the blocks. The model
+//! keeps a "shell" of each streamed block (its LoRA and its shapes, pointing at slot 0's tensors); a fetch returns
+//! a copy of the shell whose frozen tensors are the slot's. Frozen weights only ever travel host → device.
+//!
+//! Modes: `pinned` (every streamed block page-locked, one asynchronous copy per tensor on a second CUDA stream),
+//! `staged` (masters in pageable RAM; a worker thread fills a small page-locked staging ring and queues the
+//! copies, so page-locked memory stays bounded), and, on a device without streams (the CPU, tests), `host`:
+//! synchronous unpacking into the slot. Ordering on CUDA is explicit, with events: slot free → copy → ready →
+//! compute.
+
+mod pack;
+mod ring;
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+use std::sync::Mutex;
+
+use candle_core::{Device, Result, Tensor};
+
+use crate::models::wan::block::Block;
+pub use pack::{tensor_bytes, BlockLayout, TensorSpec, ALIGN};
+pub use ring::{Decision, Load, Ring};
+
+/// How streamed blocks reach the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamMode {
+    /// Page-locked masters, asynchronous copies.
+    Pinned,
+    /// Pageable masters and a page-locked staging ring filled by a worker thread.
+    Staged,
+    /// Synchronous copies from pageable memory (the portable path; what the CPU device uses).
+    Host,
+}
+
+impl StreamMode {
+    /// The mode's name as configuration files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pinned => "pinned",
+            Self::Staged => "staged",
+            Self::Host => "host",
+        }
+    }
+}
+
+/// Which blocks stream when only some do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Spread evenly through the model, so resident blocks sit between streamed ones and hide their copies.
+    Spread,
+    /// The last N blocks.
+    Last,
+}
+
+/// The block indices that stream: `count` of `num_blocks`, placed as asked.
+pub fn streamed_blocks(num_blocks: usize, count: usize, placement: Placement) -> Vec<usize> {
+    let count = count.min(num_blocks);
+    match placement {
+        Placement::Last => (num_blocks - count..num_blocks).collect(),
+        Placement::Spread => {
+            // The i-th streamed block sits at the end of the i-th of `count` equal stretches.
+            (0..count)
+                .map(|i| ((i + 1) * num_blocks).div_ceil(count) - 1)
+                .collect()
+        }
+    }
+}
+
+/// Streaming settings.
+#[derive(Clone, Debug)]
+pub struct OffloadOptions {
+    pub mode: StreamMode,
+    /// GPU slots in the ring (at least 2 to overlap a copy with compute).
+    pub slots: usize,
+    /// Page-locked staging buffers for `staged`.
+    pub staging_slots: usize,
+}
+
+impl Default for OffloadOptions {
+    fn default() -> Self {
+        Self {
+            mode: StreamMode::Pinned,
+            slots: 2,
+            staging_slots: 2,
+        }
+    }
+}
+
+/// Counters of one streamer since it was made (or since [`BlockStreamer::reset_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Blocks copied into a slot.
+    pub loads: u64,
+    /// Fetches whose block was already in its slot (kept from before, or prefetched).
+    pub hits: u64,
+    /// Bytes copied host → device.
+    pub bytes: u64,
+}
+
+/// The copying side: fills slots with blocks and orders compute after the copies.
+trait SlotBackend: Send {
+    /// Starts copying `block` into `slot` (after the slot's last release).
+    fn load(&mut self, slot: usize, block: usize) -> Result<()>;
+    /// All reads of `slot` by work queued so far are the last ones before it may be refilled.
+    fn release(&mut self, slot: usize) -> Result<()>;
+    /// Makes work queued from now on wait for `slot`'s copy; the slot's tensors.
+    fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>>;
+    /// Waits for every queued copy (before the host buffers may go).
+    fn synchronize(&mut self) -> Result<()>;
+}
+
+/// Synchronous backend: each load unpacks the block's host bytes into fresh tensors on the device.
+struct HostBackend {
+    layout: BlockLayout,
+    device: Device,
+    masters: Vec<Vec<u8>>,
+    slots: Vec<Vec<Tensor>>,
+}
+
+impl SlotBackend for HostBackend {
+    fn load(&mut self, slot: usize, block: usize) -> Result<()> {
+        let packed = self
+            .masters
+            .get(block)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no streamed block {block}")))?;
+        self.slots[slot] = self.layout.unpack(packed, &self.device)?;
+        Ok(())
+    }
+
+    fn release(&mut self, _slot: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>> {
+        Ok(self.slots[slot].clone())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct Inner {
+    ring: Ring,
+    backend: Box<dyn SlotBackend>,
+    stats: StreamStats,
+}
+
+/// The streamed blocks of one model: their host masters, the GPU ring and its schedule.
+pub struct BlockStreamer {
+    /// Model block index → index among the streamed blocks.
+    index: Vec<Option<usize>>,
+    layout: BlockLayout,
+    mode: StreamMode,
+    inner: Mutex<Inner>,
+}
+
+impl BlockStreamer {
+    /// Packs the frozen tensors of `blocks` (model index, block — built anywhere, normally in host RAM) into
+    /// host buffers and makes the ring on `device`. Returns the streamer and, for each block, its shell: the same
+    /// block pointing at slot 0's tensors, which the model keeps in its place.
+    pub fn new(
+        device: &Device,
+        num_blocks: usize,
+        blocks: Vec<(usize, Block)>,
+        options: &OffloadOptions,
+    ) -> Result<(Self, Vec<(usize, Block)>)> {
+        let first = match blocks.first() {
+            Some((_, b)) => b.frozen_tensors(),
+            None => candle_core::bail!("block streaming needs at least one streamed block"),
+        };
+        let layout = BlockLayout::of(&first);
+        let mut index = vec![None; num_blocks];
+        for (k, (i, _)) in blocks.iter().enumerate() {
+            match index.get_mut(*i) {
+                Some(slot) => *slot = Some(k),
+                None => candle_core::bail!("streamed block {i} out of range"),
+            }
+        }
+        let mode = if device.is_cuda() {
+            options.mode
+        } else {
+            StreamMode::Host
+        };
+        let slots = options.slots.max(1);
+        let (backend, slot0): (Box<dyn SlotBackend>, Vec<Tensor>) = match mode {
+            #[cfg(feature = "cuda")]
+            StreamMode::Pinned | StreamMode::Staged => {
+                let backend = cuda::CudaBackend::new(device, &layout, &blocks, options)?;
+                let slot0 = backend.slot_tensors(0);
+                (Box::new(backend), slot0)
+            }
+            _ => {
+                let mut masters = Vec::with_capacity(blocks.len());
+                for (_, b) in &blocks {
+                    let tensors = b.frozen_tensors();
+                    layout.check(&tensors)?;
+                    let mut packed = vec![0u8; layout.total_bytes];
+                    layout.pack_into(&tensors, &mut packed)?;
+                    masters.push(packed);
+                }
+                let zeros = layout.zeros(device)?;
+                let backend = HostBackend {
+                    layout: layout.clone(),
+                    device: device.clone(),
+                    masters,
+                    slots: vec![zeros.clone(); slots],
+                };
+                (Box::new(backend), zeros)
+            }
+        };
+        let shells = blocks
+            .into_iter()
+            .map(|(i, b)| Ok((i, b.with_frozen(&slot0)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let streamer = Self {
+            index,
+            layout,
+            mode,
+            inner: Mutex::new(Inner {
+                ring: Ring::new(slots),
+                backend,
+                stats: StreamStats::default(),
+            }),
+        };
+        Ok((streamer, shells))
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
+        self.inner.lock().map_err(|_| {
+            candle_core::Error::Msg("block streamer poisoned by an earlier panic".into())
+        })
+    }
+
+    /// Whether model block `i` streams.
+    pub fn is_streamed(&self, i: usize) -> bool {
+        self.index.get(i).is_some_and(|k| k.is_some())
+    }
+
+    /// Number of streamed blocks.
+    pub fn count(&self) -> usize {
+        self.index.iter().flatten().count()
+    }
+
+    /// The mode in use (`host` on a device without streams).
+    pub fn mode(&self) -> StreamMode {
+        self.mode
+    }
+
+    /// Bytes of one packed block (with alignment padding).
+    pub fn block_bytes(&self) -> usize {
+        self.layout.total_bytes
+    }
+
+    /// Declares the order in which model blocks will be fetched (resident ones are skipped); `cyclic` when the
+    /// order repeats (sampling).
+    pub fn begin(&self, model_order: &[usize], cyclic: bool) -> Result<()> {
+        let order = model_order
+            .iter()
+            .filter_map(|&i| self.index.get(i).copied().flatten())
+            .collect();
+        self.lock()?.ring.begin(order, cyclic);
+        Ok(())
+    }
+
+    /// The frozen tensors of streamed model block `i`, resident in a slot and ordered before any work queued
+    /// after this call; prefetches the next blocks of the declared order. Work that reads the previous fetch's
+    /// tensors must be queued before this call.
+    pub fn fetch(&self, i: usize) -> Result<Vec<Tensor>> {
+        let k = match self.index.get(i).copied().flatten() {
+            Some(k) => k,
+            None => candle_core::bail!("block {i} does not stream"),
+        };
+        let mut inner = self.lock()?;
+        let inner = &mut *inner;
+        let decision = inner.ring.fetch(k);
+        if let Some(s) = decision.released {
+            inner.backend.release(s)?;
+        }
+        if decision.loads.first().is_none_or(|l| l.block != k) {
+            inner.stats.hits += 1;
+        }
+        for load in &decision.loads {
+            inner.backend.load(load.slot, load.block)?;
+            inner.stats.loads += 1;
+            inner.stats.bytes += self.layout.data_bytes() as u64;
+        }
+        inner.backend.acquire(decision.slot)
+    }
+
+    /// Waits until every queued copy is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.lock()?.backend.synchronize()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> Result<StreamStats> {
+        Ok(self.lock()?.stats.clone())
+    }
+
+    /// Restarts the counters.
+    pub fn reset_stats(&self) -> Result<()> {
+        self.lock()?.stats = StreamStats::default();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Whether `err` is a device allocation failure (the run should stop cleanly and say how to fit).
+pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
+    let text = format!("{err:?}");
+    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
+}

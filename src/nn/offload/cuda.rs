@@ -1,0 +1,438 @@
+//! The CUDA ring: slot tensors allocated once, a second (non-blocking) stream for the copies, and per-slot events
+//! ordering the two streams (slot free → copy → ready → compute). The copy stream is made with the driver API
+//! directly rather than `CudaContext::new_stream`, which would switch every candle allocation to per-slice event
+//! tracking; cross-stream ordering is ours to keep, and it is kept with these events only.
+#![allow(unsafe_code)]
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, DevicePtr};
+use candle_core::cuda_backend::WrapErr;
+use candle_core::{DType, Device, Result, Storage, Tensor};
+
+use super::{BlockLayout, OffloadOptions, SlotBackend, StreamMode};
+use crate::models::wan::block::Block;
+
+/// A raw driver handle or pointer that may move to the staging worker (the driver allows any thread to use it).
+#[derive(Clone, Copy)]
+struct SendPtr<T>(T);
+// SAFETY: CUDA driver handles and device addresses are plain values usable from any thread of the process.
+unsafe impl<T> Send for SendPtr<T> {}
+
+/// Page-locked host memory from `cuMemHostAlloc`, freed on drop.
+struct Pinned {
+    ptr: SendPtr<*mut u8>,
+    len: usize,
+}
+
+impl Pinned {
+    fn new(len: usize) -> Result<Self> {
+        // SAFETY: a fresh allocation of `len` bytes; the memory is only read after it has been written.
+        let ptr = unsafe { result::malloc_host(len.max(1), 0) }.w()?;
+        Ok(Self {
+            ptr: SendPtr(ptr.cast()),
+            len,
+        })
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` holds `len` bytes for as long as `self` lives.
+        unsafe { std::slice::from_raw_parts(self.ptr.0, self.len) }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and `&mut self` makes this the only view.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.0, self.len) }
+    }
+}
+
+impl Drop for Pinned {
+    fn drop(&mut self) {
+        // SAFETY: allocated by `cuMemHostAlloc`; every copy reading it was synchronised before the owner drops.
+        let _ = unsafe { result::free_host(self.ptr.0.cast()) };
+    }
+}
+
+fn new_event() -> Result<sys::CUevent> {
+    result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()
+}
+
+/// The device address of a fresh, contiguous slot tensor.
+fn device_ptr(
+    t: &Tensor,
+    stream: &candle_core::cuda_backend::cudarc::driver::CudaStream,
+) -> Result<u64> {
+    let (storage, layout) = t.storage_and_layout();
+    let Storage::Cuda(cs) = &*storage else {
+        candle_core::bail!("slot tensor is not on a CUDA device");
+    };
+    let base = match t.dtype() {
+        DType::U8 => cs.as_cuda_slice::<u8>()?.device_ptr(stream).0,
+        DType::F32 => cs.as_cuda_slice::<f32>()?.device_ptr(stream).0,
+        DType::BF16 => cs.as_cuda_slice::<half::bf16>()?.device_ptr(stream).0,
+        DType::F16 => cs.as_cuda_slice::<half::f16>()?.device_ptr(stream).0,
+        other => candle_core::bail!("block streaming cannot hold {other:?} tensors"),
+    };
+    Ok(base + (layout.start_offset() * t.dtype().size_in_bytes()) as u64)
+}
+
+/// Queues the copies of one packed block from `src` (host, page-locked) into a slot, on `stream`.
+fn queue_copies(
+    layout: &BlockLayout,
+    src: &[u8],
+    dst: &[u64],
+    stream: sys::CUstream,
+) -> Result<()> {
+    for (spec, &ptr) in layout.specs.iter().zip(dst) {
+        let bytes = &src[spec.offset..spec.offset + spec.bytes];
+        // SAFETY: `ptr` is a slot tensor of exactly `spec.bytes` bytes; `src` is page-locked and outlives the
+        // copy (the owner synchronises the copy stream before freeing it).
+        unsafe { result::memcpy_htod_async(ptr, bytes, stream) }.w()?;
+    }
+    Ok(())
+}
+
+/// One copy for the staging worker.
+struct Job {
+    slot: usize,
+    block: usize,
+    dst: Vec<u64>,
+    /// The slot's free event, when it has been recorded.
+    free: Option<SendPtr<sys::CUevent>>,
+    ready: SendPtr<sys::CUevent>,
+}
+
+/// What the worker answers: the slot's ready event is recorded (or the copy failed).
+type Ack = std::result::Result<usize, String>;
+
+/// The staged mode's worker: copies pageable masters into the page-locked staging ring and queues the
+/// host → device copies from there, so the thread issuing GPU work never waits on a host memcpy.
+struct Worker {
+    jobs: Option<Sender<Job>>,
+    acks: Receiver<Ack>,
+    handle: Option<JoinHandle<()>>,
+}
+
+struct WorkerState {
+    ctx: Arc<CudaContext>,
+    copy: SendPtr<sys::CUstream>,
+    layout: BlockLayout,
+    masters: Vec<Vec<u8>>,
+    staging: Vec<Pinned>,
+    staging_done: Vec<SendPtr<sys::CUevent>>,
+    used: Vec<bool>,
+    next: usize,
+}
+
+impl WorkerState {
+    fn run(mut self, jobs: Receiver<Job>, acks: Sender<Ack>) {
+        if let Err(e) = self.ctx.bind_to_thread() {
+            let _ = acks.send(Err(format!("staging worker: {e:?}")));
+            return;
+        }
+        while let Ok(job) = jobs.recv() {
+            let ack = self.copy(&job).map(|()| job.slot);
+            if acks.send(ack).is_err() {
+                break;
+            }
+        }
+        // SAFETY: the copy stream outlives the worker (the backend joins it first); the events are the worker's.
+        unsafe {
+            let _ = result::stream::synchronize(self.copy.0);
+            for e in &self.staging_done {
+                let _ = result::event::destroy(e.0);
+            }
+        }
+    }
+
+    fn copy(&mut self, job: &Job) -> std::result::Result<(), String> {
+        let k = self.next;
+        self.next = (self.next + 1) % self.staging.len();
+        let done = self.staging_done[k].0;
+        if self.used[k] {
+            // SAFETY: `done` was recorded after the last copy out of staging buffer `k`.
+            unsafe { result::event::synchronize(done) }.map_err(|e| format!("{e:?}"))?;
+        }
+        let master = self
+            .masters
+            .get(job.block)
+            .ok_or_else(|| format!("no streamed block {}", job.block))?;
+        let staging = self.staging[k].as_mut_slice();
+        copy_parallel(&master[..self.layout.total_bytes], staging);
+        let copy = self.copy.0;
+        if let Some(free) = job.free {
+            // SAFETY: both handles are live; the wait orders the copy after the slot's last reader.
+            unsafe {
+                result::stream::wait_event(
+                    copy,
+                    free.0,
+                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                )
+            }
+            .map_err(|e| format!("{e:?}"))?;
+        }
+        queue_copies(&self.layout, self.staging[k].as_slice(), &job.dst, copy)
+            .map_err(|e| e.to_string())?;
+        // SAFETY: live events on the live copy stream.
+        unsafe {
+            result::event::record(done, copy).map_err(|e| format!("{e:?}"))?;
+            result::event::record(job.ready.0, copy).map_err(|e| format!("{e:?}"))?;
+        }
+        self.used[k] = true;
+        Ok(())
+    }
+}
+
+/// A large memcpy split over the rayon pool (one core moves ~10 GB/s from pageable memory; the copy engine
+/// takes ~50).
+fn copy_parallel(src: &[u8], dst: &mut [u8]) {
+    use rayon::prelude::*;
+    const CHUNK: usize = 8 << 20;
+    dst[..src.len()]
+        .par_chunks_mut(CHUNK)
+        .zip(src.par_chunks(CHUNK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+enum Masters {
+    Pinned(Vec<Pinned>),
+    Staged(Worker),
+}
+
+/// The CUDA slot backend.
+pub(super) struct CudaBackend {
+    compute: sys::CUstream,
+    copy: sys::CUstream,
+    layout: BlockLayout,
+    slots: Vec<Vec<Tensor>>,
+    slot_ptrs: Vec<Vec<u64>>,
+    free: Vec<sys::CUevent>,
+    free_recorded: Vec<bool>,
+    ready: Vec<sys::CUevent>,
+    /// Jobs sent to the worker and not yet acknowledged, per slot (staged mode).
+    pending: Vec<usize>,
+    masters: Masters,
+}
+
+// SAFETY: the raw handles are only used through `&mut self` (the streamer's mutex serialises every call).
+unsafe impl Send for CudaBackend {}
+
+impl CudaBackend {
+    pub(super) fn new(
+        device: &Device,
+        layout: &BlockLayout,
+        blocks: &[(usize, Block)],
+        options: &OffloadOptions,
+    ) -> Result<Self> {
+        let Device::Cuda(dev) = device else {
+            candle_core::bail!("the CUDA streaming backend needs a CUDA device");
+        };
+        let stream = dev.cuda_stream();
+        let ctx = stream.context().clone();
+        ctx.bind_to_thread().w()?;
+        let slots = options.slots.max(1);
+        let mut slot_tensors = Vec::with_capacity(slots);
+        let mut slot_ptrs = Vec::with_capacity(slots);
+        for _ in 0..slots {
+            let tensors = layout.zeros(device)?;
+            slot_ptrs.push(
+                tensors
+                    .iter()
+                    .map(|t| device_ptr(t, &stream))
+                    .collect::<Result<Vec<_>>>()?,
+            );
+            slot_tensors.push(tensors);
+        }
+        let pack = |b: &Block, out: &mut [u8]| -> Result<()> {
+            let tensors = b.frozen_tensors();
+            layout.check(&tensors)?;
+            layout.pack_into(&tensors, out)
+        };
+        let copy = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
+        let masters = match options.mode {
+            StreamMode::Staged => {
+                let mut masters = Vec::with_capacity(blocks.len());
+                for (_, b) in blocks {
+                    let mut buf = vec![0u8; layout.total_bytes];
+                    pack(b, &mut buf)?;
+                    masters.push(buf);
+                }
+                let staging_slots = options.staging_slots.max(1);
+                let state = WorkerState {
+                    ctx: ctx.clone(),
+                    copy: SendPtr(copy),
+                    layout: layout.clone(),
+                    masters,
+                    staging: (0..staging_slots)
+                        .map(|_| Pinned::new(layout.total_bytes))
+                        .collect::<Result<_>>()?,
+                    staging_done: (0..staging_slots)
+                        .map(|_| new_event().map(SendPtr))
+                        .collect::<Result<_>>()?,
+                    used: vec![false; staging_slots],
+                    next: 0,
+                };
+                Masters::Staged(Worker::start(state)?)
+            }
+            _ => {
+                let mut bufs = Vec::with_capacity(blocks.len());
+                for (_, b) in blocks {
+                    let mut buf = Pinned::new(layout.total_bytes)?;
+                    pack(b, buf.as_mut_slice())?;
+                    bufs.push(buf);
+                }
+                Masters::Pinned(bufs)
+            }
+        };
+        // Slot tensors were zero-filled on the compute stream: the first copies must come after that.
+        device.synchronize()?;
+        Ok(Self {
+            compute: stream.cu_stream(),
+            copy,
+            layout: layout.clone(),
+            slots: slot_tensors,
+            slot_ptrs,
+            free: (0..slots).map(|_| new_event()).collect::<Result<_>>()?,
+            free_recorded: vec![false; slots],
+            ready: (0..slots).map(|_| new_event()).collect::<Result<_>>()?,
+            pending: vec![0; slots],
+            masters,
+        })
+    }
+
+    /// The tensors of slot `i` (for the shells).
+    pub(super) fn slot_tensors(&self, i: usize) -> Vec<Tensor> {
+        self.slots[i].clone()
+    }
+
+    /// Receives worker acknowledgements until none is pending for `slot`.
+    fn drain_acks(&mut self, slot: Option<usize>) -> Result<()> {
+        let Masters::Staged(worker) = &self.masters else {
+            return Ok(());
+        };
+        while slot.map_or(self.pending.iter().any(|&p| p > 0), |s| self.pending[s] > 0) {
+            match worker.acks.recv() {
+                Ok(Ok(s)) if s < self.pending.len() => self.pending[s] -= 1,
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => candle_core::bail!("block streaming copy failed: {e}"),
+                Err(_) => candle_core::bail!("the block streaming worker stopped"),
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Worker {
+    fn start(state: WorkerState) -> Result<Self> {
+        let (jobs_tx, jobs_rx) = mpsc::channel();
+        let (acks_tx, acks_rx) = mpsc::channel();
+        let handle = std::thread::Builder::new()
+            .name("framesmith-staging".into())
+            .spawn(move || state.run(jobs_rx, acks_tx))
+            .map_err(|e| {
+                candle_core::Error::Msg(format!("cannot start the staging worker: {e}"))
+            })?;
+        Ok(Self {
+            jobs: Some(jobs_tx),
+            acks: acks_rx,
+            handle: Some(handle),
+        })
+    }
+}
+
+impl SlotBackend for CudaBackend {
+    fn load(&mut self, slot: usize, block: usize) -> Result<()> {
+        let free = self.free_recorded[slot].then_some(self.free[slot]);
+        match &self.masters {
+            Masters::Pinned(bufs) => {
+                let src = bufs
+                    .get(block)
+                    .ok_or_else(|| candle_core::Error::Msg(format!("no streamed block {block}")))?;
+                if let Some(free) = free {
+                    // SAFETY: live handles; orders the copy after the slot's last reader.
+                    unsafe {
+                        result::stream::wait_event(
+                            self.copy,
+                            free,
+                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+                        )
+                    }
+                    .w()?;
+                }
+                queue_copies(
+                    &self.layout,
+                    src.as_slice(),
+                    &self.slot_ptrs[slot],
+                    self.copy,
+                )?;
+                // SAFETY: live event on the live copy stream.
+                unsafe { result::event::record(self.ready[slot], self.copy) }.w()?;
+            }
+            Masters::Staged(worker) => {
+                let job = Job {
+                    slot,
+                    block,
+                    dst: self.slot_ptrs[slot].clone(),
+                    free: free.map(SendPtr),
+                    ready: SendPtr(self.ready[slot]),
+                };
+                let sent = worker.jobs.as_ref().map(|tx| tx.send(job));
+                if !matches!(sent, Some(Ok(()))) {
+                    candle_core::bail!("the block streaming worker stopped");
+                }
+                self.pending[slot] += 1;
+            }
+        }
+        Ok(())
+    }
+
+    fn release(&mut self, slot: usize) -> Result<()> {
+        // SAFETY: live event on candle's stream: recorded after every kernel queued so far.
+        unsafe { result::event::record(self.free[slot], self.compute) }.w()?;
+        self.free_recorded[slot] = true;
+        Ok(())
+    }
+
+    fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>> {
+        self.drain_acks(Some(slot))?;
+        // SAFETY: live handles; compute queued after this waits for the slot's copy.
+        unsafe {
+            result::stream::wait_event(
+                self.compute,
+                self.ready[slot],
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        }
+        .w()?;
+        Ok(self.slots[slot].clone())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.drain_acks(None)?;
+        // SAFETY: the copy stream is live.
+        unsafe { result::stream::synchronize(self.copy) }.w()
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if let Masters::Staged(worker) = &mut self.masters {
+            // Closing the channel ends the worker's loop.
+            drop(worker.jobs.take());
+            if let Some(h) = worker.handle.take() {
+                let _ = h.join();
+            }
+        }
+        // SAFETY: nothing is queued on the copy stream after this synchronisation; the handles are ours.
+        unsafe {
+            let _ = result::stream::synchronize(self.copy);
+            let _ = result::stream::synchronize(self.compute);
+            for &e in self.free.iter().chain(&self.ready) {
+                let _ = result::event::destroy(e);
+            }
+            let _ = result::stream::destroy(self.copy);
+        }
+    }
+}

@@ -1,0 +1,156 @@
+use candle_core::{DType, Device, Result, Tensor};
+
+use super::*;
+use crate::models::wan::config::WanConfig;
+use crate::models::wan::random::{random_inputs, random_weights};
+use crate::models::wan::transformer::{ModelOptions, WanModel};
+use crate::nn::fp8::Fp8Scale;
+use crate::nn::lora::Lora;
+use crate::nn::vb::Vb;
+use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
+
+fn randn(seed: u64, shape: &candle_core::Shape) -> Result<Tensor> {
+    use rand::SeedableRng;
+    let rng = &mut rand::rngs::StdRng::seed_from_u64(seed);
+    crate::nn::init::randn(rng, shape, 0.0, 0.1, &Device::Cpu)
+}
+
+#[test]
+fn spread_placement_is_even_and_last_is_the_tail() {
+    assert_eq!(streamed_blocks(8, 4, Placement::Spread), vec![1, 3, 5, 7]);
+    assert_eq!(streamed_blocks(8, 3, Placement::Last), vec![5, 6, 7]);
+    assert_eq!(streamed_blocks(4, 4, Placement::Spread), vec![0, 1, 2, 3]);
+    assert!(streamed_blocks(4, 0, Placement::Spread).is_empty());
+    let s = streamed_blocks(40, 30, Placement::Spread);
+    assert_eq!(s.len(), 30);
+    assert!(s.windows(2).all(|w| w[0] < w[1]));
+    assert_eq!(s.last(), Some(&39));
+}
+
+#[test]
+fn packing_round_trips_every_dtype() -> Result<()> {
+    let dev = Device::Cpu;
+    let tensors = vec![
+        Tensor::arange(0u8, 200, &dev)?.reshape((10, 20))?,
+        Tensor::new(&[1.5f32, -2.25, 3.0], &dev)?,
+        Tensor::new(&[0.5f32, 7.0], &dev)?.to_dtype(DType::BF16)?,
+        Tensor::new(&[0.25f32], &dev)?.to_dtype(DType::F16)?,
+    ];
+    let layout = BlockLayout::of(&tensors);
+    assert!(layout.specs.iter().all(|s| s.offset % ALIGN == 0));
+    let mut packed = vec![0u8; layout.total_bytes];
+    layout.pack_into(&tensors, &mut packed)?;
+    let back = layout.unpack(&packed, &dev)?;
+    for (a, b) in tensors.iter().zip(&back) {
+        assert_eq!(a.dtype(), b.dtype());
+        assert_eq!(tensor_bytes(a)?, tensor_bytes(b)?);
+    }
+    let wrong = vec![tensors[1].clone()];
+    assert!(layout.check(&wrong).is_err());
+    Ok(())
+}
+
+fn model(fp8: Option<Fp8Scale>, streamed: &[usize]) -> Result<WanModel> {
+    let dev = Device::Cpu;
+    let cfg = WanConfig::tiny(4);
+    let weights = random_weights(&cfg, 11, DType::F32, &dev)?;
+    let options = ModelOptions {
+        residual_dtype: DType::F32,
+        blocks_fp8: fp8,
+    };
+    let vb = Vb::from_tensors(weights, DType::F32, &dev);
+    if streamed.is_empty() {
+        WanModel::new(&cfg, vb, &options)
+    } else {
+        let offload = OffloadOptions {
+            mode: StreamMode::Pinned,
+            slots: 2,
+            staging_slots: 2,
+        };
+        WanModel::new_streamed(&cfg, vb, &options, streamed, &offload)
+    }
+}
+
+#[test]
+fn a_streamed_model_gives_the_same_outputs() -> Result<()> {
+    let cfg = WanConfig::tiny(4);
+    let inputs = random_inputs(&cfg, &[[2, 4, 4]], 4, &Device::Cpu)?;
+    for fp8 in [None, Some(Fp8Scale::Block64)] {
+        let plain = model(fp8, &[])?.forward(&inputs)?;
+        let streamed_model = model(fp8, &[1, 2, 3])?;
+        let streamer = streamed_model.streamer().expect("streams");
+        assert_eq!(streamer.count(), 3);
+        assert_eq!(streamer.mode(), StreamMode::Host);
+        // Two passes: the second reuses what the first left in the ring (cyclic order).
+        for _ in 0..2 {
+            let streamed = streamed_model.forward(&inputs)?;
+            for (a, b) in plain.iter().zip(&streamed) {
+                let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+                assert_eq!(diff, 0.0, "streamed output differs by {diff}");
+            }
+        }
+        let stats = streamer.stats()?;
+        assert!(stats.loads >= 3 && stats.hits >= 1, "{stats:?}");
+    }
+    Ok(())
+}
+
+#[test]
+fn a_streamed_step_gives_the_same_lora_gradients() -> Result<()> {
+    let cfg = WanConfig::tiny(4);
+    let dev = Device::Cpu;
+    let inputs = random_inputs(&cfg, &[[2, 4, 4], [1, 2, 4]], 4, &dev)?;
+    let targets: Vec<Tensor> = inputs
+        .latents
+        .iter()
+        .map(|l| l.ones_like())
+        .collect::<Result<_>>()?;
+    let target = LossTarget {
+        targets: &targets,
+        weights: None,
+    };
+    let run = |streamed: &[usize]| -> Result<(f32, Vec<Tensor>)> {
+        let mut m = model(None, streamed)?;
+        let mut vars = Vec::new();
+        for (k, (_, linear)) in m.linears_mut().into_iter().enumerate() {
+            let lora = Lora::new(linear.in_dim(), linear.out_dim(), 4, 4.0, DType::F32, &dev)?;
+            let seed = k as u64;
+            lora.down.set(&randn(seed, lora.down.shape())?)?;
+            lora.up.set(&randn(seed + 1000, lora.up.shape())?)?;
+            vars.push(lora.down.clone());
+            vars.push(lora.up.clone());
+            linear.set_lora(Some(lora));
+        }
+        let out = checkpointed_step(&m, &inputs, &target, &vars, &StepOptions::default())?;
+        Ok((out.loss, out.grads))
+    };
+    let (loss_a, grads_a) = run(&[])?;
+    let (loss_b, grads_b) = run(&[0, 2, 3])?;
+    assert_eq!(loss_a, loss_b);
+    for (a, b) in grads_a.iter().zip(&grads_b) {
+        let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert_eq!(diff, 0.0);
+    }
+    Ok(())
+}
+
+#[test]
+fn streaming_an_existing_model_frees_nothing_it_needs() -> Result<()> {
+    let cfg = WanConfig::tiny(4);
+    let inputs = random_inputs(&cfg, &[[1, 4, 4]], 4, &Device::Cpu)?;
+    let plain = model(None, &[])?;
+    let expected = plain.forward(&inputs)?;
+    let mut m = plain.clone();
+    m.stream_blocks(&[0, 3], &OffloadOptions::default())?;
+    assert!(m.stream_blocks(&[1], &OffloadOptions::default()).is_err());
+    let got = m.forward(&inputs)?;
+    for (a, b) in expected.iter().zip(&got) {
+        assert_eq!((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?, 0.0);
+    }
+    let mut bad = plain.clone();
+    assert!(bad
+        .stream_blocks(&[3, 1], &OffloadOptions::default())
+        .is_err());
+    assert!(bad.stream_blocks(&[9], &OffloadOptions::default()).is_err());
+    Ok(())
+}

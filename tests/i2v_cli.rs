@@ -1,0 +1,200 @@
+//! `framesmith generate --image` end to end: a TI2V-5B clip from the tiny fixture DiT, VAE and umT5 (the image
+//! changes the clip, one image and seed give one clip), and every wrong combination of model, image and CLIP
+//! file refused with a message that names the fix.
+
+// Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use tokenizers::models::unigram::Unigram;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::Tokenizer;
+
+fn framesmith(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
+        .args(args)
+        .output()
+        .expect("framesmith runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fixture's weights: `../shared` from the main checkout, `../../shared` from a worktree.
+fn fixture(case: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let main = root.join("../shared/fixtures/wan").join(case);
+    let dir = if main.exists() {
+        main
+    } else {
+        root.join("../../shared/fixtures/wan").join(case)
+    };
+    dir.join("weights.safetensors").display().to_string()
+}
+
+/// A Unigram tokenizer over a few words and the letters (fits the tiny umT5's 100-token vocabulary).
+fn write_tokenizer(path: &Path) {
+    let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>", "▁"]
+        .iter()
+        .map(|s| (s.to_string(), 0.0))
+        .collect();
+    vocab.extend(('a'..='z').map(|c| (c.to_string(), -5.0)));
+    vocab.extend(["▁a", "▁red", "▁cat"].iter().map(|w| (w.to_string(), -1.0)));
+    let mut tokenizer = Tokenizer::new(Unigram::from(vocab, Some(2), false).expect("unigram"));
+    tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+    tokenizer.save(path, false).expect("tokenizer saved");
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
+
+fn write_picture(path: &Path, tint: u8) {
+    image::RgbImage::from_fn(90, 50, |x, y| {
+        image::Rgb([(x * 2) as u8 ^ tint, (y * 5) as u8, tint])
+    })
+    .save(path)
+    .expect("picture saved");
+}
+
+struct Setup {
+    dir: tempfile::TempDir,
+    tokenizer: PathBuf,
+}
+
+fn setup() -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let tokenizer = dir.path().join("tokenizer.json");
+    write_tokenizer(&tokenizer);
+    Setup { dir, tokenizer }
+}
+
+/// `generate` with the tiny umT5 and the given DiT, VAE and extra arguments.
+fn generate(setup: &Setup, dit: &str, vae: &str, out: &str, extra: &[&str]) -> (bool, String) {
+    let te = fixture("umt5_tiny");
+    let mut args = vec![
+        "generate",
+        "--dit",
+        dit,
+        "--text-encoder",
+        &te,
+        "--tokenizer",
+        s(&setup.tokenizer),
+        "--vae",
+        vae,
+        "--prompt",
+        "a red cat",
+        "--width",
+        "64",
+        "--height",
+        "32",
+        "--frames",
+        "5",
+        "--steps",
+        "2",
+        "--seed",
+        "3",
+        "--device",
+        "cpu",
+        "--out",
+        out,
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = framesmith(&args);
+    (ok, format!("{stdout}{stderr}"))
+}
+
+#[test]
+fn ti2v_clips_follow_the_start_image() {
+    let setup = setup();
+    let root = setup.dir.path();
+    let (img_a, img_b) = (root.join("a.png"), root.join("b.jpg"));
+    write_picture(&img_a, 10);
+    write_picture(&img_b, 200);
+    let (dit, vae) = (fixture("wan22_ti2v_tiny"), fixture("wan22_vae_tiny"));
+    let run = |name: &str, image: &Path| {
+        let out = root.join(name);
+        let (ok, log) = generate(&setup, &dit, &vae, s(&out), &["--image", s(image)]);
+        assert!(ok, "{log}");
+        assert!(
+            log.contains("from the start image") && log.contains("5 frames"),
+            "{log}"
+        );
+        std::fs::read(root.join(format!("{}_frames/frame_0000.png", &name[..1]))).expect("frame")
+    };
+    let a = run("a.mp4", &img_a);
+    assert_eq!(a, run("c.mp4", &img_a), "one image and seed, one clip");
+    assert_ne!(a, run("b.mp4", &img_b), "another image, another clip");
+}
+
+#[test]
+fn wrong_image_and_model_combinations_name_the_fix() {
+    let setup = setup();
+    let root = setup.dir.path();
+    let picture = root.join("p.png");
+    write_picture(&picture, 1);
+    let out = root.join("x.mp4");
+    let (i2v, t2v, vae) = (
+        fixture("wan21_i2v_tiny"),
+        fixture("wan21_t2v_tiny"),
+        fixture("wan21_vae_tiny"),
+    );
+    let expect = |dit: &str, extra: &[&str], wanted: &[&str]| {
+        let (ok, log) = generate(&setup, dit, &vae, s(&out), extra);
+        assert!(!ok, "should fail: {extra:?}");
+        for w in wanted {
+            assert!(log.contains(w), "{w:?} missing from: {log}");
+        }
+    };
+    expect(
+        &t2v,
+        &["--image", s(&picture)],
+        &["takes no start image", "drop --image"],
+    );
+    expect(&i2v, &[], &["needs a start image", "--image PATH"]);
+    expect(
+        &i2v,
+        &["--image", s(&picture)],
+        &["CLIP image encoder", "--clip"],
+    );
+    let missing = root.join("missing.png");
+    expect(
+        &i2v,
+        &["--image", s(&missing), "--clip", &vae],
+        &["start image not found", "missing.png"],
+    );
+    let junk = root.join("junk.jpg");
+    std::fs::write(&junk, "not a picture").expect("write");
+    expect(
+        &i2v,
+        &["--image", s(&junk), "--clip", &vae],
+        &["cannot read the start image", "junk.jpg"],
+    );
+    // A VAE file given as the CLIP encoder: found out when it is loaded.
+    expect(
+        &i2v,
+        &["--image", s(&picture), "--clip", &vae],
+        &[
+            "this is a VAE, not the CLIP image encoder",
+            "clip_vision_h",
+            "wan21_vae_tiny",
+        ],
+    );
+    // A CLIP file of another size (the tiny parity fixture is not a ViT-H/14).
+    let tiny_clip =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/clip_tiny/weights.safetensors");
+    expect(
+        &i2v,
+        &["--image", s(&picture), "--clip", s(&tiny_clip)],
+        &[
+            "do not fit the CLIP image encoder",
+            "expected [1280, 3, 14, 14]",
+            "clip_tiny",
+        ],
+    );
+    assert!(!out.exists(), "no clip is written on errors");
+}
