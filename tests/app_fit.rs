@@ -45,7 +45,7 @@ fn apply_preset(h: &mut Harness<'static, FramesmithApp>, name: &str) {
 #[test]
 fn shows_the_verdict_and_chosen_blocks_for_a_preset() {
     let dir = tempfile::tempdir().unwrap();
-    let mut h = real_app_on(dir.path(), 24.0);
+    let mut h = real_app_on(dir.path(), 16.0);
     apply_preset(&mut h, "low-vram-windows");
     let plan = h.state().memory_plan().expect("a plan").clone();
     assert!(

@@ -62,8 +62,19 @@ fn prints_the_table_and_exits_by_verdict() {
         assert!(stdout.contains(needle), "`{needle}` missing from\n{stdout}");
     }
 
+    // Issue #7's case: 14B FP8 at 480p × 81 frames on a 24 GB card streams part of its blocks.
     let mut args = WAN14B_480P.to_vec();
     args.extend(["--vram-budget-gb", "24"]);
+    let (code, stdout, _) = framesmith(&args);
+    println!("{stdout}");
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("14 of 40 blocks streamed (chosen)"),
+        "{stdout}"
+    );
+
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "12"]);
     let (code, stdout, _) = framesmith(&args);
     println!("{stdout}");
     assert_eq!(code, Some(3), "does not fit exits with 3");

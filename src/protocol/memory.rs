@@ -102,7 +102,7 @@ pub struct PlanReport {
     pub streamed_blocks: usize,
     /// Whether the planner chose `streamed_blocks` (`blocks_to_swap = "auto"`).
     pub blocks_chosen: bool,
-    /// Frozen weights of one block in the chosen format.
+    /// Frozen weights of one block in the chosen format, packed for streaming (a GPU slot's size).
     pub block_bytes: u64,
     pub peak_vram_bytes: u64,
     /// Host RAM the plan adds (streamed weights, staging ring, saved activations).

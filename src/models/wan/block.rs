@@ -213,33 +213,6 @@ impl Block {
         out
     }
 
-    /// Bytes of the block's frozen tensors as held (linear bases in their format, biases, norms, modulation; LoRA
-    /// not included): what streaming moves and what the memory planner counts.
-    pub fn storage_bytes(&self) -> usize {
-        let bytes = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
-        let linear = |l: &Linear| l.base().storage_bytes() + l.bias().map_or(0, bytes);
-        let (sa, ca) = (&self.self_attn, &self.cross_attn);
-        let linears = [
-            &sa.q, &sa.k, &sa.v, &sa.o, &ca.q, &ca.k, &ca.v, &ca.o, &self.ffn0, &self.ffn2,
-        ]
-        .into_iter()
-        .chain(ca.k_img.iter())
-        .chain(ca.v_img.iter());
-        let norms = [
-            &sa.norm_q,
-            &sa.norm_k,
-            &ca.norm_q,
-            &ca.norm_k,
-            &ca.norm_k_img,
-        ]
-        .into_iter()
-        .flatten()
-        .chain(self.norm3.iter().flat_map(|(w, b)| [w, b]));
-        linears.map(linear).sum::<usize>()
-            + norms.map(bytes).sum::<usize>()
-            + bytes(&self.modulation)
-    }
-
     /// Runs the block on `xs` [b, seq_len, dim] (the residual stream, f32 or bf16); returns the same shape/dtype.
     pub fn forward(&self, xs: &Tensor, inputs: &BlockInputs) -> Result<Tensor> {
         let compute = inputs.context.dtype();

@@ -8,6 +8,7 @@ use crate::models::wan::weights::official_shapes;
 use crate::models::wan::WanConfig;
 use crate::nn::fp8::{self, Fp8Scale, BLOCK_SIZE};
 use crate::nn::lora::{LoraError, LoraTargets};
+use crate::nn::offload::ALIGN;
 
 /// How the frozen block linears are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,15 +77,22 @@ fn elements(shape: &[usize]) -> u64 {
     shape.iter().map(|&n| n as u64).product()
 }
 
-/// Bytes of one FP8 weight `[out, in]`: a code byte per value plus 4 bytes per scale (as `Fp8Weight::storage_bytes`;
-/// block-64 falls back to per-channel when `in` is not a multiple of 64, as `fp8::effective_mode` decides).
-pub fn fp8_weight_bytes(out_dim: usize, in_dim: usize, mode: Fp8ScaleMode) -> u64 {
+/// Bytes of one FP8 weight `[out, in]` as (codes, scales): a code byte per value and 4 bytes per scale (as
+/// `Fp8Weight::storage_bytes`; block-64 falls back to per-channel when `in` is not a multiple of 64, as
+/// `fp8::effective_mode` decides).
+pub fn fp8_weight_buffers(out_dim: usize, in_dim: usize, mode: Fp8ScaleMode) -> (u64, u64) {
     let scales = match fp8::effective_mode(fp8_scale(mode), in_dim) {
         Fp8Scale::Tensor => 1,
         Fp8Scale::Channel => out_dim as u64,
         Fp8Scale::Block64 => (out_dim * (in_dim / BLOCK_SIZE)) as u64,
     };
-    (out_dim * in_dim) as u64 + 4 * scales
+    ((out_dim * in_dim) as u64, 4 * scales)
+}
+
+/// Bytes of one FP8 weight `[out, in]`, codes and scales together.
+pub fn fp8_weight_bytes(out_dim: usize, in_dim: usize, mode: Fp8ScaleMode) -> u64 {
+    let (codes, scales) = fp8_weight_buffers(out_dim, in_dim, mode);
+    codes + scales
 }
 
 /// What a block's tensor is, by its official name under `blocks.N.`.
@@ -107,21 +115,44 @@ fn classify(rest: &str, shape: &[usize]) -> BlockTensor {
     }
 }
 
-/// Bytes of one block's frozen tensors as the engine holds them: linear weights in `base`, biases and q/k norms in
-/// the compute dtype, `norm3` and `modulation` in f32. Every block of a Wan model has the same size.
-pub fn block_bytes(cfg: &WanConfig, base: BaseFormat) -> u64 {
+/// The size of every frozen buffer of one block as the engine holds it, in no particular order: linear weights in
+/// `base` (an FP8 weight is two buffers, codes and scales), biases and q/k norms in the compute dtype, `norm3` and
+/// `modulation` in f32. Every block of a Wan model has the same buffers.
+pub fn block_buffers(cfg: &WanConfig, base: BaseFormat) -> Vec<u64> {
     let compute = dtype_bytes(base.compute_dtype());
-    official_shapes(cfg)
+    let mut out = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(rest) = name.strip_prefix("blocks.0.") else {
+            continue;
+        };
+        match (classify(rest, &shape), base) {
+            (BlockTensor::LinearWeight, BaseFormat::Dense(d)) => {
+                out.push(elements(&shape) * dtype_bytes(d))
+            }
+            (BlockTensor::LinearWeight, BaseFormat::Fp8(mode)) => {
+                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
+                out.extend([codes, scales]);
+            }
+            (BlockTensor::F32, _) => out.push(elements(&shape) * 4),
+            (BlockTensor::Compute, _) => out.push(elements(&shape) * compute),
+        }
+    }
+    out
+}
+
+/// Bytes of one block's frozen tensors (what a copy moves).
+pub fn block_data_bytes(cfg: &WanConfig, base: BaseFormat) -> u64 {
+    block_buffers(cfg, base).iter().sum()
+}
+
+/// Bytes of one block packed for streaming: every buffer starts at a multiple of `nn::offload::ALIGN`, as
+/// `BlockLayout` packs them. The size of a GPU slot, a pinned master and a staging buffer; a resident block holds
+/// [`block_data_bytes`].
+pub fn block_bytes(cfg: &WanConfig, base: BaseFormat) -> u64 {
+    let align = ALIGN as u64;
+    block_buffers(cfg, base)
         .iter()
-        .filter_map(|(name, shape)| Some((name.strip_prefix("blocks.0.")?, shape)))
-        .map(|(rest, shape)| match classify(rest, shape) {
-            BlockTensor::LinearWeight => match base {
-                BaseFormat::Dense(d) => elements(shape) * dtype_bytes(d),
-                BaseFormat::Fp8(mode) => fp8_weight_bytes(shape[0], shape[1], mode),
-            },
-            BlockTensor::F32 => elements(shape) * 4,
-            BlockTensor::Compute => elements(shape) * compute,
-        })
+        .map(|b| b.div_ceil(align) * align)
         .sum()
 }
 

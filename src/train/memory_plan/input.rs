@@ -189,6 +189,7 @@ impl PlanInput {
             host_ram_bytes: None,
             windows: cfg!(windows),
             working_set: WORKING_SET,
+            keep_attention: false,
         }
     }
 

@@ -10,8 +10,8 @@ mod suggest;
 mod working_set;
 
 pub use bytes::{
-    block_bytes, dtype_bytes, fp8_weight_bytes, lora_parameters, resident_weights,
-    tokens_per_sample, vae_for, BaseFormat,
+    block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_weight_buffers,
+    fp8_weight_bytes, lora_parameters, resident_weights, tokens_per_sample, vae_for, BaseFormat,
 };
 pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
@@ -70,6 +70,9 @@ pub struct PlanInput {
     pub windows: bool,
     /// The activation model ([`WORKING_SET`] unless measuring or comparing).
     pub working_set: WorkingSet,
+    /// Selective checkpointing (`train::step::StepOptions::keep_attention`): every block's self-attention output
+    /// and LSE stay on the device from the forward pass.
+    pub keep_attention: bool,
 }
 
 /// Why a configuration cannot be planned.
@@ -107,7 +110,10 @@ pub enum PlanError {
 
 /// The sizes that do not depend on how many blocks are streamed.
 struct Sizes {
+    /// A block packed for streaming (slots, masters, staging buffers).
     block: u64,
+    /// A resident block's tensors.
+    block_data: u64,
     resident: Vec<(&'static str, u64)>,
     lora_params: u64,
     lora_modules: usize,
@@ -145,6 +151,7 @@ fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
     )?;
     Ok(Sizes {
         block: block_bytes(cfg, input.base),
+        block_data: block_data_bytes(cfg, input.base),
         resident: resident_weights(cfg, input.compute),
         lora_params,
         lora_modules,
@@ -181,8 +188,12 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
     let n = cfg.num_layers;
     let block = format_gib(s.block);
     let mut out = vec![line(
-        format!("resident blocks ({} × {block})", n - streamed),
-        (n - streamed) as u64 * s.block,
+        format!(
+            "resident blocks ({} × {})",
+            n - streamed,
+            format_gib(s.block_data)
+        ),
+        (n - streamed) as u64 * s.block_data,
         Placement::Device,
     )];
     if streamed > 0 {
@@ -226,6 +237,18 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         saved,
         saved_at,
     ));
+    if input.keep_attention {
+        let l = s.shape.tokens;
+        let per_block = l * cfg.dim as u64 * s.shape.compute_bytes + l * cfg.num_heads as u64 * 4;
+        out.push(line(
+            format!(
+                "kept self-attention outputs ({n} × {})",
+                format_gib(per_block)
+            ),
+            n as u64 * per_block,
+            Placement::Device,
+        ));
+    }
     for (label, bytes) in shared_inputs(cfg, input.clip.batch as u64, &s.shape) {
         out.push(line(label, bytes, Placement::Device));
     }

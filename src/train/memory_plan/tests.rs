@@ -7,6 +7,7 @@ use crate::models::wan::random::random_weights;
 use crate::models::wan::{Generation, ModelType, WanModel};
 use crate::nn::fp8::Fp8Scale;
 use crate::nn::lora::{attach_loras, LoraSpec};
+use crate::nn::offload::BlockLayout;
 use crate::nn::vb::Vb;
 use crate::protocol::memory::Suggestion;
 
@@ -36,6 +37,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         host_ram_bytes: None,
         windows: false,
         working_set: WORKING_SET,
+        keep_attention: false,
     }
 }
 
@@ -61,13 +63,14 @@ fn tiny_i2v_odd() -> WanConfig {
     }
 }
 
-fn real_block_bytes(cfg: &WanConfig, compute: DType, fp8: Option<Fp8Scale>) -> usize {
+/// The streaming layout of a real block built from random weights: the engine's own buffers.
+fn real_block_layout(cfg: &WanConfig, compute: DType, fp8: Option<Fp8Scale>) -> BlockLayout {
     let dev = Device::Cpu;
     let weights = random_weights(cfg, 7, DType::F32, &dev).unwrap();
     let vb = Vb::from_tensors(weights, compute, &dev)
         .pp("blocks")
         .with_fp8(fp8);
-    Block::new(cfg, vb.pp(0)).unwrap().storage_bytes()
+    BlockLayout::of(&Block::new(cfg, vb.pp(0)).unwrap().frozen_tensors())
 }
 
 #[test]
@@ -95,13 +98,19 @@ fn block_bytes_equal_a_real_blocks_buffers() {
     ];
     for cfg in [WanConfig::tiny(1), tiny_i2v_odd()] {
         for (base, compute, fp8) in formats {
+            let real = real_block_layout(&cfg, compute, fp8);
+            let what = format!("{base:?} dim {} clip {}", cfg.dim, cfg.has_clip());
+            let mut ours = block_buffers(&cfg, base);
+            let mut theirs: Vec<u64> = real.specs.iter().map(|t| t.bytes as u64).collect();
+            ours.sort_unstable();
+            theirs.sort_unstable();
+            assert_eq!(ours, theirs, "{what}");
             assert_eq!(
-                block_bytes(&cfg, base) as usize,
-                real_block_bytes(&cfg, compute, fp8),
-                "{base:?} dim {} clip {}",
-                cfg.dim,
-                cfg.has_clip()
+                block_data_bytes(&cfg, base) as usize,
+                real.data_bytes(),
+                "{what}"
             );
+            assert_eq!(block_bytes(&cfg, base) as usize, real.total_bytes, "{what}");
         }
     }
 }
@@ -114,7 +123,7 @@ fn dense_f32_weights_add_up_to_the_parameter_count() {
             .iter()
             .map(|(_, b)| b)
             .sum();
-        let blocks = cfg.num_layers as u64 * block_bytes(&cfg, base);
+        let blocks = cfg.num_layers as u64 * block_data_bytes(&cfg, base);
         assert_eq!(resident + blocks, 4 * cfg.parameter_count(), "{cfg:?}");
     }
 }
@@ -122,9 +131,9 @@ fn dense_f32_weights_add_up_to_the_parameter_count() {
 #[test]
 fn fp8_14b_block_is_about_a_byte_per_weight() {
     let cfg = WanConfig::wan21_t2v_14b();
-    let b64 = block_bytes(&cfg, BaseFormat::Fp8(Fp8ScaleMode::Block64));
-    let tensor = block_bytes(&cfg, BaseFormat::Fp8(Fp8ScaleMode::Tensor));
-    let bf16 = block_bytes(&cfg, BaseFormat::Dense(FloatDtype::Bf16));
+    let b64 = block_data_bytes(&cfg, BaseFormat::Fp8(Fp8ScaleMode::Block64));
+    let tensor = block_data_bytes(&cfg, BaseFormat::Fp8(Fp8ScaleMode::Tensor));
+    let bf16 = block_data_bytes(&cfg, BaseFormat::Dense(FloatDtype::Bf16));
     // 351.3 M linear weights; block-64 adds one f32 per 64 of them.
     let linear = (8 * 5120 * 5120 + 2 * 5120 * 13824) as u64;
     assert_eq!(b64 - tensor, 4 * linear / 64 - 4 * 10);
@@ -563,4 +572,15 @@ fn a_validated_run_plans_like_its_config() {
     assert_eq!(from_run.vram_budget_bytes, Some(30 * GIB));
     let report = plan(&from_run).unwrap();
     assert_eq!((report.streamed_blocks, report.blocks_chosen), (20, false));
+}
+
+#[test]
+fn kept_attention_costs_an_output_and_lse_per_block() {
+    let mut i = fp8_14b();
+    let without = peak_vram_bytes(&i, 0).unwrap();
+    i.keep_attention = true;
+    let with = peak_vram_bytes(&i, 0).unwrap();
+    // 14B at 32,760 tokens: 320 MiB of bf16 output and 40 heads of f32 LSE per block (train::step's figure).
+    let per_block = 32_760 * 5120 * 2 + 32_760 * 40 * 4;
+    assert_eq!(with - without, 40 * per_block);
 }

@@ -30,8 +30,8 @@ pub struct WorkingSet {
 }
 
 impl WorkingSet {
-    /// Today's engine: candle autograd over the block (every gradient accumulated into a fresh tensor, see
-    /// bench/RESULTS.md). Fitted to the two measured peaks of the training-step benchmark (run 7, H200, 480×832×81
+    /// candle autograd over the block (`train::step::BlockBackward::Autograd`: every gradient accumulated into a
+    /// fresh tensor, see bench/RESULTS.md). Fitted to the two measured peaks of the training-step benchmark (run 7, H200, 480×832×81
     /// = 32,760 tokens, LoRA rank 32 on every block linear, f32 residual, no optimizer state): Wan2.1-14B FP8
     /// block64 77.62 GiB and Wan2.1-1.3B bf16 23.54 GiB. Subtracting weights, LoRA parameters and gradients and
     /// the saved block inputs leaves ≈ 41 `[L, dim]` f32-sized and ≈ 13 `[L, ffn_dim]` bf16 tensors; the split
@@ -49,9 +49,10 @@ impl WorkingSet {
     };
 
     /// A hand-written block backward that frees each intermediate as soon as it is used, as PyTorch's per-block
-    /// checkpointing does: fitted the same way to the PyTorch reference step of the same benchmark (14B bf16
-    /// 63.39 GiB, 1.3B bf16 13.08 GiB), ≈ 11 `[L, dim]` f32-sized and ≈ 4 `[L, ffn_dim]` bf16 tensors. The target
-    /// that makes a 14B model train on a 24 GB card at 480×832×81.
+    /// checkpointing does (`train::step::BlockBackward::Manual`, the engine's default): fitted the same way to the
+    /// PyTorch reference step of the same benchmark (14B bf16 63.39 GiB, 1.3B bf16 13.08 GiB), ≈ 11 `[L, dim]`
+    /// f32-sized and ≈ 4 `[L, ffn_dim]` bf16 tensors. Not yet measured on our manual backward: replace with its
+    /// H200 peaks. What makes a 14B model train on a 24 GB card at 480×832×81.
     pub const FUSED_BACKWARD: Self = Self {
         tokens_dim_f32: 4,
         tokens_dim_compute: 8,
@@ -79,9 +80,9 @@ impl WorkingSet {
     }
 }
 
-/// The working set the planner uses unless told otherwise. Switch to [`WorkingSet::FUSED_BACKWARD`] (or a new
-/// measured set) when the engine's block backward changes.
-pub const WORKING_SET: WorkingSet = WorkingSet::CANDLE_AUTOGRAD;
+/// The working set the planner uses unless told otherwise: the engine's default block backward (the manual one).
+/// Keep it in step with `train::step::BlockBackward`'s default and recalibrate when the backward changes.
+pub const WORKING_SET: WorkingSet = WorkingSet::FUSED_BACKWARD;
 
 /// The CUDA context, cuBLAS / cuDNN workspaces and loaded kernels: device memory the allocator's high-water mark
 /// does not show but the card loses. Measured on a driver's first context; varies ±200 MiB by GPU and driver.
