@@ -92,7 +92,7 @@ fn prints_the_table_and_exits_by_verdict() {
 #[test]
 fn json_carries_the_numbers() {
     let mut args = WAN14B_480P.to_vec();
-    args.extend(["--vram-budget-gb", "48", "--json"]);
+    args.extend(["--vram-budget-gb", "20", "--json"]);
     let (code, stdout, stderr) = framesmith(&args);
     assert_eq!(code, Some(0), "{stderr}");
     let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
@@ -103,7 +103,7 @@ fn json_carries_the_numbers() {
     let streamed = report["streamed_blocks"].as_u64().unwrap();
     assert!((1..40).contains(&streamed), "{streamed}");
     let peak = report["peak_vram_bytes"].as_u64().unwrap();
-    assert!(peak <= 48 << 30);
+    assert!(peak <= 20 << 30);
     let lines = report["breakdown"].as_array().unwrap();
     let device: u64 = lines
         .iter()
@@ -166,4 +166,37 @@ fn bad_input_is_an_error_naming_the_fix() {
     let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", "--frames", "80"]);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("80 frames"), "{stderr}");
+}
+
+#[test]
+fn as_bench_leaves_out_the_optimizer_and_the_context() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = WAN14B_480P.to_vec();
+        args.extend(["--vram-budget-gb", "80", "--json"]);
+        args.extend(extra);
+        let (code, stdout, stderr) = framesmith(&args);
+        assert_eq!(code, Some(0), "{stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let full = json(&[]);
+    let bench = json(&["--as-bench"]);
+    let labelled = |r: &serde_json::Value, prefix: &str| -> u64 {
+        r["breakdown"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["label"].as_str().unwrap().starts_with(prefix))
+            .map(|l| l["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let left_out = labelled(&full, "AdamW") + labelled(&full, "CUDA context");
+    assert!(left_out > 0);
+    assert_eq!(
+        labelled(&bench, "AdamW") + labelled(&bench, "CUDA context"),
+        0
+    );
+    assert_eq!(
+        full["peak_vram_bytes"].as_u64().unwrap() - bench["peak_vram_bytes"].as_u64().unwrap(),
+        left_out
+    );
 }

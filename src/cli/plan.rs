@@ -77,6 +77,9 @@ pub struct PlanArgs {
     /// Plan for this much RAM (GiB) instead of this machine's
     #[arg(long)]
     ram_gb: Option<f64>,
+    /// Leave out AdamW's moments and the CUDA context, as `framesmith-bench step|stream` measure peaks
+    #[arg(long)]
+    as_bench: bool,
     /// Print the plan as JSON
     #[arg(long)]
     json: bool,
@@ -156,6 +159,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let (clip, clip_note) = clip(args, &cfg);
     let mut input = PlanInput::from_config(&cfg, model, clip);
     input.probe_machine(cfg.training.device);
+    input.optimizer_and_context = !args.as_bench;
     if let Some(slots) = args.gpu_slots {
         input.streaming.gpu_slots = slots;
     }

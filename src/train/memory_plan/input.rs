@@ -190,6 +190,7 @@ impl PlanInput {
             windows: cfg!(windows),
             working_set: WORKING_SET,
             keep_attention: false,
+            optimizer_and_context: true,
         }
     }
 

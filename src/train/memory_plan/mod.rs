@@ -73,6 +73,9 @@ pub struct PlanInput {
     /// Selective checkpointing (`train::step::StepOptions::keep_attention`): every block's self-attention output
     /// and LSE stay on the device from the forward pass.
     pub keep_attention: bool,
+    /// Count AdamW's moments and the CUDA context. Both false reproduces what `framesmith-bench step|stream`
+    /// measure (the allocator's peak of steps without an optimizer), for calibrating [`WORKING_SET`].
+    pub optimizer_and_context: bool,
 }
 
 /// Why a configuration cannot be planned.
@@ -218,7 +221,9 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         Placement::Device,
     ));
     out.push(line("LoRA gradients (f32)", lora, Placement::Device));
-    out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
+    if input.optimizer_and_context {
+        out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
+    }
     let saved = n as u64 * s.shape.tokens * cfg.dim as u64 * s.shape.residual_bytes;
     let saved_at = match input.streaming.activations {
         ActivationPlacement::Device => Placement::Device,
@@ -257,11 +262,13 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         input.working_set.bytes(cfg, &s.shape),
         Placement::Device,
     ));
-    out.push(line(
-        "CUDA context and workspaces",
-        CUDA_CONTEXT_BYTES,
-        Placement::Device,
-    ));
+    if input.optimizer_and_context {
+        out.push(line(
+            "CUDA context and workspaces",
+            CUDA_CONTEXT_BYTES,
+            Placement::Device,
+        ));
+    }
     out.extend(streamed_host_lines(input, s.block, streamed));
     out
 }

@@ -38,6 +38,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         windows: false,
         working_set: WORKING_SET,
         keep_attention: false,
+        optimizer_and_context: true,
     }
 }
 
@@ -317,16 +318,10 @@ fn candle_autograd_constants_reproduce_the_step_benchmark() {
     for (mut i, measured_gib) in cases {
         i.working_set = WorkingSet::CANDLE_AUTOGRAD;
         i.streaming.mode = StreamingMode::Off;
+        i.optimizer_and_context = false;
         let r = plan(&i).unwrap();
-        let skip = |l: &&PlanLine| l.label.starts_with("AdamW") || l.label.starts_with("CUDA");
-        let predicted: u64 = r
-            .breakdown
-            .iter()
-            .filter(|l| l.placement == Placement::Device)
-            .filter(|l| !skip(l))
-            .map(|l| l.bytes)
-            .sum();
-        let predicted_gib = predicted as f64 / GIB as f64;
+        assert!(!r.breakdown.iter().any(|l| l.label.starts_with("AdamW")));
+        let predicted_gib = r.peak_vram_bytes as f64 / GIB as f64;
         println!(
             "{}: predicted {predicted_gib:.2} GiB, measured {measured_gib} GiB",
             r.model
