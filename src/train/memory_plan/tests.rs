@@ -483,6 +483,15 @@ fn presets_plan_as_issue_7_wires_them() {
         .breakdown
         .iter()
         .any(|l| l.label.starts_with("saved block inputs") && l.placement.is_host()));
+    // Issue #7's headline: balanced-24gb trains 14B at 480p × 81 frames on a 24 GB card.
+    let balanced = planned("balanced-24gb", 24.0);
+    assert!(
+        balanced.workload.starts_with("832x480, 81 frames"),
+        "{}",
+        balanced.workload
+    );
+    assert_eq!(balanced.verdict, Verdict::Fits, "{balanced}");
+    assert!(balanced.blocks_chosen && balanced.streamed_blocks > 0);
     let full = planned("full-speed-80gb", 80.0);
     assert_eq!((full.streamed_blocks, full.pinned_ram_bytes), (0, 0));
     assert!(full.model.contains("bf16"));
