@@ -40,8 +40,10 @@ pub struct PlanArgs {
     /// Residual stream: f32 or bf16
     #[arg(long, value_parser = config_value::<framesmith::config::run::ResidualDtype>)]
     residual: Option<framesmith::config::run::ResidualDtype>,
+    /// Clip width in pixels (multiple of 16; 32 for ti2v-5b)
     #[arg(long)]
     width: Option<usize>,
+    /// Clip height in pixels
     #[arg(long)]
     height: Option<usize>,
     /// Frames per clip (4k + 1; 1 for images)
