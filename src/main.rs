@@ -66,6 +66,8 @@ enum Command {
     },
     /// Generate a clip from a prompt with a Wan DiT and LoRAs
     Generate(Box<cli::generate::GenerateArgs>),
+    /// Predict peak VRAM and RAM of a training config, and how many blocks to stream
+    Plan(Box<cli::plan::PlanArgs>),
     /// Compare a module against reference fixture directories made by the official Wan code
     CheckParity {
         #[arg(required = true)]
@@ -105,6 +107,7 @@ fn main() -> ExitCode {
         Some(Command::CheckParity { dirs }) => check_parity(&dirs),
         Some(Command::Cache { action }) => cli::cache::run(&action).map(|_| ExitCode::SUCCESS),
         Some(Command::Generate(args)) => cli::generate::run(&args).map(|_| ExitCode::SUCCESS),
+        Some(Command::Plan(args)) => cli::plan::run(&args),
     };
     match result {
         Ok(code) => code,

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::config::RunConfig;
+use crate::protocol::memory::PlanReport;
 use crate::protocol::EngineHandle;
 
 /// Which model file a slot holds.
@@ -130,6 +131,18 @@ pub trait Backend: Send + Sync {
 
     /// Every problem in `config`, each attached to the key it concerns.
     fn validate(&self, config: &RunConfig) -> Vec<FieldIssue>;
+
+    /// Peak VRAM and RAM of training `config` on this machine, and how many blocks to stream ("Will it fit?").
+    /// `dataset_toml` is the Project tab's dataset when the run will use it (`config` names no dataset file). May
+    /// read the DiT's header and the GPU's free memory.
+    fn plan_memory(
+        &self,
+        config: &RunConfig,
+        dataset_toml: Option<&str>,
+    ) -> Result<PlanReport, String> {
+        let _ = (config, dataset_toml);
+        Err("the memory planner is not connected".into())
+    }
 
     /// The built-in demo project: trains at once with no downloads and no GPU.
     fn demo_project(&self) -> RunConfig;

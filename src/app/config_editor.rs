@@ -55,8 +55,7 @@ impl ConfigEditor {
         &self.config
     }
 
-    /// Bumped on every change; validation results carry the generation they checked.
-    #[cfg(test)]
+    /// Bumped on every change; validation results and memory plans carry the generation they checked.
     pub fn generation(&self) -> u64 {
         self.generation
     }

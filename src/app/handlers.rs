@@ -31,6 +31,7 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
             }
             app.editor.set_issues(generation, issues);
         }
+        JobResult::Planned { generation, result } => app.fit.finish(generation, result),
         JobResult::Picked { purpose, paths } => picked(app, purpose, paths),
         JobResult::ConfigLoaded { path, result } => match result {
             Ok(config) => {

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
 use crate::config::RunConfig;
+use crate::protocol::memory::PlanReport;
 use crate::protocol::StartRun;
 
 use super::backend::{DatasetSummary, FieldIssue, ModelRole, Thumbnail};
@@ -44,6 +45,11 @@ pub enum JobResult {
     Validated {
         generation: u64,
         issues: Vec<FieldIssue>,
+    },
+    /// The memory plan answering request `generation` (`FitView::needs_plan`).
+    Planned {
+        generation: u64,
+        result: Result<Box<PlanReport>, String>,
     },
     /// Empty when the dialog was cancelled.
     Picked {

@@ -10,6 +10,7 @@ mod dataset_config;
 mod dataset_panel;
 mod dialogs;
 mod fields;
+mod fit_panel;
 mod form;
 mod handlers;
 mod jobs;

@@ -5,6 +5,7 @@ use egui::{Button, RichText, Ui};
 use crate::protocol::{Command, LogLevel};
 
 use super::charts::{chart_ui, Series};
+use super::fit_panel::fit_ui;
 use super::jobs::PickPurpose;
 use super::monitor_panel::spill_banner_ui;
 use super::run_view::{format_duration, state_name};
@@ -13,6 +14,9 @@ use super::window::FramesmithApp;
 
 /// Draws the Train tab.
 pub(super) fn train_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+    if app.run.can_start() && !app.preparing {
+        fit_ui(&app.fit, ui);
+    }
     controls_ui(app, ui);
     if let Some(spill) = &app.spill {
         spill_banner_ui(ui, spill);

@@ -14,6 +14,7 @@ use crate::telemetry::{detect_spill, SpillWarning, Telemetry, TelemetryOptions};
 use super::backend::{Backend, ModelRole, PresetView};
 use super::config_editor::{parse_config, ConfigEditor};
 use super::dataset_config::DatasetEditor;
+use super::fit_panel::FitView;
 use super::jobs::{JobMode, JobResult, Jobs, PickPurpose};
 use super::queue::{QueuedRun, RunQueue};
 use super::run_view::{RunEnd, RunView};
@@ -58,6 +59,8 @@ pub struct FramesmithApp {
     /// A run is being prepared (its dataset TOML written) and will start when the job reports.
     pub(super) preparing: bool,
     pub(super) validating: Option<u64>,
+    /// The "Will it fit?" plan of the edited config.
+    pub(super) fit: FitView,
     pub(super) screenshot: Option<ScreenshotState>,
     persistence: bool,
 }
@@ -108,6 +111,7 @@ impl FramesmithApp {
             dataset_thumbnails: std::collections::HashMap::new(),
             preparing: false,
             validating: None,
+            fit: FitView::default(),
             screenshot: options.screenshot.map(ScreenshotState::new),
             persistence: options.persistence,
             backend,
@@ -134,6 +138,11 @@ impl FramesmithApp {
     /// The config a Start would send.
     pub fn config(&self) -> &RunConfig {
         self.editor.config()
+    }
+
+    /// The "Will it fit?" plan of the edited config, once one has arrived.
+    pub fn memory_plan(&self) -> Option<&crate::protocol::memory::PlanReport> {
+        self.fit.report()
     }
 
     /// The frame now shown by the sample player.
@@ -373,6 +382,28 @@ impl FramesmithApp {
         });
     }
 
+    /// Re-plans "Will it fit?" when the config or the Project tab's dataset changed, while the Train tab shows it.
+    fn plan_if_stale(&mut self) {
+        if self.settings.tab != Tab::Train || !self.run.can_start() {
+            return;
+        }
+        let dataset_toml = self.dataset_toml_for(self.editor.config());
+        let Some(request) = self
+            .fit
+            .needs_plan(self.editor.generation(), dataset_toml.as_deref())
+        else {
+            return;
+        };
+        let config = self.editor.config().clone();
+        let backend = Arc::clone(&self.backend);
+        self.jobs.spawn("plan memory", move || JobResult::Planned {
+            result: backend
+                .plan_memory(&config, dataset_toml.as_deref())
+                .map(Box::new),
+            generation: request,
+        });
+    }
+
     fn take_dropped_files(&mut self, ctx: &egui::Context) {
         let paths: Vec<PathBuf> = ctx.input(|i| {
             i.raw
@@ -473,6 +504,7 @@ impl eframe::App for FramesmithApp {
         }
         self.drain_engine();
         self.validate_if_stale();
+        self.plan_if_stale();
         self.take_dropped_files(ctx);
         if let Some(telemetry) = &self.telemetry {
             let steps = self.run.step_secs();

@@ -8,6 +8,7 @@ use framesmith::app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView
 use framesmith::config::{presets, validate, HostInfo, RunConfig};
 use framesmith::data::config::DatasetKind;
 use framesmith::data::{check_path, DatasetReport, ScanOptions};
+use framesmith::protocol::memory::PlanReport;
 use framesmith::protocol::EngineHandle;
 
 /// Where the GUI's demo project writes its outputs.
@@ -101,6 +102,15 @@ impl Backend for EngineBackend {
                 })
                 .collect(),
         }
+    }
+
+    fn plan_memory(
+        &self,
+        config: &RunConfig,
+        dataset_toml: Option<&str>,
+    ) -> Result<PlanReport, String> {
+        framesmith::train::memory_plan::plan_config(config, dataset_toml)
+            .map_err(|err| format!("{err:#}"))
     }
 
     fn demo_project(&self) -> RunConfig {

@@ -6,4 +6,5 @@ pub mod generate;
 #[cfg(feature = "gui")]
 pub mod gui;
 pub mod models;
+pub mod plan;
 pub mod run;

@@ -255,7 +255,9 @@ fn leaf_keys(table: &toml::Table) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::config::plan::{FloatDtype, HostInfo, PlanDevice};
-    use crate::config::run::{Fp8ScaleMode, ResidualDtype, SaveDtype, StreamingMode};
+    use crate::config::run::{
+        AutoKeyword, BlocksToSwap, Fp8ScaleMode, ResidualDtype, SaveDtype, StreamingMode,
+    };
     use crate::config::validate::validate;
 
     /// Keys that hold machine paths: presets must never set them.
@@ -452,6 +454,10 @@ mod tests {
         assert_eq!(cfg.model.residual_dtype, ResidualDtype::F32);
         assert_eq!(cfg.model.fp8_scale, Fp8ScaleMode::Tensor);
         assert_eq!(cfg.memory.streaming, StreamingMode::Pinned);
+        assert_eq!(
+            cfg.memory.blocks_to_swap,
+            BlocksToSwap::Auto(AutoKeyword::Auto)
+        );
         assert_eq!(cfg.output.save_dtype, SaveDtype::Dit);
         let plan = validate(cfg, &HostInfo::new(1)).unwrap();
         assert_eq!(

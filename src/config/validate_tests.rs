@@ -229,12 +229,82 @@ fn streaming_needs_a_mode_and_fits_the_model() {
     cfg.memory.blocks_to_swap = BlocksToSwap::Count(29);
     let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
     assert_eq!(plan.model.variant.as_deref(), Some("t2v-1.3b"));
+    assert_eq!(plan.memory.blocks_to_swap, BlocksToSwap::Count(29));
+    assert!(plan.notes.iter().all(|n| !n.contains("saves no VRAM")));
+    // No more blocks than GPU slots: valid, but it saves nothing, and the note says why.
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(2);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(
+        plan.notes.iter().any(|n| n.contains("saves no VRAM")),
+        "{:?}",
+        plan.notes
+    );
+    // Staging slots belong to staged streaming.
+    cfg.memory.staging_slots = 4;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("staging_slots is used by")),
+        "{:?}",
+        plan.notes
+    );
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(29);
 
     cfg.memory.streaming = StreamingMode::Staged;
     cfg.memory.staging_slots = 0;
     assert!(problems(&cfg, &HostInfo::new(1))
         .for_key("memory.staging_slots")
         .is_some());
+}
+
+#[test]
+fn memory_settings_reach_the_plan_and_bad_budgets_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.model.variant = "t2v-14b".into();
+    cfg.memory.streaming = StreamingMode::Staged;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(20);
+    cfg.memory.activations = ActivationPlacement::Host;
+    cfg.memory.staging_slots = 3;
+    cfg.memory.vram_budget_gb = Some(22.5);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    let m = plan.memory;
+    assert!(m.applies);
+    assert_eq!(
+        (
+            m.streaming,
+            m.blocks_to_swap,
+            m.activations,
+            m.staging_slots
+        ),
+        (
+            StreamingMode::Staged,
+            BlocksToSwap::Count(20),
+            ActivationPlacement::Host,
+            3
+        )
+    );
+    assert_eq!(
+        m.vram_budget_bytes,
+        Some((22.5 * (1u64 << 30) as f64) as u64)
+    );
+    for bad in [0.0, -4.0, f64::NAN] {
+        cfg.memory.vram_budget_gb = Some(bad);
+        let e = problems(&cfg, &HostInfo::new(1));
+        let p = e
+            .for_key("memory.vram_budget_gb")
+            .expect("a budget problem");
+        assert!(p.message.contains("positive"), "{p}");
+    }
+    cfg.memory.vram_budget_gb = None;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(40);
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("memory.blocks_to_swap")
+        .unwrap()
+        .message
+        .contains("has 40"));
 }
 
 #[test]

@@ -6,6 +6,7 @@ use super::run::{
     BlocksToSwap, LrScheduler, MemorySection, RunConfig, StreamingMode, TimestepSampling,
 };
 use super::validate::Checker;
+use crate::train::memory_plan::DEFAULT_GPU_SLOTS;
 use crate::train::optimizer::AdamWConfig;
 use crate::train::schedule::POLYNOMIAL_LR_END;
 use crate::train::timesteps::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
@@ -245,6 +246,11 @@ pub(crate) fn check_memory(
                     format!("{n} blocks to stream, but the model has {layers}"),
                     format!("use at most {} (or \"auto\")", layers - 1),
                 );
+            } else if n > 0 && n <= DEFAULT_GPU_SLOTS {
+                c.note(format!(
+                    "memory.blocks_to_swap = {n} saves no VRAM: each streamed block needs one of the \
+                     {DEFAULT_GPU_SLOTS} GPU slots it is copied into; stream more, or none"
+                ));
             }
         }
         BlocksToSwap::Auto(_) => {}
@@ -265,6 +271,10 @@ pub(crate) fn check_memory(
         );
     } else if m.streaming == StreamingMode::Staged && m.staging_slots == 1 {
         c.note("memory.staging_slots = 1: copies cannot overlap compute; 2 or more is faster");
+    } else if m.streaming != StreamingMode::Staged
+        && m.staging_slots != MemorySection::default().staging_slots
+    {
+        c.note("memory.staging_slots is used by memory.streaming = \"staged\" only; it is ignored here");
     }
     let applies = device.is_cuda();
     if !applies {

@@ -7,6 +7,7 @@ pub mod clip;
 pub mod data;
 pub mod engine;
 pub mod generate;
+pub mod memory_plan;
 pub mod optimizer;
 pub mod prompts;
 pub mod sample_models;

@@ -1,0 +1,185 @@
+//! `framesmith plan`: peak VRAM and RAM of a training configuration before it runs, how many blocks to stream,
+//! and what to change when it does not fit. Reads a run config (with presets), flags, or both (flags win).
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::Args;
+use framesmith::config::run::{AutoKeyword, BlocksToSwap};
+use framesmith::config::{presets, RunConfig};
+use framesmith::protocol::memory::Verdict;
+use framesmith::train::memory_plan::{
+    clip_for_config, model_for_config, plan, ClipShape, PlanInput,
+};
+use serde::de::DeserializeOwned;
+
+/// Exit status when the configuration does not fit the budget (errors exit with 1, bad flags with 2).
+pub const EXIT_DOES_NOT_FIT: u8 = 3;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// `plan` options. Exits with 0 when it fits (or no budget is known), 3 when it does not fit, 1 on an error (2: bad flags).
+#[derive(Args, Debug)]
+pub struct PlanArgs {
+    /// Run config (TOML) to plan; the flags below override it
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Presets applied over the config, in order
+    #[arg(long = "preset")]
+    presets: Vec<String>,
+    /// Model variant: t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b
+    #[arg(long)]
+    variant: Option<String>,
+    /// Base weights: f32, bf16, f16 or fp8
+    #[arg(long, value_parser = config_value::<framesmith::config::run::BaseDtype>)]
+    base: Option<framesmith::config::run::BaseDtype>,
+    /// FP8 scales: tensor, channel or block64
+    #[arg(long, value_parser = config_value::<framesmith::config::run::Fp8ScaleMode>)]
+    fp8_scale: Option<framesmith::config::run::Fp8ScaleMode>,
+    /// Residual stream: f32 or bf16
+    #[arg(long, value_parser = config_value::<framesmith::config::run::ResidualDtype>)]
+    residual: Option<framesmith::config::run::ResidualDtype>,
+    /// Clip width in pixels (multiple of 16; 32 for ti2v-5b)
+    #[arg(long)]
+    width: Option<usize>,
+    /// Clip height in pixels
+    #[arg(long)]
+    height: Option<usize>,
+    /// Frames per clip (4k + 1; 1 for images)
+    #[arg(long)]
+    frames: Option<usize>,
+    /// Samples per step
+    #[arg(long)]
+    batch: Option<usize>,
+    /// LoRA rank
+    #[arg(long)]
+    rank: Option<usize>,
+    /// Block streaming: off, pinned or staged
+    #[arg(long, value_parser = config_value::<framesmith::config::run::StreamingMode>)]
+    streaming: Option<framesmith::config::run::StreamingMode>,
+    /// Blocks to stream: a count or `auto` (the fewest that fit the budget)
+    #[arg(long, value_parser = blocks_value)]
+    blocks_to_swap: Option<BlocksToSwap>,
+    /// Saved block inputs: device or host
+    #[arg(long, value_parser = config_value::<framesmith::config::run::ActivationPlacement>)]
+    activations: Option<framesmith::config::run::ActivationPlacement>,
+    /// Page-locked staging buffers of `staged` streaming
+    #[arg(long)]
+    staging_slots: Option<usize>,
+    /// GPU slots streamed blocks are copied into
+    #[arg(long)]
+    gpu_slots: Option<usize>,
+    /// VRAM budget in GiB (default: the card's free memory minus headroom)
+    #[arg(long)]
+    vram_budget_gb: Option<f64>,
+    /// Plan for a card with this much free memory (GiB) instead of this machine's
+    #[arg(long)]
+    free_vram_gb: Option<f64>,
+    /// Plan for this much RAM (GiB) instead of this machine's
+    #[arg(long)]
+    ram_gb: Option<f64>,
+    /// Leave out AdamW's moments and the CUDA context, as `framesmith-bench step|stream` measure peaks
+    #[arg(long)]
+    as_bench: bool,
+    /// Print the plan as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+/// Parses a flag with the run config's own spelling (`fp8`, `block64`, `pinned`, …).
+fn config_value<T: DeserializeOwned>(text: &str) -> Result<T, String> {
+    serde_json::from_value(serde_json::Value::String(text.to_ascii_lowercase()))
+        .map_err(|err| format!("`{text}`: {err}"))
+}
+
+fn blocks_value(text: &str) -> Result<BlocksToSwap, String> {
+    if text.eq_ignore_ascii_case("auto") {
+        return Ok(BlocksToSwap::Auto(AutoKeyword::Auto));
+    }
+    text.parse()
+        .map(BlocksToSwap::Count)
+        .map_err(|_| format!("`{text}` is not a block count or `auto`"))
+}
+
+fn gib(value: f64, flag: &str) -> anyhow::Result<u64> {
+    if !(value.is_finite() && value > 0.0) {
+        bail!("{flag} must be a positive number of GiB, not {value}");
+    }
+    Ok((value * GIB) as u64)
+}
+
+/// The run config the flags describe: the file with its presets (or the defaults), then the flags.
+fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
+    let mut cfg = match &args.config {
+        Some(path) => RunConfig::load(path)?,
+        None => RunConfig::default(),
+    };
+    for name in &args.presets {
+        cfg = presets::builtin(name)?.apply(&cfg)?.config;
+    }
+    let m = &mut cfg.model;
+    if let Some(v) = &args.variant {
+        m.variant = v.clone();
+        m.demo = false;
+    }
+    m.base_dtype = args.base.unwrap_or(m.base_dtype);
+    m.fp8_scale = args.fp8_scale.unwrap_or(m.fp8_scale);
+    m.residual_dtype = args.residual.unwrap_or(m.residual_dtype);
+    cfg.lora.rank = args.rank.unwrap_or(cfg.lora.rank);
+    let mem = &mut cfg.memory;
+    mem.streaming = args.streaming.unwrap_or(mem.streaming);
+    mem.blocks_to_swap = args.blocks_to_swap.unwrap_or(mem.blocks_to_swap);
+    mem.activations = args.activations.unwrap_or(mem.activations);
+    mem.staging_slots = args.staging_slots.unwrap_or(mem.staging_slots);
+    if let Some(gb) = args.vram_budget_gb {
+        gib(gb, "--vram-budget-gb")?;
+        mem.vram_budget_gb = Some(gb);
+    }
+    Ok(cfg)
+}
+
+fn clip(args: &PlanArgs, cfg: &RunConfig) -> (ClipShape, Option<String>) {
+    let (mut clip, note) = clip_for_config(cfg);
+    let flags = [args.width, args.height, args.frames];
+    clip.width = args.width.unwrap_or(clip.width);
+    clip.height = args.height.unwrap_or(clip.height);
+    clip.frames = args.frames.unwrap_or(clip.frames);
+    clip.batch = args.batch.unwrap_or(clip.batch);
+    // The flags may have named what the config did not.
+    let note = note.filter(|_| flags.iter().any(Option::is_none));
+    (clip, note)
+}
+
+/// Runs `framesmith plan`.
+pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
+    if args.config.is_none() && args.variant.is_none() {
+        bail!("name the model to plan: --variant t2v-14b (or --config run.toml)");
+    }
+    let cfg = resolved_config(args)?;
+    let model = model_for_config(&cfg).context("cannot tell which model to plan")?;
+    let (clip, clip_note) = clip(args, &cfg);
+    let mut input = PlanInput::from_config(&cfg, model, clip);
+    input.probe_machine(cfg.training.device);
+    input.optimizer_and_context = !args.as_bench;
+    if let Some(slots) = args.gpu_slots {
+        input.streaming.gpu_slots = slots;
+    }
+    if let Some(gb) = args.free_vram_gb {
+        input.free_vram_bytes = Some(gib(gb, "--free-vram-gb")?);
+    }
+    if let Some(gb) = args.ram_gb {
+        input.host_ram_bytes = Some(gib(gb, "--ram-gb")?);
+    }
+    let mut report = plan(&input)?;
+    report.notes.extend(clip_note);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(match report.verdict {
+        Verdict::DoesNotFit => ExitCode::from(EXIT_DOES_NOT_FIT),
+        Verdict::Fits | Verdict::NoBudget => ExitCode::SUCCESS,
+    })
+}

@@ -1,0 +1,226 @@
+//! The memory planner's answer (`framesmith plan`, the app's "Will it fit?"): plain, serialisable data that the
+//! app can show without touching the engine. The arithmetic that fills it lives in `train::memory_plan`.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// Where a planned allocation lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// GPU memory.
+    Device,
+    /// Ordinary (pageable) host RAM.
+    Host,
+    /// Page-locked host RAM: counted in RAM and, on Windows, shown as shared GPU memory.
+    HostPinned,
+}
+
+impl Placement {
+    /// Whether the bytes count against host RAM.
+    pub fn is_host(self) -> bool {
+        matches!(self, Self::Host | Self::HostPinned)
+    }
+}
+
+/// One component of the plan.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PlanLine {
+    /// What it is, in words ("resident blocks (10 × 391.9 MiB)").
+    pub label: String,
+    pub bytes: u64,
+    pub placement: Placement,
+}
+
+/// Whether the plan's peak VRAM fits the budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Fits,
+    DoesNotFit,
+    /// Neither a budget nor the card's free memory is known (no GPU here, no `vram_budget_gb`).
+    NoBudget,
+}
+
+/// A change that makes a configuration fit, most preferred first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Suggestion {
+    /// Stream this many blocks (turning streaming on when it is off).
+    StreamBlocks { blocks: usize },
+    /// Keep saved block inputs in RAM, and stream this many blocks.
+    HostActivations { blocks: usize },
+    /// Store the base weights in FP8 (block-64 scales), and stream this many blocks.
+    Fp8Base { blocks: usize },
+    /// Train on clips of at most this many frames (with every memory saving above).
+    FewerFrames { frames: usize },
+    /// Train at this resolution (with every memory saving above).
+    LowerResolution { width: usize, height: usize },
+    /// Nothing the planner can change fits: a larger card is needed.
+    LargerCard,
+}
+
+impl fmt::Display for Suggestion {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::StreamBlocks { blocks } => {
+                write!(f, "stream {blocks} blocks (memory.blocks_to_swap = {blocks})")
+            }
+            Self::HostActivations { blocks } => write!(
+                f,
+                "keep saved activations in RAM (memory.activations = \"host\") and stream {blocks} blocks"
+            ),
+            Self::Fp8Base { blocks } => write!(
+                f,
+                "use FP8 base weights (model.base_dtype = \"fp8\") and stream {blocks} blocks"
+            ),
+            Self::FewerFrames { frames } => write!(
+                f,
+                "train on clips of at most {frames} frames (dataset.target_frames), with activations in RAM and blocks streamed"
+            ),
+            Self::LowerResolution { width, height } => write!(
+                f,
+                "train at {width}x{height} (dataset.resolution), with activations in RAM and blocks streamed"
+            ),
+            Self::LargerCard => f.write_str("no setting fits this budget: it needs a larger card"),
+        }
+    }
+}
+
+/// The memory plan of one training configuration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlanReport {
+    /// The model, in words ("Wan2.1 T2V-14B", or its shape).
+    pub model: String,
+    /// What one step trains on ("832x480, 81 frames, batch 1, 32760 tokens").
+    pub workload: String,
+    /// Transformer tokens of one step (all samples of the batch).
+    pub tokens: u64,
+    pub num_blocks: usize,
+    /// Blocks whose weights live in RAM and are streamed in during the step.
+    pub streamed_blocks: usize,
+    /// Whether the planner chose `streamed_blocks` (`blocks_to_swap = "auto"`).
+    pub blocks_chosen: bool,
+    /// Frozen weights of one block in the chosen format, packed for streaming (a GPU slot's size).
+    pub block_bytes: u64,
+    pub peak_vram_bytes: u64,
+    /// Host RAM the plan adds (streamed weights, staging ring, saved activations).
+    pub peak_ram_bytes: u64,
+    /// The page-locked part of `peak_ram_bytes`.
+    pub pinned_ram_bytes: u64,
+    /// The VRAM budget the verdict is against, when known.
+    pub vram_budget_bytes: Option<u64>,
+    /// Total host RAM, when known.
+    pub host_ram_bytes: Option<u64>,
+    pub verdict: Verdict,
+    /// Every component, device and host.
+    pub breakdown: Vec<PlanLine>,
+    /// When it does not fit: what would, best first.
+    pub suggestions: Vec<Suggestion>,
+    /// Things worth knowing (RAM pressure, Windows' pinned-memory cap, settings that do not apply).
+    pub notes: Vec<String>,
+}
+
+impl PlanReport {
+    /// Whether the verdict is `Fits`.
+    pub fn fits(&self) -> bool {
+        self.verdict == Verdict::Fits
+    }
+
+    /// Sum of the breakdown's lines that live on the device (equals `peak_vram_bytes`).
+    pub fn device_bytes(&self) -> u64 {
+        self.sum(|p| p == Placement::Device)
+    }
+
+    /// Sum of the breakdown's lines that live in host RAM (equals `peak_ram_bytes`).
+    pub fn host_bytes(&self) -> u64 {
+        self.sum(Placement::is_host)
+    }
+
+    fn sum(&self, keep: impl Fn(Placement) -> bool) -> u64 {
+        self.breakdown
+            .iter()
+            .filter(|l| keep(l.placement))
+            .map(|l| l.bytes)
+            .sum()
+    }
+
+    /// One line: the verdict with peak VRAM against the budget.
+    pub fn verdict_line(&self) -> String {
+        let peak = format_gib(self.peak_vram_bytes);
+        let streamed = match (self.streamed_blocks, self.blocks_chosen) {
+            (0, _) => String::new(),
+            (n, true) => format!(", {n} of {} blocks streamed (chosen)", self.num_blocks),
+            (n, false) => format!(", {n} of {} blocks streamed", self.num_blocks),
+        };
+        match (self.verdict, self.vram_budget_bytes) {
+            (Verdict::Fits, Some(budget)) => {
+                format!("Fits: peak VRAM {peak} of {}{streamed}", format_gib(budget))
+            }
+            (Verdict::DoesNotFit, Some(budget)) => format!(
+                "Does not fit: peak VRAM {peak}, budget {}{streamed}",
+                format_gib(budget)
+            ),
+            _ => format!("Peak VRAM {peak}{streamed} (no budget known: set memory.vram_budget_gb)"),
+        }
+    }
+}
+
+/// Bytes as GiB with two decimals ("21.37 GiB"), or MiB below 1 GiB.
+pub fn format_gib(bytes: u64) -> String {
+    const MIB: f64 = (1u64 << 20) as f64;
+    const GIB: f64 = (1u64 << 30) as f64;
+    let b = bytes as f64;
+    if b >= GIB {
+        format!("{:.2} GiB", b / GIB)
+    } else {
+        format!("{:.1} MiB", b / MIB)
+    }
+}
+
+impl fmt::Display for PlanReport {
+    /// A table (component, VRAM, RAM), the totals and the verdict, for the terminal.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{} — {}", self.model, self.workload)?;
+        let width = self
+            .breakdown
+            .iter()
+            .map(|l| l.label.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(9);
+        writeln!(f, "{:<width$}  {:>11}  {:>11}", "component", "VRAM", "RAM")?;
+        for l in &self.breakdown {
+            let size = format_gib(l.bytes);
+            let (vram, ram, mark) = match l.placement {
+                Placement::Device => (size, String::new(), ' '),
+                Placement::Host => (String::new(), size, ' '),
+                Placement::HostPinned => (String::new(), size, '*'),
+            };
+            writeln!(f, "{:<width$}  {vram:>11}  {ram:>11}{mark}", l.label)?;
+        }
+        writeln!(
+            f,
+            "{:<width$}  {:>11}  {:>11}",
+            "peak",
+            format_gib(self.peak_vram_bytes),
+            format_gib(self.peak_ram_bytes)
+        )?;
+        if self.pinned_ram_bytes > 0 {
+            writeln!(
+                f,
+                "* page-locked: {} of the RAM",
+                format_gib(self.pinned_ram_bytes)
+            )?;
+        }
+        writeln!(f, "{}", self.verdict_line())?;
+        for s in &self.suggestions {
+            writeln!(f, "suggestion: {s}")?;
+        }
+        for n in &self.notes {
+            writeln!(f, "note: {n}")?;
+        }
+        Ok(())
+    }
+}

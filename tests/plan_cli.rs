@@ -1,0 +1,202 @@
+//! `framesmith plan`: the table, the JSON, the exit statuses, a config with a preset, and flag errors.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+use std::process::Command;
+
+fn framesmith(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
+        .arg("plan")
+        .args(args)
+        .output()
+        .expect("framesmith runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+const WAN14B_480P: &[&str] = &[
+    "--variant",
+    "t2v-14b",
+    "--base",
+    "fp8",
+    "--fp8-scale",
+    "block64",
+    "--width",
+    "832",
+    "--height",
+    "480",
+    "--frames",
+    "81",
+    "--batch",
+    "1",
+    "--rank",
+    "32",
+    "--streaming",
+    "pinned",
+    "--blocks-to-swap",
+    "auto",
+    "--activations",
+    "host",
+    "--ram-gb",
+    "128",
+];
+
+#[test]
+fn prints_the_table_and_exits_by_verdict() {
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "80"]);
+    let (code, stdout, stderr) = framesmith(&args);
+    println!("{stdout}");
+    assert_eq!(code, Some(0), "{stderr}");
+    for needle in [
+        "t2v-14b (fp8 block64) — 832x480, 81 frames, batch 1, 32760 tokens",
+        "component",
+        "resident blocks (40 × 356.2 MiB)",
+        "saved block inputs (40 × 32760 tokens, f32)",
+        "24.99 GiB*",
+        "Fits: peak VRAM",
+        "of 80.00 GiB",
+    ] {
+        assert!(stdout.contains(needle), "`{needle}` missing from\n{stdout}");
+    }
+
+    // Issue #7's case: 14B FP8 at 480p × 81 frames on a 24 GB card streams part of its blocks.
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "24"]);
+    let (code, stdout, _) = framesmith(&args);
+    println!("{stdout}");
+    assert_eq!(code, Some(0));
+    assert!(
+        stdout.contains("14 of 40 blocks streamed (chosen)"),
+        "{stdout}"
+    );
+
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "12"]);
+    let (code, stdout, _) = framesmith(&args);
+    println!("{stdout}");
+    assert_eq!(code, Some(3), "does not fit exits with 3");
+    assert!(stdout.contains("Does not fit"), "{stdout}");
+    assert!(
+        stdout.contains("39 of 40 blocks streamed (chosen)"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("suggestion: train on clips of at most"),
+        "{stdout}"
+    );
+}
+
+#[test]
+fn json_carries_the_numbers() {
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "20", "--json"]);
+    let (code, stdout, stderr) = framesmith(&args);
+    assert_eq!(code, Some(0), "{stderr}");
+    let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+    assert_eq!(report["tokens"], 32_760);
+    assert_eq!(report["num_blocks"], 40);
+    assert_eq!(report["verdict"], "fits");
+    assert_eq!(report["blocks_chosen"], true);
+    let streamed = report["streamed_blocks"].as_u64().unwrap();
+    assert!((1..40).contains(&streamed), "{streamed}");
+    let peak = report["peak_vram_bytes"].as_u64().unwrap();
+    assert!(peak <= 20 << 30);
+    let lines = report["breakdown"].as_array().unwrap();
+    let device: u64 = lines
+        .iter()
+        .filter(|l| l["placement"] == "device")
+        .map(|l| l["bytes"].as_u64().unwrap())
+        .sum();
+    assert_eq!(device, peak);
+}
+
+#[test]
+fn plans_a_config_with_a_preset() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("run.toml");
+    std::fs::write(
+        &config,
+        "[model]\nvariant = \"t2v-14b\"\n[memory]\nvram_budget_gb = 16.0\n",
+    )
+    .unwrap();
+    let path = config.to_str().unwrap();
+    let (code, stdout, stderr) = framesmith(&[
+        "--config",
+        path,
+        "--preset",
+        "low-vram-windows",
+        "--ram-gb",
+        "64",
+    ]);
+    println!("{stdout}");
+    assert!(matches!(code, Some(0 | 3)), "{stderr}");
+    // The preset's clips: 480p, the longer of its 17- and 33-frame targets; staged streaming pins only the ring.
+    assert!(stdout.contains("832x480, 33 frames"), "{stdout}");
+    assert!(
+        stdout.contains("pinned staging ring (2 × 356.2 MiB)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("(chosen)"), "{stdout}");
+}
+
+#[test]
+fn bad_input_is_an_error_naming_the_fix() {
+    let (code, _, stderr) = framesmith(&["--width", "832"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("--variant"), "{stderr}");
+
+    let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", "--base", "fp4"]);
+    assert_eq!(code, Some(2), "clap's usage error");
+    assert!(stderr.contains("fp4"), "{stderr}");
+
+    let (code, _, stderr) = framesmith(&[
+        "--variant",
+        "t2v-14b",
+        "--streaming",
+        "pinned",
+        "--blocks-to-swap",
+        "40",
+    ]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("stream at most 39"), "{stderr}");
+
+    let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", "--frames", "80"]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("80 frames"), "{stderr}");
+}
+
+#[test]
+fn as_bench_leaves_out_the_optimizer_and_the_context() {
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let mut args = WAN14B_480P.to_vec();
+        args.extend(["--vram-budget-gb", "80", "--json"]);
+        args.extend(extra);
+        let (code, stdout, stderr) = framesmith(&args);
+        assert_eq!(code, Some(0), "{stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let full = json(&[]);
+    let bench = json(&["--as-bench"]);
+    let labelled = |r: &serde_json::Value, prefix: &str| -> u64 {
+        r["breakdown"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|l| l["label"].as_str().unwrap().starts_with(prefix))
+            .map(|l| l["bytes"].as_u64().unwrap())
+            .sum()
+    };
+    let left_out = labelled(&full, "AdamW") + labelled(&full, "CUDA context");
+    assert!(left_out > 0);
+    assert_eq!(
+        labelled(&bench, "AdamW") + labelled(&bench, "CUDA context"),
+        0
+    );
+    assert_eq!(
+        full["peak_vram_bytes"].as_u64().unwrap() - bench["peak_vram_bytes"].as_u64().unwrap(),
+        left_out
+    );
+}
