@@ -9,12 +9,13 @@ use candle_core::{DType, Device};
 
 use super::checkpoint::Outputs;
 use super::data::{load_cached_items, TrainItem, TrainSet};
+use super::memory_plan;
 use super::optimizer::AdamW;
 use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use super::samples::{Decoder, SamplePrompt, Sampling};
 use super::trainer::Trainer;
 use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
-use crate::config::run::Fp8ScaleMode;
+use crate::config::run::{ActivationPlacement, BlocksToSwap, Fp8ScaleMode, StreamingMode};
 use crate::config::{validate, HostInfo, RunPlan};
 use crate::demo;
 use crate::models::wan::weights;
@@ -22,6 +23,7 @@ use crate::models::wan::{ModelOptions, WanConfig, WanModel};
 use crate::nn::fp8::Fp8Scale;
 use crate::nn::lora::{attach_loras, LoraSpec};
 use crate::nn::lora_file::LoraFile;
+use crate::nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
 use crate::nn::vb::Vb;
 use crate::protocol::{LogLevel, StartRun};
 
@@ -97,15 +99,78 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
             };
             let loaded = weights::load(path, expected.as_ref(), device)?;
             let name = weights::variant_name(&loaded.config, loaded.expert);
-            let model = WanModel::new(
-                &loaded.config,
-                Vb::from_tensors(loaded.tensors, compute, device),
-                &options,
-            )
+            let vb = Vb::from_tensors(loaded.tensors, compute, device);
+            let model = match streaming_for(plan, &loaded.config, device)? {
+                Some((streamed, offload)) => {
+                    WanModel::new_streamed(&loaded.config, vb, &options, &streamed, &offload)
+                }
+                None => WanModel::new(&loaded.config, vb, &options),
+            }
             .with_context(|| format!("building the DiT from {}", path.display()))?;
             Ok((model, name))
         }
     }
+}
+
+/// The streamed blocks and ring settings of a CUDA run (`[memory]`), the count from the memory planner when it
+/// is `"auto"`; `None` when nothing streams.
+fn streaming_for(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    device: &Device,
+) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
+    let mode = match plan.memory.streaming {
+        StreamingMode::Off => return Ok(None),
+        StreamingMode::Pinned => StreamMode::Pinned,
+        StreamingMode::Staged => StreamMode::Staged,
+    };
+    if !plan.memory.applies || !device.is_cuda() {
+        return Ok(None);
+    }
+    let count = match plan.memory.blocks_to_swap {
+        BlocksToSwap::Count(n) => n,
+        BlocksToSwap::Auto(_) => {
+            let (clip, _) = memory_plan::clip_for_config(&plan.config);
+            memory_plan::plan_run(plan, cfg.clone(), clip)
+                .map_err(|e| anyhow::anyhow!("planning memory for blocks_to_swap = \"auto\": {e}"))?
+                .streamed_blocks
+        }
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    let streamed = streamed_blocks(cfg.num_layers, count, Placement::Spread);
+    let offload = OffloadOptions {
+        mode,
+        slots: memory_plan::DEFAULT_GPU_SLOTS,
+        staging_slots: plan.memory.staging_slots.max(1),
+    };
+    Ok(Some((streamed, offload)))
+}
+
+/// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
+/// value lives, so the run fails where a card of that size would.
+#[cfg(feature = "cuda")]
+fn reserve_budget(
+    plan: &RunPlan,
+    device: &Device,
+) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
+    match (device, plan.memory.vram_budget_bytes) {
+        (Device::Cuda(cuda), Some(budget)) if plan.memory.applies => {
+            let held = crate::nn::cuda::device::VramReservation::leave_budget(cuda, budget)
+                .context("reserving device memory beyond memory.vram_budget_gb")?;
+            Ok(held.map(|h| Box::new(h) as Box<dyn std::any::Any + Send>))
+        }
+        _ => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn reserve_budget(
+    _plan: &RunPlan,
+    _device: &Device,
+) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
+    Ok(None)
 }
 
 /// What to change after an out-of-memory failure, when the planner has nothing more specific.
@@ -289,6 +354,7 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let device = device_for(plan)?;
+        let vram_reservation = reserve_budget(plan, &device)?;
         // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
         let encoded =
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
@@ -356,8 +422,11 @@ impl Trainer {
             max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
             step: 0,
             consecutive_nonfinite: 0,
-            activations_on_host: false,
+            activations_on_host: plan.memory.applies
+                && device.is_cuda()
+                && plan.memory.activations == ActivationPlacement::Host,
             out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
+            _vram_reservation: vram_reservation,
             outputs,
         })
     }

@@ -57,6 +57,8 @@ pub struct Trainer {
     pub(super) activations_on_host: bool,
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
+    /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
+    pub(super) _vram_reservation: Option<Box<dyn std::any::Any + Send>>,
     pub(super) outputs: super::checkpoint::Outputs,
     pub(super) sampling: Option<super::samples::Sampling>,
 }

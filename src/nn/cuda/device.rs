@@ -168,7 +168,10 @@ pub fn pinned_copy_bandwidth(dev: &CudaDevice, bytes: usize, reps: usize) -> Res
 /// [`reset_peak_reserved`] — what a run actually takes from the card (used memory plus the pool's
 /// fragmentation), the number a VRAM budget has to hold.
 pub fn peak_reserved_bytes(dev: &CudaDevice) -> Result<u64> {
-    pool_attr(dev, sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH)
+    pool_attr(
+        dev,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+    )
 }
 
 /// Restarts the reserved high-water mark.

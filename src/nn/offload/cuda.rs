@@ -4,8 +4,8 @@
 //! tracking; cross-stream ordering is ours to keep, and it is kept with these events only.
 #![allow(unsafe_code)]
 
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::Arc;
+use std::collections::VecDeque;
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 
 use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, DevicePtr};
@@ -104,14 +104,64 @@ struct Job {
     ready: SendPtr<sys::CUevent>,
 }
 
+/// A blocking first-in first-out hand-over between the issuing thread and the staging worker.
+struct Queue<T> {
+    state: Mutex<(VecDeque<T>, bool)>,
+    ready: Condvar,
+}
+
+impl<T> Queue<T> {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            state: Mutex::new((VecDeque::new(), false)),
+            ready: Condvar::new(),
+        })
+    }
+
+    /// Adds an item; false once the queue is closed.
+    fn push(&self, item: T) -> bool {
+        let Ok(mut state) = self.state.lock() else {
+            return false;
+        };
+        if state.1 {
+            return false;
+        }
+        state.0.push_back(item);
+        self.ready.notify_one();
+        true
+    }
+
+    /// No more items: waiting `pop`s return `None` once the queue is empty.
+    fn close(&self) {
+        if let Ok(mut state) = self.state.lock() {
+            state.1 = true;
+            self.ready.notify_all();
+        }
+    }
+
+    /// The next item, waiting for one; `None` when closed and empty.
+    fn pop(&self) -> Option<T> {
+        let mut state = self.state.lock().ok()?;
+        loop {
+            if let Some(item) = state.0.pop_front() {
+                return Some(item);
+            }
+            if state.1 {
+                return None;
+            }
+            state = self.ready.wait(state).ok()?;
+        }
+    }
+}
+
 /// What the worker answers: the slot's ready event is recorded (or the copy failed).
 type Ack = std::result::Result<usize, String>;
 
 /// The staged mode's worker: copies pageable masters into the page-locked staging ring and queues the
 /// host → device copies from there, so the thread issuing GPU work never waits on a host memcpy.
 struct Worker {
-    jobs: Option<Sender<Job>>,
-    acks: Receiver<Ack>,
+    jobs: Arc<Queue<Job>>,
+    acks: Arc<Queue<Ack>>,
     handle: Option<JoinHandle<()>>,
 }
 
@@ -127,17 +177,19 @@ struct WorkerState {
 }
 
 impl WorkerState {
-    fn run(mut self, jobs: Receiver<Job>, acks: Sender<Ack>) {
+    fn run(mut self, jobs: &Queue<Job>, acks: &Queue<Ack>) {
         if let Err(e) = self.ctx.bind_to_thread() {
-            let _ = acks.send(Err(format!("staging worker: {e:?}")));
+            acks.push(Err(format!("staging worker: {e:?}")));
+            acks.close();
             return;
         }
-        while let Ok(job) = jobs.recv() {
+        while let Some(job) = jobs.pop() {
             let ack = self.copy(&job).map(|()| job.slot);
-            if acks.send(ack).is_err() {
+            if !acks.push(ack) {
                 break;
             }
         }
+        acks.close();
         // SAFETY: the copy stream outlives the worker (the backend joins it first); the events are the worker's.
         unsafe {
             let _ = result::stream::synchronize(self.copy.0);
@@ -313,11 +365,11 @@ impl CudaBackend {
             return Ok(());
         };
         while slot.map_or(self.pending.iter().any(|&p| p > 0), |s| self.pending[s] > 0) {
-            match worker.acks.recv() {
-                Ok(Ok(s)) if s < self.pending.len() => self.pending[s] -= 1,
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => candle_core::bail!("block streaming copy failed: {e}"),
-                Err(_) => candle_core::bail!("the block streaming worker stopped"),
+            match worker.acks.pop() {
+                Some(Ok(s)) if s < self.pending.len() => self.pending[s] -= 1,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => candle_core::bail!("block streaming copy failed: {e}"),
+                None => candle_core::bail!("the block streaming worker stopped"),
             }
         }
         Ok(())
@@ -326,17 +378,17 @@ impl CudaBackend {
 
 impl Worker {
     fn start(state: WorkerState) -> Result<Self> {
-        let (jobs_tx, jobs_rx) = mpsc::channel();
-        let (acks_tx, acks_rx) = mpsc::channel();
+        let (jobs, acks) = (Queue::new(), Queue::new());
+        let (jobs_rx, acks_tx) = (jobs.clone(), acks.clone());
         let handle = std::thread::Builder::new()
             .name("framesmith-staging".into())
-            .spawn(move || state.run(jobs_rx, acks_tx))
+            .spawn(move || state.run(&jobs_rx, &acks_tx))
             .map_err(|e| {
                 candle_core::Error::Msg(format!("cannot start the staging worker: {e}"))
             })?;
         Ok(Self {
-            jobs: Some(jobs_tx),
-            acks: acks_rx,
+            jobs,
+            acks,
             handle: Some(handle),
         })
     }
@@ -378,8 +430,7 @@ impl SlotBackend for CudaBackend {
                     free: free.map(SendPtr),
                     ready: SendPtr(self.ready[slot]),
                 };
-                let sent = worker.jobs.as_ref().map(|tx| tx.send(job));
-                if !matches!(sent, Some(Ok(()))) {
+                if !worker.jobs.push(job) {
                     candle_core::bail!("the block streaming worker stopped");
                 }
                 self.pending[slot] += 1;
@@ -419,8 +470,8 @@ impl SlotBackend for CudaBackend {
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         if let Masters::Staged(worker) = &mut self.masters {
-            // Closing the channel ends the worker's loop.
-            drop(worker.jobs.take());
+            // Closing the queue ends the worker's loop.
+            worker.jobs.close();
             if let Some(h) = worker.handle.take() {
                 let _ = h.join();
             }
