@@ -19,7 +19,7 @@ pub use input::{
 };
 pub use working_set::{
     per_token_modulation_bytes, shared_inputs, StepShape, WorkingSet, CUDA_CONTEXT_BYTES,
-    DEFAULT_GPU_SLOTS, VRAM_HEADROOM_BYTES, WORKING_SET,
+    DEFAULT_GPU_SLOTS, POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 
 use crate::config::plan::FloatDtype;
@@ -257,9 +257,15 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
     for (label, bytes) in shared_inputs(cfg, input.clip.batch as u64, &s.shape) {
         out.push(line(label, bytes, Placement::Device));
     }
+    let working = input.working_set.bytes(cfg, &s.shape);
     out.push(line(
         "block recompute + backward working set",
-        input.working_set.bytes(cfg, &s.shape),
+        working,
+        Placement::Device,
+    ));
+    out.push(line(
+        format!("memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set)"),
+        working * POOL_FRAGMENTATION_PERCENT / 100,
         Placement::Device,
     ));
     if input.optimizer_and_context {
