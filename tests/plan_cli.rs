@@ -69,7 +69,7 @@ fn prints_the_table_and_exits_by_verdict() {
     println!("{stdout}");
     assert_eq!(code, Some(0));
     assert!(
-        stdout.contains("14 of 40 blocks streamed (chosen)"),
+        stdout.contains("18 of 40 blocks streamed (chosen)"),
         "{stdout}"
     );
 

@@ -285,10 +285,10 @@ fn wan14b_on_24gb(working_set: WorkingSet) -> PlanReport {
 #[test]
 fn wan14b_fp8_480p_81_frames_on_24gb() {
     // With the block backward fused as PyTorch's checkpointing does, 14B at 480p × 81 frames fits a 24 GB card by
-    // streaming 14 of its 40 blocks.
+    // streaming 18 of its 40 blocks with an f32 residual (with bf16 it is 15, which reserved 22.56 GiB on the H200).
     let fused = wan14b_on_24gb(WorkingSet::FUSED_BACKWARD);
     assert_eq!(fused.tokens, 32_760);
-    assert_eq!((fused.streamed_blocks, fused.verdict), (14, Verdict::Fits));
+    assert_eq!((fused.streamed_blocks, fused.verdict), (18, Verdict::Fits));
     assert!(fused.peak_vram_bytes <= 24 * GIB);
     // Today's candle-autograd backward holds ~36 GiB at this size by itself: nothing streams it into 24 GB, and the
     // planner says how long a clip does fit.
@@ -297,7 +297,7 @@ fn wan14b_fp8_480p_81_frames_on_24gb() {
     assert_eq!(today.streamed_blocks, 39);
     assert_eq!(
         today.suggestions,
-        vec![Suggestion::FewerFrames { frames: 37 }]
+        vec![Suggestion::FewerFrames { frames: 33 }]
     );
 }
 
@@ -437,9 +437,15 @@ fn wan22_per_token_time_costs_its_modulation() {
     );
     let wan21 = fp8_14b();
     let diff = peak_vram_bytes(&a14b, 0).unwrap() - peak_vram_bytes(&wan21, 0).unwrap();
-    // e0 [L, 6, dim] f32 for the step and one more inside the block's working set, instead of Wan 2.1's one row.
+    // e0 [L, 6, dim] f32 for the step and one more inside the block's working set (with the pool's fragmentation
+    // share of it), instead of Wan 2.1's one row.
     let e0 = 32_760 * 6 * 5120 * 4;
-    assert_eq!(diff, 2 * e0 - 6 * 5120 * 4);
+    let exact = 2 * e0 - 6 * 5120 * 4;
+    let frag = e0 * POOL_FRAGMENTATION_PERCENT / 100;
+    assert!(
+        (exact + frag - 1..=exact + frag + 1).contains(&diff),
+        "{diff} vs {exact} + {frag}"
+    );
 }
 
 #[test]
