@@ -6,13 +6,13 @@
 # Usage: packaging/windows/build.sh [--release] [--cuda] [--no-build] [--stage-only]
 #   --release   optimised build (default: the dev profile, whose dependencies are already built with -O3)
 #   --cuda      with the CUDA path (see packaging/windows/cuda.sh): CUDA 13 runtime DLLs from PyPI's Windows
-#               wheels beside the exe, nvcuda.dll delay-loaded so the app starts without an NVIDIA driver.
-#               NOT YET VERIFIED END TO END: the import libraries are made and checked, the full cross build
-#               has not been run (see cuda.sh)
+#               wheels beside the exe, nvcuda.dll delay-loaded so the app starts without an NVIDIA driver
+#               (checked under wine; not yet run on a Windows GPU)
 #   --no-build  package the framesmith.exe built last time
 #   --stage-only  stop after staging the program folder (no installer)
 # Installs the Debian packages it needs (gcc/g++-mingw-w64-x86-64, nsis) when run as root.
-# Outputs (all under dist/, ignored by git): dist/windows/Framesmith/ (the staged program folder) and the installer.
+# Outputs (all under dist/, ignored by git): dist/windows/Framesmith/ (the staged program folder) and the installer
+# (Framesmith-Setup-<version>.exe, or Framesmith-Setup-<version>-cuda.exe with --cuda).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source packaging/lib.sh
@@ -27,7 +27,7 @@ for arg in "$@"; do
         --cuda) CUDA=1 ;;
         --no-build) BUILD=0 ;;
         --stage-only) INSTALLER=0 ;;
-        -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
+        -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
         *) echo "unknown argument: $arg" >&2; exit 2 ;;
     esac
 done
@@ -102,6 +102,7 @@ if [[ $INSTALLER -eq 0 ]]; then
     exit 0
 fi
 OUTFILE="$DIST/Framesmith-Setup-$VERSION.exe"
+[[ $CUDA -eq 1 ]] && OUTFILE="$DIST/Framesmith-Setup-$VERSION-cuda.exe"
 makensis -V2 -DVERSION="$VERSION" -DSTAGE="$STAGE" -DOUTFILE="$OUTFILE" -DUNLIST="$UNLIST" \
     packaging/windows/framesmith.nsi
 echo "installer: $OUTFILE ($(fs_size "$OUTFILE"); program folder $(du -sh "$STAGE" | cut -f1), $PROFILE build)"

@@ -1,6 +1,6 @@
 # The CUDA part of packaging/windows/build.sh (sourced by it with --cuda; not run on its own).
-# Status: cuda_prepare has been run (wheels, import libraries, the delay-load driver library); the cross build
-# with --features cuda, the libmoe swap and the staged exe have not been run yet.
+# Status: builds and links; under wine (no nvcuda.dll) the exe starts, and with training.device = "auto" trains on
+# the CPU after "no CUDA device found". Not yet run on a Windows PC with an NVIDIA GPU.
 #
 # - Kernels: PTX does not depend on the operating system, so build.rs and candle-kernels compile it with the
 #   Linux CUDA 13.0 compiler from PyPI (scripts/cuda-toolchain.sh), for compute capability 8.0 (Ampere and every
@@ -14,7 +14,7 @@
 #   and says why training runs on the CPU.
 # - candle-kernels also compiles its MoE / GGUF kernels into a static host library (libmoe.a) with nvcc, whose
 #   host side is built by the Linux gcc (ELF objects, unusable in a Windows exe; nvcc on Linux cannot target
-#   Windows). Framesmith uses none of those kernels, so that archive is replaced by an empty MinGW archive.
+#   Windows). Framesmith uses none of those kernels, so that archive is replaced by MinGW stand-ins (cuda_cargo).
 # - cuDNN is left out (its C++ shim would need a Windows cuDNN build): attention uses the portable tiled kernel.
 
 CUDA_WHEELS=(nvidia-cuda-runtime==13.0.96 nvidia-cublas==13.0.0.19 nvidia-curand==10.4.0.35
@@ -67,18 +67,39 @@ PY
     export CUDA_ROOT="$LINUX_CU13" CUDA_PATH="$WIN_CUDA"
 }
 
-# Runs cargo; when the link fails on candle-kernels' ELF libmoe.a, swaps it for an empty MinGW archive and links
-# again (the build script does not run again, so the swap stays).
+# Runs cargo; when the link fails, replaces candle-kernels' libmoe.a (ELF objects from nvcc's Linux host compiler)
+# with a MinGW archive of stand-ins for every symbol the link misses: candle's MoE / GGUF kernel launchers, which
+# candle keeps in function tables, and the cuBLASLt functions cudarc declares that the CUDA 13.0 DLL does not
+# export. Framesmith calls none of them; each stand-in stops the program with its name if it ever were. The build
+# script does not run again, so the swap stays; then cargo links again.
 cuda_cargo() {
     cargo "$@" && return 0
-    local moe m
+    local deps="target/$TARGET/$PROFILE/deps" moe work
     moe="$(find "target/$TARGET/$PROFILE/build" -path '*candle-kernels-*/out/libmoe.a' 2>/dev/null)"
     [[ -n "$moe" ]] || return 1
-    echo "replacing candle-kernels' host MoE archive (ELF, unused by Framesmith) with an empty MinGW one" >&2
+    work="$(mktemp -d)"
+    x86_64-w64-mingw32-nm -u --format=just-symbols "$deps"/libcandle_core-*.rlib "$deps"/libcandle_nn-*.rlib \
+        2>/dev/null | grep -E '^(launch_mm|moe_gemm)' | sort -u > "$work/symbols"
+    awk '!/^;/ && $1 != "LIBRARY" && $1 != "EXPORTS" {print $1}' "$WIN_CUDA/lib/cublasLt.def" | sort -u > "$work/exported"
+    x86_64-w64-mingw32-nm -u --format=just-symbols "$deps"/libcudarc-*.rlib 2>/dev/null | grep -E '^cublasLt' |
+        sort -u | comm -23 - "$work/exported" >> "$work/symbols"
+    {
+        echo '#include <stdio.h>'
+        echo '#include <stdlib.h>'
+        echo 'static void missing(const char *name) {'
+        echo '    fprintf(stderr, "framesmith: %s is not part of this Windows build\n", name);'
+        echo '    abort();'
+        echo '}'
+        awk '{printf "void %s(void) { missing(\"%s\"); }\n", $1, $1}' "$work/symbols"
+    } > "$work/stand_ins.c"
+    echo "linking $(wc -l < "$work/symbols") stand-ins for unused kernels and cuBLASLt 13.1 functions" >&2
+    x86_64-w64-mingw32-gcc -O2 -c -o "$work/stand_ins.o" "$work/stand_ins.c"
+    local m
     for m in $moe; do
         rm -f "$m"
-        x86_64-w64-mingw32-ar rcs "$m"
+        x86_64-w64-mingw32-ar rcs "$m" "$work/stand_ins.o"
     done
+    rm -rf "$work"
     cargo "$@"
 }
 
