@@ -9,6 +9,7 @@ pub mod demo;
 pub mod models;
 pub mod nn;
 pub mod parity;
+pub mod platform;
 pub mod protocol;
 #[cfg(feature = "telemetry")]
 pub mod telemetry;

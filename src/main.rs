@@ -90,7 +90,14 @@ enum PresetAction {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        None => open_app(cli.screenshot),
+        None => {
+            let detached = cli.screenshot.is_none() && framesmith::platform::release_own_console();
+            open_app(cli.screenshot).inspect_err(|err| {
+                if detached {
+                    show_startup_error(err);
+                }
+            })
+        }
         Some(Command::Train {
             config,
             presets,
@@ -129,6 +136,20 @@ fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// The app's console is gone when it was started from a shortcut: a failure to open the window goes to a
+/// message box, or nobody would see it.
+#[cfg(feature = "gui")]
+fn show_startup_error(err: &anyhow::Error) {
+    rfd::MessageDialog::new()
+        .set_level(rfd::MessageLevel::Error)
+        .set_title("Framesmith could not start")
+        .set_description(format!("{err:#}"))
+        .show();
+}
+
+#[cfg(not(feature = "gui"))]
+fn show_startup_error(_err: &anyhow::Error) {}
 
 /// Without the GUI feature, `framesmith` alone runs the headless demo.
 #[cfg(not(feature = "gui"))]

@@ -27,6 +27,9 @@ pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
         DeviceSpec::Auto => 0,
         DeviceSpec::Cuda(i) => i,
     };
+    if let Some(why) = framesmith::platform::nvidia_driver_missing() {
+        anyhow::bail!("cannot open CUDA device {ordinal}: {why}");
+    }
     Device::new_cuda(ordinal).with_context(|| {
         format!("cannot open CUDA device {ordinal}; pass --device cpu, or check the NVIDIA driver and that this build has CUDA")
     })

@@ -1,6 +1,6 @@
 //! Video probing and decoding through `ffprobe` / `ffmpeg` subprocesses, each with a time limit after which the
-//! process is killed and the file reported. Finds the tools beside the executable first (the Windows package
-//! ships them there), then on `PATH`.
+//! process is killed and the file reported. Finds the tools beside the executable first, then on `PATH`; on
+//! Windows without ffmpeg, videos are read with Windows' own Media Foundation (`media_foundation`).
 
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -14,8 +14,8 @@ use serde::Deserialize;
 
 /// How to get ffmpeg, shown whenever it is missing.
 pub const FFMPEG_INSTALL_HINT: &str =
-    "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; Windows: \
-     ffmpeg.exe and ffprobe.exe ship beside framesmith.exe, put them back there)";
+    "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; on Windows nothing is needed: \
+     Framesmith reads videos with Media Foundation, or ffmpeg.exe beside framesmith.exe or on the PATH)";
 
 /// A video could not be probed or decoded.
 #[derive(Debug, thiserror::Error)]
@@ -84,13 +84,25 @@ impl MediaError {
     }
 }
 
-/// Where ffmpeg and ffprobe are, and how long each call may take.
+/// Which decoder reads videos.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MediaBackend {
+    /// `ffprobe` / `ffmpeg` subprocesses.
+    Ffmpeg,
+    /// Windows' own Media Foundation, in process (nothing to install).
+    #[cfg(windows)]
+    MediaFoundation,
+}
+
+/// Where ffmpeg and ffprobe are (or that Media Foundation reads videos), and how long each call may take.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MediaTools {
-    /// The `ffmpeg` executable.
+    /// The `ffmpeg` executable (unused with Media Foundation).
     pub ffmpeg: PathBuf,
-    /// The `ffprobe` executable.
+    /// The `ffprobe` executable (unused with Media Foundation).
     pub ffprobe: PathBuf,
+    /// The decoder in use.
+    pub backend: MediaBackend,
     /// Limit for one probe.
     pub probe_timeout: Duration,
     /// Limit for decoding one video.
@@ -108,13 +120,23 @@ impl MediaTools {
         Self {
             ffmpeg: ffmpeg.into(),
             ffprobe: ffprobe.into(),
+            backend: MediaBackend::Ffmpeg,
             probe_timeout: DEFAULT_PROBE_TIMEOUT,
             decode_timeout: DEFAULT_DECODE_TIMEOUT,
         }
     }
 
-    /// Finds `ffmpeg` and `ffprobe` beside the running executable, then on `PATH`.
+    /// Finds `ffmpeg` and `ffprobe` beside the running executable, then on `PATH`. On Windows, when they are not
+    /// there, Media Foundation reads the videos instead; an installed ffmpeg is preferred because it decodes the
+    /// same frames as on Linux and as musubi-tuner (PyAV is ffmpeg).
     pub fn locate() -> Result<Self, MediaError> {
+        #[cfg(windows)]
+        return Ok(Self::locate_ffmpeg().unwrap_or_else(|_| Self::media_foundation()));
+        #[cfg(not(windows))]
+        Self::locate_ffmpeg()
+    }
+
+    fn locate_ffmpeg() -> Result<Self, MediaError> {
         let ffmpeg = find_tool("ffmpeg").ok_or_else(|| MediaError::ToolMissing {
             tool: "ffmpeg".into(),
         })?;
@@ -124,9 +146,22 @@ impl MediaTools {
         Ok(Self::with_paths(ffmpeg, ffprobe))
     }
 
+    /// Videos read with Media Foundation, with the default time limits.
+    #[cfg(windows)]
+    pub fn media_foundation() -> Self {
+        Self {
+            backend: MediaBackend::MediaFoundation,
+            ..Self::with_paths(PathBuf::new(), PathBuf::new())
+        }
+    }
+
     /// Size, frame count and frame rate of a video's first video stream.
     pub fn probe(&self, path: &Path) -> Result<VideoInfo, MediaError> {
         check_not_empty(path)?;
+        #[cfg(windows)]
+        if self.backend == MediaBackend::MediaFoundation {
+            return super::media_foundation::probe(path, self.probe_timeout);
+        }
         let mut cmd = Command::new(&self.ffprobe);
         cmd.args([
             "-v",
@@ -155,6 +190,10 @@ impl MediaTools {
         max_frames: Option<usize>,
     ) -> Result<Vec<RgbImage>, MediaError> {
         check_not_empty(path)?;
+        #[cfg(windows)]
+        if self.backend == MediaBackend::MediaFoundation {
+            return super::media_foundation::decode(path, info, max_frames, self.decode_timeout);
+        }
         // `-fps_mode` exists from ffmpeg 5.1, `-vsync` (its older name) is deprecated there; try the new one.
         let mut out = self.run_decode(path, max_frames, "-fps_mode")?;
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -353,6 +392,12 @@ fn run_with_timeout(
     cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
+    #[cfg(windows)]
+    {
+        // CREATE_NO_WINDOW: from the app, each decode would otherwise flash a console window.
+        use std::os::windows::process::CommandExt;
+        cmd.creation_flags(0x0800_0000);
+    }
     let mut child = cmd.spawn().map_err(|source| match source.kind() {
         std::io::ErrorKind::NotFound => MediaError::ToolMissing { tool: tool.into() },
         _ => MediaError::Io {
@@ -470,7 +515,7 @@ mod tests {
         assert!(matches!(err, MediaError::ToolMissing { .. }));
         let msg = err.to_string();
         assert!(
-            msg.contains("apt install ffmpeg") && msg.contains("beside framesmith.exe"),
+            msg.contains("apt install ffmpeg") && msg.contains("Media Foundation"),
             "{msg}"
         );
     }

@@ -12,6 +12,7 @@ pub mod frames;
 pub mod jsonl;
 mod keys;
 pub mod media;
+pub mod media_foundation;
 pub mod probe;
 pub mod problem;
 pub mod report;

@@ -180,7 +180,10 @@ impl Trainer {
         let optimizer_path = tmp.join("optimizer.safetensors");
         candle_core::safetensors::save(&optimizer, &optimizer_path)
             .with_context(|| io_context("write", &optimizer_path))?;
-        File::open(&optimizer_path)
+        // Write access: Windows refuses to flush a file opened read-only (access denied).
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&optimizer_path)
             .and_then(|f| f.sync_all())
             .with_context(|| io_context("sync", &optimizer_path))?;
         let state = StateFile {

@@ -36,6 +36,9 @@ pub const DEMO_LAYERS: usize = 2;
 pub fn cuda_device_count() -> usize {
     #[cfg(feature = "cuda")]
     {
+        if crate::platform::nvidia_driver_missing().is_some() {
+            return 0;
+        }
         (0..16).take_while(|&i| Device::new_cuda(i).is_ok()).count()
     }
     #[cfg(not(feature = "cuda"))]
@@ -47,9 +50,14 @@ pub fn cuda_device_count() -> usize {
 fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     match plan.device {
         PlanDevice::Cpu => Ok(Device::Cpu),
-        PlanDevice::Cuda(i) => Device::new_cuda(i).with_context(|| {
-            format!("cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver")
-        }),
+        PlanDevice::Cuda(i) => {
+            if let Some(why) = crate::platform::nvidia_driver_missing() {
+                anyhow::bail!("cannot open CUDA device {i}: {why}");
+            }
+            Device::new_cuda(i).with_context(|| {
+                format!("cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver")
+            })
+        }
     }
 }
 
