@@ -199,7 +199,7 @@ pub fn block_forward_flops(cfg: &WanConfig, tokens: usize, text_len: usize) -> f
 }
 
 /// Peak bytes in use (the pool's high-water mark, weights included) during the timed steps; `None` off CUDA.
-fn total_peak(dev: &Device, t: &Timing) -> Result<Option<u64>> {
+pub(crate) fn total_peak(dev: &Device, t: &Timing) -> Result<Option<u64>> {
     #[cfg(feature = "cuda")]
     if let Device::Cuda(cuda) = dev {
         // `t.peak_bytes` is relative to the memory in use before the timed steps, which is still in use now.

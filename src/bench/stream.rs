@@ -8,10 +8,10 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Result, Tensor};
 use rayon::prelude::*;
 
-use super::step::{block_forward_flops, flow_batch, latent_size, video_tokens};
+use super::step::{block_forward_flops, flow_batch, latent_size, total_peak, video_tokens};
 use super::{record, time, Record, Timing};
 use crate::models::wan::config::WanConfig;
-use crate::models::wan::random::{random_weights, random_weights_on_device};
+use crate::models::wan::random::{init_stats, random_weights, random_weights_on_device};
 use crate::models::wan::weights::official_shapes;
 use crate::models::wan::{ModelOptions, WanModel};
 use crate::nn::fp8::Fp8Scale;
@@ -80,16 +80,7 @@ pub fn random_fp8_weights(
     let mut map = HashMap::new();
     for (i, (name, shape)) in official_shapes(cfg).into_iter().enumerate() {
         if !(name.starts_with("blocks.") && name.ends_with(".weight") && shape.len() == 2) {
-            let (mean, std) = if name.ends_with("modulation") {
-                (0.0, 0.1)
-            } else if name.ends_with(".weight") && shape.len() == 1 {
-                (1.0, 0.1)
-            } else if name.ends_with(".bias") {
-                (0.0, 0.05)
-            } else {
-                let fan_in: usize = shape[1..].iter().product();
-                (0.0, 1.0 / (fan_in as f32).sqrt())
-            };
+            let (mean, std) = init_stats(&name, &shape);
             let t = Tensor::randn(mean, std, shape.as_slice(), dev)?.to_dtype(DType::BF16)?;
             map.insert(name, t);
             continue;
@@ -272,16 +263,6 @@ pub fn run(
         dev.synchronize()?;
     }
     Ok(out)
-}
-
-fn total_peak(dev: &Device, t: &Timing) -> Result<Option<u64>> {
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(cuda) = dev {
-        let base = crate::nn::cuda::device::used_memory_bytes(cuda)?;
-        return Ok(t.peak_bytes.map(|p| p + base));
-    }
-    let _ = (dev, t);
-    Ok(None)
 }
 
 /// Bandwidths in GB/s: a plain page-locked copy of `bytes` into one device buffer, and the streaming path

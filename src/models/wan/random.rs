@@ -45,6 +45,21 @@ pub fn random_weights(
     Ok(map)
 }
 
+/// Mean and standard deviation of a random official-layout tensor: modulation 0 ± 0.1, norm weights 1 ± 0.1,
+/// biases 0 ± 0.05, everything else 0 ± 1/√fan_in.
+pub fn init_stats(name: &str, shape: &[usize]) -> (f32, f32) {
+    if name.ends_with("modulation") {
+        (0.0, 0.1)
+    } else if name.ends_with(".weight") && shape.len() == 1 {
+        (1.0, 0.1)
+    } else if name.ends_with(".bias") {
+        (0.0, 0.05)
+    } else {
+        let fan_in: usize = shape[1..].iter().product();
+        (0.0, 1.0 / (fan_in as f32).sqrt())
+    }
+}
+
 /// Random weights for `cfg` in `dtype` drawn on `device` itself (seeded through [`Device::set_seed`]), with the
 /// same distributions as [`random_weights`] but not the same values: what benchmarks of the 14B variants use,
 /// where drawing 14 billion values on the host would take minutes.
@@ -57,16 +72,7 @@ pub fn random_weights_on_device(
     device.set_seed(seed)?;
     let mut map = HashMap::new();
     for (name, shape) in official_shapes(cfg) {
-        let (mean, std) = if name.ends_with("modulation") {
-            (0.0, 0.1)
-        } else if name.ends_with(".weight") && shape.len() == 1 {
-            (1.0, 0.1)
-        } else if name.ends_with(".bias") {
-            (0.0, 0.05)
-        } else {
-            let fan_in: usize = shape[1..].iter().product();
-            (0.0, 1.0 / (fan_in as f32).sqrt())
-        };
+        let (mean, std) = init_stats(&name, &shape);
         let t = Tensor::randn(mean, std, shape.as_slice(), device)?;
         map.insert(name, t.to_dtype(dtype)?);
     }
