@@ -1,19 +1,8 @@
 //! Small headless commands: `inspect`, `presets`, `dataset check`, with their exit statuses.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::process::Command;
-
-fn framesmith(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
-        .args(args)
-        .output()
-        .expect("framesmith runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+mod cli_support;
+use cli_support::framesmith;
 
 #[test]
 fn inspect_reports_a_dit_and_rejects_other_files() {

@@ -6,57 +6,10 @@
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use candle_core::{DType, Device, Tensor};
-use tokenizers::models::unigram::Unigram;
-use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
-use tokenizers::Tokenizer;
-
-fn framesmith(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
-        .args(args)
-        .output()
-        .expect("framesmith runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A fixture's weights: `../shared` from the main checkout, `../../shared` from a worktree.
-fn fixture(case: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let main = root.join("../shared/fixtures/wan").join(case);
-    let dir = if main.exists() {
-        main
-    } else {
-        root.join("../../shared/fixtures/wan").join(case)
-    };
-    dir.join("weights.safetensors").display().to_string()
-}
-
-/// A Unigram tokenizer over a few words and the letters, `</s>` = 1 (fits the tiny umT5's 100-token vocabulary).
-fn write_tokenizer(path: &Path) {
-    let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>", "▁"]
-        .iter()
-        .map(|s| (s.to_string(), 0.0))
-        .collect();
-    vocab.extend(('a'..='z').map(|c| (c.to_string(), -5.0)));
-    vocab.extend(
-        ["▁a", "▁red", "▁cat", "▁dog", "▁blue", "▁square"]
-            .iter()
-            .map(|w| (w.to_string(), -1.0)),
-    );
-    let mut tokenizer = Tokenizer::new(Unigram::from(vocab, Some(2), false).expect("unigram"));
-    tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
-    tokenizer.save(path, false).expect("tokenizer saved");
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
+mod cli_support;
+use cli_support::{fixture, framesmith, s};
 
 /// Two captioned images and one broken file, cached into `cache/`.
 fn dataset(root: &Path) -> PathBuf {
@@ -134,7 +87,7 @@ fn cache_commands_write_skip_and_report() {
         "{stderr}"
     );
     let tokenizer = dir.path().join("tokenizer.json");
-    write_tokenizer(&tokenizer);
+    cli_support::write_tokenizer(&tokenizer, &["a", "red", "cat", "dog", "blue", "square"]);
     let text = [
         "cache",
         "text",
@@ -179,7 +132,7 @@ fn write_lora(path: &Path) {
 fn generate_writes_a_deterministic_clip() {
     let dir = tempfile::tempdir().expect("tempdir");
     let tokenizer = dir.path().join("tokenizer.json");
-    write_tokenizer(&tokenizer);
+    cli_support::write_tokenizer(&tokenizer, &["a", "red", "cat", "dog", "blue", "square"]);
     let lora = dir.path().join("lora.safetensors");
     write_lora(&lora);
     let (dit, te, vae) = (

@@ -6,52 +6,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use tokenizers::models::unigram::Unigram;
-use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
-use tokenizers::Tokenizer;
-
-fn framesmith(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
-        .args(args)
-        .output()
-        .expect("framesmith runs");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-/// A fixture's weights: `../shared` from the main checkout, `../../shared` from a worktree.
-fn fixture(case: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let main = root.join("../shared/fixtures/wan").join(case);
-    let dir = if main.exists() {
-        main
-    } else {
-        root.join("../../shared/fixtures/wan").join(case)
-    };
-    dir.join("weights.safetensors").display().to_string()
-}
-
-/// A Unigram tokenizer over a few words and the letters (fits the tiny umT5's 100-token vocabulary).
-fn write_tokenizer(path: &Path) {
-    let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>", "▁"]
-        .iter()
-        .map(|s| (s.to_string(), 0.0))
-        .collect();
-    vocab.extend(('a'..='z').map(|c| (c.to_string(), -5.0)));
-    vocab.extend(["▁a", "▁red", "▁cat"].iter().map(|w| (w.to_string(), -1.0)));
-    let mut tokenizer = Tokenizer::new(Unigram::from(vocab, Some(2), false).expect("unigram"));
-    tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
-    tokenizer.save(path, false).expect("tokenizer saved");
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 path")
-}
+mod cli_support;
+use cli_support::{fixture, framesmith, s};
 
 fn write_picture(path: &Path, tint: u8) {
     image::RgbImage::from_fn(90, 50, |x, y| {
@@ -69,7 +26,7 @@ struct Setup {
 fn setup() -> Setup {
     let dir = tempfile::tempdir().expect("tempdir");
     let tokenizer = dir.path().join("tokenizer.json");
-    write_tokenizer(&tokenizer);
+    cli_support::write_tokenizer(&tokenizer, &["a", "red", "cat"]);
     Setup { dir, tokenizer }
 }
 

@@ -89,11 +89,11 @@ pub fn random_fp8_weights(
         let codes = random_codes(out_dim * in_dim, seed.wrapping_add(i as u64));
         let codes =
             Tensor::from_raw_buffer(&codes, DType::F8E4M3, &[out_dim, in_dim], &Device::Cpu)?;
-        let scale_dims: Vec<usize> = match crate::nn::fp8::effective_mode(mode, in_dim) {
-            Fp8Scale::Block64 => vec![out_dim, in_dim / 64],
-            Fp8Scale::Channel => vec![out_dim],
-            Fp8Scale::Tensor => vec![1],
-        };
+        let scale_dims = crate::nn::fp8::scale_dims(
+            crate::nn::fp8::effective_mode(mode, in_dim),
+            out_dim,
+            in_dim,
+        );
         let n: usize = scale_dims.iter().product();
         let scale =
             Tensor::full(0.02f32 / (in_dim as f32).sqrt(), n, &Device::Cpu)?.reshape(scale_dims)?;

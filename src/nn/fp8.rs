@@ -159,7 +159,8 @@ fn group_len(mode: Fp8Scale, out_dim: usize, in_dim: usize) -> usize {
     }
 }
 
-fn scale_dims(mode: Fp8Scale, out_dim: usize, in_dim: usize) -> Vec<usize> {
+/// The shape of the scales of a weight `[out, in]` in `mode` (`[1]`, `[out]` or `[out, in / 64]`).
+pub fn scale_dims(mode: Fp8Scale, out_dim: usize, in_dim: usize) -> Vec<usize> {
     match mode {
         Fp8Scale::Tensor => vec![1],
         Fp8Scale::Channel => vec![out_dim],

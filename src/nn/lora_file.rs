@@ -199,24 +199,10 @@ fn tensor_bytes(t: &Tensor) -> FileResult<Option<Vec<u8>>> {
     if !all_finite {
         return Ok(None);
     }
-    let bytes = match t.dtype() {
-        DType::F32 => flat
-            .to_vec1::<f32>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DType::BF16 => flat
-            .to_vec1::<half::bf16>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        DType::F16 => flat
-            .to_vec1::<half::f16>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        other => return Err(LoraFileError::SaveDtype(other)),
-    };
+    if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
+        return Err(LoraFileError::SaveDtype(t.dtype()));
+    }
+    let bytes = crate::nn::bytes::tensor_bytes(t)?;
     Ok(Some(bytes))
 }
 

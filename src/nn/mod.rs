@@ -2,6 +2,7 @@
 //! the checkpoint tensor view. Knows nothing of channels, config files or logging.
 
 pub mod attention;
+pub mod bytes;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod fp8;

@@ -20,7 +20,8 @@ use std::sync::Mutex;
 use candle_core::{Device, Result, Tensor};
 
 use crate::models::wan::block::Block;
-pub use pack::{tensor_bytes, BlockLayout, TensorSpec, ALIGN};
+pub use crate::nn::bytes::tensor_bytes;
+pub use pack::{BlockLayout, TensorSpec, ALIGN};
 pub use ring::{Decision, Load, Ring};
 
 /// How streamed blocks reach the GPU.
@@ -195,10 +196,8 @@ impl BlockStreamer {
             _ => {
                 let mut masters = Vec::with_capacity(blocks.len());
                 for (_, b) in &blocks {
-                    let tensors = b.frozen_tensors();
-                    layout.check(&tensors)?;
                     let mut packed = vec![0u8; layout.total_bytes];
-                    layout.pack_into(&tensors, &mut packed)?;
+                    layout.pack_block(b, &mut packed)?;
                     masters.push(packed);
                 }
                 let zeros = layout.zeros(device)?;

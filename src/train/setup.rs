@@ -15,12 +15,11 @@ use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use super::samples::{Decoder, SamplePrompt, Sampling};
 use super::trainer::Trainer;
 use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
-use crate::config::run::{ActivationPlacement, BlocksToSwap, Fp8ScaleMode, StreamingMode};
+use crate::config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
 use crate::config::{validate, HostInfo, RunPlan};
 use crate::demo;
 use crate::models::wan::weights;
 use crate::models::wan::{ModelOptions, WanConfig, WanModel};
-use crate::nn::fp8::Fp8Scale;
 use crate::nn::lora::{attach_loras, LoraSpec};
 use crate::nn::lora_file::LoraFile;
 use crate::nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
@@ -69,14 +68,6 @@ fn float_dtype(d: FloatDtype) -> DType {
     }
 }
 
-fn fp8_scale(mode: Fp8ScaleMode) -> Fp8Scale {
-    match mode {
-        Fp8ScaleMode::Tensor => Fp8Scale::Tensor,
-        Fp8ScaleMode::Channel => Fp8Scale::Channel,
-        Fp8ScaleMode::Block64 => Fp8Scale::Block64,
-    }
-}
-
 /// The demo model's config: a tiny Wan2.1-T2V-shaped DiT over the demo codec's 16-channel latents.
 pub fn demo_model_config() -> WanConfig {
     WanConfig::tiny(DEMO_LAYERS)
@@ -89,7 +80,7 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
             crate::config::run::ResidualDtype::F32 => DType::F32,
             crate::config::run::ResidualDtype::Bf16 => DType::BF16,
         },
-        blocks_fp8: plan.model.fp8_scale.map(fp8_scale),
+        blocks_fp8: plan.model.fp8_scale.map(memory_plan::fp8_scale),
     };
     match &plan.model.source {
         ModelSource::Demo => {

@@ -135,7 +135,10 @@ impl WanModel {
         let mut streamed_blocks = Vec::with_capacity(streamed.len());
         for i in 0..cfg.num_layers {
             if streamed.contains(&i) {
-                streamed_blocks.push((i, Block::new(cfg, host.pp(i))?));
+                let block = Block::new(cfg, host.pp(i))?;
+                // Kept in place until `attach_streamer` puts its shell there.
+                model.blocks.push(block.clone());
+                streamed_blocks.push((i, block));
             } else {
                 model.blocks.push(Block::new(cfg, vb_blocks.pp(i))?);
             }
@@ -172,28 +175,13 @@ impl WanModel {
         if blocks.windows(2).any(|w| w[0].0 >= w[1].0) || blocks.iter().any(|(i, _)| *i >= n) {
             candle_core::bail!("streamed block indices must be increasing and within the model");
         }
+        if self.blocks.len() != n {
+            candle_core::bail!("the model has {} blocks, expected {n}", self.blocks.len());
+        }
         let (streamer, shells) = BlockStreamer::new(&self.device, n, blocks, offload)?;
-        // `new_streamed` leaves streamed positions out of `blocks`; rebuild the list in model order.
-        let mut resident = std::mem::take(&mut self.blocks).into_iter();
-        let mut shells = shells.into_iter().peekable();
-        let mut all = Vec::with_capacity(n);
-        let full = resident.len() == n;
-        for i in 0..n {
-            if shells.peek().is_some_and(|(j, _)| *j == i) {
-                if let Some((_, shell)) = shells.next() {
-                    all.push(shell);
-                }
-                if full {
-                    resident.next();
-                }
-            } else if let Some(b) = resident.next() {
-                all.push(b);
-            }
+        for (i, shell) in shells {
+            self.blocks[i] = shell;
         }
-        if all.len() != n {
-            candle_core::bail!("the model has {} blocks, expected {n}", all.len());
-        }
-        self.blocks = all;
         self.streamer = Some(Arc::new(streamer));
         Ok(())
     }

@@ -297,18 +297,13 @@ impl CudaBackend {
             );
             slot_tensors.push(tensors);
         }
-        let pack = |b: &Block, out: &mut [u8]| -> Result<()> {
-            let tensors = b.frozen_tensors();
-            layout.check(&tensors)?;
-            layout.pack_into(&tensors, out)
-        };
         let copy = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
         let masters = match options.mode {
             StreamMode::Staged => {
                 let mut masters = Vec::with_capacity(blocks.len());
                 for (_, b) in blocks {
                     let mut buf = vec![0u8; layout.total_bytes];
-                    pack(b, &mut buf)?;
+                    layout.pack_block(b, &mut buf)?;
                     masters.push(buf);
                 }
                 let staging_slots = options.staging_slots.max(1);
@@ -332,7 +327,7 @@ impl CudaBackend {
                 let mut bufs = Vec::with_capacity(blocks.len());
                 for (_, b) in blocks {
                     let mut buf = Pinned::new(layout.total_bytes)?;
-                    pack(b, buf.as_mut_slice())?;
+                    layout.pack_block(b, buf.as_mut_slice())?;
                     bufs.push(buf);
                 }
                 Masters::Pinned(bufs)

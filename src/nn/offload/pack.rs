@@ -3,6 +3,9 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::models::wan::block::Block;
+use crate::nn::bytes::tensor_bytes;
+
 /// Offsets are aligned to this many bytes (the copy engine's and the allocator's preferred granularity).
 pub const ALIGN: usize = 256;
 
@@ -73,6 +76,13 @@ impl BlockLayout {
         Ok(())
     }
 
+    /// Packs a block's frozen tensors (which must match this layout) into `out`.
+    pub fn pack_block(&self, block: &Block, out: &mut [u8]) -> Result<()> {
+        let tensors = block.frozen_tensors();
+        self.check(&tensors)?;
+        self.pack_into(&tensors, out)
+    }
+
     /// The tensors of a packed buffer, on `device`.
     pub fn unpack(&self, packed: &[u8], device: &Device) -> Result<Vec<Tensor>> {
         self.specs
@@ -96,28 +106,4 @@ impl BlockLayout {
             .map(|s| Tensor::zeros(s.dims.as_slice(), s.dtype, device))
             .collect()
     }
-}
-
-/// The little-endian bytes of a tensor's elements, in row-major order.
-pub fn tensor_bytes(t: &Tensor) -> Result<Vec<u8>> {
-    let flat = t.to_device(&Device::Cpu)?.flatten_all()?;
-    Ok(match t.dtype() {
-        DType::U8 => flat.to_vec1::<u8>()?,
-        DType::F32 => flat
-            .to_vec1::<f32>()?
-            .iter()
-            .flat_map(|v| v.to_le_bytes())
-            .collect(),
-        DType::BF16 => flat
-            .to_vec1::<half::bf16>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        DType::F16 => flat
-            .to_vec1::<half::f16>()?
-            .iter()
-            .flat_map(|v| v.to_bits().to_le_bytes())
-            .collect(),
-        other => candle_core::bail!("block streaming cannot pack {other:?} tensors"),
-    })
 }

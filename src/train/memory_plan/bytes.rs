@@ -6,7 +6,7 @@ use crate::config::run::{BaseDtype, Fp8ScaleMode};
 use crate::models::wan::vae::VaeConfig;
 use crate::models::wan::weights::official_shapes;
 use crate::models::wan::WanConfig;
-use crate::nn::fp8::{self, Fp8Scale, BLOCK_SIZE};
+use crate::nn::fp8::{self, Fp8Scale};
 use crate::nn::lora::{LoraError, LoraTargets};
 use crate::nn::offload::ALIGN;
 
@@ -81,12 +81,9 @@ fn elements(shape: &[usize]) -> u64 {
 /// `Fp8Weight::storage_bytes`; block-64 falls back to per-channel when `in` is not a multiple of 64, as
 /// `fp8::effective_mode` decides).
 pub fn fp8_weight_buffers(out_dim: usize, in_dim: usize, mode: Fp8ScaleMode) -> (u64, u64) {
-    let scales = match fp8::effective_mode(fp8_scale(mode), in_dim) {
-        Fp8Scale::Tensor => 1,
-        Fp8Scale::Channel => out_dim as u64,
-        Fp8Scale::Block64 => (out_dim * (in_dim / BLOCK_SIZE)) as u64,
-    };
-    ((out_dim * in_dim) as u64, 4 * scales)
+    let mode = fp8::effective_mode(fp8_scale(mode), in_dim);
+    let scales: usize = fp8::scale_dims(mode, out_dim, in_dim).iter().product();
+    ((out_dim * in_dim) as u64, 4 * scales as u64)
 }
 
 /// Bytes of one FP8 weight `[out, in]`, codes and scales together.

@@ -10,7 +10,7 @@ mod suggest;
 mod working_set;
 
 pub use bytes::{
-    block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_weight_buffers,
+    block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
     fp8_weight_bytes, lora_parameters, resident_weights, tokens_per_sample, vae_for, BaseFormat,
 };
 pub use input::{

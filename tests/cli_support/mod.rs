@@ -1,0 +1,54 @@
+//! What the command-line tests share: running the built binary, the fixture weights, a tiny tokenizer.
+// Each test binary uses its own subset of these.
+#![allow(dead_code, clippy::expect_used)]
+
+use std::path::Path;
+use std::process::Command;
+
+use tokenizers::models::unigram::Unigram;
+use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
+use tokenizers::Tokenizer;
+
+/// Runs `framesmith` with `args`: (success, stdout, stderr).
+pub fn framesmith(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
+        .args(args)
+        .output()
+        .expect("framesmith runs");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// A fixture's weights: `../shared` from the main checkout, `../../shared` from a worktree.
+pub fn fixture(case: &str) -> String {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let main = root.join("../shared/fixtures/wan").join(case);
+    let dir = if main.exists() {
+        main
+    } else {
+        root.join("../../shared/fixtures/wan").join(case)
+    };
+    dir.join("weights.safetensors").display().to_string()
+}
+
+/// A Unigram tokenizer over the letters and `words` (each prefixed `▁`), `</s>` = 1: it fits the tiny umT5's
+/// 100-token vocabulary.
+pub fn write_tokenizer(path: &Path, words: &[&str]) {
+    let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>", "▁"]
+        .iter()
+        .map(|s| (s.to_string(), 0.0))
+        .collect();
+    vocab.extend(('a'..='z').map(|c| (c.to_string(), -5.0)));
+    vocab.extend(words.iter().map(|w| (format!("▁{w}"), -1.0)));
+    let mut tokenizer = Tokenizer::new(Unigram::from(vocab, Some(2), false).expect("unigram"));
+    tokenizer.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::Always, true)));
+    tokenizer.save(path, false).expect("tokenizer saved");
+}
+
+/// A path as the `&str` an argument list takes.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 path")
+}
