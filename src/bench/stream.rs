@@ -27,6 +27,8 @@ pub struct StreamCase {
     pub mode: Option<StreamMode>,
     pub blocks: usize,
     pub placement: Placement,
+    /// GPU slots in the ring (streamed cases).
+    pub slots: usize,
 }
 
 /// What to measure.
@@ -114,6 +116,7 @@ pub fn build(
     opts: &StreamBench,
     streamed: &[usize],
     mode: StreamMode,
+    slots: usize,
 ) -> Result<(WanModel, LoraSet)> {
     let vb = Vb::from_tensors(weights, DType::BF16, dev);
     let options = ModelOptions {
@@ -122,7 +125,7 @@ pub fn build(
     };
     let offload = OffloadOptions {
         mode,
-        slots: opts.slots,
+        slots,
         staging_slots: opts.staging_slots,
     };
     let mut model = if streamed.is_empty() {
@@ -147,12 +150,17 @@ fn case_name(case: &StreamCase) -> String {
     match case.mode {
         None => "resident".into(),
         Some(m) => format!(
-            "{} {} {}",
+            "{} {} {}{}",
             m.as_str(),
             case.blocks,
             match case.placement {
                 Placement::Spread => "spread",
                 Placement::Last => "last",
+            },
+            if case.slots == 2 {
+                String::new()
+            } else {
+                format!(" {} slots", case.slots)
             }
         ),
     }
@@ -181,7 +189,7 @@ pub fn run(
             None => Vec::new(),
         };
         let mode = case.mode.unwrap_or(StreamMode::Pinned);
-        let (model, loras) = build(cfg, weights, dev, opts, &streamed, mode)?;
+        let (model, loras) = build(cfg, weights, dev, opts, &streamed, mode, case.slots)?;
         let (inputs, targets) = flow_batch(cfg, latent, 512, 0.75, opts.seed, dev)?;
         dev.synchronize()?;
         eprintln!(
@@ -285,7 +293,7 @@ pub fn copy_bandwidth(
         None => random_weights_on_device(cfg, opts.seed, DType::BF16, dev)?,
     };
     let streamed: Vec<usize> = (2..cfg.num_layers).collect();
-    let (model, _loras) = build(cfg, weights, dev, opts, &streamed, mode)?;
+    let (model, _loras) = build(cfg, weights, dev, opts, &streamed, mode, opts.slots)?;
     let streamer = model
         .streamer()
         .ok_or_else(|| candle_core::Error::Msg("no streamed blocks".into()))?;
@@ -362,7 +370,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         weights: None,
     };
     let grads = |streamed: &[usize], mode: StreamMode, on_host: bool| -> Result<Vec<Tensor>> {
-        let (model, loras) = build(&cfg, weights()?, dev, &opts, streamed, mode)?;
+        let (model, loras) = build(&cfg, weights()?, dev, &opts, streamed, mode, opts.slots)?;
         for (i, v) in loras.vars().iter().enumerate() {
             if i % 2 == 1 {
                 v.set(&(v.as_tensor().ones_like()? * 0.01)?)?;

@@ -138,9 +138,9 @@ enum Command {
         /// Keep saved block inputs in host RAM.
         #[arg(long)]
         host_activations: bool,
-        /// GPU slots in the ring.
-        #[arg(long, default_value_t = 2)]
-        slots: usize,
+        /// GPU slots in the ring; a comma-separated list times each streamed case with each count.
+        #[arg(long, default_value = "2")]
+        slots: String,
         /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,
@@ -371,6 +371,14 @@ fn main() -> Result<()> {
             iters,
             check: first,
         } => {
+            let slots = slots
+                .split(',')
+                .map(|s| s.trim().parse::<usize>())
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| anyhow::anyhow!("--slots: {e} (a count or a comma-separated list, e.g. 2,3)"))?;
+            if slots.is_empty() || slots.contains(&0) {
+                bail!("--slots: at least one GPU slot is needed");
+            }
             let opts = bench::stream::StreamBench {
                 frames,
                 height,
@@ -383,7 +391,7 @@ fn main() -> Result<()> {
                     other => bail!("unknown residual dtype `{other}` (f32, bf16)"),
                 },
                 activations_on_host: host_activations,
-                slots,
+                slots: slots[0],
                 staging_slots: 2,
                 warmup,
                 iters,
@@ -396,6 +404,7 @@ fn main() -> Result<()> {
                 &modes,
                 blocks,
                 &placement,
+                &slots,
                 vram_budget_gb,
                 bandwidth,
                 first,
@@ -412,6 +421,7 @@ fn stream(
     modes: &str,
     blocks: usize,
     placement: &str,
+    slots: &[usize],
     vram_budget_gb: Option<f64>,
     bandwidth: bool,
     first: bool,
@@ -449,12 +459,16 @@ fn stream(
         } else {
             vec![Placement::Spread]
         };
+        let counts = if mode.is_some() { slots } else { &slots[..1] };
         for p in places {
-            cases.push(bench::stream::StreamCase {
-                mode,
-                blocks,
-                placement: p,
-            });
+            for &n in counts {
+                cases.push(bench::stream::StreamCase {
+                    mode,
+                    blocks,
+                    placement: p,
+                    slots: n,
+                });
+            }
         }
     }
     #[cfg(feature = "cuda")]
