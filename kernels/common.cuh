@@ -86,3 +86,20 @@ template <int W> __device__ __forceinline__ void load_f32(const float* p, float*
         }
     }
 }
+
+// W values of T through W * sizeof(T) / 16 16-byte accesses (W a multiple of 16 / sizeof(T), p 16-byte
+// aligned), or one value (W = 1): lets kernels whose inputs and outputs differ in dtype move the same number of
+// values per thread on each side.
+template <typename T, int W> __device__ __forceinline__ void load_n(const T* p, float* out) {
+    constexpr int V = W == 1 ? 1 : vec_width<T>();
+    static_assert(W % V == 0, "whole 16-byte accesses");
+#pragma unroll
+    for (int c = 0; c < W; c += V) load_vec<T, V>(p + c, out + c);
+}
+
+template <typename T, int W> __device__ __forceinline__ void store_n(T* p, const float* in) {
+    constexpr int V = W == 1 ? 1 : vec_width<T>();
+    static_assert(W % V == 0, "whole 16-byte accesses");
+#pragma unroll
+    for (int c = 0; c < W; c += V) store_vec<T, V>(p + c, in + c);
+}

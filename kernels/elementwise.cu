@@ -197,3 +197,94 @@ __device__ void rope(const T* x, const float* cosv, const float* sinv, float sig
 
 ELEMENTWISE_KERNELS(float, f32)
 ELEMENTWISE_KERNELS(__nv_bfloat16, bf16)
+
+// ---- Mixed-dtype variants (input dtype TI, output TO; f32 <-> bf16): the residual stream is f32 while the
+// block computes in bf16, and these fuse the cast into the op so the f32 tensor is read or written once.
+// Vectorised chunks hold MIXED_W = 8 values (one 16-byte bf16 access, two f32 ones). ----
+
+constexpr int MIXED_W = 8;
+
+#define DISPATCH_MIXED(call) \
+    if (vec) { \
+        constexpr int W = MIXED_W; \
+        call; \
+    } else { \
+        constexpr int W = 1; \
+        call; \
+    }
+
+template <typename TI, typename TO, int W>
+__device__ void cast_n(const TI* x, TO* y, long n) {
+    FOR_CHUNKS(i, n) {
+        float v[W];
+        load_n<TI, W>(x + i, v);
+        store_n<TO, W>(y + i, v);
+    }
+}
+
+template <typename TI, typename TO, int W>
+__device__ void modulate_fwd_mixed(const TI* x, const float* scale, const float* shift, TO* y, long rows, long D,
+                                   long L, long Ls) {
+    FOR_CHUNKS(i, rows * D) {
+        const long m = mod_row(i / D, L, Ls) * D + i % D;
+        float v[W], s[W], h[W];
+        load_n<TI, W>(x + i, v);
+        load_f32<W>(scale + m, s);
+        load_f32<W>(shift + m, h);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + h[k];
+        store_n<TO, W>(y + i, v);
+    }
+}
+
+template <typename TI, typename TO, int W>
+__device__ void scaled_bwd_mixed(const TI* dy, const float* scale, float offset, TO* dx, long rows, long D, long L,
+                                 long Ls) {
+    FOR_CHUNKS(i, rows * D) {
+        const long m = mod_row(i / D, L, Ls) * D + i % D;
+        float v[W], s[W];
+        load_n<TI, W>(dy + i, v);
+        load_f32<W>(scale + m, s);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] *= offset + s[k];
+        store_n<TO, W>(dx + i, v);
+    }
+}
+
+// out = x + y * gate with x and out in TX (the residual dtype) and y in TY (the branch's compute dtype).
+template <typename TX, typename TY, int W>
+__device__ void gated_fwd_mixed(const TX* x, const TY* y, const float* gate, TX* out, long rows, long D, long L,
+                                long Ls) {
+    FOR_CHUNKS(i, rows * D) {
+        const long m = mod_row(i / D, L, Ls) * D + i % D;
+        float a[W], b[W], g[W];
+        load_n<TX, W>(x + i, a);
+        load_n<TY, W>(y + i, b);
+        load_f32<W>(gate + m, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] += b[k] * g[k];
+        store_n<TX, W>(out + i, a);
+    }
+}
+
+#define MIXED_KERNELS(TI, SI, TO, SO)                                                                           \
+    extern "C" __global__ void fs_cast_##SI##_##SO(const TI* x, TO* y, long n, long vec) {                     \
+        DISPATCH_MIXED((cast_n<TI, TO, W>(x, y, n)))                                                            \
+    }                                                                                                           \
+    extern "C" __global__ void fs_modulate_fwd_##SI##_##SO(const TI* x, const float* scale, const float* shift, \
+                                                           TO* y, long rows, long D, long L, long Ls,           \
+                                                           long vec) {                                          \
+        DISPATCH_MIXED((modulate_fwd_mixed<TI, TO, W>(x, scale, shift, y, rows, D, L, Ls)))                     \
+    }                                                                                                           \
+    extern "C" __global__ void fs_scaled_bwd_##SI##_##SO(const TI* dy, const float* scale, float offset,        \
+                                                         TO* dx, long rows, long D, long L, long Ls,            \
+                                                         long vec) {                                            \
+        DISPATCH_MIXED((scaled_bwd_mixed<TI, TO, W>(dy, scale, offset, dx, rows, D, L, Ls)))                    \
+    }                                                                                                           \
+    extern "C" __global__ void fs_gated_fwd_##SI##_##SO(const TI* x, const TO* y, const float* gate, TI* out,  \
+                                                        long rows, long D, long L, long Ls, long vec) {         \
+        DISPATCH_MIXED((gated_fwd_mixed<TI, TO, W>(x, y, gate, out, rows, D, L, Ls)))                           \
+    }
+
+MIXED_KERNELS(float, f32, __nv_bfloat16, bf16)
+MIXED_KERNELS(__nv_bfloat16, bf16, float, f32)

@@ -44,6 +44,8 @@ pub struct StepMode {
     pub backward: BlockBackward,
     /// Selective checkpointing ([`StepOptions::keep_attention`]).
     pub keep_attention: bool,
+    /// No checkpointing ([`StepOptions::keep_tapes`]).
+    pub keep_tapes: bool,
 }
 
 impl StepMode {
@@ -53,7 +55,10 @@ impl StepMode {
             BlockBackward::Manual => "manual",
             BlockBackward::Autograd => "autograd",
         };
-        if self.keep_attention && self.backward == BlockBackward::Manual {
+        let manual = self.backward == BlockBackward::Manual;
+        if self.keep_tapes && manual {
+            format!("{base}+no-checkpointing")
+        } else if self.keep_attention && manual {
             format!("{base}+keep-attention")
         } else {
             base.to_string()
@@ -179,6 +184,7 @@ fn step(
     let options = StepOptions {
         backward: mode.backward,
         keep_attention: mode.keep_attention,
+        keep_tapes: mode.keep_tapes,
         ..Default::default()
     };
     checkpointed_step(model, inputs, &target, &loras.vars(), &options)
@@ -299,7 +305,7 @@ pub fn check_tiny(dev: &Device, mode: StepMode) -> Result<StepCheck> {
     let (dev_in, dev_t) = flow_batch(&cfg, latent, 5, 0.6, 11, dev)?;
     let reference = StepMode {
         backward: BlockBackward::Autograd,
-        keep_attention: false,
+        ..StepMode::default()
     };
     let cpu = step(&cpu_model, &cpu_in, &cpu_t, &cpu_loras, reference)?;
     let gpu = step(&dev_model, &dev_in, &dev_t, &dev_loras, mode)?;
@@ -343,14 +349,16 @@ mod tests {
     /// the device check's 3e-2), so the check measures the device's bf16 error and not the reference's.
     #[test]
     fn tiny_check_on_cpu_is_within_bf16_rounding() -> Result<()> {
-        for (backward, keep_attention) in [
-            (BlockBackward::Autograd, false),
-            (BlockBackward::Manual, false),
-            (BlockBackward::Manual, true),
+        for (backward, keep_attention, keep_tapes) in [
+            (BlockBackward::Autograd, false, false),
+            (BlockBackward::Manual, false, false),
+            (BlockBackward::Manual, true, false),
+            (BlockBackward::Manual, false, true),
         ] {
             let mode = StepMode {
                 backward,
                 keep_attention,
+                keep_tapes,
             };
             let c = check_tiny(&Device::Cpu, mode)?;
             eprintln!(

@@ -41,6 +41,8 @@ pub struct StreamBench {
     pub fp8: Option<Fp8Scale>,
     pub residual: DType,
     pub activations_on_host: bool,
+    /// No checkpointing ([`StepOptions::keep_tapes`]).
+    pub keep_tapes: bool,
     pub slots: usize,
     pub staging_slots: usize,
     pub warmup: usize,
@@ -203,6 +205,7 @@ pub fn run(
         };
         let step_options = StepOptions {
             activations_on_host: opts.activations_on_host,
+            keep_tapes: opts.keep_tapes,
             ..StepOptions::default()
         };
         let vars = loras.vars();
@@ -351,6 +354,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         fp8: Some(Fp8Scale::Block64),
         residual: DType::F32,
         activations_on_host: false,
+        keep_tapes: false,
         slots: 2,
         staging_slots: 2,
         warmup: 0,

@@ -107,6 +107,9 @@ enum Command {
         /// Keep each block's self-attention output from the forward (selective checkpointing; manual only).
         #[arg(long)]
         keep_attention: bool,
+        /// Keep every block's whole tape from the forward (no recompute in the backward; manual only).
+        #[arg(long)]
+        no_checkpointing: bool,
     },
     /// Block streaming: the step resident and streamed (each mode), copy bandwidths, an optional VRAM budget.
     Stream {
@@ -138,6 +141,9 @@ enum Command {
         /// Keep saved block inputs in host RAM.
         #[arg(long)]
         host_activations: bool,
+        /// Keep every block's whole tape from the forward (no recompute in the backward).
+        #[arg(long)]
+        no_checkpointing: bool,
         /// GPU slots in the ring; a comma-separated list times each streamed case with each count.
         #[arg(long, default_value = "2")]
         slots: String,
@@ -182,18 +188,19 @@ fn step_check(dev: &Device, mode: StepMode) -> Result<()> {
     Ok(())
 }
 
-fn step_mode(backward: &str, keep_attention: bool) -> Result<StepMode> {
+fn step_mode(backward: &str, keep_attention: bool, keep_tapes: bool) -> Result<StepMode> {
     let backward = match backward {
         "manual" => BlockBackward::Manual,
         "autograd" => BlockBackward::Autograd,
         other => bail!("unknown block backward `{other}` (manual, autograd)"),
     };
-    if keep_attention && backward != BlockBackward::Manual {
-        bail!("--keep-attention needs --backward manual");
+    if (keep_attention || keep_tapes) && backward != BlockBackward::Manual {
+        bail!("--keep-attention and --no-checkpointing need --backward manual");
     }
     Ok(StepMode {
         backward,
         keep_attention,
+        keep_tapes,
     })
 }
 
@@ -333,8 +340,9 @@ fn main() -> Result<()> {
             check: first,
             backward,
             keep_attention,
+            no_checkpointing,
         } => {
-            let mode = step_mode(&backward, keep_attention)?;
+            let mode = step_mode(&backward, keep_attention, no_checkpointing)?;
             if first {
                 step_check(&dev, mode)?;
             }
@@ -364,6 +372,7 @@ fn main() -> Result<()> {
             placement,
             residual,
             host_activations,
+            no_checkpointing,
             slots,
             vram_budget_gb,
             bandwidth,
@@ -375,7 +384,9 @@ fn main() -> Result<()> {
                 .split(',')
                 .map(|s| s.trim().parse::<usize>())
                 .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| anyhow::anyhow!("--slots: {e} (a count or a comma-separated list, e.g. 2,3)"))?;
+                .map_err(|e| {
+                    anyhow::anyhow!("--slots: {e} (a count or a comma-separated list, e.g. 2,3)")
+                })?;
             if slots.is_empty() || slots.contains(&0) {
                 bail!("--slots: at least one GPU slot is needed");
             }
@@ -391,6 +402,7 @@ fn main() -> Result<()> {
                     other => bail!("unknown residual dtype `{other}` (f32, bf16)"),
                 },
                 activations_on_host: host_activations,
+                keep_tapes: no_checkpointing,
                 slots: slots[0],
                 staging_slots: 2,
                 warmup,

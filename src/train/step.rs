@@ -141,6 +141,11 @@ pub struct StepOptions<'a> {
     /// recompute at 32k tokens). Costs `b · seq · dim` compute-dtype values plus `b · heads · seq` f32 per block:
     /// 96 MiB per block, 2.8 GiB in all for Wan2.1-1.3B at 480×832×81 (14B: 320 MiB per block, 12.5 GiB).
     pub keep_attention: bool,
+    /// No checkpointing (manual backward only): keep every block's whole tape from the forward, so the backward
+    /// recomputes nothing. Costs all of every block's intermediates until its backward (tens of GiB at 32k
+    /// tokens; little for short sequences, where it moves the backward off the critical path of streaming).
+    /// Saved inputs are not kept separately (they are in the tapes), so `activations_on_host` does not apply.
+    pub keep_tapes: bool,
 }
 
 fn check_interrupt(options: &StepOptions) -> Result<()> {
@@ -170,12 +175,20 @@ pub fn checkpointed_step(
     let n = model.num_blocks();
     let order: Vec<usize> = (0..n).chain((0..n).rev()).collect();
     model.begin_blocks(&order, false)?;
-    let keep = options.keep_attention && options.backward == BlockBackward::Manual;
+    let manual = options.backward == BlockBackward::Manual;
+    let keep = options.keep_attention && manual;
     let mut saved = Vec::with_capacity(n);
     let mut kept = Vec::new();
+    let mut tapes = Vec::new();
     let mut xs = prepared.x.detach();
     for i in 0..n {
         check_interrupt(options)?;
+        if options.keep_tapes && manual {
+            let (next, tape) = model.block(i)?.forward_with_tape(&xs, &shared)?;
+            tapes.push(tape);
+            xs = next;
+            continue;
+        }
         let (next, attention) = model.block(i)?.forward_untracked(&xs, &shared)?;
         if keep {
             kept.push(attention);
@@ -207,6 +220,12 @@ pub fn checkpointed_step(
         .enumerate()
         .map(|(i, v)| (v.as_tensor().id(), i))
         .collect();
+    for (i, tape) in tapes.into_iter().enumerate().rev() {
+        check_interrupt(options)?;
+        let grads = model.block(i)?.backward(tape, &grad)?;
+        accumulate_params(&mut acc, &slots, &grads.params)?;
+        grad = grads.input;
+    }
     for (i, input) in saved.into_iter().enumerate().rev() {
         check_interrupt(options)?;
         let block = model.block(i)?;
@@ -363,15 +382,17 @@ mod tests {
         };
         let full = whole_graph_step(&model, &inputs, &target, &vars)?;
         let modes = [
-            (BlockBackward::Autograd, false),
-            (BlockBackward::Manual, false),
-            (BlockBackward::Manual, true),
+            (BlockBackward::Autograd, false, false),
+            (BlockBackward::Manual, false, false),
+            (BlockBackward::Manual, true, false),
+            (BlockBackward::Manual, false, true),
         ];
-        for (backward, keep_attention) in modes {
+        for (backward, keep_attention, keep_tapes) in modes {
             let options = StepOptions {
                 want_input_grads: true,
                 backward,
                 keep_attention,
+                keep_tapes,
                 ..Default::default()
             };
             let ckpt = checkpointed_step(&model, &inputs, &target, &vars, &options)?;

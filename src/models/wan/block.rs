@@ -266,6 +266,10 @@ fn modulate_f32(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
 fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor, residual: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && x.dtype() == residual {
+        // Outside autograd, the kernel that reads a bf16 branch directly (no cast of `y` to f32 first).
+        if !(x.track_op() || y.track_op() || gate.track_op()) {
+            return crate::nn::cuda::mixed::gated_residual_mixed(x, y, gate);
+        }
         return crate::nn::cuda::gated_residual(x, y, gate);
     }
     let update = y.to_dtype(DType::F32)?.broadcast_mul(gate)?;

@@ -6,6 +6,8 @@ use candle_core::{DType, Device, Result, Tensor, Var};
 
 use super::{elementwise, fp8, norm, rope};
 
+mod mixed;
+
 /// The outcome of one comparison.
 #[derive(Clone, Debug)]
 pub struct CheckOutcome {
@@ -472,6 +474,7 @@ pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     out.extend(elementwise_checks(dev)?);
     out.extend(rope_checks(dev)?);
     out.extend(direct_backward_checks(dev)?);
+    out.extend(mixed::mixed_checks(dev)?);
     #[cfg(feature = "cudnn")]
     out.extend(attention_checks(dev)?);
     #[cfg(feature = "cudnn")]

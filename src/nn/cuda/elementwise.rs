@@ -126,22 +126,22 @@ fn runs_on_kernel(xs: &Tensor) -> bool {
     xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16)
 }
 
-fn as_mod_f32(t: &Tensor) -> Result<Tensor> {
+pub(super) fn as_mod_f32(t: &Tensor) -> Result<Tensor> {
     t.to_dtype(DType::F32)?.contiguous()
 }
 
 /// `x` seen as `[batch, tokens, dim]` and its modulation as `[batch, mod_tokens, dim]`, `mod_tokens` 1 or
 /// `tokens`.
 #[derive(Clone, Copy, Debug)]
-struct Geometry {
-    batch: usize,
-    tokens: usize,
-    dim: usize,
-    mod_tokens: usize,
+pub(super) struct Geometry {
+    pub(super) batch: usize,
+    pub(super) tokens: usize,
+    pub(super) dim: usize,
+    pub(super) mod_tokens: usize,
 }
 
 impl Geometry {
-    fn of(xs: &Tensor, modulation: &Tensor) -> Result<Self> {
+    pub(super) fn of(xs: &Tensor, modulation: &Tensor) -> Result<Self> {
         let dims = xs.dims();
         if dims.len() < 2 {
             candle_core::bail!("modulation input needs rank >= 2, got {:?}", dims);
@@ -167,7 +167,7 @@ impl Geometry {
         self.batch * self.tokens
     }
 
-    fn args(&self) -> Result<[i64; 4]> {
+    pub(super) fn args(&self) -> Result<[i64; 4]> {
         Ok([
             long(self.rows())?,
             long(self.dim)?,
@@ -181,10 +181,10 @@ impl Geometry {
     }
 }
 
-/// A kernel input: an activation (T) or an f32 modulation vector.
-enum Input<'a, T> {
-    Act(CudaView<'a, T>),
-    Mod(CudaView<'a, f32>),
+/// A kernel input as the kernel sees it: f32 (activations or modulation / angle tables) or bf16.
+enum Input<'a> {
+    F32(CudaView<'a, f32>),
+    Bf16(CudaView<'a, half::bf16>),
 }
 
 /// One launch of an element-wise kernel: `name_{f32|bf16}(inputs..., scalars..., out, sizes..., vec)` over `n`
@@ -206,40 +206,47 @@ pub(super) struct Launch<'a> {
 }
 
 fn launch_elementwise<T: CudaDType + DeviceRepr + WithDType>(l: &Launch) -> Result<CudaStorage> {
+    let function = format!("{}_{}", l.name, ptx::suffix(T::DTYPE)?);
+    launch_named::<T>(l, &function, 16 / T::DTYPE.size_in_bytes())
+}
+
+/// Launches `function` (the full kernel name) writing a fresh `TO` output; vectorised chunks hold `width`
+/// values.
+pub(super) fn launch_named<TO: CudaDType + DeviceRepr>(
+    l: &Launch,
+    function: &str,
+    width: usize,
+) -> Result<CudaStorage> {
     let Launch {
-        name,
         inputs,
         scalars,
         sizes,
         n,
         unit,
+        ..
     } = *l;
-    let width = 16 / T::DTYPE.size_in_bytes();
     let aligned = inputs
         .iter()
         .all(|(s, l)| (l.start_offset() * s.dtype().size_in_bytes()) % 16 == 0);
     let vec = unit % width == 0 && aligned;
     let dev = inputs[0].0.device().clone();
-    let func = ptx::load(
-        &dev,
-        &ptx::ELEMENTWISE,
-        &format!("{name}_{}", ptx::suffix(T::DTYPE)?),
-    )?;
+    let func = ptx::load(&dev, &ptx::ELEMENTWISE, function)?;
     let views = inputs
         .iter()
         .map(|(s, l)| match s.dtype() {
-            DType::F32 => ptx::view::<f32>(s, l).map(Input::Mod),
-            _ => ptx::view::<T>(s, l).map(Input::Act),
+            DType::F32 => ptx::view::<f32>(s, l).map(Input::F32),
+            DType::BF16 => ptx::view::<half::bf16>(s, l).map(Input::Bf16),
+            other => candle_core::bail!("{function} takes f32 or bf16 inputs, not {other:?}"),
         })
         .collect::<Result<Vec<_>>>()?;
     // SAFETY: the kernel writes all n elements before the tensor is read.
-    let out = unsafe { dev.alloc::<T>(n)? };
+    let out = unsafe { dev.alloc::<TO>(n)? };
     let stream = dev.cuda_stream();
     let mut builder = stream.launch_builder(&func);
     for v in &views {
         match v {
-            Input::Act(a) => builder.arg(a),
-            Input::Mod(m) => builder.arg(m),
+            Input::F32(a) => builder.arg(a),
+            Input::Bf16(a) => builder.arg(a),
         };
     }
     for s in scalars {

@@ -13,6 +13,8 @@ pub mod check;
 pub mod device;
 pub mod elementwise;
 pub mod fp8;
+pub mod gemm;
+pub mod mixed;
 pub mod norm;
 mod ptx;
 pub mod rope;

@@ -61,18 +61,15 @@ impl Linear {
         };
         let (down, up) = detached_factors(lora, dtype)?;
         let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
-        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ), so the output gets
-        // one add instead of two.
-        let update = match bias {
+        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ), and the product is
+        // accumulated into the base output in place: no full-size add at all.
+        let y = match bias {
             Some(b) => {
-                let ones = Tensor::ones((mid.dim(0)?, 1), dtype, mid.device())?;
-                let mid1 = Tensor::cat(&[&mid, &ones], 1)?;
-                let up1 = Tensor::cat(&[&up, &b.unsqueeze(1)?], 1)?;
-                mid1.matmul(&up1.t()?)?
+                let (mid1, up1) = with_bias_column(&mid, &up, &b)?;
+                add_matmul(y, &mid1, &up1, true)?
             }
-            None => mid.matmul(&up.t()?)?,
+            None => add_matmul(y, &mid, &up, true)?,
         };
-        let y = (y + update)?;
         Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
     }
 
@@ -86,6 +83,38 @@ impl Linear {
         dy: &Tensor,
         input_grad: bool,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
+        let (dx, params) = self.backward_inner(xs, tape, dy, input_grad.then_some(None))?;
+        let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
+        Ok((dx, params))
+    }
+
+    /// [`Linear::backward`] adding the input gradient to `acc` (shaped like `xs`, in its dtype; a tensor the
+    /// caller owns, e.g. the sum over the linears that share an input): in place on CUDA, so the sum costs no
+    /// extra pass. Returns the sum.
+    pub fn backward_accumulate(
+        &self,
+        xs: &Tensor,
+        tape: &LinearTape,
+        dy: &Tensor,
+        acc: Tensor,
+    ) -> Result<(Tensor, Vec<ParamGrad>)> {
+        let acc = acc.flatten_to(D::Minus2)?;
+        let (dx, params) = self.backward_inner(xs, tape, dy, Some(Some(acc)))?;
+        let dx = dx
+            .ok_or_else(|| candle_core::Error::Msg("linear backward: no input gradient".into()))?
+            .reshape(xs.shape())?;
+        Ok((dx, params))
+    }
+
+    /// `dx`: `None` for no input gradient, `Some(None)` for a fresh one, `Some(Some(acc))` to add into `acc`
+    /// ([m, in]).
+    fn backward_inner(
+        &self,
+        xs: &Tensor,
+        tape: &LinearTape,
+        dy: &Tensor,
+        dx: Option<Option<Tensor>>,
+    ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = xs.dtype();
         let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
         let dy2 = dy
@@ -93,10 +122,10 @@ impl Linear {
             .to_dtype(dtype)?
             .flatten_to(D::Minus2)?
             .contiguous()?;
-        let mut dx = if input_grad {
-            Some(dy2.matmul(&self.base.dense(dtype)?)?)
-        } else {
-            None
+        let mut dx = match dx {
+            None => None,
+            Some(None) => Some(dy2.matmul(&self.base.dense(dtype)?)?),
+            Some(Some(acc)) => Some(add_matmul(acc, &dy2, &self.base.dense(dtype)?, false)?),
         };
         let mut params = Vec::new();
         if let Some(lora) = &self.lora {
@@ -110,8 +139,8 @@ impl Linear {
             let t = (dy2.matmul(&up)? * s)?;
             let d_up = dy2.t()?.matmul(&mid)?;
             let d_down = t.t()?.matmul(&x2)?;
-            if let Some(d) = dx.as_mut() {
-                *d = (&*d + t.matmul(&down)?)?;
+            if let Some(d) = dx.take() {
+                dx = Some(add_matmul(d, &t, &down, false)?);
             }
             params.push(ParamGrad {
                 var: lora.down.clone(),
@@ -122,9 +151,42 @@ impl Linear {
                 grad: d_up.to_dtype(lora.up.dtype())?,
             });
         }
-        let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
         Ok((dx, params))
     }
+}
+
+/// `[mid | 1 | 0…]` and `[up | bias | 0…]`: the LoRA factors with the bias as one more rank column, widened with
+/// zero columns to a multiple of 8 so the product's operands stay 16-byte aligned (cuBLAS falls back to a slow
+/// unaligned kernel for a rank of 33).
+fn with_bias_column(mid: &Tensor, up: &Tensor, bias: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (m, rank) = mid.dims2()?;
+    let n = up.dim(0)?;
+    let pad = (rank + 1).next_multiple_of(8) - rank - 1;
+    let (dtype, dev) = (mid.dtype(), mid.device());
+    let mut left = vec![mid.clone(), Tensor::ones((m, 1), dtype, dev)?];
+    let mut right = vec![up.clone(), bias.reshape((n, 1))?];
+    if pad > 0 {
+        left.push(Tensor::zeros((m, pad), dtype, dev)?);
+        right.push(Tensor::zeros((n, pad), dtype, dev)?);
+    }
+    Ok((Tensor::cat(&left, 1)?, Tensor::cat(&right, 1)?))
+}
+
+/// `c + a · bᵀ` (`b_transposed`, `b` [n, k]) or `c + a · b` (`b` [k, n]) for 2-D `a` [m, k] and `c` [m, n],
+/// consuming `c`: accumulated in place by cuBLAS on CUDA (one rounding, no full-size add), a matmul and an add
+/// elsewhere. `c` must be a tensor the caller owns (no other live handle expects its old values).
+pub fn add_matmul(c: Tensor, a: &Tensor, b: &Tensor, b_transposed: bool) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        let a = a.contiguous()?;
+        let b = b.contiguous()?;
+        if crate::nn::cuda::gemm::supported(&c, &a, &b) {
+            crate::nn::cuda::gemm::add_matmul_(&c, &a, &b, b_transposed)?;
+            return Ok(c);
+        }
+    }
+    let b = if b_transposed { b.t()? } else { b.clone() };
+    c + a.matmul(&b)?
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ mod tests;
 
 use candle_core::{DType, Result, Tensor};
 
-use super::{gated_residual, gelu_tanh, modulate_f32, split_heads, Block, BlockInputs};
+use super::{gated_residual, gelu_tanh, split_heads, Block, BlockInputs};
 use crate::models::wan::rope::Rope;
 use crate::nn::attention::{attention_forward, AttentionTape};
 use crate::nn::linear::{Linear, LinearTape, ParamGrad};
@@ -75,14 +75,24 @@ fn project(
     Ok((split_heads(&normed, heads)?, proj))
 }
 
-/// Backward of [`project`] for the heads' gradient: the input gradient (when asked) and the LoRA gradients,
+/// What a projection's backward does with its input gradient.
+enum InputGrad {
+    /// None wanted (the text context).
+    Skip,
+    /// A fresh tensor.
+    New,
+    /// Added to this sum over the projections that share the input (in place on CUDA).
+    Add(Tensor),
+}
+
+/// Backward of [`project`] for the heads' gradient: the input gradient (as `input` says) and the LoRA gradients,
 /// appended to `params`.
 fn project_backward(
     lin: &Linear,
     xs: &Tensor,
     proj: &Projection,
     d_heads: &Tensor,
-    input_grad: bool,
+    input: InputGrad,
     params: &mut Vec<ParamGrad>,
 ) -> Result<Option<Tensor>> {
     let d = d_heads.flatten_from(2)?;
@@ -90,7 +100,14 @@ fn project_backward(
         Some((pre, w)) => rms_norm_backward(pre, Some(w), &d, proj.eps)?,
         None => d,
     };
-    let (dx, p) = lin.backward(xs, &proj.tape, &d, input_grad)?;
+    let (dx, p) = match input {
+        InputGrad::Skip => lin.backward(xs, &proj.tape, &d, false)?,
+        InputGrad::New => lin.backward(xs, &proj.tape, &d, true)?,
+        InputGrad::Add(acc) => {
+            let (dx, p) = lin.backward_accumulate(xs, &proj.tape, &d, acc)?;
+            (Some(dx), p)
+        }
+    };
     params.extend(p);
     Ok(dx)
 }
@@ -186,6 +203,18 @@ impl Block {
         Ok((out, tape.kept_attention()))
     }
 
+    /// [`Block::forward_untracked`] keeping the whole tape for [`Block::backward`]: no checkpointing, the
+    /// backward needs no recompute (costs every intermediate of the block until its backward has run).
+    pub fn forward_with_tape(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+    ) -> Result<(Tensor, BlockTape)> {
+        let (tape, out) = self.run(xs, inputs, None, true)?;
+        let out = out.ok_or_else(|| candle_core::Error::Msg("block forward: no output".into()))?;
+        Ok((out, tape))
+    }
+
     /// Recomputes the block from its input and records the tape for [`Block::backward`]; with `kept` (from this
     /// block's [`Block::forward_untracked`] on the same input) the self-attention kernel is skipped. Stops before
     /// `ffn.2`, whose output the backward does not need.
@@ -220,11 +249,11 @@ impl Block {
         let x1 = gated_residual(&sa.x, &y1, &chunks[2], residual)?;
         drop(y1);
         let (y2, ca) = self.cross_attention_tape(x1, inputs)?;
-        let x2 = (ca.x1.to_dtype(DType::F32)? + y2.to_dtype(DType::F32)?)?.to_dtype(residual)?;
+        let x2 = ops::residual_add(&ca.x1, &y2)?;
         drop(y2);
 
-        let n2 = layer_norm(&x2, None, None, self.eps)?.to_dtype(DType::F32)?;
-        let h2 = modulate_f32(&n2, &chunks[4], &chunks[3])?.to_dtype(compute)?;
+        let n2 = layer_norm(&x2, None, None, self.eps)?;
+        let h2 = ops::modulate_to(&n2, &chunks[4], &chunks[3], compute)?;
         drop(n2);
         let (f0, ffn0) = self.ffn0.forward_untracked(&h2)?;
         let (out, ffn2) = if with_out {
@@ -268,8 +297,8 @@ impl Block {
     ) -> Result<(Tensor, SelfTape)> {
         let sa = &self.self_attn;
         let (heads, eps) = (sa.num_heads, sa.eps);
-        let n1 = layer_norm(&x, None, None, self.eps)?.to_dtype(DType::F32)?;
-        let h1 = modulate_f32(&n1, &chunks[1], &chunks[0])?.to_dtype(inputs.context.dtype())?;
+        let n1 = layer_norm(&x, None, None, self.eps)?;
+        let h1 = ops::modulate_to(&n1, &chunks[1], &chunks[0], inputs.context.dtype())?;
         drop(n1);
         let (q, qp) = project(&sa.q, sa.norm_q.as_ref(), &h1, heads, eps)?;
         let (k, kp) = project(&sa.k, sa.norm_k.as_ref(), &h1, heads, eps)?;
@@ -300,11 +329,13 @@ impl Block {
     ) -> Result<(Tensor, CrossTape)> {
         let ca = &self.cross_attn;
         let (heads, eps) = (ca.num_heads, ca.eps);
-        let n3 = match &self.norm3 {
-            Some((w, b)) => layer_norm(&x1, Some(w), Some(b), self.eps)?,
-            None => x1.clone(),
-        }
-        .to_dtype(inputs.context.dtype())?;
+        let n3 = ops::cast(
+            &match &self.norm3 {
+                Some((w, b)) => layer_norm(&x1, Some(w), Some(b), self.eps)?,
+                None => x1.clone(),
+            },
+            inputs.context.dtype(),
+        )?;
         let context = inputs.context.detach();
         let (q, qp) = project(&ca.q, ca.norm_q.as_ref(), &n3, heads, eps)?;
         let (k, kp) = project(&ca.k, ca.norm_k.as_ref(), &context, heads, eps)?;
@@ -347,7 +378,7 @@ impl Block {
             ca,
             ffn,
         } = tape;
-        let dout = grad_out.detach().to_dtype(sa.x.dtype())?;
+        let dout = ops::cast(&grad_out.detach(), sa.x.dtype())?;
         let mut params = Vec::new();
         let dx2 = self.ffn_backward(ffn, &common, &dout, &mut params)?;
         drop(dout);
@@ -378,9 +409,13 @@ impl Block {
         let (dh2, p) = self.ffn0.backward(&t.h2, &t.ffn0, &df0, true)?;
         params.extend(p);
         drop((df0, t.h2));
-        let dn2 = ops::modulate_backward(&dh2.ok_or_else(|| missing("ffn.0"))?, &c.chunks[4])?;
         let residual = t.x2.dtype();
-        let dln = layer_norm_backward(&t.x2, None, &dn2.to_dtype(residual)?, self.eps)?;
+        let dn2 = ops::modulate_backward(
+            &dh2.ok_or_else(|| missing("ffn.0"))?,
+            &c.chunks[4],
+            residual,
+        )?;
+        let dln = layer_norm_backward(&t.x2, None, &dn2, self.eps)?;
         dout + dln
     }
 
@@ -395,26 +430,26 @@ impl Block {
     ) -> Result<Tensor> {
         let ca = &self.cross_attn;
         let (dac, p) =
-            ca.o.backward(&t.ac, &t.o, &dx2.to_dtype(c.compute)?, true)?;
+            ca.o.backward(&t.ac, &t.o, &ops::cast(dx2, c.compute)?, true)?;
         params.extend(p);
         let dac = dac
             .ok_or_else(|| missing("cross_attn.o"))?
             .reshape(t.text.out().shape())?;
         let (mut dq, dk, dv) = t.text.backward(&dac)?;
-        project_backward(&ca.k, &c.context, &t.k, &dk, false, params)?;
-        project_backward(&ca.v, &c.context, &t.v, &dv, false, params)?;
+        project_backward(&ca.k, &c.context, &t.k, &dk, InputGrad::Skip, params)?;
+        project_backward(&ca.v, &c.context, &t.v, &dv, InputGrad::Skip, params)?;
         if let (Some(img), Some(k_img), Some(v_img), Some(ctx)) =
             (&t.img, &ca.k_img, &ca.v_img, &c.context_img)
         {
             let (dq_img, dk, dv) = img.attn.backward(&dac)?;
             dq = (dq + dq_img)?;
-            project_backward(k_img, ctx, &img.k, &dk, false, params)?;
-            project_backward(v_img, ctx, &img.v, &dv, false, params)?;
+            project_backward(k_img, ctx, &img.k, &dk, InputGrad::Skip, params)?;
+            project_backward(v_img, ctx, &img.v, &dv, InputGrad::Skip, params)?;
         }
         drop(dac);
-        let dn3 = project_backward(&ca.q, &t.n3, &t.q, &dq, true, params)?
-            .ok_or_else(|| missing("cross_attn.q"))?
-            .to_dtype(t.x1.dtype())?;
+        let dn3 = project_backward(&ca.q, &t.n3, &t.q, &dq, InputGrad::New, params)?
+            .ok_or_else(|| missing("cross_attn.q"))?;
+        let dn3 = ops::cast(&dn3, t.x1.dtype())?;
         let dnorm = match &self.norm3 {
             Some((w, _)) => layer_norm_backward(&t.x1, Some(w), &dn3, self.eps)?,
             None => dn3,
@@ -445,17 +480,19 @@ impl Block {
         let dk = ops::rope_backward(&c.rope, &dk)?;
         let mut dh1 = None;
         for (lin, proj, d) in [(&sa.q, &t.q, dq), (&sa.k, &t.k, dk), (&sa.v, &t.v, dv)] {
-            let dh = project_backward(lin, &t.h1, proj, &d, true, params)?
-                .ok_or_else(|| missing("self_attn.q/k/v"))?;
-            dh1 = Some(match dh1 {
-                Some(acc) => (acc + dh)?,
-                None => dh,
-            });
+            let input = match dh1.take() {
+                Some(acc) => InputGrad::Add(acc),
+                None => InputGrad::New,
+            };
+            dh1 = Some(
+                project_backward(lin, &t.h1, proj, &d, input, params)?
+                    .ok_or_else(|| missing("self_attn.q/k/v"))?,
+            );
         }
         let dh1 = dh1.ok_or_else(|| missing("self_attn"))?;
-        let dn1 = ops::modulate_backward(&dh1, &c.chunks[1])?;
         let residual = t.x.dtype();
-        let dln = layer_norm_backward(&t.x, None, &dn1.to_dtype(residual)?, self.eps)?;
+        let dn1 = ops::modulate_backward(&dh1, &c.chunks[1], residual)?;
+        let dln = layer_norm_backward(&t.x, None, &dn1, self.eps)?;
         dx1 + dln
     }
 }

@@ -11,14 +11,51 @@ fn on_kernel(xs: &Tensor) -> bool {
     xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16)
 }
 
-/// Input gradient of `x * (1 + scale) + shift` for an f32 `dy`: `dy * (1 + scale)` in f32.
-pub(super) fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
-    let dy = dy.to_dtype(DType::F32)?;
+/// `xs` in `dtype`; the vectorised f32 ↔ bf16 kernel on CUDA (candle's bf16 → f32 cast is five times slower).
+pub(super) fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(&dy) {
-        return crate::nn::cuda::elementwise::modulate_backward(&dy, scale);
+    if on_kernel(xs) {
+        return crate::nn::cuda::mixed::cast(xs, dtype);
     }
-    dy.broadcast_mul(&(scale + 1.0)?)
+    xs.to_dtype(dtype)
+}
+
+/// `x * (1 + scale) + shift` computed in f32 (`x` cast to f32 first), returned in `dtype` (the casts fused in
+/// on CUDA).
+pub(super) fn modulate_to(
+    x: &Tensor,
+    scale: &Tensor,
+    shift: &Tensor,
+    dtype: DType,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(x) {
+        return crate::nn::cuda::mixed::modulate_to(x, scale, shift, dtype);
+    }
+    super::super::modulate_f32(&x.to_dtype(DType::F32)?, scale, shift)?.to_dtype(dtype)
+}
+
+/// The residual `x + y` computed in f32 and returned in `x`'s dtype (the residual dtype), `y` in any float
+/// dtype: on CUDA the gated-residual kernel with a unit gate (exactly the same arithmetic), no cast of `y`.
+pub(super) fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(x) && on_kernel(y) {
+        let (b, dim) = (x.dim(0)?, x.dim(candle_core::D::Minus1)?);
+        let ones = Tensor::ones((b, 1, dim), DType::F32, x.device())?;
+        return crate::nn::cuda::mixed::gated_residual_mixed(x, y, &ones);
+    }
+    (x.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?.to_dtype(x.dtype())
+}
+
+/// Input gradient of `x * (1 + scale) + shift`: `dy * (1 + scale)` computed in f32, returned in `dtype`.
+pub(super) fn modulate_backward(dy: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(dy) {
+        return crate::nn::cuda::mixed::scaled_to(dy, scale, 1.0, dtype);
+    }
+    dy.to_dtype(DType::F32)?
+        .broadcast_mul(&(scale + 1.0)?)?
+        .to_dtype(dtype)
 }
 
 /// Gradient of the branch `y` of the gated residual `x + y · gate` for the residual gradient `dout`:
@@ -26,7 +63,7 @@ pub(super) fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
 pub(super) fn gate_backward(dout: &Tensor, gate: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if on_kernel(dout) {
-        return crate::nn::cuda::elementwise::gated_residual_backward(dout, gate)?.to_dtype(dtype);
+        return crate::nn::cuda::mixed::scaled_to(dout, gate, 0.0, dtype);
     }
     dout.to_dtype(DType::F32)?
         .broadcast_mul(gate)?
@@ -98,7 +135,7 @@ mod tests {
                 .broadcast_mul(&(&scale + 1.0)?)?
                 .broadcast_add(&shift)?;
             let want = grad_of(&x, &y, &dy)?;
-            assert!(rel(&modulate_backward(&dy, &scale)?, &want)? < 1e-6);
+            assert!(rel(&modulate_backward(&dy, &scale, DType::F32)?, &want)? < 1e-6);
             let y = x.as_tensor().broadcast_mul(&scale)?;
             let want = grad_of(&x, &y, &dy)?;
             assert!(rel(&gate_backward(&dy, &scale, DType::F32)?, &want)? < 1e-6);
