@@ -84,9 +84,17 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
     };
     match &plan.model.source {
         ModelSource::Demo => {
+            // The demo model streams too when asked (on CUDA), so the whole streaming path can be tried
+            // without model files.
             let cfg = demo_model_config();
             let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
-            let model = WanModel::new(&cfg, Vb::from_tensors(tensors, compute, device), &options)?;
+            let vb = Vb::from_tensors(tensors, compute, device);
+            let model = match streaming_for(plan, &cfg, device)? {
+                Some((streamed, offload)) => {
+                    WanModel::new_streamed(&cfg, vb, &options, &streamed, &offload)?
+                }
+                None => WanModel::new(&cfg, vb, &options)?,
+            };
             Ok((model, "framesmith-demo-tiny".into()))
         }
         ModelSource::File(path) => {
@@ -359,6 +367,18 @@ impl Trainer {
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
         let (mut model, base_name) = load_model(plan, &device)?;
         log(LogLevel::Info, format!("model: {base_name} on {device:?}"));
+        if let Some(streamer) = model.streamer() {
+            log(
+                LogLevel::Info,
+                format!(
+                    "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                    streamer.count(),
+                    model.num_blocks(),
+                    streamer.mode().as_str(),
+                    streamer.block_bytes() as f64 / (1u64 << 20) as f64
+                ),
+            );
+        }
         let cfg = model.config().clone();
         let (items, batch_size) = load_items(plan, &cfg, &device)?;
         let data = TrainSet::new(items, batch_size, 1, plan.training.seed)?;
