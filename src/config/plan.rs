@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use super::run::{
-    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, Fp8ScaleMode, LrScheduler, ResidualDtype,
-    RunConfig, StreamingMode,
+    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, Fp8ScaleMode, LrScheduler,
+    ResidualDtype, RunConfig, StreamingMode,
 };
 use crate::train::optimizer::AdamWConfig;
 use crate::train::schedule::LrSchedule;

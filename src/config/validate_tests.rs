@@ -318,7 +318,10 @@ fn checkpointing_reaches_the_plan_on_every_device_and_off_refuses_host_activatio
     )
     .unwrap();
     assert_eq!(parsed.memory.checkpointing, Checkpointing::Attention);
-    assert_eq!(RunConfig::default().memory.checkpointing, Checkpointing::Blocks);
+    assert_eq!(
+        RunConfig::default().memory.checkpointing,
+        Checkpointing::Blocks
+    );
     for mode in [
         Checkpointing::Blocks,
         Checkpointing::Attention,

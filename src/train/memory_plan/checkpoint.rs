@@ -37,7 +37,7 @@ pub fn kept_attention_bytes(cfg: &WanConfig, shape: &StepShape) -> u64 {
 ///   `2·b·Ti·r·c`.
 ///
 /// Wan2.1-1.3B at 480×832×81 (L = 32,760, d = 1536, f = 8960, h = 12, T = 512, r = 32, bf16 compute, f32
-/// residual): 2.257 GiB per block, 2.070 GiB beyond the saved input; the H200 measured 61.1 GiB more peak than
+/// residual): 2.257 GiB per block, 2.069 GiB beyond the saved input (62.1 GiB over 30 blocks); the H200 measured 61.1 GiB more peak than
 /// per-block checkpointing over 30 blocks, 2.04 GiB per block (the step with no recompute also needs a slightly
 /// smaller working set, which the plan does not subtract).
 pub fn block_tape_bytes(cfg: &WanConfig, batch: u64, rank: u64, shape: &StepShape) -> u64 {
@@ -113,4 +113,152 @@ pub(super) fn kept_lines(
         ));
     }
     out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::super::{peak_vram_bytes, plan, PlanInput, DEFAULT_CLIP, WORKING_SET};
+    use super::*;
+    use crate::config::run::{BaseDtype, StreamingMode};
+    use crate::config::RunConfig;
+    use crate::protocol::memory::Suggestion;
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    /// Wan2.1-1.3B, bf16 base and f32 residual, 480×832×81, rank 32: the H200 measurement's setup.
+    fn wan13b(checkpointing: Checkpointing) -> PlanInput {
+        let mut cfg = RunConfig::default();
+        cfg.model.variant = "t2v-1.3b".into();
+        cfg.model.base_dtype = BaseDtype::Bf16;
+        cfg.lora.rank = 32;
+        cfg.memory.checkpointing = checkpointing;
+        let mut input = PlanInput::from_config(&cfg, WanConfig::wan21_t2v_1_3b(), DEFAULT_CLIP);
+        input.working_set = WORKING_SET;
+        input
+    }
+
+    fn line_bytes(input: &PlanInput, prefix: &str) -> Option<u64> {
+        plan(input)
+            .unwrap()
+            .breakdown
+            .iter()
+            .find(|l| l.label.starts_with(prefix))
+            .map(|l| l.bytes)
+    }
+
+    #[test]
+    fn the_three_settings_cost_what_they_keep() {
+        let peak = |c| peak_vram_bytes(&wan13b(c), 0).unwrap();
+        let (blocks, attention, off) = (
+            peak(Checkpointing::Blocks),
+            peak(Checkpointing::Attention),
+            peak(Checkpointing::Off),
+        );
+        assert!(
+            attention > blocks && off > attention,
+            "{blocks} {attention} {off}"
+        );
+        // from_config carried the setting: 30 blocks of bf16 output (96 MiB) and 12 heads of f32 LSE.
+        assert_eq!(
+            attention - blocks,
+            30 * (32_760 * 1536 * 2 + 32_760 * 12 * 4)
+        );
+        // The H200: 'off' peaked 61.1 GiB above 'blocks', 'attention' 2.76 GiB above it. The plan keeps the
+        // recompute's whole working set for both (a recompute without the attention kernel, or none at all,
+        // needs a little less), so it may only err high, and by little.
+        let off_extra = (off - blocks) as f64 / GIB;
+        assert!((61.1..61.1 * 1.05).contains(&off_extra), "{off_extra} GiB");
+        let attention_extra = (attention - blocks) as f64 / GIB;
+        assert!(
+            (2.76..2.76 * 1.05).contains(&attention_extra),
+            "{attention_extra} GiB"
+        );
+        eprintln!("beyond per-block checkpointing: off {off_extra:.2} GiB, attention {attention_extra:.3} GiB");
+    }
+
+    #[test]
+    fn off_keeps_tapes_instead_of_saved_inputs() {
+        let off = wan13b(Checkpointing::Off);
+        assert_eq!(line_bytes(&off, "saved block inputs"), None);
+        assert_eq!(line_bytes(&off, "kept self-attention"), None);
+        // The derivation in `block_tape_bytes`, for L = 32,760, d = 1536, f = 8960, h = 12, T = 512, r = 32,
+        // c = 2, s = 4: L·d·(3s + 12c) + L·f·c + 2·L·h·4 + (8·L + 2·T)·r·c + 3·T·d·c + 6·d·4.
+        let (l, d, f, h, t, r) = (32_760u64, 1536, 8960, 12, 512, 32);
+        let per_block = l * d * (3 * 4 + 12 * 2)
+            + l * f * 2
+            + 2 * l * h * 4
+            + (8 * l + 2 * t) * r * 2
+            + 3 * t * d * 2
+            + 6 * d * 4;
+        assert_eq!(per_block, 2_423_295_232);
+        assert_eq!(line_bytes(&off, "kept block tapes"), Some(30 * per_block));
+        let blocks = wan13b(Checkpointing::Blocks);
+        assert_eq!(line_bytes(&blocks, "kept block tapes"), None);
+        let saved = line_bytes(&blocks, "saved block inputs").unwrap();
+        assert_eq!(saved, 30 * l * d * 4);
+        // Activations in RAM move the saved inputs, never the tapes (validation refuses the pair).
+        let mut host = off.clone();
+        host.streaming.activations = ActivationPlacement::Host;
+        assert_eq!(plan(&host).unwrap().peak_ram_bytes, 0);
+        assert_eq!(
+            peak_vram_bytes(&host, 0).unwrap(),
+            peak_vram_bytes(&off, 0).unwrap()
+        );
+    }
+
+    #[test]
+    fn tapes_grow_with_the_batch_and_the_image_branch() {
+        let shape = |tokens| StepShape {
+            tokens,
+            compute_bytes: 2,
+            residual_bytes: 4,
+            dequantised_weight_bytes: 0,
+        };
+        let t2v = WanConfig::wan21_t2v_14b();
+        let one = block_tape_bytes(&t2v, 1, 32, &shape(32_760));
+        let two = block_tape_bytes(&t2v, 2, 32, &shape(2 * 32_760));
+        // Everything scales with the batch except the six modulation rows, which are per sample too.
+        assert_eq!(two, 2 * one);
+        let i2v = WanConfig::wan21_i2v_14b();
+        let with_image = block_tape_bytes(&i2v, 1, 32, &shape(32_760));
+        let (d, h, ti) = (5120u64, 40, 257);
+        assert_eq!(
+            with_image - one,
+            2 * 32_760 * d * 2 + 32_760 * h * 4 + 3 * ti * d * 2 + 2 * ti * 32 * 2
+        );
+        // Wan 2.2 keeps its per-token modulation rows in every tape.
+        let ti2v = WanConfig::wan22_ti2v_5b();
+        let per_token = block_tape_bytes(&ti2v, 1, 32, &shape(1000));
+        let mut as21 = ti2v.clone();
+        as21.generation = crate::models::wan::Generation::Wan21;
+        let plain = block_tape_bytes(&as21, 1, 32, &shape(1000));
+        assert_eq!(
+            per_token - plain,
+            1000 * 6 * ti2v.dim as u64 * 4 - 6 * ti2v.dim as u64 * 4
+        );
+    }
+
+    #[test]
+    fn kept_tapes_are_the_first_thing_a_tight_budget_gives_up() {
+        let mut off = wan13b(Checkpointing::Off);
+        off.streaming.mode = StreamingMode::Pinned;
+        let blocks = wan13b(Checkpointing::Blocks);
+        // Fits with per-block checkpointing and nothing streamed, not with 'off' however much is streamed.
+        off.vram_budget_bytes = Some(peak_vram_bytes(&blocks, 0).unwrap());
+        let r = plan(&off).unwrap();
+        assert_eq!(
+            r.suggestions,
+            vec![Suggestion::CheckpointBlocks { blocks: 0 }]
+        );
+        assert!(r.suggestions[0]
+            .to_string()
+            .contains("memory.checkpointing = \"blocks\""));
+        // A budget streaming alone meets keeps the setting.
+        off.vram_budget_bytes = Some(peak_vram_bytes(&off, 20).unwrap());
+        assert_eq!(
+            plan(&off).unwrap().suggestions,
+            vec![Suggestion::StreamBlocks { blocks: 20 }]
+        );
+    }
 }
