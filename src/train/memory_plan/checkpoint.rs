@@ -37,9 +37,9 @@ pub fn kept_attention_bytes(cfg: &WanConfig, shape: &StepShape) -> u64 {
 ///   `2·b·Ti·r·c`.
 ///
 /// Wan2.1-1.3B at 480×832×81 (L = 32,760, d = 1536, f = 8960, h = 12, T = 512, r = 32, bf16 compute, f32
-/// residual): 2.257 GiB per block, 2.069 GiB beyond the saved input (62.1 GiB over 30 blocks); the H200 measured 61.1 GiB more peak than
-/// per-block checkpointing over 30 blocks, 2.04 GiB per block (the step with no recompute also needs a slightly
-/// smaller working set, which the plan does not subtract).
+/// residual): 2.257 GiB per block, 2.069 GiB beyond the saved input, 62.1 GiB over 30 blocks. The H200 measured
+/// 61.1 GiB more peak than per-block checkpointing (2.04 GiB per block): the step without recompute also needs a
+/// slightly smaller working set, which the plan does not subtract.
 pub fn block_tape_bytes(cfg: &WanConfig, batch: u64, rank: u64, shape: &StepShape) -> u64 {
     let (l, c, s) = (shape.tokens, shape.compute_bytes, shape.residual_bytes);
     let (d, f, h) = (cfg.dim as u64, cfg.ffn_dim as u64, cfg.num_heads as u64);
