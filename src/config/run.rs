@@ -371,7 +371,7 @@ pub enum AutoKeyword {
     Auto,
 }
 
-/// GPU memory: block streaming and budgets. These act on a CUDA device only.
+/// Memory: block streaming and budgets (these act on a CUDA device only) and checkpointing (on every device).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemorySection {

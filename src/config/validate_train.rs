@@ -1,5 +1,5 @@
 //! Validation of the numeric training sections: `[optimizer]` (AdamW and the LR schedule), `[training]`
-//! (length, timestep sampling) and `[memory]` (CUDA-only streaming knobs).
+//! (length, timestep sampling) and `[memory]` (CUDA-only streaming knobs, checkpointing).
 
 use super::plan::{HostInfo, MemoryPlan, PlanDevice, SchedulePlan, TrainLength, TrainingPlan};
 use super::run::{
