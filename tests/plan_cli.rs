@@ -200,3 +200,43 @@ fn as_bench_leaves_out_the_optimizer_and_the_context() {
         left_out
     );
 }
+
+#[test]
+fn checkpointing_flag_changes_what_is_kept() {
+    let json = |mode: &str| -> serde_json::Value {
+        let args = [
+            "--variant",
+            "t2v-1.3b",
+            "--base",
+            "bf16",
+            "--checkpointing",
+            mode,
+            "--vram-budget-gb",
+            "80",
+            "--json",
+        ];
+        let (code, stdout, stderr) = framesmith(&args);
+        assert!(matches!(code, Some(0 | 3)), "{stderr}");
+        serde_json::from_str(&stdout).unwrap()
+    };
+    let labels = |r: &serde_json::Value| -> Vec<String> {
+        r["breakdown"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|l| l["label"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let has = |r: &serde_json::Value, prefix: &str| labels(r).iter().any(|l| l.starts_with(prefix));
+    let peak = |r: &serde_json::Value| r["peak_vram_bytes"].as_u64().unwrap();
+    let (blocks, attention, off) = (json("blocks"), json("attention"), json("OFF"));
+    assert!(has(&blocks, "saved block inputs") && !has(&blocks, "kept"));
+    assert!(has(&attention, "saved block inputs (30 × "));
+    assert!(has(&attention, "kept self-attention outputs (30 × "));
+    assert!(has(&off, "kept block tapes") && !has(&off, "saved block inputs"));
+    assert!(peak(&blocks) < peak(&attention) && peak(&attention) < peak(&off));
+
+    let (code, _, stderr) = framesmith(&["--variant", "t2v-1.3b", "--checkpointing", "none"]);
+    assert_eq!(code, Some(2), "clap's usage error");
+    assert!(stderr.contains("none"), "{stderr}");
+}

@@ -1,5 +1,6 @@
 //! Peak activation memory of the checkpointed step grows by one saved block input per block, not by a block's
-//! whole graph: measured with a counting global allocator (CPU tensors live on the heap).
+//! whole graph, and each checkpointing setting keeps what the memory planner counts for it: measured with a
+//! counting global allocator (CPU tensors live on the heap).
 #![allow(clippy::expect_used, clippy::unwrap_used)]
 // test code: a failed expectation is the test failing
 // A global allocator is an unsafe trait; this one only forwards to the system allocator and counts bytes.
@@ -18,6 +19,8 @@ use framesmith::train::step::{checkpointed_step, whole_graph_step, LossTarget, S
 struct Counting;
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// The counters are process-wide: tests that measure take turns.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
@@ -48,6 +51,32 @@ fn ckpt(
     v: &[Var],
 ) -> candle_core::Result<f32> {
     checkpointed_step(m, i, t, v, &StepOptions::default()).map(|o| o.loss)
+}
+
+fn keep_attention(
+    m: &WanModel,
+    i: &framesmith::models::wan::WanInputs,
+    t: &LossTarget,
+    v: &[Var],
+) -> candle_core::Result<f32> {
+    let options = StepOptions {
+        keep_attention: true,
+        ..Default::default()
+    };
+    checkpointed_step(m, i, t, v, &options).map(|o| o.loss)
+}
+
+fn keep_tapes(
+    m: &WanModel,
+    i: &framesmith::models::wan::WanInputs,
+    t: &LossTarget,
+    v: &[Var],
+) -> candle_core::Result<f32> {
+    let options = StepOptions {
+        keep_tapes: true,
+        ..Default::default()
+    };
+    checkpointed_step(m, i, t, v, &options).map(|o| o.loss)
 }
 
 fn whole(
@@ -86,6 +115,7 @@ fn step_peak(layers: usize, step: Step) -> candle_core::Result<usize> {
 
 #[test]
 fn checkpointed_step_memory_grows_by_saved_block_inputs() -> candle_core::Result<()> {
+    let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     // The first step in a process also allocates one-time state (thread pools, lazily built tables).
     step_peak(2, ckpt)?;
     step_peak(2, whole)?;
@@ -105,6 +135,44 @@ fn checkpointed_step_memory_grows_by_saved_block_inputs() -> candle_core::Result
     assert!(
         whole_growth >= 4 * ckpt_growth,
         "the whole-graph baseline should grow far more ({whole_growth} B)"
+    );
+    Ok(())
+}
+
+#[test]
+fn each_checkpointing_setting_keeps_what_the_planner_counts() -> candle_core::Result<()> {
+    let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    use framesmith::train::memory_plan::{block_tape_bytes, kept_attention_bytes, StepShape};
+    for step in [ckpt, keep_attention, keep_tapes] {
+        step_peak(2, step)?;
+    }
+    let growth = |step: Step| -> candle_core::Result<f64> {
+        Ok(step_peak(8, step)?.saturating_sub(step_peak(2, step)?) as f64 / 6.0)
+    };
+    let blocks = growth(ckpt)?;
+    let attention = growth(keep_attention)? - blocks;
+    // The tape holds the block input, which per-block checkpointing saves as well.
+    let tokens = 4 * 8 * 8;
+    let tape = growth(keep_tapes)? - blocks + (tokens * 64 * 4) as f64;
+    let cfg = WanConfig::tiny(8);
+    let shape = StepShape {
+        tokens: tokens as u64,
+        compute_bytes: 4,
+        residual_bytes: 4,
+        dequantised_weight_bytes: 0,
+    };
+    let planned_attention = kept_attention_bytes(&cfg, &shape) as f64;
+    let planned_tape = block_tape_bytes(&cfg, 1, 4, &shape) as f64;
+    eprintln!(
+        "per block: kept attention {attention} B (planned {planned_attention}), tape {tape} B (planned {planned_tape})"
+    );
+    assert!(
+        (attention / planned_attention - 1.0).abs() < 0.05,
+        "kept attention {attention} B per block, planned {planned_attention}"
+    );
+    assert!(
+        (tape / planned_tape - 1.0).abs() < 0.05,
+        "tape {tape} B per block, planned {planned_tape}"
     );
     Ok(())
 }

@@ -50,6 +50,7 @@ const TIMESTEPS: &[&str] = &[
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];
 const PLACEMENTS: &[&str] = &["device", "host"];
+const CHECKPOINTING: &[&str] = &["blocks", "attention", "off"];
 const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
 
@@ -236,6 +237,15 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "memory.activations",
                 "Activations",
                 FieldKind::Choice(PLACEMENTS),
+            ),
+            help(
+                field(
+                    "memory.checkpointing",
+                    "Checkpointing",
+                    FieldKind::Choice(CHECKPOINTING),
+                ),
+                "blocks: recompute each block in the backward (least memory); attention: also keep \
+                 self-attention outputs (faster, a few GB more); off: keep everything (fastest, most memory)",
             ),
             help(
                 optional(

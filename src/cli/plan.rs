@@ -64,6 +64,9 @@ pub struct PlanArgs {
     /// Saved block inputs: device or host
     #[arg(long, value_parser = config_value::<framesmith::config::run::ActivationPlacement>)]
     activations: Option<framesmith::config::run::ActivationPlacement>,
+    /// What the step keeps from each block's forward: blocks (inputs only), attention or off (everything)
+    #[arg(long, value_parser = config_value::<framesmith::config::run::Checkpointing>)]
+    checkpointing: Option<framesmith::config::run::Checkpointing>,
     /// Page-locked staging buffers of `staged` streaming
     #[arg(long)]
     staging_slots: Option<usize>,
@@ -131,6 +134,7 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
     mem.streaming = args.streaming.unwrap_or(mem.streaming);
     mem.blocks_to_swap = args.blocks_to_swap.unwrap_or(mem.blocks_to_swap);
     mem.activations = args.activations.unwrap_or(mem.activations);
+    mem.checkpointing = args.checkpointing.unwrap_or(mem.checkpointing);
     mem.staging_slots = args.staging_slots.unwrap_or(mem.staging_slots);
     if let Some(gb) = args.vram_budget_gb {
         gib(gb, "--vram-budget-gb")?;

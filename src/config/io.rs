@@ -115,6 +115,7 @@ mod tests {
         cfg.memory.streaming = StreamingMode::Staged;
         cfg.memory.blocks_to_swap = BlocksToSwap::Auto(crate::config::run::AutoKeyword::Auto);
         cfg.memory.vram_budget_gb = Some(20.5);
+        cfg.memory.checkpointing = crate::config::run::Checkpointing::Attention;
         cfg.training.device = DeviceSpec::Cuda(1);
         cfg.training.max_train_epochs = Some(3);
         cfg.dataset.target_frames = Some(vec![1, 17]);
@@ -182,6 +183,10 @@ mod tests {
             (
                 "[memory]\nblocks_to_swap = \"many\"\n",
                 "memory.blocks_to_swap",
+            ),
+            (
+                "[memory]\ncheckpointing = \"none\"\n",
+                "memory.checkpointing",
             ),
         ];
         for (text, key) in cases {

@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use super::run::{
-    ActivationPlacement, BaseDtype, BlocksToSwap, Fp8ScaleMode, LrScheduler, ResidualDtype,
-    RunConfig, StreamingMode,
+    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, Fp8ScaleMode, LrScheduler,
+    ResidualDtype, RunConfig, StreamingMode,
 };
 use crate::train::optimizer::AdamWConfig;
 use crate::train::schedule::LrSchedule;
@@ -177,6 +177,8 @@ pub struct MemoryPlan {
     pub streaming: StreamingMode,
     pub blocks_to_swap: BlocksToSwap,
     pub activations: ActivationPlacement,
+    /// What the step keeps from each block's forward; applies on every device (on a CPU it trades RAM).
+    pub checkpointing: Checkpointing,
     /// VRAM budget in bytes (GiB × 2³⁰); `None`: free memory minus headroom.
     pub vram_budget_bytes: Option<u64>,
     pub staging_slots: usize,

@@ -354,6 +354,7 @@ mod tests {
             [
                 "memory.activations",
                 "memory.blocks_to_swap",
+                "memory.checkpointing",
                 "memory.streaming",
                 "model.base_dtype"
             ]

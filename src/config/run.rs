@@ -328,6 +328,34 @@ pub enum ActivationPlacement {
     Host,
 }
 
+/// How much of each block's forward the training step keeps for the backward (`train::step::StepOptions`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpointing {
+    /// Per-block checkpointing: only each block's input is saved and the block is recomputed in the backward
+    /// (the least memory).
+    #[default]
+    Blocks,
+    /// Selective checkpointing: each block's self-attention output and log-sum-exp are kept as well, so the
+    /// recompute skips the attention kernel (about 15% faster steps at 32k tokens, for a few GiB).
+    Attention,
+    /// No checkpointing: every block's whole forward tape is kept and nothing is recomputed (the fastest steps,
+    /// about 2 GiB per Wan2.1-1.3B block at 480×832×81).
+    Off,
+}
+
+impl Checkpointing {
+    /// Whether the step keeps self-attention outputs ([`Checkpointing::Attention`]).
+    pub fn keeps_attention(self) -> bool {
+        self == Self::Attention
+    }
+
+    /// Whether the step keeps every block's whole tape ([`Checkpointing::Off`]).
+    pub fn keeps_tapes(self) -> bool {
+        self == Self::Off
+    }
+}
+
 /// Number of streamed blocks: a count, or `"auto"` (the planner picks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -343,13 +371,15 @@ pub enum AutoKeyword {
     Auto,
 }
 
-/// GPU memory: block streaming and budgets. These act on a CUDA device only.
+/// Memory: block streaming and budgets (these act on a CUDA device only) and checkpointing (on every device).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct MemorySection {
     pub streaming: StreamingMode,
     pub blocks_to_swap: BlocksToSwap,
     pub activations: ActivationPlacement,
+    /// What the training step keeps from each block's forward for its backward (memory against recompute).
+    pub checkpointing: Checkpointing,
     /// Use at most this much VRAM (GB); `None`: the card's free memory minus headroom.
     pub vram_budget_gb: Option<f64>,
     /// Pinned staging buffers for `staged` streaming.
@@ -364,6 +394,7 @@ impl Default for MemorySection {
             streaming: StreamingMode::Off,
             blocks_to_swap: BlocksToSwap::Count(0),
             activations: ActivationPlacement::Device,
+            checkpointing: Checkpointing::Blocks,
             vram_budget_gb: None,
             staging_slots: 2,
             shared_memory_guard: false,

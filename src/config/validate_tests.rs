@@ -5,7 +5,8 @@ use std::path::Path;
 use super::*;
 use crate::config::plan::{ModelSource, TrainLength};
 use crate::config::run::{
-    ActivationPlacement, AutoKeyword, BlocksToSwap, LrScheduler, StreamingMode, TimestepSampling,
+    ActivationPlacement, AutoKeyword, BlocksToSwap, Checkpointing, LrScheduler, StreamingMode,
+    TimestepSampling,
 };
 
 /// Defaults with real (empty) files for the DiT and the dataset config.
@@ -305,6 +306,51 @@ fn memory_settings_reach_the_plan_and_bad_budgets_are_named() {
         .unwrap()
         .message
         .contains("has 40"));
+}
+
+#[test]
+fn checkpointing_reaches_the_plan_on_every_device_and_off_refuses_host_activations() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let parsed = RunConfig::from_toml_str(
+        "[memory]\ncheckpointing = \"attention\"\n",
+        Path::new("a.toml"),
+    )
+    .unwrap();
+    assert_eq!(parsed.memory.checkpointing, Checkpointing::Attention);
+    assert_eq!(
+        RunConfig::default().memory.checkpointing,
+        Checkpointing::Blocks
+    );
+    for mode in [
+        Checkpointing::Blocks,
+        Checkpointing::Attention,
+        Checkpointing::Off,
+    ] {
+        cfg.memory.checkpointing = mode;
+        for device in [DeviceSpec::Cpu, DeviceSpec::Auto] {
+            cfg.training.device = device;
+            let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+            assert_eq!(plan.memory.checkpointing, mode, "{device:?}");
+            // It acts on a CPU too (RAM against recompute), so no "CPU ignores it" note names it.
+            assert!(
+                !plan.notes.iter().any(|n| n.contains("checkpointing")),
+                "{:?}",
+                plan.notes
+            );
+        }
+    }
+    cfg.memory.activations = ActivationPlacement::Host;
+    cfg.memory.checkpointing = Checkpointing::Attention;
+    assert!(validate(&cfg, &HostInfo::new(1)).is_ok());
+    cfg.memory.checkpointing = Checkpointing::Off;
+    let e = problems(&cfg, &HostInfo::new(1));
+    let p = e
+        .for_key("memory.checkpointing")
+        .expect("off with activations in RAM is a problem");
+    assert!(p.message.contains("memory.activations = \"host\""), "{p}");
+    assert!(p.fix.contains("memory.checkpointing = \"blocks\""), "{p}");
+    assert!(p.fix.contains("memory.activations = \"device\""), "{p}");
 }
 
 #[test]

@@ -1,9 +1,10 @@
 //! Validation of the numeric training sections: `[optimizer]` (AdamW and the LR schedule), `[training]`
-//! (length, timestep sampling) and `[memory]` (CUDA-only streaming knobs).
+//! (length, timestep sampling) and `[memory]` (CUDA-only streaming knobs, checkpointing).
 
 use super::plan::{HostInfo, MemoryPlan, PlanDevice, SchedulePlan, TrainLength, TrainingPlan};
 use super::run::{
-    BlocksToSwap, LrScheduler, MemorySection, RunConfig, StreamingMode, TimestepSampling,
+    ActivationPlacement, BlocksToSwap, Checkpointing, LrScheduler, MemorySection, RunConfig,
+    StreamingMode, TimestepSampling,
 };
 use super::validate::Checker;
 use crate::train::memory_plan::DEFAULT_GPU_SLOTS;
@@ -276,6 +277,7 @@ pub(crate) fn check_memory(
     {
         c.note("memory.staging_slots is used by memory.streaming = \"staged\" only; it is ignored here");
     }
+    check_checkpointing(c, m);
     let applies = device.is_cuda();
     if !applies {
         note_cpu_ignores(c, m);
@@ -287,9 +289,24 @@ pub(crate) fn check_memory(
         streaming: m.streaming,
         blocks_to_swap: m.blocks_to_swap,
         activations: m.activations,
+        checkpointing: m.checkpointing,
         vram_budget_bytes,
         staging_slots: m.staging_slots,
         shared_memory_guard: applies && host.windows && m.shared_memory_guard,
+    }
+}
+
+/// `checkpointing = "off"` keeps each block's input inside its tape on the device, so there is no saved input
+/// left for `activations = "host"` to move: the two together would silently keep everything on the GPU.
+fn check_checkpointing(c: &mut Checker, m: &MemorySection) {
+    if m.checkpointing == Checkpointing::Off && m.activations == ActivationPlacement::Host {
+        c.problem(
+            "memory.checkpointing",
+            "\"off\" keeps every block's whole forward (its input included) on the GPU, so \
+             memory.activations = \"host\" has nothing to move to RAM",
+            "set memory.checkpointing = \"blocks\" (or \"attention\") to keep saved inputs in RAM, or \
+             memory.activations = \"device\"",
+        );
     }
 }
 

@@ -49,6 +49,9 @@ pub enum Verdict {
 pub enum Suggestion {
     /// Stream this many blocks (turning streaming on when it is off).
     StreamBlocks { blocks: usize },
+    /// Checkpoint every block (`memory.checkpointing = "blocks"`: nothing kept but the block inputs), and stream
+    /// this many blocks.
+    CheckpointBlocks { blocks: usize },
     /// Keep saved block inputs in RAM, and stream this many blocks.
     HostActivations { blocks: usize },
     /// Store the base weights in FP8 (block-64 scales), and stream this many blocks.
@@ -67,6 +70,10 @@ impl fmt::Display for Suggestion {
             Self::StreamBlocks { blocks } => {
                 write!(f, "stream {blocks} blocks (memory.blocks_to_swap = {blocks})")
             }
+            Self::CheckpointBlocks { blocks } => write!(
+                f,
+                "keep only block inputs for the backward (memory.checkpointing = \"blocks\") and stream {blocks} blocks"
+            ),
             Self::HostActivations { blocks } => write!(
                 f,
                 "keep saved activations in RAM (memory.activations = \"host\") and stream {blocks} blocks"

@@ -182,8 +182,9 @@ fn reserve_budget(
 
 /// What to change after an out-of-memory failure, when the planner has nothing more specific.
 pub const OUT_OF_MEMORY_ADVICE: &str = "The LoRA saved so far is kept. To fit: stream more blocks \
-    (memory.blocks_to_swap = \"auto\" picks the smallest number that fits), keep saved activations in RAM \
-    (memory.activations = \"host\"), or lower dataset.resolution / target_frames; `framesmith plan --config \
+    (memory.blocks_to_swap = \"auto\" picks the smallest number that fits), keep only block inputs for the \
+    backward (memory.checkpointing = \"blocks\"), keep saved activations in RAM (memory.activations = \"host\"), \
+    or lower dataset.resolution / target_frames; `framesmith plan --config \
     run.toml` shows where the memory goes.";
 
 /// Demo clips: 8 clips of 9 frames at 32×32 pixels.
@@ -444,6 +445,7 @@ impl Trainer {
             activations_on_host: plan.memory.applies
                 && device.is_cuda()
                 && plan.memory.activations == ActivationPlacement::Host,
+            checkpointing: plan.memory.checkpointing,
             out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
             _vram_reservation: vram_reservation,
             outputs,

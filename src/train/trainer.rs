@@ -17,6 +17,7 @@ use super::optimizer::{AdamW, StepOutcome};
 use super::schedule::LrSchedule;
 use super::step::{checkpointed_step, LossTarget, StepOptions};
 use super::timesteps::{loss_weight, sample_timesteps, TimestepConfig};
+use crate::config::run::Checkpointing;
 use crate::models::wan::{Timesteps, WanInputs, WanModel};
 use crate::nn::init::randn;
 use crate::nn::lora::LoraSet;
@@ -55,6 +56,8 @@ pub struct Trainer {
     pub(super) consecutive_nonfinite: usize,
     /// Saved block inputs wait in host RAM (`memory.activations = "host"`).
     pub(super) activations_on_host: bool,
+    /// What the step keeps from each block's forward (`memory.checkpointing`); acts on every device.
+    pub(super) checkpointing: Checkpointing,
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
@@ -99,6 +102,18 @@ impl Trainer {
         self.step * self.accumulation / per_epoch + 1
     }
 
+    /// The options of every micro-step: the run's memory settings and the cancel poll.
+    pub(super) fn step_options<'a>(&self, interrupted: &'a dyn Fn() -> bool) -> StepOptions<'a> {
+        StepOptions {
+            want_input_grads: false,
+            interrupted: Some(interrupted),
+            activations_on_host: self.activations_on_host,
+            keep_attention: self.checkpointing.keeps_attention(),
+            keep_tapes: self.checkpointing.keeps_tapes(),
+            ..Default::default()
+        }
+    }
+
     /// One micro-batch: noise, timesteps, the checkpointed step. Returns the loss and gradients.
     fn micro_step(
         &self,
@@ -134,12 +149,7 @@ impl Trainer {
             weights: Some(&weights),
         };
         let vars = self.loras.vars();
-        let options = StepOptions {
-            want_input_grads: false,
-            interrupted: Some(interrupted),
-            activations_on_host: self.activations_on_host,
-            ..Default::default()
-        };
+        let options = self.step_options(interrupted);
         let out =
             checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
                 if interrupted() {

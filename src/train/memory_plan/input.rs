@@ -189,7 +189,7 @@ impl PlanInput {
             host_ram_bytes: None,
             windows: cfg!(windows),
             working_set: WORKING_SET,
-            keep_attention: false,
+            checkpointing: mem.checkpointing,
             optimizer_and_context: true,
         }
     }
@@ -206,6 +206,7 @@ impl PlanInput {
         input.residual = plan.model.residual_dtype;
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
         input.streaming.staging_slots = plan.memory.staging_slots;
+        input.checkpointing = plan.memory.checkpointing;
         input
     }
 }

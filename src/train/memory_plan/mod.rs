@@ -4,6 +4,7 @@
 //! Weight sizes are exact (`bytes`); activation sizes are a calibrated model (`working_set`).
 
 mod bytes;
+mod checkpoint;
 mod input;
 pub mod machine;
 mod suggest;
@@ -13,6 +14,7 @@ pub use bytes::{
     block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
     fp8_weight_bytes, lora_parameters, resident_weights, tokens_per_sample, vae_for, BaseFormat,
 };
+pub use checkpoint::{block_tape_bytes, kept_attention_bytes};
 pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
     ClipShape, DEFAULT_CLIP,
@@ -23,7 +25,9 @@ pub use working_set::{
 };
 
 use crate::config::plan::FloatDtype;
-use crate::config::run::{ActivationPlacement, BlocksToSwap, ResidualDtype, StreamingMode};
+use crate::config::run::{
+    ActivationPlacement, BlocksToSwap, Checkpointing, ResidualDtype, StreamingMode,
+};
 use crate::models::wan::WanConfig;
 use crate::nn::lora::LoraError;
 use crate::protocol::memory::{format_gib, Placement, PlanLine, PlanReport, Verdict};
@@ -70,9 +74,9 @@ pub struct PlanInput {
     pub windows: bool,
     /// The activation model ([`WORKING_SET`] unless measuring or comparing).
     pub working_set: WorkingSet,
-    /// Selective checkpointing (`train::step::StepOptions::keep_attention`): every block's self-attention output
-    /// and LSE stay on the device from the forward pass.
-    pub keep_attention: bool,
+    /// `memory.checkpointing`: what the step keeps from each block's forward (`train::step::StepOptions`'s
+    /// `keep_attention` / `keep_tapes`): saved inputs only, plus self-attention outputs, or every block's tape.
+    pub checkpointing: Checkpointing,
     /// Count AdamW's moments and the CUDA context. Both false reproduces what `framesmith-bench step|stream`
     /// measure (the allocator's peak of steps without an optimizer), for calibrating [`WORKING_SET`].
     pub optimizer_and_context: bool,
@@ -224,36 +228,14 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
     if input.optimizer_and_context {
         out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
     }
-    let saved = n as u64 * s.shape.tokens * cfg.dim as u64 * s.shape.residual_bytes;
-    let saved_at = match input.streaming.activations {
-        ActivationPlacement::Device => Placement::Device,
-        ActivationPlacement::Host => Placement::HostPinned,
-    };
-    out.push(line(
-        format!(
-            "saved block inputs ({n} × {} tokens, {})",
-            s.shape.tokens,
-            if s.shape.residual_bytes == 4 {
-                "f32"
-            } else {
-                "bf16"
-            }
-        ),
-        saved,
-        saved_at,
+    out.extend(checkpoint::kept_lines(
+        cfg,
+        input.checkpointing,
+        input.streaming.activations,
+        input.clip.batch as u64,
+        input.lora.rank as u64,
+        s,
     ));
-    if input.keep_attention {
-        let l = s.shape.tokens;
-        let per_block = l * cfg.dim as u64 * s.shape.compute_bytes + l * cfg.num_heads as u64 * 4;
-        out.push(line(
-            format!(
-                "kept self-attention outputs ({n} × {})",
-                format_gib(per_block)
-            ),
-            n as u64 * per_block,
-            Placement::Device,
-        ));
-    }
     for (label, bytes) in shared_inputs(cfg, input.clip.batch as u64, &s.shape) {
         out.push(line(label, bytes, Placement::Device));
     }

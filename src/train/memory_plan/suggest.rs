@@ -1,14 +1,15 @@
-//! What would make a configuration fit a budget, cheapest change first: more streamed blocks, activations in RAM,
-//! FP8 weights, then a shorter clip or a lower resolution with every saving on.
+//! What would make a configuration fit a budget, cheapest change first: more streamed blocks, per-block
+//! checkpointing, activations in RAM, FP8 weights, then a shorter clip or a lower resolution with every saving on.
 
 use super::{auto_blocks, vae_for, BaseFormat, PlanError, PlanInput};
 use crate::config::plan::FloatDtype;
-use crate::config::run::{ActivationPlacement, Fp8ScaleMode, StreamingMode};
+use crate::config::run::{ActivationPlacement, Checkpointing, Fp8ScaleMode, StreamingMode};
 use crate::protocol::memory::Suggestion;
 
-/// The input with every memory saving that keeps the clip: activations in RAM, FP8 block-64 weights, streaming on.
+/// The input with every memory saving that keeps the clip: per-block checkpointing, activations in RAM, FP8
+/// block-64 weights, streaming on.
 fn leanest(input: &PlanInput) -> PlanInput {
-    let mut lean = with_streaming(input);
+    let mut lean = with_checkpointed_streaming(input);
     lean.streaming.activations = ActivationPlacement::Host;
     if !matches!(lean.base, BaseFormat::Fp8(_)) {
         lean.base = BaseFormat::Fp8(Fp8ScaleMode::Block64);
@@ -26,11 +27,24 @@ fn with_streaming(input: &PlanInput) -> PlanInput {
     out
 }
 
+/// Streaming on and per-block checkpointing: every later suggestion assumes it (the kept tapes or attention
+/// outputs are the first thing to give up after streaming, which costs far less step time).
+fn with_checkpointed_streaming(input: &PlanInput) -> PlanInput {
+    let mut out = with_streaming(input);
+    out.checkpointing = Checkpointing::Blocks;
+    out
+}
+
 /// What would fit `budget`, cheapest change first; the first that fits ends the search.
 pub(super) fn suggest(input: &PlanInput, budget: u64) -> Result<Vec<Suggestion>, PlanError> {
-    let streaming = with_streaming(input);
-    if let Some(blocks) = auto_blocks(&streaming, budget)? {
+    if let Some(blocks) = auto_blocks(&with_streaming(input), budget)? {
         return Ok(vec![Suggestion::StreamBlocks { blocks }]);
+    }
+    let streaming = with_checkpointed_streaming(input);
+    if input.checkpointing != Checkpointing::Blocks {
+        if let Some(blocks) = auto_blocks(&streaming, budget)? {
+            return Ok(vec![Suggestion::CheckpointBlocks { blocks }]);
+        }
     }
     let mut host = streaming.clone();
     host.streaming.activations = ActivationPlacement::Host;

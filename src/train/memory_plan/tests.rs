@@ -37,7 +37,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         host_ram_bytes: None,
         windows: false,
         working_set: WORKING_SET,
-        keep_attention: false,
+        checkpointing: Checkpointing::Blocks,
         optimizer_and_context: true,
     }
 }
@@ -588,7 +588,7 @@ fn a_validated_run_plans_like_its_config() {
 fn kept_attention_costs_an_output_and_lse_per_block() {
     let mut i = fp8_14b();
     let without = peak_vram_bytes(&i, 0).unwrap();
-    i.keep_attention = true;
+    i.checkpointing = Checkpointing::Attention;
     let with = peak_vram_bytes(&i, 0).unwrap();
     // 14B at 32,760 tokens: 320 MiB of bf16 output and 40 heads of f32 LSE per block (train::step's figure).
     let per_block = 32_760 * 5120 * 2 + 32_760 * 40 * 4;
