@@ -354,7 +354,6 @@ mod tests {
             [
                 "memory.activations",
                 "memory.blocks_to_swap",
-                "memory.checkpointing",
                 "memory.streaming",
                 "model.base_dtype"
             ]
