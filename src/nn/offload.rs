@@ -9,6 +9,10 @@
 //! synchronous unpacking into the slot. Ordering on CUDA is explicit, with events: slot free → copy → ready →
 //! compute.
 
+mod activations;
+#[cfg(feature = "cuda")]
+mod activations_cuda;
+mod host;
 mod pack;
 mod ring;
 
@@ -21,6 +25,8 @@ use candle_core::{Device, Result, Tensor};
 
 use crate::models::wan::block::Block;
 pub use crate::nn::bytes::tensor_bytes;
+pub use activations::{release_host_activation_buffers, SavedInputs};
+pub use host::{CopyPool, HostBuffer};
 pub use pack::{BlockLayout, TensorSpec, ALIGN};
 pub use ring::{Decision, Load, Ring};
 
@@ -116,7 +122,7 @@ trait SlotBackend: Send {
 struct HostBackend {
     layout: BlockLayout,
     device: Device,
-    masters: Vec<Vec<u8>>,
+    masters: Vec<HostBuffer>,
     slots: Vec<Vec<Tensor>>,
 }
 
@@ -196,7 +202,7 @@ impl BlockStreamer {
             _ => {
                 let mut masters = Vec::with_capacity(blocks.len());
                 for (_, b) in &blocks {
-                    let mut packed = vec![0u8; layout.total_bytes];
+                    let mut packed = HostBuffer::zeroed(layout.total_bytes);
                     layout.pack_block(b, &mut packed)?;
                     masters.push(packed);
                 }

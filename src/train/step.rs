@@ -10,6 +10,7 @@ use candle_core::{backprop::GradStore, DType, Result, Tensor, TensorId, Var};
 use crate::models::wan::block::{Block, BlockInputs};
 use crate::models::wan::{Prepared, WanInputs, WanModel};
 use crate::nn::linear::ParamGrad;
+use crate::nn::offload::SavedInputs;
 
 /// What the loss compares the model output with.
 pub struct LossTarget<'a> {
@@ -171,20 +172,17 @@ pub fn checkpointed_step(
     let order: Vec<usize> = (0..n).chain((0..n).rev()).collect();
     model.begin_blocks(&order, false)?;
     let keep = options.keep_attention && options.backward == BlockBackward::Manual;
-    let mut saved = Vec::with_capacity(n);
+    let mut saved = SavedInputs::new(model.device(), options.activations_on_host)?;
     let mut kept = Vec::new();
     let mut xs = prepared.x.detach();
     for i in 0..n {
         check_interrupt(options)?;
+        // Saved before the block runs: a copy to the host overlaps the block.
+        saved.push(xs.clone())?;
         let (next, attention) = model.block(i)?.forward_untracked(&xs, &shared)?;
         if keep {
             kept.push(attention);
         }
-        saved.push(if options.activations_on_host {
-            xs.to_device(&candle_core::Device::Cpu)?
-        } else {
-            xs
-        });
         xs = next;
     }
 
@@ -207,10 +205,10 @@ pub fn checkpointed_step(
         .enumerate()
         .map(|(i, v)| (v.as_tensor().id(), i))
         .collect();
-    for (i, input) in saved.into_iter().enumerate().rev() {
+    for i in (0..n).rev() {
         check_interrupt(options)?;
         let block = model.block(i)?;
-        let input = input.to_device(model.device())?;
+        let input = saved.pop()?;
         grad = match options.backward {
             BlockBackward::Manual => {
                 let tape = block.recompute(&input, &shared, kept.pop().as_ref())?;
