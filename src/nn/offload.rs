@@ -4,10 +4,13 @@
 //! a copy of the shell whose frozen tensors are the slot's. Frozen weights only ever travel host → device.
 //!
 //! Modes: `pinned` (every streamed block page-locked, one asynchronous copy per tensor on a second CUDA stream),
-//! `staged` (masters in pageable RAM; a worker thread fills a small page-locked staging ring and queues the
-//! copies, so page-locked memory stays bounded), and, on a device without streams (the CPU, tests), `host`:
-//! synchronous unpacking into the slot. Ordering on CUDA is explicit, with events: slot free → copy → ready →
-//! compute.
+//! `staged` (masters in pageable, huge-page-advised RAM; a worker thread fills a small page-locked staging ring
+//! with streaming stores from a thread pool of its own and queues the copies, so page-locked memory stays
+//! bounded), and, on a device without streams (the CPU, tests), `host`: synchronous unpacking into the slot.
+//! Ordering on CUDA is explicit, with events: slot free → copy → ready → compute.
+//!
+//! The step's saved block inputs can live here too ([`SavedInputs`], `memory.activations = "host"`): on CUDA
+//! they move to page-locked host buffers and back on a copy stream of their own, overlapping compute.
 
 mod activations;
 #[cfg(feature = "cuda")]

@@ -105,7 +105,6 @@ mod tests {
             assert!(saved.is_empty());
             assert!(saved.pop().is_err());
         }
-        release_host_activation_buffers();
         Ok(())
     }
 }

@@ -332,3 +332,69 @@ impl Drop for HostStash {
         );
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool_len() -> usize {
+        POOL.lock().map_or(0, |p| p.len())
+    }
+
+    // Needs a CUDA GPU: runs in cuda builds on the test machine, never in CPU CI (which does not compile this
+    // module).
+    #[test]
+    fn saved_inputs_come_back_exactly_and_steady_steps_reuse_the_pool() -> Result<()> {
+        let dev = Device::new_cuda(0)?;
+        let Device::Cuda(cuda) = &dev else {
+            candle_core::bail!("not a CUDA device");
+        };
+        let mut pooled = Vec::new();
+        for _ in 0..3 {
+            let mut stash = HostStash::new(cuda)?;
+            let mut expected = Vec::new();
+            let mut xs = Tensor::randn(0f32, 1.0, (96, 64), &dev)?;
+            for i in 0..6 {
+                // Contiguous f32, a transposed view and bf16; the caller's handle drops right away and new
+                // tensors are allocated, so memory a pending copy reads would be reused if it were freed early.
+                let input = match i % 3 {
+                    0 => xs.clone(),
+                    1 => xs.t()?,
+                    _ => xs.to_dtype(DType::BF16)?,
+                };
+                expected.push(input.to_device(&Device::Cpu)?);
+                stash.push(input)?;
+                xs = ((xs * 1.5)?.sin()? + 0.25)?;
+            }
+            assert_eq!(stash.len(), 6);
+            for want in expected.iter().rev() {
+                let got = stash
+                    .pop()?
+                    .ok_or_else(|| candle_core::Error::Msg("empty".into()))?;
+                let scratch = (got.to_dtype(DType::F32)? * 2.0)?;
+                assert_eq!(got.dims(), want.dims());
+                assert_eq!(got.dtype(), want.dtype());
+                let diff = (got.to_device(&Device::Cpu)?.to_dtype(DType::F32)?
+                    - want.to_dtype(DType::F32)?)?
+                .abs()?
+                .max_all()?
+                .to_scalar::<f32>()?;
+                assert_eq!(diff, 0.0);
+                drop(scratch);
+            }
+            assert!(stash.pop()?.is_none());
+            drop(stash);
+            pooled.push(pool_len());
+        }
+        assert!(pooled[0] >= 6, "{pooled:?}");
+        assert_eq!(
+            pooled[1], pooled[0],
+            "a steady step allocated page-locked memory"
+        );
+        assert_eq!(
+            pooled[2], pooled[0],
+            "a steady step allocated page-locked memory"
+        );
+        Ok(())
+    }
+}
