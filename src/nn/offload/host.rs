@@ -11,7 +11,7 @@ use std::ops::{Deref, DerefMut};
 use candle_core::Result;
 
 /// The size (and alignment) of a transparent huge page on x86_64 and on common aarch64 kernels.
-const HUGE_PAGE: usize = 2 << 20;
+const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// Below this many bytes a copy stays on the calling thread (waking the pool costs more than it saves).
 const PARALLEL_MIN_BYTES: usize = 4 << 20;
@@ -34,7 +34,7 @@ impl HostBuffer {
     /// `len` zero bytes.
     pub fn zeroed(len: usize) -> Self {
         #[cfg(target_os = "linux")]
-        if len >= HUGE_PAGE {
+        if len >= HUGE_PAGE_BYTES {
             if let Some(m) = Mapping::new(len) {
                 return Self {
                     inner: Inner::Mapped(m),
@@ -100,8 +100,8 @@ unsafe impl Sync for Mapping {}
 impl Mapping {
     fn new(len: usize) -> Option<Self> {
         // One extra huge page leaves room to start on a 2 MiB boundary; the advised range is whole huge pages.
-        let advised_len = len.checked_next_multiple_of(HUGE_PAGE)?;
-        let map_len = advised_len.checked_add(HUGE_PAGE)?;
+        let advised_len = len.checked_next_multiple_of(HUGE_PAGE_BYTES)?;
+        let map_len = advised_len.checked_add(HUGE_PAGE_BYTES)?;
         // SAFETY: a fresh private anonymous mapping; no existing memory is affected. Anonymous pages read as zero.
         let base = unsafe {
             libc::mmap(
@@ -116,8 +116,8 @@ impl Mapping {
         if base == libc::MAP_FAILED || base.is_null() {
             return None;
         }
-        let offset = (base as usize).next_multiple_of(HUGE_PAGE) - base as usize;
-        // SAFETY: `offset < HUGE_PAGE` and `offset + advised_len <= map_len`, so the range lies in the mapping.
+        let offset = (base as usize).next_multiple_of(HUGE_PAGE_BYTES) - base as usize;
+        // SAFETY: `offset < HUGE_PAGE_BYTES` and `offset + advised_len <= map_len`, so the range lies in the mapping.
         let start = unsafe { base.cast::<u8>().add(offset) };
         // SAFETY: a page-aligned range inside our own mapping, advised before its first touch. Failure (THP
         // disabled, an old kernel) only means small pages.
@@ -322,7 +322,13 @@ mod tests {
 
     #[test]
     fn host_buffers_are_zeroed_writable_and_huge_page_aligned() {
-        for len in [0, 5, HUGE_PAGE - 1, HUGE_PAGE + 3, 3 * HUGE_PAGE] {
+        for len in [
+            0,
+            5,
+            HUGE_PAGE_BYTES - 1,
+            HUGE_PAGE_BYTES + 3,
+            3 * HUGE_PAGE_BYTES,
+        ] {
             let mut buf = HostBuffer::zeroed(len);
             assert_eq!(buf.len(), len);
             assert!(buf.iter().all(|&b| b == 0));
@@ -332,8 +338,8 @@ mod tests {
                 assert_eq!((buf[0], buf[len - 1]), (9, 7));
             }
             #[cfg(target_os = "linux")]
-            if len >= HUGE_PAGE {
-                assert_eq!(buf.as_ptr() as usize % HUGE_PAGE, 0, "len {len}");
+            if len >= HUGE_PAGE_BYTES {
+                assert_eq!(buf.as_ptr() as usize % HUGE_PAGE_BYTES, 0, "len {len}");
             }
         }
     }
