@@ -392,6 +392,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         (StreamMode::Pinned, false),
         (StreamMode::Staged, false),
         (StreamMode::Pinned, true),
+        (StreamMode::Staged, true),
     ] {
         let got = grads(&[0, 2, 3], mode, on_host)?;
         let mut worst = 0f64;

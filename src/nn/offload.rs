@@ -4,11 +4,18 @@
 //! a copy of the shell whose frozen tensors are the slot's. Frozen weights only ever travel host → device.
 //!
 //! Modes: `pinned` (every streamed block page-locked, one asynchronous copy per tensor on a second CUDA stream),
-//! `staged` (masters in pageable RAM; a worker thread fills a small page-locked staging ring and queues the
-//! copies, so page-locked memory stays bounded), and, on a device without streams (the CPU, tests), `host`:
-//! synchronous unpacking into the slot. Ordering on CUDA is explicit, with events: slot free → copy → ready →
-//! compute.
+//! `staged` (masters in pageable, huge-page-advised RAM; a worker thread fills a small page-locked staging ring
+//! with streaming stores from a thread pool of its own and queues the copies, so page-locked memory stays
+//! bounded), and, on a device without streams (the CPU, tests), `host`: synchronous unpacking into the slot.
+//! Ordering on CUDA is explicit, with events: slot free → copy → ready → compute.
+//!
+//! The step's saved block inputs can live here too ([`SavedInputs`], `memory.activations = "host"`): on CUDA
+//! they move to page-locked host buffers and back on a copy stream of their own, overlapping compute.
 
+mod activations;
+#[cfg(feature = "cuda")]
+mod activations_cuda;
+mod host;
 mod pack;
 mod ring;
 
@@ -21,6 +28,8 @@ use candle_core::{Device, Result, Tensor};
 
 use crate::models::wan::block::Block;
 pub use crate::nn::bytes::tensor_bytes;
+pub use activations::{release_host_activation_buffers, SavedInputs};
+pub use host::{CopyPool, HostBuffer};
 pub use pack::{BlockLayout, TensorSpec, ALIGN};
 pub use ring::{Decision, Load, Ring};
 
@@ -116,7 +125,7 @@ trait SlotBackend: Send {
 struct HostBackend {
     layout: BlockLayout,
     device: Device,
-    masters: Vec<Vec<u8>>,
+    masters: Vec<HostBuffer>,
     slots: Vec<Vec<Tensor>>,
 }
 
@@ -196,7 +205,7 @@ impl BlockStreamer {
             _ => {
                 let mut masters = Vec::with_capacity(blocks.len());
                 for (_, b) in &blocks {
-                    let mut packed = vec![0u8; layout.total_bytes];
+                    let mut packed = HostBuffer::zeroed(layout.total_bytes);
                     layout.pack_block(b, &mut packed)?;
                     masters.push(packed);
                 }

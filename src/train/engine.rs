@@ -132,6 +132,8 @@ fn run(request: &StartRun, inbox: &Inbox, events: &Events) {
         let outcome = train_loop(&mut trainer, inbox, events);
         finish(&mut trainer, outcome, events)
     });
+    // Host activations keep their page-locked buffers from step to step, not from run to run.
+    crate::nn::offload::release_host_activation_buffers();
     if let Err(err) = result {
         events.state(RunState::Failed);
         events.send(Event::Failed {

@@ -10,6 +10,7 @@ use candle_core::{backprop::GradStore, DType, Result, Tensor, TensorId, Var};
 use crate::models::wan::block::{Block, BlockInputs};
 use crate::models::wan::{Prepared, WanInputs, WanModel};
 use crate::nn::linear::ParamGrad;
+use crate::nn::offload::SavedInputs;
 
 /// What the loss compares the model output with.
 pub struct LossTarget<'a> {
@@ -177,7 +178,7 @@ pub fn checkpointed_step(
     model.begin_blocks(&order, false)?;
     let manual = options.backward == BlockBackward::Manual;
     let keep = options.keep_attention && manual;
-    let mut saved = Vec::with_capacity(n);
+    let mut saved = SavedInputs::new(model.device(), options.activations_on_host)?;
     let mut kept = Vec::new();
     let mut tapes = Vec::new();
     let mut xs = prepared.x.detach();
@@ -189,15 +190,12 @@ pub fn checkpointed_step(
             xs = next;
             continue;
         }
+        // Saved before the block runs: a copy to the host overlaps the block.
+        saved.push(xs.clone())?;
         let (next, attention) = model.block(i)?.forward_untracked(&xs, &shared)?;
         if keep {
             kept.push(attention);
         }
-        saved.push(if options.activations_on_host {
-            xs.to_device(&candle_core::Device::Cpu)?
-        } else {
-            xs
-        });
         xs = next;
     }
 
@@ -226,10 +224,11 @@ pub fn checkpointed_step(
         accumulate_params(&mut acc, &slots, &grads.params)?;
         grad = grads.input;
     }
-    for (i, input) in saved.into_iter().enumerate().rev() {
+    // Checkpointed blocks (none when the tapes were kept).
+    for i in (0..saved.len()).rev() {
         check_interrupt(options)?;
         let block = model.block(i)?;
-        let input = input.to_device(model.device())?;
+        let input = saved.pop()?;
         grad = match options.backward {
             BlockBackward::Manual => {
                 let tape = block.recompute(&input, &shared, kept.pop().as_ref())?;

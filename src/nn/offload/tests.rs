@@ -96,7 +96,7 @@ fn a_streamed_model_gives_the_same_outputs() -> Result<()> {
 }
 
 #[test]
-fn a_streamed_step_gives_the_same_lora_gradients() -> Result<()> {
+fn streamed_and_host_activation_steps_give_the_same_lora_gradients() -> Result<()> {
     let cfg = WanConfig::tiny(4);
     let dev = Device::Cpu;
     let inputs = random_inputs(&cfg, &[[2, 4, 4], [1, 2, 4]], 4, &dev)?;
@@ -109,7 +109,7 @@ fn a_streamed_step_gives_the_same_lora_gradients() -> Result<()> {
         targets: &targets,
         weights: None,
     };
-    let run = |streamed: &[usize]| -> Result<(f32, Vec<Tensor>)> {
+    let run = |streamed: &[usize], on_host: bool| -> Result<(f32, Vec<Tensor>)> {
         let mut m = model(None, streamed)?;
         let mut vars = Vec::new();
         for (k, (_, linear)) in m.linears_mut().into_iter().enumerate() {
@@ -121,15 +121,27 @@ fn a_streamed_step_gives_the_same_lora_gradients() -> Result<()> {
             vars.push(lora.up.clone());
             linear.set_lora(Some(lora));
         }
-        let out = checkpointed_step(&m, &inputs, &target, &vars, &StepOptions::default())?;
+        let options = StepOptions {
+            activations_on_host: on_host,
+            ..StepOptions::default()
+        };
+        let out = checkpointed_step(&m, &inputs, &target, &vars, &options)?;
         Ok((out.loss, out.grads))
     };
-    let (loss_a, grads_a) = run(&[])?;
-    let (loss_b, grads_b) = run(&[0, 2, 3])?;
-    assert_eq!(loss_a, loss_b);
-    for (a, b) in grads_a.iter().zip(&grads_b) {
-        let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
-        assert_eq!(diff, 0.0);
+    let (loss_a, grads_a) = run(&[], false)?;
+    for (streamed, on_host) in [(&[0, 2, 3][..], false), (&[], true), (&[1, 3], true)] {
+        let (loss_b, grads_b) = run(streamed, on_host)?;
+        assert_eq!(
+            loss_a, loss_b,
+            "streamed {streamed:?}, host activations {on_host}"
+        );
+        for (a, b) in grads_a.iter().zip(&grads_b) {
+            let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert_eq!(
+                diff, 0.0,
+                "streamed {streamed:?}, host activations {on_host}"
+            );
+        }
     }
     Ok(())
 }
