@@ -147,6 +147,9 @@ enum Command {
         /// GPU slots in the ring; a comma-separated list times each streamed case with each count.
         #[arg(long, default_value = "2")]
         slots: String,
+        /// Page-locked staging buffers of `staged` streaming.
+        #[arg(long, default_value_t = 2)]
+        staging_slots: usize,
         /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,
@@ -374,6 +377,7 @@ fn main() -> Result<()> {
             host_activations,
             no_checkpointing,
             slots,
+            staging_slots,
             vram_budget_gb,
             bandwidth,
             warmup,
@@ -404,7 +408,7 @@ fn main() -> Result<()> {
                 activations_on_host: host_activations,
                 keep_tapes: no_checkpointing,
                 slots: slots[0],
-                staging_slots: 2,
+                staging_slots: staging_slots.max(1),
                 warmup,
                 iters,
                 seed: 0,
