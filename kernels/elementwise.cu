@@ -13,47 +13,50 @@ __device__ __forceinline__ long mod_row(long row, long L, long Ls) {
     return Ls == 1 ? b : b * Ls + (row % L);
 }
 
-template <typename T, int W>
-__device__ void modulate_fwd(const T* x, const float* scale, const float* shift, T* y, long rows, long D, long L,
+// Input dtype TI, output TO (the same for the plain kernels; f32 <-> bf16 for the mixed ones below). W values per
+// chunk through whole 16-byte accesses on each side (load_n / store_n).
+template <typename TI, typename TO, int W>
+__device__ void modulate_fwd(const TI* x, const float* scale, const float* shift, TO* y, long rows, long D, long L,
                              long Ls) {
     FOR_CHUNKS(i, rows * D) {
         const long m = mod_row(i / D, L, Ls) * D + i % D;
         float v[W], s[W], h[W];
-        load_vec<T, W>(x + i, v);
+        load_n<TI, W>(x + i, v);
         load_f32<W>(scale + m, s);
         load_f32<W>(shift + m, h);
 #pragma unroll
         for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + h[k];
-        store_vec<T, W>(y + i, v);
+        store_n<TO, W>(y + i, v);
     }
 }
 
 // dx = dy * (offset + scale): offset 1 for the modulation's input, 0 for the gated residual's branch.
-template <typename T, int W>
-__device__ void scaled_bwd(const T* dy, const float* scale, float offset, T* dx, long rows, long D, long L,
+template <typename TI, typename TO, int W>
+__device__ void scaled_bwd(const TI* dy, const float* scale, float offset, TO* dx, long rows, long D, long L,
                            long Ls) {
     FOR_CHUNKS(i, rows * D) {
         const long m = mod_row(i / D, L, Ls) * D + i % D;
         float v[W], s[W];
-        load_vec<T, W>(dy + i, v);
+        load_n<TI, W>(dy + i, v);
         load_f32<W>(scale + m, s);
 #pragma unroll
         for (int k = 0; k < W; ++k) v[k] *= offset + s[k];
-        store_vec<T, W>(dx + i, v);
+        store_n<TO, W>(dx + i, v);
     }
 }
 
-template <typename T, int W>
-__device__ void gated_fwd(const T* x, const T* y, const float* gate, T* out, long rows, long D, long L, long Ls) {
+// out = x + y * gate with x and out in TX (the residual dtype) and y in TY (the branch's dtype).
+template <typename TX, typename TY, int W>
+__device__ void gated_fwd(const TX* x, const TY* y, const float* gate, TX* out, long rows, long D, long L, long Ls) {
     FOR_CHUNKS(i, rows * D) {
         const long m = mod_row(i / D, L, Ls) * D + i % D;
         float a[W], b[W], g[W];
-        load_vec<T, W>(x + i, a);
-        load_vec<T, W>(y + i, b);
+        load_n<TX, W>(x + i, a);
+        load_n<TY, W>(y + i, b);
         load_f32<W>(gate + m, g);
 #pragma unroll
         for (int k = 0; k < W; ++k) a[k] += b[k] * g[k];
-        store_vec<T, W>(out + i, a);
+        store_n<TX, W>(out + i, a);
     }
 }
 
@@ -170,15 +173,15 @@ __device__ void rope(const T* x, const float* cosv, const float* sinv, float sig
 #define ELEMENTWISE_KERNELS(T, S)                                                                               \
     extern "C" __global__ void fs_modulate_fwd_##S(const T* x, const float* scale, const float* shift, T* y,    \
                                                    long rows, long D, long L, long Ls, long vec) {              \
-        DISPATCH_VEC(T, (modulate_fwd<T, W>(x, scale, shift, y, rows, D, L, Ls)))                               \
+        DISPATCH_VEC(T, (modulate_fwd<T, T, W>(x, scale, shift, y, rows, D, L, Ls)))                               \
     }                                                                                                           \
     extern "C" __global__ void fs_scaled_bwd_##S(const T* dy, const float* scale, float offset, T* dx,          \
                                                  long rows, long D, long L, long Ls, long vec) {                \
-        DISPATCH_VEC(T, (scaled_bwd<T, W>(dy, scale, offset, dx, rows, D, L, Ls)))                              \
+        DISPATCH_VEC(T, (scaled_bwd<T, T, W>(dy, scale, offset, dx, rows, D, L, Ls)))                              \
     }                                                                                                           \
     extern "C" __global__ void fs_gated_fwd_##S(const T* x, const T* y, const float* gate, T* out, long rows,   \
                                                 long D, long L, long Ls, long vec) {                            \
-        DISPATCH_VEC(T, (gated_fwd<T, W>(x, y, gate, out, rows, D, L, Ls)))                                     \
+        DISPATCH_VEC(T, (gated_fwd<T, T, W>(x, y, gate, out, rows, D, L, Ls)))                                     \
     }                                                                                                           \
     extern "C" __global__ void fs_mod_param_grad_##S(const T* a, const T* g, float* ga, float* gb, long D,      \
                                                      long L, long Ls, long rows_per_chunk) {                    \
@@ -222,51 +225,6 @@ __device__ void cast_n(const TI* x, TO* y, long n) {
     }
 }
 
-template <typename TI, typename TO, int W>
-__device__ void modulate_fwd_mixed(const TI* x, const float* scale, const float* shift, TO* y, long rows, long D,
-                                   long L, long Ls) {
-    FOR_CHUNKS(i, rows * D) {
-        const long m = mod_row(i / D, L, Ls) * D + i % D;
-        float v[W], s[W], h[W];
-        load_n<TI, W>(x + i, v);
-        load_f32<W>(scale + m, s);
-        load_f32<W>(shift + m, h);
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + h[k];
-        store_n<TO, W>(y + i, v);
-    }
-}
-
-template <typename TI, typename TO, int W>
-__device__ void scaled_bwd_mixed(const TI* dy, const float* scale, float offset, TO* dx, long rows, long D, long L,
-                                 long Ls) {
-    FOR_CHUNKS(i, rows * D) {
-        const long m = mod_row(i / D, L, Ls) * D + i % D;
-        float v[W], s[W];
-        load_n<TI, W>(dy + i, v);
-        load_f32<W>(scale + m, s);
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] *= offset + s[k];
-        store_n<TO, W>(dx + i, v);
-    }
-}
-
-// out = x + y * gate with x and out in TX (the residual dtype) and y in TY (the branch's compute dtype).
-template <typename TX, typename TY, int W>
-__device__ void gated_fwd_mixed(const TX* x, const TY* y, const float* gate, TX* out, long rows, long D, long L,
-                                long Ls) {
-    FOR_CHUNKS(i, rows * D) {
-        const long m = mod_row(i / D, L, Ls) * D + i % D;
-        float a[W], b[W], g[W];
-        load_n<TX, W>(x + i, a);
-        load_n<TY, W>(y + i, b);
-        load_f32<W>(gate + m, g);
-#pragma unroll
-        for (int k = 0; k < W; ++k) a[k] += b[k] * g[k];
-        store_n<TX, W>(out + i, a);
-    }
-}
-
 #define MIXED_KERNELS(TI, SI, TO, SO)                                                                           \
     extern "C" __global__ void fs_cast_##SI##_##SO(const TI* x, TO* y, long n, long vec) {                     \
         DISPATCH_MIXED((cast_n<TI, TO, W>(x, y, n)))                                                            \
@@ -274,16 +232,16 @@ __device__ void gated_fwd_mixed(const TX* x, const TY* y, const float* gate, TX*
     extern "C" __global__ void fs_modulate_fwd_##SI##_##SO(const TI* x, const float* scale, const float* shift, \
                                                            TO* y, long rows, long D, long L, long Ls,           \
                                                            long vec) {                                          \
-        DISPATCH_MIXED((modulate_fwd_mixed<TI, TO, W>(x, scale, shift, y, rows, D, L, Ls)))                     \
+        DISPATCH_MIXED((modulate_fwd<TI, TO, W>(x, scale, shift, y, rows, D, L, Ls)))                     \
     }                                                                                                           \
     extern "C" __global__ void fs_scaled_bwd_##SI##_##SO(const TI* dy, const float* scale, float offset,        \
                                                          TO* dx, long rows, long D, long L, long Ls,            \
                                                          long vec) {                                            \
-        DISPATCH_MIXED((scaled_bwd_mixed<TI, TO, W>(dy, scale, offset, dx, rows, D, L, Ls)))                    \
+        DISPATCH_MIXED((scaled_bwd<TI, TO, W>(dy, scale, offset, dx, rows, D, L, Ls)))                    \
     }                                                                                                           \
     extern "C" __global__ void fs_gated_fwd_##SI##_##SO(const TI* x, const TO* y, const float* gate, TI* out,  \
                                                         long rows, long D, long L, long Ls, long vec) {         \
-        DISPATCH_MIXED((gated_fwd_mixed<TI, TO, W>(x, y, gate, out, rows, D, L, Ls)))                           \
+        DISPATCH_MIXED((gated_fwd<TI, TO, W>(x, y, gate, out, rows, D, L, Ls)))                           \
     }
 
 MIXED_KERNELS(float, f32, __nv_bfloat16, bf16)

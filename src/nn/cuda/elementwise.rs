@@ -25,6 +25,13 @@ pub fn modulate(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
         return modulate_reference(xs, scale, shift);
     }
     let g = Geometry::of(xs, scale)?;
+    check_shift(scale, shift)?;
+    xs.contiguous()?
+        .apply_op3(&as_mod_f32(scale)?, &as_mod_f32(shift)?, Modulate { g })
+}
+
+/// A modulation's shift must have as many values as its scale.
+pub(super) fn check_shift(scale: &Tensor, shift: &Tensor) -> Result<()> {
     if shift.elem_count() != scale.elem_count() {
         candle_core::bail!(
             "modulate: shift has {} values, scale {}",
@@ -32,8 +39,7 @@ pub fn modulate(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
             scale.elem_count()
         );
     }
-    xs.contiguous()?
-        .apply_op3(&as_mod_f32(scale)?, &as_mod_f32(shift)?, Modulate { g })
+    Ok(())
 }
 
 /// Composition of candle ops computing [`modulate`] (f32 arithmetic, result in `x`'s dtype).

@@ -12,7 +12,7 @@ use candle_core::{
     CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
-use super::elementwise::{as_mod_f32, launch_named, Geometry, Launch};
+use super::elementwise::{as_mod_f32, check_shift, launch_named, Geometry, Launch};
 use super::ptx::{self, long};
 
 /// Values per vectorised chunk of the mixed kernels (`MIXED_W` in kernels/elementwise.cu).
@@ -42,13 +42,7 @@ pub fn modulate_to(xs: &Tensor, scale: &Tensor, shift: &Tensor, out: DType) -> R
         return super::modulate(&xs.detach(), &scale.detach(), &shift.detach())?.to_dtype(out);
     }
     let g = Geometry::of(xs, scale)?;
-    if shift.elem_count() != scale.elem_count() {
-        candle_core::bail!(
-            "modulate: shift has {} values, scale {}",
-            shift.elem_count(),
-            scale.elem_count()
-        );
-    }
+    check_shift(scale, shift)?;
     xs.contiguous()?.apply_op3_no_bwd(
         &as_mod_f32(scale)?,
         &as_mod_f32(shift)?,
