@@ -24,6 +24,7 @@ use crate::nn::lora::{attach_loras, LoraSpec};
 use crate::nn::lora_file::LoraFile;
 use crate::nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
 use crate::nn::vb::Vb;
+use crate::protocol::memory::{format_gib, PlanReport};
 use crate::protocol::{LogLevel, StartRun};
 
 /// Seed of the demo base model's weights: fixed, so every demo LoRA belongs to the same base.
@@ -178,6 +179,41 @@ fn reserve_budget(
     _device: &Device,
 ) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
     Ok(None)
+}
+
+/// What to change after an out-of-memory failure of this run, from the memory planner's view of it: its
+/// suggestions when it predicted the run would not fit, or more streamed blocks than it chose when it predicted a
+/// fit (the prediction was low or something else took memory); the general advice when there is no plan.
+pub fn out_of_memory_advice(report: Option<&PlanReport>) -> String {
+    let Some(report) = report else {
+        return OUT_OF_MEMORY_ADVICE.to_string();
+    };
+    let peak = format_gib(report.peak_vram_bytes);
+    let budget = report
+        .vram_budget_bytes
+        .map(format_gib)
+        .unwrap_or_else(|| "an unknown".into());
+    if !report.fits() && !report.suggestions.is_empty() {
+        let options: Vec<String> = report
+            .suggestions
+            .iter()
+            .take(3)
+            .map(|s| s.to_string())
+            .collect();
+        return format!(
+            "The planner predicts {peak} against the {budget} budget; to fit: {}. The LoRA saved so far is kept.",
+            options.join("; or ")
+        );
+    }
+    let more = (report.streamed_blocks + (report.num_blocks / 10).max(2)).min(report.num_blocks);
+    if more > report.streamed_blocks {
+        format!(
+            "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else              took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower              memory.vram_budget_gb to leave room. The LoRA saved so far is kept.",
+            report.streamed_blocks, report.num_blocks
+        )
+    } else {
+        OUT_OF_MEMORY_ADVICE.to_string()
+    }
 }
 
 /// What to change after an out-of-memory failure, when the planner has nothing more specific.
@@ -362,6 +398,16 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let device = device_for(plan)?;
+        // Planned before the reservation takes the card's free memory (a CUDA run only: the advice is for a GPU).
+        let oom_report = if device.is_cuda() && plan.memory.applies {
+            let (clip, _) = memory_plan::clip_for_config(&plan.config);
+            memory_plan::model_for_config(&plan.config)
+                .ok()
+                .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip).ok())
+        } else {
+            None
+        };
+        let out_of_memory_advice = out_of_memory_advice(oom_report.as_ref());
         let vram_reservation = reserve_budget(plan, &device)?;
         // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
         let encoded =
@@ -446,7 +492,7 @@ impl Trainer {
                 && device.is_cuda()
                 && plan.memory.activations == ActivationPlacement::Host,
             checkpointing: plan.memory.checkpointing,
-            out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
+            out_of_memory_advice,
             _vram_reservation: vram_reservation,
             outputs,
         })

@@ -214,3 +214,35 @@ fn every_checkpointing_setting_trains_the_same_lora() {
         }
     }
 }
+
+/// The out-of-memory advice follows the planner: its suggestions when it predicted no fit, more streamed blocks
+/// than it chose when it predicted a fit, the general advice without a plan.
+#[test]
+fn out_of_memory_advice_follows_the_plan() {
+    use super::memory_plan::{plan, PlanInput, DEFAULT_CLIP};
+    use super::setup::{out_of_memory_advice, OUT_OF_MEMORY_ADVICE};
+    use crate::config::run::{BlocksToSwap, StreamingMode};
+    use crate::models::wan::WanConfig;
+
+    assert_eq!(out_of_memory_advice(None), OUT_OF_MEMORY_ADVICE);
+
+    let mut config = RunConfig::default();
+    config.memory.streaming = StreamingMode::Pinned;
+    config.memory.blocks_to_swap = BlocksToSwap::Count(10);
+    let mut input = PlanInput::from_config(&config, WanConfig::wan21_t2v_14b(), DEFAULT_CLIP);
+    input.vram_budget_bytes = Some(8 << 30);
+    let tight = plan(&input).expect("plan");
+    assert!(!tight.fits() && !tight.suggestions.is_empty());
+    let advice = out_of_memory_advice(Some(&tight));
+    assert!(advice.contains("The planner predicts"), "{advice}");
+    assert!(
+        advice.contains(&tight.suggestions[0].to_string()),
+        "{advice}"
+    );
+
+    input.vram_budget_bytes = Some(200 << 30);
+    let roomy = plan(&input).expect("plan");
+    assert!(roomy.fits() && roomy.streamed_blocks == 10);
+    let advice = out_of_memory_advice(Some(&roomy));
+    assert!(advice.contains("memory.blocks_to_swap = 14"), "{advice}");
+}
