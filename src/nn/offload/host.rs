@@ -11,6 +11,7 @@ use std::ops::{Deref, DerefMut};
 use candle_core::Result;
 
 /// The size (and alignment) of a transparent huge page on x86_64 and on common aarch64 kernels.
+#[cfg(target_os = "linux")]
 const HUGE_PAGE_BYTES: usize = 2 << 20;
 
 /// Below this many bytes a copy stays on the calling thread (waking the pool costs more than it saves).
