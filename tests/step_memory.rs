@@ -37,55 +37,54 @@ unsafe impl GlobalAlloc for Counting {
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-type Step = fn(
-    &WanModel,
-    &framesmith::models::wan::WanInputs,
-    &LossTarget,
-    &[Var],
-) -> candle_core::Result<f32>;
-
-fn ckpt(
-    m: &WanModel,
-    i: &framesmith::models::wan::WanInputs,
-    t: &LossTarget,
-    v: &[Var],
-) -> candle_core::Result<f32> {
-    checkpointed_step(m, i, t, v, &StepOptions::default()).map(|o| o.loss)
+/// The step to measure: checkpointed with a checkpointing setting, or the whole-graph baseline.
+#[derive(Clone, Copy)]
+enum Step {
+    Checkpointed {
+        keep_attention: bool,
+        keep_tapes: bool,
+    },
+    WholeGraph,
 }
 
-fn keep_attention(
-    m: &WanModel,
-    i: &framesmith::models::wan::WanInputs,
-    t: &LossTarget,
-    v: &[Var],
-) -> candle_core::Result<f32> {
-    let options = StepOptions {
-        keep_attention: true,
-        ..Default::default()
-    };
-    checkpointed_step(m, i, t, v, &options).map(|o| o.loss)
-}
+const CKPT: Step = Step::Checkpointed {
+    keep_attention: false,
+    keep_tapes: false,
+};
+const KEEP_ATTENTION: Step = Step::Checkpointed {
+    keep_attention: true,
+    keep_tapes: false,
+};
+const KEEP_TAPES: Step = Step::Checkpointed {
+    keep_attention: false,
+    keep_tapes: true,
+};
+const WHOLE: Step = Step::WholeGraph;
 
-fn keep_tapes(
-    m: &WanModel,
-    i: &framesmith::models::wan::WanInputs,
-    t: &LossTarget,
-    v: &[Var],
-) -> candle_core::Result<f32> {
-    let options = StepOptions {
-        keep_tapes: true,
-        ..Default::default()
-    };
-    checkpointed_step(m, i, t, v, &options).map(|o| o.loss)
-}
-
-fn whole(
-    m: &WanModel,
-    i: &framesmith::models::wan::WanInputs,
-    t: &LossTarget,
-    v: &[Var],
-) -> candle_core::Result<f32> {
-    whole_graph_step(m, i, t, v).map(|o| o.loss)
+impl Step {
+    /// One step's loss.
+    fn run(
+        self,
+        m: &WanModel,
+        i: &framesmith::models::wan::WanInputs,
+        t: &LossTarget,
+        v: &[Var],
+    ) -> candle_core::Result<f32> {
+        match self {
+            Step::Checkpointed {
+                keep_attention,
+                keep_tapes,
+            } => {
+                let options = StepOptions {
+                    keep_attention,
+                    keep_tapes,
+                    ..Default::default()
+                };
+                checkpointed_step(m, i, t, v, &options).map(|o| o.loss)
+            }
+            Step::WholeGraph => whole_graph_step(m, i, t, v).map(|o| o.loss),
+        }
+    }
 }
 
 /// Peak bytes allocated during one step above what was allocated before it.
@@ -109,7 +108,7 @@ fn step_peak(layers: usize, step: Step) -> candle_core::Result<usize> {
     };
     let base = CURRENT.load(Ordering::SeqCst);
     PEAK.store(base, Ordering::SeqCst);
-    step(&model, &inputs, &target, &vars)?;
+    step.run(&model, &inputs, &target, &vars)?;
     Ok(PEAK.load(Ordering::SeqCst) - base)
 }
 
@@ -117,12 +116,12 @@ fn step_peak(layers: usize, step: Step) -> candle_core::Result<usize> {
 fn checkpointed_step_memory_grows_by_saved_block_inputs() -> candle_core::Result<()> {
     let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     // The first step in a process also allocates one-time state (thread pools, lazily built tables).
-    step_peak(2, ckpt)?;
-    step_peak(2, whole)?;
+    step_peak(2, CKPT)?;
+    step_peak(2, WHOLE)?;
     let tokens = 4 * 8 * 8;
     let block_input_bytes = tokens * 64 * 4;
-    let ckpt_growth = step_peak(8, ckpt)?.saturating_sub(step_peak(2, ckpt)?);
-    let whole_growth = step_peak(8, whole)?.saturating_sub(step_peak(2, whole)?);
+    let ckpt_growth = step_peak(8, CKPT)?.saturating_sub(step_peak(2, CKPT)?);
+    let whole_growth = step_peak(8, WHOLE)?.saturating_sub(step_peak(2, WHOLE)?);
     eprintln!(
         "6 extra blocks: checkpointed +{ckpt_growth} B, whole graph +{whole_growth} B, saved inputs {} B",
         6 * block_input_bytes
@@ -143,17 +142,17 @@ fn checkpointed_step_memory_grows_by_saved_block_inputs() -> candle_core::Result
 fn each_checkpointing_setting_keeps_what_the_planner_counts() -> candle_core::Result<()> {
     let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     use framesmith::train::memory_plan::{block_tape_bytes, kept_attention_bytes, StepShape};
-    for step in [ckpt, keep_attention, keep_tapes] {
+    for step in [CKPT, KEEP_ATTENTION, KEEP_TAPES] {
         step_peak(2, step)?;
     }
     let growth = |step: Step| -> candle_core::Result<f64> {
         Ok(step_peak(8, step)?.saturating_sub(step_peak(2, step)?) as f64 / 6.0)
     };
-    let blocks = growth(ckpt)?;
-    let attention = growth(keep_attention)? - blocks;
+    let blocks = growth(CKPT)?;
+    let attention = growth(KEEP_ATTENTION)? - blocks;
     // The tape holds the block input, which per-block checkpointing saves as well.
     let tokens = 4 * 8 * 8;
-    let tape = growth(keep_tapes)? - blocks + (tokens * 64 * 4) as f64;
+    let tape = growth(KEEP_TAPES)? - blocks + (tokens * 64 * 4) as f64;
     let cfg = WanConfig::tiny(8);
     let shape = StepShape {
         tokens: tokens as u64,

@@ -22,6 +22,26 @@ struct Cli {
     command: Command,
 }
 
+/// The training workload the step and streaming benchmarks time.
+#[derive(clap::Args)]
+struct Workload {
+    /// Video frames.
+    #[arg(long, default_value_t = 81)]
+    frames: usize,
+    /// Height in pixels.
+    #[arg(long, default_value_t = 480)]
+    height: usize,
+    /// Width in pixels.
+    #[arg(long, default_value_t = 832)]
+    width: usize,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 32)]
+    rank: usize,
+    /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+    #[arg(long)]
+    fp8: Option<String>,
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Compare every CUDA kernel with its CPU reference on fresh random inputs.
@@ -76,21 +96,8 @@ enum Command {
         /// Wan variant (t2v-1.3b, t2v-14b).
         #[arg(long, default_value = "t2v-1.3b")]
         variant: String,
-        /// Video frames.
-        #[arg(long, default_value_t = 81)]
-        frames: usize,
-        /// Height in pixels.
-        #[arg(long, default_value_t = 480)]
-        height: usize,
-        /// Width in pixels.
-        #[arg(long, default_value_t = 832)]
-        width: usize,
-        /// LoRA rank.
-        #[arg(long, default_value_t = 32)]
-        rank: usize,
-        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
-        #[arg(long)]
-        fp8: Option<String>,
+        #[command(flatten)]
+        workload: Workload,
         /// Untimed steps first.
         #[arg(long, default_value_t = 1)]
         warmup: usize,
@@ -115,17 +122,8 @@ enum Command {
     Stream {
         #[arg(long, default_value = "t2v-14b")]
         variant: String,
-        #[arg(long, default_value_t = 81)]
-        frames: usize,
-        #[arg(long, default_value_t = 480)]
-        height: usize,
-        #[arg(long, default_value_t = 832)]
-        width: usize,
-        #[arg(long, default_value_t = 32)]
-        rank: usize,
-        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
-        #[arg(long)]
-        fp8: Option<String>,
+        #[command(flatten)]
+        workload: Workload,
         /// Cases, comma-separated: `resident`, `pinned`, `staged`.
         #[arg(long, default_value = "resident,pinned,staged")]
         modes: String,
@@ -333,11 +331,7 @@ fn main() -> Result<()> {
         }
         Command::Step {
             variant: name,
-            frames,
-            height,
-            width,
-            rank,
-            fp8,
+            workload,
             warmup,
             iters,
             check: first,
@@ -351,11 +345,11 @@ fn main() -> Result<()> {
             }
             let opts = bench::step::StepBench {
                 mode,
-                frames,
-                height,
-                width,
-                rank,
-                fp8: fp8_mode(fp8.as_deref())?,
+                frames: workload.frames,
+                height: workload.height,
+                width: workload.width,
+                rank: workload.rank,
+                fp8: fp8_mode(workload.fp8.as_deref())?,
                 warmup,
                 iters,
                 ..bench::step::StepBench::default()
@@ -365,11 +359,7 @@ fn main() -> Result<()> {
         }
         Command::Stream {
             variant: name,
-            frames,
-            height,
-            width,
-            rank,
-            fp8,
+            workload,
             modes,
             blocks,
             placement,
@@ -395,11 +385,11 @@ fn main() -> Result<()> {
                 bail!("--slots: at least one GPU slot is needed");
             }
             let opts = bench::stream::StreamBench {
-                frames,
-                height,
-                width,
-                rank,
-                fp8: fp8_mode(fp8.as_deref())?,
+                frames: workload.frames,
+                height: workload.height,
+                width: workload.width,
+                rank: workload.rank,
+                fp8: fp8_mode(workload.fp8.as_deref())?,
                 residual: match residual.as_str() {
                     "f32" => candle_core::DType::F32,
                     "bf16" => candle_core::DType::BF16,

@@ -277,7 +277,7 @@ impl CustomOp1 for FrozenMatmul {
 }
 
 mod grad;
-pub use grad::{add_matmul, LinearTape, ParamGrad};
+pub use grad::{add_matmul, InputGrad, LinearTape, ParamGrad};
 
 #[cfg(test)]
 mod tests;

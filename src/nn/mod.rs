@@ -12,4 +12,6 @@ pub mod lora;
 pub mod lora_file;
 pub mod norm;
 pub mod offload;
+#[cfg(test)]
+pub(crate) mod testing;
 pub mod vb;

@@ -74,7 +74,11 @@ pub fn demo_model_config() -> WanConfig {
     WanConfig::tiny(DEMO_LAYERS)
 }
 
-fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, String)> {
+fn load_model(
+    plan: &RunPlan,
+    device: &Device,
+    memory: Option<&MemoryReport>,
+) -> anyhow::Result<(WanModel, String)> {
     let compute = float_dtype(plan.model.compute_dtype);
     let options = ModelOptions {
         residual_dtype: match plan.model.residual_dtype {
@@ -90,7 +94,7 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
             let cfg = demo_model_config();
             let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
             let vb = Vb::from_tensors(tensors, compute, device);
-            let model = match streaming_for(plan, &cfg, device)? {
+            let model = match streaming_for(plan, &cfg, device, memory)? {
                 Some((streamed, offload)) => {
                     WanModel::new_streamed(&cfg, vb, &options, &streamed, &offload)?
                 }
@@ -108,7 +112,7 @@ fn load_model(plan: &RunPlan, device: &Device) -> anyhow::Result<(WanModel, Stri
             let loaded = weights::load(path, expected.as_ref(), device)?;
             let name = weights::variant_name(&loaded.config, loaded.expert);
             let vb = Vb::from_tensors(loaded.tensors, compute, device);
-            let model = match streaming_for(plan, &loaded.config, device)? {
+            let model = match streaming_for(plan, &loaded.config, device, memory)? {
                 Some((streamed, offload)) => {
                     WanModel::new_streamed(&loaded.config, vb, &options, &streamed, &offload)
                 }
@@ -126,6 +130,7 @@ fn streaming_for(
     plan: &RunPlan,
     cfg: &WanConfig,
     device: &Device,
+    memory: Option<&MemoryReport>,
 ) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
     let mode = match plan.memory.streaming {
         StreamingMode::Off => return Ok(None),
@@ -137,12 +142,11 @@ fn streaming_for(
     }
     let count = match plan.memory.blocks_to_swap {
         BlocksToSwap::Count(n) => n,
-        BlocksToSwap::Auto(_) => {
-            let (clip, _) = memory_plan::clip_for_config(&plan.config);
-            memory_plan::plan_run(plan, cfg.clone(), clip)
-                .map_err(|e| anyhow::anyhow!("planning memory for blocks_to_swap = \"auto\": {e}"))?
-                .streamed_blocks
-        }
+        BlocksToSwap::Auto(_) => match memory {
+            Some(Ok(report)) => report.streamed_blocks,
+            Some(Err(e)) => anyhow::bail!("planning memory for blocks_to_swap = \"auto\": {e}"),
+            None => anyhow::bail!("blocks_to_swap = \"auto\" needs the run's memory plan"),
+        },
     };
     if count == 0 {
         return Ok(None);
@@ -154,6 +158,23 @@ fn streaming_for(
         staging_slots: plan.memory.staging_slots.max(1),
     };
     Ok(Some((streamed, offload)))
+}
+
+/// The memory plan of a run, or why it could not be made.
+type MemoryReport = Result<PlanReport, String>;
+
+/// The memory plan of a CUDA run (`None` elsewhere), made once before anything takes device memory: it picks
+/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
+fn memory_report(plan: &RunPlan, device: &Device) -> Option<MemoryReport> {
+    if !(device.is_cuda() && plan.memory.applies) {
+        return None;
+    }
+    let (clip, _) = memory_plan::clip_for_config(&plan.config);
+    Some(
+        memory_plan::model_for_config(&plan.config)
+            .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip))
+            .map_err(|e| e.to_string()),
+    )
 }
 
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
@@ -398,21 +419,15 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let device = device_for(plan)?;
-        // Planned before the reservation takes the card's free memory (a CUDA run only: the advice is for a GPU).
-        let oom_report = if device.is_cuda() && plan.memory.applies {
-            let (clip, _) = memory_plan::clip_for_config(&plan.config);
-            memory_plan::model_for_config(&plan.config)
-                .ok()
-                .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip).ok())
-        } else {
-            None
-        };
-        let out_of_memory_advice = out_of_memory_advice(oom_report.as_ref());
+        // Planned before the reservation takes the card's free memory.
+        let memory = memory_report(plan, &device);
+        let out_of_memory_advice =
+            out_of_memory_advice(memory.as_ref().and_then(|m| m.as_ref().ok()));
         let vram_reservation = reserve_budget(plan, &device)?;
         // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
         let encoded =
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
-        let (mut model, base_name) = load_model(plan, &device)?;
+        let (mut model, base_name) = load_model(plan, &device, memory.as_ref())?;
         log(LogLevel::Info, format!("model: {base_name} on {device:?}"));
         if let Some(streamer) = model.streamer() {
             log(

@@ -321,6 +321,7 @@ mod tests {
     use crate::models::wan::WanConfig;
     use crate::nn::init::randn;
     use crate::nn::lora::Lora;
+    use crate::nn::testing::rel;
     use crate::nn::vb::Vb;
     use candle_core::Device;
     use rand::rngs::StdRng;
@@ -362,12 +363,6 @@ mod tests {
             .map(|x| randn(rng, x.shape(), 0.0, 1.0, x.device()))
             .collect::<Result<Vec<_>>>()?;
         Ok((inputs, targets))
-    }
-
-    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        Ok((d / n.max(1e-30)).sqrt())
     }
 
     #[test]

@@ -206,12 +206,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
-
-    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        Ok((d / n.max(1e-30)).sqrt())
-    }
+    use crate::nn::testing::rel;
 
     /// Output and gradients equal the differentiable op's under candle's autograd, with padded keys; a tape
     /// rebuilt from the saved output and LSE gives the same gradients.

@@ -98,9 +98,14 @@ pub fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
     if !runs_on_kernel(dy) {
         candle_core::bail!("modulate_backward needs an f32 / bf16 CUDA tensor");
     }
+    scaled(dy, scale, 1.0)
+}
+
+/// `dy * (offset + scale)` in `dy`'s dtype, outside autograd (f32 / bf16 CUDA tensors, checked by the callers).
+pub(super) fn scaled(dy: &Tensor, scale: &Tensor, offset: f32) -> Result<Tensor> {
     let g = Geometry::of(dy, scale)?;
     dy.contiguous()?
-        .apply_op2_no_bwd(&as_mod_f32(scale)?, &ScaledBwd { g, offset: 1.0 })
+        .apply_op2_no_bwd(&as_mod_f32(scale)?, &ScaledBwd { g, offset })
 }
 
 /// Gradient of the branch `y` of [`gated_residual`] (`dout * gate`, in `dout`'s dtype) outside autograd.
@@ -109,9 +114,7 @@ pub fn gated_residual_backward(dout: &Tensor, gate: &Tensor) -> Result<Tensor> {
     if !runs_on_kernel(dout) {
         candle_core::bail!("gated_residual_backward needs an f32 / bf16 CUDA tensor");
     }
-    let g = Geometry::of(dout, gate)?;
-    dout.contiguous()?
-        .apply_op2_no_bwd(&as_mod_f32(gate)?, &ScaledBwd { g, offset: 0.0 })
+    scaled(dout, gate, 0.0)
 }
 
 /// Input gradient of [`gelu_tanh`] for the output gradient `dy`, outside autograd. CUDA only.

@@ -61,20 +61,12 @@ pub fn scaled_to(dy: &Tensor, scale: &Tensor, offset: f32, out: DType) -> Result
     if !dy.device().is_cuda() || !is_float(dy.dtype()) || !is_float(out) {
         candle_core::bail!("scaled_to needs an f32 / bf16 CUDA tensor");
     }
-    let g = Geometry::of(dy, scale)?;
-    let scale = as_mod_f32(scale)?;
     if dy.dtype() == out {
-        let scaled = if offset == 0.0 {
-            super::elementwise::gated_residual_backward(dy, &scale)?
-        } else if offset == 1.0 {
-            super::elementwise::modulate_backward(dy, &scale)?
-        } else {
-            candle_core::bail!("scaled_to: offset must be 0 or 1, got {offset}");
-        };
-        return Ok(scaled);
+        return super::elementwise::scaled(dy, scale, offset);
     }
+    let g = Geometry::of(dy, scale)?;
     dy.contiguous()?.apply_op2_no_bwd(
-        &scale,
+        &as_mod_f32(scale)?,
         &Fused {
             name: "fs_scaled_bwd",
             g,
@@ -181,6 +173,21 @@ struct Fused {
     types: (DType, DType),
 }
 
+impl Fused {
+    /// The kernel over `inputs` (the first is the activation whose shape the output takes).
+    fn launch(&self, inputs: &[(&CudaStorage, &Layout)]) -> Result<(CudaStorage, Shape)> {
+        let out = launch_mixed(
+            self.name,
+            inputs,
+            &self.scalars,
+            &self.g.args()?,
+            self.g.dim,
+            self.types,
+        )?;
+        Ok((out, inputs[0].1.shape().clone()))
+    }
+}
+
 impl CustomOp2 for Fused {
     fn name(&self) -> &'static str {
         self.name
@@ -195,15 +202,7 @@ impl CustomOp2 for Fused {
         b: &CudaStorage,
         bl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let out = launch_mixed(
-            self.name,
-            &[(a, al), (b, bl)],
-            &self.scalars,
-            &self.g.args()?,
-            self.g.dim,
-            self.types,
-        )?;
-        Ok((out, al.shape().clone()))
+        self.launch(&[(a, al), (b, bl)])
     }
 }
 
@@ -223,14 +222,6 @@ impl CustomOp3 for Fused {
         c: &CudaStorage,
         cl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
-        let out = launch_mixed(
-            self.name,
-            &[(a, al), (b, bl), (c, cl)],
-            &self.scalars,
-            &self.g.args()?,
-            self.g.dim,
-            self.types,
-        )?;
-        Ok((out, al.shape().clone()))
+        self.launch(&[(a, al), (b, bl), (c, cl)])
     }
 }

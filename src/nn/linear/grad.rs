@@ -16,6 +16,17 @@ pub struct LinearTape {
     mid: Option<Tensor>,
 }
 
+/// What [`Linear::backward_with`] does with the input gradient.
+#[derive(Debug)]
+pub enum InputGrad {
+    /// None is wanted (the text context).
+    Skip,
+    /// A fresh tensor.
+    New,
+    /// Added to this sum (shaped like the input, in its dtype; a tensor the caller owns).
+    Add(Tensor),
+}
+
 /// The gradient of one trainable variable.
 #[derive(Clone, Debug)]
 pub struct ParamGrad {
@@ -83,37 +94,22 @@ impl Linear {
         dy: &Tensor,
         input_grad: bool,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        let (dx, params) = self.backward_inner(xs, tape, dy, input_grad.then_some(None))?;
-        let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
-        Ok((dx, params))
+        let input = if input_grad {
+            InputGrad::New
+        } else {
+            InputGrad::Skip
+        };
+        self.backward_with(xs, tape, dy, input)
     }
 
-    /// [`Linear::backward`] adding the input gradient to `acc` (shaped like `xs`, in its dtype; a tensor the
-    /// caller owns, e.g. the sum over the linears that share an input): in place on CUDA, so the sum costs no
-    /// extra pass. Returns the sum.
-    pub fn backward_accumulate(
+    /// [`Linear::backward`] with the input gradient as `input` says: none, a fresh tensor, or added to a sum the
+    /// caller owns (in place on CUDA, so summing over the linears that share an input costs no extra pass).
+    pub fn backward_with(
         &self,
         xs: &Tensor,
         tape: &LinearTape,
         dy: &Tensor,
-        acc: Tensor,
-    ) -> Result<(Tensor, Vec<ParamGrad>)> {
-        let acc = acc.flatten_to(D::Minus2)?;
-        let (dx, params) = self.backward_inner(xs, tape, dy, Some(Some(acc)))?;
-        let dx = dx
-            .ok_or_else(|| candle_core::Error::Msg("linear backward: no input gradient".into()))?
-            .reshape(xs.shape())?;
-        Ok((dx, params))
-    }
-
-    /// `dx`: `None` for no input gradient, `Some(None)` for a fresh one, `Some(Some(acc))` to add into `acc`
-    /// ([m, in]).
-    fn backward_inner(
-        &self,
-        xs: &Tensor,
-        tape: &LinearTape,
-        dy: &Tensor,
-        dx: Option<Option<Tensor>>,
+        input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = xs.dtype();
         let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
@@ -122,10 +118,15 @@ impl Linear {
             .to_dtype(dtype)?
             .flatten_to(D::Minus2)?
             .contiguous()?;
-        let mut dx = match dx {
-            None => None,
-            Some(None) => Some(dy2.matmul(&self.base.dense(dtype)?)?),
-            Some(Some(acc)) => Some(add_matmul(acc, &dy2, &self.base.dense(dtype)?, false)?),
+        let mut dx = match input {
+            InputGrad::Skip => None,
+            InputGrad::New => Some(dy2.matmul(&self.base.dense(dtype)?)?),
+            InputGrad::Add(acc) => Some(add_matmul(
+                acc.flatten_to(D::Minus2)?,
+                &dy2,
+                &self.base.dense(dtype)?,
+                false,
+            )?),
         };
         let mut params = Vec::new();
         if let Some(lora) = &self.lora {
@@ -151,6 +152,7 @@ impl Linear {
                 grad: d_up.to_dtype(lora.up.dtype())?,
             });
         }
+        let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
         Ok((dx, params))
     }
 }
@@ -197,14 +199,9 @@ mod tests {
     use crate::nn::fp8::{quantize, Fp8Scale};
     use crate::nn::init::randn;
     use crate::nn::linear::BaseWeight;
+    use crate::nn::testing::rel;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
-
-    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        Ok((d / n.max(1e-30)).sqrt())
-    }
 
     fn layer(fp8: bool, rng: &mut StdRng) -> Result<Linear> {
         let dev = Device::Cpu;

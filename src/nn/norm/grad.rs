@@ -75,12 +75,7 @@ mod tests {
 
     use super::super::{layer_norm, rms_norm};
     use super::*;
-
-    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        Ok((d / n.max(1e-30)).sqrt())
-    }
+    use crate::nn::testing::rel;
 
     /// Each backward equals candle's autograd through the differentiable forward, with and without weight.
     #[test]

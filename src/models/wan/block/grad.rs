@@ -16,7 +16,7 @@ use candle_core::{DType, Result, Tensor};
 use super::{gated_residual, gelu_tanh, split_heads, Block, BlockInputs};
 use crate::models::wan::rope::Rope;
 use crate::nn::attention::{attention_forward, AttentionTape};
-use crate::nn::linear::{Linear, LinearTape, ParamGrad};
+use crate::nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use crate::nn::norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 
 /// A block's self-attention output and log-sum-exp from its first forward pass, kept so the backward's
@@ -75,16 +75,6 @@ fn project(
     Ok((split_heads(&normed, heads)?, proj))
 }
 
-/// What a projection's backward does with its input gradient.
-enum InputGrad {
-    /// None wanted (the text context).
-    Skip,
-    /// A fresh tensor.
-    New,
-    /// Added to this sum over the projections that share the input (in place on CUDA).
-    Add(Tensor),
-}
-
 /// Backward of [`project`] for the heads' gradient: the input gradient (as `input` says) and the LoRA gradients,
 /// appended to `params`.
 fn project_backward(
@@ -100,14 +90,7 @@ fn project_backward(
         Some((pre, w)) => rms_norm_backward(pre, Some(w), &d, proj.eps)?,
         None => d,
     };
-    let (dx, p) = match input {
-        InputGrad::Skip => lin.backward(xs, &proj.tape, &d, false)?,
-        InputGrad::New => lin.backward(xs, &proj.tape, &d, true)?,
-        InputGrad::Add(acc) => {
-            let (dx, p) = lin.backward_accumulate(xs, &proj.tape, &d, acc)?;
-            (Some(dx), p)
-        }
-    };
+    let (dx, p) = lin.backward_with(xs, &proj.tape, &d, input)?;
     params.extend(p);
     Ok(dx)
 }

@@ -281,17 +281,7 @@ pub fn load_clip_vision(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn zeros(keys: &[(&str, &[usize])]) -> candle_core::Result<HashMap<String, Tensor>> {
-        keys.iter()
-            .map(|(k, s)| {
-                Ok((
-                    (*k).to_string(),
-                    Tensor::zeros(*s, DType::F32, &Device::Cpu)?,
-                ))
-            })
-            .collect()
-    }
+    use crate::nn::testing::zero_tensors as zeros;
 
     #[test]
     fn hugging_face_qkv_are_stacked_in_order() -> anyhow::Result<()> {

@@ -165,17 +165,7 @@ pub fn load_vae(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn tensors(keys: &[(&str, &[usize])]) -> candle_core::Result<HashMap<String, Tensor>> {
-        keys.iter()
-            .map(|(k, s)| {
-                Ok((
-                    (*k).to_string(),
-                    Tensor::zeros(*s, DType::F32, &Device::Cpu)?,
-                ))
-            })
-            .collect()
-    }
+    use crate::nn::testing::zero_tensors as tensors;
 
     #[test]
     fn unreadable_files_name_the_path() -> anyhow::Result<()> {

@@ -105,12 +105,7 @@ mod tests {
     use candle_core::{Device, Var};
 
     use super::*;
-
-    fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-        let d = (a - b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-        Ok((d / n.max(1e-30)).sqrt())
-    }
+    use crate::nn::testing::rel;
 
     fn grad_of(x: &Var, y: &Tensor, dy: &Tensor) -> Result<Tensor> {
         let store = (y * dy)?.sum_all()?.backward()?;

@@ -1,7 +1,7 @@
 //! The hand-written block backward against candle's autograd through `Block::forward`, on tiny f32 models of
 //! every block shape the variants have.
 
-use candle_core::{DType, Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Var};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -13,12 +13,7 @@ use crate::nn::init::randn;
 use crate::nn::lora::Lora;
 use crate::nn::vb::Vb;
 
-fn rel(a: &Tensor, b: &Tensor) -> Result<f64> {
-    let (a, b) = (a.to_dtype(DType::F32)?, b.to_dtype(DType::F32)?);
-    let d = (&a - &b)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-    let n = b.sqr()?.sum_all()?.to_scalar::<f32>()? as f64;
-    Ok((d / n.max(1e-30)).sqrt())
-}
+use crate::nn::testing::rel;
 
 /// A tiny model with LoRAs (random, non-zero `up`, multiplier ≠ 1) on every block linear.
 fn model_with_loras(cfg: &WanConfig, options: &ModelOptions) -> Result<(WanModel, Vec<Var>)> {
