@@ -96,11 +96,20 @@ pub(super) fn kept_lines(
     } else {
         "bf16"
     };
+    let saved_input = l * cfg.dim as u64 * s.shape.residual_bytes;
     let mut out = vec![line(
         format!("saved block inputs ({n} × {l} tokens, {residual})"),
-        n as u64 * l * cfg.dim as u64 * s.shape.residual_bytes,
+        n as u64 * saved_input,
         saved_at,
     )];
+    if activations == ActivationPlacement::Host {
+        // `nn::offload::activations` copies the next block's input back while this block's backward runs.
+        out.push(line(
+            "saved input prefetched from RAM (1 block)",
+            saved_input,
+            Placement::Device,
+        ));
+    }
     if checkpointing == Checkpointing::Attention {
         let per_block = kept_attention_bytes(cfg, &s.shape);
         out.push(line(

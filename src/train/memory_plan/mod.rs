@@ -20,8 +20,9 @@ pub use input::{
     ClipShape, DEFAULT_CLIP,
 };
 pub use working_set::{
-    per_token_modulation_bytes, shared_inputs, StepShape, WorkingSet, CUDA_CONTEXT_BYTES,
-    DEFAULT_GPU_SLOTS, POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
+    per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs, StepShape, WorkingSet,
+    CUDA_CONTEXT_BYTES, DEFAULT_GPU_SLOTS, POOL_FRAGMENTATION_MIN_BYTES,
+    POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 
 use crate::config::plan::FloatDtype;
@@ -246,8 +247,11 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         Placement::Device,
     ));
     out.push(line(
-        format!("memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set)"),
-        working * POOL_FRAGMENTATION_PERCENT / 100,
+        format!(
+            "memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set, at least {})",
+            format_gib(POOL_FRAGMENTATION_MIN_BYTES)
+        ),
+        pool_fragmentation_bytes(working),
         Placement::Device,
     ));
     if input.optimizer_and_context {

@@ -222,9 +222,13 @@ fn staged_streaming_pins_only_the_ring() {
     assert_eq!(staged.peak_vram_bytes, pinned.peak_vram_bytes);
     i.streaming.activations = ActivationPlacement::Host;
     let host = plan(&i).unwrap();
-    let saved = 40 * 32_760 * 5120 * 4;
-    assert_eq!(host.pinned_ram_bytes, 3 * block + saved);
-    assert_eq!(host.peak_vram_bytes, staged.peak_vram_bytes - saved);
+    let one_input = 32_760 * 5120 * 4;
+    assert_eq!(host.pinned_ram_bytes, 3 * block + 40 * one_input);
+    // Every saved input leaves the card but the one prefetched back for the next block's backward.
+    assert_eq!(
+        host.peak_vram_bytes,
+        staged.peak_vram_bytes - 40 * one_input + one_input
+    );
 }
 
 #[test]
@@ -285,10 +289,11 @@ fn wan14b_on_24gb(working_set: WorkingSet) -> PlanReport {
 #[test]
 fn wan14b_fp8_480p_81_frames_on_24gb() {
     // With the block backward fused as PyTorch's checkpointing does, 14B at 480p × 81 frames fits a 24 GB card by
-    // streaming 18 of its 40 blocks with an f32 residual (with bf16 it is 15, which reserved 22.56 GiB on the H200).
+    // streaming 17 of its 40 blocks with an f32 residual (with bf16 the session 3 planner chose 15, which reserved
+    // 20.88 GiB on the H200).
     let fused = wan14b_on_24gb(WorkingSet::FUSED_BACKWARD);
     assert_eq!(fused.tokens, 32_760);
-    assert_eq!((fused.streamed_blocks, fused.verdict), (18, Verdict::Fits));
+    assert_eq!((fused.streamed_blocks, fused.verdict), (17, Verdict::Fits));
     assert!(fused.peak_vram_bytes <= 24 * GIB);
     // Today's candle-autograd backward holds ~36 GiB at this size by itself: nothing streams it into 24 GB, and the
     // planner says how long a clip does fit.

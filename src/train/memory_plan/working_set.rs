@@ -48,16 +48,18 @@ impl WorkingSet {
         head_tokens_dim_f32: 6,
     };
 
-    /// A hand-written block backward that frees each intermediate as soon as it is used, as PyTorch's per-block
-    /// checkpointing does (`train::step::BlockBackward::Manual`, the engine's default): fitted the same way to the
-    /// PyTorch reference step of the same benchmark (14B bf16 63.39 GiB, 1.3B bf16 13.08 GiB), ≈ 11 `[L, dim]`
-    /// f32-sized and ≈ 4 `[L, ffn_dim]` bf16 tensors. Not yet measured on our manual backward: replace with its
-    /// H200 peaks. What makes a 14B model train on a 24 GB card at 480×832×81.
+    /// The engine's hand-written block backward (`train::step::BlockBackward::Manual`), which frees each
+    /// intermediate as soon as it is used and accumulates gradients in place. First fitted to the PyTorch
+    /// reference step (14B bf16 63.39 GiB, 1.3B bf16 13.08 GiB: ≈ 11 `[L, dim]` f32-sized and ≈ 4 `[L, ffn_dim]`
+    /// bf16 tensors), then refitted to our own step's used peaks on the H200 (bench/RESULTS.md, block streaming,
+    /// session 3: 1.3B f32 resident, 1.3B bf16 with 20 and 21 blocks streamed, 14B FP8 at 480p and 720p): the
+    /// fused backward holds one `[L, ffn_dim]` tensor fewer than PyTorch's. What makes a 14B model train on a
+    /// 24 GB card at 480×832×81.
     pub const FUSED_BACKWARD: Self = Self {
         tokens_dim_f32: 4,
         tokens_dim_compute: 8,
         tokens_dim_residual: 3,
-        tokens_ffn_compute: 4,
+        tokens_ffn_compute: 3,
         tokens_heads_f32: 4,
         per_token_modulation: 1,
         dequantised_weights: 1,
@@ -97,10 +99,19 @@ pub const VRAM_HEADROOM_BYTES: u64 = 1 << 30;
 /// GPU slots a streamed block is copied into (one computes while the next arrives).
 pub const DEFAULT_GPU_SLOTS: usize = 2;
 
-/// The CUDA memory pool reserves more than the tensors alive at its peak: freed blocks of other sizes sit in it
-/// (measured on the H200, reserved − used high-water: 1.34 GiB at 14B/480p and 3.59 GiB at 14B/720p with saved
-/// inputs in RAM, 13% and 15% of the working set). Planned as this percentage of the working set.
-pub const POOL_FRAGMENTATION_PERCENT: u64 = 15;
+/// The CUDA memory pool reserves more than the tensors alive at its peak: freed blocks of other sizes sit in it.
+/// Measured on the H200 (reserved − used high-water, session 3): 0.75–1.45 GiB for 1.3B at 480p, 0.92 GiB for
+/// 14B FP8 at 480p and 2.76 GiB at 720p. Planned as this percentage of the working set, but at least
+/// `POOL_FRAGMENTATION_MIN_BYTES`.
+pub const POOL_FRAGMENTATION_PERCENT: u64 = 13;
+
+/// The least fragmentation planned: small working sets still leave about a GiB of freed blocks in the pool.
+pub const POOL_FRAGMENTATION_MIN_BYTES: u64 = 1 << 30;
+
+/// The pool's fragmentation planned for a working set of `working` bytes.
+pub fn pool_fragmentation_bytes(working: u64) -> u64 {
+    (working * POOL_FRAGMENTATION_PERCENT / 100).max(POOL_FRAGMENTATION_MIN_BYTES)
+}
 
 /// Shapes and dtypes of one step, as the working set needs them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
