@@ -119,11 +119,6 @@ trait SlotBackend: Send {
     fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>>;
     /// Waits for every queued copy (before the host buffers may go).
     fn synchronize(&mut self) -> Result<()>;
-    /// `block` is likely the next one loaded: a backend may prepare it (the staged mode copies it into
-    /// page-locked memory while its GPU slot is still busy).
-    fn hint(&mut self, _block: usize) -> Result<()> {
-        Ok(())
-    }
 }
 
 /// Synchronous backend: each load unpacks the block's host bytes into fresh tensors on the device.
@@ -299,9 +294,6 @@ impl BlockStreamer {
             inner.backend.load(load.slot, load.block)?;
             inner.stats.loads += 1;
             inner.stats.bytes += self.layout.data_bytes() as u64;
-        }
-        if let Some(b) = decision.upcoming {
-            inner.backend.hint(b)?;
         }
         inner.backend.acquire(decision.slot)
     }

@@ -107,14 +107,6 @@ fn queue_copies(
     Ok(())
 }
 
-/// What the staging worker is asked to do.
-enum Msg {
-    /// Copy a block into a GPU slot (acknowledged).
-    Copy(Job),
-    /// Copy a block into a free staging buffer ahead of its `Copy` (not acknowledged; best effort).
-    Stage(usize),
-}
-
 /// One copy for the staging worker.
 struct Job {
     slot: usize,
@@ -181,7 +173,7 @@ type Ack = std::result::Result<usize, String>;
 /// The staged mode's worker: copies pageable masters into the page-locked staging ring and queues the
 /// host → device copies from there, so the thread issuing GPU work never waits on a host memcpy.
 struct Worker {
-    jobs: Arc<Queue<Msg>>,
+    jobs: Arc<Queue<Job>>,
     acks: Arc<Queue<Ack>>,
     handle: Option<JoinHandle<()>>,
 }
@@ -195,30 +187,20 @@ struct WorkerState {
     staging: Vec<Pinned>,
     staging_done: Vec<SendPtr<sys::CUevent>>,
     used: Vec<bool>,
-    /// The block each staging buffer holds ahead of its `Copy` (filled by a `Stage`), if any.
-    staged: Vec<Option<usize>>,
     next: usize,
 }
 
 impl WorkerState {
-    fn run(mut self, jobs: &Queue<Msg>, acks: &Queue<Ack>) {
+    fn run(mut self, jobs: &Queue<Job>, acks: &Queue<Ack>) {
         if let Err(e) = self.ctx.bind_to_thread() {
             acks.push(Err(format!("staging worker: {e:?}")));
             acks.close();
             return;
         }
-        while let Some(msg) = jobs.pop() {
-            match msg {
-                Msg::Copy(job) => {
-                    let ack = self.copy(&job).map(|()| job.slot);
-                    if !acks.push(ack) {
-                        break;
-                    }
-                }
-                // A failed pre-stage only means the `Copy` does the host copy itself (and reports any error).
-                Msg::Stage(block) => {
-                    let _ = self.stage(block);
-                }
+        while let Some(job) = jobs.pop() {
+            let ack = self.copy(&job).map(|()| job.slot);
+            if !acks.push(ack) {
+                break;
             }
         }
         acks.close();
@@ -231,65 +213,22 @@ impl WorkerState {
         }
     }
 
-    /// A staging buffer to fill: the next one in turn that holds no pre-staged block (the next in turn when all
-    /// do), once the last device copy out of it is done. Whatever it held is forgotten.
-    fn free_buffer(&mut self) -> std::result::Result<usize, String> {
-        let n = self.staging.len();
-        let k = (0..n)
-            .map(|d| (self.next + d) % n)
-            .find(|&k| self.staged[k].is_none())
-            .unwrap_or(self.next);
-        self.next = (k + 1) % n;
+    fn copy(&mut self, job: &Job) -> std::result::Result<(), String> {
+        let k = self.next;
+        self.next = (self.next + 1) % self.staging.len();
+        let done = self.staging_done[k].0;
         if self.used[k] {
-            // SAFETY: the event was recorded after the last copy out of staging buffer `k`.
-            unsafe { result::event::synchronize(self.staging_done[k].0) }
-                .map_err(|e| format!("{e:?}"))?;
-            self.used[k] = false;
+            // SAFETY: `done` was recorded after the last copy out of staging buffer `k`.
+            unsafe { result::event::synchronize(done) }.map_err(|e| format!("{e:?}"))?;
         }
-        self.staged[k] = None;
-        Ok(k)
-    }
-
-    /// Copies master `block` into staging buffer `k`.
-    fn fill(&mut self, k: usize, block: usize) -> std::result::Result<(), String> {
         let master = self
             .masters
-            .get(block)
-            .ok_or_else(|| format!("no streamed block {block}"))?;
+            .get(job.block)
+            .ok_or_else(|| format!("no streamed block {}", job.block))?;
+        let staging = self.staging[k].as_mut_slice();
         self.copier
-            .copy(
-                &master[..self.layout.total_bytes],
-                self.staging[k].as_mut_slice(),
-            )
-            .map_err(|e| e.to_string())
-    }
-
-    /// Pre-stages `block` into a staging buffer that holds no other pre-staged block, so its `Copy` can start
-    /// the device copy at once: the host copy then overlaps the device copy before it instead of following the
-    /// GPU slot's release.
-    fn stage(&mut self, block: usize) -> std::result::Result<(), String> {
-        if self.staged.contains(&Some(block)) || self.staged.iter().all(Option::is_some) {
-            return Ok(());
-        }
-        let k = self.free_buffer()?;
-        self.fill(k, block)?;
-        self.staged[k] = Some(block);
-        Ok(())
-    }
-
-    fn copy(&mut self, job: &Job) -> std::result::Result<(), String> {
-        let k = match self.staged.iter().position(|s| *s == Some(job.block)) {
-            Some(k) => {
-                self.staged[k] = None;
-                k
-            }
-            None => {
-                let k = self.free_buffer()?;
-                self.fill(k, job.block)?;
-                k
-            }
-        };
-        let done = self.staging_done[k].0;
+            .copy(&master[..self.layout.total_bytes], staging)
+            .map_err(|e| e.to_string())?;
         let copy = self.copy.0;
         if let Some(free) = job.free {
             // SAFETY: both handles are live; the wait orders the copy after the slot's last reader.
@@ -390,7 +329,6 @@ impl CudaBackend {
                         .map(|_| new_event().map(SendPtr))
                         .collect::<Result<_>>()?,
                     used: vec![false; staging_slots],
-                    staged: vec![None; staging_slots],
                     next: 0,
                 };
                 Masters::Staged(Worker::start(state)?)
@@ -497,7 +435,7 @@ impl SlotBackend for CudaBackend {
                     free: free.map(SendPtr),
                     ready: SendPtr(self.ready[slot]),
                 };
-                if !worker.jobs.push(Msg::Copy(job)) {
+                if !worker.jobs.push(job) {
                     candle_core::bail!("the block streaming worker stopped");
                 }
                 self.pending[slot] += 1;
@@ -525,15 +463,6 @@ impl SlotBackend for CudaBackend {
         }
         .w()?;
         Ok(self.slots[slot].clone())
-    }
-
-    fn hint(&mut self, block: usize) -> Result<()> {
-        if let Masters::Staged(worker) = &self.masters {
-            if !worker.jobs.push(Msg::Stage(block)) {
-                candle_core::bail!("the block streaming worker stopped");
-            }
-        }
-        Ok(())
     }
 
     fn synchronize(&mut self) -> Result<()> {

@@ -19,9 +19,6 @@ pub struct Decision {
     pub released: Option<usize>,
     /// Copies to start, the fetched block's first if it was not resident.
     pub loads: Vec<Load>,
-    /// The next block of the declared order that no slot holds: the likely next copy, which a staged backend
-    /// can start moving into page-locked memory before its slot is free.
-    pub upcoming: Option<usize>,
 }
 
 /// Slot bookkeeping over a declared access order.
@@ -152,22 +149,11 @@ impl Ring {
                 }
             }
         }
-        let upcoming = pos.and_then(|p| self.upcoming(p));
         Decision {
             slot,
             released,
             loads,
-            upcoming,
         }
-    }
-
-    /// The first block after position `p` of the order that no slot holds.
-    fn upcoming(&self, p: usize) -> Option<usize> {
-        let n = self.order.len();
-        let ahead = if self.cyclic { n - 1 } else { n - p - 1 };
-        (1..=ahead)
-            .map(|d| self.order[(p + d) % n])
-            .find(|&b| self.slot_of(b).is_none())
     }
 }
 
@@ -184,25 +170,6 @@ mod tests {
             total += d.loads.len();
         }
         total
-    }
-
-    #[test]
-    fn upcoming_names_the_next_block_no_slot_holds() {
-        let order: Vec<usize> = (0..5).chain((0..5).rev()).collect();
-        let mut ring = Ring::new(2);
-        ring.begin(order.clone(), false);
-        // Fetching 0 loads 0 and prefetches 1: the next copy will be 2.
-        assert_eq!(ring.fetch(0).upcoming, Some(2));
-        assert_eq!(ring.fetch(1).upcoming, Some(3));
-        for &b in &order[2..5] {
-            ring.fetch(b);
-        }
-        // The backward starts on 4 and 3, still resident; the next copy is 2.
-        assert_eq!(ring.fetch(4).upcoming, Some(2));
-        for &b in &order[6..9] {
-            ring.fetch(b);
-        }
-        assert_eq!(ring.fetch(0).upcoming, None, "nothing left to copy");
     }
 
     #[test]
