@@ -85,6 +85,12 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
     .unwrap();
     assert_eq!(text.t5.dims(), [8, spec.cfg.text_dim]);
 
+    // The grey stand-in clip and its caption make the dataset check clean, as real media would.
+    assert!(dir.path().join("videos/synth_000.mp4").exists());
+    let options = framesmith::data::ScanOptions::locate();
+    let report = framesmith::data::check_path(&files.dataset, &options).unwrap();
+    assert!(report.is_ok(), "{report}");
+
     let text = std::fs::read_to_string(&files.run).unwrap();
     for key in [
         "streaming",

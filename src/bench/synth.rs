@@ -1,8 +1,8 @@
 //! `framesmith-bench synth-project`: a training project of a real model and clip size with nothing to download —
 //! random DiT weights in the official Wan layout (written tensor by tensor), one cached clip in musubi-tuner's
-//! format (random latents of the Wan VAE's shape, a random umT5-shaped text embedding), its dataset TOML and a
-//! run config that trains from the caches alone (no VAE, no text encoder). For memory and speed trials of the
-//! real trainer on a GPU machine; no training code depends on this.
+//! format (random latents of the Wan VAE's shape, a random umT5-shaped text embedding) with a grey stand-in video
+//! and caption, its dataset TOML and a run config that trains from the caches alone (no VAE, no text encoder).
+//! For memory and speed trials of the real trainer on a GPU machine; no training code depends on this.
 
 use std::borrow::Cow;
 use std::collections::HashMap;
@@ -28,6 +28,8 @@ use crate::models::wan::random::init_stats;
 use crate::models::wan::weights::official_shapes;
 use crate::models::wan::{ModelType, WanConfig};
 use crate::nn::init::randn;
+use crate::train::samples::SAMPLE_FPS;
+use crate::video::encode::{write_mp4, RgbFrame};
 
 /// File names inside the project folder.
 pub const DIT_FILE: &str = "dit.safetensors";
@@ -35,6 +37,8 @@ pub const DATASET_FILE: &str = "dataset.toml";
 pub const RUN_FILE: &str = "run.toml";
 /// Stem of the one cached clip.
 const ITEM_STEM: &str = "synth_000";
+/// The clip's caption (its text embedding is random all the same).
+const CAPTION: &str = "a synthetic clip: random latents and a random text embedding";
 /// Values drawn per seeded chunk: chunks are drawn in parallel, and the result does not depend on the threads.
 const CHUNK_ELEMS: usize = 1 << 20;
 
@@ -231,10 +235,11 @@ fn write_cached_item(
     latent: [usize; 4],
 ) -> anyhow::Result<PathBuf> {
     let cache = dir.join("cache");
-    // The dataset names a video folder, which must exist; training reads the caches only, so it stays empty.
-    for d in [&cache, &dir.join("videos")] {
+    let videos = dir.join("videos");
+    for d in [&cache, &videos] {
         fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
     }
+    write_media(&videos, spec)?;
     let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
     let latents = WanLatentCache {
         latents: randn(rng, latent.as_slice(), 0.0, 1.0, &Device::Cpu)?.to_dtype(DType::BF16)?,
@@ -262,19 +267,30 @@ fn write_cached_item(
         &Device::Cpu,
     )?
     .to_dtype(DType::BF16)?;
-    write_wan_text_cache(
-        &cache.join(text_cache_name(ITEM_STEM)),
-        &text,
-        "a synthetic clip (random latents and text embedding)",
-    )?;
+    write_wan_text_cache(&cache.join(text_cache_name(ITEM_STEM)), &text, CAPTION)?;
     Ok(latent_path)
+}
+
+/// The clip the caches stand for (plain grey frames) and its caption, so that the dataset checks as it would with
+/// real media; training reads the caches only.
+fn write_media(videos: &Path, spec: &SynthProject) -> anyhow::Result<()> {
+    let frame = RgbFrame {
+        width: spec.width,
+        height: spec.height,
+        data: vec![128; spec.width * spec.height * 3],
+    };
+    let clip = videos.join(format!("{ITEM_STEM}.mp4"));
+    write_mp4(&clip, &vec![frame; spec.frames], SAMPLE_FPS)
+        .with_context(|| format!("cannot write {}", clip.display()))?;
+    let caption = videos.join(format!("{ITEM_STEM}.txt"));
+    fs::write(&caption, CAPTION).with_context(|| format!("cannot write {}", caption.display()))
 }
 
 /// The project's musubi-tuner dataset config: one video dataset of the clip's size and length.
 fn dataset_toml(spec: &SynthProject) -> String {
     format!(
         "# framesmith-bench synth-project: one cached clip of random latents and a random text embedding. The\n\
-         # video folder is empty: training reads the caches only (no VAE, no text encoder).\n\
+         # grey clip in videos/ only stands for it: training reads the caches (no VAE, no text encoder).\n\
          [general]\nresolution = [{w}, {h}]\ncaption_extension = \".txt\"\nbatch_size = 1\nenable_bucket = false\n\n\
          [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [{f}]\n\
          frame_extraction = \"head\"\n",

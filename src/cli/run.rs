@@ -30,13 +30,19 @@ pub enum RunEnd {
 }
 
 impl RunEnd {
-    /// The word (and for a failure the first line of its message) of the queue's closing summary.
+    /// The word of the queue's closing summary; for a failure, the first line of its message (and the line
+    /// after it when the first only announces a list, as validation's "the run config has 1 problem:").
     pub fn label(&self) -> String {
         match self {
             Self::Finished(_) => "finished".into(),
             Self::Stopped(_) => "stopped".into(),
             Self::Failed(message) => {
-                format!("failed: {}", message.lines().next().unwrap_or_default())
+                let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
+                let first = lines.next().unwrap_or_default();
+                match lines.next() {
+                    Some(next) if first.ends_with(':') => format!("failed: {first} {next}"),
+                    _ => format!("failed: {first}"),
+                }
             }
         }
     }
@@ -293,9 +299,16 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_label_keeps_only_the_first_line() {
+    fn a_failure_label_keeps_the_first_line_and_the_first_item_of_a_list() {
         let end = RunEnd::Failed("out of memory\nstream 10 blocks".into());
         assert_eq!(end.label(), "failed: out of memory");
+        let end = RunEnd::Failed(
+            "the run config has 1 problem:\n  - `lora.rank`: must be at least 1\n".into(),
+        );
+        assert_eq!(
+            end.label(),
+            "failed: the run config has 1 problem: - `lora.rank`: must be at least 1"
+        );
         assert_eq!(RunEnd::Stopped(RunSummary::default()).label(), "stopped");
         let ends = vec![(PathBuf::from("b.toml"), None)];
         assert!(summary_lines(&ends)[0].starts_with("b.toml: not started"));
