@@ -26,15 +26,15 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Train a LoRA from a run config
+    /// Train a LoRA from a run config; several `--config` run one after another
     Train {
-        /// Run config (TOML)
-        #[arg(long)]
-        config: PathBuf,
+        /// Run config (TOML); repeat to queue several runs on one engine
+        #[arg(long, required = true)]
+        config: Vec<PathBuf>,
         /// Presets applied over the config, in order
         #[arg(long = "preset")]
         presets: Vec<String>,
-        /// Continue from a training-state folder (or an output folder holding them)
+        /// Continue from a training-state folder (or an output folder holding them); one config only
         #[arg(long)]
         resume: Option<PathBuf>,
     },
@@ -161,21 +161,41 @@ fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Runs the configs one after another on one engine thread; fails when any run failed.
 fn train(
-    config: &std::path::Path,
+    configs: &[PathBuf],
     names: &[String],
     resume: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
-    let mut cfg = RunConfig::load(config)?;
-    for name in names {
-        let applied = presets::builtin(name)?.apply(&cfg)?;
-        for change in &applied.changes {
-            eprintln!("preset {name}: {change}");
-        }
-        cfg = applied.config;
+    if resume.is_some() && configs.len() > 1 {
+        anyhow::bail!(
+            "--resume continues one run, but {} configs were given: resume with a single --config",
+            configs.len()
+        );
     }
-    cli::run::run_headless(cfg, resume)?;
-    Ok(ExitCode::SUCCESS)
+    let load = |path: &std::path::Path| -> anyhow::Result<RunConfig> {
+        let mut cfg = RunConfig::load(path)?;
+        for name in names {
+            let applied = presets::builtin(name)?.apply(&cfg)?;
+            for change in &applied.changes {
+                eprintln!("preset {name}: {change}");
+            }
+            cfg = applied.config;
+        }
+        Ok(cfg)
+    };
+    let ends = cli::run::run_queue(configs, load, resume)?;
+    for line in cli::run::summary_lines(&ends) {
+        println!("{line}");
+    }
+    let failed = ends
+        .iter()
+        .any(|(_, end)| matches!(end, Some(cli::run::RunEnd::Failed(_))));
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {

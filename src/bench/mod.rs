@@ -1,6 +1,7 @@
-//! GPU benchmarks (`framesmith-bench attention|linear|kernels|step|check`): random inputs of Wan shapes, median time over
-//! timed repetitions, TFLOP/s and peak pool memory, printed as a table and as `BENCH {json}` lines that
-//! `bench/reference/compare.py` joins with PyTorch's numbers from the same run. No training code depends on this.
+//! GPU benchmarks (`framesmith-bench attention|linear|kernels|step|check`): random inputs of Wan shapes, median
+//! time over timed repetitions, TFLOP/s and peak pool memory, printed as a table and as `BENCH {json}` lines that
+//! `bench/reference/compare.py` joins with PyTorch's numbers from the same run; and a synthetic training project of
+//! a real size (`synth`). No training code depends on this.
 
 pub mod attention;
 #[cfg(feature = "cuda")]
@@ -8,6 +9,7 @@ pub mod kernels;
 pub mod linear;
 pub mod step;
 pub mod stream;
+pub mod synth;
 
 use candle_core::{Device, Result};
 use serde::Serialize;

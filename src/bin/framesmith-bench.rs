@@ -1,6 +1,7 @@
 //! `framesmith-bench`: GPU benchmarks and device checks, a small binary without GUI dependencies that is carried
 //! to the test machine. `check` compares every CUDA kernel with its CPU reference; `attention` and `linear` time
-//! Wan shapes (after a correctness check on a small size with `--check`).
+//! Wan shapes (after a correctness check on a small size with `--check`); `synth-project` writes a real-size
+//! training project of random weights and caches.
 
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
@@ -162,6 +163,40 @@ enum Command {
         #[arg(long)]
         check: bool,
     },
+    /// Write a training project of a real size with nothing to download: random DiT weights, one cached clip,
+    /// its dataset TOML and a run config (`run.toml`) that trains from the caches.
+    SynthProject(SynthArgs),
+}
+
+/// `synth-project`'s arguments.
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// Wan text-to-video variant (t2v-1.3b, t2v-14b, t2v-a14b).
+    #[arg(long, default_value = "t2v-1.3b")]
+    variant: String,
+    /// Clip frames (4k + 1).
+    #[arg(long, default_value_t = 81)]
+    frames: usize,
+    /// Clip height in pixels.
+    #[arg(long, default_value_t = 480)]
+    height: usize,
+    /// Clip width in pixels.
+    #[arg(long, default_value_t = 832)]
+    width: usize,
+    /// Project folder.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// DiT weight dtype: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Text-embedding tokens (umT5 writes up to 512).
+    #[arg(long, default_value_t = 32)]
+    text_tokens: usize,
+    /// Optimizer steps of the run config.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
 }
 
 /// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
@@ -278,8 +313,42 @@ fn report(records: &[Record]) {
     print!("{}", bench::table(records));
 }
 
+/// Writes the synthetic project and says what it wrote.
+fn synth_project(args: &SynthArgs) -> Result<()> {
+    let dtype = match args.dtype.as_str() {
+        "bf16" => candle_core::DType::BF16,
+        "f16" => candle_core::DType::F16,
+        "f32" => candle_core::DType::F32,
+        other => bail!("unknown dtype `{other}` (bf16, f16, f32)"),
+    };
+    let spec = bench::synth::SynthProject {
+        cfg: variant(&args.variant)?,
+        frames: args.frames,
+        height: args.height,
+        width: args.width,
+        dtype,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+    };
+    let files = bench::synth::write_project(&args.out, &spec)?;
+    println!(
+        "wrote {} ({:.2} GiB), {}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.latents.display(),
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
+
 fn main() -> Result<()> {
     let cli = Cli::parse();
+    if let Command::SynthProject(args) = &cli.command {
+        // Writes files only: no device to open.
+        return synth_project(args);
+    }
     let dev = device(cli.device)?;
     #[cfg(feature = "cuda")]
     if let Device::Cuda(cuda) = &dev {
@@ -416,6 +485,7 @@ fn main() -> Result<()> {
                 first,
             )
         }
+        Command::SynthProject(args) => synth_project(&args),
     }
 }
 

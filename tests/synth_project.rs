@@ -1,0 +1,155 @@
+//! `framesmith-bench synth-project` on a tiny model: the random DiT is read back as that model, the caches have the
+//! Wan VAE's and umT5's shapes, the run config passes validation with a CUDA device, and the project trains on
+//! the CPU through the engine from the caches alone.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+use std::time::Duration;
+
+use candle_core::{DType, Device};
+use framesmith::bench::synth::{latent_shape, write_project, SynthProject};
+use framesmith::config::run::{BlocksToSwap, DeviceSpec};
+use framesmith::config::{validate, HostInfo, RunConfig};
+use framesmith::data::cache::{read_wan_latent_cache, read_wan_text_cache, text_cache_name};
+use framesmith::models::wan::WanConfig;
+use framesmith::protocol::{Command, Event, RunState, StartRun};
+
+/// Generous: only reached when the engine is stuck.
+const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
+
+fn tiny(frames: usize, height: usize, width: usize) -> SynthProject {
+    SynthProject {
+        cfg: framesmith::train::setup::demo_model_config(),
+        frames,
+        height,
+        width,
+        dtype: DType::BF16,
+        seed: 7,
+        text_tokens: 8,
+        steps: 2,
+    }
+}
+
+#[test]
+fn latent_shapes_follow_the_wan_vae_and_bad_sizes_are_refused() {
+    let real = SynthProject {
+        cfg: WanConfig::wan21_t2v_1_3b(),
+        ..tiny(81, 480, 832)
+    };
+    assert_eq!(latent_shape(&real).unwrap(), [16, 21, 60, 104]);
+    for (f, h, w) in [(80, 480, 832), (81, 488, 832), (81, 480, 0)] {
+        assert!(latent_shape(&tiny(f, h, w)).is_err(), "{f}x{h}x{w}");
+    }
+    let i2v = SynthProject {
+        cfg: WanConfig::wan21_i2v_14b(),
+        ..tiny(5, 32, 32)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    assert!(write_project(dir.path(), &i2v).is_err());
+}
+
+#[test]
+fn the_project_loads_validates_and_trains_from_its_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = tiny(5, 32, 48);
+    let files = write_project(dir.path(), &spec).unwrap();
+
+    let report = framesmith::models::wan::weights::inspect(&files.dit).unwrap();
+    assert_eq!(report.config.num_layers, spec.cfg.num_layers);
+    assert_eq!(report.config.dim, spec.cfg.dim);
+    assert_eq!(report.config.text_dim, spec.cfg.text_dim);
+    assert_eq!(report.dtypes.keys().collect::<Vec<_>>(), ["BF16"]);
+    let loaded = framesmith::models::wan::weights::load(&files.dit, None, &Device::Cpu).unwrap();
+    let q = loaded.tensors["blocks.0.self_attn.q.weight"]
+        .to_dtype(DType::F32)
+        .unwrap();
+    let std = q
+        .sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt();
+    let expected = 1.0 / (spec.cfg.dim as f32).sqrt();
+    assert!(
+        (std / expected - 1.0).abs() < 0.1,
+        "q std {std}, expected {expected}"
+    );
+
+    let (latents, _) = read_wan_latent_cache(&files.latents, &Device::Cpu).unwrap();
+    assert_eq!(latents.latents.dims(), [16, 2, 4, 6]);
+    let text = read_wan_text_cache(
+        &dir.path().join("cache").join(text_cache_name("synth_000")),
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(text.t5.dims(), [8, spec.cfg.text_dim]);
+
+    // The grey stand-in clip and its caption make the dataset check clean, as real media would.
+    assert!(dir.path().join("videos/synth_000.mp4").exists());
+    let options = framesmith::data::ScanOptions::locate();
+    let report = framesmith::data::check_path(&files.dataset, &options).unwrap();
+    assert!(report.is_ok(), "{report}");
+
+    let text = std::fs::read_to_string(&files.run).unwrap();
+    for key in [
+        "streaming",
+        "blocks_to_swap",
+        "activations",
+        "checkpointing",
+        "vram_budget_gb",
+    ] {
+        assert!(
+            text.contains(&format!("\n{key} = ")) || text.contains(&format!("# {key} = ")),
+            "{key} in\n{text}"
+        );
+    }
+    let mut config = RunConfig::load(&files.run).unwrap();
+    assert_eq!(config.training.device, DeviceSpec::Cuda(0));
+    assert_eq!(config.memory.blocks_to_swap, BlocksToSwap::Count(0));
+    validate(&config, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
+
+    // The lead's edits: an explicit budget, and `auto` streaming; both must still parse and validate.
+    let edited = text
+        .replace("# vram_budget_gb = 24.0", "vram_budget_gb = 7")
+        .replace("blocks_to_swap = 0", "blocks_to_swap = \"auto\"")
+        .replace("streaming = \"off\"", "streaming = \"pinned\"");
+    let fits = RunConfig::from_toml_str(&edited, &files.run).unwrap();
+    assert_eq!(fits.memory.vram_budget_gb, Some(7.0));
+    assert!(matches!(fits.memory.blocks_to_swap, BlocksToSwap::Auto(_)));
+    validate(&fits, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
+
+    config.training.device = DeviceSpec::Cpu;
+    let engine = framesmith::train::engine::spawn().unwrap();
+    engine
+        .commands
+        .send(Command::StartRun(Box::new(StartRun {
+            config,
+            resume_from: None,
+        })))
+        .unwrap();
+    let (mut steps, mut lora) = (0, None);
+    loop {
+        match engine
+            .events
+            .recv_timeout(EVENT_TIMEOUT)
+            .expect("an engine event")
+        {
+            Event::Progress(p) => {
+                assert!(p.loss.is_finite(), "loss {}", p.loss);
+                steps = p.step;
+            }
+            Event::CheckpointSaved { lora: path, .. } => lora = Some(path),
+            Event::Failed { message } => panic!("the run failed: {message}"),
+            Event::StateChanged(RunState::Finished) => break,
+            _ => {}
+        }
+    }
+    assert_eq!(steps, 2);
+    let lora = lora.expect("the LoRA was saved at the end");
+    assert!(
+        lora.starts_with(dir.path().join("output")) && lora.exists(),
+        "{}",
+        lora.display()
+    );
+}
