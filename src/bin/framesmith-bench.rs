@@ -146,9 +146,15 @@ enum Command {
         /// GPU slots in the ring; a comma-separated list times each streamed case with each count.
         #[arg(long, default_value = "2")]
         slots: String,
-        /// Page-locked staging buffers of `staged` streaming.
-        #[arg(long, default_value_t = 2)]
+        /// Page-locked staging chunk buffers of `staged` streaming.
+        #[arg(long, default_value_t = framesmith::nn::offload::STAGING_SLOTS)]
         staging_slots: usize,
+        /// MiB of one staging chunk (`staged`).
+        #[arg(long, default_value_t = framesmith::nn::offload::STAGING_CHUNK_BYTES >> 20)]
+        staging_chunk_mib: usize,
+        /// Threads of the staging copy (`staged`; default: the measured best).
+        #[arg(long)]
+        copy_threads: Option<usize>,
         /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,
@@ -437,6 +443,8 @@ fn main() -> Result<()> {
             no_checkpointing,
             slots,
             staging_slots,
+            staging_chunk_mib,
+            copy_threads,
             vram_budget_gb,
             bandwidth,
             warmup,
@@ -468,6 +476,8 @@ fn main() -> Result<()> {
                 keep_tapes: no_checkpointing,
                 slots: slots[0],
                 staging_slots: staging_slots.max(1),
+                staging_chunk_bytes: staging_chunk_mib.max(1) << 20,
+                copy_threads,
                 warmup,
                 iters,
                 seed: 0,

@@ -388,7 +388,7 @@ mod tests {
             .apply(&RunConfig::default())
             .unwrap();
         let keys: Vec<&str> = applied.changes.iter().map(|c| c.key.as_str()).collect();
-        // staging_slots = 2 is already the default, so it is not a change.
+        // staging_slots = 4 is already the default, so it is not a change.
         assert_eq!(
             keys,
             [

@@ -382,7 +382,7 @@ pub struct MemorySection {
     pub checkpointing: Checkpointing,
     /// Use at most this much VRAM (GB); `None`: the card's free memory minus headroom.
     pub vram_budget_gb: Option<f64>,
-    /// Pinned staging buffers for `staged` streaming.
+    /// Page-locked staging buffers (8 MiB chunks) of `staged` streaming.
     pub staging_slots: usize,
     /// Warn and pause when Windows starts spilling into shared GPU memory.
     pub shared_memory_guard: bool,
@@ -396,7 +396,7 @@ impl Default for MemorySection {
             activations: ActivationPlacement::Device,
             checkpointing: Checkpointing::Blocks,
             vram_budget_gb: None,
-            staging_slots: 2,
+            staging_slots: crate::nn::offload::STAGING_SLOTS,
             shared_memory_guard: false,
         }
     }

@@ -267,11 +267,14 @@ pub(crate) fn check_memory(
     if m.streaming == StreamingMode::Staged && m.staging_slots == 0 {
         c.problem(
             "memory.staging_slots",
-            "staged streaming needs at least 1 slot",
-            "use staging_slots = 2 (copy one while the other computes)",
+            "staged streaming needs at least 1 staging buffer",
+            "use staging_slots = 4 (four 8 MiB buffers: one fills while the others copy to the GPU)",
         );
-    } else if m.streaming == StreamingMode::Staged && m.staging_slots == 1 {
-        c.note("memory.staging_slots = 1: copies cannot overlap compute; 2 or more is faster");
+    } else if m.streaming == StreamingMode::Staged && m.staging_slots < 3 {
+        c.note(format!(
+            "memory.staging_slots = {}: the host copy and the GPU copy barely overlap; 4 is faster",
+            m.staging_slots
+        ));
     } else if m.streaming != StreamingMode::Staged
         && m.staging_slots != MemorySection::default().staging_slots
     {

@@ -156,6 +156,7 @@ fn streaming_for(
         mode,
         slots: memory_plan::DEFAULT_GPU_SLOTS,
         staging_slots: plan.memory.staging_slots.max(1),
+        ..OffloadOptions::default()
     };
     Ok(Some((streamed, offload)))
 }

@@ -65,7 +65,7 @@ fn model(fp8: Option<Fp8Scale>, streamed: &[usize]) -> Result<WanModel> {
         let offload = OffloadOptions {
             mode: StreamMode::Pinned,
             slots: 2,
-            staging_slots: 2,
+            ..OffloadOptions::default()
         };
         WanModel::new_streamed(&cfg, vb, &options, streamed, &offload)
     }

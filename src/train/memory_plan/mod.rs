@@ -274,11 +274,12 @@ fn streamed_host_lines(input: &PlanInput, block: u64, streamed: usize) -> Vec<Pl
     match input.streaming.mode {
         StreamingMode::Staged => {
             let slots = input.streaming.staging_slots;
+            let chunk = block.min(crate::nn::offload::STAGING_CHUNK_BYTES as u64);
             vec![
                 line(masters, streamed as u64 * block, Placement::Host),
                 line(
-                    format!("pinned staging ring ({slots} × {})", format_gib(block)),
-                    slots as u64 * block,
+                    format!("pinned staging ring ({slots} × {})", format_gib(chunk)),
+                    slots as u64 * chunk,
                     Placement::HostPinned,
                 ),
             ]
