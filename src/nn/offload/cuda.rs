@@ -123,15 +123,7 @@ struct Job {
     dst: Vec<u64>,
     /// The slot's free event, when it has been recorded.
     free: Option<SendPtr<sys::CUevent>>,
-    done: Done,
-}
-
-/// How the worker tells the compute stream that a block has arrived in its slot.
-enum Done {
-    /// Record the slot's ready event (the compute thread waits for the acknowledgement before it queues its wait).
-    Event(SendPtr<sys::CUevent>),
-    /// Write `value` into the device word at `addr` on the copy stream; the compute stream already waits for it.
-    Word { addr: u64, value: u32 },
+    ready: SendPtr<sys::CUevent>,
 }
 
 /// A blocking first-in first-out hand-over between the issuing thread and the staging worker.
@@ -169,11 +161,6 @@ impl<T> Queue<T> {
         }
     }
 
-    /// The next item if there is one, without waiting.
-    fn try_pop(&self) -> Option<T> {
-        self.state.lock().ok()?.0.pop_front()
-    }
-
     /// The next item, waiting for one; `None` when closed and empty.
     fn pop(&self) -> Option<T> {
         let mut state = self.state.lock().ok()?;
@@ -189,13 +176,8 @@ impl<T> Queue<T> {
     }
 }
 
-/// What the worker answers: the block's copies are queued (or failed), with the job's slot and the free event it
-/// owned (handed back for reuse: the worker's wait on it is queued).
-type Ack = (
-    usize,
-    Option<SendPtr<sys::CUevent>>,
-    std::result::Result<(), String>,
-);
+/// What the worker answers: the slot's ready event is recorded (or the copy failed).
+type Ack = std::result::Result<usize, String>;
 
 /// The staged mode's worker: copies pageable masters into the page-locked staging ring and queues the
 /// host → device copies from there, so the thread issuing GPU work never waits on a host memcpy.
@@ -223,22 +205,13 @@ struct WorkerState {
 impl WorkerState {
     fn run(mut self, jobs: &Queue<Job>, acks: &Queue<Ack>) {
         if let Err(e) = self.ctx.bind_to_thread() {
-            acks.push((0, None, Err(format!("staging worker: {e:?}"))));
+            acks.push(Err(format!("staging worker: {e:?}")));
             acks.close();
             return;
         }
         while let Some(job) = jobs.pop() {
-            let result = self.copy(&job);
-            if let (Err(_), Done::Word { addr, value }) = (&result, &job.done) {
-                // The compute stream waits for this word: write it even though the copy failed (the failure is
-                // reported with the acknowledgement), so the GPU never waits forever.
-                let _ = write_word(self.copy.0, *addr, *value);
-            }
-            let owned = match job.done {
-                Done::Word { .. } => job.free,
-                Done::Event(_) => None,
-            };
-            if !acks.push((job.slot, owned, result)) {
+            let ack = self.copy(&job).map(|()| job.slot);
+            if !acks.push(ack) {
                 break;
             }
         }
@@ -293,68 +266,8 @@ impl WorkerState {
             self.used[k] = true;
             start += len;
         }
-        match job.done {
-            // SAFETY: live event on the live copy stream, after every chunk of the block.
-            Done::Event(ready) => {
-                unsafe { result::event::record(ready.0, copy) }.map_err(|e| format!("{e:?}"))
-            }
-            Done::Word { addr, value } => {
-                write_word(copy, addr, value).map_err(|e| format!("{e:?}"))
-            }
-        }
-    }
-}
-
-/// Queues a write of `value` into the device word at `addr` on `stream`, after the work queued before it.
-fn write_word(stream: sys::CUstream, addr: u64, value: u32) -> Result<()> {
-    // SAFETY: `addr` is a word of the backend's live `Signals` allocation; `stream` is live.
-    unsafe {
-        sys::cuStreamWriteValue32_v2(
-            stream,
-            addr,
-            value,
-            sys::CUstreamWriteValue_flags_enum::CU_STREAM_WRITE_VALUE_DEFAULT as u32,
-        )
-    }
-    .result()
-    .w()
-}
-
-/// One device word per slot that the staging worker writes (on the copy stream, after a block's last chunk) and
-/// the compute stream waits on, so the thread issuing GPU work queues its wait without waiting for the worker: the
-/// host copy of a block then no longer delays the kernels queued after it (an event cannot be waited on before it
-/// is recorded, which the worker does only once the whole block is queued).
-struct Signals {
-    words: sys::CUdeviceptr,
-    /// The value of each slot's latest load.
-    seq: Vec<u32>,
-    /// Free events for the worker's slot waits: each is recorded at load time and owned by one job until the
-    /// worker hands it back.
-    spare: Vec<sys::CUevent>,
-}
-
-impl Signals {
-    /// `None` when the device cannot wait on memory from a stream (then the ready events are used).
-    fn new(ctx: &CudaContext, slots: usize) -> Result<Option<Self>> {
-        let supported = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_STREAM_MEM_OPS_V1)
-            .unwrap_or(0);
-        if supported == 0 {
-            return Ok(None);
-        }
-        // SAFETY: a fresh allocation, zeroed before any stream reads it.
-        let words = unsafe { result::malloc_sync(4 * slots.max(1)) }.w()?;
-        // SAFETY: as above.
-        unsafe { result::memset_d8_sync(words, 0, 4 * slots.max(1)) }.w()?;
-        Ok(Some(Self {
-            words,
-            seq: vec![0; slots],
-            spare: Vec::new(),
-        }))
-    }
-
-    fn addr(&self, slot: usize) -> u64 {
-        self.words + 4 * slot as u64
+        // SAFETY: live event on the live copy stream, after every chunk of the block.
+        unsafe { result::event::record(job.ready.0, copy) }.map_err(|e| format!("{e:?}"))
     }
 }
 
@@ -379,8 +292,6 @@ pub(super) struct CudaBackend {
     ready: Vec<sys::CUevent>,
     /// Jobs sent to the worker and not yet acknowledged, per slot (staged mode).
     pending: Vec<usize>,
-    /// Staged mode on a device that can wait on memory from a stream.
-    signals: Option<Signals>,
     masters: Masters,
 }
 
@@ -454,10 +365,6 @@ impl CudaBackend {
                 Masters::Pinned(bufs)
             }
         };
-        let signals = match options.mode {
-            StreamMode::Staged => Signals::new(&ctx, slots)?,
-            _ => None,
-        };
         // Slot tensors were zero-filled on the compute stream: the first copies must come after that.
         device.synchronize()?;
         Ok(Self {
@@ -470,7 +377,6 @@ impl CudaBackend {
             free_recorded: vec![false; slots],
             ready: (0..slots).map(|_| new_event()).collect::<Result<_>>()?,
             pending: vec![0; slots],
-            signals,
             masters,
         })
     }
@@ -482,39 +388,18 @@ impl CudaBackend {
 
     /// Receives worker acknowledgements until none is pending for `slot` (for any slot with `None`).
     fn drain_acks(&mut self, slot: Option<usize>) -> Result<()> {
+        let Masters::Staged(worker) = &self.masters else {
+            return Ok(());
+        };
         while slot.map_or(self.pending.iter().any(|&p| p > 0), |s| self.pending[s] > 0) {
-            let Masters::Staged(worker) = &self.masters else {
-                return Ok(());
-            };
             match worker.acks.pop() {
-                Some(ack) => self.take_ack(ack)?,
+                Some(Ok(s)) if s < self.pending.len() => self.pending[s] -= 1,
+                Some(Ok(_)) => {}
+                Some(Err(e)) => candle_core::bail!("block streaming copy failed: {e}"),
                 None => candle_core::bail!("the block streaming worker stopped"),
             }
         }
         Ok(())
-    }
-
-    /// Receives the acknowledgements already there, without waiting.
-    fn poll_acks(&mut self) -> Result<()> {
-        loop {
-            let Masters::Staged(worker) = &self.masters else {
-                return Ok(());
-            };
-            match worker.acks.try_pop() {
-                Some(ack) => self.take_ack(ack)?,
-                None => return Ok(()),
-            }
-        }
-    }
-
-    fn take_ack(&mut self, (slot, owned, result): Ack) -> Result<()> {
-        if let Some(p) = self.pending.get_mut(slot) {
-            *p = p.saturating_sub(1);
-        }
-        if let (Some(e), Some(signals)) = (owned, self.signals.as_mut()) {
-            signals.spare.push(e.0);
-        }
-        result.map_err(|e| candle_core::Error::Msg(format!("block streaming copy failed: {e}")))
     }
 }
 
@@ -566,32 +451,12 @@ impl SlotBackend for CudaBackend {
                 unsafe { result::event::record(self.ready[slot], self.copy) }.w()?;
             }
             Masters::Staged(worker) => {
-                let (free, done) = match self.signals.as_mut() {
-                    Some(signals) => {
-                        // A fresh free event, owned by this job: the compute thread may record the slot's next
-                        // release before the worker has queued its wait on this one.
-                        let event = match signals.spare.pop() {
-                            Some(e) => e,
-                            None => new_event()?,
-                        };
-                        // SAFETY: live event on candle's stream: recorded after every kernel queued so far, which
-                        // includes the slot's last reader (released before this load).
-                        unsafe { result::event::record(event, self.compute) }.w()?;
-                        signals.seq[slot] = signals.seq[slot].wrapping_add(1);
-                        let done = Done::Word {
-                            addr: signals.addr(slot),
-                            value: signals.seq[slot],
-                        };
-                        (Some(SendPtr(event)), done)
-                    }
-                    None => (free.map(SendPtr), Done::Event(SendPtr(self.ready[slot]))),
-                };
                 let job = Job {
                     slot,
                     block,
                     dst: self.slot_ptrs[slot].clone(),
-                    free,
-                    done,
+                    free: free.map(SendPtr),
+                    ready: SendPtr(self.ready[slot]),
                 };
                 if !worker.jobs.push(job) {
                     candle_core::bail!("the block streaming worker stopped");
@@ -610,23 +475,6 @@ impl SlotBackend for CudaBackend {
     }
 
     fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>> {
-        if let Some(signals) = &self.signals {
-            let (addr, value) = (signals.addr(slot), signals.seq[slot]);
-            // SAFETY: a word of the live allocation; the worker writes `value` there once the block is queued
-            // (or failed), so the wait always ends. Compute queued after this waits for the slot's copy.
-            unsafe {
-                sys::cuStreamWaitValue32_v2(
-                    self.compute,
-                    addr,
-                    value,
-                    sys::CUstreamWaitValue_flags_enum::CU_STREAM_WAIT_VALUE_GEQ as u32,
-                )
-            }
-            .result()
-            .w()?;
-            self.poll_acks()?;
-            return Ok(self.slots[slot].clone());
-        }
         self.drain_acks(Some(slot))?;
         // SAFETY: live handles; compute queued after this waits for the slot's copy.
         unsafe {
@@ -656,20 +504,12 @@ impl Drop for CudaBackend {
                 let _ = h.join();
             }
         }
-        // Events the worker handed back (it has stopped, so every acknowledgement is queued).
-        let _ = self.poll_acks();
         // SAFETY: nothing is queued on the copy stream after this synchronisation; the handles are ours.
         unsafe {
             let _ = result::stream::synchronize(self.copy);
             let _ = result::stream::synchronize(self.compute);
             for &e in self.free.iter().chain(&self.ready) {
                 let _ = result::event::destroy(e);
-            }
-            if let Some(signals) = self.signals.take() {
-                for e in signals.spare {
-                    let _ = result::event::destroy(e);
-                }
-                let _ = result::free_sync(signals.words);
             }
             let _ = result::stream::destroy(self.copy);
         }
