@@ -340,3 +340,9 @@ pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
     let text = format!("{err:?}");
     text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
 }
+
+/// The first line of `err`'s message: what a user reads, without the backtrace candle may attach.
+pub fn error_summary(err: &candle_core::Error) -> String {
+    let text = err.to_string();
+    text.lines().next().unwrap_or_default().trim().to_string()
+}

@@ -61,6 +61,15 @@ fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     }
 }
 
+/// How the run log names a device: `cpu`, `cuda:0`.
+fn device_label(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
 fn float_dtype(d: FloatDtype) -> DType {
     match d {
         FloatDtype::F32 => DType::F32,
@@ -429,7 +438,10 @@ impl Trainer {
         let encoded =
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
         let (mut model, base_name) = load_model(plan, &device, memory.as_ref())?;
-        log(LogLevel::Info, format!("model: {base_name} on {device:?}"));
+        log(
+            LogLevel::Info,
+            format!("model: {base_name} on {}", device_label(&device)),
+        );
         if let Some(streamer) = model.streamer() {
             log(
                 LogLevel::Info,

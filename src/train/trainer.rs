@@ -156,8 +156,9 @@ impl Trainer {
                     anyhow::Error::new(Interrupted)
                 } else if crate::nn::offload::is_out_of_memory(&e) {
                     anyhow::anyhow!(
-                        "the GPU ran out of memory during the training step on {} ({e}). {}",
+                        "the GPU ran out of memory during the training step on {} ({}). {}",
                         batch[0].key,
+                        crate::nn::offload::error_summary(&e),
                         self.out_of_memory_advice
                     )
                 } else {

@@ -166,3 +166,15 @@ fn streaming_an_existing_model_frees_nothing_it_needs() -> Result<()> {
     assert!(bad.stream_blocks(&[9], &OffloadOptions::default()).is_err());
     Ok(())
 }
+
+#[test]
+fn error_summaries_drop_the_backtrace() {
+    // What candle's error printed on the H200 when a CUDA allocation failed (with its backtrace frames).
+    let with_trace = candle_core::Error::Msg(
+        "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n   0: <unknown>\n   1: <unknown>".into(),
+    );
+    assert!(super::is_out_of_memory(&with_trace));
+    let summary = super::error_summary(&with_trace);
+    assert!(summary.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{summary}");
+    assert!(!summary.contains("<unknown>"), "{summary}");
+}
