@@ -64,7 +64,7 @@ fn shows_the_verdict_and_chosen_blocks_for_a_preset() {
     h.get_by_label_contains("t2v-14b (fp8 block64)");
     h.get_by_label("Breakdown").click();
     settle(&mut h);
-    h.get_by_label_contains("pinned staging ring (2 × ");
+    h.get_by_label_contains("pinned staging ring (4 × 8.0 MiB)");
     // The staging ring and the saved block inputs.
     assert_eq!(h.query_all_by_label_contains("(page-locked)").count(), 2);
 }

@@ -69,7 +69,7 @@ fn prints_the_table_and_exits_by_verdict() {
     println!("{stdout}");
     assert_eq!(code, Some(0));
     assert!(
-        stdout.contains("18 of 40 blocks streamed (chosen)"),
+        stdout.contains("17 of 40 blocks streamed (chosen)"),
         "{stdout}"
     );
 
@@ -136,7 +136,7 @@ fn plans_a_config_with_a_preset() {
     // The preset's clips: 480p, the longer of its 17- and 33-frame targets; staged streaming pins only the ring.
     assert!(stdout.contains("832x480, 33 frames"), "{stdout}");
     assert!(
-        stdout.contains("pinned staging ring (2 × 356.2 MiB)"),
+        stdout.contains("pinned staging ring (4 × 8.0 MiB)"),
         "{stdout}"
     );
     assert!(stdout.contains("(chosen)"), "{stdout}");

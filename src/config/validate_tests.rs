@@ -241,7 +241,7 @@ fn streaming_needs_a_mode_and_fits_the_model() {
         plan.notes
     );
     // Staging slots belong to staged streaming.
-    cfg.memory.staging_slots = 4;
+    cfg.memory.staging_slots = 6;
     let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
     assert!(
         plan.notes

@@ -488,7 +488,7 @@ fn presets_plan_as_issue_7_wires_them() {
     let ring = low
         .breakdown
         .iter()
-        .find(|l| l.label.starts_with("pinned staging ring (2 ×"))
+        .find(|l| l.label.starts_with("pinned staging ring (4 × 8.0 MiB)"))
         .expect("a staging ring");
     assert_eq!(ring.placement, Placement::HostPinned);
     assert!(low
