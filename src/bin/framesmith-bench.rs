@@ -23,10 +23,10 @@ struct Cli {
     command: Command,
 }
 
-/// The training workload the step and streaming benchmarks time.
+/// A clip's size (480×832×81 unless told).
 #[derive(clap::Args)]
-struct Workload {
-    /// Video frames.
+struct Clip {
+    /// Video frames (4k + 1).
     #[arg(long, default_value_t = 81)]
     frames: usize,
     /// Height in pixels.
@@ -35,6 +35,13 @@ struct Workload {
     /// Width in pixels.
     #[arg(long, default_value_t = 832)]
     width: usize,
+}
+
+/// The training workload the step and streaming benchmarks time.
+#[derive(clap::Args)]
+struct Workload {
+    #[command(flatten)]
+    clip: Clip,
     /// LoRA rank.
     #[arg(long, default_value_t = 32)]
     rank: usize,
@@ -180,15 +187,8 @@ struct SynthArgs {
     /// Wan text-to-video variant (t2v-1.3b, t2v-14b, t2v-a14b).
     #[arg(long, default_value = "t2v-1.3b")]
     variant: String,
-    /// Clip frames (4k + 1).
-    #[arg(long, default_value_t = 81)]
-    frames: usize,
-    /// Clip height in pixels.
-    #[arg(long, default_value_t = 480)]
-    height: usize,
-    /// Clip width in pixels.
-    #[arg(long, default_value_t = 832)]
-    width: usize,
+    #[command(flatten)]
+    clip: Clip,
     /// Project folder.
     #[arg(long)]
     out: std::path::PathBuf,
@@ -329,9 +329,9 @@ fn synth_project(args: &SynthArgs) -> Result<()> {
     };
     let spec = bench::synth::SynthProject {
         cfg: variant(&args.variant)?,
-        frames: args.frames,
-        height: args.height,
-        width: args.width,
+        frames: args.clip.frames,
+        height: args.clip.height,
+        width: args.clip.width,
         dtype,
         seed: args.seed,
         text_tokens: args.text_tokens,
@@ -420,9 +420,9 @@ fn main() -> Result<()> {
             }
             let opts = bench::step::StepBench {
                 mode,
-                frames: workload.frames,
-                height: workload.height,
-                width: workload.width,
+                frames: workload.clip.frames,
+                height: workload.clip.height,
+                width: workload.clip.width,
                 rank: workload.rank,
                 fp8: fp8_mode(workload.fp8.as_deref())?,
                 warmup,
@@ -462,9 +462,9 @@ fn main() -> Result<()> {
                 bail!("--slots: at least one GPU slot is needed");
             }
             let opts = bench::stream::StreamBench {
-                frames: workload.frames,
-                height: workload.height,
-                width: workload.width,
+                frames: workload.clip.frames,
+                height: workload.clip.height,
+                width: workload.clip.width,
                 rank: workload.rank,
                 fp8: fp8_mode(workload.fp8.as_deref())?,
                 residual: match residual.as_str() {
