@@ -165,7 +165,8 @@ enum Command {
         /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,
-        /// Also measure the copy bandwidth of a plain pinned copy and of the streaming path.
+        /// Also measure the copy bandwidth of a plain pinned copy and of the streaming path (each streaming mode
+        /// in `--modes`).
         #[arg(long)]
         bandwidth: bool,
         #[arg(long, default_value_t = 1)]
@@ -578,7 +579,17 @@ fn stream(
     #[cfg(not(feature = "cuda"))]
     let _ = vram_budget_gb;
     if bandwidth {
-        for mode in [StreamMode::Pinned, StreamMode::Staged] {
+        // The streaming modes asked for (pinned alone when only `resident` was): each costs a model build.
+        let mut measured: Vec<StreamMode> = Vec::new();
+        for mode in cases.iter().filter_map(|c| c.mode) {
+            if !measured.contains(&mode) {
+                measured.push(mode);
+            }
+        }
+        if measured.is_empty() {
+            measured.push(StreamMode::Pinned);
+        }
+        for mode in measured {
             let bw = bench::stream::copy_bandwidth(dev, &cfg, opts, mode)?;
             println!(
                 "BANDWIDTH {{\"mode\":\"{}\",\"plain_pinned_gbs\":{:.2},\"streaming_gbs\":{:.2},\"ratio\":{:.3},\"block_bytes\":{}}}",
