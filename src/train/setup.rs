@@ -232,14 +232,14 @@ pub fn out_of_memory_advice(report: Option<&PlanReport>) -> String {
             .map(|s| s.to_string())
             .collect();
         return format!(
-            "The planner predicts {peak} against the {budget} budget; to fit: {}. The LoRA saved so far is kept.",
+            "The planner predicts {peak} against the {budget} budget; to fit: {}. Checkpoints already saved are kept.",
             options.join("; or ")
         );
     }
     let more = (report.streamed_blocks + (report.num_blocks / 10).max(2)).min(report.num_blocks);
     if more > report.streamed_blocks {
         format!(
-            "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else              took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower              memory.vram_budget_gb to leave room. The LoRA saved so far is kept.",
+            "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else              took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower              memory.vram_budget_gb to leave room. Checkpoints already saved are kept.",
             report.streamed_blocks, report.num_blocks
         )
     } else {
@@ -248,7 +248,7 @@ pub fn out_of_memory_advice(report: Option<&PlanReport>) -> String {
 }
 
 /// What to change after an out-of-memory failure, when the planner has nothing more specific.
-pub const OUT_OF_MEMORY_ADVICE: &str = "The LoRA saved so far is kept. To fit: stream more blocks \
+pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To fit: stream more blocks \
     (memory.blocks_to_swap = \"auto\" picks the smallest number that fits), keep only block inputs for the \
     backward (memory.checkpointing = \"blocks\"), keep saved activations in RAM (memory.activations = \"host\"), \
     or lower dataset.resolution / target_frames; `framesmith plan --config \
