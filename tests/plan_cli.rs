@@ -1,19 +1,11 @@
 //! `framesmith plan`: the table, the JSON, the exit statuses, a config with a preset, and flag errors.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::process::Command;
+mod cli_support;
 
+/// Runs `framesmith plan` with `args`: (exit code, stdout, stderr).
 fn framesmith(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
-        .arg("plan")
-        .args(args)
-        .output()
-        .expect("framesmith runs");
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    cli_support::framesmith_status(&[&["plan"], args].concat())
 }
 
 const WAN14B_480P: &[&str] = &[

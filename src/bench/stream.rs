@@ -46,7 +46,7 @@ pub struct StreamBench {
     pub slots: usize,
     pub staging_slots: usize,
     pub staging_chunk_bytes: usize,
-    pub copy_threads: Option<usize>,
+    pub copy_threads: usize,
     pub warmup: usize,
     pub iters: usize,
     pub seed: u64,
@@ -364,7 +364,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         // at odd places and wraps its ring many times per block.
         staging_slots: 3,
         staging_chunk_bytes: 3000,
-        copy_threads: Some(3),
+        copy_threads: 3,
         warmup: 0,
         iters: 1,
         seed: 3,

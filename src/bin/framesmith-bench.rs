@@ -159,9 +159,9 @@ enum Command {
         /// MiB of one staging chunk (`staged`).
         #[arg(long, default_value_t = framesmith::nn::offload::STAGING_CHUNK_BYTES >> 20)]
         staging_chunk_mib: usize,
-        /// Threads of the staging copy (`staged`; default: the measured best).
-        #[arg(long)]
-        copy_threads: Option<usize>,
+        /// Threads of the staging copy (`staged`).
+        #[arg(long, default_value_t = framesmith::nn::offload::STAGING_COPY_THREADS)]
+        copy_threads: usize,
         /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,

@@ -11,12 +11,18 @@ use tokenizers::Tokenizer;
 
 /// Runs `framesmith` with `args`: (success, stdout, stderr).
 pub fn framesmith(args: &[&str]) -> (bool, String, String) {
+    let (code, stdout, stderr) = framesmith_status(args);
+    (code == Some(0), stdout, stderr)
+}
+
+/// Runs `framesmith` with `args`: (exit code, stdout, stderr).
+pub fn framesmith_status(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_framesmith"))
         .args(args)
         .output()
         .expect("framesmith runs");
     (
-        out.status.success(),
+        out.status.code(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )

@@ -13,7 +13,7 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, CudaSt
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{DType, Device, Result, Shape, Tensor};
 
-use super::cuda::{device_ptr, new_event, Pinned};
+use super::cuda::{device_ptr, new_event, stream_wait, Pinned};
 
 /// A page-locked buffer with the context it was allocated in, kept alive so the buffer stays valid.
 struct Pooled {
@@ -100,16 +100,9 @@ impl Streams {
 
     /// Makes the copy stream wait for everything queued on the compute stream so far.
     fn copy_after_compute(&self) -> Result<()> {
-        // SAFETY: live event and streams of this context.
-        unsafe {
-            result::event::record(self.queued, self.compute).w()?;
-            result::stream::wait_event(
-                self.copy,
-                self.queued,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-            .w()
-        }
+        // SAFETY: live event and stream of this context.
+        unsafe { result::event::record(self.queued, self.compute) }.w()?;
+        stream_wait(self.copy, self.queued)
     }
 
     /// Records a fresh event on the copy stream (after every copy queued so far).
@@ -123,15 +116,7 @@ impl Streams {
     /// Makes compute queued from now on wait for `event` (a copy), then keeps the event for reuse: a wait
     /// captures the event's state when it is queued.
     fn compute_after(&mut self, event: sys::CUevent) -> Result<()> {
-        // SAFETY: live handles.
-        unsafe {
-            result::stream::wait_event(
-                self.compute,
-                event,
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .w()?;
+        stream_wait(self.compute, event)?;
         self.spare.push(event);
         Ok(())
     }

@@ -72,6 +72,20 @@ pub(super) fn new_event() -> Result<sys::CUevent> {
     result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING).w()
 }
 
+/// Makes work queued on `stream` from now on wait for `event`'s latest record. Both must be live handles of the
+/// backend's context (every caller owns them until it has synchronised its streams).
+pub(super) fn stream_wait(stream: sys::CUstream, event: sys::CUevent) -> Result<()> {
+    // SAFETY: live handles (see above); the wait only orders work, it reads no memory.
+    unsafe {
+        result::stream::wait_event(
+            stream,
+            event,
+            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+        )
+    }
+    .w()
+}
+
 /// The device address of a contiguous tensor's first element.
 pub(super) fn device_ptr(
     t: &Tensor,
@@ -231,15 +245,8 @@ impl WorkerState {
     fn copy(&mut self, job: &Job) -> std::result::Result<(), String> {
         let copy = self.copy.0;
         if let Some(free) = job.free {
-            // SAFETY: both handles are live; the wait orders the copies after the slot's last reader.
-            unsafe {
-                result::stream::wait_event(
-                    copy,
-                    free.0,
-                    sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                )
-            }
-            .map_err(|e| format!("{e:?}"))?;
+            // Orders the copies after the slot's last reader.
+            stream_wait(copy, free.0).map_err(|e| e.to_string())?;
         }
         let master = self
             .masters
@@ -270,10 +277,6 @@ impl WorkerState {
         unsafe { result::event::record(job.ready.0, copy) }.map_err(|e| format!("{e:?}"))
     }
 }
-
-/// Threads of the staging copy, the worker included. Measured on the H200 test machine (16 cores, 300 MiB L3)
-/// with 8 MiB chunks through a 4-chunk ring: 8 threads 54 GB/s, 12 threads 48, 14 threads 54 (session 4).
-const COPY_THREADS: usize = 8;
 
 enum Masters {
     Pinned(Vec<Pinned>),
@@ -342,7 +345,7 @@ impl CudaBackend {
                     copy: SendPtr(copy),
                     layout: layout.clone(),
                     masters,
-                    copier: CopyPool::new(options.copy_threads.unwrap_or(COPY_THREADS))?,
+                    copier: CopyPool::new(options.copy_threads)?,
                     staging: (0..staging_slots)
                         .map(|_| Pinned::new(chunk_bytes))
                         .collect::<Result<_>>()?,
@@ -430,15 +433,8 @@ impl SlotBackend for CudaBackend {
                     .get(block)
                     .ok_or_else(|| candle_core::Error::Msg(format!("no streamed block {block}")))?;
                 if let Some(free) = free {
-                    // SAFETY: live handles; orders the copy after the slot's last reader.
-                    unsafe {
-                        result::stream::wait_event(
-                            self.copy,
-                            free,
-                            sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-                        )
-                    }
-                    .w()?;
+                    // Orders the copy after the slot's last reader.
+                    stream_wait(self.copy, free)?;
                 }
                 queue_copies(
                     &self.layout,
@@ -476,15 +472,8 @@ impl SlotBackend for CudaBackend {
 
     fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>> {
         self.drain_acks(Some(slot))?;
-        // SAFETY: live handles; compute queued after this waits for the slot's copy.
-        unsafe {
-            result::stream::wait_event(
-                self.compute,
-                self.ready[slot],
-                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
-            )
-        }
-        .w()?;
+        // Compute queued after this waits for the slot's copy.
+        stream_wait(self.compute, self.ready[slot])?;
         Ok(self.slots[slot].clone())
     }
 

@@ -181,8 +181,7 @@ impl Block {
         xs: &Tensor,
         inputs: &BlockInputs,
     ) -> Result<(Tensor, KeptAttention)> {
-        let (tape, out) = self.run(xs, inputs, None, true)?;
-        let out = out.ok_or_else(|| candle_core::Error::Msg("block forward: no output".into()))?;
+        let (out, tape) = self.forward_with_tape(xs, inputs)?;
         Ok((out, tape.kept_attention()))
     }
 
