@@ -32,6 +32,15 @@ int main(int argc, char** argv){
   char* pin; cudaHostAlloc((void**)&pin,B*2,0); memset(pin,0,B*2);
   // DMA alone
   { double t0=now(); for(int r=0;r<10;r++) cudaMemcpyAsync((char*)dev+(r%2)*B,pin+(r%2)*B,B,cudaMemcpyHostToDevice,st); cudaStreamSynchronize(st); printf("dma alone %.1f GB/s\n",10.0*B/(now()-t0)/1e9); }
+  if(argc==4){ // one chunked setting: stagebw THREADS CHUNK_MIB CHUNKS
+    int T=atoi(argv[1]); size_t C=(size_t)atoi(argv[2])<<20; int R=atoi(argv[3]); Pool pool(T);
+    char* ring; cudaHostAlloc((void**)&ring,C*R,0); memset(ring,0,C*R);
+    std::vector<cudaEvent_t> ev(R); for(auto&e:ev) cudaEventCreateWithFlags(&e,cudaEventDisableTiming); std::vector<bool> used(R,false);
+    for(int rep=0;rep<3;rep++){ double t0=now(); size_t j=0;
+      for(int r=0;r<NB;r++) for(size_t off=0; off<B; off+=C, j++){ size_t len=std::min(C,B-off); int k=j%R; if(used[k]) cudaEventSynchronize(ev[k]);
+        pool.copy(ring+k*C,src+r*B+off,len,false); cudaMemcpyAsync((char*)dev+(r%2)*B+off,ring+k*C,len,cudaMemcpyHostToDevice,st); cudaEventRecord(ev[k],st); used[k]=true; }
+      cudaStreamSynchronize(st); printf("chunked T=%d C=%zuMB R=%d %.1f GB/s\n",T,C>>20,R,total/(now()-t0)/1e9); }
+    return 0; }
   for(int T: {8,12,14}){ Pool pool(T);
     for(int nt=0;nt<2;nt++){ double t0=now(); for(int r=0;r<NB;r++) pool.copy(pin+(r%2)*B,src+r*B,B,nt); printf("copy alone T=%d nt=%d %.1f GB/s\n",T,nt,total/(now()-t0)/1e9); }
     // whole-block pipeline, 2 staging buffers

@@ -10,13 +10,14 @@ use rayon::prelude::*;
 
 use super::step::{block_forward_flops, flow_batch, latent_size, total_peak, video_tokens};
 use super::{record, time, Record, Timing};
+use crate::models::wan::block::Block;
 use crate::models::wan::config::WanConfig;
 use crate::models::wan::random::{init_stats, random_weights, random_weights_on_device};
 use crate::models::wan::weights::official_shapes;
 use crate::models::wan::{ModelOptions, WanModel};
 use crate::nn::fp8::Fp8Scale;
 use crate::nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
-use crate::nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
+use crate::nn::offload::{streamed_blocks, BlockStreamer, OffloadOptions, Placement, StreamMode};
 use crate::nn::vb::Vb;
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 
@@ -47,6 +48,8 @@ pub struct StreamBench {
     pub staging_slots: usize,
     pub staging_chunk_bytes: usize,
     pub copy_threads: usize,
+    /// [`OffloadOptions::copy_unit_bytes`].
+    pub copy_unit_bytes: usize,
     pub warmup: usize,
     pub iters: usize,
     pub seed: u64,
@@ -82,13 +85,25 @@ pub fn random_fp8_weights(
     seed: u64,
     dev: &Device,
 ) -> Result<HashMap<String, Tensor>> {
-    dev.set_seed(seed)?;
+    let mut map = random_fp8_linears(cfg, mode, seed)?;
+    map.extend(random_other_weights(cfg, seed, dev)?);
+    Ok(map)
+}
+
+fn is_block_linear(name: &str, shape: &[usize]) -> bool {
+    name.starts_with("blocks.") && name.ends_with(".weight") && shape.len() == 2
+}
+
+/// The FP8 codes and scales of every block linear, on the host (the bulk of a 14B model, and the slow part of
+/// making one).
+fn random_fp8_linears(
+    cfg: &WanConfig,
+    mode: Fp8Scale,
+    seed: u64,
+) -> Result<HashMap<String, Tensor>> {
     let mut map = HashMap::new();
     for (i, (name, shape)) in official_shapes(cfg).into_iter().enumerate() {
-        if !(name.starts_with("blocks.") && name.ends_with(".weight") && shape.len() == 2) {
-            let (mean, std) = init_stats(&name, &shape);
-            let t = Tensor::randn(mean, std, shape.as_slice(), dev)?.to_dtype(DType::BF16)?;
-            map.insert(name, t);
+        if !is_block_linear(&name, &shape) {
             continue;
         }
         let (out_dim, in_dim) = (shape[0], shape[1]);
@@ -112,6 +127,37 @@ pub fn random_fp8_weights(
     Ok(map)
 }
 
+/// Every weight but the block linears, bf16 on `dev`.
+fn random_other_weights(
+    cfg: &WanConfig,
+    seed: u64,
+    dev: &Device,
+) -> Result<HashMap<String, Tensor>> {
+    dev.set_seed(seed)?;
+    let mut map = HashMap::new();
+    for (name, shape) in official_shapes(cfg) {
+        if is_block_linear(&name, &shape) {
+            continue;
+        }
+        let (mean, std) = init_stats(&name, &shape);
+        let t = Tensor::randn(mean, std, shape.as_slice(), dev)?.to_dtype(DType::BF16)?;
+        map.insert(name, t);
+    }
+    Ok(map)
+}
+
+/// The streaming settings `opts` asks for, with `slots` GPU slots (the mode is the caller's).
+fn offload_options(opts: &StreamBench, slots: usize) -> OffloadOptions {
+    OffloadOptions {
+        mode: StreamMode::Pinned,
+        slots,
+        staging_slots: opts.staging_slots,
+        staging_chunk_bytes: opts.staging_chunk_bytes,
+        copy_threads: opts.copy_threads,
+        copy_unit_bytes: opts.copy_unit_bytes,
+    }
+}
+
 /// Builds the model with `streamed` blocks in host RAM and LoRA of `rank` on every adapted block linear.
 pub fn build(
     cfg: &WanConfig,
@@ -129,10 +175,7 @@ pub fn build(
     };
     let offload = OffloadOptions {
         mode,
-        slots,
-        staging_slots: opts.staging_slots,
-        staging_chunk_bytes: opts.staging_chunk_bytes,
-        copy_threads: opts.copy_threads,
+        ..offload_options(opts, slots)
     };
     let mut model = if streamed.is_empty() {
         WanModel::new(cfg, vb, &options)?
@@ -184,10 +227,20 @@ pub fn run(
     let latent = latent_size(opts.frames, opts.height, opts.width);
     let tokens = video_tokens(cfg, latent);
     let mut out = Vec::new();
+    // The FP8 block linears are made once, on the host (the slow part of a 14B build), and every case builds its
+    // model from them; device weights are made for each case, so no case holds another's memory.
+    let fp8_linears = match opts.fp8 {
+        Some(mode) => Some(random_fp8_linears(cfg, mode, opts.seed)?),
+        None => None,
+    };
     for case in cases {
         let started = std::time::Instant::now();
-        let weights = match opts.fp8 {
-            Some(mode) => random_fp8_weights(cfg, mode, opts.seed, dev)?,
+        let weights = match &fp8_linears {
+            Some(linears) => {
+                let mut w = random_other_weights(cfg, opts.seed, dev)?;
+                w.extend(linears.clone());
+                w
+            }
             None => random_weights_on_device(cfg, opts.seed, DType::BF16, dev)?,
         };
         let streamed = match case.mode {
@@ -288,49 +341,146 @@ pub struct CopyBandwidth {
     pub bytes_per_block: usize,
 }
 
-/// Measures [`CopyBandwidth`] for `cfg`'s blocks (all but two streamed) in `mode`.
+/// Measures [`CopyBandwidth`] for `cfg`'s block in `mode`: as many streamed blocks as the model streams at most
+/// (all but two), copies of one block built once ([`stream_bandwidth`]), two timed passes.
 pub fn copy_bandwidth(
     dev: &Device,
     cfg: &WanConfig,
     opts: &StreamBench,
     mode: StreamMode,
 ) -> Result<CopyBandwidth> {
-    let weights = match opts.fp8 {
-        Some(m) => random_fp8_weights(cfg, m, opts.seed, dev)?,
-        None => random_weights_on_device(cfg, opts.seed, DType::BF16, dev)?,
+    let block = one_block(cfg, opts, dev)?;
+    let options = OffloadOptions {
+        mode,
+        ..offload_options(opts, opts.slots)
     };
-    let streamed: Vec<usize> = (2..cfg.num_layers).collect();
-    let (model, _loras) = build(cfg, weights, dev, opts, &streamed, mode, opts.slots)?;
-    let streamer = model
-        .streamer()
-        .ok_or_else(|| candle_core::Error::Msg("no streamed blocks".into()))?;
-    let bytes_per_block = streamer.block_bytes();
-    let plain_gbs = plain_pinned_copy(dev, bytes_per_block * 4)?;
-    // Warm-up pass, then two timed passes over every streamed block (fetch = queue the copy and make compute
-    // wait for it; synchronize at the end).
-    let passes = 2usize;
-    let fetch_all = || -> Result<()> {
-        let order: Vec<usize> = streamed.clone();
-        model.begin_blocks(&order, false)?;
+    let (streaming_gbs, bytes_per_block) = stream_bandwidth(
+        dev,
+        &block,
+        cfg.num_layers.saturating_sub(2).max(1),
+        &options,
+        2,
+    )?;
+    Ok(CopyBandwidth {
+        plain_gbs: plain_pinned_copy(dev, bytes_per_block * 4)?,
+        streaming_gbs,
+        bytes_per_block,
+    })
+}
+
+/// One block of `cfg` (FP8 as `opts` asks), resident on `dev`: what the bandwidth measurements stream copies of.
+fn one_block(cfg: &WanConfig, opts: &StreamBench, dev: &Device) -> Result<Block> {
+    let one = WanConfig {
+        num_layers: 1,
+        ..cfg.clone()
+    };
+    let weights = match opts.fp8 {
+        Some(m) => random_fp8_weights(&one, m, opts.seed, dev)?,
+        None => random_weights_on_device(&one, opts.seed, DType::BF16, dev)?,
+    };
+    let (model, _loras) = build(&one, weights, dev, opts, &[], StreamMode::Pinned, 2)?;
+    Ok(model.blocks()[0].clone())
+}
+
+/// GB/s of the streaming path over `count` streamed copies of `block`, fetched in order with no compute (a fetch
+/// queues the copy and makes compute wait for it): one warm-up pass, then `passes` timed ones; and the bytes of
+/// one packed block.
+fn stream_bandwidth(
+    dev: &Device,
+    block: &Block,
+    count: usize,
+    options: &OffloadOptions,
+    passes: usize,
+) -> Result<(f64, usize)> {
+    let blocks = (0..count).map(|i| (i, block.clone())).collect();
+    let (streamer, _shells) = BlockStreamer::new(dev, count, blocks, options)?;
+    let order: Vec<usize> = (0..count).collect();
+    let pass = || -> Result<()> {
+        streamer.begin(&order, false)?;
         for &i in &order {
-            let _ = model.block(i)?;
+            let _ = streamer.fetch(i)?;
         }
         streamer.synchronize()?;
         dev.synchronize()
     };
-    fetch_all()?;
+    pass()?;
     streamer.reset_stats()?;
     let started = std::time::Instant::now();
-    for _ in 0..passes {
-        fetch_all()?;
+    for _ in 0..passes.max(1) {
+        pass()?;
     }
     let secs = started.elapsed().as_secs_f64();
-    let bytes = streamer.stats()?.bytes as f64;
-    Ok(CopyBandwidth {
-        plain_gbs,
-        streaming_gbs: bytes / secs / 1e9,
-        bytes_per_block,
-    })
+    Ok((
+        streamer.stats()?.bytes as f64 / secs / 1e9,
+        streamer.block_bytes(),
+    ))
+}
+
+/// The staged settings [`staging_sweep`] measures: every combination of these.
+pub struct StagingSweep {
+    pub threads: Vec<usize>,
+    pub chunk_bytes: Vec<usize>,
+    /// Chunk buffers of the page-locked ring.
+    pub rings: Vec<usize>,
+    pub unit_bytes: Vec<usize>,
+    pub repeats: usize,
+}
+
+/// One setting of [`staging_sweep`] and the streaming path's bandwidth with it.
+pub struct SweepRow {
+    pub options: OffloadOptions,
+    pub gbs: f64,
+}
+
+/// The streaming path's copy bandwidth for each staging setting, cheaply (no whole-model build): `count` copies of
+/// one block of `cfg` streamed in order `passes` times with no compute ([`stream_bandwidth`]). `pinned` first, for
+/// reference; then `staged` with every combination in `sweep`, the whole list `repeats` times (the host side of a
+/// shared machine varies from second to second). Returns a plain page-locked copy's bandwidth of one block,
+/// measured as [`copy_bandwidth`]'s is, and a row per setting.
+pub fn staging_sweep(
+    dev: &Device,
+    cfg: &WanConfig,
+    opts: &StreamBench,
+    count: usize,
+    sweep: &StagingSweep,
+    passes: usize,
+) -> Result<(f64, Vec<SweepRow>)> {
+    if count == 0 || passes == 0 {
+        candle_core::bail!("the sweep needs at least one block and one pass");
+    }
+    let block = one_block(cfg, opts, dev)?;
+    let mut settings = vec![OffloadOptions {
+        mode: StreamMode::Pinned,
+        ..offload_options(opts, opts.slots)
+    }];
+    for _ in 0..sweep.repeats.max(1) {
+        for &copy_threads in &sweep.threads {
+            for &staging_chunk_bytes in &sweep.chunk_bytes {
+                for &staging_slots in &sweep.rings {
+                    for &copy_unit_bytes in &sweep.unit_bytes {
+                        settings.push(OffloadOptions {
+                            mode: StreamMode::Staged,
+                            slots: opts.slots,
+                            staging_slots,
+                            staging_chunk_bytes,
+                            copy_threads,
+                            copy_unit_bytes,
+                        });
+                    }
+                }
+            }
+        }
+    }
+    let mut plain = 0.0;
+    let mut rows = Vec::with_capacity(settings.len());
+    for options in settings {
+        let (gbs, block_bytes) = stream_bandwidth(dev, &block, count, &options, passes)?;
+        if plain == 0.0 {
+            plain = plain_pinned_copy(dev, block_bytes * 4)?;
+        }
+        rows.push(SweepRow { options, gbs });
+    }
+    Ok((plain, rows))
 }
 
 #[cfg(feature = "cuda")]
@@ -365,6 +515,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         staging_slots: 3,
         staging_chunk_bytes: 3000,
         copy_threads: 3,
+        copy_unit_bytes: crate::nn::offload::COPY_UNIT_BYTES,
         warmup: 0,
         iters: 1,
         seed: 3,

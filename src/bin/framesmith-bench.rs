@@ -162,6 +162,9 @@ enum Command {
         /// Threads of the staging copy (`staged`).
         #[arg(long, default_value_t = framesmith::nn::offload::STAGING_COPY_THREADS)]
         copy_threads: usize,
+        /// KiB of one unit of work the staging copy hands to a free copy thread (`staged`).
+        #[arg(long, default_value_t = framesmith::nn::offload::COPY_UNIT_BYTES >> 10)]
+        copy_unit_kib: usize,
         /// Let the run use only this many GiB of device memory (the rest is reserved first).
         #[arg(long)]
         vram_budget_gb: Option<f64>,
@@ -180,6 +183,36 @@ enum Command {
     /// Write a training project of a real size with nothing to download: random DiT weights, one cached clip,
     /// its dataset TOML and a run config (`run.toml`) that trains from the caches.
     SynthProject(SynthArgs),
+    /// Copy bandwidth of block streaming for each staging setting (no compute, no whole-model build): copies of
+    /// one block streamed in order, `pinned` first for reference.
+    StageSweep {
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+        #[arg(long)]
+        fp8: Option<String>,
+        /// Streamed copies of the block.
+        #[arg(long, default_value_t = 16)]
+        blocks: usize,
+        /// Timed passes over the blocks, after one warm-up pass.
+        #[arg(long, default_value_t = 3)]
+        passes: usize,
+        /// Staging copy threads, comma-separated.
+        #[arg(long, default_value = "8")]
+        copy_threads: String,
+        /// MiB of one staging chunk, comma-separated.
+        #[arg(long, default_value = "8")]
+        staging_chunk_mib: String,
+        /// Staging chunk buffers, comma-separated.
+        #[arg(long, default_value = "4")]
+        staging_slots: String,
+        /// KiB of one unit of work the staging copy hands to a free copy thread, comma-separated.
+        #[arg(long, default_value_t = (framesmith::nn::offload::COPY_UNIT_BYTES >> 10).to_string())]
+        copy_unit_kib: String,
+        /// Measure the whole list of staged settings this many times.
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+    },
 }
 
 /// `synth-project`'s arguments.
@@ -245,6 +278,21 @@ fn step_mode(backward: &str, keep_attention: bool, keep_tapes: bool) -> Result<S
         keep_attention,
         keep_tapes,
     })
+}
+
+/// A comma-separated list of positive counts given to `flag`.
+fn counts(flag: &str, list: &str) -> Result<Vec<usize>> {
+    let values = list
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| {
+            anyhow::anyhow!("{flag}: {e} (a count or a comma-separated list, e.g. 2,3)")
+        })?;
+    if values.is_empty() || values.contains(&0) {
+        bail!("{flag}: every count must be at least 1");
+    }
+    Ok(values)
 }
 
 fn fp8_mode(name: Option<&str>) -> Result<Option<Fp8Scale>> {
@@ -446,22 +494,14 @@ fn main() -> Result<()> {
             staging_slots,
             staging_chunk_mib,
             copy_threads,
+            copy_unit_kib,
             vram_budget_gb,
             bandwidth,
             warmup,
             iters,
             check: first,
         } => {
-            let slots = slots
-                .split(',')
-                .map(|s| s.trim().parse::<usize>())
-                .collect::<std::result::Result<Vec<_>, _>>()
-                .map_err(|e| {
-                    anyhow::anyhow!("--slots: {e} (a count or a comma-separated list, e.g. 2,3)")
-                })?;
-            if slots.is_empty() || slots.contains(&0) {
-                bail!("--slots: at least one GPU slot is needed");
-            }
+            let slots = counts("--slots", &slots)?;
             let opts = bench::stream::StreamBench {
                 frames: workload.clip.frames,
                 height: workload.clip.height,
@@ -479,6 +519,7 @@ fn main() -> Result<()> {
                 staging_slots: staging_slots.max(1),
                 staging_chunk_bytes: staging_chunk_mib.max(1) << 20,
                 copy_threads,
+                copy_unit_bytes: copy_unit_kib.max(1) << 10,
                 warmup,
                 iters,
                 seed: 0,
@@ -497,6 +538,74 @@ fn main() -> Result<()> {
             )
         }
         Command::SynthProject(args) => synth_project(&args),
+        Command::StageSweep {
+            variant: name,
+            fp8,
+            blocks,
+            passes,
+            copy_threads,
+            staging_chunk_mib,
+            staging_slots,
+            copy_unit_kib,
+            repeats,
+        } => {
+            let threads = counts("--copy-threads", &copy_threads)?;
+            let chunks: Vec<usize> = counts("--staging-chunk-mib", &staging_chunk_mib)?
+                .into_iter()
+                .map(|m| m << 20)
+                .collect();
+            let sweep = bench::stream::StagingSweep {
+                threads: threads.clone(),
+                chunk_bytes: chunks.clone(),
+                rings: counts("--staging-slots", &staging_slots)?,
+                unit_bytes: counts("--copy-unit-kib", &copy_unit_kib)?
+                    .into_iter()
+                    .map(|k| k << 10)
+                    .collect(),
+                repeats,
+            };
+            // Only the block's shapes, dtype and the ring's GPU slots matter here.
+            let opts = bench::stream::StreamBench {
+                frames: 1,
+                height: 64,
+                width: 64,
+                rank: 1,
+                fp8: fp8_mode(fp8.as_deref())?,
+                residual: candle_core::DType::BF16,
+                activations_on_host: false,
+                keep_tapes: false,
+                slots: 2,
+                staging_slots: sweep.rings[0],
+                staging_chunk_bytes: chunks[0],
+                copy_threads: threads[0],
+                copy_unit_bytes: sweep.unit_bytes[0],
+                warmup: 0,
+                iters: 0,
+                seed: 0,
+            };
+            let (plain, rows) = bench::stream::staging_sweep(
+                &dev,
+                &variant(&name)?,
+                &opts,
+                blocks,
+                &sweep,
+                passes,
+            )?;
+            println!("plain pinned copy: {plain:.2} GB/s");
+            for r in rows {
+                println!(
+                    "SWEEP {{\"mode\":\"{}\",\"copy_threads\":{},\"chunk_mib\":{},\"staging_slots\":{},\"unit_kib\":{},\"gbs\":{:.2},\"ratio\":{:.3}}}",
+                    r.options.mode.as_str(),
+                    r.options.copy_threads,
+                    r.options.staging_chunk_bytes >> 20,
+                    r.options.staging_slots,
+                    r.options.copy_unit_bytes >> 10,
+                    r.gbs,
+                    r.gbs / plain.max(1e-9)
+                );
+            }
+            Ok(())
+        }
     }
 }
 

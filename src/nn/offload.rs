@@ -92,6 +92,9 @@ pub struct OffloadOptions {
     pub staging_chunk_bytes: usize,
     /// Threads of the staging copy, the worker included (at most the machine's cores).
     pub copy_threads: usize,
+    /// Bytes of one unit of the staging copy's work: each thread takes the next unit when it is done with its
+    /// last, so a thread that runs slow (preempted, sharing its core) holds up one unit rather than a fixed share.
+    pub copy_unit_bytes: usize,
 }
 
 /// Default bytes of one chunk of `staged`'s page-locked ring: large enough that issuing a chunk costs little next
@@ -106,6 +109,10 @@ pub const STAGING_SLOTS: usize = 4;
 /// L3) with 8 MiB chunks through a 4-chunk ring: 8 threads 54 GB/s, 12 threads 48, 14 threads 54.
 pub const STAGING_COPY_THREADS: usize = 8;
 
+/// Default bytes of one unit of the staging copy's work: 32 units per 8 MiB chunk, each large enough that taking
+/// it (one atomic operation) costs nothing next to copying it.
+pub const COPY_UNIT_BYTES: usize = 256 << 10;
+
 impl Default for OffloadOptions {
     fn default() -> Self {
         Self {
@@ -114,6 +121,7 @@ impl Default for OffloadOptions {
             staging_slots: STAGING_SLOTS,
             staging_chunk_bytes: STAGING_CHUNK_BYTES,
             copy_threads: STAGING_COPY_THREADS,
+            copy_unit_bytes: COPY_UNIT_BYTES,
         }
     }
 }

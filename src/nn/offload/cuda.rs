@@ -345,7 +345,7 @@ impl CudaBackend {
                     copy: SendPtr(copy),
                     layout: layout.clone(),
                     masters,
-                    copier: CopyPool::new(options.copy_threads)?,
+                    copier: CopyPool::new(options.copy_threads, options.copy_unit_bytes)?,
                     staging: (0..staging_slots)
                         .map(|_| Pinned::new(chunk_bytes))
                         .collect::<Result<_>>()?,
