@@ -360,6 +360,7 @@ pub fn copy_bandwidth(
         cfg.num_layers.saturating_sub(2).max(1),
         &options,
         2,
+        false,
     )?;
     Ok(CopyBandwidth {
         plain_gbs: plain_pinned_copy(dev, bytes_per_block * 4)?,
@@ -384,13 +385,15 @@ fn one_block(cfg: &WanConfig, opts: &StreamBench, dev: &Device) -> Result<Block>
 
 /// GB/s of the streaming path over `count` streamed copies of `block`, fetched in order with no compute (a fetch
 /// queues the copy and makes compute wait for it): one warm-up pass, then `passes` timed ones; and the bytes of
-/// one packed block.
+/// one packed block. With `launch_load`, another thread launches small kernels on a stream of its own in the same
+/// CUDA context throughout the timed passes, as the thread issuing a training step's kernels does.
 fn stream_bandwidth(
     dev: &Device,
     block: &Block,
     count: usize,
     options: &OffloadOptions,
     passes: usize,
+    launch_load: bool,
 ) -> Result<(f64, usize)> {
     let blocks = (0..count).map(|i| (i, block.clone())).collect();
     let (streamer, _shells) = BlockStreamer::new(dev, count, blocks, options)?;
@@ -405,15 +408,48 @@ fn stream_bandwidth(
     };
     pass()?;
     streamer.reset_stats()?;
-    let started = std::time::Instant::now();
-    for _ in 0..passes.max(1) {
-        pass()?;
-    }
-    let secs = started.elapsed().as_secs_f64();
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let secs = std::thread::scope(|scope| -> Result<f64> {
+        let load = launch_load.then(|| scope.spawn(|| launch_kernels(dev, &stop)));
+        let started = std::time::Instant::now();
+        let timed = || -> Result<()> {
+            for _ in 0..passes.max(1) {
+                pass()?;
+            }
+            Ok(())
+        };
+        let result = timed();
+        let secs = started.elapsed().as_secs_f64();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Some(load) = load {
+            load.join()
+                .map_err(|_| candle_core::Error::Msg("the launch load panicked".into()))??;
+        }
+        result.map(|()| secs)
+    })?;
     Ok((
         streamer.stats()?.bytes as f64 / secs / 1e9,
         streamer.block_bytes(),
     ))
+}
+
+/// Launches small kernels on a stream of its own (same device, same CUDA context) until `stop`, waiting for them
+/// every 1024 launches so the queue stays short.
+fn launch_kernels(dev: &Device, stop: &std::sync::atomic::AtomicBool) -> Result<()> {
+    let other = match dev.location() {
+        candle_core::DeviceLocation::Cuda { gpu_id } => Device::new_cuda_with_stream(gpu_id)?,
+        _ => return Ok(()),
+    };
+    let mut x = Tensor::zeros(4096, DType::F32, &other)?;
+    let mut launches = 0u64;
+    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+        x = x.affine(1.0, 1.0)?;
+        launches += 1;
+        if launches % 1024 == 0 {
+            other.synchronize()?;
+        }
+    }
+    other.synchronize()
 }
 
 /// The staged settings [`staging_sweep`] measures: every combination of these.
@@ -423,12 +459,15 @@ pub struct StagingSweep {
     /// Chunk buffers of the page-locked ring.
     pub rings: Vec<usize>,
     pub unit_bytes: Vec<usize>,
+    /// Also measure each setting (pinned too) with another thread launching kernels meanwhile.
+    pub launch_load: bool,
     pub repeats: usize,
 }
 
 /// One setting of [`staging_sweep`] and the streaming path's bandwidth with it.
 pub struct SweepRow {
     pub options: OffloadOptions,
+    pub launch_load: bool,
     pub gbs: f64,
 }
 
@@ -473,12 +512,24 @@ pub fn staging_sweep(
     }
     let mut plain = 0.0;
     let mut rows = Vec::with_capacity(settings.len());
+    let loads: &[bool] = if sweep.launch_load {
+        &[false, true]
+    } else {
+        &[false]
+    };
     for options in settings {
-        let (gbs, block_bytes) = stream_bandwidth(dev, &block, count, &options, passes)?;
-        if plain == 0.0 {
-            plain = plain_pinned_copy(dev, block_bytes * 4)?;
+        for &launch_load in loads {
+            let (gbs, block_bytes) =
+                stream_bandwidth(dev, &block, count, &options, passes, launch_load)?;
+            if plain == 0.0 {
+                plain = plain_pinned_copy(dev, block_bytes * 4)?;
+            }
+            rows.push(SweepRow {
+                options: options.clone(),
+                launch_load,
+                gbs,
+            });
         }
-        rows.push(SweepRow { options, gbs });
     }
     Ok((plain, rows))
 }

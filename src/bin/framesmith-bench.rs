@@ -212,6 +212,9 @@ enum Command {
         /// Measure the whole list of staged settings this many times.
         #[arg(long, default_value_t = 1)]
         repeats: usize,
+        /// Also measure each setting while another thread launches kernels (as a training step's does).
+        #[arg(long)]
+        launch_load: bool,
     },
 }
 
@@ -548,6 +551,7 @@ fn main() -> Result<()> {
             staging_slots,
             copy_unit_kib,
             repeats,
+            launch_load,
         } => {
             let threads = counts("--copy-threads", &copy_threads)?;
             let chunks: Vec<usize> = counts("--staging-chunk-mib", &staging_chunk_mib)?
@@ -562,6 +566,7 @@ fn main() -> Result<()> {
                     .into_iter()
                     .map(|k| k << 10)
                     .collect(),
+                launch_load,
                 repeats,
             };
             // Only the block's shapes, dtype and the ring's GPU slots matter here.
@@ -594,12 +599,13 @@ fn main() -> Result<()> {
             println!("plain pinned copy: {plain:.2} GB/s");
             for r in rows {
                 println!(
-                    "SWEEP {{\"mode\":\"{}\",\"copy_threads\":{},\"chunk_mib\":{},\"staging_slots\":{},\"unit_kib\":{},\"gbs\":{:.2},\"ratio\":{:.3}}}",
+                    "SWEEP {{\"mode\":\"{}\",\"copy_threads\":{},\"chunk_mib\":{},\"staging_slots\":{},\"unit_kib\":{},\"launch_load\":{},\"gbs\":{:.2},\"ratio\":{:.3}}}",
                     r.options.mode.as_str(),
                     r.options.copy_threads,
                     r.options.staging_chunk_bytes >> 20,
                     r.options.staging_slots,
                     r.options.copy_unit_bytes >> 10,
+                    r.launch_load,
                     r.gbs,
                     r.gbs / plain.max(1e-9)
                 );
