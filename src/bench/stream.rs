@@ -287,6 +287,12 @@ pub fn run(
             }
             None => 0,
         };
+        // Each case's time as soon as it is known: a run cut short still leaves the cases it finished.
+        eprintln!(
+            "stream: {name} {} step {:.1} ms, {per_step} bytes streamed per step",
+            case_name(case),
+            t.median_ms
+        );
         let peak = total_peak(dev, &t)?;
         #[cfg(feature = "cuda")]
         if let Device::Cuda(cuda) = dev {
