@@ -90,7 +90,8 @@ pub struct OffloadOptions {
     pub staging_slots: usize,
     /// Bytes of one staging chunk (at most a block).
     pub staging_chunk_bytes: usize,
-    /// Threads of the staging copy, the worker included (at most the machine's cores).
+    /// Threads of the staging copy, the worker included (at most one fewer than the machine's cores:
+    /// [`staging_copy_threads`]).
     pub copy_threads: usize,
     /// Bytes of one unit of the staging copy's work: each thread takes the next unit when it is done with its
     /// last, so a thread that runs slow (preempted, sharing its core) holds up one unit rather than a fixed share.
@@ -108,6 +109,13 @@ pub const STAGING_SLOTS: usize = 4;
 /// Default threads of the staging copy, the worker included. Measured on the H200 test machine (16 cores, 300 MiB
 /// L3) with 8 MiB chunks through a 4-chunk ring: 8 threads 54 GB/s, 12 threads 48, 14 threads 54.
 pub const STAGING_COPY_THREADS: usize = 8;
+
+/// Threads the staging copy uses when `requested` are asked for on a machine with `cores` logical cores: at most
+/// one fewer than the cores, so the thread issuing the GPU work (the step's critical path) keeps a core of its own
+/// while the copy threads spin between chunks; at least one.
+pub fn staging_copy_threads(requested: usize, cores: usize) -> usize {
+    requested.min(cores.saturating_sub(1)).max(1)
+}
 
 /// Default bytes of one unit of the staging copy's work: 32 units per 8 MiB chunk, each large enough that taking
 /// it (one atomic operation) costs nothing next to copying it.

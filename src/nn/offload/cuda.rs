@@ -345,7 +345,13 @@ impl CudaBackend {
                     copy: SendPtr(copy),
                     layout: layout.clone(),
                     masters,
-                    copier: CopyPool::new(options.copy_threads, options.copy_unit_bytes)?,
+                    copier: CopyPool::new(
+                        super::staging_copy_threads(
+                            options.copy_threads,
+                            std::thread::available_parallelism().map_or(1, |n| n.get()),
+                        ),
+                        options.copy_unit_bytes,
+                    )?,
                     staging: (0..staging_slots)
                         .map(|_| Pinned::new(chunk_bytes))
                         .collect::<Result<_>>()?,
