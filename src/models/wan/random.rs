@@ -69,11 +69,35 @@ pub fn random_weights_on_device(
     dtype: DType,
     device: &Device,
 ) -> Result<HashMap<String, Tensor>> {
-    device.set_seed(seed)?;
+    random_weights_on_device_where(cfg, seed, dtype, device, |_, _| true)
+}
+
+/// [`random_weights_on_device`] for the weights `keep` accepts (by name and shape). On the CPU, whose generator
+/// candle cannot seed, the values come from a seeded host generator instead, so the result is still
+/// deterministic.
+pub fn random_weights_on_device_where(
+    cfg: &WanConfig,
+    seed: u64,
+    dtype: DType,
+    device: &Device,
+    keep: impl Fn(&str, &[usize]) -> bool,
+) -> Result<HashMap<String, Tensor>> {
+    let mut host_rng = if device.is_cpu() {
+        Some(StdRng::seed_from_u64(seed))
+    } else {
+        device.set_seed(seed)?;
+        None
+    };
     let mut map = HashMap::new();
     for (name, shape) in official_shapes(cfg) {
+        if !keep(&name, &shape) {
+            continue;
+        }
         let (mean, std) = init_stats(&name, &shape);
-        let t = Tensor::randn(mean, std, shape.as_slice(), device)?;
+        let t = match host_rng.as_mut() {
+            Some(rng) => randn(rng, shape.as_slice(), mean, std, device)?,
+            None => Tensor::randn(mean, std, shape.as_slice(), device)?,
+        };
         map.insert(name, t.to_dtype(dtype)?);
     }
     Ok(map)
