@@ -598,13 +598,21 @@ fn main() -> Result<()> {
             )?;
             println!("plain pinned copy: {plain:.2} GB/s");
             for r in rows {
+                let o = &r.options;
+                // The staging settings mean nothing for pinned streaming.
+                let staging = match o.mode {
+                    framesmith::nn::offload::StreamMode::Staged => format!(
+                        ",\"copy_threads\":{},\"chunk_mib\":{},\"staging_slots\":{},\"unit_kib\":{}",
+                        o.copy_threads,
+                        o.staging_chunk_bytes >> 20,
+                        o.staging_slots,
+                        o.copy_unit_bytes >> 10
+                    ),
+                    _ => String::new(),
+                };
                 println!(
-                    "SWEEP {{\"mode\":\"{}\",\"copy_threads\":{},\"chunk_mib\":{},\"staging_slots\":{},\"unit_kib\":{},\"launch_load\":{},\"gbs\":{:.2},\"ratio\":{:.3}}}",
-                    r.options.mode.as_str(),
-                    r.options.copy_threads,
-                    r.options.staging_chunk_bytes >> 20,
-                    r.options.staging_slots,
-                    r.options.copy_unit_bytes >> 10,
+                    "SWEEP {{\"mode\":\"{}\"{staging},\"launch_load\":{},\"gbs\":{:.2},\"ratio\":{:.3}}}",
+                    o.mode.as_str(),
                     r.launch_load,
                     r.gbs,
                     r.gbs / plain.max(1e-9)
