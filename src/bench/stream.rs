@@ -412,13 +412,7 @@ fn stream_bandwidth(
     let secs = std::thread::scope(|scope| -> Result<f64> {
         let load = launch_load.then(|| scope.spawn(|| launch_kernels(dev, &stop)));
         let started = std::time::Instant::now();
-        let timed = || -> Result<()> {
-            for _ in 0..passes.max(1) {
-                pass()?;
-            }
-            Ok(())
-        };
-        let result = timed();
+        let result = (0..passes.max(1)).try_for_each(|_| pass());
         let secs = started.elapsed().as_secs_f64();
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         if let Some(load) = load {

@@ -553,14 +553,12 @@ fn main() -> Result<()> {
             repeats,
             launch_load,
         } => {
-            let threads = counts("--copy-threads", &copy_threads)?;
-            let chunks: Vec<usize> = counts("--staging-chunk-mib", &staging_chunk_mib)?
-                .into_iter()
-                .map(|m| m << 20)
-                .collect();
             let sweep = bench::stream::StagingSweep {
-                threads: threads.clone(),
-                chunk_bytes: chunks.clone(),
+                threads: counts("--copy-threads", &copy_threads)?,
+                chunk_bytes: counts("--staging-chunk-mib", &staging_chunk_mib)?
+                    .into_iter()
+                    .map(|m| m << 20)
+                    .collect(),
                 rings: counts("--staging-slots", &staging_slots)?,
                 unit_bytes: counts("--copy-unit-kib", &copy_unit_kib)?
                     .into_iter()
@@ -581,8 +579,8 @@ fn main() -> Result<()> {
                 keep_tapes: false,
                 slots: 2,
                 staging_slots: sweep.rings[0],
-                staging_chunk_bytes: chunks[0],
-                copy_threads: threads[0],
+                staging_chunk_bytes: sweep.chunk_bytes[0],
+                copy_threads: sweep.threads[0],
                 copy_unit_bytes: sweep.unit_bytes[0],
                 warmup: 0,
                 iters: 0,

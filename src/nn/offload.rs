@@ -6,7 +6,8 @@
 //! Modes: `pinned` (every streamed block page-locked, one asynchronous copy per tensor on a second CUDA stream),
 //! `staged` (masters in pageable, huge-page-advised RAM; a worker thread copies each block in 8 MiB chunks through
 //! a small page-locked ring that stays in the CPU cache, with a few threads of its own, and queues each chunk's
-//! device copy, so page-locked memory stays at a few tens of MiB), and, on a device without streams (the CPU, tests), `host`: synchronous unpacking into the slot.
+//! device copy, so page-locked memory stays at a few tens of MiB), and, on a device without streams (the CPU,
+//! tests), `host`: synchronous unpacking into the slot.
 //! Ordering on CUDA is explicit, with events: slot free → copy → ready → compute.
 //!
 //! The step's saved block inputs can live here too ([`SavedInputs`], `memory.activations = "host"`): on CUDA
@@ -110,16 +111,16 @@ pub const STAGING_SLOTS: usize = 4;
 /// L3) with 8 MiB chunks through a 4-chunk ring: 8 threads 54 GB/s, 12 threads 48, 14 threads 54.
 pub const STAGING_COPY_THREADS: usize = 8;
 
+/// Default bytes of one unit of the staging copy's work: 32 units per 8 MiB chunk, each large enough that taking
+/// it (one atomic operation) costs nothing next to copying it.
+pub const COPY_UNIT_BYTES: usize = 256 << 10;
+
 /// Threads the staging copy uses when `requested` are asked for on a machine with `cores` logical cores: at most
 /// one fewer than the cores, so the thread issuing the GPU work (the step's critical path) keeps a core of its own
 /// while the copy threads spin between chunks; at least one.
 pub fn staging_copy_threads(requested: usize, cores: usize) -> usize {
     requested.min(cores.saturating_sub(1)).max(1)
 }
-
-/// Default bytes of one unit of the staging copy's work: 32 units per 8 MiB chunk, each large enough that taking
-/// it (one atomic operation) costs nothing next to copying it.
-pub const COPY_UNIT_BYTES: usize = 256 << 10;
 
 impl Default for OffloadOptions {
     fn default() -> Self {

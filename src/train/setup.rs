@@ -239,7 +239,9 @@ pub fn out_of_memory_advice(report: Option<&PlanReport>) -> String {
     let more = (report.streamed_blocks + (report.num_blocks / 10).max(2)).min(report.num_blocks);
     if more > report.streamed_blocks {
         format!(
-            "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else              took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower              memory.vram_budget_gb to leave room. Checkpoints already saved are kept.",
+            "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else \
+             took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower \
+             memory.vram_budget_gb to leave room. Checkpoints already saved are kept.",
             report.streamed_blocks, report.num_blocks
         )
     } else {

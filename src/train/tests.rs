@@ -245,4 +245,6 @@ fn out_of_memory_advice_follows_the_plan() {
     assert!(roomy.fits() && roomy.streamed_blocks == 10);
     let advice = out_of_memory_advice(Some(&roomy));
     assert!(advice.contains("memory.blocks_to_swap = 14"), "{advice}");
+    // One sentence as the user reads it: no indentation of the source line left inside.
+    assert!(!advice.contains("  "), "{advice}");
 }
