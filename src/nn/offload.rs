@@ -107,13 +107,18 @@ pub const STAGING_CHUNK_BYTES: usize = 8 << 20;
 /// Default chunk buffers of `staged`'s ring: 4 × 8 MiB stays in a desktop CPU's last-level cache on most parts
 /// and kept the H200 test machine's copy engine busy (54 of 55 GB/s).
 pub const STAGING_SLOTS: usize = 4;
-/// Default threads of the staging copy, the worker included. Measured on the H200 test machine (16 cores, 300 MiB
-/// L3) with 8 MiB chunks through a 4-chunk ring: 8 threads 54 GB/s, 12 threads 48, 14 threads 54.
-pub const STAGING_COPY_THREADS: usize = 8;
+/// Default threads of the staging copy, the worker included (fewer on a machine with fewer cores:
+/// [`staging_copy_threads`]). Copy bandwidth alone barely depends on it (H200 test machine, 16 cores, 8 MiB × 4:
+/// 51–54 GB/s at 8 and at 12 threads), but during a step it does: Wan2.1-14B FP8 at 512×512, transfer-bound, took
+/// 665 ms (39 blocks streamed) and 505 ms (30) with 8 threads and 256 KiB units, 549–552 and 414–416 ms with 12
+/// threads and 64 KiB units, against 530 and 401 ms for `pinned` (bench/RESULTS.md, block streaming, session 6).
+pub const STAGING_COPY_THREADS: usize = 12;
 
-/// Default bytes of one unit of the staging copy's work: 32 units per 8 MiB chunk, each large enough that taking
-/// it (one atomic operation) costs nothing next to copying it.
-pub const COPY_UNIT_BYTES: usize = 256 << 10;
+/// Default bytes of one unit of the staging copy's work: 128 units per 8 MiB chunk, small enough that a thread
+/// slowed down mid-chunk holds up little of it, large enough that taking one (one atomic operation) costs nothing
+/// next to copying it. Measured with `stage-sweep` (GB/s, two runs each): 1024 KiB 32–45, 256 KiB 45–52, 64 KiB
+/// 49–52.
+pub const COPY_UNIT_BYTES: usize = 64 << 10;
 
 /// Threads the staging copy uses when `requested` are asked for on a machine with `cores` logical cores: at most
 /// one fewer than the cores, so the thread issuing the GPU work (the step's critical path) keeps a core of its own
