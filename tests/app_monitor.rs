@@ -71,8 +71,8 @@ fn gpu_readings_are_listed_per_device() {
     );
 }
 
-#[test]
-fn spilling_raises_a_warning_on_the_train_tab_and_the_monitor() {
+/// VRAM 97% full and shared memory growing by 500 MiB.
+fn spilling_history() -> History {
     let mut history = History::new(10);
     history.gpu_status = Ok(());
     history.shared_status = Ok(());
@@ -91,12 +91,28 @@ fn spilling_raises_a_warning_on_the_train_tab_and_the_monitor() {
             ..Sample::default()
         });
     }
-    let (backend, options) = options(history);
-    let mut h = harness_with(options);
+    history
+}
+
+const SPILL_WARNING: &str = "The driver is spilling VRAM into shared memory: VRAM 97% full, shared memory +500 MiB, steps 3.1× slower. Stream more blocks or lower the resolution";
+
+/// Starts a run (with `preset` clicked first, if any), then reports steps that slow down threefold. Returns the
+/// commands the app sent after `StartRun`.
+fn run_that_slows_down(
+    h: &mut egui_kittest::Harness<'static, framesmith::app::FramesmithApp>,
+    backend: &FakeBackend,
+    preset: Option<&str>,
+) -> Result<(framesmith::protocol::EngineEnd, Vec<Command>), std::sync::mpsc::SendError<Event>> {
+    if let Some(preset) = preset {
+        h.get_by_label("Config").click();
+        settle(h);
+        h.get_by_label(preset).click();
+        settle(h);
+    }
     h.get_by_label("Train").click();
-    settle(&mut h);
+    settle(h);
     h.get_by_label("Start").click();
-    settle(&mut h);
+    settle(h);
     let engine = backend.engine();
     assert!(matches!(
         engine.commands.try_recv(),
@@ -106,35 +122,77 @@ fn spilling_raises_a_warning_on_the_train_tab_and_the_monitor() {
         h.query_by_label("spilling into shared memory").is_none(),
         "steady so far"
     );
-
     engine
         .events
-        .send(Event::StateChanged(RunState::Training))
-        .unwrap();
+        .send(Event::StateChanged(RunState::Training))?;
     for (step, step_secs) in [1.0, 1.0, 1.1, 1.0, 1.0, 3.0, 3.2, 3.1]
         .into_iter()
         .enumerate()
     {
-        engine
-            .events
-            .send(Event::Progress(Progress {
-                step: step + 1,
-                total_steps: 100,
-                epoch: 1,
-                loss: 0.1,
-                smoothed_loss: 0.1,
-                learning_rate: 1e-4,
-                step_secs,
-                eta_secs: 100.0,
-            }))
-            .unwrap();
+        engine.events.send(Event::Progress(Progress {
+            step: step + 1,
+            total_steps: 100,
+            epoch: 1,
+            loss: 0.1,
+            smoothed_loss: 0.1,
+            learning_rate: 1e-4,
+            step_secs,
+            eta_secs: 100.0,
+        }))?;
     }
-    settle(&mut h);
-    let warning = "The driver is spilling VRAM into shared memory: VRAM 97% full, shared memory +500 MiB, steps 3.1× slower. Stream more blocks or lower the resolution";
-    h.get_by_label(warning);
+    settle(h);
+    let sent = engine.commands.try_iter().collect();
+    Ok((engine, sent))
+}
+
+#[test]
+fn spilling_raises_a_warning_on_the_train_tab_and_the_monitor() {
+    let (backend, options) = options(spilling_history());
+    let mut h = harness_with(options);
+    let (_engine, sent) = run_that_slows_down(&mut h, &backend, None).unwrap();
+    assert!(
+        sent.is_empty(),
+        "without the guard the run goes on: {sent:?}"
+    );
+    h.get_by_label(SPILL_WARNING);
     h.get_by_label("spilling into shared memory");
     h.get_by_label("Monitor").click();
     settle(&mut h);
-    h.get_by_label(warning);
+    h.get_by_label(SPILL_WARNING);
     h.get_by_label("Shared GPU memory");
+}
+
+#[test]
+fn the_shared_memory_guard_pauses_a_spilling_run_once() {
+    let (backend, options) = options(spilling_history());
+    let mut h = harness_with(options);
+    let (engine, sent) = run_that_slows_down(&mut h, &backend, Some(app_support::PRESET)).unwrap();
+    assert!(
+        matches!(sent.as_slice(), [Command::Pause]),
+        "the guard of {} pauses the run: {sent:?}",
+        app_support::PRESET
+    );
+    h.get_by_label(&format!(
+        "[warn] Paused by memory.shared_memory_guard. {SPILL_WARNING}. Resume continues anyway (the guard does not pause \
+         this run again); or Stop, then stream more blocks (memory.blocks_to_swap = \"auto\" with a lower \
+         memory.vram_budget_gb) or lower dataset.resolution."
+    ));
+
+    // The engine pauses, the user resumes: still spilling, but the guard has had its say.
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Paused))
+        .unwrap();
+    settle(&mut h);
+    h.get_by_label("Resume").click();
+    settle(&mut h);
+    assert!(matches!(engine.commands.try_recv(), Ok(Command::Resume)));
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
+    settle(&mut h);
+    let sent: Vec<Command> = engine.commands.try_iter().collect();
+    assert!(sent.is_empty(), "paused once only: {sent:?}");
+    h.get_by_label(SPILL_WARNING);
 }

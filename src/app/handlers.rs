@@ -7,6 +7,7 @@ use crate::protocol::{Command, Event, LogLevel, StartRun};
 use super::config_editor::parse_config;
 use super::jobs::{JobResult, PickPurpose};
 use super::queue::QueuedRun;
+use super::spill_guard::SpillGuard;
 use super::window::{FramesmithApp, ModelStatus};
 
 /// Applies one job result to the app.
@@ -79,7 +80,9 @@ fn run_prepared(app: &mut FramesmithApp, result: Result<Box<StartRun>, String>) 
     app.preparing = false;
     match result {
         Ok(start) => {
+            let guard = SpillGuard::for_run(start.config.memory.shared_memory_guard);
             if app.send(Command::StartRun(start)) {
+                app.spill_guard = guard;
                 app.run.note(LogLevel::Info, "Run sent to the engine");
             }
         }

@@ -22,6 +22,7 @@ mod run_view;
 mod samples_panel;
 mod screenshot;
 mod settings;
+mod spill_guard;
 mod standalone;
 mod tabs;
 mod theme;

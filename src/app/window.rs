@@ -21,6 +21,7 @@ use super::run_view::{RunEnd, RunView};
 use super::samples_panel::SamplesState;
 use super::screenshot::ScreenshotState;
 use super::settings::{SavedRun, Settings, Tab};
+use super::spill_guard::{pause_message, SpillGuard};
 use super::{tabs_ui, theme, AppOptions, TelemetrySource};
 
 /// Events folded per frame at most, so a flood never stalls a frame (the rest wait for the next).
@@ -54,6 +55,8 @@ pub struct FramesmithApp {
     pub(super) jobs: Jobs,
     pub(super) telemetry: Option<Telemetry>,
     pub(super) spill: Option<SpillWarning>,
+    /// Pauses the run in progress when it starts spilling (`memory.shared_memory_guard`).
+    pub(super) spill_guard: SpillGuard,
     pub(super) samples: SamplesState,
     pub(super) dataset_thumbnails: std::collections::HashMap<PathBuf, egui::TextureHandle>,
     /// A run is being prepared (its dataset TOML written) and will start when the job reports.
@@ -107,6 +110,7 @@ impl FramesmithApp {
             jobs: Jobs::new(options.jobs, repaint.clone()),
             telemetry,
             spill: None,
+            spill_guard: SpillGuard::default(),
             samples: SamplesState::new(options.jobs, repaint),
             dataset_thumbnails: std::collections::HashMap::new(),
             preparing: false,
@@ -225,6 +229,15 @@ impl FramesmithApp {
             if let Some(end) = self.run.engine_lost() {
                 self.run_ended(end);
             }
+        }
+    }
+
+    /// Pauses the run the first time it spills, when its config asks for the guard.
+    fn guard_against_spilling(&mut self) {
+        let Some(spill) = self.spill else { return };
+        if self.spill_guard.should_pause(true, self.run.can_pause()) && self.send(Command::Pause) {
+            self.run
+                .note(LogLevel::Warn, pause_message(&spill.message()));
         }
     }
 
@@ -510,6 +523,7 @@ impl eframe::App for FramesmithApp {
             let steps = self.run.step_secs();
             self.spill = telemetry.read(|history| detect_spill(history, &steps));
         }
+        self.guard_against_spilling();
         self.samples.player.logic(ctx);
         if let Some(screenshot) = &mut self.screenshot {
             screenshot.logic(ctx);
