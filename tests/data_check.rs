@@ -273,3 +273,27 @@ fn hung_or_missing_tools_are_reported_not_waited_on() {
         .to_string();
     assert!(err.contains("was not found"), "{err}");
 }
+
+#[test]
+fn a_folder_given_by_a_relative_path_is_checked_where_it_is() {
+    // Tests run in the package folder; the dataset folder is made there and named relatively, as a user types it.
+    let dir = tempfile::Builder::new()
+        .prefix(".framesmith-relative-")
+        .tempdir_in(".")
+        .unwrap();
+    let name = PathBuf::from(dir.path().file_name().unwrap());
+    RgbImage::from_pixel(64, 48, image::Rgb([200, 10, 10]))
+        .save(name.join("a.png"))
+        .unwrap();
+    write(&name.join("a.txt"), b"a red square");
+    let options = ScanOptions {
+        probe_media: true,
+        tools: None,
+    };
+    for path in [name.clone(), Path::new(".").join(&name)] {
+        let report = check_path(&path, &options).unwrap();
+        let text = problems_text(&report);
+        assert!(report.is_ok(), "{}: {text:?}", path.display());
+        assert_eq!(report.datasets.len(), 1, "{}", path.display());
+    }
+}

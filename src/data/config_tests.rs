@@ -451,3 +451,23 @@ fn written_file_reads_back() {
         "{text}"
     );
 }
+
+#[test]
+fn the_current_folder_resolves_to_itself() {
+    // A config in the current folder has an empty base; `.` there is the current folder, not an empty path.
+    use super::resolve::resolve_path;
+    assert_eq!(resolve_path(Path::new(""), Path::new(".")), Path::new("."));
+    assert_eq!(resolve_path(Path::new("."), Path::new(".")), Path::new("."));
+    assert_eq!(
+        resolve_path(Path::new(""), Path::new("clips")),
+        Path::new("clips")
+    );
+    assert_eq!(
+        resolve_path(Path::new("data"), Path::new("./clips")),
+        Path::new("data/clips")
+    );
+    assert_eq!(
+        resolve_path(Path::new("/cfg"), Path::new("/abs")),
+        Path::new("/abs")
+    );
+}

@@ -109,7 +109,8 @@ impl DatasetReport {
 /// `.txt` files; a folder with both images and videos becomes one image and one video dataset).
 pub fn check_path(path: &Path, options: &ScanOptions) -> Result<DatasetReport, ConfigError> {
     let (config, base, mut problems) = if path.is_dir() {
-        (folder_config(path), path.to_path_buf(), Vec::new())
+        // The folder's config names the folder itself, so its paths start from the current folder.
+        (folder_config(path), PathBuf::new(), Vec::new())
     } else {
         let parsed = DatasetConfig::read(path)?;
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();

@@ -108,10 +108,16 @@ pub fn resolve_path(base: &Path, path: &Path) -> PathBuf {
     } else {
         base.join(path)
     };
-    joined
+    let tidy: PathBuf = joined
         .components()
         .filter(|c| !matches!(c, std::path::Component::CurDir))
-        .collect()
+        .collect();
+    // `.` relative to the current folder is the current folder, not an empty path (which names nothing).
+    if tidy.as_os_str().is_empty() {
+        PathBuf::from(".")
+    } else {
+        tidy
+    }
 }
 
 /// musubi-tuner's rounding of a clip length down to N*4+1 (lengths below 1 stay as they are).
