@@ -232,3 +232,62 @@ fn generate_writes_a_deterministic_clip() {
     ]);
     assert!(!ok && stderr.contains("multiples of 16"), "{stderr}");
 }
+
+#[test]
+fn generate_rejects_bad_settings_before_loading_anything() {
+    // The text encoder and VAE do not exist: each error below must come before they are loaded.
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dit = fixture("wan21_t2v_tiny");
+    let missing = dir.path().join("missing.safetensors");
+    let blocker = dir.path().join("a-file");
+    std::fs::write(&blocker, "not a folder").expect("write");
+    let out = dir.path().join("clip.mp4");
+    let out_under_a_file = blocker.join("clip.mp4");
+    // (frames, width, steps, out, expected)
+    let cases = [
+        (
+            "6",
+            "32",
+            "2",
+            &out,
+            "6 frames does not fit: the VAE needs 4k + 1 frames (e.g. 5)",
+        ),
+        ("5", "40", "2", &out, "multiples of 16"),
+        ("5", "32", "0", &out, "--steps 0 samples nothing"),
+        (
+            "5",
+            "32",
+            "2",
+            &out_under_a_file,
+            "cannot create the folder for --out",
+        ),
+    ];
+    for (frames, width, steps, out, expected) in cases {
+        let (ok, _, stderr) = framesmith(&[
+            "generate",
+            "--dit",
+            &dit,
+            "--text-encoder",
+            s(&missing),
+            "--vae",
+            s(&missing),
+            "--prompt",
+            "x",
+            "--width",
+            width,
+            "--height",
+            "48",
+            "--frames",
+            frames,
+            "--steps",
+            steps,
+            "--out",
+            s(out),
+        ]);
+        assert!(!ok && stderr.contains(expected), "{expected}: {stderr}");
+        assert!(
+            !stderr.contains("missing.safetensors"),
+            "{expected}: {stderr}"
+        );
+    }
+}

@@ -10,13 +10,14 @@ use clap::{Args, ValueEnum};
 use framesmith::config::run::DeviceSpec;
 use framesmith::models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith::models::wan::text_encoder::TextEncoder;
-use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig, VaeConfig};
 use framesmith::models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
 use framesmith::nn::fp8::Fp8Scale;
 use framesmith::nn::lora_file::LoraFile;
 use framesmith::nn::vb::Vb;
 use framesmith::train::clip::{
-    combine_loras, generate_clip_from, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
+    combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
+    VaeDecoder, CLIP_FPS,
 };
 use framesmith::train::generate::{Experts, ImageConditioning, Solver};
 use framesmith::train::start_image::{
@@ -259,10 +260,38 @@ fn clip_settings(args: &GenerateArgs, (width, height): (usize, usize), seed: u64
     }
 }
 
+/// Checks what can be checked before anything loads (loading a 14B DiT takes minutes): the clip's size and
+/// frames against the VAE this DiT is made for, the step count, and that the output folder can be made.
+fn check_before_loading(
+    args: &GenerateArgs,
+    cfg: &WanConfig,
+    (width, height): (usize, usize),
+) -> anyhow::Result<()> {
+    if args.steps == 0 {
+        anyhow::bail!("--steps 0 samples nothing: use at least 1 (50 is the official count)");
+    }
+    let vae = if cfg.out_dim == VaeConfig::wan22().z_dim {
+        VaeConfig::wan22()
+    } else {
+        VaeConfig::wan21()
+    };
+    latent_shape(cfg, &vae, &clip_settings(args, (width, height), 0))?;
+    if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| {
+            format!(
+                "cannot create the folder for --out {}; pick a folder you can write to",
+                args.out.display()
+            )
+        })?;
+    }
+    Ok(())
+}
+
 /// Runs `generate`.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let (cfg, image) = start_image(args)?;
     let size = clip_size(args, &cfg, image.as_ref());
+    check_before_loading(args, &cfg, size)?;
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device)?;
     let text = TextEncoder::load(
