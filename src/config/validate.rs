@@ -369,6 +369,21 @@ fn check_output(c: &mut Checker, cfg: &RunConfig, compute: FloatDtype) -> Output
             "is empty",
             "set the folder LoRA files are written to, e.g. \"output\"",
         );
+    } else if let Some(file) = o
+        .output_dir
+        .ancestors()
+        .find(|p| !p.as_os_str().is_empty() && p.exists())
+        .filter(|p| !p.is_dir())
+    {
+        c.problem(
+            "output.output_dir",
+            format!(
+                "{} is a file, so the folder {} cannot be made",
+                file.display(),
+                o.output_dir.display()
+            ),
+            "pick a folder path (a new folder is made when it does not exist)",
+        );
     }
     let name = o.output_name.as_str();
     let bad_char = name

@@ -477,3 +477,20 @@ fn missing_files_are_named() {
         .message
         .contains("old.safetensors"));
 }
+
+#[test]
+fn an_output_folder_under_a_file_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let file = dir.path().join("wan.safetensors");
+    for output_dir in [file.clone(), file.join("loras")] {
+        cfg.output.output_dir = output_dir.clone();
+        let e = problems(&cfg, &HostInfo::new(1));
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["output.output_dir"], "{}", output_dir.display());
+        assert!(e.problems[0].message.contains("is a file"), "{e}");
+    }
+    // A folder that does not exist yet is made by the run.
+    cfg.output.output_dir = dir.path().join("new").join("loras");
+    validate(&cfg, &HostInfo::new(1)).unwrap();
+}
