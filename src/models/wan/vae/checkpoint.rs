@@ -3,11 +3,13 @@
 //! Errors name the file and say what it holds when it is not what was asked for.
 
 use std::collections::HashMap;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
 use super::{VaeConfig, VaeVariant, WanVae};
+use crate::models::wan::weights::NotSafetensors;
 use crate::nn::vb::Vb;
 
 /// Why a weights file could not be used.
@@ -23,9 +25,6 @@ pub enum CheckpointError {
         #[source]
         source: candle_core::Error,
     },
-    /// The extension is not one we read.
-    #[error("unsupported weights file type (expected .safetensors, .pth, .pt or .ckpt): {}", path.display())]
-    Extension { path: PathBuf },
     /// The file holds another model or another variant.
     #[error("{what}: {}", path.display())]
     WrongModel { path: PathBuf, what: String },
@@ -56,28 +55,64 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
         path: path.to_path_buf(),
         source,
     };
+    let wrong = |what: String| CheckpointError::WrongModel {
+        path: path.to_path_buf(),
+        what,
+    };
+    // The content decides the reader, not the extension: a renamed file still reads, and a file that is not
+    // weights at all (a download's error page, a Git LFS stub) is named as what it is.
+    let head = first_bytes(path).map_err(|e| read_err(e.into()))?;
+    if head.is_empty() {
+        return Err(wrong(
+            "the file is empty (an interrupted download?); download it again".into(),
+        ));
+    }
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    match ext.as_str() {
-        "safetensors" => candle_core::safetensors::load(path, &Device::Cpu).map_err(read_err),
-        "pth" | "pt" | "ckpt" | "bin" => {
-            let mut tensors = candle_core::pickle::read_all(path).map_err(read_err)?;
-            for key in ["state_dict", "model"] {
-                if !tensors.is_empty() {
-                    break;
-                }
-                tensors =
-                    candle_core::pickle::read_all_with_key(path, Some(key)).map_err(read_err)?;
-            }
-            Ok(tensors.into_iter().collect())
+    let pickle = match crate::models::wan::weights::sniff_kind(&head) {
+        Some(NotSafetensors::PyTorchZip | NotSafetensors::PyTorchPickle) => true,
+        Some(other) => return Err(wrong(other.to_string())),
+        None if is_safetensors_header(&head) => false,
+        None if matches!(ext.as_str(), "pth" | "pt" | "ckpt" | "bin") => true,
+        None => {
+            let hex: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+            return Err(wrong(format!(
+                "this is neither safetensors nor a PyTorch checkpoint (its first bytes are {}); point to the \
+                 .safetensors or .pth weights",
+                hex.join(" ")
+            )));
         }
-        _ => Err(CheckpointError::Extension {
-            path: path.to_path_buf(),
-        }),
+    };
+    if !pickle {
+        return candle_core::safetensors::load(path, &Device::Cpu).map_err(read_err);
     }
+    let mut tensors = candle_core::pickle::read_all(path).map_err(read_err)?;
+    for key in ["state_dict", "model"] {
+        if !tensors.is_empty() {
+            break;
+        }
+        tensors = candle_core::pickle::read_all_with_key(path, Some(key)).map_err(read_err)?;
+    }
+    Ok(tensors.into_iter().collect())
+}
+
+/// Up to the first 64 bytes of the file at `path`.
+fn first_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(64);
+    std::fs::File::open(path)?.take(64).read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// A safetensors file starts with its header's length (little-endian u64, sane) and the header's `{`.
+fn is_safetensors_header(head: &[u8]) -> bool {
+    let length = head
+        .get(..8)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_le_bytes);
+    length.is_some_and(|n| n < 100 << 20) && head.get(8) == Some(&b'{')
 }
 
 /// Prefixes under which other tools store the VAE's official keys.
@@ -179,22 +214,50 @@ mod tests {
             e.contains("not found") && e.contains("absent.safetensors"),
             "{e}"
         );
-        let junk = dir.path().join("junk.safetensors");
-        std::fs::write(&junk, b"not a tensor file")?;
-        let e = read_checkpoint(&junk)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
+        let message = |name: &str, bytes: &[u8]| -> anyhow::Result<String> {
+            let path = dir.path().join(name);
+            std::fs::write(&path, bytes)?;
+            let e = read_checkpoint(&path).err().map(|e| e.to_string());
+            let e = e.unwrap_or_default();
+            assert!(e.contains(name), "{e}");
+            Ok(e)
+        };
+        assert!(message("junk.safetensors", b"not a tensor file")?
+            .contains("a text file (it starts with \"not a tensor file\")"));
+        assert!(message(
+            "Wan2.1_VAE.pth",
+            b"version https://git-lfs.github.com/spec/v1\noid sha256:abc\n"
+        )?
+        .contains("Git LFS pointer"));
+        assert!(message("vae.safetensors", b"<!DOCTYPE html><html>")?.contains("web page"));
+        assert!(message("empty.pth", b"")?.contains("the file is empty"));
+        let e = message(
+            "noise.bin",
+            &[0xb7, 0xe2, 0x38, 0x05, 0x0e, 0x36, 0xc9, 0x19, 0x00],
+        )?;
         assert!(
-            e.contains("cannot read") && e.contains("junk.safetensors"),
-            "{e}"
+            e.contains("cannot read"),
+            "a .bin is read as a PyTorch file, whose reader fails: {e}"
         );
-        let txt = dir.path().join("weights.txt");
-        std::fs::write(&txt, b"x")?;
-        assert!(matches!(
-            read_checkpoint(&txt),
-            Err(CheckpointError::Extension { .. })
-        ));
+        let e = message(
+            "noise.weights",
+            &[0xb7, 0xe2, 0x38, 0x05, 0x0e, 0x36, 0xc9, 0x19],
+        )?;
+        assert!(e.contains("its first bytes are b7 e2 38 05"), "{e}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_content_decides_the_reader_not_the_extension() -> anyhow::Result<()> {
+        let testdata =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/models/wan/vae/testdata");
+        let dir = tempfile::tempdir()?;
+        let renamed = dir.path().join("plain.safetensors");
+        std::fs::copy(testdata.join("plain.pth"), &renamed)?;
+        assert_eq!(read_checkpoint(&renamed)?.len(), 3);
+        let st = dir.path().join("weights.pth");
+        candle_core::safetensors::save(&tensors(&[("a", &[2, 2])])?, &st)?;
+        assert_eq!(read_checkpoint(&st)?.len(), 1);
         Ok(())
     }
 

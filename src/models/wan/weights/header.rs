@@ -175,6 +175,12 @@ fn sniff(head: &[u8], file_bytes: u64, path: &Path) -> Result<u64, ModelFormatEr
 }
 
 /// Recognises the file formats people most often download instead of safetensors.
+/// What the first bytes of a file show, when they are not a safetensors header: a PyTorch archive or pickle, a
+/// GGUF file, a Git LFS pointer, a web page or other text. `None` for a safetensors header or unknown binary.
+pub(crate) fn sniff_kind(head: &[u8]) -> Option<NotSafetensors> {
+    foreign_kind(head).or_else(|| text_line(head).map(NotSafetensors::Text))
+}
+
 fn foreign_kind(head: &[u8]) -> Option<NotSafetensors> {
     if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
         return Some(NotSafetensors::PyTorchZip);
