@@ -158,6 +158,21 @@ fn bad_input_is_an_error_naming_the_fix() {
     let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", "--frames", "80"]);
     assert_eq!(code, Some(1));
     assert!(stderr.contains("80 frames"), "{stderr}");
+
+    let (code, _, stderr) = framesmith(&["--variant", "t2v-2b"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("unknown variant `t2v-2b`: use one of t2v-1.3b, t2v-14b"),
+        "{stderr}"
+    );
+
+    // A negative budget reaches the check (not clap's "unexpected argument '-1'").
+    let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", "--vram-budget-gb", "-1"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("--vram-budget-gb must be a positive number of GiB, not -1"),
+        "{stderr}"
+    );
 }
 
 #[test]

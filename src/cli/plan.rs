@@ -74,7 +74,7 @@ pub struct PlanArgs {
     #[arg(long)]
     gpu_slots: Option<usize>,
     /// VRAM budget in GiB (default: the card's free memory minus headroom)
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     vram_budget_gb: Option<f64>,
     /// Plan for a card with this much free memory (GiB) instead of this machine's
     #[arg(long)]
