@@ -244,15 +244,43 @@ impl Trainer {
                 state.accumulation
             );
         }
+        let damaged = |e: &dyn std::fmt::Display| {
+            let earlier: Vec<String> = dir
+                .parent()
+                .map(|out| list_states(out, &self.outputs.name))
+                .unwrap_or_default()
+                .iter()
+                .filter(|d| **d < dir)
+                .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            let fix = match earlier.last() {
+                Some(name) => format!(
+                    "resume from an earlier state (--resume {})",
+                    dir.with_file_name(name).display()
+                ),
+                None => "start again without --resume".to_string(),
+            };
+            anyhow::anyhow!(
+                "the training state in {} is damaged ({e}); {fix}",
+                dir.display()
+            )
+        };
         let device = self.device().clone();
-        let lora = LoraFile::load(&dir.join("lora.safetensors"), &device)?;
-        self.loras.load_weights(&lora)?;
-        let optimizer =
-            candle_core::safetensors::load(dir.join("optimizer.safetensors"), &Device::Cpu)?
-                .into_iter()
-                .map(|(k, v)| Ok((k, v.to_device(&device)?)))
-                .collect::<candle_core::Result<HashMap<_, _>>>()?;
-        self.optimizer.import_state(&optimizer)?;
+        let lora =
+            LoraFile::load(&dir.join("lora.safetensors"), &device).map_err(|e| damaged(&e))?;
+        self.loras.load_weights(&lora).map_err(|e| damaged(&e))?;
+        let optimizer_path = dir.join("optimizer.safetensors");
+        let optimizer = candle_core::safetensors::load(&optimizer_path, &Device::Cpu)
+            .and_then(|tensors| {
+                tensors
+                    .into_iter()
+                    .map(|(k, v)| Ok((k, v.to_device(&device)?)))
+                    .collect::<candle_core::Result<HashMap<_, _>>>()
+            })
+            .map_err(|e| damaged(&format!("{e}: {}", optimizer_path.display())))?;
+        self.optimizer
+            .import_state(&optimizer)
+            .map_err(|e| damaged(&e))?;
         self.step = state.step;
         Ok(dir)
     }

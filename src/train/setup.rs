@@ -469,7 +469,14 @@ impl Trainer {
         };
         let loras = attach_loras(model.linears_mut(), &spec)?;
         if let Some(path) = &plan.lora.init_from {
-            loras.load_weights(&LoraFile::load(path, &device)?)?;
+            LoraFile::load(path, &device)
+                .and_then(|file| loras.load_weights(&file))
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "lora.init_from: {e}; point it at a LoRA .safetensors for this model (one Framesmith or \
+                         musubi-tuner saved), or remove it to start from a fresh LoRA"
+                    )
+                })?;
         }
         log(
             LogLevel::Info,

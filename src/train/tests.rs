@@ -248,3 +248,61 @@ fn out_of_memory_advice_follows_the_plan() {
     // One sentence as the user reads it: no indentation of the source line left inside.
     assert!(!advice.contains("  "), "{advice}");
 }
+
+#[test]
+fn a_damaged_training_state_names_the_earlier_one_to_resume_from() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = demo_config(dir.path(), 10);
+    let mut first = start(&config, None);
+    let mut states = Vec::new();
+    for target in [2, 4] {
+        while first.step() < target {
+            first.train_step(&|| false).expect("step");
+        }
+        states.push(first.save(false).expect("save").state.expect("state"));
+    }
+    drop(first);
+    std::fs::write(states[1].join("optimizer.safetensors"), "cut short").expect("damage");
+    let request = StartRun {
+        config: config.clone(),
+        resume_from: Some(dir.path().to_path_buf()),
+    };
+    let err = match Trainer::start(&request, &mut |_, _| {}) {
+        Ok(_) => panic!("a damaged state resumed"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.contains(&format!(
+            "the training state in {} is damaged",
+            states[1].display()
+        )) && err.contains("optimizer.safetensors")
+            && err.contains(&format!("--resume {}", states[0].display())),
+        "{err}"
+    );
+    // The earlier state it names does resume.
+    let resumed = start(&config, Some(&states[0]));
+    assert_eq!(resumed.step(), 2);
+}
+
+#[test]
+fn a_bad_init_from_file_says_what_to_point_it_at() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let junk = dir.path().join("junk.safetensors");
+    std::fs::write(&junk, "not a LoRA").expect("write");
+    let mut config = demo_config(dir.path(), 2);
+    config.lora.init_from = Some(junk.clone());
+    let request = StartRun {
+        config,
+        resume_from: None,
+    };
+    let err = match Trainer::start(&request, &mut |_, _| {}) {
+        Ok(_) => panic!("a junk init_from was accepted"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        err.starts_with("lora.init_from: ")
+            && err.contains(&junk.display().to_string())
+            && err.contains("point it at a LoRA .safetensors"),
+        "{err}"
+    );
+}
