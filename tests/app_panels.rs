@@ -95,6 +95,22 @@ fn dropped_model_file_is_inspected_and_shown() {
     ));
     assert_eq!(h.state().config().model.dit, dit);
     assert_eq!(h.state().config().model.vae, vae);
+
+    // Anything else is named in the log with what can be dropped, and changes nothing.
+    let notes = dir.path().join("notes.docx");
+    std::fs::write(&notes, b"x").unwrap();
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(notes.clone())));
+    settle(&mut h);
+    h.get_by_label("Train").click();
+    settle(&mut h);
+    h.get_by_label(&format!(
+        "[warn] Framesmith does not know what to do with {}: drop a dataset folder, a model file (.safetensors, \
+         .pth) or a run config (.toml)",
+        notes.display()
+    ));
+    assert_eq!(h.state().config().model.dit, dit);
 }
 
 #[test]

@@ -453,7 +453,8 @@ impl FramesmithApp {
             _ => self.run.note(
                 LogLevel::Warn,
                 format!(
-                    "Framesmith does not know what to do with {}",
+                    "Framesmith does not know what to do with {}: drop a dataset folder, a model file \
+                     (.safetensors, .pth) or a run config (.toml)",
                     file.display()
                 ),
             ),
