@@ -297,3 +297,44 @@ fn a_folder_given_by_a_relative_path_is_checked_where_it_is() {
         assert_eq!(report.datasets.len(), 1, "{}", path.display());
     }
 }
+
+#[test]
+fn sources_much_smaller_than_their_bucket_are_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let images = d.join("images");
+    std::fs::create_dir_all(&images).unwrap();
+    for (name, w, h) in [
+        ("tiny", 64u32, 48u32),
+        ("small", 160, 120),
+        ("fine", 512, 384),
+    ] {
+        RgbImage::new(w, h)
+            .save(images.join(format!("{name}.png")))
+            .unwrap();
+        write(&images.join(format!("{name}.txt")), name.as_bytes());
+    }
+    let options = ScanOptions {
+        probe_media: true,
+        tools: None,
+    };
+    let check = |extra: &str| {
+        let toml = d.join("dataset.toml");
+        let text = format!(
+            "[general]\nresolution = [512, 384]\ncaption_extension = \".txt\"\n{extra}\n\
+             [[datasets]]\nimage_directory = \"images\"\n"
+        );
+        write(&toml, text.as_bytes());
+        problems_text(&check_path(&toml, &options).unwrap())
+    };
+    let text = check("");
+    let upscaled: Vec<&String> = text.iter().filter(|p| p.contains("upscaled")).collect();
+    assert_eq!(upscaled.len(), 1, "{text:?}");
+    assert!(
+        upscaled[0].contains("2 of 3 item(s)")
+            && upscaled[0].contains("tiny.png at 64x48 → 512x384, 8.0×"),
+        "{text:?}"
+    );
+    let text = check("bucket_no_upscale = true\nenable_bucket = true");
+    assert!(!text.iter().any(|p| p.contains("upscaled")), "{text:?}");
+}

@@ -199,10 +199,12 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
     let mut frame_counts = Vec::new();
     let mut buckets = BTreeMap::new();
     let selector = BucketSelector::for_latent_caching(ds);
+    let mut upscaled = Upscaled::default();
     for item in &scan.items {
         let Some(info) = &item.info else { continue };
         *sizes.entry((info.width, info.height)).or_insert(0) += 1;
         let (width, height) = selector.bucket_for((info.width, info.height));
+        upscaled.note(&item.media, (info.width, info.height), (width, height));
         for frames in clip_lengths(ds, info.frame_count, &item.media, problems) {
             *buckets
                 .entry(BucketKey {
@@ -213,6 +215,9 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
                 .or_insert(0) += 1;
         }
         frame_counts.extend(info.frame_count);
+    }
+    if let Some(problem) = upscaled.warning(ds.source.path(), scan.items.len()) {
+        problems.push(problem);
     }
     let samples: usize = buckets.values().sum();
     DatasetSummary {
@@ -229,6 +234,53 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         frame_counts: Spread::of(&frame_counts),
         buckets,
         samples_per_epoch: samples * ds.num_repeats as usize,
+    }
+}
+
+/// Enlargement beyond which a source is reported as upscaled to its bucket (small enlargements are harmless).
+const UPSCALE_WARN_FACTOR: f64 = 1.5;
+
+/// Media whose bucket is much larger than they are: the cache stores them upscaled, so the LoRA learns blur.
+#[derive(Default)]
+struct Upscaled {
+    count: usize,
+    /// The most enlarged item: its path, size, bucket and factor.
+    worst: Option<(PathBuf, (u32, u32), (u32, u32), f64)>,
+}
+
+impl Upscaled {
+    fn note(&mut self, media: &Path, size: (u32, u32), bucket: (u32, u32)) {
+        if size.0 == 0 || size.1 == 0 {
+            return;
+        }
+        // Resizing covers the bucket, so the larger of the two ratios is the enlargement.
+        let factor =
+            (f64::from(bucket.0) / f64::from(size.0)).max(f64::from(bucket.1) / f64::from(size.1));
+        if factor <= UPSCALE_WARN_FACTOR {
+            return;
+        }
+        self.count += 1;
+        if self.worst.as_ref().is_none_or(|w| factor > w.3) {
+            self.worst = Some((media.to_path_buf(), size, bucket, factor));
+        }
+    }
+
+    fn warning(&self, source: &Path, items: usize) -> Option<Problem> {
+        let (media, size, bucket, factor) = self.worst.as_ref()?;
+        Some(Problem::warning(
+            source,
+            format!(
+                "{} of {items} item(s) are smaller than their bucket and will be upscaled more than \
+                 {UPSCALE_WARN_FACTOR}× (the most: {} at {}x{} → {}x{}, {factor:.1}×), which trains blur; use larger \
+                 sources, a lower resolution, or bucket_no_upscale = true",
+                self.count,
+                media.display(),
+                size.0,
+                size.1,
+                bucket.0,
+                bucket.1
+            ),
+        ))
     }
 }
 
