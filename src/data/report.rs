@@ -244,8 +244,16 @@ const UPSCALE_WARN_FACTOR: f64 = 1.5;
 #[derive(Default)]
 struct Upscaled {
     count: usize,
-    /// The most enlarged item: its path, size, bucket and factor.
-    worst: Option<(PathBuf, (u32, u32), (u32, u32), f64)>,
+    /// The most enlarged item.
+    worst: Option<Enlarged>,
+}
+
+/// One item's enlargement to its bucket.
+struct Enlarged {
+    media: PathBuf,
+    size: (u32, u32),
+    bucket: (u32, u32),
+    factor: f64,
 }
 
 impl Upscaled {
@@ -260,13 +268,23 @@ impl Upscaled {
             return;
         }
         self.count += 1;
-        if self.worst.as_ref().is_none_or(|w| factor > w.3) {
-            self.worst = Some((media.to_path_buf(), size, bucket, factor));
+        if self.worst.as_ref().is_none_or(|w| factor > w.factor) {
+            self.worst = Some(Enlarged {
+                media: media.to_path_buf(),
+                size,
+                bucket,
+                factor,
+            });
         }
     }
 
     fn warning(&self, source: &Path, items: usize) -> Option<Problem> {
-        let (media, size, bucket, factor) = self.worst.as_ref()?;
+        let Enlarged {
+            media,
+            size,
+            bucket,
+            factor,
+        } = self.worst.as_ref()?;
         Some(Problem::warning(
             source,
             format!(
