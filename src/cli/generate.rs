@@ -10,7 +10,7 @@ use clap::{Args, ValueEnum};
 use framesmith::config::run::DeviceSpec;
 use framesmith::models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith::models::wan::text_encoder::TextEncoder;
-use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig, VaeConfig};
+use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith::models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
 use framesmith::nn::fp8::Fp8Scale;
 use framesmith::nn::lora_file::LoraFile;
@@ -20,6 +20,7 @@ use framesmith::train::clip::{
     VaeDecoder, CLIP_FPS,
 };
 use framesmith::train::generate::{Experts, ImageConditioning, Solver};
+use framesmith::train::memory_plan::vae_for;
 use framesmith::train::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,
@@ -270,12 +271,7 @@ fn check_before_loading(
     if args.steps == 0 {
         anyhow::bail!("--steps 0 samples nothing: use at least 1 (50 is the official count)");
     }
-    let vae = if cfg.out_dim == VaeConfig::wan22().z_dim {
-        VaeConfig::wan22()
-    } else {
-        VaeConfig::wan21()
-    };
-    latent_shape(cfg, &vae, &clip_settings(args, (width, height), 0))?;
+    latent_shape(cfg, &vae_for(cfg), &clip_settings(args, (width, height), 0))?;
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {
         std::fs::create_dir_all(dir).with_context(|| {
             format!(

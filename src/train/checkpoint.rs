@@ -245,18 +245,17 @@ impl Trainer {
             );
         }
         let damaged = |e: &dyn std::fmt::Display| {
-            let earlier: Vec<String> = dir
+            // States are listed oldest first: the last one before `dir` is the newest earlier one.
+            let earlier = dir
                 .parent()
                 .map(|out| list_states(out, &self.outputs.name))
                 .unwrap_or_default()
-                .iter()
-                .filter(|d| **d < dir)
-                .filter_map(|d| d.file_name().map(|n| n.to_string_lossy().into_owned()))
-                .collect();
-            let fix = match earlier.last() {
-                Some(name) => format!(
+                .into_iter()
+                .rfind(|d| *d < dir);
+            let fix = match earlier {
+                Some(state) => format!(
                     "resume from an earlier state (--resume {})",
-                    dir.with_file_name(name).display()
+                    state.display()
                 ),
                 None => "start again without --resume".to_string(),
             };

@@ -27,7 +27,7 @@ use candle_core::{Device, Tensor};
 
 pub use detect::{heads_for_dim, variant_name};
 pub use error::{ForeignModel, ModelFormatError, NotSafetensors};
-pub(crate) use header::sniff_kind;
+pub(crate) use header::{hex_prefix, read_head, safetensors_header_len, sniff_kind};
 pub use keys::official_shapes;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
 

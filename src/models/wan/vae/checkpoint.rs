@@ -3,13 +3,12 @@
 //! Errors name the file and say what it holds when it is not what was asked for.
 
 use std::collections::HashMap;
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
 use super::{VaeConfig, VaeVariant, WanVae};
-use crate::models::wan::weights::NotSafetensors;
+use crate::models::wan::weights::{self, NotSafetensors};
 use crate::nn::vb::Vb;
 
 /// Why a weights file could not be used.
@@ -61,7 +60,7 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
     };
     // The content decides the reader, not the extension: a renamed file still reads, and a file that is not
     // weights at all (a download's error page, a Git LFS stub) is named as what it is.
-    let head = first_bytes(path).map_err(|e| read_err(e.into()))?;
+    let head = weights::read_head(path).map_err(|e| read_err(e.into()))?;
     if head.is_empty() {
         return Err(wrong(
             "the file is empty (an interrupted download?); download it again".into(),
@@ -72,17 +71,16 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_ascii_lowercase();
-    let pickle = match crate::models::wan::weights::sniff_kind(&head) {
+    let pickle = match weights::sniff_kind(&head) {
         Some(NotSafetensors::PyTorchZip | NotSafetensors::PyTorchPickle) => true,
         Some(other) => return Err(wrong(other.to_string())),
-        None if is_safetensors_header(&head) => false,
+        None if weights::safetensors_header_len(&head).is_some() => false,
         None if matches!(ext.as_str(), "pth" | "pt" | "ckpt" | "bin") => true,
         None => {
-            let hex: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
             return Err(wrong(format!(
                 "this is neither safetensors nor a PyTorch checkpoint (its first bytes are {}); point to the \
                  .safetensors or .pth weights",
-                hex.join(" ")
+                weights::hex_prefix(&head)
             )));
         }
     };
@@ -97,22 +95,6 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
         tensors = candle_core::pickle::read_all_with_key(path, Some(key)).map_err(read_err)?;
     }
     Ok(tensors.into_iter().collect())
-}
-
-/// Up to the first 64 bytes of the file at `path`.
-fn first_bytes(path: &Path) -> std::io::Result<Vec<u8>> {
-    let mut head = Vec::with_capacity(64);
-    std::fs::File::open(path)?.take(64).read_to_end(&mut head)?;
-    Ok(head)
-}
-
-/// A safetensors file starts with its header's length (little-endian u64, sane) and the header's `{`.
-fn is_safetensors_header(head: &[u8]) -> bool {
-    let length = head
-        .get(..8)
-        .and_then(|b| <[u8; 8]>::try_from(b).ok())
-        .map(u64::from_le_bytes);
-    length.is_some_and(|n| n < 100 << 20) && head.get(8) == Some(&b'{')
 }
 
 /// Prefixes under which other tools store the VAE's official keys.

@@ -140,15 +140,13 @@ fn read_up_to<R: Read>(reader: &mut R, buf: &mut [u8]) -> std::io::Result<usize>
 
 /// Returns the header length of a safetensors file, or says what else the first bytes show.
 fn sniff(head: &[u8], file_bytes: u64, path: &Path) -> Result<u64, ModelFormatError> {
+    if let Some(n) = safetensors_header_len(head) {
+        return Ok(n);
+    }
     let length = head
         .get(..8)
         .and_then(|b| <[u8; 8]>::try_from(b).ok())
         .map(u64::from_le_bytes);
-    if let Some(n) = length {
-        if n <= MAX_HEADER_BYTES && head.get(8) == Some(&b'{') {
-            return Ok(n);
-        }
-    }
     let not_safetensors = |kind| ModelFormatError::NotSafetensors {
         kind,
         path: path.to_path_buf(),
@@ -170,17 +168,35 @@ fn sniff(head: &[u8], file_bytes: u64, path: &Path) -> Result<u64, ModelFormatEr
             path: path.to_path_buf(),
         });
     }
-    let hex: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    Err(not_safetensors(NotSafetensors::Unknown(hex.join(" "))))
+    Err(not_safetensors(NotSafetensors::Unknown(hex_prefix(head))))
 }
 
-/// Recognises the file formats people most often download instead of safetensors.
 /// What the first bytes of a file show, when they are not a safetensors header: a PyTorch archive or pickle, a
 /// GGUF file, a Git LFS pointer, a web page or other text. `None` for a safetensors header or unknown binary.
 pub(crate) fn sniff_kind(head: &[u8]) -> Option<NotSafetensors> {
     foreign_kind(head).or_else(|| text_line(head).map(NotSafetensors::Text))
 }
 
+/// The header length when `head` starts like a safetensors file: a sane little-endian length, then `{`.
+pub(crate) fn safetensors_header_len(head: &[u8]) -> Option<u64> {
+    let n = u64::from_le_bytes(head.get(..8)?.try_into().ok()?);
+    (n <= MAX_HEADER_BYTES && head.get(8) == Some(&b'{')).then_some(n)
+}
+
+/// The first bytes of `head` in hex (`b7 e2 38 05 …`), for naming a file nothing recognised.
+pub(crate) fn hex_prefix(head: &[u8]) -> String {
+    let hex: Vec<String> = head.iter().take(8).map(|b| format!("{b:02x}")).collect();
+    hex.join(" ")
+}
+
+/// Up to the first 64 bytes of the file at `path`: enough for [`sniff_kind`] and [`safetensors_header_len`].
+pub(crate) fn read_head(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut head = Vec::with_capacity(64);
+    File::open(path)?.take(64).read_to_end(&mut head)?;
+    Ok(head)
+}
+
+/// Recognises the file formats people most often download instead of safetensors.
 fn foreign_kind(head: &[u8]) -> Option<NotSafetensors> {
     if head.starts_with(b"PK\x03\x04") || head.starts_with(b"PK\x05\x06") {
         return Some(NotSafetensors::PyTorchZip);
