@@ -15,6 +15,8 @@ use framesmith::models::wan::{WanConfig, WanModel};
 use framesmith::nn::lora::Lora;
 use framesmith::nn::vb::Vb;
 use framesmith::train::step::{checkpointed_step, whole_graph_step, LossTarget, StepOptions};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 struct Counting;
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
@@ -94,8 +96,15 @@ fn step_peak(layers: usize, step: Step) -> candle_core::Result<usize> {
     let vb = Vb::from_tensors(random_weights(&cfg, 1, DType::F32, &dev)?, DType::F32, &dev);
     let mut model = WanModel::new(&cfg, vb, &Default::default())?;
     let mut vars = Vec::new();
+    let rng = &mut StdRng::seed_from_u64(3);
     for (_, linear) in model.linears_mut() {
-        let lora = Lora::new(linear.in_dim(), linear.out_dim(), 4, 4.0, DType::F32, &dev)?;
+        let lora = Lora::new(
+            [linear.in_dim(), linear.out_dim(), 4],
+            4.0,
+            DType::F32,
+            &dev,
+            rng,
+        )?;
         vars.push(lora.down.clone());
         vars.push(lora.up.clone());
         linear.set_lora(Some(lora));

@@ -6,7 +6,7 @@ use std::cmp::Ordering;
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::rngs::StdRng;
-use rand::SeedableRng;
+use rand::{Rng, SeedableRng};
 use regex::Regex;
 
 use super::init;
@@ -22,17 +22,17 @@ pub struct Lora {
 }
 
 impl Lora {
-    /// A fresh adapter: `down` Kaiming-uniform like musubi-tuner (bound 1/sqrt(in)), `up` zero.
+    /// A fresh adapter: `down` Kaiming-uniform like musubi-tuner (bound 1/sqrt(in)), drawn on the host from
+    /// `rng` (so the same seed gives the same adapter on every device and run), `up` zero.
     pub fn new(
-        in_dim: usize,
-        out_dim: usize,
-        rank: usize,
+        [in_dim, out_dim, rank]: [usize; 3],
         alpha: f64,
         dtype: DType,
         device: &Device,
+        rng: &mut impl Rng,
     ) -> Result<Self> {
-        let bound = 1.0 / (in_dim as f64).sqrt();
-        let down = Tensor::rand(-bound, bound, (rank, in_dim), device)?.to_dtype(dtype)?;
+        let bound = 1.0 / (in_dim as f32).sqrt();
+        let down = init::uniform(rng, (rank, in_dim), -bound, bound, device)?.to_dtype(dtype)?;
         let up = Tensor::zeros((out_dim, rank), dtype, device)?;
         Self::from_tensors(&down, &up, alpha)
     }
@@ -213,14 +213,13 @@ where
         if !targets.matches(&path) {
             continue;
         }
-        let (in_dim, out_dim) = (linear.in_dim(), linear.out_dim());
-        let device = linear.base().device().clone();
-        let bound = 1.0 / (in_dim as f32).sqrt();
-        let mut rng = StdRng::seed_from_u64(spec.seed ^ fnv1a(path.as_bytes()));
-        let down = init::uniform(&mut rng, (spec.rank, in_dim), -bound, bound, &device)?;
-        let down = down.to_dtype(spec.dtype)?;
-        let up = Tensor::zeros((out_dim, spec.rank), spec.dtype, &device)?;
-        let lora = Lora::from_tensors(&down, &up, alpha)?;
+        let lora = Lora::new(
+            [linear.in_dim(), linear.out_dim(), spec.rank],
+            alpha,
+            spec.dtype,
+            linear.base().device(),
+            &mut StdRng::seed_from_u64(spec.seed ^ fnv1a(path.as_bytes())),
+        )?;
         linear.set_lora(Some(lora.clone()));
         created.push((path, lora));
     }

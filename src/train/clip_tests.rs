@@ -4,12 +4,15 @@
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use super::*;
 use crate::data::media::MediaTools;
 use crate::models::wan::text_encoder::tokenizer::testkit::write_tiny_tokenizer;
 use crate::models::wan::vae::{load_vae_auto, VaeVariant};
 use crate::models::wan::{weights, ModelOptions, WanModel};
+use crate::nn::init::randn;
 use crate::nn::lora::Lora;
 use crate::nn::vb::Vb;
 
@@ -48,6 +51,7 @@ fn settings(seed: u64) -> ClipSettings {
 /// A LoRA file for two modules of the tiny DiT with random factors.
 fn random_lora(seed: u64, rank: usize) -> anyhow::Result<LoraFile> {
     let dev = Device::Cpu;
+    let rng = &mut StdRng::seed_from_u64(seed);
     let modules = ["blocks.0.self_attn.q", "blocks.1.ffn.0"]
         .iter()
         .enumerate()
@@ -61,8 +65,8 @@ fn random_lora(seed: u64, rank: usize) -> anyhow::Result<LoraFile> {
             Ok(LoadedLora {
                 name: crate::nn::lora_file::musubi_name(path),
                 path: Some(path.to_string()),
-                down: (Tensor::randn(0f32, 0.5, (rank, in_dim), &dev)? + s * 0.01)?,
-                up: Tensor::randn(0f32, 0.5, (out_dim, rank), &dev)?,
+                down: (randn(rng, (rank, in_dim), 0.0, 0.5, &dev)? + s * 0.01)?,
+                up: randn(rng, (out_dim, rank), 0.0, 0.5, &dev)?,
                 alpha: rank as f64 / 2.0,
             })
         })
@@ -77,7 +81,13 @@ fn random_lora(seed: u64, rank: usize) -> anyhow::Result<LoraFile> {
 fn combined_loras_add_up_exactly() -> anyhow::Result<()> {
     let (a, b) = (random_lora(1, 4)?, random_lora(2, 2)?);
     let combined = combine_loras(&[(a.clone(), 0.7), (b.clone(), -1.5)])?;
-    let xs = Tensor::randn(0f32, 1.0, (3, 64), &Device::Cpu)?;
+    let xs = randn(
+        &mut StdRng::seed_from_u64(31),
+        (3, 64),
+        0.0,
+        1.0,
+        &Device::Cpu,
+    )?;
     for (i, module) in combined.modules.iter().enumerate() {
         assert_eq!(module.down.dim(0)?, 6);
         let adapter = |m: &LoadedLora, mult: f64| -> anyhow::Result<Tensor> {

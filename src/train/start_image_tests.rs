@@ -5,12 +5,15 @@
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use super::*;
 use crate::models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use crate::models::wan::random::random_weights;
 use crate::models::wan::vae::{load_vae_auto, LatentStats};
 use crate::models::wan::{weights, ModelOptions, WanModel};
+use crate::nn::init::randn;
 use crate::nn::vb::Vb;
 use crate::train::clip::{generate_clip_from, Conditioning};
 use crate::train::generate::{generate_from, Experts, GenerateRequest, Solver};
@@ -83,9 +86,10 @@ fn settings(width: usize, height: usize) -> ClipSettings {
 
 fn text(cfg: &WanConfig) -> anyhow::Result<(Tensor, Tensor)> {
     let dev = Device::Cpu;
+    let rng = &mut StdRng::seed_from_u64(29);
     Ok((
-        Tensor::randn(0f32, 1.0, (3, cfg.text_dim), &dev)?,
-        Tensor::randn(0f32, 1.0, (2, cfg.text_dim), &dev)?,
+        randn(rng, (3, cfg.text_dim), 0.0, 1.0, &dev)?,
+        randn(rng, (2, cfg.text_dim), 0.0, 1.0, &dev)?,
     ))
 }
 

@@ -337,7 +337,13 @@ mod tests {
         let mut vars = Vec::new();
         let rng = &mut StdRng::seed_from_u64(11);
         for (_, linear) in model.linears_mut() {
-            let lora = Lora::new(linear.in_dim(), linear.out_dim(), 4, 4.0, DType::F32, &dev)?;
+            let lora = Lora::new(
+                [linear.in_dim(), linear.out_dim(), 4],
+                4.0,
+                DType::F32,
+                &dev,
+                rng,
+            )?;
             lora.down
                 .set(&randn(rng, lora.down.shape(), 0.0, 0.1, &dev)?)?;
             lora.up.set(&randn(rng, lora.up.shape(), 0.0, 0.1, &dev)?)?;

@@ -212,7 +212,7 @@ mod tests {
             BaseWeight::Dense(w)
         };
         let mut lin = Linear::from_base(base, Some(randn(rng, 6, 0.0, 0.1, &dev)?));
-        let mut lora = Lora::new(10, 6, 3, 1.5, DType::F32, &dev)?;
+        let mut lora = Lora::new([10, 6, 3], 1.5, DType::F32, &dev, rng)?;
         lora.up = Var::from_tensor(&randn(rng, (6, 3), 0.0, 0.2, &dev)?)?;
         lora.multiplier = 0.8;
         lin.set_lora(Some(lora));

@@ -8,6 +8,8 @@ use super::*;
 use crate::nn::fp8::tests::randn;
 use crate::nn::fp8::{quantize, Fp8Scale};
 use crate::nn::lora::Lora;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 fn tensor(seed: u64, dims: &[usize], scale: f32) -> Tensor {
     let n = dims.iter().product();
@@ -49,7 +51,14 @@ fn rel_norm(a: &Tensor, b: &Tensor) -> f32 {
 
 /// A LoRA with non-zero `up`, so both factors receive gradients.
 fn live_lora(in_dim: usize, out_dim: usize, rank: usize) -> Lora {
-    let mut lora = Lora::new(in_dim, out_dim, rank, 2.0, DType::F32, &Device::Cpu).unwrap();
+    let mut lora = Lora::new(
+        [in_dim, out_dim, rank],
+        2.0,
+        DType::F32,
+        &Device::Cpu,
+        &mut StdRng::seed_from_u64(39),
+    )
+    .unwrap();
     lora.up = Var::from_tensor(&tensor(40, &[out_dim, rank], 0.3)).unwrap();
     lora
 }

@@ -75,16 +75,20 @@ mod tests {
 
     use super::super::{layer_norm, rms_norm};
     use super::*;
+    use crate::nn::init::randn;
     use crate::nn::testing::rel;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
 
     /// Each backward equals candle's autograd through the differentiable forward, with and without weight.
     #[test]
     fn norm_backwards_match_autograd() -> Result<()> {
         let dev = Device::Cpu;
-        let x = Var::from_tensor(&(Tensor::randn(0f32, 1., (2, 3, 16), &dev)? + 0.3)?)?;
-        let w = Tensor::randn(1f32, 0.2, 16, &dev)?;
-        let b = Tensor::randn(0f32, 0.2, 16, &dev)?;
-        let dy = Tensor::randn(0f32, 1., (2, 3, 16), &dev)?;
+        let rng = &mut StdRng::seed_from_u64(19);
+        let x = Var::from_tensor(&(randn(rng, (2, 3, 16), 0.0, 1.0, &dev)? + 0.3)?)?;
+        let w = randn(rng, 16, 1.0, 0.2, &dev)?;
+        let b = randn(rng, 16, 0.0, 0.2, &dev)?;
+        let dy = randn(rng, (2, 3, 16), 0.0, 1.0, &dev)?;
         for weight in [None, Some(&w)] {
             let cases = [
                 (rms_norm(x.as_tensor(), weight, 1e-6)?, true),
