@@ -262,8 +262,34 @@ fn generate_rejects_bad_settings_before_loading_anything() {
             "cannot create the folder for --out",
         ),
     ];
-    for (frames, width, steps, out, expected) in cases {
-        let (ok, _, stderr) = framesmith(&[
+    let numbers: [(&str, &str, &str); 4] = [
+        (
+            "--shift",
+            "-1",
+            "--shift -1 is not a flow shift: use a number above 0",
+        ),
+        ("--shift", "nan", "--shift NaN is not a flow shift"),
+        (
+            "--guidance",
+            "-2",
+            "--guidance -2 is not a guidance scale: use 0 or more",
+        ),
+        (
+            "--boundary",
+            "1.5",
+            "--boundary 1.5 is not a fraction of the timesteps",
+        ),
+    ];
+    let cases = cases
+        .into_iter()
+        .map(|(f, w, st, o, e)| (f, w, st, o, None, e))
+        .chain(
+            numbers
+                .into_iter()
+                .map(|(flag, value, e)| ("5", "32", "2", &out, Some([flag, value]), e)),
+        );
+    for (frames, width, steps, out, number, expected) in cases {
+        let mut args = vec![
             "generate",
             "--dit",
             &dit,
@@ -283,7 +309,9 @@ fn generate_rejects_bad_settings_before_loading_anything() {
             steps,
             "--out",
             s(out),
-        ]);
+        ];
+        args.extend(number.iter().flatten());
+        let (ok, _, stderr) = framesmith(&args);
         assert!(!ok && stderr.contains(expected), "{expected}: {stderr}");
         assert!(
             !stderr.contains("missing.safetensors"),

@@ -166,13 +166,15 @@ fn bad_input_is_an_error_naming_the_fix() {
         "{stderr}"
     );
 
-    // A negative budget reaches the check (not clap's "unexpected argument '-1'").
-    let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", "--vram-budget-gb", "-1"]);
-    assert_eq!(code, Some(1));
-    assert!(
-        stderr.contains("--vram-budget-gb must be a positive number of GiB, not -1"),
-        "{stderr}"
-    );
+    // Negative sizes reach the check (not clap's "unexpected argument '-1'").
+    for flag in ["--vram-budget-gb", "--free-vram-gb", "--ram-gb"] {
+        let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", flag, "-1"]);
+        assert_eq!(code, Some(1));
+        assert!(
+            stderr.contains(&format!("{flag} must be a positive number of GiB, not -1")),
+            "{stderr}"
+        );
+    }
 }
 
 #[test]

@@ -55,7 +55,7 @@ pub struct GenerateArgs {
     #[arg(long)]
     dit_low_noise: Option<PathBuf>,
     /// Switch to the low-noise expert below this fraction of the timesteps (default: the model's; 0.875 T2V, 0.9 I2V)
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     boundary: Option<f64>,
     /// LoRA for the DiT, FILE or FILE:MULTIPLIER; repeat for several
     #[arg(long = "lora", value_name = "FILE[:MULT]")]
@@ -98,10 +98,10 @@ pub struct GenerateArgs {
     #[arg(long, default_value_t = 50)]
     steps: usize,
     /// Flow shift of the sampling schedule
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     shift: f64,
     /// Classifier-free guidance scale (1 turns it off)
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
     guidance: f64,
     /// Noise seed (default: random, printed)
     #[arg(long)]
@@ -270,6 +270,29 @@ fn check_before_loading(
 ) -> anyhow::Result<()> {
     if args.steps == 0 {
         anyhow::bail!("--steps 0 samples nothing: use at least 1 (50 is the official count)");
+    }
+    if !(args.shift.is_finite() && args.shift > 0.0) {
+        anyhow::bail!(
+            "--shift {} is not a flow shift: use a number above 0 (5 is the official value; 3 is common for \
+             480p)",
+            args.shift
+        );
+    }
+    if !(args.guidance.is_finite() && args.guidance >= 0.0) {
+        anyhow::bail!(
+            "--guidance {} is not a guidance scale: use 0 or more (1 turns guidance off, 5 is the official \
+             value)",
+            args.guidance
+        );
+    }
+    if let Some(b) = args
+        .boundary
+        .filter(|b| !(b.is_finite() && *b > 0.0 && *b <= 1.0))
+    {
+        anyhow::bail!(
+            "--boundary {b} is not a fraction of the timesteps: use a number above 0 and at most 1 (0.875 \
+             for text-to-video, 0.9 for image-to-video)"
+        );
     }
     latent_shape(cfg, &vae_for(cfg), &clip_settings(args, (width, height), 0))?;
     if let Some(dir) = args.out.parent().filter(|d| !d.as_os_str().is_empty()) {

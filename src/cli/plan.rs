@@ -77,10 +77,10 @@ pub struct PlanArgs {
     #[arg(long, allow_negative_numbers = true)]
     vram_budget_gb: Option<f64>,
     /// Plan for a card with this much free memory (GiB) instead of this machine's
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     free_vram_gb: Option<f64>,
     /// Plan for this much RAM (GiB) instead of this machine's
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true)]
     ram_gb: Option<f64>,
     /// Leave out AdamW's moments and the CUDA context, as `framesmith-bench step|stream` measure peaks
     #[arg(long)]
