@@ -345,8 +345,9 @@ mod tests {
         assert_eq!(video_tokens(&cfg, latent), 32_760);
     }
 
-    /// The CPU's bf16 step in every mode against the f32 reference: bf16 rounding only (non-zero, well inside
-    /// the device check's 3e-2), so the check measures the device's bf16 error and not the reference's.
+    /// The CPU's bf16 step in every mode against the f32 reference: bf16 rounding only (non-zero, inside the
+    /// device check's 3e-2), so the check measures the device's bf16 error and not the reference's. 1.47e-2 on
+    /// the CPU this was written on; the bound leaves room for another CPU's matmul kernels to round differently.
     #[test]
     fn tiny_check_on_cpu_is_within_bf16_rounding() -> Result<()> {
         for (backward, keep_attention, keep_tapes) in [
@@ -370,7 +371,7 @@ mod tests {
             );
             assert!(c.tensors > 0 && c.loss_cpu.is_finite());
             assert!(
-                c.max_rel_err > 0.0 && c.max_rel_err < 1.5e-2,
+                c.max_rel_err > 0.0 && c.max_rel_err < 2e-2,
                 "{}",
                 c.max_rel_err
             );
