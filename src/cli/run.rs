@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use framesmith::config::RunConfig;
 use framesmith::protocol::{Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun};
+#[cfg(feature = "telemetry")]
+use framesmith::telemetry::{detect_spill, SpillGuard, Telemetry, TelemetryOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// What a finished headless run produced.
@@ -55,7 +57,8 @@ pub type QueuedEnd = (PathBuf, Option<RunEnd>);
 /// Runs `config` to completion on a new engine thread; errors carry the engine's message.
 pub fn run_headless(config: RunConfig, resume_from: Option<PathBuf>) -> anyhow::Result<RunSummary> {
     let engine = framesmith::train::engine::spawn().context("cannot start the engine thread")?;
-    match drive(&engine, config, resume_from)? {
+    let telemetry = spill_telemetry();
+    match drive(&engine, config, resume_from, telemetry.as_ref())? {
         RunEnd::Finished(summary) | RunEnd::Stopped(summary) => Ok(summary),
         RunEnd::Failed(message) => anyhow::bail!("{message}"),
     }
@@ -71,6 +74,7 @@ pub fn run_queue(
     mut resume_from: Option<PathBuf>,
 ) -> anyhow::Result<Vec<QueuedEnd>> {
     let engine = framesmith::train::engine::spawn().context("cannot start the engine thread")?;
+    let telemetry = spill_telemetry();
     let mut ends: Vec<QueuedEnd> = Vec::with_capacity(configs.len());
     let mut held = false;
     for path in configs {
@@ -87,7 +91,7 @@ pub fn run_queue(
             );
         }
         let end = match load(path) {
-            Ok(config) => drive(&engine, config, resume_from.take())?,
+            Ok(config) => drive(&engine, config, resume_from.take(), telemetry.as_ref())?,
             Err(err) => RunEnd::Failed(format!("{err:#}")),
         };
         if let RunEnd::Failed(message) = &end {
@@ -112,12 +116,16 @@ pub fn summary_lines(ends: &[QueuedEnd]) -> Vec<String> {
         .collect()
 }
 
-/// Starts one run on `engine` and follows its events to the end. Errors only when the engine thread is gone.
+/// Starts one run on `engine` and follows its events to the end, watching `telemetry` for spilling. Errors only
+/// when the engine thread is gone.
 fn drive(
     engine: &EngineHandle,
     config: RunConfig,
     resume_from: Option<PathBuf>,
+    telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<RunEnd> {
+    let mut watch = telemetry.map(|t| SpillWatch::new(t, config.memory.shared_memory_guard));
+    let mut guard_stopped = false;
     engine
         .commands
         .send(Command::StartRun(Box::new(StartRun {
@@ -133,15 +141,33 @@ fn drive(
                 summary.first_loss = summary.first_loss.or(Some(p.loss));
                 summary.last_smoothed_loss = Some(p.smoothed_loss);
                 term.progress(&p);
+                match watch.as_mut().and_then(|w| w.after_step(p.step_secs)) {
+                    Some(Spill::Warn(line)) => term.say(format!("warning: {line}")),
+                    Some(Spill::Stop(line)) => {
+                        term.say(format!("warning: {line}"));
+                        engine
+                            .commands
+                            .send(Command::Stop)
+                            .context("the engine thread stopped")?;
+                        guard_stopped = true;
+                    }
+                    None => {}
+                }
             }
             Event::Log { level, message } => term.say(match level {
                 LogLevel::Info => message,
                 LogLevel::Warn => format!("warning: {message}"),
                 LogLevel::Error => format!("error: {message}"),
             }),
-            Event::CheckpointSaved { step, lora, .. } => {
+            Event::CheckpointSaved { step, lora, state } => {
                 term.say(format!("step {step}: saved {}", lora.display()));
                 summary.last_lora = Some(lora);
+                if let Some(state) = state.filter(|_| guard_stopped) {
+                    term.say(format!(
+                        "to go on once it fits: framesmith train --config <this config> --resume {}",
+                        state.display()
+                    ));
+                }
             }
             Event::SampleReady { step, video, .. } => {
                 term.say(format!("step {step}: sample {}", video.display()));
@@ -164,6 +190,96 @@ fn drive(
         }
     }
     anyhow::bail!("the engine thread ended without finishing the run")
+}
+
+/// The telemetry `framesmith train` watches for spilling: only where the driver can spill into shared GPU memory
+/// and its counters exist (Windows). `None` elsewhere, or when the sampling thread cannot start.
+#[cfg(feature = "telemetry")]
+fn spill_telemetry() -> Option<Telemetry> {
+    cfg!(windows)
+        .then(|| Telemetry::spawn(TelemetryOptions::default()).ok())
+        .flatten()
+}
+
+/// What the spill watch has to say after a step.
+#[derive(Debug, PartialEq)]
+#[cfg_attr(not(feature = "telemetry"), allow(dead_code))] // a headless build watches nothing
+enum Spill {
+    /// The run spills: say so (once per run).
+    Warn(String),
+    /// The run spills and `memory.shared_memory_guard` is on: say so and stop the run (once per run). Nobody is
+    /// there to resume a paused run, so the command line stops it; Stop saves the LoRA (and the training state,
+    /// with `output.save_state`, to resume from).
+    Stop(String),
+}
+
+/// Watches a headless run for the driver spilling VRAM into shared memory, with the Monitor's detector on the
+/// same telemetry and the run's step times.
+#[cfg(feature = "telemetry")]
+struct SpillWatch<'a> {
+    telemetry: &'a Telemetry,
+    step_secs: Vec<f64>,
+    guard: SpillGuard,
+    warned: bool,
+}
+
+#[cfg(feature = "telemetry")]
+impl<'a> SpillWatch<'a> {
+    fn new(telemetry: &'a Telemetry, guard: bool) -> Self {
+        Self {
+            telemetry,
+            step_secs: Vec::new(),
+            guard: SpillGuard::for_run(guard),
+            warned: false,
+        }
+    }
+
+    /// Records a step's time and checks for spilling.
+    fn after_step(&mut self, step_secs: f64) -> Option<Spill> {
+        self.step_secs.push(step_secs);
+        let steps = &self.step_secs;
+        let spill = self
+            .telemetry
+            .read(|history| detect_spill(history, steps))?;
+        if self.guard.should_act(true, true) {
+            self.warned = true;
+            return Some(Spill::Stop(format!(
+                "{}. Stopping the run and saving its LoRA (memory.shared_memory_guard is on). Before running it \
+                 again, stream more blocks (memory.blocks_to_swap = \"auto\" with a lower memory.vram_budget_gb) or \
+                 lower dataset.resolution.",
+                spill.message()
+            )));
+        }
+        (!std::mem::replace(&mut self.warned, true)).then(|| {
+            Spill::Warn(format!(
+                "{}. With memory.shared_memory_guard = true the run would be stopped and saved.",
+                spill.message()
+            ))
+        })
+    }
+}
+
+/// A headless build (without the `telemetry` feature) samples no GPU counters, so it watches nothing.
+#[cfg(not(feature = "telemetry"))]
+struct Telemetry;
+
+#[cfg(not(feature = "telemetry"))]
+fn spill_telemetry() -> Option<Telemetry> {
+    None
+}
+
+#[cfg(not(feature = "telemetry"))]
+struct SpillWatch;
+
+#[cfg(not(feature = "telemetry"))]
+impl SpillWatch {
+    fn new(_: &Telemetry, _: bool) -> Self {
+        Self
+    }
+
+    fn after_step(&mut self, _: f64) -> Option<Spill> {
+        None
+    }
 }
 
 /// Where a run's progress goes: a progress bar on a terminal, a line every 5% otherwise.
@@ -296,6 +412,129 @@ mod tests {
         let failed = format!("{}: failed: ", names[0].display());
         assert!(lines[0].starts_with(&failed), "{}", lines[0]);
         assert!(lines[2].ends_with("good.toml: finished"), "{}", lines[2]);
+    }
+
+    /// VRAM 97% full and shared memory growing by 500 MiB (as the app's Monitor test).
+    #[cfg(feature = "telemetry")]
+    fn spilling() -> Telemetry {
+        use framesmith::telemetry::{GpuSample, History, Sample, SharedMemorySample};
+        let mut history = History::new(10);
+        history.gpu_status = Ok(());
+        history.shared_status = Ok(());
+        for (i, shared_mib) in [100u64, 300, 600].into_iter().enumerate() {
+            history.push(Sample {
+                at_secs: i as f64,
+                gpus: vec![GpuSample {
+                    memory_used_bytes: 97,
+                    memory_total_bytes: 100,
+                    ..GpuSample::default()
+                }],
+                shared: Some(SharedMemorySample {
+                    adapter_bytes: shared_mib << 20,
+                    process_bytes: 0,
+                }),
+                ..Sample::default()
+            });
+        }
+        Telemetry::fixed(history)
+    }
+
+    /// Drives a run on a stand-in engine whose steps slow down threefold on a spilling card, then end as `end`
+    /// (after a save naming a training state). Returns how the run ended and the commands after `StartRun`.
+    #[cfg(feature = "telemetry")]
+    fn spilling_run(guard: bool, end: RunState) -> (RunEnd, Vec<Command>) {
+        let (engine, end_of_engine) = framesmith::protocol::channel_pair();
+        for (step, step_secs) in [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
+            .into_iter()
+            .enumerate()
+        {
+            let progress = Progress {
+                step: step + 1,
+                total_steps: 100,
+                epoch: 1,
+                loss: 0.1,
+                smoothed_loss: 0.1,
+                learning_rate: 1e-4,
+                step_secs,
+                eta_secs: 100.0,
+            };
+            end_of_engine
+                .events
+                .send(Event::Progress(progress))
+                .unwrap();
+        }
+        let saved = Event::CheckpointSaved {
+            step: 8,
+            lora: PathBuf::from("out/lora.safetensors"),
+            state: Some(PathBuf::from("out/state")),
+        };
+        end_of_engine.events.send(saved).unwrap();
+        end_of_engine.events.send(Event::StateChanged(end)).unwrap();
+        let mut config = tiny_demo(Path::new("out"), 100);
+        config.memory.shared_memory_guard = guard;
+        let telemetry = spilling();
+        let run_end = drive(&engine, config, None, Some(&telemetry)).unwrap();
+        let commands: Vec<Command> = end_of_engine.commands.try_iter().collect();
+        assert!(matches!(commands.first(), Some(Command::StartRun(_))));
+        (run_end, commands.into_iter().skip(1).collect())
+    }
+
+    #[cfg(feature = "telemetry")]
+    #[test]
+    fn the_shared_memory_guard_stops_a_spilling_headless_run_once() {
+        let (end, commands) = spilling_run(true, RunState::Stopped);
+        assert!(
+            matches!(commands.as_slice(), [Command::Stop]),
+            "stopped once, not at every slow step: {commands:?}"
+        );
+        let RunEnd::Stopped(summary) = end else {
+            panic!("{end:?}")
+        };
+        assert_eq!(
+            summary.last_lora,
+            Some(PathBuf::from("out/lora.safetensors"))
+        );
+
+        let (end, commands) = spilling_run(false, RunState::Finished);
+        assert!(
+            commands.is_empty(),
+            "without the guard only a warning: {commands:?}"
+        );
+        assert!(matches!(end, RunEnd::Finished(_)));
+    }
+
+    #[cfg(feature = "telemetry")]
+    #[test]
+    fn the_spill_watch_warns_once_and_says_what_to_change() {
+        let telemetry = spilling();
+        let mut watch = SpillWatch::new(&telemetry, false);
+        let said: Vec<Spill> = [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
+            .into_iter()
+            .filter_map(|secs| watch.after_step(secs))
+            .collect();
+        let [Spill::Warn(line)] = said.as_slice() else {
+            panic!("one warning: {said:?}")
+        };
+        assert!(line.starts_with("The driver is spilling VRAM into shared memory: VRAM 97% full"));
+        assert!(line.contains("memory.shared_memory_guard = true"), "{line}");
+
+        let mut watch = SpillWatch::new(&telemetry, true);
+        let said: Vec<Spill> = [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
+            .into_iter()
+            .filter_map(|secs| watch.after_step(secs))
+            .collect();
+        let [Spill::Stop(line)] = said.as_slice() else {
+            panic!("one stop: {said:?}")
+        };
+        assert!(
+            line.contains("Stopping the run and saving its LoRA"),
+            "{line}"
+        );
+        assert!(line.contains("memory.blocks_to_swap"), "{line}");
+
+        // Steps at an even pace: no slowdown, no warning, whatever the memory counters say.
+        let mut watch = SpillWatch::new(&telemetry, true);
+        assert!((0..8).all(|_| watch.after_step(1.0).is_none()));
     }
 
     #[test]
