@@ -384,7 +384,8 @@ pub struct MemorySection {
     pub vram_budget_gb: Option<f64>,
     /// Page-locked staging buffers (8 MiB chunks) of `staged` streaming.
     pub staging_slots: usize,
-    /// Warn and pause when Windows starts spilling into shared GPU memory.
+    /// When Windows starts spilling into shared GPU memory: the app pauses the run, `framesmith train` stops it
+    /// (saving), once per run.
     pub shared_memory_guard: bool,
 }
 
