@@ -1,10 +1,13 @@
-//! Device checks: every kernel against its CPU reference on fresh random inputs, forward and gradients. Run by
+//! Device checks: every kernel against its CPU reference on seeded random inputs (the same on every run), forward and gradients. Run by
 //! the `#[test]`s below (cuda builds, on a machine with a GPU) and by `framesmith-bench check` on the test
 //! machine. References run in f32 on the CPU from the same (rounded) input values; NaN never passes.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
 
 use super::{elementwise, fp8, norm, rope};
+use crate::nn::init;
 
 mod mixed;
 
@@ -101,6 +104,7 @@ type Op<'a> = &'a dyn Fn(&[Tensor]) -> Result<Tensor>;
 fn fwd_bwd_case(
     name: &str,
     dev: &Device,
+    rng: &mut StdRng,
     inputs: &[Tensor],
     wants_grad: &[bool],
     device_op: Op,
@@ -119,7 +123,7 @@ fn fwd_bwd_case(
     let cpu_in: Vec<Tensor> = cpu_vars.iter().map(|v| v.as_tensor().clone()).collect();
     let got = device_op(&gpu_in)?;
     let want = reference(&cpu_in)?;
-    let probe = Tensor::randn(0f32, 1.0, want.shape(), &Device::Cpu)?;
+    let probe = randn(rng, want.dims(), 0.0, 1.0, DType::F32)?;
     let dtype = got.dtype();
     let mut out = vec![compare(
         format!("{name} forward"),
@@ -154,22 +158,25 @@ fn fwd_bwd_case(
     Ok(out)
 }
 
-fn randn(shape: &[usize], mean: f32, std: f32, dtype: DType) -> Result<Tensor> {
-    Tensor::randn(mean, std, shape, &Device::Cpu)?.to_dtype(dtype)
+/// Normal samples on the CPU from the check's seeded generator, so a check sees the same inputs on every run.
+fn randn(rng: &mut StdRng, shape: &[usize], mean: f32, std: f32, dtype: DType) -> Result<Tensor> {
+    init::randn(rng, shape, mean, std, &Device::Cpu)?.to_dtype(dtype)
 }
 
 /// RMSNorm and LayerNorm (with and without affine parameters), f32 and bf16.
 pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(101);
     let mut out = Vec::new();
     for dtype in [DType::F32, DType::BF16] {
-        let x = randn(&[2, 37, 1536], 0.5, 3.0, dtype)?;
-        let w = randn(&[1536], 1.0, 0.1, dtype)?;
-        let b = randn(&[1536], 0.0, 0.1, dtype)?;
+        let x = randn(rng, &[2, 37, 1536], 0.5, 3.0, dtype)?;
+        let w = randn(rng, &[1536], 1.0, 0.1, dtype)?;
+        let b = randn(rng, &[1536], 0.0, 0.1, dtype)?;
         let inputs = [x, w, b];
         let eps = 1e-6;
         out.extend(fwd_bwd_case(
             &format!("rms_norm {dtype:?} [2,37,1536]"),
             dev,
+            rng,
             &inputs[..2],
             &[true, true],
             &|t| norm::rms_norm(&t[0], Some(&t[1]), eps),
@@ -178,6 +185,7 @@ pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         out.extend(fwd_bwd_case(
             &format!("layer_norm affine {dtype:?} [2,37,1536]"),
             dev,
+            rng,
             &inputs,
             &[true, true, true],
             &|t| norm::layer_norm(&t[0], Some(&t[1]), Some(&t[2]), eps),
@@ -186,6 +194,7 @@ pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         out.extend(fwd_bwd_case(
             &format!("layer_norm plain {dtype:?} [2,37,1536]"),
             dev,
+            rng,
             &inputs[..1],
             &[true],
             &|t| norm::layer_norm(&t[0], None, None, eps),
@@ -197,18 +206,20 @@ pub fn norm_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 
 /// Modulation (per sample and per token), gated residual (f32 and bf16 residual stream) and GELU-tanh.
 pub fn elementwise_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(102);
     let mut out = Vec::new();
     let (b, l, d) = (2, 33, 1536);
     for dtype in [DType::F32, DType::BF16] {
         for mod_tokens in [1, l] {
             let inputs = [
-                randn(&[b, l, d], 0.0, 1.0, dtype)?,
-                randn(&[b, mod_tokens, d], 0.0, 0.5, DType::F32)?,
-                randn(&[b, mod_tokens, d], 0.0, 0.5, DType::F32)?,
+                randn(rng, &[b, l, d], 0.0, 1.0, dtype)?,
+                randn(rng, &[b, mod_tokens, d], 0.0, 0.5, DType::F32)?,
+                randn(rng, &[b, mod_tokens, d], 0.0, 0.5, DType::F32)?,
             ];
             out.extend(fwd_bwd_case(
                 &format!("modulate {dtype:?} mod [{b},{mod_tokens},{d}]"),
                 dev,
+                rng,
                 &inputs,
                 &[true, true, true],
                 &|t| elementwise::modulate(&t[0], &t[1], &t[2]),
@@ -217,16 +228,19 @@ pub fn elementwise_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             out.extend(fwd_bwd_case(
                 &format!("gated_residual {dtype:?} gate [{b},{mod_tokens},{d}]"),
                 dev,
+                rng,
                 &inputs[..2],
                 &[true, true],
                 &|t| elementwise::gated_residual(&t[0], &t[0].affine(0.5, 0.1)?, &t[1]),
                 &|t| elementwise::gated_residual_reference(&t[0], &t[0].affine(0.5, 0.1)?, &t[1]),
             )?);
         }
+        let x = randn(rng, &[3, 1000], 0.0, 2.0, dtype)?;
         out.extend(fwd_bwd_case(
             &format!("gelu_tanh {dtype:?} [3,1000]"),
             dev,
-            &[randn(&[3, 1000], 0.0, 2.0, dtype)?],
+            rng,
+            &[x],
             &[true],
             &|t| elementwise::gelu_tanh(&t[0]),
             &|t| elementwise::gelu_tanh_reference(&t[0]),
@@ -237,16 +251,19 @@ pub fn elementwise_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 
 /// Rotary embedding with random angle tables, f32 and bf16; the input gradient is the inverse rotation.
 pub fn rope_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(103);
     let mut out = Vec::new();
     let (b, l, h, d) = (2, 40, 3, 128);
-    let angles = Tensor::rand(-10f32, 10.0, (b, l, 1, d / 2), &Device::Cpu)?;
+    let angles = init::uniform(rng, (b, l, 1, d / 2), -10.0, 10.0, &Device::Cpu)?;
     let (cos, sin) = (angles.cos()?, angles.sin()?);
     for dtype in [DType::F32, DType::BF16] {
         let (c_dev, s_dev) = (cos.to_device(dev)?, sin.to_device(dev)?);
+        let x = randn(rng, &[b, l, h, d], 0.0, 1.0, dtype)?;
         out.extend(fwd_bwd_case(
             &format!("rope {dtype:?} [{b},{l},{h},{d}]"),
             dev,
-            &[randn(&[b, l, h, d], 0.0, 1.0, dtype)?],
+            rng,
+            &[x],
             &[true],
             &|t| rope::rope_apply(&t[0], &c_dev, &s_dev),
             &|t| rope::rope_reference(&t[0], &cos, &sin),
@@ -261,11 +278,12 @@ type Reference = Box<dyn Fn(&[Tensor]) -> Result<Tensor>>;
 /// The input-gradient functions used outside autograd (`*_backward`) against the reference's gradient of
 /// `sum(y · dy)`.
 pub fn direct_backward_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(104);
     let (l, d, h, hd) = (37, 1536, 3, 128);
-    let w = randn(&[d], 1.0, 0.1, DType::F32)?;
-    let scale = randn(&[2, 1, d], 0.0, 0.5, DType::F32)?;
+    let w = randn(rng, &[d], 1.0, 0.1, DType::F32)?;
+    let scale = randn(rng, &[2, 1, d], 0.0, 0.5, DType::F32)?;
     let shift = scale.zeros_like()?;
-    let angles = Tensor::rand(-10f32, 10.0, (2, l, 1, hd / 2), &Device::Cpu)?;
+    let angles = init::uniform(rng, (2, l, 1, hd / 2), -10.0, 10.0, &Device::Cpu)?;
     let (cos, sin) = (angles.cos()?, angles.sin()?);
     let (wg, sg, cg, ssg) = (
         w.to_device(dev)?,
@@ -316,8 +334,8 @@ pub fn direct_backward_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
     for dtype in [DType::F32, DType::BF16] {
         for (name, shape, direct, reference) in &cases {
             poison(dev)?;
-            let x = randn(shape, 0.5, 2.0, dtype)?;
-            let dy = randn(shape, 0.0, 1.0, dtype)?;
+            let x = randn(rng, shape, 0.5, 2.0, dtype)?;
+            let dy = randn(rng, shape, 0.0, 1.0, dtype)?;
             let got = direct(&x.to_device(dev)?, &dy.to_device(dev)?)?;
             let xv = Var::from_tensor(&x.to_dtype(DType::F32)?)?;
             let y = reference(&[xv.as_tensor().clone()])?;
@@ -337,8 +355,8 @@ pub fn direct_backward_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 }
 
 /// Random e4m3fn codes (NaN codes excluded) as `U8`.
-fn random_codes(rows: usize, cols: usize) -> Result<Tensor> {
-    let u = Tensor::rand(0f32, 254.0, (rows, cols), &Device::Cpu)?.to_vec2::<f32>()?;
+fn random_codes(rng: &mut StdRng, rows: usize, cols: usize) -> Result<Tensor> {
+    let u = init::uniform(rng, (rows, cols), 0.0, 254.0, &Device::Cpu)?.to_vec2::<f32>()?;
     let codes: Vec<u8> = u
         .into_iter()
         .flatten()
@@ -358,18 +376,23 @@ fn random_codes(rows: usize, cols: usize) -> Result<Tensor> {
 /// FP8 dequantisation: per tensor, per channel and block-64 scales; vectorised (cols % 8 == 0) and scalar
 /// paths; bf16 and f32 outputs. Both sides round the same f32 products, so the tolerance is tight.
 pub fn fp8_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(105);
     let mut out = Vec::new();
     for (rows, cols) in [(96, 1536), (33, 200)] {
-        let codes = random_codes(rows, cols)?;
+        let codes = random_codes(rng, rows, cols)?;
         let scales = [
-            ("tensor", Tensor::rand(0.001f32, 0.01, 1, &Device::Cpu)?),
-            ("channel", Tensor::rand(0.001f32, 0.01, rows, &Device::Cpu)?),
+            ("tensor", init::uniform(rng, 1, 0.001, 0.01, &Device::Cpu)?),
+            (
+                "channel",
+                init::uniform(rng, rows, 0.001, 0.01, &Device::Cpu)?,
+            ),
             (
                 "block64",
-                Tensor::rand(
-                    0.001f32,
-                    0.01,
+                init::uniform(
+                    rng,
                     (rows, cols.div_ceil(fp8::BLOCK)),
+                    0.001,
+                    0.01,
                     &Device::Cpu,
                 )?,
             ),
@@ -399,6 +422,7 @@ pub fn fp8_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 /// attention over padded text keys; output and the three input gradients.
 #[cfg(feature = "cudnn")]
 pub fn attention_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(106);
     use crate::nn::attention::naive_attention;
     let mut out = Vec::new();
     let (b, h, d) = (2, 4, 128);
@@ -408,14 +432,15 @@ pub fn attention_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         (300, 77, Some(vec![77, 50])),
     ] {
         let inputs = [
-            randn(&[b, lq, h, d], 0.0, 1.0, DType::BF16)?,
-            randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?,
-            randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?,
+            randn(rng, &[b, lq, h, d], 0.0, 1.0, DType::BF16)?,
+            randn(rng, &[b, lk, h, d], 0.0, 1.0, DType::BF16)?,
+            randn(rng, &[b, lk, h, d], 0.0, 1.0, DType::BF16)?,
         ];
         let lens_ref = lens.as_deref();
         out.extend(fwd_bwd_case(
             &format!("cudnn attention q [{b},{lq},{h},{d}] k [{b},{lk}] lens {lens:?}"),
             dev,
+            rng,
             &inputs,
             &[true, true, true],
             &|t| super::attention::attention(&t[0], &t[1], &t[2], lens_ref),
@@ -428,13 +453,14 @@ pub fn attention_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 /// The non-autograd forward+backward entry point against the reference's gradients of `sum(o · d_o)`.
 #[cfg(feature = "cudnn")]
 pub fn attention_direct_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(107);
     use crate::nn::attention::naive_attention;
     let (b, lq, lk, h, d) = (2, 200, 150, 2, 128);
     let lens = [150, 97];
-    let q = randn(&[b, lq, h, d], 0.0, 1.0, DType::BF16)?;
-    let k = randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?;
-    let v = randn(&[b, lk, h, d], 0.0, 1.0, DType::BF16)?;
-    let d_o = randn(&[b, lq, h, d], 0.0, 1.0, DType::BF16)?;
+    let q = randn(rng, &[b, lq, h, d], 0.0, 1.0, DType::BF16)?;
+    let k = randn(rng, &[b, lk, h, d], 0.0, 1.0, DType::BF16)?;
+    let v = randn(rng, &[b, lk, h, d], 0.0, 1.0, DType::BF16)?;
+    let d_o = randn(rng, &[b, lq, h, d], 0.0, 1.0, DType::BF16)?;
     poison(dev)?;
     let on = |t: &Tensor| t.to_device(dev);
     let (o, dq, dk, dv) = super::attention::attention_forward_backward(
