@@ -19,6 +19,10 @@ pub struct RunSummary {
     pub samples: Vec<PathBuf>,
     pub first_loss: Option<f64>,
     pub last_smoothed_loss: Option<f64>,
+    /// The last training state saved, to `--resume` from.
+    pub last_state: Option<PathBuf>,
+    /// The shared-memory guard stopped the run because it was spilling.
+    pub stopped_for_spilling: bool,
 }
 
 /// How one run ended.
@@ -97,6 +101,18 @@ pub fn run_queue(
         if let RunEnd::Failed(message) = &end {
             eprintln!("error: {}: {message}", path.display());
         }
+        if let RunEnd::Stopped(RunSummary {
+            last_state: Some(state),
+            stopped_for_spilling: true,
+            ..
+        }) = &end
+        {
+            eprintln!(
+                "to go on once it fits: framesmith train --config {} --resume {}",
+                path.display(),
+                state.display()
+            );
+        }
         held = matches!(end, RunEnd::Stopped(_));
         ends.push((path.clone(), Some(end)));
     }
@@ -125,7 +141,6 @@ fn drive(
     telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<RunEnd> {
     let mut watch = telemetry.map(|t| SpillWatch::new(t, config.memory.shared_memory_guard));
-    let mut guard_stopped = false;
     engine
         .commands
         .send(Command::StartRun(Box::new(StartRun {
@@ -149,7 +164,7 @@ fn drive(
                             .commands
                             .send(Command::Stop)
                             .context("the engine thread stopped")?;
-                        guard_stopped = true;
+                        summary.stopped_for_spilling = true;
                     }
                     None => {}
                 }
@@ -162,12 +177,7 @@ fn drive(
             Event::CheckpointSaved { step, lora, state } => {
                 term.say(format!("step {step}: saved {}", lora.display()));
                 summary.last_lora = Some(lora);
-                if let Some(state) = state.filter(|_| guard_stopped) {
-                    term.say(format!(
-                        "to go on once it fits: framesmith train --config <this config> --resume {}",
-                        state.display()
-                    ));
-                }
+                summary.last_state = state.or(summary.last_state.take());
             }
             Event::SampleReady { step, video, .. } => {
                 term.say(format!("step {step}: sample {}", video.display()));
@@ -494,13 +504,18 @@ mod tests {
             summary.last_lora,
             Some(PathBuf::from("out/lora.safetensors"))
         );
+        assert_eq!(summary.last_state, Some(PathBuf::from("out/state")));
+        assert!(summary.stopped_for_spilling);
 
         let (end, commands) = spilling_run(false, RunState::Finished);
         assert!(
             commands.is_empty(),
             "without the guard only a warning: {commands:?}"
         );
-        assert!(matches!(end, RunEnd::Finished(_)));
+        let RunEnd::Finished(summary) = end else {
+            panic!("{end:?}")
+        };
+        assert!(!summary.stopped_for_spilling);
     }
 
     #[cfg(feature = "telemetry")]
