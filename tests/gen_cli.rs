@@ -253,7 +253,7 @@ fn generate_rejects_bad_settings_before_loading_anything() {
             "6 frames does not fit: the VAE needs 4k + 1 frames (e.g. 5)",
         ),
         ("5", "40", "2", &out, "multiples of 16"),
-        ("5", "32", "0", &out, "--steps 0 samples nothing"),
+        ("5", "32", "0", &out, "0 steps sample nothing"),
         (
             "5",
             "32",
@@ -266,13 +266,13 @@ fn generate_rejects_bad_settings_before_loading_anything() {
         (
             "--shift",
             "-1",
-            "--shift -1 is not a flow shift: use a number above 0",
+            "flow shift -1 does not work: use a number above 0",
         ),
-        ("--shift", "nan", "--shift NaN is not a flow shift"),
+        ("--shift", "nan", "flow shift NaN does not work"),
         (
             "--guidance",
             "-2",
-            "--guidance -2 is not a guidance scale: use 0 or more",
+            "guidance scale -2 does not work: use 0 or more",
         ),
         (
             "--boundary",

@@ -7,8 +7,8 @@ use crate::protocol::{Command, Event, LogLevel, StartRun};
 use super::config_editor::parse_config;
 use super::jobs::{JobResult, PickPurpose};
 use super::queue::QueuedRun;
+use super::spill_guard::SpillGuard;
 use super::window::{FramesmithApp, ModelStatus};
-use crate::telemetry::SpillGuard;
 
 /// Applies one job result to the app.
 pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use crate::config::RunConfig;
 use crate::protocol::{Command, EngineHandle, Event, LogLevel};
-use crate::telemetry::{detect_spill, SpillGuard, SpillWarning, Telemetry, TelemetryOptions};
+use crate::telemetry::{detect_spill, SpillWarning, Telemetry, TelemetryOptions};
 
 use super::backend::{Backend, ModelRole, PresetView};
 use super::config_editor::{parse_config, ConfigEditor};
@@ -21,7 +21,7 @@ use super::run_view::{RunEnd, RunView};
 use super::samples_panel::SamplesState;
 use super::screenshot::ScreenshotState;
 use super::settings::{SavedRun, Settings, Tab};
-use super::spill_guard::pause_message;
+use super::spill_guard::{pause_message, SpillGuard};
 use super::{tabs_ui, theme, AppOptions, TelemetrySource};
 
 /// Events folded per frame at most, so a flood never stalls a frame (the rest wait for the next).
@@ -235,7 +235,7 @@ impl FramesmithApp {
     /// Pauses the run the first time it spills, when its config asks for the guard.
     fn guard_against_spilling(&mut self) {
         let Some(spill) = self.spill else { return };
-        if self.spill_guard.should_act(true, self.run.can_pause()) && self.send(Command::Pause) {
+        if self.spill_guard.should_pause(true, self.run.can_pause()) && self.send(Command::Pause) {
             self.run
                 .note(LogLevel::Warn, pause_message(&spill.message()));
         }

@@ -261,30 +261,13 @@ fn clip_settings(args: &GenerateArgs, (width, height): (usize, usize), seed: u64
     }
 }
 
-/// Checks what can be checked before anything loads (loading a 14B DiT takes minutes): the clip's size and
-/// frames against the VAE this DiT is made for, the step count, and that the output folder can be made.
+/// Checks what can be checked before anything loads (loading a 14B DiT takes minutes): the expert boundary, the
+/// clip's settings against the VAE this DiT is made for ([`latent_shape`]), and that the output folder can be made.
 fn check_before_loading(
     args: &GenerateArgs,
     cfg: &WanConfig,
     (width, height): (usize, usize),
 ) -> anyhow::Result<()> {
-    if args.steps == 0 {
-        anyhow::bail!("--steps 0 samples nothing: use at least 1 (50 is the official count)");
-    }
-    if !(args.shift.is_finite() && args.shift > 0.0) {
-        anyhow::bail!(
-            "--shift {} is not a flow shift: use a number above 0 (5 is the official value; 3 is common for \
-             480p)",
-            args.shift
-        );
-    }
-    if !(args.guidance.is_finite() && args.guidance >= 0.0) {
-        anyhow::bail!(
-            "--guidance {} is not a guidance scale: use 0 or more (1 turns guidance off, 5 is the official \
-             value)",
-            args.guidance
-        );
-    }
     if let Some(b) = args
         .boundary
         .filter(|b| !(b.is_finite() && *b > 0.0 && *b <= 1.0))

@@ -9,7 +9,7 @@ use anyhow::Context;
 use framesmith::config::RunConfig;
 use framesmith::protocol::{Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun};
 #[cfg(feature = "telemetry")]
-use framesmith::telemetry::{detect_spill, SpillGuard, Telemetry, TelemetryOptions};
+use framesmith::telemetry::{detect_spill, Telemetry, TelemetryOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// What a finished headless run produced.
@@ -229,8 +229,10 @@ enum Spill {
 struct SpillWatch<'a> {
     telemetry: &'a Telemetry,
     step_secs: Vec<f64>,
-    guard: SpillGuard,
-    warned: bool,
+    /// `memory.shared_memory_guard`.
+    guard: bool,
+    /// The watch has spoken for this run (it acts once).
+    said: bool,
 }
 
 #[cfg(feature = "telemetry")]
@@ -239,31 +241,32 @@ impl<'a> SpillWatch<'a> {
         Self {
             telemetry,
             step_secs: Vec::new(),
-            guard: SpillGuard::for_run(guard),
-            warned: false,
+            guard,
+            said: false,
         }
     }
 
-    /// Records a step's time and checks for spilling.
+    /// Records a step's time and checks for spilling, until the run is first seen spilling.
     fn after_step(&mut self, step_secs: f64) -> Option<Spill> {
         self.step_secs.push(step_secs);
-        let steps = &self.step_secs;
-        let spill = self
-            .telemetry
-            .read(|history| detect_spill(history, steps))?;
-        if self.guard.should_act(true, true) {
-            self.warned = true;
-            return Some(Spill::Stop(format!(
-                "{}. Stopping the run and saving its LoRA (memory.shared_memory_guard is on). Before running it \
-                 again, stream more blocks (memory.blocks_to_swap = \"auto\" with a lower memory.vram_budget_gb) or \
-                 lower dataset.resolution.",
-                spill.message()
-            )));
+        if self.said {
+            return None;
         }
-        (!std::mem::replace(&mut self.warned, true)).then(|| {
+        let steps = &self.step_secs;
+        let evidence = self
+            .telemetry
+            .read(|history| detect_spill(history, steps))?
+            .message();
+        self.said = true;
+        Some(if self.guard {
+            Spill::Stop(format!(
+                "{evidence}. Stopping the run and saving its LoRA (memory.shared_memory_guard is on). Before \
+                 running it again, stream more blocks (memory.blocks_to_swap = \"auto\" with a lower \
+                 memory.vram_budget_gb) or lower dataset.resolution."
+            ))
+        } else {
             Spill::Warn(format!(
-                "{}. With memory.shared_memory_guard = true the run would be stopped and saved.",
-                spill.message()
+                "{evidence}. With memory.shared_memory_guard = true the run would be stopped and saved."
             ))
         })
     }
@@ -424,6 +427,10 @@ mod tests {
         assert!(lines[2].ends_with("good.toml: finished"), "{}", lines[2]);
     }
 
+    /// Step times that slow down threefold after four steps.
+    #[cfg(feature = "telemetry")]
+    const SLOWING: [f64; 8] = [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0];
+
     /// VRAM 97% full and shared memory growing by 500 MiB (as the app's Monitor test).
     #[cfg(feature = "telemetry")]
     fn spilling() -> Telemetry {
@@ -454,10 +461,7 @@ mod tests {
     #[cfg(feature = "telemetry")]
     fn spilling_run(guard: bool, end: RunState) -> (RunEnd, Vec<Command>) {
         let (engine, end_of_engine) = framesmith::protocol::channel_pair();
-        for (step, step_secs) in [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
-            .into_iter()
-            .enumerate()
-        {
+        for (step, step_secs) in SLOWING.into_iter().enumerate() {
             let progress = Progress {
                 step: step + 1,
                 total_steps: 100,
@@ -522,24 +526,23 @@ mod tests {
     #[test]
     fn the_spill_watch_warns_once_and_says_what_to_change() {
         let telemetry = spilling();
-        let mut watch = SpillWatch::new(&telemetry, false);
-        let said: Vec<Spill> = [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
-            .into_iter()
-            .filter_map(|secs| watch.after_step(secs))
-            .collect();
-        let [Spill::Warn(line)] = said.as_slice() else {
-            panic!("one warning: {said:?}")
+        let said = |guard: bool| -> Vec<Spill> {
+            let mut watch = SpillWatch::new(&telemetry, guard);
+            SLOWING
+                .into_iter()
+                .filter_map(|secs| watch.after_step(secs))
+                .collect()
+        };
+        let warned = said(false);
+        let [Spill::Warn(line)] = warned.as_slice() else {
+            panic!("one warning: {warned:?}")
         };
         assert!(line.starts_with("The driver is spilling VRAM into shared memory: VRAM 97% full"));
         assert!(line.contains("memory.shared_memory_guard = true"), "{line}");
 
-        let mut watch = SpillWatch::new(&telemetry, true);
-        let said: Vec<Spill> = [1.0, 1.0, 1.0, 1.0, 3.0, 3.0, 3.0, 3.0]
-            .into_iter()
-            .filter_map(|secs| watch.after_step(secs))
-            .collect();
-        let [Spill::Stop(line)] = said.as_slice() else {
-            panic!("one stop: {said:?}")
+        let stopped = said(true);
+        let [Spill::Stop(line)] = stopped.as_slice() else {
+            panic!("one stop: {stopped:?}")
         };
         assert!(
             line.contains("Stopping the run and saving its LoRA"),

@@ -247,16 +247,12 @@ fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
     if WanConfig::by_name(variant).is_some() {
         return Some(variant.to_ascii_lowercase());
     }
-    let names: Vec<&str> = WanConfig::named_variants()
-        .iter()
-        .map(|(n, _)| *n)
-        .collect();
     c.problem(
         "model.variant",
         format!("unknown variant `{variant}`"),
         format!(
             "use \"auto\" (detect from the file) or one of {}",
-            names.join(", ")
+            WanConfig::variant_names()
         ),
     );
     None

@@ -14,9 +14,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 pub use history::{GpuSample, History, Sample, SharedMemorySample};
-pub use spill::{
-    detect_spill, SpillGuard, SpillWarning, SPILL_SHARED_GROWTH_BYTES, SPILL_VRAM_FRACTION,
-};
+pub use spill::{detect_spill, SpillWarning, SPILL_SHARED_GROWTH_BYTES, SPILL_VRAM_FRACTION};
 
 /// How often the thread samples by default.
 pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(250);

@@ -100,31 +100,6 @@ fn median(values: &[f64]) -> Option<f64> {
     Some(sorted[sorted.len() / 2])
 }
 
-/// The shared-memory guard (`memory.shared_memory_guard`): whether it may still act on the run in progress. The
-/// app pauses a spilling run; `framesmith train`, with nobody there to resume, stops it. Either acts once per run.
-/// Spilling is only seen where the shared-memory counters exist (Windows), so elsewhere the guard never acts.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct SpillGuard {
-    armed: bool,
-}
-
-impl SpillGuard {
-    /// The guard of a run that starts now, from its `memory.shared_memory_guard`.
-    pub fn for_run(enabled: bool) -> Self {
-        Self { armed: enabled }
-    }
-
-    /// Whether to act now: the guard is armed, spilling is seen, and the run can be paused or stopped (it is
-    /// training or sampling). Acting disarms the guard for the rest of the run.
-    pub fn should_act(&mut self, spilling: bool, can_pause: bool) -> bool {
-        let pause = self.armed && spilling && can_pause;
-        if pause {
-            self.armed = false;
-        }
-        pause
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -186,27 +161,5 @@ mod tests {
         let mut shared = vec![0u64];
         shared.extend(std::iter::repeat_n(600, 40));
         assert!(detect_spill(&history(97, &shared), &SLOWING).is_none());
-    }
-
-    #[test]
-    fn the_guard_pauses_a_spilling_run_once() {
-        let mut guard = SpillGuard::for_run(true);
-        assert!(!guard.should_act(false, true), "no spilling, no pause");
-        assert!(
-            !guard.should_act(true, false),
-            "a run that cannot be paused (preparing, saving) is left alone"
-        );
-        assert!(guard.should_act(true, true));
-        assert!(
-            !guard.should_act(true, true),
-            "after the user resumes, the same run is not paused again"
-        );
-    }
-
-    #[test]
-    fn a_run_without_the_guard_is_never_paused() {
-        let mut guard = SpillGuard::for_run(false);
-        assert!(!guard.should_act(true, true));
-        assert!(!SpillGuard::default().should_act(true, true));
     }
 }

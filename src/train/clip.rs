@@ -76,12 +76,28 @@ pub struct ClipSettings {
     pub solver: Solver,
 }
 
-/// The latent shape `[z, (frames − 1) / 4 + 1, h / s, w / s]` of a clip, or an error saying which sizes work.
+/// The latent shape `[z, (frames − 1) / 4 + 1, h / s, w / s]` of a clip, or an error saying which settings
+/// work: every clip (`generate`, training samples from a prompt file) passes here before sampling.
 pub fn latent_shape(
     dit: &WanConfig,
     vae: &VaeConfig,
     s: &ClipSettings,
 ) -> anyhow::Result<[usize; 4]> {
+    if s.steps == 0 {
+        anyhow::bail!("0 steps sample nothing: use at least 1 (50 is the official count)");
+    }
+    if !(s.shift.is_finite() && s.shift > 0.0) {
+        anyhow::bail!(
+            "flow shift {} does not work: use a number above 0 (5 is the official value; 3 is common for 480p)",
+            s.shift
+        );
+    }
+    if !(s.guidance.is_finite() && s.guidance >= 0.0) {
+        anyhow::bail!(
+            "guidance scale {} does not work: use 0 or more (1 turns guidance off, 5 is the official value)",
+            s.guidance
+        );
+    }
     let step = vae.spatial_factor() * dit.patch_size[1].max(dit.patch_size[2]);
     if s.width == 0 || s.height == 0 || s.width % step != 0 || s.height % step != 0 {
         anyhow::bail!(

@@ -137,6 +137,36 @@ fn sizes_that_do_not_fit_are_explained() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(msg.contains("48 latent channels"), "{msg}");
+    // A prompt file's `--s 0`, `--fs -1` or `--l nan` is refused here too, before anything is sampled.
+    for (bad, want) in [
+        (
+            ClipSettings {
+                steps: 0,
+                ..s.clone()
+            },
+            "0 steps sample nothing",
+        ),
+        (
+            ClipSettings {
+                shift: -1.0,
+                ..s.clone()
+            },
+            "flow shift -1 does not work",
+        ),
+        (
+            ClipSettings {
+                guidance: f64::NAN,
+                ..s.clone()
+            },
+            "guidance scale NaN does not work",
+        ),
+    ] {
+        let msg = latent_shape(&dit, &vae, &bad)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(msg.contains(want), "{msg}");
+    }
 }
 
 #[test]

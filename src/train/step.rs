@@ -30,7 +30,7 @@ pub struct StepOutput {
     pub input_grads: Option<Vec<Tensor>>,
 }
 
-/// Weighted MSE in f32: Σᵢ wᵢ Σ (outᵢ − targetᵢ)² / (total element count).
+/// Weighted MSE in f32 (in f64 when the outputs are f64): Σᵢ wᵢ Σ (outᵢ − targetᵢ)² / (total element count).
 pub fn flow_loss(outs: &[Tensor], target: &LossTarget) -> Result<Tensor> {
     if outs.len() != target.targets.len() {
         candle_core::bail!(
@@ -42,7 +42,12 @@ pub fn flow_loss(outs: &[Tensor], target: &LossTarget) -> Result<Tensor> {
     let mut total: Option<Tensor> = None;
     let mut count = 0usize;
     for (i, (out, t)) in outs.iter().zip(target.targets).enumerate() {
-        let diff = (out.to_dtype(DType::F32)? - t.to_dtype(DType::F32)?)?;
+        let dtype = if out.dtype() == DType::F64 {
+            DType::F64
+        } else {
+            DType::F32
+        };
+        let diff = (out.to_dtype(dtype)? - t.to_dtype(dtype)?)?;
         let mut se = diff.sqr()?.sum_all()?;
         if let Some(w) = target.weights {
             se = (se * w.get(i).copied().unwrap_or(1.0))?;
@@ -337,16 +342,12 @@ mod tests {
         let mut vars = Vec::new();
         let rng = &mut StdRng::seed_from_u64(11);
         for (_, linear) in model.linears_mut() {
-            let lora = Lora::new(
-                [linear.in_dim(), linear.out_dim(), 4],
+            let (inp, out) = (linear.in_dim(), linear.out_dim());
+            let lora = Lora::from_tensors(
+                &randn(rng, (4, inp), 0.0, 0.1, &dev)?,
+                &randn(rng, (out, 4), 0.0, 0.1, &dev)?,
                 4.0,
-                DType::F32,
-                &dev,
-                rng,
             )?;
-            lora.down
-                .set(&randn(rng, lora.down.shape(), 0.0, 0.1, &dev)?)?;
-            lora.up.set(&randn(rng, lora.up.shape(), 0.0, 0.1, &dev)?)?;
             vars.push(lora.down.clone());
             vars.push(lora.up.clone());
             linear.set_lora(Some(lora));
@@ -443,22 +444,19 @@ mod tests {
             .iter()
             .map(|v| v.as_tensor().copy())
             .collect::<Result<Vec<_>>>()?;
-        // The loss moves by about 7e-6 either way: an f32 loss (ulp 2.4e-7 at 3.6) would put 3% noise on the
-        // difference, so the loss is summed in f64; what is left (f32 forward rounding, curvature) is about 0.5%.
+        // The loss (a few units, f32 ulp ~2e-7) moves by only ~1e-4 or less either way, so an f32 loss would put
+        // percent-level noise on the difference: it is summed in f64 (`flow_loss` on f64 outputs).
         let eps = 1e-3;
         let loss_at = |sign: f64| -> Result<f64> {
             for ((v, o), d) in vars.iter().zip(&originals).zip(&dirs) {
                 v.set(&(o + (d * (sign * eps))?)?)?;
             }
-            // `flow_loss` (no weights), summed in f64.
-            let mut sum = 0.0;
-            let mut count = 0;
-            for (out, t) in model.forward(&inputs)?.iter().zip(&targets) {
-                let diff = (out.to_dtype(DType::F64)? - t.to_dtype(DType::F64)?)?;
-                sum += diff.sqr()?.sum_all()?.to_scalar::<f64>()?;
-                count += out.elem_count();
-            }
-            Ok(sum / count as f64)
+            let outs = model
+                .forward(&inputs)?
+                .iter()
+                .map(|o| o.to_dtype(DType::F64))
+                .collect::<Result<Vec<_>>>()?;
+            flow_loss(&outs, &target)?.to_scalar::<f64>()
         };
         let numeric = (loss_at(1.0)? - loss_at(-1.0)?) / (2.0 * eps);
         for (v, o) in vars.iter().zip(&originals) {

@@ -8,11 +8,10 @@ use crate::nn::fp8::Fp8Scale;
 use crate::nn::lora::Lora;
 use crate::nn::vb::Vb;
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 fn randn(seed: u64, shape: &candle_core::Shape) -> Result<Tensor> {
-    let rng = &mut StdRng::seed_from_u64(seed);
+    use rand::SeedableRng;
+    let rng = &mut rand::rngs::StdRng::seed_from_u64(seed);
     crate::nn::init::randn(rng, shape, 0.0, 0.1, &Device::Cpu)
 }
 
@@ -115,15 +114,12 @@ fn streamed_and_host_activation_steps_give_the_same_lora_gradients() -> Result<(
         let mut vars = Vec::new();
         for (k, (_, linear)) in m.linears_mut().into_iter().enumerate() {
             let seed = k as u64;
-            let lora = Lora::new(
-                [linear.in_dim(), linear.out_dim(), 4],
+            let (inp, out) = (linear.in_dim(), linear.out_dim());
+            let lora = Lora::from_tensors(
+                &randn(seed, &(4, inp).into())?,
+                &randn(seed + 1000, &(out, 4).into())?,
                 4.0,
-                DType::F32,
-                &dev,
-                &mut StdRng::seed_from_u64(seed),
             )?;
-            lora.down.set(&randn(seed, lora.down.shape())?)?;
-            lora.up.set(&randn(seed + 1000, lora.up.shape())?)?;
             vars.push(lora.down.clone());
             vars.push(lora.up.clone());
             linear.set_lora(Some(lora));

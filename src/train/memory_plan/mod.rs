@@ -108,21 +108,12 @@ pub enum PlanError {
     ZeroStagingSlots,
     #[error("model.variant is \"auto\" and no DiT file is set: name the variant (e.g. t2v-14b)")]
     UnknownModel,
-    #[error("unknown variant `{0}`: use one of {known}", known = variant_names())]
+    #[error("unknown variant `{0}`: use one of {known}", known = WanConfig::variant_names())]
     UnknownVariant(String),
     #[error("cannot read the DiT to find its variant: {0}")]
     Inspect(String),
     #[error(transparent)]
     Lora(#[from] LoraError),
-}
-
-/// The variants `model.variant` and `--variant` take, comma-separated.
-fn variant_names() -> String {
-    WanConfig::named_variants()
-        .iter()
-        .map(|(name, _)| *name)
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// The sizes that do not depend on how many blocks are streamed.
