@@ -2,6 +2,7 @@
 
 pub mod error;
 pub mod io;
+pub mod outputs;
 pub mod plan;
 pub mod presets;
 pub mod run;

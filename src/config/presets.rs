@@ -223,7 +223,7 @@ fn merge(base: &mut toml::Table, overlay: &toml::Table) {
 }
 
 /// Leaf values by dotted key (arrays are leaves).
-fn flatten(table: &toml::Table) -> BTreeMap<String, toml::Value> {
+pub(crate) fn flatten(table: &toml::Table) -> BTreeMap<String, toml::Value> {
     let mut out = BTreeMap::new();
     flatten_into(table, "", &mut out);
     out
