@@ -133,11 +133,16 @@ impl LoraSet {
         }
         let metadata = (!metadata.is_empty()).then(|| metadata.clone());
         write_atomically(path, |tmp| {
-            safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| {
-                LoraFileError::Format {
-                    reason: e.to_string(),
-                    path: tmp.to_path_buf(),
-                }
+            safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {
+                safetensors::SafeTensorError::IoError(source) => LoraFileError::Io {
+                    action: "write",
+                    path: path.to_path_buf(),
+                    source,
+                },
+                other => LoraFileError::Format {
+                    reason: other.to_string(),
+                    path: path.to_path_buf(),
+                },
             })
         })
     }

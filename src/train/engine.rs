@@ -129,8 +129,9 @@ fn run(request: &StartRun, inbox: &Inbox, events: &Events) {
     let mut log = |level, message| events.log(level, message);
     let result = Trainer::start(request, &mut log).and_then(|mut trainer| {
         events.state(RunState::Training);
+        let first_step = trainer.step();
         let outcome = train_loop(&mut trainer, inbox, events);
-        finish(&mut trainer, outcome, events)
+        finish(&mut trainer, first_step, outcome, events)
     });
     // Host activations keep their page-locked buffers from step to step, not from run to run.
     crate::nn::offload::release_host_activation_buffers();
@@ -142,8 +143,11 @@ fn run(request: &StartRun, inbox: &Inbox, events: &Events) {
     }
 }
 
+/// Saves what the run learned and reports how it ended. A run stopped before it completed a step has nothing
+/// new to save, and writes nothing (no untrained LoRA under the run's name).
 fn finish(
     trainer: &mut Trainer,
+    first_step: usize,
     outcome: anyhow::Result<Outcome>,
     events: &Events,
 ) -> anyhow::Result<()> {
@@ -155,10 +159,26 @@ fn finish(
                 if let Ok(saved) = trainer.save(false) {
                     events.send(saved.event());
                 }
+            } else {
+                trainer.abandon_unused_outputs();
             }
             return Err(err);
         }
     };
+    if matches!(outcome, Outcome::Stopped) && trainer.step() == first_step {
+        if first_step == 0 {
+            trainer.abandon_unused_outputs();
+        }
+        events.log(
+            LogLevel::Info,
+            format!(
+                "stopped before step {} was completed: nothing new to save",
+                first_step + 1
+            ),
+        );
+        events.state(RunState::Stopped);
+        return Ok(());
+    }
     events.state(RunState::Saving);
     let saved = trainer.save(true)?;
     events.send(saved.event());

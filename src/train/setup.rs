@@ -3,6 +3,7 @@
 //! resume when asked.
 
 use std::collections::HashMap;
+use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device};
@@ -14,6 +15,7 @@ use super::optimizer::AdamW;
 use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use super::samples::{Decoder, SamplePrompt, Sampling};
 use super::trainer::Trainer;
+use crate::config::outputs::{find_resume, new_run_dir, runs_in};
 use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
 use crate::config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
 use crate::config::{validate, HostInfo, RunPlan};
@@ -404,24 +406,45 @@ fn sampling(
 }
 
 impl Trainer {
-    /// Validates the request's config and builds the run; resumes when asked.
+    /// Validates the request's config and builds the run; resumes when asked. A new run writes into its own
+    /// folder (`config::outputs::new_run_dir`), so it never replaces or prunes another run's files; a resumed run
+    /// goes on in the folder of the state it continues, which must have been made with a matching config.
     pub fn start(
         request: &StartRun,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
-        let plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
+        let mut plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
             .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         for note in &plan.notes {
             log(LogLevel::Info, note.clone());
         }
+        let configured = plan.output.output_dir.clone();
+        let resume = match &request.resume_from {
+            Some(path) => {
+                let target = find_resume(path, &request.config)?;
+                plan.output.output_dir = target.run_dir.clone();
+                Some(target.state.dir)
+            }
+            None => {
+                plan.output.output_dir = new_run_dir(&configured);
+                if plan.output.output_dir != configured {
+                    log(
+                        LogLevel::Info,
+                        another_run_note(&configured, &plan.output.output_dir),
+                    );
+                }
+                None
+            }
+        };
         let mut trainer = Self::from_plan(&plan, log)?;
-        if let Some(path) = &request.resume_from {
-            let dir = trainer.resume(path)?;
+        if let Some(state) = &resume {
+            let dir = trainer.resume(state)?;
             log(
                 LogLevel::Info,
                 format!("resumed at step {} from {}", trainer.step(), dir.display()),
             );
         }
+        trainer.outputs.begin(trainer.step(), &plan.config)?;
         Ok(trainer)
     }
 
@@ -502,15 +525,12 @@ impl Trainer {
             &plan.output.output_dir,
             &plan.output.output_name,
             lora_metadata(plan, &base_name),
-        )?;
+        );
         outputs.every_n_steps = plan.output.save_every_n_steps;
         outputs.every_n_epochs = plan.output.save_every_n_epochs;
         outputs.save_state = plan.output.save_state;
         outputs.save_dtype = float_dtype(plan.output.save_dtype);
         outputs.config_toml = plan.config.to_toml_string()?;
-        plan.config
-            .save(&plan.output.output_dir.join("run.toml"))
-            .context("saving the resolved run config")?;
         Ok(Trainer {
             sampling: sampling(plan, &cfg, encoded, &device)?,
             model,
@@ -534,4 +554,17 @@ impl Trainer {
             outputs,
         })
     }
+}
+
+/// Says where a new run writes when its configured folder holds another run, and how to continue that one.
+fn another_run_note(configured: &Path, run_dir: &Path) -> String {
+    let held: Vec<String> = runs_in(configured).iter().map(|r| r.describe()).collect();
+    format!(
+        "{} already holds {}; this run writes to {} so that nothing of it is replaced (to continue the earlier run \
+         instead, start with --resume {})",
+        configured.display(),
+        held.join("; "),
+        run_dir.display(),
+        configured.display()
+    )
 }

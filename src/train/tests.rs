@@ -306,3 +306,30 @@ fn a_bad_init_from_file_says_what_to_point_it_at() {
         "{err}"
     );
 }
+
+#[test]
+fn a_failed_save_leaves_nothing_half_written_and_keeps_the_last_state() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = demo_config(dir.path(), 10);
+    let mut trainer = start(&config, None);
+    trainer.train_step(&|| false).expect("step");
+    let first = trainer.save(false).expect("save").state.expect("state");
+    trainer.train_step(&|| false).expect("step");
+    // A file where the new state's folder goes: the rename into place fails.
+    std::fs::write(dir.path().join("demo-lora-state-000002"), "in the way").expect("write");
+    let err = format!("{:#}", trainer.save(false).expect_err("the save fails"));
+    assert!(err.contains("demo-lora-state-000002"), "{err}");
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("list")
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.ends_with(".partial") || n.contains(".tmp-"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+    assert_eq!(
+        crate::config::outputs::StateRecord::read(&first)
+            .expect("kept")
+            .step,
+        1
+    );
+}

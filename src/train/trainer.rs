@@ -270,9 +270,16 @@ impl Trainer {
         (self.step > 0 && micro % per_epoch < self.accumulation).then_some(micro / per_epoch)
     }
 
-    /// Where outputs go.
+    /// Where outputs go (the run's own folder).
     pub fn output_dir(&self) -> PathBuf {
         self.outputs.dir.clone()
+    }
+
+    /// A new run that ends before its first step leaves no run folder behind (`Outputs::abandon_unused`).
+    pub fn abandon_unused_outputs(&mut self) {
+        if self.step == 0 {
+            self.outputs.abandon_unused();
+        }
     }
 }
 
