@@ -191,6 +191,10 @@ fn train(
     let failed = ends
         .iter()
         .any(|(_, end)| matches!(end, Some(cli::run::RunEnd::Failed(_))));
+    if cli::interrupt::interrupted() {
+        // Stopped by Ctrl-C (or SIGTERM): saved, but not finished, as a script running it should learn.
+        return Ok(ExitCode::from(cli::interrupt::EXIT_INTERRUPTED));
+    }
     Ok(if failed {
         ExitCode::FAILURE
     } else {

@@ -156,3 +156,79 @@ fn killed_during_checkpoints_leaves_them_loadable() {
         "{line:?}"
     );
 }
+
+/// Ctrl-C during `framesmith train`: the run stops, saves the LoRA and the training state at the step it
+/// reached, says where and how to go on, and exits with 130; what it wrote loads back.
+#[cfg(unix)]
+#[test]
+fn ctrl_c_stops_saves_and_says_how_to_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    let mut config = framesmith::config::presets::builtin("demo-cpu")
+        .and_then(|p| p.apply(&framesmith::config::RunConfig::default()))
+        .unwrap()
+        .config;
+    config.dataset.synthetic = true;
+    config.training.max_train_steps = 100_000;
+    config.output.output_dir = out.clone();
+    config.output.save_every_n_steps = Some(1);
+    config.output.save_every_n_epochs = Some(0);
+    config.output.save_state = true;
+    config.sampling = Default::default();
+    let config_path = dir.path().join("run.toml");
+    config.save(&config_path).unwrap();
+
+    let mut child = framesmith()
+        .arg("train")
+        .arg("--config")
+        .arg(&config_path)
+        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    // The first step's save means the run is training.
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let saved = line.starts_with("step ") && line.contains("saved");
+        seen.push(line);
+        if saved {
+            break;
+        }
+    }
+    assert!(
+        seen.last().is_some_and(|l| l.contains("saved")),
+        "{seen:#?}"
+    );
+    let killed = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let rest: Vec<String> = lines.map(Result::unwrap).collect();
+    let status = child.wait().unwrap();
+    let text = rest.join("\n");
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("stopping: saving the LoRA"), "{text}");
+    let hint = rest
+        .iter()
+        .find(|l| l.starts_with("to go on later: framesmith train --config"))
+        .unwrap_or_else(|| panic!("no resume command in\n{text}"));
+    let state = std::path::PathBuf::from(hint.rsplit_once(" --resume ").unwrap().1);
+
+    // The state and the final LoRA are at the same step, and both load.
+    let record = framesmith::config::outputs::StateRecord::read(&state).unwrap();
+    assert!(record.step >= 1 && record.step < 100_000);
+    let lora = LoraFile::load(
+        &out.join("demo-lora.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(lora.metadata["ss_steps"], record.step.to_string());
+    LoraFile::load(&state.join("lora.safetensors"), &candle_core::Device::Cpu).unwrap();
+    assert!(
+        text.contains(&format!("step {}: saved", record.step)),
+        "{text}"
+    );
+}

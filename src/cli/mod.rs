@@ -5,6 +5,7 @@ pub mod demo;
 pub mod generate;
 #[cfg(feature = "gui")]
 pub mod gui;
+pub mod interrupt;
 pub mod models;
 pub mod plan;
 pub mod run;

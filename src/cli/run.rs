@@ -103,12 +103,17 @@ pub fn run_queue(
         }
         if let RunEnd::Stopped(RunSummary {
             last_state: Some(state),
-            stopped_for_spilling: true,
+            stopped_for_spilling,
             ..
         }) = &end
         {
+            let when = if *stopped_for_spilling {
+                "once it fits"
+            } else {
+                "later"
+            };
             eprintln!(
-                "to go on once it fits: framesmith train --config {} --resume {}",
+                "to go on {when}: framesmith train --config {} --resume {}",
                 path.display(),
                 state.display()
             );
@@ -140,7 +145,7 @@ fn drive(
     resume_from: Option<PathBuf>,
     telemetry: Option<&Telemetry>,
 ) -> anyhow::Result<RunEnd> {
-    let mut watch = telemetry.map(|t| SpillWatch::new(t, config.memory.shared_memory_guard));
+    let watch = telemetry.map(|t| SpillWatch::new(t, config.memory.shared_memory_guard));
     engine
         .commands
         .send(Command::StartRun(Box::new(StartRun {
@@ -148,6 +153,14 @@ fn drive(
             resume_from,
         })))
         .context("the engine thread stopped")?;
+    super::interrupt::watch(&engine.commands);
+    let end = follow(engine, watch);
+    super::interrupt::unwatch();
+    end
+}
+
+/// Follows a started run's events to its end.
+fn follow(engine: &EngineHandle, mut watch: Option<SpillWatch>) -> anyhow::Result<RunEnd> {
     let mut term = Terminal::new();
     let mut summary = RunSummary::default();
     for event in engine.events.iter() {
@@ -176,6 +189,7 @@ fn drive(
             }),
             Event::CheckpointSaved { step, lora, state } => {
                 term.say(format!("step {step}: saved {}", lora.display()));
+                super::interrupt::saved(&lora, state.as_deref());
                 summary.last_lora = Some(lora);
                 summary.last_state = state.or(summary.last_state.take());
             }
