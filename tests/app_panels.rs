@@ -1,5 +1,6 @@
 //! The app's panels driven by label through egui_kittest: dropping, presets, validation, the run controls,
-//! progress, failures, the queue and the sample player. Jobs run inline, so every frame is deterministic.
+//! progress, failures, the queue, the sample player, closing the window during a run and what the output folder
+//! holds. Jobs run inline, so every frame is deterministic.
 
 mod app_support;
 
@@ -372,4 +373,118 @@ fn player_steps_frames_of_a_sample() {
     h.get_by_label("Play").click();
     settle(&mut h);
     h.get_by_label("Pause");
+}
+
+// ---- closing the window during a run; the output folder ----
+
+/// A run the fake engine reports training.
+fn training(
+    backend: &FakeBackend,
+    h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>,
+) -> framesmith::protocol::EngineEnd {
+    let engine = start_run(backend, h);
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(Command::StartRun(_))
+    ));
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Training))
+        .unwrap();
+    settle(h);
+    engine
+}
+
+fn request_close(h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>) {
+    h.input_mut()
+        .viewports
+        .entry(egui::ViewportId::ROOT)
+        .or_default()
+        .events
+        .push(egui::ViewportEvent::Close);
+    settle(h);
+}
+
+/// Steps a few frames; whether any of them told the window to close.
+fn closes(h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>) -> bool {
+    (0..4).any(|_| {
+        h.step();
+        h.output()
+            .viewport_output
+            .get(&egui::ViewportId::ROOT)
+            .is_some_and(|v| v.commands.contains(&egui::ViewportCommand::Close))
+    })
+}
+
+#[test]
+fn closing_during_a_run_asks_then_saves_before_it_closes() {
+    let backend = FakeBackend::new();
+    let mut h = harness(backend.clone());
+    let engine = training(&backend, &mut h);
+    request_close(&mut h);
+    h.get_by_label("A run is in progress");
+    h.get_by_label("Stop, save and close").click();
+    settle(&mut h);
+    assert!(matches!(engine.commands.try_recv(), Ok(Command::Stop)));
+    h.get_by_label("Saving…");
+    assert!(!closes(&mut h), "closed before the run was saved");
+
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Saving))
+        .unwrap();
+    assert!(!closes(&mut h), "closed while saving");
+    engine
+        .events
+        .send(Event::StateChanged(RunState::Stopped))
+        .unwrap();
+    assert!(
+        closes(&mut h),
+        "the window stayed open after the run was saved"
+    );
+}
+
+#[test]
+fn keep_training_leaves_the_run_alone() {
+    let backend = FakeBackend::new();
+    let mut h = harness(backend.clone());
+    let engine = training(&backend, &mut h);
+    request_close(&mut h);
+    h.get_by_label("Keep training").click();
+    settle(&mut h);
+    assert!(engine.commands.try_recv().is_err(), "a command was sent");
+    assert!(h.query_by_label("A run is in progress").is_none());
+    assert!(!closes(&mut h));
+    assert_eq!(h.state().run_view().state, RunState::Training);
+}
+
+#[test]
+fn closing_without_a_run_is_not_held() {
+    let mut h = harness(FakeBackend::new());
+    request_close(&mut h);
+    assert!(h.query_by_label("A run is in progress").is_none());
+}
+
+#[test]
+fn the_train_tab_says_what_the_output_folder_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("out");
+    std::fs::create_dir_all(out.join("demo-state-000040")).unwrap();
+    std::fs::write(
+        out.join("demo-state-000040/state.json"),
+        r#"{"format":1,"step":40,"seed":42,"accumulation":1,"total_steps":100,"lora_modules":20}"#,
+    )
+    .unwrap();
+    std::fs::write(out.join("metrics.jsonl"), "").unwrap();
+    let mut h = harness(FakeBackend::new());
+    h.get_by_label("Config").click();
+    settle(&mut h);
+    h.get_by_label("Output folder")
+        .set_text_value_accesskit(&out.to_string_lossy());
+    settle(&mut h);
+    h.get_by_label("Train").click();
+    settle(&mut h);
+    let run_2 = out.join("run-2");
+    h.get_by_label_contains("saved at step 40");
+    h.get_by_label_contains(&format!("Start begins a new run in {}", run_2.display()));
 }

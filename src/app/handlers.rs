@@ -33,6 +33,9 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
             app.editor.set_issues(generation, issues);
         }
         JobResult::Planned { generation, result } => app.fit.finish(generation, result),
+        JobResult::OutputFolderRead { dir, runs, next } => {
+            app.output_folder.finish(dir, runs, next)
+        }
         JobResult::Picked { purpose, paths } => picked(app, purpose, paths),
         JobResult::ConfigLoaded { path, result } => match result {
             Ok(config) => {

@@ -71,6 +71,12 @@ pub enum JobResult {
     },
     /// The run is ready to send (its dataset TOML written), or why not.
     RunPrepared(Result<Box<StartRun>, String>),
+    /// The runs the output folder `dir` holds (what Start would write beside).
+    OutputFolderRead {
+        dir: PathBuf,
+        runs: Vec<crate::config::outputs::FoundRun>,
+        next: PathBuf,
+    },
     SampleThumbnail {
         frames_dir: PathBuf,
         thumbnail: Option<Thumbnail>,

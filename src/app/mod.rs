@@ -4,6 +4,7 @@
 
 mod backend;
 mod charts;
+mod close_guard;
 mod config_editor;
 mod config_panel;
 mod dataset_config;
@@ -15,6 +16,7 @@ mod form;
 mod handlers;
 mod jobs;
 mod monitor_panel;
+mod output_folder;
 mod player;
 mod project_panel;
 mod queue;

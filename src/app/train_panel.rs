@@ -18,6 +18,9 @@ pub(super) fn train_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         fit_ui(&app.fit, ui);
     }
     controls_ui(app, ui);
+    if app.run.can_start() && !app.preparing {
+        super::output_folder::output_folder_ui(&app.output_folder, ui);
+    }
     if let Some(spill) = &app.spill {
         spill_banner_ui(ui, spill);
     }

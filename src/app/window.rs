@@ -65,6 +65,10 @@ pub struct FramesmithApp {
     /// The "Will it fit?" plan of the edited config.
     pub(super) fit: FitView,
     pub(super) screenshot: Option<ScreenshotState>,
+    /// What the configured output folder holds (shown before Start).
+    pub(super) output_folder: super::output_folder::OutputFolderView,
+    /// Closing the window during a run (asked, then waiting for the save).
+    pub(super) closing: super::close_guard::Closing,
     persistence: bool,
 }
 
@@ -117,6 +121,8 @@ impl FramesmithApp {
             validating: None,
             fit: FitView::default(),
             screenshot: options.screenshot.map(ScreenshotState::new),
+            closing: Default::default(),
+            output_folder: Default::default(),
             persistence: options.persistence,
             backend,
             settings,
@@ -243,6 +249,7 @@ impl FramesmithApp {
 
     fn run_ended(&mut self, end: RunEnd) {
         self.preparing = false;
+        self.output_folder.mark_stale();
         if let Some(next) = self.queue.next_after(end) {
             self.start_queued(next);
         }
@@ -417,6 +424,20 @@ impl FramesmithApp {
         });
     }
 
+    fn read_output_folder_if_stale(&mut self) {
+        if self.settings.tab != Tab::Train || !self.run.can_start() {
+            return;
+        }
+        let dir = self.editor.config().output.output_dir.clone();
+        if let Some(dir) = self.output_folder.needs_read(&dir) {
+            self.jobs.spawn("read output folder", move || {
+                let runs = crate::config::outputs::runs_in(&dir);
+                let next = crate::config::outputs::new_run_dir(&dir);
+                JobResult::OutputFolderRead { dir, runs, next }
+            });
+        }
+    }
+
     fn take_dropped_files(&mut self, ctx: &egui::Context) {
         let paths: Vec<PathBuf> = ctx.input(|i| {
             i.raw
@@ -519,12 +540,14 @@ impl eframe::App for FramesmithApp {
         self.drain_engine();
         self.validate_if_stale();
         self.plan_if_stale();
+        self.read_output_folder_if_stale();
         self.take_dropped_files(ctx);
         if let Some(telemetry) = &self.telemetry {
             let steps = self.run.step_secs();
             self.spill = telemetry.read(|history| detect_spill(history, &steps));
         }
         self.guard_against_spilling();
+        self.closing.logic(ctx, self.run.is_active());
         self.samples.player.logic(ctx);
         if let Some(screenshot) = &mut self.screenshot {
             screenshot.logic(ctx);
@@ -534,6 +557,11 @@ impl eframe::App for FramesmithApp {
 
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
         tabs_ui(self, ui);
+        if let Some(choice) = super::close_guard::close_dialog_ui(ui, self.closing) {
+            if self.closing.answer(choice) {
+                self.send(Command::Stop);
+            }
+        }
     }
 
     fn save(&mut self, storage: &mut dyn eframe::Storage) {
@@ -544,7 +572,8 @@ impl eframe::App for FramesmithApp {
     }
 
     fn on_exit(&mut self) {
-        // Dropping the handle tells the engine to stop; a run in progress saves its state as on Stop.
+        // Reached during a run only when the window is torn down without a close request (the session ends):
+        // the engine is asked to stop, and dropping the handle tells it so too.
         if self.run.is_active() {
             let _ = self
                 .engine
