@@ -217,6 +217,20 @@ fn videos_are_probed_cut_decoded_and_resized() {
     assert_eq!(report.error_count(), 3, "{text:#?}");
     let ds = &report.datasets[0];
     assert_eq!((ds.media_found, ds.unreadable.len()), (5, 2));
+    // empty.mp4 and garbage.mkv cannot be read, nocap.avi has no caption: one.mp4 and fast.mp4 are used.
+    assert_eq!(ds.items, 2);
+    assert!(
+        report.to_string().contains(
+            "5 videos found, 2 used (3 left out: 2 unreadable, 1 without a usable caption)"
+        ),
+        "{report}"
+    );
+    // ffprobe's own words, without its `[matroska,webm @ 0x…]` tags or the path in the middle.
+    let garbage = text.iter().find(|l| l.contains("garbage.mkv")).unwrap();
+    assert!(
+        !garbage.contains(" @ 0x") && garbage.matches("garbage.mkv").count() == 1,
+        "{garbage}"
+    );
     let frames = ds.frame_counts.unwrap();
     assert_eq!((frames.min, frames.max), (16, 30));
     // one.mp4: 16 frames → 16 one-frame chunks + one 9-frame chunk; its 64x48 frames keep the 64x48 bucket.

@@ -12,6 +12,8 @@ use std::time::Duration;
 use image::RgbImage;
 use serde::Deserialize;
 
+use super::tool_message::one_line_reason;
+
 /// How to get ffmpeg, shown whenever it is missing.
 pub const FFMPEG_INSTALL_HINT: &str =
     "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; on Windows nothing is needed: \
@@ -176,7 +178,11 @@ impl MediaTools {
         .arg(path);
         let out = run_with_timeout(cmd, self.probe_timeout, "ffprobe", path)?;
         if !out.status.success() {
-            return Err(unreadable("ffprobe", last_lines(&out.stderr), path));
+            return Err(unreadable(
+                "ffprobe",
+                one_line_reason(&out.stderr, path),
+                path,
+            ));
         }
         parse_probe(&out.stdout, path)
     }
@@ -204,7 +210,11 @@ impl MediaTools {
             out = self.run_decode(path, max_frames, "-vsync")?;
         }
         if !out.status.success() {
-            return Err(unreadable("ffmpeg", last_lines(&out.stderr), path));
+            return Err(unreadable(
+                "ffmpeg",
+                one_line_reason(&out.stderr, path),
+                path,
+            ));
         }
         split_frames(out.stdout, info.width, info.height, path)
     }
@@ -355,22 +365,6 @@ fn check_not_empty(path: &Path) -> Result<(), MediaError> {
         });
     }
     Ok(())
-}
-
-/// The last few lines of a tool's stderr, on one line.
-fn last_lines(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let tail = &lines[lines.len().saturating_sub(3)..];
-    if tail.is_empty() {
-        "no error message".into()
-    } else {
-        tail.join("; ")
-    }
 }
 
 /// Output of a finished subprocess.

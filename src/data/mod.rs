@@ -21,6 +21,7 @@ pub mod resolve;
 pub mod samples;
 pub mod scan;
 pub mod tensor_file;
+mod tool_message;
 pub mod validate;
 #[cfg(test)]
 mod validate_tests;
