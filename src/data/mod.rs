@@ -25,6 +25,7 @@ mod tool_message;
 pub mod validate;
 #[cfg(test)]
 mod validate_tests;
+pub mod verify;
 
 pub use config::{
     ConfigError, DatasetConfig, DatasetKind, DatasetSection, DatasetSource, FrameExtraction,
