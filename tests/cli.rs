@@ -63,3 +63,45 @@ fn dataset_check_lists_problems_and_fails() {
         "{stdout}"
     );
 }
+
+/// Runs `framesmith` with `args` and changes to its environment: (success, stdout + stderr).
+fn framesmith_env(args: &[&str], set: &[(&str, &str)], remove: &[&str]) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_framesmith"));
+    cmd.args(args);
+    for (k, v) in set {
+        cmd.env(k, v);
+    }
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().expect("framesmith runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_video_given_as_a_config_is_named_as_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let video = dir.path().join("clip.mp4");
+    std::fs::write(&video, b"\0\0\0\x18ftypisom\0\0\x02\0isomiso2\x80\xff\xfe").expect("write");
+    let path = cli_support::s(&video);
+    let (ok, text) = framesmith_env(&["train", "--config", path], &[], &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("not a TOML file: it looks like a video (MP4/MOV); give a run config")
+            && !text.contains("UTF-8"),
+        "{text}"
+    );
+    let (ok, text) = framesmith_env(&["dataset", "check", path], &[], &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(
+            "not a TOML file: it looks like a video (MP4/MOV); give a musubi-tuner dataset config"
+        ) && text.trim_end().ends_with(path),
+        "{text}"
+    );
+}

@@ -5,6 +5,7 @@ pub mod io;
 pub mod plan;
 pub mod presets;
 pub mod run;
+pub mod text_file;
 pub mod validate;
 mod validate_train;
 
