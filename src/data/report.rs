@@ -10,6 +10,7 @@ use super::config::{
     ConfigError, DatasetConfig, DatasetKind, DatasetSection, GeneralSection, ResolvedDataset,
 };
 use super::frames::{select_frames, FrameWindow, WAN_TARGET_FPS};
+use super::keys::without_follow_ups;
 use super::probe::{is_image, is_video, list_files, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
 use super::problem::{Problem, Severity};
 use super::scan::{scan_dataset, DatasetScan, ScanOptions};
@@ -152,7 +153,9 @@ pub fn check_path(path: &Path, options: &ScanOptions) -> Result<DatasetReport, C
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         (parsed.config, base, parsed.problems)
     };
-    problems.extend(validate(&config, path, &base));
+    let validated = validate(&config, path, &base);
+    let validated = without_follow_ups(&problems, validated);
+    problems.extend(validated);
     let scans: Vec<DatasetScan> = config
         .resolve(&base)
         .iter()
