@@ -185,8 +185,11 @@ fn train(
         Ok(cfg)
     };
     let ends = cli::run::run_queue(configs, load, resume)?;
-    for line in cli::run::summary_lines(&ends) {
-        println!("{line}");
+    // One run has said how it ended; a queue gets a line per config.
+    if configs.len() > 1 {
+        for line in cli::run::summary_lines(&ends) {
+            println!("{line}");
+        }
     }
     let failed = ends
         .iter()

@@ -105,3 +105,13 @@ fn a_video_given_as_a_config_is_named_as_one() {
         "{text}"
     );
 }
+
+#[test]
+fn a_config_error_is_printed_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "[lora]\nrnk = 8\n").expect("write");
+    let (ok, text) = framesmith_env(&["train", "--config", cli_support::s(&config)], &[], &[]);
+    assert!(!ok, "{text}");
+    assert_eq!(text.matches("unknown key `lora.rnk`").count(), 1, "{text}");
+}
