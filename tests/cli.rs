@@ -84,6 +84,16 @@ fn framesmith_env(args: &[&str], set: &[(&str, &str)], remove: &[&str]) -> (bool
 }
 
 #[test]
+fn a_config_error_is_printed_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "[lora]\nrnk = 8\n").expect("write");
+    let (ok, text) = framesmith_env(&["train", "--config", cli_support::s(&config)], &[], &[]);
+    assert!(!ok, "{text}");
+    assert_eq!(text.matches("unknown key `lora.rnk`").count(), 1, "{text}");
+}
+
+#[test]
 fn a_video_given_as_a_config_is_named_as_one() {
     let dir = tempfile::tempdir().expect("tempdir");
     let video = dir.path().join("clip.mp4");
@@ -107,11 +117,39 @@ fn a_video_given_as_a_config_is_named_as_one() {
 }
 
 #[test]
-fn a_config_error_is_printed_once() {
+fn a_vae_pickle_the_reader_cannot_read_is_explained_once_without_a_backtrace() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let config = dir.path().join("run.toml");
-    std::fs::write(&config, "[lora]\nrnk = 8\n").expect("write");
-    let (ok, text) = framesmith_env(&["train", "--config", cli_support::s(&config)], &[], &[]);
+    let images = dir.path().join("images");
+    std::fs::create_dir(&images).expect("mkdir");
+    image::RgbImage::new(16, 16)
+        .save(images.join("a.png"))
+        .expect("png");
+    std::fs::write(images.join("a.txt"), "a square").expect("write");
+    let dataset = dir.path().join("dataset.toml");
+    std::fs::write(
+        &dataset,
+        "[[datasets]]\nimage_directory = \"images\"\ncaption_extension = \".txt\"\ncache_directory = \"cache\"\n",
+    )
+    .expect("write");
+    let vae = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/models/wan/vae/testdata/protocol4.pth"
+    );
+    let args = [
+        "cache",
+        "latents",
+        "--dataset",
+        cli_support::s(&dataset),
+        "--vae",
+        vae,
+        "--device",
+        "cpu",
+    ];
+    let (ok, text) = framesmith_env(&args, &[("RUST_BACKTRACE", "1")], &[]);
     assert!(!ok, "{text}");
-    assert_eq!(text.matches("unknown key `lora.rnk`").count(), 1, "{text}");
+    assert_eq!(text.matches("op-code 149 (FRAME").count(), 1, "{text}");
+    assert!(
+        !text.contains("backtrace") && !text.contains(".rs:") && text.trim_end().ends_with(vae),
+        "{text}"
+    );
 }

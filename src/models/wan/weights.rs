@@ -8,6 +8,7 @@ mod error;
 mod header;
 mod keys;
 mod mmap;
+mod pickle;
 mod report;
 mod source;
 
@@ -27,6 +28,7 @@ use candle_core::{Device, Tensor};
 
 pub use detect::{heads_for_dim, variant_name};
 pub use error::{ForeignModel, ModelFormatError, NotSafetensors};
+pub use pickle::pickle_reason;
 pub(crate) use header::{hex_prefix, read_head, safetensors_header_len, sniff_kind};
 pub use keys::official_shapes;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
