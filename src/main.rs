@@ -6,7 +6,6 @@ mod cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use framesmith::config::{presets, RunConfig};
 
@@ -219,9 +218,9 @@ fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Says what any model file is; fails only when it is not a model Framesmith can name.
 fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let report = framesmith::models::wan::weights::inspect(path)
-        .context("not a usable Wan DiT checkpoint")?;
+    let report = framesmith::models::wan::weights::identify(path)?;
     println!("{report}");
     Ok(ExitCode::SUCCESS)
 }

@@ -83,6 +83,88 @@ fn framesmith_env(args: &[&str], set: &[(&str, &str)], remove: &[&str]) -> (bool
     (out.status.success(), text)
 }
 
+fn save(path: &std::path::Path, tensors: &[(&str, &[usize])]) {
+    let map: std::collections::HashMap<String, candle_core::Tensor> = tensors
+        .iter()
+        .map(|(name, shape)| {
+            let t = candle_core::Tensor::zeros(
+                *shape,
+                candle_core::DType::BF16,
+                &candle_core::Device::Cpu,
+            )
+            .expect("tensor");
+            (name.to_string(), t)
+        })
+        .collect();
+    candle_core::safetensors::save(&map, path).expect("saved");
+}
+
+#[test]
+fn inspect_says_what_any_model_file_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lora = dir.path().join("style.safetensors");
+    save(
+        &lora,
+        &[
+            ("lora_unet_blocks_0_self_attn_q.lora_down.weight", &[4, 64]),
+            ("lora_unet_blocks_0_self_attn_q.lora_up.weight", &[64, 4]),
+            ("lora_unet_blocks_1_ffn_0.lora_down.weight", &[4, 64]),
+            ("lora_unet_blocks_1_ffn_0.lora_up.weight", &[256, 4]),
+        ],
+    );
+    let clip = dir.path().join("clip_vision_h.safetensors");
+    save(
+        &clip,
+        &[
+            ("visual.conv1.weight", &[8, 3, 2, 2]),
+            (
+                "visual.transformer.resblocks.0.attn.in_proj_weight",
+                &[24, 8],
+            ),
+            (
+                "visual.transformer.resblocks.1.attn.in_proj_weight",
+                &[24, 8],
+            ),
+        ],
+    );
+    let vae = cli_support::fixture("wan21_vae_tiny");
+    let umt5 = cli_support::fixture("umt5_tiny");
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            cli_support::s(&lora),
+            &[
+                "LoRA adapter",
+                "musubi-tuner",
+                "rank        4",
+                "2 in 2 transformer blocks",
+            ],
+        ),
+        (
+            vae.as_str(),
+            &["Wan2.1 VAE (16 latent channels", "model.vae"],
+        ),
+        (
+            umt5.as_str(),
+            &["umT5 text encoder", "layers      2", "model.text_encoder"],
+        ),
+        (
+            cli_support::s(&clip),
+            &["CLIP image encoder", "2 in the image tower", "--clip"],
+        ),
+    ];
+    for (path, expected) in cases {
+        let (ok, stdout, stderr) = framesmith(&["inspect", path]);
+        assert!(ok, "{path}: {stdout}{stderr}");
+        for part in expected {
+            assert!(
+                stdout.contains(part),
+                "{part} missing for {path}:\n{stdout}"
+            );
+        }
+        assert!(stdout.trim_end().ends_with(path), "{stdout}");
+    }
+}
+
 #[test]
 fn a_config_error_is_printed_once() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -1,5 +1,49 @@
-//! PyTorch `.pth` files through candle's pickle reader (which never executes code): when the reader fails, a
-//! reason in words instead of its op-codes and backtraces.
+//! PyTorch `.pth` files through candle's pickle reader (which never executes code): the tensor listing without
+//! the data, and, when the reader fails, a reason in words instead of its op-codes and backtraces.
+
+use std::path::Path;
+
+use super::error::ModelFormatError;
+
+/// One tensor of a `.pth` file, from its pickle (no data read).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct PthTensor {
+    pub name: String,
+    /// Safetensors-style dtype spelling (`BF16`, `F32`).
+    pub dtype: String,
+    pub shape: Vec<usize>,
+}
+
+/// The tensors of a PyTorch zip archive, at the top level or under a `state_dict` / `model` entry as training
+/// checkpoints store them.
+pub(crate) fn pth_listing(path: &Path) -> Result<Vec<PthTensor>, ModelFormatError> {
+    let mut infos = candle_core::pickle::read_pth_tensor_info(path, false, None)
+        .map_err(|e| unreadable_pickle(&e, path))?;
+    for key in ["state_dict", "model"] {
+        if !infos.is_empty() {
+            break;
+        }
+        // A missing key is not an error here: the file simply has no such entry.
+        infos =
+            candle_core::pickle::read_pth_tensor_info(path, false, Some(key)).unwrap_or_default();
+    }
+    Ok(infos
+        .into_iter()
+        .map(|t| PthTensor {
+            name: t.name,
+            dtype: format!("{:?}", t.dtype).to_ascii_uppercase(),
+            shape: t.layout.dims().to_vec(),
+        })
+        .collect())
+}
+
+/// The error for a PyTorch file candle's reader cannot read.
+pub(crate) fn unreadable_pickle(e: &candle_core::Error, path: &Path) -> ModelFormatError {
+    ModelFormatError::UnreadablePickle {
+        reason: pickle_reason(e),
+        path: path.to_path_buf(),
+    }
+}
 
 /// What went wrong reading a PyTorch file, in one line: no backtrace, no op-code numbers left unexplained.
 pub fn pickle_reason(e: &candle_core::Error) -> String {
