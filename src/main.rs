@@ -128,6 +128,9 @@ fn main() -> ExitCode {
 #[cfg(feature = "gui")]
 fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
+    if let Some(why) = framesmith::platform::display_missing() {
+        anyhow::bail!(why);
+    }
     let options = framesmith::app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
     match screenshot {
         Some(path) => framesmith::app::screenshot_with(options, &path)?,

@@ -235,3 +235,17 @@ fn a_vae_pickle_the_reader_cannot_read_is_explained_once_without_a_backtrace() {
         "{text}"
     );
 }
+
+#[cfg(all(target_os = "linux", feature = "gui"))]
+#[test]
+fn without_a_display_the_app_suggests_the_headless_commands() {
+    let (ok, text) = framesmith_env(&[], &[], &["DISPLAY", "WAYLAND_DISPLAY"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("neither DISPLAY nor WAYLAND_DISPLAY is set")
+            && text.contains("framesmith demo")
+            && text.contains("framesmith --help"),
+        "{text}"
+    );
+    assert!(!text.contains(".rs:"), "{text}");
+}
