@@ -3,9 +3,6 @@
 
 use std::path::Path;
 
-/// Most distinct lines kept: ffmpeg says the cause first and its consequence last.
-const KEPT_LINES: usize = 2;
-
 /// One line saying why the tool failed on `path`, from its stderr.
 pub(crate) fn one_line_reason(stderr: &[u8], path: &Path) -> String {
     let text = String::from_utf8_lossy(stderr);
@@ -17,11 +14,11 @@ pub(crate) fn one_line_reason(stderr: &[u8], path: &Path) -> String {
             lines.push(line);
         }
     }
-    let tail = &lines[lines.len().saturating_sub(KEPT_LINES)..];
-    if tail.is_empty() {
-        "no error message".into()
-    } else {
-        tail.join("; ")
+    // ffmpeg says the cause first and its consequence last; what comes between repeats the cause.
+    match lines.as_slice() {
+        [] => "no error message".into(),
+        [only] => only.clone(),
+        [first, .., last] => format!("{first}; {last}"),
     }
 }
 
@@ -56,14 +53,17 @@ mod tests {
     }
 
     #[test]
-    fn repeated_lines_count_once_and_only_the_last_two_stay() {
-        let path = Path::new("v.mkv");
-        let stderr = b"[h264 @ 0x1] error while decoding MB 3 4\n[h264 @ 0x2] error while decoding MB 3 4\n\
-                       [matroska,webm @ 0x3] EBML header parsing failed\nv.mkv: Invalid data found when processing input\n";
+    fn repeated_lines_count_once_and_the_first_and_last_stay() {
+        let path = Path::new("v.mp4");
+        let stderr = b"[h264 @ 0x1] Invalid NAL unit size (1515870810 > 1373).\n\
+                       [h264 @ 0x2] Invalid NAL unit size (1515870810 > 1373).\n\
+                       [h264 @ 0x2] Error splitting the input into NAL units.\n\
+                       [vist#0:0/h264 @ 0x4] Decoding error: Invalid data found when processing input\n\
+                       Cannot determine format of input stream 0:0 after EOF\n";
         let reason = one_line_reason(stderr, path);
         assert_eq!(
             reason,
-            "EBML header parsing failed; Invalid data found when processing input"
+            "Invalid NAL unit size (1515870810 > 1373); Cannot determine format of input stream 0:0 after EOF"
         );
         assert!(!reason.contains("0x") && !reason.contains('\n'), "{reason}");
         assert_eq!(one_line_reason(b"\n  \n", path), "no error message");
