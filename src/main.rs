@@ -6,7 +6,6 @@ mod cli;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::Context;
 use clap::{Parser, Subcommand};
 use framesmith::config::{presets, RunConfig};
 
@@ -129,6 +128,9 @@ fn main() -> ExitCode {
 #[cfg(feature = "gui")]
 fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
+    if let Some(why) = framesmith::platform::display_missing() {
+        anyhow::bail!(why);
+    }
     let options = framesmith::app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
     match screenshot {
         Some(path) => framesmith::app::screenshot_with(options, &path)?,
@@ -185,8 +187,11 @@ fn train(
         Ok(cfg)
     };
     let ends = cli::run::run_queue(configs, load, resume)?;
-    for line in cli::run::summary_lines(&ends) {
-        println!("{line}");
+    // One run has said how it ended; a queue gets a line per config.
+    if configs.len() > 1 {
+        for line in cli::run::summary_lines(&ends) {
+            println!("{line}");
+        }
     }
     let failed = ends
         .iter()
@@ -220,9 +225,9 @@ fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// Says what any model file is; fails only when it is not a model Framesmith can name.
 fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let report = framesmith::models::wan::weights::inspect(path)
-        .context("not a usable Wan DiT checkpoint")?;
+    let report = framesmith::models::wan::weights::identify(path)?;
     println!("{report}");
     Ok(ExitCode::SUCCESS)
 }

@@ -63,3 +63,189 @@ fn dataset_check_lists_problems_and_fails() {
         "{stdout}"
     );
 }
+
+/// Runs `framesmith` with `args` and changes to its environment: (success, stdout + stderr).
+fn framesmith_env(args: &[&str], set: &[(&str, &str)], remove: &[&str]) -> (bool, String) {
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_framesmith"));
+    cmd.args(args);
+    for (k, v) in set {
+        cmd.env(k, v);
+    }
+    for k in remove {
+        cmd.env_remove(k);
+    }
+    let out = cmd.output().expect("framesmith runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+fn save(path: &std::path::Path, tensors: &[(&str, &[usize])]) {
+    let map: std::collections::HashMap<String, candle_core::Tensor> = tensors
+        .iter()
+        .map(|(name, shape)| {
+            let t = candle_core::Tensor::zeros(
+                *shape,
+                candle_core::DType::BF16,
+                &candle_core::Device::Cpu,
+            )
+            .expect("tensor");
+            (name.to_string(), t)
+        })
+        .collect();
+    candle_core::safetensors::save(&map, path).expect("saved");
+}
+
+#[test]
+fn inspect_says_what_any_model_file_is() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let lora = dir.path().join("style.safetensors");
+    save(
+        &lora,
+        &[
+            ("lora_unet_blocks_0_self_attn_q.lora_down.weight", &[4, 64]),
+            ("lora_unet_blocks_0_self_attn_q.lora_up.weight", &[64, 4]),
+            ("lora_unet_blocks_1_ffn_0.lora_down.weight", &[4, 64]),
+            ("lora_unet_blocks_1_ffn_0.lora_up.weight", &[256, 4]),
+        ],
+    );
+    let clip = dir.path().join("clip_vision_h.safetensors");
+    save(
+        &clip,
+        &[
+            ("visual.conv1.weight", &[8, 3, 2, 2]),
+            (
+                "visual.transformer.resblocks.0.attn.in_proj_weight",
+                &[24, 8],
+            ),
+            (
+                "visual.transformer.resblocks.1.attn.in_proj_weight",
+                &[24, 8],
+            ),
+        ],
+    );
+    let vae = cli_support::fixture("wan21_vae_tiny");
+    let umt5 = cli_support::fixture("umt5_tiny");
+    let cases: [(&str, &[&str]); 4] = [
+        (
+            cli_support::s(&lora),
+            &[
+                "LoRA adapter",
+                "musubi-tuner",
+                "rank        4",
+                "2 in 2 transformer blocks",
+            ],
+        ),
+        (
+            vae.as_str(),
+            &["Wan2.1 VAE (16 latent channels", "model.vae"],
+        ),
+        (
+            umt5.as_str(),
+            &["umT5 text encoder", "layers      2", "model.text_encoder"],
+        ),
+        (
+            cli_support::s(&clip),
+            &["CLIP image encoder", "2 in the image tower", "--clip"],
+        ),
+    ];
+    for (path, expected) in cases {
+        let (ok, stdout, stderr) = framesmith(&["inspect", path]);
+        assert!(ok, "{path}: {stdout}{stderr}");
+        for part in expected {
+            assert!(
+                stdout.contains(part),
+                "{part} missing for {path}:\n{stdout}"
+            );
+        }
+        assert!(stdout.trim_end().ends_with(path), "{stdout}");
+    }
+}
+
+#[test]
+fn a_config_error_is_printed_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "[lora]\nrnk = 8\n").expect("write");
+    let (ok, text) = framesmith_env(&["train", "--config", cli_support::s(&config)], &[], &[]);
+    assert!(!ok, "{text}");
+    assert_eq!(text.matches("unknown key `lora.rnk`").count(), 1, "{text}");
+}
+
+#[test]
+fn a_video_given_as_a_config_is_named_as_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let video = dir.path().join("clip.mp4");
+    std::fs::write(&video, b"\0\0\0\x18ftypisom\0\0\x02\0isomiso2\x80\xff\xfe").expect("write");
+    let path = cli_support::s(&video);
+    let (ok, text) = framesmith_env(&["train", "--config", path], &[], &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("not a TOML file: it looks like a video (MP4/MOV); give a run config")
+            && !text.contains("UTF-8"),
+        "{text}"
+    );
+    let (ok, text) = framesmith_env(&["dataset", "check", path], &[], &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(
+            "not a TOML file: it looks like a video (MP4/MOV); give a musubi-tuner dataset config"
+        ) && text.trim_end().ends_with(path),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_vae_pickle_the_reader_cannot_read_is_explained_once_without_a_backtrace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let images = dir.path().join("images");
+    std::fs::create_dir(&images).expect("mkdir");
+    image::RgbImage::new(16, 16)
+        .save(images.join("a.png"))
+        .expect("png");
+    std::fs::write(images.join("a.txt"), "a square").expect("write");
+    let dataset = dir.path().join("dataset.toml");
+    std::fs::write(
+        &dataset,
+        "[[datasets]]\nimage_directory = \"images\"\ncaption_extension = \".txt\"\ncache_directory = \"cache\"\n",
+    )
+    .expect("write");
+    let vae = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/src/models/wan/vae/testdata/protocol4.pth"
+    );
+    let args = [
+        "cache",
+        "latents",
+        "--dataset",
+        cli_support::s(&dataset),
+        "--vae",
+        vae,
+        "--device",
+        "cpu",
+    ];
+    let (ok, text) = framesmith_env(&args, &[("RUST_BACKTRACE", "1")], &[]);
+    assert!(!ok, "{text}");
+    assert_eq!(text.matches("op-code 149 (FRAME").count(), 1, "{text}");
+    assert!(
+        !text.contains("backtrace") && !text.contains(".rs:") && text.trim_end().ends_with(vae),
+        "{text}"
+    );
+}
+
+#[cfg(all(target_os = "linux", feature = "gui"))]
+#[test]
+fn without_a_display_the_app_suggests_the_headless_commands() {
+    let (ok, text) = framesmith_env(&[], &[], &["DISPLAY", "WAYLAND_DISPLAY"]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains("neither DISPLAY nor WAYLAND_DISPLAY is set")
+            && text.contains("framesmith demo")
+            && text.contains("framesmith --help"),
+        "{text}"
+    );
+    assert!(!text.contains(".rs:"), "{text}");
+}

@@ -72,6 +72,7 @@ fn image_folder_reports_every_bad_file() {
         &ScanOptions {
             probe_media: true,
             tools: None,
+            decode_check: true,
         },
     )
     .unwrap();
@@ -98,7 +99,8 @@ fn image_folder_reports_every_bad_file() {
     assert_eq!(report.error_count(), 2, "{text:#?}");
 
     let ds = &report.datasets[0];
-    assert_eq!((ds.media_found, ds.items, ds.captions), (5, 4, 3));
+    // broken.png cannot be read, latin1.png's caption cannot, nocaption.png has none: two are used.
+    assert_eq!((ds.media_found, ds.items, ds.captions), (5, 2, 3));
     assert_eq!(ds.missing_captions, vec![d.join("nocaption.png")]);
     assert_eq!(ds.unreadable.len(), 2);
     assert_eq!(ds.sizes.get(&(64, 48)), Some(&1));
@@ -109,11 +111,13 @@ fn image_folder_reports_every_bad_file() {
             height: 544,
             frames: 1
         }),
-        Some(&3)
+        Some(&2)
     );
     let shown = report.to_string();
     assert!(
-        shown.contains("5 images found, 4 used") && shown.contains("Errors:"),
+        shown.contains(
+            "5 images found, 2 used (3 left out: 1 unreadable, 2 without a usable caption)"
+        ) && shown.contains("Errors:"),
         "{shown}"
     );
 }
@@ -135,6 +139,7 @@ fn config_problems_and_missing_ffprobe_are_listed_together() {
         &ScanOptions {
             probe_media: true,
             tools: None,
+            decode_check: true,
         },
     )
     .unwrap();
@@ -185,6 +190,7 @@ fn videos_are_probed_cut_decoded_and_resized() {
         &ScanOptions {
             probe_media: true,
             tools: Some(tools.clone()),
+            decode_check: true,
         },
     )
     .unwrap();
@@ -214,6 +220,20 @@ fn videos_are_probed_cut_decoded_and_resized() {
     assert_eq!(report.error_count(), 3, "{text:#?}");
     let ds = &report.datasets[0];
     assert_eq!((ds.media_found, ds.unreadable.len()), (5, 2));
+    // empty.mp4 and garbage.mkv cannot be read, nocap.avi has no caption: one.mp4 and fast.mp4 are used.
+    assert_eq!(ds.items, 2);
+    assert!(
+        report.to_string().contains(
+            "5 videos found, 2 used (3 left out: 2 unreadable, 1 without a usable caption)"
+        ),
+        "{report}"
+    );
+    // ffprobe's own words, without its `[matroska,webm @ 0x…]` tags or the path in the middle.
+    let garbage = text.iter().find(|l| l.contains("garbage.mkv")).unwrap();
+    assert!(
+        !garbage.contains(" @ 0x") && garbage.matches("garbage.mkv").count() == 1,
+        "{garbage}"
+    );
     let frames = ds.frame_counts.unwrap();
     assert_eq!((frames.min, frames.max), (16, 30));
     // one.mp4: 16 frames → 16 one-frame chunks + one 9-frame chunk; its 64x48 frames keep the 64x48 bucket.
@@ -289,6 +309,7 @@ fn a_folder_given_by_a_relative_path_is_checked_where_it_is() {
     let options = ScanOptions {
         probe_media: true,
         tools: None,
+        decode_check: true,
     };
     for path in [name.clone(), Path::new(".").join(&name)] {
         let report = check_path(&path, &options).unwrap();
@@ -317,6 +338,7 @@ fn sources_much_smaller_than_their_bucket_are_reported_once() {
     let options = ScanOptions {
         probe_media: true,
         tools: None,
+        decode_check: true,
     };
     let check = |extra: &str| {
         let toml = d.join("dataset.toml");
@@ -337,4 +359,148 @@ fn sources_much_smaller_than_their_bucket_are_reported_once() {
     );
     let text = check("bucket_no_upscale = true\nenable_bucket = true");
     assert!(!text.iter().any(|p| p.contains("upscaled")), "{text:?}");
+}
+
+/// A copy of `from` keeping only its first `keep` bytes.
+fn truncated_copy(from: &Path, to: &Path, keep: f64) {
+    let bytes = std::fs::read(from).unwrap();
+    write(to, &bytes[..(bytes.len() as f64 * keep) as usize]);
+}
+
+/// A 24-bit BMP header claiming `w`x`h` pixels, followed by a few bytes of pixel data.
+fn bmp_header(w: u32, h: u32) -> Vec<u8> {
+    let mut b = Vec::new();
+    b.extend_from_slice(b"BM");
+    b.extend_from_slice(&(54u32 + 64).to_le_bytes());
+    b.extend_from_slice(&[0; 4]);
+    b.extend_from_slice(&54u32.to_le_bytes());
+    b.extend_from_slice(&40u32.to_le_bytes());
+    b.extend_from_slice(&w.to_le_bytes());
+    b.extend_from_slice(&h.to_le_bytes());
+    b.extend_from_slice(&1u16.to_le_bytes());
+    b.extend_from_slice(&24u16.to_le_bytes());
+    b.extend_from_slice(&[0; 24]);
+    b.extend_from_slice(&[0x7f; 64]);
+    b
+}
+
+#[test]
+fn images_that_caching_cannot_decode_fail_the_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // Seeded noise, so the PNG's compressed data is long enough to damage in the middle.
+    let mut state = 0x2545_f491_u32;
+    let noise = RgbImage::from_fn(64, 64, |_, _| {
+        state ^= state << 13;
+        state ^= state >> 17;
+        state ^= state << 5;
+        image::Rgb([state as u8, (state >> 8) as u8, (state >> 16) as u8])
+    });
+    noise.save(d.join("good.png")).unwrap();
+    let mut png = std::fs::read(d.join("good.png")).unwrap();
+    let middle = png.len() / 2;
+    png[middle..middle + 64].fill(0xff);
+    write(&d.join("corrupt.png"), &png);
+    truncated_copy(&d.join("good.png"), &d.join("cut.png"), 0.5);
+    write(&d.join("huge.bmp"), &bmp_header(40_000, 40_000));
+    for name in ["good", "corrupt", "cut", "huge"] {
+        write(&d.join(format!("{name}.txt")), name.as_bytes());
+    }
+    let options = ScanOptions {
+        probe_media: true,
+        tools: None,
+        decode_check: true,
+    };
+    let report = check_path(d, &options).unwrap();
+    let text = problems_text(&report);
+    for name in ["corrupt.png", "cut.png"] {
+        assert!(
+            has(&text, &["error", "cannot read the image", name]),
+            "{text:#?}"
+        );
+    }
+    assert!(
+        has(&text, &["error", "40000x40000", "huge.bmp"]),
+        "{text:#?}"
+    );
+    assert_eq!(report.error_count(), 3, "{text:#?}");
+    assert_eq!(report.datasets[0].items, 1);
+}
+
+#[test]
+fn videos_that_caching_cannot_decode_fail_the_check() {
+    let Some(tools) = tools() else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let clip = |name: &str, codec: &str| {
+        Command::new(&tools.ffmpeg)
+            .args([
+                "-nostdin",
+                "-v",
+                "error",
+                "-y",
+                "-f",
+                "lavfi",
+                "-i",
+                "testsrc=duration=2:size=64x48:rate=16",
+                "-c:v",
+                codec,
+                "-pix_fmt",
+                "yuv420p",
+                "-movflags",
+                "+faststart",
+            ])
+            .arg(d.join(name))
+            .status()
+            .unwrap()
+            .success()
+    };
+    assert!(clip("good.mp4", "mpeg4"));
+    // The index at the front survives, the frames at the end do not.
+    truncated_copy(&d.join("good.mp4"), &d.join("cut.mp4"), 0.6);
+    // A valid container whose H.264 data is noise: measured fine, no frame decodes.
+    let garbled = clip("garbled.mp4", "libx264");
+    if garbled {
+        let mut bytes = std::fs::read(d.join("garbled.mp4")).unwrap();
+        let mdat = bytes.windows(4).position(|w| w == b"mdat").unwrap() + 4;
+        bytes[mdat..].fill(0x5a);
+        write(&d.join("garbled.mp4"), &bytes);
+    } else {
+        eprintln!("note: this ffmpeg has no libx264; skipping the garbled-data part");
+    }
+    for name in ["good", "cut", "garbled"] {
+        write(&d.join(format!("{name}.txt")), name.as_bytes());
+    }
+    let toml = d.join("dataset.toml");
+    write(
+        &toml,
+        b"[general]\nresolution = [64, 48]\ncaption_extension = \".txt\"\n\n[[datasets]]\nvideo_directory = \".\"\n\
+          cache_directory = \"cache\"\ntarget_frames = [1, 29]\nframe_extraction = \"uniform\"\nframe_sample = 2\n",
+    );
+    let options = ScanOptions {
+        probe_media: true,
+        tools: Some(tools.clone()),
+        decode_check: true,
+    };
+    let report = check_path(&toml, &options).unwrap();
+    let text = problems_text(&report);
+    assert!(
+        has(
+            &text,
+            &["error", "cut short: it lists 32 frames", "cut.mp4"]
+        ),
+        "{text:#?}"
+    );
+    if garbled {
+        assert!(
+            has(
+                &text,
+                &["error", "the first frame does not decode", "garbled.mp4"]
+            ),
+            "{text:#?}"
+        );
+    }
+    assert!(!text.iter().any(|l| l.contains("good.mp4")), "{text:#?}");
+    assert_eq!(report.error_count(), 1 + usize::from(garbled), "{text:#?}");
+    assert_eq!(report.datasets[0].items, 1);
 }

@@ -106,7 +106,7 @@ pub fn run_app(options: AppOptions) -> anyhow::Result<()> {
         native,
         Box::new(move |cc| Ok(Box::new(FramesmithApp::new(cc, options)))),
     )
-    .map_err(|err| anyhow!("the window could not open: {err}"))?;
+    .map_err(|err| anyhow!(crate::platform::window_failed(&err.to_string())))?;
     let Some(request) = request else {
         return Ok(());
     };

@@ -36,20 +36,13 @@ pub enum RunEnd {
 }
 
 impl RunEnd {
-    /// The word of the queue's closing summary; for a failure, the first line of its message (and the line
-    /// after it when the first only announces a list, as validation's "the run config has 1 problem:").
-    pub fn label(&self) -> String {
+    /// The word of the queue's closing summary. A failure's message was printed when it happened
+    /// (`error: <config>: <message>`), so the summary does not repeat it.
+    pub fn label(&self) -> &'static str {
         match self {
-            Self::Finished(_) => "finished".into(),
-            Self::Stopped(_) => "stopped".into(),
-            Self::Failed(message) => {
-                let mut lines = message.lines().map(str::trim).filter(|l| !l.is_empty());
-                let first = lines.next().unwrap_or_default();
-                match lines.next() {
-                    Some(next) if first.ends_with(':') => format!("failed: {first} {next}"),
-                    _ => format!("failed: {first}"),
-                }
-            }
+            Self::Finished(_) => "finished",
+            Self::Stopped(_) => "stopped",
+            Self::Failed(_) => "failed (the error is above)",
         }
     }
 }
@@ -128,10 +121,9 @@ pub fn run_queue(
 pub fn summary_lines(ends: &[QueuedEnd]) -> Vec<String> {
     ends.iter()
         .map(|(path, end)| {
-            let label = end.as_ref().map_or(
-                "not started (an earlier run was stopped)".into(),
-                RunEnd::label,
-            );
+            let label = end
+                .as_ref()
+                .map_or("not started (an earlier run was stopped)", RunEnd::label);
             format!("{}: {label}", path.display())
         })
         .collect()
@@ -436,8 +428,8 @@ mod tests {
         assert!(lora.starts_with(dir.path().join("good")) && lora.exists());
         assert!(!dir.path().join("bad").exists());
         let lines = summary_lines(&ends);
-        let failed = format!("{}: failed: ", names[0].display());
-        assert!(lines[0].starts_with(&failed), "{}", lines[0]);
+        let failed = format!("{}: failed (the error is above)", names[0].display());
+        assert_eq!(lines[0], failed);
         assert!(lines[2].ends_with("good.toml: finished"), "{}", lines[2]);
     }
 
@@ -570,16 +562,11 @@ mod tests {
     }
 
     #[test]
-    fn a_failure_label_keeps_the_first_line_and_the_first_item_of_a_list() {
-        let end = RunEnd::Failed("out of memory\nstream 10 blocks".into());
-        assert_eq!(end.label(), "failed: out of memory");
+    fn a_failure_label_does_not_repeat_the_error() {
         let end = RunEnd::Failed(
             "the run config has 1 problem:\n  - `lora.rank`: must be at least 1\n".into(),
         );
-        assert_eq!(
-            end.label(),
-            "failed: the run config has 1 problem: - `lora.rank`: must be at least 1"
-        );
+        assert_eq!(end.label(), "failed (the error is above)");
         assert_eq!(RunEnd::Stopped(RunSummary::default()).label(), "stopped");
         let ends = vec![(PathBuf::from("b.toml"), None)];
         assert!(summary_lines(&ends)[0].starts_with("b.toml: not started"));

@@ -38,6 +38,16 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "this is not a TOML file: it looks like {looks_like}; give a run config, a TOML text file such as \
+         run.toml: {}",
+        path.display()
+    )]
+    NotToml {
+        path: PathBuf,
+        /// What the file looks like (`a video (MP4/MOV)`).
+        looks_like: &'static str,
+    },
     #[error("cannot write the config file {}", path.display())]
     Write {
         path: PathBuf,

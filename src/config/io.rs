@@ -9,13 +9,20 @@ use serde::de::DeserializeOwned;
 
 use super::error::ConfigError;
 use super::run::{RunConfig, SCHEMA_VERSION};
+use super::text_file::{read_text, TextFileError};
 
 impl RunConfig {
     /// Reads and parses a run config file. Unknown keys, wrong types and syntax errors name the key and the file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
+        let text = read_text(path).map_err(|e| match e {
+            TextFileError::NotText(looks_like) => ConfigError::NotToml {
+                path: path.to_path_buf(),
+                looks_like,
+            },
+            TextFileError::Io(source) => ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         Self::from_toml_str(&text, path)
     }

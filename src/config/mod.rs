@@ -6,6 +6,7 @@ pub mod outputs;
 pub mod plan;
 pub mod presets;
 pub mod run;
+pub mod text_file;
 pub mod validate;
 mod validate_train;
 

@@ -12,6 +12,7 @@ use super::problem::Problem;
 pub use super::resolve::{
     resolve_path, round_down_to_4n1, DatasetSource, ResolvedDataset, VideoParams,
 };
+use crate::config::text_file::{read_text, TextFileError};
 
 /// Keys musubi-tuner accepts in `[general]` (and, overriding them, in every `[[datasets]]`).
 pub const GENERAL_KEYS: &[&str] = &[
@@ -311,6 +312,17 @@ pub enum ConfigError {
         #[source]
         source: std::io::Error,
     },
+    /// The file is not text at all (a video, an image, weights).
+    #[error(
+        "this is not a TOML file: it looks like {looks_like}; give a musubi-tuner dataset config, a TOML text \
+         file such as dataset.toml: {path}"
+    )]
+    NotToml {
+        /// The file.
+        path: PathBuf,
+        /// What it looks like (`a video (MP4/MOV)`).
+        looks_like: &'static str,
+    },
     /// The file is not TOML; the message has the line and column.
     #[error("the dataset config is not valid TOML: {message}: {path}")]
     Syntax {
@@ -384,9 +396,15 @@ impl DatasetConfig {
 
     /// Reads a config file leniently (see [`DatasetConfig::parse`]).
     pub fn read(path: &Path) -> Result<ParsedConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
+        let text = read_text(path).map_err(|e| match e {
+            TextFileError::NotText(looks_like) => ConfigError::NotToml {
+                path: path.to_path_buf(),
+                looks_like,
+            },
+            TextFileError::Io(source) => ConfigError::Read {
+                path: path.to_path_buf(),
+                source,
+            },
         })?;
         Self::parse(&text, path)
     }

@@ -171,10 +171,11 @@ fn strip_section<T: DeserializeOwned>(
         single.insert(key.clone(), value.clone());
         if let Err(e) = single.try_into::<T>() {
             // serde names Rust types; say what a user would write instead.
-            let why = e
-                .message()
-                .trim()
-                .replace("expected u32", "expected a whole number, 0 or more");
+            let why = expected_form(key, value).unwrap_or_else(|| {
+                e.message()
+                    .trim()
+                    .replace("expected u32", "expected a whole number, 0 or more")
+            });
             let message = format!("bad value {value}: {why}");
             problems.push(Problem::key_error(file, key_path, message));
             bad.push(key.clone());
@@ -183,6 +184,73 @@ fn strip_section<T: DeserializeOwned>(
     for key in bad {
         table.remove(&key);
     }
+}
+
+/// What the value of `key` must be, with an example built from the value given where one can be (`"17"` for
+/// `target_frames` gives `target_frames = [17]`). `None` for a key with no known form.
+fn expected_form(key: &str, value: &toml::Value) -> Option<String> {
+    use toml::Value;
+    let number = match value {
+        Value::Integer(n) => Some(*n),
+        Value::String(s) => s.trim().parse().ok(),
+        Value::Float(f) if f.fract() == 0.0 => Some(*f as i64),
+        Value::Array(items) => match items.as_slice() {
+            [Value::Integer(n)] => Some(*n),
+            [Value::String(s)] => s.trim().parse().ok(),
+            _ => None,
+        },
+        _ => None,
+    }
+    .filter(|n| *n >= 0);
+    let form = match key {
+        "target_frames" | "fp_1f_clean_indices" => format!(
+            "expected a list of whole numbers; write it as {key} = [{}]",
+            number.unwrap_or(1)
+        ),
+        "resolution" | "control_resolution" | "qwen_image_edit_control_resolution" => format!(
+            "expected [width, height] (or one number for a square); write it as {key} = [960, 544]"
+        ),
+        "frame_extraction" => {
+            "expected one of \"head\", \"chunk\", \"slide\", \"uniform\" or \"full\"; \
+                               write it as frame_extraction = \"head\""
+                .into()
+        }
+        "source_fps" => {
+            "expected a number of frames per second; write it as source_fps = 30.0".into()
+        }
+        k if k.ends_with("_directory") || k.ends_with("_file") || k == "caption_extension" => {
+            format!("expected text in quotes; write it as {key} = \"…\"")
+        }
+        k if k.starts_with("enable")
+            || k.starts_with("bucket")
+            || k.contains("no_")
+            || k == "multiple_target" =>
+        {
+            format!("expected true or false; write it as {key} = true")
+        }
+        _ => format!(
+            "expected a whole number, 0 or more; write it as {key} = {}",
+            number.unwrap_or(1)
+        ),
+    };
+    Some(form)
+}
+
+/// Problems of `validated` that only follow from a key `parsed` already reported and removed (a badly typed
+/// `target_frames` is dropped, and validation would then say it is not set): each bad key is reported once.
+pub(crate) fn without_follow_ups(parsed: &[Problem], validated: Vec<Problem>) -> Vec<Problem> {
+    let rejected: Vec<&str> = parsed.iter().filter_map(|p| p.key.as_deref()).collect();
+    let follows = |key: &str| {
+        rejected.iter().any(|r| {
+            *r == key
+                || r.strip_prefix("general.")
+                    .is_some_and(|field| key.ends_with(&format!(".{field}")))
+        })
+    };
+    validated
+        .into_iter()
+        .filter(|p| !p.key.as_deref().is_some_and(follows))
+        .collect()
 }
 
 /// `"; did you mean `x`?"` when a known key is one or two edits away.
@@ -226,6 +294,31 @@ mod tests {
             "; did you mean `resolution`?"
         );
         assert_eq!(suggestion("zzzz", GENERAL_KEYS), "");
+    }
+
+    #[test]
+    fn a_badly_typed_key_says_what_to_write() {
+        let file = Path::new("/d/dataset.toml");
+        let mut table: toml::Table =
+            "[[datasets]]\nvideo_directory = \"v\"\ntarget_frames = \"17\"\nbatch_size = \"two\"\n"
+                .parse()
+                .unwrap();
+        let mut problems = Vec::new();
+        strip_bad_keys(&mut table, file, &mut problems);
+        let text: Vec<String> = problems.iter().map(ToString::to_string).collect();
+        assert_eq!(text.len(), 2, "{text:#?}");
+        assert!(
+            text.iter().any(
+                |t| t.contains("datasets[0].target_frames: bad value \"17\"")
+                    && t.contains("write it as target_frames = [17]")
+            ),
+            "{text:#?}"
+        );
+        assert!(
+            text.iter().any(|t| t.contains("datasets[0].batch_size")
+                && t.contains("write it as batch_size = 1")),
+            "{text:#?}"
+        );
     }
 
     #[test]

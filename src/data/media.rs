@@ -12,6 +12,8 @@ use std::time::Duration;
 use image::RgbImage;
 use serde::Deserialize;
 
+use super::tool_message::one_line_reason;
+
 /// How to get ffmpeg, shown whenever it is missing.
 pub const FFMPEG_INSTALL_HINT: &str =
     "install ffmpeg (Debian/Ubuntu: `sudo apt install ffmpeg`; on Windows nothing is needed: \
@@ -48,6 +50,16 @@ pub enum MediaError {
         /// The video.
         path: PathBuf,
     },
+    /// The container lists more frames than can be read: the end of the file is missing.
+    #[error("{}: {path}", cut_short(*listed, *read))]
+    CutShort {
+        /// Frames the container lists.
+        listed: u32,
+        /// Frames that can be read.
+        read: u32,
+        /// The video.
+        path: PathBuf,
+    },
     /// The file has no bytes.
     #[error("the video file is empty (0 bytes): {path}")]
     Empty {
@@ -78,10 +90,18 @@ impl MediaError {
             MediaError::Unreadable { tool, message, .. } => {
                 format!("{tool} cannot read this video ({message})")
             }
+            MediaError::CutShort { listed, read, .. } => cut_short(*listed, *read),
             MediaError::Empty { .. } => "the video file is empty (0 bytes)".into(),
             MediaError::Io { tool, source, .. } => format!("cannot run {tool} ({source})"),
         }
     }
+}
+
+fn cut_short(listed: u32, read: u32) -> String {
+    format!(
+        "the video is cut short: it lists {listed} frames but only {read} can be read (an interrupted download or \
+         copy?); export or download it again"
+    )
 }
 
 /// Which decoder reads videos.
@@ -176,7 +196,11 @@ impl MediaTools {
         .arg(path);
         let out = run_with_timeout(cmd, self.probe_timeout, "ffprobe", path)?;
         if !out.status.success() {
-            return Err(unreadable("ffprobe", last_lines(&out.stderr), path));
+            return Err(unreadable(
+                "ffprobe",
+                one_line_reason(&out.stderr, path),
+                path,
+            ));
         }
         parse_probe(&out.stdout, path)
     }
@@ -204,9 +228,61 @@ impl MediaTools {
             out = self.run_decode(path, max_frames, "-vsync")?;
         }
         if !out.status.success() {
-            return Err(unreadable("ffmpeg", last_lines(&out.stderr), path));
+            return Err(unreadable(
+                "ffmpeg",
+                one_line_reason(&out.stderr, path),
+                path,
+            ));
         }
         split_frames(out.stdout, info.width, info.height, path)
+    }
+
+    /// Decodes the one frame shown at `at_secs` (the first frame when `None`), within the probe's time limit:
+    /// a seek, not a decode of everything before it. Fails when no frame decodes there.
+    pub fn decode_frame(
+        &self,
+        path: &Path,
+        info: &VideoInfo,
+        at_secs: Option<f64>,
+    ) -> Result<RgbImage, MediaError> {
+        check_not_empty(path)?;
+        #[cfg(windows)]
+        if self.backend == MediaBackend::MediaFoundation {
+            // Media Foundation reads from the start; the first frame is what it can check cheaply.
+            let frames = super::media_foundation::decode(path, info, Some(1), self.probe_timeout)?;
+            return frames
+                .into_iter()
+                .next()
+                .ok_or_else(|| unreadable("Media Foundation", "no frame decodes".into(), path));
+        }
+        let mut cmd = Command::new(&self.ffmpeg);
+        cmd.args(["-nostdin", "-v", "error", "-noautorotate"]);
+        if let Some(secs) = at_secs {
+            cmd.args(["-ss", &format!("{secs:.6}")]);
+        }
+        cmd.arg("-i").arg(path).args([
+            "-map",
+            "0:v:0",
+            "-frames:v",
+            "1",
+            "-f",
+            "rawvideo",
+            "-pix_fmt",
+            "rgb24",
+            "pipe:1",
+        ]);
+        let out = run_with_timeout(cmd, self.probe_timeout, "ffmpeg", path)?;
+        if !out.status.success() {
+            return Err(unreadable(
+                "ffmpeg",
+                one_line_reason(&out.stderr, path),
+                path,
+            ));
+        }
+        split_frames(out.stdout, info.width, info.height, path)?
+            .into_iter()
+            .next()
+            .ok_or_else(|| unreadable("ffmpeg", "no frames were decoded".into(), path))
     }
 
     /// Every decoded frame goes out as it is: passthrough frame timing, so none is dropped or repeated.
@@ -281,9 +357,19 @@ fn parse_probe(stdout: &[u8], path: &Path) -> Result<VideoInfo, MediaError> {
             .and_then(|v| v.parse::<u32>().ok())
             .filter(|&n| n > 0)
     };
-    let frame_count = count(&stream.nb_read_packets)
-        .or_else(|| count(&stream.nb_frames))
-        .unwrap_or(0);
+    let read = count(&stream.nb_read_packets);
+    let listed = count(&stream.nb_frames);
+    // One frame of difference is left alone: containers count edit-list and trailing packets differently.
+    if let (Some(read), Some(listed)) = (read, listed) {
+        if read.saturating_add(1) < listed {
+            return Err(MediaError::CutShort {
+                listed,
+                read,
+                path: path.to_path_buf(),
+            });
+        }
+    }
+    let frame_count = read.or(listed).unwrap_or(0);
     if frame_count == 0 {
         return Err(unreadable(
             "ffprobe",
@@ -355,22 +441,6 @@ fn check_not_empty(path: &Path) -> Result<(), MediaError> {
         });
     }
     Ok(())
-}
-
-/// The last few lines of a tool's stderr, on one line.
-fn last_lines(stderr: &[u8]) -> String {
-    let text = String::from_utf8_lossy(stderr);
-    let lines: Vec<&str> = text
-        .lines()
-        .map(str::trim)
-        .filter(|l| !l.is_empty())
-        .collect();
-    let tail = &lines[lines.len().saturating_sub(3)..];
-    if tail.is_empty() {
-        "no error message".into()
-    } else {
-        tail.join("; ")
-    }
 }
 
 /// Output of a finished subprocess.
@@ -488,6 +558,15 @@ mod tests {
         let info = parse_probe(json, Path::new("a.mp4")).unwrap();
         assert_eq!((info.width, info.height, info.frame_count), (320, 240, 30));
         assert!((info.fps.unwrap() - 29.97).abs() < 0.01);
+        let cut = br#"{"streams": [{"width": 64, "height": 48, "nb_frames": "32", "nb_read_packets": "17"}]}"#;
+        let err = parse_probe(cut, Path::new("/d/cut.mp4")).unwrap_err();
+        let msg = err.to_string();
+        assert!(matches!(err, MediaError::CutShort { .. }), "{msg}");
+        assert!(
+            msg.contains("cut short: it lists 32 frames but only 17")
+                && msg.ends_with("/d/cut.mp4"),
+            "{msg}"
+        );
         let none = br#"{"streams": []}"#;
         let err = parse_probe(none, Path::new("a.mp4"))
             .unwrap_err()

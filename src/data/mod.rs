@@ -21,9 +21,11 @@ pub mod resolve;
 pub mod samples;
 pub mod scan;
 pub mod tensor_file;
+mod tool_message;
 pub mod validate;
 #[cfg(test)]
 mod validate_tests;
+pub mod verify;
 
 pub use config::{
     ConfigError, DatasetConfig, DatasetKind, DatasetSection, DatasetSource, FrameExtraction,

@@ -10,6 +10,7 @@ use super::config::{
     ConfigError, DatasetConfig, DatasetKind, DatasetSection, GeneralSection, ResolvedDataset,
 };
 use super::frames::{select_frames, FrameWindow, WAN_TARGET_FPS};
+use super::keys::without_follow_ups;
 use super::probe::{is_image, is_video, list_files, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
 use super::problem::{Problem, Severity};
 use super::scan::{scan_dataset, DatasetScan, ScanOptions};
@@ -59,8 +60,10 @@ pub struct DatasetSummary {
     pub resolution: (u32, u32),
     /// Media files found (images or videos), including images left out for lack of a caption.
     pub media_found: usize,
-    /// Media that take part in training.
+    /// Media that take part in training: readable, captioned and (for videos) long enough for a clip.
     pub items: usize,
+    /// Why the other media found take no part.
+    pub left_out: LeftOut,
     /// Captions read.
     pub captions: usize,
     /// Media with no caption.
@@ -75,6 +78,40 @@ pub struct DatasetSummary {
     pub buckets: BTreeMap<BucketKey, usize>,
     /// Samples per epoch: the bucket counts times `num_repeats`.
     pub samples_per_epoch: usize,
+}
+
+/// How many media files of a dataset are left out of training, by reason (an item is counted once, under the
+/// first reason that applies).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeftOut {
+    /// The media file cannot be read.
+    pub unreadable: usize,
+    /// No caption, or a caption that cannot be read.
+    pub uncaptioned: usize,
+    /// A video too short for any clip of `target_frames`.
+    pub too_short: usize,
+}
+
+impl LeftOut {
+    /// Items left out in all.
+    pub fn total(&self) -> usize {
+        self.unreadable + self.uncaptioned + self.too_short
+    }
+}
+
+impl fmt::Display for LeftOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let parts: Vec<String> = [
+            (self.unreadable, "unreadable"),
+            (self.uncaptioned, "without a usable caption"),
+            (self.too_short, "too short for a clip"),
+        ]
+        .into_iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, why)| format!("{n} {why}"))
+        .collect();
+        f.write_str(&parts.join(", "))
+    }
 }
 
 /// The result of checking a dataset config or folder.
@@ -116,7 +153,9 @@ pub fn check_path(path: &Path, options: &ScanOptions) -> Result<DatasetReport, C
         let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
         (parsed.config, base, parsed.problems)
     };
-    problems.extend(validate(&config, path, &base));
+    let validated = validate(&config, path, &base);
+    let validated = without_follow_ups(&problems, validated);
+    problems.extend(validated);
     let scans: Vec<DatasetScan> = config
         .resolve(&base)
         .iter()
@@ -200,12 +239,37 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
     let mut buckets = BTreeMap::new();
     let selector = BucketSelector::for_latent_caching(ds);
     let mut upscaled = Upscaled::default();
+    // Images without a caption never became items (musubi-tuner skips them).
+    let mut left_out = LeftOut {
+        uncaptioned: media_found - scan.items.len(),
+        ..LeftOut::default()
+    };
+    let mut used = 0;
     for item in &scan.items {
-        let Some(info) = &item.info else { continue };
+        if scan.unreadable.contains(&item.media) {
+            left_out.unreadable += 1;
+            continue;
+        }
+        if item.caption.is_none() {
+            left_out.uncaptioned += 1;
+            continue;
+        }
+        let Some(info) = &item.info else {
+            // Not measured (probing off, or no ffprobe): nothing says it cannot be used.
+            used += 1;
+            continue;
+        };
         *sizes.entry((info.width, info.height)).or_insert(0) += 1;
+        frame_counts.extend(info.frame_count);
+        let clips = clip_lengths(ds, info.frame_count, &item.media, problems);
+        if clips.is_empty() {
+            left_out.too_short += 1;
+            continue;
+        }
+        used += 1;
         let (width, height) = selector.bucket_for((info.width, info.height));
         upscaled.note(&item.media, (info.width, info.height), (width, height));
-        for frames in clip_lengths(ds, info.frame_count, &item.media, problems) {
+        for frames in clips {
             *buckets
                 .entry(BucketKey {
                     width,
@@ -214,9 +278,8 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
                 })
                 .or_insert(0) += 1;
         }
-        frame_counts.extend(info.frame_count);
     }
-    if let Some(problem) = upscaled.warning(ds.source.path(), scan.items.len()) {
+    if let Some(problem) = upscaled.warning(ds.source.path(), used) {
         problems.push(problem);
     }
     let samples: usize = buckets.values().sum();
@@ -226,7 +289,8 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         source: ds.source.path().to_path_buf(),
         resolution: ds.resolution,
         media_found,
-        items: scan.items.len(),
+        items: used,
+        left_out,
         captions: scan.captions,
         missing_captions: scan.missing_captions.clone(),
         unreadable: scan.unreadable.clone(),
@@ -384,9 +448,14 @@ impl fmt::Display for DatasetSummary {
             h,
             self.source.display()
         )?;
+        let left_out = if self.left_out.total() > 0 {
+            format!(" ({} left out: {})", self.left_out.total(), self.left_out)
+        } else {
+            String::new()
+        };
         writeln!(
             f,
-            "  {} {}s found, {} used; captions: {} read, {} missing; {} unreadable file(s)",
+            "  {} {}s found, {} used{left_out}; captions: {} read, {} missing; {} unreadable file(s)",
             self.media_found,
             self.kind,
             self.items,

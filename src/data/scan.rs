@@ -10,6 +10,7 @@ use super::config::{DatasetKind, DatasetSource, ResolvedDataset};
 use super::media::{MediaTools, FFMPEG_INSTALL_HINT};
 use super::probe::{image_size, is_image, is_video, list_files, probe_video, MediaInfo};
 use super::problem::Problem;
+use super::verify::{verify_image, verify_video};
 
 /// What a scan measures.
 #[derive(Clone, Debug, Default)]
@@ -18,6 +19,10 @@ pub struct ScanOptions {
     pub probe_media: bool,
     /// ffmpeg/ffprobe; `None` when they are not installed (videos are then listed but not measured).
     pub tools: Option<MediaTools>,
+    /// With probing: also decode every image and the first and last frame caching uses of every video, and
+    /// check sizes and lengths are sane, so the files caching would fail on are found now
+    /// ([`super::verify`]).
+    pub decode_check: bool,
 }
 
 impl ScanOptions {
@@ -26,6 +31,7 @@ impl ScanOptions {
         Self {
             probe_media: true,
             tools: MediaTools::locate().ok(),
+            decode_check: true,
         }
     }
 }
@@ -104,7 +110,7 @@ pub fn scan_dataset(dataset: &ResolvedDataset, options: &ScanOptions) -> Dataset
         .into_par_iter()
         .map(|entry| {
             let caption = entry.caption_result(caption_ext);
-            let info = probe_item(&entry.media, kind, options);
+            let info = probe_item(&entry.media, dataset, options);
             (entry, caption, info)
         })
         .collect();
@@ -215,13 +221,17 @@ fn check_name_clashes(entries: &[Entry], problems: &mut Vec<Problem>) {
 
 fn probe_item(
     media: &Path,
-    kind: DatasetKind,
+    dataset: &ResolvedDataset,
     options: &ScanOptions,
 ) -> Result<Option<MediaInfo>, Problem> {
     if !options.probe_media {
         return Ok(None);
     }
-    match kind {
+    let unreadable = |reason: String| Problem::error(media, reason);
+    match dataset.kind() {
+        DatasetKind::Image if options.decode_check => {
+            verify_image(media).map(Some).map_err(unreadable)
+        }
         DatasetKind::Image => image_size(media)
             .map(|(width, height)| {
                 Some(MediaInfo {
@@ -231,12 +241,17 @@ fn probe_item(
                     fps: None,
                 })
             })
-            .map_err(|e| Problem::error(media, e.reason())),
+            .map_err(|e| unreadable(e.reason())),
         // Without ffprobe, video files are reported once per dataset; folders of frames need no ffprobe.
         DatasetKind::Video if options.tools.is_none() && !media.is_dir() => Ok(None),
-        DatasetKind::Video => probe_video(options.tools.as_ref(), media)
-            .map(Some)
-            .map_err(|e| Problem::error(media, e.reason())),
+        DatasetKind::Video => {
+            let info =
+                probe_video(options.tools.as_ref(), media).map_err(|e| unreadable(e.reason()))?;
+            if options.decode_check {
+                verify_video(dataset, options.tools.as_ref(), media, &info).map_err(unreadable)?;
+            }
+            Ok(Some(info))
+        }
     }
 }
 
@@ -371,6 +386,7 @@ mod tests {
         let options = ScanOptions {
             probe_media: true,
             tools: None,
+            decode_check: false,
         };
         let scan = scan_dataset(&ds, &options);
         assert_eq!(scan.items.len(), 1);

@@ -8,6 +8,7 @@ use super::config::{
     resolve_path, round_down_to_4n1, ConfigError, DatasetConfig, DatasetKind, DatasetSection,
     FrameExtraction, GeneralSection, Resolution, ResolvedDataset,
 };
+use super::keys::without_follow_ups;
 use super::problem::Problem;
 
 /// Pixel multiple every resolution must be (VAE stride 8 × patch 2).
@@ -29,8 +30,10 @@ pub struct ValidConfig {
 pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigError> {
     let parsed = DatasetConfig::read(path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
+    let validated = validate(&parsed.config, path, &base);
     let mut problems = parsed.problems;
-    problems.extend(validate(&parsed.config, path, &base));
+    let validated = without_follow_ups(&problems, validated);
+    problems.extend(validated);
     let (errors, warnings): (Vec<Problem>, Vec<Problem>) =
         problems.into_iter().partition(Problem::is_error);
     if !errors.is_empty() {

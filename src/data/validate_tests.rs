@@ -170,3 +170,27 @@ fn load_valid_lists_every_error_or_gives_resolved_datasets() {
     // target_frames not set: a warning, not an error.
     assert_eq!(valid.warnings.len(), 1, "{:#?}", valid.warnings);
 }
+
+#[test]
+fn a_badly_typed_key_is_reported_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("clips")).unwrap();
+    let toml = dir.path().join("dataset.toml");
+    std::fs::write(
+        &toml,
+        "[general]\ncaption_extension = 7\n[[datasets]]\nvideo_directory = \"clips\"\ntarget_frames = \"17\"\n",
+    )
+    .unwrap();
+    let report = super::report::check_path(&toml, &super::ScanOptions::default()).unwrap();
+    let text: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
+    let about = |key: &str| text.iter().filter(|t| t.contains(key)).count();
+    assert_eq!(about("target_frames"), 1, "{text:#?}");
+    assert_eq!(about("caption_extension"), 1, "{text:#?}");
+    assert!(
+        text.iter()
+            .any(|t| t.contains("write it as target_frames = [17]") && t.ends_with("dataset.toml")),
+        "{text:#?}"
+    );
+    let err = load_valid(&toml).unwrap_err().to_string();
+    assert!(err.contains("has 2 error(s)"), "{err}");
+}

@@ -152,6 +152,7 @@ pub(crate) fn scan_items(
     let options = ScanOptions {
         probe_media: false,
         tools: tools.cloned(),
+        decode_check: false,
     };
     let scan = scan_dataset(dataset, &options);
     summary

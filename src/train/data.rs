@@ -3,6 +3,7 @@
 //! exactly the batches the uninterrupted run would have.
 
 use std::collections::BTreeMap;
+use std::path::Path;
 
 use candle_core::{Device, Result, Tensor};
 use rand::rngs::StdRng;
@@ -100,12 +101,55 @@ impl TrainSet {
     }
 }
 
+/// The model files a run names, for the `framesmith cache` commands its messages suggest.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheModels<'a> {
+    /// The Wan VAE (`model.vae`).
+    pub vae: Option<&'a Path>,
+    /// The umT5 text encoder (`model.text_encoder`).
+    pub text_encoder: Option<&'a Path>,
+}
+
+impl CacheModels<'_> {
+    /// `framesmith cache latents …` for `dataset_toml`, with the VAE filled in when the run names one.
+    pub fn latents_command(&self, dataset_toml: &Path) -> String {
+        format!(
+            "framesmith cache latents --dataset {} --vae {}",
+            shell_word(dataset_toml),
+            self.vae.map_or("<Wan2.1_VAE.pth>".into(), shell_word)
+        )
+    }
+
+    /// `framesmith cache text …` for `dataset_toml`, with the text encoder filled in when the run names one.
+    pub fn text_command(&self, dataset_toml: &Path) -> String {
+        format!(
+            "framesmith cache text --dataset {} --text-encoder {}",
+            shell_word(dataset_toml),
+            self.text_encoder
+                .map_or("<models_t5_umt5-xxl-enc-bf16.pth>".into(), shell_word)
+        )
+    }
+}
+
+/// A path as one shell word: quoted when it holds anything a shell would split or expand.
+fn shell_word(path: &Path) -> String {
+    let text = path.display().to_string();
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,=\\".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
 /// Cached items of a musubi-tuner dataset config, as musubi-tuner's trainer finds them: every
 /// `*_wan.safetensors` latent cache in each dataset's cache directory, with the text cache of its media stem.
-/// Returns the items (each repeated `num_repeats` times) and the first dataset's batch size.
+/// Returns the items (each repeated `num_repeats` times) and the first dataset's batch size. A dataset not
+/// cached yet fails with the `framesmith cache` commands that cache it, with `models`' paths filled in.
 pub fn load_cached_items(
-    dataset_toml: &std::path::Path,
+    dataset_toml: &Path,
     cfg: &crate::models::wan::WanConfig,
+    models: CacheModels<'_>,
     device: &Device,
 ) -> anyhow::Result<(Vec<TrainItem>, usize)> {
     use crate::data::cache::{
@@ -124,28 +168,41 @@ pub fn load_cached_items(
                 dataset_toml.display()
             )
         })?;
-        let mut names: Vec<(String, String)> = std::fs::read_dir(&dir)
-            .with_context(|| format!("cannot list the cache directory {}", dir.display()))?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        let listing = match std::fs::read_dir(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            listing => listing
+                .with_context(|| format!("cannot list the cache directory {}", dir.display()))?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect(),
+        };
+        let mut names: Vec<(String, String)> = listing
+            .into_iter()
             .filter_map(|n| parse_latent_cache_name(&n, dataset.kind()).map(|p| (n, p.stem)))
             .collect();
         names.sort();
         if names.is_empty() {
             anyhow::bail!(
-                "no latent caches (*_wan.safetensors) in {}: cache the dataset first (framesmith cache, or \
-                 musubi-tuner's wan_cache_latents.py and wan_cache_text_encoder_outputs.py)",
+                "the dataset is not cached: no latent caches (*_wan.safetensors) in its cache directory; run `{}` \
+                 and `{}` (musubi-tuner's caches work too), then start the run again: {}",
+                models.latents_command(dataset_toml),
+                models.text_command(dataset_toml),
                 dir.display()
             );
         }
         for (name, stem) in names {
             let latent_path = dir.join(&name);
-            let (latent, _) = read_wan_latent_cache(&latent_path, device)?;
             let text_path = dir.join(text_cache_name(&stem));
+            if !text_path.exists() {
+                anyhow::bail!(
+                    "the captions are not cached: {name} has no text cache beside it; run `{}`, then start the \
+                     run again: {}",
+                    models.text_command(dataset_toml),
+                    text_path.display()
+                );
+            }
+            let (latent, _) = read_wan_latent_cache(&latent_path, device)?;
             let text = read_wan_text_cache(&text_path, device).with_context(|| {
-                format!(
-                    "the text cache for {} is missing or unreadable",
-                    latent_path.display()
-                )
+                format!("the text cache for {} is unreadable", latent_path.display())
             })?;
             let channels = latent.latents.dim(0)?;
             if channels != cfg.out_dim {
@@ -209,6 +266,61 @@ mod tests {
             let keys: Vec<_> = batch.iter().map(|i| &i.key).collect();
             assert_eq!(keys, again.iter().map(|i| &i.key).collect::<Vec<_>>());
         }
+        Ok(())
+    }
+
+    #[test]
+    fn an_uncached_dataset_says_which_commands_cache_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let images = dir.path().join("images");
+        std::fs::create_dir(&images)?;
+        image::RgbImage::new(16, 16).save(images.join("a.png"))?;
+        std::fs::write(images.join("a.txt"), "a black square")?;
+        let toml = dir.path().join("my data.toml");
+        std::fs::write(
+            &toml,
+            "[[datasets]]\nimage_directory = \"images\"\ncaption_extension = \".txt\"\n\
+             cache_directory = \"cache\"\n",
+        )?;
+        let cfg = crate::models::wan::WanConfig::tiny(2);
+        let vae = Path::new("/models/Wan2.1_VAE.pth");
+        let models = CacheModels {
+            vae: Some(vae),
+            text_encoder: None,
+        };
+        let message = |models| {
+            load_cached_items(&toml, &cfg, models, &Device::Cpu)
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_default()
+        };
+        let err = message(models);
+        let quoted = format!("'{}'", toml.display());
+        assert!(err.starts_with("the dataset is not cached"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "`framesmith cache latents --dataset {quoted} --vae /models/Wan2.1_VAE.pth`"
+            )) && err.contains(&format!(
+                "`framesmith cache text --dataset {quoted} --text-encoder <models_t5_umt5-xxl-enc-bf16.pth>`"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.ends_with(&dir.path().join("cache").display().to_string()),
+            "{err}"
+        );
+
+        // Latents cached, captions not: only the text command.
+        std::fs::create_dir(dir.path().join("cache"))?;
+        let latent = dir.path().join("cache/a_0016x0016_wan.safetensors");
+        std::fs::write(&latent, b"not read before the text cache is looked for")?;
+        let err = message(CacheModels::default());
+        assert!(
+            err.starts_with("the captions are not cached")
+                && err.contains("framesmith cache text")
+                && !err.contains("framesmith cache latents"),
+            "{err}"
+        );
         Ok(())
     }
 }

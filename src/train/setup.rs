@@ -9,7 +9,7 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use super::checkpoint::Outputs;
-use super::data::{load_cached_items, TrainItem, TrainSet};
+use super::data::{load_cached_items, CacheModels, TrainItem, TrainSet};
 use super::memory_plan;
 use super::optimizer::AdamW;
 use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
@@ -285,7 +285,13 @@ fn load_items(
 ) -> anyhow::Result<(Vec<TrainItem>, usize)> {
     match &plan.dataset.source {
         DatasetSource::Synthetic => Ok((demo_items(cfg, plan.training.seed, device)?, 1)),
-        DatasetSource::Config(path) => load_cached_items(path, cfg, device),
+        DatasetSource::Config(path) => {
+            let models = CacheModels {
+                vae: plan.model.vae.as_deref(),
+                text_encoder: plan.model.text_encoder.as_deref(),
+            };
+            load_cached_items(path, cfg, models, device)
+        }
     }
 }
 

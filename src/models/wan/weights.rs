@@ -6,8 +6,10 @@
 mod detect;
 mod error;
 mod header;
+mod identify;
 mod keys;
 mod mmap;
+mod pickle;
 mod report;
 mod source;
 
@@ -28,7 +30,9 @@ use candle_core::{Device, Tensor};
 pub use detect::{heads_for_dim, variant_name};
 pub use error::{ForeignModel, ModelFormatError, NotSafetensors};
 pub(crate) use header::{hex_prefix, read_head, safetensors_header_len, sniff_kind};
+pub use identify::{identify, ComponentReport, ModelFile};
 pub use keys::official_shapes;
+pub use pickle::pickle_reason;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
 
 use super::config::Expert;

@@ -54,13 +54,8 @@ fn read_visual(path: &Path) -> Result<HashMap<String, Tensor>, CheckpointError> 
         .unwrap_or("")
         .to_ascii_lowercase();
     if path.is_file() && matches!(ext.as_str(), "pth" | "pt" | "ckpt" | "bin") {
-        let selected =
-            read_pth_selected(path, &["visual.", "vision_model."]).map_err(|source| {
-                CheckpointError::Read {
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })?;
+        let selected = read_pth_selected(path, &["visual.", "vision_model."])
+            .map_err(|e| CheckpointError::read(path, &e))?;
         if !selected.is_empty() {
             return Ok(selected);
         }
@@ -256,10 +251,7 @@ pub fn load_clip_vision(
 ) -> Result<ClipVision, CheckpointError> {
     let tensors = read_visual(path)?;
     let described = describe_non_clip(&tensors);
-    let wan = wan_visual_keys(tensors).map_err(|source| CheckpointError::Read {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let wan = wan_visual_keys(tensors).map_err(|e| CheckpointError::read(path, &e))?;
     let Some(wan) = wan else {
         return Err(CheckpointError::WrongModel {
             path: path.to_path_buf(),

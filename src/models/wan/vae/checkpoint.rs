@@ -18,12 +18,15 @@ pub enum CheckpointError {
     #[error("weights file not found: {}", path.display())]
     NotFound { path: PathBuf },
     /// The file could not be parsed (truncated, not a tensor file, ...).
-    #[error("cannot read the weights file ({source}): {}", path.display())]
+    #[error("cannot read the weights file ({reason}): {}", path.display())]
     Read {
         path: PathBuf,
-        #[source]
-        source: candle_core::Error,
+        /// The reader's words, without backtrace.
+        reason: String,
     },
+    /// A PyTorch file the safe pickle reader cannot read, said as `framesmith inspect` says it.
+    #[error(transparent)]
+    Format(#[from] weights::ModelFormatError),
     /// The file holds another model or another variant.
     #[error("{what}: {}", path.display())]
     WrongModel { path: PathBuf, what: String },
@@ -35,6 +38,21 @@ pub enum CheckpointError {
         detail: String,
     },
 }
+
+impl CheckpointError {
+    /// A reader's error on `path`, in one line (no backtrace).
+    pub fn read(path: &Path, e: &candle_core::Error) -> Self {
+        Self::Read {
+            path: path.to_path_buf(),
+            reason: weights::pickle_reason(e),
+        }
+    }
+}
+
+/// Why a legacy (non-zip) PyTorch pickle cannot be used.
+const LEGACY_PICKLE: &str = "this is a legacy PyTorch pickle (not the zip format torch.save has written since \
+                             PyTorch 1.6), which Framesmith's safe reader cannot read; use the official .pth release \
+                             or a .safetensors file";
 
 /// Every tensor of a `.safetensors` or `.pth`/`.pt`/`.ckpt` file, on the CPU, keyed by name. A `.pth` whose
 /// tensors sit under a `state_dict` or `model` entry is read from there.
@@ -50,9 +68,12 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
             path: path.to_path_buf(),
         });
     }
-    let read_err = |source| CheckpointError::Read {
-        path: path.to_path_buf(),
-        source,
+    let read_err = |e: candle_core::Error| CheckpointError::read(path, &e);
+    let pickle_err = |e: candle_core::Error| {
+        CheckpointError::Format(weights::ModelFormatError::UnreadablePickle {
+            reason: weights::pickle_reason(&e),
+            path: path.to_path_buf(),
+        })
     };
     let wrong = |what: String| CheckpointError::WrongModel {
         path: path.to_path_buf(),
@@ -72,7 +93,8 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
         .unwrap_or("")
         .to_ascii_lowercase();
     let pickle = match weights::sniff_kind(&head) {
-        Some(NotSafetensors::PyTorchZip | NotSafetensors::PyTorchPickle) => true,
+        Some(NotSafetensors::PyTorchZip) => true,
+        Some(NotSafetensors::PyTorchPickle) => return Err(wrong(LEGACY_PICKLE.into())),
         Some(other) => return Err(wrong(other.to_string())),
         None if weights::safetensors_header_len(&head).is_some() => false,
         None if matches!(ext.as_str(), "pth" | "pt" | "ckpt" | "bin") => true,
@@ -87,12 +109,12 @@ pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, Checkpoin
     if !pickle {
         return candle_core::safetensors::load(path, &Device::Cpu).map_err(read_err);
     }
-    let mut tensors = candle_core::pickle::read_all(path).map_err(read_err)?;
+    let mut tensors = candle_core::pickle::read_all(path).map_err(pickle_err)?;
     for key in ["state_dict", "model"] {
         if !tensors.is_empty() {
             break;
         }
-        tensors = candle_core::pickle::read_all_with_key(path, Some(key)).map_err(read_err)?;
+        tensors = candle_core::pickle::read_all_with_key(path, Some(key)).map_err(pickle_err)?;
     }
     Ok(tensors.into_iter().collect())
 }
@@ -218,7 +240,7 @@ mod tests {
             &[0xb7, 0xe2, 0x38, 0x05, 0x0e, 0x36, 0xc9, 0x19, 0x00],
         )?;
         assert!(
-            e.contains("cannot read"),
+            e.contains("this PyTorch file cannot be read"),
             "a .bin is read as a PyTorch file, whose reader fails: {e}"
         );
         let e = message(
@@ -226,6 +248,41 @@ mod tests {
             &[0xb7, 0xe2, 0x38, 0x05, 0x0e, 0x36, 0xc9, 0x19],
         )?;
         assert!(e.contains("its first bytes are b7 e2 38 05"), "{e}");
+        Ok(())
+    }
+
+    /// `protocol4.pth` is a zip archive like torch.save's whose `data.pkl` was written by Python's pickle with
+    /// protocol 4 (its FRAME op-code, 149, is one candle's reader does not know).
+    #[test]
+    fn pickles_the_safe_reader_cannot_read_are_explained() -> anyhow::Result<()> {
+        let testdata =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/models/wan/vae/testdata");
+        let message = |path: &Path| {
+            read_checkpoint(path)
+                .err()
+                .map(|e| format!("{:#}", anyhow::Error::from(e)))
+                .unwrap_or_default()
+        };
+        let e = message(&testdata.join("protocol4.pth"));
+        assert!(
+            e.contains("op-code 149 (FRAME, from pickle protocol 4 or newer)")
+                && e.contains("convert it to .safetensors")
+                && e.ends_with("protocol4.pth"),
+            "{e}"
+        );
+        assert!(!e.contains('\n') && !e.contains("unknown op-code"), "{e}");
+
+        let dir = tempfile::tempdir()?;
+        let legacy = dir.path().join("Wan2.1_VAE.pth");
+        std::fs::write(
+            &legacy,
+            [0x80, 0x02, 0x8a, 0x0a, 0x6c, 0xfc, 0x9c, 0x46, 0xf9, 0x20],
+        )?;
+        let e = message(&legacy);
+        assert!(
+            e.contains("legacy PyTorch pickle") && e.ends_with("Wan2.1_VAE.pth"),
+            "{e}"
+        );
         Ok(())
     }
 

@@ -107,6 +107,10 @@ pub enum ModelFormatError {
     #[error("this is a Wan2.2 A14B folder with two experts (high_noise_model/ and low_noise_model/); pass one expert's folder: {}", path.display())]
     TwoExperts { path: PathBuf },
 
+    /// A PyTorch `.pth` file that the safe pickle reader cannot read.
+    #[error("this PyTorch file cannot be read: {reason}; convert it to .safetensors, or download the official .pth release or ComfyUI's repackaged .safetensors: {}", path.display())]
+    UnreadablePickle { reason: String, path: PathBuf },
+
     /// Reading tensor data failed after the header was accepted.
     #[error("could not load the tensor data ({reason}); check free memory and download the file again if this repeats: {}", path.display())]
     Load { reason: String, path: PathBuf },

@@ -177,7 +177,7 @@ fn naming_label(n: ScaleNaming) -> &'static str {
     }
 }
 
-fn params_label(n: u64) -> String {
+pub(crate) fn params_label(n: u64) -> String {
     match n {
         0..1_000_000 => group_digits(n),
         1_000_000..1_000_000_000 => format!("{:.2} M ({})", n as f64 / 1e6, group_digits(n)),
@@ -185,7 +185,7 @@ fn params_label(n: u64) -> String {
     }
 }
 
-fn bytes_label(n: u64) -> String {
+pub(crate) fn bytes_label(n: u64) -> String {
     match n {
         0..1_000_000 => format!("{:.1} kB", n as f64 / 1e3),
         1_000_000..1_000_000_000 => format!("{:.1} MB", n as f64 / 1e6),

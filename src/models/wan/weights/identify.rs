@@ -1,0 +1,349 @@
+//! `framesmith inspect` for any model file a Wan run uses: the DiT as a [`ModelReport`], and a LoRA, the VAE, the
+//! umT5 text encoder or a CLIP image encoder (or weights people mistake for them) as a [`ComponentReport`] that
+//! says what the file is and where it goes. Headers and pickles only: no tensor data is read.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::error::{ForeignModel, ModelFormatError, NotSafetensors};
+use super::header::read_header;
+use super::keys::{classify_foreign, Foreign};
+use super::pickle::pth_listing;
+use super::report::{bytes_label, dtype_label, group_digits, params_label, ModelReport};
+
+/// What a model file is.
+#[derive(Debug, Clone)]
+pub enum ModelFile {
+    /// A Wan DiT checkpoint.
+    Dit(Box<ModelReport>),
+    /// Any other model file Framesmith recognises.
+    Component(ComponentReport),
+}
+
+impl fmt::Display for ModelFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Dit(report) => report.fmt(f),
+            Self::Component(report) => report.fmt(f),
+        }
+    }
+}
+
+/// What a model file other than the DiT is.
+#[derive(Debug, Clone)]
+pub struct ComponentReport {
+    pub path: PathBuf,
+    /// What kind of model it holds.
+    pub kind: ForeignModel,
+    /// The first line: the model, specifically (`Wan2.1 VAE (16 latent channels)`).
+    pub title: String,
+    /// Labelled facts (`rank`, `modules`, `layers` …), in display order.
+    pub details: Vec<(&'static str, String)>,
+    /// `safetensors` or `PyTorch .pth (zip)`.
+    pub container: &'static str,
+    /// Number of tensors per dtype (safetensors spelling).
+    pub dtypes: BTreeMap<String, usize>,
+    pub parameter_count: u64,
+    pub bytes_on_disk: u64,
+    /// Where the file goes in Framesmith.
+    pub usage: &'static str,
+}
+
+/// One tensor's name, dtype and shape, from a safetensors header or a pickle.
+struct Listed {
+    name: String,
+    dtype: String,
+    shape: Vec<usize>,
+}
+
+/// Says what the model file at `path` is: the DiT report, or what other model it holds. Fails only when the file
+/// is not a model Framesmith can name (the error says what it is instead).
+pub fn identify(path: &Path) -> Result<ModelFile, ModelFormatError> {
+    match super::inspect(path) {
+        Ok(report) => Ok(ModelFile::Dit(Box::new(report))),
+        Err(ModelFormatError::NotTheDit { what, .. }) => {
+            let header = read_header(path)?;
+            let listed = header
+                .tensors
+                .into_iter()
+                .map(|t| Listed {
+                    name: t.name,
+                    dtype: t.dtype,
+                    shape: t.shape,
+                })
+                .collect();
+            let meta = header.metadata;
+            Ok(ModelFile::Component(component(
+                path,
+                what,
+                listed,
+                &meta,
+                "safetensors",
+            )))
+        }
+        Err(
+            err @ ModelFormatError::NotSafetensors {
+                kind: NotSafetensors::PyTorchZip,
+                ..
+            },
+        ) => identify_pth(path, err),
+        Err(err) => Err(err),
+    }
+}
+
+/// A PyTorch archive: named from its pickle's tensor names. A DiT in one is refused with `dit_error` (the DiT is
+/// read only from safetensors).
+fn identify_pth(path: &Path, dit_error: ModelFormatError) -> Result<ModelFile, ModelFormatError> {
+    let listed: Vec<Listed> = pth_listing(path)?
+        .into_iter()
+        .map(|t| Listed {
+            name: t.name,
+            dtype: t.dtype,
+            shape: t.shape,
+        })
+        .collect();
+    let names: Vec<&str> = listed.iter().map(|t| t.name.as_str()).collect();
+    match classify_foreign(&names) {
+        Some(Foreign::Model(what)) => Ok(ModelFile::Component(component(
+            path,
+            what,
+            listed,
+            &BTreeMap::new(),
+            "PyTorch .pth (zip)",
+        ))),
+        Some(Foreign::DiffusersWan) => Err(ModelFormatError::DiffusersTransformer {
+            path: path.to_path_buf(),
+        }),
+        None if names.iter().any(|n| n.contains("patch_embedding")) => Err(dit_error),
+        None => Err(ModelFormatError::UnknownModel {
+            reason: match names.first() {
+                Some(first) => format!(
+                    "this PyTorch file's tensors (such as `{first}`) match no model Framesmith knows"
+                ),
+                None => "this PyTorch file holds no tensors".into(),
+            },
+            path: path.to_path_buf(),
+        }),
+    }
+}
+
+fn component(
+    path: &Path,
+    kind: ForeignModel,
+    listed: Vec<Listed>,
+    metadata: &BTreeMap<String, String>,
+    container: &'static str,
+) -> ComponentReport {
+    let mut dtypes = BTreeMap::new();
+    let mut parameter_count = 0u64;
+    for t in &listed {
+        *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
+        let numel = t
+            .shape
+            .iter()
+            .fold(1u64, |a, &d| a.saturating_mul(d as u64));
+        parameter_count = parameter_count.saturating_add(numel);
+    }
+    // Only Wan's VAE among video VAEs has 3D (five-dimensional) convolutions, whatever its other keys say.
+    let kind = match kind {
+        ForeignModel::Vae
+            if shape_of(&listed, "encoder.conv1.weight").is_some_and(|s| s.len() == 5) =>
+        {
+            ForeignModel::WanVae
+        }
+        other => other,
+    };
+    let (title, details) = describe(kind, &listed, metadata);
+    ComponentReport {
+        path: path.to_path_buf(),
+        kind,
+        title,
+        details,
+        container,
+        dtypes,
+        parameter_count,
+        bytes_on_disk: std::fs::metadata(path).map_or(0, |m| m.len()),
+        usage: usage(kind),
+    }
+}
+
+type Details = Vec<(&'static str, String)>;
+
+fn describe(
+    kind: ForeignModel,
+    listed: &[Listed],
+    metadata: &BTreeMap<String, String>,
+) -> (String, Details) {
+    match kind {
+        ForeignModel::Lora => describe_lora(listed, metadata),
+        ForeignModel::WanVae => {
+            let title = match shape_of(listed, "encoder.conv1.weight").and_then(|s| s.get(1)) {
+                Some(3) => "Wan2.1 VAE (16 latent channels; also used by Wan2.2 A14B)",
+                Some(12) => "Wan2.2 VAE (48 latent channels, for Wan2.2 TI2V-5B)",
+                _ => "Wan VAE (variant not recognised from its encoder)",
+            };
+            (title.into(), Vec::new())
+        }
+        ForeignModel::Umt5 => {
+            let layers = count_indices(listed, &["blocks.", "encoder.block."]);
+            let dim = ["token_embedding.weight", "shared.weight"]
+                .iter()
+                .find_map(|n| shape_of(listed, n).and_then(|s| s.get(1).copied()));
+            let mut details = vec![("layers", layers.to_string())];
+            if let Some(dim) = dim {
+                details.push(("width", dim.to_string()));
+            }
+            ("umT5 text encoder".into(), details)
+        }
+        ForeignModel::ClipVision => {
+            let layers = count_indices(
+                listed,
+                &[
+                    "visual.transformer.resblocks.",
+                    "vision_model.encoder.layers.",
+                ],
+            );
+            let text_tower = listed
+                .iter()
+                .any(|t| !t.name.starts_with("visual.") && !t.name.starts_with("vision_model."));
+            let mut details = vec![("layers", format!("{layers} in the image tower"))];
+            if text_tower {
+                details.push((
+                    "note",
+                    "it also holds a text tower, which is not used".into(),
+                ));
+            }
+            ("CLIP image encoder".into(), details)
+        }
+        other => (other.to_string(), Vec::new()),
+    }
+}
+
+fn describe_lora(listed: &[Listed], metadata: &BTreeMap<String, String>) -> (String, Details) {
+    const SUFFIXES: [&str; 5] = [
+        ".lora_down.weight",
+        ".lora_up.weight",
+        ".lora_A.weight",
+        ".lora_B.weight",
+        ".alpha",
+    ];
+    let mut modules = BTreeSet::new();
+    let mut ranks = BTreeSet::new();
+    for t in listed {
+        if let Some(module) = SUFFIXES.iter().find_map(|s| t.name.strip_suffix(s)) {
+            modules.insert(module.to_string());
+        }
+        if t.name.ends_with(".lora_down.weight") || t.name.ends_with(".lora_A.weight") {
+            ranks.extend(t.shape.first().copied());
+        }
+    }
+    let format = if listed.iter().any(|t| t.name.starts_with("lora_unet_")) {
+        "musubi-tuner / kohya keys (lora_unet_…)"
+    } else if listed.iter().any(|t| t.name.contains(".lora_A.")) {
+        "ComfyUI / diffusers keys (lora_A / lora_B)"
+    } else {
+        "lora_down / lora_up keys"
+    };
+    let rank = match (ranks.first(), ranks.last()) {
+        (Some(lo), Some(hi)) if lo == hi => lo.to_string(),
+        (Some(lo), Some(hi)) => format!("{lo} to {hi} (varies by module)"),
+        _ => "unknown (no lora_down / lora_A tensors)".into(),
+    };
+    let blocks = count_indices(
+        listed,
+        &["lora_unet_blocks_", "blocks.", "diffusion_model.blocks."],
+    );
+    let mut details = vec![
+        ("format", format.to_string()),
+        ("rank", rank),
+        (
+            "modules",
+            format!("{} in {blocks} transformer blocks", modules.len()),
+        ),
+    ];
+    if let Some(alpha) = metadata.get("ss_network_alpha") {
+        details.push(("alpha", alpha.clone()));
+    }
+    if let Some(base) = metadata.get("ss_base_model_version") {
+        details.push(("base model", base.clone()));
+    }
+    ("LoRA adapter".into(), details)
+}
+
+fn shape_of<'a>(listed: &'a [Listed], name: &str) -> Option<&'a [usize]> {
+    listed
+        .iter()
+        .find(|t| t.name == name)
+        .map(|t| t.shape.as_slice())
+}
+
+/// Number of distinct indices N in names `<prefix>N…`, for the first prefix that has any.
+fn count_indices(listed: &[Listed], prefixes: &[&str]) -> usize {
+    prefixes
+        .iter()
+        .map(|prefix| {
+            listed
+                .iter()
+                .filter_map(|t| {
+                    let rest = t.name.strip_prefix(prefix)?;
+                    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+                    digits.parse::<usize>().ok()
+                })
+                .collect::<BTreeSet<_>>()
+                .len()
+        })
+        .find(|&n| n > 0)
+        .unwrap_or(0)
+}
+
+fn usage(kind: ForeignModel) -> &'static str {
+    match kind {
+        ForeignModel::Lora => {
+            "a LoRA goes on top of its base DiT: `framesmith generate --lora FILE`, or lora.init_from to continue \
+             training it"
+        }
+        ForeignModel::WanVae => "the VAE: model.vae in a run config, --vae for `framesmith cache latents`",
+        ForeignModel::Umt5 => {
+            "the text encoder: model.text_encoder in a run config, --text-encoder for `framesmith cache text`"
+        }
+        ForeignModel::ClipVision => "the image encoder of Wan2.1 I2V: --clip for `framesmith generate`",
+        ForeignModel::Vae => {
+            "not the Wan VAE, which Framesmith needs: use Wan2.1_VAE.pth / Wan2.2_VAE.pth or a ComfyUI Wan VAE file"
+        }
+        ForeignModel::HunyuanVideo | ForeignModel::Flux => {
+            "not a Wan model: Framesmith trains Wan 2.1 / 2.2"
+        }
+    }
+}
+
+impl fmt::Display for ComponentReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.title)?;
+        for (label, value) in &self.details {
+            writeln!(f, "  {label:<11} {value}")?;
+        }
+        let dtypes: Vec<String> = self
+            .dtypes
+            .iter()
+            .map(|(d, n)| format!("{} ({n} tensors)", dtype_label(d)))
+            .collect();
+        writeln!(f, "  {:<11} {}", "file", self.container)?;
+        writeln!(f, "  {:<11} {}", "dtypes", dtypes.join(", "))?;
+        writeln!(
+            f,
+            "  {:<11} {}",
+            "parameters",
+            params_label(self.parameter_count)
+        )?;
+        writeln!(
+            f,
+            "  {:<11} {} ({} bytes)",
+            "on disk",
+            bytes_label(self.bytes_on_disk),
+            group_digits(self.bytes_on_disk)
+        )?;
+        writeln!(f, "  {:<11} {}", "use", self.usage)?;
+        write!(f, "  {:<11} {}", "path", self.path.display())
+    }
+}
