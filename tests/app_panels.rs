@@ -387,10 +387,10 @@ fn training(
         engine.commands.try_recv(),
         Ok(Command::StartRun(_))
     ));
-    engine
+    assert!(engine
         .events
         .send(Event::StateChanged(RunState::Training))
-        .unwrap();
+        .is_ok());
     settle(h);
     engine
 }
