@@ -3,7 +3,8 @@
 //! embedding), and a sample prompt file with the start frames of two clips into a folder; then trains the tiny
 //! demo model (image-to-video: the start frame is given, the LoRA learns the motion the caption names) on CPU
 //! from those caches with the `demo-cpu` preset and writes the LoRA, the metrics and sample clips there — before
-//! the first step and every quarter of the run, so the samples show it learning.
+//! the first step and every quarter of the run, so the samples show it learning. Paths in the run config are
+//! absolute, so `run.toml` works from any folder.
 
 use std::fs;
 use std::path::Path;
@@ -26,8 +27,10 @@ use framesmith::video::encode::write_mp4;
 
 use super::run::{run_headless, RunSummary};
 
-/// The demo project's run config: defaults + `demo-cpu`, outputs and samples in `dir`.
+/// The demo project's run config: defaults + `demo-cpu`, outputs and samples in `dir` (made absolute).
 pub fn demo_config(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig> {
+    let dir = &std::path::absolute(dir)
+        .with_context(|| format!("cannot resolve the demo folder {}", dir.display()))?;
     let mut config = presets::builtin("demo-cpu")?
         .apply(&RunConfig::default())?
         .config;
