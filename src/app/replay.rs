@@ -39,8 +39,8 @@ fn progress_events(metrics: &Path, total_steps: usize) -> Result<Vec<Event>, Str
     let mut smoothed: Option<f64> = None;
     let mut events = Vec::new();
     for line in text.lines() {
-        let value: serde_json::Value = serde_json::from_str(line)
-            .map_err(|err| format!("{err}: {}", metrics.display()))?;
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|err| format!("{err}: {}", metrics.display()))?;
         let (Some(step), Some(loss)) = (value["step"].as_u64(), value["loss"].as_f64()) else {
             continue;
         };
@@ -114,7 +114,11 @@ mod tests {
         config.training.max_train_steps = 2;
         config.sampling.prompts = Some(dir.path().join("prompts.txt"));
         config.save(&dir.path().join("run.toml")).unwrap();
-        std::fs::write(dir.path().join("prompts.txt"), "a red dot --w 48 --i a.png\n").unwrap();
+        std::fs::write(
+            dir.path().join("prompts.txt"),
+            "a red dot --w 48 --i a.png\n",
+        )
+        .unwrap();
         std::fs::write(
             dir.path().join("metrics.jsonl"),
             "{\"step\":1,\"epoch\":1,\"loss\":2.0,\"lr\":0.001,\"step_secs\":0.5}\n\

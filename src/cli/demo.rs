@@ -20,8 +20,8 @@ use framesmith::data::cache::{
 use framesmith::data::frames::FrameWindow;
 use framesmith::demo;
 use framesmith::demo::shapes::{self, DemoClip};
-use framesmith::train::samples::SAMPLE_FPS;
 use framesmith::train::demo_setup::write_sample_prompts;
+use framesmith::train::samples::SAMPLE_FPS;
 use framesmith::train::setup::{demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
 use framesmith::video::encode::write_mp4;
 

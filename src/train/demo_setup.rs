@@ -52,7 +52,12 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
 }
 
 /// The start frame's latent [16, 1, H/2, W/2] from an image of exactly `width`×`height` pixels.
-fn start_frame(path: &Path, width: usize, height: usize, device: &Device) -> anyhow::Result<Tensor> {
+fn start_frame(
+    path: &Path,
+    width: usize,
+    height: usize,
+    device: &Device,
+) -> anyhow::Result<Tensor> {
     let image = load_start_image(path)?;
     let (w, h) = (image.width() as usize, image.height() as usize);
     if (w, h) != (width, height) {

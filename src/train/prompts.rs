@@ -88,11 +88,13 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map(|(i, l)| {
-            parse_line(l).map(beside_file).map_err(|message| PromptError::Line {
-                path: shown.clone(),
-                line: i + 1,
-                message,
-            })
+            parse_line(l)
+                .map(beside_file)
+                .map_err(|message| PromptError::Line {
+                    path: shown.clone(),
+                    line: i + 1,
+                    message,
+                })
         })
         .collect()
 }

@@ -8,8 +8,8 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use super::checkpoint::Outputs;
-use super::demo_setup::demo_sample_prompts;
 use super::data::{load_cached_items, TrainItem, TrainSet};
+use super::demo_setup::demo_sample_prompts;
 use super::memory_plan;
 use super::optimizer::AdamW;
 use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};

@@ -286,9 +286,21 @@ mod tests {
         assert!(!report.breakdown.iter().any(|l| l.label.contains("CUDA")));
         // 32×32 pixels → 16×16 demo-codec latents → 8×8 patches, 5 frames uncompressed in time.
         assert_eq!(report.tokens, 5 * 8 * 8);
-        assert!(report.workload.starts_with("32x32, 5 frames"), "{}", report.workload);
-        assert!(report.model.starts_with("tiny demo model"), "{}", report.model);
-        assert!(report.verdict_line().contains("CPU"), "{}", report.verdict_line());
+        assert!(
+            report.workload.starts_with("32x32, 5 frames"),
+            "{}",
+            report.workload
+        );
+        assert!(
+            report.model.starts_with("tiny demo model"),
+            "{}",
+            report.model
+        );
+        assert!(
+            report.verdict_line().contains("CPU"),
+            "{}",
+            report.verdict_line()
+        );
         assert!(report.peak_ram_bytes < 1 << 30, "{}", report.peak_ram_bytes);
     }
 }

@@ -12,8 +12,8 @@ mod working_set;
 
 pub use bytes::{
     block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
-    fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample, vae_for,
-    BaseFormat,
+    fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
+    vae_for, BaseFormat,
 };
 pub use checkpoint::{block_tape_bytes, kept_attention_bytes};
 pub use input::{
