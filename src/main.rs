@@ -19,6 +19,9 @@ struct Cli {
     /// Render the app with the demo project into a PNG after a few frames, then exit
     #[arg(long, value_name = "PATH")]
     screenshot: Option<PathBuf>,
+    /// With --screenshot: show the finished run in this output folder (run.toml, metrics.jsonl, samples/)
+    #[arg(long, value_name = "DIR", requires = "screenshot")]
+    run: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -91,7 +94,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => {
             let detached = cli.screenshot.is_none() && framesmith::platform::release_own_console();
-            open_app(cli.screenshot).inspect_err(|err| {
+            open_app(cli.screenshot, cli.run).inspect_err(|err| {
                 if detached {
                     show_startup_error(err);
                 }
@@ -126,15 +129,16 @@ fn main() -> ExitCode {
 
 /// Opens the desktop app (or renders it into a PNG with `--screenshot`).
 #[cfg(feature = "gui")]
-fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+fn open_app(screenshot: Option<PathBuf>, run: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
     if let Some(why) = framesmith::platform::display_missing() {
         anyhow::bail!(why);
     }
     let options = framesmith::app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
-    match screenshot {
-        Some(path) => framesmith::app::screenshot_with(options, &path)?,
-        None => framesmith::app::run_app(options)?,
+    match (screenshot, run) {
+        (Some(path), Some(run)) => framesmith::app::screenshot_of_run(options, &path, &run)?,
+        (Some(path), None) => framesmith::app::screenshot_with(options, &path)?,
+        (None, _) => framesmith::app::run_app(options)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -155,7 +159,7 @@ fn show_startup_error(_err: &anyhow::Error) {}
 
 /// Without the GUI feature, `framesmith` alone runs the headless demo.
 #[cfg(not(feature = "gui"))]
-fn open_app(screenshot: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+fn open_app(screenshot: Option<PathBuf>, _run: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     if screenshot.is_some() {
         anyhow::bail!("this build has no GUI (built without the `gui` feature)");
     }

@@ -132,4 +132,12 @@ fn start_trains_the_demo_project_with_the_real_engine() {
     let steps: Vec<usize> = view.points.iter().map(|p| p.step).collect();
     assert_eq!(steps, vec![1, 2, 3]);
     assert!(view.points.iter().all(|p| p.loss.is_finite()));
+    // The demo project samples before the first step (and every 100 steps): its clips reach the Samples tab.
+    assert!(
+        view.samples
+            .iter()
+            .any(|s| s.step == 0 && s.frames_dir.join("frame_0004.png").is_file()),
+        "no sample from the demo project: {:?}",
+        view.samples
+    );
 }

@@ -73,7 +73,7 @@ fn demo_trains_saves_and_samples() {
         .expect("ffprobe is installed (apt install ffmpeg)");
     assert_eq!(
         String::from_utf8_lossy(&probe.stdout).trim(),
-        "h264,16,16,5"
+        "h264,32,32,5"
     );
     assert!(dir
         .path()

@@ -114,6 +114,7 @@ fn step_peak(layers: usize, step: Step) -> candle_core::Result<usize> {
     let target = LossTarget {
         targets: &targets,
         weights: None,
+        skip_frames: 0,
     };
     let base = CURRENT.load(Ordering::SeqCst);
     PEAK.store(base, Ordering::SeqCst);

@@ -87,13 +87,15 @@ fn report_ui(ui: &mut Ui, r: &PlanReport) {
             r.streamed_blocks, r.num_blocks
         ));
     }
-    bar_ui(
-        ui,
-        "VRAM",
-        r.peak_vram_bytes,
-        r.vram_budget_bytes,
-        theme::VRAM,
-    );
+    if !r.on_cpu {
+        bar_ui(
+            ui,
+            "VRAM",
+            r.peak_vram_bytes,
+            r.vram_budget_bytes,
+            theme::VRAM,
+        );
+    }
     bar_ui(ui, "RAM", r.peak_ram_bytes, r.host_ram_bytes, theme::RAM);
     if r.pinned_ram_bytes > 0 {
         ui.label(

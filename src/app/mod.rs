@@ -20,6 +20,7 @@ mod output_folder;
 mod player;
 mod project_panel;
 mod queue;
+mod replay;
 mod run_view;
 mod samples_panel;
 mod screenshot;
@@ -123,10 +124,22 @@ pub fn screenshot(path: &Path) -> anyhow::Result<()> {
 }
 
 /// `screenshot` with a given backend (so the capture shows the real presets).
-pub fn screenshot_with(mut options: AppOptions, path: &Path) -> anyhow::Result<()> {
+pub fn screenshot_with(options: AppOptions, path: &Path) -> anyhow::Result<()> {
+    capture(options, ScreenshotRequest::new(path))
+}
+
+/// `screenshot_with` showing the finished run whose outputs are in `run_dir` (its `run.toml`, `metrics.jsonl`
+/// and `samples/`) on the Samples tab.
+pub fn screenshot_of_run(options: AppOptions, path: &Path, run_dir: &Path) -> anyhow::Result<()> {
+    let mut request = ScreenshotRequest::new(path);
+    request.run_events = Some(replay::run_events(run_dir).map_err(|err| anyhow!("{err}"))?);
+    capture(options, request)
+}
+
+fn capture(mut options: AppOptions, request: ScreenshotRequest) -> anyhow::Result<()> {
     options.persistence = false;
     options.project = None;
-    options.screenshot = Some(ScreenshotRequest::new(path));
+    options.screenshot = Some(request);
     run_app(options)
 }
 

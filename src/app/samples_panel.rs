@@ -1,4 +1,4 @@
-//! The Samples tab: a gallery of sample clips by step (first-frame thumbnails made off the UI thread) and the
+//! The Samples tab: a gallery of sample clips by step (last-frame thumbnails made off the UI thread) and the
 //! player.
 
 use std::collections::{HashMap, HashSet};
@@ -30,14 +30,14 @@ impl SamplesState {
         }
     }
 
-    /// Asks for a clip's first-frame thumbnail (once per clip).
+    /// Asks for a clip's last-frame thumbnail (once per clip).
     pub fn request_thumbnail(&mut self, jobs: &mut Jobs, frames_dir: &Path) {
         if !self.requested.insert(frames_dir.to_path_buf()) {
             return;
         }
         let frames_dir = frames_dir.to_path_buf();
         jobs.spawn("sample thumbnail", move || JobResult::SampleThumbnail {
-            thumbnail: first_frame_thumbnail(&frames_dir),
+            thumbnail: last_frame_thumbnail(&frames_dir),
             frames_dir,
         });
     }
@@ -66,13 +66,14 @@ impl SamplesState {
     }
 }
 
-fn first_frame_thumbnail(frames_dir: &Path) -> Option<Thumbnail> {
+/// The clip's last frame: where it ends up (the first is the given start frame of an image-to-video sample).
+fn last_frame_thumbnail(frames_dir: &Path) -> Option<Thumbnail> {
     let (frames, _) = list_frames(frames_dir).ok()?;
-    let first = frames.first()?;
+    let last = frames.last()?;
     let side = theme::GALLERY_THUMBNAIL as u32;
-    let image = image::open(first).ok()?.thumbnail(side, side).to_rgba8();
+    let image = image::open(last).ok()?.thumbnail(side, side).to_rgba8();
     Some(Thumbnail {
-        path: first.clone(),
+        path: last.clone(),
         width: image.width(),
         height: image.height(),
         rgba: image.into_raw(),

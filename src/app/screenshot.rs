@@ -1,5 +1,6 @@
-//! `framesmith --screenshot PATH`: the real window with the demo project and a staged run, captured to a PNG after
-//! a few frames, then closed.
+//! `framesmith --screenshot PATH`: the real window with the demo project and a staged run — or, with `--run DIR`,
+//! a finished run read back from its output folder, on the Samples tab — captured to a PNG after a few frames,
+//! then closed.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender};
@@ -25,6 +26,8 @@ const STAGED_STEPS: usize = 80;
 pub struct ScreenshotRequest {
     pub path: PathBuf,
     pub outcome: Arc<Mutex<Option<Result<(), String>>>>,
+    /// The events of a finished run to show instead of the staged one.
+    pub run_events: Option<Vec<Event>>,
 }
 
 impl ScreenshotRequest {
@@ -32,6 +35,7 @@ impl ScreenshotRequest {
         Self {
             path: path.to_path_buf(),
             outcome: Arc::new(Mutex::new(None)),
+            run_events: None,
         }
     }
 
@@ -54,6 +58,11 @@ pub struct ScreenshotState {
 }
 
 impl ScreenshotState {
+    /// The finished run's events, when the capture shows one.
+    pub fn run_events(&self) -> Option<&[Event]> {
+        self.request.run_events.as_deref()
+    }
+
     pub fn new(request: ScreenshotRequest) -> Self {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         Self {
@@ -103,6 +112,37 @@ fn save_png(path: &Path, image: &ColorImage) -> Result<(), String> {
     buffer
         .save(path)
         .map_err(|err| format!("cannot save the screenshot: {err}: {}", path.display()))
+}
+
+/// Stages what the capture shows: the finished run it was given, else the demo run part-way through.
+pub fn stage(app: &mut FramesmithApp) {
+    let run = app
+        .screenshot
+        .as_ref()
+        .and_then(|s| s.run_events())
+        .map(<[Event]>::to_vec);
+    match run {
+        Some(events) => stage_run(app, events),
+        None => stage_demo(app),
+    }
+}
+
+/// Puts a finished run on the Samples tab with its last sample in the player.
+fn stage_run(app: &mut FramesmithApp, events: Vec<Event>) {
+    app.settings.tab = Tab::Samples;
+    app.run_name = Some("demo".into());
+    app.run.begin_run();
+    let mut last = None;
+    for event in events {
+        if let Event::SampleReady { frames_dir, .. } = &event {
+            app.samples.request_thumbnail(&mut app.jobs, frames_dir);
+            last = Some(frames_dir.clone());
+        }
+        app.apply_event(event);
+    }
+    if let Some(frames_dir) = last {
+        app.samples.player.open(&frames_dir);
+    }
 }
 
 /// Puts the demo project on the Train tab with a run part-way through, so the capture shows live charts.

@@ -135,7 +135,7 @@ impl FramesmithApp {
             app.scan_dataset();
         }
         if app.screenshot.is_some() {
-            super::screenshot::stage_demo(&mut app);
+            super::screenshot::stage(&mut app);
         }
         app
     }

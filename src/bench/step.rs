@@ -180,6 +180,7 @@ fn step(
     let target = LossTarget {
         targets,
         weights: None,
+        skip_frames: 0,
     };
     let options = StepOptions {
         backward: mode.backward,

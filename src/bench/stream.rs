@@ -253,6 +253,7 @@ pub fn run(
         let target = LossTarget {
             targets: &targets,
             weights: None,
+            skip_frames: 0,
         };
         let step_options = StepOptions {
             activations_on_host: opts.activations_on_host,
@@ -580,6 +581,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
     let target = LossTarget {
         targets: &targets,
         weights: None,
+        skip_frames: 0,
     };
     let grads = |streamed: &[usize], mode: StreamMode, on_host: bool| -> Result<Vec<Tensor>> {
         let (model, loras) = build(&cfg, weights()?, dev, &opts, streamed, mode, opts.slots)?;

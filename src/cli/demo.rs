@@ -1,7 +1,10 @@
 //! `framesmith demo`: the built-in demo project. Writes the generated dataset (clips and captions), a musubi-tuner
 //! dataset TOML, its latent and text caches in musubi-tuner's format (made with the demo codec and the demo text
-//! embedding), and a sample prompt file into a folder; then trains the tiny demo model on CPU from those caches
-//! with the `demo-cpu` preset and writes the LoRA, the metrics and sample clips there.
+//! embedding), and a sample prompt file with the start frames of two clips into a folder; then trains the tiny
+//! demo model (image-to-video: the start frame is given, the LoRA learns the motion the caption names) on CPU
+//! from those caches with the `demo-cpu` preset and writes the LoRA, the metrics and sample clips there — before
+//! the first step and every quarter of the run, so the samples show it learning. Paths in the run config are
+//! absolute, so `run.toml` works from any folder.
 
 use std::fs;
 use std::path::Path;
@@ -17,14 +20,17 @@ use framesmith::data::cache::{
 use framesmith::data::frames::FrameWindow;
 use framesmith::demo;
 use framesmith::demo::shapes::{self, DemoClip};
+use framesmith::train::demo_setup::write_sample_prompts;
 use framesmith::train::samples::SAMPLE_FPS;
 use framesmith::train::setup::{demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
 use framesmith::video::encode::write_mp4;
 
 use super::run::{run_headless, RunSummary};
 
-/// The demo project's run config: defaults + `demo-cpu`, outputs and samples in `dir`.
+/// The demo project's run config: defaults + `demo-cpu`, outputs and samples in `dir` (made absolute).
 pub fn demo_config(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig> {
+    let dir = &std::path::absolute(dir)
+        .with_context(|| format!("cannot resolve the demo folder {}", dir.display()))?;
     let mut config = presets::builtin("demo-cpu")?
         .apply(&RunConfig::default())?
         .config;
@@ -36,7 +42,8 @@ pub fn demo_config(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig
     config.dataset.config = dir.join("dataset.toml");
     config.output.output_dir = dir.join("output");
     config.sampling.prompts = Some(dir.join("sample_prompts.txt"));
-    config.sampling.sample_every_n_steps = Some(config.training.max_train_steps);
+    config.sampling.sample_every_n_steps = Some(config.training.max_train_steps.div_ceil(4).max(1));
+    config.sampling.sample_at_first = true;
     Ok(config)
 }
 
@@ -105,25 +112,14 @@ pub fn write_demo_project(dir: &Path, seed: u64) -> anyhow::Result<()> {
     let toml_path = dir.join("dataset.toml");
     fs::write(&toml_path, dataset_toml())
         .with_context(|| format!("cannot write {}", toml_path.display()))?;
-    let prompts: String = clips
-        .iter()
-        .take(2)
-        .enumerate()
-        .map(|(i, c)| {
-            format!(
-                "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 3.0 --d {i}\n",
-                c.caption
-            )
-        })
-        .collect();
-    let path = dir.join("sample_prompts.txt");
-    fs::write(&path, prompts).with_context(|| format!("cannot write {}", path.display()))
+    write_sample_prompts(dir, &clips)?;
+    Ok(())
 }
 
 /// Writes the demo project into `dir` (when its dataset config is not there yet) and returns its run config.
 pub fn prepare_demo(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig> {
     let config = demo_config(dir, steps)?;
-    if !dir.join("dataset.toml").exists() {
+    if !dir.join("dataset.toml").exists() || !dir.join("start").is_dir() {
         write_demo_project(dir, config.training.seed)?;
     }
     Ok(config)

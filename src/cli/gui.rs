@@ -13,6 +13,15 @@ use framesmith::protocol::EngineHandle;
 
 /// Where the GUI's demo project writes its outputs.
 pub const DEMO_DIR: &str = "framesmith-demo";
+/// How often the GUI's demo project samples (it also samples before the first step).
+const DEMO_SAMPLE_EVERY_N_STEPS: usize = 100;
+
+/// Writes the start frames of the generated demo clips and the sample prompt file into `dir`; returns the file.
+fn write_demo_samples(dir: &Path, seed: u64) -> anyhow::Result<PathBuf> {
+    use framesmith::train::demo_setup::{write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
+    let clips = framesmith::demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);
+    write_sample_prompts(dir, &clips)
+}
 
 /// The real modules behind the app.
 pub struct EngineBackend {
@@ -114,11 +123,22 @@ impl Backend for EngineBackend {
     }
 
     fn demo_project(&self) -> RunConfig {
-        // demo-cpu over the defaults trains on generated data: nothing to download or write first.
+        // demo-cpu over the defaults trains on generated data: nothing to download first.
         let mut config = self
             .apply_preset("demo-cpu", &RunConfig::default())
             .unwrap_or_default();
-        config.output.output_dir = Path::new(DEMO_DIR).join("output");
+        let dir = std::path::absolute(DEMO_DIR).unwrap_or_else(|_| PathBuf::from(DEMO_DIR));
+        config.output.output_dir = dir.join("output");
+        // Samples need the start frames of the generated clips on disk (a few KiB): without them the project
+        // still trains, with no samples.
+        match write_demo_samples(&dir, config.training.seed) {
+            Ok(prompts) => {
+                config.sampling.prompts = Some(prompts);
+                config.sampling.sample_every_n_steps = Some(DEMO_SAMPLE_EVERY_N_STEPS);
+                config.sampling.sample_at_first = true;
+            }
+            Err(err) => eprintln!("the demo project makes no samples: {err:#}"),
+        }
         config
     }
 

@@ -1,7 +1,9 @@
 //! The demo's base model (demo only): a tiny Wan-architecture DiT with seeded random weights, arranged so the
 //! frozen base is a sensible starting point for a LoRA — the head undoes the patch embedding (so the untrained
-//! model passes its noisy input through, roughly the right velocity near pure noise) and the blocks start as small
-//! residual updates. A fully random base would leave the LoRA mostly cancelling noise.
+//! model passes its noisy input through, roughly the right velocity near pure noise), the blocks start as the
+//! identity, and the frozen timestep path only nudges the modulation (gates near 1, shifts and scales
+//! near 0, still telling the blocks the noise level). A fully random base would leave the LoRA mostly cancelling
+//! noise and random per-timestep gates.
 
 use std::collections::HashMap;
 
@@ -10,8 +12,16 @@ use candle_core::{DType, Device, Result, Tensor};
 use crate::models::wan::random::random_weights;
 use crate::models::wan::WanConfig;
 
-/// Scale of the blocks' output projections (`self_attn.o`, `cross_attn.o`, `ffn.2`) relative to a random init.
-const BLOCK_OUTPUT_SCALE: f64 = 0.1;
+/// Scale of the blocks' output projections (`self_attn.o`, `cross_attn.o`, `ffn.2`) relative to a random init: 0,
+/// so the untrained blocks pass the noisy input through untouched and the LoRA writes every update.
+const BLOCK_OUTPUT_SCALE: f64 = 0.0;
+/// Scale of the time embedding's output (the head's shift and scale come straight from it).
+const TIME_EMBEDDING_SCALE: f64 = 0.1;
+/// Scale of the time projection (the blocks' per-timestep shift, scale and gate offsets) after the smaller time
+/// embedding.
+const TIME_PROJECTION_SCALE: f64 = 2.0;
+/// Rows of a block's `modulation` [1, 6, dim] that are gates (after self-attention and after the FFN).
+const GATE_ROWS: [usize; 2] = [2, 5];
 
 /// Demo base weights for `cfg` (patch size (1, 2, 2), `in_dim == out_dim`).
 pub fn demo_base_weights(
@@ -39,6 +49,8 @@ pub fn demo_base_weights(
         .transpose(0, 1)?
         .reshape((patch * c, d))?
         .contiguous()?;
+    // Pᵀ·P ≈ (dim / (in_dim·patch))·I for a random P: scaled back, noise passes through at its own size.
+    let head = (head * ((c * patch) as f64 / d as f64))?;
     w.insert("head.head.weight".into(), head);
     for key in ["head.head.bias", "head.modulation", "patch_embedding.bias"] {
         if let Some(t) = w.get(key) {
@@ -48,13 +60,43 @@ pub fn demo_base_weights(
     }
     let scaled: Vec<(String, Tensor)> = w
         .iter()
-        .filter(|(k, _)| {
-            k.ends_with("self_attn.o.weight")
+        .filter_map(|(k, t)| {
+            let scale = if k.ends_with("self_attn.o.weight")
                 || k.ends_with("cross_attn.o.weight")
                 || k.ends_with("ffn.2.weight")
+            {
+                BLOCK_OUTPUT_SCALE
+            } else if k.starts_with("time_embedding.2.") {
+                TIME_EMBEDDING_SCALE
+            } else if k == "time_projection.1.weight" {
+                TIME_PROJECTION_SCALE
+            } else {
+                return None;
+            };
+            Some((t * scale).map(|t| (k.clone(), t)))
         })
-        .map(|(k, t)| Ok((k.clone(), (t * BLOCK_OUTPUT_SCALE)?)))
         .collect::<Result<_>>()?;
     w.extend(scaled);
+    let gates: Vec<(String, Tensor)> = w
+        .iter()
+        .filter(|(k, _)| k.starts_with("blocks.") && k.ends_with(".modulation"))
+        .map(|(k, t)| Ok((k.clone(), gates_at_one(t)?)))
+        .collect::<Result<_>>()?;
+    w.extend(gates);
     Ok(w)
+}
+
+/// A block's `modulation` [1, 6, dim] with its gate rows set to 1, so every block update passes at full weight.
+fn gates_at_one(modulation: &Tensor) -> Result<Tensor> {
+    let rows = (0..6)
+        .map(|i| {
+            let row = modulation.narrow(1, i, 1)?;
+            if GATE_ROWS.contains(&i) {
+                row.ones_like()
+            } else {
+                Ok(row)
+            }
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&rows, 1)
 }

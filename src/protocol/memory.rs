@@ -127,6 +127,9 @@ pub struct PlanReport {
     pub suggestions: Vec<Suggestion>,
     /// Things worth knowing (RAM pressure, Windows' pinned-memory cap, settings that do not apply).
     pub notes: Vec<String>,
+    /// A CPU run: every line is in RAM and the verdict is against the machine's RAM.
+    #[serde(default)]
+    pub on_cpu: bool,
 }
 
 impl PlanReport {
@@ -155,6 +158,17 @@ impl PlanReport {
 
     /// One line: the verdict with peak VRAM against the budget.
     pub fn verdict_line(&self) -> String {
+        if self.on_cpu {
+            let peak = format_gib(self.peak_ram_bytes);
+            let ram = self.host_ram_bytes.map(format_gib);
+            return match (self.verdict, ram) {
+                (Verdict::Fits, Some(ram)) => format!("Fits on the CPU: peak RAM {peak} of {ram}"),
+                (Verdict::DoesNotFit, Some(ram)) => {
+                    format!("Does not fit on the CPU: peak RAM {peak}, this machine has {ram}")
+                }
+                _ => format!("Runs on the CPU: peak RAM {peak}"),
+            };
+        }
         let peak = format_gib(self.peak_vram_bytes);
         let streamed = match (self.streamed_blocks, self.blocks_chosen) {
             (0, _) => String::new(),

@@ -88,7 +88,7 @@ pub fn generate(
 
 /// `latents` [C, F, H, W] with the first frame replaced by `first` [C, 1, H, W] (the official
 /// `(1 − mask) · z + mask · latent` with a 0/1 mask, exactly).
-fn with_first_frame(latents: &Tensor, first: &Tensor) -> Result<Tensor> {
+pub(crate) fn with_first_frame(latents: &Tensor, first: &Tensor) -> Result<Tensor> {
     let f = latents.dim(1)?;
     if f == 1 {
         return Ok(first.clone());
@@ -99,6 +99,11 @@ fn with_first_frame(latents: &Tensor, first: &Tensor) -> Result<Tensor> {
 /// TI2V per-token timesteps: 0 for the tokens of the first latent frame, `t` for the others (the official
 /// `mask2[0][0][:, ::2, ::2] * t`, flattened; no padding since `seq_len` is the token count).
 fn first_frame_timesteps(cfg: &WanConfig, latent_shape: [usize; 4], t: f64) -> Timesteps {
+    Timesteps::PerToken(vec![first_frame_row(cfg, latent_shape, t)])
+}
+
+/// One sample's row of [`first_frame_timesteps`].
+pub(crate) fn first_frame_row(cfg: &WanConfig, latent_shape: [usize; 4], t: f64) -> Vec<f64> {
     let [_, f, h, w] = latent_shape;
     let [pt, ph, pw] = cfg.patch_size;
     let per_frame = (h / ph.max(1)) * (w / pw.max(1));
@@ -107,7 +112,7 @@ fn first_frame_timesteps(cfg: &WanConfig, latent_shape: [usize; 4], t: f64) -> T
     for v in row.iter_mut().take(per_frame) {
         *v = 0.0;
     }
-    Timesteps::PerToken(vec![row])
+    row
 }
 
 /// [`generate`] with a start image's conditioning (image-to-video variants).

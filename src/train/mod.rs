@@ -5,6 +5,7 @@ pub mod caching;
 pub mod checkpoint;
 pub mod clip;
 pub mod data;
+pub mod demo_setup;
 pub mod engine;
 pub mod generate;
 pub mod memory_plan;

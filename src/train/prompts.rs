@@ -1,8 +1,8 @@
 //! Sample prompt files in musubi-tuner's syntax: one prompt per line with options `--w` width, `--h` height,
-//! `--f` frames, `--d` seed, `--s` steps, `--l` guidance scale, `--fs` flow shift, `--n` negative prompt;
-//! `#` starts a comment line. A `.toml` file holds `[[prompt]]` tables with the same fields spelled out.
+//! `--f` frames, `--d` seed, `--s` steps, `--l` guidance scale, `--fs` flow shift, `--n` negative prompt, `--i`
+//! start image (relative paths are read from the prompt file's folder); `#` starts a comment line. A `.toml` file holds `[[prompt]]` tables with the same fields spelled out.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
@@ -19,6 +19,8 @@ pub struct PromptSpec {
     pub steps: usize,
     pub guidance: f64,
     pub flow_shift: f64,
+    /// The start image of an image-to-video sample (`--i`).
+    pub image: Option<PathBuf>,
 }
 
 impl Default for PromptSpec {
@@ -33,6 +35,7 @@ impl Default for PromptSpec {
             steps: 20,
             guidance: 5.0,
             flow_shift: 5.0,
+            image: None,
         }
     }
 }
@@ -68,9 +71,14 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
         path: shown.clone(),
         source,
     })?;
+    let folder = path.parent().unwrap_or(Path::new(""));
+    let beside_file = |mut spec: PromptSpec| {
+        spec.image = spec.image.map(|image| folder.join(image));
+        spec
+    };
     if path.extension().and_then(|e| e.to_str()) == Some("toml") {
         return toml::from_str::<TomlPrompts>(&text)
-            .map(|t| t.prompt)
+            .map(|t| t.prompt.into_iter().map(beside_file).collect())
             .map_err(|e| PromptError::Toml {
                 path: shown,
                 message: e.to_string(),
@@ -80,11 +88,13 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map(|(i, l)| {
-            parse_line(l).map_err(|message| PromptError::Line {
-                path: shown.clone(),
-                line: i + 1,
-                message,
-            })
+            parse_line(l)
+                .map(beside_file)
+                .map_err(|message| PromptError::Line {
+                    path: shown.clone(),
+                    line: i + 1,
+                    message,
+                })
         })
         .collect()
 }
@@ -112,9 +122,10 @@ pub fn parse_line(line: &str) -> Result<PromptSpec, String> {
             "l" => spec.guidance = value.parse().map_err(|_| number("a guidance scale"))?,
             "fs" => spec.flow_shift = value.parse().map_err(|_| number("a flow shift"))?,
             "n" => spec.negative = Some(value.to_string()),
+            "i" => spec.image = Some(PathBuf::from(value)),
             other => {
                 return Err(format!(
-                    "unknown option --{other} (known: --w --h --f --d --s --l --fs --n)"
+                    "unknown option --{other} (known: --w --h --f --d --s --l --fs --n --i)"
                 ))
             }
         }
@@ -151,5 +162,16 @@ mod tests {
         std::fs::write(&path, "# comment\nok prompt\nbad --s x\n").expect("write");
         let err = read_prompt_file(&path).unwrap_err().to_string();
         assert!(err.contains("p.txt:3"), "{err}");
+    }
+
+    #[test]
+    fn start_images_are_read_beside_the_prompt_file() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.txt");
+        std::fs::write(&path, "a dot --i start.png\nno image\n").expect("write");
+        let specs = read_prompt_file(&path).expect("valid file");
+        assert_eq!(specs[0].prompt, "a dot");
+        assert_eq!(specs[0].image, Some(dir.path().join("start.png")));
+        assert_eq!(specs[1].image, None);
     }
 }

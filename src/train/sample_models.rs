@@ -55,6 +55,14 @@ pub fn encode_sample_prompts(
                 spec.guidance,
             )
             .with_context(|| format!("encoding the sample prompt \"{}\"", spec.prompt))?;
+            if let Some(image) = &spec.image {
+                anyhow::bail!(
+                    "sample prompt \"{}\": start images (--i) in training samples are read by the demo model \
+                     only; remove --i, or make the clip with `framesmith generate --image`: {}",
+                    spec.prompt,
+                    image.display()
+                );
+            }
             Ok(EncodedPrompt { spec, conditioning })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
@@ -112,6 +120,7 @@ pub fn vae_sampling(
                 guidance: spec.guidance,
                 seed: spec.seed,
                 prompt: spec.prompt,
+                start_frame: None,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;

@@ -9,7 +9,7 @@ use anyhow::Context;
 use candle_core::Tensor;
 
 use super::checkpoint::write_atomic;
-use super::generate::{generate, Experts, GenerateRequest, Solver};
+use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
 use super::trainer::Trainer;
 use crate::demo;
 use crate::protocol::Event;
@@ -36,6 +36,8 @@ pub struct SamplePrompt {
     pub shift: f64,
     pub guidance: f64,
     pub seed: u64,
+    /// The start image's latent [C, 1, H, W] of an image-to-video sample (the demo model's `--i`).
+    pub start_frame: Option<Tensor>,
 }
 
 /// When and what to sample.
@@ -98,7 +100,11 @@ impl Trainer {
                 seed: p.seed,
                 solver: Solver::Unipc,
             };
-            let latents = generate(&experts, &request, &|| false)
+            let image = p
+                .start_frame
+                .clone()
+                .map(|latent| ImageConditioning::FirstFrame { latent });
+            let latents = generate_from(&experts, &request, image.as_ref(), &|| false)
                 .with_context(|| format!("generating the sample for \"{}\"", p.prompt))?;
             let frames = match &sampling.decoder {
                 Decoder::Demo => demo::codec::decode(&latents)?,

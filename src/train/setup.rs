@@ -10,10 +10,11 @@ use candle_core::{DType, Device};
 
 use super::checkpoint::Outputs;
 use super::data::{load_cached_items, CacheModels, TrainItem, TrainSet};
+use super::demo_setup::demo_sample_prompts;
 use super::memory_plan;
 use super::optimizer::AdamW;
 use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
-use super::samples::{Decoder, SamplePrompt, Sampling};
+use super::samples::{Decoder, Sampling};
 use super::trainer::Trainer;
 use crate::config::outputs::{find_resume, new_run_dir, runs_in};
 use crate::config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
@@ -29,10 +30,12 @@ use crate::nn::vb::Vb;
 use crate::protocol::memory::{format_gib, PlanReport};
 use crate::protocol::{LogLevel, StartRun};
 
+pub use super::demo_setup::{
+    demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,
+};
+
 /// Seed of the demo base model's weights: fixed, so every demo LoRA belongs to the same base.
 const DEMO_BASE_SEED: u64 = 2024;
-/// Layers of the demo model.
-pub const DEMO_LAYERS: usize = 2;
 
 /// CUDA devices this build can use (0 without the `cuda` feature).
 pub fn cuda_device_count() -> usize {
@@ -78,11 +81,6 @@ fn float_dtype(d: FloatDtype) -> DType {
         FloatDtype::Bf16 => DType::BF16,
         FloatDtype::F16 => DType::F16,
     }
-}
-
-/// The demo model's config: a tiny Wan2.1-T2V-shaped DiT over the demo codec's 16-channel latents.
-pub fn demo_model_config() -> WanConfig {
-    WanConfig::tiny(DEMO_LAYERS)
 }
 
 fn load_model(
@@ -258,25 +256,6 @@ pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To f
     or lower dataset.resolution / target_frames; `framesmith plan --config \
     run.toml` shows where the memory goes.";
 
-/// Demo clips: 8 clips of 9 frames at 32×32 pixels.
-pub const DEMO_CLIPS: usize = 8;
-pub const DEMO_FRAMES: usize = 5;
-pub const DEMO_SIZE: usize = 16;
-
-/// The generated demo items: clips encoded with the demo codec, captions with the demo text embedding.
-pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result<Vec<TrainItem>> {
-    demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed)
-        .into_iter()
-        .map(|clip| {
-            Ok(TrainItem {
-                key: clip.name.clone(),
-                latents: demo::codec::encode(&clip.frames, device)?,
-                context: demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, device)?,
-            })
-        })
-        .collect()
-}
-
 /// The training items and the batch size.
 fn load_items(
     plan: &RunPlan,
@@ -375,32 +354,7 @@ fn sampling(
         }));
     }
     let specs = super::prompts::read_prompt_file(&s.prompts)?;
-    let factor = demo::codec::FACTOR;
-    let prompts = specs
-        .into_iter()
-        .map(|p| {
-            let latent_shape = [
-                cfg.out_dim,
-                p.frames.max(1),
-                (p.height / factor).max(2),
-                (p.width / factor).max(2),
-            ];
-            Ok(SamplePrompt {
-                context: demo::text::embed(&p.prompt, cfg.text_dim, cfg.text_len, device)?,
-                negative: p
-                    .negative
-                    .as_deref()
-                    .map(|n| demo::text::embed(n, cfg.text_dim, cfg.text_len, device))
-                    .transpose()?,
-                latent_shape,
-                steps: p.steps,
-                shift: p.flow_shift,
-                guidance: p.guidance,
-                seed: p.seed,
-                prompt: p.prompt,
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let prompts = demo_sample_prompts(specs, cfg, device)?;
     Ok(Some(Sampling {
         prompts,
         every_n_steps: s.every_n_steps,
@@ -555,6 +509,7 @@ impl Trainer {
                 && device.is_cuda()
                 && plan.memory.activations == ActivationPlacement::Host,
             checkpointing: plan.memory.checkpointing,
+            start_frame: plan.model.source == ModelSource::Demo,
             out_of_memory_advice,
             _vram_reservation: vram_reservation,
             outputs,

@@ -18,6 +18,8 @@ pub struct LossTarget<'a> {
     pub targets: &'a [Tensor],
     /// Per-sample loss weights (timestep weighting); `None` weighs every sample 1.
     pub weights: Option<&'a [f64]>,
+    /// Leading latent frames left out of the loss: the given start frame of image-to-video training.
+    pub skip_frames: usize,
 }
 
 /// Result of one step.
@@ -30,7 +32,8 @@ pub struct StepOutput {
     pub input_grads: Option<Vec<Tensor>>,
 }
 
-/// Weighted MSE in f32 (in f64 when the outputs are f64): Σᵢ wᵢ Σ (outᵢ − targetᵢ)² / (total element count).
+/// Weighted MSE in f32 (in f64 when the outputs are f64): Σᵢ wᵢ Σ (outᵢ − targetᵢ)² / (total element count),
+/// over the latent frames after `skip_frames`.
 pub fn flow_loss(outs: &[Tensor], target: &LossTarget) -> Result<Tensor> {
     if outs.len() != target.targets.len() {
         candle_core::bail!(
@@ -47,7 +50,16 @@ pub fn flow_loss(outs: &[Tensor], target: &LossTarget) -> Result<Tensor> {
         } else {
             DType::F32
         };
-        let diff = (out.to_dtype(dtype)? - t.to_dtype(dtype)?)?;
+        let frames = out.dim(1)?;
+        if target.skip_frames >= frames {
+            candle_core::bail!(
+                "{} start frames leave nothing of {frames} latent frames to train on",
+                target.skip_frames
+            );
+        }
+        let kept = |x: &Tensor| x.narrow(1, target.skip_frames, frames - target.skip_frames);
+        let out = kept(out)?;
+        let diff = (out.to_dtype(dtype)? - kept(t)?.to_dtype(dtype)?)?;
         let mut se = diff.sqr()?.sum_all()?;
         if let Some(w) = target.weights {
             se = (se * w.get(i).copied().unwrap_or(1.0))?;
@@ -380,6 +392,7 @@ mod tests {
         let target = LossTarget {
             targets: &targets,
             weights: Some(&weights),
+            skip_frames: 0,
         };
         let full = whole_graph_step(&model, &inputs, &target, &vars)?;
         let modes = [
@@ -426,6 +439,7 @@ mod tests {
         let target = LossTarget {
             targets: &targets,
             weights: None,
+            skip_frames: 0,
         };
         let out = checkpointed_step(&model, &inputs, &target, &vars, &StepOptions::default())?;
         // Directional derivative along a random direction over all LoRA parameters, by central differences.
@@ -470,6 +484,28 @@ mod tests {
             err < 2e-2,
             "finite differences {numeric} vs analytic {analytic} (rel {err})"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn skipped_start_frames_are_left_out_of_the_loss() -> Result<()> {
+        let dev = Device::Cpu;
+        let out = Tensor::zeros((2, 3, 2, 2), DType::F32, &dev)?;
+        // The first frame is far off, the other two are off by 1 everywhere.
+        let first = Tensor::full(100f32, (2, 1, 2, 2), &dev)?;
+        let rest = Tensor::ones((2, 2, 2, 2), DType::F32, &dev)?;
+        let targets = [Tensor::cat(&[&first, &rest], 1)?];
+        let loss = |skip_frames| {
+            let target = LossTarget {
+                targets: &targets,
+                weights: None,
+                skip_frames,
+            };
+            flow_loss(std::slice::from_ref(&out), &target)?.to_scalar::<f32>()
+        };
+        assert_eq!(loss(1)?, 1.0);
+        assert!(loss(0)? > 1000.0);
+        assert!(loss(3).is_err(), "nothing left to train on");
         Ok(())
     }
 }

@@ -2,7 +2,8 @@
 //! step counter — advanced one optimizer step at a time by the engine thread. Flow matching as musubi-tuner does
 //! it: noisy = (1 − t)·latents + t·noise, target = noise − latents, the loss in f32. Each micro-step's noise and
 //! timesteps come from an RNG seeded by (seed, micro-step), so a resumed run draws exactly what the
-//! uninterrupted run would have.
+//! uninterrupted run would have. Image-to-video training (the demo model) keeps each clip's first latent frame
+//! clean, denoised at timestep 0 and left out of the loss, as Wan2.2 TI2V conditions on a start image.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -13,6 +14,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::data::TrainSet;
+use super::generate::{first_frame_row, with_first_frame};
 use super::optimizer::{AdamW, StepOutcome};
 use super::schedule::LrSchedule;
 use super::step::{checkpointed_step, LossTarget, StepOptions};
@@ -58,6 +60,8 @@ pub struct Trainer {
     pub(super) activations_on_host: bool,
     /// What the step keeps from each block's forward (`memory.checkpointing`); acts on every device.
     pub(super) checkpointing: Checkpointing,
+    /// Each clip's first latent frame is the given start frame (image-to-video training).
+    pub(super) start_frame: bool,
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
@@ -126,19 +130,36 @@ impl Trainer {
         let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
         let mut noisy = Vec::with_capacity(batch.len());
         let mut targets = Vec::with_capacity(batch.len());
+        let mut rows = Vec::with_capacity(batch.len());
         for (item, draw) in batch.iter().zip(&draws) {
             let x = item.latents.to_dtype(DType::F32)?;
             let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
-            noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
+            let mixed = ((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?;
+            if self.start_frame {
+                noisy.push(with_first_frame(&mixed, &x.narrow(1, 0, 1)?)?);
+                let shape = x.dims4().map(|(c, f, h, w)| [c, f, h, w])?;
+                rows.push(first_frame_row(
+                    self.model.config(),
+                    shape,
+                    draw.model_timestep,
+                ));
+            } else {
+                noisy.push(mixed);
+            }
             targets.push((noise - x)?);
         }
+        let timesteps = if self.start_frame {
+            Timesteps::PerToken(rows)
+        } else {
+            Timesteps::PerSample(draws.iter().map(|d| d.model_timestep).collect())
+        };
         let weights: Vec<f64> = draws
             .iter()
             .map(|d| loss_weight(self.timesteps.weighting, d.model_timestep))
             .collect();
         let inputs = WanInputs {
             latents: noisy,
-            timesteps: Timesteps::PerSample(draws.iter().map(|d| d.model_timestep).collect()),
+            timesteps,
             context: batch.iter().map(|i| i.context.clone()).collect(),
             seq_len: None,
             clip: None,
@@ -147,6 +168,7 @@ impl Trainer {
         let target = LossTarget {
             targets: &targets,
             weights: Some(&weights),
+            skip_frames: usize::from(self.start_frame),
         };
         let vars = self.loras.vars();
         let options = self.step_options(interrupted);

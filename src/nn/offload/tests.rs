@@ -108,6 +108,7 @@ fn streamed_and_host_activation_steps_give_the_same_lora_gradients() -> Result<(
     let target = LossTarget {
         targets: &targets,
         weights: None,
+        skip_frames: 0,
     };
     let run = |streamed: &[usize], on_host: bool| -> Result<(f32, Vec<Tensor>)> {
         let mut m = model(None, streamed)?;

@@ -211,6 +211,16 @@ pub fn vae_for(cfg: &WanConfig) -> VaeConfig {
     }
 }
 
+/// Spatial and temporal compression of the latents `cfg` trains on: the demo codec's (2×, none) for the demo
+/// model, else its VAE's.
+pub fn latent_factors(cfg: &WanConfig) -> (usize, usize) {
+    if *cfg == crate::train::demo_setup::demo_model_config() {
+        return (crate::demo::codec::FACTOR, 1);
+    }
+    let vae = vae_for(cfg);
+    (vae.spatial_factor(), vae.temporal_factor())
+}
+
 /// Transformer tokens of one sample: latent frames × latent height × latent width, each divided by the patch size.
 /// `None` when the size does not divide into whole patches.
 pub fn tokens_per_sample(
@@ -219,10 +229,9 @@ pub fn tokens_per_sample(
     height: usize,
     frames: usize,
 ) -> Option<u64> {
-    let vae = vae_for(cfg);
-    let spatial = vae.spatial_factor();
+    let (spatial, temporal) = latent_factors(cfg);
     let [pt, ph, pw] = cfg.patch_size;
-    let latent_frames = vae.latent_frames(frames);
+    let latent_frames = 1 + frames.saturating_sub(1) / temporal;
     let whole = |n: usize, d: usize| (d > 0 && n > 0 && n % d == 0).then(|| n / d);
     let f = whole(latent_frames, pt)?;
     let h = whole(whole(height, spatial)?, ph)?;

@@ -10,7 +10,7 @@ use crate::config::plan::{PlanDevice, RunPlan};
 use crate::config::run::{DeviceSpec, RunConfig};
 use crate::models::wan::WanConfig;
 use crate::protocol::memory::PlanReport;
-use crate::train::setup::DEMO_LAYERS;
+use crate::train::demo_setup::{demo_model_config, DEMO_FRAMES, DEMO_SIZE};
 
 /// The clip one training step sees: the largest bucket of the dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -22,6 +22,14 @@ pub struct ClipShape {
     /// Samples per step.
     pub batch: usize,
 }
+
+/// The generated demo clips (`dataset.synthetic`), one per step.
+pub const DEMO_CLIP: ClipShape = ClipShape {
+    width: DEMO_SIZE,
+    height: DEMO_SIZE,
+    frames: DEMO_FRAMES,
+    batch: 1,
+};
 
 /// Wan's native 480p clip: 832×480, 81 frames, batch 1.
 pub const DEFAULT_CLIP: ClipShape = ClipShape {
@@ -72,7 +80,7 @@ pub fn clip_with_dataset(
 ) -> (ClipShape, Option<String>) {
     let d = &cfg.dataset;
     let from_dataset = if d.synthetic {
-        None
+        Some(DEMO_CLIP)
     } else if !d.config.as_os_str().is_empty() {
         std::fs::read_to_string(&d.config)
             .ok()
@@ -125,7 +133,7 @@ pub fn variant_name(cfg: &WanConfig) -> String {
     {
         return name.to_string();
     }
-    if *cfg == WanConfig::tiny(cfg.num_layers) {
+    if *cfg == demo_model_config() {
         return format!("tiny demo model ({} blocks)", cfg.num_layers);
     }
     format!(
@@ -139,7 +147,7 @@ pub fn variant_name(cfg: &WanConfig) -> String {
 pub fn model_for_config(cfg: &RunConfig) -> Result<WanConfig, PlanError> {
     let m = &cfg.model;
     if m.demo {
-        return Ok(WanConfig::tiny(DEMO_LAYERS));
+        return Ok(demo_model_config());
     }
     if !m.variant.eq_ignore_ascii_case("auto") {
         return WanConfig::by_name(&m.variant)
@@ -191,6 +199,7 @@ impl PlanInput {
             working_set: WORKING_SET,
             checkpointing: mem.checkpointing,
             optimizer_and_context: true,
+            on_cpu: cfg.training.device == DeviceSpec::Cpu,
         }
     }
 
@@ -207,6 +216,7 @@ impl PlanInput {
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
         input.streaming.staging_slots = plan.memory.staging_slots;
         input.checkpointing = plan.memory.checkpointing;
+        input.on_cpu = plan.device == PlanDevice::Cpu;
         input
     }
 }
@@ -220,11 +230,6 @@ pub fn plan_config(cfg: &RunConfig, dataset_toml: Option<&str>) -> Result<PlanRe
     let mut input = PlanInput::from_config(cfg, model, clip);
     input.probe_machine(cfg.training.device);
     let mut report = super::plan(&input)?;
-    if cfg.training.device == DeviceSpec::Cpu {
-        report
-            .notes
-            .push("training.device = \"cpu\": this is the plan for a CUDA card".into());
-    }
     report.notes.extend(clip_note);
     Ok(report)
 }
@@ -256,5 +261,46 @@ impl PlanInput {
             DeviceSpec::Auto => machine::free_vram_bytes(0),
             DeviceSpec::Cuda(n) => machine::free_vram_bytes(n),
         };
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::protocol::memory::Placement;
+
+    #[test]
+    fn the_demo_plans_its_own_cpu_run() {
+        let config = crate::config::presets::builtin("demo-cpu")
+            .and_then(|p| p.apply(&RunConfig::default()))
+            .expect("demo-cpu applies")
+            .config;
+        let report = plan_config(&config, None).expect("the demo plans");
+        assert!(report.on_cpu);
+        assert_eq!(report.peak_vram_bytes, 0);
+        assert!(report
+            .breakdown
+            .iter()
+            .all(|l| l.placement == Placement::Host));
+        assert!(!report.breakdown.iter().any(|l| l.label.contains("CUDA")));
+        // 32×32 pixels → 16×16 demo-codec latents → 8×8 patches, 5 frames uncompressed in time.
+        assert_eq!(report.tokens, 5 * 8 * 8);
+        assert!(
+            report.workload.starts_with("32x32, 5 frames"),
+            "{}",
+            report.workload
+        );
+        assert!(
+            report.model.starts_with("tiny demo model"),
+            "{}",
+            report.model
+        );
+        assert!(
+            report.verdict_line().contains("CPU"),
+            "{}",
+            report.verdict_line()
+        );
+        assert!(report.peak_ram_bytes < 1 << 30, "{}", report.peak_ram_bytes);
     }
 }

@@ -12,7 +12,8 @@ mod working_set;
 
 pub use bytes::{
     block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
-    fp8_weight_bytes, lora_parameters, resident_weights, tokens_per_sample, vae_for, BaseFormat,
+    fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
+    vae_for, BaseFormat,
 };
 pub use checkpoint::{block_tape_bytes, kept_attention_bytes};
 pub use input::{
@@ -81,6 +82,8 @@ pub struct PlanInput {
     /// Count AdamW's moments and the CUDA context. Both false reproduces what `framesmith-bench step|stream`
     /// measure (the allocator's peak of steps without an optimizer), for calibrating [`WORKING_SET`].
     pub optimizer_and_context: bool,
+    /// A CPU run (`training.device = "cpu"`): everything lives in RAM and the verdict is against the RAM.
+    pub on_cpu: bool,
 }
 
 /// Why a configuration cannot be planned.
@@ -134,8 +137,7 @@ fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
         return Err(PlanError::ZeroBatch);
     }
     let cfg = &input.model;
-    let vae = vae_for(cfg);
-    let step = vae.temporal_factor();
+    let (spatial, step) = latent_factors(cfg);
     if c.frames == 0 || (c.frames - 1) % step != 0 {
         return Err(PlanError::Frames {
             frames: c.frames,
@@ -146,7 +148,7 @@ fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
         tokens_per_sample(cfg, c.width, c.height, c.frames).ok_or(PlanError::Resolution {
             width: c.width,
             height: c.height,
-            multiple: vae.spatial_factor() * cfg.patch_size[1].max(cfg.patch_size[2]),
+            multiple: spatial * cfg.patch_size[1].max(cfg.patch_size[2]),
         })?;
     if input.lora.rank == 0 {
         return Err(LoraError::ZeroRank.into());
@@ -246,15 +248,17 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         working,
         Placement::Device,
     ));
-    out.push(line(
-        format!(
-            "memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set, at least {})",
-            format_gib(POOL_FRAGMENTATION_MIN_BYTES)
-        ),
-        pool_fragmentation_bytes(working),
-        Placement::Device,
-    ));
-    if input.optimizer_and_context {
+    if !input.on_cpu {
+        out.push(line(
+            format!(
+                "memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set, at least {})",
+                format_gib(POOL_FRAGMENTATION_MIN_BYTES)
+            ),
+            pool_fragmentation_bytes(working),
+            Placement::Device,
+        ));
+    }
+    if input.optimizer_and_context && !input.on_cpu {
         out.push(line(
             "CUDA context and workspaces",
             CUDA_CONTEXT_BYTES,
@@ -379,7 +383,12 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     let s = sizes(input)?;
     let budget = budget_bytes(input);
     let (streamed, chosen, note) = streamed_blocks(input, budget)?;
-    let lines = breakdown(input, &s, streamed);
+    let mut lines = breakdown(input, &s, streamed);
+    if input.on_cpu {
+        for l in &mut lines {
+            l.placement = Placement::Host;
+        }
+    }
     let peak_vram = device_total(&lines);
     let sum = |keep: &dyn Fn(Placement) -> bool| -> u64 {
         lines
@@ -390,13 +399,18 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     };
     let peak_ram = sum(&|p| p.is_host());
     let pinned = sum(&|p| p == Placement::HostPinned);
-    let verdict = match budget {
-        Some(b) if peak_vram <= b => Verdict::Fits,
+    let (used, limit) = if input.on_cpu {
+        (peak_ram, input.host_ram_bytes)
+    } else {
+        (peak_vram, budget)
+    };
+    let verdict = match limit {
+        Some(b) if used <= b => Verdict::Fits,
         Some(_) => Verdict::DoesNotFit,
         None => Verdict::NoBudget,
     };
     let suggestions = match (verdict, budget) {
-        (Verdict::DoesNotFit, Some(b)) => suggest::suggest(input, b)?,
+        (Verdict::DoesNotFit, Some(b)) if !input.on_cpu => suggest::suggest(input, b)?,
         _ => Vec::new(),
     };
     let mut notes: Vec<String> = note.into_iter().collect();
@@ -422,6 +436,7 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         breakdown: lines,
         suggestions,
         notes,
+        on_cpu: input.on_cpu,
     })
 }
 

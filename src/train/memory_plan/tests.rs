@@ -39,6 +39,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         working_set: WORKING_SET,
         checkpointing: Checkpointing::Blocks,
         optimizer_and_context: true,
+        on_cpu: false,
     }
 }
 
