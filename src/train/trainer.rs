@@ -126,7 +126,9 @@ impl Trainer {
     ) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
-        let (_, _, h, w) = batch[0].latents.dims4()?;
+        let (_, frames, h, w) = batch[0].latents.dims4()?;
+        // A single-frame item (an image) has no frames after a start frame: it trains as text-to-image.
+        let start_frame = self.start_frame && frames > 1;
         let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
         let mut noisy = Vec::with_capacity(batch.len());
         let mut targets = Vec::with_capacity(batch.len());
@@ -135,7 +137,7 @@ impl Trainer {
             let x = item.latents.to_dtype(DType::F32)?;
             let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
             let mixed = ((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?;
-            if self.start_frame {
+            if start_frame {
                 noisy.push(with_first_frame(&mixed, &x.narrow(1, 0, 1)?)?);
                 let shape = x.dims4().map(|(c, f, h, w)| [c, f, h, w])?;
                 rows.push(first_frame_row(
@@ -148,7 +150,7 @@ impl Trainer {
             }
             targets.push((noise - x)?);
         }
-        let timesteps = if self.start_frame {
+        let timesteps = if start_frame {
             Timesteps::PerToken(rows)
         } else {
             Timesteps::PerSample(draws.iter().map(|d| d.model_timestep).collect())
@@ -168,7 +170,7 @@ impl Trainer {
         let target = LossTarget {
             targets: &targets,
             weights: Some(&weights),
-            skip_frames: usize::from(self.start_frame),
+            skip_frames: usize::from(start_frame),
         };
         let vars = self.loras.vars();
         let options = self.step_options(interrupted);
