@@ -1,6 +1,7 @@
-//! Ctrl-C, SIGTERM and the closing of the console on Windows during a headless run: the first asks the run to
-//! stop and save (the LoRA and the training state at the last completed step), the second exits at once and
-//! says what was kept. One handler per process; each run registers its engine while it runs.
+//! Ctrl-C (and SIGTERM) during a headless run: the first asks the run to stop and save (the LoRA and the training
+//! state at the last completed step), the second exits at once and says what was kept. One handler per process;
+//! each run registers its engine while it runs. Closing the console window on Windows is not covered: Windows ends
+//! the process as soon as the handler returns, so only the files already written (atomically) remain.
 
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
