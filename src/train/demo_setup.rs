@@ -10,7 +10,7 @@ use candle_core::{Device, Tensor};
 
 use super::data::TrainItem;
 use super::prompts::PromptSpec;
-use super::samples::SamplePrompt;
+use super::samples::{write_png, SamplePrompt};
 use super::start_image::load_start_image;
 use crate::demo;
 use crate::demo::shapes::DemoClip;
@@ -123,14 +123,7 @@ pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<Pa
             anyhow::bail!("the demo clip {} has no frames", clip.name);
         };
         let image = start.join(format!("{}.png", clip.name));
-        image::save_buffer(
-            &image,
-            &first.data,
-            first.width as u32,
-            first.height as u32,
-            image::ExtendedColorType::Rgb8,
-        )
-        .with_context(|| format!("cannot write {}", image.display()))?;
+        write_png(&image, first)?;
         prompts.push_str(&format!(
             "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 3.0 --d {i} --i start/{}.png\n",
             clip.caption, clip.name

@@ -59,19 +59,23 @@ impl Sampling {
     }
 }
 
+/// Writes one RGB frame as a PNG, naming the file on failure.
+pub fn write_png(path: &Path, frame: &RgbFrame) -> anyhow::Result<()> {
+    image::save_buffer(
+        path,
+        &frame.data,
+        frame.width as u32,
+        frame.height as u32,
+        image::ExtendedColorType::Rgb8,
+    )
+    .with_context(|| format!("cannot write {}", path.display()))
+}
+
 /// Writes frames as `frame_NNNN.png` plus `frames.json` (fps, count, size) into `dir`.
 pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (i, f) in frames.iter().enumerate() {
-        let path = dir.join(format!("frame_{i:04}.png"));
-        image::save_buffer(
-            &path,
-            &f.data,
-            f.width as u32,
-            f.height as u32,
-            image::ExtendedColorType::Rgb8,
-        )
-        .with_context(|| format!("cannot write {}", path.display()))?;
+        write_png(&dir.join(format!("frame_{i:04}.png")), f)?;
     }
     let (w, h) = frames.first().map_or((0, 0), |f| (f.width, f.height));
     let info = serde_json::json!({ "fps": fps, "frames": frames.len(), "width": w, "height": h });
