@@ -547,9 +547,9 @@ impl eframe::App for FramesmithApp {
             self.spill = telemetry.read(|history| detect_spill(history, &steps));
         }
         self.guard_against_spilling();
-        // A screenshot's staged run is no run of the engine's: the capture closes the window by itself.
-        let guarded_run = self.screenshot.is_none() && self.run.is_active();
-        self.closing.logic(ctx, guarded_run);
+        // Only a run of the engine's has anything to save (a screenshot's staged run has no engine).
+        let engine_run = self.engine.is_some() && self.run.is_active();
+        self.closing.logic(ctx, engine_run);
         self.samples.player.logic(ctx);
         if let Some(screenshot) = &mut self.screenshot {
             screenshot.logic(ctx);
