@@ -166,9 +166,7 @@ fn finish(
         }
     };
     if matches!(outcome, Outcome::Stopped) && trainer.step() == first_step {
-        if first_step == 0 {
-            trainer.abandon_unused_outputs();
-        }
+        trainer.abandon_unused_outputs();
         events.log(
             LogLevel::Info,
             format!(
