@@ -8,9 +8,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 
+use super::checkpoint::write_atomic;
 use super::data::TrainItem;
 use super::prompts::PromptSpec;
-use super::samples::{write_png, SamplePrompt};
+use super::samples::{encode_png, SamplePrompt};
 use super::start_image::load_start_image;
 use crate::demo;
 use crate::demo::shapes::DemoClip;
@@ -113,7 +114,8 @@ pub fn demo_sample_prompts(
 }
 
 /// Writes each sampled clip's first frame as `start/<clip>.png` and the prompt file that names them
-/// (`sample_prompts.txt`, returned); the images are named relative to it, so the folder can move.
+/// (`sample_prompts.txt`, returned); the images are named relative to it, so the folder can move. Both are
+/// written atomically: another window or test opening the demo may be reading them.
 pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<PathBuf> {
     let start = dir.join("start");
     fs::create_dir_all(&start).with_context(|| format!("cannot create {}", start.display()))?;
@@ -123,13 +125,13 @@ pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<Pa
             anyhow::bail!("the demo clip {} has no frames", clip.name);
         };
         let image = start.join(format!("{}.png", clip.name));
-        write_png(&image, first)?;
+        write_atomic(&image, &encode_png(first)?)?;
         prompts.push_str(&format!(
             "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 3.0 --d {i} --i start/{}.png\n",
             clip.caption, clip.name
         ));
     }
     let path = dir.join("sample_prompts.txt");
-    fs::write(&path, prompts).with_context(|| format!("cannot write {}", path.display()))?;
+    write_atomic(&path, prompts.as_bytes())?;
     Ok(path)
 }

@@ -59,23 +59,28 @@ impl Sampling {
     }
 }
 
-/// Writes one RGB frame as a PNG, naming the file on failure.
-pub fn write_png(path: &Path, frame: &RgbFrame) -> anyhow::Result<()> {
-    image::save_buffer(
-        path,
-        &frame.data,
-        frame.width as u32,
-        frame.height as u32,
-        image::ExtendedColorType::Rgb8,
-    )
-    .with_context(|| format!("cannot write {}", path.display()))
+/// One RGB frame encoded as PNG.
+pub fn encode_png(frame: &RgbFrame) -> anyhow::Result<Vec<u8>> {
+    use image::ImageEncoder;
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(
+            &frame.data,
+            frame.width as u32,
+            frame.height as u32,
+            image::ExtendedColorType::Rgb8,
+        )
+        .context("cannot encode a frame as PNG")?;
+    Ok(png)
 }
 
 /// Writes frames as `frame_NNNN.png` plus `frames.json` (fps, count, size) into `dir`.
 pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<()> {
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     for (i, f) in frames.iter().enumerate() {
-        write_png(&dir.join(format!("frame_{i:04}.png")), f)?;
+        let path = dir.join(format!("frame_{i:04}.png"));
+        fs::write(&path, encode_png(f)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
     }
     let (w, h) = frames.first().map_or((0, 0), |f| (f.width, f.height));
     let info = serde_json::json!({ "fps": fps, "frames": frames.len(), "width": w, "height": h });
