@@ -28,7 +28,6 @@ use std::sync::Mutex;
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::models::wan::block::Block;
 pub use crate::nn::bytes::tensor_bytes;
 pub use activations::{release_host_activation_buffers, SavedInputs};
 pub use copy_pool::CopyPool;
@@ -200,6 +199,17 @@ struct Inner {
     stats: StreamStats,
 }
 
+
+/// What block streaming needs from a model's block: its frozen tensors in one fixed order (the same order, shapes
+/// and dtypes for every block it streams together), and a copy of the block whose frozen tensors are others of
+/// the same layout (the slot's). Trained tensors (the LoRA) are not frozen: they stay resident.
+pub trait Streamable: Sized {
+    /// Every frozen tensor of the block (cheap clones sharing storage).
+    fn frozen_tensors(&self) -> Vec<Tensor>;
+    /// A copy of this block whose frozen tensors are `tensors`, in [`Streamable::frozen_tensors`]'s order.
+    fn with_frozen(&self, tensors: &[Tensor]) -> Result<Self>;
+}
+
 /// The streamed blocks of one model: their host masters, the GPU ring and its schedule.
 pub struct BlockStreamer {
     /// Model block index → index among the streamed blocks.
@@ -213,12 +223,12 @@ impl BlockStreamer {
     /// Packs the frozen tensors of `blocks` (model index, block — built anywhere, normally in host RAM) into
     /// host buffers and makes the ring on `device`. Returns the streamer and, for each block, its shell: the same
     /// block pointing at slot 0's tensors, which the model keeps in its place.
-    pub fn new(
+    pub fn new<B: Streamable>(
         device: &Device,
         num_blocks: usize,
-        blocks: Vec<(usize, Block)>,
+        blocks: Vec<(usize, B)>,
         options: &OffloadOptions,
-    ) -> Result<(Self, Vec<(usize, Block)>)> {
+    ) -> Result<(Self, Vec<(usize, B)>)> {
         let first = match blocks.first() {
             Some((_, b)) => b.frozen_tensors(),
             None => candle_core::bail!("block streaming needs at least one streamed block"),

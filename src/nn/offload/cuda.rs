@@ -13,7 +13,6 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
 use super::{BlockLayout, CopyPool, HostBuffer, OffloadOptions, SlotBackend, StreamMode};
-use crate::models::wan::block::Block;
 
 /// A raw driver handle or pointer that may move to the staging worker (the driver allows any thread to use it).
 #[derive(Clone, Copy)]
@@ -302,10 +301,10 @@ pub(super) struct CudaBackend {
 unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
-    pub(super) fn new(
+    pub(super) fn new<B: super::Streamable>(
         device: &Device,
         layout: &BlockLayout,
-        blocks: &[(usize, Block)],
+        blocks: &[(usize, B)],
         options: &OffloadOptions,
     ) -> Result<Self> {
         let Device::Cuda(dev) = device else {

@@ -3,7 +3,6 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use crate::models::wan::block::Block;
 use crate::nn::bytes::tensor_bytes;
 
 /// Offsets are aligned to this many bytes (the copy engine's and the allocator's preferred granularity).
@@ -77,7 +76,7 @@ impl BlockLayout {
     }
 
     /// Packs a block's frozen tensors (which must match this layout) into `out`.
-    pub fn pack_block(&self, block: &Block, out: &mut [u8]) -> Result<()> {
+    pub fn pack_block<B: super::Streamable>(&self, block: &B, out: &mut [u8]) -> Result<()> {
         let tensors = block.frozen_tensors();
         self.check(&tensors)?;
         self.pack_into(&tensors, out)

@@ -88,3 +88,13 @@ impl Block {
         Ok(copy)
     }
 }
+
+impl crate::nn::offload::Streamable for Block {
+    fn frozen_tensors(&self) -> Vec<Tensor> {
+        Block::frozen_tensors(self)
+    }
+
+    fn with_frozen(&self, tensors: &[Tensor]) -> candle_core::Result<Block> {
+        Block::with_frozen(self, tensors)
+    }
+}
