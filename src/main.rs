@@ -131,7 +131,7 @@ fn main() -> ExitCode {
 #[cfg(feature = "gui")]
 fn open_app(screenshot: Option<PathBuf>, run: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
-    if let Some(why) = framesmith::platform::display_missing() {
+    if let Some(why) = framesmith::app::display_missing() {
         anyhow::bail!(why);
     }
     let options = framesmith::app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));

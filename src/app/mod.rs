@@ -17,6 +17,7 @@ mod handlers;
 mod jobs;
 mod monitor_panel;
 mod output_folder;
+mod platform;
 mod player;
 mod project_panel;
 mod queue;
@@ -41,6 +42,7 @@ pub use backend::{
     Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity, Thumbnail,
 };
 pub use jobs::JobMode;
+pub use platform::display_missing;
 pub use player::{PlayerClock, DEFAULT_FPS};
 pub use run_view::{format_duration, LogLine, RunEnd, RunView, SampleClip, StepPoint};
 pub use screenshot::staged_events;
@@ -107,7 +109,7 @@ pub fn run_app(options: AppOptions) -> anyhow::Result<()> {
         native,
         Box::new(move |cc| Ok(Box::new(FramesmithApp::new(cc, options)))),
     )
-    .map_err(|err| anyhow!(crate::platform::window_failed(&err.to_string())))?;
+    .map_err(|err| anyhow!(platform::window_failed(&err.to_string())))?;
     let Some(request) = request else {
         return Ok(());
     };

@@ -27,7 +27,7 @@ pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
         DeviceSpec::Auto => 0,
         DeviceSpec::Cuda(i) => i,
     };
-    if let Some(why) = framesmith::platform::nvidia_driver_missing() {
+    if let Some(why) = framesmith::nn::driver::nvidia_driver_missing() {
         anyhow::bail!("cannot open CUDA device {ordinal}: {why}");
     }
     Device::new_cuda(ordinal).with_context(|| {

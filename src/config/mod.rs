@@ -1,12 +1,15 @@
 //! Run configuration: `RunConfig` (serde/TOML), presets and validation into the `RunPlan` the engine accepts.
 
+pub mod catalog;
 pub mod error;
 pub mod io;
 pub mod outputs;
 pub mod plan;
 pub mod presets;
 pub mod run;
+pub mod schedule;
 pub mod text_file;
+pub mod training;
 pub mod validate;
 mod validate_train;
 

@@ -7,9 +7,8 @@ use super::run::{
     ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, Fp8ScaleMode, LrScheduler,
     ResidualDtype, RunConfig, StreamingMode,
 };
-use crate::train::optimizer::AdamWConfig;
-use crate::train::schedule::LrSchedule;
-use crate::train::timesteps::TimestepConfig;
+use crate::config::schedule::LrSchedule;
+use crate::config::training::{AdamWConfig, TimestepConfig};
 
 /// What validation needs to know about the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -397,7 +397,7 @@ impl Default for MemorySection {
             activations: ActivationPlacement::Device,
             checkpointing: Checkpointing::Blocks,
             vram_budget_gb: None,
-            staging_slots: crate::nn::offload::STAGING_SLOTS,
+            staging_slots: crate::config::training::STAGING_SLOTS,
             shared_memory_guard: false,
         }
     }

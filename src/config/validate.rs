@@ -10,7 +10,7 @@ use super::plan::{
 };
 use super::run::{BaseDtype, DeviceSpec, RunConfig, SaveDtype, SCHEMA_VERSION};
 use super::validate_train::{check_memory, check_optimizer, check_training};
-use crate::models::wan::config::WanConfig;
+use crate::config::catalog;
 
 /// One thing wrong with a config.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,8 +123,8 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
     let num_layers = model
         .variant
         .as_deref()
-        .and_then(WanConfig::by_name)
-        .map(|w| w.num_layers);
+        .and_then(catalog::variant)
+        .map(|v| v.blocks);
     let memory = check_memory(&mut c, &cfg.memory, device, host, num_layers);
     let output = check_output(&mut c, cfg, model.compute_dtype);
     let sampling = check_sampling(&mut c, cfg);
@@ -244,7 +244,7 @@ fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
         ));
         return None;
     }
-    if WanConfig::by_name(variant).is_some() {
+    if catalog::variant(variant).is_some() {
         return Some(variant.to_ascii_lowercase());
     }
     c.problem(
@@ -252,7 +252,7 @@ fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
         format!("unknown variant `{variant}`"),
         format!(
             "use \"auto\" (detect from the file) or one of {}",
-            WanConfig::variant_names()
+            catalog::variant_names()
         ),
     );
     None

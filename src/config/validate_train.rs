@@ -7,10 +7,10 @@ use super::run::{
     StreamingMode, TimestepSampling,
 };
 use super::validate::Checker;
-use crate::train::memory_plan::DEFAULT_GPU_SLOTS;
-use crate::train::optimizer::AdamWConfig;
-use crate::train::schedule::POLYNOMIAL_LR_END;
-use crate::train::timesteps::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
+use crate::config::schedule::POLYNOMIAL_LR_END;
+use crate::config::training::{
+    AdamWConfig, TimestepConfig, DEFAULT_GPU_SLOTS, NUM_TRAIN_TIMESTEPS,
+};
 
 const GIB: f64 = (1u64 << 30) as f64;
 

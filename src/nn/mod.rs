@@ -9,9 +9,9 @@ pub mod fp8;
 pub mod init;
 pub mod linear;
 pub mod lora;
+pub mod driver;
 pub mod lora_file;
 pub mod norm;
 pub mod offload;
-#[cfg(test)]
-pub(crate) mod testing;
+pub mod testing;
 pub mod vb;

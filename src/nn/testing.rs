@@ -1,4 +1,4 @@
-//! Test helpers shared by the unit tests of the layers and the training step.
+//! Test helpers shared by the unit tests of the layers, the models and the training step (in every crate).
 
 use std::collections::HashMap;
 

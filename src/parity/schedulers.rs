@@ -189,23 +189,10 @@ fn loop_rows(
     Ok(rows)
 }
 
-/// The directory of fixture case `case`: `<crate>/../shared/fixtures/wan/<case>` (the main checkout), or
-/// `<crate>/../../shared/...` when the crate is a worktree one level deeper.
-#[cfg(test)]
-pub(crate) fn fixture_case(case: &str) -> std::path::PathBuf {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let main = root.join("../shared/fixtures/wan").join(case);
-    if main.exists() {
-        main
-    } else {
-        root.join("../../shared/fixtures/wan").join(case)
-    }
-}
-
 /// Checks a fixture case and asserts every row passed, printing the rows.
 #[cfg(test)]
 pub(crate) fn assert_case_passes(case: &str) -> anyhow::Result<Vec<ParityRow>> {
-    let rows = super::check_fixture(&fixture_case(case))?;
+    let rows = super::check_fixture(&crate::models::fixtures::wan_case(case))?;
     for row in &rows {
         println!("{row}");
     }

@@ -21,7 +21,7 @@ use crate::protocol::StartRun;
 use crate::train::trainer::Trainer;
 
 fn fixture(case: &str) -> PathBuf {
-    crate::parity::schedulers::fixture_case(case).join("weights.safetensors")
+    crate::models::fixtures::wan_case(case).join("weights.safetensors")
 }
 
 struct Models {

@@ -17,7 +17,7 @@ use crate::nn::lora::Lora;
 use crate::nn::vb::Vb;
 
 fn fixture(case: &str) -> PathBuf {
-    crate::parity::schedulers::fixture_case(case).join("weights.safetensors")
+    crate::models::fixtures::wan_case(case).join("weights.safetensors")
 }
 
 fn tiny_dit() -> anyhow::Result<WanModel> {

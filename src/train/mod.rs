@@ -14,12 +14,14 @@ pub mod prompts;
 pub mod sample_models;
 pub mod sampler;
 pub mod samples;
-pub mod schedule;
+
 pub mod setup;
 pub mod start_image;
 pub mod step;
 pub mod timesteps;
 pub mod trainer;
 
+#[cfg(test)]
+mod streaming_tests;
 #[cfg(test)]
 mod tests;

@@ -6,35 +6,13 @@ use std::collections::HashMap;
 
 use candle_core::{bail, DType, Device, Result, Tensor, Var};
 
+use crate::config::training::AdamWConfig;
+
 /// Added to the norm before dividing, as `torch.nn.utils.clip_grad_norm_` does.
 const CLIP_EPS: f64 = 1e-6;
 
 /// Name of the step-count tensor in an exported state.
 pub const STEP_KEY: &str = "step";
-
-/// AdamW hyper-parameters (the learning rate comes with each step, from the schedule).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct AdamWConfig {
-    pub beta1: f64,
-    pub beta2: f64,
-    pub eps: f64,
-    pub weight_decay: f64,
-    /// Clip gradients to this global L2 norm before the update; `None` never clips.
-    pub max_grad_norm: Option<f64>,
-}
-
-impl Default for AdamWConfig {
-    /// torch.optim.AdamW's defaults, no clipping.
-    fn default() -> Self {
-        Self {
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
-            weight_decay: 0.01,
-            max_grad_norm: None,
-        }
-    }
-}
 
 /// What one `AdamW::step` did.
 #[derive(Debug, Clone, Copy, PartialEq)]

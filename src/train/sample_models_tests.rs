@@ -15,7 +15,7 @@ use crate::train::caching::{cache_latents, cache_text, CacheOptions, LatentEncod
 use crate::train::trainer::Trainer;
 
 fn fixture(case: &str) -> std::path::PathBuf {
-    crate::parity::schedulers::fixture_case(case).join("weights.safetensors")
+    crate::models::fixtures::wan_case(case).join("weights.safetensors")
 }
 
 /// One captioned image, cached with the fixture VAE and umT5.

@@ -41,7 +41,7 @@ const DEMO_BASE_SEED: u64 = 2024;
 pub fn cuda_device_count() -> usize {
     #[cfg(feature = "cuda")]
     {
-        if crate::platform::nvidia_driver_missing().is_some() {
+        if crate::nn::driver::nvidia_driver_missing().is_some() {
             return 0;
         }
         (0..16).take_while(|&i| Device::new_cuda(i).is_ok()).count()
@@ -56,7 +56,7 @@ fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     match plan.device {
         PlanDevice::Cpu => Ok(Device::Cpu),
         PlanDevice::Cuda(i) => {
-            if let Some(why) = crate::platform::nvidia_driver_missing() {
+            if let Some(why) = crate::nn::driver::nvidia_driver_missing() {
                 anyhow::bail!("cannot open CUDA device {i}: {why}");
             }
             Device::new_cuda(i).with_context(|| {
@@ -163,7 +163,7 @@ fn streaming_for(
     let streamed = streamed_blocks(cfg.num_layers, count, Placement::Spread);
     let offload = OffloadOptions {
         mode,
-        slots: memory_plan::DEFAULT_GPU_SLOTS,
+        slots: crate::config::training::DEFAULT_GPU_SLOTS,
         staging_slots: plan.memory.staging_slots.max(1),
         ..OffloadOptions::default()
     };

@@ -19,7 +19,7 @@ use crate::train::clip::{generate_clip_from, Conditioning};
 use crate::train::generate::{generate_from, Experts, GenerateRequest, Solver};
 
 fn fixture(case: &str) -> PathBuf {
-    crate::parity::schedulers::fixture_case(case).join("weights.safetensors")
+    crate::models::fixtures::wan_case(case).join("weights.safetensors")
 }
 
 fn decoder(case: &str) -> anyhow::Result<VaeDecoder> {

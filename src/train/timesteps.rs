@@ -17,50 +17,13 @@ use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
 use crate::config::run::{TimestepSampling, WeightingScheme};
-
-/// Timesteps of the training schedule (musubi's `FlowMatchDiscreteScheduler(num_train_timesteps=1000)`).
-pub const NUM_TRAIN_TIMESTEPS: usize = 1000;
+use crate::config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
 
 /// Mean and standard deviation of the second logSNR component of `qinglong` sampling.
 const QINGLONG_LOGSNR2: (f64, f64) = (5.36, 1.0);
 
 /// Tries per sample before `preserve_distribution_shape` falls back to scaling.
 const MAX_REJECTION_TRIES: usize = 1000;
-
-/// Resolved timestep-sampling settings (from `[training]`).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct TimestepConfig {
-    pub sampling: TimestepSampling,
-    /// Shift of the `shift` mode: t ↦ s·t / (1 + (s − 1)·t).
-    pub discrete_flow_shift: f64,
-    /// Scale of the normal before the sigmoid (`sigmoid`, `shift`, `qinglong`).
-    pub sigmoid_scale: f64,
-    /// logSNR normal of `logsnr` / `qinglong`.
-    pub logit_mean: f64,
-    pub logit_std: f64,
-    /// Range in timestep units, 0 ≤ min < max ≤ 1000.
-    pub min_timestep: f64,
-    pub max_timestep: f64,
-    /// Reject draws outside the range instead of scaling [0, 1] onto it (not used by `sigma`).
-    pub preserve_distribution_shape: bool,
-    pub weighting: WeightingScheme,
-}
-
-impl Default for TimestepConfig {
-    fn default() -> Self {
-        Self {
-            sampling: TimestepSampling::Shift,
-            discrete_flow_shift: 3.0,
-            sigmoid_scale: 1.0,
-            logit_mean: 0.0,
-            logit_std: 1.0,
-            min_timestep: 0.0,
-            max_timestep: 1000.0,
-            preserve_distribution_shape: false,
-            weighting: WeightingScheme::None,
-        }
-    }
-}
 
 /// One sample's timestep.
 #[derive(Debug, Clone, Copy, PartialEq)]

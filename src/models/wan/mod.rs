@@ -4,6 +4,8 @@ pub mod block;
 pub mod clip;
 pub mod config;
 pub mod embeddings;
+#[cfg(test)]
+mod lora_tests;
 pub mod random;
 pub mod rope;
 pub mod text_encoder;

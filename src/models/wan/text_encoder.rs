@@ -512,7 +512,7 @@ mod tests {
     /// loaded through [`load_umt5`] and run: the output must equal the official `hidden`.
     #[test]
     fn hf_named_safetensors_load_and_match_the_fixture() -> anyhow::Result<()> {
-        let case = crate::parity::schedulers::fixture_case("umt5_tiny");
+        let case = crate::models::fixtures::wan_case("umt5_tiny");
         let weights =
             candle_core::safetensors::load(case.join("weights.safetensors"), &Device::Cpu)?;
         let inputs = candle_core::safetensors::load(case.join("inputs.safetensors"), &Device::Cpu)?;

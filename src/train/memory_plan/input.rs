@@ -4,7 +4,8 @@ use std::path::Path;
 
 use super::bytes::BaseFormat;
 use super::machine;
-use super::working_set::{DEFAULT_GPU_SLOTS, WORKING_SET};
+use super::working_set::WORKING_SET;
+use crate::config::training::DEFAULT_GPU_SLOTS;
 use super::{LoraShape, PlanError, PlanInput, StreamingSetup};
 use crate::config::plan::{PlanDevice, RunPlan};
 use crate::config::run::{DeviceSpec, RunConfig};

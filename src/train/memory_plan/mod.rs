@@ -22,7 +22,7 @@ pub use input::{
 };
 pub use working_set::{
     per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs, StepShape, WorkingSet,
-    CUDA_CONTEXT_BYTES, DEFAULT_GPU_SLOTS, POOL_FRAGMENTATION_MIN_BYTES,
+    CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
     POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 

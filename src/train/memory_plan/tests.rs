@@ -2,6 +2,7 @@ use candle_core::{DType, Device};
 
 use super::*;
 use crate::config::run::{AutoKeyword, Fp8ScaleMode};
+use crate::config::training::DEFAULT_GPU_SLOTS;
 use crate::models::wan::block::Block;
 use crate::models::wan::random::random_weights;
 use crate::models::wan::{Generation, ModelType, WanModel};

@@ -281,6 +281,6 @@ fn decode_reference(s: &str) -> Option<(String, usize)> {
 #[path = "tokenizer_tests.rs"]
 mod tests;
 
-#[cfg(test)]
+/// Test support for every crate: a tiny tokenizer written in code.
 #[path = "tokenizer_testkit.rs"]
-pub(crate) mod testkit;
+pub mod testkit;

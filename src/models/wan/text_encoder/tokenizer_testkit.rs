@@ -11,7 +11,7 @@ use tokenizers::processors::template::TemplateProcessing;
 use tokenizers::{AddedToken, Tokenizer};
 
 /// Whole-word pieces of the tiny vocabulary (after the specials and the single characters).
-pub(crate) const WORDS: [&str; 22] = [
+pub const WORDS: [&str; 22] = [
     "▁a",
     "▁red",
     "▁blue",
@@ -37,7 +37,7 @@ pub(crate) const WORDS: [&str; 22] = [
 ];
 
 /// The tiny tokenizer.
-pub(crate) fn tiny_tokenizer() -> anyhow::Result<Tokenizer> {
+pub fn tiny_tokenizer() -> anyhow::Result<Tokenizer> {
     let mut vocab: Vec<(String, f64)> = ["<pad>", "</s>", "<unk>"]
         .iter()
         .map(|s| (s.to_string(), 0.0))
@@ -71,7 +71,7 @@ pub(crate) fn tiny_tokenizer() -> anyhow::Result<Tokenizer> {
 }
 
 /// Saves the tiny tokenizer as `tokenizer.json` at `path`.
-pub(crate) fn write_tiny_tokenizer(path: &Path) -> anyhow::Result<()> {
+pub fn write_tiny_tokenizer(path: &Path) -> anyhow::Result<()> {
     tiny_tokenizer()?
         .save(path, false)
         .map_err(anyhow::Error::msg)

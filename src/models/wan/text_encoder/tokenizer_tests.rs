@@ -95,7 +95,7 @@ fn a_missing_or_foreign_tokenizer_says_what_to_do() -> anyhow::Result<()> {
 }
 
 fn umt5_fixture() -> PathBuf {
-    crate::parity::schedulers::fixture_case("umt5_tiny").join("weights.safetensors")
+    crate::models::fixtures::wan_case("umt5_tiny").join("weights.safetensors")
 }
 
 #[test]

@@ -357,7 +357,7 @@ mod tests {
     #[test]
     fn fixture_weights_load_and_a_size_mismatch_names_the_file() -> anyhow::Result<()> {
         let path =
-            crate::parity::schedulers::fixture_case("wan21_vae_tiny").join("weights.safetensors");
+            crate::models::fixtures::wan_case("wan21_vae_tiny").join("weights.safetensors");
         let tiny = VaeConfig {
             dim: 8,
             dec_dim: 8,

@@ -160,7 +160,7 @@ mod tests {
     use super::*;
 
     fn fixture_config(case: &str) -> anyhow::Result<(HashMap<String, Tensor>, VaeConfig)> {
-        let dir = crate::parity::schedulers::fixture_case(case);
+        let dir = crate::models::fixtures::wan_case(case);
         let tensors =
             candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
         let json: serde_json::Value =
@@ -203,7 +203,7 @@ mod tests {
             assert_eq!(vae_config_from_tensors(&tensors), Some(expected), "{case}");
         }
         let path =
-            crate::parity::schedulers::fixture_case("wan22_vae_tiny").join("weights.safetensors");
+            crate::models::fixtures::wan_case("wan22_vae_tiny").join("weights.safetensors");
         let vae = load_vae_auto(&path, DType::F32, &Device::Cpu)?;
         assert_eq!((vae.config().dec_dim, vae.config().z_dim), (12, 48));
         Ok(())
@@ -218,7 +218,7 @@ mod tests {
 
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("t5.safetensors");
-        let t5 = crate::parity::schedulers::fixture_case("umt5_tiny").join("weights.safetensors");
+        let t5 = crate::models::fixtures::wan_case("umt5_tiny").join("weights.safetensors");
         std::fs::copy(t5, &path)?;
         let msg = load_vae_auto(&path, DType::F32, &Device::Cpu)
             .err()

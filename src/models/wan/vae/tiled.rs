@@ -201,7 +201,7 @@ mod tests {
     /// attention output projection zeroed (its official initial value). Tiling is then exact, so any error in
     /// tile placement, scaling or blending shows up.
     fn pointwise_vae() -> anyhow::Result<WanVae> {
-        let dir = crate::parity::schedulers::fixture_case("wan21_vae_tiny");
+        let dir = crate::models::fixtures::wan_case("wan21_vae_tiny");
         let mut weights =
             candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
         for (key, w) in weights.iter_mut() {

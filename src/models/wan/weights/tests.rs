@@ -1,6 +1,5 @@
 //! Layout detection and loading, on tiny checkpoints written into temporary folders, and on the official fixtures.
 
-use std::path::Path;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
@@ -369,22 +368,8 @@ fn unused_extra_tensors_are_noted() -> Result<()> {
     Ok(())
 }
 
-/// The fixtures beside the checkout (`../shared`), or two levels up when the checkout is a worktree under
-/// `wt/<name>`.
-fn fixture_dir() -> &'static Path {
-    let beside = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/wan"
-    ));
-    let above = Path::new(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../shared/fixtures/wan"
-    ));
-    if beside.is_dir() || !above.is_dir() {
-        beside
-    } else {
-        above
-    }
+fn fixture_dir() -> std::path::PathBuf {
+    crate::models::fixtures::family_dir("wan")
 }
 
 #[test]
