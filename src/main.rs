@@ -2,12 +2,13 @@
 //! that wires the app and the engine together.
 
 mod cli;
+mod platform;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use framesmith::config::{presets, RunConfig};
+use framesmith_config::{presets, RunConfig};
 
 #[derive(Parser)]
 #[command(
@@ -93,7 +94,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         None => {
-            let detached = cli.screenshot.is_none() && framesmith::platform::release_own_console();
+            let detached = cli.screenshot.is_none() && platform::release_own_console();
             open_app(cli.screenshot, cli.run).inspect_err(|err| {
                 if detached {
                     show_startup_error(err);
@@ -131,14 +132,14 @@ fn main() -> ExitCode {
 #[cfg(feature = "gui")]
 fn open_app(screenshot: Option<PathBuf>, run: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
-    if let Some(why) = framesmith::app::display_missing() {
+    if let Some(why) = framesmith_app::display_missing() {
         anyhow::bail!(why);
     }
-    let options = framesmith::app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
+    let options = framesmith_app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
     match (screenshot, run) {
-        (Some(path), Some(run)) => framesmith::app::screenshot_of_run(options, &path, &run)?,
-        (Some(path), None) => framesmith::app::screenshot_with(options, &path)?,
-        (None, _) => framesmith::app::run_app(options)?,
+        (Some(path), Some(run)) => framesmith_app::screenshot_of_run(options, &path, &run)?,
+        (Some(path), None) => framesmith_app::screenshot_with(options, &path)?,
+        (None, _) => framesmith_app::run_app(options)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -231,14 +232,14 @@ fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {
 
 /// Says what any model file is; fails only when it is not a model Framesmith can name.
 fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let report = framesmith::models::wan::weights::identify(path)?;
+    let report = framesmith_models::wan::weights::identify(path)?;
     println!("{report}");
     Ok(ExitCode::SUCCESS)
 }
 
 fn dataset_check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let options = framesmith::data::ScanOptions::locate();
-    let report = framesmith::data::check_path(path, &options)?;
+    let options = framesmith_data::ScanOptions::locate();
+    let report = framesmith_data::check_path(path, &options)?;
     print!("{report}");
     Ok(if report.is_ok() {
         ExitCode::SUCCESS
@@ -251,7 +252,7 @@ fn check_parity(dirs: &[PathBuf]) -> anyhow::Result<ExitCode> {
     let (mut passed, mut failed) = (0usize, 0usize);
     for dir in dirs {
         println!("{}", dir.display());
-        match framesmith::parity::check_fixture(dir) {
+        match framesmith_engine::parity::check_fixture(dir) {
             Ok(rows) => {
                 for row in rows {
                     println!("  {row}");

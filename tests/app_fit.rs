@@ -14,8 +14,8 @@ use std::sync::Arc;
 use app_support::{harness, harness_with, png, settle, Dropped, FakeBackend};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
-use framesmith::app::{staged_events, AppOptions, FramesmithApp};
-use framesmith::protocol::memory::Verdict;
+use framesmith_app::{staged_events, AppOptions, FramesmithApp};
+use framesmith_config::protocol::memory::Verdict;
 
 /// The app with the real backend, opened on a run config naming the 14B model and a VRAM budget.
 fn real_app_on(dir: &Path, budget_gb: f64) -> Harness<'static, FramesmithApp> {

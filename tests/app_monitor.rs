@@ -5,9 +5,9 @@ mod app_support;
 
 use app_support::{harness_with, settle, FakeBackend};
 use egui_kittest::kittest::Queryable;
-use framesmith::app::{AppOptions, TelemetrySource};
-use framesmith::protocol::{Command, Event, Progress, RunState};
-use framesmith::telemetry::{GpuSample, History, Sample, SharedMemorySample};
+use framesmith_app::{AppOptions, TelemetrySource};
+use framesmith_config::protocol::{Command, Event, Progress, RunState};
+use framesmith_telemetry::{GpuSample, History, Sample, SharedMemorySample};
 
 const GIB: u64 = 1 << 30;
 
@@ -99,10 +99,10 @@ const SPILL_WARNING: &str = "The driver is spilling VRAM into shared memory: VRA
 /// Starts a run (with `preset` clicked first, if any), then reports steps that slow down threefold. Returns the
 /// commands the app sent after `StartRun`.
 fn run_that_slows_down(
-    h: &mut egui_kittest::Harness<'static, framesmith::app::FramesmithApp>,
+    h: &mut egui_kittest::Harness<'static, framesmith_app::FramesmithApp>,
     backend: &FakeBackend,
     preset: Option<&str>,
-) -> Result<(framesmith::protocol::EngineEnd, Vec<Command>), std::sync::mpsc::SendError<Event>> {
+) -> Result<(framesmith_config::protocol::EngineEnd, Vec<Command>), std::sync::mpsc::SendError<Event>> {
     if let Some(preset) = preset {
         h.get_by_label("Config").click();
         settle(h);

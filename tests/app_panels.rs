@@ -12,8 +12,8 @@ use app_support::{
     RANK_REASON, STREAMING_REASON,
 };
 use egui_kittest::kittest::Queryable;
-use framesmith::config::run::StreamingMode;
-use framesmith::protocol::{Command, Event, Progress, RunState};
+use framesmith_config::run::StreamingMode;
+use framesmith_config::protocol::{Command, Event, Progress, RunState};
 
 fn progress(step: usize, eta_secs: f64) -> Event {
     Event::Progress(Progress {
@@ -30,8 +30,8 @@ fn progress(step: usize, eta_secs: f64) -> Event {
 
 fn start_run(
     backend: &FakeBackend,
-    h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>,
-) -> framesmith::protocol::EngineEnd {
+    h: &mut egui_kittest::Harness<'_, framesmith_app::FramesmithApp>,
+) -> framesmith_config::protocol::EngineEnd {
     h.get_by_label("Train").click();
     settle(h);
     h.get_by_label("Start").click();
@@ -380,8 +380,8 @@ fn player_steps_frames_of_a_sample() {
 /// A run the fake engine reports training.
 fn training(
     backend: &FakeBackend,
-    h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>,
-) -> framesmith::protocol::EngineEnd {
+    h: &mut egui_kittest::Harness<'_, framesmith_app::FramesmithApp>,
+) -> framesmith_config::protocol::EngineEnd {
     let engine = start_run(backend, h);
     assert!(matches!(
         engine.commands.try_recv(),
@@ -395,7 +395,7 @@ fn training(
     engine
 }
 
-fn request_close(h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>) {
+fn request_close(h: &mut egui_kittest::Harness<'_, framesmith_app::FramesmithApp>) {
     h.input_mut()
         .viewports
         .entry(egui::ViewportId::ROOT)
@@ -406,7 +406,7 @@ fn request_close(h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithAp
 }
 
 /// Steps a few frames; whether any of them told the window to close.
-fn closes(h: &mut egui_kittest::Harness<'_, framesmith::app::FramesmithApp>) -> bool {
+fn closes(h: &mut egui_kittest::Harness<'_, framesmith_app::FramesmithApp>) -> bool {
     (0..4).any(|_| {
         h.step();
         h.output()

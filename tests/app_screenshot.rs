@@ -17,7 +17,7 @@ fn main() {
     let dir = tempfile::tempdir().expect("temp dir");
     let path = std::env::var_os("APP_SCREENSHOT_PATH")
         .map_or_else(|| dir.path().join("framesmith.png"), Into::into);
-    if let Err(err) = framesmith::app::screenshot(&path) {
+    if let Err(err) = framesmith_app::screenshot(&path) {
         panic!("screenshot failed: {err:#}");
     }
     check_not_blank(&path);

@@ -6,7 +6,7 @@ mod app_support;
 
 use app_support::{can_render, check_snapshot, harness, settle, FakeBackend, PRESET};
 use egui_kittest::kittest::Queryable;
-use framesmith::app::staged_events;
+use framesmith_app::staged_events;
 
 #[test]
 fn train_tab_with_a_run_in_progress() {

@@ -3,7 +3,7 @@
 
 #[test]
 fn one_sample_reads_ram_and_each_gpu_or_says_why_not() {
-    let (sample, gpu_status) = framesmith::telemetry::sample_once();
+    let (sample, gpu_status) = framesmith_telemetry::sample_once();
     println!("{sample:#?}\nGPU status: {gpu_status:?}");
     assert!(sample.ram_total_bytes > 0);
     assert!(sample.ram_used_bytes <= sample.ram_total_bytes);

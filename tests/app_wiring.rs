@@ -13,9 +13,9 @@ use std::sync::Arc;
 use app_support::{harness_with, png, settle, Dropped};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
-use framesmith::app::{AppOptions, FramesmithApp};
-use framesmith::config::run::StreamingMode;
-use framesmith::protocol::RunState;
+use framesmith_app::{AppOptions, FramesmithApp};
+use framesmith_config::run::StreamingMode;
+use framesmith_config::protocol::RunState;
 
 fn harness() -> Harness<'static, FramesmithApp> {
     let backend = gui::EngineBackend::new()

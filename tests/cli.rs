@@ -215,7 +215,7 @@ fn a_vae_pickle_the_reader_cannot_read_is_explained_once_without_a_backtrace() {
     .expect("write");
     let vae = concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/src/models/wan/vae/testdata/protocol4.pth"
+        "/crates/framesmith-models/src/wan/vae/testdata/protocol4.pth"
     );
     let args = [
         "cache",

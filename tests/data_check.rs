@@ -7,14 +7,14 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use framesmith::data::bucket::BucketSelector;
-use framesmith::data::config::DatasetConfig;
-use framesmith::data::frames::{select_frames, WAN_TARGET_FPS};
-use framesmith::data::media::MediaTools;
-use framesmith::data::probe::decode_video;
-use framesmith::data::report::{check_path, BucketKey};
-use framesmith::data::resize::resize_to_bucket;
-use framesmith::data::scan::ScanOptions;
+use framesmith_data::bucket::BucketSelector;
+use framesmith_data::config::DatasetConfig;
+use framesmith_data::frames::{select_frames, WAN_TARGET_FPS};
+use framesmith_data::media::MediaTools;
+use framesmith_data::probe::decode_video;
+use framesmith_data::report::{check_path, BucketKey};
+use framesmith_data::resize::resize_to_bucket;
+use framesmith_data::scan::ScanOptions;
 use image::RgbImage;
 
 fn tools() -> Option<MediaTools> {
@@ -43,7 +43,7 @@ fn write(path: &Path, bytes: &[u8]) {
     std::fs::write(path, bytes).unwrap();
 }
 
-fn problems_text(report: &framesmith::data::report::DatasetReport) -> Vec<String> {
+fn problems_text(report: &framesmith_data::report::DatasetReport) -> Vec<String> {
     report.problems.iter().map(ToString::to_string).collect()
 }
 

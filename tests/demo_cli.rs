@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use candle_core::Device;
-use framesmith::nn::lora_file::LoraFile;
+use framesmith_nn::lora_file::LoraFile;
 
 fn framesmith() -> Command {
     Command::new(env!("CARGO_BIN_EXE_framesmith"))
@@ -164,8 +164,8 @@ fn killed_during_checkpoints_leaves_them_loadable() {
 fn ctrl_c_stops_saves_and_says_how_to_resume() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let mut config = framesmith::config::presets::builtin("demo-cpu")
-        .and_then(|p| p.apply(&framesmith::config::RunConfig::default()))
+    let mut config = framesmith_config::presets::builtin("demo-cpu")
+        .and_then(|p| p.apply(&framesmith_config::RunConfig::default()))
         .unwrap()
         .config;
     config.dataset.synthetic = true;
@@ -218,7 +218,7 @@ fn ctrl_c_stops_saves_and_says_how_to_resume() {
     let state = std::path::PathBuf::from(hint.rsplit_once(" --resume ").unwrap().1);
 
     // The state and the final LoRA are at the same step, and both load.
-    let record = framesmith::config::outputs::StateRecord::read(&state).unwrap();
+    let record = framesmith_config::outputs::StateRecord::read(&state).unwrap();
     assert!(record.step >= 1 && record.step < 100_000);
     let lora = LoraFile::load(
         &out.join("demo-lora.safetensors"),

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, SystemTime};
 
-use framesmith::config::{presets, RunConfig};
-use framesmith::protocol::{Command, Event, RunState, StartRun};
+use framesmith_config::{presets, RunConfig};
+use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 
 /// Generous: only reached when the engine is stuck.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -50,7 +50,7 @@ fn wait_for(events: &Receiver<Event>, what: &str, pred: impl Fn(&Event) -> bool)
 #[test]
 fn pause_save_resume_stop() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = framesmith::train::engine::spawn().expect("engine");
+    let engine = framesmith_engine::train::engine::spawn().expect("engine");
     engine
         .commands
         .send(start(demo_config(dir.path(), 100_000)))
@@ -101,7 +101,7 @@ fn pause_save_resume_stop() {
 #[test]
 fn a_failed_run_reports_and_the_engine_takes_the_next() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let engine = framesmith::train::engine::spawn().expect("engine");
+    let engine = framesmith_engine::train::engine::spawn().expect("engine");
     let mut bad = demo_config(dir.path(), 5);
     bad.lora.rank = 0;
     bad.optimizer.learning_rate = -1.0;
@@ -151,7 +151,7 @@ fn reuse_config(out: &Path, steps: usize, save_every: usize) -> RunConfig {
 
 /// Runs one config on `engine` to its end: the final state and, for a failure, its message.
 fn run(
-    engine: &framesmith::protocol::EngineHandle,
+    engine: &framesmith_config::protocol::EngineHandle,
     config: RunConfig,
     resume_from: Option<PathBuf>,
 ) -> (RunState, String) {
@@ -210,14 +210,14 @@ fn metric_steps(metrics: &Path) -> Vec<u64> {
 }
 
 fn state_steps(dir: &Path) -> Vec<usize> {
-    framesmith::config::outputs::states_in(dir, Some("reuse"))
+    framesmith_config::outputs::states_in(dir, Some("reuse"))
         .into_iter()
         .map(|s| s.step)
         .collect()
 }
 
 fn lora_steps(path: &Path) -> String {
-    let lora = framesmith::nn::lora_file::LoraFile::load(path, &candle_core::Device::Cpu).unwrap();
+    let lora = framesmith_nn::lora_file::LoraFile::load(path, &candle_core::Device::Cpu).unwrap();
     lora.metadata["ss_steps"].clone()
 }
 
@@ -225,7 +225,7 @@ fn lora_steps(path: &Path) -> String {
 fn a_second_run_into_the_same_folder_keeps_the_first_and_its_own_states() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let engine = framesmith::train::engine::spawn().unwrap();
+    let engine = framesmith_engine::train::engine::spawn().unwrap();
 
     let first = reuse_config(&out, 8, 2);
     assert_eq!(run(&engine, first.clone(), None).0, RunState::Finished);
@@ -291,7 +291,7 @@ fn a_second_run_into_the_same_folder_keeps_the_first_and_its_own_states() {
 fn a_resume_after_a_stop_rewrites_the_steps_after_the_state_once() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("out");
-    let engine = framesmith::train::engine::spawn().unwrap();
+    let engine = framesmith_engine::train::engine::spawn().unwrap();
     assert_eq!(
         run(&engine, reuse_config(&out, 6, 3), None).0,
         RunState::Finished

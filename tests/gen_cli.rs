@@ -203,7 +203,7 @@ fn generate_writes_a_deterministic_clip() {
         (0..5).any(|i| frame(&a, i) != frame(&c, i)),
         "the LoRA changes nothing"
     );
-    if let Ok(tools) = framesmith::data::media::MediaTools::locate() {
+    if let Ok(tools) = framesmith_data::media::MediaTools::locate() {
         let info = tools.probe(&a).expect("ffprobe reads the clip");
         assert_eq!((info.width, info.height, info.frame_count), (32, 48, 5));
     }

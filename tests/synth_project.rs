@@ -6,19 +6,19 @@
 use std::time::Duration;
 
 use candle_core::{DType, Device};
-use framesmith::bench::synth::{latent_shape, write_project, SynthProject};
-use framesmith::config::run::{BlocksToSwap, DeviceSpec};
-use framesmith::config::{validate, HostInfo, RunConfig};
-use framesmith::data::cache::{read_wan_latent_cache, read_wan_text_cache, text_cache_name};
-use framesmith::models::wan::WanConfig;
-use framesmith::protocol::{Command, Event, RunState, StartRun};
+use framesmith_bench::synth::{latent_shape, write_project, SynthProject};
+use framesmith_config::run::{BlocksToSwap, DeviceSpec};
+use framesmith_config::{validate, HostInfo, RunConfig};
+use framesmith_data::cache::{read_wan_latent_cache, read_wan_text_cache, text_cache_name};
+use framesmith_models::wan::WanConfig;
+use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 
 /// Generous: only reached when the engine is stuck.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn tiny(frames: usize, height: usize, width: usize) -> SynthProject {
     SynthProject {
-        cfg: framesmith::train::setup::demo_model_config(),
+        cfg: framesmith_engine::train::setup::demo_model_config(),
         frames,
         height,
         width,
@@ -53,12 +53,12 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
     let spec = tiny(5, 32, 48);
     let files = write_project(dir.path(), &spec).unwrap();
 
-    let report = framesmith::models::wan::weights::inspect(&files.dit).unwrap();
+    let report = framesmith_models::wan::weights::inspect(&files.dit).unwrap();
     assert_eq!(report.config.num_layers, spec.cfg.num_layers);
     assert_eq!(report.config.dim, spec.cfg.dim);
     assert_eq!(report.config.text_dim, spec.cfg.text_dim);
     assert_eq!(report.dtypes.keys().collect::<Vec<_>>(), ["BF16"]);
-    let loaded = framesmith::models::wan::weights::load(&files.dit, None, &Device::Cpu).unwrap();
+    let loaded = framesmith_models::wan::weights::load(&files.dit, None, &Device::Cpu).unwrap();
     let q = loaded.tensors["blocks.0.self_attn.q.weight"]
         .to_dtype(DType::F32)
         .unwrap();
@@ -87,8 +87,8 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
 
     // The grey stand-in clip and its caption make the dataset check clean, as real media would.
     assert!(dir.path().join("videos/synth_000.mp4").exists());
-    let options = framesmith::data::ScanOptions::locate();
-    let report = framesmith::data::check_path(&files.dataset, &options).unwrap();
+    let options = framesmith_data::ScanOptions::locate();
+    let report = framesmith_data::check_path(&files.dataset, &options).unwrap();
     assert!(report.is_ok(), "{report}");
 
     let text = std::fs::read_to_string(&files.run).unwrap();
@@ -120,7 +120,7 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
     validate(&fits, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
 
     config.training.device = DeviceSpec::Cpu;
-    let engine = framesmith::train::engine::spawn().unwrap();
+    let engine = framesmith_engine::train::engine::spawn().unwrap();
     engine
         .commands
         .send(Command::StartRun(Box::new(StartRun {

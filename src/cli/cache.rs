@@ -5,12 +5,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
-use framesmith::config::run::DeviceSpec;
-use framesmith::data::media::{MediaTools, FFMPEG_INSTALL_HINT};
-use framesmith::data::{load_valid, DatasetKind, ValidConfig};
-use framesmith::models::wan::text_encoder::TextEncoder;
-use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
-use framesmith::train::caching::{
+use framesmith_config::run::DeviceSpec;
+use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
+use framesmith_data::{load_valid, DatasetKind, ValidConfig};
+use framesmith_models::wan::text_encoder::TextEncoder;
+use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith_engine::train::caching::{
     cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ItemOutcome,
     LatentEncoder,
 };

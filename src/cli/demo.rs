@@ -11,19 +11,19 @@ use std::path::Path;
 
 use anyhow::Context;
 use candle_core::Device;
-use framesmith::config::presets;
-use framesmith::config::RunConfig;
-use framesmith::data::cache::{
+use framesmith_config::presets;
+use framesmith_config::RunConfig;
+use framesmith_data::cache::{
     text_cache_name, video_latent_cache_name, write_wan_latent_cache, write_wan_text_cache,
     LatentCacheMetadata, WanLatentCache, CACHE_FORMAT_VERSION, WAN_ARCHITECTURE,
 };
-use framesmith::data::frames::FrameWindow;
-use framesmith::demo;
-use framesmith::demo::shapes::{self, DemoClip};
-use framesmith::train::demo_setup::write_sample_prompts;
-use framesmith::train::samples::SAMPLE_FPS;
-use framesmith::train::setup::{demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
-use framesmith::video::encode::write_mp4;
+use framesmith_data::frames::FrameWindow;
+use framesmith_engine::demo;
+use framesmith_engine::demo::shapes::{self, DemoClip};
+use framesmith_engine::train::demo_setup::write_sample_prompts;
+use framesmith_engine::train::samples::SAMPLE_FPS;
+use framesmith_engine::train::setup::{demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
+use framesmith_data::video::encode::write_mp4;
 
 use super::run::{run_headless, RunSummary};
 

@@ -7,21 +7,21 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::{Args, ValueEnum};
-use framesmith::config::run::DeviceSpec;
-use framesmith::models::wan::clip::{load_clip_vision, ClipVisionConfig};
-use framesmith::models::wan::text_encoder::TextEncoder;
-use framesmith::models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
-use framesmith::models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
-use framesmith::nn::fp8::Fp8Scale;
-use framesmith::nn::lora_file::LoraFile;
-use framesmith::nn::vb::Vb;
-use framesmith::train::clip::{
+use framesmith_config::run::DeviceSpec;
+use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
+use framesmith_models::wan::text_encoder::TextEncoder;
+use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
+use framesmith_nn::fp8::Fp8Scale;
+use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::vb::Vb;
+use framesmith_engine::train::clip::{
     combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
     VaeDecoder, CLIP_FPS,
 };
-use framesmith::train::generate::{Experts, ImageConditioning, Solver};
-use framesmith::train::memory_plan::vae_for;
-use framesmith::train::start_image::{
+use framesmith_engine::train::generate::{Experts, ImageConditioning, Solver};
+use framesmith_engine::train::memory_plan::vae_for;
+use framesmith_engine::train::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,
 };

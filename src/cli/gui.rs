@@ -1,15 +1,15 @@
 //! The GUI's `Backend`: connects the app (which never sees tensors) to the model inspector, the dataset checker,
-//! the presets, validation and the engine thread. Uses only `framesmith::` paths, so `tests/app_wiring.rs` can
+//! the presets, validation and the engine thread. Uses only the crates' own paths, so `tests/app_wiring.rs` can
 //! include this file as it is.
 
 use std::path::{Path, PathBuf};
 
-use framesmith::app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
-use framesmith::config::{presets, validate, HostInfo, RunConfig};
-use framesmith::data::config::DatasetKind;
-use framesmith::data::{check_path, DatasetReport, ScanOptions};
-use framesmith::protocol::memory::PlanReport;
-use framesmith::protocol::EngineHandle;
+use framesmith_app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
+use framesmith_config::{presets, validate, HostInfo, RunConfig};
+use framesmith_data::config::DatasetKind;
+use framesmith_data::{check_path, DatasetReport, ScanOptions};
+use framesmith_config::protocol::memory::PlanReport;
+use framesmith_config::protocol::EngineHandle;
 
 /// Where the GUI's demo project writes its outputs.
 pub const DEMO_DIR: &str = "framesmith-demo";
@@ -18,8 +18,8 @@ const DEMO_SAMPLE_EVERY_N_STEPS: usize = 100;
 
 /// Writes the start frames of the generated demo clips and the sample prompt file into `dir`; returns the file.
 fn write_demo_samples(dir: &Path, seed: u64) -> anyhow::Result<PathBuf> {
-    use framesmith::train::demo_setup::{write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
-    let clips = framesmith::demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);
+    use framesmith_engine::train::demo_setup::{write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
+    let clips = framesmith_engine::demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);
     write_sample_prompts(dir, &clips)
 }
 
@@ -40,7 +40,7 @@ impl EngineBackend {
 impl Backend for EngineBackend {
     fn inspect_model(&self, role: ModelRole, path: &Path) -> Result<String, String> {
         match role {
-            ModelRole::Dit => framesmith::models::wan::weights::inspect(path)
+            ModelRole::Dit => framesmith_models::wan::weights::inspect(path)
                 .map(|report| report.to_string())
                 .map_err(|err| format!("{err:#}")),
             // No VAE / umT5 inspector yet: say what is known without claiming the format is right.
@@ -48,7 +48,7 @@ impl Backend for EngineBackend {
                 .map(|meta| {
                     format!(
                         "{} (checked when the run loads it)",
-                        framesmith::app::format_bytes(meta.len())
+                        framesmith_app::format_bytes(meta.len())
                     )
                 })
                 .map_err(|err| format!("cannot read the file: {err}: {}", path.display())),
@@ -59,7 +59,7 @@ impl Backend for EngineBackend {
         let options = ScanOptions::locate();
         let mut summary = DatasetSummary {
             folders: folders.to_vec(),
-            thumbnails: framesmith::app::thumbnails(folders, framesmith::app::THUMBNAILS),
+            thumbnails: framesmith_app::thumbnails(folders, framesmith_app::THUMBNAILS),
             ..DatasetSummary::default()
         };
         for folder in folders {
@@ -98,7 +98,7 @@ impl Backend for EngineBackend {
 
     fn validate(&self, config: &RunConfig) -> Vec<FieldIssue> {
         // Validation runs on a job thread; counting CUDA devices there never stalls the UI.
-        let host = HostInfo::new(framesmith::train::setup::cuda_device_count());
+        let host = HostInfo::new(framesmith_engine::train::setup::cuda_device_count());
         match validate(config, &host) {
             Ok(_) => Vec::new(),
             Err(errors) => errors
@@ -118,7 +118,7 @@ impl Backend for EngineBackend {
         config: &RunConfig,
         dataset_toml: Option<&str>,
     ) -> Result<PlanReport, String> {
-        framesmith::train::memory_plan::plan_config(config, dataset_toml)
+        framesmith_engine::train::memory_plan::plan_config(config, dataset_toml)
             .map_err(|err| format!("{err:#}"))
     }
 
@@ -143,7 +143,7 @@ impl Backend for EngineBackend {
     }
 
     fn spawn_engine(&self) -> Result<EngineHandle, String> {
-        framesmith::train::engine::spawn()
+        framesmith_engine::train::engine::spawn()
             .map_err(|err| format!("cannot start the engine thread: {err}"))
     }
 }

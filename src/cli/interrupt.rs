@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
-use framesmith::protocol::Command;
+use framesmith_config::protocol::Command;
 
 /// The exit code of a process ended by a second interrupt (128 + SIGINT, as shells report it).
 pub const EXIT_INTERRUPTED: u8 = 130;

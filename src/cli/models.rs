@@ -6,7 +6,7 @@ use std::io::IsTerminal;
 use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::ValueEnum;
-use framesmith::config::run::DeviceSpec;
+use framesmith_config::run::DeviceSpec;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Floating-point dtype of model weights and activations.
@@ -21,13 +21,13 @@ pub enum DtypeArg {
 pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
     let ordinal = match spec {
         DeviceSpec::Cpu => return Ok(Device::Cpu),
-        DeviceSpec::Auto if framesmith::train::setup::cuda_device_count() == 0 => {
+        DeviceSpec::Auto if framesmith_engine::train::setup::cuda_device_count() == 0 => {
             return Ok(Device::Cpu)
         }
         DeviceSpec::Auto => 0,
         DeviceSpec::Cuda(i) => i,
     };
-    if let Some(why) = framesmith::nn::driver::nvidia_driver_missing() {
+    if let Some(why) = framesmith_nn::driver::nvidia_driver_missing() {
         anyhow::bail!("cannot open CUDA device {ordinal}: {why}");
     }
     Device::new_cuda(ordinal).with_context(|| {

@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
-use framesmith::config::run::{AutoKeyword, BlocksToSwap};
-use framesmith::config::{presets, RunConfig};
-use framesmith::protocol::memory::Verdict;
-use framesmith::train::memory_plan::{
+use framesmith_config::run::{AutoKeyword, BlocksToSwap};
+use framesmith_config::{presets, RunConfig};
+use framesmith_config::protocol::memory::Verdict;
+use framesmith_engine::train::memory_plan::{
     clip_for_config, model_for_config, plan, ClipShape, PlanInput,
 };
 use serde::de::DeserializeOwned;
@@ -32,14 +32,14 @@ pub struct PlanArgs {
     #[arg(long)]
     variant: Option<String>,
     /// Base weights: f32, bf16, f16 or fp8
-    #[arg(long, value_parser = config_value::<framesmith::config::run::BaseDtype>)]
-    base: Option<framesmith::config::run::BaseDtype>,
+    #[arg(long, value_parser = config_value::<framesmith_config::run::BaseDtype>)]
+    base: Option<framesmith_config::run::BaseDtype>,
     /// FP8 scales: tensor, channel or block64
-    #[arg(long, value_parser = config_value::<framesmith::config::run::Fp8ScaleMode>)]
-    fp8_scale: Option<framesmith::config::run::Fp8ScaleMode>,
+    #[arg(long, value_parser = config_value::<framesmith_config::run::Fp8ScaleMode>)]
+    fp8_scale: Option<framesmith_config::run::Fp8ScaleMode>,
     /// Residual stream: f32 or bf16
-    #[arg(long, value_parser = config_value::<framesmith::config::run::ResidualDtype>)]
-    residual: Option<framesmith::config::run::ResidualDtype>,
+    #[arg(long, value_parser = config_value::<framesmith_config::run::ResidualDtype>)]
+    residual: Option<framesmith_config::run::ResidualDtype>,
     /// Clip width in pixels (multiple of 16; 32 for ti2v-5b)
     #[arg(long)]
     width: Option<usize>,
@@ -56,17 +56,17 @@ pub struct PlanArgs {
     #[arg(long)]
     rank: Option<usize>,
     /// Block streaming: off, pinned or staged
-    #[arg(long, value_parser = config_value::<framesmith::config::run::StreamingMode>)]
-    streaming: Option<framesmith::config::run::StreamingMode>,
+    #[arg(long, value_parser = config_value::<framesmith_config::run::StreamingMode>)]
+    streaming: Option<framesmith_config::run::StreamingMode>,
     /// Blocks to stream: a count or `auto` (the fewest that fit the budget)
     #[arg(long, value_parser = blocks_value)]
     blocks_to_swap: Option<BlocksToSwap>,
     /// Saved block inputs: device or host
-    #[arg(long, value_parser = config_value::<framesmith::config::run::ActivationPlacement>)]
-    activations: Option<framesmith::config::run::ActivationPlacement>,
+    #[arg(long, value_parser = config_value::<framesmith_config::run::ActivationPlacement>)]
+    activations: Option<framesmith_config::run::ActivationPlacement>,
     /// What the step keeps from each block's forward: blocks (inputs only), attention or off (everything)
-    #[arg(long, value_parser = config_value::<framesmith::config::run::Checkpointing>)]
-    checkpointing: Option<framesmith::config::run::Checkpointing>,
+    #[arg(long, value_parser = config_value::<framesmith_config::run::Checkpointing>)]
+    checkpointing: Option<framesmith_config::run::Checkpointing>,
     /// Page-locked staging buffers of `staged` streaming
     #[arg(long)]
     staging_slots: Option<usize>,

@@ -6,10 +6,10 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
-use framesmith::config::RunConfig;
-use framesmith::protocol::{Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun};
+use framesmith_config::RunConfig;
+use framesmith_config::protocol::{Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun};
 #[cfg(feature = "telemetry")]
-use framesmith::telemetry::{detect_spill, Telemetry, TelemetryOptions};
+use framesmith_telemetry::{detect_spill, Telemetry, TelemetryOptions};
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// What a finished headless run produced.
@@ -53,7 +53,7 @@ pub type QueuedEnd = (PathBuf, Option<RunEnd>);
 
 /// Runs `config` to completion on a new engine thread; errors carry the engine's message.
 pub fn run_headless(config: RunConfig, resume_from: Option<PathBuf>) -> anyhow::Result<RunSummary> {
-    let engine = framesmith::train::engine::spawn().context("cannot start the engine thread")?;
+    let engine = framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
     let telemetry = spill_telemetry();
     match drive(&engine, config, resume_from, telemetry.as_ref())? {
         RunEnd::Finished(summary) | RunEnd::Stopped(summary) => Ok(summary),
@@ -70,7 +70,7 @@ pub fn run_queue(
     mut load: impl FnMut(&Path) -> anyhow::Result<RunConfig>,
     mut resume_from: Option<PathBuf>,
 ) -> anyhow::Result<Vec<QueuedEnd>> {
-    let engine = framesmith::train::engine::spawn().context("cannot start the engine thread")?;
+    let engine = framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
     let telemetry = spill_telemetry();
     let mut ends: Vec<QueuedEnd> = Vec::with_capacity(configs.len());
     let mut held = false;
@@ -373,7 +373,7 @@ impl Terminal {
 #[allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the test failing
 mod tests {
     use super::*;
-    use framesmith::config::presets;
+    use framesmith_config::presets;
 
     /// The demo model on generated data, a few steps on the CPU, the LoRA saved only at the end.
     fn tiny_demo(output: &Path, steps: usize) -> RunConfig {
@@ -440,7 +440,7 @@ mod tests {
     /// VRAM 97% full and shared memory growing by 500 MiB (as the app's Monitor test).
     #[cfg(feature = "telemetry")]
     fn spilling() -> Telemetry {
-        use framesmith::telemetry::{GpuSample, History, Sample, SharedMemorySample};
+        use framesmith_telemetry::{GpuSample, History, Sample, SharedMemorySample};
         let mut history = History::new(10);
         history.gpu_status = Ok(());
         history.shared_status = Ok(());
@@ -466,7 +466,7 @@ mod tests {
     /// (after a save naming a training state). Returns how the run ended and the commands after `StartRun`.
     #[cfg(feature = "telemetry")]
     fn spilling_run(guard: bool, end: RunState) -> (RunEnd, Vec<Command>) {
-        let (engine, end_of_engine) = framesmith::protocol::channel_pair();
+        let (engine, end_of_engine) = framesmith_config::protocol::channel_pair();
         for (step, step_secs) in SLOWING.into_iter().enumerate() {
             let progress = Progress {
                 step: step + 1,

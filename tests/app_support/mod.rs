@@ -9,13 +9,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use egui_kittest::Harness;
-use framesmith::app::{
+use framesmith_app::{
     scan_folders, AppOptions, Backend, DatasetSummary, FieldIssue, FramesmithApp, ModelRole,
     PresetView, Severity,
 };
-use framesmith::config::run::StreamingMode;
-use framesmith::config::RunConfig;
-use framesmith::protocol::{channel_pair, EngineEnd, EngineHandle};
+use framesmith_config::run::StreamingMode;
+use framesmith_config::RunConfig;
+use framesmith_config::protocol::{channel_pair, EngineEnd, EngineHandle};
 
 pub const PRESET: &str = "low-vram-windows";
 pub const STREAMING_REASON: &str = "stream weights through a small pinned ring";

@@ -19,7 +19,7 @@ import struct
 
 import numpy as np
 
-# Tiny config (ClipVisionConfig::tiny in src/models/wan/clip.rs).
+# Tiny config (ClipVisionConfig::tiny in crates/framesmith-models/src/wan/clip.rs).
 IMAGE = 28
 PATCH = 7
 DIM = 32

@@ -1,0 +1,152 @@
+//! What the app needs from the rest of Framesmith, as one small trait. `main.rs` implements it with the real
+//! modules (model inspector, dataset scanner, presets, validation, engine); tests implement it with fakes.
+//! Everything here is plain data: the app never sees tensors.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use framesmith_config::RunConfig;
+use framesmith_config::protocol::memory::PlanReport;
+use framesmith_config::protocol::EngineHandle;
+
+/// Which model file a slot holds.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize,
+)]
+pub enum ModelRole {
+    Dit,
+    Vae,
+    TextEncoder,
+}
+
+impl ModelRole {
+    pub const ALL: [Self; 3] = [Self::Dit, Self::Vae, Self::TextEncoder];
+
+    /// Name shown in the UI.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Dit => "DiT",
+            Self::Vae => "VAE",
+            Self::TextEncoder => "Text encoder",
+        }
+    }
+
+    /// The `RunConfig` key that holds this file's path.
+    pub fn config_key(self) -> &'static str {
+        match self {
+            Self::Dit => "model.dit",
+            Self::Vae => "model.vae",
+            Self::TextEncoder => "model.text_encoder",
+        }
+    }
+
+    /// Guesses the slot of a dropped file from its name (VAE and umT5 files say what they are).
+    pub fn guess(path: &Path) -> Self {
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().to_lowercase())
+            .unwrap_or_default();
+        if name.contains("vae") {
+            Self::Vae
+        } else if name.contains("t5") || name.contains("text_enc") || name.contains("clip") {
+            Self::TextEncoder
+        } else {
+            Self::Dit
+        }
+    }
+}
+
+/// A small RGBA preview image (row-major, 4 bytes per pixel).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Thumbnail {
+    pub path: PathBuf,
+    pub width: u32,
+    pub height: u32,
+    pub rgba: Vec<u8>,
+}
+
+/// What a dataset scan found in the dropped folders.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DatasetSummary {
+    pub folders: Vec<PathBuf>,
+    pub videos: usize,
+    pub images: usize,
+    pub captions: usize,
+    /// Media files with no caption file beside them.
+    pub missing_captions: Vec<PathBuf>,
+    /// Files that could not be read, each with the reason.
+    pub unreadable: Vec<(PathBuf, String)>,
+    /// (width, height) → number of items.
+    pub resolutions: BTreeMap<(u32, u32), usize>,
+    /// Shortest and longest video in frames (`None` when unknown or there are no videos).
+    pub frame_range: Option<(u32, u32)>,
+    /// Every other finding of the scanner, one line each (errors first).
+    pub problems: Vec<String>,
+    /// Which of the folders hold mostly videos (the rest are image folders).
+    pub video_folders: Vec<PathBuf>,
+    pub thumbnails: Vec<Thumbnail>,
+}
+
+/// A preset as the UI offers it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PresetView {
+    pub name: String,
+    /// One line shown on hover.
+    pub summary: String,
+    /// Why the preset sets each key (dotted `RunConfig` key → one line).
+    pub reasons: BTreeMap<String, String>,
+}
+
+/// How bad a validation finding is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Severity {
+    /// The run cannot start.
+    Error,
+    /// The run can start, but the user should know.
+    Warning,
+}
+
+/// One validation finding, attached to a dotted `RunConfig` key (`lora.rank`) or `""` for the whole config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FieldIssue {
+    pub key: String,
+    pub message: String,
+    pub severity: Severity,
+}
+
+/// Everything the app asks of the rest of Framesmith. Calls other than `presets` and `demo_project` run on
+/// background threads, so they may block (read files, open drivers) but must not panic.
+pub trait Backend: Send + Sync {
+    /// One line saying what the file is (variant, layout, dtype, FP8 scaling, size), or the loader's clear error.
+    fn inspect_model(&self, role: ModelRole, path: &Path) -> Result<String, String>;
+
+    /// Scans dataset folders (counts, captions, unreadable files, resolution and frame spread, thumbnails).
+    fn scan_dataset(&self, folders: &[PathBuf]) -> Result<DatasetSummary, String>;
+
+    /// The presets, in the order the UI shows them.
+    fn presets(&self) -> Vec<PresetView>;
+
+    /// `config` with the named preset applied on top.
+    fn apply_preset(&self, name: &str, config: &RunConfig) -> Result<RunConfig, String>;
+
+    /// Every problem in `config`, each attached to the key it concerns.
+    fn validate(&self, config: &RunConfig) -> Vec<FieldIssue>;
+
+    /// Peak VRAM and RAM of training `config` on this machine, and how many blocks to stream ("Will it fit?").
+    /// `dataset_toml` is the Project tab's dataset when the run will use it (`config` names no dataset file). May
+    /// read the DiT's header and the GPU's free memory.
+    fn plan_memory(
+        &self,
+        config: &RunConfig,
+        dataset_toml: Option<&str>,
+    ) -> Result<PlanReport, String> {
+        let _ = (config, dataset_toml);
+        Err("the memory planner is not connected".into())
+    }
+
+    /// The built-in demo project: trains at once with no downloads and no GPU.
+    fn demo_project(&self) -> RunConfig;
+
+    /// Starts the engine thread and returns the UI's end of its channels.
+    fn spawn_engine(&self) -> Result<EngineHandle, String>;
+}

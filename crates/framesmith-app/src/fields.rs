@@ -1,0 +1,410 @@
+//! Field lists: how each key of the run config and of a musubi-tuner dataset config is labelled and edited.
+//! Keys missing here still appear in the form (under "Other settings"), edited by their value type.
+
+use super::form::{FieldKind, FieldSpec};
+
+const fn field(key: &'static str, label: &'static str, kind: FieldKind) -> FieldSpec<'static> {
+    FieldSpec {
+        key,
+        label,
+        kind,
+        optional: false,
+        help: "",
+    }
+}
+
+const fn optional(key: &'static str, label: &'static str, kind: FieldKind) -> FieldSpec<'static> {
+    FieldSpec {
+        key,
+        label,
+        kind,
+        optional: true,
+        help: "",
+    }
+}
+
+const fn help(spec: FieldSpec<'static>, help: &'static str) -> FieldSpec<'static> {
+    FieldSpec { help, ..spec }
+}
+
+const DTYPES: &[&str] = &["f32", "bf16", "f16", "fp8"];
+const FP8_SCALES: &[&str] = &["tensor", "channel", "block64"];
+const RESIDUALS: &[&str] = &["f32", "bf16"];
+const SCHEDULERS: &[&str] = &[
+    "constant",
+    "constant_with_warmup",
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+];
+const TIMESTEPS: &[&str] = &[
+    "sigma",
+    "uniform",
+    "sigmoid",
+    "shift",
+    "logsnr",
+    "qinglong",
+    "qinglong_qwen",
+];
+const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
+const STREAMING: &[&str] = &["off", "pinned", "staged"];
+const PLACEMENTS: &[&str] = &["device", "host"];
+const CHECKPOINTING: &[&str] = &["blocks", "attention", "off"];
+const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
+const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
+
+/// A titled group of run-config fields.
+pub struct Section {
+    pub title: &'static str,
+    pub fields: &'static [FieldSpec<'static>],
+}
+
+/// Every run-config key, grouped as the form shows them.
+pub const RUN_SECTIONS: &[Section] = &[
+    Section {
+        title: "Model",
+        fields: &[
+            help(
+                field("model.demo", "Demo model", FieldKind::Bool),
+                "Train the built-in tiny model: no downloads, no GPU",
+            ),
+            field("model.dit", "DiT", FieldKind::Path),
+            field("model.vae", "VAE", FieldKind::Path),
+            field("model.text_encoder", "Text encoder", FieldKind::Path),
+            help(
+                field("model.variant", "Variant", FieldKind::Text),
+                "auto, t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b",
+            ),
+            field("model.base_dtype", "Base dtype", FieldKind::Choice(DTYPES)),
+            field(
+                "model.fp8_scale",
+                "FP8 scale",
+                FieldKind::Choice(FP8_SCALES),
+            ),
+            field(
+                "model.residual_dtype",
+                "Residual dtype",
+                FieldKind::Choice(RESIDUALS),
+            ),
+        ],
+    },
+    Section {
+        title: "Dataset",
+        fields: &[
+            help(
+                field("dataset.config", "Dataset config", FieldKind::Path),
+                "A musubi-tuner dataset TOML; left empty, the dataset built in the Project tab is used",
+            ),
+            help(
+                field("dataset.synthetic", "Synthetic data", FieldKind::Bool),
+                "Train on generated latents and text embeddings (the demo model, smoke tests)",
+            ),
+            help(
+                optional("dataset.resolution", "Resolution override", FieldKind::Ints),
+                "Width, height for every dataset",
+            ),
+            help(
+                optional(
+                    "dataset.target_frames",
+                    "Target frames override",
+                    FieldKind::Ints,
+                ),
+                "Frame counts for every video dataset, each 4k+1",
+            ),
+        ],
+    },
+    Section {
+        title: "LoRA",
+        fields: &[
+            field("lora.rank", "Rank", FieldKind::Int),
+            field("lora.alpha", "Alpha", FieldKind::Float),
+            field(
+                "lora.include_patterns",
+                "Include patterns",
+                FieldKind::Strings,
+            ),
+            field(
+                "lora.exclude_patterns",
+                "Exclude patterns",
+                FieldKind::Strings,
+            ),
+            optional("lora.init_from", "Start from LoRA", FieldKind::Path),
+        ],
+    },
+    Section {
+        title: "Optimizer",
+        fields: &[
+            field("optimizer.learning_rate", "Learning rate", FieldKind::Float),
+            field("optimizer.betas", "Betas", FieldKind::Floats),
+            field("optimizer.eps", "Epsilon", FieldKind::Float),
+            field("optimizer.weight_decay", "Weight decay", FieldKind::Float),
+            help(
+                field("optimizer.max_grad_norm", "Max grad norm", FieldKind::Float),
+                "0 disables clipping",
+            ),
+            field(
+                "optimizer.lr_scheduler",
+                "LR scheduler",
+                FieldKind::Choice(SCHEDULERS),
+            ),
+            field("optimizer.lr_warmup_steps", "Warmup steps", FieldKind::Int),
+            field(
+                "optimizer.lr_scheduler_num_cycles",
+                "Scheduler cycles",
+                FieldKind::Int,
+            ),
+            field(
+                "optimizer.lr_scheduler_power",
+                "Scheduler power",
+                FieldKind::Float,
+            ),
+        ],
+    },
+    Section {
+        title: "Training",
+        fields: &[
+            field("training.max_train_steps", "Max steps", FieldKind::Int),
+            help(
+                optional("training.max_train_epochs", "Max epochs", FieldKind::Int),
+                "Overrides max steps by whole epochs",
+            ),
+            field(
+                "training.gradient_accumulation_steps",
+                "Gradient accumulation",
+                FieldKind::Int,
+            ),
+            field("training.seed", "Seed", FieldKind::Int),
+            field(
+                "training.timestep_sampling",
+                "Timestep sampling",
+                FieldKind::Choice(TIMESTEPS),
+            ),
+            field(
+                "training.discrete_flow_shift",
+                "Flow shift",
+                FieldKind::Float,
+            ),
+            field("training.sigmoid_scale", "Sigmoid scale", FieldKind::Float),
+            field("training.min_timestep", "Min timestep", FieldKind::Float),
+            field("training.max_timestep", "Max timestep", FieldKind::Float),
+            field(
+                "training.weighting_scheme",
+                "Loss weighting",
+                FieldKind::Choice(WEIGHTINGS),
+            ),
+            help(
+                field("training.device", "Device", FieldKind::Text),
+                "auto (the first CUDA device, else the CPU), cpu, cuda or cuda:N",
+            ),
+            field("training.logit_mean", "LogSNR mean", FieldKind::Float),
+            field("training.logit_std", "LogSNR std", FieldKind::Float),
+            help(
+                field(
+                    "training.preserve_distribution_shape",
+                    "Preserve distribution shape",
+                    FieldKind::Bool,
+                ),
+                "Keep the timestep distribution's shape inside the range by rejection instead of scaling",
+            ),
+            help(
+                field(
+                    "training.max_consecutive_nonfinite",
+                    "Stop after non-finite steps",
+                    FieldKind::Int,
+                ),
+                "Stop the run after this many NaN/inf steps in a row",
+            ),
+        ],
+    },
+    Section {
+        title: "Memory",
+        fields: &[
+            field(
+                "memory.streaming",
+                "Streaming",
+                FieldKind::Choice(STREAMING),
+            ),
+            help(
+                field(
+                    "memory.blocks_to_swap",
+                    "Blocks to stream",
+                    FieldKind::IntOrAuto,
+                ),
+                "A count, or auto to let the planner pick",
+            ),
+            field(
+                "memory.activations",
+                "Activations",
+                FieldKind::Choice(PLACEMENTS),
+            ),
+            help(
+                field(
+                    "memory.checkpointing",
+                    "Checkpointing",
+                    FieldKind::Choice(CHECKPOINTING),
+                ),
+                "blocks: recompute each block in the backward (least memory); attention: also keep \
+                 self-attention outputs (faster, a few GB more); off: keep everything (fastest, most memory)",
+            ),
+            help(
+                optional(
+                    "memory.vram_budget_gb",
+                    "VRAM budget (GB)",
+                    FieldKind::Float,
+                ),
+                "Empty: the card's free memory minus headroom",
+            ),
+            field("memory.staging_slots", "Staging slots", FieldKind::Int),
+            help(
+                field(
+                    "memory.shared_memory_guard",
+                    "Shared-memory guard",
+                    FieldKind::Bool,
+                ),
+                "Warn and pause when Windows starts spilling into shared GPU memory",
+            ),
+        ],
+    },
+    Section {
+        title: "Output",
+        fields: &[
+            field("output.output_dir", "Output folder", FieldKind::Folder),
+            field("output.output_name", "Output name", FieldKind::Text),
+            optional(
+                "output.save_every_n_steps",
+                "Save every n steps",
+                FieldKind::Int,
+            ),
+            optional(
+                "output.save_every_n_epochs",
+                "Save every n epochs",
+                FieldKind::Int,
+            ),
+            field("output.save_state", "Save resumable state", FieldKind::Bool),
+            field(
+                "output.save_dtype",
+                "LoRA dtype",
+                FieldKind::Choice(SAVE_DTYPES),
+            ),
+        ],
+    },
+    Section {
+        title: "Sampling",
+        fields: &[
+            optional("sampling.prompts", "Sample prompts", FieldKind::Path),
+            optional(
+                "sampling.sample_every_n_steps",
+                "Sample every n steps",
+                FieldKind::Int,
+            ),
+            optional(
+                "sampling.sample_every_n_epochs",
+                "Sample every n epochs",
+                FieldKind::Int,
+            ),
+            field(
+                "sampling.sample_at_first",
+                "Sample before training",
+                FieldKind::Bool,
+            ),
+        ],
+    },
+];
+
+/// The spec of a run-config key, if the form knows it.
+pub fn run_field(key: &str) -> Option<&'static FieldSpec<'static>> {
+    RUN_SECTIONS
+        .iter()
+        .flat_map(|s| s.fields.iter())
+        .find(|f| f.key == key)
+}
+
+/// musubi-tuner `[general]` keys.
+pub const DATASET_GENERAL: &[FieldSpec<'static>] = &[
+    help(
+        optional("resolution", "Resolution", FieldKind::Ints),
+        "Width, height",
+    ),
+    optional("caption_extension", "Caption extension", FieldKind::Text),
+    optional("batch_size", "Batch size", FieldKind::Int),
+    optional("num_repeats", "Repeats", FieldKind::Int),
+    optional("enable_bucket", "Buckets", FieldKind::Bool),
+    optional(
+        "bucket_no_upscale",
+        "No upscale in buckets",
+        FieldKind::Bool,
+    ),
+];
+
+/// musubi-tuner `[[datasets]]` keys (each may also override a `[general]` key).
+pub const DATASET_ENTRY: &[FieldSpec<'static>] = &[
+    optional("image_directory", "Image folder", FieldKind::Folder),
+    optional("video_directory", "Video folder", FieldKind::Folder),
+    optional("cache_directory", "Cache folder", FieldKind::Folder),
+    optional("num_repeats", "Repeats", FieldKind::Int),
+    help(
+        optional("target_frames", "Target frames", FieldKind::Ints),
+        "Frame counts cut from each video, e.g. 1, 25, 45",
+    ),
+    optional(
+        "frame_extraction",
+        "Frame extraction",
+        FieldKind::Choice(FRAME_EXTRACTION),
+    ),
+    optional("frame_stride", "Frame stride", FieldKind::Int),
+    optional("frame_sample", "Frame samples", FieldKind::Int),
+    optional("max_frames", "Max frames", FieldKind::Int),
+    optional("source_fps", "Source fps", FieldKind::Float),
+    optional("resolution", "Resolution", FieldKind::Ints),
+    optional("batch_size", "Batch size", FieldKind::Int),
+];
+
+/// A form kind for a value whose key has no spec.
+pub fn kind_of_value(value: &toml::Value) -> FieldKind {
+    match value {
+        toml::Value::Boolean(_) => FieldKind::Bool,
+        toml::Value::Integer(_) => FieldKind::Int,
+        toml::Value::Float(_) => FieldKind::Float,
+        toml::Value::Array(items) => match items.first() {
+            Some(toml::Value::Integer(_)) => FieldKind::Ints,
+            Some(toml::Value::Float(_)) => FieldKind::Floats,
+            _ => FieldKind::Strings,
+        },
+        _ => FieldKind::Text,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::form::flatten;
+    use framesmith_config::RunConfig;
+
+    #[test]
+    fn every_default_key_has_a_field_and_every_field_is_a_key() {
+        let mut config = RunConfig::default();
+        // Fill the optional keys so that they appear in the serialized table.
+        config.training.max_train_epochs = Some(1);
+        config.memory.vram_budget_gb = Some(20.0);
+        config.output.save_every_n_steps = Some(100);
+        config.sampling.prompts = Some("p.txt".into());
+        config.sampling.sample_every_n_steps = Some(100);
+        config.sampling.sample_every_n_epochs = Some(1);
+        config.lora.init_from = Some("l.safetensors".into());
+        config.dataset.resolution = Some([832, 480]);
+        config.dataset.target_frames = Some(vec![1, 25]);
+        let table = crate::config_editor::to_table(&config);
+        let keys = flatten(&table);
+        for key in keys.keys().filter(|k| *k != "schema_version") {
+            assert!(run_field(key).is_some(), "no form field for {key}");
+        }
+        for field in RUN_SECTIONS.iter().flat_map(|s| s.fields.iter()) {
+            assert!(
+                keys.contains_key(field.key),
+                "{} is not a RunConfig key",
+                field.key
+            );
+        }
+    }
+}

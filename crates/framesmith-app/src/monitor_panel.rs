@@ -1,0 +1,189 @@
+//! The Monitor tab: VRAM, RAM and (on Windows) shared GPU memory charts from the telemetry history, per-GPU
+//! readings, and the spilling warning.
+
+use egui::{RichText, Ui};
+
+use framesmith_telemetry::{History, Sample, SpillWarning, Telemetry};
+
+use super::charts::{chart_ui, Series};
+use super::standalone::format_bytes;
+use super::theme;
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Draws the Monitor tab.
+pub fn monitor_ui(ui: &mut Ui, telemetry: Option<&Telemetry>, spill: Option<&SpillWarning>) {
+    if let Some(spill) = spill {
+        spill_banner_ui(ui, spill);
+    }
+    let Some(telemetry) = telemetry else {
+        ui.label("Telemetry is off in this session");
+        return;
+    };
+    telemetry.read(|history| {
+        gpu_ui(ui, history);
+        ui.separator();
+        ram_ui(ui, history);
+        ui.separator();
+        shared_ui(ui, history);
+    });
+}
+
+/// The red line shown when the driver spills; also used by the Train tab.
+pub fn spill_banner_ui(ui: &mut Ui, spill: &SpillWarning) {
+    egui::Frame::group(ui.style()).show(ui, |ui| {
+        ui.label(
+            RichText::new(spill.message())
+                .color(theme::WARNING)
+                .strong(),
+        );
+    });
+}
+
+/// x = seconds before the latest sample (negative), so the charts scroll.
+fn series(history: &History, value: impl Fn(&Sample) -> Option<f64>) -> Vec<[f64; 2]> {
+    let now = history.latest().map_or(0.0, |s| s.at_secs);
+    history
+        .iter()
+        .filter_map(|s| value(s).map(|v| [s.at_secs - now, v]))
+        .collect()
+}
+
+fn gpu_ui(ui: &mut Ui, history: &History) {
+    ui.heading("GPU");
+    if let Err(reason) = &history.gpu_status {
+        ui.label(format!("GPU charts are off: {reason}"));
+        return;
+    }
+    let Some(latest) = history.latest() else {
+        return;
+    };
+    let mut total_gib: f64 = 0.0;
+    for gpu in &latest.gpus {
+        total_gib = total_gib.max(gpu.memory_total_bytes as f64 / GIB);
+        let mut line = format!(
+            "GPU {} · {} · {} of {}",
+            gpu.index,
+            gpu.name,
+            format_bytes(gpu.memory_used_bytes),
+            format_bytes(gpu.memory_total_bytes)
+        );
+        if let Some(ours) = gpu.process_memory_bytes {
+            line += &format!(" (Framesmith {})", format_bytes(ours));
+        }
+        if let Some(util) = gpu.utilization_percent {
+            line += &format!(" · {util}% busy");
+        }
+        if let Some(temp) = gpu.temperature_celsius {
+            line += &format!(" · {temp} °C");
+        }
+        if let Some(watts) = gpu.power_watts {
+            line += &format!(" · {watts:.0} W");
+        }
+        if let (Some(tx), Some(rx)) = (gpu.pcie_tx_bytes_per_sec, gpu.pcie_rx_bytes_per_sec) {
+            line += &format!(
+                " · PCIe out {}/s, in {}/s",
+                format_bytes(tx),
+                format_bytes(rx)
+            );
+        }
+        ui.label(line);
+    }
+    // One used/ours pair of series per GPU would need owned names; the first GPU carries the chart and the
+    // rest are summed, which is what matters for "is memory full".
+    let used = series(history, |s| {
+        Some(
+            s.gpus
+                .iter()
+                .map(|g| g.memory_used_bytes as f64)
+                .sum::<f64>()
+                / GIB,
+        )
+    });
+    let ours = series(history, |s| {
+        let bytes: Option<u64> = s
+            .gpus
+            .iter()
+            .filter_map(|g| g.process_memory_bytes)
+            .reduce(|a, b| a + b);
+        bytes.map(|b| b as f64 / GIB)
+    });
+    let gpu_count = latest.gpus.len().max(1) as f64;
+    chart_ui(
+        ui,
+        "vram chart",
+        "VRAM (GiB)",
+        vec![
+            Series {
+                name: "VRAM used",
+                color: theme::VRAM,
+                points: used,
+            },
+            Series {
+                name: "Framesmith",
+                color: theme::VRAM_PROCESS,
+                points: ours,
+            },
+        ],
+        Some(total_gib * gpu_count),
+    );
+}
+
+fn ram_ui(ui: &mut Ui, history: &History) {
+    ui.heading("RAM");
+    let Some(latest) = history.latest() else {
+        ui.label("Waiting for the first sample");
+        return;
+    };
+    ui.label(format!(
+        "{} of {} used · Framesmith {}",
+        format_bytes(latest.ram_used_bytes),
+        format_bytes(latest.ram_total_bytes),
+        format_bytes(latest.process_resident_bytes)
+    ));
+    chart_ui(
+        ui,
+        "ram chart",
+        "RAM (GiB)",
+        vec![
+            Series {
+                name: "RAM used",
+                color: theme::RAM,
+                points: series(history, |s| Some(s.ram_used_bytes as f64 / GIB)),
+            },
+            Series {
+                name: "Framesmith resident",
+                color: theme::RAM_PROCESS,
+                points: series(history, |s| Some(s.process_resident_bytes as f64 / GIB)),
+            },
+        ],
+        Some(latest.ram_total_bytes as f64 / GIB),
+    );
+}
+
+fn shared_ui(ui: &mut Ui, history: &History) {
+    ui.heading("Shared GPU memory");
+    if let Err(reason) = &history.shared_status {
+        ui.label(RichText::new(format!("Not charted: {reason}")).color(theme::MUTED));
+        return;
+    }
+    ui.label("System RAM the Windows driver maps for the GPU; growth here while VRAM is full means spilling");
+    chart_ui(
+        ui,
+        "shared chart",
+        "Shared (GiB)",
+        vec![
+            Series {
+                name: "All processes",
+                color: theme::SHARED,
+                points: series(history, |s| s.shared.map(|m| m.adapter_bytes as f64 / GIB)),
+            },
+            Series {
+                name: "Framesmith",
+                color: theme::SHARED_PROCESS,
+                points: series(history, |s| s.shared.map(|m| m.process_bytes as f64 / GIB)),
+            },
+        ],
+        None,
+    );
+}

@@ -1,0 +1,149 @@
+//! A finished run read back from its output folder (`metrics.jsonl`, `samples/`, `run.toml`) as the events the
+//! engine sent while it ran, so `framesmith --screenshot shot.png --run DIR` shows a real run.
+
+use std::path::{Path, PathBuf};
+
+use framesmith_config::RunConfig;
+use framesmith_config::protocol::{Event, LogLevel, Progress, RunState};
+
+/// Weight of the newest loss in the smoothed loss (the engine's exponential moving average).
+const SMOOTHING: f64 = 0.05;
+
+/// The events of the run whose outputs are in `dir`: its progress, its samples, and its end.
+pub fn run_events(dir: &Path) -> Result<Vec<Event>, String> {
+    let config = RunConfig::load(&dir.join("run.toml")).map_err(|err| format!("{err:#}"))?;
+    let total_steps = config.training.max_train_steps;
+    let mut events = vec![
+        Event::Log {
+            level: LogLevel::Info,
+            message: format!("Replayed from {}", dir.display()),
+        },
+        Event::StateChanged(RunState::Training),
+    ];
+    events.extend(progress_events(&dir.join("metrics.jsonl"), total_steps)?);
+    let prompts = config
+        .sampling
+        .prompts
+        .as_deref()
+        .map(prompt_texts)
+        .unwrap_or_default();
+    events.extend(sample_events(&dir.join("samples"), &prompts)?);
+    events.push(Event::StateChanged(RunState::Finished));
+    Ok(events)
+}
+
+/// One `Progress` per line of `metrics.jsonl` with a finite loss.
+fn progress_events(metrics: &Path, total_steps: usize) -> Result<Vec<Event>, String> {
+    let text = std::fs::read_to_string(metrics)
+        .map_err(|err| format!("cannot read {}: {err}", metrics.display()))?;
+    let mut smoothed: Option<f64> = None;
+    let mut events = Vec::new();
+    for line in text.lines() {
+        let value: serde_json::Value =
+            serde_json::from_str(line).map_err(|err| format!("{err}: {}", metrics.display()))?;
+        let (Some(step), Some(loss)) = (value["step"].as_u64(), value["loss"].as_f64()) else {
+            continue;
+        };
+        let smooth = smoothed.map_or(loss, |s| (1.0 - SMOOTHING) * s + SMOOTHING * loss);
+        smoothed = Some(smooth);
+        let step = step as usize;
+        let step_secs = value["step_secs"].as_f64().unwrap_or(0.0);
+        events.push(Event::Progress(Progress {
+            step,
+            total_steps,
+            epoch: value["epoch"].as_u64().unwrap_or(1) as usize,
+            loss,
+            smoothed_loss: smooth,
+            learning_rate: value["lr"].as_f64().unwrap_or(0.0),
+            step_secs,
+            eta_secs: total_steps.saturating_sub(step) as f64 * step_secs,
+        }));
+    }
+    Ok(events)
+}
+
+/// The prompt text of each line of a musubi-tuner prompt file (before its ` --` options).
+fn prompt_texts(path: &Path) -> Vec<String> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| l.split(" --").next().unwrap_or_default().trim().to_string())
+        .collect()
+}
+
+/// A `SampleReady` for every `{step:06}-{prompt:02}` frames folder, by step.
+fn sample_events(samples: &Path, prompts: &[String]) -> Result<Vec<Event>, String> {
+    let entries = std::fs::read_dir(samples)
+        .map_err(|err| format!("cannot read {}: {err}", samples.display()))?;
+    let mut found: Vec<(usize, usize, PathBuf)> = entries
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.is_dir())
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?.to_string();
+            let (step, index) = name.split_once('-')?;
+            Some((step.parse().ok()?, index.parse().ok()?, p))
+        })
+        .collect();
+    found.sort();
+    Ok(found
+        .into_iter()
+        .map(|(step, index, frames_dir)| Event::SampleReady {
+            step,
+            video: frames_dir.with_extension("mp4"),
+            prompt: prompts
+                .get(index)
+                .cloned()
+                .unwrap_or_else(|| format!("prompt {index}")),
+            frames_dir,
+        })
+        .collect())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_folder_replays_as_its_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut config = RunConfig::default();
+        config.training.max_train_steps = 2;
+        config.sampling.prompts = Some(dir.path().join("prompts.txt"));
+        config.save(&dir.path().join("run.toml")).unwrap();
+        std::fs::write(
+            dir.path().join("prompts.txt"),
+            "a red dot --w 48 --i a.png\n",
+        )
+        .unwrap();
+        std::fs::write(
+            dir.path().join("metrics.jsonl"),
+            "{\"step\":1,\"epoch\":1,\"loss\":2.0,\"lr\":0.001,\"step_secs\":0.5}\n\
+             {\"step\":2,\"epoch\":1,\"loss\":1.0,\"lr\":0.001,\"step_secs\":0.5}\n",
+        )
+        .unwrap();
+        std::fs::create_dir_all(dir.path().join("samples/000002-00")).unwrap();
+        let events = run_events(dir.path()).unwrap();
+        let progress: Vec<&Progress> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Progress(p) => Some(p),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(progress.len(), 2);
+        assert_eq!(progress[1].loss, 1.0);
+        assert!((progress[1].smoothed_loss - 1.95).abs() < 1e-12);
+        assert!(events.iter().any(|e| matches!(
+            e,
+            Event::SampleReady { step: 2, prompt, .. } if prompt == "a red dot"
+        )));
+        assert_eq!(
+            events.last(),
+            Some(&Event::StateChanged(RunState::Finished))
+        );
+    }
+}

@@ -1,0 +1,232 @@
+//! `framesmith --screenshot PATH`: the real window with the demo project and a staged run — or, with `--run DIR`,
+//! a finished run read back from its output folder, on the Samples tab — captured to a PNG after a few frames,
+//! then closed.
+
+use std::path::{Path, PathBuf};
+use std::sync::mpsc::{Receiver, SyncSender};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use egui::ColorImage;
+
+use framesmith_config::protocol::{Event, LogLevel, Progress, RunState};
+
+use super::settings::Tab;
+use super::window::FramesmithApp;
+
+/// Frames drawn before the capture, so layout, fonts and charts have settled.
+const WARMUP_FRAMES: u32 = 10;
+/// Frames after which a capture that never arrived counts as failed.
+const GIVE_UP_FRAMES: u32 = 600;
+/// Steps of the staged run, and how far it has got.
+const STAGED_TOTAL_STEPS: usize = 200;
+const STAGED_STEPS: usize = 80;
+
+/// Where the PNG goes and how the capture went (read by `run_app` after the window closes).
+#[derive(Debug, Clone)]
+pub struct ScreenshotRequest {
+    pub path: PathBuf,
+    pub outcome: Arc<Mutex<Option<Result<(), String>>>>,
+    /// The events of a finished run to show instead of the staged one.
+    pub run_events: Option<Vec<Event>>,
+}
+
+impl ScreenshotRequest {
+    pub fn new(path: &Path) -> Self {
+        Self {
+            path: path.to_path_buf(),
+            outcome: Arc::new(Mutex::new(None)),
+            run_events: None,
+        }
+    }
+
+    /// The capture's result; `None` if the window closed before it finished.
+    pub fn take_outcome(&self) -> Option<Result<(), String>> {
+        self.outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+}
+
+/// The capture in progress.
+pub struct ScreenshotState {
+    request: ScreenshotRequest,
+    frames: u32,
+    requested: bool,
+    tx: SyncSender<Arc<ColorImage>>,
+    rx: Receiver<Arc<ColorImage>>,
+}
+
+impl ScreenshotState {
+    /// The finished run's events, when the capture shows one.
+    pub fn run_events(&self) -> Option<&[Event]> {
+        self.request.run_events.as_deref()
+    }
+
+    pub fn new(request: ScreenshotRequest) -> Self {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        Self {
+            request,
+            frames: 0,
+            requested: false,
+            tx,
+            rx,
+        }
+    }
+
+    /// Counts frames, asks for the capture, saves it and closes the window.
+    pub fn logic(&mut self, ctx: &egui::Context) {
+        self.frames += 1;
+        ctx.request_repaint();
+        if !self.requested && self.frames >= WARMUP_FRAMES {
+            self.requested = true;
+            let tx = self.tx.clone();
+            let callback = egui::ScreenshotCallback::new(move |image| {
+                let _ = tx.try_send(image);
+            });
+            ctx.send_viewport_cmd(egui::ViewportCommand::Screenshot(callback));
+        }
+        let outcome = match self.rx.try_recv() {
+            Ok(image) => Some(save_png(&self.request.path, &image)),
+            Err(_) if self.frames > GIVE_UP_FRAMES => Some(Err(format!(
+                "no screenshot arrived after {GIVE_UP_FRAMES} frames"
+            ))),
+            Err(_) => None,
+        };
+        if let Some(outcome) = outcome {
+            *self
+                .request
+                .outcome
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+            ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+        }
+    }
+}
+
+fn save_png(path: &Path, image: &ColorImage) -> Result<(), String> {
+    let [width, height] = image.size;
+    let rgba: Vec<u8> = image.pixels.iter().flat_map(|c| c.to_array()).collect();
+    let buffer = image::RgbaImage::from_raw(width as u32, height as u32, rgba)
+        .ok_or_else(|| "the screenshot has the wrong size".to_owned())?;
+    buffer
+        .save(path)
+        .map_err(|err| format!("cannot save the screenshot: {err}: {}", path.display()))
+}
+
+/// Stages what the capture shows: the finished run it was given, else the demo run part-way through.
+pub fn stage(app: &mut FramesmithApp) {
+    let run = app
+        .screenshot
+        .as_ref()
+        .and_then(|s| s.run_events())
+        .map(<[Event]>::to_vec);
+    match run {
+        Some(events) => stage_run(app, events),
+        None => stage_demo(app),
+    }
+}
+
+/// Puts a finished run on the Samples tab with its last sample in the player.
+fn stage_run(app: &mut FramesmithApp, events: Vec<Event>) {
+    app.settings.tab = Tab::Samples;
+    app.run_name = Some("demo".into());
+    app.run.begin_run();
+    let mut last = None;
+    for event in events {
+        if let Event::SampleReady { frames_dir, .. } = &event {
+            app.samples.request_thumbnail(&mut app.jobs, frames_dir);
+            last = Some(frames_dir.clone());
+        }
+        app.apply_event(event);
+    }
+    if let Some(frames_dir) = last {
+        app.samples.player.open(&frames_dir);
+    }
+}
+
+/// Puts the demo project on the Train tab with a run part-way through, so the capture shows live charts.
+pub fn stage_demo(app: &mut FramesmithApp) {
+    app.settings.tab = Tab::Train;
+    app.run_name = Some("demo".into());
+    app.run.begin_run();
+    for event in staged_events() {
+        app.apply_event(event);
+    }
+}
+
+/// A plausible run: warmup then constant LR, loss falling with deterministic noise.
+pub fn staged_events() -> Vec<Event> {
+    let mut events = vec![
+        Event::Log {
+            level: LogLevel::Info,
+            message: "Demo project: the built-in tiny model on synthetic clips".into(),
+        },
+        Event::StateChanged(RunState::Training),
+    ];
+    let mut smoothed = 0.0;
+    for step in 1..=STAGED_STEPS {
+        let t = step as f64;
+        let noise = (unit_hash(step as u64) - 0.5) * 0.04;
+        let loss = 0.09 + 0.12 * (-t / 25.0).exp() + noise;
+        smoothed = if step == 1 {
+            loss
+        } else {
+            0.9 * smoothed + 0.1 * loss
+        };
+        let learning_rate = 2e-4 * (t / 20.0).min(1.0);
+        events.push(Event::Progress(Progress {
+            step,
+            total_steps: STAGED_TOTAL_STEPS,
+            epoch: 1 + step / 50,
+            loss,
+            smoothed_loss: smoothed,
+            learning_rate,
+            step_secs: 0.42,
+            eta_secs: (STAGED_TOTAL_STEPS - step) as f64 * 0.42,
+        }));
+        if step % 40 == 0 {
+            events.push(Event::Log {
+                level: LogLevel::Info,
+                message: format!("step {step}: loss {loss:.4}"),
+            });
+        }
+    }
+    events
+}
+
+/// A value in [0, 1) from a step number (splitmix64), so the staged noise is the same on every machine.
+fn unit_hash(x: u64) -> f64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^= z >> 31;
+    (z >> 11) as f64 / (1u64 << 53) as f64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staged_run_is_mid_way_and_deterministic() {
+        let events = staged_events();
+        assert_eq!(events, staged_events());
+        let progress = events
+            .iter()
+            .filter(|e| matches!(e, Event::Progress(_)))
+            .count();
+        assert_eq!(progress, STAGED_STEPS);
+    }
+
+    #[test]
+    fn png_is_written_with_the_image_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("shot.png");
+        let image = ColorImage::new([3, 2], vec![egui::Color32::RED; 6]);
+        save_png(&path, &image).unwrap();
+        let read = image::open(&path).unwrap().to_rgba8();
+        assert_eq!((read.width(), read.height()), (3, 2));
+        assert_eq!(read.get_pixel(0, 0).0, [255, 0, 0, 255]);
+    }
+}

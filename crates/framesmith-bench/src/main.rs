@@ -1,0 +1,732 @@
+//! `framesmith-bench`: GPU benchmarks and device checks, a small binary without GUI dependencies that is carried
+//! to the test machine. `check` compares every CUDA kernel with its CPU reference; `attention` and `linear` time
+//! Wan shapes (after a correctness check on a small size with `--check`); `synth-project` writes a real-size
+//! training project of random weights and caches.
+
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use clap::{Parser, Subcommand};
+
+use framesmith_bench::step::StepMode;
+use framesmith_bench::{self as bench, attention::AttentionBench, linear::LinearBench, Record};
+use framesmith_models::wan::config::WanConfig;
+use framesmith_nn::fp8::Fp8Scale;
+use framesmith_engine::train::step::BlockBackward;
+
+#[derive(Parser)]
+#[command(about = "Framesmith GPU benchmarks and device checks")]
+struct Cli {
+    /// CUDA device ordinal (the CPU when built without the cuda feature).
+    #[arg(long, default_value_t = 0)]
+    device: usize,
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// A clip's size (480×832×81 unless told).
+#[derive(clap::Args)]
+struct Clip {
+    /// Video frames (4k + 1).
+    #[arg(long, default_value_t = 81)]
+    frames: usize,
+    /// Height in pixels.
+    #[arg(long, default_value_t = 480)]
+    height: usize,
+    /// Width in pixels.
+    #[arg(long, default_value_t = 832)]
+    width: usize,
+}
+
+/// The training workload the step and streaming benchmarks time.
+#[derive(clap::Args)]
+struct Workload {
+    #[command(flatten)]
+    clip: Clip,
+    /// LoRA rank.
+    #[arg(long, default_value_t = 32)]
+    rank: usize,
+    /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+    #[arg(long)]
+    fp8: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Compare every CUDA kernel with its CPU reference on fresh random inputs.
+    Check,
+    /// Time fused attention (self and cross) at a Wan variant's head count.
+    Attention {
+        /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Video tokens (32,760 for 480×832×81).
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Batch size.
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 10)]
+        iters: usize,
+        /// Run the device checks first and stop if any fails.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Time the element-wise kernels (norms, modulation, GELU, RoPE) at a Wan variant's activation shapes.
+    Kernels {
+        /// Wan variant.
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Video tokens.
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+    },
+    /// Time a Wan block's linear layers, bf16 and FP8 block-64, forward + input gradient.
+    Linear {
+        /// Wan variant.
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Activation rows.
+        #[arg(long, default_value_t = 32_760)]
+        tokens: usize,
+        /// Timed repetitions.
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// Run the device checks first and stop if any fails.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Time the checkpointed LoRA training step of a whole Wan DiT (random weights drawn on the device).
+    Step {
+        /// Wan variant (t2v-1.3b, t2v-14b).
+        #[arg(long, default_value = "t2v-1.3b")]
+        variant: String,
+        #[command(flatten)]
+        workload: Workload,
+        /// Untimed steps first.
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        /// Timed steps.
+        #[arg(long, default_value_t = 3)]
+        iters: usize,
+        /// First compare the tiny config's LoRA gradients on this device (in this mode) with the CPU autograd
+        /// step's; stop on a mismatch.
+        #[arg(long)]
+        check: bool,
+        /// Block backward: `manual` (hand-written, the default) or `autograd` (candle's, the reference).
+        #[arg(long, default_value = "manual")]
+        backward: String,
+        /// Keep each block's self-attention output from the forward (selective checkpointing; manual only).
+        #[arg(long)]
+        keep_attention: bool,
+        /// Keep every block's whole tape from the forward (no recompute in the backward; manual only).
+        #[arg(long)]
+        no_checkpointing: bool,
+    },
+    /// Block streaming: the step resident and streamed (each mode), copy bandwidths, an optional VRAM budget.
+    Stream {
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        #[command(flatten)]
+        workload: Workload,
+        /// Cases, comma-separated: `resident`, `pinned`, `staged`.
+        #[arg(long, default_value = "resident,pinned,staged")]
+        modes: String,
+        /// Streamed blocks.
+        #[arg(long, default_value_t = 30)]
+        blocks: usize,
+        /// `spread` or `last`.
+        #[arg(long, default_value = "spread")]
+        placement: String,
+        /// Residual stream dtype (`f32` or `bf16`).
+        #[arg(long, default_value = "f32")]
+        residual: String,
+        /// Keep saved block inputs in host RAM.
+        #[arg(long)]
+        host_activations: bool,
+        /// Keep every block's whole tape from the forward (no recompute in the backward).
+        #[arg(long)]
+        no_checkpointing: bool,
+        /// GPU slots in the ring; a comma-separated list times each streamed case with each count.
+        #[arg(long, default_value = "2")]
+        slots: String,
+        /// Page-locked staging chunk buffers of `staged` streaming.
+        #[arg(long, default_value_t = framesmith_nn::offload::STAGING_SLOTS)]
+        staging_slots: usize,
+        /// MiB of one staging chunk (`staged`).
+        #[arg(long, default_value_t = framesmith_nn::offload::STAGING_CHUNK_BYTES >> 20)]
+        staging_chunk_mib: usize,
+        /// Threads of the staging copy (`staged`).
+        #[arg(long, default_value_t = framesmith_nn::offload::STAGING_COPY_THREADS)]
+        copy_threads: usize,
+        /// KiB of one unit of work the staging copy hands to a free copy thread (`staged`).
+        #[arg(long, default_value_t = framesmith_nn::offload::COPY_UNIT_BYTES >> 10)]
+        copy_unit_kib: usize,
+        /// Let the run use only this many GiB of device memory (the rest is reserved first).
+        #[arg(long)]
+        vram_budget_gb: Option<f64>,
+        /// Also measure the copy bandwidth of a plain pinned copy and of the streaming path (each streaming mode
+        /// in `--modes`).
+        #[arg(long)]
+        bandwidth: bool,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        #[arg(long, default_value_t = 2)]
+        iters: usize,
+        /// First compare streamed and resident LoRA gradients on a tiny config.
+        #[arg(long)]
+        check: bool,
+    },
+    /// Write a training project of a real size with nothing to download: random DiT weights, one cached clip,
+    /// its dataset TOML and a run config (`run.toml`) that trains from the caches.
+    SynthProject(SynthArgs),
+    /// Copy bandwidth of block streaming for each staging setting (no compute, no whole-model build): copies of
+    /// one block streamed in order, `pinned` first for reference.
+    StageSweep {
+        #[arg(long, default_value = "t2v-14b")]
+        variant: String,
+        /// Block linears in FP8 (`block64`, `channel`, `tensor`); bf16 when absent.
+        #[arg(long)]
+        fp8: Option<String>,
+        /// Streamed copies of the block.
+        #[arg(long, default_value_t = 16)]
+        blocks: usize,
+        /// Timed passes over the blocks, after one warm-up pass.
+        #[arg(long, default_value_t = 3)]
+        passes: usize,
+        /// Staging copy threads, comma-separated.
+        #[arg(long, default_value = "8")]
+        copy_threads: String,
+        /// MiB of one staging chunk, comma-separated.
+        #[arg(long, default_value = "8")]
+        staging_chunk_mib: String,
+        /// Staging chunk buffers, comma-separated.
+        #[arg(long, default_value = "4")]
+        staging_slots: String,
+        /// KiB of one unit of work the staging copy hands to a free copy thread, comma-separated.
+        #[arg(long, default_value_t = (framesmith_nn::offload::COPY_UNIT_BYTES >> 10).to_string())]
+        copy_unit_kib: String,
+        /// Measure the whole list of staged settings this many times.
+        #[arg(long, default_value_t = 1)]
+        repeats: usize,
+        /// Also measure each setting while another thread launches kernels (as a training step's does).
+        #[arg(long)]
+        launch_load: bool,
+    },
+}
+
+/// `synth-project`'s arguments.
+#[derive(clap::Args)]
+struct SynthArgs {
+    /// Wan text-to-video variant (t2v-1.3b, t2v-14b, t2v-a14b).
+    #[arg(long, default_value = "t2v-1.3b")]
+    variant: String,
+    #[command(flatten)]
+    clip: Clip,
+    /// Project folder.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// DiT weight dtype: bf16, f16 or f32.
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Text-embedding tokens (umT5 writes up to 512).
+    #[arg(long, default_value_t = 32)]
+    text_tokens: usize,
+    /// Optimizer steps of the run config.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+}
+
+/// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
+const STEP_CHECK_TOL: f64 = 3e-2;
+
+fn step_check(dev: &Device, mode: StepMode) -> Result<()> {
+    let c = bench::step::check_tiny(dev, mode)?;
+    let verdict = if c.max_rel_err <= STEP_CHECK_TOL {
+        "ok  "
+    } else {
+        "FAIL"
+    };
+    println!(
+        "{verdict} step tiny(2) LoRA grads device ({}) vs cpu (autograd): max rel {:.2e} (tol {STEP_CHECK_TOL:.0e}, worst var {} of {}), loss {:.6} vs {:.6}",
+        mode.label(),
+        c.max_rel_err,
+        c.worst,
+        c.tensors,
+        c.loss_device,
+        c.loss_cpu
+    );
+    if c.max_rel_err > STEP_CHECK_TOL {
+        bail!("the device step's LoRA gradients differ from the CPU step's");
+    }
+    Ok(())
+}
+
+fn step_mode(backward: &str, keep_attention: bool, keep_tapes: bool) -> Result<StepMode> {
+    let backward = match backward {
+        "manual" => BlockBackward::Manual,
+        "autograd" => BlockBackward::Autograd,
+        other => bail!("unknown block backward `{other}` (manual, autograd)"),
+    };
+    if (keep_attention || keep_tapes) && backward != BlockBackward::Manual {
+        bail!("--keep-attention and --no-checkpointing need --backward manual");
+    }
+    Ok(StepMode {
+        backward,
+        keep_attention,
+        keep_tapes,
+    })
+}
+
+/// A comma-separated list of positive counts given to `flag`.
+fn counts(flag: &str, list: &str) -> Result<Vec<usize>> {
+    let values = list
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<std::result::Result<Vec<_>, _>>()
+        .map_err(|e| {
+            anyhow::anyhow!("{flag}: {e} (a count or a comma-separated list, e.g. 2,3)")
+        })?;
+    if values.is_empty() || values.contains(&0) {
+        bail!("{flag}: every count must be at least 1");
+    }
+    Ok(values)
+}
+
+fn fp8_mode(name: Option<&str>) -> Result<Option<Fp8Scale>> {
+    match name {
+        None => Ok(None),
+        Some("block64") => Ok(Some(Fp8Scale::Block64)),
+        Some("channel") => Ok(Some(Fp8Scale::Channel)),
+        Some("tensor") => Ok(Some(Fp8Scale::Tensor)),
+        Some(other) => bail!("unknown FP8 mode `{other}` (block64, channel, tensor)"),
+    }
+}
+
+fn device(ordinal: usize) -> Result<Device> {
+    if cfg!(feature = "cuda") {
+        Device::new_cuda(ordinal).context("opening the CUDA device")
+    } else {
+        Ok(Device::Cpu)
+    }
+}
+
+fn variant(name: &str) -> Result<WanConfig> {
+    WanConfig::by_name(name).with_context(|| format!("unknown Wan variant `{name}`"))
+}
+
+#[cfg(feature = "cuda")]
+fn check(dev: &Device) -> Result<()> {
+    let outcomes = framesmith_nn::cuda::check::run_all(dev)?;
+    let mut failed = 0;
+    for o in &outcomes {
+        let verdict = if o.passed() { "ok  " } else { "FAIL" };
+        failed += usize::from(!o.passed());
+        println!(
+            "{verdict} {:<70} rel {:.2e} (tol {:.0e}) max|d| {:.2e}",
+            o.name, o.rel_err, o.tol, o.max_abs
+        );
+    }
+    println!(
+        "checks: {} passed, {failed} failed",
+        outcomes.len() - failed
+    );
+    if failed > 0 {
+        bail!("{failed} device checks failed");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn check(_: &Device) -> Result<()> {
+    bail!("device checks need a build with the cuda feature")
+}
+
+#[cfg(feature = "cuda")]
+fn kernels(dev: &Device, cfg: &WanConfig, tokens: usize, iters: usize) -> Result<()> {
+    use framesmith_bench::kernels::KernelBench;
+    let opts = KernelBench {
+        tokens,
+        iters,
+        ..KernelBench::default()
+    };
+    report(&bench::kernels::run(dev, cfg, &opts)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels(_: &Device, _: &WanConfig, _: usize, _: usize) -> Result<()> {
+    bail!("the kernel benchmark needs a build with the cuda feature")
+}
+
+fn report(records: &[Record]) {
+    for r in records {
+        println!("{}", r.json_line());
+    }
+    print!("{}", bench::table(records));
+}
+
+/// Writes the synthetic project and says what it wrote.
+fn synth_project(args: &SynthArgs) -> Result<()> {
+    let dtype = match args.dtype.as_str() {
+        "bf16" => candle_core::DType::BF16,
+        "f16" => candle_core::DType::F16,
+        "f32" => candle_core::DType::F32,
+        other => bail!("unknown dtype `{other}` (bf16, f16, f32)"),
+    };
+    let spec = bench::synth::SynthProject {
+        cfg: variant(&args.variant)?,
+        frames: args.clip.frames,
+        height: args.clip.height,
+        width: args.clip.width,
+        dtype,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+    };
+    let files = bench::synth::write_project(&args.out, &spec)?;
+    println!(
+        "wrote {} ({:.2} GiB), {}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.latents.display(),
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    if let Command::SynthProject(args) = &cli.command {
+        // Writes files only: no device to open.
+        return synth_project(args);
+    }
+    let dev = device(cli.device)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = &dev {
+        // Keep freed memory in the pool between repetitions, as training does.
+        framesmith_nn::cuda::device::set_pool_release_threshold(cuda, u64::MAX)?;
+    }
+    match cli.command {
+        Command::Check => check(&dev),
+        Command::Attention {
+            variant: name,
+            tokens,
+            batch,
+            iters,
+            check: first,
+        } => {
+            if first {
+                check(&dev)?;
+            }
+            let opts = AttentionBench {
+                tokens,
+                batch,
+                iters,
+                ..AttentionBench::default()
+            };
+            report(&bench::attention::run(&dev, &variant(&name)?, &opts)?);
+            Ok(())
+        }
+        Command::Kernels {
+            variant: name,
+            tokens,
+            iters,
+        } => kernels(&dev, &variant(&name)?, tokens, iters),
+        Command::Linear {
+            variant: name,
+            tokens,
+            iters,
+            check: first,
+        } => {
+            if first {
+                check(&dev)?;
+            }
+            let opts = LinearBench {
+                tokens,
+                iters,
+                ..LinearBench::default()
+            };
+            report(&bench::linear::run(&dev, &variant(&name)?, &opts)?);
+            Ok(())
+        }
+        Command::Step {
+            variant: name,
+            workload,
+            warmup,
+            iters,
+            check: first,
+            backward,
+            keep_attention,
+            no_checkpointing,
+        } => {
+            let mode = step_mode(&backward, keep_attention, no_checkpointing)?;
+            if first {
+                step_check(&dev, mode)?;
+            }
+            let opts = bench::step::StepBench {
+                mode,
+                frames: workload.clip.frames,
+                height: workload.clip.height,
+                width: workload.clip.width,
+                rank: workload.rank,
+                fp8: fp8_mode(workload.fp8.as_deref())?,
+                warmup,
+                iters,
+                ..bench::step::StepBench::default()
+            };
+            report(&[bench::step::run(&dev, &name, &variant(&name)?, &opts)?]);
+            Ok(())
+        }
+        Command::Stream {
+            variant: name,
+            workload,
+            modes,
+            blocks,
+            placement,
+            residual,
+            host_activations,
+            no_checkpointing,
+            slots,
+            staging_slots,
+            staging_chunk_mib,
+            copy_threads,
+            copy_unit_kib,
+            vram_budget_gb,
+            bandwidth,
+            warmup,
+            iters,
+            check: first,
+        } => {
+            let slots = counts("--slots", &slots)?;
+            let opts = bench::stream::StreamBench {
+                frames: workload.clip.frames,
+                height: workload.clip.height,
+                width: workload.clip.width,
+                rank: workload.rank,
+                fp8: fp8_mode(workload.fp8.as_deref())?,
+                residual: match residual.as_str() {
+                    "f32" => candle_core::DType::F32,
+                    "bf16" => candle_core::DType::BF16,
+                    other => bail!("unknown residual dtype `{other}` (f32, bf16)"),
+                },
+                activations_on_host: host_activations,
+                keep_tapes: no_checkpointing,
+                slots: slots[0],
+                staging_slots: staging_slots.max(1),
+                staging_chunk_bytes: staging_chunk_mib.max(1) << 20,
+                copy_threads,
+                copy_unit_bytes: copy_unit_kib.max(1) << 10,
+                warmup,
+                iters,
+                seed: 0,
+            };
+            stream(
+                &dev,
+                &name,
+                &opts,
+                &modes,
+                blocks,
+                &placement,
+                &slots,
+                vram_budget_gb,
+                bandwidth,
+                first,
+            )
+        }
+        Command::SynthProject(args) => synth_project(&args),
+        Command::StageSweep {
+            variant: name,
+            fp8,
+            blocks,
+            passes,
+            copy_threads,
+            staging_chunk_mib,
+            staging_slots,
+            copy_unit_kib,
+            repeats,
+            launch_load,
+        } => {
+            let sweep = bench::stream::StagingSweep {
+                threads: counts("--copy-threads", &copy_threads)?,
+                chunk_bytes: counts("--staging-chunk-mib", &staging_chunk_mib)?
+                    .into_iter()
+                    .map(|m| m << 20)
+                    .collect(),
+                rings: counts("--staging-slots", &staging_slots)?,
+                unit_bytes: counts("--copy-unit-kib", &copy_unit_kib)?
+                    .into_iter()
+                    .map(|k| k << 10)
+                    .collect(),
+                launch_load,
+                repeats,
+            };
+            // Only the block's shapes, dtype and the ring's GPU slots matter here.
+            let opts = bench::stream::StreamBench {
+                frames: 1,
+                height: 64,
+                width: 64,
+                rank: 1,
+                fp8: fp8_mode(fp8.as_deref())?,
+                residual: candle_core::DType::BF16,
+                activations_on_host: false,
+                keep_tapes: false,
+                slots: 2,
+                staging_slots: sweep.rings[0],
+                staging_chunk_bytes: sweep.chunk_bytes[0],
+                copy_threads: sweep.threads[0],
+                copy_unit_bytes: sweep.unit_bytes[0],
+                warmup: 0,
+                iters: 0,
+                seed: 0,
+            };
+            let (plain, rows) = bench::stream::staging_sweep(
+                &dev,
+                &variant(&name)?,
+                &opts,
+                blocks,
+                &sweep,
+                passes,
+            )?;
+            println!("plain pinned copy: {plain:.2} GB/s");
+            for r in rows {
+                let o = &r.options;
+                // The staging settings mean nothing for pinned streaming.
+                let staging = match o.mode {
+                    framesmith_nn::offload::StreamMode::Staged => format!(
+                        ",\"copy_threads\":{},\"chunk_mib\":{},\"staging_slots\":{},\"unit_kib\":{}",
+                        o.copy_threads,
+                        o.staging_chunk_bytes >> 20,
+                        o.staging_slots,
+                        o.copy_unit_bytes >> 10
+                    ),
+                    _ => String::new(),
+                };
+                println!(
+                    "SWEEP {{\"mode\":\"{}\"{staging},\"launch_load\":{},\"gbs\":{:.2},\"ratio\":{:.3}}}",
+                    o.mode.as_str(),
+                    r.launch_load,
+                    r.gbs,
+                    r.gbs / plain.max(1e-9)
+                );
+            }
+            Ok(())
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream(
+    dev: &Device,
+    name: &str,
+    opts: &bench::stream::StreamBench,
+    modes: &str,
+    blocks: usize,
+    placement: &str,
+    slots: &[usize],
+    vram_budget_gb: Option<f64>,
+    bandwidth: bool,
+    first: bool,
+) -> Result<()> {
+    use framesmith_nn::offload::{Placement, StreamMode};
+    if first {
+        for (what, rel) in bench::stream::check_tiny(dev)? {
+            let ok = rel <= 1e-2;
+            println!(
+                "{} stream tiny(4) LoRA grads streamed ({what}) vs resident: max rel {rel:.2e} (tol 1e-2)",
+                if ok { "ok  " } else { "FAIL" }
+            );
+            if !ok {
+                bail!("streamed and resident gradients differ");
+            }
+        }
+    }
+    let cfg = variant(name)?;
+    let placements: Vec<Placement> = match placement {
+        "spread" => vec![Placement::Spread],
+        "last" => vec![Placement::Last],
+        "both" => vec![Placement::Spread, Placement::Last],
+        other => bail!("unknown placement `{other}` (spread, last, both)"),
+    };
+    let mut cases = Vec::new();
+    for m in modes.split(',').map(str::trim).filter(|m| !m.is_empty()) {
+        let mode = match m {
+            "resident" => None,
+            "pinned" => Some(StreamMode::Pinned),
+            "staged" => Some(StreamMode::Staged),
+            other => bail!("unknown mode `{other}` (resident, pinned, staged)"),
+        };
+        let places = if mode.is_some() {
+            placements.clone()
+        } else {
+            vec![Placement::Spread]
+        };
+        let counts = if mode.is_some() { slots } else { &slots[..1] };
+        for p in places {
+            for &n in counts {
+                cases.push(bench::stream::StreamCase {
+                    mode,
+                    blocks,
+                    placement: p,
+                    slots: n,
+                });
+            }
+        }
+    }
+    #[cfg(feature = "cuda")]
+    let _reservation = match (dev, vram_budget_gb) {
+        (Device::Cuda(cuda), Some(gb)) => {
+            // GiB, as cards are sized: a "24 GB" card has 24 GiB.
+            let r = framesmith_nn::cuda::device::VramReservation::leave_budget(
+                cuda,
+                (gb * (1u64 << 30) as f64) as u64,
+            )?;
+            if let Some(r) = &r {
+                eprintln!(
+                    "stream: reserved {:.2} GiB, leaving a {gb} GiB budget",
+                    r.bytes() as f64 / (1u64 << 30) as f64
+                );
+            }
+            r
+        }
+        _ => None,
+    };
+    #[cfg(not(feature = "cuda"))]
+    let _ = vram_budget_gb;
+    if bandwidth {
+        // The streaming modes asked for (pinned alone when only `resident` was): each costs a model build.
+        let mut measured: Vec<StreamMode> = Vec::new();
+        for mode in cases.iter().filter_map(|c| c.mode) {
+            if !measured.contains(&mode) {
+                measured.push(mode);
+            }
+        }
+        if measured.is_empty() {
+            measured.push(StreamMode::Pinned);
+        }
+        for mode in measured {
+            let bw = bench::stream::copy_bandwidth(dev, &cfg, opts, mode)?;
+            println!(
+                "BANDWIDTH {{\"mode\":\"{}\",\"plain_pinned_gbs\":{:.2},\"streaming_gbs\":{:.2},\"ratio\":{:.3},\"block_bytes\":{}}}",
+                mode.as_str(),
+                bw.plain_gbs,
+                bw.streaming_gbs,
+                bw.streaming_gbs / bw.plain_gbs.max(1e-9),
+                bw.bytes_per_block
+            );
+        }
+    }
+    let results = bench::stream::run(dev, name, &cfg, opts, &cases)?;
+    for (r, bytes) in &results {
+        println!("STREAMED_BYTES_PER_STEP {} {bytes}", r.case);
+    }
+    let records: Vec<Record> = results.into_iter().map(|(r, _)| r).collect();
+    report(&records);
+    Ok(())
+}

@@ -1,0 +1,337 @@
+//! `framesmith-bench synth-project`: a training project of a real model and clip size with nothing to download —
+//! random DiT weights in the official Wan layout (written tensor by tensor), one cached clip in musubi-tuner's
+//! format (random latents of the Wan VAE's shape, a random umT5-shaped text embedding) with a grey stand-in video
+//! and caption, its dataset TOML and a run config that trains from the caches alone (no VAE, no text encoder).
+//! For memory and speed trials of the real trainer on a GPU machine; no training code depends on this.
+
+use std::borrow::Cow;
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use rand_distr::{Distribution, StandardNormal};
+use rayon::prelude::*;
+use safetensors::tensor::View;
+
+use framesmith_config::run::{BlocksToSwap, DeviceSpec, StreamingMode};
+use framesmith_config::RunConfig;
+use framesmith_data::cache::{
+    text_cache_name, video_latent_cache_name, write_wan_latent_cache, write_wan_text_cache,
+    LatentCacheMetadata, WanLatentCache,
+};
+use framesmith_data::frames::FrameWindow;
+use framesmith_models::wan::random::init_stats;
+use framesmith_models::wan::weights::official_shapes;
+use framesmith_models::wan::{ModelType, WanConfig};
+use framesmith_nn::init::randn;
+use framesmith_engine::train::samples::SAMPLE_FPS;
+use framesmith_data::video::encode::{write_mp4, RgbFrame};
+
+/// File names inside the project folder.
+pub const DIT_FILE: &str = "dit.safetensors";
+pub const DATASET_FILE: &str = "dataset.toml";
+pub const RUN_FILE: &str = "run.toml";
+/// Stem of the one cached clip.
+const ITEM_STEM: &str = "synth_000";
+/// The clip's caption (its text embedding is random all the same).
+const CAPTION: &str = "a synthetic clip: random latents and a random text embedding";
+/// Values drawn per seeded chunk: chunks are drawn in parallel, and the result does not depend on the threads.
+const CHUNK_ELEMS: usize = 1 << 20;
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct SynthProject {
+    /// The DiT (a text-to-video variant).
+    pub cfg: WanConfig,
+    /// Clip length (4k + 1 frames) and size in pixels.
+    pub frames: usize,
+    pub height: usize,
+    pub width: usize,
+    /// Dtype of the DiT weights on disk (f32, f16 or bf16).
+    pub dtype: DType,
+    pub seed: u64,
+    /// Tokens of the text embedding (at most the model's text length).
+    pub text_tokens: usize,
+    /// Optimizer steps of the run config.
+    pub steps: usize,
+}
+
+/// What [`write_project`] wrote.
+#[derive(Debug, Clone)]
+pub struct SynthFiles {
+    pub dit: PathBuf,
+    pub dataset: PathBuf,
+    pub run: PathBuf,
+    /// The latent cache of the clip.
+    pub latents: PathBuf,
+    /// Size of the DiT file.
+    pub dit_bytes: u64,
+}
+
+/// Writes the project into `dir` (created when missing): `dit.safetensors`, `dataset.toml` with its cache
+/// folder, and `run.toml` (bf16 base, LoRA rank 32, no samples, saving at the end only, on `cuda`).
+pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFiles> {
+    if spec.cfg.model_type != ModelType::T2v {
+        bail!("synth-project writes text-to-video projects; image-to-video variants need image-conditioning caches");
+    }
+    let latent = latent_shape(spec)?;
+    if spec.text_tokens == 0 || spec.text_tokens > spec.cfg.text_len {
+        bail!(
+            "the text embedding needs 1 to {} tokens, not {}",
+            spec.cfg.text_len,
+            spec.text_tokens
+        );
+    }
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = std::path::absolute(dir)
+        .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
+    let dit = dir.join(DIT_FILE);
+    let dit_bytes = write_random_dit(&dit, &spec.cfg, spec.dtype, spec.seed)?;
+    let latents = write_cached_item(&dir, spec, latent)?;
+    let dataset = dir.join(DATASET_FILE);
+    fs::write(&dataset, dataset_toml(spec))
+        .with_context(|| format!("cannot write {}", dataset.display()))?;
+    let run = dir.join(RUN_FILE);
+    let config = run_config(&dir, spec);
+    fs::write(&run, run_config_toml(&config)?)
+        .with_context(|| format!("cannot write {}", run.display()))?;
+    Ok(SynthFiles {
+        dit,
+        dataset,
+        run,
+        latents,
+        dit_bytes,
+    })
+}
+
+/// The latents `[channels, frames, height, width]` the Wan VAE makes of the clip (4× in time, 8× in space), or
+/// why the clip size does not fit the model.
+pub fn latent_shape(spec: &SynthProject) -> anyhow::Result<[usize; 4]> {
+    let [_, p1, p2] = spec.cfg.patch_size;
+    let (step_h, step_w) = (8 * p1, 8 * p2);
+    if spec.frames == 0 || (spec.frames - 1) % 4 != 0 {
+        bail!(
+            "{} frames: the Wan VAE needs 4k + 1 frames (e.g. 81)",
+            spec.frames
+        );
+    }
+    if spec.height == 0 || spec.width == 0 || spec.height % step_h != 0 || spec.width % step_w != 0
+    {
+        bail!(
+            "{}x{} (width x height): both must be multiples of {step_w} and {step_h} for this model",
+            spec.width,
+            spec.height
+        );
+    }
+    let [f, h, w] = super::step::latent_size(spec.frames, spec.height, spec.width);
+    Ok([spec.cfg.out_dim, f, h, w])
+}
+
+/// Writes random weights for `cfg` in the official layout to `path`, drawn with the statistics of
+/// [`framesmith_models::wan::random`]; one tensor is in memory at a time. Returns the file size.
+pub fn write_random_dit(
+    path: &Path,
+    cfg: &WanConfig,
+    dtype: DType,
+    seed: u64,
+) -> anyhow::Result<u64> {
+    let st_dtype = match dtype {
+        DType::F32 => safetensors::Dtype::F32,
+        DType::F16 => safetensors::Dtype::F16,
+        DType::BF16 => safetensors::Dtype::BF16,
+        other => bail!("random DiT weights are written as f32, f16 or bf16, not {other:?}"),
+    };
+    let views: Vec<(String, RandomTensor)> = official_shapes(cfg)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            let (mean, std) = init_stats(&name, &shape);
+            let tensor = RandomTensor {
+                shape,
+                dtype: st_dtype,
+                mean,
+                std,
+                seed: mix(seed, i as u64),
+            };
+            (name, tensor)
+        })
+        .collect();
+    // Written under another name first: an interrupted write never leaves a file that looks complete.
+    let partial = path.with_extension("safetensors.partial");
+    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    safetensors::serialize_to_file(views, Some(metadata), &partial)
+        .with_context(|| format!("cannot write {}", partial.display()))?;
+    fs::rename(&partial, path).with_context(|| format!("cannot rename to {}", path.display()))?;
+    Ok(fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len())
+}
+
+/// A tensor whose values are drawn only when the writer asks for its bytes.
+struct RandomTensor {
+    shape: Vec<usize>,
+    dtype: safetensors::Dtype,
+    mean: f32,
+    std: f32,
+    seed: u64,
+}
+
+impl View for RandomTensor {
+    fn dtype(&self) -> safetensors::Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        let size = self.dtype.bitsize() / 8;
+        let mut bytes = vec![0u8; self.data_len()];
+        bytes
+            .par_chunks_mut(CHUNK_ELEMS * size)
+            .enumerate()
+            .for_each(|(i, chunk)| {
+                let mut rng = StdRng::seed_from_u64(mix(self.seed, i as u64));
+                for out in chunk.chunks_exact_mut(size) {
+                    let z: f32 = StandardNormal.sample(&mut rng);
+                    encode(self.mean + self.std * z, self.dtype, out);
+                }
+            });
+        Cow::Owned(bytes)
+    }
+
+    fn data_len(&self) -> usize {
+        self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
+    }
+}
+
+/// Little-endian bytes of `value` in `dtype` (f32, f16 or bf16).
+fn encode(value: f32, dtype: safetensors::Dtype, out: &mut [u8]) {
+    match dtype {
+        safetensors::Dtype::BF16 => out.copy_from_slice(&half::bf16::from_f32(value).to_le_bytes()),
+        safetensors::Dtype::F16 => out.copy_from_slice(&half::f16::from_f32(value).to_le_bytes()),
+        _ => out.copy_from_slice(&value.to_le_bytes()),
+    }
+}
+
+/// A seed for stream `index` of `seed` (splitmix64), so neighbouring tensors and chunks do not share draws.
+fn mix(seed: u64, index: u64) -> u64 {
+    let mut z = seed ^ index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Writes the clip's latent and text caches (bf16, as musubi-tuner caches Wan) into `dir/cache`; returns the
+/// latent cache's path.
+fn write_cached_item(
+    dir: &Path,
+    spec: &SynthProject,
+    latent: [usize; 4],
+) -> anyhow::Result<PathBuf> {
+    let cache = dir.join("cache");
+    let videos = dir.join("videos");
+    for d in [&cache, &videos] {
+        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    write_media(&videos, spec)?;
+    let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
+    let latents = WanLatentCache {
+        latents: randn(rng, latent.as_slice(), 0.0, 1.0, &Device::Cpu)?.to_dtype(DType::BF16)?,
+        latents_image: None,
+        latents_control: None,
+        clip: None,
+        f_indices: None,
+    };
+    let window = FrameWindow {
+        start: 0,
+        frames: spec.frames as u32,
+    };
+    let size = (spec.width as u32, spec.height as u32);
+    let latent_path = cache.join(video_latent_cache_name(ITEM_STEM, window, size));
+    write_wan_latent_cache(
+        &latent_path,
+        &latents,
+        &LatentCacheMetadata::wan(size, Some(window.frames)),
+    )?;
+    let text = randn(
+        rng,
+        (spec.text_tokens, spec.cfg.text_dim),
+        0.0,
+        1.0,
+        &Device::Cpu,
+    )?
+    .to_dtype(DType::BF16)?;
+    write_wan_text_cache(&cache.join(text_cache_name(ITEM_STEM)), &text, CAPTION)?;
+    Ok(latent_path)
+}
+
+/// The clip the caches stand for (plain grey frames) and its caption, so that the dataset checks as it would with
+/// real media; training reads the caches only.
+fn write_media(videos: &Path, spec: &SynthProject) -> anyhow::Result<()> {
+    let frame = RgbFrame {
+        width: spec.width,
+        height: spec.height,
+        data: vec![128; spec.width * spec.height * 3],
+    };
+    let clip = videos.join(format!("{ITEM_STEM}.mp4"));
+    write_mp4(&clip, &vec![frame; spec.frames], SAMPLE_FPS)
+        .with_context(|| format!("cannot write {}", clip.display()))?;
+    let caption = videos.join(format!("{ITEM_STEM}.txt"));
+    fs::write(&caption, CAPTION).with_context(|| format!("cannot write {}", caption.display()))
+}
+
+/// The project's musubi-tuner dataset config: one video dataset of the clip's size and length.
+fn dataset_toml(spec: &SynthProject) -> String {
+    format!(
+        "# framesmith-bench synth-project: one cached clip of random latents and a random text embedding. The\n\
+         # grey clip in videos/ only stands for it: training reads the caches (no VAE, no text encoder).\n\
+         [general]\nresolution = [{w}, {h}]\ncaption_extension = \".txt\"\nbatch_size = 1\nenable_bucket = false\n\n\
+         [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [{f}]\n\
+         frame_extraction = \"head\"\n",
+        w = spec.width,
+        h = spec.height,
+        f = spec.frames
+    )
+}
+
+/// The project's run config: defaults, the DiT and dataset of `dir`, bf16 base, LoRA rank 32, `spec.steps`
+/// steps on `cuda`, no samples, the LoRA saved at the end only, outputs in `dir/output`, every block resident.
+pub fn run_config(dir: &Path, spec: &SynthProject) -> RunConfig {
+    let mut config = RunConfig::default();
+    config.model.dit = dir.join(DIT_FILE);
+    config.model.base_dtype = framesmith_config::run::BaseDtype::Bf16;
+    config.dataset.config = dir.join(DATASET_FILE);
+    config.lora.rank = 32;
+    config.lora.alpha = 32.0;
+    config.training.max_train_steps = spec.steps;
+    config.training.seed = spec.seed;
+    config.training.device = DeviceSpec::Cuda(0);
+    config.memory.streaming = StreamingMode::Off;
+    config.memory.blocks_to_swap = BlocksToSwap::Count(0);
+    config.output.output_dir = dir.join("output");
+    config.output.output_name = "synth-lora".into();
+    config.output.save_every_n_steps = Some(0);
+    config.output.save_every_n_epochs = Some(0);
+    config.output.save_state = false;
+    config
+}
+
+/// `config` as TOML, with `vram_budget_gb` (which TOML cannot write while it is unset) as a commented line in
+/// `[memory]`, so that every memory key can be edited in place.
+pub fn run_config_toml(config: &RunConfig) -> anyhow::Result<String> {
+    let text = config.to_toml_string()?;
+    if config.memory.vram_budget_gb.is_some() {
+        return Ok(text);
+    }
+    let budget_line = "[memory]\n# vram_budget_gb = 24.0  # unset: the card's free memory\n";
+    if !text.contains("[memory]\n") {
+        bail!("the run config has no [memory] table to annotate");
+    }
+    Ok(text.replacen("[memory]\n", budget_line, 1))
+}

@@ -1,0 +1,22 @@
+//! Run configuration: `RunConfig` (serde/TOML), presets and validation into the `RunPlan` the engine accepts, and
+//! the protocol between the app and the engine. Plain data: no tensors, no GUI.
+
+pub mod catalog;
+pub mod error;
+pub mod io;
+pub mod outputs;
+pub mod plan;
+pub mod presets;
+pub mod protocol;
+pub mod run;
+pub mod schedule;
+pub mod text_file;
+pub mod training;
+pub mod validate;
+mod validate_train;
+
+pub use error::ConfigError;
+pub use plan::{HostInfo, RunPlan};
+pub use presets::{FieldChange, Preset, PresetApplied};
+pub use run::RunConfig;
+pub use validate::{validate, Problem, ValidationErrors};

@@ -1,0 +1,226 @@
+//! `RunPlan`: a validated run with every value resolved (device, dtypes, LoRA scale, schedules), the only input
+//! the engine accepts. Built by `config::validate`.
+
+use std::path::PathBuf;
+
+use super::run::{
+    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, Fp8ScaleMode, LrScheduler,
+    ResidualDtype, RunConfig, StreamingMode,
+};
+use crate::schedule::LrSchedule;
+use crate::training::{AdamWConfig, TimestepConfig};
+
+/// What validation needs to know about the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostInfo {
+    /// CUDA devices usable by this build (0 without the `cuda` feature).
+    pub cuda_devices: usize,
+    /// Whether this is Windows (the shared-memory guard acts only there).
+    pub windows: bool,
+}
+
+impl HostInfo {
+    /// This operating system with `cuda_devices` CUDA devices.
+    pub fn new(cuda_devices: usize) -> Self {
+        Self {
+            cuda_devices,
+            windows: cfg!(windows),
+        }
+    }
+
+    /// This operating system with no CUDA device.
+    pub fn cpu_only() -> Self {
+        Self::new(0)
+    }
+}
+
+/// The device a run trains on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanDevice {
+    Cpu,
+    /// CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl PlanDevice {
+    /// True for a CUDA device.
+    pub fn is_cuda(self) -> bool {
+        matches!(self, Self::Cuda(_))
+    }
+}
+
+/// Floating-point dtypes of computation and of saved LoRAs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FloatDtype {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// Where the DiT comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ModelSource {
+    /// The built-in tiny demo model.
+    Demo,
+    /// A checkpoint file or folder (checked to exist).
+    File(PathBuf),
+}
+
+/// Resolved `[model]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelPlan {
+    pub source: ModelSource,
+    /// A named variant (`t2v-14b`, …); `None` detects it from the checkpoint.
+    pub variant: Option<String>,
+    pub vae: Option<PathBuf>,
+    pub text_encoder: Option<PathBuf>,
+    pub base_dtype: BaseDtype,
+    /// FP8 scale granularity; `Some` only for an FP8 base.
+    pub fp8_scale: Option<Fp8ScaleMode>,
+    pub residual_dtype: ResidualDtype,
+    /// Dtype activations and dequantised weights are computed in (bf16 for an FP8 base).
+    pub compute_dtype: FloatDtype,
+}
+
+/// Where training samples come from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DatasetSource {
+    /// Generated latents and text embeddings.
+    Synthetic,
+    /// A musubi-tuner dataset TOML (checked to exist).
+    Config(PathBuf),
+}
+
+/// Resolved `[dataset]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DatasetPlan {
+    pub source: DatasetSource,
+    /// Resolution override as (width, height), multiples of 16.
+    pub resolution: Option<(usize, usize)>,
+    /// `target_frames` override, each 4k+1.
+    pub target_frames: Option<Vec<usize>>,
+}
+
+/// Resolved `[lora]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LoraPlan {
+    pub rank: usize,
+    pub alpha: f64,
+    /// `alpha / rank`, the factor on `up(down(x))`.
+    pub scale: f64,
+    /// Regexes (checked to compile) on module paths.
+    pub include_patterns: Vec<String>,
+    pub exclude_patterns: Vec<String>,
+    pub init_from: Option<PathBuf>,
+}
+
+/// The learning-rate schedule before the run's length is known (epochs depend on the dataset).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SchedulePlan {
+    pub kind: LrScheduler,
+    pub base_lr: f64,
+    pub warmup_steps: usize,
+    pub num_cycles: usize,
+    pub power: f64,
+}
+
+impl SchedulePlan {
+    /// The schedule for a run of `total_steps` optimizer steps.
+    pub fn with_total_steps(&self, total_steps: usize) -> LrSchedule {
+        LrSchedule {
+            kind: self.kind,
+            base_lr: self.base_lr,
+            warmup_steps: self.warmup_steps,
+            total_steps,
+            num_cycles: self.num_cycles,
+            power: self.power,
+        }
+    }
+}
+
+/// How long the run is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TrainLength {
+    /// Optimizer steps.
+    Steps(usize),
+    /// Whole passes over the dataset.
+    Epochs(usize),
+}
+
+/// Resolved `[training]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainingPlan {
+    pub length: TrainLength,
+    pub gradient_accumulation_steps: usize,
+    pub seed: u64,
+    pub max_consecutive_nonfinite: usize,
+    pub timesteps: TimestepConfig,
+}
+
+impl TrainingPlan {
+    /// Optimizer steps of the run, given the batches in one epoch (musubi-tuner: epochs × ⌈batches / accumulation⌉).
+    pub fn total_steps(&self, batches_per_epoch: usize) -> usize {
+        match self.length {
+            TrainLength::Steps(n) => n,
+            TrainLength::Epochs(e) => {
+                e * batches_per_epoch.div_ceil(self.gradient_accumulation_steps.max(1))
+            }
+        }
+    }
+}
+
+/// Resolved `[memory]`. These act on a CUDA device only; `applies` is false on a CPU run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct MemoryPlan {
+    pub applies: bool,
+    pub streaming: StreamingMode,
+    pub blocks_to_swap: BlocksToSwap,
+    pub activations: ActivationPlacement,
+    /// What the step keeps from each block's forward; applies on every device (on a CPU it trades RAM).
+    pub checkpointing: Checkpointing,
+    /// VRAM budget in bytes (GiB × 2³⁰); `None`: free memory minus headroom.
+    pub vram_budget_bytes: Option<u64>,
+    pub staging_slots: usize,
+    /// Shared-memory guard; false where it cannot act (not Windows, or CPU).
+    pub shared_memory_guard: bool,
+}
+
+/// Resolved `[output]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutputPlan {
+    pub output_dir: PathBuf,
+    pub output_name: String,
+    pub save_every_n_steps: Option<usize>,
+    pub save_every_n_epochs: Option<usize>,
+    pub save_state: bool,
+    /// LoRA dtype on disk (`dit` resolved to the compute dtype).
+    pub save_dtype: FloatDtype,
+}
+
+/// Resolved `[sampling]`; absent from the plan when no prompt file is set.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SamplingPlan {
+    pub prompts: PathBuf,
+    pub every_n_steps: Option<usize>,
+    pub every_n_epochs: Option<usize>,
+    pub at_first: bool,
+}
+
+/// A validated, resolved run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunPlan {
+    /// The config it was made from (for LoRA metadata and the training-state folder).
+    pub config: RunConfig,
+    pub device: PlanDevice,
+    pub model: ModelPlan,
+    pub dataset: DatasetPlan,
+    pub lora: LoraPlan,
+    pub optimizer: AdamWConfig,
+    pub schedule: SchedulePlan,
+    pub training: TrainingPlan,
+    pub memory: MemoryPlan,
+    pub output: OutputPlan,
+    pub sampling: Option<SamplingPlan>,
+    /// Things the user should know that are not errors (ignored settings, knobs that do not apply here).
+    pub notes: Vec<String>,
+}

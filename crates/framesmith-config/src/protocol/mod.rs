@@ -1,0 +1,121 @@
+//! The UI ↔ engine protocol: plain data only (numbers, strings, paths), never tensors. The app sends `Command`s
+//! and drains `Event`s; the engine thread does the reverse. Both sides use bounded channels.
+
+pub mod memory;
+
+use std::path::PathBuf;
+
+use crate::RunConfig;
+
+/// What the UI (or the command line) asks the engine to do.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Start a run (optionally resuming from a training-state folder).
+    StartRun(Box<StartRun>),
+    Pause,
+    Resume,
+    /// Stop after the current block, saving the LoRA and training state.
+    Stop,
+    SaveNow,
+    SampleNow,
+}
+
+/// Everything a run needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StartRun {
+    pub config: RunConfig,
+    pub resume_from: Option<PathBuf>,
+}
+
+/// The engine's state, as shown by the UI.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RunState {
+    Idle,
+    Preparing,
+    Training,
+    Paused,
+    Sampling,
+    Saving,
+    Finished,
+    Stopped,
+    Failed,
+}
+
+/// Progress after an optimizer step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub step: usize,
+    pub total_steps: usize,
+    pub epoch: usize,
+    pub loss: f64,
+    pub smoothed_loss: f64,
+    pub learning_rate: f64,
+    pub step_secs: f64,
+    pub eta_secs: f64,
+}
+
+/// Log severity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogLevel {
+    Info,
+    Warn,
+    Error,
+}
+
+/// What happened in the engine.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    StateChanged(RunState),
+    Progress(Progress),
+    Log {
+        level: LogLevel,
+        message: String,
+    },
+    CheckpointSaved {
+        step: usize,
+        lora: PathBuf,
+        state: Option<PathBuf>,
+    },
+    SampleReady {
+        step: usize,
+        video: PathBuf,
+        frames_dir: PathBuf,
+        prompt: String,
+    },
+    /// The run stopped with an error; the message says what and how to fix it.
+    Failed {
+        message: String,
+    },
+}
+
+/// The UI's end of the engine: send commands, drain events. Dropping it tells the engine to stop.
+pub struct EngineHandle {
+    pub commands: std::sync::mpsc::SyncSender<Command>,
+    pub events: std::sync::mpsc::Receiver<Event>,
+}
+
+/// The engine thread's end of the same channels.
+pub struct EngineEnd {
+    pub commands: std::sync::mpsc::Receiver<Command>,
+    pub events: std::sync::mpsc::SyncSender<Event>,
+}
+
+/// Commands are few; events are drained once per UI frame, so a few hundred cover any frame hitch.
+pub const COMMAND_CAPACITY: usize = 16;
+pub const EVENT_CAPACITY: usize = 1024;
+
+/// A connected pair of bounded channels.
+pub fn channel_pair() -> (EngineHandle, EngineEnd) {
+    let (command_tx, command_rx) = std::sync::mpsc::sync_channel(COMMAND_CAPACITY);
+    let (event_tx, event_rx) = std::sync::mpsc::sync_channel(EVENT_CAPACITY);
+    (
+        EngineHandle {
+            commands: command_tx,
+            events: event_rx,
+        },
+        EngineEnd {
+            commands: command_rx,
+            events: event_tx,
+        },
+    )
+}

@@ -1,0 +1,456 @@
+//! `RunConfig`: everything a training run reads, as the user writes it in TOML (and as the GUI edits it).
+//! Plain data with defaults; validation into a `RunPlan` lives in `config::validate`.
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+/// Current `schema_version` of run configs.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// A whole run configuration. Every section has defaults, so an empty file is a valid starting point.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RunConfig {
+    pub schema_version: u32,
+    pub model: ModelSection,
+    pub dataset: DatasetSection,
+    pub lora: LoraSection,
+    pub optimizer: OptimizerSection,
+    pub training: TrainingSection,
+    pub memory: MemorySection,
+    pub output: OutputSection,
+    pub sampling: SamplingSection,
+}
+
+impl Default for RunConfig {
+    fn default() -> Self {
+        Self {
+            schema_version: SCHEMA_VERSION,
+            model: ModelSection::default(),
+            dataset: DatasetSection::default(),
+            lora: LoraSection::default(),
+            optimizer: OptimizerSection::default(),
+            training: TrainingSection::default(),
+            memory: MemorySection::default(),
+            output: OutputSection::default(),
+            sampling: SamplingSection::default(),
+        }
+    }
+}
+
+/// Base weight dtype of the DiT during training.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BaseDtype {
+    F32,
+    Bf16,
+    F16,
+    Fp8,
+}
+
+/// FP8 scale granularity (DESIGN.md §4.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp8ScaleMode {
+    Tensor,
+    Channel,
+    Block64,
+}
+
+/// Residual-stream dtype (DESIGN.md §4.7).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ResidualDtype {
+    F32,
+    Bf16,
+}
+
+/// Model files and numerics.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ModelSection {
+    /// DiT checkpoint (file or folder). Empty with `demo = true` uses the built-in tiny model.
+    pub dit: PathBuf,
+    /// `auto` (detected from the file) or a variant name (`t2v-1.3b`, `t2v-14b`, `i2v-14b`, `t2v-a14b`, …).
+    pub variant: String,
+    pub vae: PathBuf,
+    pub text_encoder: PathBuf,
+    pub base_dtype: BaseDtype,
+    pub fp8_scale: Fp8ScaleMode,
+    pub residual_dtype: ResidualDtype,
+    /// Train the built-in tiny demo model (no files needed).
+    pub demo: bool,
+}
+
+impl Default for ModelSection {
+    fn default() -> Self {
+        Self {
+            dit: PathBuf::new(),
+            variant: "auto".into(),
+            vae: PathBuf::new(),
+            text_encoder: PathBuf::new(),
+            base_dtype: BaseDtype::Bf16,
+            fp8_scale: Fp8ScaleMode::Block64,
+            residual_dtype: ResidualDtype::F32,
+            demo: false,
+        }
+    }
+}
+
+/// The dataset: a musubi-tuner dataset TOML.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DatasetSection {
+    pub config: PathBuf,
+    /// Train on generated latents and text embeddings instead of files (the demo model, smoke tests).
+    pub synthetic: bool,
+    /// Overrides `resolution` ([width, height]) of every dataset in the dataset config.
+    pub resolution: Option<[usize; 2]>,
+    /// Overrides `target_frames` of every video dataset in the dataset config (each 4k+1).
+    pub target_frames: Option<Vec<usize>>,
+}
+
+/// The LoRA being trained.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LoraSection {
+    pub rank: usize,
+    pub alpha: f64,
+    /// Regexes on module paths (`blocks.3.self_attn.q`); empty includes every target.
+    pub include_patterns: Vec<String>,
+    pub exclude_patterns: Vec<String>,
+    /// Continue from an existing LoRA file's weights.
+    pub init_from: Option<PathBuf>,
+}
+
+impl Default for LoraSection {
+    fn default() -> Self {
+        Self {
+            rank: 32,
+            alpha: 32.0,
+            include_patterns: Vec::new(),
+            exclude_patterns: Vec::new(),
+            init_from: None,
+        }
+    }
+}
+
+/// Learning-rate schedule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LrScheduler {
+    Constant,
+    ConstantWithWarmup,
+    Linear,
+    Cosine,
+    CosineWithRestarts,
+    Polynomial,
+}
+
+/// AdamW and the learning-rate schedule.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OptimizerSection {
+    pub learning_rate: f64,
+    pub betas: [f64; 2],
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// Gradient clipping by global norm; 0 disables.
+    pub max_grad_norm: f64,
+    pub lr_scheduler: LrScheduler,
+    pub lr_warmup_steps: usize,
+    pub lr_scheduler_num_cycles: usize,
+    pub lr_scheduler_power: f64,
+}
+
+impl Default for OptimizerSection {
+    fn default() -> Self {
+        Self {
+            learning_rate: 2e-4,
+            betas: [0.9, 0.999],
+            eps: 1e-8,
+            weight_decay: 0.01,
+            max_grad_norm: 1.0,
+            lr_scheduler: LrScheduler::Constant,
+            lr_warmup_steps: 0,
+            lr_scheduler_num_cycles: 1,
+            lr_scheduler_power: 1.0,
+        }
+    }
+}
+
+/// How training timesteps are drawn (musubi-tuner's `timestep_sampling`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimestepSampling {
+    Sigma,
+    Uniform,
+    Sigmoid,
+    Shift,
+    Logsnr,
+    /// musubi-tuner's `qinglong_flux` (called `qinglong` before 2025-08-11): 80% resolution-shifted sigmoid,
+    /// 7.5% logSNR(logit_mean, logit_std), 12.5% logSNR(5.36, 1).
+    #[serde(alias = "qinglong_flux")]
+    Qinglong,
+    /// musubi-tuner's `qinglong_qwen`: as `qinglong` with the Qwen-Image resolution shift.
+    QinglongQwen,
+}
+
+/// Per-sample loss weighting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum WeightingScheme {
+    None,
+    SigmaSqrt,
+    Cosmap,
+}
+
+/// The training loop.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct TrainingSection {
+    pub max_train_steps: usize,
+    /// When set (and not 0), overrides `max_train_steps` by whole epochs.
+    pub max_train_epochs: Option<usize>,
+    pub gradient_accumulation_steps: usize,
+    pub seed: u64,
+    pub timestep_sampling: TimestepSampling,
+    pub discrete_flow_shift: f64,
+    pub sigmoid_scale: f64,
+    pub min_timestep: f64,
+    pub max_timestep: f64,
+    pub weighting_scheme: WeightingScheme,
+    /// Stop the run after this many non-finite steps in a row.
+    pub max_consecutive_nonfinite: usize,
+    /// Where to train: `"auto"` (the first CUDA device, else the CPU), `"cpu"`, `"cuda"` or `"cuda:N"`.
+    pub device: DeviceSpec,
+    /// Mean of the logSNR normal for `logsnr` / `qinglong` sampling.
+    pub logit_mean: f64,
+    /// Standard deviation of the logSNR normal for `logsnr` / `qinglong` sampling.
+    pub logit_std: f64,
+    /// Keep the sampling distribution's shape inside [min_timestep, max_timestep] by rejection instead of
+    /// scaling [0, 1] onto the range.
+    pub preserve_distribution_shape: bool,
+}
+
+impl Default for TrainingSection {
+    fn default() -> Self {
+        Self {
+            max_train_steps: 1600,
+            max_train_epochs: None,
+            gradient_accumulation_steps: 1,
+            seed: 42,
+            timestep_sampling: TimestepSampling::Shift,
+            discrete_flow_shift: 3.0,
+            sigmoid_scale: 1.0,
+            min_timestep: 0.0,
+            max_timestep: 1000.0,
+            weighting_scheme: WeightingScheme::None,
+            max_consecutive_nonfinite: 5,
+            device: DeviceSpec::Auto,
+            logit_mean: 0.0,
+            logit_std: 1.0,
+            preserve_distribution_shape: false,
+        }
+    }
+}
+
+/// Which device trains: written `"auto"`, `"cpu"`, `"cuda"` (= `"cuda:0"`) or `"cuda:N"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum DeviceSpec {
+    /// The first CUDA device when there is one, else the CPU.
+    Auto,
+    Cpu,
+    /// A CUDA device by ordinal.
+    Cuda(usize),
+}
+
+impl std::fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Auto => f.write_str("auto"),
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(ordinal) => write!(f, "cuda:{ordinal}"),
+        }
+    }
+}
+
+impl std::str::FromStr for DeviceSpec {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let lower = text.trim().to_ascii_lowercase();
+        match lower.as_str() {
+            "auto" => Ok(Self::Auto),
+            "cpu" => Ok(Self::Cpu),
+            "cuda" | "gpu" => Ok(Self::Cuda(0)),
+            _ => lower
+                .strip_prefix("cuda:")
+                .and_then(|n| n.parse().ok())
+                .map(Self::Cuda)
+                .ok_or_else(|| {
+                    format!("unknown device `{text}`, expected `auto`, `cpu`, `cuda` or `cuda:N`")
+                }),
+        }
+    }
+}
+
+impl TryFrom<String> for DeviceSpec {
+    type Error = String;
+
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        text.parse()
+    }
+}
+
+impl From<DeviceSpec> for String {
+    fn from(spec: DeviceSpec) -> Self {
+        spec.to_string()
+    }
+}
+
+/// Block streaming mode (DESIGN.md §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StreamingMode {
+    Off,
+    Pinned,
+    Staged,
+}
+
+/// Where the checkpointed step keeps saved block inputs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ActivationPlacement {
+    Device,
+    Host,
+}
+
+/// How much of each block's forward the training step keeps for the backward (`train::step::StepOptions`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Checkpointing {
+    /// Per-block checkpointing: only each block's input is saved and the block is recomputed in the backward
+    /// (the least memory).
+    #[default]
+    Blocks,
+    /// Selective checkpointing: each block's self-attention output and log-sum-exp are kept as well, so the
+    /// recompute skips the attention kernel (about 15% faster steps at 32k tokens, for a few GiB).
+    Attention,
+    /// No checkpointing: every block's whole forward tape is kept and nothing is recomputed (the fastest steps,
+    /// about 2 GiB per Wan2.1-1.3B block at 480×832×81).
+    Off,
+}
+
+impl Checkpointing {
+    /// Whether the step keeps self-attention outputs ([`Checkpointing::Attention`]).
+    pub fn keeps_attention(self) -> bool {
+        self == Self::Attention
+    }
+
+    /// Whether the step keeps every block's whole tape ([`Checkpointing::Off`]).
+    pub fn keeps_tapes(self) -> bool {
+        self == Self::Off
+    }
+}
+
+/// Number of streamed blocks: a count, or `"auto"` (the planner picks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BlocksToSwap {
+    Count(usize),
+    Auto(AutoKeyword),
+}
+
+/// The literal `"auto"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AutoKeyword {
+    Auto,
+}
+
+/// Memory: block streaming and budgets (these act on a CUDA device only) and checkpointing (on every device).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct MemorySection {
+    pub streaming: StreamingMode,
+    pub blocks_to_swap: BlocksToSwap,
+    pub activations: ActivationPlacement,
+    /// What the training step keeps from each block's forward for its backward (memory against recompute).
+    pub checkpointing: Checkpointing,
+    /// Use at most this much VRAM (GB); `None`: the card's free memory minus headroom.
+    pub vram_budget_gb: Option<f64>,
+    /// Page-locked staging buffers (8 MiB chunks) of `staged` streaming.
+    pub staging_slots: usize,
+    /// When Windows starts spilling into shared GPU memory: the app pauses the run, `framesmith train` stops it
+    /// (saving), once per run.
+    pub shared_memory_guard: bool,
+}
+
+impl Default for MemorySection {
+    fn default() -> Self {
+        Self {
+            streaming: StreamingMode::Off,
+            blocks_to_swap: BlocksToSwap::Count(0),
+            activations: ActivationPlacement::Device,
+            checkpointing: Checkpointing::Blocks,
+            vram_budget_gb: None,
+            staging_slots: crate::training::STAGING_SLOTS,
+            shared_memory_guard: false,
+        }
+    }
+}
+
+/// LoRA dtype on disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SaveDtype {
+    Fp32,
+    Bf16,
+    Fp16,
+    /// The DiT's compute dtype (bf16 for an FP8 or bf16 base), as musubi-tuner saves.
+    Dit,
+}
+
+/// Where and when outputs are written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct OutputSection {
+    pub output_dir: PathBuf,
+    pub output_name: String,
+    /// Save a LoRA every N optimizer steps; unset or 0: off.
+    pub save_every_n_steps: Option<usize>,
+    /// Save a LoRA every N epochs; unset or 0: off.
+    pub save_every_n_epochs: Option<usize>,
+    /// Also write a resumable training-state folder at each save.
+    pub save_state: bool,
+    pub save_dtype: SaveDtype,
+}
+
+impl Default for OutputSection {
+    fn default() -> Self {
+        Self {
+            output_dir: PathBuf::from("output"),
+            output_name: "lora".into(),
+            save_every_n_steps: None,
+            save_every_n_epochs: Some(1),
+            save_state: true,
+            save_dtype: SaveDtype::Fp32,
+        }
+    }
+}
+
+/// Sample clips generated during training.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct SamplingSection {
+    /// musubi-tuner prompt file (`.txt` with `--w --h --f --d --s` options, or `.toml`).
+    pub prompts: Option<PathBuf>,
+    /// Unset or 0: off.
+    pub sample_every_n_steps: Option<usize>,
+    /// Unset or 0: off.
+    pub sample_every_n_epochs: Option<usize>,
+    pub sample_at_first: bool,
+}

@@ -1,0 +1,469 @@
+//! `validate`: checks a `RunConfig` against itself and the machine and resolves it into a `RunPlan`. Every
+//! problem is collected (not only the first), each naming its TOML key, what is wrong and the fix.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::plan::{
+    DatasetPlan, DatasetSource, FloatDtype, HostInfo, LoraPlan, ModelPlan, ModelSource, OutputPlan,
+    PlanDevice, RunPlan, SamplingPlan,
+};
+use super::run::{BaseDtype, DeviceSpec, RunConfig, SaveDtype, SCHEMA_VERSION};
+use super::validate_train::{check_memory, check_optimizer, check_training};
+use crate::catalog;
+
+/// One thing wrong with a config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    /// Dotted TOML key, e.g. `optimizer.learning_rate`.
+    pub key: String,
+    /// What is wrong.
+    pub message: String,
+    /// How to fix it.
+    pub fix: String,
+}
+
+impl fmt::Display for Problem {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "`{}`: {}; {}", self.key, self.message, self.fix)
+    }
+}
+
+/// Every problem found in a config.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct ValidationErrors {
+    pub problems: Vec<Problem>,
+}
+
+impl ValidationErrors {
+    /// The problem about `key`, if any.
+    pub fn for_key(&self, key: &str) -> Option<&Problem> {
+        self.problems.iter().find(|p| p.key == key)
+    }
+}
+
+impl fmt::Display for ValidationErrors {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.problems.len();
+        write!(
+            f,
+            "the run config has {n} problem{}:",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for p in &self.problems {
+            write!(f, "\n  - {p}")?;
+        }
+        Ok(())
+    }
+}
+
+/// Collects problems and notes while the sections are checked.
+#[derive(Default)]
+pub(crate) struct Checker {
+    pub(crate) problems: Vec<Problem>,
+    pub(crate) notes: Vec<String>,
+}
+
+impl Checker {
+    pub(crate) fn problem(
+        &mut self,
+        key: &str,
+        message: impl Into<String>,
+        fix: impl Into<String>,
+    ) {
+        self.problems.push(Problem {
+            key: key.to_string(),
+            message: message.into(),
+            fix: fix.into(),
+        });
+    }
+
+    pub(crate) fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
+    }
+
+    /// `value` must be finite and > 0.
+    pub(crate) fn positive(&mut self, key: &str, value: f64, fix: &str) {
+        if !(value.is_finite() && value > 0.0) {
+            self.problem(key, format!("must be a positive number, not {value}"), fix);
+        }
+    }
+
+    /// A path that is set must exist.
+    pub(crate) fn existing(&mut self, key: &str, path: &Path, what: &str) {
+        if !path.exists() {
+            self.problem(
+                key,
+                format!("{what} not found: {}", path.display()),
+                "check the path (relative paths start from the folder Framesmith runs in)",
+            );
+        }
+    }
+}
+
+/// Checks `cfg` on a machine described by `host` and resolves it. Returns every problem when there is any.
+pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationErrors> {
+    let mut c = Checker::default();
+    if cfg.schema_version != SCHEMA_VERSION {
+        c.problem(
+            "schema_version",
+            format!(
+                "is {}, this Framesmith reads {SCHEMA_VERSION}",
+                cfg.schema_version
+            ),
+            format!("set schema_version = {SCHEMA_VERSION}"),
+        );
+    }
+    let device = check_device(&mut c, cfg.training.device, host);
+    let model = check_model(&mut c, cfg, device);
+    let dataset = check_dataset(&mut c, cfg);
+    let lora = check_lora(&mut c, cfg);
+    let (optimizer, schedule) = check_optimizer(&mut c, cfg);
+    let training = check_training(&mut c, cfg);
+    let num_layers = model
+        .variant
+        .as_deref()
+        .and_then(catalog::variant)
+        .map(|v| v.blocks);
+    let memory = check_memory(&mut c, &cfg.memory, device, host, num_layers);
+    let output = check_output(&mut c, cfg, model.compute_dtype);
+    let sampling = check_sampling(&mut c, cfg);
+    if !c.problems.is_empty() {
+        return Err(ValidationErrors {
+            problems: c.problems,
+        });
+    }
+    Ok(RunPlan {
+        config: cfg.clone(),
+        device,
+        model,
+        dataset,
+        lora,
+        optimizer,
+        schedule,
+        training,
+        memory,
+        output,
+        sampling,
+        notes: c.notes,
+    })
+}
+
+fn check_device(c: &mut Checker, spec: DeviceSpec, host: &HostInfo) -> PlanDevice {
+    match spec {
+        DeviceSpec::Cpu => PlanDevice::Cpu,
+        DeviceSpec::Auto if host.cuda_devices > 0 => PlanDevice::Cuda(0),
+        DeviceSpec::Auto => {
+            c.note(
+                "no CUDA device found: training on the CPU (slow for anything but the demo model)",
+            );
+            PlanDevice::Cpu
+        }
+        DeviceSpec::Cuda(n) if n < host.cuda_devices => PlanDevice::Cuda(n),
+        DeviceSpec::Cuda(n) => {
+            let have = match host.cuda_devices {
+                0 => "no CUDA device is available (or this build has no CUDA support)".to_string(),
+                k => format!(
+                    "this machine has {k} CUDA device{}",
+                    if k == 1 { "" } else { "s" }
+                ),
+            };
+            c.problem(
+                "training.device",
+                format!("cuda:{n} is not available: {have}"),
+                "set training.device = \"auto\", \"cpu\" or an existing \"cuda:N\"",
+            );
+            PlanDevice::Cpu
+        }
+    }
+}
+
+/// A period of 0 turns it off (a TOML overlay cannot unset a key, but it can write 0).
+fn period(value: Option<usize>) -> Option<usize> {
+    value.filter(|&n| n > 0)
+}
+
+fn non_empty(path: &Path) -> Option<PathBuf> {
+    (!path.as_os_str().is_empty()).then(|| path.to_path_buf())
+}
+
+fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPlan {
+    let m = &cfg.model;
+    let source = if m.demo {
+        if non_empty(&m.dit).is_some() {
+            c.note("model.dit is ignored: model.demo = true trains the built-in tiny model");
+        }
+        ModelSource::Demo
+    } else if let Some(dit) = non_empty(&m.dit) {
+        c.existing("model.dit", &dit, "DiT checkpoint");
+        ModelSource::File(dit)
+    } else {
+        c.problem(
+            "model.dit",
+            "no DiT checkpoint is set",
+            "set model.dit to the Wan DiT file or folder, or model.demo = true for the built-in tiny model",
+        );
+        ModelSource::Demo
+    };
+    let variant = check_variant(c, &m.variant, m.demo);
+    let vae = non_empty(&m.vae);
+    if let Some(p) = &vae {
+        c.existing("model.vae", p, "VAE checkpoint");
+    }
+    let text_encoder = non_empty(&m.text_encoder);
+    if let Some(p) = &text_encoder {
+        c.existing("model.text_encoder", p, "text encoder checkpoint");
+    }
+    if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
+        c.note("FP8 base weights are dequantised on every use on the CPU; f32 is faster there");
+    }
+    let compute_dtype = match m.base_dtype {
+        BaseDtype::F32 => FloatDtype::F32,
+        BaseDtype::F16 => FloatDtype::F16,
+        BaseDtype::Bf16 | BaseDtype::Fp8 => FloatDtype::Bf16,
+    };
+    ModelPlan {
+        source,
+        variant,
+        vae,
+        text_encoder,
+        base_dtype: m.base_dtype,
+        fp8_scale: (m.base_dtype == BaseDtype::Fp8).then_some(m.fp8_scale),
+        residual_dtype: m.residual_dtype,
+        compute_dtype,
+    }
+}
+
+fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
+    if variant.eq_ignore_ascii_case("auto") {
+        return None;
+    }
+    if demo {
+        c.note(format!(
+            "model.variant = \"{variant}\" is ignored: the demo model has its own shape"
+        ));
+        return None;
+    }
+    if catalog::variant(variant).is_some() {
+        return Some(variant.to_ascii_lowercase());
+    }
+    c.problem(
+        "model.variant",
+        format!("unknown variant `{variant}`"),
+        format!(
+            "use \"auto\" (detect from the file) or one of {}",
+            catalog::variant_names()
+        ),
+    );
+    None
+}
+
+fn check_dataset(c: &mut Checker, cfg: &RunConfig) -> DatasetPlan {
+    let d = &cfg.dataset;
+    let source = if d.synthetic {
+        if non_empty(&d.config).is_some() {
+            c.note("dataset.config is ignored: dataset.synthetic = true generates the data");
+        }
+        DatasetSource::Synthetic
+    } else if let Some(p) = non_empty(&d.config) {
+        c.existing("dataset.config", &p, "dataset config");
+        DatasetSource::Config(p)
+    } else {
+        c.problem(
+            "dataset.config",
+            "no dataset config is set",
+            "set dataset.config to a musubi-tuner dataset TOML, or dataset.synthetic = true for generated data",
+        );
+        DatasetSource::Synthetic
+    };
+    if let Some([w, h]) = d.resolution {
+        if w == 0 || h == 0 || w % 16 != 0 || h % 16 != 0 {
+            c.problem(
+                "dataset.resolution",
+                format!("[{w}, {h}] is not a multiple of 16 (VAE 8× and patch 2×)"),
+                "use [width, height] in multiples of 16, e.g. [832, 480]",
+            );
+        }
+    }
+    if let Some(frames) = &d.target_frames {
+        let bad: Vec<String> = frames
+            .iter()
+            .filter(|&&n| n == 0 || (n - 1) % 4 != 0)
+            .map(|n| n.to_string())
+            .collect();
+        if frames.is_empty() || !bad.is_empty() {
+            c.problem(
+                "dataset.target_frames",
+                format!("frame counts must be 4k+1 (the VAE packs 4 frames after the first); bad: [{}]", bad.join(", ")),
+                "use counts such as 1, 17, 33, 49, 81, or remove the key to use the dataset config's",
+            );
+        }
+    }
+    DatasetPlan {
+        source,
+        resolution: d.resolution.map(|[w, h]| (w, h)),
+        target_frames: d.target_frames.clone(),
+    }
+}
+
+fn check_lora(c: &mut Checker, cfg: &RunConfig) -> LoraPlan {
+    let l = &cfg.lora;
+    if l.rank == 0 {
+        c.problem(
+            "lora.rank",
+            "must be at least 1",
+            "use a rank such as 16 or 32",
+        );
+    }
+    c.positive(
+        "lora.alpha",
+        l.alpha,
+        "use alpha = rank (scale 1) or a positive value such as 1.0",
+    );
+    for (key, patterns) in [
+        ("lora.include_patterns", &l.include_patterns),
+        ("lora.exclude_patterns", &l.exclude_patterns),
+    ] {
+        for (i, p) in patterns.iter().enumerate() {
+            if let Err(e) = regex::Regex::new(p) {
+                let shown = e.to_string();
+                let last = shown.lines().last().unwrap_or_default();
+                let first_line = last.strip_prefix("error: ").unwrap_or(last).to_string();
+                c.problem(
+                    &format!("{key}[{i}]"),
+                    format!("`{p}` is not a valid regular expression: {first_line}"),
+                    "fix the pattern (escape dots as `\\\\.`), e.g. \"blocks\\\\.\\\\d+\\\\.self_attn\"",
+                );
+            }
+        }
+    }
+    if let Some(p) = &l.init_from {
+        c.existing("lora.init_from", p, "LoRA file");
+    }
+    LoraPlan {
+        rank: l.rank,
+        alpha: l.alpha,
+        scale: if l.rank == 0 {
+            0.0
+        } else {
+            l.alpha / l.rank as f64
+        },
+        include_patterns: l.include_patterns.clone(),
+        exclude_patterns: l.exclude_patterns.clone(),
+        init_from: l.init_from.clone(),
+    }
+}
+
+/// Characters Windows refuses in file names (and the path separators).
+const BAD_NAME_CHARS: &[char] = &['<', '>', ':', '"', '/', '\\', '|', '?', '*'];
+
+fn check_output(c: &mut Checker, cfg: &RunConfig, compute: FloatDtype) -> OutputPlan {
+    let o = &cfg.output;
+    if o.output_dir.as_os_str().is_empty() {
+        c.problem(
+            "output.output_dir",
+            "is empty",
+            "set the folder LoRA files are written to, e.g. \"output\"",
+        );
+    } else if let Some(file) = o
+        .output_dir
+        .ancestors()
+        .find(|p| !p.as_os_str().is_empty() && p.exists())
+        .filter(|p| !p.is_dir())
+    {
+        c.problem(
+            "output.output_dir",
+            format!(
+                "{} is a file, so the folder {} cannot be made",
+                file.display(),
+                o.output_dir.display()
+            ),
+            "pick a folder path (a new folder is made when it does not exist)",
+        );
+    }
+    let name = o.output_name.as_str();
+    let bad_char = name
+        .chars()
+        .any(|ch| BAD_NAME_CHARS.contains(&ch) || ch.is_control());
+    if name.trim().is_empty()
+        || bad_char
+        || name.ends_with('.')
+        || name.ends_with(' ')
+        || name == ".."
+    {
+        c.problem(
+            "output.output_name",
+            format!("`{name}` is not a usable file name"),
+            "use letters, digits, `-` and `_` (no path separators or any of < > : \" | ? *)",
+        );
+    }
+    let save_dtype = match o.save_dtype {
+        SaveDtype::Fp32 => FloatDtype::F32,
+        SaveDtype::Bf16 => FloatDtype::Bf16,
+        SaveDtype::Fp16 => FloatDtype::F16,
+        SaveDtype::Dit => compute,
+    };
+    OutputPlan {
+        output_dir: o.output_dir.clone(),
+        output_name: o.output_name.clone(),
+        save_every_n_steps: period(o.save_every_n_steps),
+        save_every_n_epochs: period(o.save_every_n_epochs),
+        save_state: o.save_state,
+        save_dtype,
+    }
+}
+
+fn check_sampling(c: &mut Checker, cfg: &RunConfig) -> Option<SamplingPlan> {
+    let s = &cfg.sampling;
+    let (every_n_steps, every_n_epochs) = (
+        period(s.sample_every_n_steps),
+        period(s.sample_every_n_epochs),
+    );
+    let scheduled = every_n_steps.is_some() || every_n_epochs.is_some() || s.sample_at_first;
+    let Some(prompts) = &s.prompts else {
+        if scheduled {
+            c.problem(
+                "sampling.prompts",
+                "samples are scheduled but no prompt file is set",
+                "set sampling.prompts to a musubi-tuner prompt file, or remove sample_every_n_* / sample_at_first",
+            );
+        }
+        return None;
+    };
+    c.existing("sampling.prompts", prompts, "prompt file");
+    if !cfg.model.demo {
+        for (key, path, what) in [
+            ("model.vae", &cfg.model.vae, "the VAE (to decode clips)"),
+            (
+                "model.text_encoder",
+                &cfg.model.text_encoder,
+                "the text encoder (to encode prompts)",
+            ),
+        ] {
+            if path.as_os_str().is_empty() {
+                c.problem(
+                    key,
+                    format!("sampling needs {what}"),
+                    format!("set {key}, or remove sampling.prompts"),
+                );
+            }
+        }
+    }
+    if !scheduled {
+        c.note(
+            "sampling.prompts is set but no sample is scheduled; samples come only when asked for",
+        );
+    }
+    Some(SamplingPlan {
+        prompts: prompts.clone(),
+        every_n_steps,
+        every_n_epochs,
+        at_first: s.sample_at_first,
+    })
+}
+
+// Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+#[path = "validate_tests.rs"]
+mod tests;

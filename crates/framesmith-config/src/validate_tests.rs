@@ -1,0 +1,496 @@
+//! Tests of `config::validate`.
+
+use std::path::Path;
+
+use super::*;
+use crate::plan::{ModelSource, TrainLength};
+use crate::run::{
+    ActivationPlacement, AutoKeyword, BlocksToSwap, Checkpointing, LrScheduler, StreamingMode,
+    TimestepSampling,
+};
+
+/// Defaults with real (empty) files for the DiT and the dataset config.
+fn runnable(dir: &Path) -> RunConfig {
+    let dit = dir.join("wan.safetensors");
+    let dataset = dir.join("dataset.toml");
+    std::fs::write(&dit, b"").unwrap();
+    std::fs::write(&dataset, b"").unwrap();
+    let mut cfg = RunConfig::default();
+    cfg.model.dit = dit;
+    cfg.dataset.config = dataset;
+    cfg
+}
+
+fn problems(cfg: &RunConfig, host: &HostInfo) -> ValidationErrors {
+    match validate(cfg, host) {
+        Ok(plan) => panic!("expected problems, got a plan with notes {:?}", plan.notes),
+        Err(e) => e,
+    }
+}
+
+#[test]
+fn defaults_with_files_resolve() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = runnable(dir.path());
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(plan.device, PlanDevice::Cuda(0));
+    assert_eq!(plan.model.source, ModelSource::File(cfg.model.dit.clone()));
+    assert_eq!(plan.model.variant, None);
+    assert_eq!(plan.model.compute_dtype, FloatDtype::Bf16);
+    assert_eq!(plan.model.fp8_scale, None, "bf16 base has no FP8 scales");
+    assert_eq!(plan.lora.scale, 1.0);
+    assert_eq!(plan.optimizer.max_grad_norm, Some(1.0));
+    assert_eq!(plan.optimizer.beta2, 0.999);
+    assert_eq!(plan.schedule.base_lr, 2e-4);
+    assert_eq!(plan.training.length, TrainLength::Steps(1600));
+    assert_eq!(plan.training.timesteps.sampling, TimestepSampling::Shift);
+    assert_eq!(plan.training.timesteps.discrete_flow_shift, 3.0);
+    assert_eq!(plan.output.save_dtype, FloatDtype::F32);
+    assert_eq!(plan.output.save_every_n_epochs, Some(1));
+    assert!(plan.memory.applies);
+    assert_eq!(plan.sampling, None);
+    assert!(plan.notes.is_empty(), "{:?}", plan.notes);
+    assert_eq!(plan.config, cfg);
+}
+
+#[test]
+fn plain_defaults_need_a_model_and_a_dataset() {
+    let e = problems(&RunConfig::default(), &HostInfo::new(1));
+    let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["model.dit", "dataset.config"]);
+    assert!(
+        e.problems[0].fix.contains("model.demo"),
+        "{}",
+        e.problems[0]
+    );
+}
+
+#[test]
+fn every_problem_is_reported_with_key_and_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.schema_version = 0;
+    cfg.model.variant = "t2v-15b".into();
+    cfg.model.vae = dir.path().join("missing-vae.pth");
+    cfg.dataset.resolution = Some([830, 480]);
+    cfg.dataset.target_frames = Some(vec![1, 16, 33]);
+    cfg.lora.rank = 0;
+    cfg.lora.alpha = f64::NAN;
+    cfg.lora.exclude_patterns = vec!["ok".into(), "blocks.(".into()];
+    cfg.optimizer.learning_rate = -1e-4;
+    cfg.optimizer.betas = [0.9, 1.0];
+    cfg.optimizer.eps = 0.0;
+    cfg.optimizer.weight_decay = -0.1;
+    cfg.optimizer.max_grad_norm = f64::INFINITY;
+    cfg.optimizer.lr_warmup_steps = 10;
+    cfg.training.gradient_accumulation_steps = 0;
+    cfg.training.max_train_steps = 0;
+    cfg.training.discrete_flow_shift = 0.0;
+    cfg.training.min_timestep = 600.0;
+    cfg.training.max_timestep = 500.0;
+    cfg.training.seed = u64::MAX;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(10);
+    cfg.memory.vram_budget_gb = Some(-2.0);
+    cfg.output.output_name = "my/lora".into();
+    cfg.output.output_dir = "".into();
+    cfg.sampling.sample_at_first = true;
+    let e = problems(&cfg, &HostInfo::new(1));
+    let expected = [
+        "schema_version",
+        "model.variant",
+        "model.vae",
+        "dataset.resolution",
+        "dataset.target_frames",
+        "lora.rank",
+        "lora.alpha",
+        "lora.exclude_patterns[1]",
+        "optimizer.learning_rate",
+        "optimizer.betas[1]",
+        "optimizer.eps",
+        "optimizer.weight_decay",
+        "optimizer.max_grad_norm",
+        "optimizer.lr_warmup_steps",
+        "training.max_train_steps",
+        "training.gradient_accumulation_steps",
+        "training.seed",
+        "training.discrete_flow_shift",
+        "training.max_timestep",
+        "memory.blocks_to_swap",
+        "memory.vram_budget_gb",
+        "output.output_dir",
+        "output.output_name",
+        "sampling.prompts",
+    ];
+    let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, expected);
+    for p in &e.problems {
+        assert!(!p.message.is_empty() && !p.fix.is_empty(), "{p}");
+    }
+    let shown = e.to_string();
+    assert!(
+        shown.starts_with(&format!("the run config has {} problems:", expected.len())),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("`dataset.target_frames`: frame counts must be 4k+1"),
+        "{shown}"
+    );
+    assert!(shown.contains("bad: [16]"), "{shown}");
+    assert!(e
+        .for_key("model.vae")
+        .unwrap()
+        .message
+        .contains("missing-vae.pth"));
+    assert!(e.for_key("model.variant").unwrap().fix.contains("t2v-14b"));
+}
+
+#[test]
+fn device_choice_is_checked_against_the_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let plan = validate(&cfg, &HostInfo::cpu_only()).unwrap();
+    assert_eq!(plan.device, PlanDevice::Cpu);
+    assert!(
+        plan.notes.iter().any(|n| n.contains("no CUDA device")),
+        "{:?}",
+        plan.notes
+    );
+
+    cfg.training.device = DeviceSpec::Cuda(1);
+    assert_eq!(
+        validate(&cfg, &HostInfo::new(2)).unwrap().device,
+        PlanDevice::Cuda(1)
+    );
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert_eq!(e.problems.len(), 1);
+    assert_eq!(e.problems[0].key, "training.device");
+    assert!(
+        e.problems[0].message.contains("has 1 CUDA device"),
+        "{}",
+        e.problems[0]
+    );
+}
+
+#[test]
+fn cuda_only_knobs_are_recorded_and_noted_on_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.training.device = DeviceSpec::Cpu;
+    cfg.memory.streaming = StreamingMode::Staged;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+    cfg.memory.activations = ActivationPlacement::Host;
+    cfg.memory.vram_budget_gb = Some(10.0);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(!plan.memory.applies);
+    assert_eq!(plan.memory.streaming, StreamingMode::Staged);
+    assert_eq!(plan.memory.vram_budget_bytes, Some(10 << 30));
+    let note = plan
+        .notes
+        .iter()
+        .find(|n| n.contains("CUDA device only"))
+        .expect("a CPU note");
+    assert!(
+        note.contains(
+            "memory.streaming, memory.blocks_to_swap, memory.activations, memory.vram_budget_gb"
+        ),
+        "{note}"
+    );
+
+    cfg.training.device = DeviceSpec::Auto;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(plan.memory.applies);
+    assert!(
+        plan.notes.iter().all(|n| !n.contains("CUDA device only")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn streaming_needs_a_mode_and_fits_the_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.memory.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("memory.blocks_to_swap")
+        .unwrap()
+        .fix
+        .contains("pinned"));
+
+    cfg.memory.streaming = StreamingMode::Pinned;
+    cfg.model.variant = "t2v-1.3b".into();
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(30);
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("memory.blocks_to_swap")
+        .unwrap()
+        .fix
+        .contains("at most 29"));
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(29);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(plan.model.variant.as_deref(), Some("t2v-1.3b"));
+    assert_eq!(plan.memory.blocks_to_swap, BlocksToSwap::Count(29));
+    assert!(plan.notes.iter().all(|n| !n.contains("saves no VRAM")));
+    // No more blocks than GPU slots: valid, but it saves nothing, and the note says why.
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(2);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(
+        plan.notes.iter().any(|n| n.contains("saves no VRAM")),
+        "{:?}",
+        plan.notes
+    );
+    // Staging slots belong to staged streaming.
+    cfg.memory.staging_slots = 6;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("staging_slots is used by")),
+        "{:?}",
+        plan.notes
+    );
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(29);
+
+    cfg.memory.streaming = StreamingMode::Staged;
+    cfg.memory.staging_slots = 0;
+    assert!(problems(&cfg, &HostInfo::new(1))
+        .for_key("memory.staging_slots")
+        .is_some());
+}
+
+#[test]
+fn memory_settings_reach_the_plan_and_bad_budgets_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.model.variant = "t2v-14b".into();
+    cfg.memory.streaming = StreamingMode::Staged;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(20);
+    cfg.memory.activations = ActivationPlacement::Host;
+    cfg.memory.staging_slots = 3;
+    cfg.memory.vram_budget_gb = Some(22.5);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    let m = plan.memory;
+    assert!(m.applies);
+    assert_eq!(
+        (
+            m.streaming,
+            m.blocks_to_swap,
+            m.activations,
+            m.staging_slots
+        ),
+        (
+            StreamingMode::Staged,
+            BlocksToSwap::Count(20),
+            ActivationPlacement::Host,
+            3
+        )
+    );
+    assert_eq!(
+        m.vram_budget_bytes,
+        Some((22.5 * (1u64 << 30) as f64) as u64)
+    );
+    for bad in [0.0, -4.0, f64::NAN] {
+        cfg.memory.vram_budget_gb = Some(bad);
+        let e = problems(&cfg, &HostInfo::new(1));
+        let p = e
+            .for_key("memory.vram_budget_gb")
+            .expect("a budget problem");
+        assert!(p.message.contains("positive"), "{p}");
+    }
+    cfg.memory.vram_budget_gb = None;
+    cfg.memory.blocks_to_swap = BlocksToSwap::Count(40);
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("memory.blocks_to_swap")
+        .unwrap()
+        .message
+        .contains("has 40"));
+}
+
+#[test]
+fn checkpointing_reaches_the_plan_on_every_device_and_off_refuses_host_activations() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let parsed = RunConfig::from_toml_str(
+        "[memory]\ncheckpointing = \"attention\"\n",
+        Path::new("a.toml"),
+    )
+    .unwrap();
+    assert_eq!(parsed.memory.checkpointing, Checkpointing::Attention);
+    assert_eq!(
+        RunConfig::default().memory.checkpointing,
+        Checkpointing::Blocks
+    );
+    for mode in [
+        Checkpointing::Blocks,
+        Checkpointing::Attention,
+        Checkpointing::Off,
+    ] {
+        cfg.memory.checkpointing = mode;
+        for device in [DeviceSpec::Cpu, DeviceSpec::Auto] {
+            cfg.training.device = device;
+            let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+            assert_eq!(plan.memory.checkpointing, mode, "{device:?}");
+            // It acts on a CPU too (RAM against recompute), so no "CPU ignores it" note names it.
+            assert!(
+                !plan.notes.iter().any(|n| n.contains("checkpointing")),
+                "{:?}",
+                plan.notes
+            );
+        }
+    }
+    cfg.memory.activations = ActivationPlacement::Host;
+    cfg.memory.checkpointing = Checkpointing::Attention;
+    assert!(validate(&cfg, &HostInfo::new(1)).is_ok());
+    cfg.memory.checkpointing = Checkpointing::Off;
+    let e = problems(&cfg, &HostInfo::new(1));
+    let p = e
+        .for_key("memory.checkpointing")
+        .expect("off with activations in RAM is a problem");
+    assert!(p.message.contains("memory.activations = \"host\""), "{p}");
+    assert!(p.fix.contains("memory.checkpointing = \"blocks\""), "{p}");
+    assert!(p.fix.contains("memory.activations = \"device\""), "{p}");
+}
+
+#[test]
+fn zero_periods_and_epochs_turn_things_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.output.save_every_n_epochs = Some(0);
+    cfg.output.save_every_n_steps = Some(250);
+    cfg.training.max_train_epochs = Some(0);
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(plan.output.save_every_n_epochs, None);
+    assert_eq!(plan.output.save_every_n_steps, Some(250));
+    assert_eq!(plan.training.length, TrainLength::Steps(1600));
+
+    cfg.training.max_train_epochs = Some(3);
+    cfg.training.gradient_accumulation_steps = 4;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(plan.training.length, TrainLength::Epochs(3));
+    // 10 batches with 4-step accumulation: 3 optimizer steps per epoch.
+    assert_eq!(plan.training.total_steps(10), 9);
+    assert_eq!(plan.schedule.with_total_steps(9).total_steps, 9);
+}
+
+#[test]
+fn schedule_settings_are_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.optimizer.lr_warmup_steps = 100;
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("optimizer.lr_warmup_steps")
+        .unwrap()
+        .fix
+        .contains("constant_with_warmup"));
+
+    cfg.optimizer.lr_scheduler = LrScheduler::CosineWithRestarts;
+    cfg.optimizer.lr_scheduler_num_cycles = 0;
+    assert!(problems(&cfg, &HostInfo::new(1))
+        .for_key("optimizer.lr_scheduler_num_cycles")
+        .is_some());
+
+    cfg.optimizer.lr_scheduler = LrScheduler::Polynomial;
+    cfg.optimizer.learning_rate = 1e-8;
+    cfg.optimizer.lr_scheduler_power = 0.0;
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e.for_key("optimizer.learning_rate").is_some());
+    assert!(e.for_key("optimizer.lr_scheduler_power").is_some());
+
+    cfg.optimizer.learning_rate = 1e-4;
+    cfg.optimizer.lr_scheduler_power = 2.0;
+    cfg.optimizer.lr_warmup_steps = 2000;
+    assert!(problems(&cfg, &HostInfo::new(1))
+        .for_key("optimizer.lr_warmup_steps")
+        .is_some());
+    cfg.training.max_train_epochs = Some(10);
+    assert!(
+        validate(&cfg, &HostInfo::new(1)).is_ok(),
+        "warmup vs length is unknown by epochs"
+    );
+}
+
+#[test]
+fn sampling_needs_prompts_vae_and_text_encoder() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, b"a cat --w 832 --h 480 --f 33").unwrap();
+    cfg.sampling.prompts = Some(prompts.clone());
+    cfg.sampling.sample_every_n_steps = Some(200);
+    let e = problems(&cfg, &HostInfo::new(1));
+    let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["model.vae", "model.text_encoder"]);
+
+    for (field, name) in [
+        (&mut cfg.model.vae, "vae.pth"),
+        (&mut cfg.model.text_encoder, "umt5.pth"),
+    ] {
+        *field = dir.path().join(name);
+        std::fs::write(&*field, b"").unwrap();
+    }
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    let sampling = plan.sampling.unwrap();
+    assert_eq!(
+        (sampling.prompts, sampling.every_n_steps),
+        (prompts, Some(200))
+    );
+}
+
+#[test]
+fn demo_and_synthetic_need_no_files() {
+    let mut cfg = RunConfig::default();
+    cfg.model.demo = true;
+    cfg.dataset.synthetic = true;
+    cfg.model.variant = "t2v-14b".into();
+    let plan = validate(&cfg, &HostInfo::cpu_only()).unwrap();
+    assert_eq!(plan.model.source, ModelSource::Demo);
+    assert_eq!(
+        plan.dataset.source,
+        crate::plan::DatasetSource::Synthetic
+    );
+    assert_eq!(plan.model.variant, None);
+    assert!(
+        plan.notes.iter().any(|n| n.contains("model.variant")),
+        "{:?}",
+        plan.notes
+    );
+}
+
+#[test]
+fn missing_files_are_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.model.dit = dir.path().join("wan2.1_t2v_14B_fp8.safetensors");
+    cfg.lora.init_from = Some(dir.path().join("old.safetensors"));
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("model.dit")
+        .unwrap()
+        .message
+        .contains("wan2.1_t2v_14B_fp8.safetensors"));
+    assert!(e
+        .for_key("lora.init_from")
+        .unwrap()
+        .message
+        .contains("old.safetensors"));
+}
+
+#[test]
+fn an_output_folder_under_a_file_is_refused_before_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let file = dir.path().join("wan.safetensors");
+    for output_dir in [file.clone(), file.join("loras")] {
+        cfg.output.output_dir = output_dir.clone();
+        let e = problems(&cfg, &HostInfo::new(1));
+        let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, ["output.output_dir"], "{}", output_dir.display());
+        assert!(e.problems[0].message.contains("is a file"), "{e}");
+    }
+    // A folder that does not exist yet is made by the run.
+    cfg.output.output_dir = dir.path().join("new").join("loras");
+    validate(&cfg, &HostInfo::new(1)).unwrap();
+}

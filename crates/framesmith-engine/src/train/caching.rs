@@ -1,0 +1,382 @@
+//! Caching a musubi-tuner dataset for training, as `wan_cache_latents.py` and `wan_cache_text_encoder_outputs.py`
+//! do and in their file format: VAE latents of every image and clip, umT5 embeddings of every caption. Caches
+//! already on disk are kept (a text cache only while its caption is unchanged), caches of items no longer in the
+//! dataset are removed unless asked not to, and a file that cannot be decoded is reported and skipped.
+
+mod header;
+mod text;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+use image::RgbImage;
+
+use framesmith_data::cache::{
+    image_latent_cache_name, media_stem, video_latent_cache_name, write_wan_latent_cache,
+    LatentCacheMetadata, WanLatentCache, WAN_ARCHITECTURE,
+};
+use framesmith_data::frames::{select_frames, WAN_TARGET_FPS};
+use framesmith_data::media::MediaTools;
+use framesmith_data::probe::{image_size, probe_video};
+use framesmith_data::samples::{cache_dir, image_sample, video_samples, Sample};
+use framesmith_data::scan::{scan_dataset, DatasetScan, ScanOptions};
+use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
+use framesmith_models::wan::vae::{LatentStats, TileConfig, WanVae};
+
+pub use text::cache_text;
+
+/// What caching does with files already in the cache directories.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheOptions {
+    /// Keep cache files of items that are no longer in the dataset (musubi-tuner's `--keep_cache`).
+    pub keep_stale: bool,
+}
+
+/// What happened to one dataset item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ItemOutcome {
+    /// Cache files written (a video gives one per clip).
+    Written(usize),
+    /// Every cache of the item was already there.
+    Skipped,
+    /// The item could not be cached; the reason names no path (the item is reported with it).
+    Failed(String),
+}
+
+/// Progress of a caching pass, for a progress bar.
+pub trait CacheProgress {
+    /// Caching of `items` items starts.
+    fn begin(&mut self, _items: usize) {}
+    /// One item is done.
+    fn item_done(&mut self, _media: &Path, _outcome: &ItemOutcome) {}
+}
+
+/// No progress reporting.
+impl CacheProgress for () {}
+
+/// What a caching pass did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct CacheSummary {
+    /// Items looked at.
+    pub items: usize,
+    /// Cache files written.
+    pub written: usize,
+    /// Items whose caches were all there already.
+    pub skipped: usize,
+    /// Items that could not be cached, with why.
+    pub failed: Vec<(PathBuf, String)>,
+    /// Stale cache files removed.
+    pub removed: Vec<PathBuf>,
+    /// Dataset problems found on the way (missing captions, unreadable files), and tensors that held NaN.
+    pub warnings: Vec<String>,
+}
+
+impl CacheSummary {
+    fn record(&mut self, media: &Path, outcome: &ItemOutcome) {
+        self.items += 1;
+        match outcome {
+            ItemOutcome::Written(n) => self.written += n,
+            ItemOutcome::Skipped => self.skipped += 1,
+            ItemOutcome::Failed(reason) => self.failed.push((media.to_path_buf(), reason.clone())),
+        }
+    }
+}
+
+impl fmt::Display for CacheSummary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} items: {} cache files written, {} already cached, {} failed, {} stale caches removed",
+            self.items,
+            self.written,
+            self.skipped,
+            self.failed.len(),
+            self.removed.len()
+        )
+    }
+}
+
+/// The VAE side of latent caching.
+pub struct LatentEncoder<'a> {
+    pub vae: &'a WanVae,
+    pub stats: &'a LatentStats,
+    /// Where the VAE's weights are.
+    pub device: Device,
+    /// Dtype the frames are fed and the latents stored in (musubi-tuner stores the VAE's dtype).
+    pub dtype: DType,
+    /// Spatial tiles, for frames too large to encode at once.
+    pub tiles: Option<TileConfig>,
+}
+
+impl LatentEncoder<'_> {
+    /// Normalised latents `[C, F, H, W]` of bucket-sized RGB frames, on the CPU in `self.dtype`.
+    pub fn encode_frames(&self, frames: &[RgbImage]) -> anyhow::Result<Tensor> {
+        let video = frames_to_video(frames, &self.device)?.to_dtype(self.dtype)?;
+        let latents = match &self.tiles {
+            Some(tiles) => self.vae.encode_tiled(&video, self.stats, tiles)?,
+            None => self.vae.encode(&video, self.stats)?,
+        };
+        Ok(latents
+            .squeeze(0)?
+            .to_dtype(self.dtype)?
+            .to_device(&Device::Cpu)?)
+    }
+}
+
+/// `[1, 3, F, H, W]` f32 in [−1, 1] from RGB frames of one size (`v / 127.5 − 1`, as musubi-tuner scales them).
+pub fn frames_to_video(frames: &[RgbImage], device: &Device) -> anyhow::Result<Tensor> {
+    let first = frames.first().context("no frames to encode")?;
+    let (w, h) = first.dimensions();
+    let mut data = Vec::with_capacity(frames.len() * (w * h * 3) as usize);
+    for frame in frames {
+        if frame.dimensions() != (w, h) {
+            anyhow::bail!("frames of one clip differ in size");
+        }
+        data.extend(frame.as_raw().iter().map(|&v| f32::from(v) / 127.5 - 1.0));
+    }
+    let (f, h, w) = (frames.len(), h as usize, w as usize);
+    Ok(Tensor::from_vec(data, (f, h, w, 3), device)?
+        .permute((3, 0, 1, 2))?
+        .unsqueeze(0)?)
+}
+
+/// One dataset's items, listed without probing (decoding comes later, item by item).
+pub(crate) fn scan_items(
+    dataset: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    summary: &mut CacheSummary,
+) -> DatasetScan {
+    let options = ScanOptions {
+        probe_media: false,
+        tools: tools.cloned(),
+        decode_check: false,
+    };
+    let scan = scan_dataset(dataset, &options);
+    summary
+        .warnings
+        .extend(scan.problems.iter().map(ToString::to_string));
+    scan
+}
+
+/// The cache files a run expects, and the items that failed (whose old caches are left alone), per folder.
+#[derive(Default)]
+pub(crate) struct Expected {
+    /// Folder → file names that belong to the dataset.
+    files: BTreeMap<PathBuf, BTreeSet<String>>,
+    /// Folder → stems of items that failed.
+    failed_stems: BTreeMap<PathBuf, BTreeSet<String>>,
+    /// Folders not to clean: JSONL datasets without a cache directory keep caches beside arbitrary media.
+    unowned: BTreeSet<PathBuf>,
+}
+
+impl Expected {
+    pub(crate) fn file(&mut self, path: &Path) {
+        if let (Some(dir), Some(name)) = (path.parent(), path.file_name()) {
+            self.files
+                .entry(dir.to_path_buf())
+                .or_default()
+                .insert(name.to_string_lossy().into_owned());
+        }
+    }
+
+    pub(crate) fn failed(&mut self, ds: &ResolvedDataset, media: &Path) {
+        self.failed_stems
+            .entry(cache_dir(ds, media))
+            .or_default()
+            .insert(media_stem(media));
+    }
+
+    pub(crate) fn dataset(&mut self, ds: &ResolvedDataset, scan: &DatasetScan) {
+        let listing_failed = scan.items.is_empty() && !scan.problems.is_empty();
+        match &ds.cache_directory {
+            Some(dir) if !listing_failed => {
+                self.files.entry(dir.clone()).or_default();
+            }
+            Some(dir) => {
+                self.unowned.insert(dir.clone());
+            }
+            None => self
+                .unowned
+                .extend(scan.items.iter().map(|i| cache_dir(ds, &i.media))),
+        }
+    }
+
+    /// Removes files ending in `suffix` that no item expects, except those of failed items, in every folder a
+    /// dataset owns.
+    pub(crate) fn remove_stale(&self, suffix: &str) -> anyhow::Result<Vec<PathBuf>> {
+        let mut removed = Vec::new();
+        for (dir, keep) in &self.files {
+            if self.unowned.contains(dir) || !dir.is_dir() {
+                continue;
+            }
+            let failed = self.failed_stems.get(dir);
+            let entries = std::fs::read_dir(dir)
+                .with_context(|| format!("cannot list the cache directory {}", dir.display()))?;
+            let mut stale: Vec<PathBuf> = entries
+                .filter_map(|e| e.ok())
+                .filter_map(|e| e.file_name().into_string().ok())
+                .filter(|name| name.ends_with(suffix) && !keep.contains(name))
+                .filter(|name| {
+                    !failed.is_some_and(|f| f.iter().any(|s| name.starts_with(&format!("{s}_"))))
+                })
+                .map(|name| dir.join(name))
+                .collect();
+            stale.sort();
+            for path in stale {
+                std::fs::remove_file(&path)
+                    .with_context(|| format!("cannot remove the stale cache {}", path.display()))?;
+                removed.push(path);
+            }
+        }
+        Ok(removed)
+    }
+}
+
+/// Suffix of latent cache files (text caches end in `_wan_te.safetensors` and do not match).
+fn latent_suffix() -> String {
+    format!("_{WAN_ARCHITECTURE}.safetensors")
+}
+
+/// Writes the VAE latents of every image and clip of the dataset config.
+pub fn cache_latents(
+    valid: &ValidConfig,
+    tools: Option<&MediaTools>,
+    encoder: &LatentEncoder,
+    options: &CacheOptions,
+    progress: &mut dyn CacheProgress,
+) -> anyhow::Result<CacheSummary> {
+    let mut summary = CacheSummary::default();
+    let mut expected = Expected::default();
+    let scans: Vec<DatasetScan> = valid
+        .datasets
+        .iter()
+        .map(|ds| scan_items(ds, tools, &mut summary))
+        .collect();
+    progress.begin(scans.iter().map(|s| s.items.len()).sum());
+    for scan in &scans {
+        let ds = &scan.dataset;
+        expected.dataset(ds, scan);
+        for item in &scan.items {
+            let (outcome, nan_keys) = cache_item(ds, tools, &item.media, encoder, &mut expected)
+                .with_context(|| format!("caching {}", item.media.display()))?;
+            if !nan_keys.is_empty() {
+                summary.warnings.push(format!(
+                    "NaN in {} (stored as 0, as musubi-tuner does): {}",
+                    nan_keys.join(", "),
+                    item.media.display()
+                ));
+            }
+            progress.item_done(&item.media, &outcome);
+            summary.record(&item.media, &outcome);
+        }
+    }
+    if !options.keep_stale {
+        summary.removed = expected.remove_stale(&latent_suffix())?;
+    }
+    Ok(summary)
+}
+
+/// The latent cache files of an item, from headers and a probe only (no decoding); `None` when the media
+/// cannot be measured that way.
+fn planned_caches(
+    ds: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    media: &Path,
+) -> Option<Vec<PathBuf>> {
+    let dir = cache_dir(ds, media);
+    let stem = media_stem(media);
+    match ds.kind() {
+        DatasetKind::Image => {
+            let size = image_size(media).ok()?;
+            Some(vec![dir.join(image_latent_cache_name(&stem, size))])
+        }
+        DatasetKind::Video => {
+            let params = ds.video.as_ref()?;
+            let info = probe_video(tools, media).ok()?;
+            let frames = info.frame_count? as usize;
+            let names = select_frames(frames, params, WAN_TARGET_FPS)
+                .into_iter()
+                .map(|c| {
+                    dir.join(video_latent_cache_name(
+                        &stem,
+                        c.window,
+                        (info.width, info.height),
+                    ))
+                })
+                .collect();
+            Some(names)
+        }
+    }
+}
+
+/// Whether a complete latent cache is at `path`.
+fn cached(path: &Path) -> bool {
+    header::complete_cache(path, "latents_").is_some()
+}
+
+/// Caches one image or video; returns what happened and the names of tensors that held NaN.
+fn cache_item(
+    ds: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    media: &Path,
+    encoder: &LatentEncoder,
+    expected: &mut Expected,
+) -> anyhow::Result<(ItemOutcome, Vec<String>)> {
+    if let Some(planned) = planned_caches(ds, tools, media) {
+        planned.iter().for_each(|p| expected.file(p));
+        if !planned.is_empty() && planned.iter().all(|p| cached(p)) {
+            return Ok((ItemOutcome::Skipped, Vec::new()));
+        }
+    }
+    // A file that does not decode is the item's failure; anything later (the VAE, the disk) stops the run.
+    let decoded = match ds.kind() {
+        DatasetKind::Image => image_sample(ds, media)
+            .map(|s| vec![s])
+            .map_err(|e| e.reason()),
+        DatasetKind::Video => video_samples(ds, tools, media).map_err(|e| e.reason()),
+    };
+    let samples: Vec<Sample> = match decoded {
+        Ok(samples) if !samples.is_empty() => samples,
+        failed => {
+            expected.failed(ds, media);
+            let reason = failed
+                .err()
+                .unwrap_or_else(|| "the video is too short for any clip of target_frames".into());
+            return Ok((ItemOutcome::Failed(reason), Vec::new()));
+        }
+    };
+    let (mut written, mut nan_keys) = (0, Vec::new());
+    for sample in &samples {
+        expected.file(&sample.latent_cache);
+        if cached(&sample.latent_cache) {
+            continue;
+        }
+        let cache = WanLatentCache {
+            latents: encoder.encode_frames(&sample.frames)?,
+            latents_image: None,
+            latents_control: None,
+            clip: None,
+            f_indices: None,
+        };
+        let meta = LatentCacheMetadata::wan(sample.original_size, sample.window.map(|w| w.frames));
+        if let Some(dir) = sample.latent_cache.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+        }
+        nan_keys.extend(write_wan_latent_cache(&sample.latent_cache, &cache, &meta)?);
+        written += 1;
+    }
+    let outcome = if written == 0 {
+        ItemOutcome::Skipped
+    } else {
+        ItemOutcome::Written(written)
+    };
+    Ok((outcome, nan_keys))
+}
+
+#[cfg(test)]
+#[path = "caching_tests.rs"]
+mod tests;

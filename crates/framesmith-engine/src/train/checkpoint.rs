@@ -1,0 +1,499 @@
+//! Run outputs: LoRA files (musubi-tuner / ComfyUI format with ss_* and modelspec metadata plus our numerics
+//! knobs), resumable training-state folders, and the JSONL metrics log, all in the run's own folder
+//! (`config::outputs`). Every file is written under a temporary name, synced, then renamed, so a kill at any
+//! instant leaves the previous checkpoint intact; a failed write leaves nothing half-written in sight.
+
+use std::collections::HashMap;
+use std::fs::{self, File, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use super::trainer::{StepReport, Trainer};
+use framesmith_config::outputs::{states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT};
+use framesmith_nn::lora_file::{LoraFile, LoraFileError};
+use framesmith_config::protocol::Event;
+
+/// Training-state folders kept; older ones are removed once a newer one is complete.
+const STATES_KEPT: usize = 2;
+
+/// Where and when a run writes its outputs.
+pub struct Outputs {
+    pub dir: PathBuf,
+    pub name: String,
+    pub every_n_steps: Option<usize>,
+    pub every_n_epochs: Option<usize>,
+    pub save_state: bool,
+    pub save_dtype: DType,
+    /// ss_* / modelspec / framesmith.* metadata written into every LoRA.
+    pub metadata: HashMap<String, String>,
+    /// The resolved run config (TOML), copied into every training-state folder.
+    pub config_toml: String,
+    /// Who owns the folder: written by `begin` for a new run, read back for a resumed one.
+    pub record: RunRecord,
+    /// `metrics.jsonl`, open from `begin` on.
+    metrics: Option<File>,
+}
+
+/// What a save wrote.
+#[derive(Debug)]
+pub struct Saved {
+    pub step: usize,
+    pub lora: PathBuf,
+    pub state: Option<PathBuf>,
+}
+
+impl Saved {
+    /// The protocol event announcing it.
+    pub fn event(&self) -> Event {
+        Event::CheckpointSaved {
+            step: self.step,
+            lora: self.lora.clone(),
+            state: self.state.clone(),
+        }
+    }
+}
+
+fn io_context(action: &str, path: &Path) -> String {
+    format!("cannot {action} {}", path.display())
+}
+
+/// Writes `bytes` to `path` atomically (temporary file, fsync, rename), naming the file on failure.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    framesmith_config::io::write_atomic(path, bytes)
+        .map_err(|e| write_failure(e, "write", path, bytes.len() as u64))
+}
+
+fn sync_dir(dir: Option<&Path>) {
+    // Persisting the rename needs the directory synced; not possible on every platform, and not fatal.
+    if let Some(d) = dir.and_then(|d| File::open(d).ok()) {
+        let _ = d.sync_all();
+    }
+}
+
+impl Outputs {
+    /// The outputs of a run writing into `dir` (its own run folder). Nothing is written before `begin`.
+    pub fn create(dir: &Path, name: &str, metadata: HashMap<String, String>) -> Self {
+        Self {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+            every_n_steps: None,
+            every_n_epochs: None,
+            save_state: true,
+            save_dtype: DType::F32,
+            metadata,
+            config_toml: String::new(),
+            record: RunRecord::new(name),
+            metrics: None,
+        }
+    }
+
+    /// Takes the folder for this run, before its first step: the run record (kept when resuming), the resolved
+    /// config (`run.toml`), and `metrics.jsonl` without the rows of steps after `step` (a resumed run writes them
+    /// again, so every step has one row).
+    pub fn begin(&mut self, step: usize, config: &framesmith_config::RunConfig) -> anyhow::Result<()> {
+        fs::create_dir_all(&self.dir)
+            .with_context(|| io_context("create the output folder", &self.dir))?;
+        let record_path = self.dir.join(RUN_RECORD_FILE);
+        match RunRecord::read(&self.dir) {
+            Some(existing) if step > 0 => self.record = existing,
+            _ => write_atomic(
+                &record_path,
+                serde_json::to_string_pretty(&self.record)?.as_bytes(),
+            )?,
+        }
+        config
+            .save(&self.dir.join("run.toml"))
+            .context("saving the resolved run config")?;
+        let metrics_path = self.dir.join("metrics.jsonl");
+        if step > 0 {
+            truncate_metrics(&metrics_path, step)?;
+        }
+        let metrics = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&metrics_path)
+            .with_context(|| io_context("open", &metrics_path))?;
+        self.metrics = Some(metrics);
+        Ok(())
+    }
+
+    /// Removes what `begin` wrote for a new run that ended before anything was saved or sampled, so that an
+    /// aborted start leaves no run behind for the next one to step around. Only this run's own files go; the
+    /// folder goes too when it is then empty.
+    pub fn abandon_unused(&mut self) {
+        self.metrics = None;
+        if self.dir.join("samples").exists() {
+            return;
+        }
+        for file in [RUN_RECORD_FILE, "run.toml", "metrics.jsonl"] {
+            let _ = fs::remove_file(self.dir.join(file));
+        }
+        let _ = fs::remove_dir(&self.dir);
+    }
+
+    /// Appends one line to `metrics.jsonl`.
+    pub fn append_metrics(&mut self, step: usize, r: &StepReport) -> anyhow::Result<()> {
+        let line = serde_json::json!({
+            "step": step,
+            "epoch": r.epoch,
+            "loss": r.loss,
+            "lr": r.learning_rate,
+            "step_secs": r.step_secs,
+            "grad_norm": r.grad_norm,
+            "skipped": r.warning.is_some(),
+        });
+        if let Some(metrics) = &mut self.metrics {
+            writeln!(metrics, "{line}").map_err(|e| {
+                write_failure(
+                    e,
+                    "append to the metrics log",
+                    &self.dir.join("metrics.jsonl"),
+                    4096,
+                )
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Whether the save schedule falls on `step` (`epoch_done`: the epoch that step completed, if any).
+    pub fn save_due(&self, step: usize, epoch_done: Option<usize>) -> bool {
+        let by_steps = self.every_n_steps.is_some_and(|n| n > 0 && step % n == 0);
+        let by_epochs = match (self.every_n_epochs, epoch_done) {
+            (Some(n), Some(e)) => n > 0 && e > 0 && e % n == 0,
+            _ => false,
+        };
+        by_steps || by_epochs
+    }
+
+    fn state_dirs(&self) -> Vec<PathBuf> {
+        states_in(&self.dir, Some(&self.name))
+            .into_iter()
+            .map(|s| s.dir)
+            .collect()
+    }
+}
+
+impl Trainer {
+    /// Saves the LoRA (and, when enabled, a training-state folder). `final_save` writes `{name}.safetensors`;
+    /// otherwise `{name}-{step:06}.safetensors`.
+    pub fn save(&mut self, final_save: bool) -> anyhow::Result<Saved> {
+        let step = self.step;
+        let out = &self.outputs;
+        let lora = if final_save {
+            out.dir.join(format!("{}.safetensors", out.name))
+        } else {
+            out.dir.join(format!("{}-{step:06}.safetensors", out.name))
+        };
+        let mut metadata = out.metadata.clone();
+        metadata.insert("ss_steps".into(), step.to_string());
+        metadata.insert(
+            "ss_epoch".into(),
+            self.epoch().saturating_sub(1).to_string(),
+        );
+        let lora_bytes = self.lora_bytes(out.save_dtype);
+        self.loras
+            .save(&lora, out.save_dtype, &metadata)
+            .map_err(|e| lora_write_failure(e, "save the LoRA", &lora, lora_bytes))?;
+        let state = if out.save_state {
+            let dir = out.dir.join(format!("{}-state-{:06}", out.name, self.step));
+            let tmp = dir.with_extension("partial");
+            let written = self.save_state(&metadata, &tmp, &dir);
+            if written.is_err() {
+                // Nothing half-written stays in sight; the earlier states are untouched.
+                let _ = fs::remove_dir_all(&tmp);
+            }
+            Some(written?)
+        } else {
+            None
+        };
+        Ok(Saved { step, lora, state })
+    }
+
+    /// Bytes of the LoRA's tensors in `dtype` (what a save needs on disk, roughly).
+    fn lora_bytes(&self, dtype: DType) -> u64 {
+        let params = self.loras.parameter_count() as u64;
+        params * dtype.size_in_bytes() as u64
+    }
+
+    /// Writes the state into `tmp`, then renames it to `dir` and prunes this run's older states.
+    fn save_state(
+        &self,
+        metadata: &HashMap<String, String>,
+        tmp: &Path,
+        dir: &Path,
+    ) -> anyhow::Result<PathBuf> {
+        let out = &self.outputs;
+        if tmp.exists() {
+            fs::remove_dir_all(tmp).with_context(|| io_context("clear", tmp))?;
+        }
+        fs::create_dir_all(tmp).with_context(|| io_context("create", tmp))?;
+        let lora_path = tmp.join("lora.safetensors");
+        let lora_bytes = self.lora_bytes(DType::F32);
+        self.loras
+            .save(&lora_path, DType::F32, metadata)
+            .map_err(|e| {
+                lora_write_failure(e, "save the training state's LoRA", &lora_path, lora_bytes)
+            })?;
+        let optimizer: HashMap<String, Tensor> =
+            self.optimizer.export_state()?.into_iter().collect();
+        let optimizer_path = tmp.join("optimizer.safetensors");
+        candle_core::safetensors::save(&optimizer, &optimizer_path).map_err(|e| {
+            if candle_io(&e).is_some_and(is_disk_full) {
+                disk_full("save the optimizer state", &optimizer_path, 2 * lora_bytes)
+            } else {
+                anyhow::Error::new(e).context(io_context("write", &optimizer_path))
+            }
+        })?;
+        // Write access: Windows refuses to flush a file opened read-only (access denied).
+        fs::OpenOptions::new()
+            .write(true)
+            .open(&optimizer_path)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| write_failure(e, "sync", &optimizer_path, 2 * lora_bytes))?;
+        let state = StateRecord {
+            format: STATE_FORMAT,
+            step: self.step,
+            seed: self.seed,
+            accumulation: self.accumulation,
+            total_steps: self.total_steps,
+            lora_modules: self.loras.len(),
+            run_id: Some(out.record.run_id.clone()),
+        };
+        write_atomic(
+            &tmp.join("state.json"),
+            serde_json::to_string_pretty(&state)?.as_bytes(),
+        )?;
+        write_atomic(&tmp.join("config.toml"), out.config_toml.as_bytes())?;
+        if dir.exists() {
+            fs::remove_dir_all(dir).with_context(|| io_context("replace", dir))?;
+        }
+        fs::rename(tmp, dir).with_context(|| io_context("rename into place", dir))?;
+        sync_dir(Some(&out.dir));
+        let states = out.state_dirs();
+        for old in states.iter().take(states.len().saturating_sub(STATES_KEPT)) {
+            let _ = fs::remove_dir_all(old);
+        }
+        Ok(dir.to_path_buf())
+    }
+
+    /// Continues from a training-state folder of this run's folder (found by `config::outputs::find_resume`):
+    /// LoRA weights, optimizer moments and the step count. The data order and noise follow from the step, so the
+    /// run goes on exactly as if it had not stopped. Refuses, before anything is written, a state that has
+    /// already reached this config's last step.
+    pub fn resume(&mut self, dir: &Path) -> anyhow::Result<PathBuf> {
+        let state = StateRecord::read(dir)?;
+        if state.format != STATE_FORMAT
+            || state.accumulation != self.accumulation
+            || state.seed != self.seed
+        {
+            anyhow::bail!(
+                "the training state in {} was made with other settings (seed {}, accumulation {}); resume with the \
+                 run's original config",
+                dir.display(),
+                state.seed,
+                state.accumulation
+            );
+        }
+        if state.step >= self.total_steps {
+            anyhow::bail!(
+                "the run already reached step {} and this config ends at step {}: nothing to train, and nothing was \
+                 changed. Raise training.max_train_steps (or max_train_epochs) to train on, or start a new run \
+                 without --resume: {}",
+                state.step,
+                self.total_steps,
+                dir.display()
+            );
+        }
+        let damaged = |e: &dyn std::fmt::Display| {
+            // States are listed oldest first: the last one before `dir` is the newest earlier one.
+            let earlier = dir
+                .parent()
+                .map(|out| states_in(out, Some(&self.outputs.name)))
+                .unwrap_or_default()
+                .into_iter()
+                .map(|s| s.dir)
+                .rfind(|d| d.as_path() < dir);
+            let fix = match earlier {
+                Some(state) => format!(
+                    "resume from an earlier state (--resume {})",
+                    state.display()
+                ),
+                None => "start again without --resume".to_string(),
+            };
+            anyhow::anyhow!(
+                "the training state in {} is damaged ({e}); {fix}",
+                dir.display()
+            )
+        };
+        let device = self.device().clone();
+        let lora =
+            LoraFile::load(&dir.join("lora.safetensors"), &device).map_err(|e| damaged(&e))?;
+        self.loras.load_weights(&lora).map_err(|e| match e {
+            LoraFileError::ShapeMismatch { .. } | LoraFileError::NotInModel { .. } => {
+                anyhow::anyhow!(
+                    "cannot resume: the training state's LoRA does not fit this config's LoRA ({e}). Resume with \
+                     the run's config (lora.rank, lora.alpha and the include/exclude patterns as they were), or \
+                     start a new run without --resume: {}",
+                    dir.display()
+                )
+            }
+            other => damaged(&other),
+        })?;
+        let optimizer_path = dir.join("optimizer.safetensors");
+        let optimizer = candle_core::safetensors::load(&optimizer_path, &Device::Cpu)
+            .and_then(|tensors| {
+                tensors
+                    .into_iter()
+                    .map(|(k, v)| Ok((k, v.to_device(&device)?)))
+                    .collect::<candle_core::Result<HashMap<_, _>>>()
+            })
+            .map_err(|e| damaged(&format!("{e}: {}", optimizer_path.display())))?;
+        self.optimizer
+            .import_state(&optimizer)
+            .map_err(|e| damaged(&e))?;
+        self.step = state.step;
+        Ok(dir.to_path_buf())
+    }
+}
+
+/// Drops the rows of steps after `step` from a metrics log (a resumed run writes them again).
+fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
+    let Ok(text) = fs::read_to_string(path) else {
+        return Ok(());
+    };
+    let kept: String = text
+        .lines()
+        .filter(|line| {
+            serde_json::from_str::<serde_json::Value>(line)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| s as usize <= step)
+        })
+        .map(|line| format!("{line}\n"))
+        .collect();
+    write_atomic(path, kept.as_bytes())
+}
+
+/// The I/O error behind a candle failure to write a file, if that is what it was.
+fn candle_io(err: &candle_core::Error) -> Option<&std::io::Error> {
+    match err {
+        candle_core::Error::Io(io) => Some(io),
+        candle_core::Error::WithPath { inner, .. }
+        | candle_core::Error::Context { inner, .. }
+        | candle_core::Error::WithBacktrace { inner, .. } => candle_io(inner),
+        other => {
+            // A safetensors write error names its I/O error as its source.
+            let mut source = std::error::Error::source(other);
+            while let Some(error) = source {
+                if let Some(io) = error.downcast_ref::<std::io::Error>() {
+                    return Some(io);
+                }
+                source = error.source();
+            }
+            None
+        }
+    }
+}
+
+/// Whether an I/O error means the disk (or the user's quota) is full.
+pub fn is_disk_full(err: &std::io::Error) -> bool {
+    // ENOSPC / EDQUOT on Unix; ERROR_HANDLE_DISK_FULL / ERROR_DISK_FULL on Windows.
+    let raw = err.raw_os_error();
+    err.kind() == std::io::ErrorKind::StorageFull
+        || err.kind() == std::io::ErrorKind::QuotaExceeded
+        || (cfg!(unix) && matches!(raw, Some(28 | 122)))
+        || (cfg!(windows) && matches!(raw, Some(39 | 112)))
+}
+
+/// The message for a write that ran out of disk space: what was being written, how much it needed, and what
+/// to do; the earlier files are kept.
+fn disk_full(action: &str, path: &Path, needed_bytes: u64) -> anyhow::Error {
+    anyhow::anyhow!(
+        "out of disk space: could not {action} (it needs about {:.1} MiB). Nothing half-written was left and the \
+         last good LoRA and training state are kept. Free space on that disk, or set output.output_dir to another \
+         disk, then resume: {}",
+        needed_bytes as f64 / (1u64 << 20) as f64,
+        path.display()
+    )
+}
+
+/// An I/O failure while writing an output: out of space gets its own message; anything else names the file.
+fn write_failure(
+    err: std::io::Error,
+    action: &str,
+    path: &Path,
+    needed_bytes: u64,
+) -> anyhow::Error {
+    if is_disk_full(&err) {
+        disk_full(action, path, needed_bytes)
+    } else {
+        anyhow::Error::new(err).context(io_context(action, path))
+    }
+}
+
+/// A failed LoRA write: out of space gets its own message; anything else keeps the LoRA writer's.
+fn lora_write_failure(
+    err: LoraFileError,
+    action: &str,
+    path: &Path,
+    needed_bytes: u64,
+) -> anyhow::Error {
+    let disk_is_full = std::error::Error::source(&err)
+        .and_then(|s| s.downcast_ref::<std::io::Error>())
+        .is_some_and(is_disk_full);
+    if disk_is_full {
+        disk_full(action, path, needed_bytes)
+    } else {
+        anyhow::Error::new(err).context(io_context(action, path))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn out_of_space_says_what_failed_and_what_it_needed() {
+        let full = || std::io::Error::from(std::io::ErrorKind::StorageFull);
+        assert!(is_disk_full(&full()));
+        #[cfg(unix)]
+        assert!(is_disk_full(&std::io::Error::from_raw_os_error(28)));
+        assert!(!is_disk_full(&std::io::Error::from(
+            std::io::ErrorKind::PermissionDenied
+        )));
+        let path = Path::new("out/run.safetensors");
+        let message = format!(
+            "{:#}",
+            write_failure(full(), "append to the metrics log", path, 3 << 20)
+        );
+        assert!(
+            message.starts_with("out of disk space: could not append to the metrics log")
+                && message.contains("3.0 MiB")
+                && message.ends_with("out/run.safetensors"),
+            "{message}"
+        );
+        let lora = LoraFileError::Io {
+            action: "write",
+            path: path.to_path_buf(),
+            source: full(),
+        };
+        let message = format!(
+            "{:#}",
+            lora_write_failure(lora, "save the LoRA", path, 1 << 20)
+        );
+        assert!(
+            message.contains("could not save the LoRA (it needs about 1.0 MiB)"),
+            "{message}"
+        );
+        let denied = write_failure(
+            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
+            "write",
+            path,
+            1,
+        );
+        assert!(format!("{denied:#}").starts_with("cannot write out/run.safetensors"));
+    }
+}

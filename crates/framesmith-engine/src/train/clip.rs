@@ -1,0 +1,287 @@
+//! Whole clips from a prompt with loaded models, as the official `WanT2V.generate` makes them: the prompt and
+//! negative prompt embedded once, latents of `(z, (frames − 1) / 4 + 1, h / 8, w / 8)` denoised by the DiT (and
+//! its LoRAs, several combined exactly into one adapter per layer), decoded by the VAE, clamped to [−1, 1] and
+//! written as an H.264 MP4 plus PNG frames.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
+use super::samples::write_frames;
+use framesmith_models::wan::text_encoder::TextEncoder;
+use framesmith_models::wan::vae::{LatentStats, TileConfig, VaeConfig, WanVae};
+use framesmith_models::wan::WanConfig;
+use framesmith_nn::lora_file::{LoadedLora, LoraFile};
+use framesmith_data::video::encode::{write_mp4, RgbFrame};
+
+/// The official default negative prompt (`sample_neg_prompt` of Wan's shared config), used when none is given.
+pub const DEFAULT_NEGATIVE_PROMPT: &str = "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，\
+最差质量，低质量，JPEG压缩残留，丑陋的，残缺的，多余的手指，画得不好的手部，画得不好的脸部，畸形的，毁容的，形态畸形的肢体，\
+手指融合，静止不动的画面，杂乱的背景，三条腿，背景人很多，倒着走";
+
+/// Frames per second of generated clips (Wan's `sample_fps`).
+pub const CLIP_FPS: f64 = 16.0;
+
+/// The text side of a clip: prompt and (for guidance) negative prompt embeddings.
+pub struct Conditioning {
+    pub context: Tensor,
+    pub negative: Option<Tensor>,
+}
+
+impl Conditioning {
+    /// Embeds `prompt`, and `negative` (the official default when `None`) when `guidance` > 1 needs it.
+    pub fn encode(
+        text: &TextEncoder,
+        prompt: &str,
+        negative: Option<&str>,
+        guidance: f64,
+    ) -> anyhow::Result<Self> {
+        let guided = guidance > 1.0;
+        let negative = negative.unwrap_or(DEFAULT_NEGATIVE_PROMPT);
+        let prompts: Vec<&str> = if guided {
+            vec![prompt, negative]
+        } else {
+            vec![prompt]
+        };
+        // One prompt at a time, so an embedding never depends on the other prompt's length.
+        let mut out = Vec::with_capacity(prompts.len());
+        for p in prompts {
+            out.extend(text.encode_prompts(&[p])?);
+        }
+        let mut out = out.into_iter();
+        let context = out
+            .next()
+            .context("the text encoder returned no embedding")?;
+        Ok(Self {
+            context,
+            negative: out.next(),
+        })
+    }
+}
+
+/// What to generate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClipSettings {
+    pub width: usize,
+    pub height: usize,
+    /// 4k + 1 frames.
+    pub frames: usize,
+    pub steps: usize,
+    pub shift: f64,
+    pub guidance: f64,
+    pub seed: u64,
+    pub solver: Solver,
+}
+
+/// The latent shape `[z, (frames − 1) / 4 + 1, h / s, w / s]` of a clip, or an error saying which settings
+/// work: every clip (`generate`, training samples from a prompt file) passes here before sampling.
+pub fn latent_shape(
+    dit: &WanConfig,
+    vae: &VaeConfig,
+    s: &ClipSettings,
+) -> anyhow::Result<[usize; 4]> {
+    if s.steps == 0 {
+        anyhow::bail!("0 steps sample nothing: use at least 1 (50 is the official count)");
+    }
+    if !(s.shift.is_finite() && s.shift > 0.0) {
+        anyhow::bail!(
+            "flow shift {} does not work: use a number above 0 (5 is the official value; 3 is common for 480p)",
+            s.shift
+        );
+    }
+    if !(s.guidance.is_finite() && s.guidance >= 0.0) {
+        anyhow::bail!(
+            "guidance scale {} does not work: use 0 or more (1 turns guidance off, 5 is the official value)",
+            s.guidance
+        );
+    }
+    let step = vae.spatial_factor() * dit.patch_size[1].max(dit.patch_size[2]);
+    if s.width == 0 || s.height == 0 || s.width % step != 0 || s.height % step != 0 {
+        anyhow::bail!(
+            "{}x{} does not fit this model: width and height must be multiples of {step} (e.g. {}x{})",
+            s.width,
+            s.height,
+            (s.width / step).max(1) * step,
+            (s.height / step).max(1) * step
+        );
+    }
+    let t = vae.temporal_factor();
+    if s.frames == 0 || (s.frames - 1) % t != 0 {
+        anyhow::bail!(
+            "{} frames does not fit: the VAE needs {t}k + 1 frames (e.g. {})",
+            s.frames,
+            (s.frames.saturating_sub(1) / t) * t + 1
+        );
+    }
+    if vae.z_dim != dit.out_dim {
+        anyhow::bail!(
+            "the VAE has {} latent channels but the DiT denoises {}: use the VAE made for this model (Wan2.1 VAE for \
+             Wan2.1 and Wan2.2 A14B, Wan2.2 VAE for TI2V-5B)",
+            vae.z_dim,
+            dit.out_dim
+        );
+    }
+    Ok([
+        vae.z_dim,
+        vae.latent_frames(s.frames),
+        s.height / vae.spatial_factor(),
+        s.width / vae.spatial_factor(),
+    ])
+}
+
+/// The VAE that turns latents into frames.
+pub struct VaeDecoder {
+    pub vae: WanVae,
+    pub stats: LatentStats,
+    /// Spatial tiles, for large frames.
+    pub tiles: Option<TileConfig>,
+    /// Dtype of the VAE's weights (latents are converted to it).
+    pub dtype: DType,
+}
+
+impl VaeDecoder {
+    /// RGB frames of normalised latents `[C, F, H, W]`: decoded, clamped to [−1, 1], scaled to 0..255.
+    pub fn decode(&self, latents: &Tensor) -> anyhow::Result<Vec<RgbFrame>> {
+        let z = latents.unsqueeze(0)?.to_dtype(self.dtype)?;
+        let video = match &self.tiles {
+            Some(tiles) => self.vae.decode_tiled(&z, &self.stats, tiles)?,
+            None => self.vae.decode(&z, &self.stats)?,
+        };
+        video_to_frames(&video.squeeze(0)?)
+    }
+}
+
+/// `[3, T, H, W]` in [−1, 1] to RGB8 frames (clamped, `(x + 1) · 127.5` rounded).
+pub fn video_to_frames(video: &Tensor) -> anyhow::Result<Vec<RgbFrame>> {
+    let (c, t, h, w) = video.dims4()?;
+    if c != 3 {
+        anyhow::bail!("decoded video has {c} channels, expected 3");
+    }
+    let pixels = ((video.to_dtype(DType::F32)?.clamp(-1f32, 1f32)? + 1.0)? * 127.5)?
+        .round()?
+        .permute((1, 2, 3, 0))?
+        .to_device(&Device::Cpu)?
+        .to_dtype(DType::U8)?
+        .flatten_all()?
+        .to_vec1::<u8>()?;
+    Ok(pixels
+        .chunks_exact(h * w * 3)
+        .take(t)
+        .map(|data| RgbFrame {
+            width: w,
+            height: h,
+            data: data.to_vec(),
+        })
+        .collect())
+}
+
+/// A text embedding `[L, dim]` cut to the DiT's `text_len` tokens, as the tokenizer would have cut the prompt.
+pub fn fit_context(context: &Tensor, text_len: usize) -> candle_core::Result<Tensor> {
+    let l = context.dim(0)?.min(text_len);
+    context.narrow(0, 0, l)
+}
+
+/// Denoises and decodes one clip. Contexts longer than the DiT's `text_len` are cut to it, as the tokenizer
+/// would have cut the prompt.
+pub fn generate_clip(
+    experts: &Experts,
+    decoder: &VaeDecoder,
+    conditioning: &Conditioning,
+    settings: &ClipSettings,
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<Vec<RgbFrame>> {
+    generate_clip_from(experts, decoder, conditioning, None, settings, cancelled)
+}
+
+/// [`generate_clip`] conditioned on a start image (see [`super::start_image::image_conditioning`]).
+pub fn generate_clip_from(
+    experts: &Experts,
+    decoder: &VaeDecoder,
+    conditioning: &Conditioning,
+    image: Option<&ImageConditioning>,
+    settings: &ClipSettings,
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<Vec<RgbFrame>> {
+    let cfg = experts.high_noise.config();
+    let latent_shape = latent_shape(cfg, decoder.vae.config(), settings)?;
+    let context = fit_context(&conditioning.context, cfg.text_len)?;
+    let negative = conditioning
+        .negative
+        .as_ref()
+        .map(|n| fit_context(n, cfg.text_len))
+        .transpose()?;
+    let request = GenerateRequest {
+        context: &context,
+        negative: negative.as_ref(),
+        latent_shape,
+        steps: settings.steps,
+        shift: settings.shift,
+        guidance: settings.guidance,
+        seed: settings.seed,
+        solver: settings.solver,
+    };
+    let latents = generate_from(experts, &request, image, cancelled)?;
+    decoder.decode(&latents)
+}
+
+/// Writes `frames` as the MP4 `path` and PNG frames in `<path without extension>_frames/`; returns that folder.
+pub fn write_clip(path: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    write_mp4(path, frames, fps).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut name = path.file_stem().unwrap_or_default().to_os_string();
+    name.push("_frames");
+    let frames_dir = path.with_file_name(name);
+    write_frames(&frames_dir, frames, fps)?;
+    Ok(frames_dir)
+}
+
+/// Several LoRA files with multipliers as one file whose adapters have the same effect: per module, the
+/// factors are stacked along the rank (`down` = [down₁; down₂], `up` = [up₁·s₁, up₂·s₂] with sᵢ = αᵢ/rᵢ·mᵢ) and
+/// alpha set to the total rank, so `up(down(x))` is exactly the sum of the adapters. Needed because a layer holds
+/// one adapter. Factors are combined in f32.
+pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
+    let mut parts: BTreeMap<String, Vec<(&LoadedLora, f64)>> = BTreeMap::new();
+    for (file, multiplier) in files {
+        for module in &file.modules {
+            parts
+                .entry(module.name.clone())
+                .or_default()
+                .push((module, *multiplier));
+        }
+    }
+    let mut modules = Vec::with_capacity(parts.len());
+    for (name, list) in parts {
+        let mut downs = Vec::with_capacity(list.len());
+        let mut ups = Vec::with_capacity(list.len());
+        for (m, multiplier) in &list {
+            let rank = m.down.dim(0)?;
+            let scale = m.alpha / rank.max(1) as f64 * multiplier;
+            downs.push(m.down.to_dtype(DType::F32)?);
+            ups.push((m.up.to_dtype(DType::F32)? * scale)?);
+        }
+        let down = Tensor::cat(&downs, 0)
+            .with_context(|| format!("LoRA module {name}: in widths differ"))?;
+        let up = Tensor::cat(&ups, 1)
+            .with_context(|| format!("LoRA module {name}: out widths differ"))?;
+        modules.push(LoadedLora {
+            alpha: down.dim(0)? as f64,
+            path: list.first().and_then(|(m, _)| m.path.clone()),
+            name,
+            down,
+            up,
+        });
+    }
+    Ok(LoraFile {
+        modules,
+        metadata: Default::default(),
+    })
+}
+
+#[cfg(test)]
+#[path = "clip_tests.rs"]
+mod tests;

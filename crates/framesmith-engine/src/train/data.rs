@@ -1,0 +1,326 @@
+//! The training set as the engine sees it: cached latents and text embeddings, grouped into batches of equal
+//! latent shape (buckets), in an order that depends only on the seed and the epoch — so a resumed run sees
+//! exactly the batches the uninterrupted run would have.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{Device, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+
+/// One cached training item.
+#[derive(Clone, Debug)]
+pub struct TrainItem {
+    /// Where it came from (cache file or clip name), for messages.
+    pub key: String,
+    /// Latents [C, F, H, W] (normalised, as the VAE cache stores them).
+    pub latents: Tensor,
+    /// Text embedding [L, text_dim].
+    pub context: Tensor,
+}
+
+/// Items grouped into batches of one latent shape.
+pub struct TrainSet {
+    items: Vec<TrainItem>,
+    /// Batches as item indices; every batch holds items of one shape.
+    batches: Vec<Vec<usize>>,
+    seed: u64,
+}
+
+impl TrainSet {
+    /// Groups `items` by latent shape into batches of at most `batch_size` (each item `repeats` times).
+    pub fn new(
+        items: Vec<TrainItem>,
+        batch_size: usize,
+        repeats: usize,
+        seed: u64,
+    ) -> Result<Self> {
+        if items.is_empty() {
+            candle_core::bail!("the dataset has no cached items");
+        }
+        let mut buckets: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+        for (i, item) in items.iter().enumerate() {
+            for _ in 0..repeats.max(1) {
+                buckets
+                    .entry(item.latents.dims().to_vec())
+                    .or_default()
+                    .push(i);
+            }
+        }
+        let batches = buckets
+            .into_values()
+            .flat_map(|idx| {
+                idx.chunks(batch_size.max(1))
+                    .map(|c| c.to_vec())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        Ok(Self {
+            items,
+            batches,
+            seed,
+        })
+    }
+
+    /// Batches per epoch.
+    pub fn batches_per_epoch(&self) -> usize {
+        self.batches.len()
+    }
+
+    pub fn items(&self) -> &[TrainItem] {
+        &self.items
+    }
+
+    /// Mutable access to the items (tests corrupt them to exercise the non-finite guard).
+    #[cfg(test)]
+    pub fn items_mut(&mut self) -> &mut [TrainItem] {
+        &mut self.items
+    }
+
+    /// The batch used at global micro-step `index` (0-based) and its epoch (1-based).
+    pub fn batch_at(&self, index: usize) -> (usize, Vec<&TrainItem>) {
+        let n = self.batches.len();
+        let epoch = index / n;
+        let mut order: Vec<usize> = (0..n).collect();
+        order.shuffle(&mut StdRng::seed_from_u64(
+            self.seed ^ (epoch as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15),
+        ));
+        let batch = &self.batches[order[index % n]];
+        (epoch + 1, batch.iter().map(|&i| &self.items[i]).collect())
+    }
+
+    /// Moves every item to `device` (done once before training).
+    pub fn to_device(&mut self, device: &Device) -> Result<()> {
+        for item in &mut self.items {
+            item.latents = item.latents.to_device(device)?;
+            item.context = item.context.to_device(device)?;
+        }
+        Ok(())
+    }
+}
+
+/// The model files a run names, for the `framesmith cache` commands its messages suggest.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CacheModels<'a> {
+    /// The Wan VAE (`model.vae`).
+    pub vae: Option<&'a Path>,
+    /// The umT5 text encoder (`model.text_encoder`).
+    pub text_encoder: Option<&'a Path>,
+}
+
+impl CacheModels<'_> {
+    /// `framesmith cache latents …` for `dataset_toml`, with the VAE filled in when the run names one.
+    pub fn latents_command(&self, dataset_toml: &Path) -> String {
+        format!(
+            "framesmith cache latents --dataset {} --vae {}",
+            shell_word(dataset_toml),
+            self.vae.map_or("<Wan2.1_VAE.pth>".into(), shell_word)
+        )
+    }
+
+    /// `framesmith cache text …` for `dataset_toml`, with the text encoder filled in when the run names one.
+    pub fn text_command(&self, dataset_toml: &Path) -> String {
+        format!(
+            "framesmith cache text --dataset {} --text-encoder {}",
+            shell_word(dataset_toml),
+            self.text_encoder
+                .map_or("<models_t5_umt5-xxl-enc-bf16.pth>".into(), shell_word)
+        )
+    }
+}
+
+/// A path as one shell word: quoted when it holds anything a shell would split or expand.
+fn shell_word(path: &Path) -> String {
+    let text = path.display().to_string();
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/._-+:@%,=\\".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        text
+    } else {
+        format!("'{}'", text.replace('\'', "'\\''"))
+    }
+}
+
+/// Cached items of a musubi-tuner dataset config, as musubi-tuner's trainer finds them: every
+/// `*_wan.safetensors` latent cache in each dataset's cache directory, with the text cache of its media stem.
+/// Returns the items (each repeated `num_repeats` times) and the first dataset's batch size. A dataset not
+/// cached yet fails with the `framesmith cache` commands that cache it, with `models`' paths filled in.
+pub fn load_cached_items(
+    dataset_toml: &Path,
+    cfg: &framesmith_models::wan::WanConfig,
+    models: CacheModels<'_>,
+    device: &Device,
+) -> anyhow::Result<(Vec<TrainItem>, usize)> {
+    use framesmith_data::cache::{
+        parse_latent_cache_name, read_wan_latent_cache, read_wan_text_cache, text_cache_name,
+    };
+    use anyhow::Context;
+
+    let valid = framesmith_data::load_valid(dataset_toml)?;
+    let mut items = Vec::new();
+    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
+    for dataset in &valid.datasets {
+        let dir = dataset.cache_directory.clone().with_context(|| {
+            format!(
+                "dataset {} has no cache_directory; set one in {}",
+                dataset.index,
+                dataset_toml.display()
+            )
+        })?;
+        let listing = match std::fs::read_dir(&dir) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            listing => listing
+                .with_context(|| format!("cannot list the cache directory {}", dir.display()))?
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect(),
+        };
+        let mut names: Vec<(String, String)> = listing
+            .into_iter()
+            .filter_map(|n| parse_latent_cache_name(&n, dataset.kind()).map(|p| (n, p.stem)))
+            .collect();
+        names.sort();
+        if names.is_empty() {
+            anyhow::bail!(
+                "the dataset is not cached: no latent caches (*_wan.safetensors) in its cache directory; run `{}` \
+                 and `{}` (musubi-tuner's caches work too), then start the run again: {}",
+                models.latents_command(dataset_toml),
+                models.text_command(dataset_toml),
+                dir.display()
+            );
+        }
+        for (name, stem) in names {
+            let latent_path = dir.join(&name);
+            let text_path = dir.join(text_cache_name(&stem));
+            if !text_path.exists() {
+                anyhow::bail!(
+                    "the captions are not cached: {name} has no text cache beside it; run `{}`, then start the \
+                     run again: {}",
+                    models.text_command(dataset_toml),
+                    text_path.display()
+                );
+            }
+            let (latent, _) = read_wan_latent_cache(&latent_path, device)?;
+            let text = read_wan_text_cache(&text_path, device).with_context(|| {
+                format!("the text cache for {} is unreadable", latent_path.display())
+            })?;
+            let channels = latent.latents.dim(0)?;
+            if channels != cfg.out_dim {
+                anyhow::bail!(
+                    "{} has {channels}-channel latents but the model expects {} (a cache made with another VAE?): {}",
+                    name,
+                    cfg.out_dim,
+                    latent_path.display()
+                );
+            }
+            let width = text.t5.dim(1)?;
+            if width != cfg.text_dim {
+                anyhow::bail!(
+                    "the text embedding is {width} wide but the model expects {}: {}",
+                    cfg.text_dim,
+                    text_path.display()
+                );
+            }
+            for _ in 0..dataset.num_repeats.max(1) {
+                items.push(TrainItem {
+                    key: name.clone(),
+                    latents: latent.latents.clone(),
+                    context: text.t5.clone(),
+                });
+            }
+        }
+    }
+    Ok((items, batch_size))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::DType;
+
+    fn item(key: &str, f: usize) -> Result<TrainItem> {
+        Ok(TrainItem {
+            key: key.into(),
+            latents: Tensor::zeros((16, f, 2, 2), DType::F32, &Device::Cpu)?,
+            context: Tensor::zeros((3, 4), DType::F32, &Device::Cpu)?,
+        })
+    }
+
+    #[test]
+    fn batches_share_a_shape_and_order_is_reproducible() -> Result<()> {
+        let items = vec![
+            item("a", 1)?,
+            item("b", 2)?,
+            item("c", 1)?,
+            item("d", 2)?,
+            item("e", 1)?,
+        ];
+        let set = TrainSet::new(items, 2, 1, 7)?;
+        assert_eq!(set.batches_per_epoch(), 3);
+        for step in 0..9 {
+            let (epoch, batch) = set.batch_at(step);
+            assert_eq!(epoch, step / 3 + 1);
+            let shape = batch[0].latents.dims().to_vec();
+            assert!(batch.iter().all(|i| i.latents.dims() == shape.as_slice()));
+            let (_, again) = set.batch_at(step);
+            let keys: Vec<_> = batch.iter().map(|i| &i.key).collect();
+            assert_eq!(keys, again.iter().map(|i| &i.key).collect::<Vec<_>>());
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn an_uncached_dataset_says_which_commands_cache_it() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let images = dir.path().join("images");
+        std::fs::create_dir(&images)?;
+        image::RgbImage::new(16, 16).save(images.join("a.png"))?;
+        std::fs::write(images.join("a.txt"), "a black square")?;
+        let toml = dir.path().join("my data.toml");
+        std::fs::write(
+            &toml,
+            "[[datasets]]\nimage_directory = \"images\"\ncaption_extension = \".txt\"\n\
+             cache_directory = \"cache\"\n",
+        )?;
+        let cfg = framesmith_models::wan::WanConfig::tiny(2);
+        let vae = Path::new("/models/Wan2.1_VAE.pth");
+        let models = CacheModels {
+            vae: Some(vae),
+            text_encoder: None,
+        };
+        let message = |models| {
+            load_cached_items(&toml, &cfg, models, &Device::Cpu)
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_default()
+        };
+        let err = message(models);
+        let quoted = format!("'{}'", toml.display());
+        assert!(err.starts_with("the dataset is not cached"), "{err}");
+        assert!(
+            err.contains(&format!(
+                "`framesmith cache latents --dataset {quoted} --vae /models/Wan2.1_VAE.pth`"
+            )) && err.contains(&format!(
+                "`framesmith cache text --dataset {quoted} --text-encoder <models_t5_umt5-xxl-enc-bf16.pth>`"
+            )),
+            "{err}"
+        );
+        assert!(
+            err.ends_with(&dir.path().join("cache").display().to_string()),
+            "{err}"
+        );
+
+        // Latents cached, captions not: only the text command.
+        std::fs::create_dir(dir.path().join("cache"))?;
+        let latent = dir.path().join("cache/a_0016x0016_wan.safetensors");
+        std::fs::write(&latent, b"not read before the text cache is looked for")?;
+        let err = message(CacheModels::default());
+        assert!(
+            err.starts_with("the captions are not cached")
+                && err.contains("framesmith cache text")
+                && !err.contains("framesmith cache latents"),
+            "{err}"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,137 @@
+//! The demo model's run (demo only): its config, its generated training clips and its sample prompts. The demo
+//! model is image-to-video: each clip's first frame is given (in training and in samples, through `--i`) and the
+//! model learns to move the shape the way the caption says.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+
+use super::checkpoint::write_atomic;
+use super::data::TrainItem;
+use super::prompts::PromptSpec;
+use super::samples::{encode_png, SamplePrompt};
+use super::start_image::load_start_image;
+use crate::demo;
+use crate::demo::shapes::DemoClip;
+use framesmith_models::wan::WanConfig;
+use framesmith_data::video::encode::RgbFrame;
+
+/// Layers of the demo model.
+pub const DEMO_LAYERS: usize = 2;
+/// Demo clips: 8 clips of 5 frames at 32×32 pixels.
+pub const DEMO_CLIPS: usize = 8;
+pub const DEMO_FRAMES: usize = 5;
+pub const DEMO_SIZE: usize = 32;
+/// Sample prompts of the demo: the first clips' captions with their start frames.
+pub const DEMO_SAMPLES: usize = 2;
+
+/// The demo model's config: a small Wan2.1-T2V-shaped DiT over the demo codec's 16-channel latents, wide enough
+/// (128) that each token's 64 input values pass through its residual stream with room to spare.
+pub fn demo_model_config() -> WanConfig {
+    WanConfig {
+        dim: 128,
+        ffn_dim: 256,
+        num_heads: 4,
+        ..WanConfig::tiny(DEMO_LAYERS)
+    }
+}
+
+/// The generated demo items: clips encoded with the demo codec, captions with the demo text embedding.
+pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result<Vec<TrainItem>> {
+    demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed)
+        .into_iter()
+        .map(|clip| {
+            Ok(TrainItem {
+                key: clip.name.clone(),
+                latents: demo::codec::encode(&clip.frames, device)?,
+                context: demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, device)?,
+            })
+        })
+        .collect()
+}
+
+/// The start frame's latent [16, 1, H/2, W/2] from an image of exactly `width`×`height` pixels.
+fn start_frame(
+    path: &Path,
+    width: usize,
+    height: usize,
+    device: &Device,
+) -> anyhow::Result<Tensor> {
+    let image = load_start_image(path)?;
+    let (w, h) = (image.width() as usize, image.height() as usize);
+    if (w, h) != (width, height) {
+        anyhow::bail!(
+            "the start image is {w}x{h} but the sample is {width}x{height}: make them the same size: {}",
+            path.display()
+        );
+    }
+    let frame = RgbFrame {
+        width: w,
+        height: h,
+        data: image.into_raw(),
+    };
+    Ok(demo::codec::encode(&[frame], device)?)
+}
+
+/// The demo model's sample prompts: the demo text embedding, and the `--i` start image through the demo codec.
+pub fn demo_sample_prompts(
+    specs: Vec<PromptSpec>,
+    cfg: &WanConfig,
+    device: &Device,
+) -> anyhow::Result<Vec<SamplePrompt>> {
+    let factor = demo::codec::FACTOR;
+    let embed = |text: &str| demo::text::embed(text, cfg.text_dim, cfg.text_len, device);
+    specs
+        .into_iter()
+        .map(|p| {
+            let latent_shape = [
+                cfg.out_dim,
+                p.frames.max(1),
+                (p.height / factor).max(2),
+                (p.width / factor).max(2),
+            ];
+            let start_frame = p
+                .image
+                .as_deref()
+                .map(|path| start_frame(path, p.width, p.height, device))
+                .transpose()
+                .with_context(|| format!("the start image of the sample \"{}\"", p.prompt))?;
+            Ok(SamplePrompt {
+                context: embed(&p.prompt)?,
+                negative: p.negative.as_deref().map(embed).transpose()?,
+                latent_shape,
+                steps: p.steps,
+                shift: p.flow_shift,
+                guidance: p.guidance,
+                seed: p.seed,
+                prompt: p.prompt,
+                start_frame,
+            })
+        })
+        .collect()
+}
+
+/// Writes each sampled clip's first frame as `start/<clip>.png` and the prompt file that names them
+/// (`sample_prompts.txt`, returned); the images are named relative to it, so the folder can move. Both are
+/// written atomically: another window or test opening the demo may be reading them.
+pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<PathBuf> {
+    let start = dir.join("start");
+    fs::create_dir_all(&start).with_context(|| format!("cannot create {}", start.display()))?;
+    let mut prompts = String::new();
+    for (i, clip) in clips.iter().take(DEMO_SAMPLES).enumerate() {
+        let Some(first) = clip.frames.first() else {
+            anyhow::bail!("the demo clip {} has no frames", clip.name);
+        };
+        let image = start.join(format!("{}.png", clip.name));
+        write_atomic(&image, &encode_png(first)?)?;
+        prompts.push_str(&format!(
+            "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 3.0 --d {i} --i start/{}.png\n",
+            clip.caption, clip.name
+        ));
+    }
+    let path = dir.join("sample_prompts.txt");
+    write_atomic(&path, prompts.as_bytes())?;
+    Ok(path)
+}

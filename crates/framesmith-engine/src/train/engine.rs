@@ -1,0 +1,272 @@
+//! The engine thread: owns a run, speaks only through `protocol` (commands in, events out), and checks for
+//! commands between steps and, through the step's interrupt hook, between blocks. A failure ends the run with a
+//! `Failed` event; the engine itself stays up for the next run.
+
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::sync::mpsc::{SyncSender, TryRecvError, TrySendError};
+use std::time::Instant;
+
+use super::trainer::{Interrupted, Trainer};
+use framesmith_config::protocol::{
+    channel_pair, Command, EngineEnd, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
+};
+
+/// Starts the engine thread and returns the UI's end of its channels.
+pub fn spawn() -> std::io::Result<EngineHandle> {
+    let (handle, end) = channel_pair();
+    std::thread::Builder::new()
+        .name("framesmith-engine".into())
+        .spawn(move || engine_main(end))?;
+    Ok(handle)
+}
+
+fn engine_main(end: EngineEnd) {
+    let inbox = Inbox::new(&end);
+    let events = Events(end.events.clone());
+    while let Some(command) = inbox.wait() {
+        match command {
+            Command::StartRun(request) => run(&request, &inbox, &events),
+            other => events.log(
+                LogLevel::Warn,
+                format!("no run in progress: {other:?} ignored"),
+            ),
+        }
+        events.state(RunState::Idle);
+    }
+}
+
+/// Commands received from the UI; polled between steps and between blocks, kept in order.
+struct Inbox<'a> {
+    end: &'a EngineEnd,
+    queue: RefCell<VecDeque<Command>>,
+    disconnected: RefCell<bool>,
+}
+
+impl<'a> Inbox<'a> {
+    fn new(end: &'a EngineEnd) -> Self {
+        Self {
+            end,
+            queue: RefCell::new(VecDeque::new()),
+            disconnected: RefCell::new(false),
+        }
+    }
+
+    /// Moves whatever arrived into the queue without blocking.
+    fn poll(&self) {
+        loop {
+            match self.end.commands.try_recv() {
+                Ok(c) => self.queue.borrow_mut().push_back(c),
+                Err(TryRecvError::Empty) => return,
+                Err(TryRecvError::Disconnected) => {
+                    *self.disconnected.borrow_mut() = true;
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Whether the run must stop now (a queued Stop, or the UI went away).
+    fn stop_requested(&self) -> bool {
+        self.poll();
+        *self.disconnected.borrow()
+            || self
+                .queue
+                .borrow()
+                .iter()
+                .any(|c| matches!(c, Command::Stop))
+    }
+
+    fn next(&self) -> Option<Command> {
+        self.poll();
+        self.queue.borrow_mut().pop_front()
+    }
+
+    /// Blocks for the next command; `None` when the UI side is gone.
+    fn wait(&self) -> Option<Command> {
+        if let Some(c) = self.next() {
+            return Some(c);
+        }
+        if *self.disconnected.borrow() {
+            return None;
+        }
+        self.end.commands.recv().ok()
+    }
+}
+
+/// The event sender. Progress is dropped when the UI is behind (the next one supersedes it); everything else
+/// waits for room, so no log line, checkpoint or failure is ever lost.
+struct Events(SyncSender<Event>);
+
+impl Events {
+    fn send(&self, event: Event) {
+        match self.0.try_send(event) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Err(TrySendError::Full(Event::Progress(_))) => {}
+            Err(TrySendError::Full(event)) => {
+                let _ = self.0.send(event);
+            }
+        }
+    }
+
+    fn state(&self, state: RunState) {
+        self.send(Event::StateChanged(state));
+    }
+
+    fn log(&self, level: LogLevel, message: String) {
+        self.send(Event::Log { level, message });
+    }
+}
+
+/// How a run ended.
+enum Outcome {
+    Finished,
+    Stopped,
+}
+
+fn run(request: &StartRun, inbox: &Inbox, events: &Events) {
+    events.state(RunState::Preparing);
+    let mut log = |level, message| events.log(level, message);
+    let result = Trainer::start(request, &mut log).and_then(|mut trainer| {
+        events.state(RunState::Training);
+        let first_step = trainer.step();
+        let outcome = train_loop(&mut trainer, inbox, events);
+        finish(&mut trainer, first_step, outcome, events)
+    });
+    // Host activations keep their page-locked buffers from step to step, not from run to run.
+    framesmith_nn::offload::release_host_activation_buffers();
+    if let Err(err) = result {
+        events.state(RunState::Failed);
+        events.send(Event::Failed {
+            message: format!("{err:#}"),
+        });
+    }
+}
+
+/// Saves what the run learned and reports how it ended. A run stopped before it completed a step has nothing
+/// new to save, and writes nothing (no untrained LoRA under the run's name).
+fn finish(
+    trainer: &mut Trainer,
+    first_step: usize,
+    outcome: anyhow::Result<Outcome>,
+    events: &Events,
+) -> anyhow::Result<()> {
+    let outcome = match outcome {
+        Ok(o) => o,
+        Err(err) => {
+            // Keep what was learned: the last good LoRA is saved before the failure is reported.
+            if trainer.step() > 0 {
+                if let Ok(saved) = trainer.save(false) {
+                    events.send(saved.event());
+                }
+            } else {
+                trainer.abandon_unused_outputs();
+            }
+            return Err(err);
+        }
+    };
+    if matches!(outcome, Outcome::Stopped) && trainer.step() == first_step {
+        trainer.abandon_unused_outputs();
+        events.log(
+            LogLevel::Info,
+            format!(
+                "stopped before step {} was completed: nothing new to save",
+                first_step + 1
+            ),
+        );
+        events.state(RunState::Stopped);
+        return Ok(());
+    }
+    events.state(RunState::Saving);
+    let saved = trainer.save(true)?;
+    events.send(saved.event());
+    events.state(match outcome {
+        Outcome::Finished => RunState::Finished,
+        Outcome::Stopped => RunState::Stopped,
+    });
+    Ok(())
+}
+
+fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::Result<Outcome> {
+    if trainer.sample_at_start() {
+        sample(trainer, events)?;
+    }
+    let started = Instant::now();
+    let first_step = trainer.step();
+    let mut smoothed: Option<f64> = None;
+    while trainer.step() < trainer.total_steps() {
+        while let Some(command) = inbox.next() {
+            match command {
+                Command::Stop => return Ok(Outcome::Stopped),
+                Command::Pause => {
+                    events.state(RunState::Paused);
+                    if !wait_for_resume(trainer, inbox, events)? {
+                        return Ok(Outcome::Stopped);
+                    }
+                    events.state(RunState::Training);
+                }
+                Command::SaveNow => events.send(trainer.save(false)?.event()),
+                Command::SampleNow => sample(trainer, events)?,
+                Command::Resume => {}
+                Command::StartRun(_) => events.log(
+                    LogLevel::Warn,
+                    "a run is already in progress; queue the next one".into(),
+                ),
+            }
+        }
+        let report = match trainer.train_step(&|| inbox.stop_requested()) {
+            Ok(r) => r,
+            Err(err) if err.downcast_ref::<Interrupted>().is_some() => return Ok(Outcome::Stopped),
+            Err(err) => return Err(err),
+        };
+        if let Some(message) = report.warning.clone() {
+            events.log(LogLevel::Warn, message);
+        }
+        if let Some(loss) = report.loss {
+            smoothed = Some(smoothed.map_or(loss, |s| 0.95 * s + 0.05 * loss));
+        }
+        let done = trainer.step() - first_step;
+        let per_step = started.elapsed().as_secs_f64() / done.max(1) as f64;
+        events.send(Event::Progress(Progress {
+            step: trainer.step(),
+            total_steps: trainer.total_steps(),
+            epoch: report.epoch,
+            loss: report.loss.unwrap_or(f64::NAN),
+            smoothed_loss: smoothed.unwrap_or(f64::NAN),
+            learning_rate: report.learning_rate,
+            step_secs: report.step_secs,
+            eta_secs: per_step * (trainer.total_steps() - trainer.step()) as f64,
+        }));
+        if trainer.save_due() {
+            events.state(RunState::Saving);
+            events.send(trainer.save(false)?.event());
+            events.state(RunState::Training);
+        }
+        if trainer.sample_due() {
+            sample(trainer, events)?;
+        }
+    }
+    Ok(Outcome::Finished)
+}
+
+/// Waits while paused; `Ok(false)` when a Stop arrives (or the UI goes away).
+fn wait_for_resume(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::Result<bool> {
+    loop {
+        match inbox.wait() {
+            None | Some(Command::Stop) => return Ok(false),
+            Some(Command::Resume) => return Ok(true),
+            Some(Command::SaveNow) => events.send(trainer.save(false)?.event()),
+            Some(Command::SampleNow) => sample(trainer, events)?,
+            Some(_) => {}
+        }
+    }
+}
+
+fn sample(trainer: &mut Trainer, events: &Events) -> anyhow::Result<()> {
+    events.state(RunState::Sampling);
+    for ready in trainer.sample()? {
+        events.send(ready);
+    }
+    events.state(RunState::Training);
+    Ok(())
+}

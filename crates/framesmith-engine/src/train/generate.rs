@@ -1,0 +1,215 @@
+//! Clip generation with the DiT (and its LoRAs): the official flow-matching sampling loop with UniPC, DPM++ or
+//! Euler, classifier-free guidance with a negative prompt, seeded noise, and Wan 2.2's switch from the
+//! high-noise to the low-noise expert at the timestep boundary, and the image-to-video conditioning of the
+//! official I2V / TI2V loops. Returns latents; decoding is the caller's.
+
+use candle_core::{Result, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use serde::{Deserialize, Serialize};
+
+use super::sampler::{
+    FlowDpmSolverScheduler, FlowEulerScheduler, FlowScheduler, FlowUniPcScheduler, SchedulerConfig,
+};
+use framesmith_models::wan::{Timesteps, WanConfig, WanInputs, WanModel};
+use framesmith_nn::init::randn;
+
+/// Sampling solver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Solver {
+    Unipc,
+    Dpmpp,
+    Euler,
+}
+
+impl Solver {
+    fn scheduler(self) -> Box<dyn FlowScheduler> {
+        let cfg = SchedulerConfig::default();
+        match self {
+            Solver::Unipc => Box::new(FlowUniPcScheduler::new(cfg)),
+            Solver::Dpmpp => Box::new(FlowDpmSolverScheduler::new(cfg)),
+            Solver::Euler => Box::new(FlowEulerScheduler::new(cfg)),
+        }
+    }
+}
+
+/// The denoiser: one model, or a Wan 2.2 pair whose low-noise expert takes over below `boundary` (0..1000).
+pub struct Experts<'a> {
+    pub high_noise: &'a WanModel,
+    pub low_noise: Option<(&'a WanModel, f64)>,
+}
+
+impl Experts<'_> {
+    fn at(&self, timestep: f64) -> &WanModel {
+        match self.low_noise {
+            Some((low, boundary)) if timestep < boundary => low,
+            _ => self.high_noise,
+        }
+    }
+}
+
+/// What to generate.
+pub struct GenerateRequest<'a> {
+    /// Text embedding of the prompt [L, text_dim].
+    pub context: &'a Tensor,
+    /// Text embedding of the negative prompt; used when `guidance` > 1.
+    pub negative: Option<&'a Tensor>,
+    /// Latent shape [C, F, H, W].
+    pub latent_shape: [usize; 4],
+    pub steps: usize,
+    pub shift: f64,
+    pub guidance: f64,
+    pub seed: u64,
+    pub solver: Solver,
+}
+
+/// How a start image conditions the clip, as the official image-to-video loops do it.
+#[derive(Clone, Debug)]
+pub enum ImageConditioning {
+    /// Wan2.1 I2V-14B and Wan2.2 I2V-A14B (`WanI2V.generate`): `y` [4 + z, F, H, W] — the mask channels (1 on
+    /// the first latent frame), then the latent of the image followed by black frames — concatenated to the
+    /// latents at every call, for the conditional and the unconditional pass alike; and, for Wan2.1, the CLIP
+    /// features [1, 257, clip_dim] of the image.
+    Channels { y: Tensor, clip: Option<Tensor> },
+    /// Wan2.2 TI2V-5B (`WanTI2V.i2v`): the image's latent [z, 1, H, W] replaces the first latent frame of the
+    /// noise and of every step's result, and that frame's tokens are denoised at timestep 0.
+    FirstFrame { latent: Tensor },
+}
+
+/// Runs the sampling loop; `cancelled` is polled between denoising steps.
+pub fn generate(
+    experts: &Experts,
+    req: &GenerateRequest,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Tensor> {
+    generate_from(experts, req, None, cancelled)
+}
+
+/// `latents` [C, F, H, W] with the first frame replaced by `first` [C, 1, H, W] (the official
+/// `(1 − mask) · z + mask · latent` with a 0/1 mask, exactly).
+pub(crate) fn with_first_frame(latents: &Tensor, first: &Tensor) -> Result<Tensor> {
+    let f = latents.dim(1)?;
+    if f == 1 {
+        return Ok(first.clone());
+    }
+    Tensor::cat(&[first, &latents.narrow(1, 1, f - 1)?], 1)
+}
+
+/// TI2V per-token timesteps: 0 for the tokens of the first latent frame, `t` for the others (the official
+/// `mask2[0][0][:, ::2, ::2] * t`, flattened; no padding since `seq_len` is the token count).
+fn first_frame_timesteps(cfg: &WanConfig, latent_shape: [usize; 4], t: f64) -> Timesteps {
+    Timesteps::PerToken(vec![first_frame_row(cfg, latent_shape, t)])
+}
+
+/// One sample's row of [`first_frame_timesteps`].
+pub(crate) fn first_frame_row(cfg: &WanConfig, latent_shape: [usize; 4], t: f64) -> Vec<f64> {
+    let [_, f, h, w] = latent_shape;
+    let [pt, ph, pw] = cfg.patch_size;
+    let per_frame = (h / ph.max(1)) * (w / pw.max(1));
+    let frames = f / pt.max(1);
+    let mut row = vec![t; per_frame * frames];
+    for v in row.iter_mut().take(per_frame) {
+        *v = 0.0;
+    }
+    row
+}
+
+/// [`generate`] with a start image's conditioning (image-to-video variants).
+pub fn generate_from(
+    experts: &Experts,
+    req: &GenerateRequest,
+    image: Option<&ImageConditioning>,
+    cancelled: &dyn Fn() -> bool,
+) -> Result<Tensor> {
+    let device = experts.high_noise.device();
+    let rng = &mut StdRng::seed_from_u64(req.seed);
+    let mut latents = randn(rng, req.latent_shape.as_slice(), 0.0, 1.0, device)?;
+    let dtype = latents.dtype();
+    let (y, clip, first) = match image {
+        Some(ImageConditioning::Channels { y, clip }) => {
+            (Some(vec![y.to_dtype(dtype)?]), clip.clone(), None)
+        }
+        Some(ImageConditioning::FirstFrame { latent }) => {
+            (None, None, Some(latent.to_dtype(dtype)?))
+        }
+        None => (None, None, None),
+    };
+    if let Some(first) = &first {
+        latents = with_first_frame(&latents, first)?;
+    }
+    let mut scheduler = req.solver.scheduler();
+    scheduler.set_timesteps(req.steps.max(1), req.shift)?;
+    let timesteps = scheduler.timesteps().to_vec();
+    let guided = req.guidance > 1.0 && req.negative.is_some();
+    for t in timesteps {
+        if cancelled() {
+            candle_core::bail!("generation cancelled");
+        }
+        let model = experts.at(t as f64);
+        let model_timesteps = match first {
+            Some(_) => first_frame_timesteps(model.config(), req.latent_shape, t as f64),
+            None => Timesteps::PerSample(vec![t as f64]),
+        };
+        let predict = |context: &Tensor| -> Result<Tensor> {
+            let inputs = WanInputs {
+                latents: vec![latents.clone()],
+                timesteps: model_timesteps.clone(),
+                context: vec![context.clone()],
+                seq_len: None,
+                clip: clip.clone(),
+                y: y.clone(),
+            };
+            model.forward(&inputs)?.remove(0).to_dtype(dtype)
+        };
+        let cond = predict(req.context)?;
+        let velocity = match (guided, req.negative) {
+            (true, Some(negative)) => {
+                let uncond = predict(negative)?;
+                (&uncond + ((cond - &uncond)? * req.guidance)?)?
+            }
+            _ => cond,
+        };
+        latents = scheduler.step(&velocity, t, &latents)?;
+        if let Some(first) = &first {
+            latents = with_first_frame(&latents, first)?;
+        }
+    }
+    Ok(latents)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    #[test]
+    fn first_frame_tokens_get_timestep_zero() {
+        let cfg = WanConfig::wan22_ti2v_5b();
+        let Timesteps::PerToken(rows) = first_frame_timesteps(&cfg, [48, 3, 4, 6], 937.0) else {
+            panic!("per-token timesteps expected");
+        };
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].len(), 3 * 2 * 3);
+        assert!(rows[0][..6].iter().all(|&v| v == 0.0));
+        assert!(rows[0][6..].iter().all(|&v| v == 937.0));
+    }
+
+    #[test]
+    fn first_frame_replacement_keeps_the_rest() -> Result<()> {
+        let dev = Device::Cpu;
+        let latents = Tensor::arange(0f32, 24.0, &dev)?.reshape((2, 3, 2, 2))?;
+        let first = Tensor::full(-1f32, (2, 1, 2, 2), &dev)?;
+        let out = with_first_frame(&latents, &first)?;
+        assert_eq!(
+            out.narrow(1, 0, 1)?.flatten_all()?.to_vec1::<f32>()?,
+            vec![-1.0; 8]
+        );
+        assert_eq!(
+            out.narrow(1, 1, 2)?.flatten_all()?.to_vec1::<f32>()?,
+            latents.narrow(1, 1, 2)?.flatten_all()?.to_vec1::<f32>()?
+        );
+        assert_eq!(out.dtype(), DType::F32);
+        Ok(())
+    }
+}

@@ -1,0 +1,273 @@
+//! What the training step keeps from each block's forward until that block's backward, by `memory.checkpointing`:
+//! the saved block inputs (every setting but "off"), the kept self-attention outputs ("attention"), or every
+//! block's whole tape ("off"). Exact counts of the tensors `models::wan::block::grad` records, no calibration.
+
+use super::working_set::{per_token_modulation_bytes, StepShape};
+use super::{line, Sizes};
+use framesmith_config::run::{ActivationPlacement, Checkpointing};
+use framesmith_models::wan::WanConfig;
+use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
+
+/// One block's self-attention output (compute dtype) and log-sum-exp (f32, one per head and token), as
+/// `train::step`'s selective checkpointing keeps them.
+pub fn kept_attention_bytes(cfg: &WanConfig, shape: &StepShape) -> u64 {
+    let l = shape.tokens;
+    l * cfg.dim as u64 * shape.compute_bytes + l * cfg.num_heads as u64 * 4
+}
+
+/// One block's whole tape (`BlockTape` of `models::wan::block::grad`), as the step keeps it with checkpointing off,
+/// for a batch of `batch` samples and `rank`-r LoRAs on every block linear. `L` is the batch's tokens, `d` / `f` /
+/// `h` the width, FFN width and heads, `T` the text tokens per sample (`Ti` CLIP tokens), `c` / `s` the compute
+/// and residual dtype bytes. Counted field by field:
+///
+/// - residual stream, dtype `s`: the block input `x` (SelfTape), `x1` (CrossTape), `x2` (FfnTape): `3·L·d·s`;
+/// - `[L, d]` in the compute dtype, 12 of them: SelfTape `h1`, q and k before their RMSNorm (`Projection::pre_norm`),
+///   the attention's roped q and k, its v and output (`AttentionTape`; the `o` input is a view of the output);
+///   CrossTape `n3`, q before its RMSNorm, the normed q and the text attention's output (`ac` is a view of it);
+///   FfnTape `h2`. Without q/k norms the three pre-norm tensors are the projections themselves: 9;
+/// - FfnTape `f0` (`ffn.0`'s output): `L·f·c`;
+/// - log-sum-exp of self- and cross-attention, f32: `2·L·h·4`;
+/// - each LoRA's `[m, r]` activation (`LinearTape::mid`): self q/k/v/o, cross q/o, `ffn.0`, `ffn.2` over the
+///   tokens, cross k/v over the text: `8·L·r·c + 2·b·T·r·c`;
+/// - cross-attention k before its norm, the normed k and v over the text: `3·b·T·d·c` (2 without q/k norms);
+/// - the six modulation rows (`Common::chunks`, f32): `[L, 6, d]` for Wan 2.2's per-token time, else `6·b·d·4`;
+/// - Wan 2.1 I2V's image branch: its attention output and `ac` (now a sum, not a view), `2·L·d·c`, one more
+///   log-sum-exp `L·h·4`, k (and its pre-norm) and v over the CLIP tokens `3·b·Ti·d·c`, LoRA activations
+///   `2·b·Ti·r·c`.
+///
+/// Wan2.1-1.3B at 480×832×81 (L = 32,760, d = 1536, f = 8960, h = 12, T = 512, r = 32, bf16 compute, f32
+/// residual): 2.257 GiB per block, 2.069 GiB beyond the saved input, 62.1 GiB over 30 blocks. The H200 measured
+/// 61.1 GiB more peak than per-block checkpointing (2.04 GiB per block): the step without recompute also needs a
+/// slightly smaller working set, which the plan does not subtract. On the CPU, the tiny model's step allocates
+/// within 1% of this per block (`tests/step_memory.rs`).
+pub fn block_tape_bytes(cfg: &WanConfig, batch: u64, rank: u64, shape: &StepShape) -> u64 {
+    let (l, c, s) = (shape.tokens, shape.compute_bytes, shape.residual_bytes);
+    let (d, f, h) = (cfg.dim as u64, cfg.ffn_dim as u64, cfg.num_heads as u64);
+    let text = batch * cfg.text_len as u64;
+    let (token_copies, context_copies) = if cfg.qk_norm { (12, 3) } else { (9, 2) };
+    let modulation = if cfg.per_token_time() {
+        per_token_modulation_bytes(cfg, l)
+    } else {
+        batch * 6 * d * 4
+    };
+    let mut bytes = 3 * l * d * s
+        + token_copies * l * d * c
+        + l * f * c
+        + 2 * l * h * 4
+        + (8 * l + 2 * text) * rank * c
+        + context_copies * text * d * c
+        + modulation;
+    if cfg.has_clip() {
+        let image = batch * cfg.clip_tokens as u64;
+        bytes += 2 * l * d * c + l * h * 4 + context_copies * image * d * c + 2 * image * rank * c;
+    }
+    bytes
+}
+
+/// The plan's lines for what the step keeps between a block's forward and its backward.
+pub(super) fn kept_lines(
+    cfg: &WanConfig,
+    checkpointing: Checkpointing,
+    activations: ActivationPlacement,
+    batch: u64,
+    rank: u64,
+    s: &Sizes,
+) -> Vec<PlanLine> {
+    let n = cfg.num_layers;
+    let l = s.shape.tokens;
+    if checkpointing == Checkpointing::Off {
+        // The tape holds the block input, so there is no separate saved input (and nothing to move to RAM).
+        let per_block = block_tape_bytes(cfg, batch, rank, &s.shape);
+        return vec![line(
+            format!(
+                "kept block tapes, no checkpointing ({n} × {})",
+                format_gib(per_block)
+            ),
+            n as u64 * per_block,
+            Placement::Device,
+        )];
+    }
+    let saved_at = match activations {
+        ActivationPlacement::Device => Placement::Device,
+        ActivationPlacement::Host => Placement::HostPinned,
+    };
+    let residual = if s.shape.residual_bytes == 4 {
+        "f32"
+    } else {
+        "bf16"
+    };
+    let saved_input = l * cfg.dim as u64 * s.shape.residual_bytes;
+    let mut out = vec![line(
+        format!("saved block inputs ({n} × {l} tokens, {residual})"),
+        n as u64 * saved_input,
+        saved_at,
+    )];
+    if activations == ActivationPlacement::Host {
+        // `nn::offload::activations` copies the next block's input back while this block's backward runs.
+        out.push(line(
+            "saved input prefetched from RAM (1 block)",
+            saved_input,
+            Placement::Device,
+        ));
+    }
+    if checkpointing == Checkpointing::Attention {
+        let per_block = kept_attention_bytes(cfg, &s.shape);
+        out.push(line(
+            format!(
+                "kept self-attention outputs ({n} × {})",
+                format_gib(per_block)
+            ),
+            n as u64 * per_block,
+            Placement::Device,
+        ));
+    }
+    out
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::super::{peak_vram_bytes, plan, PlanInput, DEFAULT_CLIP, WORKING_SET};
+    use super::*;
+    use framesmith_config::run::{BaseDtype, StreamingMode};
+    use framesmith_config::RunConfig;
+    use framesmith_config::protocol::memory::Suggestion;
+
+    const GIB: f64 = (1u64 << 30) as f64;
+
+    /// Wan2.1-1.3B, bf16 base and f32 residual, 480×832×81, rank 32: the H200 measurement's setup.
+    fn wan13b(checkpointing: Checkpointing) -> PlanInput {
+        let mut cfg = RunConfig::default();
+        cfg.model.variant = "t2v-1.3b".into();
+        cfg.model.base_dtype = BaseDtype::Bf16;
+        cfg.lora.rank = 32;
+        cfg.memory.checkpointing = checkpointing;
+        let mut input = PlanInput::from_config(&cfg, WanConfig::wan21_t2v_1_3b(), DEFAULT_CLIP);
+        input.working_set = WORKING_SET;
+        input
+    }
+
+    fn line_bytes(input: &PlanInput, prefix: &str) -> Option<u64> {
+        plan(input)
+            .unwrap()
+            .breakdown
+            .iter()
+            .find(|l| l.label.starts_with(prefix))
+            .map(|l| l.bytes)
+    }
+
+    #[test]
+    fn the_three_settings_cost_what_they_keep() {
+        let peak = |c| peak_vram_bytes(&wan13b(c), 0).unwrap();
+        let (blocks, attention, off) = (
+            peak(Checkpointing::Blocks),
+            peak(Checkpointing::Attention),
+            peak(Checkpointing::Off),
+        );
+        assert!(
+            attention > blocks && off > attention,
+            "{blocks} {attention} {off}"
+        );
+        // from_config carried the setting: 30 blocks of bf16 output (96 MiB) and 12 heads of f32 LSE.
+        assert_eq!(
+            attention - blocks,
+            30 * (32_760 * 1536 * 2 + 32_760 * 12 * 4)
+        );
+        // The H200: 'off' peaked 61.1 GiB above 'blocks', 'attention' 2.76 GiB above it. The plan keeps the
+        // recompute's whole working set for both (a recompute without the attention kernel, or none at all,
+        // needs a little less), so it may only err high, and by little.
+        let off_extra = (off - blocks) as f64 / GIB;
+        assert!((61.1..61.1 * 1.05).contains(&off_extra), "{off_extra} GiB");
+        let attention_extra = (attention - blocks) as f64 / GIB;
+        assert!(
+            (2.76..2.76 * 1.05).contains(&attention_extra),
+            "{attention_extra} GiB"
+        );
+        eprintln!("beyond per-block checkpointing: off {off_extra:.2} GiB, attention {attention_extra:.3} GiB");
+    }
+
+    #[test]
+    fn off_keeps_tapes_instead_of_saved_inputs() {
+        let off = wan13b(Checkpointing::Off);
+        assert_eq!(line_bytes(&off, "saved block inputs"), None);
+        assert_eq!(line_bytes(&off, "kept self-attention"), None);
+        // The derivation in `block_tape_bytes`, for L = 32,760, d = 1536, f = 8960, h = 12, T = 512, r = 32,
+        // c = 2, s = 4: L·d·(3s + 12c) + L·f·c + 2·L·h·4 + (8·L + 2·T)·r·c + 3·T·d·c + 6·d·4.
+        let (l, d, f, h, t, r) = (32_760u64, 1536, 8960, 12, 512, 32);
+        let per_block = l * d * (3 * 4 + 12 * 2)
+            + l * f * 2
+            + 2 * l * h * 4
+            + (8 * l + 2 * t) * r * 2
+            + 3 * t * d * 2
+            + 6 * d * 4;
+        assert_eq!(per_block, 2_423_295_232);
+        assert_eq!(line_bytes(&off, "kept block tapes"), Some(30 * per_block));
+        let blocks = wan13b(Checkpointing::Blocks);
+        assert_eq!(line_bytes(&blocks, "kept block tapes"), None);
+        let saved = line_bytes(&blocks, "saved block inputs").unwrap();
+        assert_eq!(saved, 30 * l * d * 4);
+        // Activations in RAM move the saved inputs, never the tapes (validation refuses the pair).
+        let mut host = off.clone();
+        host.streaming.activations = ActivationPlacement::Host;
+        assert_eq!(plan(&host).unwrap().peak_ram_bytes, 0);
+        assert_eq!(
+            peak_vram_bytes(&host, 0).unwrap(),
+            peak_vram_bytes(&off, 0).unwrap()
+        );
+    }
+
+    #[test]
+    fn tapes_grow_with_the_batch_and_the_image_branch() {
+        let shape = |tokens| StepShape {
+            tokens,
+            compute_bytes: 2,
+            residual_bytes: 4,
+            dequantised_weight_bytes: 0,
+        };
+        let t2v = WanConfig::wan21_t2v_14b();
+        let one = block_tape_bytes(&t2v, 1, 32, &shape(32_760));
+        let two = block_tape_bytes(&t2v, 2, 32, &shape(2 * 32_760));
+        // Everything scales with the batch except the six modulation rows, which are per sample too.
+        assert_eq!(two, 2 * one);
+        let i2v = WanConfig::wan21_i2v_14b();
+        let with_image = block_tape_bytes(&i2v, 1, 32, &shape(32_760));
+        let (d, h, ti) = (5120u64, 40, 257);
+        assert_eq!(
+            with_image - one,
+            2 * 32_760 * d * 2 + 32_760 * h * 4 + 3 * ti * d * 2 + 2 * ti * 32 * 2
+        );
+        // Wan 2.2 keeps its per-token modulation rows in every tape.
+        let ti2v = WanConfig::wan22_ti2v_5b();
+        let per_token = block_tape_bytes(&ti2v, 1, 32, &shape(1000));
+        let mut as21 = ti2v.clone();
+        as21.generation = framesmith_models::wan::Generation::Wan21;
+        let plain = block_tape_bytes(&as21, 1, 32, &shape(1000));
+        assert_eq!(
+            per_token - plain,
+            1000 * 6 * ti2v.dim as u64 * 4 - 6 * ti2v.dim as u64 * 4
+        );
+    }
+
+    #[test]
+    fn kept_tapes_are_the_first_thing_a_tight_budget_gives_up() {
+        let mut off = wan13b(Checkpointing::Off);
+        off.streaming.mode = StreamingMode::Pinned;
+        let blocks = wan13b(Checkpointing::Blocks);
+        // Fits with per-block checkpointing and nothing streamed, not with 'off' however much is streamed.
+        off.vram_budget_bytes = Some(peak_vram_bytes(&blocks, 0).unwrap());
+        let r = plan(&off).unwrap();
+        assert_eq!(
+            r.suggestions,
+            vec![Suggestion::CheckpointBlocks { blocks: 0 }]
+        );
+        assert!(r.suggestions[0]
+            .to_string()
+            .contains("memory.checkpointing = \"blocks\""));
+        // A budget streaming alone meets keeps the setting.
+        off.vram_budget_bytes = Some(peak_vram_bytes(&off, 20).unwrap());
+        assert_eq!(
+            plan(&off).unwrap().suggestions,
+            vec![Suggestion::StreamBlocks { blocks: 20 }]
+        );
+    }
+}

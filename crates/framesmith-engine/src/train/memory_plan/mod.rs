@@ -1,0 +1,470 @@
+//! The memory planner (DESIGN.md §2 "Fits", §4.4): peak VRAM and host RAM of a training configuration, from the
+//! model config, clip size, LoRA, weight format and streaming setup — pure arithmetic, no tensor is allocated.
+//! Picks the smallest number of streamed blocks that fits a VRAM budget and, when nothing fits, says what would.
+//! Weight sizes are exact (`bytes`); activation sizes are a calibrated model (`working_set`).
+
+mod bytes;
+mod checkpoint;
+mod input;
+pub mod machine;
+mod suggest;
+mod working_set;
+
+pub use bytes::{
+    block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
+    fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
+    vae_for, BaseFormat,
+};
+pub use checkpoint::{block_tape_bytes, kept_attention_bytes};
+pub use input::{
+    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
+    ClipShape, DEFAULT_CLIP,
+};
+pub use working_set::{
+    per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs, StepShape, WorkingSet,
+    CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
+    POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
+};
+
+use framesmith_config::plan::FloatDtype;
+use framesmith_config::run::{
+    ActivationPlacement, BlocksToSwap, Checkpointing, ResidualDtype, StreamingMode,
+};
+use framesmith_models::wan::WanConfig;
+use framesmith_nn::lora::LoraError;
+use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine, PlanReport, Verdict};
+
+/// Which linears get a LoRA, and its rank.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraShape {
+    pub rank: usize,
+    /// `lora.include_patterns` / `lora.exclude_patterns` (musubi-tuner's rules; Wan's default exclude is added).
+    pub include_patterns: Vec<String>,
+    pub exclude_patterns: Vec<String>,
+}
+
+/// Block streaming and where saved activations live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StreamingSetup {
+    pub mode: StreamingMode,
+    pub blocks_to_swap: BlocksToSwap,
+    pub activations: ActivationPlacement,
+    /// GPU slots streamed blocks are copied into ([`DEFAULT_GPU_SLOTS`]).
+    pub gpu_slots: usize,
+    /// Page-locked staging buffers of `staged` streaming.
+    pub staging_slots: usize,
+}
+
+/// Everything the planner reads.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanInput {
+    pub model: WanConfig,
+    pub base: BaseFormat,
+    /// Dtype of activations and dequantised weights (bf16 for an FP8 base).
+    pub compute: FloatDtype,
+    pub residual: ResidualDtype,
+    pub clip: ClipShape,
+    pub lora: LoraShape,
+    pub streaming: StreamingSetup,
+    /// An explicit budget (`memory.vram_budget_gb`); wins over `free_vram_bytes`.
+    pub vram_budget_bytes: Option<u64>,
+    /// The card's free memory now; the budget is this minus [`VRAM_HEADROOM_BYTES`] when no budget is set.
+    pub free_vram_bytes: Option<u64>,
+    /// Total host RAM, for RAM warnings.
+    pub host_ram_bytes: Option<u64>,
+    /// Windows caps page-locked memory near half of RAM and shows it as shared GPU memory.
+    pub windows: bool,
+    /// The activation model ([`WORKING_SET`] unless measuring or comparing).
+    pub working_set: WorkingSet,
+    /// `memory.checkpointing`: what the step keeps from each block's forward (`train::step::StepOptions`'s
+    /// `keep_attention` / `keep_tapes`): saved inputs only, plus self-attention outputs, or every block's tape.
+    pub checkpointing: Checkpointing,
+    /// Count AdamW's moments and the CUDA context. Both false reproduces what `framesmith-bench step|stream`
+    /// measure (the allocator's peak of steps without an optimizer), for calibrating [`WORKING_SET`].
+    pub optimizer_and_context: bool,
+    /// A CPU run (`training.device = "cpu"`): everything lives in RAM and the verdict is against the RAM.
+    pub on_cpu: bool,
+}
+
+/// Why a configuration cannot be planned.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    #[error(
+        "{width}x{height} does not divide into this model's patches: use multiples of {multiple}"
+    )]
+    Resolution {
+        width: usize,
+        height: usize,
+        multiple: usize,
+    },
+    #[error("{frames} frames is not 1 + a multiple of {step} (the VAE packs {step} frames after the first)")]
+    Frames { frames: usize, step: usize },
+    #[error("the batch must hold at least 1 sample")]
+    ZeroBatch,
+    #[error("{requested} blocks to stream, but the model has {blocks}: stream at most {}", blocks - 1)]
+    TooManyBlocks { requested: usize, blocks: usize },
+    #[error("{0} blocks to stream, but streaming is off: set memory.streaming = \"pinned\" or \"staged\"")]
+    StreamingOff(usize),
+    #[error("streaming needs at least 1 GPU slot")]
+    ZeroGpuSlots,
+    #[error("staged streaming needs at least 1 staging slot")]
+    ZeroStagingSlots,
+    #[error("model.variant is \"auto\" and no DiT file is set: name the variant (e.g. t2v-14b)")]
+    UnknownModel,
+    #[error("unknown variant `{0}`: use one of {known}", known = WanConfig::variant_names())]
+    UnknownVariant(String),
+    #[error("cannot read the DiT to find its variant: {0}")]
+    Inspect(String),
+    #[error(transparent)]
+    Lora(#[from] LoraError),
+}
+
+/// The sizes that do not depend on how many blocks are streamed.
+struct Sizes {
+    /// A block packed for streaming (slots, masters, staging buffers).
+    block: u64,
+    /// A resident block's tensors.
+    block_data: u64,
+    resident: Vec<(&'static str, u64)>,
+    lora_params: u64,
+    lora_modules: usize,
+    shape: StepShape,
+}
+
+fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
+    let c = &input.clip;
+    if c.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let cfg = &input.model;
+    let (spatial, step) = latent_factors(cfg);
+    if c.frames == 0 || (c.frames - 1) % step != 0 {
+        return Err(PlanError::Frames {
+            frames: c.frames,
+            step,
+        });
+    }
+    let per_sample =
+        tokens_per_sample(cfg, c.width, c.height, c.frames).ok_or(PlanError::Resolution {
+            width: c.width,
+            height: c.height,
+            multiple: spatial * cfg.patch_size[1].max(cfg.patch_size[2]),
+        })?;
+    if input.lora.rank == 0 {
+        return Err(LoraError::ZeroRank.into());
+    }
+    let (lora_params, lora_modules) = lora_parameters(
+        cfg,
+        input.lora.rank,
+        &input.lora.include_patterns,
+        &input.lora.exclude_patterns,
+    )?;
+    Ok(Sizes {
+        block: block_bytes(cfg, input.base),
+        block_data: block_data_bytes(cfg, input.base),
+        resident: resident_weights(cfg, input.compute),
+        lora_params,
+        lora_modules,
+        shape: StepShape {
+            tokens: per_sample * c.batch as u64,
+            compute_bytes: dtype_bytes(input.compute),
+            residual_bytes: residual_bytes(input.residual),
+            dequantised_weight_bytes: match input.base {
+                BaseFormat::Fp8(_) => (cfg.dim * cfg.ffn_dim) as u64 * dtype_bytes(input.compute),
+                BaseFormat::Dense(_) => 0,
+            },
+        },
+    })
+}
+
+fn residual_bytes(r: ResidualDtype) -> u64 {
+    match r {
+        ResidualDtype::F32 => 4,
+        ResidualDtype::Bf16 => 2,
+    }
+}
+
+fn line(label: impl Into<String>, bytes: u64, placement: Placement) -> PlanLine {
+    PlanLine {
+        label: label.into(),
+        bytes,
+        placement,
+    }
+}
+
+/// Every component with `streamed` blocks in RAM.
+fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
+    let cfg = &input.model;
+    let n = cfg.num_layers;
+    let block = format_gib(s.block);
+    let mut out = vec![line(
+        format!(
+            "resident blocks ({} × {})",
+            n - streamed,
+            format_gib(s.block_data)
+        ),
+        (n - streamed) as u64 * s.block_data,
+        Placement::Device,
+    )];
+    if streamed > 0 {
+        let slots = input.streaming.gpu_slots.min(streamed);
+        out.push(line(
+            format!("GPU slots for streamed blocks ({slots} × {block})"),
+            slots as u64 * s.block,
+            Placement::Device,
+        ));
+    }
+    for &(label, bytes) in &s.resident {
+        out.push(line(label, bytes, Placement::Device));
+    }
+    let lora = 4 * s.lora_params;
+    let modules = s.lora_modules;
+    out.push(line(
+        format!(
+            "LoRA weights ({modules} linears, rank {}, f32)",
+            input.lora.rank
+        ),
+        lora,
+        Placement::Device,
+    ));
+    out.push(line("LoRA gradients (f32)", lora, Placement::Device));
+    if input.optimizer_and_context {
+        out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
+    }
+    out.extend(checkpoint::kept_lines(
+        cfg,
+        input.checkpointing,
+        input.streaming.activations,
+        input.clip.batch as u64,
+        input.lora.rank as u64,
+        s,
+    ));
+    for (label, bytes) in shared_inputs(cfg, input.clip.batch as u64, &s.shape) {
+        out.push(line(label, bytes, Placement::Device));
+    }
+    let working = input.working_set.bytes(cfg, &s.shape);
+    out.push(line(
+        "block recompute + backward working set",
+        working,
+        Placement::Device,
+    ));
+    if !input.on_cpu {
+        out.push(line(
+            format!(
+                "memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set, at least {})",
+                format_gib(POOL_FRAGMENTATION_MIN_BYTES)
+            ),
+            pool_fragmentation_bytes(working),
+            Placement::Device,
+        ));
+    }
+    if input.optimizer_and_context && !input.on_cpu {
+        out.push(line(
+            "CUDA context and workspaces",
+            CUDA_CONTEXT_BYTES,
+            Placement::Device,
+        ));
+    }
+    out.extend(streamed_host_lines(input, s.block, streamed));
+    out
+}
+
+/// Host RAM of the streamed blocks' masters and the staging ring.
+fn streamed_host_lines(input: &PlanInput, block: u64, streamed: usize) -> Vec<PlanLine> {
+    if streamed == 0 {
+        return Vec::new();
+    }
+    let masters = format!("streamed blocks ({streamed} × {})", format_gib(block));
+    match input.streaming.mode {
+        StreamingMode::Staged => {
+            let slots = input.streaming.staging_slots;
+            let chunk = block.min(framesmith_nn::offload::STAGING_CHUNK_BYTES as u64);
+            vec![
+                line(masters, streamed as u64 * block, Placement::Host),
+                line(
+                    format!("pinned staging ring ({slots} × {})", format_gib(chunk)),
+                    slots as u64 * chunk,
+                    Placement::HostPinned,
+                ),
+            ]
+        }
+        StreamingMode::Pinned | StreamingMode::Off => vec![line(
+            masters,
+            streamed as u64 * block,
+            Placement::HostPinned,
+        )],
+    }
+}
+
+fn device_total(lines: &[PlanLine]) -> u64 {
+    lines
+        .iter()
+        .filter(|l| l.placement == Placement::Device)
+        .map(|l| l.bytes)
+        .sum()
+}
+
+/// Peak VRAM with `streamed` blocks streamed (whatever `blocks_to_swap` says).
+pub fn peak_vram_bytes(input: &PlanInput, streamed: usize) -> Result<u64, PlanError> {
+    let s = sizes(input)?;
+    Ok(device_total(&breakdown(input, &s, streamed)))
+}
+
+/// The budget the verdict is against: the explicit one, else the free memory minus [`VRAM_HEADROOM_BYTES`].
+pub fn budget_bytes(input: &PlanInput) -> Option<u64> {
+    input
+        .vram_budget_bytes
+        .or_else(|| default_budget(input.free_vram_bytes?))
+}
+
+/// The default budget for a card with `free_vram_bytes` free: that minus [`VRAM_HEADROOM_BYTES`].
+pub fn default_budget(free_vram_bytes: u64) -> Option<u64> {
+    free_vram_bytes.checked_sub(VRAM_HEADROOM_BYTES)
+}
+
+/// The smallest number of streamed blocks whose peak VRAM fits `budget_bytes`, or `None` when even streaming all
+/// blocks but one does not fit. Ignores `blocks_to_swap` and the streaming mode (the device side is the same for
+/// `pinned` and `staged`).
+pub fn auto_blocks(input: &PlanInput, budget_bytes: u64) -> Result<Option<usize>, PlanError> {
+    let s = sizes(input)?;
+    Ok((0..input.model.num_layers)
+        .find(|&n| device_total(&breakdown(input, &s, n)) <= budget_bytes))
+}
+
+fn check_streaming(input: &PlanInput) -> Result<(), PlanError> {
+    let st = &input.streaming;
+    if st.mode != StreamingMode::Off && st.gpu_slots == 0 {
+        return Err(PlanError::ZeroGpuSlots);
+    }
+    if st.mode == StreamingMode::Staged && st.staging_slots == 0 {
+        return Err(PlanError::ZeroStagingSlots);
+    }
+    Ok(())
+}
+
+/// How many blocks the plan streams, whether the planner chose it, and a note when it could not.
+fn streamed_blocks(
+    input: &PlanInput,
+    budget: Option<u64>,
+) -> Result<(usize, bool, Option<String>), PlanError> {
+    let blocks = input.model.num_layers;
+    let streams = input.streaming.mode != StreamingMode::Off;
+    match input.streaming.blocks_to_swap {
+        BlocksToSwap::Count(0) => Ok((0, false, None)),
+        BlocksToSwap::Count(n) if !streams => Err(PlanError::StreamingOff(n)),
+        BlocksToSwap::Count(n) if n >= blocks => Err(PlanError::TooManyBlocks {
+            requested: n,
+            blocks,
+        }),
+        BlocksToSwap::Count(n) => Ok((n, false, None)),
+        BlocksToSwap::Auto(_) if !streams => Ok((
+            0,
+            false,
+            Some("blocks_to_swap = \"auto\" with streaming off: nothing is streamed".into()),
+        )),
+        BlocksToSwap::Auto(_) => match budget {
+            Some(b) => Ok((auto_blocks(input, b)?.unwrap_or(blocks - 1), true, None)),
+            None => Ok((
+                0,
+                true,
+                Some(
+                    "no VRAM budget known, so \"auto\" streams nothing: set memory.vram_budget_gb"
+                        .into(),
+                ),
+            )),
+        },
+    }
+}
+
+/// Plans `input`: peak VRAM and RAM, the breakdown, the verdict against the budget and, when it does not fit,
+/// what would.
+pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
+    check_streaming(input)?;
+    let s = sizes(input)?;
+    let budget = budget_bytes(input);
+    let (streamed, chosen, note) = streamed_blocks(input, budget)?;
+    let mut lines = breakdown(input, &s, streamed);
+    if input.on_cpu {
+        for l in &mut lines {
+            l.placement = Placement::Host;
+        }
+    }
+    let peak_vram = device_total(&lines);
+    let sum = |keep: &dyn Fn(Placement) -> bool| -> u64 {
+        lines
+            .iter()
+            .filter(|l| keep(l.placement))
+            .map(|l| l.bytes)
+            .sum()
+    };
+    let peak_ram = sum(&|p| p.is_host());
+    let pinned = sum(&|p| p == Placement::HostPinned);
+    let (used, limit) = if input.on_cpu {
+        (peak_ram, input.host_ram_bytes)
+    } else {
+        (peak_vram, budget)
+    };
+    let verdict = match limit {
+        Some(b) if used <= b => Verdict::Fits,
+        Some(_) => Verdict::DoesNotFit,
+        None => Verdict::NoBudget,
+    };
+    let suggestions = match (verdict, budget) {
+        (Verdict::DoesNotFit, Some(b)) if !input.on_cpu => suggest::suggest(input, b)?,
+        _ => Vec::new(),
+    };
+    let mut notes: Vec<String> = note.into_iter().collect();
+    notes.extend(ram_notes(input, peak_ram, pinned));
+    let c = &input.clip;
+    Ok(PlanReport {
+        model: format!("{} ({})", variant_name(&input.model), input.base.label()),
+        workload: format!(
+            "{}x{}, {} frames, batch {}, {} tokens",
+            c.width, c.height, c.frames, c.batch, s.shape.tokens
+        ),
+        tokens: s.shape.tokens,
+        num_blocks: input.model.num_layers,
+        streamed_blocks: streamed,
+        blocks_chosen: chosen,
+        block_bytes: s.block,
+        peak_vram_bytes: peak_vram,
+        peak_ram_bytes: peak_ram,
+        pinned_ram_bytes: pinned,
+        vram_budget_bytes: budget,
+        host_ram_bytes: input.host_ram_bytes,
+        verdict,
+        breakdown: lines,
+        suggestions,
+        notes,
+        on_cpu: input.on_cpu,
+    })
+}
+
+fn ram_notes(input: &PlanInput, peak_ram: u64, pinned: u64) -> Vec<String> {
+    let mut notes = Vec::new();
+    let Some(ram) = input.host_ram_bytes else {
+        return notes;
+    };
+    // The OS, the app and the memory-mapped checkpoint need RAM too.
+    if peak_ram > ram / 10 * 8 {
+        notes.push(format!(
+            "the plan needs {} of RAM and this machine has {}: expect swapping; use fewer streamed blocks or \
+             activations on the GPU",
+            format_gib(peak_ram),
+            format_gib(ram)
+        ));
+    }
+    if input.windows && pinned > ram / 2 {
+        notes.push(format!(
+            "{} of page-locked RAM is more than Windows allows (about half of RAM, {}): use memory.streaming = \
+             \"staged\"",
+            format_gib(pinned),
+            format_gib(ram / 2)
+        ));
+    }
+    notes
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

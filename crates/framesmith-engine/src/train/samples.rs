@@ -1,0 +1,137 @@
+//! Sample clips during training: prompts encoded once at the start, generated every N steps / epochs (and
+//! optionally before the first step) with the LoRA being trained, written as an H.264 MP4 plus PNG frames for the
+//! in-app player. Generation draws from its own seeded RNG, so sampling never changes the training run.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::Tensor;
+
+use super::checkpoint::write_atomic;
+use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
+use super::trainer::Trainer;
+use crate::demo;
+use framesmith_config::protocol::Event;
+use framesmith_data::video::encode::{write_mp4, RgbFrame};
+
+/// Frames per second of sample clips (Wan's native rate).
+pub const SAMPLE_FPS: f64 = 16.0;
+
+/// How latents become frames.
+pub enum Decoder {
+    /// The demo codec (the built-in demo model).
+    Demo,
+    /// A Wan VAE (real models).
+    Vae(Box<super::clip::VaeDecoder>),
+}
+
+/// One prompt, with its text embedding computed once.
+pub struct SamplePrompt {
+    pub prompt: String,
+    pub context: Tensor,
+    pub negative: Option<Tensor>,
+    pub latent_shape: [usize; 4],
+    pub steps: usize,
+    pub shift: f64,
+    pub guidance: f64,
+    pub seed: u64,
+    /// The start image's latent [C, 1, H, W] of an image-to-video sample (the demo model's `--i`).
+    pub start_frame: Option<Tensor>,
+}
+
+/// When and what to sample.
+pub struct Sampling {
+    pub prompts: Vec<SamplePrompt>,
+    pub every_n_steps: Option<usize>,
+    pub every_n_epochs: Option<usize>,
+    pub at_first: bool,
+    pub decoder: Decoder,
+    pub dir: PathBuf,
+}
+
+impl Sampling {
+    /// Whether the schedule falls on `step` (`epoch_done`: the epoch that step completed, if any).
+    pub fn due(&self, step: usize, epoch_done: Option<usize>) -> bool {
+        let by_steps = self.every_n_steps.is_some_and(|n| n > 0 && step % n == 0);
+        let by_epochs = matches!((self.every_n_epochs, epoch_done), (Some(n), Some(e)) if n > 0 && e > 0 && e % n == 0);
+        by_steps || by_epochs
+    }
+}
+
+/// One RGB frame encoded as PNG.
+pub fn encode_png(frame: &RgbFrame) -> anyhow::Result<Vec<u8>> {
+    use image::ImageEncoder;
+    let mut png = Vec::new();
+    image::codecs::png::PngEncoder::new(&mut png)
+        .write_image(
+            &frame.data,
+            frame.width as u32,
+            frame.height as u32,
+            image::ExtendedColorType::Rgb8,
+        )
+        .context("cannot encode a frame as PNG")?;
+    Ok(png)
+}
+
+/// Writes frames as `frame_NNNN.png` plus `frames.json` (fps, count, size) into `dir`.
+pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<()> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    for (i, f) in frames.iter().enumerate() {
+        let path = dir.join(format!("frame_{i:04}.png"));
+        fs::write(&path, encode_png(f)?)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    let (w, h) = frames.first().map_or((0, 0), |f| (f.width, f.height));
+    let info = serde_json::json!({ "fps": fps, "frames": frames.len(), "width": w, "height": h });
+    write_atomic(&dir.join("frames.json"), info.to_string().as_bytes())
+}
+
+impl Trainer {
+    /// Generates every sample prompt with the current LoRA; returns the `SampleReady` events.
+    pub fn sample(&mut self) -> anyhow::Result<Vec<Event>> {
+        let Some(sampling) = &self.sampling else {
+            return Ok(Vec::new());
+        };
+        let experts = Experts {
+            high_noise: &self.model,
+            low_noise: None,
+        };
+        let mut events = Vec::new();
+        for (i, p) in sampling.prompts.iter().enumerate() {
+            let request = GenerateRequest {
+                context: &p.context,
+                negative: p.negative.as_ref(),
+                latent_shape: p.latent_shape,
+                steps: p.steps,
+                shift: p.shift,
+                guidance: p.guidance,
+                seed: p.seed,
+                solver: Solver::Unipc,
+            };
+            let image = p
+                .start_frame
+                .clone()
+                .map(|latent| ImageConditioning::FirstFrame { latent });
+            let latents = generate_from(&experts, &request, image.as_ref(), &|| false)
+                .with_context(|| format!("generating the sample for \"{}\"", p.prompt))?;
+            let frames = match &sampling.decoder {
+                Decoder::Demo => demo::codec::decode(&latents)?,
+                Decoder::Vae(vae) => vae.decode(&latents)?,
+            };
+            let stem = format!("{:06}-{i:02}", self.step);
+            let frames_dir = sampling.dir.join(&stem);
+            write_frames(&frames_dir, &frames, SAMPLE_FPS)?;
+            let video = sampling.dir.join(format!("{stem}.mp4"));
+            write_mp4(&video, &frames, SAMPLE_FPS)
+                .with_context(|| format!("cannot write {}", video.display()))?;
+            events.push(Event::SampleReady {
+                step: self.step,
+                video,
+                frames_dir,
+                prompt: p.prompt.clone(),
+            });
+        }
+        Ok(events)
+    }
+}

@@ -1,0 +1,531 @@
+//! Building a `Trainer` from a `StartRun`: validate the config into a plan, pick the device, load (or make) the
+//! DiT, attach the LoRAs, load the training data, set up the optimizer, schedules, outputs and samples, and
+//! resume when asked.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+
+use super::checkpoint::Outputs;
+use super::data::{load_cached_items, CacheModels, TrainItem, TrainSet};
+use super::demo_setup::demo_sample_prompts;
+use super::memory_plan;
+use super::optimizer::AdamW;
+use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
+use super::samples::{Decoder, Sampling};
+use super::trainer::Trainer;
+use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
+use framesmith_config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
+use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
+use framesmith_config::{validate, HostInfo, RunPlan};
+use crate::demo;
+use framesmith_models::wan::weights;
+use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
+use framesmith_nn::lora::{attach_loras, LoraSpec};
+use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
+use framesmith_nn::vb::Vb;
+use framesmith_config::protocol::memory::{format_gib, PlanReport};
+use framesmith_config::protocol::{LogLevel, StartRun};
+
+pub use super::demo_setup::{
+    demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,
+};
+
+/// Seed of the demo base model's weights: fixed, so every demo LoRA belongs to the same base.
+const DEMO_BASE_SEED: u64 = 2024;
+
+/// CUDA devices this build can use (0 without the `cuda` feature).
+pub fn cuda_device_count() -> usize {
+    #[cfg(feature = "cuda")]
+    {
+        if framesmith_nn::driver::nvidia_driver_missing().is_some() {
+            return 0;
+        }
+        (0..16).take_while(|&i| Device::new_cuda(i).is_ok()).count()
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        0
+    }
+}
+
+fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
+    match plan.device {
+        PlanDevice::Cpu => Ok(Device::Cpu),
+        PlanDevice::Cuda(i) => {
+            if let Some(why) = framesmith_nn::driver::nvidia_driver_missing() {
+                anyhow::bail!("cannot open CUDA device {i}: {why}");
+            }
+            Device::new_cuda(i).with_context(|| {
+                format!("cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver")
+            })
+        }
+    }
+}
+
+/// How the run log names a device: `cpu`, `cuda:0`.
+fn device_label(device: &Device) -> String {
+    match device.location() {
+        candle_core::DeviceLocation::Cpu => "cpu".into(),
+        candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
+        candle_core::DeviceLocation::Metal { gpu_id } => format!("metal:{gpu_id}"),
+    }
+}
+
+fn float_dtype(d: FloatDtype) -> DType {
+    match d {
+        FloatDtype::F32 => DType::F32,
+        FloatDtype::Bf16 => DType::BF16,
+        FloatDtype::F16 => DType::F16,
+    }
+}
+
+fn load_model(
+    plan: &RunPlan,
+    device: &Device,
+    memory: Option<&MemoryReport>,
+) -> anyhow::Result<(WanModel, String)> {
+    let compute = float_dtype(plan.model.compute_dtype);
+    let options = ModelOptions {
+        residual_dtype: match plan.model.residual_dtype {
+            framesmith_config::run::ResidualDtype::F32 => DType::F32,
+            framesmith_config::run::ResidualDtype::Bf16 => DType::BF16,
+        },
+        blocks_fp8: plan.model.fp8_scale.map(memory_plan::fp8_scale),
+    };
+    match &plan.model.source {
+        ModelSource::Demo => {
+            // The demo model streams too when asked (on CUDA), so the whole streaming path can be tried
+            // without model files.
+            let cfg = demo_model_config();
+            let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
+            let vb = Vb::from_tensors(tensors, compute, device);
+            let model = match streaming_for(plan, &cfg, device, memory)? {
+                Some((streamed, offload)) => {
+                    WanModel::new_streamed(&cfg, vb, &options, &streamed, &offload)?
+                }
+                None => WanModel::new(&cfg, vb, &options)?,
+            };
+            Ok((model, "framesmith-demo-tiny".into()))
+        }
+        ModelSource::File(path) => {
+            let expected = match &plan.model.variant {
+                Some(name) => Some(WanConfig::by_name(name).with_context(|| {
+                    format!("unknown model.variant `{name}` (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b)")
+                })?),
+                None => None,
+            };
+            let loaded = weights::load(path, expected.as_ref(), device)?;
+            let name = weights::variant_name(&loaded.config, loaded.expert);
+            let vb = Vb::from_tensors(loaded.tensors, compute, device);
+            let model = match streaming_for(plan, &loaded.config, device, memory)? {
+                Some((streamed, offload)) => {
+                    WanModel::new_streamed(&loaded.config, vb, &options, &streamed, &offload)
+                }
+                None => WanModel::new(&loaded.config, vb, &options),
+            }
+            .with_context(|| format!("building the DiT from {}", path.display()))?;
+            Ok((model, name))
+        }
+    }
+}
+
+/// The streamed blocks and ring settings of a CUDA run (`[memory]`), the count from the memory planner when it
+/// is `"auto"`; `None` when nothing streams.
+fn streaming_for(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    device: &Device,
+    memory: Option<&MemoryReport>,
+) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
+    let mode = match plan.memory.streaming {
+        StreamingMode::Off => return Ok(None),
+        StreamingMode::Pinned => StreamMode::Pinned,
+        StreamingMode::Staged => StreamMode::Staged,
+    };
+    if !plan.memory.applies || !device.is_cuda() {
+        return Ok(None);
+    }
+    let count = match plan.memory.blocks_to_swap {
+        BlocksToSwap::Count(n) => n,
+        BlocksToSwap::Auto(_) => match memory {
+            Some(Ok(report)) => report.streamed_blocks,
+            Some(Err(e)) => anyhow::bail!("planning memory for blocks_to_swap = \"auto\": {e}"),
+            None => anyhow::bail!("blocks_to_swap = \"auto\" needs the run's memory plan"),
+        },
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    let streamed = streamed_blocks(cfg.num_layers, count, Placement::Spread);
+    let offload = OffloadOptions {
+        mode,
+        slots: framesmith_config::training::DEFAULT_GPU_SLOTS,
+        staging_slots: plan.memory.staging_slots.max(1),
+        ..OffloadOptions::default()
+    };
+    Ok(Some((streamed, offload)))
+}
+
+/// The memory plan of a run, or why it could not be made.
+type MemoryReport = Result<PlanReport, String>;
+
+/// The memory plan of a CUDA run (`None` elsewhere), made once before anything takes device memory: it picks
+/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
+fn memory_report(plan: &RunPlan, device: &Device) -> Option<MemoryReport> {
+    if !(device.is_cuda() && plan.memory.applies) {
+        return None;
+    }
+    let (clip, _) = memory_plan::clip_for_config(&plan.config);
+    Some(
+        memory_plan::model_for_config(&plan.config)
+            .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip))
+            .map_err(|e| e.to_string()),
+    )
+}
+
+/// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
+/// value lives, so the run fails where a card of that size would.
+#[cfg(feature = "cuda")]
+fn reserve_budget(
+    plan: &RunPlan,
+    device: &Device,
+) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
+    match (device, plan.memory.vram_budget_bytes) {
+        (Device::Cuda(cuda), Some(budget)) if plan.memory.applies => {
+            let held = framesmith_nn::cuda::device::VramReservation::leave_budget(cuda, budget)
+                .context("reserving device memory beyond memory.vram_budget_gb")?;
+            Ok(held.map(|h| Box::new(h) as Box<dyn std::any::Any + Send>))
+        }
+        _ => Ok(None),
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+fn reserve_budget(
+    _plan: &RunPlan,
+    _device: &Device,
+) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
+    Ok(None)
+}
+
+/// What to change after an out-of-memory failure of this run, from the memory planner's view of it: its
+/// suggestions when it predicted the run would not fit, or more streamed blocks than it chose when it predicted a
+/// fit (the prediction was low or something else took memory); the general advice when there is no plan.
+pub fn out_of_memory_advice(report: Option<&PlanReport>) -> String {
+    let Some(report) = report else {
+        return OUT_OF_MEMORY_ADVICE.to_string();
+    };
+    let peak = format_gib(report.peak_vram_bytes);
+    let budget = report
+        .vram_budget_bytes
+        .map(format_gib)
+        .unwrap_or_else(|| "an unknown".into());
+    if !report.fits() && !report.suggestions.is_empty() {
+        let options: Vec<String> = report
+            .suggestions
+            .iter()
+            .take(3)
+            .map(|s| s.to_string())
+            .collect();
+        return format!(
+            "The planner predicts {peak} against the {budget} budget; to fit: {}. Checkpoints already saved are kept.",
+            options.join("; or ")
+        );
+    }
+    let more = (report.streamed_blocks + (report.num_blocks / 10).max(2)).min(report.num_blocks);
+    if more > report.streamed_blocks {
+        format!(
+            "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else \
+             took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower \
+             memory.vram_budget_gb to leave room. Checkpoints already saved are kept.",
+            report.streamed_blocks, report.num_blocks
+        )
+    } else {
+        OUT_OF_MEMORY_ADVICE.to_string()
+    }
+}
+
+/// What to change after an out-of-memory failure, when the planner has nothing more specific.
+pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To fit: stream more blocks \
+    (memory.blocks_to_swap = \"auto\" picks the smallest number that fits), keep only block inputs for the \
+    backward (memory.checkpointing = \"blocks\"), keep saved activations in RAM (memory.activations = \"host\"), \
+    or lower dataset.resolution / target_frames; `framesmith plan --config \
+    run.toml` shows where the memory goes.";
+
+/// The training items and the batch size.
+fn load_items(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    device: &Device,
+) -> anyhow::Result<(Vec<TrainItem>, usize)> {
+    match &plan.dataset.source {
+        DatasetSource::Synthetic => Ok((demo_items(cfg, plan.training.seed, device)?, 1)),
+        DatasetSource::Config(path) => {
+            let models = CacheModels {
+                vae: plan.model.vae.as_deref(),
+                text_encoder: plan.model.text_encoder.as_deref(),
+            };
+            load_cached_items(path, cfg, models, device)
+        }
+    }
+}
+
+fn lora_metadata(plan: &RunPlan, base_name: &str) -> HashMap<String, String> {
+    let m = &plan.model;
+    let mut meta = HashMap::new();
+    let mut put = |k: &str, v: String| {
+        meta.insert(k.to_string(), v);
+    };
+    put("ss_network_module", "networks.lora_wan".into());
+    put("ss_network_dim", plan.lora.rank.to_string());
+    put("ss_network_alpha", plan.lora.alpha.to_string());
+    put("ss_base_model_version", base_name.into());
+    put("ss_output_name", plan.output.output_name.clone());
+    put("ss_learning_rate", plan.schedule.base_lr.to_string());
+    put(
+        "ss_lr_scheduler",
+        format!("{:?}", plan.schedule.kind).to_lowercase(),
+    );
+    put("ss_seed", plan.training.seed.to_string());
+    put(
+        "ss_gradient_accumulation_steps",
+        plan.training.gradient_accumulation_steps.to_string(),
+    );
+    put(
+        "ss_timestep_sampling",
+        format!("{:?}", plan.training.timesteps.sampling).to_lowercase(),
+    );
+    put(
+        "ss_discrete_flow_shift",
+        plan.training.timesteps.discrete_flow_shift.to_string(),
+    );
+    put("ss_training_comment", "trained with Framesmith".into());
+    put("modelspec.sai_model_spec", "1.0.0".into());
+    put("modelspec.architecture", format!("{base_name}/lora"));
+    put(
+        "modelspec.implementation",
+        "https://github.com/Wan-Video/Wan2.1".into(),
+    );
+    put("modelspec.title", plan.output.output_name.clone());
+    put("framesmith.version", env!("CARGO_PKG_VERSION").into());
+    put(
+        "framesmith.residual_dtype",
+        format!("{:?}", m.residual_dtype).to_lowercase(),
+    );
+    put(
+        "framesmith.base_dtype",
+        format!("{:?}", m.base_dtype).to_lowercase(),
+    );
+    put(
+        "framesmith.fp8_scale",
+        m.fp8_scale
+            .map_or("none".into(), |s| format!("{s:?}").to_lowercase()),
+    );
+    put("framesmith.model_timestep", "t*1000+1".into());
+    put("framesmith.time_embedding", "per_sample".into());
+    meta
+}
+
+/// Samples: real models use the prompts `encoded` before the DiT was loaded and the Wan VAE; the demo model its
+/// own text embedding and codec.
+fn sampling(
+    plan: &RunPlan,
+    cfg: &WanConfig,
+    encoded: Option<Vec<EncodedPrompt>>,
+    device: &Device,
+) -> anyhow::Result<Option<Sampling>> {
+    let Some(s) = &plan.sampling else {
+        return Ok(None);
+    };
+    if let Some(encoded) = encoded {
+        let dtype = float_dtype(plan.model.compute_dtype);
+        let (prompts, decoder) = vae_sampling(plan, cfg, encoded, dtype, device)?;
+        return Ok(Some(Sampling {
+            prompts,
+            every_n_steps: s.every_n_steps,
+            every_n_epochs: s.every_n_epochs,
+            at_first: s.at_first,
+            decoder,
+            dir: plan.output.output_dir.join("samples"),
+        }));
+    }
+    let specs = super::prompts::read_prompt_file(&s.prompts)?;
+    let prompts = demo_sample_prompts(specs, cfg, device)?;
+    Ok(Some(Sampling {
+        prompts,
+        every_n_steps: s.every_n_steps,
+        every_n_epochs: s.every_n_epochs,
+        at_first: s.at_first,
+        decoder: Decoder::Demo,
+        dir: plan.output.output_dir.join("samples"),
+    }))
+}
+
+impl Trainer {
+    /// Validates the request's config and builds the run; resumes when asked. A new run writes into its own
+    /// folder (`config::outputs::new_run_dir`), so it never replaces or prunes another run's files; a resumed run
+    /// goes on in the folder of the state it continues, which must have been made with a matching config.
+    pub fn start(
+        request: &StartRun,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<Trainer> {
+        let mut plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
+            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        for note in &plan.notes {
+            log(LogLevel::Info, note.clone());
+        }
+        let configured = plan.output.output_dir.clone();
+        let resume = match &request.resume_from {
+            Some(path) => {
+                let target = find_resume(path, &request.config)?;
+                plan.output.output_dir = target.run_dir.clone();
+                Some(target.state.dir)
+            }
+            None => {
+                plan.output.output_dir = new_run_dir(&configured);
+                if plan.output.output_dir != configured {
+                    log(
+                        LogLevel::Info,
+                        another_run_note(&configured, &plan.output.output_dir),
+                    );
+                }
+                None
+            }
+        };
+        let mut trainer = Self::from_plan(&plan, log)?;
+        if let Some(state) = &resume {
+            let dir = trainer.resume(state)?;
+            log(
+                LogLevel::Info,
+                format!("resumed at step {} from {}", trainer.step(), dir.display()),
+            );
+        }
+        trainer.outputs.begin(trainer.step(), &plan.config)?;
+        Ok(trainer)
+    }
+
+    /// Builds the run from a validated plan.
+    pub fn from_plan(
+        plan: &RunPlan,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<Trainer> {
+        let device = device_for(plan)?;
+        // Planned before the reservation takes the card's free memory.
+        let memory = memory_report(plan, &device);
+        let out_of_memory_advice =
+            out_of_memory_advice(memory.as_ref().and_then(|m| m.as_ref().ok()));
+        let vram_reservation = reserve_budget(plan, &device)?;
+        // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
+        let encoded =
+            encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
+        let (mut model, base_name) = load_model(plan, &device, memory.as_ref())?;
+        log(
+            LogLevel::Info,
+            format!("model: {base_name} on {}", device_label(&device)),
+        );
+        if let Some(streamer) = model.streamer() {
+            log(
+                LogLevel::Info,
+                format!(
+                    "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                    streamer.count(),
+                    model.num_blocks(),
+                    streamer.mode().as_str(),
+                    streamer.block_bytes() as f64 / (1u64 << 20) as f64
+                ),
+            );
+        }
+        let cfg = model.config().clone();
+        let (items, batch_size) = load_items(plan, &cfg, &device)?;
+        let data = TrainSet::new(items, batch_size, 1, plan.training.seed)?;
+        let spec = LoraSpec {
+            rank: plan.lora.rank,
+            alpha: plan.lora.alpha,
+            dtype: DType::F32,
+            include_patterns: plan.lora.include_patterns.clone(),
+            exclude_patterns: plan.lora.exclude_patterns.clone(),
+            seed: plan.training.seed,
+        };
+        let loras = attach_loras(model.linears_mut(), &spec)?;
+        if let Some(path) = &plan.lora.init_from {
+            LoraFile::load(path, &device)
+                .and_then(|file| loras.load_weights(&file))
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "lora.init_from: {e}; point it at a LoRA .safetensors for this model (one Framesmith or \
+                         musubi-tuner saved), or remove it to start from a fresh LoRA"
+                    )
+                })?;
+        }
+        log(
+            LogLevel::Info,
+            format!(
+                "LoRA: {} modules, {} parameters",
+                loras.len(),
+                loras.parameter_count()
+            ),
+        );
+        let named = loras
+            .iter()
+            .flat_map(|(path, l)| {
+                [
+                    (format!("{path}.lora_down"), l.down.clone()),
+                    (format!("{path}.lora_up"), l.up.clone()),
+                ]
+            })
+            .collect();
+        let optimizer = AdamW::new(named, plan.optimizer)?;
+        let accumulation = plan.training.gradient_accumulation_steps.max(1);
+        let total_steps = plan.training.total_steps(data.batches_per_epoch());
+        let mut outputs = Outputs::create(
+            &plan.output.output_dir,
+            &plan.output.output_name,
+            lora_metadata(plan, &base_name),
+        );
+        outputs.every_n_steps = plan.output.save_every_n_steps;
+        outputs.every_n_epochs = plan.output.save_every_n_epochs;
+        outputs.save_state = plan.output.save_state;
+        outputs.save_dtype = float_dtype(plan.output.save_dtype);
+        outputs.config_toml = plan.config.to_toml_string()?;
+        Ok(Trainer {
+            sampling: sampling(plan, &cfg, encoded, &device)?,
+            model,
+            loras,
+            optimizer,
+            schedule: plan.schedule.with_total_steps(total_steps),
+            timesteps: plan.training.timesteps,
+            data,
+            seed: plan.training.seed,
+            accumulation,
+            total_steps,
+            max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
+            step: 0,
+            consecutive_nonfinite: 0,
+            activations_on_host: plan.memory.applies
+                && device.is_cuda()
+                && plan.memory.activations == ActivationPlacement::Host,
+            checkpointing: plan.memory.checkpointing,
+            start_frame: plan.model.source == ModelSource::Demo,
+            out_of_memory_advice,
+            _vram_reservation: vram_reservation,
+            outputs,
+        })
+    }
+}
+
+/// Says where a new run writes when its configured folder holds another run, and how to continue that one.
+fn another_run_note(configured: &Path, run_dir: &Path) -> String {
+    let held: Vec<String> = runs_in(configured).iter().map(|r| r.describe()).collect();
+    format!(
+        "{} already holds {}; this run writes to {} so that nothing of it is replaced (to continue the earlier run \
+         instead, start with --resume {})",
+        configured.display(),
+        held.join("; "),
+        run_dir.display(),
+        configured.display()
+    )
+}

@@ -1,0 +1,355 @@
+//! Training timestep sampling and per-sample loss weighting, with musubi-tuner's semantics (v0.2.8,
+//! `get_noisy_model_input_and_timesteps` and `compute_loss_weighting_for_sd3`), as pure functions of a seeded RNG.
+//!
+//! Conventions, as in musubi-tuner:
+//! - `t` is the flow-matching sigma: the noisy input is `(1 − t)·latents + t·noise` and the target `noise − latents`;
+//! - the DiT is given `model_timestep`: `t·1000 + 1` in the continuous modes (so 1 to 1001: musubi's
+//!   `timesteps += 1` after `t * 1000`, which offsets the model's timestep from the noise level by 0.001) and the
+//!   integer schedule timestep `t·1000` (1 to 1000) in `sigma` mode, where `t` is read off the schedule;
+//! - `min_timestep` / `max_timestep` are in timestep units (0 to 1000).
+//!
+//! One deliberate difference: in `sigma` mode musubi-tuner indexes its descending schedule with the range, which
+//! mirrors it (`max_timestep = 500` trains timesteps 501 to 1000). Here every mode keeps timesteps inside
+//! [min_timestep, max_timestep]; with the default 0 and 1000 both give timesteps 1 to 1000.
+
+use rand::rngs::StdRng;
+use rand::Rng;
+use rand_distr::{Distribution, StandardNormal};
+
+use framesmith_config::run::{TimestepSampling, WeightingScheme};
+use framesmith_config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
+
+/// Mean and standard deviation of the second logSNR component of `qinglong` sampling.
+const QINGLONG_LOGSNR2: (f64, f64) = (5.36, 1.0);
+
+/// Tries per sample before `preserve_distribution_shape` falls back to scaling.
+const MAX_REJECTION_TRIES: usize = 1000;
+
+/// One sample's timestep.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TimestepDraw {
+    /// Noise level in [0, 1]: noisy input = (1 − t)·latents + t·noise.
+    pub t: f64,
+    /// The timestep given to the DiT (see the module docs for the +1).
+    pub model_timestep: f64,
+}
+
+/// Draws one timestep per sample. `latent_hw` is the latent (height, width) of the batch, used only by the
+/// resolution-dependent shift of the `qinglong` modes.
+pub fn sample_timesteps(
+    cfg: &TimestepConfig,
+    batch: usize,
+    latent_hw: (usize, usize),
+    rng: &mut StdRng,
+) -> Vec<TimestepDraw> {
+    (0..batch)
+        .map(|_| sample_one(cfg, latent_hw, rng))
+        .collect()
+}
+
+fn sample_one(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> TimestepDraw {
+    if cfg.sampling == TimestepSampling::Sigma {
+        return sample_sigma(cfg, rng);
+    }
+    let lo = cfg.min_timestep / NUM_TRAIN_TIMESTEPS as f64;
+    let hi = cfg.max_timestep / NUM_TRAIN_TIMESTEPS as f64;
+    let t = if cfg.preserve_distribution_shape {
+        (0..MAX_REJECTION_TRIES)
+            .map(|_| raw_t(cfg, latent_hw, rng))
+            .find(|t| (lo..=hi).contains(t))
+            .unwrap_or_else(|| raw_t(cfg, latent_hw, rng) * (hi - lo) + lo)
+    } else {
+        raw_t(cfg, latent_hw, rng) * (hi - lo) + lo
+    };
+    TimestepDraw {
+        t,
+        model_timestep: t * NUM_TRAIN_TIMESTEPS as f64 + 1.0,
+    }
+}
+
+/// `sigma` mode: a uniform integer timestep of the unshifted 1000-step schedule (musubi's scheduler is built with
+/// `shift` but applies it only in `set_timesteps`, so training sigmas are `timestep / 1000`).
+fn sample_sigma(cfg: &TimestepConfig, rng: &mut StdRng) -> TimestepDraw {
+    let lo = cfg.min_timestep.floor();
+    let hi = cfg.max_timestep.floor();
+    let u: f64 = rng.random();
+    // Timesteps min+1 ..= max: musubi's 1 ..= 1000 at the default range.
+    let offset = (u * (hi - lo)).floor().min(hi - lo - 1.0).max(0.0);
+    let timestep = hi - offset;
+    TimestepDraw {
+        t: timestep / NUM_TRAIN_TIMESTEPS as f64,
+        model_timestep: timestep,
+    }
+}
+
+fn normal(rng: &mut StdRng) -> f64 {
+    StandardNormal.sample(rng)
+}
+
+fn sigmoid(x: f64) -> f64 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// The SD3 / flow-matching time shift t ↦ s·t / (1 + (s − 1)·t).
+pub fn shift_t(t: f64, shift: f64) -> f64 {
+    (t * shift) / (1.0 + (shift - 1.0) * t)
+}
+
+/// A draw of the mode's distribution on [0, 1], before the range is applied.
+fn raw_t(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> f64 {
+    match cfg.sampling {
+        // Handled by `sample_sigma`; uniform here keeps the match total.
+        TimestepSampling::Sigma | TimestepSampling::Uniform => rng.random(),
+        TimestepSampling::Sigmoid => sigmoid(cfg.sigmoid_scale * normal(rng)),
+        TimestepSampling::Shift => shifted_sigmoid(cfg, cfg.discrete_flow_shift, rng),
+        TimestepSampling::Logsnr => logsnr_t(cfg.logit_mean, cfg.logit_std, rng),
+        TimestepSampling::Qinglong | TimestepSampling::QinglongQwen => {
+            let decision: f64 = rng.random();
+            if decision < 0.80 {
+                let shift = qinglong_shift(cfg.sampling, latent_hw);
+                shifted_sigmoid(cfg, shift, rng)
+            } else if decision < 0.875 {
+                logsnr_t(cfg.logit_mean, cfg.logit_std, rng)
+            } else {
+                logsnr_t(QINGLONG_LOGSNR2.0, QINGLONG_LOGSNR2.1, rng)
+            }
+        }
+    }
+}
+
+fn shifted_sigmoid(cfg: &TimestepConfig, shift: f64, rng: &mut StdRng) -> f64 {
+    shift_t(sigmoid(cfg.sigmoid_scale * normal(rng)), shift)
+}
+
+/// t = sigmoid(−logSNR / 2) with logSNR ~ N(mean, std) (arXiv 2411.14793).
+fn logsnr_t(mean: f64, std: f64, rng: &mut StdRng) -> f64 {
+    let logsnr = mean + std * normal(rng);
+    sigmoid(-logsnr / 2.0)
+}
+
+/// The resolution-dependent shift exp(μ) of the `qinglong` modes: μ is linear in the packed token count
+/// (h/2)·(w/2) of the latent, through (256, 0.5) and (4096, 1.15) for Flux, (256, 0.5) and (8192, 0.9) for Qwen.
+pub fn qinglong_shift(sampling: TimestepSampling, latent_hw: (usize, usize)) -> f64 {
+    let tokens = ((latent_hw.0 / 2) * (latent_hw.1 / 2)) as f64;
+    let (x1, y1, x2, y2) = match sampling {
+        TimestepSampling::QinglongQwen => (256.0, 0.5, 8192.0, 0.9),
+        _ => (256.0, 0.5, 4096.0, 1.15),
+    };
+    let slope = (y2 - y1) / (x2 - x1);
+    let mu = slope * tokens + (y1 - slope * x1);
+    mu.exp()
+}
+
+/// The loss weight of a sample with the given model timestep. musubi-tuner looks the timestep up in the
+/// unshifted 1000-step schedule (nearest entry, so `t·1000 + 1` maps to sigma ≈ t + 0.001) and weighs by
+/// `sigma_sqrt`: σ⁻², or `cosmap`: 2 / (π(1 − 2σ + 2σ²)); `none` weighs 1. musubi-tuner evaluates this in the
+/// DiT dtype (bf16, which rounds σ to 8 significant bits); here it is exact.
+pub fn loss_weight(scheme: WeightingScheme, model_timestep: f64) -> f64 {
+    let sigma = schedule_sigma(model_timestep);
+    match scheme {
+        WeightingScheme::None => 1.0,
+        WeightingScheme::SigmaSqrt => sigma.powi(-2),
+        WeightingScheme::Cosmap => {
+            2.0 / (std::f64::consts::PI * (1.0 - 2.0 * sigma + 2.0 * sigma * sigma))
+        }
+    }
+}
+
+/// The schedule sigma nearest to a model timestep (ties go to the larger timestep, as torch's `argmin` over the
+/// descending schedule does).
+fn schedule_sigma(model_timestep: f64) -> f64 {
+    let max = NUM_TRAIN_TIMESTEPS as f64;
+    let nearest = (model_timestep + 0.5).floor().clamp(1.0, max);
+    nearest / max
+}
+
+// Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use rand::SeedableRng;
+
+    use super::*;
+
+    fn draws(cfg: &TimestepConfig, n: usize) -> Vec<TimestepDraw> {
+        let mut rng = StdRng::seed_from_u64(7);
+        sample_timesteps(cfg, n, (60, 104), &mut rng)
+    }
+
+    fn mean_t(draws: &[TimestepDraw]) -> f64 {
+        draws.iter().map(|d| d.t).sum::<f64>() / draws.len() as f64
+    }
+
+    fn cfg(sampling: TimestepSampling) -> TimestepConfig {
+        TimestepConfig {
+            sampling,
+            ..TimestepConfig::default()
+        }
+    }
+
+    #[test]
+    fn shift_formula_exact_values() {
+        assert_eq!(shift_t(0.5, 3.0), 0.75);
+        assert_eq!(shift_t(0.25, 3.0), 0.5);
+        assert_eq!(shift_t(0.0, 3.0), 0.0);
+        assert_eq!(shift_t(1.0, 3.0), 1.0);
+        assert_eq!(shift_t(0.3, 1.0), 0.3);
+        assert!((shift_t(0.2, 5.0) - 1.0 / 1.8).abs() < 1e-15);
+    }
+
+    #[test]
+    fn every_mode_stays_in_range_with_plus_one() {
+        for sampling in [
+            TimestepSampling::Uniform,
+            TimestepSampling::Sigmoid,
+            TimestepSampling::Shift,
+            TimestepSampling::Logsnr,
+            TimestepSampling::Qinglong,
+            TimestepSampling::QinglongQwen,
+        ] {
+            for d in draws(&cfg(sampling), 2000) {
+                assert!((0.0..=1.0).contains(&d.t), "{sampling:?} {d:?}");
+                assert_eq!(d.model_timestep, d.t * 1000.0 + 1.0);
+            }
+        }
+    }
+
+    #[test]
+    fn means_match_the_distributions() {
+        // Uniform: 0.5. Sigmoid of a symmetric normal: 0.5. Shift 3 of sigmoid(N(0,1)): E = 0.7140 (quadrature).
+        // logSNR N(0,1): symmetric around 0.5. Tolerances are ~5 standard errors at n = 20000.
+        let n = 20_000;
+        let expect = [
+            (TimestepSampling::Uniform, 0.5, 0.011),
+            (TimestepSampling::Sigmoid, 0.5, 0.008),
+            (TimestepSampling::Logsnr, 0.5, 0.005),
+        ];
+        for (sampling, mean, tol) in expect {
+            let m = mean_t(&draws(&cfg(sampling), n));
+            assert!((m - mean).abs() < tol, "{sampling:?}: mean {m}");
+        }
+        let shifted = mean_t(&draws(&cfg(TimestepSampling::Shift), n));
+        assert!((0.709..0.719).contains(&shifted), "shift mean {shifted}");
+        // Shift moves mass toward t = 1; the median maps exactly: shift_t(0.5, 3) = 0.75.
+        let mut ts: Vec<f64> = draws(&cfg(TimestepSampling::Shift), n)
+            .iter()
+            .map(|d| d.t)
+            .collect();
+        ts.sort_by(f64::total_cmp);
+        assert!(
+            (ts[n / 2] - 0.75).abs() < 0.01,
+            "shift median {}",
+            ts[n / 2]
+        );
+    }
+
+    #[test]
+    fn qinglong_mixes_three_components() {
+        // 12.5% of draws come from logSNR N(5.36, 1), whose t = sigmoid(-logsnr/2) is below 0.15 97% of the time;
+        // the other two parts put 0.7% and 0.03% there: 0.127 in all (quadrature).
+        let d = draws(&cfg(TimestepSampling::Qinglong), 20_000);
+        let low = d.iter().filter(|d| d.t < 0.15).count() as f64 / d.len() as f64;
+        assert!((0.115..0.139).contains(&low), "fraction below 0.15: {low}");
+        // 60x104 latent: 30*52 = 1560 tokens, mu = 0.5 + 1304 * 0.65 / 3840.
+        let expected = (0.5 + 1304.0 * 0.65 / 3840.0_f64).exp();
+        assert!((qinglong_shift(TimestepSampling::Qinglong, (60, 104)) - expected).abs() < 1e-12);
+        let qwen = (0.5 + 1304.0 * 0.4 / 7936.0_f64).exp();
+        assert!((qinglong_shift(TimestepSampling::QinglongQwen, (60, 104)) - qwen).abs() < 1e-12);
+    }
+
+    #[test]
+    fn sigma_mode_draws_integer_schedule_timesteps() {
+        let d = draws(&cfg(TimestepSampling::Sigma), 20_000);
+        let mut seen_max = false;
+        let mut seen_min = false;
+        for x in &d {
+            assert_eq!(x.model_timestep.fract(), 0.0);
+            assert!((1.0..=1000.0).contains(&x.model_timestep), "{x:?}");
+            assert_eq!(x.t, x.model_timestep / 1000.0);
+            seen_max |= x.model_timestep >= 995.0;
+            seen_min |= x.model_timestep <= 5.0;
+        }
+        assert!(seen_max && seen_min);
+        assert!((mean_t(&d) - 0.5005).abs() < 0.011);
+    }
+
+    #[test]
+    fn range_limits_every_mode() {
+        for sampling in [
+            TimestepSampling::Sigma,
+            TimestepSampling::Shift,
+            TimestepSampling::Uniform,
+        ] {
+            for preserve in [false, true] {
+                let c = TimestepConfig {
+                    sampling,
+                    min_timestep: 200.0,
+                    max_timestep: 500.0,
+                    preserve_distribution_shape: preserve,
+                    ..TimestepConfig::default()
+                };
+                for d in draws(&c, 3000) {
+                    assert!((0.2..=0.5).contains(&d.t), "{sampling:?} {d:?}");
+                    assert!((201.0..=501.0).contains(&d.model_timestep), "{d:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn preserving_the_shape_differs_from_scaling() {
+        // Shift 3 on [0, 500]: scaling squeezes the whole distribution (mean 0.7140 / 2 = 0.3570); rejection keeps
+        // only the part already below 0.5 (mean 0.3825, by quadrature).
+        let base = TimestepConfig {
+            sampling: TimestepSampling::Shift,
+            min_timestep: 0.0,
+            max_timestep: 500.0,
+            ..TimestepConfig::default()
+        };
+        let scaled = mean_t(&draws(&base, 10_000));
+        let rejected = mean_t(&draws(
+            &TimestepConfig {
+                preserve_distribution_shape: true,
+                ..base
+            },
+            10_000,
+        ));
+        assert!((scaled - 0.3570).abs() < 0.006, "scaled {scaled}");
+        assert!((rejected - 0.3825).abs() < 0.006, "rejected {rejected}");
+    }
+
+    #[test]
+    fn same_seed_same_draws() {
+        let c = cfg(TimestepSampling::Qinglong);
+        assert_eq!(draws(&c, 64), draws(&c, 64));
+    }
+
+    #[test]
+    fn loss_weights() {
+        assert_eq!(loss_weight(WeightingScheme::None, 501.0), 1.0);
+        // model timestep 500.0 + 1 -> sigma 0.501
+        assert!(
+            (loss_weight(WeightingScheme::SigmaSqrt, 501.0) - 1.0 / (0.501f64 * 0.501)).abs()
+                < 1e-12
+        );
+        assert_eq!(loss_weight(WeightingScheme::SigmaSqrt, 1000.0), 1.0);
+        assert_eq!(
+            loss_weight(WeightingScheme::SigmaSqrt, 1001.0),
+            1.0,
+            "1001 is clamped onto 1000"
+        );
+        // cosmap at sigma 0.5 is 2 / (pi * 0.5) = 4 / pi, its maximum.
+        assert!(
+            (loss_weight(WeightingScheme::Cosmap, 500.0) - 4.0 / std::f64::consts::PI).abs()
+                < 1e-12
+        );
+        assert!(
+            (loss_weight(WeightingScheme::Cosmap, 1000.0) - 2.0 / std::f64::consts::PI).abs()
+                < 1e-12
+        );
+        // Nearest schedule entry; a tie goes to the larger timestep.
+        assert_eq!(schedule_sigma(250.4), 0.25);
+        assert_eq!(schedule_sigma(250.5), 0.251);
+        assert_eq!(schedule_sigma(0.2), 0.001);
+    }
+}

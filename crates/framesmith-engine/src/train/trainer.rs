@@ -1,0 +1,321 @@
+//! `Trainer`: one training run — the model with its LoRAs, the optimizer, schedules, the training set and the
+//! step counter — advanced one optimizer step at a time by the engine thread. Flow matching as musubi-tuner does
+//! it: noisy = (1 − t)·latents + t·noise, target = noise − latents, the loss in f32. Each micro-step's noise and
+//! timesteps come from an RNG seeded by (seed, micro-step), so a resumed run draws exactly what the
+//! uninterrupted run would have. Image-to-video training (the demo model) keeps each clip's first latent frame
+//! clean, denoised at timestep 0 and left out of the loss, as Wan2.2 TI2V conditions on a start image.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::data::TrainSet;
+use super::generate::{first_frame_row, with_first_frame};
+use super::optimizer::{AdamW, StepOutcome};
+use framesmith_config::schedule::LrSchedule;
+use framesmith_config::training::TimestepConfig;
+use super::step::{checkpointed_step, LossTarget, StepOptions};
+use super::timesteps::{loss_weight, sample_timesteps};
+use framesmith_config::run::Checkpointing;
+use framesmith_models::wan::{Timesteps, WanInputs, WanModel};
+use framesmith_nn::init::randn;
+use framesmith_nn::lora::LoraSet;
+
+/// The run was stopped by the user in the middle of a step (between blocks); nothing was applied.
+#[derive(Debug, thiserror::Error)]
+#[error("the step was interrupted")]
+pub struct Interrupted;
+
+/// What one optimizer step did.
+#[derive(Debug, Clone)]
+pub struct StepReport {
+    /// Mean loss of the step's micro-batches; `None` when it was not finite.
+    pub loss: Option<f64>,
+    pub learning_rate: f64,
+    pub epoch: usize,
+    pub step_secs: f64,
+    pub grad_norm: Option<f64>,
+    /// Set when the update was skipped (non-finite loss or gradient).
+    pub warning: Option<String>,
+}
+
+/// The mutable state of a run and everything needed to advance it.
+pub struct Trainer {
+    pub(super) model: WanModel,
+    pub(super) loras: LoraSet,
+    pub(super) optimizer: AdamW,
+    pub(super) schedule: LrSchedule,
+    pub(super) timesteps: TimestepConfig,
+    pub(super) data: TrainSet,
+    pub(super) seed: u64,
+    pub(super) accumulation: usize,
+    pub(super) total_steps: usize,
+    pub(super) max_consecutive_nonfinite: usize,
+    pub(super) step: usize,
+    pub(super) consecutive_nonfinite: usize,
+    /// Saved block inputs wait in host RAM (`memory.activations = "host"`).
+    pub(super) activations_on_host: bool,
+    /// What the step keeps from each block's forward (`memory.checkpointing`); acts on every device.
+    pub(super) checkpointing: Checkpointing,
+    /// Each clip's first latent frame is the given start frame (image-to-video training).
+    pub(super) start_frame: bool,
+    /// What to change when the GPU runs out of memory (from the memory planner).
+    pub(super) out_of_memory_advice: String,
+    /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
+    pub(super) _vram_reservation: Option<Box<dyn std::any::Any + Send>>,
+    pub(super) outputs: super::checkpoint::Outputs,
+    pub(super) sampling: Option<super::samples::Sampling>,
+}
+
+/// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
+fn mix(seed: u64, index: u64) -> u64 {
+    let mut z = seed
+        ^ index
+            .wrapping_add(0x9E37_79B9_7F4A_7C15)
+            .wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+impl Trainer {
+    /// Completed optimizer steps.
+    pub fn step(&self) -> usize {
+        self.step
+    }
+
+    pub fn total_steps(&self) -> usize {
+        self.total_steps
+    }
+
+    pub fn device(&self) -> &Device {
+        self.model.device()
+    }
+
+    /// The LoRA adapters being trained.
+    pub fn loras(&self) -> &LoraSet {
+        &self.loras
+    }
+
+    /// The epoch (1-based) the next step trains in.
+    pub fn epoch(&self) -> usize {
+        let per_epoch = self.data.batches_per_epoch().max(1);
+        self.step * self.accumulation / per_epoch + 1
+    }
+
+    /// The options of every micro-step: the run's memory settings and the cancel poll.
+    pub(super) fn step_options<'a>(&self, interrupted: &'a dyn Fn() -> bool) -> StepOptions<'a> {
+        StepOptions {
+            want_input_grads: false,
+            interrupted: Some(interrupted),
+            activations_on_host: self.activations_on_host,
+            keep_attention: self.checkpointing.keeps_attention(),
+            keep_tapes: self.checkpointing.keeps_tapes(),
+            ..Default::default()
+        }
+    }
+
+    /// One micro-batch: noise, timesteps, the checkpointed step. Returns the loss and gradients.
+    fn micro_step(
+        &self,
+        index: usize,
+        interrupted: &dyn Fn() -> bool,
+    ) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
+        let (epoch, batch) = self.data.batch_at(index);
+        let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
+        let (_, frames, h, w) = batch[0].latents.dims4()?;
+        // A single-frame item (an image) has no frames after a start frame: it trains as text-to-image.
+        let start_frame = self.start_frame && frames > 1;
+        let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
+        let mut noisy = Vec::with_capacity(batch.len());
+        let mut targets = Vec::with_capacity(batch.len());
+        let mut rows = Vec::with_capacity(batch.len());
+        for (item, draw) in batch.iter().zip(&draws) {
+            let x = item.latents.to_dtype(DType::F32)?;
+            let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+            let mixed = ((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?;
+            if start_frame {
+                noisy.push(with_first_frame(&mixed, &x.narrow(1, 0, 1)?)?);
+                let shape = x.dims4().map(|(c, f, h, w)| [c, f, h, w])?;
+                rows.push(first_frame_row(
+                    self.model.config(),
+                    shape,
+                    draw.model_timestep,
+                ));
+            } else {
+                noisy.push(mixed);
+            }
+            targets.push((noise - x)?);
+        }
+        let timesteps = if start_frame {
+            Timesteps::PerToken(rows)
+        } else {
+            Timesteps::PerSample(draws.iter().map(|d| d.model_timestep).collect())
+        };
+        let weights: Vec<f64> = draws
+            .iter()
+            .map(|d| loss_weight(self.timesteps.weighting, d.model_timestep))
+            .collect();
+        let inputs = WanInputs {
+            latents: noisy,
+            timesteps,
+            context: batch.iter().map(|i| i.context.clone()).collect(),
+            seq_len: None,
+            clip: None,
+            y: None,
+        };
+        let target = LossTarget {
+            targets: &targets,
+            weights: Some(&weights),
+            skip_frames: usize::from(start_frame),
+        };
+        let vars = self.loras.vars();
+        let options = self.step_options(interrupted);
+        let out =
+            checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
+                if interrupted() {
+                    anyhow::Error::new(Interrupted)
+                } else if framesmith_nn::offload::is_out_of_memory(&e) {
+                    anyhow::anyhow!(
+                        "the GPU ran out of memory during the training step on {} ({}). {}",
+                        batch[0].key,
+                        framesmith_nn::offload::error_summary(&e),
+                        self.out_of_memory_advice
+                    )
+                } else {
+                    anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
+                }
+            })?;
+        Ok((out.loss, out.grads, epoch))
+    }
+
+    /// One optimizer step over `gradient_accumulation_steps` micro-batches. A non-finite loss or gradient skips
+    /// the update (the LoRA and optimizer state stay as they were) and is reported; too many in a row is an error.
+    pub fn train_step(&mut self, interrupted: &dyn Fn() -> bool) -> anyhow::Result<StepReport> {
+        let started = Instant::now();
+        let mut sum: Option<Vec<Tensor>> = None;
+        let mut loss_sum = 0f64;
+        let mut finite = true;
+        let mut epoch = self.epoch();
+        for micro in 0..self.accumulation {
+            let index = self.step * self.accumulation + micro;
+            let (loss, grads, e) = self.micro_step(index, interrupted)?;
+            epoch = e;
+            finite &= loss.is_finite();
+            loss_sum += loss as f64;
+            let scaled = grads
+                .iter()
+                .map(|g| g / self.accumulation as f64)
+                .collect::<candle_core::Result<Vec<_>>>()?;
+            sum = Some(match sum {
+                None => scaled,
+                Some(acc) => acc
+                    .iter()
+                    .zip(&scaled)
+                    .map(|(a, b)| a + b)
+                    .collect::<candle_core::Result<Vec<_>>>()?,
+            });
+        }
+        let learning_rate = self.schedule.lr_at(self.step);
+        let grads = sum.context("no micro-batches in a step")?;
+        let outcome = if finite {
+            Some(self.optimizer.step(&grads, learning_rate)?)
+        } else {
+            None
+        };
+        let step_number = self.step + 1;
+        self.step = step_number;
+        let (grad_norm, warning) = match outcome {
+            Some(StepOutcome::Applied { grad_norm, .. }) => {
+                self.consecutive_nonfinite = 0;
+                (Some(grad_norm), None)
+            }
+            other => {
+                self.consecutive_nonfinite += 1;
+                let what = match other {
+                    Some(StepOutcome::Skipped { .. }) => "a gradient",
+                    _ => "the loss",
+                };
+                (
+                    None,
+                    Some(format!(
+                        "step {step_number}: {what} was NaN or infinite; the update was skipped and the LoRA \
+                         keeps its last good values ({} in a row)",
+                        self.consecutive_nonfinite
+                    )),
+                )
+            }
+        };
+        let loss = finite.then_some(loss_sum / self.accumulation as f64);
+        let report = StepReport {
+            loss,
+            learning_rate,
+            epoch,
+            step_secs: started.elapsed().as_secs_f64(),
+            grad_norm,
+            warning,
+        };
+        self.outputs.append_metrics(step_number, &report)?;
+        if self.consecutive_nonfinite >= self.max_consecutive_nonfinite.max(1) {
+            anyhow::bail!(
+                "stopped after {} non-finite steps in a row (last at step {step_number}). The last good LoRA was \
+                 kept. Lower optimizer.learning_rate, check the dataset caches for corrupt latents, or use \
+                 model.residual_dtype = \"f32\"",
+                self.consecutive_nonfinite
+            );
+        }
+        Ok(report)
+    }
+
+    /// Whether a periodic save falls on the step just completed.
+    pub fn save_due(&self) -> bool {
+        self.outputs.save_due(self.step, self.epoch_boundary())
+    }
+
+    /// Whether a periodic sample falls on the step just completed.
+    pub fn sample_due(&self) -> bool {
+        self.sampling
+            .as_ref()
+            .is_some_and(|s| s.due(self.step, self.epoch_boundary()))
+    }
+
+    /// Whether to sample before the first step.
+    pub fn sample_at_start(&self) -> bool {
+        self.step == 0 && self.sampling.as_ref().is_some_and(|s| s.at_first)
+    }
+
+    /// The epoch just completed, when the step just completed ended one.
+    fn epoch_boundary(&self) -> Option<usize> {
+        let per_epoch = self.data.batches_per_epoch().max(1);
+        let micro = self.step * self.accumulation;
+        (self.step > 0 && micro % per_epoch < self.accumulation).then_some(micro / per_epoch)
+    }
+
+    /// Where outputs go (the run's own folder).
+    pub fn output_dir(&self) -> PathBuf {
+        self.outputs.dir.clone()
+    }
+
+    /// A new run that ends before its first step leaves no run folder behind (`Outputs::abandon_unused`).
+    pub fn abandon_unused_outputs(&mut self) {
+        if self.step == 0 {
+            self.outputs.abandon_unused();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mix;
+
+    #[test]
+    fn micro_step_seeds_differ() {
+        let seeds: std::collections::HashSet<u64> = (0..1000).map(|i| mix(42, i)).collect();
+        assert_eq!(seeds.len(), 1000);
+        assert_ne!(mix(1, 0), mix(2, 0));
+    }
+}

@@ -1,0 +1,480 @@
+//! Hand-written backward of a Wan [`Block`] for the checkpointed step (DESIGN.md §4.3), so no candle autograd
+//! runs inside blocks: a forward that builds no graph (LoRA factors used detached) and records the intermediates
+//! the backward needs (the "tape"), and a backward written op by op (gated residuals, modulation, LayerNorm with
+//! and without affine, q/k RMSNorm, 3D RoPE, attention from its saved log-sum-exp, GELU-tanh, linears through the
+//! frozen base plus LoRA gradients). The numerics and dtype casts follow `Block::forward` step by step, so the
+//! result equals candle's autograd through it. Element-wise work that is cheap to redo (GELU output, head
+//! reshapes) is recomputed rather than kept. Modulation and text context are constants here: the step needs no
+//! gradient for them.
+
+mod ops;
+#[cfg(test)]
+mod tests;
+
+use candle_core::{DType, Result, Tensor};
+
+use super::{gated_residual, gelu_tanh, split_heads, Block, BlockInputs};
+use crate::wan::rope::Rope;
+use framesmith_nn::attention::{attention_forward, AttentionTape};
+use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
+use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
+
+/// A block's self-attention output and log-sum-exp from its first forward pass, kept so the backward's
+/// recompute skips the attention kernel (selective checkpointing). Costs `b · seq · dim` values in the compute
+/// dtype plus `b · heads · seq` f32 per block.
+#[derive(Clone, Debug)]
+pub struct KeptAttention {
+    out: Tensor,
+    lse: Tensor,
+}
+
+impl KeptAttention {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        [&self.out, &self.lse]
+            .iter()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+}
+
+/// What a block's backward returns.
+pub struct BlockGrads {
+    /// Gradient of the block input, in its dtype (the residual dtype).
+    pub input: Tensor,
+    /// Gradients of the LoRA factors of the block's linears (two per adapted linear).
+    pub params: Vec<ParamGrad>,
+}
+
+/// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
+struct Projection {
+    /// The linear's output before the norm and the norm's weight, when there is a norm.
+    pre_norm: Option<(Tensor, Tensor)>,
+    eps: f64,
+    tape: LinearTape,
+}
+
+/// `lin` on `xs`, the optional RMSNorm, split into heads (`project` of `block.rs`).
+fn project(
+    lin: &Linear,
+    norm: Option<&Tensor>,
+    xs: &Tensor,
+    heads: usize,
+    eps: f64,
+) -> Result<(Tensor, Projection)> {
+    let (y, tape) = lin.forward_untracked(xs)?;
+    let (normed, pre_norm) = match norm {
+        Some(w) => (rms_norm(&y, Some(w), eps)?, Some((y, w.clone()))),
+        None => (y, None),
+    };
+    let proj = Projection {
+        pre_norm,
+        eps,
+        tape,
+    };
+    Ok((split_heads(&normed, heads)?, proj))
+}
+
+/// Backward of [`project`] for the heads' gradient: the input gradient (as `input` says) and the LoRA gradients,
+/// appended to `params`.
+fn project_backward(
+    lin: &Linear,
+    xs: &Tensor,
+    proj: &Projection,
+    d_heads: &Tensor,
+    input: InputGrad,
+    params: &mut Vec<ParamGrad>,
+) -> Result<Option<Tensor>> {
+    let d = d_heads.flatten_from(2)?;
+    let d = match &proj.pre_norm {
+        Some((pre, w)) => rms_norm_backward(pre, Some(w), &d, proj.eps)?,
+        None => d,
+    };
+    let (dx, p) = lin.backward_with(xs, &proj.tape, &d, input)?;
+    params.extend(p);
+    Ok(dx)
+}
+
+fn missing(what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("block backward: no input gradient for {what}"))
+}
+
+struct SelfTape {
+    /// Block input (residual dtype).
+    x: Tensor,
+    /// Modulated norm1 output (the q/k/v input), compute dtype.
+    h1: Tensor,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    attn: AttentionTape,
+    o: LinearTape,
+}
+
+struct ImageTape {
+    k: Projection,
+    v: Projection,
+    attn: AttentionTape,
+}
+
+struct CrossTape {
+    /// Residual after self-attention (the norm3 input).
+    x1: Tensor,
+    /// norm3 output (the query input), compute dtype.
+    n3: Tensor,
+    q: Projection,
+    k: Projection,
+    v: Projection,
+    text: AttentionTape,
+    img: Option<ImageTape>,
+    /// Input of `cross_attn.o` (text plus image attention, heads flattened).
+    ac: Tensor,
+    o: LinearTape,
+}
+
+struct FfnTape {
+    /// Residual after cross-attention (the norm2 input).
+    x2: Tensor,
+    /// Modulated norm2 output (the `ffn.0` input), compute dtype.
+    h2: Tensor,
+    /// `ffn.0` output (GELU input).
+    f0: Tensor,
+    ffn0: LinearTape,
+    /// `None` when the forward stopped before `ffn.2` (a recompute): the backward recomputes its LoRA activation.
+    ffn2: Option<LinearTape>,
+}
+
+/// The block's shared inputs as the backward uses them.
+struct Common {
+    /// The six modulation vectors (shift, scale, gate of self-attention, then of the FFN), f32 [b, lt, dim].
+    chunks: Vec<Tensor>,
+    rope: Rope,
+    context: Tensor,
+    context_img: Option<Tensor>,
+    compute: DType,
+}
+
+/// Everything [`Block::backward`] needs from the forward (one block's activations), in three parts the backward
+/// frees one after the other.
+pub struct BlockTape {
+    common: Common,
+    sa: SelfTape,
+    ca: CrossTape,
+    ffn: FfnTape,
+}
+
+impl BlockTape {
+    /// The self-attention output and LSE, to keep for [`Block::recompute`].
+    pub fn kept_attention(&self) -> KeptAttention {
+        KeptAttention {
+            out: self.sa.attn.out().clone(),
+            lse: self.sa.attn.lse().clone(),
+        }
+    }
+}
+
+impl Block {
+    /// [`Block::forward`] without building an autograd graph (the first pass of the checkpointed step); also
+    /// returns the self-attention output and LSE, for selective checkpointing.
+    pub fn forward_untracked(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+    ) -> Result<(Tensor, KeptAttention)> {
+        let (out, tape) = self.forward_with_tape(xs, inputs)?;
+        Ok((out, tape.kept_attention()))
+    }
+
+    /// [`Block::forward_untracked`] keeping the whole tape for [`Block::backward`]: no checkpointing, the
+    /// backward needs no recompute (costs every intermediate of the block until its backward has run).
+    pub fn forward_with_tape(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+    ) -> Result<(Tensor, BlockTape)> {
+        let (tape, out) = self.run(xs, inputs, None, true)?;
+        let out = out.ok_or_else(|| candle_core::Error::Msg("block forward: no output".into()))?;
+        Ok((out, tape))
+    }
+
+    /// Recomputes the block from its input and records the tape for [`Block::backward`]; with `kept` (from this
+    /// block's [`Block::forward_untracked`] on the same input) the self-attention kernel is skipped. Stops before
+    /// `ffn.2`, whose output the backward does not need.
+    pub fn recompute(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
+    ) -> Result<BlockTape> {
+        Ok(self.run(xs, inputs, kept, false)?.0)
+    }
+
+    fn run(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
+        with_out: bool,
+    ) -> Result<(BlockTape, Option<Tensor>)> {
+        let compute = inputs.context.dtype();
+        let x = xs.detach();
+        let residual = x.dtype();
+        let e = self
+            .modulation
+            .unsqueeze(0)?
+            .broadcast_add(&inputs.e0.detach())?;
+        let chunks = (0..6)
+            .map(|i| e.narrow(2, i, 1)?.squeeze(2)?.contiguous())
+            .collect::<Result<Vec<_>>>()?;
+
+        let (y1, sa) = self.self_attention_tape(x, &chunks, inputs, kept)?;
+        let x1 = gated_residual(&sa.x, &y1, &chunks[2], residual)?;
+        drop(y1);
+        let (y2, ca) = self.cross_attention_tape(x1, inputs)?;
+        let x2 = ops::residual_add(&ca.x1, &y2)?;
+        drop(y2);
+
+        let n2 = layer_norm(&x2, None, None, self.eps)?;
+        let h2 = ops::modulate_to(&n2, &chunks[4], &chunks[3], compute)?;
+        drop(n2);
+        let (f0, ffn0) = self.ffn0.forward_untracked(&h2)?;
+        let (out, ffn2) = if with_out {
+            let (y3, t) = self.ffn2.forward_untracked(&gelu_tanh(&f0)?)?;
+            (
+                Some(gated_residual(&x2, &y3, &chunks[5], residual)?),
+                Some(t),
+            )
+        } else {
+            (None, None)
+        };
+        let common = Common {
+            chunks,
+            rope: inputs.rope.clone(),
+            context: inputs.context.detach(),
+            context_img: inputs.context_img.as_ref().map(Tensor::detach),
+            compute,
+        };
+        let ffn = FfnTape {
+            x2,
+            h2,
+            f0,
+            ffn0,
+            ffn2,
+        };
+        let tape = BlockTape {
+            common,
+            sa,
+            ca,
+            ffn,
+        };
+        Ok((tape, out))
+    }
+
+    fn self_attention_tape(
+        &self,
+        x: Tensor,
+        chunks: &[Tensor],
+        inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
+    ) -> Result<(Tensor, SelfTape)> {
+        let sa = &self.self_attn;
+        let (heads, eps) = (sa.num_heads, sa.eps);
+        let n1 = layer_norm(&x, None, None, self.eps)?;
+        let h1 = ops::modulate_to(&n1, &chunks[1], &chunks[0], inputs.context.dtype())?;
+        drop(n1);
+        let (q, qp) = project(&sa.q, sa.norm_q.as_ref(), &h1, heads, eps)?;
+        let (k, kp) = project(&sa.k, sa.norm_k.as_ref(), &h1, heads, eps)?;
+        let (v, vp) = project(&sa.v, None, &h1, heads, eps)?;
+        let (q, k) = (inputs.rope.apply(&q)?, inputs.rope.apply(&k)?);
+        let lens = Some(inputs.seq_lens.as_slice());
+        let attn = match kept {
+            Some(kept) => AttentionTape::from_saved([&q, &k, &v], &kept.out, &kept.lse, lens)?,
+            None => attention_forward(&q, &k, &v, lens)?,
+        };
+        let (y, o) = sa.o.forward_untracked(&attn.out().flatten_from(2)?)?;
+        let tape = SelfTape {
+            x,
+            h1,
+            q: qp,
+            k: kp,
+            v: vp,
+            attn,
+            o,
+        };
+        Ok((y, tape))
+    }
+
+    fn cross_attention_tape(
+        &self,
+        x1: Tensor,
+        inputs: &BlockInputs,
+    ) -> Result<(Tensor, CrossTape)> {
+        let ca = &self.cross_attn;
+        let (heads, eps) = (ca.num_heads, ca.eps);
+        let n3 = ops::cast(
+            &match &self.norm3 {
+                Some((w, b)) => layer_norm(&x1, Some(w), Some(b), self.eps)?,
+                None => x1.clone(),
+            },
+            inputs.context.dtype(),
+        )?;
+        let context = inputs.context.detach();
+        let (q, qp) = project(&ca.q, ca.norm_q.as_ref(), &n3, heads, eps)?;
+        let (k, kp) = project(&ca.k, ca.norm_k.as_ref(), &context, heads, eps)?;
+        let (v, vp) = project(&ca.v, None, &context, heads, eps)?;
+        let text = attention_forward(&q, &k, &v, None)?;
+        let mut ac = text.out().flatten_from(2)?;
+        let img = match (&ca.k_img, &ca.v_img, inputs.context_img.as_ref()) {
+            (Some(k_img), Some(v_img), Some(img)) => {
+                let img = img.detach();
+                let (k, kp) = project(k_img, ca.norm_k_img.as_ref(), &img, heads, eps)?;
+                let (v, vp) = project(v_img, None, &img, heads, eps)?;
+                let attn = attention_forward(&q, &k, &v, None)?;
+                ac = (ac + attn.out().flatten_from(2)?)?;
+                Some(ImageTape { k: kp, v: vp, attn })
+            }
+            _ => None,
+        };
+        let (y, o) = ca.o.forward_untracked(&ac)?;
+        let tape = CrossTape {
+            x1,
+            n3,
+            q: qp,
+            k: kp,
+            v: vp,
+            text,
+            img,
+            ac,
+            o,
+        };
+        Ok((y, tape))
+    }
+
+    /// Back-propagates `grad_out` (the gradient of the block output) through the block recorded in `tape`:
+    /// the input gradient and the LoRA gradients of the block's linears. Each part of the tape is freed as soon
+    /// as the backward is past it.
+    pub fn backward(&self, tape: BlockTape, grad_out: &Tensor) -> Result<BlockGrads> {
+        let BlockTape {
+            common,
+            sa,
+            ca,
+            ffn,
+        } = tape;
+        let dout = ops::cast(&grad_out.detach(), sa.x.dtype())?;
+        let mut params = Vec::new();
+        let dx2 = self.ffn_backward(ffn, &common, &dout, &mut params)?;
+        drop(dout);
+        let dx1 = self.cross_backward(ca, &common, &dx2, &mut params)?;
+        drop(dx2);
+        let input = self.self_attention_backward(sa, &common, &dx1, &mut params)?;
+        Ok(BlockGrads { input, params })
+    }
+
+    /// FFN and its gated residual: `dout` → gradient of `x2`.
+    fn ffn_backward(
+        &self,
+        t: FfnTape,
+        c: &Common,
+        dout: &Tensor,
+        params: &mut Vec<ParamGrad>,
+    ) -> Result<Tensor> {
+        let dy3 = ops::gate_backward(dout, &c.chunks[5], c.compute)?;
+        let g = gelu_tanh(&t.f0)?;
+        let empty = LinearTape::default();
+        let (dg, p) = self
+            .ffn2
+            .backward(&g, t.ffn2.as_ref().unwrap_or(&empty), &dy3, true)?;
+        params.extend(p);
+        drop((g, dy3));
+        let df0 = ops::gelu_tanh_backward(&t.f0, &dg.ok_or_else(|| missing("ffn.2"))?)?;
+        drop(t.f0);
+        let (dh2, p) = self.ffn0.backward(&t.h2, &t.ffn0, &df0, true)?;
+        params.extend(p);
+        drop((df0, t.h2));
+        let residual = t.x2.dtype();
+        let dn2 = ops::modulate_backward(
+            &dh2.ok_or_else(|| missing("ffn.0"))?,
+            &c.chunks[4],
+            residual,
+        )?;
+        let dln = layer_norm_backward(&t.x2, None, &dn2, self.eps)?;
+        dout + dln
+    }
+
+    /// Cross-attention and its plain residual: gradient of `x2` → gradient of `x1`. The context gets no gradient;
+    /// the LoRAs of `k`, `v` (and `k_img`, `v_img`) do.
+    fn cross_backward(
+        &self,
+        t: CrossTape,
+        c: &Common,
+        dx2: &Tensor,
+        params: &mut Vec<ParamGrad>,
+    ) -> Result<Tensor> {
+        let ca = &self.cross_attn;
+        let (dac, p) =
+            ca.o.backward(&t.ac, &t.o, &ops::cast(dx2, c.compute)?, true)?;
+        params.extend(p);
+        let dac = dac
+            .ok_or_else(|| missing("cross_attn.o"))?
+            .reshape(t.text.out().shape())?;
+        let (mut dq, dk, dv) = t.text.backward(&dac)?;
+        project_backward(&ca.k, &c.context, &t.k, &dk, InputGrad::Skip, params)?;
+        project_backward(&ca.v, &c.context, &t.v, &dv, InputGrad::Skip, params)?;
+        if let (Some(img), Some(k_img), Some(v_img), Some(ctx)) =
+            (&t.img, &ca.k_img, &ca.v_img, &c.context_img)
+        {
+            let (dq_img, dk, dv) = img.attn.backward(&dac)?;
+            dq = (dq + dq_img)?;
+            project_backward(k_img, ctx, &img.k, &dk, InputGrad::Skip, params)?;
+            project_backward(v_img, ctx, &img.v, &dv, InputGrad::Skip, params)?;
+        }
+        drop(dac);
+        let dn3 = project_backward(&ca.q, &t.n3, &t.q, &dq, InputGrad::New, params)?
+            .ok_or_else(|| missing("cross_attn.q"))?;
+        let dn3 = ops::cast(&dn3, t.x1.dtype())?;
+        let dnorm = match &self.norm3 {
+            Some((w, _)) => layer_norm_backward(&t.x1, Some(w), &dn3, self.eps)?,
+            None => dn3,
+        };
+        dx2 + dnorm
+    }
+
+    /// Self-attention and its gated residual: gradient of `x1` → gradient of the block input.
+    fn self_attention_backward(
+        &self,
+        t: SelfTape,
+        c: &Common,
+        dx1: &Tensor,
+        params: &mut Vec<ParamGrad>,
+    ) -> Result<Tensor> {
+        let sa = &self.self_attn;
+        let dy1 = ops::gate_backward(dx1, &c.chunks[2], c.compute)?;
+        let a = t.attn.out().flatten_from(2)?;
+        let (da, p) = sa.o.backward(&a, &t.o, &dy1, true)?;
+        params.extend(p);
+        drop((a, dy1));
+        let da = da
+            .ok_or_else(|| missing("self_attn.o"))?
+            .reshape(t.attn.out().shape())?;
+        let (dq, dk, dv) = t.attn.backward(&da)?;
+        drop((da, t.attn));
+        let dq = ops::rope_backward(&c.rope, &dq)?;
+        let dk = ops::rope_backward(&c.rope, &dk)?;
+        let mut dh1 = None;
+        for (lin, proj, d) in [(&sa.q, &t.q, dq), (&sa.k, &t.k, dk), (&sa.v, &t.v, dv)] {
+            let input = match dh1.take() {
+                Some(acc) => InputGrad::Add(acc),
+                None => InputGrad::New,
+            };
+            dh1 = Some(
+                project_backward(lin, &t.h1, proj, &d, input, params)?
+                    .ok_or_else(|| missing("self_attn.q/k/v"))?,
+            );
+        }
+        let dh1 = dh1.ok_or_else(|| missing("self_attn"))?;
+        let residual = t.x.dtype();
+        let dn1 = ops::modulate_backward(&dh1, &c.chunks[1], residual)?;
+        let dln = layer_norm_backward(&t.x, None, &dn1, self.eps)?;
+        dx1 + dln
+    }
+}

@@ -1,0 +1,148 @@
+//! 3D rotary position embedding of the Wan DiT: the head dimension is split into a frame, a height and a width
+//! part, each rotated by its own frequencies (`rope_params` / `rope_apply` of the official code). Angles are
+//! computed in f64 as the official code does; the rotation itself runs in the activations' dtype.
+
+use candle_core::{DType, Device, Result, Tensor, D};
+
+/// Longest position the official frequency table covers.
+pub const MAX_POSITIONS: usize = 1024;
+const THETA: f64 = 10000.0;
+
+/// Complex-pair counts of the frame, height and width parts for a head dimension.
+pub fn split(head_dim: usize) -> [usize; 3] {
+    let c = head_dim / 2;
+    [c - 2 * (c / 3), c / 3, c / 3]
+}
+
+/// The angle table `model.freqs` of the official code as `[MAX_POSITIONS][head_dim / 2]` angles in radians
+/// (the official table stores `exp(i·angle)`).
+pub fn angle_table(head_dim: usize) -> Vec<Vec<f64>> {
+    let d6 = head_dim / 6;
+    let part_dims = [head_dim - 4 * d6, 2 * d6, 2 * d6];
+    (0..MAX_POSITIONS)
+        .map(|pos| {
+            part_dims
+                .iter()
+                .flat_map(|&dim| {
+                    (0..dim / 2).map(move |i| pos as f64 / THETA.powf((2 * i) as f64 / dim as f64))
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// `model.freqs` as (real, imag) pairs, shape [MAX_POSITIONS, head_dim / 2, 2], f64 (for parity checks).
+pub fn freqs_tensor(head_dim: usize) -> Result<Tensor> {
+    let table = angle_table(head_dim);
+    let flat: Vec<f64> = table
+        .iter()
+        .flatten()
+        .flat_map(|a| [a.cos(), a.sin()])
+        .collect();
+    Tensor::from_vec(flat, (MAX_POSITIONS, head_dim / 2, 2), &Device::Cpu)
+}
+
+/// Per-token cos/sin tables for a padded batch: `cos`, `sin` of shape [b, seq_len, 1, head_dim / 2].
+/// Rows at or beyond a sample's token count are the identity rotation (the official code leaves them as they are).
+#[derive(Clone, Debug)]
+pub struct Rope {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+impl Rope {
+    /// Tables for samples with latent grids `grid_sizes` (frames, height, width in patches), padded to `seq_len`.
+    pub fn new(
+        grid_sizes: &[[usize; 3]],
+        seq_len: usize,
+        head_dim: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let table = angle_table(head_dim);
+        let [cf, ch, cw] = split(head_dim);
+        let half = head_dim / 2;
+        let b = grid_sizes.len();
+        let mut cos = vec![1f64; b * seq_len * half];
+        let mut sin = vec![0f64; b * seq_len * half];
+        for (i, &[f, h, w]) in grid_sizes.iter().enumerate() {
+            if f.max(h).max(w) > MAX_POSITIONS {
+                candle_core::bail!(
+                    "latent grid {f}x{h}x{w} exceeds the RoPE table of {MAX_POSITIONS} positions"
+                );
+            }
+            let tokens = (f * h * w).min(seq_len);
+            for tok in 0..tokens {
+                let (fi, hi, wi) = (tok / (h * w), (tok / w) % h, tok % w);
+                let row = (i * seq_len + tok) * half;
+                let parts = [(fi, 0, cf), (hi, cf, ch), (wi, cf + ch, cw)];
+                for (pos, start, len) in parts {
+                    for j in start..start + len {
+                        let angle = table[pos][j];
+                        cos[row + j] = angle.cos();
+                        sin[row + j] = angle.sin();
+                    }
+                }
+            }
+        }
+        let shape = (b, seq_len, 1, half);
+        Ok(Self {
+            cos: Tensor::from_vec(cos, shape, device)?.to_dtype(dtype)?,
+            sin: Tensor::from_vec(sin, shape, device)?.to_dtype(dtype)?,
+        })
+    }
+
+    /// Rotates `xs` [b, seq_len, heads, head_dim] pairwise (adjacent elements form a complex number).
+    /// Differentiable: built from ops that all have a backward.
+    pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
+        // On CUDA the fused kernel rotates in f32 (one pass); the composition below is the CPU path.
+        #[cfg(feature = "cuda")]
+        if xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) {
+            return framesmith_nn::cuda::rope_apply(xs, &self.cos, &self.sin);
+        }
+        let (b, l, h, d) = xs.dims4()?;
+        let pairs = xs.reshape((b, l, h, d / 2, 2))?;
+        let re = pairs.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
+        let im = pairs.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
+        let cos = self.cos.to_dtype(xs.dtype())?;
+        let sin = self.sin.to_dtype(xs.dtype())?;
+        let out_re = (re.broadcast_mul(&cos)? - im.broadcast_mul(&sin)?)?;
+        let out_im = (re.broadcast_mul(&sin)? + im.broadcast_mul(&cos)?)?;
+        Tensor::stack(&[out_re, out_im], D::Minus1)?.reshape((b, l, h, d))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use framesmith_nn::init::randn;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    #[test]
+    fn split_matches_official_dims() {
+        assert_eq!(split(128), [22, 21, 21]);
+        assert_eq!(split(32), [6, 5, 5]);
+    }
+
+    #[test]
+    fn rotation_preserves_norm_and_padding() -> Result<()> {
+        let dev = Device::Cpu;
+        let rng = &mut StdRng::seed_from_u64(43);
+        let rope = Rope::new(&[[2, 2, 3], [1, 2, 2]], 12, 32, DType::F32, &dev)?;
+        let x = randn(rng, (2, 12, 2, 32), 0.0, 1.0, &dev)?;
+        let y = rope.apply(&x)?;
+        let nx = x.sqr()?.sum(D::Minus1)?;
+        let ny = y.sqr()?.sum(D::Minus1)?;
+        let diff = (nx - ny)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(diff < 1e-4, "{diff}");
+        // Sample 1 has 4 tokens: rows 4.. are padding and stay unrotated.
+        let pad_diff = (x.narrow(0, 1, 1)?.narrow(1, 4, 8)?
+            - y.narrow(0, 1, 1)?.narrow(1, 4, 8)?)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+        assert_eq!(pad_diff, 0.0);
+        Ok(())
+    }
+}

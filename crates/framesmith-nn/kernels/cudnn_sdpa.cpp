@@ -1,0 +1,217 @@
+// A small C ABI over cuDNN's fused scaled-dot-product attention (forward and backward, bf16, through the cuDNN
+// frontend's graph API), for Framesmith's Rust code (crates/framesmith-nn/src/cuda/attention.rs).
+//
+// Layout: q, o, dO, dQ [b, sq, h, d]; k, v, dK, dV [b, skv, h, d], contiguous; stats (log-sum-exp) [b, h, sq]
+// f32. Optional per-sample key lengths (padding mask; every query row is computed). Graphs are built once per
+// shape and cached. The frontend is compiled with dynamic loading: libcudnn.so.9 and libcudart are opened at
+// run time, so nothing here is linked against them.
+#include <cudnn_frontend.h>
+#include <dlfcn.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+namespace cudnn_frontend {
+void *cudnn_dlhandle = nullptr;
+}
+
+namespace fe = cudnn_frontend;
+
+namespace {
+
+enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, SEQ_Q, SEQ_KV };
+
+std::mutex g_mutex;
+cudnnHandle_t g_handle = nullptr;
+std::string g_error;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, float>;
+std::map<Key, std::shared_ptr<fe::graph::Graph>> g_graphs;
+
+struct Shape {
+    int64_t b, h, sq, skv, d;
+};
+
+int fail(const std::string &msg) {
+    g_error = msg;
+    return 1;
+}
+
+int init_locked() {
+    if (g_handle) return 0;
+    if (!fe::cudnn_dlhandle) {
+        fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
+        if (!fe::cudnn_dlhandle) {
+            const char *e = dlerror();
+            return fail(std::string("cannot open libcudnn.so.9: ") + (e ? e : "unknown error"));
+        }
+    }
+    if (fe::detail::create_handle(&g_handle) != CUDNN_STATUS_SUCCESS) {
+        g_handle = nullptr;
+        return fail("cudnnCreate failed");
+    }
+    return 0;
+}
+
+// [b, s, h, d] activations seen as cuDNN's [b, h, s, d] through strides.
+std::shared_ptr<fe::graph::Tensor_attributes> bshd(fe::graph::Graph &g, const char *name, int64_t uid,
+                                                   const Shape &s, int64_t seq) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({s.b, s.h, seq, s.d})
+                        .set_stride({seq * s.h * s.d, s.d, s.h * s.d, 1}));
+}
+
+void set_bshd_output(const std::shared_ptr<fe::graph::Tensor_attributes> &t, int64_t uid, const Shape &s,
+                     int64_t seq) {
+    t->set_output(true).set_uid(uid).set_dim({s.b, s.h, seq, s.d}).set_stride({seq * s.h * s.d, s.d, s.h * s.d, 1});
+}
+
+std::shared_ptr<fe::graph::Tensor_attributes> seq_lens(fe::graph::Graph &g, const char *name, int64_t uid,
+                                                       const Shape &s) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(uid)
+                        .set_dim({s.b, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::INT32));
+}
+
+std::shared_ptr<fe::graph::Graph> new_graph() {
+    auto g = std::make_shared<fe::graph::Graph>();
+    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+        .set_intermediate_data_type(fe::DataType_t::FLOAT)
+        .set_compute_data_type(fe::DataType_t::FLOAT);
+    return g;
+}
+
+int build(fe::graph::Graph &g) {
+    auto st = g.validate();
+    if (st.is_good()) st = g.build_operation_graph(g_handle);
+    if (st.is_good()) st = g.create_execution_plans({fe::HeurMode_t::A});
+    if (st.is_good()) st = g.check_support(g_handle);
+    if (st.is_good()) st = g.build_plans(g_handle);
+    if (st.is_bad()) return fail("cuDNN SDPA graph: " + st.get_message());
+    return 0;
+}
+
+int graph_for(const Shape &s, bool padded, bool backward, float scale, std::shared_ptr<fe::graph::Graph> *out) {
+    const Key key{s.b, s.h, s.sq, s.skv, s.d, padded, backward, scale};
+    auto it = g_graphs.find(key);
+    if (it != g_graphs.end()) {
+        *out = it->second;
+        return 0;
+    }
+    auto g = new_graph();
+    auto q = bshd(*g, "Q", Q, s, s.sq);
+    auto k = bshd(*g, "K", K, s, s.skv);
+    auto v = bshd(*g, "V", V, s, s.skv);
+    if (!backward) {
+        auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
+        if (padded) {
+            opts.set_padding_mask(true)
+                .set_seq_len_q(seq_lens(*g, "seq_q", SEQ_Q, s))
+                .set_seq_len_kv(seq_lens(*g, "seq_kv", SEQ_KV, s));
+        }
+        auto [o, stats] = g->sdpa(q, k, v, opts);
+        set_bshd_output(o, O, s, s.sq);
+        stats->set_output(true).set_uid(STATS).set_data_type(fe::DataType_t::FLOAT);
+    } else {
+        auto o = bshd(*g, "O", O, s, s.sq);
+        auto d_o = bshd(*g, "dO", DO, s, s.sq);
+        auto stats = g->tensor(fe::graph::Tensor_attributes()
+                                   .set_name("stats")
+                                   .set_uid(STATS)
+                                   .set_dim({s.b, s.h, s.sq, 1})
+                                   .set_stride({s.h * s.sq, s.sq, 1, 1})
+                                   .set_data_type(fe::DataType_t::FLOAT));
+        auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(scale);
+        if (padded) {
+            opts.set_padding_mask(true)
+                .set_seq_len_q(seq_lens(*g, "seq_q", SEQ_Q, s))
+                .set_seq_len_kv(seq_lens(*g, "seq_kv", SEQ_KV, s));
+        }
+        auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
+        set_bshd_output(dq, DQ, s, s.sq);
+        set_bshd_output(dk, DK, s, s.skv);
+        set_bshd_output(dv, DV, s, s.skv);
+    }
+    if (build(*g)) return 1;
+    g_graphs.emplace(key, g);
+    *out = g;
+    return 0;
+}
+
+int prepare(const Shape &s, bool padded, bool backward, float scale, std::shared_ptr<fe::graph::Graph> *g) {
+    if (init_locked()) return 1;
+    return graph_for(s, padded, backward, scale, g);
+}
+
+}  // namespace
+
+extern "C" {
+
+/// The last error message (valid until the next call).
+const char *fs_sdpa_last_error() { return g_error.c_str(); }
+
+/// Workspace bytes the forward (backward = 0) or backward graph needs; builds and caches the graph.
+int fs_sdpa_workspace(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, int backward,
+                      float scale, int64_t *bytes) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    std::shared_ptr<fe::graph::Graph> g;
+    if (prepare({b, h, sq, skv, d}, padded != 0, backward != 0, scale, &g)) return 1;
+    auto st = g->get_workspace_size(*bytes);
+    if (st.is_bad()) return fail("cuDNN workspace size: " + st.get_message());
+    return 0;
+}
+
+/// Forward: o = softmax(q kᵀ · scale) v, stats = log-sum-exp per query row. `seq_q` / `seq_kv` (int32 [b]) are
+/// read only when `padded`.
+int fs_sdpa_forward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
+                    void *stream, const void *q, const void *k, const void *v, void *o, void *stats,
+                    const void *seq_q, const void *seq_kv, void *workspace) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    std::shared_ptr<fe::graph::Graph> g;
+    if (prepare({b, h, sq, skv, d}, padded != 0, false, scale, &g)) return 1;
+    if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+        return fail("cudnnSetStream failed");
+    std::unordered_map<int64_t, void *> pack{{Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},
+                                             {V, const_cast<void *>(v)}, {O, o}, {STATS, stats}};
+    if (padded) {
+        pack[SEQ_Q] = const_cast<void *>(seq_q);
+        pack[SEQ_KV] = const_cast<void *>(seq_kv);
+    }
+    auto st = g->execute(g_handle, pack, workspace);
+    if (st.is_bad()) return fail("cuDNN SDPA forward: " + st.get_message());
+    return 0;
+}
+
+/// Backward: dq, dk, dv from q, k, v, o, d_o and the forward's stats.
+int fs_sdpa_backward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
+                     void *stream, const void *q, const void *k, const void *v, const void *o, const void *d_o,
+                     const void *stats, void *dq, void *dk, void *dv, const void *seq_q, const void *seq_kv,
+                     void *workspace) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    std::shared_ptr<fe::graph::Graph> g;
+    if (prepare({b, h, sq, skv, d}, padded != 0, true, scale, &g)) return 1;
+    if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+        return fail("cudnnSetStream failed");
+    std::unordered_map<int64_t, void *> pack{
+        {Q, const_cast<void *>(q)},   {K, const_cast<void *>(k)},         {V, const_cast<void *>(v)},
+        {O, const_cast<void *>(o)},   {DO, const_cast<void *>(d_o)},      {STATS, const_cast<void *>(stats)},
+        {DQ, dq},                     {DK, dk},                           {DV, dv}};
+    if (padded) {
+        pack[SEQ_Q] = const_cast<void *>(seq_q);
+        pack[SEQ_KV] = const_cast<void *>(seq_kv);
+    }
+    auto st = g->execute(g_handle, pack, workspace);
+    if (st.is_bad()) return fail("cuDNN SDPA backward: " + st.get_message());
+    return 0;
+}
+
+}  // extern "C"

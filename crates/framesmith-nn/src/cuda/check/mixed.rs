@@ -1,0 +1,136 @@
+//! Device checks of the mixed-dtype element-wise kernels (`nn::cuda::mixed`) and the in-place accumulating
+//! matmul (`nn::cuda::gemm`) against f32 CPU references on seeded random inputs, vectorised and scalar paths.
+
+use candle_core::{DType, Device, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::{compare, poison, randn, tol, CheckOutcome};
+use crate::cuda::{gemm, mixed};
+
+/// Shapes with a vectorisable last dim and one without (odd sizes take the one-value path).
+const SHAPES: [[usize; 3]; 2] = [[2, 37, 1536], [3, 5, 7]];
+
+/// Every mixed-kernel and accumulate-matmul check.
+pub fn mixed_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(108);
+    let mut out = Vec::new();
+    for shape in SHAPES {
+        out.extend(casts(dev, rng, &shape)?);
+        out.extend(modulation(dev, rng, &shape)?);
+    }
+    out.extend(add_matmul(dev, rng)?);
+    Ok(out)
+}
+
+fn casts(dev: &Device, rng: &mut StdRng, shape: &[usize]) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for (from, to) in [(DType::F32, DType::BF16), (DType::BF16, DType::F32)] {
+        poison(dev)?;
+        let x = randn(rng, shape, 0.3, 3.0, from)?;
+        let got = mixed::cast(&x.to_device(dev)?, to)?;
+        if got.dtype() != to {
+            candle_core::bail!("cast gave {:?}, not {to:?}", got.dtype());
+        }
+        // Both sides round to nearest even: the results must be identical.
+        out.push(compare(
+            format!("cast {from:?}->{to:?} {shape:?}"),
+            &got,
+            &x.to_dtype(to)?,
+            1e-7,
+        )?);
+    }
+    Ok(out)
+}
+
+fn modulation(dev: &Device, rng: &mut StdRng, shape: &[usize]) -> Result<Vec<CheckOutcome>> {
+    let (b, l, d) = (shape[0], shape[1], shape[2]);
+    let mut out = Vec::new();
+    for mod_tokens in [1, l] {
+        let scale = randn(rng, &[b, mod_tokens, d], 0.0, 0.5, DType::F32)?;
+        let shift = randn(rng, &[b, mod_tokens, d], 0.0, 0.5, DType::F32)?;
+        let (sg, hg) = (scale.to_device(dev)?, shift.to_device(dev)?);
+        let x = randn(rng, shape, 0.0, 2.0, DType::F32)?;
+        let xb = randn(rng, shape, 0.0, 2.0, DType::BF16)?;
+        let xf = xb.to_dtype(DType::F32)?;
+        let label = format!("{shape:?} mod_tokens {mod_tokens}");
+
+        poison(dev)?;
+        let got = mixed::modulate_to(&x.to_device(dev)?, &sg, &hg, DType::BF16)?;
+        let want = x.broadcast_mul(&(&scale + 1.0)?)?.broadcast_add(&shift)?;
+        out.push(compare(
+            format!("modulate_to F32->BF16 {label}"),
+            &got,
+            &want,
+            tol(DType::BF16, 0.0),
+        )?);
+
+        poison(dev)?;
+        let got = mixed::scaled_to(&xb.to_device(dev)?, &sg, 1.0, DType::F32)?;
+        let want = xf.broadcast_mul(&(&scale + 1.0)?)?;
+        out.push(compare(
+            format!("scaled_to(1) BF16->F32 {label}"),
+            &got,
+            &want,
+            1e-6,
+        )?);
+
+        poison(dev)?;
+        let got = mixed::scaled_to(&x.to_device(dev)?, &sg, 0.0, DType::BF16)?;
+        let want = x.broadcast_mul(&scale)?;
+        out.push(compare(
+            format!("scaled_to(0) F32->BF16 {label}"),
+            &got,
+            &want,
+            tol(DType::BF16, 0.0),
+        )?);
+
+        poison(dev)?;
+        let got = mixed::gated_residual_mixed(&x.to_device(dev)?, &xb.to_device(dev)?, &sg)?;
+        if got.dtype() != DType::F32 {
+            candle_core::bail!("gated_residual_mixed gave {:?}, not F32", got.dtype());
+        }
+        let want = (&x + xf.broadcast_mul(&scale)?)?;
+        out.push(compare(
+            format!("gated_residual_mixed F32+BF16 {label}"),
+            &got,
+            &want,
+            1e-6,
+        )?);
+    }
+    Ok(out)
+}
+
+fn add_matmul(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    let (m, n) = (257, 136);
+    for dtype in [DType::BF16, DType::F32] {
+        for k in [40, 33] {
+            for transposed in [true, false] {
+                poison(dev)?;
+                let c = randn(rng, &[m, n], 0.0, 1.0, dtype)?;
+                let a = randn(rng, &[m, k], 0.0, 1.0, dtype)?;
+                let b = if transposed {
+                    randn(rng, &[n, k], 0.0, 1.0, dtype)?
+                } else {
+                    randn(rng, &[k, n], 0.0, 1.0, dtype)?
+                };
+                let cg = c.to_device(dev)?.copy()?;
+                gemm::add_matmul_(&cg, &a.to_device(dev)?, &b.to_device(dev)?, transposed)?;
+                let f = |t: &Tensor| t.to_dtype(DType::F32);
+                let bt = if transposed { f(&b)?.t()? } else { f(&b)? };
+                let want = (f(&c)? + f(&a)?.matmul(&bt)?)?;
+                out.push(compare(
+                    format!(
+                        "add_matmul {dtype:?} m{m} n{n} k{k} b{}",
+                        if transposed { "ᵀ" } else { "" }
+                    ),
+                    &cg,
+                    &want,
+                    tol(dtype, 1e-5),
+                )?);
+            }
+        }
+    }
+    Ok(out)
+}

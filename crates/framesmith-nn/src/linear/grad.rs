@@ -1,0 +1,263 @@
+//! [`Linear`] outside candle's autograd, for hand-written backward passes: a forward that builds no graph (the LoRA
+//! factors are used detached) and keeps the LoRA's low-rank activation, and a backward that gives the input
+//! gradient through the frozen base (dequantised again for FP8, as [`FrozenMatmul`]'s backward does) plus the
+//! gradients of the LoRA factors: `dUp = (dy·s)ᵀ (x Aᵀ)`, `dDown = ((dy·s) B)ᵀ x`, `s = alpha / rank · multiplier`.
+
+use candle_core::{Result, Tensor, Var, D};
+
+use super::{FrozenMatmul, Linear};
+use crate::lora::Lora;
+
+/// What [`Linear::backward`] needs from the forward besides the layer input: the LoRA's scaled low-rank
+/// activation `x Aᵀ · s` [m, rank] (`None` without a LoRA), so the backward skips that matmul. The default (empty)
+/// tape makes the backward recompute it.
+#[derive(Clone, Debug, Default)]
+pub struct LinearTape {
+    mid: Option<Tensor>,
+}
+
+/// What [`Linear::backward_with`] does with the input gradient.
+#[derive(Debug)]
+pub enum InputGrad {
+    /// None is wanted (the text context).
+    Skip,
+    /// A fresh tensor.
+    New,
+    /// Added to this sum (shaped like the input, in its dtype; a tensor the caller owns).
+    Add(Tensor),
+}
+
+/// The gradient of one trainable variable.
+#[derive(Clone, Debug)]
+pub struct ParamGrad {
+    /// The variable (a LoRA factor); its tensor id says where the gradient goes.
+    pub var: Var,
+    /// The gradient, in the variable's dtype and shape.
+    pub grad: Tensor,
+}
+
+/// The factors of `lora` detached and in `dtype`: `(down [r, in], up [out, r])`.
+fn detached_factors(lora: &Lora, dtype: candle_core::DType) -> Result<(Tensor, Tensor)> {
+    Ok((
+        lora.down.as_tensor().detach().to_dtype(dtype)?,
+        lora.up.as_tensor().detach().to_dtype(dtype)?,
+    ))
+}
+
+impl Linear {
+    /// [`Linear::forward`] without building an autograd graph; also returns what [`Linear::backward`] needs.
+    /// The LoRA's scale multiplies the `[m, rank]` activation rather than the `[m, out]` product, and the bias
+    /// is added by the LoRA's matmul: two passes over the `[m, out]` output fewer than [`Linear::forward`].
+    pub fn forward_untracked(&self, xs: &Tensor) -> Result<(Tensor, LinearTape)> {
+        let mut out_dims = xs.dims().to_vec();
+        if let Some(last) = out_dims.last_mut() {
+            *last = self.out_dim();
+        }
+        let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
+        let dtype = x2.dtype();
+        let y = x2.apply_op1_no_bwd(&FrozenMatmul {
+            base: self.base.clone(),
+        })?;
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|b| b.detach().to_dtype(dtype))
+            .transpose()?;
+        let Some(lora) = &self.lora else {
+            let y = match bias {
+                Some(b) => y.broadcast_add(&b)?,
+                None => y,
+            };
+            return Ok((y.reshape(out_dims)?, LinearTape::default()));
+        };
+        let (down, up) = detached_factors(lora, dtype)?;
+        let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
+        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ), and the product is
+        // accumulated into the base output in place: no full-size add at all.
+        let y = match bias {
+            Some(b) => {
+                let (mid1, up1) = with_bias_column(&mid, &up, &b)?;
+                add_matmul(y, &mid1, &up1, true)?
+            }
+            None => add_matmul(y, &mid, &up, true)?,
+        };
+        Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
+    }
+
+    /// Backward of [`Linear::forward_untracked`] for the output gradient `dy` [..., out]: the input gradient
+    /// (shaped like `xs`, in its dtype; only when `input_grad`, e.g. not for the text context) and the LoRA
+    /// factors' gradients (`down`, then `up`; empty without a LoRA). `xs` is the forward's input.
+    pub fn backward(
+        &self,
+        xs: &Tensor,
+        tape: &LinearTape,
+        dy: &Tensor,
+        input_grad: bool,
+    ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
+        let input = if input_grad {
+            InputGrad::New
+        } else {
+            InputGrad::Skip
+        };
+        self.backward_with(xs, tape, dy, input)
+    }
+
+    /// [`Linear::backward`] with the input gradient as `input` says: none, a fresh tensor, or added to a sum the
+    /// caller owns (in place on CUDA, so summing over the linears that share an input costs no extra pass).
+    pub fn backward_with(
+        &self,
+        xs: &Tensor,
+        tape: &LinearTape,
+        dy: &Tensor,
+        input: InputGrad,
+    ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
+        let dtype = xs.dtype();
+        let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
+        let dy2 = dy
+            .detach()
+            .to_dtype(dtype)?
+            .flatten_to(D::Minus2)?
+            .contiguous()?;
+        let mut dx = match input {
+            InputGrad::Skip => None,
+            InputGrad::New => Some(dy2.matmul(&self.base.dense(dtype)?)?),
+            InputGrad::Add(acc) => Some(add_matmul(
+                acc.flatten_to(D::Minus2)?,
+                &dy2,
+                &self.base.dense(dtype)?,
+                false,
+            )?),
+        };
+        let mut params = Vec::new();
+        if let Some(lora) = &self.lora {
+            let (down, up) = detached_factors(lora, dtype)?;
+            let s = lora.scale();
+            let mid = match &tape.mid {
+                Some(m) => m.clone(),
+                None => (x2.matmul(&down.t()?)? * s)?,
+            };
+            // (dy·s) B: [m, rank].
+            let t = (dy2.matmul(&up)? * s)?;
+            let d_up = dy2.t()?.matmul(&mid)?;
+            let d_down = t.t()?.matmul(&x2)?;
+            if let Some(d) = dx.take() {
+                dx = Some(add_matmul(d, &t, &down, false)?);
+            }
+            params.push(ParamGrad {
+                var: lora.down.clone(),
+                grad: d_down.to_dtype(lora.down.dtype())?,
+            });
+            params.push(ParamGrad {
+                var: lora.up.clone(),
+                grad: d_up.to_dtype(lora.up.dtype())?,
+            });
+        }
+        let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
+        Ok((dx, params))
+    }
+}
+
+/// `[mid | 1 | 0…]` and `[up | bias | 0…]`: the LoRA factors with the bias as one more rank column, widened with
+/// zero columns to a multiple of 8 so the product's operands stay 16-byte aligned (cuBLAS falls back to a slow
+/// unaligned kernel for a rank of 33).
+fn with_bias_column(mid: &Tensor, up: &Tensor, bias: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (m, rank) = mid.dims2()?;
+    let n = up.dim(0)?;
+    let pad = (rank + 1).next_multiple_of(8) - rank - 1;
+    let (dtype, dev) = (mid.dtype(), mid.device());
+    let mut left = vec![mid.clone(), Tensor::ones((m, 1), dtype, dev)?];
+    let mut right = vec![up.clone(), bias.reshape((n, 1))?];
+    if pad > 0 {
+        left.push(Tensor::zeros((m, pad), dtype, dev)?);
+        right.push(Tensor::zeros((n, pad), dtype, dev)?);
+    }
+    Ok((Tensor::cat(&left, 1)?, Tensor::cat(&right, 1)?))
+}
+
+/// `c + a · bᵀ` (`b_transposed`, `b` [n, k]) or `c + a · b` (`b` [k, n]) for 2-D `a` [m, k] and `c` [m, n],
+/// consuming `c`: accumulated in place by cuBLAS on CUDA (one rounding, no full-size add), a matmul and an add
+/// elsewhere. `c` must be a tensor the caller owns (no other live handle expects its old values).
+pub fn add_matmul(c: Tensor, a: &Tensor, b: &Tensor, b_transposed: bool) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        let a = a.contiguous()?;
+        let b = b.contiguous()?;
+        if crate::cuda::gemm::supported(&c, &a, &b) {
+            crate::cuda::gemm::add_matmul_(&c, &a, &b, b_transposed)?;
+            return Ok(c);
+        }
+    }
+    let b = if b_transposed { b.t()? } else { b.clone() };
+    c + a.matmul(&b)?
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device};
+
+    use super::*;
+    use crate::fp8::{quantize, Fp8Scale};
+    use crate::init::randn;
+    use crate::linear::BaseWeight;
+    use crate::testing::rel;
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    fn layer(fp8: bool, rng: &mut StdRng) -> Result<Linear> {
+        let dev = Device::Cpu;
+        let w = randn(rng, (6, 10), 0.0, 0.3, &dev)?;
+        let base = if fp8 {
+            BaseWeight::Fp8(quantize(&w, Fp8Scale::Tensor)?)
+        } else {
+            BaseWeight::Dense(w)
+        };
+        let mut lin = Linear::from_base(base, Some(randn(rng, 6, 0.0, 0.1, &dev)?));
+        let mut lora = Lora::new([10, 6, 3], 1.5, DType::F32, &dev, rng)?;
+        lora.up = Var::from_tensor(&randn(rng, (6, 3), 0.0, 0.2, &dev)?)?;
+        lora.multiplier = 0.8;
+        lin.set_lora(Some(lora));
+        Ok(lin)
+    }
+
+    /// Forward, input gradient and LoRA gradients equal candle's autograd through [`Linear::forward`], for a
+    /// dense and an FP8 base.
+    #[test]
+    fn untracked_forward_and_backward_match_autograd() -> Result<()> {
+        let rng = &mut StdRng::seed_from_u64(3);
+        for fp8 in [false, true] {
+            let lin = layer(fp8, rng)?;
+            let x = Var::from_tensor(&randn(rng, (2, 4, 10), 0.0, 1.0, &Device::Cpu)?)?;
+            let dy = randn(rng, (2, 4, 6), 0.0, 1.0, &Device::Cpu)?;
+            let y_ref = lin.forward(x.as_tensor())?;
+            let store = (&y_ref * &dy)?.sum_all()?.backward()?;
+            let (y, tape) = lin.forward_untracked(x.as_tensor())?;
+            assert!(!y.track_op(), "the untracked forward built a graph");
+            assert!(rel(&y, &y_ref)? < 1e-6);
+            let (dx, params) = lin.backward(x.as_tensor(), &tape, &dy, true)?;
+            let dx = dx.ok_or_else(|| candle_core::Error::msg("no input gradient"))?;
+            let dx_ref = store
+                .get(x.as_tensor())
+                .ok_or_else(|| candle_core::Error::msg("no reference gradient"))?;
+            assert!(rel(&dx, dx_ref)? < 1e-6, "input gradient (fp8 {fp8})");
+            assert_eq!(params.len(), 2);
+            for p in &params {
+                let want = store
+                    .get(p.var.as_tensor())
+                    .ok_or_else(|| candle_core::Error::msg("no reference LoRA gradient"))?;
+                assert!(rel(&p.grad, want)? < 1e-6, "LoRA gradient (fp8 {fp8})");
+            }
+            let (none, again) = lin.backward(x.as_tensor(), &tape, &dy, false)?;
+            assert!(none.is_none());
+            assert!(rel(&again[1].grad, &params[1].grad)? == 0.0);
+
+            // Without a LoRA: bias added directly, no parameter gradients.
+            let mut plain = lin.clone();
+            plain.set_lora(None);
+            let (y, tape) = plain.forward_untracked(x.as_tensor())?;
+            assert!(rel(&y, &plain.forward(x.as_tensor())?)? < 1e-6);
+            let (dx, params) = plain.backward(x.as_tensor(), &tape, &dy, true)?;
+            assert!(params.is_empty() && dx.is_some());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,383 @@
+//! Block streaming (DESIGN.md §4.4): the frozen weights of streamed blocks live in host RAM, each block packed
+//! into one aligned buffer, and are copied into a small ring of GPU slots as the step walks the blocks. The model
+//! keeps a "shell" of each streamed block (its LoRA and its shapes, pointing at slot 0's tensors); a fetch returns
+//! a copy of the shell whose frozen tensors are the slot's. Frozen weights only ever travel host → device.
+//!
+//! Modes: `pinned` (every streamed block page-locked, one asynchronous copy per tensor on a second CUDA stream),
+//! `staged` (masters in pageable, huge-page-advised RAM; a worker thread copies each block in 8 MiB chunks through
+//! a small page-locked ring that stays in the CPU cache, with a few threads of its own, and queues each chunk's
+//! device copy, so page-locked memory stays at a few tens of MiB), and, on a device without streams (the CPU,
+//! tests), `host`: synchronous unpacking into the slot.
+//! Ordering on CUDA is explicit, with events: slot free → copy → ready → compute.
+//!
+//! The step's saved block inputs can live here too ([`SavedInputs`], `memory.activations = "host"`): on CUDA
+//! they move to page-locked host buffers and back on a copy stream of their own, overlapping compute.
+
+mod activations;
+#[cfg(feature = "cuda")]
+mod activations_cuda;
+mod copy_pool;
+mod host;
+mod pack;
+mod ring;
+
+#[cfg(feature = "cuda")]
+mod cuda;
+
+use std::sync::Mutex;
+
+use candle_core::{Device, Result, Tensor};
+
+pub use crate::bytes::tensor_bytes;
+pub use activations::{release_host_activation_buffers, SavedInputs};
+pub use copy_pool::CopyPool;
+pub use host::HostBuffer;
+pub use pack::{BlockLayout, TensorSpec, ALIGN};
+pub use ring::{Decision, Load, Ring};
+
+/// How streamed blocks reach the GPU.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamMode {
+    /// Page-locked masters, asynchronous copies.
+    Pinned,
+    /// Pageable masters and a page-locked staging ring filled by a worker thread.
+    Staged,
+    /// Synchronous copies from pageable memory (the portable path; what the CPU device uses).
+    Host,
+}
+
+impl StreamMode {
+    /// The mode's name as configuration files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Pinned => "pinned",
+            Self::Staged => "staged",
+            Self::Host => "host",
+        }
+    }
+}
+
+/// Which blocks stream when only some do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    /// Spread evenly through the model, so resident blocks sit between streamed ones and hide their copies.
+    Spread,
+    /// The last N blocks.
+    Last,
+}
+
+/// The block indices that stream: `count` of `num_blocks`, placed as asked.
+pub fn streamed_blocks(num_blocks: usize, count: usize, placement: Placement) -> Vec<usize> {
+    let count = count.min(num_blocks);
+    match placement {
+        Placement::Last => (num_blocks - count..num_blocks).collect(),
+        Placement::Spread => {
+            // The i-th streamed block sits at the end of the i-th of `count` equal stretches.
+            (0..count)
+                .map(|i| ((i + 1) * num_blocks).div_ceil(count) - 1)
+                .collect()
+        }
+    }
+}
+
+/// Streaming settings.
+#[derive(Clone, Debug)]
+pub struct OffloadOptions {
+    pub mode: StreamMode,
+    /// GPU slots in the ring (at least 2 to overlap a copy with compute).
+    pub slots: usize,
+    /// Page-locked chunk buffers of `staged`'s ring (at least 2 to overlap a host copy with a device copy).
+    pub staging_slots: usize,
+    /// Bytes of one staging chunk (at most a block).
+    pub staging_chunk_bytes: usize,
+    /// Threads of the staging copy, the worker included (at most one fewer than the machine's cores:
+    /// [`staging_copy_threads`]).
+    pub copy_threads: usize,
+    /// Bytes of one unit of the staging copy's work: each thread takes the next unit when it is done with its
+    /// last, so a thread that runs slow (preempted, sharing its core) holds up one unit rather than a fixed share.
+    pub copy_unit_bytes: usize,
+}
+
+/// Default bytes of one chunk of `staged`'s page-locked ring: large enough that issuing a chunk costs little next
+/// to copying it, small enough that the ring stays in the last-level cache, so the copy engine reads the chunk
+/// from the cache rather than DRAM. Measured on the H200 test machine (a C experiment, 8 copy threads, 4 chunks):
+/// 2 MiB 29 GB/s, 4 MiB 51, 8 MiB 54, 16 MiB 54, 32 MiB 43; whole-block staging with streaming stores 36–41.
+pub const STAGING_CHUNK_BYTES: usize = 8 << 20;
+/// Default chunk buffers of `staged`'s ring: 4 × 8 MiB stays in a desktop CPU's last-level cache on most parts
+/// and kept the H200 test machine's copy engine busy (54 of 55 GB/s).
+pub const STAGING_SLOTS: usize = 4;
+/// Default threads of the staging copy, the worker included (fewer on a machine with fewer cores:
+/// [`staging_copy_threads`]). Copy bandwidth alone barely depends on it (H200 test machine, 16 cores, 8 MiB × 4:
+/// 51–54 GB/s at 8 and at 12 threads), but during a step it does: Wan2.1-14B FP8 at 512×512, transfer-bound, took
+/// 665 ms (39 blocks streamed) and 505 ms (30) with 8 threads and 256 KiB units, 549–552 and 414–416 ms with 12
+/// threads and 64 KiB units, against 530 and 401 ms for `pinned` (bench/RESULTS.md, block streaming, session 6).
+pub const STAGING_COPY_THREADS: usize = 12;
+
+/// Default bytes of one unit of the staging copy's work: 128 units per 8 MiB chunk, small enough that a thread
+/// slowed down mid-chunk holds up little of it, large enough that taking one (one atomic operation) costs nothing
+/// next to copying it. Measured with `stage-sweep` (GB/s, two runs each): 1024 KiB 32–45, 256 KiB 45–52, 64 KiB
+/// 49–52.
+pub const COPY_UNIT_BYTES: usize = 64 << 10;
+
+/// Threads the staging copy uses when `requested` are asked for on a machine with `cores` logical cores: at most
+/// one fewer than the cores, so the thread issuing the GPU work (the step's critical path) keeps a core of its own
+/// while the copy threads spin between chunks; at least one.
+pub fn staging_copy_threads(requested: usize, cores: usize) -> usize {
+    requested.min(cores.saturating_sub(1)).max(1)
+}
+
+impl Default for OffloadOptions {
+    fn default() -> Self {
+        Self {
+            mode: StreamMode::Pinned,
+            slots: 2,
+            staging_slots: STAGING_SLOTS,
+            staging_chunk_bytes: STAGING_CHUNK_BYTES,
+            copy_threads: STAGING_COPY_THREADS,
+            copy_unit_bytes: COPY_UNIT_BYTES,
+        }
+    }
+}
+
+/// Counters of one streamer since it was made (or since [`BlockStreamer::reset_stats`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StreamStats {
+    /// Blocks copied into a slot.
+    pub loads: u64,
+    /// Fetches whose block was already in its slot (kept from before, or prefetched).
+    pub hits: u64,
+    /// Bytes copied host → device.
+    pub bytes: u64,
+}
+
+/// The copying side: fills slots with blocks and orders compute after the copies.
+trait SlotBackend: Send {
+    /// Starts copying `block` into `slot` (after the slot's last release).
+    fn load(&mut self, slot: usize, block: usize) -> Result<()>;
+    /// All reads of `slot` by work queued so far are the last ones before it may be refilled.
+    fn release(&mut self, slot: usize) -> Result<()>;
+    /// Makes work queued from now on wait for `slot`'s copy; the slot's tensors.
+    fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>>;
+    /// Waits for every queued copy (before the host buffers may go).
+    fn synchronize(&mut self) -> Result<()>;
+}
+
+/// Synchronous backend: each load unpacks the block's host bytes into fresh tensors on the device.
+struct HostBackend {
+    layout: BlockLayout,
+    device: Device,
+    masters: Vec<HostBuffer>,
+    slots: Vec<Vec<Tensor>>,
+}
+
+impl SlotBackend for HostBackend {
+    fn load(&mut self, slot: usize, block: usize) -> Result<()> {
+        let packed = self
+            .masters
+            .get(block)
+            .ok_or_else(|| candle_core::Error::Msg(format!("no streamed block {block}")))?;
+        self.slots[slot] = self.layout.unpack(packed, &self.device)?;
+        Ok(())
+    }
+
+    fn release(&mut self, _slot: usize) -> Result<()> {
+        Ok(())
+    }
+
+    fn acquire(&mut self, slot: usize) -> Result<Vec<Tensor>> {
+        Ok(self.slots[slot].clone())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+struct Inner {
+    ring: Ring,
+    backend: Box<dyn SlotBackend>,
+    stats: StreamStats,
+}
+
+
+/// What block streaming needs from a model's block: its frozen tensors in one fixed order (the same order, shapes
+/// and dtypes for every block it streams together), and a copy of the block whose frozen tensors are others of
+/// the same layout (the slot's). Trained tensors (the LoRA) are not frozen: they stay resident.
+pub trait Streamable: Sized {
+    /// Every frozen tensor of the block (cheap clones sharing storage).
+    fn frozen_tensors(&self) -> Vec<Tensor>;
+    /// A copy of this block whose frozen tensors are `tensors`, in [`Streamable::frozen_tensors`]'s order.
+    fn with_frozen(&self, tensors: &[Tensor]) -> Result<Self>;
+}
+
+/// The streamed blocks of one model: their host masters, the GPU ring and its schedule.
+pub struct BlockStreamer {
+    /// Model block index → index among the streamed blocks.
+    index: Vec<Option<usize>>,
+    layout: BlockLayout,
+    mode: StreamMode,
+    inner: Mutex<Inner>,
+}
+
+impl BlockStreamer {
+    /// Packs the frozen tensors of `blocks` (model index, block — built anywhere, normally in host RAM) into
+    /// host buffers and makes the ring on `device`. Returns the streamer and, for each block, its shell: the same
+    /// block pointing at slot 0's tensors, which the model keeps in its place.
+    pub fn new<B: Streamable>(
+        device: &Device,
+        num_blocks: usize,
+        blocks: Vec<(usize, B)>,
+        options: &OffloadOptions,
+    ) -> Result<(Self, Vec<(usize, B)>)> {
+        let first = match blocks.first() {
+            Some((_, b)) => b.frozen_tensors(),
+            None => candle_core::bail!("block streaming needs at least one streamed block"),
+        };
+        let layout = BlockLayout::of(&first);
+        let mut index = vec![None; num_blocks];
+        for (k, (i, _)) in blocks.iter().enumerate() {
+            match index.get_mut(*i) {
+                Some(slot) => *slot = Some(k),
+                None => candle_core::bail!("streamed block {i} out of range"),
+            }
+        }
+        let mode = if device.is_cuda() {
+            options.mode
+        } else {
+            StreamMode::Host
+        };
+        let slots = options.slots.max(1);
+        let (backend, slot0): (Box<dyn SlotBackend>, Vec<Tensor>) = match mode {
+            #[cfg(feature = "cuda")]
+            StreamMode::Pinned | StreamMode::Staged => {
+                let backend = cuda::CudaBackend::new(device, &layout, &blocks, options)?;
+                let slot0 = backend.slot_tensors(0);
+                (Box::new(backend), slot0)
+            }
+            _ => {
+                let mut masters = Vec::with_capacity(blocks.len());
+                for (_, b) in &blocks {
+                    let mut packed = HostBuffer::zeroed(layout.total_bytes);
+                    layout.pack_block(b, &mut packed)?;
+                    masters.push(packed);
+                }
+                let zeros = layout.zeros(device)?;
+                let backend = HostBackend {
+                    layout: layout.clone(),
+                    device: device.clone(),
+                    masters,
+                    slots: vec![zeros.clone(); slots],
+                };
+                (Box::new(backend), zeros)
+            }
+        };
+        let shells = blocks
+            .into_iter()
+            .map(|(i, b)| Ok((i, b.with_frozen(&slot0)?)))
+            .collect::<Result<Vec<_>>>()?;
+        let streamer = Self {
+            index,
+            layout,
+            mode,
+            inner: Mutex::new(Inner {
+                ring: Ring::new(slots),
+                backend,
+                stats: StreamStats::default(),
+            }),
+        };
+        Ok((streamer, shells))
+    }
+
+    fn lock(&self) -> Result<std::sync::MutexGuard<'_, Inner>> {
+        self.inner.lock().map_err(|_| {
+            candle_core::Error::Msg("block streamer poisoned by an earlier panic".into())
+        })
+    }
+
+    /// Whether model block `i` streams.
+    pub fn is_streamed(&self, i: usize) -> bool {
+        self.index.get(i).is_some_and(|k| k.is_some())
+    }
+
+    /// Number of streamed blocks.
+    pub fn count(&self) -> usize {
+        self.index.iter().flatten().count()
+    }
+
+    /// The mode in use (`host` on a device without streams).
+    pub fn mode(&self) -> StreamMode {
+        self.mode
+    }
+
+    /// Bytes of one packed block (with alignment padding).
+    pub fn block_bytes(&self) -> usize {
+        self.layout.total_bytes
+    }
+
+    /// Declares the order in which model blocks will be fetched (resident ones are skipped); `cyclic` when the
+    /// order repeats (sampling).
+    pub fn begin(&self, model_order: &[usize], cyclic: bool) -> Result<()> {
+        let order = model_order
+            .iter()
+            .filter_map(|&i| self.index.get(i).copied().flatten())
+            .collect();
+        self.lock()?.ring.begin(order, cyclic);
+        Ok(())
+    }
+
+    /// The frozen tensors of streamed model block `i`, resident in a slot and ordered before any work queued
+    /// after this call; prefetches the next blocks of the declared order. Work that reads the previous fetch's
+    /// tensors must be queued before this call.
+    pub fn fetch(&self, i: usize) -> Result<Vec<Tensor>> {
+        let k = match self.index.get(i).copied().flatten() {
+            Some(k) => k,
+            None => candle_core::bail!("block {i} does not stream"),
+        };
+        let mut inner = self.lock()?;
+        let inner = &mut *inner;
+        let decision = inner.ring.fetch(k);
+        if let Some(s) = decision.released {
+            inner.backend.release(s)?;
+        }
+        if decision.loads.first().is_none_or(|l| l.block != k) {
+            inner.stats.hits += 1;
+        }
+        for load in &decision.loads {
+            inner.backend.load(load.slot, load.block)?;
+            inner.stats.loads += 1;
+            inner.stats.bytes += self.layout.data_bytes() as u64;
+        }
+        inner.backend.acquire(decision.slot)
+    }
+
+    /// Waits until every queued copy is done.
+    pub fn synchronize(&self) -> Result<()> {
+        self.lock()?.backend.synchronize()
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> Result<StreamStats> {
+        Ok(self.lock()?.stats.clone())
+    }
+
+    /// Restarts the counters.
+    pub fn reset_stats(&self) -> Result<()> {
+        self.lock()?.stats = StreamStats::default();
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Whether `err` is a device allocation failure (the run should stop cleanly and say how to fit).
+pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
+    let text = format!("{err:?}");
+    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
+}
+
+/// The first line of `err`'s message: what a user reads, without the backtrace candle may attach.
+pub fn error_summary(err: &candle_core::Error) -> String {
+    let text = err.to_string();
+    text.lines().next().unwrap_or_default().trim().to_string()
+}
