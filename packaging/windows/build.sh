@@ -85,9 +85,9 @@ copy_mingw_runtime "$STAGE"
 [[ $CUDA -eq 1 ]] && cuda_stage "$STAGE"
 stage_common "$STAGE"
 cp packaging/windows/THIRD-PARTY.txt "$STAGE/"
-tree_args=(tree --locked --target "$TARGET" -e normal,build --prefix none -f '{p} {l}')
+tree_args=(tree --locked --target "$TARGET" -p framesmith -e normal,build --prefix none -f '{p} {l}')
 [[ $CUDA -eq 1 ]] && tree_args+=(--features cuda)
-cargo "${tree_args[@]}" | sed 's/ (\*)$//' | grep -v '^framesmith ' | sort -u > "$STAGE/crates.txt"
+cargo "${tree_args[@]}" | sed 's/ (\*)$//' | grep -Ev '^framesmith(-[a-z]+)? ' | sort -u > "$STAGE/crates.txt"
 
 # The uninstaller's list: every staged file, then every staged folder deepest first (RMDir keeps non-empty ones).
 UNLIST="$DIST/windows/uninstall-list.nsh"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs the library's unit tests built for Windows under wine (default filter: the video decoding and platform
-# modules, whose Windows code Linux CI never compiles): among them, Media Foundation writing-then-reading a real
+# Runs framesmith-data's unit tests built for Windows under wine (default filter: the video decoding module,
+# whose Windows code Linux CI never compiles): among them, Media Foundation writing-then-reading a real
 # H.264 clip at a path with a space and a non-ASCII letter (Wine's Media Foundation, over GStreamer).
-# Usage: packaging/windows/wine-tests.sh [test filter...]   (default: data::media platform)
+# Usage: packaging/windows/wine-tests.sh [test filter...]   (default: media)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 source packaging/lib.sh
@@ -12,15 +12,15 @@ TARGET=x86_64-pc-windows-gnu
 need_packages x86_64-w64-mingw32-g++:g++-mingw-w64-x86-64
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
 filters=("$@")
-[[ ${#filters[@]} -gt 0 ]] || filters=(data::media platform)
+[[ ${#filters[@]} -gt 0 ]] || filters=(media)
 
-exe="$(cargo test --locked --target "$TARGET" --lib --no-run --message-format=json 2>/dev/null |
+exe="$(cargo test --locked --target "$TARGET" -p framesmith-data --lib --no-run --message-format=json 2>/dev/null |
     python3 -c 'import json,sys
 for line in sys.stdin:
     m = json.loads(line)
     if m.get("reason") == "compiler-artifact" and m.get("profile", {}).get("test") and m.get("executable"):
         print(m["executable"])')"
-[[ -n "$exe" ]] || { echo "the test build failed: cargo test --target $TARGET --lib --no-run" >&2; exit 1; }
+[[ -n "$exe" ]] || { echo "the test build failed: cargo test --target $TARGET -p framesmith-data --lib --no-run" >&2; exit 1; }
 wine_prefix "$PWD/dist/wine-tests"
 # The MinGW C++ runtime the bundled encoder needs, from the toolchain.
 WINEPATH="$(winepath -w "$(dirname "$(ls /usr/lib/gcc/x86_64-w64-mingw32/*-win32/libstdc++-6.dll | head -n1)")")"
