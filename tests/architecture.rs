@@ -236,6 +236,16 @@ fn models_and_nn_know_no_channels_or_logging() {
 }
 
 #[test]
+fn models_call_nn_ops_never_its_cuda_module() {
+    let bad = offending("framesmith-models", &["framesmith_nn::cuda", "feature = \"cuda\""]);
+    assert!(
+        bad.is_empty(),
+        "CUDA dispatch lives in framesmith-nn (nn::ops, nn::attention, nn::norm):\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
 fn the_app_never_names_tensors() {
     let bad = offending("framesmith-app", &["candle", "Tensor"]);
     assert!(

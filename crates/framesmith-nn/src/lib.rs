@@ -13,5 +13,6 @@ pub mod driver;
 pub mod lora_file;
 pub mod norm;
 pub mod offload;
+pub mod ops;
 pub mod testing;
 pub mod vb;

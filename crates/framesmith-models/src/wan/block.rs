@@ -9,6 +9,7 @@ use super::rope::Rope;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::{layer_norm, rms_norm};
+use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate};
 use framesmith_nn::vb::Vb;
 
 mod frozen;
@@ -219,16 +220,16 @@ impl Block {
         let residual = xs.dtype();
         let e = self.modulation.unsqueeze(0)?.broadcast_add(&inputs.e0)?;
         let chunk = |i: usize| -> Result<Tensor> { e.narrow(2, i, 1)?.squeeze(2) };
-        let modulate = |x: &Tensor, shift: &Tensor, scale: &Tensor| -> Result<Tensor> {
+        let norm_modulate = |x: &Tensor, shift: &Tensor, scale: &Tensor| -> Result<Tensor> {
             let normed = layer_norm(x, None, None, self.eps)?.to_dtype(DType::F32)?;
-            modulate_f32(&normed, scale, shift)?.to_dtype(compute)
+            modulate(&normed, scale, shift)?.to_dtype(compute)
         };
         let gated = |x: &Tensor, y: &Tensor, gate: &Tensor| -> Result<Tensor> {
             gated_residual(x, y, gate, residual)
         };
 
         let y = self.self_attn.forward(
-            &modulate(xs, &chunk(0)?, &chunk(1)?)?,
+            &norm_modulate(xs, &chunk(0)?, &chunk(1)?)?,
             &inputs.seq_lens,
             &inputs.rope,
         )?;
@@ -245,44 +246,10 @@ impl Block {
         )?;
         let xs = (xs.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?.to_dtype(residual)?;
 
-        let h = modulate(&xs, &chunk(3)?, &chunk(4)?)?;
+        let h = norm_modulate(&xs, &chunk(3)?, &chunk(4)?)?;
         let y = self.ffn2.forward(&gelu_tanh(&self.ffn0.forward(&h)?)?)?;
         gated(&xs, &y, &chunk(5)?)
     }
-}
-
-/// `x * (1 + scale) + shift` for an f32 `x` with f32 modulation vectors; the fused kernel on CUDA (same f32
-/// arithmetic, one pass instead of four).
-fn modulate_f32(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() {
-        return framesmith_nn::cuda::modulate(x, scale, shift);
-    }
-    x.broadcast_mul(&(scale + 1.0)?)?.broadcast_add(shift)
-}
-
-/// The gated residual `x + y · gate` in f32, returned in `residual`; the fused kernel on CUDA when `x` is
-/// already in `residual` (it computes in f32 and keeps `x`'s dtype).
-fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor, residual: DType) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if x.device().is_cuda() && x.dtype() == residual {
-        // Outside autograd, the kernel that reads a bf16 branch directly (no cast of `y` to f32 first).
-        if !(x.track_op() || y.track_op() || gate.track_op()) {
-            return framesmith_nn::cuda::mixed::gated_residual_mixed(x, y, gate);
-        }
-        return framesmith_nn::cuda::gated_residual(x, y, gate);
-    }
-    let update = y.to_dtype(DType::F32)?.broadcast_mul(gate)?;
-    (x.to_dtype(DType::F32)? + update)?.to_dtype(residual)
-}
-
-/// GELU with the tanh approximation (candle's `gelu`); the fused kernel on CUDA.
-fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if xs.device().is_cuda() {
-        return framesmith_nn::cuda::gelu_tanh(xs);
-    }
-    xs.gelu()
 }
 
 /// The final `head`: LayerNorm, modulation by the time embedding, Linear to `out_dim · prod(patch)`.

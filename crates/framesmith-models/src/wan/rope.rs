@@ -2,7 +2,7 @@
 //! part, each rotated by its own frequencies (`rope_params` / `rope_apply` of the official code). Angles are
 //! computed in f64 as the official code does; the rotation itself runs in the activations' dtype.
 
-use candle_core::{DType, Device, Result, Tensor, D};
+use candle_core::{DType, Device, Result, Tensor};
 
 /// Longest position the official frequency table covers.
 pub const MAX_POSITIONS: usize = 1024;
@@ -95,26 +95,14 @@ impl Rope {
     /// Rotates `xs` [b, seq_len, heads, head_dim] pairwise (adjacent elements form a complex number).
     /// Differentiable: built from ops that all have a backward.
     pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
-        // On CUDA the fused kernel rotates in f32 (one pass); the composition below is the CPU path.
-        #[cfg(feature = "cuda")]
-        if xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) {
-            return framesmith_nn::cuda::rope_apply(xs, &self.cos, &self.sin);
-        }
-        let (b, l, h, d) = xs.dims4()?;
-        let pairs = xs.reshape((b, l, h, d / 2, 2))?;
-        let re = pairs.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
-        let im = pairs.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
-        let cos = self.cos.to_dtype(xs.dtype())?;
-        let sin = self.sin.to_dtype(xs.dtype())?;
-        let out_re = (re.broadcast_mul(&cos)? - im.broadcast_mul(&sin)?)?;
-        let out_im = (re.broadcast_mul(&sin)? + im.broadcast_mul(&cos)?)?;
-        Tensor::stack(&[out_re, out_im], D::Minus1)?.reshape((b, l, h, d))
+        framesmith_nn::ops::rope_apply(xs, &self.cos, &self.sin)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::D;
     use framesmith_nn::init::randn;
     use rand::rngs::StdRng;
     use rand::SeedableRng;

@@ -13,7 +13,8 @@ mod tests;
 
 use candle_core::{DType, Result, Tensor};
 
-use super::{gated_residual, gelu_tanh, split_heads, Block, BlockInputs};
+use super::{split_heads, Block, BlockInputs};
+use framesmith_nn::ops::{gated_residual, gelu_tanh};
 use crate::wan::rope::Rope;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};

@@ -2,108 +2,23 @@
 //! f32 / bf16 CUDA tensors, the same math written with candle ops elsewhere (the dispatch the forward in
 //! `block.rs` makes).
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use crate::wan::rope::Rope;
 
-#[cfg(feature = "cuda")]
-fn on_kernel(xs: &Tensor) -> bool {
-    xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16)
-}
-
-/// `xs` in `dtype`; the vectorised f32 ↔ bf16 kernel on CUDA (candle's bf16 → f32 cast is five times slower).
-pub(super) fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(xs) {
-        return framesmith_nn::cuda::mixed::cast(xs, dtype);
-    }
-    xs.to_dtype(dtype)
-}
-
-/// `x * (1 + scale) + shift` computed in f32 (`x` cast to f32 first), returned in `dtype` (the casts fused in
-/// on CUDA).
-pub(super) fn modulate_to(
-    x: &Tensor,
-    scale: &Tensor,
-    shift: &Tensor,
-    dtype: DType,
-) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(x) {
-        return framesmith_nn::cuda::mixed::modulate_to(x, scale, shift, dtype);
-    }
-    super::super::modulate_f32(&x.to_dtype(DType::F32)?, scale, shift)?.to_dtype(dtype)
-}
-
-/// The residual `x + y` computed in f32 and returned in `x`'s dtype (the residual dtype), `y` in any float
-/// dtype: on CUDA the gated-residual kernel with a unit gate (exactly the same arithmetic), no cast of `y`.
-pub(super) fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(x) && on_kernel(y) {
-        let (b, dim) = (x.dim(0)?, x.dim(candle_core::D::Minus1)?);
-        let ones = Tensor::ones((b, 1, dim), DType::F32, x.device())?;
-        return framesmith_nn::cuda::mixed::gated_residual_mixed(x, y, &ones);
-    }
-    (x.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?.to_dtype(x.dtype())
-}
-
-/// Input gradient of `x * (1 + scale) + shift`: `dy * (1 + scale)` computed in f32, returned in `dtype`.
-pub(super) fn modulate_backward(dy: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(dy) {
-        return framesmith_nn::cuda::mixed::scaled_to(dy, scale, 1.0, dtype);
-    }
-    dy.to_dtype(DType::F32)?
-        .broadcast_mul(&(scale + 1.0)?)?
-        .to_dtype(dtype)
-}
-
-/// Gradient of the branch `y` of the gated residual `x + y · gate` for the residual gradient `dout`:
-/// `dout · gate` computed in f32, returned in `dtype` (the branch's dtype).
-pub(super) fn gate_backward(dout: &Tensor, gate: &Tensor, dtype: DType) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(dout) {
-        return framesmith_nn::cuda::mixed::scaled_to(dout, gate, 0.0, dtype);
-    }
-    dout.to_dtype(DType::F32)?
-        .broadcast_mul(gate)?
-        .to_dtype(dtype)
-}
-
-/// Input gradient of GELU-tanh at `xs` for the output gradient `dy`, in `xs`' dtype:
-/// `0.5 (1 + t) + 0.5 x (1 − t²) √(2/π) (1 + 3 · 0.044715 x²)` with `t = tanh(√(2/π) (x + 0.044715 x³))`.
-pub(super) fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(xs) {
-        return framesmith_nn::cuda::elementwise::gelu_tanh_backward(xs, dy);
-    }
-    const C: f64 = 0.044_715;
-    let k = (2.0 / std::f64::consts::PI).sqrt();
-    let x = xs.to_dtype(DType::F32)?;
-    let x2 = x.sqr()?;
-    let t = ((&x + (&x * &x2)? * C)? * k)?.tanh()?;
-    let left = ((&t + 1.0)? * 0.5)?;
-    let right = ((&x * (t.sqr()?.neg()? + 1.0)?)? * ((x2 * (3.0 * C))? + 1.0)?)? * (0.5 * k);
-    ((left + right)? * dy.to_dtype(DType::F32)?)?.to_dtype(xs.dtype())
-}
+pub(super) use framesmith_nn::ops::{
+    cast, gate_backward, gelu_tanh_backward, modulate_backward, modulate_to, residual_add,
+};
 
 /// Input gradient of [`Rope::apply`]: `dy` rotated by the negative angles.
 pub(super) fn rope_backward(rope: &Rope, dy: &Tensor) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if on_kernel(dy) {
-        return framesmith_nn::cuda::rope::rope_backward(dy, &rope.cos, &rope.sin);
-    }
-    let inverse = Rope {
-        cos: rope.cos.clone(),
-        sin: rope.sin.neg()?,
-    };
-    inverse.apply(dy)
+    framesmith_nn::ops::rope_backward(dy, &rope.cos, &rope.sin)
 }
 
 #[cfg(test)]
 mod tests {
     use framesmith_nn::init::randn;
-    use candle_core::{Device, Var};
+    use candle_core::{DType, Device, Var};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
