@@ -102,7 +102,8 @@ fn run_that_slows_down(
     h: &mut egui_kittest::Harness<'static, framesmith_app::FramesmithApp>,
     backend: &FakeBackend,
     preset: Option<&str>,
-) -> Result<(framesmith_config::protocol::EngineEnd, Vec<Command>), std::sync::mpsc::SendError<Event>> {
+) -> Result<(framesmith_config::protocol::EngineEnd, Vec<Command>), std::sync::mpsc::SendError<Event>>
+{
     if let Some(preset) = preset {
         h.get_by_label("Config").click();
         settle(h);

@@ -12,8 +12,8 @@ use app_support::{
     RANK_REASON, STREAMING_REASON,
 };
 use egui_kittest::kittest::Queryable;
-use framesmith_config::run::StreamingMode;
 use framesmith_config::protocol::{Command, Event, Progress, RunState};
+use framesmith_config::run::StreamingMode;
 
 fn progress(step: usize, eta_secs: f64) -> Event {
     Event::Progress(Progress {

@@ -14,8 +14,8 @@ use app_support::{harness_with, png, settle, Dropped};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
 use framesmith_app::{AppOptions, FramesmithApp};
-use framesmith_config::run::StreamingMode;
 use framesmith_config::protocol::RunState;
+use framesmith_config::run::StreamingMode;
 
 fn harness() -> Harness<'static, FramesmithApp> {
     let backend = gui::EngineBackend::new()

@@ -124,7 +124,13 @@ fn config_is_plain_data() {
     assert_reaches_none(
         &all,
         "framesmith-config",
-        &["candle-core", "candle-nn", "egui", "eframe", "framesmith-nn"],
+        &[
+            "candle-core",
+            "candle-nn",
+            "egui",
+            "eframe",
+            "framesmith-nn",
+        ],
         "config and the protocol are plain data the app and the engine share",
     );
 }
@@ -237,7 +243,10 @@ fn models_and_nn_know_no_channels_or_logging() {
 
 #[test]
 fn models_call_nn_ops_never_its_cuda_module() {
-    let bad = offending("framesmith-models", &["framesmith_nn::cuda", "feature = \"cuda\""]);
+    let bad = offending(
+        "framesmith-models",
+        &["framesmith_nn::cuda", "feature = \"cuda\""],
+    );
     assert!(
         bad.is_empty(),
         "CUDA dispatch lives in framesmith-nn (nn::ops, nn::attention, nn::norm):\n{}",

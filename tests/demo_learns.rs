@@ -7,9 +7,9 @@ use std::path::Path;
 use std::process::Command;
 
 use framesmith_config::RunConfig;
+use framesmith_data::video::encode::RgbFrame;
 use framesmith_engine::demo::shapes;
 use framesmith_engine::train::demo_setup::{DEMO_CLIPS, DEMO_FRAMES, DEMO_SAMPLES, DEMO_SIZE};
-use framesmith_data::video::encode::RgbFrame;
 
 /// Steps of the shortened demo run (the real demo trains `demo-cpu`'s `max_train_steps`).
 const STEPS: usize = 300;

@@ -10,8 +10,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc::Receiver;
 use std::time::{Duration, SystemTime};
 
-use framesmith_config::{presets, RunConfig};
 use framesmith_config::protocol::{Command, Event, RunState, StartRun};
+use framesmith_config::{presets, RunConfig};
 
 /// Generous: only reached when the engine is stuck.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(120);

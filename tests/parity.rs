@@ -15,7 +15,8 @@ fn fixture(case: &str) -> PathBuf {
 
 fn assert_case_passes(case: &str) {
     let dir = fixture(case);
-    let rows = framesmith_engine::parity::check_fixture(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
+    let rows =
+        framesmith_engine::parity::check_fixture(&dir).unwrap_or_else(|e| panic!("{case}: {e:#}"));
     assert!(!rows.is_empty());
     for row in &rows {
         assert!(row.passed, "{case}: {row}");
@@ -39,7 +40,8 @@ fn wan22_ti2v_tiny_matches_official() {
 
 #[test]
 fn t2v_case_compares_every_expected_tensor() {
-    let rows = framesmith_engine::parity::check_fixture(&fixture("wan21_t2v_tiny")).expect("fixture runs");
+    let rows =
+        framesmith_engine::parity::check_fixture(&fixture("wan21_t2v_tiny")).expect("fixture runs");
     let names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
     for name in [
         "out_0",

@@ -10,11 +10,13 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::{DType, Device, Tensor, Var};
+use framesmith_engine::train::step::{
+    checkpointed_step, whole_graph_step, LossTarget, StepOptions,
+};
 use framesmith_models::wan::random::{random_inputs, random_weights};
 use framesmith_models::wan::{WanConfig, WanModel};
 use framesmith_nn::lora::Lora;
 use framesmith_nn::vb::Vb;
-use framesmith_engine::train::step::{checkpointed_step, whole_graph_step, LossTarget, StepOptions};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -151,7 +153,9 @@ fn checkpointed_step_memory_grows_by_saved_block_inputs() -> candle_core::Result
 #[test]
 fn each_checkpointing_setting_keeps_what_the_planner_counts() -> candle_core::Result<()> {
     let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-    use framesmith_engine::train::memory_plan::{block_tape_bytes, kept_attention_bytes, StepShape};
+    use framesmith_engine::train::memory_plan::{
+        block_tape_bytes, kept_attention_bytes, StepShape,
+    };
     for step in [CKPT, KEEP_ATTENTION, KEEP_TAPES] {
         step_peak(2, step)?;
     }

@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use candle_core::{DType, Device};
 use framesmith_bench::synth::{latent_shape, write_project, SynthProject};
+use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 use framesmith_config::run::{BlocksToSwap, DeviceSpec};
 use framesmith_config::{validate, HostInfo, RunConfig};
 use framesmith_data::cache::{read_wan_latent_cache, read_wan_text_cache, text_cache_name};
 use framesmith_models::wan::WanConfig;
-use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 
 /// Generous: only reached when the engine is stuck.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(120);

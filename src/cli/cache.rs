@@ -8,12 +8,12 @@ use clap::{Args, Subcommand};
 use framesmith_config::run::DeviceSpec;
 use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
 use framesmith_data::{load_valid, DatasetKind, ValidConfig};
-use framesmith_models::wan::text_encoder::TextEncoder;
-use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith_engine::train::caching::{
     cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ItemOutcome,
     LatentEncoder,
 };
+use framesmith_models::wan::text_encoder::TextEncoder;
+use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use indicatif::ProgressBar;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};

@@ -8,13 +8,6 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::{Args, ValueEnum};
 use framesmith_config::run::DeviceSpec;
-use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
-use framesmith_models::wan::text_encoder::TextEncoder;
-use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
-use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
-use framesmith_nn::fp8::Fp8Scale;
-use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::vb::Vb;
 use framesmith_engine::train::clip::{
     combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
     VaeDecoder, CLIP_FPS,
@@ -25,6 +18,13 @@ use framesmith_engine::train::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,
 };
+use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
+use framesmith_models::wan::text_encoder::TextEncoder;
+use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
+use framesmith_nn::fp8::Fp8Scale;
+use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::vb::Vb;
 use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};

@@ -5,11 +5,11 @@
 use std::path::{Path, PathBuf};
 
 use framesmith_app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
+use framesmith_config::protocol::memory::PlanReport;
+use framesmith_config::protocol::EngineHandle;
 use framesmith_config::{presets, validate, HostInfo, RunConfig};
 use framesmith_data::config::DatasetKind;
 use framesmith_data::{check_path, DatasetReport, ScanOptions};
-use framesmith_config::protocol::memory::PlanReport;
-use framesmith_config::protocol::EngineHandle;
 
 /// Where the GUI's demo project writes its outputs.
 pub const DEMO_DIR: &str = "framesmith-demo";
@@ -18,7 +18,9 @@ const DEMO_SAMPLE_EVERY_N_STEPS: usize = 100;
 
 /// Writes the start frames of the generated demo clips and the sample prompt file into `dir`; returns the file.
 fn write_demo_samples(dir: &Path, seed: u64) -> anyhow::Result<PathBuf> {
-    use framesmith_engine::train::demo_setup::{write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
+    use framesmith_engine::train::demo_setup::{
+        write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE,
+    };
     let clips = framesmith_engine::demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);
     write_sample_prompts(dir, &clips)
 }

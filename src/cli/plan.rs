@@ -6,9 +6,9 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
 use framesmith_config::{presets, RunConfig};
-use framesmith_config::protocol::memory::Verdict;
 use framesmith_engine::train::memory_plan::{
     clip_for_config, model_for_config, plan, ClipShape, PlanInput,
 };

@@ -6,8 +6,10 @@ use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use framesmith_config::protocol::{
+    Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
+};
 use framesmith_config::RunConfig;
-use framesmith_config::protocol::{Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun};
 #[cfg(feature = "telemetry")]
 use framesmith_telemetry::{detect_spill, Telemetry, TelemetryOptions};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -53,7 +55,8 @@ pub type QueuedEnd = (PathBuf, Option<RunEnd>);
 
 /// Runs `config` to completion on a new engine thread; errors carry the engine's message.
 pub fn run_headless(config: RunConfig, resume_from: Option<PathBuf>) -> anyhow::Result<RunSummary> {
-    let engine = framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
+    let engine =
+        framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
     let telemetry = spill_telemetry();
     match drive(&engine, config, resume_from, telemetry.as_ref())? {
         RunEnd::Finished(summary) | RunEnd::Stopped(summary) => Ok(summary),
@@ -70,7 +73,8 @@ pub fn run_queue(
     mut load: impl FnMut(&Path) -> anyhow::Result<RunConfig>,
     mut resume_from: Option<PathBuf>,
 ) -> anyhow::Result<Vec<QueuedEnd>> {
-    let engine = framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
+    let engine =
+        framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
     let telemetry = spill_telemetry();
     let mut ends: Vec<QueuedEnd> = Vec::with_capacity(configs.len());
     let mut held = false;

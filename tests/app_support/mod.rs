@@ -13,9 +13,9 @@ use framesmith_app::{
     scan_folders, AppOptions, Backend, DatasetSummary, FieldIssue, FramesmithApp, ModelRole,
     PresetView, Severity,
 };
+use framesmith_config::protocol::{channel_pair, EngineEnd, EngineHandle};
 use framesmith_config::run::StreamingMode;
 use framesmith_config::RunConfig;
-use framesmith_config::protocol::{channel_pair, EngineEnd, EngineHandle};
 
 pub const PRESET: &str = "low-vram-windows";
 pub const STREAMING_REASON: &str = "stream weights through a small pinned ring";

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use framesmith_config::RunConfig;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::EngineHandle;
+use framesmith_config::RunConfig;
 
 /// Which model file a slot holds.
 #[derive(

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
-use framesmith_config::RunConfig;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::StartRun;
+use framesmith_config::RunConfig;
 
 use super::backend::{DatasetSummary, FieldIssue, ModelRole, Thumbnail};
 

@@ -3,8 +3,8 @@
 
 use std::path::{Path, PathBuf};
 
-use framesmith_config::RunConfig;
 use framesmith_config::protocol::{Event, LogLevel, Progress, RunState};
+use framesmith_config::RunConfig;
 
 /// Weight of the newest loss in the smoothed loss (the engine's exponential moving average).
 const SMOOTHING: f64 = 0.05;

@@ -4,8 +4,8 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use framesmith_config::RunConfig;
 use framesmith_config::protocol::EngineHandle;
+use framesmith_config::RunConfig;
 
 use super::backend::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Thumbnail};
 

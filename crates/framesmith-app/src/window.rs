@@ -7,8 +7,8 @@ use std::sync::mpsc::TrySendError;
 use std::sync::Arc;
 use std::time::Duration;
 
-use framesmith_config::RunConfig;
 use framesmith_config::protocol::{Command, EngineHandle, Event, LogLevel};
+use framesmith_config::RunConfig;
 use framesmith_telemetry::{detect_spill, SpillWarning, Telemetry, TelemetryOptions};
 
 use super::backend::{Backend, ModelRole, PresetView};

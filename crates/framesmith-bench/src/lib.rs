@@ -148,8 +148,8 @@ fn host_timed_once<F: FnMut() -> Result<()>>(dev: &Device, f: &mut F) -> Result<
 
 #[cfg(feature = "cuda")]
 mod peak {
-    use framesmith_nn::cuda::device;
     use candle_core::{Device, Result};
+    use framesmith_nn::cuda::device;
 
     /// Restarts the pool's high-water mark; returns the bytes in use now (the baseline).
     pub fn reset(dev: &Device) -> Result<Option<u64>> {

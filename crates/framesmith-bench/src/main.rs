@@ -9,9 +9,9 @@ use clap::{Parser, Subcommand};
 
 use framesmith_bench::step::StepMode;
 use framesmith_bench::{self as bench, attention::AttentionBench, linear::LinearBench, Record};
+use framesmith_engine::train::step::BlockBackward;
 use framesmith_models::wan::config::WanConfig;
 use framesmith_nn::fp8::Fp8Scale;
-use framesmith_engine::train::step::BlockBackward;
 
 #[derive(Parser)]
 #[command(about = "Framesmith GPU benchmarks and device checks")]

@@ -7,6 +7,9 @@
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::{record, time, Record, Timing};
+use framesmith_engine::train::step::{
+    checkpointed_step, BlockBackward, LossTarget, StepOptions, StepOutput,
+};
 use framesmith_models::wan::config::WanConfig;
 use framesmith_models::wan::random::{random_weights, random_weights_on_device};
 use framesmith_models::wan::{ModelOptions, Timesteps, WanInputs, WanModel};
@@ -14,7 +17,6 @@ use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
 use framesmith_nn::vb::Vb;
-use framesmith_engine::train::step::{checkpointed_step, BlockBackward, LossTarget, StepOptions, StepOutput};
 
 /// What to measure.
 #[derive(Clone, Debug)]

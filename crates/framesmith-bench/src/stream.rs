@@ -10,6 +10,7 @@ use rayon::prelude::*;
 
 use super::step::{block_forward_flops, flow_batch, latent_size, total_peak, video_tokens};
 use super::{record, time, Record, Timing};
+use framesmith_engine::train::step::{checkpointed_step, LossTarget, StepOptions};
 use framesmith_models::wan::block::Block;
 use framesmith_models::wan::config::WanConfig;
 use framesmith_models::wan::random::{
@@ -19,9 +20,10 @@ use framesmith_models::wan::weights::official_shapes;
 use framesmith_models::wan::{ModelOptions, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
-use framesmith_nn::offload::{streamed_blocks, BlockStreamer, OffloadOptions, Placement, StreamMode};
+use framesmith_nn::offload::{
+    streamed_blocks, BlockStreamer, OffloadOptions, Placement, StreamMode,
+};
 use framesmith_nn::vb::Vb;
-use framesmith_engine::train::step::{checkpointed_step, LossTarget, StepOptions};
 
 /// One configuration to time.
 #[derive(Clone, Debug)]

@@ -24,12 +24,12 @@ use framesmith_data::cache::{
     LatentCacheMetadata, WanLatentCache,
 };
 use framesmith_data::frames::FrameWindow;
+use framesmith_data::video::encode::{write_mp4, RgbFrame};
+use framesmith_engine::train::samples::SAMPLE_FPS;
 use framesmith_models::wan::random::init_stats;
 use framesmith_models::wan::weights::official_shapes;
 use framesmith_models::wan::{ModelType, WanConfig};
 use framesmith_nn::init::randn;
-use framesmith_engine::train::samples::SAMPLE_FPS;
-use framesmith_data::video::encode::{write_mp4, RgbFrame};
 
 /// File names inside the project folder.
 pub const DIT_FILE: &str = "dit.safetensors";

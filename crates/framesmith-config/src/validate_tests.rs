@@ -447,10 +447,7 @@ fn demo_and_synthetic_need_no_files() {
     cfg.model.variant = "t2v-14b".into();
     let plan = validate(&cfg, &HostInfo::cpu_only()).unwrap();
     assert_eq!(plan.model.source, ModelSource::Demo);
-    assert_eq!(
-        plan.dataset.source,
-        crate::plan::DatasetSource::Synthetic
-    );
+    assert_eq!(plan.dataset.source, crate::plan::DatasetSource::Synthetic);
     assert_eq!(plan.model.variant, None);
     assert!(
         plan.notes.iter().any(|n| n.contains("model.variant")),

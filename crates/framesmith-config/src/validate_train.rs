@@ -8,9 +8,7 @@ use super::run::{
 };
 use super::validate::Checker;
 use crate::schedule::POLYNOMIAL_LR_END;
-use crate::training::{
-    AdamWConfig, TimestepConfig, DEFAULT_GPU_SLOTS, NUM_TRAIN_TIMESTEPS,
-};
+use crate::training::{AdamWConfig, TimestepConfig, DEFAULT_GPU_SLOTS, NUM_TRAIN_TIMESTEPS};
 
 const GIB: f64 = (1u64 << 30) as f64;
 

@@ -25,9 +25,7 @@ use tiled::{PeakElems, Problem, Tiles};
 /// differentiable); everything else runs [`portable_attention`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
     #[cfg(feature = "cudnn")]
-    if crate::cuda::attention::runs_fused(q)
-        && k.dtype() == DType::BF16
-        && v.dtype() == DType::BF16
+    if crate::cuda::attention::runs_fused(q) && k.dtype() == DType::BF16 && v.dtype() == DType::BF16
     {
         return crate::cuda::attention::attention(q, k, v, kv_lens);
     }

@@ -5,11 +5,11 @@ pub mod attention;
 pub mod bytes;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod driver;
 pub mod fp8;
 pub mod init;
 pub mod linear;
 pub mod lora;
-pub mod driver;
 pub mod lora_file;
 pub mod norm;
 pub mod offload;

@@ -199,7 +199,6 @@ struct Inner {
     stats: StreamStats,
 }
 
-
 /// What block streaming needs from a model's block: its frozen tensors in one fixed order (the same order, shapes
 /// and dtypes for every block it streams together), and a copy of the block whose frozen tensors are others of
 /// the same layout (the slot's). Trained tensors (the LoRA) are not frozen: they stay resident.

@@ -54,12 +54,7 @@ pub fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
 
 /// `x * (1 + scale) + shift` computed in f32 (`x` cast to f32 first), returned in `dtype` (the casts fused in
 /// on CUDA).
-pub fn modulate_to(
-    x: &Tensor,
-    scale: &Tensor,
-    shift: &Tensor,
-    dtype: DType,
-) -> Result<Tensor> {
+pub fn modulate_to(x: &Tensor, scale: &Tensor, shift: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if on_kernel(x) {
         return crate::cuda::mixed::modulate_to(x, scale, shift, dtype);
@@ -123,19 +118,19 @@ pub fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
 /// whose cosines and sines are `cos` and `sin` [b, seq_len, 1, head_dim / 2]. Differentiable off CUDA (built from
 /// ops that all have a backward); on CUDA the fused kernel rotates in f32 in one pass.
 pub fn rope_apply(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-        #[cfg(feature = "cuda")]
-        if xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) {
-            return crate::cuda::rope_apply(xs, cos, sin);
-        }
-        let (b, l, h, d) = xs.dims4()?;
-        let pairs = xs.reshape((b, l, h, d / 2, 2))?;
-        let re = pairs.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
-        let im = pairs.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
-        let cos = cos.to_dtype(xs.dtype())?;
-        let sin = sin.to_dtype(xs.dtype())?;
-        let out_re = (re.broadcast_mul(&cos)? - im.broadcast_mul(&sin)?)?;
-        let out_im = (re.broadcast_mul(&sin)? + im.broadcast_mul(&cos)?)?;
-        Tensor::stack(&[out_re, out_im], D::Minus1)?.reshape((b, l, h, d))
+    #[cfg(feature = "cuda")]
+    if xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16) {
+        return crate::cuda::rope_apply(xs, cos, sin);
+    }
+    let (b, l, h, d) = xs.dims4()?;
+    let pairs = xs.reshape((b, l, h, d / 2, 2))?;
+    let re = pairs.narrow(D::Minus1, 0, 1)?.squeeze(D::Minus1)?;
+    let im = pairs.narrow(D::Minus1, 1, 1)?.squeeze(D::Minus1)?;
+    let cos = cos.to_dtype(xs.dtype())?;
+    let sin = sin.to_dtype(xs.dtype())?;
+    let out_re = (re.broadcast_mul(&cos)? - im.broadcast_mul(&sin)?)?;
+    let out_im = (re.broadcast_mul(&sin)? + im.broadcast_mul(&cos)?)?;
+    Tensor::stack(&[out_re, out_im], D::Minus1)?.reshape((b, l, h, d))
 }
 
 /// Input gradient of [`rope_apply`]: `dy` rotated by the negative angles.

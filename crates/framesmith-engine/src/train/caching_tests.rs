@@ -8,6 +8,8 @@ use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 use super::*;
+use crate::train::trainer::Trainer;
+use framesmith_config::protocol::StartRun;
 use framesmith_config::{presets, RunConfig};
 use framesmith_data::cache::{
     read_wan_latent_cache, read_wan_text_cache, text_cache_name, write_wan_text_cache,
@@ -17,8 +19,6 @@ use framesmith_data::tensor_file::read_tensor_file;
 use framesmith_models::wan::text_encoder::tokenizer::testkit::write_tiny_tokenizer;
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, VaeVariant};
-use framesmith_config::protocol::StartRun;
-use crate::train::trainer::Trainer;
 
 fn fixture(case: &str) -> PathBuf {
     framesmith_models::fixtures::wan_case(case).join("weights.safetensors")

@@ -12,9 +12,11 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use super::trainer::{StepReport, Trainer};
-use framesmith_config::outputs::{states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT};
-use framesmith_nn::lora_file::{LoraFile, LoraFileError};
+use framesmith_config::outputs::{
+    states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
+};
 use framesmith_config::protocol::Event;
+use framesmith_nn::lora_file::{LoraFile, LoraFileError};
 
 /// Training-state folders kept; older ones are removed once a newer one is complete.
 const STATES_KEPT: usize = 2;
@@ -93,7 +95,11 @@ impl Outputs {
     /// Takes the folder for this run, before its first step: the run record (kept when resuming), the resolved
     /// config (`run.toml`), and `metrics.jsonl` without the rows of steps after `step` (a resumed run writes them
     /// again, so every step has one row).
-    pub fn begin(&mut self, step: usize, config: &framesmith_config::RunConfig) -> anyhow::Result<()> {
+    pub fn begin(
+        &mut self,
+        step: usize,
+        config: &framesmith_config::RunConfig,
+    ) -> anyhow::Result<()> {
         fs::create_dir_all(&self.dir)
             .with_context(|| io_context("create the output folder", &self.dir))?;
         let record_path = self.dir.join(RUN_RECORD_FILE);

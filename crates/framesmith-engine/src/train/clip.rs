@@ -11,11 +11,11 @@ use candle_core::{DType, Device, Tensor};
 
 use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
 use super::samples::write_frames;
+use framesmith_data::video::encode::{write_mp4, RgbFrame};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{LatentStats, TileConfig, VaeConfig, WanVae};
 use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora_file::{LoadedLora, LoraFile};
-use framesmith_data::video::encode::{write_mp4, RgbFrame};
 
 /// The official default negative prompt (`sample_neg_prompt` of Wan's shared config), used when none is given.
 pub const DEFAULT_NEGATIVE_PROMPT: &str = "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，\

@@ -152,10 +152,10 @@ pub fn load_cached_items(
     models: CacheModels<'_>,
     device: &Device,
 ) -> anyhow::Result<(Vec<TrainItem>, usize)> {
+    use anyhow::Context;
     use framesmith_data::cache::{
         parse_latent_cache_name, read_wan_latent_cache, read_wan_text_cache, text_cache_name,
     };
-    use anyhow::Context;
 
     let valid = framesmith_data::load_valid(dataset_toml)?;
     let mut items = Vec::new();

@@ -15,8 +15,8 @@ use super::samples::{encode_png, SamplePrompt};
 use super::start_image::load_start_image;
 use crate::demo;
 use crate::demo::shapes::DemoClip;
-use framesmith_models::wan::WanConfig;
 use framesmith_data::video::encode::RgbFrame;
+use framesmith_models::wan::WanConfig;
 
 /// Layers of the demo model.
 pub const DEMO_LAYERS: usize = 2;

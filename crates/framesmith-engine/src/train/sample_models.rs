@@ -10,11 +10,11 @@ use super::generate::Solver;
 use super::prompts::{read_prompt_file, PromptSpec};
 use super::samples::{Decoder, SamplePrompt};
 use framesmith_config::plan::ModelSource;
+use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
 use framesmith_models::wan::WanConfig;
-use framesmith_config::protocol::LogLevel;
 
 /// A sample prompt with its embeddings.
 pub struct EncodedPrompt {

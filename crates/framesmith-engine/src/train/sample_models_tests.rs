@@ -4,15 +4,15 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
+use crate::train::caching::{cache_latents, cache_text, CacheOptions, LatentEncoder};
+use crate::train::trainer::Trainer;
+use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{BaseDtype, DeviceSpec};
 use framesmith_config::RunConfig;
 use framesmith_data::load_valid;
 use framesmith_models::wan::text_encoder::tokenizer::testkit::write_tiny_tokenizer;
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, VaeVariant};
-use framesmith_config::protocol::{LogLevel, StartRun};
-use crate::train::caching::{cache_latents, cache_text, CacheOptions, LatentEncoder};
-use crate::train::trainer::Trainer;
 
 fn fixture(case: &str) -> std::path::PathBuf {
     framesmith_models::fixtures::wan_case(case).join("weights.safetensors")

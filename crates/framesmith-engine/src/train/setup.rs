@@ -16,19 +16,19 @@ use super::optimizer::AdamW;
 use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use super::samples::{Decoder, Sampling};
 use super::trainer::Trainer;
+use crate::demo;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
 use framesmith_config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
+use framesmith_config::protocol::memory::{format_gib, PlanReport};
+use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
 use framesmith_config::{validate, HostInfo, RunPlan};
-use crate::demo;
 use framesmith_models::wan::weights;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
 use framesmith_nn::vb::Vb;
-use framesmith_config::protocol::memory::{format_gib, PlanReport};
-use framesmith_config::protocol::{LogLevel, StartRun};
 
 pub use super::demo_setup::{
     demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,

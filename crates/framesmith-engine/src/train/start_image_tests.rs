@@ -9,14 +9,14 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::*;
+use crate::train::clip::{generate_clip_from, Conditioning};
+use crate::train::generate::{generate_from, Experts, GenerateRequest, Solver};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::random::random_weights;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
 use framesmith_models::wan::{weights, ModelOptions, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::vb::Vb;
-use crate::train::clip::{generate_clip_from, Conditioning};
-use crate::train::generate::{generate_from, Experts, GenerateRequest, Solver};
 
 fn fixture(case: &str) -> PathBuf {
     framesmith_models::fixtures::wan_case(case).join("weights.safetensors")
@@ -50,8 +50,8 @@ fn tiny_i2v() -> anyhow::Result<WanModel> {
 }
 
 fn tiny_clip() -> anyhow::Result<ClipVision> {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/clip_tiny/weights.safetensors");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/fixtures/clip_tiny/weights.safetensors");
     Ok(load_clip_vision(
         &path,
         &ClipVisionConfig::tiny(),

@@ -334,13 +334,13 @@ pub fn whole_graph_step(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
     use framesmith_models::wan::random::{random_inputs, random_weights};
     use framesmith_models::wan::WanConfig;
     use framesmith_nn::init::randn;
     use framesmith_nn::lora::Lora;
     use framesmith_nn::testing::rel;
     use framesmith_nn::vb::Vb;
-    use candle_core::Device;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 

@@ -3,6 +3,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
+use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 use framesmith_models::wan::config::WanConfig;
 use framesmith_models::wan::random::{random_inputs, random_weights};
 use framesmith_models::wan::transformer::{ModelOptions, WanModel};
@@ -10,7 +11,6 @@ use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::Lora;
 use framesmith_nn::offload::{OffloadOptions, StreamMode};
 use framesmith_nn::vb::Vb;
-use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 
 fn randn(seed: u64, shape: &candle_core::Shape) -> Result<Tensor> {
     use rand::SeedableRng;

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use super::trainer::Trainer;
+use framesmith_config::protocol::StartRun;
 use framesmith_config::{presets, RunConfig};
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_config::protocol::StartRun;
 
 fn demo_config(dir: &Path, steps: usize) -> RunConfig {
     let mut config = presets::builtin("demo-cpu")

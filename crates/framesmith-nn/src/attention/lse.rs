@@ -9,9 +9,7 @@ use super::tiled::{self, PeakElems, Saved, Tiles};
 /// Whether cuDNN runs these inputs (the same test [`super::attention`] makes).
 fn fused(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
     #[cfg(feature = "cudnn")]
-    if crate::cuda::attention::runs_fused(q)
-        && k.dtype() == DType::BF16
-        && v.dtype() == DType::BF16
+    if crate::cuda::attention::runs_fused(q) && k.dtype() == DType::BF16 && v.dtype() == DType::BF16
     {
         return true;
     }

@@ -47,8 +47,8 @@ pub(crate) fn complete_cache(path: &Path, key_prefix: &str) -> Option<HashMap<St
 #[cfg(test)]
 mod tests {
     use super::*;
-    use framesmith_data::cache::{write_wan_text_cache, WAN_ARCHITECTURE};
     use candle_core::{DType, Device, Tensor};
+    use framesmith_data::cache::{write_wan_text_cache, WAN_ARCHITECTURE};
 
     #[test]
     fn truncated_or_foreign_files_are_not_complete() -> anyhow::Result<()> {

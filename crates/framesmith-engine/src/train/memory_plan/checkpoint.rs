@@ -4,9 +4,9 @@
 
 use super::working_set::{per_token_modulation_bytes, StepShape};
 use super::{line, Sizes};
+use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
 use framesmith_config::run::{ActivationPlacement, Checkpointing};
 use framesmith_models::wan::WanConfig;
-use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
 
 /// One block's self-attention output (compute dtype) and log-sum-exp (f32, one per head and token), as
 /// `train::step`'s selective checkpointing keeps them.
@@ -129,9 +129,9 @@ pub(super) fn kept_lines(
 mod tests {
     use super::super::{peak_vram_bytes, plan, PlanInput, DEFAULT_CLIP, WORKING_SET};
     use super::*;
+    use framesmith_config::protocol::memory::Suggestion;
     use framesmith_config::run::{BaseDtype, StreamingMode};
     use framesmith_config::RunConfig;
-    use framesmith_config::protocol::memory::Suggestion;
 
     const GIB: f64 = (1u64 << 30) as f64;
 

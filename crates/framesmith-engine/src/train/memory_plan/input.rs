@@ -5,13 +5,13 @@ use std::path::Path;
 use super::bytes::BaseFormat;
 use super::machine;
 use super::working_set::WORKING_SET;
-use framesmith_config::training::DEFAULT_GPU_SLOTS;
 use super::{LoraShape, PlanError, PlanInput, StreamingSetup};
-use framesmith_config::plan::{PlanDevice, RunPlan};
-use framesmith_config::run::{DeviceSpec, RunConfig};
-use framesmith_models::wan::WanConfig;
-use framesmith_config::protocol::memory::PlanReport;
 use crate::train::demo_setup::{demo_model_config, DEMO_FRAMES, DEMO_SIZE};
+use framesmith_config::plan::{PlanDevice, RunPlan};
+use framesmith_config::protocol::memory::PlanReport;
+use framesmith_config::run::{DeviceSpec, RunConfig};
+use framesmith_config::training::DEFAULT_GPU_SLOTS;
+use framesmith_models::wan::WanConfig;
 
 /// The clip one training step sees: the largest bucket of the dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -22,17 +22,17 @@ pub use input::{
 };
 pub use working_set::{
     per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs, StepShape, WorkingSet,
-    CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
-    POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
+    CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES, POOL_FRAGMENTATION_PERCENT,
+    VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 
 use framesmith_config::plan::FloatDtype;
+use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine, PlanReport, Verdict};
 use framesmith_config::run::{
     ActivationPlacement, BlocksToSwap, Checkpointing, ResidualDtype, StreamingMode,
 };
 use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
-use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine, PlanReport, Verdict};
 
 /// Which linears get a LoRA, and its rank.
 #[derive(Debug, Clone, PartialEq, Eq)]

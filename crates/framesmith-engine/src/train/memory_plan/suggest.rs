@@ -3,8 +3,8 @@
 
 use super::{auto_blocks, vae_for, BaseFormat, PlanError, PlanInput};
 use framesmith_config::plan::FloatDtype;
-use framesmith_config::run::{ActivationPlacement, Checkpointing, Fp8ScaleMode, StreamingMode};
 use framesmith_config::protocol::memory::Suggestion;
+use framesmith_config::run::{ActivationPlacement, Checkpointing, Fp8ScaleMode, StreamingMode};
 
 /// The input with every memory saving that keeps the clip: per-block checkpointing, activations in RAM, FP8
 /// block-64 weights, streaming on.

@@ -1,6 +1,7 @@
 use candle_core::{DType, Device};
 
 use super::*;
+use framesmith_config::protocol::memory::Suggestion;
 use framesmith_config::run::{AutoKeyword, Fp8ScaleMode};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
 use framesmith_models::wan::block::Block;
@@ -10,7 +11,6 @@ use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::offload::BlockLayout;
 use framesmith_nn::vb::Vb;
-use framesmith_config::protocol::memory::Suggestion;
 
 const GIB: u64 = 1 << 30;
 

@@ -96,8 +96,6 @@ pub const CUDA_CONTEXT_BYTES: u64 = 600 << 20;
 /// low costs 3–10× speed.
 pub const VRAM_HEADROOM_BYTES: u64 = 1 << 30;
 
-
-
 /// The CUDA memory pool reserves more than the tensors alive at its peak: freed blocks of other sizes sit in it.
 /// Measured on the H200 (reserved − used high-water, session 3): 0.75–1.45 GiB for 1.3B at 480p, 0.92 GiB for
 /// 14B FP8 at 480p and 2.76 GiB at 720p. Planned as this percentage of the working set, but at least

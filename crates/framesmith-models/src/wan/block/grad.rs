@@ -14,11 +14,11 @@ mod tests;
 use candle_core::{DType, Result, Tensor};
 
 use super::{split_heads, Block, BlockInputs};
-use framesmith_nn::ops::{gated_residual, gelu_tanh};
 use crate::wan::rope::Rope;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
+use framesmith_nn::ops::{gated_residual, gelu_tanh};
 
 /// A block's self-attention output and log-sum-exp from its first forward pass, kept so the backward's
 /// recompute skips the attention kernel (selective checkpointing). Costs `b · seq · dim` values in the compute

@@ -358,8 +358,7 @@ mod tests {
     /// `blocks.0.attn.q.weight`: only the selected one is read.
     #[test]
     fn pth_tensors_are_read_selectively() -> anyhow::Result<()> {
-        let path =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wan/vae/testdata/plain.pth");
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wan/vae/testdata/plain.pth");
         let t = read_pth_selected(&path, &["blocks."])?;
         assert_eq!(t.keys().collect::<Vec<_>>(), vec!["blocks.0.attn.q.weight"]);
         assert_eq!(read_pth_selected(&path, &[])?.len(), 3);

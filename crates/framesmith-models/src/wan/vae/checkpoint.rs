@@ -304,8 +304,7 @@ mod tests {
     /// tensors, the second under a `state_dict` entry as training checkpoints store it.
     #[test]
     fn pytorch_pth_files_are_read() -> anyhow::Result<()> {
-        let dir =
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wan/vae/testdata");
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wan/vae/testdata");
         for name in ["plain.pth", "nested.pth"] {
             let t = read_checkpoint(&dir.join(name))?;
             assert_eq!(t.len(), 3, "{name}");
@@ -356,8 +355,7 @@ mod tests {
 
     #[test]
     fn fixture_weights_load_and_a_size_mismatch_names_the_file() -> anyhow::Result<()> {
-        let path =
-            crate::fixtures::wan_case("wan21_vae_tiny").join("weights.safetensors");
+        let path = crate::fixtures::wan_case("wan21_vae_tiny").join("weights.safetensors");
         let tiny = VaeConfig {
             dim: 8,
             dec_dim: 8,

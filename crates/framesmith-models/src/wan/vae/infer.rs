@@ -202,8 +202,7 @@ mod tests {
             let (tensors, expected) = fixture_config(case)?;
             assert_eq!(vae_config_from_tensors(&tensors), Some(expected), "{case}");
         }
-        let path =
-            crate::fixtures::wan_case("wan22_vae_tiny").join("weights.safetensors");
+        let path = crate::fixtures::wan_case("wan22_vae_tiny").join("weights.safetensors");
         let vae = load_vae_auto(&path, DType::F32, &Device::Cpu)?;
         assert_eq!((vae.config().dec_dim, vae.config().z_dim), (12, 48));
         Ok(())

@@ -173,9 +173,9 @@ impl WanVae {
 mod tests {
     use super::*;
     use crate::wan::vae::{VaeConfig, VaeVariant};
+    use candle_core::{DType, Device};
     use framesmith_nn::init::{randn, uniform};
     use framesmith_nn::vb::Vb;
-    use candle_core::{DType, Device};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 

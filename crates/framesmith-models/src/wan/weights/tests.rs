@@ -1,6 +1,5 @@
 //! Layout detection and loading, on tiny checkpoints written into temporary folders, and on the official fixtures.
 
-
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 

@@ -17,8 +17,8 @@ pub(super) fn rope_backward(rope: &Rope, dy: &Tensor) -> Result<Tensor> {
 
 #[cfg(test)]
 mod tests {
-    use framesmith_nn::init::randn;
     use candle_core::{DType, Device, Var};
+    use framesmith_nn::init::randn;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
