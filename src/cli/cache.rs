@@ -8,7 +8,7 @@ use clap::{Args, Subcommand};
 use framesmith_config::run::DeviceSpec;
 use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
 use framesmith_data::{load_valid, DatasetKind, ValidConfig};
-use framesmith_engine::train::caching::{
+use framesmith_engine::prep::{
     cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ItemOutcome,
     LatentEncoder,
 };

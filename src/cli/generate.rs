@@ -8,16 +8,16 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::{Args, ValueEnum};
 use framesmith_config::run::DeviceSpec;
-use framesmith_engine::train::clip::{
+use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Solver};
+use framesmith_engine::generate::pipeline::{
     combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
     VaeDecoder, CLIP_FPS,
 };
-use framesmith_engine::train::generate::{Experts, ImageConditioning, Solver};
-use framesmith_engine::train::memory_plan::vae_for;
-use framesmith_engine::train::start_image::{
+use framesmith_engine::generate::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,
 };
+use framesmith_engine::plan::vae_for;
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};

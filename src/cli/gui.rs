@@ -120,8 +120,7 @@ impl Backend for EngineBackend {
         config: &RunConfig,
         dataset_toml: Option<&str>,
     ) -> Result<PlanReport, String> {
-        framesmith_engine::train::memory_plan::plan_config(config, dataset_toml)
-            .map_err(|err| format!("{err:#}"))
+        framesmith_engine::plan::plan_config(config, dataset_toml).map_err(|err| format!("{err:#}"))
     }
 
     fn demo_project(&self) -> RunConfig {

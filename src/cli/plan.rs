@@ -9,9 +9,7 @@ use clap::Args;
 use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
 use framesmith_config::{presets, RunConfig};
-use framesmith_engine::train::memory_plan::{
-    clip_for_config, model_for_config, plan, ClipShape, PlanInput,
-};
+use framesmith_engine::plan::{clip_for_config, model_for_config, plan, ClipShape, PlanInput};
 use serde::de::DeserializeOwned;
 
 /// Exit status when the configuration does not fit the budget (errors exit with 1, bad flags with 2).

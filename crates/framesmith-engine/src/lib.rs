@@ -1,6 +1,10 @@
-//! The engine: training (`train`), the demo model and project (`demo`) and the parity checks against the
-//! official implementations (`parity`). Talks to the app only through `framesmith_config::protocol`.
+//! The engine: training (`train`), generation (`generate`), dataset caching (`prep`), the memory planner
+//! (`plan`), the demo model and project (`demo`) and the parity checks against the official implementations
+//! (`parity`). Talks to the app only through `framesmith_config::protocol`.
 
 pub mod demo;
+pub mod generate;
 pub mod parity;
+pub mod plan;
+pub mod prep;
 pub mod train;

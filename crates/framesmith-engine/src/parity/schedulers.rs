@@ -6,7 +6,7 @@ use candle_core::{DType, Tensor};
 use serde_json::Value;
 
 use super::{compare, compare_exact, Fixture, ParityRow, OUTPUT_REL_TOL};
-use crate::train::sampler::{
+use crate::generate::sampler::{
     retrieve_timesteps, sampling_sigmas, FlowDpmSolverScheduler, FlowScheduler, FlowUniPcScheduler,
     SchedulerConfig,
 };

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use super::trainer::{StepReport, Trainer};
+use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::outputs::{
     states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
 };

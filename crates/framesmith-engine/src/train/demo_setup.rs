@@ -8,13 +8,13 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 
-use super::checkpoint::write_atomic;
-use super::data::TrainItem;
-use super::prompts::PromptSpec;
-use super::samples::{encode_png, SamplePrompt};
-use super::start_image::load_start_image;
 use crate::demo;
 use crate::demo::shapes::DemoClip;
+use crate::generate::prompts::PromptSpec;
+use crate::generate::start_image::load_start_image;
+use crate::train::checkpoint::write_atomic;
+use crate::train::data::TrainItem;
+use crate::train::samples::{encode_png, SamplePrompt};
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::wan::WanConfig;
 

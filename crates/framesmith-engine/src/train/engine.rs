@@ -7,7 +7,7 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{SyncSender, TryRecvError, TrySendError};
 use std::time::Instant;
 
-use super::trainer::{Interrupted, Trainer};
+use crate::train::trainer::{Interrupted, Trainer};
 use framesmith_config::protocol::{
     channel_pair, Command, EngineEnd, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
 };

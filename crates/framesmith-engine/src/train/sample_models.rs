@@ -5,10 +5,12 @@
 use anyhow::Context;
 use candle_core::{DType, Device};
 
-use super::clip::{fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder};
-use super::generate::Solver;
-use super::prompts::{read_prompt_file, PromptSpec};
-use super::samples::{Decoder, SamplePrompt};
+use crate::generate::denoise::Solver;
+use crate::generate::pipeline::{
+    fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
+};
+use crate::generate::prompts::{read_prompt_file, PromptSpec};
+use crate::train::samples::{Decoder, SamplePrompt};
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use crate::train::caching::{cache_latents, cache_text, CacheOptions, LatentEncoder};
+use crate::prep::{cache_latents, cache_text, CacheOptions, LatentEncoder};
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{BaseDtype, DeviceSpec};

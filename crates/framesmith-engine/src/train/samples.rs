@@ -8,10 +8,12 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::Tensor;
 
-use super::checkpoint::write_atomic;
-use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
-use super::trainer::Trainer;
 use crate::demo;
+use crate::generate::denoise::{
+    generate_from, Experts, GenerateRequest, ImageConditioning, Solver,
+};
+use crate::train::checkpoint::write_atomic;
+use crate::train::trainer::Trainer;
 use framesmith_config::protocol::Event;
 use framesmith_data::video::encode::{write_mp4, RgbFrame};
 
@@ -23,7 +25,7 @@ pub enum Decoder {
     /// The demo codec (the built-in demo model).
     Demo,
     /// A Wan VAE (real models).
-    Vae(Box<super::clip::VaeDecoder>),
+    Vae(Box<crate::generate::pipeline::VaeDecoder>),
 }
 
 /// One prompt, with its text embedding computed once.

@@ -8,15 +8,15 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device};
 
-use super::checkpoint::Outputs;
-use super::data::{load_cached_items, CacheModels, TrainItem, TrainSet};
-use super::demo_setup::demo_sample_prompts;
-use super::memory_plan;
-use super::optimizer::AdamW;
-use super::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
-use super::samples::{Decoder, Sampling};
-use super::trainer::Trainer;
 use crate::demo;
+use crate::plan as memory_plan;
+use crate::train::checkpoint::Outputs;
+use crate::train::data::{load_cached_items, CacheModels, TrainItem, TrainSet};
+use crate::train::demo_setup::demo_sample_prompts;
+use crate::train::optimizer::AdamW;
+use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
+use crate::train::samples::{Decoder, Sampling};
+use crate::train::trainer::Trainer;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
 use framesmith_config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
@@ -30,7 +30,7 @@ use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
 use framesmith_nn::vb::Vb;
 
-pub use super::demo_setup::{
+pub use crate::train::demo_setup::{
     demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,
 };
 
@@ -353,7 +353,7 @@ fn sampling(
             dir: plan.output.output_dir.join("samples"),
         }));
     }
-    let specs = super::prompts::read_prompt_file(&s.prompts)?;
+    let specs = crate::generate::prompts::read_prompt_file(&s.prompts)?;
     let prompts = demo_sample_prompts(specs, cfg, device)?;
     Ok(Some(Sampling {
         prompts,

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use super::trainer::Trainer;
+use crate::train::trainer::Trainer;
 use framesmith_config::protocol::StartRun;
 use framesmith_config::{presets, RunConfig};
 use framesmith_nn::lora_file::LoraFile;
@@ -137,7 +137,9 @@ fn interrupt_between_blocks_abandons_the_step() {
     let mut trainer = start(&demo_config(dir.path(), 5), None);
     let before = lora_values(&trainer);
     let err = trainer.train_step(&|| true).expect_err("interrupted");
-    assert!(err.downcast_ref::<super::trainer::Interrupted>().is_some());
+    assert!(err
+        .downcast_ref::<crate::train::trainer::Interrupted>()
+        .is_some());
     assert_eq!(trainer.step(), 0);
     assert_eq!(lora_values(&trainer), before);
 }
@@ -219,8 +221,8 @@ fn every_checkpointing_setting_trains_the_same_lora() {
 /// than it chose when it predicted a fit, the general advice without a plan.
 #[test]
 fn out_of_memory_advice_follows_the_plan() {
-    use super::memory_plan::{plan, PlanInput, DEFAULT_CLIP};
-    use super::setup::{out_of_memory_advice, OUT_OF_MEMORY_ADVICE};
+    use crate::plan::{plan, PlanInput, DEFAULT_CLIP};
+    use crate::train::setup::{out_of_memory_advice, OUT_OF_MEMORY_ADVICE};
     use framesmith_config::run::{BlocksToSwap, StreamingMode};
     use framesmith_models::wan::WanConfig;
 

@@ -13,11 +13,11 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::data::TrainSet;
-use super::generate::{first_frame_row, with_first_frame};
-use super::optimizer::{AdamW, StepOutcome};
-use super::step::{checkpointed_step, LossTarget, StepOptions};
-use super::timesteps::{loss_weight, sample_timesteps};
+use crate::generate::denoise::{first_frame_row, with_first_frame};
+use crate::train::data::TrainSet;
+use crate::train::optimizer::{AdamW, StepOutcome};
+use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
+use crate::train::timesteps::{loss_weight, sample_timesteps};
 use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
 use framesmith_config::training::TimestepConfig;
@@ -67,8 +67,8 @@ pub struct Trainer {
     pub(super) out_of_memory_advice: String,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
     pub(super) _vram_reservation: Option<Box<dyn std::any::Any + Send>>,
-    pub(super) outputs: super::checkpoint::Outputs,
-    pub(super) sampling: Option<super::samples::Sampling>,
+    pub(super) outputs: crate::train::checkpoint::Outputs,
+    pub(super) sampling: Option<crate::train::samples::Sampling>,
 }
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.

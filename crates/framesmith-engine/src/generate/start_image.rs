@@ -10,8 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use image::imageops::{self, FilterType};
 use image::RgbImage;
 
-use super::clip::{latent_shape, ClipSettings, VaeDecoder};
-use super::generate::ImageConditioning;
+use crate::generate::denoise::ImageConditioning;
+use crate::generate::pipeline::{latent_shape, ClipSettings, VaeDecoder};
 use framesmith_models::wan::clip::preprocess::resize_bicubic_tensor;
 use framesmith_models::wan::clip::ClipVision;
 use framesmith_models::wan::{ModelType, WanConfig};

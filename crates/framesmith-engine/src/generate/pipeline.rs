@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use super::generate::{generate_from, Experts, GenerateRequest, ImageConditioning, Solver};
-use super::samples::write_frames;
+use crate::generate::denoise::{
+    generate_from, Experts, GenerateRequest, ImageConditioning, Solver,
+};
+use crate::train::samples::write_frames;
 use framesmith_data::video::encode::{write_mp4, RgbFrame};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{LatentStats, TileConfig, VaeConfig, WanVae};
@@ -196,7 +198,7 @@ pub fn generate_clip(
     generate_clip_from(experts, decoder, conditioning, None, settings, cancelled)
 }
 
-/// [`generate_clip`] conditioned on a start image (see [`super::start_image::image_conditioning`]).
+/// [`generate_clip`] conditioned on a start image (see [`crate::generate::start_image::image_conditioning`]).
 pub fn generate_clip_from(
     experts: &Experts,
     decoder: &VaeDecoder,
@@ -283,5 +285,5 @@ pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
 }
 
 #[cfg(test)]
-#[path = "clip_tests.rs"]
+#[path = "pipeline_tests.rs"]
 mod tests;

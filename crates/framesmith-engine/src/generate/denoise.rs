@@ -8,7 +8,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
 
-use super::sampler::{
+use crate::generate::sampler::{
     FlowDpmSolverScheduler, FlowEulerScheduler, FlowScheduler, FlowUniPcScheduler, SchedulerConfig,
 };
 use framesmith_models::wan::{Timesteps, WanConfig, WanInputs, WanModel};

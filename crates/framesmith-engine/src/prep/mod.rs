@@ -378,5 +378,5 @@ fn cache_item(
 }
 
 #[cfg(test)]
-#[path = "caching_tests.rs"]
+#[path = "tests.rs"]
 mod tests;

@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::*;
-use crate::train::clip::{generate_clip_from, Conditioning};
-use crate::train::generate::{generate_from, Experts, GenerateRequest, Solver};
+use crate::generate::denoise::{generate_from, Experts, GenerateRequest, Solver};
+use crate::generate::pipeline::{generate_clip_from, Conditioning};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::random::random_weights;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
