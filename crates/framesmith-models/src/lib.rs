@@ -1,4 +1,6 @@
-//! Model definitions. Pure tensor code: no channels, config files or logging policy.
+//! Model definitions and the trait the engine trains them through (`trainable`). Pure tensor code: no channels,
+//! config files or logging policy.
 
 pub mod fixtures;
+pub mod trainable;
 pub mod wan;

@@ -7,9 +7,8 @@ use std::collections::HashMap;
 
 use candle_core::{backprop::GradStore, DType, Result, Tensor, TensorId, Var};
 
-use framesmith_models::wan::block::{Block, BlockInputs};
-use framesmith_models::wan::{Prepared, WanInputs, WanModel};
-use framesmith_nn::linear::ParamGrad;
+use framesmith_models::trainable::{ParamGrad, PreparedBatch, TrainableBlock, TrainableModel};
+use framesmith_models::wan::{WanInputs, WanModel};
 use framesmith_nn::offload::SavedInputs;
 
 /// What the loss compares the model output with.
@@ -76,19 +75,6 @@ pub fn flow_loss(outs: &[Tensor], target: &LossTarget) -> Result<Tensor> {
     }
 }
 
-fn detached_inputs(inputs: &BlockInputs) -> BlockInputs {
-    BlockInputs {
-        e0: inputs.e0.detach(),
-        seq_lens: inputs.seq_lens.clone(),
-        rope: framesmith_models::wan::rope::Rope {
-            cos: inputs.rope.cos.detach(),
-            sin: inputs.rope.sin.detach(),
-        },
-        context: inputs.context.detach(),
-        context_img: inputs.context_img.as_ref().map(|t| t.detach()),
-    }
-}
-
 fn add_into(slot: &mut Option<Tensor>, g: &Tensor) -> Result<()> {
     *slot = Some(match slot.take() {
         Some(prev) => (prev + g)?,
@@ -135,7 +121,7 @@ fn finish_grads(acc: Vec<Option<Tensor>>, vars: &[Var]) -> Result<Vec<Tensor>> {
 /// How the checkpointed step back-propagates through each block.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BlockBackward {
-    /// The hand-written backward ([`Block::backward`]): the block is recomputed without an autograd graph and
+    /// The hand-written backward ([`TrainableBlock::backward`]): the block is recomputed without an autograd graph and
     /// back-propagated op by op.
     #[default]
     Manual,
@@ -173,22 +159,17 @@ fn check_interrupt(options: &StepOptions) -> Result<()> {
     }
 }
 
-/// The checkpointed step. `vars` are the trainable variables (LoRA down/up).
-pub fn checkpointed_step(
-    model: &WanModel,
-    inputs: &WanInputs,
+/// The checkpointed step of any [`TrainableModel`]. `vars` are the trainable variables (LoRA down/up).
+pub fn checkpointed_step<M: TrainableModel>(
+    model: &M,
+    inputs: &M::Inputs,
     target: &LossTarget,
     vars: &[Var],
     options: &StepOptions,
 ) -> Result<StepOutput> {
     let prepared = model.prepare(inputs)?;
-    let shared = detached_inputs(&prepared.blocks);
-    let head_inputs = Prepared {
-        x: prepared.x.detach(),
-        e: prepared.e.detach(),
-        blocks: shared.clone(),
-        grid_sizes: prepared.grid_sizes.clone(),
-    };
+    let head_inputs = prepared.detached();
+    let shared = head_inputs.shared();
 
     let n = model.num_blocks();
     let order: Vec<usize> = (0..n).chain((0..n).rev()).collect();
@@ -198,18 +179,18 @@ pub fn checkpointed_step(
     let mut saved = SavedInputs::new(model.device(), options.activations_on_host)?;
     let mut kept = Vec::new();
     let mut tapes = Vec::new();
-    let mut xs = prepared.x.detach();
+    let mut xs = head_inputs.block_input().clone();
     for i in 0..n {
         check_interrupt(options)?;
         if options.keep_tapes && manual {
-            let (next, tape) = model.block(i)?.forward_with_tape(&xs, &shared)?;
+            let (next, tape) = model.block(i)?.forward_with_tape(&xs, shared)?;
             tapes.push(tape);
             xs = next;
             continue;
         }
         // Saved before the block runs: a copy to the host overlaps the block.
         saved.push(xs.clone())?;
-        let (next, attention) = model.block(i)?.forward_untracked(&xs, &shared)?;
+        let (next, attention) = model.block(i)?.forward_untracked(&xs, shared)?;
         if keep {
             kept.push(attention);
         }
@@ -248,25 +229,26 @@ pub fn checkpointed_step(
         let input = saved.pop()?;
         grad = match options.backward {
             BlockBackward::Manual => {
-                let tape = block.recompute(&input, &shared, kept.pop().as_ref())?;
+                let tape = block.recompute(&input, shared, kept.pop().as_ref())?;
                 let grads = block.backward(tape, &grad)?;
                 accumulate_params(&mut acc, &slots, &grads.params)?;
                 grads.input
             }
             BlockBackward::Autograd => {
-                autograd_block_backward(&block, &input, &shared, &grad, vars, &mut acc)?
+                autograd_block_backward(block.as_ref(), &input, shared, &grad, vars, &mut acc)?
             }
         };
     }
 
     let input_grads = if options.want_input_grads {
-        let surrogate =
-            (prepared.x.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
+        let surrogate = (prepared.block_input().to_dtype(DType::F32)?
+            * grad.to_dtype(DType::F32)?)?
+        .sum_all()?;
         let store = surrogate.backward()?;
         accumulate(&mut acc, vars, &store)?;
         Some(
-            inputs
-                .latents
+            model
+                .latents(inputs)
                 .iter()
                 .map(|x| store.get(x).cloned().map_or_else(|| x.zeros_like(), Ok))
                 .collect::<Result<Vec<_>>>()?,
@@ -283,10 +265,10 @@ pub fn checkpointed_step(
 
 /// Recomputes `block` with gradient tracking from its saved `input`, back-propagates `grad` through candle's
 /// autograd (surrogate loss `sum(out · grad)`), adds the LoRA gradients to `acc` and returns the input's gradient.
-fn autograd_block_backward(
-    block: &Block,
+fn autograd_block_backward<B: TrainableBlock>(
+    block: &B,
     input: &Tensor,
-    shared: &BlockInputs,
+    shared: &B::Shared,
     grad: &Tensor,
     vars: &[Var],
     acc: &mut [Option<Tensor>],

@@ -9,6 +9,7 @@ mod lora_tests;
 pub mod random;
 pub mod rope;
 pub mod text_encoder;
+mod trainable;
 pub mod transformer;
 pub mod vae;
 pub mod weights;

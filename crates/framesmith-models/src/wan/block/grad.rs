@@ -14,6 +14,7 @@ mod tests;
 use candle_core::{DType, Result, Tensor};
 
 use super::{split_heads, Block, BlockInputs};
+pub use crate::trainable::BlockGrads;
 use crate::wan::rope::Rope;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
@@ -37,14 +38,6 @@ impl KeptAttention {
             .map(|t| t.elem_count() * t.dtype().size_in_bytes())
             .sum()
     }
-}
-
-/// What a block's backward returns.
-pub struct BlockGrads {
-    /// Gradient of the block input, in its dtype (the residual dtype).
-    pub input: Tensor,
-    /// Gradients of the LoRA factors of the block's linears (two per adapted linear).
-    pub params: Vec<ParamGrad>,
 }
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
