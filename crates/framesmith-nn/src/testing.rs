@@ -23,3 +23,12 @@ pub fn zero_tensors(keys: &[(&str, &[usize])]) -> Result<HashMap<String, Tensor>
         })
         .collect()
 }
+
+/// The bit patterns of an f32 tensor's values, flattened (for bit-exact comparisons).
+pub fn f32_bits(t: &Tensor) -> Result<Vec<u32>> {
+    Ok(t.flatten_all()?
+        .to_vec1::<f32>()?
+        .iter()
+        .map(|v| v.to_bits())
+        .collect())
+}

@@ -19,13 +19,7 @@ fn tensor(seed: u64, dims: &[usize], scale: f32) -> Tensor {
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
+    framesmith_nn::testing::f32_bits(t).unwrap()
 }
 
 /// On the tiny Wan model: adapters land on the 10 linears of each T2V block, save under musubi-tuner's names,

@@ -54,13 +54,7 @@ fn trained_set(model: &mut [(String, Linear)], rank: usize, alpha: f64) -> LoraS
 }
 
 fn bits(t: &Tensor) -> Vec<u32> {
-    t.flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap()
-        .iter()
-        .map(|v| v.to_bits())
-        .collect()
+    crate::testing::f32_bits(t).unwrap()
 }
 
 fn metadata() -> HashMap<String, String> {
