@@ -29,12 +29,10 @@ use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
 
-/// Sampling solver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum SolverArg {
-    Unipc,
-    Dpmpp,
-    Euler,
+/// `--solver`: the engine's solver names, listed in `--help` and checked by clap.
+fn solver_parser() -> impl clap::builder::TypedValueParser<Value = Solver> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Solver::NAMES).try_map(|name| name.parse::<Solver>())
 }
 
 /// FP8 storage of the DiT's block weights.
@@ -106,8 +104,8 @@ pub struct GenerateArgs {
     /// Noise seed (default: random, printed)
     #[arg(long)]
     seed: Option<u64>,
-    #[arg(long, value_enum, default_value = "unipc")]
-    solver: SolverArg,
+    #[arg(long, default_value = "unipc", value_parser = solver_parser())]
+    solver: Solver,
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     device: DeviceSpec,
@@ -253,11 +251,7 @@ fn clip_settings(args: &GenerateArgs, (width, height): (usize, usize), seed: u64
         shift: args.shift,
         guidance: args.guidance,
         seed,
-        solver: match args.solver {
-            SolverArg::Unipc => Solver::Unipc,
-            SolverArg::Dpmpp => Solver::Dpmpp,
-            SolverArg::Euler => Solver::Euler,
-        },
+        solver: args.solver,
     }
 }
 
@@ -404,6 +398,32 @@ mod tests {
         <Cli as clap::Parser>::try_parse_from(all)
             .map(|c| c.args)
             .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    #[test]
+    fn the_solver_is_the_engines_by_name() {
+        assert_eq!(parse(&[]).solver, Solver::Unipc);
+        assert_eq!(parse(&["--solver", "dpmpp"]).solver, Solver::Dpmpp);
+        assert_eq!(parse(&["--solver", "euler"]).solver, Solver::Euler);
+        let base = [
+            "x",
+            "--dit",
+            "d",
+            "--text-encoder",
+            "t",
+            "--vae",
+            "v",
+            "--prompt",
+            "p",
+            "--out",
+            "o",
+        ];
+        let bad: Vec<&str> = base.iter().copied().chain(["--solver", "ddim"]).collect();
+        let err = <Cli as clap::Parser>::try_parse_from(bad)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("ddim") && err.contains("dpmpp"), "{err}");
     }
 
     #[test]

@@ -24,12 +24,32 @@ pub enum Solver {
 }
 
 impl Solver {
+    /// Every solver by the name configs and the command line give it.
+    pub const NAMES: [&'static str; 3] = ["unipc", "dpmpp", "euler"];
+
     fn scheduler(self) -> Box<dyn FlowScheduler> {
         let cfg = SchedulerConfig::default();
         match self {
             Solver::Unipc => Box::new(FlowUniPcScheduler::new(cfg)),
             Solver::Dpmpp => Box::new(FlowDpmSolverScheduler::new(cfg)),
             Solver::Euler => Box::new(FlowEulerScheduler::new(cfg)),
+        }
+    }
+}
+
+impl std::str::FromStr for Solver {
+    type Err = String;
+
+    /// A solver by its name ([`Solver::NAMES`], any case).
+    fn from_str(name: &str) -> std::result::Result<Self, String> {
+        match name.to_ascii_lowercase().as_str() {
+            "unipc" => Ok(Solver::Unipc),
+            "dpmpp" => Ok(Solver::Dpmpp),
+            "euler" => Ok(Solver::Euler),
+            _ => Err(format!(
+                "unknown solver `{name}`: use one of {}",
+                Solver::NAMES.join(", ")
+            )),
         }
     }
 }
