@@ -299,13 +299,8 @@ fn counts(flag: &str, list: &str) -> Result<Vec<usize>> {
 }
 
 fn fp8_mode(name: Option<&str>) -> Result<Option<Fp8Scale>> {
-    match name {
-        None => Ok(None),
-        Some("block64") => Ok(Some(Fp8Scale::Block64)),
-        Some("channel") => Ok(Some(Fp8Scale::Channel)),
-        Some("tensor") => Ok(Some(Fp8Scale::Tensor)),
-        Some(other) => bail!("unknown FP8 mode `{other}` (block64, channel, tensor)"),
-    }
+    name.map(|n| n.parse::<Fp8Scale>().map_err(anyhow::Error::msg))
+        .transpose()
 }
 
 fn device(ordinal: usize) -> Result<Device> {
