@@ -6,11 +6,8 @@ use cli_support::framesmith;
 
 #[test]
 fn inspect_reports_a_dit_and_rejects_other_files() {
-    let weights = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/wan/wan21_i2v_tiny/weights.safetensors"
-    );
-    let (ok, stdout, _) = framesmith(&["inspect", weights]);
+    let weights = cli_support::fixture("wan21_i2v_tiny");
+    let (ok, stdout, _) = framesmith(&["inspect", &weights]);
     assert!(ok);
     assert!(
         stdout.contains("I2V") && stdout.contains("2 layers"),

@@ -6,11 +6,7 @@ use std::path::PathBuf;
 use std::process::Command;
 
 fn fixture(case: &str) -> PathBuf {
-    PathBuf::from(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../shared/fixtures/wan"
-    ))
-    .join(case)
+    framesmith_models::fixtures::wan_case(case)
 }
 
 fn assert_case_passes(case: &str) {

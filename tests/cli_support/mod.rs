@@ -28,16 +28,12 @@ pub fn framesmith_status(args: &[&str]) -> (Option<i32>, String, String) {
     )
 }
 
-/// A fixture's weights: `../shared` from the main checkout, `../../shared` from a worktree.
+/// A Wan fixture's weights (`framesmith_models::fixtures` finds the shared folder).
 pub fn fixture(case: &str) -> String {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let main = root.join("../shared/fixtures/wan").join(case);
-    let dir = if main.exists() {
-        main
-    } else {
-        root.join("../../shared/fixtures/wan").join(case)
-    };
-    dir.join("weights.safetensors").display().to_string()
+    framesmith_models::fixtures::wan_case(case)
+        .join("weights.safetensors")
+        .display()
+        .to_string()
 }
 
 /// A Unigram tokenizer over the letters and `words` (each prefixed `▁`), `</s>` = 1: it fits the tiny umT5's

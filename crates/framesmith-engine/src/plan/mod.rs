@@ -111,7 +111,7 @@ pub enum PlanError {
     ZeroStagingSlots,
     #[error("model.variant is \"auto\" and no DiT file is set: name the variant (e.g. t2v-14b)")]
     UnknownModel,
-    #[error("unknown variant `{0}`: use one of {known}", known = WanConfig::variant_names())]
+    #[error("unknown variant `{0}`: use one of {known}", known = framesmith_config::catalog::variant_names())]
     UnknownVariant(String),
     #[error("cannot read the DiT to find its variant: {0}")]
     Inspect(String),

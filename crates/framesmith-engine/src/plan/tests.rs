@@ -10,6 +10,7 @@ use framesmith_models::wan::{Generation, ModelType, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::offload::BlockLayout;
+use framesmith_nn::offload::Streamable;
 use framesmith_nn::vb::Vb;
 
 const GIB: u64 = 1 << 30;

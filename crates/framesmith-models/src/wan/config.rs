@@ -173,15 +173,6 @@ impl WanConfig {
         ]
     }
 
-    /// The command-line names of [`Self::named_variants`], comma-separated (for "use one of …" messages).
-    pub fn variant_names() -> String {
-        Self::named_variants()
-            .iter()
-            .map(|(name, _)| *name)
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
     /// Looks a variant up by its command-line name (`t2v-1.3b`, `t2v-14b`, `i2v-14b`, `t2v-a14b`, `i2v-a14b`,
     /// `ti2v-5b`).
     pub fn by_name(name: &str) -> Option<Self> {

@@ -13,7 +13,7 @@ use super::embeddings::{ImageEmbedding, PatchEmbedding, TextEmbedding, TimeEmbed
 use super::rope::Rope;
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::linear::Linear;
-use framesmith_nn::offload::{BlockStreamer, OffloadOptions};
+use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
 use framesmith_nn::vb::Vb;
 
 /// Diffusion timesteps in the model's scale (0..1000): one per sample, or one per token (Wan 2.2 TI2V,

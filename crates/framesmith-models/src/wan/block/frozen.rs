@@ -51,9 +51,12 @@ impl Block {
         out.push(&mut self.modulation);
         out
     }
+}
 
+/// What block streaming packs and swaps: every frozen tensor, in [`Block::frozen_tensors_mut`]'s order.
+impl framesmith_nn::offload::Streamable for Block {
     /// The frozen tensors in [`Block::frozen_tensors_mut`]'s order (cheap clones sharing storage).
-    pub fn frozen_tensors(&self) -> Vec<Tensor> {
+    fn frozen_tensors(&self) -> Vec<Tensor> {
         let mut copy = self.clone();
         copy.frozen_tensors_mut()
             .into_iter()
@@ -63,7 +66,7 @@ impl Block {
 
     /// A copy of this block (sharing its LoRA) whose frozen tensors are `tensors`, given in
     /// [`Block::frozen_tensors_mut`]'s order with the same shapes and dtypes.
-    pub fn with_frozen(&self, tensors: &[Tensor]) -> candle_core::Result<Block> {
+    fn with_frozen(&self, tensors: &[Tensor]) -> candle_core::Result<Block> {
         let mut copy = self.clone();
         let slots = copy.frozen_tensors_mut();
         if slots.len() != tensors.len() {
@@ -86,15 +89,5 @@ impl Block {
             *slot = t.clone();
         }
         Ok(copy)
-    }
-}
-
-impl framesmith_nn::offload::Streamable for Block {
-    fn frozen_tensors(&self) -> Vec<Tensor> {
-        Block::frozen_tensors(self)
-    }
-
-    fn with_frozen(&self, tensors: &[Tensor]) -> candle_core::Result<Block> {
-        Block::with_frozen(self, tensors)
     }
 }
