@@ -40,6 +40,9 @@ enum Command {
         /// Continue from a training-state folder (or an output folder holding them); one config only
         #[arg(long)]
         resume: Option<PathBuf>,
+        /// Use at most this many GB of VRAM (sets memory.vram_budget_gb over the config and presets)
+        #[arg(long = "vram-budget-gb", value_name = "GB")]
+        vram_budget_gb: Option<f64>,
     },
     /// Train the built-in tiny demo model on generated clips (CPU, no downloads)
     Demo {
@@ -105,7 +108,8 @@ fn main() -> ExitCode {
             config,
             presets,
             resume,
-        }) => train(&config, &presets, resume),
+            vram_budget_gb,
+        }) => train(&config, &presets, resume, vram_budget_gb),
         Some(Command::Demo { out, steps }) => {
             cli::demo::run_demo(&out, steps).map(|_| ExitCode::SUCCESS)
         }
@@ -173,7 +177,13 @@ fn train(
     configs: &[PathBuf],
     names: &[String],
     resume: Option<PathBuf>,
+    vram_budget_gb: Option<f64>,
 ) -> anyhow::Result<ExitCode> {
+    if let Some(gb) = vram_budget_gb {
+        if !(gb.is_finite() && gb > 0.0) {
+            anyhow::bail!("--vram-budget-gb must be a positive number of GB, not {gb}");
+        }
+    }
     if resume.is_some() && configs.len() > 1 {
         anyhow::bail!(
             "--resume continues one run, but {} configs were given: resume with a single --config",
@@ -181,13 +191,20 @@ fn train(
         );
     }
     let load = |path: &std::path::Path| -> anyhow::Result<RunConfig> {
-        let mut cfg = RunConfig::load(path)?;
+        // A key the config file sets wins over a preset's (the preset says so for each).
+        let (mut cfg, explicit) = RunConfig::load_explicit(path)?;
         for name in names {
-            let applied = presets::builtin(name)?.apply(&cfg)?;
+            let applied = presets::builtin(name)?.apply_keeping(&cfg, &explicit)?;
             for change in &applied.changes {
                 eprintln!("preset {name}: {change}");
             }
+            for kept in &applied.kept {
+                eprintln!("preset {name}: {}", kept.kept_line());
+            }
             cfg = applied.config;
+        }
+        if vram_budget_gb.is_some() {
+            cfg.memory.vram_budget_gb = vram_budget_gb;
         }
         Ok(cfg)
     };

@@ -112,12 +112,17 @@ fn gib(value: f64, flag: &str) -> anyhow::Result<u64> {
 
 /// The run config the flags describe: the file with its presets (or the defaults), then the flags.
 fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
-    let mut cfg = match &args.config {
-        Some(path) => RunConfig::load(path)?,
-        None => RunConfig::default(),
+    // A key the config file sets wins over a preset's, as in `framesmith train`.
+    let (mut cfg, explicit) = match &args.config {
+        Some(path) => RunConfig::load_explicit(path)?,
+        None => (RunConfig::default(), Default::default()),
     };
     for name in &args.presets {
-        cfg = presets::builtin(name)?.apply(&cfg)?.config;
+        let applied = presets::builtin(name)?.apply_keeping(&cfg, &explicit)?;
+        for kept in &applied.kept {
+            eprintln!("preset {name}: {}", kept.kept_line());
+        }
+        cfg = applied.config;
     }
     let m = &mut cfg.model;
     if let Some(v) = &args.variant {

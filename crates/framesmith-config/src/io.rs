@@ -1,6 +1,7 @@
 //! Reading and writing run configs as TOML files; writes are atomic (temporary file, fsync, rename), so a crash
 //! never leaves a half-written config.
 
+use std::collections::BTreeSet;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -14,6 +15,13 @@ use super::text_file::{read_text, TextFileError};
 impl RunConfig {
     /// Reads and parses a run config file. Unknown keys, wrong types and syntax errors name the key and the file.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        Self::load_explicit(path).map(|(config, _)| config)
+    }
+
+    /// Reads a run config file as [`RunConfig::load`] does, with the dotted keys the file sets to something other
+    /// than the default: the settings a preset applied on top must leave alone. (A file that spells out a default,
+    /// as configs saved whole by the app do, leaves that key to presets.)
+    pub fn load_explicit(path: &Path) -> Result<(Self, BTreeSet<String>), ConfigError> {
         let text = read_text(path).map_err(|e| match e {
             TextFileError::NotText(looks_like) => ConfigError::NotToml {
                 path: path.to_path_buf(),
@@ -24,7 +32,19 @@ impl RunConfig {
                 source,
             },
         })?;
-        Self::from_toml_str(&text, path)
+        let config = Self::from_toml_str(&text, path)?;
+        let table: toml::Table = parse_toml(&text, path)?;
+        let defaults =
+            toml::Table::try_from(Self::default()).map_err(|e| ConfigError::Serialize {
+                message: e.to_string(),
+            })?;
+        let defaults = crate::presets::flatten(&defaults);
+        let explicit = crate::presets::flatten(&table)
+            .into_iter()
+            .filter(|(key, value)| defaults.get(key) != Some(value))
+            .map(|(key, _)| key)
+            .collect();
+        Ok((config, explicit))
     }
 
     /// Parses run config text; `origin` is the file name used in messages.

@@ -2,7 +2,7 @@
 //! settings it changes plus a `[preset]` table with a title, a summary and a one-line `why` per setting, so the
 //! GUI can show "field → new value — why" for every field a preset changes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -117,6 +117,21 @@ pub struct PresetApplied {
     pub config: RunConfig,
     /// Fields whose value differs from the config the preset was applied to, in key order.
     pub changes: Vec<FieldChange>,
+    /// Settings of the preset not applied because the user's config sets them (`old`: the user's value, which
+    /// stays; `new`: the preset's), in key order.
+    pub kept: Vec<FieldChange>,
+}
+
+impl FieldChange {
+    /// The line saying that the user's value of a kept setting stays.
+    pub fn kept_line(&self) -> String {
+        format!(
+            "{} stays {}: your config sets it (the preset would set {})",
+            self.key,
+            self.old.as_deref().unwrap_or("unset"),
+            self.new
+        )
+    }
 }
 
 impl Preset {
@@ -181,14 +196,37 @@ impl Preset {
     /// Applies the preset to `base`: a deep merge of TOML tables (the preset's values win, arrays are replaced
     /// whole), read back as a `RunConfig`, with the fields that changed.
     pub fn apply(&self, base: &RunConfig) -> Result<PresetApplied, ConfigError> {
+        self.apply_keeping(base, &BTreeSet::new())
+    }
+
+    /// Applies the preset to `base` except the settings in `keep` (dotted keys the user wrote in their config
+    /// file: an explicit setting wins over a preset's), which are listed in `kept`.
+    pub fn apply_keeping(
+        &self,
+        base: &RunConfig,
+        keep: &BTreeSet<String>,
+    ) -> Result<PresetApplied, ConfigError> {
         let base_table = toml::Table::try_from(base).map_err(|e| ConfigError::Serialize {
             message: e.to_string(),
         })?;
+        let before = flatten(&base_table);
+        let mut overlay = self.overlay.clone();
+        let mut kept = Vec::new();
+        for (key, value) in flatten(&self.overlay) {
+            if keep.contains(&key) {
+                remove_key(&mut overlay, &key);
+                kept.push(FieldChange {
+                    old: before.get(&key).map(|v| v.to_string()),
+                    new: value.to_string(),
+                    why: self.why_for(&key),
+                    key,
+                });
+            }
+        }
         let mut merged = base_table.clone();
-        merge(&mut merged, &self.overlay);
+        merge(&mut merged, &overlay);
         let config = RunConfig::deserialize(merged.clone())
             .map_err(|e| ConfigError::from_toml(&e, None, &self.origin))?;
-        let before = flatten(&base_table);
         let changes = flatten(&merged)
             .into_iter()
             .filter(|(key, value)| before.get(key) != Some(value))
@@ -199,7 +237,11 @@ impl Preset {
                 key,
             })
             .collect();
-        Ok(PresetApplied { config, changes })
+        Ok(PresetApplied {
+            config,
+            changes,
+            kept,
+        })
     }
 
     fn why_for(&self, key: &str) -> String {
@@ -217,6 +259,23 @@ fn merge(base: &mut toml::Table, overlay: &toml::Table) {
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
             _ => {
                 base.insert(key.clone(), value.clone());
+            }
+        }
+    }
+}
+
+/// Removes the leaf at dotted `key` (and tables left empty by it).
+fn remove_key(table: &mut toml::Table, key: &str) {
+    match key.split_once('.') {
+        None => {
+            table.remove(key);
+        }
+        Some((head, rest)) => {
+            if let Some(toml::Value::Table(inner)) = table.get_mut(head) {
+                remove_key(inner, rest);
+                if inner.is_empty() {
+                    table.remove(head);
+                }
             }
         }
     }
@@ -424,6 +483,48 @@ mod tests {
         assert_eq!(resolution.new, "[832, 480]");
         assert_eq!(applied.config.memory.streaming, StreamingMode::Staged);
         assert_eq!(applied.config.lora.rank, 16);
+    }
+
+    #[test]
+    fn a_setting_in_the_users_file_wins_over_the_presets() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run.toml");
+        std::fs::write(
+            &path,
+            "[memory]\nblocks_to_swap = 21\nstreaming = \"off\"\n\n[lora]\nrank = 8\n",
+        )
+        .unwrap();
+        let (base, explicit) = RunConfig::load_explicit(&path).unwrap();
+        assert_eq!(
+            explicit.iter().map(String::as_str).collect::<Vec<_>>(),
+            ["lora.rank", "memory.blocks_to_swap"]
+        );
+        let preset = builtin("balanced-24gb").unwrap();
+        let applied = preset.apply_keeping(&base, &explicit).unwrap();
+        assert_eq!(
+            applied.config.memory.blocks_to_swap,
+            BlocksToSwap::Count(21)
+        );
+        // The rest of the preset applies, also over a key the file spells out at its default value (as configs
+        // the app saves whole do).
+        assert_eq!(applied.config.memory.streaming, StreamingMode::Pinned);
+        let kept: Vec<&str> = applied.kept.iter().map(|c| c.key.as_str()).collect();
+        assert_eq!(kept, ["memory.blocks_to_swap"]);
+        assert_eq!(
+            applied.kept[0].kept_line(),
+            "memory.blocks_to_swap stays 21: your config sets it (the preset would set \"auto\")"
+        );
+        assert!(!applied
+            .changes
+            .iter()
+            .any(|c| c.key == "memory.blocks_to_swap"));
+        // Without the file's keys the preset wins, as the app's preset buttons want.
+        let overridden = preset.apply(&base).unwrap();
+        assert_eq!(
+            overridden.config.memory.blocks_to_swap,
+            BlocksToSwap::Auto(AutoKeyword::Auto)
+        );
+        assert!(overridden.kept.is_empty());
     }
 
     #[test]
