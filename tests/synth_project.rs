@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use candle_core::{DType, Device};
-use framesmith_bench::synth::{latent_shape, write_project, SynthProject};
+use framesmith_bench::synth::{latent_shape, write_project, DitFormat, SynthProject};
 use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 use framesmith_config::run::{BlocksToSwap, DeviceSpec};
 use framesmith_config::{validate, HostInfo, RunConfig};
@@ -22,7 +22,7 @@ fn tiny(frames: usize, height: usize, width: usize) -> SynthProject {
         frames,
         height,
         width,
-        dtype: DType::BF16,
+        dit: DitFormat::Dense(DType::BF16),
         seed: 7,
         text_tokens: 8,
         steps: 2,
@@ -152,4 +152,68 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
         "{}",
         lora.display()
     );
+}
+
+/// `--dtype fp8-scaled` writes what ComfyUI's `*_fp8_scaled.safetensors` DiT files are: `inspect` reads the layout,
+/// and the weights are the bf16 file's draws within FP8 rounding.
+#[test]
+fn the_scaled_fp8_file_is_a_comfyui_layout_of_the_same_weights() {
+    use framesmith_models::wan::weights::{self, ScaleNaming};
+    let dense_dir = tempfile::tempdir().unwrap();
+    let fp8_dir = tempfile::tempdir().unwrap();
+    let spec = tiny(5, 32, 48);
+    let dense = write_project(dense_dir.path(), &spec).unwrap();
+    let scaled = SynthProject {
+        dit: DitFormat::ComfyScaledFp8,
+        ..spec.clone()
+    };
+    let fp8 = write_project(fp8_dir.path(), &scaled).unwrap();
+    assert!(fp8.dit_bytes < dense.dit_bytes);
+
+    let report = weights::inspect(&fp8.dit).unwrap();
+    let info = report.fp8.as_ref().expect("an FP8 file");
+    assert_eq!(info.naming, ScaleNaming::ComfyScaledFp8);
+    assert_eq!(info.format, "float8_e4m3fn");
+    assert!(info.weights > 0);
+    assert_eq!(report.config.num_layers, spec.cfg.num_layers);
+
+    let a = weights::load(&dense.dit, None, &Device::Cpu).unwrap();
+    let b = weights::load(&fp8.dit, None, &Device::Cpu).unwrap();
+    let name = "blocks.0.ffn.0.weight";
+    let codes = &b.tensors[name];
+    assert_eq!(codes.dtype(), DType::F8E4M3);
+    let scale = b.tensors["blocks.0.ffn.0.scale_weight"]
+        .to_dtype(DType::F32)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap()[0];
+    let back = codes
+        .to_dtype(DType::F32)
+        .unwrap()
+        .affine(scale as f64, 0.0)
+        .unwrap();
+    let want = a.tensors[name].to_dtype(DType::F32).unwrap();
+    let err = (back - &want)
+        .unwrap()
+        .sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt();
+    let rms = want
+        .sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt();
+    // e4m3 keeps 3 mantissa bits: a few percent of the weights' RMS, far from a wrong value or scale.
+    assert!(err < 0.06 * rms, "rms error {err} of {rms}");
+    // Everything outside the blocks' linears stays bf16.
+    assert_eq!(b.tensors["head.head.weight"].dtype(), DType::BF16);
 }

@@ -229,7 +229,7 @@ struct SynthArgs {
     /// Project folder.
     #[arg(long)]
     out: std::path::PathBuf,
-    /// DiT weight dtype: bf16, f16 or f32.
+    /// DiT weights: bf16, f16 or f32 in the official layout, or `fp8-scaled` (a ComfyUI scaled-FP8 single file).
     #[arg(long, default_value = "bf16")]
     dtype: String,
     #[arg(long, default_value_t = 0)]
@@ -368,18 +368,13 @@ fn report(records: &[Record]) {
 
 /// Writes the synthetic project and says what it wrote.
 fn synth_project(args: &SynthArgs) -> Result<()> {
-    let dtype = match args.dtype.as_str() {
-        "bf16" => candle_core::DType::BF16,
-        "f16" => candle_core::DType::F16,
-        "f32" => candle_core::DType::F32,
-        other => bail!("unknown dtype `{other}` (bf16, f16, f32)"),
-    };
+    let dit = bench::synth::DitFormat::parse(&args.dtype)?;
     let spec = bench::synth::SynthProject {
         cfg: variant(&args.variant)?,
         frames: args.clip.frames,
         height: args.clip.height,
         width: args.clip.width,
-        dtype,
+        dit,
         seed: args.seed,
         text_tokens: args.text_tokens,
         steps: args.steps,

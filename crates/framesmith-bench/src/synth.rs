@@ -29,6 +29,7 @@ use framesmith_engine::train::samples::SAMPLE_FPS;
 use framesmith_models::wan::random::init_stats;
 use framesmith_models::wan::weights::official_shapes;
 use framesmith_models::wan::{ModelType, WanConfig};
+use framesmith_nn::fp8::e4m3_encode;
 use framesmith_nn::init::randn;
 
 /// File names inside the project folder.
@@ -51,13 +52,37 @@ pub struct SynthProject {
     pub frames: usize,
     pub height: usize,
     pub width: usize,
-    /// Dtype of the DiT weights on disk (f32, f16 or bf16).
-    pub dtype: DType,
+    /// How the DiT weights are stored on disk.
+    pub dit: DitFormat,
     pub seed: u64,
     /// Tokens of the text embedding (at most the model's text length).
     pub text_tokens: usize,
     /// Optimizer steps of the run config.
     pub steps: usize,
+}
+
+/// How [`write_random_dit`] stores the weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DitFormat {
+    /// Every tensor in one float dtype (f32, f16 or bf16), official key names, as the official release ships.
+    Dense(DType),
+    /// A ComfyUI `scaled_fp8` single file (`wan2.1_t2v_14B_fp8_scaled.safetensors`'s layout): keys under
+    /// `model.diffusion_model.`, the blocks' linear weights as `float8_e4m3fn` with a per-tensor f32
+    /// `scale_weight`, everything else bf16, and the `scaled_fp8` marker.
+    ComfyScaledFp8,
+}
+
+impl DitFormat {
+    /// Parses `bf16`, `f16`, `f32` or `fp8-scaled`.
+    pub fn parse(text: &str) -> anyhow::Result<Self> {
+        Ok(match text {
+            "bf16" => Self::Dense(DType::BF16),
+            "f16" => Self::Dense(DType::F16),
+            "f32" => Self::Dense(DType::F32),
+            "fp8-scaled" => Self::ComfyScaledFp8,
+            other => bail!("unknown DiT format `{other}` (bf16, f16, f32, fp8-scaled)"),
+        })
+    }
 }
 
 /// What [`write_project`] wrote.
@@ -90,7 +115,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
     let dir = std::path::absolute(dir)
         .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
     let dit = dir.join(DIT_FILE);
-    let dit_bytes = write_random_dit(&dit, &spec.cfg, spec.dtype, spec.seed)?;
+    let dit_bytes = write_random_dit(&dit, &spec.cfg, spec.dit, spec.seed)?;
     let latents = write_cached_item(&dir, spec, latent)?;
     let dataset = dir.join(DATASET_FILE);
     fs::write(&dataset, dataset_toml(spec))
@@ -131,35 +156,72 @@ pub fn latent_shape(spec: &SynthProject) -> anyhow::Result<[usize; 4]> {
     Ok([spec.cfg.out_dim, f, h, w])
 }
 
-/// Writes random weights for `cfg` in the official layout to `path`, drawn with the statistics of
+/// Writes random weights for `cfg` in `format`'s layout to `path`, drawn with the statistics of
 /// [`framesmith_models::wan::random`]; one tensor is in memory at a time. Returns the file size.
 pub fn write_random_dit(
     path: &Path,
     cfg: &WanConfig,
-    dtype: DType,
+    format: DitFormat,
     seed: u64,
 ) -> anyhow::Result<u64> {
-    let st_dtype = match dtype {
-        DType::F32 => safetensors::Dtype::F32,
-        DType::F16 => safetensors::Dtype::F16,
-        DType::BF16 => safetensors::Dtype::BF16,
-        other => bail!("random DiT weights are written as f32, f16 or bf16, not {other:?}"),
+    let dense = match format {
+        DitFormat::Dense(DType::F32) => safetensors::Dtype::F32,
+        DitFormat::Dense(DType::F16) => safetensors::Dtype::F16,
+        DitFormat::Dense(DType::BF16) | DitFormat::ComfyScaledFp8 => safetensors::Dtype::BF16,
+        DitFormat::Dense(other) => {
+            bail!("random DiT weights are written as f32, f16 or bf16, not {other:?}")
+        }
     };
-    let views: Vec<(String, RandomTensor)> = official_shapes(cfg)
-        .into_iter()
-        .enumerate()
-        .map(|(i, (name, shape))| {
-            let (mean, std) = init_stats(&name, &shape);
-            let tensor = RandomTensor {
-                shape,
-                dtype: st_dtype,
-                mean,
-                std,
-                seed: mix(seed, i as u64),
-            };
-            (name, tensor)
-        })
-        .collect();
+    let comfy = format == DitFormat::ComfyScaledFp8;
+    let mut views: Vec<(String, SynthTensor)> = Vec::new();
+    for (i, (name, shape)) in official_shapes(cfg).into_iter().enumerate() {
+        let (mean, std) = init_stats(&name, &shape);
+        // ComfyUI's scaled files keep the blocks' linear weights in FP8, the rest (norms, biases, modulation,
+        // embeddings, head) in the model dtype.
+        let fp8 =
+            comfy && name.starts_with("blocks.") && name.ends_with(".weight") && shape.len() == 2;
+        // Six standard deviations map to 448, the largest e4m3 value: the rare value beyond saturates.
+        let scale = fp8.then(|| (mean.abs() + 6.0 * std).max(f32::MIN_POSITIVE) / FP8_MAX);
+        let key = if comfy {
+            format!("model.diffusion_model.{name}")
+        } else {
+            name.clone()
+        };
+        if let Some(scale) = scale {
+            let module = name.trim_end_matches(".weight");
+            views.push((
+                format!("model.diffusion_model.{module}.scale_weight"),
+                SynthTensor::Bytes {
+                    dtype: safetensors::Dtype::F32,
+                    shape: Vec::new(),
+                    data: scale.to_le_bytes().to_vec(),
+                },
+            ));
+        }
+        let tensor = RandomTensor {
+            shape,
+            dtype: if fp8 {
+                safetensors::Dtype::F8_E4M3
+            } else {
+                dense
+            },
+            mean,
+            std,
+            seed: mix(seed, i as u64),
+            fp8_scale: scale,
+        };
+        views.push((key, SynthTensor::Random(tensor)));
+    }
+    if comfy {
+        views.push((
+            "scaled_fp8".into(),
+            SynthTensor::Bytes {
+                dtype: safetensors::Dtype::F8_E4M3,
+                shape: vec![0],
+                data: Vec::new(),
+            },
+        ));
+    }
     // Written under another name first: an interrupted write never leaves a file that looks complete.
     let partial = path.with_extension("safetensors.partial");
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
@@ -171,6 +233,49 @@ pub fn write_random_dit(
         .len())
 }
 
+/// The largest finite `float8_e4m3fn` magnitude.
+const FP8_MAX: f32 = 448.0;
+
+/// A tensor of the synthetic file: random values drawn when written, or a few given bytes.
+enum SynthTensor {
+    Random(RandomTensor),
+    Bytes {
+        dtype: safetensors::Dtype,
+        shape: Vec<usize>,
+        data: Vec<u8>,
+    },
+}
+
+impl View for SynthTensor {
+    fn dtype(&self) -> safetensors::Dtype {
+        match self {
+            Self::Random(t) => t.dtype(),
+            Self::Bytes { dtype, .. } => *dtype,
+        }
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            Self::Random(t) => t.shape(),
+            Self::Bytes { shape, .. } => shape,
+        }
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        match self {
+            Self::Random(t) => t.data(),
+            Self::Bytes { data, .. } => Cow::Borrowed(data),
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        match self {
+            Self::Random(t) => t.data_len(),
+            Self::Bytes { data, .. } => data.len(),
+        }
+    }
+}
+
 /// A tensor whose values are drawn only when the writer asks for its bytes.
 struct RandomTensor {
     shape: Vec<usize>,
@@ -178,6 +283,8 @@ struct RandomTensor {
     mean: f32,
     std: f32,
     seed: u64,
+    /// For `F8_E4M3`: values are stored as `e4m3(value / scale)`.
+    fp8_scale: Option<f32>,
 }
 
 impl View for RandomTensor {
@@ -199,7 +306,11 @@ impl View for RandomTensor {
                 let mut rng = StdRng::seed_from_u64(mix(self.seed, i as u64));
                 for out in chunk.chunks_exact_mut(size) {
                     let z: f32 = StandardNormal.sample(&mut rng);
-                    encode(self.mean + self.std * z, self.dtype, out);
+                    let value = self.mean + self.std * z;
+                    match self.fp8_scale {
+                        Some(scale) => out[0] = e4m3_encode(value / scale),
+                        None => encode(value, self.dtype, out),
+                    }
                 }
             });
         Cow::Owned(bytes)
