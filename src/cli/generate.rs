@@ -142,7 +142,9 @@ fn load_dit(
     dtype: DType,
     fp8: Option<Fp8Arg>,
 ) -> anyhow::Result<WanModel> {
-    let loaded = weights::load(path, None, device)?;
+    // Opened, not loaded: each tensor is read from the mapped file as the model is built, so memory never holds
+    // the whole file next to the model.
+    let loaded = weights::open(path, None)?;
     eprintln!(
         "DiT: {} ({})",
         weights::variant_name(&loaded.config, loaded.expert),
@@ -158,7 +160,7 @@ fn load_dit(
     };
     let mut model = WanModel::new(
         &loaded.config,
-        Vb::from_tensors(loaded.tensors, dtype, device),
+        Vb::from_source(std::sync::Arc::new(loaded.tensors), dtype, device),
         &options,
     )
     .with_context(|| format!("building the DiT from {}", path.display()))?;

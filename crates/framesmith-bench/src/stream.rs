@@ -398,7 +398,7 @@ fn stream_bandwidth(
     passes: usize,
     launch_load: bool,
 ) -> Result<(f64, usize)> {
-    let blocks = (0..count).map(|i| (i, block.clone())).collect();
+    let blocks = (0..count).map(|i| Ok((i, block.clone())));
     let (streamer, _shells) = BlockStreamer::new(dev, count, blocks, options)?;
     let order: Vec<usize> = (0..count).collect();
     let pass = || -> Result<()> {

@@ -125,11 +125,7 @@ pub fn effective_mode(mode: Fp8Scale, in_dim: usize) -> Fp8Scale {
 pub fn quantize(weight: &Tensor, mode: Fp8Scale) -> Result<Fp8Weight> {
     let (out_dim, in_dim) = weight.dims2()?;
     let mode = effective_mode(mode, in_dim);
-    let values = weight
-        .to_device(&Device::Cpu)?
-        .to_dtype(DType::F32)?
-        .flatten_all()?
-        .to_vec1::<f32>()?;
+    let values = host_f32(weight)?;
     if let Some(i) = values.iter().position(|v| !v.is_finite()) {
         candle_core::bail!(
             "cannot quantise to FP8: weight value at [{}, {}] is {}",
@@ -149,6 +145,25 @@ pub fn quantize(weight: &Tensor, mode: Fp8Scale) -> Result<Fp8Weight> {
     let codes = Tensor::from_vec(codes, (out_dim, in_dim), device)?;
     let scale = Tensor::from_vec(scales, scale_dims(mode, out_dim, in_dim), device)?;
     Fp8Weight::new(codes, scale, mode)
+}
+
+/// The values of `weight` as f32 on the host; half-precision weights (what checkpoints hold) are widened on
+/// every core, as a 14B model's linears are billions of values.
+fn host_f32(weight: &Tensor) -> Result<Vec<f32>> {
+    let flat = weight.to_device(&Device::Cpu)?.flatten_all()?;
+    Ok(match flat.dtype() {
+        DType::BF16 => flat
+            .to_vec1::<half::bf16>()?
+            .par_iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        DType::F16 => flat
+            .to_vec1::<half::f16>()?
+            .par_iter()
+            .map(|v| v.to_f32())
+            .collect(),
+        _ => flat.to_dtype(DType::F32)?.to_vec1::<f32>()?,
+    })
 }
 
 fn group_len(mode: Fp8Scale, out_dim: usize, in_dim: usize) -> usize {

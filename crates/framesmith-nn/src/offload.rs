@@ -193,6 +193,48 @@ impl SlotBackend for HostBackend {
     }
 }
 
+/// The packed host copies of the streamed blocks, made as the blocks come.
+enum Masters {
+    /// Ordinary RAM (huge-page advised): `staged` streaming, and the synchronous host backend.
+    Pageable(Vec<HostBuffer>),
+    /// Page-locked RAM: `pinned` streaming.
+    #[cfg(feature = "cuda")]
+    PageLocked(Vec<cuda::Pinned>),
+}
+
+impl Masters {
+    /// Empty masters of the kind `mode` keeps blocks in.
+    #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
+    fn new(mode: StreamMode, device: &Device) -> Result<Self> {
+        match mode {
+            #[cfg(feature = "cuda")]
+            StreamMode::Pinned => {
+                cuda::bind_context(device)?;
+                Ok(Self::PageLocked(Vec::new()))
+            }
+            _ => Ok(Self::Pageable(Vec::new())),
+        }
+    }
+
+    /// Packs `block` into a fresh buffer of `layout`'s size.
+    fn pack<B: Streamable>(&mut self, layout: &BlockLayout, block: &B) -> Result<()> {
+        match self {
+            Self::Pageable(bufs) => {
+                let mut buf = HostBuffer::zeroed(layout.total_bytes);
+                layout.pack_block(block, &mut buf)?;
+                bufs.push(buf);
+            }
+            #[cfg(feature = "cuda")]
+            Self::PageLocked(bufs) => {
+                let mut buf = cuda::Pinned::new(layout.total_bytes)?;
+                layout.pack_block(block, buf.as_mut_slice())?;
+                bufs.push(buf);
+            }
+        }
+        Ok(())
+    }
+}
+
 struct Inner {
     ring: Ring,
     backend: Box<dyn SlotBackend>,
@@ -220,46 +262,76 @@ pub struct BlockStreamer {
 
 impl BlockStreamer {
     /// Packs the frozen tensors of `blocks` (model index, block — built anywhere, normally in host RAM) into
-    /// host buffers and makes the ring on `device`. Returns the streamer and, for each block, its shell: the same
-    /// block pointing at slot 0's tensors, which the model keeps in its place.
+    /// host buffers and makes the ring on `device`. Blocks are taken one at a time and each is packed before the
+    /// next is made, so a model built straight from its file never holds more than one block's own host copies
+    /// next to the packed ones. Returns the streamer and, for each block, its shell: the same block pointing at
+    /// slot 0's tensors, which the model keeps in its place.
     pub fn new<B: Streamable>(
         device: &Device,
         num_blocks: usize,
-        blocks: Vec<(usize, B)>,
+        blocks: impl IntoIterator<Item = Result<(usize, B)>>,
         options: &OffloadOptions,
     ) -> Result<(Self, Vec<(usize, B)>)> {
-        let first = match blocks.first() {
-            Some((_, b)) => b.frozen_tensors(),
-            None => candle_core::bail!("block streaming needs at least one streamed block"),
-        };
-        let layout = BlockLayout::of(&first);
-        let mut index = vec![None; num_blocks];
-        for (k, (i, _)) in blocks.iter().enumerate() {
-            match index.get_mut(*i) {
-                Some(slot) => *slot = Some(k),
-                None => candle_core::bail!("streamed block {i} out of range"),
-            }
-        }
         let mode = if device.is_cuda() {
             options.mode
         } else {
             StreamMode::Host
         };
+        let mut index = vec![None; num_blocks];
+        let mut layout: Option<BlockLayout> = None;
+        let mut masters = Masters::Pageable(Vec::new());
+        // Until the ring exists, every block holds the first block's frozen tensors in place of its own, so its
+        // own host copies go as soon as they are packed.
+        let mut stand_in: Option<Vec<Tensor>> = None;
+        let mut held = Vec::new();
+        for item in blocks {
+            let (i, block) = item?;
+            match index.get_mut(i) {
+                Some(slot @ None) => *slot = Some(held.len()),
+                Some(Some(_)) => candle_core::bail!("streamed block {i} given twice"),
+                None => candle_core::bail!("streamed block {i} out of range"),
+            }
+            let layout = match &layout {
+                Some(l) => l,
+                None => {
+                    let l = layout.insert(BlockLayout::of(&block.frozen_tensors()));
+                    masters = Masters::new(mode, device)?;
+                    l
+                }
+            };
+            masters.pack(layout, &block)?;
+            let stand_in = stand_in.get_or_insert_with(|| block.frozen_tensors());
+            held.push((i, block.with_frozen(stand_in)?));
+        }
+        let Some(layout) = layout else {
+            candle_core::bail!("block streaming needs at least one streamed block");
+        };
+        drop(stand_in);
         let slots = options.slots.max(1);
-        let (backend, slot0): (Box<dyn SlotBackend>, Vec<Tensor>) = match mode {
+        let (backend, slot0): (Box<dyn SlotBackend>, Vec<Tensor>) = match masters {
             #[cfg(feature = "cuda")]
-            StreamMode::Pinned | StreamMode::Staged => {
-                let backend = cuda::CudaBackend::new(device, &layout, &blocks, options)?;
+            Masters::PageLocked(masters) => {
+                let backend = cuda::CudaBackend::new(
+                    device,
+                    &layout,
+                    cuda::Masters::Pinned(masters),
+                    options,
+                )?;
                 let slot0 = backend.slot_tensors(0);
                 (Box::new(backend), slot0)
             }
-            _ => {
-                let mut masters = Vec::with_capacity(blocks.len());
-                for (_, b) in &blocks {
-                    let mut packed = HostBuffer::zeroed(layout.total_bytes);
-                    layout.pack_block(b, &mut packed)?;
-                    masters.push(packed);
-                }
+            #[cfg(feature = "cuda")]
+            Masters::Pageable(masters) if mode == StreamMode::Staged => {
+                let backend = cuda::CudaBackend::new(
+                    device,
+                    &layout,
+                    cuda::Masters::Pageable(masters),
+                    options,
+                )?;
+                let slot0 = backend.slot_tensors(0);
+                (Box::new(backend), slot0)
+            }
+            Masters::Pageable(masters) => {
                 let zeros = layout.zeros(device)?;
                 let backend = HostBackend {
                     layout: layout.clone(),
@@ -270,7 +342,7 @@ impl BlockStreamer {
                 (Box::new(backend), zeros)
             }
         };
-        let shells = blocks
+        let shells = held
             .into_iter()
             .map(|(i, b)| Ok((i, b.with_frozen(&slot0)?)))
             .collect::<Result<Vec<_>>>()?;

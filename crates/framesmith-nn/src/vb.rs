@@ -1,5 +1,7 @@
 //! `Vb`: a read-only view of named checkpoint tensors with a key prefix, so model code reads straight down the
-//! key tree (`Block::new(cfg, vb.pp("self_attn").pp("q"))`). Knows nothing of file formats: loaders fill it.
+//! key tree (`Block::new(cfg, vb.pp("self_attn").pp("q"))`). Knows nothing of file formats: loaders fill it, with
+//! a map of tensors or with a [`TensorSource`] that reads each tensor only when it is asked for (so a model is
+//! built block by block from a mapped file, never holding the whole file in memory).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,11 +10,30 @@ use candle_core::{DType, Device, Result, Shape, Tensor};
 
 use super::fp8::Fp8Scale;
 
+/// Where a [`Vb`]'s tensors come from: each read by its full (official) name.
+pub trait TensorSource: Send + Sync {
+    /// Whether a tensor is stored under `key`.
+    fn contains(&self, key: &str) -> bool;
+    /// The tensor stored under `key`, dtype as stored, wherever the source keeps it (a mapped file reads it into
+    /// host memory); `None` when there is none.
+    fn read(&self, key: &str) -> Result<Option<Tensor>>;
+}
+
+impl TensorSource for HashMap<String, Tensor> {
+    fn contains(&self, key: &str) -> bool {
+        self.contains_key(key)
+    }
+
+    fn read(&self, key: &str) -> Result<Option<Tensor>> {
+        Ok(self.get(key).cloned())
+    }
+}
+
 /// Named tensors plus the prefix of the module being built, the compute dtype, the device and whether linear
 /// bases are quantised to FP8 on load.
 #[derive(Clone)]
 pub struct Vb {
-    tensors: Arc<HashMap<String, Tensor>>,
+    tensors: Arc<dyn TensorSource>,
     prefix: String,
     dtype: DType,
     device: Device,
@@ -22,8 +43,13 @@ pub struct Vb {
 impl Vb {
     /// Wraps a map of tensors keyed by their full (official) names.
     pub fn from_tensors(tensors: HashMap<String, Tensor>, dtype: DType, device: &Device) -> Self {
+        Self::from_source(Arc::new(tensors), dtype, device)
+    }
+
+    /// Wraps a source that reads each tensor when a module asks for it.
+    pub fn from_source(source: Arc<dyn TensorSource>, dtype: DType, device: &Device) -> Self {
         Self {
-            tensors: Arc::new(tensors),
+            tensors: source,
             prefix: String::new(),
             dtype,
             device: device.clone(),
@@ -63,7 +89,7 @@ impl Vb {
 
     /// Whether `name` exists under this view's prefix.
     pub fn contains(&self, name: &str) -> bool {
-        self.tensors.contains_key(&self.path(name))
+        self.tensors.contains(&self.path(name))
     }
 
     /// The compute dtype tensors are converted to by [`Vb::get`].
@@ -102,19 +128,15 @@ impl Vb {
     /// host without a round trip through the accelerator).
     pub fn get_stored(&self, name: &str) -> Result<Tensor> {
         let key = self.path(name);
-        match self.tensors.get(&key) {
-            Some(t) => Ok(t.clone()),
+        match self.tensors.read(&key)? {
+            Some(t) => Ok(t),
             None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
         }
     }
 
     /// The tensor as stored (dtype unchanged), moved to the device.
     pub fn get_raw(&self, name: &str) -> Result<Tensor> {
-        let key = self.path(name);
-        match self.tensors.get(&key) {
-            Some(t) => t.to_device(&self.device),
-            None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
-        }
+        self.get_stored(name)?.to_device(&self.device)
     }
 
     /// The tensor with the expected shape, converted to the compute dtype.

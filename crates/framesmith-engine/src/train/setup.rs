@@ -118,9 +118,12 @@ fn load_model(
                 })?),
                 None => None,
             };
-            let loaded = weights::load(path, expected.as_ref(), device)?;
+            // Opened, not loaded: each tensor is read from the mapped file as its block is built (resident
+            // blocks go to the GPU, streamed ones into their host buffers), so neither the GPU nor RAM ever holds
+            // the whole file on top of what the run keeps.
+            let loaded = weights::open(path, expected.as_ref())?;
             let name = weights::variant_name(&loaded.config, loaded.expert);
-            let vb = Vb::from_tensors(loaded.tensors, compute, device);
+            let vb = Vb::from_source(std::sync::Arc::new(loaded.tensors), compute, device);
             let model = match streaming_for(plan, &loaded.config, device, memory)? {
                 Some((streamed, offload)) => {
                     WanModel::new_streamed(&loaded.config, vb, &options, &streamed, &offload)

@@ -117,8 +117,8 @@ impl WanModel {
     }
 
     /// Builds the model with the blocks in `streamed` kept in host RAM and streamed through a ring of GPU slots
-    /// (DESIGN.md §4.4): those blocks are built on the CPU (quantised there for FP8), packed, and never occupy
-    /// the device beyond the ring.
+    /// (DESIGN.md §4.4): those blocks are built on the CPU (quantised there for FP8) one at a time, each packed
+    /// before the next is read, and never occupy the device beyond the ring.
     pub fn new_streamed(
         cfg: &WanConfig,
         vb: Vb,
@@ -132,18 +132,32 @@ impl WanModel {
         model.cfg = cfg.clone();
         let vb_blocks = vb.pp("blocks").with_fp8(options.blocks_fp8);
         let host = vb_blocks.with_device(&Device::Cpu);
-        let mut streamed_blocks = Vec::with_capacity(streamed.len());
-        for i in 0..cfg.num_layers {
-            if streamed.contains(&i) {
-                let block = Block::new(cfg, host.pp(i))?;
-                // Kept in place until `attach_streamer` puts its shell there.
-                model.blocks.push(block.clone());
-                streamed_blocks.push((i, block));
-            } else {
+        let mut streamed: Vec<usize> = streamed.to_vec();
+        streamed.sort_unstable();
+        streamed.dedup();
+        if streamed.is_empty() {
+            for i in 0..cfg.num_layers {
                 model.blocks.push(Block::new(cfg, vb_blocks.pp(i))?);
             }
+            return Ok(model);
         }
-        model.attach_streamer(streamed_blocks, offload)?;
+        if streamed.iter().any(|&i| i >= cfg.num_layers) {
+            candle_core::bail!("streamed block indices must lie within the model");
+        }
+        // Resident blocks first (straight to the device), then the streamed ones, each read, built on the host and
+        // packed in turn by the streamer.
+        let mut resident = Vec::with_capacity(cfg.num_layers - streamed.len());
+        for i in (0..cfg.num_layers).filter(|i| !streamed.contains(i)) {
+            resident.push((i, Block::new(cfg, vb_blocks.pp(i))?));
+        }
+        let built = streamed
+            .iter()
+            .map(|&i| Ok((i, Block::new(cfg, host.pp(i))?)));
+        let (streamer, shells) = BlockStreamer::new(&model.device, cfg.num_layers, built, offload)?;
+        let mut blocks: Vec<(usize, Block)> = resident.into_iter().chain(shells).collect();
+        blocks.sort_by_key(|(i, _)| *i);
+        model.blocks = blocks.into_iter().map(|(_, b)| b).collect();
+        model.streamer = Some(Arc::new(streamer));
         Ok(model)
     }
 
@@ -178,7 +192,8 @@ impl WanModel {
         if self.blocks.len() != n {
             candle_core::bail!("the model has {} blocks, expected {n}", self.blocks.len());
         }
-        let (streamer, shells) = BlockStreamer::new(&self.device, n, blocks, offload)?;
+        let (streamer, shells) =
+            BlockStreamer::new(&self.device, n, blocks.into_iter().map(Ok), offload)?;
         for (i, shell) in shells {
             self.blocks[i] = shell;
         }

@@ -32,6 +32,7 @@ pub use error::{ForeignModel, ModelFormatError, NotSafetensors};
 pub(crate) use header::{hex_prefix, read_head, safetensors_header_len, sniff_kind};
 pub use identify::{identify, ComponentReport, ModelFile};
 pub use keys::official_shapes;
+pub use mmap::MappedTensors;
 pub use pickle::pickle_reason;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
 
@@ -46,8 +47,9 @@ use report::dtype_label;
 /// Dtypes the DiT can be built from; anything else is refused by [`load`] with a message naming the tensor.
 const LOADABLE_DTYPES: [&str; 5] = ["BF16", "F16", "F32", "F64", "F8_E4M3"];
 
-/// A loaded checkpoint: what to build and the tensors to build it from.
-pub struct LoadedCheckpoint {
+/// A loaded checkpoint: what to build and the tensors to build it from (`T`: a map of tensors already read, or
+/// the [`MappedTensors`] of an opened file, read as the model asks for them).
+pub struct LoadedCheckpoint<T = HashMap<String, Tensor>> {
     /// The configuration to build: the caller's expected one when it matches the file, else the detected one.
     pub config: WanConfig,
     /// The Wan2.2 A14B expert, when the path names one.
@@ -55,7 +57,7 @@ pub struct LoadedCheckpoint {
     pub report: ModelReport,
     /// Tensors under official names (`blocks.0.self_attn.q.weight`), dtypes as stored: FP8 weights stay FP8, with
     /// their scales under `<module>.scale_weight` whatever the file called them.
-    pub tensors: HashMap<String, Tensor>,
+    pub tensors: T,
 }
 
 /// Says what the checkpoint at `path` (a file, a folder or a shard index) is, reading only headers.
@@ -63,14 +65,30 @@ pub fn inspect(path: &Path) -> Result<ModelReport, ModelFormatError> {
     Ok(scan(path)?.report)
 }
 
-/// Loads the Wan DiT at `path` onto `device`. With `expected`, refuses a file of another task (I2V for T2V …) or
-/// size, and returns `expected` as the configuration when the tensors match it (the weights cannot record
-/// `text_len`, `eps`, the heads or, for T2V-14B, the generation).
+/// Loads every tensor of the Wan DiT at `path` onto `device` at once (small models and tests; a run builds its
+/// model from [`open`], reading one tensor at a time). Checks as [`open`] does.
 pub fn load(
     path: &Path,
     expected: Option<&WanConfig>,
     device: &Device,
 ) -> Result<LoadedCheckpoint, ModelFormatError> {
+    let opened = open(path, expected)?;
+    Ok(LoadedCheckpoint {
+        tensors: opened.tensors.load_all(device)?,
+        config: opened.config,
+        expert: opened.expert,
+        report: opened.report,
+    })
+}
+
+/// Opens the Wan DiT at `path`: reads and checks its headers and maps its files, reading no tensor data. With
+/// `expected`, refuses a file of another task (I2V for T2V …) or size, and returns `expected` as the
+/// configuration when the tensors match it (the weights cannot record `text_len`, `eps`, the heads or, for
+/// T2V-14B, the generation).
+pub fn open(
+    path: &Path,
+    expected: Option<&WanConfig>,
+) -> Result<LoadedCheckpoint<MappedTensors>, ModelFormatError> {
     let scan = scan(path)?;
     let config = match expected {
         None => scan.detected.config.clone(),
@@ -93,7 +111,7 @@ pub fn load(
                 .unwrap_or_else(|| path.to_path_buf()),
         });
     }
-    let tensors = mmap::load_tensors(&scan.files, &scan.entries, device)?;
+    let tensors = MappedTensors::open(&scan.files, &scan.entries)?;
     Ok(LoadedCheckpoint {
         config,
         expert: scan.detected.expert,

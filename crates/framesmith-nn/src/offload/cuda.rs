@@ -27,7 +27,8 @@ pub(super) struct Pinned {
 }
 
 impl Pinned {
-    fn new(len: usize) -> Result<Self> {
+    /// `len` page-locked bytes for the context bound to this thread.
+    pub(super) fn new(len: usize) -> Result<Self> {
         Self::with_flags(len, 0)
     }
 
@@ -65,6 +66,14 @@ impl Drop for Pinned {
         // SAFETY: allocated by `cuMemHostAlloc`; every copy reading it was synchronised before the owner drops.
         let _ = unsafe { result::free_host(self.ptr.0.cast()) };
     }
+}
+
+/// Binds `device`'s context to the calling thread (before page-locked allocations).
+pub(super) fn bind_context(device: &Device) -> Result<()> {
+    let Device::Cuda(dev) = device else {
+        candle_core::bail!("not a CUDA device");
+    };
+    dev.cuda_stream().context().bind_to_thread().w()
 }
 
 pub(super) fn new_event() -> Result<sys::CUevent> {
@@ -277,7 +286,15 @@ impl WorkerState {
     }
 }
 
-enum Masters {
+/// The packed host copies of the streamed blocks, as the backend is given them.
+pub(super) enum Masters {
+    /// Page-locked: `pinned` streaming copies straight out of them.
+    Pinned(Vec<Pinned>),
+    /// Pageable: `staged` streaming copies them through the page-locked ring.
+    Pageable(Vec<HostBuffer>),
+}
+
+enum Copier {
     Pinned(Vec<Pinned>),
     Staged(Worker),
 }
@@ -294,17 +311,17 @@ pub(super) struct CudaBackend {
     ready: Vec<sys::CUevent>,
     /// Jobs sent to the worker and not yet acknowledged, per slot (staged mode).
     pending: Vec<usize>,
-    masters: Masters,
+    masters: Copier,
 }
 
 // SAFETY: the raw handles are only used through `&mut self` (the streamer's mutex serialises every call).
 unsafe impl Send for CudaBackend {}
 
 impl CudaBackend {
-    pub(super) fn new<B: super::Streamable>(
+    pub(super) fn new(
         device: &Device,
         layout: &BlockLayout,
-        blocks: &[(usize, B)],
+        masters: Masters,
         options: &OffloadOptions,
     ) -> Result<Self> {
         let Device::Cuda(dev) = device else {
@@ -327,14 +344,8 @@ impl CudaBackend {
             slot_tensors.push(tensors);
         }
         let copy = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
-        let masters = match options.mode {
-            StreamMode::Staged => {
-                let mut masters = Vec::with_capacity(blocks.len());
-                for (_, b) in blocks {
-                    let mut buf = HostBuffer::zeroed(layout.total_bytes);
-                    layout.pack_block(b, &mut buf)?;
-                    masters.push(buf);
-                }
+        let masters = match masters {
+            Masters::Pageable(masters) => {
                 let staging_slots = options.staging_slots.max(1);
                 let chunk_bytes = options
                     .staging_chunk_bytes
@@ -361,17 +372,9 @@ impl CudaBackend {
                     used: vec![false; staging_slots],
                     next: 0,
                 };
-                Masters::Staged(Worker::start(state)?)
+                Copier::Staged(Worker::start(state)?)
             }
-            _ => {
-                let mut bufs = Vec::with_capacity(blocks.len());
-                for (_, b) in blocks {
-                    let mut buf = Pinned::new(layout.total_bytes)?;
-                    layout.pack_block(b, buf.as_mut_slice())?;
-                    bufs.push(buf);
-                }
-                Masters::Pinned(bufs)
-            }
+            Masters::Pinned(bufs) => Copier::Pinned(bufs),
         };
         // Slot tensors were zero-filled on the compute stream: the first copies must come after that.
         device.synchronize()?;
@@ -396,7 +399,7 @@ impl CudaBackend {
 
     /// Receives worker acknowledgements until none is pending for `slot` (for any slot with `None`).
     fn drain_acks(&mut self, slot: Option<usize>) -> Result<()> {
-        let Masters::Staged(worker) = &self.masters else {
+        let Copier::Staged(worker) = &self.masters else {
             return Ok(());
         };
         while slot.map_or(self.pending.iter().any(|&p| p > 0), |s| self.pending[s] > 0) {
@@ -433,7 +436,7 @@ impl SlotBackend for CudaBackend {
     fn load(&mut self, slot: usize, block: usize) -> Result<()> {
         let free = self.free_recorded[slot].then_some(self.free[slot]);
         match &self.masters {
-            Masters::Pinned(bufs) => {
+            Copier::Pinned(bufs) => {
                 let src = bufs
                     .get(block)
                     .ok_or_else(|| candle_core::Error::Msg(format!("no streamed block {block}")))?;
@@ -451,7 +454,7 @@ impl SlotBackend for CudaBackend {
                 // SAFETY: live event on the live copy stream.
                 unsafe { result::event::record(self.ready[slot], self.copy) }.w()?;
             }
-            Masters::Staged(worker) => {
+            Copier::Staged(worker) => {
                 let job = Job {
                     slot,
                     block,
@@ -491,7 +494,7 @@ impl SlotBackend for CudaBackend {
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
-        if let Masters::Staged(worker) = &mut self.masters {
+        if let Copier::Staged(worker) = &mut self.masters {
             // Closing the queue ends the worker's loop.
             worker.jobs.close();
             if let Some(h) = worker.handle.take() {

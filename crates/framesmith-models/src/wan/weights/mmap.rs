@@ -1,4 +1,5 @@
-//! Memory-maps safetensors files and copies the named tensors out to a device. The one `unsafe` of the
+//! Memory-maps safetensors files and copies the named tensors out, all at once to a device ([`load_tensors`])
+//! or one at a time into host memory as a model asks for them ([`MappedTensors`]). The one `unsafe` of the
 //! checkpoint reader lives here.
 
 use std::collections::HashMap;
@@ -6,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::safetensors::MmapedSafetensors;
 use candle_core::{Device, Tensor};
+use framesmith_nn::vb::TensorSource;
 
 use super::error::ModelFormatError;
 
@@ -30,29 +32,86 @@ fn map_file(path: &Path) -> candle_core::Result<MmapedSafetensors> {
     unsafe { MmapedSafetensors::new(path) }
 }
 
-/// Loads every entry, keyed by its official name.
-pub(crate) fn load_tensors(
-    files: &[PathBuf],
-    entries: &[Entry],
-    device: &Device,
-) -> Result<HashMap<String, Tensor>, ModelFormatError> {
-    let load_error = |e: candle_core::Error, path: &Path| ModelFormatError::Load {
+fn load_error(e: candle_core::Error, path: &Path) -> ModelFormatError {
+    ModelFormatError::Load {
         reason: e.to_string(),
         path: path.to_path_buf(),
-    };
-    let maps = files
-        .iter()
-        .map(|f| map_file(f).map_err(|e| load_error(e, f)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let mut tensors = HashMap::with_capacity(entries.len());
-    for entry in entries {
-        let (Some(map), Some(path)) = (maps.get(entry.file), files.get(entry.file)) else {
-            continue;
-        };
-        let tensor = map
-            .load(&entry.stored, device)
-            .map_err(|e| load_error(e, path))?;
-        tensors.insert(entry.name.clone(), tensor);
     }
-    Ok(tensors)
+}
+
+/// The tensors of a checkpoint under their official names, read from the mapped files only when asked for: a
+/// model built from them holds one tensor at a time in host memory on its way to where the model keeps it.
+pub struct MappedTensors {
+    files: Vec<PathBuf>,
+    maps: Vec<MmapedSafetensors>,
+    entries: HashMap<String, Entry>,
+}
+
+impl MappedTensors {
+    /// Maps `files`; reads nothing yet.
+    pub(crate) fn open(files: &[PathBuf], entries: &[Entry]) -> Result<Self, ModelFormatError> {
+        let maps = files
+            .iter()
+            .map(|f| map_file(f).map_err(|e| load_error(e, f)))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            files: files.to_vec(),
+            maps,
+            entries: entries
+                .iter()
+                .map(|e| (e.name.clone(), e.clone()))
+                .collect(),
+        })
+    }
+
+    /// Tensors in the checkpoint.
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether the checkpoint holds no tensor.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The official names, in no particular order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.entries.keys().map(String::as_str)
+    }
+
+    fn load(&self, entry: &Entry, device: &Device) -> Result<Tensor, ModelFormatError> {
+        let (Some(map), Some(path)) = (self.maps.get(entry.file), self.files.get(entry.file))
+        else {
+            return Err(ModelFormatError::Load {
+                reason: format!("no file for tensor `{}`", entry.name),
+                path: self.files.first().cloned().unwrap_or_default(),
+            });
+        };
+        map.load(&entry.stored, device)
+            .map_err(|e| load_error(e, path))
+    }
+
+    /// Every tensor, on `device`, keyed by its official name.
+    pub fn load_all(&self, device: &Device) -> Result<HashMap<String, Tensor>, ModelFormatError> {
+        self.entries
+            .iter()
+            .map(|(name, entry)| Ok((name.clone(), self.load(entry, device)?)))
+            .collect()
+    }
+}
+
+impl TensorSource for MappedTensors {
+    fn contains(&self, key: &str) -> bool {
+        self.entries.contains_key(key)
+    }
+
+    fn read(&self, key: &str) -> candle_core::Result<Option<Tensor>> {
+        match self.entries.get(key) {
+            Some(entry) => self
+                .load(entry, &Device::Cpu)
+                .map(Some)
+                .map_err(|e| candle_core::Error::Msg(e.to_string())),
+            None => Ok(None),
+        }
+    }
 }
