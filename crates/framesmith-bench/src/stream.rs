@@ -21,7 +21,7 @@ use framesmith_models::wan::{ModelOptions, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
 use framesmith_nn::offload::{
-    streamed_blocks, BlockStreamer, OffloadOptions, Placement, StreamMode,
+    streamed_blocks, BlockStreamer, OffloadOptions, Placement, SavedPlacement, StreamMode,
 };
 use framesmith_nn::vb::Vb;
 
@@ -191,6 +191,16 @@ pub fn build(
     Ok((model, loras))
 }
 
+/// Where a case keeps saved block inputs: in RAM when asked, of the kind its streaming mode promises (pageable
+/// with `staged`, as `framesmith train` does).
+fn saved_inputs(on_host: bool, mode: Option<StreamMode>) -> SavedPlacement {
+    if on_host {
+        SavedPlacement::host_for(mode.unwrap_or(StreamMode::Pinned))
+    } else {
+        SavedPlacement::Device
+    }
+}
+
 fn case_name(case: &StreamCase) -> String {
     match case.mode {
         None => "resident".into(),
@@ -257,8 +267,9 @@ pub fn run(
             weights: None,
             skip_frames: 0,
         };
+        let saved_inputs = saved_inputs(opts.activations_on_host, case.mode);
         let step_options = StepOptions {
-            activations_on_host: opts.activations_on_host,
+            saved_inputs,
             keep_tapes: opts.keep_tapes,
             ..StepOptions::default()
         };
@@ -308,10 +319,10 @@ pub fn run(
             opts.width,
             opts.rank,
             opts.residual,
-            if opts.activations_on_host {
-                "host"
-            } else {
-                "device"
+            match saved_inputs {
+                SavedPlacement::Device => "device",
+                SavedPlacement::PageLocked => "host-pinned",
+                SavedPlacement::Pageable => "host-pageable",
             }
         );
         let flops = 4.0 * block_forward_flops(cfg, tokens, cfg.text_len);
@@ -593,7 +604,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
             }
         }
         let step_options = StepOptions {
-            activations_on_host: on_host,
+            saved_inputs: saved_inputs(on_host, Some(mode)),
             ..StepOptions::default()
         };
         Ok(checkpointed_step(&model, &inputs, &target, &loras.vars(), &step_options)?.grads)

@@ -320,7 +320,8 @@ pub enum StreamingMode {
     Staged,
 }
 
-/// Where the checkpointed step keeps saved block inputs.
+/// Where the checkpointed step keeps saved block inputs. In RAM (`host`) they are page-locked, except with
+/// `streaming = "staged"`, whose promise is little page-locked memory: there they are pageable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ActivationPlacement {

@@ -11,11 +11,14 @@
 //! Ordering on CUDA is explicit, with events: slot free → copy → ready → compute.
 //!
 //! The step's saved block inputs can live here too ([`SavedInputs`], `memory.activations = "host"`): on CUDA
-//! they move to page-locked host buffers and back on a copy stream of their own, overlapping compute.
+//! they move to host buffers and back on a copy stream of their own, overlapping compute; page-locked buffers,
+//! or pageable ones with `staged` streaming ([`SavedPlacement::host_for`]).
 
 mod activations;
 #[cfg(feature = "cuda")]
 mod activations_cuda;
+#[cfg(feature = "cuda")]
+mod activations_pageable;
 mod copy_pool;
 mod host;
 mod pack;
@@ -29,7 +32,7 @@ use std::sync::Mutex;
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::bytes::tensor_bytes;
-pub use activations::{release_host_activation_buffers, SavedInputs};
+pub use activations::{release_host_activation_buffers, SavedInputs, SavedPlacement};
 pub use copy_pool::CopyPool;
 pub use host::HostBuffer;
 pub use pack::{BlockLayout, TensorSpec, ALIGN};
@@ -118,6 +121,12 @@ pub const STAGING_COPY_THREADS: usize = 12;
 /// next to copying it. Measured with `stage-sweep` (GB/s, two runs each): 1024 KiB 32–45, 256 KiB 45–52, 64 KiB
 /// 49–52.
 pub const COPY_UNIT_BYTES: usize = 64 << 10;
+
+/// Chunk buffers of the page-locked ring through which saved inputs in pageable RAM move (`staged` streaming
+/// with host activations, [`SavedPlacement::Pageable`]).
+pub const ACTIVATION_RING_SLOTS: usize = 4;
+/// Bytes of one of those chunk buffers: 4 × 8 MiB is all the page-locked memory pageable saved inputs take.
+pub const ACTIVATION_RING_CHUNK_BYTES: usize = 8 << 20;
 
 /// Threads the staging copy uses when `requested` are asked for on a machine with `cores` logical cores: at most
 /// one fewer than the cores, so the thread issuing the GPU work (the step's critical path) keeps a core of its own

@@ -5,7 +5,7 @@
 use super::working_set::{per_token_modulation_bytes, StepShape};
 use super::{line, Sizes};
 use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
-use framesmith_config::run::{ActivationPlacement, Checkpointing};
+use framesmith_config::run::{ActivationPlacement, Checkpointing, StreamingMode};
 use framesmith_models::wan::WanConfig;
 
 /// One block's self-attention output (compute dtype) and log-sum-exp (f32, one per head and token), as
@@ -69,6 +69,7 @@ pub(super) fn kept_lines(
     cfg: &WanConfig,
     checkpointing: Checkpointing,
     activations: ActivationPlacement,
+    streaming: StreamingMode,
     batch: u64,
     rank: u64,
     s: &Sizes,
@@ -89,6 +90,8 @@ pub(super) fn kept_lines(
     }
     let saved_at = match activations {
         ActivationPlacement::Device => Placement::Device,
+        // `staged` streaming keeps its promise of little page-locked memory: saved inputs go to pageable RAM.
+        ActivationPlacement::Host if streaming == StreamingMode::Staged => Placement::Host,
         ActivationPlacement::Host => Placement::HostPinned,
     };
     let residual = if s.shape.residual_bytes == 4 {
@@ -109,6 +112,21 @@ pub(super) fn kept_lines(
             saved_input,
             Placement::Device,
         ));
+        if saved_at == Placement::Host {
+            // Pageable saved inputs move through a small page-locked ring of their own.
+            let (slots, chunk) = (
+                framesmith_nn::offload::ACTIVATION_RING_SLOTS as u64,
+                framesmith_nn::offload::ACTIVATION_RING_CHUNK_BYTES as u64,
+            );
+            out.push(line(
+                format!(
+                    "pinned ring for saved inputs ({slots} × {})",
+                    format_gib(chunk)
+                ),
+                slots * chunk,
+                Placement::HostPinned,
+            ));
+        }
     }
     if checkpointing == Checkpointing::Attention {
         let per_block = kept_attention_bytes(cfg, &s.shape);

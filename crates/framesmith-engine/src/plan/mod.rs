@@ -235,6 +235,7 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         cfg,
         input.checkpointing,
         input.streaming.activations,
+        input.streaming.mode,
         input.clip.batch as u64,
         input.lora.rank as u64,
         s,

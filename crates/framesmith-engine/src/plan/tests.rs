@@ -227,7 +227,18 @@ fn staged_streaming_pins_only_the_ring() {
     i.streaming.activations = ActivationPlacement::Host;
     let host = plan(&i).unwrap();
     let one_input = 32_760 * 5120 * 4;
-    assert_eq!(host.pinned_ram_bytes, 3 * chunk + 40 * one_input);
+    // Staged streaming keeps its promise: saved inputs in RAM are pageable; only the weights' ring and the saved
+    // inputs' ring (4 × 8 MiB) are page-locked.
+    let input_ring = 4 * (8 << 20);
+    assert_eq!(host.pinned_ram_bytes, 3 * chunk + input_ring);
+    assert_eq!(
+        host.peak_ram_bytes,
+        20 * block + 3 * chunk + input_ring + 40 * one_input
+    );
+    i.streaming.mode = StreamingMode::Pinned;
+    let pinned_host = plan(&i).unwrap();
+    assert_eq!(pinned_host.pinned_ram_bytes, 20 * block + 40 * one_input);
+    i.streaming.mode = StreamingMode::Staged;
     // Every saved input leaves the card but the one prefetched back for the next block's backward.
     assert_eq!(
         host.peak_vram_bytes,
@@ -498,6 +509,9 @@ fn presets_plan_as_issue_7_wires_them() {
         .breakdown
         .iter()
         .any(|l| l.label.starts_with("saved block inputs") && l.placement.is_host()));
+    // The preset's promise: the weights' ring and the saved inputs' ring are all the page-locked memory (saved
+    // inputs in RAM are pageable).
+    assert_eq!(low.pinned_ram_bytes, 2 * 4 * (8 << 20));
     // Issue #7's headline: balanced-24gb trains 14B at 480p × 81 frames on a 24 GB card.
     let balanced = planned("balanced-24gb", 24.0);
     assert!(

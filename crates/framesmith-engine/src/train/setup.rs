@@ -27,7 +27,9 @@ use framesmith_models::wan::weights;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::offload::{streamed_blocks, OffloadOptions, Placement, StreamMode};
+use framesmith_nn::offload::{
+    streamed_blocks, OffloadOptions, Placement, SavedPlacement, StreamMode,
+};
 use framesmith_nn::vb::Vb;
 
 pub use crate::train::demo_setup::{
@@ -171,6 +173,21 @@ fn streaming_for(
         ..OffloadOptions::default()
     };
     Ok(Some((streamed, offload)))
+}
+
+/// Where the step keeps saved block inputs: host RAM with `memory.activations = "host"` on CUDA, pageable when
+/// `memory.streaming = "staged"` promises little page-locked memory.
+fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacement {
+    if !(plan.memory.applies
+        && device.is_cuda()
+        && plan.memory.activations == ActivationPlacement::Host)
+    {
+        return SavedPlacement::Device;
+    }
+    match plan.memory.streaming {
+        StreamingMode::Staged => SavedPlacement::host_for(StreamMode::Staged),
+        StreamingMode::Pinned | StreamingMode::Off => SavedPlacement::host_for(StreamMode::Pinned),
+    }
 }
 
 /// The memory plan of a run, or why it could not be made.
@@ -508,12 +525,14 @@ impl Trainer {
             max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
             step: 0,
             consecutive_nonfinite: 0,
-            activations_on_host: plan.memory.applies
-                && device.is_cuda()
-                && plan.memory.activations == ActivationPlacement::Host,
+            saved_inputs: saved_inputs_for(plan, &device),
             checkpointing: plan.memory.checkpointing,
             start_frame: plan.model.source == ModelSource::Demo,
             out_of_memory_advice,
+            planned_vram_bytes: memory
+                .as_ref()
+                .and_then(|m| m.as_ref().ok())
+                .map(|r| r.peak_vram_bytes),
             _vram_reservation: vram_reservation,
             outputs,
         })

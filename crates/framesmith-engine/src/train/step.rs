@@ -9,7 +9,7 @@ use candle_core::{backprop::GradStore, DType, Result, Tensor, TensorId, Var};
 
 use framesmith_models::trainable::{ParamGrad, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_models::wan::{WanInputs, WanModel};
-use framesmith_nn::offload::SavedInputs;
+use framesmith_nn::offload::{SavedInputs, SavedPlacement};
 
 /// What the loss compares the model output with.
 pub struct LossTarget<'a> {
@@ -136,8 +136,8 @@ pub struct StepOptions<'a> {
     pub want_input_grads: bool,
     /// Polled between blocks: returning true abandons the step with an error (cooperative cancel).
     pub interrupted: Option<&'a dyn Fn() -> bool>,
-    /// Keep the saved block inputs in host RAM instead of device memory (`memory.activations = "host"`).
-    pub activations_on_host: bool,
+    /// Where the saved block inputs wait (`memory.activations`; host RAM page-locked or pageable).
+    pub saved_inputs: SavedPlacement,
     /// How blocks are back-propagated.
     pub backward: BlockBackward,
     /// Selective checkpointing (manual backward only): keep every block's self-attention output and LSE from the
@@ -148,7 +148,7 @@ pub struct StepOptions<'a> {
     /// No checkpointing (manual backward only): keep every block's whole tape from the forward, so the backward
     /// recomputes nothing. Costs all of every block's intermediates until its backward (tens of GiB at 32k
     /// tokens; little for short sequences, where it moves the backward off the critical path of streaming).
-    /// Saved inputs are not kept separately (they are in the tapes), so `activations_on_host` does not apply.
+    /// Saved inputs are not kept separately (they are in the tapes), so `saved_inputs` does not apply.
     pub keep_tapes: bool,
 }
 
@@ -176,7 +176,7 @@ pub fn checkpointed_step<M: TrainableModel>(
     model.begin_blocks(&order, false)?;
     let manual = options.backward == BlockBackward::Manual;
     let keep = options.keep_attention && manual;
-    let mut saved = SavedInputs::new(model.device(), options.activations_on_host)?;
+    let mut saved = SavedInputs::new(model.device(), options.saved_inputs)?;
     let mut kept = Vec::new();
     let mut tapes = Vec::new();
     let mut xs = head_inputs.block_input().clone();

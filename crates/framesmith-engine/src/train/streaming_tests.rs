@@ -9,7 +9,7 @@ use framesmith_models::wan::random::{random_inputs, random_weights};
 use framesmith_models::wan::transformer::{ModelOptions, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::Lora;
-use framesmith_nn::offload::{OffloadOptions, StreamMode};
+use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
 use framesmith_nn::vb::Vb;
 
 fn randn(seed: u64, shape: &candle_core::Shape) -> Result<Tensor> {
@@ -78,7 +78,7 @@ fn streamed_and_host_activation_steps_give_the_same_lora_gradients() -> Result<(
         weights: None,
         skip_frames: 0,
     };
-    let run = |streamed: &[usize], on_host: bool| -> Result<(f32, Vec<Tensor>)> {
+    let run = |streamed: &[usize], saved: SavedPlacement| -> Result<(f32, Vec<Tensor>)> {
         let mut m = model(None, streamed)?;
         let mut vars = Vec::new();
         for (k, (_, linear)) in m.linears_mut().into_iter().enumerate() {
@@ -94,25 +94,27 @@ fn streamed_and_host_activation_steps_give_the_same_lora_gradients() -> Result<(
             linear.set_lora(Some(lora));
         }
         let options = StepOptions {
-            activations_on_host: on_host,
+            saved_inputs: saved,
             ..StepOptions::default()
         };
         let out = checkpointed_step(&m, &inputs, &target, &vars, &options)?;
         Ok((out.loss, out.grads))
     };
-    let (loss_a, grads_a) = run(&[], false)?;
-    for (streamed, on_host) in [(&[0, 2, 3][..], false), (&[], true), (&[1, 3], true)] {
-        let (loss_b, grads_b) = run(streamed, on_host)?;
+    let (loss_a, grads_a) = run(&[], SavedPlacement::Device)?;
+    for (streamed, saved) in [
+        (&[0, 2, 3][..], SavedPlacement::Device),
+        (&[], SavedPlacement::PageLocked),
+        (&[1, 3], SavedPlacement::PageLocked),
+        (&[0, 3], SavedPlacement::Pageable),
+    ] {
+        let (loss_b, grads_b) = run(streamed, saved)?;
         assert_eq!(
             loss_a, loss_b,
-            "streamed {streamed:?}, host activations {on_host}"
+            "streamed {streamed:?}, saved inputs {saved:?}"
         );
         for (a, b) in grads_a.iter().zip(&grads_b) {
             let diff = (a - b)?.abs()?.max_all()?.to_scalar::<f32>()?;
-            assert_eq!(
-                diff, 0.0,
-                "streamed {streamed:?}, host activations {on_host}"
-            );
+            assert_eq!(diff, 0.0, "streamed {streamed:?}, saved inputs {saved:?}");
         }
     }
     Ok(())

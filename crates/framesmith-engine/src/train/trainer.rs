@@ -24,6 +24,7 @@ use framesmith_config::training::TimestepConfig;
 use framesmith_models::wan::{Timesteps, WanInputs, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
+use framesmith_nn::offload::SavedPlacement;
 
 /// The run was stopped by the user in the middle of a step (between blocks); nothing was applied.
 #[derive(Debug, thiserror::Error)]
@@ -57,14 +58,17 @@ pub struct Trainer {
     pub(super) max_consecutive_nonfinite: usize,
     pub(super) step: usize,
     pub(super) consecutive_nonfinite: usize,
-    /// Saved block inputs wait in host RAM (`memory.activations = "host"`).
-    pub(super) activations_on_host: bool,
+    /// Where saved block inputs wait (`memory.activations`, page-locked or pageable by `memory.streaming`).
+    pub(super) saved_inputs: SavedPlacement,
     /// What the step keeps from each block's forward (`memory.checkpointing`); acts on every device.
     pub(super) checkpointing: Checkpointing,
     /// Each clip's first latent frame is the given start frame (image-to-video training).
     pub(super) start_frame: bool,
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
+    /// The memory planner's predicted peak VRAM for this run (CUDA runs with a plan).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) planned_vram_bytes: Option<u64>,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
     pub(super) _vram_reservation: Option<Box<dyn std::any::Any + Send>>,
     pub(super) outputs: crate::train::checkpoint::Outputs,
@@ -96,6 +100,26 @@ impl Trainer {
         self.model.device()
     }
 
+    /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
+    /// next to the planner's prediction; `None` off CUDA.
+    pub fn vram_line(&self) -> Option<String> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = self.device() {
+            let peak = framesmith_nn::cuda::device::peak_reserved_bytes(dev).ok()?;
+            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+            return Some(match self.planned_vram_bytes {
+                Some(plan) => format!(
+                    "VRAM: peak {:.2} GiB so far (the plan predicted {:.2} GiB, {:+.1}%)",
+                    gib(peak),
+                    gib(plan),
+                    (peak as f64 / plan.max(1) as f64 - 1.0) * 100.0
+                ),
+                None => format!("VRAM: peak {:.2} GiB so far", gib(peak)),
+            });
+        }
+        None
+    }
+
     /// The LoRA adapters being trained.
     pub fn loras(&self) -> &LoraSet {
         &self.loras
@@ -112,7 +136,7 @@ impl Trainer {
         StepOptions {
             want_input_grads: false,
             interrupted: Some(interrupted),
-            activations_on_host: self.activations_on_host,
+            saved_inputs: self.saved_inputs,
             keep_attention: self.checkpointing.keeps_attention(),
             keep_tapes: self.checkpointing.keeps_tapes(),
             ..Default::default()

@@ -1,13 +1,46 @@
 //! The saved block inputs of the checkpointed step (DESIGN.md §4.3), kept on the device or in host RAM
-//! (`memory.activations = "host"`). On CUDA, host activations move asynchronously on a copy stream of their own
-//! (see `activations_cuda.rs`): to page-locked host buffers while the forward pass goes on, and back to the
-//! device one block ahead of the backward pass. Elsewhere they are kept as they are (the CPU) or copied
-//! synchronously.
+//! (`memory.activations = "host"`). On CUDA, host activations move asynchronously on a copy stream of their own:
+//! to host buffers while the forward pass goes on, and back to the device one block ahead of the backward pass.
+//! The buffers are page-locked (`activations_cuda.rs`, the fastest copies) or, for runs that promise little
+//! page-locked memory, pageable (`activations_pageable.rs`). Elsewhere they are kept as they are (the CPU) or
+//! copied synchronously.
 
 use candle_core::{Device, Result, Tensor};
 
 #[cfg(feature = "cuda")]
 use super::activations_cuda::HostStash;
+#[cfg(feature = "cuda")]
+use super::activations_pageable::PageableStash;
+use super::StreamMode;
+
+/// Where the saved block inputs wait between a block's forward and its backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SavedPlacement {
+    /// On the model's device.
+    #[default]
+    Device,
+    /// In page-locked host RAM: the fastest copies, but page-locked memory is scarce (on Windows it is shared
+    /// GPU memory, capped near half of RAM).
+    PageLocked,
+    /// In ordinary host RAM, copied through the driver's small staging buffers.
+    Pageable,
+}
+
+impl SavedPlacement {
+    /// Host RAM of the kind block streaming in `mode` promises: pageable with `staged` (whose point is to keep
+    /// page-locked memory to a small ring), page-locked otherwise.
+    pub fn host_for(mode: StreamMode) -> Self {
+        match mode {
+            StreamMode::Staged => Self::Pageable,
+            StreamMode::Pinned | StreamMode::Host => Self::PageLocked,
+        }
+    }
+
+    /// Whether the inputs leave the device.
+    pub fn is_host(self) -> bool {
+        self != Self::Device
+    }
+}
 
 /// The inputs of the blocks, saved in forward order and taken back in reverse.
 pub struct SavedInputs {
@@ -22,13 +55,20 @@ enum Kind {
     /// Asynchronous copies to page-locked host buffers and back.
     #[cfg(feature = "cuda")]
     Cuda(HostStash),
+    /// Asynchronous copies to pageable host buffers and back, issued by a thread of their own.
+    #[cfg(feature = "cuda")]
+    CudaPageable(PageableStash),
 }
 
 impl SavedInputs {
-    /// Saved inputs for a model on `device`; `on_host` keeps them in host RAM.
-    pub fn new(device: &Device, on_host: bool) -> Result<Self> {
+    /// Saved inputs for a model on `device`, kept where `placement` says (on the CPU they stay as they are).
+    pub fn new(device: &Device, placement: SavedPlacement) -> Result<Self> {
         let kind = match device {
-            _ if !on_host || device.is_cpu() => Kind::Kept(Vec::new()),
+            _ if !placement.is_host() || device.is_cpu() => Kind::Kept(Vec::new()),
+            #[cfg(feature = "cuda")]
+            Device::Cuda(dev) if placement == SavedPlacement::Pageable => {
+                Kind::CudaPageable(PageableStash::new(dev)?)
+            }
             #[cfg(feature = "cuda")]
             Device::Cuda(dev) => Kind::Cuda(HostStash::new(dev)?),
             _ => Kind::Copied {
@@ -47,6 +87,8 @@ impl SavedInputs {
             Kind::Copied { saved, .. } => saved.push(xs.to_device(&Device::Cpu)?),
             #[cfg(feature = "cuda")]
             Kind::Cuda(stash) => stash.push(xs)?,
+            #[cfg(feature = "cuda")]
+            Kind::CudaPageable(stash) => stash.push(xs)?,
         }
         Ok(())
     }
@@ -61,6 +103,8 @@ impl SavedInputs {
             }
             #[cfg(feature = "cuda")]
             Kind::Cuda(stash) => stash.pop()?,
+            #[cfg(feature = "cuda")]
+            Kind::CudaPageable(stash) => stash.pop()?,
         };
         taken.ok_or_else(|| candle_core::Error::Msg("no saved block input left".into()))
     }
@@ -71,6 +115,8 @@ impl SavedInputs {
             Kind::Kept(saved) | Kind::Copied { saved, .. } => saved.len(),
             #[cfg(feature = "cuda")]
             Kind::Cuda(stash) => stash.len(),
+            #[cfg(feature = "cuda")]
+            Kind::CudaPageable(stash) => stash.len(),
         }
     }
 
@@ -80,11 +126,14 @@ impl SavedInputs {
     }
 }
 
-/// Frees the page-locked buffers that host activations keep between steps (a no-op without CUDA). They are kept
-/// so that a steady run allocates no page-locked memory; call this when a run ends.
+/// Frees the host buffers that host activations keep between steps (a no-op without CUDA). They are kept so that
+/// a steady run allocates no host memory; call this when a run ends.
 pub fn release_host_activation_buffers() {
     #[cfg(feature = "cuda")]
-    super::activations_cuda::release_pool();
+    {
+        super::activations_cuda::release_pool();
+        super::activations_pageable::release_pool();
+    }
 }
 
 #[cfg(test)]
@@ -93,8 +142,12 @@ mod tests {
 
     #[test]
     fn inputs_come_back_in_reverse_order_on_the_cpu() -> Result<()> {
-        for on_host in [false, true] {
-            let mut saved = SavedInputs::new(&Device::Cpu, on_host)?;
+        for placement in [
+            SavedPlacement::Device,
+            SavedPlacement::PageLocked,
+            SavedPlacement::Pageable,
+        ] {
+            let mut saved = SavedInputs::new(&Device::Cpu, placement)?;
             for i in 0..3u32 {
                 saved.push(Tensor::new(&[i, i + 10], &Device::Cpu)?)?;
             }
@@ -106,5 +159,24 @@ mod tests {
             assert!(saved.pop().is_err());
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod placement_tests {
+    use super::*;
+
+    #[test]
+    fn staged_streaming_keeps_host_activations_pageable() {
+        assert_eq!(
+            SavedPlacement::host_for(StreamMode::Staged),
+            SavedPlacement::Pageable
+        );
+        assert_eq!(
+            SavedPlacement::host_for(StreamMode::Pinned),
+            SavedPlacement::PageLocked
+        );
+        assert!(!SavedPlacement::Device.is_host());
+        assert!(SavedPlacement::Pageable.is_host());
     }
 }

@@ -12,11 +12,11 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, Device
 use candle_core::cuda_backend::WrapErr;
 use candle_core::{DType, Device, Result, Storage, Tensor};
 
-use super::{BlockLayout, CopyPool, HostBuffer, OffloadOptions, SlotBackend, StreamMode};
+use super::{BlockLayout, CopyPool, HostBuffer, OffloadOptions, SlotBackend};
 
 /// A raw driver handle or pointer that may move to the staging worker (the driver allows any thread to use it).
 #[derive(Clone, Copy)]
-struct SendPtr<T>(T);
+pub(super) struct SendPtr<T>(pub(super) T);
 // SAFETY: CUDA driver handles and device addresses are plain values usable from any thread of the process.
 unsafe impl<T> Send for SendPtr<T> {}
 
