@@ -442,7 +442,21 @@ impl Trainer {
         // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
         let encoded =
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
-        let (mut model, base_name) = load_model(plan, &device, memory.as_ref())?;
+        let (mut model, base_name) =
+            load_model(plan, &device, memory.as_ref()).map_err(|e| {
+                let out_of_memory = e.chain().any(|c| {
+                    c.downcast_ref::<candle_core::Error>()
+                        .is_some_and(framesmith_nn::offload::is_out_of_memory)
+                });
+                if out_of_memory {
+                    anyhow::anyhow!(
+                        "the GPU ran out of memory while loading the model's resident blocks ({e:#}); the file \
+                         is fine. {out_of_memory_advice}"
+                    )
+                } else {
+                    e
+                }
+            })?;
         log(
             LogLevel::Info,
             format!("model: {base_name} on {}", device_label(&device)),

@@ -105,17 +105,25 @@ impl Trainer {
     pub fn vram_line(&self) -> Option<String> {
         #[cfg(feature = "cuda")]
         if let Device::Cuda(dev) = self.device() {
-            let peak = framesmith_nn::cuda::device::peak_reserved_bytes(dev).ok()?;
+            use framesmith_nn::cuda::device;
+            let peak = device::peak_reserved_bytes(dev).ok()?;
+            let held = device::used_memory_bytes(dev).ok()?;
+            let (free, _) = device::memory_info(dev).ok()?;
             let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-            return Some(match self.planned_vram_bytes {
+            let plan = match self.planned_vram_bytes {
                 Some(plan) => format!(
-                    "VRAM: peak {:.2} GiB so far (the plan predicted {:.2} GiB, {:+.1}%)",
-                    gib(peak),
+                    " (the plan predicted {:.2} GiB, {:+.1}%)",
                     gib(plan),
                     (peak as f64 / plan.max(1) as f64 - 1.0) * 100.0
                 ),
-                None => format!("VRAM: peak {:.2} GiB so far", gib(peak)),
-            });
+                None => String::new(),
+            };
+            return Some(format!(
+                "VRAM: peak {:.2} GiB so far{plan}; {:.2} GiB held between steps, {:.2} GiB of the card free",
+                gib(peak),
+                gib(held),
+                gib(free)
+            ));
         }
         None
     }
