@@ -400,7 +400,7 @@ fn gpu_lines(facts: &SystemFacts) -> Vec<String> {
     }
     if facts.build.is_windows() {
         lines.push(
-            "Sysmem fallback: cannot be read here; NVIDIA Control Panel → Manage 3D settings → CUDA – Sysmem \
+            "Sysmem fallback: cannot be read here; NVIDIA Control Panel > Manage 3D settings > CUDA - Sysmem \
              Fallback Policy shows it (Prefer No Sysmem Fallback: out of memory instead of a slow spill)"
                 .into(),
         );
