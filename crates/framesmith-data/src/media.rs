@@ -550,9 +550,10 @@ pub fn tool_version(tool: &Path) -> Result<String, String> {
     if !out.status.success() {
         return Err(format!("{name} -version failed ({})", out.status));
     }
+    // "ffmpeg version 5.1.6-0+deb12u1 Copyright (c) 2000-2024 the FFmpeg developers": the part before the notice.
     String::from_utf8_lossy(&out.stdout)
         .lines()
-        .map(str::trim)
+        .map(|l| l.split(" Copyright").next().unwrap_or(l).trim())
         .find(|l| !l.is_empty())
         .map(str::to_owned)
         .ok_or_else(|| format!("{name} -version printed nothing"))
@@ -586,7 +587,10 @@ mod tests {
         // ffmpeg is on the PATH of the test machines (the decoding tests need it too).
         if let Some(ffmpeg) = find_tool("ffmpeg") {
             let line = tool_version(&ffmpeg).unwrap();
-            assert!(line.starts_with("ffmpeg version"), "{line}");
+            assert!(
+                line.starts_with("ffmpeg version") && !line.contains("Copyright"),
+                "{line}"
+            );
         }
     }
 
