@@ -74,6 +74,9 @@ enum Command {
     Generate(Box<cli::generate::GenerateArgs>),
     /// Predict peak VRAM and RAM of a training config, and how many blocks to stream
     Plan(Box<cli::plan::PlanArgs>),
+    /// Check this build and machine for training (GPU, driver, CUDA libraries, memory, ffmpeg, disk): each problem
+    /// with its fix; exits with 3 when something blocks training
+    Doctor(cli::doctor::DoctorArgs),
     /// Compare a module against reference fixture directories made by the official Wan code
     CheckParity {
         #[arg(required = true)]
@@ -122,6 +125,7 @@ fn main() -> ExitCode {
         Some(Command::Cache { action }) => cli::cache::run(&action).map(|_| ExitCode::SUCCESS),
         Some(Command::Generate(args)) => cli::generate::run(&args).map(|_| ExitCode::SUCCESS),
         Some(Command::Plan(args)) => cli::plan::run(&args),
+        Some(Command::Doctor(args)) => cli::doctor::run(&args),
     };
     match result {
         Ok(code) => code,

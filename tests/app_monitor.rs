@@ -197,3 +197,117 @@ fn the_shared_memory_guard_pauses_a_spilling_run_once() {
     assert!(sent.is_empty(), "paused once only: {sent:?}");
     h.get_by_label(SPILL_WARNING);
 }
+
+/// A Windows CPU build on a PC with an old GPU and a nearly full disk: one blocking problem, one warning.
+fn system_report() -> framesmith_config::protocol::doctor::SystemReport {
+    use framesmith_config::protocol::doctor::*;
+    SystemReport {
+        facts: SystemFacts {
+            build: BuildFacts {
+                version: "0.1.0".into(),
+                platform: "windows x86_64".into(),
+                cuda: false,
+                cudnn: false,
+                reads_machine: true,
+            },
+            gpus: GpuScan {
+                driver: Some(DriverFacts {
+                    version: "581.29".into(),
+                    cuda: Some(CudaVersion {
+                        major: 13,
+                        minor: 0,
+                    }),
+                }),
+                gpus: vec![GpuFacts {
+                    index: 0,
+                    name: "NVIDIA GeForce RTX 4070".into(),
+                    compute_capability: Some(ComputeCapability { major: 8, minor: 9 }),
+                    memory_total_bytes: 12 * GIB,
+                    memory_free_bytes: 11 * GIB,
+                    driver_model: Some(DriverModel::Wddm),
+                }],
+                error: None,
+            },
+            cuda: None,
+            memory: MemoryFacts {
+                ram_total_bytes: Some(64 * GIB),
+                ram_available_bytes: Some(40 * GIB),
+                page_locked: PageLockedLimit::HalfOfRam(32 * GIB),
+            },
+            media: MediaFacts {
+                ffmpeg: None,
+                ffprobe: None,
+                media_foundation: true,
+            },
+            disk: DiskFacts {
+                folder: "C:\\Users\\me\\Documents\\Framesmith\\output".into(),
+                mount_point: Some("C:\\".into()),
+                free_bytes: Some(300 << 20),
+                total_bytes: Some(500 * GIB),
+                error: None,
+            },
+        },
+        findings: vec![
+            Finding {
+                severity: Severity::Blocking,
+                problem: "Only 300.0 MiB free for the output folder".into(),
+                fix: "free disk space".into(),
+            },
+            Finding {
+                severity: Severity::Warning,
+                problem: "This build has no CUDA: training runs on the CPU".into(),
+                fix: "install the GPU build, Framesmith-Setup-0.1.0-cuda.exe".into(),
+            },
+        ],
+    }
+}
+
+#[test]
+fn the_system_check_runs_when_the_monitor_is_shown_and_lists_each_problem_with_its_fix() {
+    let backend = app_support::FakeBackend::with_system_report(system_report());
+    let mut options = AppOptions::for_tests(backend.clone());
+    options.telemetry = TelemetrySource::Off;
+    let mut h = harness_with(options);
+    settle(&mut h);
+    assert_eq!(backend.system_checks(), 0, "not before the tab is shown");
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    assert_eq!(backend.system_checks(), 1);
+    assert_eq!(
+        backend.checked_folder.lock().unwrap().as_deref(),
+        Some(h.state().config().output.output_dir.as_path()),
+        "the disk checked is the output folder's"
+    );
+    // A blocking problem opens the section.
+    h.get_by_label_contains("System check · 1 problem blocks training (1 warning)");
+    h.get_by_label("Blocks training: Only 300.0 MiB free for the output folder");
+    h.get_by_label("Fix: free disk space");
+    h.get_by_label("Warning: This build has no CUDA: training runs on the CPU");
+    h.get_by_label("Fix: install the GPU build, Framesmith-Setup-0.1.0-cuda.exe");
+    // The facts, in the command line's words.
+    h.get_by_label("GPU support: no CUDA: this build trains on the CPU only");
+    h.get_by_label_contains("GPU 0 · NVIDIA GeForce RTX 4070 · compute capability 8.9");
+    h.get_by_label_contains("Sysmem fallback: cannot be read here");
+    h.get_by_label_contains("Windows allows about half of RAM");
+    h.get_by_label("ffmpeg: not found (Windows Media Foundation reads the videos)");
+    assert!(h.state().system_report().is_some());
+
+    h.get_by_label("Check again").click();
+    settle(&mut h);
+    assert_eq!(backend.system_checks(), 2);
+    settle(&mut h);
+    assert_eq!(backend.system_checks(), 2, "once per click");
+}
+
+#[test]
+fn a_backend_without_a_system_check_says_so() {
+    let (backend, options) = options(History::new(1));
+    let mut h = harness_with(options);
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    assert_eq!(backend.system_checks(), 1);
+    h.get_by_label_contains("System check · not available")
+        .click();
+    settle(&mut h);
+    h.get_by_label("No system check: the system check is not connected");
+}

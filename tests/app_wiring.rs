@@ -141,3 +141,36 @@ fn start_trains_the_demo_project_with_the_real_engine() {
         view.samples
     );
 }
+
+#[test]
+fn the_monitor_tab_shows_the_real_system_check() {
+    let mut h = harness();
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    let report = h
+        .state()
+        .system_report()
+        .expect("the system check ran")
+        .clone();
+    assert_eq!(report.facts.build.cuda, cfg!(feature = "cuda"));
+    assert_eq!(
+        report.facts.disk.folder,
+        std::path::absolute(&h.state().config().output.output_dir).unwrap()
+    );
+    let header = format!("System check · {}", report.verdict_line());
+    if !report.blocks_training() {
+        // Closed unless something blocks training.
+        h.get_by_label_contains(&header).click();
+        settle(&mut h);
+    }
+    for finding in &report.findings {
+        // ffmpeg and ffprobe missing share a fix.
+        let fix = format!("Fix: {}", finding.fix);
+        assert!(h.query_all_by_label(&fix).next().is_some(), "{fix}");
+    }
+    if !cfg!(feature = "cuda") {
+        h.get_by_label("GPU support: no CUDA: this build trains on the CPU only");
+        h.get_by_label("Attention: portable tiled kernel (this build has no CUDA)");
+        h.get_by_label("None: this build has no CUDA");
+    }
+}

@@ -1,4 +1,4 @@
-//! Small headless commands: `inspect`, `presets`, `dataset check`, with their exit statuses.
+//! Small headless commands: `inspect`, `presets`, `dataset check`, `doctor`, with their exit statuses.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 mod cli_support;
@@ -44,6 +44,57 @@ fn presets_list_and_show() {
     let (ok, _, stderr) = framesmith(&["presets", "show", "no-such-preset"]);
     assert!(!ok);
     assert!(stderr.contains("no-such-preset"), "{stderr}");
+}
+
+#[test]
+fn doctor_prints_every_section_and_exits_by_its_verdict() {
+    use framesmith_config::protocol::doctor::SystemReport;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("runs/out");
+    let out_arg = cli_support::s(&out);
+    let (code, stdout, stderr) = cli_support::framesmith_status(&["doctor", "--output", out_arg]);
+    for section in ["Build", "GPU", "CUDA libraries", "Memory", "Video", "Disk"] {
+        assert!(
+            stdout.lines().any(|l| l == section),
+            "{section} missing:\n{stdout}{stderr}"
+        );
+    }
+    assert!(
+        stdout.contains(out_arg),
+        "the output folder is named:\n{stdout}"
+    );
+    let verdict = stdout.lines().last().unwrap_or_default();
+    match code {
+        Some(0) => assert!(verdict.starts_with("Nothing blocks training"), "{stdout}"),
+        Some(3) => {
+            assert!(verdict.contains("block training") || verdict.contains("blocks training"))
+        }
+        other => panic!("exit {other:?}:\n{stdout}{stderr}"),
+    }
+
+    let (json_code, json, _) =
+        cli_support::framesmith_status(&["doctor", "--output", out_arg, "--json"]);
+    let report: SystemReport =
+        serde_json::from_str(&json).expect("doctor --json is a SystemReport");
+    assert_eq!(json_code, code);
+    assert_eq!(report.blocks_training(), code == Some(3));
+    assert_eq!(report.facts.build.cuda, cfg!(feature = "cuda"));
+    if !cfg!(feature = "cuda") {
+        // The CPU build says so plainly, says how to get the GPU build, and nothing about a GPU blocks it: only a
+        // nearly full disk could.
+        assert!(
+            stdout.contains("GPU support: no CUDA: this build trains on the CPU only")
+                && stdout.contains("warning: This build has no CUDA")
+                && stdout.contains("Attention: portable tiled kernel (this build has no CUDA)"),
+            "{stdout}"
+        );
+        let disk_ok = report
+            .facts
+            .disk
+            .free_bytes
+            .is_none_or(|b| b >= framesmith_engine::doctor::BLOCKING_FREE_DISK_BYTES);
+        assert_eq!(code == Some(0), disk_ok, "{stdout}");
+    }
 }
 
 #[test]

@@ -1,10 +1,11 @@
 //! The GUI's `Backend`: connects the app (which never sees tensors) to the model inspector, the dataset checker,
-//! the presets, validation and the engine thread. Uses only the crates' own paths, so `tests/app_wiring.rs` can
+//! the presets, validation, the system check and the engine thread. Uses only the crates' own paths, so `tests/app_wiring.rs` can
 //! include this file as it is.
 
 use std::path::{Path, PathBuf};
 
 use framesmith_app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
+use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::EngineHandle;
 use framesmith_config::{presets, validate, HostInfo, RunConfig};
@@ -121,6 +122,10 @@ impl Backend for EngineBackend {
         dataset_toml: Option<&str>,
     ) -> Result<PlanReport, String> {
         framesmith_engine::plan::plan_config(config, dataset_toml).map_err(|err| format!("{err:#}"))
+    }
+
+    fn system_check(&self, output_dir: &Path) -> Result<SystemReport, String> {
+        Ok(framesmith_engine::doctor::check(output_dir))
     }
 
     fn demo_project(&self) -> RunConfig {

@@ -2,6 +2,7 @@
 
 pub mod cache;
 pub mod demo;
+pub mod doctor;
 pub mod generate;
 #[cfg(feature = "gui")]
 pub mod gui;

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use egui_kittest::Harness;
@@ -13,6 +14,7 @@ use framesmith_app::{
     scan_folders, AppOptions, Backend, DatasetSummary, FieldIssue, FramesmithApp, ModelRole,
     PresetView, Severity,
 };
+use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::{channel_pair, EngineEnd, EngineHandle};
 use framesmith_config::run::StreamingMode;
 use framesmith_config::RunConfig;
@@ -27,6 +29,11 @@ pub const RANK_LIMIT_MESSAGE: &str = "Rank must be at most 128";
 pub struct FakeBackend {
     engine_ends: Mutex<Vec<EngineEnd>>,
     pub engine_error: Option<String>,
+    /// What `system_check` answers (`None`: the default "not connected").
+    pub system_report: Option<SystemReport>,
+    /// How many system checks were asked for, and the output folder of the last.
+    system_checks: AtomicUsize,
+    pub checked_folder: Mutex<Option<PathBuf>>,
 }
 
 impl FakeBackend {
@@ -53,6 +60,18 @@ impl FakeBackend {
 
     pub fn engines_spawned(&self) -> usize {
         self.engine_ends.lock().unwrap().len()
+    }
+
+    /// A backend whose system check answers `report`.
+    pub fn with_system_report(report: SystemReport) -> Arc<Self> {
+        Arc::new(Self {
+            system_report: Some(report),
+            ..Self::default()
+        })
+    }
+
+    pub fn system_checks(&self) -> usize {
+        self.system_checks.load(Ordering::SeqCst)
     }
 }
 
@@ -113,6 +132,15 @@ impl Backend for FakeBackend {
             });
         }
         issues
+    }
+
+    fn system_check(&self, output_dir: &Path) -> Result<SystemReport, String> {
+        self.system_checks.fetch_add(1, Ordering::SeqCst);
+        *self.checked_folder.lock().unwrap() = Some(output_dir.to_path_buf());
+        match &self.system_report {
+            Some(report) => Ok(report.clone()),
+            None => Err("the system check is not connected".into()),
+        }
     }
 
     fn demo_project(&self) -> RunConfig {

@@ -5,6 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::EngineHandle;
 use framesmith_config::RunConfig;
@@ -142,6 +143,13 @@ pub trait Backend: Send + Sync {
     ) -> Result<PlanReport, String> {
         let _ = (config, dataset_toml);
         Err("the memory planner is not connected".into())
+    }
+
+    /// The system check (`framesmith doctor`): this build and machine, and what stops or slows training into
+    /// `output_dir`. May block for a moment (NVML, CUDA, `ffmpeg -version`).
+    fn system_check(&self, output_dir: &Path) -> Result<SystemReport, String> {
+        let _ = output_dir;
+        Err("the system check is not connected".into())
     }
 
     /// The built-in demo project: trains at once with no downloads and no GPU.

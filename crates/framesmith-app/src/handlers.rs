@@ -33,6 +33,7 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
             app.editor.set_issues(generation, issues);
         }
         JobResult::Planned { generation, result } => app.fit.finish(generation, result),
+        JobResult::SystemChecked(result) => app.system_check.finish(result),
         JobResult::OutputFolderRead { dir, runs, next } => {
             app.output_folder.finish(dir, runs, next)
         }

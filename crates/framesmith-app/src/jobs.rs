@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 use std::sync::mpsc::{Receiver, SyncSender, TrySendError};
 
+use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::StartRun;
 use framesmith_config::RunConfig;
@@ -51,6 +52,8 @@ pub enum JobResult {
         generation: u64,
         result: Result<Box<PlanReport>, String>,
     },
+    /// The system check of the Monitor tab.
+    SystemChecked(Result<Box<SystemReport>, String>),
     /// Empty when the dialog was cancelled.
     Picked {
         purpose: PickPurpose,

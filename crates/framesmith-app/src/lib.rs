@@ -28,6 +28,7 @@ mod screenshot;
 mod settings;
 mod spill_guard;
 mod standalone;
+mod system_check_panel;
 mod tabs;
 mod theme;
 mod train_panel;

@@ -1,5 +1,5 @@
-//! The Monitor tab: VRAM, RAM and (on Windows) shared GPU memory charts from the telemetry history, per-GPU
-//! readings, and the spilling warning.
+//! The Monitor tab: the system check, VRAM, RAM and (on Windows) shared GPU memory charts from the telemetry
+//! history, per-GPU readings, and the spilling warning.
 
 use egui::{RichText, Ui};
 
@@ -7,15 +7,22 @@ use framesmith_telemetry::{History, Sample, SpillWarning, Telemetry};
 
 use super::charts::{chart_ui, Series};
 use super::standalone::format_bytes;
+use super::system_check_panel::{system_check_ui, SystemCheckView};
 use super::theme;
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 /// Draws the Monitor tab.
-pub fn monitor_ui(ui: &mut Ui, telemetry: Option<&Telemetry>, spill: Option<&SpillWarning>) {
+pub fn monitor_ui(
+    ui: &mut Ui,
+    system_check: &mut SystemCheckView,
+    telemetry: Option<&Telemetry>,
+    spill: Option<&SpillWarning>,
+) {
     if let Some(spill) = spill {
         spill_banner_ui(ui, spill);
     }
+    system_check_ui(system_check, ui);
     let Some(telemetry) = telemetry else {
         ui.label("Telemetry is off in this session");
         return;

@@ -43,7 +43,12 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                 Tab::Project => project_ui(app, ui),
                 Tab::Config => config_ui(app, ui),
                 Tab::Train => train_ui(app, ui),
-                Tab::Monitor => monitor_ui(ui, app.telemetry.as_ref(), app.spill.as_ref()),
+                Tab::Monitor => monitor_ui(
+                    ui,
+                    &mut app.system_check,
+                    app.telemetry.as_ref(),
+                    app.spill.as_ref(),
+                ),
                 Tab::Samples => samples_ui(app, ui),
             });
     });

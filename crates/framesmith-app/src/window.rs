@@ -22,6 +22,7 @@ use super::samples_panel::SamplesState;
 use super::screenshot::ScreenshotState;
 use super::settings::{SavedRun, Settings, Tab};
 use super::spill_guard::{pause_message, SpillGuard};
+use super::system_check_panel::SystemCheckView;
 use super::{tabs_ui, theme, AppOptions, TelemetrySource};
 
 /// Events folded per frame at most, so a flood never stalls a frame (the rest wait for the next).
@@ -64,6 +65,8 @@ pub struct FramesmithApp {
     pub(super) validating: Option<u64>,
     /// The "Will it fit?" plan of the edited config.
     pub(super) fit: FitView,
+    /// The Monitor tab's system check.
+    pub(super) system_check: SystemCheckView,
     pub(super) screenshot: Option<ScreenshotState>,
     /// What the configured output folder holds (shown before Start).
     pub(super) output_folder: super::output_folder::OutputFolderView,
@@ -120,6 +123,7 @@ impl FramesmithApp {
             preparing: false,
             validating: None,
             fit: FitView::default(),
+            system_check: SystemCheckView::default(),
             screenshot: options.screenshot.map(ScreenshotState::new),
             closing: Default::default(),
             output_folder: Default::default(),
@@ -153,6 +157,11 @@ impl FramesmithApp {
     /// The "Will it fit?" plan of the edited config, once one has arrived.
     pub fn memory_plan(&self) -> Option<&framesmith_config::protocol::memory::PlanReport> {
         self.fit.report()
+    }
+
+    /// The Monitor tab's system check, once one has arrived.
+    pub fn system_report(&self) -> Option<&framesmith_config::protocol::doctor::SystemReport> {
+        self.system_check.report()
     }
 
     /// The frame now shown by the sample player.
@@ -424,6 +433,18 @@ impl FramesmithApp {
         });
     }
 
+    /// Runs the system check when the Monitor tab first shows it, and again when asked.
+    fn check_system_if_wanted(&mut self) {
+        if self.settings.tab != Tab::Monitor || !self.system_check.needs_check() {
+            return;
+        }
+        let output_dir = self.editor.config().output.output_dir.clone();
+        let backend = Arc::clone(&self.backend);
+        self.jobs.spawn("system check", move || {
+            JobResult::SystemChecked(backend.system_check(&output_dir).map(Box::new))
+        });
+    }
+
     fn read_output_folder_if_stale(&mut self) {
         if self.settings.tab != Tab::Train || !self.run.can_start() {
             return;
@@ -540,6 +561,7 @@ impl eframe::App for FramesmithApp {
         self.drain_engine();
         self.validate_if_stale();
         self.plan_if_stale();
+        self.check_system_if_wanted();
         self.read_output_folder_if_stale();
         self.take_dropped_files(ctx);
         if let Some(telemetry) = &self.telemetry {

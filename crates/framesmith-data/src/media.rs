@@ -531,8 +531,37 @@ fn exe_name(name: &str) -> String {
     }
 }
 
-/// `name` beside the running executable, else the first match on `PATH`.
-fn find_tool(name: &str) -> Option<PathBuf> {
+/// The first line of `tool -version` (`ffmpeg version 6.1.1-3ubuntu5 …`), or why it did not answer; within the
+/// probe time limit, so a hung tool is reported, not waited on.
+pub fn tool_version(tool: &Path) -> Result<String, String> {
+    let name = tool
+        .file_stem()
+        .map_or_else(|| "the tool".into(), |s| s.to_string_lossy().into_owned());
+    let mut cmd = Command::new(tool);
+    cmd.arg("-version");
+    let out =
+        run_with_timeout(cmd, DEFAULT_PROBE_TIMEOUT, &name, tool).map_err(|err| match err {
+            MediaError::Timeout { secs, .. } => {
+                format!("{name} -version did not answer within {secs} s")
+            }
+            MediaError::Io { source, .. } => format!("cannot run {name} ({source})"),
+            other => other.reason(),
+        })?;
+    if !out.status.success() {
+        return Err(format!("{name} -version failed ({})", out.status));
+    }
+    // "ffmpeg version 5.1.6-0+deb12u1 Copyright (c) 2000-2024 the FFmpeg developers": the part before the notice.
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split(" Copyright").next().unwrap_or(l).trim())
+        .find(|l| !l.is_empty())
+        .map(str::to_owned)
+        .ok_or_else(|| format!("{name} -version printed nothing"))
+}
+
+/// `name` (`ffmpeg`, `ffprobe`) beside the running executable, else the first match on `PATH`: where
+/// [`MediaTools::locate`] finds the tools.
+pub fn find_tool(name: &str) -> Option<PathBuf> {
     let file = exe_name(name);
     let beside_exe = std::env::current_exe()
         .ok()
@@ -550,6 +579,20 @@ fn find_tool(name: &str) -> Option<PathBuf> {
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tool_version_reads_the_first_line_or_says_why_not() {
+        let missing = tool_version(Path::new("/nonexistent/ffmpeg")).unwrap_err();
+        assert!(missing.contains("ffmpeg"), "{missing}");
+        // ffmpeg is on the PATH of the test machines (the decoding tests need it too).
+        if let Some(ffmpeg) = find_tool("ffmpeg") {
+            let line = tool_version(&ffmpeg).unwrap();
+            assert!(
+                line.starts_with("ffmpeg version") && !line.contains("Copyright"),
+                "{line}"
+            );
+        }
+    }
 
     #[test]
     fn probe_json_is_parsed() {

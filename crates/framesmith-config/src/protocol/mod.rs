@@ -1,6 +1,7 @@
 //! The UI ↔ engine protocol: plain data only (numbers, strings, paths), never tensors. The app sends `Command`s
 //! and drains `Event`s; the engine thread does the reverse. Both sides use bounded channels.
 
+pub mod doctor;
 pub mod memory;
 
 use std::path::PathBuf;

@@ -1,7 +1,8 @@
 //! Framesmith's own CUDA kernels (`kernels/*.cu`, compiled to PTX by build.rs) as candle custom ops with CPU
 //! references: FP8 dequantisation, RMSNorm / LayerNorm, modulation, gated residual, GELU-tanh, 3D RoPE, and (with the
-//! `cudnn` feature) cuDNN's fused attention. Only built with the `cuda` feature; the public functions here take
-//! CUDA tensors and fall back to the portable implementations for tensors on other devices.
+//! `cudnn` feature) cuDNN's fused attention; plus what the CUDA libraries report about themselves (`libraries`).
+//! Only built with the `cuda` feature; the public functions here take CUDA tensors and fall back to the portable
+//! implementations for tensors on other devices.
 
 // Launching kernels and handing raw device pointers to cuDNN are FFI calls that Rust cannot check: this module
 // tree is the one place where the crate uses `unsafe` for CUDA. Each block says what it relies on.
@@ -14,6 +15,7 @@ pub mod device;
 pub mod elementwise;
 pub mod fp8;
 pub mod gemm;
+pub mod libraries;
 pub mod mixed;
 pub mod norm;
 mod ptx;
