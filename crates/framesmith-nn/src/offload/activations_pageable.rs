@@ -11,7 +11,6 @@
 #![allow(unsafe_code)]
 
 use std::collections::VecDeque;
-use std::sync::mpsc::{channel, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 
@@ -19,7 +18,7 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, CudaSt
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{DType, Device, Result, Shape, Tensor};
 
-use super::cuda::{device_ptr, new_event, stream_wait, Pinned, SendPtr};
+use super::cuda::{device_ptr, new_event, stream_wait, Pinned, Queue, SendPtr};
 use super::{
     staging_copy_threads, CopyPool, HostBuffer, ACTIVATION_RING_CHUNK_BYTES as RING_CHUNK_BYTES,
     ACTIVATION_RING_SLOTS as RING_SLOTS, COPY_UNIT_BYTES,
@@ -87,7 +86,7 @@ enum Direction {
 /// The worker's answer to a job, in job order: the buffer (its copy done) or what failed.
 type Ack = std::result::Result<HostBuffer, String>;
 
-fn worker(ctx: &CudaContext, copy: sys::CUstream, jobs: &Receiver<Job>, acks: &Sender<Ack>) {
+fn worker(ctx: &CudaContext, copy: sys::CUstream, jobs: &Queue<Job>, acks: &Queue<Ack>) {
     let ring = ctx
         .bind_to_thread()
         .map_err(|e| format!("binding the CUDA context: {e:?}"))
@@ -95,16 +94,18 @@ fn worker(ctx: &CudaContext, copy: sys::CUstream, jobs: &Receiver<Job>, acks: &S
     let mut ring = match ring {
         Ok(r) => r,
         Err(e) => {
-            let _ = acks.send(Err(e));
+            acks.push(Err(e));
+            acks.close();
             return;
         }
     };
-    for job in jobs {
+    while let Some(job) = jobs.pop() {
         let ack = ring.run(job).map_err(|e| e.to_string());
-        if acks.send(ack).is_err() {
+        if !acks.push(ack) {
             break;
         }
     }
+    acks.close();
 }
 
 /// The worker's page-locked chunk ring, with an event per chunk buffer recorded after its last device copy.
@@ -259,8 +260,8 @@ pub(super) struct PageableStash {
     /// Events nothing waits on any more, for reuse; `all` holds every event made, destroyed on drop.
     spare: Vec<sys::CUevent>,
     all: Vec<sys::CUevent>,
-    jobs: Option<Sender<Job>>,
-    acks: Receiver<Ack>,
+    jobs: Arc<Queue<Job>>,
+    acks: Arc<Queue<Ack>>,
     handle: Option<JoinHandle<()>>,
     copy: sys::CUstream,
 }
@@ -271,8 +272,8 @@ impl PageableStash {
         let ctx = stream.context().clone();
         ctx.bind_to_thread().w()?;
         let copy = result::stream::create(result::stream::StreamKind::NonBlocking).w()?;
-        let (jobs, jobs_rx) = channel::<Job>();
-        let (acks_tx, acks) = channel::<Ack>();
+        let (jobs, acks) = (Queue::<Job>::new(), Queue::<Ack>::new());
+        let (jobs_rx, acks_tx) = (jobs.clone(), acks.clone());
         let (worker_ctx, worker_copy) = (ctx.clone(), SendPtr(copy));
         let handle = std::thread::Builder::new()
             .name("framesmith-activations".into())
@@ -299,7 +300,7 @@ impl PageableStash {
             spent: Vec::new(),
             spare: Vec::new(),
             all: Vec::new(),
-            jobs: Some(jobs),
+            jobs,
             acks,
             handle: Some(handle),
             copy,
@@ -349,11 +350,7 @@ impl PageableStash {
             after: SendPtr(after),
             mark: SendPtr(mark),
         };
-        let sent = self
-            .jobs
-            .as_ref()
-            .is_some_and(|jobs| jobs.send(job).is_ok());
-        if !sent {
+        if !self.jobs.push(job) {
             candle_core::bail!("the host activation copy thread stopped");
         }
         self.in_flight.push_back((index, direction, after));
@@ -365,10 +362,10 @@ impl PageableStash {
         let Some((index, direction, after)) = self.in_flight.pop_front() else {
             candle_core::bail!("no host activation copy is pending");
         };
-        let buf = match self.acks.recv() {
-            Ok(Ok(buf)) => buf,
-            Ok(Err(e)) => candle_core::bail!("copying a saved block input failed: {e}"),
-            Err(_) => candle_core::bail!("the host activation copy thread stopped"),
+        let buf = match self.acks.pop() {
+            Some(Ok(buf)) => buf,
+            Some(Err(e)) => candle_core::bail!("copying a saved block input failed: {e}"),
+            None => candle_core::bail!("the host activation copy thread stopped"),
         };
         // The worker's stream has queued its wait on `after`: the event may be recorded again.
         self.spare.push(after);
@@ -488,8 +485,8 @@ impl PageableStash {
 
 impl Drop for PageableStash {
     fn drop(&mut self) {
-        // Closing the job channel ends the worker once it has answered every job sent.
-        self.jobs = None;
+        // Closing the job queue ends the worker once it has answered every job sent.
+        self.jobs.close();
         while !self.in_flight.is_empty() && self.receive().is_ok() {}
         if let Some(h) = self.handle.take() {
             let _ = h.join();

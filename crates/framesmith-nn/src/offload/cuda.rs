@@ -149,13 +149,13 @@ struct Job {
 }
 
 /// A blocking first-in first-out hand-over between the issuing thread and the staging worker.
-struct Queue<T> {
+pub(super) struct Queue<T> {
     state: Mutex<(VecDeque<T>, bool)>,
     ready: Condvar,
 }
 
 impl<T> Queue<T> {
-    fn new() -> Arc<Self> {
+    pub(super) fn new() -> Arc<Self> {
         Arc::new(Self {
             state: Mutex::new((VecDeque::new(), false)),
             ready: Condvar::new(),
@@ -163,7 +163,7 @@ impl<T> Queue<T> {
     }
 
     /// Adds an item; false once the queue is closed.
-    fn push(&self, item: T) -> bool {
+    pub(super) fn push(&self, item: T) -> bool {
         let Ok(mut state) = self.state.lock() else {
             return false;
         };
@@ -176,7 +176,7 @@ impl<T> Queue<T> {
     }
 
     /// No more items: waiting `pop`s return `None` once the queue is empty.
-    fn close(&self) {
+    pub(super) fn close(&self) {
         if let Ok(mut state) = self.state.lock() {
             state.1 = true;
             self.ready.notify_all();
@@ -184,7 +184,7 @@ impl<T> Queue<T> {
     }
 
     /// The next item, waiting for one; `None` when closed and empty.
-    fn pop(&self) -> Option<T> {
+    pub(super) fn pop(&self) -> Option<T> {
         let mut state = self.state.lock().ok()?;
         loop {
             if let Some(item) = state.0.pop_front() {
