@@ -62,11 +62,7 @@ fn driver_version() -> Result<String, String> {
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }
         .result()
         .map_err(|e| driver_error("cuDriverGetVersion", e))?;
-    Ok(format!(
-        "{}.{} (CUDA version of the driver)",
-        v / 1000,
-        v % 1000 / 10
-    ))
+    Ok(format!("{}.{}", v / 1000, v % 1000 / 10))
 }
 
 fn cublas_version() -> Result<String, String> {
@@ -122,7 +118,7 @@ fn nvrtc_version() -> Result<String, String> {
 pub fn linked() -> Vec<Library> {
     vec![
         Library {
-            name: "CUDA driver",
+            name: "CUDA driver API",
             file_prefix: "libcuda.so",
             version: driver_version(),
         },
