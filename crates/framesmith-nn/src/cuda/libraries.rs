@@ -189,7 +189,9 @@ fn cudnn_version() -> Result<String, String> {
         ));
     }
     // SAFETY: cuDNN declares `size_t cudnnGetVersion(void)`; the symbol was found in the library just loaded.
-    let get_version: unsafe extern "C" fn() -> usize = unsafe { std::mem::transmute(symbol) };
+    let get_version = unsafe {
+        std::mem::transmute::<*mut std::ffi::c_void, unsafe extern "C" fn() -> usize>(symbol)
+    };
     // SAFETY: no arguments, no state.
     let v = unsafe { get_version() };
     // cuDNN 9 packs major * 10000 + minor * 100 + patch; cuDNN 8 packed major * 1000.
