@@ -146,7 +146,8 @@ pub struct CudaFacts {
 pub enum PageLockedLimit {
     /// Linux `ulimit -l unlimited`.
     Unlimited,
-    /// Linux `ulimit -l` (RLIMIT_MEMLOCK).
+    /// Linux `ulimit -l` (RLIMIT_MEMLOCK): shown for completeness, as CUDA's page-locked buffers are not
+    /// charged to it.
     Rlimit(u64),
     /// Windows: about half of RAM, shown as shared GPU memory.
     HalfOfRam(u64),
@@ -439,9 +440,12 @@ fn memory_lines(m: &MemoryFacts) -> Vec<String> {
     };
     let pinned = match m.page_locked {
         PageLockedLimit::Unlimited => "Page-locked memory: unlimited (ulimit -l)".to_owned(),
-        PageLockedLimit::Rlimit(bytes) => {
-            format!("Page-locked memory: ulimit -l {}", format_gib(bytes))
-        }
+        // The NVIDIA driver pins without charging RLIMIT_MEMLOCK: cudaHostAlloc and cudaHostRegister of GiBs
+        // succeed under a 64 KiB limit for a user without CAP_IPC_LOCK. The limit bounds mlock and RDMA only.
+        PageLockedLimit::Rlimit(bytes) => format!(
+            "Page-locked memory: ulimit -l {} (it does not limit CUDA's pinned buffers)",
+            format_gib(bytes)
+        ),
         PageLockedLimit::HalfOfRam(bytes) => format!(
             "Page-locked memory: about {} (Windows allows about half of RAM, shown as shared GPU memory)",
             format_gib(bytes)
@@ -701,6 +705,9 @@ mod tests {
         });
         r.facts.memory.page_locked = PageLockedLimit::Rlimit(8 << 20);
         r.findings = vec![warning("x")];
+        assert!(r.to_string().contains(
+            "Page-locked memory: ulimit -l 8.0 MiB (it does not limit CUDA's pinned buffers)"
+        ));
         let json = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<SystemReport>(&json).unwrap(), r);
         assert!(

@@ -62,11 +62,7 @@ fn driver_version() -> Result<String, String> {
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) }
         .result()
         .map_err(|e| driver_error("cuDriverGetVersion", e))?;
-    Ok(format!(
-        "{}.{} (CUDA version of the driver)",
-        v / 1000,
-        v % 1000 / 10
-    ))
+    Ok(format!("{}.{}", v / 1000, v % 1000 / 10))
 }
 
 fn cublas_version() -> Result<String, String> {
@@ -122,7 +118,7 @@ fn nvrtc_version() -> Result<String, String> {
 pub fn linked() -> Vec<Library> {
     vec![
         Library {
-            name: "CUDA driver",
+            name: "CUDA driver API",
             file_prefix: "libcuda.so",
             version: driver_version(),
         },
@@ -193,7 +189,9 @@ fn cudnn_version() -> Result<String, String> {
         ));
     }
     // SAFETY: cuDNN declares `size_t cudnnGetVersion(void)`; the symbol was found in the library just loaded.
-    let get_version: unsafe extern "C" fn() -> usize = unsafe { std::mem::transmute(symbol) };
+    let get_version = unsafe {
+        std::mem::transmute::<*mut std::ffi::c_void, unsafe extern "C" fn() -> usize>(symbol)
+    };
     // SAFETY: no arguments, no state.
     let v = unsafe { get_version() };
     // cuDNN 9 packs major * 10000 + minor * 100 + patch; cuDNN 8 packed major * 1000.
