@@ -28,11 +28,14 @@ pub enum StepOutcome {
     Skipped { grad_norm: f64 },
 }
 
+/// A parameter and its moments. The moments are updated in place (`Var::set`), like the parameter: the same
+/// device buffers every step, so the optimizer does not leave its state scattered through the memory pool between
+/// the step's transient allocations (which grew the pool's reserved memory step after step).
 struct Slot {
     name: String,
     var: Var,
-    exp_avg: Tensor,
-    exp_avg_sq: Tensor,
+    exp_avg: Var,
+    exp_avg_sq: Var,
 }
 
 /// AdamW over named trainable variables.
@@ -52,12 +55,12 @@ impl AdamW {
             if !seen.insert(name.clone()) {
                 bail!("AdamW: parameter name `{name}` appears twice");
             }
-            let zeros = Tensor::zeros(var.shape(), DType::F32, var.device())?;
+            let zeros = || Var::zeros(var.shape(), DType::F32, var.device());
             slots.push(Slot {
                 name,
+                exp_avg: zeros()?,
+                exp_avg_sq: zeros()?,
                 var,
-                exp_avg: zeros.clone(),
-                exp_avg_sq: zeros,
             });
         }
         Ok(Self {
@@ -118,14 +121,23 @@ impl AdamW {
     }
 
     /// The state as named tensors: `{name}.exp_avg`, `{name}.exp_avg_sq` (f32) per parameter and `step`
-    /// (one i64). Parameters themselves are saved with the LoRA.
+    /// (one i64), copied to the CPU (the moments change in place at the next step). Parameters themselves are
+    /// saved with the LoRA.
     pub fn export_state(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::with_capacity(2 * self.slots.len() + 1);
         let step = i64::try_from(self.step).unwrap_or(i64::MAX);
         out.push((STEP_KEY.to_string(), Tensor::new(&[step], &Device::Cpu)?));
         for slot in &self.slots {
-            out.push((format!("{}.exp_avg", slot.name), slot.exp_avg.clone()));
-            out.push((format!("{}.exp_avg_sq", slot.name), slot.exp_avg_sq.clone()));
+            for (suffix, moment) in [("exp_avg", &slot.exp_avg), ("exp_avg_sq", &slot.exp_avg_sq)] {
+                let host = moment.as_tensor().to_device(&Device::Cpu)?;
+                // On the CPU `to_device` shares the buffer: copy it, so the export never changes later.
+                let host = if moment.device().is_cpu() {
+                    host.copy()?
+                } else {
+                    host
+                };
+                out.push((format!("{}.{suffix}", slot.name), host));
+            }
         }
         Ok(out)
     }
@@ -165,8 +177,8 @@ impl AdamW {
             moments.push((load("exp_avg")?, load("exp_avg_sq")?));
         }
         for (slot, (exp_avg, exp_avg_sq)) in self.slots.iter_mut().zip(moments) {
-            slot.exp_avg = exp_avg;
-            slot.exp_avg_sq = exp_avg_sq;
+            slot.exp_avg.set(&exp_avg)?;
+            slot.exp_avg_sq.set(&exp_avg_sq)?;
         }
         self.step = step;
         Ok(())
@@ -188,14 +200,16 @@ fn update_slot(
         param = (param * (1.0 - lr * cfg.weight_decay))?;
     }
     // exp_avg.lerp_(grad, 1 - beta1): torch's lerp computes start + w·(end − start) for w < 0.5.
-    let exp_avg = (&slot.exp_avg + ((grad - &slot.exp_avg)? * (1.0 - cfg.beta1))?)?;
+    let m = slot.exp_avg.as_tensor();
+    let exp_avg = (m + ((grad - m)? * (1.0 - cfg.beta1))?)?;
     // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    let exp_avg_sq = ((&slot.exp_avg_sq * cfg.beta2)? + (grad.sqr()? * (1.0 - cfg.beta2))?)?;
+    let exp_avg_sq =
+        ((slot.exp_avg_sq.as_tensor() * cfg.beta2)? + (grad.sqr()? * (1.0 - cfg.beta2))?)?;
     let denom = ((exp_avg_sq.sqrt()? / bias_correction2_sqrt)? + cfg.eps)?;
     let param = (param - ((&exp_avg / denom)? * step_size)?)?;
     slot.var.set(&param.to_dtype(param_dtype)?)?;
-    slot.exp_avg = exp_avg;
-    slot.exp_avg_sq = exp_avg_sq;
+    slot.exp_avg.set(&exp_avg)?;
+    slot.exp_avg_sq.set(&exp_avg_sq)?;
     Ok(())
 }
 
@@ -287,8 +301,8 @@ mod tests {
         let s = &opt.slots[0];
         (
             values(s.var.as_tensor()),
-            values(&s.exp_avg),
-            values(&s.exp_avg_sq),
+            values(s.exp_avg.as_tensor()),
+            values(s.exp_avg_sq.as_tensor()),
         )
     }
 
@@ -451,6 +465,23 @@ mod tests {
         assert_eq!(bits(&pa), bits(&pb));
         assert_eq!(bits(&ma), bits(&mb));
         assert_eq!(bits(&va), bits(&vb));
+    }
+
+    #[test]
+    fn an_export_does_not_change_with_later_steps() {
+        // The moments change in place: an exported state must be a copy, not a view of them.
+        let var = param(&P0);
+        let mut opt = AdamW::new(vec![("w".into(), var)], cfg()).unwrap();
+        opt.step(&[grad(&GRADS[0])], LRS[0]).unwrap();
+        let state = opt.export_state().unwrap();
+        let exported: Vec<Vec<f32>> = state[1..].iter().map(|(_, t)| values(t)).collect();
+        let (_, m, v) = slot_values(&opt);
+        assert_eq!(exported, vec![m.clone(), v.clone()]);
+        opt.step(&[grad(&GRADS[1])], LRS[1]).unwrap();
+        let (_, m2, _) = slot_values(&opt);
+        assert_ne!(m2, m, "the step must change the moments");
+        let after: Vec<Vec<f32>> = state[1..].iter().map(|(_, t)| values(t)).collect();
+        assert_eq!(after, exported);
     }
 
     #[test]
