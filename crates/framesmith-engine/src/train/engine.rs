@@ -237,7 +237,7 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
             step_secs: report.step_secs,
             eta_secs: per_step * (trainer.total_steps() - trainer.step()) as f64,
         }));
-        if done <= 3 || trainer.save_due() {
+        if done <= 4 || done.is_power_of_two() || trainer.save_due() {
             if let Some(line) = trainer.vram_line() {
                 events.log(LogLevel::Info, line);
             }

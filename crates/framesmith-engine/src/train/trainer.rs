@@ -108,6 +108,7 @@ impl Trainer {
             use framesmith_nn::cuda::device;
             let peak = device::peak_reserved_bytes(dev).ok()?;
             let held = device::used_memory_bytes(dev).ok()?;
+            let reserved = device::reserved_bytes(dev).ok()?;
             let (free, _) = device::memory_info(dev).ok()?;
             let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
             let plan = match self.planned_vram_bytes {
@@ -119,9 +120,11 @@ impl Trainer {
                 None => String::new(),
             };
             return Some(format!(
-                "VRAM: peak {:.2} GiB so far{plan}; {:.2} GiB held between steps, {:.2} GiB of the card free",
+                "VRAM: peak {:.2} GiB so far{plan}; {:.2} GiB held between steps ({:.2} GiB reserved), {:.2} GiB of \
+                 the card free",
                 gib(peak),
                 gib(held),
+                gib(reserved),
                 gib(free)
             ));
         }

@@ -96,12 +96,16 @@ pub struct VramReservation {
 }
 
 impl VramReservation {
-    /// Reserves everything free on `dev` beyond `budget` bytes; `None` when less than the budget is free.
+    /// Reserves what is free on `dev` beyond a card of `budget` bytes: memory already in use (this process's
+    /// CUDA context and anything else on the card) counts against the budget, as it would on a card of that size.
+    /// `None` when no more than that is free.
     pub fn leave_budget(dev: &CudaDevice, budget: u64) -> Result<Option<Self>> {
         let stream = dev.cuda_stream();
         stream.context().bind_to_thread().w()?;
-        let (free, _total) = result::mem_get_info().w()?;
-        let Some(extra) = (free as u64).checked_sub(budget).filter(|&b| b > 0) else {
+        let (free, total) = result::mem_get_info().w()?;
+        let (free, total) = (free as u64, total as u64);
+        let allowed = budget.saturating_sub(total.saturating_sub(free));
+        let Some(extra) = free.checked_sub(allowed).filter(|&b| b > 0) else {
             return Ok(None);
         };
         let bytes = usize::try_from(extra).unwrap_or(usize::MAX);
@@ -171,6 +175,14 @@ pub fn peak_reserved_bytes(dev: &CudaDevice) -> Result<u64> {
     pool_attr(
         dev,
         sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH,
+    )
+}
+
+/// Memory the pool holds from the driver now (in use or cached for reuse).
+pub fn reserved_bytes(dev: &CudaDevice) -> Result<u64> {
+    pool_attr(
+        dev,
+        sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
     )
 }
 
