@@ -232,6 +232,8 @@ impl Trainer {
     /// the update (the LoRA and optimizer state stay as they were) and is reported; too many in a row is an error.
     pub fn train_step(&mut self, interrupted: &dyn Fn() -> bool) -> anyhow::Result<StepReport> {
         let started = Instant::now();
+        // The last step's transient memory goes back to the driver: each step then needs what the first did.
+        framesmith_nn::offload::release_cached_memory(self.device())?;
         let mut sum: Option<Vec<Tensor>> = None;
         let mut loss_sum = 0f64;
         let mut finite = true;

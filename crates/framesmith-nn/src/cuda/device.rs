@@ -186,6 +186,17 @@ pub fn reserved_bytes(dev: &CudaDevice) -> Result<u64> {
     )
 }
 
+/// Waits for the device's stream, then hands every pool chunk that holds no live allocation back to the driver.
+/// Between training steps only the run's lasting tensors are alive; what the step left cached in the pool is
+/// released, so the next step lays out its memory from the same start as the first did (a pool that keeps
+/// step 1's free blocks splits them differently in step 2 and needs more than step 1 did).
+pub fn trim_pool(dev: &CudaDevice) -> Result<()> {
+    dev.cuda_stream().synchronize().w()?;
+    let pool = pool(dev)?;
+    // SAFETY: trims the context's own default pool after its stream finished; live allocations are kept.
+    unsafe { result::mem_pool::trim_to(pool, 0) }.w()
+}
+
 /// Restarts the reserved high-water mark.
 pub fn reset_peak_reserved(dev: &CudaDevice) -> Result<()> {
     set_pool_attr(
