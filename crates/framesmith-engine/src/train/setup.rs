@@ -207,28 +207,32 @@ fn memory_report(plan: &RunPlan, device: &Device) -> Option<MemoryReport> {
     )
 }
 
+/// Device memory held back beyond `memory.vram_budget_gb` until dropped, and how much.
+pub struct VramHold {
+    /// Bytes held back.
+    pub bytes: u64,
+    _held: Box<dyn std::any::Any + Send>,
+}
+
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
 /// value lives, so the run fails where a card of that size would.
 #[cfg(feature = "cuda")]
-fn reserve_budget(
-    plan: &RunPlan,
-    device: &Device,
-) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
+fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
     match (device, plan.memory.vram_budget_bytes) {
         (Device::Cuda(cuda), Some(budget)) if plan.memory.applies => {
             let held = framesmith_nn::cuda::device::VramReservation::leave_budget(cuda, budget)
                 .context("reserving device memory beyond memory.vram_budget_gb")?;
-            Ok(held.map(|h| Box::new(h) as Box<dyn std::any::Any + Send>))
+            Ok(held.map(|h| VramHold {
+                bytes: h.bytes() as u64,
+                _held: Box::new(h),
+            }))
         }
         _ => Ok(None),
     }
 }
 
 #[cfg(not(feature = "cuda"))]
-fn reserve_budget(
-    _plan: &RunPlan,
-    _device: &Device,
-) -> anyhow::Result<Option<Box<dyn std::any::Any + Send>>> {
+fn reserve_budget(_plan: &RunPlan, _device: &Device) -> anyhow::Result<Option<VramHold>> {
     Ok(None)
 }
 
@@ -547,7 +551,7 @@ impl Trainer {
                 .as_ref()
                 .and_then(|m| m.as_ref().ok())
                 .map(|r| r.peak_vram_bytes),
-            _vram_reservation: vram_reservation,
+            vram_reservation,
             outputs,
         })
     }

@@ -70,7 +70,8 @@ pub struct Trainer {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) planned_vram_bytes: Option<u64>,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
-    pub(super) _vram_reservation: Option<Box<dyn std::any::Any + Send>>,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    pub(super) vram_reservation: Option<crate::train::setup::VramHold>,
     pub(super) outputs: crate::train::checkpoint::Outputs,
     pub(super) sampling: Option<crate::train::samples::Sampling>,
 }
@@ -109,7 +110,15 @@ impl Trainer {
             let peak = device::peak_reserved_bytes(dev).ok()?;
             let held = device::used_memory_bytes(dev).ok()?;
             let reserved = device::reserved_bytes(dev).ok()?;
-            let (free, _) = device::memory_info(dev).ok()?;
+            let (free, total) = device::memory_info(dev).ok()?;
+            // What the run takes from the card: the pool's high-water mark plus what lives outside the pool
+            // (the CUDA context, library workspaces, kernels), the budget's own reservation left out.
+            let held_back = self.vram_reservation.as_ref().map_or(0, |h| h.bytes);
+            let outside_pool = total
+                .saturating_sub(free)
+                .saturating_sub(held_back)
+                .saturating_sub(reserved);
+            let peak = peak + outside_pool;
             let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
             let plan = match self.planned_vram_bytes {
                 Some(plan) => format!(
@@ -120,9 +129,10 @@ impl Trainer {
                 None => String::new(),
             };
             return Some(format!(
-                "VRAM: peak {:.2} GiB so far{plan}; {:.2} GiB held between steps ({:.2} GiB reserved), {:.2} GiB of \
-                 the card free",
+                "VRAM: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
+                 steps ({:.2} GiB reserved), {:.2} GiB of the card free",
                 gib(peak),
+                gib(outside_pool),
                 gib(held),
                 gib(reserved),
                 gib(free)
