@@ -21,9 +21,9 @@ pub use input::{
     ClipShape, DEFAULT_CLIP,
 };
 pub use working_set::{
-    per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs, StepShape, WorkingSet,
-    CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES, POOL_FRAGMENTATION_PERCENT,
-    VRAM_HEADROOM_BYTES, WORKING_SET,
+    auto_margin_bytes, per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs,
+    StepShape, WorkingSet, CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
+    POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 
 use framesmith_config::plan::FloatDtype;
@@ -364,7 +364,30 @@ fn streamed_blocks(
             Some("blocks_to_swap = \"auto\" with streaming off: nothing is streamed".into()),
         )),
         BlocksToSwap::Auto(_) => match budget {
-            Some(b) => Ok((auto_blocks(input, b)?.unwrap_or(blocks - 1), true, None)),
+            Some(b) => {
+                // The fewest blocks that leave the margin free; failing that, the fewest that fit at all.
+                let margin = auto_margin_bytes(b);
+                match auto_blocks(input, b.saturating_sub(margin))? {
+                    Some(n) => Ok((
+                        n,
+                        true,
+                        Some(format!(
+                            "\"auto\" streams the fewest blocks that leave {} of the budget free for what the plan \
+                             cannot see",
+                            format_gib(margin)
+                        )),
+                    )),
+                    None => Ok((
+                        auto_blocks(input, b)?.unwrap_or(blocks - 1),
+                        true,
+                        Some(format!(
+                            "no block count leaves {} of the budget free, so \"auto\" streams as few as fit \
+                             at all: close to the budget, the run may still run out of memory",
+                            format_gib(margin)
+                        )),
+                    )),
+                }
+            }
             None => Ok((
                 0,
                 true,

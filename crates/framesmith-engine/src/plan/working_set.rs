@@ -96,6 +96,20 @@ pub const CUDA_CONTEXT_BYTES: u64 = 600 << 20;
 /// low costs 3–10× speed.
 pub const VRAM_HEADROOM_BYTES: u64 = 1 << 30;
 
+/// What `blocks_to_swap = "auto"` leaves free below the budget, as a percentage of it (at least
+/// `AUTO_MARGIN_MIN_BYTES`): room for what the plan does not see (library workspaces that differ by GPU and
+/// driver, the pool's chunking). `framesmith train` runs measured up to 2% above the plan (bench/RESULTS.md); a
+/// count chosen at the budget's very edge then fails in the first step, where one more streamed block costs little.
+pub const AUTO_MARGIN_PERCENT: u64 = 4;
+
+/// The least margin `auto` keeps below the budget.
+pub const AUTO_MARGIN_MIN_BYTES: u64 = 512 << 20;
+
+/// The margin `auto` keeps below a budget of `budget` bytes.
+pub fn auto_margin_bytes(budget: u64) -> u64 {
+    (budget / 100 * AUTO_MARGIN_PERCENT).max(AUTO_MARGIN_MIN_BYTES)
+}
+
 /// The CUDA memory pool reserves more than the tensors alive at its peak: freed blocks of other sizes sit in it.
 /// Measured on the H200 (reserved − used high-water, session 3): 0.75–1.45 GiB for 1.3B at 480p, 0.92 GiB for
 /// 14B FP8 at 480p and 2.76 GiB at 720p. Planned as this percentage of the working set, but at least
