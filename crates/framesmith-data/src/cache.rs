@@ -88,6 +88,45 @@ pub fn parse_latent_cache_name(file_name: &str, kind: DatasetKind) -> Option<Lat
     })
 }
 
+/// The shape `[channels, frames, height, width]` of a latent cache's latents, read from the file's header alone
+/// (the planner sizes a run by its caches without loading them).
+pub fn read_latent_shape(path: &Path) -> Result<[usize; 4], CacheError> {
+    use std::io::Read;
+    /// Headers of real caches are a few hundred bytes; anything past this is not a cache.
+    const MAX_HEADER_BYTES: u64 = 1 << 20;
+    let io = |source| CacheError::Io {
+        action: "read",
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut len = [0u8; 8];
+    file.read_exact(&mut len).map_err(io)?;
+    let len = u64::from_le_bytes(len);
+    if len > MAX_HEADER_BYTES {
+        return Err(format_error(path, format!("a {len}-byte header")));
+    }
+    let mut header = vec![0u8; len as usize];
+    file.read_exact(&mut header).map_err(io)?;
+    let header: HashMap<String, serde_json::Value> = serde_json::from_slice(&header)
+        .map_err(|e| format_error(path, format!("unreadable header: {e}")))?;
+    let shape = header
+        .iter()
+        // `latents_{F}x{H}x{W}_{dtype}`, not `latents_image_…` or `latents_control_…`.
+        .find(|(key, _)| {
+            key.strip_prefix("latents_")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .and_then(|(_, entry)| entry.get("shape")?.as_array().cloned())
+        .ok_or_else(|| format_error(path, "no latents tensor"))?;
+    let dims: Vec<usize> = shape
+        .iter()
+        .filter_map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
+        .collect();
+    <[usize; 4]>::try_from(dims)
+        .map_err(|dims| format_error(path, format!("latents of shape {dims:?}, not [C, F, H, W]")))
+}
+
 /// Metadata of a latent cache.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LatentCacheMetadata {

@@ -161,6 +161,8 @@ fn latent_cache_has_musubis_keys_and_metadata_and_round_trips() {
         .unwrap()
         .is_empty());
 
+    // The planner reads the latents' shape from the header alone (not the image latents' 20 channels).
+    assert_eq!(read_latent_shape(&path).unwrap(), [16, 5, 4, 6]);
     let (keys, metadata) = header(&path);
     let names: Vec<&str> = keys.iter().map(|(k, _, _)| k.as_str()).collect();
     // musubi-tuner names the clip tensor after the latents' dtype, though the tensor is float16.
@@ -292,6 +294,12 @@ fn damaged_or_foreign_caches_are_reported_with_the_path() {
     let path = dir.path().join("bad_wan.safetensors");
     std::fs::write(&path, b"not a safetensors file").unwrap();
     let err = read_wan_latent_cache(&path, &Device::Cpu).unwrap_err();
+    assert!(
+        matches!(err, CacheError::Format { .. })
+            && err.to_string().ends_with("bad_wan.safetensors"),
+        "{err}"
+    );
+    let err = read_latent_shape(&path).unwrap_err();
     assert!(
         matches!(err, CacheError::Format { .. })
             && err.to_string().ends_with("bad_wan.safetensors"),
