@@ -11,6 +11,7 @@ use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
+use framesmith_models::wan::vae::VaeConfig;
 use framesmith_models::wan::WanConfig;
 
 /// The clip one training step sees: the largest bucket of the dataset.
@@ -80,6 +81,25 @@ pub fn clip_with_dataset(
     dataset_toml: Option<&str>,
 ) -> (ClipShape, Option<String>) {
     let d = &cfg.dataset;
+    // What will train is what is cached: the caches decide the clip, whatever the config's overrides say.
+    if !d.synthetic && !d.config.as_os_str().is_empty() {
+        if let Some(cached) = largest_cached_clip(&d.config) {
+            let (asked, _) = ClipShape::from_config(cfg, cached);
+            let note = (asked != cached).then(|| {
+                format!(
+                    "planned for the largest cached clip ({}x{}, {} frames, batch {}): the run trains what is \
+                     cached, and dataset.resolution / dataset.target_frames in the run config do not change the \
+                     caches; to train other sizes, set them in {} and run `framesmith cache latents` again",
+                    cached.width,
+                    cached.height,
+                    cached.frames,
+                    cached.batch,
+                    d.config.display()
+                )
+            });
+            return (cached, note);
+        }
+    }
     let from_dataset = if d.synthetic {
         Some(DEMO_CLIP)
     } else if !d.config.as_os_str().is_empty() {
@@ -99,6 +119,44 @@ pub fn clip_with_dataset(
         )
     });
     (clip, note)
+}
+
+/// The largest clip among the latent caches of the datasets in the dataset TOML at `path` (read from the cache
+/// files' headers); `None` when the TOML cannot be read or nothing is cached yet.
+fn largest_cached_clip(path: &Path) -> Option<ClipShape> {
+    use framesmith_data::cache::{parse_latent_cache_name, read_latent_shape};
+    let pixels = |c: &ClipShape| c.width * c.height * c.frames * c.batch;
+    let valid = framesmith_data::load_valid(path).ok()?;
+    valid
+        .datasets
+        .iter()
+        .filter_map(|ds| {
+            let dir = ds.cache_directory.as_ref()?;
+            let batch = (ds.batch_size as usize).max(1);
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(|entry| {
+                    let name = entry.ok()?.file_name().into_string().ok()?;
+                    parse_latent_cache_name(&name, ds.kind())?;
+                    read_latent_shape(&dir.join(&name)).ok()
+                })
+                .map(|[channels, frames, height, width]| {
+                    let vae = if channels == VaeConfig::wan22().z_dim {
+                        VaeConfig::wan22()
+                    } else {
+                        VaeConfig::wan21()
+                    };
+                    let (s, t) = (vae.spatial_factor(), vae.temporal_factor());
+                    ClipShape {
+                        width: width * s,
+                        height: height * s,
+                        frames: (frames.max(1) - 1) * t + 1,
+                        batch,
+                    }
+                })
+                .max_by_key(pixels)
+        })
+        .max_by_key(pixels)
 }
 
 /// The dataset of a musubi-tuner dataset TOML (read from `path`) with the most pixels per step; `None` when it

@@ -1,4 +1,4 @@
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 
 use super::*;
 use framesmith_config::protocol::memory::Suggestion;
@@ -592,6 +592,56 @@ batch_size = 2
     let (clip, note) = clip_for_config(&RunConfig::default());
     assert_eq!(clip, DEFAULT_CLIP);
     assert!(note.unwrap().contains("assumed"));
+}
+
+#[test]
+fn the_caches_decide_the_clip_over_the_run_configs_overrides() {
+    use framesmith_config::RunConfig;
+    use framesmith_data::cache::{write_wan_latent_cache, LatentCacheMetadata, WanLatentCache};
+    let dir = tempfile::tempdir().unwrap();
+    for sub in ["videos", "cache"] {
+        std::fs::create_dir(dir.path().join(sub)).unwrap();
+    }
+    let dataset = dir.path().join("dataset.toml");
+    std::fs::write(
+        &dataset,
+        "[general]\ncaption_extension = \".txt\"\n\n[[datasets]]\nvideo_directory = \"videos\"\n\
+         cache_directory = \"cache\"\nresolution = [832, 480]\ntarget_frames = [81]\n",
+    )
+    .unwrap();
+    let mut cfg = RunConfig::default();
+    cfg.dataset.config = dataset;
+    // As a preset sets them: shorter clips than the caches hold.
+    cfg.dataset.target_frames = Some(vec![17, 33]);
+    let (clip, note) = clip_for_config(&cfg);
+    assert_eq!(clip.frames, 33, "nothing cached yet: the overrides");
+    assert_eq!(note, None);
+    // A cached 81-frame 832x480 clip: 21 latent frames of 60x104.
+    let latents = Tensor::zeros((16, 21, 60, 104), DType::BF16, &Device::Cpu).unwrap();
+    let cache = WanLatentCache {
+        latents,
+        latents_image: None,
+        latents_control: None,
+        clip: None,
+        f_indices: None,
+    };
+    let path = dir
+        .path()
+        .join("cache/a_00000-081_0832x0480_wan.safetensors");
+    let meta = LatentCacheMetadata::wan((832, 480), Some(81));
+    write_wan_latent_cache(&path, &cache, &meta).unwrap();
+    let (clip, note) = clip_for_config(&cfg);
+    assert_eq!(
+        clip,
+        ClipShape {
+            width: 832,
+            height: 480,
+            frames: 81,
+            batch: 1
+        }
+    );
+    let note = note.expect("a note on the overrides the caches outrank");
+    assert!(note.contains("framesmith cache latents"), "{note}");
 }
 
 #[test]
