@@ -14,5 +14,6 @@ pub mod lora_file;
 pub mod norm;
 pub mod offload;
 pub mod ops;
+pub mod optim;
 pub mod testing;
 pub mod vb;

@@ -18,6 +18,7 @@ pub mod gemm;
 pub mod libraries;
 pub mod mixed;
 pub mod norm;
+pub mod optim;
 mod ptx;
 pub mod rope;
 
