@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 
 use candle_core::{bail, DType, Device, Result, Tensor, Var};
+use framesmith_nn::optim::{adamw_update, AdamWUpdate};
 
 use framesmith_config::training::AdamWConfig;
 
@@ -107,11 +108,22 @@ impl AdamW {
         let bias_correction2_sqrt = (1.0 - self.cfg.beta2.powf(step as f64)).sqrt();
         let step_size = lr / bias_correction1;
         for (slot, grad) in self.slots.iter_mut().zip(grads) {
-            let mut grad = grad.to_dtype(DType::F32)?;
-            if clip_scale != 1.0 {
-                grad = (grad * clip_scale)?;
-            }
-            update_slot(slot, &grad, &self.cfg, lr, step_size, bias_correction2_sqrt)?;
+            let update = AdamWUpdate {
+                grad_scale: clip_scale,
+                beta1: self.cfg.beta1,
+                beta2: self.cfg.beta2,
+                eps: self.cfg.eps,
+                decay: 1.0 - lr * self.cfg.weight_decay,
+                bias_correction2_sqrt,
+                step_size,
+            };
+            adamw_update(
+                slot.var.as_tensor(),
+                grad,
+                slot.exp_avg.as_tensor(),
+                slot.exp_avg_sq.as_tensor(),
+                &update,
+            )?;
         }
         self.step = step;
         Ok(StepOutcome::Applied {
@@ -183,34 +195,6 @@ impl AdamW {
         self.step = step;
         Ok(())
     }
-}
-
-/// torch.optim.AdamW's single-tensor update, in f32: decay, moments, then `p -= step_size · m / (√v / √bc2 + eps)`.
-fn update_slot(
-    slot: &mut Slot,
-    grad: &Tensor,
-    cfg: &AdamWConfig,
-    lr: f64,
-    step_size: f64,
-    bias_correction2_sqrt: f64,
-) -> Result<()> {
-    let param_dtype = slot.var.dtype();
-    let mut param = slot.var.as_tensor().to_dtype(DType::F32)?;
-    if cfg.weight_decay != 0.0 {
-        param = (param * (1.0 - lr * cfg.weight_decay))?;
-    }
-    // exp_avg.lerp_(grad, 1 - beta1): torch's lerp computes start + w·(end − start) for w < 0.5.
-    let m = slot.exp_avg.as_tensor();
-    let exp_avg = (m + ((grad - m)? * (1.0 - cfg.beta1))?)?;
-    // exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-    let exp_avg_sq =
-        ((slot.exp_avg_sq.as_tensor() * cfg.beta2)? + (grad.sqr()? * (1.0 - cfg.beta2))?)?;
-    let denom = ((exp_avg_sq.sqrt()? / bias_correction2_sqrt)? + cfg.eps)?;
-    let param = (param - ((&exp_avg / denom)? * step_size)?)?;
-    slot.var.set(&param.to_dtype(param_dtype)?)?;
-    slot.exp_avg.set(&exp_avg)?;
-    slot.exp_avg_sq.set(&exp_avg_sq)?;
-    Ok(())
 }
 
 /// The factor `torch.nn.utils.clip_grad_norm_` multiplies by: max_norm / (norm + 1e-6), when that is below 1.
