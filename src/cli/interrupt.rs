@@ -1,11 +1,13 @@
-//! Ctrl-C (and SIGTERM) during a headless run: the first asks the run to stop and save (the LoRA and the training
-//! state at the last completed step), the second exits at once and says what was kept. One handler per process;
-//! each run registers its engine while it runs. Closing the console window on Windows is not covered: Windows ends
-//! the process as soon as the handler returns, so only the files already written (atomically) remain.
+//! Ctrl-C (and SIGTERM, SIGHUP) during a headless run: the first asks the run to stop and save (the LoRA and the
+//! training state at the last completed step), the second exits at once and says what was kept. One handler per
+//! process; each run registers its engine while it runs. Closing the console window on Windows (or logging off,
+//! shutting down) stops the run the same way and holds the process open until the save is written — Windows
+//! allows about 5 s; a save that takes longer is cut off, and the files written before it (atomically) remain.
 
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
 
 use framesmith_config::protocol::Command;
 
@@ -23,6 +25,13 @@ struct Watched {
 
 static WATCHED: OnceLock<Arc<Mutex<Watched>>> = OnceLock::new();
 
+/// Signalled when the watched run ends (its last save written).
+static RUN_ENDED: Condvar = Condvar::new();
+
+/// How long a console close waits for the run to save: a little under the 5 s Windows gives before it ends the
+/// process regardless.
+const CONSOLE_CLOSE_WAIT: Duration = Duration::from_millis(4500);
+
 /// The shared state, with the process's handler installed on first use. When no handler can be installed
 /// (another one owns the signals) the run ends on Ctrl-C as any process does, and a warning says so.
 fn watched() -> &'static Arc<Mutex<Watched>> {
@@ -32,6 +41,8 @@ fn watched() -> &'static Arc<Mutex<Watched>> {
         if let Err(err) = ctrlc::set_handler(move || on_interrupt(&for_handler)) {
             eprintln!("warning: Ctrl-C will end the run without saving ({err})");
         }
+        // Registered after Ctrl-C's handler, so Windows asks it first about a closing console.
+        crate::platform::on_console_close(on_console_close);
         shared
     })
 }
@@ -57,6 +68,36 @@ fn on_interrupt(shared: &Mutex<Watched>) {
     // A full command queue already holds work for the engine; the Stop is then seen with it or not at all,
     // and the second press still exits.
     let _ = engine.try_send(Command::Stop);
+}
+
+/// The console is closing (Windows): stop the run as the first Ctrl-C does and wait for its save.
+fn on_console_close() {
+    if !stop_and_wait(CONSOLE_CLOSE_WAIT) {
+        eprintln!(
+            "\nthe console is closing before the run could save; the last saved files are kept"
+        );
+    }
+}
+
+/// Asks the run in progress to stop and save, then waits up to `limit` for it to end. True when it ended (or no
+/// run was in progress).
+fn stop_and_wait(limit: Duration) -> bool {
+    let Some(shared) = WATCHED.get() else {
+        return true;
+    };
+    let mut w = lock(shared);
+    let Some(engine) = w.engine.clone() else {
+        return true;
+    };
+    w.presses += 1;
+    if w.presses == 1 {
+        eprintln!("\nstopping: saving the LoRA and the training state at the last completed step");
+        let _ = engine.try_send(Command::Stop);
+    }
+    let (w, _) = RUN_ENDED
+        .wait_timeout_while(w, limit, |w| w.engine.is_some())
+        .unwrap_or_else(PoisonError::into_inner);
+    w.engine.is_none()
 }
 
 /// What a second interrupt says on its way out.
@@ -104,13 +145,36 @@ pub fn interrupted() -> bool {
 pub fn unwatch() {
     if let Some(shared) = WATCHED.get() {
         lock(shared).engine = None;
+        RUN_ENDED.notify_all();
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::exit_now_message;
+    use super::{exit_now_message, stop_and_wait, unwatch, watch};
+    use framesmith_config::protocol::Command;
     use std::path::Path;
+    use std::time::Duration;
+
+    #[test]
+    fn a_closing_console_stops_the_run_and_waits_for_its_end() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(4);
+        watch(&tx);
+        // The engine: takes the Stop, saves for a moment, and the run ends.
+        let engine = std::thread::spawn(move || {
+            let command = rx.recv_timeout(Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(200));
+            unwatch();
+            command
+        });
+        assert!(
+            stop_and_wait(Duration::from_secs(10)),
+            "the run's end was not waited for"
+        );
+        assert!(matches!(engine.join().unwrap(), Ok(Command::Stop)));
+        // No run in progress: nothing to wait for.
+        assert!(stop_and_wait(Duration::from_millis(10)));
+    }
 
     #[test]
     fn the_second_interrupt_says_what_was_kept() {
