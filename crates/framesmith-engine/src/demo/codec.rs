@@ -1,24 +1,26 @@
-//! The demo codec (demo only, not a VAE): a lossless space-to-depth of RGB frames into latents shaped like Wan's
-//! ([16, frames, H/2, W/2]: 12 channels of 2×2 pixel phases plus 4 zero channels), values in [−1, 1]. It lets
-//! the demo train and sample a tiny Wan-architecture model on CPU with no model download.
+//! The demo codec (demo only, not a VAE): a lossless space-to-depth of RGB frames into latents shaped like Wan 2.2's
+//! ([48, frames, H/4, W/4]: the RGB values of the 4×4 pixel phases), values in [−1, 1]. It lets the demo train
+//! and sample a tiny Wan-architecture model on CPU with no model download.
 
 use candle_core::{Device, Result, Tensor};
 
 use framesmith_data::video::encode::RgbFrame;
 
 /// Latent channels of the demo codec (the tiny model's `in_dim` / `out_dim`).
-pub const CHANNELS: usize = 16;
+pub const CHANNELS: usize = 3 * FACTOR * FACTOR;
 /// Spatial compression factor.
-pub const FACTOR: usize = 2;
+pub const FACTOR: usize = 4;
 
-/// Encodes frames (all the same even size) into a latent [16, T, H/2, W/2].
+/// Encodes frames (all the same size, a multiple of 4) into a latent [48, T, H/4, W/4].
 pub fn encode(frames: &[RgbFrame], device: &Device) -> Result<Tensor> {
     let Some(first) = frames.first() else {
         candle_core::bail!("the demo codec needs at least one frame")
     };
     let (w, h) = (first.width, first.height);
     if w % FACTOR != 0 || h % FACTOR != 0 {
-        candle_core::bail!("demo frames must have even sizes, got {w}x{h}");
+        candle_core::bail!(
+            "demo frames must have sizes that are multiples of {FACTOR}, got {w}x{h}"
+        );
     }
     let (lw, lh, t) = (w / FACTOR, h / FACTOR, frames.len());
     let mut data = vec![0f32; CHANNELS * t * lh * lw];
@@ -37,7 +39,7 @@ pub fn encode(frames: &[RgbFrame], device: &Device) -> Result<Tensor> {
     Tensor::from_vec(data, (CHANNELS, t, lh, lw), device)
 }
 
-/// Decodes a latent [16, T, H', W'] back into RGB frames (values clamped to [−1, 1]).
+/// Decodes a latent [48, T, H', W'] back into RGB frames (values clamped to [−1, 1]).
 pub fn decode(latent: &Tensor) -> Result<Vec<RgbFrame>> {
     let (_, t, lh, lw) = latent.dims4()?;
     let values = latent
@@ -77,7 +79,7 @@ mod tests {
     fn round_trip_is_lossless() -> Result<()> {
         let clip = &generate(1, 5, 16, 3)[0];
         let latent = encode(&clip.frames, &Device::Cpu)?;
-        assert_eq!(latent.dims(), &[16, 5, 8, 8]);
+        assert_eq!(latent.dims(), &[48, 5, 4, 4]);
         assert_eq!(decode(&latent)?, clip.frames);
         Ok(())
     }

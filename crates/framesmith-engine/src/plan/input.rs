@@ -343,10 +343,10 @@ mod tests {
             .iter()
             .all(|l| l.placement == Placement::Host));
         assert!(!report.breakdown.iter().any(|l| l.label.contains("CUDA")));
-        // 32×32 pixels → 16×16 demo-codec latents → 8×8 patches, 5 frames uncompressed in time.
+        // 64×64 pixels → 16×16 demo-codec latents → 8×8 patches, 5 frames uncompressed in time.
         assert_eq!(report.tokens, 5 * 8 * 8);
         assert!(
-            report.workload.starts_with("32x32, 5 frames"),
+            report.workload.starts_with("64x64, 5 frames"),
             "{}",
             report.workload
         );

@@ -20,20 +20,25 @@ use framesmith_models::wan::WanConfig;
 
 /// Layers of the demo model.
 pub const DEMO_LAYERS: usize = 2;
-/// Demo clips: 8 clips of 5 frames at 32×32 pixels.
+/// Demo clips: 8 clips of 5 frames at 64×64 pixels.
 pub const DEMO_CLIPS: usize = 8;
 pub const DEMO_FRAMES: usize = 5;
-pub const DEMO_SIZE: usize = 32;
+pub const DEMO_SIZE: usize = 64;
 /// Sample prompts of the demo: the first clips' captions with their start frames.
 pub const DEMO_SAMPLES: usize = 2;
 
-/// The demo model's config: a small Wan2.1-T2V-shaped DiT over the demo codec's 16-channel latents, wide enough
-/// (128) that each token's 64 input values pass through its residual stream with room to spare.
+/// The demo model's config: a small Wan-shaped DiT over the demo codec's 48-channel latents (8×8 tokens a frame
+/// at 64×64 pixels), wide enough (256) that each token's 192 input values pass through its residual stream next
+/// to a reference vector, with one attention head, which carries a whole token from the frame it looks at, and no
+/// q/k norms, so the LoRA can sharpen where the head looks (see `demo::base`).
 pub fn demo_model_config() -> WanConfig {
     WanConfig {
-        dim: 128,
-        ffn_dim: 256,
-        num_heads: 4,
+        in_dim: demo::codec::CHANNELS,
+        out_dim: demo::codec::CHANNELS,
+        dim: 256,
+        ffn_dim: 512,
+        num_heads: 1,
+        qk_norm: false,
         ..WanConfig::tiny(DEMO_LAYERS)
     }
 }
@@ -127,7 +132,7 @@ pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<Pa
         let image = start.join(format!("{}.png", clip.name));
         write_atomic(&image, &encode_png(first)?)?;
         prompts.push_str(&format!(
-            "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 3.0 --d {i} --i start/{}.png\n",
+            "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 1.0 --d {i} --i start/{}.png\n",
             clip.caption, clip.name
         ));
     }
