@@ -45,7 +45,7 @@ use mmap::Entry;
 use report::dtype_label;
 
 /// Dtypes the DiT can be built from; anything else is refused by [`load`] with a message naming the tensor.
-const LOADABLE_DTYPES: [&str; 5] = ["BF16", "F16", "F32", "F64", "F8_E4M3"];
+const LOADABLE_DTYPES: [&str; 6] = ["BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"];
 
 /// A loaded checkpoint: what to build and the tensors to build it from (`T`: a map of tensors already read, or
 /// the [`MappedTensors`] of an opened file, read as the model asks for them).
@@ -104,6 +104,19 @@ pub fn open(
         return Err(ModelFormatError::UnsupportedDtype {
             tensor: entry.name.clone(),
             dtype: dtype_label(&entry.dtype),
+            path: scan
+                .files
+                .get(entry.file)
+                .cloned()
+                .unwrap_or_else(|| path.to_path_buf()),
+        });
+    }
+    // e5m2 weights widen to f16 as they are; scales beside them would be lost, so such a file is refused.
+    let e5m2 = scan.entries.iter().find(|e| e.dtype == "F8_E5M2");
+    if let (Some(entry), true) = (e5m2, scan.entries.iter().any(|e| keys::is_scale(&e.name))) {
+        return Err(ModelFormatError::UnsupportedDtype {
+            tensor: entry.name.clone(),
+            dtype: "float8_e5m2 with scale tensors".into(),
             path: scan
                 .files
                 .get(entry.file)
@@ -330,7 +343,8 @@ fn build_report(
     }
     if fp8.as_ref().is_some_and(|f| f.format.contains("e5m2")) {
         notes.push(
-            "Framesmith cannot train from float8_e5m2 weights; use the float8_e4m3fn or bf16 file"
+            "float8_e5m2 weights are widened to float16 on load (exactly), then converted or quantised to the \
+             run's model.base_dtype"
                 .into(),
         );
     }

@@ -406,26 +406,64 @@ fn incomplete_checkpoint() -> Result<()> {
 }
 
 #[test]
-fn e5m2_weights_are_reported_then_refused() -> Result<()> {
+fn e5m2_weights_load_widened_to_f16_exactly() -> Result<()> {
     let dir = tempfile::tempdir()?;
-    let specs: Vec<Spec> = fp8(&dit_specs(&WanConfig::tiny(2), "F16"), Scales::None)
-        .into_iter()
-        .map(|s| {
-            if s.dtype == "F8_E4M3" {
-                Spec {
-                    dtype: "F8_E5M2",
-                    ..s
+    let to_e5m2 = |specs: Vec<Spec>| -> Vec<Spec> {
+        specs
+            .into_iter()
+            .map(|s| {
+                if s.dtype == "F8_E4M3" {
+                    Spec {
+                        dtype: "F8_E5M2",
+                        ..s
+                    }
+                } else {
+                    s
                 }
-            } else {
-                s
-            }
-        })
-        .collect();
+            })
+            .collect()
+    };
+    let specs = to_e5m2(fp8(&dit_specs(&WanConfig::tiny(2), "F16"), Scales::None));
     let path = write(&dir.path().join("e5m2.safetensors"), &specs)?;
     let report = inspect(&path)?;
     assert!(report.notes.iter().any(|n| n.contains("float8_e5m2")));
+    let loaded = load(&path, None, &Device::Cpu)?;
+    let name = "blocks.0.ffn.0.weight";
+    let got = loaded.tensors.get(name).expect("the e5m2 weight loads");
+    assert_eq!(got.dtype(), candle_core::DType::F16);
+    // Every stored byte b is the f16 with bits b << 8.
+    let bytes = std::fs::read(&path)?;
+    let header_len = u64::from_le_bytes(bytes[..8].try_into()?) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header_len])?;
+    let offsets = &header[name]["data_offsets"];
+    let (start, end) = (
+        8 + header_len + offsets[0].as_u64().unwrap_or(0) as usize,
+        8 + header_len + offsets[1].as_u64().unwrap_or(0) as usize,
+    );
+    let want: Vec<f32> = bytes[start..end]
+        .iter()
+        .map(|&b| half::f16::from_bits(u16::from(b) << 8).to_f32())
+        .collect();
+    assert!(!want.is_empty());
+    let got: Vec<f32> = got
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F32)?
+        .to_vec1()?;
+    let same = |a: f32, b: f32| a == b || (a.is_nan() && b.is_nan());
+    assert!(got.len() == want.len() && got.iter().zip(&want).all(|(a, b)| same(*a, *b)));
+
+    // With scale tensors beside them, e5m2 weights would lose their scales: refused, saying why.
+    let scaled = to_e5m2(fp8(
+        &dit_specs(&WanConfig::tiny(2), "F16"),
+        Scales::ComfyTensor,
+    ));
+    let path = write(&dir.path().join("e5m2-scaled.safetensors"), &scaled)?;
     let e = err_of(load(&path, None, &Device::Cpu));
     assert!(matches!(e, ModelFormatError::UnsupportedDtype { .. }));
-    assert_says(&e, &["stored as float8_e5m2", "float8_e4m3fn"], &path);
+    assert_says(
+        &e,
+        &["float8_e5m2 with scale tensors", "float8_e4m3fn"],
+        &path,
+    );
     Ok(())
 }

@@ -87,6 +87,9 @@ impl MappedTensors {
                 path: self.files.first().cloned().unwrap_or_default(),
             });
         };
+        if entry.dtype == "F8_E5M2" {
+            return widen_e5m2(map, &entry.stored, device).map_err(|e| load_error(e, path));
+        }
         map.load(&entry.stored, device)
             .map_err(|e| load_error(e, path))
     }
@@ -98,6 +101,19 @@ impl MappedTensors {
             .map(|(name, entry)| Ok((name.clone(), self.load(entry, device)?)))
             .collect()
     }
+}
+
+/// A `float8_e5m2` tensor as float16, exactly: e5m2 is float16's top byte (same sign and 5-bit exponent, 2 of
+/// its 10 mantissa bits), so each value widens by appending a zero byte. Candle has no e5m2 type; the run then
+/// converts or quantises the f16 weights to the base format it asks for, as it does for an f16 file.
+fn widen_e5m2(map: &MmapedSafetensors, name: &str, device: &Device) -> candle_core::Result<Tensor> {
+    let view = map.get(name)?;
+    let values: Vec<half::f16> = view
+        .data()
+        .iter()
+        .map(|&b| half::f16::from_bits(u16::from(b) << 8))
+        .collect();
+    Tensor::from_vec(values, view.shape(), &Device::Cpu)?.to_device(device)
 }
 
 impl TensorSource for MappedTensors {
