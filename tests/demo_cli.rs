@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use candle_core::Device;
+use framesmith_engine::train::demo_setup::{DEMO_FRAMES, DEMO_SIZE};
 use framesmith_nn::lora_file::LoraFile;
 
 fn framesmith() -> Command {
@@ -73,7 +74,7 @@ fn demo_trains_saves_and_samples() {
         .expect("ffprobe is installed (apt install ffmpeg)");
     assert_eq!(
         String::from_utf8_lossy(&probe.stdout).trim(),
-        "h264,32,32,5"
+        format!("h264,{DEMO_SIZE},{DEMO_SIZE},{DEMO_FRAMES}")
     );
     assert!(dir
         .path()

@@ -77,7 +77,7 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
     );
 
     let (latents, _) = read_wan_latent_cache(&files.latents, &Device::Cpu).unwrap();
-    assert_eq!(latents.latents.dims(), [16, 2, 4, 6]);
+    assert_eq!(latents.latents.dims(), [spec.cfg.in_dim, 2, 4, 6]);
     let text = read_wan_text_cache(
         &dir.path().join("cache").join(text_cache_name("synth_000")),
         &Device::Cpu,

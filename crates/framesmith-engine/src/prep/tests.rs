@@ -427,6 +427,10 @@ fn training_on_framesmith_caches_equals_musubi_format_caches() -> anyhow::Result
             .config;
         config.dataset.synthetic = false;
         config.dataset.config = toml.to_path_buf();
+        // The tiny Wan2.1 DiT, whose 16 latent channels are the tiny Wan2.1 VAE's (the demo model takes the demo
+        // codec's 48).
+        config.model.demo = false;
+        config.model.dit = fixture("wan21_t2v_tiny");
         config.training.max_train_steps = 3;
         config.optimizer.lr_warmup_steps = 0;
         config.output.output_dir = dir.path().join(out);
