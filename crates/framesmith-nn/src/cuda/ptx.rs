@@ -1,18 +1,21 @@
-//! The embedded PTX modules and the helpers every kernel wrapper uses: picking the PTX for the device's compute
-//! capability, launch configurations, and contiguous views of candle's CUDA storage.
+//! The embedded kernel modules and the helpers every kernel wrapper uses: loading a module's function on a device,
+//! launch configurations, and contiguous views of candle's CUDA storage.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaView, LaunchConfig};
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaView, LaunchConfig};
+use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
+use candle_core::cuda_backend::{CudaDType, DeviceId, WrapErr};
 use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result};
 
-/// One `kernels/*.cu` file, as PTX for compute capability 8.0 and 9.0.
+/// One `kernels/*.cu` file as a fat binary: machine code for [`SASS_ARCHS`] and PTX for compute capability 8.0,
+/// which the driver compiles for any other architecture from 8.0 on.
 pub struct Module {
-    /// Module name, unique per file (the compute capability is appended when loading).
+    /// Module name, unique per file.
     pub name: &'static str,
-    /// PTX for `compute_80` (Ampere and newer, compiled by the driver).
-    pub sm80: &'static str,
-    /// PTX for `compute_90` (Hopper and newer).
-    pub sm90: &'static str,
+    /// The fat binary.
+    pub image: &'static [u8],
 }
 
 include!(concat!(env!("OUT_DIR"), "/framesmith_kernels.rs"));
@@ -20,17 +23,32 @@ include!(concat!(env!("OUT_DIR"), "/framesmith_kernels.rs"));
 /// Threads per block for row-wise kernels and element-wise grid-stride loops.
 pub const THREADS: u32 = 256;
 
-/// Loads `function` of `module` on `dev`, choosing the PTX built for the device's compute capability.
-/// Launch through `dev.cuda_stream().launch_builder(&func)`: candle's own launcher type is not public.
+/// Modules loaded so far, per device.
+fn loaded() -> &'static Mutex<HashMap<(DeviceId, &'static str), Arc<CudaModule>>> {
+    static LOADED: OnceLock<Mutex<HashMap<(DeviceId, &'static str), Arc<CudaModule>>>> =
+        OnceLock::new();
+    LOADED.get_or_init(Mutex::default)
+}
+
+/// Loads `function` of `module` on `dev` (the module once per device; the driver picks the machine code of the
+/// device's architecture or compiles the PTX). Launch through `dev.cuda_stream().launch_builder(&func)`.
 pub fn load(dev: &CudaDevice, module: &Module, function: &str) -> Result<CudaFunction> {
-    let stream = dev.cuda_stream();
-    let (major, _) = stream.context().compute_capability().w()?;
-    let func = if major >= 9 {
-        dev.get_or_load_custom_func(function, &format!("{}_sm90", module.name), module.sm90)?
-    } else {
-        dev.get_or_load_custom_func(function, &format!("{}_sm80", module.name), module.sm80)?
+    let key = (dev.id(), module.name);
+    let mut modules = loaded().lock().unwrap_or_else(PoisonError::into_inner);
+    let cuda_module = match modules.get(&key) {
+        Some(m) => m.clone(),
+        None => {
+            let m = dev
+                .cuda_stream()
+                .context()
+                .load_module(Ptx::from_binary(module.image.to_vec()))
+                .w()?;
+            modules.insert(key, m.clone());
+            m
+        }
     };
-    Ok(func.into_cuda_function())
+    drop(modules);
+    cuda_module.load_function(function).w()
 }
 
 /// Grid-stride launch over `n` elements (or `n` vectors of elements): enough blocks to fill the GPU several
