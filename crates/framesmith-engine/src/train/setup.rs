@@ -61,11 +61,34 @@ fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
             if let Some(why) = framesmith_nn::driver::nvidia_driver_missing() {
                 anyhow::bail!("cannot open CUDA device {i}: {why}");
             }
-            Device::new_cuda(i).with_context(|| {
+            let device = Device::new_cuda(i).with_context(|| {
                 format!("cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver")
-            })
+            })?;
+            check_compute_capability(&device, i)?;
+            Ok(device)
         }
     }
+}
+
+/// Refuses a card older than the kernels support, naming it, before any kernel is launched on it.
+#[cfg(feature = "cuda")]
+fn check_compute_capability(device: &Device, index: usize) -> anyhow::Result<()> {
+    use framesmith_config::protocol::doctor::MIN_COMPUTE_CAPABILITY as MIN;
+    if let Device::Cuda(cuda) = device {
+        let (major, minor) = framesmith_nn::cuda::device::compute_capability(cuda)?;
+        if (major, minor) < (MIN.major, MIN.minor) {
+            anyhow::bail!(
+                "CUDA device {index} has compute capability {major}.{minor}; Framesmith's GPU kernels need {MIN} or \
+                 newer (RTX 30 series, A100 or newer): train on such a card, or set training.device = \"cpu\""
+            );
+        }
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn check_compute_capability(_device: &Device, _index: usize) -> anyhow::Result<()> {
+    Ok(())
 }
 
 /// How the run log names a device: `cpu`, `cuda:0`.
@@ -465,6 +488,12 @@ impl Trainer {
             LogLevel::Info,
             format!("model: {base_name} on {}", device_label(&device)),
         );
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(cuda) = &device {
+            if let Ok(line) = framesmith_nn::cuda::device::kernel_code_line(cuda) {
+                log(LogLevel::Info, line);
+            }
+        }
         if let Some(streamer) = model.streamer() {
             log(
                 LogLevel::Info,

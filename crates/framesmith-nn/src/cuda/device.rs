@@ -127,6 +127,36 @@ impl Drop for VramReservation {
     }
 }
 
+/// The device's compute capability (major, minor).
+pub fn compute_capability(dev: &CudaDevice) -> Result<(u32, u32)> {
+    let (major, minor) = dev.cuda_stream().context().compute_capability().w()?;
+    let to_u32 = |v: i32| u32::try_from(v).unwrap_or(0);
+    Ok((to_u32(major), to_u32(minor)))
+}
+
+/// How this build's kernels run on `dev`: as their machine code for its architecture, or as PTX the driver
+/// compiles on first use (and caches).
+pub fn kernel_code_line(dev: &CudaDevice) -> Result<String> {
+    let (major, minor) = compute_capability(dev)?;
+    let arch = major * 10 + minor;
+    let built: Vec<String> = super::ptx::SASS_ARCHS
+        .iter()
+        .map(|a| format!("sm_{a}"))
+        .collect();
+    Ok(if super::ptx::SASS_ARCHS.contains(&arch) {
+        format!(
+            "kernels: machine code for sm_{arch} (built for {})",
+            built.join(", ")
+        )
+    } else {
+        format!(
+            "kernels: no machine code for sm_{arch} in this build ({}), so the driver compiles their PTX on \
+             first use (slower first step; cached for the next runs)",
+            if built.is_empty() { "PTX only".to_string() } else { built.join(", ") }
+        )
+    })
+}
+
 /// Free and total device memory in bytes.
 pub fn memory_info(dev: &CudaDevice) -> Result<(u64, u64)> {
     dev.cuda_stream().context().bind_to_thread().w()?;
