@@ -23,10 +23,11 @@ include!(concat!(env!("OUT_DIR"), "/framesmith_kernels.rs"));
 /// Threads per block for row-wise kernels and element-wise grid-stride loops.
 pub const THREADS: u32 = 256;
 
-/// Modules loaded so far, per device.
-fn loaded() -> &'static Mutex<HashMap<(DeviceId, &'static str), Arc<CudaModule>>> {
-    static LOADED: OnceLock<Mutex<HashMap<(DeviceId, &'static str), Arc<CudaModule>>>> =
-        OnceLock::new();
+/// Modules loaded so far, by device and module name.
+type Loaded = Mutex<HashMap<(DeviceId, &'static str), Arc<CudaModule>>>;
+
+fn loaded() -> &'static Loaded {
+    static LOADED: OnceLock<Loaded> = OnceLock::new();
     LOADED.get_or_init(Mutex::default)
 }
 
