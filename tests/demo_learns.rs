@@ -14,7 +14,7 @@ use framesmith_engine::demo::shapes;
 use framesmith_engine::train::demo_setup::{DEMO_CLIPS, DEMO_FRAMES, DEMO_SAMPLES, DEMO_SIZE};
 
 /// Steps of the demo run (`demo-cpu`'s `max_train_steps`, so the test sees what users see).
-const STEPS: usize = 300;
+const STEPS: usize = 160;
 /// The smallest sample size: a demo whose clips are smaller shows too little.
 const MIN_SIZE: usize = 64;
 /// A trained sample's PSNR must reach this (the untrained base and the blob of a LoRA that learned only the
