@@ -8,9 +8,9 @@
 //! - The head reads the content channels back and divides by the noise level (a gain fitted by least squares
 //!   into the time embedding), so a block update of −(the clean latent) becomes the flow-matching velocity
 //!   (noisy − clean) / t: blocks only have to say what the clean clip looks like.
-//! - Each block's self-attention looks at the same place in the previous frame (constant queries and keys under
-//!   the 3D RoPE); the first block copies what it sees, so the untrained base predicts "the previous frame, a
-//!   little blurred" — the start image held still. The LoRA learns where to look (the motion) and what to draw;
+//! - Each block's self-attention looks at the same place in the previous latent frame (constant queries and keys
+//!   under the 3D RoPE); in the first block each head copies one frame's slot of what it sees, so the untrained
+//!   base predicts "the start frame, a little blurred" for every later frame — the start image held still. The LoRA learns where to look (the motion) and what to draw;
 //!   with no q/k norms (`demo_model_config`) it can also sharpen the look, which the base keeps soft so that the
 //!   gradient reaches the neighbouring tokens.
 //! - The blocks learn the noise level from a smooth signal in their modulation shifts; gates start at 1 and the
@@ -34,10 +34,10 @@ const REFERENCE_SCALE: f64 = 3.0;
 /// Weight of the self-attention query and key norms: how sharply the base looks at the previous frame's same
 /// position (soft enough that the LoRA's gradient reaches the neighbours it should look at instead).
 const ATTENTION_SHARPNESS: f64 = 1.2;
-/// The spatial RoPE pairs the attention's position kernel uses and their weights: the fastest pair (one radian a
-/// token) and the third, weighted so the kernel's drop from its peak is largest at its smallest (no alias across
-/// the 8 tokens of a demo frame's row or column).
-const SPATIAL_PAIRS: [(usize, f64); 2] = [(0, 0.786), (2, 0.214)];
+/// The spatial RoPE pairs the attention's position kernel uses and their weights: the two fastest pairs of a
+/// 64-wide head (one and 0.4 radians a token), weighted so the kernel's drop from its peak is largest at its
+/// smallest (no alias across the 16 tokens of a demo frame's row or column).
+const SPATIAL_PAIRS: [(usize, f64); 2] = [(0, 0.56), (1, 0.44)];
 /// Below this noise level the head's gain stops growing as 1/t (the sampler's last step starts above it).
 const MIN_GAIN_T: f64 = 0.02;
 /// Expected squared velocity per latent value, E(ε − x)², for latents of about half unit variance.

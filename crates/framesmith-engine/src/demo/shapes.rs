@@ -1,6 +1,6 @@
 //! The demo dataset: short clips of a coloured shape moving right over a coloured background, each with a caption
-//! that names the colours, the shape and the motion. Deterministic for a seed. Every clip moves the same way, one
-//! token (eight pixels at 64×64) per frame along a random row: the demo's LoRA learns one motion, as a motion LoRA
+//! that names the colours, the shape and the motion. Deterministic for a seed. Every clip moves the same way, eight
+//! pixels (two tokens at 64×64) per frame along a random row: the demo's LoRA learns one motion, as a motion LoRA
 //! does, and the tiny model does not learn to pick a direction from the caption within the demo's few hundred
 //! steps.
 

@@ -343,8 +343,8 @@ mod tests {
             .iter()
             .all(|l| l.placement == Placement::Host));
         assert!(!report.breakdown.iter().any(|l| l.label.contains("CUDA")));
-        // 64×64 pixels → 16×16 demo-codec latents → 8×8 patches, 5 frames uncompressed in time.
-        assert_eq!(report.tokens, 5 * 8 * 8);
+        // 64×64 pixels → 16×16 demo-codec latents and 1×1 patches, 5 frames → 2 latent frames (the first, then 4).
+        assert_eq!(report.tokens, 2 * 16 * 16);
         assert!(
             report.workload.starts_with("64x64, 5 frames"),
             "{}",

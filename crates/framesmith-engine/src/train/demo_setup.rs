@@ -27,18 +27,20 @@ pub const DEMO_SIZE: usize = 64;
 /// Sample prompts of the demo: the first clips' captions with their start frames.
 pub const DEMO_SAMPLES: usize = 2;
 
-/// The demo model's config: a small Wan-shaped DiT over the demo codec's 48-channel latents (8×8 tokens a frame
-/// at 64×64 pixels), wide enough (256) that each token's 192 input values pass through its residual stream next
-/// to a reference vector, with one attention head, which carries a whole token from the frame it looks at, and no
-/// q/k norms, so the LoRA can sharpen where the head looks (see `demo::base`).
+/// The demo model's config: a small Wan-shaped DiT over the demo codec's 192-channel latents with 1×1×1 patches
+/// (16×16 tokens a latent frame at 64×64 pixels), wide enough (256) that each token's 192 input values pass
+/// through its residual stream next to a reference vector, with one attention head per frame of a latent frame's
+/// slots, each carrying its frame's 48 values from where it looks in the start frame, and no q/k norms, so the
+/// LoRA can sharpen where the heads look (see `demo::base`).
 pub fn demo_model_config() -> WanConfig {
     WanConfig {
         in_dim: demo::codec::CHANNELS,
         out_dim: demo::codec::CHANNELS,
         dim: 256,
         ffn_dim: 512,
-        num_heads: 1,
+        num_heads: demo::codec::TEMPORAL,
         qk_norm: false,
+        patch_size: [1, 1, 1],
         ..WanConfig::tiny(DEMO_LAYERS)
     }
 }
@@ -93,7 +95,7 @@ pub fn demo_sample_prompts(
         .map(|p| {
             let latent_shape = [
                 cfg.out_dim,
-                p.frames.max(1),
+                demo::codec::latent_frames(p.frames.max(1)),
                 (p.height / factor).max(2),
                 (p.width / factor).max(2),
             ];
