@@ -27,6 +27,7 @@ fn main() {
         "CUDNN_ROOT",
         "CUDNN_FRONTEND_INCLUDE",
         "CXX",
+        "CXX_x86_64_pc_windows_gnu",
         "FRAMESMITH_CUDA_SASS",
     ] {
         println!("cargo:rerun-if-env-changed={var}");
@@ -137,8 +138,11 @@ fn build_ptx(out_dir: &Path) {
         .unwrap_or_else(|e| fail(&format!("cannot write {dest:?}: {e}")));
 }
 
-/// Compiles the cuDNN frontend shim. The frontend is header-only and built with dynamic loading, so the binary
-/// does not link libcudnn / libcudart: they are opened at run time (PyTorch's copies on the test machine).
+/// Compiles the cuDNN frontend shim. On Linux the frontend is header-only and built with dynamic loading, so the
+/// binary does not link libcudnn / libcudart through it: they are opened at run time. On Windows (the MinGW cross
+/// build, packaging/windows/cuda.sh) it calls cuDNN and the CUDA runtime directly, through import libraries that
+/// load cudnn64_9.dll on first use; its C++ runtime needs MinGW's POSIX thread model (the frontend uses
+/// `std::mutex`), so the compiler is `x86_64-w64-mingw32-g++-posix` unless `CXX_x86_64_pc_windows_gnu` says else.
 fn build_cudnn_shim(out_dir: &Path) {
     let src = Path::new("kernels/cudnn_sdpa.cpp");
     let cuda = cuda_root()
@@ -151,31 +155,41 @@ fn build_cudnn_shim(out_dir: &Path) {
     let frontend = env::var_os("CUDNN_FRONTEND_INCLUDE")
         .map(PathBuf::from)
         .unwrap_or_else(|| fail("the cudnn feature needs CUDNN_FRONTEND_INCLUDE (scripts/cuda-toolchain.sh --cudnn)"));
-    let cxx = env::var_os("CXX").unwrap_or_else(|| "c++".into());
+    let windows = env::var("CARGO_CFG_TARGET_OS").is_ok_and(|os| os == "windows");
+    let (cxx, ar) = if windows {
+        let cxx = env::var_os("CXX_x86_64_pc_windows_gnu")
+            .unwrap_or_else(|| "x86_64-w64-mingw32-g++-posix".into());
+        (cxx, "x86_64-w64-mingw32-ar")
+    } else {
+        (env::var_os("CXX").unwrap_or_else(|| "c++".into()), "ar")
+    };
     let obj = out_dir.join("cudnn_sdpa.o");
     let mut cmd = Command::new(cxx);
-    cmd.args([
-        "-c",
-        "-O2",
-        "-std=c++17",
-        "-fPIC",
-        "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING",
-    ])
-    .arg("-I")
-    .arg(&frontend)
-    .arg("-I")
-    .arg(cudnn.join("include"))
-    .arg("-I")
-    .arg(cuda.join("include"))
-    .arg("-o")
-    .arg(&obj)
-    .arg(src);
+    cmd.args(["-c", "-O2", "-std=c++17"]);
+    if !windows {
+        cmd.args(["-fPIC", "-DNV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING"]);
+    }
+    cmd.arg("-I")
+        .arg(&frontend)
+        .arg("-I")
+        .arg(cudnn.join("include"))
+        .arg("-I")
+        .arg(cuda.join("include"))
+        .arg("-o")
+        .arg(&obj)
+        .arg(src);
     run(&mut cmd, "c++ (cuDNN shim)");
     let lib = out_dir.join("libframesmith_cudnn.a");
     let _ = std::fs::remove_file(&lib);
-    run(Command::new("ar").arg("crs").arg(&lib).arg(&obj), "ar");
+    run(Command::new(ar).arg("crs").arg(&lib).arg(&obj), "ar");
     println!("cargo:rustc-link-search=native={}", out_dir.display());
     println!("cargo:rustc-link-lib=static=framesmith_cudnn");
     println!("cargo:rustc-link-lib=dylib=stdc++");
-    println!("cargo:rustc-link-lib=dylib=dl");
+    if windows {
+        println!("cargo:rustc-link-lib=dylib=cudnn");
+        println!("cargo:rustc-link-lib=dylib=cudart");
+        println!("cargo:rustc-link-lib=dylib=winpthread");
+    } else {
+        println!("cargo:rustc-link-lib=dylib=dl");
+    }
 }

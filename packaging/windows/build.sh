@@ -5,9 +5,9 @@
 #
 # Usage: packaging/windows/build.sh [--release] [--cuda] [--no-build] [--stage-only]
 #   --release   optimised build (default: the dev profile, whose dependencies are already built with -O3)
-#   --cuda      with the CUDA path (see packaging/windows/cuda.sh): CUDA 13 runtime DLLs from PyPI's Windows
-#               wheels beside the exe, nvcuda.dll delay-loaded so the app starts without an NVIDIA driver
-#               (checked under wine; not yet run on a Windows GPU)
+#   --cuda      with the CUDA path (see packaging/windows/cuda.sh): CUDA 13 runtime and cuDNN 9 DLLs from PyPI's
+#               Windows wheels beside the exe, nvcuda.dll and cuDNN delay-loaded so the app starts without an
+#               NVIDIA driver (checked under wine; not yet run on a Windows GPU)
 #   --no-build  package the framesmith.exe built last time
 #   --stage-only  stop after staging the program folder (no installer)
 # Installs the Debian packages it needs (gcc/g++-mingw-w64-x86-64, nsis) when run as root.
@@ -33,6 +33,8 @@ for arg in "$@"; do
 done
 
 TARGET=x86_64-pc-windows-gnu
+# MinGW's thread model: win32 for the CPU build; the CUDA build switches to posix (packaging/windows/cuda.sh).
+MINGW_THREADS=win32
 need_packages x86_64-w64-mingw32-gcc:gcc-mingw-w64-x86-64 x86_64-w64-mingw32-g++:g++-mingw-w64-x86-64 \
     x86_64-w64-mingw32-dlltool:binutils-mingw-w64-x86-64 makensis:nsis
 rustup target list --installed | grep -qx "$TARGET" || rustup target add "$TARGET"
@@ -47,7 +49,7 @@ cargo_args=(build --locked --target "$TARGET" --bin framesmith)
 if [[ $CUDA -eq 1 ]]; then
     source packaging/windows/cuda.sh
     cuda_prepare
-    cargo_args+=(--features cuda)
+    cargo_args+=(--features cudnn)
 fi
 if [[ $BUILD -eq 1 ]]; then
     echo "building $EXE ($PROFILE profile, cuda: $CUDA)" >&2
@@ -59,7 +61,7 @@ fi
 # encoder and its dependencies. Everything else it imports is part of Windows.
 copy_mingw_runtime() {
     local dest="$1" file dll dir
-    local dirs=(/usr/lib/gcc/x86_64-w64-mingw32/*-win32 /usr/x86_64-w64-mingw32/lib)
+    local dirs=(/usr/lib/gcc/x86_64-w64-mingw32/*-"$MINGW_THREADS" /usr/x86_64-w64-mingw32/lib)
     local queue=("$dest/framesmith.exe")
     while [[ ${#queue[@]} -gt 0 ]]; do
         file="${queue[0]}"
@@ -86,7 +88,7 @@ copy_mingw_runtime "$STAGE"
 stage_common "$STAGE"
 cp packaging/windows/THIRD-PARTY.txt "$STAGE/"
 tree_args=(tree --locked --target "$TARGET" -p framesmith -e normal,build --prefix none -f '{p} {l}')
-[[ $CUDA -eq 1 ]] && tree_args+=(--features cuda)
+[[ $CUDA -eq 1 ]] && tree_args+=(--features cudnn)
 cargo "${tree_args[@]}" | sed 's/ (\*)$//' | grep -Ev '^framesmith(-[a-z]+)? ' | sort -u > "$STAGE/crates.txt"
 
 # The uninstaller's list: every staged file, then every staged folder deepest first (RMDir keeps non-empty ones).

@@ -3,10 +3,17 @@
 //
 // Layout: q, o, dO, dQ [b, sq, h, d]; k, v, dK, dV [b, skv, h, d], contiguous; stats (log-sum-exp) [b, h, sq]
 // f32. Optional per-sample key lengths (padding mask; every query row is computed). Graphs are built once per
-// shape and cached. The frontend is compiled with dynamic loading: libcudnn.so.9 and libcudart are opened at
-// run time, so nothing here is linked against them.
+// shape and cached. On Linux the frontend is compiled with dynamic loading: libcudnn.so.9 and libcudart are
+// opened at run time, so nothing here is linked against them. On Windows (MinGW) the frontend calls cuDNN and the
+// CUDA runtime directly, through delay-load import libraries (packaging/windows/cuda.sh): cudnn64_9.dll is
+// loaded from beside framesmith.exe by the first call, after init_locked has checked that it can be.
+// No C++ exception leaves this file: every entry point turns one into an error message.
 #include <cudnn_frontend.h>
+#ifdef _WIN32
+#include <windows.h>
+#else
 #include <dlfcn.h>
+#endif
 
 #include <cstdint>
 #include <cstdio>
@@ -16,9 +23,11 @@
 #include <string>
 #include <tuple>
 
+#ifdef NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 namespace cudnn_frontend {
 void *cudnn_dlhandle = nullptr;
 }
+#endif
 
 namespace fe = cudnn_frontend;
 
@@ -43,6 +52,13 @@ int fail(const std::string &msg) {
 
 int init_locked() {
     if (g_handle) return 0;
+#ifdef _WIN32
+    // The delay-load import would fail hard on a missing DLL; ask first, from the same search path.
+    if (!LoadLibraryA("cudnn64_9.dll")) {
+        return fail("cannot load cudnn64_9.dll (Windows error " + std::to_string(GetLastError()) +
+                    "): reinstall Framesmith's GPU installer, which puts it beside framesmith.exe");
+    }
+#else
     if (!fe::cudnn_dlhandle) {
         fe::cudnn_dlhandle = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_GLOBAL);
         if (!fe::cudnn_dlhandle) {
@@ -50,6 +66,7 @@ int init_locked() {
             return fail(std::string("cannot open libcudnn.so.9: ") + (e ? e : "unknown error"));
         }
     }
+#endif
     if (fe::detail::create_handle(&g_handle) != CUDNN_STATUS_SUCCESS) {
         g_handle = nullptr;
         return fail("cudnnCreate failed");
@@ -152,6 +169,20 @@ int prepare(const Shape &s, bool padded, bool backward, float scale, std::shared
     return graph_for(s, padded, backward, scale, g);
 }
 
+// Runs `body` under the lock; a C++ exception (the frontend throws on a missing symbol or library) becomes
+// the error message and a failed return, never an exception unwinding into Rust.
+template <typename F>
+int guarded(F body) {
+    std::lock_guard<std::mutex> lock(g_mutex);
+    try {
+        return body();
+    } catch (const std::exception &e) {
+        return fail(std::string("cuDNN attention: ") + e.what());
+    } catch (...) {
+        return fail("cuDNN attention: unknown C++ exception");
+    }
+}
+
 }  // namespace
 
 extern "C" {
@@ -162,12 +193,13 @@ const char *fs_sdpa_last_error() { return g_error.c_str(); }
 /// Workspace bytes the forward (backward = 0) or backward graph needs; builds and caches the graph.
 int fs_sdpa_workspace(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, int backward,
                       float scale, int64_t *bytes) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    std::shared_ptr<fe::graph::Graph> g;
-    if (prepare({b, h, sq, skv, d}, padded != 0, backward != 0, scale, &g)) return 1;
-    auto st = g->get_workspace_size(*bytes);
-    if (st.is_bad()) return fail("cuDNN workspace size: " + st.get_message());
-    return 0;
+    return guarded([&] {
+        std::shared_ptr<fe::graph::Graph> g;
+        if (prepare({b, h, sq, skv, d}, padded != 0, backward != 0, scale, &g)) return 1;
+        auto st = g->get_workspace_size(*bytes);
+        if (st.is_bad()) return fail("cuDNN workspace size: " + st.get_message());
+        return 0;
+    });
 }
 
 /// Forward: o = softmax(q kᵀ · scale) v, stats = log-sum-exp per query row. `seq_q` / `seq_kv` (int32 [b]) are
@@ -175,20 +207,21 @@ int fs_sdpa_workspace(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, 
 int fs_sdpa_forward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
                     void *stream, const void *q, const void *k, const void *v, void *o, void *stats,
                     const void *seq_q, const void *seq_kv, void *workspace) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    std::shared_ptr<fe::graph::Graph> g;
-    if (prepare({b, h, sq, skv, d}, padded != 0, false, scale, &g)) return 1;
-    if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
-        return fail("cudnnSetStream failed");
-    std::unordered_map<int64_t, void *> pack{{Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},
-                                             {V, const_cast<void *>(v)}, {O, o}, {STATS, stats}};
-    if (padded) {
-        pack[SEQ_Q] = const_cast<void *>(seq_q);
-        pack[SEQ_KV] = const_cast<void *>(seq_kv);
-    }
-    auto st = g->execute(g_handle, pack, workspace);
-    if (st.is_bad()) return fail("cuDNN SDPA forward: " + st.get_message());
-    return 0;
+    return guarded([&] {
+        std::shared_ptr<fe::graph::Graph> g;
+        if (prepare({b, h, sq, skv, d}, padded != 0, false, scale, &g)) return 1;
+        if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+            return fail("cudnnSetStream failed");
+        std::unordered_map<int64_t, void *> pack{{Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},
+                                                 {V, const_cast<void *>(v)}, {O, o}, {STATS, stats}};
+        if (padded) {
+            pack[SEQ_Q] = const_cast<void *>(seq_q);
+            pack[SEQ_KV] = const_cast<void *>(seq_kv);
+        }
+        auto st = g->execute(g_handle, pack, workspace);
+        if (st.is_bad()) return fail("cuDNN SDPA forward: " + st.get_message());
+        return 0;
+    });
 }
 
 /// Backward: dq, dk, dv from q, k, v, o, d_o and the forward's stats.
@@ -196,22 +229,23 @@ int fs_sdpa_backward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, i
                      void *stream, const void *q, const void *k, const void *v, const void *o, const void *d_o,
                      const void *stats, void *dq, void *dk, void *dv, const void *seq_q, const void *seq_kv,
                      void *workspace) {
-    std::lock_guard<std::mutex> lock(g_mutex);
-    std::shared_ptr<fe::graph::Graph> g;
-    if (prepare({b, h, sq, skv, d}, padded != 0, true, scale, &g)) return 1;
-    if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
-        return fail("cudnnSetStream failed");
-    std::unordered_map<int64_t, void *> pack{
-        {Q, const_cast<void *>(q)},   {K, const_cast<void *>(k)},         {V, const_cast<void *>(v)},
-        {O, const_cast<void *>(o)},   {DO, const_cast<void *>(d_o)},      {STATS, const_cast<void *>(stats)},
-        {DQ, dq},                     {DK, dk},                           {DV, dv}};
-    if (padded) {
-        pack[SEQ_Q] = const_cast<void *>(seq_q);
-        pack[SEQ_KV] = const_cast<void *>(seq_kv);
-    }
-    auto st = g->execute(g_handle, pack, workspace);
-    if (st.is_bad()) return fail("cuDNN SDPA backward: " + st.get_message());
-    return 0;
+    return guarded([&] {
+        std::shared_ptr<fe::graph::Graph> g;
+        if (prepare({b, h, sq, skv, d}, padded != 0, true, scale, &g)) return 1;
+        if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+            return fail("cudnnSetStream failed");
+        std::unordered_map<int64_t, void *> pack{
+            {Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},    {V, const_cast<void *>(v)},
+            {O, const_cast<void *>(o)}, {DO, const_cast<void *>(d_o)}, {STATS, const_cast<void *>(stats)},
+            {DQ, dq},                   {DK, dk},                      {DV, dv}};
+        if (padded) {
+            pack[SEQ_Q] = const_cast<void *>(seq_q);
+            pack[SEQ_KV] = const_cast<void *>(seq_kv);
+        }
+        auto st = g->execute(g_handle, pack, workspace);
+        if (st.is_bad()) return fail("cuDNN SDPA backward: " + st.get_message());
+        return 0;
+    });
 }
 
 }  // extern "C"

@@ -146,7 +146,7 @@ pub fn linked() -> Vec<Library> {
 }
 
 /// The file the fused attention opens at its first call (`kernels/cudnn_sdpa.cpp`).
-#[cfg(feature = "cudnn")]
+#[cfg(all(feature = "cudnn", not(windows)))]
 const CUDNN_FILE: &std::ffi::CStr = c"libcudnn.so.9";
 
 /// cuDNN as the fused attention will find it: opened by the same name, asked for its version. The library stays
@@ -202,10 +202,31 @@ fn cudnn_version() -> Result<String, String> {
     })
 }
 
-#[cfg(all(feature = "cudnn", not(target_os = "linux")))]
+/// On Windows: `cudnn64_9.dll` as the delay-load import finds it (beside framesmith.exe first), asked for its
+/// version through `cudnnGetVersion`.
+#[cfg(all(feature = "cudnn", windows))]
+#[allow(unsafe_code)]
+fn cudnn_version() -> Result<String, String> {
+    use windows::core::s;
+    use windows::Win32::System::LibraryLoader::GetProcAddress;
+    let module = crate::driver::windows_impl::cudnn_module()?;
+    // SAFETY: `module` is a loaded library kept for the process's life; the name is NUL-terminated.
+    let symbol = unsafe { GetProcAddress(module, s!("cudnnGetVersion")) }
+        .ok_or_else(|| "cudnn64_9.dll has no cudnnGetVersion".to_owned())?;
+    // SAFETY: cuDNN declares `size_t cudnnGetVersion(void)`; the symbol comes from that DLL.
+    let get_version = unsafe {
+        std::mem::transmute::<unsafe extern "system" fn() -> isize, unsafe extern "C" fn() -> usize>(
+            symbol,
+        )
+    };
+    // SAFETY: no arguments, no state.
+    Ok(packed_version(unsafe { get_version() }))
+}
+
+#[cfg(all(feature = "cudnn", not(any(target_os = "linux", windows))))]
 fn cudnn_version() -> Result<String, String> {
     Err(format!(
-        "the fused attention opens {} on Linux only",
+        "the fused attention opens {} on Linux and Windows only",
         CUDNN_FILE.to_string_lossy()
     ))
 }
