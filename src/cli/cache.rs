@@ -59,7 +59,8 @@ pub struct TextArgs {
     /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors)
     #[arg(long)]
     text_encoder: PathBuf,
-    /// tokenizer.json of google/umt5-xxl (default: found beside the text encoder weights)
+    /// tokenizer.json or spiece.model of google/umt5-xxl (default: one beside the text encoder weights, else the
+    /// tokenizer inside ComfyUI's umt5_xxl .safetensors)
     #[arg(long)]
     tokenizer: Option<PathBuf>,
     /// auto, cpu, cuda or cuda:N

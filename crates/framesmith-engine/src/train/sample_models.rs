@@ -1,6 +1,6 @@
 //! Samples during training with a real Wan model: the prompt file's prompts are embedded by the umT5 encoder
-//! (with the tokenizer beside its weights) before the DiT is loaded, and the encoder is dropped right after, so
-//! its memory is free again when training starts; clips are decoded by the Wan VAE.
+//! (with the tokenizer beside or inside its weights) before the DiT is loaded, and the encoder is dropped right
+//! after, so its memory is free again when training starts; clips are decoded by the Wan VAE.
 
 use anyhow::Context;
 use candle_core::{DType, Device};

@@ -2,9 +2,10 @@
 //! blocks with a relative-position bias per block (umT5) or one shared table (T5), gated GELU-tanh feed-forward,
 //! final T5 RMS norm. Official key names (`token_embedding.weight`, `blocks.N.attn.q.weight`,
 //! `blocks.N.pos_embedding.embedding.weight`, `blocks.N.ffn.gate.0.weight`, `norm.weight`). [`UmT5Encoder::encode`]
-//! takes token ids and a mask; [`TextEncoder`] adds the tokenizer (`tokenizer`) and takes prompts.
+//! takes token ids and a mask; [`TextEncoder`] adds the tokenizer (`tokenizer`, `spiece`) and takes prompts.
 
 mod pipeline;
+mod spiece;
 pub mod tokenizer;
 
 use std::collections::HashMap;

@@ -29,7 +29,10 @@ use candle_core::{Device, Tensor};
 
 pub use detect::{heads_for_dim, variant_name};
 pub use error::{ForeignModel, ModelFormatError, NotSafetensors};
-pub(crate) use header::{hex_prefix, read_head, safetensors_header_len, sniff_kind};
+pub(crate) use header::{
+    hex_prefix, read_head, read_header, read_tensor_data, safetensors_header_len, sniff_kind,
+    TensorInfo,
+};
 pub use identify::{identify, ComponentReport, ModelFile};
 pub use keys::official_shapes;
 pub use mmap::MappedTensors;
@@ -39,7 +42,7 @@ pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNam
 use super::config::Expert;
 use super::WanConfig;
 use detect::{DetectError, Detected, Mismatch};
-use header::{Header, TensorInfo};
+use header::Header;
 use keys::Foreign;
 use mmap::Entry;
 use report::dtype_label;

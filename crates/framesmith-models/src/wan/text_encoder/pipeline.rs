@@ -7,7 +7,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::tokenizer::{tokenizer_beside, TokenizerError, UmT5Tokenizer};
+use super::tokenizer::{TokenizerError, UmT5Tokenizer, SPIECE_TENSOR};
 use super::{official_t5_keys, T5Config, UmT5Encoder};
 use crate::wan::vae::{read_checkpoint, CheckpointError};
 use framesmith_nn::vb::Vb;
@@ -31,16 +31,16 @@ pub struct TextEncoder {
 
 impl TextEncoder {
     /// Loads the encoder weights (`.pth` or safetensors, official or Hugging Face names; sizes read from the
-    /// weights) and the tokenizer: `tokenizer` when given, else the `tokenizer.json` found beside the weights.
+    /// weights) and the tokenizer: `tokenizer` when given, else a `tokenizer.json` or `spiece.model` found beside
+    /// the weights, else the SentencePiece model ComfyUI stores inside them (see [`UmT5Tokenizer::for_weights`]).
     pub fn load(
         weights: &Path,
         tokenizer: Option<&Path>,
         dtype: DType,
         device: &Device,
     ) -> Result<Self, TextEncoderError> {
-        let tokenizer_path = tokenizer.map_or_else(|| tokenizer_beside(weights), Path::to_path_buf);
         // The tokenizer first: it is small, and a missing one should not cost a 10 GB read.
-        let tokenizer = UmT5Tokenizer::load(&tokenizer_path)?;
+        let tokenizer = UmT5Tokenizer::for_weights(weights, tokenizer)?;
         let encoder = load_umt5_auto(weights, dtype, device)?;
         Ok(Self { tokenizer, encoder })
     }
@@ -97,13 +97,16 @@ pub fn t5_config_from_tensors(tensors: &HashMap<String, Tensor>) -> Option<T5Con
     })
 }
 
-/// Loads a T5 encoder whose sizes are read from the weights (umT5-XXL for Wan's files).
+/// Loads a T5 encoder whose sizes are read from the weights (umT5-XXL for Wan's files). The tokenizer ComfyUI
+/// stores beside the tensors (`spiece_model`) is set aside; [`UmT5Tokenizer::for_weights`] reads it.
 pub fn load_umt5_auto(
     path: &Path,
     dtype: DType,
     device: &Device,
 ) -> Result<UmT5Encoder, CheckpointError> {
-    let tensors = official_t5_keys(read_checkpoint(path)?);
+    let mut tensors = read_checkpoint(path)?;
+    tensors.remove(SPIECE_TENSOR);
+    let tensors = official_t5_keys(tensors);
     let Some(cfg) = t5_config_from_tensors(&tensors) else {
         return Err(CheckpointError::WrongModel {
             path: path.to_path_buf(),

@@ -1,55 +1,94 @@
 //! umT5's tokenizer as Wan uses it (`HuggingfaceTokenizer(name, seq_len=512, clean='whitespace')` of
-//! `wan/modules/tokenizers.py`): the prompt is cleaned, tokenized with the `tokenizer.json` of the model folder
-//! (`google/umt5-xxl`), truncated to 511 tokens, and closed with `</s>`, as the fast T5 tokenizer does with
-//! `truncation=True, max_length=512`. The file is always read from disk, never fetched.
+//! `wan/modules/tokenizers.py`): the prompt is cleaned, tokenized, truncated to 511 tokens, and closed with `</s>`,
+//! as the fast T5 tokenizer does with `truncation=True, max_length=512`. The tokenizer comes from the
+//! `tokenizer.json` of the model folder (`google/umt5-xxl`), its `spiece.model`, or the SentencePiece model that
+//! ComfyUI embeds in its umT5 weights (`spiece`); it is always read from disk, never fetched.
 
 use std::path::{Path, PathBuf};
 
 use tokenizers::Tokenizer;
 
+use super::spiece::{self, Embedded, SpmProblem};
+use crate::wan::weights::ModelFormatError;
+
 /// Most tokens per prompt, `</s>` included (`text_len` of every Wan config).
 pub const MAX_TOKENS: usize = 512;
 /// File name of the tokenizer inside a model folder.
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
+/// File name of the SentencePiece model inside a model folder.
+pub const SPM_FILE: &str = "spiece.model";
 /// The end-of-sequence token T5 appends.
 pub const EOS_TOKEN: &str = "</s>";
+pub use spiece::SPIECE_TENSOR;
 
 /// Why the tokenizer could not be used.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
-    /// No `tokenizer.json` where it was looked for.
+    /// No tokenizer file at the path given.
     #[error(
         "no umT5 tokenizer found: put tokenizer.json from the umT5 folder (google/umt5-xxl, inside the Wan model \
          folder) next to the text encoder weights, or pass --tokenizer: {}",
         path.display()
     )]
     NotFound { path: PathBuf },
+    /// No tokenizer beside the text encoder weights, and none inside them.
+    #[error(
+        "no umT5 tokenizer found: the text encoder weights hold no `spiece_model` tensor (ComfyUI's umt5_xxl files \
+         do) and no tokenizer.json or spiece.model is beside them; put tokenizer.json from the umT5 folder \
+         (google/umt5-xxl, inside the Wan model folder) next to the text encoder weights, or pass --tokenizer: {}",
+        weights.display()
+    )]
+    NotEmbedded { weights: PathBuf },
     /// The file exists but is not a tokenizer the `tokenizers` library reads.
     #[error("cannot read the tokenizer ({reason}); give the tokenizer.json of google/umt5-xxl: {}", path.display())]
     Unreadable { path: PathBuf, reason: String },
+    /// A SentencePiece model (a `.model` file or the `spiece_model` tensor of the weights) that does not parse.
+    #[error(
+        "cannot read {what} ({reason}); download the file again, or put tokenizer.json from the umT5 folder \
+         (google/umt5-xxl) next to the text encoder weights or pass it with --tokenizer: {}",
+        path.display()
+    )]
+    BadSpm {
+        what: &'static str,
+        reason: String,
+        path: PathBuf,
+    },
+    /// A SentencePiece model of another algorithm than umT5's Unigram.
+    #[error(
+        "{what} is a SentencePiece {kind} model, but umT5's is Unigram, so these are not umT5's weights; give \
+         the tokenizer.json or spiece.model of google/umt5-xxl with --tokenizer: {}",
+        path.display()
+    )]
+    NotUnigram {
+        what: &'static str,
+        kind: String,
+        path: PathBuf,
+    },
     /// The tokenizer has no `</s>` token: not a T5 tokenizer.
-    #[error("the tokenizer has no `</s>` token, so it is not umT5's; give the tokenizer.json of google/umt5-xxl: {}", path.display())]
+    #[error("the tokenizer has no `</s>` token, so it is not umT5's; give the tokenizer.json or spiece.model of google/umt5-xxl: {}", path.display())]
     NoEos { path: PathBuf },
+    /// The weights file could not be read while looking for the tokenizer inside it.
+    #[error(transparent)]
+    Weights(#[from] ModelFormatError),
     /// Tokenizing a prompt failed.
     #[error("cannot tokenize the prompt \"{prompt}\": {reason}")]
     Encode { prompt: String, reason: String },
 }
 
-/// Where the tokenizer of the text encoder at `weights` is: `tokenizer.json` beside the weights, or in a
-/// `google/umt5-xxl` (or `umt5-xxl`) folder beside them, as the official Wan model folders ship it. Returns the
-/// first candidate that exists, else the path beside the weights (for the error message).
-pub fn tokenizer_beside(weights: &Path) -> PathBuf {
+/// The tokenizer file of the text encoder at `weights`, if there is one: `tokenizer.json` beside the weights or in
+/// a `google/umt5-xxl` (or `umt5-xxl`) folder beside them, as the official Wan model folders ship it, else a
+/// `spiece.model` in one of those places. `None` when there is none (ComfyUI's files carry their own).
+pub fn tokenizer_beside(weights: &Path) -> Option<PathBuf> {
     let dir = weights.parent().unwrap_or(Path::new("."));
-    let candidates = [
-        dir.join(TOKENIZER_FILE),
-        dir.join("google").join("umt5-xxl").join(TOKENIZER_FILE),
-        dir.join("umt5-xxl").join(TOKENIZER_FILE),
+    let folders = [
+        dir.to_path_buf(),
+        dir.join("google").join("umt5-xxl"),
+        dir.join("umt5-xxl"),
     ];
-    candidates
+    [TOKENIZER_FILE, SPM_FILE]
         .iter()
+        .flat_map(|file| folders.iter().map(move |folder| folder.join(file)))
         .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| dir.join(TOKENIZER_FILE))
 }
 
 /// The tokenizer with Wan's cleaning, truncation and `</s>`.
@@ -79,7 +118,20 @@ impl TokenBatch {
 }
 
 impl UmT5Tokenizer {
-    /// Reads a `tokenizer.json`.
+    /// The tokenizer of the text encoder at `weights`: `explicit` when given, else the file [`tokenizer_beside`]
+    /// finds, else the SentencePiece model stored in the weights as the `spiece_model` tensor (ComfyUI's umT5
+    /// files), of which only the header and that tensor are read.
+    pub fn for_weights(weights: &Path, explicit: Option<&Path>) -> Result<Self, TokenizerError> {
+        match explicit
+            .map(Path::to_path_buf)
+            .or_else(|| tokenizer_beside(weights))
+        {
+            Some(path) => Self::load(&path),
+            None => Self::embedded(weights),
+        }
+    }
+
+    /// Reads a SentencePiece model (a path ending `.model`) or a `tokenizer.json` (any other path).
     pub fn load(path: &Path) -> Result<Self, TokenizerError> {
         if !path.is_file() {
             return Err(TokenizerError::NotFound {
@@ -90,12 +142,49 @@ impl UmT5Tokenizer {
             path: path.to_path_buf(),
             reason,
         };
+        if path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("model"))
+        {
+            let bytes = std::fs::read(path).map_err(|e| unreadable(e.to_string()))?;
+            return Self::from_spm(&bytes, "the SentencePiece model", path);
+        }
         // The tokenizers library can panic on damaged files rather than return an error; a bad file is the user's
         // input, so it becomes an error here.
         let tokenizer = std::panic::catch_unwind(|| Tokenizer::from_file(path))
             .map_err(|_| unreadable("the tokenizers library crashed reading it".into()))?
             .map_err(|e| unreadable(e.to_string()))?;
         Self::new(tokenizer, path)
+    }
+
+    /// The tokenizer stored in the weights at `path` as the `spiece_model` tensor.
+    fn embedded(path: &Path) -> Result<Self, TokenizerError> {
+        let what = "the `spiece_model` tensor";
+        match spiece::read_embedded(path)? {
+            Embedded::Model(bytes) => Self::from_spm(&bytes, what, path),
+            Embedded::Absent => Err(TokenizerError::NotEmbedded {
+                weights: path.to_path_buf(),
+            }),
+            Embedded::Unusable(reason) => Err(TokenizerError::BadSpm {
+                what,
+                reason,
+                path: path.to_path_buf(),
+            }),
+        }
+    }
+
+    /// Builds the tokenizer of a serialized SentencePiece model; `what` and `origin` name it in errors.
+    pub(crate) fn from_spm(
+        bytes: &[u8],
+        what: &'static str,
+        origin: &Path,
+    ) -> Result<Self, TokenizerError> {
+        let path = origin.to_path_buf();
+        let tokenizer = spiece::tokenizer_from_spm(bytes).map_err(|problem| match problem {
+            SpmProblem::Unreadable(reason) => TokenizerError::BadSpm { what, reason, path },
+            SpmProblem::NotUnigram(kind) => TokenizerError::NotUnigram { what, kind, path },
+        })?;
+        Self::new(tokenizer, origin)
     }
 
     /// Wraps a tokenizer built in memory; `origin` names it in errors.
@@ -136,7 +225,9 @@ impl UmT5Tokenizer {
         let encoding = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             self.tokenizer.encode(cleaned.as_str(), false)
         }))
-        .map_err(|_| failed("the tokenizers library crashed (is tokenizer.json damaged?)".into()))?
+        .map_err(|_| {
+            failed("the tokenizers library crashed (is the tokenizer file damaged?)".into())
+        })?
         .map_err(|e| failed(e.to_string()))?;
         let mut ids: Vec<u32> = encoding.get_ids().to_vec();
         ids.truncate(self.max_tokens - 1);

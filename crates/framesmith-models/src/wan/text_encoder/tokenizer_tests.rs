@@ -67,7 +67,7 @@ fn a_missing_or_foreign_tokenizer_says_what_to_do() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let weights = dir.path().join("umt5.safetensors");
     let expected = dir.path().join(TOKENIZER_FILE);
-    assert_eq!(tokenizer_beside(&weights), expected);
+    assert_eq!(tokenizer_beside(&weights), None);
     let msg = UmT5Tokenizer::load(&expected)
         .err()
         .map(|e| e.to_string())
@@ -82,8 +82,14 @@ fn a_missing_or_foreign_tokenizer_says_what_to_do() -> anyhow::Result<()> {
     // The layout of the official Wan model folders is found too.
     let nested = dir.path().join("google").join("umt5-xxl");
     std::fs::create_dir_all(&nested)?;
+    std::fs::write(dir.path().join(SPM_FILE), b"")?;
+    assert_eq!(tokenizer_beside(&weights), Some(dir.path().join(SPM_FILE)));
+    // A tokenizer.json comes before a SentencePiece model, wherever each is.
     saved_tiny(&nested)?;
-    assert_eq!(tokenizer_beside(&weights), nested.join(TOKENIZER_FILE));
+    assert_eq!(
+        tokenizer_beside(&weights),
+        Some(nested.join(TOKENIZER_FILE))
+    );
 
     std::fs::write(&expected, "{\"not\": \"a tokenizer\"}")?;
     let msg = UmT5Tokenizer::load(&expected)
@@ -140,7 +146,7 @@ fn prompts_encode_to_trimmed_embeddings() -> anyhow::Result<()> {
     }
     assert!(te.encode_prompts(&[])?.is_empty());
 
-    // Without a tokenizer beside the weights (the fixture folder has none), loading says so.
+    // Without a tokenizer beside or inside the weights (the fixture has neither), loading says so.
     let err = TextEncoder::load(&umt5_fixture(), None, DType::F32, &Device::Cpu)
         .err()
         .map(|e| e.to_string())

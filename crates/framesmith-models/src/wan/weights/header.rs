@@ -1,6 +1,7 @@
 //! Safetensors header reader: sniffs what a file is (safetensors, PyTorch pickle, GGUF, text …) and validates the
-//! JSON header against the file size, without touching tensor data. No input makes it panic: lengths are checked
-//! before allocating and all offset arithmetic is checked.
+//! JSON header against the file size, without touching tensor data; [`read_tensor_data`] then reads the bytes of
+//! one small tensor alone. No input makes it panic: lengths are checked before allocating and all offset
+//! arithmetic is checked.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -24,6 +25,8 @@ pub(crate) struct TensorInfo {
     pub shape: Vec<usize>,
     /// Number of data bytes.
     pub len_bytes: u64,
+    /// Where the data starts, in bytes from the start of the file.
+    pub data_start: u64,
 }
 
 impl TensorInfo {
@@ -106,6 +109,26 @@ pub(crate) fn read_header_from<R: Read + Seek>(
             path: path.to_path_buf(),
         },
     })
+}
+
+/// The data of one tensor of the file at `path`, as stored: seeks to it and reads `info.len_bytes` bytes, nothing
+/// else. `info` comes from [`read_header`] of the same file, so the span lies inside it; callers check that the
+/// tensor is small before asking (this reads it into memory).
+pub(crate) fn read_tensor_data(
+    path: &Path,
+    info: &TensorInfo,
+) -> Result<Vec<u8>, ModelFormatError> {
+    let unreadable = |cause: std::io::Error| io_error(cause, path);
+    let len = usize::try_from(info.len_bytes).map_err(|_| ModelFormatError::BadHeader {
+        reason: format!("tensor `{}` is too large to read into memory", info.name),
+        path: path.to_path_buf(),
+    })?;
+    let mut file = File::open(path).map_err(unreadable)?;
+    file.seek(SeekFrom::Start(info.data_start))
+        .map_err(unreadable)?;
+    let mut data = vec![0u8; len];
+    file.read_exact(&mut data).map_err(unreadable)?;
+    Ok(data)
 }
 
 /// Maps an I/O error to not-found or unreadable.
@@ -261,7 +284,8 @@ fn parse_header(json: &[u8], data_start: u64, file_bytes: u64) -> Result<Header,
             metadata = parse_metadata(entry).map_err(bad)?;
             continue;
         }
-        let (info, span) = parse_entry(name, entry).map_err(bad)?;
+        let (mut info, span) = parse_entry(name, entry).map_err(bad)?;
+        info.data_start = data_start.saturating_add(span.0);
         spans.push((span, tensors.len()));
         tensors.push(info);
     }
@@ -357,6 +381,7 @@ fn parse_entry(name: &str, entry: &serde_json::Value) -> Result<(TensorInfo, (u6
         dtype: dtype.to_string(),
         shape,
         len_bytes: end - begin,
+        data_start: 0,
     };
     Ok((info, (begin, end)))
 }
