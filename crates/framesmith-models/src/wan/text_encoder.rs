@@ -388,17 +388,67 @@ impl UmT5Encoder {
 }
 
 /// Renames Hugging Face `UMT5EncoderModel` keys (ComfyUI's `umt5_xxl_*.safetensors`) to the official names;
-/// official names pass through unchanged.
+/// official names pass through unchanged. The FP8 files' per-layer scales (`scale_weight`, `weight_scale`,
+/// `comfy_quant`) follow their weights, so each Linear dequantises with its own scale; an FP8 embedding, relative
+/// position table or norm with a scale is dequantised here (only Linears read scales).
 pub fn official_t5_keys(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
-    tensors
+    let renamed: HashMap<String, Tensor> = tensors
         .into_iter()
         .filter_map(|(k, v)| hf_to_official(&k).map(|k| (k, v)))
-        .collect()
+        .collect();
+    dequantize_scaled_non_linears(renamed)
 }
+
+/// Tensors that only Linears may keep as FP8 codes: the rest are read as plain values.
+fn dequantize_scaled_non_linears(mut tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    let plain: Vec<String> = tensors
+        .iter()
+        .filter(|(k, v)| {
+            v.dtype() == DType::F8E4M3
+                && (k.as_str() == "token_embedding.weight"
+                    || k.ends_with("pos_embedding.embedding.weight")
+                    || k.ends_with("norm.weight")
+                    || k.ends_with("norm1.weight")
+                    || k.ends_with("norm2.weight"))
+        })
+        .map(|(k, _)| k.clone())
+        .collect();
+    for key in plain {
+        let module = key.trim_end_matches(".weight");
+        let scale = ["scale_weight", "weight_scale"]
+            .iter()
+            .find_map(|s| tensors.get(&format!("{module}.{s}")).cloned());
+        let Some(codes) = tensors.get(&key) else {
+            continue;
+        };
+        let values = codes.to_dtype(DType::F32).and_then(|v| match &scale {
+            Some(s) => v.broadcast_mul(&s.to_dtype(DType::F32)?.flatten_all()?.reshape(())?),
+            None => Ok(v),
+        });
+        // A scale that is not one number is left for the encoder's shape checks to report.
+        if let Ok(values) = values {
+            tensors.insert(key, values);
+        }
+    }
+    tensors
+}
+
+/// The official name of a Linear's tensor (`weight` or one of the FP8 files' companions).
+const LINEAR_TENSORS: [&str; 6] = [
+    "weight",
+    "scale_weight",
+    "weight_scale",
+    "scale_input",
+    "input_scale",
+    "comfy_quant",
+];
 
 fn hf_to_official(key: &str) -> Option<String> {
     let mapped = match key {
         "shared.weight" | "encoder.embed_tokens.weight" => "token_embedding.weight".to_string(),
+        "shared.scale_weight" | "encoder.embed_tokens.scale_weight" => {
+            "token_embedding.scale_weight".to_string()
+        }
         "encoder.final_layer_norm.weight" => "norm.weight".to_string(),
         _ => {
             let Some(rest) = key.strip_prefix("encoder.block.") else {
@@ -406,19 +456,28 @@ fn hf_to_official(key: &str) -> Option<String> {
             };
             let (block, tail) = rest.split_once('.')?;
             let name = match tail {
-                "layer.0.SelfAttention.q.weight" => "attn.q.weight",
-                "layer.0.SelfAttention.k.weight" => "attn.k.weight",
-                "layer.0.SelfAttention.v.weight" => "attn.v.weight",
-                "layer.0.SelfAttention.o.weight" => "attn.o.weight",
                 "layer.0.SelfAttention.relative_attention_bias.weight" => {
-                    "pos_embedding.embedding.weight"
+                    "pos_embedding.embedding.weight".to_string()
                 }
-                "layer.0.layer_norm.weight" => "norm1.weight",
-                "layer.1.DenseReluDense.wi_0.weight" => "ffn.gate.0.weight",
-                "layer.1.DenseReluDense.wi_1.weight" => "ffn.fc1.weight",
-                "layer.1.DenseReluDense.wo.weight" => "ffn.fc2.weight",
-                "layer.1.layer_norm.weight" => "norm2.weight",
-                _ => return None,
+                "layer.0.layer_norm.weight" => "norm1.weight".to_string(),
+                "layer.1.layer_norm.weight" => "norm2.weight".to_string(),
+                _ => {
+                    let (module, tensor) = tail.rsplit_once('.')?;
+                    if !LINEAR_TENSORS.contains(&tensor) {
+                        return None;
+                    }
+                    let official = match module {
+                        "layer.0.SelfAttention.q" => "attn.q",
+                        "layer.0.SelfAttention.k" => "attn.k",
+                        "layer.0.SelfAttention.v" => "attn.v",
+                        "layer.0.SelfAttention.o" => "attn.o",
+                        "layer.1.DenseReluDense.wi_0" => "ffn.gate.0",
+                        "layer.1.DenseReluDense.wi_1" => "ffn.fc1",
+                        "layer.1.DenseReluDense.wo" => "ffn.fc2",
+                        _ => return None,
+                    };
+                    format!("{official}.{tensor}")
+                }
             };
             format!("blocks.{block}.{name}")
         }
@@ -509,6 +568,39 @@ mod tests {
         );
     }
 
+    /// The Hugging Face (ComfyUI) name of an official umT5 key.
+    fn official_to_hf(k: &str) -> String {
+        let tail_map = [
+            ("attn.q.weight", "layer.0.SelfAttention.q.weight"),
+            ("attn.k.weight", "layer.0.SelfAttention.k.weight"),
+            ("attn.v.weight", "layer.0.SelfAttention.v.weight"),
+            ("attn.o.weight", "layer.0.SelfAttention.o.weight"),
+            (
+                "pos_embedding.embedding.weight",
+                "layer.0.SelfAttention.relative_attention_bias.weight",
+            ),
+            ("norm1.weight", "layer.0.layer_norm.weight"),
+            ("ffn.gate.0.weight", "layer.1.DenseReluDense.wi_0.weight"),
+            ("ffn.fc1.weight", "layer.1.DenseReluDense.wi_1.weight"),
+            ("ffn.fc2.weight", "layer.1.DenseReluDense.wo.weight"),
+            ("norm2.weight", "layer.1.layer_norm.weight"),
+        ];
+        match k {
+            "token_embedding.weight" => "shared.weight".into(),
+            "norm.weight" => "encoder.final_layer_norm.weight".into(),
+            _ => {
+                let rest = k.strip_prefix("blocks.").unwrap_or(k);
+                let (block, tail) = rest.split_once('.').unwrap_or((rest, ""));
+                let hf = tail_map
+                    .iter()
+                    .find(|(o, _)| *o == tail)
+                    .map(|(_, h)| *h)
+                    .unwrap_or(tail);
+                format!("encoder.block.{block}.{hf}")
+            }
+        }
+    }
+
     /// The fixture's official-name weights renamed to Hugging Face names (as in ComfyUI's umT5 files), saved,
     /// loaded through [`load_umt5`] and run: the output must equal the official `hidden`.
     #[test]
@@ -519,37 +611,6 @@ mod tests {
         let inputs = candle_core::safetensors::load(case.join("inputs.safetensors"), &Device::Cpu)?;
         let expected =
             candle_core::safetensors::load(case.join("expected.safetensors"), &Device::Cpu)?;
-        let official_to_hf = |k: &str| -> String {
-            let tail_map = [
-                ("attn.q.weight", "layer.0.SelfAttention.q.weight"),
-                ("attn.k.weight", "layer.0.SelfAttention.k.weight"),
-                ("attn.v.weight", "layer.0.SelfAttention.v.weight"),
-                ("attn.o.weight", "layer.0.SelfAttention.o.weight"),
-                (
-                    "pos_embedding.embedding.weight",
-                    "layer.0.SelfAttention.relative_attention_bias.weight",
-                ),
-                ("norm1.weight", "layer.0.layer_norm.weight"),
-                ("ffn.gate.0.weight", "layer.1.DenseReluDense.wi_0.weight"),
-                ("ffn.fc1.weight", "layer.1.DenseReluDense.wi_1.weight"),
-                ("ffn.fc2.weight", "layer.1.DenseReluDense.wo.weight"),
-                ("norm2.weight", "layer.1.layer_norm.weight"),
-            ];
-            match k {
-                "token_embedding.weight" => "shared.weight".into(),
-                "norm.weight" => "encoder.final_layer_norm.weight".into(),
-                _ => {
-                    let rest = k.strip_prefix("blocks.").unwrap_or(k);
-                    let (block, tail) = rest.split_once('.').unwrap_or((rest, ""));
-                    let hf = tail_map
-                        .iter()
-                        .find(|(o, _)| *o == tail)
-                        .map(|(_, h)| *h)
-                        .unwrap_or(tail);
-                    format!("encoder.block.{block}.{hf}")
-                }
-            }
-        };
         let hf: HashMap<String, Tensor> = weights
             .iter()
             .map(|(k, v)| (official_to_hf(k), v.clone()))
@@ -591,5 +652,107 @@ mod tests {
             "{msg}"
         );
         Ok(())
+    }
+
+    fn tiny_config() -> T5Config {
+        T5Config {
+            vocab: 100,
+            dim: 32,
+            dim_attn: 32,
+            dim_ffn: 64,
+            num_heads: 2,
+            num_layers: 2,
+            num_buckets: 32,
+            ..T5Config::umt5_xxl()
+        }
+    }
+
+    /// ComfyUI's scaled-FP8 umT5 layout (`umt5_xxl_fp8_e4m3fn_scaled.safetensors`): Hugging Face names, every
+    /// Linear and the embedding as e4m3 codes with a per-tensor `scale_weight`, and the `scaled_fp8` marker. It
+    /// must encode exactly as the same weights dequantised by hand (a missed scale is off by ~1/scale).
+    #[test]
+    fn comfy_scaled_fp8_umt5_loads_with_its_scales() -> anyhow::Result<()> {
+        use framesmith_nn::fp8::{e4m3_decode, e4m3_encode};
+        let case = crate::fixtures::wan_case("umt5_tiny");
+        let weights =
+            candle_core::safetensors::load(case.join("weights.safetensors"), &Device::Cpu)?;
+        let inputs = candle_core::safetensors::load(case.join("inputs.safetensors"), &Device::Cpu)?;
+        let mut scaled = HashMap::new();
+        let mut dequantized = HashMap::new();
+        let mut min_scale = f32::INFINITY;
+        for (k, v) in &weights {
+            let hf = official_to_hf(k);
+            let quantize = v.rank() == 2 && !k.contains("pos_embedding");
+            if !quantize {
+                scaled.insert(hf.clone(), v.clone());
+                dequantized.insert(hf, v.clone());
+                continue;
+            }
+            let values = v.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
+            let amax = values.iter().fold(0f32, |m, x| m.max(x.abs()));
+            let scale = amax / 448.0;
+            min_scale = min_scale.min(scale);
+            let codes: Vec<u8> = values.iter().map(|x| e4m3_encode(x / scale)).collect();
+            let back: Vec<f32> = codes.iter().map(|&c| e4m3_decode(c) * scale).collect();
+            let module = hf.trim_end_matches(".weight");
+            scaled.insert(
+                hf.clone(),
+                Tensor::from_raw_buffer(&codes, DType::F8E4M3, v.dims(), &Device::Cpu)?,
+            );
+            scaled.insert(
+                format!("{module}.scale_weight"),
+                Tensor::new(scale, &Device::Cpu)?,
+            );
+            dequantized.insert(hf, Tensor::from_vec(back, v.dims(), &Device::Cpu)?);
+        }
+        assert!(min_scale < 0.1, "the test needs scales far from 1");
+        scaled.insert(
+            "scaled_fp8".into(),
+            Tensor::from_raw_buffer(&[0u8], DType::F8E4M3, &[1], &Device::Cpu)?,
+        );
+        let dir = tempfile::tempdir()?;
+        let (fp8_path, ref_path) = (
+            dir.path().join("fp8.safetensors"),
+            dir.path().join("ref.safetensors"),
+        );
+        candle_core::safetensors::save(&scaled, &fp8_path)?;
+        candle_core::safetensors::save(&dequantized, &ref_path)?;
+        let encode = |path: &Path| -> anyhow::Result<Tensor> {
+            let encoder = load_umt5(path, &tiny_config(), DType::F32, &Device::Cpu)?;
+            Ok(encoder.encode(&inputs["ids"], &inputs["mask"])?)
+        };
+        let (got, want) = (encode(&fp8_path)?, encode(&ref_path)?);
+        let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(
+            err < 1e-5,
+            "max abs error {err} against the hand-dequantised weights"
+        );
+        let auto = load_umt5_auto(&fp8_path, DType::F32, &Device::Cpu)?;
+        let err = (auto.encode(&inputs["ids"], &inputs["mask"])? - &want)?
+            .abs()?
+            .max_all()?
+            .to_scalar::<f32>()?;
+        assert!(err < 1e-5, "load_umt5_auto: max abs error {err}");
+        Ok(())
+    }
+
+    #[test]
+    fn scales_follow_their_linears() {
+        assert_eq!(
+            hf_to_official("encoder.block.3.layer.1.DenseReluDense.wi_0.scale_weight").as_deref(),
+            Some("blocks.3.ffn.gate.0.scale_weight")
+        );
+        assert_eq!(
+            hf_to_official("encoder.block.0.layer.0.SelfAttention.k.comfy_quant").as_deref(),
+            Some("blocks.0.attn.k.comfy_quant")
+        );
+        assert_eq!(
+            hf_to_official("shared.scale_weight").as_deref(),
+            Some("token_embedding.scale_weight")
+        );
+        assert_eq!(
+            hf_to_official("encoder.block.0.layer.0.SelfAttention.q.bogus"),
+            None
+        );
     }
 }
