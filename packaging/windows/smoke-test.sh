@@ -111,8 +111,7 @@ wineserver -w
 LORA="$DEMO_U/output/demo-lora.safetensors"
 [[ -s "$LORA" ]] || fail "the demo wrote no LoRA at $LORA"
 python3 - "$LORA" "$STEPS" <<'PY'
-import json, struct, sys
-import numpy as np
+import json, math, struct, sys
 path, steps = sys.argv[1], sys.argv[2]
 data = open(path, "rb").read()
 n = struct.unpack("<Q", data[:8])[0]
@@ -124,14 +123,24 @@ assert downs and len(downs) == len(ups), f"{len(downs)} down / {len(ups)} up wei
 assert all(k.startswith("lora_unet_blocks_") for k in downs), downs[:3]
 assert meta.get("ss_steps") == steps, f"ss_steps {meta.get('ss_steps')} != {steps}"
 body = data[8 + n:]
-dt = {"F32": np.float32, "F16": np.float16, "BF16": None}
+
+def values(raw, dtype):
+    """The tensor's numbers, with the standard library only (no numpy on a fresh machine)."""
+    if dtype == "F32":
+        return struct.unpack(f"<{len(raw) // 4}f", raw)
+    if dtype == "F16":
+        return struct.unpack(f"<{len(raw) // 2}e", raw)
+    if dtype == "BF16":
+        halves = struct.unpack(f"<{len(raw) // 2}H", raw)
+        return struct.unpack(f"<{len(halves)}f", struct.pack(f"<{len(halves)}I", *(h << 16 for h in halves)))
+    raise AssertionError(f"unexpected dtype {dtype}")
+
 nonzero_up = 0
 for k, t in header.items():
     a, b = t["data_offsets"]
-    kind = dt[t["dtype"]]
-    values = np.frombuffer(body[a:b], dtype=kind)
-    assert np.isfinite(values).all(), f"non-finite values in {k}"
-    if k in ups and np.abs(values).max() > 0:
+    v = values(body[a:b], t["dtype"])
+    assert all(math.isfinite(x) for x in v), f"non-finite values in {k}"
+    if k in ups and max(abs(x) for x in v) > 0:
         nonzero_up += 1
 assert nonzero_up == len(ups), f"only {nonzero_up} of {len(ups)} lora_up weights moved from zero"
 print(f"ok   LoRA {len(downs)} modules, ss_steps={steps}, all finite, every lora_up trained ({len(data)} bytes)")
