@@ -22,6 +22,9 @@ pub struct AttentionBench {
     pub warmup: usize,
     /// Timed repetitions.
     pub iters: usize,
+    /// Time the portable tiled kernel (the CPU path, and what a GPU build without cuDNN ran) instead of the
+    /// build's own attention.
+    pub portable: bool,
 }
 
 impl Default for AttentionBench {
@@ -33,7 +36,23 @@ impl Default for AttentionBench {
             batch: 1,
             warmup: 3,
             iters: 10,
+            portable: false,
         }
+    }
+}
+
+/// The attention function this build trains with, or the portable kernel.
+fn attention_of(
+    portable: bool,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    kv_lens: Option<&[usize]>,
+) -> Result<Tensor> {
+    if portable {
+        framesmith_nn::attention::portable_attention(q, k, v, kv_lens)
+    } else {
+        attention(q, k, v, kv_lens)
     }
 }
 
@@ -52,6 +71,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
 /// Forward and backward for the output gradient `d_o`, as a training step runs them: the fused entry point
 /// without a loss where this build has it, candle's autograd otherwise.
 fn forward_backward(
+    portable: bool,
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
@@ -59,13 +79,13 @@ fn forward_backward(
     lens: Option<&[usize]>,
 ) -> Result<()> {
     #[cfg(feature = "cudnn")]
-    if framesmith_nn::cuda::attention::runs_fused(q) {
+    if !portable && framesmith_nn::cuda::attention::runs_fused(q) {
         drop(framesmith_nn::cuda::attention::attention_forward_backward(
             q, k, v, d_o, lens,
         )?);
         return Ok(());
     }
-    let o = attention(q, k, v, lens)?;
+    let o = attention_of(portable, q, k, v, lens)?;
     drop(o.mul(d_o)?.sum_all()?.backward()?);
     Ok(())
 }
@@ -88,6 +108,7 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
         ));
     }
     let mut out = Vec::new();
+    let portable = opts.portable;
     for (case, lk, lens) in cases {
         let q = Var::from_tensor(&random((b, l, h, d), dev)?)?;
         let k = Var::from_tensor(&random((b, lk, h, d), dev)?)?;
@@ -97,30 +118,31 @@ pub fn run(dev: &Device, cfg: &WanConfig, opts: &AttentionBench) -> Result<Vec<R
         let shape = format!("b={b} h={h} lq={l} lk={lk} d={d}");
         let fwd_flops = 4.0 * (b * h * l * lk * d) as f64;
         let t = time(dev, opts.warmup, opts.iters, || {
-            attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), lens).map(drop)
+            attention_of(portable, q.as_tensor(), k.as_tensor(), v.as_tensor(), lens).map(drop)
         })?;
-        out.push(record("attention", case, "fwd", &shape, fwd_flops, t));
+        let kind = if portable { "portable" } else { "attention" };
+        out.push(record(kind, case, "fwd", &shape, fwd_flops, t));
         let t = time(dev, opts.warmup, opts.iters, || {
-            forward_backward(q.as_tensor(), k.as_tensor(), v.as_tensor(), &d_o, lens)
+            forward_backward(
+                portable,
+                q.as_tensor(),
+                k.as_tensor(),
+                v.as_tensor(),
+                &d_o,
+                lens,
+            )
         })?;
-        out.push(record(
-            "attention",
-            case,
-            "fwd+bwd",
-            &shape,
-            3.5 * fwd_flops,
-            t,
-        ));
+        out.push(record(kind, case, "fwd+bwd", &shape, 3.5 * fwd_flops, t));
         if case == "self" {
             // The same through candle's autograd with a loss `sum(o · dO)`: shows what the bookkeeping of a
             // loss on a large tensor costs (not part of a training step's attention).
             let t = time(dev, opts.warmup, opts.iters, || {
-                let o = attention(q.as_tensor(), k.as_tensor(), v.as_tensor(), lens)?;
+                let o = attention_of(portable, q.as_tensor(), k.as_tensor(), v.as_tensor(), lens)?;
                 drop(o.mul(&d_o)?.sum_all()?.backward()?);
                 Ok(())
             })?;
             out.push(record(
-                "attention",
+                kind,
                 case,
                 "fwd+bwd autograd",
                 &shape,
@@ -145,6 +167,7 @@ mod tests {
             batch: 1,
             warmup: 0,
             iters: 1,
+            portable: false,
         };
         let records = run(&Device::Cpu, &WanConfig::tiny(1), &opts)?;
         let passes: Vec<_> = records

@@ -71,6 +71,9 @@ enum Command {
         /// Run the device checks first and stop if any fails.
         #[arg(long)]
         check: bool,
+        /// Time the portable tiled kernel instead (what a GPU build without cuDNN runs).
+        #[arg(long)]
+        portable: bool,
     },
     /// Time the element-wise kernels (norms, modulation, GELU, RoPE) at a Wan variant's activation shapes.
     Kernels {
@@ -411,6 +414,7 @@ fn main() -> Result<()> {
             batch,
             iters,
             check: first,
+            portable,
         } => {
             if first {
                 check(&dev)?;
@@ -419,6 +423,7 @@ fn main() -> Result<()> {
                 tokens,
                 batch,
                 iters,
+                portable,
                 ..AttentionBench::default()
             };
             report(&bench::attention::run(&dev, &variant(&name)?, &opts)?);
