@@ -1,9 +1,9 @@
 # Shared helpers of the packaging scripts (sourced, not run). Paths are relative to the repository root, which
 # every script cd's into first. Outputs go to dist/ (ignored by git).
 
-# The package version from Cargo.toml's [package] table.
+# The version from Cargo.toml: the [workspace.package] table's (which [package] inherits), or [package]'s own.
 fs_version() {
-    awk -F'"' '/^\[package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{print $2; exit}' Cargo.toml
+    awk -F'"' '/^\[(workspace\.)?package\]/{p=1; next} /^\[/{p=0} p && /^version *=/{print $2; exit}' Cargo.toml
 }
 
 # Installs missing Debian packages (as .ci/run does for ffmpeg): "need_packages cmd:pkg ...", one pair per tool.
