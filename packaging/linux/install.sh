@@ -15,6 +15,10 @@ if [ "${1:-}" = "--uninstall" ]; then
 fi
 mkdir -p "$app" "$bin" "$data/applications" "$data/icons/hicolor/256x256/apps"
 cp -R "$here/framesmith" "$here/presets" "$here/assets" "$here/README.md" "$app/"
+# The GPU archive's CUDA and cuDNN libraries (found through the binary's $ORIGIN/lib) and their licences.
+for extra in lib licenses; do
+    if [ -d "$here/$extra" ]; then cp -R "$here/$extra" "$app/"; fi
+done
 ln -sf "$app/framesmith" "$bin/framesmith"
 cp "$here/assets/framesmith.png" "$data/icons/hicolor/256x256/apps/framesmith.png"
 sed "s|^Exec=framesmith|Exec=\"$app/framesmith\"|" "$here/framesmith.desktop" > "$data/applications/framesmith.desktop"
