@@ -178,6 +178,15 @@ fn follow(engine: &EngineHandle, mut watch: Option<SpillWatch>) -> anyhow::Resul
                     None => {}
                 }
             }
+            Event::Validated(v) => term.say(format!(
+                "step {}: validation loss {:.4} ({} held-out item{} × {} timestep{})",
+                v.step,
+                v.loss,
+                v.items,
+                if v.items == 1 { "" } else { "s" },
+                v.timesteps,
+                if v.timesteps == 1 { "" } else { "s" }
+            )),
             Event::Log { level, message } => term.say(match level {
                 LogLevel::Info => message,
                 LogLevel::Warn => format!("warning: {message}"),

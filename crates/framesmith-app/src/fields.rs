@@ -310,6 +310,53 @@ pub const RUN_SECTIONS: &[Section] = &[
             ),
         ],
     },
+    Section {
+        title: "Validation",
+        fields: &[
+            help(
+                optional(
+                    "validation.validate_every_n_steps",
+                    "Validate every n steps",
+                    FieldKind::Int,
+                ),
+                "Loss on held-out data: the dataset config's [[validation_datasets]] or the split below",
+            ),
+            optional(
+                "validation.validate_every_n_epochs",
+                "Validate every n epochs",
+                FieldKind::Int,
+            ),
+            field(
+                "validation.validate_at_save",
+                "Validate at each save",
+                FieldKind::Bool,
+            ),
+            help(
+                field(
+                    "validation.validation_split",
+                    "Held-out fraction",
+                    FieldKind::Float,
+                ),
+                "Fraction of the training items held out (never trained on), e.g. 0.1; 0 for none",
+            ),
+            help(
+                optional(
+                    "validation.validation_seed",
+                    "Validation seed",
+                    FieldKind::Int,
+                ),
+                "Chooses the held-out items and the fixed noise; unset: the training seed",
+            ),
+            help(
+                field(
+                    "validation.num_timesteps",
+                    "Validation timesteps",
+                    FieldKind::Int,
+                ),
+                "Fixed timesteps each item is evaluated at, spread over the training range",
+            ),
+        ],
+    },
 ];
 
 /// The spec of a run-config key, if the form knows it.
@@ -394,6 +441,9 @@ mod tests {
         config.lora.init_from = Some("l.safetensors".into());
         config.dataset.resolution = Some([832, 480]);
         config.dataset.target_frames = Some(vec![1, 25]);
+        config.validation.validate_every_n_steps = Some(100);
+        config.validation.validate_every_n_epochs = Some(1);
+        config.validation.validation_seed = Some(7);
         let table = crate::config_editor::to_table(&config);
         let keys = flatten(&table);
         for key in keys.keys().filter(|k| *k != "schema_version") {

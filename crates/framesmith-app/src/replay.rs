@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use framesmith_config::metrics::{parse_row, MetricsRow};
 use framesmith_config::protocol::{Event, LogLevel, Progress, RunState};
 use framesmith_config::RunConfig;
 
@@ -32,31 +33,34 @@ pub fn run_events(dir: &Path) -> Result<Vec<Event>, String> {
     Ok(events)
 }
 
-/// One `Progress` per line of `metrics.jsonl` with a finite loss.
+/// One `Progress` per training row of `metrics.jsonl` with a finite loss, and one `Validated` per validation row.
 fn progress_events(metrics: &Path, total_steps: usize) -> Result<Vec<Event>, String> {
     let text = std::fs::read_to_string(metrics)
         .map_err(|err| format!("cannot read {}: {err}", metrics.display()))?;
     let mut smoothed: Option<f64> = None;
     let mut events = Vec::new();
     for line in text.lines() {
-        let value: serde_json::Value =
-            serde_json::from_str(line).map_err(|err| format!("{err}: {}", metrics.display()))?;
-        let (Some(step), Some(loss)) = (value["step"].as_u64(), value["loss"].as_f64()) else {
-            continue;
+        let row = parse_row(line).map_err(|err| format!("{err}: {}", metrics.display()))?;
+        let row = match row {
+            MetricsRow::Step(row) => row,
+            MetricsRow::Validation(v) => {
+                events.push(Event::Validated(v));
+                continue;
+            }
+            MetricsRow::Other => continue,
         };
+        let Some(loss) = row.loss else { continue };
         let smooth = smoothed.map_or(loss, |s| (1.0 - SMOOTHING) * s + SMOOTHING * loss);
         smoothed = Some(smooth);
-        let step = step as usize;
-        let step_secs = value["step_secs"].as_f64().unwrap_or(0.0);
         events.push(Event::Progress(Progress {
-            step,
+            step: row.step,
             total_steps,
-            epoch: value["epoch"].as_u64().unwrap_or(1) as usize,
+            epoch: row.epoch,
             loss,
             smoothed_loss: smooth,
-            learning_rate: value["lr"].as_f64().unwrap_or(0.0),
-            step_secs,
-            eta_secs: total_steps.saturating_sub(step) as f64 * step_secs,
+            learning_rate: row.learning_rate,
+            step_secs: row.step_secs,
+            eta_secs: total_steps.saturating_sub(row.step) as f64 * row.step_secs,
         }));
     }
     Ok(events)
@@ -122,7 +126,8 @@ mod tests {
         std::fs::write(
             dir.path().join("metrics.jsonl"),
             "{\"step\":1,\"epoch\":1,\"loss\":2.0,\"lr\":0.001,\"step_secs\":0.5}\n\
-             {\"step\":2,\"epoch\":1,\"loss\":1.0,\"lr\":0.001,\"step_secs\":0.5}\n",
+             {\"step\":2,\"epoch\":1,\"loss\":1.0,\"lr\":0.001,\"step_secs\":0.5}\n\
+             {\"kind\":\"validation\",\"step\":2,\"val_loss\":1.5,\"items\":2,\"timesteps\":4}\n",
         )
         .unwrap();
         std::fs::create_dir_all(dir.path().join("samples/000002-00")).unwrap();
@@ -137,6 +142,13 @@ mod tests {
         assert_eq!(progress.len(), 2);
         assert_eq!(progress[1].loss, 1.0);
         assert!((progress[1].smoothed_loss - 1.95).abs() < 1e-12);
+        let validation = framesmith_config::protocol::ValidationLoss {
+            step: 2,
+            loss: 1.5,
+            items: 2,
+            timesteps: 4,
+        };
+        assert!(events.contains(&Event::Validated(validation)));
         assert!(events.iter().any(|e| matches!(
             e,
             Event::SampleReady { step: 2, prompt, .. } if prompt == "a red dot"

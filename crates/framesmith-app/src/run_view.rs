@@ -4,7 +4,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 
-use framesmith_config::protocol::{Event, LogLevel, Progress, RunState};
+use framesmith_config::protocol::{Event, LogLevel, Progress, RunState, ValidationLoss};
 
 /// Log lines kept; older ones scroll away.
 pub const LOG_CAPACITY: usize = 2000;
@@ -57,6 +57,8 @@ pub struct RunView {
     pub state: RunState,
     pub progress: Option<Progress>,
     pub points: Vec<StepPoint>,
+    /// Validation losses by step (`[validation]`), charted beside the training loss.
+    pub validation: Vec<ValidationLoss>,
     pub log: VecDeque<LogLine>,
     pub samples: Vec<SampleClip>,
     pub checkpoints: Vec<Checkpoint>,
@@ -70,6 +72,7 @@ impl Default for RunView {
             state: RunState::Idle,
             progress: None,
             points: Vec::new(),
+            validation: Vec::new(),
             log: VecDeque::new(),
             samples: Vec::new(),
             checkpoints: Vec::new(),
@@ -84,6 +87,7 @@ impl RunView {
         self.state = RunState::Preparing;
         self.progress = None;
         self.points.clear();
+        self.validation.clear();
         self.failure = None;
     }
 
@@ -92,6 +96,11 @@ impl RunView {
         match event {
             Event::StateChanged(state) => return self.set_state(state),
             Event::Progress(progress) => self.push_progress(progress),
+            Event::Validated(loss) => {
+                // A resumed run evaluates a step again: keep the newest value per step, in step order.
+                self.validation.retain(|v| v.step < loss.step);
+                self.validation.push(loss);
+            }
             Event::Log { level, message } => self.push_log(level, message),
             Event::CheckpointSaved { step, lora, state } => {
                 self.push_log(

@@ -16,6 +16,8 @@ pub const MUTED: Color32 = Color32::from_gray(0x9A);
 /// Chart series.
 pub const LOSS_RAW: Color32 = Color32::from_rgba_premultiplied(0x5A, 0x7A, 0x99, 0xC0);
 pub const LOSS_SMOOTHED: Color32 = Color32::from_rgb(0xF0, 0x8A, 0x3C);
+/// The validation loss, beside the training loss.
+pub const LOSS_VALIDATION: Color32 = Color32::from_rgb(0x3C, 0xB8, 0x78);
 pub const LEARNING_RATE: Color32 = Color32::from_rgb(0x8E, 0x7C, 0xE0);
 pub const VRAM: Color32 = Color32::from_rgb(0x6C, 0xC0, 0x6A);
 pub const VRAM_PROCESS: Color32 = Color32::from_rgb(0x3E, 0x8E, 0x3C);

@@ -8,7 +8,7 @@ use super::charts::{chart_ui, Series};
 use super::fit_panel::fit_ui;
 use super::jobs::PickPurpose;
 use super::monitor_panel::spill_banner_ui;
-use super::run_view::{format_duration, state_name};
+use super::run_view::{format_duration, state_name, RunView};
 use super::theme;
 use super::window::FramesmithApp;
 
@@ -147,24 +147,9 @@ fn charts_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         ui.heading("Loss");
         ui.checkbox(&mut app.settings.smoothed_only, "Smoothed only");
     });
-    let points = &app.run.points;
-    let mut loss = Vec::new();
-    if !app.settings.smoothed_only {
-        loss.push(Series {
-            name: "Loss",
-            color: theme::LOSS_RAW,
-            points: points.iter().map(|p| [p.step as f64, p.loss]).collect(),
-        });
-    }
-    loss.push(Series {
-        name: "Smoothed",
-        color: theme::LOSS_SMOOTHED,
-        points: points
-            .iter()
-            .map(|p| [p.step as f64, p.smoothed_loss])
-            .collect(),
-    });
+    let loss = loss_series(&app.run, app.settings.smoothed_only);
     chart_ui(ui, "loss chart", "Loss", loss, None);
+    let points = &app.run.points;
     ui.heading("Learning rate");
     chart_ui(
         ui,
@@ -244,4 +229,93 @@ fn log_ui(app: &FramesmithApp, ui: &mut Ui) {
                 );
             }
         });
+}
+
+/// The loss chart's series: the raw loss (unless `smoothed_only`), the smoothed loss, and the validation loss
+/// when the run evaluates one.
+pub(crate) fn loss_series(run: &RunView, smoothed_only: bool) -> Vec<Series> {
+    let points = &run.points;
+    let mut loss = Vec::new();
+    if !smoothed_only {
+        loss.push(Series {
+            name: "Loss",
+            color: theme::LOSS_RAW,
+            points: points.iter().map(|p| [p.step as f64, p.loss]).collect(),
+        });
+    }
+    loss.push(Series {
+        name: "Smoothed",
+        color: theme::LOSS_SMOOTHED,
+        points: points
+            .iter()
+            .map(|p| [p.step as f64, p.smoothed_loss])
+            .collect(),
+    });
+    if !run.validation.is_empty() {
+        loss.push(Series {
+            name: "Validation",
+            color: theme::LOSS_VALIDATION,
+            points: run
+                .validation
+                .iter()
+                .map(|v| [v.step as f64, v.loss])
+                .collect(),
+        });
+    }
+    loss
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use framesmith_config::protocol::{Event, Progress, ValidationLoss};
+
+    fn progress(step: usize, loss: f64) -> Event {
+        Event::Progress(Progress {
+            step,
+            total_steps: 10,
+            epoch: 1,
+            loss,
+            smoothed_loss: loss,
+            learning_rate: 1e-4,
+            step_secs: 0.1,
+            eta_secs: 1.0,
+        })
+    }
+
+    fn validated(step: usize, loss: f64) -> Event {
+        Event::Validated(ValidationLoss {
+            step,
+            loss,
+            items: 2,
+            timesteps: 4,
+        })
+    }
+
+    #[test]
+    fn validation_losses_are_a_series_of_their_own_beside_the_training_loss() {
+        let mut run = RunView::default();
+        for step in 1..=4 {
+            run.apply(progress(step, 1.0 / step as f64));
+        }
+        let names = |series: &[Series]| series.iter().map(|s| s.name).collect::<Vec<_>>();
+        assert_eq!(names(&loss_series(&run, false)), ["Loss", "Smoothed"]);
+        run.apply(validated(2, 0.75));
+        run.apply(validated(4, 0.5));
+        // A resumed run evaluates step 4 again: the newest value stands.
+        run.apply(validated(4, 0.45));
+        let series = loss_series(&run, false);
+        assert_eq!(names(&series), ["Loss", "Smoothed", "Validation"]);
+        let validation = &series[2];
+        assert_eq!(validation.points, vec![[2.0, 0.75], [4.0, 0.45]]);
+        assert_eq!(validation.color, theme::LOSS_VALIDATION);
+        assert_ne!(validation.color, theme::LOSS_SMOOTHED);
+        assert_eq!(
+            names(&loss_series(&run, true)),
+            ["Smoothed", "Validation"],
+            "smoothed only hides the raw loss, not the validation loss"
+        );
+        run.begin_run();
+        assert_eq!(names(&loss_series(&run, false)), ["Loss", "Smoothed"]);
+    }
 }

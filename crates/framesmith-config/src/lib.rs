@@ -4,6 +4,7 @@
 pub mod catalog;
 pub mod error;
 pub mod io;
+pub mod metrics;
 pub mod outputs;
 pub mod plan;
 pub mod presets;
@@ -14,6 +15,9 @@ pub mod text_file;
 pub mod training;
 pub mod validate;
 mod validate_train;
+mod validate_validation;
+
+pub use validate_validation::MAX_VALIDATION_TIMESTEPS;
 
 pub use error::ConfigError;
 pub use plan::{HostInfo, RunPlan};

@@ -174,7 +174,8 @@ pub fn states_in(dir: &Path, name: Option<&str>) -> Vec<SavedState> {
 
 /// Settings a resumed run may change: when to stop, how memory is used, when and where outputs and samples
 /// are written. Everything else decides what is learned, and must match the run's own config.
-const RESUMABLE_CHANGES: [&str; 7] = [
+/// In `[validation]`, only the held-out split (`validation_split`, `validation_seed`) decides what is learned.
+const RESUMABLE_CHANGES: [&str; 11] = [
     "training.max_train_steps",
     "training.max_train_epochs",
     "training.max_consecutive_nonfinite",
@@ -182,6 +183,10 @@ const RESUMABLE_CHANGES: [&str; 7] = [
     "memory.",
     "output.",
     "sampling.",
+    "validation.validate_every_n_steps",
+    "validation.validate_every_n_epochs",
+    "validation.validate_at_save",
+    "validation.num_timesteps",
 ];
 
 /// The settings in which `now` differs from the config a run was started with, as

@@ -8,7 +8,7 @@ use super::run::{
     ResidualDtype, RunConfig, StreamingMode,
 };
 use crate::schedule::LrSchedule;
-use crate::training::{AdamWConfig, TimestepConfig};
+use crate::training::{AdamWConfig, TimestepConfig, NUM_TRAIN_TIMESTEPS};
 
 /// What validation needs to know about the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -206,6 +206,45 @@ pub struct SamplingPlan {
     pub at_first: bool,
 }
 
+/// Resolved `[validation]`; absent from the plan when no evaluation is scheduled.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidationPlan {
+    pub every_n_steps: Option<usize>,
+    pub every_n_epochs: Option<usize>,
+    pub at_save: bool,
+    /// Fraction of the training items held out, in (0, 1); `None`: none.
+    pub split: Option<f64>,
+    /// Seed of the split and of the evaluation noise.
+    pub seed: u64,
+    /// The fixed timesteps as flow-matching t in (0, 1), evenly spread over the training range.
+    pub sigmas: Vec<f64>,
+}
+
+impl ValidationPlan {
+    /// Whether an evaluation falls on `step` (`epoch_done`: the epoch that step completed, if any; `saved`:
+    /// a LoRA is saved at that step).
+    pub fn due(&self, step: usize, epoch_done: Option<usize>, saved: bool) -> bool {
+        let by_steps = self.every_n_steps.is_some_and(|n| step % n == 0);
+        let by_epochs = self
+            .every_n_epochs
+            .zip(epoch_done)
+            .is_some_and(|(n, e)| e > 0 && e % n == 0);
+        step > 0 && (by_steps || by_epochs || (self.at_save && saved))
+    }
+}
+
+/// `count` timesteps evenly spread over [min_timestep, max_timestep] (timestep units, 0..=1000), as t in (0, 1):
+/// the midpoints of `count` equal slices, so neither end (pure data, pure noise) is taken.
+pub fn validation_sigmas(count: usize, min_timestep: f64, max_timestep: f64) -> Vec<f64> {
+    let (lo, hi) = (
+        min_timestep / NUM_TRAIN_TIMESTEPS as f64,
+        max_timestep / NUM_TRAIN_TIMESTEPS as f64,
+    );
+    (0..count)
+        .map(|k| lo + (hi - lo) * (k as f64 + 0.5) / count as f64)
+        .collect()
+}
+
 /// A validated, resolved run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunPlan {
@@ -221,6 +260,7 @@ pub struct RunPlan {
     pub memory: MemoryPlan,
     pub output: OutputPlan,
     pub sampling: Option<SamplingPlan>,
+    pub validation: Option<ValidationPlan>,
     /// Things the user should know that are not errors (ignored settings, knobs that do not apply here).
     pub notes: Vec<String>,
 }

@@ -21,6 +21,7 @@ pub struct RunConfig {
     pub memory: MemorySection,
     pub output: OutputSection,
     pub sampling: SamplingSection,
+    pub validation: ValidationSection,
 }
 
 impl Default for RunConfig {
@@ -35,6 +36,7 @@ impl Default for RunConfig {
             memory: MemorySection::default(),
             output: OutputSection::default(),
             sampling: SamplingSection::default(),
+            validation: ValidationSection::default(),
         }
     }
 }
@@ -454,4 +456,38 @@ pub struct SamplingSection {
     /// Unset or 0: off.
     pub sample_every_n_epochs: Option<usize>,
     pub sample_at_first: bool,
+}
+
+/// Validation loss on held-out data: evaluated at fixed timesteps with fixed noise, so the curve is comparable
+/// across steps and across runs with the same seed. The data is the dataset config's `[[validation_datasets]]`
+/// and/or `validation_split` of the training items. Names follow musubi-tuner's forks (`--validate_every_n_steps`,
+/// `--validate_every_n_epochs`) and sd-scripts (`validation_split`, `validation_seed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ValidationSection {
+    /// Evaluate every N optimizer steps; unset or 0: off.
+    pub validate_every_n_steps: Option<usize>,
+    /// Evaluate at the end of every N epochs; unset or 0: off.
+    pub validate_every_n_epochs: Option<usize>,
+    /// Also evaluate at each LoRA save (periodic and final).
+    pub validate_at_save: bool,
+    /// Hold out this fraction of the training items (chosen by `validation_seed`, never trained on); 0: none.
+    pub validation_split: f64,
+    /// Seed of the held-out split and of the evaluation noise; unset: `training.seed`.
+    pub validation_seed: Option<u64>,
+    /// Timesteps each item is evaluated at, evenly spread over [min_timestep, max_timestep].
+    pub num_timesteps: usize,
+}
+
+impl Default for ValidationSection {
+    fn default() -> Self {
+        Self {
+            validate_every_n_steps: None,
+            validate_every_n_epochs: None,
+            validate_at_save: false,
+            validation_split: 0.0,
+            validation_seed: None,
+            num_timesteps: 4,
+        }
+    }
 }

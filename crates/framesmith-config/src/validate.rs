@@ -10,6 +10,7 @@ use super::plan::{
 };
 use super::run::{BaseDtype, DeviceSpec, RunConfig, SaveDtype, SCHEMA_VERSION};
 use super::validate_train::{check_memory, check_optimizer, check_training};
+use super::validate_validation::check_validation;
 use crate::catalog;
 
 /// One thing wrong with a config.
@@ -128,6 +129,7 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
     let memory = check_memory(&mut c, &cfg.memory, device, host, num_layers);
     let output = check_output(&mut c, cfg, model.compute_dtype);
     let sampling = check_sampling(&mut c, cfg);
+    let validation = check_validation(&mut c, cfg);
     if !c.problems.is_empty() {
         return Err(ValidationErrors {
             problems: c.problems,
@@ -145,6 +147,7 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
         memory,
         output,
         sampling,
+        validation,
         notes: c.notes,
     })
 }
@@ -179,7 +182,7 @@ fn check_device(c: &mut Checker, spec: DeviceSpec, host: &HostInfo) -> PlanDevic
 }
 
 /// A period of 0 turns it off (a TOML overlay cannot unset a key, but it can write 0).
-fn period(value: Option<usize>) -> Option<usize> {
+pub(crate) fn period(value: Option<usize>) -> Option<usize> {
     value.filter(|&n| n > 0)
 }
 

@@ -1,4 +1,4 @@
-//! musubi-tuner's dataset config (`[general]` + `[[datasets]]` TOML): serde types, reading with every bad key
+//! musubi-tuner's dataset config (`[general]` + `[[datasets]]` + `[[validation_datasets]]` TOML): serde types, reading with every bad key
 //! reported, writing back, and the per-dataset values after `[general]` and musubi-tuner's defaults apply.
 
 use std::fmt;
@@ -71,6 +71,10 @@ pub struct DatasetConfig {
     pub general: GeneralSection,
     /// `[[datasets]]`, in file order.
     pub datasets: Vec<DatasetSection>,
+    /// `[[validation_datasets]]`: held-out data for the validation loss, same keys as `[[datasets]]`, cached the
+    /// same way, never trained on (the name musubi-tuner's forks use for it).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub validation_datasets: Vec<DatasetSection>,
 }
 
 /// `[general]`. Only the keys musubi-tuner lets datasets inherit.

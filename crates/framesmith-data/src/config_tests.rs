@@ -71,6 +71,7 @@ fn doc_image_dataset_with_captions() {
             num_repeats: Some(1),
             ..Default::default()
         }],
+        validation_datasets: Vec::new(),
     };
     assert_eq!(c, expected);
     round_trips(&c);

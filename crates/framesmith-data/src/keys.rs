@@ -33,18 +33,19 @@ pub(crate) fn strip_bad_keys(table: &mut toml::Table, file: &Path, problems: &mu
                     bad.push(key.clone());
                 }
             },
-            "datasets" => {
-                if !strip_datasets(value, file, problems) {
+            list @ ("datasets" | "validation_datasets") => {
+                if !strip_datasets(value, list, file, problems) {
                     bad.push(key.clone());
                 }
             }
             other => {
-                let hint = suggestion(other, &["general", "datasets"]);
+                let hint = suggestion(other, &["general", "datasets", "validation_datasets"]);
                 problems.push(Problem::key_error(
                     file,
                     other,
                     format!(
-                        "unknown key; a dataset config has only [general] and [[datasets]]{hint}"
+                        "unknown key; a dataset config has only [general], [[datasets]] and \
+                         [[validation_datasets]]{hint}"
                     ),
                 ));
                 bad.push(key.clone());
@@ -56,19 +57,24 @@ pub(crate) fn strip_bad_keys(table: &mut toml::Table, file: &Path, problems: &mu
     }
 }
 
-/// Returns false when `datasets` is not an array of tables at all.
-fn strip_datasets(value: &mut toml::Value, file: &Path, problems: &mut Vec<Problem>) -> bool {
+/// Returns false when `list` (`datasets` or `validation_datasets`) is not an array of tables at all.
+fn strip_datasets(
+    value: &mut toml::Value,
+    list: &str,
+    file: &Path,
+    problems: &mut Vec<Problem>,
+) -> bool {
     let Some(array) = value.as_array_mut() else {
         problems.push(Problem::key_error(
             file,
-            "datasets",
-            "must be written as [[datasets]] tables",
+            list,
+            format!("must be written as [[{list}]] tables"),
         ));
         return false;
     };
     let mut keep = Vec::with_capacity(array.len());
     for (i, item) in array.iter_mut().enumerate() {
-        let section = format!("datasets[{i}]");
+        let section = format!("{list}[{i}]");
         match item.as_table_mut() {
             Some(ds) => {
                 let is_video =
@@ -81,7 +87,7 @@ fn strip_datasets(value: &mut toml::Value, file: &Path, problems: &mut Vec<Probl
                 problems.push(Problem::key_error(
                     file,
                     section,
-                    "must be a table: write it as [[datasets]]",
+                    format!("must be a table: write it as [[{list}]]"),
                 ));
                 keep.push(false);
             }

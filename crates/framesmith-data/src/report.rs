@@ -192,6 +192,7 @@ pub fn folder_config(dir: &Path) -> DatasetConfig {
             ..Default::default()
         },
         datasets,
+        validation_datasets: Vec::new(),
     }
 }
 

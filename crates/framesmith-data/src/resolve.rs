@@ -140,6 +140,15 @@ impl DatasetConfig {
             .filter_map(|(index, ds)| resolve_one(index, ds, &self.general, base))
             .collect()
     }
+
+    /// [`DatasetConfig::resolve`] for `[[validation_datasets]]` (`index` is the position in that list).
+    pub fn resolve_validation(&self, base: &Path) -> Vec<ResolvedDataset> {
+        self.validation_datasets
+            .iter()
+            .enumerate()
+            .filter_map(|(index, ds)| resolve_one(index, ds, &self.general, base))
+            .collect()
+    }
 }
 
 fn dataset_source(ds: &DatasetSection, base: &Path) -> Option<DatasetSource> {

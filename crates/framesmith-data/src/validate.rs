@@ -21,8 +21,17 @@ pub struct ValidConfig {
     pub config: DatasetConfig,
     /// Its datasets with `[general]` and the defaults applied.
     pub datasets: Vec<ResolvedDataset>,
+    /// Its `[[validation_datasets]]`, resolved the same way.
+    pub validation_datasets: Vec<ResolvedDataset>,
     /// Warnings to show the user.
     pub warnings: Vec<Problem>,
+}
+
+impl ValidConfig {
+    /// Every dataset to cache: `[[datasets]]`, then `[[validation_datasets]]`.
+    pub fn all_datasets(&self) -> impl Iterator<Item = &ResolvedDataset> {
+        self.datasets.iter().chain(&self.validation_datasets)
+    }
 }
 
 /// Reads and validates a dataset config file; any error (every one is listed) fails with
@@ -41,6 +50,7 @@ pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigError> {
     }
     Ok(ValidConfig {
         datasets: parsed.config.resolve(&base),
+        validation_datasets: parsed.config.resolve_validation(&base),
         config: parsed.config,
         warnings,
     })
@@ -57,11 +67,18 @@ pub fn validate(config: &DatasetConfig, file: &Path, base: &Path) -> Vec<Problem
             "the config has no [[datasets]] section: add one with image_directory or video_directory",
         ));
     }
-    for (i, ds) in config.datasets.iter().enumerate() {
+    let lists = [
+        ("datasets", &config.datasets),
+        ("validation_datasets", &config.validation_datasets),
+    ];
+    for (i, ds, list) in lists
+        .iter()
+        .flat_map(|(list, all)| all.iter().enumerate().map(move |(i, ds)| (i, ds, *list)))
+    {
         let cx = Cx {
             file,
             base,
-            prefix: format!("datasets[{i}]"),
+            prefix: format!("{list}[{i}]"),
         };
         check_source(ds, &cx, &mut out);
         check_common(ds, &config.general, &cx, &mut out);
@@ -326,8 +343,20 @@ fn check_cache_directories(
     base: &Path,
     out: &mut Vec<Problem>,
 ) {
-    let mut seen: HashMap<PathBuf, usize> = HashMap::new();
-    for (i, ds) in config.datasets.iter().enumerate() {
+    let mut seen: HashMap<PathBuf, String> = HashMap::new();
+    let all = config
+        .datasets
+        .iter()
+        .enumerate()
+        .map(|(i, ds)| (format!("datasets[{i}]"), ds))
+        .chain(
+            config
+                .validation_datasets
+                .iter()
+                .enumerate()
+                .map(|(i, ds)| (format!("validation_datasets[{i}]"), ds)),
+        );
+    for (name, ds) in all {
         // musubi-tuner falls back to the image/video directory when cache_directory is not set.
         let dir = ds
             .cache_directory
@@ -339,14 +368,14 @@ fn check_cache_directories(
         if let Some(first) = seen.get(&dir) {
             out.push(Problem::key_error(
                 file,
-                format!("datasets[{i}].cache_directory"),
+                format!("{name}.cache_directory"),
                 format!(
-                    "{} is also the cache directory of datasets[{first}]; give each dataset its own cache_directory",
+                    "{} is also the cache directory of {first}; give each dataset its own cache_directory",
                     dir.display()
                 ),
             ));
         } else {
-            seen.insert(dir, i);
+            seen.insert(dir, name);
         }
     }
 }

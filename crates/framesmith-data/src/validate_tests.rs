@@ -194,3 +194,78 @@ fn a_badly_typed_key_is_reported_once() {
     let err = load_valid(&toml).unwrap_err().to_string();
     assert!(err.contains("has 2 error(s)"), "{err}");
 }
+
+#[test]
+fn validation_datasets_are_read_checked_and_resolved_like_datasets() {
+    let dir = tempfile::tempdir().unwrap();
+    let base = dir.path();
+    std::fs::create_dir(base.join("train")).unwrap();
+    std::fs::create_dir(base.join("val")).unwrap();
+    let text = r#"
+[general]
+resolution = [512, 512]
+caption_extension = ".txt"
+[[datasets]]
+image_directory = "train"
+cache_directory = "cache"
+[[validation_datasets]]
+video_directory = "val"
+cache_directory = "cache"
+target_frames = [1, 18]
+"#;
+    let toml = base.join("dataset.toml");
+    std::fs::write(&toml, text).unwrap();
+    let parsed = DatasetConfig::parse(text, &toml).unwrap();
+    assert!(parsed.problems.is_empty(), "{:#?}", parsed.problems);
+    assert_eq!(parsed.config.validation_datasets.len(), 1);
+    let problems = validate(&parsed.config, &toml, base);
+    let keys: Vec<String> = problems.iter().map(|p| p.to_string()).collect();
+    assert!(
+        keys.iter()
+            .any(|p| p.contains("validation_datasets[0].target_frames")),
+        "{keys:#?}"
+    );
+    assert!(
+        keys.iter()
+            .any(|p| p.contains("validation_datasets[0].cache_directory")
+                && p.contains("also the cache directory of datasets[0]")),
+        "{keys:#?}"
+    );
+
+    let fixed = text
+        .replace("target_frames = [1, 18]", "target_frames = [1, 17]")
+        .replace(
+            "cache_directory = \"cache\"\ntarget",
+            "cache_directory = \"val_cache\"\ntarget",
+        );
+    std::fs::write(&toml, &fixed).unwrap();
+    let valid = load_valid(&toml).unwrap();
+    assert_eq!(valid.datasets.len(), 1);
+    assert_eq!(valid.validation_datasets.len(), 1);
+    assert_eq!(
+        valid.validation_datasets[0].resolution,
+        (512, 512),
+        "[general] applies"
+    );
+    assert_eq!(
+        valid.validation_datasets[0].cache_directory.as_deref(),
+        Some(base.join("val_cache").as_path())
+    );
+    assert_eq!(valid.all_datasets().count(), 2, "caching covers both");
+    // Written back, the section round-trips; a config without one writes none.
+    let written = toml::to_string(&valid.config).unwrap();
+    assert!(written.contains("[[validation_datasets]]"), "{written}");
+    let plain = toml::to_string(&parse_clean("[[datasets]]\nimage_directory = \"x\"\n")).unwrap();
+    assert!(!plain.contains("validation_datasets"), "{plain}");
+    // A misspelt section is named with the right spelling.
+    let parsed =
+        DatasetConfig::parse("[[validation_dataset]]\nimage_directory = \"x\"\n", &toml).unwrap();
+    assert!(
+        parsed
+            .problems
+            .iter()
+            .any(|p| p.to_string().contains("validation_datasets")),
+        "{:#?}",
+        parsed.problems
+    );
+}

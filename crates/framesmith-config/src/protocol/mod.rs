@@ -55,6 +55,17 @@ pub struct Progress {
     pub eta_secs: f64,
 }
 
+/// A validation loss: the mean loss over the held-out items at the fixed timesteps and noise, after `step`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ValidationLoss {
+    pub step: usize,
+    pub loss: f64,
+    /// Held-out items evaluated.
+    pub items: usize,
+    /// Timesteps each item was evaluated at.
+    pub timesteps: usize,
+}
+
 /// Log severity.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LogLevel {
@@ -68,6 +79,8 @@ pub enum LogLevel {
 pub enum Event {
     StateChanged(RunState),
     Progress(Progress),
+    /// A validation loss was evaluated (never dropped, unlike `Progress`).
+    Validated(ValidationLoss),
     Log {
         level: LogLevel,
         message: String,

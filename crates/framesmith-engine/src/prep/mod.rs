@@ -251,8 +251,7 @@ pub fn cache_latents(
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
     let scans: Vec<DatasetScan> = valid
-        .datasets
-        .iter()
+        .all_datasets()
         .map(|ds| scan_items(ds, tools, &mut summary))
         .collect();
     progress.begin(scans.iter().map(|s| s.items.len()).sum());

@@ -15,7 +15,7 @@ use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::outputs::{
     states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
 };
-use framesmith_config::protocol::Event;
+use framesmith_config::protocol::{Event, ValidationLoss};
 use framesmith_nn::lora_file::{LoraFile, LoraFileError};
 
 /// Training-state folders kept; older ones are removed once a newer one is complete.
@@ -151,6 +151,24 @@ impl Outputs {
             "grad_norm": r.grad_norm,
             "skipped": r.warning.is_some(),
         });
+        self.append_line(&line)
+    }
+
+    /// Appends a validation record to `metrics.jsonl`: `"kind": "validation"` and `val_loss` (the name musubi-tuner's
+    /// forks log it under) instead of a training row's `loss`, so readers of training rows skip it.
+    pub fn append_validation(&mut self, v: &ValidationLoss, secs: f64) -> anyhow::Result<()> {
+        let line = serde_json::json!({
+            "kind": "validation",
+            "step": v.step,
+            "val_loss": v.loss.is_finite().then_some(v.loss),
+            "items": v.items,
+            "timesteps": v.timesteps,
+            "secs": secs,
+        });
+        self.append_line(&line)
+    }
+
+    fn append_line(&mut self, line: &serde_json::Value) -> anyhow::Result<()> {
         if let Some(metrics) = &mut self.metrics {
             writeln!(metrics, "{line}").map_err(|e| {
                 write_failure(

@@ -142,30 +142,87 @@ fn shell_word(path: &Path) -> String {
     }
 }
 
+/// The cached items of a dataset config: each training item once, with its `num_repeats`, and the held-out
+/// items of `[[validation_datasets]]` (each once).
+pub struct CachedItems {
+    pub items: Vec<(TrainItem, usize)>,
+    pub validation: Vec<TrainItem>,
+    /// The first dataset's batch size.
+    pub batch_size: usize,
+    /// `[[validation_datasets]]` in the config (read only when `with_validation`).
+    pub validation_datasets: usize,
+}
+
 /// Cached items of a musubi-tuner dataset config, as musubi-tuner's trainer finds them: every
 /// `*_wan.safetensors` latent cache in each dataset's cache directory, with the text cache of its media stem.
-/// Returns the items (each repeated `num_repeats` times) and the first dataset's batch size. A dataset not
-/// cached yet fails with the `framesmith cache` commands that cache it, with `models`' paths filled in.
+/// `[[validation_datasets]]` are read the same way when `with_validation`. A dataset not cached yet fails with
+/// the `framesmith cache` commands that cache it, with `models`' paths filled in.
 pub fn load_cached_items(
     dataset_toml: &Path,
     cfg: &framesmith_models::wan::WanConfig,
     models: CacheModels<'_>,
+    with_validation: bool,
     device: &Device,
-) -> anyhow::Result<(Vec<TrainItem>, usize)> {
-    use anyhow::Context;
-    use framesmith_data::cache::{
-        parse_latent_cache_name, read_wan_latent_cache, read_wan_text_cache, text_cache_name,
-    };
-
+) -> anyhow::Result<CachedItems> {
     let valid = framesmith_data::load_valid(dataset_toml)?;
-    let mut items = Vec::new();
     let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
+    let place = CachePlace {
+        dataset_toml,
+        cfg,
+        models,
+        device,
+    };
+    let mut items = Vec::new();
     for dataset in &valid.datasets {
+        let repeats = dataset.num_repeats.max(1) as usize;
+        let name = format!("datasets[{}]", dataset.index);
+        items.extend(
+            place
+                .load(dataset, &name, "the dataset")?
+                .into_iter()
+                .map(|item| (item, repeats)),
+        );
+    }
+    let mut validation = Vec::new();
+    if with_validation {
+        for dataset in &valid.validation_datasets {
+            let name = format!("validation_datasets[{}]", dataset.index);
+            validation.extend(place.load(dataset, &name, "the validation dataset")?);
+        }
+    }
+    Ok(CachedItems {
+        items,
+        validation,
+        batch_size,
+        validation_datasets: valid.validation_datasets.len(),
+    })
+}
+
+/// Where cached items are read from and what they must fit.
+struct CachePlace<'a> {
+    dataset_toml: &'a Path,
+    cfg: &'a framesmith_models::wan::WanConfig,
+    models: CacheModels<'a>,
+    device: &'a Device,
+}
+
+impl CachePlace<'_> {
+    /// The items of one dataset (`name`: its section, `what`: how messages call it), each once.
+    fn load(
+        &self,
+        dataset: &framesmith_data::config::ResolvedDataset,
+        name: &str,
+        what: &str,
+    ) -> anyhow::Result<Vec<TrainItem>> {
+        use anyhow::Context;
+        use framesmith_data::cache::{
+            parse_latent_cache_name, read_wan_latent_cache, read_wan_text_cache, text_cache_name,
+        };
+        let (toml, models, cfg) = (self.dataset_toml, self.models, self.cfg);
         let dir = dataset.cache_directory.clone().with_context(|| {
             format!(
-                "dataset {} has no cache_directory; set one in {}",
-                dataset.index,
-                dataset_toml.display()
+                "{name} has no cache_directory; set one in {}",
+                toml.display()
             )
         })?;
         let listing = match std::fs::read_dir(&dir) {
@@ -181,34 +238,40 @@ pub fn load_cached_items(
             .collect();
         names.sort();
         if names.is_empty() {
+            let which = if name.starts_with("validation") {
+                format!(" ({name})")
+            } else {
+                String::new()
+            };
             anyhow::bail!(
-                "the dataset is not cached: no latent caches (*_wan.safetensors) in its cache directory; run `{}` \
+                "{what}{which} is not cached: no latent caches (*_wan.safetensors) in its cache directory; run `{}` \
                  and `{}` (musubi-tuner's caches work too), then start the run again: {}",
-                models.latents_command(dataset_toml),
-                models.text_command(dataset_toml),
+                models.latents_command(toml),
+                models.text_command(toml),
                 dir.display()
             );
         }
-        for (name, stem) in names {
-            let latent_path = dir.join(&name);
+        let mut items = Vec::with_capacity(names.len());
+        for (file, stem) in names {
+            let latent_path = dir.join(&file);
             let text_path = dir.join(text_cache_name(&stem));
             if !text_path.exists() {
                 anyhow::bail!(
-                    "the captions are not cached: {name} has no text cache beside it; run `{}`, then start the \
+                    "the captions are not cached: {file} has no text cache beside it; run `{}`, then start the \
                      run again: {}",
-                    models.text_command(dataset_toml),
+                    models.text_command(toml),
                     text_path.display()
                 );
             }
-            let (latent, _) = read_wan_latent_cache(&latent_path, device)?;
-            let text = read_wan_text_cache(&text_path, device).with_context(|| {
+            let (latent, _) = read_wan_latent_cache(&latent_path, self.device)?;
+            let text = read_wan_text_cache(&text_path, self.device).with_context(|| {
                 format!("the text cache for {} is unreadable", latent_path.display())
             })?;
             let channels = latent.latents.dim(0)?;
             if channels != cfg.out_dim {
                 anyhow::bail!(
                     "{} has {channels}-channel latents but the model expects {} (a cache made with another VAE?): {}",
-                    name,
+                    file,
                     cfg.out_dim,
                     latent_path.display()
                 );
@@ -221,16 +284,14 @@ pub fn load_cached_items(
                     text_path.display()
                 );
             }
-            for _ in 0..dataset.num_repeats.max(1) {
-                items.push(TrainItem {
-                    key: name.clone(),
-                    latents: latent.latents.clone(),
-                    context: text.t5.clone(),
-                });
-            }
+            items.push(TrainItem {
+                key: file,
+                latents: latent.latents,
+                context: text.t5,
+            });
         }
+        Ok(items)
     }
-    Ok((items, batch_size))
 }
 
 #[cfg(test)]
@@ -289,7 +350,7 @@ mod tests {
             text_encoder: None,
         };
         let message = |models| {
-            load_cached_items(&toml, &cfg, models, &Device::Cpu)
+            load_cached_items(&toml, &cfg, models, true, &Device::Cpu)
                 .err()
                 .map(|e| format!("{e:#}"))
                 .unwrap_or_default()
@@ -321,6 +382,86 @@ mod tests {
                 && !err.contains("framesmith cache latents"),
             "{err}"
         );
+        Ok(())
+    }
+
+    /// Writes one cached image item (`stem`) into `dir` for a model of `cfg`'s shape.
+    fn cache_item(
+        dir: &Path,
+        stem: &str,
+        cfg: &framesmith_models::wan::WanConfig,
+    ) -> anyhow::Result<()> {
+        use framesmith_data::cache::{
+            image_latent_cache_name, text_cache_name, write_wan_latent_cache, write_wan_text_cache,
+            LatentCacheMetadata, WanLatentCache,
+        };
+        std::fs::create_dir_all(dir)?;
+        let cache = WanLatentCache {
+            latents: Tensor::zeros((cfg.out_dim, 1, 2, 2), DType::F32, &Device::Cpu)?,
+            latents_image: None,
+            latents_control: None,
+            clip: None,
+            f_indices: None,
+        };
+        let latent = dir.join(image_latent_cache_name(stem, (16, 16)));
+        write_wan_latent_cache(&latent, &cache, &LatentCacheMetadata::wan((16, 16), None))?;
+        let t5 = Tensor::zeros((3, cfg.text_dim), DType::F32, &Device::Cpu)?;
+        write_wan_text_cache(&dir.join(text_cache_name(stem)), &t5, "a caption")?;
+        Ok(())
+    }
+
+    #[test]
+    fn validation_datasets_load_beside_the_training_set_and_say_when_uncached() -> anyhow::Result<()>
+    {
+        let dir = tempfile::tempdir()?;
+        let images = dir.path().join("images");
+        std::fs::create_dir(&images)?;
+        let toml = dir.path().join("data.toml");
+        std::fs::write(
+            &toml,
+            "[general]\ncaption_extension = \".txt\"\n[[datasets]]\nimage_directory = \"images\"\ncache_directory = \"cache\"\nnum_repeats = 3\n\
+             [[validation_datasets]]\nimage_directory = \"images\"\ncache_directory = \"val_cache\"\n",
+        )?;
+        let cfg = framesmith_models::wan::WanConfig::tiny(2);
+        cache_item(&dir.path().join("cache"), "a", &cfg)?;
+        cache_item(&dir.path().join("cache"), "b", &cfg)?;
+        let load = |with_validation| {
+            load_cached_items(
+                &toml,
+                &cfg,
+                CacheModels::default(),
+                with_validation,
+                &Device::Cpu,
+            )
+        };
+        // Without validation the validation datasets are not read (nor required to be cached).
+        let cached = load(false)?;
+        assert_eq!(
+            cached.items.len(),
+            2,
+            "each item once, with its repeats beside it"
+        );
+        assert!(cached.items.iter().all(|(_, repeats)| *repeats == 3));
+        assert_eq!(cached.validation_datasets, 1);
+        assert!(cached.validation.is_empty());
+
+        let err = load(true)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            err.starts_with("the validation dataset (validation_datasets[0]) is not cached")
+                && err.contains("framesmith cache latents --dataset")
+                && err.contains("framesmith cache text --dataset")
+                && err.ends_with(&dir.path().join("val_cache").display().to_string()),
+            "{err}"
+        );
+
+        cache_item(&dir.path().join("val_cache"), "v", &cfg)?;
+        let cached = load(true)?;
+        assert_eq!(cached.items.len(), 2);
+        assert_eq!(cached.validation.len(), 1);
+        assert!(cached.validation[0].key.starts_with("v_"));
         Ok(())
     }
 }

@@ -242,6 +242,16 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
                 events.log(LogLevel::Info, line);
             }
         }
+        if trainer.validation_due() {
+            match trainer.validate(&|| inbox.stop_requested()) {
+                Ok(Some(loss)) => events.send(Event::Validated(loss)),
+                Ok(None) => {}
+                Err(err) if err.downcast_ref::<Interrupted>().is_some() => {
+                    return Ok(Outcome::Stopped)
+                }
+                Err(err) => return Err(err),
+            }
+        }
         if trainer.save_due() {
             events.state(RunState::Saving);
             events.send(trainer.save(false)?.event());

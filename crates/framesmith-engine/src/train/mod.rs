@@ -13,8 +13,11 @@ pub mod setup;
 pub mod step;
 pub mod timesteps;
 pub mod trainer;
+pub mod validation;
 
 #[cfg(test)]
 mod streaming_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod validation_tests;

@@ -11,14 +11,15 @@ use candle_core::{DType, Device};
 use crate::demo;
 use crate::plan as memory_plan;
 use crate::train::checkpoint::Outputs;
-use crate::train::data::{load_cached_items, CacheModels, TrainItem, TrainSet};
+use crate::train::data::TrainSet;
 use crate::train::demo_setup::demo_sample_prompts;
 use crate::train::optimizer::AdamW;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use crate::train::samples::{Decoder, Sampling};
 use crate::train::trainer::Trainer;
+use crate::train::validation::load_run_data;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
-use framesmith_config::plan::{DatasetSource, FloatDtype, ModelSource, PlanDevice};
+use framesmith_config::plan::{FloatDtype, ModelSource, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
@@ -304,23 +305,6 @@ pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To f
     run.toml` shows where the memory goes.";
 
 /// The training items and the batch size.
-fn load_items(
-    plan: &RunPlan,
-    cfg: &WanConfig,
-    device: &Device,
-) -> anyhow::Result<(Vec<TrainItem>, usize)> {
-    match &plan.dataset.source {
-        DatasetSource::Synthetic => Ok((demo_items(cfg, plan.training.seed, device)?, 1)),
-        DatasetSource::Config(path) => {
-            let models = CacheModels {
-                vae: plan.model.vae.as_deref(),
-                text_encoder: plan.model.text_encoder.as_deref(),
-            };
-            load_cached_items(path, cfg, models, device)
-        }
-    }
-}
-
 fn lora_metadata(plan: &RunPlan, base_name: &str) -> HashMap<String, String> {
     let m = &plan.model;
     let mut meta = HashMap::new();
@@ -507,8 +491,8 @@ impl Trainer {
             );
         }
         let cfg = model.config().clone();
-        let (items, batch_size) = load_items(plan, &cfg, &device)?;
-        let data = TrainSet::new(items, batch_size, 1, plan.training.seed)?;
+        let run_data = load_run_data(plan, &cfg, &device, log)?;
+        let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
         let spec = LoraSpec {
             rank: plan.lora.rank,
             alpha: plan.lora.alpha,
@@ -582,6 +566,7 @@ impl Trainer {
                 .map(|r| r.peak_vram_bytes),
             vram_reservation,
             outputs,
+            validation: run_data.validation,
         })
     }
 }

@@ -263,6 +263,37 @@ pub fn checkpointed_step<M: TrainableModel>(
     })
 }
 
+/// The loss alone, forward only (validation): every block runs without an autograd graph on detached inputs and
+/// nothing is kept for a backward, so memory is one block's activations and nothing outlives the call.
+pub fn forward_loss<M: TrainableModel>(
+    model: &M,
+    inputs: &M::Inputs,
+    target: &LossTarget,
+    interrupted: Option<&dyn Fn() -> bool>,
+) -> Result<f32> {
+    let options = StepOptions {
+        interrupted,
+        ..Default::default()
+    };
+    let prepared = model.prepare(inputs)?.detached();
+    let n = model.num_blocks();
+    let order: Vec<usize> = (0..n).collect();
+    model.begin_blocks(&order, false)?;
+    let mut xs = prepared.block_input().clone();
+    for i in 0..n {
+        check_interrupt(&options)?;
+        xs = model.block(i)?.forward_untracked(&xs, prepared.shared())?.0;
+    }
+    let outs = model
+        .finish(&xs.detach(), &prepared)?
+        .iter()
+        .map(Tensor::detach)
+        .collect::<Vec<_>>();
+    flow_loss(&outs, target)?
+        .to_dtype(DType::F32)?
+        .to_scalar::<f32>()
+}
+
 /// Recomputes `block` with gradient tracking from its saved `input`, back-propagates `grad` through candle's
 /// autograd (surrogate loss `sum(out · grad)`), adds the LoRA gradients to `acc` and returns the input's gradient.
 fn autograd_block_backward<B: TrainableBlock>(

@@ -14,10 +14,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::generate::denoise::{first_frame_row, with_first_frame};
-use crate::train::data::TrainSet;
+use crate::train::data::{TrainItem, TrainSet};
 use crate::train::optimizer::{AdamW, StepOutcome};
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
-use crate::train::timesteps::{loss_weight, sample_timesteps};
+use crate::train::timesteps::{loss_weight, sample_timesteps, TimestepDraw};
 use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
 use framesmith_config::training::TimestepConfig;
@@ -74,10 +74,31 @@ pub struct Trainer {
     pub(super) vram_reservation: Option<crate::train::setup::VramHold>,
     pub(super) outputs: crate::train::checkpoint::Outputs,
     pub(super) sampling: Option<crate::train::samples::Sampling>,
+    /// The held-out items and when to evaluate them (`[validation]`).
+    pub(super) validation: Option<crate::train::validation::Validation>,
+}
+
+/// A batch made ready for the DiT: noisy inputs, flow-matching targets and loss weights.
+pub(super) struct FlowBatch {
+    pub(super) inputs: WanInputs,
+    pub(super) targets: Vec<Tensor>,
+    pub(super) weights: Vec<f64>,
+    /// Leading latent frames left out of the loss (the given start frame).
+    pub(super) skip_frames: usize,
+}
+
+impl FlowBatch {
+    pub(super) fn target(&self) -> LossTarget<'_> {
+        LossTarget {
+            targets: &self.targets,
+            weights: Some(&self.weights),
+            skip_frames: self.skip_frames,
+        }
+    }
 }
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
-fn mix(seed: u64, index: u64) -> u64 {
+pub(super) fn mix(seed: u64, index: u64) -> u64 {
     let mut z = seed
         ^ index
             .wrapping_add(0x9E37_79B9_7F4A_7C15)
@@ -164,22 +185,21 @@ impl Trainer {
         }
     }
 
-    /// One micro-batch: noise, timesteps, the checkpointed step. Returns the loss and gradients.
-    fn micro_step(
+    /// Noisy inputs, targets and weights of `batch` at `draws` (one per item), its noise drawn from `rng` item by
+    /// item. Training and validation both go through here, so both compute the same loss.
+    pub(super) fn flow_batch(
         &self,
-        index: usize,
-        interrupted: &dyn Fn() -> bool,
-    ) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
-        let (epoch, batch) = self.data.batch_at(index);
-        let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
-        let (_, frames, h, w) = batch[0].latents.dims4()?;
+        batch: &[&TrainItem],
+        draws: &[TimestepDraw],
+        rng: &mut StdRng,
+    ) -> anyhow::Result<FlowBatch> {
+        let (_, frames, _, _) = batch[0].latents.dims4()?;
         // A single-frame item (an image) has no frames after a start frame: it trains as text-to-image.
         let start_frame = self.start_frame && frames > 1;
-        let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
         let mut noisy = Vec::with_capacity(batch.len());
         let mut targets = Vec::with_capacity(batch.len());
         let mut rows = Vec::with_capacity(batch.len());
-        for (item, draw) in batch.iter().zip(&draws) {
+        for (item, draw) in batch.iter().zip(draws) {
             let x = item.latents.to_dtype(DType::F32)?;
             let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
             let mixed = ((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?;
@@ -213,15 +233,30 @@ impl Trainer {
             clip: None,
             y: None,
         };
-        let target = LossTarget {
-            targets: &targets,
-            weights: Some(&weights),
+        Ok(FlowBatch {
+            inputs,
+            targets,
+            weights,
             skip_frames: usize::from(start_frame),
-        };
+        })
+    }
+
+    /// One micro-batch: noise, timesteps, the checkpointed step. Returns the loss and gradients.
+    fn micro_step(
+        &self,
+        index: usize,
+        interrupted: &dyn Fn() -> bool,
+    ) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
+        let (epoch, batch) = self.data.batch_at(index);
+        let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
+        let (_, _, h, w) = batch[0].latents.dims4()?;
+        let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
+        let flow = self.flow_batch(&batch, &draws, rng)?;
+        let (inputs, target) = (&flow.inputs, flow.target());
         let vars = self.loras.vars();
         let options = self.step_options(interrupted);
         let out =
-            checkpointed_step(&self.model, &inputs, &target, &vars, &options).map_err(|e| {
+            checkpointed_step(&self.model, inputs, &target, &vars, &options).map_err(|e| {
                 if interrupted() {
                     anyhow::Error::new(Interrupted)
                 } else if framesmith_nn::offload::is_out_of_memory(&e) {
@@ -336,7 +371,7 @@ impl Trainer {
     }
 
     /// The epoch just completed, when the step just completed ended one.
-    fn epoch_boundary(&self) -> Option<usize> {
+    pub(super) fn epoch_boundary(&self) -> Option<usize> {
         let per_epoch = self.data.batches_per_epoch().max(1);
         let micro = self.step * self.accumulation;
         (self.step > 0 && micro % per_epoch < self.accumulation).then_some(micro / per_epoch)
