@@ -8,7 +8,7 @@ use framesmith_config::protocol::StartRun;
 use framesmith_config::{presets, RunConfig};
 use framesmith_nn::lora_file::LoraFile;
 
-fn demo_config(dir: &Path, steps: usize) -> RunConfig {
+pub(super) fn demo_config(dir: &Path, steps: usize) -> RunConfig {
     let mut config = presets::builtin("demo-cpu")
         .and_then(|p| p.apply(&RunConfig::default()))
         .map(|a| a.config)
@@ -20,7 +20,7 @@ fn demo_config(dir: &Path, steps: usize) -> RunConfig {
     config
 }
 
-fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
+pub(super) fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
     let request = StartRun {
         config: config.clone(),
         resume_from: resume_from.map(Path::to_path_buf),

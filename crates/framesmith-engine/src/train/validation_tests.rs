@@ -4,31 +4,19 @@
 
 use std::path::Path;
 
+use super::tests::start;
 use crate::train::trainer::Trainer;
 use crate::train::validation::hold_out;
 use framesmith_config::metrics::{parse_row, MetricsRow};
-use framesmith_config::protocol::{StartRun, ValidationLoss};
-use framesmith_config::{presets, RunConfig};
+use framesmith_config::protocol::ValidationLoss;
+use framesmith_config::RunConfig;
+use framesmith_nn::testing::f32_bits;
 
+/// The demo run of `tests.rs`, evaluating every `validate_every` steps.
 fn demo_config(dir: &Path, steps: usize, validate_every: Option<usize>) -> RunConfig {
-    let mut config = presets::builtin("demo-cpu")
-        .and_then(|p| p.apply(&RunConfig::default()))
-        .map(|a| a.config)
-        .expect("demo-cpu applies");
-    config.training.max_train_steps = steps;
-    config.optimizer.lr_warmup_steps = 0;
-    config.output.output_dir = dir.to_path_buf();
-    config.output.save_every_n_steps = Some(0);
+    let mut config = super::tests::demo_config(dir, steps);
     config.validation.validate_every_n_steps = validate_every;
     config
-}
-
-fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
-    let request = StartRun {
-        config: config.clone(),
-        resume_from: resume_from.map(Path::to_path_buf),
-    };
-    Trainer::start(&request, &mut |_, _| {}).expect("trainer starts")
 }
 
 fn lora_bits(trainer: &Trainer) -> Vec<Vec<u32>> {
@@ -36,14 +24,7 @@ fn lora_bits(trainer: &Trainer) -> Vec<Vec<u32>> {
         .loras()
         .vars()
         .iter()
-        .map(|v| {
-            let values = v.as_tensor().flatten_all().and_then(|t| t.to_vec1::<f32>());
-            values
-                .expect("f32 LoRA")
-                .iter()
-                .map(|x| x.to_bits())
-                .collect()
-        })
+        .map(|v| f32_bits(v.as_tensor()).expect("f32 LoRA"))
         .collect()
 }
 

@@ -61,6 +61,20 @@ impl T5Config {
         }
     }
 
+    /// The tiny encoder of the parity fixture (`umt5_tiny`): vocabulary 100, width 32, 2 heads, 2 blocks.
+    pub fn tiny() -> Self {
+        Self {
+            vocab: 100,
+            dim: 32,
+            dim_attn: 32,
+            dim_ffn: 64,
+            num_heads: 2,
+            num_layers: 2,
+            num_buckets: 32,
+            ..Self::umt5_xxl()
+        }
+    }
+
     fn head_dim(&self) -> usize {
         self.dim_attn / self.num_heads.max(1)
     }
@@ -619,16 +633,7 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let path = dir.path().join("umt5_hf.safetensors");
         candle_core::safetensors::save(&hf, &path)?;
-        let cfg = T5Config {
-            vocab: 100,
-            dim: 32,
-            dim_attn: 32,
-            dim_ffn: 64,
-            num_heads: 2,
-            num_layers: 2,
-            num_buckets: 32,
-            ..T5Config::umt5_xxl()
-        };
+        let cfg = T5Config::tiny();
         let encoder = load_umt5(&path, &cfg, DType::F32, &Device::Cpu)?;
         let hidden = encoder.encode(&inputs["ids"], &inputs["mask"])?;
         let err = (hidden - &expected["hidden"])?
@@ -652,19 +657,6 @@ mod tests {
             "{msg}"
         );
         Ok(())
-    }
-
-    fn tiny_config() -> T5Config {
-        T5Config {
-            vocab: 100,
-            dim: 32,
-            dim_attn: 32,
-            dim_ffn: 64,
-            num_heads: 2,
-            num_layers: 2,
-            num_buckets: 32,
-            ..T5Config::umt5_xxl()
-        }
     }
 
     /// ComfyUI's scaled-FP8 umT5 layout (`umt5_xxl_fp8_e4m3fn_scaled.safetensors`): Hugging Face names, every
@@ -718,20 +710,20 @@ mod tests {
         candle_core::safetensors::save(&scaled, &fp8_path)?;
         candle_core::safetensors::save(&dequantized, &ref_path)?;
         let encode = |path: &Path| -> anyhow::Result<Tensor> {
-            let encoder = load_umt5(path, &tiny_config(), DType::F32, &Device::Cpu)?;
+            let encoder = load_umt5(path, &T5Config::tiny(), DType::F32, &Device::Cpu)?;
             Ok(encoder.encode(&inputs["ids"], &inputs["mask"])?)
         };
-        let (got, want) = (encode(&fp8_path)?, encode(&ref_path)?);
-        let err = (got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let max_abs = |a: Tensor, b: &Tensor| -> anyhow::Result<f32> {
+            Ok((a - b)?.abs()?.max_all()?.to_scalar::<f32>()?)
+        };
+        let want = encode(&ref_path)?;
+        let err = max_abs(encode(&fp8_path)?, &want)?;
         assert!(
             err < 1e-5,
             "max abs error {err} against the hand-dequantised weights"
         );
         let auto = load_umt5_auto(&fp8_path, DType::F32, &Device::Cpu)?;
-        let err = (auto.encode(&inputs["ids"], &inputs["mask"])? - &want)?
-            .abs()?
-            .max_all()?
-            .to_scalar::<f32>()?;
+        let err = max_abs(auto.encode(&inputs["ids"], &inputs["mask"])?, &want)?;
         assert!(err < 1e-5, "load_umt5_auto: max abs error {err}");
         Ok(())
     }

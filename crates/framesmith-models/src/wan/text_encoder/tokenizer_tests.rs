@@ -108,19 +108,7 @@ fn umt5_fixture() -> PathBuf {
 fn encoder_sizes_are_read_from_the_weights() -> anyhow::Result<()> {
     let tensors = candle_core::safetensors::load(umt5_fixture(), &Device::Cpu)?;
     let cfg = t5_config_from_tensors(&tensors).ok_or_else(|| anyhow::anyhow!("no config"))?;
-    assert_eq!(
-        cfg,
-        T5Config {
-            vocab: 100,
-            dim: 32,
-            dim_attn: 32,
-            dim_ffn: 64,
-            num_heads: 2,
-            num_layers: 2,
-            num_buckets: 32,
-            ..T5Config::umt5_xxl()
-        }
-    );
+    assert_eq!(cfg, T5Config::tiny());
     Ok(())
 }
 
