@@ -189,11 +189,7 @@ fn load_prequantized(vb: &Vb, codes: &Tensor) -> Result<Fp8Weight> {
     if vb.contains("comfy_quant") {
         check_comfy_quant(vb)?;
     }
-    let scale = ["scale_weight", "weight_scale"]
-        .into_iter()
-        .find(|name| vb.contains(name))
-        .map(|name| vb.get_stored(name))
-        .transpose()?;
+    let scale = vb.weight_scale()?;
     Fp8Weight::from_checkpoint(codes, scale.as_ref())
         .map_err(|e| candle_core::Error::msg(format!("{e} (weight `{}`)", vb.path("weight"))))
 }

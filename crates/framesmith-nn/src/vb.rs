@@ -139,7 +139,9 @@ impl Vb {
         self.get_stored(name)?.to_device(&self.device)
     }
 
-    /// The tensor with the expected shape, converted to the compute dtype.
+    /// The tensor with the expected shape, converted to the compute dtype. An FP8 `weight` stored with a scale
+    /// beside it (ComfyUI `scaled_fp8` files scale embeddings and norms too, not only Linears) is dequantised
+    /// with that scale: one per tensor, or one per row.
     pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
         let shape = shape.into();
         let t = self.get_raw(name)?;
@@ -151,6 +153,46 @@ impl Vb {
                 shape.dims()
             );
         }
+        if t.dtype() == DType::F8E4M3 && name == "weight" {
+            if let Some(scale) = self.weight_scale()? {
+                return self.dequantize(&t, &scale);
+            }
+        }
         t.to_dtype(self.dtype)
     }
+
+    /// The scale stored beside this module's FP8 `weight`, under whichever name the checkpoint uses.
+    pub fn weight_scale(&self) -> Result<Option<Tensor>> {
+        WEIGHT_SCALE_KEYS
+            .into_iter()
+            .find(|name| self.contains(name))
+            .map(|name| self.get_stored(name))
+            .transpose()
+    }
+
+    fn dequantize(&self, codes: &Tensor, scale: &Tensor) -> Result<Tensor> {
+        let scale = scale.to_device(&self.device)?.to_dtype(DType::F32)?;
+        let rows = codes.dims().first().copied().unwrap_or(1);
+        let scale = match scale.elem_count() {
+            1 => scale.flatten_all()?.reshape(())?,
+            n if n == rows && codes.rank() >= 1 => {
+                let mut dims = vec![1; codes.rank()];
+                dims[0] = rows;
+                scale.reshape(dims)?
+            }
+            n => candle_core::bail!(
+                "`{}` has {n} scales for a weight of shape {:?}: expected one, or one per row",
+                self.path("weight"),
+                codes.dims()
+            ),
+        };
+        codes
+            .to_dtype(DType::F32)?
+            .broadcast_mul(&scale)?
+            .to_dtype(self.dtype)
+    }
 }
+
+/// Where FP8 checkpoints keep a weight's scale: `scale_weight` (ComfyUI `scaled_fp8`, musubi-tuner) or
+/// `weight_scale` (ComfyUI mixed precision, other exporters).
+pub const WEIGHT_SCALE_KEYS: [&str; 2] = ["scale_weight", "weight_scale"];

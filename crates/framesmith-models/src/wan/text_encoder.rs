@@ -402,49 +402,13 @@ impl UmT5Encoder {
 }
 
 /// Renames Hugging Face `UMT5EncoderModel` keys (ComfyUI's `umt5_xxl_*.safetensors`) to the official names;
-/// official names pass through unchanged. The FP8 files' per-layer scales (`scale_weight`, `weight_scale`,
-/// `comfy_quant`) follow their weights, so each Linear dequantises with its own scale; an FP8 embedding, relative
-/// position table or norm with a scale is dequantised here (only Linears read scales).
+/// official names pass through unchanged. The FP8 files' scales (`scale_weight`, `weight_scale`, `comfy_quant`)
+/// follow their weights, so every weight is dequantised with its own scale when read.
 pub fn official_t5_keys(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
-    let renamed: HashMap<String, Tensor> = tensors
+    tensors
         .into_iter()
         .filter_map(|(k, v)| hf_to_official(&k).map(|k| (k, v)))
-        .collect();
-    dequantize_scaled_non_linears(renamed)
-}
-
-/// Tensors that only Linears may keep as FP8 codes: the rest are read as plain values.
-fn dequantize_scaled_non_linears(mut tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
-    let plain: Vec<String> = tensors
-        .iter()
-        .filter(|(k, v)| {
-            v.dtype() == DType::F8E4M3
-                && (k.as_str() == "token_embedding.weight"
-                    || k.ends_with("pos_embedding.embedding.weight")
-                    || k.ends_with("norm.weight")
-                    || k.ends_with("norm1.weight")
-                    || k.ends_with("norm2.weight"))
-        })
-        .map(|(k, _)| k.clone())
-        .collect();
-    for key in plain {
-        let module = key.trim_end_matches(".weight");
-        let scale = ["scale_weight", "weight_scale"]
-            .iter()
-            .find_map(|s| tensors.get(&format!("{module}.{s}")).cloned());
-        let Some(codes) = tensors.get(&key) else {
-            continue;
-        };
-        let values = codes.to_dtype(DType::F32).and_then(|v| match &scale {
-            Some(s) => v.broadcast_mul(&s.to_dtype(DType::F32)?.flatten_all()?.reshape(())?),
-            None => Ok(v),
-        });
-        // A scale that is not one number is left for the encoder's shape checks to report.
-        if let Ok(values) = values {
-            tensors.insert(key, values);
-        }
-    }
-    tensors
+        .collect()
 }
 
 /// The official name of a Linear's tensor (`weight` or one of the FP8 files' companions).
