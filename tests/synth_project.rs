@@ -26,6 +26,7 @@ fn tiny(frames: usize, height: usize, width: usize) -> SynthProject {
         seed: 7,
         text_tokens: 8,
         steps: 2,
+        encoders: None,
     }
 }
 
@@ -216,4 +217,52 @@ fn the_scaled_fp8_file_is_a_comfyui_layout_of_the_same_weights() {
     assert!(err < 0.06 * rms, "rms error {err} of {rms}");
     // Everything outside the blocks' linears stays bf16.
     assert_eq!(b.tensors["head.head.weight"].dtype(), DType::BF16);
+}
+
+/// `--encoders` writes umT5 and VAE files as ComfyUI ships them: the text encoder loads with the tokenizer embedded
+/// in it and encodes a prompt to finite values of its width; the VAE is read back as its config and encodes a clip
+/// to finite latents of the expected shape. Tiny sizes here; the bench writes the real ones.
+#[test]
+fn random_encoders_load_as_comfyui_files_and_encode() {
+    use candle_core::Tensor;
+    use framesmith_bench::synth::write_random_encoders;
+    use framesmith_models::wan::text_encoder::{T5Config, TextEncoder};
+    use framesmith_models::wan::vae::{load_vae_auto, LatentStats, VaeConfig, VaeVariant};
+
+    let dir = tempfile::tempdir().unwrap();
+    let spiece = std::fs::read(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("crates/framesmith-models/testdata/spiece_tiny/tiny_unigram.model"),
+    )
+    .unwrap();
+    // The tiny SentencePiece model's ids go up to 319.
+    let t5 = T5Config {
+        vocab: 320,
+        ..T5Config::tiny()
+    };
+    let vae_cfg = VaeConfig {
+        dim: 8,
+        dec_dim: 8,
+        dim_mult: vec![1, 2, 2, 2],
+        num_res_blocks: 1,
+        ..VaeConfig::wan21()
+    };
+    let (umt5, vae) = write_random_encoders(dir.path(), &t5, &vae_cfg, &spiece, 3).unwrap();
+
+    let report = framesmith_models::wan::weights::inspect(&umt5);
+    assert!(report.is_err(), "a text encoder is not a DiT");
+    let encoder = TextEncoder::load(&umt5, None, DType::F32, &Device::Cpu).unwrap();
+    let out = encoder.encode_prompts(&["a red ball rolls"]).unwrap();
+    assert_eq!(out[0].dims()[1], t5.dim);
+    let values = out[0].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert!(values.iter().all(|v| v.is_finite()) && values.iter().any(|v| *v != 0.0));
+
+    let model = load_vae_auto(&vae, DType::F32, &Device::Cpu).unwrap();
+    assert_eq!(model.config(), &vae_cfg);
+    let video = Tensor::rand(-1f32, 1.0, (1, 3, 5, 16, 16), &Device::Cpu).unwrap();
+    let stats = LatentStats::official(VaeVariant::Wan21, &Device::Cpu).unwrap();
+    let z = model.encode(&video, &stats).unwrap();
+    assert_eq!(z.dims(), [1, 16, 2, 2, 2]);
+    let z = z.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert!(z.iter().all(|v| v.is_finite()));
 }

@@ -243,6 +243,10 @@ struct SynthArgs {
     /// Optimizer steps of the run config.
     #[arg(long, default_value_t = 3)]
     steps: usize,
+    /// Also write random umT5-XXL (ComfyUI scaled FP8) and Wan 2.1 VAE weights at their real sizes, with this
+    /// SentencePiece model embedded as the umT5 file's tokenizer, for `framesmith cache` runs.
+    #[arg(long, value_name = "SPIECE_MODEL")]
+    encoders: Option<std::path::PathBuf>,
 }
 
 /// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
@@ -381,6 +385,7 @@ fn synth_project(args: &SynthArgs) -> Result<()> {
         seed: args.seed,
         text_tokens: args.text_tokens,
         steps: args.steps,
+        encoders: args.encoders.clone(),
     };
     let files = bench::synth::write_project(&args.out, &spec)?;
     println!(

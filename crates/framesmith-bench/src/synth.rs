@@ -59,6 +59,9 @@ pub struct SynthProject {
     pub text_tokens: usize,
     /// Optimizer steps of the run config.
     pub steps: usize,
+    /// Also write random umT5-XXL and Wan 2.1 VAE weights in ComfyUI's layouts ([`write_random_encoders`]),
+    /// with this SentencePiece model embedded as the umT5 file's tokenizer, and name them in the run config.
+    pub encoders: Option<PathBuf>,
 }
 
 /// How [`write_random_dit`] stores the weights.
@@ -117,6 +120,17 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
     let dit = dir.join(DIT_FILE);
     let dit_bytes = write_random_dit(&dit, &spec.cfg, spec.dit, spec.seed)?;
     let latents = write_cached_item(&dir, spec, latent)?;
+    if let Some(spiece) = &spec.encoders {
+        let bytes =
+            fs::read(spiece).with_context(|| format!("cannot read {}", spiece.display()))?;
+        write_random_encoders(
+            &dir,
+            &framesmith_models::wan::text_encoder::T5Config::umt5_xxl(),
+            &framesmith_models::wan::vae::VaeConfig::wan21(),
+            &bytes,
+            spec.seed,
+        )?;
+    }
     let dataset = dir.join(DATASET_FILE);
     fs::write(&dataset, dataset_toml(spec))
         .with_context(|| format!("cannot write {}", dataset.display()))?;
@@ -222,15 +236,122 @@ pub fn write_random_dit(
             },
         ));
     }
-    // Written under another name first: an interrupted write never leaves a file that looks complete.
+    write_safetensors(path, views)?;
+    Ok(fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len())
+}
+
+/// File names of [`write_random_encoders`], as ComfyUI users have them.
+pub const UMT5_FILE: &str = "umt5_xxl_fp8_e4m3fn_scaled.safetensors";
+pub const VAE_FILE: &str = "wan_2.1_vae.safetensors";
+
+/// Writes random weights of the umT5 encoder and the Wan 2.1 VAE of these sizes into `dir` in the layouts of
+/// ComfyUI's files ([`UMT5_FILE`]: Hugging Face key names, Linears in FP8 with per-tensor `scale_weight`, the
+/// rest bf16, the `scaled_fp8` marker and the SentencePiece model `spiece` embedded as `spiece_model`;
+/// [`VAE_FILE`]: official key names in bf16). Weights are drawn with a fan-in scale so activations stay finite;
+/// norms are one. Returns the two paths.
+pub fn write_random_encoders(
+    dir: &Path,
+    t5: &framesmith_models::wan::text_encoder::T5Config,
+    vae: &framesmith_models::wan::vae::VaeConfig,
+    spiece: &[u8],
+    seed: u64,
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let umt5 = dir.join(UMT5_FILE);
+    let mut views = Vec::new();
+    let shapes = framesmith_models::wan::text_encoder::hf_t5_tensor_shapes(t5);
+    for (i, (name, shape, linear)) in shapes.into_iter().enumerate() {
+        let (mean, std) = encoder_init(&name, &shape);
+        let scale = linear.then(|| (6.0 * std).max(f32::MIN_POSITIVE) / FP8_MAX);
+        if let Some(scale) = scale {
+            views.push((
+                format!("{}.scale_weight", name.trim_end_matches(".weight")),
+                SynthTensor::Bytes {
+                    dtype: safetensors::Dtype::F32,
+                    shape: Vec::new(),
+                    data: scale.to_le_bytes().to_vec(),
+                },
+            ));
+        }
+        let dtype = if linear {
+            safetensors::Dtype::F8_E4M3
+        } else {
+            safetensors::Dtype::BF16
+        };
+        let tensor = RandomTensor {
+            shape,
+            dtype,
+            mean,
+            std,
+            seed: mix(seed, i as u64),
+            fp8_scale: scale,
+        };
+        views.push((name, SynthTensor::Random(tensor)));
+    }
+    views.push((
+        "scaled_fp8".into(),
+        SynthTensor::Bytes {
+            dtype: safetensors::Dtype::F8_E4M3,
+            shape: vec![0],
+            data: Vec::new(),
+        },
+    ));
+    views.push((
+        "spiece_model".into(),
+        SynthTensor::Bytes {
+            dtype: safetensors::Dtype::U8,
+            shape: vec![spiece.len()],
+            data: spiece.to_vec(),
+        },
+    ));
+    write_safetensors(&umt5, views)?;
+
+    let vae_path = dir.join(VAE_FILE);
+    let shapes = framesmith_models::wan::vae::WanVae::tensor_shapes(vae)?;
+    let views = shapes
+        .into_iter()
+        .enumerate()
+        .map(|(i, (name, shape))| {
+            let (mean, std) = encoder_init(&name, &shape);
+            let tensor = RandomTensor {
+                shape,
+                dtype: safetensors::Dtype::BF16,
+                mean,
+                std,
+                seed: mix(mix(seed, u64::MAX - 1), i as u64),
+                fp8_scale: None,
+            };
+            (name, SynthTensor::Random(tensor))
+        })
+        .collect();
+    write_safetensors(&vae_path, views)?;
+    Ok((umt5, vae_path))
+}
+
+/// Mean and standard deviation of a random encoder tensor: norms one, biases zero, the token embedding unit
+/// normal, weights `1/sqrt(fan_in)`.
+fn encoder_init(name: &str, shape: &[usize]) -> (f32, f32) {
+    if name.ends_with("gamma") || name.contains("norm") {
+        (1.0, 0.0)
+    } else if name.ends_with("bias") {
+        (0.0, 0.0)
+    } else if name == "shared.weight" {
+        (0.0, 1.0)
+    } else {
+        let fan_in: usize = shape.iter().skip(1).product();
+        (0.0, 1.0 / (fan_in.max(1) as f32).sqrt())
+    }
+}
+
+/// Writes `views` as a safetensors file, under another name first: an interrupted write never leaves a file that
+/// looks complete.
+fn write_safetensors(path: &Path, views: Vec<(String, SynthTensor)>) -> anyhow::Result<()> {
     let partial = path.with_extension("safetensors.partial");
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(metadata), &partial)
         .with_context(|| format!("cannot write {}", partial.display()))?;
-    fs::rename(&partial, path).with_context(|| format!("cannot rename to {}", path.display()))?;
-    Ok(fs::metadata(path)
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .len())
+    fs::rename(&partial, path).with_context(|| format!("cannot rename to {}", path.display()))
 }
 
 /// The largest finite `float8_e4m3fn` magnitude.
@@ -430,6 +551,10 @@ pub fn run_config(dir: &Path, spec: &SynthProject) -> RunConfig {
     config.output.save_every_n_steps = Some(0);
     config.output.save_every_n_epochs = Some(0);
     config.output.save_state = false;
+    if spec.encoders.is_some() {
+        config.model.vae = dir.join(VAE_FILE);
+        config.model.text_encoder = dir.join(UMT5_FILE);
+    }
     config
 }
 

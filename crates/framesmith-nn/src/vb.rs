@@ -17,6 +17,12 @@ pub trait TensorSource: Send + Sync {
     /// The tensor stored under `key`, dtype as stored, wherever the source keeps it (a mapped file reads it into
     /// host memory); `None` when there is none.
     fn read(&self, key: &str) -> Result<Option<Tensor>>;
+    /// The tensor under `key` when the module asking knows its shape ([`Vb::get`]): a file source reads it as
+    /// [`TensorSource::read`] does; [`ShapeRecorder`] makes it.
+    fn read_shaped(&self, key: &str, shape: &Shape) -> Result<Option<Tensor>> {
+        let _ = shape;
+        self.read(key)
+    }
 }
 
 impl TensorSource for HashMap<String, Tensor> {
@@ -144,7 +150,11 @@ impl Vb {
     /// with that scale: one per tensor, or one per row.
     pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
         let shape = shape.into();
-        let t = self.get_raw(name)?;
+        let key = self.path(name);
+        let t = match self.tensors.read_shaped(&key, &shape)? {
+            Some(t) => t.to_device(&self.device)?,
+            None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
+        };
         if t.shape() != &shape {
             candle_core::bail!(
                 "tensor `{}` has shape {:?}, expected {:?}",
@@ -193,6 +203,67 @@ impl Vb {
     }
 }
 
+/// A source that holds no tensors but makes each one a module asks for by shape ([`Vb::get`]), zero-filled in
+/// the asked dtype on the CPU, and records its name and shape: building a model on it lists the tensors a
+/// checkpoint of that model holds (e.g. to write one of random weights). Modules that read tensors without a
+/// shape ([`Vb::get_stored`], [`Linear::load`](crate::linear::Linear::load)) or ask whether one exists find none.
+#[derive(Debug, Default)]
+pub struct ShapeRecorder {
+    seen: std::sync::Mutex<Vec<(String, Vec<usize>)>>,
+}
+
+impl ShapeRecorder {
+    /// The tensors asked for so far, in the order they were asked for.
+    pub fn shapes(&self) -> Vec<(String, Vec<usize>)> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+impl TensorSource for ShapeRecorder {
+    fn contains(&self, _key: &str) -> bool {
+        false
+    }
+
+    fn read(&self, _key: &str) -> Result<Option<Tensor>> {
+        Ok(None)
+    }
+
+    fn read_shaped(&self, key: &str, shape: &Shape) -> Result<Option<Tensor>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((key.to_string(), shape.dims().to_vec()));
+        Tensor::zeros(shape, DType::F32, &Device::Cpu).map(Some)
+    }
+}
+
 /// Where FP8 checkpoints keep a weight's scale: `scale_weight` (ComfyUI `scaled_fp8`, musubi-tuner) or
 /// `weight_scale` (ComfyUI mixed precision, other exporters).
 pub const WEIGHT_SCALE_KEYS: [&str; 2] = ["scale_weight", "weight_scale"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shape_recorder_lists_what_modules_ask_for() -> Result<()> {
+        let recorder = Arc::new(ShapeRecorder::default());
+        let vb = Vb::from_source(recorder.clone(), DType::BF16, &Device::Cpu).pp("encoder");
+        let w = vb.pp("conv1").get((4, 3, 3), "weight")?;
+        assert_eq!((w.dims(), w.dtype()), (&[4, 3, 3][..], DType::BF16));
+        vb.pp("norm").get(4, "gamma")?;
+        assert!(!vb.contains("conv1.bias"));
+        assert!(vb.get_stored("conv1.weight").is_err());
+        assert_eq!(
+            recorder.shapes(),
+            [
+                ("encoder.conv1.weight".to_string(), vec![4, 3, 3]),
+                ("encoder.norm.gamma".to_string(), vec![4]),
+            ]
+        );
+        Ok(())
+    }
+}

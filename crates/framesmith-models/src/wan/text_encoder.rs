@@ -421,6 +421,50 @@ const LINEAR_TENSORS: [&str; 6] = [
     "comfy_quant",
 ];
 
+/// A block's Linears: Hugging Face module path under `encoder.block.{i}.`, official path under `blocks.{i}.`.
+const HF_BLOCK_LINEARS: [(&str, &str); 7] = [
+    ("layer.0.SelfAttention.q", "attn.q"),
+    ("layer.0.SelfAttention.k", "attn.k"),
+    ("layer.0.SelfAttention.v", "attn.v"),
+    ("layer.0.SelfAttention.o", "attn.o"),
+    ("layer.1.DenseReluDense.wi_0", "ffn.gate.0"),
+    ("layer.1.DenseReluDense.wi_1", "ffn.fc1"),
+    ("layer.1.DenseReluDense.wo", "ffn.fc2"),
+];
+
+/// The tensors of a Hugging Face `UMT5EncoderModel` file of this size (the layout of ComfyUI's
+/// `umt5_xxl_*.safetensors`), with whether each is a Linear's weight (what FP8 files store in FP8).
+pub fn hf_t5_tensor_shapes(cfg: &T5Config) -> Vec<(String, Vec<usize>, bool)> {
+    let mut out = vec![("shared.weight".to_string(), vec![cfg.vocab, cfg.dim], false)];
+    for i in 0..cfg.num_layers {
+        let block = |name: &str| format!("encoder.block.{i}.{name}");
+        for (hf, official) in HF_BLOCK_LINEARS {
+            let (rows, cols) = match official {
+                "attn.q" | "attn.k" | "attn.v" => (cfg.dim_attn, cfg.dim),
+                "attn.o" => (cfg.dim, cfg.dim_attn),
+                "ffn.fc2" => (cfg.dim, cfg.dim_ffn),
+                _ => (cfg.dim_ffn, cfg.dim),
+            };
+            out.push((block(&format!("{hf}.weight")), vec![rows, cols], true));
+        }
+        out.push((block("layer.0.layer_norm.weight"), vec![cfg.dim], false));
+        out.push((block("layer.1.layer_norm.weight"), vec![cfg.dim], false));
+        if !cfg.shared_pos || i == 0 {
+            out.push((
+                block("layer.0.SelfAttention.relative_attention_bias.weight"),
+                vec![cfg.num_buckets, cfg.num_heads],
+                false,
+            ));
+        }
+    }
+    out.push((
+        "encoder.final_layer_norm.weight".to_string(),
+        vec![cfg.dim],
+        false,
+    ));
+    out
+}
+
 fn hf_to_official(key: &str) -> Option<String> {
     let mapped = match key {
         "shared.weight" | "encoder.embed_tokens.weight" => "token_embedding.weight".to_string(),
@@ -444,16 +488,7 @@ fn hf_to_official(key: &str) -> Option<String> {
                     if !LINEAR_TENSORS.contains(&tensor) {
                         return None;
                     }
-                    let official = match module {
-                        "layer.0.SelfAttention.q" => "attn.q",
-                        "layer.0.SelfAttention.k" => "attn.k",
-                        "layer.0.SelfAttention.v" => "attn.v",
-                        "layer.0.SelfAttention.o" => "attn.o",
-                        "layer.1.DenseReluDense.wi_0" => "ffn.gate.0",
-                        "layer.1.DenseReluDense.wi_1" => "ffn.fc1",
-                        "layer.1.DenseReluDense.wo" => "ffn.fc2",
-                        _ => return None,
-                    };
+                    let (_, official) = HF_BLOCK_LINEARS.iter().find(|(hf, _)| *hf == module)?;
                     format!("{official}.{tensor}")
                 }
             };
@@ -519,6 +554,25 @@ mod tests {
         assert_eq!(b(-127), 15);
         assert_eq!(b(-1000), 15);
         assert_eq!(b(1000), 31);
+    }
+
+    #[test]
+    fn hf_tensor_shapes_are_the_official_encoders_tensors() -> anyhow::Result<()> {
+        let dir = crate::fixtures::wan_case("umt5_tiny");
+        let tensors =
+            candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
+        let mut official: Vec<(String, Vec<usize>)> = tensors
+            .iter()
+            .map(|(k, t)| (k.clone(), t.dims().to_vec()))
+            .collect();
+        official.sort();
+        let mut listed: Vec<(String, Vec<usize>)> = hf_t5_tensor_shapes(&T5Config::tiny())
+            .into_iter()
+            .map(|(k, shape, _)| (hf_to_official(&k).unwrap_or(k), shape))
+            .collect();
+        listed.sort();
+        assert_eq!(listed, official);
+        Ok(())
     }
 
     #[test]

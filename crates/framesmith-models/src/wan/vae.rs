@@ -222,6 +222,16 @@ impl WanVae {
         })
     }
 
+    /// The tensors (official names, shapes) of a checkpoint of this architecture, in the order the model reads
+    /// them: the layout `Wan2.1_VAE.pth`, `Wan2.2_VAE.pth` and ComfyUI's `wan_2.1_vae.safetensors` /
+    /// `wan2.2_vae.safetensors` share.
+    pub fn tensor_shapes(cfg: &VaeConfig) -> Result<Vec<(String, Vec<usize>)>> {
+        let recorder = std::sync::Arc::new(framesmith_nn::vb::ShapeRecorder::default());
+        let vb = Vb::from_source(recorder.clone(), candle_core::DType::F32, &Device::Cpu);
+        Self::new(cfg, &vb)?;
+        Ok(recorder.shapes())
+    }
+
     /// The architecture this VAE was built with.
     pub fn config(&self) -> &VaeConfig {
         &self.cfg

@@ -209,6 +209,22 @@ mod tests {
     }
 
     #[test]
+    fn tensor_shapes_are_the_official_checkpoints_tensors() -> anyhow::Result<()> {
+        for case in ["wan21_vae_tiny", "wan22_vae_tiny"] {
+            let (tensors, cfg) = fixture_config(case)?;
+            let mut official: Vec<(String, Vec<usize>)> = tensors
+                .iter()
+                .map(|(k, t)| (k.clone(), t.dims().to_vec()))
+                .collect();
+            official.sort();
+            let mut listed = crate::wan::vae::WanVae::tensor_shapes(&cfg)?;
+            listed.sort();
+            assert_eq!(listed, official, "{case}");
+        }
+        Ok(())
+    }
+
+    #[test]
     fn irregular_or_foreign_weights_are_refused() -> anyhow::Result<()> {
         let (mut tensors, _) = fixture_config("wan21_vae_tiny")?;
         // Dropping a residual block of stage 1 makes the stages unequal.
