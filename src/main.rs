@@ -23,6 +23,9 @@ struct Cli {
     /// With --screenshot: show the finished run in this output folder (run.toml, metrics.jsonl, samples/)
     #[arg(long, value_name = "DIR", requires = "screenshot")]
     run: Option<PathBuf>,
+    /// Open the app on this run config (TOML) instead of the last session's project
+    #[arg(long, value_name = "RUN_TOML", conflicts_with = "screenshot")]
+    open: Option<PathBuf>,
     #[command(subcommand)]
     command: Option<Command>,
 }
@@ -101,7 +104,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => {
             let detached = cli.screenshot.is_none() && platform::release_own_console();
-            open_app(cli.screenshot, cli.run).inspect_err(|err| {
+            open_app(cli.screenshot, cli.run, cli.open).inspect_err(|err| {
                 if detached {
                     show_startup_error(err);
                 }
@@ -138,12 +141,25 @@ fn main() -> ExitCode {
 
 /// Opens the desktop app (or renders it into a PNG with `--screenshot`).
 #[cfg(feature = "gui")]
-fn open_app(screenshot: Option<PathBuf>, run: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+fn open_app(
+    screenshot: Option<PathBuf>,
+    run: Option<PathBuf>,
+    open: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
     if let Some(why) = framesmith_app::display_missing() {
         anyhow::bail!(why);
     }
-    let options = framesmith_app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
+    if let Some(path) = &open {
+        if !path.is_file() {
+            anyhow::bail!(
+                "cannot open {}: no such run config (give the path of a run TOML, e.g. one saved from the app)",
+                path.display()
+            );
+        }
+    }
+    let mut options = framesmith_app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
+    options.project = open;
     match (screenshot, run) {
         (Some(path), Some(run)) => framesmith_app::screenshot_of_run(options, &path, &run)?,
         (Some(path), None) => framesmith_app::screenshot_with(options, &path)?,
@@ -168,8 +184,12 @@ fn show_startup_error(_err: &anyhow::Error) {}
 
 /// Without the GUI feature, `framesmith` alone runs the headless demo.
 #[cfg(not(feature = "gui"))]
-fn open_app(screenshot: Option<PathBuf>, _run: Option<PathBuf>) -> anyhow::Result<ExitCode> {
-    if screenshot.is_some() {
+fn open_app(
+    screenshot: Option<PathBuf>,
+    _run: Option<PathBuf>,
+    open: Option<PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    if screenshot.is_some() || open.is_some() {
         anyhow::bail!("this build has no GUI (built without the `gui` feature)");
     }
     cli::demo::run_demo(&cli::demo::default_demo_dir(), None)?;

@@ -488,3 +488,36 @@ fn the_train_tab_says_what_the_output_folder_holds() {
     h.get_by_label_contains("saved at step 40");
     h.get_by_label_contains(&format!("Start begins a new run in {}", run_2.display()));
 }
+
+/// `framesmith --open RUN_TOML` opens that config, and Ctrl+Enter starts it from any tab, as Start does.
+#[test]
+fn the_start_shortcut_starts_the_opened_project_from_any_tab() {
+    let dir = tempfile::tempdir().unwrap();
+    let project = dir.path().join("run.toml");
+    let mut config = framesmith_config::RunConfig::default();
+    config.model.demo = true;
+    config.lora.rank = 7;
+    config.output.output_dir = dir.path().join("out");
+    std::fs::write(&project, config.to_toml_string().unwrap()).unwrap();
+
+    let backend = FakeBackend::new();
+    let mut options = framesmith_app::AppOptions::for_tests(Arc::clone(&backend) as _);
+    options.project = Some(project);
+    let mut h = app_support::harness_with(options);
+    settle(&mut h);
+    assert_eq!(h.state().config().lora.rank, 7, "the opened project");
+    h.get_by_label("Config").click();
+    settle(&mut h);
+    h.key_press_modifiers(egui::Modifiers::COMMAND, egui::Key::Enter);
+    settle(&mut h);
+    let engine = backend.engine();
+    match engine.commands.try_recv() {
+        Ok(Command::StartRun(start)) => assert_eq!(start.config.lora.rank, 7),
+        other => panic!("expected StartRun, got {other:?}"),
+    }
+    // A second press while the run is active starts nothing.
+    h.key_press_modifiers(egui::Modifiers::COMMAND, egui::Key::Enter);
+    settle(&mut h);
+    assert_eq!(backend.engines_spawned(), 0, "no second engine");
+    assert!(engine.commands.try_recv().is_err(), "exactly one command");
+}

@@ -38,7 +38,12 @@ pub(super) fn train_ui(app: &mut FramesmithApp, ui: &mut Ui) {
 fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     let can_start = app.run.can_start() && !app.preparing;
     ui.horizontal(|ui| {
-        if ui.add_enabled(can_start, Button::new("Start")).clicked() {
+        let shortcut = ui.ctx().format_shortcut(&super::window::START_SHORTCUT);
+        if ui
+            .add_enabled(can_start, Button::new("Start"))
+            .on_hover_text(format!("Start training ({shortcut}, from any tab)"))
+            .clicked()
+        {
             app.start(None);
         }
         if ui

@@ -553,6 +553,22 @@ fn restore_queue(saved: &[SavedRun]) -> RunQueue {
     queue
 }
 
+/// Starts the run from any tab, as the Train tab's Start button does.
+pub(super) const START_SHORTCUT: egui::KeyboardShortcut =
+    egui::KeyboardShortcut::new(egui::Modifiers::COMMAND, egui::Key::Enter);
+
+impl FramesmithApp {
+    /// Ctrl+Enter (Cmd+Enter on macOS) starts the edited run when Start could.
+    fn start_on_shortcut(&mut self, ctx: &egui::Context) {
+        if self.run.can_start()
+            && !self.preparing
+            && ctx.input_mut(|i| i.consume_shortcut(&START_SHORTCUT))
+        {
+            self.start(None);
+        }
+    }
+}
+
 impl eframe::App for FramesmithApp {
     fn logic(&mut self, ctx: &egui::Context, _frame: &mut eframe::Frame) {
         for result in self.jobs.drain() {
@@ -564,6 +580,7 @@ impl eframe::App for FramesmithApp {
         self.check_system_if_wanted();
         self.read_output_folder_if_stale();
         self.take_dropped_files(ctx);
+        self.start_on_shortcut(ctx);
         if let Some(telemetry) = &self.telemetry {
             let steps = self.run.step_secs();
             self.spill = telemetry.read(|history| detect_spill(history, &steps));
