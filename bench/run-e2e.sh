@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# The product path of issue 21 end to end on a GPU machine, through the product's own commands only:
+# random Wan2.1-14B weights in ComfyUI's single-file layouts at their real sizes (`framesmith-bench synth-project
+# --dtype fp8-scaled --encoders`: the scaled-FP8 DiT, the scaled-FP8 umT5-XXL with its tokenizer embedded, the
+# Wan 2.1 VAE), a real dataset made with ffmpeg (bench/make-dataset.sh: videos of several sizes and lengths,
+# images, captions), then `framesmith doctor`, `dataset check`, `cache latents` and `cache text` on the GPU,
+# `plan`, and `train --preset balanced-24gb --vram-budget-gb 24` with samples and saves, killed with SIGKILL
+# after its step-4 save and resumed to the end. Logs with timestamps; peak RAM from /usr/bin/time. Builds nothing.
+# Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]
+#   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
+set -uo pipefail
+BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
+STEPS="${E2E_STEPS:-8}" KILL_AFTER="${E2E_KILL_AFTER:-4}"
+mkdir -p "$LOG" "$WORK"
+export PATH="$BIN:$PATH"
+if python3 -c 'import nvidia' 2>/dev/null; then
+    LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
+    export LD_LIBRARY_PATH
+fi
+START=$(date +%s%N)
+stamp() { while IFS= read -r line; do printf '%8.1f %s\n' "$(($(date +%s%N) - START))e-9" "$line"; done; }
+step() { echo "== $* ==" | stamp | tee -a "$LOG/e2e.log"; }
+timed() { # name, command...: runs under /usr/bin/time -v into $LOG/name.log
+    local name="$1"; shift
+    step "$name: $*"
+    /usr/bin/time -v "$@" 2>&1 | stamp > "$LOG/$name.log"
+    local rc=${PIPESTATUS[0]}
+    grep -E "Elapsed \(wall|Maximum resident" "$LOG/$name.log" | sed "s/^/   $name: /" | tee -a "$LOG/e2e.log"
+    echo "   $name: exit $rc" | tee -a "$LOG/e2e.log"
+    return "$rc"
+}
+
+MODELS="$WORK/models"
+SPIECE="$(dirname "$0")/../crates/framesmith-models/testdata/spiece_tiny/tiny_unigram.model"
+if [[ ! -f "$MODELS/run.toml" ]]; then
+    timed synth framesmith-bench synth-project --variant t2v-14b --dtype fp8-scaled --encoders "$SPIECE" \
+        --out "$MODELS" --frames 81 --height 480 --width 832 --steps "$STEPS" || exit 1
+fi
+DIT="$MODELS/dit.safetensors" VAE="$MODELS/wan_2.1_vae.safetensors"
+T5="$MODELS/umt5_xxl_fp8_e4m3fn_scaled.safetensors"
+ls -la "$MODELS" | tee -a "$LOG/e2e.log"
+rm -rf "$WORK/data" && cp -r "$DATA" "$WORK/data" && rm -rf "$WORK/data/cache"
+
+timed doctor framesmith doctor
+for f in "$DIT" "$T5" "$VAE"; do framesmith inspect "$f" 2>&1 | head -20 >> "$LOG/inspect.log"; done
+timed check-before framesmith dataset check "$WORK/data/dataset.toml"
+timed cache-latents framesmith cache latents --dataset "$WORK/data/dataset.toml" --vae "$VAE" --device cuda || exit 1
+timed cache-text framesmith cache text --dataset "$WORK/data/dataset.toml" --text-encoder "$T5" --device cuda || exit 1
+timed check-after framesmith dataset check "$WORK/data/dataset.toml"
+find "$WORK/data/cache" -type f | sort | xargs ls -la >> "$LOG/caches.log"
+
+cat > "$WORK/prompts.txt" <<'TXT'
+a test card with a moving colour bar, bright daylight --w 832 --h 480 --f 21 --s 4 --d 42
+TXT
+cat > "$WORK/run.toml" <<TOML
+[model]
+dit = "$DIT"
+vae = "$VAE"
+text_encoder = "$T5"
+
+[dataset]
+config = "$WORK/data/dataset.toml"
+
+[lora]
+rank = 32
+alpha = 32.0
+
+[training]
+max_train_steps = $STEPS
+seed = 42
+device = "cuda"
+
+[output]
+output_dir = "$WORK/output"
+output_name = "e2e"
+save_every_n_steps = 2
+save_state = true
+
+[sampling]
+prompts = "$WORK/prompts.txt"
+sample_every_n_steps = 4
+TOML
+cp "$WORK/run.toml" "$LOG/run.toml"
+train_args=(--config "$WORK/run.toml" --preset balanced-24gb --vram-budget-gb 24)
+timed plan framesmith plan "${train_args[@]}"
+rm -rf "$WORK/output"
+
+step "train (killed with SIGKILL once e2e-state-$(printf %06d "$KILL_AFTER") is saved)"
+/usr/bin/time -v framesmith train "${train_args[@]}" > >(stamp > "$LOG/train-1.log") 2>&1 &
+TRAIN=$!
+state="$WORK/output/e2e-state-$(printf %06d "$KILL_AFTER")"
+for _ in $(seq 1 1200); do
+    [[ -d "$state" ]] && break
+    kill -0 "$TRAIN" 2>/dev/null || break
+    sleep 0.5
+done
+sleep 4
+pkill -9 -x framesmith
+wait "$TRAIN"; echo "   train-1: killed (exit $?), state folders: $(ls "$WORK/output" | tr '\n' ' ')" | tee -a "$LOG/e2e.log"
+timed train-2-resume framesmith train "${train_args[@]}" --resume "$WORK/output"
+grep -E "resumed|step .*loss|VRAM|sample|saved|Sample|Saved" "$LOG/train-2-resume.log" | head -40 >> "$LOG/e2e.log"
+cp "$WORK/output/metrics.jsonl" "$LOG/" 2>/dev/null
+find "$WORK/output" -maxdepth 3 | sort >> "$LOG/outputs.log"
+sample=$(find "$WORK/output/samples" -name '*.mp4' | sort | tail -1)
+[[ -n "$sample" ]] && cp "$sample" "$LOG/last-sample.mp4" && ffprobe -v error -show_entries stream=codec_name,width,height,nb_frames -of compact "$sample" | tee -a "$LOG/e2e.log"
+step "done"
