@@ -10,7 +10,7 @@
 #   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
 set -uo pipefail
 BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
-STEPS="${E2E_STEPS:-8}" KILL_AFTER="${E2E_KILL_AFTER:-4}"
+STEPS="${E2E_STEPS:-6}" KILL_AFTER="${E2E_KILL_AFTER:-4}"
 mkdir -p "$LOG" "$WORK"
 export PATH="$BIN:$PATH"
 if python3 -c 'import nvidia' 2>/dev/null; then
@@ -78,7 +78,7 @@ save_state = true
 
 [sampling]
 prompts = "$WORK/prompts.txt"
-sample_every_n_steps = 4
+sample_every_n_steps = 3
 TOML
 cp "$WORK/run.toml" "$LOG/run.toml"
 train_args=(--config "$WORK/run.toml" --preset balanced-24gb --vram-budget-gb 24)
