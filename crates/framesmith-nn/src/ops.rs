@@ -141,3 +141,9 @@ pub fn rope_backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> 
     }
     rope_apply(dy, cos, &sin.neg()?)
 }
+
+/// Softmax over the last dimension: candle's fused kernel on the GPU (built with this crate's `cuda` feature;
+/// without it candle has only the CPU version, and the encoders' attention failed on a CUDA device) and on the CPU.
+pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
+    candle_nn::ops::softmax_last_dim(xs)
+}

@@ -134,7 +134,7 @@ impl AttentionBlock {
         let head = |i: usize| qkv.get(i)?.contiguous();
         let (q, k, v) = (head(0)?, head(1)?, head(2)?);
         let scores = (q.matmul(&k.t()?)? * (1.0 / (d as f64).sqrt()))?;
-        let weights = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?;
+        let weights = framesmith_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?;
         let out = weights.to_dtype(v.dtype())?.matmul(&v)?;
         self.proj.forward(&out.transpose(1, 2)?.reshape((b, s, c))?)
     }

@@ -220,7 +220,7 @@ impl T5Attention {
         let k = split(self.k.forward(xs)?)?;
         let v = split(self.v.forward(xs)?)?;
         let scores = (q.matmul(&k.t()?)? + bias)?;
-        let probs = candle_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
+        let probs = framesmith_nn::ops::softmax_last_dim(&scores.to_dtype(DType::F32)?)?
             .to_dtype(xs.dtype())?;
         let out =
             probs

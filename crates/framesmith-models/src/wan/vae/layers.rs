@@ -334,7 +334,7 @@ impl AttentionBlock {
                 let n = QUERY_CHUNK.min(h * w - start);
                 let q = frame.narrow(0, start, n)?.narrow(1, 0, c)?.contiguous()?;
                 let scores = (q.matmul(&k.t()?)? * scale)?;
-                let probs = candle_nn::ops::softmax_last_dim(&scores)?;
+                let probs = framesmith_nn::ops::softmax_last_dim(&scores)?;
                 rows.push(probs.matmul(&v)?);
             }
             outs.push(Tensor::cat(&rows, 0)?);
