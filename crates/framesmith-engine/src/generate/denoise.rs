@@ -180,7 +180,7 @@ pub fn generate_from(
                 clip: clip.clone(),
                 y: y.clone(),
             };
-            model.forward(&inputs)?.remove(0).to_dtype(dtype)
+            model.forward_untracked(&inputs)?.remove(0).to_dtype(dtype)
         };
         let cond = predict(req.context)?;
         let velocity = match (guided, req.negative) {
