@@ -105,12 +105,17 @@ impl AppOptions {
 pub fn run_app(options: AppOptions) -> anyhow::Result<()> {
     let request = options.screenshot.clone();
     let native = native_options(request.is_some());
-    eframe::run_native(
-        "Framesmith",
-        native,
-        Box::new(move |cc| Ok(Box::new(FramesmithApp::new(cc, options)))),
-    )
-    .map_err(|err| anyhow!(platform::window_failed(&err.to_string())))?;
+    // The windowing libraries panic when a system library they load at run time is missing (winit and
+    // `libxkbcommon-x11.so`): that becomes the same kind of error as a window that failed to open.
+    let opened = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        eframe::run_native(
+            "Framesmith",
+            native,
+            Box::new(move |cc| Ok(Box::new(FramesmithApp::new(cc, options)))),
+        )
+    }))
+    .map_err(|payload| anyhow!(platform::window_failed(&platform::panic_text(&*payload))))?;
+    opened.map_err(|err| anyhow!(platform::window_failed(&err.to_string())))?;
     let Some(request) = request else {
         return Ok(());
     };

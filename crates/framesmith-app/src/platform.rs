@@ -31,12 +31,68 @@ pub fn window_failed(reason: &str) -> String {
     } else {
         ""
     };
-    format!("the app's window could not open ({cleaned}){displays}; {HEADLESS_HINT}")
+    let install = missing_library_hint(&cleaned);
+    format!("the app's window could not open ({cleaned}){install}{displays}; {HEADLESS_HINT}")
+}
+
+/// The text of a panic's payload (a `&str` or `String` message; anything else in general words).
+pub fn panic_text(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_string())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "the windowing library stopped with an error".to_string())
+}
+
+/// Libraries the window loads at run time, and the Debian/Ubuntu package of each.
+const RUNTIME_LIBRARIES: [(&str, &str); 8] = [
+    ("libxkbcommon-x11", "libxkbcommon-x11-0"),
+    ("libxkbcommon", "libxkbcommon0"),
+    ("libX11-xcb", "libx11-xcb1"),
+    ("libX11", "libx11-6"),
+    ("libXcursor", "libxcursor1"),
+    ("libXrandr", "libxrandr2"),
+    ("libXi", "libxi6"),
+    ("libvulkan", "libvulkan1"),
+];
+
+/// `: install it (…)` when `reason` names a library the window could not load.
+fn missing_library_hint(reason: &str) -> String {
+    if !(reason.contains("could not be loaded") || reason.contains("cannot open shared object")) {
+        return String::new();
+    }
+    RUNTIME_LIBRARIES
+        .iter()
+        .find(|(lib, _)| {
+            reason
+                .split(|c: char| c.is_whitespace() || c == ':' || c == '`' || c == '\'')
+                .any(|word| word.strip_prefix(lib).is_some_and(|rest| rest.starts_with(".so")))
+        })
+        .map(|(_, package)| {
+            format!(": a system library is missing, install it (Debian/Ubuntu: `sudo apt install {package}`)")
+        })
+        .unwrap_or_else(|| ": a system library is missing, install it with your package manager".to_string())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_missing_window_library_names_its_package() {
+        let message = window_failed("Library libxkbcommon-x11.so could not be loaded.");
+        assert!(
+            message.contains("Library libxkbcommon-x11.so could not be loaded")
+                && message.contains("sudo apt install libxkbcommon-x11-0")
+                && message.contains("framesmith demo"),
+            "{message}"
+        );
+        let message = window_failed("Library libxkbcommon.so could not be loaded.");
+        assert!(message.contains("apt install libxkbcommon0"), "{message}");
+        assert!(!window_failed("no display").contains("apt install"));
+        let payload: Box<dyn std::any::Any + Send> = Box::new(String::from("boom"));
+        assert_eq!(panic_text(&*payload), "boom");
+    }
 
     #[test]
     fn a_window_error_loses_its_source_location() {
