@@ -3,8 +3,9 @@
 # (the GPU trains; the UI is drawn on the CPU, as in CI), `framesmith --open RUN_TOML`, Ctrl+Enter to start, tabs
 # clicked with xdotool, the screen saved with bench/x11shot.py while the run loads, trains and samples; then the
 # finished run replayed with `framesmith --screenshot --run`. Needs the Debian packages bench/device-gl-debs.sh
-# downloads, in GL_DIR, and the project bench/run-e2e.sh made in WORK_DIR. Builds nothing.
-# Usage: bench/run-app-e2e.sh BIN_DIR GL_DIR OUT_DIR [WORK_DIR]
+# downloads (GL: their folder, or the .tar.xz it packs with --pack) and the project bench/run-e2e.sh made in
+# WORK_DIR (E2E_PREPARE_ONLY=1 stops it there). Builds nothing.
+# Usage: bench/run-app-e2e.sh BIN_DIR GL OUT_DIR [WORK_DIR]
 set -uo pipefail
 BIN="$(realpath "$1")" GL="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -12,7 +13,11 @@ STEPS="${APP_STEPS:-4}"
 mkdir -p "$LOG/shots"
 ROOT=/opt/framesmith-xgl
 mkdir -p "$ROOT"
-for deb in "$GL"/*.deb; do dpkg -x "$deb" "$ROOT"; done
+if [[ -f "$GL" ]]; then
+    tar xJf "$GL" -C "$ROOT"
+else
+    for deb in "$GL"/*.deb; do dpkg -x "$deb" "$ROOT"; done
+fi
 LIBS="$ROOT/usr/lib/x86_64-linux-gnu"
 # Xvfb finds xkbcomp and the keyboard data at fixed paths: add them where the machine has none.
 [[ -e /usr/share/X11/xkb ]] || { mkdir -p /usr/share/X11 && cp -r "$ROOT/usr/share/X11/xkb" /usr/share/X11/xkb; }

@@ -6,7 +6,7 @@
 # images, captions), then `framesmith doctor`, `dataset check`, `cache latents` and `cache text` on the GPU,
 # `plan`, and `train --preset balanced-24gb --vram-budget-gb 24` with samples and saves, killed with SIGKILL
 # after its step-4 save and resumed to the end. Logs with timestamps; peak RAM from /usr/bin/time. Builds nothing.
-# Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]
+# Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]   (E2E_PREPARE_ONLY=1: stop after the plan)
 #   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
 set -uo pipefail
 BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
@@ -83,6 +83,7 @@ TOML
 cp "$WORK/run.toml" "$LOG/run.toml"
 train_args=(--config "$WORK/run.toml" --preset balanced-24gb --vram-budget-gb 24)
 timed plan framesmith plan "${train_args[@]}"
+[[ -n "${E2E_PREPARE_ONLY:-}" ]] && { step "prepared (E2E_PREPARE_ONLY)"; exit 0; }
 rm -rf "$WORK/output"
 
 step "train (killed with SIGKILL once e2e-state-$(printf %06d "$KILL_AFTER") is saved)"
