@@ -34,7 +34,7 @@ note() { echo "$(( $(date +%s) - START )) s: $*" | tee -a "$LOG/app.log"; }
 shot() { python3 "$HERE/x11shot.py" "$LOG/shots/$1.png" && note "screenshot $1"; }
 click() { xdotool mousemove "$1" "$2" click 1; sleep "${3:-2}"; }
 # Tab bar positions at the app's default 1280x860 window in this Xvfb (measured from a screenshot).
-TRAIN_TAB=(274 12) MONITOR_TAB=(335 12) SAMPLES_TAB=(408 12) PLAY_FIRST=(50 141)
+TRAIN_TAB=(274 12) MONITOR_TAB=(335 12) SAMPLES_TAB=(408 12) PLAY_FIRST=(50 141) START=(30 235)
 
 Xvfb :99 -screen 0 1600x1000x24 -nolisten tcp > "$LOG/xvfb.log" 2>&1 &
 sleep 3
@@ -60,13 +60,21 @@ sleep 12
 shot 01-opened
 click "${TRAIN_TAB[@]}" 6
 shot 02-train-tab-will-it-fit
+# No window manager gives the window the keyboard: focus it, then press the shortcut; the Start button if the run
+# has not begun (its output folder appears when it does).
+xdotool search --name '^Framesmith$' windowfocus --sync 2>/dev/null
 xdotool key ctrl+Return
 note "Ctrl+Enter"
-sleep 45
+sleep 5
+if [[ ! -d "$WORK/app-output" ]]; then
+    click "${START[@]}" 1
+    note "Ctrl+Enter started nothing; clicked Start"
+fi
+sleep 40
 shot 03-loading
 click "${MONITOR_TAB[@]}" 20
 shot 04-monitor
-for _ in $(seq 1 120); do
+for _ in $(seq 1 80); do
     [[ -n "$(find "$WORK/app-output/samples" -name '*.mp4' 2>/dev/null | head -1)" ]] && break
     kill -0 "$APP" 2>/dev/null || break
     sleep 3
