@@ -29,7 +29,7 @@ use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{
-    streamed_blocks, OffloadOptions, Placement, SavedPlacement, StreamMode,
+    streamed_blocks, OffloadOptions, OutOfMemory, Placement, SavedPlacement, StreamMode,
 };
 use framesmith_nn::vb::Vb;
 
@@ -131,10 +131,11 @@ fn load_model(
             let vb = Vb::from_tensors(tensors, compute, device);
             let model = match streaming_for(plan, &cfg, device, memory)? {
                 Some((streamed, offload)) => {
-                    WanModel::new_streamed(&cfg, vb, &options, &streamed, &offload)?
+                    WanModel::new_streamed(&cfg, vb, &options, &streamed, &offload)
                 }
-                None => WanModel::new(&cfg, vb, &options)?,
-            };
+                None => WanModel::new(&cfg, vb, &options),
+            }
+            .map_err(device_error)?;
             Ok((model, "framesmith-demo-tiny".into()))
         }
         ModelSource::File(path) => {
@@ -156,9 +157,18 @@ fn load_model(
                 }
                 None => WanModel::new(&loaded.config, vb, &options),
             }
+            .map_err(device_error)
             .with_context(|| format!("building the DiT from {}", path.display()))?;
             Ok((model, name))
         }
+    }
+}
+
+/// A candle error as the run reports it: a device allocation failure becomes [`OutOfMemory`].
+fn device_error(err: candle_core::Error) -> anyhow::Error {
+    match OutOfMemory::classify(err) {
+        Ok(oom) => oom.into(),
+        Err(err) => err.into(),
     }
 }
 
@@ -455,11 +465,7 @@ impl Trainer {
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
         let (mut model, base_name) =
             load_model(plan, &device, memory.as_ref()).map_err(|e| {
-                let out_of_memory = e.chain().any(|c| {
-                    c.downcast_ref::<candle_core::Error>()
-                        .is_some_and(framesmith_nn::offload::is_out_of_memory)
-                });
-                if out_of_memory {
+                if e.chain().any(|c| c.is::<OutOfMemory>()) {
                     anyhow::anyhow!(
                         "the GPU ran out of memory while loading the model's resident blocks ({e:#}); the file \
                          is fine. {out_of_memory_advice}"

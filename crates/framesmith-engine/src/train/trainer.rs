@@ -24,7 +24,7 @@ use framesmith_config::training::TimestepConfig;
 use framesmith_models::wan::{Timesteps, WanInputs, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
-use framesmith_nn::offload::SavedPlacement;
+use framesmith_nn::offload::{OutOfMemory, SavedPlacement};
 
 /// The run was stopped by the user in the middle of a step (between blocks); nothing was applied.
 #[derive(Debug, thiserror::Error)]
@@ -258,16 +258,18 @@ impl Trainer {
         let out =
             checkpointed_step(&self.model, inputs, &target, &vars, &options).map_err(|e| {
                 if interrupted() {
-                    anyhow::Error::new(Interrupted)
-                } else if framesmith_nn::offload::is_out_of_memory(&e) {
-                    anyhow::anyhow!(
+                    return anyhow::Error::new(Interrupted);
+                }
+                match OutOfMemory::classify(e) {
+                    Ok(oom) => anyhow::anyhow!(
                         "the GPU ran out of memory during the training step on {} ({}). {}",
                         batch[0].key,
-                        framesmith_nn::offload::error_summary(&e),
+                        oom.summary(),
                         self.out_of_memory_advice
-                    )
-                } else {
-                    anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
+                    ),
+                    Err(e) => {
+                        anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
+                    }
                 }
             })?;
         Ok((out.loss, out.grads, epoch))
