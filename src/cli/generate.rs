@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use framesmith_config::run::DeviceSpec;
 use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Solver};
 use framesmith_engine::generate::pipeline::{
@@ -35,12 +35,11 @@ fn solver_parser() -> impl clap::builder::TypedValueParser<Value = Solver> {
     clap::builder::PossibleValuesParser::new(Solver::NAMES).try_map(|name| name.parse::<Solver>())
 }
 
-/// FP8 storage of the DiT's block weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Fp8Arg {
-    Tensor,
-    Channel,
-    Block64,
+/// `--fp8`: nn's FP8 scale names, listed in `--help` and checked by clap.
+fn fp8_parser() -> impl clap::builder::TypedValueParser<Value = Fp8Scale> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Fp8Scale::NAMES)
+        .try_map(|name| name.parse::<Fp8Scale>())
 }
 
 /// `generate` options.
@@ -114,8 +113,8 @@ pub struct GenerateArgs {
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
     /// Keep the DiT's block weights in FP8 with these scales (about half the memory of bf16)
-    #[arg(long, value_enum)]
-    fp8: Option<Fp8Arg>,
+    #[arg(long, value_parser = fp8_parser())]
+    fp8: Option<Fp8Scale>,
     /// Decode in overlapping spatial tiles (less memory for large frames; approximate)
     #[arg(long)]
     tiled: bool,
@@ -141,7 +140,7 @@ fn load_dit(
     loras: &[String],
     device: &Device,
     dtype: DType,
-    fp8: Option<Fp8Arg>,
+    fp8: Option<Fp8Scale>,
 ) -> anyhow::Result<WanModel> {
     // Opened, not loaded: each tensor is read from the mapped file as the model is built, so memory never holds
     // the whole file next to the model.
@@ -153,11 +152,7 @@ fn load_dit(
     );
     let options = ModelOptions {
         residual_dtype: DType::F32,
-        blocks_fp8: fp8.map(|f| match f {
-            Fp8Arg::Tensor => Fp8Scale::Tensor,
-            Fp8Arg::Channel => Fp8Scale::Channel,
-            Fp8Arg::Block64 => Fp8Scale::Block64,
-        }),
+        blocks_fp8: fp8,
     };
     let mut model = WanModel::new(
         &loaded.config,
@@ -415,6 +410,19 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("ddim") && err.contains("dpmpp"), "{err}");
+    }
+
+    #[test]
+    fn the_fp8_scale_is_nns_by_name() {
+        assert_eq!(parse(&[]).fp8, None);
+        assert_eq!(parse(&["--fp8", "tensor"]).fp8, Some(Fp8Scale::Tensor));
+        assert_eq!(parse(&["--fp8", "channel"]).fp8, Some(Fp8Scale::Channel));
+        assert_eq!(parse(&["--fp8", "block64"]).fp8, Some(Fp8Scale::Block64));
+        let err = try_parse(&["--fp8", "block32"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("block32") && err.contains("channel"), "{err}");
     }
 
     #[test]
