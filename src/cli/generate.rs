@@ -8,6 +8,7 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::Args;
 use framesmith_config::run::DeviceSpec;
+use framesmith_engine::dit::load_dit;
 use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Solver};
 use framesmith_engine::generate::pipeline::{
     combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
@@ -24,7 +25,6 @@ use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::vb::Vb;
 use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
@@ -135,31 +135,21 @@ pub fn parse_lora(spec: &str) -> (PathBuf, f64) {
 }
 
 /// Loads a DiT and attaches its LoRAs (several are combined into one adapter per layer).
-fn load_dit(
+fn load_dit_with_loras(
     path: &Path,
     loras: &[String],
     device: &Device,
     dtype: DType,
     fp8: Option<Fp8Scale>,
 ) -> anyhow::Result<WanModel> {
-    // Opened, not loaded: each tensor is read from the mapped file as the model is built, so memory never holds
-    // the whole file next to the model.
-    let loaded = weights::open(path, None)?;
-    eprintln!(
-        "DiT: {} ({})",
-        weights::variant_name(&loaded.config, loaded.expert),
-        path.display()
-    );
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: fp8,
     };
-    let mut model = WanModel::new(
-        &loaded.config,
-        Vb::from_source(std::sync::Arc::new(loaded.tensors), dtype, device),
-        &options,
-    )
-    .with_context(|| format!("building the DiT from {}", path.display()))?;
+    let (mut model, _) = load_dit(path, None, (dtype, device), &options, |_, name| {
+        eprintln!("DiT: {name} ({})", path.display());
+        Ok(None)
+    })?;
     if loras.is_empty() {
         return Ok(model);
     }
@@ -311,9 +301,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let image = image
         .map(|img| encode_start_image(args, &cfg, &img, &decoder, &settings, (dtype, &device)))
         .transpose()?;
-    let high = load_dit(&args.dit, &args.loras, &device, dtype, args.fp8)?;
+    let high = load_dit_with_loras(&args.dit, &args.loras, &device, dtype, args.fp8)?;
     let low = match &args.dit_low_noise {
-        Some(path) => Some(load_dit(
+        Some(path) => Some(load_dit_with_loras(
             path,
             &args.loras_low_noise,
             &device,
