@@ -66,7 +66,7 @@ pub struct Trainer {
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) vram_reservation: Option<crate::train::setup::VramHold>,
-    pub(super) outputs: crate::train::checkpoint::Outputs,
+    pub(super) outputs: crate::train::outputs::Outputs,
     pub(super) sampling: Option<crate::train::samples::Sampling>,
     /// The held-out items and when to evaluate them (`[validation]`).
     pub(super) validation: Option<crate::train::validation::Validation>,
