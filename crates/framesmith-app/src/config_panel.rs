@@ -15,10 +15,10 @@ pub(super) fn config_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     ui.separator();
     ui.horizontal(|ui| {
         if ui.button("Load config…").clicked() {
-            app.pick(PickPurpose::LoadConfig);
+            app.jobs.pick(PickPurpose::LoadConfig);
         }
         if ui.button("Save config…").clicked() {
-            app.pick(PickPurpose::SaveConfig);
+            app.jobs.pick(PickPurpose::SaveConfig);
         }
         if ui.button("Open demo project").clicked() {
             let demo = app.backend.demo_project();
@@ -57,7 +57,7 @@ fn field_row_ui(app: &mut FramesmithApp, ui: &mut Ui, spec: &FieldSpec<'_>) {
         editor.edited(spec.key);
     }
     if outcome.browse {
-        app.pick(PickPurpose::ConfigPath(spec.key.to_owned()));
+        app.jobs.pick(PickPurpose::ConfigPath(spec.key.to_owned()));
     }
 }
 

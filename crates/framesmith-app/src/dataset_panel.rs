@@ -26,17 +26,17 @@ pub(super) fn dataset_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     }
     ui.horizontal(|ui| {
         if ui.button("Add folders…").clicked() {
-            app.pick(PickPurpose::DatasetFolders);
+            app.jobs.pick(PickPurpose::DatasetFolders);
         }
         if ui.button("Import TOML…").clicked() {
-            app.pick(PickPurpose::ImportDataset);
+            app.jobs.pick(PickPurpose::ImportDataset);
         }
         let has_entries = !app.dataset.is_empty();
         if ui
             .add_enabled(has_entries, egui::Button::new("Export TOML…"))
             .clicked()
         {
-            app.pick(PickPurpose::ExportDataset);
+            app.jobs.pick(PickPurpose::ExportDataset);
         }
         if ui
             .add_enabled(has_entries, egui::Button::new("Rescan"))
@@ -234,7 +234,7 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         rescan = true;
     }
     if let Some((index, key)) = browse {
-        app.pick(PickPurpose::DatasetPath(index, key));
+        app.jobs.pick(PickPurpose::DatasetPath(index, key));
     }
     if rescan && !app.dataset.is_empty() {
         app.scan_dataset();

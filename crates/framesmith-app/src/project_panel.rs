@@ -44,7 +44,7 @@ pub(super) fn project_ui(app: &mut FramesmithApp, ui: &mut Ui) {
 fn model_row_ui(app: &mut FramesmithApp, ui: &mut Ui, role: ModelRole) {
     ui.label(role.label());
     if ui.button(format!("Choose {}…", role.label())).clicked() {
-        app.pick(PickPurpose::Model(role));
+        app.jobs.pick(PickPurpose::Model(role));
     }
     ui.vertical(|ui| match app.models.get(&role) {
         None => {

@@ -76,7 +76,7 @@ fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .add_enabled(can_start, Button::new("Continue from saved state…"))
             .on_hover_text("Resume a stopped run at its exact step from a training-state folder");
         if resume.clicked() {
-            app.pick(PickPurpose::ResumeState);
+            app.jobs.pick(PickPurpose::ResumeState);
         }
     });
     let problems = app.editor.blocking_problems();

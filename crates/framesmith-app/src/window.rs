@@ -15,7 +15,7 @@ use super::backend::{Backend, ModelRole, PresetView};
 use super::config_editor::{parse_config, ConfigEditor};
 use super::dataset_config::DatasetEditor;
 use super::fit_panel::FitView;
-use super::jobs::{JobMode, JobResult, Jobs, PickPurpose};
+use super::jobs::{JobMode, JobResult, Jobs};
 use super::queue::{QueuedRun, RunQueue};
 use super::run_view::{RunEnd, RunView};
 use super::samples_panel::SamplesState;
@@ -322,13 +322,6 @@ impl FramesmithApp {
     }
 
     // ---- jobs ----
-
-    pub(super) fn pick(&mut self, purpose: PickPurpose) {
-        self.jobs.spawn("file dialog", move || {
-            let paths = super::dialogs::pick(&purpose);
-            JobResult::Picked { purpose, paths }
-        });
-    }
 
     pub(super) fn set_model(&mut self, role: ModelRole, path: PathBuf) {
         self.editor.set(
