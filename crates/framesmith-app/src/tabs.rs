@@ -5,7 +5,7 @@ use egui::{RichText, Ui};
 use super::config_panel::config_ui;
 use super::monitor_panel::monitor_ui;
 use super::project_panel::project_ui;
-use super::run_view::state_name;
+use super::run_view::{state_name, RunView};
 use super::samples_panel::samples_ui;
 use super::settings::Tab;
 use super::theme;
@@ -22,7 +22,7 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                 ui.selectable_value(&mut app.settings.tab, tab, tab.label());
             }
             ui.separator();
-            status_ui(app, ui);
+            status_ui(&app.run, app.spill.is_some(), ui);
         });
     });
     egui::CentralPanel::default().show(ui, |ui| {
@@ -49,14 +49,14 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     app.telemetry.as_ref(),
                     app.spill.as_ref(),
                 ),
-                Tab::Samples => samples_ui(app, ui),
+                Tab::Samples => samples_ui(&mut app.samples, &app.run.samples, ui),
             });
     });
 }
 
-/// "training · 42%" beside the tabs, so the run is visible from every tab.
-fn status_ui(app: &FramesmithApp, ui: &mut Ui) {
-    let run = &app.run;
+/// "training · 42%" beside the tabs, so the run is visible from every tab; `spilling` adds the shared-memory
+/// warning.
+fn status_ui(run: &RunView, spilling: bool, ui: &mut Ui) {
     let mut text = state_name(run.state).to_owned();
     if run.progress.is_some() {
         text += &format!(" · {:.0}%", run.fraction_done() * 100.0);
@@ -67,7 +67,7 @@ fn status_ui(app: &FramesmithApp, ui: &mut Ui) {
         theme::MUTED
     };
     ui.label(RichText::new(text).color(color));
-    if app.spill.is_some() {
+    if spilling {
         ui.label(RichText::new("spilling into shared memory").color(theme::WARNING));
     }
 }
