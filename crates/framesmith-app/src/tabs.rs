@@ -4,7 +4,7 @@ use egui::{RichText, Ui};
 
 use super::config_panel::config_ui;
 use super::monitor_panel::monitor_ui;
-use super::project_panel::project_ui;
+use super::project_panel::{project_ui, ProjectContext};
 use super::run_view::{state_name, RunView};
 use super::samples_panel::samples_ui;
 use super::settings::Tab;
@@ -40,7 +40,17 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .id_salt(tab.label())
             .auto_shrink(false)
             .show(ui, |ui| match tab {
-                Tab::Project => project_ui(app, ui),
+                Tab::Project => project_ui(
+                    &mut ProjectContext {
+                        editor: &mut app.editor,
+                        models: &app.models,
+                        dataset: &mut app.dataset,
+                        dataset_thumbnails: &mut app.dataset_thumbnails,
+                        backend: &app.backend,
+                        jobs: &mut app.jobs,
+                    },
+                    ui,
+                ),
                 Tab::Config => config_ui(app, ui),
                 Tab::Train => train_ui(app, ui),
                 Tab::Monitor => monitor_ui(

@@ -362,13 +362,7 @@ impl FramesmithApp {
     }
 
     pub(super) fn scan_dataset(&mut self) {
-        let (folders, generation) = self.dataset.begin_scan();
-        let backend = Arc::clone(&self.backend);
-        self.jobs
-            .spawn("scan dataset", move || JobResult::DatasetScanned {
-                result: backend.scan_dataset(&folders),
-                generation,
-            });
+        super::dataset_panel::scan_dataset(&mut self.dataset, &self.backend, &mut self.jobs);
     }
 
     pub(super) fn apply_preset(&mut self, name: &str) {
