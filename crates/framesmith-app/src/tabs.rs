@@ -2,7 +2,7 @@
 
 use egui::{RichText, Ui};
 
-use super::config_panel::config_ui;
+use super::config_panel::{config_ui, ConfigContext};
 use super::monitor_panel::monitor_ui;
 use super::project_panel::{project_ui, ProjectContext};
 use super::run_view::{state_name, RunView};
@@ -51,7 +51,16 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     },
                     ui,
                 ),
-                Tab::Config => config_ui(app, ui),
+                Tab::Config => config_ui(
+                    &mut ConfigContext {
+                        editor: &mut app.editor,
+                        presets: &app.presets,
+                        backend: app.backend.as_ref(),
+                        jobs: &mut app.jobs,
+                        run: &mut app.run,
+                    },
+                    ui,
+                ),
                 Tab::Train => train_ui(app, ui),
                 Tab::Monitor => monitor_ui(
                     ui,

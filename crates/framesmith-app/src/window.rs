@@ -365,18 +365,6 @@ impl FramesmithApp {
         super::dataset_panel::scan_dataset(&mut self.dataset, &self.backend, &mut self.jobs);
     }
 
-    pub(super) fn apply_preset(&mut self, name: &str) {
-        let Some(preset) = self.presets.iter().find(|p| p.name == name).cloned() else {
-            return;
-        };
-        match self.backend.apply_preset(name, self.editor.config()) {
-            Ok(config) => self.editor.apply_preset(name, config, &preset.reasons),
-            Err(err) => self
-                .run
-                .note(LogLevel::Error, format!("Preset {name}: {err}")),
-        }
-    }
-
     pub(super) fn load_config_file(&mut self, path: PathBuf) {
         self.jobs
             .spawn("load config", move || super::handlers::read_toml_file(path));
