@@ -9,7 +9,7 @@ use super::run_view::{state_name, RunView};
 use super::samples_panel::samples_ui;
 use super::settings::Tab;
 use super::theme;
-use super::train_panel::train_ui;
+use super::train_panel::{train_ui, TrainContext};
 use super::window::FramesmithApp;
 
 /// Draws the whole window.
@@ -61,7 +61,26 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     },
                     ui,
                 ),
-                Tab::Train => train_ui(app, ui),
+                Tab::Train => {
+                    let request = train_ui(
+                        &mut TrainContext {
+                            run: &mut app.run,
+                            run_name: app.run_name.as_deref(),
+                            preparing: app.preparing,
+                            fit: &app.fit,
+                            output_folder: &app.output_folder,
+                            spill: app.spill.as_ref(),
+                            editor: &app.editor,
+                            smoothed_only: &mut app.settings.smoothed_only,
+                            queue: &mut app.queue,
+                            jobs: &mut app.jobs,
+                        },
+                        ui,
+                    );
+                    if let Some(request) = request {
+                        app.train_request(request);
+                    }
+                }
                 Tab::Monitor => monitor_ui(
                     ui,
                     &mut app.system_check,

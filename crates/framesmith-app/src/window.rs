@@ -23,6 +23,7 @@ use super::screenshot::ScreenshotState;
 use super::settings::{SavedRun, Settings, Tab};
 use super::spill_guard::{pause_message, SpillGuard};
 use super::system_check_panel::SystemCheckView;
+use super::train_panel::TrainRequest;
 use super::{tabs_ui, theme, AppOptions, TelemetrySource};
 
 /// Events folded per frame at most, so a flood never stalls a frame (the rest wait for the next).
@@ -261,6 +262,22 @@ impl FramesmithApp {
         self.output_folder.mark_stale();
         if let Some(next) = self.queue.next_after(end) {
             self.start_queued(next);
+        }
+    }
+
+    /// Carries out what a Train tab button asked for.
+    pub(super) fn train_request(&mut self, request: TrainRequest) {
+        match request {
+            TrainRequest::Start => self.start(None),
+            TrainRequest::StartQueue => {
+                if let Some(next) = self.queue.take_next() {
+                    self.start_queued(next);
+                }
+            }
+            TrainRequest::Enqueue => self.enqueue(),
+            TrainRequest::Send(command) => {
+                self.send(command);
+            }
         }
     }
 
