@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use framesmith_config::run::DeviceSpec;
+use framesmith_engine::dit::load_dit;
 use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Solver};
 use framesmith_engine::generate::pipeline::{
     combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
@@ -24,7 +25,6 @@ use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::vb::Vb;
 use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
@@ -35,12 +35,11 @@ fn solver_parser() -> impl clap::builder::TypedValueParser<Value = Solver> {
     clap::builder::PossibleValuesParser::new(Solver::NAMES).try_map(|name| name.parse::<Solver>())
 }
 
-/// FP8 storage of the DiT's block weights.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Fp8Arg {
-    Tensor,
-    Channel,
-    Block64,
+/// `--fp8`: nn's FP8 scale names, listed in `--help` and checked by clap.
+fn fp8_parser() -> impl clap::builder::TypedValueParser<Value = Fp8Scale> {
+    use clap::builder::TypedValueParser;
+    clap::builder::PossibleValuesParser::new(Fp8Scale::NAMES)
+        .try_map(|name| name.parse::<Fp8Scale>())
 }
 
 /// `generate` options.
@@ -114,8 +113,8 @@ pub struct GenerateArgs {
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
     /// Keep the DiT's block weights in FP8 with these scales (about half the memory of bf16)
-    #[arg(long, value_enum)]
-    fp8: Option<Fp8Arg>,
+    #[arg(long, value_parser = fp8_parser())]
+    fp8: Option<Fp8Scale>,
     /// Decode in overlapping spatial tiles (less memory for large frames; approximate)
     #[arg(long)]
     tiled: bool,
@@ -136,35 +135,21 @@ pub fn parse_lora(spec: &str) -> (PathBuf, f64) {
 }
 
 /// Loads a DiT and attaches its LoRAs (several are combined into one adapter per layer).
-fn load_dit(
+fn load_dit_with_loras(
     path: &Path,
     loras: &[String],
     device: &Device,
     dtype: DType,
-    fp8: Option<Fp8Arg>,
+    fp8: Option<Fp8Scale>,
 ) -> anyhow::Result<WanModel> {
-    // Opened, not loaded: each tensor is read from the mapped file as the model is built, so memory never holds
-    // the whole file next to the model.
-    let loaded = weights::open(path, None)?;
-    eprintln!(
-        "DiT: {} ({})",
-        weights::variant_name(&loaded.config, loaded.expert),
-        path.display()
-    );
     let options = ModelOptions {
         residual_dtype: DType::F32,
-        blocks_fp8: fp8.map(|f| match f {
-            Fp8Arg::Tensor => Fp8Scale::Tensor,
-            Fp8Arg::Channel => Fp8Scale::Channel,
-            Fp8Arg::Block64 => Fp8Scale::Block64,
-        }),
+        blocks_fp8: fp8,
     };
-    let mut model = WanModel::new(
-        &loaded.config,
-        Vb::from_source(std::sync::Arc::new(loaded.tensors), dtype, device),
-        &options,
-    )
-    .with_context(|| format!("building the DiT from {}", path.display()))?;
+    let (mut model, _) = load_dit(path, None, (dtype, device), &options, |_, name| {
+        eprintln!("DiT: {name} ({})", path.display());
+        Ok(None)
+    })?;
     if loras.is_empty() {
         return Ok(model);
     }
@@ -316,9 +301,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let image = image
         .map(|img| encode_start_image(args, &cfg, &img, &decoder, &settings, (dtype, &device)))
         .transpose()?;
-    let high = load_dit(&args.dit, &args.loras, &device, dtype, args.fp8)?;
+    let high = load_dit_with_loras(&args.dit, &args.loras, &device, dtype, args.fp8)?;
     let low = match &args.dit_low_noise {
-        Some(path) => Some(load_dit(
+        Some(path) => Some(load_dit_with_loras(
             path,
             &args.loras_low_noise,
             &device,
@@ -415,6 +400,19 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("ddim") && err.contains("dpmpp"), "{err}");
+    }
+
+    #[test]
+    fn the_fp8_scale_is_nns_by_name() {
+        assert_eq!(parse(&[]).fp8, None);
+        assert_eq!(parse(&["--fp8", "tensor"]).fp8, Some(Fp8Scale::Tensor));
+        assert_eq!(parse(&["--fp8", "channel"]).fp8, Some(Fp8Scale::Channel));
+        assert_eq!(parse(&["--fp8", "block64"]).fp8, Some(Fp8Scale::Block64));
+        let err = try_parse(&["--fp8", "block32"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("block32") && err.contains("channel"), "{err}");
     }
 
     #[test]

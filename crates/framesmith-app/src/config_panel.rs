@@ -3,29 +3,58 @@
 
 use egui::{RichText, Ui};
 
+use framesmith_config::protocol::LogLevel;
+
+use super::backend::{Backend, PresetView};
+use super::config_editor::ConfigEditor;
 use super::fields::{kind_of_value, run_field, RUN_SECTIONS};
 use super::form::{self, field_ui, FieldSpec};
-use super::jobs::PickPurpose;
+use super::jobs::{Jobs, PickPurpose};
+use super::run_view::RunView;
 use super::theme;
-use super::window::FramesmithApp;
+
+/// What the Config tab reads and writes.
+pub(super) struct ConfigContext<'a> {
+    pub editor: &'a mut ConfigEditor,
+    pub presets: &'a [PresetView],
+    /// Makes the demo project and applies presets.
+    pub backend: &'a dyn Backend,
+    pub jobs: &'a mut Jobs,
+    /// The run log, where a preset that cannot be applied is reported.
+    pub run: &'a mut RunView,
+}
+
+impl ConfigContext<'_> {
+    fn apply_preset(&mut self, name: &str) {
+        let Some(preset) = self.presets.iter().find(|p| p.name == name) else {
+            return;
+        };
+        match self.backend.apply_preset(name, self.editor.config()) {
+            Ok(config) => self.editor.apply_preset(name, config, &preset.reasons),
+            Err(err) => self
+                .run
+                .note(LogLevel::Error, format!("Preset {name}: {err}")),
+        }
+    }
+}
 
 /// Draws the Config tab.
-pub(super) fn config_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    presets_ui(app, ui);
+pub(super) fn config_ui(ctx: &mut ConfigContext, ui: &mut Ui) {
+    presets_ui(ctx, ui);
     ui.separator();
     ui.horizontal(|ui| {
         if ui.button("Load config…").clicked() {
-            app.pick(PickPurpose::LoadConfig);
+            ctx.jobs.pick(PickPurpose::LoadConfig);
         }
         if ui.button("Save config…").clicked() {
-            app.pick(PickPurpose::SaveConfig);
+            ctx.jobs.pick(PickPurpose::SaveConfig);
         }
         if ui.button("Open demo project").clicked() {
-            let demo = app.backend.demo_project();
-            app.editor.replace(demo);
+            let demo = ctx.backend.demo_project();
+            ctx.editor.replace(demo);
         }
     });
-    problems_ui(app, ui);
+    problems_ui(ctx, ui);
     for section in RUN_SECTIONS {
         egui::CollapsingHeader::new(section.title)
             .default_open(true)
@@ -35,16 +64,16 @@ pub(super) fn config_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     .spacing([12.0, 4.0])
                     .show(ui, |ui| {
                         for spec in section.fields {
-                            field_row_ui(app, ui, spec);
+                            field_row_ui(ctx, ui, spec);
                         }
                     });
             });
     }
-    other_settings_ui(app, ui);
+    other_settings_ui(ctx, ui);
 }
 
-fn field_row_ui(app: &mut FramesmithApp, ui: &mut Ui, spec: &FieldSpec<'_>) {
-    let editor = &mut app.editor;
+fn field_row_ui(ctx: &mut ConfigContext, ui: &mut Ui, spec: &FieldSpec<'_>) {
+    let editor = &mut ctx.editor;
     let outcome = field_ui(
         ui,
         spec,
@@ -57,18 +86,18 @@ fn field_row_ui(app: &mut FramesmithApp, ui: &mut Ui, spec: &FieldSpec<'_>) {
         editor.edited(spec.key);
     }
     if outcome.browse {
-        app.pick(PickPurpose::ConfigPath(spec.key.to_owned()));
+        ctx.jobs.pick(PickPurpose::ConfigPath(spec.key.to_owned()));
     }
 }
 
-fn presets_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+fn presets_ui(ctx: &mut ConfigContext, ui: &mut Ui) {
     ui.horizontal_wrapped(|ui| {
         ui.label(RichText::new("Presets").strong());
-        if app.presets.is_empty() {
+        if ctx.presets.is_empty() {
             ui.label(RichText::new("No presets in this build").color(theme::MUTED));
         }
         let mut clicked = None;
-        for preset in &app.presets {
+        for preset in ctx.presets {
             if ui
                 .button(preset.name.as_str())
                 .on_hover_text(preset.summary.as_str())
@@ -78,10 +107,10 @@ fn presets_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             }
         }
         if let Some(name) = clicked {
-            app.apply_preset(&name);
+            ctx.apply_preset(&name);
         }
     });
-    let Some((name, changes)) = &app.editor.preset else {
+    let Some((name, changes)) = &ctx.editor.preset else {
         return;
     };
     egui::Frame::group(ui.style()).show(ui, |ui| {
@@ -109,8 +138,8 @@ fn presets_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     });
 }
 
-fn problems_ui(app: &FramesmithApp, ui: &mut Ui) {
-    let editor = &app.editor;
+fn problems_ui(ctx: &ConfigContext, ui: &mut Ui) {
+    let editor = &ctx.editor;
     if let Some(err) = &editor.table_error {
         ui.label(RichText::new(err).color(theme::ERROR));
     }
@@ -124,8 +153,8 @@ fn problems_ui(app: &FramesmithApp, ui: &mut Ui) {
 }
 
 /// Keys in the config that no section lists (added to `RunConfig` after this form was written).
-fn other_settings_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    let extra: Vec<(String, toml::Value)> = form::flatten(&app.editor.table)
+fn other_settings_ui(ctx: &mut ConfigContext, ui: &mut Ui) {
+    let extra: Vec<(String, toml::Value)> = form::flatten(&ctx.editor.table)
         .into_iter()
         .filter(|(key, _)| key != "schema_version" && run_field(key).is_none())
         .collect();
@@ -144,7 +173,7 @@ fn other_settings_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                         optional: false,
                         help: "",
                     };
-                    field_row_ui(app, ui, &spec);
+                    field_row_ui(ctx, ui, &spec);
                 }
             });
     });

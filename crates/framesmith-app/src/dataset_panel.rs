@@ -1,22 +1,56 @@
 //! The dataset half of the Project tab: folders, the scan summary with thumbnails, and the musubi-tuner dataset
 //! form with import and export.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::Arc;
 
-use egui::{RichText, TextureOptions, Ui};
+use egui::{RichText, TextureHandle, TextureOptions, Ui};
 
-use super::backend::DatasetSummary;
+use super::backend::{Backend, DatasetSummary};
+use super::dataset_config::DatasetEditor;
 use super::fields::{DATASET_ENTRY, DATASET_GENERAL};
 use super::form::{field_ui, FieldMarks};
-use super::jobs::PickPurpose;
+use super::jobs::{JobResult, Jobs, PickPurpose};
 use super::standalone::resolution_spread;
 use super::theme;
-use super::window::FramesmithApp;
+
+/// What the dataset section reads and writes.
+pub(super) struct DatasetContext<'a> {
+    pub dataset: &'a mut DatasetEditor,
+    /// Textures of the scan's thumbnails, by file.
+    pub thumbnails: &'a mut HashMap<PathBuf, TextureHandle>,
+    /// The run trains the demo model (the dataset is not used).
+    pub demo: bool,
+    /// Scans the folders.
+    pub backend: &'a Arc<dyn Backend>,
+    pub jobs: &'a mut Jobs,
+}
+
+impl DatasetContext<'_> {
+    fn scan(&mut self) {
+        scan_dataset(self.dataset, self.backend, self.jobs);
+    }
+}
+
+/// Scans `dataset`'s folders through `backend` off the UI thread (`JobResult::DatasetScanned`).
+pub(super) fn scan_dataset(
+    dataset: &mut DatasetEditor,
+    backend: &Arc<dyn Backend>,
+    jobs: &mut Jobs,
+) {
+    let (folders, generation) = dataset.begin_scan();
+    let backend = Arc::clone(backend);
+    jobs.spawn("scan dataset", move || JobResult::DatasetScanned {
+        result: backend.scan_dataset(&folders),
+        generation,
+    });
+}
 
 /// Draws the dataset section.
-pub(super) fn dataset_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+pub(super) fn dataset_ui(ctx: &mut DatasetContext, ui: &mut Ui) {
     ui.heading("Dataset");
-    if app.editor.config().model.demo {
+    if ctx.demo {
         ui.label(
             RichText::new(
                 "The demo model trains on synthetic clips; turn it off to train on this dataset",
@@ -26,41 +60,41 @@ pub(super) fn dataset_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     }
     ui.horizontal(|ui| {
         if ui.button("Add folders…").clicked() {
-            app.pick(PickPurpose::DatasetFolders);
+            ctx.jobs.pick(PickPurpose::DatasetFolders);
         }
         if ui.button("Import TOML…").clicked() {
-            app.pick(PickPurpose::ImportDataset);
+            ctx.jobs.pick(PickPurpose::ImportDataset);
         }
-        let has_entries = !app.dataset.is_empty();
+        let has_entries = !ctx.dataset.is_empty();
         if ui
             .add_enabled(has_entries, egui::Button::new("Export TOML…"))
             .clicked()
         {
-            app.pick(PickPurpose::ExportDataset);
+            ctx.jobs.pick(PickPurpose::ExportDataset);
         }
         if ui
             .add_enabled(has_entries, egui::Button::new("Rescan"))
             .clicked()
         {
-            app.scan_dataset();
+            ctx.scan();
         }
     });
     ui.label(RichText::new("Drop dataset folders anywhere in the window").color(theme::MUTED));
-    if app.dataset.scanning.is_some() {
+    if ctx.dataset.scanning.is_some() {
         ui.horizontal(|ui| {
             ui.spinner();
             ui.label("Scanning…");
         });
     }
-    if let Some(err) = &app.dataset.scan_error {
+    if let Some(err) = &ctx.dataset.scan_error {
         ui.label(RichText::new(err).color(theme::ERROR));
     }
-    if let Some(summary) = app.dataset.summary.clone() {
-        summary_ui(app, ui, &summary);
+    if let Some(summary) = &ctx.dataset.summary {
+        summary_ui(ctx.thumbnails, ui, summary);
     }
-    if !app.dataset.is_empty() {
+    if !ctx.dataset.is_empty() {
         ui.separator();
-        form_ui(app, ui);
+        form_ui(ctx, ui);
     }
 }
 
@@ -68,7 +102,11 @@ fn plural(n: usize, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn summary_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {
+fn summary_ui(
+    thumbnails: &mut HashMap<PathBuf, TextureHandle>,
+    ui: &mut Ui,
+    summary: &DatasetSummary,
+) {
     ui.horizontal(|ui| {
         ui.label(plural(summary.videos, "video", "videos"));
         ui.separator();
@@ -106,7 +144,7 @@ fn summary_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {
     }
     frames_ui(ui, summary);
     problems_ui(ui, summary);
-    thumbnails_ui(app, ui, summary);
+    thumbnails_ui(thumbnails, ui, summary);
 }
 
 fn frames_ui(ui: &mut Ui, summary: &DatasetSummary) {
@@ -138,35 +176,36 @@ fn problems_ui(ui: &mut Ui, summary: &DatasetSummary) {
         });
 }
 
-fn thumbnails_ui(app: &mut FramesmithApp, ui: &mut Ui, summary: &DatasetSummary) {
+fn thumbnails_ui(
+    textures: &mut HashMap<PathBuf, TextureHandle>,
+    ui: &mut Ui,
+    summary: &DatasetSummary,
+) {
     if summary.thumbnails.is_empty() {
         return;
     }
     ui.horizontal_wrapped(|ui| {
         for thumbnail in &summary.thumbnails {
-            let texture = app
-                .dataset_thumbnails
-                .entry(thumbnail.path.clone())
-                .or_insert_with(|| {
-                    let size = [thumbnail.width as usize, thumbnail.height as usize];
-                    let image = egui::ColorImage::from_rgba_unmultiplied(size, &thumbnail.rgba);
-                    ui.ctx().load_texture(
-                        thumbnail.path.display().to_string(),
-                        image,
-                        TextureOptions::LINEAR,
-                    )
-                });
+            let texture = textures.entry(thumbnail.path.clone()).or_insert_with(|| {
+                let size = [thumbnail.width as usize, thumbnail.height as usize];
+                let image = egui::ColorImage::from_rgba_unmultiplied(size, &thumbnail.rgba);
+                ui.ctx().load_texture(
+                    thumbnail.path.display().to_string(),
+                    image,
+                    TextureOptions::LINEAR,
+                )
+            });
             ui.add(egui::Image::new((texture.id(), texture.size_vec2())))
                 .on_hover_text(thumbnail.path.display().to_string());
         }
     });
 }
 
-fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+fn form_ui(ctx: &mut DatasetContext, ui: &mut Ui) {
     let marks = FieldMarks::default();
     ui.label(RichText::new("Dataset config (musubi-tuner format)").strong());
     let mut rescan = false;
-    let mut general = std::mem::take(app.dataset.general_mut());
+    let mut general = std::mem::take(ctx.dataset.general_mut());
     egui::Grid::new("dataset general")
         .num_columns(3)
         .show(ui, |ui| {
@@ -177,16 +216,16 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     spec,
                     &key,
                     &mut general,
-                    &mut app.dataset.drafts,
+                    &mut ctx.dataset.drafts,
                     &marks,
                 );
             }
         });
-    *app.dataset.general_mut() = general;
+    *ctx.dataset.general_mut() = general;
     let mut remove = None;
     let mut browse = None;
-    for index in 0..app.dataset.entries().len() {
-        let folder = app
+    for index in 0..ctx.dataset.entries().len() {
+        let folder = ctx
             .dataset
             .entries()
             .get(index)
@@ -196,7 +235,7 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .id_salt(("dataset entry", index))
             .default_open(true)
             .show(ui, |ui| {
-                let mut entry = app
+                let mut entry = ctx
                     .dataset
                     .entry_mut(index)
                     .map(std::mem::take)
@@ -211,7 +250,7 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                                 spec,
                                 &key,
                                 &mut entry,
-                                &mut app.dataset.drafts,
+                                &mut ctx.dataset.drafts,
                                 &marks,
                             );
                             rescan |= outcome.changed && spec.key.ends_with("directory");
@@ -221,7 +260,7 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                         }
                     });
                 unknown_keys_ui(ui, &entry);
-                if let Some(slot) = app.dataset.entry_mut(index) {
+                if let Some(slot) = ctx.dataset.entry_mut(index) {
                     *slot = entry;
                 }
                 if ui.button(format!("Remove dataset {}", index + 1)).clicked() {
@@ -230,14 +269,14 @@ fn form_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             });
     }
     if let Some(index) = remove {
-        app.dataset.remove_entry(index);
+        ctx.dataset.remove_entry(index);
         rescan = true;
     }
     if let Some((index, key)) = browse {
-        app.pick(PickPurpose::DatasetPath(index, key));
+        ctx.jobs.pick(PickPurpose::DatasetPath(index, key));
     }
-    if rescan && !app.dataset.is_empty() {
-        app.scan_dataset();
+    if rescan && !ctx.dataset.is_empty() {
+        ctx.scan();
     }
 }
 

@@ -28,7 +28,7 @@ const fn help(spec: FieldSpec<'static>, help: &'static str) -> FieldSpec<'static
 }
 
 const DTYPES: &[&str] = &["f32", "bf16", "f16", "fp8"];
-const FP8_SCALES: &[&str] = &["tensor", "channel", "block64"];
+const FP8_SCALES: &[&str] = &framesmith_config::run::Fp8ScaleMode::NAMES;
 const RESIDUALS: &[&str] = &["f32", "bf16"];
 const SCHEDULERS: &[&str] = &[
     "constant",

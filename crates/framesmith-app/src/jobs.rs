@@ -147,6 +147,14 @@ impl Jobs {
         }
     }
 
+    /// Opens a file dialog for `purpose` off the UI thread; the choice comes back as `JobResult::Picked`.
+    pub fn pick(&mut self, purpose: PickPurpose) {
+        self.spawn("file dialog", move || {
+            let paths = super::dialogs::pick(&purpose);
+            JobResult::Picked { purpose, paths }
+        });
+    }
+
     /// Every result that has arrived.
     pub fn drain(&mut self) -> Vec<JobResult> {
         let mut results: Vec<JobResult> = self.results_rx.try_iter().collect();

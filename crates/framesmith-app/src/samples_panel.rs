@@ -9,8 +9,8 @@ use egui::{RichText, TextureHandle, TextureOptions, Ui};
 use super::backend::Thumbnail;
 use super::jobs::{JobMode, JobResult, Jobs};
 use super::player::{list_frames, Player};
+use super::run_view::SampleClip;
 use super::theme;
-use super::window::FramesmithApp;
 
 /// Gallery thumbnails and the player.
 pub struct SamplesState {
@@ -80,23 +80,22 @@ fn last_frame_thumbnail(frames_dir: &Path) -> Option<Thumbnail> {
     })
 }
 
-/// Draws the Samples tab.
-pub(super) fn samples_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    if app.run.samples.is_empty() {
+/// Draws the Samples tab: `clips` (the run's samples) in the gallery, `state`'s thumbnails and player.
+pub(super) fn samples_ui(state: &mut SamplesState, clips: &[SampleClip], ui: &mut Ui) {
+    if clips.is_empty() {
         ui.label("No samples yet: set sample prompts in the Config tab, or press Sample now while training");
         return;
     }
     ui.heading("Gallery");
     let mut open = None;
-    let clips = app.run.samples.clone();
     egui::ScrollArea::horizontal()
         .id_salt("gallery")
         .show(ui, |ui| {
             ui.horizontal(|ui| {
-                for clip in &clips {
+                for clip in clips {
                     ui.vertical(|ui| {
                         ui.set_width(theme::GALLERY_THUMBNAIL + 8.0);
-                        if let Some(texture) = app.samples.texture(ui.ctx(), &clip.frames_dir) {
+                        if let Some(texture) = state.texture(ui.ctx(), &clip.frames_dir) {
                             ui.add(egui::Image::new((texture.id(), texture.size_vec2())));
                         }
                         if ui.button(format!("Play step {}", clip.step)).clicked() {
@@ -108,16 +107,15 @@ pub(super) fn samples_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             });
         });
     if let Some(frames_dir) = open {
-        app.samples.player.open(&frames_dir);
+        state.player.open(&frames_dir);
     }
     ui.separator();
-    let playing = app
-        .samples
+    let playing = state
         .player
         .frames_dir()
         .and_then(|dir| clips.iter().find(|c| c.frames_dir == dir));
     if let Some(clip) = playing {
         ui.label(format!("Step {} · {}", clip.step, clip.video.display()));
     }
-    app.samples.player.ui(ui);
+    state.player.ui(ui);
 }

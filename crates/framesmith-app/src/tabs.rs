@@ -2,14 +2,14 @@
 
 use egui::{RichText, Ui};
 
-use super::config_panel::config_ui;
+use super::config_panel::{config_ui, ConfigContext};
 use super::monitor_panel::monitor_ui;
-use super::project_panel::project_ui;
-use super::run_view::state_name;
+use super::project_panel::{project_ui, ProjectContext};
+use super::run_view::{state_name, RunView};
 use super::samples_panel::samples_ui;
 use super::settings::Tab;
 use super::theme;
-use super::train_panel::train_ui;
+use super::train_panel::{train_ui, TrainContext};
 use super::window::FramesmithApp;
 
 /// Draws the whole window.
@@ -22,7 +22,7 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                 ui.selectable_value(&mut app.settings.tab, tab, tab.label());
             }
             ui.separator();
-            status_ui(app, ui);
+            status_ui(&app.run, app.spill.is_some(), ui);
         });
     });
     egui::CentralPanel::default().show(ui, |ui| {
@@ -40,23 +40,61 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .id_salt(tab.label())
             .auto_shrink(false)
             .show(ui, |ui| match tab {
-                Tab::Project => project_ui(app, ui),
-                Tab::Config => config_ui(app, ui),
-                Tab::Train => train_ui(app, ui),
+                Tab::Project => project_ui(
+                    &mut ProjectContext {
+                        editor: &mut app.editor,
+                        models: &app.models,
+                        dataset: &mut app.dataset,
+                        dataset_thumbnails: &mut app.dataset_thumbnails,
+                        backend: &app.backend,
+                        jobs: &mut app.jobs,
+                    },
+                    ui,
+                ),
+                Tab::Config => config_ui(
+                    &mut ConfigContext {
+                        editor: &mut app.editor,
+                        presets: &app.presets,
+                        backend: app.backend.as_ref(),
+                        jobs: &mut app.jobs,
+                        run: &mut app.run,
+                    },
+                    ui,
+                ),
+                Tab::Train => {
+                    let request = train_ui(
+                        &mut TrainContext {
+                            run: &mut app.run,
+                            run_name: app.run_name.as_deref(),
+                            preparing: app.preparing,
+                            fit: &app.fit,
+                            output_folder: &app.output_folder,
+                            spill: app.spill.as_ref(),
+                            editor: &app.editor,
+                            smoothed_only: &mut app.settings.smoothed_only,
+                            queue: &mut app.queue,
+                            jobs: &mut app.jobs,
+                        },
+                        ui,
+                    );
+                    if let Some(request) = request {
+                        app.train_request(request);
+                    }
+                }
                 Tab::Monitor => monitor_ui(
                     ui,
                     &mut app.system_check,
                     app.telemetry.as_ref(),
                     app.spill.as_ref(),
                 ),
-                Tab::Samples => samples_ui(app, ui),
+                Tab::Samples => samples_ui(&mut app.samples, &app.run.samples, ui),
             });
     });
 }
 
-/// "training · 42%" beside the tabs, so the run is visible from every tab.
-fn status_ui(app: &FramesmithApp, ui: &mut Ui) {
-    let run = &app.run;
+/// "training · 42%" beside the tabs, so the run is visible from every tab; `spilling` adds the shared-memory
+/// warning.
+fn status_ui(run: &RunView, spilling: bool, ui: &mut Ui) {
     let mut text = state_name(run.state).to_owned();
     if run.progress.is_some() {
         text += &format!(" · {:.0}%", run.fraction_done() * 100.0);
@@ -67,7 +105,7 @@ fn status_ui(app: &FramesmithApp, ui: &mut Ui) {
         theme::MUTED
     };
     ui.label(RichText::new(text).color(color));
-    if app.spill.is_some() {
+    if spilling {
         ui.label(RichText::new("spilling into shared memory").color(theme::WARNING));
     }
 }

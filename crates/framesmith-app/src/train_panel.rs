@@ -3,40 +3,83 @@
 use egui::{Button, RichText, Ui};
 
 use framesmith_config::protocol::{Command, LogLevel};
+use framesmith_telemetry::SpillWarning;
 
 use super::charts::{chart_ui, Series};
-use super::fit_panel::fit_ui;
-use super::jobs::PickPurpose;
+use super::config_editor::ConfigEditor;
+use super::fit_panel::{fit_ui, FitView};
+use super::jobs::{Jobs, PickPurpose};
 use super::monitor_panel::spill_banner_ui;
+use super::output_folder::{output_folder_ui, OutputFolderView};
+use super::queue::RunQueue;
 use super::run_view::{format_duration, state_name, RunView};
 use super::theme;
-use super::window::FramesmithApp;
 
-/// Draws the Train tab.
-pub(super) fn train_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    if app.run.can_start() && !app.preparing {
-        fit_ui(&app.fit, ui);
-    }
-    controls_ui(app, ui);
-    if app.run.can_start() && !app.preparing {
-        super::output_folder::output_folder_ui(&app.output_folder, ui);
-    }
-    if let Some(spill) = &app.spill {
-        spill_banner_ui(ui, spill);
-    }
-    failure_ui(app, ui);
-    ui.separator();
-    progress_ui(app, ui);
-    ui.separator();
-    charts_ui(app, ui);
-    ui.separator();
-    queue_ui(app, ui);
-    ui.separator();
-    log_ui(app, ui);
+/// What the Train tab reads and writes. Starting a run and commanding the engine are the app's: the tab asks for
+/// them with a [`TrainRequest`].
+pub(super) struct TrainContext<'a> {
+    /// The run's state, progress, log and failure (which the tab can dismiss).
+    pub run: &'a mut RunView,
+    pub run_name: Option<&'a str>,
+    /// A run is being prepared (its dataset TOML written).
+    pub preparing: bool,
+    pub fit: &'a FitView,
+    pub output_folder: &'a OutputFolderView,
+    pub spill: Option<&'a SpillWarning>,
+    /// The edited config, for its blocking problems.
+    pub editor: &'a ConfigEditor,
+    /// The loss chart's "Smoothed only" setting.
+    pub smoothed_only: &'a mut bool,
+    pub queue: &'a mut RunQueue,
+    pub jobs: &'a mut Jobs,
 }
 
-fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    let can_start = app.run.can_start() && !app.preparing;
+impl TrainContext<'_> {
+    fn can_start(&self) -> bool {
+        self.run.can_start() && !self.preparing
+    }
+}
+
+/// What a Train tab button asks the app to do.
+pub(super) enum TrainRequest {
+    /// Start the edited config (the Start button).
+    Start,
+    /// Start the next queued run.
+    StartQueue,
+    /// Queue the edited config.
+    Enqueue,
+    /// Send the engine a command.
+    Send(Command),
+}
+
+/// Draws the Train tab; returns what its buttons asked for.
+pub(super) fn train_ui(ctx: &mut TrainContext, ui: &mut Ui) -> Option<TrainRequest> {
+    if ctx.can_start() {
+        fit_ui(ctx.fit, ui);
+    }
+    let control = controls_ui(ctx, ui);
+    if ctx.can_start() {
+        output_folder_ui(ctx.output_folder, ui);
+    }
+    if let Some(spill) = ctx.spill {
+        spill_banner_ui(ui, spill);
+    }
+    failure_ui(ctx.run, ui);
+    ui.separator();
+    progress_ui(ctx.run, ctx.run_name, ui);
+    ui.separator();
+    charts_ui(ctx.run, ctx.smoothed_only, ui);
+    ui.separator();
+    let queued = queue_ui(ctx, ui);
+    ui.separator();
+    log_ui(ctx.run, ui);
+    control.or(queued)
+}
+
+fn controls_ui(ctx: &mut TrainContext, ui: &mut Ui) -> Option<TrainRequest> {
+    let can_start = ctx.can_start();
+    let run = &ctx.run;
+    let mut request = None;
     ui.horizontal(|ui| {
         let shortcut = ui.ctx().format_shortcut(&super::window::START_SHORTCUT);
         if ui
@@ -44,47 +87,29 @@ fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .on_hover_text(format!("Start training ({shortcut}, from any tab)"))
             .clicked()
         {
-            app.start(None);
+            request = Some(TrainRequest::Start);
         }
-        if ui
-            .add_enabled(app.run.can_pause(), Button::new("Pause"))
-            .clicked()
-        {
-            app.send(Command::Pause);
-        }
-        if ui
-            .add_enabled(app.run.can_resume(), Button::new("Resume"))
-            .clicked()
-        {
-            app.send(Command::Resume);
-        }
-        if ui
-            .add_enabled(app.run.is_active(), Button::new("Stop"))
-            .clicked()
-        {
-            app.send(Command::Stop);
-        }
-        if ui
-            .add_enabled(app.run.can_save_or_sample(), Button::new("Save now"))
-            .clicked()
-        {
-            app.send(Command::SaveNow);
-        }
-        if ui
-            .add_enabled(app.run.can_save_or_sample(), Button::new("Sample now"))
-            .clicked()
-        {
-            app.send(Command::SampleNow);
+        let commands = [
+            (run.can_pause(), "Pause", Command::Pause),
+            (run.can_resume(), "Resume", Command::Resume),
+            (run.is_active(), "Stop", Command::Stop),
+            (run.can_save_or_sample(), "Save now", Command::SaveNow),
+            (run.can_save_or_sample(), "Sample now", Command::SampleNow),
+        ];
+        for (enabled, label, command) in commands {
+            if ui.add_enabled(enabled, Button::new(label)).clicked() {
+                request = Some(TrainRequest::Send(command));
+            }
         }
         ui.separator();
         let resume = ui
             .add_enabled(can_start, Button::new("Continue from saved state…"))
             .on_hover_text("Resume a stopped run at its exact step from a training-state folder");
         if resume.clicked() {
-            app.pick(PickPurpose::ResumeState);
+            ctx.jobs.pick(PickPurpose::ResumeState);
         }
     });
-    let problems = app.editor.blocking_problems();
+    let problems = ctx.editor.blocking_problems();
     if !problems.is_empty() {
         ui.label(
             RichText::new(format!(
@@ -94,26 +119,26 @@ fn controls_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .color(theme::ERROR),
         );
     }
+    request
 }
 
-fn failure_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    let Some(message) = app.run.failure.clone() else {
+fn failure_ui(run: &mut RunView, ui: &mut Ui) {
+    let Some(message) = run.failure.clone() else {
         return;
     };
     egui::Frame::group(ui.style()).show(ui, |ui| {
         ui.label(RichText::new("Run failed").color(theme::ERROR).strong());
         ui.label(message);
         if ui.button("Dismiss").clicked() {
-            app.run.failure = None;
+            run.failure = None;
         }
     });
 }
 
-fn progress_ui(app: &mut FramesmithApp, ui: &mut Ui) {
-    let run = &app.run;
+fn progress_ui(run: &RunView, run_name: Option<&str>, ui: &mut Ui) {
     ui.horizontal(|ui| {
         ui.label(format!("State: {}", state_name(run.state)));
-        if let Some(name) = &app.run_name {
+        if let Some(name) = run_name {
             ui.label(RichText::new(format!("Run: {name}")).color(theme::MUTED));
         }
     });
@@ -147,14 +172,14 @@ fn format_secs(secs: f64) -> String {
     }
 }
 
-fn charts_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+fn charts_ui(run: &RunView, smoothed_only: &mut bool, ui: &mut Ui) {
     ui.horizontal(|ui| {
         ui.heading("Loss");
-        ui.checkbox(&mut app.settings.smoothed_only, "Smoothed only");
+        ui.checkbox(smoothed_only, "Smoothed only");
     });
-    let loss = loss_series(&app.run, app.settings.smoothed_only);
+    let loss = loss_series(run, *smoothed_only);
     chart_ui(ui, "loss chart", "Loss", loss, None);
-    let points = &app.run.points;
+    let points = &run.points;
     ui.heading("Learning rate");
     chart_ui(
         ui,
@@ -172,7 +197,8 @@ fn charts_ui(app: &mut FramesmithApp, ui: &mut Ui) {
     );
 }
 
-fn queue_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+fn queue_ui(ctx: &mut TrainContext, ui: &mut Ui) -> Option<TrainRequest> {
+    let mut request = None;
     ui.horizontal(|ui| {
         ui.heading("Queue");
         if ui
@@ -180,23 +206,21 @@ fn queue_ui(app: &mut FramesmithApp, ui: &mut Ui) {
             .on_hover_text("Queue the current config; queued runs start one after another")
             .clicked()
         {
-            app.enqueue();
+            request = Some(TrainRequest::Enqueue);
         }
-        let can_start = app.run.can_start() && !app.preparing && !app.queue.is_empty();
+        let can_start = ctx.can_start() && !ctx.queue.is_empty();
         if ui
             .add_enabled(can_start, Button::new("Start queue"))
             .clicked()
         {
-            if let Some(next) = app.queue.take_next() {
-                app.start_queued(next);
-            }
+            request = Some(TrainRequest::StartQueue);
         }
     });
-    if app.queue.is_held() {
+    if ctx.queue.is_held() {
         ui.label(RichText::new("The queue waits: the last run was stopped").color(theme::MUTED));
     }
     let mut remove = None;
-    for (i, run) in app.queue.iter().enumerate() {
+    for (i, run) in ctx.queue.iter().enumerate() {
         ui.horizontal(|ui| {
             ui.label(format!("{}. {}", i + 1, run.name));
             if ui
@@ -209,11 +233,12 @@ fn queue_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         });
     }
     if let Some(i) = remove {
-        app.queue.remove(i);
+        ctx.queue.remove(i);
     }
+    request
 }
 
-fn log_ui(app: &FramesmithApp, ui: &mut Ui) {
+fn log_ui(run: &RunView, ui: &mut Ui) {
     ui.heading("Log");
     egui::ScrollArea::vertical()
         .id_salt("log")
@@ -221,7 +246,7 @@ fn log_ui(app: &FramesmithApp, ui: &mut Ui) {
         .stick_to_bottom(true)
         .auto_shrink([false, true])
         .show(ui, |ui| {
-            for line in &app.run.log {
+            for line in &run.log {
                 let (tag, color) = match line.level {
                     LogLevel::Info => ("info", theme::MUTED),
                     LogLevel::Warn => ("warn", theme::WARNING),

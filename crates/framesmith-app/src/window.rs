@@ -15,7 +15,7 @@ use super::backend::{Backend, ModelRole, PresetView};
 use super::config_editor::{parse_config, ConfigEditor};
 use super::dataset_config::DatasetEditor;
 use super::fit_panel::FitView;
-use super::jobs::{JobMode, JobResult, Jobs, PickPurpose};
+use super::jobs::{JobMode, JobResult, Jobs};
 use super::queue::{QueuedRun, RunQueue};
 use super::run_view::{RunEnd, RunView};
 use super::samples_panel::SamplesState;
@@ -23,6 +23,7 @@ use super::screenshot::ScreenshotState;
 use super::settings::{SavedRun, Settings, Tab};
 use super::spill_guard::{pause_message, SpillGuard};
 use super::system_check_panel::SystemCheckView;
+use super::train_panel::TrainRequest;
 use super::{tabs_ui, theme, AppOptions, TelemetrySource};
 
 /// Events folded per frame at most, so a flood never stalls a frame (the rest wait for the next).
@@ -264,6 +265,22 @@ impl FramesmithApp {
         }
     }
 
+    /// Carries out what a Train tab button asked for.
+    pub(super) fn train_request(&mut self, request: TrainRequest) {
+        match request {
+            TrainRequest::Start => self.start(None),
+            TrainRequest::StartQueue => {
+                if let Some(next) = self.queue.take_next() {
+                    self.start_queued(next);
+                }
+            }
+            TrainRequest::Enqueue => self.enqueue(),
+            TrainRequest::Send(command) => {
+                self.send(command);
+            }
+        }
+    }
+
     /// Starts the edited config (the Start button).
     pub(super) fn start(&mut self, resume_from: Option<PathBuf>) {
         let problems = self.editor.blocking_problems();
@@ -323,13 +340,6 @@ impl FramesmithApp {
 
     // ---- jobs ----
 
-    pub(super) fn pick(&mut self, purpose: PickPurpose) {
-        self.jobs.spawn("file dialog", move || {
-            let paths = super::dialogs::pick(&purpose);
-            JobResult::Picked { purpose, paths }
-        });
-    }
-
     pub(super) fn set_model(&mut self, role: ModelRole, path: PathBuf) {
         self.editor.set(
             role.config_key(),
@@ -369,25 +379,7 @@ impl FramesmithApp {
     }
 
     pub(super) fn scan_dataset(&mut self) {
-        let (folders, generation) = self.dataset.begin_scan();
-        let backend = Arc::clone(&self.backend);
-        self.jobs
-            .spawn("scan dataset", move || JobResult::DatasetScanned {
-                result: backend.scan_dataset(&folders),
-                generation,
-            });
-    }
-
-    pub(super) fn apply_preset(&mut self, name: &str) {
-        let Some(preset) = self.presets.iter().find(|p| p.name == name).cloned() else {
-            return;
-        };
-        match self.backend.apply_preset(name, self.editor.config()) {
-            Ok(config) => self.editor.apply_preset(name, config, &preset.reasons),
-            Err(err) => self
-                .run
-                .note(LogLevel::Error, format!("Preset {name}: {err}")),
-        }
+        super::dataset_panel::scan_dataset(&mut self.dataset, &self.backend, &mut self.jobs);
     }
 
     pub(super) fn load_config_file(&mut self, path: PathBuf) {

@@ -60,6 +60,12 @@ pub enum Fp8ScaleMode {
     Block64,
 }
 
+impl Fp8ScaleMode {
+    /// Every mode by its TOML name, as the app lists them (nn's `Fp8Scale::NAMES` are the same; an engine test
+    /// keeps them so).
+    pub const NAMES: [&'static str; 3] = ["tensor", "channel", "block64"];
+}
+
 /// Residual-stream dtype (DESIGN.md §4.7).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -488,6 +494,23 @@ impl Default for ValidationSection {
             validation_split: 0.0,
             validation_seed: None,
             num_timesteps: 4,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Fp8ScaleMode;
+
+    #[test]
+    fn fp8_scale_names_are_the_toml_names() {
+        let modes = [
+            Fp8ScaleMode::Tensor,
+            Fp8ScaleMode::Channel,
+            Fp8ScaleMode::Block64,
+        ];
+        for (mode, name) in modes.into_iter().zip(Fp8ScaleMode::NAMES) {
+            assert_eq!(serde_json::to_value(mode).ok(), Some(name.into()));
         }
     }
 }

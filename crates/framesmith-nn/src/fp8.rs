@@ -31,6 +31,9 @@ pub enum Fp8Scale {
 }
 
 impl Fp8Scale {
+    /// Every mode by the name configs, LoRA metadata and the command line give it ([`Fp8Scale::as_str`]).
+    pub const NAMES: [&'static str; 3] = ["tensor", "channel", "block64"];
+
     /// The name used in configs and LoRA metadata (`tensor`, `channel`, `block64`).
     pub fn as_str(self) -> &'static str {
         match self {

@@ -460,14 +460,36 @@ pub fn release_cached_memory(device: &Device) -> Result<()> {
     }
 }
 
-/// Whether `err` is a device allocation failure (the run should stop cleanly and say how to fit).
-pub fn is_out_of_memory(err: &candle_core::Error) -> bool {
-    let text = format!("{err:?}");
-    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
+/// A device allocation failed: the run should stop cleanly and say how to fit. Shown as the driver's error.
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+pub struct OutOfMemory(candle_core::Error);
+
+impl OutOfMemory {
+    /// `Ok` when `err` is a device allocation failure, else `err` unchanged. candle passes the CUDA driver's error
+    /// on boxed behind its backtrace and context, where it cannot be downcast, so this reads the driver's message:
+    /// the one place where an error's text decides anything.
+    pub fn classify(err: candle_core::Error) -> std::result::Result<Self, candle_core::Error> {
+        if is_out_of_memory(&err) {
+            Ok(Self(err))
+        } else {
+            Err(err)
+        }
+    }
+
+    /// The first line of the driver's message: what a user reads, without the backtrace candle may attach.
+    pub fn summary(&self) -> String {
+        let text = self.0.to_string();
+        text.lines().next().unwrap_or_default().trim().to_string()
+    }
+
+    /// The error as candle reported it.
+    pub fn into_inner(self) -> candle_core::Error {
+        self.0
+    }
 }
 
-/// The first line of `err`'s message: what a user reads, without the backtrace candle may attach.
-pub fn error_summary(err: &candle_core::Error) -> String {
-    let text = err.to_string();
-    text.lines().next().unwrap_or_default().trim().to_string()
+fn is_out_of_memory(err: &candle_core::Error) -> bool {
+    let text = format!("{err:?}");
+    text.contains("OUT_OF_MEMORY") || text.contains("out of memory")
 }

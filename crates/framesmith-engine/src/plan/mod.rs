@@ -1,21 +1,22 @@
 //! The memory planner (DESIGN.md §2 "Fits", §4.4): peak VRAM and host RAM of a training configuration, from the
 //! model config, clip size, LoRA, weight format and streaming setup — pure arithmetic, no tensor is allocated.
 //! Picks the smallest number of streamed blocks that fits a VRAM budget and, when nothing fits, says what would.
-//! Weight sizes are exact (`bytes`); activation sizes are a calibrated model (`working_set`).
+//! Weight sizes are exact (`bytes`), and so are the activations the step keeps for its backward (`activations`);
+//! the step's transient working set is a calibrated model (`working_set`).
 
+mod activations;
 mod bytes;
-mod checkpoint;
 mod input;
 pub mod machine;
 mod suggest;
 mod working_set;
 
+pub use activations::{block_tape_bytes, kept_attention_bytes};
 pub use bytes::{
     block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
     fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
     vae_for, BaseFormat,
 };
-pub use checkpoint::{block_tape_bytes, kept_attention_bytes};
 pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
     ClipShape, DEFAULT_CLIP,
@@ -231,7 +232,7 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
     if input.optimizer_and_context {
         out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
     }
-    out.extend(checkpoint::kept_lines(
+    out.extend(activations::kept_lines(
         cfg,
         input.checkpointing,
         input.streaming.activations,

@@ -78,6 +78,19 @@ fn real_block_layout(cfg: &WanConfig, compute: DType, fp8: Option<Fp8Scale>) -> 
 }
 
 #[test]
+fn config_and_nn_name_the_fp8_scales_alike() {
+    assert_eq!(Fp8ScaleMode::NAMES, Fp8Scale::NAMES);
+    let modes = [
+        Fp8ScaleMode::Tensor,
+        Fp8ScaleMode::Channel,
+        Fp8ScaleMode::Block64,
+    ];
+    for (mode, name) in modes.into_iter().zip(Fp8ScaleMode::NAMES) {
+        assert_eq!(fp8_scale(mode).as_str(), name);
+    }
+}
+
+#[test]
 fn block_bytes_equal_a_real_blocks_buffers() {
     use framesmith_config::plan::FloatDtype as F;
     let formats = [

@@ -7,7 +7,8 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{SyncSender, TryRecvError, TrySendError};
 use std::time::Instant;
 
-use crate::train::trainer::{Interrupted, Trainer};
+use crate::train::step::StepError;
+use crate::train::trainer::Trainer;
 use framesmith_config::protocol::{
     channel_pair, Command, EngineEnd, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
 };
@@ -216,7 +217,7 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
         }
         let report = match trainer.train_step(&|| inbox.stop_requested()) {
             Ok(r) => r,
-            Err(err) if err.downcast_ref::<Interrupted>().is_some() => return Ok(Outcome::Stopped),
+            Err(err) if StepError::is_interrupted(&err) => return Ok(Outcome::Stopped),
             Err(err) => return Err(err),
         };
         if let Some(message) = report.warning.clone() {
@@ -246,9 +247,7 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
             match trainer.validate(&|| inbox.stop_requested()) {
                 Ok(Some(loss)) => events.send(Event::Validated(loss)),
                 Ok(None) => {}
-                Err(err) if err.downcast_ref::<Interrupted>().is_some() => {
-                    return Ok(Outcome::Stopped)
-                }
+                Err(err) if StepError::is_interrupted(&err) => return Ok(Outcome::Stopped),
                 Err(err) => return Err(err),
             }
         }

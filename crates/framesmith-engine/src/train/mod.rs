@@ -1,11 +1,12 @@
 //! Training: the engine thread, the trainer and its checkpointed step, optimizer, timestep sampling, the training
-//! set, run outputs and checkpoints, and the sample clips made during a run (through `crate::generate`).
+//! set, run outputs (LoRA files, training states, metrics) and the sample clips made during a run (through
+//! `crate::generate`).
 
-pub mod checkpoint;
 pub mod data;
 pub mod demo_setup;
 pub mod engine;
 pub mod optimizer;
+pub mod outputs;
 pub mod sample_models;
 pub mod samples;
 

@@ -12,7 +12,7 @@ use crate::demo;
 use crate::generate::denoise::{
     generate_from, Experts, GenerateRequest, ImageConditioning, Solver,
 };
-use crate::train::checkpoint::write_atomic;
+use crate::train::outputs::write_atomic;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::Event;
 use framesmith_data::video::encode::{write_mp4, RgbFrame};

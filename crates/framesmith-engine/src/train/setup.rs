@@ -9,11 +9,12 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use crate::demo;
+use crate::dit::{build_dit, load_dit, Streaming};
 use crate::plan as memory_plan;
-use crate::train::checkpoint::Outputs;
 use crate::train::data::TrainSet;
 use crate::train::demo_setup::demo_sample_prompts;
 use crate::train::optimizer::AdamW;
+use crate::train::outputs::Outputs;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use crate::train::samples::{Decoder, Sampling};
 use crate::train::trainer::Trainer;
@@ -24,12 +25,11 @@ use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
 use framesmith_config::{validate, HostInfo, RunPlan};
-use framesmith_models::wan::weights;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{
-    streamed_blocks, OffloadOptions, Placement, SavedPlacement, StreamMode,
+    streamed_blocks, OffloadOptions, OutOfMemory, Placement, SavedPlacement, StreamMode,
 };
 use framesmith_nn::vb::Vb;
 
@@ -129,12 +129,8 @@ fn load_model(
             let cfg = demo_model_config();
             let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
             let vb = Vb::from_tensors(tensors, compute, device);
-            let model = match streaming_for(plan, &cfg, device, memory)? {
-                Some((streamed, offload)) => {
-                    WanModel::new_streamed(&cfg, vb, &options, &streamed, &offload)?
-                }
-                None => WanModel::new(&cfg, vb, &options)?,
-            };
+            let streaming = streaming_for(plan, &cfg, device, memory)?;
+            let model = build_dit(&cfg, vb, &options, streaming)?;
             Ok((model, "framesmith-demo-tiny".into()))
         }
         ModelSource::File(path) => {
@@ -144,20 +140,13 @@ fn load_model(
                 })?),
                 None => None,
             };
-            // Opened, not loaded: each tensor is read from the mapped file as its block is built (resident
-            // blocks go to the GPU, streamed ones into their host buffers), so neither the GPU nor RAM ever holds
-            // the whole file on top of what the run keeps.
-            let loaded = weights::open(path, expected.as_ref())?;
-            let name = weights::variant_name(&loaded.config, loaded.expert);
-            let vb = Vb::from_source(std::sync::Arc::new(loaded.tensors), compute, device);
-            let model = match streaming_for(plan, &loaded.config, device, memory)? {
-                Some((streamed, offload)) => {
-                    WanModel::new_streamed(&loaded.config, vb, &options, &streamed, &offload)
-                }
-                None => WanModel::new(&loaded.config, vb, &options),
-            }
-            .with_context(|| format!("building the DiT from {}", path.display()))?;
-            Ok((model, name))
+            load_dit(
+                path,
+                expected.as_ref(),
+                (compute, device),
+                &options,
+                |cfg, _| streaming_for(plan, cfg, device, memory),
+            )
         }
     }
 }
@@ -169,7 +158,7 @@ fn streaming_for(
     cfg: &WanConfig,
     device: &Device,
     memory: Option<&MemoryReport>,
-) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
+) -> anyhow::Result<Streaming> {
     let mode = match plan.memory.streaming {
         StreamingMode::Off => return Ok(None),
         StreamingMode::Pinned => StreamMode::Pinned,
@@ -455,11 +444,7 @@ impl Trainer {
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
         let (mut model, base_name) =
             load_model(plan, &device, memory.as_ref()).map_err(|e| {
-                let out_of_memory = e.chain().any(|c| {
-                    c.downcast_ref::<candle_core::Error>()
-                        .is_some_and(framesmith_nn::offload::is_out_of_memory)
-                });
-                if out_of_memory {
+                if e.chain().any(|c| c.is::<OutOfMemory>()) {
                     anyhow::anyhow!(
                         "the GPU ran out of memory while loading the model's resident blocks ({e:#}); the file \
                          is fine. {out_of_memory_advice}"

@@ -9,7 +9,51 @@ use candle_core::{backprop::GradStore, DType, Result, Tensor, TensorId, Var};
 
 use framesmith_models::trainable::{ParamGrad, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_models::wan::{WanInputs, WanModel};
-use framesmith_nn::offload::{SavedInputs, SavedPlacement};
+use framesmith_nn::offload::{OutOfMemory, SavedInputs, SavedPlacement};
+
+/// Why a step gave no result: what the trainer branches on. candle's other errors ride in `Candle`.
+#[derive(Debug, thiserror::Error)]
+pub enum StepError {
+    /// The cancel poll asked to stop (checked between blocks); nothing was applied.
+    #[error("the step was interrupted")]
+    Interrupted,
+    /// A device allocation failed.
+    #[error(transparent)]
+    OutOfMemory(#[from] OutOfMemory),
+    /// The loss was NaN or infinite, so its gradients would be too: the backward pass was not run.
+    #[error("the loss was {0}")]
+    NonFiniteLoss(f32),
+    #[error(transparent)]
+    Candle(candle_core::Error),
+}
+
+impl From<candle_core::Error> for StepError {
+    fn from(err: candle_core::Error) -> Self {
+        match OutOfMemory::classify(err) {
+            Ok(oom) => Self::OutOfMemory(oom),
+            Err(err) => Self::Candle(err),
+        }
+    }
+}
+
+impl StepError {
+    /// Whether `err` is (or wraps) a stop between blocks.
+    pub fn is_interrupted(err: &anyhow::Error) -> bool {
+        matches!(
+            err.downcast_ref::<StepError>(),
+            Some(StepError::Interrupted)
+        )
+    }
+
+    /// As a candle error: candle's own error back as it was, the others as their message.
+    pub fn into_candle(self) -> candle_core::Error {
+        match self {
+            Self::Candle(err) => err,
+            Self::OutOfMemory(oom) => oom.into_inner(),
+            other => candle_core::Error::Msg(other.to_string()),
+        }
+    }
+}
 
 /// What the loss compares the model output with.
 pub struct LossTarget<'a> {
@@ -152,14 +196,14 @@ pub struct StepOptions<'a> {
     pub keep_tapes: bool,
 }
 
-fn check_interrupt(options: &StepOptions) -> Result<()> {
+fn check_interrupt(options: &StepOptions) -> std::result::Result<(), StepError> {
     match options.interrupted {
-        Some(f) if f() => candle_core::bail!("interrupted"),
+        Some(f) if f() => Err(StepError::Interrupted),
         _ => Ok(()),
     }
 }
 
-/// The checkpointed step of any [`TrainableModel`]. `vars` are the trainable variables (LoRA down/up).
+/// [`try_checkpointed_step`] with every failure as a candle error (benchmarks and tests, which branch on none).
 pub fn checkpointed_step<M: TrainableModel>(
     model: &M,
     inputs: &M::Inputs,
@@ -167,6 +211,18 @@ pub fn checkpointed_step<M: TrainableModel>(
     vars: &[Var],
     options: &StepOptions,
 ) -> Result<StepOutput> {
+    try_checkpointed_step(model, inputs, target, vars, options).map_err(StepError::into_candle)
+}
+
+/// The checkpointed step of any [`TrainableModel`]. `vars` are the trainable variables (LoRA down/up). A stop
+/// between blocks, a device allocation failure and a non-finite loss come back as their [`StepError`] variants.
+pub fn try_checkpointed_step<M: TrainableModel>(
+    model: &M,
+    inputs: &M::Inputs,
+    target: &LossTarget,
+    vars: &[Var],
+    options: &StepOptions,
+) -> std::result::Result<StepOutput, StepError> {
     let prepared = model.prepare(inputs)?;
     let head_inputs = prepared.detached();
     let shared = head_inputs.shared();
@@ -202,6 +258,9 @@ pub fn checkpointed_step<M: TrainableModel>(
     let outs = model.finish(last.as_tensor(), &head_inputs)?;
     let loss = flow_loss(&outs, target)?;
     let loss_value = loss.to_dtype(DType::F32)?.to_scalar::<f32>()?;
+    if !loss_value.is_finite() {
+        return Err(StepError::NonFiniteLoss(loss_value));
+    }
     let store = loss.backward()?;
     let mut acc: Vec<Option<Tensor>> = vec![None; vars.len()];
     accumulate(&mut acc, vars, &store)?;
@@ -264,13 +323,14 @@ pub fn checkpointed_step<M: TrainableModel>(
 }
 
 /// The loss alone, forward only (validation): every block runs without an autograd graph on detached inputs and
-/// nothing is kept for a backward, so memory is one block's activations and nothing outlives the call.
+/// nothing is kept for a backward, so memory is one block's activations and nothing outlives the call. A
+/// non-finite loss is returned as it is (validation reports it).
 pub fn forward_loss<M: TrainableModel>(
     model: &M,
     inputs: &M::Inputs,
     target: &LossTarget,
     interrupted: Option<&dyn Fn() -> bool>,
-) -> Result<f32> {
+) -> std::result::Result<f32, StepError> {
     let options = StepOptions {
         interrupted,
         ..Default::default()
@@ -289,9 +349,9 @@ pub fn forward_loss<M: TrainableModel>(
         .iter()
         .map(Tensor::detach)
         .collect::<Vec<_>>();
-    flow_loss(&outs, target)?
+    Ok(flow_loss(&outs, target)?
         .to_dtype(DType::F32)?
-        .to_scalar::<f32>()
+        .to_scalar::<f32>()?)
 }
 
 /// Recomputes `block` with gradient tracking from its saved `input`, back-propagates `grad` through candle's
@@ -497,6 +557,47 @@ mod tests {
             err < 2e-2,
             "finite differences {numeric} vs analytic {analytic} (rel {err})"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn stops_non_finite_losses_and_allocation_failures_are_typed() -> Result<()> {
+        let (model, vars) = tiny_model_with_loras(2)?;
+        let (inputs, targets) = batch(&model)?;
+        let nan_targets = targets
+            .iter()
+            .map(|t| t * f64::NAN)
+            .collect::<Result<Vec<_>>>()?;
+        let target = |targets| LossTarget {
+            targets,
+            weights: None,
+            skip_frames: 0,
+        };
+        let step = |targets, options: &StepOptions| {
+            try_checkpointed_step(&model, &inputs, &target(targets), &vars, options)
+        };
+        let stop = || true;
+        let stopping = StepOptions {
+            interrupted: Some(&stop),
+            ..Default::default()
+        };
+        assert!(matches!(
+            step(&targets, &stopping),
+            Err(StepError::Interrupted)
+        ));
+        let err = step(&nan_targets, &StepOptions::default()).err();
+        assert!(
+            matches!(err, Some(StepError::NonFiniteLoss(l)) if l.is_nan()),
+            "{err:?}"
+        );
+        assert!(step(&targets, &StepOptions::default()).is_ok());
+        // What candle's error said on the H200 when a CUDA allocation failed.
+        let driver = candle_core::Error::Msg(
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")".into(),
+        );
+        assert!(matches!(StepError::from(driver), StepError::OutOfMemory(_)));
+        let other = candle_core::Error::Msg("shape mismatch".into());
+        assert!(matches!(StepError::from(other), StepError::Candle(_)));
         Ok(())
     }
 

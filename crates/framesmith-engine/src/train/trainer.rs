@@ -8,7 +8,6 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -16,7 +15,7 @@ use rand::SeedableRng;
 use crate::generate::denoise::{first_frame_row, with_first_frame};
 use crate::train::data::{TrainItem, TrainSet};
 use crate::train::optimizer::{AdamW, StepOutcome};
-use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
+use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOptions, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps, TimestepDraw};
 use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
@@ -25,11 +24,6 @@ use framesmith_models::wan::{Timesteps, WanInputs, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::offload::SavedPlacement;
-
-/// The run was stopped by the user in the middle of a step (between blocks); nothing was applied.
-#[derive(Debug, thiserror::Error)]
-#[error("the step was interrupted")]
-pub struct Interrupted;
 
 /// What one optimizer step did.
 #[derive(Debug, Clone)]
@@ -72,7 +66,7 @@ pub struct Trainer {
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) vram_reservation: Option<crate::train::setup::VramHold>,
-    pub(super) outputs: crate::train::checkpoint::Outputs,
+    pub(super) outputs: crate::train::outputs::Outputs,
     pub(super) sampling: Option<crate::train::samples::Sampling>,
     /// The held-out items and when to evaluate them (`[validation]`).
     pub(super) validation: Option<crate::train::validation::Validation>,
@@ -241,12 +235,13 @@ impl Trainer {
         })
     }
 
-    /// One micro-batch: noise, timesteps, the checkpointed step. Returns the loss and gradients.
+    /// One micro-batch: noise, timesteps, the checkpointed step. Returns the micro-batch's epoch and the step's
+    /// output, `None` when the loss was NaN or infinite (no backward pass was run).
     fn micro_step(
         &self,
         index: usize,
         interrupted: &dyn Fn() -> bool,
-    ) -> anyhow::Result<(f32, Vec<Tensor>, usize)> {
+    ) -> anyhow::Result<(usize, Option<StepOutput>)> {
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
         let (_, _, h, w) = batch[0].latents.dims4()?;
@@ -255,22 +250,20 @@ impl Trainer {
         let (inputs, target) = (&flow.inputs, flow.target());
         let vars = self.loras.vars();
         let options = self.step_options(interrupted);
-        let out =
-            checkpointed_step(&self.model, inputs, &target, &vars, &options).map_err(|e| {
-                if interrupted() {
-                    anyhow::Error::new(Interrupted)
-                } else if framesmith_nn::offload::is_out_of_memory(&e) {
-                    anyhow::anyhow!(
-                        "the GPU ran out of memory during the training step on {} ({}). {}",
-                        batch[0].key,
-                        framesmith_nn::offload::error_summary(&e),
-                        self.out_of_memory_advice
-                    )
-                } else {
-                    anyhow::Error::new(e).context(format!("training step on {}", batch[0].key))
-                }
-            })?;
-        Ok((out.loss, out.grads, epoch))
+        match try_checkpointed_step(&self.model, inputs, &target, &vars, &options) {
+            Ok(out) => Ok((epoch, Some(out))),
+            Err(StepError::NonFiniteLoss(_)) => Ok((epoch, None)),
+            Err(e @ StepError::Interrupted) => Err(e.into()),
+            Err(StepError::OutOfMemory(oom)) => Err(anyhow::anyhow!(
+                "the GPU ran out of memory during the training step on {} ({}). {}",
+                batch[0].key,
+                oom.summary(),
+                self.out_of_memory_advice
+            )),
+            Err(StepError::Candle(e)) => {
+                Err(anyhow::Error::new(e).context(format!("training step on {}", batch[0].key)))
+            }
+        }
     }
 
     /// One optimizer step over `gradient_accumulation_steps` micro-batches. A non-finite loss or gradient skips
@@ -285,11 +278,15 @@ impl Trainer {
         let mut epoch = self.epoch();
         for micro in 0..self.accumulation {
             let index = self.step * self.accumulation + micro;
-            let (loss, grads, e) = self.micro_step(index, interrupted)?;
+            let (e, out) = self.micro_step(index, interrupted)?;
             epoch = e;
-            finite &= loss.is_finite();
-            loss_sum += loss as f64;
-            let scaled = grads
+            let Some(out) = out else {
+                finite = false;
+                continue;
+            };
+            loss_sum += out.loss as f64;
+            let scaled = out
+                .grads
                 .iter()
                 .map(|g| g / self.accumulation as f64)
                 .collect::<candle_core::Result<Vec<_>>>()?;
@@ -303,11 +300,10 @@ impl Trainer {
             });
         }
         let learning_rate = self.schedule.lr_at(self.step);
-        let grads = sum.context("no micro-batches in a step")?;
-        let outcome = if finite {
-            Some(self.optimizer.step(&grads, learning_rate)?)
-        } else {
-            None
+        let outcome = match sum {
+            Some(grads) if finite => Some(self.optimizer.step(&grads, learning_rate)?),
+            None if finite => anyhow::bail!("no micro-batches in a step"),
+            _ => None,
         };
         let step_number = self.step + 1;
         self.step = step_number;

@@ -14,9 +14,9 @@ use rand::SeedableRng;
 
 use crate::train::data::{load_cached_items, CacheModels, TrainItem};
 use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
-use crate::train::step::forward_loss;
+use crate::train::step::{forward_loss, StepError};
 use crate::train::timesteps::TimestepDraw;
-use crate::train::trainer::{mix, Interrupted, Trainer};
+use crate::train::trainer::{mix, Trainer};
 use framesmith_config::plan::{DatasetSource, ValidationPlan};
 use framesmith_config::protocol::{LogLevel, ValidationLoss};
 use framesmith_config::training::NUM_TRAIN_TIMESTEPS;
@@ -199,10 +199,9 @@ impl Trainer {
                 let flow = self.flow_batch(&[item], &[draw], rng)?;
                 let loss =
                     forward_loss(&self.model, &flow.inputs, &flow.target(), Some(interrupted))
-                        .map_err(|e| {
-                            if interrupted() {
-                                anyhow::Error::new(Interrupted)
-                            } else {
+                        .map_err(|e| match e {
+                            StepError::Interrupted => anyhow::Error::new(e),
+                            e => {
                                 anyhow::Error::new(e).context(format!("validation on {}", item.key))
                             }
                         })?;

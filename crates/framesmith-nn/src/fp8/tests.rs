@@ -469,3 +469,12 @@ fn raw_parts_are_checked_for_shape_and_dtype() {
     );
     assert!(wrong_dtype.is_err());
 }
+
+#[test]
+fn every_name_parses_to_the_mode_of_that_name() {
+    for name in Fp8Scale::NAMES {
+        let mode: Fp8Scale = name.parse().expect("a listed name parses");
+        assert_eq!(mode.as_str(), name);
+    }
+    assert!("block32".parse::<Fp8Scale>().is_err());
+}

@@ -43,10 +43,13 @@ fn error_summaries_drop_the_backtrace() {
     let with_trace = candle_core::Error::Msg(
         "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n   0: <unknown>\n   1: <unknown>".into(),
     );
-    assert!(super::is_out_of_memory(&with_trace));
-    let summary = super::error_summary(&with_trace);
+    let summary = super::OutOfMemory::classify(with_trace)
+        .expect("an allocation failure")
+        .summary();
     assert!(summary.contains("CUDA_ERROR_OUT_OF_MEMORY"), "{summary}");
     assert!(!summary.contains("<unknown>"), "{summary}");
+    let other = candle_core::Error::Msg("shape mismatch in matmul".into());
+    assert!(super::OutOfMemory::classify(other).is_err());
 }
 
 #[test]
