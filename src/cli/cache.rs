@@ -151,6 +151,7 @@ fn latents(args: &LatentArgs) -> anyhow::Result<()> {
         device: device.clone(),
         dtype,
         tiles: args.tiled.then(TileConfig::default),
+        image: Default::default(),
     };
     let options = CacheOptions {
         keep_stale: args.keep_stale,
