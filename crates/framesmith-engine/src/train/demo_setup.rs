@@ -54,6 +54,8 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
                 key: clip.name.clone(),
                 latents: demo::codec::encode(&clip.frames, device)?,
                 context: demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, device)?,
+                image: None,
+                clip: None,
             })
         })
         .collect()
