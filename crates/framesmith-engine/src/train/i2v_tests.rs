@@ -304,6 +304,35 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
     Ok(())
 }
 
+/// Samples during I2V training would need start images: the run refuses them before loading any model,
+/// rather than failing at the first sample.
+#[test]
+fn samples_during_i2v_training_are_refused_at_the_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = dataset(dir.path())?;
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(&prompts, "a red cat --w 32 --h 32 --f 5 --s 2\n")?;
+    let mut config = run_config(dir.path(), &toml, Checkpointing::Blocks)?;
+    config.sampling.prompts = Some(prompts);
+    config.sampling.sample_every_n_steps = Some(1);
+    let fixture = |case| framesmith_models::fixtures::wan_case(case).join("weights.safetensors");
+    config.model.vae = fixture("wan21_vae_tiny");
+    config.model.text_encoder = fixture("umt5_tiny");
+    let request = StartRun {
+        config,
+        resume_from: None,
+    };
+    let err = Trainer::start(&request, &mut |_, _| {})
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        err.contains("is an image-to-video model") && err.contains("Remove sampling.prompts"),
+        "{err}"
+    );
+    Ok(())
+}
+
 /// A tiny Wan2.1 I2V model (the tiny CLIP's 32-wide features) with random LoRAs, its blocks in `streamed`
 /// kept in host RAM and streamed.
 fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core::Var>)> {

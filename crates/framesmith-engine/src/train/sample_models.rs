@@ -16,7 +16,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
-use framesmith_models::wan::WanConfig;
+use framesmith_models::wan::{weights, ModelType, WanConfig};
 
 /// A sample prompt with its embeddings.
 pub struct EncodedPrompt {
@@ -32,9 +32,20 @@ pub fn encode_sample_prompts(
     device: &Device,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<Option<Vec<EncodedPrompt>>> {
-    let (Some(sampling), ModelSource::File(_)) = (&plan.sampling, &plan.model.source) else {
+    let (Some(sampling), ModelSource::File(dit)) = (&plan.sampling, &plan.model.source) else {
         return Ok(None);
     };
+    // Read from the header alone, before any model loads; a file that cannot be read is reported by the loader.
+    if let Ok(report) = weights::inspect(dit) {
+        if report.config.model_type == ModelType::I2v {
+            anyhow::bail!(
+                "{} is an image-to-video model: its clips need a start image, which samples during training cannot \
+                 take yet. Remove sampling.prompts from the run config (the LoRA trains the same), and make clips \
+                 from the saved LoRA with `framesmith generate --image … --lora …`",
+                weights::variant_name(&report.config, report.expert)
+            );
+        }
+    }
     let path = plan
         .model
         .text_encoder
