@@ -161,6 +161,8 @@ pub struct CacheModels<'a> {
     pub text_encoder: Option<&'a Path>,
     /// The DiT (`model.dit`): `cache latents` reads from it whether to cache image-to-video conditioning.
     pub dit: Option<&'a Path>,
+    /// The CLIP image encoder of Wan2.1 I2V (`model.clip`).
+    pub clip: Option<&'a Path>,
 }
 
 /// What the CLIP image encoder file of Wan2.1 I2V is called, for messages.
@@ -182,7 +184,8 @@ impl CacheModels<'_> {
                 None => command.push_str(" --i2v"),
             }
             if cfg.has_clip() {
-                command.push_str(&format!(" --clip {CLIP_FILE_HINT}"));
+                let clip = self.clip.map_or(CLIP_FILE_HINT.into(), shell_word);
+                command.push_str(&format!(" --clip {clip}"));
             }
         }
         command

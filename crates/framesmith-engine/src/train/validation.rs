@@ -108,6 +108,7 @@ pub(super) fn load_run_data(
                     ModelSource::File(path) => Some(path.as_path()),
                     ModelSource::Demo => None,
                 },
+                clip: plan.model.clip.as_deref(),
             };
             let cached = load_cached_items(path, cfg, models, v.is_some(), device)?;
             if v.is_none() && cached.validation_datasets > 0 {
