@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 
 use crate::demo;
 use crate::demo::shapes::DemoClip;
+use crate::generate::denoise::ImageConditioning;
 use crate::generate::prompts::PromptSpec;
 use crate::generate::start_image::load_start_image;
 use crate::train::checkpoint::write_atomic;
@@ -116,7 +117,7 @@ pub fn demo_sample_prompts(
                 guidance: p.guidance,
                 seed: p.seed,
                 prompt: p.prompt,
-                start_frame,
+                image: start_frame.map(|latent| ImageConditioning::FirstFrame { latent }),
             })
         })
         .collect()
