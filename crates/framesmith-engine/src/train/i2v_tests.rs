@@ -33,13 +33,13 @@ fn fixture_dit() -> PathBuf {
 const LATENT: [usize; 3] = [3, 4, 4];
 
 /// What one cache file holds, written under musubi-tuner's key names.
-struct MusubiItem<'a> {
-    stem: &'a str,
-    seed: u64,
+pub(super) struct MusubiItem<'a> {
+    pub(super) stem: &'a str,
+    pub(super) seed: u64,
     /// Write `latents_image_…`.
-    image: bool,
+    pub(super) image: bool,
     /// Write `clip_…` of this width.
-    clip_dim: Option<usize>,
+    pub(super) clip_dim: Option<usize>,
 }
 
 /// A tensor as the `safetensors` crate serialises it.
@@ -117,7 +117,11 @@ fn save(
 /// (its Python `safetensors.save_file` is this same crate): bf16 latents `latents_{F}x{H}x{W}_bfloat16`, image
 /// latents `latents_image_{F}x{H}x{W}_bfloat16` (mask then latents), CLIP features in float16 under
 /// `clip_bfloat16`, text `varlen_t5_bfloat16`, and its metadata.
-fn write_musubi_caches(dir: &Path, item: &MusubiItem, text_dim: usize) -> anyhow::Result<()> {
+pub(super) fn write_musubi_caches(
+    dir: &Path,
+    item: &MusubiItem,
+    text_dim: usize,
+) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir)?;
     let rng = &mut StdRng::seed_from_u64(item.seed);
     let dev = &Device::Cpu;
@@ -176,7 +180,7 @@ fn write_musubi_caches(dir: &Path, item: &MusubiItem, text_dim: usize) -> anyhow
 }
 
 /// A video dataset of batch size 2 whose caches are in `cache/`; returns the TOML.
-fn dataset(root: &Path) -> anyhow::Result<PathBuf> {
+pub(super) fn dataset(root: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(root.join("videos"))?;
     let toml = root.join("data.toml");
     std::fs::write(
@@ -187,7 +191,11 @@ fn dataset(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(toml)
 }
 
-fn run_config(dir: &Path, toml: &Path, checkpointing: Checkpointing) -> anyhow::Result<RunConfig> {
+pub(super) fn run_config(
+    dir: &Path,
+    toml: &Path,
+    checkpointing: Checkpointing,
+) -> anyhow::Result<RunConfig> {
     let mut config = presets::builtin("demo-cpu")?
         .apply(&RunConfig::default())?
         .config;
@@ -301,126 +309,6 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
             second.loss.is_some_and(f64::is_finite) && second.grad_norm.is_some_and(|g| g > 0.0)
         );
     }
-    Ok(())
-}
-
-/// Samples of image-to-video models start from the prompt's image: a prompt without `--i`, or Wan2.1 I2V without
-/// `model.clip`, is refused when the run starts, before any model loads.
-#[test]
-fn i2v_samples_need_a_start_image_and_for_wan21_the_clip_encoder() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let toml = dataset(dir.path())?;
-    let start = dir.path().join("start.png");
-    image::RgbImage::from_fn(40, 30, |x, y| {
-        image::Rgb([(x * 6) as u8, (y * 8) as u8, 50])
-    })
-    .save(&start)?;
-    let error = |line: &str| -> anyhow::Result<String> {
-        let prompts = dir.path().join("prompts.txt");
-        std::fs::write(&prompts, line)?;
-        let mut config = run_config(dir.path(), &toml, Checkpointing::Blocks)?;
-        config.sampling.prompts = Some(prompts);
-        config.sampling.sample_every_n_steps = Some(1);
-        let fixture =
-            |case| framesmith_models::fixtures::wan_case(case).join("weights.safetensors");
-        config.model.vae = fixture("wan21_vae_tiny");
-        config.model.text_encoder = fixture("umt5_tiny");
-        let request = StartRun {
-            config,
-            resume_from: None,
-        };
-        Ok(Trainer::start(&request, &mut |_, _| {})
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default())
-    };
-    let err = error("a red cat --w 32 --h 32 --f 5 --s 2\n")?;
-    assert!(
-        err.contains("sample prompt \"a red cat\"") && err.contains("add --i"),
-        "{err}"
-    );
-    let err = error(&format!(
-        "a red cat --w 32 --h 32 --f 5 --s 2 --i {}\n",
-        start.display()
-    ))?;
-    assert!(err.contains("set model.clip"), "{err}");
-    Ok(())
-}
-
-/// A Wan2.2 I2V-A14B-shaped run (no CLIP) samples each prompt from its start image, conditioned as `generate
-/// --image` conditions it: two prompts alike but for the image give different clips.
-#[test]
-fn wan22_i2v_samples_start_from_the_prompts_image() -> anyhow::Result<()> {
-    let dir = tempfile::tempdir()?;
-    let root = dir.path();
-    let cfg = WanConfig {
-        generation: Generation::Wan22,
-        model_type: ModelType::I2v,
-        in_dim: 36,
-        ..WanConfig::tiny(2)
-    };
-    let dit = root.join("dit.safetensors");
-    candle_core::safetensors::save(&random_weights(&cfg, 8, DType::F32, &Device::Cpu)?, &dit)?;
-    let models = root.join("models");
-    std::fs::create_dir_all(&models)?;
-    let text_encoder = models.join("umt5.safetensors");
-    std::fs::copy(
-        framesmith_models::fixtures::wan_case("umt5_tiny").join("weights.safetensors"),
-        &text_encoder,
-    )?;
-    framesmith_models::wan::text_encoder::tokenizer::testkit::write_tiny_tokenizer(
-        &models.join("tokenizer.json"),
-    )?;
-    let toml = dataset(root)?;
-    for (stem, seed) in [("a", 1), ("b", 2)] {
-        let item = MusubiItem {
-            stem,
-            seed,
-            image: true,
-            clip_dim: None,
-        };
-        write_musubi_caches(&root.join("cache"), &item, 32)?;
-    }
-    let mut lines = String::new();
-    for (name, tint) in [("red.png", 200u8), ("blue.png", 20)] {
-        let path = root.join(name);
-        image::RgbImage::from_fn(40, 30, |x, y| {
-            image::Rgb([tint, (x * 6) as u8, (y * 8) as u8])
-        })
-        .save(&path)?;
-        lines.push_str(&format!(
-            "a cat --w 32 --h 32 --f 5 --s 2 --l 1.0 --d 3 --i {}\n",
-            path.display()
-        ));
-    }
-    let prompts = root.join("prompts.txt");
-    std::fs::write(&prompts, lines)?;
-    let mut config = run_config(root, &toml, Checkpointing::Blocks)?;
-    config.model.dit = dit;
-    config.model.vae =
-        framesmith_models::fixtures::wan_case("wan21_vae_tiny").join("weights.safetensors");
-    config.model.text_encoder = text_encoder;
-    config.sampling.prompts = Some(prompts);
-    config.sampling.sample_at_first = true;
-    let request = StartRun {
-        config,
-        resume_from: None,
-    };
-    let mut trainer = Trainer::start(&request, &mut |_, _| {})?;
-    let events = trainer.sample()?;
-    assert_eq!(events.len(), 2);
-    let frames = |i: usize| -> anyhow::Result<Vec<u8>> {
-        Ok(std::fs::read(root.join(format!(
-            "run/samples/000000-{i:02}/frame_0000.png"
-        )))?)
-    };
-    assert_ne!(
-        frames(0)?,
-        frames(1)?,
-        "the start image conditions the clip"
-    );
-    let report = trainer.train_step(&|| false)?;
-    assert!(report.loss.is_some_and(f64::is_finite));
     Ok(())
 }
 
@@ -608,5 +496,97 @@ fn a_text_to_video_cache_for_an_i2v_model_names_the_file_and_the_command() -> an
     // A text-to-video model ignores the image parts.
     let t2v = load_cached_items(&toml, &WanConfig::tiny(2), models, false, &Device::Cpu)?;
     assert!(t2v.items[0].0.image.is_none() && t2v.items[0].0.clip.is_none());
+    Ok(())
+}
+
+/// The checkpointed I2V step on the official Wan2.1 I2V fixture (`x`, `y`, `clip_fea`, two samples of different
+/// sizes): with targets `out − probe · n / 2` the loss's gradient at the output is `probe`, so the step's input
+/// gradients must be the official `grad.x_i` (of Σ out · probe), resident and with a block streamed.
+#[test]
+fn the_i2v_step_reproduces_the_official_input_gradients() -> anyhow::Result<()> {
+    use crate::parity::{compare, Fixture, GRAD_REL_TOL};
+    let fixture = Fixture::load(&framesmith_models::fixtures::wan_case("wan21_i2v_tiny"))?;
+    let cfg = WanConfig::from_json(&fixture.config.to_string(), Generation::Wan21)?;
+    assert!(cfg.has_clip());
+    let expected = |name: String| fixture.expected(&name).cloned();
+    let outs = (0..2)
+        .map(|i| expected(format!("out_{i}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let n: usize = outs.iter().map(Tensor::elem_count).sum();
+    let targets = (0..2)
+        .map(|i| Ok((&outs[i] - (fixture.input(&format!("probe_{i}"))? * (n as f64 / 2.0))?)?))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let target = LossTarget {
+        targets: &targets,
+        weights: None,
+        skip_frames: 0,
+    };
+    let latents = (0..2)
+        .map(|i| {
+            Ok(
+                candle_core::Var::from_tensor(fixture.input(&format!("x_{i}"))?)?
+                    .as_tensor()
+                    .clone(),
+            )
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let inputs = WanInputs {
+        latents,
+        timesteps: Timesteps::PerSample(
+            fixture
+                .input("t")?
+                .to_vec1::<f32>()?
+                .iter()
+                .map(|&t| f64::from(t))
+                .collect(),
+        ),
+        context: (0..2)
+            .map(|i| fixture.input(&format!("context_{i}")).cloned())
+            .collect::<anyhow::Result<_>>()?,
+        seq_len: Some(120),
+        clip: Some(fixture.input("clip_fea")?.clone()),
+        y: Some(
+            (0..2)
+                .map(|i| fixture.input(&format!("y_{i}")).cloned())
+                .collect::<anyhow::Result<_>>()?,
+        ),
+    };
+    for streamed in [&[][..], &[1]] {
+        let vb = Vb::from_tensors(fixture.weights.clone(), DType::F32, &Device::Cpu);
+        let offload = OffloadOptions {
+            mode: StreamMode::Pinned,
+            slots: 1,
+            ..OffloadOptions::default()
+        };
+        let model = WanModel::new_streamed(&cfg, vb, &ModelOptions::default(), streamed, &offload)?;
+        let options = StepOptions {
+            want_input_grads: true,
+            ..StepOptions::default()
+        };
+        let out = checkpointed_step(&model, &inputs, &target, &[], &options)?;
+        let grads = out.input_grads.unwrap_or_default();
+        assert_eq!(grads.len(), 2);
+        for (i, g) in grads.iter().enumerate() {
+            let row = compare(
+                &format!("grad.x_{i}"),
+                g,
+                fixture.expected(&format!("grad.x_{i}"))?,
+                GRAD_REL_TOL,
+            )?;
+            assert!(row.passed, "streamed {streamed:?}: {row:?}");
+        }
+        // The loss is Σ (probe · n / 2)² / n, up to the forward's float error.
+        let want = targets
+            .iter()
+            .zip(&outs)
+            .map(|(t, o)| Ok((o - t)?.sqr()?.sum_all()?.to_scalar::<f32>()? as f64))
+            .sum::<anyhow::Result<f64>>()?
+            / n as f64;
+        assert!(
+            (out.loss as f64 - want).abs() <= 1e-4 * want,
+            "{} vs {want}",
+            out.loss
+        );
+    }
     Ok(())
 }
