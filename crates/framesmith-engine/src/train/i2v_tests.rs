@@ -314,7 +314,7 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
 
 /// A tiny Wan2.1 I2V model (the tiny CLIP's 32-wide features) with random LoRAs, its blocks in `streamed`
 /// kept in host RAM and streamed.
-fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core::Var>)> {
+pub(super) fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core::Var>)> {
     let cfg = WanConfig {
         model_type: ModelType::I2v,
         in_dim: 36,

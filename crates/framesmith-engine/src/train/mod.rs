@@ -16,6 +16,8 @@ pub mod trainer;
 pub mod validation;
 
 #[cfg(test)]
+mod i2v_grad_tests;
+#[cfg(test)]
 mod i2v_sample_tests;
 #[cfg(test)]
 mod i2v_tests;
