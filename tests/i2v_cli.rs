@@ -155,3 +155,70 @@ fn wrong_image_and_model_combinations_name_the_fix() {
     );
     assert!(!out.exists(), "no clip is written on errors");
 }
+
+/// `cache latents` for image-to-video models: `--i2v` (musubi-tuner's flag) adds `latents_image` to each cache,
+/// an I2V `--dit` asks for what it needs, and a flag the DiT contradicts is refused with the fix.
+#[test]
+fn cache_latents_writes_image_latents_for_i2v_models_and_names_what_is_missing() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let images = root.join("images");
+    std::fs::create_dir(&images).expect("mkdir");
+    write_picture(&images.join("a.png"), 7);
+    std::fs::write(images.join("a.txt"), "a red cat").expect("caption");
+    let dataset = root.join("dataset.toml");
+    std::fs::write(
+        &dataset,
+        "[general]\nresolution = [32, 32]\nenable_bucket = false\ncaption_extension = \".txt\"\n\n\
+         [[datasets]]\nimage_directory = \"images\"\ncache_directory = \"cache\"\n",
+    )
+    .expect("dataset");
+    let (i2v, t2v, vae) = (
+        fixture("wan21_i2v_tiny"),
+        fixture("wan21_t2v_tiny"),
+        fixture("wan21_vae_tiny"),
+    );
+    let cache = |extra: &[&str]| {
+        let mut args = vec![
+            "cache",
+            "latents",
+            "--dataset",
+            s(&dataset),
+            "--vae",
+            &vae,
+            "--device",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = framesmith(&args);
+        (ok, format!("{stdout}{stderr}"))
+    };
+    let (ok, log) = cache(&["--dit", &i2v]);
+    assert!(
+        !ok && log.contains("takes CLIP image features") && log.contains("--clip"),
+        "{log}"
+    );
+    let (ok, log) = cache(&["--dit", &t2v, "--i2v"]);
+    assert!(
+        !ok && log.contains("not an image-to-video model") && log.contains("drop --i2v"),
+        "{log}"
+    );
+    let (ok, log) = cache(&["--dit", &i2v, "--clip", &vae]);
+    assert!(
+        !ok && log.contains("this is a VAE, not the CLIP image encoder"),
+        "{log}"
+    );
+
+    let (ok, log) = cache(&["--i2v"]);
+    assert!(ok && log.contains("first frame's conditioning"), "{log}");
+    let file = root.join("cache/a_0090x0050_wan.safetensors");
+    let (cached, _) =
+        framesmith_data::cache::read_wan_latent_cache(&file, &candle_core::Device::Cpu)
+            .expect("cache read back");
+    assert_eq!(cached.latents.dims(), &[16, 1, 4, 4]);
+    assert_eq!(
+        cached.latents_image.expect("image latents").dims(),
+        &[20, 1, 4, 4]
+    );
+    assert!(cached.clip.is_none());
+}

@@ -1,19 +1,23 @@
 //! `framesmith cache latents` and `framesmith cache text`: cache a musubi-tuner dataset for training, with a
-//! progress bar, a line per file that could not be cached, and a summary at the end.
+//! progress bar, a line per file that could not be cached, and a summary at the end. For image-to-video models
+//! (`--dit`, or musubi-tuner's `--i2v` / `--clip`) the latent caches also hold the first frame's conditioning.
 
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use candle_core::DType;
 use clap::{Args, Subcommand};
 use framesmith_config::run::DeviceSpec;
 use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
 use framesmith_data::{load_valid, DatasetKind, ValidConfig};
 use framesmith_engine::prep::{
-    cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ItemOutcome,
+    cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ImageParts, ItemOutcome,
     LatentEncoder,
 };
+use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith_models::wan::{weights, ModelType};
 use indicatif::ProgressBar;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
@@ -48,6 +52,18 @@ pub struct LatentArgs {
     /// Keep cache files of items that are no longer in the dataset
     #[arg(long)]
     keep_stale: bool,
+    /// The DiT the caches are for (read from its header only): for an image-to-video model (Wan2.1 I2V,
+    /// Wan2.2 I2V-A14B) the first frame's conditioning is cached too
+    #[arg(long)]
+    dit: Option<PathBuf>,
+    /// Cache the image-to-video conditioning (first-frame mask and image latents), as Wan2.2 I2V-A14B needs;
+    /// implied by --clip and by an I2V --dit
+    #[arg(long)]
+    i2v: bool,
+    /// CLIP image encoder for Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
+    /// clip_vision_h.safetensors): the first frame's features are cached too
+    #[arg(long)]
+    clip: Option<PathBuf>,
 }
 
 /// `cache text` options.
@@ -127,6 +143,7 @@ fn dataset(path: &Path) -> anyhow::Result<ValidConfig> {
 
 fn latents(args: &LatentArgs) -> anyhow::Result<()> {
     let valid = dataset(&args.dataset)?;
+    let wanted = image_parts_wanted(args)?;
     let tools = MediaTools::locate().ok();
     if tools.is_none()
         && valid
@@ -145,12 +162,39 @@ fn latents(args: &LatentArgs) -> anyhow::Result<()> {
         vae.config().variant,
         vae.config().z_dim
     );
+    let clip = match &wanted {
+        Wanted::LatentsAndClip(path) => {
+            // musubi-tuner runs CLIP in float16; the CPU computes in f32.
+            let clip_dtype = if device.is_cuda() {
+                DType::F16
+            } else {
+                DType::F32
+            };
+            let clip = load_clip_vision(path, &ClipVisionConfig::vit_h_14(), clip_dtype, &device)
+                .with_context(|| {
+                format!("loading the CLIP image encoder {}", path.display())
+            })?;
+            eprintln!("image-to-video: caching the first frame's conditioning and CLIP features");
+            Some(clip)
+        }
+        Wanted::Latents => {
+            eprintln!("image-to-video: caching the first frame's conditioning");
+            None
+        }
+        Wanted::None => None,
+    };
+    let image = match (&wanted, &clip) {
+        (Wanted::LatentsAndClip(_), Some(clip)) => ImageParts::LatentsAndClip(clip),
+        (Wanted::Latents, _) => ImageParts::Latents,
+        _ => ImageParts::None,
+    };
     let encoder = LatentEncoder {
         vae: &vae,
         stats: &stats,
         device: device.clone(),
         dtype,
         tiles: args.tiled.then(TileConfig::default),
+        image,
     };
     let options = CacheOptions {
         keep_stale: args.keep_stale,
@@ -160,6 +204,51 @@ fn latents(args: &LatentArgs) -> anyhow::Result<()> {
     progress.bar.finish_and_clear();
     report(&summary);
     Ok(())
+}
+
+/// What image-to-video conditioning `cache latents` writes.
+enum Wanted {
+    None,
+    Latents,
+    LatentsAndClip(PathBuf),
+}
+
+/// The image-to-video parts to cache, from `--dit` (its header says which model it is) or, without it, from
+/// `--i2v` / `--clip` as musubi-tuner's `wan_cache_latents.py` takes them. A flag the DiT contradicts, or a
+/// Wan2.1 I2V DiT without `--clip`, is an error that says what to change.
+fn image_parts_wanted(args: &LatentArgs) -> anyhow::Result<Wanted> {
+    let Some(dit) = &args.dit else {
+        return Ok(match (&args.clip, args.i2v) {
+            (Some(clip), _) => Wanted::LatentsAndClip(clip.clone()),
+            (None, true) => Wanted::Latents,
+            (None, false) => Wanted::None,
+        });
+    };
+    let report = weights::inspect(dit)?;
+    let name = weights::variant_name(&report.config, report.expert);
+    let cfg = &report.config;
+    if cfg.model_type != ModelType::I2v {
+        if args.i2v || args.clip.is_some() {
+            anyhow::bail!(
+                "{name} is not an image-to-video model, so it takes no image conditioning: drop --i2v and --clip, \
+                 or give the I2V DiT: {}",
+                dit.display()
+            );
+        }
+        return Ok(Wanted::None);
+    }
+    match (&args.clip, cfg.has_clip()) {
+        (Some(clip), true) => Ok(Wanted::LatentsAndClip(clip.clone())),
+        (None, true) => anyhow::bail!(
+            "{name} takes CLIP image features of each clip's first frame: add --clip \
+             models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth (or ComfyUI's clip_vision_h.safetensors)"
+        ),
+        (Some(_), false) => {
+            eprintln!("note: {name} has no CLIP image input; --clip is not used");
+            Ok(Wanted::Latents)
+        }
+        (None, false) => Ok(Wanted::Latents),
+    }
 }
 
 fn text(args: &TextArgs) -> anyhow::Result<()> {

@@ -73,6 +73,10 @@ pub const RUN_SECTIONS: &[Section] = &[
             field("model.vae", "VAE", FieldKind::Path),
             field("model.text_encoder", "Text encoder", FieldKind::Path),
             help(
+                field("model.clip", "CLIP", FieldKind::Path),
+                "Wan2.1 I2V only: encodes the start images of samples",
+            ),
+            help(
                 field("model.variant", "Variant", FieldKind::Text),
                 "auto, t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b",
             ),

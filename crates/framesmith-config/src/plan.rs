@@ -74,6 +74,8 @@ pub struct ModelPlan {
     pub variant: Option<String>,
     pub vae: Option<PathBuf>,
     pub text_encoder: Option<PathBuf>,
+    /// The CLIP image encoder of Wan2.1 I2V (start images of samples).
+    pub clip: Option<PathBuf>,
     pub base_dtype: BaseDtype,
     /// FP8 scale granularity; `Some` only for an FP8 base.
     pub fp8_scale: Option<Fp8ScaleMode>,

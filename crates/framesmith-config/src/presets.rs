@@ -324,6 +324,7 @@ mod tests {
         "model.dit",
         "model.vae",
         "model.text_encoder",
+        "model.clip",
         "dataset.config",
         "lora.init_from",
         "output.output_dir",

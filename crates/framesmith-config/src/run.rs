@@ -84,6 +84,9 @@ pub struct ModelSection {
     pub variant: String,
     pub vae: PathBuf,
     pub text_encoder: PathBuf,
+    /// CLIP image encoder of Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
+    /// clip_vision_h.safetensors): encodes the start images of samples during training.
+    pub clip: PathBuf,
     pub base_dtype: BaseDtype,
     pub fp8_scale: Fp8ScaleMode,
     pub residual_dtype: ResidualDtype,
@@ -98,6 +101,7 @@ impl Default for ModelSection {
             variant: "auto".into(),
             vae: PathBuf::new(),
             text_encoder: PathBuf::new(),
+            clip: PathBuf::new(),
             base_dtype: BaseDtype::Bf16,
             fp8_scale: Fp8ScaleMode::Block64,
             residual_dtype: ResidualDtype::F32,

@@ -217,6 +217,10 @@ fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPla
     if let Some(p) = &text_encoder {
         c.existing("model.text_encoder", p, "text encoder checkpoint");
     }
+    let clip = non_empty(&m.clip);
+    if let Some(p) = &clip {
+        c.existing("model.clip", p, "CLIP image encoder");
+    }
     if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
         c.note("FP8 base weights are dequantised on every use on the CPU; f32 is faster there");
     }
@@ -230,6 +234,7 @@ fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPla
         variant,
         vae,
         text_encoder,
+        clip,
         base_dtype: m.base_dtype,
         fp8_scale: (m.base_dtype == BaseDtype::Fp8).then_some(m.fp8_scale),
         residual_dtype: m.residual_dtype,

@@ -191,7 +191,8 @@ pub fn image_conditioning(
     clip: Option<&ClipVision>,
     settings: &ClipSettings,
 ) -> anyhow::Result<ImageConditioning> {
-    let shape = latent_shape(cfg, vae.vae.config(), settings)?;
+    // Settings that do not fit the model fail here, before anything is encoded.
+    latent_shape(cfg, vae.vae.config(), settings)?;
     let device = vae.stats.mean.device().clone();
     let (w, h) = (settings.width, settings.height);
     match cfg.model_type {
@@ -205,42 +206,64 @@ pub fn image_conditioning(
             Ok(ImageConditioning::FirstFrame { latent })
         }
         ModelType::I2v => {
-            let z = vae.vae.config().z_dim;
-            if cfg.in_dim != cfg.out_dim + 4 + z {
-                anyhow::bail!(
-                    "this I2V DiT takes {} input channels, but {} latent + 4 mask + {z} image channels come from \
-                     this VAE: use the VAE made for this model",
-                    cfg.in_dim,
-                    cfg.out_dim
-                );
-            }
-            let source = image_tensor(&crop_to_aspect(image, w, h), &device)?;
+            let y = image_channels(cfg, image, vae, settings)?;
             let clip = match (cfg.has_clip(), clip) {
-                (true, Some(clip)) => Some(
-                    clip.encode_image(&source)
-                        .context("encoding the start image with CLIP")?,
-                ),
+                (true, Some(clip)) => Some(clip_features(clip, image, (w, h), &device)?),
                 (true, None) => return Err(StartImageError::ClipMissing.into()),
                 (false, _) => None,
             };
-            // The official order: the image resized (bicubic) to the clip size, then black frames.
-            let first = resize_bicubic_tensor(&source, h, w)?.unsqueeze(1)?;
-            let black = Tensor::zeros((3, settings.frames - 1, h, w), DType::F32, &device)?;
-            let latent = encode_video(vae, &Tensor::cat(&[first, black], 1)?)?;
-            let [_, f, lh, lw] = shape;
-            let mask = Tensor::cat(
-                &[
-                    Tensor::ones((4, 1, lh, lw), DType::F32, &device)?,
-                    Tensor::zeros((4, f - 1, lh, lw), DType::F32, &device)?,
-                ],
-                1,
-            )?;
-            Ok(ImageConditioning::Channels {
-                y: Tensor::cat(&[mask, latent], 0)?,
-                clip,
-            })
+            Ok(ImageConditioning::Channels { y, clip })
         }
     }
+}
+
+/// The Wan2.1 I2V / Wan2.2 I2V-A14B conditioning channels `y` [4 + z, F, h, w] of `image` for a clip of
+/// `settings` (`WanI2V.generate`): the mask (1 on the first latent frame's 4 channels), then the latent of the
+/// image — cropped to the clip's aspect and resized (bicubic) to its size — followed by black frames.
+pub fn image_channels(
+    cfg: &WanConfig,
+    image: &RgbImage,
+    vae: &VaeDecoder,
+    settings: &ClipSettings,
+) -> anyhow::Result<Tensor> {
+    let [_, f, lh, lw] = latent_shape(cfg, vae.vae.config(), settings)?;
+    let device = vae.stats.mean.device().clone();
+    let (w, h) = (settings.width, settings.height);
+    let z = vae.vae.config().z_dim;
+    if cfg.in_dim != cfg.out_dim + 4 + z {
+        anyhow::bail!(
+            "this I2V DiT takes {} input channels, but {} latent + 4 mask + {z} image channels come from \
+             this VAE: use the VAE made for this model",
+            cfg.in_dim,
+            cfg.out_dim
+        );
+    }
+    let source = image_tensor(&crop_to_aspect(image, w, h), &device)?;
+    // The official order: the image resized (bicubic) to the clip size, then black frames.
+    let first = resize_bicubic_tensor(&source, h, w)?.unsqueeze(1)?;
+    let black = Tensor::zeros((3, settings.frames - 1, h, w), DType::F32, &device)?;
+    let latent = encode_video(vae, &Tensor::cat(&[first, black], 1)?)?;
+    let mask = Tensor::cat(
+        &[
+            Tensor::ones((4, 1, lh, lw), DType::F32, &device)?,
+            Tensor::zeros((4, f - 1, lh, lw), DType::F32, &device)?,
+        ],
+        1,
+    )?;
+    Ok(Tensor::cat(&[mask, latent], 0)?)
+}
+
+/// The CLIP features [1, tokens, dim] of a start image for a clip of `(width, height)`, as Wan2.1 I2V encodes
+/// it: the image cropped to the clip's aspect, in [−1, 1].
+pub fn clip_features(
+    clip: &ClipVision,
+    image: &RgbImage,
+    (width, height): (usize, usize),
+    device: &Device,
+) -> anyhow::Result<Tensor> {
+    let source = image_tensor(&crop_to_aspect(image, width, height), device)?;
+    clip.encode_image(&source)
+        .context("encoding the start image with CLIP")
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! Whether a cache file on disk is complete, from its safetensors header alone: the header parses, names a
-//! tensor of the expected kind, says `architecture = wan`, and its data ends exactly at the end of the file (a
+//! tensor of each expected kind, says `architecture = wan`, and its data ends exactly at the end of the file (a
 //! run killed mid-write leaves a shorter file). Reading only the header keeps re-runs over large datasets cheap.
 
 use std::collections::HashMap;
@@ -12,9 +12,12 @@ use framesmith_data::cache::WAN_ARCHITECTURE;
 /// Headers larger than this are not caches (musubi-tuner's are a few hundred bytes).
 const MAX_HEADER_BYTES: u64 = 1 << 20;
 
-/// The metadata of a complete Wan cache at `path` holding a tensor whose key starts with `key_prefix`; `None`
-/// when the file is missing, truncated, or another kind of file.
-pub(crate) fn complete_cache(path: &Path, key_prefix: &str) -> Option<HashMap<String, String>> {
+/// The metadata of a complete Wan cache at `path` holding, for each of `key_prefixes`, a tensor whose key starts
+/// with it; `None` when the file is missing, truncated, lacks one of them, or is another kind of file.
+pub(crate) fn complete_cache(
+    path: &Path,
+    key_prefixes: &[&str],
+) -> Option<HashMap<String, String>> {
     let mut file = File::open(path).ok()?;
     let file_len = file.metadata().ok()?.len();
     let mut len_bytes = [0u8; 8];
@@ -27,7 +30,7 @@ pub(crate) fn complete_cache(path: &Path, key_prefix: &str) -> Option<HashMap<St
     file.read_exact(&mut header).ok()?;
     let json: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(&header).ok()?;
     let mut metadata = HashMap::new();
-    let (mut data_end, mut has_key) = (0u64, false);
+    let (mut data_end, mut found) = (0u64, vec![false; key_prefixes.len()]);
     for (key, value) in &json {
         if key == "__metadata__" {
             for (k, v) in value.as_object()? {
@@ -35,10 +38,12 @@ pub(crate) fn complete_cache(path: &Path, key_prefix: &str) -> Option<HashMap<St
             }
             continue;
         }
-        has_key |= key.starts_with(key_prefix);
+        for (found, prefix) in found.iter_mut().zip(key_prefixes) {
+            *found |= key.starts_with(prefix);
+        }
         data_end = data_end.max(value.get("data_offsets")?.get(1)?.as_u64()?);
     }
-    let complete = has_key
+    let complete = found.iter().all(|&f| f)
         && 8 + header_len + data_end == file_len
         && metadata.get("architecture").map(String::as_str) == Some(WAN_ARCHITECTURE);
     complete.then_some(metadata)
@@ -60,19 +65,19 @@ mod tests {
             "a cat",
         )?;
         let meta =
-            complete_cache(&path, "varlen_t5_").ok_or_else(|| anyhow::anyhow!("complete"))?;
+            complete_cache(&path, &["varlen_t5_"]).ok_or_else(|| anyhow::anyhow!("complete"))?;
         assert_eq!(meta.get("caption1").map(String::as_str), Some("a cat"));
         assert_eq!(
             meta.get("architecture").map(String::as_str),
             Some(WAN_ARCHITECTURE)
         );
-        assert!(complete_cache(&path, "latents_").is_none());
+        assert!(complete_cache(&path, &["latents_"]).is_none());
         let bytes = std::fs::read(&path)?;
         std::fs::write(&path, &bytes[..bytes.len() - 1])?;
-        assert!(complete_cache(&path, "varlen_t5_").is_none());
+        assert!(complete_cache(&path, &["varlen_t5_"]).is_none());
         std::fs::write(&path, b"junk")?;
-        assert!(complete_cache(&path, "varlen_t5_").is_none());
-        assert!(complete_cache(&dir.path().join("absent"), "varlen_t5_").is_none());
+        assert!(complete_cache(&path, &["varlen_t5_"]).is_none());
+        assert!(complete_cache(&dir.path().join("absent"), &["varlen_t5_"]).is_none());
         Ok(())
     }
 }

@@ -1,5 +1,6 @@
 //! Caching a musubi-tuner dataset for training, as `wan_cache_latents.py` and `wan_cache_text_encoder_outputs.py`
-//! do and in their file format: VAE latents of every image and clip, umT5 embeddings of every caption. Caches
+//! do and in their file format: VAE latents of every image and clip (with the first-frame conditioning and CLIP
+//! features of image-to-video models), umT5 embeddings of every caption. Caches
 //! already on disk are kept (a text cache only while its caption is unchanged), caches of items no longer in the
 //! dataset are removed unless asked not to, and a file that cannot be decoded is reported and skipped.
 
@@ -24,6 +25,7 @@ use framesmith_data::probe::{image_size, probe_video};
 use framesmith_data::samples::{cache_dir, image_sample, video_samples, Sample};
 use framesmith_data::scan::{scan_dataset, DatasetScan, ScanOptions};
 use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
+use framesmith_models::wan::clip::ClipVision;
 use framesmith_models::wan::vae::{LatentStats, TileConfig, WanVae};
 
 pub use text::cache_text;
@@ -99,6 +101,30 @@ impl fmt::Display for CacheSummary {
     }
 }
 
+/// The image-to-video parts a latent cache holds beside the latents (musubi-tuner's `--i2v` and `--clip`).
+#[derive(Clone, Copy, Default)]
+pub enum ImageParts<'a> {
+    /// Latents only (text-to-video models, TI2V-5B).
+    #[default]
+    None,
+    /// The first-frame mask and image latents (`latents_image`): Wan2.2 I2V-A14B.
+    Latents,
+    /// Those and the first frame's CLIP vision features (`clip`): Wan2.1 I2V. The encoder runs on the VAE's
+    /// device.
+    LatentsAndClip(&'a ClipVision),
+}
+
+impl ImageParts<'_> {
+    /// Key prefixes a complete cache of these parts holds.
+    fn key_prefixes(&self) -> &'static [&'static str] {
+        match self {
+            ImageParts::None => &["latents_"],
+            ImageParts::Latents => &["latents_", "latents_image_"],
+            ImageParts::LatentsAndClip(_) => &["latents_", "latents_image_", "clip_"],
+        }
+    }
+}
+
 /// The VAE side of latent caching.
 pub struct LatentEncoder<'a> {
     pub vae: &'a WanVae,
@@ -109,20 +135,96 @@ pub struct LatentEncoder<'a> {
     pub dtype: DType,
     /// Spatial tiles, for frames too large to encode at once.
     pub tiles: Option<TileConfig>,
+    /// Image-to-video conditioning to cache beside the latents.
+    pub image: ImageParts<'a>,
 }
 
 impl LatentEncoder<'_> {
     /// Normalised latents `[C, F, H, W]` of bucket-sized RGB frames, on the CPU in `self.dtype`.
     pub fn encode_frames(&self, frames: &[RgbImage]) -> anyhow::Result<Tensor> {
         let video = frames_to_video(frames, &self.device)?.to_dtype(self.dtype)?;
+        self.encode_video(&video)
+    }
+
+    /// Normalised latents `[C, F, H, W]` of a video `[1, 3, T, H, W]` in [−1, 1], on the CPU in `self.dtype`.
+    fn encode_video(&self, video: &Tensor) -> anyhow::Result<Tensor> {
         let latents = match &self.tiles {
-            Some(tiles) => self.vae.encode_tiled(&video, self.stats, tiles)?,
-            None => self.vae.encode(&video, self.stats)?,
+            Some(tiles) => self.vae.encode_tiled(video, self.stats, tiles)?,
+            None => self.vae.encode(video, self.stats)?,
         };
         Ok(latents
             .squeeze(0)?
             .to_dtype(self.dtype)?
             .to_device(&Device::Cpu)?)
+    }
+
+    /// One sample's latent cache, made as musubi-tuner's `wan_cache_latents.py` makes it: the latents of the
+    /// frames and, for image-to-video models (`self.image`), `latents_image` = [mask; latents of the first frame
+    /// followed by black (zero) frames] with the mask 1 on the first latent frame's 4 channels and 0 elsewhere, and
+    /// for Wan2.1 I2V the first frame's CLIP vision features [tokens, dim], stored in float16.
+    pub fn encode_cache(&self, frames: &[RgbImage]) -> anyhow::Result<WanLatentCache> {
+        let video = frames_to_video(frames, &self.device)?.to_dtype(self.dtype)?;
+        let latents = self.encode_video(&video)?;
+        let (latents_image, clip) = match self.image {
+            ImageParts::None => (None, None),
+            parts => {
+                let first = video.narrow(2, 0, 1)?;
+                let clip = match parts {
+                    ImageParts::LatentsAndClip(encoder) => {
+                        let image = first.squeeze(0)?.squeeze(1)?.to_dtype(DType::F32)?;
+                        let features = encoder
+                            .encode_image(&image)
+                            .context("encoding the first frame with CLIP")?;
+                        Some(
+                            features
+                                .squeeze(0)?
+                                .to_dtype(DType::F16)?
+                                .to_device(&Device::Cpu)?,
+                        )
+                    }
+                    _ => None,
+                };
+                (Some(self.image_latents(&video, &first, &latents)?), clip)
+            }
+        };
+        Ok(WanLatentCache {
+            latents,
+            latents_image,
+            latents_control: None,
+            clip,
+            f_indices: None,
+        })
+    }
+
+    /// `[mask (4); latents of [first frame, zeros]]` `[4 + C, F, H, W]` beside `latents` of `video`.
+    fn image_latents(
+        &self,
+        video: &Tensor,
+        first: &Tensor,
+        latents: &Tensor,
+    ) -> anyhow::Result<Tensor> {
+        let (_, _, t, height, width) = video.dims5()?;
+        // A single frame (an image) is its own first frame: its latents are the image latents.
+        let image = if t == 1 {
+            latents.clone()
+        } else {
+            let zeros = Tensor::zeros((1, 3, t - 1, height, width), self.dtype, &self.device)?;
+            self.encode_video(&Tensor::cat(&[first, &zeros], 2)?)?
+        };
+        let (_, f, h, w) = latents.dims4()?;
+        let ones = Tensor::ones((4, 1, h, w), self.dtype, &Device::Cpu)?;
+        let mask = if f > 1 {
+            Tensor::cat(
+                &[
+                    ones,
+                    Tensor::zeros((4, f - 1, h, w), self.dtype, &Device::Cpu)?,
+                ],
+                1,
+            )?
+        } else {
+            ones
+        };
+        Ok(Tensor::cat(&[&mask, &image], 0)?)
     }
 }
 
@@ -311,9 +413,10 @@ fn planned_caches(
     }
 }
 
-/// Whether a complete latent cache is at `path`.
-fn cached(path: &Path) -> bool {
-    header::complete_cache(path, "latents_").is_some()
+/// Whether a complete latent cache with the image-to-video `parts` is at `path` (a text-to-video cache is made
+/// again for an image-to-video model).
+fn cached(path: &Path, parts: ImageParts) -> bool {
+    header::complete_cache(path, parts.key_prefixes()).is_some()
 }
 
 /// Caches one image or video; returns what happened and the names of tensors that held NaN.
@@ -326,7 +429,7 @@ fn cache_item(
 ) -> anyhow::Result<(ItemOutcome, Vec<String>)> {
     if let Some(planned) = planned_caches(ds, tools, media) {
         planned.iter().for_each(|p| expected.file(p));
-        if !planned.is_empty() && planned.iter().all(|p| cached(p)) {
+        if !planned.is_empty() && planned.iter().all(|p| cached(p, encoder.image)) {
             return Ok((ItemOutcome::Skipped, Vec::new()));
         }
     }
@@ -350,16 +453,10 @@ fn cache_item(
     let (mut written, mut nan_keys) = (0, Vec::new());
     for sample in &samples {
         expected.file(&sample.latent_cache);
-        if cached(&sample.latent_cache) {
+        if cached(&sample.latent_cache, encoder.image) {
             continue;
         }
-        let cache = WanLatentCache {
-            latents: encoder.encode_frames(&sample.frames)?,
-            latents_image: None,
-            latents_control: None,
-            clip: None,
-            f_indices: None,
-        };
+        let cache = encoder.encode_cache(&sample.frames)?;
         let meta = LatentCacheMetadata::wan(sample.original_size, sample.window.map(|w| w.frames));
         if let Some(dir) = sample.latent_cache.parent() {
             std::fs::create_dir_all(dir)
@@ -376,6 +473,8 @@ fn cache_item(
     Ok((outcome, nan_keys))
 }
 
+#[cfg(test)]
+mod i2v_tests;
 #[cfg(test)]
 #[path = "tests.rs"]
 mod tests;

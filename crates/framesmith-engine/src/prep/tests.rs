@@ -52,6 +52,7 @@ fn encoder(m: &Models) -> LatentEncoder<'_> {
         device: Device::Cpu,
         dtype: DType::F32,
         tiles: None,
+        image: Default::default(),
     }
 }
 

@@ -27,7 +27,7 @@ fn text_suffix() -> String {
 
 /// Whether `path` holds a complete text cache of `caption`.
 fn cached(path: &Path, caption: &str) -> bool {
-    super::header::complete_cache(path, "varlen_t5_")
+    super::header::complete_cache(path, &["varlen_t5_"])
         .is_some_and(|meta| meta.get("caption1").map(String::as_str) == Some(caption))
 }
 

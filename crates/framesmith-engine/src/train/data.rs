@@ -5,7 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
+use framesmith_data::cache::WanLatentCache;
+use framesmith_models::wan::{ModelType, WanConfig};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -19,6 +21,11 @@ pub struct TrainItem {
     pub latents: Tensor,
     /// Text embedding [L, text_dim].
     pub context: Tensor,
+    /// Image-to-video conditioning `y` [4 + C, F, H, W]: the first-frame mask and the latents of the first frame
+    /// followed by zeros (the cache's `latents_image`); `None` for text-to-video models.
+    pub image: Option<Tensor>,
+    /// CLIP vision features [tokens, clip_dim] of the first frame (the cache's `clip`), for Wan2.1 I2V.
+    pub clip: Option<Tensor>,
 }
 
 /// Items grouped into batches of one latent shape.
@@ -96,9 +103,53 @@ impl TrainSet {
         for item in &mut self.items {
             item.latents = item.latents.to_device(device)?;
             item.context = item.context.to_device(device)?;
+            item.image = item
+                .image
+                .as_ref()
+                .map(|t| t.to_device(device))
+                .transpose()?;
+            item.clip = item
+                .clip
+                .as_ref()
+                .map(|t| t.to_device(device))
+                .transpose()?;
         }
         Ok(())
     }
+}
+
+/// The image-to-video inputs of a batch, as musubi-tuner's trainer feeds the DiT: each item's `y` (its cached
+/// image latents) for an I2V model, and the items' CLIP features stacked to [b, tokens, clip_dim] for Wan2.1
+/// I2V; `None` where the model takes none. In f32, like the noisy latents `y` is concatenated to (the model casts
+/// both to its compute dtype).
+pub fn image_inputs(
+    batch: &[&TrainItem],
+    cfg: &WanConfig,
+) -> anyhow::Result<(Option<Vec<Tensor>>, Option<Tensor>)> {
+    if cfg.model_type != ModelType::I2v {
+        return Ok((None, None));
+    }
+    let part = |item: &TrainItem, t: &Option<Tensor>, what: &str| match t {
+        Some(t) => Ok(t.to_dtype(DType::F32)?),
+        None => Err(anyhow::anyhow!(
+            "{} has no {what}, which the image-to-video model needs",
+            item.key
+        )),
+    };
+    let y = batch
+        .iter()
+        .map(|item| part(item, &item.image, "image latents"))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let clip = if cfg.has_clip() {
+        let rows = batch
+            .iter()
+            .map(|item| part(item, &item.clip, "CLIP image features"))
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        Some(Tensor::stack(&rows, 0)?)
+    } else {
+        None
+    };
+    Ok((Some(y), clip))
 }
 
 /// The model files a run names, for the `framesmith cache` commands its messages suggest.
@@ -108,16 +159,36 @@ pub struct CacheModels<'a> {
     pub vae: Option<&'a Path>,
     /// The umT5 text encoder (`model.text_encoder`).
     pub text_encoder: Option<&'a Path>,
+    /// The DiT (`model.dit`): `cache latents` reads from it whether to cache image-to-video conditioning.
+    pub dit: Option<&'a Path>,
+    /// The CLIP image encoder of Wan2.1 I2V (`model.clip`).
+    pub clip: Option<&'a Path>,
 }
 
+/// What the CLIP image encoder file of Wan2.1 I2V is called, for messages.
+pub const CLIP_FILE_HINT: &str = "<models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth>";
+
 impl CacheModels<'_> {
-    /// `framesmith cache latents …` for `dataset_toml`, with the VAE filled in when the run names one.
-    pub fn latents_command(&self, dataset_toml: &Path) -> String {
-        format!(
+    /// `framesmith cache latents …` for `dataset_toml`, with the VAE filled in when the run names one. For an
+    /// image-to-video model `cfg` it names the DiT (or `--i2v`) and, for Wan2.1 I2V, the CLIP image encoder, so
+    /// the caches get the first-frame conditioning the model needs.
+    pub fn latents_command(&self, dataset_toml: &Path, cfg: &WanConfig) -> String {
+        let mut command = format!(
             "framesmith cache latents --dataset {} --vae {}",
             shell_word(dataset_toml),
             self.vae.map_or("<Wan2.1_VAE.pth>".into(), shell_word)
-        )
+        );
+        if cfg.model_type == ModelType::I2v {
+            match self.dit {
+                Some(dit) => command.push_str(&format!(" --dit {}", shell_word(dit))),
+                None => command.push_str(" --i2v"),
+            }
+            if cfg.has_clip() {
+                let clip = self.clip.map_or(CLIP_FILE_HINT.into(), shell_word);
+                command.push_str(&format!(" --clip {clip}"));
+            }
+        }
+        command
     }
 
     /// `framesmith cache text …` for `dataset_toml`, with the text encoder filled in when the run names one.
@@ -159,7 +230,7 @@ pub struct CachedItems {
 /// the `framesmith cache` commands that cache it, with `models`' paths filled in.
 pub fn load_cached_items(
     dataset_toml: &Path,
-    cfg: &framesmith_models::wan::WanConfig,
+    cfg: &WanConfig,
     models: CacheModels<'_>,
     with_validation: bool,
     device: &Device,
@@ -201,7 +272,7 @@ pub fn load_cached_items(
 /// Where cached items are read from and what they must fit.
 struct CachePlace<'a> {
     dataset_toml: &'a Path,
-    cfg: &'a framesmith_models::wan::WanConfig,
+    cfg: &'a WanConfig,
     models: CacheModels<'a>,
     device: &'a Device,
 }
@@ -246,7 +317,7 @@ impl CachePlace<'_> {
             anyhow::bail!(
                 "{what}{which} is not cached: no latent caches (*_wan.safetensors) in its cache directory; run `{}` \
                  and `{}` (musubi-tuner's caches work too), then start the run again: {}",
-                models.latents_command(toml),
+                models.latents_command(toml, cfg),
                 models.text_command(toml),
                 dir.display()
             );
@@ -284,13 +355,75 @@ impl CachePlace<'_> {
                     text_path.display()
                 );
             }
+            let (image, clip) = self.image_parts(&latent, &file, &latent_path)?;
             items.push(TrainItem {
                 key: file,
                 latents: latent.latents,
                 context: text.t5,
+                image,
+                clip,
             });
         }
         Ok(items)
+    }
+
+    /// The image-to-video parts of one cache that the model takes: the image latents `y` for I2V models (checked
+    /// against the latents' shape) and the CLIP features for Wan2.1 I2V. A cache without them fails with the
+    /// command that makes them; other models ignore them, as musubi-tuner does.
+    fn image_parts(
+        &self,
+        cache: &WanLatentCache,
+        file: &str,
+        path: &Path,
+    ) -> anyhow::Result<(Option<Tensor>, Option<Tensor>)> {
+        let cfg = self.cfg;
+        if cfg.model_type != ModelType::I2v {
+            return Ok((None, None));
+        }
+        let command = self.models.latents_command(self.dataset_toml, cfg);
+        let Some(image) = &cache.latents_image else {
+            anyhow::bail!(
+                "{file} has no image latents (latents_image_…), which the image-to-video model needs: the cache was \
+                 made for a text-to-video model. Run `{command}` (it adds the first frame's conditioning to the \
+                 caches; musubi-tuner's caches made with --i2v work too), then start the run again: {}",
+                path.display()
+            );
+        };
+        let (c, f, h, w) = cache.latents.dims4()?;
+        let want = cfg.in_dim.saturating_sub(cfg.out_dim);
+        if image.dims() != [want, f, h, w] {
+            anyhow::bail!(
+                "{file} has image latents of shape {:?} but the model takes [{want}, {f}, {h}, {w}] (4 mask channels \
+                 and {c} latent channels beside latents of shape [{c}, {f}, {h}, {w}]); cache it again with `{command}`: \
+                 {}",
+                image.dims(),
+                path.display()
+            );
+        }
+        if !cfg.has_clip() {
+            return Ok((Some(image.clone()), None));
+        }
+        let Some(clip) = &cache.clip else {
+            anyhow::bail!(
+                "{file} has no CLIP image features (clip_…), which Wan2.1 I2V needs: run `{command}` with the CLIP \
+                 image encoder (musubi-tuner's caches made with --clip work too), then start the run again: {}",
+                path.display()
+            );
+        };
+        // One-frame caches store [1, tokens, dim]; musubi-tuner squeezes that axis before the DiT.
+        let clip = match clip.dims() {
+            [1, _, _] => clip.squeeze(0)?,
+            _ => clip.clone(),
+        };
+        match clip.dims() {
+            [tokens, d] if *tokens > 0 && *d == cfg.clip_dim => Ok((Some(image.clone()), Some(clip))),
+            dims => anyhow::bail!(
+                "{file} has CLIP features of shape {dims:?} but the model takes [tokens, {}] (made with another \
+                 image encoder?); cache it again with `{command}`: {}",
+                cfg.clip_dim,
+                path.display()
+            ),
+        }
     }
 }
 
@@ -304,6 +437,8 @@ mod tests {
             key: key.into(),
             latents: Tensor::zeros((16, f, 2, 2), DType::F32, &Device::Cpu)?,
             context: Tensor::zeros((3, 4), DType::F32, &Device::Cpu)?,
+            image: None,
+            clip: None,
         })
     }
 
@@ -347,7 +482,7 @@ mod tests {
         let vae = Path::new("/models/Wan2.1_VAE.pth");
         let models = CacheModels {
             vae: Some(vae),
-            text_encoder: None,
+            ..CacheModels::default()
         };
         let message = |models| {
             load_cached_items(&toml, &cfg, models, true, &Device::Cpu)
@@ -386,11 +521,7 @@ mod tests {
     }
 
     /// Writes one cached image item (`stem`) into `dir` for a model of `cfg`'s shape.
-    fn cache_item(
-        dir: &Path,
-        stem: &str,
-        cfg: &framesmith_models::wan::WanConfig,
-    ) -> anyhow::Result<()> {
+    fn cache_item(dir: &Path, stem: &str, cfg: &WanConfig) -> anyhow::Result<()> {
         use framesmith_data::cache::{
             image_latent_cache_name, text_cache_name, write_wan_latent_cache, write_wan_text_cache,
             LatentCacheMetadata, WanLatentCache,

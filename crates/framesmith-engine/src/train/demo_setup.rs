@@ -10,6 +10,7 @@ use candle_core::{Device, Tensor};
 
 use crate::demo;
 use crate::demo::shapes::DemoClip;
+use crate::generate::denoise::ImageConditioning;
 use crate::generate::prompts::PromptSpec;
 use crate::generate::start_image::load_start_image;
 use crate::train::data::TrainItem;
@@ -54,6 +55,8 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
                 key: clip.name.clone(),
                 latents: demo::codec::encode(&clip.frames, device)?,
                 context: demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, device)?,
+                image: None,
+                clip: None,
             })
         })
         .collect()
@@ -114,7 +117,7 @@ pub fn demo_sample_prompts(
                 guidance: p.guidance,
                 seed: p.seed,
                 prompt: p.prompt,
-                start_frame,
+                image: start_frame.map(|latent| ImageConditioning::FirstFrame { latent }),
             })
         })
         .collect()

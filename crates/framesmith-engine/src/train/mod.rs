@@ -17,6 +17,12 @@ pub mod trainer;
 pub mod validation;
 
 #[cfg(test)]
+mod i2v_grad_tests;
+#[cfg(test)]
+mod i2v_sample_tests;
+#[cfg(test)]
+mod i2v_tests;
+#[cfg(test)]
 mod streaming_tests;
 #[cfg(test)]
 mod tests;

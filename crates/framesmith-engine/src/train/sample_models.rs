@@ -1,31 +1,47 @@
 //! Samples during training with a real Wan model: the prompt file's prompts are embedded by the umT5 encoder
 //! (with the tokenizer beside or inside its weights) before the DiT is loaded, and the encoder is dropped right
-//! after, so its memory is free again when training starts; clips are decoded by the Wan VAE.
+//! after, so its memory is free again when training starts; clips are decoded by the Wan VAE. Image-to-video
+//! models start each clip from the prompt's image (`--i`), conditioned as `framesmith generate --image` does
+//! (its CLIP features, for Wan2.1 I2V, also computed before the DiT loads).
 
 use anyhow::Context;
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 
-use crate::generate::denoise::Solver;
+use crate::generate::denoise::{ImageConditioning, Solver};
 use crate::generate::pipeline::{
     fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
 };
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
+use crate::generate::start_image::{clip_features, image_channels, load_start_image};
 use crate::train::samples::{Decoder, SamplePrompt};
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
-use framesmith_models::wan::WanConfig;
+use framesmith_models::wan::{weights, ModelType, WanConfig};
 
 /// A sample prompt with its embeddings.
 pub struct EncodedPrompt {
     pub spec: PromptSpec,
     pub conditioning: Conditioning,
+    /// CLIP features [1, tokens, dim] of the start image (Wan2.1 I2V).
+    pub clip: Option<Tensor>,
+}
+
+/// The DiT's configuration from its header alone, before any model loads; `None` when it cannot be read (the
+/// loader reports that).
+fn dit_config(plan: &RunPlan) -> Option<WanConfig> {
+    match &plan.model.source {
+        ModelSource::File(dit) => weights::inspect(dit).ok().map(|r| r.config),
+        ModelSource::Demo => None,
+    }
 }
 
 /// Embeds the sample prompts of a run on a real model (`None` for the demo model or when nothing is sampled).
-/// The text encoder lives only inside this call.
+/// The text encoder lives only inside this call. Image-to-video models need a start image (`--i`) per prompt;
+/// for Wan2.1 I2V its CLIP features are computed here too, with `model.clip`, which is dropped afterwards.
 pub fn encode_sample_prompts(
     plan: &RunPlan,
     dtype: DType,
@@ -35,18 +51,42 @@ pub fn encode_sample_prompts(
     let (Some(sampling), ModelSource::File(_)) = (&plan.sampling, &plan.model.source) else {
         return Ok(None);
     };
+    let specs = read_prompt_file(&sampling.prompts)?;
+    let cfg = dit_config(plan);
+    let i2v = cfg.as_ref().is_some_and(|c| c.model_type == ModelType::I2v);
+    for spec in &specs {
+        match (&spec.image, i2v) {
+            (Some(image), false) => anyhow::bail!(
+                "sample prompt \"{}\": start images (--i) in training samples are read by the demo model and by \
+                 image-to-video models only; remove --i, or make the clip with `framesmith generate --image`: {}",
+                spec.prompt,
+                image.display()
+            ),
+            (None, true) => anyhow::bail!(
+                "sample prompt \"{}\": this image-to-video model starts every clip from an image; add --i with a \
+                 start image (PNG, JPEG, WebP or BMP) to the line in {}",
+                spec.prompt,
+                sampling.prompts.display()
+            ),
+            _ => {}
+        }
+    }
+    let clips = match cfg.filter(WanConfig::has_clip) {
+        Some(_) => Some(clip_features_of(plan, &specs, dtype, device, log)?),
+        None => None,
+    };
     let path = plan
         .model
         .text_encoder
         .as_ref()
         .context("samples need model.text_encoder (the umT5 weights)")?;
-    let specs = read_prompt_file(&sampling.prompts)?;
     let encoder = TextEncoder::load(path, None, dtype, device).with_context(|| {
         format!(
             "loading the text encoder for samples from {}",
             path.display()
         )
     })?;
+    let mut clips = clips.map(Vec::into_iter);
     let encoded = specs
         .into_iter()
         .map(|spec| {
@@ -57,15 +97,12 @@ pub fn encode_sample_prompts(
                 spec.guidance,
             )
             .with_context(|| format!("encoding the sample prompt \"{}\"", spec.prompt))?;
-            if let Some(image) = &spec.image {
-                anyhow::bail!(
-                    "sample prompt \"{}\": start images (--i) in training samples are read by the demo model \
-                     only; remove --i, or make the clip with `framesmith generate --image`: {}",
-                    spec.prompt,
-                    image.display()
-                );
-            }
-            Ok(EncodedPrompt { spec, conditioning })
+            let clip = clips.as_mut().and_then(Iterator::next);
+            Ok(EncodedPrompt {
+                spec,
+                conditioning,
+                clip,
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     log(
@@ -76,6 +113,45 @@ pub fn encode_sample_prompts(
         ),
     );
     Ok(Some(encoded))
+}
+
+/// CLIP features of each prompt's start image, with the CLIP image encoder of `model.clip` (Wan2.1 I2V).
+fn clip_features_of(
+    plan: &RunPlan,
+    specs: &[PromptSpec],
+    dtype: DType,
+    device: &Device,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Vec<Tensor>> {
+    let path = plan.model.clip.as_ref().context(
+        "samples of Wan2.1 I2V encode their start images with CLIP: set model.clip to \
+         models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth (or ComfyUI's clip_vision_h.safetensors), or \
+         remove sampling.prompts",
+    )?;
+    let clip = load_clip_vision(path, &ClipVisionConfig::vit_h_14(), dtype, device)
+        .with_context(|| format!("loading the CLIP image encoder {}", path.display()))?;
+    let features = specs
+        .iter()
+        .map(|spec| {
+            let image = start_image(spec)?;
+            clip_features(&clip, &image, (spec.width, spec.height), device)
+                .with_context(|| format!("sample prompt \"{}\"", spec.prompt))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    log(
+        LogLevel::Info,
+        "sample start images encoded; CLIP image encoder released".into(),
+    );
+    Ok(features)
+}
+
+/// The start image of an image-to-video sample prompt.
+fn start_image(spec: &PromptSpec) -> anyhow::Result<image::RgbImage> {
+    let path = spec
+        .image
+        .as_ref()
+        .with_context(|| format!("sample prompt \"{}\" has no start image (--i)", spec.prompt))?;
+    load_start_image(path).with_context(|| format!("sample prompt \"{}\"", spec.prompt))
 }
 
 /// The sample prompts and the VAE decoder for a real model of config `cfg`.
@@ -94,45 +170,65 @@ pub fn vae_sampling(
     let vae = load_vae_auto(path, dtype, device)
         .with_context(|| format!("loading the VAE for samples from {}", path.display()))?;
     let stats = LatentStats::official(vae.config().variant, device)?;
-    let prompts = encoded
-        .into_iter()
-        .map(|EncodedPrompt { spec, conditioning }| {
-            let settings = ClipSettings {
-                width: spec.width,
-                height: spec.height,
-                frames: spec.frames,
-                steps: spec.steps,
-                shift: spec.flow_shift,
-                guidance: spec.guidance,
-                seed: spec.seed,
-                solver: Solver::Unipc,
-            };
-            let latent_shape = latent_shape(cfg, vae.config(), &settings)
-                .with_context(|| format!("sample prompt \"{}\"", spec.prompt))?;
-            Ok(SamplePrompt {
-                context: fit_context(&conditioning.context, cfg.text_len)?,
-                negative: conditioning
-                    .negative
-                    .as_ref()
-                    .map(|n| fit_context(n, cfg.text_len))
-                    .transpose()?,
-                latent_shape,
-                steps: spec.steps,
-                shift: spec.flow_shift,
-                guidance: spec.guidance,
-                seed: spec.seed,
-                prompt: spec.prompt,
-                start_frame: None,
-            })
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let decoder = Decoder::Vae(Box::new(VaeDecoder {
+    let decoder = VaeDecoder {
         vae,
         stats,
         tiles: None,
         dtype,
-    }));
-    Ok((prompts, decoder))
+    };
+    let prompts = encoded
+        .into_iter()
+        .map(|encoded| sample_prompt(cfg, encoded, &decoder))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((prompts, Decoder::Vae(Box::new(decoder))))
+}
+
+/// One prompt ready to sample: its latent shape checked, its contexts fitted, and for an image-to-video model
+/// its start image turned into the DiT's conditioning.
+fn sample_prompt(
+    cfg: &WanConfig,
+    EncodedPrompt {
+        spec,
+        conditioning,
+        clip,
+    }: EncodedPrompt,
+    decoder: &VaeDecoder,
+) -> anyhow::Result<SamplePrompt> {
+    let settings = ClipSettings {
+        width: spec.width,
+        height: spec.height,
+        frames: spec.frames,
+        steps: spec.steps,
+        shift: spec.flow_shift,
+        guidance: spec.guidance,
+        seed: spec.seed,
+        solver: Solver::Unipc,
+    };
+    let latent_shape = latent_shape(cfg, decoder.vae.config(), &settings)
+        .with_context(|| format!("sample prompt \"{}\"", spec.prompt))?;
+    let image = match cfg.model_type {
+        ModelType::I2v => {
+            let y = image_channels(cfg, &start_image(&spec)?, decoder, &settings)
+                .with_context(|| format!("the start image of the sample \"{}\"", spec.prompt))?;
+            Some(ImageConditioning::Channels { y, clip })
+        }
+        _ => None,
+    };
+    Ok(SamplePrompt {
+        context: fit_context(&conditioning.context, cfg.text_len)?,
+        negative: conditioning
+            .negative
+            .as_ref()
+            .map(|n| fit_context(n, cfg.text_len))
+            .transpose()?,
+        latent_shape,
+        steps: spec.steps,
+        shift: spec.flow_shift,
+        guidance: spec.guidance,
+        seed: spec.seed,
+        prompt: spec.prompt,
+        image,
+    })
 }
 
 #[cfg(test)]

@@ -42,6 +42,7 @@ fn cached_dataset(root: &Path, text_encoder: &Path) -> anyhow::Result<std::path:
         device: Device::Cpu,
         dtype: DType::F32,
         tiles: None,
+        image: Default::default(),
     };
     cache_latents(&valid, None, &encoder, &CacheOptions::default(), &mut ())?;
     let text = TextEncoder::load(text_encoder, None, DType::F32, &Device::Cpu)?;

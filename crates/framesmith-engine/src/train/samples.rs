@@ -38,8 +38,9 @@ pub struct SamplePrompt {
     pub shift: f64,
     pub guidance: f64,
     pub seed: u64,
-    /// The start image's latent [C, 1, H, W] of an image-to-video sample (the demo model's `--i`).
-    pub start_frame: Option<Tensor>,
+    /// How the start image (`--i`) conditions an image-to-video sample: the demo model's first latent frame, or
+    /// an I2V model's conditioning channels (and CLIP features).
+    pub image: Option<ImageConditioning>,
 }
 
 /// When and what to sample.
@@ -111,11 +112,7 @@ impl Trainer {
                 seed: p.seed,
                 solver: Solver::Unipc,
             };
-            let image = p
-                .start_frame
-                .clone()
-                .map(|latent| ImageConditioning::FirstFrame { latent });
-            let latents = generate_from(&experts, &request, image.as_ref(), &|| false)
+            let latents = generate_from(&experts, &request, p.image.as_ref(), &|| false)
                 .with_context(|| format!("generating the sample for \"{}\"", p.prompt))?;
             let frames = match &sampling.decoder {
                 Decoder::Demo => demo::codec::decode(&latents)?,

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::generate::denoise::{first_frame_row, with_first_frame};
-use crate::train::data::{TrainItem, TrainSet};
+use crate::train::data::{image_inputs, TrainItem, TrainSet};
 use crate::train::optimizer::{AdamW, StepOutcome};
 use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOptions, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps, TimestepDraw};
@@ -219,13 +219,14 @@ impl Trainer {
             .iter()
             .map(|d| loss_weight(self.timesteps.weighting, d.model_timestep))
             .collect();
+        let (y, clip) = image_inputs(batch, self.model.config())?;
         let inputs = WanInputs {
             latents: noisy,
             timesteps,
             context: batch.iter().map(|i| i.context.clone()).collect(),
             seq_len: None,
-            clip: None,
-            y: None,
+            clip,
+            y,
         };
         Ok(FlowBatch {
             inputs,

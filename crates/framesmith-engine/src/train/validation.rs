@@ -17,7 +17,7 @@ use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
 use crate::train::step::{forward_loss, StepError};
 use crate::train::timesteps::TimestepDraw;
 use crate::train::trainer::{mix, Trainer};
-use framesmith_config::plan::{DatasetSource, ValidationPlan};
+use framesmith_config::plan::{DatasetSource, ModelSource, ValidationPlan};
 use framesmith_config::protocol::{LogLevel, ValidationLoss};
 use framesmith_config::training::NUM_TRAIN_TIMESTEPS;
 use framesmith_config::RunPlan;
@@ -104,6 +104,11 @@ pub(super) fn load_run_data(
             let models = CacheModels {
                 vae: plan.model.vae.as_deref(),
                 text_encoder: plan.model.text_encoder.as_deref(),
+                dit: match &plan.model.source {
+                    ModelSource::File(path) => Some(path.as_path()),
+                    ModelSource::Demo => None,
+                },
+                clip: plan.model.clip.as_deref(),
             };
             let cached = load_cached_items(path, cfg, models, v.is_some(), device)?;
             if v.is_none() && cached.validation_datasets > 0 {

@@ -1,0 +1,112 @@
+//! The LoRA gradients of the image-to-video step (tiny Wan2.1 I2V with `y` and CLIP tokens): the checkpointed
+//! step in every backward mode equals the whole-graph backward, and matches finite differences of the loss.
+
+use candle_core::{DType, Device, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::train::i2v_tests::tiny_i2v;
+use crate::train::step::{
+    checkpointed_step, flow_loss, whole_graph_step, BlockBackward, LossTarget, StepOptions,
+};
+use framesmith_models::wan::random::random_inputs;
+use framesmith_models::wan::WanInputs;
+use framesmith_nn::init::randn;
+use framesmith_nn::testing::rel;
+
+/// Random I2V inputs (two samples of different sizes, `y` and CLIP features) and random targets.
+fn batch(cfg: &framesmith_models::wan::WanConfig) -> Result<(WanInputs, Vec<Tensor>)> {
+    let inputs = random_inputs(cfg, &[[2, 4, 6], [1, 4, 4]], 12, &Device::Cpu)?;
+    let rng = &mut StdRng::seed_from_u64(13);
+    let targets = inputs
+        .latents
+        .iter()
+        .map(|x| randn(rng, x.shape(), 0.0, 1.0, x.device()))
+        .collect::<Result<Vec<_>>>()?;
+    Ok((inputs, targets))
+}
+
+#[test]
+fn i2v_checkpointed_step_equals_whole_graph_backward() -> Result<()> {
+    let (model, vars) = tiny_i2v(&[])?;
+    let (inputs, targets) = batch(model.config())?;
+    assert!(inputs.y.is_some() && inputs.clip.is_some());
+    let weights = [1.0, 0.7];
+    let target = LossTarget {
+        targets: &targets,
+        weights: Some(&weights),
+        skip_frames: 0,
+    };
+    let full = whole_graph_step(&model, &inputs, &target, &vars)?;
+    for (backward, keep_attention, keep_tapes) in [
+        (BlockBackward::Autograd, false, false),
+        (BlockBackward::Manual, false, false),
+        (BlockBackward::Manual, true, false),
+        (BlockBackward::Manual, false, true),
+    ] {
+        let options = StepOptions {
+            backward,
+            keep_attention,
+            keep_tapes,
+            ..Default::default()
+        };
+        let ckpt = checkpointed_step(&model, &inputs, &target, &vars, &options)?;
+        assert!((ckpt.loss - full.loss).abs() <= 1e-6 * full.loss.abs());
+        for (a, b) in ckpt.grads.iter().zip(&full.grads) {
+            let r = rel(a, b)?;
+            assert!(r <= 1e-5, "{backward:?}: LoRA gradient differs: rel {r}");
+            assert!(b.abs()?.sum_all()?.to_scalar::<f32>()? > 0.0);
+        }
+    }
+    Ok(())
+}
+
+#[test]
+fn i2v_lora_gradients_match_finite_differences() -> Result<()> {
+    let (model, vars) = tiny_i2v(&[])?;
+    let (inputs, targets) = batch(model.config())?;
+    let target = LossTarget {
+        targets: &targets,
+        weights: None,
+        skip_frames: 0,
+    };
+    let out = checkpointed_step(&model, &inputs, &target, &vars, &StepOptions::default())?;
+    let rng = &mut StdRng::seed_from_u64(14);
+    let dirs = vars
+        .iter()
+        .map(|v| randn(rng, v.shape(), 0.0, 1.0, v.device()))
+        .collect::<Result<Vec<_>>>()?;
+    let analytic: f64 = out
+        .grads
+        .iter()
+        .zip(&dirs)
+        .map(|(g, d)| Ok((g * d)?.sum_all()?.to_scalar::<f32>()? as f64))
+        .sum::<Result<f64>>()?;
+    let originals = vars
+        .iter()
+        .map(|v| v.as_tensor().copy())
+        .collect::<Result<Vec<_>>>()?;
+    // Summed in f64 (`flow_loss` on f64 outputs): the loss moves by little either way.
+    let eps = 1e-3;
+    let loss_at = |sign: f64| -> Result<f64> {
+        for ((v, o), d) in vars.iter().zip(&originals).zip(&dirs) {
+            v.set(&(o + (d * (sign * eps))?)?)?;
+        }
+        let outs = model
+            .forward(&inputs)?
+            .iter()
+            .map(|o| o.to_dtype(DType::F64))
+            .collect::<Result<Vec<_>>>()?;
+        flow_loss(&outs, &target)?.to_scalar::<f64>()
+    };
+    let numeric = (loss_at(1.0)? - loss_at(-1.0)?) / (2.0 * eps);
+    for (v, o) in vars.iter().zip(&originals) {
+        v.set(o)?;
+    }
+    let err = (numeric - analytic).abs() / analytic.abs().max(1e-6);
+    assert!(
+        err < 2e-2,
+        "finite differences {numeric} vs analytic {analytic} (rel {err})"
+    );
+    Ok(())
+}
