@@ -87,9 +87,11 @@ pub fn write_mp4(path: &Path, frames: &[RgbFrame], fps: f64) -> Result<(), Encod
     let tmp = path.with_extension("mp4.partial");
     let file = File::create(&tmp).map_err(io_err)?;
     let even_first = first.even();
+    // OpenH264 drops frames to hold its bit rate unless told not to: noisy samples lost most of theirs.
     let config = EncoderConfig::new()
         .bitrate(BitRate::from_bps(4_000_000))
-        .max_frame_rate(FrameRate::from_hz(fps as f32));
+        .max_frame_rate(FrameRate::from_hz(fps as f32))
+        .skip_frames(false);
     let mut encoder = Encoder::with_api_config(OpenH264API::from_source(), config)
         .map_err(|e| EncodeError::Encoder(e.to_string()))?;
     let mut muxer = MuxerBuilder::new(BufWriter::new(file))
@@ -111,7 +113,9 @@ pub fn write_mp4(path: &Path, frames: &[RgbFrame], fps: f64) -> Result<(), Encod
         let keyframe = matches!(bitstream.frame_type(), FrameType::IDR | FrameType::I);
         let data = bitstream.to_vec();
         if data.is_empty() {
-            continue;
+            return Err(EncodeError::Encoder(format!(
+                "the H.264 encoder produced nothing for frame {i}"
+            )));
         }
         muxer
             .write_video(i as f64 / fps, &data, keyframe)
@@ -145,6 +149,39 @@ mod tests {
         assert_eq!(&bytes[4..8], b"ftyp");
         assert!(bytes.windows(4).any(|w| w == b"moov"));
         assert!(bytes.windows(4).any(|w| w == b"avc1"));
+        Ok(())
+    }
+
+    /// Sample count of the MP4's one track (`stsz` box: version/flags, sample size, then the count).
+    fn mp4_samples(bytes: &[u8]) -> Option<u32> {
+        let at = bytes.windows(4).position(|w| w == b"stsz")?;
+        let count = bytes.get(at + 12..at + 16)?;
+        Some(u32::from_be_bytes(count.try_into().ok()?))
+    }
+
+    /// Frames of noise (what an untrained model's samples look like) are the encoder's hardest case: none may be
+    /// dropped to meet the bit rate (a 21-frame sample came out with 13).
+    #[test]
+    fn every_frame_of_a_hard_clip_is_written() -> Result<(), Box<dyn std::error::Error>> {
+        let dir = tempfile::tempdir()?;
+        let mut state = 0x2545_f491_4f6c_dd1d_u64;
+        let frames: Vec<RgbFrame> = (0..21)
+            .map(|_| RgbFrame {
+                width: 832,
+                height: 480,
+                data: (0..832 * 480 * 3)
+                    .map(|_| {
+                        state ^= state << 13;
+                        state ^= state >> 7;
+                        state ^= state << 17;
+                        (state >> 56) as u8
+                    })
+                    .collect(),
+            })
+            .collect();
+        let path = dir.path().join("noise.mp4");
+        write_mp4(&path, &frames, 16.0)?;
+        assert_eq!(mp4_samples(&std::fs::read(&path)?), Some(21));
         Ok(())
     }
 
