@@ -6,11 +6,12 @@
 # images, captions), then `framesmith doctor`, `dataset check`, `cache latents` and `cache text` on the GPU,
 # `plan`, and `train --preset balanced-24gb --vram-budget-gb 24` with samples and saves, killed with SIGKILL
 # after its step-4 save and resumed to the end. Logs with timestamps; peak RAM from /usr/bin/time. Builds nothing.
-# Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]   (E2E_PREPARE_ONLY=1: stop after the plan)
+# Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]   (E2E_PREPARE_ONLY=1: stop after the plan;
+#   E2E_VARIANT=i2v-a14b: Wan2.2 I2V-A14B, image-to-video caches and samples from a start image)
 #   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
 set -uo pipefail
 BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
-STEPS="${E2E_STEPS:-6}" KILL_AFTER="${E2E_KILL_AFTER:-4}"
+STEPS="${E2E_STEPS:-6}" KILL_AFTER="${E2E_KILL_AFTER:-4}" VARIANT="${E2E_VARIANT:-t2v-14b}"
 mkdir -p "$LOG" "$WORK"
 export PATH="$BIN:$PATH"
 if python3 -c 'import nvidia' 2>/dev/null; then
@@ -33,7 +34,7 @@ timed() { # name, command...: runs under /usr/bin/time -v into $LOG/name.log
 MODELS="$WORK/models"
 SPIECE="$(dirname "$0")/../crates/framesmith-models/testdata/spiece_tiny/tiny_unigram.model"
 if [[ ! -f "$MODELS/run.toml" ]]; then
-    timed synth framesmith-bench synth-project --variant t2v-14b --dtype fp8-scaled --encoders "$SPIECE" \
+    timed synth framesmith-bench synth-project --variant "$VARIANT" --dtype fp8-scaled --encoders "$SPIECE" \
         --out "$MODELS" --frames 81 --height 480 --width 832 --steps "$STEPS" || exit 1
 fi
 DIT="$MODELS/dit.safetensors" VAE="$MODELS/wan_2.1_vae.safetensors"
@@ -44,13 +45,18 @@ rm -rf "$WORK/data" && cp -r "$DATA" "$WORK/data" && rm -rf "$WORK/data/cache"
 timed doctor framesmith doctor
 for f in "$DIT" "$T5" "$VAE"; do framesmith inspect "$f" 2>&1 | head -20 >> "$LOG/inspect.log"; done
 timed check-before framesmith dataset check "$WORK/data/dataset.toml"
-timed cache-latents framesmith cache latents --dataset "$WORK/data/dataset.toml" --vae "$VAE" --device cuda || exit 1
+# `--dit` makes the image-to-video parts (first-frame mask and latents) for an I2V DiT.
+timed cache-latents framesmith cache latents --dataset "$WORK/data/dataset.toml" --vae "$VAE" --dit "$DIT" \
+    --device cuda || exit 1
 timed cache-text framesmith cache text --dataset "$WORK/data/dataset.toml" --text-encoder "$T5" --device cuda || exit 1
 timed check-after framesmith dataset check "$WORK/data/dataset.toml"
 find "$WORK/data/cache" -type f | sort | xargs ls -la >> "$LOG/caches.log"
 
-cat > "$WORK/prompts.txt" <<'TXT'
-a test card with a moving colour bar, bright daylight --w 832 --h 480 --f 21 --s 4 --d 42
+# Image-to-video samples start from an image (`--i`); text-to-video ones ignore none.
+START_IMAGE=""
+[[ "$VARIANT" == i2v-* ]] && START_IMAGE=" --i $WORK/data/images/fractal.jpg"
+cat > "$WORK/prompts.txt" <<TXT
+a test card with a moving colour bar, bright daylight --w 832 --h 480 --f 21 --s 4 --d 42$START_IMAGE
 TXT
 cat > "$WORK/run.toml" <<TOML
 [model]

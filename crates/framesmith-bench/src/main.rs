@@ -224,7 +224,7 @@ enum Command {
 /// `synth-project`'s arguments.
 #[derive(clap::Args)]
 struct SynthArgs {
-    /// Wan text-to-video variant (t2v-1.3b, t2v-14b, t2v-a14b).
+    /// Wan variant (t2v-1.3b, t2v-14b, t2v-a14b; i2v-14b and i2v-a14b with --encoders).
     #[arg(long, default_value = "t2v-1.3b")]
     variant: String,
     #[command(flatten)]
@@ -388,11 +388,15 @@ fn synth_project(args: &SynthArgs) -> Result<()> {
         encoders: args.encoders.clone(),
     };
     let files = bench::synth::write_project(&args.out, &spec)?;
+    let cache = if files.latents.as_os_str().is_empty() {
+        "no cache (image-to-video: `framesmith cache latents --dit`)".to_string()
+    } else {
+        files.latents.display().to_string()
+    };
     println!(
-        "wrote {} ({:.2} GiB), {}, {}, {}",
+        "wrote {} ({:.2} GiB), {cache}, {}, {}",
         files.dit.display(),
         files.dit_bytes as f64 / (1u64 << 30) as f64,
-        files.latents.display(),
         files.dataset.display(),
         files.run.display()
     );

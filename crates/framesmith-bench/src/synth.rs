@@ -101,10 +101,15 @@ pub struct SynthFiles {
 }
 
 /// Writes the project into `dir` (created when missing): `dit.safetensors`, `dataset.toml` with its cache
-/// folder, and `run.toml` (bf16 base, LoRA rank 32, no samples, saving at the end only, on `cuda`).
+/// folder, and `run.toml` (bf16 base, LoRA rank 32, no samples, saving at the end only, on `cuda`). An
+/// image-to-video variant needs `encoders` and gets no cache (make one with `framesmith cache latents --dit`).
 pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFiles> {
-    if spec.cfg.model_type != ModelType::T2v {
-        bail!("synth-project writes text-to-video projects; image-to-video variants need image-conditioning caches");
+    let t2v = spec.cfg.model_type == ModelType::T2v;
+    if !t2v && spec.encoders.is_none() {
+        bail!(
+            "an image-to-video project needs image-conditioning caches: add --encoders, then cache a dataset \
+             with `framesmith cache latents --dit`"
+        );
     }
     let latent = latent_shape(spec)?;
     if spec.text_tokens == 0 || spec.text_tokens > spec.cfg.text_len {
@@ -119,7 +124,12 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
         .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
     let dit = dir.join(DIT_FILE);
     let dit_bytes = write_random_dit(&dit, &spec.cfg, spec.dit, spec.seed)?;
-    let latents = write_cached_item(&dir, spec, latent)?;
+    // Image-to-video caches come from `framesmith cache latents` with the written VAE, not from random draws.
+    let latents = if t2v {
+        write_cached_item(&dir, spec, latent)?
+    } else {
+        PathBuf::new()
+    };
     if let Some(spiece) = &spec.encoders {
         let bytes =
             fs::read(spiece).with_context(|| format!("cannot read {}", spiece.display()))?;
