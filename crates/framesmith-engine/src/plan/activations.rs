@@ -45,7 +45,7 @@ pub fn block_tape_bytes(cfg: &WanConfig, batch: u64, rank: u64, shape: &StepShap
     let (d, f, h) = (cfg.dim as u64, cfg.ffn_dim as u64, cfg.num_heads as u64);
     let text = batch * cfg.text_len as u64;
     let (token_copies, context_copies) = if cfg.qk_norm { (12, 3) } else { (9, 2) };
-    let modulation = if cfg.per_token_time() {
+    let modulation = if super::working_set::per_token_time(cfg) {
         per_token_modulation_bytes(cfg, l)
     } else {
         batch * 6 * d * 4
