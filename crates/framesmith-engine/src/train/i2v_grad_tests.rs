@@ -1,13 +1,14 @@
 //! The LoRA gradients of the image-to-video step (tiny Wan2.1 I2V with `y` and CLIP tokens): the checkpointed
 //! step in every backward mode equals the whole-graph backward, and matches finite differences of the loss.
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::train::i2v_tests::tiny_i2v;
 use crate::train::step::{
-    checkpointed_step, flow_loss, whole_graph_step, BlockBackward, LossTarget, StepOptions,
+    check_lora_gradients_by_finite_differences, checkpointed_step, whole_graph_step, BlockBackward,
+    LossTarget, StepOptions,
 };
 use framesmith_models::wan::random::random_inputs;
 use framesmith_models::wan::WanInputs;
@@ -70,43 +71,5 @@ fn i2v_lora_gradients_match_finite_differences() -> Result<()> {
         weights: None,
         skip_frames: 0,
     };
-    let out = checkpointed_step(&model, &inputs, &target, &vars, &StepOptions::default())?;
-    let rng = &mut StdRng::seed_from_u64(14);
-    let dirs = vars
-        .iter()
-        .map(|v| randn(rng, v.shape(), 0.0, 1.0, v.device()))
-        .collect::<Result<Vec<_>>>()?;
-    let analytic: f64 = out
-        .grads
-        .iter()
-        .zip(&dirs)
-        .map(|(g, d)| Ok((g * d)?.sum_all()?.to_scalar::<f32>()? as f64))
-        .sum::<Result<f64>>()?;
-    let originals = vars
-        .iter()
-        .map(|v| v.as_tensor().copy())
-        .collect::<Result<Vec<_>>>()?;
-    // Summed in f64 (`flow_loss` on f64 outputs): the loss moves by little either way.
-    let eps = 1e-3;
-    let loss_at = |sign: f64| -> Result<f64> {
-        for ((v, o), d) in vars.iter().zip(&originals).zip(&dirs) {
-            v.set(&(o + (d * (sign * eps))?)?)?;
-        }
-        let outs = model
-            .forward(&inputs)?
-            .iter()
-            .map(|o| o.to_dtype(DType::F64))
-            .collect::<Result<Vec<_>>>()?;
-        flow_loss(&outs, &target)?.to_scalar::<f64>()
-    };
-    let numeric = (loss_at(1.0)? - loss_at(-1.0)?) / (2.0 * eps);
-    for (v, o) in vars.iter().zip(&originals) {
-        v.set(o)?;
-    }
-    let err = (numeric - analytic).abs() / analytic.abs().max(1e-6);
-    assert!(
-        err < 2e-2,
-        "finite differences {numeric} vs analytic {analytic} (rel {err})"
-    );
-    Ok(())
+    check_lora_gradients_by_finite_differences(&model, &inputs, &target, &vars, 14)
 }
