@@ -215,11 +215,7 @@ pub fn write_random_dit(
             let module = name.trim_end_matches(".weight");
             views.push((
                 format!("model.diffusion_model.{module}.scale_weight"),
-                SynthTensor::Bytes {
-                    dtype: safetensors::Dtype::F32,
-                    shape: Vec::new(),
-                    data: scale.to_le_bytes().to_vec(),
-                },
+                SynthTensor::scale(scale),
             ));
         }
         let tensor = RandomTensor {
@@ -237,14 +233,7 @@ pub fn write_random_dit(
         views.push((key, SynthTensor::Random(tensor)));
     }
     if comfy {
-        views.push((
-            "scaled_fp8".into(),
-            SynthTensor::Bytes {
-                dtype: safetensors::Dtype::F8_E4M3,
-                shape: vec![0],
-                data: Vec::new(),
-            },
-        ));
+        views.push(("scaled_fp8".into(), SynthTensor::scaled_fp8_marker()));
     }
     write_safetensors(path, views)?;
     Ok(fs::metadata(path)
@@ -277,11 +266,7 @@ pub fn write_random_encoders(
         if let Some(scale) = scale {
             views.push((
                 format!("{}.scale_weight", name.trim_end_matches(".weight")),
-                SynthTensor::Bytes {
-                    dtype: safetensors::Dtype::F32,
-                    shape: Vec::new(),
-                    data: scale.to_le_bytes().to_vec(),
-                },
+                SynthTensor::scale(scale),
             ));
         }
         let dtype = if linear {
@@ -299,14 +284,7 @@ pub fn write_random_encoders(
         };
         views.push((name, SynthTensor::Random(tensor)));
     }
-    views.push((
-        "scaled_fp8".into(),
-        SynthTensor::Bytes {
-            dtype: safetensors::Dtype::F8_E4M3,
-            shape: vec![0],
-            data: Vec::new(),
-        },
-    ));
+    views.push(("scaled_fp8".into(), SynthTensor::scaled_fp8_marker()));
     views.push((
         "spiece_model".into(),
         SynthTensor::Bytes {
@@ -375,6 +353,26 @@ enum SynthTensor {
         shape: Vec<usize>,
         data: Vec<u8>,
     },
+}
+
+impl SynthTensor {
+    /// A per-tensor FP8 scale: one f32.
+    fn scale(scale: f32) -> Self {
+        Self::Bytes {
+            dtype: safetensors::Dtype::F32,
+            shape: Vec::new(),
+            data: scale.to_le_bytes().to_vec(),
+        }
+    }
+
+    /// ComfyUI's `scaled_fp8` marker: an empty `float8_e4m3fn` tensor.
+    fn scaled_fp8_marker() -> Self {
+        Self::Bytes {
+            dtype: safetensors::Dtype::F8_E4M3,
+            shape: vec![0],
+            data: Vec::new(),
+        }
+    }
 }
 
 impl View for SynthTensor {

@@ -18,6 +18,18 @@ fn tensor(seed: u64, dims: &[usize], scale: f32) -> Tensor {
     framesmith_nn::init::randn(rng, dims, 0.0, scale, &Device::Cpu).unwrap()
 }
 
+/// Rank-2 f32 adapters on every block linear.
+fn spec() -> LoraSpec {
+    LoraSpec {
+        rank: 2,
+        alpha: 1.0,
+        dtype: DType::F32,
+        include_patterns: vec![],
+        exclude_patterns: vec![],
+        seed: 1,
+    }
+}
+
 fn bits(t: &Tensor) -> Vec<u32> {
     framesmith_nn::testing::f32_bits(t).unwrap()
 }
@@ -38,15 +50,7 @@ fn tiny_wan_model_round_trip() {
         .unwrap()
     };
     let mut trained = build();
-    let spec = LoraSpec {
-        rank: 2,
-        alpha: 1.0,
-        dtype: DType::F32,
-        include_patterns: vec![],
-        exclude_patterns: vec![],
-        seed: 1,
-    };
-    let set = attach_loras(trained.linears_mut(), &spec).unwrap();
+    let set = attach_loras(trained.linears_mut(), &spec()).unwrap();
     assert_eq!(set.len(), 2 * 10);
     for (_, lora) in set.iter() {
         let dims = lora.up.dims().to_vec();
@@ -91,15 +95,7 @@ fn untracked_forward_matches_the_tracked_one_without_a_graph() {
         &Default::default(),
     )
     .unwrap();
-    let spec = LoraSpec {
-        rank: 2,
-        alpha: 1.0,
-        dtype: DType::F32,
-        include_patterns: vec![],
-        exclude_patterns: vec![],
-        seed: 1,
-    };
-    let set = attach_loras(model.linears_mut(), &spec).unwrap();
+    let set = attach_loras(model.linears_mut(), &spec()).unwrap();
     for (_, lora) in set.iter() {
         let dims = lora.up.dims().to_vec();
         lora.up.set(&tensor(9, &dims, 0.1)).unwrap();
