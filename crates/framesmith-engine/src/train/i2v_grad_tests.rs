@@ -2,28 +2,20 @@
 //! step in every backward mode equals the whole-graph backward, and matches finite differences of the loss.
 
 use candle_core::{Device, Result, Tensor};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use crate::train::i2v_tests::tiny_i2v;
 use crate::train::step::{
-    check_lora_gradients_by_finite_differences, checkpointed_step, whole_graph_step, BlockBackward,
-    LossTarget, StepOptions,
+    checkpointed_step, whole_graph_step, BlockBackward, LossTarget, StepOptions,
 };
+use crate::train::step_testkit::{check_lora_gradients_by_finite_differences, random_targets};
 use framesmith_models::wan::random::random_inputs;
 use framesmith_models::wan::WanInputs;
-use framesmith_nn::init::randn;
 use framesmith_nn::testing::rel;
 
 /// Random I2V inputs (two samples of different sizes, `y` and CLIP features) and random targets.
 fn batch(cfg: &framesmith_models::wan::WanConfig) -> Result<(WanInputs, Vec<Tensor>)> {
     let inputs = random_inputs(cfg, &[[2, 4, 6], [1, 4, 4]], 12, &Device::Cpu)?;
-    let rng = &mut StdRng::seed_from_u64(13);
-    let targets = inputs
-        .latents
-        .iter()
-        .map(|x| randn(rng, x.shape(), 0.0, 1.0, x.device()))
-        .collect::<Result<Vec<_>>>()?;
+    let targets = random_targets(&inputs, 13)?;
     Ok((inputs, targets))
 }
 

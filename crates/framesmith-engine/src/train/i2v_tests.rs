@@ -21,7 +21,6 @@ use framesmith_models::wan::{
     Generation, ModelOptions, ModelType, Timesteps, WanConfig, WanInputs, WanModel,
 };
 use framesmith_nn::init::randn;
-use framesmith_nn::lora::Lora;
 use framesmith_nn::offload::{OffloadOptions, StreamMode};
 use framesmith_nn::vb::Vb;
 
@@ -334,19 +333,7 @@ pub(super) fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core:
         };
         WanModel::new_streamed(&cfg, vb, &ModelOptions::default(), streamed, &offload)?
     };
-    let rng = &mut StdRng::seed_from_u64(4);
-    let mut vars = Vec::new();
-    for (_, linear) in model.linears_mut() {
-        let (inp, out) = (linear.in_dim(), linear.out_dim());
-        let lora = Lora::from_tensors(
-            &randn(rng, (4, inp), 0.0, 0.1, &dev)?,
-            &randn(rng, (out, 4), 0.0, 0.1, &dev)?,
-            4.0,
-        )?;
-        vars.push(lora.down.clone());
-        vars.push(lora.up.clone());
-        linear.set_lora(Some(lora));
-    }
+    let vars = crate::train::step_testkit::attach_random_loras(&mut model, 4)?;
     Ok((model, vars))
 }
 

@@ -23,6 +23,8 @@ mod i2v_sample_tests;
 #[cfg(test)]
 mod i2v_tests;
 #[cfg(test)]
+mod step_testkit;
+#[cfg(test)]
 mod streaming_tests;
 #[cfg(test)]
 mod tests;

@@ -404,73 +404,15 @@ pub fn whole_graph_step(
     })
 }
 
-/// Checks the checkpointed step's LoRA gradients against central finite differences of the loss along one random
-/// direction over every LoRA parameter (seeded by `seed`): relative error under 2%.
-#[cfg(test)]
-pub(crate) fn check_lora_gradients_by_finite_differences(
-    model: &WanModel,
-    inputs: &WanInputs,
-    target: &LossTarget,
-    vars: &[Var],
-    seed: u64,
-) -> Result<()> {
-    use framesmith_nn::init::randn;
-    use rand::{rngs::StdRng, SeedableRng};
-    let out = checkpointed_step(model, inputs, target, vars, &StepOptions::default())?;
-    let rng = &mut StdRng::seed_from_u64(seed);
-    let dirs = vars
-        .iter()
-        .map(|v| randn(rng, v.shape(), 0.0, 1.0, v.device()))
-        .collect::<Result<Vec<_>>>()?;
-    let analytic: f64 = out
-        .grads
-        .iter()
-        .zip(&dirs)
-        .map(|(g, d)| Ok((g * d)?.sum_all()?.to_scalar::<f32>()? as f64))
-        .sum::<Result<f64>>()?;
-    let originals = vars
-        .iter()
-        .map(|v| v.as_tensor().copy())
-        .collect::<Result<Vec<_>>>()?;
-    // The loss (a few units, f32 ulp ~2e-7) moves by only ~1e-4 or less either way, so an f32 loss would put
-    // percent-level noise on the difference: it is summed in f64 (`flow_loss` on f64 outputs).
-    let eps = 1e-3;
-    let loss_at = |sign: f64| -> Result<f64> {
-        for ((v, o), d) in vars.iter().zip(&originals).zip(&dirs) {
-            v.set(&(o + (d * (sign * eps))?)?)?;
-        }
-        let outs = model
-            .forward(inputs)?
-            .iter()
-            .map(|o| o.to_dtype(DType::F64))
-            .collect::<Result<Vec<_>>>()?;
-        flow_loss(&outs, target)?.to_scalar::<f64>()
-    };
-    let numeric = (loss_at(1.0)? - loss_at(-1.0)?) / (2.0 * eps);
-    for (v, o) in vars.iter().zip(&originals) {
-        v.set(o)?;
-    }
-    let err = (numeric - analytic).abs() / analytic.abs().max(1e-6);
-    eprintln!("directional derivative: finite differences {numeric:.6e}, analytic {analytic:.6e}");
-    assert!(
-        err < 2e-2,
-        "finite differences {numeric} vs analytic {analytic} (rel {err})"
-    );
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::train::step_testkit::{attach_random_loras, random_targets};
     use candle_core::Device;
     use framesmith_models::wan::random::{random_inputs, random_weights};
     use framesmith_models::wan::WanConfig;
-    use framesmith_nn::init::randn;
-    use framesmith_nn::lora::Lora;
     use framesmith_nn::testing::rel;
     use framesmith_nn::vb::Vb;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
 
     /// A tiny model with LoRAs on every block linear whose `up` is random (not zero), so every LoRA parameter
     /// gets a gradient.
@@ -479,19 +421,7 @@ mod tests {
         let cfg = WanConfig::tiny(layers);
         let vb = Vb::from_tensors(random_weights(&cfg, 7, DType::F32, &dev)?, DType::F32, &dev);
         let mut model = WanModel::new(&cfg, vb, &Default::default())?;
-        let mut vars = Vec::new();
-        let rng = &mut StdRng::seed_from_u64(11);
-        for (_, linear) in model.linears_mut() {
-            let (inp, out) = (linear.in_dim(), linear.out_dim());
-            let lora = Lora::from_tensors(
-                &randn(rng, (4, inp), 0.0, 0.1, &dev)?,
-                &randn(rng, (out, 4), 0.0, 0.1, &dev)?,
-                4.0,
-            )?;
-            vars.push(lora.down.clone());
-            vars.push(lora.up.clone());
-            linear.set_lora(Some(lora));
-        }
+        let vars = attach_random_loras(&mut model, 11)?;
         Ok((model, vars))
     }
 
@@ -503,12 +433,7 @@ mod tests {
             .iter()
             .map(|x| Var::from_tensor(x).map(|v| v.as_tensor().clone()))
             .collect::<Result<_>>()?;
-        let rng = &mut StdRng::seed_from_u64(5);
-        let targets = inputs
-            .latents
-            .iter()
-            .map(|x| randn(rng, x.shape(), 0.0, 1.0, x.device()))
-            .collect::<Result<Vec<_>>>()?;
+        let targets = random_targets(&inputs, 5)?;
         Ok((inputs, targets))
     }
 
@@ -569,7 +494,9 @@ mod tests {
             weights: None,
             skip_frames: 0,
         };
-        check_lora_gradients_by_finite_differences(&model, &inputs, &target, &vars, 9)
+        crate::train::step_testkit::check_lora_gradients_by_finite_differences(
+            &model, &inputs, &target, &vars, 9,
+        )
     }
 
     #[test]
