@@ -134,10 +134,7 @@ impl Vb {
     /// host without a round trip through the accelerator).
     pub fn get_stored(&self, name: &str) -> Result<Tensor> {
         let key = self.path(name);
-        match self.tensors.read(&key)? {
-            Some(t) => Ok(t),
-            None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
-        }
+        found(&key, self.tensors.read(&key)?)
     }
 
     /// The tensor as stored (dtype unchanged), moved to the device.
@@ -151,14 +148,10 @@ impl Vb {
     pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
         let shape = shape.into();
         let key = self.path(name);
-        let t = match self.tensors.read_shaped(&key, &shape)? {
-            Some(t) => t.to_device(&self.device)?,
-            None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
-        };
+        let t = found(&key, self.tensors.read_shaped(&key, &shape)?)?.to_device(&self.device)?;
         if t.shape() != &shape {
             candle_core::bail!(
-                "tensor `{}` has shape {:?}, expected {:?}",
-                self.path(name),
+                "tensor `{key}` has shape {:?}, expected {:?}",
                 t.dims(),
                 shape.dims()
             );
@@ -200,6 +193,14 @@ impl Vb {
             .to_dtype(DType::F32)?
             .broadcast_mul(&scale)?
             .to_dtype(self.dtype)
+    }
+}
+
+/// The tensor read under `key`, or the error naming the key that the checkpoint lacks.
+fn found(key: &str, tensor: Option<Tensor>) -> Result<Tensor> {
+    match tensor {
+        Some(t) => Ok(t),
+        None => candle_core::bail!("missing tensor `{key}` in the checkpoint"),
     }
 }
 
