@@ -268,4 +268,4 @@ pub fn clip_features(
 
 #[cfg(test)]
 #[path = "start_image_tests.rs"]
-mod tests;
+pub(crate) mod tests;

@@ -49,7 +49,8 @@ fn tiny_i2v() -> anyhow::Result<WanModel> {
     )?)
 }
 
-fn tiny_clip() -> anyhow::Result<ClipVision> {
+/// The tiny CLIP vision tower of `tests/fixtures/clip_tiny`.
+pub(crate) fn tiny_clip() -> anyhow::Result<ClipVision> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../../tests/fixtures/clip_tiny/weights.safetensors");
     Ok(load_clip_vision(

@@ -8,10 +8,10 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use image::RgbImage;
 
 use super::*;
+use crate::generate::start_image::tests::tiny_clip;
 use framesmith_data::cache::read_wan_latent_cache;
 use framesmith_data::load_valid;
 use framesmith_data::tensor_file::read_tensor_file;
-use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::vae::{load_vae_auto, VaeVariant};
 
 fn vae() -> anyhow::Result<(WanVae, LatentStats)> {
@@ -20,17 +20,6 @@ fn vae() -> anyhow::Result<(WanVae, LatentStats)> {
         load_vae_auto(&path, DType::F32, &Device::Cpu)?,
         LatentStats::official(VaeVariant::Wan21, &Device::Cpu)?,
     ))
-}
-
-fn tiny_clip() -> anyhow::Result<ClipVision> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/fixtures/clip_tiny/weights.safetensors");
-    Ok(load_clip_vision(
-        &path,
-        &ClipVisionConfig::tiny(),
-        DType::F32,
-        &Device::Cpu,
-    )?)
 }
 
 fn frame(w: u32, h: u32, seed: u8) -> RgbImage {
