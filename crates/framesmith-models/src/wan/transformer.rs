@@ -389,27 +389,30 @@ impl WanModel {
     /// The whole forward pass, tracked for autograd: with trainable LoRA attached, every block's intermediates
     /// stay alive until the outputs are dropped (what a backward pass through it needs).
     pub fn forward(&self, inputs: &WanInputs) -> Result<Vec<Tensor>> {
+        self.forward_with(inputs, |block, xs, shared| block.forward(xs, shared))
+    }
+
+    /// The whole forward pass for inference (generation, samples during training): blocks run as the training
+    /// step's first pass does, untracked, so a block's intermediates are freed when the next block starts. With
+    /// trainable LoRA attached, [`WanModel::forward`] would keep every block's alive.
+    pub fn forward_untracked(&self, inputs: &WanInputs) -> Result<Vec<Tensor>> {
+        self.forward_with(inputs, |block, xs, shared| {
+            Ok(block.forward_untracked(&xs.detach(), shared)?.0)
+        })
+    }
+
+    /// Embeddings, every block in order through `run_block`, and the head.
+    fn forward_with(
+        &self,
+        inputs: &WanInputs,
+        run_block: impl Fn(&Block, &Tensor, &BlockInputs) -> Result<Tensor>,
+    ) -> Result<Vec<Tensor>> {
         let prepared = self.prepare(inputs)?;
         let mut xs = prepared.x.clone();
         let order: Vec<usize> = (0..self.blocks.len()).collect();
         self.begin_blocks(&order, true)?;
         for i in order {
-            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
-        }
-        self.finish(&xs, &prepared)
-    }
-
-    /// The whole forward pass for inference (generation, samples during training): blocks run as the training
-    /// step's first pass does, untracked, so a block's intermediates are freed when the next block starts. With
-    /// trainable LoRA attached, [`WanModel::forward`] would keep every block's alive: a 14B sample under a 24 GB
-    /// budget ran out of memory that way.
-    pub fn forward_untracked(&self, inputs: &WanInputs) -> Result<Vec<Tensor>> {
-        let prepared = self.prepare(inputs)?;
-        let mut xs = prepared.x.detach();
-        let order: Vec<usize> = (0..self.blocks.len()).collect();
-        self.begin_blocks(&order, true)?;
-        for i in order {
-            xs = self.block(i)?.forward_untracked(&xs, &prepared.blocks)?.0;
+            xs = run_block(&*self.block(i)?, &xs, &prepared.blocks)?;
         }
         self.finish(&xs, &prepared)
     }
