@@ -26,8 +26,8 @@ mkdir -p /var/lib/xkb
 # The software Vulkan driver, by absolute path (its manifest names /usr/lib/...).
 sed "s#/usr/lib/x86_64-linux-gnu#$LIBS#" "$ROOT/usr/share/vulkan/icd.d/lvp_icd.x86_64.json" > "$ROOT/lvp.json"
 export VK_ICD_FILENAMES="$ROOT/lvp.json" VK_DRIVER_FILES="$ROOT/lvp.json"
-NV="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))' 2>/dev/null)"
-export LD_LIBRARY_PATH="$LIBS:${NV}:${LD_LIBRARY_PATH:-}"
+source "$HERE/device-env.sh"
+export LD_LIBRARY_PATH="$LIBS:$(nvidia_libs):${LD_LIBRARY_PATH:-}"
 export PATH="$BIN:$ROOT/usr/bin:$PATH" DISPLAY=:99
 START=$(date +%s)
 note() { echo "$(( $(date +%s) - START )) s: $*" | tee -a "$LOG/app.log"; }

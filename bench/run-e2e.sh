@@ -14,12 +14,10 @@ BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmi
 STEPS="${E2E_STEPS:-6}" KILL_AFTER="${E2E_KILL_AFTER:-4}" VARIANT="${E2E_VARIANT:-t2v-14b}"
 mkdir -p "$LOG" "$WORK"
 export PATH="$BIN:$PATH"
-if python3 -c 'import nvidia' 2>/dev/null; then
-    LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
-    export LD_LIBRARY_PATH
-fi
+source "$(dirname "$0")/device-env.sh"
+LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH
 START=$(date +%s%N)
-stamp() { while IFS= read -r line; do printf '%8.1f %s\n' "$(($(date +%s%N) - START))e-9" "$line"; done; }
 step() { echo "== $* ==" | stamp | tee -a "$LOG/e2e.log"; }
 timed() { # name, command...: runs under /usr/bin/time -v into $LOG/name.log
     local name="$1"; shift

@@ -11,9 +11,9 @@ BIN="$1" LOG="$2" VARIANT="$3" FORMAT="$4" BUDGET="$5" PRESET="$6" STEPS="$7"
 PROJ="${8:-/tmp/framesmith-product-$VARIANT-$FORMAT}"
 TAG="$VARIANT-$FORMAT-${BUDGET}g-$PRESET"
 mkdir -p "$LOG"
-LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/device-env.sh"
+LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
-stamp() { while IFS= read -r line; do printf '%8.1f %s\n' "$(($(date +%s%N) - START))e-9" "$line"; done; }
 
 if [[ ! -f "$PROJ/run.toml" ]]; then
     t0=$(date +%s)

@@ -11,7 +11,8 @@ BIN="${1:-devbin/framesmith-bench}"
 LOG="${2:-${OUT:-/tmp/framesmith-bench}}"
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
-LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/device-env.sh"
+LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
 REF="$HERE/reference"
 SHAPE=(--frames 81 --height 480 --width 832 --rank 32)

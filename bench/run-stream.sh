@@ -8,7 +8,8 @@ set -uo pipefail
 BIN="${1:-devbin/framesmith-bench}"
 LOG="${2:-${OUT:-/tmp/framesmith-bench}}"
 mkdir -p "$LOG"
-LD_LIBRARY_PATH="$(python3 -c 'import nvidia,os;p=nvidia.__path__[0];print(":".join(os.path.join(p,d,"lib") for d in os.listdir(p) if os.path.isdir(os.path.join(p,d,"lib"))))'):${LD_LIBRARY_PATH:-}"
+source "$(dirname "$0")/device-env.sh"
+LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
 run() { local t=$1; shift; echo "+ $*" | tee -a "$LOG/commands.log"; timeout "$t" "$@"; }
 F8=(--variant t2v-14b --fp8 block64 --rank 32)
