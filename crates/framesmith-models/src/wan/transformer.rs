@@ -16,6 +16,8 @@ use framesmith_nn::linear::Linear;
 use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
 use framesmith_nn::vb::Vb;
 
+mod park;
+
 /// Diffusion timesteps in the model's scale (0..1000): one per sample, or one per token (Wan 2.2 TI2V,
 /// `[sample][seq_len]`, padding positions included).
 #[derive(Clone, Debug)]
@@ -86,6 +88,8 @@ pub struct WanModel {
     device: Device,
     /// The streamed blocks' host masters and GPU ring (`blocks` then holds their shells).
     streamer: Option<Arc<BlockStreamer>>,
+    /// The resident blocks' frozen weights wait in host RAM ([`WanModel::park`]).
+    parked: bool,
 }
 
 impl WanModel {
@@ -113,6 +117,7 @@ impl WanModel {
             compute_dtype: vb.dtype(),
             device: vb.device().clone(),
             streamer: None,
+            parked: false,
         })
     }
 
@@ -259,6 +264,11 @@ impl WanModel {
 
     /// Embeds latents, timesteps and context; the result feeds the block loop.
     pub fn prepare(&self, inputs: &WanInputs) -> Result<Prepared> {
+        if self.parked {
+            candle_core::bail!(
+                "this model is parked in host RAM (the inactive Wan2.2 expert); unpark it first"
+            );
+        }
         let b = inputs.latents.len();
         if inputs.context.len() != b {
             candle_core::bail!("{b} latents but {} text contexts", inputs.context.len());

@@ -1,0 +1,118 @@
+//! Parking a model in host RAM (Wan2.2 A14B: one expert on the GPU at a time). A parked model's resident blocks
+//! hold their frozen weights in host memory and cannot run; unparking copies them back to the device. Streamed
+//! blocks already live in host RAM and are left as they are; the embeddings, the head and the LoRAs stay on the
+//! device (they are small next to the blocks).
+
+use candle_core::{Device, Result, Tensor};
+
+use super::WanModel;
+use framesmith_nn::offload::Streamable;
+
+impl WanModel {
+    /// Whether the model is parked (see [`WanModel::park`]).
+    pub fn is_parked(&self) -> bool {
+        self.parked
+    }
+
+    /// Moves the frozen weights of the resident blocks to host RAM, freeing their device memory. The model
+    /// cannot run until [`WanModel::unpark`]. Does nothing when already parked.
+    pub fn park(&mut self) -> Result<()> {
+        if self.parked {
+            return Ok(());
+        }
+        self.move_resident_blocks(&Device::Cpu)?;
+        self.parked = true;
+        Ok(())
+    }
+
+    /// Brings a parked model's resident blocks back to its device. Does nothing when not parked.
+    pub fn unpark(&mut self) -> Result<()> {
+        if !self.parked {
+            return Ok(());
+        }
+        let device = self.device.clone();
+        self.move_resident_blocks(&device)?;
+        self.parked = false;
+        Ok(())
+    }
+
+    /// Bytes of frozen weights that parking moves (the resident blocks'); what the device gains when parked.
+    pub fn resident_block_bytes(&self) -> usize {
+        self.resident_indices()
+            .map(|i| {
+                self.blocks[i]
+                    .frozen_tensors()
+                    .iter()
+                    .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                    .sum::<usize>()
+            })
+            .sum()
+    }
+
+    fn resident_indices(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.blocks.len())
+            .filter(|&i| !self.streamer.as_ref().is_some_and(|s| s.is_streamed(i)))
+    }
+
+    /// Replaces each resident block by a copy whose frozen tensors are on `device`, one block at a time (the
+    /// old copies go as each new one is made, so the move never holds more than one extra block).
+    fn move_resident_blocks(&mut self, device: &Device) -> Result<()> {
+        let indices: Vec<usize> = self.resident_indices().collect();
+        for i in indices {
+            let moved = self.blocks[i]
+                .frozen_tensors()
+                .iter()
+                .map(|t| t.to_device(device))
+                .collect::<Result<Vec<Tensor>>>()?;
+            self.blocks[i] = self.blocks[i].with_frozen(&moved)?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{DType, Device, Result, Tensor};
+
+    use crate::wan::random::{random_inputs, random_weights};
+    use crate::wan::{ModelOptions, WanConfig, WanModel};
+    use framesmith_nn::offload::OffloadOptions;
+    use framesmith_nn::vb::Vb;
+
+    fn values(out: &[Tensor]) -> Result<Vec<f32>> {
+        Tensor::cat(out, 0)?.flatten_all()?.to_vec1::<f32>()
+    }
+
+    #[test]
+    fn a_parked_model_refuses_to_run_and_unparks_to_the_same_output() -> Result<()> {
+        let dev = Device::Cpu;
+        let cfg = WanConfig::tiny(3);
+        let weights = random_weights(&cfg, 3, DType::F32, &dev)?;
+        let vb = Vb::from_tensors(weights, DType::F32, &dev);
+        let options = ModelOptions::default();
+        // One streamed block: parking moves only the two resident ones.
+        let mut model =
+            WanModel::new_streamed(&cfg, vb, &options, &[1], &OffloadOptions::default())?;
+        let inputs = random_inputs(&cfg, &[[2, 4, 4]], 4, &dev)?;
+        let before = values(&model.forward_untracked(&inputs)?)?;
+        let one_block = model.resident_block_bytes() / 2;
+        assert!(one_block > 0);
+        model.park()?;
+        model.park()?;
+        assert!(model.is_parked());
+        let err = model
+            .forward_untracked(&inputs)
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            err.is_some_and(|e| e.contains("parked")),
+            "a parked model must not run"
+        );
+        model.unpark()?;
+        model.unpark()?;
+        assert!(!model.is_parked());
+        assert_eq!(model.resident_block_bytes(), 2 * one_block);
+        assert_eq!(before, values(&model.forward_untracked(&inputs)?)?);
+        Ok(())
+    }
+}
