@@ -123,6 +123,8 @@ pub enum LoraError {
         include: Vec<String>,
         exclude: Vec<String>,
     },
+    #[error("the other model has no linear layer `{path}` for the shared LoRA")]
+    NotShared { path: String },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
@@ -282,6 +284,27 @@ impl LoraSet {
             .iter()
             .flat_map(|(_, l)| [l.down.clone(), l.up.clone()])
             .collect()
+    }
+
+    /// Attaches these same adapters (sharing their `Var`s, so one update reaches both) to the layers of another
+    /// model with the same module paths, as Wan2.2 A14B's two experts share one LoRA. Fails, attaching nothing,
+    /// when a path has no layer there.
+    pub fn share_with<'a, I>(&self, modules: I) -> std::result::Result<(), LoraError>
+    where
+        I: IntoIterator<Item = (String, &'a mut Linear)>,
+    {
+        let mut layers: Vec<(String, &mut Linear)> = modules.into_iter().collect();
+        let mut matched = Vec::with_capacity(self.modules.len());
+        for (path, lora) in &self.modules {
+            match layers.iter().position(|(p, _)| p == path) {
+                Some(k) => matched.push((k, lora)),
+                None => return Err(LoraError::NotShared { path: path.clone() }),
+            }
+        }
+        for (k, lora) in matched {
+            layers[k].1.set_lora(Some(lora.clone()));
+        }
+        Ok(())
     }
 
     /// Trainable parameter count.

@@ -166,6 +166,37 @@ fn attach_creates_seeded_adapters_in_natural_order() {
 }
 
 #[test]
+fn a_shared_set_updates_both_models_at_once() {
+    let mut first = toy_model(DType::F32);
+    let mut second = toy_model(DType::F32);
+    let set = attach_loras(as_list(&mut first), &spec(2, 0.0)).unwrap();
+    set.share_with(as_list(&mut second)).unwrap();
+    let x = tensor(1, &[3, 8], 1.0, DType::F32);
+    let (_, lora) = set.iter().next().unwrap();
+    lora.up
+        .set(&Tensor::ones(lora.up.shape(), DType::F32, &Device::Cpu).unwrap())
+        .unwrap();
+    for ((path, a), (_, b)) in first.iter().zip(&second) {
+        let (ya, yb) = (a.forward(&x).unwrap(), b.forward(&x).unwrap());
+        let diff = (ya - yb)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap();
+        assert_eq!(diff, 0.0, "{path}: both models see the one update");
+    }
+    // A model without one of the paths gets nothing.
+    let mut short = toy_model(DType::F32);
+    short.retain(|(p, _)| p != "blocks.3.ffn.0");
+    let err = set.share_with(as_list(&mut short)).unwrap_err();
+    assert!(err.to_string().contains("blocks.3.ffn.0"), "{err}");
+    assert!(short.iter().all(|(_, l)| l.lora().is_none()));
+}
+
+#[test]
 fn attach_rejects_zero_rank_and_empty_selection() {
     let mut model = toy_model(DType::F32);
     assert!(matches!(
