@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use super::run::{
-    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, Fp8ScaleMode, LrScheduler,
-    ResidualDtype, RunConfig, StreamingMode,
+    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, ExpertMode, Fp8ScaleMode,
+    LrScheduler, ResidualDtype, RunConfig, StreamingMode,
 };
 use crate::schedule::LrSchedule;
 use crate::training::{AdamWConfig, TimestepConfig, NUM_TRAIN_TIMESTEPS};
@@ -76,12 +76,23 @@ pub struct ModelPlan {
     pub text_encoder: Option<PathBuf>,
     /// The CLIP image encoder of Wan2.1 I2V (start images of samples).
     pub clip: Option<PathBuf>,
+    /// Wan2.2 A14B's low-noise expert, trained in the same run (`model.source` is then the high-noise one).
+    pub low_noise: Option<LowNoisePlan>,
     pub base_dtype: BaseDtype,
     /// FP8 scale granularity; `Some` only for an FP8 base.
     pub fp8_scale: Option<Fp8ScaleMode>,
     pub residual_dtype: ResidualDtype,
     /// Dtype activations and dequantised weights are computed in (bf16 for an FP8 base).
     pub compute_dtype: FloatDtype,
+}
+
+/// The second Wan2.2 A14B expert of a run that trains both.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LowNoisePlan {
+    pub dit: PathBuf,
+    pub mode: ExpertMode,
+    /// The boundary as a fraction of the timesteps; `None` uses the model's.
+    pub boundary: Option<f64>,
 }
 
 /// Where training samples come from.

@@ -87,11 +87,41 @@ pub struct ModelSection {
     /// CLIP image encoder of Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
     /// clip_vision_h.safetensors): encodes the start images of samples during training.
     pub clip: PathBuf,
+    /// Wan2.2 A14B's low-noise expert (file or folder). With it one run trains both experts, `model.dit` being
+    /// the high-noise one; each step's timestep picks the expert that owns it.
+    pub dit_low_noise: PathBuf,
+    /// How both experts train: `joint` (one LoRA for both, as musubi-tuner trains them) or `split` (one LoRA per
+    /// expert, saved as `{name}_high_noise` and `{name}_low_noise`).
+    pub experts: ExpertMode,
+    /// Where the low-noise expert takes over, as a fraction of the timesteps; 0 uses the model's (0.875 for
+    /// text-to-video, 0.9 for image-to-video).
+    pub expert_boundary: f64,
     pub base_dtype: BaseDtype,
     pub fp8_scale: Fp8ScaleMode,
     pub residual_dtype: ResidualDtype,
     /// Train the built-in tiny demo model (no files needed).
     pub demo: bool,
+}
+
+/// How a run with both Wan2.2 A14B experts trains them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExpertMode {
+    /// One LoRA shared by both experts (musubi-tuner's; its files and ours load interchangeably).
+    #[default]
+    Joint,
+    /// One LoRA per expert, each with its own optimizer state.
+    Split,
+}
+
+impl ExpertMode {
+    /// The mode as configs spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Joint => "joint",
+            Self::Split => "split",
+        }
+    }
 }
 
 impl Default for ModelSection {
@@ -102,6 +132,9 @@ impl Default for ModelSection {
             vae: PathBuf::new(),
             text_encoder: PathBuf::new(),
             clip: PathBuf::new(),
+            dit_low_noise: PathBuf::new(),
+            experts: ExpertMode::Joint,
+            expert_boundary: 0.0,
             base_dtype: BaseDtype::Bf16,
             fp8_scale: Fp8ScaleMode::Block64,
             residual_dtype: ResidualDtype::F32,

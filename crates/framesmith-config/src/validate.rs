@@ -5,10 +5,12 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::plan::{
-    DatasetPlan, DatasetSource, FloatDtype, HostInfo, LoraPlan, ModelPlan, ModelSource, OutputPlan,
-    PlanDevice, RunPlan, SamplingPlan,
+    DatasetPlan, DatasetSource, FloatDtype, HostInfo, LoraPlan, LowNoisePlan, ModelPlan,
+    ModelSource, OutputPlan, PlanDevice, RunPlan, SamplingPlan,
 };
-use super::run::{BaseDtype, DeviceSpec, RunConfig, SaveDtype, SCHEMA_VERSION};
+use super::run::{
+    BaseDtype, DeviceSpec, ExpertMode, ModelSection, RunConfig, SaveDtype, SCHEMA_VERSION,
+};
 use super::validate_train::{check_memory, check_optimizer, check_training};
 use super::validate_validation::check_validation;
 use crate::catalog;
@@ -221,6 +223,7 @@ fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPla
     if let Some(p) = &clip {
         c.existing("model.clip", p, "CLIP image encoder");
     }
+    let low_noise = check_low_noise(c, m);
     if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
         c.note("FP8 base weights are dequantised on every use on the CPU; f32 is faster there");
     }
@@ -235,11 +238,52 @@ fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPla
         vae,
         text_encoder,
         clip,
+        low_noise,
         base_dtype: m.base_dtype,
         fp8_scale: (m.base_dtype == BaseDtype::Fp8).then_some(m.fp8_scale),
         residual_dtype: m.residual_dtype,
         compute_dtype,
     }
+}
+
+/// `model.dit_low_noise` and what goes with it: the file exists, the boundary is a fraction, and nothing is set
+/// that a one-expert run would ignore without a word.
+fn check_low_noise(c: &mut Checker, m: &ModelSection) -> Option<LowNoisePlan> {
+    let b = m.expert_boundary;
+    let boundary = (b != 0.0).then_some(b);
+    if !(b.is_finite() && (0.0..1.0).contains(&b)) {
+        c.problem(
+            "model.expert_boundary",
+            format!("must be a fraction of the timesteps in (0, 1), or 0 for the model's, not {b}"),
+            "use e.g. expert_boundary = 0.875 (the official text-to-video boundary), or 0",
+        );
+    }
+    let Some(dit) = non_empty(&m.dit_low_noise) else {
+        if boundary.is_some() || m.experts != ExpertMode::Joint {
+            c.note(
+                "model.experts and model.expert_boundary apply only with model.dit_low_noise (both Wan2.2 A14B \
+                 experts in one run)",
+            );
+        }
+        return None;
+    };
+    if m.demo {
+        c.note("model.dit_low_noise is ignored: model.demo = true trains the built-in tiny model");
+        return None;
+    }
+    c.existing("model.dit_low_noise", &dit, "low-noise expert checkpoint");
+    if dit == m.dit {
+        c.problem(
+            "model.dit_low_noise",
+            "is the same file as model.dit",
+            "set model.dit to the high-noise expert and model.dit_low_noise to the low-noise expert",
+        );
+    }
+    Some(LowNoisePlan {
+        dit,
+        mode: m.experts,
+        boundary,
+    })
 }
 
 fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {

@@ -491,3 +491,63 @@ fn an_output_folder_under_a_file_is_refused_before_the_run() {
     cfg.output.output_dir = dir.path().join("new").join("loras");
     validate(&cfg, &HostInfo::new(1)).unwrap();
 }
+
+#[test]
+fn both_a14b_experts_resolve_with_their_mode_and_boundary() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let low = dir.path().join("low_noise.safetensors");
+    std::fs::write(&low, b"").unwrap();
+    cfg.model.dit_low_noise = low.clone();
+    cfg.model.experts = ExpertMode::Split;
+    cfg.model.expert_boundary = 0.9;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(
+        plan.model.low_noise,
+        Some(LowNoisePlan {
+            dit: low,
+            mode: ExpertMode::Split,
+            boundary: Some(0.9)
+        })
+    );
+    cfg.model.expert_boundary = 0.0;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(
+        plan.model.low_noise.unwrap().boundary,
+        None,
+        "0 is the model's"
+    );
+}
+
+#[test]
+fn a_bad_low_noise_expert_or_boundary_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.model.dit_low_noise = dir.path().join("missing.safetensors");
+    cfg.model.expert_boundary = 875.0;
+    let e = problems(&cfg, &HostInfo::new(1));
+    let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+    assert_eq!(keys, ["model.expert_boundary", "model.dit_low_noise"]);
+    cfg.model.expert_boundary = 0.0;
+    cfg.model.dit_low_noise = cfg.model.dit.clone();
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(e
+        .for_key("model.dit_low_noise")
+        .unwrap()
+        .fix
+        .contains("high-noise"));
+}
+
+#[test]
+fn expert_settings_without_a_second_expert_get_a_note() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.model.experts = ExpertMode::Split;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(plan.model.low_noise, None);
+    assert!(
+        plan.notes.iter().any(|n| n.contains("model.dit_low_noise")),
+        "{:?}",
+        plan.notes
+    );
+}
