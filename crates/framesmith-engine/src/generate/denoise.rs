@@ -142,60 +142,117 @@ pub fn generate_from(
     image: Option<&ImageConditioning>,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Tensor> {
-    let device = experts.high_noise.device();
-    let rng = &mut StdRng::seed_from_u64(req.seed);
-    let mut latents = randn(rng, req.latent_shape.as_slice(), 0.0, 1.0, device)?;
-    let dtype = latents.dtype();
-    let (y, clip, first) = match image {
-        Some(ImageConditioning::Channels { y, clip }) => {
-            (Some(vec![y.to_dtype(dtype)?]), clip.clone(), None)
-        }
-        Some(ImageConditioning::FirstFrame { latent }) => {
-            (None, None, Some(latent.to_dtype(dtype)?))
-        }
-        None => (None, None, None),
-    };
-    if let Some(first) = &first {
-        latents = with_first_frame(&latents, first)?;
-    }
-    let mut scheduler = req.solver.scheduler();
-    scheduler.set_timesteps(req.steps.max(1), req.shift)?;
-    let timesteps = scheduler.timesteps().to_vec();
-    let guided = req.guidance > 1.0 && req.negative.is_some();
-    for t in timesteps {
+    let mut denoising = Denoising::new(req, image, experts.high_noise.device())?;
+    while let Some(t) = denoising.next_timestep() {
         if cancelled() {
             candle_core::bail!("generation cancelled");
         }
-        let model = experts.at(t as f64);
-        let model_timesteps = match first {
-            Some(_) => first_frame_timesteps(model.config(), req.latent_shape, t as f64),
-            None => Timesteps::PerSample(vec![t as f64]),
+        denoising.step(experts.at(t))?;
+    }
+    Ok(denoising.into_latents())
+}
+
+/// The sampling loop one denoising step at a time, so a caller can change the model between steps (bring in
+/// the low-noise expert at the boundary) while the solver keeps its history.
+pub struct Denoising<'a> {
+    req: &'a GenerateRequest<'a>,
+    latents: Tensor,
+    scheduler: Box<dyn FlowScheduler>,
+    timesteps: Vec<i64>,
+    next: usize,
+    /// I2V channels, CLIP features, or the TI2V first frame.
+    y: Option<Vec<Tensor>>,
+    clip: Option<Tensor>,
+    first: Option<Tensor>,
+}
+
+impl<'a> Denoising<'a> {
+    /// Seeded noise of the request's shape on `device`, the start image's conditioning and the solver's
+    /// timesteps.
+    pub fn new(
+        req: &'a GenerateRequest<'a>,
+        image: Option<&ImageConditioning>,
+        device: &candle_core::Device,
+    ) -> Result<Self> {
+        let rng = &mut StdRng::seed_from_u64(req.seed);
+        let mut latents = randn(rng, req.latent_shape.as_slice(), 0.0, 1.0, device)?;
+        let dtype = latents.dtype();
+        let (y, clip, first) = match image {
+            Some(ImageConditioning::Channels { y, clip }) => {
+                (Some(vec![y.to_dtype(dtype)?]), clip.clone(), None)
+            }
+            Some(ImageConditioning::FirstFrame { latent }) => {
+                (None, None, Some(latent.to_dtype(dtype)?))
+            }
+            None => (None, None, None),
+        };
+        if let Some(first) = &first {
+            latents = with_first_frame(&latents, first)?;
+        }
+        let mut scheduler = req.solver.scheduler();
+        scheduler.set_timesteps(req.steps.max(1), req.shift)?;
+        let timesteps = scheduler.timesteps().to_vec();
+        Ok(Self {
+            req,
+            latents,
+            scheduler,
+            timesteps,
+            next: 0,
+            y,
+            clip,
+            first,
+        })
+    }
+
+    /// The timestep (0..1000) the next [`Denoising::step`] denoises at; `None` when done.
+    pub fn next_timestep(&self) -> Option<f64> {
+        self.timesteps.get(self.next).map(|&t| t as f64)
+    }
+
+    /// One denoising step with `model` (classifier-free guidance when asked).
+    pub fn step(&mut self, model: &WanModel) -> Result<()> {
+        let Some(&step_t) = self.timesteps.get(self.next) else {
+            candle_core::bail!("the sampling loop is already done");
+        };
+        let t = step_t as f64;
+        let req = self.req;
+        let dtype = self.latents.dtype();
+        let model_timesteps = match self.first {
+            Some(_) => first_frame_timesteps(model.config(), req.latent_shape, t),
+            None => Timesteps::PerSample(vec![t]),
         };
         let predict = |context: &Tensor| -> Result<Tensor> {
             let inputs = WanInputs {
-                latents: vec![latents.clone()],
+                latents: vec![self.latents.clone()],
                 timesteps: model_timesteps.clone(),
                 context: vec![context.clone()],
                 seq_len: None,
-                clip: clip.clone(),
-                y: y.clone(),
+                clip: self.clip.clone(),
+                y: self.y.clone(),
             };
             model.forward_untracked(&inputs)?.remove(0).to_dtype(dtype)
         };
         let cond = predict(req.context)?;
-        let velocity = match (guided, req.negative) {
-            (true, Some(negative)) => {
+        let velocity = match req.negative {
+            Some(negative) if req.guidance > 1.0 => {
                 let uncond = predict(negative)?;
                 (&uncond + ((cond - &uncond)? * req.guidance)?)?
             }
             _ => cond,
         };
-        latents = scheduler.step(&velocity, t, &latents)?;
-        if let Some(first) = &first {
+        let mut latents = self.scheduler.step(&velocity, step_t, &self.latents)?;
+        if let Some(first) = &self.first {
             latents = with_first_frame(&latents, first)?;
         }
+        self.latents = latents;
+        self.next += 1;
+        Ok(())
     }
-    Ok(latents)
+
+    /// The denoised latents.
+    pub fn into_latents(self) -> Tensor {
+        self.latents
+    }
 }
 
 #[cfg(test)]
