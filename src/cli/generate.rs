@@ -146,10 +146,11 @@ fn load_dit_with_loras(
         residual_dtype: DType::F32,
         blocks_fp8: fp8,
     };
-    let (mut model, _) = load_dit(path, None, (dtype, device), &options, |_, name| {
+    let mut model = load_dit(path, None, (dtype, device), &options, |_, name| {
         eprintln!("DiT: {name} ({})", path.display());
         Ok(None)
-    })?;
+    })?
+    .model;
     if loras.is_empty() {
         return Ok(model);
     }
@@ -172,12 +173,7 @@ fn load_dit_with_loras(
 
 /// The expert boundary in timesteps: `--boundary`, else the model's, else the official value for its task.
 fn boundary(arg: Option<f64>, cfg: &WanConfig) -> f64 {
-    arg.map(|b| b * 1000.0)
-        .or(cfg.expert_boundary)
-        .unwrap_or(match cfg.model_type {
-            ModelType::I2v => 900.0,
-            _ => 875.0,
-        })
+    arg.map_or_else(|| cfg.expert_boundary_or_official(), |b| b * 1000.0)
 }
 
 /// The start image, checked against the DiT's task before any model is loaded: an image for a T2V model, none
