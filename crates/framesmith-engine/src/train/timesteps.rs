@@ -47,6 +47,38 @@ pub fn sample_timesteps(
         .collect()
 }
 
+/// Whether a draw belongs to Wan2.2 A14B's high-noise expert: at or above `boundary` (timesteps, 0..1000).
+pub fn is_high_noise(draw: &TimestepDraw, boundary: f64) -> bool {
+    draw.t * NUM_TRAIN_TIMESTEPS as f64 >= boundary
+}
+
+/// [`sample_timesteps`] for a run with both Wan2.2 A14B experts, as musubi-tuner draws them: the first sample's
+/// timestep picks the expert, and each other sample is drawn again (at most `MAX_REJECTION_TRIES` times) until
+/// it falls on that expert's side of `boundary`, so the whole batch runs through one expert. Returns whether
+/// that is the high-noise expert.
+pub fn sample_expert_timesteps(
+    cfg: &TimestepConfig,
+    batch: usize,
+    latent_hw: (usize, usize),
+    rng: &mut StdRng,
+    boundary: f64,
+) -> (bool, Vec<TimestepDraw>) {
+    let first = sample_one(cfg, latent_hw, rng);
+    let high = is_high_noise(&first, boundary);
+    let mut draws = vec![first];
+    for _ in 1..batch {
+        let mut draw = sample_one(cfg, latent_hw, rng);
+        for _ in 1..MAX_REJECTION_TRIES {
+            if is_high_noise(&draw, boundary) == high {
+                break;
+            }
+            draw = sample_one(cfg, latent_hw, rng);
+        }
+        draws.push(draw);
+    }
+    (high, draws)
+}
+
 fn sample_one(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> TimestepDraw {
     if cfg.sampling == TimestepSampling::Sigma {
         return sample_sigma(cfg, rng);
@@ -185,6 +217,28 @@ mod tests {
             sampling,
             ..TimestepConfig::default()
         }
+    }
+
+    #[test]
+    fn a_batch_of_both_experts_stays_on_the_first_draws_side() {
+        let cfg = cfg(TimestepSampling::Shift);
+        let mut rng = StdRng::seed_from_u64(11);
+        let (mut high, mut low) = (0usize, 0usize);
+        for _ in 0..400 {
+            let (is_high, draws) = sample_expert_timesteps(&cfg, 4, (60, 104), &mut rng, 875.0);
+            assert_eq!(draws.len(), 4);
+            assert!(draws.iter().all(|d| is_high_noise(d, 875.0) == is_high));
+            *if is_high { &mut high } else { &mut low } += 1;
+        }
+        // The first draw is an ordinary draw: batches go high as often as single draws land high.
+        let share = high as f64 / (high + low) as f64;
+        let singles = sample_timesteps(&cfg, 4000, (60, 104), &mut StdRng::seed_from_u64(12));
+        let expected = singles.iter().filter(|d| is_high_noise(d, 875.0)).count() as f64 / 4000.0;
+        assert!((share - expected).abs() < 0.06, "high-noise share {share}, single draws {expected}");
+        // One sample draws exactly what the one-expert sampler draws.
+        let (a, b) = (&mut StdRng::seed_from_u64(5), &mut StdRng::seed_from_u64(5));
+        let (_, one) = sample_expert_timesteps(&cfg, 1, (60, 104), a, 875.0);
+        assert_eq!(one[0].t, sample_timesteps(&cfg, 1, (60, 104), b)[0].t);
     }
 
     #[test]
