@@ -158,7 +158,7 @@ fn finish(
             // Keep what was learned: the last good LoRA is saved before the failure is reported.
             if trainer.step() > 0 {
                 if let Ok(saved) = trainer.save(false) {
-                    events.send(saved.event());
+                    saved.events().into_iter().for_each(|e| events.send(e));
                 }
             } else {
                 trainer.abandon_unused_outputs();
@@ -180,7 +180,7 @@ fn finish(
     }
     events.state(RunState::Saving);
     let saved = trainer.save(true)?;
-    events.send(saved.event());
+    saved.events().into_iter().for_each(|e| events.send(e));
     events.state(match outcome {
         Outcome::Finished => RunState::Finished,
         Outcome::Stopped => RunState::Stopped,
@@ -206,7 +206,11 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
                     }
                     events.state(RunState::Training);
                 }
-                Command::SaveNow => events.send(trainer.save(false)?.event()),
+                Command::SaveNow => trainer
+                    .save(false)?
+                    .events()
+                    .into_iter()
+                    .for_each(|e| events.send(e)),
                 Command::SampleNow => sample(trainer, events)?,
                 Command::Resume => {}
                 Command::StartRun(_) => events.log(
@@ -253,7 +257,11 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
         }
         if trainer.save_due() {
             events.state(RunState::Saving);
-            events.send(trainer.save(false)?.event());
+            trainer
+                .save(false)?
+                .events()
+                .into_iter()
+                .for_each(|e| events.send(e));
             events.state(RunState::Training);
         }
         if trainer.sample_due() {
@@ -269,7 +277,11 @@ fn wait_for_resume(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> any
         match inbox.wait() {
             None | Some(Command::Stop) => return Ok(false),
             Some(Command::Resume) => return Ok(true),
-            Some(Command::SaveNow) => events.send(trainer.save(false)?.event()),
+            Some(Command::SaveNow) => trainer
+                .save(false)?
+                .events()
+                .into_iter()
+                .for_each(|e| events.send(e)),
             Some(Command::SampleNow) => sample(trainer, events)?,
             Some(_) => {}
         }

@@ -5,6 +5,7 @@
 pub mod data;
 pub mod demo_setup;
 pub mod engine;
+pub mod experts;
 pub mod optimizer;
 pub mod outputs;
 pub mod sample_models;
@@ -16,6 +17,8 @@ pub mod timesteps;
 pub mod trainer;
 pub mod validation;
 
+#[cfg(test)]
+mod experts_tests;
 #[cfg(test)]
 mod i2v_grad_tests;
 #[cfg(test)]

@@ -11,11 +11,13 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
+use crate::train::optimizer::AdamW;
 use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::outputs::{
     states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
 };
 use framesmith_config::protocol::{Event, ValidationLoss};
+use framesmith_nn::lora::LoraSet;
 use framesmith_nn::lora_file::{LoraFile, LoraFileError};
 
 /// Training-state folders kept; older ones are removed once a newer one is complete.
@@ -43,20 +45,34 @@ pub struct Outputs {
 #[derive(Debug)]
 pub struct Saved {
     pub step: usize,
-    pub lora: PathBuf,
+    /// The LoRA files: one, or a `split` run's high-noise then low-noise LoRA.
+    pub loras: Vec<PathBuf>,
     pub state: Option<PathBuf>,
 }
 
 impl Saved {
-    /// The protocol event announcing it.
-    pub fn event(&self) -> Event {
-        Event::CheckpointSaved {
-            step: self.step,
-            lora: self.lora.clone(),
-            state: self.state.clone(),
-        }
+    /// The protocol events announcing it, one per LoRA file.
+    pub fn events(&self) -> Vec<Event> {
+        self.loras
+            .iter()
+            .map(|lora| Event::CheckpointSaved {
+                step: self.step,
+                lora: lora.clone(),
+                state: self.state.clone(),
+            })
+            .collect()
     }
 }
+
+/// The file-name suffixes of a `split` run's two LoRAs, and the `framesmith.expert` metadata each carries.
+const EXPERT_SUFFIXES: [(&str, &str); 2] =
+    [("_high_noise", "high_noise"), ("_low_noise", "low_noise")];
+
+/// Where a state folder keeps the low-noise expert's LoRA and optimizer state (a `split` run).
+const LOW_NOISE_STATE: [&str; 2] = [
+    "lora_low_noise.safetensors",
+    "optimizer_low_noise.safetensors",
+];
 
 fn io_context(action: &str, path: &Path) -> String {
     format!("cannot {action} {}", path.display())
@@ -206,10 +222,13 @@ impl Trainer {
     pub fn save(&mut self, final_save: bool) -> anyhow::Result<Saved> {
         let step = self.step;
         let out = &self.outputs;
-        let lora = if final_save {
-            out.dir.join(format!("{}.safetensors", out.name))
-        } else {
-            out.dir.join(format!("{}-{step:06}.safetensors", out.name))
+        let file = |suffix: &str| {
+            if final_save {
+                out.dir.join(format!("{}{suffix}.safetensors", out.name))
+            } else {
+                out.dir
+                    .join(format!("{}{suffix}-{step:06}.safetensors", out.name))
+            }
         };
         let mut metadata = out.metadata.clone();
         metadata.insert("ss_steps".into(), step.to_string());
@@ -218,9 +237,17 @@ impl Trainer {
             self.epoch().saturating_sub(1).to_string(),
         );
         let lora_bytes = self.lora_bytes(out.save_dtype);
-        self.loras
-            .save(&lora, out.save_dtype, &metadata)
-            .map_err(|e| lora_write_failure(e, "save the LoRA", &lora, lora_bytes))?;
+        let mut loras = Vec::new();
+        for (set, suffix) in self.lora_sets() {
+            let path = file(suffix.map_or("", |(s, _)| s));
+            let mut metadata = metadata.clone();
+            if let Some((_, expert)) = suffix {
+                metadata.insert("framesmith.expert".into(), expert.into());
+            }
+            set.save(&path, out.save_dtype, &metadata)
+                .map_err(|e| lora_write_failure(e, "save the LoRA", &path, lora_bytes))?;
+            loras.push(path);
+        }
         let state = if out.save_state {
             let dir = out.dir.join(format!("{}-state-{:06}", out.name, self.step));
             let tmp = dir.with_extension("partial");
@@ -233,7 +260,19 @@ impl Trainer {
         } else {
             None
         };
-        Ok(Saved { step, lora, state })
+        Ok(Saved { step, loras, state })
+    }
+
+    /// The LoRAs a save writes: the run's one (or joint) LoRA with no suffix, or a `split` run's two with their
+    /// file-name suffix and expert name.
+    fn lora_sets(&self) -> Vec<(&LoraSet, Option<(&'static str, &'static str)>)> {
+        match self.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+            Some((low, _)) => vec![
+                (&self.loras, Some(EXPERT_SUFFIXES[0])),
+                (low, Some(EXPERT_SUFFIXES[1])),
+            ],
+            None => vec![(&self.loras, None)],
+        }
     }
 
     /// Bytes of the LoRA's tensors in `dtype` (what a save needs on disk, roughly).
@@ -271,12 +310,24 @@ impl Trainer {
                 anyhow::Error::new(e).context(io_context("write", &optimizer_path))
             }
         })?;
-        // Write access: Windows refuses to flush a file opened read-only (access denied).
-        fs::OpenOptions::new()
-            .write(true)
-            .open(&optimizer_path)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| write_failure(e, "sync", &optimizer_path, 2 * lora_bytes))?;
+        sync_file(&optimizer_path, 2 * lora_bytes)?;
+        if let Some((loras, optimizer)) = self.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+            let [lora_file, optimizer_file] = LOW_NOISE_STATE;
+            let lora_path = tmp.join(lora_file);
+            loras.save(&lora_path, DType::F32, metadata).map_err(|e| {
+                lora_write_failure(e, "save the training state's LoRA", &lora_path, lora_bytes)
+            })?;
+            let optimizer_path = tmp.join(optimizer_file);
+            let state: HashMap<String, Tensor> = optimizer.export_state()?.into_iter().collect();
+            candle_core::safetensors::save(&state, &optimizer_path).map_err(|e| {
+                if candle_io(&e).is_some_and(is_disk_full) {
+                    disk_full("save the optimizer state", &optimizer_path, 2 * lora_bytes)
+                } else {
+                    anyhow::Error::new(e).context(io_context("write", &optimizer_path))
+                }
+            })?;
+            sync_file(&optimizer_path, 2 * lora_bytes)?;
+        }
         let state = StateRecord {
             format: STATE_FORMAT,
             step: self.step,
@@ -353,34 +404,84 @@ impl Trainer {
             )
         };
         let device = self.device().clone();
-        let lora =
-            LoraFile::load(&dir.join("lora.safetensors"), &device).map_err(|e| damaged(&e))?;
-        self.loras.load_weights(&lora).map_err(|e| match e {
-            LoraFileError::ShapeMismatch { .. } | LoraFileError::NotInModel { .. } => {
-                anyhow::anyhow!(
-                    "cannot resume: the training state's LoRA does not fit this config's LoRA ({e}). Resume with \
-                     the run's config (lora.rank, lora.alpha and the include/exclude patterns as they were), or \
-                     start a new run without --resume: {}",
-                    dir.display()
-                )
-            }
-            other => damaged(&other),
-        })?;
-        let optimizer_path = dir.join("optimizer.safetensors");
-        let optimizer = candle_core::safetensors::load(&optimizer_path, &Device::Cpu)
-            .and_then(|tensors| {
-                tensors
-                    .into_iter()
-                    .map(|(k, v)| Ok((k, v.to_device(&device)?)))
-                    .collect::<candle_core::Result<HashMap<_, _>>>()
-            })
-            .map_err(|e| damaged(&format!("{e}: {}", optimizer_path.display())))?;
-        self.optimizer
-            .import_state(&optimizer)
-            .map_err(|e| damaged(&e))?;
+        let files = ["lora.safetensors", "optimizer.safetensors"];
+        restore(dir, files, (&self.loras, &mut self.optimizer), &device)
+            .map_err(|e| e.explain(dir, &damaged))?;
+        let split = self.low_noise.as_mut().and_then(|l| l.own.as_mut());
+        if let Some((loras, optimizer)) = split {
+            restore(dir, LOW_NOISE_STATE, (loras, optimizer), &device)
+                .map_err(|e| e.explain(dir, &damaged))?;
+        }
         self.step = state.step;
         Ok(dir.to_path_buf())
     }
+}
+
+/// Why a training state's LoRA or optimizer state could not be restored.
+enum RestoreError {
+    /// The state's LoRA does not fit this config's.
+    Mismatch(LoraFileError),
+    /// A file is missing or unreadable.
+    Damaged(String),
+}
+
+impl RestoreError {
+    /// The message for the user; `damaged` words a damaged state (with the earlier state to resume from).
+    fn explain(
+        self,
+        dir: &Path,
+        damaged: &dyn Fn(&dyn std::fmt::Display) -> anyhow::Error,
+    ) -> anyhow::Error {
+        match self {
+            Self::Mismatch(e) => anyhow::anyhow!(
+                "cannot resume: the training state's LoRA does not fit this config's LoRA ({e}). Resume with the \
+                 run's config (lora.rank, lora.alpha, the include/exclude patterns and model.experts as they were), \
+                 or start a new run without --resume: {}",
+                dir.display()
+            ),
+            Self::Damaged(e) => damaged(&e),
+        }
+    }
+}
+
+/// Loads a LoRA's weights and its optimizer's moments from the state folder `dir` (`files`: the LoRA's and the
+/// optimizer state's file names).
+fn restore(
+    dir: &Path,
+    [lora_file, optimizer_file]: [&str; 2],
+    (loras, optimizer): (&LoraSet, &mut AdamW),
+    device: &Device,
+) -> Result<(), RestoreError> {
+    let lora_path = dir.join(lora_file);
+    let lora =
+        LoraFile::load(&lora_path, device).map_err(|e| RestoreError::Damaged(e.to_string()))?;
+    loras.load_weights(&lora).map_err(|e| match e {
+        LoraFileError::ShapeMismatch { .. } | LoraFileError::NotInModel { .. } => {
+            RestoreError::Mismatch(e)
+        }
+        other => RestoreError::Damaged(other.to_string()),
+    })?;
+    let optimizer_path = dir.join(optimizer_file);
+    let state = candle_core::safetensors::load(&optimizer_path, &Device::Cpu)
+        .and_then(|tensors| {
+            tensors
+                .into_iter()
+                .map(|(k, v)| Ok((k, v.to_device(device)?)))
+                .collect::<candle_core::Result<HashMap<_, _>>>()
+        })
+        .map_err(|e| RestoreError::Damaged(format!("{e}: {}", optimizer_path.display())))?;
+    optimizer
+        .import_state(&state)
+        .map_err(|e| RestoreError::Damaged(e.to_string()))
+}
+
+/// Flushes a written file to disk. Write access: Windows refuses to flush a file opened read-only.
+fn sync_file(path: &Path, needed_bytes: u64) -> anyhow::Result<()> {
+    fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .and_then(|f| f.sync_all())
+        .map_err(|e| write_failure(e, "sync", path, needed_bytes))
 }
 
 /// Drops the rows of steps after `step` from a metrics log (a resumed run writes them again).

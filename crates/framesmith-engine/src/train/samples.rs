@@ -9,9 +9,7 @@ use anyhow::Context;
 use candle_core::Tensor;
 
 use crate::demo;
-use crate::generate::denoise::{
-    generate_from, Experts, GenerateRequest, ImageConditioning, Solver,
-};
+use crate::generate::denoise::{Denoising, GenerateRequest, ImageConditioning, Solver};
 use crate::train::outputs::write_atomic;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::Event;
@@ -29,6 +27,7 @@ pub enum Decoder {
 }
 
 /// One prompt, with its text embedding computed once.
+#[derive(Clone)]
 pub struct SamplePrompt {
     pub prompt: String,
     pub context: Tensor,
@@ -91,29 +90,52 @@ pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result
 }
 
 impl Trainer {
+    /// The latents of sample prompt `i` with the current LoRA(s). With both Wan2.2 experts, the high-noise
+    /// expert denoises down to the boundary and the low-noise one from there, each brought onto the GPU in turn.
+    fn sample_latents(&mut self, i: usize) -> anyhow::Result<Tensor> {
+        let Some(p) = self
+            .sampling
+            .as_ref()
+            .and_then(|s| s.prompts.get(i))
+            .cloned()
+        else {
+            anyhow::bail!("no sample prompt {i}");
+        };
+        let request = GenerateRequest {
+            context: &p.context,
+            negative: p.negative.as_ref(),
+            latent_shape: p.latent_shape,
+            steps: p.steps,
+            shift: p.shift,
+            guidance: p.guidance,
+            seed: p.seed,
+            solver: Solver::Unipc,
+        };
+        let boundary = self.low_noise.as_ref().map(|l| l.boundary);
+        let context = || format!("generating the sample for \"{}\"", p.prompt);
+        let mut denoising = Denoising::new(&request, p.image.as_ref(), self.model.device())
+            .with_context(context)?;
+        while let Some(t) = denoising.next_timestep() {
+            let high = boundary.is_none_or(|b| t >= b);
+            self.use_expert(high).with_context(context)?;
+            denoising.step(self.expert(high)).with_context(context)?;
+        }
+        Ok(denoising.into_latents())
+    }
+
     /// Generates every sample prompt with the current LoRA; returns the `SampleReady` events.
     pub fn sample(&mut self) -> anyhow::Result<Vec<Event>> {
-        let Some(sampling) = &self.sampling else {
+        if self.sampling.is_none() {
             return Ok(Vec::new());
-        };
-        let experts = Experts {
-            high_noise: &self.model,
-            low_noise: None,
-        };
+        }
         let mut events = Vec::new();
-        for (i, p) in sampling.prompts.iter().enumerate() {
-            let request = GenerateRequest {
-                context: &p.context,
-                negative: p.negative.as_ref(),
-                latent_shape: p.latent_shape,
-                steps: p.steps,
-                shift: p.shift,
-                guidance: p.guidance,
-                seed: p.seed,
-                solver: Solver::Unipc,
+        let count = self.sampling.as_ref().map_or(0, |s| s.prompts.len());
+        for i in 0..count {
+            let latents = self.sample_latents(i)?;
+            let Some(sampling) = &self.sampling else {
+                return Ok(events);
             };
-            let latents = generate_from(&experts, &request, p.image.as_ref(), &|| false)
-                .with_context(|| format!("generating the sample for \"{}\"", p.prompt))?;
+            let p = &sampling.prompts[i];
             let frames = match &sampling.decoder {
                 Decoder::Demo => demo::codec::decode(&latents)?,
                 Decoder::Vae(vae) => vae.decode(&latents)?,

@@ -9,10 +9,11 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use crate::demo;
-use crate::dit::{build_dit, load_dit, Streaming};
+use crate::dit::{build_dit, load_dit, LoadedDit, Streaming};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::demo_setup::demo_sample_prompts;
+use crate::train::experts::{check_pair, LowNoiseExpert};
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
@@ -20,16 +21,18 @@ use crate::train::samples::{Decoder, Sampling};
 use crate::train::trainer::Trainer;
 use crate::train::validation::load_run_data;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
-use framesmith_config::plan::{FloatDtype, ModelSource, PlanDevice};
+use framesmith_config::plan::{FloatDtype, LowNoisePlan, ModelSource, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
-use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
+use framesmith_config::run::{ActivationPlacement, BlocksToSwap, ExpertMode, StreamingMode};
 use framesmith_config::{validate, HostInfo, RunPlan};
+use framesmith_models::wan::config::Expert;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
-use framesmith_nn::lora::{attach_loras, LoraSpec};
+use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{
-    streamed_blocks, OffloadOptions, OutOfMemory, Placement, SavedPlacement, StreamMode,
+    release_cached_memory, streamed_blocks, OffloadOptions, OutOfMemory, Placement, SavedPlacement,
+    StreamMode,
 };
 use framesmith_nn::vb::Vb;
 
@@ -111,9 +114,10 @@ fn float_dtype(d: FloatDtype) -> DType {
 
 fn load_model(
     plan: &RunPlan,
+    path: Option<&Path>,
     device: &Device,
     memory: Option<&MemoryReport>,
-) -> anyhow::Result<(WanModel, String)> {
+) -> anyhow::Result<LoadedDit> {
     let compute = float_dtype(plan.model.compute_dtype);
     let options = ModelOptions {
         residual_dtype: match plan.model.residual_dtype {
@@ -131,9 +135,14 @@ fn load_model(
             let vb = Vb::from_tensors(tensors, compute, device);
             let streaming = streaming_for(plan, &cfg, device, memory)?;
             let model = build_dit(&cfg, vb, &options, streaming)?;
-            Ok((model, "framesmith-demo-tiny".into()))
+            Ok(LoadedDit {
+                model,
+                name: "framesmith-demo-tiny".into(),
+                expert: None,
+            })
         }
-        ModelSource::File(path) => {
+        ModelSource::File(dit) => {
+            let path = path.unwrap_or(dit.as_path());
             let expected = match &plan.model.variant {
                 Some(name) => Some(WanConfig::by_name(name).with_context(|| {
                     format!("unknown model.variant `{name}` (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b)")
@@ -442,17 +451,18 @@ impl Trainer {
         // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
         let encoded =
             encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
-        let (mut model, base_name) =
-            load_model(plan, &device, memory.as_ref()).map_err(|e| {
-                if e.chain().any(|c| c.is::<OutOfMemory>()) {
-                    anyhow::anyhow!(
-                        "the GPU ran out of memory while loading the model's resident blocks ({e:#}); the file \
-                         is fine. {out_of_memory_advice}"
-                    )
-                } else {
-                    e
-                }
-            })?;
+        let oom_on_load = |e: anyhow::Error| {
+            if e.chain().any(|c| c.is::<OutOfMemory>()) {
+                anyhow::anyhow!(
+                    "the GPU ran out of memory while loading the model's resident blocks ({e:#}); the file is fine. \
+                     {out_of_memory_advice}"
+                )
+            } else {
+                e
+            }
+        };
+        let loaded = load_model(plan, None, &device, memory.as_ref()).map_err(oom_on_load)?;
+        let (mut model, base_name) = (loaded.model, loaded.name);
         log(
             LogLevel::Info,
             format!("model: {base_name} on {}", device_label(&device)),
@@ -463,18 +473,7 @@ impl Trainer {
                 log(LogLevel::Info, line);
             }
         }
-        if let Some(streamer) = model.streamer() {
-            log(
-                LogLevel::Info,
-                format!(
-                    "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
-                    streamer.count(),
-                    model.num_blocks(),
-                    streamer.mode().as_str(),
-                    streamer.block_bytes() as f64 / (1u64 << 20) as f64
-                ),
-            );
-        }
+        log_streaming(&model, log);
         let cfg = model.config().clone();
         let run_data = load_run_data(plan, &cfg, &device, log)?;
         let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
@@ -505,15 +504,21 @@ impl Trainer {
                 loras.parameter_count()
             ),
         );
-        let named = loras
-            .iter()
-            .flat_map(|(path, l)| {
-                [
-                    (format!("{path}.lora_down"), l.down.clone()),
-                    (format!("{path}.lora_up"), l.up.clone()),
-                ]
-            })
-            .collect();
+        let low_noise = match &plan.model.low_noise {
+            Some(low) => {
+                let expert = LowExpertLoad {
+                    plan,
+                    device: &device,
+                    memory: memory.as_ref(),
+                    high_expert: loaded.expert,
+                    spec: &spec,
+                    loras: &loras,
+                };
+                Some(expert.load(&mut model, low, log).map_err(oom_on_load)?)
+            }
+            None => None,
+        };
+        let named = named_vars(&loras);
         let optimizer = AdamW::new(named, plan.optimizer)?;
         let accumulation = plan.training.gradient_accumulation_steps.max(1);
         let total_steps = plan.training.total_steps(data.batches_per_epoch());
@@ -530,6 +535,7 @@ impl Trainer {
         Ok(Trainer {
             sampling: sampling(plan, &cfg, encoded, &device)?,
             model,
+            low_noise,
             loras,
             optimizer,
             schedule: plan.schedule.with_total_steps(total_steps),
@@ -553,6 +559,106 @@ impl Trainer {
             outputs,
             validation: run_data.validation,
         })
+    }
+}
+
+/// The optimizer's names for a LoRA's factors (`{path}.lora_down`, `{path}.lora_up`).
+fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
+    loras
+        .iter()
+        .flat_map(|(path, l)| {
+            [
+                (format!("{path}.lora_down"), l.down.clone()),
+                (format!("{path}.lora_up"), l.up.clone()),
+            ]
+        })
+        .collect()
+}
+
+/// Says how many blocks of `model` stream, when some do.
+fn log_streaming(model: &WanModel, log: &mut dyn FnMut(LogLevel, String)) {
+    if let Some(streamer) = model.streamer() {
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                streamer.count(),
+                model.num_blocks(),
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64
+            ),
+        );
+    }
+}
+
+/// What loading the low-noise expert of a run that trains both needs from the run being built.
+struct LowExpertLoad<'a> {
+    plan: &'a RunPlan,
+    device: &'a Device,
+    memory: Option<&'a MemoryReport>,
+    /// The expert `model.dit`'s path or file names.
+    high_expert: Option<Expert>,
+    spec: &'a LoraSpec,
+    /// The high-noise expert's LoRA (shared in `joint` mode).
+    loras: &'a LoraSet,
+}
+
+impl LowExpertLoad<'_> {
+    /// Parks the high-noise expert `high` (its LoRA already attached), loads the low-noise one onto the GPU and
+    /// gives it the shared LoRA (`joint`) or one of its own (`split`).
+    fn load(
+        &self,
+        high: &mut WanModel,
+        low: &LowNoisePlan,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<LowNoiseExpert> {
+        high.park()
+            .context("parking the high-noise expert in host RAM")?;
+        release_cached_memory(self.device)?;
+        let loaded = load_model(self.plan, Some(&low.dit), self.device, self.memory)?;
+        let ModelSource::File(dit) = &self.plan.model.source else {
+            anyhow::bail!("model.dit_low_noise needs model.dit to be the high-noise expert's file");
+        };
+        check_pair(
+            high.config(),
+            loaded.model.config(),
+            [self.high_expert, loaded.expert],
+            [dit, &low.dit],
+        )?;
+        let mut model = loaded.model;
+        log(
+            LogLevel::Info,
+            format!(
+                "low-noise expert: {} ({} mode, below timestep {})",
+                loaded.name,
+                low.mode.as_str(),
+                self.boundary(high.config(), low)
+            ),
+        );
+        log_streaming(&model, log);
+        let own = match low.mode {
+            ExpertMode::Joint => {
+                self.loras.share_with(model.linears_mut())?;
+                None
+            }
+            ExpertMode::Split => {
+                let loras = attach_loras(model.linears_mut(), self.spec)?;
+                let optimizer = AdamW::new(named_vars(&loras), self.plan.optimizer)?;
+                Some((loras, optimizer))
+            }
+        };
+        Ok(LowNoiseExpert {
+            model,
+            own,
+            boundary: self.boundary(high.config(), low),
+            switches: 0,
+        })
+    }
+
+    /// The boundary in timesteps: the config's fraction, else the model's.
+    fn boundary(&self, cfg: &WanConfig, low: &LowNoisePlan) -> f64 {
+        low.boundary
+            .map_or_else(|| cfg.expert_boundary_or_official(), |b| b * 1000.0)
     }
 }
 

@@ -113,7 +113,8 @@ fn non_finite_steps_are_skipped_and_never_saved() {
         );
     }
     let saved = trainer.save(false).expect("save");
-    let file = LoraFile::load(&saved.lora, &candle_core::Device::Cpu).expect("saved LoRA loads");
+    let file =
+        LoraFile::load(&saved.loras[0], &candle_core::Device::Cpu).expect("saved LoRA loads");
     for module in &file.modules {
         for t in [&module.down, &module.up] {
             let finite = t

@@ -16,7 +16,9 @@ use crate::generate::denoise::{first_frame_row, with_first_frame};
 use crate::train::data::{image_inputs, TrainItem, TrainSet};
 use crate::train::optimizer::{AdamW, StepOutcome};
 use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOptions, StepOutput};
-use crate::train::timesteps::{loss_weight, sample_timesteps, TimestepDraw};
+use crate::train::timesteps::{
+    loss_weight, sample_expert_timesteps, sample_timesteps, TimestepDraw,
+};
 use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
 use framesmith_config::training::TimestepConfig;
@@ -40,7 +42,10 @@ pub struct StepReport {
 
 /// The mutable state of a run and everything needed to advance it.
 pub struct Trainer {
+    /// The DiT (for Wan2.2 A14B with both experts, the high-noise expert).
     pub(super) model: WanModel,
+    /// Wan2.2 A14B's low-noise expert, when the run trains both.
+    pub(super) low_noise: Option<crate::train::experts::LowNoiseExpert>,
     pub(super) loras: LoraSet,
     pub(super) optimizer: AdamW,
     pub(super) schedule: LrSchedule,
@@ -114,6 +119,11 @@ impl Trainer {
 
     pub fn device(&self) -> &Device {
         self.model.device()
+    }
+
+    /// How many times the two Wan2.2 experts changed places on the GPU (0 for a one-model run).
+    pub fn expert_switches(&self) -> usize {
+        self.low_noise.as_ref().map_or(0, |l| l.switches)
     }
 
     /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
@@ -236,24 +246,36 @@ impl Trainer {
         })
     }
 
-    /// One micro-batch: noise, timesteps, the checkpointed step. Returns the micro-batch's epoch and the step's
-    /// output, `None` when the loss was NaN or infinite (no backward pass was run).
+    /// One micro-batch: noise, timesteps, the checkpointed step (through the expert the timesteps pick, brought
+    /// onto the GPU first). Returns the micro-batch's epoch, whether it ran on the high-noise side (always, with
+    /// one model), and the step's output, `None` when the loss was NaN or infinite (no backward pass was run).
     fn micro_step(
-        &self,
+        &mut self,
         index: usize,
         interrupted: &dyn Fn() -> bool,
-    ) -> anyhow::Result<(usize, Option<StepOutput>)> {
+    ) -> anyhow::Result<(usize, bool, Option<StepOutput>)> {
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
         let (_, _, h, w) = batch[0].latents.dims4()?;
-        let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
+        let (high, draws) = match &self.low_noise {
+            Some(low) => {
+                sample_expert_timesteps(&self.timesteps, batch.len(), (h, w), rng, low.boundary)
+            }
+            None => (
+                true,
+                sample_timesteps(&self.timesteps, batch.len(), (h, w), rng),
+            ),
+        };
+        if let Some(low) = self.low_noise.as_mut() {
+            crate::train::experts::activate(&mut self.model, low, high)?;
+        }
         let flow = self.flow_batch(&batch, &draws, rng)?;
         let (inputs, target) = (&flow.inputs, flow.target());
-        let vars = self.loras.vars();
+        let vars = self.expert_vars(high);
         let options = self.step_options(interrupted);
-        match try_checkpointed_step(&self.model, inputs, &target, &vars, &options) {
-            Ok(out) => Ok((epoch, Some(out))),
-            Err(StepError::NonFiniteLoss(_)) => Ok((epoch, None)),
+        match try_checkpointed_step(self.expert(high), inputs, &target, &vars, &options) {
+            Ok(out) => Ok((epoch, high, Some(out))),
+            Err(StepError::NonFiniteLoss(_)) => Ok((epoch, high, None)),
             Err(e @ StepError::Interrupted) => Err(e.into()),
             Err(StepError::OutOfMemory(oom)) => Err(anyhow::anyhow!(
                 "the GPU ran out of memory during the training step on {} ({}). {}",
@@ -273,14 +295,17 @@ impl Trainer {
         let started = Instant::now();
         // The last step's transient memory goes back to the driver: each step then needs what the first did.
         framesmith_nn::offload::release_cached_memory(self.device())?;
-        let mut sum: Option<Vec<Tensor>> = None;
+        // The summed gradients of each LoRA: the only (or joint, or high-noise) one, and a split run's low-noise one.
+        let mut sums: [Option<Vec<Tensor>>; 2] = [None, None];
         let mut loss_sum = 0f64;
         let mut finite = true;
         let mut epoch = self.epoch();
+        let split = self.split_experts();
         for micro in 0..self.accumulation {
             let index = self.step * self.accumulation + micro;
-            let (e, out) = self.micro_step(index, interrupted)?;
+            let (e, high, out) = self.micro_step(index, interrupted)?;
             epoch = e;
+            let sum = &mut sums[usize::from(split && !high)];
             let Some(out) = out else {
                 finite = false;
                 continue;
@@ -291,7 +316,7 @@ impl Trainer {
                 .iter()
                 .map(|g| g / self.accumulation as f64)
                 .collect::<candle_core::Result<Vec<_>>>()?;
-            sum = Some(match sum {
+            *sum = Some(match sum.take() {
                 None => scaled,
                 Some(acc) => acc
                     .iter()
@@ -301,10 +326,13 @@ impl Trainer {
             });
         }
         let learning_rate = self.schedule.lr_at(self.step);
-        let outcome = match sum {
-            Some(grads) if finite => Some(self.optimizer.step(&grads, learning_rate)?),
-            None if finite => anyhow::bail!("no micro-batches in a step"),
-            _ => None,
+        let outcome = if finite {
+            match self.apply_grads(sums, learning_rate)? {
+                Some(outcome) => Some(outcome),
+                None => anyhow::bail!("no micro-batches in a step"),
+            }
+        } else {
+            None
         };
         let step_number = self.step + 1;
         self.step = step_number;

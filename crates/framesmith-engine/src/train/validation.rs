@@ -15,7 +15,7 @@ use rand::SeedableRng;
 use crate::train::data::{load_cached_items, CacheModels, TrainItem};
 use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
 use crate::train::step::{forward_loss, StepError};
-use crate::train::timesteps::TimestepDraw;
+use crate::train::timesteps::{is_high_noise, TimestepDraw};
 use crate::train::trainer::{mix, Trainer};
 use framesmith_config::plan::{DatasetSource, ModelSource, ValidationPlan};
 use framesmith_config::protocol::{LogLevel, ValidationLoss};
@@ -191,28 +191,50 @@ impl Trainer {
             return Ok(None);
         };
         let started = Instant::now();
-        let sigmas = &v.plan.sigmas;
+        let sigmas = v.plan.sigmas.clone();
+        // With both Wan2.2 experts, each timestep is evaluated by its own expert: the one on the GPU first.
+        let sides = match &self.low_noise {
+            Some(low) => {
+                let current = low.model.is_parked();
+                vec![(current, low.boundary), (!current, low.boundary)]
+            }
+            None => vec![(true, f64::NEG_INFINITY)],
+        };
         let mut sum = 0f64;
-        for (i, item) in v.items.iter().enumerate() {
-            for (k, &t) in sigmas.iter().enumerate() {
-                let pair = (i * sigmas.len() + k) as u64;
-                let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
-                let draw = TimestepDraw {
-                    t,
-                    model_timestep: t * NUM_TRAIN_TIMESTEPS as f64 + 1.0,
-                };
-                let flow = self.flow_batch(&[item], &[draw], rng)?;
-                let loss =
-                    forward_loss(&self.model, &flow.inputs, &flow.target(), Some(interrupted))
-                        .map_err(|e| match e {
-                            StepError::Interrupted => anyhow::Error::new(e),
-                            e => {
-                                anyhow::Error::new(e).context(format!("validation on {}", item.key))
-                            }
-                        })?;
-                sum += loss as f64;
+        for (high, boundary) in sides {
+            self.use_expert(high)?;
+            let Some(v) = &self.validation else {
+                return Ok(None);
+            };
+            for (i, item) in v.items.iter().enumerate() {
+                for (k, &t) in sigmas.iter().enumerate() {
+                    let draw = TimestepDraw {
+                        t,
+                        model_timestep: t * NUM_TRAIN_TIMESTEPS as f64 + 1.0,
+                    };
+                    if is_high_noise(&draw, boundary) != high {
+                        continue;
+                    }
+                    let pair = (i * sigmas.len() + k) as u64;
+                    let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
+                    let flow = self.flow_batch(&[item], &[draw], rng)?;
+                    let loss = forward_loss(
+                        self.expert(high),
+                        &flow.inputs,
+                        &flow.target(),
+                        Some(interrupted),
+                    )
+                    .map_err(|e| match e {
+                        StepError::Interrupted => anyhow::Error::new(e),
+                        e => anyhow::Error::new(e).context(format!("validation on {}", item.key)),
+                    })?;
+                    sum += loss as f64;
+                }
             }
         }
+        let Some(v) = &self.validation else {
+            return Ok(None);
+        };
         let pairs = (v.items.len() * sigmas.len()).max(1);
         let result = ValidationLoss {
             step: self.step,

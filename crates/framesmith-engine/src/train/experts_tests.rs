@@ -1,0 +1,180 @@
+//! Wan2.2 A14B with both experts in one run, on two tiny experts: `joint` and `split` runs resume bit-identically,
+//! each step runs through the expert its timesteps pick (the other parked), `split` saves a LoRA per expert, and
+//! experts given in the wrong keys are refused with the fix.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+
+use crate::train::i2v_tests::{dataset, write_musubi_caches, MusubiItem};
+use crate::train::trainer::Trainer;
+use framesmith_config::protocol::StartRun;
+use framesmith_config::run::{Checkpointing, ExpertMode};
+use framesmith_config::{presets, RunConfig};
+use framesmith_models::wan::random::random_weights;
+use framesmith_models::wan::WanConfig;
+
+/// Writes a tiny expert (random weights, `seed`) as `dir/{folder}/diffusion_pytorch_model.safetensors` with the
+/// tiny T2V fixture's `config.json`; the folder name says which expert it is.
+fn expert(dir: &Path, folder: &str, seed: u64) -> anyhow::Result<PathBuf> {
+    let root = dir.join(folder);
+    std::fs::create_dir_all(&root)?;
+    let weights = random_weights(&WanConfig::tiny(2), seed, DType::F32, &Device::Cpu)?;
+    let file = root.join("diffusion_pytorch_model.safetensors");
+    candle_core::safetensors::save(&weights, &file)?;
+    let fixture = framesmith_models::fixtures::wan_case("wan21_t2v_tiny");
+    std::fs::copy(fixture.join("config.json"), root.join("config.json"))?;
+    Ok(file)
+}
+
+/// A run on two tiny experts over a two-clip text-to-video cache, `steps` long.
+fn config(dir: &Path, mode: ExpertMode, steps: usize) -> anyhow::Result<RunConfig> {
+    let toml = dataset(dir)?;
+    for (stem, seed) in [("a", 1), ("b", 2)] {
+        let item = MusubiItem {
+            stem,
+            seed,
+            image: false,
+            clip_dim: None,
+        };
+        write_musubi_caches(&dir.join("cache"), &item, 32)?;
+    }
+    let mut config = presets::builtin("demo-cpu")?
+        .apply(&RunConfig::default())?
+        .config;
+    config.model.demo = false;
+    config.model.dit = expert(dir, "wan2.2_t2v_high_noise", 5)?;
+    config.model.dit_low_noise = expert(dir, "wan2.2_t2v_low_noise", 6)?;
+    config.model.experts = mode;
+    // Halfway, so a short run meets both experts.
+    config.model.expert_boundary = 0.5;
+    config.dataset.synthetic = false;
+    config.dataset.config = toml;
+    config.training.max_train_steps = steps;
+    config.optimizer.lr_warmup_steps = 0;
+    config.memory.checkpointing = Checkpointing::Blocks;
+    config.output.output_dir = dir.join("run");
+    config.output.save_every_n_steps = Some(0);
+    Ok(config)
+}
+
+fn start(config: &RunConfig, resume_from: Option<&Path>) -> anyhow::Result<Trainer> {
+    let request = StartRun {
+        config: config.clone(),
+        resume_from: resume_from.map(Path::to_path_buf),
+    };
+    Trainer::start(&request, &mut |_, _| {})
+}
+
+/// Every LoRA value of the run: the shared one, or both of a split run.
+fn lora_values(trainer: &Trainer) -> anyhow::Result<Vec<Vec<f32>>> {
+    let mut sets = vec![trainer.loras()];
+    if let Some((low, _)) = trainer.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+        sets.push(low);
+    }
+    let mut out = Vec::new();
+    for set in sets {
+        for v in set.vars() {
+            out.push(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        }
+    }
+    Ok(out)
+}
+
+fn resumes_bit_identically(mode: ExpertMode) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config_a = config(&dir.path().join("a"), mode, 6)?;
+    let mut straight = start(&config_a, None)?;
+    let mut losses = Vec::new();
+    while straight.step() < 6 {
+        losses.push(straight.train_step(&|| false)?.loss);
+    }
+    assert!(
+        straight.expert_switches() >= 2,
+        "both experts should have trained ({} switches)",
+        straight.expert_switches()
+    );
+
+    let config_b = config(&dir.path().join("b"), mode, 6)?;
+    let mut first = start(&config_b, None)?;
+    let mut resumed = Vec::new();
+    while first.step() < 3 {
+        resumed.push(first.train_step(&|| false)?.loss);
+    }
+    let saved = first.save(false)?;
+    drop(first);
+    let mut second = start(&config_b, Some(&dir.path().join("b").join("run")))?;
+    assert_eq!(second.step(), 3);
+    while second.step() < 6 {
+        resumed.push(second.train_step(&|| false)?.loss);
+    }
+    assert_eq!(losses, resumed);
+    assert_eq!(lora_values(&straight)?, lora_values(&second)?);
+    Ok(match mode {
+        ExpertMode::Joint => assert_eq!(saved.loras.len(), 1),
+        ExpertMode::Split => {
+            let names: Vec<String> = saved
+                .loras
+                .iter()
+                .filter_map(|p| p.file_name()?.to_str().map(String::from))
+                .collect();
+            assert!(names[0].contains("_high_noise-000003"), "{names:?}");
+            assert!(names[1].contains("_low_noise-000003"), "{names:?}");
+            let state = saved.state.expect("a state folder");
+            assert!(state.join("optimizer_low_noise.safetensors").exists());
+        }
+    })
+}
+
+#[test]
+fn a_joint_run_on_both_experts_resumes_bit_identically() -> anyhow::Result<()> {
+    resumes_bit_identically(ExpertMode::Joint)
+}
+
+#[test]
+fn a_split_run_on_both_experts_resumes_bit_identically() -> anyhow::Result<()> {
+    resumes_bit_identically(ExpertMode::Split)
+}
+
+/// A joint LoRA is one set of adapters on both experts: a step through either moves the same tensors, and the
+/// expert not in use waits parked.
+#[test]
+fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut trainer = start(&config(dir.path(), ExpertMode::Joint, 4)?, None)?;
+    for _ in 0..4 {
+        trainer.train_step(&|| false)?;
+        let low = trainer.low_noise.as_ref().expect("two experts");
+        assert_ne!(trainer.model.is_parked(), low.model.is_parked());
+    }
+    let low = trainer.low_noise.as_ref().expect("two experts");
+    let path = "blocks.0.self_attn.q";
+    let on_high = trainer.model.blocks()[0]
+        .self_attn
+        .q
+        .lora()
+        .expect("a LoRA");
+    let on_low = low.model.blocks()[0].self_attn.q.lora().expect("a LoRA");
+    let shared = trainer.loras().get(path).expect("in the set");
+    for l in [on_high, on_low] {
+        let diff = (l.up.as_tensor() - shared.up.as_tensor())?
+            .abs()?
+            .sum_all()?;
+        assert_eq!(diff.to_scalar::<f32>()?, 0.0);
+    }
+    assert!(
+        shared.up.as_tensor().abs()?.sum_all()?.to_scalar::<f32>()? > 0.0,
+        "trained"
+    );
+    Ok(())
+}
+
+#[test]
+fn experts_in_the_wrong_keys_are_refused_with_the_fix() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut config = config(dir.path(), ExpertMode::Joint, 2)?;
+    std::mem::swap(&mut config.model.dit, &mut config.model.dit_low_noise);
+    let err = format!("{:#}", start(&config, None).err().expect("refused"));
+    assert!(err.contains("swap them"), "{err}");
+    Ok(())
+}
