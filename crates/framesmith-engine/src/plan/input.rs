@@ -259,6 +259,8 @@ impl PlanInput {
             checkpointing: mem.checkpointing,
             optimizer_and_context: true,
             on_cpu: cfg.training.device == DeviceSpec::Cpu,
+            experts: (!cfg.model.dit_low_noise.as_os_str().is_empty() && !cfg.model.demo)
+                .then_some(cfg.model.experts),
         }
     }
 

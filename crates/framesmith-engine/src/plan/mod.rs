@@ -30,7 +30,7 @@ pub use working_set::{
 use framesmith_config::plan::FloatDtype;
 use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine, PlanReport, Verdict};
 use framesmith_config::run::{
-    ActivationPlacement, BlocksToSwap, Checkpointing, ResidualDtype, StreamingMode,
+    ActivationPlacement, BlocksToSwap, Checkpointing, ExpertMode, ResidualDtype, StreamingMode,
 };
 use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
@@ -85,6 +85,8 @@ pub struct PlanInput {
     pub optimizer_and_context: bool,
     /// A CPU run (`training.device = "cpu"`): everything lives in RAM and the verdict is against the RAM.
     pub on_cpu: bool,
+    /// Both Wan2.2 A14B experts in one run (`model.dit_low_noise`), and how they train.
+    pub experts: Option<ExpertMode>,
 }
 
 /// Why a configuration cannot be planned.
@@ -268,6 +270,59 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         ));
     }
     out.extend(streamed_host_lines(input, s.block, streamed));
+    if let Some(mode) = input.experts {
+        out.extend(parked_expert_lines(input, s, streamed, mode));
+    }
+    out
+}
+
+/// What the expert not in use holds (Wan2.2 A14B with both experts): its resident blocks wait in host RAM and its
+/// streamed blocks stay in their host buffers, while its embeddings, head and GPU slots stay on the device, and
+/// with `split` its own LoRA and AdamW moments too (its gradients exist only while it runs).
+fn parked_expert_lines(
+    input: &PlanInput,
+    s: &Sizes,
+    streamed: usize,
+    mode: ExpertMode,
+) -> Vec<PlanLine> {
+    let n = input.model.num_layers;
+    let embeddings: u64 = s.resident.iter().map(|&(_, bytes)| bytes).sum();
+    let mut out = vec![line(
+        "parked expert: embeddings and head",
+        embeddings,
+        Placement::Device,
+    )];
+    if streamed > 0 {
+        let slots = input.streaming.gpu_slots.min(streamed);
+        out.push(line(
+            format!(
+                "parked expert: GPU slots ({slots} × {})",
+                format_gib(s.block)
+            ),
+            slots as u64 * s.block,
+            Placement::Device,
+        ));
+    }
+    if mode == ExpertMode::Split {
+        out.push(line(
+            "parked expert: its LoRA and AdamW moments (f32)",
+            3 * 4 * s.lora_params,
+            Placement::Device,
+        ));
+    }
+    out.push(line(
+        format!(
+            "parked expert: resident blocks in RAM ({} × {})",
+            n - streamed,
+            format_gib(s.block_data)
+        ),
+        (n - streamed) as u64 * s.block_data,
+        Placement::Host,
+    ));
+    for mut l in streamed_host_lines(input, s.block, streamed) {
+        l.label = format!("parked expert: {}", l.label);
+        out.push(l);
+    }
     out
 }
 

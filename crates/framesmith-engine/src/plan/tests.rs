@@ -42,6 +42,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         checkpointing: Checkpointing::Blocks,
         optimizer_and_context: true,
         on_cpu: false,
+        experts: None,
     }
 }
 
@@ -701,4 +702,59 @@ fn kept_attention_costs_an_output_and_lse_per_block() {
     // 14B at 32,760 tokens: 320 MiB of bf16 output and 40 heads of f32 LSE per block (train::step's figure).
     let per_block = 32_760 * 5120 * 2 + 32_760 * 40 * 4;
     assert_eq!(with - without, 40 * per_block);
+}
+
+/// Both Wan2.2 A14B experts: the parked one adds its embeddings, head and GPU slots to the device (and in `split`
+/// its LoRA with AdamW moments), its blocks to the RAM; `auto` streams enough blocks for both to fit.
+#[test]
+fn both_experts_count_the_parked_one() {
+    let mut one = input(
+        WanConfig::wan22_t2v_a14b(),
+        BaseFormat::Fp8(Fp8ScaleMode::Block64),
+    );
+    one.streaming.blocks_to_swap = BlocksToSwap::Count(20);
+    let mut joint = one.clone();
+    joint.experts = Some(ExpertMode::Joint);
+    let mut split = one.clone();
+    split.experts = Some(ExpertMode::Split);
+    let (one_r, joint_r, split_r) = (
+        plan(&one).unwrap(),
+        plan(&joint).unwrap(),
+        plan(&split).unwrap(),
+    );
+    let s = sizes(&one).unwrap();
+    let embeddings: u64 = s.resident.iter().map(|&(_, b)| b).sum();
+    let slots = DEFAULT_GPU_SLOTS as u64 * s.block;
+    assert_eq!(
+        joint_r.peak_vram_bytes,
+        one_r.peak_vram_bytes + embeddings + slots
+    );
+    assert_eq!(
+        split_r.peak_vram_bytes,
+        joint_r.peak_vram_bytes + 12 * s.lora_params
+    );
+    // The parked expert's weights, all of them, wait in RAM: 20 resident blocks and 20 streamed ones.
+    let ram = joint_r.peak_ram_bytes - one_r.peak_ram_bytes;
+    assert_eq!(ram, 20 * s.block_data + 20 * s.block);
+    // Under 24 GiB, both experts need at least as many streamed blocks as one does.
+    for r in [&mut one, &mut joint] {
+        r.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+        r.streaming.activations = ActivationPlacement::Host;
+        r.vram_budget_bytes = Some(24 * GIB);
+    }
+    let (a, b) = (plan(&one).unwrap(), plan(&joint).unwrap());
+    assert!(
+        b.streamed_blocks >= a.streamed_blocks,
+        "{} < {}",
+        b.streamed_blocks,
+        a.streamed_blocks
+    );
+    assert!(
+        b.peak_vram_bytes <= 24 * GIB,
+        "{:.2} GiB with {} streamed; one expert {:.2} GiB with {}",
+        b.peak_vram_bytes as f64 / GIB as f64,
+        b.streamed_blocks,
+        a.peak_vram_bytes as f64 / GIB as f64,
+        a.streamed_blocks
+    );
 }
