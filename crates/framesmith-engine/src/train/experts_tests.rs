@@ -143,9 +143,12 @@ fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut trainer = start(&config(dir.path(), ExpertMode::Joint, 4)?, None)?;
     for _ in 0..4 {
-        trainer.train_step(&|| false)?;
+        let report = trainer.train_step(&|| false)?;
         let low = trainer.low_noise.as_ref().expect("two experts");
         assert_ne!(trainer.model.is_parked(), low.model.is_parked());
+        let (expert, switches) = report.expert.expect("the step names its expert");
+        assert_eq!(expert == "high_noise", low.model.is_parked());
+        assert_eq!(switches, trainer.expert_switches());
     }
     let low = trainer.low_noise.as_ref().expect("two experts");
     let path = "blocks.0.self_attn.q";

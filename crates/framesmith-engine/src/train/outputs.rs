@@ -158,7 +158,7 @@ impl Outputs {
 
     /// Appends one line to `metrics.jsonl`.
     pub fn append_metrics(&mut self, step: usize, r: &StepReport) -> anyhow::Result<()> {
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "step": step,
             "epoch": r.epoch,
             "loss": r.loss,
@@ -167,6 +167,10 @@ impl Outputs {
             "grad_norm": r.grad_norm,
             "skipped": r.warning.is_some(),
         });
+        if let (Some((expert, switches)), Some(map)) = (r.expert, line.as_object_mut()) {
+            map.insert("expert".into(), expert.into());
+            map.insert("expert_switches".into(), switches.into());
+        }
         self.append_line(&line)
     }
 

@@ -234,7 +234,10 @@ mod tests {
         let share = high as f64 / (high + low) as f64;
         let singles = sample_timesteps(&cfg, 4000, (60, 104), &mut StdRng::seed_from_u64(12));
         let expected = singles.iter().filter(|d| is_high_noise(d, 875.0)).count() as f64 / 4000.0;
-        assert!((share - expected).abs() < 0.06, "high-noise share {share}, single draws {expected}");
+        assert!(
+            (share - expected).abs() < 0.06,
+            "high-noise share {share}, single draws {expected}"
+        );
         // One sample draws exactly what the one-expert sampler draws.
         let (a, b) = (&mut StdRng::seed_from_u64(5), &mut StdRng::seed_from_u64(5));
         let (_, one) = sample_expert_timesteps(&cfg, 1, (60, 104), a, 875.0);

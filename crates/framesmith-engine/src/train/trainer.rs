@@ -38,6 +38,9 @@ pub struct StepReport {
     pub grad_norm: Option<f64>,
     /// Set when the update was skipped (non-finite loss or gradient).
     pub warning: Option<String>,
+    /// With both Wan2.2 experts: the expert the step's last micro-batch ran through (`high_noise`, `low_noise`)
+    /// and how many times the experts have changed places on the GPU so far.
+    pub expert: Option<(&'static str, usize)>,
 }
 
 /// The mutable state of a run and everything needed to advance it.
@@ -301,10 +304,12 @@ impl Trainer {
         let mut finite = true;
         let mut epoch = self.epoch();
         let split = self.split_experts();
+        let mut last_high = true;
         for micro in 0..self.accumulation {
             let index = self.step * self.accumulation + micro;
             let (e, high, out) = self.micro_step(index, interrupted)?;
             epoch = e;
+            last_high = high;
             let sum = &mut sums[usize::from(split && !high)];
             let Some(out) = out else {
                 finite = false;
@@ -365,6 +370,10 @@ impl Trainer {
             step_secs: started.elapsed().as_secs_f64(),
             grad_norm,
             warning,
+            expert: self.low_noise.as_ref().map(|low| {
+                let name = if last_high { "high_noise" } else { "low_noise" };
+                (name, low.switches)
+            }),
         };
         self.outputs.append_metrics(step_number, &report)?;
         if self.consecutive_nonfinite >= self.max_consecutive_nonfinite.max(1) {
