@@ -7,7 +7,9 @@
 # `plan`, and `train --preset balanced-24gb --vram-budget-gb 24` with samples and saves, killed with SIGKILL
 # after its step-4 save and resumed to the end. Logs with timestamps; peak RAM from /usr/bin/time. Builds nothing.
 # Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]   (E2E_PREPARE_ONLY=1: stop after the plan;
-#   E2E_VARIANT=i2v-a14b: Wan2.2 I2V-A14B, image-to-video caches and samples from a start image)
+#   E2E_VARIANT=i2v-a14b: Wan2.2 I2V-A14B, image-to-video caches and samples from a start image;
+#   E2E_EXPERTS=joint|split with an A14B variant: both experts in one run, the low-noise one synthesised with
+#   another seed)
 #   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
 set -uo pipefail
 BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
@@ -35,6 +37,11 @@ if [[ ! -f "$MODELS/run.toml" ]]; then
     timed synth framesmith-bench synth-project --variant "$VARIANT" --dtype fp8-scaled --encoders "$SPIECE" \
         --out "$MODELS" --frames 81 --height 480 --width 832 --steps "$STEPS" || exit 1
 fi
+EXPERTS="${E2E_EXPERTS:-}" LOW="$WORK/models-low"
+if [[ -n "$EXPERTS" && ! -f "$LOW/dit.safetensors" ]]; then
+    timed synth-low framesmith-bench synth-project --variant "$VARIANT" --dtype fp8-scaled --seed 1 --out "$LOW" \
+        --frames 81 --height 480 --width 832 --steps "$STEPS" || exit 1
+fi
 DIT="$MODELS/dit.safetensors" VAE="$MODELS/wan_2.1_vae.safetensors"
 T5="$MODELS/umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 ls -la "$MODELS" | tee -a "$LOG/e2e.log"
@@ -56,11 +63,16 @@ START_IMAGE=""
 cat > "$WORK/prompts.txt" <<TXT
 a test card with a moving colour bar, bright daylight --w 832 --h 480 --f 21 --s 4 --d 42$START_IMAGE
 TXT
+MODEL_EXTRA=""
+[[ -n "$EXPERTS" ]] && MODEL_EXTRA="variant = \"$VARIANT\"
+dit_low_noise = \"$LOW/dit.safetensors\"
+experts = \"$EXPERTS\""
 cat > "$WORK/run.toml" <<TOML
 [model]
 dit = "$DIT"
 vae = "$VAE"
 text_encoder = "$T5"
+$MODEL_EXTRA
 
 [dataset]
 config = "$WORK/data/dataset.toml"
@@ -90,20 +102,26 @@ timed plan framesmith plan "${train_args[@]}"
 [[ -n "${E2E_PREPARE_ONLY:-}" ]] && { step "prepared (E2E_PREPARE_ONLY)"; exit 0; }
 rm -rf "$WORK/output"
 
-step "train (killed with SIGKILL once e2e-state-$(printf %06d "$KILL_AFTER") is saved)"
-/usr/bin/time -v framesmith train "${train_args[@]}" > >(stamp > "$LOG/train-1.log") 2>&1 &
-TRAIN=$!
-state="$WORK/output/e2e-state-$(printf %06d "$KILL_AFTER")"
-for _ in $(seq 1 1200); do
-    [[ -d "$state" ]] && break
-    kill -0 "$TRAIN" 2>/dev/null || break
-    sleep 0.5
-done
-sleep 4
-pkill -9 -x framesmith
-wait "$TRAIN"; echo "   train-1: killed (exit $?), state folders: $(ls "$WORK/output" | tr '\n' ' ')" | tee -a "$LOG/e2e.log"
-timed train-2-resume framesmith train "${train_args[@]}" --resume "$WORK/output"
-grep -E "resumed|step .*loss|VRAM|sample|saved|Sample|Saved" "$LOG/train-2-resume.log" | head -40 >> "$LOG/e2e.log"
+if (( KILL_AFTER >= STEPS )); then
+    # E2E_KILL_AFTER at or past the last step: one uninterrupted run.
+    timed train framesmith train "${train_args[@]}"
+    grep -E "step .*loss|VRAM|sample|saved|Sample|Saved|expert" "$LOG/train.log" | head -40 >> "$LOG/e2e.log"
+else
+    step "train (killed with SIGKILL once e2e-state-$(printf %06d "$KILL_AFTER") is saved)"
+    /usr/bin/time -v framesmith train "${train_args[@]}" > >(stamp > "$LOG/train-1.log") 2>&1 &
+    TRAIN=$!
+    state="$WORK/output/e2e-state-$(printf %06d "$KILL_AFTER")"
+    for _ in $(seq 1 1200); do
+        [[ -d "$state" ]] && break
+        kill -0 "$TRAIN" 2>/dev/null || break
+        sleep 0.5
+    done
+    sleep 4
+    pkill -9 -x framesmith
+    wait "$TRAIN"; echo "   train-1: killed (exit $?), state folders: $(ls "$WORK/output" | tr '\n' ' ')" | tee -a "$LOG/e2e.log"
+    timed train-2-resume framesmith train "${train_args[@]}" --resume "$WORK/output"
+    grep -E "resumed|step .*loss|VRAM|sample|saved|Sample|Saved" "$LOG/train-2-resume.log" | head -40 >> "$LOG/e2e.log"
+fi
 cp "$WORK/output/metrics.jsonl" "$LOG/" 2>/dev/null
 find "$WORK/output" -maxdepth 3 | sort >> "$LOG/outputs.log"
 sample=$(find "$WORK/output/samples" -name '*.mp4' | sort | tail -1)
