@@ -30,6 +30,7 @@ const fn help(spec: FieldSpec<'static>, help: &'static str) -> FieldSpec<'static
 const DTYPES: &[&str] = &["f32", "bf16", "f16", "fp8"];
 const FP8_SCALES: &[&str] = &framesmith_config::run::Fp8ScaleMode::NAMES;
 const RESIDUALS: &[&str] = &["f32", "bf16"];
+const EXPERT_MODES: &[&str] = &["joint", "split"];
 const SCHEDULERS: &[&str] = &[
     "constant",
     "constant_with_warmup",
@@ -79,6 +80,20 @@ pub const RUN_SECTIONS: &[Section] = &[
             help(
                 field("model.variant", "Variant", FieldKind::Text),
                 "auto, t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b",
+            ),
+            help(
+                field("model.dit_low_noise", "Low-noise expert", FieldKind::Path),
+                "Wan2.2 A14B: set it to train both experts in one run (DiT is then the high-noise expert)",
+            ),
+            help(
+                field("model.experts", "Experts", FieldKind::Choice(EXPERT_MODES)),
+                "joint: one LoRA shared by both experts, as musubi-tuner trains it. split: one LoRA per expert, \
+                 saved as _high_noise and _low_noise",
+            ),
+            help(
+                field("model.expert_boundary", "Expert boundary", FieldKind::Float),
+                "Where the low-noise expert takes over, as a fraction of the timesteps; 0 uses the model's \
+                 (0.875 text-to-video, 0.9 image-to-video)",
             ),
             field("model.base_dtype", "Base dtype", FieldKind::Choice(DTYPES)),
             field(
