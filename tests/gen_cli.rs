@@ -184,6 +184,20 @@ fn generate_writes_a_deterministic_clip() {
     clip(&b, &[]);
     let lora_arg = format!("{}:0.5", lora.display());
     clip(&c, &["--lora", &lora_arg]);
+    // Streamed blocks, and the same weights as two experts (one parked while the other denoises), change nothing.
+    let (d, e) = (dir.path().join("d.mp4"), dir.path().join("e.mp4"));
+    clip(&d, &["--blocks-to-swap", "1"]);
+    clip(
+        &e,
+        &[
+            "--dit-low-noise",
+            &dit,
+            "--boundary",
+            "0.5",
+            "--vram-budget-gb",
+            "8",
+        ],
+    );
     let frame = |mp4: &Path, i: usize| {
         let stem = mp4.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
         std::fs::read(
@@ -197,6 +211,16 @@ fn generate_writes_a_deterministic_clip() {
             frame(&a, i),
             frame(&b, i),
             "frame {i} differs between runs with one seed"
+        );
+        assert_eq!(
+            frame(&a, i),
+            frame(&d, i),
+            "frame {i}: streaming changed it"
+        );
+        assert_eq!(
+            frame(&a, i),
+            frame(&e, i),
+            "frame {i}: two equal experts changed it"
         );
     }
     assert!(

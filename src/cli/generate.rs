@@ -19,12 +19,14 @@ use framesmith_engine::generate::start_image::{
     StartImageError,
 };
 use framesmith_engine::plan::vae_for;
+use framesmith_engine::train::setup::hold_vram_budget;
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
-use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
+use framesmith_models::wan::{weights, ModelOptions, WanConfig, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::offload::{release_cached_memory, streamed_blocks, OffloadOptions, Placement};
 use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
@@ -118,6 +120,14 @@ pub struct GenerateArgs {
     /// Decode in overlapping spatial tiles (less memory for large frames; approximate)
     #[arg(long)]
     tiled: bool,
+    /// Blocks of each DiT kept in RAM and streamed to the GPU as they run (block swap), for cards too small for
+    /// the whole model; with two experts, the one not in use waits in RAM either way
+    #[arg(long, default_value_t = 0)]
+    blocks_to_swap: usize,
+    /// Use at most this many GiB of the card (the rest is held back for the command's lifetime), so a run that
+    /// fits here fits a card of that size
+    #[arg(long)]
+    vram_budget_gb: Option<f64>,
     /// The MP4 to write; PNG frames go to a `<name>_frames` folder beside it
     #[arg(long)]
     out: PathBuf,
@@ -138,17 +148,28 @@ pub fn parse_lora(spec: &str) -> (PathBuf, f64) {
 fn load_dit_with_loras(
     path: &Path,
     loras: &[String],
-    device: &Device,
-    dtype: DType,
-    fp8: Option<Fp8Scale>,
+    args: &GenerateArgs,
+    (dtype, device): (DType, &Device),
 ) -> anyhow::Result<WanModel> {
     let options = ModelOptions {
         residual_dtype: DType::F32,
-        blocks_fp8: fp8,
+        blocks_fp8: args.fp8,
     };
-    let mut model = load_dit(path, None, (dtype, device), &options, |_, name| {
+    let swap = args.blocks_to_swap;
+    let mut model = load_dit(path, None, (dtype, device), &options, |cfg, name| {
         eprintln!("DiT: {name} ({})", path.display());
-        Ok(None)
+        if swap == 0 {
+            return Ok(None);
+        }
+        if swap >= cfg.num_layers {
+            anyhow::bail!(
+                "--blocks-to-swap {swap}: this DiT has {} blocks; stream at most {}",
+                cfg.num_layers,
+                cfg.num_layers - 1
+            );
+        }
+        let streamed = streamed_blocks(cfg.num_layers, swap, Placement::Spread);
+        Ok(Some((streamed, OffloadOptions::default())))
     })?
     .model;
     if loras.is_empty() {
@@ -274,6 +295,13 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     check_before_loading(args, &cfg, size)?;
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device)?;
+    let budget = match args.vram_budget_gb {
+        Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * (1u64 << 30) as f64) as u64),
+        Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
+        None => None,
+    };
+    // Before anything takes device memory: what the text encoder, the VAE and the DiTs take counts against it.
+    let _held = budget.map(|b| hold_vram_budget(&device, b)).transpose()?;
     let text = TextEncoder::load(
         &args.text_encoder,
         args.tokenizer.as_deref(),
@@ -297,22 +325,23 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let image = image
         .map(|img| encode_start_image(args, &cfg, &img, &decoder, &settings, (dtype, &device)))
         .transpose()?;
-    let high = load_dit_with_loras(&args.dit, &args.loras, &device, dtype, args.fp8)?;
-    let low = match &args.dit_low_noise {
-        Some(path) => Some(load_dit_with_loras(
-            path,
-            &args.loras_low_noise,
-            &device,
-            dtype,
-            args.fp8,
-        )?),
+    // The low-noise expert first, parked in RAM once loaded: the high-noise one denoises first, and the GPU
+    // only ever holds one of them.
+    let mut low = match &args.dit_low_noise {
+        Some(path) => {
+            let mut model =
+                load_dit_with_loras(path, &args.loras_low_noise, args, (dtype, &device))?;
+            model.park()?;
+            release_cached_memory(&device)?;
+            Some(model)
+        }
         None => None,
     };
-    let experts = Experts {
-        high_noise: &high,
-        low_noise: low
-            .as_ref()
-            .map(|l| (l, boundary(args.boundary, high.config()))),
+    let mut high = load_dit_with_loras(&args.dit, &args.loras, args, (dtype, &device))?;
+    let boundary = boundary(args.boundary, high.config());
+    let mut experts = Experts {
+        high_noise: &mut high,
+        low_noise: low.as_mut().map(|l| (l, boundary)),
     };
     eprintln!(
         "seed {seed}, {}x{}, {} frames, {} steps{}",
@@ -336,7 +365,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         false
     };
     let frames = generate_clip_from(
-        &experts,
+        &mut experts,
         &decoder,
         &conditioning,
         image.as_ref(),

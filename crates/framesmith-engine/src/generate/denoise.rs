@@ -54,18 +54,34 @@ impl std::str::FromStr for Solver {
     }
 }
 
-/// The denoiser: one model, or a Wan 2.2 pair whose low-noise expert takes over below `boundary` (0..1000).
+/// The denoiser: one model, or a Wan 2.2 pair whose low-noise expert takes over below `boundary` (0..1000). Of a
+/// pair, only the expert in use needs to be on the GPU: the other may be parked (`WanModel::park`), and is brought
+/// in, the first one parked, when the timesteps reach it.
 pub struct Experts<'a> {
-    pub high_noise: &'a WanModel,
-    pub low_noise: Option<(&'a WanModel, f64)>,
+    pub high_noise: &'a mut WanModel,
+    pub low_noise: Option<(&'a mut WanModel, f64)>,
 }
 
 impl Experts<'_> {
-    fn at(&self, timestep: f64) -> &WanModel {
-        match self.low_noise {
-            Some((low, boundary)) if timestep < boundary => low,
-            _ => self.high_noise,
+    /// The expert for `timestep`, on the GPU.
+    pub fn at(&mut self, timestep: f64) -> Result<&WanModel> {
+        let use_low = matches!(&self.low_noise, Some((_, boundary)) if timestep < *boundary);
+        if let Some((low, _)) = &mut self.low_noise {
+            let high = &mut *self.high_noise;
+            let (going, coming) = if use_low {
+                (high, &mut **low)
+            } else {
+                (&mut **low, high)
+            };
+            if coming.is_parked() {
+                going.park()?;
+                coming.unpark()?;
+            }
         }
+        Ok(match &self.low_noise {
+            Some((low, _)) if use_low => low,
+            _ => self.high_noise,
+        })
     }
 }
 
@@ -99,7 +115,7 @@ pub enum ImageConditioning {
 
 /// Runs the sampling loop; `cancelled` is polled between denoising steps.
 pub fn generate(
-    experts: &Experts,
+    experts: &mut Experts,
     req: &GenerateRequest,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Tensor> {
@@ -137,7 +153,7 @@ pub(crate) fn first_frame_row(cfg: &WanConfig, latent_shape: [usize; 4], t: f64)
 
 /// [`generate`] with a start image's conditioning (image-to-video variants).
 pub fn generate_from(
-    experts: &Experts,
+    experts: &mut Experts,
     req: &GenerateRequest,
     image: Option<&ImageConditioning>,
     cancelled: &dyn Fn() -> bool,
@@ -147,7 +163,7 @@ pub fn generate_from(
         if cancelled() {
             candle_core::bail!("generation cancelled");
         }
-        denoising.step(experts.at(t))?;
+        denoising.step(experts.at(t)?)?;
     }
     Ok(denoising.into_latents())
 }

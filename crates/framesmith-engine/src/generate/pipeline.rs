@@ -189,7 +189,7 @@ pub fn fit_context(context: &Tensor, text_len: usize) -> candle_core::Result<Ten
 /// Denoises and decodes one clip. Contexts longer than the DiT's `text_len` are cut to it, as the tokenizer
 /// would have cut the prompt.
 pub fn generate_clip(
-    experts: &Experts,
+    experts: &mut Experts,
     decoder: &VaeDecoder,
     conditioning: &Conditioning,
     settings: &ClipSettings,
@@ -200,7 +200,7 @@ pub fn generate_clip(
 
 /// [`generate_clip`] conditioned on a start image (see [`crate::generate::start_image::image_conditioning`]).
 pub fn generate_clip_from(
-    experts: &Experts,
+    experts: &mut Experts,
     decoder: &VaeDecoder,
     conditioning: &Conditioning,
     image: Option<&ImageConditioning>,

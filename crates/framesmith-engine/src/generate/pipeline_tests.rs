@@ -195,11 +195,11 @@ fn tiny_models_make_a_deterministic_clip_with_loras() -> anyhow::Result<()> {
     let mut dit = tiny_dit()?;
     let decoder = tiny_decoder()?;
     let run = |dit: &WanModel, seed| {
-        let experts = Experts {
-            high_noise: dit,
+        let mut experts = Experts {
+            high_noise: &mut dit.clone(),
             low_noise: None,
         };
-        generate_clip(&experts, &decoder, &cond, &settings(seed), &|| false)
+        generate_clip(&mut experts, &decoder, &cond, &settings(seed), &|| false)
     };
     let frames = run(&dit, 7)?;
     assert_eq!(frames.len(), 5);
@@ -232,11 +232,11 @@ fn cancelling_stops_generation() -> anyhow::Result<()> {
         context: Tensor::zeros((3, 32), DType::F32, &Device::Cpu)?,
         negative: None,
     };
-    let experts = Experts {
-        high_noise: &dit,
+    let mut experts = Experts {
+        high_noise: &mut dit.clone(),
         low_noise: None,
     };
-    let err = generate_clip(&experts, &decoder, &cond, &settings(1), &|| true)
+    let err = generate_clip(&mut experts, &decoder, &cond, &settings(1), &|| true)
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

@@ -100,8 +100,8 @@ fn run(
     (context, negative): &(Tensor, Tensor),
     image: &ImageConditioning,
 ) -> anyhow::Result<Tensor> {
-    let experts = Experts {
-        high_noise: dit,
+    let mut experts = Experts {
+        high_noise: &mut dit.clone(),
         low_noise: None,
     };
     let s = settings(0, 0);
@@ -115,7 +115,7 @@ fn run(
         seed: s.seed,
         solver: s.solver,
     };
-    Ok(generate_from(&experts, &req, Some(image), &|| false)?)
+    Ok(generate_from(&mut experts, &req, Some(image), &|| false)?)
 }
 
 fn max_diff(a: &Tensor, b: &Tensor) -> anyhow::Result<f32> {
@@ -176,15 +176,22 @@ fn wan21_i2v_start_image_conditions_the_clip() -> anyhow::Result<()> {
         "the y latents are used"
     );
 
-    let experts = Experts {
-        high_noise: &dit,
+    let mut experts = Experts {
+        high_noise: &mut dit.clone(),
         low_noise: None,
     };
     let conditioning = Conditioning {
         context: prompt.0.clone(),
         negative: Some(prompt.1.clone()),
     };
-    let frames = generate_clip_from(&experts, &vae, &conditioning, Some(&cond_a), &s, &|| false)?;
+    let frames = generate_clip_from(
+        &mut experts,
+        &vae,
+        &conditioning,
+        Some(&cond_a),
+        &s,
+        &|| false,
+    )?;
     assert_eq!(frames.len(), 5);
     assert_eq!((frames[0].width, frames[0].height), (32, 32));
     Ok(())

@@ -238,23 +238,31 @@ pub struct VramHold {
 
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
 /// value lives, so the run fails where a card of that size would.
-#[cfg(feature = "cuda")]
 fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
-    match (device, plan.memory.vram_budget_bytes) {
-        (Device::Cuda(cuda), Some(budget)) if plan.memory.applies => {
-            let held = framesmith_nn::cuda::device::VramReservation::leave_budget(cuda, budget)
-                .context("reserving device memory beyond memory.vram_budget_gb")?;
-            Ok(held.map(|h| VramHold {
-                bytes: h.bytes() as u64,
-                _held: Box::new(h),
-            }))
-        }
+    match plan.memory.vram_budget_bytes {
+        Some(budget) if plan.memory.applies => hold_vram_budget(device, budget)
+            .context("reserving device memory beyond memory.vram_budget_gb"),
         _ => Ok(None),
     }
 }
 
+/// Holds back the memory of a CUDA `device` beyond `budget` bytes for as long as the returned value lives (`None`
+/// off CUDA, or when the card has no more free than that).
+#[cfg(feature = "cuda")]
+pub fn hold_vram_budget(device: &Device, budget: u64) -> anyhow::Result<Option<VramHold>> {
+    let Device::Cuda(cuda) = device else {
+        return Ok(None);
+    };
+    let held = framesmith_nn::cuda::device::VramReservation::leave_budget(cuda, budget)?;
+    Ok(held.map(|h| VramHold {
+        bytes: h.bytes() as u64,
+        _held: Box::new(h),
+    }))
+}
+
+/// Holds nothing: no CUDA in this build.
 #[cfg(not(feature = "cuda"))]
-fn reserve_budget(_plan: &RunPlan, _device: &Device) -> anyhow::Result<Option<VramHold>> {
+pub fn hold_vram_budget(_device: &Device, _budget: u64) -> anyhow::Result<Option<VramHold>> {
     Ok(None)
 }
 
