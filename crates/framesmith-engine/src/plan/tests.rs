@@ -758,3 +758,43 @@ fn both_experts_count_the_parked_one() {
         a.streamed_blocks
     );
 }
+
+/// The presets cover Wan2.2 A14B with both experts: `low-vram-windows` plans I2V-A14B at 480p within 24 GiB and
+/// `balanced-24gb` T2V-A14B at 480×832×81, each counting the parked expert.
+#[test]
+fn presets_fit_both_a14b_experts_in_24_gib() {
+    use framesmith_config::presets::builtin;
+    use framesmith_config::RunConfig;
+    for (preset, variant) in [
+        ("low-vram-windows", "i2v-a14b"),
+        ("balanced-24gb", "t2v-a14b"),
+    ] {
+        let mut base = RunConfig::default();
+        base.model.variant = variant.into();
+        base.model.dit_low_noise = "low_noise_model".into();
+        base.memory.vram_budget_gb = Some(24.0);
+        let cfg = builtin(preset).unwrap().apply(&base).unwrap().config;
+        let model = model_for_config(&cfg).unwrap();
+        let (clip, _) = clip_for_config(&cfg);
+        let input = PlanInput::from_config(&cfg, model, clip);
+        assert_eq!(input.experts, Some(ExpertMode::Joint));
+        let report = plan(&input).unwrap();
+        assert!(
+            report.fits(),
+            "{preset} {variant}: {}",
+            report.verdict_line()
+        );
+        assert!(
+            report.blocks_chosen,
+            "{preset}: the planner picks the streamed blocks"
+        );
+        assert!(report.peak_vram_bytes <= 24 * GIB);
+        assert!(
+            report
+                .breakdown
+                .iter()
+                .any(|l| l.label.starts_with("parked expert: resident blocks")),
+            "{preset}: the parked expert is counted"
+        );
+    }
+}
