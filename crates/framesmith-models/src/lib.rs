@@ -2,5 +2,6 @@
 //! config files or logging policy.
 
 pub mod fixtures;
+pub mod flux;
 pub mod trainable;
 pub mod wan;

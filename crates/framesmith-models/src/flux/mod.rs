@@ -1,0 +1,20 @@
+//! FLUX.1 (dev, schnell, Kontext): the DiT (config, RoPE, embeddings, modulation, attention, double- and
+//! single-stream blocks, head, transformer).
+
+pub mod attention;
+pub mod block;
+pub mod config;
+pub mod double_block;
+pub mod embeddings;
+pub mod last_layer;
+pub mod modulation;
+pub mod rope;
+pub mod single_block;
+#[cfg(test)]
+mod testkit;
+pub mod transformer;
+#[cfg(test)]
+mod transformer_tests;
+
+pub use config::FluxConfig;
+pub use transformer::{Flux, FluxInputs, Prepared};
