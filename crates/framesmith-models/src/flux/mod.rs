@@ -1,7 +1,9 @@
 //! FLUX.1 (dev, schnell, Kontext): the DiT (config, RoPE, embeddings, modulation, attention, double- and
-//! single-stream blocks, head, transformer).
+//! single-stream blocks, head, transformer), the autoencoder, the CLIP-L and T5-XXL text encoders and the
+//! sampling helpers (schedule, packing).
 
 pub mod attention;
+pub mod autoencoder;
 pub mod block;
 pub mod config;
 pub mod double_block;
