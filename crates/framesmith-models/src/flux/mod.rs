@@ -5,6 +5,7 @@
 pub mod attention;
 pub mod autoencoder;
 pub mod block;
+pub mod clip_text;
 pub mod config;
 pub mod double_block;
 pub mod embeddings;
