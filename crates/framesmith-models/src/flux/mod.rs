@@ -13,6 +13,7 @@ pub mod last_layer;
 pub mod modulation;
 pub mod rope;
 pub mod single_block;
+pub mod t5;
 #[cfg(test)]
 mod testkit;
 pub mod transformer;
