@@ -12,6 +12,7 @@ pub mod embeddings;
 pub mod last_layer;
 pub mod modulation;
 pub mod rope;
+pub mod sampling;
 pub mod single_block;
 pub mod t5;
 #[cfg(test)]
