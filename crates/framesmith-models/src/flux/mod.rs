@@ -17,6 +17,7 @@ pub mod single_block;
 pub mod t5;
 #[cfg(test)]
 mod testkit;
+pub mod tokenizer;
 pub mod transformer;
 #[cfg(test)]
 mod transformer_tests;
