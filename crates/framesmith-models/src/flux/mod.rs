@@ -1,6 +1,6 @@
 //! FLUX.1 (dev, schnell, Kontext): the DiT (config, RoPE, embeddings, modulation, attention, double- and
-//! single-stream blocks, head, transformer), the autoencoder, the CLIP-L and T5-XXL text encoders and the
-//! sampling helpers (schedule, packing).
+//! single-stream blocks, head, transformer), the autoencoder, the CLIP-L and T5-XXL text encoders, the sampling
+//! helpers (schedule, packing) and the file reader that says what a FLUX.1 file is.
 
 pub mod attention;
 pub mod autoencoder;
@@ -21,6 +21,7 @@ pub mod tokenizer;
 pub mod transformer;
 #[cfg(test)]
 mod transformer_tests;
+pub mod weights;
 
 pub use config::FluxConfig;
 pub use transformer::{Flux, FluxInputs, Prepared};

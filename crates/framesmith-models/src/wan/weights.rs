@@ -44,7 +44,7 @@ use super::WanConfig;
 use detect::{DetectError, Detected, Mismatch};
 use header::Header;
 use keys::Foreign;
-use mmap::Entry;
+pub(crate) use mmap::Entry;
 use report::dtype_label;
 
 /// Dtypes the DiT can be built from; anything else is refused by [`load`] with a message naming the tensor.
