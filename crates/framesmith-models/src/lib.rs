@@ -3,5 +3,6 @@
 
 pub mod fixtures;
 pub mod flux;
+pub mod identify;
 pub mod trainable;
 pub mod wan;
