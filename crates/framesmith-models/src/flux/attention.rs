@@ -73,6 +73,11 @@ impl SelfAttention {
         })
     }
 
+    /// Number of heads.
+    pub fn num_heads(&self) -> usize {
+        self.num_heads
+    }
+
     /// Normalised q, k and v of `xs` [b, l, dim], each [b, l, heads, head_dim].
     pub fn qkv(&self, xs: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (q, k, v) = split_qkv(&self.qkv.forward(xs)?, self.num_heads)?;

@@ -9,6 +9,8 @@ use super::rope::Rope;
 use super::single_block::SingleStreamBlock;
 use framesmith_nn::linear::Linear;
 
+pub mod grad;
+
 /// Epsilon of the blocks' LayerNorms (no affine parameters).
 pub const LAYER_NORM_EPS: f64 = 1e-6;
 

@@ -13,6 +13,8 @@ use framesmith_nn::norm::layer_norm;
 use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to};
 use framesmith_nn::vb::Vb;
 
+pub mod grad;
+
 /// `img_mlp` / `txt_mlp`: `0` Linear → GELU-tanh → `2` Linear.
 #[derive(Clone)]
 pub struct Mlp {

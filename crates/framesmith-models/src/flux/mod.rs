@@ -18,6 +18,7 @@ pub mod t5;
 #[cfg(test)]
 mod testkit;
 pub mod tokenizer;
+mod trainable;
 pub mod transformer;
 #[cfg(test)]
 mod transformer_tests;

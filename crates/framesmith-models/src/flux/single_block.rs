@@ -13,6 +13,8 @@ use framesmith_nn::linear::Linear;
 use framesmith_nn::ops::{gated_residual, gelu_tanh};
 use framesmith_nn::vb::Vb;
 
+pub mod grad;
+
 /// `single_blocks.N`.
 #[derive(Clone)]
 pub struct SingleStreamBlock {
