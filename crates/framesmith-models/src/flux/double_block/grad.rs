@@ -118,15 +118,25 @@ fn stream_tail(
     Ok((out, tape))
 }
 
-/// One stream's backward after the joint attention: the gradient of the stream's attention rows, the residual
-/// gradient so far, and the modulation gradients of the MLP half (first half filled in later).
+/// What a stream's backward after the joint attention leaves for the rest of it.
+struct TailGrads {
+    /// Gradient of the stream's rows of the attention output.
+    d_attn: Tensor,
+    /// Gradient of the residual after attention (the stream input's gradient so far).
+    dx1: Tensor,
+    /// Modulation gradients of the MLP half, and of the attention half's gate.
+    second: ModGrad,
+    d_gate1: Tensor,
+}
+
+/// One stream's backward after the joint attention.
 fn stream_tail_backward(
     proj: &Linear,
     mlp: &Mlp,
     t: &StreamTape,
     dout: &Tensor,
     params: &mut Vec<ParamGrad>,
-) -> Result<(Tensor, Tensor, ModGrad, Tensor)> {
+) -> Result<TailGrads> {
     let [m1, m2] = [&t.m.mods[0], &t.m.mods[1]];
     let (dy2, d_gate2) = gated_backward(dout, &t.y2, &m2.gate)?;
     let g = gelu_tanh(&t.f0)?;
@@ -147,7 +157,12 @@ fn stream_tail_backward(
         scale: d_scale2,
         gate: d_gate2,
     };
-    Ok((d_attn.ok_or_else(|| missing("proj"))?, dx1, second, d_gate1))
+    Ok(TailGrads {
+        d_attn: d_attn.ok_or_else(|| missing("proj"))?,
+        dx1,
+        second,
+        d_gate1,
+    })
 }
 
 fn missing(what: &str) -> candle_core::Error {
@@ -203,65 +218,69 @@ impl DoubleStreamBlock {
         let (t, total) = (tape.txt_len, grad.dim(1)?);
         let mut params = Vec::new();
         let (d_img, d_txt) = (rows(grad, t, total - t)?, rows(grad, 0, t)?);
-        let (da_img, dx1_img, m2_img, dg1_img) = stream_tail_backward(
+        let img = stream_tail_backward(
             &self.img_attn.proj,
             &self.img_mlp,
             &tape.img,
             &d_img,
             &mut params,
         )?;
-        let (da_txt, dx1_txt, m2_txt, dg1_txt) = stream_tail_backward(
+        let txt = stream_tail_backward(
             &self.txt_attn.proj,
             &self.txt_mlp,
             &tape.txt,
             &d_txt,
             &mut params,
         )?;
-        let d_attn = Tensor::cat(&[&da_txt, &da_img], 1)?;
-        let [dq, dk, dv] = rope_attention_backward(&tape.attention, &tape.rope, &d_attn)?;
-        let split = |d: &Tensor| -> Result<(Tensor, Tensor)> {
-            Ok((rows(d, 0, t)?, rows(d, t, total - t)?))
-        };
-        let ((dq_t, dq_i), (dk_t, dk_i), (dv_t, dv_i)) = (split(&dq)?, split(&dk)?, split(&dv)?);
-        let streams = [
-            (
-                &self.img_attn,
-                &self.img_mod,
-                &tape.img,
-                [dq_i, dk_i, dv_i],
-                dx1_img,
-                m2_img,
-                dg1_img,
-            ),
-            (
-                &self.txt_attn,
-                &self.txt_mod,
-                &tape.txt,
-                [dq_t, dk_t, dv_t],
-                dx1_txt,
-                m2_txt,
-                dg1_txt,
-            ),
+        let d_attn = Tensor::cat(&[&txt.d_attn, &img.d_attn], 1)?;
+        let d_qkv = rope_attention_backward(&tape.attention, &tape.rope, &d_attn)?;
+        let txt_rows = |d: &Tensor| rows(d, 0, t);
+        let img_rows = |d: &Tensor| rows(d, t, total - t);
+        let d_txt_heads = [
+            txt_rows(&d_qkv[0])?,
+            txt_rows(&d_qkv[1])?,
+            txt_rows(&d_qkv[2])?,
         ];
-        let mut dxs = Vec::with_capacity(2);
-        for (attn, modulation, st, [dq, dk, dv], dx1, second, d_gate1) in streams {
-            let d_qkv = qkv_backward(&st.heads, &attn.norm, [&dq, &dk, &dv])?;
-            let (dh1, p) = attn
-                .qkv
-                .backward_with(&st.h1, &st.qkv, &d_qkv, InputGrad::New)?;
-            params.extend(p);
-            let dh1 = dh1.ok_or_else(|| missing("qkv"))?;
-            let m1: &ModulationOut = &st.m.mods[0];
-            let (dx_norm, d_shift1, d_scale1) = norm_modulate_backward(&st.x, &st.n1, m1, &dh1)?;
-            dxs.push((dx1 + dx_norm.to_dtype(st.x.dtype())?)?);
-            let first = ModGrad {
-                shift: d_shift1,
-                scale: d_scale1,
-                gate: d_gate1,
-            };
-            modulation_backward(modulation, &st.m, &[first, second], &mut params)?;
-        }
-        let input = Tensor::cat(&[&dxs[1], &dxs[0]], 1)?;
+        let d_img_heads = [
+            img_rows(&d_qkv[0])?,
+            img_rows(&d_qkv[1])?,
+            img_rows(&d_qkv[2])?,
+        ];
+        let dx_img = self.stream_head_backward(false, &tape.img, d_img_heads, img, &mut params)?;
+        let dx_txt = self.stream_head_backward(true, &tape.txt, d_txt_heads, txt, &mut params)?;
+        let input = Tensor::cat(&[&dx_txt, &dx_img], 1)?;
         Ok(BlockGrads { input, params })
+    }
+
+    /// A stream's backward through `qkv`, its q/k norms, the first modulated norm and the modulation: the
+    /// stream input's gradient.
+    fn stream_head_backward(
+        &self,
+        text: bool,
+        st: &StreamTape,
+        [dq, dk, dv]: [Tensor; 3],
+        tail: TailGrads,
+        params: &mut Vec<ParamGrad>,
+    ) -> Result<Tensor> {
+        let (attn, modulation) = if text {
+            (&self.txt_attn, &self.txt_mod)
+        } else {
+            (&self.img_attn, &self.img_mod)
+        };
+        let d_qkv = qkv_backward(&st.heads, &attn.norm, [&dq, &dk, &dv])?;
+        let (dh1, p) = attn
+            .qkv
+            .backward_with(&st.h1, &st.qkv, &d_qkv, InputGrad::New)?;
+        params.extend(p);
+        let dh1 = dh1.ok_or_else(|| missing("qkv"))?;
+        let m1: &ModulationOut = &st.m.mods[0];
+        let (dx_norm, d_shift1, d_scale1) = norm_modulate_backward(&st.x, &st.n1, m1, &dh1)?;
+        let first = ModGrad {
+            shift: d_shift1,
+            scale: d_scale1,
+            gate: tail.d_gate1,
+        };
+        modulation_backward(modulation, &st.m, &[first, tail.second], params)?;
+        tail.dx1 + dx_norm.to_dtype(st.x.dtype())?
     }
 }
