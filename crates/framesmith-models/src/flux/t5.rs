@@ -38,22 +38,36 @@ struct HfT5Config {
     d_ff: usize,
     num_layers: usize,
     num_heads: usize,
+    #[serde(default = "default_buckets")]
     relative_attention_num_buckets: usize,
+    #[serde(default = "default_max_distance")]
     relative_attention_max_distance: usize,
+    #[serde(default = "default_eps")]
     layer_norm_epsilon: f64,
     #[serde(default)]
     feed_forward_proj: Option<String>,
 }
 
+/// `T5Config`'s defaults for the fields a config file may leave out.
+fn default_buckets() -> usize {
+    32
+}
+fn default_max_distance() -> usize {
+    128
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+
 /// Reads a Hugging Face `T5Config` (JSON) of a v1.1 (gated-GELU) encoder.
 pub fn t5_config_from_hf_json(json: &str) -> anyhow::Result<T5Config> {
     let hf: HfT5Config = serde_json::from_str(json)?;
-    if let Some(ff) = hf.feed_forward_proj.as_deref() {
-        anyhow::ensure!(
-            ff == "gated-gelu",
-            "T5 feed_forward_proj `{ff}` is not supported (FLUX's T5 v1.1 uses gated-gelu)"
-        );
-    }
+    // `T5Config` defaults to "relu" (T5 v1.0), which FLUX's encoder is not.
+    let ff = hf.feed_forward_proj.as_deref().unwrap_or("relu");
+    anyhow::ensure!(
+        ff == "gated-gelu",
+        "T5 feed_forward_proj `{ff}` is not supported (FLUX's T5 v1.1 uses gated-gelu)"
+    );
     Ok(T5Config {
         vocab: hf.vocab_size,
         dim: hf.d_model,
