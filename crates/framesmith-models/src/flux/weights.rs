@@ -448,7 +448,7 @@ pub fn axes_for_head_dim(head_dim: usize) -> Vec<usize> {
 impl fmt::Display for FluxFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{}", self.kind.title())?;
-        if let FluxKind::Dit { config, .. } = &self.kind {
+        if let FluxKind::Dit { config, variant } = &self.kind {
             writeln!(
                 f,
                 "  {:<11} {} double-stream + {} single-stream, width {}, {} heads",
@@ -473,6 +473,13 @@ impl fmt::Display for FluxFile {
                 "no"
             };
             writeln!(f, "  {:<11} {guidance}", "guidance")?;
+            if *variant != FluxVariant::Schnell {
+                writeln!(
+                    f,
+                    "  {:<11} dev and Kontext [dev] have the same tensors: a file named *kontext* is taken as Kontext",
+                    "note"
+                )?;
+            }
         }
         let layout = match self.prefix {
             Some(p) => format!("ComfyUI single file (keys under `{p}`)"),
