@@ -53,13 +53,61 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device, Tensor};
     use std::collections::HashMap;
+    use std::path::PathBuf;
 
     #[test]
     fn flux_files_are_named_as_flux_and_wan_files_as_wan() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let ae = crate::fixtures::case_dir("flux", "flux_ae").join("weights.safetensors");
-        let shown = identify(&ae)?.to_string();
-        assert!(shown.contains("FLUX.1 autoencoder"), "{shown}");
+        let flux = |case: &str| crate::fixtures::case_dir("flux", case).join("weights.safetensors");
+        let weights = candle_core::safetensors::load(flux("flux_dit"), &Device::Cpu)?;
+        let comfy: HashMap<String, Tensor> = weights
+            .into_iter()
+            .map(|(k, v)| (format!("model.diffusion_model.{k}"), v))
+            .collect();
+        let dit = dir.path().join("flux1-dev.safetensors");
+        candle_core::safetensors::save(&comfy, &dit)?;
+        let cases: [(PathBuf, &[&str]); 4] = [
+            (
+                dit,
+                &[
+                    "FLUX.1 [dev]",
+                    "2 double-stream + 2 single-stream",
+                    "ComfyUI single file",
+                ],
+            ),
+            (
+                flux("flux_ae"),
+                &[
+                    "FLUX.1 autoencoder",
+                    "the VAE (autoencoder) of a FLUX.1 run",
+                ],
+            ),
+            (
+                flux("clip_l"),
+                &[
+                    "CLIP text encoder",
+                    "the CLIP-L text encoder of a FLUX.1 run",
+                ],
+            ),
+            (
+                flux("t5_encoder"),
+                &[
+                    "T5 v1.1 text encoder",
+                    "the T5-XXL text encoder of a FLUX.1 run",
+                ],
+            ),
+        ];
+        for (path, expected) in cases {
+            let shown = identify(&path)?.to_string();
+            for part in expected {
+                assert!(
+                    shown.contains(part),
+                    "{part} missing for {}:\n{shown}",
+                    path.display()
+                );
+            }
+            assert!(shown.ends_with(&path.display().to_string()), "{shown}");
+        }
 
         let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu);
         let lora: HashMap<String, Tensor> = [
