@@ -5,22 +5,19 @@
 //! schnell or Kontext given for dev, a Wan file given as FLUX — gets an error saying what it is and what to pick.
 
 mod error;
+mod load;
 #[cfg(test)]
 mod tests;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-
-use candle_core::{DType, Device};
 
 pub use error::FluxFormatError;
+pub use load::{load_autoencoder, load_clip_text, load_dit, load_t5_xxl};
 
-use super::{Flux, FluxConfig};
+use super::FluxConfig;
 use crate::wan::weights::{read_header, Entry, MappedTensors, TensorInfo};
-use framesmith_nn::fp8::Fp8Scale;
-use framesmith_nn::vb::Vb;
 
 /// Key prefixes ComfyUI puts before the DiT's official names, longest first.
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
@@ -551,29 +548,4 @@ pub fn open(
         .collect();
     let tensors = MappedTensors::open(&[path.to_path_buf()], &entries)?;
     Ok(OpenedFlux { file, tensors })
-}
-
-/// Builds the FLUX.1 DiT at `path` (any layout above) in `dtype` on `device`, its linears kept in FP8 with `fp8`
-/// set (FP8 files stay FP8; dense files are quantised), else dense.
-pub fn load_dit(
-    path: &Path,
-    variant: Option<FluxVariant>,
-    dtype: DType,
-    device: &Device,
-    fp8: Option<Fp8Scale>,
-) -> Result<Flux, FluxFormatError> {
-    let opened = open(path, FluxComponent::Dit, variant)?;
-    let FluxKind::Dit { config, .. } = &opened.file.kind else {
-        return Err(FluxFormatError::Unknown {
-            reason: "it holds no DiT".into(),
-            path: path.to_path_buf(),
-        });
-    };
-    let config = config.clone();
-    let vb = Vb::from_source(Arc::new(opened.tensors), dtype, device).with_fp8(fp8);
-    Flux::new(&config, &vb).map_err(|e| FluxFormatError::Incomplete {
-        what: opened.file.kind.title(),
-        problem: e.to_string(),
-        path: path.to_path_buf(),
-    })
 }

@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use super::*;
 use crate::flux::testkit::{assert_close, Case};
 use crate::flux::FluxInputs;
-use framesmith_nn::fp8::{e4m3_decode, e4m3_encode};
+use framesmith_nn::fp8::{e4m3_decode, e4m3_encode, Fp8Scale};
 
 fn save(dir: &Path, name: &str, tensors: &HashMap<String, Tensor>) -> anyhow::Result<PathBuf> {
     let path = dir.join(name);
@@ -297,4 +297,62 @@ fn wan_diffusers_and_unknown_files_say_what_they_are() -> anyhow::Result<()> {
 fn rope_axes_follow_the_released_split() {
     assert_eq!(axes_for_head_dim(128), vec![16, 56, 56]);
     assert_eq!(axes_for_head_dim(16), vec![4, 6, 6]);
+}
+
+#[test]
+fn autoencoder_clip_and_scaled_fp8_t5_load_from_their_files() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let case = Case::load("flux_ae")?;
+    let ae = load_autoencoder(
+        &save(dir.path(), "ae.safetensors", &case.weights)?,
+        DType::F32,
+        &Device::Cpu,
+    )?;
+    assert_close(
+        "ae z",
+        &ae.encode(case.input("x")?)?,
+        case.expected("z")?,
+        1e-4,
+        1e-4,
+    )?;
+
+    let case = Case::load("clip_l")?;
+    let heads = case.config["init"]["num_attention_heads"]
+        .as_u64()
+        .map(|h| h as usize);
+    let path = save(dir.path(), "clip_l.safetensors", &case.weights)?;
+    let clip = load_clip_text(&path, heads, DType::F32, &Device::Cpu)?;
+    let pooled = clip.forward(case.input("input_ids")?)?.pooler_output;
+    assert_close(
+        "clip pooled",
+        &pooled,
+        case.expected("pooler_output")?,
+        1e-4,
+        1e-4,
+    )?;
+
+    let case = Case::load("t5_encoder")?;
+    let [scaled, reference] = scaled_fp8(&case.weights)?;
+    let fp8_path = save(dir.path(), "t5xxl_fp8_e4m3fn_scaled.safetensors", &scaled)?;
+    let ref_path = save(dir.path(), "t5xxl_ref.safetensors", &reference)?;
+    let (ids, mask) = (case.input("input_ids")?, case.input("attention_mask")?);
+    let encode = |path: &Path| -> anyhow::Result<Tensor> {
+        Ok(load_t5_xxl(path, DType::F32, &Device::Cpu)?.encode(ids, mask)?)
+    };
+    assert_close(
+        "t5 fp8 scaled",
+        &encode(&fp8_path)?,
+        &encode(&ref_path)?,
+        1e-5,
+        1e-5,
+    )?;
+    let dense = save(dir.path(), "t5xxl_fp16.safetensors", &case.weights)?;
+    assert_close(
+        "t5 dense",
+        &encode(&dense)?,
+        case.expected("hidden")?,
+        1e-4,
+        1e-4,
+    )?;
+    Ok(())
 }
