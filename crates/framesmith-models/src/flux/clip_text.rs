@@ -214,6 +214,11 @@ impl ClipTextModel {
         &self.cfg
     }
 
+    /// The device the model runs on.
+    pub fn device(&self) -> &candle_core::Device {
+        self.token_embedding.device()
+    }
+
     /// Encodes token ids [b, l] (l ≤ max positions) with the causal mask only, as FLUX's `HFEmbedder` calls it.
     pub fn forward(&self, input_ids: &Tensor) -> Result<ClipTextOutput> {
         let (b, l) = input_ids.dims2()?;

@@ -17,6 +17,7 @@ pub mod single_block;
 pub mod t5;
 #[cfg(test)]
 mod testkit;
+pub mod text_encoder;
 pub mod tokenizer;
 mod trainable;
 pub mod transformer;
