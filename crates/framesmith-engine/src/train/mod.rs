@@ -17,6 +17,8 @@ pub mod trainer;
 pub mod validation;
 
 #[cfg(test)]
+mod flux_step_tests;
+#[cfg(test)]
 mod i2v_grad_tests;
 #[cfg(test)]
 mod i2v_sample_tests;
