@@ -63,8 +63,13 @@ pub struct SelfAttention {
 }
 
 impl SelfAttention {
-    pub fn new(dim: usize, num_heads: usize, vb: &Vb) -> Result<Self> {
-        let qkv = Linear::load(&vb.pp("qkv"), dim, 3 * dim)?;
+    /// `qkv_bias`: the official `qkv_bias`, whose bias must then be in the checkpoint.
+    pub fn new(dim: usize, num_heads: usize, qkv_bias: bool, vb: &Vb) -> Result<Self> {
+        let qkv_vb = vb.pp("qkv");
+        if qkv_bias && !qkv_vb.contains("bias") {
+            candle_core::bail!("missing tensor `{}` in the checkpoint", qkv_vb.path("bias"));
+        }
+        let qkv = Linear::load(&qkv_vb, dim, 3 * dim)?;
         Ok(Self {
             qkv,
             norm: QkNorm::new(dim / num_heads, &vb.pp("norm"))?,

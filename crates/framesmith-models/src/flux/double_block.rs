@@ -63,10 +63,10 @@ impl DoubleStreamBlock {
         let (dim, heads, hidden) = (cfg.hidden_size, cfg.num_heads, cfg.mlp_hidden_dim());
         Ok(Self {
             img_mod: Modulation::new(dim, true, &vb.pp("img_mod"))?,
-            img_attn: SelfAttention::new(dim, heads, &vb.pp("img_attn"))?,
+            img_attn: SelfAttention::new(dim, heads, cfg.qkv_bias, &vb.pp("img_attn"))?,
             img_mlp: Mlp::new(dim, hidden, &vb.pp("img_mlp"))?,
             txt_mod: Modulation::new(dim, true, &vb.pp("txt_mod"))?,
-            txt_attn: SelfAttention::new(dim, heads, &vb.pp("txt_attn"))?,
+            txt_attn: SelfAttention::new(dim, heads, cfg.qkv_bias, &vb.pp("txt_attn"))?,
             txt_mlp: Mlp::new(dim, hidden, &vb.pp("txt_mlp"))?,
         })
     }
