@@ -153,6 +153,8 @@ pub struct FluxFile {
     pub dtypes: BTreeMap<String, usize>,
     pub parameter_count: u64,
     pub bytes_on_disk: u64,
+    /// Other models stored in the same file (ComfyUI's all-in-one checkpoints bundle the VAE and text encoders).
+    pub bundled: Vec<&'static str>,
 }
 
 /// Says what the FLUX.1 file at `path` is. Anything else — a diffusers folder, a Wan or other model, an unknown
@@ -196,6 +198,7 @@ pub fn identify(path: &Path) -> Result<FluxFile, FluxFormatError> {
         dtypes,
         parameter_count: header.tensors.iter().map(TensorInfo::numel).sum(),
         bytes_on_disk: header.file_bytes,
+        bundled: bundled(&header.tensors),
     })
 }
 
@@ -227,6 +230,26 @@ pub fn identify_expected(
         }
     }
     Ok(file)
+}
+
+/// Key prefixes of the models ComfyUI bundles beside the DiT in one checkpoint, with their names.
+const BUNDLED: [(&str, &str); 5] = [
+    ("vae.", "a VAE"),
+    ("first_stage_model.", "a VAE"),
+    ("text_encoders.clip_l.", "CLIP-L"),
+    ("cond_stage_model.", "a text encoder"),
+    ("text_encoders.t5xxl.", "T5-XXL"),
+];
+
+/// The other models a checkpoint bundles, by their key prefixes.
+fn bundled(tensors: &[TensorInfo]) -> Vec<&'static str> {
+    let mut found: Vec<&'static str> = BUNDLED
+        .iter()
+        .filter(|(prefix, _)| tensors.iter().any(|t| t.name.starts_with(prefix)))
+        .map(|(_, name)| *name)
+        .collect();
+    found.dedup();
+    found
 }
 
 /// Stored names with the DiT prefix stripped, and their shapes.
@@ -483,6 +506,14 @@ impl fmt::Display for FluxFile {
             None => "official key names".into(),
         };
         writeln!(f, "  {:<11} {layout}", "layout")?;
+        if !self.bundled.is_empty() {
+            writeln!(
+                f,
+                "  {:<11} {} too (not read from here: give each as its own file)",
+                "bundles",
+                self.bundled.join(", ")
+            )?;
+        }
         let fp8 = match self.fp8 {
             Some(Fp8Storage::Scaled) => "float8_e4m3fn with per-weight scales (ComfyUI scaled_fp8)",
             Some(Fp8Storage::Plain) => "float8_e4m3fn weights without scales",

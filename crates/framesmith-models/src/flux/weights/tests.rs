@@ -91,6 +91,17 @@ fn comfy_prefixed_dit_loads_and_matches_the_fixture() -> anyhow::Result<()> {
     let file = identify(&path)?;
     assert_eq!(file.prefix, Some("model.diffusion_model."));
     assert!(file.to_string().contains("ComfyUI single file"));
+    assert!(file.bundled.is_empty());
+
+    let mut all_in_one = prefixed(&case.weights, "model.diffusion_model.");
+    all_in_one.extend(prefixed(&Case::load("flux_ae")?.weights, "vae."));
+    all_in_one.extend(prefixed(
+        &Case::load("clip_l")?.weights,
+        "text_encoders.clip_l.",
+    ));
+    let bundle = save(dir.path(), "flux1-schnell-fp8.safetensors", &all_in_one)?;
+    let shown = identify(&bundle)?.to_string();
+    assert!(shown.contains("bundles     a VAE, CLIP-L too"), "{shown}");
     let model = load_dit(
         &path,
         Some(FluxVariant::Schnell),
