@@ -273,7 +273,7 @@ fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {
 
 /// Says what any model file is; fails only when it is not a model Framesmith can name.
 fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
-    let report = framesmith_models::wan::weights::identify(path)?;
+    let report = framesmith_models::identify::identify(path)?;
     println!("{report}");
     Ok(ExitCode::SUCCESS)
 }

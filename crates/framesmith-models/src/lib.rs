@@ -2,5 +2,7 @@
 //! config files or logging policy.
 
 pub mod fixtures;
+pub mod flux;
+pub mod identify;
 pub mod trainable;
 pub mod wan;

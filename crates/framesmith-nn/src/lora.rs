@@ -57,6 +57,15 @@ impl Lora {
         })
     }
 
+    /// A full-rank adapter whose `down` is the identity and `up` zero, scale 1: the layer is unchanged and
+    /// ∂L/∂up equals ∂L/∂W of the frozen base weight, so parity checks compare weight gradients without putting
+    /// the base on candle's autograd path.
+    pub fn identity([in_dim, out_dim]: [usize; 2], dtype: DType, device: &Device) -> Result<Self> {
+        let down = Tensor::eye(in_dim, dtype, device)?;
+        let up = Tensor::zeros((out_dim, in_dim), dtype, device)?;
+        Self::from_tensors(&down, &up, in_dim as f64)
+    }
+
     /// The rank (rows of `down`).
     pub fn rank(&self) -> usize {
         self.down.dims()[0]

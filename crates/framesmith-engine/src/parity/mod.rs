@@ -1,5 +1,5 @@
-//! Parity checks against reference fixtures produced by the official Wan implementation (the format of
-//! `shared/fixtures/wan/README.md`): load a case directory, run the matching module, compare every expected tensor.
+//! Parity checks against reference fixtures produced by the official Wan and FLUX.1 implementations (the format
+//! of `shared/fixtures/{wan,flux}/README.md`): load a case directory, run the matching module, compare every expected tensor.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,6 +8,12 @@ use std::path::Path;
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor};
 
+pub mod flux_ae;
+pub mod flux_dit;
+pub mod flux_schedule;
+#[cfg(test)]
+mod flux_tests;
+pub mod flux_text;
 pub mod schedulers;
 pub mod umt5;
 pub mod vae;
@@ -150,7 +156,8 @@ impl Fixture {
         })
     }
 
-    /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`).
+    /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
+    /// `clip_text`, `t5_encoder`, `flux_schedule`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -181,8 +188,14 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "wan_vae" => vae::check(&fixture),
         "umt5" => umt5::check(&fixture),
         "flow_unipc" | "flow_dpmpp" => schedulers::check(&fixture),
+        "flux_dit" => flux_dit::check(&fixture),
+        "flux_ae" => flux_ae::check(&fixture),
+        "clip_text" => flux_text::check_clip(&fixture),
+        "t5_encoder" => flux_text::check_t5(&fixture),
+        "flux_schedule" => flux_schedule::check(&fixture),
         other => bail!(
-            "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp) in {}",
+            "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
+             flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule) in {}",
             dir.display()
         ),
     }

@@ -125,9 +125,8 @@ fn timesteps(t: &Tensor) -> anyhow::Result<Timesteps> {
     })
 }
 
-/// The gradient of a frozen base weight W equals the gradient of a full-rank LoRA `up` whose `down` is the
-/// identity (scale 1, `up` = 0): y = Wx + up·I·x, so ∂L/∂up = ∂L/∂W. This keeps the base weight off candle's
-/// autograd path while still letting the parity check compare every Linear weight gradient.
+/// A full-rank identity LoRA ([`Lora::identity`]: ∂L/∂up = ∂L/∂W) on every Linear whose weight gradient the
+/// fixture holds, so the base weight stays off candle's autograd path.
 fn attach_identity_loras(
     model: &mut WanModel,
     fixture: &Fixture,
@@ -140,15 +139,13 @@ fn attach_identity_loras(
         {
             continue;
         }
-        let (in_dim, out_dim) = (linear.in_dim(), linear.out_dim());
-        let down = Var::from_tensor(&Tensor::eye(in_dim, DType::F32, &Device::Cpu)?)?;
-        let up = Var::from_tensor(&Tensor::zeros((out_dim, in_dim), DType::F32, &Device::Cpu)?)?;
-        linear.set_lora(Some(Lora {
-            down,
-            up: up.clone(),
-            alpha: in_dim as f64,
-            multiplier: 1.0,
-        }));
+        let lora = Lora::identity(
+            [linear.in_dim(), linear.out_dim()],
+            DType::F32,
+            &Device::Cpu,
+        )?;
+        let up = lora.up.clone();
+        linear.set_lora(Some(lora));
         out.push((path, up));
     }
     Ok(out)

@@ -20,6 +20,8 @@ pub mod validation;
 #[cfg(test)]
 mod experts_tests;
 #[cfg(test)]
+mod flux_step_tests;
+#[cfg(test)]
 mod i2v_grad_tests;
 #[cfg(test)]
 mod i2v_sample_tests;

@@ -478,8 +478,13 @@ fn hf_to_official(key: &str) -> Option<String> {
             };
             let (block, tail) = rest.split_once('.')?;
             let name = match tail {
-                "layer.0.SelfAttention.relative_attention_bias.weight" => {
-                    "pos_embedding.embedding.weight".to_string()
+                // The position table, with a scale when an FP8 file quantised it too.
+                _ if tail.starts_with("layer.0.SelfAttention.relative_attention_bias.") => {
+                    let (_, tensor) = tail.rsplit_once('.')?;
+                    if !LINEAR_TENSORS.contains(&tensor) {
+                        return None;
+                    }
+                    format!("pos_embedding.embedding.{tensor}")
                 }
                 "layer.0.layer_norm.weight" => "norm1.weight".to_string(),
                 "layer.1.layer_norm.weight" => "norm2.weight".to_string(),
@@ -763,6 +768,13 @@ mod tests {
         assert_eq!(
             hf_to_official("encoder.block.0.layer.0.SelfAttention.q.bogus"),
             None
+        );
+        assert_eq!(
+            hf_to_official(
+                "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.scale_weight"
+            )
+            .as_deref(),
+            Some("blocks.0.pos_embedding.embedding.scale_weight")
         );
     }
 }

@@ -203,9 +203,13 @@ impl ForeignModel {
             Self::Lora => {
                 "a LoRA goes on top of a base model: give the base Wan DiT here and the LoRA under the LoRA settings"
             }
-            Self::HunyuanVideo | Self::Flux => {
-                "Framesmith trains Wan 2.1 / 2.2: download a Wan DiT (the official Wan-AI repository or ComfyUI's \
-                 repackaged files)"
+            Self::HunyuanVideo => {
+                "Framesmith trains Wan 2.1 / 2.2 and FLUX.1: download a Wan DiT (the official Wan-AI repository or \
+                 ComfyUI's repackaged files)"
+            }
+            Self::Flux => {
+                "give a Wan DiT for a Wan run (the official Wan-AI repository or ComfyUI's repackaged files), or pick \
+                 the FLUX.1 model family to use this file"
             }
         }
     }

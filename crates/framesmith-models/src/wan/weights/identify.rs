@@ -311,9 +311,8 @@ fn usage(kind: ForeignModel) -> &'static str {
         ForeignModel::Vae => {
             "not the Wan VAE, which Framesmith needs: use Wan2.1_VAE.pth / Wan2.2_VAE.pth or a ComfyUI Wan VAE file"
         }
-        ForeignModel::HunyuanVideo | ForeignModel::Flux => {
-            "not a Wan model: Framesmith trains Wan 2.1 / 2.2"
-        }
+        ForeignModel::HunyuanVideo => "not a model Framesmith trains (Wan 2.1 / 2.2, FLUX.1)",
+        ForeignModel::Flux => "a FLUX.1 file: `framesmith inspect` names FLUX.1 files in full",
     }
 }
 

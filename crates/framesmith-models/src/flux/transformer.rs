@@ -1,0 +1,174 @@
+//! The FLUX.1 DiT (`Flux` of the official `model.py`): input projections (`img_in`, `txt_in`), the conditioning
+//! vector (`time_in` + `guidance_in` + `vector_in`), RoPE over the (t, h, w) ids, the double-stream then the
+//! single-stream blocks on the joint [text; image] sequence, and the head on the image rows. One model for dev,
+//! schnell and Kontext (whose conditioning image is extra image tokens with ids axis 0 = 1).
+
+use candle_core::{Result, Tensor};
+
+use super::block::{BlockInputs, FluxBlock};
+use super::config::FluxConfig;
+use super::double_block::DoubleStreamBlock;
+use super::embeddings::{timestep_embedding, MlpEmbedder, TIMESTEP_DIM};
+use super::last_layer::LastLayer;
+use super::rope::Rope;
+use super::single_block::SingleStreamBlock;
+use framesmith_nn::linear::Linear;
+use framesmith_nn::vb::Vb;
+
+/// One batch as the official `Flux.forward` takes it.
+#[derive(Clone, Debug)]
+pub struct FluxInputs {
+    /// Packed latent tokens [b, img_len, in_channels] (Kontext: conditioning tokens appended).
+    pub img: Tensor,
+    /// Their ids [b, img_len, n_axes].
+    pub img_ids: Tensor,
+    /// Text tokens (T5) [b, txt_len, context_in_dim].
+    pub txt: Tensor,
+    /// Their ids [b, txt_len, n_axes] (zeros).
+    pub txt_ids: Tensor,
+    /// Timesteps [b] in [0, 1].
+    pub timesteps: Tensor,
+    /// Pooled text vector (CLIP-L) [b, vec_in_dim].
+    pub y: Tensor,
+    /// Guidance strength [b]; required by guidance-distilled models (dev), ignored otherwise.
+    pub guidance: Option<Tensor>,
+}
+
+/// What the embeddings produce: the first block's input (the joint sequence) and what every block shares.
+#[derive(Clone)]
+pub struct Prepared {
+    pub xs: Tensor,
+    pub blocks: BlockInputs,
+}
+
+/// The FLUX.1 DiT.
+#[derive(Clone)]
+pub struct Flux {
+    pub img_in: Linear,
+    pub time_in: MlpEmbedder,
+    pub vector_in: MlpEmbedder,
+    pub guidance_in: Option<MlpEmbedder>,
+    pub txt_in: Linear,
+    /// `double_blocks.*` then `single_blocks.*`.
+    pub blocks: Vec<FluxBlock>,
+    pub final_layer: LastLayer,
+    cfg: FluxConfig,
+}
+
+impl Flux {
+    /// Builds the model from official key names under `vb`.
+    pub fn new(cfg: &FluxConfig, vb: &Vb) -> Result<Self> {
+        cfg.validate()?;
+        let dim = cfg.hidden_size;
+        let guidance_in = if cfg.guidance_embed {
+            Some(MlpEmbedder::new(TIMESTEP_DIM, dim, &vb.pp("guidance_in"))?)
+        } else {
+            None
+        };
+        let mut blocks = Vec::with_capacity(cfg.depth + cfg.depth_single_blocks);
+        for i in 0..cfg.depth {
+            let block = DoubleStreamBlock::new(cfg, &vb.pp("double_blocks").pp(i))?;
+            blocks.push(FluxBlock::Double(block));
+        }
+        for i in 0..cfg.depth_single_blocks {
+            let block = SingleStreamBlock::new(cfg, &vb.pp("single_blocks").pp(i))?;
+            blocks.push(FluxBlock::Single(block));
+        }
+        Ok(Self {
+            img_in: Linear::load(&vb.pp("img_in"), cfg.in_channels, dim)?,
+            time_in: MlpEmbedder::new(TIMESTEP_DIM, dim, &vb.pp("time_in"))?,
+            vector_in: MlpEmbedder::new(cfg.vec_in_dim, dim, &vb.pp("vector_in"))?,
+            guidance_in,
+            txt_in: Linear::load(&vb.pp("txt_in"), cfg.context_in_dim, dim)?,
+            blocks,
+            final_layer: LastLayer::new(dim, cfg.out_channels, &vb.pp("final_layer"))?,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// The model's sizes.
+    pub fn config(&self) -> &FluxConfig {
+        &self.cfg
+    }
+
+    /// The official checkpoint path of block `i` of [`Flux::blocks`] (`double_blocks.i` or `single_blocks.j`).
+    pub fn block_prefix(&self, i: usize) -> String {
+        let index_in_kind = if i < self.cfg.depth {
+            i
+        } else {
+            i - self.cfg.depth
+        };
+        self.blocks
+            .get(i)
+            .map(|b| b.prefix(index_in_kind))
+            .unwrap_or_default()
+    }
+
+    /// Every block linear by its full path (`double_blocks.0.img_attn.qkv`, …), for LoRA.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        let prefixes: Vec<String> = (0..self.blocks.len())
+            .map(|i| self.block_prefix(i))
+            .collect();
+        self.blocks
+            .iter_mut()
+            .zip(prefixes)
+            .flat_map(|(block, prefix)| {
+                block
+                    .linears_mut()
+                    .into_iter()
+                    .map(move |(path, l)| (format!("{prefix}.{path}"), l))
+            })
+            .collect()
+    }
+
+    /// The conditioning vector `vec` [b, dim]: time_in + guidance_in + vector_in, in the compute dtype.
+    pub fn conditioning(&self, inputs: &FluxInputs) -> Result<Tensor> {
+        let dtype = inputs.txt.dtype();
+        let t = timestep_embedding(&inputs.timesteps, TIMESTEP_DIM)?.to_dtype(dtype)?;
+        let mut vec = self.time_in.forward(&t)?;
+        if let Some(guidance_in) = &self.guidance_in {
+            let Some(g) = &inputs.guidance else {
+                candle_core::bail!(
+                    "this FLUX model is guidance-distilled (dev): it needs a guidance strength"
+                );
+            };
+            let g = timestep_embedding(g, TIMESTEP_DIM)?.to_dtype(dtype)?;
+            vec = (vec + guidance_in.forward(&g)?)?;
+        }
+        vec + self.vector_in.forward(&inputs.y)?
+    }
+
+    /// Runs the embeddings: the joint sequence [b, txt_len + img_len, dim] and what every block shares.
+    pub fn prepare(&self, inputs: &FluxInputs) -> Result<Prepared> {
+        let img = self.img_in.forward(&inputs.img)?;
+        let txt = self.txt_in.forward(&inputs.txt)?;
+        let vec = self.conditioning(inputs)?;
+        let ids = Tensor::cat(&[&inputs.txt_ids, &inputs.img_ids], 1)?;
+        let rope = Rope::new(&ids, &self.cfg.axes_dim, self.cfg.theta, img.device())?;
+        Ok(Prepared {
+            xs: Tensor::cat(&[&txt, &img], 1)?,
+            blocks: BlockInputs {
+                vec,
+                rope,
+                txt_len: txt.dim(1)?,
+            },
+        })
+    }
+
+    /// The head on the last block's output: the image rows' prediction [b, img_len, out_channels].
+    pub fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Tensor> {
+        let t = prepared.blocks.txt_len;
+        let img = xs.narrow(1, t, xs.dim(1)? - t)?;
+        self.final_layer.forward(&img, &prepared.blocks.vec)
+    }
+
+    /// The whole forward pass, as the official `Flux.forward`.
+    pub fn forward(&self, inputs: &FluxInputs) -> Result<Tensor> {
+        let prepared = self.prepare(inputs)?;
+        let mut xs = prepared.xs.clone();
+        for block in &self.blocks {
+            xs = block.forward(&xs, &prepared.blocks)?;
+        }
+        self.finish(&xs, &prepared)
+    }
+}

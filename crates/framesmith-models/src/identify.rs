@@ -1,0 +1,130 @@
+//! `framesmith inspect` for a model file of any family: FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) are named by
+//! [`crate::flux::weights`], everything else (Wan files, LoRAs, folders, PyTorch archives) by
+//! [`crate::wan::weights::identify`]. Headers only.
+
+use std::fmt;
+use std::path::Path;
+
+use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
+use crate::wan::weights::{self as wan_weights, ModelFormatError};
+
+/// What a model file is.
+#[derive(Debug, Clone)]
+pub enum ModelFile {
+    Flux(Box<FluxFile>),
+    Wan(wan_weights::ModelFile),
+}
+
+impl fmt::Display for ModelFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Flux(file) => file.fmt(f),
+            Self::Wan(file) => file.fmt(f),
+        }
+    }
+}
+
+/// Why a path is not a model file Framesmith can name.
+#[derive(Debug, thiserror::Error)]
+pub enum IdentifyError {
+    #[error(transparent)]
+    Flux(FluxFormatError),
+    #[error(transparent)]
+    Wan(#[from] ModelFormatError),
+}
+
+/// Says what the model file at `path` is.
+pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
+    if !path.is_dir() {
+        match flux_weights::identify(path) {
+            Ok(file) => return Ok(ModelFile::Flux(Box::new(file))),
+            Err(err @ FluxFormatError::DiffusersTransformer { .. }) => {
+                return Err(IdentifyError::Flux(err))
+            }
+            // Unreadable files, other families and unknown keys: the Wan reader says what they are.
+            Err(_) => {}
+        }
+    }
+    Ok(ModelFile::Wan(wan_weights::identify(path)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device, Tensor};
+    use std::collections::HashMap;
+    use std::path::PathBuf;
+
+    #[test]
+    fn flux_files_are_named_as_flux_and_wan_files_as_wan() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let flux = |case: &str| crate::fixtures::case_dir("flux", case).join("weights.safetensors");
+        let weights = candle_core::safetensors::load(flux("flux_dit"), &Device::Cpu)?;
+        let comfy: HashMap<String, Tensor> = weights
+            .into_iter()
+            .map(|(k, v)| (format!("model.diffusion_model.{k}"), v))
+            .collect();
+        let dit = dir.path().join("flux1-dev.safetensors");
+        candle_core::safetensors::save(&comfy, &dit)?;
+        let cases: [(PathBuf, &[&str]); 4] = [
+            (
+                dit,
+                &[
+                    "FLUX.1 [dev]",
+                    "2 double-stream + 2 single-stream",
+                    "ComfyUI single file",
+                ],
+            ),
+            (
+                flux("flux_ae"),
+                &[
+                    "FLUX.1 autoencoder",
+                    "the VAE (autoencoder) of a FLUX.1 run",
+                ],
+            ),
+            (
+                flux("clip_l"),
+                &[
+                    "CLIP text encoder",
+                    "the CLIP-L text encoder of a FLUX.1 run",
+                ],
+            ),
+            (
+                flux("t5_encoder"),
+                &[
+                    "T5 v1.1 text encoder",
+                    "the T5-XXL text encoder of a FLUX.1 run",
+                ],
+            ),
+        ];
+        for (path, expected) in cases {
+            let shown = identify(&path)?.to_string();
+            for part in expected {
+                assert!(
+                    shown.contains(part),
+                    "{part} missing for {}:\n{shown}",
+                    path.display()
+                );
+            }
+            assert!(shown.ends_with(&path.display().to_string()), "{shown}");
+        }
+
+        let z = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu);
+        let lora: HashMap<String, Tensor> = [
+            (
+                "lora_unet_blocks_0_ffn_0.lora_down.weight".to_string(),
+                z(&[4, 8])?,
+            ),
+            (
+                "lora_unet_blocks_0_ffn_0.lora_up.weight".to_string(),
+                z(&[8, 4])?,
+            ),
+        ]
+        .into();
+        let path = dir.path().join("lora.safetensors");
+        candle_core::safetensors::save(&lora, &path)?;
+        let shown = identify(&path)?.to_string();
+        assert!(shown.contains("LoRA adapter"), "{shown}");
+        Ok(())
+    }
+}
