@@ -9,7 +9,7 @@ use super::plan::{
     PlanDevice, RunPlan, SamplingPlan,
 };
 use super::run::{BaseDtype, DeviceSpec, RunConfig, SaveDtype, SCHEMA_VERSION};
-use super::validate_train::{check_memory, check_optimizer, check_training};
+use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
 use super::validate_validation::check_validation;
 use crate::catalog;
 
@@ -121,6 +121,7 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
     let lora = check_lora(&mut c, cfg);
     let (optimizer, schedule) = check_optimizer(&mut c, cfg);
     let training = check_training(&mut c, cfg);
+    check_mode(&mut c, cfg, model.variant.as_deref());
     let num_layers = model
         .variant
         .as_deref()

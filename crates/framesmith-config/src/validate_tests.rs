@@ -491,3 +491,29 @@ fn an_output_folder_under_a_file_is_refused_before_the_run() {
     cfg.output.output_dir = dir.path().join("new").join("loras");
     validate(&cfg, &HostInfo::new(1)).unwrap();
 }
+
+#[test]
+fn training_mode_is_checked_against_a_named_variant() {
+    use crate::run::TrainingMode;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.training.mode = TrainingMode::ImageToVideo;
+    // Detected from the file: the engine checks it once the model is loaded.
+    let plan = validate(&cfg, &HostInfo::cpu_only()).unwrap();
+    assert_eq!(plan.training.mode, TrainingMode::ImageToVideo);
+    cfg.model.variant = "ti2v-5b".into();
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+    cfg.model.variant = "t2v-14b".into();
+    let errors = problems(&cfg, &HostInfo::cpu_only());
+    let p = errors.for_key("training.mode").unwrap();
+    assert!(
+        p.message.contains("t2v-14b is a text-to-video model") && p.fix.contains("text_to_video"),
+        "{p}"
+    );
+    cfg.model.variant = "i2v-14b".into();
+    cfg.training.mode = TrainingMode::TextToVideo;
+    let errors = problems(&cfg, &HostInfo::cpu_only());
+    assert!(errors.for_key("training.mode").is_some());
+    cfg.training.mode = TrainingMode::Auto;
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+}
