@@ -14,6 +14,8 @@ pub struct Variant {
     pub blocks: usize,
     /// Whether its clips start from a given image.
     pub start_image: StartImage,
+    /// Pixel multiple of clip sides: its VAE's spatial stride × the 2×2 patches (16; 32 with TI2V-5B's Wan2.2 VAE).
+    pub pixel_step: usize,
 }
 
 /// Whether a model starts its clips from a given image, which decides the `training.mode` it can train in.
@@ -68,31 +70,37 @@ pub const VARIANTS: &[Variant] = &[
         name: "t2v-1.3b",
         blocks: 30,
         start_image: StartImage::Never,
+        pixel_step: 16,
     },
     Variant {
         name: "t2v-14b",
         blocks: 40,
         start_image: StartImage::Never,
+        pixel_step: 16,
     },
     Variant {
         name: "i2v-14b",
         blocks: 40,
         start_image: StartImage::Always,
+        pixel_step: 16,
     },
     Variant {
         name: "t2v-a14b",
         blocks: 40,
         start_image: StartImage::Never,
+        pixel_step: 16,
     },
     Variant {
         name: "i2v-a14b",
         blocks: 40,
         start_image: StartImage::Always,
+        pixel_step: 16,
     },
     Variant {
         name: "ti2v-5b",
         blocks: 30,
         start_image: StartImage::Optional,
+        pixel_step: 32,
     },
 ];
 

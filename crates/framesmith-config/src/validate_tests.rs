@@ -517,3 +517,20 @@ fn training_mode_is_checked_against_a_named_variant() {
     cfg.training.mode = TrainingMode::Auto;
     assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
 }
+
+#[test]
+fn ti2v_resolutions_are_multiples_of_32() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.dataset.resolution = Some([848, 480]);
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+    cfg.model.variant = "ti2v-5b".into();
+    let errors = problems(&cfg, &HostInfo::cpu_only());
+    let p = errors.for_key("dataset.resolution").unwrap();
+    assert!(
+        p.message.contains("multiple of 32") && p.fix.contains("[832, 480]"),
+        "{p}"
+    );
+    cfg.dataset.resolution = Some([1280, 704]);
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+}
