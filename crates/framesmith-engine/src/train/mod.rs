@@ -5,6 +5,7 @@
 pub mod data;
 pub mod demo_setup;
 pub mod engine;
+pub mod mode;
 pub mod optimizer;
 pub mod outputs;
 pub mod sample_models;
