@@ -30,4 +30,6 @@ mod streaming_tests;
 #[cfg(test)]
 mod tests;
 #[cfg(test)]
+mod ti2v_tests;
+#[cfg(test)]
 mod validation_tests;
