@@ -7,11 +7,15 @@
 # `plan`, and `train --preset balanced-24gb --vram-budget-gb 24` with samples and saves, killed with SIGKILL
 # after its step-4 save and resumed to the end. Logs with timestamps; peak RAM from /usr/bin/time. Builds nothing.
 # Usage: bench/run-e2e.sh BIN_DIR DATA_DIR OUT_DIR [WORK_DIR]   (E2E_PREPARE_ONLY=1: stop after the plan;
-#   E2E_VARIANT=i2v-a14b: Wan2.2 I2V-A14B, image-to-video caches and samples from a start image)
+#   E2E_VARIANT=i2v-a14b: Wan2.2 I2V-A14B, image-to-video caches and samples from a start image;
+#   E2E_VARIANT=ti2v-5b: Wan2.2 TI2V-5B with the Wan2.2 VAE, trained with training.mode = E2E_MODE (default
+#   image_to_video; text_to_video also works), samples text-to-video and from a start image)
 #   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
 set -uo pipefail
 BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
 STEPS="${E2E_STEPS:-6}" KILL_AFTER="${E2E_KILL_AFTER:-4}" VARIANT="${E2E_VARIANT:-t2v-14b}"
+MODE="auto" VAE_FILE="wan_2.1_vae.safetensors"
+[[ "$VARIANT" == ti2v-* ]] && MODE="${E2E_MODE:-image_to_video}" VAE_FILE="wan2.2_vae.safetensors"
 mkdir -p "$LOG" "$WORK"
 export PATH="$BIN:$PATH"
 source "$(dirname "$0")/device-env.sh"
@@ -35,7 +39,7 @@ if [[ ! -f "$MODELS/run.toml" ]]; then
     timed synth framesmith-bench synth-project --variant "$VARIANT" --dtype fp8-scaled --encoders "$SPIECE" \
         --out "$MODELS" --frames 81 --height 480 --width 832 --steps "$STEPS" || exit 1
 fi
-DIT="$MODELS/dit.safetensors" VAE="$MODELS/wan_2.1_vae.safetensors"
+DIT="$MODELS/dit.safetensors" VAE="$MODELS/$VAE_FILE"
 T5="$MODELS/umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 ls -la "$MODELS" | tee -a "$LOG/e2e.log"
 rm -rf "$WORK/data" && cp -r "$DATA" "$WORK/data" && rm -rf "$WORK/data/cache"
@@ -50,12 +54,13 @@ timed cache-text framesmith cache text --dataset "$WORK/data/dataset.toml" --tex
 timed check-after framesmith dataset check "$WORK/data/dataset.toml"
 find "$WORK/data/cache" -type f | sort | xargs ls -la >> "$LOG/caches.log"
 
-# Image-to-video samples start from an image (`--i`); text-to-video ones ignore none.
+# Image-to-video samples start from an image (`--i`); TI2V-5B samples both ways; text-to-video ones take none.
 START_IMAGE=""
-[[ "$VARIANT" == i2v-* ]] && START_IMAGE=" --i $WORK/data/images/fractal.jpg"
+[[ "$VARIANT" == i2v-* || "$VARIANT" == ti2v-* ]] && START_IMAGE=" --i $WORK/data/images/fractal.jpg"
 cat > "$WORK/prompts.txt" <<TXT
 a test card with a moving colour bar, bright daylight --w 832 --h 480 --f 21 --s 4 --d 42$START_IMAGE
 TXT
+[[ "$VARIANT" == ti2v-* ]] && echo "a test card with a moving colour bar --w 832 --h 480 --f 21 --s 4 --d 7" >> "$WORK/prompts.txt"
 cat > "$WORK/run.toml" <<TOML
 [model]
 dit = "$DIT"
@@ -70,6 +75,7 @@ rank = 32
 alpha = 32.0
 
 [training]
+mode = "$MODE"
 max_train_steps = $STEPS
 seed = 42
 device = "cuda"
