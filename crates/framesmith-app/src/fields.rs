@@ -30,6 +30,7 @@ const fn help(spec: FieldSpec<'static>, help: &'static str) -> FieldSpec<'static
 const DTYPES: &[&str] = &["f32", "bf16", "f16", "fp8"];
 const FP8_SCALES: &[&str] = &framesmith_config::run::Fp8ScaleMode::NAMES;
 const RESIDUALS: &[&str] = &["f32", "bf16"];
+const TRAINING_MODES: &[&str] = &framesmith_config::run::TrainingMode::NAMES;
 const SCHEDULERS: &[&str] = &[
     "constant",
     "constant_with_warmup",
@@ -168,6 +169,10 @@ pub const RUN_SECTIONS: &[Section] = &[
     Section {
         title: "Training",
         fields: &[
+            help(
+                field("training.mode", "Mode", FieldKind::Choice(TRAINING_MODES)),
+                "Text-to-video or image-to-video (the clip's first frame given); auto: the model's own. TI2V-5B does both",
+            ),
             field("training.max_train_steps", "Max steps", FieldKind::Int),
             help(
                 optional("training.max_train_epochs", "Max epochs", FieldKind::Int),
