@@ -34,6 +34,17 @@ impl StartFrame {
     pub fn keeps_first_latent_frame(self) -> bool {
         self == Self::FirstLatentFrame
     }
+
+    /// The run log's line for it.
+    pub fn log_line(self) -> &'static str {
+        match self {
+            Self::None => "training mode: text-to-video",
+            Self::Channels => "training mode: image-to-video (the cached first-frame conditioning)",
+            Self::FirstLatentFrame => {
+                "training mode: image-to-video (each clip's first latent frame given, at timestep 0, out of the loss)"
+            }
+        }
+    }
 }
 
 /// The start frame of a run asking for `asked` on the model `cfg` (the demo model when `demo`: image-to-video

@@ -494,6 +494,7 @@ impl Trainer {
         }
         let cfg = model.config().clone();
         let start_frame = mode::resolve(&cfg, plan.training.mode, demo)?;
+        log(LogLevel::Info, start_frame.log_line().into());
         let run_data = load_run_data(plan, &cfg, &device, log)?;
         let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
         let spec = LoraSpec {
