@@ -10,10 +10,14 @@
 #   E2E_VARIANT=i2v-a14b: Wan2.2 I2V-A14B, image-to-video caches and samples from a start image;
 #   E2E_EXPERTS=joint|split with an A14B variant: both experts in one run, the low-noise one synthesised with
 #   another seed)
+#   E2E_VARIANT=ti2v-5b: Wan2.2 TI2V-5B with the Wan2.2 VAE, trained with training.mode = E2E_MODE (default
+#   image_to_video; text_to_video also works), samples text-to-video and from a start image)
 #   BIN_DIR holds framesmith, framesmith-bench and (where the machine has none) ffmpeg and ffprobe.
 set -uo pipefail
 BIN="$(realpath "$1")" DATA="$(realpath "$2")" LOG="$3" WORK="${4:-/tmp/framesmith-e2e}"
 STEPS="${E2E_STEPS:-6}" KILL_AFTER="${E2E_KILL_AFTER:-4}" VARIANT="${E2E_VARIANT:-t2v-14b}"
+MODE="auto" VAE_FILE="wan_2.1_vae.safetensors"
+[[ "$VARIANT" == ti2v-* ]] && MODE="${E2E_MODE:-image_to_video}" VAE_FILE="wan2.2_vae.safetensors"
 mkdir -p "$LOG" "$WORK"
 export PATH="$BIN:$PATH"
 source "$(dirname "$0")/device-env.sh"
@@ -42,7 +46,7 @@ if [[ -n "$EXPERTS" && ! -f "$LOW/dit.safetensors" ]]; then
     timed synth-low framesmith-bench synth-project --variant "$VARIANT" --dtype fp8-scaled --seed 1 --out "$LOW" \
         --frames 81 --height 480 --width 832 --steps "$STEPS" || exit 1
 fi
-DIT="$MODELS/dit.safetensors" VAE="$MODELS/wan_2.1_vae.safetensors"
+DIT="$MODELS/dit.safetensors" VAE="$MODELS/$VAE_FILE"
 T5="$MODELS/umt5_xxl_fp8_e4m3fn_scaled.safetensors"
 ls -la "$MODELS" | tee -a "$LOG/e2e.log"
 rm -rf "$WORK/data" && cp -r "$DATA" "$WORK/data" && rm -rf "$WORK/data/cache"
@@ -57,9 +61,9 @@ timed cache-text framesmith cache text --dataset "$WORK/data/dataset.toml" --tex
 timed check-after framesmith dataset check "$WORK/data/dataset.toml"
 find "$WORK/data/cache" -type f | sort | xargs ls -la >> "$LOG/caches.log"
 
-# Image-to-video samples start from an image (`--i`); text-to-video ones ignore none.
+# Image-to-video samples start from an image (`--i`); TI2V-5B samples both ways; text-to-video ones take none.
 START_IMAGE=""
-[[ "$VARIANT" == i2v-* ]] && START_IMAGE=" --i $WORK/data/images/fractal.jpg"
+[[ "$VARIANT" == i2v-* || "$VARIANT" == ti2v-* ]] && START_IMAGE=" --i $WORK/data/images/fractal.jpg"
 cat > "$WORK/prompts.txt" <<TXT
 a test card with a moving colour bar, bright daylight --w 832 --h 480 --f 21 --s 4 --d 42$START_IMAGE
 TXT
@@ -67,6 +71,7 @@ MODEL_EXTRA=""
 [[ -n "$EXPERTS" ]] && MODEL_EXTRA="variant = \"$VARIANT\"
 dit_low_noise = \"$LOW/dit.safetensors\"
 experts = \"$EXPERTS\""
+[[ "$VARIANT" == ti2v-* ]] && echo "a test card with a moving colour bar --w 832 --h 480 --f 21 --s 4 --d 7" >> "$WORK/prompts.txt"
 cat > "$WORK/run.toml" <<TOML
 [model]
 dit = "$DIT"
@@ -82,6 +87,7 @@ rank = 32
 alpha = 32.0
 
 [training]
+mode = "$MODE"
 max_train_steps = $STEPS
 seed = 42
 device = "cuda"

@@ -222,3 +222,53 @@ fn cache_latents_writes_image_latents_for_i2v_models_and_names_what_is_missing()
     );
     assert!(cached.clip.is_none());
 }
+
+/// `cache latents --dit` for TI2V-5B: the Wan2.1 VAE is refused with the VAE to use, and the Wan2.2 VAE writes
+/// plain 48-channel latent caches (`--i2v` is noted as unused: the first latent frame is the conditioning).
+#[test]
+fn cache_latents_for_ti2v_takes_the_wan22_vae_and_writes_plain_latents() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path();
+    let images = root.join("images");
+    std::fs::create_dir(&images).expect("mkdir");
+    write_picture(&images.join("a.png"), 7);
+    std::fs::write(images.join("a.txt"), "a red cat").expect("caption");
+    let dataset = root.join("dataset.toml");
+    std::fs::write(
+        &dataset,
+        "[general]\nresolution = [32, 32]\nenable_bucket = false\ncaption_extension = \".txt\"\n\n\
+         [[datasets]]\nimage_directory = \"images\"\ncache_directory = \"cache\"\n",
+    )
+    .expect("dataset");
+    let dit = fixture("wan22_ti2v_tiny");
+    let cache = |vae: &str, extra: &[&str]| {
+        let mut args = vec![
+            "cache",
+            "latents",
+            "--dataset",
+            s(&dataset),
+            "--vae",
+            vae,
+            "--dit",
+            &dit,
+            "--device",
+            "cpu",
+        ];
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = framesmith(&args);
+        (ok, format!("{stdout}{stderr}"))
+    };
+    let (ok, log) = cache(&fixture("wan21_vae_tiny"), &[]);
+    assert!(
+        !ok && log.contains("16-channel latents") && log.contains("Wan2.2_VAE.pth"),
+        "{log}"
+    );
+    let (ok, log) = cache(&fixture("wan22_vae_tiny"), &["--i2v"]);
+    assert!(ok && log.contains("--i2v and --clip are not used"), "{log}");
+    let file = root.join("cache/a_0090x0050_wan.safetensors");
+    let (cached, _) =
+        framesmith_data::cache::read_wan_latent_cache(&file, &candle_core::Device::Cpu)
+            .expect("cache read back");
+    assert_eq!(cached.latents.dims(), &[48, 1, 2, 2]);
+    assert!(cached.latents_image.is_none() && cached.clip.is_none());
+}

@@ -249,3 +249,39 @@ fn checkpointing_flag_changes_what_is_kept() {
     assert_eq!(code, Some(2), "clap's usage error");
     assert!(stderr.contains("none"), "{stderr}");
 }
+
+#[test]
+fn ti2v_5b_plans_at_its_native_size_in_either_mode() {
+    let args = |mode: &'static str| {
+        vec![
+            "--variant",
+            "ti2v-5b",
+            "--mode",
+            mode,
+            "--width",
+            "1280",
+            "--height",
+            "704",
+            "--frames",
+            "121",
+            "--vram-budget-gb",
+            "80",
+            "--json",
+        ]
+    };
+    let peak = |mode| {
+        let (code, stdout, stderr) = framesmith(&args(mode));
+        assert_eq!(code, Some(0), "{stderr}");
+        let report: serde_json::Value = serde_json::from_str(&stdout).expect("JSON");
+        assert_eq!(report["tokens"], 27_280);
+        assert_eq!(report["num_blocks"], 30);
+        report["peak_vram_bytes"].as_u64().unwrap()
+    };
+    // Image-to-video steps carry per-token timesteps (the start frame's are 0): more memory.
+    assert!(peak("i2v") > peak("t2v"));
+    let mut bad = args("i2v");
+    bad[5] = "848";
+    let (code, _, stderr) = framesmith(&bad);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("multiples of 32"), "{stderr}");
+}

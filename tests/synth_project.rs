@@ -40,6 +40,16 @@ fn latent_shapes_follow_the_wan_vae_and_bad_sizes_are_refused() {
     for (f, h, w) in [(80, 480, 832), (81, 484, 832), (81, 480, 0)] {
         assert!(latent_shape(&tiny(f, h, w)).is_err(), "{f}x{h}x{w}");
     }
+    // TI2V-5B's Wan2.2 VAE: 16× in space, so sides are multiples of 32 with the 2×2 patches.
+    let ti2v = |f, h, w| SynthProject {
+        cfg: WanConfig::wan22_ti2v_5b(),
+        ..tiny(f, h, w)
+    };
+    assert_eq!(
+        latent_shape(&ti2v(121, 704, 1280)).unwrap(),
+        [48, 31, 44, 80]
+    );
+    assert!(latent_shape(&ti2v(81, 480, 848)).is_err());
     let i2v = SynthProject {
         cfg: WanConfig::wan21_i2v_14b(),
         ..tiny(5, 32, 32)

@@ -16,7 +16,7 @@ use framesmith_engine::prep::{
 };
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
-use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
+use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig, VaeConfig};
 use framesmith_models::wan::{weights, ModelType};
 use indicatif::ProgressBar;
 
@@ -53,7 +53,7 @@ pub struct LatentArgs {
     #[arg(long)]
     keep_stale: bool,
     /// The DiT the caches are for (read from its header only): for an image-to-video model (Wan2.1 I2V,
-    /// Wan2.2 I2V-A14B) the first frame's conditioning is cached too
+    /// Wan2.2 I2V-A14B) the first frame's conditioning is cached too; the VAE is checked to be the DiT's
     #[arg(long)]
     dit: Option<PathBuf>,
     /// Cache the image-to-video conditioning (first-frame mask and image latents), as Wan2.2 I2V-A14B needs;
@@ -156,6 +156,7 @@ fn latents(args: &LatentArgs) -> anyhow::Result<()> {
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device)?;
     let vae = load_vae_auto(&args.vae, dtype, &device)?;
+    check_vae_fits_dit(args, vae.config().z_dim)?;
     let stats = LatentStats::official(vae.config().variant, &device)?;
     eprintln!(
         "VAE: {:?}, {} latent channels, on {device:?} in {dtype:?}",
@@ -227,6 +228,15 @@ fn image_parts_wanted(args: &LatentArgs) -> anyhow::Result<Wanted> {
     let report = weights::inspect(dit)?;
     let name = weights::variant_name(&report.config, report.expert);
     let cfg = &report.config;
+    if cfg.model_type == ModelType::Ti2v {
+        if args.i2v || args.clip.is_some() {
+            eprintln!(
+                "note: {name} trains image-to-video (training.mode = \"image_to_video\") from the first latent frame \
+                 of each clip's own latents, so its caches hold latents only; --i2v and --clip are not used"
+            );
+        }
+        return Ok(Wanted::None);
+    }
     if cfg.model_type != ModelType::I2v {
         if args.i2v || args.clip.is_some() {
             anyhow::bail!(
@@ -249,6 +259,29 @@ fn image_parts_wanted(args: &LatentArgs) -> anyhow::Result<Wanted> {
         }
         (None, false) => Ok(Wanted::Latents),
     }
+}
+
+/// With `--dit`, refuses a VAE of `z_dim` channels that the DiT does not denoise (the Wan2.1 VAE for TI2V-5B, or
+/// the Wan2.2 VAE for the others) before anything is encoded.
+fn check_vae_fits_dit(args: &LatentArgs, z_dim: usize) -> anyhow::Result<()> {
+    let Some(dit) = &args.dit else {
+        return Ok(());
+    };
+    let report = weights::inspect(dit)?;
+    if report.config.out_dim == z_dim {
+        return Ok(());
+    }
+    let wanted = if report.config.out_dim == VaeConfig::wan22().z_dim {
+        "Wan2.2_VAE.pth"
+    } else {
+        "Wan2.1_VAE.pth"
+    };
+    anyhow::bail!(
+        "the VAE makes {z_dim}-channel latents but {} denoises {}: cache with the VAE made for it ({wanted}): {}",
+        weights::variant_name(&report.config, report.expert),
+        report.config.out_dim,
+        args.vae.display()
+    )
 }
 
 fn text(args: &TextArgs) -> anyhow::Result<()> {

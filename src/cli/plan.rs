@@ -29,6 +29,10 @@ pub struct PlanArgs {
     /// Model variant: t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b
     #[arg(long)]
     variant: Option<String>,
+    /// Training mode: auto, text_to_video (t2v) or image_to_video (i2v); image-to-video TI2V-5B steps carry
+    /// per-token timesteps
+    #[arg(long, value_parser = config_value::<framesmith_config::run::TrainingMode>)]
+    mode: Option<framesmith_config::run::TrainingMode>,
     /// Base weights: f32, bf16, f16 or fp8
     #[arg(long, value_parser = config_value::<framesmith_config::run::BaseDtype>)]
     base: Option<framesmith_config::run::BaseDtype>,
@@ -133,6 +137,7 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
     m.fp8_scale = args.fp8_scale.unwrap_or(m.fp8_scale);
     m.residual_dtype = args.residual.unwrap_or(m.residual_dtype);
     cfg.lora.rank = args.rank.unwrap_or(cfg.lora.rank);
+    cfg.training.mode = args.mode.unwrap_or(cfg.training.mode);
     let mem = &mut cfg.memory;
     mem.streaming = args.streaming.unwrap_or(mem.streaming);
     mem.blocks_to_swap = args.blocks_to_swap.unwrap_or(mem.blocks_to_swap);

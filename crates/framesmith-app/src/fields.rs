@@ -31,6 +31,7 @@ const DTYPES: &[&str] = &["f32", "bf16", "f16", "fp8"];
 const FP8_SCALES: &[&str] = &framesmith_config::run::Fp8ScaleMode::NAMES;
 const RESIDUALS: &[&str] = &["f32", "bf16"];
 const EXPERT_MODES: &[&str] = &["joint", "split"];
+const TRAINING_MODES: &[&str] = &framesmith_config::run::TrainingMode::NAMES;
 const SCHEDULERS: &[&str] = &[
     "constant",
     "constant_with_warmup",
@@ -183,6 +184,10 @@ pub const RUN_SECTIONS: &[Section] = &[
     Section {
         title: "Training",
         fields: &[
+            help(
+                field("training.mode", "Mode", FieldKind::Choice(TRAINING_MODES)),
+                "Text-to-video or image-to-video (the clip's first frame given); auto: the model's own. TI2V-5B does both",
+            ),
             field("training.max_train_steps", "Max steps", FieldKind::Int),
             help(
                 optional("training.max_train_epochs", "Max epochs", FieldKind::Int),

@@ -224,7 +224,7 @@ enum Command {
 /// `synth-project`'s arguments.
 #[derive(clap::Args)]
 struct SynthArgs {
-    /// Wan variant (t2v-1.3b, t2v-14b, t2v-a14b; i2v-14b and i2v-a14b with --encoders).
+    /// Wan variant (t2v-1.3b, t2v-14b, t2v-a14b, ti2v-5b; i2v-14b and i2v-a14b with --encoders).
     #[arg(long, default_value = "t2v-1.3b")]
     variant: String,
     #[command(flatten)]
@@ -243,8 +243,9 @@ struct SynthArgs {
     /// Optimizer steps of the run config.
     #[arg(long, default_value_t = 3)]
     steps: usize,
-    /// Also write random umT5-XXL (ComfyUI scaled FP8) and Wan 2.1 VAE weights at their real sizes, with this
-    /// SentencePiece model embedded as the umT5 file's tokenizer, for `framesmith cache` runs.
+    /// Also write random umT5-XXL (ComfyUI scaled FP8) and Wan VAE weights (Wan2.2's for ti2v-5b, else Wan2.1's)
+    /// at their real sizes, with this SentencePiece model embedded as the umT5 file's tokenizer, for `framesmith
+    /// cache` runs.
     #[arg(long, value_name = "SPIECE_MODEL")]
     encoders: Option<std::path::PathBuf>,
 }

@@ -85,9 +85,11 @@ impl Default for StepBench {
     }
 }
 
-/// The latent grid `[frames, height, width]` of a clip, with Wan's VAE strides (4 in time, 8 in space).
-pub fn latent_size(frames: usize, height: usize, width: usize) -> [usize; 3] {
-    [(frames.max(1) - 1) / 4 + 1, height / 8, width / 8]
+/// The latent grid `[frames, height, width]` of a clip, with the strides of `cfg`'s VAE (4 in time; 8 in space
+/// for the Wan2.1 VAE, 16 for the Wan2.2 VAE of TI2V-5B).
+pub fn latent_size(cfg: &WanConfig, frames: usize, height: usize, width: usize) -> [usize; 3] {
+    let (s, t) = framesmith_engine::plan::latent_factors(cfg);
+    [(frames.max(1) - 1) / t + 1, height / s, width / s]
 }
 
 /// Video tokens of one latent after the patch embedding.
@@ -221,7 +223,7 @@ pub(crate) fn total_peak(dev: &Device, t: &Timing) -> Result<Option<u64>> {
 
 /// Builds `cfg` on `dev` and times the checkpointed LoRA step. Prints progress to stderr.
 pub fn run(dev: &Device, name: &str, cfg: &WanConfig, opts: &StepBench) -> Result<Record> {
-    let latent = latent_size(opts.frames, opts.height, opts.width);
+    let latent = latent_size(cfg, opts.frames, opts.height, opts.width);
     let tokens = video_tokens(cfg, latent);
     let started = std::time::Instant::now();
     let weights = random_weights_on_device(cfg, opts.seed, DType::BF16, dev)?;
@@ -343,9 +345,13 @@ mod tests {
     #[test]
     fn shapes_of_the_480p_clip() {
         let cfg = WanConfig::wan21_t2v_1_3b();
-        let latent = latent_size(81, 480, 832);
+        let latent = latent_size(&cfg, 81, 480, 832);
         assert_eq!(latent, [21, 60, 104]);
         assert_eq!(video_tokens(&cfg, latent), 32_760);
+        let ti2v = WanConfig::wan22_ti2v_5b();
+        let latent = latent_size(&ti2v, 121, 704, 1280);
+        assert_eq!(latent, [31, 44, 80]);
+        assert_eq!(video_tokens(&ti2v, latent), 27_280);
     }
 
     /// The CPU's bf16 step in every mode against the f32 reference: bf16 rounding only (non-zero, inside the

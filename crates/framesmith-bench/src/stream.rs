@@ -230,7 +230,7 @@ pub fn run(
     opts: &StreamBench,
     cases: &[StreamCase],
 ) -> Result<Vec<(Record, u64)>> {
-    let latent = latent_size(opts.frames, opts.height, opts.width);
+    let latent = latent_size(cfg, opts.frames, opts.height, opts.width);
     let tokens = video_tokens(cfg, latent);
     let mut out = Vec::new();
     // The FP8 block linears are made once, on the host (the slow part of a 14B build), and every case builds its
@@ -589,7 +589,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
             .map(|(k, v)| Ok((k.clone(), v.to_device(dev)?)))
             .collect()
     };
-    let latent = latent_size(opts.frames, opts.height, opts.width);
+    let latent = latent_size(&cfg, opts.frames, opts.height, opts.width);
     let (inputs, targets) = flow_batch(&cfg, latent, 5, 0.6, 11, dev)?;
     let target = LossTarget {
         targets: &targets,

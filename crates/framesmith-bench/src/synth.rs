@@ -59,8 +59,9 @@ pub struct SynthProject {
     pub text_tokens: usize,
     /// Optimizer steps of the run config.
     pub steps: usize,
-    /// Also write random umT5-XXL and Wan 2.1 VAE weights in ComfyUI's layouts ([`write_random_encoders`]),
-    /// with this SentencePiece model embedded as the umT5 file's tokenizer, and name them in the run config.
+    /// Also write random umT5-XXL and Wan VAE weights (the Wan2.2 VAE for TI2V-5B, else Wan2.1's) in ComfyUI's
+    /// layouts ([`write_random_encoders`]), with this SentencePiece model embedded as the umT5 file's tokenizer,
+    /// and name them in the run config.
     pub encoders: Option<PathBuf>,
 }
 
@@ -104,7 +105,8 @@ pub struct SynthFiles {
 /// folder, and `run.toml` (bf16 base, LoRA rank 32, no samples, saving at the end only, on `cuda`). An
 /// image-to-video variant needs `encoders` and gets no cache (make one with `framesmith cache latents --dit`).
 pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFiles> {
-    let t2v = spec.cfg.model_type == ModelType::T2v;
+    // TI2V-5B trains from plain latent caches in either mode; I2V models need image-conditioning caches.
+    let t2v = spec.cfg.model_type != ModelType::I2v;
     if !t2v && spec.encoders.is_none() {
         bail!(
             "an image-to-video project needs image-conditioning caches: add --encoders, then cache a dataset \
@@ -136,7 +138,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
         write_random_encoders(
             &dir,
             &framesmith_models::wan::text_encoder::T5Config::umt5_xxl(),
-            &framesmith_models::wan::vae::VaeConfig::wan21(),
+            &framesmith_engine::plan::vae_for(&spec.cfg),
             &bytes,
             spec.seed,
         )?;
@@ -157,11 +159,12 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
     })
 }
 
-/// The latents `[channels, frames, height, width]` the Wan VAE makes of the clip (4× in time, 8× in space), or
-/// why the clip size does not fit the model.
+/// The latents `[channels, frames, height, width]` the model's VAE makes of the clip (4× in time; 8× in space for
+/// the Wan2.1 VAE, 16× for the Wan2.2 VAE of TI2V-5B), or why the clip size does not fit the model.
 pub fn latent_shape(spec: &SynthProject) -> anyhow::Result<[usize; 4]> {
     let [_, p1, p2] = spec.cfg.patch_size;
-    let (step_h, step_w) = (8 * p1, 8 * p2);
+    let (s, _) = framesmith_engine::plan::latent_factors(&spec.cfg);
+    let (step_h, step_w) = (s * p1, s * p2);
     if spec.frames == 0 || (spec.frames - 1) % 4 != 0 {
         bail!(
             "{} frames: the Wan VAE needs 4k + 1 frames (e.g. 81)",
@@ -176,7 +179,7 @@ pub fn latent_shape(spec: &SynthProject) -> anyhow::Result<[usize; 4]> {
             spec.height
         );
     }
-    let [f, h, w] = super::step::latent_size(spec.frames, spec.height, spec.width);
+    let [f, h, w] = super::step::latent_size(&spec.cfg, spec.frames, spec.height, spec.width);
     Ok([spec.cfg.out_dim, f, h, w])
 }
 
@@ -244,11 +247,21 @@ pub fn write_random_dit(
 /// File names of [`write_random_encoders`], as ComfyUI users have them.
 pub const UMT5_FILE: &str = "umt5_xxl_fp8_e4m3fn_scaled.safetensors";
 pub const VAE_FILE: &str = "wan_2.1_vae.safetensors";
+/// The Wan2.2 VAE's file name (TI2V-5B's), as ComfyUI users have it.
+pub const VAE22_FILE: &str = "wan2.2_vae.safetensors";
 
-/// Writes random weights of the umT5 encoder and the Wan 2.1 VAE of these sizes into `dir` in the layouts of
+/// The file name [`write_random_encoders`] gives the VAE of `vae`.
+pub fn vae_file(vae: &framesmith_models::wan::vae::VaeConfig) -> &'static str {
+    match vae.variant {
+        framesmith_models::wan::vae::VaeVariant::Wan21 => VAE_FILE,
+        framesmith_models::wan::vae::VaeVariant::Wan22 => VAE22_FILE,
+    }
+}
+
+/// Writes random weights of the umT5 encoder and the Wan VAE of these sizes into `dir` in the layouts of
 /// ComfyUI's files ([`UMT5_FILE`]: Hugging Face key names, Linears in FP8 with per-tensor `scale_weight`, the
 /// rest bf16, the `scaled_fp8` marker and the SentencePiece model `spiece` embedded as `spiece_model`;
-/// [`VAE_FILE`]: official key names in bf16). Weights are drawn with a fan-in scale so activations stay finite;
+/// [`vae_file`]: official key names in bf16). Weights are drawn with a fan-in scale so activations stay finite;
 /// norms are one. Returns the two paths.
 pub fn write_random_encoders(
     dir: &Path,
@@ -295,7 +308,7 @@ pub fn write_random_encoders(
     ));
     write_safetensors(&umt5, views)?;
 
-    let vae_path = dir.join(VAE_FILE);
+    let vae_path = dir.join(vae_file(vae));
     let shapes = framesmith_models::wan::vae::WanVae::tensor_shapes(vae)?;
     let views = shapes
         .into_iter()
@@ -560,7 +573,7 @@ pub fn run_config(dir: &Path, spec: &SynthProject) -> RunConfig {
     config.output.save_every_n_epochs = Some(0);
     config.output.save_state = false;
     if spec.encoders.is_some() {
-        config.model.vae = dir.join(VAE_FILE);
+        config.model.vae = dir.join(vae_file(&framesmith_engine::plan::vae_for(&spec.cfg)));
         config.model.text_encoder = dir.join(UMT5_FILE);
     }
     config

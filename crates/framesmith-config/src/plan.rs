@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::run::{
     ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, ExpertMode, Fp8ScaleMode,
-    LrScheduler, ResidualDtype, RunConfig, StreamingMode,
+    LrScheduler, ResidualDtype, RunConfig, StreamingMode, TrainingMode,
 };
 use crate::schedule::LrSchedule;
 use crate::training::{AdamWConfig, TimestepConfig, NUM_TRAIN_TIMESTEPS};
@@ -163,6 +163,9 @@ pub enum TrainLength {
 /// Resolved `[training]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TrainingPlan {
+    /// `training.mode`, checked against `model.variant` when one is named; the engine resolves `Auto` against the
+    /// loaded model ([`crate::catalog::StartImage::training_mode`]).
+    pub mode: TrainingMode,
     pub length: TrainLength,
     pub gradient_accumulation_steps: usize,
     pub seed: u64,

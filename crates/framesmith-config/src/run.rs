@@ -251,10 +251,36 @@ pub enum WeightingScheme {
     Cosmap,
 }
 
+/// What the LoRA learns to do (`training.mode`): generate from the caption alone, or continue a given start image.
+/// TI2V-5B does either; other models do one of them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainingMode {
+    /// What the model does by itself: image-to-video for I2V models (and the demo model), text-to-video for
+    /// text-to-video models and TI2V-5B.
+    #[default]
+    Auto,
+    /// Every latent frame is noised and learnt from the caption alone.
+    #[serde(alias = "t2v")]
+    TextToVideo,
+    /// Each clip's first frame is the given start image: I2V models take it as conditioning channels (cached by
+    /// `framesmith cache latents --dit`); TI2V-5B keeps the clip's first latent frame clean at timestep 0 and leaves
+    /// it out of the loss, as its image-to-video generation does (no extra cache).
+    #[serde(alias = "i2v")]
+    ImageToVideo,
+}
+
+impl TrainingMode {
+    /// Every mode by its TOML name, as the app lists them.
+    pub const NAMES: [&'static str; 3] = ["auto", "text_to_video", "image_to_video"];
+}
+
 /// The training loop.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainingSection {
+    /// Text-to-video or image-to-video training (see [`TrainingMode`]).
+    pub mode: TrainingMode,
     pub max_train_steps: usize,
     /// When set (and not 0), overrides `max_train_steps` by whole epochs.
     pub max_train_epochs: Option<usize>,
@@ -282,6 +308,7 @@ pub struct TrainingSection {
 impl Default for TrainingSection {
     fn default() -> Self {
         Self {
+            mode: TrainingMode::Auto,
             max_train_steps: 1600,
             max_train_epochs: None,
             gradient_accumulation_steps: 1,
@@ -537,7 +564,23 @@ impl Default for ValidationSection {
 
 #[cfg(test)]
 mod tests {
-    use super::Fp8ScaleMode;
+    use super::{Fp8ScaleMode, TrainingMode};
+
+    #[test]
+    fn training_mode_names_are_the_toml_names_and_t2v_i2v_are_aliases() {
+        let modes = [
+            TrainingMode::Auto,
+            TrainingMode::TextToVideo,
+            TrainingMode::ImageToVideo,
+        ];
+        for (mode, name) in modes.into_iter().zip(TrainingMode::NAMES) {
+            assert_eq!(serde_json::to_value(mode).ok(), Some(name.into()));
+        }
+        let parse = |text: &str| serde_json::from_value::<TrainingMode>(text.into()).ok();
+        assert_eq!(parse("i2v"), Some(TrainingMode::ImageToVideo));
+        assert_eq!(parse("t2v"), Some(TrainingMode::TextToVideo));
+        assert_eq!(parse("v2v"), None);
+    }
 
     #[test]
     fn fp8_scale_names_are_the_toml_names() {

@@ -11,7 +11,7 @@ use super::plan::{
 use super::run::{
     BaseDtype, DeviceSpec, ExpertMode, ModelSection, RunConfig, SaveDtype, SCHEMA_VERSION,
 };
-use super::validate_train::{check_memory, check_optimizer, check_training};
+use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
 use super::validate_validation::check_validation;
 use crate::catalog;
 
@@ -119,10 +119,16 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
     }
     let device = check_device(&mut c, cfg.training.device, host);
     let model = check_model(&mut c, cfg, device);
-    let dataset = check_dataset(&mut c, cfg);
+    let pixel_step = model
+        .variant
+        .as_deref()
+        .and_then(catalog::variant)
+        .map_or(16, |v| v.pixel_step);
+    let dataset = check_dataset(&mut c, cfg, pixel_step);
     let lora = check_lora(&mut c, cfg);
     let (optimizer, schedule) = check_optimizer(&mut c, cfg);
     let training = check_training(&mut c, cfg);
+    check_mode(&mut c, cfg, model.variant.as_deref());
     let num_layers = model
         .variant
         .as_deref()
@@ -310,7 +316,8 @@ fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
     None
 }
 
-fn check_dataset(c: &mut Checker, cfg: &RunConfig) -> DatasetPlan {
+/// `[dataset]`; `pixel_step` is what the named variant's clip sides must be multiples of (16 when detected later).
+fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> DatasetPlan {
     let d = &cfg.dataset;
     let source = if d.synthetic {
         if non_empty(&d.config).is_some() {
@@ -329,11 +336,21 @@ fn check_dataset(c: &mut Checker, cfg: &RunConfig) -> DatasetPlan {
         DatasetSource::Synthetic
     };
     if let Some([w, h]) = d.resolution {
-        if w == 0 || h == 0 || w % 16 != 0 || h % 16 != 0 {
+        let s = pixel_step;
+        if w == 0 || h == 0 || w % s != 0 || h % s != 0 {
+            let why = if s == 16 {
+                "VAE 8× and patch 2×"
+            } else {
+                "the Wan2.2 VAE's 16× and patch 2×"
+            };
             c.problem(
                 "dataset.resolution",
-                format!("[{w}, {h}] is not a multiple of 16 (VAE 8× and patch 2×)"),
-                "use [width, height] in multiples of 16, e.g. [832, 480]",
+                format!("[{w}, {h}] is not a multiple of {s} ({why})"),
+                format!(
+                    "use [width, height] in multiples of {s}, e.g. [{}, {}]",
+                    (w / s).max(1) * s,
+                    (h / s).max(1) * s
+                ),
             );
         }
     }

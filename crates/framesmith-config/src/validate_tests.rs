@@ -551,3 +551,46 @@ fn expert_settings_without_a_second_expert_get_a_note() {
         plan.notes
     );
 }
+
+#[test]
+fn training_mode_is_checked_against_a_named_variant() {
+    use crate::run::TrainingMode;
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.training.mode = TrainingMode::ImageToVideo;
+    // Detected from the file: the engine checks it once the model is loaded.
+    let plan = validate(&cfg, &HostInfo::cpu_only()).unwrap();
+    assert_eq!(plan.training.mode, TrainingMode::ImageToVideo);
+    cfg.model.variant = "ti2v-5b".into();
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+    cfg.model.variant = "t2v-14b".into();
+    let errors = problems(&cfg, &HostInfo::cpu_only());
+    let p = errors.for_key("training.mode").unwrap();
+    assert!(
+        p.message.contains("t2v-14b is a text-to-video model") && p.fix.contains("text_to_video"),
+        "{p}"
+    );
+    cfg.model.variant = "i2v-14b".into();
+    cfg.training.mode = TrainingMode::TextToVideo;
+    let errors = problems(&cfg, &HostInfo::cpu_only());
+    assert!(errors.for_key("training.mode").is_some());
+    cfg.training.mode = TrainingMode::Auto;
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+}
+
+#[test]
+fn ti2v_resolutions_are_multiples_of_32() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.dataset.resolution = Some([848, 480]);
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+    cfg.model.variant = "ti2v-5b".into();
+    let errors = problems(&cfg, &HostInfo::cpu_only());
+    let p = errors.for_key("dataset.resolution").unwrap();
+    assert!(
+        p.message.contains("multiple of 32") && p.fix.contains("[832, 480]"),
+        "{p}"
+    );
+    cfg.dataset.resolution = Some([1280, 704]);
+    assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
+}

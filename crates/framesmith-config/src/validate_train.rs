@@ -7,6 +7,7 @@ use super::run::{
     StreamingMode, TimestepSampling,
 };
 use super::validate::Checker;
+use crate::catalog::TrainingModeError;
 use crate::schedule::POLYNOMIAL_LR_END;
 use crate::training::{AdamWConfig, TimestepConfig, DEFAULT_GPU_SLOTS, NUM_TRAIN_TIMESTEPS};
 
@@ -109,6 +110,24 @@ fn check_schedule(c: &mut Checker, cfg: &RunConfig) {
     }
 }
 
+/// `training.mode` against the named `variant` (a detected model is checked when the engine loads it).
+pub(crate) fn check_mode(c: &mut Checker, cfg: &RunConfig, variant: Option<&str>) {
+    let Some(v) = variant.and_then(crate::catalog::variant) else {
+        return;
+    };
+    if let Err(e) = v.start_image.training_mode(cfg.training.mode, v.name) {
+        let fix = match e {
+            TrainingModeError::NoStartImage { .. } => {
+                "remove training.mode or set it to \"text_to_video\""
+            }
+            TrainingModeError::NeedsStartImage { .. } => {
+                "remove training.mode or set it to \"image_to_video\""
+            }
+        };
+        c.problem("training.mode", e.to_string(), fix);
+    }
+}
+
 pub(crate) fn check_training(c: &mut Checker, cfg: &RunConfig) -> TrainingPlan {
     let t = &cfg.training;
     // max_train_epochs = 0 means "by steps", so an overlay can switch back from epochs.
@@ -147,6 +166,7 @@ pub(crate) fn check_training(c: &mut Checker, cfg: &RunConfig) -> TrainingPlan {
         );
     }
     TrainingPlan {
+        mode: t.mode,
         length,
         gradient_accumulation_steps: t.gradient_accumulation_steps,
         seed: t.seed,

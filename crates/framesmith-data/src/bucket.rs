@@ -1,5 +1,6 @@
 //! Aspect-ratio buckets exactly as musubi-tuner builds them for Wan: 16-pixel steps around the area of the
-//! configured resolution, nearest aspect ratio wins, and `bucket_no_upscale` keeps small items at their size.
+//! configured resolution, nearest aspect ratio wins, and `bucket_no_upscale` keeps small items at their size. The
+//! Wan2.2 VAE of TI2V-5B (16× in space, then 2×2 patches) needs 32-pixel steps ([`BucketSelector::with_step`]).
 
 use super::config::{DatasetKind, ResolvedDataset};
 
@@ -15,6 +16,7 @@ pub struct BucketSelector {
     resolution: Size,
     area: u64,
     step: u32,
+    enable_bucket: bool,
     no_upscale: bool,
     buckets: Vec<Size>,
     aspect_ratios: Vec<f64>,
@@ -44,6 +46,7 @@ impl BucketSelector {
             resolution,
             area,
             step,
+            enable_bucket,
             no_upscale: enable_bucket && no_upscale,
             buckets,
             aspect_ratios,
@@ -60,6 +63,30 @@ impl BucketSelector {
         }
     }
 
+    /// The same buckets at `step`-pixel steps (a multiple of 16: the VAE's stride times the DiT's patch). A
+    /// selector without bucketing keeps its one bucket, the resolution: check it is a multiple of `step` first.
+    pub fn with_step(self, step: u32) -> Self {
+        if step == self.step || step == 0 || !self.enable_bucket {
+            return Self { step, ..self };
+        }
+        let buckets = bucket_list(self.area, step);
+        let aspect_ratios = buckets
+            .iter()
+            .map(|&(w, h)| f64::from(w) / f64::from(h))
+            .collect();
+        Self {
+            step,
+            buckets,
+            aspect_ratios,
+            ..self
+        }
+    }
+
+    /// Whether items go to aspect-ratio buckets (else every item is resized to the resolution).
+    pub fn bucketed(&self) -> bool {
+        self.enable_bucket
+    }
+
     /// Every bucket, sorted by width then height.
     pub fn buckets(&self) -> &[Size] {
         &self.buckets
@@ -71,7 +98,7 @@ impl BucketSelector {
     }
 
     /// The bucket for an item of `size`: with `no_upscale`, an item no larger than the bucket area keeps its size
-    /// rounded down to 16 pixels; otherwise the bucket with the nearest aspect ratio (the first on a tie).
+    /// rounded down to the step (16 pixels); otherwise the bucket with the nearest aspect ratio (the first on a tie).
     pub fn bucket_for(&self, size: Size) -> Size {
         let (w, h) = size;
         if self.no_upscale && u64::from(w) * u64::from(h) <= self.area {
@@ -158,6 +185,28 @@ mod tests {
         assert_eq!(sel.buckets(), &[(960, 544)]);
         assert_eq!(sel.bucket_for((500, 300)), (960, 544));
         assert_eq!(sel.bucket_for((300, 900)), (960, 544));
+    }
+
+    #[test]
+    fn steps_of_32_give_buckets_the_wan22_vae_and_patches_divide() {
+        let sel = BucketSelector::new((1280, 704), true, false).with_step(32);
+        assert!(sel.bucketed());
+        assert!(sel
+            .buckets()
+            .iter()
+            .all(|&(w, h)| w % 32 == 0 && h % 32 == 0));
+        assert_eq!(sel.bucket_for((1280, 720)), (1280, 704));
+        assert_eq!(sel.bucket_for((720, 1280)), (704, 1280));
+        let small = BucketSelector::new((1280, 704), true, true).with_step(32);
+        assert_eq!(small.bucket_for((500, 300)), (480, 288));
+        let fixed = BucketSelector::new((848, 480), false, false).with_step(32);
+        assert!(!fixed.bucketed());
+        assert_eq!(fixed.bucket_for((1920, 1080)), (848, 480));
+        let tiny = BucketSelector::new((16, 16), true, false).with_step(32);
+        assert!(tiny
+            .buckets()
+            .iter()
+            .all(|&(w, h)| w % 32 == 0 && h % 32 == 0));
     }
 
     #[test]

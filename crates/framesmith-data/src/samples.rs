@@ -40,11 +40,18 @@ pub fn cache_dir(ds: &ResolvedDataset, media: &Path) -> PathBuf {
         .unwrap_or_default()
 }
 
-/// An image resized to its bucket (chosen with the dataset's `enable_bucket` / `bucket_no_upscale`).
-pub fn image_sample(ds: &ResolvedDataset, media: &Path) -> Result<Sample, ImageReadError> {
+/// An image resized to its bucket (chosen with the dataset's `enable_bucket` / `bucket_no_upscale`, sides in
+/// `step`-pixel steps: [`crate::bucket::WAN_BUCKET_STEP`], or 32 for the Wan2.2 VAE).
+pub fn image_sample(
+    ds: &ResolvedDataset,
+    media: &Path,
+    step: u32,
+) -> Result<Sample, ImageReadError> {
     let image = load_rgb(media)?;
     let original_size = image.dimensions();
-    let bucket = BucketSelector::for_latent_caching(ds).bucket_for(original_size);
+    let bucket = BucketSelector::for_latent_caching(ds)
+        .with_step(step)
+        .bucket_for(original_size);
     let stem = media_stem(media);
     let dir = cache_dir(ds, media);
     Ok(Sample {
@@ -59,12 +66,13 @@ pub fn image_sample(ds: &ResolvedDataset, media: &Path) -> Result<Sample, ImageR
 }
 
 /// Every clip musubi-tuner cuts from a video (file or folder of frames), decoded once, thinned to 16 fps when
-/// the dataset has `source_fps`, and resized to the bucket of the first frame's size. Non-video datasets give
-/// no clips.
+/// the dataset has `source_fps`, and resized to the bucket of the first frame's size (sides in `step`-pixel
+/// steps, as for [`image_sample`]). Non-video datasets give no clips.
 pub fn video_samples(
     ds: &ResolvedDataset,
     tools: Option<&MediaTools>,
     media: &Path,
+    step: u32,
 ) -> Result<Vec<Sample>, VideoProbeError> {
     let Some(params) = &ds.video else {
         return Ok(Vec::new());
@@ -84,7 +92,9 @@ pub fn video_samples(
     let original_size = decoded
         .first()
         .map_or((info.width, info.height), RgbImage::dimensions);
-    let bucket = BucketSelector::for_latent_caching(ds).bucket_for(original_size);
+    let bucket = BucketSelector::for_latent_caching(ds)
+        .with_step(step)
+        .bucket_for(original_size);
     let stem = media_stem(media);
     let dir = cache_dir(ds, media);
     let mut resized: Vec<Option<RgbImage>> = vec![None; decoded.len()];
@@ -120,6 +130,7 @@ pub fn video_samples(
 #[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::bucket::WAN_BUCKET_STEP;
     use crate::config::DatasetConfig;
 
     #[test]
@@ -136,7 +147,7 @@ mod tests {
                     resolution = [32, 32]\ntarget_frames = [5]\nframe_extraction = \"chunk\"\n";
         let parsed = DatasetConfig::parse(toml, Path::new("/x/d.toml")).unwrap();
         let ds = &parsed.config.resolve(dir.path())[0];
-        let samples = video_samples(ds, None, &frames).unwrap();
+        let samples = video_samples(ds, None, &frames, WAN_BUCKET_STEP).unwrap();
         // 12 frames → chunks at 0 and 5 (10..15 does not fit).
         assert_eq!(samples.len(), 2);
         let s = &samples[1];
@@ -171,7 +182,7 @@ mod tests {
                     enable_bucket = true\nbucket_no_upscale = true\n";
         let parsed = DatasetConfig::parse(toml, Path::new("/x/d.toml")).unwrap();
         let ds = &parsed.config.resolve(dir.path())[0];
-        let s = image_sample(ds, &path).unwrap();
+        let s = image_sample(ds, &path, WAN_BUCKET_STEP).unwrap();
         // 300x200 is under 256x256 in area, so no upscaling: kept at 288x192 (16-pixel multiples).
         assert_eq!(s.bucket, (288, 192));
         assert_eq!(s.frames[0].dimensions(), (288, 192));

@@ -45,8 +45,8 @@ pub fn block_tape_bytes(cfg: &WanConfig, batch: u64, rank: u64, shape: &StepShap
     let (d, f, h) = (cfg.dim as u64, cfg.ffn_dim as u64, cfg.num_heads as u64);
     let text = batch * cfg.text_len as u64;
     let (token_copies, context_copies) = if cfg.qk_norm { (12, 3) } else { (9, 2) };
-    let modulation = if super::working_set::per_token_time(cfg) {
-        per_token_modulation_bytes(cfg, l)
+    let modulation = if shape.per_token_time {
+        per_token_modulation_bytes(cfg, shape)
     } else {
         batch * 6 * d * 4
     };
@@ -241,6 +241,7 @@ mod tests {
             compute_bytes: 2,
             residual_bytes: 4,
             dequantised_weight_bytes: 0,
+            per_token_time: false,
         };
         let t2v = WanConfig::wan21_t2v_14b();
         let one = block_tape_bytes(&t2v, 1, 32, &shape(32_760));
@@ -254,12 +255,14 @@ mod tests {
             with_image - one,
             2 * 32_760 * d * 2 + 32_760 * h * 4 + 3 * ti * d * 2 + 2 * ti * 32 * 2
         );
-        // Wan 2.2 keeps its per-token modulation rows in every tape.
+        // A step with per-token timesteps (TI2V-5B's start frame) keeps its modulation rows in every tape.
         let ti2v = WanConfig::wan22_ti2v_5b();
-        let per_token = block_tape_bytes(&ti2v, 1, 32, &shape(1000));
-        let mut as21 = ti2v.clone();
-        as21.generation = framesmith_models::wan::Generation::Wan21;
-        let plain = block_tape_bytes(&as21, 1, 32, &shape(1000));
+        let per_token = StepShape {
+            per_token_time: true,
+            ..shape(1000)
+        };
+        let per_token = block_tape_bytes(&ti2v, 1, 32, &per_token);
+        let plain = block_tape_bytes(&ti2v, 1, 32, &shape(1000));
         assert_eq!(
             per_token - plain,
             1000 * 6 * ti2v.dim as u64 * 4 - 6 * ti2v.dim as u64 * 4

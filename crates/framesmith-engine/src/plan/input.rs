@@ -7,6 +7,7 @@ use super::machine;
 use super::working_set::WORKING_SET;
 use super::{LoraShape, PlanError, PlanInput, StreamingSetup};
 use crate::train::demo_setup::{demo_model_config, DEMO_FRAMES, DEMO_SIZE};
+use crate::train::mode::StartFrame;
 use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};
@@ -231,6 +232,8 @@ impl PlanInput {
         let base = BaseFormat::from_config(cfg.model.base_dtype, cfg.model.fp8_scale);
         let mem = &cfg.memory;
         Self {
+            start_frame: crate::train::mode::resolve(&model, cfg.training.mode, cfg.model.demo)
+                .is_ok_and(StartFrame::keeps_first_latent_frame),
             model,
             compute: base.compute_dtype(),
             base,

@@ -87,6 +87,11 @@ pub struct PlanInput {
     pub on_cpu: bool,
     /// Both Wan2.2 A14B experts in one run (`model.dit_low_noise`), and how they train.
     pub experts: Option<ExpertMode>,
+    /// The step keeps each clip's first latent frame as the start image at timestep 0 (`training.mode =
+    /// "image_to_video"` on TI2V-5B, the demo model), so its time modulation is per token. Otherwise it is one row
+    /// per sample, Wan 2.2 included: the model collapses timesteps equal across a sample's tokens (counting
+    /// per-token rows for a Wan 2.2 A14B expert planned 24.1 GiB for a step that peaked at 17.2 GiB).
+    pub start_frame: bool,
 }
 
 /// Why a configuration cannot be planned.
@@ -176,6 +181,7 @@ fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
                 BaseFormat::Fp8(_) => (cfg.dim * cfg.ffn_dim) as u64 * dtype_bytes(input.compute),
                 BaseFormat::Dense(_) => 0,
             },
+            per_token_time: input.start_frame,
         },
     })
 }

@@ -43,6 +43,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         optimizer_and_context: true,
         on_cpu: false,
         experts: None,
+        start_frame: false,
     }
 }
 
@@ -493,15 +494,59 @@ fn only_ti2v_steps_cost_per_token_time_modulation() {
         peak_vram_bytes(&a14b, 0).unwrap(),
         peak_vram_bytes(&wan21, 0).unwrap()
     );
-    // TI2V-5B conditions its first latent frame at timestep 0: e0 [L, 6, dim] f32 per token.
+    // TI2V-5B trained image-to-video conditions its first latent frame at timestep 0: e0 [L, 6, dim] f32 per
+    // token; trained text-to-video it has one row per sample.
     let ti2v = WanConfig::wan22_ti2v_5b();
-    let mut as_a14b = ti2v.clone();
-    as_a14b.model_type = ModelType::T2v;
-    assert_eq!(
-        per_token_modulation_bytes(&ti2v, 1000),
-        1000 * 6 * ti2v.dim as u64 * 4
-    );
-    assert_eq!(per_token_modulation_bytes(&as_a14b, 1000), 0);
+    let mut t2v = input(ti2v.clone(), BaseFormat::Dense(FloatDtype::Bf16));
+    t2v.clip = ClipShape {
+        width: 1280,
+        height: 704,
+        frames: 121,
+        batch: 1,
+    };
+    let i2v = PlanInput {
+        start_frame: true,
+        ..t2v.clone()
+    };
+    let (tokens, row) = (27_280u64, 6 * ti2v.dim as u64 * 4);
+    let more = peak_vram_bytes(&i2v, 0).unwrap() - peak_vram_bytes(&t2v, 0).unwrap();
+    assert!(more >= (tokens - 1) * row, "{more}");
+}
+
+/// TI2V-5B at its native 1280×704×121 (27,280 tokens), trained image-to-video with balanced-24gb's settings
+/// (FP8 blocks, saved inputs in RAM, "auto" streaming): it fits a 24 GiB card, and an 80 GiB one streams nothing.
+#[test]
+fn ti2v_5b_plans_at_its_native_size() {
+    use framesmith_config::presets::builtin;
+    use framesmith_config::run::TrainingMode;
+    use framesmith_config::RunConfig;
+    let planned = |budget_gb: f64| {
+        let mut cfg = builtin("balanced-24gb")
+            .unwrap()
+            .apply(&RunConfig::default())
+            .unwrap()
+            .config;
+        cfg.model.variant = "ti2v-5b".into();
+        cfg.training.mode = TrainingMode::ImageToVideo;
+        cfg.dataset.resolution = Some([1280, 704]);
+        cfg.dataset.target_frames = Some(vec![121]);
+        cfg.memory.vram_budget_gb = Some(budget_gb);
+        let model = model_for_config(&cfg).unwrap();
+        let (clip, _) = clip_for_config(&cfg);
+        let input = PlanInput::from_config(&cfg, model, clip);
+        assert!(
+            input.start_frame,
+            "image-to-video TI2V has per-token timesteps"
+        );
+        plan(&input).unwrap()
+    };
+    let card24 = planned(24.0);
+    println!("{card24}");
+    assert_eq!((card24.tokens, card24.num_blocks), (27_280, 30));
+    assert_eq!(card24.verdict, Verdict::Fits, "{card24}");
+    assert!(card24.blocks_chosen && card24.streamed_blocks < 30);
+    let card80 = planned(80.0);
+    assert_eq!((card80.verdict, card80.streamed_blocks), (Verdict::Fits, 0));
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! recompute + backward, modelled as counts of named tensor shapes. **Every calibration constant of the planner
 //! lives in this file.**
 
-use framesmith_models::wan::{ModelType, WanConfig};
+use framesmith_models::wan::WanConfig;
 
 /// Tensors alive at the peak of one block's recompute + backward (DESIGN.md §4.3), counted by shape. `L` is the
 /// step's token count (all samples), `dim` / `ffn_dim` / `heads` come from the model.
@@ -75,7 +75,7 @@ impl WorkingSet {
                 + l * d * shape.residual_bytes * self.tokens_dim_residual
                 + l * f * shape.compute_bytes * self.tokens_ffn_compute
                 + l * h * 4 * self.tokens_heads_f32
-                + self.per_token_modulation * per_token_modulation_bytes(cfg, l)
+                + self.per_token_modulation * per_token_modulation_bytes(cfg, shape)
                 + self.dequantised_weights * shape.dequantised_weight_bytes;
         let head = l * d * 4 * self.head_tokens_dim_f32;
         block.max(head)
@@ -133,21 +133,15 @@ pub struct StepShape {
     pub residual_bytes: u64,
     /// The largest block linear dequantised to the compute dtype (FP8 bases), else 0.
     pub dequantised_weight_bytes: u64,
+    /// The time modulation is per token ([`PlanInput::start_frame`](super::PlanInput::start_frame)).
+    pub per_token_time: bool,
 }
 
-/// Whether the training step's time modulation is per token. Wan 2.2 embeds the timestep per token, but the model
-/// collapses timesteps equal across a sample's tokens to one row, and training feeds different ones only where the
-/// first latent frame is the condition at timestep 0 (TI2V-5B): a Wan 2.2 A14B expert trains with one row per
-/// sample, like Wan 2.1 (counting per-token rows for it planned 24.1 GiB for a step that peaked at 17.2 GiB).
-pub fn per_token_time(cfg: &WanConfig) -> bool {
-    cfg.per_token_time() && cfg.model_type == ModelType::Ti2v
-}
-
-/// The per-token time modulation `e0` `[L, 6, dim]` in f32 where the step has one ([`per_token_time`]); 0 where
-/// `e0` is one row per sample.
-pub fn per_token_modulation_bytes(cfg: &WanConfig, tokens: u64) -> u64 {
-    if per_token_time(cfg) {
-        tokens * 6 * cfg.dim as u64 * 4
+/// The per-token time modulation `e0` `[L, 6, dim]` in f32 where the step has one (`shape.per_token_time`); 0
+/// where `e0` is one row per sample.
+pub fn per_token_modulation_bytes(cfg: &WanConfig, shape: &StepShape) -> u64 {
+    if shape.per_token_time {
+        shape.tokens * 6 * cfg.dim as u64 * 4
     } else {
         0
     }
@@ -161,8 +155,8 @@ pub fn shared_inputs(cfg: &WanConfig, batch: u64, shape: &StepShape) -> Vec<(&'s
     if cfg.has_clip() {
         context_tokens += cfg.clip_tokens as u64;
     }
-    let time = if per_token_time(cfg) {
-        per_token_modulation_bytes(cfg, shape.tokens)
+    let time = if shape.per_token_time {
+        per_token_modulation_bytes(cfg, shape)
     } else {
         batch * 6 * d * 4
     };

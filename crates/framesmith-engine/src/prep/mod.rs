@@ -139,7 +139,26 @@ pub struct LatentEncoder<'a> {
     pub image: ImageParts<'a>,
 }
 
+/// Side of the Wan DiTs' square spatial patches: bucket sides are multiples of the VAE's stride times this.
+const PATCH_SIDE: usize = 2;
+
 impl LatentEncoder<'_> {
+    /// Pixel multiple of every bucket side: the VAE's spatial stride × the DiT's patch (16 for the Wan2.1 VAE,
+    /// musubi-tuner's step; 32 for the Wan2.2 VAE of TI2V-5B).
+    pub fn bucket_step(&self) -> u32 {
+        (self.vae.config().spatial_factor() * PATCH_SIDE) as u32
+    }
+
+    /// Whether the cache at `path` is complete for this encoder: every part it writes, latents of its channels,
+    /// and sizes the DiT's patches divide (a cache made with the other VAE, or at 16-pixel steps for the Wan2.2
+    /// VAE, is made again).
+    fn cached(&self, path: &Path) -> bool {
+        header::complete_cache(path, self.image.key_prefixes()).is_some()
+            && framesmith_data::cache::read_latent_shape(path).is_ok_and(|[c, _, h, w]| {
+                c == self.vae.config().z_dim && h % PATCH_SIDE == 0 && w % PATCH_SIDE == 0
+            })
+    }
+
     /// Normalised latents `[C, F, H, W]` of bucket-sized RGB frames, on the CPU in `self.dtype`.
     pub fn encode_frames(&self, frames: &[RgbImage]) -> anyhow::Result<Tensor> {
         let video = frames_to_video(frames, &self.device)?.to_dtype(self.dtype)?;
@@ -350,6 +369,7 @@ pub fn cache_latents(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
+    check_resolutions(valid, encoder)?;
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
     let scans: Vec<DatasetScan> = valid
@@ -378,6 +398,37 @@ pub fn cache_latents(
         summary.removed = expected.remove_stale(&latent_suffix())?;
     }
     Ok(summary)
+}
+
+/// Refuses, before anything is encoded, datasets whose items all go to a resolution the encoder's bucket step does
+/// not divide (images without `enable_bucket`; videos are always bucketed), naming each with the nearest fix.
+fn check_resolutions(valid: &ValidConfig, encoder: &LatentEncoder) -> anyhow::Result<()> {
+    let step = encoder.bucket_step();
+    let bad: Vec<String> = valid
+        .all_datasets()
+        .filter(|ds| !framesmith_data::bucket::BucketSelector::for_latent_caching(ds).bucketed())
+        .filter(|ds| ds.resolution.0 % step != 0 || ds.resolution.1 % step != 0)
+        .map(|ds| {
+            let (w, h) = ds.resolution;
+            let fix = |v: u32| (v / step).max(1) * step;
+            format!(
+                "{} resolution [{w}, {h}] (use [{}, {}], or enable_bucket = true)",
+                ds.source.path().display(),
+                fix(w),
+                fix(h)
+            )
+        })
+        .collect();
+    if bad.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "this VAE ({} latent channels, {}x in space) with the DiT's {PATCH_SIDE}x{PATCH_SIDE} patches needs sides that \
+         are multiples of {step} pixels: {}",
+        encoder.vae.config().z_dim,
+        encoder.vae.config().spatial_factor(),
+        bad.join("; ")
+    )
 }
 
 /// The latent cache files of an item, from headers and a probe only (no decoding); `None` when the media
@@ -413,12 +464,6 @@ fn planned_caches(
     }
 }
 
-/// Whether a complete latent cache with the image-to-video `parts` is at `path` (a text-to-video cache is made
-/// again for an image-to-video model).
-fn cached(path: &Path, parts: ImageParts) -> bool {
-    header::complete_cache(path, parts.key_prefixes()).is_some()
-}
-
 /// Caches one image or video; returns what happened and the names of tensors that held NaN.
 fn cache_item(
     ds: &ResolvedDataset,
@@ -429,16 +474,18 @@ fn cache_item(
 ) -> anyhow::Result<(ItemOutcome, Vec<String>)> {
     if let Some(planned) = planned_caches(ds, tools, media) {
         planned.iter().for_each(|p| expected.file(p));
-        if !planned.is_empty() && planned.iter().all(|p| cached(p, encoder.image)) {
+        if !planned.is_empty() && planned.iter().all(|p| encoder.cached(p)) {
             return Ok((ItemOutcome::Skipped, Vec::new()));
         }
     }
     // A file that does not decode is the item's failure; anything later (the VAE, the disk) stops the run.
     let decoded = match ds.kind() {
-        DatasetKind::Image => image_sample(ds, media)
+        DatasetKind::Image => image_sample(ds, media, encoder.bucket_step())
             .map(|s| vec![s])
             .map_err(|e| e.reason()),
-        DatasetKind::Video => video_samples(ds, tools, media).map_err(|e| e.reason()),
+        DatasetKind::Video => {
+            video_samples(ds, tools, media, encoder.bucket_step()).map_err(|e| e.reason())
+        }
     };
     let samples: Vec<Sample> = match decoded {
         Ok(samples) if !samples.is_empty() => samples,
@@ -453,7 +500,7 @@ fn cache_item(
     let (mut written, mut nan_keys) = (0, Vec::new());
     for sample in &samples {
         expected.file(&sample.latent_cache);
-        if cached(&sample.latent_cache, encoder.image) {
+        if encoder.cached(&sample.latent_cache) {
             continue;
         }
         let cache = encoder.encode_cache(&sample.frames)?;

@@ -450,3 +450,75 @@ fn training_on_framesmith_caches_equals_musubi_format_caches() -> anyhow::Result
     assert_eq!(a, losses(&musubi, "run_musubi")?);
     Ok(())
 }
+
+/// The Wan2.2 VAE of TI2V-5B (16× in space, then 2×2 patches): 48-channel latents of buckets in 32-pixel steps, a
+/// Wan2.1-VAE cache under the same name made again, and a fixed resolution the patches cannot divide refused
+/// before anything is encoded.
+#[test]
+fn wan22_vae_caches_48_channels_in_32_pixel_buckets() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let m = models(dir.path())?;
+    let vae = load_vae_auto(&fixture("wan22_vae_tiny"), DType::F32, &Device::Cpu)?;
+    let stats = LatentStats::official(VaeVariant::Wan22, &Device::Cpu)?;
+    let wan22 = LatentEncoder {
+        vae: &vae,
+        stats: &stats,
+        ..encoder(&m)
+    };
+    assert_eq!((encoder(&m).bucket_step(), wan22.bucket_step()), (16, 32));
+    let toml = image_dataset(dir.path(), "cache")?;
+    let valid = load_valid(&toml)?;
+    // A Wan2.1-VAE cache first: the Wan2.2 VAE makes it again rather than keeping it.
+    let first = cache_latents(&valid, None, &encoder(&m), &Default::default(), &mut ())?;
+    assert_eq!(first.written, 2, "{first}");
+    let summary = cache_latents(&valid, None, &wan22, &Default::default(), &mut ())?;
+    assert_eq!((summary.written, summary.skipped), (2, 0), "{summary}");
+    let red = dir.path().join("cache/red_0040x0030_wan.safetensors");
+    let (latent, _) = read_wan_latent_cache(&red, &Device::Cpu)?;
+    assert_eq!(latent.latents.dims(), &[48, 1, 2, 2]);
+    let again = cache_latents(&valid, None, &wan22, &Default::default(), &mut ())?;
+    assert_eq!((again.written, again.skipped), (0, 2), "{again}");
+
+    // Bucketed: every bucket side a multiple of 32 (48×48's area gives only 32×64 and 64×32).
+    let text = std::fs::read_to_string(&toml)?
+        .replace("[32, 32]", "[48, 48]")
+        .replace("enable_bucket = false", "enable_bucket = true")
+        .replace("\"cache\"", "\"bucketed\"");
+    std::fs::write(&toml, &text)?;
+    let bucketed = cache_latents(
+        &load_valid(&toml)?,
+        None,
+        &wan22,
+        &Default::default(),
+        &mut (),
+    )?;
+    assert_eq!(bucketed.written, 2, "{bucketed}");
+    let red = dir.path().join("bucketed/red_0040x0030_wan.safetensors");
+    let (latent, _) = read_wan_latent_cache(&red, &Device::Cpu)?;
+    assert_eq!(
+        latent.latents.dims(),
+        &[48, 1, 2, 4],
+        "64x32: nearest to 4:3"
+    );
+
+    // Unbucketed at a size the 32-pixel step does not divide: refused with the fix, nothing written.
+    std::fs::write(
+        &toml,
+        text.replace("enable_bucket = true", "enable_bucket = false"),
+    )?;
+    let err = cache_latents(
+        &load_valid(&toml)?,
+        None,
+        &wan22,
+        &Default::default(),
+        &mut (),
+    )
+    .err()
+    .map(|e| format!("{e:#}"))
+    .unwrap_or_default();
+    assert!(
+        err.contains("multiples of 32 pixels") && err.contains("use [32, 32]"),
+        "{err}"
+    );
+    Ok(())
+}

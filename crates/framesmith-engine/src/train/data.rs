@@ -7,6 +7,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Result, Tensor};
 use framesmith_data::cache::WanLatentCache;
+use framesmith_models::wan::vae::VaeVariant;
 use framesmith_models::wan::{ModelType, WanConfig};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -152,6 +153,26 @@ pub fn image_inputs(
     Ok((Some(y), clip))
 }
 
+/// Refuses latents whose height or width the DiT's patches do not divide (a clip cached at a size that is not a
+/// multiple of the VAE's stride × the patch: 16 pixels for the Wan2.1 VAE, 32 for the Wan2.2 VAE of TI2V-5B).
+fn check_patches(latents: &Tensor, cfg: &WanConfig, file: &str, path: &Path) -> anyhow::Result<()> {
+    let (_, _, h, w) = latents.dims4()?;
+    let [_, ph, pw] = cfg.patch_size;
+    if h % ph.max(1) == 0 && w % pw.max(1) == 0 {
+        return Ok(());
+    }
+    let (stride, _) = crate::plan::latent_factors(cfg);
+    let step = stride * ph.max(pw);
+    anyhow::bail!(
+        "{file} has latents of {h}x{w} (height x width), which the model's {ph}x{pw} patches do not divide: the clip \
+         was cached at {}x{} pixels, not a multiple of {step}. Set the dataset's resolution to multiples of {step} \
+         and cache it again: {}",
+        w * stride,
+        h * stride,
+        path.display()
+    )
+}
+
 /// The model files a run names, for the `framesmith cache` commands its messages suggest.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CacheModels<'a> {
@@ -173,10 +194,14 @@ impl CacheModels<'_> {
     /// image-to-video model `cfg` it names the DiT (or `--i2v`) and, for Wan2.1 I2V, the CLIP image encoder, so
     /// the caches get the first-frame conditioning the model needs.
     pub fn latents_command(&self, dataset_toml: &Path, cfg: &WanConfig) -> String {
+        let vae_hint = match crate::plan::vae_for(cfg).variant {
+            VaeVariant::Wan22 => "<Wan2.2_VAE.pth>",
+            VaeVariant::Wan21 => "<Wan2.1_VAE.pth>",
+        };
         let mut command = format!(
             "framesmith cache latents --dataset {} --vae {}",
             shell_word(dataset_toml),
-            self.vae.map_or("<Wan2.1_VAE.pth>".into(), shell_word)
+            self.vae.map_or(vae_hint.into(), shell_word)
         );
         if cfg.model_type == ModelType::I2v {
             match self.dit {
@@ -347,6 +372,7 @@ impl CachePlace<'_> {
                     latent_path.display()
                 );
             }
+            check_patches(&latent.latents, cfg, &file, &latent_path)?;
             let width = text.t5.dim(1)?;
             if width != cfg.text_dim {
                 anyhow::bail!(

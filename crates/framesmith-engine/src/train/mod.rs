@@ -6,6 +6,7 @@ pub mod data;
 pub mod demo_setup;
 pub mod engine;
 pub mod experts;
+pub mod mode;
 pub mod optimizer;
 pub mod outputs;
 pub mod sample_models;
@@ -33,5 +34,7 @@ mod step_testkit;
 mod streaming_tests;
 #[cfg(test)]
 mod tests;
+#[cfg(test)]
+mod ti2v_tests;
 #[cfg(test)]
 mod validation_tests;

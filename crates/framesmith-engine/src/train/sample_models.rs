@@ -2,7 +2,8 @@
 //! (with the tokenizer beside or inside its weights) before the DiT is loaded, and the encoder is dropped right
 //! after, so its memory is free again when training starts; clips are decoded by the Wan VAE. Image-to-video
 //! models start each clip from the prompt's image (`--i`), conditioned as `framesmith generate --image` does
-//! (its CLIP features, for Wan2.1 I2V, also computed before the DiT loads).
+//! (its CLIP features, for Wan2.1 I2V, also computed before the DiT loads); TI2V-5B starts from it when a prompt
+//! gives one and samples text-to-video otherwise, whichever `training.mode` trains.
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
@@ -12,8 +13,12 @@ use crate::generate::pipeline::{
     fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
 };
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
-use crate::generate::start_image::{clip_features, image_channels, load_start_image};
+use crate::generate::start_image::{
+    clip_features, image_channels, image_conditioning, load_start_image,
+};
+use crate::train::mode::start_image;
 use crate::train::samples::{Decoder, SamplePrompt};
+use framesmith_config::catalog::StartImage;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
@@ -53,16 +58,16 @@ pub fn encode_sample_prompts(
     };
     let specs = read_prompt_file(&sampling.prompts)?;
     let cfg = dit_config(plan);
-    let i2v = cfg.as_ref().is_some_and(|c| c.model_type == ModelType::I2v);
+    let takes_image = cfg.as_ref().map(start_image);
     for spec in &specs {
-        match (&spec.image, i2v) {
-            (Some(image), false) => anyhow::bail!(
-                "sample prompt \"{}\": start images (--i) in training samples are read by the demo model and by \
-                 image-to-video models only; remove --i, or make the clip with `framesmith generate --image`: {}",
+        match (&spec.image, takes_image) {
+            (Some(image), Some(StartImage::Never)) => anyhow::bail!(
+                "sample prompt \"{}\": start images (--i) in training samples are read by the demo model, TI2V-5B \
+                 and image-to-video models only; remove --i, or make the clip with `framesmith generate --image`: {}",
                 spec.prompt,
                 image.display()
             ),
-            (None, true) => anyhow::bail!(
+            (None, Some(StartImage::Always)) => anyhow::bail!(
                 "sample prompt \"{}\": this image-to-video model starts every clip from an image; add --i with a \
                  start image (PNG, JPEG, WebP or BMP) to the line in {}",
                 spec.prompt,
@@ -133,7 +138,7 @@ fn clip_features_of(
     let features = specs
         .iter()
         .map(|spec| {
-            let image = start_image(spec)?;
+            let image = load_image(spec)?;
             clip_features(&clip, &image, (spec.width, spec.height), device)
                 .with_context(|| format!("sample prompt \"{}\"", spec.prompt))
         })
@@ -146,7 +151,7 @@ fn clip_features_of(
 }
 
 /// The start image of an image-to-video sample prompt.
-fn start_image(spec: &PromptSpec) -> anyhow::Result<image::RgbImage> {
+fn load_image(spec: &PromptSpec) -> anyhow::Result<image::RgbImage> {
     let path = spec
         .image
         .as_ref()
@@ -206,12 +211,17 @@ fn sample_prompt(
     };
     let latent_shape = latent_shape(cfg, decoder.vae.config(), &settings)
         .with_context(|| format!("sample prompt \"{}\"", spec.prompt))?;
-    let image = match cfg.model_type {
-        ModelType::I2v => {
-            let y = image_channels(cfg, &start_image(&spec)?, decoder, &settings)
+    let image = match (cfg.model_type, &spec.image) {
+        (ModelType::I2v, _) => {
+            let y = image_channels(cfg, &load_image(&spec)?, decoder, &settings)
                 .with_context(|| format!("the start image of the sample \"{}\"", spec.prompt))?;
             Some(ImageConditioning::Channels { y, clip })
         }
+        // TI2V-5B: with --i the image's latent is the first latent frame (`WanTI2V.i2v`), else text-to-video.
+        (ModelType::Ti2v, Some(_)) => Some(
+            image_conditioning(cfg, &load_image(&spec)?, decoder, None, &settings)
+                .with_context(|| format!("the start image of the sample \"{}\"", spec.prompt))?,
+        ),
         _ => None,
     };
     Ok(SamplePrompt {

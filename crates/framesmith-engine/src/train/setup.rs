@@ -14,6 +14,7 @@ use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::demo_setup::demo_sample_prompts;
 use crate::train::experts::{check_pair, LowNoiseExpert};
+use crate::train::mode::{self, StartFrame};
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
@@ -310,8 +311,12 @@ pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To f
     or lower dataset.resolution / target_frames; `framesmith plan --config \
     run.toml` shows where the memory goes.";
 
-/// The training items and the batch size.
-fn lora_metadata(plan: &RunPlan, base_name: &str) -> HashMap<String, String> {
+/// The LoRA file's metadata: musubi-tuner's `ss_*` keys, modelspec, and the numerics and mode of the run.
+fn lora_metadata(
+    plan: &RunPlan,
+    base_name: &str,
+    start_frame: StartFrame,
+) -> HashMap<String, String> {
     let m = &plan.model;
     let mut meta = HashMap::new();
     let mut put = |k: &str, v: String| {
@@ -363,7 +368,14 @@ fn lora_metadata(plan: &RunPlan, base_name: &str) -> HashMap<String, String> {
             .map_or("none".into(), |s| format!("{s:?}").to_lowercase()),
     );
     put("framesmith.model_timestep", "t*1000+1".into());
-    put("framesmith.time_embedding", "per_sample".into());
+    // Per token only where the timesteps differ between tokens (the start frame's are 0).
+    let (mode, time) = match start_frame {
+        StartFrame::None => ("text_to_video", "per_sample"),
+        StartFrame::Channels => ("image_to_video", "per_sample"),
+        StartFrame::FirstLatentFrame => ("image_to_video", "per_token"),
+    };
+    put("framesmith.training_mode", mode.into());
+    put("framesmith.time_embedding", time.into());
     meta
 }
 
@@ -455,6 +467,11 @@ impl Trainer {
         let memory = memory_report(plan, &device);
         let out_of_memory_advice =
             out_of_memory_advice(memory.as_ref().and_then(|m| m.as_ref().ok()));
+        let demo = plan.model.source == ModelSource::Demo;
+        // A mode the model cannot train in fails before anything loads (the header tells the model).
+        if let Ok(cfg) = memory_plan::model_for_config(&plan.config) {
+            mode::resolve(&cfg, plan.training.mode, demo)?;
+        }
         let vram_reservation = reserve_budget(plan, &device)?;
         // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
         let encoded =
@@ -483,6 +500,8 @@ impl Trainer {
         }
         log_streaming(&model, log);
         let cfg = model.config().clone();
+        let start_frame = mode::resolve(&cfg, plan.training.mode, demo)?;
+        log(LogLevel::Info, start_frame.log_line().into());
         let run_data = load_run_data(plan, &cfg, &device, log)?;
         let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
         let spec = LoraSpec {
@@ -533,7 +552,7 @@ impl Trainer {
         let mut outputs = Outputs::create(
             &plan.output.output_dir,
             &plan.output.output_name,
-            lora_metadata(plan, &base_name),
+            lora_metadata(plan, &base_name, start_frame),
         );
         outputs.every_n_steps = plan.output.save_every_n_steps;
         outputs.every_n_epochs = plan.output.save_every_n_epochs;
@@ -557,7 +576,7 @@ impl Trainer {
             consecutive_nonfinite: 0,
             saved_inputs: saved_inputs_for(plan, &device),
             checkpointing: plan.memory.checkpointing,
-            start_frame: plan.model.source == ModelSource::Demo,
+            start_frame,
             out_of_memory_advice,
             planned_vram_bytes: memory
                 .as_ref()

@@ -150,11 +150,22 @@ fn the_configs_staging_default_is_the_streamers() {
 }
 
 #[test]
-fn every_catalogued_variant_is_a_wan_model_with_its_block_count() {
+fn every_catalogued_variant_is_a_wan_model_with_its_blocks_start_image_and_pixel_step() {
     let named = WanConfig::named_variants();
     assert_eq!(named.len(), framesmith_config::catalog::VARIANTS.len());
     for (name, cfg) in named {
         let listed = framesmith_config::catalog::variant(name);
         assert_eq!(listed.map(|v| v.blocks), Some(cfg.num_layers), "{name}");
+        assert_eq!(
+            listed.map(|v| v.start_image),
+            Some(crate::train::mode::start_image(&cfg)),
+            "{name}"
+        );
+        let (spatial, _) = crate::plan::latent_factors(&cfg);
+        assert_eq!(
+            listed.map(|v| v.pixel_step),
+            Some(spatial * cfg.patch_size[1]),
+            "{name}"
+        );
     }
 }

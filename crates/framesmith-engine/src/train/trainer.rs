@@ -2,8 +2,8 @@
 //! step counter — advanced one optimizer step at a time by the engine thread. Flow matching as musubi-tuner does
 //! it: noisy = (1 − t)·latents + t·noise, target = noise − latents, the loss in f32. Each micro-step's noise and
 //! timesteps come from an RNG seeded by (seed, micro-step), so a resumed run draws exactly what the
-//! uninterrupted run would have. Image-to-video training (the demo model) keeps each clip's first latent frame
-//! clean, denoised at timestep 0 and left out of the loss, as Wan2.2 TI2V conditions on a start image.
+//! uninterrupted run would have. Image-to-video training of TI2V-5B (and the demo model) keeps each clip's first
+//! latent frame clean, denoised at timestep 0 and left out of the loss, as Wan2.2 TI2V conditions on a start image.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -14,6 +14,7 @@ use rand::SeedableRng;
 
 use crate::generate::denoise::{first_frame_row, with_first_frame};
 use crate::train::data::{image_inputs, TrainItem, TrainSet};
+use crate::train::mode::StartFrame;
 use crate::train::optimizer::{AdamW, StepOutcome};
 use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOptions, StepOutput};
 use crate::train::timesteps::{
@@ -64,8 +65,8 @@ pub struct Trainer {
     pub(super) saved_inputs: SavedPlacement,
     /// What the step keeps from each block's forward (`memory.checkpointing`); acts on every device.
     pub(super) checkpointing: Checkpointing,
-    /// Each clip's first latent frame is the given start frame (image-to-video training).
-    pub(super) start_frame: bool,
+    /// How the step conditions on a start image (`training.mode` on this model).
+    pub(super) start_frame: StartFrame,
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
     /// The memory planner's predicted peak VRAM for this run (CUDA runs with a plan).
@@ -202,7 +203,7 @@ impl Trainer {
     ) -> anyhow::Result<FlowBatch> {
         let (_, frames, _, _) = batch[0].latents.dims4()?;
         // A single-frame item (an image) has no frames after a start frame: it trains as text-to-image.
-        let start_frame = self.start_frame && frames > 1;
+        let start_frame = self.start_frame.keeps_first_latent_frame() && frames > 1;
         let mut noisy = Vec::with_capacity(batch.len());
         let mut targets = Vec::with_capacity(batch.len());
         let mut rows = Vec::with_capacity(batch.len());
