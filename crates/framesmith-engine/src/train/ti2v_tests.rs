@@ -234,7 +234,7 @@ fn ti2v_runs_resume_bit_identically_in_either_mode() -> anyhow::Result<()> {
     let mut first = start(&i2v_b, None)?;
     let mut resumed = losses(&mut first, 2)?;
     let saved = first.save(false)?;
-    let meta = framesmith_nn::lora_file::LoraFile::load(&saved.lora, &Device::Cpu)?.metadata;
+    let meta = framesmith_nn::lora_file::LoraFile::load(&saved.loras[0], &Device::Cpu)?.metadata;
     assert_eq!(
         meta.get("framesmith.training_mode").map(String::as_str),
         Some("image_to_video")
