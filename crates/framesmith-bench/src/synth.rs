@@ -163,7 +163,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
 /// the Wan2.1 VAE, 16× for the Wan2.2 VAE of TI2V-5B), or why the clip size does not fit the model.
 pub fn latent_shape(spec: &SynthProject) -> anyhow::Result<[usize; 4]> {
     let [_, p1, p2] = spec.cfg.patch_size;
-    let (s, _) = framesmith_engine::plan::latent_factors(&spec.cfg);
+    let s = framesmith_engine::plan::vae_for(&spec.cfg).spatial_factor();
     let (step_h, step_w) = (s * p1, s * p2);
     if spec.frames == 0 || (spec.frames - 1) % 4 != 0 {
         bail!(
