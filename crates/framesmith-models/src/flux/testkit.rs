@@ -73,9 +73,8 @@ pub fn assert_close(
         ref2 += b * b;
     }
     let rel = (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
-    eprintln!("{name}: max abs error {max_abs:.3e}, relative {rel:.3e}");
     if let Some(worst) = worst {
-        anyhow::bail!("{name}: {worst}");
+        anyhow::bail!("{name}: {worst} (max abs error {max_abs:.3e}, relative {rel:.3e})");
     }
     Ok(max_abs)
 }
