@@ -4,13 +4,13 @@
 use candle_core::{Device, Result, Tensor};
 
 use crate::train::i2v_tests::tiny_i2v;
-use crate::train::step::{
-    checkpointed_step, whole_graph_step, BlockBackward, LossTarget, StepOptions,
+use crate::train::step::LossTarget;
+use crate::train::step_testkit::{
+    check_every_backward_equals_whole_graph, check_lora_gradients_by_finite_differences,
+    random_targets,
 };
-use crate::train::step_testkit::{check_lora_gradients_by_finite_differences, random_targets};
 use framesmith_models::wan::random::random_inputs;
 use framesmith_models::wan::WanInputs;
-use framesmith_nn::testing::rel;
 
 /// Random I2V inputs (two samples of different sizes, `y` and CLIP features) and random targets.
 fn batch(cfg: &framesmith_models::wan::WanConfig) -> Result<(WanInputs, Vec<Tensor>)> {
@@ -30,27 +30,7 @@ fn i2v_checkpointed_step_equals_whole_graph_backward() -> Result<()> {
         weights: Some(&weights),
         skip_frames: 0,
     };
-    let full = whole_graph_step(&model, &inputs, &target, &vars)?;
-    for (backward, keep_attention, keep_tapes) in [
-        (BlockBackward::Autograd, false, false),
-        (BlockBackward::Manual, false, false),
-        (BlockBackward::Manual, true, false),
-        (BlockBackward::Manual, false, true),
-    ] {
-        let options = StepOptions {
-            backward,
-            keep_attention,
-            keep_tapes,
-            ..Default::default()
-        };
-        let ckpt = checkpointed_step(&model, &inputs, &target, &vars, &options)?;
-        assert!((ckpt.loss - full.loss).abs() <= 1e-6 * full.loss.abs());
-        for (a, b) in ckpt.grads.iter().zip(&full.grads) {
-            let r = rel(a, b)?;
-            assert!(r <= 1e-5, "{backward:?}: LoRA gradient differs: rel {r}");
-            assert!(b.abs()?.sum_all()?.to_scalar::<f32>()? > 0.0);
-        }
-    }
+    check_every_backward_equals_whole_graph(&model, &inputs, &target, &vars)?;
     Ok(())
 }
 

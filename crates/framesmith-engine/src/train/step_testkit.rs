@@ -4,10 +4,13 @@
 use candle_core::{DType, Result, Tensor, Var};
 use rand::{rngs::StdRng, SeedableRng};
 
-use crate::train::step::{checkpointed_step, flow_loss, LossTarget, StepOptions};
+use crate::train::step::{
+    checkpointed_step, flow_loss, whole_graph_step, BlockBackward, LossTarget, StepOptions,
+};
 use framesmith_models::wan::{WanInputs, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::Lora;
+use framesmith_nn::testing::rel;
 
 /// A rank-4 LoRA (alpha 4, factors drawn from N(0, 0.1²) seeded by `seed`) on every linear of `model`; returns its
 /// `Var`s, down then up for each linear, in the model's order.
@@ -88,5 +91,37 @@ pub fn check_lora_gradients_by_finite_differences(
         err < 2e-2,
         "finite differences {numeric} vs analytic {analytic} (rel {err})"
     );
+    Ok(())
+}
+
+/// The checkpointed step with every backward (autograd, hand-written, keeping attention, keeping tapes) gives the
+/// whole-graph backward's loss (1e-6 relative) and LoRA gradients (1e-5 relative), none of them zero.
+pub fn check_every_backward_equals_whole_graph(
+    model: &WanModel,
+    inputs: &WanInputs,
+    target: &LossTarget,
+    vars: &[Var],
+) -> Result<()> {
+    let full = whole_graph_step(model, inputs, target, vars)?;
+    for (backward, keep_attention, keep_tapes) in [
+        (BlockBackward::Autograd, false, false),
+        (BlockBackward::Manual, false, false),
+        (BlockBackward::Manual, true, false),
+        (BlockBackward::Manual, false, true),
+    ] {
+        let options = StepOptions {
+            backward,
+            keep_attention,
+            keep_tapes,
+            ..Default::default()
+        };
+        let ckpt = checkpointed_step(model, inputs, target, vars, &options)?;
+        assert!((ckpt.loss - full.loss).abs() <= 1e-6 * full.loss.abs());
+        for (a, b) in ckpt.grads.iter().zip(&full.grads) {
+            let r = rel(a, b)?;
+            assert!(r <= 1e-5, "{backward:?}: LoRA gradient differs: rel {r}");
+            assert!(b.abs()?.sum_all()?.to_scalar::<f32>()? > 0.0);
+        }
+    }
     Ok(())
 }
