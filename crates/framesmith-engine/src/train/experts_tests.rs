@@ -7,8 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device};
 
 use crate::train::i2v_tests::{dataset, write_musubi_caches, MusubiItem};
-use crate::train::trainer::Trainer;
-use framesmith_config::protocol::StartRun;
+use crate::train::tests::{all_lora_values, try_start};
 use framesmith_config::run::{Checkpointing, ExpertMode};
 use framesmith_config::{presets, RunConfig};
 use framesmith_models::wan::random::random_weights;
@@ -58,33 +57,10 @@ fn config(dir: &Path, mode: ExpertMode, steps: usize) -> anyhow::Result<RunConfi
     Ok(config)
 }
 
-fn start(config: &RunConfig, resume_from: Option<&Path>) -> anyhow::Result<Trainer> {
-    let request = StartRun {
-        config: config.clone(),
-        resume_from: resume_from.map(Path::to_path_buf),
-    };
-    Trainer::start(&request, &mut |_, _| {})
-}
-
-/// Every LoRA value of the run: the shared one, or both of a split run.
-fn lora_values(trainer: &Trainer) -> anyhow::Result<Vec<Vec<f32>>> {
-    let mut sets = vec![trainer.loras()];
-    if let Some((low, _)) = trainer.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
-        sets.push(low);
-    }
-    let mut out = Vec::new();
-    for set in sets {
-        for v in set.vars() {
-            out.push(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
-        }
-    }
-    Ok(out)
-}
-
 fn resumes_bit_identically(mode: ExpertMode) -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let config_a = config(&dir.path().join("a"), mode, 6)?;
-    let mut straight = start(&config_a, None)?;
+    let mut straight = try_start(&config_a, None)?;
     let mut losses = Vec::new();
     while straight.step() < 6 {
         losses.push(straight.train_step(&|| false)?.loss);
@@ -96,20 +72,20 @@ fn resumes_bit_identically(mode: ExpertMode) -> anyhow::Result<()> {
     );
 
     let config_b = config(&dir.path().join("b"), mode, 6)?;
-    let mut first = start(&config_b, None)?;
+    let mut first = try_start(&config_b, None)?;
     let mut resumed = Vec::new();
     while first.step() < 3 {
         resumed.push(first.train_step(&|| false)?.loss);
     }
     let saved = first.save(false)?;
     drop(first);
-    let mut second = start(&config_b, Some(&dir.path().join("b").join("run")))?;
+    let mut second = try_start(&config_b, Some(&dir.path().join("b").join("run")))?;
     assert_eq!(second.step(), 3);
     while second.step() < 6 {
         resumed.push(second.train_step(&|| false)?.loss);
     }
     assert_eq!(losses, resumed);
-    assert_eq!(lora_values(&straight)?, lora_values(&second)?);
+    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
     match mode {
         ExpertMode::Joint => assert_eq!(saved.loras.len(), 1),
         ExpertMode::Split => {
@@ -142,7 +118,7 @@ fn a_split_run_on_both_experts_resumes_bit_identically() -> anyhow::Result<()> {
 #[test]
 fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let mut trainer = start(&config(dir.path(), ExpertMode::Joint, 4)?, None)?;
+    let mut trainer = try_start(&config(dir.path(), ExpertMode::Joint, 4)?, None)?;
     for _ in 0..4 {
         let report = trainer.train_step(&|| false)?;
         let low = trainer.low_noise.as_ref().expect("two experts");
@@ -178,7 +154,7 @@ fn experts_in_the_wrong_keys_are_refused_with_the_fix() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let mut config = config(dir.path(), ExpertMode::Joint, 2)?;
     std::mem::swap(&mut config.model.dit, &mut config.model.dit_low_noise);
-    let err = format!("{:#}", start(&config, None).err().expect("refused"));
+    let err = format!("{:#}", try_start(&config, None).err().expect("refused"));
     assert!(err.contains("swap them"), "{err}");
     Ok(())
 }

@@ -20,26 +20,36 @@ pub(super) fn demo_config(dir: &Path, steps: usize) -> RunConfig {
     config
 }
 
-pub(super) fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
+/// Starts (or resumes) a run of `config`.
+pub(super) fn try_start(config: &RunConfig, resume_from: Option<&Path>) -> anyhow::Result<Trainer> {
     let request = StartRun {
         config: config.clone(),
         resume_from: resume_from.map(Path::to_path_buf),
     };
-    Trainer::start(&request, &mut |_, _| {}).expect("trainer starts")
+    Trainer::start(&request, &mut |_, _| {})
+}
+
+pub(super) fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
+    try_start(config, resume_from).expect("trainer starts")
+}
+
+/// Every LoRA value of a run, factor by factor: its one (or joint) LoRA, then a split run's low-noise one.
+pub(super) fn all_lora_values(trainer: &Trainer) -> anyhow::Result<Vec<Vec<f32>>> {
+    let mut sets = vec![trainer.loras()];
+    if let Some((low, _)) = trainer.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+        sets.push(low);
+    }
+    let mut out = Vec::new();
+    for set in sets {
+        for v in set.vars() {
+            out.push(v.as_tensor().flatten_all()?.to_vec1::<f32>()?);
+        }
+    }
+    Ok(out)
 }
 
 fn lora_values(trainer: &Trainer) -> Vec<Vec<f32>> {
-    trainer
-        .loras()
-        .vars()
-        .iter()
-        .map(|v| {
-            v.as_tensor()
-                .flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .expect("f32 LoRA")
-        })
-        .collect()
+    all_lora_values(trainer).expect("f32 LoRA")
 }
 
 #[test]

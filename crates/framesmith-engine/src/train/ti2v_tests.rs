@@ -15,8 +15,8 @@ use crate::train::step_testkit::{
     attach_random_loras, check_every_backward_equals_whole_graph,
     check_lora_gradients_by_finite_differences, random_targets,
 };
+use crate::train::tests::{all_lora_values, try_start};
 use crate::train::trainer::Trainer;
-use framesmith_config::protocol::StartRun;
 use framesmith_config::run::TrainingMode;
 use framesmith_config::{presets, RunConfig};
 use framesmith_data::cache::{
@@ -170,24 +170,6 @@ fn ti2v_config(out: &Path, toml: &Path, mode: TrainingMode) -> anyhow::Result<Ru
     Ok(config)
 }
 
-fn start(config: &RunConfig, resume_from: Option<&Path>) -> anyhow::Result<Trainer> {
-    let request = StartRun {
-        config: config.clone(),
-        resume_from: resume_from.map(Path::to_path_buf),
-    };
-    Trainer::start(&request, &mut |_, _| {})
-}
-
-fn lora_values(trainer: &Trainer) -> anyhow::Result<Vec<Vec<f32>>> {
-    let mut values = Vec::new();
-    for (_, lora) in trainer.loras().iter() {
-        for t in [lora.down.as_tensor(), lora.up.as_tensor()] {
-            values.push(t.flatten_all()?.to_vec1::<f32>()?);
-        }
-    }
-    Ok(values)
-}
-
 /// Four steps straight, and two steps, a save, a fresh process's resume and two more: the same losses and LoRA,
 /// in image-to-video mode (and text-to-video trains something else on the same data and seed).
 #[test]
@@ -202,7 +184,7 @@ fn ti2v_runs_resume_bit_identically_in_either_mode() -> anyhow::Result<()> {
         Ok(out)
     };
     let i2v = ti2v_config(&dir.path().join("a"), &toml, TrainingMode::ImageToVideo)?;
-    let mut straight = start(&i2v, None)?;
+    let mut straight = try_start(&i2v, None)?;
     let expected = losses(&mut straight, 4)?;
     assert!(
         expected.iter().all(|l| l.is_some_and(f64::is_finite)),
@@ -210,7 +192,7 @@ fn ti2v_runs_resume_bit_identically_in_either_mode() -> anyhow::Result<()> {
     );
 
     let i2v_b = ti2v_config(&dir.path().join("b"), &toml, TrainingMode::ImageToVideo)?;
-    let mut first = start(&i2v_b, None)?;
+    let mut first = try_start(&i2v_b, None)?;
     let mut resumed = losses(&mut first, 2)?;
     let saved = first.save(false)?;
     let meta = framesmith_nn::lora_file::LoraFile::load(&saved.loras[0], &Device::Cpu)?.metadata;
@@ -223,21 +205,21 @@ fn ti2v_runs_resume_bit_identically_in_either_mode() -> anyhow::Result<()> {
         Some("per_token")
     );
     drop(first);
-    let mut second = start(&i2v_b, Some(&dir.path().join("b")))?;
+    let mut second = try_start(&i2v_b, Some(&dir.path().join("b")))?;
     assert_eq!(second.step(), 2);
     resumed.extend(losses(&mut second, 4)?);
     assert_eq!(expected, resumed);
-    assert_eq!(lora_values(&straight)?, lora_values(&second)?);
+    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
 
     // Another mode is another run: refused on resume, and its losses differ.
     let t2v = ti2v_config(&dir.path().join("b"), &toml, TrainingMode::TextToVideo)?;
-    let err = start(&t2v, Some(&dir.path().join("b")))
+    let err = try_start(&t2v, Some(&dir.path().join("b")))
         .err()
         .map(|e| format!("{e:#}"))
         .unwrap_or_default();
     assert!(err.contains("training.mode"), "{err}");
     let t2v = ti2v_config(&dir.path().join("c"), &toml, TrainingMode::TextToVideo)?;
-    let mut text = start(&t2v, None)?;
+    let mut text = try_start(&t2v, None)?;
     let text_losses = losses(&mut text, 4)?;
     assert!(text_losses.iter().all(|l| l.is_some_and(f64::is_finite)));
     assert_ne!(text_losses, expected);
@@ -250,7 +232,7 @@ fn image_to_video_on_a_text_to_video_model_is_refused_before_it_loads() -> anyho
     let toml = ti2v_dataset(dir.path())?;
     let mut config = ti2v_config(&dir.path().join("out"), &toml, TrainingMode::ImageToVideo)?;
     config.model.dit = fixture("wan21_t2v_tiny");
-    let err = start(&config, None)
+    let err = try_start(&config, None)
         .err()
         .map(|e| format!("{e:#}"))
         .unwrap_or_default();
@@ -294,7 +276,7 @@ fn ti2v_samples_go_text_to_video_or_from_a_start_image() -> anyhow::Result<()> {
     config.model.text_encoder = text_encoder;
     config.sampling.prompts = Some(prompts);
     config.sampling.sample_at_first = true;
-    let mut trainer = start(&config, None)?;
+    let mut trainer = try_start(&config, None)?;
     let events = trainer.sample()?;
     assert_eq!(events.len(), 3);
     let frame = |i: usize| -> anyhow::Result<image::RgbImage> {
