@@ -5,9 +5,8 @@
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::{compare, Fixture, ParityRow, GRAD_REL_TOL, OUTPUT_REL_TOL};
+use super::{attach_identity_loras, compare, Fixture, ParityRow, GRAD_REL_TOL, OUTPUT_REL_TOL};
 use framesmith_models::flux::{Flux, FluxConfig, FluxInputs};
-use framesmith_nn::lora::Lora;
 use framesmith_nn::vb::Vb;
 
 /// Runs the DiT of a `flux_dit` fixture and compares every expected tensor.
@@ -17,7 +16,7 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
         .context("config.json `init` is not FluxParams")?;
     let vb = Vb::from_tensors(fixture.weights.clone(), DType::F32, &dev);
     let mut model = Flux::new(&cfg, &vb)?;
-    let weight_grads = attach_identity_loras(&mut model, fixture)?;
+    let weight_grads = attach_all_identity_loras(&mut model, fixture)?;
 
     let img = Var::from_tensor(fixture.input("img")?)?;
     let txt = Var::from_tensor(fixture.input("txt")?)?;
@@ -82,27 +81,12 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
     Ok(rows)
 }
 
-/// A full-rank identity LoRA ([`Lora::identity`]) on every Linear whose weight gradient the fixture holds.
-fn attach_identity_loras(
+/// [`attach_identity_loras`] on the DiT, checked to cover every weight gradient the fixture holds.
+fn attach_all_identity_loras(
     model: &mut Flux,
     fixture: &Fixture,
 ) -> anyhow::Result<Vec<(String, Var)>> {
-    let mut out = Vec::new();
-    for (path, linear) in model.linears_mut() {
-        if !fixture
-            .expected
-            .contains_key(&format!("grad.{path}.weight"))
-        {
-            continue;
-        }
-        let lora = Lora::identity(
-            [linear.in_dim(), linear.out_dim()],
-            DType::F32,
-            &Device::Cpu,
-        )?;
-        out.push((path, lora.up.clone()));
-        linear.set_lora(Some(lora));
-    }
+    let out = attach_identity_loras(model.linears_mut(), fixture)?;
     let listed = fixture
         .expected
         .keys()

@@ -6,7 +6,9 @@ use std::fmt;
 use std::path::Path;
 
 use anyhow::{bail, Context};
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Tensor, Var};
+use framesmith_nn::linear::Linear;
+use framesmith_nn::lora::Lora;
 
 pub mod flux_ae;
 pub mod flux_dit;
@@ -18,6 +20,31 @@ pub mod schedulers;
 pub mod umt5;
 pub mod vae;
 pub mod wan_dit;
+
+/// A full-rank identity LoRA ([`Lora::identity`]: ∂L/∂up = ∂L/∂W) on every Linear of `linears` whose weight
+/// gradient the fixture holds, so the base weight stays off candle's autograd path; returns each with its `up`.
+fn attach_identity_loras<'a>(
+    linears: impl IntoIterator<Item = (String, &'a mut Linear)>,
+    fixture: &Fixture,
+) -> anyhow::Result<Vec<(String, Var)>> {
+    let mut out = Vec::new();
+    for (path, linear) in linears {
+        if !fixture
+            .expected
+            .contains_key(&format!("grad.{path}.weight"))
+        {
+            continue;
+        }
+        let lora = Lora::identity(
+            [linear.in_dim(), linear.out_dim()],
+            DType::F32,
+            &Device::Cpu,
+        )?;
+        out.push((path, lora.up.clone()));
+        linear.set_lora(Some(lora));
+    }
+    Ok(out)
+}
 
 /// Relative tolerance for outputs and intermediates (f32).
 pub const OUTPUT_REL_TOL: f64 = 1e-4;

@@ -4,9 +4,8 @@
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::{compare, Fixture, ParityRow, GRAD_REL_TOL, OUTPUT_REL_TOL};
+use super::{attach_identity_loras, compare, Fixture, ParityRow, GRAD_REL_TOL, OUTPUT_REL_TOL};
 use framesmith_models::wan::{rope, Generation, Timesteps, WanConfig, WanInputs, WanModel};
-use framesmith_nn::lora::Lora;
 use framesmith_nn::vb::Vb;
 
 /// Runs the DiT of a `wan_dit` fixture and compares every expected tensor.
@@ -33,7 +32,7 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 
     let vb = Vb::from_tensors(fixture.weights.clone(), DType::F32, &dev);
     let mut model = WanModel::new(&cfg, vb, &Default::default())?;
-    let weight_grads = attach_identity_loras(&mut model, fixture)?;
+    let weight_grads = attach_identity_loras(model.linears_mut(), fixture)?;
 
     let vars = |prefix: &str| -> anyhow::Result<Option<Vec<Var>>> {
         if !fixture.inputs.contains_key(&format!("{prefix}_0")) {
@@ -123,30 +122,4 @@ fn timesteps(t: &Tensor) -> anyhow::Result<Timesteps> {
         2 => Timesteps::PerToken(t.to_vec2::<f64>()?),
         r => anyhow::bail!("timestep tensor `t` has rank {r}, expected 1 or 2"),
     })
-}
-
-/// A full-rank identity LoRA ([`Lora::identity`]: ∂L/∂up = ∂L/∂W) on every Linear whose weight gradient the
-/// fixture holds, so the base weight stays off candle's autograd path.
-fn attach_identity_loras(
-    model: &mut WanModel,
-    fixture: &Fixture,
-) -> anyhow::Result<Vec<(String, Var)>> {
-    let mut out = Vec::new();
-    for (path, linear) in model.linears_mut() {
-        if !fixture
-            .expected
-            .contains_key(&format!("grad.{path}.weight"))
-        {
-            continue;
-        }
-        let lora = Lora::identity(
-            [linear.in_dim(), linear.out_dim()],
-            DType::F32,
-            &Device::Cpu,
-        )?;
-        let up = lora.up.clone();
-        linear.set_lora(Some(lora));
-        out.push((path, up));
-    }
-    Ok(out)
 }
