@@ -17,10 +17,7 @@ pub use error::FluxFormatError;
 pub use load::{load_autoencoder, load_clip_text, load_dit, load_t5_xxl};
 
 use super::FluxConfig;
-use crate::wan::weights::{
-    bytes_label, dtype_label, group_digits, params_label, read_header, Entry, MappedTensors,
-    TensorInfo,
-};
+use crate::wan::weights::{read_header, write_size_lines, Entry, MappedTensors, TensorInfo};
 
 /// Key prefixes ComfyUI puts before the DiT's official names, longest first.
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
@@ -523,25 +520,7 @@ impl fmt::Display for FluxFile {
             None => "none",
         };
         writeln!(f, "  {:<11} {fp8}", "fp8")?;
-        let dtypes: Vec<String> = self
-            .dtypes
-            .iter()
-            .map(|(d, n)| format!("{} ({n} tensors)", dtype_label(d)))
-            .collect();
-        writeln!(f, "  {:<11} {}", "dtypes", dtypes.join(", "))?;
-        writeln!(
-            f,
-            "  {:<11} {}",
-            "parameters",
-            params_label(self.parameter_count)
-        )?;
-        writeln!(
-            f,
-            "  {:<11} {} ({} bytes)",
-            "on disk",
-            bytes_label(self.bytes_on_disk),
-            group_digits(self.bytes_on_disk)
-        )?;
+        write_size_lines(f, &self.dtypes, self.parameter_count, self.bytes_on_disk)?;
         writeln!(
             f,
             "  {:<11} the {} of a FLUX.1 run",

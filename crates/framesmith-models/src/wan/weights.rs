@@ -37,7 +37,6 @@ pub use identify::{identify, ComponentReport, ModelFile};
 pub use keys::official_shapes;
 pub use mmap::MappedTensors;
 pub use pickle::pickle_reason;
-pub(crate) use report::{bytes_label, group_digits, params_label};
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
 
 use super::config::Expert;
@@ -46,7 +45,7 @@ use detect::{DetectError, Detected, Mismatch};
 use header::Header;
 use keys::Foreign;
 pub(crate) use mmap::Entry;
-pub(crate) use report::dtype_label;
+pub(crate) use report::{dtype_label, write_size_lines};
 
 /// Dtypes the DiT can be built from; anything else is refused by [`load`] with a message naming the tensor.
 const LOADABLE_DTYPES: [&str; 6] = ["BF16", "F16", "F32", "F64", "F8_E4M3", "F8_E5M2"];

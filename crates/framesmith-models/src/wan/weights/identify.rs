@@ -10,7 +10,7 @@ use super::error::{ForeignModel, ModelFormatError, NotSafetensors};
 use super::header::read_header;
 use super::keys::{classify_foreign, Foreign};
 use super::pickle::pth_listing;
-use super::report::{bytes_label, dtype_label, group_digits, params_label, ModelReport};
+use super::report::{write_size_lines, ModelReport};
 
 /// What a model file is.
 #[derive(Debug, Clone)]
@@ -322,26 +322,8 @@ impl fmt::Display for ComponentReport {
         for (label, value) in &self.details {
             writeln!(f, "  {label:<11} {value}")?;
         }
-        let dtypes: Vec<String> = self
-            .dtypes
-            .iter()
-            .map(|(d, n)| format!("{} ({n} tensors)", dtype_label(d)))
-            .collect();
         writeln!(f, "  {:<11} {}", "file", self.container)?;
-        writeln!(f, "  {:<11} {}", "dtypes", dtypes.join(", "))?;
-        writeln!(
-            f,
-            "  {:<11} {}",
-            "parameters",
-            params_label(self.parameter_count)
-        )?;
-        writeln!(
-            f,
-            "  {:<11} {} ({} bytes)",
-            "on disk",
-            bytes_label(self.bytes_on_disk),
-            group_digits(self.bytes_on_disk)
-        )?;
+        write_size_lines(f, &self.dtypes, self.parameter_count, self.bytes_on_disk)?;
         writeln!(f, "  {:<11} {}", "use", self.usage)?;
         write!(f, "  {:<11} {}", "path", self.path.display())
     }

@@ -177,6 +177,33 @@ fn naming_label(n: ScaleNaming) -> &'static str {
     }
 }
 
+/// The `dtypes`, `parameters` and `on disk` lines of an inspect report (the labels padded to one column).
+pub(crate) fn write_size_lines(
+    f: &mut fmt::Formatter<'_>,
+    dtypes: &BTreeMap<String, usize>,
+    parameter_count: u64,
+    bytes_on_disk: u64,
+) -> fmt::Result {
+    let dtypes: Vec<String> = dtypes
+        .iter()
+        .map(|(d, n)| format!("{} ({n} tensors)", dtype_label(d)))
+        .collect();
+    writeln!(f, "  {:<11} {}", "dtypes", dtypes.join(", "))?;
+    writeln!(
+        f,
+        "  {:<11} {}",
+        "parameters",
+        params_label(parameter_count)
+    )?;
+    writeln!(
+        f,
+        "  {:<11} {} ({} bytes)",
+        "on disk",
+        bytes_label(bytes_on_disk),
+        group_digits(bytes_on_disk)
+    )
+}
+
 pub(crate) fn params_label(n: u64) -> String {
     match n {
         0..1_000_000 => group_digits(n),
