@@ -9,7 +9,6 @@ use candle_core::Var;
 
 use crate::train::optimizer::{AdamW, StepOutcome};
 use crate::train::trainer::Trainer;
-use framesmith_config::run::ExpertMode;
 use framesmith_models::wan::config::Expert;
 use framesmith_models::wan::{WanConfig, WanModel};
 use framesmith_nn::lora::LoraSet;
@@ -23,17 +22,6 @@ pub struct LowNoiseExpert {
     pub(super) boundary: f64,
     /// How many times the experts changed places on the GPU.
     pub(super) switches: usize,
-}
-
-impl LowNoiseExpert {
-    /// How the experts train.
-    pub fn mode(&self) -> ExpertMode {
-        if self.own.is_some() {
-            ExpertMode::Split
-        } else {
-            ExpertMode::Joint
-        }
-    }
 }
 
 /// Makes the high-noise expert (`high`) or the low-noise one the expert on the GPU. The other is parked first,

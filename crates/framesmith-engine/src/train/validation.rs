@@ -193,15 +193,15 @@ impl Trainer {
         let started = Instant::now();
         let sigmas = v.plan.sigmas.clone();
         // With both Wan2.2 experts, each timestep is evaluated by its own expert: the one on the GPU first.
-        let sides = match &self.low_noise {
+        let (sides, boundary) = match &self.low_noise {
             Some(low) => {
                 let current = low.model.is_parked();
-                vec![(current, low.boundary), (!current, low.boundary)]
+                (vec![current, !current], low.boundary)
             }
-            None => vec![(true, f64::NEG_INFINITY)],
+            None => (vec![true], f64::NEG_INFINITY),
         };
         let mut sum = 0f64;
-        for (high, boundary) in sides {
+        for high in sides {
             self.use_expert(high)?;
             let Some(v) = &self.validation else {
                 return Ok(None);
