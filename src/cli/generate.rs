@@ -192,11 +192,6 @@ fn load_dit_with_loras(
     Ok(model)
 }
 
-/// The expert boundary in timesteps: `--boundary`, else the model's, else the official value for its task.
-fn boundary(arg: Option<f64>, cfg: &WanConfig) -> f64 {
-    arg.map_or_else(|| cfg.expert_boundary_or_official(), |b| b * 1000.0)
-}
-
 /// The start image, checked against the DiT's task before any model is loaded: an image for a T2V model, none
 /// for an I2V model, or no `--clip` for Wan2.1 I2V is an error that says what to change.
 /// Returns the DiT's configuration (read from the headers) with the image.
@@ -338,7 +333,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         None => None,
     };
     let mut high = load_dit_with_loras(&args.dit, &args.loras, args, (dtype, &device))?;
-    let boundary = boundary(args.boundary, high.config());
+    let boundary = high.config().boundary_timestep(args.boundary);
     let mut experts = Experts {
         high_noise: &mut high,
         low_noise: low.as_mut().map(|l| (l, boundary)),

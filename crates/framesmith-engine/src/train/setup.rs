@@ -653,13 +653,13 @@ impl LowExpertLoad<'_> {
             [dit, &low.dit],
         )?;
         let mut model = loaded.model;
+        let boundary = high.config().boundary_timestep(low.boundary);
         log(
             LogLevel::Info,
             format!(
-                "low-noise expert: {} ({} mode, below timestep {})",
+                "low-noise expert: {} ({} mode, below timestep {boundary})",
                 loaded.name,
                 low.mode.as_str(),
-                self.boundary(high.config(), low)
             ),
         );
         log_streaming(&model, log);
@@ -677,15 +677,9 @@ impl LowExpertLoad<'_> {
         Ok(LowNoiseExpert {
             model,
             own,
-            boundary: self.boundary(high.config(), low),
+            boundary,
             switches: 0,
         })
-    }
-
-    /// The boundary in timesteps: the config's fraction, else the model's.
-    fn boundary(&self, cfg: &WanConfig, low: &LowNoisePlan) -> f64 {
-        low.boundary
-            .map_or_else(|| cfg.expert_boundary_or_official(), |b| b * 1000.0)
     }
 }
 

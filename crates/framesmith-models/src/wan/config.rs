@@ -251,13 +251,19 @@ impl WanConfig {
         self.dim / self.num_heads
     }
 
-    /// The Wan2.2 A14B expert boundary in timesteps (0..1000): the low-noise expert denoises below it. The
-    /// config's own, else the official value for the task (875 text-to-video, 900 image-to-video).
-    pub fn expert_boundary_or_official(&self) -> f64 {
-        self.expert_boundary.unwrap_or(match self.model_type {
-            ModelType::I2v => 900.0,
-            _ => 875.0,
-        })
+    /// The Wan2.2 A14B expert boundary in timesteps (0..1000): the low-noise expert denoises below it. `fraction`
+    /// of the timesteps when given (a config's or the command line's), else the config's own, else the official
+    /// value for the task (875 text-to-video, 900 image-to-video).
+    pub fn boundary_timestep(&self, fraction: Option<f64>) -> f64 {
+        fraction.map_or_else(
+            || {
+                self.expert_boundary.unwrap_or(match self.model_type {
+                    ModelType::I2v => 900.0,
+                    _ => 875.0,
+                })
+            },
+            |b| b * 1000.0,
+        )
     }
 
     /// Whether the model has Wan 2.1's CLIP image branch (`img_emb`, `k_img`, `v_img`).
