@@ -50,12 +50,84 @@ fn latent_shapes_follow_the_wan_vae_and_bad_sizes_are_refused() {
         [48, 31, 44, 80]
     );
     assert!(latent_shape(&ti2v(81, 480, 848)).is_err());
-    let i2v = SynthProject {
-        cfg: WanConfig::wan21_i2v_14b(),
-        ..tiny(5, 32, 32)
+}
+
+/// Without `--encoders` an image-to-video model gets a cache of random image conditioning laid out as the official
+/// code makes it (mask ones on the first latent frame, image latents there and zeros after, CLIP features for
+/// Wan2.1), and trains from it on the CPU.
+#[test]
+fn an_image_to_video_project_caches_random_conditioning_and_trains() {
+    let base = WanConfig::tiny(2);
+    let cfg = WanConfig {
+        model_type: framesmith_models::wan::ModelType::I2v,
+        in_dim: 2 * base.out_dim + 4,
+        clip_dim: 24,
+        clip_tokens: 5,
+        ..base
+    };
+    let spec = SynthProject {
+        cfg: cfg.clone(),
+        ..tiny(9, 32, 48)
     };
     let dir = tempfile::tempdir().unwrap();
-    assert!(write_project(dir.path(), &i2v).is_err());
+    let files = write_project(dir.path(), &spec).unwrap();
+    let report = framesmith_models::wan::weights::inspect(&files.dit).unwrap();
+    assert!(report.config.has_clip(), "{:?}", report.config);
+    let (cache, _) = read_wan_latent_cache(&files.latents, &Device::Cpu).unwrap();
+    let c = cfg.out_dim;
+    assert_eq!(cache.latents.dims(), [c, 3, 4, 6]);
+    let y = cache.latents_image.expect("image conditioning");
+    assert_eq!(y.dims(), [4 + c, 3, 4, 6]);
+    let y = y.to_dtype(DType::F32).unwrap();
+    let sum = |t: candle_core::Tensor| {
+        t.abs()
+            .unwrap()
+            .sum_all()
+            .unwrap()
+            .to_scalar::<f32>()
+            .unwrap()
+    };
+    // The mask: ones on the first latent frame, zeros after; the image latents only on the first frame.
+    assert_eq!(
+        sum(y.narrow(0, 0, 4).unwrap().narrow(1, 0, 1).unwrap()),
+        4.0 * 24.0
+    );
+    assert_eq!(sum(y.narrow(1, 1, 2).unwrap()), 0.0);
+    assert!(sum(y.narrow(0, 4, c).unwrap().narrow(1, 0, 1).unwrap()) > 0.0);
+    let clip = cache.clip.expect("CLIP features");
+    assert_eq!((clip.dims(), clip.dtype()), (&[5, 24][..], DType::F16));
+
+    let mut config = RunConfig::load(&files.run).unwrap();
+    config.training.device = DeviceSpec::Cpu;
+    assert_eq!(train(config), 2);
+}
+
+/// Runs `config` through the engine to the end; the number of steps it reported.
+fn train(config: RunConfig) -> usize {
+    let engine = framesmith_engine::train::engine::spawn().unwrap();
+    engine
+        .commands
+        .send(Command::StartRun(Box::new(StartRun {
+            config,
+            resume_from: None,
+        })))
+        .unwrap();
+    let mut steps = 0;
+    loop {
+        match engine
+            .events
+            .recv_timeout(EVENT_TIMEOUT)
+            .expect("an engine event")
+        {
+            Event::Progress(p) => {
+                assert!(p.loss.is_finite(), "loss {}", p.loss);
+                steps = p.step;
+            }
+            Event::Failed { message } => panic!("the run failed: {message}"),
+            Event::StateChanged(RunState::Finished) => return steps,
+            _ => {}
+        }
+    }
 }
 
 #[test]

@@ -224,7 +224,7 @@ enum Command {
 /// `synth-project`'s arguments.
 #[derive(clap::Args)]
 struct SynthArgs {
-    /// Wan variant (t2v-1.3b, t2v-14b, t2v-a14b, ti2v-5b; i2v-14b and i2v-a14b with --encoders).
+    /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
     #[arg(long, default_value = "t2v-1.3b")]
     variant: String,
     #[command(flatten)]

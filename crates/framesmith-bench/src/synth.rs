@@ -103,16 +103,13 @@ pub struct SynthFiles {
 
 /// Writes the project into `dir` (created when missing): `dit.safetensors`, `dataset.toml` with its cache
 /// folder, and `run.toml` (bf16 base, LoRA rank 32, no samples, saving at the end only, on `cuda`). An
-/// image-to-video variant needs `encoders` and gets no cache (make one with `framesmith cache latents --dit`).
+/// image-to-video variant's cache holds random image conditioning as well; with `encoders` it gets no cache (make one
+/// with `framesmith cache latents --dit` and the written VAE).
 pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFiles> {
-    // TI2V-5B trains from plain latent caches in either mode; I2V models need image-conditioning caches.
-    let t2v = spec.cfg.model_type != ModelType::I2v;
-    if !t2v && spec.encoders.is_none() {
-        bail!(
-            "an image-to-video project needs image-conditioning caches: add --encoders, then cache a dataset \
-             with `framesmith cache latents --dit`"
-        );
-    }
+    // TI2V-5B trains from plain latent caches in either mode. Without encoders an image-to-video model gets a
+    // cache of random image conditioning as well (the first-frame mask, image latents and, for Wan2.1, CLIP
+    // features); with them its caches come from `framesmith cache latents --dit` with the written VAE.
+    let cached = spec.cfg.model_type != ModelType::I2v || spec.encoders.is_none();
     let latent = latent_shape(spec)?;
     if spec.text_tokens == 0 || spec.text_tokens > spec.cfg.text_len {
         bail!(
@@ -126,8 +123,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
         .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
     let dit = dir.join(DIT_FILE);
     let dit_bytes = write_random_dit(&dit, &spec.cfg, spec.dit, spec.seed)?;
-    // Image-to-video caches come from `framesmith cache latents` with the written VAE, not from random draws.
-    let latents = if t2v {
+    let latents = if cached {
         write_cached_item(&dir, spec, latent)?
     } else {
         PathBuf::new()
@@ -494,11 +490,12 @@ fn write_cached_item(
     }
     write_media(&videos, spec)?;
     let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
+    let (latents_image, clip) = random_image_conditioning(rng, &spec.cfg, latent)?;
     let latents = WanLatentCache {
         latents: randn(rng, latent.as_slice(), 0.0, 1.0, &Device::Cpu)?.to_dtype(DType::BF16)?,
-        latents_image: None,
+        latents_image,
         latents_control: None,
-        clip: None,
+        clip,
         f_indices: None,
     };
     let window = FrameWindow {
@@ -522,6 +519,39 @@ fn write_cached_item(
     .to_dtype(DType::BF16)?;
     write_wan_text_cache(&cache.join(text_cache_name(ITEM_STEM)), &text, CAPTION)?;
     Ok(latent_path)
+}
+
+/// An image-to-video model's conditioning for a clip of `latent` shape, as the official code lays it out: the
+/// first-frame mask (4 channels, ones on the first latent frame), random image latents on the first frame and
+/// zeros after it (bf16), and random CLIP features (f16) where the model has the CLIP branch. `(None, None)` for
+/// other models.
+fn random_image_conditioning(
+    rng: &mut StdRng,
+    cfg: &WanConfig,
+    latent: [usize; 4],
+) -> anyhow::Result<(Option<candle_core::Tensor>, Option<candle_core::Tensor>)> {
+    if cfg.model_type != ModelType::I2v {
+        return Ok((None, None));
+    }
+    let [c, f, h, w] = latent;
+    let dev = &Device::Cpu;
+    let mut first = |channels: usize, value: Option<f32>| -> anyhow::Result<candle_core::Tensor> {
+        let head = match value {
+            Some(v) => candle_core::Tensor::full(v, (channels, 1, h, w), dev)?,
+            None => randn(rng, &[channels, 1, h, w], 0.0, 1.0, dev)?,
+        };
+        let rest = candle_core::Tensor::zeros((channels, f - 1, h, w), DType::F32, dev)?;
+        Ok(candle_core::Tensor::cat(&[head, rest], 1)?)
+    };
+    let mask = first(4, Some(1.0))?;
+    let image = first(c, None)?;
+    let y = candle_core::Tensor::cat(&[mask, image], 0)?.to_dtype(DType::BF16)?;
+    let clip = if cfg.has_clip() {
+        Some(randn(rng, &[cfg.clip_tokens, cfg.clip_dim], 0.0, 1.0, dev)?.to_dtype(DType::F16)?)
+    } else {
+        None
+    };
+    Ok((Some(y), clip))
 }
 
 /// The clip the caches stand for (plain grey frames) and its caption, so that the dataset checks as it would with
