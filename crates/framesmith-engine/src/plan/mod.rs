@@ -284,7 +284,8 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
 
 /// What the expert not in use holds (Wan2.2 A14B with both experts): its resident blocks wait in host RAM and its
 /// streamed blocks stay in their host buffers, while its embeddings, head and GPU slots stay on the device, and
-/// with `split` its own LoRA and AdamW moments too (its gradients exist only while it runs).
+/// with `split` its own LoRA and AdamW moments too (its gradients exist only while it runs). The expert in use
+/// keeps the host copy of its resident blocks that parking made (`WanModel::park`).
 fn parked_expert_lines(
     input: &PlanInput,
     s: &Sizes,
@@ -319,6 +320,16 @@ fn parked_expert_lines(
     out.push(line(
         format!(
             "parked expert: resident blocks in RAM ({} × {})",
+            n - streamed,
+            format_gib(s.block_data)
+        ),
+        (n - streamed) as u64 * s.block_data,
+        Placement::Host,
+    ));
+    // Parking keeps the host copy of each expert's resident blocks, so the expert on the GPU has one too.
+    out.push(line(
+        format!(
+            "expert in use: host copy of its resident blocks ({} × {})",
             n - streamed,
             format_gib(s.block_data)
         ),

@@ -90,6 +90,9 @@ pub struct WanModel {
     streamer: Option<Arc<BlockStreamer>>,
     /// The resident blocks' frozen weights wait in host RAM ([`WanModel::park`]).
     parked: bool,
+    /// Host copies of the resident blocks' frozen weights, by block, made at the first park and kept: the
+    /// weights are frozen, so later parks only drop the device copies.
+    host_frozen: Vec<Option<Vec<Tensor>>>,
 }
 
 impl WanModel {
@@ -118,6 +121,7 @@ impl WanModel {
             device: vb.device().clone(),
             streamer: None,
             parked: false,
+            host_frozen: Vec::new(),
         })
     }
 

@@ -1,7 +1,8 @@
 //! Parking a model in host RAM (Wan2.2 A14B: one expert on the GPU at a time). A parked model's resident blocks
-//! hold their frozen weights in host memory and cannot run; unparking copies them back to the device. Streamed
-//! blocks already live in host RAM and are left as they are; the embeddings, the head and the LoRAs stay on the
-//! device (they are small next to the blocks).
+//! hold their frozen weights in host memory and cannot run; unparking copies them back to the device. The first
+//! park copies the weights to the host and the copies are kept (the weights are frozen), so a switch of experts
+//! costs one host-to-device copy and no device-to-host one. Streamed blocks already live in host RAM and are left
+//! as they are; the embeddings, the head and the LoRAs stay on the device (they are small next to the blocks).
 
 use candle_core::{Device, Result, Tensor};
 
@@ -14,26 +15,65 @@ impl WanModel {
         self.parked
     }
 
-    /// Moves the frozen weights of the resident blocks to host RAM, freeing their device memory. The model
-    /// cannot run until [`WanModel::unpark`]. Does nothing when already parked.
+    /// Frees the device memory of the resident blocks' frozen weights, which then live in host RAM (copied there
+    /// the first time, one block at a time, and kept). The model cannot run until [`WanModel::unpark`]. Does
+    /// nothing when already parked.
     pub fn park(&mut self) -> Result<()> {
         if self.parked {
             return Ok(());
         }
-        self.move_resident_blocks(&Device::Cpu)?;
+        let indices: Vec<usize> = self.resident_indices().collect();
+        if self.host_frozen.len() < self.blocks.len() {
+            self.host_frozen.resize(self.blocks.len(), None);
+        }
+        for i in indices {
+            let host = match &self.host_frozen[i] {
+                Some(host) => host.clone(),
+                None => {
+                    let host = self.blocks[i]
+                        .frozen_tensors()
+                        .iter()
+                        .map(|t| t.to_device(&Device::Cpu))
+                        .collect::<Result<Vec<Tensor>>>()?;
+                    self.host_frozen[i] = Some(host.clone());
+                    host
+                }
+            };
+            self.blocks[i] = self.blocks[i].with_frozen(&host)?;
+        }
         self.parked = true;
         Ok(())
     }
 
-    /// Brings a parked model's resident blocks back to its device. Does nothing when not parked.
+    /// Brings a parked model's resident blocks back to its device from their host copies (which stay for the
+    /// next park). Does nothing when not parked.
     pub fn unpark(&mut self) -> Result<()> {
         if !self.parked {
             return Ok(());
         }
         let device = self.device.clone();
-        self.move_resident_blocks(&device)?;
+        let indices: Vec<usize> = self.resident_indices().collect();
+        for i in indices {
+            let moved = self.blocks[i]
+                .frozen_tensors()
+                .iter()
+                .map(|t| t.to_device(&device))
+                .collect::<Result<Vec<Tensor>>>()?;
+            self.blocks[i] = self.blocks[i].with_frozen(&moved)?;
+        }
         self.parked = false;
         Ok(())
+    }
+
+    /// Bytes of host RAM the model holds for parking: the resident blocks' frozen weights once it has been parked
+    /// (kept while it runs), 0 before.
+    pub fn parking_host_bytes(&self) -> usize {
+        self.host_frozen
+            .iter()
+            .flatten()
+            .flatten()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
     }
 
     /// Bytes of frozen weights that parking moves (the resident blocks'); what the device gains when parked.
@@ -52,21 +92,6 @@ impl WanModel {
     fn resident_indices(&self) -> impl Iterator<Item = usize> + '_ {
         (0..self.blocks.len())
             .filter(|&i| !self.streamer.as_ref().is_some_and(|s| s.is_streamed(i)))
-    }
-
-    /// Replaces each resident block by a copy whose frozen tensors are on `device`, one block at a time (the
-    /// old copies go as each new one is made, so the move never holds more than one extra block).
-    fn move_resident_blocks(&mut self, device: &Device) -> Result<()> {
-        let indices: Vec<usize> = self.resident_indices().collect();
-        for i in indices {
-            let moved = self.blocks[i]
-                .frozen_tensors()
-                .iter()
-                .map(|t| t.to_device(device))
-                .collect::<Result<Vec<Tensor>>>()?;
-            self.blocks[i] = self.blocks[i].with_frozen(&moved)?;
-        }
-        Ok(())
     }
 }
 
@@ -97,6 +122,7 @@ mod tests {
         let before = values(&model.forward_untracked(&inputs)?)?;
         let one_block = model.resident_block_bytes() / 2;
         assert!(one_block > 0);
+        assert_eq!(model.parking_host_bytes(), 0);
         model.park()?;
         model.park()?;
         assert!(model.is_parked());
@@ -108,10 +134,17 @@ mod tests {
             err.is_some_and(|e| e.contains("parked")),
             "a parked model must not run"
         );
+        assert_eq!(model.parking_host_bytes(), 2 * one_block);
         model.unpark()?;
         model.unpark()?;
         assert!(!model.is_parked());
         assert_eq!(model.resident_block_bytes(), 2 * one_block);
+        assert_eq!(before, values(&model.forward_untracked(&inputs)?)?);
+        // The host copies stay for the next switch: parking again copies nothing more.
+        assert_eq!(model.parking_host_bytes(), 2 * one_block);
+        model.park()?;
+        model.unpark()?;
+        assert_eq!(model.parking_host_bytes(), 2 * one_block);
         assert_eq!(before, values(&model.forward_untracked(&inputs)?)?);
         Ok(())
     }
