@@ -20,8 +20,9 @@ pub struct LowNoiseExpert {
     pub(super) own: Option<(LoraSet, AdamW)>,
     /// Timesteps (0..1000) below which this expert denoises.
     pub(super) boundary: f64,
-    /// How many times the experts changed places on the GPU.
+    /// How many times the experts changed places on the GPU, and the seconds that took.
     pub(super) switches: usize,
+    pub(super) switch_secs: f64,
 }
 
 /// Makes the high-noise expert (`high`) or the low-noise one the expert on the GPU. The other is parked first,
@@ -39,6 +40,7 @@ pub(super) fn activate(
     if !coming.is_parked() {
         return Ok(false);
     }
+    let started = std::time::Instant::now();
     going
         .park()
         .context("parking the inactive expert in host RAM")?;
@@ -47,7 +49,9 @@ pub(super) fn activate(
     coming
         .unpark()
         .context("bringing the expert's blocks back to the GPU")?;
+    coming.device().synchronize()?;
     low.switches += 1;
+    low.switch_secs += started.elapsed().as_secs_f64();
     Ok(true)
 }
 

@@ -167,9 +167,10 @@ impl Outputs {
             "grad_norm": r.grad_norm,
             "skipped": r.warning.is_some(),
         });
-        if let (Some((expert, switches)), Some(map)) = (r.expert, line.as_object_mut()) {
-            map.insert("expert".into(), expert.into());
-            map.insert("expert_switches".into(), switches.into());
+        if let (Some(expert), Some(map)) = (r.expert, line.as_object_mut()) {
+            map.insert("expert".into(), expert.name.into());
+            map.insert("expert_switches".into(), expert.switches.into());
+            map.insert("expert_switch_secs".into(), expert.switch_secs.into());
         }
         self.append_line(&line)
     }

@@ -679,6 +679,7 @@ impl LowExpertLoad<'_> {
             own,
             boundary,
             switches: 0,
+            switch_secs: 0.0,
         })
     }
 }

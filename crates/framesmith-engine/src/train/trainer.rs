@@ -39,9 +39,19 @@ pub struct StepReport {
     pub grad_norm: Option<f64>,
     /// Set when the update was skipped (non-finite loss or gradient).
     pub warning: Option<String>,
-    /// With both Wan2.2 experts: the expert the step's last micro-batch ran through (`high_noise`, `low_noise`)
-    /// and how many times the experts have changed places on the GPU so far.
-    pub expert: Option<(&'static str, usize)>,
+    /// With both Wan2.2 experts: which ran and the switches so far.
+    pub expert: Option<ExpertStep>,
+}
+
+/// A step of a run with both Wan2.2 experts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ExpertStep {
+    /// The expert the step's last micro-batch ran through (`high_noise`, `low_noise`).
+    pub name: &'static str,
+    /// How many times the experts have changed places on the GPU so far.
+    pub switches: usize,
+    /// Seconds spent changing them so far (parking one, bringing the other's blocks in).
+    pub switch_secs: f64,
 }
 
 /// The mutable state of a run and everything needed to advance it.
@@ -371,9 +381,10 @@ impl Trainer {
             step_secs: started.elapsed().as_secs_f64(),
             grad_norm,
             warning,
-            expert: self.low_noise.as_ref().map(|low| {
-                let name = if last_high { "high_noise" } else { "low_noise" };
-                (name, low.switches)
+            expert: self.low_noise.as_ref().map(|low| ExpertStep {
+                name: if last_high { "high_noise" } else { "low_noise" },
+                switches: low.switches,
+                switch_secs: low.switch_secs,
             }),
         };
         self.outputs.append_metrics(step_number, &report)?;
