@@ -3,6 +3,7 @@
 //! dropped before the DiT loads, so peak memory is the DiT's plus the VAE's.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::Context;
 use candle_core::{DType, Device};
@@ -11,15 +12,15 @@ use framesmith_config::run::DeviceSpec;
 use framesmith_engine::dit::load_dit;
 use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Solver};
 use framesmith_engine::generate::pipeline::{
-    combine_loras, generate_clip_from, latent_shape, write_clip, ClipSettings, Conditioning,
-    VaeDecoder, CLIP_FPS,
+    combine_loras, denoise_clip, latent_shape, write_clip, ClipSettings, Conditioning, VaeDecoder,
+    CLIP_FPS,
 };
 use framesmith_engine::generate::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,
 };
 use framesmith_engine::plan::vae_for;
-use framesmith_engine::train::setup::hold_vram_budget;
+use framesmith_engine::train::setup::{hold_vram_budget, VramUse};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
@@ -296,7 +297,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         None => None,
     };
     // Before anything takes device memory: what the text encoder, the VAE and the DiTs take counts against it.
-    let _held = budget.map(|b| hold_vram_budget(&device, b)).transpose()?;
+    let held = budget.map(|b| hold_vram_budget(&device, b)).transpose()?;
     let text = TextEncoder::load(
         &args.text_encoder,
         args.tokenizer.as_deref(),
@@ -354,12 +355,16 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         args.steps as u64,
         "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]",
     );
-    // The loop polls this once before each step: a free progress tick.
+    // The loop polls this once before each step: a progress tick, and the time each step starts (after the
+    // device has finished the last one).
+    let starts = std::cell::RefCell::new(Vec::with_capacity(args.steps + 1));
     let tick = || {
+        let _ = device.synchronize();
+        starts.borrow_mut().push(Instant::now());
         bar.inc(1);
         false
     };
-    let frames = generate_clip_from(
+    let latents = denoise_clip(
         &mut experts,
         &decoder,
         &conditioning,
@@ -367,7 +372,21 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         &settings,
         &tick,
     )?;
+    device.synchronize()?;
+    let denoised = Instant::now();
     bar.finish_and_clear();
+    let frames = decoder.decode(&latents)?;
+    let decode_secs = denoised.elapsed().as_secs_f64();
+    let mut starts = starts.into_inner();
+    starts.push(denoised);
+    let held_back = held
+        .as_ref()
+        .and_then(Option::as_ref)
+        .map_or(0, |h| h.bytes);
+    eprintln!(
+        "{}",
+        timing_line(&starts, decode_secs, VramUse::measure(&device, held_back))
+    );
     let frames_dir = write_clip(&args.out, &frames, CLIP_FPS)?;
     println!(
         "wrote {} ({} frames) and {}",
@@ -376,6 +395,25 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         frames_dir.display()
     );
     Ok(())
+}
+
+/// What the denoising steps took (from the instants each started and the end of the last), the decoding, and the
+/// most device memory the command took.
+fn timing_line(starts: &[Instant], decode_secs: f64, vram: Option<VramUse>) -> String {
+    let steps: Vec<f64> = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64())
+        .collect();
+    let total: f64 = steps.iter().sum();
+    let mean = total / steps.len().max(1) as f64;
+    let each: Vec<String> = steps.iter().map(|s| format!("{s:.2}")).collect();
+    let vram = vram.map_or(String::new(), |v| {
+        format!("; peak VRAM {:.2} GiB", v.peak as f64 / (1u64 << 30) as f64)
+    });
+    format!(
+        "denoised in {total:.1} s, {mean:.2} s per step (each: {}); decoded in {decode_secs:.1} s{vram}",
+        each.join(" ")
+    )
 }
 
 #[cfg(test)]
@@ -446,6 +484,17 @@ mod tests {
         assert_eq!(
             clip_size(&parse(&["--width", "640"]), &ti2v, Some(&portrait)),
             (640, 480)
+        );
+    }
+
+    #[test]
+    fn the_timing_line_gives_each_step_and_the_mean() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let line = timing_line(&[at(0), at(1000), at(3000)], 4.0, None);
+        assert_eq!(
+            line,
+            "denoised in 3.0 s, 1.50 s per step (each: 1.00 2.00); decoded in 4.0 s"
         );
     }
 

@@ -207,6 +207,20 @@ pub fn generate_clip_from(
     settings: &ClipSettings,
     cancelled: &dyn Fn() -> bool,
 ) -> anyhow::Result<Vec<RgbFrame>> {
+    let latents = denoise_clip(experts, decoder, conditioning, image, settings, cancelled)?;
+    decoder.decode(&latents)
+}
+
+/// The denoising of [`generate_clip_from`] without the decoding: the clip's normalised latents `[C, F, H, W]`
+/// for `decoder`'s VAE.
+pub fn denoise_clip(
+    experts: &mut Experts,
+    decoder: &VaeDecoder,
+    conditioning: &Conditioning,
+    image: Option<&ImageConditioning>,
+    settings: &ClipSettings,
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<Tensor> {
     let cfg = experts.high_noise.config();
     let latent_shape = latent_shape(cfg, decoder.vae.config(), settings)?;
     let context = fit_context(&conditioning.context, cfg.text_len)?;
@@ -225,8 +239,7 @@ pub fn generate_clip_from(
         seed: settings.seed,
         solver: settings.solver,
     };
-    let latents = generate_from(experts, &request, image, cancelled)?;
-    decoder.decode(&latents)
+    Ok(generate_from(experts, &request, image, cancelled)?)
 }
 
 /// Writes `frames` as the MP4 `path` and PNG frames in `<path without extension>_frames/`; returns that folder.

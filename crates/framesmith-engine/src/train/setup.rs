@@ -267,6 +267,49 @@ pub fn hold_vram_budget(_device: &Device, _budget: u64) -> anyhow::Result<Option
     Ok(None)
 }
 
+/// What a command has taken from a CUDA card, in bytes.
+#[derive(Debug, Clone, Copy)]
+pub struct VramUse {
+    /// The most taken at once: the memory pool's reserved high-water mark plus what lives outside the pool (the
+    /// CUDA context, library workspaces, kernels), the budget's own hold left out.
+    pub peak: u64,
+    /// Of that, outside the pool.
+    pub outside_pool: u64,
+    /// Allocated from the pool now.
+    pub in_use: u64,
+    /// Reserved by the pool now (in use or cached).
+    pub reserved: u64,
+    /// Free on the card now.
+    pub free: u64,
+}
+
+impl VramUse {
+    /// Measures `device` now; `held_back` is what a [`VramHold`] keeps. `None` off CUDA.
+    pub fn measure(device: &Device, held_back: u64) -> Option<Self> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(dev) = device {
+            use framesmith_nn::cuda::device;
+            let peak = device::peak_reserved_bytes(dev).ok()?;
+            let in_use = device::used_memory_bytes(dev).ok()?;
+            let reserved = device::reserved_bytes(dev).ok()?;
+            let (free, total) = device::memory_info(dev).ok()?;
+            let outside_pool = total
+                .saturating_sub(free)
+                .saturating_sub(held_back)
+                .saturating_sub(reserved);
+            return Some(Self {
+                peak: peak + outside_pool,
+                outside_pool,
+                in_use,
+                reserved,
+                free,
+            });
+        }
+        let _ = (device, held_back);
+        None
+    }
+}
+
 /// What to change after an out-of-memory failure of this run, from the memory planner's view of it: its
 /// suggestions when it predicted the run would not fit, or more streamed blocks than it chose when it predicted a
 /// fit (the prediction was low or something else took memory); the general advice when there is no plan.

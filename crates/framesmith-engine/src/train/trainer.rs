@@ -143,41 +143,26 @@ impl Trainer {
     /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
     /// next to the planner's prediction; `None` off CUDA.
     pub fn vram_line(&self) -> Option<String> {
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(dev) = self.device() {
-            use framesmith_nn::cuda::device;
-            let peak = device::peak_reserved_bytes(dev).ok()?;
-            let held = device::used_memory_bytes(dev).ok()?;
-            let reserved = device::reserved_bytes(dev).ok()?;
-            let (free, total) = device::memory_info(dev).ok()?;
-            // What the run takes from the card: the pool's high-water mark plus what lives outside the pool
-            // (the CUDA context, library workspaces, kernels), the budget's own reservation left out.
-            let held_back = self.vram_reservation.as_ref().map_or(0, |h| h.bytes);
-            let outside_pool = total
-                .saturating_sub(free)
-                .saturating_sub(held_back)
-                .saturating_sub(reserved);
-            let peak = peak + outside_pool;
-            let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-            let plan = match self.planned_vram_bytes {
-                Some(plan) => format!(
-                    " (the plan predicted {:.2} GiB, {:+.1}%)",
-                    gib(plan),
-                    (peak as f64 / plan.max(1) as f64 - 1.0) * 100.0
-                ),
-                None => String::new(),
-            };
-            return Some(format!(
-                "VRAM: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
-                 steps ({:.2} GiB reserved), {:.2} GiB of the card free",
-                gib(peak),
-                gib(outside_pool),
-                gib(held),
-                gib(reserved),
-                gib(free)
-            ));
-        }
-        None
+        let held_back = self.vram_reservation.as_ref().map_or(0, |h| h.bytes);
+        let used = crate::train::setup::VramUse::measure(self.device(), held_back)?;
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        let plan = match self.planned_vram_bytes {
+            Some(plan) => format!(
+                " (the plan predicted {:.2} GiB, {:+.1}%)",
+                gib(plan),
+                (used.peak as f64 / plan.max(1) as f64 - 1.0) * 100.0
+            ),
+            None => String::new(),
+        };
+        Some(format!(
+            "VRAM: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
+             steps ({:.2} GiB reserved), {:.2} GiB of the card free",
+            gib(used.peak),
+            gib(used.outside_pool),
+            gib(used.in_use),
+            gib(used.reserved),
+            gib(used.free)
+        ))
     }
 
     /// The LoRA adapters being trained.
