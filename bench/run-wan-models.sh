@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Issue 19's GPU rows through the product's own commands: random weights at real sizes in the official and ComfyUI
+# layouts (`framesmith-bench synth-project`), trained with `framesmith train` from caches of random latents (and,
+# for image-to-video models, random image conditioning) or generated with `framesmith generate`. Each case writes
+# its logs (with timestamps; peak RAM from /usr/bin/time) and metrics.jsonl under OUT_DIR/CASE. Builds nothing.
+# Usage: bench/run-wan-models.sh BIN_DIR OUT_DIR WORK_DIR CASE...
+#   i2v-14b      Wan2.1 I2V-14B, 480x832x81, FP8 block-64 base: resident, then `--preset balanced-24gb
+#                --vram-budget-gb 24` (blocks streamed as the planner chooses)
+#   ti2v-5b      Wan2.2 TI2V-5B at its native 704x1280x121, bf16 base, resident
+#   a14b-joint   Wan2.2 T2V-A14B, 480x832x81, both experts (`model.experts = "joint"`) under `--preset balanced-24gb
+#                --vram-budget-gb 24`, then the high-noise expert alone under the same preset and budget
+#   gen-a14b-48 / gen-a14b-24
+#                Wan2.2 T2V-A14B `framesmith generate` with both experts at 720x1280x81 (GEN_STEPS steps, default 3)
+#                within `--vram-budget-gb 48` (every block resident) or 24 (GEN_SWAP_24 blocks streamed, default
+#                30; tiled decoding when the untiled run ran out of memory)
+# STEPS (default 8) steps per training run; A14B_STEPS (default 16) for the joint run.
+set -uo pipefail
+BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
+shift 3
+STEPS="${STEPS:-8}" A14B_STEPS="${A14B_STEPS:-16}" GEN_STEPS="${GEN_STEPS:-3}" GEN_SWAP_24="${GEN_SWAP_24:-30}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+SPIECE="$HERE/../crates/framesmith-models/testdata/spiece_tiny/tiny_unigram.model"
+export PATH="$BIN:$PATH"
+source "$HERE/device-env.sh"
+LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH
+START=$(date +%s%N)
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/models.log"
+note() { echo "== $* ==" | stamp | tee -a "$LOG"; }
+timed() { # dir name command...: runs under /usr/bin/time -v into dir/name.log; prints its summary lines
+    local dir="$1" name="$2"; shift 2
+    mkdir -p "$dir"
+    note "$name: $*"
+    /usr/bin/time -v "$@" 2>&1 | stamp > "$dir/$name.log"
+    local rc=${PIPESTATUS[0]}
+    grep -E "step [0-9]+.*loss|VRAM: peak|denoised in|streamed|Error|error|Elapsed \(wall|Maximum resident" \
+        "$dir/$name.log" | tail -14 | sed "s/^/   $name: /" | tee -a "$LOG"
+    echo "   $name: exit $rc" | tee -a "$LOG"
+    return "$rc"
+}
+synth() { # dir variant dtype frames height width [extra...]
+    local dir="$1" variant="$2" dtype="$3" f="$4" h="$5" w="$6"; shift 6
+    [[ -f "$dir/dit.safetensors" ]] && return 0
+    timed "$OUT" "synth-$(basename "$dir")" framesmith-bench synth-project --variant "$variant" --dtype "$dtype" \
+        --out "$dir" --frames "$f" --height "$h" --width "$w" --steps "$STEPS" --seed "${SEED:-0}" "$@"
+}
+# run.toml of a synth project with FP8 block-64 weights (balanced-24gb's numerics) and a fresh output folder.
+fp8_config() { # project-dir out-toml steps
+    sed -e 's/^base_dtype = .*/base_dtype = "fp8"\nfp8_scale = "block64"/' \
+        -e "s/^max_train_steps = .*/max_train_steps = $3/" "$1/run.toml" > "$2"
+}
+# Lets a preset decide the memory keys the synth project wrote out (streaming off, nothing swapped).
+budget_config() { # in-toml out-toml
+    grep -v -E '^(streaming|blocks_to_swap|activations|checkpointing) = ' "$1" > "$2"
+}
+keep_outputs() { # project-dir case-dir
+    cp "$1/output/"*/metrics.jsonl "$2/" 2>/dev/null || cp "$1/output/metrics.jsonl" "$2/" 2>/dev/null
+    rm -rf "$1/output"
+}
+
+for case in "$@"; do
+    D="$OUT/$case"
+    mkdir -p "$D"
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader > "$D/gpu.txt"
+    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
+    SMI=$!
+    case "$case" in
+    i2v-14b)
+        P="$WORK/i2v-14b"
+        synth "$P" i2v-14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        fp8_config "$P" "$P/resident.toml" "$STEPS"
+        timed "$D" plan-resident framesmith plan --config "$P/resident.toml"
+        timed "$D" train-resident framesmith train --config "$P/resident.toml"
+        mkdir -p "$D/resident"; keep_outputs "$P" "$D/resident"
+        budget_config "$P/resident.toml" "$P/budget.toml"
+        timed "$D" plan-24 framesmith plan --config "$P/budget.toml" --preset balanced-24gb --vram-budget-gb 24
+        timed "$D" train-24 framesmith train --config "$P/budget.toml" --preset balanced-24gb --vram-budget-gb 24
+        mkdir -p "$D/budget-24"; keep_outputs "$P" "$D/budget-24"
+        rm -rf "$P"
+        ;;
+    ti2v-5b)
+        P="$WORK/ti2v-5b"
+        synth "$P" ti2v-5b bf16 121 704 1280 || { kill $SMI; continue; }
+        sed -e "s/^max_train_steps = .*/max_train_steps = $STEPS/" "$P/run.toml" > "$P/resident.toml"
+        timed "$D" plan framesmith plan --config "$P/resident.toml"
+        timed "$D" train framesmith train --config "$P/resident.toml"
+        keep_outputs "$P" "$D"
+        rm -rf "$P"
+        ;;
+    a14b-joint)
+        P="$WORK/t2v-a14b" L="$WORK/t2v-a14b-low"
+        synth "$P" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        SEED=1 synth "$L" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        fp8_config "$P" "$P/one.toml" "$STEPS"
+        budget_config "$P/one.toml" "$P/one-budget.toml"
+        fp8_config "$P" "$P/joint.toml" "$A14B_STEPS"
+        budget_config "$P/joint.toml" "$P/joint-budget.toml"
+        sed -i "s|^dit = .*|&\nvariant = \"t2v-a14b\"\ndit_low_noise = \"$L/dit.safetensors\"\nexperts = \"joint\"|" \
+            "$P/joint-budget.toml"
+        timed "$D" plan-joint framesmith plan --config "$P/joint-budget.toml" --preset balanced-24gb --vram-budget-gb 24
+        timed "$D" train-joint framesmith train --config "$P/joint-budget.toml" --preset balanced-24gb \
+            --vram-budget-gb 24
+        mkdir -p "$D/joint"; keep_outputs "$P" "$D/joint"
+        timed "$D" plan-one framesmith plan --config "$P/one-budget.toml" --preset balanced-24gb --vram-budget-gb 24
+        timed "$D" train-one framesmith train --config "$P/one-budget.toml" --preset balanced-24gb --vram-budget-gb 24
+        mkdir -p "$D/one"; keep_outputs "$P" "$D/one"
+        ;;
+    gen-a14b-48|gen-a14b-24)
+        P="$WORK/gen-a14b" L="$WORK/gen-a14b-low"
+        synth "$P" t2v-a14b fp8-scaled 81 480 832 --encoders "$SPIECE" || { kill $SMI; continue; }
+        SEED=1 synth "$L" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        budget="${case##*-}" swap=0
+        [[ "$budget" == 24 ]] && swap="$GEN_SWAP_24"
+        gen=(framesmith generate --dit "$P/dit.safetensors" --dit-low-noise "$L/dit.safetensors"
+            --text-encoder "$P/umt5_xxl_fp8_e4m3fn_scaled.safetensors" --vae "$P/wan_2.1_vae.safetensors"
+            --prompt "a test card with a moving colour bar, bright daylight" --width 1280 --height 720 --frames 81
+            --steps "$GEN_STEPS" --seed 42 --device cuda --fp8 block64 --blocks-to-swap "$swap"
+            --vram-budget-gb "$budget" --out "$D/clip.mp4")
+        if ! timed "$D" generate "${gen[@]}" && grep -q -i "out of memory" "$D/generate.log"; then
+            timed "$D" generate-tiled "${gen[@]}" --tiled
+        fi
+        rm -rf "$D"/clip_frames
+        ;;
+    *) note "unknown case $case" ;;
+    esac
+    kill $SMI 2>/dev/null
+done
+note "done"
