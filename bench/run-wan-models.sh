@@ -47,7 +47,7 @@ synth() { # dir variant dtype frames height width [extra...]
 }
 # run.toml of a synth project with FP8 block-64 weights (balanced-24gb's numerics) and a fresh output folder.
 fp8_config() { # project-dir out-toml steps
-    sed -e 's/^base_dtype = .*/base_dtype = "fp8"\nfp8_scale = "block64"/' \
+    sed -e 's/^base_dtype = .*/base_dtype = "fp8"/' -e 's/^fp8_scale = .*/fp8_scale = "block64"/' \
         -e "s/^max_train_steps = .*/max_train_steps = $3/" "$1/run.toml" > "$2"
 }
 # Lets a preset decide the memory keys the synth project wrote out (streaming off, nothing swapped).
@@ -96,8 +96,8 @@ for case in "$@"; do
         budget_config "$P/one.toml" "$P/one-budget.toml"
         fp8_config "$P" "$P/joint.toml" "$A14B_STEPS"
         budget_config "$P/joint.toml" "$P/joint-budget.toml"
-        sed -i "s|^dit = .*|&\nvariant = \"t2v-a14b\"\ndit_low_noise = \"$L/dit.safetensors\"\nexperts = \"joint\"|" \
-            "$P/joint-budget.toml"
+        sed -i -e 's|^variant = .*|variant = "t2v-a14b"|' -e "s|^dit_low_noise = .*|dit_low_noise = \"$L/dit.safetensors\"|" \
+            -e 's|^experts = .*|experts = "joint"|' "$P/joint-budget.toml"
         timed "$D" plan-joint framesmith plan --config "$P/joint-budget.toml" --preset balanced-24gb --vram-budget-gb 24
         timed "$D" train-joint framesmith train --config "$P/joint-budget.toml" --preset balanced-24gb \
             --vram-budget-gb 24
