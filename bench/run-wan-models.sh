@@ -107,13 +107,16 @@ for case in "$@"; do
         mkdir -p "$D/one"; keep_outputs "$P" "$D/one"
         ;;
     gen-a14b-48|gen-a14b-24)
-        P="$WORK/gen-a14b" L="$WORK/gen-a14b-low"
-        synth "$P" t2v-a14b fp8-scaled 81 480 832 --encoders "$SPIECE" || { kill $SMI; continue; }
+        # The experts of a14b-joint (made here when missing); umT5 and the Wan2.1 VAE from a small project's
+        # --encoders (they do not depend on the DiT).
+        P="$WORK/t2v-a14b" L="$WORK/t2v-a14b-low" E="$WORK/encoders"
+        synth "$P" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
         SEED=1 synth "$L" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        synth "$E" t2v-1.3b bf16 5 32 32 --encoders "$SPIECE" || { kill $SMI; continue; }
         budget="${case##*-}" swap=0
         [[ "$budget" == 24 ]] && swap="$GEN_SWAP_24"
         gen=(framesmith generate --dit "$P/dit.safetensors" --dit-low-noise "$L/dit.safetensors"
-            --text-encoder "$P/umt5_xxl_fp8_e4m3fn_scaled.safetensors" --vae "$P/wan_2.1_vae.safetensors"
+            --text-encoder "$E/umt5_xxl_fp8_e4m3fn_scaled.safetensors" --vae "$E/wan_2.1_vae.safetensors"
             --prompt "a test card with a moving colour bar, bright daylight" --width 1280 --height 720 --frames 81
             --steps "$GEN_STEPS" --seed 42 --device cuda --fp8 block64 --blocks-to-swap "$swap"
             --vram-budget-gb "$budget" --out "$D/clip.mp4")

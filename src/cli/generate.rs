@@ -24,7 +24,7 @@ use framesmith_engine::train::setup::{hold_vram_budget, VramUse};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
-use framesmith_models::wan::{weights, ModelOptions, WanConfig, WanModel};
+use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{release_cached_memory, streamed_blocks, OffloadOptions, Placement};
@@ -148,6 +148,7 @@ pub fn parse_lora(spec: &str) -> (PathBuf, f64) {
 /// Loads a DiT and attaches its LoRAs (several are combined into one adapter per layer).
 fn load_dit_with_loras(
     path: &Path,
+    expected: Option<&WanConfig>,
     loras: &[String],
     args: &GenerateArgs,
     (dtype, device): (DType, &Device),
@@ -157,7 +158,7 @@ fn load_dit_with_loras(
         blocks_fp8: args.fp8,
     };
     let swap = args.blocks_to_swap;
-    let mut model = load_dit(path, None, (dtype, device), &options, |cfg, name| {
+    let mut model = load_dit(path, expected, (dtype, device), &options, |cfg, name| {
         eprintln!("DiT: {name} ({})", path.display());
         if swap == 0 {
             return Ok(None);
@@ -191,6 +192,20 @@ fn load_dit_with_loras(
     lora.apply(model.linears_mut(), multiplier, dtype)
         .context("the LoRA does not fit this DiT")?;
     Ok(model)
+}
+
+/// `cfg` (a DiT file's configuration) read as a Wan2.2 expert: Wan 2.2, with its task's official boundary when
+/// the file gives none. The shapes stay the file's.
+fn a14b_expert(cfg: &WanConfig) -> WanConfig {
+    let official = match cfg.model_type {
+        ModelType::I2v => WanConfig::wan22_i2v_a14b(),
+        _ => WanConfig::wan22_t2v_a14b(),
+    };
+    WanConfig {
+        generation: official.generation,
+        expert_boundary: cfg.expert_boundary.or(official.expert_boundary),
+        ..cfg.clone()
+    }
 }
 
 /// The start image, checked against the DiT's task before any model is loaded: an image for a T2V model, none
@@ -321,19 +336,28 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let image = image
         .map(|img| encode_start_image(args, &cfg, &img, &decoder, &settings, (dtype, &device)))
         .transpose()?;
+    // Two experts are a Wan2.2 A14B pair: read as Wan 2.2 even where a file does not say so (a Wan2.1 14B file
+    // has the same tensors).
+    let pair = args.dit_low_noise.as_ref().map(|_| a14b_expert(&cfg));
     // The low-noise expert first, parked in RAM once loaded: the high-noise one denoises first, and the GPU
     // only ever holds one of them.
     let mut low = match &args.dit_low_noise {
         Some(path) => {
-            let mut model =
-                load_dit_with_loras(path, &args.loras_low_noise, args, (dtype, &device))?;
+            let mut model = load_dit_with_loras(
+                path,
+                pair.as_ref(),
+                &args.loras_low_noise,
+                args,
+                (dtype, &device),
+            )?;
             model.park()?;
             release_cached_memory(&device)?;
             Some(model)
         }
         None => None,
     };
-    let mut high = load_dit_with_loras(&args.dit, &args.loras, args, (dtype, &device))?;
+    let mut high =
+        load_dit_with_loras(&args.dit, pair.as_ref(), &args.loras, args, (dtype, &device))?;
     let boundary = high.config().boundary_timestep(args.boundary);
     let mut experts = Experts {
         high_noise: &mut high,
