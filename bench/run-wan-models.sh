@@ -120,7 +120,7 @@ for case in "$@"; do
             --prompt "a test card with a moving colour bar, bright daylight" --width 1280 --height 720 --frames 81
             --steps "$GEN_STEPS" --seed 42 --device cuda --fp8 block64 --blocks-to-swap "$swap"
             --vram-budget-gb "$budget" --out "$D/clip.mp4")
-        if ! timed "$D" generate "${gen[@]}" && grep -q -i "out of memory" "$D/generate.log"; then
+        if ! timed "$D" generate "${gen[@]}" && [[ -z "${GEN_NO_RETRY:-}" ]] && grep -q -i -E "out of memory|out_of_memory" "$D/generate.log"; then
             timed "$D" generate-tiled "${gen[@]}" --tiled
         fi
         rm -rf "$D"/clip_frames
