@@ -12,6 +12,25 @@ use regex::Regex;
 use super::init;
 use super::linear::Linear;
 
+thread_local! {
+    /// Set inside [`untracked`].
+    static UNTRACKED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Runs `f` with every LoRA on this thread read as plain tensors rather than trainable variables: what `f`
+/// computes records no autograd graph (inference: samples, generation, evaluation), so each intermediate is
+/// freed as soon as it is used, whatever LoRAs being trained are attached.
+pub fn untracked<T>(f: impl FnOnce() -> T) -> T {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            UNTRACKED.set(self.0);
+        }
+    }
+    let _restore = Restore(UNTRACKED.replace(true));
+    f()
+}
+
 /// A LoRA pair. `up` starts at zero so a fresh adapter leaves the model unchanged.
 #[derive(Clone)]
 pub struct Lora {
@@ -86,11 +105,16 @@ impl Lora {
         self.alpha / self.rank() as f64 * self.multiplier
     }
 
-    /// `up(down(x)) · scale` for `xs` [m, in], in `xs`' dtype.
+    /// `up(down(x)) · scale` for `xs` [m, in], in `xs`' dtype. Inside [`untracked`] the weights are read
+    /// detached, so nothing is recorded for a backward.
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let dtype = xs.dtype();
-        let down = self.down.as_tensor().to_dtype(dtype)?;
-        let up = self.up.as_tensor().to_dtype(dtype)?;
+        let (down, up) = if UNTRACKED.get() {
+            (self.down.as_tensor().detach(), self.up.as_tensor().detach())
+        } else {
+            (self.down.as_tensor().clone(), self.up.as_tensor().clone())
+        };
+        let (down, up) = (down.to_dtype(dtype)?, up.to_dtype(dtype)?);
         xs.matmul(&down.t()?)?.matmul(&up.t()?)? * self.scale()
     }
 }

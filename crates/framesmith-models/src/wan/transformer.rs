@@ -406,12 +406,14 @@ impl WanModel {
         self.forward_with(inputs, |block, xs, shared| block.forward(xs, shared))
     }
 
-    /// The whole forward pass for inference (generation, samples during training): blocks run as the training
-    /// step's first pass does, untracked, so a block's intermediates are freed when the next block starts. With
-    /// trainable LoRA attached, [`WanModel::forward`] would keep every block's alive.
+    /// The whole forward pass for inference (generation, samples during training): nothing is recorded for a
+    /// backward, even with trainable LoRA attached ([`framesmith_nn::lora::untracked`]), so each intermediate is
+    /// freed as soon as it is used — no block keeps a tape, which at 720p is several GiB a block.
     pub fn forward_untracked(&self, inputs: &WanInputs) -> Result<Vec<Tensor>> {
-        self.forward_with(inputs, |block, xs, shared| {
-            Ok(block.forward_untracked(&xs.detach(), shared)?.0)
+        framesmith_nn::lora::untracked(|| {
+            self.forward_with(inputs, |block, xs, shared| {
+                block.forward(&xs.detach(), shared)
+            })
         })
     }
 

@@ -324,3 +324,31 @@ fn natural_order_compares_numbers_as_numbers() {
         ]
     );
 }
+
+/// Inside `untracked` a LoRA's output records no graph and equals the tracked one; the flag is restored after,
+/// also when nested or left by a panic.
+#[test]
+fn untracked_reads_the_weights_detached_and_restores_tracking() {
+    let lora = Lora::from_tensors(
+        &tensor(1, &[2, 4], 0.5, DType::F32),
+        &tensor(2, &[3, 2], 0.5, DType::F32),
+        2.0,
+    )
+    .unwrap();
+    let x = tensor(3, &[5, 4], 1.0, DType::F32);
+    let tracked = lora.forward(&x).unwrap();
+    assert!(tracked.track_op());
+    let inner = untracked(|| {
+        let nested = untracked(|| lora.forward(&x).unwrap());
+        assert!(!nested.track_op());
+        lora.forward(&x).unwrap()
+    });
+    assert!(!inner.track_op(), "still untracked after a nested call");
+    assert_eq!(
+        inner.to_vec2::<f32>().unwrap(),
+        tracked.to_vec2::<f32>().unwrap()
+    );
+    let caught = std::panic::catch_unwind(|| untracked(|| panic!("inside")));
+    assert!(caught.is_err());
+    assert!(lora.forward(&x).unwrap().track_op(), "tracking is back");
+}
