@@ -356,8 +356,13 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let mut high =
-        load_dit_with_loras(&args.dit, pair.as_ref(), &args.loras, args, (dtype, &device))?;
+    let mut high = load_dit_with_loras(
+        &args.dit,
+        pair.as_ref(),
+        &args.loras,
+        args,
+        (dtype, &device),
+    )?;
     let boundary = high.config().boundary_timestep(args.boundary);
     let mut experts = Experts {
         high_noise: &mut high,
