@@ -19,6 +19,8 @@ pub mod t5;
 mod testkit;
 pub mod text_encoder;
 pub mod tokenizer;
+#[cfg(test)]
+mod lora_tests;
 mod trainable;
 pub mod transformer;
 #[cfg(test)]
