@@ -303,8 +303,7 @@ where
     if spec.rank == 0 {
         return Err(LoraError::ZeroRank);
     }
-    let targets =
-        LoraTargets::for_family(family, &spec.include_patterns, &spec.exclude_patterns)?;
+    let targets = LoraTargets::for_family(family, &spec.include_patterns, &spec.exclude_patterns)?;
     let alpha = if spec.alpha == 0.0 {
         spec.rank as f64
     } else {

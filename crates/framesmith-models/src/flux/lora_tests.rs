@@ -95,7 +95,10 @@ fn a_dev_lora_has_the_keys_and_shapes_of_the_official_state_dict() -> anyhow::Re
         let want = expected_keys(&official, rank, modulation);
         let missing: Vec<_> = want.keys().filter(|k| !written.contains_key(*k)).collect();
         let extra: Vec<_> = written.keys().filter(|k| !want.contains_key(*k)).collect();
-        assert!(missing.is_empty() && extra.is_empty(), "missing {missing:?}, extra {extra:?}");
+        assert!(
+            missing.is_empty() && extra.is_empty(),
+            "missing {missing:?}, extra {extra:?}"
+        );
         assert_eq!(written, want);
         // Read back, every module names its official path.
         let file = LoraFile::load(&path, &Device::Cpu)?;
@@ -162,7 +165,10 @@ fn a_saved_flux_lora_loads_into_a_fresh_model_in_either_layout() -> anyhow::Resu
     let mut tensors = HashMap::new();
     for (path, lora) in set.iter() {
         let key = format!("transformer.{path}");
-        tensors.insert(format!("{key}.lora_A.weight"), lora.down.as_tensor().clone());
+        tensors.insert(
+            format!("{key}.lora_A.weight"),
+            lora.down.as_tensor().clone(),
+        );
         let up = (lora.up.as_tensor() * lora.scale())?;
         tensors.insert(format!("{key}.lora_B.weight"), up);
     }

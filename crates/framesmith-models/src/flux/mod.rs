@@ -10,6 +10,8 @@ pub mod config;
 pub mod double_block;
 pub mod embeddings;
 pub mod last_layer;
+#[cfg(test)]
+mod lora_tests;
 pub mod modulation;
 pub mod rope;
 pub mod sampling;
@@ -19,8 +21,6 @@ pub mod t5;
 mod testkit;
 pub mod text_encoder;
 pub mod tokenizer;
-#[cfg(test)]
-mod lora_tests;
 mod trainable;
 pub mod transformer;
 #[cfg(test)]

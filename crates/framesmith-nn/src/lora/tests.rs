@@ -133,10 +133,16 @@ fn flux_user_excludes_replace_the_modulation_default_and_includes_readmit_it() {
     // sd-scripts' selection: every block linear.
     let all = flux_targets(&[r".*mod(ulation)?\.lin"], &[]);
     for linear in FLUX_DOUBLE_BLOCK_LINEARS {
-        assert!(all.matches(&format!("double_blocks.3.{linear}")), "{linear}");
+        assert!(
+            all.matches(&format!("double_blocks.3.{linear}")),
+            "{linear}"
+        );
     }
     for linear in FLUX_SINGLE_BLOCK_LINEARS {
-        assert!(all.matches(&format!("single_blocks.3.{linear}")), "{linear}");
+        assert!(
+            all.matches(&format!("single_blocks.3.{linear}")),
+            "{linear}"
+        );
     }
 }
 

@@ -451,13 +451,28 @@ fn load_weights_restores_a_set_for_resume() {
 fn musubi_names_map_back_to_wan_and_flux_paths() {
     assert_eq!(musubi_name("blocks.0.ffn.0"), "lora_unet_blocks_0_ffn_0");
     let cases = [
-        ("blocks_12_cross_attn_v_img", Some("blocks.12.cross_attn.v_img")),
+        (
+            "blocks_12_cross_attn_v_img",
+            Some("blocks.12.cross_attn.v_img"),
+        ),
         ("blocks_3_ffn_2", Some("blocks.3.ffn.2")),
-        ("double_blocks_0_img_mlp_0", Some("double_blocks.0.img_mlp.0")),
-        ("double_blocks_18_txt_attn_qkv", Some("double_blocks.18.txt_attn.qkv")),
-        ("double_blocks_2_txt_mod_lin", Some("double_blocks.2.txt_mod.lin")),
+        (
+            "double_blocks_0_img_mlp_0",
+            Some("double_blocks.0.img_mlp.0"),
+        ),
+        (
+            "double_blocks_18_txt_attn_qkv",
+            Some("double_blocks.18.txt_attn.qkv"),
+        ),
+        (
+            "double_blocks_2_txt_mod_lin",
+            Some("double_blocks.2.txt_mod.lin"),
+        ),
         ("single_blocks_37_linear1", Some("single_blocks.37.linear1")),
-        ("single_blocks_5_modulation_lin", Some("single_blocks.5.modulation.lin")),
+        (
+            "single_blocks_5_modulation_lin",
+            Some("single_blocks.5.modulation.lin"),
+        ),
         ("text_embedding_0", None),
         ("blocks_x_ffn_0", None),
         ("single_blocks_0_img_attn_qkv", None),

@@ -73,7 +73,10 @@ mod tests {
         // Embedders; 19 double blocks of 10 linears (weight, bias) and 2 q/k norms; 38 single blocks of 3 and 1; the head.
         assert_eq!(dev.len(), 2 + 3 * 4 + 2 + 19 * (20 + 4) + 38 * (6 + 2) + 4);
         assert_eq!(count(&FluxConfig::dev()), 11_901_408_320);
-        assert_eq!(count(&FluxConfig::schnell()), 11_901_408_320 - 3072 * (256 + 3072 + 2));
+        assert_eq!(
+            count(&FluxConfig::schnell()),
+            11_901_408_320 - 3072 * (256 + 3072 + 2)
+        );
         let names: std::collections::BTreeSet<&str> = dev.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(names.len(), dev.len(), "names are unique");
         for name in [
