@@ -6,6 +6,7 @@ pub mod data;
 pub mod demo_setup;
 pub mod engine;
 pub mod experts;
+pub mod flux;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
@@ -22,6 +23,8 @@ pub mod validation;
 mod experts_tests;
 #[cfg(test)]
 mod flux_step_tests;
+#[cfg(test)]
+mod flux_train_tests;
 #[cfg(test)]
 mod i2v_grad_tests;
 #[cfg(test)]
