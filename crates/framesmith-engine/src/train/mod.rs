@@ -10,6 +10,7 @@ pub mod flux;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
+pub mod run_model;
 pub mod sample_models;
 pub mod samples;
 
