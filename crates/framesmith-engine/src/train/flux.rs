@@ -4,7 +4,7 @@
 //! the model-agnostic checkpointed step takes: packed noisy latents, ids, timestep `t + 0.001` (musubi-tuner's
 //! `(t·1000 + 1) / 1000`), the pooled CLIP-L vector and guidance 1.0, as musubi-tuner and sd-scripts train dev.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
@@ -12,6 +12,8 @@ use rand::rngs::StdRng;
 
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
+use framesmith_config::plan::ModelSource;
+use framesmith_config::RunPlan;
 use framesmith_data::cache::parse_latent_cache_name;
 use framesmith_data::flux_cache::{
     flux_text_cache_name, parse_flux_latent_cache_name, read_flux_latent_cache,
@@ -30,6 +32,14 @@ pub const TRAIN_GUIDANCE: f64 = 1.0;
 /// Whether the file at `path` is a FLUX.1 file of any kind (so a run goes the FLUX.1 way).
 pub fn is_flux_file(path: &Path) -> bool {
     matches!(identify(path), Ok(ModelFile::Flux(_)))
+}
+
+/// The run's `model.dit` when it is a FLUX.1 file (of any kind: [`dev_config`] says when it is not dev's DiT).
+pub fn flux_dit_of(plan: &RunPlan) -> Option<PathBuf> {
+    match &plan.model.source {
+        ModelSource::File(path) if !path.is_dir() && is_flux_file(path) => Some(path.clone()),
+        _ => None,
+    }
 }
 
 /// The sizes of the FLUX.1 [dev] DiT at `path`, or an error naming the file and what to pick: schnell (no guidance
@@ -60,8 +70,9 @@ pub fn load_flux_items(
     dataset_toml: &Path,
     cfg: &FluxConfig,
     device: &Device,
-) -> anyhow::Result<Vec<(TrainItem, usize)>> {
+) -> anyhow::Result<FluxItems> {
     let valid = framesmith_data::load_valid(dataset_toml)?;
+    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
     let mut items = Vec::new();
     for dataset in &valid.datasets {
         if dataset.kind() != DatasetKind::Image {
@@ -83,7 +94,15 @@ pub fn load_flux_items(
             items.push((item, repeats));
         }
     }
-    Ok(items)
+    Ok(FluxItems { items, batch_size })
+}
+
+/// The cached items of a dataset config.
+pub struct FluxItems {
+    /// Each training item once, with its `num_repeats`.
+    pub items: Vec<(TrainItem, usize)>,
+    /// The first dataset's batch size.
+    pub batch_size: usize,
 }
 
 /// The FLUX.1 items cached in `dir`.

@@ -90,7 +90,12 @@ fn dataset(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Caches `stem` for FLUX.1 with random latents [16, 1, h, w] and text outputs of the tiny model's widths.
-fn cache_flux(dir: &Path, stem: &str, (h, w): (usize, usize), seed: u64) -> anyhow::Result<()> {
+pub(super) fn cache_flux(
+    dir: &Path,
+    stem: &str,
+    (h, w): (usize, usize),
+    seed: u64,
+) -> anyhow::Result<()> {
     let cfg = tiny_config()?;
     let rng = &mut StdRng::seed_from_u64(seed);
     let dev = &Device::Cpu;
@@ -162,7 +167,7 @@ fn a_dataset_not_cached_for_flux_says_which_commands_cache_it() -> anyhow::Resul
     );
 
     cache_flux(&cache, "a", (4, 4), 1)?;
-    let items = load_flux_items(&toml, &cfg, &Device::Cpu)?;
+    let items = load_flux_items(&toml, &cfg, &Device::Cpu)?.items;
     assert_eq!(items.len(), 1);
     let (item, repeats) = &items[0];
     assert_eq!(*repeats, 2);
@@ -209,7 +214,7 @@ impl MiniRun {
             })
             .collect();
         let optimizer = AdamW::new(named, Default::default())?;
-        let items = load_flux_items(toml, &cfg, &Device::Cpu)?;
+        let items = load_flux_items(toml, &cfg, &Device::Cpu)?.items;
         let items = items.into_iter().map(|(item, _)| item).collect();
         Ok(Self {
             model,

@@ -7,6 +7,7 @@ pub mod demo_setup;
 pub mod engine;
 pub mod experts;
 pub mod flux;
+mod flux_setup;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
@@ -22,6 +23,8 @@ pub mod validation;
 
 #[cfg(test)]
 mod experts_tests;
+#[cfg(test)]
+mod flux_run_tests;
 #[cfg(test)]
 mod flux_step_tests;
 #[cfg(test)]

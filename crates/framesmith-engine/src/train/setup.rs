@@ -506,6 +506,9 @@ impl Trainer {
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
+        if let Some(dit) = crate::train::flux::flux_dit_of(plan) {
+            return Self::from_flux_plan(plan, &dit, log);
+        }
         let device = device_for(plan)?;
         // Planned before the reservation takes the card's free memory.
         let memory = memory_report(plan, &device);

@@ -254,6 +254,9 @@ impl Trainer {
         index: usize,
         interrupted: &dyn Fn() -> bool,
     ) -> anyhow::Result<(usize, bool, Option<StepOutput>)> {
+        if matches!(self.model, RunModel::Flux { .. }) {
+            return self.flux_micro_step(index, interrupted);
+        }
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
         let (_, _, h, w) = batch[0].latents.dims4()?;
