@@ -8,6 +8,8 @@ use framesmith_models::trainable::TrainableModel;
 use framesmith_models::wan::WanModel;
 
 /// The model of a run.
+// One per run, long-lived: the size difference costs nothing worth an indirection.
+#[allow(clippy::large_enum_variant)]
 pub enum RunModel {
     Wan(WanModel),
     Flux {
