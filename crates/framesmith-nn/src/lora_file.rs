@@ -3,7 +3,8 @@
 //! temporary file that is fsynced and then renamed, so a crash never leaves a half-written LoRA. Reading accepts
 //! that layout and the ComfyUI / PEFT-style one with official module names
 //! (`diffusion_model.blocks.0.self_attn.q.lora_A.weight`, `lora_B`; prefix `diffusion_model.`,
-//! `model.diffusion_model.` or `transformer.`, or none).
+//! `model.diffusion_model.` or `transformer.`, or none), and FLUX.1 LoRAs named after diffusers' transformer
+//! (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`), fused onto the official modules.
 
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
@@ -318,6 +319,7 @@ impl LoraFile {
                 up,
             });
         }
+        let mut modules = flux_diffusers::to_official(modules, path)?;
         modules.sort_by(|a, b| {
             super::lora::natural_cmp(&a.name.replace('_', "."), &b.name.replace('_', "."))
         });
@@ -505,5 +507,6 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
     }
 }
 
+mod flux_diffusers;
 #[cfg(test)]
 mod tests;
