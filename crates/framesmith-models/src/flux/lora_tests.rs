@@ -1,7 +1,7 @@
 //! FLUX.1's linears and LoRA files together: a LoRA of the real FLUX.1-dev (built without its 24 GB of weights)
 //! has exactly the keys and shapes the official state dict implies under sd-scripts' / musubi-tuner's names, and
-//! a LoRA saved from the tiny fixture model loads into a fresh one (in our layout and the PEFT-style one) and
-//! computes what the trained model does.
+//! a LoRA saved from the tiny fixture model loads into a fresh one (in our layout, the PEFT-style one and
+//! diffusers' module names) and computes what the trained model does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};
@@ -190,6 +190,128 @@ fn a_saved_flux_lora_loads_into_a_fresh_model_in_either_layout() -> anyhow::Resu
     assert_eq!(
         got.flatten_all()?.to_vec1::<f32>()?,
         want.flatten_all()?.to_vec1::<f32>()?
+    );
+    Ok(())
+}
+
+/// The diffusers modules an official module's adapter splits into, with their row counts (`h`: model width,
+/// `mlp`: MLP width).
+fn diffusers_parts(path: &str, h: usize, mlp: usize) -> Vec<(String, usize)> {
+    let (block, index, module) = {
+        let mut it = path.splitn(3, '.');
+        (it.next().unwrap(), it.next().unwrap(), it.next().unwrap())
+    };
+    let parts: Vec<(&str, usize)> = match (block, module) {
+        ("double_blocks", "img_attn.qkv") => {
+            vec![("attn.to_q", h), ("attn.to_k", h), ("attn.to_v", h)]
+        }
+        ("double_blocks", "txt_attn.qkv") => {
+            vec![
+                ("attn.add_q_proj", h),
+                ("attn.add_k_proj", h),
+                ("attn.add_v_proj", h),
+            ]
+        }
+        ("double_blocks", "img_attn.proj") => vec![("attn.to_out.0", h)],
+        ("double_blocks", "txt_attn.proj") => vec![("attn.to_add_out", h)],
+        ("double_blocks", "img_mlp.0") => vec![("ff.net.0.proj", mlp)],
+        ("double_blocks", "img_mlp.2") => vec![("ff.net.2", h)],
+        ("double_blocks", "txt_mlp.0") => vec![("ff_context.net.0.proj", mlp)],
+        ("double_blocks", "txt_mlp.2") => vec![("ff_context.net.2", h)],
+        ("double_blocks", "img_mod.lin") => vec![("norm1.linear", 6 * h)],
+        ("double_blocks", "txt_mod.lin") => vec![("norm1_context.linear", 6 * h)],
+        ("single_blocks", "linear1") => {
+            vec![
+                ("attn.to_q", h),
+                ("attn.to_k", h),
+                ("attn.to_v", h),
+                ("proj_mlp", mlp),
+            ]
+        }
+        ("single_blocks", "linear2") => vec![("proj_out", h)],
+        ("single_blocks", "modulation.lin") => vec![("norm.linear", 3 * h)],
+        other => panic!("no diffusers name for {other:?}"),
+    };
+    let list = if block == "double_blocks" {
+        "transformer_blocks"
+    } else {
+        "single_transformer_blocks"
+    };
+    parts
+        .into_iter()
+        .map(|(name, rows)| (format!("{list}.{index}.{name}"), rows))
+        .collect()
+}
+
+#[test]
+fn a_lora_in_diffusers_module_names_fuses_onto_the_official_modules() -> anyhow::Result<()> {
+    let case = Case::load("flux_dit")?;
+    let inputs = inputs(&case)?;
+    let mut trained = tiny_model(&case)?;
+    let (h, mlp) = (
+        trained.config().hidden_size,
+        trained.config().mlp_hidden_dim(),
+    );
+    let set = attach_trained(&mut trained);
+    // A file without the MLP input of single block 1: the fused adapter has zero rows there.
+    let left_out = "single_transformer_blocks.1.proj_mlp";
+    let mut tensors = HashMap::new();
+    for (path, lora) in set.iter() {
+        let mut row = 0;
+        for (name, rows) in diffusers_parts(path, h, mlp) {
+            let up = (lora.up.as_tensor().narrow(0, row, rows)? * lora.scale())?;
+            row += rows;
+            if name == left_out {
+                continue;
+            }
+            let key = format!("transformer.{name}");
+            tensors.insert(
+                format!("{key}.lora_A.weight"),
+                lora.down.as_tensor().clone(),
+            );
+            tensors.insert(format!("{key}.lora_B.weight"), up);
+        }
+        assert_eq!(row, lora.out_dim(), "{path}");
+    }
+    let linear1 = set.get("single_blocks.1.linear1").expect("adapted");
+    let up = linear1.up.as_tensor();
+    let kept = up.narrow(0, 0, 3 * h)?;
+    linear1.up.set(&Tensor::cat(
+        &[&kept, &up.narrow(0, 3 * h, mlp)?.zeros_like()?],
+        0,
+    )?)?;
+    let want = trained.forward(&inputs)?;
+
+    let dir = tempfile::tempdir()?;
+    let path = dir.path().join("diffusers.safetensors");
+    candle_core::safetensors::save(&tensors, &path)?;
+    let file = LoraFile::load(&path, &Device::Cpu)?;
+    let names: Vec<&str> = file.modules.iter().map(|m| m.name.as_str()).collect();
+    let ours: Vec<String> = set
+        .iter()
+        .map(|(p, _)| format!("lora_unet_{}", p.replace('.', "_")))
+        .collect();
+    assert_eq!(names, ours);
+    let mut fresh = tiny_model(&case)?;
+    assert_eq!(file.apply(fresh.linears_mut(), 1.0, DType::F32)?, set.len());
+    let got = fresh.forward(&inputs)?;
+    let diff = (&got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(diff <= 1e-5, "max difference {diff}");
+
+    // A diffusers module with no official counterpart is named.
+    tensors.insert(
+        "transformer.transformer_blocks.0.attn.norm_q.lora_A.weight".into(),
+        Tensor::zeros((3, 16), DType::F32, &Device::Cpu)?,
+    );
+    tensors.insert(
+        "transformer.transformer_blocks.0.attn.norm_q.lora_B.weight".into(),
+        Tensor::zeros((16, 3), DType::F32, &Device::Cpu)?,
+    );
+    candle_core::safetensors::save(&tensors, &path)?;
+    let err = LoraFile::load(&path, &Device::Cpu).unwrap_err().to_string();
+    assert!(
+        err.contains("attn.norm_q") && err.contains("no official counterpart"),
+        "{err}"
     );
     Ok(())
 }
