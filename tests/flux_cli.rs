@@ -1,5 +1,6 @@
 //! `framesmith cache latents` / `cache text` with FLUX.1 files: the fixture's tiny autoencoder caches an image
-//! dataset as `_flux` latents beside Wan caches; Wan-only flags and half a pair of text encoders are refused.
+//! dataset as `_flux` latents beside Wan caches; Wan-only flags and half a pair of text encoders are refused; and
+//! `framesmith train` on a run config whose `model.dit` is the tiny FLUX.1 [dev] fixture writes a FLUX.1 LoRA.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 mod cli_support;
@@ -75,4 +76,62 @@ fn cache_text_needs_both_flux_text_encoders() {
     let (ok, _, stderr) = framesmith(&["cache", "text", "--dataset", s(&dataset), "--t5", &t5]);
     assert!(!ok);
     assert!(stderr.contains("--clip-l"), "{stderr}");
+}
+
+#[test]
+fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
+    use candle_core::{DType, Device, Tensor};
+    use framesmith_data::flux_cache::{flux_text_cache_name, write_flux_text_cache, FluxTextCache};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dataset = image_dataset(dir.path());
+    let ae = flux_fixture("flux_ae");
+    let (ok, stdout, stderr) = framesmith(&[
+        "cache",
+        "latents",
+        "--dataset",
+        s(&dataset),
+        "--vae",
+        &ae,
+        "--device",
+        "cpu",
+    ]);
+    assert!(ok, "{stdout}{stderr}");
+    // The tiny DiT reads 32-wide text: captions cached as its text encoders would give them.
+    let text = FluxTextCache {
+        t5: Tensor::ones((5, 32), DType::F32, &Device::Cpu).expect("t5"),
+        clip_l_pooler: Tensor::ones(32, DType::F32, &Device::Cpu).expect("clip"),
+        caption: "a gradient".into(),
+    };
+    write_flux_text_cache(
+        &dir.path().join("cache").join(flux_text_cache_name("a")),
+        &text,
+    )
+    .expect("text cache");
+    let dit = dir.path().join("flux1-dev.safetensors");
+    std::fs::copy(flux_fixture("flux_dit"), &dit).expect("copy");
+    let out = dir.path().join("out");
+    let config = dir.path().join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\ndit = {:?}\nbase_dtype = \"f32\"\n[dataset]\nconfig = {:?}\n[lora]\nrank = 4\n\
+             [training]\ndevice = \"cpu\"\nmax_train_steps = 2\ntimestep_sampling = \"flux_shift\"\n\
+             [output]\noutput_dir = {:?}\noutput_name = \"flux-lora\"\n",
+            s(&dit),
+            s(&dataset),
+            s(&out)
+        ),
+    )
+    .expect("config");
+    let (ok, stdout, stderr) = framesmith(&["train", "--config", s(&config)]);
+    assert!(ok, "{stdout}{stderr}");
+    let lora =
+        framesmith_nn::lora_file::LoraFile::load(&out.join("flux-lora.safetensors"), &Device::Cpu)
+            .expect("the final LoRA");
+    assert!(lora.get("lora_unet_double_blocks_0_img_attn_qkv").is_some());
+    assert!(lora.get("lora_unet_single_blocks_1_linear1").is_some());
+    assert_eq!(
+        lora.metadata.get("ss_network_module").map(String::as_str),
+        Some("networks.lora_flux")
+    );
 }
