@@ -19,15 +19,15 @@ use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
 use crate::train::run_model::RunModel;
 use crate::train::setup::{
-    device_for, device_label, float_dtype, lora_metadata, named_vars, saved_inputs_for,
-    OUT_OF_MEMORY_ADVICE,
+    device_for, device_label, float_dtype, lora_metadata, named_vars, reserve_budget,
+    saved_inputs_for, OUT_OF_MEMORY_ADVICE,
 };
 use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
 use crate::train::trainer::{mix, Trainer};
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::LogLevel;
-use framesmith_config::run::TrainingMode;
+use framesmith_config::run::{BlocksToSwap, StreamingMode, TrainingMode};
 use framesmith_config::RunPlan;
 use framesmith_models::flux::weights::{load_dit, FluxVariant};
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
@@ -108,6 +108,15 @@ impl Trainer {
             );
         };
         let device = device_for(plan)?;
+        let vram_reservation = reserve_budget(plan, &device)?;
+        let streams = plan.memory.streaming != StreamingMode::Off
+            && plan.memory.blocks_to_swap != BlocksToSwap::Count(0);
+        if device.is_cuda() && plan.memory.applies && streams {
+            log(
+                LogLevel::Info,
+                "block streaming is Wan-only for now: every FLUX.1 block stays on the GPU".into(),
+            );
+        }
         let dtype = float_dtype(plan.model.compute_dtype);
         let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
         let mut model = load_dit(dit, Some(FluxVariant::Dev), dtype, &device, fp8)?;
@@ -189,7 +198,7 @@ impl Trainer {
             start_frame: StartFrame::None,
             out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
             planned_vram_bytes: None,
-            vram_reservation: None,
+            vram_reservation,
             outputs,
             validation: None,
         })

@@ -240,7 +240,7 @@ pub struct VramHold {
 
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
 /// value lives, so the run fails where a card of that size would.
-fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
+pub(super) fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
     match plan.memory.vram_budget_bytes {
         Some(budget) if plan.memory.applies => hold_vram_budget(device, budget)
             .context("reserving device memory beyond memory.vram_budget_gb"),
