@@ -21,17 +21,22 @@ use framesmith_data::flux_cache::{
 };
 use framesmith_data::DatasetKind;
 use framesmith_models::flux::sampling::prepare;
-use framesmith_models::flux::weights::{identify_expected, FluxComponent, FluxKind, FluxVariant};
+use framesmith_models::flux::weights::{
+    identify, identify_expected, FluxComponent, FluxFormatError, FluxKind, FluxVariant,
+};
 use framesmith_models::flux::{FluxConfig, FluxInputs};
-use framesmith_models::identify::{identify, ModelFile};
 use framesmith_nn::init::randn;
 
 /// The guidance strength FLUX.1 [dev] LoRAs train with (`guidance_scale` 1.0 in musubi-tuner and sd-scripts).
 pub const TRAIN_GUIDANCE: f64 = 1.0;
 
-/// Whether the file at `path` is a FLUX.1 file of any kind (so a run goes the FLUX.1 way).
+/// Whether the file at `path` is a FLUX.1 file of any kind, a FLUX.1 transformer in diffusers' names included (so
+/// a run goes the FLUX.1 way, where [`dev_config`] says what the file is when it is not dev's DiT).
 pub fn is_flux_file(path: &Path) -> bool {
-    matches!(identify(path), Ok(ModelFile::Flux(_)))
+    matches!(
+        identify(path),
+        Ok(_) | Err(FluxFormatError::DiffusersTransformer { .. })
+    )
 }
 
 /// The run's `model.dit` when it is a FLUX.1 file (of any kind: [`dev_config`] says when it is not dev's DiT).

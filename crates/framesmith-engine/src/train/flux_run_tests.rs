@@ -147,6 +147,22 @@ fn wrong_files_and_wan_only_settings_are_refused_by_name() -> anyhow::Result<()>
     let err = start_error(&kontext);
     assert!(err.contains("FLUX.1 Kontext [dev]"), "{err}");
 
+    let mut diffusers = base.clone();
+    diffusers.model.dit = dir.path().join("diffusion_pytorch_model.safetensors");
+    let z = candle_core::Tensor::zeros((4, 4), candle_core::DType::F32, &candle_core::Device::Cpu)?;
+    let names = [
+        "transformer_blocks.0.attn.to_q.weight",
+        "single_transformer_blocks.0.attn.to_q.weight",
+    ];
+    let tensors: std::collections::HashMap<String, candle_core::Tensor> =
+        names.iter().map(|n| (n.to_string(), z.clone())).collect();
+    candle_core::safetensors::save(&tensors, &diffusers.model.dit)?;
+    let err = start_error(&diffusers);
+    assert!(
+        err.contains("FLUX.1 transformer in diffusers format"),
+        "{err}"
+    );
+
     let mut sampled = base.clone();
     sampled.model.variant = "t2v-1.3b".into();
     let err = start_error(&sampled);

@@ -12,7 +12,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::train::data::TrainSet;
-use crate::train::flux::{dev_config, flux_batch, load_flux_items};
+use crate::train::flux::{dev_config, flux_batch, is_flux_file, load_flux_items};
 use crate::train::optimizer::AdamW;
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
 use crate::train::timesteps::sample_timesteps;
@@ -48,6 +48,7 @@ fn the_dit_must_be_flux_dev_and_other_files_are_named() -> anyhow::Result<()> {
     let dev = dir.path().join("flux1-dev.safetensors");
     std::fs::copy(fixture_weights("flux_dit"), &dev)?;
     assert_eq!(dev_config(&dev)?, tiny_config()?);
+    assert!(is_flux_file(&dev));
 
     let schnell = dir.path().join("flux1-schnell.safetensors");
     std::fs::copy(fixture_weights("flux_dit_schnell"), &schnell)?;
@@ -66,6 +67,7 @@ fn the_dit_must_be_flux_dev_and_other_files_are_named() -> anyhow::Result<()> {
         (&kontext, "FLUX.1 Kontext [dev]"),
         (&wan, "a Wan diffusion transformer"),
     ] {
+        assert_eq!(is_flux_file(path), path != &wan, "{}", path.display());
         let err = format!("{:#}", dev_config(path).unwrap_err());
         assert!(err.starts_with("model.dit: "), "{err}");
         assert!(err.contains(says), "{err}");
