@@ -1,6 +1,9 @@
 //! `framesmith cache latents` and `framesmith cache text`: cache a musubi-tuner dataset for training, with a
 //! progress bar, a line per file that could not be cached, and a summary at the end. For image-to-video models
 //! (`--dit`, or musubi-tuner's `--i2v` / `--clip`) the latent caches also hold the first frame's conditioning.
+//! FLUX.1's files (`--vae ae.safetensors`; `--clip-l` and `--t5`) cache for FLUX.1 instead ([`flux`]).
+
+mod flux;
 
 use std::path::{Path, PathBuf};
 
@@ -25,9 +28,9 @@ use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
 /// What to cache.
 #[derive(Subcommand)]
 pub enum CacheAction {
-    /// Encode every image and clip of a dataset with the Wan VAE
+    /// Encode every image and clip of a dataset with the Wan VAE (or every image with FLUX.1's autoencoder)
     Latents(LatentArgs),
-    /// Encode every caption of a dataset with the umT5 text encoder
+    /// Encode every caption of a dataset with the umT5 text encoder (or FLUX.1's CLIP-L and T5-XXL)
     Text(TextArgs),
 }
 
@@ -37,7 +40,8 @@ pub struct LatentArgs {
     /// Dataset config (musubi-tuner TOML)
     #[arg(long)]
     dataset: PathBuf,
-    /// Wan VAE weights (Wan2.1_VAE.pth, Wan2.2_VAE.pth or a ComfyUI .safetensors)
+    /// Wan VAE weights (Wan2.1_VAE.pth, Wan2.2_VAE.pth or a ComfyUI .safetensors), or FLUX.1's ae.safetensors
+    /// to cache for FLUX.1
     #[arg(long)]
     vae: PathBuf,
     /// auto, cpu, cuda or cuda:N
@@ -73,12 +77,21 @@ pub struct TextArgs {
     #[arg(long)]
     dataset: PathBuf,
     /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors)
-    #[arg(long)]
-    text_encoder: PathBuf,
+    #[arg(long, required_unless_present = "t5", conflicts_with_all = ["t5", "clip_l"])]
+    text_encoder: Option<PathBuf>,
     /// tokenizer.json or spiece.model of google/umt5-xxl (default: one beside the text encoder weights, else the
-    /// tokenizer inside ComfyUI's umt5_xxl .safetensors)
+    /// tokenizer inside ComfyUI's umt5_xxl .safetensors); with --t5, the tokenizer.json of google/t5-v1_1-xxl
     #[arg(long)]
     tokenizer: Option<PathBuf>,
+    /// FLUX.1: the T5-XXL weights (t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn_scaled.safetensors), with --clip-l
+    #[arg(long, requires = "clip_l")]
+    t5: Option<PathBuf>,
+    /// FLUX.1: the CLIP-L weights (clip_l.safetensors), with --t5
+    #[arg(long, requires = "t5")]
+    clip_l: Option<PathBuf>,
+    /// FLUX.1: CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
+    #[arg(long, requires = "clip_l")]
+    clip_l_tokenizer: Option<PathBuf>,
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     device: DeviceSpec,
@@ -142,6 +155,9 @@ fn dataset(path: &Path) -> anyhow::Result<ValidConfig> {
 }
 
 fn latents(args: &LatentArgs) -> anyhow::Result<()> {
+    if flux::is_flux_autoencoder(&args.vae) {
+        return flux::latents(args);
+    }
     let valid = dataset(&args.dataset)?;
     let wanted = image_parts_wanted(args)?;
     let tools = MediaTools::locate().ok();
@@ -285,16 +301,16 @@ fn check_vae_fits_dit(args: &LatentArgs, z_dim: usize) -> anyhow::Result<()> {
 }
 
 fn text(args: &TextArgs) -> anyhow::Result<()> {
+    let text_encoder = match (&args.text_encoder, &args.clip_l, &args.t5) {
+        (Some(path), _, _) => path,
+        (None, Some(clip), Some(t5)) => return flux::text(args, clip, t5),
+        _ => anyhow::bail!("give --text-encoder (Wan's umT5), or --clip-l and --t5 (FLUX.1)"),
+    };
     let valid = dataset(&args.dataset)?;
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device)?;
-    let encoder = TextEncoder::load(
-        &args.text_encoder,
-        args.tokenizer.as_deref(),
-        dtype,
-        &device,
-    )
-    .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
+    let encoder = TextEncoder::load(text_encoder, args.tokenizer.as_deref(), dtype, &device)
+        .with_context(|| format!("loading the text encoder {}", text_encoder.display()))?;
     eprintln!(
         "text encoder: {} layers, width {}, on {device:?} in {dtype:?}",
         encoder.encoder.config().num_layers,

@@ -48,6 +48,7 @@ const TIMESTEPS: &[&str] = &[
     "logsnr",
     "qinglong",
     "qinglong_qwen",
+    "flux_shift",
 ];
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];

@@ -240,6 +240,9 @@ pub enum TimestepSampling {
     Qinglong,
     /// musubi-tuner's `qinglong_qwen`: as `qinglong` with the Qwen-Image resolution shift.
     QinglongQwen,
+    /// sd-scripts' / musubi-tuner's `flux_shift`: a sigmoid draw shifted by FLUX.1's resolution-dependent shift
+    /// exp(μ), μ linear in the packed token count through (256, 0.5) and (4096, 1.15).
+    FluxShift,
 }
 
 /// Per-sample loss weighting.

@@ -1,6 +1,6 @@
 //! LoRA adapters: trainable `down` [rank, in] and `up` [out, rank] with `alpha` and a multiplier; which of a
-//! model's linears get one (musubi-tuner's Wan targets with include/exclude patterns); attaching fresh adapters;
-//! and [`LoraSet`], the adapters a trainer optimises. Files live in [`super::lora_file`].
+//! model's linears get one (musubi-tuner's Wan and FLUX.1 targets with include/exclude patterns); attaching fresh
+//! adapters; and [`LoraSet`], the adapters a trainer optimises. Files live in [`super::lora_file`].
 
 use std::cmp::Ordering;
 
@@ -140,6 +140,61 @@ pub const WAN_BLOCK_LINEARS: [&str; 12] = [
 pub const WAN_DEFAULT_EXCLUDE: &str =
     r".*(patch_embedding|text_embedding|time_embedding|time_projection|norm|head).*";
 
+/// The linears of one FLUX.1 double-stream block (paths under `double_blocks.{i}.`), as in the official checkpoint.
+pub const FLUX_DOUBLE_BLOCK_LINEARS: [&str; 10] = [
+    "img_mod.lin",
+    "img_attn.qkv",
+    "img_attn.proj",
+    "img_mlp.0",
+    "img_mlp.2",
+    "txt_mod.lin",
+    "txt_attn.qkv",
+    "txt_attn.proj",
+    "txt_mlp.0",
+    "txt_mlp.2",
+];
+
+/// The linears of one FLUX.1 single-stream block (paths under `single_blocks.{i}.`).
+pub const FLUX_SINGLE_BLOCK_LINEARS: [&str; 3] = ["linear1", "linear2", "modulation.lin"];
+
+/// musubi-tuner's default exclude pattern for FLUX.1 (`networks/lora_flux.py`): the modulation linears. Unlike
+/// Wan's, it applies only when the user gives no exclude patterns of their own (sd-scripts adapts them too; an
+/// include pattern such as `.*mod(ulation)?\.lin` brings them back).
+pub const FLUX_DEFAULT_EXCLUDE: &str = r".*(img_mod\.lin|txt_mod\.lin|modulation\.lin).*";
+
+/// musubi-tuner's exclude pattern for FLUX.1 that always applies.
+pub const FLUX_ALWAYS_EXCLUDE: &str = r".*(norm).*";
+
+/// The model family a LoRA is for: which block lists hold its adapted linears and musubi-tuner's default
+/// exclusions for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LoraFamily {
+    /// Wan 2.1 / 2.2: `blocks.{i}.…`.
+    #[default]
+    Wan,
+    /// FLUX.1: `double_blocks.{i}.…` and `single_blocks.{i}.…`.
+    Flux,
+}
+
+impl LoraFamily {
+    /// The block lists whose linears can be adapted.
+    fn block_lists(self) -> &'static [&'static str] {
+        match self {
+            Self::Wan => &["blocks"],
+            Self::Flux => &["double_blocks", "single_blocks"],
+        }
+    }
+
+    /// The exclude patterns added to the user's (`user_excludes`: whether the user gave any).
+    fn default_excludes(self, user_excludes: bool) -> Vec<&'static str> {
+        match self {
+            Self::Wan => vec![WAN_DEFAULT_EXCLUDE],
+            Self::Flux if user_excludes => vec![FLUX_ALWAYS_EXCLUDE],
+            Self::Flux => vec![FLUX_DEFAULT_EXCLUDE, FLUX_ALWAYS_EXCLUDE],
+        }
+    }
+}
+
 /// Errors building LoRA targets or adapters.
 #[derive(Debug, thiserror::Error)]
 pub enum LoraError {
@@ -162,18 +217,29 @@ pub enum LoraError {
     Candle(#[from] candle_core::Error),
 }
 
-/// Which module paths get an adapter, with musubi-tuner's rules: only linears inside the attention blocks
-/// (`blocks.{i}.…`); a path is skipped when an exclude pattern matches it in full, unless an include pattern
-/// also matches it in full (include patterns re-admit excluded modules; they do not narrow the selection).
+/// Which module paths get an adapter, with musubi-tuner's rules: only linears inside the transformer blocks
+/// (`blocks.{i}.…` for Wan, `double_blocks.{i}.…` / `single_blocks.{i}.…` for FLUX.1); a path is skipped when an
+/// exclude pattern matches it in full, unless an include pattern also matches it in full (include patterns
+/// re-admit excluded modules; they do not narrow the selection).
 #[derive(Clone, Debug)]
 pub struct LoraTargets {
     include: Vec<Regex>,
     exclude: Vec<Regex>,
+    family: LoraFamily,
 }
 
 impl LoraTargets {
-    /// Compiles the user's patterns; [`WAN_DEFAULT_EXCLUDE`] is always added to the excludes.
+    /// Compiles the user's patterns for a Wan model; [`WAN_DEFAULT_EXCLUDE`] is always added to the excludes.
     pub fn new(include: &[String], exclude: &[String]) -> std::result::Result<Self, LoraError> {
+        Self::for_family(LoraFamily::Wan, include, exclude)
+    }
+
+    /// Compiles the user's patterns for a model of `family`, with musubi-tuner's default excludes for it.
+    pub fn for_family(
+        family: LoraFamily,
+        include: &[String],
+        exclude: &[String],
+    ) -> std::result::Result<Self, LoraError> {
         let compile = |p: &str| {
             // Python's re.fullmatch: the whole path must match.
             Regex::new(&format!("^(?:{p})$")).map_err(|source| LoraError::Pattern {
@@ -189,13 +255,24 @@ impl LoraTargets {
             .iter()
             .map(|p| compile(p))
             .collect::<std::result::Result<_, _>>()?;
-        exclude.push(compile(WAN_DEFAULT_EXCLUDE)?);
-        Ok(Self { include, exclude })
+        for pattern in family.default_excludes(!exclude.is_empty()) {
+            exclude.push(compile(pattern)?);
+        }
+        Ok(Self {
+            include,
+            exclude,
+            family,
+        })
     }
 
     /// Whether the linear at `module_path` (e.g. `blocks.0.self_attn.q`) gets an adapter.
     pub fn matches(&self, module_path: &str) -> bool {
-        if !in_attention_block(module_path) {
+        let in_block = self
+            .family
+            .block_lists()
+            .iter()
+            .any(|list| in_block_list(list, module_path));
+        if !in_block {
             return false;
         }
         let excluded = self.exclude.iter().any(|r| r.is_match(module_path));
@@ -203,9 +280,10 @@ impl LoraTargets {
     }
 }
 
-fn in_attention_block(path: &str) -> bool {
+/// Whether `path` is `{list}.{index}.{something}`.
+fn in_block_list(list: &str, path: &str) -> bool {
     let mut parts = path.splitn(3, '.');
-    parts.next() == Some("blocks")
+    parts.next() == Some(list)
         && parts
             .next()
             .is_some_and(|i| !i.is_empty() && i.bytes().all(|b| b.is_ascii_digit()))
@@ -226,18 +304,30 @@ pub struct LoraSpec {
     pub seed: u64,
 }
 
-/// Attaches a fresh adapter to every linear in `modules` (path, layer) that the spec targets, replacing any
-/// adapter already there, and returns them in [`LoraSet`] order. `down` is Kaiming-uniform like musubi-tuner
-/// (bound 1/√in), drawn on the host from the spec's seed mixed with the module path; `up` is zero; both live
-/// on the layer's device.
+/// Attaches a fresh adapter to every linear in `modules` (path, layer) of a Wan model that the spec targets,
+/// replacing any adapter already there, and returns them in [`LoraSet`] order. `down` is Kaiming-uniform like
+/// musubi-tuner (bound 1/√in), drawn on the host from the spec's seed mixed with the module path; `up` is zero;
+/// both live on the layer's device.
 pub fn attach_loras<'a, I>(modules: I, spec: &LoraSpec) -> std::result::Result<LoraSet, LoraError>
+where
+    I: IntoIterator<Item = (String, &'a mut Linear)>,
+{
+    attach_family_loras(modules, spec, LoraFamily::Wan)
+}
+
+/// [`attach_loras`] for a model of `family` (its block lists and default excludes).
+pub fn attach_family_loras<'a, I>(
+    modules: I,
+    spec: &LoraSpec,
+    family: LoraFamily,
+) -> std::result::Result<LoraSet, LoraError>
 where
     I: IntoIterator<Item = (String, &'a mut Linear)>,
 {
     if spec.rank == 0 {
         return Err(LoraError::ZeroRank);
     }
-    let targets = LoraTargets::new(&spec.include_patterns, &spec.exclude_patterns)?;
+    let targets = LoraTargets::for_family(family, &spec.include_patterns, &spec.exclude_patterns)?;
     let alpha = if spec.alpha == 0.0 {
         spec.rank as f64
     } else {

@@ -1,7 +1,10 @@
-//! LoRA files. Writing uses musubi-tuner's layout (`lora_unet_blocks_0_self_attn_q.lora_down.weight`,
-//! `.lora_up.weight`, `.alpha`) with caller-given string metadata, to a temporary file that is fsynced and then
-//! renamed, so a crash never leaves a half-written LoRA. Reading accepts that layout and the ComfyUI /
-//! diffusers-style one (`diffusion_model.blocks.0.self_attn.q.lora_A.weight`, `lora_B`, prefix optional).
+//! LoRA files. Writing uses musubi-tuner's (and sd-scripts') layout (`lora_unet_blocks_0_self_attn_q.lora_down.weight`,
+//! `lora_unet_double_blocks_0_img_attn_qkv.lora_up.weight`, `.alpha`) with caller-given string metadata, to a
+//! temporary file that is fsynced and then renamed, so a crash never leaves a half-written LoRA. Reading accepts
+//! that layout and the ComfyUI / PEFT-style one with official module names
+//! (`diffusion_model.blocks.0.self_attn.q.lora_A.weight`, `lora_B`; prefix `diffusion_model.`,
+//! `model.diffusion_model.` or `transformer.`, or none), and FLUX.1 LoRAs named after diffusers' transformer
+//! (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`), fused onto the official modules.
 
 use std::collections::HashMap;
 use std::fs::{self, OpenOptions};
@@ -11,7 +14,9 @@ use candle_core::{DType, Device, Tensor};
 use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
 
 use super::linear::Linear;
-use super::lora::{Lora, LoraSet, WAN_BLOCK_LINEARS};
+use super::lora::{
+    Lora, LoraSet, FLUX_DOUBLE_BLOCK_LINEARS, FLUX_SINGLE_BLOCK_LINEARS, WAN_BLOCK_LINEARS,
+};
 
 /// The key prefix musubi-tuner gives DiT modules.
 pub const MUSUBI_PREFIX: &str = "lora_unet_";
@@ -64,8 +69,8 @@ type FileResult<T> = std::result::Result<T, LoraFileError>;
 pub struct LoadedLora {
     /// musubi-tuner's name, `lora_unet_…`, whatever layout the file used.
     pub name: String,
-    /// The module path (`blocks.0.self_attn.q`): given by dotted layouts, recovered for Wan block linears from
-    /// musubi names (underscores are ambiguous elsewhere).
+    /// The module path (`blocks.0.self_attn.q`): given by dotted layouts, recovered for Wan and FLUX.1 block
+    /// linears from musubi names (underscores are ambiguous elsewhere).
     pub path: Option<String>,
     /// `[rank, in]`, dtype as stored.
     pub down: Tensor,
@@ -314,6 +319,7 @@ impl LoraFile {
                 up,
             });
         }
+        let mut modules = flux_diffusers::to_official(modules, path)?;
         modules.sort_by(|a, b| {
             super::lora::natural_cmp(&a.name.replace('_', "."), &b.name.replace('_', "."))
         });
@@ -443,26 +449,35 @@ fn split_key(key: &str) -> std::result::Result<(&str, Part), String> {
 /// musubi name and, where known, module path of a key's module part.
 fn normalize_module(module: &str) -> (String, Option<String>) {
     if let Some(rest) = module.strip_prefix(MUSUBI_PREFIX) {
-        return (module.to_string(), wan_block_path(rest));
+        return (module.to_string(), block_path(rest));
     }
-    let path = ["model.diffusion_model.", "diffusion_model."]
+    let path = ["model.diffusion_model.", "diffusion_model.", "transformer."]
         .iter()
         .find_map(|p| module.strip_prefix(p))
         .unwrap_or(module);
     (musubi_name(path), Some(path.to_string()))
 }
 
-/// `blocks_3_cross_attn_k_img` → `blocks.3.cross_attn.k_img` for the Wan block linears.
-fn wan_block_path(underscored: &str) -> Option<String> {
-    let rest = underscored.strip_prefix("blocks_")?;
-    let (index, linear) = rest.split_once('_')?;
-    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    WAN_BLOCK_LINEARS
-        .iter()
-        .find(|l| l.replace('.', "_") == linear)
-        .map(|l| format!("blocks.{index}.{l}"))
+/// `blocks_3_cross_attn_k_img` → `blocks.3.cross_attn.k_img` for the Wan block linears,
+/// `double_blocks_0_img_mlp_0` → `double_blocks.0.img_mlp.0` and `single_blocks_5_linear1` →
+/// `single_blocks.5.linear1` for the FLUX.1 ones.
+fn block_path(underscored: &str) -> Option<String> {
+    let lists: [(&str, &[&str]); 3] = [
+        ("double_blocks", &FLUX_DOUBLE_BLOCK_LINEARS),
+        ("single_blocks", &FLUX_SINGLE_BLOCK_LINEARS),
+        ("blocks", &WAN_BLOCK_LINEARS),
+    ];
+    lists.into_iter().find_map(|(list, linears)| {
+        let rest = underscored.strip_prefix(list)?.strip_prefix('_')?;
+        let (index, linear) = rest.split_once('_')?;
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        linears
+            .iter()
+            .find(|l| l.replace('.', "_") == linear)
+            .map(|l| format!("{list}.{index}.{l}"))
+    })
 }
 
 fn tensor_from_view(view: &TensorView<'_>, device: &Device) -> std::result::Result<Tensor, String> {
@@ -492,5 +507,6 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
     }
 }
 
+mod flux_diffusers;
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 //! Whether a cache file on disk is complete, from its safetensors header alone: the header parses, names a
-//! tensor of each expected kind, says `architecture = wan`, and its data ends exactly at the end of the file (a
-//! run killed mid-write leaves a shorter file). Reading only the header keeps re-runs over large datasets cheap.
+//! tensor of each expected kind, says `architecture = wan` (or the architecture asked for), and its data ends
+//! exactly at the end of the file (a run killed mid-write leaves a shorter file). Reading only the header keeps
+//! re-runs over large datasets cheap.
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -17,6 +18,15 @@ const MAX_HEADER_BYTES: u64 = 1 << 20;
 pub(crate) fn complete_cache(
     path: &Path,
     key_prefixes: &[&str],
+) -> Option<HashMap<String, String>> {
+    complete_cache_of(path, key_prefixes, WAN_ARCHITECTURE)
+}
+
+/// [`complete_cache`] for the caches of `architecture` (`wan`, `flux`).
+pub(crate) fn complete_cache_of(
+    path: &Path,
+    key_prefixes: &[&str],
+    architecture: &str,
 ) -> Option<HashMap<String, String>> {
     let mut file = File::open(path).ok()?;
     let file_len = file.metadata().ok()?.len();
@@ -45,7 +55,7 @@ pub(crate) fn complete_cache(
     }
     let complete = found.iter().all(|&f| f)
         && 8 + header_len + data_end == file_len
-        && metadata.get("architecture").map(String::as_str) == Some(WAN_ARCHITECTURE);
+        && metadata.get("architecture").map(String::as_str) == Some(architecture);
     complete.then_some(metadata)
 }
 

@@ -4,6 +4,7 @@
 //! already on disk are kept (a text cache only while its caption is unchanged), caches of items no longer in the
 //! dataset are removed unless asked not to, and a file that cannot be decoded is reported and skipped.
 
+pub mod flux;
 mod header;
 mod text;
 
@@ -520,6 +521,8 @@ fn cache_item(
     Ok((outcome, nan_keys))
 }
 
+#[cfg(test)]
+mod flux_tests;
 #[cfg(test)]
 mod i2v_tests;
 #[cfg(test)]

@@ -108,10 +108,10 @@ pub(super) fn check_pair(
 
 impl Trainer {
     /// The expert (the high-noise one, or the only model) that runs steps at timesteps on the `high` side.
-    pub(super) fn expert(&self, high: bool) -> &WanModel {
+    pub(super) fn expert(&self, high: bool) -> anyhow::Result<&WanModel> {
         match (&self.low_noise, high) {
-            (Some(low), false) => &low.model,
-            _ => &self.model,
+            (Some(low), false) => Ok(&low.model),
+            _ => self.model.wan(),
         }
     }
 
@@ -132,7 +132,7 @@ impl Trainer {
     /// Brings the expert for `high` onto the GPU (nothing for a one-model run).
     pub(super) fn use_expert(&mut self, high: bool) -> anyhow::Result<()> {
         if let Some(low) = self.low_noise.as_mut() {
-            activate(&mut self.model, low, high)?;
+            activate(self.model.wan_mut()?, low, high)?;
         }
         Ok(())
     }

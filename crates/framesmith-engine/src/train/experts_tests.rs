@@ -122,7 +122,7 @@ fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
     for _ in 0..4 {
         let report = trainer.train_step(&|| false)?;
         let low = trainer.low_noise.as_ref().expect("two experts");
-        assert_ne!(trainer.model.is_parked(), low.model.is_parked());
+        assert_ne!(trainer.model.wan()?.is_parked(), low.model.is_parked());
         let expert = report.expert.expect("the step names its expert");
         assert_eq!(expert.name == "high_noise", low.model.is_parked());
         assert_eq!(expert.switches, trainer.expert_switches());
@@ -130,7 +130,7 @@ fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
     }
     let low = trainer.low_noise.as_ref().expect("two experts");
     let path = "blocks.0.self_attn.q";
-    let on_high = trainer.model.blocks()[0]
+    let on_high = trainer.model.wan()?.blocks()[0]
         .self_attn
         .q
         .lora()

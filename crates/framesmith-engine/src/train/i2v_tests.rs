@@ -282,14 +282,14 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
             y: Some(y.clone()),
         };
         let direct =
-            flow_loss(&trainer.model.forward(&inputs)?, &target)?.to_scalar::<f32>()? as f64;
+            flow_loss(&trainer.model.wan()?.forward(&inputs)?, &target)?.to_scalar::<f32>()? as f64;
         // The conditioning matters: without the image latents the loss is another.
         let blank = WanInputs {
             y: Some(y.iter().map(Tensor::zeros_like).collect::<Result<_>>()?),
             ..inputs
         };
         let unconditioned =
-            flow_loss(&trainer.model.forward(&blank)?, &target)?.to_scalar::<f32>()? as f64;
+            flow_loss(&trainer.model.wan()?.forward(&blank)?, &target)?.to_scalar::<f32>()? as f64;
         assert!(
             (unconditioned - direct).abs() > 1e-3 * direct,
             "{unconditioned} vs {direct}"

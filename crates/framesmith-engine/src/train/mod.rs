@@ -6,9 +6,12 @@ pub mod data;
 pub mod demo_setup;
 pub mod engine;
 pub mod experts;
+pub mod flux;
+mod flux_setup;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
+pub mod run_model;
 pub mod sample_models;
 pub mod samples;
 
@@ -21,7 +24,11 @@ pub mod validation;
 #[cfg(test)]
 mod experts_tests;
 #[cfg(test)]
+mod flux_run_tests;
+#[cfg(test)]
 mod flux_step_tests;
+#[cfg(test)]
+mod flux_train_tests;
 #[cfg(test)]
 mod i2v_grad_tests;
 #[cfg(test)]

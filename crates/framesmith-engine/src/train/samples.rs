@@ -118,7 +118,7 @@ impl Trainer {
         while let Some(t) = denoising.next_timestep() {
             let high = boundary.is_none_or(|b| t >= b);
             self.use_expert(high).with_context(context)?;
-            denoising.step(self.expert(high)).with_context(context)?;
+            denoising.step(self.expert(high)?).with_context(context)?;
         }
         Ok(denoising.into_latents())
     }

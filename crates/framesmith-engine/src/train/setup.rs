@@ -17,6 +17,7 @@ use crate::train::experts::{check_pair, LowNoiseExpert};
 use crate::train::mode::{self, StartFrame};
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
+use crate::train::run_model::RunModel;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use crate::train::samples::{Decoder, Sampling};
 use crate::train::trainer::Trainer;
@@ -59,7 +60,7 @@ pub fn cuda_device_count() -> usize {
     }
 }
 
-fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
+pub(super) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     match plan.device {
         PlanDevice::Cpu => Ok(Device::Cpu),
         PlanDevice::Cuda(i) => {
@@ -97,7 +98,7 @@ fn check_compute_capability(_device: &Device, _index: usize) -> anyhow::Result<(
 }
 
 /// How the run log names a device: `cpu`, `cuda:0`.
-fn device_label(device: &Device) -> String {
+pub(super) fn device_label(device: &Device) -> String {
     match device.location() {
         candle_core::DeviceLocation::Cpu => "cpu".into(),
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
@@ -105,7 +106,7 @@ fn device_label(device: &Device) -> String {
     }
 }
 
-fn float_dtype(d: FloatDtype) -> DType {
+pub(super) fn float_dtype(d: FloatDtype) -> DType {
     match d {
         FloatDtype::F32 => DType::F32,
         FloatDtype::Bf16 => DType::BF16,
@@ -200,7 +201,7 @@ fn streaming_for(
 
 /// Where the step keeps saved block inputs: host RAM with `memory.activations = "host"` on CUDA, pageable when
 /// `memory.streaming = "staged"` promises little page-locked memory.
-fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacement {
+pub(super) fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacement {
     if !(plan.memory.applies
         && device.is_cuda()
         && plan.memory.activations == ActivationPlacement::Host)
@@ -239,7 +240,7 @@ pub struct VramHold {
 
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
 /// value lives, so the run fails where a card of that size would.
-fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
+pub(super) fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
     match plan.memory.vram_budget_bytes {
         Some(budget) if plan.memory.applies => hold_vram_budget(device, budget)
             .context("reserving device memory beyond memory.vram_budget_gb"),
@@ -355,7 +356,7 @@ pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To f
     run.toml` shows where the memory goes.";
 
 /// The LoRA file's metadata: musubi-tuner's `ss_*` keys, modelspec, and the numerics and mode of the run.
-fn lora_metadata(
+pub(super) fn lora_metadata(
     plan: &RunPlan,
     base_name: &str,
     start_frame: StartFrame,
@@ -505,6 +506,9 @@ impl Trainer {
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
+        if let Some(dit) = crate::train::flux::flux_dit_of(plan) {
+            return Self::from_flux_plan(plan, &dit, log);
+        }
         let device = device_for(plan)?;
         // Planned before the reservation takes the card's free memory.
         let memory = memory_report(plan, &device);
@@ -604,7 +608,7 @@ impl Trainer {
         outputs.config_toml = plan.config.to_toml_string()?;
         Ok(Trainer {
             sampling: sampling(plan, &cfg, encoded, &device)?,
-            model,
+            model: RunModel::Wan(model),
             low_noise,
             loras,
             optimizer,
@@ -633,7 +637,7 @@ impl Trainer {
 }
 
 /// The optimizer's names for a LoRA's factors (`{path}.lora_down`, `{path}.lora_up`).
-fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
+pub(super) fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
     loras
         .iter()
         .flat_map(|(path, l)| {

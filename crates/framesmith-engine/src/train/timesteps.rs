@@ -135,6 +135,9 @@ fn raw_t(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> f
         TimestepSampling::Sigmoid => sigmoid(cfg.sigmoid_scale * normal(rng)),
         TimestepSampling::Shift => shifted_sigmoid(cfg, cfg.discrete_flow_shift, rng),
         TimestepSampling::Logsnr => logsnr_t(cfg.logit_mean, cfg.logit_std, rng),
+        TimestepSampling::FluxShift => {
+            shifted_sigmoid(cfg, qinglong_shift(cfg.sampling, latent_hw), rng)
+        }
         TimestepSampling::Qinglong | TimestepSampling::QinglongQwen => {
             let decision: f64 = rng.random();
             if decision < 0.80 {
@@ -159,8 +162,9 @@ fn logsnr_t(mean: f64, std: f64, rng: &mut StdRng) -> f64 {
     sigmoid(-logsnr / 2.0)
 }
 
-/// The resolution-dependent shift exp(μ) of the `qinglong` modes: μ is linear in the packed token count
-/// (h/2)·(w/2) of the latent, through (256, 0.5) and (4096, 1.15) for Flux, (256, 0.5) and (8192, 0.9) for Qwen.
+/// The resolution-dependent shift exp(μ) of the `qinglong` and `flux_shift` modes: μ is linear in the packed token
+/// count (h/2)·(w/2) of the latent, through (256, 0.5) and (4096, 1.15) for Flux, (256, 0.5) and (8192, 0.9) for
+/// Qwen.
 pub fn qinglong_shift(sampling: TimestepSampling, latent_hw: (usize, usize)) -> f64 {
     let tokens = ((latent_hw.0 / 2) * (latent_hw.1 / 2)) as f64;
     let (x1, y1, x2, y2) = match sampling {
@@ -312,6 +316,45 @@ mod tests {
         assert!((qinglong_shift(TimestepSampling::Qinglong, (60, 104)) - expected).abs() < 1e-12);
         let qwen = (0.5 + 1304.0 * 0.4 / 7936.0_f64).exp();
         assert!((qinglong_shift(TimestepSampling::QinglongQwen, (60, 104)) - qwen).abs() < 1e-12);
+    }
+
+    #[test]
+    fn flux_shift_is_the_sigmoid_shifted_by_the_resolution() {
+        // As sd-scripts' `flux_shift`: the `shift` mode's draw with exp(μ) of the packed token count as its shift.
+        for (hw, tokens) in [((32, 32), 256.0), ((128, 128), 4096.0), ((60, 104), 1560.0)] {
+            let mu = 0.5 + (tokens - 256.0) * 0.65 / 3840.0_f64;
+            let flux = sample_timesteps(
+                &cfg(TimestepSampling::FluxShift),
+                500,
+                hw,
+                &mut StdRng::seed_from_u64(3),
+            );
+            let shift = TimestepConfig {
+                discrete_flow_shift: mu.exp(),
+                ..cfg(TimestepSampling::Shift)
+            };
+            let shifted = sample_timesteps(&shift, 500, hw, &mut StdRng::seed_from_u64(3));
+            for (a, b) in flux.iter().zip(&shifted) {
+                assert!((a.t - b.t).abs() < 1e-12, "{hw:?}: {a:?} vs {b:?}");
+                assert_eq!(a.model_timestep, a.t * 1000.0 + 1.0);
+            }
+        }
+        // Larger images train at higher noise: the median moves from 0.62 (256 tokens) to 0.76 (4096 tokens).
+        let median = |hw| {
+            let mut ts: Vec<f64> = sample_timesteps(
+                &cfg(TimestepSampling::FluxShift),
+                20_001,
+                hw,
+                &mut StdRng::seed_from_u64(5),
+            )
+            .iter()
+            .map(|d| d.t)
+            .collect();
+            ts.sort_by(f64::total_cmp);
+            ts[10_000]
+        };
+        assert!((median((32, 32)) - 0.6225).abs() < 0.01);
+        assert!((median((128, 128)) - 0.7595).abs() < 0.01);
     }
 
     #[test]

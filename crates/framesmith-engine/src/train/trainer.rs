@@ -16,6 +16,7 @@ use crate::generate::denoise::{first_frame_row, with_first_frame};
 use crate::train::data::{image_inputs, TrainItem, TrainSet};
 use crate::train::mode::StartFrame;
 use crate::train::optimizer::{AdamW, StepOutcome};
+use crate::train::run_model::RunModel;
 use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOptions, StepOutput};
 use crate::train::timesteps::{
     loss_weight, sample_expert_timesteps, sample_timesteps, TimestepDraw,
@@ -23,7 +24,7 @@ use crate::train::timesteps::{
 use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
 use framesmith_config::training::TimestepConfig;
-use framesmith_models::wan::{Timesteps, WanInputs, WanModel};
+use framesmith_models::wan::{Timesteps, WanInputs};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::offload::SavedPlacement;
@@ -57,7 +58,7 @@ pub struct ExpertStep {
 /// The mutable state of a run and everything needed to advance it.
 pub struct Trainer {
     /// The DiT (for Wan2.2 A14B with both experts, the high-noise expert).
-    pub(super) model: WanModel,
+    pub(super) model: RunModel,
     /// Wan2.2 A14B's low-noise expert, when the run trains both.
     pub(super) low_noise: Option<crate::train::experts::LowNoiseExpert>,
     pub(super) loras: LoraSet,
@@ -210,7 +211,7 @@ impl Trainer {
                 noisy.push(with_first_frame(&mixed, &x.narrow(1, 0, 1)?)?);
                 let shape = x.dims4().map(|(c, f, h, w)| [c, f, h, w])?;
                 rows.push(first_frame_row(
-                    self.model.config(),
+                    self.model.wan()?.config(),
                     shape,
                     draw.model_timestep,
                 ));
@@ -228,7 +229,7 @@ impl Trainer {
             .iter()
             .map(|d| loss_weight(self.timesteps.weighting, d.model_timestep))
             .collect();
-        let (y, clip) = image_inputs(batch, self.model.config())?;
+        let (y, clip) = image_inputs(batch, self.model.wan()?.config())?;
         let inputs = WanInputs {
             latents: noisy,
             timesteps,
@@ -253,6 +254,9 @@ impl Trainer {
         index: usize,
         interrupted: &dyn Fn() -> bool,
     ) -> anyhow::Result<(usize, bool, Option<StepOutput>)> {
+        if matches!(self.model, RunModel::Flux { .. }) {
+            return self.flux_micro_step(index, interrupted);
+        }
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
         let (_, _, h, w) = batch[0].latents.dims4()?;
@@ -266,13 +270,13 @@ impl Trainer {
             ),
         };
         if let Some(low) = self.low_noise.as_mut() {
-            crate::train::experts::activate(&mut self.model, low, high)?;
+            crate::train::experts::activate(self.model.wan_mut()?, low, high)?;
         }
         let flow = self.flow_batch(&batch, &draws, rng)?;
         let (inputs, target) = (&flow.inputs, flow.target());
         let vars = self.expert_vars(high);
         let options = self.step_options(interrupted);
-        match try_checkpointed_step(self.expert(high), inputs, &target, &vars, &options) {
+        match try_checkpointed_step(self.expert(high)?, inputs, &target, &vars, &options) {
             Ok(out) => Ok((epoch, high, Some(out))),
             Err(StepError::NonFiniteLoss(_)) => Ok((epoch, high, None)),
             Err(e @ StepError::Interrupted) => Err(e.into()),

@@ -219,7 +219,7 @@ impl Trainer {
                     let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
                     let flow = self.flow_batch(&[item], &[draw], rng)?;
                     let loss = forward_loss(
-                        self.expert(high),
+                        self.expert(high)?,
                         &flow.inputs,
                         &flow.target(),
                         Some(interrupted),

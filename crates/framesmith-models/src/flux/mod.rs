@@ -10,6 +10,8 @@ pub mod config;
 pub mod double_block;
 pub mod embeddings;
 pub mod last_layer;
+#[cfg(test)]
+mod lora_tests;
 pub mod modulation;
 pub mod rope;
 pub mod sampling;

@@ -5,6 +5,7 @@
 //! schnell or Kontext given for dev, a Wan file given as FLUX — gets an error saying what it is and what to pick.
 
 mod error;
+mod keys;
 mod load;
 #[cfg(test)]
 mod tests;
@@ -14,6 +15,7 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 pub use error::FluxFormatError;
+pub use keys::official_shapes;
 pub use load::{load_autoencoder, load_clip_text, load_dit, load_t5_xxl};
 
 use super::FluxConfig;

@@ -83,6 +83,69 @@ fn exclude_and_include_patterns_follow_musubi() {
     assert!(err.contains("blocks.("), "{err}");
 }
 
+fn flux_targets(include: &[&str], exclude: &[&str]) -> LoraTargets {
+    let s = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    LoraTargets::for_family(LoraFamily::Flux, &s(include), &s(exclude)).unwrap()
+}
+
+#[test]
+fn flux_default_targets_are_musubis_block_linears_without_modulation() {
+    let t = flux_targets(&[], &[]);
+    let modulation = ["img_mod.lin", "txt_mod.lin", "modulation.lin"];
+    for block in [0, 18] {
+        for linear in FLUX_DOUBLE_BLOCK_LINEARS {
+            let path = format!("double_blocks.{block}.{linear}");
+            assert_eq!(t.matches(&path), !modulation.contains(&linear), "{path}");
+        }
+    }
+    for block in [0, 37] {
+        for linear in FLUX_SINGLE_BLOCK_LINEARS {
+            let path = format!("single_blocks.{block}.{linear}");
+            assert_eq!(t.matches(&path), !modulation.contains(&linear), "{path}");
+        }
+    }
+    for outside in [
+        "img_in",
+        "txt_in",
+        "time_in.in_layer",
+        "guidance_in.out_layer",
+        "vector_in.in_layer",
+        "final_layer.linear",
+        "final_layer.adaLN_modulation.1",
+        "blocks.0.self_attn.q",
+        "double_blocks.x.img_attn.qkv",
+        "single_blocks.0",
+    ] {
+        assert!(!t.matches(outside), "{outside}");
+    }
+    // Wan's targets are not FLUX's.
+    assert!(!targets(&[], &[]).matches("double_blocks.0.img_attn.qkv"));
+}
+
+#[test]
+fn flux_user_excludes_replace_the_modulation_default_and_includes_readmit_it() {
+    // As musubi-tuner: the user's excludes replace the default one, `norm` stays excluded.
+    let no_txt = flux_targets(&[], &[r".*txt_.*"]);
+    assert!(no_txt.matches("double_blocks.0.img_mod.lin"));
+    assert!(no_txt.matches("single_blocks.0.modulation.lin"));
+    assert!(!no_txt.matches("double_blocks.0.txt_attn.qkv"));
+    assert!(!no_txt.matches("double_blocks.0.img_attn.norm.query_norm"));
+    // sd-scripts' selection: every block linear.
+    let all = flux_targets(&[r".*mod(ulation)?\.lin"], &[]);
+    for linear in FLUX_DOUBLE_BLOCK_LINEARS {
+        assert!(
+            all.matches(&format!("double_blocks.3.{linear}")),
+            "{linear}"
+        );
+    }
+    for linear in FLUX_SINGLE_BLOCK_LINEARS {
+        assert!(
+            all.matches(&format!("single_blocks.3.{linear}")),
+            "{linear}"
+        );
+    }
+}
+
 /// A toy model: `blocks.{i}.self_attn.q` and `blocks.{i}.ffn.0` for 12 blocks, plus a head.
 fn toy_model(dtype: DType) -> Vec<(String, Linear)> {
     let mut layers = Vec::new();

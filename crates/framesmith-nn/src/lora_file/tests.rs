@@ -448,16 +448,40 @@ fn load_weights_restores_a_set_for_resume() {
 }
 
 #[test]
-fn musubi_names_map_back_to_wan_paths() {
+fn musubi_names_map_back_to_wan_and_flux_paths() {
     assert_eq!(musubi_name("blocks.0.ffn.0"), "lora_unet_blocks_0_ffn_0");
-    assert_eq!(
-        wan_block_path("blocks_12_cross_attn_v_img").as_deref(),
-        Some("blocks.12.cross_attn.v_img")
-    );
-    assert_eq!(
-        wan_block_path("blocks_3_ffn_2").as_deref(),
-        Some("blocks.3.ffn.2")
-    );
-    assert_eq!(wan_block_path("text_embedding_0"), None);
-    assert_eq!(wan_block_path("blocks_x_ffn_0"), None);
+    let cases = [
+        (
+            "blocks_12_cross_attn_v_img",
+            Some("blocks.12.cross_attn.v_img"),
+        ),
+        ("blocks_3_ffn_2", Some("blocks.3.ffn.2")),
+        (
+            "double_blocks_0_img_mlp_0",
+            Some("double_blocks.0.img_mlp.0"),
+        ),
+        (
+            "double_blocks_18_txt_attn_qkv",
+            Some("double_blocks.18.txt_attn.qkv"),
+        ),
+        (
+            "double_blocks_2_txt_mod_lin",
+            Some("double_blocks.2.txt_mod.lin"),
+        ),
+        ("single_blocks_37_linear1", Some("single_blocks.37.linear1")),
+        (
+            "single_blocks_5_modulation_lin",
+            Some("single_blocks.5.modulation.lin"),
+        ),
+        ("text_embedding_0", None),
+        ("blocks_x_ffn_0", None),
+        ("single_blocks_0_img_attn_qkv", None),
+        ("double_blocks_1_linear1", None),
+    ];
+    for (underscored, path) in cases {
+        assert_eq!(block_path(underscored).as_deref(), path, "{underscored}");
+        if let Some(path) = path {
+            assert_eq!(musubi_name(path), format!("lora_unet_{underscored}"));
+        }
+    }
 }

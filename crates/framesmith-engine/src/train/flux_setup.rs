@@ -1,0 +1,249 @@
+//! A FLUX.1 [dev] run built from a validated plan whose `model.dit` is a FLUX.1 file, and its micro-step: the same
+//! [`Trainer`] as a Wan run (optimizer, schedule, training set, outputs, resume, the engine loop), with the FLUX.1
+//! DiT, LoRA on its double- and single-stream blocks under sd-scripts' names, items from `_flux` caches and the
+//! FLUX.1 batch. Samples, validation, block streaming and the memory planner are Wan-only for now: a run that asks
+//! for them is refused with what to change.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::DType;
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::plan as memory_plan;
+use crate::train::data::TrainSet;
+use crate::train::flux::{dev_config, flux_batch, load_flux_items};
+use crate::train::mode::StartFrame;
+use crate::train::optimizer::AdamW;
+use crate::train::outputs::Outputs;
+use crate::train::run_model::RunModel;
+use crate::train::setup::{
+    device_for, device_label, float_dtype, lora_metadata, named_vars, reserve_budget,
+    saved_inputs_for, OUT_OF_MEMORY_ADVICE,
+};
+use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOutput};
+use crate::train::timesteps::{loss_weight, sample_timesteps};
+use crate::train::trainer::{mix, Trainer};
+use framesmith_config::plan::DatasetSource;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::run::{BlocksToSwap, StreamingMode, TrainingMode};
+use framesmith_config::RunPlan;
+use framesmith_models::flux::weights::{load_dit, FluxVariant};
+use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
+use framesmith_nn::lora_file::LoraFile;
+
+/// The name runs and LoRA metadata give the base model.
+const BASE_NAME: &str = "FLUX.1 [dev]";
+
+/// What a FLUX.1 run cannot do yet, each with the change that makes the config trainable.
+fn refuse_wan_only(plan: &RunPlan, dit: &Path) -> anyhow::Result<()> {
+    let mut problems = Vec::new();
+    if plan.model.variant.is_some() {
+        problems.push("model.variant names a Wan variant: set it to \"auto\"");
+    }
+    if plan.model.low_noise.is_some() {
+        problems.push("model.dit_low_noise is for Wan2.2 A14B: remove it");
+    }
+    if plan.training.mode == TrainingMode::ImageToVideo {
+        problems.push("training.mode = \"image_to_video\" is for Wan: remove it");
+    }
+    if plan.sampling.is_some() {
+        problems.push("samples during FLUX.1 training are not available yet: remove [sampling]");
+    }
+    if plan.validation.is_some() {
+        problems.push("validation of FLUX.1 runs is not available yet: remove [validation]");
+    }
+    if problems.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "model.dit is FLUX.1 [dev], and this config asks for what only Wan runs do: {} ({})",
+        problems.join("; "),
+        dit.display()
+    )
+}
+
+/// The LoRA file's metadata: the Wan run's keys with FLUX.1's network module, architecture and numerics.
+fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
+    let mut meta = lora_metadata(plan, BASE_NAME, StartFrame::None);
+    for key in ["framesmith.residual_dtype", "framesmith.time_embedding"] {
+        meta.remove(key);
+    }
+    for (key, value) in [
+        ("ss_network_module", "networks.lora_flux"),
+        ("modelspec.architecture", "flux-1-dev/lora"),
+        (
+            "modelspec.implementation",
+            "https://github.com/black-forest-labs/flux",
+        ),
+        ("ss_guidance_scale", "1.0"),
+        ("framesmith.model_timestep", "t+0.001"),
+        ("framesmith.training_mode", "text_to_image"),
+    ] {
+        meta.insert(key.into(), value.into());
+    }
+    // musubi-tuner's spelling (`flux_shift`), as the config takes it.
+    if let Ok(serde_json::Value::String(name)) =
+        serde_json::to_value(plan.training.timesteps.sampling)
+    {
+        meta.insert("ss_timestep_sampling".into(), name);
+    }
+    meta
+}
+
+impl Trainer {
+    /// Builds a FLUX.1 [dev] run from a validated plan whose `model.dit` is the FLUX.1 file `dit`.
+    pub(super) fn from_flux_plan(
+        plan: &RunPlan,
+        dit: &Path,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<Trainer> {
+        let cfg = dev_config(dit)?;
+        refuse_wan_only(plan, dit)?;
+        let DatasetSource::Config(dataset) = &plan.dataset.source else {
+            anyhow::bail!(
+                "a FLUX.1 run trains on a dataset config: set dataset.config to a musubi-tuner image dataset TOML \
+                 (dataset.synthetic is for the demo model)"
+            );
+        };
+        let device = device_for(plan)?;
+        let vram_reservation = reserve_budget(plan, &device)?;
+        let streams = plan.memory.streaming != StreamingMode::Off
+            && plan.memory.blocks_to_swap != BlocksToSwap::Count(0);
+        if device.is_cuda() && plan.memory.applies && streams {
+            log(
+                LogLevel::Info,
+                "block streaming is Wan-only for now: every FLUX.1 block stays on the GPU".into(),
+            );
+        }
+        let dtype = float_dtype(plan.model.compute_dtype);
+        let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+        let mut model = load_dit(dit, Some(FluxVariant::Dev), dtype, &device, fp8)?;
+        log(
+            LogLevel::Info,
+            format!("model: {BASE_NAME} on {}", device_label(&device)),
+        );
+        log(
+            LogLevel::Info,
+            "training mode: text-to-image, guidance 1.0".into(),
+        );
+        let cached = load_flux_items(dataset, &cfg, &device)?;
+        let items = cached
+            .items
+            .into_iter()
+            .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
+            .collect();
+        let data = TrainSet::new(items, cached.batch_size, 1, plan.training.seed)?;
+        let spec = LoraSpec {
+            rank: plan.lora.rank,
+            alpha: plan.lora.alpha,
+            dtype: DType::F32,
+            include_patterns: plan.lora.include_patterns.clone(),
+            exclude_patterns: plan.lora.exclude_patterns.clone(),
+            seed: plan.training.seed,
+        };
+        let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::Flux)?;
+        if let Some(path) = &plan.lora.init_from {
+            LoraFile::load(path, &device)
+                .and_then(|file| loras.load_weights(&file))
+                .map_err(|e| {
+                    anyhow::anyhow!(
+                        "lora.init_from: {e}; point it at a FLUX.1 [dev] LoRA .safetensors with this run's modules \
+                         (one Framesmith, musubi-tuner or sd-scripts saved), or remove it to start from a fresh LoRA"
+                    )
+                })?;
+        }
+        log(
+            LogLevel::Info,
+            format!(
+                "LoRA: {} modules, {} parameters",
+                loras.len(),
+                loras.parameter_count()
+            ),
+        );
+        let optimizer = AdamW::new(named_vars(&loras), plan.optimizer)?;
+        let accumulation = plan.training.gradient_accumulation_steps.max(1);
+        let total_steps = plan.training.total_steps(data.batches_per_epoch());
+        let mut outputs = Outputs::create(
+            &plan.output.output_dir,
+            &plan.output.output_name,
+            flux_lora_metadata(plan),
+        );
+        outputs.every_n_steps = plan.output.save_every_n_steps;
+        outputs.every_n_epochs = plan.output.save_every_n_epochs;
+        outputs.save_state = plan.output.save_state;
+        outputs.save_dtype = float_dtype(plan.output.save_dtype);
+        outputs.config_toml = plan.config.to_toml_string()?;
+        Ok(Trainer {
+            sampling: None,
+            model: RunModel::Flux {
+                model: Box::new(model),
+                dtype,
+            },
+            low_noise: None,
+            loras,
+            optimizer,
+            schedule: plan.schedule.with_total_steps(total_steps),
+            timesteps: plan.training.timesteps,
+            data,
+            seed: plan.training.seed,
+            accumulation,
+            total_steps,
+            max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
+            step: 0,
+            consecutive_nonfinite: 0,
+            saved_inputs: saved_inputs_for(plan, &device),
+            checkpointing: plan.memory.checkpointing,
+            start_frame: StartFrame::None,
+            out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
+            planned_vram_bytes: None,
+            vram_reservation,
+            outputs,
+            validation: None,
+        })
+    }
+
+    /// One FLUX.1 micro-batch: noise and timesteps from the micro-step's seed, the FLUX.1 batch, the checkpointed
+    /// step. As the Wan micro-step: the epoch, `true` (one model), and the output, `None` when the loss was not
+    /// finite.
+    pub(super) fn flux_micro_step(
+        &mut self,
+        index: usize,
+        interrupted: &dyn Fn() -> bool,
+    ) -> anyhow::Result<(usize, bool, Option<StepOutput>)> {
+        let RunModel::Flux { model, dtype } = &self.model else {
+            anyhow::bail!("a FLUX.1 step on a Wan run");
+        };
+        let (epoch, batch) = self.data.batch_at(index);
+        let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
+        let (_, _, h, w) = batch[0].latents.dims4()?;
+        let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
+        let flux = flux_batch(&batch, &draws, rng, *dtype)?;
+        let weights: Vec<f64> = draws
+            .iter()
+            .map(|d| loss_weight(self.timesteps.weighting, d.model_timestep))
+            .collect();
+        let target = LossTarget {
+            targets: &flux.targets,
+            weights: Some(&weights),
+            skip_frames: 0,
+        };
+        let vars = self.loras.vars();
+        let options = self.step_options(interrupted);
+        match try_checkpointed_step(model.as_ref(), &flux.inputs, &target, &vars, &options) {
+            Ok(out) => Ok((epoch, true, Some(out))),
+            Err(StepError::NonFiniteLoss(_)) => Ok((epoch, true, None)),
+            Err(e @ StepError::Interrupted) => Err(e.into()),
+            Err(StepError::OutOfMemory(oom)) => Err(anyhow::anyhow!(
+                "the GPU ran out of memory during the training step on {} ({}). {}",
+                batch[0].key,
+                oom.summary(),
+                self.out_of_memory_advice
+            )),
+            Err(StepError::Candle(e)) => {
+                Err(anyhow::Error::new(e).context(format!("training step on {}", batch[0].key)))
+            }
+        }
+    }
+}

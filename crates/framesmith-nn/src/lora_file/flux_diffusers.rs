@@ -1,0 +1,168 @@
+//! FLUX.1 LoRAs named after diffusers' transformer (PEFT files of diffusers, ai-toolkit, SimpleTuner:
+//! `transformer.transformer_blocks.0.attn.to_q.lora_A.weight`) read as adapters of the official modules: the
+//! separate q, k, v projections (and, in single-stream blocks, the MLP input) become one adapter on the fused
+//! `qkv` / `linear1`, their `down` factors stacked and their `up` factors placed block-diagonally with each part's
+//! alpha / rank folded in, so the fused adapter adds exactly what the parts would.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Tensor};
+
+use super::{musubi_name, FileResult, LoadedLora, LoraFileError};
+
+/// A diffusers module under a block → (official module, part, parts).
+type Mapping = (&'static str, &'static str, usize, usize);
+
+/// The modules of a double-stream block.
+const DOUBLE: [Mapping; 14] = [
+    ("attn.to_q", "img_attn.qkv", 0, 3),
+    ("attn.to_k", "img_attn.qkv", 1, 3),
+    ("attn.to_v", "img_attn.qkv", 2, 3),
+    ("attn.add_q_proj", "txt_attn.qkv", 0, 3),
+    ("attn.add_k_proj", "txt_attn.qkv", 1, 3),
+    ("attn.add_v_proj", "txt_attn.qkv", 2, 3),
+    ("attn.to_out.0", "img_attn.proj", 0, 1),
+    ("attn.to_add_out", "txt_attn.proj", 0, 1),
+    ("ff.net.0.proj", "img_mlp.0", 0, 1),
+    ("ff.net.2", "img_mlp.2", 0, 1),
+    ("ff_context.net.0.proj", "txt_mlp.0", 0, 1),
+    ("ff_context.net.2", "txt_mlp.2", 0, 1),
+    // AdaLayerNormZero's six chunks are the official modulation's (shift, scale, gate) twice, in order.
+    ("norm1.linear", "img_mod.lin", 0, 1),
+    ("norm1_context.linear", "txt_mod.lin", 0, 1),
+];
+
+/// The modules of a single-stream block.
+const SINGLE: [Mapping; 6] = [
+    ("attn.to_q", "linear1", 0, 4),
+    ("attn.to_k", "linear1", 1, 4),
+    ("attn.to_v", "linear1", 2, 4),
+    ("proj_mlp", "linear1", 3, 4),
+    ("proj_out", "linear2", 0, 1),
+    ("norm.linear", "modulation.lin", 0, 1),
+];
+
+/// FLUX.1's MLP width over the model width (the single-stream blocks' `proj_mlp` rows).
+const MLP_RATIO: usize = 4;
+
+/// The official module, part and part count of a diffusers module path; `Ok(None)` when the path is not named
+/// after diffusers' FLUX.1 transformer.
+fn official(module_path: &str) -> Result<Option<(String, usize, usize)>, String> {
+    let (list, official_list, table): (&str, &str, &[Mapping]) =
+        if module_path.starts_with("transformer_blocks.") {
+            ("transformer_blocks.", "double_blocks", &DOUBLE)
+        } else if module_path.starts_with("single_transformer_blocks.") {
+            ("single_transformer_blocks.", "single_blocks", &SINGLE)
+        } else {
+            return Ok(None);
+        };
+    let rest = &module_path[list.len()..];
+    let (index, sub) = rest
+        .split_once('.')
+        .ok_or_else(|| format!("`{module_path}` names no module"))?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("`{module_path}` has no block index"));
+    }
+    let (_, module, part, parts) = table
+        .iter()
+        .find(|(name, ..)| *name == sub)
+        .ok_or_else(|| format!("diffusers' FLUX.1 module `{sub}` has no official counterpart"))?;
+    Ok(Some((
+        format!("{official_list}.{index}.{module}"),
+        *part,
+        *parts,
+    )))
+}
+
+/// `modules` with every adapter named after diffusers' FLUX.1 transformer replaced by one on its official module;
+/// others unchanged. `path` is the file, for errors.
+pub(super) fn to_official(modules: Vec<LoadedLora>, path: &Path) -> FileResult<Vec<LoadedLora>> {
+    let mut out = Vec::with_capacity(modules.len());
+    let mut fused: BTreeMap<String, Vec<Option<LoadedLora>>> = BTreeMap::new();
+    for m in modules {
+        let target = match m.path.as_deref().map(official).transpose() {
+            Ok(target) => target.flatten(),
+            Err(reason) => {
+                return Err(LoraFileError::UnsupportedKey {
+                    key: m.name.clone(),
+                    reason,
+                    path: path.to_path_buf(),
+                })
+            }
+        };
+        match target {
+            None => out.push(m),
+            Some((module, part, parts)) => {
+                let slots = fused
+                    .entry(module)
+                    .or_insert_with(|| (0..parts).map(|_| None).collect());
+                slots[part] = Some(m);
+            }
+        }
+    }
+    for (module, parts) in fused {
+        out.push(fuse(&module, parts)?);
+    }
+    Ok(out)
+}
+
+/// One adapter on `module` adding what its `parts` (in output order; `None`: no adapter there) add: `down`
+/// stacked [Σr, in], `up` block-diagonal [Σout, Σr] with each part's alpha / rank folded in, alpha = Σr.
+fn fuse(module: &str, parts: Vec<Option<LoadedLora>>) -> FileResult<LoadedLora> {
+    if let [Some(only)] = parts.as_slice() {
+        return Ok(LoadedLora {
+            name: musubi_name(module),
+            path: Some(module.to_string()),
+            ..only.clone()
+        });
+    }
+    let present: Vec<&LoadedLora> = parts.iter().flatten().collect();
+    let Some(first) = present.first() else {
+        return Err(candle_core::Error::Msg(format!("no adapter parts for `{module}`")).into());
+    };
+    let in_dim = first.down.dim(1)?;
+    let total_rank: usize = present
+        .iter()
+        .map(|m| m.down.dim(0))
+        .sum::<candle_core::Result<_>>()?;
+    let device = first.down.device().clone();
+    let mut rows = Vec::with_capacity(parts.len());
+    let mut rank_before = 0;
+    for (i, part) in parts.iter().enumerate() {
+        // q, k and v are as wide as the model; the MLP input (a single-stream block's fourth part) 4× that.
+        let out_dim = match part {
+            Some(m) => m.up.dim(0)?,
+            None if i == 3 => MLP_RATIO * in_dim,
+            None => in_dim,
+        };
+        let Some(m) = part else {
+            rows.push(Tensor::zeros((out_dim, total_rank), DType::F32, &device)?);
+            continue;
+        };
+        let rank = m.down.dim(0)?;
+        let up = (m.up.to_dtype(DType::F32)? * (m.alpha / rank as f64))?;
+        let after = total_rank - rank_before - rank;
+        let mut pieces = Vec::with_capacity(3);
+        if rank_before > 0 {
+            pieces.push(Tensor::zeros((out_dim, rank_before), DType::F32, &device)?);
+        }
+        pieces.push(up);
+        if after > 0 {
+            pieces.push(Tensor::zeros((out_dim, after), DType::F32, &device)?);
+        }
+        rows.push(Tensor::cat(&pieces, 1)?);
+        rank_before += rank;
+    }
+    let downs = present
+        .iter()
+        .map(|m| m.down.to_dtype(DType::F32))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    Ok(LoadedLora {
+        name: musubi_name(module),
+        path: Some(module.to_string()),
+        down: Tensor::cat(&downs, 0)?,
+        up: Tensor::cat(&rows, 0)?,
+        alpha: total_rank as f64,
+    })
+}
