@@ -75,6 +75,7 @@ impl Experts<'_> {
             };
             if coming.is_parked() {
                 going.park()?;
+                framesmith_nn::offload::release_cached_memory(coming.device())?;
                 coming.unpark()?;
             }
         }
@@ -158,11 +159,16 @@ pub fn generate_from(
     image: Option<&ImageConditioning>,
     cancelled: &dyn Fn() -> bool,
 ) -> Result<Tensor> {
-    let mut denoising = Denoising::new(req, image, experts.high_noise.device())?;
+    let device = experts.high_noise.device().clone();
+    let mut denoising = Denoising::new(req, image, &device)?;
     while let Some(t) = denoising.next_timestep() {
         if cancelled() {
             candle_core::bail!("generation cancelled");
         }
+        // What the last step left cached in the memory pool goes back to the driver, so each step (and an expert
+        // coming in) lays out its memory from the same start: under a VRAM budget a pool fragmented by the last
+        // step can fail a large allocation that a trimmed one serves.
+        framesmith_nn::offload::release_cached_memory(&device)?;
         denoising.step(experts.at(t)?)?;
     }
     Ok(denoising.into_latents())

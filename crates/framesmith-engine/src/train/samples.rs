@@ -118,6 +118,8 @@ impl Trainer {
         while let Some(t) = denoising.next_timestep() {
             let high = boundary.is_none_or(|b| t >= b);
             self.use_expert(high).with_context(context)?;
+            // As `generate` does: each step starts from a trimmed memory pool.
+            framesmith_nn::offload::release_cached_memory(self.model.device())?;
             denoising.step(self.expert(high)?).with_context(context)?;
         }
         Ok(denoising.into_latents())
