@@ -216,27 +216,62 @@ impl Block {
 
     /// Runs the block on `xs` [b, seq_len, dim] (the residual stream, f32 or bf16); returns the same shape/dtype.
     pub fn forward(&self, xs: &Tensor, inputs: &BlockInputs) -> Result<Tensor> {
-        let compute = inputs.context.dtype();
-        let residual = xs.dtype();
         let e = self.modulation.unsqueeze(0)?.broadcast_add(&inputs.e0)?;
-        let chunk = |i: usize| -> Result<Tensor> { e.narrow(2, i, 1)?.squeeze(2) };
-        let norm_modulate = |x: &Tensor, shift: &Tensor, scale: &Tensor| -> Result<Tensor> {
-            let normed = layer_norm(x, None, None, self.eps)?.to_dtype(DType::F32)?;
-            modulate(&normed, scale, shift)?.to_dtype(compute)
-        };
-        let gated = |x: &Tensor, y: &Tensor, gate: &Tensor| -> Result<Tensor> {
-            gated_residual(x, y, gate, residual)
-        };
+        let xs = self.self_attention_part(xs, inputs, &e)?;
+        self.per_token_part(&xs, inputs, &e)
+    }
 
+    /// [`Block::forward`] with the cross-attention and the FFN run over at most `chunk` tokens at a time (they
+    /// treat each token alone, so the result is the same): for inference, where the FFN's hidden activations of
+    /// every token at once are the largest tensors of a block (at 720p several GiB).
+    pub fn forward_chunked(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+        chunk: usize,
+    ) -> Result<Tensor> {
+        let e = self.modulation.unsqueeze(0)?.broadcast_add(&inputs.e0)?;
+        let xs = self.self_attention_part(xs, inputs, &e)?;
+        let tokens = xs.dim(1)?;
+        let chunk = chunk.max(1);
+        if tokens <= chunk {
+            return self.per_token_part(&xs, inputs, &e);
+        }
+        let per_token_e = e.dim(1)? > 1;
+        let parts = (0..tokens)
+            .step_by(chunk)
+            .map(|start| {
+                let n = chunk.min(tokens - start);
+                let e = if per_token_e {
+                    e.narrow(1, start, n)?
+                } else {
+                    e.clone()
+                };
+                self.per_token_part(&xs.narrow(1, start, n)?, inputs, &e)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Tensor::cat(&parts, 1)
+    }
+
+    /// Modulated self-attention and its gated residual; `e` is the block's modulation [b, lt, 6, dim].
+    fn self_attention_part(&self, xs: &Tensor, inputs: &BlockInputs, e: &Tensor) -> Result<Tensor> {
+        let compute = inputs.context.dtype();
+        let chunk = |i: usize| -> Result<Tensor> { e.narrow(2, i, 1)?.squeeze(2) };
         let y = self.self_attn.forward(
-            &norm_modulate(xs, &chunk(0)?, &chunk(1)?)?,
+            &self.norm_modulate(xs, &chunk(0)?, &chunk(1)?, compute)?,
             &inputs.seq_lens,
             &inputs.rope,
         )?;
-        let xs = gated(xs, &y, &chunk(2)?)?;
+        gated_residual(xs, &y, &chunk(2)?, xs.dtype())
+    }
 
+    /// Cross-attention and the modulated FFN with their residuals: each token on its own.
+    fn per_token_part(&self, xs: &Tensor, inputs: &BlockInputs, e: &Tensor) -> Result<Tensor> {
+        let compute = inputs.context.dtype();
+        let residual = xs.dtype();
+        let chunk = |i: usize| -> Result<Tensor> { e.narrow(2, i, 1)?.squeeze(2) };
         let normed3 = match &self.norm3 {
-            Some((w, b)) => layer_norm(&xs, Some(w), Some(b), self.eps)?,
+            Some((w, b)) => layer_norm(xs, Some(w), Some(b), self.eps)?,
             None => xs.clone(),
         };
         let y = self.cross_attn.forward(
@@ -246,9 +281,21 @@ impl Block {
         )?;
         let xs = (xs.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?.to_dtype(residual)?;
 
-        let h = norm_modulate(&xs, &chunk(3)?, &chunk(4)?)?;
+        let h = self.norm_modulate(&xs, &chunk(3)?, &chunk(4)?, compute)?;
         let y = self.ffn2.forward(&gelu_tanh(&self.ffn0.forward(&h)?)?)?;
-        gated(&xs, &y, &chunk(5)?)
+        gated_residual(&xs, &y, &chunk(5)?, residual)
+    }
+
+    /// LayerNorm without affine, then `x · (1 + scale) + shift` in f32, returned in `compute`.
+    fn norm_modulate(
+        &self,
+        x: &Tensor,
+        shift: &Tensor,
+        scale: &Tensor,
+        compute: DType,
+    ) -> Result<Tensor> {
+        let normed = layer_norm(x, None, None, self.eps)?.to_dtype(DType::F32)?;
+        modulate(&normed, scale, shift)?.to_dtype(compute)
     }
 }
 

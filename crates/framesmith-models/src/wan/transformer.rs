@@ -73,6 +73,10 @@ impl Default for ModelOptions {
     }
 }
 
+/// Tokens per chunk of the cross-attention and FFN in [`WanModel::forward_untracked`]: a 720p clip (75,600 tokens)
+/// runs in five chunks, each FFN hidden activation 0.45 GB instead of 2.1 GB for a 14B model.
+pub const INFERENCE_CHUNK_TOKENS: usize = 16_384;
+
 /// The Wan diffusion transformer.
 #[derive(Clone)]
 pub struct WanModel {
@@ -408,11 +412,12 @@ impl WanModel {
 
     /// The whole forward pass for inference (generation, samples during training): nothing is recorded for a
     /// backward, even with trainable LoRA attached ([`framesmith_nn::lora::untracked`]), so each intermediate is
-    /// freed as soon as it is used — no block keeps a tape, which at 720p is several GiB a block.
+    /// freed as soon as it is used — no block keeps a tape, which at 720p is several GiB a block — and each
+    /// block's cross-attention and FFN run [`INFERENCE_CHUNK_TOKENS`] tokens at a time.
     pub fn forward_untracked(&self, inputs: &WanInputs) -> Result<Vec<Tensor>> {
         framesmith_nn::lora::untracked(|| {
             self.forward_with(inputs, |block, xs, shared| {
-                block.forward(&xs.detach(), shared)
+                block.forward_chunked(&xs.detach(), shared, INFERENCE_CHUNK_TOKENS)
             })
         })
     }
@@ -438,6 +443,37 @@ impl WanModel {
 mod tests {
     use super::*;
     use crate::wan::random::{random_inputs, random_weights};
+
+    /// A block run in token chunks computes the whole block, with per-sample and with per-token (Wan 2.2)
+    /// modulation, for chunks that do and do not divide the tokens.
+    #[test]
+    fn chunked_blocks_compute_the_whole_block() -> Result<()> {
+        let dev = Device::Cpu;
+        let wan21 = WanConfig::tiny(1);
+        let wan22 = WanConfig {
+            generation: crate::wan::config::Generation::Wan22,
+            ..wan21.clone()
+        };
+        for cfg in [wan21, wan22] {
+            let weights = random_weights(&cfg, 5, DType::F32, &dev)?;
+            let vb = Vb::from_tensors(weights, DType::F32, &dev);
+            let model = WanModel::new(&cfg, vb, &ModelOptions::default())?;
+            let mut inputs = random_inputs(&cfg, &[[2, 4, 4], [1, 4, 4]], 3, &dev)?;
+            if cfg.per_token_time() {
+                let row = |t0: f64| (0..8).map(|i| t0 + 10.0 * i as f64).collect::<Vec<_>>();
+                inputs.timesteps = Timesteps::PerToken(vec![row(100.0), row(600.0)]);
+            }
+            let prepared = model.prepare(&inputs)?;
+            let block = &model.blocks()[0];
+            let whole = block.forward(&prepared.x, &prepared.blocks)?;
+            for chunk in [1, 3, 8, 100] {
+                let chunked = block.forward_chunked(&prepared.x, &prepared.blocks, chunk)?;
+                let err = relative_error(&[chunked], &[whole.clone()])?;
+                assert!(err <= 1e-6, "chunk {chunk}: relative error {err}");
+            }
+        }
+        Ok(())
+    }
 
     fn relative_error(a: &[Tensor], b: &[Tensor]) -> Result<f64> {
         let (mut diff, mut norm) = (0f64, 0f64);
