@@ -22,9 +22,9 @@ use crate::train::setup::{
     device_for, device_label, float_dtype, lora_metadata, named_vars, reserve_budget,
     saved_inputs_for, OUT_OF_MEMORY_ADVICE,
 };
-use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOutput};
+use crate::train::step::{try_checkpointed_step, LossTarget, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
-use crate::train::trainer::{mix, Trainer};
+use crate::train::trainer::{mix, step_output, Trainer};
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::run::{BlocksToSwap, StreamingMode, TrainingMode};
@@ -231,19 +231,8 @@ impl Trainer {
         };
         let vars = self.loras.vars();
         let options = self.step_options(interrupted);
-        match try_checkpointed_step(model.as_ref(), &flux.inputs, &target, &vars, &options) {
-            Ok(out) => Ok((epoch, true, Some(out))),
-            Err(StepError::NonFiniteLoss(_)) => Ok((epoch, true, None)),
-            Err(e @ StepError::Interrupted) => Err(e.into()),
-            Err(StepError::OutOfMemory(oom)) => Err(anyhow::anyhow!(
-                "the GPU ran out of memory during the training step on {} ({}). {}",
-                batch[0].key,
-                oom.summary(),
-                self.out_of_memory_advice
-            )),
-            Err(StepError::Candle(e)) => {
-                Err(anyhow::Error::new(e).context(format!("training step on {}", batch[0].key)))
-            }
-        }
+        let result = try_checkpointed_step(model.as_ref(), &flux.inputs, &target, &vars, &options);
+        let out = step_output(result, &batch[0].key, &self.out_of_memory_advice)?;
+        Ok((epoch, true, out))
     }
 }

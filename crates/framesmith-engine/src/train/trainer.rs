@@ -276,20 +276,9 @@ impl Trainer {
         let (inputs, target) = (&flow.inputs, flow.target());
         let vars = self.expert_vars(high);
         let options = self.step_options(interrupted);
-        match try_checkpointed_step(self.expert(high)?, inputs, &target, &vars, &options) {
-            Ok(out) => Ok((epoch, high, Some(out))),
-            Err(StepError::NonFiniteLoss(_)) => Ok((epoch, high, None)),
-            Err(e @ StepError::Interrupted) => Err(e.into()),
-            Err(StepError::OutOfMemory(oom)) => Err(anyhow::anyhow!(
-                "the GPU ran out of memory during the training step on {} ({}). {}",
-                batch[0].key,
-                oom.summary(),
-                self.out_of_memory_advice
-            )),
-            Err(StepError::Candle(e)) => {
-                Err(anyhow::Error::new(e).context(format!("training step on {}", batch[0].key)))
-            }
-        }
+        let result = try_checkpointed_step(self.expert(high)?, inputs, &target, &vars, &options);
+        let out = step_output(result, &batch[0].key, &self.out_of_memory_advice)?;
+        Ok((epoch, high, out))
     }
 
     /// One optimizer step over `gradient_accumulation_steps` micro-batches. A non-finite loss or gradient skips
@@ -434,5 +423,26 @@ mod tests {
         let seeds: std::collections::HashSet<u64> = (0..1000).map(|i| mix(42, i)).collect();
         assert_eq!(seeds.len(), 1000);
         assert_ne!(mix(1, 0), mix(2, 0));
+    }
+}
+
+/// A micro-step's output, `None` for a non-finite loss (the step is skipped); a stop, an out-of-memory failure (with
+/// `advice`) or another error on the item `key` is an error.
+pub(super) fn step_output(
+    result: Result<StepOutput, StepError>,
+    key: &str,
+    advice: &str,
+) -> anyhow::Result<Option<StepOutput>> {
+    match result {
+        Ok(out) => Ok(Some(out)),
+        Err(StepError::NonFiniteLoss(_)) => Ok(None),
+        Err(e @ StepError::Interrupted) => Err(e.into()),
+        Err(StepError::OutOfMemory(oom)) => Err(anyhow::anyhow!(
+            "the GPU ran out of memory during the training step on {key} ({}). {advice}",
+            oom.summary()
+        )),
+        Err(StepError::Candle(e)) => {
+            Err(anyhow::Error::new(e).context(format!("training step on {key}")))
+        }
     }
 }
