@@ -9,7 +9,7 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use super::{
-    frames_to_video, header, scan_items, CacheOptions, CacheProgress, CacheSummary, Expected,
+    frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
     ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
@@ -75,11 +75,7 @@ pub fn cache_flux_latents(
     images_only(valid)?;
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
-    let scans: Vec<_> = valid
-        .all_datasets()
-        .map(|ds| scan_items(ds, None, &mut summary))
-        .collect();
-    progress.begin(scans.iter().map(|s| s.items.len()).sum());
+    let scans = scan_all(valid, None, &mut summary, progress);
     for scan in &scans {
         let ds = &scan.dataset;
         expected.dataset(ds, scan);
@@ -150,11 +146,7 @@ pub fn cache_flux_text(
     images_only(valid)?;
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
-    let scans: Vec<_> = valid
-        .all_datasets()
-        .map(|ds| scan_items(ds, None, &mut summary))
-        .collect();
-    progress.begin(scans.iter().map(|s| s.items.len()).sum());
+    let scans = scan_all(valid, None, &mut summary, progress);
     for scan in &scans {
         let ds = &scan.dataset;
         expected.dataset(ds, scan);

@@ -265,6 +265,21 @@ pub fn frames_to_video(frames: &[RgbImage], device: &Device) -> anyhow::Result<T
         .unsqueeze(0)?)
 }
 
+/// Every dataset's items ([`scan_items`]), their count told to `progress`.
+pub(crate) fn scan_all(
+    valid: &ValidConfig,
+    tools: Option<&MediaTools>,
+    summary: &mut CacheSummary,
+    progress: &mut dyn CacheProgress,
+) -> Vec<DatasetScan> {
+    let scans: Vec<DatasetScan> = valid
+        .all_datasets()
+        .map(|ds| scan_items(ds, tools, summary))
+        .collect();
+    progress.begin(scans.iter().map(|s| s.items.len()).sum());
+    scans
+}
+
 /// One dataset's items, listed without probing (decoding comes later, item by item).
 pub(crate) fn scan_items(
     dataset: &ResolvedDataset,
@@ -373,11 +388,7 @@ pub fn cache_latents(
     check_resolutions(valid, encoder)?;
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
-    let scans: Vec<DatasetScan> = valid
-        .all_datasets()
-        .map(|ds| scan_items(ds, tools, &mut summary))
-        .collect();
-    progress.begin(scans.iter().map(|s| s.items.len()).sum());
+    let scans = scan_all(valid, tools, &mut summary, progress);
     for scan in &scans {
         let ds = &scan.dataset;
         expected.dataset(ds, scan);

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use super::{scan_items, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome};
+use super::{scan_all, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome};
 use framesmith_data::cache::{media_stem, text_cache_name, write_wan_text_cache, WAN_ARCHITECTURE};
 use framesmith_data::media::MediaTools;
 use framesmith_data::samples::cache_dir;
@@ -42,11 +42,7 @@ pub fn cache_text(
 ) -> anyhow::Result<CacheSummary> {
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
-    let scans: Vec<_> = valid
-        .all_datasets()
-        .map(|ds| scan_items(ds, tools, &mut summary))
-        .collect();
-    progress.begin(scans.iter().map(|s| s.items.len()).sum());
+    let scans = scan_all(valid, tools, &mut summary, progress);
     let mut pending = Vec::new();
     for scan in &scans {
         let ds = &scan.dataset;
