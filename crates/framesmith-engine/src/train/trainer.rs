@@ -414,18 +414,6 @@ impl Trainer {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::mix;
-
-    #[test]
-    fn micro_step_seeds_differ() {
-        let seeds: std::collections::HashSet<u64> = (0..1000).map(|i| mix(42, i)).collect();
-        assert_eq!(seeds.len(), 1000);
-        assert_ne!(mix(1, 0), mix(2, 0));
-    }
-}
-
 /// A micro-step's output, `None` for a non-finite loss (the step is skipped); a stop, an out-of-memory failure (with
 /// `advice`) or another error on the item `key` is an error.
 pub(super) fn step_output(
@@ -444,5 +432,17 @@ pub(super) fn step_output(
         Err(StepError::Candle(e)) => {
             Err(anyhow::Error::new(e).context(format!("training step on {key}")))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::mix;
+
+    #[test]
+    fn micro_step_seeds_differ() {
+        let seeds: std::collections::HashSet<u64> = (0..1000).map(|i| mix(42, i)).collect();
+        assert_eq!(seeds.len(), 1000);
+        assert_ne!(mix(1, 0), mix(2, 0));
     }
 }

@@ -468,7 +468,7 @@ mod tests {
             let whole = block.forward(&prepared.x, &prepared.blocks)?;
             for chunk in [1, 3, 8, 100] {
                 let chunked = block.forward_chunked(&prepared.x, &prepared.blocks, chunk)?;
-                let err = relative_error(&[chunked], &[whole.clone()])?;
+                let err = relative_error(&[chunked], std::slice::from_ref(&whole))?;
                 assert!(err <= 1e-6, "chunk {chunk}: relative error {err}");
             }
         }
