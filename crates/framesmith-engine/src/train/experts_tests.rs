@@ -86,6 +86,15 @@ fn resumes_bit_identically(mode: ExpertMode) -> anyhow::Result<()> {
     }
     assert_eq!(losses, resumed);
     assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
+    // The experts are Wan 2.2's: the metadata names its official code.
+    let file =
+        framesmith_nn::lora_file::LoraFile::load(&saved.loras[0], &candle_core::Device::Cpu)?;
+    assert_eq!(
+        file.metadata
+            .get("modelspec.implementation")
+            .map(String::as_str),
+        Some("https://github.com/Wan-Video/Wan2.2")
+    );
     match mode {
         ExpertMode::Joint => assert_eq!(saved.loras.len(), 1),
         ExpertMode::Split => {

@@ -66,17 +66,18 @@ fn refuse_wan_only(plan: &RunPlan, dit: &Path) -> anyhow::Result<()> {
 
 /// The LoRA file's metadata: the Wan run's keys with FLUX.1's network module, architecture and numerics.
 fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
-    let mut meta = lora_metadata(plan, BASE_NAME, StartFrame::None);
+    let mut meta = lora_metadata(
+        plan,
+        BASE_NAME,
+        "https://github.com/black-forest-labs/flux",
+        StartFrame::None,
+    );
     for key in ["framesmith.residual_dtype", "framesmith.time_embedding"] {
         meta.remove(key);
     }
     for (key, value) in [
         ("ss_network_module", "networks.lora_flux"),
         ("modelspec.architecture", "flux-1-dev/lora"),
-        (
-            "modelspec.implementation",
-            "https://github.com/black-forest-labs/flux",
-        ),
         ("ss_guidance_scale", "1.0"),
         ("framesmith.model_timestep", "t+0.001"),
         ("framesmith.training_mode", "text_to_image"),

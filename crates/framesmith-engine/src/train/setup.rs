@@ -355,10 +355,20 @@ pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To f
     or lower dataset.resolution / target_frames; `framesmith plan --config \
     run.toml` shows where the memory goes.";
 
-/// The LoRA file's metadata: musubi-tuner's `ss_*` keys, modelspec, and the numerics and mode of the run.
+/// Where the official code of a Wan generation lives (`modelspec.implementation`).
+fn official_code(generation: framesmith_models::wan::config::Generation) -> &'static str {
+    match generation {
+        framesmith_models::wan::config::Generation::Wan21 => "https://github.com/Wan-Video/Wan2.1",
+        framesmith_models::wan::config::Generation::Wan22 => "https://github.com/Wan-Video/Wan2.2",
+    }
+}
+
+/// The LoRA file's metadata: musubi-tuner's `ss_*` keys, modelspec (`implementation`: the model's official code),
+/// and the numerics and mode of the run.
 pub(super) fn lora_metadata(
     plan: &RunPlan,
     base_name: &str,
+    implementation: &str,
     start_frame: StartFrame,
 ) -> HashMap<String, String> {
     let m = &plan.model;
@@ -392,10 +402,7 @@ pub(super) fn lora_metadata(
     put("ss_training_comment", "trained with Framesmith".into());
     put("modelspec.sai_model_spec", "1.0.0".into());
     put("modelspec.architecture", format!("{base_name}/lora"));
-    put(
-        "modelspec.implementation",
-        "https://github.com/Wan-Video/Wan2.1".into(),
-    );
+    put("modelspec.implementation", implementation.into());
     put("modelspec.title", plan.output.output_name.clone());
     put("framesmith.version", env!("CARGO_PKG_VERSION").into());
     put(
@@ -599,7 +606,12 @@ impl Trainer {
         let mut outputs = Outputs::create(
             &plan.output.output_dir,
             &plan.output.output_name,
-            lora_metadata(plan, &base_name, start_frame),
+            lora_metadata(
+                plan,
+                &base_name,
+                official_code(model.config().generation),
+                start_frame,
+            ),
         );
         outputs.every_n_steps = plan.output.save_every_n_steps;
         outputs.every_n_epochs = plan.output.save_every_n_epochs;
