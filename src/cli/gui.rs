@@ -40,22 +40,27 @@ impl EngineBackend {
     }
 }
 
+/// What the app's model picker shows for a file: what `framesmith inspect` says of it (a Wan or FLUX.1 DiT, VAE or
+/// autoencoder, text encoder). A DiT it cannot name is an error; a VAE or text encoder it cannot name (e.g. an
+/// official `.pth`) gets its size, checked when the run loads it.
+fn describe_model(role: ModelRole, path: &Path) -> Result<String, String> {
+    match (framesmith_models::identify::identify(path), role) {
+        (Ok(report), _) => Ok(report.to_string()),
+        (Err(err), ModelRole::Dit) => Err(format!("{err:#}")),
+        (Err(_), ModelRole::Vae | ModelRole::TextEncoder) => std::fs::metadata(path)
+            .map(|meta| {
+                format!(
+                    "{} (checked when the run loads it)",
+                    framesmith_app::format_bytes(meta.len())
+                )
+            })
+            .map_err(|err| format!("cannot read the file: {err}: {}", path.display())),
+    }
+}
+
 impl Backend for EngineBackend {
     fn inspect_model(&self, role: ModelRole, path: &Path) -> Result<String, String> {
-        match role {
-            ModelRole::Dit => framesmith_models::wan::weights::inspect(path)
-                .map(|report| report.to_string())
-                .map_err(|err| format!("{err:#}")),
-            // No VAE / umT5 inspector yet: say what is known without claiming the format is right.
-            ModelRole::Vae | ModelRole::TextEncoder => std::fs::metadata(path)
-                .map(|meta| {
-                    format!(
-                        "{} (checked when the run loads it)",
-                        framesmith_app::format_bytes(meta.len())
-                    )
-                })
-                .map_err(|err| format!("cannot read the file: {err}: {}", path.display())),
-        }
+        describe_model(role, path)
     }
 
     fn scan_dataset(&self, folders: &[PathBuf]) -> Result<DatasetSummary, String> {
@@ -189,4 +194,33 @@ fn add_report(summary: &mut DatasetSummary, folder: &Path, report: &DatasetRepor
     summary
         .problems
         .extend(report.problems.iter().map(ToString::to_string));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flux_fixture(case: &str) -> PathBuf {
+        framesmith_models::fixtures::case_dir("flux", case).join("weights.safetensors")
+    }
+
+    #[test]
+    fn the_model_picker_names_flux_files_and_refuses_what_is_no_dit() {
+        let dit = describe_model(ModelRole::Dit, &flux_fixture("flux_dit"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(dit.contains("FLUX.1"), "{dit}");
+        let ae = describe_model(ModelRole::Vae, &flux_fixture("flux_ae"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            ae.contains("FLUX.1") && !ae.contains("checked when"),
+            "{ae}"
+        );
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let junk = dir.path().join("notes.safetensors");
+        std::fs::write(&junk, b"not a model").unwrap_or_else(|e| panic!("{e}"));
+        assert!(describe_model(ModelRole::Dit, &junk).is_err());
+        let vae = describe_model(ModelRole::Vae, &junk).unwrap_or_else(|e| panic!("{e}"));
+        assert!(vae.contains("checked when the run loads it"), "{vae}");
+        assert!(describe_model(ModelRole::Vae, &dir.path().join("missing.pth")).is_err());
+    }
 }
