@@ -322,13 +322,7 @@ impl CachePlace<'_> {
                 toml.display()
             )
         })?;
-        let listing = match std::fs::read_dir(&dir) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-            listing => listing
-                .with_context(|| format!("cannot list the cache directory {}", dir.display()))?
-                .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect(),
-        };
+        let listing = list_cache_dir(&dir)?;
         let mut names: Vec<(String, String)> = listing
             .into_iter()
             .filter_map(|n| parse_latent_cache_name(&n, dataset.kind()).map(|p| (n, p.stem)))
@@ -452,6 +446,18 @@ impl CachePlace<'_> {
             ),
         }
     }
+}
+
+/// The file names in a cache directory; none when it does not exist yet.
+pub(super) fn list_cache_dir(dir: &Path) -> anyhow::Result<Vec<String>> {
+    Ok(match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+        listing => anyhow::Context::with_context(listing, || {
+            format!("cannot list the cache directory {}", dir.display())
+        })?
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .collect(),
+    })
 }
 
 #[cfg(test)]

@@ -117,13 +117,7 @@ fn load_dir(
     cfg: &FluxConfig,
     device: &Device,
 ) -> anyhow::Result<Vec<TrainItem>> {
-    let listing: Vec<String> = match std::fs::read_dir(dir) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
-        listing => listing
-            .with_context(|| format!("cannot list the cache directory {}", dir.display()))?
-            .filter_map(|e| e.ok()?.file_name().into_string().ok())
-            .collect(),
-    };
+    let listing = crate::train::data::list_cache_dir(dir)?;
     let mut names: Vec<(String, String)> = listing
         .iter()
         .filter_map(|n| parse_flux_latent_cache_name(n).map(|p| (n.clone(), p.stem)))
