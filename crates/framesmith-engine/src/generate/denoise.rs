@@ -73,11 +73,7 @@ impl Experts<'_> {
             } else {
                 (&mut **low, high)
             };
-            if coming.is_parked() {
-                going.park()?;
-                framesmith_nn::offload::release_cached_memory(coming.device())?;
-                coming.unpark()?;
-            }
+            coming.take_over_from(going)?;
         }
         Ok(match &self.low_noise {
             Some((low, _)) if use_low => low,

@@ -4,7 +4,6 @@
 //! never reloaded from its file. `joint` trains one LoRA through both (the same adapters attached to both
 //! experts' layers, as musubi-tuner does); `split` gives the low-noise expert a LoRA and an optimizer of its own.
 
-use anyhow::Context;
 use candle_core::Var;
 
 use crate::train::optimizer::{AdamW, StepOutcome};
@@ -37,18 +36,10 @@ pub(super) fn activate(
     } else {
         (high, &mut low.model)
     };
-    if !coming.is_parked() {
+    let started = std::time::Instant::now();
+    if !coming.take_over_from(going)? {
         return Ok(false);
     }
-    let started = std::time::Instant::now();
-    going
-        .park()
-        .context("parking the inactive expert in host RAM")?;
-    // What the parked blocks held goes back to the driver before the other expert's blocks take their place.
-    framesmith_nn::offload::release_cached_memory(coming.device())?;
-    coming
-        .unpark()
-        .context("bringing the expert's blocks back to the GPU")?;
     coming.device().synchronize()?;
     low.switches += 1;
     low.switch_secs += started.elapsed().as_secs_f64();

@@ -65,6 +65,23 @@ impl WanModel {
         Ok(())
     }
 
+    /// Makes `self` the model on the device in place of `going` (the other expert of a pair): `going` is parked
+    /// first, the memory it freed goes back to the driver, then `self` is unparked, so the two never hold the
+    /// device together. Returns whether anything moved (`false` when `self` was not parked).
+    pub fn take_over_from(&mut self, going: &mut WanModel) -> Result<bool> {
+        if !self.parked {
+            return Ok(false);
+        }
+        going.park().map_err(|e| {
+            candle_core::Error::msg(format!("parking the inactive expert in host RAM: {e}"))
+        })?;
+        framesmith_nn::offload::release_cached_memory(&self.device)?;
+        self.unpark().map_err(|e| {
+            candle_core::Error::msg(format!("bringing the expert's blocks back to the GPU: {e}"))
+        })?;
+        Ok(true)
+    }
+
     /// Bytes of host RAM the model holds for parking: the resident blocks' frozen weights once it has been parked
     /// (kept while it runs), 0 before.
     pub fn parking_host_bytes(&self) -> usize {
