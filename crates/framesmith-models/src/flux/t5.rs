@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
 use crate::wan::text_encoder::{official_t5_keys, T5Config, UmT5Encoder};
-use crate::wan::vae::{read_checkpoint, CheckpointError};
+use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 
 /// google/t5-v1_1-xxl's encoder, as FLUX.1 loads it.
@@ -111,15 +111,15 @@ pub fn load_t5(
     cfg: &T5Config,
     dtype: DType,
     device: &Device,
-) -> Result<UmT5Encoder, CheckpointError> {
-    let tensors = read_checkpoint(path)?;
+) -> Result<UmT5Encoder, WeightsFileError> {
+    let tensors = read_whole_file(path)?;
     if !tensors.contains_key("encoder.block.0.layer.0.SelfAttention.q.weight") {
-        return Err(CheckpointError::WrongModel {
+        return Err(WeightsFileError::WrongModel {
             path: path.to_path_buf(),
             what: "this file holds no T5 encoder (no `encoder.block.0.layer.0.SelfAttention.q.weight`)".into(),
         });
     }
-    t5_from_tensors(tensors, cfg, dtype, device).map_err(|e| CheckpointError::Mismatch {
+    t5_from_tensors(tensors, cfg, dtype, device).map_err(|e| WeightsFileError::Mismatch {
         path: path.to_path_buf(),
         model: "T5-XXL encoder",
         detail: format!("{e}"),

@@ -5,8 +5,8 @@
 //! Images go in as `[3, H, W]` in [−1, 1] (bicubic resize and CLIP normalisation in [`preprocess`]); features
 //! come out as `[1, 257, 1280]` for the DiT's `img_emb`.
 
-mod checkpoint;
 pub mod preprocess;
+mod weights;
 
 use candle_core::{DType, Result, Tensor};
 
@@ -14,7 +14,7 @@ use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::layer_norm;
 use framesmith_nn::vb::Vb;
 
-pub use checkpoint::load_clip_vision;
+pub use weights::load_clip_vision;
 
 /// Sizes of the visual tower (constructor arguments of the official `VisionTransformer`) and its input
 /// normalisation.

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
-use super::vae::{read_checkpoint, CheckpointError};
+use super::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::vb::Vb;
 
@@ -510,18 +510,18 @@ pub fn load_umt5(
     cfg: &T5Config,
     dtype: DType,
     device: &Device,
-) -> std::result::Result<UmT5Encoder, CheckpointError> {
-    let tensors = official_t5_keys(read_checkpoint(path)?);
+) -> std::result::Result<UmT5Encoder, WeightsFileError> {
+    let tensors = official_t5_keys(read_whole_file(path)?);
     if !tensors.contains_key("token_embedding.weight")
         || !tensors.contains_key("blocks.0.attn.q.weight")
     {
-        return Err(CheckpointError::WrongModel {
+        return Err(WeightsFileError::WrongModel {
             path: path.to_path_buf(),
             what: "this file holds no T5 encoder (no `token_embedding.weight` / `blocks.0.attn.q.weight`)".into(),
         });
     }
     let vb = Vb::from_tensors(tensors, dtype, device);
-    UmT5Encoder::new(cfg, &vb).map_err(|e| CheckpointError::Mismatch {
+    UmT5Encoder::new(cfg, &vb).map_err(|e| WeightsFileError::Mismatch {
         path: path.to_path_buf(),
         model: "umT5 encoder",
         detail: format!("{e}"),

@@ -4,21 +4,21 @@
 //! between chunks; decoding goes one latent frame at a time. Latents are normalised per channel with
 //! `(mu − mean) · inv_std`. Spatially tiled variants keep memory bounded for large frames.
 
-mod checkpoint;
 mod infer;
 mod layers;
 mod tiled;
 mod wan21;
 mod wan22;
+mod weights;
 
 use candle_core::{Device, Result, Tensor};
 
 use framesmith_nn::vb::Vb;
 use layers::{CausalConv3d, FeatCache};
 
-pub use checkpoint::{detect_vae_variant, load_vae, read_checkpoint, CheckpointError};
 pub use infer::{load_vae_auto, vae_config_from_tensors};
 pub use tiled::TileConfig;
+pub use weights::{detect_vae_variant, load_vae};
 
 /// Which official VAE architecture.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

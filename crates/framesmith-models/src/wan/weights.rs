@@ -12,6 +12,7 @@ mod mmap;
 mod pickle;
 mod report;
 mod source;
+mod whole;
 
 #[cfg(test)]
 mod error_tests;
@@ -38,6 +39,7 @@ pub use keys::official_shapes;
 pub use mmap::MappedTensors;
 pub use pickle::pickle_reason;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
+pub use whole::{read_whole_file, WeightsFileError};
 
 use super::config::Expert;
 use super::WanConfig;

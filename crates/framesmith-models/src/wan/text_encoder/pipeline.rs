@@ -9,14 +9,14 @@ use candle_core::{DType, Device, Tensor};
 
 use super::tokenizer::{TokenizerError, UmT5Tokenizer, SPIECE_TENSOR};
 use super::{official_t5_keys, T5Config, UmT5Encoder};
-use crate::wan::vae::{read_checkpoint, CheckpointError};
+use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 
 /// Why prompts could not be encoded.
 #[derive(Debug, thiserror::Error)]
 pub enum TextEncoderError {
     #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
+    Weights(#[from] WeightsFileError),
     #[error(transparent)]
     Tokenizer(#[from] TokenizerError),
     #[error("umT5 encoder: {0}")]
@@ -103,12 +103,12 @@ pub fn load_umt5_auto(
     path: &Path,
     dtype: DType,
     device: &Device,
-) -> Result<UmT5Encoder, CheckpointError> {
-    let mut tensors = read_checkpoint(path)?;
+) -> Result<UmT5Encoder, WeightsFileError> {
+    let mut tensors = read_whole_file(path)?;
     tensors.remove(SPIECE_TENSOR);
     let tensors = official_t5_keys(tensors);
     let Some(cfg) = t5_config_from_tensors(&tensors) else {
-        return Err(CheckpointError::WrongModel {
+        return Err(WeightsFileError::WrongModel {
             path: path.to_path_buf(),
             what: "this file holds no T5 encoder (no `token_embedding.weight`, `blocks.0.attn.q.weight` or \
                    relative-position table)"
@@ -116,7 +116,7 @@ pub fn load_umt5_auto(
         });
     };
     let vb = Vb::from_tensors(tensors, dtype, device);
-    UmT5Encoder::new(&cfg, &vb).map_err(|e| CheckpointError::Mismatch {
+    UmT5Encoder::new(&cfg, &vb).map_err(|e| WeightsFileError::Mismatch {
         path: path.to_path_buf(),
         model: "umT5 encoder",
         detail: format!("{e}"),

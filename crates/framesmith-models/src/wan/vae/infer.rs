@@ -7,8 +7,9 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-use super::checkpoint::{describe_non_vae, strip_vae_prefix};
-use super::{detect_vae_variant, read_checkpoint, CheckpointError, VaeConfig, VaeVariant, WanVae};
+use super::weights::{describe_non_vae, strip_vae_prefix};
+use super::{detect_vae_variant, VaeConfig, VaeVariant, WanVae};
+use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 
 /// One stage of the encoder: residual blocks' output widths, attention after them, and the resample closing
@@ -130,8 +131,8 @@ pub fn load_vae_auto(
     path: &Path,
     dtype: DType,
     device: &Device,
-) -> Result<WanVae, CheckpointError> {
-    let tensors = strip_vae_prefix(read_checkpoint(path)?);
+) -> Result<WanVae, WeightsFileError> {
+    let tensors = strip_vae_prefix(read_whole_file(path)?);
     let Some(cfg) = vae_config_from_tensors(&tensors) else {
         let what = if detect_vae_variant(&tensors).is_some() {
             "this Wan VAE has a layout the official code does not make (stages of unequal depth?)"
@@ -139,13 +140,13 @@ pub fn load_vae_auto(
         } else {
             describe_non_vae(&tensors)
         };
-        return Err(CheckpointError::WrongModel {
+        return Err(WeightsFileError::WrongModel {
             path: path.to_path_buf(),
             what,
         });
     };
     let vb = Vb::from_tensors(tensors, dtype, device);
-    WanVae::new(&cfg, &vb).map_err(|e| CheckpointError::Mismatch {
+    WanVae::new(&cfg, &vb).map_err(|e| WeightsFileError::Mismatch {
         path: path.to_path_buf(),
         model: match cfg.variant {
             VaeVariant::Wan21 => "Wan 2.1 VAE",

@@ -10,7 +10,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 
 use super::{ClipVision, ClipVisionConfig};
-use crate::wan::vae::{read_checkpoint, CheckpointError};
+use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 
 /// What the CLI tells users to give: the two files that hold this encoder.
@@ -47,7 +47,7 @@ fn read_pth_selected(
 }
 
 /// The tensors of `path` that can belong to a visual tower.
-fn read_visual(path: &Path) -> Result<HashMap<String, Tensor>, CheckpointError> {
+fn read_visual(path: &Path) -> Result<HashMap<String, Tensor>, WeightsFileError> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -55,12 +55,12 @@ fn read_visual(path: &Path) -> Result<HashMap<String, Tensor>, CheckpointError> 
         .to_ascii_lowercase();
     if path.is_file() && matches!(ext.as_str(), "pth" | "pt" | "ckpt" | "bin") {
         let selected = read_pth_selected(path, &["visual.", "vision_model."])
-            .map_err(|e| CheckpointError::read(path, &e))?;
+            .map_err(|e| WeightsFileError::read(path, &e))?;
         if !selected.is_empty() {
             return Ok(selected);
         }
     }
-    read_checkpoint(path)
+    read_whole_file(path)
 }
 
 /// Renames `from` to `to` when present.
@@ -248,18 +248,18 @@ pub fn load_clip_vision(
     cfg: &ClipVisionConfig,
     dtype: DType,
     device: &Device,
-) -> Result<ClipVision, CheckpointError> {
+) -> Result<ClipVision, WeightsFileError> {
     let tensors = read_visual(path)?;
     let described = describe_non_clip(&tensors);
-    let wan = wan_visual_keys(tensors).map_err(|e| CheckpointError::read(path, &e))?;
+    let wan = wan_visual_keys(tensors).map_err(|e| WeightsFileError::read(path, &e))?;
     let Some(wan) = wan else {
-        return Err(CheckpointError::WrongModel {
+        return Err(WeightsFileError::WrongModel {
             path: path.to_path_buf(),
             what: described,
         });
     };
     let vb = Vb::from_tensors(wan, dtype, device);
-    ClipVision::new(cfg, &vb).map_err(|e| CheckpointError::Mismatch {
+    ClipVision::new(cfg, &vb).map_err(|e| WeightsFileError::Mismatch {
         path: path.to_path_buf(),
         model: "CLIP image encoder (open-clip ViT-H/14)",
         // The first line only: with RUST_BACKTRACE set, candle appends a backtrace.

@@ -1,123 +1,15 @@
-//! Reading VAE (and umT5) weight files: safetensors (ComfyUI, official names at the top level or under a known
-//! prefix) and the official PyTorch `.pth` files through candle's pickle reader (which never executes code).
-//! Errors name the file and say what it holds when it is not what was asked for.
+//! The Wan VAE from its weight files (read by [`crate::wan::weights::read_whole_file`]): official names at the
+//! top level or under a known prefix, the variant told from the tensors. Errors name the file and say what it holds
+//! when it is not what was asked for.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
 use super::{VaeConfig, VaeVariant, WanVae};
-use crate::wan::weights::{self, NotSafetensors};
+use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
-
-/// Why a weights file could not be used.
-#[derive(Debug, thiserror::Error)]
-pub enum CheckpointError {
-    /// The path does not exist.
-    #[error("weights file not found: {}", path.display())]
-    NotFound { path: PathBuf },
-    /// The file could not be parsed (truncated, not a tensor file, ...).
-    #[error("cannot read the weights file ({reason}): {}", path.display())]
-    Read {
-        path: PathBuf,
-        /// The reader's words, without backtrace.
-        reason: String,
-    },
-    /// A PyTorch file the safe pickle reader cannot read, said as `framesmith inspect` says it.
-    #[error(transparent)]
-    Format(#[from] weights::ModelFormatError),
-    /// The file holds another model or another variant.
-    #[error("{what}: {}", path.display())]
-    WrongModel { path: PathBuf, what: String },
-    /// The file is the right kind of model but a tensor is missing or has another shape.
-    #[error("the weights do not fit the {model}: {detail}: {}", path.display())]
-    Mismatch {
-        path: PathBuf,
-        model: &'static str,
-        detail: String,
-    },
-}
-
-impl CheckpointError {
-    /// A reader's error on `path`, in one line (no backtrace).
-    pub fn read(path: &Path, e: &candle_core::Error) -> Self {
-        Self::Read {
-            path: path.to_path_buf(),
-            reason: weights::pickle_reason(e),
-        }
-    }
-}
-
-/// Why a legacy (non-zip) PyTorch pickle cannot be used.
-const LEGACY_PICKLE: &str = "this is a legacy PyTorch pickle (not the zip format torch.save has written since \
-                             PyTorch 1.6), which Framesmith's safe reader cannot read; use the official .pth release \
-                             or a .safetensors file";
-
-/// Every tensor of a `.safetensors` or `.pth`/`.pt`/`.ckpt` file, on the CPU, keyed by name. A `.pth` whose
-/// tensors sit under a `state_dict` or `model` entry is read from there.
-pub fn read_checkpoint(path: &Path) -> Result<HashMap<String, Tensor>, CheckpointError> {
-    if path.is_dir() {
-        return Err(CheckpointError::WrongModel {
-            path: path.to_path_buf(),
-            what: "this is a folder (a diffusers layout?); give the single .safetensors or .pth weights file".into(),
-        });
-    }
-    if !path.exists() {
-        return Err(CheckpointError::NotFound {
-            path: path.to_path_buf(),
-        });
-    }
-    let read_err = |e: candle_core::Error| CheckpointError::read(path, &e);
-    let pickle_err = |e: candle_core::Error| {
-        CheckpointError::Format(weights::ModelFormatError::UnreadablePickle {
-            reason: weights::pickle_reason(&e),
-            path: path.to_path_buf(),
-        })
-    };
-    let wrong = |what: String| CheckpointError::WrongModel {
-        path: path.to_path_buf(),
-        what,
-    };
-    // The content decides the reader, not the extension: a renamed file still reads, and a file that is not
-    // weights at all (a download's error page, a Git LFS stub) is named as what it is.
-    let head = weights::read_head(path).map_err(|e| read_err(e.into()))?;
-    if head.is_empty() {
-        return Err(wrong(
-            "the file is empty (an interrupted download?); download it again".into(),
-        ));
-    }
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .unwrap_or("")
-        .to_ascii_lowercase();
-    let pickle = match weights::sniff_kind(&head) {
-        Some(NotSafetensors::PyTorchZip) => true,
-        Some(NotSafetensors::PyTorchPickle) => return Err(wrong(LEGACY_PICKLE.into())),
-        Some(other) => return Err(wrong(other.to_string())),
-        None if weights::safetensors_header_len(&head).is_some() => false,
-        None if matches!(ext.as_str(), "pth" | "pt" | "ckpt" | "bin") => true,
-        None => {
-            return Err(wrong(format!(
-                "this is neither safetensors nor a PyTorch checkpoint (its first bytes are {}); point to the \
-                 .safetensors or .pth weights",
-                weights::hex_prefix(&head)
-            )));
-        }
-    };
-    if !pickle {
-        return candle_core::safetensors::load(path, &Device::Cpu).map_err(read_err);
-    }
-    let mut tensors = candle_core::pickle::read_all(path).map_err(pickle_err)?;
-    for key in ["state_dict", "model"] {
-        if !tensors.is_empty() {
-            break;
-        }
-        tensors = candle_core::pickle::read_all_with_key(path, Some(key)).map_err(pickle_err)?;
-    }
-    Ok(tensors.into_iter().collect())
-}
 
 /// Prefixes under which other tools store the VAE's official keys.
 const VAE_PREFIXES: [&str; 3] = ["first_stage_model.", "vae.", "model."];
@@ -177,9 +69,9 @@ pub fn load_vae(
     cfg: &VaeConfig,
     dtype: DType,
     device: &Device,
-) -> Result<WanVae, CheckpointError> {
-    let tensors = strip_vae_prefix(read_checkpoint(path)?);
-    let wrong = |what: String| CheckpointError::WrongModel {
+) -> Result<WanVae, WeightsFileError> {
+    let tensors = strip_vae_prefix(read_whole_file(path)?);
+    let wrong = |what: String| WeightsFileError::WrongModel {
         path: path.to_path_buf(),
         what,
     };
@@ -194,7 +86,7 @@ pub fn load_vae(
         )));
     }
     let vb = Vb::from_tensors(tensors, dtype, device);
-    WanVae::new(cfg, &vb).map_err(|e| CheckpointError::Mismatch {
+    WanVae::new(cfg, &vb).map_err(|e| WeightsFileError::Mismatch {
         path: path.to_path_buf(),
         model: variant_name(cfg.variant),
         detail: format!("{e}"),
@@ -210,7 +102,7 @@ mod tests {
     fn unreadable_files_name_the_path() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let missing = dir.path().join("absent.safetensors");
-        let e = read_checkpoint(&missing)
+        let e = read_whole_file(&missing)
             .err()
             .map(|e| e.to_string())
             .unwrap_or_default();
@@ -221,7 +113,7 @@ mod tests {
         let message = |name: &str, bytes: &[u8]| -> anyhow::Result<String> {
             let path = dir.path().join(name);
             std::fs::write(&path, bytes)?;
-            let e = read_checkpoint(&path).err().map(|e| e.to_string());
+            let e = read_whole_file(&path).err().map(|e| e.to_string());
             let e = e.unwrap_or_default();
             assert!(e.contains(name), "{e}");
             Ok(e)
@@ -258,7 +150,7 @@ mod tests {
         let testdata =
             std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wan/vae/testdata");
         let message = |path: &Path| {
-            read_checkpoint(path)
+            read_whole_file(path)
                 .err()
                 .map(|e| format!("{:#}", anyhow::Error::from(e)))
                 .unwrap_or_default()
@@ -293,10 +185,10 @@ mod tests {
         let dir = tempfile::tempdir()?;
         let renamed = dir.path().join("plain.safetensors");
         std::fs::copy(testdata.join("plain.pth"), &renamed)?;
-        assert_eq!(read_checkpoint(&renamed)?.len(), 3);
+        assert_eq!(read_whole_file(&renamed)?.len(), 3);
         let st = dir.path().join("weights.pth");
         candle_core::safetensors::save(&tensors(&[("a", &[2, 2])])?, &st)?;
-        assert_eq!(read_checkpoint(&st)?.len(), 1);
+        assert_eq!(read_whole_file(&st)?.len(), 1);
         Ok(())
     }
 
@@ -306,7 +198,7 @@ mod tests {
     fn pytorch_pth_files_are_read() -> anyhow::Result<()> {
         let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/wan/vae/testdata");
         for name in ["plain.pth", "nested.pth"] {
-            let t = read_checkpoint(&dir.join(name))?;
+            let t = read_whole_file(&dir.join(name))?;
             assert_eq!(t.len(), 3, "{name}");
             let conv = &t["encoder.conv1.weight"];
             assert_eq!(conv.dims(), &[2, 3, 3, 3, 3]);
