@@ -9,7 +9,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::op::BackpropOp;
 use candle_core::{
-    CpuStorage, CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
+    CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
 };
 
 extern "C" {
@@ -301,17 +301,7 @@ impl CustomOp3 for Sdpa {
         "framesmith-cudnn-sdpa"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("framesmith-cudnn-sdpa runs on CUDA only")
-    }
+    cuda_only_cpu_fwd!("crate::attention's portable attention"; q, k, v);
 
     fn cuda_fwd(
         &self,

@@ -9,8 +9,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 };
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
-    WithDType,
+    CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType,
 };
 
 use super::ptx::{self, long};
@@ -283,16 +282,6 @@ pub(super) fn launch_dispatch(l: &Launch) -> Result<CudaStorage> {
     }
 }
 
-/// `cpu_fwd` for ops that only run on CUDA.
-macro_rules! cuda_only_cpu_fwd {
-    ($name:expr, $($arg:ident),*) => {
-        fn cpu_fwd(&self, $($arg: &CpuStorage, _: &Layout),*) -> Result<(CpuStorage, Shape)> {
-            $(let _ = $arg;)*
-            candle_core::bail!("{} runs on CUDA only; the *_reference functions are the CPU version", $name)
-        }
-    };
-}
-
 struct Modulate {
     g: Geometry,
 }
@@ -302,7 +291,7 @@ impl CustomOp3 for Modulate {
         "framesmith-modulate"
     }
 
-    cuda_only_cpu_fwd!("framesmith-modulate", a, b, c);
+    cuda_only_cpu_fwd!("the matching *_reference function in nn::ops"; a, b, c);
 
     fn cuda_fwd(
         &self,
@@ -359,7 +348,7 @@ impl CustomOp3 for Gated {
         "framesmith-gated-residual"
     }
 
-    cuda_only_cpu_fwd!("framesmith-gated-residual", a, b, c);
+    cuda_only_cpu_fwd!("the matching *_reference function in nn::ops"; a, b, c);
 
     fn cuda_fwd(
         &self,
@@ -422,7 +411,7 @@ impl CustomOp2 for ScaledBwd {
         "framesmith-scaled-bwd"
     }
 
-    cuda_only_cpu_fwd!("framesmith-scaled-bwd", a, b);
+    cuda_only_cpu_fwd!("the matching *_reference function in nn::ops"; a, b);
 
     fn cuda_fwd(
         &self,
@@ -474,7 +463,7 @@ impl CustomOp2 for ModParamGrad {
         "framesmith-mod-param-grad"
     }
 
-    cuda_only_cpu_fwd!("framesmith-mod-param-grad", a, b);
+    cuda_only_cpu_fwd!("the matching *_reference function in nn::ops"; a, b);
 
     fn cuda_fwd(
         &self,
@@ -537,7 +526,7 @@ impl CustomOp1 for Gelu {
         "framesmith-gelu-tanh"
     }
 
-    cuda_only_cpu_fwd!("framesmith-gelu-tanh", a);
+    cuda_only_cpu_fwd!("the matching *_reference function in nn::ops"; a);
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
@@ -564,7 +553,7 @@ impl CustomOp2 for GeluBwd {
         "framesmith-gelu-tanh-bwd"
     }
 
-    cuda_only_cpu_fwd!("framesmith-gelu-tanh-bwd", a, b);
+    cuda_only_cpu_fwd!("the matching *_reference function in nn::ops"; a, b);
 
     fn cuda_fwd(
         &self,

@@ -5,7 +5,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::WrapErr;
-use candle_core::{CpuStorage, CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
+use candle_core::{CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use super::ptx::{self, long};
 
@@ -116,15 +116,7 @@ impl CustomOp2 for Dequant {
         "framesmith-fp8-dequant"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("framesmith-fp8-dequant runs on CUDA only; use dequantize_fp8_reference")
-    }
+    cuda_only_cpu_fwd!("dequantize_fp8_reference"; codes, scale);
 
     fn cuda_fwd(
         &self,

@@ -138,9 +138,7 @@ impl InplaceOp3 for AddMatmul {
         _: &CpuStorage,
         _: &Layout,
     ) -> Result<()> {
-        candle_core::bail!(
-            "add_matmul_ runs on CUDA only (nn::linear::add_matmul is the portable entry)"
-        )
+        Err(super::cuda_only(self.name(), "nn::linear::add_matmul"))
     }
 
     fn cuda_fwd(

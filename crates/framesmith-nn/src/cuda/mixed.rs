@@ -9,7 +9,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::DeviceRepr;
 use candle_core::cuda_backend::CudaDType;
 use candle_core::{
-    CpuStorage, CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
+    CudaStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor,
 };
 
 use super::elementwise::{as_mod_f32, check_shift, launch_named, Geometry, Launch};
@@ -95,16 +95,6 @@ pub fn gated_residual_mixed(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<T
     )
 }
 
-/// `cpu_fwd` for ops that only run on CUDA (the public functions never send CPU tensors here).
-macro_rules! cuda_only {
-    ($($arg:ident),*) => {
-        fn cpu_fwd(&self, $($arg: &CpuStorage, _: &Layout),*) -> Result<(CpuStorage, Shape)> {
-            $(let _ = $arg;)*
-            candle_core::bail!("framesmith's mixed-dtype kernels run on CUDA only")
-        }
-    };
-}
-
 /// Launches `{name}_{first input's dtype}_{second}` on `inputs` with an `out` output: `second` is the output
 /// dtype except for the gated residual, whose kernel is named by its branch's dtype.
 fn launch_mixed(
@@ -148,7 +138,7 @@ impl CustomOp1 for Cast {
         "framesmith-cast"
     }
 
-    cuda_only!(a);
+    cuda_only_cpu_fwd!("nn::ops' portable version"; a);
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         let n = xl.shape().elem_count();
@@ -193,7 +183,7 @@ impl CustomOp2 for Fused {
         self.name
     }
 
-    cuda_only!(a, b);
+    cuda_only_cpu_fwd!("nn::ops' portable version"; a, b);
 
     fn cuda_fwd(
         &self,
@@ -211,7 +201,7 @@ impl CustomOp3 for Fused {
         self.name
     }
 
-    cuda_only!(a, b, c);
+    cuda_only_cpu_fwd!("nn::ops' portable version"; a, b, c);
 
     fn cuda_fwd(
         &self,

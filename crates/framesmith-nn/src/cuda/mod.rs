@@ -8,6 +8,37 @@
 // tree is the one place where the crate uses `unsafe` for CUDA. Each block says what it relies on.
 #![allow(unsafe_code)]
 
+/// `cpu_fwd` of a custom op that runs on CUDA only, for ops of one to three inputs: the public functions never
+/// send CPU tensors to these ops, so reaching it is a bug of ours, reported with the op's name and the portable
+/// function that computes the same on the CPU. Defined before the modules so that each of them can use it.
+macro_rules! cuda_only_cpu_fwd {
+    ($cpu_version:expr; $a:ident) => {
+        cuda_only_cpu_fwd!(@impl CustomOp1, $cpu_version; $a);
+    };
+    ($cpu_version:expr; $a:ident, $b:ident) => {
+        cuda_only_cpu_fwd!(@impl CustomOp2, $cpu_version; $a, $b);
+    };
+    ($cpu_version:expr; $a:ident, $b:ident, $c:ident) => {
+        cuda_only_cpu_fwd!(@impl CustomOp3, $cpu_version; $a, $b, $c);
+    };
+    (@impl $op:ident, $cpu_version:expr; $($arg:ident),+) => {
+        fn cpu_fwd(
+            &self,
+            $($arg: &candle_core::CpuStorage, _: &candle_core::Layout),+
+        ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+            $(let _ = $arg;)+
+            Err($crate::cuda::cuda_only(<Self as candle_core::$op>::name(self), $cpu_version))
+        }
+    };
+}
+
+/// The error of a CUDA-only op given CPU tensors: `op` and where its CPU version is.
+pub(crate) fn cuda_only(op: &str, cpu_version: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{op} runs on CUDA only; {cpu_version} is the CPU version"
+    ))
+}
+
 #[cfg(feature = "cudnn")]
 pub mod attention;
 pub mod check;

@@ -6,9 +6,7 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::{
-    CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType, D,
-};
+use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType, D};
 
 use super::ptx::{self, long};
 
@@ -190,17 +188,7 @@ impl CustomOp3 for NormFwd {
         "framesmith-norm"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("framesmith-norm runs on CUDA only; crate::norm is the CPU version")
-    }
+    cuda_only_cpu_fwd!("crate::norm"; x, weight, bias);
 
     fn cuda_fwd(
         &self,
@@ -321,17 +309,7 @@ impl CustomOp3 for NormBwd {
         "framesmith-norm-bwd"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("framesmith-norm-bwd runs on CUDA only")
-    }
+    cuda_only_cpu_fwd!("crate::norm"; x, weight, bias);
 
     fn cuda_fwd(
         &self,

@@ -3,7 +3,7 @@
 //! `models::wan::rope::Rope`, frame / height / width parts already laid out) are constants: no gradient flows to
 //! them. The backward is the inverse rotation.
 
-use candle_core::{CpuStorage, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
 use super::elementwise::{launch_dispatch, Launch};
 use super::ptx::long;
@@ -86,17 +86,7 @@ impl CustomOp3 for Rope {
         "framesmith-rope"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
-        candle_core::bail!("framesmith-rope runs on CUDA only; rope_reference is the CPU version")
-    }
+    cuda_only_cpu_fwd!("rope_reference"; x, cos, sin);
 
     fn cuda_fwd(
         &self,
