@@ -11,6 +11,7 @@ mod flux_setup;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
+pub mod ranks;
 pub mod run_model;
 pub mod sample_models;
 pub mod samples;
