@@ -37,6 +37,8 @@ mod i2v_sample_tests;
 #[cfg(test)]
 mod i2v_tests;
 #[cfg(test)]
+mod ranks_tests;
+#[cfg(test)]
 mod step_testkit;
 #[cfg(test)]
 mod streaming_tests;
