@@ -8,6 +8,7 @@ pub mod engine;
 pub mod experts;
 pub mod flux;
 mod flux_setup;
+pub mod launch;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
