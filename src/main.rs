@@ -9,6 +9,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use framesmith_config::{presets, RunConfig};
+use framesmith_engine::train::launch::{self, Launch};
+use framesmith_engine::train::ranks::{RankSpec, Ranks};
 
 #[derive(Parser)]
 #[command(
@@ -46,6 +48,8 @@ enum Command {
         /// Use at most this many GB of VRAM (sets memory.vram_budget_gb over the config and presets)
         #[arg(long = "vram-budget-gb", value_name = "GB")]
         vram_budget_gb: Option<f64>,
+        #[command(flatten)]
+        ranks: cli::ranks::RankArgs,
     },
     /// Train the built-in tiny demo model on generated clips (CPU, no downloads)
     Demo {
@@ -115,7 +119,8 @@ fn main() -> ExitCode {
             presets,
             resume,
             vram_budget_gb,
-        }) => train(&config, &presets, resume, vram_budget_gb),
+            ranks,
+        }) => train(&config, &presets, resume, vram_budget_gb, &ranks),
         Some(Command::Demo { out, steps }) => {
             cli::demo::run_demo(&out, steps).map(|_| ExitCode::SUCCESS)
         }
@@ -202,6 +207,7 @@ fn train(
     names: &[String],
     resume: Option<PathBuf>,
     vram_budget_gb: Option<f64>,
+    rank_args: &cli::ranks::RankArgs,
 ) -> anyhow::Result<ExitCode> {
     if let Some(gb) = vram_budget_gb {
         if !(gb.is_finite() && gb > 0.0) {
@@ -214,6 +220,42 @@ fn train(
             configs.len()
         );
     }
+    let ranks = match launch::resolve(&rank_args.options(), |name| std::env::var(name).ok())? {
+        Launch::One => Ranks::One,
+        launch if configs.len() > 1 => {
+            anyhow::bail!(
+                "a run over several GPUs trains one config at a time, but {} were given ({launch:?})",
+                configs.len()
+            )
+        }
+        Launch::Local(gpus) if gpus.len() > 1 => {
+            let own: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            return cli::ranks::launch_local(
+                &gpus,
+                rank_args.master_port,
+                rank_args.rank_timeout_secs,
+                &own,
+            );
+        }
+        Launch::Local(gpus) => Ranks::Join(RankSpec {
+            rank: 0,
+            world: 1,
+            gpu: gpus.first().copied(),
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            timeout: std::time::Duration::from_secs(rank_args.rank_timeout_secs),
+        }),
+        Launch::Rank(spec) => {
+            let rank = spec.rank;
+            // A rank waiting on one that is gone would wait forever inside NCCL: end it, saying why (rank 0's
+            // last saved checkpoint is on disk; the launcher reports the exit).
+            framesmith_nn::collective::on_stuck(Box::new(move |why: &str| {
+                eprintln!("error: rank {rank} stops: {why}; it waited past --rank-timeout inside a collective");
+                std::process::exit(1);
+            }));
+            Ranks::Join(spec)
+        }
+    };
     let load = |path: &std::path::Path| -> anyhow::Result<RunConfig> {
         // A key the config file sets wins over a preset's (the preset says so for each).
         let (mut cfg, explicit) = RunConfig::load_explicit(path)?;
@@ -232,7 +274,7 @@ fn train(
         }
         Ok(cfg)
     };
-    let ends = cli::run::run_queue(configs, load, resume)?;
+    let ends = cli::run::run_queue(configs, load, resume, ranks)?;
     // One run has said how it ended; a queue gets a line per config.
     if configs.len() > 1 {
         for line in cli::run::summary_lines(&ends) {

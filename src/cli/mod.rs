@@ -9,4 +9,5 @@ pub mod gui;
 pub mod interrupt;
 pub mod models;
 pub mod plan;
+pub mod ranks;
 pub mod run;

@@ -72,9 +72,10 @@ pub fn run_queue(
     configs: &[PathBuf],
     mut load: impl FnMut(&Path) -> anyhow::Result<RunConfig>,
     mut resume_from: Option<PathBuf>,
+    ranks: framesmith_engine::train::ranks::Ranks,
 ) -> anyhow::Result<Vec<QueuedEnd>> {
-    let engine =
-        framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
+    let engine = framesmith_engine::train::engine::spawn_ranked(ranks)
+        .context("cannot start the engine thread")?;
     let telemetry = spill_telemetry();
     let mut ends: Vec<QueuedEnd> = Vec::with_capacity(configs.len());
     let mut held = false;
@@ -424,7 +425,7 @@ mod tests {
                 _ => RunConfig::load(path).map_err(Into::into),
             }
         };
-        let ends = run_queue(&names, load, None).unwrap();
+        let ends = run_queue(&names, load, None, Default::default()).unwrap();
         assert_eq!(ends.len(), 3);
         let Some(RunEnd::Failed(message)) = &ends[0].1 else {
             panic!("the rank-0 run did not fail: {:?}", ends[0].1)

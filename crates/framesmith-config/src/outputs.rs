@@ -60,6 +60,14 @@ pub struct StateRecord {
     /// The run that wrote it (absent in states written before run records existed).
     #[serde(default)]
     pub run_id: Option<String>,
+    /// How many GPUs (ranks) trained it: each step took `accumulation × world_size` micro-batches. 1 in states
+    /// written before runs over several GPUs existed.
+    #[serde(default = "one")]
+    pub world_size: usize,
+}
+
+fn one() -> usize {
+    1
 }
 
 impl StateRecord {
@@ -303,6 +311,7 @@ mod tests {
             total_steps: config.training.max_train_steps,
             lora_modules: 4,
             run_id: None,
+            world_size: 1,
         };
         fs::write(
             state.join("state.json"),

@@ -7,6 +7,9 @@ use std::collections::VecDeque;
 use std::sync::mpsc::{SyncSender, TryRecvError, TrySendError};
 use std::time::Instant;
 
+use std::cell::Cell;
+
+use crate::train::ranks::Ranks;
 use crate::train::step::StepError;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::{
@@ -15,19 +18,24 @@ use framesmith_config::protocol::{
 
 /// Starts the engine thread and returns the UI's end of its channels.
 pub fn spawn() -> std::io::Result<EngineHandle> {
+    spawn_ranked(Ranks::One)
+}
+
+/// [`spawn`] for one rank of a run over several GPUs: every run it starts trains with `ranks`.
+pub fn spawn_ranked(ranks: Ranks) -> std::io::Result<EngineHandle> {
     let (handle, end) = channel_pair();
     std::thread::Builder::new()
         .name("framesmith-engine".into())
-        .spawn(move || engine_main(end))?;
+        .spawn(move || engine_main(end, &ranks))?;
     Ok(handle)
 }
 
-fn engine_main(end: EngineEnd) {
+fn engine_main(end: EngineEnd, ranks: &Ranks) {
     let inbox = Inbox::new(&end);
     let events = Events(end.events.clone());
     while let Some(command) = inbox.wait() {
         match command {
-            Command::StartRun(request) => run(&request, &inbox, &events),
+            Command::StartRun(request) => run(&request, ranks, &inbox, &events),
             other => events.log(
                 LogLevel::Warn,
                 format!("no run in progress: {other:?} ignored"),
@@ -125,10 +133,10 @@ enum Outcome {
     Stopped,
 }
 
-fn run(request: &StartRun, inbox: &Inbox, events: &Events) {
+fn run(request: &StartRun, ranks: &Ranks, inbox: &Inbox, events: &Events) {
     events.state(RunState::Preparing);
     let mut log = |level, message| events.log(level, message);
-    let result = Trainer::start(request, &mut log).and_then(|mut trainer| {
+    let result = Trainer::start_ranked(request, ranks, &mut log).and_then(|mut trainer| {
         events.state(RunState::Training);
         let first_step = trainer.step();
         let outcome = train_loop(&mut trainer, inbox, events);
@@ -195,10 +203,21 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
     let started = Instant::now();
     let first_step = trainer.step();
     let mut smoothed: Option<f64> = None;
+    // With several ranks a stop is agreed at the end of a step (each rank's `train_step` reports any rank's).
+    let several = trainer.world() > 1;
+    let stop_wanted = Cell::new(false);
+    let stop_requested = || stop_wanted.get() || inbox.stop_requested();
     while trainer.step() < trainer.total_steps() {
         while let Some(command) = inbox.next() {
             match command {
+                Command::Stop if several => stop_wanted.set(true),
                 Command::Stop => return Ok(Outcome::Stopped),
+                Command::Pause if several => events.log(
+                    LogLevel::Warn,
+                    "a run over several GPUs cannot pause (the other GPUs would wait on this one): stop it and \
+                     resume it later instead"
+                        .into(),
+                ),
                 Command::Pause => {
                     events.state(RunState::Paused);
                     if !wait_for_resume(trainer, inbox, events)? {
@@ -219,7 +238,7 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
                 ),
             }
         }
-        let report = match trainer.train_step(&|| inbox.stop_requested()) {
+        let report = match trainer.train_step(&stop_requested) {
             Ok(r) => r,
             Err(err) if StepError::is_interrupted(&err) => return Ok(Outcome::Stopped),
             Err(err) => return Err(err),
@@ -248,7 +267,10 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
             }
         }
         if trainer.validation_due() {
-            match trainer.validate(&|| inbox.stop_requested()) {
+            // Rank 0 validates alone: with several ranks it finishes (the others wait in the next step for it).
+            let never = || false;
+            let validation_stop: &dyn Fn() -> bool = if several { &never } else { &stop_requested };
+            match trainer.validate(validation_stop) {
                 Ok(Some(loss)) => events.send(Event::Validated(loss)),
                 Ok(None) => {}
                 Err(err) if StepError::is_interrupted(&err) => return Ok(Outcome::Stopped),
@@ -266,6 +288,9 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
         }
         if trainer.sample_due() {
             sample(trainer, events)?;
+        }
+        if report.stop_requested {
+            return Ok(Outcome::Stopped);
         }
     }
     Ok(Outcome::Finished)

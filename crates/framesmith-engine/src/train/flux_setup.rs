@@ -202,6 +202,7 @@ impl Trainer {
             vram_reservation,
             outputs,
             validation: None,
+            collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
         })
     }
 

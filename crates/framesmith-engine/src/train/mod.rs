@@ -8,9 +8,11 @@ pub mod engine;
 pub mod experts;
 pub mod flux;
 mod flux_setup;
+pub mod launch;
 pub mod mode;
 pub mod optimizer;
 pub mod outputs;
+pub mod ranks;
 pub mod run_model;
 pub mod sample_models;
 pub mod samples;
@@ -35,6 +37,8 @@ mod i2v_grad_tests;
 mod i2v_sample_tests;
 #[cfg(test)]
 mod i2v_tests;
+#[cfg(test)]
+mod ranks_tests;
 #[cfg(test)]
 mod step_testkit;
 #[cfg(test)]

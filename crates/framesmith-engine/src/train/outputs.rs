@@ -226,6 +226,14 @@ impl Trainer {
     /// otherwise `{name}-{step:06}.safetensors`.
     pub fn save(&mut self, final_save: bool) -> anyhow::Result<Saved> {
         let step = self.step;
+        // Every rank holds the same LoRA: rank 0 alone writes it.
+        if !self.writes_outputs() {
+            return Ok(Saved {
+                step,
+                loras: Vec::new(),
+                state: None,
+            });
+        }
         let out = &self.outputs;
         let file = |suffix: &str| {
             if final_save {
@@ -341,6 +349,7 @@ impl Trainer {
             total_steps: self.total_steps,
             lora_modules: self.loras.len(),
             run_id: Some(out.record.run_id.clone()),
+            world_size: self.collective.world(),
         };
         write_atomic(
             &tmp.join("state.json"),
@@ -375,6 +384,20 @@ impl Trainer {
                 dir.display(),
                 state.seed,
                 state.accumulation
+            );
+        }
+        let world = self.collective.world();
+        if state.world_size != world {
+            anyhow::bail!(
+                "the training state in {} was trained on {} GPU(s) and this run has {world}: each step took \
+                 {} micro-batches (batch size × gradient accumulation × GPUs) there and would take {} here, so the \
+                 run could not go on exactly as it would have. Resume it on {} GPU(s) (`--gpus` with that many \
+                 ids), or start a new run",
+                dir.display(),
+                state.world_size,
+                state.accumulation * state.world_size,
+                self.accumulation * world,
+                state.world_size
             );
         }
         if state.step >= self.total_steps {

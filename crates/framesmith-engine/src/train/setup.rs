@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 
 use crate::demo;
 use crate::dit::{build_dit, load_dit, LoadedDit, Streaming};
@@ -17,6 +17,7 @@ use crate::train::experts::{check_pair, LowNoiseExpert};
 use crate::train::mode::{self, StartFrame};
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
+use crate::train::ranks::Ranks;
 use crate::train::run_model::RunModel;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use crate::train::samples::{Decoder, Sampling};
@@ -30,6 +31,7 @@ use framesmith_config::run::{ActivationPlacement, BlocksToSwap, ExpertMode, Stre
 use framesmith_config::{validate, HostInfo, RunPlan};
 use framesmith_models::wan::config::Expert;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
+use framesmith_nn::collective::broadcast_tensors;
 use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{
@@ -473,8 +475,25 @@ impl Trainer {
         request: &StartRun,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
+        Self::start_ranked(request, &Ranks::One, log)
+    }
+
+    /// [`Trainer::start`] as one rank of a run over several GPUs (`ranks`, see [`crate::train::ranks`]): the
+    /// rank trains on its own GPU, meets the others once its model is loaded, and starts from rank 0's LoRA.
+    /// Only rank 0 takes a run folder and writes into it; every rank resumes from the same state.
+    pub fn start_ranked(
+        request: &StartRun,
+        ranks: &Ranks,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<Trainer> {
         let mut plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
             .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        if let Ranks::Join(spec) = ranks {
+            if let Some(gpu) = spec.gpu {
+                plan.device = PlanDevice::Cuda(gpu);
+            }
+        }
+        let writes = ranks.rank() == 0;
         for note in &plan.notes {
             log(LogLevel::Info, note.clone());
         }
@@ -485,6 +504,7 @@ impl Trainer {
                 plan.output.output_dir = target.run_dir.clone();
                 Some(target.state.dir)
             }
+            None if !writes => None,
             None => {
                 plan.output.output_dir = new_run_dir(&configured);
                 if plan.output.output_dir != configured {
@@ -497,6 +517,7 @@ impl Trainer {
             }
         };
         let mut trainer = Self::from_plan(&plan, log)?;
+        trainer.join_ranks(&plan, ranks, log)?;
         if let Some(state) = &resume {
             let dir = trainer.resume(state)?;
             log(
@@ -504,8 +525,54 @@ impl Trainer {
                 format!("resumed at step {} from {}", trainer.step(), dir.display()),
             );
         }
-        trainer.outputs.begin(trainer.step(), &plan.config)?;
+        if writes {
+            trainer.outputs.begin(trainer.step(), &plan.config)?;
+        }
         Ok(trainer)
+    }
+
+    /// Joins the other ranks (nothing for one process): the step count and schedule follow the world's
+    /// micro-batches per step, and every rank starts from rank 0's LoRA weights.
+    fn join_ranks(
+        &mut self,
+        plan: &RunPlan,
+        ranks: &Ranks,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<()> {
+        let collective = ranks.collective(self.device())?;
+        let world = collective.world();
+        self.collective = collective;
+        if world == 1 {
+            return Ok(());
+        }
+        if let framesmith_config::plan::TrainLength::Epochs(epochs) = plan.training.length {
+            self.total_steps = crate::train::ranks::steps_for_epochs(
+                epochs,
+                self.data.batches_per_epoch(),
+                self.accumulation,
+                world,
+            );
+            self.schedule = plan.schedule.with_total_steps(self.total_steps);
+        }
+        let mut vars = self.loras.vars();
+        if let Some((low, _)) = self.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+            vars.extend(low.vars());
+        }
+        let values: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+        let synced = broadcast_tensors(&*self.collective, &values, 0)?;
+        for (var, value) in vars.iter().zip(&synced) {
+            var.set(&value.to_dtype(var.dtype())?)?;
+        }
+        log(
+            LogLevel::Info,
+            format!(
+                "rank {} of {world}: {} micro-batch(es) per rank and step, {} per step over all GPUs",
+                self.collective.rank(),
+                self.accumulation,
+                self.micro_per_step()
+            ),
+        );
+        Ok(())
     }
 
     /// Builds the run from a validated plan.
@@ -644,6 +711,7 @@ impl Trainer {
             vram_reservation,
             outputs,
             validation: run_data.validation,
+            collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
         })
     }
 }

@@ -6,6 +6,7 @@
 //! latent frame clean, denoised at timestep 0 and left out of the loss, as Wan2.2 TI2V conditions on a start image.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
@@ -25,6 +26,9 @@ use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
 use framesmith_config::training::TimestepConfig;
 use framesmith_models::wan::{Timesteps, WanInputs};
+use framesmith_nn::collective::{
+    all_reduce_scalars, all_reduce_tensors, Collective, BUCKET_ELEMENTS,
+};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::offload::SavedPlacement;
@@ -42,6 +46,8 @@ pub struct StepReport {
     pub warning: Option<String>,
     /// With both Wan2.2 experts: which ran and the switches so far.
     pub expert: Option<ExpertStep>,
+    /// A run over several GPUs: some rank was asked to stop, and every rank stops after this step.
+    pub stop_requested: bool,
 }
 
 /// A step of a run with both Wan2.2 experts.
@@ -90,6 +96,8 @@ pub struct Trainer {
     pub(super) sampling: Option<crate::train::samples::Sampling>,
     /// The held-out items and when to evaluate them (`[validation]`).
     pub(super) validation: Option<crate::train::validation::Validation>,
+    /// The ranks this run trains with ([`crate::train::ranks`]); `Solo` for one GPU.
+    pub(super) collective: Arc<dyn Collective>,
 }
 
 /// A batch made ready for the DiT: noisy inputs, flow-matching targets and loss weights.
@@ -130,6 +138,21 @@ impl Trainer {
 
     pub fn total_steps(&self) -> usize {
         self.total_steps
+    }
+
+    /// How many processes (GPUs) train this run together.
+    pub fn world(&self) -> usize {
+        self.collective.world()
+    }
+
+    /// Whether this process writes the run's files (LoRAs, states, metrics, samples): rank 0 only.
+    pub fn writes_outputs(&self) -> bool {
+        self.collective.rank() == 0
+    }
+
+    /// Micro-batches an optimizer step takes over all ranks.
+    pub(super) fn micro_per_step(&self) -> usize {
+        self.accumulation * self.collective.world()
     }
 
     pub fn device(&self) -> &Device {
@@ -174,7 +197,7 @@ impl Trainer {
     /// The epoch (1-based) the next step trains in.
     pub fn epoch(&self) -> usize {
         let per_epoch = self.data.batches_per_epoch().max(1);
-        self.step * self.accumulation / per_epoch + 1
+        self.step * self.micro_per_step() / per_epoch + 1
     }
 
     /// The options of every micro-step: the run's memory settings and the cancel poll.
@@ -281,8 +304,11 @@ impl Trainer {
         Ok((epoch, high, out))
     }
 
-    /// One optimizer step over `gradient_accumulation_steps` micro-batches. A non-finite loss or gradient skips
-    /// the update (the LoRA and optimizer state stay as they were) and is reported; too many in a row is an error.
+    /// One optimizer step over `gradient_accumulation_steps` micro-batches (on each rank of a run over several
+    /// GPUs, its share: see [`crate::train::ranks`]). A non-finite loss or gradient skips the update (the LoRA and
+    /// optimizer state stay as they were) and is reported; too many in a row is an error. With several ranks a
+    /// step is never cut short (the others would wait for it): `interrupted` is asked once, at the step's end,
+    /// and any rank's stop stops every rank after the step (`StepReport::stop_requested`).
     pub fn train_step(&mut self, interrupted: &dyn Fn() -> bool) -> anyhow::Result<StepReport> {
         let started = Instant::now();
         // The last step's transient memory goes back to the driver: each step then needs what the first did.
@@ -294,9 +320,12 @@ impl Trainer {
         let mut epoch = self.epoch();
         let split = self.split_experts();
         let mut last_high = true;
-        for micro in 0..self.accumulation {
-            let index = self.step * self.accumulation + micro;
-            let (e, high, out) = self.micro_step(index, interrupted)?;
+        let (rank, world) = (self.collective.rank(), self.collective.world());
+        let per_step = self.micro_per_step();
+        let never = || false;
+        let micro_interrupted: &dyn Fn() -> bool = if world == 1 { interrupted } else { &never };
+        for index in crate::train::ranks::micro_indices(self.step, self.accumulation, rank, world) {
+            let (e, high, out) = self.micro_step(index, micro_interrupted)?;
             epoch = e;
             last_high = high;
             let sum = &mut sums[usize::from(split && !high)];
@@ -305,10 +334,11 @@ impl Trainer {
                 continue;
             };
             loss_sum += out.loss as f64;
+            // The mean over the step's micro-batches of every rank (the all-reduce below sums them).
             let scaled = out
                 .grads
                 .iter()
-                .map(|g| g / self.accumulation as f64)
+                .map(|g| g / per_step as f64)
                 .collect::<candle_core::Result<Vec<_>>>()?;
             *sum = Some(match sum.take() {
                 None => scaled,
@@ -318,6 +348,13 @@ impl Trainer {
                     .map(|(a, b)| a + b)
                     .collect::<candle_core::Result<Vec<_>>>()?,
             });
+        }
+        let mut stop_requested = false;
+        if world > 1 {
+            // The epoch of the step's last micro-batch over all ranks, as one process would report it.
+            epoch = ((self.step + 1) * per_step - 1) / self.data.batches_per_epoch().max(1) + 1;
+            (sums, loss_sum, finite, stop_requested) =
+                self.reduce_over_ranks(sums, loss_sum, finite, interrupted())?;
         }
         let learning_rate = self.schedule.lr_at(self.step);
         let outcome = if finite {
@@ -351,7 +388,7 @@ impl Trainer {
                 )
             }
         };
-        let loss = finite.then_some(loss_sum / self.accumulation as f64);
+        let loss = finite.then_some(loss_sum / per_step as f64);
         let report = StepReport {
             loss,
             learning_rate,
@@ -364,8 +401,11 @@ impl Trainer {
                 switches: low.switches,
                 switch_secs: low.switch_secs,
             }),
+            stop_requested,
         };
-        self.outputs.append_metrics(step_number, &report)?;
+        if self.writes_outputs() {
+            self.outputs.append_metrics(step_number, &report)?;
+        }
         if self.consecutive_nonfinite >= self.max_consecutive_nonfinite.max(1) {
             anyhow::bail!(
                 "stopped after {} non-finite steps in a row (last at step {step_number}). The last good LoRA was \
@@ -377,6 +417,49 @@ impl Trainer {
         Ok(report)
     }
 
+    /// Sums, over the ranks, the step's gradients (bucketed), its loss, whether it was finite and whether a rank
+    /// was asked to stop. A LoRA that no rank has gradients for (a split run's expert none of whose micro-batches
+    /// ran) stays `None`; one only some ranks have is completed with zeros on the others. Every rank then holds
+    /// the same numbers, so every rank takes the same optimizer step.
+    #[allow(clippy::type_complexity)]
+    fn reduce_over_ranks(
+        &self,
+        mut sums: [Option<Vec<Tensor>>; 2],
+        loss_sum: f64,
+        finite: bool,
+        stop: bool,
+    ) -> anyhow::Result<([Option<Vec<Tensor>>; 2], f64, bool, bool)> {
+        let c = &*self.collective;
+        let flag = |b: bool| if b { 1f32 } else { 0f32 };
+        let local = [
+            loss_sum as f32,
+            flag(!finite),
+            flag(sums[0].is_some()),
+            flag(sums[1].is_some()),
+            flag(stop),
+        ];
+        let stats = all_reduce_scalars(c, &local, self.device())?;
+        let finite = stats[1] == 0.0;
+        let mut reduced: [Option<Vec<Tensor>>; 2] = [None, None];
+        if finite {
+            for (side, out) in reduced.iter_mut().enumerate() {
+                if stats[2 + side] == 0.0 {
+                    continue;
+                }
+                let grads = match sums[side].take() {
+                    Some(g) => g,
+                    None => self
+                        .expert_vars(side == 0)
+                        .iter()
+                        .map(|v| Tensor::zeros(v.shape(), DType::F32, v.device()))
+                        .collect::<candle_core::Result<Vec<_>>>()?,
+                };
+                *out = Some(all_reduce_tensors(c, &grads, BUCKET_ELEMENTS)?);
+            }
+        }
+        Ok((reduced, stats[0] as f64, finite, stats[4] > 0.0))
+    }
+
     /// Whether a periodic save falls on the step just completed.
     pub fn save_due(&self) -> bool {
         self.outputs.save_due(self.step, self.epoch_boundary())
@@ -384,21 +467,26 @@ impl Trainer {
 
     /// Whether a periodic sample falls on the step just completed.
     pub fn sample_due(&self) -> bool {
-        self.sampling
-            .as_ref()
-            .is_some_and(|s| s.due(self.step, self.epoch_boundary()))
+        self.writes_outputs()
+            && self
+                .sampling
+                .as_ref()
+                .is_some_and(|s| s.due(self.step, self.epoch_boundary()))
     }
 
     /// Whether to sample before the first step.
     pub fn sample_at_start(&self) -> bool {
-        self.step == 0 && self.sampling.as_ref().is_some_and(|s| s.at_first)
+        self.writes_outputs()
+            && self.step == 0
+            && self.sampling.as_ref().is_some_and(|s| s.at_first)
     }
 
     /// The epoch just completed, when the step just completed ended one.
     pub(super) fn epoch_boundary(&self) -> Option<usize> {
         let per_epoch = self.data.batches_per_epoch().max(1);
-        let micro = self.step * self.accumulation;
-        (self.step > 0 && micro % per_epoch < self.accumulation).then_some(micro / per_epoch)
+        let per_step = self.micro_per_step();
+        let micro = self.step * per_step;
+        (self.step > 0 && micro % per_epoch < per_step).then_some(micro / per_epoch)
     }
 
     /// Where outputs go (the run's own folder).
@@ -408,7 +496,7 @@ impl Trainer {
 
     /// A new run that ends before its first step leaves no run folder behind (`Outputs::abandon_unused`).
     pub fn abandon_unused_outputs(&mut self) {
-        if self.step == 0 {
+        if self.step == 0 && self.writes_outputs() {
             self.outputs.abandon_unused();
         }
     }

@@ -175,10 +175,11 @@ fn nothing_to_validate(dataset_toml: &Path) -> String {
 impl Trainer {
     /// Whether an evaluation falls on the step just completed.
     pub fn validation_due(&self) -> bool {
-        self.validation.as_ref().is_some_and(|v| {
-            let saved = self.save_due() || self.step == self.total_steps;
-            v.plan.due(self.step, self.epoch_boundary(), saved)
-        })
+        self.writes_outputs()
+            && self.validation.as_ref().is_some_and(|v| {
+                let saved = self.save_due() || self.step == self.total_steps;
+                v.plan.due(self.step, self.epoch_boundary(), saved)
+            })
     }
 
     /// The mean loss over the held-out items × the fixed timesteps, forward only, with the LoRA as it is now;
