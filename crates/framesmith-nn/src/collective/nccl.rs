@@ -1,7 +1,8 @@
 //! The NCCL collective: one process per GPU, NCCL's unique id exchanged by [`super::rendezvous`], reductions on
-//! the device's own stream (so they follow the backward's kernels in order). Before NCCL is touched the library
-//! is looked for, so a missing `libnccl.so.2` is a message saying what to install, not cudarc's panic; NVLink
-//! multicast (NVLS) is turned off unless the user set `NCCL_NVLS_ENABLE` themselves.
+//! the device's own stream (so they follow the backward's kernels in order). candle links cudarc's NCCL
+//! bindings dynamically, so a build with the `nccl` feature needs `libnccl.so.2` on the loader's path to start at
+//! all (the shipped GPU archives are built without it). NVLink multicast (NVLS) is turned off unless the user set
+//! `NCCL_NVLS_ENABLE` themselves.
 //!
 //! A rank that leaves or dies: the rendezvous link reports it; the next collective fails with that reason, and one already waiting on the GPU for the dead rank is ended by the process's stuck
 //! handler ([`super::on_stuck`]) after the grace period, since NCCL itself would wait forever.
@@ -21,19 +22,6 @@ use candle_core::{CudaDevice, CudaStorage, DType, Device, Result, Storage, Tenso
 
 use super::rendezvous::{rendezvous, Link, RendezvousSpec};
 use super::Collective;
-
-/// What to install when the NCCL library is missing; `None` when it loads.
-pub fn nccl_missing() -> Option<String> {
-    // SAFETY: only tries to open the library under its usual names (libnccl.so, libnccl.so.2, ...).
-    let present = unsafe { candle_core::cuda_backend::cudarc::nccl::sys::is_culib_present() };
-    (!present).then(|| {
-        "training on several GPUs needs the NCCL library (libnccl.so.2), which was not found. Install it — \
-         `pip install nvidia-nccl-cu13` (CUDA 13) or `pip install nvidia-nccl-cu12` (CUDA 12) and add its \
-         nvidia/nccl/lib folder to LD_LIBRARY_PATH, or the system package libnccl2 (`apt install libnccl2`) — \
-         or train on one GPU"
-            .to_string()
-    })
-}
 
 /// Sets `NCCL_NVLS_ENABLE=0` unless the user set it: NVLink multicast stays off (call before any communicator
 /// exists, ideally at process start, before other threads run).
@@ -76,13 +64,10 @@ pub struct NcclCollective {
 }
 
 impl NcclCollective {
-    /// Joins the run `spec` describes on `device` (this rank's GPU): checks for the NCCL library, meets the other
+    /// Joins the run `spec` describes on `device` (this rank's GPU): meets the other
     /// ranks at `spec.addr:spec.port`, and creates the communicator. A rank lost while this rank waits on it
     /// for longer than `grace` ends the process through the stuck handler.
     pub fn new(device: &CudaDevice, spec: &RendezvousSpec, grace: Duration) -> Result<Self> {
-        if let Some(message) = nccl_missing() {
-            candle_core::bail!("{message}");
-        }
         disable_nvlink_multicast();
         let (bytes, link) = rendezvous(spec, || {
             let id = Id::new().map_err(|e| format!("NCCL could not create the run's id: {e:?}"))?;
