@@ -6,6 +6,7 @@
 
 mod activations;
 mod bytes;
+mod flux;
 mod input;
 pub mod machine;
 mod suggest;
@@ -17,6 +18,7 @@ pub use bytes::{
     fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
     vae_for, BaseFormat,
 };
+pub use flux::flux_streamed_blocks;
 pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
     ClipShape, DEFAULT_CLIP,

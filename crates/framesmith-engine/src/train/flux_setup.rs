@@ -1,13 +1,13 @@
 //! A FLUX.1 [dev] run built from a validated plan whose `model.dit` is a FLUX.1 file, and its micro-step: the same
 //! [`Trainer`] as a Wan run (optimizer, schedule, training set, outputs, resume, the engine loop), with the FLUX.1
 //! DiT, LoRA on its double- and single-stream blocks under sd-scripts' names, items from `_flux` caches and the
-//! FLUX.1 batch. Samples, validation, block streaming and the memory planner are Wan-only for now: a run that asks
-//! for them is refused with what to change.
+//! FLUX.1 batch, and block streaming over both block kinds in `memory.flux_stream_order`. Samples and validation
+//! are Wan-only for now: a run that asks for them is refused with what to change.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -29,9 +29,11 @@ use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::run::{BlocksToSwap, StreamingMode, TrainingMode};
 use framesmith_config::RunPlan;
-use framesmith_models::flux::weights::{load_dit, FluxVariant};
+use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
+use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::offload::{OffloadOptions, StreamMode};
 
 /// The name runs and LoRA metadata give the base model.
 const BASE_NAME: &str = "FLUX.1 [dev]";
@@ -93,6 +95,71 @@ fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
     meta
 }
 
+/// The streamed blocks (`memory.flux_stream_order`) and ring settings of a CUDA FLUX.1 run; `None` when nothing
+/// streams (streaming off, a CPU run, or no block to stream).
+fn flux_streaming(
+    plan: &RunPlan,
+    cfg: &FluxConfig,
+    device: &Device,
+) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
+    let mode = match plan.memory.streaming {
+        StreamingMode::Off => return Ok(None),
+        StreamingMode::Pinned => StreamMode::Pinned,
+        StreamingMode::Staged => StreamMode::Staged,
+    };
+    if !plan.memory.applies || !device.is_cuda() {
+        return Ok(None);
+    }
+    let blocks = cfg.depth + cfg.depth_single_blocks;
+    let count = match plan.memory.blocks_to_swap {
+        BlocksToSwap::Count(n) if n >= blocks => anyhow::bail!(
+            "memory.blocks_to_swap = {n}, but FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream): \
+             stream at most {}, or \"auto\"",
+            cfg.depth,
+            cfg.depth_single_blocks,
+            blocks - 1
+        ),
+        BlocksToSwap::Count(n) => n,
+        BlocksToSwap::Auto(_) => anyhow::bail!(
+            "memory.blocks_to_swap = \"auto\" is not planned for FLUX.1 yet: set a count of blocks to stream"
+        ),
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    let streamed = memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order);
+    let offload = OffloadOptions {
+        mode,
+        slots: framesmith_config::training::DEFAULT_GPU_SLOTS,
+        staging_slots: plan.memory.staging_slots.max(1),
+        ..OffloadOptions::default()
+    };
+    Ok(Some((streamed, offload)))
+}
+
+/// Says how many blocks of each kind stream, when some do.
+fn log_flux_streaming(model: &Flux, plan: &RunPlan, log: &mut dyn FnMut(LogLevel, String)) {
+    let cfg = model.config();
+    for streamer in model.streamers() {
+        let double = (0..cfg.depth).any(|i| streamer.is_streamed(i));
+        let (kind, of) = if double {
+            ("double-stream", cfg.depth)
+        } else {
+            ("single-stream", cfg.depth_single_blocks)
+        };
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {of} {kind} blocks from host RAM ({} mode, {:.1} MiB each; order {})",
+                streamer.count(),
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+                plan.memory.flux_stream_order.as_str()
+            ),
+        );
+    }
+}
+
 impl Trainer {
     /// Builds a FLUX.1 [dev] run from a validated plan whose `model.dit` is the FLUX.1 file `dit`.
     pub(super) fn from_flux_plan(
@@ -110,17 +177,17 @@ impl Trainer {
         };
         let device = device_for(plan)?;
         let vram_reservation = reserve_budget(plan, &device)?;
-        let streams = plan.memory.streaming != StreamingMode::Off
-            && plan.memory.blocks_to_swap != BlocksToSwap::Count(0);
-        if device.is_cuda() && plan.memory.applies && streams {
-            log(
-                LogLevel::Info,
-                "block streaming is Wan-only for now: every FLUX.1 block stays on the GPU".into(),
-            );
-        }
         let dtype = float_dtype(plan.model.compute_dtype);
         let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
-        let mut model = load_dit(dit, Some(FluxVariant::Dev), dtype, &device, fp8)?;
+        let (streamed, offload) = flux_streaming(plan, &cfg, &device)?.unwrap_or_default();
+        let mut model = load_dit_streamed(
+            dit,
+            Some(FluxVariant::Dev),
+            (dtype, &device),
+            fp8,
+            &streamed,
+            &offload,
+        )?;
         log(
             LogLevel::Info,
             format!("model: {BASE_NAME} on {}", device_label(&device)),
@@ -129,6 +196,7 @@ impl Trainer {
             LogLevel::Info,
             "training mode: text-to-image, guidance 1.0".into(),
         );
+        log_flux_streaming(&model, plan, log);
         let cached = load_flux_items(dataset, &cfg, &device)?;
         let items = cached
             .items
