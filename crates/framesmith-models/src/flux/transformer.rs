@@ -63,7 +63,9 @@ pub struct Flux {
 }
 
 impl Flux {
-    /// Builds the model from official key names under `vb`, every block on `vb`'s device.
+    /// Builds the model from official key names under `vb`, every block on `vb`'s device. `vb`'s FP8 mode
+    /// ([`Vb::with_fp8`]) applies to the blocks' linears only, as Wan's `blocks_fp8`: the embeddings and the final
+    /// layer stay in the compute dtype (an FP8 file's are dequantised; they are a few MB).
     pub fn new(cfg: &FluxConfig, vb: &Vb) -> Result<Self> {
         Self::new_streamed(cfg, vb, &[], &OffloadOptions::default())
     }
@@ -102,6 +104,8 @@ impl Flux {
             blocks.push((i, block_at(i, vb)?));
         }
         let host = vb.with_device(&Device::Cpu);
+        // Past the blocks, nothing is quantised.
+        let vb = &vb.with_fp8(None);
         let mut streamers = Vec::new();
         let (double, single): (Vec<usize>, Vec<usize>) =
             streamed.iter().copied().partition(|&i| i < cfg.depth);
