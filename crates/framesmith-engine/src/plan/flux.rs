@@ -460,4 +460,31 @@ mod tests {
             "single_first {single}, double_first {double}"
         );
     }
+
+    /// The FLUX.1 presets at 1024²: `flux-dev-24gb` fits a 24 GB card whole (nothing streams), `flux-dev-12gb`
+    /// fits 12 GB by streaming some blocks, planned as `framesmith plan --variant flux-dev --preset …` does.
+    #[test]
+    fn the_flux_presets_fit_their_cards_at_1024() {
+        for (name, gib, streams) in [("flux-dev-24gb", 24, false), ("flux-dev-12gb", 12, true)] {
+            let mut cfg = framesmith_config::presets::builtin(name)
+                .and_then(|p| p.apply(&RunConfig::default()))
+                .unwrap()
+                .config;
+            cfg.model.variant = "flux-dev".into();
+            let model = super::super::model_for_config(&cfg).unwrap();
+            let (clip, _) = super::super::clip_for_config(&cfg);
+            assert_eq!((clip.width, clip.height), (1024, 1024), "{name}");
+            let mut i = PlanInput::from_config(&cfg, model, clip);
+            i.free_vram_bytes = Some(gib * GIB);
+            let r = plan(&i).unwrap();
+            eprintln!("{name}: {}", r.verdict_line());
+            assert!(r.fits(), "{name}: {}", r.verdict_line());
+            assert_eq!(
+                r.streamed_blocks > 0,
+                streams,
+                "{name}: {}",
+                r.verdict_line()
+            );
+        }
+    }
 }
