@@ -2,7 +2,8 @@
 # FLUX.1 [dev] LoRA training on the GPU through `framesmith train` only (issue 20's "must show"): rank 16 at the
 # dataset's resolution (1024x1024 for the issue), batch 1, three runs from one FLUX.1 dev DiT and one cached image
 # dataset — bf16 base (everything resident), FP8 block-64 base, and FP8 within `--vram-budget-gb 12` with
-# `blocks_to_swap = "auto"` (the planner's count) in each `memory.flux_stream_order` (FLUX_ORDERS). Each run logs
+# `blocks_to_swap = "auto"` (the planner's count) and saved inputs in RAM, in each `memory.flux_stream_order`
+# (FLUX_ORDERS). Each run logs
 # its memory plan, the blocks it streams, per-step times and the VRAM peak next to the plan's prediction.
 # The weights and caches come from elsewhere (random weights in the official layout, `framesmith cache latents`
 # / `cache text` with FLUX.1's AE, CLIP-L and T5). Builds nothing.
@@ -20,7 +21,7 @@ source "$(dirname "$0")/device-env.sh"
 LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
 export LD_LIBRARY_PATH
 
-# config NAME BASE BLOCKS ORDER: writes $OUT/NAME.toml
+# config NAME BASE BLOCKS ORDER ACTIVATIONS: writes $OUT/NAME.toml
 config() {
     cat > "$OUT/$1.toml" <<TOML
 [model]
@@ -45,6 +46,7 @@ timestep_sampling = "flux_shift"
 streaming = "$STREAMING"
 blocks_to_swap = $3
 flux_stream_order = "$4"
+activations = "$5"
 checkpointing = "blocks"
 
 [output]
@@ -67,11 +69,11 @@ train() {
 framesmith inspect "$DIT" 2>&1 | head -20 > "$OUT/inspect.log"
 for run in $RUNS; do
     case "$run" in
-        bf16) config bf16 bf16 0 single_first; train bf16 ;;
-        fp8) config fp8 fp8 0 single_first; train fp8 ;;
+        bf16) config bf16 bf16 0 single_first device; train bf16 ;;
+        fp8) config fp8 fp8 0 single_first device; train fp8 ;;
         fp8-12gb)
             for order in $ORDERS; do
-                config "fp8-12gb-$order" fp8 '"auto"' "$order"
+                config "fp8-12gb-$order" fp8 '"auto"' "$order" host
                 framesmith plan --config "$OUT/fp8-12gb-$order.toml" --vram-budget-gb 12 \
                     > "$OUT/fp8-12gb-$order.plan.txt" 2>&1
                 train "fp8-12gb-$order" --vram-budget-gb 12
