@@ -32,6 +32,8 @@ fn presets_list_and_show() {
         "balanced-24gb",
         "full-speed-80gb",
         "demo-cpu",
+        "flux-dev-24gb",
+        "flux-dev-12gb",
     ] {
         assert!(stdout.contains(name), "{name} missing from\n{stdout}");
     }

@@ -26,7 +26,7 @@ pub struct PlanArgs {
     /// Presets applied over the config, in order
     #[arg(long = "preset")]
     presets: Vec<String>,
-    /// Model variant: t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b
+    /// Model variant: t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b, or flux-dev (FLUX.1 [dev] images)
     #[arg(long)]
     variant: Option<String>,
     /// Training mode: auto, text_to_video (t2v) or image_to_video (i2v); image-to-video TI2V-5B steps carry
@@ -69,6 +69,9 @@ pub struct PlanArgs {
     /// What the step keeps from each block's forward: blocks (inputs only), attention or off (everything)
     #[arg(long, value_parser = config_value::<framesmith_config::run::Checkpointing>)]
     checkpointing: Option<framesmith_config::run::Checkpointing>,
+    /// FLUX.1: which blocks stream first: single_first, double_first or spread
+    #[arg(long, value_parser = config_value::<framesmith_config::run::FluxStreamOrder>)]
+    flux_stream_order: Option<framesmith_config::run::FluxStreamOrder>,
     /// Page-locked staging buffers of `staged` streaming
     #[arg(long)]
     staging_slots: Option<usize>,
@@ -144,6 +147,7 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
     mem.activations = args.activations.unwrap_or(mem.activations);
     mem.checkpointing = args.checkpointing.unwrap_or(mem.checkpointing);
     mem.staging_slots = args.staging_slots.unwrap_or(mem.staging_slots);
+    mem.flux_stream_order = args.flux_stream_order.unwrap_or(mem.flux_stream_order);
     if let Some(gb) = args.vram_budget_gb {
         gib(gb, "--vram-budget-gb")?;
         mem.vram_budget_gb = Some(gb);

@@ -54,6 +54,7 @@ const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];
 const PLACEMENTS: &[&str] = &["device", "host"];
 const CHECKPOINTING: &[&str] = &["blocks", "attention", "off"];
+const FLUX_STREAM_ORDERS: &[&str] = &["single_first", "double_first", "spread"];
 const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
 
@@ -281,6 +282,14 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "Empty: the card's free memory minus headroom",
             ),
             field("memory.staging_slots", "Staging slots", FieldKind::Int),
+            help(
+                field(
+                    "memory.flux_stream_order",
+                    "FLUX.1 stream order",
+                    FieldKind::Choice(FLUX_STREAM_ORDERS),
+                ),
+                "FLUX.1 only: which blocks stream first (single-stream, double-stream, or both spread)",
+            ),
             help(
                 field(
                     "memory.shared_memory_guard",

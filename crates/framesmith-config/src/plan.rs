@@ -4,8 +4,8 @@
 use std::path::PathBuf;
 
 use super::run::{
-    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, ExpertMode, Fp8ScaleMode,
-    LrScheduler, ResidualDtype, RunConfig, StreamingMode, TrainingMode,
+    ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, ExpertMode, FluxStreamOrder,
+    Fp8ScaleMode, LrScheduler, ResidualDtype, RunConfig, StreamingMode, TrainingMode,
 };
 use crate::schedule::LrSchedule;
 use crate::training::{AdamWConfig, TimestepConfig, NUM_TRAIN_TIMESTEPS};
@@ -197,6 +197,8 @@ pub struct MemoryPlan {
     /// VRAM budget in bytes (GiB × 2³⁰); `None`: free memory minus headroom.
     pub vram_budget_bytes: Option<u64>,
     pub staging_slots: usize,
+    /// Which FLUX.1 block kind streams first (ignored by Wan runs).
+    pub flux_stream_order: FluxStreamOrder,
     /// Shared-memory guard; false where it cannot act (not Windows, or CPU).
     pub shared_memory_guard: bool,
 }

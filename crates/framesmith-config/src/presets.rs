@@ -30,6 +30,14 @@ const BUILTIN: &[(&str, &str)] = &[
         include_str!("../../../presets/full-speed-80gb.toml"),
     ),
     ("demo-cpu", include_str!("../../../presets/demo-cpu.toml")),
+    (
+        "flux-dev-24gb",
+        include_str!("../../../presets/flux-dev-24gb.toml"),
+    ),
+    (
+        "flux-dev-12gb",
+        include_str!("../../../presets/flux-dev-12gb.toml"),
+    ),
 ];
 
 /// Names of the built-in presets, in display order.
@@ -346,7 +354,7 @@ mod tests {
     #[test]
     fn every_builtin_parses_explains_itself_and_sets_no_paths() {
         let presets = builtins().unwrap();
-        assert_eq!(presets.len(), 5);
+        assert_eq!(presets.len(), 7);
         for p in &presets {
             assert!(!p.title.is_empty() && !p.summary.is_empty(), "{}", p.name);
             let settings = p.settings();

@@ -432,6 +432,29 @@ impl Checkpointing {
     }
 }
 
+/// Which FLUX.1 blocks stream first when only some do (`memory.flux_stream_order`): the single-stream blocks
+/// (smaller, so a count streams fewer bytes), the double-stream blocks (larger, so fewer blocks free as much), or
+/// blocks of both kinds spread evenly through the model. Wan models have one kind of block and ignore it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FluxStreamOrder {
+    #[default]
+    SingleFirst,
+    DoubleFirst,
+    Spread,
+}
+
+impl FluxStreamOrder {
+    /// The name as configuration files spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::SingleFirst => "single_first",
+            Self::DoubleFirst => "double_first",
+            Self::Spread => "spread",
+        }
+    }
+}
+
 /// Number of streamed blocks: a count, or `"auto"` (the planner picks).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -460,6 +483,8 @@ pub struct MemorySection {
     pub vram_budget_gb: Option<f64>,
     /// Page-locked staging buffers (8 MiB chunks) of `staged` streaming.
     pub staging_slots: usize,
+    /// FLUX.1 only: which block kind streams first.
+    pub flux_stream_order: FluxStreamOrder,
     /// When Windows starts spilling into shared GPU memory: the app pauses the run, `framesmith train` stops it
     /// (saving), once per run.
     pub shared_memory_guard: bool,
@@ -474,6 +499,7 @@ impl Default for MemorySection {
             checkpointing: Checkpointing::Blocks,
             vram_budget_gb: None,
             staging_slots: crate::training::STAGING_SLOTS,
+            flux_stream_order: FluxStreamOrder::SingleFirst,
             shared_memory_guard: false,
         }
     }

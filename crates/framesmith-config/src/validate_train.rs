@@ -313,6 +313,7 @@ pub(crate) fn check_memory(
         checkpointing: m.checkpointing,
         vram_budget_bytes,
         staging_slots: m.staging_slots,
+        flux_stream_order: m.flux_stream_order,
         shared_memory_guard: applies && host.windows && m.shared_memory_guard,
     }
 }

@@ -2,8 +2,9 @@
 //! the saved block inputs (every setting but "off"), the kept self-attention outputs ("attention"), or every
 //! block's whole tape ("off"). Exact counts of the tensors `models::wan::block::grad` records, no calibration.
 
+use super::model::ModelMemory;
 use super::working_set::{per_token_modulation_bytes, StepShape};
-use super::{line, Sizes};
+use super::{blocks_label, line, total_bytes};
 use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
 use framesmith_config::run::{ActivationPlacement, Checkpointing, StreamingMode};
 use framesmith_models::wan::WanConfig;
@@ -66,25 +67,22 @@ pub fn block_tape_bytes(cfg: &WanConfig, batch: u64, rank: u64, shape: &StepShap
 
 /// The plan's lines for what the step keeps between a block's forward and its backward.
 pub(super) fn kept_lines(
-    cfg: &WanConfig,
     checkpointing: Checkpointing,
     activations: ActivationPlacement,
     streaming: StreamingMode,
-    batch: u64,
-    rank: u64,
-    s: &Sizes,
+    s: &ModelMemory,
 ) -> Vec<PlanLine> {
-    let n = cfg.num_layers;
+    let n = s.num_blocks();
     let l = s.shape.tokens;
+    let counts = s.kind_counts();
     if checkpointing == Checkpointing::Off {
         // The tape holds the block input, so there is no separate saved input (and nothing to move to RAM).
-        let per_block = block_tape_bytes(cfg, batch, rank, &s.shape);
         return vec![line(
             format!(
-                "kept block tapes, no checkpointing ({n} × {})",
-                format_gib(per_block)
+                "kept block tapes, no checkpointing ({})",
+                blocks_label(s, &counts, |k| k.tape_bytes)
             ),
-            n as u64 * per_block,
+            total_bytes(s, &counts, |k| k.tape_bytes),
             Placement::Device,
         )];
     }
@@ -99,7 +97,7 @@ pub(super) fn kept_lines(
     } else {
         "bf16"
     };
-    let saved_input = l * cfg.dim as u64 * s.shape.residual_bytes;
+    let saved_input = s.saved_input_bytes;
     let mut out = vec![line(
         format!("saved block inputs ({n} × {l} tokens, {residual})"),
         n as u64 * saved_input,
@@ -129,13 +127,12 @@ pub(super) fn kept_lines(
         }
     }
     if checkpointing == Checkpointing::Attention {
-        let per_block = kept_attention_bytes(cfg, &s.shape);
         out.push(line(
             format!(
-                "kept self-attention outputs ({n} × {})",
-                format_gib(per_block)
+                "kept self-attention outputs ({})",
+                blocks_label(s, &counts, |k| k.kept_attention_bytes)
             ),
-            n as u64 * per_block,
+            total_bytes(s, &counts, |k| k.kept_attention_bytes),
             Placement::Device,
         ));
     }

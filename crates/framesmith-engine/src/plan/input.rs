@@ -5,13 +5,14 @@ use std::path::Path;
 use super::bytes::BaseFormat;
 use super::machine;
 use super::working_set::WORKING_SET;
-use super::{LoraShape, PlanError, PlanInput, StreamingSetup};
+use super::{LoraShape, PlanError, PlanInput, PlanModel, StreamingSetup};
 use crate::train::demo_setup::{demo_model_config, DEMO_FRAMES, DEMO_SIZE};
 use crate::train::mode::StartFrame;
 use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
+use framesmith_models::flux::FluxConfig;
 use framesmith_models::wan::vae::VaeConfig;
 use framesmith_models::wan::WanConfig;
 
@@ -202,21 +203,40 @@ pub fn variant_name(cfg: &WanConfig) -> String {
     )
 }
 
-/// The model a config trains: the demo model, the named variant, or the variant read from the DiT's header when
-/// `model.variant = "auto"` (reads the checkpoint's headers, not its weights).
-pub fn model_for_config(cfg: &RunConfig) -> Result<WanConfig, PlanError> {
+/// The `model.variant` names that plan FLUX.1 [dev] (a run trains it from its file, with `variant = "auto"`).
+pub const FLUX_DEV_NAMES: [&str; 3] = ["flux-dev", "flux1-dev", "flux.1-dev"];
+
+/// The model a config trains: the demo model, the named variant (a Wan variant, or `flux-dev`), or the model read
+/// from the DiT's header when `model.variant = "auto"` (reads the checkpoint's headers, not its weights).
+pub fn model_for_config(cfg: &RunConfig) -> Result<PlanModel, PlanError> {
     let m = &cfg.model;
+    let flux = |config: FluxConfig| PlanModel::Flux {
+        config,
+        order: cfg.memory.flux_stream_order,
+    };
     if m.demo {
-        return Ok(demo_model_config());
+        return Ok(demo_model_config().into());
+    }
+    if FLUX_DEV_NAMES
+        .iter()
+        .any(|n| m.variant.eq_ignore_ascii_case(n))
+    {
+        return Ok(flux(FluxConfig::dev()));
     }
     if !m.variant.eq_ignore_ascii_case("auto") {
         return WanConfig::by_name(&m.variant)
+            .map(PlanModel::from)
             .ok_or_else(|| PlanError::UnknownVariant(m.variant.clone()));
     }
     if m.dit.as_os_str().is_empty() {
         return Err(PlanError::UnknownModel);
     }
-    inspect_variant(&m.dit)
+    if !m.dit.is_dir() && crate::train::flux::is_flux_file(&m.dit) {
+        return crate::train::flux::dev_config(&m.dit)
+            .map(flux)
+            .map_err(|err| PlanError::Inspect(format!("{err:#}")));
+    }
+    inspect_variant(&m.dit).map(PlanModel::from)
 }
 
 fn inspect_variant(path: &Path) -> Result<WanConfig, PlanError> {
@@ -228,12 +248,22 @@ fn inspect_variant(path: &Path) -> Result<WanConfig, PlanError> {
 impl PlanInput {
     /// The plan of a raw run config (the CLI and the app plan before validation) for `model` and `clip`. The
     /// machine-dependent parts (`free_vram_bytes`, `host_ram_bytes`, `windows`) are left for the caller.
-    pub fn from_config(cfg: &RunConfig, model: WanConfig, clip: ClipShape) -> Self {
+    pub fn from_config(cfg: &RunConfig, model: impl Into<PlanModel>, clip: ClipShape) -> Self {
+        let model = model.into();
         let base = BaseFormat::from_config(cfg.model.base_dtype, cfg.model.fp8_scale);
         let mem = &cfg.memory;
+        let wan = model.wan().is_some();
+        // FLUX.1 trains on images: one frame, whatever a video default says.
+        let clip = if wan {
+            clip
+        } else {
+            ClipShape { frames: 1, ..clip }
+        };
         Self {
-            start_frame: crate::train::mode::resolve(&model, cfg.training.mode, cfg.model.demo)
-                .is_ok_and(StartFrame::keeps_first_latent_frame),
+            start_frame: model.wan().is_some_and(|m| {
+                crate::train::mode::resolve(m, cfg.training.mode, cfg.model.demo)
+                    .is_ok_and(StartFrame::keeps_first_latent_frame)
+            }),
             model,
             compute: base.compute_dtype(),
             base,
@@ -262,14 +292,14 @@ impl PlanInput {
             checkpointing: mem.checkpointing,
             optimizer_and_context: true,
             on_cpu: cfg.training.device == DeviceSpec::Cpu,
-            experts: (!cfg.model.dit_low_noise.as_os_str().is_empty() && !cfg.model.demo)
+            experts: (wan && !cfg.model.dit_low_noise.as_os_str().is_empty() && !cfg.model.demo)
                 .then_some(cfg.model.experts),
         }
     }
 
     /// The plan of a validated run: its resolved dtypes and memory settings, the loaded model's config and the
     /// step's largest clip. Set `free_vram_bytes` (and `host_ram_bytes`) from the device before planning.
-    pub fn from_run_plan(plan: &RunPlan, model: WanConfig, clip: ClipShape) -> Self {
+    pub fn from_run_plan(plan: &RunPlan, model: impl Into<PlanModel>, clip: ClipShape) -> Self {
         let mut input = Self::from_config(&plan.config, model, clip);
         input.base = match plan.model.fp8_scale {
             Some(scale) => BaseFormat::Fp8(scale),
@@ -305,7 +335,7 @@ pub fn plan_config(cfg: &RunConfig, dataset_toml: Option<&str>) -> Result<PlanRe
 /// `Verdict::DoesNotFit` worth a warning with `report.suggestions`.
 pub fn plan_run(
     plan: &RunPlan,
-    model: WanConfig,
+    model: impl Into<PlanModel>,
     clip: ClipShape,
 ) -> Result<PlanReport, PlanError> {
     let mut input = PlanInput::from_run_plan(plan, model, clip);

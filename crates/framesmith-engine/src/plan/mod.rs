@@ -1,14 +1,18 @@
 //! The memory planner (DESIGN.md §2 "Fits", §4.4): peak VRAM and host RAM of a training configuration, from the
-//! model config, clip size, LoRA, weight format and streaming setup — pure arithmetic, no tensor is allocated.
+//! model's description (each family describes itself: [`PlanModel::describe`]), clip size, LoRA, weight format and
+//! streaming setup — pure arithmetic, no tensor is allocated.
 //! Picks the smallest number of streamed blocks that fits a VRAM budget and, when nothing fits, says what would.
 //! Weight sizes are exact (`bytes`), and so are the activations the step keeps for its backward (`activations`);
 //! the step's transient working set is a calibrated model (`working_set`).
 
 mod activations;
 mod bytes;
+mod flux;
 mod input;
 pub mod machine;
+mod model;
 mod suggest;
+mod wan;
 mod working_set;
 
 pub use activations::{block_tape_bytes, kept_attention_bytes};
@@ -17,13 +21,15 @@ pub use bytes::{
     fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
     vae_for, BaseFormat,
 };
+pub use flux::flux_streamed_blocks;
 pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
     ClipShape, DEFAULT_CLIP,
 };
+pub use model::{BlockKind, ModelMemory, PlanModel};
 pub use working_set::{
     auto_margin_bytes, per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs,
-    StepShape, WorkingSet, CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
+    BlockWidths, StepShape, WorkingSet, CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
     POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 
@@ -32,7 +38,6 @@ use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine, PlanR
 use framesmith_config::run::{
     ActivationPlacement, BlocksToSwap, Checkpointing, ExpertMode, ResidualDtype, StreamingMode,
 };
-use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
 
 /// Which linears get a LoRA, and its rank.
@@ -59,7 +64,7 @@ pub struct StreamingSetup {
 /// Everything the planner reads.
 #[derive(Debug, Clone, PartialEq)]
 pub struct PlanInput {
-    pub model: WanConfig,
+    pub model: PlanModel,
     pub base: BaseFormat,
     /// Dtype of activations and dequantised weights (bf16 for an FP8 base).
     pub compute: FloatDtype,
@@ -127,66 +132,12 @@ pub enum PlanError {
     Lora(#[from] LoraError),
 }
 
-/// The sizes that do not depend on how many blocks are streamed.
-struct Sizes {
-    /// A block packed for streaming (slots, masters, staging buffers).
-    block: u64,
-    /// A resident block's tensors.
-    block_data: u64,
-    resident: Vec<(&'static str, u64)>,
-    lora_params: u64,
-    lora_modules: usize,
-    shape: StepShape,
+/// The model's description for `input`: the sizes that do not depend on how many blocks are streamed.
+fn sizes(input: &PlanInput) -> Result<ModelMemory, PlanError> {
+    input.model.describe(input)
 }
 
-fn sizes(input: &PlanInput) -> Result<Sizes, PlanError> {
-    let c = &input.clip;
-    if c.batch == 0 {
-        return Err(PlanError::ZeroBatch);
-    }
-    let cfg = &input.model;
-    let (spatial, step) = latent_factors(cfg);
-    if c.frames == 0 || (c.frames - 1) % step != 0 {
-        return Err(PlanError::Frames {
-            frames: c.frames,
-            step,
-        });
-    }
-    let per_sample =
-        tokens_per_sample(cfg, c.width, c.height, c.frames).ok_or(PlanError::Resolution {
-            width: c.width,
-            height: c.height,
-            multiple: spatial * cfg.patch_size[1].max(cfg.patch_size[2]),
-        })?;
-    if input.lora.rank == 0 {
-        return Err(LoraError::ZeroRank.into());
-    }
-    let (lora_params, lora_modules) = lora_parameters(
-        cfg,
-        input.lora.rank,
-        &input.lora.include_patterns,
-        &input.lora.exclude_patterns,
-    )?;
-    Ok(Sizes {
-        block: block_bytes(cfg, input.base),
-        block_data: block_data_bytes(cfg, input.base),
-        resident: resident_weights(cfg, input.compute),
-        lora_params,
-        lora_modules,
-        shape: StepShape {
-            tokens: per_sample * c.batch as u64,
-            compute_bytes: dtype_bytes(input.compute),
-            residual_bytes: residual_bytes(input.residual),
-            dequantised_weight_bytes: match input.base {
-                BaseFormat::Fp8(_) => (cfg.dim * cfg.ffn_dim) as u64 * dtype_bytes(input.compute),
-                BaseFormat::Dense(_) => 0,
-            },
-            per_token_time: input.start_frame,
-        },
-    })
-}
-
-fn residual_bytes(r: ResidualDtype) -> u64 {
+pub(crate) fn residual_bytes(r: ResidualDtype) -> u64 {
     match r {
         ResidualDtype::F32 => 4,
         ResidualDtype::Bf16 => 2,
@@ -201,25 +152,78 @@ fn line(label: impl Into<String>, bytes: u64, placement: Placement) -> PlanLine 
     }
 }
 
+/// "N × size" of `counts` blocks of each kind (kinds with none left out), for the lines' labels.
+pub(super) fn blocks_label(
+    s: &ModelMemory,
+    counts: &[usize],
+    bytes: impl Fn(&BlockKind) -> u64,
+) -> String {
+    let parts: Vec<String> = s
+        .kinds
+        .iter()
+        .zip(counts)
+        .filter(|(_, &n)| n > 0 || s.kinds.len() == 1)
+        .map(|(k, &n)| match s.kinds.len() {
+            1 => format!("{n} × {}", format_gib(bytes(k))),
+            _ => format!("{n} {} × {}", k.label, format_gib(bytes(k))),
+        })
+        .collect();
+    if parts.is_empty() {
+        "0".into()
+    } else {
+        parts.join(" + ")
+    }
+}
+
+pub(super) fn total_bytes(
+    s: &ModelMemory,
+    counts: &[usize],
+    bytes: impl Fn(&BlockKind) -> u64,
+) -> u64 {
+    s.kinds
+        .iter()
+        .zip(counts)
+        .map(|(k, &n)| n as u64 * bytes(k))
+        .sum()
+}
+
+/// The resident blocks of each kind with `streamed` streamed.
+fn resident_counts(s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
+    s.kind_counts()
+        .iter()
+        .zip(s.per_kind(streamed))
+        .map(|(all, st)| all - st)
+        .collect()
+}
+
+/// The GPU slots of each kind with `streamed` streamed: each kind that streams has its own ring.
+fn slot_counts(input: &PlanInput, s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
+    s.per_kind(streamed)
+        .into_iter()
+        .map(|n| input.streaming.gpu_slots.min(n))
+        .collect()
+}
+
 /// Every component with `streamed` blocks in RAM.
-fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
-    let cfg = &input.model;
-    let n = cfg.num_layers;
-    let block = format_gib(s.block);
+fn breakdown(input: &PlanInput, s: &ModelMemory, streamed: usize) -> Vec<PlanLine> {
+    let set = s.streamed_blocks(streamed);
+    let resident = resident_counts(s, set);
     let mut out = vec![line(
         format!(
-            "resident blocks ({} × {})",
-            n - streamed,
-            format_gib(s.block_data)
+            "resident blocks ({})",
+            blocks_label(s, &resident, |k| k.data_bytes)
         ),
-        (n - streamed) as u64 * s.block_data,
+        total_bytes(s, &resident, |k| k.data_bytes),
         Placement::Device,
     )];
-    if streamed > 0 {
-        let slots = input.streaming.gpu_slots.min(streamed);
+    if !set.is_empty() {
+        let slots = slot_counts(input, s, set);
         out.push(line(
-            format!("GPU slots for streamed blocks ({slots} × {block})"),
-            slots as u64 * s.block,
+            format!(
+                "GPU slots for streamed blocks ({})",
+                blocks_label(s, &slots, |k| k.packed_bytes)
+            ),
+            total_bytes(s, &slots, |k| k.packed_bytes),
             Placement::Device,
         ));
     }
@@ -241,18 +245,15 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
         out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
     }
     out.extend(activations::kept_lines(
-        cfg,
         input.checkpointing,
         input.streaming.activations,
         input.streaming.mode,
-        input.clip.batch as u64,
-        input.lora.rank as u64,
         s,
     ));
-    for (label, bytes) in shared_inputs(cfg, input.clip.batch as u64, &s.shape) {
+    for &(label, bytes) in &s.shared_inputs {
         out.push(line(label, bytes, Placement::Device));
     }
-    let working = input.working_set.bytes(cfg, &s.shape);
+    let working = s.working_set_bytes;
     out.push(line(
         "block recompute + backward working set",
         working,
@@ -275,9 +276,9 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
             Placement::Device,
         ));
     }
-    out.extend(streamed_host_lines(input, s.block, streamed));
+    out.extend(streamed_host_lines(input, s, set));
     if let Some(mode) = input.experts {
-        out.extend(parked_expert_lines(input, s, streamed, mode));
+        out.extend(parked_expert_lines(input, s, set, mode));
     }
     out
 }
@@ -288,25 +289,24 @@ fn breakdown(input: &PlanInput, s: &Sizes, streamed: usize) -> Vec<PlanLine> {
 /// keeps the host copy of its resident blocks that parking made (`WanModel::park`).
 fn parked_expert_lines(
     input: &PlanInput,
-    s: &Sizes,
-    streamed: usize,
+    s: &ModelMemory,
+    streamed: &[usize],
     mode: ExpertMode,
 ) -> Vec<PlanLine> {
-    let n = input.model.num_layers;
     let embeddings: u64 = s.resident.iter().map(|&(_, bytes)| bytes).sum();
     let mut out = vec![line(
         "parked expert: embeddings and head",
         embeddings,
         Placement::Device,
     )];
-    if streamed > 0 {
-        let slots = input.streaming.gpu_slots.min(streamed);
+    if !streamed.is_empty() {
+        let slots = slot_counts(input, s, streamed);
         out.push(line(
             format!(
-                "parked expert: GPU slots ({slots} × {})",
-                format_gib(s.block)
+                "parked expert: GPU slots ({})",
+                blocks_label(s, &slots, |k| k.packed_bytes)
             ),
-            slots as u64 * s.block,
+            total_bytes(s, &slots, |k| k.packed_bytes),
             Placement::Device,
         ));
     }
@@ -317,26 +317,21 @@ fn parked_expert_lines(
             Placement::Device,
         ));
     }
+    let resident = resident_counts(s, streamed);
+    let resident_label = blocks_label(s, &resident, |k| k.data_bytes);
+    let resident_bytes = total_bytes(s, &resident, |k| k.data_bytes);
     out.push(line(
-        format!(
-            "parked expert: resident blocks in RAM ({} × {})",
-            n - streamed,
-            format_gib(s.block_data)
-        ),
-        (n - streamed) as u64 * s.block_data,
+        format!("parked expert: resident blocks in RAM ({resident_label})"),
+        resident_bytes,
         Placement::Host,
     ));
     // Parking keeps the host copy of each expert's resident blocks, so the expert on the GPU has one too.
     out.push(line(
-        format!(
-            "expert in use: host copy of its resident blocks ({} × {})",
-            n - streamed,
-            format_gib(s.block_data)
-        ),
-        (n - streamed) as u64 * s.block_data,
+        format!("expert in use: host copy of its resident blocks ({resident_label})"),
+        resident_bytes,
         Placement::Host,
     ));
-    for mut l in streamed_host_lines(input, s.block, streamed) {
+    for mut l in streamed_host_lines(input, s, streamed) {
         l.label = format!("parked expert: {}", l.label);
         out.push(l);
     }
@@ -344,17 +339,30 @@ fn parked_expert_lines(
 }
 
 /// Host RAM of the streamed blocks' masters and the staging ring.
-fn streamed_host_lines(input: &PlanInput, block: u64, streamed: usize) -> Vec<PlanLine> {
-    if streamed == 0 {
+fn streamed_host_lines(input: &PlanInput, s: &ModelMemory, streamed: &[usize]) -> Vec<PlanLine> {
+    if streamed.is_empty() {
         return Vec::new();
     }
-    let masters = format!("streamed blocks ({streamed} × {})", format_gib(block));
+    let counts = s.per_kind(streamed);
+    let masters = format!(
+        "streamed blocks ({})",
+        blocks_label(s, &counts, |k| k.packed_bytes)
+    );
+    let master_bytes = total_bytes(s, &counts, |k| k.packed_bytes);
     match input.streaming.mode {
         StreamingMode::Staged => {
             let slots = input.streaming.staging_slots;
-            let chunk = block.min(framesmith_nn::offload::STAGING_CHUNK_BYTES as u64);
+            let largest = s
+                .kinds
+                .iter()
+                .zip(&counts)
+                .filter(|(_, &n)| n > 0)
+                .map(|(k, _)| k.packed_bytes)
+                .max()
+                .unwrap_or(0);
+            let chunk = largest.min(framesmith_nn::offload::STAGING_CHUNK_BYTES as u64);
             vec![
-                line(masters, streamed as u64 * block, Placement::Host),
+                line(masters, master_bytes, Placement::Host),
                 line(
                     format!("pinned staging ring ({slots} × {})", format_gib(chunk)),
                     slots as u64 * chunk,
@@ -362,11 +370,9 @@ fn streamed_host_lines(input: &PlanInput, block: u64, streamed: usize) -> Vec<Pl
                 ),
             ]
         }
-        StreamingMode::Pinned | StreamingMode::Off => vec![line(
-            masters,
-            streamed as u64 * block,
-            Placement::HostPinned,
-        )],
+        StreamingMode::Pinned | StreamingMode::Off => {
+            vec![line(masters, master_bytes, Placement::HostPinned)]
+        }
     }
 }
 
@@ -401,8 +407,7 @@ pub fn default_budget(free_vram_bytes: u64) -> Option<u64> {
 /// `pinned` and `staged`).
 pub fn auto_blocks(input: &PlanInput, budget_bytes: u64) -> Result<Option<usize>, PlanError> {
     let s = sizes(input)?;
-    Ok((0..input.model.num_layers)
-        .find(|&n| device_total(&breakdown(input, &s, n)) <= budget_bytes))
+    Ok((0..s.num_blocks()).find(|&n| device_total(&breakdown(input, &s, n)) <= budget_bytes))
 }
 
 fn check_streaming(input: &PlanInput) -> Result<(), PlanError> {
@@ -421,7 +426,7 @@ fn streamed_blocks(
     input: &PlanInput,
     budget: Option<u64>,
 ) -> Result<(usize, bool, Option<String>), PlanError> {
-    let blocks = input.model.num_layers;
+    let blocks = input.model.num_blocks();
     let streams = input.streaming.mode != StreamingMode::Off;
     match input.streaming.blocks_to_swap {
         BlocksToSwap::Count(0) => Ok((0, false, None)),
@@ -514,16 +519,16 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     notes.extend(ram_notes(input, peak_ram, pinned));
     let c = &input.clip;
     Ok(PlanReport {
-        model: format!("{} ({})", variant_name(&input.model), input.base.label()),
+        model: format!("{} ({})", s.name, input.base.label()),
         workload: format!(
             "{}x{}, {} frames, batch {}, {} tokens",
             c.width, c.height, c.frames, c.batch, s.shape.tokens
         ),
         tokens: s.shape.tokens,
-        num_blocks: input.model.num_layers,
+        num_blocks: s.num_blocks(),
         streamed_blocks: streamed,
         blocks_chosen: chosen,
-        block_bytes: s.block,
+        block_bytes: s.largest_packed_bytes(),
         peak_vram_bytes: peak_vram,
         peak_ram_bytes: peak_ram,
         pinned_ram_bytes: pinned,

@@ -1,7 +1,7 @@
 //! What would make a configuration fit a budget, cheapest change first: more streamed blocks, per-block
 //! checkpointing, activations in RAM, FP8 weights, then a shorter clip or a lower resolution with every saving on.
 
-use super::{auto_blocks, vae_for, BaseFormat, PlanError, PlanInput};
+use super::{auto_blocks, sizes, BaseFormat, PlanError, PlanInput};
 use framesmith_config::plan::FloatDtype;
 use framesmith_config::protocol::memory::Suggestion;
 use framesmith_config::run::{ActivationPlacement, Checkpointing, Fp8ScaleMode, StreamingMode};
@@ -64,12 +64,13 @@ pub(super) fn suggest(input: &PlanInput, budget: u64) -> Result<Vec<Suggestion>,
 
 /// The longest clip, then the largest resolution, that fits with every memory saving on.
 fn smaller_clip(lean: &PlanInput, budget: u64) -> Result<Suggestion, PlanError> {
-    let step = vae_for(&lean.model).temporal_factor();
+    let described = sizes(lean)?;
+    let step = described.frame_step;
     let fits = |candidate: &PlanInput| -> Result<bool, PlanError> {
         Ok(auto_blocks(candidate, budget)?.is_some())
     };
     let mut shorter = lean.clone();
-    while shorter.clip.frames > step {
+    while step > 0 && shorter.clip.frames > step {
         shorter.clip.frames -= step;
         if fits(&shorter)? {
             return Ok(Suggestion::FewerFrames {
@@ -77,7 +78,7 @@ fn smaller_clip(lean: &PlanInput, budget: u64) -> Result<Suggestion, PlanError> 
             });
         }
     }
-    let multiple = 16 * (vae_for(&lean.model).spatial_factor() / 8).max(1);
+    let multiple = described.pixel_multiple.max(1);
     let mut smaller = lean.clone();
     for eighths in (2..8).rev() {
         let scale = |n: usize| (n * eighths / 8) / multiple * multiple;

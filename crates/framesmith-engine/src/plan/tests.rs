@@ -6,7 +6,7 @@ use framesmith_config::run::{AutoKeyword, Fp8ScaleMode};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
 use framesmith_models::wan::block::Block;
 use framesmith_models::wan::random::random_weights;
-use framesmith_models::wan::{Generation, ModelType, WanModel};
+use framesmith_models::wan::{Generation, ModelType, WanConfig, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::offload::BlockLayout;
@@ -17,7 +17,7 @@ const GIB: u64 = 1 << 30;
 
 fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
     PlanInput {
-        model,
+        model: model.into(),
         base,
         compute: base.compute_dtype(),
         residual: ResidualDtype::F32,
@@ -769,7 +769,7 @@ fn both_experts_count_the_parked_one() {
     );
     let s = sizes(&one).unwrap();
     let embeddings: u64 = s.resident.iter().map(|&(_, b)| b).sum();
-    let slots = DEFAULT_GPU_SLOTS as u64 * s.block;
+    let slots = DEFAULT_GPU_SLOTS as u64 * s.kinds[0].packed_bytes;
     assert_eq!(
         joint_r.peak_vram_bytes,
         one_r.peak_vram_bytes + embeddings + slots
@@ -781,7 +781,10 @@ fn both_experts_count_the_parked_one() {
     // The parked expert's weights, all of them, wait in RAM: 20 resident blocks and 20 streamed ones; the expert
     // in use keeps a host copy of its 20 resident blocks for the next switch.
     let ram = joint_r.peak_ram_bytes - one_r.peak_ram_bytes;
-    assert_eq!(ram, 2 * 20 * s.block_data + 20 * s.block);
+    assert_eq!(
+        ram,
+        2 * 20 * s.kinds[0].data_bytes + 20 * s.kinds[0].packed_bytes
+    );
     // Under 24 GiB, both experts need at least as many streamed blocks as one does.
     for r in [&mut one, &mut joint] {
         r.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);

@@ -66,20 +66,43 @@ impl WorkingSet {
         head_tokens_dim_f32: 6,
     };
 
-    /// Bytes of this working set for a step of `shape`.
+    /// Bytes of this working set for a step of `shape` on Wan model `cfg`.
     pub fn bytes(&self, cfg: &WanConfig, shape: &StepShape) -> u64 {
+        let widths = BlockWidths {
+            dim: cfg.dim as u64,
+            ffn_dim: cfg.ffn_dim as u64,
+            heads: cfg.num_heads as u64,
+            per_token_modulation_bytes: per_token_modulation_bytes(cfg, shape),
+        };
+        self.bytes_for(&widths, shape)
+    }
+
+    /// Bytes of this working set for a step of `shape` through blocks of `widths`.
+    pub fn bytes_for(&self, widths: &BlockWidths, shape: &StepShape) -> u64 {
         let l = shape.tokens;
-        let (d, f, h) = (cfg.dim as u64, cfg.ffn_dim as u64, cfg.num_heads as u64);
+        let (d, f, h) = (widths.dim, widths.ffn_dim, widths.heads);
         let block =
             l * d * (4 * self.tokens_dim_f32 + shape.compute_bytes * self.tokens_dim_compute)
                 + l * d * shape.residual_bytes * self.tokens_dim_residual
                 + l * f * shape.compute_bytes * self.tokens_ffn_compute
                 + l * h * 4 * self.tokens_heads_f32
-                + self.per_token_modulation * per_token_modulation_bytes(cfg, shape)
+                + self.per_token_modulation * widths.per_token_modulation_bytes
                 + self.dequantised_weights * shape.dequantised_weight_bytes;
         let head = l * d * 4 * self.head_tokens_dim_f32;
         block.max(head)
     }
+}
+
+/// The widths a block's working set scales with, as a model family gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockWidths {
+    /// The residual stream's width.
+    pub dim: u64,
+    /// The widest linear output inside the block (Wan's FFN; FLUX.1's fused `linear1`).
+    pub ffn_dim: u64,
+    pub heads: u64,
+    /// One copy of a per-token time modulation, 0 where there is none.
+    pub per_token_modulation_bytes: u64,
 }
 
 /// The working set the planner uses unless told otherwise: the engine's default block backward (the manual one).

@@ -1,37 +1,44 @@
 //! A FLUX.1 [dev] run built from a validated plan whose `model.dit` is a FLUX.1 file, and its micro-step: the same
 //! [`Trainer`] as a Wan run (optimizer, schedule, training set, outputs, resume, the engine loop), with the FLUX.1
 //! DiT, LoRA on its double- and single-stream blocks under sd-scripts' names, items from `_flux` caches and the
-//! FLUX.1 batch. Samples, validation, block streaming and the memory planner are Wan-only for now: a run that asks
-//! for them is refused with what to change.
+//! FLUX.1 batch, block streaming over both block kinds in `memory.flux_stream_order`, and the memory plan (which
+//! picks `blocks_to_swap = "auto"`). Samples and validation
+//! are Wan-only for now: a run that asks for them is refused with what to change.
 
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::DType;
+use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
-use crate::train::flux::{dev_config, flux_batch, load_flux_items};
+use crate::train::flux::{dev_config, flux_batch, load_flux_items, FluxItems};
 use crate::train::mode::StartFrame;
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
 use crate::train::run_model::RunModel;
 use crate::train::setup::{
-    device_for, device_label, float_dtype, lora_metadata, named_vars, reserve_budget,
-    saved_inputs_for, OUT_OF_MEMORY_ADVICE,
+    device_for, device_label, float_dtype, lora_metadata, named_vars, out_of_memory_advice,
+    reserve_budget, saved_inputs_for,
 };
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
 use crate::train::trainer::{mix, step_output, Trainer};
 use framesmith_config::plan::DatasetSource;
+use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::run::{BlocksToSwap, StreamingMode, TrainingMode};
 use framesmith_config::RunPlan;
-use framesmith_models::flux::weights::{load_dit, FluxVariant};
+use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
+use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::offload::{OffloadOptions, StreamMode};
+
+/// Pixels per latent pixel of the FLUX.1 autoencoder.
+const AUTOENCODER_FACTOR: usize = 8;
 
 /// The name runs and LoRA metadata give the base model.
 const BASE_NAME: &str = "FLUX.1 [dev]";
@@ -93,6 +100,127 @@ fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
     meta
 }
 
+/// The clip a FLUX.1 run's steps see: the largest cached latent (× the autoencoder's 8) and the batch size.
+fn largest_clip(items: &FluxItems) -> anyhow::Result<memory_plan::ClipShape> {
+    let mut largest = (0, 0);
+    for (item, _) in &items.items {
+        let (_, _, h, w) = item.latents.dims4()?;
+        if h * w > largest.0 * largest.1 {
+            largest = (h, w);
+        }
+    }
+    Ok(memory_plan::ClipShape {
+        width: largest.1 * AUTOENCODER_FACTOR,
+        height: largest.0 * AUTOENCODER_FACTOR,
+        frames: 1,
+        batch: items.batch_size.max(1),
+    })
+}
+
+/// The memory plan of a CUDA FLUX.1 run (`None` elsewhere), made before the DiT takes device memory: it picks
+/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
+fn flux_memory_report(
+    plan: &RunPlan,
+    cfg: &FluxConfig,
+    clip: memory_plan::ClipShape,
+    device: &Device,
+) -> Option<Result<PlanReport, String>> {
+    if !(device.is_cuda() && plan.memory.applies) {
+        return None;
+    }
+    let model = memory_plan::PlanModel::Flux {
+        config: cfg.clone(),
+        order: plan.memory.flux_stream_order,
+    };
+    Some(memory_plan::plan_run(plan, model, clip).map_err(|e| e.to_string()))
+}
+
+/// The streamed blocks (`memory.flux_stream_order`) and ring settings of a CUDA FLUX.1 run, the count from the
+/// memory plan when it is `"auto"`; `None` when nothing streams (streaming off, a CPU run, or no block to stream).
+fn flux_streaming(
+    plan: &RunPlan,
+    cfg: &FluxConfig,
+    device: &Device,
+    memory: Option<&Result<PlanReport, String>>,
+) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
+    let mode = match plan.memory.streaming {
+        StreamingMode::Off => return Ok(None),
+        StreamingMode::Pinned => StreamMode::Pinned,
+        StreamingMode::Staged => StreamMode::Staged,
+    };
+    if !plan.memory.applies || !device.is_cuda() {
+        return Ok(None);
+    }
+    let blocks = cfg.depth + cfg.depth_single_blocks;
+    let count = match plan.memory.blocks_to_swap {
+        BlocksToSwap::Count(n) if n >= blocks => anyhow::bail!(
+            "memory.blocks_to_swap = {n}, but FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream): \
+             stream at most {}, or \"auto\"",
+            cfg.depth,
+            cfg.depth_single_blocks,
+            blocks - 1
+        ),
+        BlocksToSwap::Count(n) => n,
+        BlocksToSwap::Auto(_) => match memory {
+            Some(Ok(report)) => report.streamed_blocks,
+            Some(Err(e)) => anyhow::bail!("planning memory for blocks_to_swap = \"auto\": {e}"),
+            None => anyhow::bail!("blocks_to_swap = \"auto\" needs the run's memory plan"),
+        },
+    };
+    if count == 0 {
+        return Ok(None);
+    }
+    let streamed = memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order);
+    let offload = OffloadOptions {
+        mode,
+        slots: framesmith_config::training::DEFAULT_GPU_SLOTS,
+        staging_slots: plan.memory.staging_slots.max(1),
+        ..OffloadOptions::default()
+    };
+    Ok(Some((streamed, offload)))
+}
+
+/// Logs the memory plan: its verdict, and what would fit when it predicts no fit.
+fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String)) {
+    log(
+        LogLevel::Info,
+        format!("memory plan: {}", report.verdict_line()),
+    );
+    if !report.fits() && !report.suggestions.is_empty() {
+        let options: Vec<String> = report.suggestions.iter().map(|s| s.to_string()).collect();
+        log(
+            LogLevel::Warn,
+            format!(
+                "the plan predicts this run does not fit; to fit: {}",
+                options.join("; or ")
+            ),
+        );
+    }
+}
+
+/// Says how many blocks of each kind stream, when some do.
+fn log_flux_streaming(model: &Flux, plan: &RunPlan, log: &mut dyn FnMut(LogLevel, String)) {
+    let cfg = model.config();
+    for streamer in model.streamers() {
+        let double = (0..cfg.depth).any(|i| streamer.is_streamed(i));
+        let (kind, of) = if double {
+            ("double-stream", cfg.depth)
+        } else {
+            ("single-stream", cfg.depth_single_blocks)
+        };
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {of} {kind} blocks from host RAM ({} mode, {:.1} MiB each; order {})",
+                streamer.count(),
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+                plan.memory.flux_stream_order.as_str()
+            ),
+        );
+    }
+}
+
 impl Trainer {
     /// Builds a FLUX.1 [dev] run from a validated plan whose `model.dit` is the FLUX.1 file `dit`.
     pub(super) fn from_flux_plan(
@@ -109,18 +237,26 @@ impl Trainer {
             );
         };
         let device = device_for(plan)?;
-        let vram_reservation = reserve_budget(plan, &device)?;
-        let streams = plan.memory.streaming != StreamingMode::Off
-            && plan.memory.blocks_to_swap != BlocksToSwap::Count(0);
-        if device.is_cuda() && plan.memory.applies && streams {
-            log(
-                LogLevel::Info,
-                "block streaming is Wan-only for now: every FLUX.1 block stays on the GPU".into(),
-            );
+        let cached = load_flux_items(dataset, &cfg, &device)?;
+        // Planned before the reservation and the DiT take the card's memory.
+        let memory = flux_memory_report(plan, &cfg, largest_clip(&cached)?, &device);
+        let report = memory.as_ref().and_then(|m| m.as_ref().ok());
+        if let Some(report) = report {
+            log_plan(report, log);
         }
+        let vram_reservation = reserve_budget(plan, &device)?;
         let dtype = float_dtype(plan.model.compute_dtype);
         let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
-        let mut model = load_dit(dit, Some(FluxVariant::Dev), dtype, &device, fp8)?;
+        let (streamed, offload) =
+            flux_streaming(plan, &cfg, &device, memory.as_ref())?.unwrap_or_default();
+        let mut model = load_dit_streamed(
+            dit,
+            Some(FluxVariant::Dev),
+            (dtype, &device),
+            fp8,
+            &streamed,
+            &offload,
+        )?;
         log(
             LogLevel::Info,
             format!("model: {BASE_NAME} on {}", device_label(&device)),
@@ -129,7 +265,7 @@ impl Trainer {
             LogLevel::Info,
             "training mode: text-to-image, guidance 1.0".into(),
         );
-        let cached = load_flux_items(dataset, &cfg, &device)?;
+        log_flux_streaming(&model, plan, log);
         let items = cached
             .items
             .into_iter()
@@ -197,8 +333,8 @@ impl Trainer {
             saved_inputs: saved_inputs_for(plan, &device),
             checkpointing: plan.memory.checkpointing,
             start_frame: StartFrame::None,
-            out_of_memory_advice: OUT_OF_MEMORY_ADVICE.to_string(),
-            planned_vram_bytes: None,
+            out_of_memory_advice: out_of_memory_advice(report),
+            planned_vram_bytes: report.map(|r| r.peak_vram_bytes),
             vram_reservation,
             outputs,
             validation: None,

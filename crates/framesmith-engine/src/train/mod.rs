@@ -30,6 +30,8 @@ mod flux_run_tests;
 #[cfg(test)]
 mod flux_step_tests;
 #[cfg(test)]
+mod flux_streaming_tests;
+#[cfg(test)]
 mod flux_train_tests;
 #[cfg(test)]
 mod i2v_grad_tests;

@@ -590,7 +590,7 @@ impl Trainer {
             out_of_memory_advice(memory.as_ref().and_then(|m| m.as_ref().ok()));
         let demo = plan.model.source == ModelSource::Demo;
         // A mode the model cannot train in fails before anything loads (the header tells the model).
-        if let Ok(cfg) = memory_plan::model_for_config(&plan.config) {
+        if let Ok(memory_plan::PlanModel::Wan(cfg)) = memory_plan::model_for_config(&plan.config) {
             mode::resolve(&cfg, plan.training.mode, demo)?;
         }
         let vram_reservation = reserve_budget(plan, &device)?;

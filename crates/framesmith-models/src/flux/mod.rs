@@ -16,6 +16,7 @@ pub mod modulation;
 pub mod rope;
 pub mod sampling;
 pub mod single_block;
+mod stream;
 pub mod t5;
 #[cfg(test)]
 mod testkit;

@@ -1,6 +1,7 @@
 //! FLUX.1 as the engine trains it: [`TrainableModel`] for [`Flux`] and [`TrainableBlock`] for [`FluxBlock`] — the
 //! double- and single-stream blocks as one list of units on the joint [text; image] sequence, each with a
-//! hand-written backward. Blocks are resident (no streaming yet) and keep nothing between forward and recompute.
+//! hand-written backward. Blocks keep nothing between forward and recompute; streamed ones arrive through their
+//! kind's GPU slots ([`Flux::block`]).
 
 use std::borrow::Cow;
 
@@ -114,15 +115,12 @@ impl TrainableModel for Flux {
         self.blocks.len()
     }
 
-    fn begin_blocks(&self, _order: &[usize], _cyclic: bool) -> Result<()> {
-        Ok(())
+    fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        Flux::begin_blocks(self, order, cyclic)
     }
 
     fn block(&self, i: usize) -> Result<Cow<'_, FluxBlock>> {
-        match self.blocks.get(i) {
-            Some(b) => Ok(Cow::Borrowed(b)),
-            None => candle_core::bail!("FLUX: no block {i} (the model has {})", self.blocks.len()),
-        }
+        Flux::block(self, i)
     }
 
     fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {

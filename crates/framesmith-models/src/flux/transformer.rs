@@ -3,7 +3,10 @@
 //! single-stream blocks on the joint [text; image] sequence, and the head on the image rows. One model for dev,
 //! schnell and Kontext (whose conditioning image is extra image tokens with ids axis 0 = 1).
 
-use candle_core::{Result, Tensor};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use candle_core::{Device, Result, Tensor};
 
 use super::block::{BlockInputs, FluxBlock};
 use super::config::FluxConfig;
@@ -13,6 +16,7 @@ use super::last_layer::LastLayer;
 use super::rope::Rope;
 use super::single_block::SingleStreamBlock;
 use framesmith_nn::linear::Linear;
+use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
 use framesmith_nn::vb::Vb;
 
 /// One batch as the official `Flux.forward` takes it.
@@ -53,37 +57,106 @@ pub struct Flux {
     pub blocks: Vec<FluxBlock>,
     pub final_layer: LastLayer,
     cfg: FluxConfig,
+    /// One streamer per block kind that streams (double-stream, single-stream): the two kinds' blocks have
+    /// different layouts. `blocks` then holds the streamed blocks' shells.
+    streamers: Vec<Arc<BlockStreamer>>,
 }
 
 impl Flux {
-    /// Builds the model from official key names under `vb`.
+    /// Builds the model from official key names under `vb`, every block on `vb`'s device. `vb`'s FP8 mode
+    /// ([`Vb::with_fp8`]) applies to the blocks' linears only, as Wan's `blocks_fp8`: the embeddings and the final
+    /// layer stay in the compute dtype (an FP8 file's are dequantised; they are a few MB).
     pub fn new(cfg: &FluxConfig, vb: &Vb) -> Result<Self> {
+        Self::new_streamed(cfg, vb, &[], &OffloadOptions::default())
+    }
+
+    /// Builds the model with the blocks in `streamed` (indices into [`Flux::blocks`]: double-stream blocks first,
+    /// then single-stream) kept in host RAM and streamed through GPU slots (DESIGN.md §4.4): each is built on
+    /// the CPU and packed before the next is read, so it never occupies the device beyond its kind's slots.
+    pub fn new_streamed(
+        cfg: &FluxConfig,
+        vb: &Vb,
+        streamed: &[usize],
+        offload: &OffloadOptions,
+    ) -> Result<Self> {
         cfg.validate()?;
         let dim = cfg.hidden_size;
+        let n = cfg.depth + cfg.depth_single_blocks;
+        let mut streamed = streamed.to_vec();
+        streamed.sort_unstable();
+        streamed.dedup();
+        if let Some(&i) = streamed.iter().find(|&&i| i >= n) {
+            candle_core::bail!(
+                "FLUX: streamed block {i} is out of range (the model has {n} blocks)"
+            );
+        }
+        let block_at = |i: usize, vb: &Vb| -> Result<FluxBlock> {
+            if i < cfg.depth {
+                let block = DoubleStreamBlock::new(cfg, &vb.pp("double_blocks").pp(i))?;
+                Ok(FluxBlock::Double(block))
+            } else {
+                let block = SingleStreamBlock::new(cfg, &vb.pp("single_blocks").pp(i - cfg.depth))?;
+                Ok(FluxBlock::Single(block))
+            }
+        };
+        let mut blocks = Vec::with_capacity(n);
+        for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
+            blocks.push((i, block_at(i, vb)?));
+        }
+        let host = vb.with_device(&Device::Cpu);
+        // Past the blocks, nothing is quantised.
+        let vb = &vb.with_fp8(None);
+        let mut streamers = Vec::new();
+        let (double, single): (Vec<usize>, Vec<usize>) =
+            streamed.iter().copied().partition(|&i| i < cfg.depth);
+        for kind in [double, single].into_iter().filter(|k| !k.is_empty()) {
+            let built = kind.iter().map(|&i| Ok((i, block_at(i, &host)?)));
+            let (streamer, shells) = BlockStreamer::new(vb.device(), n, built, offload)?;
+            blocks.extend(shells);
+            streamers.push(Arc::new(streamer));
+        }
+        blocks.sort_by_key(|(i, _)| *i);
         let guidance_in = if cfg.guidance_embed {
             Some(MlpEmbedder::new(TIMESTEP_DIM, dim, &vb.pp("guidance_in"))?)
         } else {
             None
         };
-        let mut blocks = Vec::with_capacity(cfg.depth + cfg.depth_single_blocks);
-        for i in 0..cfg.depth {
-            let block = DoubleStreamBlock::new(cfg, &vb.pp("double_blocks").pp(i))?;
-            blocks.push(FluxBlock::Double(block));
-        }
-        for i in 0..cfg.depth_single_blocks {
-            let block = SingleStreamBlock::new(cfg, &vb.pp("single_blocks").pp(i))?;
-            blocks.push(FluxBlock::Single(block));
-        }
         Ok(Self {
             img_in: Linear::load(&vb.pp("img_in"), cfg.in_channels, dim)?,
             time_in: MlpEmbedder::new(TIMESTEP_DIM, dim, &vb.pp("time_in"))?,
             vector_in: MlpEmbedder::new(cfg.vec_in_dim, dim, &vb.pp("vector_in"))?,
             guidance_in,
             txt_in: Linear::load(&vb.pp("txt_in"), cfg.context_in_dim, dim)?,
-            blocks,
+            blocks: blocks.into_iter().map(|(_, b)| b).collect(),
             final_layer: LastLayer::new(dim, cfg.out_channels, &vb.pp("final_layer"))?,
             cfg: cfg.clone(),
+            streamers,
         })
+    }
+
+    /// The block streamers (one per block kind that streams; none when every block is resident).
+    pub fn streamers(&self) -> impl Iterator<Item = &BlockStreamer> {
+        self.streamers.iter().map(|s| s.as_ref())
+    }
+
+    /// Declares the order the coming [`Flux::block`] calls will follow, so streamed blocks are prefetched
+    /// (`cyclic`: the order repeats, as in sampling). Does nothing without streaming.
+    pub fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        self.streamers
+            .iter()
+            .try_for_each(|s| s.begin(order, cyclic))
+    }
+
+    /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot. Work
+    /// reading a streamed block must be queued before the next call (the slot may then be refilled).
+    pub fn block(&self, i: usize) -> Result<Cow<'_, FluxBlock>> {
+        let Some(block) = self.blocks.get(i) else {
+            candle_core::bail!("FLUX: no block {i} (the model has {})", self.blocks.len());
+        };
+        match self.streamers.iter().find(|s| s.is_streamed(i)) {
+            Some(s) => Ok(Cow::Owned(block.with_frozen(&s.fetch(i)?)?)),
+            None => Ok(Cow::Borrowed(block)),
+        }
     }
 
     /// The model's sizes.
@@ -166,8 +239,10 @@ impl Flux {
     pub fn forward(&self, inputs: &FluxInputs) -> Result<Tensor> {
         let prepared = self.prepare(inputs)?;
         let mut xs = prepared.xs.clone();
-        for block in &self.blocks {
-            xs = block.forward(&xs, &prepared.blocks)?;
+        let order: Vec<usize> = (0..self.blocks.len()).collect();
+        self.begin_blocks(&order, true)?;
+        for i in order {
+            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
         }
         self.finish(&xs, &prepared)
     }

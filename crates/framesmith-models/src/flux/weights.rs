@@ -16,7 +16,7 @@ use std::path::{Path, PathBuf};
 
 pub use error::FluxFormatError;
 pub use keys::official_shapes;
-pub use load::{load_autoencoder, load_clip_text, load_dit, load_t5_xxl};
+pub use load::{load_autoencoder, load_clip_text, load_dit, load_dit_streamed, load_t5_xxl};
 
 use super::FluxConfig;
 use crate::wan::weights::{read_header, write_size_lines, Entry, MappedTensors, TensorInfo};

@@ -14,6 +14,7 @@ use crate::flux::Flux;
 use crate::wan::text_encoder::{T5Config, UmT5Encoder};
 use crate::wan::weights::read_header;
 use framesmith_nn::fp8::Fp8Scale;
+use framesmith_nn::offload::OffloadOptions;
 use framesmith_nn::vb::Vb;
 
 /// Head width of the released CLIP text models (the heads are not in the tensor shapes).
@@ -47,13 +48,33 @@ pub fn load_dit(
     device: &Device,
     fp8: Option<Fp8Scale>,
 ) -> Result<Flux, FluxFormatError> {
+    load_dit_streamed(
+        path,
+        variant,
+        (dtype, device),
+        fp8,
+        &[],
+        &OffloadOptions::default(),
+    )
+}
+
+/// [`load_dit`] with the blocks in `streamed` (indices into [`Flux::blocks`]) kept in host RAM and streamed
+/// through GPU slots ([`Flux::new_streamed`]).
+pub fn load_dit_streamed(
+    path: &Path,
+    variant: Option<FluxVariant>,
+    (dtype, device): (DType, &Device),
+    fp8: Option<Fp8Scale>,
+    streamed: &[usize],
+    offload: &OffloadOptions,
+) -> Result<Flux, FluxFormatError> {
     let opened = open(path, FluxComponent::Dit, variant)?;
     let FluxKind::Dit { config, .. } = opened.file.kind.clone() else {
         return Err(incomplete("FLUX.1 DiT", "it holds no DiT", path));
     };
     let title = opened.file.kind.title();
     let vb = Vb::from_source(Arc::new(opened.tensors), dtype, device).with_fp8(fp8);
-    Flux::new(&config, &vb).map_err(|e| incomplete(&title, e, path))
+    Flux::new_streamed(&config, &vb, streamed, offload).map_err(|e| incomplete(&title, e, path))
 }
 
 /// The autoencoder's sizes from its shapes, with FLUX.1's scale and shift factors.

@@ -182,6 +182,25 @@ fn comfy_scaled_fp8_dit_runs_as_its_dequantised_weights() -> anyhow::Result<()> 
         1e-4,
         1e-4,
     )?;
+    // Kept in FP8, the file's block linears stay FP8 codes with their scales (nothing upcast); the embeddings and
+    // the final layer, outside the blocks, are dense in the compute dtype.
+    let fp8 = Some(Fp8Scale::Tensor);
+    let mut model = load_dit(
+        &fp8_path,
+        Some(FluxVariant::Dev),
+        DType::F32,
+        &Device::Cpu,
+        fp8,
+    )?;
+    let is_fp8 = |l: &framesmith_nn::linear::Linear| {
+        matches!(l.base(), framesmith_nn::linear::BaseWeight::Fp8(_))
+    };
+    assert!(!is_fp8(&model.img_in) && !is_fp8(&model.txt_in));
+    let linears = model.linears_mut();
+    assert!(!linears.is_empty());
+    for (path, linear) in linears {
+        assert!(is_fp8(linear), "{path} was upcast");
+    }
     Ok(())
 }
 

@@ -1,0 +1,490 @@
+//! FLUX.1's description for the planner ([`ModelMemory`]): its double- and single-stream blocks with their bytes
+//! from the official tensor list, which blocks stream for a count (`memory.flux_stream_order`), the joint
+//! [text; image] sequence's tokens, and the step's activations.
+
+use framesmith_config::run::FluxStreamOrder;
+use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
+use framesmith_models::flux::weights::official_shapes;
+use framesmith_models::flux::FluxConfig;
+use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::offload::{streamed_blocks, Placement, ALIGN};
+
+use super::bytes::{dtype_bytes, fp8_weight_buffers, BaseFormat};
+use super::model::{BlockKind, ModelMemory};
+use super::working_set::{BlockWidths, StepShape};
+use super::{residual_bytes, PlanError, PlanInput};
+
+/// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of `count`
+/// streamed blocks. `single_first` / `double_first` take blocks of that kind until it runs out, then of the other;
+/// within a kind, and over all blocks with `spread`, the streamed blocks are spread evenly so resident blocks sit
+/// between them and hide their copies. At most every block but one streams.
+pub fn flux_streamed_blocks(cfg: &FluxConfig, count: usize, order: FluxStreamOrder) -> Vec<usize> {
+    let (double, single) = (cfg.depth, cfg.depth_single_blocks);
+    let total = double + single;
+    let count = count.min(total.saturating_sub(1));
+    let of_kind = |n: usize, first: usize, len: usize| -> Vec<usize> {
+        streamed_blocks(len, n.min(len), Placement::Spread)
+            .into_iter()
+            .map(|i| first + i)
+            .collect()
+    };
+    let mut out = match order {
+        FluxStreamOrder::Spread => streamed_blocks(total, count, Placement::Spread),
+        FluxStreamOrder::SingleFirst => {
+            let s = count.min(single);
+            let mut v = of_kind(count - s, 0, double);
+            v.extend(of_kind(s, double, single));
+            v
+        }
+        FluxStreamOrder::DoubleFirst => {
+            let d = count.min(double);
+            let mut v = of_kind(d, 0, double);
+            v.extend(of_kind(count - d, double, single));
+            v
+        }
+    };
+    out.sort_unstable();
+    out
+}
+
+/// Text tokens per sample: T5-XXL's padded length for FLUX.1 [dev].
+const TEXT_TOKENS: u64 = T5_MAX_TOKENS_DEV as u64;
+
+/// Pixels per token side: the autoencoder's 8× and the 2×2 packing of latents into tokens.
+const PIXELS_PER_TOKEN: usize = 16;
+
+fn elements(shape: &[usize]) -> u64 {
+    shape.iter().map(|&n| n as u64).product()
+}
+
+/// The size of every frozen buffer of one block under `prefix` (`double_blocks.0.`) as the engine holds it: linear
+/// weights in `base` (FP8: codes and scales), biases and q/k norm scales in the compute dtype.
+fn block_buffers(cfg: &FluxConfig, prefix: &str, base: BaseFormat) -> Vec<u64> {
+    let compute = dtype_bytes(base.compute_dtype());
+    let mut out = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let linear = shape.len() == 2 && rest.ends_with(".weight");
+        match (linear, base) {
+            (true, BaseFormat::Dense(d)) => out.push(elements(&shape) * dtype_bytes(d)),
+            (true, BaseFormat::Fp8(mode)) => {
+                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
+                out.extend([codes, scales]);
+            }
+            (false, _) => out.push(elements(&shape) * compute),
+        }
+    }
+    out
+}
+
+/// One block of the kind under `prefix`: (resident bytes, packed bytes as the streamer aligns each buffer).
+fn block_sizes(cfg: &FluxConfig, prefix: &str, base: BaseFormat) -> (u64, u64) {
+    let align = ALIGN as u64;
+    let buffers = block_buffers(cfg, prefix, base);
+    (
+        buffers.iter().sum(),
+        buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
+    )
+}
+
+/// The weights outside the blocks, all in the compute dtype, by component.
+fn resident_weights(cfg: &FluxConfig, compute: u64) -> Vec<(&'static str, u64)> {
+    const GROUPS: [(&str, &str); 6] = [
+        ("img_in.", "image and text input projections"),
+        ("txt_in.", "image and text input projections"),
+        ("time_in.", "time, guidance and pooled-text embeddings"),
+        ("guidance_in.", "time, guidance and pooled-text embeddings"),
+        ("vector_in.", "time, guidance and pooled-text embeddings"),
+        ("final_layer.", "final layer"),
+    ];
+    let mut out: Vec<(&'static str, u64)> = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(&(_, label)) = GROUPS.iter().find(|(p, _)| name.starts_with(p)) else {
+            continue;
+        };
+        let bytes = elements(&shape) * compute;
+        match out.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total += bytes,
+            None => out.push((label, bytes)),
+        }
+    }
+    out
+}
+
+/// LoRA parameters and adapted linears on FLUX.1's blocks for `rank` (musubi-tuner's rules and FLUX.1 excludes).
+fn lora_parameters(
+    cfg: &FluxConfig,
+    rank: usize,
+    include: &[String],
+    exclude: &[String],
+) -> Result<(u64, usize), LoraError> {
+    let targets = LoraTargets::for_family(LoraFamily::Flux, include, exclude)?;
+    let mut params = 0u64;
+    let mut modules = 0usize;
+    for (name, shape) in official_shapes(cfg) {
+        let Some(module) = name.strip_suffix(".weight") else {
+            continue;
+        };
+        if shape.len() == 2 && targets.matches(module) {
+            params += rank as u64 * (shape[0] + shape[1]) as u64;
+            modules += 1;
+        }
+    }
+    Ok((params, modules))
+}
+
+/// The FLUX.1 DiT `cfg`, its blocks streamed in `order`, for `input` (an image step: `clip.frames` is ignored).
+///
+/// The tapes (kept with `checkpointing = "off"`) are counted from the fields of `flux::double_block::grad` and
+/// `flux::single_block::grad` (`L` tokens of the joint sequence, `d` width, `f` MLP width, `h` heads, `r` rank,
+/// `c` / `s` compute and residual dtype bytes): a double-stream block keeps `2·L·d·s` of residual stream, `2·L·d·4`
+/// of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention output, `2·L·f·c` of MLP
+/// activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; a single-stream block `L·d·s`, `L·d·4`,
+/// `7·L·d·c`, `linear1`'s output `L·(3d + f)·c`, `linear2`'s input `L·(d + f)·c`, `2·L·r·c` and `L·h·4`. FLUX.1
+/// keeps nothing extra with `checkpointing = "attention"` (its recompute runs the attention again). The working
+/// set uses the calibrated coefficients of [`WorkingSet`] with `linear1`'s output width `3d + f` as the MLP width;
+/// it is not yet measured on FLUX.1.
+pub(super) fn describe(
+    cfg: &FluxConfig,
+    order: FluxStreamOrder,
+    input: &PlanInput,
+) -> Result<ModelMemory, PlanError> {
+    let c = &input.clip;
+    if c.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let whole = |n: usize| (n > 0 && n % PIXELS_PER_TOKEN == 0).then_some(n / PIXELS_PER_TOKEN);
+    let (Some(w), Some(h)) = (whole(c.width), whole(c.height)) else {
+        return Err(PlanError::Resolution {
+            width: c.width,
+            height: c.height,
+            multiple: PIXELS_PER_TOKEN,
+        });
+    };
+    if input.lora.rank == 0 {
+        return Err(LoraError::ZeroRank.into());
+    }
+    let (lora_params, lora_modules) = lora_parameters(
+        cfg,
+        input.lora.rank,
+        &input.lora.include_patterns,
+        &input.lora.exclude_patterns,
+    )?;
+    let batch = c.batch as u64;
+    let tokens = batch * ((w * h) as u64 + TEXT_TOKENS);
+    let (d, f, heads) = (
+        cfg.hidden_size as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_heads as u64,
+    );
+    let compute = dtype_bytes(input.compute);
+    let linear1 = 3 * d + f;
+    let shape = StepShape {
+        tokens,
+        compute_bytes: compute,
+        residual_bytes: residual_bytes(input.residual),
+        dequantised_weight_bytes: match input.base {
+            BaseFormat::Fp8(_) => linear1 * d * compute,
+            BaseFormat::Dense(_) => 0,
+        },
+        per_token_time: false,
+    };
+    let (l, s, r) = (tokens, shape.residual_bytes, input.lora.rank as u64);
+    let double_tape = 2 * l * d * s
+        + 2 * l * d * 4
+        + 13 * l * d * compute
+        + 2 * l * f * compute
+        + 4 * l * r * compute
+        + l * heads * 4;
+    let single_tape = l * d * s
+        + l * d * 4
+        + 7 * l * d * compute
+        + l * linear1 * compute
+        + l * (d + f) * compute
+        + 2 * l * r * compute
+        + l * heads * 4;
+    let (double_data, double_packed) = block_sizes(cfg, "double_blocks.0.", input.base);
+    let (single_data, single_packed) = block_sizes(cfg, "single_blocks.0.", input.base);
+    let n = cfg.depth + cfg.depth_single_blocks;
+    let widths = BlockWidths {
+        dim: d,
+        ffn_dim: linear1,
+        heads,
+        per_token_modulation_bytes: 0,
+    };
+    Ok(ModelMemory {
+        name: if cfg.guidance_embed {
+            "FLUX.1 [dev]".into()
+        } else {
+            "FLUX.1 (no guidance input)".into()
+        },
+        kinds: vec![
+            BlockKind {
+                label: "double-stream",
+                data_bytes: double_data,
+                packed_bytes: double_packed,
+                tape_bytes: double_tape,
+                kept_attention_bytes: 0,
+            },
+            BlockKind {
+                label: "single-stream",
+                data_bytes: single_data,
+                packed_bytes: single_packed,
+                tape_bytes: single_tape,
+                kept_attention_bytes: 0,
+            },
+        ],
+        blocks: (0..n).map(|i| usize::from(i >= cfg.depth)).collect(),
+        streamed: (0..n.max(1))
+            .map(|count| flux_streamed_blocks(cfg, count, order))
+            .collect(),
+        resident: resident_weights(cfg, compute),
+        lora_params,
+        lora_modules,
+        saved_input_bytes: l * d * s,
+        // The conditioning vector, and RoPE's cos and sin over each token's head dimension in f32.
+        shared_inputs: vec![(
+            "conditioning vector and RoPE tables",
+            batch * d * compute + 2 * l * cfg.head_dim() as u64 * 4,
+        )],
+        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        pixel_multiple: PIXELS_PER_TOKEN,
+        frame_step: 0,
+        shape,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::super::{plan, PlanModel, DEFAULT_CLIP};
+    use super::*;
+    use framesmith_config::plan::FloatDtype;
+    use framesmith_config::run::{
+        ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, StreamingMode,
+    };
+    use framesmith_config::RunConfig;
+
+    const GIB: u64 = 1 << 30;
+
+    /// FLUX.1 dev at `side`², rank 16, with `base`, planned as `framesmith plan --variant flux-dev` does.
+    fn input(side: usize, base: BaseDtype, order: FluxStreamOrder) -> PlanInput {
+        let mut cfg = RunConfig::default();
+        cfg.model.variant = "flux-dev".into();
+        cfg.model.base_dtype = base;
+        cfg.lora.rank = 16;
+        cfg.memory.flux_stream_order = order;
+        let model = super::super::model_for_config(&cfg).unwrap();
+        assert!(matches!(model, PlanModel::Flux { .. }));
+        let clip = super::super::ClipShape {
+            width: side,
+            height: side,
+            ..DEFAULT_CLIP
+        };
+        PlanInput::from_config(&cfg, model, clip)
+    }
+
+    fn cfg(depth: usize, single: usize) -> FluxConfig {
+        FluxConfig {
+            depth,
+            depth_single_blocks: single,
+            ..FluxConfig::dev()
+        }
+    }
+
+    #[test]
+    fn each_order_takes_its_kind_first_and_spreads_within_it() {
+        let c = cfg(19, 38);
+        let s = flux_streamed_blocks(&c, 10, FluxStreamOrder::SingleFirst);
+        assert_eq!(s.len(), 10);
+        assert!(s.iter().all(|&i| i >= 19), "{s:?}");
+        // Spread through the single-stream blocks, not bunched at their end.
+        assert!(s[0] < 19 + 10, "{s:?}");
+        let s = flux_streamed_blocks(&c, 40, FluxStreamOrder::SingleFirst);
+        assert_eq!(s.iter().filter(|&&i| i >= 19).count(), 38);
+        assert_eq!(s.iter().filter(|&&i| i < 19).count(), 2);
+
+        let d = flux_streamed_blocks(&c, 10, FluxStreamOrder::DoubleFirst);
+        assert!(d.iter().all(|&i| i < 19), "{d:?}");
+        let d = flux_streamed_blocks(&c, 25, FluxStreamOrder::DoubleFirst);
+        assert_eq!(d.iter().filter(|&&i| i < 19).count(), 19);
+        assert_eq!(d.len(), 25);
+
+        let sp = flux_streamed_blocks(&c, 19, FluxStreamOrder::Spread);
+        assert_eq!(sp.len(), 19);
+        assert!(sp.iter().any(|&i| i < 19) && sp.iter().any(|&i| i >= 19));
+
+        for order in [
+            FluxStreamOrder::SingleFirst,
+            FluxStreamOrder::DoubleFirst,
+            FluxStreamOrder::Spread,
+        ] {
+            assert!(flux_streamed_blocks(&c, 0, order).is_empty());
+            let all = flux_streamed_blocks(&c, 100, order);
+            assert_eq!(all.len(), 56, "{order:?}: at most every block but one");
+            assert!(all.windows(2).all(|w| w[0] < w[1]));
+        }
+    }
+
+    #[test]
+    fn flux_dev_weights_are_its_parameters_and_fp8_halves_the_blocks() {
+        let i = input(1024, BaseDtype::F32, FluxStreamOrder::SingleFirst);
+        let s = i.model.describe(&i).unwrap();
+        assert_eq!(s.num_blocks(), 57);
+        assert_eq!(s.kind_counts(), [19, 38]);
+        let cfg = FluxConfig::dev();
+        let params: u64 = official_shapes(&cfg)
+            .iter()
+            .map(|(_, shape)| shape.iter().map(|&n| n as u64).product::<u64>())
+            .sum();
+        let blocks: u64 = 19 * s.kinds[0].data_bytes + 38 * s.kinds[1].data_bytes;
+        let resident: u64 = s.resident.iter().map(|(_, b)| b).sum();
+        assert_eq!(blocks + resident, 4 * params);
+        // FLUX.1 dev: about 11.9 B parameters, a double-stream block about 2.4 single-stream ones.
+        assert!(
+            (11_800_000_000..12_000_000_000).contains(&params),
+            "{params}"
+        );
+        let ratio = s.kinds[0].data_bytes as f64 / s.kinds[1].data_bytes as f64;
+        assert!((2.3..2.5).contains(&ratio), "{ratio}");
+        let bf16 = input(1024, BaseDtype::Bf16, FluxStreamOrder::SingleFirst);
+        let fp8 = input(1024, BaseDtype::Fp8, FluxStreamOrder::SingleFirst);
+        let (b, f) = (
+            bf16.model.describe(&bf16).unwrap(),
+            fp8.model.describe(&fp8).unwrap(),
+        );
+        for k in 0..2 {
+            // A code byte per weight, and block-64's f32 scale per 64 weights (1/16 more).
+            let half = b.kinds[k].data_bytes / 2;
+            assert!(
+                f.kinds[k].data_bytes > half + half / 17
+                    && f.kinds[k].data_bytes < half + half / 15,
+                "kind {k}: fp8 {} bf16 {}",
+                f.kinds[k].data_bytes,
+                b.kinds[k].data_bytes
+            );
+            assert!(f.kinds[k].packed_bytes >= f.kinds[k].data_bytes);
+        }
+        assert_eq!(fp8.compute, FloatDtype::Bf16);
+    }
+
+    #[test]
+    fn flux_peaks_grow_with_the_resolution() {
+        for base in [BaseDtype::Bf16, BaseDtype::Fp8] {
+            let peaks: Vec<u64> = [512, 768, 1024]
+                .into_iter()
+                .map(|side| {
+                    let r = plan(&input(side, base, FluxStreamOrder::SingleFirst)).unwrap();
+                    assert!(r.model.starts_with("FLUX.1 [dev]"), "{}", r.model);
+                    // 4096 image tokens (1024² through the 8× autoencoder and 2×2 packing) and 512 text tokens.
+                    let image = (side / 16) * (side / 16);
+                    assert_eq!(r.tokens, image as u64 + 512);
+                    r.peak_vram_bytes
+                })
+                .collect();
+            assert!(peaks.windows(2).all(|w| w[0] < w[1]), "{base:?}: {peaks:?}");
+        }
+        // A whole bf16 FLUX.1 dev does not fit 24 GB; FP8 at 1024² fits with room to spare.
+        let bf16 = plan(&input(1024, BaseDtype::Bf16, FluxStreamOrder::SingleFirst)).unwrap();
+        assert!(bf16.peak_vram_bytes > 24 * GIB, "{}", bf16.peak_vram_bytes);
+        let fp8 = plan(&input(1024, BaseDtype::Fp8, FluxStreamOrder::SingleFirst)).unwrap();
+        assert!(fp8.peak_vram_bytes < 20 * GIB, "{}", fp8.peak_vram_bytes);
+        assert!(input(1000, BaseDtype::Fp8, FluxStreamOrder::SingleFirst)
+            .model
+            .describe(&input(1000, BaseDtype::Fp8, FluxStreamOrder::SingleFirst))
+            .is_err());
+    }
+
+    #[test]
+    fn auto_streams_within_the_budget_in_every_order() {
+        for base in [BaseDtype::Bf16, BaseDtype::Fp8] {
+            for order in [
+                FluxStreamOrder::SingleFirst,
+                FluxStreamOrder::DoubleFirst,
+                FluxStreamOrder::Spread,
+            ] {
+                let mut last = 0;
+                for budget_gib in [20, 16, 12] {
+                    let mut i = input(1024, base, order);
+                    i.streaming.mode = StreamingMode::Pinned;
+                    i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+                    i.streaming.activations = ActivationPlacement::Host;
+                    i.vram_budget_bytes = Some(budget_gib * GIB);
+                    let r = plan(&i).unwrap();
+                    let case = format!("{base:?} {order:?} {budget_gib} GiB");
+                    assert!(r.fits(), "{case}: {}", r.peak_vram_bytes);
+                    assert!(r.peak_vram_bytes <= budget_gib * GIB, "{case}");
+                    assert!(r.blocks_chosen, "{case}");
+                    assert!(
+                        r.streamed_blocks >= last,
+                        "{case}: fewer blocks for less VRAM"
+                    );
+                    last = r.streamed_blocks;
+                    // One fewer streamed block would not have left auto's margin free.
+                    if r.streamed_blocks > 0 {
+                        let margin = super::super::auto_margin_bytes(budget_gib * GIB);
+                        let fewer =
+                            super::super::peak_vram_bytes(&i, r.streamed_blocks - 1).unwrap();
+                        assert!(fewer > budget_gib * GIB - margin, "{case}");
+                    }
+                    let slots = r
+                        .breakdown
+                        .iter()
+                        .find(|l| l.label.starts_with("GPU slots"))
+                        .map(|l| l.label.clone());
+                    if r.streamed_blocks > 0 {
+                        assert!(slots.is_some(), "{case}");
+                    }
+                }
+                assert!(last > 0, "{base:?} {order:?}: 12 GiB needs streaming");
+            }
+        }
+        // Single-stream blocks are the smaller kind: single_first streams more of them for the same budget.
+        let count = |order| {
+            let mut i = input(1024, BaseDtype::Fp8, order);
+            i.streaming.mode = StreamingMode::Pinned;
+            i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+            i.streaming.activations = ActivationPlacement::Host;
+            i.vram_budget_bytes = Some(12 * GIB);
+            plan(&i).unwrap().streamed_blocks
+        };
+        let (single, double) = (
+            count(FluxStreamOrder::SingleFirst),
+            count(FluxStreamOrder::DoubleFirst),
+        );
+        eprintln!("FP8 at 1024² in 12 GiB: single_first streams {single}, double_first {double}");
+        assert!(
+            single > double,
+            "single_first {single}, double_first {double}"
+        );
+    }
+
+    /// The FLUX.1 presets at 1024²: `flux-dev-24gb` fits a 24 GB card whole (nothing streams), `flux-dev-12gb`
+    /// fits 12 GB by streaming some blocks, planned as `framesmith plan --variant flux-dev --preset …` does.
+    #[test]
+    fn the_flux_presets_fit_their_cards_at_1024() {
+        for (name, gib, streams) in [("flux-dev-24gb", 24, false), ("flux-dev-12gb", 12, true)] {
+            let mut cfg = framesmith_config::presets::builtin(name)
+                .and_then(|p| p.apply(&RunConfig::default()))
+                .unwrap()
+                .config;
+            cfg.model.variant = "flux-dev".into();
+            let model = super::super::model_for_config(&cfg).unwrap();
+            let (clip, _) = super::super::clip_for_config(&cfg);
+            assert_eq!((clip.width, clip.height), (1024, 1024), "{name}");
+            let mut i = PlanInput::from_config(&cfg, model, clip);
+            i.free_vram_bytes = Some(gib * GIB);
+            let r = plan(&i).unwrap();
+            eprintln!("{name}: {}", r.verdict_line());
+            assert!(r.fits(), "{name}: {}", r.verdict_line());
+            assert_eq!(
+                r.streamed_blocks > 0,
+                streams,
+                "{name}: {}",
+                r.verdict_line()
+            );
+        }
+    }
+}

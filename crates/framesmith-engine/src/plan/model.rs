@@ -1,0 +1,138 @@
+//! The model as the planner sees it, whatever its family: a description each family computes from its own config
+//! ([`super::wan`], [`super::flux`]) — its kinds of blocks with their bytes, which blocks stream for a count, the
+//! weights that stay resident, the LoRA's size, and the activations of one step — so the plan's arithmetic
+//! ([`super::plan`]) has no model in it.
+
+use framesmith_config::run::FluxStreamOrder;
+use framesmith_models::flux::FluxConfig;
+use framesmith_models::wan::WanConfig;
+
+use super::working_set::StepShape;
+use super::{PlanError, PlanInput};
+
+/// A model the planner knows, with what its family needs to describe it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PlanModel {
+    /// A Wan 2.1 / 2.2 DiT (or the demo model).
+    Wan(WanConfig),
+    /// A FLUX.1 DiT, with the order its blocks stream in (`memory.flux_stream_order`).
+    Flux {
+        config: FluxConfig,
+        order: FluxStreamOrder,
+    },
+}
+
+impl From<WanConfig> for PlanModel {
+    fn from(cfg: WanConfig) -> Self {
+        Self::Wan(cfg)
+    }
+}
+
+impl PlanModel {
+    /// The model's description for `input` (its clip, LoRA, weight format and activation settings).
+    pub fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        match self {
+            Self::Wan(cfg) => super::wan::describe(cfg, input),
+            Self::Flux { config, order } => super::flux::describe(config, *order, input),
+        }
+    }
+
+    /// The Wan config, for what only Wan models have (the VAE of its caches, the start frame, experts).
+    pub fn wan(&self) -> Option<&WanConfig> {
+        match self {
+            Self::Wan(cfg) => Some(cfg),
+            Self::Flux { .. } => None,
+        }
+    }
+
+    /// Number of transformer blocks.
+    pub fn num_blocks(&self) -> usize {
+        match self {
+            Self::Wan(cfg) => cfg.num_layers,
+            Self::Flux { config, .. } => config.depth + config.depth_single_blocks,
+        }
+    }
+}
+
+/// One kind of block (every Wan block is of one kind; FLUX.1 has double- and single-stream blocks).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockKind {
+    /// How the plan's lines name the kind ("double-stream "), empty for a model with one kind.
+    pub label: &'static str,
+    /// Bytes of one block's frozen tensors as a resident block holds them (what a copy moves).
+    pub data_bytes: u64,
+    /// Bytes of one block packed for streaming (each buffer aligned): a GPU slot, a host master.
+    pub packed_bytes: u64,
+    /// Bytes of one block's whole forward tape (kept with `checkpointing = "off"`).
+    pub tape_bytes: u64,
+    /// Bytes of one block's kept self-attention output and log-sum-exp (`checkpointing = "attention"`).
+    pub kept_attention_bytes: u64,
+}
+
+/// What the planner needs to know about a model for one input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelMemory {
+    /// The model's name in the report ("t2v-14b", "FLUX.1 [dev]").
+    pub name: String,
+    pub kinds: Vec<BlockKind>,
+    /// The kind of each block (an index into `kinds`), in the order the model runs them.
+    pub blocks: Vec<usize>,
+    /// For each count of streamed blocks (0 to every block but one), the blocks that stream.
+    pub streamed: Vec<Vec<usize>>,
+    /// The weights that always stay on the GPU, by component, with their bytes.
+    pub resident: Vec<(&'static str, u64)>,
+    /// LoRA parameters and adapted linears.
+    pub lora_params: u64,
+    pub lora_modules: usize,
+    /// The step's shape (tokens, dtypes).
+    pub shape: StepShape,
+    /// One block's saved input (the residual stream over every token).
+    pub saved_input_bytes: u64,
+    /// Tensors every block reads, alive for the whole step, as (label, bytes).
+    pub shared_inputs: Vec<(&'static str, u64)>,
+    /// The working set of one block's recompute and backward.
+    pub working_set_bytes: u64,
+    /// What a lower-resolution suggestion rounds to (pixels), and the frame step of a shorter clip (0: images).
+    pub pixel_multiple: usize,
+    pub frame_step: usize,
+}
+
+impl ModelMemory {
+    /// Number of blocks.
+    pub fn num_blocks(&self) -> usize {
+        self.blocks.len()
+    }
+
+    /// The blocks that stream when `count` do (clamped to every block but one).
+    pub fn streamed_blocks(&self, count: usize) -> &[usize] {
+        let last = self.streamed.len().saturating_sub(1);
+        self.streamed
+            .get(count.min(last))
+            .map_or(&[][..], |v| v.as_slice())
+    }
+
+    /// How many blocks of each kind `streamed` holds.
+    pub fn per_kind(&self, streamed: &[usize]) -> Vec<usize> {
+        let mut out = vec![0; self.kinds.len()];
+        for &i in streamed {
+            if let Some(&k) = self.blocks.get(i) {
+                out[k] += 1;
+            }
+        }
+        out
+    }
+
+    /// How many blocks of each kind the model has.
+    pub fn kind_counts(&self) -> Vec<usize> {
+        let mut out = vec![0; self.kinds.len()];
+        for &k in &self.blocks {
+            out[k] += 1;
+        }
+        out
+    }
+
+    /// The largest packed block (what one GPU slot or staging chunk is sized for).
+    pub fn largest_packed_bytes(&self) -> u64 {
+        self.kinds.iter().map(|k| k.packed_bytes).max().unwrap_or(0)
+    }
+}

@@ -1,0 +1,82 @@
+//! Wan's description for the planner ([`ModelMemory`]): one kind of block whose bytes come from the official tensor
+//! list, blocks streamed spread through the model, the clip's tokens through its VAE and patches, and the step's
+//! activations as `models::wan::block::grad` records them.
+
+use framesmith_models::wan::WanConfig;
+use framesmith_nn::lora::LoraError;
+use framesmith_nn::offload::{streamed_blocks, Placement};
+
+use super::activations::{block_tape_bytes, kept_attention_bytes};
+use super::bytes::{
+    block_bytes, block_data_bytes, dtype_bytes, latent_factors, lora_parameters, resident_weights,
+    tokens_per_sample, vae_for, BaseFormat,
+};
+use super::input::variant_name;
+use super::model::{BlockKind, ModelMemory};
+use super::working_set::{shared_inputs, StepShape};
+use super::{residual_bytes, PlanError, PlanInput};
+
+/// Wan model `cfg` for `input`.
+pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+    let c = &input.clip;
+    if c.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let (spatial, step) = latent_factors(cfg);
+    if c.frames == 0 || (c.frames - 1) % step != 0 {
+        return Err(PlanError::Frames {
+            frames: c.frames,
+            step,
+        });
+    }
+    let per_sample =
+        tokens_per_sample(cfg, c.width, c.height, c.frames).ok_or(PlanError::Resolution {
+            width: c.width,
+            height: c.height,
+            multiple: spatial * cfg.patch_size[1].max(cfg.patch_size[2]),
+        })?;
+    if input.lora.rank == 0 {
+        return Err(LoraError::ZeroRank.into());
+    }
+    let (lora_params, lora_modules) = lora_parameters(
+        cfg,
+        input.lora.rank,
+        &input.lora.include_patterns,
+        &input.lora.exclude_patterns,
+    )?;
+    let shape = StepShape {
+        tokens: per_sample * c.batch as u64,
+        compute_bytes: dtype_bytes(input.compute),
+        residual_bytes: residual_bytes(input.residual),
+        dequantised_weight_bytes: match input.base {
+            BaseFormat::Fp8(_) => (cfg.dim * cfg.ffn_dim) as u64 * dtype_bytes(input.compute),
+            BaseFormat::Dense(_) => 0,
+        },
+        per_token_time: input.start_frame,
+    };
+    let batch = c.batch as u64;
+    let n = cfg.num_layers;
+    Ok(ModelMemory {
+        name: variant_name(cfg),
+        kinds: vec![BlockKind {
+            label: "",
+            data_bytes: block_data_bytes(cfg, input.base),
+            packed_bytes: block_bytes(cfg, input.base),
+            tape_bytes: block_tape_bytes(cfg, batch, input.lora.rank as u64, &shape),
+            kept_attention_bytes: kept_attention_bytes(cfg, &shape),
+        }],
+        blocks: vec![0; n],
+        streamed: (0..n.max(1))
+            .map(|count| streamed_blocks(n, count, Placement::Spread))
+            .collect(),
+        resident: resident_weights(cfg, input.compute),
+        lora_params,
+        lora_modules,
+        saved_input_bytes: shape.tokens * cfg.dim as u64 * shape.residual_bytes,
+        shared_inputs: shared_inputs(cfg, batch, &shape),
+        working_set_bytes: input.working_set.bytes(cfg, &shape),
+        pixel_multiple: 16 * (vae_for(cfg).spatial_factor() / 8).max(1),
+        frame_step: vae_for(cfg).temporal_factor(),
+        shape,
+    })
+}
