@@ -1,6 +1,7 @@
 //! `framesmith generate`: one clip from a prompt with a Wan DiT, its LoRAs (and, for Wan2.2 A14B, the low-noise
-//! expert), the umT5 text encoder and the Wan VAE. Models are loaded one after the other and the text encoder is
-//! dropped before the DiT loads, so peak memory is the DiT's plus the VAE's.
+//! expert), the umT5 text encoder and the Wan VAE; or, when `--dit` is a FLUX.1 DiT, one PNG image ([`flux`]).
+//! Models are loaded one after the other and the text encoder is dropped before the DiT loads, so peak memory is
+//! the DiT's plus the VAE's.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -32,6 +33,8 @@ use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
 
+mod flux;
+
 /// `--solver`: the engine's solver names, listed in `--help` and checked by clap.
 fn solver_parser() -> impl clap::builder::TypedValueParser<Value = Solver> {
     use clap::builder::TypedValueParser;
@@ -48,7 +51,8 @@ fn fp8_parser() -> impl clap::builder::TypedValueParser<Value = Fp8Scale> {
 /// `generate` options.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// DiT checkpoint (file or folder); for Wan2.2 A14B the high-noise expert
+    /// DiT checkpoint (file or folder); for Wan2.2 A14B the high-noise expert. A FLUX.1 DiT
+    /// (flux1-dev.safetensors) makes an image: give --vae ae.safetensors, --clip-l, --t5 and a .png --out
     #[arg(long)]
     dit: PathBuf,
     /// Wan2.2 A14B low-noise expert (denoises below the boundary)
@@ -63,14 +67,24 @@ pub struct GenerateArgs {
     /// LoRA for the low-noise expert, FILE or FILE:MULTIPLIER; repeat for several
     #[arg(long = "lora-low-noise", value_name = "FILE[:MULT]")]
     loras_low_noise: Vec<String>,
-    /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors)
+    /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors); Wan only
     #[arg(long)]
-    text_encoder: PathBuf,
+    text_encoder: Option<PathBuf>,
     /// tokenizer.json or spiece.model of google/umt5-xxl (default: one beside the text encoder weights, else the
-    /// tokenizer inside ComfyUI's umt5_xxl .safetensors)
+    /// tokenizer inside ComfyUI's umt5_xxl .safetensors); for FLUX.1, the tokenizer.json of google/t5-v1_1-xxl
+    /// (default: one beside the --t5 weights)
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// Wan VAE weights
+    /// FLUX.1: the T5-XXL weights (t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn_scaled.safetensors)
+    #[arg(long)]
+    t5: Option<PathBuf>,
+    /// FLUX.1: the CLIP-L weights (clip_l.safetensors)
+    #[arg(long)]
+    clip_l: Option<PathBuf>,
+    /// FLUX.1: CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
+    #[arg(long)]
+    clip_l_tokenizer: Option<PathBuf>,
+    /// Wan VAE weights, or FLUX.1's autoencoder (ae.safetensors)
     #[arg(long)]
     vae: PathBuf,
     /// Start image (PNG, JPEG, WebP, BMP) for image-to-video models (Wan2.1 I2V, Wan2.2 I2V-A14B, TI2V-5B);
@@ -87,28 +101,32 @@ pub struct GenerateArgs {
     /// Negative prompt (default: the official Wan one, used when --guidance > 1)
     #[arg(long)]
     negative: Option<String>,
-    /// Clip width (default 832; with --image and no size given, the official size for the image's aspect ratio)
+    /// Clip width (default 832; with --image and no size given, the official size for the image's aspect ratio;
+    /// FLUX.1: 1024, a multiple of 16)
     #[arg(long)]
     width: Option<usize>,
-    /// Clip height (default 480; see --width)
+    /// Clip height (default 480; see --width; FLUX.1: 1024)
     #[arg(long)]
     height: Option<usize>,
-    /// Frames, 4k + 1
-    #[arg(long, default_value_t = 81)]
-    frames: usize,
-    #[arg(long, default_value_t = 50)]
-    steps: usize,
-    /// Flow shift of the sampling schedule
-    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
-    shift: f64,
-    /// Classifier-free guidance scale (1 turns it off)
-    #[arg(long, default_value_t = 5.0, allow_negative_numbers = true)]
-    guidance: f64,
+    /// Frames, 4k + 1 (default 81)
+    #[arg(long)]
+    frames: Option<usize>,
+    /// Sampling steps (default 50; FLUX.1 [schnell] 4)
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Flow shift of the sampling schedule (default 5; FLUX.1 shifts by the image size)
+    #[arg(long, allow_negative_numbers = true)]
+    shift: Option<f64>,
+    /// Classifier-free guidance scale, 1 turns it off (default 5); for FLUX.1 [dev] the distilled guidance
+    /// strength the model takes (default 3.5)
+    #[arg(long, allow_negative_numbers = true)]
+    guidance: Option<f64>,
     /// Noise seed (default: random, printed)
     #[arg(long)]
     seed: Option<u64>,
-    #[arg(long, default_value = "unipc", value_parser = solver_parser())]
-    solver: Solver,
+    /// Solver (default unipc; FLUX.1 samples with euler)
+    #[arg(long, value_parser = solver_parser())]
+    solver: Option<Solver>,
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     device: DeviceSpec,
@@ -122,16 +140,76 @@ pub struct GenerateArgs {
     #[arg(long)]
     tiled: bool,
     /// Blocks of each DiT kept in RAM and streamed to the GPU as they run (block swap), for cards too small for
-    /// the whole model; with two experts, the one not in use waits in RAM either way
+    /// the whole model; with two experts, the one not in use waits in RAM either way (Wan)
     #[arg(long, default_value_t = 0)]
     blocks_to_swap: usize,
     /// Use at most this many GiB of the card (the rest is held back for the command's lifetime), so a run that
     /// fits here fits a card of that size
     #[arg(long)]
     vram_budget_gb: Option<f64>,
-    /// The MP4 to write; PNG frames go to a `<name>_frames` folder beside it
+    /// The MP4 to write; PNG frames go to a `<name>_frames` folder beside it. FLUX.1: the PNG to write
     #[arg(long)]
     out: PathBuf,
+}
+
+/// Wan's defaults for the options FLUX.1 fills in otherwise.
+const WAN_FRAMES: usize = 81;
+const WAN_STEPS: usize = 50;
+const WAN_SHIFT: f64 = 5.0;
+const WAN_GUIDANCE: f64 = 5.0;
+
+impl GenerateArgs {
+    fn frames(&self) -> usize {
+        self.frames.unwrap_or(WAN_FRAMES)
+    }
+
+    fn steps(&self) -> usize {
+        self.steps.unwrap_or(WAN_STEPS)
+    }
+
+    fn shift(&self) -> f64 {
+        self.shift.unwrap_or(WAN_SHIFT)
+    }
+
+    fn guidance(&self) -> f64 {
+        self.guidance.unwrap_or(WAN_GUIDANCE)
+    }
+
+    fn solver(&self) -> Solver {
+        self.solver.unwrap_or(Solver::Unipc)
+    }
+
+    /// The umT5 weights, which a Wan DiT needs.
+    fn text_encoder(&self) -> anyhow::Result<&Path> {
+        self.text_encoder.as_deref().ok_or_else(|| {
+            anyhow::anyhow!(
+                "a Wan DiT needs --text-encoder: the umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI \
+                 umt5_xxl .safetensors) ({})",
+                self.dit.display()
+            )
+        })
+    }
+
+    /// `--vram-budget-gb` in bytes.
+    fn vram_budget(&self) -> anyhow::Result<Option<u64>> {
+        Ok(match self.vram_budget_gb {
+            Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * (1u64 << 30) as f64) as u64),
+            Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
+            None => None,
+        })
+    }
+
+    /// FLUX.1 options given to a Wan DiT, by name.
+    fn flux_options(&self) -> Vec<&'static str> {
+        [
+            (self.t5.is_some(), "--t5"),
+            (self.clip_l.is_some(), "--clip-l"),
+            (self.clip_l_tokenizer.is_some(), "--clip-l-tokenizer"),
+        ]
+        .into_iter()
+        .filter_map(|(given, name)| given.then_some(name))
+        .collect()
+    }
 }
 
 /// `FILE` or `FILE:MULT` (the multiplier only when what follows the last `:` is a number, so `C:\x` stays a path).
@@ -262,12 +340,12 @@ fn clip_settings(args: &GenerateArgs, (width, height): (usize, usize), seed: u64
     ClipSettings {
         width,
         height,
-        frames: args.frames,
-        steps: args.steps,
-        shift: args.shift,
-        guidance: args.guidance,
+        frames: args.frames(),
+        steps: args.steps(),
+        shift: args.shift(),
+        guidance: args.guidance(),
         seed,
-        solver: args.solver,
+        solver: args.solver(),
     }
 }
 
@@ -299,29 +377,38 @@ fn check_before_loading(
     Ok(())
 }
 
-/// Runs `generate`.
+/// Runs `generate`: an image when `--dit` is a FLUX.1 file, else a Wan clip.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
+    if flux::is_flux(&args.dit) {
+        return flux::run(args);
+    }
+    let text_encoder = args.text_encoder()?;
+    let flux_only = args.flux_options();
+    if !flux_only.is_empty() {
+        anyhow::bail!(
+            "{} {} for FLUX.1 DiTs, and this is a Wan DiT: drop {} and give --text-encoder ({})",
+            flux_only.join(", "),
+            if flux_only.len() == 1 { "is" } else { "are" },
+            if flux_only.len() == 1 { "it" } else { "them" },
+            args.dit.display()
+        );
+    }
     let (cfg, image) = start_image(args)?;
     let size = clip_size(args, &cfg, image.as_ref());
     check_before_loading(args, &cfg, size)?;
     let device = open_device(args.device)?;
     let dtype = pick_dtype(args.dtype, &device)?;
-    let budget = match args.vram_budget_gb {
-        Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * (1u64 << 30) as f64) as u64),
-        Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
-        None => None,
-    };
+    let budget = args.vram_budget()?;
     // Before anything takes device memory: what the text encoder, the VAE and the DiTs take counts against it.
     let held = budget.map(|b| hold_vram_budget(&device, b)).transpose()?;
-    let text = TextEncoder::load(
-        &args.text_encoder,
-        args.tokenizer.as_deref(),
-        dtype,
-        &device,
-    )
-    .with_context(|| format!("loading the text encoder {}", args.text_encoder.display()))?;
-    let conditioning =
-        Conditioning::encode(&text, &args.prompt, args.negative.as_deref(), args.guidance)?;
+    let text = TextEncoder::load(text_encoder, args.tokenizer.as_deref(), dtype, &device)
+        .with_context(|| format!("loading the text encoder {}", text_encoder.display()))?;
+    let conditioning = Conditioning::encode(
+        &text,
+        &args.prompt,
+        args.negative.as_deref(),
+        args.guidance(),
+    )?;
     drop(text);
     let vae = load_vae_auto(&args.vae, dtype, &device)?;
     let decoder = VaeDecoder {
@@ -372,8 +459,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         "seed {seed}, {}x{}, {} frames, {} steps{}",
         size.0,
         size.1,
-        args.frames,
-        args.steps,
+        args.frames(),
+        args.steps(),
         if image.is_some() {
             ", from the start image"
         } else {
@@ -381,12 +468,12 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         }
     );
     let bar = progress_bar(
-        args.steps as u64,
+        args.steps() as u64,
         "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]",
     );
     // The loop polls this once before each step: a progress tick, and the time each step starts (after the
     // device has finished the last one).
-    let starts = std::cell::RefCell::new(Vec::with_capacity(args.steps + 1));
+    let starts = std::cell::RefCell::new(Vec::with_capacity(args.steps() + 1));
     let tick = || {
         let _ = device.synchronize();
         starts.borrow_mut().push(Instant::now());
@@ -428,7 +515,7 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
 
 /// What the denoising steps took (from the instants each started and the end of the last), the decoding, and the
 /// most device memory the command took.
-fn timing_line(starts: &[Instant], decode_secs: f64, vram: Option<VramUse>) -> String {
+pub(super) fn timing_line(starts: &[Instant], decode_secs: f64, vram: Option<VramUse>) -> String {
     let steps: Vec<f64> = starts
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64())
@@ -479,9 +566,9 @@ mod tests {
 
     #[test]
     fn the_solver_is_the_engines_by_name() {
-        assert_eq!(parse(&[]).solver, Solver::Unipc);
-        assert_eq!(parse(&["--solver", "dpmpp"]).solver, Solver::Dpmpp);
-        assert_eq!(parse(&["--solver", "euler"]).solver, Solver::Euler);
+        assert_eq!(parse(&[]).solver(), Solver::Unipc);
+        assert_eq!(parse(&["--solver", "dpmpp"]).solver(), Solver::Dpmpp);
+        assert_eq!(parse(&["--solver", "euler"]).solver(), Solver::Euler);
         let err = try_parse(&["--solver", "ddim"])
             .err()
             .map(|e| e.to_string())

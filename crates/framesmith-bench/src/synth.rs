@@ -343,7 +343,10 @@ fn encoder_init(name: &str, shape: &[usize]) -> (f32, f32) {
 
 /// Writes `views` as a safetensors file, under another name first: an interrupted write never leaves a file that
 /// looks complete.
-fn write_safetensors(path: &Path, views: Vec<(String, SynthTensor)>) -> anyhow::Result<()> {
+pub(crate) fn write_safetensors(
+    path: &Path,
+    views: Vec<(String, SynthTensor)>,
+) -> anyhow::Result<()> {
     let partial = path.with_extension("safetensors.partial");
     let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
     safetensors::serialize_to_file(views, Some(metadata), &partial)
@@ -352,10 +355,10 @@ fn write_safetensors(path: &Path, views: Vec<(String, SynthTensor)>) -> anyhow::
 }
 
 /// The largest finite `float8_e4m3fn` magnitude.
-const FP8_MAX: f32 = 448.0;
+pub(crate) const FP8_MAX: f32 = 448.0;
 
 /// A tensor of the synthetic file: random values drawn when written, or a few given bytes.
-enum SynthTensor {
+pub(crate) enum SynthTensor {
     Random(RandomTensor),
     Bytes {
         dtype: safetensors::Dtype,
@@ -366,7 +369,7 @@ enum SynthTensor {
 
 impl SynthTensor {
     /// A per-tensor FP8 scale: one f32.
-    fn scale(scale: f32) -> Self {
+    pub(crate) fn scale(scale: f32) -> Self {
         Self::Bytes {
             dtype: safetensors::Dtype::F32,
             shape: Vec::new(),
@@ -375,7 +378,7 @@ impl SynthTensor {
     }
 
     /// ComfyUI's `scaled_fp8` marker: an empty `float8_e4m3fn` tensor.
-    fn scaled_fp8_marker() -> Self {
+    pub(crate) fn scaled_fp8_marker() -> Self {
         Self::Bytes {
             dtype: safetensors::Dtype::F8_E4M3,
             shape: vec![0],
@@ -415,14 +418,14 @@ impl View for SynthTensor {
 }
 
 /// A tensor whose values are drawn only when the writer asks for its bytes.
-struct RandomTensor {
-    shape: Vec<usize>,
-    dtype: safetensors::Dtype,
-    mean: f32,
-    std: f32,
-    seed: u64,
+pub(crate) struct RandomTensor {
+    pub(crate) shape: Vec<usize>,
+    pub(crate) dtype: safetensors::Dtype,
+    pub(crate) mean: f32,
+    pub(crate) std: f32,
+    pub(crate) seed: u64,
     /// For `F8_E4M3`: values are stored as `e4m3(value / scale)`.
-    fp8_scale: Option<f32>,
+    pub(crate) fp8_scale: Option<f32>,
 }
 
 impl View for RandomTensor {
@@ -469,7 +472,7 @@ fn encode(value: f32, dtype: safetensors::Dtype, out: &mut [u8]) {
 }
 
 /// A seed for stream `index` of `seed` (splitmix64), so neighbouring tensors and chunks do not share draws.
-fn mix(seed: u64, index: u64) -> u64 {
+pub(crate) fn mix(seed: u64, index: u64) -> u64 {
     let mut z = seed ^ index.wrapping_add(1).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
     z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);

@@ -1,7 +1,11 @@
 //! Generation: the flow-matching sampling loop with its solvers (`denoise`, `sampler`), whole clips from a prompt
-//! with loaded models (`pipeline`), the start image of image-to-video clips, and sample prompt files.
+//! with loaded models (`pipeline`), the start image of image-to-video clips, sample prompt files, and FLUX.1 images
+//! (`flux`).
 
 pub mod denoise;
+pub mod flux;
+#[cfg(test)]
+mod flux_tests;
 pub mod pipeline;
 pub mod prompts;
 pub mod sampler;

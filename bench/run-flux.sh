@@ -1,0 +1,191 @@
+#!/usr/bin/env bash
+# Issue 20's GPU rows through the product's own commands: FLUX.1 [dev] LoRA rank 16 at 1024x1024, batch 1, random
+# weights at the real size in the official layout (`framesmith-bench synth-project --model flux-dev`: bf16
+# `flux1-dev.safetensors` and a ComfyUI scaled-FP8 file, one cached image of random latents and random T5 / CLIP-L
+# features), trained with `framesmith train`, against a PyTorch step of the official architecture on the same bf16
+# weights and the same cached inputs (bench/reference/flux_step.py: SDPA, bf16, per-block checkpointing, rank 16).
+# Each case writes its logs (with timestamps; peak RAM from /usr/bin/time -v), its metrics.jsonl and an nvidia-smi
+# trace under OUT_DIR/CASE; OUT_DIR/summary.txt gets one line per run (mean step time of steps 2..N, peak VRAM).
+# Builds nothing.
+# Usage: bench/run-flux.sh BIN_DIR OUT_DIR WORK_DIR [CASE...]   (BIN_DIR holds framesmith and framesmith-bench)
+#   torch         bench/reference/flux_step.py on the bf16 file and the project's caches (TORCH_WARMUP, TORCH_ITERS)
+#   bf16          `framesmith train`, bf16 base, every block resident
+#   fp8           FP8 block-64 base quantised from the bf16 file at load (balanced-24gb's numerics), resident
+#   fp8-file      FP8 base from the ComfyUI scaled-FP8 file (its per-tensor scales), resident
+#   budget-12     the fp8 case under `--vram-budget-gb 12`: pinned streaming, blocks_to_swap = "auto" (the planner's
+#                 count), activations in RAM; `framesmith plan` first. BUDGET_PRESET=name adds `--preset name`.
+# No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
+set -uo pipefail
+if [[ $# -lt 3 ]]; then
+    sed -n '2,19p' "$0"
+    exit 2
+fi
+BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
+shift 3
+CASES=("$@")
+[[ ${#CASES[@]} -eq 0 ]] && CASES=(torch bf16 fp8 budget-12)
+STEPS="${STEPS:-8}" SEED="${SEED:-0}" SIZE="${SIZE:-1024}" RANK="${RANK:-16}"
+TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-8}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
+source "$HERE/device-env.sh"
+LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH
+START=$(date +%s%N)
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/flux.log"
+SUMMARY="$OUT/summary.txt"
+note() { echo "== $* ==" | stamp | tee -a "$LOG"; }
+timed() { # dir name command...: runs under /usr/bin/time -v into dir/name.log; prints its summary lines
+    local dir="$1" name="$2"; shift 2
+    mkdir -p "$dir"
+    note "$name: $*"
+    /usr/bin/time -v "$@" 2>&1 | stamp > "$dir/$name.log"
+    local rc=${PIPESTATUS[0]}
+    grep -E "step [0-9]+.*loss|LoRA:|VRAM: peak|stream|plan|FLUX_STEP|Error|error|Elapsed \(wall|Maximum resident" \
+        "$dir/$name.log" | tail -16 | sed "s/^/   $name: /" | tee -a "$LOG"
+    echo "   $name: exit $rc" | tee -a "$LOG"
+    return "$rc"
+}
+synth() { # dir dtype
+    local dir="$1" dtype="$2" file
+    case "$dtype" in bf16) file=flux1-dev.safetensors ;; fp8-scaled) file=flux1-dev-fp8-scaled.safetensors ;; esac
+    [[ -f "$dir/$file" && -f "$dir/run.toml" ]] && return 0
+    timed "$OUT" "synth-$(basename "$dir")" framesmith-bench synth-project --model flux-dev --dtype "$dtype" \
+        --out "$dir" --height "$SIZE" --width "$SIZE" --text-tokens 512 --rank "$RANK" --steps "$STEPS" --seed "$SEED"
+}
+# One line of the summary from a training run's metrics.jsonl and log: mean step_secs over steps 2..N, the
+# VRAM line's peak (and the plan's prediction when there is one), peak RSS.
+summarise_train() { # case-dir log-name label
+    python3 - "$1" "$2" "$3" >> "$SUMMARY" <<'EOF'
+import json, re, statistics, sys, pathlib
+d, name, label = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3]
+rows = []
+for f in sorted(d.rglob("metrics.jsonl")):
+    for line in f.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except ValueError:
+            continue
+        if "step_secs" in r:
+            rows.append(r)
+secs = [r["step_secs"] for r in rows[1:]] or [r["step_secs"] for r in rows]
+log = (d / f"{name}.log").read_text(errors="replace") if (d / f"{name}.log").exists() else ""
+vram = re.findall(r"VRAM: peak ([0-9.]+) GiB so far(?: \(the plan predicted ([0-9.]+) GiB)?", log)
+rss = re.findall(r"Maximum resident set size \(kbytes\): ([0-9]+)", log)
+out = f"{label:<34}"
+if secs:
+    out += f" step {statistics.mean(secs):7.3f} s (mean of {len(secs)}, {min(secs):.3f}-{max(secs):.3f})"
+else:
+    out += " no steps recorded"
+if vram:
+    peak, plan = vram[-1]
+    out += f", peak VRAM {float(peak):.2f} GiB" + (f" (plan {float(plan):.2f})" if plan else "")
+if rss:
+    out += f", peak RSS {int(rss[-1]) / 2**20:.1f} GiB"
+lora = re.findall(r"LoRA: ([0-9]+) modules, ([0-9]+) parameters", log)
+if lora:
+    out += f", {lora[-1][1]} LoRA parameters"
+print(out)
+EOF
+}
+# A copy of the project's run.toml with its memory keys replaced, for one case.
+config() { # project-dir out-toml base(bf16|fp8) streaming(off|budget) [dit-file]
+    local p="$1" out="$2" base="$3" mode="$4" dit="${5:-}"
+    grep -v -E '^(streaming|blocks_to_swap|activations|checkpointing|base_dtype|fp8_scale) = ' "$p/run.toml" \
+        | sed -e "s/^max_train_steps = .*/max_train_steps = $STEPS/" > "$out"
+    local model="base_dtype = \"$base\"" memory
+    [[ "$base" == fp8 ]] && model+=$'\nfp8_scale = "block64"'
+    if [[ "$mode" == budget ]]; then
+        memory=$'streaming = "pinned"\nblocks_to_swap = "auto"\nactivations = "host"\ncheckpointing = "blocks"'
+    else
+        memory=$'streaming = "off"\nblocks_to_swap = 0\nactivations = "device"\ncheckpointing = "blocks"'
+    fi
+    python3 - "$out" "$model" "$memory" "$dit" <<'EOF'
+import sys
+path, model, memory, dit = sys.argv[1:]
+text = open(path).read()
+text = text.replace("[model]\n", "[model]\n" + model + "\n", 1).replace("[memory]\n", "[memory]\n" + memory + "\n", 1)
+if dit:
+    lines = [f'dit = "{dit}"' if l.startswith("dit = ") else l for l in text.splitlines()]
+    text = "\n".join(lines) + "\n"
+open(path, "w").write(text)
+EOF
+}
+keep_outputs() { # project-dir case-dir
+    find "$1/output" -name metrics.jsonl -exec cp {} "$2/" \; 2>/dev/null
+    rm -rf "$1/output"
+}
+train_case() { # case-dir config label [extra framesmith args...]
+    local d="$1" toml="$2" label="$3"; shift 3
+    timed "$d" train framesmith train --config "$toml" "$@"
+    keep_outputs "$P" "$d"
+    summarise_train "$d" train "$label"
+}
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+    framesmith --version 2>&1 | head -1
+    free -g | head -2; nproc
+} > "$OUT/env.txt" 2>&1
+P="$WORK/flux-dev"
+synth "$P" bf16 || { note "synth failed"; exit 1; }
+for case in "${CASES[@]}"; do
+    D="$OUT/$case"
+    mkdir -p "$D"
+    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
+    SMI=$!
+    case "$case" in
+    torch)
+        timed "$D" torch python3 "$HERE/reference/flux_step.py" --dit "$P/flux1-dev.safetensors" \
+            --latent-cache "$(ls "$P"/cache/*_flux.safetensors | head -1)" \
+            --text-cache "$(ls "$P"/cache/*_flux_te.safetensors | head -1)" \
+            --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
+        python3 - "$D/torch.log" >> "$SUMMARY" <<'EOF'
+import json, sys
+lines = [l.split("FLUX_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "FLUX_STEP " in l]
+if lines:
+    r = json.loads(lines[-1])
+    print(f"{'PyTorch (official arch., SDPA, bf16)':<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
+          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
+          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
+          f"{r['lora_parameters']} LoRA parameters")
+else:
+    print(f"{'PyTorch (official arch., SDPA, bf16)':<34} failed: see torch/torch.log")
+EOF
+        ;;
+    bf16)
+        config "$P" "$P/bf16.toml" bf16 off
+        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident"
+        ;;
+    fp8)
+        config "$P" "$P/fp8.toml" fp8 off
+        train_case "$D" "$P/fp8.toml" "framesmith train, FP8 b64, resident"
+        ;;
+    fp8-file)
+        P8="$WORK/flux-dev-fp8"
+        synth "$P8" fp8-scaled || { kill $SMI; continue; }
+        config "$P" "$P/fp8-file.toml" fp8 off "$P8/flux1-dev-fp8-scaled.safetensors"
+        train_case "$D" "$P/fp8-file.toml" "framesmith train, FP8 file, resident"
+        ;;
+    budget-12)
+        config "$P" "$P/budget.toml" fp8 budget
+        extra=(--vram-budget-gb 12)
+        [[ -n "${BUDGET_PRESET:-}" ]] && extra+=(--preset "$BUDGET_PRESET")
+        timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
+        train_case "$D" "$P/budget.toml" "framesmith train, FP8 b64, 12 GiB" "${extra[@]}"
+        ;;
+    *) note "unknown case $case" ;;
+    esac
+    kill $SMI 2>/dev/null
+    # nvidia-smi's view (every process on the card, the CUDA context included), next to each run's own numbers.
+    awk -F', ' -v c="$case" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
+        "$D/smi.log" >> "$SUMMARY"
+done
+note "done"
+{
+    echo "== FLUX.1 [dev] LoRA rank $RANK, ${SIZE}x${SIZE}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
+    cat "$SUMMARY" 2>/dev/null
+} | tee "$OUT/summary-final.txt"

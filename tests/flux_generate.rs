@@ -1,0 +1,295 @@
+//! `framesmith generate` with FLUX.1 files: the official code's tiny fixtures (the dev DiT, the autoencoder, CLIP-L
+//! and T5, each encoder with a word-level tokenizer.json beside it) write a PNG of the asked size, the same image for
+//! the same seed and another for another seed; wrong files, missing encoders, a non-PNG output and Wan options are
+//! refused by name before anything loads, and FLUX.1 options are refused for a Wan DiT.
+#![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
+
+mod cli_support;
+use std::path::{Path, PathBuf};
+
+use cli_support::{framesmith, s};
+
+fn flux_fixture(case: &str) -> PathBuf {
+    framesmith_models::fixtures::case_dir("flux", case).join("weights.safetensors")
+}
+
+/// A word-level tokenizer.json: `specials` first (ids 0…), then `words`; `single` is the template of a sequence.
+fn tokenizer_json(
+    specials: &[&str],
+    words: &[&str],
+    single: &str,
+    template_ids: &[(&str, u32)],
+) -> String {
+    let vocab: Vec<String> = specials
+        .iter()
+        .chain(words)
+        .enumerate()
+        .map(|(i, w)| format!("\"{w}\":{i}"))
+        .collect();
+    let added: Vec<String> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            format!(
+                "{{\"id\":{i},\"content\":\"{w}\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\
+                 \"normalized\":false,\"special\":true}}"
+            )
+        })
+        .collect();
+    let special: Vec<String> = template_ids
+        .iter()
+        .map(|(t, id)| format!("\"{t}\":{{\"id\":\"{t}\",\"ids\":[{id}],\"tokens\":[\"{t}\"]}}"))
+        .collect();
+    format!(
+        "{{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[{}],\"normalizer\":null,\
+         \"pre_tokenizer\":{{\"type\":\"Whitespace\"}},\"post_processor\":{{\"type\":\"TemplateProcessing\",\
+         \"single\":{single},\"pair\":[{{\"Sequence\":{{\"id\":\"A\",\"type_id\":0}}}}],\"special_tokens\":{{{}}}}},\
+         \"decoder\":null,\"model\":{{\"type\":\"WordLevel\",\"vocab\":{{{}}},\"unk_token\":\"{}\"}}}}",
+        added.join(","),
+        special.join(","),
+        vocab.join(","),
+        words[0]
+    )
+}
+
+const WORDS: [&str; 6] = ["thing", "a", "red", "fox", "in", "snow"];
+
+/// The tiny FLUX.1 files laid out as people have them: each text encoder in its folder with its tokenizer.json.
+struct Files {
+    dit: PathBuf,
+    ae: PathBuf,
+    clip_l: PathBuf,
+    t5: PathBuf,
+}
+
+fn files(dir: &Path) -> Files {
+    let copy = |case: &str, to: PathBuf| {
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(flux_fixture(case), &to).unwrap();
+        to
+    };
+    let clip_l = copy("clip_l", dir.join("clip/clip_l.safetensors"));
+    std::fs::write(
+        dir.join("clip/tokenizer.json"),
+        tokenizer_json(
+            &["<|startoftext|>", "<|endoftext|>"],
+            &WORDS,
+            "[{\"SpecialToken\":{\"id\":\"<|startoftext|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},\
+             {\"SpecialToken\":{\"id\":\"<|endoftext|>\",\"type_id\":0}}]",
+            &[("<|startoftext|>", 0), ("<|endoftext|>", 1)],
+        ),
+    )
+    .unwrap();
+    let t5 = copy("t5_encoder", dir.join("t5/t5xxl_fp16.safetensors"));
+    std::fs::write(
+        dir.join("t5/tokenizer.json"),
+        tokenizer_json(
+            &["<pad>", "</s>"],
+            &WORDS,
+            "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}]",
+            &[("</s>", 1)],
+        ),
+    )
+    .unwrap();
+    Files {
+        dit: copy("flux_dit", dir.join("flux1-dev.safetensors")),
+        ae: copy("flux_ae", dir.join("ae.safetensors")),
+        clip_l,
+        t5,
+    }
+}
+
+/// `generate` with the FLUX.1 files, `out` and `extra` arguments.
+fn generate(f: &Files, out: &Path, extra: &[&str]) -> (bool, String, String) {
+    let base = [
+        "generate",
+        "--dit",
+        s(&f.dit),
+        "--vae",
+        s(&f.ae),
+        "--clip-l",
+        s(&f.clip_l),
+        "--t5",
+        s(&f.t5),
+        "--prompt",
+        "a red fox in snow",
+        "--width",
+        "24",
+        "--height",
+        "16",
+        "--steps",
+        "3",
+        "--device",
+        "cpu",
+        "--out",
+        s(out),
+    ];
+    framesmith(&[&base[..], extra].concat())
+}
+
+#[test]
+fn a_flux_dev_dit_writes_a_png_of_the_asked_size_for_a_seed() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = files(dir.path());
+    let out = dir.path().join("images/fox.png");
+    let (ok, stdout, stderr) = generate(&f, &out, &["--seed", "5"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(stderr.contains("DiT: FLUX.1 [dev]"), "{stderr}");
+    assert!(
+        stderr.contains("seed 5, 24x16, 3 steps, guidance 3.5"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("denoised in"), "{stderr}");
+    assert!(
+        stdout.contains("wrote") && stdout.contains("(24x16)"),
+        "{stdout}"
+    );
+    let first = image::open(&out).unwrap().to_rgb8();
+    assert_eq!(first.dimensions(), (24, 16));
+
+    let again = dir.path().join("again.png");
+    let (ok, stdout, stderr) = generate(&f, &again, &["--seed", "5"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert_eq!(image::open(&again).unwrap().to_rgb8(), first);
+
+    let other = dir.path().join("other.png");
+    let (ok, stdout, stderr) = generate(&f, &other, &["--seed", "6", "--guidance", "1"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert_ne!(image::open(&other).unwrap().to_rgb8(), first);
+}
+
+#[test]
+fn wrong_files_and_options_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = files(dir.path());
+    let out = dir.path().join("x.png");
+    let refused = |f: &Files, out: &Path, extra: &[&str], needles: &[&str]| {
+        let (ok, stdout, stderr) = generate(f, out, extra);
+        assert!(!ok, "{extra:?} succeeded: {stdout}");
+        for needle in needles {
+            assert!(
+                stderr.contains(needle),
+                "{extra:?}: no `{needle}` in {stderr}"
+            );
+        }
+    };
+    // The DiT given as the autoencoder, and the autoencoder as the DiT.
+    let swapped = Files {
+        ae: f.dit.clone(),
+        ..files(&dir.path().join("b"))
+    };
+    refused(
+        &swapped,
+        &out,
+        &[],
+        &["--vae:", "FLUX.1 [dev]-style DiT", "ae.safetensors"],
+    );
+    let ae_as_dit = Files {
+        dit: f.ae.clone(),
+        ..files(&dir.path().join("c"))
+    };
+    refused(
+        &ae_as_dit,
+        &out,
+        &[],
+        &["--dit:", "autoencoder", "flux1-dev.safetensors"],
+    );
+    // T5 and CLIP-L swapped.
+    let crossed = Files {
+        t5: f.clip_l.clone(),
+        ..files(&dir.path().join("d"))
+    };
+    refused(&crossed, &out, &[], &["--t5:", "CLIP"]);
+    // Not a PNG; Wan options.
+    refused(&f, &dir.path().join("x.mp4"), &[], &["--out", ".png"]);
+    refused(
+        &f,
+        &out,
+        &["--frames", "81", "--negative", "blurry"],
+        &["--negative, --frames are for Wan"],
+    );
+    refused(
+        &f,
+        &out,
+        &["--solver", "unipc"],
+        &["--solver (FLUX.1 samples with euler) is for Wan"],
+    );
+    // Bad sizes: the autoencoder down-samples 2×, so sides are multiples of 4.
+    refused(
+        &f,
+        &out,
+        &["--width", "26"],
+        &["--width 26", "multiples of 4"],
+    );
+    // Kontext by name.
+    let kontext = dir.path().join("flux1-kontext-dev.safetensors");
+    std::fs::copy(&f.dit, &kontext).unwrap();
+    let k = Files {
+        dit: kontext,
+        ..files(&dir.path().join("e"))
+    };
+    refused(&k, &out, &[], &["Kontext", "edits an input image"]);
+    assert!(!out.exists());
+
+    // Half the text encoders.
+    let (ok, _, stderr) = framesmith(&[
+        "generate",
+        "--dit",
+        s(&f.dit),
+        "--vae",
+        s(&f.ae),
+        "--t5",
+        s(&f.t5),
+        "--prompt",
+        "a fox",
+        "--device",
+        "cpu",
+        "--out",
+        s(&out),
+    ]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("needs both of its text encoders: --clip-l"),
+        "{stderr}"
+    );
+
+    // FLUX.1 options with a Wan DiT.
+    let wan = cli_support::fixture("wan21_t2v_tiny");
+    let (ok, _, stderr) = framesmith(&[
+        "generate",
+        "--dit",
+        &wan,
+        "--vae",
+        s(&f.ae),
+        "--t5",
+        s(&f.t5),
+        "--prompt",
+        "a fox",
+        "--device",
+        "cpu",
+        "--out",
+        s(&dir.path().join("x.mp4")),
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("--text-encoder"), "{stderr}");
+    let te = cli_support::fixture("umt5_tiny");
+    let (ok, _, stderr) = framesmith(&[
+        "generate",
+        "--dit",
+        &wan,
+        "--vae",
+        s(&f.ae),
+        "--text-encoder",
+        &te,
+        "--t5",
+        s(&f.t5),
+        "--prompt",
+        "a fox",
+        "--device",
+        "cpu",
+        "--out",
+        s(&dir.path().join("x.mp4")),
+    ]);
+    assert!(!ok);
+    assert!(stderr.contains("--t5 is for FLUX.1 DiTs"), "{stderr}");
+}
