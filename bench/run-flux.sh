@@ -14,10 +14,11 @@
 #   fp8-file      FP8 base from the ComfyUI scaled-FP8 file (its per-tensor scales), resident
 #   budget-12     the fp8 case under `--vram-budget-gb 12`: pinned streaming, blocks_to_swap = "auto" (the planner's
 #                 count), activations in RAM; `framesmith plan` first. BUDGET_PRESET=name adds `--preset name`.
+#   budget-12-single_first / -double_first / -spread   the same with that memory.flux_stream_order.
 # No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,19p' "$0"
+    sed -n '2,20p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -170,12 +171,15 @@ EOF
         config "$P" "$P/fp8-file.toml" fp8 off "$P8/flux1-dev-fp8-scaled.safetensors"
         train_case "$D" "$P/fp8-file.toml" "framesmith train, FP8 file, resident"
         ;;
-    budget-12)
+    budget-12|budget-12-single_first|budget-12-double_first|budget-12-spread)
+        # budget-12 keeps the default memory.flux_stream_order; budget-12-ORDER sets it.
+        order="${case#budget-12}" order="${order#-}"
         config "$P" "$P/budget.toml" fp8 budget
+        [[ -n "$order" ]] && sed -i "s/^\[memory\]$/[memory]\nflux_stream_order = \"$order\"/" "$P/budget.toml"
         extra=(--vram-budget-gb 12)
         [[ -n "${BUDGET_PRESET:-}" ]] && extra+=(--preset "$BUDGET_PRESET")
         timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
-        train_case "$D" "$P/budget.toml" "framesmith train, FP8 b64, 12 GiB" "${extra[@]}"
+        train_case "$D" "$P/budget.toml" "framesmith train, FP8 b64, 12 GiB ${order:-default order}" "${extra[@]}"
         ;;
     *) note "unknown case $case" ;;
     esac
