@@ -41,7 +41,11 @@ config() { # out-toml accumulation save-every output-dir
         -e "s/^max_train_steps = .*/max_train_steps = $STEPS/" \
         -e "s/^gradient_accumulation_steps = .*/gradient_accumulation_steps = $2/" \
         -e "s|^output_dir = .*|output_dir = \"$4\"|" "$P/run.toml" > "$1"
-    if [[ "$3" != 0 ]]; then sed -i "/^\[output\]/a save_every_n_steps = $3" "$1"; fi
+    if [[ "$3" != 0 ]] && grep -q '^save_every_n_steps = ' "$1"; then
+        sed -i "s/^save_every_n_steps = .*/save_every_n_steps = $3/" "$1"
+    elif [[ "$3" != 0 ]]; then
+        sed -i "/^\[output\]/a save_every_n_steps = $3" "$1"
+    fi
 }
 # The mean step time of the steps after the first (warm-up), from metrics.jsonl.
 step_secs() {
