@@ -175,7 +175,11 @@ EOF
         # budget-12 keeps the default memory.flux_stream_order; budget-12-ORDER sets it.
         order="${case#budget-12}" order="${order#-}"
         config "$P" "$P/budget.toml" fp8 budget
-        [[ -n "$order" ]] && sed -i "s/^\[memory\]$/[memory]\nflux_stream_order = \"$order\"/" "$P/budget.toml"
+        if [[ -n "$order" ]] && grep -q '^flux_stream_order = ' "$P/budget.toml"; then
+            sed -i "s/^flux_stream_order = .*/flux_stream_order = \"$order\"/" "$P/budget.toml"
+        elif [[ -n "$order" ]]; then
+            sed -i "s/^\[memory\]$/[memory]\nflux_stream_order = \"$order\"/" "$P/budget.toml"
+        fi
         extra=(--vram-budget-gb 12)
         [[ -n "${BUDGET_PRESET:-}" ]] && extra+=(--preset "$BUDGET_PRESET")
         timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
