@@ -69,6 +69,13 @@ fn files(dir: &Path) -> Files {
         to
     };
     let clip_l = copy("clip_l", dir.join("clip/clip_l.safetensors"));
+    // The tiny CLIP's heads (32 channels, 2 heads) are not one per 64 channels: its Hugging Face config.json says so,
+    // as in a text_encoder/ folder.
+    let fixture_config =
+        framesmith_models::fixtures::case_dir("flux", "clip_l").join("config.json");
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(fixture_config).unwrap()).unwrap();
+    std::fs::write(dir.join("clip/config.json"), config["init"].to_string()).unwrap();
     std::fs::write(
         dir.join("clip/tokenizer.json"),
         tokenizer_json(
@@ -113,10 +120,6 @@ fn generate(f: &Files, out: &Path, extra: &[&str]) -> (bool, String, String) {
         s(&f.t5),
         "--prompt",
         "a red fox in snow",
-        "--width",
-        "24",
-        "--height",
-        "16",
         "--steps",
         "3",
         "--device",
@@ -124,7 +127,14 @@ fn generate(f: &Files, out: &Path, extra: &[&str]) -> (bool, String, String) {
         "--out",
         s(out),
     ];
-    framesmith(&[&base[..], extra].concat())
+    // The size unless `extra` gives its own.
+    let mut size = Vec::new();
+    for (flag, value) in [("--width", "24"), ("--height", "16")] {
+        if !extra.contains(&flag) {
+            size.extend([flag, value]);
+        }
+    }
+    framesmith(&[&base[..], &size, extra].concat())
 }
 
 #[test]

@@ -106,7 +106,8 @@ pub fn load_autoencoder(
     AutoEncoder::new(&cfg, &vb).map_err(|e| incomplete("FLUX.1 autoencoder", e, path))
 }
 
-/// CLIP's sizes from its shapes; `num_heads` from `heads`, else one per 64 channels as the released models.
+/// CLIP's sizes from its shapes; `num_heads` from `heads` (given, or read from a `config.json` beside the file),
+/// else one per 64 channels as the released models. `None` when a tensor that gives a size is missing.
 fn clip_config(names: &Names, heads: Option<usize>) -> Option<ClipTextConfig> {
     let emb = "text_model.embeddings.token_embedding.weight";
     let hidden = names.dim(emb, 1)?;
@@ -121,6 +122,15 @@ fn clip_config(names: &Names, heads: Option<usize>) -> Option<ClipTextConfig> {
     })
 }
 
+/// `num_attention_heads` from the Hugging Face `config.json` beside a CLIP file (as in a `text_encoder/` folder),
+/// when there is one that says it.
+fn clip_heads_beside(path: &Path) -> Option<usize> {
+    let text = std::fs::read_to_string(path.parent()?.join("config.json")).ok()?;
+    let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let heads = json.get("num_attention_heads")?.as_u64()?;
+    usize::try_from(heads).ok().filter(|&h| h > 0)
+}
+
 /// Builds the CLIP text model at `path` (`clip_l.safetensors`); `heads` overrides the head count.
 pub fn load_clip_text(
     path: &Path,
@@ -129,7 +139,22 @@ pub fn load_clip_text(
     device: &Device,
 ) -> Result<ClipTextModel, FluxFormatError> {
     let opened = open(path, FluxComponent::ClipL, None)?;
-    let cfg = with_names(path, |n| clip_config(n, heads), "CLIP-L text encoder")?;
+    let cfg = with_names(
+        path,
+        |n| clip_config(n, heads.or_else(|| clip_heads_beside(path))),
+        "CLIP-L text encoder",
+    )?;
+    let (hidden, heads) = (cfg.hidden_size, cfg.num_attention_heads);
+    if heads == 0 || hidden % heads != 0 {
+        return Err(incomplete(
+            "CLIP-L text encoder",
+            format!(
+                "its width ({hidden}) does not split into {heads} attention heads, and its head count is not in \
+                 the weights; put the model's config.json (with num_attention_heads) beside the file"
+            ),
+            path,
+        ));
+    }
     let vb = Vb::from_source(Arc::new(opened.tensors), dtype, device);
     ClipTextModel::new(&cfg, &text_model_prefix(&vb))
         .map_err(|e| incomplete("CLIP-L text encoder", e, path))
