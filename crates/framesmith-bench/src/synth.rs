@@ -196,42 +196,79 @@ pub fn write_random_dit(
         }
     };
     let comfy = format == DitFormat::ComfyScaledFp8;
-    let mut views: Vec<(String, SynthTensor)> = Vec::new();
-    for (i, (name, shape)) in official_shapes(cfg).into_iter().enumerate() {
+    let weights = official_shapes(cfg).into_iter().map(|(name, shape)| {
         let (mean, std) = init_stats(&name, &shape);
         // ComfyUI's scaled files keep the blocks' linear weights in FP8, the rest (norms, biases, modulation,
         // embeddings, head) in the model dtype.
         let fp8 =
             comfy && name.starts_with("blocks.") && name.ends_with(".weight") && shape.len() == 2;
         // Six standard deviations map to 448, the largest e4m3 value: the rare value beyond saturates.
-        let scale = fp8.then(|| (mean.abs() + 6.0 * std).max(f32::MIN_POSITIVE) / FP8_MAX);
-        let key = if comfy {
-            format!("model.diffusion_model.{name}")
-        } else {
-            name.clone()
+        let fp8_scale = fp8.then(|| (mean.abs() + 6.0 * std).max(f32::MIN_POSITIVE) / FP8_MAX);
+        RandomWeight {
+            name,
+            shape,
+            mean,
+            std,
+            fp8_scale,
+        }
+    });
+    write_random_weights(
+        path,
+        weights,
+        dense,
+        comfy.then_some("model.diffusion_model."),
+        seed,
+    )
+}
+
+/// One tensor of a random weights file: official name, shape, the statistics it is drawn with, and its FP8
+/// scale when it is stored in FP8.
+pub(crate) struct RandomWeight {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub mean: f32,
+    pub std: f32,
+    pub fp8_scale: Option<f32>,
+}
+
+/// Writes `weights` to `path` (FP8 ones as e4m3 codes, the rest as `dense`), one tensor in memory at a time. With
+/// `comfy_prefix`, in ComfyUI's scaled-FP8 layout: keys under the prefix, a `.scale_weight` beside each FP8
+/// weight and the `scaled_fp8` marker. Returns the file size.
+pub(crate) fn write_random_weights(
+    path: &Path,
+    weights: impl IntoIterator<Item = RandomWeight>,
+    dense: safetensors::Dtype,
+    comfy_prefix: Option<&str>,
+    seed: u64,
+) -> anyhow::Result<u64> {
+    let mut views: Vec<(String, SynthTensor)> = Vec::new();
+    for (i, w) in weights.into_iter().enumerate() {
+        let key = match comfy_prefix {
+            Some(prefix) => format!("{prefix}{}", w.name),
+            None => w.name.clone(),
         };
-        if let Some(scale) = scale {
-            let module = name.trim_end_matches(".weight");
+        if let (Some(scale), Some(prefix)) = (w.fp8_scale, comfy_prefix) {
+            let module = w.name.trim_end_matches(".weight");
             views.push((
-                format!("model.diffusion_model.{module}.scale_weight"),
+                format!("{prefix}{module}.scale_weight"),
                 SynthTensor::scale(scale),
             ));
         }
         let tensor = RandomTensor {
-            shape,
-            dtype: if fp8 {
+            shape: w.shape,
+            dtype: if w.fp8_scale.is_some() {
                 safetensors::Dtype::F8_E4M3
             } else {
                 dense
             },
-            mean,
-            std,
+            mean: w.mean,
+            std: w.std,
             seed: mix(seed, i as u64),
-            fp8_scale: scale,
+            fp8_scale: w.fp8_scale,
         };
         views.push((key, SynthTensor::Random(tensor)));
     }
-    if comfy {
+    if comfy_prefix.is_some() {
         views.push(("scaled_fp8".into(), SynthTensor::scaled_fp8_marker()));
     }
     write_safetensors(path, views)?;

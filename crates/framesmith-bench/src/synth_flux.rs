@@ -14,8 +14,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::synth::{
-    mix, run_config_toml, write_safetensors, RandomTensor, SynthTensor, DATASET_FILE, FP8_MAX,
-    RUN_FILE,
+    mix, run_config_toml, write_random_weights, RandomWeight, DATASET_FILE, FP8_MAX, RUN_FILE,
 };
 use framesmith_config::run::{BlocksToSwap, DeviceSpec, StreamingMode, TimestepSampling};
 use framesmith_config::RunConfig;
@@ -206,8 +205,7 @@ pub fn write_random_flux_dit(
         }
     };
     let comfy = format == FluxDitFormat::ComfyScaledFp8;
-    let mut views: Vec<(String, SynthTensor)> = Vec::new();
-    for (i, (name, shape)) in official_shapes(cfg).into_iter().enumerate() {
+    let weights = official_shapes(cfg).into_iter().map(|(name, shape)| {
         let (mean, std) = flux_init_stats(&name, &shape);
         // FP8 files keep the blocks' linear weights in FP8; embeddings, head, norms and biases stay bf16.
         let block = name.starts_with("double_blocks.") || name.starts_with("single_blocks.");
@@ -216,45 +214,21 @@ pub fn write_random_flux_dit(
             && name.ends_with(".weight")
             && shape.len() == 2;
         // Scaled: six standard deviations map to 448, the largest e4m3 value. Plain: the values as they are.
-        let scale = fp8.then(|| match format {
+        let fp8_scale = fp8.then(|| match format {
             FluxDitFormat::ComfyScaledFp8 => {
                 (mean.abs() + 6.0 * std).max(f32::MIN_POSITIVE) / FP8_MAX
             }
             _ => 1.0,
         });
-        let key = if comfy {
-            format!("{COMFY_PREFIX}{name}")
-        } else {
-            name.clone()
-        };
-        if let (Some(scale), true) = (scale, comfy) {
-            let module = name.trim_end_matches(".weight");
-            views.push((
-                format!("{COMFY_PREFIX}{module}.scale_weight"),
-                SynthTensor::scale(scale),
-            ));
-        }
-        let tensor = RandomTensor {
+        RandomWeight {
+            name,
             shape,
-            dtype: if fp8 {
-                safetensors::Dtype::F8_E4M3
-            } else {
-                dense
-            },
             mean,
             std,
-            seed: mix(seed, i as u64),
-            fp8_scale: scale,
-        };
-        views.push((key, SynthTensor::Random(tensor)));
-    }
-    if comfy {
-        views.push(("scaled_fp8".into(), SynthTensor::scaled_fp8_marker()));
-    }
-    write_safetensors(path, views)?;
-    Ok(fs::metadata(path)
-        .with_context(|| format!("cannot read {}", path.display()))?
-        .len())
+            fp8_scale,
+        }
+    });
+    write_random_weights(path, weights, dense, comfy.then_some(COMFY_PREFIX), seed)
 }
 
 /// Writes the image's latent and text caches (bf16, as the FLUX.1 caches are made) into `dir/cache`, and a grey
