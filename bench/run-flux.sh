@@ -15,6 +15,12 @@
 #   budget-12     the fp8 case under `--vram-budget-gb 12`: pinned streaming, blocks_to_swap = "auto" (the planner's
 #                 count), activations in RAM; `framesmith plan` first. BUDGET_PRESET=name adds `--preset name`.
 #   budget-12-single_first / -double_first / -spread   the same with that memory.flux_stream_order.
+#   bf16-attention / bf16-none   the bf16 case with memory.checkpointing = "attention" (each block's attention
+#                 output and LSE kept) or "none" (nothing recomputed); torch-none: the PyTorch step without
+#                 checkpointing.
+#   profile-bf16 / profile-torch   one kernel profile (Nsight Compute, `--clock-control none`, kernel durations
+#                 only) of the bf16 case (PROFILE_STEPS steps, default 2) or of the PyTorch step (1 warm-up + 1),
+#                 summarised per step by kernel class into CASE/kernels.txt (bench/reference/ncu_summary.py).
 # No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
@@ -91,16 +97,16 @@ print(out)
 EOF
 }
 # A copy of the project's run.toml with its memory keys replaced, for one case.
-config() { # project-dir out-toml base(bf16|fp8) streaming(off|budget) [dit-file]
-    local p="$1" out="$2" base="$3" mode="$4" dit="${5:-}"
+config() { # project-dir out-toml base(bf16|fp8) streaming(off|budget) [dit-file]   (CKPT: checkpointing mode)
+    local p="$1" out="$2" base="$3" mode="$4" dit="${5:-}" ckpt="${CKPT:-blocks}"
     grep -v -E '^(streaming|blocks_to_swap|activations|checkpointing|base_dtype|fp8_scale) = ' "$p/run.toml" \
         | sed -e "s/^max_train_steps = .*/max_train_steps = $STEPS/" > "$out"
     local model="base_dtype = \"$base\"" memory
     [[ "$base" == fp8 ]] && model+=$'\nfp8_scale = "block64"'
     if [[ "$mode" == budget ]]; then
-        memory=$'streaming = "pinned"\nblocks_to_swap = "auto"\nactivations = "host"\ncheckpointing = "blocks"'
+        memory=$'streaming = "pinned"\nblocks_to_swap = "auto"\nactivations = "host"\ncheckpointing = '"\"$ckpt\""
     else
-        memory=$'streaming = "off"\nblocks_to_swap = 0\nactivations = "device"\ncheckpointing = "blocks"'
+        memory=$'streaming = "off"\nblocks_to_swap = 0\nactivations = "device"\ncheckpointing = '"\"$ckpt\""
     fi
     python3 - "$out" "$model" "$memory" "$dit" <<'EOF'
 import sys
@@ -124,6 +130,38 @@ train_case() { # case-dir config label [extra framesmith args...]
     summarise_train "$d" train "$label"
 }
 
+# The PyTorch step on the project's bf16 file and caches, and its summary line.
+torch_case() { # case-dir log-name label [flux_step.py args...]   (--ncu CSV: under Nsight Compute)
+    local d="$1" name="$2" label="$3"; shift 3
+    local pre=() args=()
+    while [[ $# -gt 0 ]]; do
+        if [[ "$1" == --ncu ]]; then
+            pre=(ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw --print-units base
+                --log-file "$2")
+            shift 2
+        else
+            args+=("$1"); shift
+        fi
+    done
+    timed "$d" "$name" "${pre[@]}" python3 "$HERE/reference/flux_step.py" --dit "$P/flux1-dev.safetensors" \
+        --latent-cache "$(ls "$P"/cache/*_flux.safetensors | head -1)" \
+        --text-cache "$(ls "$P"/cache/*_flux_te.safetensors | head -1)" \
+        --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS" "${args[@]}"
+    python3 - "$d/$name.log" "$label" >> "$SUMMARY" <<'EOF'
+import json, sys
+label = sys.argv[2]
+lines = [l.split("FLUX_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "FLUX_STEP " in l]
+if lines:
+    r = json.loads(lines[-1])
+    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
+          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
+          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
+          f"{r['lora_parameters']} LoRA parameters")
+else:
+    print(f"{label:<34} failed: see {sys.argv[1]}")
+EOF
+}
+
 {
     date -u +%Y-%m-%dT%H:%M:%SZ
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
@@ -139,27 +177,30 @@ for case in "${CASES[@]}"; do
     ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
     SMI=$!
     case "$case" in
-    torch)
-        timed "$D" torch python3 "$HERE/reference/flux_step.py" --dit "$P/flux1-dev.safetensors" \
-            --latent-cache "$(ls "$P"/cache/*_flux.safetensors | head -1)" \
-            --text-cache "$(ls "$P"/cache/*_flux_te.safetensors | head -1)" \
-            --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
-        python3 - "$D/torch.log" >> "$SUMMARY" <<'EOF'
-import json, sys
-lines = [l.split("FLUX_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "FLUX_STEP " in l]
-if lines:
-    r = json.loads(lines[-1])
-    print(f"{'PyTorch (official arch., SDPA, bf16)':<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
-          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
-          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
-          f"{r['lora_parameters']} LoRA parameters")
-else:
-    print(f"{'PyTorch (official arch., SDPA, bf16)':<34} failed: see torch/torch.log")
-EOF
+    torch|torch-none)
+        extra=()
+        [[ "$case" == torch-none ]] && extra=(--no-checkpointing)
+        torch_case "$D" torch "PyTorch (official arch., SDPA, bf16${extra:+, no ckpt})" "${extra[@]}"
         ;;
-    bf16)
-        config "$P" "$P/bf16.toml" bf16 off
-        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident"
+    profile-torch)
+        TORCH_WARMUP=1 TORCH_ITERS=1 torch_case "$D" torch "PyTorch under ncu (not a timing)" \
+            --ncu "$D/kernels.csv"
+        python3 "$HERE/reference/ncu_summary.py" "$D/kernels.csv" --steps 2 > "$D/kernels.txt"
+        head -30 "$D/kernels.txt" | tee -a "$LOG"
+        ;;
+    profile-bf16)
+        CKPT="${CKPT:-blocks}" STEPS="${PROFILE_STEPS:-2}" config "$P" "$P/profile.toml" bf16 off
+        timed "$D" train ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+            --print-units base --target-processes all --log-file "$D/kernels.csv" \
+            framesmith train --config "$P/profile.toml"
+        keep_outputs "$P" "$D"
+        python3 "$HERE/reference/ncu_summary.py" "$D/kernels.csv" --steps "${PROFILE_STEPS:-2}" > "$D/kernels.txt"
+        head -30 "$D/kernels.txt" | tee -a "$LOG"
+        ;;
+    bf16|bf16-attention|bf16-none)
+        mode="${case#bf16}" mode="${mode#-}"
+        CKPT="${mode:-blocks}" config "$P" "$P/bf16.toml" bf16 off
+        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident${mode:+, ckpt $mode}"
         ;;
     fp8)
         config "$P" "$P/fp8.toml" fp8 off
