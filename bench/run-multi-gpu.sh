@@ -6,6 +6,8 @@
 # Needs a framesmith built with `--features nccl` (and the NCCL library: PyTorch's nvidia-nccl-cu13 wheel).
 # Builds nothing. Logs and a summary under OUT_DIR.
 # Usage: bench/run-multi-gpu.sh BIN_DIR OUT_DIR WORK_DIR [N_GPUS]
+#   COUNTS (default N_GPUS): the GPU counts to time, e.g. "2 4"; every run (1 GPU included) trains the same
+#   effective batch of N_GPUS samples per step (accumulation N_GPUS / count). KILL=0 skips the kill test.
 #   STEPS (default 8) optimizer steps per timed run; KILL_AFTER (default 4) steps before rank 1 is killed;
 #   RANK_TIMEOUT (default 120) seconds for --rank-timeout; VARIANT (default t2v-14b).
 set -uo pipefail
@@ -83,35 +85,50 @@ PY
 lora_of() { ls "$1"/*/*.safetensors "$1"/*.safetensors 2>/dev/null | grep -v -- '-state-' | grep -v -- '-[0-9]\{6\}\.safetensors' | head -1; }
 metrics_of() { ls "$1"/*/metrics.jsonl "$1"/metrics.jsonl 2>/dev/null | head -1; }
 
-# 1 GPU with accumulation N (the effective batch of N GPUs), then N GPUs with accumulation 1.
-config "$WORK/one.toml" "$N" 0 "$WORK/out-one"
-config "$WORK/many.toml" 1 0 "$WORK/out-many"
-rm -rf "$WORK/out-one" "$WORK/out-many"
-note "1 GPU, accumulation $N: framesmith train --config one.toml --gpus 0"
-/usr/bin/time -v framesmith train --config "$WORK/one.toml" --gpus 0 2>&1 | stamp > "$OUT/train-1gpu.log"
-note "1 GPU: exit ${PIPESTATUS[0]}"
-note "$N GPUs, accumulation 1: framesmith train --config many.toml --gpus $GPUS"
-/usr/bin/time -v framesmith train --config "$WORK/many.toml" --gpus "$GPUS" --rank-timeout "$RANK_TIMEOUT" 2>&1 \
-    | stamp > "$OUT/train-${N}gpu.log"
-note "$N GPUs: exit ${PIPESTATUS[0]}"
-grep -E "error|warning|rank [0-9]+ of|VRAM: peak|Elapsed \(wall|Maximum resident" "$OUT/train-1gpu.log" \
-    "$OUT/train-${N}gpu.log" | tail -30 | tee -a "$LOG"
-M1="$(metrics_of "$WORK/out-one")" MN="$(metrics_of "$WORK/out-many")"
-if [[ -n "$M1" && -n "$MN" ]]; then
-    cp "$M1" "$OUT/metrics-1gpu.jsonl"; cp "$MN" "$OUT/metrics-${N}gpu.jsonl"
-    S1="$(step_secs "$M1")" SN="$(step_secs "$MN")"
-    # Both steps train N samples (batch 1 x N micro-batches).
-    python3 -c "import sys; s1,sn,n=float(sys.argv[1]),float(sys.argv[2]),int(sys.argv[3])
-r1,rn=n/s1,n/sn
-print(f'samples/s: 1 GPU {r1:.3f} ({s1:.2f} s/step of {n}), {n} GPUs {rn:.3f} ({sn:.2f} s/step); speed-up {rn/r1:.2f}x = {rn/r1/n:.2f} of linear')" \
-        "$S1" "$SN" "$N" | tee -a "$LOG"
-else
-    note "a run left no metrics.jsonl: see the train logs"
-fi
-L1="$(lora_of "$WORK/out-one")" LN="$(lora_of "$WORK/out-many")"
-if [[ -n "$L1" && -n "$LN" ]]; then
-    echo "LoRA after $STEPS steps, $N GPUs vs 1 GPU (same effective batch): $(compare_loras "$L1" "$LN")" | tee -a "$LOG"
-fi
+# 1 GPU, then each count n of COUNTS, every one with the effective batch of N GPUs (accumulation N / n).
+COUNTS="${COUNTS:-$N}"
+timed_run() { # count
+    local n="$1" gpus accum=$((N / $1))
+    gpus="$(seq -s, 0 $(($1 - 1)))"
+    config "$WORK/run-$n.toml" "$accum" 0 "$WORK/out-$n"
+    rm -rf "$WORK/out-$n"
+    note "$n GPU(s), accumulation $accum: framesmith train --config run-$n.toml --gpus $gpus"
+    /usr/bin/time -v framesmith train --config "$WORK/run-$n.toml" --gpus "$gpus" --rank-timeout "$RANK_TIMEOUT" 2>&1 \
+        | stamp > "$OUT/train-${n}gpu.log"
+    note "$n GPU(s): exit ${PIPESTATUS[0]}"
+    grep -E "error|warning|rank [0-9]+ of|VRAM: peak|Elapsed \(wall|Maximum resident" "$OUT/train-${n}gpu.log" \
+        | tail -12 | tee -a "$LOG"
+    local m
+    m="$(metrics_of "$WORK/out-$n")"
+    [[ -n "$m" ]] && cp "$m" "$OUT/metrics-${n}gpu.jsonl"
+}
+timed_run 1
+for n in $COUNTS; do
+    [[ "$n" == 1 ]] && continue
+    (( N % n == 0 )) || { note "skipping $n GPUs: $N is not a multiple of it"; continue; }
+    timed_run "$n"
+done
+M1="$(metrics_of "$WORK/out-1")" L1="$(lora_of "$WORK/out-1")"
+for n in $COUNTS; do
+    [[ "$n" == 1 ]] && continue
+    MN="$(metrics_of "$WORK/out-$n")"
+    if [[ -n "$M1" && -n "$MN" ]]; then
+        S1="$(step_secs "$M1")" SN="$(step_secs "$MN")"
+        # Every step trains N samples (batch 1 x N micro-batches over the ranks).
+        python3 -c "import sys; s1,sn,n,b=float(sys.argv[1]),float(sys.argv[2]),int(sys.argv[3]),int(sys.argv[4])
+r1,rn=b/s1,b/sn
+print(f'samples/s: 1 GPU {r1:.3f} ({s1:.2f} s/step of {b}), {n} GPUs {rn:.3f} ({sn:.2f} s/step); speed-up {rn/r1:.2f}x = {rn/r1/n:.2f} of linear')" \
+            "$S1" "$SN" "$n" "$N" | tee -a "$LOG"
+    else
+        note "a run left no metrics.jsonl ($n GPUs): see the train logs"
+    fi
+    LN="$(lora_of "$WORK/out-$n")"
+    if [[ -n "$L1" && -n "$LN" ]]; then
+        echo "LoRA after $STEPS steps, $n GPUs vs 1 GPU (same effective batch): $(compare_loras "$L1" "$LN")" \
+            | tee -a "$LOG"
+    fi
+done
+if [[ "${KILL:-1}" == 0 ]]; then note "done"; exit 0; fi
 
 # A rank killed mid-run: the others must stop within --rank-timeout, keeping the last saved checkpoint.
 config "$WORK/kill.toml" 1 2 "$WORK/out-kill"
