@@ -15,11 +15,12 @@
 #   budget-12     the fp8 case under `--vram-budget-gb 12`: pinned streaming, blocks_to_swap = "auto" (the planner's
 #                 count), activations in RAM; `framesmith plan` first. BUDGET_PRESET=name adds `--preset name`.
 #   budget-12-single_first / -double_first / -spread   the same with that memory.flux_stream_order.
-#   bf16-attention / bf16-none   the bf16 case with memory.checkpointing = "attention" (each block's attention
-#                 output and LSE kept) or "none" (nothing recomputed); torch-none: the PyTorch step without
+#   bf16-attention / bf16-off   the bf16 case with memory.checkpointing = "attention" (each block's attention
+#                 output and LSE kept) or "off" (nothing recomputed); torch-none: the PyTorch step without
 #                 checkpointing.
 #   profile-bf16 / profile-torch   one kernel profile (Nsight Compute, `--clock-control none`, kernel durations
-#                 only) of the bf16 case (PROFILE_STEPS steps, default 2) or of the PyTorch step (1 warm-up + 1),
+#                 only) of the bf16 case (PROFILE_STEPS steps, default 2; the load's few kernels count in; ncu is
+#                 stopped after PROFILE_LIMIT seconds, default 600) or of the PyTorch step (1 warm-up + 1),
 #                 summarised per step by kernel class into CASE/kernels.txt (bench/reference/ncu_summary.py).
 # No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
 set -uo pipefail
@@ -187,17 +188,19 @@ for case in "${CASES[@]}"; do
             --ncu "$D/kernels.csv"
         python3 "$HERE/reference/ncu_summary.py" "$D/kernels.csv" --steps 2 > "$D/kernels.txt"
         head -30 "$D/kernels.txt" | tee -a "$LOG"
+        gzip -f "$D/kernels.csv"
         ;;
     profile-bf16)
         CKPT="${CKPT:-blocks}" STEPS="${PROFILE_STEPS:-2}" config "$P" "$P/profile.toml" bf16 off
-        timed "$D" train ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+        timed "$D" train timeout "${PROFILE_LIMIT:-600}" ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
             --print-units base --target-processes all --log-file "$D/kernels.csv" \
             framesmith train --config "$P/profile.toml"
         keep_outputs "$P" "$D"
         python3 "$HERE/reference/ncu_summary.py" "$D/kernels.csv" --steps "${PROFILE_STEPS:-2}" > "$D/kernels.txt"
         head -30 "$D/kernels.txt" | tee -a "$LOG"
+        gzip -f "$D/kernels.csv"
         ;;
-    bf16|bf16-attention|bf16-none)
+    bf16|bf16-attention|bf16-off)
         mode="${case#bf16}" mode="${mode#-}"
         CKPT="${mode:-blocks}" config "$P" "$P/bf16.toml" bf16 off
         train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident${mode:+, ckpt $mode}"
