@@ -11,6 +11,7 @@ use candle_core::op::BackpropOp;
 use candle_core::{
     CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
 };
+use crate::ops::Dense;
 
 extern "C" {
     fn fs_sdpa_last_error() -> *const c_char;
@@ -82,8 +83,8 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
         return crate::attention::portable_attention(q, k, v, kv_lens);
     }
     let op = Sdpa::new(q, k, v, kv_lens)?;
-    q.contiguous()?
-        .apply_op3(&k.contiguous()?, &v.contiguous()?, op)
+    q.dense()?
+        .apply_op3(&k.dense()?, &v.dense()?, op)
 }
 
 /// Forward and backward in one call, outside autograd: `(o, dq, dk, dv)` for the output gradient `d_o`
@@ -102,10 +103,10 @@ pub fn attention_forward_backward(
         );
     }
     let op = Sdpa::new(q, k, v, kv_lens)?;
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let (q, k, v) = (q.dense()?, k.dense()?, v.dense()?);
     let o = q.apply_op3_no_bwd(&k, &v, &op)?;
     let stats = op.take_stats()?;
-    let d_o = d_o.to_dtype(DType::BF16)?.contiguous()?;
+    let d_o = d_o.to_dtype(DType::BF16)?.dense()?;
     let (dq, dk, dv) = backward(
         op.geo,
         op.kv_lens.as_deref(),
@@ -128,7 +129,7 @@ pub fn attention_forward_stats(
         candle_core::bail!("attention_forward_stats needs bf16 CUDA tensors with head dim <= 128");
     }
     let op = Sdpa::new(q, k, v, kv_lens)?;
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let (q, k, v) = (q.dense()?, k.dense()?, v.dense()?);
     let o = q.apply_op3_no_bwd(&k, &v, &op)?;
     let stats = op.take_stats()?;
     let g = op.geo;
@@ -162,10 +163,10 @@ pub fn attention_backward_stats(
             q.dims()
         );
     }
-    let contiguous = |t: &Tensor, dtype: DType| t.to_dtype(dtype)?.contiguous();
-    let (q, k, v) = (q.contiguous()?, k.contiguous()?, v.contiguous()?);
+    let contiguous = |t: &Tensor, dtype: DType| t.to_dtype(dtype)?.dense();
+    let (q, k, v) = (q.dense()?, k.dense()?, v.dense()?);
     let (o, d_o) = (contiguous(o, DType::BF16)?, contiguous(d_o, DType::BF16)?);
-    let stats = stats.contiguous()?;
+    let stats = stats.dense()?;
     let (storage, layout) = stats.storage_and_layout();
     let Some((start, end)) = layout.contiguous_offsets() else {
         candle_core::bail!("attention statistics are not contiguous");
@@ -379,7 +380,7 @@ impl CustomOp3 for Sdpa {
         d_o: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
         let stats = self.take_stats()?;
-        let d_o = d_o.to_dtype(DType::BF16)?.contiguous()?;
+        let d_o = d_o.to_dtype(DType::BF16)?.dense()?;
         let (dq, dk, dv) = backward(
             self.geo,
             self.kv_lens.as_deref(),

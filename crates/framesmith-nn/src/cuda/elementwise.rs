@@ -13,6 +13,7 @@ use candle_core::{
 };
 
 use super::ptx::{self, long};
+use crate::ops::Dense;
 
 /// Tokens per block in the modulation-gradient reduction.
 const TOKENS_PER_CHUNK: usize = 64;
@@ -25,7 +26,7 @@ pub fn modulate(xs: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
     }
     let g = Geometry::of(xs, scale)?;
     check_shift(scale, shift)?;
-    xs.contiguous()?
+    xs.dense()?
         .apply_op3(&as_mod_f32(scale)?, &as_mod_f32(shift)?, Modulate { g })
 }
 
@@ -66,8 +67,8 @@ pub fn gated_residual(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<Tensor>
         return gated_residual_reference(xs, ys, gate);
     }
     let g = Geometry::of(xs, gate)?;
-    let ys = ys.to_dtype(xs.dtype())?.contiguous()?;
-    xs.contiguous()?
+    let ys = ys.to_dtype(xs.dtype())?.dense()?;
+    xs.dense()?
         .apply_op3(&ys, &as_mod_f32(gate)?, Gated { g })
 }
 
@@ -89,7 +90,7 @@ pub fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
     if !runs_on_kernel(xs) {
         return gelu_tanh_reference(xs);
     }
-    xs.contiguous()?.apply_op1(Gelu)
+    xs.dense()?.apply_op1(Gelu)
 }
 
 /// Input gradient of [`modulate`] (`dy * (1 + scale)`) outside autograd. CUDA only.
@@ -103,7 +104,7 @@ pub fn modulate_backward(dy: &Tensor, scale: &Tensor) -> Result<Tensor> {
 /// `dy * (offset + scale)` in `dy`'s dtype, outside autograd (f32 / bf16 CUDA tensors, checked by the callers).
 pub(super) fn scaled(dy: &Tensor, scale: &Tensor, offset: f32) -> Result<Tensor> {
     let g = Geometry::of(dy, scale)?;
-    dy.contiguous()?
+    dy.dense()?
         .apply_op2_no_bwd(&as_mod_f32(scale)?, &ScaledBwd { g, offset })
 }
 
@@ -121,8 +122,89 @@ pub fn gelu_tanh_backward(xs: &Tensor, dy: &Tensor) -> Result<Tensor> {
     if !runs_on_kernel(xs) || dy.dims() != xs.dims() {
         candle_core::bail!("gelu_tanh_backward needs f32 / bf16 CUDA tensors of one shape");
     }
-    let dy = dy.to_dtype(xs.dtype())?.contiguous()?;
-    xs.contiguous()?.apply_op2_no_bwd(&dy, &GeluBwd)
+    let dy = dy.to_dtype(xs.dtype())?.dense()?;
+    xs.dense()?.apply_op2_no_bwd(&dy, &GeluBwd)
+}
+
+/// `(Σ_tokens g · a, Σ_tokens g)` for `a` and `g` [B, L, D] of one dtype, each [B, 1, D] f32 (the second only
+/// with `with_sum`): the gradients of a per-sample modulation vector in one pass. Outside autograd. CUDA only.
+pub fn token_sums(a: &Tensor, g: &Tensor, with_sum: bool) -> Result<(Tensor, Option<Tensor>)> {
+    if !runs_on_kernel(a) || a.dtype() != g.dtype() || a.dims() != g.dims() || a.rank() < 2 {
+        candle_core::bail!("token_sums needs two f32 / bf16 CUDA tensors of one shape and dtype");
+    }
+    let (batch, dim) = (a.dim(0)?, a.dim(candle_core::D::Minus1)?);
+    let geo = Geometry {
+        batch,
+        tokens: a.elem_count() / (batch * dim).max(1),
+        dim,
+        mod_tokens: 1,
+    };
+    mod_param_grad(a, &g.contiguous()?, geo, with_sum)
+}
+
+/// `xs` densely laid out: as it is when contiguous, through the vectorised row copy when its layout is rows of
+/// contiguous values at a constant stride (`crate::ops::row_strided`), else candle's copy.
+pub fn contiguous_rows(xs: &Tensor) -> Result<Tensor> {
+    if xs.is_contiguous() {
+        return Ok(xs.clone());
+    }
+    if !runs_on_kernel(xs) || crate::ops::row_strided(xs.layout()).is_none() {
+        return xs.contiguous();
+    }
+    xs.apply_op1_no_bwd(&CopyRows)
+}
+
+struct CopyRows;
+
+impl CustomOp1 for CopyRows {
+    fn name(&self) -> &'static str {
+        "framesmith-copy-rows"
+    }
+
+    cuda_only_cpu_fwd!("Tensor::contiguous"; a);
+
+    fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
+        let Some(rows) = crate::ops::row_strided(xl) else {
+            candle_core::bail!("framesmith-copy-rows given a layout that is not rows at one stride");
+        };
+        let dev = x.device().clone();
+        let n = rows.rows * rows.cols;
+        let func = ptx::load(
+            &dev,
+            &ptx::ELEMENTWISE,
+            &format!("fs_copy_rows_{}", ptx::suffix(x.dtype())?),
+        )?;
+        let sizes = [long(rows.rows)?, long(rows.cols)?, long(rows.stride)?];
+        macro_rules! launch {
+            ($t:ty) => {{
+                let width = 16 / std::mem::size_of::<$t>();
+                let vec = rows.cols % width == 0 && rows.stride % width == 0 && rows.start % width == 0;
+                let src = x.as_cuda_slice::<$t>()?.slice(rows.start..);
+                // SAFETY: every one of the n values is written by the kernel below before the tensor is read.
+                let out = unsafe { dev.alloc::<$t>(n)? };
+                let chunks = if vec { n / width } else { n };
+                let cfg = ptx::elementwise_config(chunks);
+                let stream = dev.cuda_stream();
+                let mut b = stream.launch_builder(&func);
+                let flag = i64::from(vec);
+                b.arg(&src).arg(&out);
+                for v in &sizes {
+                    b.arg(v);
+                }
+                b.arg(&flag);
+                // SAFETY: argument order and types match fs_copy_rows in kernels/elementwise.cu; the source holds
+                // rows · stride values from `start` (the layout's own extent) and the output rows · cols.
+                unsafe { b.launch(cfg) }.w()?;
+                CudaStorage::wrap_cuda_slice(out, dev)
+            }};
+        }
+        let out = match x.dtype() {
+            DType::F32 => launch!(f32),
+            DType::BF16 => launch!(half::bf16),
+            other => candle_core::bail!("framesmith-copy-rows takes f32 or bf16, not {other:?}"),
+        };
+        Ok((out, xl.shape().clone()))
+    }
 }
 
 /// GELU-tanh in f32 through candle's own op, result in `xs`' dtype.
@@ -135,7 +217,7 @@ fn runs_on_kernel(xs: &Tensor) -> bool {
 }
 
 pub(super) fn as_mod_f32(t: &Tensor) -> Result<Tensor> {
-    t.to_dtype(DType::F32)?.contiguous()
+    t.to_dtype(DType::F32)?.dense()
 }
 
 /// `x` seen as `[batch, tokens, dim]` and its modulation as `[batch, mod_tokens, dim]`, `mod_tokens` 1 or
@@ -322,7 +404,7 @@ impl CustomOp3 for Modulate {
         _res: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
+        let dy = dy.dense()?;
         let dx = dy.apply_op2_no_bwd(
             scale,
             &ScaledBwd {
@@ -379,7 +461,7 @@ impl CustomOp3 for Gated {
         _res: &Tensor,
         dout: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dout = dout.contiguous()?;
+        let dout = dout.dense()?;
         let dy = dout.apply_op2_no_bwd(
             gate,
             &ScaledBwd {
@@ -441,7 +523,7 @@ fn mod_param_grad(
     with_sum: bool,
 ) -> Result<(Tensor, Option<Tensor>)> {
     let packed = a
-        .contiguous()?
+        .dense()?
         .apply_op2_no_bwd(g, &ModParamGrad { g: geo, with_sum })?;
     let ga = packed.get(0)?.reshape(geo.mod_shape())?;
     let gb = if with_sum {
@@ -542,7 +624,7 @@ impl CustomOp1 for Gelu {
     }
 
     fn bwd(&self, x: &Tensor, _res: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        Ok(Some(x.apply_op2_no_bwd(&dy.contiguous()?, &GeluBwd)?))
+        Ok(Some(x.apply_op2_no_bwd(&dy.dense()?, &GeluBwd)?))
     }
 }
 

@@ -14,6 +14,7 @@ use candle_core::{
 
 use super::elementwise::{as_mod_f32, check_shift, launch_named, Geometry, Launch};
 use super::ptx::{self, long};
+use crate::ops::Dense;
 
 /// Values per vectorised chunk of the mixed kernels (`MIXED_W` in kernels/elementwise.cu).
 const MIXED_WIDTH: usize = 8;
@@ -32,7 +33,7 @@ pub fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
     if !mixed(xs, dtype) {
         return xs.to_dtype(dtype);
     }
-    xs.contiguous()?.apply_op1_no_bwd(&Cast { out: dtype })
+    xs.dense()?.apply_op1_no_bwd(&Cast { out: dtype })
 }
 
 /// `x * (1 + scale) + shift` computed in f32 and written in `out` (the modulated norm fed to the block's
@@ -43,7 +44,7 @@ pub fn modulate_to(xs: &Tensor, scale: &Tensor, shift: &Tensor, out: DType) -> R
     }
     let g = Geometry::of(xs, scale)?;
     check_shift(scale, shift)?;
-    xs.contiguous()?.apply_op3_no_bwd(
+    xs.dense()?.apply_op3_no_bwd(
         &as_mod_f32(scale)?,
         &as_mod_f32(shift)?,
         &Fused {
@@ -65,7 +66,7 @@ pub fn scaled_to(dy: &Tensor, scale: &Tensor, offset: f32, out: DType) -> Result
         return super::elementwise::scaled(dy, scale, offset);
     }
     let g = Geometry::of(dy, scale)?;
-    dy.contiguous()?.apply_op2_no_bwd(
+    dy.dense()?.apply_op2_no_bwd(
         &as_mod_f32(scale)?,
         &Fused {
             name: "fs_scaled_bwd",
@@ -83,8 +84,8 @@ pub fn gated_residual_mixed(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<T
         return super::gated_residual(&xs.detach(), &ys.detach(), &gate.detach());
     }
     let g = Geometry::of(xs, gate)?;
-    xs.contiguous()?.apply_op3_no_bwd(
-        &ys.contiguous()?,
+    xs.dense()?.apply_op3_no_bwd(
+        &ys.dense()?,
         &as_mod_f32(gate)?,
         &Fused {
             name: "fs_gated_fwd",

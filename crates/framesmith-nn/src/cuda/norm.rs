@@ -9,6 +9,7 @@ use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, WithDType, D};
 
 use super::ptx::{self, long};
+use crate::ops::Dense;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
@@ -55,7 +56,7 @@ fn runs_on_kernel(xs: &Tensor) -> bool {
 fn param(p: Option<&Tensor>, xs: &Tensor) -> Result<Tensor> {
     let cols = xs.dim(D::Minus1)?;
     match p {
-        Some(p) if p.elem_count() == cols => p.to_dtype(xs.dtype())?.flatten_all()?.contiguous(),
+        Some(p) if p.elem_count() == cols => p.to_dtype(xs.dtype())?.flatten_all()?.dense(),
         Some(p) => candle_core::bail!(
             "norm parameter has {} values for {cols} features",
             p.elem_count()
@@ -77,7 +78,7 @@ fn apply(
         has_weight: weight.is_some(),
         has_bias: bias.is_some(),
     };
-    xs.contiguous()?
+    xs.dense()?
         .apply_op3(&param(weight, xs)?, &param(bias, xs)?, op)
 }
 
@@ -118,8 +119,8 @@ fn backward(
         eps: eps as f32,
         has_weight: weight.is_some(),
     };
-    let dy = dy.to_dtype(xs.dtype())?.contiguous()?;
-    xs.contiguous()?
+    let dy = dy.to_dtype(xs.dtype())?.dense()?;
+    xs.dense()?
         .apply_op3_no_bwd(&param(weight, xs)?, &dy, &op)
 }
 
@@ -216,7 +217,7 @@ impl CustomOp3 for NormFwd {
         _res: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
-        let dy = dy.contiguous()?;
+        let dy = dy.dense()?;
         let bwd = NormBwd {
             kind: self.kind,
             eps: self.eps,

@@ -7,6 +7,7 @@ use candle_core::{CudaStorage, CustomOp3, DType, Layout, Result, Shape, Tensor, 
 
 use super::elementwise::{launch_dispatch, Launch};
 use super::ptx::long;
+use crate::ops::Dense;
 
 /// Rotates `xs` [b, l, h, d] pairwise by `cos` / `sin` tables of `b · l · d/2` values (e.g. [b, l, 1, d/2]).
 /// CUDA f32 / bf16 inputs run the kernel (angles applied in f32), others [`rope_reference`].
@@ -23,14 +24,14 @@ pub fn rope_apply(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if !xs.device().is_cuda() || !matches!(xs.dtype(), DType::F32 | DType::BF16) {
         return rope_reference(xs, cos, sin);
     }
-    let table = |t: &Tensor| t.detach().to_dtype(DType::F32)?.contiguous();
+    let table = |t: &Tensor| t.detach().to_dtype(DType::F32)?.dense();
     let op = Rope {
         rows: b * l,
         heads: h,
         half: d / 2,
         sign: 1.0,
     };
-    xs.contiguous()?.apply_op3(&table(cos)?, &table(sin)?, op)
+    xs.dense()?.apply_op3(&table(cos)?, &table(sin)?, op)
 }
 
 /// Input gradient of [`rope_apply`] (the inverse rotation of `dy`), outside autograd. CUDA only.
@@ -47,14 +48,14 @@ pub fn rope_backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> 
             dy.dims()
         );
     }
-    let table = |t: &Tensor| t.detach().to_dtype(DType::F32)?.contiguous();
+    let table = |t: &Tensor| t.detach().to_dtype(DType::F32)?.dense();
     let op = Rope {
         rows: b * l,
         heads: h,
         half: d / 2,
         sign: -1.0,
     };
-    dy.contiguous()?
+    dy.dense()?
         .apply_op3_no_bwd(&table(cos)?, &table(sin)?, &op)
 }
 
@@ -122,7 +123,7 @@ impl CustomOp3 for Rope {
             sign: -self.sign,
             ..*self
         };
-        let dx = dy.contiguous()?.apply_op3_no_bwd(cos, sin, &inverse)?;
+        let dx = dy.dense()?.apply_op3_no_bwd(cos, sin, &inverse)?;
         Ok((Some(dx), None, None))
     }
 }

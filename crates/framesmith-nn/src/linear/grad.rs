@@ -7,6 +7,7 @@ use candle_core::{Result, Tensor, Var, D};
 
 use super::{FrozenMatmul, Linear};
 use crate::lora::Lora;
+use crate::ops::Dense;
 
 /// What [`Linear::backward`] needs from the forward besides the layer input: the LoRA's scaled low-rank
 /// activation `x Aᵀ · s` [m, rank] (`None` without a LoRA), so the backward skips that matmul. The default (empty)
@@ -53,7 +54,7 @@ impl Linear {
         if let Some(last) = out_dims.last_mut() {
             *last = self.out_dim();
         }
-        let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
+        let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
         let y = x2.apply_op1_no_bwd(&FrozenMatmul {
             base: self.base.clone(),
@@ -112,12 +113,8 @@ impl Linear {
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = xs.dtype();
-        let x2 = xs.detach().flatten_to(D::Minus2)?.contiguous()?;
-        let dy2 = dy
-            .detach()
-            .to_dtype(dtype)?
-            .flatten_to(D::Minus2)?
-            .contiguous()?;
+        let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
+        let dy2 = dy.detach().to_dtype(dtype)?.dense()?.flatten_to(D::Minus2)?;
         let mut dx = match input {
             InputGrad::Skip => None,
             InputGrad::New => Some(dy2.matmul(&self.base.dense(dtype)?)?),
@@ -180,8 +177,8 @@ fn with_bias_column(mid: &Tensor, up: &Tensor, bias: &Tensor) -> Result<(Tensor,
 pub fn add_matmul(c: Tensor, a: &Tensor, b: &Tensor, b_transposed: bool) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     {
-        let a = a.contiguous()?;
-        let b = b.contiguous()?;
+        let a = a.dense()?;
+        let b = b.dense()?;
         if crate::cuda::gemm::supported(&c, &a, &b) {
             crate::cuda::gemm::add_matmul_(&c, &a, &b, b_transposed)?;
             return Ok(c);

@@ -20,6 +20,68 @@ pub fn mixed_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         out.extend(modulation(dev, rng, &shape)?);
     }
     out.extend(add_matmul(dev, rng)?);
+    out.extend(row_copies(dev, rng)?);
+    out.extend(token_sums(dev, rng)?);
+    Ok(out)
+}
+
+/// The row copy (`ops::contiguous`) against candle's copy on the CPU: a narrow of the last dimension (16-byte
+/// chunks, and a width and offset that are not), heads split out of a fused projection, a broadcast row.
+fn row_copies(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        let x = randn(rng, &[2, 37, 3 * 1536], 0.0, 1.0, dtype)?;
+        let odd = randn(rng, &[3, 5, 21], 0.0, 1.0, dtype)?;
+        let g = x.to_device(dev)?;
+        let gd = odd.to_device(dev)?;
+        let cases: [(&str, Tensor, Tensor); 4] = [
+            ("narrow", g.narrow(2, 1536, 1536)?, x.narrow(2, 1536, 1536)?),
+            ("narrow odd", gd.narrow(2, 7, 7)?, odd.narrow(2, 7, 7)?),
+            (
+                "heads",
+                g.reshape((2, 37, 3, 12, 128))?.narrow(2, 2, 1)?.squeeze(2)?,
+                x.reshape((2, 37, 3, 12, 128))?.narrow(2, 2, 1)?.squeeze(2)?,
+            ),
+            (
+                "broadcast row",
+                g.narrow(1, 3, 1)?.broadcast_as((2, 9, 3 * 1536))?,
+                x.narrow(1, 3, 1)?.broadcast_as((2, 9, 3 * 1536))?,
+            ),
+        ];
+        for (label, got, want) in cases {
+            poison(dev)?;
+            let got = crate::ops::contiguous(&got)?;
+            if !got.is_contiguous() {
+                candle_core::bail!("row copy {label}: the result is not contiguous");
+            }
+            out.push(compare(
+                format!("row copy {label} {dtype:?}"),
+                &got,
+                &want.contiguous()?,
+                0.0,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// The fused token sums (modulation-vector gradients) against f32 sums on the CPU.
+fn token_sums(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        for shape in SHAPES {
+            let a = randn(rng, &shape, 0.0, 1.0, dtype)?;
+            let g = randn(rng, &shape, 0.0, 1.0, dtype)?;
+            poison(dev)?;
+            let (ga, gb) = crate::ops::token_sums(&a.to_device(dev)?, &g.to_device(dev)?, true)?;
+            let g32 = g.to_dtype(DType::F32)?;
+            let want_a = (&g32 * a.to_dtype(DType::F32)?)?.sum_keepdim(1)?;
+            let want_b = g32.sum_keepdim(1)?;
+            let gb = gb.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
+            out.push(compare(format!("token sums g*a {dtype:?} {shape:?}"), &ga, &want_a, 1e-5)?);
+            out.push(compare(format!("token sums g {dtype:?} {shape:?}"), &gb, &want_b, 1e-5)?);
+        }
+    }
     Ok(out)
 }
 
