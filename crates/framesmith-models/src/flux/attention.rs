@@ -8,6 +8,7 @@ use super::rope::Rope;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
+use framesmith_nn::ops::Dense;
 use framesmith_nn::vb::Vb;
 
 /// Epsilon of the q / k RMSNorm.
@@ -38,11 +39,15 @@ impl QkNorm {
 
 /// Splits a fused projection [b, l, 3·heads·head_dim] (ordered q/k/v, then head, then channel) into q, k, v
 /// [b, l, heads, head_dim].
+/// Each part is copied out dense (row by row on CUDA; the fused output, or a narrow of `linear1`'s, is strided).
 pub fn split_qkv(qkv: &Tensor, num_heads: usize) -> Result<(Tensor, Tensor, Tensor)> {
     let (b, l, width) = qkv.dims3()?;
-    let head_dim = width / (3 * num_heads);
-    let qkv = qkv.reshape((b, l, 3, num_heads, head_dim))?;
-    let part = |i: usize| qkv.narrow(2, i, 1)?.squeeze(2);
+    let dim = width / 3;
+    let part = |i: usize| {
+        qkv.narrow(2, i * dim, dim)?
+            .dense()?
+            .reshape((b, l, num_heads, dim / num_heads))
+    };
     Ok((part(0)?, part(1)?, part(2)?))
 }
 

@@ -8,6 +8,7 @@ use std::borrow::Cow;
 use candle_core::{Device, Result, Tensor};
 
 use super::block::{BlockInputs, FluxBlock};
+use framesmith_nn::attention::KeptAttention;
 use super::double_block::grad::DoubleTape;
 use super::rope::Rope;
 use super::single_block::grad::SingleTape;
@@ -20,20 +21,32 @@ pub enum FluxTape {
     Single(Box<SingleTape>),
 }
 
+impl FluxTape {
+    /// The attention output and LSE, to keep for a recompute.
+    pub fn kept_attention(&self) -> KeptAttention {
+        match self {
+            Self::Double(t) => t.attention().kept(),
+            Self::Single(t) => t.attention().kept(),
+        }
+    }
+}
+
 impl FluxBlock {
-    /// The forward without a graph, keeping its tape.
+    /// The forward without a graph, keeping its tape; `kept`: this block's attention from an earlier pass on the
+    /// same input, which is then not run again.
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
+        kept: Option<&KeptAttention>,
     ) -> Result<(Tensor, FluxTape)> {
         Ok(match self {
             Self::Double(b) => {
-                let (out, tape) = b.forward_with_tape(xs, shared)?;
+                let (out, tape) = b.forward_with_tape(xs, shared, kept)?;
                 (out, FluxTape::Double(Box::new(tape)))
             }
             Self::Single(b) => {
-                let (out, tape) = b.forward_with_tape(xs, shared)?;
+                let (out, tape) = b.forward_with_tape(xs, shared, kept)?;
                 (out, FluxTape::Single(Box::new(tape)))
             }
         })
@@ -51,23 +64,33 @@ impl FluxBlock {
 
 impl TrainableBlock for FluxBlock {
     type Shared = BlockInputs;
-    type Kept = ();
+    type Kept = KeptAttention;
     type Tape = FluxTape;
 
     fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
         FluxBlock::forward(self, xs, shared)
     }
 
-    fn forward_untracked(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, ())> {
-        Ok((FluxBlock::forward_with_tape(self, xs, shared)?.0, ()))
+    fn forward_untracked(
+        &self,
+        xs: &Tensor,
+        shared: &BlockInputs,
+    ) -> Result<(Tensor, KeptAttention)> {
+        let (out, tape) = FluxBlock::forward_with_tape(self, xs, shared, None)?;
+        Ok((out, tape.kept_attention()))
     }
 
     fn forward_with_tape(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, FluxTape)> {
-        FluxBlock::forward_with_tape(self, xs, shared)
+        FluxBlock::forward_with_tape(self, xs, shared, None)
     }
 
-    fn recompute(&self, xs: &Tensor, shared: &BlockInputs, _kept: Option<&()>) -> Result<FluxTape> {
-        Ok(FluxBlock::forward_with_tape(self, xs, shared)?.1)
+    fn recompute(
+        &self,
+        xs: &Tensor,
+        shared: &BlockInputs,
+        kept: Option<&KeptAttention>,
+    ) -> Result<FluxTape> {
+        Ok(FluxBlock::forward_with_tape(self, xs, shared, kept)?.1)
     }
 
     fn backward(&self, tape: FluxTape, grad: &Tensor) -> Result<BlockGrads> {

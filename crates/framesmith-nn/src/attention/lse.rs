@@ -52,6 +52,30 @@ pub fn attention_forward(
     })
 }
 
+/// An attention's output and log-sum-exp from a first forward pass, kept so that a recompute of the block skips
+/// the attention kernel (selective checkpointing). Costs `b · lq · h · d` values in the compute dtype plus
+/// `b · h · lq` f32.
+#[derive(Clone, Debug)]
+pub struct KeptAttention {
+    out: Tensor,
+    lse: Tensor,
+}
+
+impl KeptAttention {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        [&self.out, &self.lse]
+            .iter()
+            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+            .sum()
+    }
+
+    /// The tape of the attention on `qkv` — the same q, k, v the kept output was computed from.
+    pub fn tape(&self, qkv: [&Tensor; 3], kv_lens: Option<&[usize]>) -> Result<AttentionTape> {
+        AttentionTape::from_saved(qkv, &self.out, &self.lse, kv_lens)
+    }
+}
+
 impl AttentionTape {
     /// A tape from an output and LSE computed earlier by [`attention_forward`] on the same `q`, `k`, `v` (the
     /// backward of a recomputed block that kept its attention from the first forward).
@@ -78,6 +102,14 @@ impl AttentionTape {
             lse: lse.detach(),
             kv_lens: kv_lens.map(<[usize]>::to_vec),
         })
+    }
+
+    /// The output and LSE, to keep for a recompute ([`KeptAttention::tape`]).
+    pub fn kept(&self) -> KeptAttention {
+        KeptAttention {
+            out: self.out.clone(),
+            lse: self.lse.clone(),
+        }
     }
 
     /// The attention output [b, lq, h, d].

@@ -10,10 +10,10 @@ use super::super::attention::{split_qkv, QkNorm, QK_NORM_EPS};
 use super::super::modulation::{Modulation, ModulationOut};
 use super::super::rope::Rope;
 use super::LAYER_NORM_EPS;
-use framesmith_nn::attention::{attention_forward, AttentionTape};
+use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, LinearTape, ParamGrad};
 use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm_backward};
-use framesmith_nn::ops::{gate_backward, modulate_backward, modulate_to};
+use framesmith_nn::ops::{gate_backward, modulate_backward, modulate_to, token_sums};
 
 /// A block's modulation without a graph: the triples and what the LoRA gradients of `lin` need.
 pub struct ModTape {
@@ -87,9 +87,8 @@ pub fn norm_modulate_backward(
     m: &ModulationOut,
     dh: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let dh32 = dh.to_dtype(DType::F32)?;
-    let d_shift = dh32.sum_keepdim(1)?;
-    let d_scale = (&dh32 * normed.to_dtype(DType::F32)?)?.sum_keepdim(1)?;
+    let (d_scale, d_shift) = token_sums(normed, dh, true)?;
+    let d_shift = d_shift.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
     let dn = modulate_backward(dh, &m.scale, normed.dtype())?;
     let dx = layer_norm_backward(xs, None, &dn, LAYER_NORM_EPS)?;
     Ok((dx, d_shift, d_scale))
@@ -98,7 +97,7 @@ pub fn norm_modulate_backward(
 /// Gradients of the gated residual `x + y · gate` for the output gradient `dout`: the branch gradient (in `y`'s
 /// dtype) and the gate's (summed over tokens); the residual's gradient is `dout` itself.
 pub fn gated_backward(dout: &Tensor, y: &Tensor, gate: &Tensor) -> Result<(Tensor, Tensor)> {
-    let d_gate = (dout.to_dtype(DType::F32)? * y.to_dtype(DType::F32)?)?.sum_keepdim(1)?;
+    let (d_gate, _) = token_sums(y, dout, false)?;
     Ok((gate_backward(dout, gate, y.dtype())?, d_gate))
 }
 
@@ -125,12 +124,18 @@ pub fn qkv_backward(tape: &QkvTape, norm: &QkNorm, [dq, dk, dv]: [&Tensor; 3]) -
 }
 
 /// RoPE and attention of every token over every token without a graph: the output [b, l, heads·head_dim]
-/// and the attention's tape.
+/// and the attention's tape. With `kept` (this block's attention from an earlier pass on the same q, k, v) the
+/// attention kernel is skipped.
 pub fn rope_attention_untracked(
     [q, k, v]: [&Tensor; 3],
     rope: &Rope,
+    kept: Option<&KeptAttention>,
 ) -> Result<(Tensor, AttentionTape)> {
-    let tape = attention_forward(&rope.apply(q)?, &rope.apply(k)?, v, None)?;
+    let (q, k) = (rope.apply(q)?, rope.apply(k)?);
+    let tape = match kept {
+        Some(kept) => kept.tape([&q, &k, v], None)?,
+        None => attention_forward(&q, &k, v, None)?,
+    };
     Ok((tape.out().flatten_from(2)?, tape))
 }
 

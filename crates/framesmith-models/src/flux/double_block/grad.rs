@@ -13,7 +13,7 @@ use super::super::block::BlockInputs;
 use super::super::modulation::ModulationOut;
 use super::{DoubleStreamBlock, Mlp};
 use crate::trainable::BlockGrads;
-use framesmith_nn::attention::AttentionTape;
+use framesmith_nn::attention::{AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::ops::{gated_residual, gelu_tanh, gelu_tanh_backward};
 
@@ -171,12 +171,21 @@ fn missing(what: &str) -> candle_core::Error {
     ))
 }
 
+impl DoubleTape {
+    /// The block's attention tape (output, LSE and the q, k, v it ran on).
+    pub fn attention(&self) -> &AttentionTape {
+        &self.attention
+    }
+}
+
 impl DoubleStreamBlock {
-    /// [`DoubleStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`].
+    /// [`DoubleStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`];
+    /// `kept`: the joint attention of an earlier pass of this block on the same input (not run again).
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
     ) -> Result<(Tensor, DoubleTape)> {
         let (t, total) = (inputs.txt_len, xs.dim(1)?);
         let xs = xs.detach();
@@ -186,7 +195,7 @@ impl DoubleStreamBlock {
         let txt_head = stream_head(&self.txt_attn, &self.txt_mod, &txt, inputs, heads)?;
         let joint = |i: usize| Tensor::cat(&[&txt_head.qkv_heads[i], &img_head.qkv_heads[i]], 1);
         let (q, k, v) = (joint(0)?, joint(1)?, joint(2)?);
-        let (attn, attention) = rope_attention_untracked([&q, &k, &v], &inputs.rope)?;
+        let (attn, attention) = rope_attention_untracked([&q, &k, &v], &inputs.rope, kept)?;
         let (txt_attn, img_attn) = (rows(&attn, 0, t)?, rows(&attn, t, total - t)?);
         let compute = inputs.compute_dtype();
         let (img_out, img_tape) = stream_tail(

@@ -13,9 +13,9 @@ use super::super::block::BlockInputs;
 use super::super::rope::Rope;
 use super::SingleStreamBlock;
 use crate::trainable::BlockGrads;
-use framesmith_nn::attention::AttentionTape;
+use framesmith_nn::attention::{AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, LinearTape};
-use framesmith_nn::ops::{gated_residual, gelu_tanh, gelu_tanh_backward};
+use framesmith_nn::ops::{gated_residual, gelu_tanh, gelu_tanh_backward, Dense};
 
 /// Everything [`SingleStreamBlock::backward`] needs.
 pub struct SingleTape {
@@ -36,12 +36,21 @@ pub struct SingleTape {
     rope: Rope,
 }
 
+impl SingleTape {
+    /// The block's attention tape (output, LSE and the q, k, v it ran on).
+    pub fn attention(&self) -> &AttentionTape {
+        &self.attention
+    }
+}
+
 impl SingleStreamBlock {
-    /// [`SingleStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`].
+    /// [`SingleStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`];
+    /// `kept`: the attention of an earlier pass of this block on the same input (not run again).
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
     ) -> Result<(Tensor, SingleTape)> {
         let x = xs.detach();
         let m = modulation_untracked(&self.modulation, &inputs.vec)?;
@@ -49,7 +58,7 @@ impl SingleStreamBlock {
         let (h, linear1) = self.linear1.forward_untracked(&x_mod)?;
         let (qkv, mlp) = split_last(&h, 3 * self.hidden_size)?;
         let ([q, k, v], heads) = qkv_untracked(&qkv, &self.norm, self.num_heads)?;
-        let (attn, attention) = rope_attention_untracked([&q, &k, &v], &inputs.rope)?;
+        let (attn, attention) = rope_attention_untracked([&q, &k, &v], &inputs.rope, kept)?;
         let cat = Tensor::cat(&[&attn, &gelu_tanh(&mlp)?], 2)?;
         let (out, linear2) = self.linear2.forward_untracked(&cat)?;
         let y = gated_residual(&x, &out, &m.mods[0].gate, x.dtype())?;
@@ -81,9 +90,9 @@ impl SingleStreamBlock {
         params.extend(p);
         let d_cat = d_cat.ok_or_else(|| missing("linear2"))?;
         let (d_attn, d_gelu) = split_last(&d_cat, self.hidden_size)?;
-        let d_mlp = gelu_tanh_backward(&tape.mlp, &d_gelu.contiguous()?)?;
+        let d_mlp = gelu_tanh_backward(&tape.mlp, &d_gelu.dense()?)?;
         let [dq, dk, dv] =
-            rope_attention_backward(&tape.attention, &tape.rope, &d_attn.contiguous()?)?;
+            rope_attention_backward(&tape.attention, &tape.rope, &d_attn.dense()?)?;
         let d_qkv = qkv_backward(&tape.heads, &self.norm, [&dq, &dk, &dv])?;
         let d_h = Tensor::cat(&[&d_qkv, &d_mlp.to_dtype(d_qkv.dtype())?], D::Minus1)?;
         let (d_xmod, p) =

@@ -17,28 +17,10 @@ use super::{split_heads, Block, BlockInputs};
 pub use crate::trainable::BlockGrads;
 use crate::wan::rope::Rope;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
+pub use framesmith_nn::attention::KeptAttention;
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
 use framesmith_nn::ops::{gated_residual, gelu_tanh};
-
-/// A block's self-attention output and log-sum-exp from its first forward pass, kept so the backward's
-/// recompute skips the attention kernel (selective checkpointing). Costs `b · seq · dim` values in the compute
-/// dtype plus `b · heads · seq` f32 per block.
-#[derive(Clone, Debug)]
-pub struct KeptAttention {
-    out: Tensor,
-    lse: Tensor,
-}
-
-impl KeptAttention {
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        [&self.out, &self.lse]
-            .iter()
-            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
-            .sum()
-    }
-}
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
 struct Projection {
@@ -160,10 +142,7 @@ pub struct BlockTape {
 impl BlockTape {
     /// The self-attention output and LSE, to keep for [`Block::recompute`].
     pub fn kept_attention(&self) -> KeptAttention {
-        KeptAttention {
-            out: self.sa.attn.out().clone(),
-            lse: self.sa.attn.lse().clone(),
-        }
+        self.sa.attn.kept()
     }
 }
 
@@ -282,7 +261,7 @@ impl Block {
         let (q, k) = (inputs.rope.apply(&q)?, inputs.rope.apply(&k)?);
         let lens = Some(inputs.seq_lens.as_slice());
         let attn = match kept {
-            Some(kept) => AttentionTape::from_saved([&q, &k, &v], &kept.out, &kept.lse, lens)?,
+            Some(kept) => kept.tape([&q, &k, &v], lens)?,
             None => attention_forward(&q, &k, &v, lens)?,
         };
         let (y, o) = sa.o.forward_untracked(&attn.out().flatten_from(2)?)?;
