@@ -7,7 +7,8 @@
 # Builds nothing. Logs and a summary under OUT_DIR.
 # Usage: bench/run-multi-gpu.sh BIN_DIR OUT_DIR WORK_DIR [N_GPUS]
 #   COUNTS (default N_GPUS): the GPU counts to time, e.g. "2 4"; every run (1 GPU included) trains the same
-#   effective batch of N_GPUS samples per step (accumulation N_GPUS / count). KILL=0 skips the kill test.
+#   effective batch of N_GPUS samples per step (accumulation N_GPUS / count). KILL=0 skips the kill test;
+#   KILL_ONLY=1 runs only the kill test.
 #   STEPS (default 8) optimizer steps per timed run; KILL_AFTER (default 4) steps before rank 1 is killed;
 #   RANK_TIMEOUT (default 120) seconds for --rank-timeout; VARIANT (default t2v-14b).
 set -uo pipefail
@@ -102,7 +103,8 @@ timed_run() { # count
     m="$(metrics_of "$WORK/out-$n")"
     [[ -n "$m" ]] && cp "$m" "$OUT/metrics-${n}gpu.jsonl"
 }
-timed_run 1
+[[ "${KILL_ONLY:-0}" == 1 ]] && COUNTS=""
+[[ "${KILL_ONLY:-0}" == 1 ]] || timed_run 1
 for n in $COUNTS; do
     [[ "$n" == 1 ]] && continue
     (( N % n == 0 )) || { note "skipping $n GPUs: $N is not a multiple of it"; continue; }
