@@ -243,15 +243,31 @@ mod tests {
         let narrow = x.narrow(2, 1536, 1536)?;
         assert_eq!(
             layout_of(&narrow),
-            Some(RowStrided { rows: 74, cols: 1536, stride: 4608, start: 1536 })
+            Some(RowStrided {
+                rows: 74,
+                cols: 1536,
+                stride: 4608,
+                start: 1536
+            })
         );
-        let heads = x.reshape((2, 37, 3, 12, 128))?.narrow(2, 2, 1)?.squeeze(2)?;
+        let heads = x
+            .reshape((2, 37, 3, 12, 128))?
+            .narrow(2, 2, 1)?
+            .squeeze(2)?;
         assert_eq!(
             layout_of(&heads),
-            Some(RowStrided { rows: 74, cols: 1536, stride: 4608, start: 3072 })
+            Some(RowStrided {
+                rows: 74,
+                cols: 1536,
+                stride: 4608,
+                start: 3072
+            })
         );
         // Contiguous: one row block of everything.
-        assert_eq!(layout_of(&x).map(|r| (r.rows, r.cols)), Some((1, 2 * 37 * 4608)));
+        assert_eq!(
+            layout_of(&x).map(|r| (r.rows, r.cols)),
+            Some((1, 2 * 37 * 4608))
+        );
         // A transpose of the last dimension, a batch narrow leaving rows of two strides: not rows at one stride.
         assert_eq!(layout_of(&x.transpose(1, 2)?), None);
         assert_eq!(layout_of(&x.narrow(1, 0, 5)?.narrow(2, 0, 8)?), None);
@@ -264,14 +280,22 @@ mod tests {
         let view = x.narrow(2, 4, 4)?;
         let dense = view.dense()?;
         assert!(dense.is_contiguous());
-        assert_eq!(dense.to_vec3::<f32>()?, view.contiguous()?.to_vec3::<f32>()?);
+        assert_eq!(
+            dense.to_vec3::<f32>()?,
+            view.contiguous()?.to_vec3::<f32>()?
+        );
         let g = Tensor::ones((2, 5, 4), DType::F32, &Device::Cpu)?;
         let (ga, gb) = token_sums(&dense, &g, true)?;
         assert_eq!(ga.dims(), [2, 1, 4]);
         // Σ over the 5 tokens of x[b, l, 4 + c] = Σ_l (60 b + 12 l + 4 + c).
-        let want: Vec<f32> = (0..4).map(|c| (0..5).map(|l| (12 * l + 4 + c) as f32).sum()).collect();
+        let want: Vec<f32> = (0..4)
+            .map(|c| (0..5).map(|l| (12 * l + 4 + c) as f32).sum())
+            .collect();
         assert_eq!(ga.get(0)?.squeeze(0)?.to_vec1::<f32>()?, want);
-        assert_eq!(gb.map(|t| t.flatten_all()?.to_vec1::<f32>()).transpose()?, Some(vec![5.0; 8]));
+        assert_eq!(
+            gb.map(|t| t.flatten_all()?.to_vec1::<f32>()).transpose()?,
+            Some(vec![5.0; 8])
+        );
         Ok(())
     }
 }

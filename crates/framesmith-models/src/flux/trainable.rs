@@ -8,12 +8,12 @@ use std::borrow::Cow;
 use candle_core::{Device, Result, Tensor};
 
 use super::block::{BlockInputs, FluxBlock};
-use framesmith_nn::attention::KeptAttention;
 use super::double_block::grad::DoubleTape;
 use super::rope::Rope;
 use super::single_block::grad::SingleTape;
 use super::transformer::{Flux, FluxInputs, Prepared};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
+use framesmith_nn::attention::KeptAttention;
 
 /// The tape of either block kind.
 pub enum FluxTape {
@@ -214,7 +214,7 @@ mod tests {
             let x = Var::from_tensor(&xs)?;
             let out_ref = TrainableBlock::forward(block, x.as_tensor(), &prepared.blocks)?;
             let store = (&out_ref * &grad)?.sum_all()?.backward()?;
-            let (out, ()) = block.forward_untracked(&xs, &prepared.blocks)?;
+            let (out, kept) = block.forward_untracked(&xs, &prepared.blocks)?;
             assert!(
                 !out.track_op(),
                 "block {i}: the untracked forward built a graph"
@@ -234,6 +234,24 @@ mod tests {
                 grads.params.len()
             );
             assert!(r <= 1e-5, "block {i} input gradient: rel {r}");
+            // Selective checkpointing: the recompute that reuses the kept attention gives the same gradients.
+            let with_kept = TrainableBlock::backward(
+                block,
+                block.recompute(&xs, &prepared.blocks, Some(&kept))?,
+                &grad,
+            )?;
+            assert_eq!(
+                rel(&with_kept.input, &grads.input)?,
+                0.0,
+                "block {i}: kept attention"
+            );
+            for (a, b) in with_kept.params.iter().zip(&grads.params) {
+                assert_eq!(
+                    rel(&a.grad, &b.grad)?,
+                    0.0,
+                    "block {i}: kept attention, LoRA"
+                );
+            }
             for p in &grads.params {
                 let want = store
                     .get(p.var.as_tensor())

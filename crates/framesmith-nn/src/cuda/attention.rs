@@ -5,13 +5,13 @@
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::{Arc, Mutex};
 
+use crate::ops::Dense;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::op::BackpropOp;
 use candle_core::{
     CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
 };
-use crate::ops::Dense;
 
 extern "C" {
     fn fs_sdpa_last_error() -> *const c_char;
@@ -83,8 +83,7 @@ pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) 
         return crate::attention::portable_attention(q, k, v, kv_lens);
     }
     let op = Sdpa::new(q, k, v, kv_lens)?;
-    q.dense()?
-        .apply_op3(&k.dense()?, &v.dense()?, op)
+    q.dense()?.apply_op3(&k.dense()?, &v.dense()?, op)
 }
 
 /// Forward and backward in one call, outside autograd: `(o, dq, dk, dv)` for the output gradient `d_o`

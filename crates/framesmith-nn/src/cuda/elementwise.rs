@@ -68,8 +68,7 @@ pub fn gated_residual(xs: &Tensor, ys: &Tensor, gate: &Tensor) -> Result<Tensor>
     }
     let g = Geometry::of(xs, gate)?;
     let ys = ys.to_dtype(xs.dtype())?.dense()?;
-    xs.dense()?
-        .apply_op3(&ys, &as_mod_f32(gate)?, Gated { g })
+    xs.dense()?.apply_op3(&ys, &as_mod_f32(gate)?, Gated { g })
 }
 
 /// Composition of candle ops computing [`gated_residual`].
@@ -165,7 +164,9 @@ impl CustomOp1 for CopyRows {
 
     fn cuda_fwd(&self, x: &CudaStorage, xl: &Layout) -> Result<(CudaStorage, Shape)> {
         let Some(rows) = crate::ops::row_strided(xl) else {
-            candle_core::bail!("framesmith-copy-rows given a layout that is not rows at one stride");
+            candle_core::bail!(
+                "framesmith-copy-rows given a layout that is not rows at one stride"
+            );
         };
         let dev = x.device().clone();
         let n = rows.rows * rows.cols;

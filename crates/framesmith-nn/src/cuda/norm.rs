@@ -120,8 +120,7 @@ fn backward(
         has_weight: weight.is_some(),
     };
     let dy = dy.to_dtype(xs.dtype())?.dense()?;
-    xs.dense()?
-        .apply_op3_no_bwd(&param(weight, xs)?, &dy, &op)
+    xs.dense()?.apply_op3_no_bwd(&param(weight, xs)?, &dy, &op)
 }
 
 struct NormFwd {

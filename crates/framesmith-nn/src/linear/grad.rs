@@ -114,7 +114,11 @@ impl Linear {
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = xs.dtype();
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
-        let dy2 = dy.detach().to_dtype(dtype)?.dense()?.flatten_to(D::Minus2)?;
+        let dy2 = dy
+            .detach()
+            .to_dtype(dtype)?
+            .dense()?
+            .flatten_to(D::Minus2)?;
         let mut dx = match input {
             InputGrad::Skip => None,
             InputGrad::New => Some(dy2.matmul(&self.base.dense(dtype)?)?),

@@ -88,7 +88,8 @@ pub fn norm_modulate_backward(
     dh: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (d_scale, d_shift) = token_sums(normed, dh, true)?;
-    let d_shift = d_shift.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
+    let d_shift =
+        d_shift.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
     let dn = modulate_backward(dh, &m.scale, normed.dtype())?;
     let dx = layer_norm_backward(xs, None, &dn, LAYER_NORM_EPS)?;
     Ok((dx, d_shift, d_scale))

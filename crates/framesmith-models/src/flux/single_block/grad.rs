@@ -91,8 +91,7 @@ impl SingleStreamBlock {
         let d_cat = d_cat.ok_or_else(|| missing("linear2"))?;
         let (d_attn, d_gelu) = split_last(&d_cat, self.hidden_size)?;
         let d_mlp = gelu_tanh_backward(&tape.mlp, &d_gelu.dense()?)?;
-        let [dq, dk, dv] =
-            rope_attention_backward(&tape.attention, &tape.rope, &d_attn.dense()?)?;
+        let [dq, dk, dv] = rope_attention_backward(&tape.attention, &tape.rope, &d_attn.dense()?)?;
         let d_qkv = qkv_backward(&tape.heads, &self.norm, [&dq, &dk, &dv])?;
         let d_h = Tensor::cat(&[&d_qkv, &d_mlp.to_dtype(d_qkv.dtype())?], D::Minus1)?;
         let (d_xmod, p) =

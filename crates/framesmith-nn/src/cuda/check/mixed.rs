@@ -39,8 +39,12 @@ fn row_copies(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
             ("narrow odd", gd.narrow(2, 7, 7)?, odd.narrow(2, 7, 7)?),
             (
                 "heads",
-                g.reshape((2, 37, 3, 12, 128))?.narrow(2, 2, 1)?.squeeze(2)?,
-                x.reshape((2, 37, 3, 12, 128))?.narrow(2, 2, 1)?.squeeze(2)?,
+                g.reshape((2, 37, 3, 12, 128))?
+                    .narrow(2, 2, 1)?
+                    .squeeze(2)?,
+                x.reshape((2, 37, 3, 12, 128))?
+                    .narrow(2, 2, 1)?
+                    .squeeze(2)?,
             ),
             (
                 "broadcast row",
@@ -77,9 +81,20 @@ fn token_sums(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
             let g32 = g.to_dtype(DType::F32)?;
             let want_a = (&g32 * a.to_dtype(DType::F32)?)?.sum_keepdim(1)?;
             let want_b = g32.sum_keepdim(1)?;
-            let gb = gb.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
-            out.push(compare(format!("token sums g*a {dtype:?} {shape:?}"), &ga, &want_a, 1e-5)?);
-            out.push(compare(format!("token sums g {dtype:?} {shape:?}"), &gb, &want_b, 1e-5)?);
+            let gb =
+                gb.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
+            out.push(compare(
+                format!("token sums g*a {dtype:?} {shape:?}"),
+                &ga,
+                &want_a,
+                1e-5,
+            )?);
+            out.push(compare(
+                format!("token sums g {dtype:?} {shape:?}"),
+                &gb,
+                &want_b,
+                1e-5,
+            )?);
         }
     }
     Ok(out)
