@@ -95,7 +95,10 @@ pub fn write_flux_sample_files(
         .collect();
     write_random(&t5, shapes, safetensors::Dtype::F16, mix(seed, 3))?;
     for (file, json) in [
-        (&clip_l, framesmith_models::fixtures::clip_tokenizer_json(&WORDS)),
+        (
+            &clip_l,
+            framesmith_models::fixtures::clip_tokenizer_json(&WORDS),
+        ),
         (&t5, framesmith_models::fixtures::t5_tokenizer_json(&WORDS)),
     ] {
         let path = file.with_file_name("tokenizer.json");

@@ -503,11 +503,7 @@ fn check_output(c: &mut Checker, cfg: &RunConfig, compute: FloatDtype) -> Output
     }
 }
 
-fn check_sampling(
-    c: &mut Checker,
-    cfg: &RunConfig,
-    family: ModelFamily,
-) -> Option<SamplingPlan> {
+fn check_sampling(c: &mut Checker, cfg: &RunConfig, family: ModelFamily) -> Option<SamplingPlan> {
     let s = &cfg.sampling;
     let (every_n_steps, every_n_epochs) = (
         period(s.sample_every_n_steps),

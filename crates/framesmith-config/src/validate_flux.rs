@@ -135,8 +135,7 @@ mod tests {
 
         let mut no_clip = cfg.clone();
         no_clip.model.clip = PathBuf::new();
-        let errors =
-            validate_for(&no_clip, &HostInfo::cpu_only(), ModelFamily::Flux).unwrap_err();
+        let errors = validate_for(&no_clip, &HostInfo::cpu_only(), ModelFamily::Flux).unwrap_err();
         let p = errors.for_key("model.clip").unwrap();
         assert!(p.message.contains("CLIP-L"), "{p}");
         assert!(p.fix.contains("set model.clip"), "{p}");
@@ -146,7 +145,11 @@ mod tests {
         let mut no_t5 = cfg;
         no_t5.model.text_encoder = PathBuf::new();
         let errors = validate_for(&no_t5, &HostInfo::cpu_only(), ModelFamily::Flux).unwrap_err();
-        assert!(errors.for_key("model.text_encoder").unwrap().message.contains("T5-XXL"));
+        assert!(errors
+            .for_key("model.text_encoder")
+            .unwrap()
+            .message
+            .contains("T5-XXL"));
     }
 
     #[test]
@@ -158,10 +161,22 @@ mod tests {
         cfg.validation.validate_every_n_epochs = Some(1);
         let errors = validate_for(&cfg, &HostInfo::cpu_only(), ModelFamily::Flux).unwrap_err();
         let expect = [
-            ("model.variant", "Wan variant `t2v-1.3b`", "model.variant = \"auto\""),
-            ("model.dit_low_noise", "low-noise expert", "remove model.dit_low_noise"),
+            (
+                "model.variant",
+                "Wan variant `t2v-1.3b`",
+                "model.variant = \"auto\"",
+            ),
+            (
+                "model.dit_low_noise",
+                "low-noise expert",
+                "remove model.dit_low_noise",
+            ),
             ("training.mode", "text-to-image", "\"auto\""),
-            ("validation.validate_every_n_epochs", "FLUX.1", "remove the [validation]"),
+            (
+                "validation.validate_every_n_epochs",
+                "FLUX.1",
+                "remove the [validation]",
+            ),
         ];
         for (key, message, fix) in expect {
             let found = errors
@@ -171,6 +186,12 @@ mod tests {
             assert!(found, "{key}: {errors}");
         }
         // The sampling section itself is not among them.
-        assert!(errors.problems.iter().all(|p| !p.key.starts_with("sampling")), "{errors}");
+        assert!(
+            errors
+                .problems
+                .iter()
+                .all(|p| !p.key.starts_with("sampling")),
+            "{errors}"
+        );
     }
 }

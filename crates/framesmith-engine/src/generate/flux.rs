@@ -156,20 +156,20 @@ pub fn denoise_image(
     let mut stopped = false;
     let latent_tokens = framesmith_nn::lora::untracked(|| {
         denoise(&img, &timesteps, settings.guidance as f32, |img, t, g| {
-        if cancelled() {
-            stopped = true;
-            candle_core::bail!("{Cancelled}");
-        }
-        let inputs = FluxInputs {
-            img: img.to_dtype(dtype)?,
-            img_ids: img_ids.clone(),
-            txt: txt.clone(),
-            txt_ids: txt_ids.clone(),
-            timesteps: t.clone(),
-            y: y.clone(),
-            guidance: guided.then(|| g.clone()),
-        };
-        model.forward(&inputs)?.to_dtype(DType::F32)
+            if cancelled() {
+                stopped = true;
+                candle_core::bail!("{Cancelled}");
+            }
+            let inputs = FluxInputs {
+                img: img.to_dtype(dtype)?,
+                img_ids: img_ids.clone(),
+                txt: txt.clone(),
+                txt_ids: txt_ids.clone(),
+                timesteps: t.clone(),
+                y: y.clone(),
+                guidance: guided.then(|| g.clone()),
+            };
+            model.forward(&inputs)?.to_dtype(DType::F32)
         })
     });
     if stopped {

@@ -170,13 +170,23 @@ mod tests {
         let spec = parse_line("a cat walking --w 512 --h 320 --f 33 --d 7 --s 25 --l 6.5 --fs 3 --n blurry, low quality")
             .expect("valid line");
         assert_eq!(spec.prompt, "a cat walking");
-        assert_eq!((spec.width, spec.height, spec.clip_frames()), (512, 320, 33));
+        assert_eq!(
+            (spec.width, spec.height, spec.clip_frames()),
+            (512, 320, 33)
+        );
         assert_eq!((spec.seed, spec.steps), (7, 25));
         assert_eq!((spec.guidance, spec.flow_shift), (Some(6.5), Some(3.0)));
         let plain = parse_line("a cat").expect("valid line");
-        assert_eq!((plain.frames, plain.guidance, plain.flow_shift), (None, None, None));
         assert_eq!(
-            (plain.clip_frames(), plain.clip_guidance(), plain.clip_flow_shift()),
+            (plain.frames, plain.guidance, plain.flow_shift),
+            (None, None, None)
+        );
+        assert_eq!(
+            (
+                plain.clip_frames(),
+                plain.clip_guidance(),
+                plain.clip_flow_shift()
+            ),
             (DEFAULT_FRAMES, DEFAULT_WAN_GUIDANCE, DEFAULT_FLOW_SHIFT)
         );
         assert_eq!(spec.negative.as_deref(), Some("blurry, low quality"));

@@ -46,7 +46,10 @@ pub struct ImageSamples {
 /// The Wan options a prompt line gives, by name, with why FLUX.1 takes none of them.
 fn wan_options(spec: &PromptSpec) -> Vec<&'static str> {
     [
-        (spec.frames.is_some(), "--f (a frame count: FLUX.1 samples images)"),
+        (
+            spec.frames.is_some(),
+            "--f (a frame count: FLUX.1 samples images)",
+        ),
         (
             spec.flow_shift.is_some(),
             "--fs (FLUX.1 shifts its schedule by the image size)",
@@ -135,17 +138,21 @@ pub fn image_samples(
         },
         t5: Companion {
             key: "model.text_encoder",
-            path: model_file(&m.text_encoder, "model.text_encoder (t5xxl_fp16.safetensors)")?,
+            path: model_file(
+                &m.text_encoder,
+                "model.text_encoder (t5xxl_fp16.safetensors)",
+            )?,
         },
     };
     check_companions(&files, cfg)?;
     let specs = read_prompt_file(&sampling.prompts)?;
-    let autoencoder = load_autoencoder(files.autoencoder.path, dtype, device).with_context(|| {
-        format!(
-            "loading the autoencoder for samples from {}",
-            files.autoencoder.path.display()
-        )
-    })?;
+    let autoencoder =
+        load_autoencoder(files.autoencoder.path, dtype, device).with_context(|| {
+            format!(
+                "loading the autoencoder for samples from {}",
+                files.autoencoder.path.display()
+            )
+        })?;
     let factor = autoencoder.config().downsample_factor();
     let settings = image_settings(&specs, factor, &sampling.prompts)?;
     let texts: Vec<&str> = specs.iter().map(|s| s.prompt.as_str()).collect();
@@ -209,7 +216,8 @@ impl Trainer {
                 &|| false,
             )
             .with_context(context)?;
-            let image = decode_image(&images.autoencoder, &z, images.dtype).with_context(context)?;
+            let image =
+                decode_image(&images.autoencoder, &z, images.dtype).with_context(context)?;
             drop(z);
             let path = sampling
                 .dir

@@ -74,7 +74,13 @@ fn generated(
         t5_max_tokens: DEV_T5_TOKENS,
     };
     let encoded = encode_prompts(files, &[prompt], (DType::F32, dev))?.remove(0);
-    let mut dit = load_dit(&config.model.dit, Some(FluxVariant::Dev), DType::F32, dev, None)?;
+    let mut dit = load_dit(
+        &config.model.dit,
+        Some(FluxVariant::Dev),
+        DType::F32,
+        dev,
+        None,
+    )?;
     if let Some(lora) = lora {
         LoraFile::load(lora, dev)?.apply(dit.linears_mut(), 1.0, DType::F32)?;
     }
@@ -117,7 +123,13 @@ fn a_flux_run_samples_pngs_on_schedule_that_generate_makes_from_its_lora() -> an
             let samples = &samples;
             [(0, "a red fox in snow"), (1, "snow")]
                 .into_iter()
-                .map(move |(i, p)| (step, samples.join(format!("{step:06}-{i:02}.png")), p.into()))
+                .map(move |(i, p)| {
+                    (
+                        step,
+                        samples.join(format!("{step:06}-{i:02}.png")),
+                        p.into(),
+                    )
+                })
         })
         .collect();
     assert_eq!(seen, expected);
@@ -138,7 +150,12 @@ fn a_flux_run_samples_pngs_on_schedule_that_generate_makes_from_its_lora() -> an
         guidance: 2.5,
         seed: 7,
     };
-    let want = generated(&config, Some(saved.loras[0].as_path()), "a red fox in snow", &settings)?;
+    let want = generated(
+        &config,
+        Some(saved.loras[0].as_path()),
+        "a red fox in snow",
+        &settings,
+    )?;
     let got = image::open(samples.join("000004-00.png"))?.to_rgb8();
     assert!(got == want, "the sample is not generate's image");
     let base = generated(&config, None, "a red fox in snow", &settings)?;
@@ -156,11 +173,7 @@ fn start_error(config: &RunConfig) -> String {
 #[test]
 fn wan_prompt_options_and_wrong_files_are_refused_by_name() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let wan = sampled_run(
-        dir.path(),
-        2,
-        "a red fox --w 16 --h 16 --f 33 --n blurry\n",
-    )?;
+    let wan = sampled_run(dir.path(), 2, "a red fox --w 16 --h 16 --f 33 --n blurry\n")?;
     let err = start_error(&wan);
     for part in ["\"a red fox\"", "--f", "--n", "remove them", "prompts.txt"] {
         assert!(err.contains(part), "{part}: {err}");
@@ -168,12 +181,18 @@ fn wan_prompt_options_and_wrong_files_are_refused_by_name() -> anyhow::Result<()
 
     let odd = sampled_run(dir.path(), 2, "a red fox --w 26 --h 16\n")?;
     let err = start_error(&odd);
-    assert!(err.contains("--w 26") && err.contains("multiples of 4"), "{err}");
+    assert!(
+        err.contains("--w 26") && err.contains("multiples of 4"),
+        "{err}"
+    );
 
     let mut swapped = sampled_run(dir.path(), 2, PROMPTS)?;
     swapped.model.clip = swapped.model.vae.clone();
     let err = start_error(&swapped);
-    assert!(err.contains("model.clip: ") && err.contains("clip_l.safetensors"), "{err}");
+    assert!(
+        err.contains("model.clip: ") && err.contains("clip_l.safetensors"),
+        "{err}"
+    );
 
     let mut missing = sampled_run(dir.path(), 2, PROMPTS)?;
     missing.model.clip = PathBuf::new();

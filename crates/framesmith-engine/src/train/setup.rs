@@ -480,12 +480,8 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let family = crate::train::flux::model_family(&request.config);
-        let mut plan = validate_for(
-            &request.config,
-            &HostInfo::new(cuda_device_count()),
-            family,
-        )
-        .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        let mut plan = validate_for(&request.config, &HostInfo::new(cuda_device_count()), family)
+            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         if let Ranks::Join(spec) = ranks {
             if let Some(gpu) = spec.gpu {
                 plan.device = PlanDevice::Cuda(gpu);

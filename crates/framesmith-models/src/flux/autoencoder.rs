@@ -224,7 +224,11 @@ impl AutoEncoder {
     /// them.
     pub fn tensor_shapes(cfg: &AutoEncoderConfig) -> Result<Vec<(String, Vec<usize>)>> {
         let recorder = std::sync::Arc::new(framesmith_nn::vb::ShapeRecorder::default());
-        let vb = Vb::from_source(recorder.clone(), candle_core::DType::F32, &candle_core::Device::Cpu);
+        let vb = Vb::from_source(
+            recorder.clone(),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        );
         Self::new(cfg, &vb)?;
         Ok(recorder.shapes())
     }
