@@ -22,10 +22,13 @@
 #                 only) of the bf16 case (PROFILE_STEPS steps, default 2; the load's few kernels count in; ncu is
 #                 stopped after PROFILE_LIMIT seconds, default 600) or of the PyTorch step (1 warm-up + 1),
 #                 summarised per step by kernel class into CASE/kernels.txt (bench/reference/ncu_summary.py).
+#   samples       the fp8 case sampling a SIZExSIZE image (20 steps, guidance 3.5) every SAMPLE_EVERY (default 4)
+#                 steps, with random ae / CLIP-L / T5-XXL files of the released sizes (synth-project --sample-files);
+#                 samples-budget-12 the same under the budget-12 settings. Each sample's seconds go to the summary.
 # No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,20p' "$0"
+    sed -n '2,32p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -50,7 +53,7 @@ timed() { # dir name command...: runs under /usr/bin/time -v into dir/name.log; 
     note "$name: $*"
     /usr/bin/time -v "$@" 2>&1 | stamp > "$dir/$name.log"
     local rc=${PIPESTATUS[0]}
-    grep -E "step [0-9]+.*loss|LoRA:|VRAM: peak|stream|plan|FLUX_STEP|Error|error|Elapsed \(wall|Maximum resident" \
+    grep -E "step [0-9]+.*loss|LoRA:|VRAM: peak|stream|plan|sample|FLUX_STEP|Error|error|Elapsed \(wall|Maximum resident" \
         "$dir/$name.log" | tail -16 | sed "s/^/   $name: /" | tee -a "$LOG"
     echo "   $name: exit $rc" | tee -a "$LOG"
     return "$rc"
@@ -58,9 +61,41 @@ timed() { # dir name command...: runs under /usr/bin/time -v into dir/name.log; 
 synth() { # dir dtype
     local dir="$1" dtype="$2" file
     case "$dtype" in bf16) file=flux1-dev.safetensors ;; fp8-scaled) file=flux1-dev-fp8-scaled.safetensors ;; esac
-    [[ -f "$dir/$file" && -f "$dir/run.toml" ]] && return 0
+    [[ -f "$dir/$file" && -f "$dir/run.toml" && ( -z "${SAMPLE_FILES:-}" || -f "$dir/prompts.txt" ) ]] && return 0
     timed "$OUT" "synth-$(basename "$dir")" framesmith-bench synth-project --model flux-dev --dtype "$dtype" \
-        --out "$dir" --height "$SIZE" --width "$SIZE" --text-tokens 512 --rank "$RANK" --steps "$STEPS" --seed "$SEED"
+        --out "$dir" --height "$SIZE" --width "$SIZE" --text-tokens 512 --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
+        ${SAMPLE_FILES:+--sample-files}
+}
+# Adds the sample files of project $1 and a [sampling] section (every SAMPLE_EVERY steps) to the config $2.
+with_samples() {
+    python3 - "$1" "$2" "${SAMPLE_EVERY:-4}" <<'EOF'
+import sys
+p, path, every = sys.argv[1:]
+text = open(path).read()
+files = f'vae = "{p}/ae.safetensors"\ntext_encoder = "{p}/t5/t5xxl_fp16.safetensors"\nclip = "{p}/clip/clip_l.safetensors"\n'
+text = text.replace("[model]\n", "[model]\n" + files, 1)
+text += f'\n[sampling]\nprompts = "{p}/prompts.txt"\nsample_every_n_steps = {every}\n'
+open(path, "w").write(text)
+EOF
+}
+# The summary line of a sampled run: each sample's seconds (from the line before it, a step or a sample, to its own).
+summarise_samples() { # case-dir log-name label
+    python3 - "$1/$2.log" "$3" >> "$SUMMARY" <<'EOF'
+import re, sys
+lines = open(sys.argv[1], errors="replace").read().splitlines()
+last, secs = None, []
+for line in lines:
+    m = re.match(r"\s*([0-9.]+) (.*)", line)
+    if not m:
+        continue
+    t, text = float(m.group(1)), m.group(2)
+    if re.search(r"step [0-9]+: sample ", text) and last is not None:
+        secs.append(t - last)
+    if re.search(r"step [0-9]+.*loss|step [0-9]+: sample ", text):
+        last = t
+shown = ", ".join(f"{s:.1f}" for s in secs) or "none written"
+print(f"{sys.argv[2] + ' samples':<34} {len(secs)} samples, seconds each: {shown}")
+EOF
 }
 # One line of the summary from a training run's metrics.jsonl and log: mean step_secs over steps 2..N, the
 # VRAM line's peak (and the plan's prediction when there is one), peak RSS.
@@ -171,6 +206,7 @@ EOF
     free -g | head -2; nproc
 } > "$OUT/env.txt" 2>&1
 P="$WORK/flux-dev"
+[[ " ${CASES[*]} " == *" samples"* ]] && SAMPLE_FILES=1
 synth "$P" bf16 || { note "synth failed"; exit 1; }
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
@@ -228,6 +264,18 @@ for case in "${CASES[@]}"; do
         [[ -n "${BUDGET_PRESET:-}" ]] && extra+=(--preset "$BUDGET_PRESET")
         timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
         train_case "$D" "$P/budget.toml" "framesmith train, FP8 b64, 12 GiB ${order:-default order}" "${extra[@]}"
+        ;;
+    samples|samples-budget-12)
+        extra=()
+        if [[ "$case" == samples ]]; then
+            config "$P" "$P/samples.toml" fp8 off
+        else
+            config "$P" "$P/samples.toml" fp8 budget
+            extra=(--vram-budget-gb 12)
+        fi
+        with_samples "$P" "$P/samples.toml"
+        train_case "$D" "$P/samples.toml" "framesmith train, FP8 b64, sampling ${case#samples}" "${extra[@]}"
+        summarise_samples "$D" train "$case"
         ;;
     *) note "unknown case $case" ;;
     esac

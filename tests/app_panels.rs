@@ -335,8 +335,8 @@ fn player_steps_frames_of_a_sample() {
         .events
         .send(Event::SampleReady {
             step: 50,
-            video: PathBuf::from("sample_000050.mp4"),
-            frames_dir: frames,
+            file: PathBuf::from("sample_000050.mp4"),
+            frames,
             prompt: "a red fox in snow".into(),
         })
         .unwrap();
@@ -373,6 +373,38 @@ fn player_steps_frames_of_a_sample() {
     h.get_by_label("Play").click();
     settle(&mut h);
     h.get_by_label("Pause");
+}
+
+#[test]
+fn an_image_sample_shows_still() {
+    let dir = tempfile::tempdir().unwrap();
+    // A FLUX.1 run's sample: one PNG, which is both the sample's file and what the player shows.
+    let image = dir.path().join("000004-00.png");
+    png(&image, [200, 40, 40, 255]);
+    let backend = FakeBackend::new();
+    let mut h = harness(Arc::clone(&backend));
+    let engine = start_run(&backend, &mut h);
+    engine
+        .events
+        .send(Event::SampleReady {
+            step: 4,
+            file: image.clone(),
+            frames: image,
+            prompt: "a red fox in snow".into(),
+        })
+        .unwrap();
+    settle(&mut h);
+    h.get_by_label("Samples").click();
+    settle(&mut h);
+    assert!(h.query_by_label("Play step 4").is_none());
+    h.get_by_label("Show step 4").click();
+    settle(&mut h);
+
+    assert_eq!(h.state().shown_sample_frame(), Some(0));
+    h.get_by_label("Image, 8×6");
+    for control in ["Play", "Next frame", "Previous frame", "Frame 1 / 1"] {
+        assert!(h.query_by_label(control).is_none(), "{control}");
+    }
 }
 
 // ---- closing the window during a run; the output folder ----

@@ -13,45 +13,6 @@ fn flux_fixture(case: &str) -> PathBuf {
     framesmith_models::fixtures::case_dir("flux", case).join("weights.safetensors")
 }
 
-/// A word-level tokenizer.json: `specials` first (ids 0…), then `words`; `single` is the template of a sequence.
-fn tokenizer_json(
-    specials: &[&str],
-    words: &[&str],
-    single: &str,
-    template_ids: &[(&str, u32)],
-) -> String {
-    let vocab: Vec<String> = specials
-        .iter()
-        .chain(words)
-        .enumerate()
-        .map(|(i, w)| format!("\"{w}\":{i}"))
-        .collect();
-    let added: Vec<String> = specials
-        .iter()
-        .enumerate()
-        .map(|(i, w)| {
-            format!(
-                "{{\"id\":{i},\"content\":\"{w}\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\
-                 \"normalized\":false,\"special\":true}}"
-            )
-        })
-        .collect();
-    let special: Vec<String> = template_ids
-        .iter()
-        .map(|(t, id)| format!("\"{t}\":{{\"id\":\"{t}\",\"ids\":[{id}],\"tokens\":[\"{t}\"]}}"))
-        .collect();
-    format!(
-        "{{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[{}],\"normalizer\":null,\
-         \"pre_tokenizer\":{{\"type\":\"Whitespace\"}},\"post_processor\":{{\"type\":\"TemplateProcessing\",\
-         \"single\":{single},\"pair\":[{{\"Sequence\":{{\"id\":\"A\",\"type_id\":0}}}}],\"special_tokens\":{{{}}}}},\
-         \"decoder\":null,\"model\":{{\"type\":\"WordLevel\",\"vocab\":{{{}}},\"unk_token\":\"{}\"}}}}",
-        added.join(","),
-        special.join(","),
-        vocab.join(","),
-        words[0]
-    )
-}
-
 const WORDS: [&str; 6] = ["thing", "a", "red", "fox", "in", "snow"];
 
 /// The tiny FLUX.1 files laid out as people have them: each text encoder in its folder with its tokenizer.json.
@@ -68,36 +29,7 @@ fn files(dir: &Path) -> Files {
         std::fs::copy(flux_fixture(case), &to).unwrap();
         to
     };
-    let clip_l = copy("clip_l", dir.join("clip/clip_l.safetensors"));
-    // The tiny CLIP's heads (32 channels, 2 heads) are not one per 64 channels: its Hugging Face config.json says so,
-    // as in a text_encoder/ folder.
-    let fixture_config =
-        framesmith_models::fixtures::case_dir("flux", "clip_l").join("config.json");
-    let config: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(fixture_config).unwrap()).unwrap();
-    std::fs::write(dir.join("clip/config.json"), config["init"].to_string()).unwrap();
-    std::fs::write(
-        dir.join("clip/tokenizer.json"),
-        tokenizer_json(
-            &["<|startoftext|>", "<|endoftext|>"],
-            &WORDS,
-            "[{\"SpecialToken\":{\"id\":\"<|startoftext|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},\
-             {\"SpecialToken\":{\"id\":\"<|endoftext|>\",\"type_id\":0}}]",
-            &[("<|startoftext|>", 0), ("<|endoftext|>", 1)],
-        ),
-    )
-    .unwrap();
-    let t5 = copy("t5_encoder", dir.join("t5/t5xxl_fp16.safetensors"));
-    std::fs::write(
-        dir.join("t5/tokenizer.json"),
-        tokenizer_json(
-            &["<pad>", "</s>"],
-            &WORDS,
-            "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}]",
-            &[("</s>", 1)],
-        ),
-    )
-    .unwrap();
+    let (clip_l, t5) = framesmith_models::fixtures::flux_text_encoders(dir, &WORDS).unwrap();
     Files {
         dit: copy("flux_dit", dir.join("flux1-dev.safetensors")),
         ae: copy("flux_ae", dir.join("ae.safetensors")),

@@ -8,7 +8,7 @@ use framesmith_app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView,
 use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::EngineHandle;
-use framesmith_config::{presets, validate, HostInfo, RunConfig};
+use framesmith_config::{presets, validate_for, HostInfo, RunConfig};
 use framesmith_data::config::DatasetKind;
 use framesmith_data::{check_path, DatasetReport, ScanOptions};
 
@@ -105,9 +105,11 @@ impl Backend for EngineBackend {
     }
 
     fn validate(&self, config: &RunConfig) -> Vec<FieldIssue> {
-        // Validation runs on a job thread; counting CUDA devices there never stalls the UI.
+        // Validation runs on a job thread; counting CUDA devices (and reading model.dit's header for the family)
+        // there never stalls the UI.
         let host = HostInfo::new(framesmith_engine::train::setup::cuda_device_count());
-        match validate(config, &host) {
+        let family = framesmith_engine::train::flux::model_family(config);
+        match validate_for(config, &host, family) {
             Ok(_) => Vec::new(),
             Err(errors) => errors
                 .problems

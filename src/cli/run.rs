@@ -199,9 +199,9 @@ fn follow(engine: &EngineHandle, mut watch: Option<SpillWatch>) -> anyhow::Resul
                 summary.last_lora = Some(lora);
                 summary.last_state = state.or(summary.last_state.take());
             }
-            Event::SampleReady { step, video, .. } => {
-                term.say(format!("step {step}: sample {}", video.display()));
-                summary.samples.push(video);
+            Event::SampleReady { step, file, .. } => {
+                term.say(format!("step {step}: sample {}", file.display()));
+                summary.samples.push(file);
             }
             Event::Failed { message } => {
                 term.abandon();

@@ -71,11 +71,8 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
             Err(err) => app.run.note(LogLevel::Error, err),
         },
         JobResult::RunPrepared(result) => run_prepared(app, result),
-        JobResult::SampleThumbnail {
-            frames_dir,
-            thumbnail,
-        } => {
-            app.samples.take_thumbnail(frames_dir, thumbnail);
+        JobResult::SampleThumbnail { frames, thumbnail } => {
+            app.samples.take_thumbnail(frames, thumbnail);
         }
     }
 }

@@ -81,7 +81,7 @@ pub enum JobResult {
         next: PathBuf,
     },
     SampleThumbnail {
-        frames_dir: PathBuf,
+        frames: PathBuf,
         thumbnail: Option<Thumbnail>,
     },
 }

@@ -1,5 +1,6 @@
-//! The sample-clip player: PNG frames from a sample's `frames_dir`, decoded off the UI thread, shown at the
-//! clip's fps (from `frames.json`, default 16) through one texture that is updated in place.
+//! The sample player: PNG frames from a sample's frames folder, decoded off the UI thread, shown at the clip's fps
+//! (from `frames.json`, default 16) through one texture that is updated in place. An image sample (one PNG, as
+//! FLUX.1 runs make) is shown still, without the playback controls.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -187,8 +188,19 @@ fn handle(request: Request) -> Decoded {
     }
 }
 
-/// PNG frames sorted by name, and the fps from `frames.json` (`{"fps": 16}`).
-pub fn list_frames(frames_dir: &Path) -> Result<(Vec<PathBuf>, f64), String> {
+/// PNG frames sorted by name, and the fps from `frames.json` (`{"fps": 16}`); `frames` may also be one PNG image,
+/// a sample of one frame.
+pub fn list_frames(frames: &Path) -> Result<(Vec<PathBuf>, f64), String> {
+    if frames.is_file() {
+        let png = frames
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+        if !png {
+            return Err(format!("not a PNG image: {}", frames.display()));
+        }
+        return Ok((vec![frames.to_path_buf()], DEFAULT_FPS));
+    }
+    let frames_dir = frames;
     let entries = std::fs::read_dir(frames_dir).map_err(|err| {
         format!(
             "cannot read the frames of this sample: {err}: {}",
@@ -259,6 +271,7 @@ impl Player {
         }
     }
 
+    /// The frames folder or image the player has open.
     pub fn frames_dir(&self) -> Option<&Path> {
         self.frames_dir.as_deref()
     }
@@ -348,7 +361,19 @@ impl Player {
             let scale = (ui.available_width() / size.x).clamp(0.1, 1.5);
             ui.add(egui::Image::new((texture.id(), size * scale)));
         }
-        self.controls_ui(ui);
+        if self.is_still() {
+            if let Some(texture) = &self.texture {
+                let [w, h] = texture.size();
+                ui.label(egui::RichText::new(format!("Image, {w}×{h}")).color(theme::MUTED));
+            }
+        } else {
+            self.controls_ui(ui);
+        }
+    }
+
+    /// Whether the open sample is one frame (an image): shown without playback controls.
+    pub fn is_still(&self) -> bool {
+        self.frames.len() == 1
     }
 
     fn controls_ui(&mut self, ui: &mut Ui) {
@@ -441,5 +466,10 @@ mod tests {
         assert!(list_frames(empty.path())
             .unwrap_err()
             .contains("no PNG frames"));
+        // An image sample is one frame.
+        let image = dir.path().join("0001.png");
+        assert_eq!(list_frames(&image).unwrap(), (vec![image], DEFAULT_FPS));
+        let json = dir.path().join("frames.json");
+        assert!(list_frames(&json).unwrap_err().contains("not a PNG image"));
     }
 }

@@ -77,16 +77,17 @@ fn prompt_texts(path: &Path) -> Vec<String> {
         .collect()
 }
 
-/// A `SampleReady` for every `{step:06}-{prompt:02}` frames folder, by step.
+/// A `SampleReady` for every `{step:06}-{prompt:02}` sample, by step: a clip's frames folder (beside its MP4) or an
+/// image's PNG.
 fn sample_events(samples: &Path, prompts: &[String]) -> Result<Vec<Event>, String> {
     let entries = std::fs::read_dir(samples)
         .map_err(|err| format!("cannot read {}: {err}", samples.display()))?;
     let mut found: Vec<(usize, usize, PathBuf)> = entries
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.is_dir())
+        .filter(|p| p.is_dir() || is_png(p))
         .filter_map(|p| {
-            let name = p.file_name()?.to_str()?.to_string();
+            let name = p.file_stem()?.to_str()?.to_string();
             let (step, index) = name.split_once('-')?;
             Some((step.parse().ok()?, index.parse().ok()?, p))
         })
@@ -94,16 +95,27 @@ fn sample_events(samples: &Path, prompts: &[String]) -> Result<Vec<Event>, Strin
     found.sort();
     Ok(found
         .into_iter()
-        .map(|(step, index, frames_dir)| Event::SampleReady {
+        .map(|(step, index, frames)| Event::SampleReady {
             step,
-            video: frames_dir.with_extension("mp4"),
+            file: if frames.is_dir() {
+                frames.with_extension("mp4")
+            } else {
+                frames.clone()
+            },
             prompt: prompts
                 .get(index)
                 .cloned()
                 .unwrap_or_else(|| format!("prompt {index}")),
-            frames_dir,
+            frames,
         })
         .collect())
+}
+
+fn is_png(path: &Path) -> bool {
+    path.is_file()
+        && path
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png"))
 }
 
 #[cfg(test)]
@@ -131,6 +143,12 @@ mod tests {
         )
         .unwrap();
         std::fs::create_dir_all(dir.path().join("samples/000002-00")).unwrap();
+        // A FLUX.1 run's image sample, and what is not a sample.
+        image::RgbImage::new(2, 2)
+            .save(dir.path().join("samples/000004-00.png"))
+            .unwrap();
+        std::fs::write(dir.path().join("samples/000002-00.mp4"), b"").unwrap();
+        std::fs::write(dir.path().join("samples/notes.png"), b"").unwrap();
         let events = run_events(dir.path()).unwrap();
         let progress: Vec<&Progress> = events
             .iter()
@@ -149,10 +167,29 @@ mod tests {
             timesteps: 4,
         };
         assert!(events.contains(&Event::Validated(validation)));
-        assert!(events.iter().any(|e| matches!(
-            e,
-            Event::SampleReady { step: 2, prompt, .. } if prompt == "a red dot"
-        )));
+        let samples: Vec<(usize, PathBuf, PathBuf)> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::SampleReady {
+                    step,
+                    file,
+                    frames,
+                    prompt,
+                } => {
+                    assert_eq!(prompt, "a red dot");
+                    Some((*step, file.clone(), frames.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let s = dir.path().join("samples");
+        assert_eq!(
+            samples,
+            [
+                (2, s.join("000002-00.mp4"), s.join("000002-00")),
+                (4, s.join("000004-00.png"), s.join("000004-00.png")),
+            ]
+        );
         assert_eq!(
             events.last(),
             Some(&Event::StateChanged(RunState::Finished))

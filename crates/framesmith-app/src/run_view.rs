@@ -26,13 +26,24 @@ pub struct LogLine {
     pub message: String,
 }
 
-/// A sample clip the engine wrote.
+/// A sample the engine wrote: a clip, or an image (FLUX.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampleClip {
     pub step: usize,
-    pub video: PathBuf,
-    pub frames_dir: PathBuf,
+    /// The MP4 clip or the PNG image.
+    pub file: PathBuf,
+    /// What the player shows: the clip's folder of PNG frames, or the PNG image itself.
+    pub frames: PathBuf,
     pub prompt: String,
+}
+
+impl SampleClip {
+    /// Whether the sample is an image (its frames are one PNG) rather than a clip.
+    pub fn is_image(&self) -> bool {
+        self.frames
+            .extension()
+            .is_some_and(|e| e.eq_ignore_ascii_case("png"))
+    }
 }
 
 /// A checkpoint the engine wrote.
@@ -111,14 +122,14 @@ impl RunView {
             }
             Event::SampleReady {
                 step,
-                video,
-                frames_dir,
+                file,
+                frames,
                 prompt,
             } => {
                 self.samples.push(SampleClip {
                     step,
-                    video,
-                    frames_dir,
+                    file,
+                    frames,
                     prompt,
                 });
                 self.samples.sort_by_key(|s| s.step);
@@ -394,8 +405,8 @@ mod tests {
         for step in [20, 10] {
             view.apply(Event::SampleReady {
                 step,
-                video: PathBuf::from(format!("{step}.mp4")),
-                frames_dir: PathBuf::from(format!("{step}")),
+                file: PathBuf::from(format!("{step}.mp4")),
+                frames: PathBuf::from(format!("{step}")),
                 prompt: "a cat".into(),
             });
         }

@@ -1,5 +1,5 @@
-//! The Samples tab: a gallery of sample clips by step (last-frame thumbnails made off the UI thread) and the
-//! player.
+//! The Samples tab: a gallery of samples by step — clips, or images from FLUX.1 runs — (last-frame thumbnails
+//! made off the UI thread) and the player, which shows an image still.
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -30,21 +30,21 @@ impl SamplesState {
         }
     }
 
-    /// Asks for a clip's last-frame thumbnail (once per clip).
-    pub fn request_thumbnail(&mut self, jobs: &mut Jobs, frames_dir: &Path) {
-        if !self.requested.insert(frames_dir.to_path_buf()) {
+    /// Asks for a sample's last-frame thumbnail (once per sample; `frames`: its frames folder or image).
+    pub fn request_thumbnail(&mut self, jobs: &mut Jobs, frames: &Path) {
+        if !self.requested.insert(frames.to_path_buf()) {
             return;
         }
-        let frames_dir = frames_dir.to_path_buf();
+        let frames = frames.to_path_buf();
         jobs.spawn("sample thumbnail", move || JobResult::SampleThumbnail {
-            thumbnail: last_frame_thumbnail(&frames_dir),
-            frames_dir,
+            thumbnail: last_frame_thumbnail(&frames),
+            frames,
         });
     }
 
     /// Keeps a finished thumbnail until the gallery draws it (textures are made on the UI thread).
-    pub fn take_thumbnail(&mut self, frames_dir: PathBuf, thumbnail: Option<Thumbnail>) {
-        self.pending.insert(frames_dir, thumbnail);
+    pub fn take_thumbnail(&mut self, frames: PathBuf, thumbnail: Option<Thumbnail>) {
+        self.pending.insert(frames, thumbnail);
     }
 
     fn texture(&mut self, ctx: &egui::Context, frames_dir: &Path) -> Option<&TextureHandle> {
@@ -66,9 +66,10 @@ impl SamplesState {
     }
 }
 
-/// The clip's last frame: where it ends up (the first is the given start frame of an image-to-video sample).
-fn last_frame_thumbnail(frames_dir: &Path) -> Option<Thumbnail> {
-    let (frames, _) = list_frames(frames_dir).ok()?;
+/// The sample's last frame: where a clip ends up (the first is the given start frame of an image-to-video
+/// sample), or the image.
+fn last_frame_thumbnail(frames: &Path) -> Option<Thumbnail> {
+    let (frames, _) = list_frames(frames).ok()?;
     let last = frames.last()?;
     let side = theme::GALLERY_THUMBNAIL as u32;
     let image = image::open(last).ok()?.thumbnail(side, side).to_rgba8();
@@ -95,27 +96,28 @@ pub(super) fn samples_ui(state: &mut SamplesState, clips: &[SampleClip], ui: &mu
                 for clip in clips {
                     ui.vertical(|ui| {
                         ui.set_width(theme::GALLERY_THUMBNAIL + 8.0);
-                        if let Some(texture) = state.texture(ui.ctx(), &clip.frames_dir) {
+                        if let Some(texture) = state.texture(ui.ctx(), &clip.frames) {
                             ui.add(egui::Image::new((texture.id(), texture.size_vec2())));
                         }
-                        if ui.button(format!("Play step {}", clip.step)).clicked() {
-                            open = Some(clip.frames_dir.clone());
+                        let verb = if clip.is_image() { "Show" } else { "Play" };
+                        if ui.button(format!("{verb} step {}", clip.step)).clicked() {
+                            open = Some(clip.frames.clone());
                         }
                         ui.label(RichText::new(&clip.prompt).small().color(theme::MUTED));
                     });
                 }
             });
         });
-    if let Some(frames_dir) = open {
-        state.player.open(&frames_dir);
+    if let Some(frames) = open {
+        state.player.open(&frames);
     }
     ui.separator();
     let playing = state
         .player
         .frames_dir()
-        .and_then(|dir| clips.iter().find(|c| c.frames_dir == dir));
+        .and_then(|dir| clips.iter().find(|c| c.frames == dir));
     if let Some(clip) = playing {
-        ui.label(format!("Step {} · {}", clip.step, clip.video.display()));
+        ui.label(format!("Step {} · {}", clip.step, clip.file.display()));
     }
     state.player.ui(ui);
 }

@@ -134,14 +134,14 @@ fn stage_run(app: &mut FramesmithApp, events: Vec<Event>) {
     app.run.begin_run();
     let mut last = None;
     for event in events {
-        if let Event::SampleReady { frames_dir, .. } = &event {
-            app.samples.request_thumbnail(&mut app.jobs, frames_dir);
-            last = Some(frames_dir.clone());
+        if let Event::SampleReady { frames, .. } = &event {
+            app.samples.request_thumbnail(&mut app.jobs, frames);
+            last = Some(frames.clone());
         }
         app.apply_event(event);
     }
-    if let Some(frames_dir) = last {
-        app.samples.player.open(&frames_dir);
+    if let Some(frames) = last {
+        app.samples.player.open(&frames);
     }
 }
 

@@ -235,8 +235,8 @@ impl FramesmithApp {
             }
         }
         for event in events {
-            if let Event::SampleReady { frames_dir, .. } = &event {
-                self.samples.request_thumbnail(&mut self.jobs, frames_dir);
+            if let Event::SampleReady { frames, .. } = &event {
+                self.samples.request_thumbnail(&mut self.jobs, frames);
             }
             self.apply_event(event);
         }

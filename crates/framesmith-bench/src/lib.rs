@@ -11,6 +11,7 @@ pub mod step;
 pub mod stream;
 pub mod synth;
 pub mod synth_flux;
+pub mod synth_flux_samples;
 
 use candle_core::{Device, Result};
 use serde::Serialize;

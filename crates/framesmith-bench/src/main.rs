@@ -256,6 +256,10 @@ struct SynthArgs {
     /// cache` runs.
     #[arg(long, value_name = "SPIECE_MODEL")]
     encoders: Option<std::path::PathBuf>,
+    /// FLUX.1: also write random `ae.safetensors`, CLIP-L and T5-XXL at their released sizes (with stand-in
+    /// tokenizers) and `prompts.txt`, for runs that sample during training.
+    #[arg(long)]
+    sample_files: bool,
 }
 
 /// bf16 weights and the portable CPU step differ by rounding only; a real bug gives errors of order 1.
@@ -398,6 +402,23 @@ fn synth_flux_project(args: &SynthArgs) -> Result<()> {
         rank: args.rank,
     };
     let files = bench::synth_flux::write_flux_project(&args.out, &spec)?;
+    if args.sample_files {
+        let sizes = bench::synth_flux_samples::FluxEncoderSizes::released();
+        let dir = files.dit.parent().unwrap_or(&args.out);
+        let samples = bench::synth_flux_samples::write_flux_sample_files(
+            dir,
+            &sizes,
+            (spec.width, spec.height),
+            spec.seed,
+        )?;
+        println!(
+            "wrote {}, {}, {}, {}",
+            samples.autoencoder.display(),
+            samples.clip_l.display(),
+            samples.t5.display(),
+            samples.prompts.display()
+        );
+    }
     println!(
         "wrote {} ({:.2} GiB), {}, {}, {}, {}",
         files.dit.display(),
@@ -416,6 +437,9 @@ fn synth_project(args: &SynthArgs) -> Result<()> {
         "wan" => {}
         "flux-dev" => return synth_flux_project(args),
         other => bail!("unknown model `{other}` for synth-project (wan, flux-dev)"),
+    }
+    if args.sample_files {
+        bail!("--sample-files is for FLUX.1 projects (--model flux-dev); Wan projects take --encoders");
     }
     let dit = bench::synth::DitFormat::parse(&args.dtype)?;
     let spec = bench::synth::SynthProject {

@@ -365,7 +365,7 @@ pub fn write_random_encoders(
 
 /// Mean and standard deviation of a random encoder tensor: norms one, biases zero, the token embedding unit
 /// normal, weights `1/sqrt(fan_in)`.
-fn encoder_init(name: &str, shape: &[usize]) -> (f32, f32) {
+pub(crate) fn encoder_init(name: &str, shape: &[usize]) -> (f32, f32) {
     if name.ends_with("gamma") || name.contains("norm") {
         (1.0, 0.0)
     } else if name.ends_with("bias") {

@@ -14,13 +14,14 @@ pub mod schedule;
 pub mod text_file;
 pub mod training;
 pub mod validate;
+mod validate_flux;
 mod validate_train;
 mod validate_validation;
 
 pub use validate_validation::MAX_VALIDATION_TIMESTEPS;
 
 pub use error::ConfigError;
-pub use plan::{HostInfo, RunPlan};
+pub use plan::{HostInfo, ModelFamily, RunPlan};
 pub use presets::{FieldChange, Preset, PresetApplied};
 pub use run::RunConfig;
-pub use validate::{validate, Problem, ValidationErrors};
+pub use validate::{validate, validate_for, Problem, ValidationErrors};

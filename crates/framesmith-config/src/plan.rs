@@ -34,6 +34,18 @@ impl HostInfo {
     }
 }
 
+/// The model family a run trains: it decides which files and settings apply. The config does not say it (the
+/// family is read from `model.dit`'s header), so whoever can read the file passes it to
+/// [`crate::validate::validate_for`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ModelFamily {
+    /// Wan2.1 / Wan2.2 (and the built-in demo model).
+    #[default]
+    Wan,
+    /// FLUX.1 [dev].
+    Flux,
+}
+
 /// The device a run trains on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PlanDevice {
@@ -268,6 +280,8 @@ pub fn validation_sigmas(count: usize, min_timestep: f64, max_timestep: f64) -> 
 pub struct RunPlan {
     /// The config it was made from (for LoRA metadata and the training-state folder).
     pub config: RunConfig,
+    /// The family the config was validated for.
+    pub family: ModelFamily,
     pub device: PlanDevice,
     pub model: ModelPlan,
     pub dataset: DatasetPlan,

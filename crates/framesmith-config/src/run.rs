@@ -82,10 +82,13 @@ pub struct ModelSection {
     pub dit: PathBuf,
     /// `auto` (detected from the file) or a variant name (`t2v-1.3b`, `t2v-14b`, `i2v-14b`, `t2v-a14b`, …).
     pub variant: String,
+    /// The Wan VAE, or FLUX.1's autoencoder `ae.safetensors` (decodes samples during training).
     pub vae: PathBuf,
+    /// umT5 for Wan, T5-XXL for FLUX.1 (encodes the sample prompts).
     pub text_encoder: PathBuf,
     /// CLIP image encoder of Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
-    /// clip_vision_h.safetensors): encodes the start images of samples during training.
+    /// clip_vision_h.safetensors): encodes the start images of samples during training. For FLUX.1, CLIP-L
+    /// (`clip_l.safetensors`), which encodes the sample prompts with T5-XXL.
     pub clip: PathBuf,
     /// Wan2.2 A14B's low-noise expert (file or folder). With it one run trains both experts, `model.dit` being
     /// the high-noise one; each step's timestep picks the expert that owns it.

@@ -5,12 +5,13 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::plan::{
-    DatasetPlan, DatasetSource, FloatDtype, HostInfo, LoraPlan, LowNoisePlan, ModelPlan,
-    ModelSource, OutputPlan, PlanDevice, RunPlan, SamplingPlan,
+    DatasetPlan, DatasetSource, FloatDtype, HostInfo, LoraPlan, LowNoisePlan, ModelFamily,
+    ModelPlan, ModelSource, OutputPlan, PlanDevice, RunPlan, SamplingPlan,
 };
 use super::run::{
     BaseDtype, DeviceSpec, ExpertMode, ModelSection, RunConfig, SaveDtype, SCHEMA_VERSION,
 };
+use super::validate_flux::{check_flux, clip_file, sampling_files};
 use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
 use super::validate_validation::check_validation;
 use crate::catalog;
@@ -104,8 +105,19 @@ impl Checker {
     }
 }
 
-/// Checks `cfg` on a machine described by `host` and resolves it. Returns every problem when there is any.
+/// Checks `cfg` on a machine described by `host` and resolves it, as a Wan (or demo) run. Returns every problem
+/// when there is any.
 pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationErrors> {
+    validate_for(cfg, host, ModelFamily::Wan)
+}
+
+/// [`validate`] for a run of `family` (read from `model.dit` by the caller): a FLUX.1 run is also checked for the
+/// Wan-only settings it cannot take and for the files its samples need.
+pub fn validate_for(
+    cfg: &RunConfig,
+    host: &HostInfo,
+    family: ModelFamily,
+) -> Result<RunPlan, ValidationErrors> {
     let mut c = Checker::default();
     if cfg.schema_version != SCHEMA_VERSION {
         c.problem(
@@ -118,7 +130,7 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
         );
     }
     let device = check_device(&mut c, cfg.training.device, host);
-    let model = check_model(&mut c, cfg, device);
+    let model = check_model(&mut c, cfg, device, family);
     let pixel_step = model
         .variant
         .as_deref()
@@ -136,8 +148,11 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
         .map(|v| v.blocks);
     let memory = check_memory(&mut c, &cfg.memory, device, host, num_layers);
     let output = check_output(&mut c, cfg, model.compute_dtype);
-    let sampling = check_sampling(&mut c, cfg);
+    let sampling = check_sampling(&mut c, cfg, family);
     let validation = check_validation(&mut c, cfg);
+    if family == ModelFamily::Flux {
+        check_flux(&mut c, cfg, validation.is_some());
+    }
     if !c.problems.is_empty() {
         return Err(ValidationErrors {
             problems: c.problems,
@@ -145,6 +160,7 @@ pub fn validate(cfg: &RunConfig, host: &HostInfo) -> Result<RunPlan, ValidationE
     }
     Ok(RunPlan {
         config: cfg.clone(),
+        family,
         device,
         model,
         dataset,
@@ -198,7 +214,12 @@ fn non_empty(path: &Path) -> Option<PathBuf> {
     (!path.as_os_str().is_empty()).then(|| path.to_path_buf())
 }
 
-fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPlan {
+fn check_model(
+    c: &mut Checker,
+    cfg: &RunConfig,
+    device: PlanDevice,
+    family: ModelFamily,
+) -> ModelPlan {
     let m = &cfg.model;
     let source = if m.demo {
         if non_empty(&m.dit).is_some() {
@@ -227,7 +248,7 @@ fn check_model(c: &mut Checker, cfg: &RunConfig, device: PlanDevice) -> ModelPla
     }
     let clip = non_empty(&m.clip);
     if let Some(p) = &clip {
-        c.existing("model.clip", p, "CLIP image encoder");
+        c.existing("model.clip", p, clip_file(family));
     }
     let low_noise = check_low_noise(c, m);
     if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
@@ -482,7 +503,7 @@ fn check_output(c: &mut Checker, cfg: &RunConfig, compute: FloatDtype) -> Output
     }
 }
 
-fn check_sampling(c: &mut Checker, cfg: &RunConfig) -> Option<SamplingPlan> {
+fn check_sampling(c: &mut Checker, cfg: &RunConfig, family: ModelFamily) -> Option<SamplingPlan> {
     let s = &cfg.sampling;
     let (every_n_steps, every_n_epochs) = (
         period(s.sample_every_n_steps),
@@ -501,14 +522,7 @@ fn check_sampling(c: &mut Checker, cfg: &RunConfig) -> Option<SamplingPlan> {
     };
     c.existing("sampling.prompts", prompts, "prompt file");
     if !cfg.model.demo {
-        for (key, path, what) in [
-            ("model.vae", &cfg.model.vae, "the VAE (to decode clips)"),
-            (
-                "model.text_encoder",
-                &cfg.model.text_encoder,
-                "the text encoder (to encode prompts)",
-            ),
-        ] {
+        for (key, path, what) in sampling_files(cfg, family) {
             if path.as_os_str().is_empty() {
                 c.problem(
                     key,

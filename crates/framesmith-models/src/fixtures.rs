@@ -24,3 +24,84 @@ pub fn case_dir(family: &str, case: &str) -> PathBuf {
 pub fn wan_case(case: &str) -> PathBuf {
     case_dir("wan", case)
 }
+
+/// A word-level `tokenizer.json`: `specials` first (ids 0, 1, …), then `words`; `single` is the template of one
+/// sequence (JSON), whose special tokens are all of `specials`. Unknown words read as the first of `words`.
+fn word_level_tokenizer(specials: &[&str], words: &[&str], single: &str) -> String {
+    let vocab: Vec<String> = specials
+        .iter()
+        .chain(words)
+        .enumerate()
+        .map(|(i, w)| format!("\"{w}\":{i}"))
+        .collect();
+    let added: Vec<String> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            format!(
+                "{{\"id\":{i},\"content\":\"{w}\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\
+                 \"normalized\":false,\"special\":true}}"
+            )
+        })
+        .collect();
+    let special: Vec<String> = specials
+        .iter()
+        .enumerate()
+        .map(|(id, t)| format!("\"{t}\":{{\"id\":\"{t}\",\"ids\":[{id}],\"tokens\":[\"{t}\"]}}"))
+        .collect();
+    format!(
+        "{{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[{}],\"normalizer\":null,\
+         \"pre_tokenizer\":{{\"type\":\"Whitespace\"}},\"post_processor\":{{\"type\":\"TemplateProcessing\",\
+         \"single\":{single},\"pair\":[{{\"Sequence\":{{\"id\":\"A\",\"type_id\":0}}}}],\"special_tokens\":{{{}}}}},\
+         \"decoder\":null,\"model\":{{\"type\":\"WordLevel\",\"vocab\":{{{}}},\"unk_token\":\"{}\"}}}}",
+        added.join(","),
+        special.join(","),
+        vocab.join(","),
+        words.first().copied().unwrap_or("<unk>")
+    )
+}
+
+/// A word-level CLIP `tokenizer.json` of `words`: `<|startoftext|> … <|endoftext|>` around each sequence.
+pub fn clip_tokenizer_json(words: &[&str]) -> String {
+    word_level_tokenizer(
+        &["<|startoftext|>", "<|endoftext|>"],
+        words,
+        "[{\"SpecialToken\":{\"id\":\"<|startoftext|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\
+         \"type_id\":0}},{\"SpecialToken\":{\"id\":\"<|endoftext|>\",\"type_id\":0}}]",
+    )
+}
+
+/// A word-level T5 `tokenizer.json` of `words`: `<pad>` 0, `</s>` 1 after each sequence.
+pub fn t5_tokenizer_json(words: &[&str]) -> String {
+    word_level_tokenizer(
+        &["<pad>", "</s>"],
+        words,
+        "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}]",
+    )
+}
+
+/// The tiny FLUX.1 text encoders laid out in `dir` as people have them: `clip/clip_l.safetensors` beside its
+/// `config.json` (the tiny CLIP's heads are not one per 64 channels) and `t5/t5xxl_fp16.safetensors`, each beside a
+/// word-level `tokenizer.json` of `words`. Returns the CLIP-L and T5 paths.
+pub fn flux_text_encoders(dir: &Path, words: &[&str]) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let (clip_dir, t5_dir) = (dir.join("clip"), dir.join("t5"));
+    std::fs::create_dir_all(&clip_dir)?;
+    std::fs::create_dir_all(&t5_dir)?;
+    let clip_l = clip_dir.join("clip_l.safetensors");
+    std::fs::copy(
+        case_dir("flux", "clip_l").join("weights.safetensors"),
+        &clip_l,
+    )?;
+    let config: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(
+        case_dir("flux", "clip_l").join("config.json"),
+    )?)?;
+    std::fs::write(clip_dir.join("config.json"), config["init"].to_string())?;
+    std::fs::write(clip_dir.join("tokenizer.json"), clip_tokenizer_json(words))?;
+    let t5 = t5_dir.join("t5xxl_fp16.safetensors");
+    std::fs::copy(
+        case_dir("flux", "t5_encoder").join("weights.safetensors"),
+        &t5,
+    )?;
+    std::fs::write(t5_dir.join("tokenizer.json"), t5_tokenizer_json(words))?;
+    Ok((clip_l, t5))
+}

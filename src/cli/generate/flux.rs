@@ -10,18 +10,18 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::Device;
 use framesmith_engine::generate::flux::{
-    decode_image, denoise_image, FluxImageSettings, FluxPrompt, DEV_GUIDANCE,
+    check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
+    FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
 use framesmith_engine::generate::pipeline::combine_loras;
 use framesmith_engine::train::setup::{hold_vram_budget, VramUse};
-use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
+use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::{
     identify_expected, load_autoencoder, load_dit, FluxComponent, FluxFile, FluxKind, FluxVariant,
 };
 use framesmith_models::flux::FluxConfig;
 use framesmith_models::identify::{identify, IdentifyError, ModelFile};
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::offload::release_cached_memory;
 
 use super::{parse_lora, timing_line, GenerateArgs};
 use crate::cli::models::{open_device, pick_dtype, progress_bar};
@@ -32,8 +32,7 @@ const DEFAULT_SIDE: usize = 1024;
 /// Sampling steps when --steps is not given: the official defaults.
 const DEV_STEPS: usize = 50;
 const SCHNELL_STEPS: usize = 4;
-/// T5 tokens: 512 for dev, 256 for schnell, as the official `load_t5` is called.
-const DEV_T5_TOKENS: usize = 512;
+/// T5 tokens of schnell (256, as the official `load_t5` is called for it; dev takes [`DEV_T5_TOKENS`]).
 const SCHNELL_T5_TOKENS: usize = 256;
 
 /// Whether `path` is a FLUX.1 file of any kind (so `generate` goes the FLUX.1 way and names it if it is not the DiT).
@@ -90,8 +89,8 @@ fn dit_of(args: &GenerateArgs) -> anyhow::Result<(FluxVariant, FluxConfig)> {
     Ok((variant, config))
 }
 
-/// Checks the autoencoder and the text encoders against the DiT: each file the component its flag names, the T5
-/// and CLIP widths and the latent channels the DiT's. Returns the CLIP-L and T5 paths.
+/// Checks the autoencoder and the text encoders against the DiT ([`check_companions`]). Returns the CLIP-L and T5
+/// paths.
 fn check_files<'a>(
     args: &'a GenerateArgs,
     cfg: &FluxConfig,
@@ -103,48 +102,21 @@ fn check_files<'a>(
             args.dit.display()
         );
     };
-    let mismatch = |flag: &str, what: String, path: &Path| {
-        anyhow::anyhow!(
-            "{flag}: {what}; give the file made for this DiT ({} for FLUX.1): {}",
-            match flag {
-                "--vae" => FluxComponent::Autoencoder.file(),
-                "--clip-l" => FluxComponent::ClipL.file(),
-                _ => FluxComponent::T5.file(),
-            },
-            path.display()
-        )
+    let files = Companions {
+        autoencoder: Companion {
+            key: "--vae",
+            path: &args.vae,
+        },
+        clip_l: Companion {
+            key: "--clip-l",
+            path: clip_l,
+        },
+        t5: Companion {
+            key: "--t5",
+            path: t5,
+        },
     };
-    if let FluxKind::Autoencoder { z_channels, .. } =
-        expect(&args.vae, "--vae", FluxComponent::Autoencoder)?.kind
-    {
-        if z_channels * 4 != cfg.in_channels {
-            let what = format!(
-                "the autoencoder makes {z_channels} latent channels, but the DiT takes {} (packed 2×2)",
-                cfg.in_channels / 4
-            );
-            return Err(mismatch("--vae", what, &args.vae));
-        }
-    }
-    if let FluxKind::ClipText { hidden, .. } =
-        expect(clip_l, "--clip-l", FluxComponent::ClipL)?.kind
-    {
-        if hidden != cfg.vec_in_dim {
-            let what = format!(
-                "CLIP gives {hidden}-wide vectors, but the DiT takes {}",
-                cfg.vec_in_dim
-            );
-            return Err(mismatch("--clip-l", what, clip_l));
-        }
-    }
-    if let FluxKind::T5 { dim, .. } = expect(t5, "--t5", FluxComponent::T5)?.kind {
-        if dim != cfg.context_in_dim {
-            let what = format!(
-                "T5 gives {dim}-wide states, but the DiT takes {}",
-                cfg.context_in_dim
-            );
-            return Err(mismatch("--t5", what, t5));
-        }
-    }
+    check_companions(&files, cfg)?;
     Ok((clip_l, t5))
 }
 
@@ -184,17 +156,9 @@ fn encode_prompt(
         t5_tokenizer: args.tokenizer.as_deref(),
         t5_max_tokens,
     };
-    let encoder = FluxTextEncoder::load(files, dtype, device).with_context(|| {
-        format!(
-            "loading the FLUX.1 text encoders {} and {}",
-            clip_l.display(),
-            t5.display()
-        )
-    })?;
-    let (txt, vec) = encoder.encode(&[args.prompt.as_str()])?;
-    drop(encoder);
-    release_cached_memory(device)?;
-    Ok(FluxPrompt { txt, vec })
+    encode_prompts(files, &[args.prompt.as_str()], (dtype, device))?
+        .pop()
+        .context("the text encoders returned no prompt")
 }
 
 /// Loads the DiT and attaches the LoRAs (several are combined into one adapter per layer).

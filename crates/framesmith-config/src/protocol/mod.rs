@@ -90,10 +90,13 @@ pub enum Event {
         lora: PathBuf,
         state: Option<PathBuf>,
     },
+    /// A sample made with the LoRA after `step`: a clip (Wan) or an image (FLUX.1).
     SampleReady {
         step: usize,
-        video: PathBuf,
-        frames_dir: PathBuf,
+        /// The sample's file: an H.264 MP4 clip, or a PNG image.
+        file: PathBuf,
+        /// What the player shows: the clip's folder of PNG frames, or the PNG image itself.
+        frames: PathBuf,
         prompt: String,
     },
     /// The run stopped with an error; the message says what and how to fix it.

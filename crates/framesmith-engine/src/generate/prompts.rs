@@ -6,7 +6,15 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
-/// One sample to generate.
+/// Frames of a Wan sample clip without `--f`.
+pub const DEFAULT_FRAMES: usize = 81;
+/// Classifier-free guidance of a Wan sample without `--l`.
+pub const DEFAULT_WAN_GUIDANCE: f64 = 5.0;
+/// Flow shift of a Wan sample without `--fs`.
+pub const DEFAULT_FLOW_SHIFT: f64 = 5.0;
+
+/// One sample to generate. The options whose default depends on the model (a frame count and a flow shift mean
+/// nothing to an image model; the guidance scale differs) stay `None` when the line does not give them.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct PromptSpec {
@@ -14,11 +22,11 @@ pub struct PromptSpec {
     pub negative: Option<String>,
     pub width: usize,
     pub height: usize,
-    pub frames: usize,
+    pub frames: Option<usize>,
     pub seed: u64,
     pub steps: usize,
-    pub guidance: f64,
-    pub flow_shift: f64,
+    pub guidance: Option<f64>,
+    pub flow_shift: Option<f64>,
     /// The start image of an image-to-video sample (`--i`).
     pub image: Option<PathBuf>,
 }
@@ -30,13 +38,30 @@ impl Default for PromptSpec {
             negative: None,
             width: 832,
             height: 480,
-            frames: 81,
+            frames: None,
             seed: 42,
             steps: 20,
-            guidance: 5.0,
-            flow_shift: 5.0,
+            guidance: None,
+            flow_shift: None,
             image: None,
         }
+    }
+}
+
+impl PromptSpec {
+    /// Frames of the clip (`--f`, else [`DEFAULT_FRAMES`]).
+    pub fn clip_frames(&self) -> usize {
+        self.frames.unwrap_or(DEFAULT_FRAMES)
+    }
+
+    /// Guidance scale of a Wan clip (`--l`, else [`DEFAULT_WAN_GUIDANCE`]).
+    pub fn clip_guidance(&self) -> f64 {
+        self.guidance.unwrap_or(DEFAULT_WAN_GUIDANCE)
+    }
+
+    /// Flow shift of a Wan clip (`--fs`, else [`DEFAULT_FLOW_SHIFT`]).
+    pub fn clip_flow_shift(&self) -> f64 {
+        self.flow_shift.unwrap_or(DEFAULT_FLOW_SHIFT)
     }
 }
 
@@ -116,11 +141,11 @@ pub fn parse_line(line: &str) -> Result<PromptSpec, String> {
         match key {
             "w" => spec.width = value.parse().map_err(|_| number("a width in pixels"))?,
             "h" => spec.height = value.parse().map_err(|_| number("a height in pixels"))?,
-            "f" => spec.frames = value.parse().map_err(|_| number("a frame count"))?,
+            "f" => spec.frames = Some(value.parse().map_err(|_| number("a frame count"))?),
             "d" => spec.seed = value.parse().map_err(|_| number("an integer seed"))?,
             "s" => spec.steps = value.parse().map_err(|_| number("a step count"))?,
-            "l" => spec.guidance = value.parse().map_err(|_| number("a guidance scale"))?,
-            "fs" => spec.flow_shift = value.parse().map_err(|_| number("a flow shift"))?,
+            "l" => spec.guidance = Some(value.parse().map_err(|_| number("a guidance scale"))?),
+            "fs" => spec.flow_shift = Some(value.parse().map_err(|_| number("a flow shift"))?),
             "n" => spec.negative = Some(value.to_string()),
             "i" => spec.image = Some(PathBuf::from(value)),
             other => {
@@ -145,9 +170,25 @@ mod tests {
         let spec = parse_line("a cat walking --w 512 --h 320 --f 33 --d 7 --s 25 --l 6.5 --fs 3 --n blurry, low quality")
             .expect("valid line");
         assert_eq!(spec.prompt, "a cat walking");
-        assert_eq!((spec.width, spec.height, spec.frames), (512, 320, 33));
+        assert_eq!(
+            (spec.width, spec.height, spec.clip_frames()),
+            (512, 320, 33)
+        );
         assert_eq!((spec.seed, spec.steps), (7, 25));
-        assert_eq!((spec.guidance, spec.flow_shift), (6.5, 3.0));
+        assert_eq!((spec.guidance, spec.flow_shift), (Some(6.5), Some(3.0)));
+        let plain = parse_line("a cat").expect("valid line");
+        assert_eq!(
+            (plain.frames, plain.guidance, plain.flow_shift),
+            (None, None, None)
+        );
+        assert_eq!(
+            (
+                plain.clip_frames(),
+                plain.clip_guidance(),
+                plain.clip_flow_shift()
+            ),
+            (DEFAULT_FRAMES, DEFAULT_WAN_GUIDANCE, DEFAULT_FLOW_SHIFT)
+        );
         assert_eq!(spec.negative.as_deref(), Some("blurry, low quality"));
     }
 

@@ -98,7 +98,7 @@ pub fn demo_sample_prompts(
         .map(|p| {
             let latent_shape = [
                 cfg.out_dim,
-                demo::codec::latent_frames(p.frames.max(1)),
+                demo::codec::latent_frames(p.clip_frames().max(1)),
                 (p.height / factor).max(2),
                 (p.width / factor).max(2),
             ];
@@ -113,8 +113,8 @@ pub fn demo_sample_prompts(
                 negative: p.negative.as_deref().map(embed).transpose()?,
                 latent_shape,
                 steps: p.steps,
-                shift: p.flow_shift,
-                guidance: p.guidance,
+                shift: p.clip_flow_shift(),
+                guidance: p.clip_guidance(),
                 seed: p.seed,
                 prompt: p.prompt,
                 image: start_frame.map(|latent| ImageConditioning::FirstFrame { latent }),

@@ -14,7 +14,7 @@ use framesmith_models::flux::FluxConfig;
 use framesmith_nn::lora_file::LoraFile;
 
 /// The tiny dev fixture DiT copied into `dir` as `name`.
-fn dit(dir: &Path, case: &str, name: &str) -> anyhow::Result<PathBuf> {
+pub(super) fn dit(dir: &Path, case: &str, name: &str) -> anyhow::Result<PathBuf> {
     let from = framesmith_models::fixtures::case_dir("flux", case).join("weights.safetensors");
     let to = dir.join(name);
     std::fs::copy(from, &to)?;
@@ -22,7 +22,7 @@ fn dit(dir: &Path, case: &str, name: &str) -> anyhow::Result<PathBuf> {
 }
 
 /// A `steps`-long FLUX.1 run on three cached images (two buckets) in `dir`.
-fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
+pub(super) fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
     let images = dir.join("images");
     std::fs::create_dir_all(&images)?;
@@ -166,7 +166,10 @@ fn wrong_files_and_wan_only_settings_are_refused_by_name() -> anyhow::Result<()>
     let mut sampled = base.clone();
     sampled.model.variant = "t2v-1.3b".into();
     let err = start_error(&sampled);
-    assert!(err.contains("model.variant names a Wan variant"), "{err}");
+    assert!(
+        err.contains("`model.variant`: names the Wan variant `t2v-1.3b`"),
+        "{err}"
+    );
 
     // Only Wan caches in the cache directory.
     let cache = dir.path().join("cache");

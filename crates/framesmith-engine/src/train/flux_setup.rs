@@ -2,8 +2,9 @@
 //! [`Trainer`] as a Wan run (optimizer, schedule, training set, outputs, resume, the engine loop), with the FLUX.1
 //! DiT, LoRA on its double- and single-stream blocks under sd-scripts' names, items from `_flux` caches and the
 //! FLUX.1 batch, block streaming over both block kinds in `memory.flux_stream_order`, and the memory plan (which
-//! picks `blocks_to_swap = "auto"`). Samples and validation
-//! are Wan-only for now: a run that asks for them is refused with what to change.
+//! picks `blocks_to_swap = "auto"`), and samples during training ([`crate::train::flux_samples`]). The Wan-only
+//! settings a FLUX.1 run cannot take (validation among them, for now) are refused by the config validator
+//! (`validate_for` with the FLUX.1 family) before this runs.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -15,10 +16,12 @@ use rand::SeedableRng;
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::flux::{dev_config, flux_batch, load_flux_items, FluxItems};
+use crate::train::flux_samples::image_samples;
 use crate::train::mode::StartFrame;
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
 use crate::train::run_model::RunModel;
+use crate::train::samples::{SampleKind, Sampling};
 use crate::train::setup::{
     device_for, device_label, float_dtype, lora_metadata, named_vars, out_of_memory_advice,
     reserve_budget, saved_inputs_for,
@@ -29,7 +32,7 @@ use crate::train::trainer::{mix, step_output, Trainer};
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::LogLevel;
-use framesmith_config::run::{BlocksToSwap, StreamingMode, TrainingMode};
+use framesmith_config::run::{BlocksToSwap, StreamingMode};
 use framesmith_config::RunPlan;
 use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
@@ -42,34 +45,6 @@ const AUTOENCODER_FACTOR: usize = 8;
 
 /// The name runs and LoRA metadata give the base model.
 const BASE_NAME: &str = "FLUX.1 [dev]";
-
-/// What a FLUX.1 run cannot do yet, each with the change that makes the config trainable.
-fn refuse_wan_only(plan: &RunPlan, dit: &Path) -> anyhow::Result<()> {
-    let mut problems = Vec::new();
-    if plan.model.variant.is_some() {
-        problems.push("model.variant names a Wan variant: set it to \"auto\"");
-    }
-    if plan.model.low_noise.is_some() {
-        problems.push("model.dit_low_noise is for Wan2.2 A14B: remove it");
-    }
-    if plan.training.mode == TrainingMode::ImageToVideo {
-        problems.push("training.mode = \"image_to_video\" is for Wan: remove it");
-    }
-    if plan.sampling.is_some() {
-        problems.push("samples during FLUX.1 training are not available yet: remove [sampling]");
-    }
-    if plan.validation.is_some() {
-        problems.push("validation of FLUX.1 runs is not available yet: remove [validation]");
-    }
-    if problems.is_empty() {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "model.dit is FLUX.1 [dev], and this config asks for what only Wan runs do: {} ({})",
-        problems.join("; "),
-        dit.display()
-    )
-}
 
 /// The LoRA file's metadata: the Wan run's keys with FLUX.1's network module, architecture and numerics.
 fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
@@ -229,7 +204,6 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let cfg = dev_config(dit)?;
-        refuse_wan_only(plan, dit)?;
         let DatasetSource::Config(dataset) = &plan.dataset.source else {
             anyhow::bail!(
                 "a FLUX.1 run trains on a dataset config: set dataset.config to a musubi-tuner image dataset TOML \
@@ -247,6 +221,8 @@ impl Trainer {
         let vram_reservation = reserve_budget(plan, &device)?;
         let dtype = float_dtype(plan.model.compute_dtype);
         let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+        // Before the DiT: the text encoders' memory is free again by the time the DiT takes its own.
+        let samples = image_samples(plan, &cfg, (dtype, &device), log)?;
         let (streamed, offload) =
             flux_streaming(plan, &cfg, &device, memory.as_ref())?.unwrap_or_default();
         let mut model = load_dit_streamed(
@@ -313,7 +289,8 @@ impl Trainer {
         outputs.save_dtype = float_dtype(plan.output.save_dtype);
         outputs.config_toml = plan.config.to_toml_string()?;
         Ok(Trainer {
-            sampling: None,
+            sampling: samples
+                .map(|images| Sampling::new(plan, SampleKind::Images(Box::new(images)))),
             model: RunModel::Flux {
                 model: Box::new(model),
                 dtype,

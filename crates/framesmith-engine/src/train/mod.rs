@@ -1,5 +1,5 @@
 //! Training: the engine thread, the trainer and its checkpointed step, optimizer, timestep sampling, the training
-//! set, run outputs (LoRA files, training states, metrics) and the sample clips made during a run (through
+//! set, run outputs (LoRA files, training states, metrics) and the samples (clips, FLUX.1 images) made during a run (through
 //! `crate::generate`).
 
 pub mod data;
@@ -7,6 +7,7 @@ pub mod demo_setup;
 pub mod engine;
 pub mod experts;
 pub mod flux;
+pub mod flux_samples;
 mod flux_setup;
 pub mod launch;
 pub mod mode;
@@ -27,6 +28,8 @@ pub mod validation;
 mod experts_tests;
 #[cfg(test)]
 mod flux_run_tests;
+#[cfg(test)]
+mod flux_samples_tests;
 #[cfg(test)]
 mod flux_step_tests;
 #[cfg(test)]

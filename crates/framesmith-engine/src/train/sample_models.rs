@@ -99,7 +99,7 @@ pub fn encode_sample_prompts(
                 &encoder,
                 &spec.prompt,
                 spec.negative.as_deref(),
-                spec.guidance,
+                spec.clip_guidance(),
             )
             .with_context(|| format!("encoding the sample prompt \"{}\"", spec.prompt))?;
             let clip = clips.as_mut().and_then(Iterator::next);
@@ -202,10 +202,10 @@ fn sample_prompt(
     let settings = ClipSettings {
         width: spec.width,
         height: spec.height,
-        frames: spec.frames,
+        frames: spec.clip_frames(),
         steps: spec.steps,
-        shift: spec.flow_shift,
-        guidance: spec.guidance,
+        shift: spec.clip_flow_shift(),
+        guidance: spec.clip_guidance(),
         seed: spec.seed,
         solver: Solver::Unipc,
     };
@@ -233,8 +233,8 @@ fn sample_prompt(
             .transpose()?,
         latent_shape,
         steps: spec.steps,
-        shift: spec.flow_shift,
-        guidance: spec.guidance,
+        shift: spec.clip_flow_shift(),
+        guidance: spec.clip_guidance(),
         seed: spec.seed,
         prompt: spec.prompt,
         image,

@@ -1,6 +1,7 @@
-//! Sample clips during training: prompts encoded once at the start, generated every N steps / epochs (and
-//! optionally before the first step) with the LoRA being trained, written as an H.264 MP4 plus PNG frames for the
-//! in-app player. Generation draws from its own seeded RNG, so sampling never changes the training run.
+//! Samples during training: prompts encoded once at the start, generated every N steps / epochs (and optionally
+//! before the first step) with the LoRA being trained. Wan clips are written as an H.264 MP4 plus PNG frames for
+//! the in-app player; FLUX.1 images as one PNG each ([`crate::train::flux_samples`]), under the same names.
+//! Generation draws from its own seeded RNG, so sampling never changes the training run.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -42,17 +43,45 @@ pub struct SamplePrompt {
     pub image: Option<ImageConditioning>,
 }
 
+/// What a run samples.
+pub enum SampleKind {
+    /// Clips (Wan, the demo model): each prompt ready for the DiT, and how latents become frames.
+    Clips {
+        prompts: Vec<SamplePrompt>,
+        decoder: Decoder,
+    },
+    /// FLUX.1 images.
+    Images(Box<crate::train::flux_samples::ImageSamples>),
+}
+
 /// When and what to sample.
 pub struct Sampling {
-    pub prompts: Vec<SamplePrompt>,
+    pub kind: SampleKind,
     pub every_n_steps: Option<usize>,
     pub every_n_epochs: Option<usize>,
     pub at_first: bool,
-    pub decoder: Decoder,
+    /// The run's `samples/` folder.
     pub dir: PathBuf,
 }
 
+/// The name of step `step`'s sample of prompt `index`, without extension: `{step:06}-{index:02}`.
+pub fn sample_stem(step: usize, index: usize) -> String {
+    format!("{step:06}-{index:02}")
+}
+
 impl Sampling {
+    /// `kind` on the schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder.
+    pub fn new(plan: &framesmith_config::RunPlan, kind: SampleKind) -> Self {
+        let s = plan.sampling.as_ref();
+        Self {
+            kind,
+            every_n_steps: s.and_then(|s| s.every_n_steps),
+            every_n_epochs: s.and_then(|s| s.every_n_epochs),
+            at_first: s.is_some_and(|s| s.at_first),
+            dir: plan.output.output_dir.join("samples"),
+        }
+    }
+
     /// Whether the schedule falls on `step` (`epoch_done`: the epoch that step completed, if any).
     pub fn due(&self, step: usize, epoch_done: Option<usize>) -> bool {
         let by_steps = self.every_n_steps.is_some_and(|n| n > 0 && step % n == 0);
@@ -96,7 +125,10 @@ impl Trainer {
         let Some(p) = self
             .sampling
             .as_ref()
-            .and_then(|s| s.prompts.get(i))
+            .and_then(|s| match &s.kind {
+                SampleKind::Clips { prompts, .. } => prompts.get(i),
+                SampleKind::Images(_) => None,
+            })
             .cloned()
         else {
             anyhow::bail!("no sample prompt {i}");
@@ -127,22 +159,34 @@ impl Trainer {
 
     /// Generates every sample prompt with the current LoRA; returns the `SampleReady` events.
     pub fn sample(&mut self) -> anyhow::Result<Vec<Event>> {
-        if self.sampling.is_none() {
-            return Ok(Vec::new());
+        match self.sampling.as_ref().map(|s| &s.kind) {
+            None => Ok(Vec::new()),
+            Some(SampleKind::Images(_)) => self.sample_images(),
+            Some(SampleKind::Clips { .. }) => self.sample_clips(),
         }
+    }
+
+    /// Every clip prompt, written as an MP4 and its PNG frames.
+    fn sample_clips(&mut self) -> anyhow::Result<Vec<Event>> {
         let mut events = Vec::new();
-        let count = self.sampling.as_ref().map_or(0, |s| s.prompts.len());
+        let count = match self.sampling.as_ref().map(|s| &s.kind) {
+            Some(SampleKind::Clips { prompts, .. }) => prompts.len(),
+            _ => 0,
+        };
         for i in 0..count {
             let latents = self.sample_latents(i)?;
             let Some(sampling) = &self.sampling else {
                 return Ok(events);
             };
-            let p = &sampling.prompts[i];
-            let frames = match &sampling.decoder {
+            let SampleKind::Clips { prompts, decoder } = &sampling.kind else {
+                return Ok(events);
+            };
+            let p = &prompts[i];
+            let frames = match decoder {
                 Decoder::Demo => demo::codec::decode(&latents)?,
                 Decoder::Vae(vae) => vae.decode(&latents)?,
             };
-            let stem = format!("{:06}-{i:02}", self.step);
+            let stem = sample_stem(self.step, i);
             let frames_dir = sampling.dir.join(&stem);
             write_frames(&frames_dir, &frames, SAMPLE_FPS)?;
             let video = sampling.dir.join(format!("{stem}.mp4"));
@@ -150,8 +194,8 @@ impl Trainer {
                 .with_context(|| format!("cannot write {}", video.display()))?;
             events.push(Event::SampleReady {
                 step: self.step,
-                video,
-                frames_dir,
+                file: video,
+                frames: frames_dir,
                 prompt: p.prompt.clone(),
             });
         }

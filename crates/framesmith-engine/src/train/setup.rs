@@ -20,7 +20,7 @@ use crate::train::outputs::Outputs;
 use crate::train::ranks::Ranks;
 use crate::train::run_model::RunModel;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
-use crate::train::samples::{Decoder, Sampling};
+use crate::train::samples::{Decoder, SampleKind, Sampling};
 use crate::train::trainer::Trainer;
 use crate::train::validation::load_run_data;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
@@ -28,7 +28,7 @@ use framesmith_config::plan::{FloatDtype, LowNoisePlan, ModelSource, PlanDevice}
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{ActivationPlacement, BlocksToSwap, ExpertMode, StreamingMode};
-use framesmith_config::{validate, HostInfo, RunPlan};
+use framesmith_config::{validate_for, HostInfo, RunPlan};
 use framesmith_models::wan::config::Expert;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::collective::broadcast_tensors;
@@ -446,25 +446,18 @@ fn sampling(
     if let Some(encoded) = encoded {
         let dtype = float_dtype(plan.model.compute_dtype);
         let (prompts, decoder) = vae_sampling(plan, cfg, encoded, dtype, device)?;
-        return Ok(Some(Sampling {
-            prompts,
-            every_n_steps: s.every_n_steps,
-            every_n_epochs: s.every_n_epochs,
-            at_first: s.at_first,
-            decoder,
-            dir: plan.output.output_dir.join("samples"),
-        }));
+        return Ok(Some(Sampling::new(
+            plan,
+            SampleKind::Clips { prompts, decoder },
+        )));
     }
     let specs = crate::generate::prompts::read_prompt_file(&s.prompts)?;
     let prompts = demo_sample_prompts(specs, cfg, device)?;
-    Ok(Some(Sampling {
-        prompts,
-        every_n_steps: s.every_n_steps,
-        every_n_epochs: s.every_n_epochs,
-        at_first: s.at_first,
-        decoder: Decoder::Demo,
-        dir: plan.output.output_dir.join("samples"),
-    }))
+    let decoder = Decoder::Demo;
+    Ok(Some(Sampling::new(
+        plan,
+        SampleKind::Clips { prompts, decoder },
+    )))
 }
 
 impl Trainer {
@@ -486,7 +479,8 @@ impl Trainer {
         ranks: &Ranks,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
-        let mut plan = validate(&request.config, &HostInfo::new(cuda_device_count()))
+        let family = crate::train::flux::model_family(&request.config);
+        let mut plan = validate_for(&request.config, &HostInfo::new(cuda_device_count()), family)
             .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         if let Ranks::Join(spec) = ranks {
             if let Some(gpu) = spec.gpu {
@@ -575,7 +569,7 @@ impl Trainer {
         Ok(())
     }
 
-    /// Builds the run from a validated plan.
+    /// Builds the run from a plan validated for its model family (`validate_for`).
     pub fn from_plan(
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),

@@ -220,6 +220,19 @@ impl AutoEncoder {
         })
     }
 
+    /// The tensors (official names, shapes) of an `ae.safetensors` of these sizes, in the order the model reads
+    /// them.
+    pub fn tensor_shapes(cfg: &AutoEncoderConfig) -> Result<Vec<(String, Vec<usize>)>> {
+        let recorder = std::sync::Arc::new(framesmith_nn::vb::ShapeRecorder::default());
+        let vb = Vb::from_source(
+            recorder.clone(),
+            candle_core::DType::F32,
+            &candle_core::Device::Cpu,
+        );
+        Self::new(cfg, &vb)?;
+        Ok(recorder.shapes())
+    }
+
     /// The autoencoder's sizes.
     pub fn config(&self) -> &AutoEncoderConfig {
         &self.cfg

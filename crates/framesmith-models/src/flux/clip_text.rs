@@ -186,6 +186,42 @@ pub struct ClipTextModel {
 }
 
 impl ClipTextModel {
+    /// The tensors (names under `text_model.`, as the released `clip_l.safetensors`, and shapes) of a model of
+    /// these sizes.
+    pub fn tensor_shapes(cfg: &ClipTextConfig) -> Vec<(String, Vec<usize>)> {
+        let (d, ff) = (cfg.hidden_size, cfg.intermediate_size);
+        let mut out: Vec<(String, Vec<usize>)> = vec![
+            (
+                "text_model.embeddings.token_embedding.weight".into(),
+                vec![cfg.vocab_size, d],
+            ),
+            (
+                "text_model.embeddings.position_embedding.weight".into(),
+                vec![cfg.max_position_embeddings, d],
+            ),
+        ];
+        let linear = |out: &mut Vec<(String, Vec<usize>)>, name: &str, rows: usize, cols: usize| {
+            out.push((format!("{name}.weight"), vec![rows, cols]));
+            out.push((format!("{name}.bias"), vec![rows]));
+        };
+        let norm = |out: &mut Vec<(String, Vec<usize>)>, name: &str| {
+            out.push((format!("{name}.weight"), vec![d]));
+            out.push((format!("{name}.bias"), vec![d]));
+        };
+        for i in 0..cfg.num_hidden_layers {
+            let layer = format!("text_model.encoder.layers.{i}");
+            for proj in ["q_proj", "k_proj", "v_proj", "out_proj"] {
+                linear(&mut out, &format!("{layer}.self_attn.{proj}"), d, d);
+            }
+            norm(&mut out, &format!("{layer}.layer_norm1"));
+            linear(&mut out, &format!("{layer}.mlp.fc1"), ff, d);
+            linear(&mut out, &format!("{layer}.mlp.fc2"), d, ff);
+            norm(&mut out, &format!("{layer}.layer_norm2"));
+        }
+        norm(&mut out, "text_model.final_layer_norm");
+        out
+    }
+
     /// Builds the model from the keys under `vb` (`text_model` of the released checkpoint).
     pub fn new(cfg: &ClipTextConfig, vb: &Vb) -> Result<Self> {
         let emb = vb.pp("embeddings");

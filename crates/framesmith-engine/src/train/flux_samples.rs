@@ -1,0 +1,238 @@
+//! Samples during FLUX.1 [dev] training: the prompt file's prompts are encoded by CLIP-L (`model.clip`) and T5-XXL
+//! (`model.text_encoder`) before the DiT loads, and the encoders dropped right after, as Wan's samples do; each
+//! sample is then the image `framesmith generate` makes ([`crate::generate::flux`]: seeded noise, the shifted
+//! schedule, Euler with the guidance input) with the LoRA being trained, decoded by the autoencoder (`model.vae`)
+//! and written as `samples/{step:06}-{prompt:02}.png`. A prompt line takes `--w --h --s --l --d`; Wan's `--f`,
+//! `--fs`, `--n` and `--i` are refused by name.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+
+use crate::generate::flux::{
+    check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
+    FluxImageSettings, FluxPrompt, SettingNames, DEV_GUIDANCE, DEV_T5_TOKENS,
+};
+use crate::generate::prompts::{read_prompt_file, PromptSpec};
+use crate::train::run_model::RunModel;
+use crate::train::samples::{sample_stem, SampleKind};
+use crate::train::trainer::Trainer;
+use framesmith_config::protocol::{Event, LogLevel};
+use framesmith_config::RunPlan;
+use framesmith_models::flux::autoencoder::AutoEncoder;
+use framesmith_models::flux::text_encoder::TextEncoderFiles;
+use framesmith_models::flux::weights::load_autoencoder;
+use framesmith_models::flux::FluxConfig;
+use framesmith_nn::offload::release_cached_memory;
+
+/// One image prompt: its text, its encoding and what to sample.
+pub struct ImagePrompt {
+    pub prompt: String,
+    pub encoded: FluxPrompt,
+    pub settings: FluxImageSettings,
+    /// The latent [h, w] of the image.
+    pub latent: [usize; 2],
+}
+
+/// The prompts of a FLUX.1 run's samples and the autoencoder that decodes them.
+pub struct ImageSamples {
+    pub prompts: Vec<ImagePrompt>,
+    pub autoencoder: AutoEncoder,
+    /// The dtype the DiT's linears and the autoencoder compute in.
+    pub dtype: DType,
+}
+
+/// The Wan options a prompt line gives, by name, with why FLUX.1 takes none of them.
+fn wan_options(spec: &PromptSpec) -> Vec<&'static str> {
+    [
+        (
+            spec.frames.is_some(),
+            "--f (a frame count: FLUX.1 samples images)",
+        ),
+        (
+            spec.flow_shift.is_some(),
+            "--fs (FLUX.1 shifts its schedule by the image size)",
+        ),
+        (
+            spec.negative.is_some(),
+            "--n (FLUX.1 [dev] is guidance-distilled: no negative prompt)",
+        ),
+        (spec.image.is_some(), "--i (a start image)"),
+    ]
+    .into_iter()
+    .filter_map(|(given, name)| given.then_some(name))
+    .collect()
+}
+
+/// The path a `[model]` key must give for samples (the validator asks for it; this names it again if not).
+fn model_file<'a>(path: &'a Option<std::path::PathBuf>, key: &str) -> anyhow::Result<&'a Path> {
+    path.as_deref()
+        .with_context(|| format!("FLUX.1 samples need {key}; set it, or remove sampling.prompts"))
+}
+
+/// What each prompt samples: its size, steps, guidance (`--l`, else FLUX.1 [dev]'s 3.5) and seed, checked for an
+/// autoencoder that down-samples `factor`×; Wan options are refused.
+fn image_settings(
+    specs: &[PromptSpec],
+    factor: usize,
+    prompts_file: &Path,
+) -> anyhow::Result<Vec<(FluxImageSettings, [usize; 2])>> {
+    specs
+        .iter()
+        .map(|spec| {
+            let wan = wan_options(spec);
+            if !wan.is_empty() {
+                anyhow::bail!(
+                    "sample prompt \"{}\": {} {} for Wan clips; a FLUX.1 sample is an image from --w, --h, --s, --l \
+                     (guidance) and --d (seed): remove {} from the line in {}",
+                    spec.prompt,
+                    wan.join(", "),
+                    if wan.len() == 1 { "is" } else { "are" },
+                    if wan.len() == 1 { "it" } else { "them" },
+                    prompts_file.display()
+                );
+            }
+            let settings = FluxImageSettings {
+                width: spec.width,
+                height: spec.height,
+                steps: spec.steps,
+                guidance: spec.guidance.unwrap_or(DEV_GUIDANCE),
+                seed: spec.seed,
+            };
+            let latent = settings
+                .latent_size_as(factor, SettingNames::PROMPT_FILE)
+                .with_context(|| {
+                    format!(
+                        "sample prompt \"{}\" in {}",
+                        spec.prompt,
+                        prompts_file.display()
+                    )
+                })?;
+            Ok((settings, latent))
+        })
+        .collect()
+}
+
+/// The samples of a FLUX.1 run whose DiT has config `cfg` (`None` when nothing is sampled): the prompt file read
+/// and checked, the autoencoder and text encoders checked against the DiT, the prompts encoded (the encoders live
+/// only inside this call) and the autoencoder loaded, in `dtype` on `device`. Called before the DiT loads.
+pub fn image_samples(
+    plan: &RunPlan,
+    cfg: &FluxConfig,
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Option<ImageSamples>> {
+    let Some(sampling) = &plan.sampling else {
+        return Ok(None);
+    };
+    let m = &plan.model;
+    let files = Companions {
+        autoencoder: Companion {
+            key: "model.vae",
+            path: model_file(&m.vae, "model.vae (ae.safetensors)")?,
+        },
+        clip_l: Companion {
+            key: "model.clip",
+            path: model_file(&m.clip, "model.clip (clip_l.safetensors)")?,
+        },
+        t5: Companion {
+            key: "model.text_encoder",
+            path: model_file(
+                &m.text_encoder,
+                "model.text_encoder (t5xxl_fp16.safetensors)",
+            )?,
+        },
+    };
+    check_companions(&files, cfg)?;
+    let specs = read_prompt_file(&sampling.prompts)?;
+    let autoencoder =
+        load_autoencoder(files.autoencoder.path, dtype, device).with_context(|| {
+            format!(
+                "loading the autoencoder for samples from {}",
+                files.autoencoder.path.display()
+            )
+        })?;
+    let factor = autoencoder.config().downsample_factor();
+    let settings = image_settings(&specs, factor, &sampling.prompts)?;
+    let texts: Vec<&str> = specs.iter().map(|s| s.prompt.as_str()).collect();
+    let encoder_files = TextEncoderFiles {
+        clip: files.clip_l.path,
+        clip_tokenizer: None,
+        t5: files.t5.path,
+        t5_tokenizer: None,
+        t5_max_tokens: DEV_T5_TOKENS,
+    };
+    let encoded = encode_prompts(encoder_files, &texts, (dtype, device))?;
+    log(
+        LogLevel::Info,
+        format!(
+            "{} sample prompts encoded; CLIP-L and T5-XXL released",
+            encoded.len()
+        ),
+    );
+    let prompts = specs
+        .into_iter()
+        .zip(encoded)
+        .zip(settings)
+        .map(|((spec, encoded), (settings, latent))| ImagePrompt {
+            prompt: spec.prompt,
+            encoded,
+            settings,
+            latent,
+        })
+        .collect();
+    Ok(Some(ImageSamples {
+        prompts,
+        autoencoder,
+        dtype,
+    }))
+}
+
+impl Trainer {
+    /// Every image prompt with the current LoRA, written as `{step:06}-{prompt:02}.png`. The DiT's forward is the
+    /// generator's (streamed blocks come through its streamers as in a training step); nothing of a sample
+    /// outlives it, and the device's cached memory is given back before training goes on.
+    pub(super) fn sample_images(&mut self) -> anyhow::Result<Vec<Event>> {
+        let (Some(sampling), RunModel::Flux { model, .. }) = (&self.sampling, &self.model) else {
+            anyhow::bail!("image samples need a FLUX.1 run");
+        };
+        let SampleKind::Images(images) = &sampling.kind else {
+            anyhow::bail!("this run samples clips, not images");
+        };
+        let device = self.model.device().clone();
+        std::fs::create_dir_all(&sampling.dir)
+            .with_context(|| format!("cannot create {}", sampling.dir.display()))?;
+        let mut events = Vec::with_capacity(images.prompts.len());
+        for (i, p) in images.prompts.iter().enumerate() {
+            let context = || format!("generating the sample for \"{}\"", p.prompt);
+            release_cached_memory(&device)?;
+            let z = denoise_image(
+                model,
+                &p.encoded,
+                &p.settings,
+                p.latent,
+                images.dtype,
+                &|| false,
+            )
+            .with_context(context)?;
+            let image =
+                decode_image(&images.autoencoder, &z, images.dtype).with_context(context)?;
+            drop(z);
+            let path = sampling
+                .dir
+                .join(format!("{}.png", sample_stem(self.step, i)));
+            image
+                .save(&path)
+                .with_context(|| format!("cannot write {}", path.display()))?;
+            events.push(Event::SampleReady {
+                step: self.step,
+                file: path.clone(),
+                frames: path,
+                prompt: p.prompt.clone(),
+            });
+        }
+        release_cached_memory(&device)?;
+        Ok(events)
+    }
+}
