@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use framesmith_config::{presets, RunConfig};
 use framesmith_engine::train::launch::{self, Launch};
-use framesmith_engine::train::ranks::{RankSpec, Ranks};
+use framesmith_engine::train::ranks::Ranks;
 
 #[derive(Parser)]
 #[command(
@@ -50,6 +50,9 @@ enum Command {
         vram_budget_gb: Option<f64>,
         #[command(flatten)]
         ranks: cli::ranks::RankArgs,
+        /// Write every engine event as a JSON line on stdout and read commands from stdin (for the app)
+        #[arg(long = "events-json", hide = true)]
+        events_json: bool,
     },
     /// Train the built-in tiny demo model on generated clips (CPU, no downloads)
     Demo {
@@ -120,7 +123,17 @@ fn main() -> ExitCode {
             resume,
             vram_budget_gb,
             ranks,
-        }) => train(&config, &presets, resume, vram_budget_gb, &ranks),
+            events_json,
+        }) => train(
+            &config,
+            &presets,
+            TrainOptions {
+                resume,
+                vram_budget_gb,
+                events_json,
+            },
+            &ranks,
+        ),
         Some(Command::Demo { out, steps }) => {
             cli::demo::run_demo(&out, steps).map(|_| ExitCode::SUCCESS)
         }
@@ -201,14 +214,26 @@ fn open_app(
     Ok(ExitCode::SUCCESS)
 }
 
+/// The options of `framesmith train` besides its configs, presets and ranks.
+struct TrainOptions {
+    resume: Option<PathBuf>,
+    vram_budget_gb: Option<f64>,
+    /// `--events-json`: events on stdout and commands on stdin as JSON lines, for the app.
+    events_json: bool,
+}
+
 /// Runs the configs one after another on one engine thread; fails when any run failed.
 fn train(
     configs: &[PathBuf],
     names: &[String],
-    resume: Option<PathBuf>,
-    vram_budget_gb: Option<f64>,
+    options: TrainOptions,
     rank_args: &cli::ranks::RankArgs,
 ) -> anyhow::Result<ExitCode> {
+    let TrainOptions {
+        resume,
+        vram_budget_gb,
+        events_json,
+    } = options;
     if let Some(gb) = vram_budget_gb {
         if !(gb.is_finite() && gb > 0.0) {
             anyhow::bail!("--vram-budget-gb must be a positive number of GB, not {gb}");
@@ -235,16 +260,13 @@ fn train(
                 rank_args.master_port,
                 rank_args.rank_timeout_secs,
                 &own,
+                events_json,
             );
         }
-        Launch::Local(gpus) => Ranks::Join(RankSpec {
-            rank: 0,
-            world: 1,
-            gpu: gpus.first().copied(),
-            master_addr: "127.0.0.1".into(),
-            master_port: 0,
-            timeout: std::time::Duration::from_secs(rank_args.rank_timeout_secs),
-        }),
+        Launch::Local(gpus) => Ranks::on_gpu(
+            gpus.first().copied(),
+            std::time::Duration::from_secs(rank_args.rank_timeout_secs),
+        ),
         Launch::Rank(spec) => {
             let rank = spec.rank;
             // A rank waiting on one that is gone would wait forever inside NCCL: end it, saying why (rank 0's
@@ -274,7 +296,15 @@ fn train(
         }
         Ok(cfg)
     };
-    let ends = cli::run::run_queue(configs, load, resume, ranks)?;
+    let output = if events_json {
+        // Rank 0 alone takes commands (the others have no stdin, and follow rank 0's stop).
+        cli::run::Output::EventsJson {
+            commands: ranks.rank() == 0,
+        }
+    } else {
+        cli::run::Output::Terminal
+    };
+    let ends = cli::run::run_queue(configs, load, resume, ranks, output)?;
     // One run has said how it ended; a queue gets a line per config.
     if configs.len() > 1 {
         for line in cli::run::summary_lines(&ends) {

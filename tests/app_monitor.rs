@@ -112,13 +112,7 @@ fn run_that_slows_down(
     }
     h.get_by_label("Train").click();
     settle(h);
-    h.get_by_label("Start").click();
-    settle(h);
-    let engine = backend.engine();
-    assert!(matches!(
-        engine.commands.try_recv(),
-        Ok(Command::StartRun(_))
-    ));
+    let engine = app_support::start_run(h, backend);
     assert!(
         h.query_by_label("spilling into shared memory").is_none(),
         "steady so far"

@@ -252,10 +252,20 @@ fn load_dit_with_loras(
         Ok(Some((streamed, OffloadOptions::default())))
     })?
     .model;
-    if loras.is_empty() {
-        return Ok(model);
+    if let Some((lora, multiplier)) = loras_as_one(loras, device)? {
+        lora.apply(model.linears_mut(), multiplier, dtype)
+            .context("the LoRA does not fit this DiT")?;
     }
-    let files = loras
+    Ok(model)
+}
+
+/// The `--lora FILE[:MULT]` adapters loaded on `device` as one, with the multiplier to apply it at: one file as
+/// it is, several combined into one adapter per layer (their multipliers inside it). `None` when there are none.
+fn loras_as_one(specs: &[String], device: &Device) -> anyhow::Result<Option<(LoraFile, f64)>> {
+    if specs.is_empty() {
+        return Ok(None);
+    }
+    let files = specs
         .iter()
         .map(|spec| {
             let (file, multiplier) = parse_lora(spec);
@@ -263,13 +273,10 @@ fn load_dit_with_loras(
             Ok((LoraFile::load(&file, device)?, multiplier))
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let (lora, multiplier) = match files.as_slice() {
+    Ok(Some(match files.as_slice() {
         [(one, m)] => (one.clone(), *m),
         _ => (combine_loras(&files)?, 1.0),
-    };
-    lora.apply(model.linears_mut(), multiplier, dtype)
-        .context("the LoRA does not fit this DiT")?;
-    Ok(model)
+    }))
 }
 
 /// `cfg` (a DiT file's configuration) read as a Wan2.2 expert: Wan 2.2, with its task's official boundary when

@@ -1,13 +1,27 @@
 //! The GUI's `Backend`: connects the app (which never sees tensors) to the model inspector, the dataset checker,
 //! the presets, validation, the system check and the engine thread. Uses only the crates' own paths, so `tests/app_wiring.rs` can
 //! include this file as it is.
+//!
+//! A run on several GPUs is not trained in the app: the app starts `framesmith train --gpus … --events-json`, the
+//! launcher the command line uses (one process per GPU, every rank stopped when one dies), and shows rank 0's
+//! events, which that process writes as JSON lines; the app's commands go to rank 0 the same way. So a lost rank
+//! ends those processes, never the app, and NCCL is never loaded into the app.
 
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::Arc;
+use std::time::Duration;
 
 use framesmith_app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
 use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::memory::PlanReport;
-use framesmith_config::protocol::EngineHandle;
+use framesmith_config::protocol::{
+    channel_pair, wire, Command, EngineEnd, EngineHandle, Event, LogLevel, RunState, StartRun,
+};
 use framesmith_config::{presets, validate_for, HostInfo, RunConfig};
 use framesmith_data::config::DatasetKind;
 use framesmith_data::{check_path, DatasetReport, ScanOptions};
@@ -155,9 +169,212 @@ impl Backend for EngineBackend {
         config
     }
 
-    fn spawn_engine(&self) -> Result<EngineHandle, String> {
-        framesmith_engine::train::engine::spawn()
-            .map_err(|err| format!("cannot start the engine thread: {err}"))
+    fn spawn_engine(&self, gpus: &[usize]) -> Result<EngineHandle, String> {
+        use framesmith_engine::train::{engine, ranks};
+        let spawned = match gpus {
+            [] => engine::spawn(),
+            [gpu] => engine::spawn_ranked(ranks::Ranks::on_gpu(
+                Some(*gpu),
+                Duration::from_secs(ranks::DEFAULT_TIMEOUT_SECS),
+            )),
+            several => return spawn_ranks(several.to_vec()),
+        };
+        spawned.map_err(|err| format!("cannot start the engine thread: {err}"))
+    }
+}
+
+/// How often the thread of a run over several GPUs looks whether its processes have ended.
+const RANKS_POLL: Duration = Duration::from_millis(200);
+
+/// The engine of runs over `gpus` (several): each run is a `framesmith train --gpus` process (see the module
+/// comment); a thread of the app speaks the protocol for it.
+fn spawn_ranks(gpus: Vec<usize>) -> Result<EngineHandle, String> {
+    let (handle, end) = channel_pair();
+    std::thread::Builder::new()
+        .name("framesmith-ranks".into())
+        .spawn(move || ranks_main(&end, &gpus))
+        .map_err(|err| format!("cannot start the thread that runs the GPUs' processes: {err}"))?;
+    Ok(handle)
+}
+
+fn ranks_main(end: &EngineEnd, gpus: &[usize]) {
+    while let Ok(command) = end.commands.recv() {
+        match command {
+            Command::StartRun(start) => {
+                if let Err(message) = run_ranks(&start, gpus, end) {
+                    let _ = end.events.send(Event::StateChanged(RunState::Failed));
+                    let _ = end.events.send(Event::Failed { message });
+                }
+            }
+            other => {
+                let _ = end.events.send(Event::Log {
+                    level: LogLevel::Warn,
+                    message: format!("no run in progress: {other:?} ignored"),
+                });
+            }
+        }
+        let _ = end.events.send(Event::StateChanged(RunState::Idle));
+    }
+}
+
+/// The command line of the launcher of a run over `gpus`, its config in `config`.
+fn launcher_arguments(config: &Path, resume_from: Option<&Path>, gpus: &[usize]) -> Vec<OsString> {
+    let list = gpus
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut args: Vec<OsString> = vec![
+        "train".into(),
+        "--config".into(),
+        config.into(),
+        "--gpus".into(),
+        list.into(),
+        "--events-json".into(),
+    ];
+    if let Some(state) = resume_from {
+        args.extend(["--resume".into(), state.into()]);
+    }
+    args
+}
+
+/// Runs `start` over `gpus` in a launcher process and relays its events until it ends. `Err` when it could not
+/// start, or ended without saying how the run ended.
+fn run_ranks(start: &StartRun, gpus: &[usize], end: &EngineEnd) -> Result<(), String> {
+    let _ = end.events.send(Event::StateChanged(RunState::Preparing));
+    let config = &start.config;
+    let path = config
+        .output
+        .output_dir
+        .join(format!("{}_gpus.toml", config.output.output_name));
+    let dir = &config.output.output_dir;
+    std::fs::create_dir_all(dir)
+        .map_err(|err| format!("cannot create the output folder: {err}: {}", dir.display()))?;
+    config.save(&path).map_err(|err| format!("{err:#}"))?;
+    let exe = std::env::current_exe().map_err(|err| {
+        format!("cannot find the framesmith program to start the GPUs' processes ({err})")
+    })?;
+    let mut child = std::process::Command::new(exe)
+        .args(launcher_arguments(
+            &path,
+            start.resume_from.as_deref(),
+            gpus,
+        ))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|err| format!("cannot start the processes for GPUs {gpus:?}: {err}"))?;
+    let ended = Arc::new(AtomicBool::new(false));
+    let readers = [
+        child.stdout.take().map(|out| {
+            let (events, ended) = (end.events.clone(), ended.clone());
+            std::thread::spawn(move || relay_events(out, &events, &ended))
+        }),
+        child.stderr.take().map(|err| {
+            let events = end.events.clone();
+            std::thread::spawn(move || relay_lines(err, &events))
+        }),
+    ];
+    let status = relay_commands(&mut child, end);
+    for reader in readers.into_iter().flatten() {
+        let _ = reader.join();
+    }
+    match status {
+        _ if ended.load(Ordering::SeqCst) => Ok(()),
+        Ok(status) => Err(format!(
+            "the GPUs' processes ended ({status}) without finishing the run; the log above says why"
+        )),
+        Err(err) => Err(format!("lost the GPUs' processes: {err}")),
+    }
+}
+
+/// Writes the app's commands to rank 0 until the launcher ends. The app going away closes rank 0's stdin, which
+/// stops the run and saves (as Ctrl-C does).
+fn relay_commands(child: &mut Child, end: &EngineEnd) -> std::io::Result<std::process::ExitStatus> {
+    let mut stdin: Option<ChildStdin> = child.stdin.take();
+    loop {
+        match end.commands.recv_timeout(RANKS_POLL) {
+            Ok(Command::StartRun(_)) => {
+                let _ = end.events.send(Event::Log {
+                    level: LogLevel::Warn,
+                    message: "a run is already in progress; queue the next one".into(),
+                });
+            }
+            Ok(command) => {
+                if let (Some(pipe), Ok(line)) = (stdin.as_mut(), wire::command_line(&command)) {
+                    let _ = writeln!(pipe, "{line}").and_then(|()| pipe.flush());
+                }
+            }
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => {
+                drop(stdin.take());
+                return child.wait();
+            }
+        }
+        if let Some(status) = child.try_wait()? {
+            return Ok(status);
+        }
+    }
+}
+
+/// Rank 0's events (JSON lines on the launcher's stdout) to the app; `ended` is set once one says how the run
+/// ended.
+fn relay_events(out: impl std::io::Read, events: &SyncSender<Event>, ended: &AtomicBool) {
+    for line in BufReader::new(out).lines().map_while(Result::ok) {
+        // A line that is no event (a library writing to stdout) is shown as it is.
+        let event = match wire::parse_event(&line) {
+            Ok(event) => event,
+            Err(_) => Event::Log {
+                level: LogLevel::Info,
+                message: line,
+            },
+        };
+        if matches!(
+            event,
+            Event::Failed { .. }
+                | Event::StateChanged(RunState::Finished | RunState::Stopped | RunState::Failed)
+        ) {
+            ended.store(true, Ordering::SeqCst);
+        }
+        // As the engine does: progress is dropped when the app is behind, nothing else is.
+        match events.try_send(event) {
+            Ok(()) | Err(TrySendError::Full(Event::Progress(_))) => {}
+            Err(TrySendError::Full(event)) => {
+                let _ = events.send(event);
+            }
+            Err(TrySendError::Disconnected(_)) => return,
+        }
+    }
+}
+
+/// The launcher's own lines (a rank's error, "training on GPUs …") to the app's log.
+fn relay_lines(err: impl std::io::Read, events: &SyncSender<Event>) {
+    for line in BufReader::new(err).lines().map_while(Result::ok) {
+        let line = line.trim_start_matches('\r').to_owned();
+        if line.trim().is_empty() {
+            continue;
+        }
+        // "[rank 1, GPU 1] error: …" is a rank's own line.
+        let body = line
+            .split_once("] ")
+            .map_or(line.as_str(), |(_, body)| body);
+        let level = if body.starts_with("error") {
+            LogLevel::Error
+        } else if body.starts_with("warning") {
+            LogLevel::Warn
+        } else {
+            LogLevel::Info
+        };
+        if events
+            .send(Event::Log {
+                level,
+                message: line,
+            })
+            .is_err()
+        {
+            return;
+        }
     }
 }
 
@@ -201,6 +418,78 @@ fn add_report(summary: &mut DatasetSummary, folder: &Path, report: &DatasetRepor
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_chosen_gpus_become_the_launchers_gpus_and_world_size() {
+        let args = launcher_arguments(
+            Path::new("/out/cat_gpus.toml"),
+            Some(Path::new("/out/state")),
+            &[0, 1, 2, 3],
+        );
+        let text: Vec<String> = args
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(
+            text.join(" "),
+            "train --config /out/cat_gpus.toml --gpus 0,1,2,3 --events-json --resume /out/state"
+        );
+        let gpus: Vec<usize> = text[4].split(',').map(|g| g.parse().unwrap()).collect();
+        let options = framesmith_engine::train::launch::RankOptions {
+            gpus,
+            ..Default::default()
+        };
+        let launch = framesmith_engine::train::launch::resolve(&options, |_| None).unwrap();
+        assert_eq!(
+            launch,
+            framesmith_engine::train::launch::Launch::Local(vec![0, 1, 2, 3])
+        );
+        // Rank 1's own command line: world size 4, on GPU 1, rank 0's events and commands as JSON.
+        let rank1 =
+            framesmith_engine::train::launch::rank_arguments(&args, 1, &[0, 1, 2, 3], 9, 60);
+        let rank1: Vec<String> = rank1
+            .iter()
+            .map(|a| a.to_string_lossy().into_owned())
+            .collect();
+        let rank1 = rank1.join(" ");
+        assert!(
+            rank1.contains("--rank 1 --world-size 4 --gpus 1"),
+            "{rank1}"
+        );
+        assert!(rank1.contains("--events-json"), "{rank1}");
+    }
+
+    #[test]
+    fn rank_zeros_lines_become_events_and_the_launchers_become_log_lines() {
+        let (tx, rx) = std::sync::mpsc::sync_channel(16);
+        let ended = AtomicBool::new(false);
+        let progress = wire::event_line(&Event::StateChanged(RunState::Training)).unwrap();
+        let stopped = wire::event_line(&Event::StateChanged(RunState::Stopped)).unwrap();
+        let out = format!("{progress}\nnot json\n{stopped}\n");
+        relay_events(out.as_bytes(), &tx, &ended);
+        assert!(ended.load(Ordering::SeqCst));
+        relay_lines(
+            "training on GPUs 0, 1 (2 ranks)\n[rank 1, GPU 1] error: out of memory\n\nwarning: slow\n".as_bytes(),
+            &tx,
+        );
+        drop(tx);
+        let got: Vec<Event> = rx.iter().collect();
+        let log = |level, message: &str| Event::Log {
+            level,
+            message: message.into(),
+        };
+        assert_eq!(
+            got,
+            vec![
+                Event::StateChanged(RunState::Training),
+                log(LogLevel::Info, "not json"),
+                Event::StateChanged(RunState::Stopped),
+                log(LogLevel::Info, "training on GPUs 0, 1 (2 ranks)"),
+                log(LogLevel::Error, "[rank 1, GPU 1] error: out of memory"),
+                log(LogLevel::Warn, "warning: slow"),
+            ]
+        );
+    }
 
     fn flux_fixture(case: &str) -> PathBuf {
         framesmith_models::fixtures::case_dir("flux", case).join("weights.safetensors")

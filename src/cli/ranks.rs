@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use framesmith_config::protocol::{wire, Event};
 use framesmith_engine::train::launch::{rank_arguments, RankOptions};
 use framesmith_engine::train::ranks::DEFAULT_TIMEOUT_SECS;
 
@@ -84,12 +85,15 @@ fn terminate(child: &mut Child) {
 /// Runs `framesmith train` once per GPU of `gpus` (rank `i` on `gpus[i]`), shows rank 0's output and the other
 /// ranks' errors, and waits for all. When a rank fails the others stop by themselves (they learn it through
 /// their connection to rank 0, and rank 0 saves the last good LoRA); any still running `timeout_secs` later are
-/// ended. Returns rank 0's exit code, or failure when another rank failed.
+/// ended. Returns rank 0's exit code, or failure when another rank failed. With `events_json` (the app's run),
+/// rank 0 reads the launcher's stdin for commands, and the launcher first writes the ranks' process ids as an
+/// event on stdout, where rank 0's events follow.
 pub fn launch_local(
     gpus: &[usize],
     port: Option<u16>,
     timeout_secs: u64,
     own_args: &[OsString],
+    events_json: bool,
 ) -> anyhow::Result<ExitCode> {
     let exe = std::env::current_exe().map_err(|e| {
         anyhow::anyhow!("cannot find the framesmith binary to start the ranks ({e})")
@@ -117,7 +121,12 @@ pub fn launch_local(
     let mut ranks = Vec::with_capacity(gpus.len());
     for rank in 0..gpus.len() {
         let args = rank_arguments(own_args, rank, gpus, port, timeout_secs);
-        match spawn_rank(&exe, args, rank, gpus[rank]) {
+        let stdin = if rank == 0 && events_json {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        match spawn_rank(&exe, args, stdin, rank, gpus[rank]) {
             Ok(child) => ranks.push(child),
             Err(e) => {
                 ranks.iter_mut().for_each(|c: &mut Child| {
@@ -125,6 +134,13 @@ pub fn launch_local(
                 });
                 return Err(e);
             }
+        }
+    }
+    if events_json {
+        let pids = ranks.iter().map(Child::id).collect();
+        match wire::event_line(&Event::ProcessesStarted { pids }) {
+            Ok(line) => println!("{line}"),
+            Err(err) => eprintln!("warning: {err}"),
         }
     }
     let statuses = supervise(&mut ranks, gpus, timeout_secs, &interrupts);
@@ -159,11 +175,12 @@ pub fn launch_local(
 fn spawn_rank(
     exe: &std::path::Path,
     args: Vec<OsString>,
+    stdin: Stdio,
     rank: usize,
     gpu: usize,
 ) -> anyhow::Result<Child> {
     let mut command = Command::new(exe);
-    command.args(args).stdin(Stdio::null());
+    command.args(args).stdin(stdin);
     if std::env::var_os("NCCL_NVLS_ENABLE").is_none() {
         // NVLink multicast stays off (see the NCCL collective).
         command.env("NCCL_NVLS_ENABLE", "0");

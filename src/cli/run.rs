@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use framesmith_config::protocol::{
-    Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
+    wire, Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
 };
 use framesmith_config::RunConfig;
 #[cfg(feature = "telemetry")]
@@ -49,6 +49,17 @@ impl RunEnd {
     }
 }
 
+/// Where a run's events go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Output {
+    /// A progress bar or lines on stderr, for a person.
+    #[default]
+    Terminal,
+    /// Every event as a JSON line on stdout (`--events-json`: the app's run over several GPUs); with `commands`
+    /// (rank 0), commands are read from stdin the same way, and stdin closing stops the run as Ctrl-C does.
+    EventsJson { commands: bool },
+}
+
 /// One config of a queue and how its run ended; `None` when it never started because an earlier run was
 /// stopped (a stop holds the rest of the queue, as in the app).
 pub type QueuedEnd = (PathBuf, Option<RunEnd>);
@@ -58,7 +69,13 @@ pub fn run_headless(config: RunConfig, resume_from: Option<PathBuf>) -> anyhow::
     let engine =
         framesmith_engine::train::engine::spawn().context("cannot start the engine thread")?;
     let telemetry = spill_telemetry();
-    match drive(&engine, config, resume_from, telemetry.as_ref())? {
+    match drive(
+        &engine,
+        config,
+        resume_from,
+        telemetry.as_ref(),
+        Output::Terminal,
+    )? {
         RunEnd::Finished(summary) | RunEnd::Stopped(summary) => Ok(summary),
         RunEnd::Failed(message) => anyhow::bail!("{message}"),
     }
@@ -73,9 +90,14 @@ pub fn run_queue(
     mut load: impl FnMut(&Path) -> anyhow::Result<RunConfig>,
     mut resume_from: Option<PathBuf>,
     ranks: framesmith_engine::train::ranks::Ranks,
+    output: Output,
 ) -> anyhow::Result<Vec<QueuedEnd>> {
     let engine = framesmith_engine::train::engine::spawn_ranked(ranks)
         .context("cannot start the engine thread")?;
+    if output == (Output::EventsJson { commands: true }) {
+        commands_from_stdin(engine.commands.clone());
+    }
+    let terminal = output == Output::Terminal;
     let telemetry = spill_telemetry();
     let mut ends: Vec<QueuedEnd> = Vec::with_capacity(configs.len());
     let mut held = false;
@@ -93,17 +115,27 @@ pub fn run_queue(
             );
         }
         let end = match load(path) {
-            Ok(config) => drive(&engine, config, resume_from.take(), telemetry.as_ref())?,
+            Ok(config) => drive(
+                &engine,
+                config,
+                resume_from.take(),
+                telemetry.as_ref(),
+                output,
+            )?,
             Err(err) => RunEnd::Failed(format!("{err:#}")),
         };
-        if let RunEnd::Failed(message) = &end {
+        // With JSON events the failure and the saved state travel as events.
+        if let (RunEnd::Failed(message), true) = (&end, terminal) {
             eprintln!("error: {}: {message}", path.display());
         }
-        if let RunEnd::Stopped(RunSummary {
-            last_state: Some(state),
-            stopped_for_spilling,
-            ..
-        }) = &end
+        if let (
+            RunEnd::Stopped(RunSummary {
+                last_state: Some(state),
+                stopped_for_spilling,
+                ..
+            }),
+            true,
+        ) = (&end, terminal)
         {
             let when = if *stopped_for_spilling {
                 "once it fits"
@@ -120,6 +152,31 @@ pub fn run_queue(
         ends.push((path.clone(), Some(end)));
     }
     Ok(ends)
+}
+
+/// Reads commands (JSON lines) from stdin for the engine, on a thread of its own; stdin closing (the app is gone)
+/// stops the run and saves, as Ctrl-C does.
+fn commands_from_stdin(commands: std::sync::mpsc::SyncSender<Command>) {
+    use std::io::BufRead;
+    let spawned = std::thread::Builder::new()
+        .name("commands from stdin".into())
+        .spawn(move || {
+            for line in std::io::stdin().lock().lines() {
+                let Ok(line) = line else { break };
+                match wire::parse_command(&line) {
+                    Ok(command) => {
+                        if commands.send(command).is_err() {
+                            return;
+                        }
+                    }
+                    Err(err) => eprintln!("warning: {err}"),
+                }
+            }
+            let _ = commands.try_send(Command::Stop);
+        });
+    if let Err(err) = spawned {
+        eprintln!("warning: commands on stdin are not read ({err})");
+    }
 }
 
 /// The closing summary of a queue: one line per config.
@@ -141,6 +198,7 @@ fn drive(
     config: RunConfig,
     resume_from: Option<PathBuf>,
     telemetry: Option<&Telemetry>,
+    output: Output,
 ) -> anyhow::Result<RunEnd> {
     let watch = telemetry.map(|t| SpillWatch::new(t, config.memory.shared_memory_guard));
     engine
@@ -151,16 +209,21 @@ fn drive(
         })))
         .context("the engine thread stopped")?;
     super::interrupt::watch(&engine.commands);
-    let end = follow(engine, watch);
+    let end = follow(engine, watch, output);
     super::interrupt::unwatch();
     end
 }
 
 /// Follows a started run's events to its end.
-fn follow(engine: &EngineHandle, mut watch: Option<SpillWatch>) -> anyhow::Result<RunEnd> {
-    let mut term = Terminal::new();
+fn follow(
+    engine: &EngineHandle,
+    mut watch: Option<SpillWatch>,
+    output: Output,
+) -> anyhow::Result<RunEnd> {
+    let mut term = Terminal::new(output);
     let mut summary = RunSummary::default();
     for event in engine.events.iter() {
+        term.event(&event);
         match event {
             Event::Progress(p) => {
                 summary.first_loss = summary.first_loss.or(Some(p.loss));
@@ -217,6 +280,8 @@ fn follow(engine: &EngineHandle, mut watch: Option<SpillWatch>) -> anyhow::Resul
             }
             // The previous run's closing `Idle` arrives here too; only this run's end matters.
             Event::StateChanged(_) => {}
+            // The launcher of a run over several GPUs tells the app its rank processes; nothing to show here.
+            Event::ProcessesStarted { .. } => {}
         }
     }
     anyhow::bail!("the engine thread ended without finishing the run")
@@ -315,15 +380,18 @@ impl SpillWatch {
     }
 }
 
-/// Where a run's progress goes: a progress bar on a terminal, a line every 5% otherwise.
+/// Where a run's progress goes: a progress bar on a terminal, a line every 5% otherwise; with JSON events, each
+/// event as a line on stdout and nothing else.
 struct Terminal {
     bar: Option<ProgressBar>,
     last_printed: usize,
+    json: bool,
 }
 
 impl Terminal {
-    fn new() -> Self {
-        let bar = std::io::stderr().is_terminal().then(|| {
+    fn new(output: Output) -> Self {
+        let json = matches!(output, Output::EventsJson { .. });
+        let bar = (!json && std::io::stderr().is_terminal()).then(|| {
             let bar = ProgressBar::new(0);
             bar.set_style(
                 ProgressStyle::with_template(
@@ -336,10 +404,29 @@ impl Terminal {
         Self {
             bar,
             last_printed: 0,
+            json,
+        }
+    }
+
+    /// With JSON events: `event` on stdout, at once (the app reads it while the run goes on).
+    fn event(&self, event: &Event) {
+        use std::io::Write;
+        if !self.json {
+            return;
+        }
+        match wire::event_line(event) {
+            Ok(line) => {
+                let mut out = std::io::stdout().lock();
+                let _ = writeln!(out, "{line}").and_then(|()| out.flush());
+            }
+            Err(err) => eprintln!("warning: {err}"),
         }
     }
 
     fn say(&self, line: String) {
+        if self.json {
+            return;
+        }
         match &self.bar {
             Some(b) => b.println(line),
             None => eprintln!("{line}"),
@@ -347,6 +434,9 @@ impl Terminal {
     }
 
     fn progress(&mut self, p: &Progress) {
+        if self.json {
+            return;
+        }
         let msg = format!(
             "loss {:.4} (avg {:.4})  lr {:.2e}  {:.2}s/step",
             p.loss, p.smoothed_loss, p.learning_rate, p.step_secs
@@ -425,7 +515,7 @@ mod tests {
                 _ => RunConfig::load(path).map_err(Into::into),
             }
         };
-        let ends = run_queue(&names, load, None, Default::default()).unwrap();
+        let ends = run_queue(&names, load, None, Default::default(), Output::Terminal).unwrap();
         assert_eq!(ends.len(), 3);
         let Some(RunEnd::Failed(message)) = &ends[0].1 else {
             panic!("the rank-0 run did not fail: {:?}", ends[0].1)
@@ -507,7 +597,7 @@ mod tests {
         let mut config = tiny_demo(Path::new("out"), 100);
         config.memory.shared_memory_guard = guard;
         let telemetry = spilling();
-        let run_end = drive(&engine, config, None, Some(&telemetry)).unwrap();
+        let run_end = drive(&engine, config, None, Some(&telemetry), Output::Terminal).unwrap();
         let commands: Vec<Command> = end_of_engine.commands.try_iter().collect();
         assert!(matches!(commands.first(), Some(Command::StartRun(_))));
         (run_end, commands.into_iter().skip(1).collect())

@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
 use framesmith_app::{
     scan_folders, AppOptions, Backend, DatasetSummary, FieldIssue, FramesmithApp, ModelRole,
@@ -34,6 +35,8 @@ pub struct FakeBackend {
     /// How many system checks were asked for, and the output folder of the last.
     system_checks: AtomicUsize,
     pub checked_folder: Mutex<Option<PathBuf>>,
+    /// The GPUs of each `spawn_engine`, in order.
+    engine_gpus: Mutex<Vec<Vec<usize>>>,
 }
 
 impl FakeBackend {
@@ -56,6 +59,11 @@ impl FakeBackend {
             .unwrap()
             .pop()
             .expect("the app never started the engine")
+    }
+
+    /// The GPUs each engine was started for, in order.
+    pub fn engine_gpus(&self) -> Vec<Vec<usize>> {
+        self.engine_gpus.lock().unwrap().clone()
     }
 
     pub fn engines_spawned(&self) -> usize {
@@ -151,7 +159,8 @@ impl Backend for FakeBackend {
         config
     }
 
-    fn spawn_engine(&self) -> Result<EngineHandle, String> {
+    fn spawn_engine(&self, gpus: &[usize]) -> Result<EngineHandle, String> {
+        self.engine_gpus.lock().unwrap().push(gpus.to_vec());
         if let Some(err) = &self.engine_error {
             return Err(err.clone());
         }
@@ -187,6 +196,18 @@ pub fn harness_with(options: AppOptions) -> Harness<'static, FramesmithApp> {
         .build_eframe(move |cc| FramesmithApp::new(cc, options));
     harness.step();
     harness
+}
+
+/// Clicks Start on the Train tab and returns the engine the run went to, its `StartRun` taken.
+pub fn start_run(harness: &mut Harness<'_, FramesmithApp>, backend: &FakeBackend) -> EngineEnd {
+    harness.get_by_label("Start").click();
+    settle(harness);
+    let engine = backend.engine();
+    assert!(matches!(
+        engine.commands.try_recv(),
+        Ok(framesmith_config::protocol::Command::StartRun(_))
+    ));
+    engine
 }
 
 /// Runs a few frames: one to handle input, one for jobs and events, one to draw their results.

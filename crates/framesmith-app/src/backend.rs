@@ -155,6 +155,8 @@ pub trait Backend: Send + Sync {
     /// The built-in demo project: trains at once with no downloads and no GPU.
     fn demo_project(&self) -> RunConfig;
 
-    /// Starts the engine thread and returns the UI's end of its channels.
-    fn spawn_engine(&self) -> Result<EngineHandle, String>;
+    /// Starts the engine for runs on `gpus` and returns the UI's end of its channels: none trains on the config's
+    /// `training.device`, one on that GPU, several in one process per GPU as `framesmith train --gpus` starts them
+    /// (the events are rank 0's).
+    fn spawn_engine(&self, gpus: &[usize]) -> Result<EngineHandle, String>;
 }

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use framesmith_config::protocol::{Command, Event, LogLevel, StartRun};
+use framesmith_config::protocol::{Event, LogLevel, StartRun};
 
 use super::config_editor::parse_config;
 use super::jobs::{JobResult, PickPurpose};
@@ -82,7 +82,7 @@ fn run_prepared(app: &mut FramesmithApp, result: Result<Box<StartRun>, String>) 
     match result {
         Ok(start) => {
             let guard = SpillGuard::for_run(start.config.memory.shared_memory_guard);
-            if app.send(Command::StartRun(start)) {
+            if app.send_run(start) {
                 app.spill_guard = guard;
                 app.run.note(LogLevel::Info, "Run sent to the engine");
             }
@@ -209,6 +209,7 @@ mod tests {
             name: "cat".into(),
             config: config.clone(),
             dataset_toml: Some("[[datasets]]\nimage_directory = \"/d\"\n".into()),
+            gpus: Vec::new(),
         };
         let start = prepare_run(run, None).unwrap();
         let written = dir.path().join("out").join("cat_dataset.toml");
@@ -221,6 +222,7 @@ mod tests {
                 name: "x".into(),
                 config: config.clone(),
                 dataset_toml: None,
+                gpus: Vec::new(),
             },
             Some(PathBuf::from("/state")),
         )

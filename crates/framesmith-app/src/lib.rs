@@ -13,6 +13,7 @@ mod dialogs;
 mod fields;
 mod fit_panel;
 mod form;
+mod gpu_panel;
 mod handlers;
 mod jobs;
 mod monitor_panel;

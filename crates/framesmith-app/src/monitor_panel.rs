@@ -1,5 +1,6 @@
-//! The Monitor tab: the system check, VRAM, RAM and (on Windows) shared GPU memory charts from the telemetry
-//! history, per-GPU readings, and the spilling warning.
+//! The Monitor tab: the system check, VRAM (a chart per GPU), RAM and (on Windows) shared GPU memory charts from
+//! the telemetry history, per-GPU readings, and the spilling warning. "Framesmith" is the run's own memory: the
+//! app's and its rank processes'.
 
 use egui::{RichText, Ui};
 
@@ -27,8 +28,9 @@ pub fn monitor_ui(
         ui.label("Telemetry is off in this session");
         return;
     };
+    let processes = telemetry.counted_processes().len();
     telemetry.read(|history| {
-        gpu_ui(ui, history);
+        gpu_ui(ui, history, processes);
         ui.separator();
         ram_ui(ui, history);
         ui.separator();
@@ -56,7 +58,8 @@ fn series(history: &History, value: impl Fn(&Sample) -> Option<f64>) -> Vec<[f64
         .collect()
 }
 
-fn gpu_ui(ui: &mut Ui, history: &History) {
+/// One line per GPU, the run's memory over all GPUs and processes, and a VRAM chart per GPU.
+fn gpu_ui(ui: &mut Ui, history: &History, processes: usize) {
     ui.heading("GPU");
     if let Err(reason) = &history.gpu_status {
         ui.label(format!("GPU charts are off: {reason}"));
@@ -65,9 +68,7 @@ fn gpu_ui(ui: &mut Ui, history: &History) {
     let Some(latest) = history.latest() else {
         return;
     };
-    let mut total_gib: f64 = 0.0;
     for gpu in &latest.gpus {
-        total_gib = total_gib.max(gpu.memory_total_bytes as f64 / GIB);
         let mut line = format!(
             "GPU {} · {} · {} of {}",
             gpu.index,
@@ -96,43 +97,58 @@ fn gpu_ui(ui: &mut Ui, history: &History) {
         }
         ui.label(line);
     }
-    // One used/ours pair of series per GPU would need owned names; the first GPU carries the chart and the
-    // rest are summed, which is what matters for "is memory full".
-    let used = series(history, |s| {
-        Some(
-            s.gpus
-                .iter()
-                .map(|g| g.memory_used_bytes as f64)
-                .sum::<f64>()
-                / GIB,
-        )
-    });
-    let ours = series(history, |s| {
-        let bytes: Option<u64> = s
-            .gpus
+    if let Some(ours) = latest
+        .gpus
+        .iter()
+        .filter_map(|g| g.process_memory_bytes)
+        .reduce(|a, b| a + b)
+    {
+        let across = if latest.gpus.len() > 1 {
+            " on all GPUs"
+        } else {
+            ""
+        };
+        let count = if processes > 1 {
+            format!(" ({processes} processes)")
+        } else {
+            String::new()
+        };
+        ui.label(format!("Framesmith{across}: {}{count}", format_bytes(ours)));
+    }
+    // One chart per GPU: a run over several GPUs fills each, and a busy one stands out.
+    for gpu in &latest.gpus {
+        gpu_chart_ui(ui, history, gpu.index, gpu.memory_total_bytes);
+    }
+}
+
+/// The VRAM chart of the GPU `index`: all its memory in use, and the run's (all of the run's processes).
+fn gpu_chart_ui(ui: &mut Ui, history: &History, index: u32, total_bytes: u64) {
+    let on_gpu = |s: &Sample| -> Option<(u64, Option<u64>)> {
+        s.gpus
             .iter()
-            .filter_map(|g| g.process_memory_bytes)
-            .reduce(|a, b| a + b);
-        bytes.map(|b| b as f64 / GIB)
-    });
-    let gpu_count = latest.gpus.len().max(1) as f64;
+            .find(|g| g.index == index)
+            .map(|g| (g.memory_used_bytes, g.process_memory_bytes))
+    };
+    ui.label(RichText::new(format!("VRAM of GPU {index}")).color(theme::MUTED));
     chart_ui(
         ui,
-        "vram chart",
+        &format!("vram chart {index}"),
         "VRAM (GiB)",
         vec![
             Series {
                 name: "VRAM used",
                 color: theme::VRAM,
-                points: used,
+                points: series(history, |s| on_gpu(s).map(|(used, _)| used as f64 / GIB)),
             },
             Series {
                 name: "Framesmith",
                 color: theme::VRAM_PROCESS,
-                points: ours,
+                points: series(history, |s| {
+                    on_gpu(s).and_then(|(_, ours)| ours).map(|b| b as f64 / GIB)
+                }),
             },
         ],
-        Some(total_gib * gpu_count),
+        Some(total_bytes as f64 / GIB),
     );
 }
 

@@ -6,12 +6,14 @@ use framesmith_config::RunConfig;
 
 use super::run_view::RunEnd;
 
-/// A run waiting its turn, with the dataset TOML it will write (when built in the Project tab).
+/// A run waiting its turn, with the dataset TOML it will write (when built in the Project tab) and the GPUs it
+/// trains on (empty: the config's `training.device`; several: one process per GPU).
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueuedRun {
     pub name: String,
     pub config: RunConfig,
     pub dataset_toml: Option<String>,
+    pub gpus: Vec<usize>,
 }
 
 /// Runs waiting to start, first in first out.
@@ -72,6 +74,7 @@ mod tests {
             name: name.into(),
             config: RunConfig::default(),
             dataset_toml: None,
+            gpus: Vec::new(),
         }
     }
 

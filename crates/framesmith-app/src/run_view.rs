@@ -75,6 +75,8 @@ pub struct RunView {
     pub checkpoints: Vec<Checkpoint>,
     /// The last failure's message, until the next run starts or the user dismisses it.
     pub failure: Option<String>,
+    /// The run's processes besides the app (a run over several GPUs: one per GPU), whose memory is the run's.
+    pub processes: Vec<u32>,
 }
 
 impl Default for RunView {
@@ -88,6 +90,7 @@ impl Default for RunView {
             samples: Vec::new(),
             checkpoints: Vec::new(),
             failure: None,
+            processes: Vec::new(),
         }
     }
 }
@@ -100,6 +103,7 @@ impl RunView {
         self.points.clear();
         self.validation.clear();
         self.failure = None;
+        self.processes.clear();
     }
 
     /// Folds one event in. Returns how the run ended when this event ended it.
@@ -139,6 +143,7 @@ impl RunView {
                 self.failure = Some(message);
                 return self.set_state(RunState::Failed);
             }
+            Event::ProcessesStarted { pids } => self.processes = pids,
         }
         None
     }

@@ -36,13 +36,14 @@ impl Tab {
     }
 }
 
-/// A queued run as saved: its name, config TOML and dataset TOML.
+/// A queued run as saved: its name, config TOML, dataset TOML and GPUs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct SavedRun {
     pub name: String,
     pub config_toml: String,
     pub dataset_toml: Option<String>,
+    pub gpus: Vec<usize>,
 }
 
 /// Persisted UI state. Configs are kept as TOML text so that a config format change never loses the rest.
@@ -56,6 +57,8 @@ pub struct Settings {
     pub queue: Vec<SavedRun>,
     /// Hide the raw loss and show only the smoothed one.
     pub smoothed_only: bool,
+    /// The GPUs chosen in the Train tab's picker (empty: the config's `training.device`).
+    pub gpus: Vec<usize>,
 }
 
 impl Settings {
@@ -105,8 +108,10 @@ mod tests {
                 name: "night".into(),
                 config_toml: String::new(),
                 dataset_toml: None,
+                gpus: vec![0, 1],
             }],
             smoothed_only: true,
+            gpus: vec![2, 3],
         };
         let mut storage = MemoryStorage::default();
         settings.save(&mut storage);

@@ -56,7 +56,7 @@ impl Backend for StandaloneBackend {
         config
     }
 
-    fn spawn_engine(&self) -> Result<EngineHandle, String> {
+    fn spawn_engine(&self, _gpus: &[usize]) -> Result<EngineHandle, String> {
         Err("the training engine is not part of this build".into())
     }
 }

@@ -3,6 +3,7 @@
 use egui::{RichText, Ui};
 
 use super::config_panel::{config_ui, ConfigContext};
+use super::gpu_panel::{seen_gpus, GpuPicker};
 use super::monitor_panel::monitor_ui;
 use super::project_panel::{project_ui, ProjectContext};
 use super::run_view::{state_name, RunView};
@@ -62,6 +63,7 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     ui,
                 ),
                 Tab::Train => {
+                    let (seen, status) = seen_gpus(app.telemetry.as_ref());
                     let request = train_ui(
                         &mut TrainContext {
                             run: &mut app.run,
@@ -72,6 +74,11 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                             spill: app.spill.as_ref(),
                             editor: &app.editor,
                             smoothed_only: &mut app.settings.smoothed_only,
+                            gpus: GpuPicker {
+                                seen: &seen,
+                                status,
+                            },
+                            chosen_gpus: &mut app.settings.gpus,
                             queue: &mut app.queue,
                             jobs: &mut app.jobs,
                         },

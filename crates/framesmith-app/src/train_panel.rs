@@ -8,6 +8,7 @@ use framesmith_telemetry::SpillWarning;
 use super::charts::{chart_ui, Series};
 use super::config_editor::ConfigEditor;
 use super::fit_panel::{fit_ui, FitView};
+use super::gpu_panel::{gpu_picker_ui, GpuPicker};
 use super::jobs::{Jobs, PickPurpose};
 use super::monitor_panel::spill_banner_ui;
 use super::output_folder::{output_folder_ui, OutputFolderView};
@@ -30,6 +31,9 @@ pub(super) struct TrainContext<'a> {
     pub editor: &'a ConfigEditor,
     /// The loss chart's "Smoothed only" setting.
     pub smoothed_only: &'a mut bool,
+    /// The machine's GPUs, and the ones chosen for the next run (a setting).
+    pub gpus: GpuPicker<'a>,
+    pub chosen_gpus: &'a mut Vec<usize>,
     pub queue: &'a mut RunQueue,
     pub jobs: &'a mut Jobs,
 }
@@ -56,6 +60,7 @@ pub(super) enum TrainRequest {
 pub(super) fn train_ui(ctx: &mut TrainContext, ui: &mut Ui) -> Option<TrainRequest> {
     if ctx.can_start() {
         fit_ui(ctx.fit, ui);
+        gpu_picker_ui(&ctx.gpus, ctx.chosen_gpus, ui);
     }
     let control = controls_ui(ctx, ui);
     if ctx.can_start() {

@@ -7,7 +7,7 @@ use std::sync::mpsc::TrySendError;
 use std::sync::Arc;
 use std::time::Duration;
 
-use framesmith_config::protocol::{Command, EngineHandle, Event, LogLevel};
+use framesmith_config::protocol::{Command, EngineHandle, Event, LogLevel, StartRun};
 use framesmith_config::RunConfig;
 use framesmith_telemetry::{detect_spill, SpillWarning, Telemetry, TelemetryOptions};
 
@@ -54,6 +54,10 @@ pub struct FramesmithApp {
     pub(super) queue: RunQueue,
     pub(super) presets: Vec<PresetView>,
     pub(super) engine: Option<EngineHandle>,
+    /// The GPUs the engine was started for (`Backend::spawn_engine`).
+    engine_gpus: Vec<usize>,
+    /// The GPUs of the run being prepared.
+    run_gpus: Vec<usize>,
     pub(super) jobs: Jobs,
     pub(super) telemetry: Option<Telemetry>,
     pub(super) spill: Option<SpillWarning>,
@@ -115,6 +119,8 @@ impl FramesmithApp {
             run,
             run_name: None,
             engine: None,
+            engine_gpus: Vec::new(),
+            run_gpus: Vec::new(),
             jobs: Jobs::new(options.jobs, repaint.clone()),
             telemetry,
             spill: None,
@@ -184,12 +190,28 @@ impl FramesmithApp {
 
     // ---- engine ----
 
+    /// The GPUs a run started now trains on: the picker's choice among the GPUs the telemetry sees.
+    fn chosen_gpus(&self) -> Vec<usize> {
+        let (seen, _) = super::gpu_panel::seen_gpus(self.telemetry.as_ref());
+        super::gpu_panel::gpus_for_run(&self.settings.gpus, &seen)
+    }
+
+    /// Sends a prepared run to an engine for its GPUs, replacing the idle engine when it was started for others.
+    pub(super) fn send_run(&mut self, start: Box<StartRun>) -> bool {
+        if self.engine_gpus != self.run_gpus {
+            // Dropping an idle engine's handle ends it.
+            self.engine = None;
+            self.engine_gpus = self.run_gpus.clone();
+        }
+        self.send(Command::StartRun(start))
+    }
+
     /// Sends a command, starting the engine first if needed. Never blocks: a full queue is reported instead.
     pub(super) fn send(&mut self, command: Command) -> bool {
         for _attempt in 0..2 {
             let engine = match self.engine.take() {
                 Some(engine) => engine,
-                None => match self.backend.spawn_engine() {
+                None => match self.backend.spawn_engine(&self.engine_gpus) {
                     Ok(engine) => engine,
                     Err(err) => {
                         self.apply_event(Event::Failed {
@@ -295,6 +317,7 @@ impl FramesmithApp {
             name: self.editor.config().output.output_name.clone(),
             config: self.editor.config().clone(),
             dataset_toml: self.dataset_toml_for(self.editor.config()),
+            gpus: self.chosen_gpus(),
         };
         self.prepare(run, resume_from);
     }
@@ -310,6 +333,7 @@ impl FramesmithApp {
         self.preparing = true;
         self.run.begin_run();
         self.run_name = Some(run.name.clone());
+        self.run_gpus = run.gpus.clone();
         self.jobs.spawn("prepare run", move || {
             JobResult::RunPrepared(super::handlers::prepare_run(run, resume_from))
         });
@@ -334,6 +358,7 @@ impl FramesmithApp {
                 config.output.output_name, config.training.max_train_steps
             ),
             dataset_toml: self.dataset_toml_for(&config),
+            gpus: self.chosen_gpus(),
             config,
         });
     }
@@ -515,6 +540,7 @@ impl FramesmithApp {
                     name: run.name.clone(),
                     config_toml: toml::to_string(&run.config).ok()?,
                     dataset_toml: run.dataset_toml.clone(),
+                    gpus: run.gpus.clone(),
                 })
             })
             .collect();
@@ -539,6 +565,7 @@ fn restore_queue(saved: &[SavedRun]) -> RunQueue {
                 name: run.name.clone(),
                 config,
                 dataset_toml: run.dataset_toml.clone(),
+                gpus: run.gpus.clone(),
             });
         }
     }
@@ -574,6 +601,8 @@ impl eframe::App for FramesmithApp {
         self.take_dropped_files(ctx);
         self.start_on_shortcut(ctx);
         if let Some(telemetry) = &self.telemetry {
+            // The run's rank processes (a run over several GPUs) count as the run's memory.
+            telemetry.count_processes(&self.run.processes);
             let steps = self.run.step_secs();
             self.spill = telemetry.read(|history| detect_spill(history, &steps));
         }

@@ -260,6 +260,49 @@ pub trait Streamable: Sized {
     fn with_frozen(&self, tensors: &[Tensor]) -> Result<Self>;
 }
 
+/// [`Streamable::frozen_tensors`] of a block whose frozen tensors are its own fields, which `fields` lists mutably
+/// in the fixed order (cheap clones sharing storage).
+pub fn frozen_fields<B: Clone>(
+    block: &B,
+    fields: impl FnOnce(&mut B) -> Vec<&mut Tensor>,
+) -> Vec<Tensor> {
+    let mut copy = block.clone();
+    fields(&mut copy).into_iter().map(|t| t.clone()).collect()
+}
+
+/// [`Streamable::with_frozen`] of a block whose frozen tensors are its own fields, which `fields` lists mutably in
+/// the fixed order: a copy of `block` with `tensors` in their places, each of its field's shape and dtype. `name`
+/// names the block in errors.
+pub fn with_frozen_fields<B: Clone>(
+    block: &B,
+    fields: impl FnOnce(&mut B) -> Vec<&mut Tensor>,
+    tensors: &[Tensor],
+    name: &str,
+) -> Result<B> {
+    let mut copy = block.clone();
+    let slots = fields(&mut copy);
+    if slots.len() != tensors.len() {
+        candle_core::bail!(
+            "{name} has {} frozen tensors, {} given",
+            slots.len(),
+            tensors.len()
+        );
+    }
+    for (slot, t) in slots.into_iter().zip(tensors) {
+        if slot.dims() != t.dims() || slot.dtype() != t.dtype() {
+            candle_core::bail!(
+                "{name}: frozen tensor {:?} {:?} replaced by {:?} {:?}",
+                slot.dims(),
+                slot.dtype(),
+                t.dims(),
+                t.dtype()
+            );
+        }
+        *slot = t.clone();
+    }
+    Ok(copy)
+}
+
 /// The streamed blocks of one model: their host masters, the GPU ring and its schedule.
 pub struct BlockStreamer {
     /// Model block index → index among the streamed blocks.

@@ -9,7 +9,8 @@ pub struct GpuSample {
     pub name: String,
     pub memory_used_bytes: u64,
     pub memory_total_bytes: u64,
-    /// Memory held by this process on the device (`None` under Windows WDDM, where NVML cannot see it).
+    /// Memory held on the device by this process and the run's rank processes (`Telemetry::count_processes`);
+    /// `None` when they hold none, and under Windows WDDM, where NVML cannot see it.
     pub process_memory_bytes: Option<u64>,
     pub utilization_percent: Option<u32>,
     pub temperature_celsius: Option<u32>,
@@ -45,7 +46,7 @@ pub struct Sample {
     pub at_secs: f64,
     pub ram_used_bytes: u64,
     pub ram_total_bytes: u64,
-    /// Resident memory of this process.
+    /// Resident memory of this process and the run's rank processes, summed.
     pub process_resident_bytes: u64,
     pub gpus: Vec<GpuSample>,
     /// `None` off Windows or when the counters cannot be read.

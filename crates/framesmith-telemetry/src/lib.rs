@@ -45,6 +45,8 @@ impl Default for TelemetryOptions {
 /// A running telemetry thread. Dropping it stops the thread.
 pub struct Telemetry {
     history: Arc<Mutex<History>>,
+    /// The processes whose GPU and RAM use is the run's own: this one, and the run's rank processes.
+    processes: Arc<Mutex<Vec<u32>>>,
     stop: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -53,13 +55,18 @@ impl Telemetry {
     /// Starts the sampling thread. NVML and PDH are opened on that thread, so a slow driver never delays the caller.
     pub fn spawn(options: TelemetryOptions) -> std::io::Result<Self> {
         let history = Arc::new(Mutex::new(History::new(options.capacity)));
+        let processes = Arc::new(Mutex::new(vec![std::process::id()]));
         let (stop_tx, stop_rx) = std::sync::mpsc::sync_channel(1);
-        let thread_history = Arc::clone(&history);
+        let shared = Shared {
+            history: Arc::clone(&history),
+            processes: Arc::clone(&processes),
+        };
         let thread = std::thread::Builder::new()
             .name("telemetry".into())
-            .spawn(move || sample_loop(&thread_history, &stop_rx, options))?;
+            .spawn(move || sample_loop(&shared, &stop_rx, options))?;
         Ok(Self {
             history,
+            processes,
             stop: Some(stop_tx),
             thread: Some(thread),
         })
@@ -69,9 +76,31 @@ impl Telemetry {
     pub fn fixed(history: History) -> Self {
         Self {
             history: Arc::new(Mutex::new(history)),
+            processes: Arc::new(Mutex::new(vec![std::process::id()])),
             stop: None,
             thread: None,
         }
+    }
+
+    /// Counts the memory of `pids` (a run's rank processes) as the run's own from the next sample on, beside
+    /// this process's: `GpuSample::process_memory_bytes` and `Sample::process_resident_bytes` are summed over them.
+    pub fn count_processes(&self, pids: &[u32]) {
+        let mut all = vec![std::process::id()];
+        all.extend(pids.iter().filter(|&&pid| pid != std::process::id()));
+        all.sort_unstable();
+        all.dedup();
+        *self
+            .processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = all;
+    }
+
+    /// The processes counted as the run's own (this one first among them, sorted).
+    pub fn counted_processes(&self) -> Vec<u32> {
+        self.processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Runs `f` on the history. The sampling thread holds the lock only to push one sample, so this never waits long.
@@ -109,13 +138,13 @@ impl Sources {
         }
     }
 
-    fn sample(&mut self, at_secs: f64) -> Sample {
+    fn sample(&mut self, at_secs: f64, pids: &[u32]) -> Sample {
         let mut sample = Sample {
             at_secs,
             ..Sample::default()
         };
-        self.system.sample(&mut sample);
-        self.nvml.sample(&mut sample);
+        self.system.sample(&mut sample, pids);
+        self.nvml.sample(&mut sample, pids);
         #[cfg(windows)]
         self.shared.sample(&mut sample);
         sample
@@ -136,21 +165,36 @@ impl Sources {
 /// Takes one sample of every source now (opening them first). For tools and tests; the app uses `Telemetry`.
 pub fn sample_once() -> (Sample, Result<(), String>) {
     let mut sources = Sources::open();
-    let sample = sources.sample(0.0);
+    let sample = sources.sample(0.0, &[std::process::id()]);
     (sample, sources.gpu_status())
 }
 
-fn sample_loop(history: &Mutex<History>, stop: &Receiver<()>, options: TelemetryOptions) {
+/// What the sampling thread shares with its owner.
+struct Shared {
+    history: Arc<Mutex<History>>,
+    processes: Arc<Mutex<Vec<u32>>>,
+}
+
+fn sample_loop(shared: &Shared, stop: &Receiver<()>, options: TelemetryOptions) {
     let mut sources = Sources::open();
     {
-        let mut guard = history.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut guard = shared
+            .history
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         guard.gpu_status = sources.gpu_status();
         guard.shared_status = sources.shared_status();
     }
     let start = Instant::now();
     loop {
-        let sample = sources.sample(start.elapsed().as_secs_f64());
-        history
+        let pids = shared
+            .processes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let sample = sources.sample(start.elapsed().as_secs_f64(), &pids);
+        shared
+            .history
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(sample);
@@ -190,6 +234,19 @@ mod tests {
         // The thread has joined, so the sender it owned is gone.
         while rx.try_recv().is_ok() {}
         assert!(rx.recv().is_err());
+    }
+
+    #[test]
+    fn the_runs_processes_are_counted_beside_this_one() {
+        let telemetry = Telemetry::fixed(History::new(1));
+        let me = std::process::id();
+        assert_eq!(telemetry.counted_processes(), vec![me]);
+        telemetry.count_processes(&[me, 4_000_000, 4_000_001, 4_000_000]);
+        let mut expected = vec![me, 4_000_000, 4_000_001];
+        expected.sort_unstable();
+        assert_eq!(telemetry.counted_processes(), expected);
+        telemetry.count_processes(&[]);
+        assert_eq!(telemetry.counted_processes(), vec![me]);
     }
 
     #[test]

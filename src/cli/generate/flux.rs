@@ -13,7 +13,6 @@ use framesmith_engine::generate::flux::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
-use framesmith_engine::generate::pipeline::combine_loras;
 use framesmith_engine::train::setup::{hold_vram_budget, VramUse};
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::{
@@ -21,9 +20,8 @@ use framesmith_models::flux::weights::{
 };
 use framesmith_models::flux::FluxConfig;
 use framesmith_models::identify::{identify, IdentifyError, ModelFile};
-use framesmith_nn::lora_file::LoraFile;
 
-use super::{parse_lora, timing_line, GenerateArgs};
+use super::{loras_as_one, timing_line, GenerateArgs};
 use crate::cli::models::{open_device, pick_dtype, progress_bar};
 use framesmith_engine::generate::denoise::Solver;
 
@@ -169,24 +167,10 @@ fn load_dit_with_loras(
 ) -> anyhow::Result<framesmith_models::flux::Flux> {
     let mut model = load_dit(&args.dit, Some(variant), dtype, device, args.fp8)?;
     eprintln!("DiT: {variant} ({})", args.dit.display());
-    if args.loras.is_empty() {
-        return Ok(model);
+    if let Some((lora, multiplier)) = loras_as_one(&args.loras, device)? {
+        lora.apply(model.linears_mut(), multiplier, dtype)
+            .context("the LoRA does not fit this FLUX.1 DiT (a LoRA made for another model?)")?;
     }
-    let files = args
-        .loras
-        .iter()
-        .map(|spec| {
-            let (file, multiplier) = parse_lora(spec);
-            eprintln!("LoRA: {} × {multiplier}", file.display());
-            Ok((LoraFile::load(&file, device)?, multiplier))
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let (lora, multiplier) = match files.as_slice() {
-        [(one, m)] => (one.clone(), *m),
-        _ => (combine_loras(&files)?, 1.0),
-    };
-    lora.apply(model.linears_mut(), multiplier, dtype)
-        .context("the LoRA does not fit this FLUX.1 DiT (a LoRA made for another model?)")?;
     Ok(model)
 }
 

@@ -3,15 +3,21 @@
 
 pub mod doctor;
 pub mod memory;
+pub mod wire;
 
 use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
 
 use crate::RunConfig;
 
 /// What the UI (or the command line) asks the engine to do.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Command {
-    /// Start a run (optionally resuming from a training-state folder).
+    /// Start a run (optionally resuming from a training-state folder). Not carried by [`wire`]: a run in another
+    /// process gets its config as a file.
+    #[serde(skip)]
     StartRun(Box<StartRun>),
     Pause,
     Resume,
@@ -29,7 +35,8 @@ pub struct StartRun {
 }
 
 /// The engine's state, as shown by the UI.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum RunState {
     Idle,
     Preparing,
@@ -42,23 +49,30 @@ pub enum RunState {
     Failed,
 }
 
-/// Progress after an optimizer step.
-#[derive(Debug, Clone, PartialEq)]
+/// Progress after an optimizer step. A loss that is not a number (a skipped step) travels through [`wire`] as
+/// `null` and comes back as NaN.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Progress {
     pub step: usize,
     pub total_steps: usize,
     pub epoch: usize,
+    #[serde(with = "wire::number")]
     pub loss: f64,
+    #[serde(with = "wire::number")]
     pub smoothed_loss: f64,
+    #[serde(with = "wire::number")]
     pub learning_rate: f64,
+    #[serde(with = "wire::number")]
     pub step_secs: f64,
+    #[serde(with = "wire::number")]
     pub eta_secs: f64,
 }
 
 /// A validation loss: the mean loss over the held-out items at the fixed timesteps and noise, after `step`.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ValidationLoss {
     pub step: usize,
+    #[serde(with = "wire::number")]
     pub loss: f64,
     /// Held-out items evaluated.
     pub items: usize,
@@ -67,7 +81,8 @@ pub struct ValidationLoss {
 }
 
 /// Log severity.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum LogLevel {
     Info,
     Warn,
@@ -75,7 +90,8 @@ pub enum LogLevel {
 }
 
 /// What happened in the engine.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Event {
     StateChanged(RunState),
     Progress(Progress),
@@ -102,6 +118,11 @@ pub enum Event {
     /// The run stopped with an error; the message says what and how to fix it.
     Failed {
         message: String,
+    },
+    /// The run trains in these processes too (the rank processes of a run over several GPUs, one per GPU): their
+    /// memory is the run's.
+    ProcessesStarted {
+        pids: Vec<u32>,
     },
 }
 

@@ -65,6 +65,19 @@ pub enum Ranks {
 }
 
 impl Ranks {
+    /// One process training on `gpu` (`framesmith train --gpus N`, the app's one chosen GPU): a world of one, on
+    /// that GPU whatever `training.device` says; `None` keeps the config's device.
+    pub fn on_gpu(gpu: Option<usize>, timeout: Duration) -> Self {
+        Ranks::Join(RankSpec {
+            rank: 0,
+            world: 1,
+            gpu,
+            master_addr: "127.0.0.1".into(),
+            master_port: 0,
+            timeout,
+        })
+    }
+
     /// The collective for a trainer on `device`.
     pub fn collective(&self, device: &candle_core::Device) -> anyhow::Result<Arc<dyn Collective>> {
         Ok(match self {

@@ -9,7 +9,7 @@ use super::attention::{QkNorm, SelfAttention};
 use super::block::FluxBlock;
 use super::double_block::{DoubleStreamBlock, Mlp};
 use super::single_block::SingleStreamBlock;
-use framesmith_nn::offload::Streamable;
+use framesmith_nn::offload::{frozen_fields, with_frozen_fields, Streamable};
 
 impl QkNorm {
     fn frozen_tensors_mut(&mut self) -> Vec<&mut Tensor> {
@@ -77,35 +77,10 @@ impl FluxBlock {
 /// streamer only ever holds blocks of one kind.
 impl Streamable for FluxBlock {
     fn frozen_tensors(&self) -> Vec<Tensor> {
-        let mut copy = self.clone();
-        copy.frozen_tensors_mut()
-            .into_iter()
-            .map(|t| t.clone())
-            .collect()
+        frozen_fields(self, FluxBlock::frozen_tensors_mut)
     }
 
     fn with_frozen(&self, tensors: &[Tensor]) -> Result<Self> {
-        let mut copy = self.clone();
-        let slots = copy.frozen_tensors_mut();
-        if slots.len() != tensors.len() {
-            candle_core::bail!(
-                "FLUX block has {} frozen tensors, {} given",
-                slots.len(),
-                tensors.len()
-            );
-        }
-        for (slot, t) in slots.into_iter().zip(tensors) {
-            if slot.dims() != t.dims() || slot.dtype() != t.dtype() {
-                candle_core::bail!(
-                    "FLUX frozen tensor {:?} {:?} replaced by {:?} {:?}",
-                    slot.dims(),
-                    slot.dtype(),
-                    t.dims(),
-                    t.dtype()
-                );
-            }
-            *slot = t.clone();
-        }
-        Ok(copy)
+        with_frozen_fields(self, FluxBlock::frozen_tensors_mut, tensors, "FLUX block")
     }
 }

@@ -14,6 +14,60 @@ fn spread_placement_is_even_and_last_is_the_tail() {
     assert_eq!(s.last(), Some(&39));
 }
 
+/// A block of two frozen tensors and a trained one, as a model's block holds them.
+#[derive(Clone)]
+struct TwoFrozen {
+    weight: Tensor,
+    bias: Tensor,
+    lora: Tensor,
+}
+
+impl TwoFrozen {
+    fn frozen_mut(&mut self) -> Vec<&mut Tensor> {
+        vec![&mut self.weight, &mut self.bias]
+    }
+}
+
+#[test]
+fn frozen_fields_are_listed_and_replaced_in_order_with_their_shapes() -> Result<()> {
+    let dev = Device::Cpu;
+    let block = TwoFrozen {
+        weight: Tensor::zeros((2, 3), DType::F32, &dev)?,
+        bias: Tensor::zeros(3, DType::F32, &dev)?,
+        lora: Tensor::ones(4, DType::F32, &dev)?,
+    };
+    let frozen = frozen_fields(&block, TwoFrozen::frozen_mut);
+    assert_eq!(frozen.len(), 2);
+    assert_eq!(frozen[0].dims(), &[2, 3]);
+    let new = [
+        Tensor::ones((2, 3), DType::F32, &dev)?,
+        Tensor::full(2f32, 3, &dev)?,
+    ];
+    let swapped = with_frozen_fields(&block, TwoFrozen::frozen_mut, &new, "test block")?;
+    assert_eq!(swapped.bias.to_vec1::<f32>()?, vec![2.0; 3]);
+    assert_eq!(swapped.weight.sum_all()?.to_scalar::<f32>()?, 6.0);
+    assert_eq!(
+        swapped.lora.to_vec1::<f32>()?,
+        vec![1.0; 4],
+        "the LoRA is not frozen"
+    );
+    assert_eq!(
+        block.bias.to_vec1::<f32>()?,
+        vec![0.0; 3],
+        "the block itself is untouched"
+    );
+    let short = with_frozen_fields(&block, TwoFrozen::frozen_mut, &new[..1], "test block");
+    assert!(short.is_err_and(|e| e
+        .to_string()
+        .contains("test block has 2 frozen tensors, 1 given")));
+    let wrong = [new[0].clone(), Tensor::ones(3, DType::BF16, &dev)?];
+    let wrong = with_frozen_fields(&block, TwoFrozen::frozen_mut, &wrong, "test block");
+    assert!(wrong.is_err_and(|e| e
+        .to_string()
+        .contains("test block: frozen tensor [3] F32 replaced by [3] BF16")));
+    Ok(())
+}
+
 #[test]
 fn packing_round_trips_every_dtype() -> Result<()> {
     let dev = Device::Cpu;

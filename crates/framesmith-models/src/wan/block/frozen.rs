@@ -57,37 +57,17 @@ impl Block {
 impl framesmith_nn::offload::Streamable for Block {
     /// The frozen tensors in [`Block::frozen_tensors_mut`]'s order (cheap clones sharing storage).
     fn frozen_tensors(&self) -> Vec<Tensor> {
-        let mut copy = self.clone();
-        copy.frozen_tensors_mut()
-            .into_iter()
-            .map(|t| t.clone())
-            .collect()
+        framesmith_nn::offload::frozen_fields(self, Block::frozen_tensors_mut)
     }
 
     /// A copy of this block (sharing its LoRA) whose frozen tensors are `tensors`, given in
     /// [`Block::frozen_tensors_mut`]'s order with the same shapes and dtypes.
     fn with_frozen(&self, tensors: &[Tensor]) -> candle_core::Result<Block> {
-        let mut copy = self.clone();
-        let slots = copy.frozen_tensors_mut();
-        if slots.len() != tensors.len() {
-            candle_core::bail!(
-                "block has {} frozen tensors, {} given",
-                slots.len(),
-                tensors.len()
-            );
-        }
-        for (slot, t) in slots.into_iter().zip(tensors) {
-            if slot.dims() != t.dims() || slot.dtype() != t.dtype() {
-                candle_core::bail!(
-                    "frozen tensor {:?} {:?} replaced by {:?} {:?}",
-                    slot.dims(),
-                    slot.dtype(),
-                    t.dims(),
-                    t.dtype()
-                );
-            }
-            *slot = t.clone();
-        }
-        Ok(copy)
+        framesmith_nn::offload::with_frozen_fields(
+            self,
+            Block::frozen_tensors_mut,
+            tensors,
+            "block",
+        )
     }
 }
