@@ -100,10 +100,7 @@ fn run(
     (context, negative): &(Tensor, Tensor),
     image: &ImageConditioning,
 ) -> anyhow::Result<Tensor> {
-    let mut experts = Experts {
-        high_noise: &mut dit.clone(),
-        low_noise: None,
-    };
+    let mut experts = Experts::single(&mut dit.clone());
     let s = settings(0, 0);
     let req = GenerateRequest {
         context,
@@ -176,10 +173,7 @@ fn wan21_i2v_start_image_conditions_the_clip() -> anyhow::Result<()> {
         "the y latents are used"
     );
 
-    let mut experts = Experts {
-        high_noise: &mut dit.clone(),
-        low_noise: None,
-    };
+    let mut experts = Experts::single(&mut dit.clone());
     let conditioning = Conditioning {
         context: prompt.0.clone(),
         negative: Some(prompt.1.clone()),
