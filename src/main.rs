@@ -241,6 +241,7 @@ fn train(
             rank: 0,
             world: 1,
             gpu: gpus.first().copied(),
+            ranks_on_machine: 1,
             master_addr: "127.0.0.1".into(),
             master_port: 0,
             timeout: std::time::Duration::from_secs(rank_args.rank_timeout_secs),
