@@ -14,6 +14,10 @@
 #                within `--vram-budget-gb 48` (every block resident) or 24 (GEN_SWAP_24 blocks streamed, default
 #                39, and tiled decoding); at 48, tiled decoding when the untiled run ran out of memory, or from the
 #                start with GEN_TILED=1. Give the 24 GiB case LIMIT=900 or more: its tiled decode takes ~3 min.
+#   gen-a14b-2gpu
+#                the same clip with one expert per GPU (`--gpus GEN_GPUS`, default 0,1: high-noise expert on the
+#                first, low-noise on the second, both resident, nothing parked); GEN_BUDGET sets
+#                `--vram-budget-gb` (per card; none by default); compare its seconds per step with gen-a14b-48's
 # STEPS (default 8) steps per training run; A14B_STEPS (default 16) for the joint run.
 set -uo pipefail
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -107,20 +111,24 @@ for case in "$@"; do
         timed "$D" train-one framesmith train --config "$P/one-budget.toml" --preset balanced-24gb --vram-budget-gb 24
         mkdir -p "$D/one"; keep_outputs "$P" "$D/one"
         ;;
-    gen-a14b-48|gen-a14b-24)
+    gen-a14b-48|gen-a14b-24|gen-a14b-2gpu)
         # The experts of a14b-joint (made here when missing); umT5 and the Wan2.1 VAE from a small project's
         # --encoders (they do not depend on the DiT).
         P="$WORK/t2v-a14b" L="$WORK/t2v-a14b-low" E="$WORK/encoders"
         synth "$P" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
         SEED=1 synth "$L" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
         synth "$E" t2v-1.3b bf16 5 32 32 --encoders "$SPIECE" || { kill $SMI; continue; }
-        budget="${case##*-}" swap=0
+        budget="${case##*-}" swap=0 where=(--device cuda)
         [[ "$budget" == 24 ]] && swap="$GEN_SWAP_24"
+        if [[ "$case" == gen-a14b-2gpu ]]; then
+            budget="${GEN_BUDGET:-}" where=(--gpus "${GEN_GPUS:-0,1}")
+        fi
         gen=(framesmith generate --dit "$P/dit.safetensors" --dit-low-noise "$L/dit.safetensors"
             --text-encoder "$E/umt5_xxl_fp8_e4m3fn_scaled.safetensors" --vae "$E/wan_2.1_vae.safetensors"
             --prompt "a test card with a moving colour bar, bright daylight" --width 1280 --height 720 --frames 81
-            --steps "$GEN_STEPS" --seed 42 --device cuda --fp8 block64 --blocks-to-swap "$swap"
-            --vram-budget-gb "$budget" --out "$D/clip.mp4")
+            --steps "$GEN_STEPS" --seed 42 "${where[@]}" --fp8 block64 --blocks-to-swap "$swap"
+            --out "$D/clip.mp4")
+        [[ -n "$budget" ]] && gen+=(--vram-budget-gb "$budget")
         [[ -n "${GEN_TILED:-}" || "$budget" == 24 ]] && gen+=(--tiled)
         if ! timed "$D" generate "${gen[@]}" && [[ -z "${GEN_NO_RETRY:-}" ]] && grep -q -i -E "out of memory|out_of_memory" "$D/generate.log"; then
             timed "$D" generate-tiled "${gen[@]}" --tiled

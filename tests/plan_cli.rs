@@ -285,3 +285,38 @@ fn ti2v_5b_plans_at_its_native_size_in_either_mode() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("multiples of 32"), "{stderr}");
 }
+
+#[test]
+fn ranks_of_one_machine_share_its_ram() {
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "24"]);
+    let (_, one, _) = framesmith(&args);
+    assert!(!one.contains("swapping"), "one rank fits 128 GiB:\n{one}");
+
+    args.extend(["--gpus", "0,1"]);
+    let (code, two, stderr) = framesmith(&args);
+    println!("{two}");
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(two.contains("per GPU (2 GPUs)"), "{two}");
+    assert!(two.contains("each of the 2 ranks on this machine"), "{two}");
+    assert!(!two.contains("swapping"), "{two}");
+
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--vram-budget-gb", "24", "--gpus", "0,1,2,3"]);
+    let (code, four, _) = framesmith(&args);
+    println!("{four}");
+    // A warning, not a refusal: the VRAM verdict stands.
+    assert_eq!(code, Some(0));
+    assert!(
+        four.contains("for the 4 ranks on this machine, and it has 128.00 GiB: expect swapping")
+            && four
+                .contains("fewer GPUs (--gpus), fewer streamed blocks or activations on the GPU"),
+        "{four}"
+    );
+
+    let mut args = WAN14B_480P.to_vec();
+    args.extend(["--gpus", "1,1"]);
+    let (code, _, stderr) = framesmith(&args);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("--gpus names a GPU twice"), "{stderr}");
+}

@@ -11,7 +11,7 @@ use candle_core::{DType, Device};
 use clap::Args;
 use framesmith_config::run::DeviceSpec;
 use framesmith_engine::dit::load_dit;
-use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Solver};
+use framesmith_engine::generate::denoise::{Experts, ImageConditioning, Residency, Solver};
 use framesmith_engine::generate::pipeline::{
     combine_loras, denoise_clip, latent_shape, write_clip, ClipSettings, Conditioning, VaeDecoder,
     CLIP_FPS,
@@ -21,7 +21,7 @@ use framesmith_engine::generate::start_image::{
     StartImageError,
 };
 use framesmith_engine::plan::vae_for;
-use framesmith_engine::train::setup::{hold_vram_budget, VramUse};
+use framesmith_engine::train::setup::{hold_vram_budget, VramHold, VramUse};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
@@ -130,6 +130,16 @@ pub struct GenerateArgs {
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     device: DeviceSpec,
+    /// CUDA GPUs to run on, instead of --device: one (`--gpus 1`, as --device cuda:1), or for Wan2.2 A14B two
+    /// (`--gpus 0,1`): the high-noise expert on the first, the low-noise expert on the second, both resident
+    /// (nothing parked in RAM; --vram-budget-gb and --blocks-to-swap then apply to each card)
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "IDS",
+        conflicts_with = "device"
+    )]
+    gpus: Vec<usize>,
     /// Compute dtype (default: bf16 on a GPU, f32 on the CPU)
     #[arg(long, value_enum)]
     dtype: Option<DtypeArg>,
@@ -140,11 +150,11 @@ pub struct GenerateArgs {
     #[arg(long)]
     tiled: bool,
     /// Blocks of each DiT kept in RAM and streamed to the GPU as they run (block swap), for cards too small for
-    /// the whole model; with two experts, the one not in use waits in RAM either way (Wan)
+    /// the whole model; with two experts on one GPU, the one not in use waits in RAM either way (Wan)
     #[arg(long, default_value_t = 0)]
     blocks_to_swap: usize,
     /// Use at most this many GiB of the card (the rest is held back for the command's lifetime), so a run that
-    /// fits here fits a card of that size
+    /// fits here fits a card of that size; with --gpus 0,1, of each card
     #[arg(long)]
     vram_budget_gb: Option<f64>,
     /// The MP4 to write; PNG frames go to a `<name>_frames` folder beside it. FLUX.1: the PNG to write
@@ -199,6 +209,11 @@ impl GenerateArgs {
         })
     }
 
+    /// Where this command runs ([`gpu_placement`] of `--gpus`, `--device` and whether a low-noise expert is given).
+    fn placement(&self) -> anyhow::Result<GpuPlacement> {
+        gpu_placement(&self.gpus, self.device, self.dit_low_noise.is_some())
+    }
+
     /// FLUX.1 options given to a Wan DiT, by name.
     fn flux_options(&self) -> Vec<&'static str> {
         [
@@ -209,6 +224,51 @@ impl GenerateArgs {
         .into_iter()
         .filter_map(|(given, name)| given.then_some(name))
         .collect()
+    }
+}
+
+/// Where `generate` runs: the device of the text encoder, the VAE and the DiT (of a Wan2.2 A14B pair, the
+/// high-noise expert), and, for a pair over two GPUs, the low-noise expert's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct GpuPlacement {
+    main: DeviceSpec,
+    low_noise: Option<DeviceSpec>,
+}
+
+/// The placement `--gpus` asks for (else `--device`'s): one GPU runs everything; two split a Wan2.2 A14B pair
+/// (`pair`), the high-noise expert on the first and the low-noise one on the second. Two GPUs for one DiT, the
+/// same GPU twice, or more than two are errors that say what to give instead.
+fn gpu_placement(gpus: &[usize], device: DeviceSpec, pair: bool) -> anyhow::Result<GpuPlacement> {
+    let list = gpus
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(",");
+    match *gpus {
+        [] => Ok(GpuPlacement {
+            main: device,
+            low_noise: None,
+        }),
+        [one] => Ok(GpuPlacement {
+            main: DeviceSpec::Cuda(one),
+            low_noise: None,
+        }),
+        [first, second] if first == second => anyhow::bail!(
+            "--gpus {list} names GPU {first} twice: give two different GPUs (e.g. --gpus 0,1) to put one Wan2.2 \
+             A14B expert on each, or one (--gpus {first}) to run on it alone"
+        ),
+        [first, _] if !pair => anyhow::bail!(
+            "--gpus {list}: only Wan2.2 A14B (--dit with --dit-low-noise) splits over two GPUs, one expert on \
+             each; this DiT runs on one GPU: give --gpus {first}"
+        ),
+        [first, second] => Ok(GpuPlacement {
+            main: DeviceSpec::Cuda(first),
+            low_noise: Some(DeviceSpec::Cuda(second)),
+        }),
+        _ => anyhow::bail!(
+            "--gpus {list}: generation uses at most two GPUs (Wan2.2 A14B: the high-noise expert on the first, the \
+             low-noise expert on the second); give one or two"
+        ),
     }
 }
 
@@ -403,11 +463,19 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let (cfg, image) = start_image(args)?;
     let size = clip_size(args, &cfg, image.as_ref());
     check_before_loading(args, &cfg, size)?;
-    let device = open_device(args.device)?;
+    let placement = args.placement()?;
+    let device = open_device(placement.main)?;
+    // A Wan2.2 A14B pair over two GPUs: the low-noise expert's own card.
+    let low_device = placement.low_noise.map(open_device).transpose()?;
     let dtype = pick_dtype(args.dtype, &device)?;
     let budget = args.vram_budget()?;
     // Before anything takes device memory: what the text encoder, the VAE and the DiTs take counts against it.
+    // With two GPUs the budget is each card's.
     let held = budget.map(|b| hold_vram_budget(&device, b)).transpose()?;
+    let held_low = match (budget, &low_device) {
+        (Some(b), Some(low)) => hold_vram_budget(low, b)?,
+        _ => None,
+    };
     let text = TextEncoder::load(text_encoder, args.tokenizer.as_deref(), dtype, &device)
         .with_context(|| format!("loading the text encoder {}", text_encoder.display()))?;
     let conditioning = Conditioning::encode(
@@ -433,19 +501,22 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // Two experts are a Wan2.2 A14B pair: read as Wan 2.2 even where a file does not say so (a Wan2.1 14B file
     // has the same tensors).
     let pair = args.dit_low_noise.as_ref().map(|_| a14b_expert(&cfg));
-    // The low-noise expert first, parked in RAM once loaded: the high-noise one denoises first, and the GPU
-    // only ever holds one of them.
+    // The low-noise expert first. On the one GPU it is parked in RAM once loaded: the high-noise one denoises
+    // first, and the GPU only ever holds one of them. On its own GPU it stays there.
     let mut low = match &args.dit_low_noise {
         Some(path) => {
+            let low_dev = low_device.as_ref().unwrap_or(&device);
             let mut model = load_dit_with_loras(
                 path,
                 pair.as_ref(),
                 &args.loras_low_noise,
                 args,
-                (dtype, &device),
+                (dtype, low_dev),
             )?;
-            model.park()?;
-            release_cached_memory(&device)?;
+            if low_device.is_none() {
+                model.park()?;
+            }
+            release_cached_memory(low_dev)?;
             Some(model)
         }
         None => None,
@@ -461,9 +532,13 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let mut experts = Experts {
         high_noise: &mut high,
         low_noise: low.as_mut().map(|l| (l, boundary)),
+        residency: match low_device {
+            Some(_) => Residency::OwnDevices,
+            None => Residency::Shared,
+        },
     };
     eprintln!(
-        "seed {seed}, {}x{}, {} frames, {} steps{}",
+        "seed {seed}, {}x{}, {} frames, {} steps{}{}",
         size.0,
         size.1,
         args.frames(),
@@ -472,8 +547,16 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
             ", from the start image"
         } else {
             ""
+        },
+        match (placement.main, placement.low_noise) {
+            (main, Some(low)) =>
+                format!(", high-noise expert on {main}, low-noise expert on {low}"),
+            _ => String::new(),
         }
     );
+    let devices: Vec<&Device> = std::iter::once(&device)
+        .chain(low_device.as_ref())
+        .collect();
     let bar = progress_bar(
         args.steps() as u64,
         "{bar:30} {pos}/{len} steps  [{elapsed_precise} < {eta_precise}]",
@@ -482,7 +565,9 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     // device has finished the last one).
     let starts = std::cell::RefCell::new(Vec::with_capacity(args.steps() + 1));
     let tick = || {
-        let _ = device.synchronize();
+        for device in &devices {
+            let _ = device.synchronize();
+        }
         starts.borrow_mut().push(Instant::now());
         bar.inc(1);
         false
@@ -495,21 +580,24 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         &settings,
         &tick,
     )?;
-    device.synchronize()?;
+    for device in &devices {
+        device.synchronize()?;
+    }
     let denoised = Instant::now();
     bar.finish_and_clear();
     let frames = decoder.decode(&latents)?;
     let decode_secs = denoised.elapsed().as_secs_f64();
     let mut starts = starts.into_inner();
     starts.push(denoised);
-    let held_back = held
-        .as_ref()
-        .and_then(Option::as_ref)
-        .map_or(0, |h| h.bytes);
-    eprintln!(
-        "{}",
-        timing_line(&starts, decode_secs, VramUse::measure(&device, held_back))
-    );
+    let held_back = |hold: Option<&VramHold>| hold.map_or(0, |h| h.bytes);
+    let mut vram: Vec<VramUse> =
+        VramUse::measure(&device, held_back(held.as_ref().and_then(Option::as_ref)))
+            .into_iter()
+            .collect();
+    if let Some(low) = &low_device {
+        vram.extend(VramUse::measure(low, held_back(held_low.as_ref())));
+    }
+    eprintln!("{}", timing_line(&starts, decode_secs, &vram));
     let frames_dir = write_clip(&args.out, &frames, CLIP_FPS)?;
     println!(
         "wrote {} ({} frames) and {}",
@@ -521,8 +609,8 @@ pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
 }
 
 /// What the denoising steps took (from the instants each started and the end of the last), the decoding, and the
-/// most device memory the command took.
-pub(super) fn timing_line(starts: &[Instant], decode_secs: f64, vram: Option<VramUse>) -> String {
+/// most device memory the command took (on each card, where it ran on several).
+pub(super) fn timing_line(starts: &[Instant], decode_secs: f64, vram: &[VramUse]) -> String {
     let steps: Vec<f64> = starts
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64())
@@ -530,9 +618,15 @@ pub(super) fn timing_line(starts: &[Instant], decode_secs: f64, vram: Option<Vra
     let total: f64 = steps.iter().sum();
     let mean = total / steps.len().max(1) as f64;
     let each: Vec<String> = steps.iter().map(|s| format!("{s:.2}")).collect();
-    let vram = vram.map_or(String::new(), |v| {
-        format!("; peak VRAM {:.2} GiB", v.peak as f64 / (1u64 << 30) as f64)
-    });
+    let gib = |v: &VramUse| format!("{:.2}", v.peak as f64 / (1u64 << 30) as f64);
+    let vram = match vram {
+        [] => String::new(),
+        [one] => format!("; peak VRAM {} GiB", gib(one)),
+        several => format!(
+            "; peak VRAM {} GiB (per GPU)",
+            several.iter().map(gib).collect::<Vec<_>>().join(" + ")
+        ),
+    };
     format!(
         "denoised in {total:.1} s, {mean:.2} s per step (each: {}); decoded in {decode_secs:.1} s{vram}",
         each.join(" ")
@@ -614,11 +708,72 @@ mod tests {
     fn the_timing_line_gives_each_step_and_the_mean() {
         let t0 = Instant::now();
         let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
-        let line = timing_line(&[at(0), at(1000), at(3000)], 4.0, None);
+        let line = timing_line(&[at(0), at(1000), at(3000)], 4.0, &[]);
         assert_eq!(
             line,
             "denoised in 3.0 s, 1.50 s per step (each: 1.00 2.00); decoded in 4.0 s"
         );
+    }
+
+    fn placement_error(gpus: &[usize], pair: bool) -> String {
+        gpu_placement(gpus, DeviceSpec::Auto, pair)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default()
+    }
+
+    #[test]
+    fn two_gpus_put_one_a14b_expert_on_each() -> anyhow::Result<()> {
+        let one = parse(&["--gpus", "1"]).placement()?;
+        assert_eq!((one.main, one.low_noise), (DeviceSpec::Cuda(1), None));
+        let split = parse(&["--gpus", "1,0", "--dit-low-noise", "l"]).placement()?;
+        assert_eq!(
+            (split.main, split.low_noise),
+            (DeviceSpec::Cuda(1), Some(DeviceSpec::Cuda(0)))
+        );
+        // One GPU for a pair keeps both experts on it (one parked in RAM at a time).
+        let shared = parse(&["--gpus", "0", "--dit-low-noise", "l"]).placement()?;
+        assert_eq!((shared.main, shared.low_noise), (DeviceSpec::Cuda(0), None));
+        let default = parse(&["--device", "cpu"]).placement()?;
+        assert_eq!((default.main, default.low_noise), (DeviceSpec::Cpu, None));
+        Ok(())
+    }
+
+    #[test]
+    fn gpus_that_cannot_split_the_model_are_refused() {
+        let err = placement_error(&[0, 1], false);
+        assert!(
+            err.contains("only Wan2.2 A14B") && err.contains("--gpus 0"),
+            "{err}"
+        );
+        let err = placement_error(&[1, 1], true);
+        assert!(err.contains("twice") && err.contains("--gpus 0,1"), "{err}");
+        let err = placement_error(&[0, 1, 2], true);
+        assert!(err.contains("at most two GPUs"), "{err}");
+        let err = try_parse(&["--gpus", "0", "--device", "cpu"])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("--gpus") && err.contains("--device"), "{err}");
+    }
+
+    #[test]
+    fn the_timing_line_gives_each_gpus_peak() {
+        let t0 = Instant::now();
+        let use_of = |gib: u64| VramUse {
+            peak: gib << 30,
+            outside_pool: 0,
+            in_use: 0,
+            reserved: 0,
+            free: 0,
+        };
+        let line = timing_line(&[t0, t0], 0.0, &[use_of(30), use_of(29)]);
+        assert!(
+            line.ends_with("; peak VRAM 30.00 + 29.00 GiB (per GPU)"),
+            "{line}"
+        );
+        let line = timing_line(&[t0, t0], 0.0, &[use_of(30)]);
+        assert!(line.ends_with("; peak VRAM 30.00 GiB"), "{line}");
     }
 
     #[test]

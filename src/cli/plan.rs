@@ -6,10 +6,13 @@ use std::process::ExitCode;
 
 use anyhow::{bail, Context};
 use clap::Args;
+use framesmith_config::protocol::memory::format_gib;
 use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
 use framesmith_config::{presets, RunConfig};
-use framesmith_engine::plan::{clip_for_config, model_for_config, plan, ClipShape, PlanInput};
+use framesmith_engine::plan::{
+    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput,
+};
 use serde::de::DeserializeOwned;
 
 /// Exit status when the configuration does not fit the budget (errors exit with 1, bad flags with 2).
@@ -84,6 +87,10 @@ pub struct PlanArgs {
     /// Plan for a card with this much free memory (GiB) instead of this machine's
     #[arg(long, allow_negative_numbers = true)]
     free_vram_gb: Option<f64>,
+    /// Plan a run over these GPUs of this machine (as `framesmith train --gpus`): one rank per GPU, each against
+    /// its own card (the one with the least free memory decides), their RAM together against the machine's
+    #[arg(long, value_delimiter = ',', value_name = "IDS")]
+    gpus: Vec<usize>,
     /// Plan for this much RAM (GiB) instead of this machine's
     #[arg(long, allow_negative_numbers = true)]
     ram_gb: Option<f64>,
@@ -167,6 +174,41 @@ fn clip(args: &PlanArgs, cfg: &RunConfig) -> (ClipShape, Option<String>) {
     (clip, note)
 }
 
+/// `--gpus`: one rank per GPU on this machine, planned against the card with the least free memory (`free` reads
+/// a card's; the ranks all stream the same blocks). Returns a note naming that card when the cards differ.
+fn plan_gpus(
+    input: &mut PlanInput,
+    gpus: &[usize],
+    free: impl Fn(usize) -> Option<u64>,
+) -> anyhow::Result<Option<String>> {
+    if gpus.is_empty() {
+        return Ok(None);
+    }
+    let mut seen = gpus.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    if seen.len() != gpus.len() {
+        bail!("--gpus names a GPU twice ({gpus:?}): list each GPU once, e.g. --gpus 0,1");
+    }
+    input.ranks_on_machine = gpus.len();
+    let cards: Vec<(usize, u64)> = gpus
+        .iter()
+        .filter_map(|&g| free(g).map(|bytes| (g, bytes)))
+        .collect();
+    let Some(&(tightest, bytes)) = cards.iter().min_by_key(|(_, bytes)| *bytes) else {
+        input.free_vram_bytes = None;
+        return Ok(None);
+    };
+    input.free_vram_bytes = Some(bytes);
+    let differ = cards.iter().any(|&(_, b)| b != bytes);
+    Ok(differ.then(|| {
+        format!(
+            "planned against GPU {tightest}, the one of --gpus with the least free memory ({})",
+            format_gib(bytes)
+        )
+    }))
+}
+
 /// Runs `framesmith plan`.
 pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     if args.config.is_none() && args.variant.is_none() {
@@ -177,6 +219,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     let (clip, clip_note) = clip(args, &cfg);
     let mut input = PlanInput::from_config(&cfg, model, clip);
     input.probe_machine(cfg.training.device);
+    let gpus_note = plan_gpus(&mut input, &args.gpus, machine::free_vram_bytes)?;
     input.optimizer_and_context = !args.as_bench;
     if let Some(slots) = args.gpu_slots {
         input.streaming.gpu_slots = slots;
@@ -189,6 +232,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let mut report = plan(&input)?;
     report.notes.extend(clip_note);
+    report.notes.extend(gpus_note);
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {

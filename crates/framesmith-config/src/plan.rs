@@ -213,6 +213,9 @@ pub struct MemoryPlan {
     pub flux_stream_order: FluxStreamOrder,
     /// Shared-memory guard; false where it cannot act (not Windows, or CPU).
     pub shared_memory_guard: bool,
+    /// Processes of this run on this machine, whose host RAM adds up (1; `framesmith train --gpus` sets one per
+    /// GPU it launches).
+    pub ranks_on_machine: usize,
 }
 
 /// Resolved `[output]`.

@@ -315,6 +315,7 @@ pub(crate) fn check_memory(
         staging_slots: m.staging_slots,
         flux_stream_order: m.flux_stream_order,
         shared_memory_guard: applies && host.windows && m.shared_memory_guard,
+        ranks_on_machine: 1,
     }
 }
 

@@ -2,8 +2,9 @@
 // frontend's graph API), for Framesmith's Rust code (crates/framesmith-nn/src/cuda/attention.rs).
 //
 // Layout: q, o, dO, dQ [b, sq, h, d]; k, v, dK, dV [b, skv, h, d], contiguous; stats (log-sum-exp) [b, h, sq]
-// f32. Optional per-sample key lengths (padding mask; every query row is computed). Graphs are built once per
-// shape and cached. On Linux the frontend is compiled with dynamic loading: libcudnn.so.9 and libcudart are
+// f32. Optional per-sample key lengths (padding mask; every query row is computed). Each call names its CUDA
+// device (the caller has made its context current): a cuDNN handle belongs to one device, so there is one handle
+// per device, made on its first call, and graphs are built once per device and shape and cached. On Linux the frontend is compiled with dynamic loading: libcudnn.so.9 and libcudart are
 // opened at run time, so nothing here is linked against them. On Windows (MinGW) the frontend calls cuDNN and the
 // CUDA runtime directly, through delay-load import libraries (packaging/windows/cuda.sh): cudnn64_9.dll is
 // loaded from beside framesmith.exe by the first call, after init_locked has checked that it can be.
@@ -36,10 +37,15 @@ namespace {
 enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, SEQ_Q, SEQ_KV };
 
 std::mutex g_mutex;
-cudnnHandle_t g_handle = nullptr;
 std::string g_error;
 using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, float>;
-std::map<Key, std::shared_ptr<fe::graph::Graph>> g_graphs;
+
+// A device's handle and the graphs built with it.
+struct PerDevice {
+    cudnnHandle_t handle = nullptr;
+    std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
+};
+std::map<int, PerDevice> g_devices;
 
 struct Shape {
     int64_t b, h, sq, skv, d;
@@ -50,8 +56,13 @@ int fail(const std::string &msg) {
     return 1;
 }
 
-int init_locked() {
-    if (g_handle) return 0;
+// The handle of CUDA device `device` (made now, on the current context, the first time), cuDNN loaded first.
+int init_locked(int device, PerDevice **out) {
+    auto found = g_devices.find(device);
+    if (found != g_devices.end()) {
+        *out = &found->second;
+        return 0;
+    }
 #ifdef _WIN32
     // The delay-load import would fail hard on a missing DLL; ask first, from the same search path.
     if (!LoadLibraryA("cudnn64_9.dll")) {
@@ -67,10 +78,13 @@ int init_locked() {
         }
     }
 #endif
-    if (fe::detail::create_handle(&g_handle) != CUDNN_STATUS_SUCCESS) {
-        g_handle = nullptr;
-        return fail("cudnnCreate failed");
+    cudnnHandle_t handle = nullptr;
+    if (fe::detail::create_handle(&handle) != CUDNN_STATUS_SUCCESS) {
+        return fail("cudnnCreate failed on CUDA device " + std::to_string(device));
     }
+    PerDevice &dev = g_devices[device];
+    dev.handle = handle;
+    *out = &dev;
     return 0;
 }
 
@@ -107,20 +121,21 @@ std::shared_ptr<fe::graph::Graph> new_graph() {
     return g;
 }
 
-int build(fe::graph::Graph &g) {
+int build(fe::graph::Graph &g, cudnnHandle_t handle) {
     auto st = g.validate();
-    if (st.is_good()) st = g.build_operation_graph(g_handle);
+    if (st.is_good()) st = g.build_operation_graph(handle);
     if (st.is_good()) st = g.create_execution_plans({fe::HeurMode_t::A});
-    if (st.is_good()) st = g.check_support(g_handle);
-    if (st.is_good()) st = g.build_plans(g_handle);
+    if (st.is_good()) st = g.check_support(handle);
+    if (st.is_good()) st = g.build_plans(handle);
     if (st.is_bad()) return fail("cuDNN SDPA graph: " + st.get_message());
     return 0;
 }
 
-int graph_for(const Shape &s, bool padded, bool backward, float scale, std::shared_ptr<fe::graph::Graph> *out) {
+int graph_for(PerDevice &dev, const Shape &s, bool padded, bool backward, float scale,
+              std::shared_ptr<fe::graph::Graph> *out) {
     const Key key{s.b, s.h, s.sq, s.skv, s.d, padded, backward, scale};
-    auto it = g_graphs.find(key);
-    if (it != g_graphs.end()) {
+    auto it = dev.graphs.find(key);
+    if (it != dev.graphs.end()) {
         *out = it->second;
         return 0;
     }
@@ -158,15 +173,19 @@ int graph_for(const Shape &s, bool padded, bool backward, float scale, std::shar
         set_bshd_output(dk, DK, s, s.skv);
         set_bshd_output(dv, DV, s, s.skv);
     }
-    if (build(*g)) return 1;
-    g_graphs.emplace(key, g);
+    if (build(*g, dev.handle)) return 1;
+    dev.graphs.emplace(key, g);
     *out = g;
     return 0;
 }
 
-int prepare(const Shape &s, bool padded, bool backward, float scale, std::shared_ptr<fe::graph::Graph> *g) {
-    if (init_locked()) return 1;
-    return graph_for(s, padded, backward, scale, g);
+// The graph for `s` on `device`, and the device's handle.
+int prepare(int device, const Shape &s, bool padded, bool backward, float scale,
+            std::shared_ptr<fe::graph::Graph> *g, cudnnHandle_t *handle) {
+    PerDevice *dev = nullptr;
+    if (init_locked(device, &dev)) return 1;
+    *handle = dev->handle;
+    return graph_for(*dev, s, padded, backward, scale, g);
 }
 
 // Runs `body` under the lock; a C++ exception (the frontend throws on a missing symbol or library) becomes
@@ -190,12 +209,14 @@ extern "C" {
 /// The last error message (valid until the next call).
 const char *fs_sdpa_last_error() { return g_error.c_str(); }
 
-/// Workspace bytes the forward (backward = 0) or backward graph needs; builds and caches the graph.
-int fs_sdpa_workspace(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, int backward,
-                      float scale, int64_t *bytes) {
+/// Workspace bytes the forward (backward = 0) or backward graph needs on CUDA device `device` (whose context is
+/// current); builds and caches the graph.
+int fs_sdpa_workspace(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded,
+                      int backward, float scale, int64_t *bytes) {
     return guarded([&] {
         std::shared_ptr<fe::graph::Graph> g;
-        if (prepare({b, h, sq, skv, d}, padded != 0, backward != 0, scale, &g)) return 1;
+        cudnnHandle_t handle = nullptr;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, backward != 0, scale, &g, &handle)) return 1;
         auto st = g->get_workspace_size(*bytes);
         if (st.is_bad()) return fail("cuDNN workspace size: " + st.get_message());
         return 0;
@@ -203,14 +224,15 @@ int fs_sdpa_workspace(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, 
 }
 
 /// Forward: o = softmax(q kᵀ · scale) v, stats = log-sum-exp per query row. `seq_q` / `seq_kv` (int32 [b]) are
-/// read only when `padded`.
-int fs_sdpa_forward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
+/// read only when `padded`. `stream` is on CUDA device `device`, whose context is current.
+int fs_sdpa_forward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
                     void *stream, const void *q, const void *k, const void *v, void *o, void *stats,
                     const void *seq_q, const void *seq_kv, void *workspace) {
     return guarded([&] {
         std::shared_ptr<fe::graph::Graph> g;
-        if (prepare({b, h, sq, skv, d}, padded != 0, false, scale, &g)) return 1;
-        if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+        cudnnHandle_t handle = nullptr;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, false, scale, &g, &handle)) return 1;
+        if (fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
             return fail("cudnnSetStream failed");
         std::unordered_map<int64_t, void *> pack{{Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},
                                                  {V, const_cast<void *>(v)}, {O, o}, {STATS, stats}};
@@ -218,21 +240,22 @@ int fs_sdpa_forward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, in
             pack[SEQ_Q] = const_cast<void *>(seq_q);
             pack[SEQ_KV] = const_cast<void *>(seq_kv);
         }
-        auto st = g->execute(g_handle, pack, workspace);
+        auto st = g->execute(handle, pack, workspace);
         if (st.is_bad()) return fail("cuDNN SDPA forward: " + st.get_message());
         return 0;
     });
 }
 
-/// Backward: dq, dk, dv from q, k, v, o, d_o and the forward's stats.
-int fs_sdpa_backward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
+/// Backward: dq, dk, dv from q, k, v, o, d_o and the forward's stats, on CUDA device `device` as the forward.
+int fs_sdpa_backward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded, float scale,
                      void *stream, const void *q, const void *k, const void *v, const void *o, const void *d_o,
                      const void *stats, void *dq, void *dk, void *dv, const void *seq_q, const void *seq_kv,
                      void *workspace) {
     return guarded([&] {
         std::shared_ptr<fe::graph::Graph> g;
-        if (prepare({b, h, sq, skv, d}, padded != 0, true, scale, &g)) return 1;
-        if (fe::detail::set_stream(g_handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+        cudnnHandle_t handle = nullptr;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, true, scale, &g, &handle)) return 1;
+        if (fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
             return fail("cudnnSetStream failed");
         std::unordered_map<int64_t, void *> pack{
             {Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},    {V, const_cast<void *>(v)},
@@ -242,7 +265,7 @@ int fs_sdpa_backward(int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, i
             pack[SEQ_Q] = const_cast<void *>(seq_q);
             pack[SEQ_KV] = const_cast<void *>(seq_kv);
         }
-        auto st = g->execute(g_handle, pack, workspace);
+        auto st = g->execute(handle, pack, workspace);
         if (st.is_bad()) return fail("cuDNN SDPA backward: " + st.get_message());
         return 0;
     });

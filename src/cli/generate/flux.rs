@@ -199,7 +199,8 @@ pub(super) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         guidance: args.guidance.unwrap_or(DEV_GUIDANCE),
         seed: 0,
     };
-    let device = open_device(args.device)?;
+    // FLUX.1 runs on one device: two GPUs are for a Wan2.2 A14B pair, and refused here.
+    let device = open_device(super::gpu_placement(&args.gpus, args.device, false)?.main)?;
     let dtype = pick_dtype(args.dtype, &device)?;
     // Before anything takes device memory: what the encoders, the autoencoder and the DiT take counts against it.
     let held = args
@@ -256,7 +257,11 @@ pub(super) fn run(args: &GenerateArgs) -> anyhow::Result<()> {
         .map_or(0, |h| h.bytes);
     eprintln!(
         "{}",
-        timing_line(&starts, decode_secs, VramUse::measure(&device, held_back))
+        timing_line(
+            &starts,
+            decode_secs,
+            VramUse::measure(&device, held_back).as_slice()
+        )
     );
     image
         .save(&args.out)

@@ -130,12 +130,52 @@ pub struct PlanReport {
     /// A CPU run: every line is in RAM and the verdict is against the machine's RAM.
     #[serde(default)]
     pub on_cpu: bool,
+    /// Processes of the run on this machine (one per GPU): the plan is each one's, against its own GPU, and
+    /// their RAM adds up ([`PlanReport::machine_ram_bytes`]).
+    #[serde(default = "one_rank")]
+    pub ranks_on_machine: usize,
+}
+
+fn one_rank() -> usize {
+    1
 }
 
 impl PlanReport {
     /// Whether the verdict is `Fits`.
     pub fn fits(&self) -> bool {
         self.verdict == Verdict::Fits
+    }
+
+    /// The warning when the RAM of every rank on this machine together nears the machine's (the OS, the app
+    /// and the memory-mapped checkpoint need RAM too): what it needs, what the machine has, and what to change.
+    pub fn ram_pressure(&self) -> Option<String> {
+        let ram = self.host_ram_bytes?;
+        let all = self.machine_ram_bytes();
+        if all <= ram / 10 * 8 {
+            return None;
+        }
+        Some(match self.ranks_on_machine {
+            0 | 1 => format!(
+                "the plan needs {} of RAM and this machine has {}: expect swapping; use fewer streamed blocks or \
+                 activations on the GPU",
+                format_gib(all),
+                format_gib(ram)
+            ),
+            ranks => format!(
+                "the plan needs {} of RAM per rank, {} for the {ranks} ranks on this machine, and it has {}: \
+                 expect swapping; use fewer GPUs (--gpus), fewer streamed blocks or activations on the GPU",
+                format_gib(self.peak_ram_bytes),
+                format_gib(all),
+                format_gib(ram)
+            ),
+        })
+    }
+
+    /// Host RAM of every rank on this machine together: each one's `peak_ram_bytes` (its streamed blocks, saved
+    /// activations and parked expert are its own).
+    pub fn machine_ram_bytes(&self) -> u64 {
+        self.peak_ram_bytes
+            .saturating_mul(self.ranks_on_machine.max(1) as u64)
     }
 
     /// Sum of the breakdown's lines that live on the device (equals `peak_vram_bytes`).
@@ -170,6 +210,11 @@ impl PlanReport {
             };
         }
         let peak = format_gib(self.peak_vram_bytes);
+        // With several ranks the VRAM figures are each GPU's.
+        let peak = match self.ranks_on_machine {
+            0 | 1 => peak,
+            n => format!("{peak} per GPU ({n} GPUs)"),
+        };
         let streamed = match (self.streamed_blocks, self.blocks_chosen) {
             (0, _) => String::new(),
             (n, true) => format!(", {n} of {} blocks streamed (chosen)", self.num_blocks),
@@ -233,6 +278,14 @@ impl fmt::Display for PlanReport {
                 f,
                 "* page-locked: {} of the RAM",
                 format_gib(self.pinned_ram_bytes)
+            )?;
+        }
+        if self.ranks_on_machine > 1 {
+            writeln!(
+                f,
+                "each of the {} ranks on this machine: the lines above, on its own GPU; their RAM together: {}",
+                self.ranks_on_machine,
+                format_gib(self.machine_ram_bytes())
             )?;
         }
         writeln!(f, "{}", self.verdict_line())?;

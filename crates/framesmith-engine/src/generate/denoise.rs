@@ -3,7 +3,7 @@
 //! high-noise to the low-noise expert at the timestep boundary, and the image-to-video conditioning of the
 //! official I2V / TI2V loops. Returns latents; decoding is the caller's.
 
-use candle_core::{Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 use serde::{Deserialize, Serialize};
@@ -54,16 +54,38 @@ impl std::str::FromStr for Solver {
     }
 }
 
-/// The denoiser: one model, or a Wan 2.2 pair whose low-noise expert takes over below `boundary` (0..1000). Of a
-/// pair, only the expert in use needs to be on the GPU: the other may be parked (`WanModel::park`), and is brought
-/// in, the first one parked, when the timesteps reach it.
+/// Where the two experts of a Wan 2.2 pair live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Residency {
+    /// Both on one device: only the expert in use is there, the other parked in host RAM (`WanModel::park`) and
+    /// brought in, the first one parked, when the timesteps reach it.
+    #[default]
+    Shared,
+    /// Each on its own device (Wan 2.2 A14B over two GPUs: the high-noise expert on the first, the low-noise one
+    /// on the second), both resident: nothing is parked, and the sampling state moves to the expert's device
+    /// at the boundary.
+    OwnDevices,
+}
+
+/// The denoiser: one model, or a Wan 2.2 pair whose low-noise expert takes over below `boundary` (0..1000),
+/// sharing a device or each on its own ([`Residency`]).
 pub struct Experts<'a> {
     pub high_noise: &'a mut WanModel,
     pub low_noise: Option<(&'a mut WanModel, f64)>,
+    pub residency: Residency,
 }
 
-impl Experts<'_> {
-    /// The expert for `timestep`, on the GPU.
+impl<'a> Experts<'a> {
+    /// One model, no expert switch.
+    pub fn single(model: &'a mut WanModel) -> Self {
+        Self {
+            high_noise: model,
+            low_noise: None,
+            residency: Residency::Shared,
+        }
+    }
+
+    /// The expert for `timestep`, on its device (brought in from host RAM when the pair shares one).
     pub fn at(&mut self, timestep: f64) -> Result<&WanModel> {
         let use_low = matches!(&self.low_noise, Some((_, boundary)) if timestep < *boundary);
         if let Some((low, _)) = &mut self.low_noise {
@@ -73,7 +95,13 @@ impl Experts<'_> {
             } else {
                 (&mut **low, high)
             };
-            coming.take_over_from(going)?;
+            match self.residency {
+                Residency::Shared => {
+                    coming.take_over_from(going)?;
+                }
+                // Both stay where they are; one parked before (a caller's choice) comes back to its own device.
+                Residency::OwnDevices => coming.unpark()?,
+            }
         }
         Ok(match &self.low_noise {
             Some((low, _)) if use_low => low,
@@ -161,20 +189,25 @@ pub fn generate_from(
         if cancelled() {
             candle_core::bail!("generation cancelled");
         }
+        let model = experts.at(t)?;
         // What the last step left cached in the memory pool goes back to the driver, so each step (and an expert
         // coming in) lays out its memory from the same start: under a VRAM budget a pool fragmented by the last
         // step can fail a large allocation that a trimmed one serves.
-        framesmith_nn::offload::release_cached_memory(&device)?;
-        denoising.step(experts.at(t)?)?;
+        framesmith_nn::offload::release_cached_memory(model.device())?;
+        denoising.step(model)?;
     }
     Ok(denoising.into_latents())
 }
 
 /// The sampling loop one denoising step at a time, so a caller can change the model between steps (bring in
-/// the low-noise expert at the boundary) while the solver keeps its history.
+/// the low-noise expert at the boundary) while the solver keeps its history. Everything a step reads (latents,
+/// text embeddings, start-image conditioning, the solver's history) follows the model to its device.
 pub struct Denoising<'a> {
     req: &'a GenerateRequest<'a>,
     latents: Tensor,
+    /// The request's text embeddings, on the latents' device.
+    context: Tensor,
+    negative: Option<Tensor>,
     scheduler: Box<dyn FlowScheduler>,
     timesteps: Vec<i64>,
     next: usize,
@@ -190,7 +223,7 @@ impl<'a> Denoising<'a> {
     pub fn new(
         req: &'a GenerateRequest<'a>,
         image: Option<&ImageConditioning>,
-        device: &candle_core::Device,
+        device: &Device,
     ) -> Result<Self> {
         let rng = &mut StdRng::seed_from_u64(req.seed);
         let mut latents = randn(rng, req.latent_shape.as_slice(), 0.0, 1.0, device)?;
@@ -204,6 +237,7 @@ impl<'a> Denoising<'a> {
             }
             None => (None, None, None),
         };
+        let first = first.map(|f| f.to_device(device)).transpose()?;
         if let Some(first) = &first {
             latents = with_first_frame(&latents, first)?;
         }
@@ -213,6 +247,8 @@ impl<'a> Denoising<'a> {
         Ok(Self {
             req,
             latents,
+            context: req.context.to_device(device)?,
+            negative: req.negative.map(|n| n.to_device(device)).transpose()?,
             scheduler,
             timesteps,
             next: 0,
@@ -232,6 +268,7 @@ impl<'a> Denoising<'a> {
         let Some(&step_t) = self.timesteps.get(self.next) else {
             candle_core::bail!("the sampling loop is already done");
         };
+        self.move_to(model.device())?;
         let t = step_t as f64;
         let req = self.req;
         let dtype = self.latents.dtype();
@@ -250,8 +287,8 @@ impl<'a> Denoising<'a> {
             };
             model.forward_untracked(&inputs)?.remove(0).to_dtype(dtype)
         };
-        let cond = predict(req.context)?;
-        let velocity = match req.negative {
+        let cond = predict(&self.context)?;
+        let velocity = match &self.negative {
             Some(negative) if req.guidance > 1.0 => {
                 let uncond = predict(negative)?;
                 (&uncond + ((cond - &uncond)? * req.guidance)?)?
@@ -267,6 +304,28 @@ impl<'a> Denoising<'a> {
         Ok(())
     }
 
+    /// Moves the sampling state to `device` (a no-op where it already is): the latents, the text embeddings, the
+    /// start image's conditioning and the solver's history, so the next step runs there.
+    pub fn move_to(&mut self, device: &Device) -> Result<()> {
+        let to = |t: &Tensor| t.to_device(device);
+        self.latents = to(&self.latents)?;
+        self.context = to(&self.context)?;
+        self.negative = self.negative.as_ref().map(to).transpose()?;
+        self.y = self
+            .y
+            .as_ref()
+            .map(|ys| ys.iter().map(to).collect::<Result<Vec<_>>>())
+            .transpose()?;
+        self.clip = self.clip.as_ref().map(to).transpose()?;
+        self.first = self.first.as_ref().map(to).transpose()?;
+        self.scheduler.move_to(device)
+    }
+
+    /// The device the sampling state is on.
+    pub fn device(&self) -> &Device {
+        self.latents.device()
+    }
+
     /// The denoised latents.
     pub fn into_latents(self) -> Tensor {
         self.latents
@@ -277,6 +336,116 @@ impl<'a> Denoising<'a> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+
+    use framesmith_models::wan::random::random_weights;
+    use framesmith_models::wan::ModelOptions;
+    use framesmith_nn::vb::Vb;
+
+    /// A tiny random expert (the pair: two seeds).
+    fn tiny_expert(seed: u64, device: &Device) -> Result<WanModel> {
+        let cfg = WanConfig::tiny(2);
+        let weights = random_weights(&cfg, seed, DType::F32, device)?;
+        WanModel::new(
+            &cfg,
+            Vb::from_tensors(weights, DType::F32, device),
+            &ModelOptions::default(),
+        )
+    }
+
+    /// Four steps at timesteps 1000, 750, 500, 250 (shift 1): the boundary 600 gives two to each expert.
+    fn pair_request<'a>(
+        context: &'a Tensor,
+        negative: &'a Tensor,
+        solver: Solver,
+    ) -> GenerateRequest<'a> {
+        GenerateRequest {
+            context,
+            negative: Some(negative),
+            latent_shape: [16, 2, 4, 4],
+            steps: 4,
+            shift: 1.0,
+            guidance: 3.0,
+            seed: 5,
+            solver,
+        }
+    }
+
+    /// The pair's latents with the low-noise expert on `low_device` and `residency`, and whether each expert
+    /// ended parked.
+    fn run_pair(
+        residency: Residency,
+        low_device: &Device,
+        solver: Solver,
+    ) -> Result<(Vec<f32>, bool, bool)> {
+        let dev = Device::Cpu;
+        let context = randn(
+            &mut StdRng::seed_from_u64(1),
+            &[3usize, 32][..],
+            0.0,
+            1.0,
+            &dev,
+        )?;
+        let negative = randn(
+            &mut StdRng::seed_from_u64(2),
+            &[2usize, 32][..],
+            0.0,
+            1.0,
+            &dev,
+        )?;
+        let req = pair_request(&context, &negative, solver);
+        let mut high = tiny_expert(11, &dev)?;
+        let mut low = tiny_expert(12, low_device)?;
+        if residency == Residency::Shared {
+            low.park()?;
+        }
+        let mut experts = Experts {
+            high_noise: &mut high,
+            low_noise: Some((&mut low, 600.0)),
+            residency,
+        };
+        let latents = generate(&mut experts, &req, &|| false)?;
+        let values = latents.flatten_all()?.to_vec1::<f32>()?;
+        Ok((values, high.is_parked(), low.is_parked()))
+    }
+
+    #[test]
+    fn experts_on_their_own_devices_denoise_exactly_as_one_device() -> Result<()> {
+        for solver in [Solver::Unipc, Solver::Dpmpp, Solver::Euler] {
+            // The two-GPU placement with both "GPUs" the CPU: the same clip, bit for bit, and nothing parked.
+            let (shared, high_parked, low_parked) =
+                run_pair(Residency::Shared, &Device::Cpu, solver)?;
+            assert!(
+                high_parked && !low_parked,
+                "one device: the high-noise expert parked"
+            );
+            let (own, high_parked, low_parked) =
+                run_pair(Residency::OwnDevices, &Device::Cpu, solver)?;
+            assert!(!high_parked && !low_parked, "own devices: nothing parked");
+            assert_eq!(shared, own, "{solver:?}");
+
+            // Both experts were used: the high-noise one alone gives another result.
+            let dev = Device::Cpu;
+            let context = randn(
+                &mut StdRng::seed_from_u64(1),
+                &[3usize, 32][..],
+                0.0,
+                1.0,
+                &dev,
+            )?;
+            let negative = randn(
+                &mut StdRng::seed_from_u64(2),
+                &[2usize, 32][..],
+                0.0,
+                1.0,
+                &dev,
+            )?;
+            let req = pair_request(&context, &negative, solver);
+            let mut high = tiny_expert(11, &dev)?;
+            let alone = generate(&mut Experts::single(&mut high), &req, &|| false)?;
+            assert_ne!(alone.flatten_all()?.to_vec1::<f32>()?, own, "{solver:?}");
+        }
+        Ok(())
+    }
 
     #[test]
     fn first_frame_tokens_get_timestep_zero() {

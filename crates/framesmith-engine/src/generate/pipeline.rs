@@ -147,7 +147,11 @@ pub struct VaeDecoder {
 impl VaeDecoder {
     /// RGB frames of normalised latents `[C, F, H, W]`: decoded, clamped to [−1, 1], scaled to 0..255.
     pub fn decode(&self, latents: &Tensor) -> anyhow::Result<Vec<RgbFrame>> {
-        let z = latents.unsqueeze(0)?.to_dtype(self.dtype)?;
+        // The low-noise expert of a pair on its own GPU leaves the latents there.
+        let z = latents
+            .to_device(self.stats.mean.device())?
+            .unsqueeze(0)?
+            .to_dtype(self.dtype)?;
         let video = match &self.tiles {
             Some(tiles) => self.vae.decode_tiled(&z, &self.stats, tiles)?,
             None => self.vae.decode(&z, &self.stats)?,

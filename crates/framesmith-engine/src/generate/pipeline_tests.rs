@@ -195,10 +195,8 @@ fn tiny_models_make_a_deterministic_clip_with_loras() -> anyhow::Result<()> {
     let mut dit = tiny_dit()?;
     let decoder = tiny_decoder()?;
     let run = |dit: &WanModel, seed| {
-        let mut experts = Experts {
-            high_noise: &mut dit.clone(),
-            low_noise: None,
-        };
+        let mut model = dit.clone();
+        let mut experts = Experts::single(&mut model);
         generate_clip(&mut experts, &decoder, &cond, &settings(seed), &|| false)
     };
     let frames = run(&dit, 7)?;
@@ -232,10 +230,8 @@ fn cancelling_stops_generation() -> anyhow::Result<()> {
         context: Tensor::zeros((3, 32), DType::F32, &Device::Cpu)?,
         negative: None,
     };
-    let mut experts = Experts {
-        high_noise: &mut dit.clone(),
-        low_noise: None,
-    };
+    let mut model = dit.clone();
+    let mut experts = Experts::single(&mut model);
     let err = generate_clip(&mut experts, &decoder, &cond, &settings(1), &|| true)
         .err()
         .map(|e| e.to_string())

@@ -287,6 +287,7 @@ impl PlanInput {
                 .map(|gb| (gb * (1u64 << 30) as f64) as u64),
             free_vram_bytes: None,
             host_ram_bytes: None,
+            ranks_on_machine: 1,
             windows: cfg!(windows),
             working_set: WORKING_SET,
             checkpointing: mem.checkpointing,
@@ -311,6 +312,7 @@ impl PlanInput {
         input.streaming.staging_slots = plan.memory.staging_slots;
         input.checkpointing = plan.memory.checkpointing;
         input.on_cpu = plan.device == PlanDevice::Cpu;
+        input.ranks_on_machine = plan.memory.ranks_on_machine.max(1);
         input
     }
 }

@@ -78,6 +78,10 @@ pub struct PlanInput {
     pub free_vram_bytes: Option<u64>,
     /// Total host RAM, for RAM warnings.
     pub host_ram_bytes: Option<u64>,
+    /// Processes of the run on this machine, one per GPU (`framesmith train --gpus`): each plans its VRAM against
+    /// its own GPU, and their host RAM (streamed blocks, saved activations, a parked expert: each rank's own)
+    /// adds up against `host_ram_bytes`.
+    pub ranks_on_machine: usize,
     /// Windows caps page-locked memory near half of RAM and shows it as shared GPU memory.
     pub windows: bool,
     /// The activation model ([`WORKING_SET`] unless measuring or comparing).
@@ -501,8 +505,9 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     };
     let peak_ram = sum(&|p| p.is_host());
     let pinned = sum(&|p| p == Placement::HostPinned);
+    let ranks = input.ranks_on_machine.max(1) as u64;
     let (used, limit) = if input.on_cpu {
-        (peak_ram, input.host_ram_bytes)
+        (peak_ram.saturating_mul(ranks), input.host_ram_bytes)
     } else {
         (peak_vram, budget)
     };
@@ -515,10 +520,9 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         (Verdict::DoesNotFit, Some(b)) if !input.on_cpu => suggest::suggest(input, b)?,
         _ => Vec::new(),
     };
-    let mut notes: Vec<String> = note.into_iter().collect();
-    notes.extend(ram_notes(input, peak_ram, pinned));
+    let notes: Vec<String> = note.into_iter().collect();
     let c = &input.clip;
-    Ok(PlanReport {
+    let mut report = PlanReport {
         model: format!("{} ({})", s.name, input.base.label()),
         workload: format!(
             "{}x{}, {} frames, batch {}, {} tokens",
@@ -539,28 +543,33 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         suggestions,
         notes,
         on_cpu: input.on_cpu,
-    })
+        ranks_on_machine: input.ranks_on_machine.max(1),
+    };
+    let ram = report.ram_pressure();
+    report.notes.extend(ram);
+    report.notes.extend(pinned_notes(input, pinned));
+    Ok(report)
 }
 
-fn ram_notes(input: &PlanInput, peak_ram: u64, pinned: u64) -> Vec<String> {
+/// Windows' cap on page-locked memory, against the page-locked RAM of every rank on this machine (each rank's
+/// `pinned`). The RAM as a whole is [`PlanReport::ram_pressure`]'s.
+fn pinned_notes(input: &PlanInput, pinned: u64) -> Vec<String> {
     let mut notes = Vec::new();
     let Some(ram) = input.host_ram_bytes else {
         return notes;
     };
-    // The OS, the app and the memory-mapped checkpoint need RAM too.
-    if peak_ram > ram / 10 * 8 {
+    let ranks = input.ranks_on_machine.max(1);
+    let all_pinned = pinned.saturating_mul(ranks as u64);
+    if input.windows && all_pinned > ram / 2 {
+        let ranks_part = if ranks > 1 {
+            format!(" ({ranks} ranks × {})", format_gib(pinned))
+        } else {
+            String::new()
+        };
         notes.push(format!(
-            "the plan needs {} of RAM and this machine has {}: expect swapping; use fewer streamed blocks or \
-             activations on the GPU",
-            format_gib(peak_ram),
-            format_gib(ram)
-        ));
-    }
-    if input.windows && pinned > ram / 2 {
-        notes.push(format!(
-            "{} of page-locked RAM is more than Windows allows (about half of RAM, {}): use memory.streaming = \
-             \"staged\"",
-            format_gib(pinned),
+            "{}{ranks_part} of page-locked RAM is more than Windows allows (about half of RAM, {}): use \
+             memory.streaming = \"staged\"",
+            format_gib(all_pinned),
             format_gib(ram / 2)
         ));
     }

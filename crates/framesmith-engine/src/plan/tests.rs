@@ -37,6 +37,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         vram_budget_bytes: None,
         free_vram_bytes: None,
         host_ram_bytes: None,
+        ranks_on_machine: 1,
         windows: false,
         working_set: WORKING_SET,
         checkpointing: Checkpointing::Blocks,
@@ -454,6 +455,75 @@ fn ram_and_windows_notes() {
     );
     i.host_ram_bytes = Some(256 * GIB);
     assert!(plan(&i).unwrap().notes.is_empty());
+}
+
+#[test]
+fn ranks_on_one_machine_share_its_ram() {
+    let mut i = fp8_14b();
+    i.streaming.blocks_to_swap = BlocksToSwap::Count(30);
+    i.streaming.activations = ActivationPlacement::Host;
+    let one = plan(&i).unwrap();
+    // RAM that holds one rank's streamed blocks and saved inputs with room to spare, but not four ranks'.
+    let ram = one.peak_ram_bytes * 2;
+    i.host_ram_bytes = Some(ram);
+    let one = plan(&i).unwrap();
+    assert!(one.notes.is_empty(), "{:?}", one.notes);
+    assert_eq!(one.ranks_on_machine, 1);
+    assert_eq!(one.machine_ram_bytes(), one.peak_ram_bytes);
+
+    i.ranks_on_machine = 2;
+    let two = plan(&i).unwrap();
+    // Each rank's own plan (VRAM against its own GPU) is unchanged; the machine needs both ranks' RAM.
+    assert_eq!(two.peak_vram_bytes, one.peak_vram_bytes);
+    assert_eq!(two.peak_ram_bytes, one.peak_ram_bytes);
+    assert_eq!(two.machine_ram_bytes(), 2 * one.peak_ram_bytes);
+    assert!(
+        two.verdict_line().contains("per GPU (2 GPUs)"),
+        "{}",
+        two.verdict_line()
+    );
+    assert!(two.to_string().contains("2 ranks on this machine"), "{two}");
+
+    i.ranks_on_machine = 4;
+    let four = plan(&i).unwrap();
+    let note = four
+        .notes
+        .iter()
+        .find(|n| n.contains("swapping"))
+        .unwrap_or_else(|| {
+            panic!(
+                "four ranks need more RAM than the machine has: {:?}",
+                four.notes
+            )
+        });
+    assert!(note.contains("4 ranks"), "{note}");
+    assert!(
+        note.contains(&format_gib(ram)),
+        "names the machine's RAM: {note}"
+    );
+    assert!(note.contains(&format_gib(4 * one.peak_ram_bytes)), "{note}");
+    assert!(
+        note.contains("fewer GPUs")
+            && note.contains("fewer streamed blocks")
+            && note.contains("activations on the GPU"),
+        "{note}"
+    );
+
+    // Windows' page-locked cap counts every rank's pinned blocks too.
+    i.windows = true;
+    i.host_ram_bytes = Some(one.pinned_ram_bytes * 3);
+    i.ranks_on_machine = 1;
+    assert!(!plan(&i).unwrap().notes.iter().any(|n| n.contains("staged")));
+    i.ranks_on_machine = 2;
+    let pinned = plan(&i).unwrap();
+    assert!(
+        pinned
+            .notes
+            .iter()
+            .any(|n| n.contains("staged") && n.contains("2 ranks")),
+        "{:?}",
+        pinned.notes
+    );
 }
 
 #[test]

@@ -23,8 +23,8 @@ use crate::train::outputs::Outputs;
 use crate::train::run_model::RunModel;
 use crate::train::samples::{SampleKind, Sampling};
 use crate::train::setup::{
-    device_for, device_label, float_dtype, lora_metadata, named_vars, out_of_memory_advice,
-    reserve_budget, saved_inputs_for,
+    device_for, device_label, float_dtype, log_plan, lora_metadata, named_vars,
+    out_of_memory_advice, reserve_budget, saved_inputs_for,
 };
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
@@ -153,24 +153,6 @@ fn flux_streaming(
         ..OffloadOptions::default()
     };
     Ok(Some((streamed, offload)))
-}
-
-/// Logs the memory plan: its verdict, and what would fit when it predicts no fit.
-fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String)) {
-    log(
-        LogLevel::Info,
-        format!("memory plan: {}", report.verdict_line()),
-    );
-    if !report.fits() && !report.suggestions.is_empty() {
-        let options: Vec<String> = report.suggestions.iter().map(|s| s.to_string()).collect();
-        log(
-            LogLevel::Warn,
-            format!(
-                "the plan predicts this run does not fit; to fit: {}",
-                options.join("; or ")
-            ),
-        );
-    }
 }
 
 /// Says how many blocks of each kind stream, when some do.

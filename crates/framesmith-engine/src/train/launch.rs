@@ -85,17 +85,24 @@ pub fn resolve(args: &RankOptions, env: impl Fn(&str) -> Option<String>) -> anyh
                     None => DEFAULT_PORT,
                 },
             };
+            let master_addr = args
+                .master_addr
+                .clone()
+                .or_else(|| env("MASTER_ADDR"))
+                .unwrap_or_else(|| "127.0.0.1".into());
+            let ranks_on_machine = match number("LOCAL_WORLD_SIZE")? {
+                Some(n) => n.clamp(1, world),
+                None if is_loopback(&master_addr) => world,
+                None => 1,
+            };
             return Ok(Launch::Rank(RankSpec {
                 rank,
                 world,
                 gpu,
-                master_addr: args
-                    .master_addr
-                    .clone()
-                    .or_else(|| env("MASTER_ADDR"))
-                    .unwrap_or_else(|| "127.0.0.1".into()),
+                master_addr,
                 master_port: port,
                 timeout,
+                ranks_on_machine,
             }));
         }
         // Only one of RANK / WORLD_SIZE in the environment: not a torchrun-style launch.
@@ -116,6 +123,14 @@ pub fn resolve(args: &RankOptions, env: impl Fn(&str) -> Option<String>) -> anyh
             Ok(Launch::Local(gpus.to_vec()))
         }
     }
+}
+
+/// Whether `addr` is this machine's loopback (so every rank of the run is on this machine).
+fn is_loopback(addr: &str) -> bool {
+    addr.eq_ignore_ascii_case("localhost")
+        || addr
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 /// The command line for a rank: the launcher's own arguments without `--gpus`, plus the rank's options.
@@ -208,6 +223,8 @@ mod tests {
             ),
             (1, 4, None, "10.0.0.5", 1234)
         );
+        // Rank 0 on another machine and no LOCAL_WORLD_SIZE: only this rank is known to be here.
+        assert_eq!(spec.ranks_on_machine, 1);
         assert_eq!(spec.timeout, Duration::from_secs(60));
 
         // torchrun's variables, the options winning over them.
@@ -232,6 +249,27 @@ mod tests {
             ),
             (3, 8, Some(3), "node0", 29600)
         );
+        assert_eq!(spec.ranks_on_machine, 1);
+        let local_world = |name: &str| match name {
+            "LOCAL_WORLD_SIZE" => Some("4".to_string()),
+            _ => env(name),
+        };
+        let Launch::Rank(spec) = resolve(&args, local_world).unwrap() else {
+            panic!("not a rank")
+        };
+        assert_eq!(spec.ranks_on_machine, 4);
+        // The ranks `--gpus` starts meet at 127.0.0.1: all of them are on this machine.
+        let launched = RankOptions {
+            rank: Some(1),
+            world_size: Some(2),
+            gpus: vec![1],
+            master_addr: Some("127.0.0.1".into()),
+            ..args.clone()
+        };
+        let Launch::Rank(spec) = resolve(&launched, no_env).unwrap() else {
+            panic!("not a rank")
+        };
+        assert_eq!(spec.ranks_on_machine, 2);
         let over = RankOptions {
             rank: Some(0),
             gpus: vec![5],

@@ -35,6 +35,9 @@ pub struct RankSpec {
     pub master_port: u16,
     /// How long the ranks wait for each other to start, and for a lost rank before stopping.
     pub timeout: Duration,
+    /// Ranks on this machine, whose host RAM adds up in the memory plan (torchrun's LOCAL_WORLD_SIZE; every rank
+    /// when rank 0 is this machine's loopback address, as with `--gpus`; else 1).
+    pub ranks_on_machine: usize,
 }
 
 /// Seconds the ranks wait for each other by default: long enough for every rank to load a 14B model.
@@ -72,6 +75,7 @@ impl Ranks {
             rank: 0,
             world: 1,
             gpu,
+            ranks_on_machine: 1,
             master_addr: "127.0.0.1".into(),
             master_port: 0,
             timeout,

@@ -233,6 +233,28 @@ fn memory_report(plan: &RunPlan, device: &Device) -> Option<MemoryReport> {
     )
 }
 
+/// Logs the memory plan: its verdict, what would fit when it predicts no fit, and a warning when the RAM of the
+/// ranks on this machine nears the machine's.
+pub(super) fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String)) {
+    log(
+        LogLevel::Info,
+        format!("memory plan: {}", report.verdict_line()),
+    );
+    if !report.fits() && !report.suggestions.is_empty() {
+        let options: Vec<String> = report.suggestions.iter().map(|s| s.to_string()).collect();
+        log(
+            LogLevel::Warn,
+            format!(
+                "the plan predicts this run does not fit; to fit: {}",
+                options.join("; or ")
+            ),
+        );
+    }
+    if let Some(warning) = report.ram_pressure() {
+        log(LogLevel::Warn, format!("memory plan: {warning}"));
+    }
+}
+
 /// Device memory held back beyond `memory.vram_budget_gb` until dropped, and how much.
 pub struct VramHold {
     /// Bytes held back.
@@ -486,6 +508,7 @@ impl Trainer {
             if let Some(gpu) = spec.gpu {
                 plan.device = PlanDevice::Cuda(gpu);
             }
+            plan.memory.ranks_on_machine = spec.ranks_on_machine.max(1);
         }
         let writes = ranks.rank() == 0;
         for note in &plan.notes {
@@ -580,6 +603,9 @@ impl Trainer {
         let device = device_for(plan)?;
         // Planned before the reservation takes the card's free memory.
         let memory = memory_report(plan, &device);
+        if let Some(Ok(report)) = &memory {
+            log_plan(report, log);
+        }
         let out_of_memory_advice =
             out_of_memory_advice(memory.as_ref().and_then(|m| m.as_ref().ok()));
         let demo = plan.model.source == ModelSource::Demo;

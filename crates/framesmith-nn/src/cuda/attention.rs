@@ -8,6 +8,7 @@ use std::sync::{Arc, Mutex};
 use crate::ops::Dense;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::op::BackpropOp;
 use candle_core::{
     CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
@@ -16,6 +17,7 @@ use candle_core::{
 extern "C" {
     fn fs_sdpa_last_error() -> *const c_char;
     fn fs_sdpa_workspace(
+        device: i32,
         b: i64,
         h: i64,
         sq: i64,
@@ -27,6 +29,7 @@ extern "C" {
         bytes: *mut i64,
     ) -> i32;
     fn fs_sdpa_forward(
+        device: i32,
         b: i64,
         h: i64,
         sq: i64,
@@ -45,6 +48,7 @@ extern "C" {
         workspace: *mut c_void,
     ) -> i32;
     fn fs_sdpa_backward(
+        device: i32,
         b: i64,
         h: i64,
         sq: i64,
@@ -259,7 +263,16 @@ fn seq_lens(
     Ok((dev.clone_htod(&q)?, dev.clone_htod(kv_lens)?))
 }
 
+/// Makes `dev`'s context current on this thread, where the shim's cuDNN calls run, and returns its ordinal, which
+/// picks the shim's cuDNN handle for that device (a process may drive several GPUs).
+fn bind(dev: &CudaDevice) -> Result<i32> {
+    let ctx = dev.cuda_stream().context().clone();
+    ctx.bind_to_thread().w()?;
+    Ok(ctx.ordinal() as i32)
+}
+
 fn workspace(dev: &CudaDevice, geo: Geo, padded: bool, backward: bool) -> Result<CudaSlice<u8>> {
+    let device = bind(dev)?;
     let mut bytes = 0i64;
     let (b, h, lq, lk, d) = (
         geo.b as i64,
@@ -271,6 +284,7 @@ fn workspace(dev: &CudaDevice, geo: Geo, padded: bool, backward: bool) -> Result
     // SAFETY: plain values and a pointer to a live i64.
     let rc = unsafe {
         fs_sdpa_workspace(
+            device,
             b,
             h,
             lq,
@@ -336,11 +350,13 @@ impl CustomOp3 for Sdpa {
                 Some((a, b)) => (a.device_ptr(&stream).0, b.device_ptr(&stream).0),
                 None => (0, 0),
             };
+            let device = bind(&dev)?;
             // SAFETY: all pointers are live device allocations sized for the geometry checked in `attention`
             // (q/o [b, lq, h, d] bf16, k/v [b, lk, h, d], stats [b, h, lq] f32, seq lens [b] i32, workspace as
             // cuDNN asked); the kernels run on candle's stream, which orders them with everything else.
             let rc = unsafe {
                 fs_sdpa_forward(
+                    device,
                     g.b as i64,
                     g.h as i64,
                     g.lq as i64,
@@ -433,9 +449,11 @@ fn backward(
             None => (0, 0),
         };
         let p = |i: usize| ptrs[i].0 as *const c_void;
+        let device = bind(&dev)?;
         // SAFETY: as in the forward: live device allocations sized for the geometry, on candle's stream.
         let rc = unsafe {
             fs_sdpa_backward(
+                device,
                 g.b as i64,
                 g.h as i64,
                 g.lq as i64,

@@ -112,6 +112,10 @@ impl AddMatmul {
                 .ok_or_else(|| candle_core::Error::Msg("add_matmul_: non-contiguous input".into()))
         };
         let ((cs, ce), (as_, ae), (bs, be)) = (range(cl)?, range(al)?, range(bl)?);
+        // A cuBLAS handle runs in the context current on this thread, which must be its device's: a process
+        // driving several GPUs (a Wan2.2 A14B expert on each) may have left another one current, and this op
+        // allocates nothing that would have bound it.
+        c.device().cuda_stream().context().bind_to_thread().w()?;
         let blas = c.device().cublas_handle();
         let cfg = self.config(one)?;
         let a = a.as_cuda_slice::<T>()?.slice(as_..ae);

@@ -2,10 +2,10 @@
 //! (data prediction), order 2, midpoint, final sigma zero (so the last step is first order). Scalar
 //! coefficients in float32, as the official 0-dim float32 tensors.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::schedule::{FlowSchedule, SchedulerConfig};
-use super::{index_for_timestep, FlowScheduler};
+use super::{index_for_timestep, outputs_to, FlowScheduler};
 
 /// DPM-Solver++ (2M, midpoint) sampler for flow-matching models (official Wan `dpm++` sample solver).
 pub struct FlowDpmSolverScheduler {
@@ -92,6 +92,10 @@ impl FlowDpmSolverScheduler {
 }
 
 impl FlowScheduler for FlowDpmSolverScheduler {
+    fn move_to(&mut self, device: &Device) -> Result<()> {
+        outputs_to(&mut self.model_outputs, device)
+    }
+
     fn set_timesteps(&mut self, steps: usize, shift: f64) -> Result<()> {
         let schedule = FlowSchedule::from_steps(&self.cfg, steps, shift);
         self.reset(schedule);

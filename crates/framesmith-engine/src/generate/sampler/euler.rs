@@ -2,7 +2,7 @@
 //! velocity `v = noise − x0` of the straight path `x(σ) = (1 − σ) x0 + σ noise`. The cheapest preview sampler and
 //! the reference the multistep solvers are judged against.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::schedule::{FlowSchedule, SchedulerConfig};
 use super::{index_for_timestep, FlowScheduler};
@@ -26,6 +26,12 @@ impl FlowEulerScheduler {
 }
 
 impl FlowScheduler for FlowEulerScheduler {
+    fn move_to(&mut self, device: &Device) -> Result<()> {
+        // Euler keeps nothing from earlier steps.
+        let _ = device;
+        Ok(())
+    }
+
     fn set_timesteps(&mut self, steps: usize, shift: f64) -> Result<()> {
         self.schedule = FlowSchedule::from_steps(&self.cfg, steps, shift);
         self.step_index = None;

@@ -7,7 +7,7 @@ mod euler;
 mod schedule;
 mod unipc;
 
-use candle_core::{Result, Tensor};
+use candle_core::{Device, Result, Tensor};
 
 pub use dpmpp::FlowDpmSolverScheduler;
 pub use euler::FlowEulerScheduler;
@@ -28,6 +28,17 @@ pub trait FlowScheduler {
     fn sigmas(&self) -> &[f32];
     /// One sampler step: the sample at the next sigma from the model output at `timestep` and the current sample.
     fn step(&mut self, model_output: &Tensor, timestep: i64, sample: &Tensor) -> Result<Tensor>;
+    /// Moves what the sampler keeps from earlier steps to `device`, where the next steps run (a Wan 2.2 pair with
+    /// each expert on its own GPU).
+    fn move_to(&mut self, device: &Device) -> Result<()>;
+}
+
+/// The multistep samplers' kept model outputs moved to `device`.
+fn outputs_to(outputs: &mut [Option<Tensor>], device: &Device) -> Result<()> {
+    for out in outputs.iter_mut().flatten() {
+        *out = out.to_device(device)?;
+    }
+    Ok(())
 }
 
 /// `retrieve_timesteps(scheduler, sigmas=sigmas)` of the official generate code: installs explicit sigmas and

@@ -2,10 +2,10 @@
 //! flow matching, with the UniC corrector and lower orders on the final steps. Scalar coefficients are computed
 //! in float32 as the official code does with its 0-dim float32 sigma tensors.
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::schedule::{FlowSchedule, SchedulerConfig};
-use super::{index_for_timestep, FlowScheduler};
+use super::{index_for_timestep, outputs_to, FlowScheduler};
 
 /// UniPC multistep sampler for flow-matching models (official Wan `unipc` sample solver).
 pub struct FlowUniPcScheduler {
@@ -213,6 +213,16 @@ fn weighted_sum(w: &[f64], xs: &[Tensor]) -> Result<Tensor> {
 }
 
 impl FlowScheduler for FlowUniPcScheduler {
+    fn move_to(&mut self, device: &Device) -> Result<()> {
+        outputs_to(&mut self.model_outputs, device)?;
+        self.last_sample = self
+            .last_sample
+            .as_ref()
+            .map(|s| s.to_device(device))
+            .transpose()?;
+        Ok(())
+    }
+
     fn set_timesteps(&mut self, steps: usize, shift: f64) -> Result<()> {
         let schedule = FlowSchedule::from_steps(&self.cfg, steps, shift);
         self.reset(schedule);
