@@ -69,12 +69,31 @@ synth() { # dir dtype
 # Adds the sample files of project $1 and a [sampling] section (every SAMPLE_EVERY steps) to the config $2.
 with_samples() {
     python3 - "$1" "$2" "${SAMPLE_EVERY:-4}" <<'EOF'
-import sys
+import re, sys, tomllib
 p, path, every = sys.argv[1:]
 text = open(path).read()
-files = f'vae = "{p}/ae.safetensors"\ntext_encoder = "{p}/t5/t5xxl_fp16.safetensors"\nclip = "{p}/clip/clip_l.safetensors"\n'
-text = text.replace("[model]\n", "[model]\n" + files, 1)
-text += f'\n[sampling]\nprompts = "{p}/prompts.txt"\nsample_every_n_steps = {every}\n'
+# The project's run.toml already spells these keys (empty) and may hold a [sampling] table: set them in place.
+sets = {"model": {"vae": f"{p}/ae.safetensors", "text_encoder": f"{p}/t5/t5xxl_fp16.safetensors",
+                  "clip": f"{p}/clip/clip_l.safetensors"},
+        "sampling": {"prompts": f"{p}/prompts.txt", "sample_every_n_steps": int(every)}}
+drop = {name: set(keys) for name, keys in sets.items()}
+lines, table = [], None
+for line in text.splitlines():
+    m = re.match(r"^\[([A-Za-z_.]+)\]\s*$", line)
+    if m:
+        table = m.group(1)
+    key = re.match(r"^([A-Za-z_]+)\s*=", line)
+    if key and table in drop and key.group(1) in drop[table]:
+        continue
+    lines.append(line)
+    if m and table in sets:
+        lines += [f"{k} = {v!r}".replace("'", '"') for k, v in sets[table].items()]
+        sets[table] = {}
+for name, rest in sets.items():
+    if rest:
+        lines += ["", f"[{name}]"] + [f"{k} = {v!r}".replace("'", '"') for k, v in rest.items()]
+text = "\n".join(lines) + "\n"
+tomllib.loads(text)  # fail here, naming the problem, rather than in framesmith
 open(path, "w").write(text)
 EOF
 }
