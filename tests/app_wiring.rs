@@ -136,7 +136,7 @@ fn start_trains_the_demo_project_with_the_real_engine() {
     assert!(
         view.samples
             .iter()
-            .any(|s| s.step == 0 && s.frames_dir.join("frame_0004.png").is_file()),
+            .any(|s| s.step == 0 && s.frames.join("frame_0004.png").is_file()),
         "no sample from the demo project: {:?}",
         view.samples
     );

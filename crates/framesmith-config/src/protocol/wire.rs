@@ -82,8 +82,8 @@ mod tests {
             },
             Event::SampleReady {
                 step: 4,
-                video: PathBuf::from("/out/s.mp4"),
-                frames_dir: PathBuf::from("/out/s"),
+                file: PathBuf::from("/out/s.mp4"),
+                frames: PathBuf::from("/out/s"),
                 prompt: "a cat".into(),
             },
             Event::Failed {
