@@ -12,6 +12,7 @@ use framesmith_data::flux_cache::{
     flux_latent_cache_name, flux_text_cache_name, read_flux_latent_cache, read_flux_text_cache,
 };
 use framesmith_data::samples::image_sample;
+use framesmith_models::fixtures::{clip_tokenizer_json, t5_tokenizer_json};
 use framesmith_models::flux::autoencoder::{AutoEncoder, AutoEncoderConfig};
 use framesmith_models::flux::clip_text::{text_model_prefix, ClipTextConfig, ClipTextModel};
 use framesmith_models::flux::t5::{t5_config_from_hf_json, t5_from_tensors};
@@ -39,61 +40,12 @@ fn autoencoder() -> anyhow::Result<AutoEncoder> {
     )?)
 }
 
-/// A word-level tokenizer.json: `specials` first (ids 0…), then `words`; `single` is the template of a sequence.
-fn tokenizer_json(specials: &[(&str, u32)], words: &[&str], single: &str) -> String {
-    let vocab: Vec<String> = specials
-        .iter()
-        .map(|(w, _)| *w)
-        .chain(words.iter().copied())
-        .enumerate()
-        .map(|(i, w)| format!("\"{w}\":{i}"))
-        .collect();
-    let added: Vec<String> = specials
-        .iter()
-        .map(|(w, i)| {
-            format!(
-                "{{\"id\":{i},\"content\":\"{w}\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\
-                 \"normalized\":false,\"special\":true}}"
-            )
-        })
-        .collect();
-    let special: Vec<String> = specials
-        .iter()
-        .map(|(t, id)| format!("\"{t}\":{{\"id\":\"{t}\",\"ids\":[{id}],\"tokens\":[\"{t}\"]}}"))
-        .collect();
-    format!(
-        "{{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[{}],\"normalizer\":null,\
-         \"pre_tokenizer\":{{\"type\":\"Whitespace\"}},\"post_processor\":{{\"type\":\"TemplateProcessing\",\
-         \"single\":{single},\"pair\":[{{\"Sequence\":{{\"id\":\"A\",\"type_id\":0}}}}],\"special_tokens\":{{{}}}}},\
-         \"decoder\":null,\"model\":{{\"type\":\"WordLevel\",\"vocab\":{{{}}},\"unk_token\":\"{}\"}}}}",
-        added.join(","),
-        special.join(","),
-        vocab.join(","),
-        words[0]
-    )
-}
-
 fn text_encoder(dir: &Path) -> anyhow::Result<FluxTextEncoder> {
     let words = ["a", "red", "blue", "cat", "dog"];
     let clip_tok = dir.join("clip_tokenizer.json");
-    std::fs::write(
-        &clip_tok,
-        tokenizer_json(
-            &[("<|startoftext|>", 0), ("<|endoftext|>", 1)],
-            &words,
-            "[{\"SpecialToken\":{\"id\":\"<|startoftext|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},\
-             {\"SpecialToken\":{\"id\":\"<|endoftext|>\",\"type_id\":0}}]",
-        ),
-    )?;
+    std::fs::write(&clip_tok, clip_tokenizer_json(&words))?;
     let t5_tok = dir.join("t5_tokenizer.json");
-    std::fs::write(
-        &t5_tok,
-        tokenizer_json(
-            &[("<pad>", 0), ("</s>", 1)],
-            &words,
-            "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}]",
-        ),
-    )?;
+    std::fs::write(&t5_tok, t5_tokenizer_json(&words))?;
     let (init, vb) = fixture("clip_l")?;
     let clip = ClipTextModel::new(&ClipTextConfig::from_json(&init)?, &text_model_prefix(&vb))?;
     let (init, _) = fixture("t5_encoder")?;
