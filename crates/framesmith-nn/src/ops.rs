@@ -38,6 +38,14 @@ pub fn gelu_tanh(xs: &Tensor) -> Result<Tensor> {
     xs.gelu()
 }
 
+/// Whether any of `ts` is part of an autograd graph: the fused kernels below have no backward, so a tracked
+/// input takes the differentiable composition instead (FLUX's head runs `modulate_to` under autograd; the kernel
+/// there cut the gradient to every block on CUDA).
+#[cfg(feature = "cuda")]
+fn tracked(ts: &[&Tensor]) -> bool {
+    ts.iter().any(|t| t.track_op())
+}
+
 #[cfg(feature = "cuda")]
 fn on_kernel(xs: &Tensor) -> bool {
     xs.device().is_cuda() && matches!(xs.dtype(), DType::F32 | DType::BF16)
@@ -46,7 +54,7 @@ fn on_kernel(xs: &Tensor) -> bool {
 /// `xs` in `dtype`; the vectorised f32 ↔ bf16 kernel on CUDA (candle's bf16 → f32 cast is five times slower).
 pub fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(xs) {
+    if on_kernel(xs) && !xs.track_op() {
         return crate::cuda::mixed::cast(xs, dtype);
     }
     xs.to_dtype(dtype)
@@ -56,7 +64,7 @@ pub fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
 /// on CUDA).
 pub fn modulate_to(x: &Tensor, scale: &Tensor, shift: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(x) {
+    if on_kernel(x) && !tracked(&[x, scale, shift]) {
         return crate::cuda::mixed::modulate_to(x, scale, shift, dtype);
     }
     modulate(&x.to_dtype(DType::F32)?, scale, shift)?.to_dtype(dtype)
@@ -66,7 +74,7 @@ pub fn modulate_to(x: &Tensor, scale: &Tensor, shift: &Tensor, dtype: DType) -> 
 /// dtype: on CUDA the gated-residual kernel with a unit gate (exactly the same arithmetic), no cast of `y`.
 pub fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(x) && on_kernel(y) {
+    if on_kernel(x) && on_kernel(y) && !tracked(&[x, y]) {
         let (b, dim) = (x.dim(0)?, x.dim(candle_core::D::Minus1)?);
         let ones = Tensor::ones((b, 1, dim), DType::F32, x.device())?;
         return crate::cuda::mixed::gated_residual_mixed(x, y, &ones);
@@ -184,11 +192,12 @@ pub fn row_strided(layout: &candle_core::Layout) -> Option<RowStrided> {
     })
 }
 
-/// `xs` densely laid out (as it is when contiguous). On CUDA a row-strided view (see [`row_strided`]) is copied
-/// by a vectorised kernel: candle's generic strided copy ran at a fifth of the bandwidth in the FLUX profile.
+/// `xs` densely laid out (as it is when contiguous). On CUDA a row-strided view (see [`row_strided`]) outside
+/// autograd is copied by a vectorised kernel: candle's generic strided copy ran at a fifth of the bandwidth in the
+/// FLUX profile. A tracked tensor takes candle's (differentiable) copy.
 pub fn contiguous(xs: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(xs) {
+    if on_kernel(xs) && !xs.track_op() {
         return crate::cuda::elementwise::contiguous_rows(xs);
     }
     xs.contiguous()
