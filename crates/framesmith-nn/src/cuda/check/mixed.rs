@@ -21,6 +21,7 @@ pub fn mixed_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
     }
     out.extend(add_matmul(dev, rng)?);
     out.extend(row_copies(dev, rng)?);
+    out.extend(tracked_gradients(dev, rng)?);
     out.extend(token_sums(dev, rng)?);
     Ok(out)
 }
@@ -65,6 +66,43 @@ fn row_copies(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
                 0.0,
             )?);
         }
+    }
+    Ok(out)
+}
+
+/// The ops whose fused kernels have no backward keep the gradient of a tracked input (they take the
+/// differentiable composition then): `modulate_to`, `cast`, `contiguous` against the same on the CPU.
+fn tracked_gradients(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    let x = randn(rng, &[2, 37, 3 * 64], 0.0, 1.0, DType::F32)?;
+    let scale = randn(rng, &[2, 1, 3 * 64], 0.0, 0.5, DType::F32)?;
+    let shift = randn(rng, &[2, 1, 3 * 64], 0.0, 0.5, DType::F32)?;
+    type Op = fn(&Tensor, &Tensor, &Tensor) -> Result<Tensor>;
+    let ops: [(&str, Op); 3] = [
+        ("modulate_to", |x, s, h| {
+            crate::ops::modulate_to(x, s, h, DType::BF16)
+        }),
+        ("cast", |x, _, _| crate::ops::cast(x, DType::BF16)),
+        ("contiguous", |x, _, _| {
+            crate::ops::contiguous(&x.narrow(2, 64, 64)?)
+        }),
+    ];
+    for (label, op) in ops {
+        let grad_on = |d: &Device| -> Result<Tensor> {
+            let v = candle_core::Var::from_tensor(&x.to_device(d)?)?;
+            let y = op(v.as_tensor(), &scale.to_device(d)?, &shift.to_device(d)?)?;
+            let grads = y.to_dtype(DType::F32)?.sqr()?.sum_all()?.backward()?;
+            match grads.get(v.as_tensor()) {
+                Some(g) => g.to_device(&Device::Cpu),
+                None => candle_core::bail!("{label}: no gradient reached the tracked input"),
+            }
+        };
+        out.push(compare(
+            format!("gradient through {label} (tracked input)"),
+            &grad_on(dev)?,
+            &grad_on(&Device::Cpu)?,
+            2e-2,
+        )?);
     }
     Ok(out)
 }
