@@ -101,74 +101,17 @@ impl FluxTextEncoder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{clip_tokenizer_json, t5_tokenizer_json};
     use crate::flux::clip_text::{text_model_prefix, ClipTextConfig};
     use crate::flux::t5::{t5_config_from_hf_json, t5_from_tensors};
     use crate::flux::testkit::{assert_close, Case};
     use framesmith_nn::vb::Vb;
 
-    /// A word-level tokenizer.json: `specials` first (ids 0…), then `words`; `template` wraps a sequence.
-    fn tokenizer_json(specials: &[&str], words: &[&str], template: &str) -> String {
-        let vocab: Vec<String> = specials
-            .iter()
-            .chain(words)
-            .enumerate()
-            .map(|(i, w)| format!("\"{w}\":{i}"))
-            .collect();
-        let added: Vec<String> = specials
-            .iter()
-            .enumerate()
-            .map(|(i, w)| {
-                format!(
-                    "{{\"id\":{i},\"content\":\"{w}\",\"single_word\":false,\"lstrip\":false,\"rstrip\":false,\
-                     \"normalized\":false,\"special\":true}}"
-                )
-            })
-            .collect();
-        format!(
-            "{{\"version\":\"1.0\",\"truncation\":null,\"padding\":null,\"added_tokens\":[{}],\"normalizer\":null,\
-             \"pre_tokenizer\":{{\"type\":\"Whitespace\"}},\"post_processor\":{template},\"decoder\":null,\
-             \"model\":{{\"type\":\"WordLevel\",\"vocab\":{{{}}},\"unk_token\":\"{}\"}}}}",
-            added.join(","),
-            vocab.join(","),
-            words[0]
-        )
-    }
-
-    fn template(single: &str, specials: &[(&str, u32)]) -> String {
-        let special: Vec<String> = specials
-            .iter()
-            .map(|(t, id)| {
-                format!("\"{t}\":{{\"id\":\"{t}\",\"ids\":[{id}],\"tokens\":[\"{t}\"]}}")
-            })
-            .collect();
-        format!(
-            "{{\"type\":\"TemplateProcessing\",\"single\":{single},\"pair\":[{{\"Sequence\":{{\"id\":\"A\",\"type_id\":0}}}}],\
-             \"special_tokens\":{{{}}}}}",
-            special.join(",")
-        )
-    }
-
     #[test]
     fn prompts_become_txt_and_vec() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
         let words = ["a", "cat", "sits", "on", "mat"];
-        let clip_json = tokenizer_json(
-            &["<|startoftext|>", "<|endoftext|>"],
-            &words,
-            &template(
-                "[{\"SpecialToken\":{\"id\":\"<|startoftext|>\",\"type_id\":0}},{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},\
-                 {\"SpecialToken\":{\"id\":\"<|endoftext|>\",\"type_id\":0}}]",
-                &[("<|startoftext|>", 0), ("<|endoftext|>", 1)],
-            ),
-        );
-        let t5_json = tokenizer_json(
-            &["<pad>", "</s>"],
-            &words,
-            &template(
-                "[{\"Sequence\":{\"id\":\"A\",\"type_id\":0}},{\"SpecialToken\":{\"id\":\"</s>\",\"type_id\":0}}]",
-                &[("</s>", 1)],
-            ),
-        );
+        let (clip_json, t5_json) = (clip_tokenizer_json(&words), t5_tokenizer_json(&words));
         let (clip_tok, t5_tok) = (dir.path().join("clip.json"), dir.path().join("t5.json"));
         std::fs::write(&clip_tok, clip_json)?;
         std::fs::write(&t5_tok, t5_json)?;
