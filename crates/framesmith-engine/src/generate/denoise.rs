@@ -370,6 +370,25 @@ mod tests {
         }
     }
 
+    /// The seeded prompt and negative-prompt contexts of the pair tests.
+    fn pair_prompts(dev: &Device) -> Result<(Tensor, Tensor)> {
+        let context = randn(
+            &mut StdRng::seed_from_u64(1),
+            &[3usize, 32][..],
+            0.0,
+            1.0,
+            dev,
+        )?;
+        let negative = randn(
+            &mut StdRng::seed_from_u64(2),
+            &[2usize, 32][..],
+            0.0,
+            1.0,
+            dev,
+        )?;
+        Ok((context, negative))
+    }
+
     /// The pair's latents with the low-noise expert on `low_device` and `residency`, and whether each expert
     /// ended parked.
     fn run_pair(
@@ -378,20 +397,7 @@ mod tests {
         solver: Solver,
     ) -> Result<(Vec<f32>, bool, bool)> {
         let dev = Device::Cpu;
-        let context = randn(
-            &mut StdRng::seed_from_u64(1),
-            &[3usize, 32][..],
-            0.0,
-            1.0,
-            &dev,
-        )?;
-        let negative = randn(
-            &mut StdRng::seed_from_u64(2),
-            &[2usize, 32][..],
-            0.0,
-            1.0,
-            &dev,
-        )?;
+        let (context, negative) = pair_prompts(&dev)?;
         let req = pair_request(&context, &negative, solver);
         let mut high = tiny_expert(11, &dev)?;
         let mut low = tiny_expert(12, low_device)?;
@@ -425,20 +431,7 @@ mod tests {
 
             // Both experts were used: the high-noise one alone gives another result.
             let dev = Device::Cpu;
-            let context = randn(
-                &mut StdRng::seed_from_u64(1),
-                &[3usize, 32][..],
-                0.0,
-                1.0,
-                &dev,
-            )?;
-            let negative = randn(
-                &mut StdRng::seed_from_u64(2),
-                &[2usize, 32][..],
-                0.0,
-                1.0,
-                &dev,
-            )?;
+            let (context, negative) = pair_prompts(&dev)?;
             let req = pair_request(&context, &negative, solver);
             let mut high = tiny_expert(11, &dev)?;
             let alone = generate(&mut Experts::single(&mut high), &req, &|| false)?;
