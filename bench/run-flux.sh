@@ -137,7 +137,8 @@ vram = re.findall(r"VRAM: peak ([0-9.]+) GiB so far(?: \(the plan predicted ([0-
 rss = re.findall(r"Maximum resident set size \(kbytes\): ([0-9]+)", log)
 out = f"{label:<34}"
 if secs:
-    out += f" step {statistics.mean(secs):7.3f} s (mean of {len(secs)}, {min(secs):.3f}-{max(secs):.3f})"
+    out += (f" step {statistics.mean(secs):7.3f} s (mean of {len(secs)}, median {statistics.median(secs):.3f},"
+            f" {min(secs):.3f}-{max(secs):.3f})")
 else:
     out += " no steps recorded"
 if vram:
@@ -145,6 +146,12 @@ if vram:
     out += f", peak VRAM {float(peak):.2f} GiB" + (f" (plan {float(plan):.2f})" if plan else "")
 if rss:
     out += f", peak RSS {int(rss[-1]) / 2**20:.1f} GiB"
+losses = [r["loss"] for r in rows if "loss" in r]
+norms = [r["grad_norm"] for r in rows if "grad_norm" in r]
+if losses:
+    out += f", loss {losses[0]:.4f} -> {losses[-1]:.4f}"
+if norms:
+    out += f", grad_norm {min(norms):.3g}-{max(norms):.3g}"
 lora = re.findall(r"LoRA: ([0-9]+) modules, ([0-9]+) parameters", log)
 if lora:
     out += f", {lora[-1][1]} LoRA parameters"
