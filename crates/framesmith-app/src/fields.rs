@@ -223,6 +223,15 @@ pub const RUN_SECTIONS: &[Section] = &[
                 field("training.device", "Device", FieldKind::Text),
                 "auto (the first CUDA device, else the CPU), cpu, cuda or cuda:N",
             ),
+            help(
+                field(
+                    "training.low_noise_device",
+                    "Low-noise expert's GPU",
+                    FieldKind::Text,
+                ),
+                "Wan2.2 A14B with both experts: cuda:N puts the low-noise expert on that GPU, each expert resident \
+                 on its own card; empty shares the Device, one expert at a time",
+            ),
             field("training.logit_mean", "LogSNR mean", FieldKind::Float),
             field("training.logit_std", "LogSNR std", FieldKind::Float),
             help(

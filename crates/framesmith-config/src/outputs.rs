@@ -183,11 +183,12 @@ pub fn states_in(dir: &Path, name: Option<&str>) -> Vec<SavedState> {
 /// Settings a resumed run may change: when to stop, how memory is used, when and where outputs and samples
 /// are written. Everything else decides what is learned, and must match the run's own config.
 /// In `[validation]`, only the held-out split (`validation_split`, `validation_seed`) decides what is learned.
-const RESUMABLE_CHANGES: [&str; 11] = [
+const RESUMABLE_CHANGES: [&str; 12] = [
     "training.max_train_steps",
     "training.max_train_epochs",
     "training.max_consecutive_nonfinite",
     "training.device",
+    "training.low_noise_device",
     "memory.",
     "output.",
     "sampling.",

@@ -61,6 +61,16 @@ impl PlanDevice {
     }
 }
 
+/// As configs spell it: `cpu`, `cuda:N`.
+impl std::fmt::Display for PlanDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Cpu => f.write_str("cpu"),
+            Self::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
 /// Floating-point dtypes of computation and of saved LoRAs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FloatDtype {
@@ -105,6 +115,9 @@ pub struct LowNoisePlan {
     pub mode: ExpertMode,
     /// The boundary as a fraction of the timesteps; `None` uses the model's.
     pub boundary: Option<f64>,
+    /// The device the low-noise expert lives on (`training.low_noise_device`); `None`: the run's device, where
+    /// it is parked while the high-noise expert works.
+    pub device: Option<PlanDevice>,
 }
 
 /// Where training samples come from.

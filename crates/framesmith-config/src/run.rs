@@ -302,6 +302,10 @@ pub struct TrainingSection {
     pub max_consecutive_nonfinite: usize,
     /// Where to train: `"auto"` (the first CUDA device, else the CPU), `"cpu"`, `"cuda"` or `"cuda:N"`.
     pub device: DeviceSpec,
+    /// Wan2.2 A14B with both experts (`model.dit_low_noise`): the GPU the low-noise expert lives on (`"cuda:1"`),
+    /// so each expert stays on its own card and neither is parked. Empty (the default): it shares
+    /// `training.device`, one expert on the GPU at a time.
+    pub low_noise_device: String,
     /// Mean of the logSNR normal for `logsnr` / `qinglong` sampling.
     pub logit_mean: f64,
     /// Standard deviation of the logSNR normal for `logsnr` / `qinglong` sampling.
@@ -327,6 +331,7 @@ impl Default for TrainingSection {
             weighting_scheme: WeightingScheme::None,
             max_consecutive_nonfinite: 5,
             device: DeviceSpec::Auto,
+            low_noise_device: String::new(),
             logit_mean: 0.0,
             logit_std: 1.0,
             preserve_distribution_shape: false,

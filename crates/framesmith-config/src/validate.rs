@@ -130,7 +130,16 @@ pub fn validate_for(
         );
     }
     let device = check_device(&mut c, cfg.training.device, host);
-    let model = check_model(&mut c, cfg, device, family);
+    let mut model = check_model(&mut c, cfg, device, family);
+    let low_device = check_low_noise_device(&mut c, &cfg.training.low_noise_device, device, host);
+    match model.low_noise.as_mut() {
+        Some(low) => low.device = low_device,
+        None if low_device.is_some() => c.note(
+            "training.low_noise_device is ignored: it places Wan2.2 A14B's low-noise expert, and model.dit_low_noise \
+             is not set",
+        ),
+        None => {}
+    }
     let pixel_step = model
         .variant
         .as_deref()
@@ -310,7 +319,56 @@ fn check_low_noise(c: &mut Checker, m: &ModelSection) -> Option<LowNoisePlan> {
         dit,
         mode: m.experts,
         boundary,
+        device: None,
     })
+}
+
+/// `training.low_noise_device`: empty, or a device other than the run's (`high`) that this machine has. The CPU
+/// is taken only beside a CPU run (both experts kept loaded, none parked).
+fn check_low_noise_device(
+    c: &mut Checker,
+    text: &str,
+    high: PlanDevice,
+    host: &HostInfo,
+) -> Option<PlanDevice> {
+    const KEY: &str = "training.low_noise_device";
+    const FIX: &str = "set training.low_noise_device = \"cuda:1\" (a GPU other than training.device's), or leave it \
+                       empty to keep both experts on training.device, one at a time";
+    if text.trim().is_empty() {
+        return None;
+    }
+    let device = match text.parse::<DeviceSpec>() {
+        Ok(DeviceSpec::Cuda(n)) if n < host.cuda_devices => PlanDevice::Cuda(n),
+        Ok(DeviceSpec::Cuda(n)) => {
+            c.problem(
+                KEY,
+                format!(
+                    "cuda:{n} is not available: this machine has {} CUDA device(s)",
+                    host.cuda_devices
+                ),
+                FIX,
+            );
+            return None;
+        }
+        Ok(DeviceSpec::Cpu) if high == PlanDevice::Cpu => PlanDevice::Cpu,
+        Ok(other) => {
+            c.problem(
+                KEY,
+                format!("is \"{other}\": it names the GPU that holds the low-noise expert"),
+                FIX,
+            );
+            return None;
+        }
+        Err(why) => {
+            c.problem(KEY, why, FIX);
+            return None;
+        }
+    };
+    if device == high && device != PlanDevice::Cpu {
+        c.problem(KEY, format!("is training.device's GPU ({text})"), FIX);
+        return None;
+    }
+    Some(device)
 }
 
 fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {

@@ -507,7 +507,8 @@ fn both_a14b_experts_resolve_with_their_mode_and_boundary() {
         Some(LowNoisePlan {
             dit: low,
             mode: ExpertMode::Split,
-            boundary: Some(0.9)
+            boundary: Some(0.9),
+            device: None,
         })
     );
     cfg.model.expert_boundary = 0.0;
@@ -516,6 +517,56 @@ fn both_a14b_experts_resolve_with_their_mode_and_boundary() {
         plan.model.low_noise.unwrap().boundary,
         None,
         "0 is the model's"
+    );
+}
+
+#[test]
+fn the_low_noise_expert_takes_a_gpu_of_its_own_or_a_named_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let low = dir.path().join("low_noise.safetensors");
+    std::fs::write(&low, b"").unwrap();
+    cfg.model.dit_low_noise = low;
+    cfg.training.device = DeviceSpec::Cuda(0);
+    cfg.training.low_noise_device = "cuda:1".into();
+    let plan = validate(&cfg, &HostInfo::new(2)).unwrap();
+    assert_eq!(
+        plan.model.low_noise.unwrap().device,
+        Some(PlanDevice::Cuda(1))
+    );
+    // Beside a CPU run the CPU keeps both experts loaded.
+    cfg.training.device = DeviceSpec::Cpu;
+    cfg.training.low_noise_device = "cpu".into();
+    let plan = validate(&cfg, &HostInfo::new(0)).unwrap();
+    assert_eq!(plan.model.low_noise.unwrap().device, Some(PlanDevice::Cpu));
+    cfg.training.device = DeviceSpec::Cuda(0);
+    for (value, host, says) in [
+        ("cuda:0", 2, "training.device's GPU"),
+        ("cuda:2", 2, "not available"),
+        ("cpu", 2, "names the GPU"),
+        ("auto", 2, "names the GPU"),
+        ("gpu1", 2, "unknown device"),
+    ] {
+        cfg.training.low_noise_device = value.into();
+        let e = problems(&cfg, &HostInfo::new(host));
+        let problem = e.for_key("training.low_noise_device").unwrap();
+        assert!(
+            problem.message.contains(says),
+            "{value}: {}",
+            problem.message
+        );
+        assert!(problem.fix.contains("cuda:1"), "{}", problem.fix);
+    }
+    // Without a second expert it places nothing, and says so.
+    cfg.model.dit_low_noise = Default::default();
+    cfg.training.low_noise_device = "cuda:1".into();
+    let plan = validate(&cfg, &HostInfo::new(2)).unwrap();
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("training.low_noise_device is ignored")),
+        "{:?}",
+        plan.notes
     );
 }
 
