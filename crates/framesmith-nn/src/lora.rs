@@ -364,6 +364,15 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
+/// A copy of `t` on `device` that shares no storage with it (`to_device` shares it on the same device).
+fn copied_to(t: &Tensor, device: &Device) -> Result<Tensor> {
+    if t.device().same_device(device) {
+        t.copy()
+    } else {
+        t.to_device(device)
+    }
+}
+
 /// Adapters by module path, in natural path order (`blocks.2` before `blocks.10`). Each `Lora` shares its
 /// `Var`s with the copy attached to the layer, so optimiser updates through [`LoraSet::vars`] reach the model.
 #[derive(Clone, Default)]
@@ -426,6 +435,47 @@ impl LoraSet {
         }
         for (k, lora) in matched {
             layers[k].1.set_lora(Some(lora.clone()));
+        }
+        Ok(())
+    }
+
+    /// A copy of these adapters on `device`, in new `Var`s (the same paths, values, alphas and multipliers): the
+    /// mirror of a shared LoRA for a model on another GPU, kept equal with [`LoraSet::assign_from`].
+    pub fn copy_to(&self, device: &Device) -> Result<LoraSet> {
+        let modules = self
+            .modules
+            .iter()
+            .map(|(path, l)| {
+                let mut copy = Lora::from_tensors(
+                    &copied_to(l.down.as_tensor(), device)?,
+                    &copied_to(l.up.as_tensor(), device)?,
+                    l.alpha,
+                )?;
+                copy.multiplier = l.multiplier;
+                Ok((path.clone(), copy))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(LoraSet::new(modules))
+    }
+
+    /// Sets every adapter's factors to `source`'s (copied to this set's devices). Both sets must have the same
+    /// paths and shapes, as a [`LoraSet::copy_to`] mirror has.
+    pub fn assign_from(&self, source: &LoraSet) -> Result<()> {
+        if self.modules.len() != source.modules.len() {
+            candle_core::bail!(
+                "LoRA sets differ: {} modules against {}",
+                self.modules.len(),
+                source.modules.len()
+            );
+        }
+        for ((path, to), (from_path, from)) in self.modules.iter().zip(&source.modules) {
+            if path != from_path {
+                candle_core::bail!("LoRA sets differ: {path} against {from_path}");
+            }
+            to.down
+                .set(&copied_to(from.down.as_tensor(), to.down.device())?)?;
+            to.up
+                .set(&copied_to(from.up.as_tensor(), to.up.device())?)?;
         }
         Ok(())
     }

@@ -42,6 +42,30 @@ pub struct WanInputs {
     pub y: Option<Vec<Tensor>>,
 }
 
+impl WanInputs {
+    /// The same inputs on `device` (each tensor where it is already there is shared, not copied): for an expert
+    /// that lives on another GPU than the one its inputs were made on.
+    pub fn to_device(&self, device: &Device) -> Result<WanInputs> {
+        let all = |ts: &[Tensor]| {
+            ts.iter()
+                .map(|t| t.to_device(device))
+                .collect::<Result<Vec<_>>>()
+        };
+        Ok(WanInputs {
+            latents: all(&self.latents)?,
+            timesteps: self.timesteps.clone(),
+            context: all(&self.context)?,
+            seq_len: self.seq_len,
+            clip: self
+                .clip
+                .as_ref()
+                .map(|t| t.to_device(device))
+                .transpose()?,
+            y: self.y.as_deref().map(all).transpose()?,
+        })
+    }
+}
+
 /// The embedded inputs of one forward pass: the block stack's input and what every block shares.
 #[derive(Clone)]
 pub struct Prepared {
