@@ -293,8 +293,13 @@ impl PlanInput {
             checkpointing: mem.checkpointing,
             optimizer_and_context: true,
             on_cpu: cfg.training.device == DeviceSpec::Cpu,
-            experts: (wan && !cfg.model.dit_low_noise.as_os_str().is_empty() && !cfg.model.demo)
-                .then_some(cfg.model.experts),
+            // A low-noise expert on a GPU of its own (`training.low_noise_device`) is that card's whole plan, the
+            // same as this one's: nothing is parked on either.
+            experts: (wan
+                && !cfg.model.dit_low_noise.as_os_str().is_empty()
+                && !cfg.model.demo
+                && cfg.training.low_noise_device.trim().is_empty())
+            .then_some(cfg.model.experts),
         }
     }
 

@@ -94,7 +94,9 @@ pub struct PlanInput {
     pub optimizer_and_context: bool,
     /// A CPU run (`training.device = "cpu"`): everything lives in RAM and the verdict is against the RAM.
     pub on_cpu: bool,
-    /// Both Wan2.2 A14B experts in one run (`model.dit_low_noise`), and how they train.
+    /// Both Wan2.2 A14B experts in one run (`model.dit_low_noise`) sharing this device, one parked while the other
+    /// works, and how they train (`None` also when the low-noise expert has a GPU of its own: each card then holds
+    /// one expert, as a one-expert run does).
     pub experts: Option<ExpertMode>,
     /// The step keeps each clip's first latent frame as the start image at timestep 0 (`training.mode =
     /// "image_to_video"` on TI2V-5B, the demo model), so its time modulation is per token. Otherwise it is one row

@@ -3,6 +3,11 @@
 //! (`WanModel::park`; its streamed blocks are there already) and brought back when a step's timestep needs it,
 //! never reloaded from its file. `joint` trains one LoRA through both (the same adapters attached to both
 //! experts' layers, as musubi-tuner does); `split` gives the low-noise expert a LoRA and an optimizer of its own.
+//!
+//! With `training.low_noise_device` the low-noise expert lives on a GPU of its own and neither is ever parked:
+//! each step's inputs go to the GPU of the expert its timesteps pick. There `joint`'s shared LoRA has a mirror on
+//! the second GPU: its gradients come back to the first, where the one optimizer steps, and the mirror is set equal
+//! after every update (and after a resume), so the run learns what the one-GPU run does.
 
 use candle_core::Var;
 
@@ -17,6 +22,10 @@ pub struct LowNoiseExpert {
     pub(super) model: WanModel,
     /// `split`: the low-noise expert's own LoRA and optimizer; `joint`: `None` (it shares the high-noise one's).
     pub(super) own: Option<(LoraSet, AdamW)>,
+    /// `joint` with the expert on a device of its own: the shared LoRA's copy there.
+    pub(super) mirror: Option<LoraSet>,
+    /// Whether it lives on a device of its own (`training.low_noise_device`): never parked.
+    pub(super) separate: bool,
     /// Timesteps (0..1000) below which this expert denoises.
     pub(super) boundary: f64,
     /// How many times the experts changed places on the GPU, and the seconds that took.
@@ -31,6 +40,9 @@ pub(super) fn activate(
     low: &mut LowNoiseExpert,
     want_high: bool,
 ) -> anyhow::Result<bool> {
+    if low.separate {
+        return Ok(false);
+    }
     let (going, coming) = if want_high {
         (&mut low.model, high)
     } else {
@@ -106,7 +118,8 @@ impl Trainer {
         }
     }
 
-    /// The trainable variables of the LoRA that the `high` or low-noise expert's steps update.
+    /// The trainable variables of the LoRA that the `high` or low-noise expert's steps update (on a low-noise
+    /// expert of its own device, `joint`'s mirror there).
     pub(super) fn expert_vars(&self, high: bool) -> Vec<Var> {
         match (&self.low_noise, high) {
             (
@@ -116,8 +129,69 @@ impl Trainer {
                 }),
                 false,
             ) => loras.vars(),
+            (
+                Some(LowNoiseExpert {
+                    mirror: Some(mirror),
+                    ..
+                }),
+                false,
+            ) => mirror.vars(),
             _ => self.loras.vars(),
         }
+    }
+
+    /// The low-noise expert's device when it has one of its own.
+    pub(super) fn low_noise_device(&self) -> Option<&candle_core::Device> {
+        self.low_noise
+            .as_ref()
+            .filter(|l| l.separate)
+            .map(|l| l.model.device())
+    }
+
+    /// `batch` on the device of the expert for `high` (unchanged where it is there already).
+    pub(super) fn on_expert_device(
+        &self,
+        high: bool,
+        batch: crate::train::trainer::FlowBatch,
+    ) -> anyhow::Result<crate::train::trainer::FlowBatch> {
+        let device = self.expert(high)?.device();
+        if batch.inputs.latents[0].device().same_device(device) {
+            return Ok(batch);
+        }
+        Ok(crate::train::trainer::FlowBatch {
+            inputs: batch.inputs.to_device(device)?,
+            targets: batch
+                .targets
+                .iter()
+                .map(|t| t.to_device(device))
+                .collect::<candle_core::Result<Vec<_>>>()?,
+            ..batch
+        })
+    }
+
+    /// Gradients of `joint`'s mirror, brought to the shared LoRA's device (nothing to do for any other run).
+    pub(super) fn gradients_home(
+        &self,
+        high: bool,
+        grads: Vec<candle_core::Tensor>,
+    ) -> anyhow::Result<Vec<candle_core::Tensor>> {
+        let mirrored = self.low_noise.as_ref().is_some_and(|l| l.mirror.is_some());
+        if high || !mirrored {
+            return Ok(grads);
+        }
+        let home = self.device();
+        Ok(grads
+            .iter()
+            .map(|g| g.to_device(home))
+            .collect::<candle_core::Result<Vec<_>>>()?)
+    }
+
+    /// Sets `joint`'s mirror equal to the shared LoRA (after an update or a resume; nothing without a mirror).
+    pub(super) fn sync_mirror(&self) -> anyhow::Result<()> {
+        if let Some(mirror) = self.low_noise.as_ref().and_then(|l| l.mirror.as_ref()) {
+            mirror.assign_from(&self.loras)?;
+        }
+        Ok(())
     }
 
     /// Brings the expert for `high` onto the GPU (nothing for a one-model run).

@@ -122,6 +122,72 @@ fn a_split_run_on_both_experts_resumes_bit_identically() -> anyhow::Result<()> {
     resumes_bit_identically(ExpertMode::Split)
 }
 
+/// With a device of its own (`training.low_noise_device`; beside a CPU run, "cpu" keeps both experts loaded)
+/// neither expert is parked, `joint` steps the low-noise expert through a mirror of the shared LoRA, and the run
+/// learns exactly what the parked run learns, across a resume too.
+fn own_device_learns_what_parking_does(mode: ExpertMode) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut parked = try_start(&config(&dir.path().join("a"), mode, 6)?, None)?;
+    let mut losses = Vec::new();
+    while parked.step() < 6 {
+        losses.push(parked.train_step(&|| false)?.loss);
+    }
+    assert!(parked.expert_switches() >= 2, "both experts trained");
+
+    let mut own = config(&dir.path().join("b"), mode, 6)?;
+    own.training.low_noise_device = "cpu".into();
+    let mut first = try_start(&own, None)?;
+    let mut seen = Vec::new();
+    let mut names = Vec::new();
+    while first.step() < 3 {
+        let report = first.train_step(&|| false)?;
+        seen.push(report.loss);
+        names.push(report.expert.expect("names its expert").name);
+    }
+    first.save(false)?;
+    drop(first);
+    let mut second = try_start(&own, Some(&dir.path().join("b").join("run")))?;
+    while second.step() < 6 {
+        let report = second.train_step(&|| false)?;
+        seen.push(report.loss);
+        names.push(report.expert.expect("names its expert").name);
+    }
+    assert_eq!(losses, seen);
+    assert_eq!(all_lora_values(&parked)?, all_lora_values(&second)?);
+    assert!(
+        names.contains(&"high_noise") && names.contains(&"low_noise"),
+        "{names:?}"
+    );
+    let low = second.low_noise.as_ref().expect("two experts");
+    assert_eq!(second.expert_switches(), 0);
+    assert!(!low.model.is_parked() && !second.model.wan()?.is_parked());
+    match mode {
+        ExpertMode::Joint => {
+            let mirror = low.mirror.as_ref().expect("joint has a mirror");
+            let shared = second.loras();
+            for (a, b) in mirror.vars().iter().zip(shared.vars()) {
+                assert_ne!(a.as_tensor().id(), b.as_tensor().id(), "its own tensors");
+                let diff = (a.as_tensor() - b.as_tensor())?.abs()?.sum_all()?;
+                assert_eq!(diff.to_scalar::<f32>()?, 0.0, "equal after the last step");
+            }
+        }
+        ExpertMode::Split => assert!(low.mirror.is_none()),
+    }
+    Ok(())
+}
+
+#[test]
+fn a_joint_run_with_the_low_noise_expert_on_its_own_device_learns_what_parking_does(
+) -> anyhow::Result<()> {
+    own_device_learns_what_parking_does(ExpertMode::Joint)
+}
+
+#[test]
+fn a_split_run_with_the_low_noise_expert_on_its_own_device_learns_what_parking_does(
+) -> anyhow::Result<()> {
+    own_device_learns_what_parking_does(ExpertMode::Split)
+}
+
 /// A joint LoRA is one set of adapters on both experts: a step through either moves the same tensors, and the
 /// expert not in use waits parked.
 #[test]

@@ -435,11 +435,13 @@ impl Trainer {
         let files = ["lora.safetensors", "optimizer.safetensors"];
         restore(dir, files, (&self.loras, &mut self.optimizer), &device)
             .map_err(|e| e.explain(dir, &damaged))?;
+        let low_device = self.low_noise_device().unwrap_or(&device).clone();
         let split = self.low_noise.as_mut().and_then(|l| l.own.as_mut());
         if let Some((loras, optimizer)) = split {
-            restore(dir, LOW_NOISE_STATE, (loras, optimizer), &device)
+            restore(dir, LOW_NOISE_STATE, (loras, optimizer), &low_device)
                 .map_err(|e| e.explain(dir, &damaged))?;
         }
+        self.sync_mirror()?;
         self.step = state.step;
         Ok(dir.to_path_buf())
     }

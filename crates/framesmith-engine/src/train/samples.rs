@@ -151,10 +151,11 @@ impl Trainer {
             let high = boundary.is_none_or(|b| t >= b);
             self.use_expert(high).with_context(context)?;
             // As `generate` does: each step starts from a trimmed memory pool.
-            framesmith_nn::offload::release_cached_memory(self.model.device())?;
+            framesmith_nn::offload::release_cached_memory(self.expert(high)?.device())?;
             denoising.step(self.expert(high)?).with_context(context)?;
         }
-        Ok(denoising.into_latents())
+        // A low-noise expert on its own GPU denoised last there: the decoder is on the run's device.
+        Ok(denoising.into_latents().to_device(self.model.device())?)
     }
 
     /// Generates every sample prompt with the current LoRA; returns the `SampleReady` events.

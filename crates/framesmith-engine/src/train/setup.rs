@@ -509,6 +509,14 @@ impl Trainer {
                 plan.device = PlanDevice::Cuda(gpu);
             }
             plan.memory.ranks_on_machine = spec.ranks_on_machine.max(1);
+            let own_device = plan.model.low_noise.as_ref().and_then(|l| l.device);
+            if let (Some(low), true) = (own_device, spec.world > 1) {
+                anyhow::bail!(
+                    "training.low_noise_device = \"{low}\" puts the low-noise expert on a GPU of its own, which one \
+                     process does: train with --gpus naming one GPU (the high-noise expert's) or none, or leave \
+                     training.low_noise_device empty to train data parallel over --gpus"
+                );
+            }
         }
         let writes = ranks.rank() == 0;
         for note in &plan.notes {
@@ -779,17 +787,35 @@ struct LowExpertLoad<'a> {
 
 impl LowExpertLoad<'_> {
     /// Parks the high-noise expert `high` (its LoRA already attached), loads the low-noise one onto the GPU and
-    /// gives it the shared LoRA (`joint`) or one of its own (`split`).
+    /// gives it the shared LoRA (`joint`) or one of its own (`split`). With a device of its own
+    /// (`training.low_noise_device`) nothing is parked: it loads there, and `joint` gives it a mirror of the LoRA.
     fn load(
         &self,
         high: &mut WanModel,
         low: &LowNoisePlan,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<LowNoiseExpert> {
-        high.park()
-            .context("parking the high-noise expert in host RAM")?;
-        release_cached_memory(self.device)?;
-        let loaded = load_model(self.plan, Some(&low.dit), self.device, self.memory)?;
+        let own_device = match low.device {
+            Some(spec) => {
+                let mut one = self.plan.clone();
+                one.device = spec;
+                if spec == self.plan.device && spec != PlanDevice::Cpu {
+                    anyhow::bail!(
+                        "training.low_noise_device is {spec}, the GPU this run trains on: give the low-noise expert \
+                         another GPU, or leave training.low_noise_device empty to keep both experts on one"
+                    );
+                }
+                Some(device_for(&one).context("opening training.low_noise_device")?)
+            }
+            None => {
+                high.park()
+                    .context("parking the high-noise expert in host RAM")?;
+                release_cached_memory(self.device)?;
+                None
+            }
+        };
+        let device = own_device.as_ref().unwrap_or(self.device);
+        let loaded = load_model(self.plan, Some(&low.dit), device, self.memory)?;
         let ModelSource::File(dit) = &self.plan.model.source else {
             anyhow::bail!("model.dit_low_noise needs model.dit to be the high-noise expert's file");
         };
@@ -801,29 +827,41 @@ impl LowExpertLoad<'_> {
         )?;
         let mut model = loaded.model;
         let boundary = high.config().boundary_timestep(low.boundary);
+        let placement = match &own_device {
+            Some(_) => format!(", on {} of its own", low.device.unwrap_or(self.plan.device)),
+            None => String::new(),
+        };
         log(
             LogLevel::Info,
             format!(
-                "low-noise expert: {} ({} mode, below timestep {boundary})",
+                "low-noise expert: {} ({} mode, below timestep {boundary}{placement})",
                 loaded.name,
                 low.mode.as_str(),
             ),
         );
         log_streaming(&model, log);
-        let own = match low.mode {
+        let separate = own_device.is_some();
+        let (own, mirror) = match low.mode {
+            ExpertMode::Joint if separate => {
+                let mirror = self.loras.copy_to(device)?;
+                mirror.share_with(model.linears_mut())?;
+                (None, Some(mirror))
+            }
             ExpertMode::Joint => {
                 self.loras.share_with(model.linears_mut())?;
-                None
+                (None, None)
             }
             ExpertMode::Split => {
                 let loras = attach_loras(model.linears_mut(), self.spec)?;
                 let optimizer = AdamW::new(named_vars(&loras), self.plan.optimizer)?;
-                Some((loras, optimizer))
+                (Some((loras, optimizer)), None)
             }
         };
         Ok(LowNoiseExpert {
             model,
             own,
+            mirror,
+            separate,
             boundary,
             switches: 0,
             switch_secs: 0.0,

@@ -178,9 +178,22 @@ impl Trainer {
             ),
             None => String::new(),
         };
+        // A low-noise expert on a GPU of its own: that card's peak against the same plan (it holds one expert too).
+        let second = match self
+            .low_noise_device()
+            .and_then(|d| crate::train::setup::VramUse::measure(d, 0))
+        {
+            Some(low) => format!(
+                "; the low-noise expert's GPU: peak {:.2} GiB, {:.2} GiB held between steps, {:.2} GiB free",
+                gib(low.peak),
+                gib(low.in_use),
+                gib(low.free)
+            ),
+            None => String::new(),
+        };
         Some(format!(
             "VRAM: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
-             steps ({:.2} GiB reserved), {:.2} GiB of the card free",
+             steps ({:.2} GiB reserved), {:.2} GiB of the card free{second}",
             gib(used.peak),
             gib(used.outside_pool),
             gib(used.in_use),
@@ -296,11 +309,15 @@ impl Trainer {
             crate::train::experts::activate(self.model.wan_mut()?, low, high)?;
         }
         let flow = self.flow_batch(&batch, &draws, rng)?;
+        let flow = self.on_expert_device(high, flow)?;
         let (inputs, target) = (&flow.inputs, flow.target());
         let vars = self.expert_vars(high);
         let options = self.step_options(interrupted);
         let result = try_checkpointed_step(self.expert(high)?, inputs, &target, &vars, &options);
-        let out = step_output(result, &batch[0].key, &self.out_of_memory_advice)?;
+        let mut out = step_output(result, &batch[0].key, &self.out_of_memory_advice)?;
+        if let Some(out) = out.as_mut() {
+            out.grads = self.gradients_home(high, std::mem::take(&mut out.grads))?;
+        }
         Ok((epoch, high, out))
     }
 
@@ -313,6 +330,9 @@ impl Trainer {
         let started = Instant::now();
         // The last step's transient memory goes back to the driver: each step then needs what the first did.
         framesmith_nn::offload::release_cached_memory(self.device())?;
+        if let Some(low) = self.low_noise_device() {
+            framesmith_nn::offload::release_cached_memory(low)?;
+        }
         // The summed gradients of each LoRA: the only (or joint, or high-noise) one, and a split run's low-noise one.
         let mut sums: [Option<Vec<Tensor>>; 2] = [None, None];
         let mut loss_sum = 0f64;
@@ -365,6 +385,7 @@ impl Trainer {
         } else {
             None
         };
+        self.sync_mirror()?;
         let step_number = self.step + 1;
         self.step = step_number;
         let (grad_norm, warning) = match outcome {

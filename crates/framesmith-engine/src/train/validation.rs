@@ -219,6 +219,7 @@ impl Trainer {
                     let pair = (i * sigmas.len() + k) as u64;
                     let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
                     let flow = self.flow_batch(&[item], &[draw], rng)?;
+                    let flow = self.on_expert_device(high, flow)?;
                     let loss = forward_loss(
                         self.expert(high)?,
                         &flow.inputs,
