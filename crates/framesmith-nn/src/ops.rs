@@ -237,6 +237,30 @@ pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax_last_dim(xs)
 }
 
+/// `xs` on `device`, finished: a copy between two GPUs runs on the receiving GPU's stream, and nothing makes the
+/// sending GPU wait for it, so the source could be freed and reused (or overwritten) before it is read; this
+/// waits for the copy. On the device `xs` is already on, `xs` itself (no copy, no wait).
+pub fn to_device_finished(xs: &Tensor, device: &candle_core::Device) -> Result<Tensor> {
+    if xs.device().same_device(device) {
+        return Ok(xs.clone());
+    }
+    let moved = xs.to_device(device)?;
+    device.synchronize()?;
+    Ok(moved)
+}
+
+/// [`to_device_finished`] for several tensors: one wait for all their copies.
+pub fn all_to_device_finished(xs: &[Tensor], device: &candle_core::Device) -> Result<Vec<Tensor>> {
+    let moved = xs
+        .iter()
+        .map(|t| t.to_device(device))
+        .collect::<Result<Vec<_>>>()?;
+    if xs.iter().any(|t| !t.device().same_device(device)) {
+        device.synchronize()?;
+    }
+    Ok(moved)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

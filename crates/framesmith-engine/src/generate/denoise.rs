@@ -307,6 +307,9 @@ impl<'a> Denoising<'a> {
     /// Moves the sampling state to `device` (a no-op where it already is): the latents, the text embeddings, the
     /// start image's conditioning and the solver's history, so the next step runs there.
     pub fn move_to(&mut self, device: &Device) -> Result<()> {
+        if self.latents.device().same_device(device) {
+            return Ok(());
+        }
         let to = |t: &Tensor| t.to_device(device);
         self.latents = to(&self.latents)?;
         self.context = to(&self.context)?;
@@ -318,7 +321,10 @@ impl<'a> Denoising<'a> {
             .transpose()?;
         self.clip = self.clip.as_ref().map(to).transpose()?;
         self.first = self.first.as_ref().map(to).transpose()?;
-        self.scheduler.move_to(device)
+        self.scheduler.move_to(device)?;
+        // The copies run on `device`'s stream and the sources are dropped now: finish them first (see
+        // `framesmith_nn::ops::to_device_finished`).
+        device.synchronize()
     }
 
     /// The device the sampling state is on.

@@ -160,11 +160,7 @@ impl Trainer {
         }
         Ok(crate::train::trainer::FlowBatch {
             inputs: batch.inputs.to_device(device)?,
-            targets: batch
-                .targets
-                .iter()
-                .map(|t| t.to_device(device))
-                .collect::<candle_core::Result<Vec<_>>>()?,
+            targets: framesmith_nn::ops::all_to_device_finished(&batch.targets, device)?,
             ..batch
         })
     }
@@ -179,11 +175,11 @@ impl Trainer {
         if high || !mirrored {
             return Ok(grads);
         }
-        let home = self.device();
-        Ok(grads
-            .iter()
-            .map(|g| g.to_device(home))
-            .collect::<candle_core::Result<Vec<_>>>()?)
+        // Finished before the second GPU's next micro-step can reuse their memory.
+        Ok(framesmith_nn::ops::all_to_device_finished(
+            &grads,
+            self.device(),
+        )?)
     }
 
     /// Sets `joint`'s mirror equal to the shared LoRA (after an update or a resume; nothing without a mirror).

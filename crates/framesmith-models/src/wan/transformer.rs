@@ -43,25 +43,27 @@ pub struct WanInputs {
 }
 
 impl WanInputs {
-    /// The same inputs on `device` (each tensor where it is already there is shared, not copied): for an expert
-    /// that lives on another GPU than the one its inputs were made on.
+    /// The same inputs on `device`, copied and finished before it returns (see
+    /// [`framesmith_nn::ops::to_device_finished`]; each tensor already there is shared, not copied): for an
+    /// expert that lives on another GPU than the one its inputs were made on.
     pub fn to_device(&self, device: &Device) -> Result<WanInputs> {
-        let all = |ts: &[Tensor]| {
-            ts.iter()
-                .map(|t| t.to_device(device))
-                .collect::<Result<Vec<_>>>()
-        };
+        let mut all: Vec<Tensor> = self.latents.clone();
+        all.extend(self.context.iter().cloned());
+        all.extend(self.clip.iter().cloned());
+        all.extend(self.y.iter().flatten().cloned());
+        let mut moved = framesmith_nn::ops::all_to_device_finished(&all, device)?.into_iter();
+        let mut take = |n: usize| moved.by_ref().take(n).collect::<Vec<_>>();
+        let latents = take(self.latents.len());
+        let context = take(self.context.len());
+        let clip = take(usize::from(self.clip.is_some())).pop();
+        let y = self.y.as_ref().map(|ys| take(ys.len()));
         Ok(WanInputs {
-            latents: all(&self.latents)?,
+            latents,
             timesteps: self.timesteps.clone(),
-            context: all(&self.context)?,
+            context,
             seq_len: self.seq_len,
-            clip: self
-                .clip
-                .as_ref()
-                .map(|t| t.to_device(device))
-                .transpose()?,
-            y: self.y.as_deref().map(all).transpose()?,
+            clip,
+            y,
         })
     }
 }
