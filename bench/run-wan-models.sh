@@ -9,6 +9,12 @@
 #   ti2v-5b      Wan2.2 TI2V-5B at its native 704x1280x121, bf16 base, resident
 #   a14b-joint   Wan2.2 T2V-A14B, 480x832x81, both experts (`model.experts = "joint"`) under `--preset balanced-24gb
 #                --vram-budget-gb 24`, then the high-noise expert alone under the same preset and budget
+#   a14b-2gpu   Wan2.2 T2V-A14B, 480x832x81, both experts (`model.experts` = A14B_MODE, default joint), FP8
+#                block-64, every block resident, A14B_STEPS steps: on one GPU (one expert parked in RAM at a time),
+#                then with one expert per GPU (`training.low_noise_device = "cuda:1"`); the final LoRAs of the two
+#                runs compared (LoRA_DIFF lines) and each step's expert and loss listed (STEP lines). A third run,
+#                the low-noise expert alone as `model.dit` (same data, seed and first draw), gives the reference
+#                loss of a first step that the pair draws below the boundary. Needs two GPUs.
 #   gen-a14b-48 / gen-a14b-24
 #                Wan2.2 T2V-A14B `framesmith generate` with both experts at 720x1280x81 (GEN_STEPS steps, default 3)
 #                within `--vram-budget-gb 48` (every block resident) or 24 (GEN_SWAP_24 blocks streamed, default
@@ -58,6 +64,33 @@ fp8_config() { # project-dir out-toml steps
 # Lets a preset decide the memory keys the synth project wrote out (streaming off, nothing swapped).
 budget_config() { # in-toml out-toml
     grep -v -E '^(streaming|blocks_to_swap|activations|checkpointing) = ' "$1" > "$2"
+}
+# Sets keys of a run TOML in place: set_keys FILE section.key=value... (values are TOML literals).
+set_keys() {
+    python3 - "$@" <<'EOF2'
+import re, sys
+path, pairs = sys.argv[1], sys.argv[2:]
+lines = open(path).read().splitlines()
+for pair in pairs:
+    key, value = pair.split("=", 1)
+    section, name = key.rsplit(".", 1)
+    table, done = None, False
+    for i, line in enumerate(lines):
+        m = re.match(r"\s*\[([^\]]+)\]", line)
+        if m:
+            table = m.group(1).strip()
+        elif table == section and re.match(rf"\s*{re.escape(name)}\s*=", line):
+            lines[i], done = f"{name} = {value}", True
+    if not done:
+        at = next(i for i, l in enumerate(lines) if l.strip() == f"[{section}]")
+        lines.insert(at + 1, f"{name} = {value}")
+open(path, "w").write("\n".join(lines) + "\n")
+EOF2
+}
+# The LoRA files a run wrote (not its states) into dir.
+keep_loras() { # project-dir dir
+    mkdir -p "$2"
+    find "$1/output" -name "*.safetensors" -not -path "*state*" -exec cp {} "$2/" \;
 }
 keep_outputs() { # project-dir case-dir
     cp "$1/output/"*/metrics.jsonl "$2/" 2>/dev/null || cp "$1/output/metrics.jsonl" "$2/" 2>/dev/null
@@ -110,6 +143,52 @@ for case in "$@"; do
         timed "$D" plan-one framesmith plan --config "$P/one-budget.toml" --preset balanced-24gb --vram-budget-gb 24
         timed "$D" train-one framesmith train --config "$P/one-budget.toml" --preset balanced-24gb --vram-budget-gb 24
         mkdir -p "$D/one"; keep_outputs "$P" "$D/one"
+        ;;
+    a14b-2gpu)
+        P="$WORK/t2v-a14b" L="$WORK/t2v-a14b-low"
+        synth "$P" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        SEED=1 synth "$L" t2v-a14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        fp8_config "$P" "$P/pair.toml" "$A14B_STEPS"
+        set_keys "$P/pair.toml" model.variant='"t2v-a14b"' model.dit_low_noise="\"$L/dit.safetensors\"" \
+            model.experts="\"${A14B_MODE:-joint}\"" training.device='"cuda:0"'
+        cp "$P/pair.toml" "$P/two.toml"
+        set_keys "$P/two.toml" training.low_noise_device='"cuda:1"'
+        timed "$D" plan-one framesmith plan --config "$P/pair.toml"
+        timed "$D" train-one framesmith train --config "$P/pair.toml"
+        keep_loras "$P" "$D/one-loras"; mkdir -p "$D/one"; keep_outputs "$P" "$D/one"
+        timed "$D" plan-two framesmith plan --config "$P/two.toml"
+        timed "$D" train-two framesmith train --config "$P/two.toml"
+        keep_loras "$P" "$D/two-loras"; mkdir -p "$D/two"; keep_outputs "$P" "$D/two"
+        cp "$P/pair.toml" "$P/low-alone.toml"
+        set_keys "$P/low-alone.toml" model.dit="\"$L/dit.safetensors\"" model.dit_low_noise='""' \
+            training.max_train_steps=1
+        timed "$D" train-low-alone framesmith train --config "$P/low-alone.toml"
+        mkdir -p "$D/low-alone"; keep_outputs "$P" "$D/low-alone"
+        for run in one two low-alone; do
+            python3 - "$D/$run/metrics.jsonl" "$run" <<'EOF2' | tee -a "$LOG"
+import json, sys
+for line in open(sys.argv[1]):
+    r = json.loads(line)
+    if "loss" in r:
+        print(f"STEP {sys.argv[2]} {r.get('step')} {r.get('expert', 'one model')} loss {r['loss']!r} {r.get('step_secs', 0):.2f} s")
+EOF2
+        done
+        python3 - "$D/one-loras" "$D/two-loras" <<'EOF2' | tee -a "$LOG"
+import pathlib, sys
+from safetensors.torch import load_file
+one, two = map(pathlib.Path, sys.argv[1:])
+for f in sorted(one.glob("*.safetensors")):
+    g = two / f.name
+    if not g.exists():
+        print(f"LoRA_DIFF {f.name}: missing in the two-GPU run"); continue
+    a, b = load_file(str(f)), load_file(str(g))
+    worst, top, same = 0.0, 0.0, 0
+    for k, t in a.items():
+        d = (t.float() - b[k].float()).abs().max().item()
+        worst, top = max(worst, d), max(top, t.float().abs().max().item())
+        same += int(d == 0.0)
+    print(f"LoRA_DIFF {f.name}: {len(a)} tensors, {same} bit-identical, max abs diff {worst:.3g} on values up to {top:.3g}")
+EOF2
         ;;
     gen-a14b-48|gen-a14b-24|gen-a14b-2gpu)
         # The experts of a14b-joint (made here when missing); umT5 and the Wan2.1 VAE from a small project's
