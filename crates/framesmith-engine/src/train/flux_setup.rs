@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device};
+use candle_core::Device;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
@@ -18,13 +18,11 @@ use crate::train::data::TrainSet;
 use crate::train::flux::{dev_config, flux_batch, load_flux_items, FluxItems};
 use crate::train::flux_samples::image_samples;
 use crate::train::mode::StartFrame;
-use crate::train::optimizer::AdamW;
-use crate::train::outputs::Outputs;
 use crate::train::run_model::RunModel;
 use crate::train::samples::{SampleKind, Sampling};
 use crate::train::setup::{
-    device_for, device_label, float_dtype, log_plan, lora_metadata, named_vars,
-    out_of_memory_advice, reserve_budget, saved_inputs_for,
+    device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
+    start_loras, RunParts,
 };
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
@@ -36,8 +34,7 @@ use framesmith_config::run::{BlocksToSwap, StreamingMode};
 use framesmith_config::RunPlan;
 use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
-use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
-use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::lora::{attach_family_loras, LoraFamily};
 use framesmith_nn::offload::{OffloadOptions, StreamMode};
 
 /// Pixels per latent pixel of the FLUX.1 autoencoder.
@@ -230,75 +227,35 @@ impl Trainer {
             .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
             .collect();
         let data = TrainSet::new(items, cached.batch_size, 1, plan.training.seed)?;
-        let spec = LoraSpec {
-            rank: plan.lora.rank,
-            alpha: plan.lora.alpha,
-            dtype: DType::F32,
-            include_patterns: plan.lora.include_patterns.clone(),
-            exclude_patterns: plan.lora.exclude_patterns.clone(),
-            seed: plan.training.seed,
-        };
-        let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::Flux)?;
-        if let Some(path) = &plan.lora.init_from {
-            LoraFile::load(path, &device)
-                .and_then(|file| loras.load_weights(&file))
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "lora.init_from: {e}; point it at a FLUX.1 [dev] LoRA .safetensors with this run's modules \
-                         (one Framesmith, musubi-tuner or sd-scripts saved), or remove it to start from a fresh LoRA"
-                    )
-                })?;
-        }
-        log(
-            LogLevel::Info,
-            format!(
-                "LoRA: {} modules, {} parameters",
-                loras.len(),
-                loras.parameter_count()
-            ),
-        );
-        let optimizer = AdamW::new(named_vars(&loras), plan.optimizer)?;
-        let accumulation = plan.training.gradient_accumulation_steps.max(1);
-        let total_steps = plan.training.total_steps(data.batches_per_epoch());
-        let mut outputs = Outputs::create(
-            &plan.output.output_dir,
-            &plan.output.output_name,
-            flux_lora_metadata(plan),
-        );
-        outputs.every_n_steps = plan.output.save_every_n_steps;
-        outputs.every_n_epochs = plan.output.save_every_n_epochs;
-        outputs.save_state = plan.output.save_state;
-        outputs.save_dtype = float_dtype(plan.output.save_dtype);
-        outputs.config_toml = plan.config.to_toml_string()?;
-        Ok(Trainer {
-            sampling: samples
-                .map(|images| Sampling::new(plan, SampleKind::Images(Box::new(images)))),
-            model: RunModel::Flux {
-                model: Box::new(model),
-                dtype,
+        let loras = attach_family_loras(model.linears_mut(), &lora_spec(plan), LoraFamily::Flux)?;
+        start_loras(
+            plan,
+            &loras,
+            &device,
+            "a FLUX.1 [dev] LoRA .safetensors with this run's modules (one Framesmith, musubi-tuner or sd-scripts \
+             saved)",
+            log,
+        )?;
+        Self::assemble(
+            plan,
+            RunParts {
+                model: RunModel::Flux {
+                    model: Box::new(model),
+                    dtype,
+                },
+                low_noise: None,
+                loras,
+                data,
+                metadata: flux_lora_metadata(plan),
+                sampling: samples
+                    .map(|images| Sampling::new(plan, SampleKind::Images(Box::new(images)))),
+                validation: None,
+                start_frame: StartFrame::None,
+                report,
+                vram_reservation,
+                device: &device,
             },
-            low_noise: None,
-            loras,
-            optimizer,
-            schedule: plan.schedule.with_total_steps(total_steps),
-            timesteps: plan.training.timesteps,
-            data,
-            seed: plan.training.seed,
-            accumulation,
-            total_steps,
-            max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
-            step: 0,
-            consecutive_nonfinite: 0,
-            saved_inputs: saved_inputs_for(plan, &device),
-            checkpointing: plan.memory.checkpointing,
-            start_frame: StartFrame::None,
-            out_of_memory_advice: out_of_memory_advice(report),
-            planned_vram_bytes: report.map(|r| r.peak_vram_bytes),
-            vram_reservation,
-            outputs,
-            validation: None,
-            collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
-        })
+        )
     }
 
     /// One FLUX.1 micro-batch: noise and timesteps from the micro-step's seed, the FLUX.1 batch, the checkpointed

@@ -653,33 +653,15 @@ impl Trainer {
         log(LogLevel::Info, start_frame.log_line().into());
         let run_data = load_run_data(plan, &cfg, &device, log)?;
         let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
-        let spec = LoraSpec {
-            rank: plan.lora.rank,
-            alpha: plan.lora.alpha,
-            dtype: DType::F32,
-            include_patterns: plan.lora.include_patterns.clone(),
-            exclude_patterns: plan.lora.exclude_patterns.clone(),
-            seed: plan.training.seed,
-        };
+        let spec = lora_spec(plan);
         let loras = attach_loras(model.linears_mut(), &spec)?;
-        if let Some(path) = &plan.lora.init_from {
-            LoraFile::load(path, &device)
-                .and_then(|file| loras.load_weights(&file))
-                .map_err(|e| {
-                    anyhow::anyhow!(
-                        "lora.init_from: {e}; point it at a LoRA .safetensors for this model (one Framesmith or \
-                         musubi-tuner saved), or remove it to start from a fresh LoRA"
-                    )
-                })?;
-        }
-        log(
-            LogLevel::Info,
-            format!(
-                "LoRA: {} modules, {} parameters",
-                loras.len(),
-                loras.parameter_count()
-            ),
-        );
+        start_loras(
+            plan,
+            &loras,
+            &device,
+            "a LoRA .safetensors for this model (one Framesmith or musubi-tuner saved)",
+            log,
+        )?;
         let low_noise = match &plan.model.low_noise {
             Some(low) => {
                 let expert = LowExpertLoad {
@@ -694,19 +676,39 @@ impl Trainer {
             }
             None => None,
         };
-        let named = named_vars(&loras);
-        let optimizer = AdamW::new(named, plan.optimizer)?;
+        Self::assemble(
+            plan,
+            RunParts {
+                model: RunModel::Wan(model),
+                low_noise,
+                loras,
+                data,
+                metadata: lora_metadata(
+                    plan,
+                    &base_name,
+                    official_code(cfg.generation),
+                    start_frame,
+                ),
+                sampling: sampling(plan, &cfg, encoded, &device)?,
+                validation: run_data.validation,
+                start_frame,
+                report: memory.as_ref().and_then(|m| m.as_ref().ok()),
+                vram_reservation,
+                device: &device,
+            },
+        )
+    }
+
+    /// The trainer of a run whose model-specific setup is done (`parts`): the optimizer, schedules, outputs and
+    /// memory settings come from the plan, the same for every model family.
+    pub(super) fn assemble(plan: &RunPlan, parts: RunParts<'_>) -> anyhow::Result<Trainer> {
+        let optimizer = AdamW::new(named_vars(&parts.loras), plan.optimizer)?;
         let accumulation = plan.training.gradient_accumulation_steps.max(1);
-        let total_steps = plan.training.total_steps(data.batches_per_epoch());
+        let total_steps = plan.training.total_steps(parts.data.batches_per_epoch());
         let mut outputs = Outputs::create(
             &plan.output.output_dir,
             &plan.output.output_name,
-            lora_metadata(
-                plan,
-                &base_name,
-                official_code(model.config().generation),
-                start_frame,
-            ),
+            parts.metadata,
         );
         outputs.every_n_steps = plan.output.save_every_n_steps;
         outputs.every_n_epochs = plan.output.save_every_n_epochs;
@@ -714,34 +716,89 @@ impl Trainer {
         outputs.save_dtype = float_dtype(plan.output.save_dtype);
         outputs.config_toml = plan.config.to_toml_string()?;
         Ok(Trainer {
-            sampling: sampling(plan, &cfg, encoded, &device)?,
-            model: RunModel::Wan(model),
-            low_noise,
-            loras,
+            sampling: parts.sampling,
+            model: parts.model,
+            low_noise: parts.low_noise,
+            loras: parts.loras,
             optimizer,
             schedule: plan.schedule.with_total_steps(total_steps),
             timesteps: plan.training.timesteps,
-            data,
+            data: parts.data,
             seed: plan.training.seed,
             accumulation,
             total_steps,
             max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
             step: 0,
             consecutive_nonfinite: 0,
-            saved_inputs: saved_inputs_for(plan, &device),
+            saved_inputs: saved_inputs_for(plan, parts.device),
             checkpointing: plan.memory.checkpointing,
-            start_frame,
-            out_of_memory_advice,
-            planned_vram_bytes: memory
-                .as_ref()
-                .and_then(|m| m.as_ref().ok())
-                .map(|r| r.peak_vram_bytes),
-            vram_reservation,
+            start_frame: parts.start_frame,
+            out_of_memory_advice: out_of_memory_advice(parts.report),
+            planned_vram_bytes: parts.report.map(|r| r.peak_vram_bytes),
+            vram_reservation: parts.vram_reservation,
             outputs,
-            validation: run_data.validation,
+            validation: parts.validation,
             collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
         })
     }
+}
+
+/// What a model family's setup hands to [`Trainer::assemble`].
+pub(super) struct RunParts<'a> {
+    pub(super) model: RunModel,
+    pub(super) low_noise: Option<LowNoiseExpert>,
+    pub(super) loras: LoraSet,
+    pub(super) data: TrainSet,
+    /// The metadata every saved LoRA carries.
+    pub(super) metadata: HashMap<String, String>,
+    pub(super) sampling: Option<Sampling>,
+    pub(super) validation: Option<crate::train::validation::Validation>,
+    pub(super) start_frame: StartFrame,
+    /// The memory plan, when there is one (its out-of-memory advice and predicted peak).
+    pub(super) report: Option<&'a PlanReport>,
+    pub(super) vram_reservation: Option<VramHold>,
+    pub(super) device: &'a Device,
+}
+
+/// The run's LoRA settings (`[lora]`, f32 factors, the run's seed).
+pub(super) fn lora_spec(plan: &RunPlan) -> LoraSpec {
+    LoraSpec {
+        rank: plan.lora.rank,
+        alpha: plan.lora.alpha,
+        dtype: DType::F32,
+        include_patterns: plan.lora.include_patterns.clone(),
+        exclude_patterns: plan.lora.exclude_patterns.clone(),
+        seed: plan.training.seed,
+    }
+}
+
+/// Loads `lora.init_from` into the fresh `loras` (an error says to point it at `expected`, or remove it) and logs
+/// the LoRA's size.
+pub(super) fn start_loras(
+    plan: &RunPlan,
+    loras: &LoraSet,
+    device: &Device,
+    expected: &str,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<()> {
+    if let Some(path) = &plan.lora.init_from {
+        LoraFile::load(path, device)
+            .and_then(|file| loras.load_weights(&file))
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "lora.init_from: {e}; point it at {expected}, or remove it to start from a fresh LoRA"
+                )
+            })?;
+    }
+    log(
+        LogLevel::Info,
+        format!(
+            "LoRA: {} modules, {} parameters",
+            loras.len(),
+            loras.parameter_count()
+        ),
+    );
+    Ok(())
 }
 
 /// The optimizer's names for a LoRA's factors (`{path}.lora_down`, `{path}.lora_up`).
