@@ -22,7 +22,7 @@ use crate::train::run_model::RunModel;
 use crate::train::samples::{SampleKind, Sampling};
 use crate::train::setup::{
     device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
-    start_loras, RunParts,
+    start_loras, streamed_count, RunParts,
 };
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOutput};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
@@ -35,7 +35,7 @@ use framesmith_config::RunPlan;
 use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_nn::lora::{attach_family_loras, LoraFamily};
-use framesmith_nn::offload::{OffloadOptions, StreamMode};
+use framesmith_nn::offload::OffloadOptions;
 
 /// Pixels per latent pixel of the FLUX.1 autoencoder.
 const AUTOENCODER_FACTOR: usize = 8;
@@ -115,41 +115,28 @@ fn flux_streaming(
     device: &Device,
     memory: Option<&Result<PlanReport, String>>,
 ) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
-    let mode = match plan.memory.streaming {
-        StreamingMode::Off => return Ok(None),
-        StreamingMode::Pinned => StreamMode::Pinned,
-        StreamingMode::Staged => StreamMode::Staged,
-    };
-    if !plan.memory.applies || !device.is_cuda() {
-        return Ok(None);
-    }
     let blocks = cfg.depth + cfg.depth_single_blocks;
-    let count = match plan.memory.blocks_to_swap {
-        BlocksToSwap::Count(n) if n >= blocks => anyhow::bail!(
-            "memory.blocks_to_swap = {n}, but FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream): \
-             stream at most {}, or \"auto\"",
-            cfg.depth,
-            cfg.depth_single_blocks,
-            blocks - 1
-        ),
-        BlocksToSwap::Count(n) => n,
-        BlocksToSwap::Auto(_) => match memory {
-            Some(Ok(report)) => report.streamed_blocks,
-            Some(Err(e)) => anyhow::bail!("planning memory for blocks_to_swap = \"auto\": {e}"),
-            None => anyhow::bail!("blocks_to_swap = \"auto\" needs the run's memory plan"),
-        },
-    };
-    if count == 0 {
-        return Ok(None);
+    if let BlocksToSwap::Count(n) = plan.memory.blocks_to_swap {
+        let streams =
+            plan.memory.streaming != StreamingMode::Off && plan.memory.applies && device.is_cuda();
+        if n >= blocks && streams {
+            anyhow::bail!(
+                "memory.blocks_to_swap = {n}, but FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream): \
+                 stream at most {}, or \"auto\"",
+                cfg.depth,
+                cfg.depth_single_blocks,
+                blocks - 1
+            );
+        }
     }
-    let streamed = memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order);
-    let offload = OffloadOptions {
-        mode,
-        slots: framesmith_config::training::DEFAULT_GPU_SLOTS,
-        staging_slots: plan.memory.staging_slots.max(1),
-        ..OffloadOptions::default()
-    };
-    Ok(Some((streamed, offload)))
+    Ok(
+        streamed_count(plan, device, memory)?.map(|(count, offload)| {
+            (
+                memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
+                offload,
+            )
+        }),
+    )
 }
 
 /// Says how many blocks of each kind stream, when some do.

@@ -172,6 +172,23 @@ fn streaming_for(
     device: &Device,
     memory: Option<&MemoryReport>,
 ) -> anyhow::Result<Streaming> {
+    Ok(
+        streamed_count(plan, device, memory)?.map(|(count, offload)| {
+            (
+                streamed_blocks(cfg.num_layers, count, Placement::Spread),
+                offload,
+            )
+        }),
+    )
+}
+
+/// How many blocks a run streams (`memory.blocks_to_swap`, the memory plan's count for `"auto"`) and the ring
+/// settings, for any model; `None` when nothing streams (streaming off, a CPU run, or a count of 0).
+pub(super) fn streamed_count(
+    plan: &RunPlan,
+    device: &Device,
+    memory: Option<&MemoryReport>,
+) -> anyhow::Result<Option<(usize, OffloadOptions)>> {
     let mode = match plan.memory.streaming {
         StreamingMode::Off => return Ok(None),
         StreamingMode::Pinned => StreamMode::Pinned,
@@ -191,14 +208,13 @@ fn streaming_for(
     if count == 0 {
         return Ok(None);
     }
-    let streamed = streamed_blocks(cfg.num_layers, count, Placement::Spread);
     let offload = OffloadOptions {
         mode,
         slots: framesmith_config::training::DEFAULT_GPU_SLOTS,
         staging_slots: plan.memory.staging_slots.max(1),
         ..OffloadOptions::default()
     };
-    Ok(Some((streamed, offload)))
+    Ok(Some((count, offload)))
 }
 
 /// Where the step keeps saved block inputs: host RAM with `memory.activations = "host"` on CUDA, pageable when
