@@ -7,7 +7,9 @@ use std::borrow::Cow;
 
 use candle_core::{Device, Result, Tensor};
 
+use framesmith_nn::linear::Linear;
 pub use framesmith_nn::linear::ParamGrad;
+use framesmith_nn::lora::{attach_family_loras, LoraError, LoraFamily, LoraSet, LoraSpec};
 
 /// What a block's backward returns.
 pub struct BlockGrads {
@@ -82,4 +84,16 @@ pub trait TrainableModel {
     fn device(&self) -> &Device;
     /// The inputs' latents, whose gradients a caller may ask for.
     fn latents<'a>(&self, inputs: &'a Self::Inputs) -> &'a [Tensor];
+    /// How the family names its LoRA targets (block lists, default excludes, file keys).
+    const LORA_FAMILY: LoraFamily;
+    /// Every linear a LoRA may adapt, by module path (`blocks.0.self_attn.q`, `double_blocks.0.img_attn.qkv`).
+    fn lora_linears(&mut self) -> Vec<(String, &mut Linear)>;
+}
+
+/// Attaches fresh LoRAs to the linears of `model` that `spec` targets, named as its family names them.
+pub fn attach_model_loras<M: TrainableModel>(
+    model: &mut M,
+    spec: &LoraSpec,
+) -> std::result::Result<LoraSet, LoraError> {
+    attach_family_loras(model.lora_linears(), spec, M::LORA_FAMILY)
 }

@@ -34,7 +34,7 @@ use framesmith_config::run::{BlocksToSwap, StreamingMode};
 use framesmith_config::RunPlan;
 use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
-use framesmith_nn::lora::{attach_family_loras, LoraFamily};
+use framesmith_models::trainable::attach_model_loras;
 use framesmith_nn::offload::OffloadOptions;
 
 /// Pixels per latent pixel of the FLUX.1 autoencoder.
@@ -214,7 +214,7 @@ impl Trainer {
             .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
             .collect();
         let data = TrainSet::new(items, cached.batch_size, 1, plan.training.seed)?;
-        let loras = attach_family_loras(model.linears_mut(), &lora_spec(plan), LoraFamily::Flux)?;
+        let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
         start_loras(
             plan,
             &loras,

@@ -29,10 +29,11 @@ use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{ActivationPlacement, BlocksToSwap, ExpertMode, StreamingMode};
 use framesmith_config::{validate_for, HostInfo, RunPlan};
+use framesmith_models::trainable::attach_model_loras;
 use framesmith_models::wan::config::Expert;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::collective::broadcast_tensors;
-use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec};
+use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{
     release_cached_memory, streamed_blocks, OffloadOptions, OutOfMemory, Placement, SavedPlacement,
@@ -670,7 +671,7 @@ impl Trainer {
         let run_data = load_run_data(plan, &cfg, &device, log)?;
         let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
         let spec = lora_spec(plan);
-        let loras = attach_loras(model.linears_mut(), &spec)?;
+        let loras = attach_model_loras(&mut model, &spec)?;
         start_loras(
             plan,
             &loras,
@@ -934,7 +935,7 @@ impl LowExpertLoad<'_> {
                 (None, None)
             }
             ExpertMode::Split => {
-                let loras = attach_loras(model.linears_mut(), self.spec)?;
+                let loras = attach_model_loras(&mut model, self.spec)?;
                 let optimizer = AdamW::new(named_vars(&loras), self.plan.optimizer)?;
                 (Some((loras, optimizer)), None)
             }

@@ -129,6 +129,11 @@ impl TrainableModel for Flux {
     type Inputs = FluxInputs;
     type Prepared = Prepared;
     type Block = FluxBlock;
+    const LORA_FAMILY: framesmith_nn::lora::LoraFamily = framesmith_nn::lora::LoraFamily::Flux;
+
+    fn lora_linears(&mut self) -> Vec<(String, &mut framesmith_nn::linear::Linear)> {
+        Flux::linears_mut(self)
+    }
 
     fn prepare(&self, inputs: &FluxInputs) -> Result<Prepared> {
         Flux::prepare(self, inputs)

@@ -80,6 +80,11 @@ impl TrainableModel for WanModel {
     type Inputs = WanInputs;
     type Prepared = Prepared;
     type Block = Block;
+    const LORA_FAMILY: framesmith_nn::lora::LoraFamily = framesmith_nn::lora::LoraFamily::Wan;
+
+    fn lora_linears(&mut self) -> Vec<(String, &mut framesmith_nn::linear::Linear)> {
+        WanModel::linears_mut(self)
+    }
 
     fn prepare(&self, inputs: &WanInputs) -> Result<Prepared> {
         WanModel::prepare(self, inputs)
