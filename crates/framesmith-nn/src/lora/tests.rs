@@ -415,3 +415,51 @@ fn untracked_reads_the_weights_detached_and_restores_tracking() {
     assert!(caught.is_err());
     assert!(lora.forward(&x).unwrap().track_op(), "tracking is back");
 }
+
+/// A mirror (`copy_to`) owns its tensors: an update of the original does not reach it until `assign_from`, which
+/// makes it equal again; sets of other modules are refused.
+#[test]
+fn a_mirror_is_its_own_copy_until_assigned() {
+    let dev = Device::Cpu;
+    let lora = |seed| {
+        Lora::from_tensors(
+            &tensor(seed, &[4, 8], 0.5, DType::F32),
+            &tensor(seed + 1, &[6, 4], 0.5, DType::F32),
+            4.0,
+        )
+        .unwrap()
+    };
+    let mut scaled = lora(3);
+    scaled.multiplier = 0.5;
+    let set = LoraSet::new(vec![
+        ("blocks.0.q".into(), lora(1)),
+        ("blocks.1.q".into(), scaled),
+    ]);
+    let mirror = set.copy_to(&dev).unwrap();
+    let values = |s: &LoraSet| -> Vec<Vec<f32>> {
+        s.vars()
+            .iter()
+            .map(|v| v.as_tensor().flatten_all().unwrap().to_vec1().unwrap())
+            .collect()
+    };
+    assert_eq!(values(&set), values(&mirror));
+    assert_eq!(mirror.get("blocks.1.q").unwrap().multiplier, 0.5);
+    assert_eq!(mirror.get("blocks.1.q").unwrap().alpha, 4.0);
+    for v in set.vars() {
+        v.set(&(v.as_tensor() * 2.0).unwrap()).unwrap();
+    }
+    assert_ne!(
+        values(&set),
+        values(&mirror),
+        "the mirror shares no storage"
+    );
+    mirror.assign_from(&set).unwrap();
+    assert_eq!(values(&set), values(&mirror));
+    let other = LoraSet::new(vec![
+        ("blocks.0.k".into(), lora(5)),
+        ("blocks.1.q".into(), lora(7)),
+    ]);
+    assert!(mirror.assign_from(&other).is_err());
+    let fewer = LoraSet::new(vec![("blocks.0.q".into(), lora(5))]);
+    assert!(mirror.assign_from(&fewer).is_err());
+}
