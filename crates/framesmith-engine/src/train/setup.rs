@@ -64,7 +64,12 @@ pub fn cuda_device_count() -> usize {
 }
 
 pub(super) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
-    match plan.device {
+    open_device(plan.device)
+}
+
+/// Opens `device` (a CUDA one after checking the driver and the card's compute capability).
+fn open_device(device: PlanDevice) -> anyhow::Result<Device> {
+    match device {
         PlanDevice::Cpu => Ok(Device::Cpu),
         PlanDevice::Cuda(i) => {
             if let Some(why) = framesmith_nn::driver::nvidia_driver_missing() {
@@ -526,13 +531,21 @@ impl Trainer {
                 plan.device = PlanDevice::Cuda(gpu);
             }
             plan.memory.ranks_on_machine = spec.ranks_on_machine.max(1);
-            let own_device = plan.model.low_noise.as_ref().and_then(|l| l.device);
-            if let (Some(low), true) = (own_device, spec.world > 1) {
-                anyhow::bail!(
-                    "training.low_noise_device = \"{low}\" puts the low-noise expert on a GPU of its own, which one \
-                     process does: train with --gpus naming one GPU (the high-noise expert's) or none, or leave \
-                     training.low_noise_device empty to train data parallel over --gpus"
-                );
+            // Validation saw `training.device`; `--gpus` may have named the low-noise expert's GPU instead.
+            if let Some(low) = plan.model.low_noise.as_ref().and_then(|l| l.device) {
+                if spec.world > 1 {
+                    anyhow::bail!(
+                        "training.low_noise_device = \"{low}\" puts the low-noise expert on a GPU of its own, which \
+                         one process does: train with --gpus naming one GPU (the high-noise expert's) or none, or \
+                         leave training.low_noise_device empty to train data parallel over --gpus"
+                    );
+                }
+                if low == plan.device && low != PlanDevice::Cpu {
+                    anyhow::bail!(
+                        "--gpus names {low}, which training.low_noise_device gives the low-noise expert: name \
+                         another GPU for the high-noise expert, or change training.low_noise_device"
+                    );
+                }
             }
         }
         let writes = ranks.rank() == 0;
@@ -870,17 +883,10 @@ impl LowExpertLoad<'_> {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<LowNoiseExpert> {
         let own_device = match low.device {
-            Some(spec) => {
-                let mut one = self.plan.clone();
-                one.device = spec;
-                if spec == self.plan.device && spec != PlanDevice::Cpu {
-                    anyhow::bail!(
-                        "training.low_noise_device is {spec}, the GPU this run trains on: give the low-noise expert \
-                         another GPU, or leave training.low_noise_device empty to keep both experts on one"
-                    );
-                }
-                Some(device_for(&one).context("opening training.low_noise_device")?)
-            }
+            Some(spec) => Some((
+                spec,
+                open_device(spec).context("opening training.low_noise_device")?,
+            )),
             None => {
                 high.park()
                     .context("parking the high-noise expert in host RAM")?;
@@ -888,7 +894,7 @@ impl LowExpertLoad<'_> {
                 None
             }
         };
-        let device = own_device.as_ref().unwrap_or(self.device);
+        let device = own_device.as_ref().map_or(self.device, |(_, d)| d);
         let loaded = load_model(self.plan, Some(&low.dit), device, self.memory)?;
         let ModelSource::File(dit) = &self.plan.model.source else {
             anyhow::bail!("model.dit_low_noise needs model.dit to be the high-noise expert's file");
@@ -902,7 +908,7 @@ impl LowExpertLoad<'_> {
         let mut model = loaded.model;
         let boundary = high.config().boundary_timestep(low.boundary);
         let placement = match &own_device {
-            Some(_) => format!(", on {} of its own", low.device.unwrap_or(self.plan.device)),
+            Some((spec, _)) => format!(", on {spec} of its own"),
             None => String::new(),
         };
         log(
