@@ -20,7 +20,7 @@ pub fn gated_residual(x: &Tensor, y: &Tensor, gate: &Tensor, residual: DType) ->
     #[cfg(feature = "cuda")]
     if x.device().is_cuda() && x.dtype() == residual {
         // Outside autograd, the kernel that reads a bf16 branch directly (no cast of `y` to f32 first).
-        if !(x.track_op() || y.track_op() || gate.track_op()) {
+        if !tracked(&[x, y, gate]) {
             return crate::cuda::mixed::gated_residual_mixed(x, y, gate);
         }
         return crate::cuda::gated_residual(x, y, gate);
@@ -54,7 +54,7 @@ fn on_kernel(xs: &Tensor) -> bool {
 /// `xs` in `dtype`; the vectorised f32 ↔ bf16 kernel on CUDA (candle's bf16 → f32 cast is five times slower).
 pub fn cast(xs: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(xs) && !xs.track_op() {
+    if on_kernel(xs) && !tracked(&[xs]) {
         return crate::cuda::mixed::cast(xs, dtype);
     }
     xs.to_dtype(dtype)
@@ -197,7 +197,7 @@ pub fn row_strided(layout: &candle_core::Layout) -> Option<RowStrided> {
 /// FLUX profile. A tracked tensor takes candle's (differentiable) copy.
 pub fn contiguous(xs: &Tensor) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
-    if on_kernel(xs) && !xs.track_op() {
+    if on_kernel(xs) && !tracked(&[xs]) {
         return crate::cuda::elementwise::contiguous_rows(xs);
     }
     xs.contiguous()
@@ -241,12 +241,8 @@ pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
 /// sending GPU wait for it, so the source could be freed and reused (or overwritten) before it is read; this
 /// waits for the copy. On the device `xs` is already on, `xs` itself (no copy, no wait).
 pub fn to_device_finished(xs: &Tensor, device: &candle_core::Device) -> Result<Tensor> {
-    if xs.device().same_device(device) {
-        return Ok(xs.clone());
-    }
-    let moved = xs.to_device(device)?;
-    device.synchronize()?;
-    Ok(moved)
+    let mut moved = all_to_device_finished(std::slice::from_ref(xs), device)?;
+    Ok(moved.remove(0))
 }
 
 /// [`to_device_finished`] for several tensors: one wait for all their copies.

@@ -155,9 +155,6 @@ impl Trainer {
         batch: crate::train::trainer::FlowBatch,
     ) -> anyhow::Result<crate::train::trainer::FlowBatch> {
         let device = self.expert(high)?.device();
-        if batch.inputs.latents[0].device().same_device(device) {
-            return Ok(batch);
-        }
         Ok(crate::train::trainer::FlowBatch {
             inputs: batch.inputs.to_device(device)?,
             targets: framesmith_nn::ops::all_to_device_finished(&batch.targets, device)?,

@@ -155,7 +155,10 @@ impl Trainer {
             denoising.step(self.expert(high)?).with_context(context)?;
         }
         // A low-noise expert on its own GPU denoised last there: the decoder is on the run's device.
-        Ok(denoising.into_latents().to_device(self.model.device())?)
+        Ok(framesmith_nn::ops::to_device_finished(
+            &denoising.into_latents(),
+            self.model.device(),
+        )?)
     }
 
     /// Generates every sample prompt with the current LoRA; returns the `SampleReady` events.

@@ -47,23 +47,22 @@ impl WanInputs {
     /// [`framesmith_nn::ops::to_device_finished`]; each tensor already there is shared, not copied): for an
     /// expert that lives on another GPU than the one its inputs were made on.
     pub fn to_device(&self, device: &Device) -> Result<WanInputs> {
-        let mut all: Vec<Tensor> = self.latents.clone();
-        all.extend(self.context.iter().cloned());
-        all.extend(self.clip.iter().cloned());
-        all.extend(self.y.iter().flatten().cloned());
-        let mut moved = framesmith_nn::ops::all_to_device_finished(&all, device)?.into_iter();
-        let mut take = |n: usize| moved.by_ref().take(n).collect::<Vec<_>>();
-        let latents = take(self.latents.len());
-        let context = take(self.context.len());
-        let clip = take(usize::from(self.clip.is_some())).pop();
-        let y = self.y.as_ref().map(|ys| take(ys.len()));
+        use framesmith_nn::ops::{all_to_device_finished, to_device_finished};
         Ok(WanInputs {
-            latents,
+            latents: all_to_device_finished(&self.latents, device)?,
             timesteps: self.timesteps.clone(),
-            context,
+            context: all_to_device_finished(&self.context, device)?,
             seq_len: self.seq_len,
-            clip,
-            y,
+            clip: self
+                .clip
+                .as_ref()
+                .map(|t| to_device_finished(t, device))
+                .transpose()?,
+            y: self
+                .y
+                .as_deref()
+                .map(|ys| all_to_device_finished(ys, device))
+                .transpose()?,
         })
     }
 }
