@@ -237,16 +237,32 @@ pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax_last_dim(xs)
 }
 
-/// `xs` on `device`, finished: a copy between two GPUs runs on the receiving GPU's stream, and nothing makes the
-/// sending GPU wait for it, so the source could be freed and reused (or overwritten) before it is read; this
-/// waits for the copy. On the device `xs` is already on, `xs` itself (no copy, no wait).
+/// `xs` on `device`, complete on both sides. A copy between two GPUs runs on the receiving GPU's stream, and no
+/// event orders it against the sending GPU's stream: it could read the source before the kernels that write it
+/// have run (a tensor just computed, or zeroed, on the sending GPU), and the source could be freed and reused
+/// before it is read. So the sending GPU finishes its work first and the copy is waited for. On the device `xs`
+/// is already on, `xs` itself (no copy, no wait); from the host or to it the copy is synchronous already.
 pub fn to_device_finished(xs: &Tensor, device: &candle_core::Device) -> Result<Tensor> {
     let mut moved = all_to_device_finished(std::slice::from_ref(xs), device)?;
     Ok(moved.remove(0))
 }
 
-/// [`to_device_finished`] for several tensors: one wait for all their copies.
+/// [`to_device_finished`] for several tensors: one wait per sending GPU before the copies, one for all of them
+/// after.
 pub fn all_to_device_finished(xs: &[Tensor], device: &candle_core::Device) -> Result<Vec<Tensor>> {
+    let mut senders: Vec<&candle_core::Device> = Vec::new();
+    for t in xs {
+        let from = t.device();
+        if from.is_cuda()
+            && !from.same_device(device)
+            && !senders.iter().any(|d| d.same_device(from))
+        {
+            senders.push(from);
+        }
+    }
+    for sender in &senders {
+        sender.synchronize()?;
+    }
     let moved = xs
         .iter()
         .map(|t| t.to_device(device))

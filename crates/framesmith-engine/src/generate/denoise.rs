@@ -310,6 +310,9 @@ impl<'a> Denoising<'a> {
         if self.latents.device().same_device(device) {
             return Ok(());
         }
+        // The copies run on `device`'s stream, which nothing orders after the sending GPU's last step: finish
+        // that first, and the copies before the sources are dropped (see `framesmith_nn::ops::to_device_finished`).
+        self.latents.device().synchronize()?;
         let to = |t: &Tensor| t.to_device(device);
         self.latents = to(&self.latents)?;
         self.context = to(&self.context)?;
@@ -322,8 +325,6 @@ impl<'a> Denoising<'a> {
         self.clip = self.clip.as_ref().map(to).transpose()?;
         self.first = self.first.as_ref().map(to).transpose()?;
         self.scheduler.move_to(device)?;
-        // The copies run on `device`'s stream and the sources are dropped now: finish them first (see
-        // `framesmith_nn::ops::to_device_finished`).
         device.synchronize()
     }
 
