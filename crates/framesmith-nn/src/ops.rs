@@ -237,40 +237,23 @@ pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax_last_dim(xs)
 }
 
-/// `xs` on `device`, complete on both sides. A copy between two GPUs runs on the receiving GPU's stream, and no
-/// event orders it against the sending GPU's stream: it could read the source before the kernels that write it
-/// have run (a tensor just computed, or zeroed, on the sending GPU), and the source could be freed and reused
-/// before it is read. So the sending GPU finishes its work first and the copy is waited for. On the device `xs`
-/// is already on, `xs` itself (no copy, no wait); from the host or to it the copy is synchronous already.
+/// `xs` on `device`. Between two GPUs the tensor goes through host memory: candle's direct copy (cudarc's
+/// `memcpy_peer_async` on the receiving GPU's stream) gave wrong values on the GPU test machine (a LoRA factor of
+/// zeros copied from one H200 to another read back as values up to 1e23, while other tensors arrived intact:
+/// `bench/RESULTS.md`, session 19), so both hops are copies whose ordering candle guarantees: device to host
+/// waits for the sending GPU's queued work, host to device is ordered on the receiving GPU's stream. On the
+/// device `xs` is already on, `xs` itself (no copy); to or from the host, candle's copy.
 pub fn to_device_finished(xs: &Tensor, device: &candle_core::Device) -> Result<Tensor> {
-    let mut moved = all_to_device_finished(std::slice::from_ref(xs), device)?;
-    Ok(moved.remove(0))
+    let from = xs.device();
+    if from.is_cuda() && device.is_cuda() && !from.same_device(device) {
+        return xs.to_device(&candle_core::Device::Cpu)?.to_device(device);
+    }
+    xs.to_device(device)
 }
 
-/// [`to_device_finished`] for several tensors: one wait per sending GPU before the copies, one for all of them
-/// after.
+/// [`to_device_finished`] for several tensors.
 pub fn all_to_device_finished(xs: &[Tensor], device: &candle_core::Device) -> Result<Vec<Tensor>> {
-    let mut senders: Vec<&candle_core::Device> = Vec::new();
-    for t in xs {
-        let from = t.device();
-        if from.is_cuda()
-            && !from.same_device(device)
-            && !senders.iter().any(|d| d.same_device(from))
-        {
-            senders.push(from);
-        }
-    }
-    for sender in &senders {
-        sender.synchronize()?;
-    }
-    let moved = xs
-        .iter()
-        .map(|t| t.to_device(device))
-        .collect::<Result<Vec<_>>>()?;
-    if xs.iter().any(|t| !t.device().same_device(device)) {
-        device.synchronize()?;
-    }
-    Ok(moved)
+    xs.iter().map(|t| to_device_finished(t, device)).collect()
 }
 
 #[cfg(test)]

@@ -310,22 +310,19 @@ impl<'a> Denoising<'a> {
         if self.latents.device().same_device(device) {
             return Ok(());
         }
-        // The copies run on `device`'s stream, which nothing orders after the sending GPU's last step: finish
-        // that first, and the copies before the sources are dropped (see `framesmith_nn::ops::to_device_finished`).
-        self.latents.device().synchronize()?;
-        let to = |t: &Tensor| t.to_device(device);
+        // Between GPUs through host memory (see `framesmith_nn::ops::to_device_finished`).
+        let to = |t: &Tensor| framesmith_nn::ops::to_device_finished(t, device);
         self.latents = to(&self.latents)?;
         self.context = to(&self.context)?;
         self.negative = self.negative.as_ref().map(to).transpose()?;
         self.y = self
             .y
             .as_ref()
-            .map(|ys| ys.iter().map(to).collect::<Result<Vec<_>>>())
+            .map(|ys| framesmith_nn::ops::all_to_device_finished(ys, device))
             .transpose()?;
         self.clip = self.clip.as_ref().map(to).transpose()?;
         self.first = self.first.as_ref().map(to).transpose()?;
-        self.scheduler.move_to(device)?;
-        device.synchronize()
+        self.scheduler.move_to(device)
     }
 
     /// The device the sampling state is on.
