@@ -921,15 +921,6 @@ impl LowExpertLoad<'_> {
         );
         log_streaming(&model, log);
         let separate = own_device.is_some();
-        if separate && !matches!(device, Device::Cpu) {
-            log(
-                LogLevel::Warn,
-                "one expert per GPU is new: in its one full-size GPU comparison so far the low-noise expert's losses \
-                 differed from the one-GPU run's by more than rounding (README, \"One expert per GPU\"); compare a \
-                 short run with training.low_noise_device empty before relying on it"
-                    .into(),
-            );
-        }
         let (own, mirror) = match low.mode {
             ExpertMode::Joint if separate => {
                 let mirror = self.loras.copy_to(device)?;
