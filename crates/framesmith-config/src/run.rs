@@ -421,7 +421,9 @@ pub enum Checkpointing {
     #[default]
     Blocks,
     /// Selective checkpointing: each block's self-attention output and log-sum-exp are kept as well, so the
-    /// recompute skips the attention kernel (about 15% faster steps at 32k tokens, for a few GiB).
+    /// recompute skips the attention kernel (about 15% faster steps at 32k tokens, for a few GiB). They wait
+    /// where the saved block inputs do: with `activations = "host"` in RAM, brought back a block ahead of the
+    /// backward, so a card that cannot hold them gets the speed for RAM (14B at 480×832×81: 12.5 GiB).
     Attention,
     /// No checkpointing: every block's whole forward tape is kept and nothing is recomputed (the fastest steps,
     /// about 2 GiB per Wan2.1-1.3B block at 480×832×81).

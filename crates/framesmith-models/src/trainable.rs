@@ -23,8 +23,9 @@ pub struct BlockGrads {
 pub trait TrainableBlock {
     /// What every block of one forward pass shares (time modulation, text context, RoPE tables, …).
     type Shared;
-    /// What a forward without a graph can keep for the recompute (e.g. the self-attention output and LSE).
-    type Kept;
+    /// What a forward without a graph can keep for the recompute (e.g. the self-attention output and LSE); it
+    /// waits where the saved block inputs do.
+    type Kept: framesmith_nn::offload::Stashable;
     /// Every intermediate the hand-written backward needs.
     type Tape;
 

@@ -32,7 +32,9 @@ use std::sync::Mutex;
 use candle_core::{Device, Result, Tensor};
 
 pub use crate::bytes::tensor_bytes;
-pub use activations::{release_host_activation_buffers, SavedInputs, SavedPlacement};
+pub use activations::{
+    release_host_activation_buffers, KeptValues, SavedInputs, SavedPlacement, Stashable,
+};
 pub use copy_pool::CopyPool;
 pub use host::HostBuffer;
 pub use pack::{BlockLayout, TensorSpec, ALIGN};

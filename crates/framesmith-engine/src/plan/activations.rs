@@ -127,14 +127,44 @@ pub(super) fn kept_lines(
         }
     }
     if checkpointing == Checkpointing::Attention {
+        // They wait where the saved inputs do (`train::step`'s `KeptValues`).
         out.push(line(
             format!(
                 "kept self-attention outputs ({})",
                 blocks_label(s, &counts, |k| k.kept_attention_bytes)
             ),
             total_bytes(s, &counts, |k| k.kept_attention_bytes),
-            Placement::Device,
+            saved_at,
         ));
+        if activations == ActivationPlacement::Host {
+            // The block before's output comes back while a block's backward runs, and the last block's never
+            // leaves the device.
+            let largest = s
+                .kinds
+                .iter()
+                .map(|k| k.kept_attention_bytes)
+                .max()
+                .unwrap_or(0);
+            out.push(line(
+                "kept self-attention outputs on the device (2 blocks)",
+                2 * largest,
+                Placement::Device,
+            ));
+            if saved_at == Placement::Host {
+                let (slots, chunk) = (
+                    framesmith_nn::offload::ACTIVATION_RING_SLOTS as u64,
+                    framesmith_nn::offload::ACTIVATION_RING_CHUNK_BYTES as u64,
+                );
+                out.push(line(
+                    format!(
+                        "pinned ring for kept attention ({slots} × {})",
+                        format_gib(chunk)
+                    ),
+                    slots * chunk,
+                    Placement::HostPinned,
+                ));
+            }
+        }
     }
     out
 }

@@ -819,6 +819,42 @@ fn kept_attention_costs_an_output_and_lse_per_block() {
     assert_eq!(with - without, 40 * per_block);
 }
 
+/// With the saved inputs in RAM, the kept attention goes there too: two blocks' worth stay on the card (the one
+/// brought back ahead, and the last block's, which never leaves), the rest is page-locked RAM (pageable with
+/// `staged` streaming, plus a ring of its own).
+#[test]
+fn kept_attention_waits_in_ram_with_the_saved_inputs() {
+    let per_block = 32_760 * 5120 * 2 + 32_760 * 40 * 4;
+    let mut i = fp8_14b();
+    i.streaming.mode = StreamingMode::Pinned;
+    i.streaming.blocks_to_swap = BlocksToSwap::Count(20);
+    i.streaming.activations = ActivationPlacement::Host;
+    let blocks = plan(&i).unwrap();
+    i.checkpointing = Checkpointing::Attention;
+    let attention = plan(&i).unwrap();
+    assert_eq!(
+        attention.peak_vram_bytes - blocks.peak_vram_bytes,
+        2 * per_block
+    );
+    assert_eq!(
+        attention.pinned_ram_bytes - blocks.pinned_ram_bytes,
+        40 * per_block
+    );
+    i.streaming.mode = StreamingMode::Staged;
+    let staged = plan(&i).unwrap();
+    i.checkpointing = Checkpointing::Blocks;
+    let staged_blocks = plan(&i).unwrap();
+    let ring = 4 * (8 << 20);
+    assert_eq!(
+        staged.pinned_ram_bytes - staged_blocks.pinned_ram_bytes,
+        ring
+    );
+    assert_eq!(
+        staged.peak_ram_bytes - staged_blocks.peak_ram_bytes,
+        40 * per_block + ring
+    );
+}
+
 /// Both Wan2.2 A14B experts: the parked one adds its embeddings, head and GPU slots to the device (and in `split`
 /// its LoRA with AdamW moments), its blocks to the RAM; `auto` streams enough blocks for both to fit.
 #[test]

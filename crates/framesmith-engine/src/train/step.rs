@@ -9,7 +9,7 @@ use candle_core::{backprop::GradStore, DType, Result, Tensor, TensorId, Var};
 
 use framesmith_models::trainable::{ParamGrad, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_models::wan::{WanInputs, WanModel};
-use framesmith_nn::offload::{OutOfMemory, SavedInputs, SavedPlacement};
+use framesmith_nn::offload::{KeptValues, OutOfMemory, SavedInputs, SavedPlacement};
 
 /// Why a step gave no result: what the trainer branches on. candle's other errors ride in `Candle`.
 #[derive(Debug, thiserror::Error)]
@@ -188,6 +188,7 @@ pub struct StepOptions<'a> {
     /// forward pass, so the backward's recompute skips the self-attention kernel (about a fifth of a block's
     /// recompute at 32k tokens). Costs `b · seq · dim` compute-dtype values plus `b · heads · seq` f32 per block:
     /// 96 MiB per block, 2.8 GiB in all for Wan2.1-1.3B at 480×832×81 (14B: 320 MiB per block, 12.5 GiB).
+    /// They wait where `saved_inputs` says, as the saved inputs do.
     pub keep_attention: bool,
     /// No checkpointing (manual backward only): keep every block's whole tape from the forward, so the backward
     /// recomputes nothing. Costs all of every block's intermediates until its backward (tens of GiB at 32k
@@ -233,7 +234,8 @@ pub fn try_checkpointed_step<M: TrainableModel>(
     let manual = options.backward == BlockBackward::Manual;
     let keep = options.keep_attention && manual;
     let mut saved = SavedInputs::new(model.device(), options.saved_inputs)?;
-    let mut kept = Vec::new();
+    // Kept attention waits where the saved inputs do (in RAM, a block's output comes back a block ahead).
+    let mut kept = KeptValues::new(model.device(), options.saved_inputs)?;
     let mut tapes = Vec::new();
     let mut xs = head_inputs.block_input().clone();
     for i in 0..n {
@@ -248,7 +250,7 @@ pub fn try_checkpointed_step<M: TrainableModel>(
         saved.push(xs.clone())?;
         let (next, attention) = model.block(i)?.forward_untracked(&xs, shared)?;
         if keep {
-            kept.push(attention);
+            kept.push(attention)?;
         }
         xs = next;
     }
@@ -288,7 +290,7 @@ pub fn try_checkpointed_step<M: TrainableModel>(
         let input = saved.pop()?;
         grad = match options.backward {
             BlockBackward::Manual => {
-                let tape = block.recompute(&input, shared, kept.pop().as_ref())?;
+                let tape = block.recompute(&input, shared, kept.pop()?.as_ref())?;
                 let grads = block.backward(tape, &grad)?;
                 accumulate_params(&mut acc, &slots, &grads.params)?;
                 grads.input
@@ -480,6 +482,38 @@ mod tests {
             assert_eq!(ci.len(), 2);
             for (a, b) in ci.iter().zip(&fi) {
                 assert!(rel(a, b)? <= 1e-5, "{backward:?}: input gradient differs");
+            }
+        }
+        Ok(())
+    }
+
+    #[test]
+    fn kept_attention_in_ram_gives_the_step_of_kept_attention_on_the_device() -> Result<()> {
+        let (model, vars) = tiny_model_with_loras(3)?;
+        let (inputs, targets) = batch(&model)?;
+        let target = LossTarget {
+            targets: &targets,
+            weights: None,
+            skip_frames: 0,
+        };
+        let step = |saved_inputs| {
+            let options = StepOptions {
+                keep_attention: true,
+                saved_inputs,
+                ..Default::default()
+            };
+            checkpointed_step(&model, &inputs, &target, &vars, &options)
+        };
+        let on_device = step(SavedPlacement::Device)?;
+        for placement in [SavedPlacement::PageLocked, SavedPlacement::Pageable] {
+            let in_ram = step(placement)?;
+            assert_eq!(in_ram.loss, on_device.loss, "{placement:?}");
+            for (a, b) in in_ram.grads.iter().zip(&on_device.grads) {
+                assert_eq!(
+                    a.flatten_all()?.to_vec1::<f32>()?,
+                    b.flatten_all()?.to_vec1::<f32>()?,
+                    "{placement:?}: a block recomputed with another block's attention"
+                );
             }
         }
         Ok(())

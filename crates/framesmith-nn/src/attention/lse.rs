@@ -76,6 +76,22 @@ impl KeptAttention {
     }
 }
 
+impl crate::offload::Stashable for KeptAttention {
+    fn into_tensors(self) -> Vec<Tensor> {
+        vec![self.out, self.lse]
+    }
+
+    fn from_tensors(tensors: Vec<Tensor>) -> Result<Self> {
+        match <[Tensor; 2]>::try_from(tensors) {
+            Ok([out, lse]) => Ok(Self { out, lse }),
+            Err(other) => candle_core::bail!(
+                "a kept attention is an output and a log-sum-exp, not {} tensors",
+                other.len()
+            ),
+        }
+    }
+}
+
 impl AttentionTape {
     /// A tape from an output and LSE computed earlier by [`attention_forward`] on the same `q`, `k`, `v` (the
     /// backward of a recomputed block that kept its attention from the first forward).

@@ -126,6 +126,72 @@ impl SavedInputs {
     }
 }
 
+/// What a block keeps from its forward for its recompute (selective checkpointing's attention output and
+/// log-sum-exp), as plain tensors that can wait in host RAM like the saved inputs.
+pub trait Stashable: Sized {
+    /// The tensors, largest first (the largest is the one brought back a block ahead).
+    fn into_tensors(self) -> Vec<Tensor>;
+    /// The value again from [`Stashable::into_tensors`]'s tensors, in that order.
+    fn from_tensors(tensors: Vec<Tensor>) -> Result<Self>;
+}
+
+/// Every block's kept value, in forward order, taken back in reverse: as they are on the device, or in host RAM
+/// through a [`SavedInputs`] of their own (moved asynchronously on CUDA, the largest tensor of the block before
+/// brought back while a block's backward runs).
+pub enum KeptValues<K> {
+    /// On the model's device.
+    Device(Vec<K>),
+    /// In host RAM; `counts` is how many tensors each block's value has.
+    Host {
+        stash: SavedInputs,
+        counts: Vec<usize>,
+    },
+}
+
+impl<K: Stashable> KeptValues<K> {
+    /// Kept values for a model on `device`, waiting where `placement` says.
+    pub fn new(device: &Device, placement: SavedPlacement) -> Result<Self> {
+        Ok(if placement.is_host() {
+            Self::Host {
+                stash: SavedInputs::new(device, placement)?,
+                counts: Vec::new(),
+            }
+        } else {
+            Self::Device(Vec::new())
+        })
+    }
+
+    /// Keeps the next block's value.
+    pub fn push(&mut self, value: K) -> Result<()> {
+        match self {
+            Self::Device(values) => values.push(value),
+            Self::Host { stash, counts } => {
+                let tensors = value.into_tensors();
+                counts.push(tensors.len());
+                // Pushed last to first, so that they come back first to last, the largest first.
+                for t in tensors.into_iter().rev() {
+                    stash.push(t)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The latest value not yet taken (`None` when every value has been taken), on the model's device.
+    pub fn pop(&mut self) -> Result<Option<K>> {
+        match self {
+            Self::Device(values) => Ok(values.pop()),
+            Self::Host { stash, counts } => {
+                let Some(n) = counts.pop() else {
+                    return Ok(None);
+                };
+                let tensors = (0..n).map(|_| stash.pop()).collect::<Result<Vec<_>>>()?;
+                K::from_tensors(tensors).map(Some)
+            }
+        }
+    }
+}
+
 /// Frees the host buffers that host activations keep between steps (a no-op without CUDA). They are kept so that
 /// a steady run allocates no host memory; call this when a run ends.
 pub fn release_host_activation_buffers() {
@@ -178,5 +244,52 @@ mod placement_tests {
         );
         assert!(!SavedPlacement::Device.is_host());
         assert!(SavedPlacement::Pageable.is_host());
+    }
+
+    /// Three tensors per value, so that an order mistake between or within values shows.
+    struct Three(Vec<Tensor>);
+
+    impl Stashable for Three {
+        fn into_tensors(self) -> Vec<Tensor> {
+            self.0
+        }
+        fn from_tensors(tensors: Vec<Tensor>) -> Result<Self> {
+            Ok(Self(tensors))
+        }
+    }
+
+    #[test]
+    fn kept_values_come_back_in_reverse_block_order_each_in_its_own_order() -> Result<()> {
+        let dev = Device::Cpu;
+        let value = |block: f32| -> Result<Three> {
+            Ok(Three(
+                (0..3)
+                    .map(|k| Tensor::full(block * 10.0 + k as f32, (2, 1 + k), &dev))
+                    .collect::<Result<_>>()?,
+            ))
+        };
+        for placement in [
+            SavedPlacement::Device,
+            SavedPlacement::PageLocked,
+            SavedPlacement::Pageable,
+        ] {
+            let mut kept = KeptValues::new(&dev, placement)?;
+            for block in 0..4 {
+                kept.push(value(block as f32)?)?;
+            }
+            for block in (0..4).rev() {
+                let Some(Three(tensors)) = kept.pop()? else {
+                    panic!("{placement:?}: block {block} missing");
+                };
+                let firsts = tensors
+                    .iter()
+                    .map(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?[0]))
+                    .collect::<Result<Vec<_>>>()?;
+                let want: Vec<f32> = (0..3).map(|k| block as f32 * 10.0 + k as f32).collect();
+                assert_eq!(firsts, want, "{placement:?}");
+            }
+            assert!(kept.pop()?.is_none(), "{placement:?}: nothing is left");
+        }
+        Ok(())
     }
 }
