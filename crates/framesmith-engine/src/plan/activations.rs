@@ -111,19 +111,7 @@ pub(super) fn kept_lines(
             Placement::Device,
         ));
         if saved_at == Placement::Host {
-            // Pageable saved inputs move through a small page-locked ring of their own.
-            let (slots, chunk) = (
-                framesmith_nn::offload::ACTIVATION_RING_SLOTS as u64,
-                framesmith_nn::offload::ACTIVATION_RING_CHUNK_BYTES as u64,
-            );
-            out.push(line(
-                format!(
-                    "pinned ring for saved inputs ({slots} × {})",
-                    format_gib(chunk)
-                ),
-                slots * chunk,
-                Placement::HostPinned,
-            ));
+            out.push(pageable_ring_line("saved inputs"));
         }
     }
     if checkpointing == Checkpointing::Attention {
@@ -151,22 +139,24 @@ pub(super) fn kept_lines(
                 Placement::Device,
             ));
             if saved_at == Placement::Host {
-                let (slots, chunk) = (
-                    framesmith_nn::offload::ACTIVATION_RING_SLOTS as u64,
-                    framesmith_nn::offload::ACTIVATION_RING_CHUNK_BYTES as u64,
-                );
-                out.push(line(
-                    format!(
-                        "pinned ring for kept attention ({slots} × {})",
-                        format_gib(chunk)
-                    ),
-                    slots * chunk,
-                    Placement::HostPinned,
-                ));
+                out.push(pageable_ring_line("kept attention"));
             }
         }
     }
     out
+}
+
+/// The small page-locked ring that pageable activations of one kind (`what`) move through.
+fn pageable_ring_line(what: &str) -> PlanLine {
+    let (slots, chunk) = (
+        framesmith_nn::offload::ACTIVATION_RING_SLOTS as u64,
+        framesmith_nn::offload::ACTIVATION_RING_CHUNK_BYTES as u64,
+    );
+    line(
+        format!("pinned ring for {what} ({slots} × {})", format_gib(chunk)),
+        slots * chunk,
+        Placement::HostPinned,
+    )
 }
 
 #[cfg(test)]
