@@ -21,8 +21,7 @@ MODE="auto" VAE_FILE="wan_2.1_vae.safetensors"
 mkdir -p "$LOG" "$WORK"
 export PATH="$BIN:$PATH"
 source "$(dirname "$0")/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 START=$(date +%s%N)
 step() { echo "== $* ==" | stamp | tee -a "$LOG/e2e.log"; }
 timed() { # name, command...: runs under /usr/bin/time -v into $LOG/name.log

@@ -40,24 +40,13 @@ TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-8}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
 source "$HERE/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 START=$(date +%s%N)
 mkdir -p "$OUT" "$WORK"
 LOG="$OUT/flux.log"
 SUMMARY="$OUT/summary.txt"
-note() { echo "== $* ==" | stamp | tee -a "$LOG"; }
-timed() { # dir name command...: runs under /usr/bin/time -v into dir/name.log; prints its summary lines
-    local dir="$1" name="$2"; shift 2
-    mkdir -p "$dir"
-    note "$name: $*"
-    /usr/bin/time -v "$@" 2>&1 | stamp > "$dir/$name.log"
-    local rc=${PIPESTATUS[0]}
-    grep -E "step [0-9]+.*loss|LoRA:|VRAM: peak|stream|plan|sample|FLUX_STEP|Error|error|Elapsed \(wall|Maximum resident" \
-        "$dir/$name.log" | tail -16 | sed "s/^/   $name: /" | tee -a "$LOG"
-    echo "   $name: exit $rc" | tee -a "$LOG"
-    return "$rc"
-}
+TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM: peak|stream|plan|sample|FLUX_STEP|Error|error|Elapsed \(wall|Maximum resident"
+TIMED_LINES=16
 synth() { # dir dtype
     local dir="$1" dtype="$2" file
     case "$dtype" in bf16) file=flux1-dev.safetensors ;; fp8-scaled) file=flux1-dev-fp8-scaled.safetensors ;; esac

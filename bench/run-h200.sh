@@ -10,8 +10,7 @@ mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 # The CUDA libraries on that machine belong to PyTorch's venv.
 source "$(dirname "$0")/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 REF="$HERE/reference"
 run() { echo "+ $*" | tee -a "$LOG/commands.log"; timeout 150 "$@"; }
 

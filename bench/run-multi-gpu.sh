@@ -18,12 +18,11 @@ STEPS="${STEPS:-8}" KILL_AFTER="${KILL_AFTER:-4}" RANK_TIMEOUT="${RANK_TIMEOUT:-
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export PATH="$BIN:$PATH"
 source "$HERE/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH NCCL_NVLS_ENABLE=0
+use_nvidia_libs
+export NCCL_NVLS_ENABLE=0
 START=$(date +%s%N)
 mkdir -p "$OUT" "$WORK"
 LOG="$OUT/multi-gpu.log"
-note() { echo "== $* ==" | stamp | tee -a "$LOG"; }
 GPUS="$(seq -s, 0 $((N - 1)))"
 nvidia-smi --query-gpu=index,name,driver_version,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
 nvidia-smi topo -m > "$OUT/topo.txt" 2>&1

@@ -12,8 +12,7 @@ PROJ="${8:-/tmp/framesmith-product-$VARIANT-$FORMAT}"
 TAG="$VARIANT-$FORMAT-${BUDGET}g-$PRESET"
 mkdir -p "$LOG"
 source "$(dirname "$0")/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 
 if [[ ! -f "$PROJ/run.toml" ]]; then
     t0=$(date +%s)

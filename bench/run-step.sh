@@ -12,8 +12,7 @@ LOG="${2:-${OUT:-/tmp/framesmith-bench}}"
 mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1
 source "$(dirname "$0")/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 REF="$HERE/reference"
 SHAPE=(--frames 81 --height 480 --width 832 --rank 32)
 run() { local t=$1; shift; echo "+ $*" | tee -a "$LOG/commands.log"; timeout "$t" "$@"; }

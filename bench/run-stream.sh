@@ -9,8 +9,7 @@ BIN="${1:-devbin/framesmith-bench}"
 LOG="${2:-${OUT:-/tmp/framesmith-bench}}"
 mkdir -p "$LOG"
 source "$(dirname "$0")/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 run() { local t=$1; shift; echo "+ $*" | tee -a "$LOG/commands.log"; timeout "$t" "$@"; }
 F8=(--variant t2v-14b --fp8 block64 --rank 32)
 

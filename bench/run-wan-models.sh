@@ -33,23 +33,11 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 SPIECE="$HERE/../crates/framesmith-models/testdata/spiece_tiny/tiny_unigram.model"
 export PATH="$BIN:$PATH"
 source "$HERE/device-env.sh"
-LD_LIBRARY_PATH="$(nvidia_libs):${LD_LIBRARY_PATH:-}"
-export LD_LIBRARY_PATH
+use_nvidia_libs
 START=$(date +%s%N)
 mkdir -p "$OUT" "$WORK"
 LOG="$OUT/models.log"
-note() { echo "== $* ==" | stamp | tee -a "$LOG"; }
-timed() { # dir name command...: runs under /usr/bin/time -v into dir/name.log; prints its summary lines
-    local dir="$1" name="$2"; shift 2
-    mkdir -p "$dir"
-    note "$name: $*"
-    /usr/bin/time -v "$@" 2>&1 | stamp > "$dir/$name.log"
-    local rc=${PIPESTATUS[0]}
-    grep -E "step [0-9]+.*loss|VRAM: peak|denoised in|streamed|Error|error|Elapsed \(wall|Maximum resident" \
-        "$dir/$name.log" | tail -14 | sed "s/^/   $name: /" | tee -a "$LOG"
-    echo "   $name: exit $rc" | tee -a "$LOG"
-    return "$rc"
-}
+TIMED_PATTERN="step [0-9]+.*loss|VRAM: peak|denoised in|streamed|Error|error|Elapsed \(wall|Maximum resident"
 synth() { # dir variant dtype frames height width [extra...]
     local dir="$1" variant="$2" dtype="$3" f="$4" h="$5" w="$6"; shift 6
     [[ -f "$dir/dit.safetensors" ]] && return 0
