@@ -130,6 +130,10 @@ pub struct PlanReport {
     /// A CPU run: every line is in RAM and the verdict is against the machine's RAM.
     #[serde(default)]
     pub on_cpu: bool,
+    /// The GPU has less free memory now than the plan's peak under its explicit budget (other processes hold
+    /// it): what to do, in words. Also among `notes`; a run logs it as a warning.
+    #[serde(default)]
+    pub busy_gpu: Option<String>,
     /// Processes of the run on this machine (one per GPU): the plan is each one's, against its own GPU, and
     /// their RAM adds up ([`PlanReport::machine_ram_bytes`]).
     #[serde(default = "one_rank")]

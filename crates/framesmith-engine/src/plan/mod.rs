@@ -545,12 +545,33 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         suggestions,
         notes,
         on_cpu: input.on_cpu,
+        busy_gpu: busy_gpu_note(input, peak_vram),
         ranks_on_machine: input.ranks_on_machine.max(1),
     };
     let ram = report.ram_pressure();
     report.notes.extend(ram);
     report.notes.extend(pinned_notes(input, pinned));
+    report.notes.extend(report.busy_gpu.clone());
     Ok(report)
+}
+
+/// A budget (`memory.vram_budget_gb`) the card cannot give now: other processes hold so much of it that the
+/// planned peak is above what is free. Says how much is free and what to do.
+fn busy_gpu_note(input: &PlanInput, peak_vram: u64) -> Option<String> {
+    let (Some(budget), Some(free)) = (input.vram_budget_bytes, input.free_vram_bytes) else {
+        return None;
+    };
+    let usable = default_budget(free).unwrap_or(0);
+    if input.on_cpu || peak_vram <= usable {
+        return None;
+    }
+    Some(format!(
+        "the GPU has only {} free now (other processes hold the rest), so this run's {} peak may not get the {}          budget it plans for: close what uses the GPU, pick another GPU, or lower memory.vram_budget_gb to {}",
+        format_gib(free),
+        format_gib(peak_vram),
+        format_gib(budget),
+        format_gib(usable)
+    ))
 }
 
 /// Windows' cap on page-locked memory, against the page-locked RAM of every rank on this machine (each rank's

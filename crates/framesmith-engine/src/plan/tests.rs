@@ -953,3 +953,27 @@ fn presets_fit_both_a14b_experts_in_24_gib() {
         );
     }
 }
+
+/// A budget the card cannot give now (other processes hold most of it) is said, with what is free and what to do;
+/// a card with room, or a run without an explicit budget (planned against the free memory), says nothing.
+#[test]
+fn a_gpu_other_processes_hold_is_named_in_the_plan() {
+    let mut i = fp8_14b();
+    i.streaming.mode = StreamingMode::Pinned;
+    i.streaming.blocks_to_swap = BlocksToSwap::Count(20);
+    i.streaming.activations = ActivationPlacement::Host;
+    i.vram_budget_bytes = Some(24 * GIB);
+    i.free_vram_bytes = Some(10 * GIB);
+    let busy = plan(&i).unwrap();
+    let note = busy.busy_gpu.clone().expect("a busy GPU is named");
+    assert!(
+        note.contains("10.00 GiB free") && note.contains("vram_budget_gb"),
+        "{note}"
+    );
+    assert!(busy.notes.contains(&note));
+    i.free_vram_bytes = Some(80 * GIB);
+    assert_eq!(plan(&i).unwrap().busy_gpu, None);
+    i.vram_budget_bytes = None;
+    i.free_vram_bytes = Some(10 * GIB);
+    assert_eq!(plan(&i).unwrap().busy_gpu, None);
+}

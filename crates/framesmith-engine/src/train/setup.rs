@@ -275,6 +275,9 @@ pub(super) fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String
     if let Some(warning) = report.ram_pressure() {
         log(LogLevel::Warn, format!("memory plan: {warning}"));
     }
+    if let Some(busy) = &report.busy_gpu {
+        log(LogLevel::Warn, format!("memory plan: {busy}"));
+    }
 }
 
 /// Device memory held back beyond `memory.vram_budget_gb` until dropped, and how much.
