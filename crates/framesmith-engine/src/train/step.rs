@@ -234,8 +234,14 @@ pub fn try_checkpointed_step<M: TrainableModel>(
     let manual = options.backward == BlockBackward::Manual;
     let keep = options.keep_attention && manual;
     let mut saved = SavedInputs::new(model.device(), options.saved_inputs)?;
-    // Kept attention waits where the saved inputs do (in RAM, a block's output comes back a block ahead).
-    let mut kept = KeptValues::new(model.device(), options.saved_inputs)?;
+    // Kept attention waits where the saved inputs do (in RAM, a block's output comes back a block ahead); a step
+    // that keeps none makes no stash for it.
+    let kept_at = if keep {
+        options.saved_inputs
+    } else {
+        SavedPlacement::Device
+    };
+    let mut kept = KeptValues::new(model.device(), kept_at)?;
     let mut tapes = Vec::new();
     let mut xs = head_inputs.block_input().clone();
     for i in 0..n {
