@@ -30,6 +30,7 @@ fn presets_list_and_show() {
         "e7adb86-compatible",
         "low-vram-windows",
         "balanced-24gb",
+        "fast-24gb",
         "full-speed-80gb",
         "demo-cpu",
         "flux-dev-24gb",

@@ -25,6 +25,7 @@ const BUILTIN: &[(&str, &str)] = &[
         "balanced-24gb",
         include_str!("../../../presets/balanced-24gb.toml"),
     ),
+    ("fast-24gb", include_str!("../../../presets/fast-24gb.toml")),
     (
         "full-speed-80gb",
         include_str!("../../../presets/full-speed-80gb.toml"),
@@ -354,7 +355,7 @@ mod tests {
     #[test]
     fn every_builtin_parses_explains_itself_and_sets_no_paths() {
         let presets = builtins().unwrap();
-        assert_eq!(presets.len(), 7);
+        assert_eq!(presets.len(), 8);
         for p in &presets {
             assert!(!p.title.is_empty() && !p.summary.is_empty(), "{}", p.name);
             let settings = p.settings();

@@ -672,6 +672,18 @@ fn presets_plan_as_issue_7_wires_them() {
     );
     assert_eq!(balanced.verdict, Verdict::Fits, "{balanced}");
     assert!(balanced.blocks_chosen && balanced.streamed_blocks > 0);
+    // fast-24gb: the same on 24 GB, the kept attention page-locked beside the saved inputs (a block or two more
+    // streamed for the two blocks' worth on the card).
+    let fast = planned("fast-24gb", 24.0);
+    assert_eq!(fast.verdict, Verdict::Fits, "{fast}");
+    assert!(fast.streamed_blocks > balanced.streamed_blocks);
+    let kept = fast
+        .breakdown
+        .iter()
+        .find(|l| l.label.starts_with("kept self-attention outputs ("))
+        .expect("kept attention");
+    assert_eq!(kept.placement, Placement::HostPinned);
+    assert!(fast.pinned_ram_bytes > balanced.pinned_ram_bytes + kept.bytes);
     let full = planned("full-speed-80gb", 80.0);
     assert_eq!((full.streamed_blocks, full.pinned_ram_bytes), (0, 0));
     assert!(full.model.contains("bf16"));
@@ -923,6 +935,7 @@ fn presets_fit_both_a14b_experts_in_24_gib() {
     for (preset, variant) in [
         ("low-vram-windows", "i2v-a14b"),
         ("balanced-24gb", "t2v-a14b"),
+        ("fast-24gb", "t2v-a14b"),
     ] {
         let mut base = RunConfig::default();
         base.model.variant = variant.into();
