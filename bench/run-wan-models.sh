@@ -7,6 +7,9 @@
 #   i2v-14b      Wan2.1 I2V-14B, 480x832x81, FP8 block-64 base: resident, then `--preset balanced-24gb
 #                --vram-budget-gb 24` (blocks streamed as the planner chooses)
 #   ti2v-5b      Wan2.2 TI2V-5B at its native 704x1280x121, bf16 base, resident
+#   t2v-14b-24   Wan2.1 T2V-14B, 480x832x81, FP8 block-64, within `--vram-budget-gb 24` under `--preset
+#                balanced-24gb` (per-block checkpointing) and `--preset fast-24gb` (the kept attention in RAM),
+#                after PyTorch's eager resident bf16 step of the same model (bench/reference/step.py)
 #   a14b-joint   Wan2.2 T2V-A14B, 480x832x81, both experts (`model.experts = "joint"`) under `--preset balanced-24gb
 #                --vram-budget-gb 24`, then the high-noise expert alone under the same preset and budget
 #   a14b-2gpu   Wan2.2 T2V-A14B, 480x832x81, both experts (`model.experts` = A14B_MODE, default joint), FP8
@@ -113,6 +116,22 @@ for case in "$@"; do
         timed "$D" train framesmith train --config "$P/resident.toml"
         keep_outputs "$P" "$D"
         rm -rf "$P"
+        ;;
+    t2v-14b-24)
+        P="$WORK/t2v-14b"
+        note "torch-14b: bench/reference/step.py --variant t2v-14b (eager, bf16, resident)"
+        timeout "${TORCH_TIMEOUT:-200}" python3 "$HERE/reference/step.py" --variant t2v-14b --frames 81 --height 480 \
+            --width 832 --rank 32 --warmup 1 --iters 2 2>&1 | stamp > "$D/torch-14b.log"
+        grep -E "BENCH|Error|error" "$D/torch-14b.log" | sed "s/^/   torch-14b: /" | tee -a "$LOG"
+        synth "$P" t2v-14b fp8-scaled 81 480 832 || { kill $SMI; continue; }
+        fp8_config "$P" "$P/resident.toml" "$STEPS"
+        budget_config "$P/resident.toml" "$P/budget.toml"
+        for preset in balanced-24gb fast-24gb; do
+            timed "$D" "plan-$preset" framesmith plan --config "$P/budget.toml" --preset "$preset" --vram-budget-gb 24
+            timed "$D" "train-$preset" framesmith train --config "$P/budget.toml" --preset "$preset" \
+                --vram-budget-gb 24
+            mkdir -p "$D/$preset"; keep_outputs "$P" "$D/$preset"
+        done
         ;;
     a14b-joint)
         P="$WORK/t2v-a14b" L="$WORK/t2v-a14b-low"
