@@ -30,7 +30,6 @@ use crate::train::trainer::{mix, step_output, Trainer};
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::LogLevel;
-use framesmith_config::run::{BlocksToSwap, StreamingMode};
 use framesmith_config::RunPlan;
 use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
@@ -116,21 +115,12 @@ fn flux_streaming(
     memory: Option<&Result<PlanReport, String>>,
 ) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
     let blocks = cfg.depth + cfg.depth_single_blocks;
-    if let BlocksToSwap::Count(n) = plan.memory.blocks_to_swap {
-        let streams =
-            plan.memory.streaming != StreamingMode::Off && plan.memory.applies && device.is_cuda();
-        if n >= blocks && streams {
-            anyhow::bail!(
-                "memory.blocks_to_swap = {n}, but FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream): \
-                 stream at most {}, or \"auto\"",
-                cfg.depth,
-                cfg.depth_single_blocks,
-                blocks - 1
-            );
-        }
-    }
+    let model = format!(
+        "FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream)",
+        cfg.depth, cfg.depth_single_blocks
+    );
     Ok(
-        streamed_count(plan, device, memory)?.map(|(count, offload)| {
+        streamed_count(plan, device, memory, blocks, &model)?.map(|(count, offload)| {
             (
                 memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
                 offload,

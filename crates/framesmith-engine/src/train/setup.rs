@@ -178,8 +178,9 @@ fn streaming_for(
     device: &Device,
     memory: Option<&MemoryReport>,
 ) -> anyhow::Result<Streaming> {
+    let model = format!("this Wan model has {} blocks", cfg.num_layers);
     Ok(
-        streamed_count(plan, device, memory)?.map(|(count, offload)| {
+        streamed_count(plan, device, memory, cfg.num_layers, &model)?.map(|(count, offload)| {
             (
                 streamed_blocks(cfg.num_layers, count, Placement::Spread),
                 offload,
@@ -188,12 +189,15 @@ fn streaming_for(
     )
 }
 
-/// How many blocks a run streams (`memory.blocks_to_swap`, the memory plan's count for `"auto"`) and the ring
-/// settings, for any model; `None` when nothing streams (streaming off, a CPU run, or a count of 0).
+/// How many of a model's `blocks` a run streams (`memory.blocks_to_swap`, the memory plan's count for `"auto"`)
+/// and the ring settings, for any model; `None` when nothing streams (streaming off, a CPU run, or a count of 0).
+/// A count that leaves no block resident is refused, the error saying what `model` has ("FLUX.1 has 57 blocks").
 pub(super) fn streamed_count(
     plan: &RunPlan,
     device: &Device,
     memory: Option<&MemoryReport>,
+    blocks: usize,
+    model: &str,
 ) -> anyhow::Result<Option<(usize, OffloadOptions)>> {
     let mode = match plan.memory.streaming {
         StreamingMode::Off => return Ok(None),
@@ -204,6 +208,10 @@ pub(super) fn streamed_count(
         return Ok(None);
     }
     let count = match plan.memory.blocks_to_swap {
+        BlocksToSwap::Count(n) if n >= blocks => anyhow::bail!(
+            "memory.blocks_to_swap = {n}, but {model}: stream at most {}, or \"auto\"",
+            blocks.saturating_sub(1)
+        ),
         BlocksToSwap::Count(n) => n,
         BlocksToSwap::Auto(_) => match memory {
             Some(Ok(report)) => report.streamed_blocks,
