@@ -197,20 +197,24 @@ fn check_device(c: &mut Checker, spec: DeviceSpec, host: &HostInfo) -> PlanDevic
         }
         DeviceSpec::Cuda(n) if n < host.cuda_devices => PlanDevice::Cuda(n),
         DeviceSpec::Cuda(n) => {
-            let have = match host.cuda_devices {
-                0 => "no CUDA device is available (or this build has no CUDA support)".to_string(),
-                k => format!(
-                    "this machine has {k} CUDA device{}",
-                    if k == 1 { "" } else { "s" }
-                ),
-            };
             c.problem(
                 "training.device",
-                format!("cuda:{n} is not available: {have}"),
+                format!("cuda:{n} is not available: {}", cuda_devices_here(host)),
                 "set training.device = \"auto\", \"cpu\" or an existing \"cuda:N\"",
             );
             PlanDevice::Cpu
         }
+    }
+}
+
+/// What CUDA devices this machine has, for a device that is not there.
+fn cuda_devices_here(host: &HostInfo) -> String {
+    match host.cuda_devices {
+        0 => "no CUDA device is available (or this build has no CUDA support)".to_string(),
+        k => format!(
+            "this machine has {k} CUDA device{}",
+            if k == 1 { "" } else { "s" }
+        ),
     }
 }
 
@@ -342,10 +346,7 @@ fn check_low_noise_device(
         Ok(DeviceSpec::Cuda(n)) => {
             c.problem(
                 KEY,
-                format!(
-                    "cuda:{n} is not available: this machine has {} CUDA device(s)",
-                    host.cuda_devices
-                ),
+                format!("cuda:{n} is not available: {}", cuda_devices_here(host)),
                 FIX,
             );
             return None;
