@@ -364,13 +364,13 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     })
 }
 
-/// A copy of `t` on `device` that shares no storage with it (`to_device` shares it on the same device),
-/// finished before it returns (the source is a LoRA factor the optimizer overwrites next).
+/// A copy of `t` on `device` that shares no storage with it (`to_device` shares it on the same device), read
+/// from `t` before it returns (the source is a LoRA factor the optimizer overwrites next).
 fn copied_to(t: &Tensor, device: &Device) -> Result<Tensor> {
     if t.device().same_device(device) {
         t.copy()
     } else {
-        crate::ops::to_device_finished(t, device)
+        crate::ops::to_device(t, device)
     }
 }
 

@@ -237,13 +237,13 @@ pub fn softmax_last_dim(xs: &Tensor) -> Result<Tensor> {
     candle_nn::ops::softmax_last_dim(xs)
 }
 
-/// `xs` on `device`. Between two GPUs the tensor goes through host memory: candle's direct copy (cudarc's
-/// `memcpy_peer_async` on the receiving GPU's stream) gave wrong values on the GPU test machine (a LoRA factor of
-/// zeros copied from one H200 to another read back as values up to 1e23, while other tensors arrived intact:
-/// `bench/RESULTS.md`, session 19), so both hops are copies whose ordering candle guarantees: device to host
-/// waits for the sending GPU's queued work, host to device is ordered on the receiving GPU's stream. On the
-/// device `xs` is already on, `xs` itself (no copy); to or from the host, candle's copy.
-pub fn to_device_finished(xs: &Tensor, device: &candle_core::Device) -> Result<Tensor> {
+/// `xs` on `device`: every move between devices of the engine goes through here. Between two GPUs the tensor
+/// goes through host memory, because candle's direct copy (cudarc's `memcpy_peer_async` on the receiving GPU's
+/// stream) delivered wrong values on the GPU test machine (`bench/RESULTS.md`, the one-expert-per-GPU entry);
+/// both hops are copies whose ordering candle guarantees: device to host waits for the sending GPU's queued
+/// work, host to device is ordered on the receiving GPU's stream. On the device `xs` is already on, `xs` itself
+/// (no copy); to or from the host, candle's copy.
+pub fn to_device(xs: &Tensor, device: &candle_core::Device) -> Result<Tensor> {
     let from = xs.device();
     if from.is_cuda() && device.is_cuda() && !from.same_device(device) {
         return xs.to_device(&candle_core::Device::Cpu)?.to_device(device);
@@ -251,9 +251,9 @@ pub fn to_device_finished(xs: &Tensor, device: &candle_core::Device) -> Result<T
     xs.to_device(device)
 }
 
-/// [`to_device_finished`] for several tensors.
-pub fn all_to_device_finished(xs: &[Tensor], device: &candle_core::Device) -> Result<Vec<Tensor>> {
-    xs.iter().map(|t| to_device_finished(t, device)).collect()
+/// [`to_device`] for several tensors.
+pub fn all_to_device(xs: &[Tensor], device: &candle_core::Device) -> Result<Vec<Tensor>> {
+    xs.iter().map(|t| to_device(t, device)).collect()
 }
 
 #[cfg(test)]

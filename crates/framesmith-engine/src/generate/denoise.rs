@@ -310,15 +310,15 @@ impl<'a> Denoising<'a> {
         if self.latents.device().same_device(device) {
             return Ok(());
         }
-        // Between GPUs through host memory (see `framesmith_nn::ops::to_device_finished`).
-        let to = |t: &Tensor| framesmith_nn::ops::to_device_finished(t, device);
+        // Between GPUs through host memory (see `framesmith_nn::ops::to_device`).
+        let to = |t: &Tensor| framesmith_nn::ops::to_device(t, device);
         self.latents = to(&self.latents)?;
         self.context = to(&self.context)?;
         self.negative = self.negative.as_ref().map(to).transpose()?;
         self.y = self
             .y
             .as_ref()
-            .map(|ys| framesmith_nn::ops::all_to_device_finished(ys, device))
+            .map(|ys| framesmith_nn::ops::all_to_device(ys, device))
             .transpose()?;
         self.clip = self.clip.as_ref().map(to).transpose()?;
         self.first = self.first.as_ref().map(to).transpose()?;

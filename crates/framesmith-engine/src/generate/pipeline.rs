@@ -148,7 +148,7 @@ impl VaeDecoder {
     /// RGB frames of normalised latents `[C, F, H, W]`: decoded, clamped to [−1, 1], scaled to 0..255.
     pub fn decode(&self, latents: &Tensor) -> anyhow::Result<Vec<RgbFrame>> {
         // The low-noise expert of a pair on its own GPU leaves the latents there.
-        let z = framesmith_nn::ops::to_device_finished(latents, self.stats.mean.device())?
+        let z = framesmith_nn::ops::to_device(latents, self.stats.mean.device())?
             .unsqueeze(0)?
             .to_dtype(self.dtype)?;
         let video = match &self.tiles {

@@ -157,7 +157,7 @@ impl Trainer {
         let device = self.expert(high)?.device();
         Ok(crate::train::trainer::FlowBatch {
             inputs: batch.inputs.to_device(device)?,
-            targets: framesmith_nn::ops::all_to_device_finished(&batch.targets, device)?,
+            targets: framesmith_nn::ops::all_to_device(&batch.targets, device)?,
             ..batch
         })
     }
@@ -172,11 +172,7 @@ impl Trainer {
         if high || !mirrored {
             return Ok(grads);
         }
-        // Finished before the second GPU's next micro-step can reuse their memory.
-        Ok(framesmith_nn::ops::all_to_device_finished(
-            &grads,
-            self.device(),
-        )?)
+        Ok(framesmith_nn::ops::all_to_device(&grads, self.device())?)
     }
 
     /// Sets `joint`'s mirror equal to the shared LoRA (after an update or a resume; nothing without a mirror).

@@ -155,7 +155,7 @@ impl Trainer {
             denoising.step(self.expert(high)?).with_context(context)?;
         }
         // A low-noise expert on its own GPU denoised last there: the decoder is on the run's device.
-        Ok(framesmith_nn::ops::to_device_finished(
+        Ok(framesmith_nn::ops::to_device(
             &denoising.into_latents(),
             self.model.device(),
         )?)

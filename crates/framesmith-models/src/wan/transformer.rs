@@ -43,25 +43,25 @@ pub struct WanInputs {
 }
 
 impl WanInputs {
-    /// The same inputs on `device`, copied and finished before it returns (see
-    /// [`framesmith_nn::ops::to_device_finished`]; each tensor already there is shared, not copied): for an
+    /// The same inputs on `device` (through [`framesmith_nn::ops::to_device`]; each tensor already there is
+    /// shared, not copied): for an
     /// expert that lives on another GPU than the one its inputs were made on.
     pub fn to_device(&self, device: &Device) -> Result<WanInputs> {
-        use framesmith_nn::ops::{all_to_device_finished, to_device_finished};
+        use framesmith_nn::ops::{all_to_device, to_device};
         Ok(WanInputs {
-            latents: all_to_device_finished(&self.latents, device)?,
+            latents: all_to_device(&self.latents, device)?,
             timesteps: self.timesteps.clone(),
-            context: all_to_device_finished(&self.context, device)?,
+            context: all_to_device(&self.context, device)?,
             seq_len: self.seq_len,
             clip: self
                 .clip
                 .as_ref()
-                .map(|t| to_device_finished(t, device))
+                .map(|t| to_device(t, device))
                 .transpose()?,
             y: self
                 .y
                 .as_deref()
-                .map(|ys| all_to_device_finished(ys, device))
+                .map(|ys| all_to_device(ys, device))
                 .transpose()?,
         })
     }

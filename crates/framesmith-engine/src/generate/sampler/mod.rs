@@ -36,7 +36,7 @@ pub trait FlowScheduler {
 /// The multistep samplers' kept model outputs moved to `device`.
 fn outputs_to(outputs: &mut [Option<Tensor>], device: &Device) -> Result<()> {
     for out in outputs.iter_mut().flatten() {
-        *out = framesmith_nn::ops::to_device_finished(out, device)?;
+        *out = framesmith_nn::ops::to_device(out, device)?;
     }
     Ok(())
 }

@@ -218,7 +218,7 @@ impl FlowScheduler for FlowUniPcScheduler {
         self.last_sample = self
             .last_sample
             .as_ref()
-            .map(|s| framesmith_nn::ops::to_device_finished(s, device))
+            .map(|s| framesmith_nn::ops::to_device(s, device))
             .transpose()?;
         Ok(())
     }
