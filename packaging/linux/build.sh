@@ -39,7 +39,8 @@ if [[ $CUDA -eq 1 ]]; then
     source packaging/linux/cuda.sh
     cuda_prepare
     NAME="$NAME-cuda"
-    cargo_args+=(--features cudnn)
+    # NCCL is loaded when a run uses several GPUs (not linked): the archive starts without it.
+    cargo_args+=(--features cudnn,nccl)
 fi
 if [[ $BUILD -eq 1 ]]; then
     cargo "${cargo_args[@]}"

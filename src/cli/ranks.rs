@@ -95,6 +95,8 @@ pub fn launch_local(
     own_args: &[OsString],
     events_json: bool,
 ) -> anyhow::Result<ExitCode> {
+    // Said once here, before any rank starts, rather than by every rank.
+    framesmith_nn::collective::several_gpus_supported().map_err(anyhow::Error::msg)?;
     let exe = std::env::current_exe().map_err(|e| {
         anyhow::anyhow!("cannot find the framesmith binary to start the ranks ({e})")
     })?;

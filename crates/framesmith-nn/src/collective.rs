@@ -75,6 +75,21 @@ impl Collective for Solo {
     }
 }
 
+/// Why a build without the `nccl` feature cannot join a run of several processes.
+#[cfg(not(feature = "nccl"))]
+const WITHOUT_NCCL: &str =
+    "this framesmith was built without NCCL, which training on several GPUs needs: build it \
+                            with `--features nccl`, or train on one GPU";
+
+/// Whether this process can take part in a run over several GPUs: `Err` says what to install or build when it
+/// cannot (built without NCCL, or NCCL's library not found or too old). Loads NCCL the first time.
+pub fn several_gpus_supported() -> std::result::Result<(), String> {
+    #[cfg(feature = "nccl")]
+    return nccl::library().map(|_| ());
+    #[cfg(not(feature = "nccl"))]
+    Err(WITHOUT_NCCL.to_string())
+}
+
 /// Joins a run of several processes on `device` (this rank's GPU) through NCCL; a world of one is [`Solo`] and
 /// needs neither NCCL nor a GPU. `grace`: how long a rank may wait in a collective on a rank that is gone before
 /// the [`StuckHandler`] ends it.
@@ -94,10 +109,7 @@ pub fn join_gpu(
         #[cfg(not(feature = "nccl"))]
         candle_core::Device::Cuda(_) => {
             let _ = grace;
-            candle_core::bail!(
-                "this framesmith was built without NCCL, which training on several GPUs needs: build it with \
-                 `--features nccl`, or train on one GPU"
-            )
+            candle_core::bail!("{WITHOUT_NCCL}")
         }
         _ => candle_core::bail!(
             "training on several GPUs needs training.device on CUDA; this run is on {device:?}: train on one \
