@@ -141,25 +141,31 @@ fn run(request: &StartRun, ranks: &Ranks, inbox: &Inbox, events: &Events) {
         let first_step = trainer.step();
         let outcome = train_loop(&mut trainer, inbox, events);
         finish(&mut trainer, first_step, outcome, events)
+        // The trainer ends here, its collective (a rank's NCCL communicator) with it, before the run's end is
+        // reported: a rank process exits on that report, and must not exit while NCCL is still being torn down.
     });
     // Host activations keep their page-locked buffers from step to step, not from run to run.
     framesmith_nn::offload::release_host_activation_buffers();
-    if let Err(err) = result {
-        events.state(RunState::Failed);
-        events.send(Event::Failed {
-            message: format!("{err:#}"),
-        });
+    match result {
+        Ok(ended) => events.state(ended),
+        Err(err) => {
+            events.state(RunState::Failed);
+            events.send(Event::Failed {
+                message: format!("{err:#}"),
+            });
+        }
     }
 }
 
-/// Saves what the run learned and reports how it ended. A run stopped before it completed a step has nothing
-/// new to save, and writes nothing (no untrained LoRA under the run's name).
+/// Saves what the run learned and says how it ended (the state to report once the trainer is gone). A run
+/// stopped before it completed a step has nothing new to save, and writes nothing (no untrained LoRA under the
+/// run's name).
 fn finish(
     trainer: &mut Trainer,
     first_step: usize,
     outcome: anyhow::Result<Outcome>,
     events: &Events,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<RunState> {
     let outcome = match outcome {
         Ok(o) => o,
         Err(err) => {
@@ -183,17 +189,15 @@ fn finish(
                 first_step + 1
             ),
         );
-        events.state(RunState::Stopped);
-        return Ok(());
+        return Ok(RunState::Stopped);
     }
     events.state(RunState::Saving);
     let saved = trainer.save(true)?;
     saved.events().into_iter().for_each(|e| events.send(e));
-    events.state(match outcome {
+    Ok(match outcome {
         Outcome::Finished => RunState::Finished,
         Outcome::Stopped => RunState::Stopped,
-    });
-    Ok(())
+    })
 }
 
 fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::Result<Outcome> {
