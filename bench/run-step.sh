@@ -3,7 +3,8 @@
 # LoRA gradient check, then Wan2.1-1.3B at 480×832×81 (32,760 tokens) ours (manual block backward, then with
 # selective checkpointing --keep-attention, and candle's autograd backward when STEP_AUTOGRAD=1) and PyTorch's,
 # then 14B with FP8 block-64 block linears (ours), and 14B bf16 PyTorch when STEP_TORCH_14B=1; a table of ratios
-# last.
+# last. STEP_ANCHORS=1 adds PyTorch's 1.3B step with the self-attention kept (selective checkpointing), through
+# torch.compile, and both (bench/reference/step.py --checkpointing attention / --compile).
 # Builds nothing. Usage: bench/run-step.sh [path/to/framesmith-bench] [out-dir]
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -31,6 +32,15 @@ if [[ "${STEP_AUTOGRAD:-0}" == 1 ]]; then
         | tee "$LOG/ours-step-1.3b-autograd.log"
 fi
 run 180 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3 2>&1 | tee "$LOG/torch-step-1.3b.log"
+if [[ "${STEP_ANCHORS:-0}" == 1 ]]; then
+    run 180 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --checkpointing attention --warmup 1 --iters 3 \
+        2>&1 | tee "$LOG/torch-step-1.3b-keep.log"
+    # The first calls compile (minutes); two warm-ups leave no recompilation in the timed ones.
+    run 420 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --compile --warmup 2 --iters 3 2>&1 \
+        | tee "$LOG/torch-step-1.3b-compiled.log"
+    run 420 python3 "$REF/step.py" --variant t2v-1.3b "${SHAPE[@]}" --checkpointing attention --compile --warmup 2 \
+        --iters 3 2>&1 | tee "$LOG/torch-step-1.3b-keep-compiled.log"
+fi
 if [[ "${STEP_SKIP_14B:-0}" != 1 ]]; then
     run "${STEP_14B_TIMEOUT:-240}" "$BIN" step --variant t2v-14b --fp8 block64 "${SHAPE[@]}" --warmup 1 --iters 2 2>&1 \
         | tee "$LOG/ours-step-14b-fp8.log"

@@ -2,16 +2,19 @@
 architecture (patch embedding, sinusoidal time embedding and its 6-way modulation, text embedding, blocks of
 modulated self-attention with q/k RMSNorm and 3D RoPE, cross-attention over the padded text, GELU-tanh FFN, the
 modulated head), bf16 autocast over frozen bf16 base weights, the residual stream and modulation in f32,
-per-block activation checkpointing (torch.utils.checkpoint, non-reentrant), LoRA (f32 factors, alpha = rank, up
+per-block activation checkpointing (torch.utils.checkpoint, non-reentrant; `--checkpointing attention` keeps
+each block's self-attention output and LSE through a selective-checkpointing policy, `off` keeps everything;
+`--compile` runs each block through torch.compile, as musubi-tuner's `--compile` does), LoRA (f32 factors, alpha = rank, up
 initialised to zero) on every block linear, flow-matching MSE loss in f32. Weights are random (the step's cost
 does not depend on their values). Prints a BENCH line like ours: median step time and peak allocated memory
 (weights included) over the timed steps."""
 import argparse
+import functools
 import math
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
+from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
 from common import emit, time_cuda
 
@@ -75,6 +78,48 @@ def rope(x, cos, sin):
     return out.reshape(b, l, h, d).type_as(x)
 
 
+# The attention operators SDPA dispatches to; a selective-checkpointing policy saves their outputs (the attention
+# output and its LSE) when they are self-attention (queries and keys of one length).
+ATTENTION_OPS = {
+    op
+    for op in (
+        getattr(torch.ops.aten, name, None)
+        for name in (
+            "_scaled_dot_product_flash_attention",
+            "_scaled_dot_product_cudnn_attention",
+            "_scaled_dot_product_efficient_attention",
+        )
+    )
+    if op is not None
+}
+
+
+def keep_self_attention(ctx, op, *args, **kwargs):
+    packet = getattr(op, "overloadpacket", op)
+    if packet in ATTENTION_OPS and args[0].shape[-2] == args[1].shape[-2]:
+        return CheckpointPolicy.MUST_SAVE
+    return CheckpointPolicy.PREFER_RECOMPUTE
+
+
+class Checkpointed(torch.nn.Module):
+    """A block run under torch.utils.checkpoint: all recomputed ("blocks") or the self-attention kept
+    ("attention")."""
+
+    def __init__(self, block, mode):
+        super().__init__()
+        self.block = block
+        self.context_fn = (
+            functools.partial(create_selective_checkpoint_contexts, keep_self_attention)
+            if mode == "attention"
+            else None
+        )
+
+    def forward(self, *inputs):
+        if self.context_fn is None:
+            return checkpoint(self.block, *inputs, use_reentrant=False)
+        return checkpoint(self.block, *inputs, use_reentrant=False, context_fn=self.context_fn)
+
+
 class Block(torch.nn.Module):
     def __init__(self, dim, ffn, heads, rank, dev):
         super().__init__()
@@ -132,6 +177,7 @@ class Wan(torch.nn.Module):
             [t.float() for t in frozen(6 * dim, dim, dev)],
         ]
         self.blocks = torch.nn.ModuleList(Block(dim, v["ffn"], v["heads"], rank, dev) for _ in range(v["layers"]))
+        self.runs = list(self.blocks)
         self.head_mod = 0.1 * torch.randn(1, 2, dim, device=dev)
         self.head = frozen(OUT_DIM * 4, dim, dev)
 
@@ -151,8 +197,8 @@ class Wan(torch.nn.Module):
         ctx[0, : context.shape[0]] = context
         ctx = F.linear(F.gelu(F.linear(ctx, *self.text[0]), approximate="tanh"), *self.text[1])
         cos, sin = rope_tables(grid, self.dim // self.blocks[0].heads, x.device)
-        for block in self.blocks:
-            x = checkpoint(block, x, e0, ctx, cos, sin, use_reentrant=False)
+        for run in self.runs:
+            x = run(x, e0, ctx, cos, sin)
         with torch.autocast("cuda", enabled=False):
             shift, scale = (self.head_mod + e.unsqueeze(1)).chunk(2, dim=1)
             y = F.layer_norm(x, (self.dim,), eps=EPS) * (1 + scale) + shift
@@ -171,11 +217,19 @@ def main():
     p.add_argument("--text-tokens", type=int, default=512)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--iters", type=int, default=3)
+    p.add_argument("--checkpointing", default="blocks", choices=["blocks", "attention", "off"])
+    p.add_argument("--compile", action="store_true", help="each block through torch.compile (default mode)")
     a = p.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
     v = VARIANTS[a.variant]
     model = Wan(v, a.rank, dev)
+    runs = [b if a.checkpointing == "off" else Checkpointed(b, a.checkpointing) for b in model.blocks]
+    if a.compile:
+        # One graph for every block (same code, parameters as inputs); the limit only guards against fallbacks.
+        torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 64)
+        runs = [torch.compile(r) for r in runs]
+    model.runs = runs
     f, h, w = (a.frames - 1) // 4 + 1, a.height // 8, a.width // 8
     tokens = f * (h // 2) * (w // 2)
     sigma = 0.75
@@ -201,7 +255,9 @@ def main():
     fwd = v["layers"] * (2 * L * (6 * d * d + 2 * d * fd) + 4 * c * d * d + 4 * L * L * d + 4 * L * c * d)
     print(f"loss {losses[-1].item():.4f}, {sum(q.numel() for q in params)} LoRA parameters", flush=True)
     shape = f"b=1 {a.frames}x{a.height}x{a.width} tokens={tokens} text={TEXT_LEN} r={a.rank}"
-    emit("step", f"{a.variant} bf16", "lora step", shape, 4.0 * fwd, ms, peak)
+    how = {"blocks": "", "attention": ", ckpt attention", "off": ", no ckpt"}[a.checkpointing]
+    how += ", compiled" if a.compile else ""
+    emit("step", f"{a.variant} bf16{how}", "lora step", shape, 4.0 * fwd, ms, peak)
 
 
 if __name__ == "__main__":
