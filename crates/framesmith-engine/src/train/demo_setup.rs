@@ -13,9 +13,10 @@ use crate::demo::shapes::DemoClip;
 use crate::generate::denoise::ImageConditioning;
 use crate::generate::prompts::PromptSpec;
 use crate::generate::start_image::load_start_image;
+use crate::train::clip_samples::SamplePrompt;
 use crate::train::data::TrainItem;
 use crate::train::outputs::write_atomic;
-use crate::train::samples::{encode_png, SamplePrompt};
+use crate::train::samples::encode_png;
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::wan::WanConfig;
 

@@ -2,13 +2,13 @@
 //! (`model.text_encoder`) before the DiT loads, and the encoders dropped right after, as Wan's samples do; each
 //! sample is then the image `framesmith generate` makes ([`crate::generate::flux`]: seeded noise, the shifted
 //! schedule, Euler with the guidance input) with the LoRA being trained, decoded by the autoencoder (`model.vae`)
-//! and written as `samples/{step:06}-{prompt:02}.png`. A prompt line takes `--w --h --s --l --d`; Wan's `--f`,
-//! `--fs`, `--n` and `--i` are refused by name.
+//! and written as `samples/{step:06}-{prompt:02}.png` ([`crate::train::samples`] schedules and names them). A
+//! prompt line takes `--w --h --s --l --d`; Wan's `--f`, `--fs`, `--n` and `--i` are refused by name.
 
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::{DType, Device};
+use candle_core::{DType, Device, Tensor};
 
 use crate::generate::flux::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
@@ -16,15 +16,13 @@ use crate::generate::flux::{
 };
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
 use crate::train::run_model::RunModel;
-use crate::train::samples::{sample_stem, SampleKind};
-use crate::train::trainer::Trainer;
-use framesmith_config::protocol::{Event, LogLevel};
+use crate::train::samples::{SampleFiles, SampleModels, SampleSet};
+use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::load_autoencoder;
 use framesmith_models::flux::FluxConfig;
-use framesmith_nn::offload::release_cached_memory;
 
 /// One image prompt: its text, its encoding and what to sample.
 pub struct ImagePrompt {
@@ -189,50 +187,41 @@ pub fn image_samples(
     }))
 }
 
-impl Trainer {
-    /// Every image prompt with the current LoRA, written as `{step:06}-{prompt:02}.png`. The DiT's forward is the
-    /// generator's (streamed blocks come through its streamers as in a training step); nothing of a sample
-    /// outlives it, and the device's cached memory is given back before training goes on.
-    pub(super) fn sample_images(&mut self) -> anyhow::Result<Vec<Event>> {
-        let (Some(sampling), RunModel::Flux { model, .. }) = (&self.sampling, &self.model) else {
+impl SampleSet for ImageSamples {
+    fn prompt_count(&self) -> usize {
+        self.prompts.len()
+    }
+
+    fn prompt(&self, i: usize) -> &str {
+        &self.prompts[i].prompt
+    }
+
+    /// The generator's denoising (streamed blocks come through their streamers as in a training step).
+    fn denoise(&self, i: usize, models: &mut SampleModels<'_>) -> anyhow::Result<Tensor> {
+        let RunModel::Flux { model, .. } = &*models.model else {
             anyhow::bail!("image samples need a FLUX.1 run");
         };
-        let SampleKind::Images(images) = &sampling.kind else {
-            anyhow::bail!("this run samples clips, not images");
-        };
-        let device = self.model.device().clone();
-        std::fs::create_dir_all(&sampling.dir)
-            .with_context(|| format!("cannot create {}", sampling.dir.display()))?;
-        let mut events = Vec::with_capacity(images.prompts.len());
-        for (i, p) in images.prompts.iter().enumerate() {
-            let context = || format!("generating the sample for \"{}\"", p.prompt);
-            release_cached_memory(&device)?;
-            let z = denoise_image(
-                model,
-                &p.encoded,
-                &p.settings,
-                p.latent,
-                images.dtype,
-                &|| false,
-            )
-            .with_context(context)?;
-            let image =
-                decode_image(&images.autoencoder, &z, images.dtype).with_context(context)?;
-            drop(z);
-            let path = sampling
-                .dir
-                .join(format!("{}.png", sample_stem(self.step, i)));
-            image
-                .save(&path)
-                .with_context(|| format!("cannot write {}", path.display()))?;
-            events.push(Event::SampleReady {
-                step: self.step,
-                file: path.clone(),
-                frames: path,
-                prompt: p.prompt.clone(),
-            });
-        }
-        release_cached_memory(&device)?;
-        Ok(events)
+        let p = &self.prompts[i];
+        denoise_image(
+            model,
+            &p.encoded,
+            &p.settings,
+            p.latent,
+            self.dtype,
+            &|| false,
+        )
+    }
+
+    fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles> {
+        let image = decode_image(&self.autoencoder, &latents, self.dtype)?;
+        drop(latents);
+        let path = dir.join(format!("{stem}.png"));
+        image
+            .save(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(SampleFiles {
+            file: path.clone(),
+            frames: path,
+        })
     }
 }

@@ -19,7 +19,7 @@ use crate::train::flux::{dev_config, flux_batch, load_flux_items, FluxItems};
 use crate::train::flux_samples::image_samples;
 use crate::train::mode::StartFrame;
 use crate::train::run_model::RunModel;
-use crate::train::samples::{SampleKind, Sampling};
+use crate::train::samples::Sampling;
 use crate::train::setup::{
     device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
     start_loras, streamed_count, RunParts,
@@ -224,8 +224,7 @@ impl Trainer {
                 loras,
                 data,
                 metadata: flux_lora_metadata(plan),
-                sampling: samples
-                    .map(|images| Sampling::new(plan, SampleKind::Images(Box::new(images)))),
+                sampling: samples.map(|images| Sampling::new(plan, Box::new(images))),
                 validation: None,
                 start_frame: StartFrame::None,
                 report,

@@ -2,6 +2,7 @@
 //! set, run outputs (LoRA files, training states, metrics) and the samples (clips, FLUX.1 images) made during a run (through
 //! `crate::generate`).
 
+pub mod clip_samples;
 pub mod data;
 pub mod demo_setup;
 pub mod engine;

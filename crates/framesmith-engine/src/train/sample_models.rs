@@ -16,8 +16,8 @@ use crate::generate::prompts::{read_prompt_file, PromptSpec};
 use crate::generate::start_image::{
     clip_features, image_channels, image_conditioning, load_start_image,
 };
+use crate::train::clip_samples::{Decoder, SamplePrompt};
 use crate::train::mode::start_image;
-use crate::train::samples::{Decoder, SamplePrompt};
 use framesmith_config::catalog::StartImage;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;

@@ -1,7 +1,10 @@
-//! Samples during training: prompts encoded once at the start, generated every N steps / epochs (and optionally
-//! before the first step) with the LoRA being trained. Wan clips are written as an H.264 MP4 plus PNG frames for
-//! the in-app player; FLUX.1 images as one PNG each ([`crate::train::flux_samples`]), under the same names.
-//! Generation draws from its own seeded RNG, so sampling never changes the training run.
+//! Samples during training, the same for every model family: when they are due (every N steps / epochs, and
+//! optionally before the first step), how they are named (`samples/{step:06}-{prompt:02}`), the `SampleReady`
+//! events and the device memory given back around them. What a family samples is a [`SampleSet`]: Wan clips
+//! ([`crate::train::clip_samples`]: an H.264 MP4 plus PNG frames for the in-app player) or FLUX.1 images
+//! ([`crate::train::flux_samples`]: one PNG each), their prompts encoded once at the start. Generation draws from
+//! its own seeded RNG, so sampling never changes the training run. Also how clips are written as PNG frames,
+//! which `framesmith generate` shares.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -9,54 +12,68 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::Tensor;
 
-use crate::demo;
-use crate::generate::denoise::{Denoising, GenerateRequest, ImageConditioning, Solver};
+use crate::train::experts::{activate, LowNoiseExpert};
 use crate::train::outputs::write_atomic;
+use crate::train::run_model::RunModel;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::Event;
-use framesmith_data::video::encode::{write_mp4, RgbFrame};
+use framesmith_data::video::encode::RgbFrame;
+use framesmith_models::wan::WanModel;
+use framesmith_nn::offload::release_cached_memory;
 
 /// Frames per second of sample clips (Wan's native rate).
 pub const SAMPLE_FPS: f64 = 16.0;
 
-/// How latents become frames.
-pub enum Decoder {
-    /// The demo codec (the built-in demo model).
-    Demo,
-    /// A Wan VAE (real models).
-    Vae(Box<crate::generate::pipeline::VaeDecoder>),
+/// A model family's samples: the prompts encoded when the run started, how one is denoised with the run's model
+/// and how its latents become files. [`Trainer::sample`] does the rest, the same for every family.
+pub trait SampleSet {
+    /// How many prompts there are.
+    fn prompt_count(&self) -> usize;
+    /// The text of prompt `i`.
+    fn prompt(&self, i: usize) -> &str;
+    /// The latents of prompt `i`, denoised by `models` with the LoRA being trained.
+    fn denoise(&self, i: usize, models: &mut SampleModels<'_>) -> anyhow::Result<Tensor>;
+    /// Decodes `latents` and writes them into `dir` under the name `stem` (plus an extension).
+    fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles>;
 }
 
-/// One prompt, with its text embedding computed once.
-#[derive(Clone)]
-pub struct SamplePrompt {
-    pub prompt: String,
-    pub context: Tensor,
-    pub negative: Option<Tensor>,
-    pub latent_shape: [usize; 4],
-    pub steps: usize,
-    pub shift: f64,
-    pub guidance: f64,
-    pub seed: u64,
-    /// How the start image (`--i`) conditions an image-to-video sample: the demo model's first latent frame, or
-    /// an I2V model's conditioning channels (and CLIP features).
-    pub image: Option<ImageConditioning>,
+/// What a sample was written as: the file a `SampleReady` event names and the frames the player shows (a clip's
+/// PNG folder; an image is its own frame).
+pub struct SampleFiles {
+    pub file: PathBuf,
+    pub frames: PathBuf,
 }
 
-/// What a run samples.
-pub enum SampleKind {
-    /// Clips (Wan, the demo model): each prompt ready for the DiT, and how latents become frames.
-    Clips {
-        prompts: Vec<SamplePrompt>,
-        decoder: Decoder,
-    },
-    /// FLUX.1 images.
-    Images(Box<crate::train::flux_samples::ImageSamples>),
+/// The DiT(s) a sample is denoised with, the LoRA being trained attached: the run's model, and Wan2.2 A14B's
+/// low-noise expert when the run trains both.
+pub struct SampleModels<'a> {
+    pub model: &'a mut RunModel,
+    pub low_noise: Option<&'a mut LowNoiseExpert>,
+}
+
+impl SampleModels<'_> {
+    /// The Wan model that denoises timestep `t` (0..1000), brought onto the GPU: with both Wan2.2 experts, the
+    /// high-noise one down to the boundary and the low-noise one from there.
+    pub fn wan_for(&mut self, t: f64) -> anyhow::Result<&WanModel> {
+        let model = self.model.wan_mut()?;
+        match self.low_noise.as_deref_mut() {
+            None => Ok(model),
+            Some(low) if t >= low.boundary => {
+                activate(model, low, true)?;
+                Ok(model)
+            }
+            Some(low) => {
+                activate(model, low, false)?;
+                Ok(&low.model)
+            }
+        }
+    }
 }
 
 /// When and what to sample.
 pub struct Sampling {
-    pub kind: SampleKind,
+    /// What the run samples: its family's prompts, denoising and files.
+    pub set: Box<dyn SampleSet>,
     pub every_n_steps: Option<usize>,
     pub every_n_epochs: Option<usize>,
     pub at_first: bool,
@@ -70,11 +87,11 @@ pub fn sample_stem(step: usize, index: usize) -> String {
 }
 
 impl Sampling {
-    /// `kind` on the schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder.
-    pub fn new(plan: &framesmith_config::RunPlan, kind: SampleKind) -> Self {
+    /// `set` on the schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder.
+    pub fn new(plan: &framesmith_config::RunPlan, set: Box<dyn SampleSet>) -> Self {
         let s = plan.sampling.as_ref();
         Self {
-            kind,
+            set,
             every_n_steps: s.and_then(|s| s.every_n_steps),
             every_n_epochs: s.and_then(|s| s.every_n_epochs),
             at_first: s.is_some_and(|s| s.at_first),
@@ -87,6 +104,44 @@ impl Sampling {
         let by_steps = self.every_n_steps.is_some_and(|n| n > 0 && step % n == 0);
         let by_epochs = matches!((self.every_n_epochs, epoch_done), (Some(n), Some(e)) if n > 0 && e > 0 && e % n == 0);
         by_steps || by_epochs
+    }
+}
+
+impl Trainer {
+    /// Generates every sample prompt with the current LoRA, written as `{step:06}-{prompt:02}` in the run's
+    /// `samples/` folder; returns the `SampleReady` events. Nothing of a sample outlives it: the device's cached
+    /// memory is given back before each one and before training goes on.
+    pub fn sample(&mut self) -> anyhow::Result<Vec<Event>> {
+        let Some(sampling) = &self.sampling else {
+            return Ok(Vec::new());
+        };
+        let set = sampling.set.as_ref();
+        fs::create_dir_all(&sampling.dir)
+            .with_context(|| format!("cannot create {}", sampling.dir.display()))?;
+        let device = self.model.device().clone();
+        let mut models = SampleModels {
+            model: &mut self.model,
+            low_noise: self.low_noise.as_mut(),
+        };
+        let mut events = Vec::with_capacity(set.prompt_count());
+        for i in 0..set.prompt_count() {
+            let prompt = set.prompt(i);
+            let context = || format!("generating the sample for \"{prompt}\"");
+            release_cached_memory(&device)?;
+            let latents = set.denoise(i, &mut models).with_context(context)?;
+            let stem = sample_stem(self.step, i);
+            let files = set
+                .write(latents, &sampling.dir, &stem)
+                .with_context(context)?;
+            events.push(Event::SampleReady {
+                step: self.step,
+                file: files.file,
+                frames: files.frames,
+                prompt: prompt.to_owned(),
+            });
+        }
+        release_cached_memory(&device)?;
+        Ok(events)
     }
 }
 
@@ -116,93 +171,4 @@ pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result
     let (w, h) = frames.first().map_or((0, 0), |f| (f.width, f.height));
     let info = serde_json::json!({ "fps": fps, "frames": frames.len(), "width": w, "height": h });
     write_atomic(&dir.join("frames.json"), info.to_string().as_bytes())
-}
-
-impl Trainer {
-    /// The latents of sample prompt `i` with the current LoRA(s). With both Wan2.2 experts, the high-noise
-    /// expert denoises down to the boundary and the low-noise one from there, each brought onto the GPU in turn.
-    fn sample_latents(&mut self, i: usize) -> anyhow::Result<Tensor> {
-        let Some(p) = self
-            .sampling
-            .as_ref()
-            .and_then(|s| match &s.kind {
-                SampleKind::Clips { prompts, .. } => prompts.get(i),
-                SampleKind::Images(_) => None,
-            })
-            .cloned()
-        else {
-            anyhow::bail!("no sample prompt {i}");
-        };
-        let request = GenerateRequest {
-            context: &p.context,
-            negative: p.negative.as_ref(),
-            latent_shape: p.latent_shape,
-            steps: p.steps,
-            shift: p.shift,
-            guidance: p.guidance,
-            seed: p.seed,
-            solver: Solver::Unipc,
-        };
-        let boundary = self.low_noise.as_ref().map(|l| l.boundary);
-        let context = || format!("generating the sample for \"{}\"", p.prompt);
-        let mut denoising = Denoising::new(&request, p.image.as_ref(), self.model.device())
-            .with_context(context)?;
-        while let Some(t) = denoising.next_timestep() {
-            let high = boundary.is_none_or(|b| t >= b);
-            self.use_expert(high).with_context(context)?;
-            // As `generate` does: each step starts from a trimmed memory pool.
-            framesmith_nn::offload::release_cached_memory(self.expert(high)?.device())?;
-            denoising.step(self.expert(high)?).with_context(context)?;
-        }
-        // A low-noise expert on its own GPU denoised last there: the decoder is on the run's device.
-        Ok(framesmith_nn::ops::to_device(
-            &denoising.into_latents(),
-            self.model.device(),
-        )?)
-    }
-
-    /// Generates every sample prompt with the current LoRA; returns the `SampleReady` events.
-    pub fn sample(&mut self) -> anyhow::Result<Vec<Event>> {
-        match self.sampling.as_ref().map(|s| &s.kind) {
-            None => Ok(Vec::new()),
-            Some(SampleKind::Images(_)) => self.sample_images(),
-            Some(SampleKind::Clips { .. }) => self.sample_clips(),
-        }
-    }
-
-    /// Every clip prompt, written as an MP4 and its PNG frames.
-    fn sample_clips(&mut self) -> anyhow::Result<Vec<Event>> {
-        let mut events = Vec::new();
-        let count = match self.sampling.as_ref().map(|s| &s.kind) {
-            Some(SampleKind::Clips { prompts, .. }) => prompts.len(),
-            _ => 0,
-        };
-        for i in 0..count {
-            let latents = self.sample_latents(i)?;
-            let Some(sampling) = &self.sampling else {
-                return Ok(events);
-            };
-            let SampleKind::Clips { prompts, decoder } = &sampling.kind else {
-                return Ok(events);
-            };
-            let p = &prompts[i];
-            let frames = match decoder {
-                Decoder::Demo => demo::codec::decode(&latents)?,
-                Decoder::Vae(vae) => vae.decode(&latents)?,
-            };
-            let stem = sample_stem(self.step, i);
-            let frames_dir = sampling.dir.join(&stem);
-            write_frames(&frames_dir, &frames, SAMPLE_FPS)?;
-            let video = sampling.dir.join(format!("{stem}.mp4"));
-            write_mp4(&video, &frames, SAMPLE_FPS)
-                .with_context(|| format!("cannot write {}", video.display()))?;
-            events.push(Event::SampleReady {
-                step: self.step,
-                file: video,
-                frames: frames_dir,
-                prompt: p.prompt.clone(),
-            });
-        }
-        Ok(events)
-    }
 }

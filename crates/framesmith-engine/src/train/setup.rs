@@ -11,6 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::demo;
 use crate::dit::{build_dit, load_dit, LoadedDit, Streaming};
 use crate::plan as memory_plan;
+use crate::train::clip_samples::{ClipSamples, Decoder};
 use crate::train::data::TrainSet;
 use crate::train::demo_setup::demo_sample_prompts;
 use crate::train::experts::{check_pair, LowNoiseExpert};
@@ -20,7 +21,7 @@ use crate::train::outputs::Outputs;
 use crate::train::ranks::Ranks;
 use crate::train::run_model::RunModel;
 use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
-use crate::train::samples::{Decoder, SampleKind, Sampling};
+use crate::train::samples::Sampling;
 use crate::train::trainer::Trainer;
 use crate::train::validation::load_run_data;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
@@ -503,7 +504,7 @@ fn sampling(
         let (prompts, decoder) = vae_sampling(plan, cfg, encoded, dtype, device)?;
         return Ok(Some(Sampling::new(
             plan,
-            SampleKind::Clips { prompts, decoder },
+            Box::new(ClipSamples { prompts, decoder }),
         )));
     }
     let specs = crate::generate::prompts::read_prompt_file(&s.prompts)?;
@@ -511,7 +512,7 @@ fn sampling(
     let decoder = Decoder::Demo;
     Ok(Some(Sampling::new(
         plan,
-        SampleKind::Clips { prompts, decoder },
+        Box::new(ClipSamples { prompts, decoder }),
     )))
 }
 
