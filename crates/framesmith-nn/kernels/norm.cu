@@ -17,6 +17,33 @@ __device__ void load_param(const T* p, long c, float* out) {
     }
 }
 
+// load_param through load_n (any W that makes whole 16-byte accesses).
+template <typename T, int W>
+__device__ void load_param_n(const T* p, long c, float* out) {
+    if (p) {
+        load_n<T, W>(p + c, out);
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = 1.f;
+    }
+}
+
+// The gradient LayerNorm's backward sees: `dh · (1 + scale)` (the modulation's input gradient) or `dh`, rounded
+// to TX as the separate kernels store it.
+template <typename TX, typename TH, int W>
+__device__ void load_dy(const TH* dh, const float* scale, float* out) {
+    load_n<TH, W>(dh, out);
+    if (scale) {
+        float s[W];
+        load_f32<W>(scale, s);
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = round_through<TX>(out[k] * (1.f + s[k]));
+    } else {
+#pragma unroll
+        for (int k = 0; k < W; ++k) out[k] = round_through<TX>(out[k]);
+    }
+}
+
 // ---- RMSNorm ----
 
 template <typename T, int W>
@@ -87,7 +114,7 @@ __device__ void row_stats_ln(const T* x, long cols, float* scratch, float* mean,
     float s = 0.f;
     FOR_CHUNKS(c, cols) {
         float v[W];
-        load_vec<T, W>(x + c, v);
+        load_n<T, W>(x + c, v);
 #pragma unroll
         for (int k = 0; k < W; ++k) s += v[k];
     }
@@ -95,7 +122,7 @@ __device__ void row_stats_ln(const T* x, long cols, float* scratch, float* mean,
     float q = 0.f;
     FOR_CHUNKS(c, cols) {
         float v[W];
-        load_vec<T, W>(x + c, v);
+        load_n<T, W>(x + c, v);
 #pragma unroll
         for (int k = 0; k < W; ++k) q += (v[k] - m) * (v[k] - m);
     }
@@ -164,6 +191,93 @@ __device__ void ln_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, fl
     }
 }
 
+// ---- LayerNorm fused with the Wan block's modulation, forward and backward ----
+// These do in one pass what the block otherwise does in two or three: LayerNorm without affine parameters, then
+// `x̂ · (1 + scale) + shift` written in the compute dtype TO (forward); the modulation's input gradient
+// `dh · (1 + scale)`, LayerNorm's backward (weight optional) and the residual gradient's add (backward). Same
+// arithmetic as the separate kernels, with the intermediate roundings they make (a value stored in the
+// residual dtype TX is rounded to it here too), so results equal theirs. Modulation vectors are f32
+// [B * Ls, cols] with Ls 1 (one per sample) or L (one per token), as in elementwise.cu. W is 8 (one or two
+// 16-byte accesses per side) when `vec` is nonzero, else 1.
+
+constexpr int FUSED_W = 8;
+
+__device__ __forceinline__ long modulation_row(long row, long L, long Ls) {
+    const long b = row / L;
+    return Ls == 1 ? b : b * Ls + (row % L);
+}
+
+template <typename TI, typename TO, int W>
+__device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, TO* y, long cols, long L, long Ls,
+                           float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    const long m = modulation_row(row, L, Ls) * cols;
+    scale += m;
+    shift += m;
+    float mean, var;
+    row_stats_ln<TI, W>(x, cols, scratch, &mean, &var);
+    const float rstd = rsqrtf(var + eps);
+    FOR_CHUNKS(c, cols) {
+        float v[W], s[W], h[W];
+        load_n<TI, W>(x + c, v);
+        load_f32<W>(scale + c, s);
+        load_f32<W>(shift + c, h);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            // LayerNorm's output, as stored in TI by the separate kernel.
+            const float n = round_through<TI>((v[k] - mean) * rstd);
+            v[k] = n * (1.f + s[k]) + h[k];
+        }
+        store_n<TO, W>(y + c, v);
+    }
+}
+
+// dx = dres + LN_bwd(x, w, dy), dy = dh · (1 + scale) (or dh without `scale`) rounded to TX; dh in TH.
+template <typename TX, typename TH, int W>
+__device__ void ln_bwd_add(const TX* x, const TX* w, const TH* dh, const float* scale, const TX* dres, TX* dx,
+                           long cols, long L, long Ls, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    dh += row * cols;
+    dres += row * cols;
+    dx += row * cols;
+    if (scale) scale += modulation_row(row, L, Ls) * cols;
+    float mean, var;
+    row_stats_ln<TX, W>(x, cols, scratch, &mean, &var);
+    const float rstd = rsqrtf(var + eps);
+    float sg = 0.f, sgx = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_n<TX, W>(x + c, v);
+        load_dy<TX, TH, W>(dh + c, scale ? scale + c : nullptr, d);
+        load_param_n<TX, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            sg += d[k] * g[k];
+            sgx += d[k] * g[k] * (v[k] - mean) * rstd;
+        }
+    }
+    const float mean_g = block_sum(sg, scratch) / (float)cols;
+    const float mean_gx = block_sum(sgx, scratch) / (float)cols;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W], r[W];
+        load_n<TX, W>(x + c, v);
+        load_dy<TX, TH, W>(dh + c, scale ? scale + c : nullptr, d);
+        load_param_n<TX, W>(w, c, g);
+        load_n<TX, W>(dres + c, r);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            const float grad = round_through<TX>(rstd * (d[k] * g[k] - mean_g - (v[k] - mean) * rstd * mean_gx));
+            v[k] = __fadd_rn(r[k], grad);
+        }
+        store_n<TX, W>(dx + c, v);
+    }
+}
+
 #define DISPATCH_VEC(T, call) \
     if (vec) { \
         constexpr int W = vec_width<T>(); \
@@ -192,3 +306,28 @@ __device__ void ln_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, fl
 
 NORM_KERNELS(float, f32)
 NORM_KERNELS(__nv_bfloat16, bf16)
+
+#define DISPATCH_FUSED(call) \
+    if (vec) { \
+        constexpr int W = FUSED_W; \
+        call; \
+    } else { \
+        constexpr int W = 1; \
+        call; \
+    }
+
+#define FUSED_NORM_KERNELS(TA, SA, TB, SB)                                                                      \
+    extern "C" __global__ void fs_ln_mod_fwd_##SA##_##SB(const TA* x, const float* scale, const float* shift,   \
+                                                         TB* y, long cols, long L, long Ls, float eps, int vec) { \
+        DISPATCH_FUSED((ln_mod_fwd<TA, TB, W>(x, scale, shift, y, cols, L, Ls, eps)))                           \
+    }                                                                                                           \
+    extern "C" __global__ void fs_ln_bwd_add_##SA##_##SB(const TA* x, const TA* w, const TB* dh,                \
+                                                         const float* scale, const TA* dres, TA* dx, long cols, \
+                                                         long L, long Ls, float eps, int vec) {                 \
+        DISPATCH_FUSED((ln_bwd_add<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps)))                    \
+    }
+
+FUSED_NORM_KERNELS(float, f32, float, f32)
+FUSED_NORM_KERNELS(float, f32, __nv_bfloat16, bf16)
+FUSED_NORM_KERNELS(__nv_bfloat16, bf16, float, f32)
+FUSED_NORM_KERNELS(__nv_bfloat16, bf16, __nv_bfloat16, bf16)

@@ -82,6 +82,51 @@ pub fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     (x.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?.to_dtype(x.dtype())
 }
 
+/// `layer_norm(x) * (1 + scale) + shift` — LayerNorm without affine parameters, then the block's modulation
+/// ([`modulate_to`]) — written in `dtype`. On CUDA one kernel with the two ops' arithmetic (LayerNorm's output
+/// rounded to `x`'s dtype, as it is stored between them), elsewhere the two ops. No gradient on CUDA.
+pub fn layer_norm_modulate(
+    x: &Tensor,
+    scale: &Tensor,
+    shift: &Tensor,
+    eps: f64,
+    dtype: DType,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::norm_mod::applies(x, dtype) && !tracked(&[x, scale, shift]) {
+        return crate::cuda::norm_mod::layer_norm_modulate(x, scale, shift, eps, dtype);
+    }
+    modulate_to(
+        &crate::norm::layer_norm(x, None, None, eps)?,
+        scale,
+        shift,
+        dtype,
+    )
+}
+
+/// The gradient of a residual stream `x` that feeds `x + f(layer_norm(x))`: `dres` (the gradient arriving
+/// along the residual) plus LayerNorm's input gradient ([`crate::norm::layer_norm_backward`], weight optional)
+/// for `dy = dh · (1 + scale)` ([`modulate_backward`], with a modulation) or `dh` (without), `dy` taken in `x`'s
+/// dtype. On CUDA one kernel, elsewhere the separate ops; the result in `x`'s dtype either way.
+pub fn layer_norm_backward_add(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    dh: &Tensor,
+    scale: Option<&Tensor>,
+    dres: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::norm_mod::applies(x, dh.dtype()) && dres.dtype() == x.dtype() {
+        return crate::cuda::norm_mod::layer_norm_backward_add(x, weight, dh, scale, dres, eps);
+    }
+    let dy = match scale {
+        Some(scale) => modulate_backward(dh, scale, x.dtype())?,
+        None => cast(dh, x.dtype())?,
+    };
+    dres + crate::norm::layer_norm_backward(x, weight, &dy, eps)?
+}
+
 /// Input gradient of `x * (1 + scale) + shift`: `dy * (1 + scale)` computed in f32, returned in `dtype`.
 pub fn modulate_backward(dy: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
     #[cfg(feature = "cuda")]

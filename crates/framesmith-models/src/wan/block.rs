@@ -9,7 +9,7 @@ use super::rope::Rope;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::{layer_norm, rms_norm};
-use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate};
+use framesmith_nn::ops::{gated_residual, gelu_tanh};
 use framesmith_nn::vb::Vb;
 
 mod frozen;
@@ -294,8 +294,7 @@ impl Block {
         scale: &Tensor,
         compute: DType,
     ) -> Result<Tensor> {
-        let normed = layer_norm(x, None, None, self.eps)?.to_dtype(DType::F32)?;
-        modulate(&normed, scale, shift)?.to_dtype(compute)
+        framesmith_nn::ops::layer_norm_modulate(x, scale, shift, self.eps, compute)
     }
 }
 

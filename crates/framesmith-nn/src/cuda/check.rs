@@ -10,6 +10,7 @@ use super::{elementwise, fp8, norm, rope};
 use crate::init;
 
 mod mixed;
+mod norm_mod;
 
 /// The outcome of one comparison.
 #[derive(Clone, Debug)]
@@ -565,6 +566,7 @@ pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     out.extend(rope_checks(dev)?);
     out.extend(direct_backward_checks(dev)?);
     out.extend(mixed::mixed_checks(dev)?);
+    out.extend(norm_mod::norm_mod_checks(dev)?);
     out.extend(optim_checks(dev)?);
     #[cfg(feature = "cudnn")]
     out.extend(attention_checks(dev)?);

@@ -49,6 +49,7 @@ pub mod gemm;
 pub mod libraries;
 pub mod mixed;
 pub mod norm;
+pub mod norm_mod;
 pub mod optim;
 mod ptx;
 pub mod rope;

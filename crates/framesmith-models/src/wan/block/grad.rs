@@ -19,7 +19,7 @@ use crate::wan::rope::Rope;
 pub use framesmith_nn::attention::KeptAttention;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
-use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
+use framesmith_nn::norm::{layer_norm, rms_norm, rms_norm_backward};
 use framesmith_nn::ops::{gated_residual, gelu_tanh};
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
@@ -207,9 +207,7 @@ impl Block {
         let x2 = ops::residual_add(&ca.x1, &y2)?;
         drop(y2);
 
-        let n2 = layer_norm(&x2, None, None, self.eps)?;
-        let h2 = ops::modulate_to(&n2, &chunks[4], &chunks[3], compute)?;
-        drop(n2);
+        let h2 = ops::layer_norm_modulate(&x2, &chunks[4], &chunks[3], self.eps, compute)?;
         let (f0, ffn0) = self.ffn0.forward_untracked(&h2)?;
         let (out, ffn2) = if with_out {
             let (y3, t) = self.ffn2.forward_untracked(&gelu_tanh(&f0)?)?;
@@ -252,9 +250,8 @@ impl Block {
     ) -> Result<(Tensor, SelfTape)> {
         let sa = &self.self_attn;
         let (heads, eps) = (sa.num_heads, sa.eps);
-        let n1 = layer_norm(&x, None, None, self.eps)?;
-        let h1 = ops::modulate_to(&n1, &chunks[1], &chunks[0], inputs.context.dtype())?;
-        drop(n1);
+        let h1 =
+            ops::layer_norm_modulate(&x, &chunks[1], &chunks[0], self.eps, inputs.context.dtype())?;
         let (q, qp) = project(&sa.q, sa.norm_q.as_ref(), &h1, heads, eps)?;
         let (k, kp) = project(&sa.k, sa.norm_k.as_ref(), &h1, heads, eps)?;
         let (v, vp) = project(&sa.v, None, &h1, heads, eps)?;
@@ -364,14 +361,14 @@ impl Block {
         let (dh2, p) = self.ffn0.backward(&t.h2, &t.ffn0, &df0, true)?;
         params.extend(p);
         drop((df0, t.h2));
-        let residual = t.x2.dtype();
-        let dn2 = ops::modulate_backward(
+        ops::layer_norm_backward_add(
+            &t.x2,
+            None,
             &dh2.ok_or_else(|| missing("ffn.0"))?,
-            &c.chunks[4],
-            residual,
-        )?;
-        let dln = layer_norm_backward(&t.x2, None, &dn2, self.eps)?;
-        dout + dln
+            Some(&c.chunks[4]),
+            dout,
+            self.eps,
+        )
     }
 
     /// Cross-attention and its plain residual: gradient of `x2` → gradient of `x1`. The context gets no gradient;
@@ -404,12 +401,10 @@ impl Block {
         drop(dac);
         let dn3 = project_backward(&ca.q, &t.n3, &t.q, &dq, InputGrad::New, params)?
             .ok_or_else(|| missing("cross_attn.q"))?;
-        let dn3 = ops::cast(&dn3, t.x1.dtype())?;
-        let dnorm = match &self.norm3 {
-            Some((w, _)) => layer_norm_backward(&t.x1, Some(w), &dn3, self.eps)?,
-            None => dn3,
-        };
-        dx2 + dnorm
+        match &self.norm3 {
+            Some((w, _)) => ops::layer_norm_backward_add(&t.x1, Some(w), &dn3, None, dx2, self.eps),
+            None => dx2 + ops::cast(&dn3, t.x1.dtype())?,
+        }
     }
 
     /// Self-attention and its gated residual: gradient of `x1` → gradient of the block input.
@@ -445,9 +440,6 @@ impl Block {
             );
         }
         let dh1 = dh1.ok_or_else(|| missing("self_attn"))?;
-        let residual = t.x.dtype();
-        let dn1 = ops::modulate_backward(&dh1, &c.chunks[1], residual)?;
-        let dln = layer_norm_backward(&t.x, None, &dn1, self.eps)?;
-        dx1 + dln
+        ops::layer_norm_backward_add(&t.x, None, &dh1, Some(&c.chunks[1]), dx1, self.eps)
     }
 }

@@ -7,7 +7,8 @@ use candle_core::{Result, Tensor};
 use crate::wan::rope::Rope;
 
 pub(super) use framesmith_nn::ops::{
-    cast, gate_backward, gelu_tanh_backward, modulate_backward, modulate_to, residual_add,
+    cast, gate_backward, gelu_tanh_backward, layer_norm_backward_add, layer_norm_modulate,
+    residual_add,
 };
 
 /// Input gradient of [`Rope::apply`]: `dy` rotated by the negative angles.
@@ -23,6 +24,7 @@ mod tests {
     use rand::SeedableRng;
 
     use super::*;
+    use framesmith_nn::ops::modulate_backward;
     use framesmith_nn::testing::rel;
 
     fn grad_of(x: &Var, y: &Tensor, dy: &Tensor) -> Result<Tensor> {

@@ -1,0 +1,132 @@
+//! Device checks of LayerNorm fused with the block's modulation (`nn::cuda::norm_mod`): the fused kernels against
+//! the separate device ops they replace (the same arithmetic, so equal to within a rounding) and against the f32
+//! CPU composition, for per-sample and per-token modulation, f32 and bf16 residuals, vectorised and scalar rows.
+
+use candle_core::{DType, Device, Result, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::{compare, poison, randn, tol, CheckOutcome};
+use crate::cuda::norm_mod;
+
+/// Rows of a vectorisable width and of one that is not (odd widths take the one-value path).
+const SHAPES: [[usize; 3]; 2] = [[2, 37, 1536], [3, 5, 7]];
+
+/// Relative error allowed against the separate device ops: none beyond a rare last-bit difference.
+fn same_ops_tol(dtype: DType) -> f64 {
+    if dtype == DType::BF16 {
+        1e-3
+    } else {
+        1e-6
+    }
+}
+
+/// Every fused LayerNorm check.
+pub fn norm_mod_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
+    let rng = &mut StdRng::seed_from_u64(112);
+    let eps = 1e-6;
+    let mut out = Vec::new();
+    for shape in SHAPES {
+        let [b, l, d] = shape;
+        for per_token in [false, true] {
+            let mod_shape = [b, if per_token { l } else { 1 }, d];
+            let scale = randn(rng, &mod_shape, 0.0, 0.5, DType::F32)?;
+            let shift = randn(rng, &mod_shape, 0.0, 0.5, DType::F32)?;
+            let (sg, hg) = (scale.to_device(dev)?, shift.to_device(dev)?);
+            let w = randn(rng, &[d], 1.0, 0.1, DType::F32)?;
+            let wg = w.to_device(dev)?;
+            for (residual, compute) in [
+                (DType::F32, DType::BF16),
+                (DType::F32, DType::F32),
+                (DType::BF16, DType::BF16),
+            ] {
+                let label = format!(
+                    "{shape:?} {} modulation, {residual:?} residual, {compute:?} compute",
+                    if per_token { "per-token" } else { "per-sample" }
+                );
+                let coarse = if residual == DType::BF16 || compute == DType::BF16 {
+                    DType::BF16
+                } else {
+                    DType::F32
+                };
+                let x = randn(rng, &shape, 0.5, 2.0, residual)?;
+                let xg = x.to_device(dev)?;
+
+                poison(dev)?;
+                let fused = norm_mod::layer_norm_modulate(&xg, &sg, &hg, eps, compute)?;
+                let separate = crate::ops::modulate_to(
+                    &crate::norm::layer_norm(&xg, None, None, eps)?,
+                    &sg,
+                    &hg,
+                    compute,
+                )?;
+                out.push(compare(
+                    format!("layer_norm_modulate vs separate ops {label}"),
+                    &fused,
+                    &separate,
+                    same_ops_tol(compute),
+                )?);
+                let cpu = crate::ops::modulate_to(
+                    &crate::norm::layer_norm_portable(&x.to_dtype(DType::F32)?, None, None, eps)?,
+                    &scale,
+                    &shift,
+                    DType::F32,
+                )?;
+                out.push(compare(
+                    format!("layer_norm_modulate vs CPU {label}"),
+                    &fused,
+                    &cpu,
+                    tol(coarse, 1e-5),
+                )?);
+
+                let dh = randn(rng, &shape, 0.0, 1.0, compute)?.to_device(dev)?;
+                let dres = randn(rng, &shape, 0.0, 1.0, residual)?.to_device(dev)?;
+                for (weight, modulated) in [(None, true), (Some(&wg), false)] {
+                    let case = if modulated { "modulated" } else { "weighted" };
+                    poison(dev)?;
+                    let s = modulated.then_some(&sg);
+                    let fused = norm_mod::layer_norm_backward_add(&xg, weight, &dh, s, &dres, eps)?;
+                    let dy = match s {
+                        Some(s) => crate::ops::modulate_backward(&dh, s, residual)?,
+                        None => crate::ops::cast(&dh, residual)?,
+                    };
+                    let separate =
+                        (&dres + crate::norm::layer_norm_backward(&xg, weight, &dy, eps)?)?;
+                    out.push(compare(
+                        format!("layer_norm_backward_add ({case}) vs separate ops {label}"),
+                        &fused,
+                        &separate,
+                        same_ops_tol(residual),
+                    )?);
+                    let cpu =
+                        cpu_backward(&x, weight.map(|_| &w), &dh, s.map(|_| &scale), &dres, eps)?;
+                    out.push(compare(
+                        format!("layer_norm_backward_add ({case}) vs CPU {label}"),
+                        &fused,
+                        &cpu,
+                        tol(coarse, 1e-4),
+                    )?);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The backward on the CPU in f32: `dres + LayerNorm_bwd(x, w, dh · (1 + scale))`.
+fn cpu_backward(
+    x: &Tensor,
+    w: Option<&Tensor>,
+    dh: &Tensor,
+    scale: Option<&Tensor>,
+    dres: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu)?.to_dtype(DType::F32);
+    let dh = cpu(dh)?;
+    let dy = match scale {
+        Some(s) => dh.broadcast_mul(&(s + 1.0)?)?,
+        None => dh,
+    };
+    cpu(dres)? + crate::norm::layer_norm_backward(&x.to_dtype(DType::F32)?, w, &dy, eps)?
+}

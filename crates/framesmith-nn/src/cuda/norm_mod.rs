@@ -1,0 +1,286 @@
+//! LayerNorm fused with the Wan block's modulation (`kernels/norm.cu`, `fs_ln_mod_fwd_*` / `fs_ln_bwd_add_*`),
+//! outside autograd. The forward writes `LayerNorm(x) · (1 + scale) + shift` in the compute dtype in one pass
+//! (the separate kernels write LayerNorm's f32 output, read it back and write the modulated copy); the backward
+//! takes the modulated value's gradient and the residual gradient and returns the block input's, with the
+//! modulation's backward, LayerNorm's backward and the residual add in one pass (three kernels and two f32
+//! intermediates otherwise). Same arithmetic and roundings as the separate ops, which [`crate::ops`] runs on
+//! other devices and dtypes.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaStorage, DType, Layout, Result, Storage, Tensor, D};
+
+use super::elementwise::{as_mod_f32, check_shift, Geometry};
+use super::ptx::{self, long};
+use crate::ops::Dense;
+
+/// Values per vectorised chunk (`FUSED_W` in kernels/norm.cu).
+const FUSED_WIDTH: usize = 8;
+
+/// Whether the fused kernels take `xs` (a float CUDA tensor) and `other` dtype.
+pub fn applies(xs: &Tensor, other: DType) -> bool {
+    let float = |d: DType| matches!(d, DType::F32 | DType::BF16);
+    xs.device().is_cuda() && float(xs.dtype()) && float(other) && xs.rank() >= 2
+}
+
+fn cuda_storage(s: &Storage) -> Result<&CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Ok(c),
+        _ => candle_core::bail!("fused LayerNorm given a tensor that is not on CUDA"),
+    }
+}
+
+/// 1 when rows split into 8-value chunks and every buffer starts 16-byte aligned.
+fn vec_flag(cols: usize, buffers: &[(&Layout, DType)]) -> i32 {
+    let aligned = buffers
+        .iter()
+        .all(|(l, d)| (l.start_offset() * d.size_in_bytes()) % 16 == 0);
+    i32::from(cols % FUSED_WIDTH == 0 && aligned)
+}
+
+/// `LayerNorm(x) · (1 + scale) + shift` (LayerNorm without affine parameters, statistics and arithmetic in f32,
+/// its output rounded to `x`'s dtype as the separate kernel stores it), written in `out`. `x` [b, …, D];
+/// modulation [b, 1, D] or [b, L, D]. CUDA f32 / bf16 only; the caller checks [`applies`].
+pub fn layer_norm_modulate(
+    xs: &Tensor,
+    scale: &Tensor,
+    shift: &Tensor,
+    eps: f64,
+    out: DType,
+) -> Result<Tensor> {
+    let g = Geometry::of(xs, scale)?;
+    check_shift(scale, shift)?;
+    let (x, s, h) = (xs.dense()?, as_mod_f32(scale)?, as_mod_f32(shift)?);
+    let guards = [
+        x.storage_and_layout(),
+        s.storage_and_layout(),
+        h.storage_and_layout(),
+    ];
+    let (xc, sc, hc) = (
+        cuda_storage(&guards[0].0)?,
+        cuda_storage(&guards[1].0)?,
+        cuda_storage(&guards[2].0)?,
+    );
+    let dev = xc.device().clone();
+    let (rows, cols) = (g.batch * g.tokens, g.dim);
+    let func = ptx::load(
+        &dev,
+        &ptx::NORM,
+        &format!(
+            "fs_ln_mod_fwd_{}_{}",
+            ptx::suffix(x.dtype())?,
+            ptx::suffix(out)?
+        ),
+    )?;
+    let layouts = [
+        (guards[0].1, x.dtype()),
+        (guards[1].1, DType::F32),
+        (guards[2].1, DType::F32),
+    ];
+    let vec = vec_flag(cols, &layouts);
+    let sizes = [long(cols)?, long(g.tokens)?, long(g.mod_tokens)?];
+    let eps = eps as f32;
+    let sv = ptx::view::<f32>(sc, guards[1].1)?;
+    let hv = ptx::view::<f32>(hc, guards[2].1)?;
+    fn go<TI: CudaDType + DeviceRepr, TO: CudaDType + DeviceRepr>(
+        func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+        dev: &candle_core::CudaDevice,
+        (xc, xl): (&CudaStorage, &Layout),
+        (sv, hv): (
+            &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+            &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
+        ),
+        rows: usize,
+        (sizes, eps, vec): ([i64; 3], f32, i32),
+    ) -> Result<CudaStorage> {
+        let xv = ptx::view::<TI>(xc, xl)?;
+        // SAFETY: every row is written by its block before the tensor is read.
+        let y = unsafe { dev.alloc::<TO>(xl.shape().elem_count())? };
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(func);
+        b.arg(&xv).arg(sv).arg(hv).arg(&y);
+        b.arg(&sizes[0])
+            .arg(&sizes[1])
+            .arg(&sizes[2])
+            .arg(&eps)
+            .arg(&vec);
+        // SAFETY: argument order and types match fs_ln_mod_fwd in kernels/norm.cu; x and y hold rows × cols
+        // values, scale and shift one row per sample or per token; `vec` only for whole aligned chunks.
+        unsafe { b.launch(ptx::row_config(rows)?) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+    }
+    let args = (sizes, eps, vec);
+    let x_in = (xc, guards[0].1);
+    let y = match (x.dtype(), out) {
+        (DType::F32, DType::F32) => go::<f32, f32>(&func, &dev, x_in, (&sv, &hv), rows, args)?,
+        (DType::F32, DType::BF16) => {
+            go::<f32, half::bf16>(&func, &dev, x_in, (&sv, &hv), rows, args)?
+        }
+        (DType::BF16, DType::F32) => {
+            go::<half::bf16, f32>(&func, &dev, x_in, (&sv, &hv), rows, args)?
+        }
+        (DType::BF16, DType::BF16) => {
+            go::<half::bf16, half::bf16>(&func, &dev, x_in, (&sv, &hv), rows, args)?
+        }
+        (a, b) => candle_core::bail!("fused LayerNorm: no {a:?} → {b:?} kernel"),
+    };
+    drop(guards);
+    Ok(Tensor::from_storage(
+        Storage::Cuda(y),
+        x.shape().clone(),
+        BackpropOp::none(),
+        false,
+    ))
+}
+
+/// The block input's gradient `dres + LayerNorm_bwd(x, weight, dy)` with `dy = dh · (1 + scale)` (with a
+/// modulation) or `dh`, rounded to `x`'s dtype as the separate ops store it; the result in `x`'s dtype (the
+/// residual's). `dh` in any float dtype; `dres` in `x`'s. CUDA f32 / bf16 only; the caller checks [`applies`].
+pub fn layer_norm_backward_add(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    dh: &Tensor,
+    scale: Option<&Tensor>,
+    dres: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    if dh.dims() != xs.dims() || dres.dims() != xs.dims() {
+        candle_core::bail!(
+            "fused LayerNorm backward: x {:?}, dh {:?}, dres {:?} differ",
+            xs.dims(),
+            dh.dims(),
+            dres.dims()
+        );
+    }
+    let cols = xs.dim(D::Minus1)?;
+    let dtype = xs.dtype();
+    let (tokens, mod_tokens) = match scale {
+        Some(s) => {
+            let g = Geometry::of(xs, s)?;
+            (g.tokens, g.mod_tokens)
+        }
+        None => (1, 1),
+    };
+    let x = xs.dense()?;
+    let dres = dres.to_dtype(dtype)?.dense()?;
+    let dh = dh.dense()?;
+    // A missing weight or modulation is a one-element placeholder passed as a null pointer.
+    let w = match weight {
+        Some(w) if w.elem_count() == cols => w.to_dtype(dtype)?.flatten_all()?.dense()?,
+        Some(w) => candle_core::bail!(
+            "LayerNorm weight has {} values for {cols} features",
+            w.elem_count()
+        ),
+        None => Tensor::zeros(1, dtype, xs.device())?,
+    };
+    let s = match scale {
+        Some(s) => as_mod_f32(s)?,
+        None => Tensor::zeros(1, DType::F32, xs.device())?,
+    };
+    let guards = [
+        x.storage_and_layout(),
+        w.storage_and_layout(),
+        dh.storage_and_layout(),
+        s.storage_and_layout(),
+        dres.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(s, _)| cuda_storage(s))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let rows = x.elem_count() / cols.max(1);
+    let func = ptx::load(
+        &dev,
+        &ptx::NORM,
+        &format!(
+            "fs_ln_bwd_add_{}_{}",
+            ptx::suffix(dtype)?,
+            ptx::suffix(dh.dtype())?
+        ),
+    )?;
+    let mut layouts = vec![
+        (guards[0].1, dtype),
+        (guards[2].1, dh.dtype()),
+        (guards[4].1, dtype),
+    ];
+    if weight.is_some() {
+        layouts.push((guards[1].1, dtype));
+    }
+    if scale.is_some() {
+        layouts.push((guards[3].1, DType::F32));
+    }
+    let vec = vec_flag(cols, &layouts);
+    let sizes = [long(cols)?, long(tokens)?, long(mod_tokens)?];
+    let flags = (weight.is_some(), scale.is_some());
+    fn go<TX: CudaDType + DeviceRepr, TH: CudaDType + DeviceRepr>(
+        func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+        dev: &candle_core::CudaDevice,
+        inputs: [(&CudaStorage, &Layout); 5],
+        (has_weight, has_scale): (bool, bool),
+        rows: usize,
+        (sizes, eps, vec): ([i64; 3], f32, i32),
+    ) -> Result<CudaStorage> {
+        let [x, w, dh, s, dres] = inputs;
+        let xv = ptx::view::<TX>(x.0, x.1)?;
+        let wv = ptx::view::<TX>(w.0, w.1)?;
+        let dhv = ptx::view::<TH>(dh.0, dh.1)?;
+        let sv = ptx::view::<f32>(s.0, s.1)?;
+        let rv = ptx::view::<TX>(dres.0, dres.1)?;
+        let null = 0u64;
+        // SAFETY: every row is written by its block before the tensor is read.
+        let dx = unsafe { dev.alloc::<TX>(x.1.shape().elem_count())? };
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(func);
+        b.arg(&xv);
+        if has_weight {
+            b.arg(&wv)
+        } else {
+            b.arg(&null)
+        };
+        b.arg(&dhv);
+        if has_scale {
+            b.arg(&sv)
+        } else {
+            b.arg(&null)
+        };
+        b.arg(&rv).arg(&dx);
+        b.arg(&sizes[0])
+            .arg(&sizes[1])
+            .arg(&sizes[2])
+            .arg(&eps)
+            .arg(&vec);
+        // SAFETY: argument order and types match fs_ln_bwd_add in kernels/norm.cu; x, dh, dres and dx hold
+        // rows × cols values, the weight cols, the modulation one row per sample or per token; a missing
+        // weight or modulation is a null pointer the kernel does not read; `vec` only for whole aligned chunks.
+        unsafe { b.launch(ptx::row_config(rows)?) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(dx, dev.clone()))
+    }
+    let inputs = [
+        (stores[0], guards[0].1),
+        (stores[1], guards[1].1),
+        (stores[2], guards[2].1),
+        (stores[3], guards[3].1),
+        (stores[4], guards[4].1),
+    ];
+    let args = (sizes, eps as f32, vec);
+    let dx = match (dtype, dh.dtype()) {
+        (DType::F32, DType::F32) => go::<f32, f32>(&func, &dev, inputs, flags, rows, args)?,
+        (DType::F32, DType::BF16) => go::<f32, half::bf16>(&func, &dev, inputs, flags, rows, args)?,
+        (DType::BF16, DType::F32) => go::<half::bf16, f32>(&func, &dev, inputs, flags, rows, args)?,
+        (DType::BF16, DType::BF16) => {
+            go::<half::bf16, half::bf16>(&func, &dev, inputs, flags, rows, args)?
+        }
+        (a, b) => candle_core::bail!("fused LayerNorm backward: no {a:?} / {b:?} kernel"),
+    };
+    drop(stores);
+    drop(guards);
+    Ok(Tensor::from_storage(
+        Storage::Cuda(dx),
+        x.shape().clone(),
+        BackpropOp::none(),
+        false,
+    ))
+}
