@@ -163,7 +163,9 @@ if [[ -n "$killed" ]]; then
         note "the launcher exited with $rc, $secs s after the kill (rank timeout $RANK_TIMEOUT s)"
     fi
     tail -8 "$OUT/train-kill.log" | tee -a "$LOG"
-    echo "kept: $(ls -d "$WORK"/out-kill/*/*-state-* "$WORK"/out-kill/*-state-* 2>/dev/null | tr '\n' ' ')" | tee -a "$LOG"
+    # The LoRA checkpoints rank 0 saved (every 2 steps), and training states where the config saves them.
+    echo "kept: $(ls -d "$WORK"/out-kill/*.safetensors "$WORK"/out-kill/*/*.safetensors "$WORK"/out-kill/*-state-* \
+        "$WORK"/out-kill/*/*-state-* 2>/dev/null | xargs -r -n1 basename | tr '\n' ' ')" | tee -a "$LOG"
     pgrep -f -- "$WORK/kill.toml" > /dev/null && note "FAIL: a rank process is left over"
 else
     note "kill test did not reach step $KILL_AFTER: see train-kill.log"; kill "$LAUNCHER" 2>/dev/null
