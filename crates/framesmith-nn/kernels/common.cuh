@@ -42,6 +42,13 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
     return r;
 }
 
+// The modulation row of activation row `row` (of `L` per sample): one vector per sample (Ls 1) or per token
+// (Ls L), stored [B * Ls, D].
+__device__ __forceinline__ long mod_row(long row, long L, long Ls) {
+    const long b = row / L;
+    return Ls == 1 ? b : b * Ls + (row % L);
+}
+
 // ---- Vectorised access: W consecutive values through one 16-byte load / store (W = 16 / sizeof(T)), or one
 // value (W = 1). Callers guarantee 16-byte alignment when W > 1. ----
 

@@ -8,10 +8,6 @@
 #define FOR_CHUNKS(i, n) \
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * W; i < (n); i += (long)gridDim.x * blockDim.x * W)
 
-__device__ __forceinline__ long mod_row(long row, long L, long Ls) {
-    const long b = row / L;
-    return Ls == 1 ? b : b * Ls + (row % L);
-}
 
 // Input dtype TI, output TO (the same for the plain kernels; f32 <-> bf16 for the mixed ones below). W values per
 // chunk through whole 16-byte accesses on each side (load_n / store_n).

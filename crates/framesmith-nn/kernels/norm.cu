@@ -155,42 +155,6 @@ __device__ void ln_fwd(const T* x, const T* w, const T* b, T* y, long cols, floa
     }
 }
 
-// dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w.
-template <typename T, int W>
-__device__ void ln_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, float eps) {
-    __shared__ float scratch[32];
-    const long row = blockIdx.x;
-    x += row * cols;
-    dy += row * cols;
-    dx += row * cols;
-    float mean, var;
-    row_stats_ln<T, W>(x, cols, scratch, &mean, &var);
-    const float rstd = rsqrtf(var + eps);
-    float sg = 0.f, sgx = 0.f;
-    FOR_CHUNKS(c, cols) {
-        float v[W], d[W], g[W];
-        load_vec<T, W>(x + c, v);
-        load_vec<T, W>(dy + c, d);
-        load_param<T, W>(w, c, g);
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-            sg += d[k] * g[k];
-            sgx += d[k] * g[k] * (v[k] - mean) * rstd;
-        }
-    }
-    const float mean_g = block_sum(sg, scratch) / (float)cols;
-    const float mean_gx = block_sum(sgx, scratch) / (float)cols;
-    FOR_CHUNKS(c, cols) {
-        float v[W], d[W], g[W];
-        load_vec<T, W>(x + c, v);
-        load_vec<T, W>(dy + c, d);
-        load_param<T, W>(w, c, g);
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = rstd * (d[k] * g[k] - mean_g - (v[k] - mean) * rstd * mean_gx);
-        store_vec<T, W>(dx + c, v);
-    }
-}
-
 // ---- LayerNorm fused with the Wan block's modulation, forward and backward ----
 // These do in one pass what the block otherwise does in two or three: LayerNorm without affine parameters, then
 // `x̂ · (1 + scale) + shift` written in the compute dtype TO (forward); the modulation's input gradient
@@ -202,11 +166,6 @@ __device__ void ln_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, fl
 
 constexpr int FUSED_W = 8;
 
-__device__ __forceinline__ long modulation_row(long row, long L, long Ls) {
-    const long b = row / L;
-    return Ls == 1 ? b : b * Ls + (row % L);
-}
-
 template <typename TI, typename TO, int W>
 __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, TO* y, long cols, long L, long Ls,
                            float eps) {
@@ -214,7 +173,7 @@ __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, 
     const long row = blockIdx.x;
     x += row * cols;
     y += row * cols;
-    const long m = modulation_row(row, L, Ls) * cols;
+    const long m = mod_row(row, L, Ls) * cols;
     scale += m;
     shift += m;
     float mean, var;
@@ -235,17 +194,19 @@ __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, 
     }
 }
 
-// dx = dres + LN_bwd(x, w, dy), dy = dh · (1 + scale) (or dh without `scale`) rounded to TX; dh in TH.
+// LayerNorm's input gradient, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, plus `dres`
+// when given: dy = dh · (1 + scale) with a modulation, else dh, rounded to TX; dh in TH. The plain backward
+// (fs_ln_bwd_*) is this with neither modulation nor residual gradient.
 template <typename TX, typename TH, int W>
-__device__ void ln_bwd_add(const TX* x, const TX* w, const TH* dh, const float* scale, const TX* dres, TX* dx,
+__device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scale, const TX* dres, TX* dx,
                            long cols, long L, long Ls, float eps) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     x += row * cols;
     dh += row * cols;
-    dres += row * cols;
+    if (dres) dres += row * cols;
     dx += row * cols;
-    if (scale) scale += modulation_row(row, L, Ls) * cols;
+    if (scale) scale += mod_row(row, L, Ls) * cols;
     float mean, var;
     row_stats_ln<TX, W>(x, cols, scratch, &mean, &var);
     const float rstd = rsqrtf(var + eps);
@@ -268,11 +229,11 @@ __device__ void ln_bwd_add(const TX* x, const TX* w, const TH* dh, const float* 
         load_n<TX, W>(x + c, v);
         load_dy<TX, TH, W>(dh + c, scale ? scale + c : nullptr, d);
         load_param_n<TX, W>(w, c, g);
-        load_n<TX, W>(dres + c, r);
+        if (dres) load_n<TX, W>(dres + c, r);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
             const float grad = round_through<TX>(rstd * (d[k] * g[k] - mean_g - (v[k] - mean) * rstd * mean_gx));
-            v[k] = __fadd_rn(r[k], grad);
+            v[k] = dres ? __fadd_rn(r[k], grad) : grad;
         }
         store_n<TX, W>(dx + c, v);
     }
@@ -301,7 +262,7 @@ __device__ void ln_bwd_add(const TX* x, const TX* w, const TH* dh, const float* 
     }                                                                                                           \
     extern "C" __global__ void fs_ln_bwd_##S(const T* x, const T* w, const T* dy, T* dx, long cols, float eps,  \
                                              int vec) {                                                         \
-        DISPATCH_VEC(T, (ln_bwd<T, W>(x, w, dy, dx, cols, eps)))                                                \
+        DISPATCH_VEC(T, (ln_bwd<T, T, W>(x, w, dy, nullptr, nullptr, dx, cols, 1, 1, eps)))                     \
     }
 
 NORM_KERNELS(float, f32)
@@ -324,7 +285,7 @@ NORM_KERNELS(__nv_bfloat16, bf16)
     extern "C" __global__ void fs_ln_bwd_add_##SA##_##SB(const TA* x, const TA* w, const TB* dh,                \
                                                          const float* scale, const TA* dres, TA* dx, long cols, \
                                                          long L, long Ls, float eps, int vec) {                 \
-        DISPATCH_FUSED((ln_bwd_add<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps)))                    \
+        DISPATCH_FUSED((ln_bwd<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps)))                    \
     }
 
 FUSED_NORM_KERNELS(float, f32, float, f32)
