@@ -141,9 +141,10 @@ pub trait Stashable: Sized {
 pub enum KeptValues<K> {
     /// On the model's device.
     Device(Vec<K>),
-    /// In host RAM; `counts` is how many tensors each block's value has.
+    /// In host RAM; `counts` is how many tensors each block's value has (the stash boxed: on CUDA it is many
+    /// times the size of the other variant).
     Host {
-        stash: SavedInputs,
+        stash: Box<SavedInputs>,
         counts: Vec<usize>,
     },
 }
@@ -153,7 +154,7 @@ impl<K: Stashable> KeptValues<K> {
     pub fn new(device: &Device, placement: SavedPlacement) -> Result<Self> {
         Ok(if placement.is_host() {
             Self::Host {
-                stash: SavedInputs::new(device, placement)?,
+                stash: Box::new(SavedInputs::new(device, placement)?),
                 counts: Vec::new(),
             }
         } else {
