@@ -94,6 +94,19 @@ template <int W> __device__ __forceinline__ void load_f32(const float* p, float*
     }
 }
 
+// Kernels whose input and output dtypes may differ (f32 <-> bf16) move MIXED_W = 8 values per chunk: one 16-byte
+// bf16 access, two f32 ones. DISPATCH_MIXED runs `call` with that W when the kernel's `vec` is nonzero, else 1.
+constexpr int MIXED_W = 8;
+
+#define DISPATCH_MIXED(call) \
+    if (vec) { \
+        constexpr int W = MIXED_W; \
+        call; \
+    } else { \
+        constexpr int W = 1; \
+        call; \
+    }
+
 // W values of T through W * sizeof(T) / 16 16-byte accesses (W a multiple of 16 / sizeof(T), p 16-byte
 // aligned), or one value (W = 1): lets kernels whose inputs and outputs differ in dtype move the same number of
 // values per thread on each side.

@@ -221,18 +221,7 @@ ELEMENTWISE_KERNELS(__nv_bfloat16, bf16)
 
 // ---- Mixed-dtype variants (input dtype TI, output TO; f32 <-> bf16): the residual stream is f32 while the
 // block computes in bf16, and these fuse the cast into the op so the f32 tensor is read or written once.
-// Vectorised chunks hold MIXED_W = 8 values (one 16-byte bf16 access, two f32 ones). ----
-
-constexpr int MIXED_W = 8;
-
-#define DISPATCH_MIXED(call) \
-    if (vec) { \
-        constexpr int W = MIXED_W; \
-        call; \
-    } else { \
-        constexpr int W = 1; \
-        call; \
-    }
+// Vectorised chunks hold MIXED_W values (common.cuh). ----
 
 template <typename TI, typename TO, int W>
 __device__ void cast_n(const TI* x, TO* y, long n) {

@@ -7,19 +7,9 @@
 // Loops over a row in chunks of W values: each thread takes every blockDim.x-th chunk.
 #define FOR_CHUNKS(c, cols) for (long c = (long)threadIdx.x * W; c < (cols); c += (long)blockDim.x * W)
 
+// A row of the weight `p` from column `c` (W values), or ones without a weight.
 template <typename T, int W>
 __device__ void load_param(const T* p, long c, float* out) {
-    if (p) {
-        load_vec<T, W>(p + c, out);
-    } else {
-#pragma unroll
-        for (int k = 0; k < W; ++k) out[k] = 1.f;
-    }
-}
-
-// load_param through load_n (any W that makes whole 16-byte accesses).
-template <typename T, int W>
-__device__ void load_param_n(const T* p, long c, float* out) {
     if (p) {
         load_n<T, W>(p + c, out);
     } else {
@@ -162,9 +152,7 @@ __device__ void ln_fwd(const T* x, const T* w, const T* b, T* y, long cols, floa
 // arithmetic as the separate kernels, with the intermediate roundings they make (a value stored in the
 // residual dtype TX is rounded to it here too), so results equal theirs. Modulation vectors are f32
 // [B * Ls, cols] with Ls 1 (one per sample) or L (one per token), as in elementwise.cu. W is 8 (one or two
-// 16-byte accesses per side) when `vec` is nonzero, else 1.
-
-constexpr int FUSED_W = 8;
+// 16-byte accesses per side: DISPATCH_MIXED) when `vec` is nonzero, else 1.
 
 template <typename TI, typename TO, int W>
 __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, TO* y, long cols, long L, long Ls,
@@ -215,7 +203,7 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
         float v[W], d[W], g[W];
         load_n<TX, W>(x + c, v);
         load_dy<TX, TH, W>(dh + c, scale ? scale + c : nullptr, d);
-        load_param_n<TX, W>(w, c, g);
+        load_param<TX, W>(w, c, g);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
             sg += d[k] * g[k];
@@ -228,7 +216,7 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
         float v[W], d[W], g[W], r[W];
         load_n<TX, W>(x + c, v);
         load_dy<TX, TH, W>(dh + c, scale ? scale + c : nullptr, d);
-        load_param_n<TX, W>(w, c, g);
+        load_param<TX, W>(w, c, g);
         if (dres) load_n<TX, W>(dres + c, r);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
@@ -268,24 +256,15 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
 NORM_KERNELS(float, f32)
 NORM_KERNELS(__nv_bfloat16, bf16)
 
-#define DISPATCH_FUSED(call) \
-    if (vec) { \
-        constexpr int W = FUSED_W; \
-        call; \
-    } else { \
-        constexpr int W = 1; \
-        call; \
-    }
-
 #define FUSED_NORM_KERNELS(TA, SA, TB, SB)                                                                      \
     extern "C" __global__ void fs_ln_mod_fwd_##SA##_##SB(const TA* x, const float* scale, const float* shift,   \
                                                          TB* y, long cols, long L, long Ls, float eps, int vec) { \
-        DISPATCH_FUSED((ln_mod_fwd<TA, TB, W>(x, scale, shift, y, cols, L, Ls, eps)))                           \
+        DISPATCH_MIXED((ln_mod_fwd<TA, TB, W>(x, scale, shift, y, cols, L, Ls, eps)))                           \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_bwd_add_##SA##_##SB(const TA* x, const TA* w, const TB* dh,                \
                                                          const float* scale, const TA* dres, TA* dx, long cols, \
                                                          long L, long Ls, float eps, int vec) {                 \
-        DISPATCH_FUSED((ln_bwd<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps)))                    \
+        DISPATCH_MIXED((ln_bwd<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps)))                    \
     }
 
 FUSED_NORM_KERNELS(float, f32, float, f32)

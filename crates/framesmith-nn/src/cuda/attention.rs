@@ -9,7 +9,6 @@ use crate::ops::Dense;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
 use candle_core::cuda_backend::WrapErr;
-use candle_core::op::BackpropOp;
 use candle_core::{
     CudaDevice, CudaStorage, CustomOp3, DType, Layout, Result, Shape, Storage, Tensor,
 };
@@ -140,8 +139,7 @@ pub fn attention_forward_stats(
         candle_core::Device::Cuda(dev) => dev.clone(),
         _ => candle_core::bail!("attention_forward_stats: q is not on CUDA"),
     };
-    let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(stats, dev));
-    let stats = Tensor::from_storage(storage, (g.b, g.h, g.lq), BackpropOp::none(), false);
+    let stats = super::ptx::untracked(CudaStorage::wrap_cuda_slice(stats, dev), (g.b, g.h, g.lq));
     Ok((o, stats))
 }
 
@@ -407,10 +405,7 @@ impl CustomOp3 for Sdpa {
 }
 
 fn cuda_storage(s: &Storage) -> Result<&CudaStorage> {
-    match s {
-        Storage::Cuda(c) => Ok(c),
-        _ => candle_core::bail!("cuDNN attention backward given a tensor that is not on CUDA"),
-    }
+    super::ptx::cuda_storage(s, "cuDNN attention backward")
 }
 
 /// Runs cuDNN's backward and wraps dq, dk, dv as (untracked) tensors.
@@ -482,8 +477,10 @@ fn backward(
     }
     drop((ws, seqs));
     let wrap = |s: CudaSlice<half::bf16>, l: usize| {
-        let storage = Storage::Cuda(CudaStorage::wrap_cuda_slice(s, dev.clone()));
-        Tensor::from_storage(storage, (g.b, l, g.h, g.d), BackpropOp::none(), false)
+        super::ptx::untracked(
+            CudaStorage::wrap_cuda_slice(s, dev.clone()),
+            (g.b, l, g.h, g.d),
+        )
     };
     Ok((wrap(dq, g.lq), wrap(dk, g.lk), wrap(dv, g.lk)))
 }

@@ -16,8 +16,8 @@ use super::elementwise::{as_mod_f32, check_shift, launch_named, Geometry, Launch
 use super::ptx::{self, long};
 use crate::ops::Dense;
 
-/// Values per vectorised chunk of the mixed kernels (`MIXED_W` in kernels/elementwise.cu).
-const MIXED_WIDTH: usize = 8;
+/// Values per vectorised chunk of the mixed kernels and the fused norms (`MIXED_W` in kernels/common.cuh).
+pub(super) const MIXED_WIDTH: usize = 8;
 
 fn is_float(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::BF16)

@@ -9,15 +9,25 @@
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
-use candle_core::op::BackpropOp;
-use candle_core::{CudaStorage, DType, Layout, Result, Storage, Tensor, D};
+use candle_core::{CudaStorage, DType, Layout, Result, Tensor, D};
 
 use super::elementwise::{as_mod_f32, check_shift, Geometry};
-use super::ptx::{self, long};
+use super::mixed::MIXED_WIDTH;
+use super::ptx::{self, cuda_storage, long, untracked};
 use crate::ops::Dense;
 
-/// Values per vectorised chunk (`FUSED_W` in kernels/norm.cu).
-const FUSED_WIDTH: usize = 8;
+/// `$go::<A, B>(args)` for the f32 / bf16 dtypes `($a, $b)` of a kernel's two type parameters.
+macro_rules! dtype_pair {
+    ($a:expr, $b:expr, $go:ident($($arg:expr),*)) => {
+        match ($a, $b) {
+            (DType::F32, DType::F32) => $go::<f32, f32>($($arg),*),
+            (DType::F32, DType::BF16) => $go::<f32, half::bf16>($($arg),*),
+            (DType::BF16, DType::F32) => $go::<half::bf16, f32>($($arg),*),
+            (DType::BF16, DType::BF16) => $go::<half::bf16, half::bf16>($($arg),*),
+            (a, b) => candle_core::bail!("fused LayerNorm: no {a:?} / {b:?} kernel"),
+        }
+    };
+}
 
 /// Whether the fused kernels take `xs` (a float CUDA tensor) and `other` dtype.
 pub fn applies(xs: &Tensor, other: DType) -> bool {
@@ -25,19 +35,12 @@ pub fn applies(xs: &Tensor, other: DType) -> bool {
     xs.device().is_cuda() && float(xs.dtype()) && float(other) && xs.rank() >= 2
 }
 
-fn cuda_storage(s: &Storage) -> Result<&CudaStorage> {
-    match s {
-        Storage::Cuda(c) => Ok(c),
-        _ => candle_core::bail!("fused LayerNorm given a tensor that is not on CUDA"),
-    }
-}
-
 /// 1 when rows split into 8-value chunks and every buffer starts 16-byte aligned.
 fn vec_flag(cols: usize, buffers: &[(&Layout, DType)]) -> i32 {
     let aligned = buffers
         .iter()
         .all(|(l, d)| (l.start_offset() * d.size_in_bytes()) % 16 == 0);
-    i32::from(cols % FUSED_WIDTH == 0 && aligned)
+    i32::from(cols % MIXED_WIDTH == 0 && aligned)
 }
 
 /// `LayerNorm(x) · (1 + scale) + shift` (LayerNorm without affine parameters, statistics and arithmetic in f32,
@@ -59,9 +62,9 @@ pub fn layer_norm_modulate(
         h.storage_and_layout(),
     ];
     let (xc, sc, hc) = (
-        cuda_storage(&guards[0].0)?,
-        cuda_storage(&guards[1].0)?,
-        cuda_storage(&guards[2].0)?,
+        cuda_storage(&guards[0].0, "fused LayerNorm")?,
+        cuda_storage(&guards[1].0, "fused LayerNorm")?,
+        cuda_storage(&guards[2].0, "fused LayerNorm")?,
     );
     let dev = xc.device().clone();
     let (rows, cols) = (g.batch * g.tokens, g.dim);
@@ -113,26 +116,13 @@ pub fn layer_norm_modulate(
     }
     let args = (sizes, eps, vec);
     let x_in = (xc, guards[0].1);
-    let y = match (x.dtype(), out) {
-        (DType::F32, DType::F32) => go::<f32, f32>(&func, &dev, x_in, (&sv, &hv), rows, args)?,
-        (DType::F32, DType::BF16) => {
-            go::<f32, half::bf16>(&func, &dev, x_in, (&sv, &hv), rows, args)?
-        }
-        (DType::BF16, DType::F32) => {
-            go::<half::bf16, f32>(&func, &dev, x_in, (&sv, &hv), rows, args)?
-        }
-        (DType::BF16, DType::BF16) => {
-            go::<half::bf16, half::bf16>(&func, &dev, x_in, (&sv, &hv), rows, args)?
-        }
-        (a, b) => candle_core::bail!("fused LayerNorm: no {a:?} → {b:?} kernel"),
-    };
+    let y = dtype_pair!(
+        x.dtype(),
+        out,
+        go(&func, &dev, x_in, (&sv, &hv), rows, args)
+    )?;
     drop(guards);
-    Ok(Tensor::from_storage(
-        Storage::Cuda(y),
-        x.shape().clone(),
-        BackpropOp::none(),
-        false,
-    ))
+    Ok(untracked(y, x.shape().clone()))
 }
 
 /// The block input's gradient `dres + LayerNorm_bwd(x, weight, dy)` with `dy = dh · (1 + scale)` (with a
@@ -188,7 +178,7 @@ pub fn layer_norm_backward_add(
     ];
     let stores = guards
         .iter()
-        .map(|(s, _)| cuda_storage(s))
+        .map(|(s, _)| cuda_storage(s, "fused LayerNorm backward"))
         .collect::<Result<Vec<_>>>()?;
     let dev = stores[0].device().clone();
     let rows = x.elem_count() / cols.max(1);
@@ -266,21 +256,12 @@ pub fn layer_norm_backward_add(
         (stores[4], guards[4].1),
     ];
     let args = (sizes, eps as f32, vec);
-    let dx = match (dtype, dh.dtype()) {
-        (DType::F32, DType::F32) => go::<f32, f32>(&func, &dev, inputs, flags, rows, args)?,
-        (DType::F32, DType::BF16) => go::<f32, half::bf16>(&func, &dev, inputs, flags, rows, args)?,
-        (DType::BF16, DType::F32) => go::<half::bf16, f32>(&func, &dev, inputs, flags, rows, args)?,
-        (DType::BF16, DType::BF16) => {
-            go::<half::bf16, half::bf16>(&func, &dev, inputs, flags, rows, args)?
-        }
-        (a, b) => candle_core::bail!("fused LayerNorm backward: no {a:?} / {b:?} kernel"),
-    };
+    let dx = dtype_pair!(
+        dtype,
+        dh.dtype(),
+        go(&func, &dev, inputs, flags, rows, args)
+    )?;
     drop(stores);
     drop(guards);
-    Ok(Tensor::from_storage(
-        Storage::Cuda(dx),
-        x.shape().clone(),
-        BackpropOp::none(),
-        false,
-    ))
+    Ok(untracked(dx, x.shape().clone()))
 }

@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaModule, CudaView, LaunchConfig};
 use candle_core::cuda_backend::cudarc::nvrtc::Ptx;
 use candle_core::cuda_backend::{CudaDType, DeviceId, WrapErr};
-use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result};
+use candle_core::op::BackpropOp;
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Shape, Storage, Tensor};
 
 /// One `kernels/*.cu` file as a fat binary: machine code for [`SASS_ARCHS`] and PTX for compute capability 8.0,
 /// which the driver compiles for any other architecture from 8.0 on.
@@ -98,4 +99,18 @@ pub fn view<'a, T: CudaDType>(
 /// Converts a size to the `long` (i64) the kernels take.
 pub fn long(n: usize) -> Result<i64> {
     i64::try_from(n).map_err(|_| candle_core::Error::Msg(format!("size {n} does not fit in i64")))
+}
+
+/// The CUDA storage of a tensor's storage, or an error naming `op` for a tensor elsewhere (the wrappers that launch
+/// outside candle's custom ops read their inputs' storages directly).
+pub fn cuda_storage<'a>(s: &'a Storage, op: &str) -> Result<&'a CudaStorage> {
+    match s {
+        Storage::Cuda(c) => Ok(c),
+        _ => candle_core::bail!("{op} given a tensor that is not on CUDA"),
+    }
+}
+
+/// A kernel's output as a tensor of `shape` outside autograd.
+pub fn untracked(out: CudaStorage, shape: impl Into<Shape>) -> Tensor {
+    Tensor::from_storage(Storage::Cuda(out), shape, BackpropOp::none(), false)
 }
