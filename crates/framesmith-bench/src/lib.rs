@@ -4,6 +4,7 @@
 //! a real size (`synth` for Wan, `synth_flux` for FLUX.1 [dev]). No training code depends on this.
 
 pub mod attention;
+pub mod equivalence;
 #[cfg(feature = "cuda")]
 pub mod kernels;
 pub mod linear;

@@ -129,6 +129,30 @@ enum Command {
         #[arg(long)]
         no_checkpointing: bool,
     },
+    /// Full-size equivalence with the PyTorch reference: one LoRA step, with its weights (random, drawn on the
+    /// device), sample, LoRA factors, loss and LoRA gradients written to `--out` for
+    /// `bench/reference/equivalence.py`.
+    Equivalence {
+        /// Wan variant (t2v-1.3b, t2v-14b).
+        #[arg(long, default_value = "t2v-1.3b")]
+        variant: String,
+        #[command(flatten)]
+        workload: Workload,
+        /// Text tokens of the context (padded to 512 either way).
+        #[arg(long, default_value_t = 512)]
+        text_tokens: usize,
+        /// Folder for the files.
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Block backward: `manual` or `autograd`.
+        #[arg(long, default_value = "manual")]
+        backward: String,
+        /// Keep each block's self-attention output from the forward.
+        #[arg(long)]
+        keep_attention: bool,
+    },
     /// Block streaming: the step resident and streamed (each mode), copy bandwidths, an optional VRAM budget.
     Stream {
         #[arg(long, default_value = "t2v-14b")]
@@ -552,6 +576,40 @@ fn main() -> Result<()> {
                 ..bench::step::StepBench::default()
             };
             report(&[bench::step::run(&dev, &name, &variant(&name)?, &opts)?]);
+            Ok(())
+        }
+        Command::Equivalence {
+            variant: name,
+            workload,
+            text_tokens,
+            out,
+            seed,
+            backward,
+            keep_attention,
+        } => {
+            let opts = bench::step::StepBench {
+                mode: step_mode(&backward, keep_attention, false)?,
+                frames: workload.clip.frames,
+                height: workload.clip.height,
+                width: workload.clip.width,
+                rank: workload.rank,
+                fp8: fp8_mode(workload.fp8.as_deref())?,
+                text_tokens,
+                seed,
+                ..bench::step::StepBench::default()
+            };
+            let run = bench::equivalence::write(&dev, &variant(&name)?, &opts, &out).with_context(
+                || format!("the equivalence step of {name} into {}", out.display()),
+            )?;
+            println!(
+                "equivalence: {name} {} tokens, {} ({}), loss {}, {} LoRA gradients written to {}",
+                run.tokens,
+                opts.mode.label(),
+                workload.fp8.as_deref().unwrap_or("bf16"),
+                run.loss,
+                run.tensors,
+                out.display()
+            );
             Ok(())
         }
         Command::Stream {

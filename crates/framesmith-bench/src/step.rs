@@ -175,7 +175,7 @@ pub fn flow_batch(
     Ok((inputs, vec![target.to_device(device)?]))
 }
 
-fn step(
+pub(crate) fn step(
     model: &WanModel,
     inputs: &WanInputs,
     targets: &[Tensor],
