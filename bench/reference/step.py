@@ -184,7 +184,7 @@ class Wan(torch.nn.Module):
     def forward(self, latent, t, context):
         c, f, h, w = latent.shape
         grid = (f, h // 2, w // 2)
-        x = F.conv3d(latent[None].to(torch.bfloat16), self.patch_w, self.patch_b, stride=PATCH)
+        x = F.conv3d(latent[None].to(self.patch_w.dtype), self.patch_w, self.patch_b, stride=PATCH)
         x = x.flatten(2).transpose(1, 2).float()
         with torch.autocast("cuda", enabled=False):
             half = FREQ_DIM // 2
@@ -193,7 +193,7 @@ class Wan(torch.nn.Module):
             sin_emb = torch.cat([arg.cos(), arg.sin()], dim=1).float()
             e = F.linear(F.silu(F.linear(sin_emb, *self.time[0])), *self.time[1])
             e0 = F.linear(F.silu(e), *self.time[2]).unflatten(1, (6, self.dim))
-        ctx = torch.zeros(1, TEXT_LEN, TEXT_DIM, device=x.device, dtype=torch.bfloat16)
+        ctx = torch.zeros(1, TEXT_LEN, TEXT_DIM, device=x.device, dtype=self.text[0][0].dtype)
         ctx[0, : context.shape[0]] = context
         ctx = F.linear(F.gelu(F.linear(ctx, *self.text[0]), approximate="tanh"), *self.text[1])
         cos, sin = rope_tables(grid, self.dim // self.blocks[0].heads, x.device)
