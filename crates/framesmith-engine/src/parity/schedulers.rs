@@ -11,9 +11,10 @@ use crate::generate::sampler::{
     SchedulerConfig,
 };
 
-/// Which official scheduler and which sampling path a fixture exercises.
+/// Which official scheduler class and which sampling path a fixture exercises (the fixtures' names for what
+/// generation calls a [`Solver`](crate::generate::denoise::Solver)).
 #[derive(Clone, Copy)]
-enum Solver {
+enum OfficialScheduler {
     /// `FlowUniPCMultistepScheduler` with `set_timesteps(steps, shift=shift)`.
     UniPc,
     /// `FlowDPMSolverMultistepScheduler` with `get_sampling_sigmas` + `retrieve_timesteps`.
@@ -66,18 +67,18 @@ fn scheduler_config(config: &Value) -> anyhow::Result<SchedulerConfig> {
 
 /// A fresh scheduler set up for `steps` and `shift` along the official sampling path of `solver`.
 fn scheduler(
-    solver: Solver,
+    solver: OfficialScheduler,
     cfg: &SchedulerConfig,
     steps: usize,
     shift: f64,
 ) -> candle_core::Result<Box<dyn FlowScheduler>> {
     match solver {
-        Solver::UniPc => {
+        OfficialScheduler::UniPc => {
             let mut s = FlowUniPcScheduler::new(cfg.clone());
             s.set_timesteps(steps, shift)?;
             Ok(Box::new(s))
         }
-        Solver::DpmPp => {
+        OfficialScheduler::DpmPp => {
             let mut s = FlowDpmSolverScheduler::new(cfg.clone());
             retrieve_timesteps(&mut s, &sampling_sigmas(steps, shift))?;
             Ok(Box::new(s))
@@ -109,8 +110,8 @@ fn schedule_rows(
 /// Compares the fixture's schedules and sampling loop (`kind` `flow_unipc` or `flow_dpmpp`).
 pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
     let solver = match fixture.kind() {
-        "flow_unipc" => Solver::UniPc,
-        "flow_dpmpp" => Solver::DpmPp,
+        "flow_unipc" => OfficialScheduler::UniPc,
+        "flow_dpmpp" => OfficialScheduler::DpmPp,
         other => bail!("not a scheduler fixture: kind `{other}`"),
     };
     let cfg = scheduler_config(&fixture.config)?;
@@ -145,7 +146,7 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 /// The sampling loop: `model_out = a·x − b·t`, then `x = step(model_out, t, x)`, compared at every step.
 fn loop_rows(
     fixture: &Fixture,
-    solver: Solver,
+    solver: OfficialScheduler,
     cfg: &SchedulerConfig,
 ) -> anyhow::Result<Vec<ParityRow>> {
     let c = &fixture.config;
