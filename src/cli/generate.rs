@@ -28,7 +28,9 @@ use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::offload::{release_cached_memory, streamed_blocks, OffloadOptions, Placement};
+use framesmith_nn::offload::{
+    release_cached_memory, streamed_blocks, OffloadOptions, StreamPlacement,
+};
 use image::RgbImage;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
@@ -308,7 +310,7 @@ fn load_dit_with_loras(
                 cfg.num_layers - 1
             );
         }
-        let streamed = streamed_blocks(cfg.num_layers, swap, Placement::Spread);
+        let streamed = streamed_blocks(cfg.num_layers, swap, StreamPlacement::Spread);
         Ok(Some((streamed, OffloadOptions::default())))
     })?
     .model;

@@ -762,7 +762,7 @@ fn stream(
     bandwidth: bool,
     first: bool,
 ) -> Result<()> {
-    use framesmith_nn::offload::{Placement, StreamMode};
+    use framesmith_nn::offload::{StreamMode, StreamPlacement};
     if first {
         for (what, rel) in bench::stream::check_tiny(dev)? {
             let ok = rel <= 1e-2;
@@ -776,10 +776,10 @@ fn stream(
         }
     }
     let cfg = variant(name)?;
-    let placements: Vec<Placement> = match placement {
-        "spread" => vec![Placement::Spread],
-        "last" => vec![Placement::Last],
-        "both" => vec![Placement::Spread, Placement::Last],
+    let placements: Vec<StreamPlacement> = match placement {
+        "spread" => vec![StreamPlacement::Spread],
+        "last" => vec![StreamPlacement::Last],
+        "both" => vec![StreamPlacement::Spread, StreamPlacement::Last],
         other => bail!("unknown placement `{other}` (spread, last, both)"),
     };
     let mut cases = Vec::new();
@@ -793,7 +793,7 @@ fn stream(
         let places = if mode.is_some() {
             placements.clone()
         } else {
-            vec![Placement::Spread]
+            vec![StreamPlacement::Spread]
         };
         let counts = if mode.is_some() { slots } else { &slots[..1] };
         for p in places {

@@ -21,7 +21,7 @@ use framesmith_models::wan::{ModelOptions, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
 use framesmith_nn::offload::{
-    streamed_blocks, BlockStreamer, OffloadOptions, Placement, SavedPlacement, StreamMode,
+    streamed_blocks, BlockStreamer, OffloadOptions, SavedPlacement, StreamMode, StreamPlacement,
 };
 use framesmith_nn::vb::Vb;
 
@@ -31,7 +31,7 @@ pub struct StreamCase {
     /// `None`: every block resident.
     pub mode: Option<StreamMode>,
     pub blocks: usize,
-    pub placement: Placement,
+    pub placement: StreamPlacement,
     /// GPU slots in the ring (streamed cases).
     pub slots: usize,
 }
@@ -209,8 +209,8 @@ fn case_name(case: &StreamCase) -> String {
             m.as_str(),
             case.blocks,
             match case.placement {
-                Placement::Spread => "spread",
-                Placement::Last => "last",
+                StreamPlacement::Spread => "spread",
+                StreamPlacement::Last => "last",
             },
             if case.slots == 2 {
                 String::new()
@@ -728,7 +728,7 @@ mod tests {
         let case = |mode| StreamCase {
             mode,
             blocks: 2,
-            placement: Placement::Spread,
+            placement: StreamPlacement::Spread,
             slots: 2,
         };
         let out = run(

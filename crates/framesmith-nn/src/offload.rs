@@ -64,7 +64,7 @@ impl StreamMode {
 
 /// Which blocks stream when only some do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Placement {
+pub enum StreamPlacement {
     /// Spread evenly through the model, so resident blocks sit between streamed ones and hide their copies.
     Spread,
     /// The last N blocks.
@@ -72,11 +72,11 @@ pub enum Placement {
 }
 
 /// The block indices that stream: `count` of `num_blocks`, placed as asked.
-pub fn streamed_blocks(num_blocks: usize, count: usize, placement: Placement) -> Vec<usize> {
+pub fn streamed_blocks(num_blocks: usize, count: usize, placement: StreamPlacement) -> Vec<usize> {
     let count = count.min(num_blocks);
     match placement {
-        Placement::Last => (num_blocks - count..num_blocks).collect(),
-        Placement::Spread => {
+        StreamPlacement::Last => (num_blocks - count..num_blocks).collect(),
+        StreamPlacement::Spread => {
             // The i-th streamed block sits at the end of the i-th of `count` equal stretches.
             (0..count)
                 .map(|i| ((i + 1) * num_blocks).div_ceil(count) - 1)

@@ -7,7 +7,7 @@ use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::FluxConfig;
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
-use framesmith_nn::offload::{streamed_blocks, Placement, ALIGN};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::bytes::{dtype_bytes, fp8_weight_buffers, BaseFormat};
 use super::model::{BlockKind, ModelMemory};
@@ -23,13 +23,13 @@ pub fn flux_streamed_blocks(cfg: &FluxConfig, count: usize, order: FluxStreamOrd
     let total = double + single;
     let count = count.min(total.saturating_sub(1));
     let of_kind = |n: usize, first: usize, len: usize| -> Vec<usize> {
-        streamed_blocks(len, n.min(len), Placement::Spread)
+        streamed_blocks(len, n.min(len), StreamPlacement::Spread)
             .into_iter()
             .map(|i| first + i)
             .collect()
     };
     let mut out = match order {
-        FluxStreamOrder::Spread => streamed_blocks(total, count, Placement::Spread),
+        FluxStreamOrder::Spread => streamed_blocks(total, count, StreamPlacement::Spread),
         FluxStreamOrder::SingleFirst => {
             let s = count.min(single);
             let mut v = of_kind(count - s, 0, double);

@@ -4,7 +4,7 @@
 
 use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
-use framesmith_nn::offload::{streamed_blocks, Placement};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement};
 
 use super::activations::{block_tape_bytes, kept_attention_bytes};
 use super::bytes::{
@@ -67,7 +67,7 @@ pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         }],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
-            .map(|count| streamed_blocks(n, count, Placement::Spread))
+            .map(|count| streamed_blocks(n, count, StreamPlacement::Spread))
             .collect(),
         resident: resident_weights(cfg, input.compute),
         lora_params,

@@ -37,8 +37,8 @@ use framesmith_nn::collective::broadcast_tensors;
 use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{
-    release_cached_memory, streamed_blocks, OffloadOptions, OutOfMemory, Placement, SavedPlacement,
-    StreamMode,
+    release_cached_memory, streamed_blocks, OffloadOptions, OutOfMemory, SavedPlacement,
+    StreamMode, StreamPlacement,
 };
 use framesmith_nn::vb::Vb;
 
@@ -183,7 +183,7 @@ fn streaming_for(
     Ok(
         streamed_count(plan, device, memory, cfg.num_layers, &model)?.map(|(count, offload)| {
             (
-                streamed_blocks(cfg.num_layers, count, Placement::Spread),
+                streamed_blocks(cfg.num_layers, count, StreamPlacement::Spread),
                 offload,
             )
         }),

@@ -4,11 +4,17 @@ use super::*;
 
 #[test]
 fn spread_placement_is_even_and_last_is_the_tail() {
-    assert_eq!(streamed_blocks(8, 4, Placement::Spread), vec![1, 3, 5, 7]);
-    assert_eq!(streamed_blocks(8, 3, Placement::Last), vec![5, 6, 7]);
-    assert_eq!(streamed_blocks(4, 4, Placement::Spread), vec![0, 1, 2, 3]);
-    assert!(streamed_blocks(4, 0, Placement::Spread).is_empty());
-    let s = streamed_blocks(40, 30, Placement::Spread);
+    assert_eq!(
+        streamed_blocks(8, 4, StreamPlacement::Spread),
+        vec![1, 3, 5, 7]
+    );
+    assert_eq!(streamed_blocks(8, 3, StreamPlacement::Last), vec![5, 6, 7]);
+    assert_eq!(
+        streamed_blocks(4, 4, StreamPlacement::Spread),
+        vec![0, 1, 2, 3]
+    );
+    assert!(streamed_blocks(4, 0, StreamPlacement::Spread).is_empty());
+    let s = streamed_blocks(40, 30, StreamPlacement::Spread);
     assert_eq!(s.len(), 30);
     assert!(s.windows(2).all(|w| w[0] < w[1]));
     assert_eq!(s.last(), Some(&39));
