@@ -327,6 +327,19 @@ fn step_mode(backward: &str, keep_attention: bool, keep_tapes: bool) -> Result<S
     })
 }
 
+/// The step benchmark's settings for `workload` (clip size, rank, FP8) in `mode`; the rest default.
+fn step_bench(workload: &Workload, mode: StepMode) -> Result<bench::step::StepBench> {
+    Ok(bench::step::StepBench {
+        mode,
+        frames: workload.clip.frames,
+        height: workload.clip.height,
+        width: workload.clip.width,
+        rank: workload.rank,
+        fp8: fp8_mode(workload.fp8.as_deref())?,
+        ..bench::step::StepBench::default()
+    })
+}
+
 /// A comma-separated list of positive counts given to `flag`.
 fn counts(flag: &str, list: &str) -> Result<Vec<usize>> {
     let values = list
@@ -565,15 +578,9 @@ fn main() -> Result<()> {
                 step_check(&dev, mode)?;
             }
             let opts = bench::step::StepBench {
-                mode,
-                frames: workload.clip.frames,
-                height: workload.clip.height,
-                width: workload.clip.width,
-                rank: workload.rank,
-                fp8: fp8_mode(workload.fp8.as_deref())?,
                 warmup,
                 iters,
-                ..bench::step::StepBench::default()
+                ..step_bench(&workload, mode)?
             };
             report(&[bench::step::run(&dev, &name, &variant(&name)?, &opts)?]);
             Ok(())
@@ -588,15 +595,9 @@ fn main() -> Result<()> {
             keep_attention,
         } => {
             let opts = bench::step::StepBench {
-                mode: step_mode(&backward, keep_attention, false)?,
-                frames: workload.clip.frames,
-                height: workload.clip.height,
-                width: workload.clip.width,
-                rank: workload.rank,
-                fp8: fp8_mode(workload.fp8.as_deref())?,
                 text_tokens,
                 seed,
-                ..bench::step::StepBench::default()
+                ..step_bench(&workload, step_mode(&backward, keep_attention, false)?)?
             };
             let run = bench::equivalence::write(&dev, &variant(&name)?, &opts, &out).with_context(
                 || format!("the equivalence step of {name} into {}", out.display()),
