@@ -16,30 +16,48 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
 // multiplying by the weight, and the kernels reproduce that rounding.
 template <typename T> __device__ __forceinline__ float round_through(float x) { return to_f32(from_f32<T>(x)); }
 
-__device__ __forceinline__ float warp_sum(float v) {
+struct SumOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return a + b; }
+};
+struct MaxOp {
+    __device__ __forceinline__ float operator()(float a, float b) const { return fmaxf(a, b); }
+};
+
+template <typename Op> __device__ __forceinline__ float warp_reduce(float v, Op op) {
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
-// `scratch` holds 32 floats in shared memory; the trailing barrier lets callers reuse it at once.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+__device__ __forceinline__ float warp_sum(float v) { return warp_reduce(v, SumOp{}); }
+
+// `op` over the whole block (blockDim.x a multiple of 32, at most 1024; `identity` op's neutral value); every
+// thread gets the result. `scratch` holds 32 floats in shared memory; the trailing barrier lets callers reuse it
+// at once.
+template <typename Op> __device__ __forceinline__ float block_reduce(float v, float* scratch, Op op, float identity) {
     const int lane = threadIdx.x & 31;
     const int warp = threadIdx.x >> 5;
-    v = warp_sum(v);
+    v = warp_reduce(v, op);
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
     const int nwarps = blockDim.x >> 5;
-    float t = (threadIdx.x < nwarps) ? scratch[threadIdx.x] : 0.f;
+    float t = (threadIdx.x < nwarps) ? scratch[threadIdx.x] : identity;
     if (warp == 0) {
-        t = warp_sum(t);
+        t = warp_reduce(t, op);
         if (lane == 0) scratch[0] = t;
     }
     __syncthreads();
     const float r = scratch[0];
     __syncthreads();
     return r;
+}
+
+// Sum over the whole block (see block_reduce).
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce(v, scratch, SumOp{}, 0.f); }
+
+// Largest value over the whole block (see block_reduce); NaN inputs are skipped, as fmaxf skips them.
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+    return block_reduce(v, scratch, MaxOp{}, -INFINITY);
 }
 
 // The modulation row of activation row `row` (of `L` per sample): one vector per sample (Ls 1) or per token

@@ -1,6 +1,10 @@
 // FP8 e4m3 (float8_e4m3fn) weight dequantisation with f32 scales into bf16 / f32.
 // Scale modes: 0 = one scale for the tensor, 1 = one per row (output channel), 2 = one per block of `block`
 // consecutive values along a row (block-64 in musubi-tuner's layout: scale[row, col / block]).
+// Also the row-wise quantisation of bf16 activations for FP8 tensor-core products (fs_fp8_quantize_rows_bf16).
+#include <cuda_fp8.h>
+#include <float.h>
+
 #include "common.cuh"
 
 // e4m3fn: sign, 4 exponent bits (bias 7), 3 mantissa bits; no infinities, 0x7f / 0xff are NaN.
@@ -70,4 +74,50 @@ extern "C" __global__ void fs_fp8_dequant_bf16(const uint8_t* w, const float* sc
 extern "C" __global__ void fs_fp8_dequant_f32(const uint8_t* w, const float* scale, float* out, long rows,
                                               long cols, int mode, int block) {
     dequant_scalar(w, scale, out, rows, cols, mode, block);
+}
+
+// Row-wise e4m3fn quantisation of bf16 activations [rows, cols] for FP8 tensor-core products: scale[row] =
+// amax(|row|) / 448 (FLT_MIN at least for a row of tiny values, 1 for an all-zero row), codes[row, c] =
+// e4m3fn(x / scale), rounded to nearest even and saturated to +-448 (the hardware conversion on 8.9+). One block
+// per row: a pass for the row's largest magnitude, then a pass that encodes (the row is read twice, the second
+// time mostly from L2). `vec` (cols % 8 == 0, 16-byte aligned rows): 8 values per 16-byte load and 8-byte store.
+extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, uint8_t* codes, float* scale,
+                                                     long rows, long cols, int vec) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    if (row >= rows) return;
+    const __nv_bfloat16* xr = x + row * cols;
+    uint8_t* cr = codes + row * cols;
+    float amax = 0.f;
+    if (vec) {
+        for (long c = (long)threadIdx.x * 8; c < cols; c += (long)blockDim.x * 8) {
+            float v[8];
+            load_vec<__nv_bfloat16, 8>(xr + c, v);
+#pragma unroll
+            for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
+        }
+    } else {
+        for (long c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(xr[c])));
+    }
+    amax = block_max(amax, scratch);
+    float s = amax / 448.f;
+    if (s < FLT_MIN) s = amax > 0.f ? FLT_MIN : 1.f;
+    if (threadIdx.x == 0) scale[row] = s;
+    if (vec) {
+        for (long c = (long)threadIdx.x * 8; c < cols; c += (long)blockDim.x * 8) {
+            float v[8];
+            load_vec<__nv_bfloat16, 8>(xr + c, v);
+            uint32_t lo = 0, hi = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+                lo |= (uint32_t)__nv_cvt_float_to_fp8(v[k] / s, __NV_SATFINITE, __NV_E4M3) << (8 * k);
+                hi |= (uint32_t)__nv_cvt_float_to_fp8(v[4 + k] / s, __NV_SATFINITE, __NV_E4M3) << (8 * k);
+            }
+            *reinterpret_cast<uint2*>(cr + c) = make_uint2(lo, hi);
+        }
+    } else {
+        for (long c = threadIdx.x; c < cols; c += blockDim.x) {
+            cr[c] = __nv_cvt_float_to_fp8(to_f32(xr[c]) / s, __NV_SATFINITE, __NV_E4M3);
+        }
+    }
 }

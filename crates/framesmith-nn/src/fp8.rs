@@ -110,6 +110,8 @@ pub struct Fp8Weight {
     mode: Fp8Scale,
     /// `F32` `[256]`: the value of every code, on the weight's device.
     table: Tensor,
+    /// Products with this weight run on FP8 tensor cores, activations quantised per row ([`Fp8Weight::for_fp8_products`]).
+    products: bool,
 }
 
 /// The mode actually used for a weight with `in_dim` inputs: block64 needs `in_dim` divisible by 64 and falls
@@ -214,7 +216,35 @@ impl Fp8Weight {
             scale,
             mode,
             table,
+            products: false,
         })
+    }
+
+    /// This weight with one scale per output channel, marked for FP8 tensor-core products (`model.fp8_matmul`:
+    /// [`crate::linear::Linear`]'s forward then quantises its input per row instead of dequantising the weight).
+    /// Per-tensor scales are repeated per channel (the same codes); block-64 weights are dequantised and quantised
+    /// again per channel (a second rounding of each value, on the CPU), as FP8 products take one scale per row.
+    pub fn for_fp8_products(&self) -> Result<Self> {
+        let (out_dim, _) = self.dims();
+        let mut channel = match self.mode {
+            Fp8Scale::Channel => self.clone(),
+            Fp8Scale::Tensor => Self::new(
+                self.codes.clone(),
+                self.scale.reshape(1)?.repeat(out_dim)?,
+                Fp8Scale::Channel,
+            )?,
+            Fp8Scale::Block64 => {
+                let device = self.device().clone();
+                quantize(&self.dequantize(DType::F32)?, Fp8Scale::Channel)?.to_device(&device)?
+            }
+        };
+        channel.products = true;
+        Ok(channel)
+    }
+
+    /// Whether products with this weight run on FP8 tensor cores ([`Fp8Weight::for_fp8_products`]).
+    pub fn fp8_products(&self) -> bool {
+        self.products
     }
 
     /// A weight from checkpoint tensors: `codes` `[out, in]` as `F8E4M3` (or its raw bytes as `U8`) and the
@@ -313,11 +343,13 @@ impl Fp8Weight {
 
     /// The same weight on `device`.
     pub fn to_device(&self, device: &Device) -> Result<Self> {
-        Self::new(
+        let mut moved = Self::new(
             self.codes.to_device(device)?,
             self.scale.to_device(device)?,
             self.mode,
-        )
+        )?;
+        moved.products = self.products;
+        Ok(moved)
     }
 
     /// The dense weight `[out, in]` in `dtype`: each code's value times its scale, computed in f32 and rounded
@@ -370,6 +402,35 @@ impl Fp8Weight {
         };
         dense.to_dtype(dtype)
     }
+}
+
+/// Row-wise e4m3fn quantisation of activations `[rows, cols]` (any float dtype and device; computed on the CPU),
+/// as FP8 tensor-core products take them: per row, scale `amax / 448` (at least `f32::MIN_POSITIVE`; 1 for an
+/// all-zero row) and codes `e4m3(x / scale)`, saturating. Returns `U8` codes `[rows, cols]` and `F32` scales
+/// `[rows]` on the CPU. The reference of the CUDA kernel (`crate::cuda::fp8_gemm::quantize_rows`).
+pub fn quantize_rows_reference(xs: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (rows, cols) = xs.dims2()?;
+    let values = host_f32(xs)?;
+    let mut codes = vec![0u8; rows * cols];
+    let scales: Vec<f32> = codes
+        .par_chunks_mut(cols.max(1))
+        .zip(values.par_chunks(cols.max(1)))
+        .map(|(out, row)| {
+            let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+            let mut s = amax / E4M3_MAX;
+            if s < f32::MIN_POSITIVE {
+                s = if amax > 0.0 { f32::MIN_POSITIVE } else { 1.0 };
+            }
+            for (c, v) in out.iter_mut().zip(row) {
+                *c = e4m3_encode(v / s);
+            }
+            s
+        })
+        .collect();
+    Ok((
+        Tensor::from_vec(codes, (rows, cols), &Device::Cpu)?,
+        Tensor::from_vec(scales, rows, &Device::Cpu)?,
+    ))
 }
 
 /// The scale mode implied by a checkpoint scale's shape for a weight `[out, in]`.

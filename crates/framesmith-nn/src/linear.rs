@@ -9,7 +9,7 @@ use candle_core::{
     CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
 };
 
-use super::fp8::{self, Fp8Weight};
+use super::fp8::{self, Fp8Scale, Fp8Weight};
 use super::lora::Lora;
 use super::vb::Vb;
 
@@ -73,7 +73,8 @@ impl Linear {
     /// A dense weight stays dense, or is quantised to FP8 when `vb.fp8()` is set. A pre-quantised weight
     /// (dtype F8E4M3) takes its scale from `scale_weight` (ComfyUI `scaled_fp8`, musubi-tuner) or `weight_scale`
     /// (ComfyUI mixed precision, other exporters), or scale 1 when neither exists; it stays FP8 when `vb.fp8()`
-    /// is set and is dequantised to the compute dtype otherwise. Input scales (`scale_input`, `input_scale`)
+    /// is set and is dequantised to the compute dtype otherwise. With `vb.fp8_products()` an FP8 base is held
+    /// per channel and marked for FP8 tensor-core products. Input scales (`scale_input`, `input_scale`)
     /// only matter to FP8×FP8 matmuls and are not read: activations stay in the compute dtype here.
     pub fn load(vb: &Vb, in_dim: usize, out_dim: usize) -> Result<Self> {
         let stored = vb.get_stored("weight")?;
@@ -84,14 +85,28 @@ impl Linear {
                 stored.dims()
             );
         }
+        let for_products = |w: Fp8Weight| {
+            if vb.fp8_products() {
+                w.for_fp8_products()
+            } else {
+                Ok(w)
+            }
+        };
         let base = if stored.dtype() == DType::F8E4M3 {
             let weight = load_prequantized(vb, &stored)?;
             match vb.fp8() {
-                Some(_) => BaseWeight::Fp8(weight.to_device(vb.device())?),
+                Some(_) => BaseWeight::Fp8(for_products(weight)?.to_device(vb.device())?),
                 None => BaseWeight::Dense(weight.dequantize(vb.dtype())?.to_device(vb.device())?),
             }
         } else if let Some(mode) = vb.fp8() {
-            BaseWeight::Fp8(fp8::quantize(&stored, mode)?.to_device(vb.device())?)
+            // FP8 products take one scale per channel: quantised so from the start, rounding each value once.
+            let mode = if vb.fp8_products() {
+                Fp8Scale::Channel
+            } else {
+                mode
+            };
+            let weight = for_products(fp8::quantize(&stored, mode)?)?;
+            BaseWeight::Fp8(weight.to_device(vb.device())?)
         } else {
             BaseWeight::Dense(vb.get((out_dim, in_dim), "weight")?)
         };
@@ -257,6 +272,20 @@ impl CustomOp1 for FrozenMatmul {
         layout: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let bmnk = self.bmnk(layout)?;
+        if let BaseWeight::Fp8(w) = &self.base {
+            let (_, m, n, k) = bmnk;
+            let fp8 =
+                crate::cuda::fp8_gemm::supported(storage.dtype(), n, k) && layout.is_contiguous();
+            if w.fp8_products() && fp8 {
+                let out = crate::cuda::fp8_gemm::fp8_linear_storage(
+                    storage,
+                    layout,
+                    w.codes(),
+                    w.scale(),
+                )?;
+                return Ok((out, Shape::from((m, n))));
+            }
+        }
         let wt = self.base.dense(storage.dtype())?.t()?;
         let (w_storage, w_layout) = wt.storage_and_layout();
         let Storage::Cuda(w) = &*w_storage else {

@@ -44,6 +44,7 @@ pub struct Vb {
     dtype: DType,
     device: Device,
     fp8: Option<Fp8Scale>,
+    fp8_products: bool,
 }
 
 impl Vb {
@@ -60,6 +61,7 @@ impl Vb {
             dtype,
             device: device.clone(),
             fp8: None,
+            fp8_products: false,
         }
     }
 
@@ -128,6 +130,20 @@ impl Vb {
     /// The FP8 mode set by [`Vb::with_fp8`].
     pub fn fp8(&self) -> Option<Fp8Scale> {
         self.fp8
+    }
+
+    /// A view whose FP8 `Linear`s multiply on FP8 tensor cores ([`crate::fp8::Fp8Weight::for_fp8_products`]);
+    /// only FP8 bases (see [`Vb::with_fp8`]) are affected.
+    pub fn with_fp8_products(&self, on: bool) -> Self {
+        Self {
+            fp8_products: on,
+            ..self.clone()
+        }
+    }
+
+    /// Whether [`Vb::with_fp8_products`] is on.
+    pub fn fp8_products(&self) -> bool {
+        self.fp8_products
     }
 
     /// The tensor exactly as the loader stored it: dtype and device unchanged (quantisation reads it on the

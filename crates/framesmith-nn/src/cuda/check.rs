@@ -9,6 +9,7 @@ use rand::SeedableRng;
 use super::{elementwise, fp8, norm, rope};
 use crate::init;
 
+mod fp8_gemm;
 mod mixed;
 mod norm_mod;
 
@@ -561,6 +562,7 @@ fn optim_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 /// Every check this build has.
 pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     let mut out = fp8_checks(dev)?;
+    out.extend(fp8_gemm::fp8_gemm_checks(dev)?);
     out.extend(norm_checks(dev)?);
     out.extend(elementwise_checks(dev)?);
     out.extend(rope_checks(dev)?);
@@ -600,6 +602,12 @@ mod tests {
     #[test]
     fn fp8_kernels_match_reference() -> Result<()> {
         assert_all_pass(fp8_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn fp8_products_match_reference() -> Result<()> {
+        assert_all_pass(fp8_gemm::fp8_gemm_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

@@ -45,6 +45,7 @@ pub mod check;
 pub mod device;
 pub mod elementwise;
 pub mod fp8;
+pub mod fp8_gemm;
 pub mod gemm;
 pub mod libraries;
 pub mod mixed;

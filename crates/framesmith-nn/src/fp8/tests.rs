@@ -478,3 +478,73 @@ fn every_name_parses_to_the_mode_of_that_name() {
     }
     assert!("block32".parse::<Fp8Scale>().is_err());
 }
+
+/// The row quantisation FP8 products use: each row's largest magnitude maps to ±448 exactly, every value is the
+/// nearest e4m3 of `x / scale` (saturating), an all-zero row gets scale 1, a row of tiny values a normal scale.
+#[test]
+fn activation_rows_quantise_to_their_own_scale() {
+    let (rows, cols) = (5, 96);
+    let mut x = randn(70, rows * cols);
+    for (i, v) in x.iter_mut().enumerate() {
+        *v *= [1e-3, 1.0, 1e3, 0.0, 1e-40][i / cols];
+    }
+    x[cols + 7] = -900.0;
+    let t = Tensor::from_vec(x.clone(), (rows, cols), &Device::Cpu).unwrap();
+    let (codes, scales) = quantize_rows_reference(&t).unwrap();
+    let codes = codes.flatten_all().unwrap().to_vec1::<u8>().unwrap();
+    let scales = scales.to_vec1::<f32>().unwrap();
+    let table = finite_codes();
+    for r in 0..rows {
+        let row = &x[r * cols..(r + 1) * cols];
+        let amax = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let s = scales[r];
+        match r {
+            3 => assert_eq!(s, 1.0),
+            4 => assert_eq!(s, f32::MIN_POSITIVE),
+            _ => assert_eq!(s, amax / E4M3_MAX),
+        }
+        for (c, &v) in row.iter().enumerate() {
+            let code = codes[r * cols + c];
+            assert_eq!(
+                e4m3_decode(code),
+                nearest_e4m3(v / s, &table),
+                "row {r} col {c}: {v}"
+            );
+        }
+        if r < 3 {
+            let top = row.iter().map(|v| (v / s).abs()).fold(0f32, f32::max);
+            assert!((top - E4M3_MAX).abs() <= E4M3_MAX * 1e-6, "row {r}: {top}");
+        }
+    }
+    assert_eq!(e4m3_decode(codes[cols + 7]), -E4M3_MAX);
+}
+
+/// Weights for FP8 products hold one scale per output channel: per-tensor scales are repeated (same codes, same
+/// values), per-channel weights are kept, block-64 ones are quantised again per channel from their values (within
+/// e4m3's rounding of those values); the mark survives a move between devices.
+#[test]
+fn weights_for_fp8_products_are_per_channel() {
+    let (out_dim, in_dim) = (12, 256);
+    let w = uneven_weight(71, out_dim, in_dim);
+    for mode in [Fp8Scale::Tensor, Fp8Scale::Channel, Fp8Scale::Block64] {
+        let (q, deq) = round_trip(&w, out_dim, in_dim, mode);
+        assert!(!q.fp8_products());
+        let p = q.for_fp8_products().unwrap();
+        assert!(p.fp8_products() && p.to_device(&Device::Cpu).unwrap().fp8_products());
+        assert_eq!(p.mode(), Fp8Scale::Channel);
+        assert_eq!(p.scale().dims(), [out_dim]);
+        let got = p
+            .dequantize(DType::F32)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap();
+        if mode == Fp8Scale::Block64 {
+            assert_within_e4m3_bound(&deq, &got, &scale_of(&p), in_dim);
+            assert_ne!(got, deq);
+        } else {
+            assert_eq!(got, deq, "{mode}");
+        }
+    }
+}

@@ -383,3 +383,57 @@ fn unsupported_comfy_quant_format_is_named() {
         "{err}"
     );
 }
+
+/// `Vb::with_fp8_products`: dense weights are quantised per channel directly, pre-quantised block-64 ones are
+/// held per channel; both are marked, and off CUDA the layer still computes with the dequantised weight.
+#[test]
+fn load_for_fp8_products() {
+    let w = tensor(63, &[16, 128], 0.3);
+    let vb = vb_of(vec![("m.weight", w.clone())]);
+    let layer = Linear::load(
+        &vb.with_fp8(Some(Fp8Scale::Block64))
+            .with_fp8_products(true)
+            .pp("m"),
+        128,
+        16,
+    )
+    .unwrap();
+    let BaseWeight::Fp8(q) = layer.base() else {
+        panic!("not FP8")
+    };
+    assert!(q.fp8_products());
+    assert_eq!(q.mode(), Fp8Scale::Channel);
+    let channel = quantize(&w, Fp8Scale::Channel).unwrap();
+    assert_eq!(
+        max_abs_diff(
+            &layer.base().dense(DType::F32).unwrap(),
+            &channel.dequantize(DType::F32).unwrap()
+        ),
+        0.0
+    );
+    let x = tensor(64, &[3, 128], 1.0);
+    let want = x
+        .matmul(&channel.dequantize(DType::F32).unwrap().t().unwrap())
+        .unwrap();
+    assert!(max_abs_diff(&layer.forward(&x).unwrap(), &want) < 1e-5);
+
+    let block = quantize(&w, Fp8Scale::Block64).unwrap();
+    let vb = vb_of(vec![
+        ("m.weight", block.codes().to_dtype(DType::F8E4M3).unwrap()),
+        ("m.scale_weight", block.scale().clone()),
+    ]);
+    let kept = Linear::load(&vb.with_fp8(Some(Fp8Scale::Block64)).pp("m"), 128, 16).unwrap();
+    let products = Linear::load(
+        &vb.with_fp8(Some(Fp8Scale::Block64))
+            .with_fp8_products(true)
+            .pp("m"),
+        128,
+        16,
+    )
+    .unwrap();
+    let (BaseWeight::Fp8(k), BaseWeight::Fp8(p)) = (kept.base(), products.base()) else {
+        panic!("not FP8")
+    };
+    assert_eq!((k.mode(), k.fp8_products()), (Fp8Scale::Block64, false));
+    assert_eq!((p.mode(), p.fp8_products()), (Fp8Scale::Channel, true));
+}

@@ -1,0 +1,363 @@
+//! FP8 tensor-core products for a frozen FP8 base (`model.fp8_matmul`): `y = x Wᵀ` with the bf16 activations `x`
+//! quantised to e4m3fn per row (`fs_fp8_quantize_rows_bf16` in kernels/fp8.cu) and the weight's e4m3fn codes with
+//! one scale per output channel, multiplied by cuBLASLt with outer-vector scales (f32 accumulation, bf16 output).
+//! Both scale vectors are applied inside the product, so nothing is dequantised. Needs FP8 tensor cores and a
+//! cuBLASLt with outer-vector scaling for them (Hopper with cuBLAS 12.9 or later); [`probe`] says whether this
+//! GPU and library can.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t;
+use candle_core::cuda_backend::cudarc::cublaslt::result as lt;
+use candle_core::cuda_backend::cudarc::cublaslt::sys;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaView, DevicePtr, DevicePtrMut, PushKernelArg,
+};
+use candle_core::cuda_backend::{DeviceId, WrapErr};
+use candle_core::{CudaDevice, CudaStorage, DType, Device, Layout, Result, Tensor};
+
+use super::ptx::{self, long};
+
+/// cuBLASLt workspace: NVIDIA's recommendation for Hopper.
+const WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Whether a CUDA `x [m, k] · codesᵀ` (`codes` `[n, k]`) can take the FP8 path: bf16 activations, `k` and `n`
+/// multiples of 16 (the FP8 kernels' operand alignment). Other products with a weight marked for FP8 products
+/// dequantise it as usual.
+pub fn supported(x_dtype: DType, n: usize, k: usize) -> bool {
+    x_dtype == DType::BF16 && n % 16 == 0 && k % 16 == 0 && n > 0 && k > 0
+}
+
+/// e4m3fn codes `[m, k]` (`U8`) and f32 scales `[m]` of a bf16 CUDA tensor `[m, k]`, one scale per row
+/// (`amax / 448`); see `fs_fp8_quantize_rows_bf16`. [`crate::fp8::quantize_rows_reference`] is the CPU version.
+pub fn quantize_rows(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    let (m, k) = x.dims2()?;
+    if x.dtype() != DType::BF16 {
+        candle_core::bail!("quantize_rows takes bf16 activations, not {:?}", x.dtype());
+    }
+    let x = x.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let storage = ptx::cuda_storage(&storage, "quantize_rows")?;
+    let view = ptx::view::<half::bf16>(storage, layout)?;
+    let dev = storage.device().clone();
+    let (codes, scale) = quantize_rows_view(&dev, &view, m, k, layout.start_offset())?;
+    Ok((
+        ptx::untracked(CudaStorage::wrap_cuda_slice(codes, dev.clone()), (m, k)),
+        ptx::untracked(CudaStorage::wrap_cuda_slice(scale, dev), m),
+    ))
+}
+
+fn quantize_rows_view(
+    dev: &CudaDevice,
+    x: &CudaView<'_, half::bf16>,
+    m: usize,
+    k: usize,
+    start_offset: usize,
+) -> Result<(CudaSlice<u8>, CudaSlice<f32>)> {
+    let func = ptx::load(dev, &ptx::FP8, "fs_fp8_quantize_rows_bf16")?;
+    // SAFETY: the kernel writes every code and every row's scale before either is read.
+    let codes = unsafe { dev.alloc::<u8>(m * k)? };
+    // SAFETY: as above.
+    let scale = unsafe { dev.alloc::<f32>(m)? };
+    let vec = i32::from(k % 8 == 0 && start_offset % 8 == 0);
+    let (rows, cols) = (long(m)?, long(k)?);
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&func);
+    b.arg(x)
+        .arg(&codes)
+        .arg(&scale)
+        .arg(&rows)
+        .arg(&cols)
+        .arg(&vec);
+    // SAFETY: argument types and order match the kernel's signature; `x` holds m * k values and the outputs
+    // m * k codes and m scales; with `vec` every row starts 16-byte aligned (k and the offset multiples of 8).
+    unsafe { b.launch(ptx::row_config(m)?) }.w()?;
+    Ok((codes, scale))
+}
+
+/// `x · Wᵀ` in bf16 for a bf16 CUDA `x` `[m, k]` and an FP8 weight given by its e4m3fn `codes` `[n, k]` (`U8`,
+/// contiguous) and f32 per-channel `scale` `[n]`, through FP8 tensor cores (see the module docs).
+pub fn fp8_linear(x: &Tensor, codes: &Tensor, scale: &Tensor) -> Result<Tensor> {
+    let (m, _) = x.dims2()?;
+    let n = codes.dim(0)?;
+    let x = x.contiguous()?;
+    let (storage, layout) = x.storage_and_layout();
+    let storage = ptx::cuda_storage(&storage, "fp8_linear")?;
+    let out = fp8_linear_storage(storage, layout, codes, scale)?;
+    Ok(ptx::untracked(out, (m, n)))
+}
+
+/// [`fp8_linear`] on a contiguous storage `x` `[m, k]` (the frozen matmul's forward).
+pub fn fp8_linear_storage(
+    x: &CudaStorage,
+    x_layout: &Layout,
+    codes: &Tensor,
+    scale: &Tensor,
+) -> Result<CudaStorage> {
+    let (m, k) = x_layout.shape().dims2()?;
+    let (n, wk) = codes.dims2()?;
+    if wk != k || scale.elem_count() != n {
+        candle_core::bail!(
+            "fp8_linear: input [{m}, {k}] against FP8 codes {:?} with {} scales (one per output channel)",
+            codes.dims(),
+            scale.elem_count()
+        );
+    }
+    if x.dtype() != DType::BF16 || codes.dtype() != DType::U8 || scale.dtype() != DType::F32 {
+        candle_core::bail!(
+            "fp8_linear takes bf16 activations, U8 codes and f32 scales, got {:?} {:?} {:?}",
+            x.dtype(),
+            codes.dtype(),
+            scale.dtype()
+        );
+    }
+    if n % 16 != 0 || k % 16 != 0 {
+        candle_core::bail!("fp8_linear needs the weight's dims [{n}, {k}] in multiples of 16");
+    }
+    let dev = x.device().clone();
+    let x_view = ptx::view::<half::bf16>(x, x_layout)?;
+    let (xq, xs) = quantize_rows_view(&dev, &x_view, m, k, x_layout.start_offset())?;
+    let codes = codes.contiguous()?;
+    let scale = scale.contiguous()?;
+    let (cs, cl) = codes.storage_and_layout();
+    let (ss, sl) = scale.storage_and_layout();
+    let w = ptx::view::<u8>(ptx::cuda_storage(&cs, "fp8_linear")?, cl)?;
+    let ws = ptx::view::<f32>(ptx::cuda_storage(&ss, "fp8_linear")?, sl)?;
+    // SAFETY: cuBLASLt writes all m * n outputs (beta = 0) before anything reads them.
+    let mut out = unsafe { dev.alloc::<half::bf16>(m * n)? };
+    let operands = Operands {
+        w: &w,
+        w_scale: &ws,
+        x: &xq,
+        x_scale: &xs,
+    };
+    let context = lt_context(&dev)?;
+    let mut context = context.lock().unwrap_or_else(PoisonError::into_inner);
+    context.matmul(&dev, Dims { m, n, k }, operands, &mut out)?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// Whether this GPU and cuBLASLt run the FP8 product (a small one, checked against nothing: an error or no
+/// algorithm means no). For a run's setup, before anything is trained with `model.fp8_matmul`.
+pub fn probe(device: &Device) -> Result<()> {
+    let x = Tensor::ones((16, 32), DType::BF16, device)?;
+    let codes = Tensor::zeros((16, 32), DType::U8, device)?;
+    let scale = Tensor::ones(16, DType::F32, device)?;
+    fp8_linear(&x, &codes, &scale)?
+        .to_device(&Device::Cpu)
+        .map(|_| ())
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Dims {
+    m: usize,
+    n: usize,
+    k: usize,
+}
+
+struct Operands<'a> {
+    w: &'a CudaView<'a, u8>,
+    w_scale: &'a CudaView<'a, f32>,
+    x: &'a CudaSlice<u8>,
+    x_scale: &'a CudaSlice<f32>,
+}
+
+/// One cuBLASLt handle and workspace per device, and the algorithm chosen for each product shape.
+struct LtContext {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    algos: HashMap<Dims, sys::cublasLtMatmulAlgo_t>,
+}
+
+// SAFETY: the handle is only used under the context's mutex, on the device whose context is bound first.
+unsafe impl Send for LtContext {}
+
+type Contexts = Mutex<HashMap<DeviceId, Arc<Mutex<LtContext>>>>;
+
+fn lt_context(dev: &CudaDevice) -> Result<Arc<Mutex<LtContext>>> {
+    static CONTEXTS: OnceLock<Contexts> = OnceLock::new();
+    let mut all = CONTEXTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = all.get(&dev.id()) {
+        return Ok(c.clone());
+    }
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    let handle = lt::create_handle().map_err(blas_error("cublasLtCreate"))?;
+    // SAFETY: a scratch buffer cuBLASLt may overwrite; never read by us.
+    let workspace = unsafe { dev.alloc::<u8>(WORKSPACE_BYTES)? };
+    let c = Arc::new(Mutex::new(LtContext {
+        handle,
+        workspace,
+        algos: HashMap::new(),
+    }));
+    all.insert(dev.id(), c.clone());
+    Ok(c)
+}
+
+fn blas_error(what: &'static str) -> impl Fn(lt::CublasError) -> candle_core::Error {
+    move |e| candle_core::Error::Msg(format!("{what} failed: {e:?}"))
+}
+
+/// A cuBLASLt descriptor freed on drop.
+struct Desc<T: Copy> {
+    raw: T,
+    destroy: unsafe fn(T) -> std::result::Result<(), lt::CublasError>,
+}
+
+impl<T: Copy> Drop for Desc<T> {
+    fn drop(&mut self) {
+        // SAFETY: created by cuBLASLt and destroyed once, here. A failure to free leaks a few bytes.
+        let _ = unsafe { (self.destroy)(self.raw) };
+    }
+}
+
+fn matrix(
+    dtype: sys::cudaDataType,
+    rows: usize,
+    cols: usize,
+) -> Result<Desc<sys::cublasLtMatrixLayout_t>> {
+    let raw = lt::create_matrix_layout(dtype, rows as u64, cols as u64, rows as i64)
+        .map_err(blas_error("cublasLtMatrixLayoutCreate"))?;
+    Ok(Desc {
+        raw,
+        destroy: lt::destroy_matrix_layout,
+    })
+}
+
+fn set_attr<V>(
+    desc: sys::cublasLtMatmulDesc_t,
+    attr: sys::cublasLtMatmulDescAttributes_t,
+    v: &V,
+) -> Result<()> {
+    // SAFETY: `desc` is live and `v` is the attribute's documented type and size.
+    unsafe {
+        lt::set_matmul_desc_attribute(desc, attr, (v as *const V).cast(), std::mem::size_of::<V>())
+    }
+    .map_err(blas_error("cublasLtMatmulDescSetAttribute"))
+}
+
+impl LtContext {
+    /// The row-major `y [m, n] = x [m, k] · Wᵀ` as cuBLASLt's column-major `yᵀ [n, m] = op(W) · xᵀ`: `W` stored
+    /// `[n, k]` row-major is a `k × n` column-major matrix taken transposed, `x` a `k × m` one taken as is (the
+    /// "TN" layout FP8 tensor cores need), scales per row of `op(W)` (output channel) and per column of `xᵀ`
+    /// (token).
+    fn matmul(
+        &mut self,
+        dev: &CudaDevice,
+        dims: Dims,
+        ops: Operands<'_>,
+        out: &mut CudaSlice<half::bf16>,
+    ) -> Result<()> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let Dims { m, n, k } = dims;
+        dev.cuda_stream().context().bind_to_thread().w()?;
+        let desc = Desc {
+            raw: lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType_t::CUDA_R_32F,
+            )
+            .map_err(blas_error("cublasLtMatmulDescCreate"))?,
+            destroy: lt::destroy_matmul_desc,
+        };
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_TRANSA,
+            &(cublasOperation_t::CUBLAS_OP_T as i32),
+        )?;
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_TRANSB,
+            &(cublasOperation_t::CUBLAS_OP_N as i32),
+        )?;
+        let outer =
+            sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+        set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+        set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
+        let a = matrix(e4m3, k, n)?;
+        let b = matrix(e4m3, k, m)?;
+        let d = matrix(sys::cudaDataType_t::CUDA_R_16BF, n, m)?;
+        let stream = dev.cuda_stream();
+        let (w_ptr, _w) = ops.w.device_ptr(&stream);
+        let (ws_ptr, _ws) = ops.w_scale.device_ptr(&stream);
+        let (x_ptr, _x) = ops.x.device_ptr(&stream);
+        let (xs_ptr, _xs) = ops.x_scale.device_ptr(&stream);
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &(ws_ptr as *const c_void),
+        )?;
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            &(xs_ptr as *const c_void),
+        )?;
+        let algo = match self.algos.get(&dims) {
+            Some(a) => *a,
+            None => {
+                let pref = Desc {
+                    raw: lt::create_matmul_pref()
+                        .map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
+                    destroy: lt::destroy_matmul_pref,
+                };
+                let bytes = WORKSPACE_BYTES as u64;
+                // SAFETY: `pref` is live; the attribute is a u64.
+                unsafe {
+                    lt::set_matmul_pref_attribute(
+                        pref.raw,
+                        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                        (&bytes as *const u64).cast(),
+                        std::mem::size_of::<u64>(),
+                    )
+                }
+                .map_err(blas_error("cublasLtMatmulPreferenceSetAttribute"))?;
+                // SAFETY: every descriptor is live; D's layout stands for C's (beta is 0).
+                let found = unsafe {
+                    lt::get_matmul_algo_heuristic(self.handle, desc.raw, a.raw, b.raw, d.raw, d.raw, pref.raw)
+                }
+                .map_err(|e| {
+                    candle_core::Error::Msg(format!(
+                        "this GPU or its cuBLASLt has no FP8 product with per-channel scales for [{m}, {k}] × \
+                         [{k}, {n}] ({e:?}); FP8 matrix products need FP8 tensor cores (Hopper or newer) and \
+                         cuBLAS 12.9 or later — set `fp8_matmul = false` under [model]"
+                    ))
+                })?;
+                self.algos.insert(dims, found.algo);
+                found.algo
+            }
+        };
+        let (d_ptr, _d) = out.device_ptr_mut(&stream);
+        let (work_ptr, _work) = self.workspace.device_ptr_mut(&stream);
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: the descriptors describe the buffers exactly (W n·k codes, x m·k codes, D n·m bf16, one scale
+        // per output channel and per token), all on `stream`, whose context is bound; the algorithm was chosen
+        // for these descriptors with this workspace size.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                desc.raw,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                w_ptr as *const c_void,
+                a.raw,
+                x_ptr as *const c_void,
+                b.raw,
+                d_ptr as *const c_void,
+                d.raw,
+                d_ptr as *mut c_void,
+                d.raw,
+                &algo,
+                work_ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas_error("cublasLtMatmul (FP8)"))?;
+        Ok(())
+    }
+}
