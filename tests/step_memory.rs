@@ -171,6 +171,7 @@ fn each_checkpointing_setting_keeps_what_the_planner_counts() -> candle_core::Re
         compute_bytes: 4,
         residual_bytes: 4,
         dequantised_weight_bytes: 0,
+        quantised_input_bytes: 0,
         per_token_time: false,
     };
     let planned_attention = kept_attention_bytes(&cfg, &shape) as f64;

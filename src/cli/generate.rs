@@ -296,6 +296,7 @@ fn load_dit_with_loras(
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: args.fp8,
+        fp8_products: false,
     };
     let swap = args.blocks_to_swap;
     let mut model = load_dit(path, expected, (dtype, device), &options, |cfg, name| {

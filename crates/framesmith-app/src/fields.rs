@@ -109,6 +109,11 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "Residual dtype",
                 FieldKind::Choice(RESIDUALS),
             ),
+            help(
+                field("model.fp8_matmul", "FP8 matrix products", FieldKind::Bool),
+                "FP8 base only, Hopper GPUs: the block linears multiply on FP8 tensor cores (faster, less exact; \
+                 the base is held with per-channel scales)",
+            ),
         ],
     },
     Section {

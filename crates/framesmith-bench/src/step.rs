@@ -124,6 +124,7 @@ fn build_from_vb(
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: fp8,
+        fp8_products: false,
     };
     let mut model = WanModel::new(cfg, vb, &options)?;
     let spec = LoraSpec {

@@ -168,6 +168,7 @@ pub fn build(
     let options = ModelOptions {
         residual_dtype: opts.residual,
         blocks_fp8: opts.fp8,
+        fp8_products: false,
     };
     let offload = OffloadOptions {
         mode,

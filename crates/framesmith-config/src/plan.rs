@@ -101,9 +101,11 @@ pub struct ModelPlan {
     /// Wan2.2 A14B's low-noise expert, trained in the same run (`model.source` is then the high-noise one).
     pub low_noise: Option<LowNoisePlan>,
     pub base_dtype: BaseDtype,
-    /// FP8 scale granularity; `Some` only for an FP8 base.
+    /// FP8 scale granularity; `Some` only for an FP8 base (per channel with `fp8_matmul`).
     pub fp8_scale: Option<Fp8ScaleMode>,
     pub residual_dtype: ResidualDtype,
+    /// The block linears multiply on FP8 tensor cores (`model.fp8_matmul`; only with an FP8 base on a GPU).
+    pub fp8_matmul: bool,
     /// Dtype activations and dequantised weights are computed in (bf16 for an FP8 base).
     pub compute_dtype: FloatDtype,
 }

@@ -102,8 +102,25 @@ pub struct ModelSection {
     pub base_dtype: BaseDtype,
     pub fp8_scale: Fp8ScaleMode,
     pub residual_dtype: ResidualDtype,
+    /// FP8 tensor-core matrix products for an FP8 base (`base_dtype = "fp8"`, on a GPU with FP8 tensor cores):
+    /// the block linears' inputs are quantised to e4m3 per token and multiplied with the FP8 weights (one scale
+    /// per output channel) without dequantising them; input gradients and the LoRA stay in bf16. Faster and less
+    /// exact, so off by default; bench/RESULTS.md measures its effect on the loss and the LoRA.
+    pub fp8_matmul: bool,
     /// Train the built-in tiny demo model (no files needed).
     pub demo: bool,
+}
+
+impl ModelSection {
+    /// The FP8 scale layout the base is held in: `fp8_scale`, except that FP8 products need one scale per output
+    /// channel, so `fp8_matmul` holds block-64 and per-tensor weights per channel.
+    pub fn effective_fp8_scale(&self) -> Fp8ScaleMode {
+        if self.fp8_matmul {
+            Fp8ScaleMode::Channel
+        } else {
+            self.fp8_scale
+        }
+    }
 }
 
 /// How a run with both Wan2.2 A14B experts trains them.
@@ -141,6 +158,7 @@ impl Default for ModelSection {
             base_dtype: BaseDtype::Bf16,
             fp8_scale: Fp8ScaleMode::Block64,
             residual_dtype: ResidualDtype::F32,
+            fp8_matmul: false,
             demo: false,
         }
     }

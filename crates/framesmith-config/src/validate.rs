@@ -9,7 +9,8 @@ use super::plan::{
     ModelPlan, ModelSource, OutputPlan, PlanDevice, RunPlan, SamplingPlan,
 };
 use super::run::{
-    BaseDtype, DeviceSpec, ExpertMode, ModelSection, RunConfig, SaveDtype, SCHEMA_VERSION,
+    BaseDtype, DeviceSpec, ExpertMode, Fp8ScaleMode, ModelSection, RunConfig, SaveDtype,
+    SCHEMA_VERSION,
 };
 use super::validate_flux::{check_flux, clip_file, sampling_files};
 use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
@@ -267,6 +268,7 @@ fn check_model(
     if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
         c.note("FP8 base weights are dequantised on every use on the CPU; f32 is faster there");
     }
+    check_fp8_matmul(c, m, device, family);
     let compute_dtype = match m.base_dtype {
         BaseDtype::F32 => FloatDtype::F32,
         BaseDtype::F16 => FloatDtype::F16,
@@ -280,9 +282,45 @@ fn check_model(
         clip,
         low_noise,
         base_dtype: m.base_dtype,
-        fp8_scale: (m.base_dtype == BaseDtype::Fp8).then_some(m.fp8_scale),
+        fp8_scale: (m.base_dtype == BaseDtype::Fp8).then_some(m.effective_fp8_scale()),
         residual_dtype: m.residual_dtype,
+        fp8_matmul: m.fp8_matmul,
         compute_dtype,
+    }
+}
+
+/// `model.fp8_matmul` needs a Wan model with an FP8 base on a GPU; block-64 weights are then held per channel
+/// (a note says so).
+fn check_fp8_matmul(c: &mut Checker, m: &ModelSection, device: PlanDevice, family: ModelFamily) {
+    if !m.fp8_matmul {
+        return;
+    }
+    if family == ModelFamily::Flux {
+        c.problem(
+            "model.fp8_matmul",
+            "FP8 matrix products are built for Wan models only so far, not FLUX.1",
+            "set fp8_matmul = false",
+        );
+    } else if m.base_dtype != BaseDtype::Fp8 {
+        c.problem(
+            "model.fp8_matmul",
+            format!(
+                "FP8 matrix products need FP8 base weights, but base_dtype is \"{}\"",
+                format!("{:?}", m.base_dtype).to_lowercase()
+            ),
+            "set base_dtype = \"fp8\", or fp8_matmul = false",
+        );
+    } else if device == PlanDevice::Cpu {
+        c.problem(
+            "model.fp8_matmul",
+            "FP8 matrix products run on NVIDIA GPUs with FP8 tensor cores, not on the CPU",
+            "set fp8_matmul = false to train on the CPU",
+        );
+    } else if m.fp8_scale == Fp8ScaleMode::Block64 {
+        c.note(
+            "model.fp8_matmul: FP8 products take one scale per output channel, so the base is held with \
+             fp8_scale = \"channel\" (block-64 FP8 files are quantised again per channel at load)",
+        );
     }
 }
 

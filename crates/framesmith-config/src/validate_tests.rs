@@ -645,3 +645,55 @@ fn ti2v_resolutions_are_multiples_of_32() {
     cfg.dataset.resolution = Some([1280, 704]);
     assert!(validate(&cfg, &HostInfo::cpu_only()).is_ok());
 }
+
+#[test]
+fn fp8_matmul_needs_a_wan_fp8_base_on_a_gpu_and_holds_it_per_channel() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.model.fp8_matmul = true;
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert_eq!(e.problems[0].key, "model.fp8_matmul");
+    assert!(
+        e.problems[0].message.contains("\"bf16\""),
+        "{}",
+        e.problems[0]
+    );
+
+    cfg.model.base_dtype = BaseDtype::Fp8;
+    cfg.model.fp8_scale = Fp8ScaleMode::Block64;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(plan.model.fp8_matmul);
+    assert_eq!(plan.model.fp8_scale, Some(Fp8ScaleMode::Channel));
+    assert!(
+        plan.notes
+            .iter()
+            .any(|n| n.contains("quantised again per channel")),
+        "{:?}",
+        plan.notes
+    );
+    cfg.model.fp8_scale = Fp8ScaleMode::Tensor;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert_eq!(plan.model.fp8_scale, Some(Fp8ScaleMode::Channel));
+    assert!(plan.notes.iter().all(|n| !n.contains("per channel")));
+
+    cfg.training.device = DeviceSpec::Cpu;
+    let e = problems(&cfg, &HostInfo::new(1));
+    assert!(
+        e.problems[0].message.contains("not on the CPU"),
+        "{}",
+        e.problems[0]
+    );
+    cfg.training.device = DeviceSpec::Auto;
+    let e = validate_for(&cfg, &HostInfo::new(1), ModelFamily::Flux).unwrap_err();
+    assert!(
+        e.problems
+            .iter()
+            .any(|p| p.key == "model.fp8_matmul" && p.message.contains("FLUX.1")),
+        "{e:?}"
+    );
+
+    cfg.model.fp8_matmul = false;
+    let plan = validate(&cfg, &HostInfo::new(1)).unwrap();
+    assert!(!plan.model.fp8_matmul);
+    assert_eq!(plan.model.fp8_scale, Some(Fp8ScaleMode::Tensor));
+}

@@ -258,6 +258,7 @@ mod tests {
             compute_bytes: 2,
             residual_bytes: 4,
             dequantised_weight_bytes: 0,
+            quantised_input_bytes: 0,
             per_token_time: false,
         };
         let t2v = WanConfig::wan21_t2v_14b();

@@ -189,6 +189,8 @@ pub(super) fn describe(
             BaseFormat::Fp8(_) => linear1 * d * compute,
             BaseFormat::Dense(_) => 0,
         },
+        // FP8 products are Wan's only (validation refuses them for FLUX.1).
+        quantised_input_bytes: 0,
         per_token_time: false,
     };
     let (l, s, r) = (tokens, shape.residual_bytes, input.lora.rank as u64);

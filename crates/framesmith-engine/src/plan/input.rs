@@ -250,7 +250,7 @@ impl PlanInput {
     /// machine-dependent parts (`free_vram_bytes`, `host_ram_bytes`, `windows`) are left for the caller.
     pub fn from_config(cfg: &RunConfig, model: impl Into<PlanModel>, clip: ClipShape) -> Self {
         let model = model.into();
-        let base = BaseFormat::from_config(cfg.model.base_dtype, cfg.model.fp8_scale);
+        let base = BaseFormat::from_config(cfg.model.base_dtype, cfg.model.effective_fp8_scale());
         let mem = &cfg.memory;
         let wan = model.wan().is_some();
         // FLUX.1 trains on images: one frame, whatever a video default says.
@@ -300,6 +300,7 @@ impl PlanInput {
                 && !cfg.model.demo
                 && cfg.training.low_noise_device.trim().is_empty())
             .then_some(cfg.model.experts),
+            fp8_products: wan && cfg.model.fp8_matmul && matches!(base, BaseFormat::Fp8(_)),
         }
     }
 
@@ -313,6 +314,7 @@ impl PlanInput {
         };
         input.compute = plan.model.compute_dtype;
         input.residual = plan.model.residual_dtype;
+        input.fp8_products = plan.model.fp8_matmul;
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
         input.streaming.staging_slots = plan.memory.staging_slots;
         input.checkpointing = plan.memory.checkpointing;

@@ -98,6 +98,9 @@ pub struct PlanInput {
     /// works, and how they train (`None` also when the low-noise expert has a GPU of its own: each card then holds
     /// one expert, as a one-expert run does).
     pub experts: Option<ExpertMode>,
+    /// The block linears multiply on FP8 tensor cores (`model.fp8_matmul`): each holds its input quantised to
+    /// FP8 for the product, beside the dequantised weight its backward still needs.
+    pub fp8_products: bool,
     /// The step keeps each clip's first latent frame as the start image at timestep 0 (`training.mode =
     /// "image_to_video"` on TI2V-5B, the demo model), so its time modulation is per token. Otherwise it is one row
     /// per sample, Wan 2.2 included: the model collapses timesteps equal across a sample's tokens (counting

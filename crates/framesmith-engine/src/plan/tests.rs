@@ -2,7 +2,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::*;
 use framesmith_config::protocol::memory::Suggestion;
-use framesmith_config::run::{AutoKeyword, Fp8ScaleMode};
+use framesmith_config::run::{AutoKeyword, BaseDtype, Fp8ScaleMode, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
 use framesmith_models::wan::block::Block;
 use framesmith_models::wan::random::random_weights;
@@ -45,6 +45,7 @@ fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         on_cpu: false,
         experts: None,
         start_frame: false,
+        fp8_products: false,
     }
 }
 
@@ -989,4 +990,41 @@ fn a_gpu_other_processes_hold_is_named_in_the_plan() {
     i.vram_budget_bytes = None;
     i.free_vram_bytes = Some(10 * GIB);
     assert_eq!(plan(&i).unwrap().busy_gpu, None);
+}
+
+/// `model.fp8_matmul`: the base is held per channel (less than block-64's scales) and each block's working set
+/// holds the widest linear's input quantised to FP8 (`[L, ffn_dim]` codes and `[L]` scales) on top.
+#[test]
+fn fp8_products_hold_channel_scales_and_a_quantised_input() {
+    let mut cfg = RunConfig::default();
+    cfg.model.variant = "t2v-14b".into();
+    cfg.model.base_dtype = BaseDtype::Fp8;
+    cfg.model.fp8_scale = Fp8ScaleMode::Block64;
+    let model = WanConfig::wan21_t2v_14b();
+    let plain = PlanInput::from_config(&cfg, model.clone(), DEFAULT_CLIP);
+    cfg.model.fp8_matmul = true;
+    let products = PlanInput::from_config(&cfg, model.clone(), DEFAULT_CLIP);
+    assert!(products.fp8_products && !plain.fp8_products);
+    assert_eq!(products.base, BaseFormat::Fp8(Fp8ScaleMode::Channel));
+    let tokens = 32_760u64;
+    let quantised = tokens * (model.ffn_dim as u64 + 4);
+    let working = |i: &PlanInput| {
+        plan(i)
+            .unwrap()
+            .breakdown
+            .iter()
+            .find(|l| l.label.starts_with("block recompute"))
+            .map(|l| l.bytes)
+            .unwrap()
+    };
+    assert!(working(&products) >= working(&plain) + quantised);
+    let channel = PlanInput {
+        fp8_products: false,
+        ..products.clone()
+    };
+    assert_eq!(working(&products) - working(&channel), quantised);
+
+    cfg.model.base_dtype = BaseDtype::Bf16;
+    let dense = PlanInput::from_config(&cfg, model, DEFAULT_CLIP);
+    assert!(!dense.fp8_products, "FP8 products need an FP8 base");
 }

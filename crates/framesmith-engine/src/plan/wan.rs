@@ -52,6 +52,11 @@ pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
             BaseFormat::Fp8(_) => (cfg.dim * cfg.ffn_dim) as u64 * dtype_bytes(input.compute),
             BaseFormat::Dense(_) => 0,
         },
+        quantised_input_bytes: if input.fp8_products {
+            per_sample * c.batch as u64 * (cfg.ffn_dim as u64 + 4)
+        } else {
+            0
+        },
         per_token_time: input.start_frame,
     };
     let batch = c.batch as u64;

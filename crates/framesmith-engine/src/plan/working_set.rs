@@ -24,6 +24,9 @@ pub struct WorkingSet {
     /// Dense copies (compute dtype) of the largest block linear that an FP8 base is dequantised into inside the
     /// linear op, forward and backward; 0 bytes for a dense base.
     pub dequantised_weights: u64,
+    /// Inputs of the widest block linear quantised to FP8 for its product (`[L, ffn_dim]` codes and `[L]` scales;
+    /// 0 bytes without FP8 products).
+    pub quantised_inputs: u64,
     /// `[L, dim]` f32 tensors of the head and the loss (held with every saved input, but not with a block's
     /// working set: the larger of the two counts).
     pub head_tokens_dim_f32: u64,
@@ -45,6 +48,7 @@ impl WorkingSet {
         tokens_heads_f32: 4,
         per_token_modulation: 1,
         dequantised_weights: 1,
+        quantised_inputs: 1,
         head_tokens_dim_f32: 6,
     };
 
@@ -63,6 +67,7 @@ impl WorkingSet {
         tokens_heads_f32: 4,
         per_token_modulation: 1,
         dequantised_weights: 1,
+        quantised_inputs: 1,
         head_tokens_dim_f32: 6,
     };
 
@@ -87,7 +92,8 @@ impl WorkingSet {
                 + l * f * shape.compute_bytes * self.tokens_ffn_compute
                 + l * h * 4 * self.tokens_heads_f32
                 + self.per_token_modulation * widths.per_token_modulation_bytes
-                + self.dequantised_weights * shape.dequantised_weight_bytes;
+                + self.dequantised_weights * shape.dequantised_weight_bytes
+                + self.quantised_inputs * shape.quantised_input_bytes;
         let head = l * d * 4 * self.head_tokens_dim_f32;
         block.max(head)
     }
@@ -156,6 +162,8 @@ pub struct StepShape {
     pub residual_bytes: u64,
     /// The largest block linear dequantised to the compute dtype (FP8 bases), else 0.
     pub dequantised_weight_bytes: u64,
+    /// The widest block linear's input quantised to FP8 (FP8 products), else 0.
+    pub quantised_input_bytes: u64,
     /// The time modulation is per token ([`PlanInput::start_frame`](super::PlanInput::start_frame)).
     pub per_token_time: bool,
 }

@@ -65,7 +65,28 @@ pub fn cuda_device_count() -> usize {
 }
 
 pub(super) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
-    open_device(plan.device)
+    let device = open_device(plan.device)?;
+    if plan.model.fp8_matmul {
+        check_fp8_products(&device)?;
+    }
+    Ok(device)
+}
+
+/// `model.fp8_matmul`: one small FP8 product on `device` before anything loads, so a card or cuBLAS without them
+/// fails here with the fix rather than in the first step.
+#[cfg(feature = "cuda")]
+fn check_fp8_products(device: &Device) -> anyhow::Result<()> {
+    framesmith_nn::cuda::fp8_gemm::probe(device).map_err(|e| {
+        anyhow::anyhow!(
+            "model.fp8_matmul: this GPU cannot run FP8 matrix products ({e}); they need FP8 tensor cores (Hopper, \
+             compute capability 9.0 or newer) and cuBLAS 12.9 or newer: set fp8_matmul = false"
+        )
+    })
+}
+
+#[cfg(not(feature = "cuda"))]
+fn check_fp8_products(_device: &Device) -> anyhow::Result<()> {
+    anyhow::bail!("model.fp8_matmul needs a CUDA build of Framesmith on an NVIDIA GPU: set fp8_matmul = false")
 }
 
 /// Opens `device` (a CUDA one after checking the driver and the card's compute capability).
@@ -136,6 +157,7 @@ fn load_model(
             framesmith_config::run::ResidualDtype::Bf16 => DType::BF16,
         },
         blocks_fp8: plan.model.fp8_scale.map(memory_plan::fp8_scale),
+        fp8_products: plan.model.fp8_matmul,
     };
     match &plan.model.source {
         ModelSource::Demo => {
@@ -471,6 +493,7 @@ pub(super) fn lora_metadata(
         "framesmith.base_dtype",
         format!("{:?}", m.base_dtype).to_lowercase(),
     );
+    put("framesmith.fp8_matmul", m.fp8_matmul.to_string());
     put(
         "framesmith.fp8_scale",
         m.fp8_scale

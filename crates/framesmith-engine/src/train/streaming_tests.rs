@@ -25,6 +25,7 @@ fn model(fp8: Option<Fp8Scale>, streamed: &[usize]) -> Result<WanModel> {
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: fp8,
+        fp8_products: false,
     };
     let vb = Vb::from_tensors(weights, DType::F32, &dev);
     if streamed.is_empty() {

@@ -87,6 +87,9 @@ pub struct ModelOptions {
     /// Quantise (or keep) the block linears in FP8 with this scale granularity; other layers stay dense, as in
     /// musubi-tuner.
     pub blocks_fp8: Option<Fp8Scale>,
+    /// The FP8 block linears multiply on FP8 tensor cores (`model.fp8_matmul`; see
+    /// [`framesmith_nn::fp8::Fp8Weight::for_fp8_products`]).
+    pub fp8_products: bool,
 }
 
 impl Default for ModelOptions {
@@ -94,6 +97,7 @@ impl Default for ModelOptions {
         Self {
             residual_dtype: DType::F32,
             blocks_fp8: None,
+            fp8_products: false,
         }
     }
 }
@@ -128,7 +132,10 @@ impl WanModel {
     /// Builds the model from official-named tensors. `vb.dtype()` is the compute dtype of the linear layers.
     pub fn new(cfg: &WanConfig, vb: Vb, options: &ModelOptions) -> Result<Self> {
         let residual_dtype = options.residual_dtype;
-        let vb_blocks = vb.pp("blocks").with_fp8(options.blocks_fp8);
+        let vb_blocks = vb
+            .pp("blocks")
+            .with_fp8(options.blocks_fp8)
+            .with_fp8_products(options.fp8_products);
         let img_emb = if cfg.has_clip() {
             Some(ImageEmbedding::new(cfg, vb.pp("img_emb"))?)
         } else {
@@ -168,7 +175,10 @@ impl WanModel {
         resident_cfg.num_layers = 0;
         let mut model = Self::new(&resident_cfg, vb.clone(), options)?;
         model.cfg = cfg.clone();
-        let vb_blocks = vb.pp("blocks").with_fp8(options.blocks_fp8);
+        let vb_blocks = vb
+            .pp("blocks")
+            .with_fp8(options.blocks_fp8)
+            .with_fp8_products(options.fp8_products);
         let host = vb_blocks.with_device(&Device::Cpu);
         let mut streamed: Vec<usize> = streamed.to_vec();
         streamed.sort_unstable();
@@ -518,6 +528,7 @@ mod tests {
             let options = ModelOptions {
                 residual_dtype: DType::F32,
                 blocks_fp8,
+                fp8_products: false,
             };
             WanModel::new(
                 &cfg,

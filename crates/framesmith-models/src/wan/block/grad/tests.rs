@@ -153,6 +153,7 @@ fn fp8_base_matches_autograd() -> Result<()> {
     let options = ModelOptions {
         residual_dtype: DType::F32,
         blocks_fp8: Some(Fp8Scale::Block64),
+        fp8_products: false,
     };
     let (model, vars) = model_with_loras(&cfg, &options)?;
     check(&model, &vars, &two_samples(&cfg)?, 1e-5)
@@ -169,6 +170,7 @@ fn bf16_residual_is_as_accurate_as_autograd() -> Result<()> {
     let options = |residual_dtype| ModelOptions {
         residual_dtype,
         blocks_fp8: None,
+        fp8_products: false,
     };
     let (model, vars) = model_with_loras(&cfg, &options(DType::BF16))?;
     let (truth, truth_vars) = model_with_loras(&cfg, &options(DType::F32))?;
