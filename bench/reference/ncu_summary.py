@@ -15,6 +15,7 @@ CLASSES = [
     # (class, pattern on the kernel name), first match wins
     ("attention (cuDNN / flash / SDPA)", r"cudnn|flash|fmha|sdpa|attention|attn"),
     ("matrix products (cuBLAS / CUTLASS)", r"gemm|nvjet|cutlass|xmma|sm90_|sm80_|cublas|splitK|ampere_|hopper"),
+    ("FP8 quantise (activations, FP8 products)", r"fp8_quantize"),
     ("FP8 dequantise", r"fp8|dequant"),
     ("copies, casts, concatenation", r"copy|cast|cat|transpose|index|gather|scatter|fill|memset|contig"),
     ("norms (LayerNorm / RMSNorm)", r"_ln_|layer_?norm|rms"),
