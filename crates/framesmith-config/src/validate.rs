@@ -268,7 +268,7 @@ fn check_model(
     if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
         c.note("FP8 base weights are dequantised on every use on the CPU; f32 is faster there");
     }
-    check_fp8_matmul(c, m, device, family);
+    check_fp8_matmul(c, m, device);
     let compute_dtype = match m.base_dtype {
         BaseDtype::F32 => FloatDtype::F32,
         BaseDtype::F16 => FloatDtype::F16,
@@ -289,19 +289,12 @@ fn check_model(
     }
 }
 
-/// `model.fp8_matmul` needs a Wan model with an FP8 base on a GPU; block-64 weights are then held per channel
-/// (a note says so).
-fn check_fp8_matmul(c: &mut Checker, m: &ModelSection, device: PlanDevice, family: ModelFamily) {
+/// `model.fp8_matmul` needs an FP8 base on a GPU; block-64 weights are then held per channel (a note says so).
+fn check_fp8_matmul(c: &mut Checker, m: &ModelSection, device: PlanDevice) {
     if !m.fp8_matmul {
         return;
     }
-    if family == ModelFamily::Flux {
-        c.problem(
-            "model.fp8_matmul",
-            "FP8 matrix products are built for Wan models only so far, not FLUX.1",
-            "set fp8_matmul = false",
-        );
-    } else if m.base_dtype != BaseDtype::Fp8 {
+    if m.base_dtype != BaseDtype::Fp8 {
         c.problem(
             "model.fp8_matmul",
             format!(

@@ -274,8 +274,8 @@ impl CustomOp1 for FrozenMatmul {
         let bmnk = self.bmnk(layout)?;
         if let BaseWeight::Fp8(w) = &self.base {
             let (_, m, n, k) = bmnk;
-            let fp8 =
-                crate::cuda::fp8_gemm::supported(storage.dtype(), n, k) && layout.is_contiguous();
+            let fp8 = crate::cuda::fp8_gemm::supported(storage.dtype(), m, n, k)
+                && layout.is_contiguous();
             if w.fp8_products() && fp8 {
                 let out = crate::cuda::fp8_gemm::fp8_linear_storage(
                     storage,

@@ -189,8 +189,12 @@ pub(super) fn describe(
             BaseFormat::Fp8(_) => linear1 * d * compute,
             BaseFormat::Dense(_) => 0,
         },
-        // FP8 products are Wan's only (validation refuses them for FLUX.1).
-        quantised_input_bytes: 0,
+        // The widest block linear input: the single blocks' `linear2` takes the attention output and the MLP's.
+        quantised_input_bytes: if input.fp8_products {
+            tokens * (d + f + 4)
+        } else {
+            0
+        },
         per_token_time: false,
     };
     let (l, s, r) = (tokens, shape.residual_bytes, input.lora.rank as u64);
@@ -370,6 +374,30 @@ mod tests {
             assert!(f.kinds[k].packed_bytes >= f.kinds[k].data_bytes);
         }
         assert_eq!(fp8.compute, FloatDtype::Bf16);
+    }
+
+    /// FP8 products hold the widest block linear's input (`linear2`'s, `d + f` wide) quantised, per token.
+    #[test]
+    fn fp8_products_add_the_quantised_linear2_input() {
+        let plain = input(1024, BaseDtype::Fp8, FluxStreamOrder::SingleFirst);
+        let products = PlanInput {
+            fp8_products: true,
+            ..plain.clone()
+        };
+        let working = |i: &PlanInput| {
+            plan(i)
+                .unwrap()
+                .breakdown
+                .iter()
+                .find(|l| l.label.starts_with("block recompute"))
+                .map(|l| l.bytes)
+                .unwrap()
+        };
+        let tokens = 4096 + 512;
+        assert_eq!(
+            working(&products) - working(&plain),
+            tokens * (3072 + 12288 + 4)
+        );
     }
 
     #[test]

@@ -300,7 +300,7 @@ impl PlanInput {
                 && !cfg.model.demo
                 && cfg.training.low_noise_device.trim().is_empty())
             .then_some(cfg.model.experts),
-            fp8_products: wan && cfg.model.fp8_matmul && matches!(base, BaseFormat::Fp8(_)),
+            fp8_products: cfg.model.fp8_matmul && matches!(base, BaseFormat::Fp8(_)),
         }
     }
 

@@ -186,6 +186,7 @@ impl Trainer {
             Some(FluxVariant::Dev),
             (dtype, &device),
             fp8,
+            plan.model.fp8_matmul,
             &streamed,
             &offload,
         )?;

@@ -24,11 +24,11 @@ use super::ptx::{self, long};
 /// cuBLASLt workspace: NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;
 
-/// Whether a CUDA `x [m, k] · codesᵀ` (`codes` `[n, k]`) can take the FP8 path: bf16 activations, `k` and `n`
-/// multiples of 16 (the FP8 kernels' operand alignment). Other products with a weight marked for FP8 products
-/// dequantise it as usual.
-pub fn supported(x_dtype: DType, n: usize, k: usize) -> bool {
-    x_dtype == DType::BF16 && n % 16 == 0 && k % 16 == 0 && n > 0 && k > 0
+/// Whether a CUDA `x [m, k] · codesᵀ` (`codes` `[n, k]`) takes the FP8 path: bf16 activations, `k` and `n`
+/// multiples of 16 (the FP8 kernels' operand alignment), at least 16 rows. Other products with a weight marked
+/// for FP8 products (a modulation's one row per sample) dequantise it as usual.
+pub fn supported(x_dtype: DType, m: usize, n: usize, k: usize) -> bool {
+    x_dtype == DType::BF16 && m >= 16 && n % 16 == 0 && k % 16 == 0 && n > 0 && k > 0
 }
 
 /// e4m3fn codes `[m, k]` (`U8`) and f32 scales `[m]` of a bf16 CUDA tensor `[m, k]`, one scale per row

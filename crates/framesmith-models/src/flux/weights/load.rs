@@ -53,6 +53,7 @@ pub fn load_dit(
         variant,
         (dtype, device),
         fp8,
+        false,
         &[],
         &OffloadOptions::default(),
     )
@@ -65,6 +66,7 @@ pub fn load_dit_streamed(
     variant: Option<FluxVariant>,
     (dtype, device): (DType, &Device),
     fp8: Option<Fp8Scale>,
+    fp8_products: bool,
     streamed: &[usize],
     offload: &OffloadOptions,
 ) -> Result<Flux, FluxFormatError> {
@@ -73,7 +75,9 @@ pub fn load_dit_streamed(
         return Err(incomplete("FLUX.1 DiT", "it holds no DiT", path));
     };
     let title = opened.file.kind.title();
-    let vb = Vb::from_source(Arc::new(opened.tensors), dtype, device).with_fp8(fp8);
+    let vb = Vb::from_source(Arc::new(opened.tensors), dtype, device)
+        .with_fp8(fp8)
+        .with_fp8_products(fp8_products);
     Flux::new_streamed(&config, &vb, streamed, offload).map_err(|e| incomplete(&title, e, path))
 }
 
