@@ -384,15 +384,7 @@ mod tests {
             fp8_products: true,
             ..plain.clone()
         };
-        let working = |i: &PlanInput| {
-            plan(i)
-                .unwrap()
-                .breakdown
-                .iter()
-                .find(|l| l.label.starts_with("block recompute"))
-                .map(|l| l.bytes)
-                .unwrap()
-        };
+        let working = super::super::tests::working_set_line;
         let tokens = 4096 + 512;
         assert_eq!(
             working(&products) - working(&plain),

@@ -1008,15 +1008,7 @@ fn fp8_products_hold_channel_scales_and_a_quantised_input() {
     assert_eq!(products.base, BaseFormat::Fp8(Fp8ScaleMode::Channel));
     let tokens = 32_760u64;
     let quantised = tokens * (model.ffn_dim as u64 + 4);
-    let working = |i: &PlanInput| {
-        plan(i)
-            .unwrap()
-            .breakdown
-            .iter()
-            .find(|l| l.label.starts_with("block recompute"))
-            .map(|l| l.bytes)
-            .unwrap()
-    };
+    let working = working_set_line;
     assert!(working(&products) >= working(&plain) + quantised);
     let channel = PlanInput {
         fp8_products: false,
@@ -1027,4 +1019,15 @@ fn fp8_products_hold_channel_scales_and_a_quantised_input() {
     cfg.model.base_dtype = BaseDtype::Bf16;
     let dense = PlanInput::from_config(&cfg, model, DEFAULT_CLIP);
     assert!(!dense.fp8_products, "FP8 products need an FP8 base");
+}
+
+/// The plan's line for a block's recompute + backward working set, in bytes.
+pub(super) fn working_set_line(input: &PlanInput) -> u64 {
+    plan(input)
+        .unwrap()
+        .breakdown
+        .iter()
+        .find(|l| l.label.starts_with("block recompute"))
+        .map(|l| l.bytes)
+        .unwrap()
 }

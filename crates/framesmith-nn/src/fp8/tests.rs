@@ -187,14 +187,16 @@ fn assert_within_e4m3_bound(w: &[f32], deq: &[f32], scales: &[f32], group_len: u
 fn round_trip(w: &[f32], out_dim: usize, in_dim: usize, mode: Fp8Scale) -> (Fp8Weight, Vec<f32>) {
     let t = Tensor::from_vec(w.to_vec(), (out_dim, in_dim), &Device::Cpu).unwrap();
     let q = quantize(&t, mode).unwrap();
-    let deq = q
-        .dequantize(DType::F32)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f32>()
-        .unwrap();
+    let deq = dense_values(&q);
     (q, deq)
+}
+
+/// The weight's dequantised values, flattened.
+fn dense_values(w: &Fp8Weight) -> Vec<f32> {
+    w.dequantize(DType::F32)
+        .and_then(|d| d.flatten_all())
+        .and_then(|d| d.to_vec1::<f32>())
+        .unwrap()
 }
 
 #[test]
@@ -533,13 +535,7 @@ fn weights_for_fp8_products_are_per_channel() {
         assert!(p.fp8_products() && p.to_device(&Device::Cpu).unwrap().fp8_products());
         assert_eq!(p.mode(), Fp8Scale::Channel);
         assert_eq!(p.scale().dims(), [out_dim]);
-        let got = p
-            .dequantize(DType::F32)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f32>()
-            .unwrap();
+        let got = dense_values(&p);
         if mode == Fp8Scale::Block64 {
             assert_within_e4m3_bound(&deq, &got, &scale_of(&p), in_dim);
             assert_ne!(got, deq);

@@ -388,16 +388,12 @@ fn unsupported_comfy_quant_format_is_named() {
 /// held per channel; both are marked, and off CUDA the layer still computes with the dequantised weight.
 #[test]
 fn load_for_fp8_products() {
+    let load = |vb: &Vb, products: bool| {
+        let vb = vb.with_fp8(Some(Fp8Scale::Block64));
+        Linear::load(&vb.with_fp8_products(products).pp("m"), 128, 16).unwrap()
+    };
     let w = tensor(63, &[16, 128], 0.3);
-    let vb = vb_of(vec![("m.weight", w.clone())]);
-    let layer = Linear::load(
-        &vb.with_fp8(Some(Fp8Scale::Block64))
-            .with_fp8_products(true)
-            .pp("m"),
-        128,
-        16,
-    )
-    .unwrap();
+    let layer = load(&vb_of(vec![("m.weight", w.clone())]), true);
     let BaseWeight::Fp8(q) = layer.base() else {
         panic!("not FP8")
     };
@@ -422,15 +418,7 @@ fn load_for_fp8_products() {
         ("m.weight", block.codes().to_dtype(DType::F8E4M3).unwrap()),
         ("m.scale_weight", block.scale().clone()),
     ]);
-    let kept = Linear::load(&vb.with_fp8(Some(Fp8Scale::Block64)).pp("m"), 128, 16).unwrap();
-    let products = Linear::load(
-        &vb.with_fp8(Some(Fp8Scale::Block64))
-            .with_fp8_products(true)
-            .pp("m"),
-        128,
-        16,
-    )
-    .unwrap();
+    let (kept, products) = (load(&vb, false), load(&vb, true));
     let (BaseWeight::Fp8(k), BaseWeight::Fp8(p)) = (kept.base(), products.base()) else {
         panic!("not FP8")
     };
