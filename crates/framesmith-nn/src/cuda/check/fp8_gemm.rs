@@ -9,7 +9,7 @@ use rand::SeedableRng;
 
 use super::{compare, poison, randn, random_codes, CheckOutcome};
 use crate::cuda::fp8_gemm;
-use crate::fp8::{e4m3_decode, quantize, quantize_rows_reference, Fp8Scale};
+use crate::fp8::{quantize, quantize_rows_reference, Fp8Scale, Fp8Weight};
 use crate::linear::{BaseWeight, Linear};
 
 /// Every FP8-product check.
@@ -75,16 +75,8 @@ fn quantisation(
 
 /// The dense values of codes `[r, c]` with one scale per row, in f32 on the CPU.
 fn dequantised(codes: &Tensor, scale: &Tensor) -> Result<Tensor> {
-    let (r, c) = codes.dims2()?;
-    let values: Vec<f32> = codes
-        .to_device(&Device::Cpu)?
-        .flatten_all()?
-        .to_vec1::<u8>()?
-        .into_iter()
-        .map(e4m3_decode)
-        .collect();
-    Tensor::from_vec(values, (r, c), &Device::Cpu)?
-        .broadcast_mul(&scale.to_device(&Device::Cpu)?.reshape((r, 1))?)
+    let cpu = |t: &Tensor| t.to_device(&Device::Cpu);
+    Fp8Weight::from_raw(cpu(codes)?, cpu(scale)?, Fp8Scale::Channel)?.dequantize(DType::F32)
 }
 
 /// The cuBLASLt product against the f32 product of the same quantised operands: only the accumulation order and
