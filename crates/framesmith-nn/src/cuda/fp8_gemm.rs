@@ -5,6 +5,7 @@
 //! cuBLASLt with outer-vector scaling for them (Hopper with cuBLAS 12.9 or later); [`probe`] says whether this
 //! GPU and library can.
 
+use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -165,11 +166,21 @@ struct Operands<'a> {
     x_scale: &'a CudaSlice<f32>,
 }
 
-/// One cuBLASLt handle and workspace per device, and the algorithm chosen for each product shape.
+/// One cuBLASLt handle and workspace per device, and the descriptors of each product shape.
 struct LtContext {
     handle: sys::cublasLtHandle_t,
     workspace: CudaSlice<u8>,
-    algos: HashMap<Dims, sys::cublasLtMatmulAlgo_t>,
+    shapes: HashMap<Dims, ShapePlan>,
+}
+
+/// What one product shape needs, made on its first call: the matmul descriptor (operations and scale modes; a
+/// call sets only the two scale pointers), the operand layouts and the algorithm cuBLASLt chose for them.
+struct ShapePlan {
+    desc: Desc<sys::cublasLtMatmulDesc_t>,
+    a: Desc<sys::cublasLtMatrixLayout_t>,
+    b: Desc<sys::cublasLtMatrixLayout_t>,
+    d: Desc<sys::cublasLtMatrixLayout_t>,
+    algo: sys::cublasLtMatmulAlgo_t,
 }
 
 // SAFETY: the handle is only used under the context's mutex, on the device whose context is bound first.
@@ -193,7 +204,7 @@ fn lt_context(dev: &CudaDevice) -> Result<Arc<Mutex<LtContext>>> {
     let c = Arc::new(Mutex::new(LtContext {
         handle,
         workspace,
-        algos: HashMap::new(),
+        shapes: HashMap::new(),
     }));
     all.insert(dev.id(), c.clone());
     Ok(c)
@@ -254,8 +265,73 @@ impl LtContext {
         out: &mut CudaSlice<half::bf16>,
     ) -> Result<()> {
         use sys::cublasLtMatmulDescAttributes_t as A;
-        let Dims { m, n, k } = dims;
         dev.cuda_stream().context().bind_to_thread().w()?;
+        let stream = dev.cuda_stream();
+        let (w_ptr, _w) = ops.w.device_ptr(&stream);
+        let (ws_ptr, _ws) = ops.w_scale.device_ptr(&stream);
+        let (x_ptr, _x) = ops.x.device_ptr(&stream);
+        let (xs_ptr, _xs) = ops.x_scale.device_ptr(&stream);
+        let scales = |desc: sys::cublasLtMatmulDesc_t| -> Result<()> {
+            set_attr(
+                desc,
+                A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+                &(ws_ptr as *const c_void),
+            )?;
+            set_attr(
+                desc,
+                A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+                &(xs_ptr as *const c_void),
+            )
+        };
+        let plan = match self.shapes.entry(dims) {
+            Entry::Occupied(e) => {
+                let plan = e.into_mut();
+                scales(plan.desc.raw)?;
+                plan
+            }
+            Entry::Vacant(e) => e.insert(ShapePlan::new(self.handle, dims, scales)?),
+        };
+        let (d_ptr, _d) = out.device_ptr_mut(&stream);
+        let (work_ptr, _work) = self.workspace.device_ptr_mut(&stream);
+        let (alpha, beta) = (1f32, 0f32);
+        // SAFETY: the descriptors describe the buffers exactly (W n·k codes, x m·k codes, D n·m bf16, one scale
+        // per output channel and per token), all on `stream`, whose context is bound; the algorithm was chosen
+        // for these descriptors with this workspace size.
+        unsafe {
+            lt::matmul(
+                self.handle,
+                plan.desc.raw,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                w_ptr as *const c_void,
+                plan.a.raw,
+                x_ptr as *const c_void,
+                plan.b.raw,
+                d_ptr as *const c_void,
+                plan.d.raw,
+                d_ptr as *mut c_void,
+                plan.d.raw,
+                &plan.algo,
+                work_ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas_error("cublasLtMatmul (FP8)"))?;
+        Ok(())
+    }
+}
+
+impl ShapePlan {
+    /// The descriptors of a `dims` product (operations, outer-vector scale modes, the pointers `scales` sets) and
+    /// the fastest algorithm cuBLASLt's heuristic gives for them within the workspace.
+    fn new(
+        handle: sys::cublasLtHandle_t,
+        dims: Dims,
+        scales: impl Fn(sys::cublasLtMatmulDesc_t) -> Result<()>,
+    ) -> Result<Self> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let Dims { m, n, k } = dims;
         let desc = Desc {
             raw: lt::create_matmul_desc(
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
@@ -278,86 +354,43 @@ impl LtContext {
             sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
         set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
         set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+        scales(desc.raw)?;
         let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
         let a = matrix(e4m3, k, n)?;
         let b = matrix(e4m3, k, m)?;
         let d = matrix(sys::cudaDataType_t::CUDA_R_16BF, n, m)?;
-        let stream = dev.cuda_stream();
-        let (w_ptr, _w) = ops.w.device_ptr(&stream);
-        let (ws_ptr, _ws) = ops.w_scale.device_ptr(&stream);
-        let (x_ptr, _x) = ops.x.device_ptr(&stream);
-        let (xs_ptr, _xs) = ops.x_scale.device_ptr(&stream);
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-            &(ws_ptr as *const c_void),
-        )?;
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-            &(xs_ptr as *const c_void),
-        )?;
-        let algo = match self.algos.get(&dims) {
-            Some(a) => *a,
-            None => {
-                let pref = Desc {
-                    raw: lt::create_matmul_pref()
-                        .map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
-                    destroy: lt::destroy_matmul_pref,
-                };
-                let bytes = WORKSPACE_BYTES as u64;
-                // SAFETY: `pref` is live; the attribute is a u64.
-                unsafe {
-                    lt::set_matmul_pref_attribute(
-                        pref.raw,
-                        sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                        (&bytes as *const u64).cast(),
-                        std::mem::size_of::<u64>(),
-                    )
-                }
-                .map_err(blas_error("cublasLtMatmulPreferenceSetAttribute"))?;
-                // SAFETY: every descriptor is live; D's layout stands for C's (beta is 0).
-                let found = unsafe {
-                    lt::get_matmul_algo_heuristic(self.handle, desc.raw, a.raw, b.raw, d.raw, d.raw, pref.raw)
-                }
-                .map_err(|e| {
-                    candle_core::Error::Msg(format!(
-                        "this GPU or its cuBLASLt has no FP8 product with per-channel scales for [{m}, {k}] × \
-                         [{k}, {n}] ({e:?}); FP8 matrix products need FP8 tensor cores (Hopper or newer) and \
-                         cuBLAS 12.9 or later — set `fp8_matmul = false` under [model]"
-                    ))
-                })?;
-                self.algos.insert(dims, found.algo);
-                found.algo
-            }
+        let pref = Desc {
+            raw: lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
+            destroy: lt::destroy_matmul_pref,
         };
-        let (d_ptr, _d) = out.device_ptr_mut(&stream);
-        let (work_ptr, _work) = self.workspace.device_ptr_mut(&stream);
-        let (alpha, beta) = (1f32, 0f32);
-        // SAFETY: the descriptors describe the buffers exactly (W n·k codes, x m·k codes, D n·m bf16, one scale
-        // per output channel and per token), all on `stream`, whose context is bound; the algorithm was chosen
-        // for these descriptors with this workspace size.
+        let bytes = WORKSPACE_BYTES as u64;
+        // SAFETY: `pref` is live; the attribute is a u64.
         unsafe {
-            lt::matmul(
-                self.handle,
-                desc.raw,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                w_ptr as *const c_void,
-                a.raw,
-                x_ptr as *const c_void,
-                b.raw,
-                d_ptr as *const c_void,
-                d.raw,
-                d_ptr as *mut c_void,
-                d.raw,
-                &algo,
-                work_ptr as *mut c_void,
-                WORKSPACE_BYTES,
-                stream.cu_stream() as sys::cudaStream_t,
+            lt::set_matmul_pref_attribute(
+                pref.raw,
+                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                (&bytes as *const u64).cast(),
+                std::mem::size_of::<u64>(),
             )
         }
-        .map_err(blas_error("cublasLtMatmul (FP8)"))?;
-        Ok(())
+        .map_err(blas_error("cublasLtMatmulPreferenceSetAttribute"))?;
+        // SAFETY: every descriptor is live; D's layout stands for C's (beta is 0).
+        let found = unsafe {
+            lt::get_matmul_algo_heuristic(handle, desc.raw, a.raw, b.raw, d.raw, d.raw, pref.raw)
+        }
+        .map_err(|e| {
+            candle_core::Error::Msg(format!(
+                "this GPU or its cuBLASLt has no FP8 product with per-channel scales for [{m}, {k}] × \
+                 [{k}, {n}] ({e:?}); FP8 matrix products need FP8 tensor cores (Hopper or newer) and \
+                 cuBLAS 12.9 or later — set `fp8_matmul = false` under [model]"
+            ))
+        })?;
+        Ok(Self {
+            desc,
+            a,
+            b,
+            d,
+            algo: found.algo,
+        })
     }
 }
