@@ -110,7 +110,8 @@ pub struct Fp8Weight {
     mode: Fp8Scale,
     /// `F32` `[256]`: the value of every code, on the weight's device.
     table: Tensor,
-    /// Products with this weight run on FP8 tensor cores, activations quantised per row ([`Fp8Weight::for_fp8_products`]).
+    /// Products with this weight run on FP8 tensor cores, activations quantised per row
+    /// ([`Fp8Weight::for_fp8_products`]).
     products: bool,
 }
 
