@@ -10,6 +10,7 @@ use super::{elementwise, fp8, norm, rope};
 use crate::init;
 
 mod fp8_gemm;
+mod linear;
 mod mixed;
 mod norm_mod;
 
@@ -563,6 +564,7 @@ fn optim_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     let mut out = fp8_checks(dev)?;
     out.extend(fp8_gemm::fp8_gemm_checks(dev)?);
+    out.extend(linear::linear_checks(dev)?);
     out.extend(norm_checks(dev)?);
     out.extend(elementwise_checks(dev)?);
     out.extend(rope_checks(dev)?);
@@ -608,6 +610,12 @@ mod tests {
     #[test]
     fn fp8_products_match_reference() -> Result<()> {
         assert_all_pass(fp8_gemm::fp8_gemm_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn untracked_linear_matches_reference() -> Result<()> {
+        assert_all_pass(linear::linear_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

@@ -56,15 +56,15 @@ impl Linear {
         }
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
-        let y = x2.apply_op1_no_bwd(&FrozenMatmul {
-            base: self.base.clone(),
-        })?;
         let bias = self
             .bias
             .as_ref()
             .map(|b| b.detach().to_dtype(dtype))
             .transpose()?;
         let Some(lora) = &self.lora else {
+            let y = x2.apply_op1_no_bwd(&FrozenMatmul {
+                base: self.base.clone(),
+            })?;
             let y = match bias {
                 Some(b) => y.broadcast_add(&b)?,
                 None => y,
@@ -73,16 +73,30 @@ impl Linear {
         };
         let (down, up) = detached_factors(lora, dtype)?;
         let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
-        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ), and the product is
-        // accumulated into the base output in place: no full-size add at all.
-        let y = match bias {
-            Some(b) => {
-                let (mid1, up1) = with_bias_column(&mid, &up, &b)?;
-                add_matmul(y, &mid1, &up1, true)?
-            }
-            None => add_matmul(y, &mid, &up, true)?,
+        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ).
+        let (mid1, up1) = match bias {
+            Some(b) => with_bias_column(&mid, &up, &b)?,
+            None => (mid.clone(), up),
+        };
+        let y = if self.low_rank_first(&x2) {
+            // The low-rank product is written alone, and the base product accumulates onto it in its epilogue,
+            // where reading the sum costs next to nothing: no pass of a small-k product over the full output.
+            add_matmul(mid1.matmul(&up1.t()?)?, &x2, &self.base.dense(dtype)?, true)?
+        } else {
+            let y = x2.apply_op1_no_bwd(&FrozenMatmul {
+                base: self.base.clone(),
+            })?;
+            add_matmul(y, &mid1, &up1, true)?
         };
         Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
+    }
+
+    /// Whether the forward writes the LoRA product first and accumulates the base product onto it (CUDA, where
+    /// [`add_matmul`] runs in place), rather than adding the LoRA product to the base output: not for FP8
+    /// tensor-core products, whose kernel writes its output fresh.
+    fn low_rank_first(&self, x2: &Tensor) -> bool {
+        let fp8_products = matches!(&self.base, super::BaseWeight::Fp8(w) if w.fp8_products());
+        x2.device().is_cuda() && !fp8_products
     }
 
     /// Backward of [`Linear::forward_untracked`] for the output gradient `dy` [..., out]: the input gradient
@@ -119,17 +133,9 @@ impl Linear {
             .to_dtype(dtype)?
             .dense()?
             .flatten_to(D::Minus2)?;
-        let mut dx = match input {
-            InputGrad::Skip => None,
-            InputGrad::New => Some(dy2.matmul(&self.base.dense(dtype)?)?),
-            InputGrad::Add(acc) => Some(add_matmul(
-                acc.flatten_to(D::Minus2)?,
-                &dy2,
-                &self.base.dense(dtype)?,
-                false,
-            )?),
-        };
         let mut params = Vec::new();
+        // The LoRA's share of the input gradient, `((dy·s) B) A` (`None` without a LoRA).
+        let mut low_rank = None;
         if let Some(lora) = &self.lora {
             let (down, up) = detached_factors(lora, dtype)?;
             let s = lora.scale();
@@ -141,9 +147,7 @@ impl Linear {
             let t = (dy2.matmul(&up)? * s)?;
             let d_up = dy2.t()?.matmul(&mid)?;
             let d_down = t.t()?.matmul(&x2)?;
-            if let Some(d) = dx.take() {
-                dx = Some(add_matmul(d, &t, &down, false)?);
-            }
+            low_rank = Some((t, down));
             params.push(ParamGrad {
                 var: lora.down.clone(),
                 grad: d_down.to_dtype(lora.down.dtype())?,
@@ -153,6 +157,28 @@ impl Linear {
                 grad: d_up.to_dtype(lora.up.dtype())?,
             });
         }
+        let base = |acc: Tensor| add_matmul(acc, &dy2, &self.base.dense(dtype)?, false);
+        let dx = match (input, low_rank) {
+            (InputGrad::Skip, _) => None,
+            (InputGrad::New, None) => Some(dy2.matmul(&self.base.dense(dtype)?)?),
+            // As in the forward: the small product first, the base product accumulating onto it.
+            (InputGrad::New, Some((t, down))) if x2.device().is_cuda() => {
+                Some(base(t.matmul(&down)?)?)
+            }
+            (InputGrad::New, Some((t, down))) => Some(add_matmul(
+                dy2.matmul(&self.base.dense(dtype)?)?,
+                &t,
+                &down,
+                false,
+            )?),
+            (InputGrad::Add(acc), low_rank) => {
+                let acc = base(acc.flatten_to(D::Minus2)?)?;
+                Some(match low_rank {
+                    Some((t, down)) => add_matmul(acc, &t, &down, false)?,
+                    None => acc,
+                })
+            }
+        };
         let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
         Ok((dx, params))
     }
