@@ -145,6 +145,34 @@ __device__ void ln_fwd(const T* x, const T* w, const T* b, T* y, long cols, floa
     }
 }
 
+// LayerNorm (affine parameters optional, in TI) of a TI row, written in TO: `ln_fwd`'s f32 arithmetic, the result
+// rounded to TI as that kernel stores it and then to TO, so it equals `ln_fwd`'s output cast to TO, without the
+// TI copy written and read back (Wan's `norm3`: an f32 residual normalised for a bf16 query projection).
+template <typename TI, typename TO, int W>
+__device__ void ln_fwd_to(const TI* x, const TI* w, const TI* b, TO* y, long cols, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    float mean, var;
+    row_stats_ln<TI, W>(x, cols, scratch, &mean, &var);
+    const float rstd = rsqrtf(var + eps);
+    FOR_CHUNKS(c, cols) {
+        float v[W], g[W], h[W];
+        load_n<TI, W>(x + c, v);
+        load_param<TI, W>(w, c, g);
+        if (b) {
+            load_n<TI, W>(b + c, h);
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; ++k) h[k] = 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = round_through<TI>((v[k] - mean) * rstd * g[k] + h[k]);
+        store_n<TO, W>(y + c, v);
+    }
+}
+
 // ---- LayerNorm fused with the Wan block's modulation, forward and backward ----
 // These do in one pass what the block otherwise does in two or three: LayerNorm without affine parameters, then
 // `x̂ · (1 + scale) + shift` written in the compute dtype TO (forward); the modulation's input gradient
@@ -260,6 +288,10 @@ NORM_KERNELS(__nv_bfloat16, bf16)
     extern "C" __global__ void fs_ln_mod_fwd_##SA##_##SB(const TA* x, const float* scale, const float* shift,   \
                                                          TB* y, long cols, long L, long Ls, float eps, int vec) { \
         DISPATCH_MIXED((ln_mod_fwd<TA, TB, W>(x, scale, shift, y, cols, L, Ls, eps)))                           \
+    }                                                                                                           \
+    extern "C" __global__ void fs_ln_fwd_to_##SA##_##SB(const TA* x, const TA* w, const TA* b, TB* y, long cols,  \
+                                                        float eps, int vec) {                                   \
+        DISPATCH_MIXED((ln_fwd_to<TA, TB, W>(x, w, b, y, cols, eps)))                                           \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_bwd_add_##SA##_##SB(const TA* x, const TA* w, const TB* dh,                \
                                                          const float* scale, const TA* dres, TA* dx, long cols, \

@@ -104,6 +104,25 @@ pub fn layer_norm_modulate(
     )
 }
 
+/// LayerNorm with optional affine parameters ([`crate::norm::layer_norm`], its output in `x`'s dtype) cast to
+/// `dtype`: on CUDA one kernel with the same arithmetic and roundings, elsewhere the two ops. No gradient on CUDA.
+pub fn layer_norm_to(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    dtype: DType,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    {
+        let params: Vec<&Tensor> = [Some(x), weight, bias].into_iter().flatten().collect();
+        if crate::cuda::norm_mod::applies(x, dtype) && !tracked(&params) {
+            return crate::cuda::norm_mod::layer_norm_to(x, weight, bias, eps, dtype);
+        }
+    }
+    cast(&crate::norm::layer_norm(x, weight, bias, eps)?, dtype)
+}
+
 /// The gradient of a residual stream `x` that feeds `x + f(layer_norm(x))`: `dres` (the gradient arriving
 /// along the residual) plus LayerNorm's input gradient ([`crate::norm::layer_norm_backward`], weight optional)
 /// for `dy = dh · (1 + scale)` ([`modulate_backward`], with a modulation) or `dh` (without), `dy` taken in `x`'s

@@ -265,3 +265,98 @@ pub fn layer_norm_backward_add(
     drop(guards);
     Ok(untracked(dx, x.shape().clone()))
 }
+
+/// LayerNorm with optional affine parameters (in `x`'s dtype) written in `out`: the plain kernel's arithmetic
+/// and its rounding to `x`'s dtype, then the cast, in one pass (equal to [`crate::norm::layer_norm`] followed by
+/// a cast). `x` [.., D]. CUDA f32 / bf16 only; the caller checks [`applies`].
+pub fn layer_norm_to(
+    xs: &Tensor,
+    weight: Option<&Tensor>,
+    bias: Option<&Tensor>,
+    eps: f64,
+    out: DType,
+) -> Result<Tensor> {
+    let cols = xs.dim(D::Minus1)?;
+    let dtype = xs.dtype();
+    let x = xs.dense()?;
+    // A missing weight or bias is a one-element placeholder passed as a null pointer.
+    let param = |p: Option<&Tensor>, what: &str| match p {
+        Some(p) if p.elem_count() == cols => p.to_dtype(dtype)?.flatten_all()?.dense(),
+        Some(p) => candle_core::bail!(
+            "LayerNorm {what} has {} values for {cols} features",
+            p.elem_count()
+        ),
+        None => Tensor::zeros(1, dtype, xs.device()),
+    };
+    let (w, b) = (param(weight, "weight")?, param(bias, "bias")?);
+    let guards = [
+        x.storage_and_layout(),
+        w.storage_and_layout(),
+        b.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(s, _)| cuda_storage(s, "fused LayerNorm"))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let rows = x.elem_count() / cols.max(1);
+    let func = ptx::load(
+        &dev,
+        &ptx::NORM,
+        &format!("fs_ln_fwd_to_{}_{}", ptx::suffix(dtype)?, ptx::suffix(out)?),
+    )?;
+    let mut layouts = vec![(guards[0].1, dtype)];
+    if weight.is_some() {
+        layouts.push((guards[1].1, dtype));
+    }
+    if bias.is_some() {
+        layouts.push((guards[2].1, dtype));
+    }
+    let vec = vec_flag(cols, &layouts);
+    let flags = (weight.is_some(), bias.is_some());
+    fn go<TI: CudaDType + DeviceRepr, TO: CudaDType + DeviceRepr>(
+        func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+        dev: &candle_core::CudaDevice,
+        inputs: [(&CudaStorage, &Layout); 3],
+        (has_weight, has_bias): (bool, bool),
+        rows: usize,
+        (cols, eps, vec): (i64, f32, i32),
+    ) -> Result<CudaStorage> {
+        let [x, w, b] = inputs;
+        let xv = ptx::view::<TI>(x.0, x.1)?;
+        let wv = ptx::view::<TI>(w.0, w.1)?;
+        let bv = ptx::view::<TI>(b.0, b.1)?;
+        let null = 0u64;
+        // SAFETY: every row is written by its block before the tensor is read.
+        let y = unsafe { dev.alloc::<TO>(x.1.shape().elem_count())? };
+        let stream = dev.cuda_stream();
+        let mut l = stream.launch_builder(func);
+        l.arg(&xv);
+        if has_weight {
+            l.arg(&wv)
+        } else {
+            l.arg(&null)
+        };
+        if has_bias {
+            l.arg(&bv)
+        } else {
+            l.arg(&null)
+        };
+        l.arg(&y).arg(&cols).arg(&eps).arg(&vec);
+        // SAFETY: argument order and types match fs_ln_fwd_to in kernels/norm.cu; x and y hold rows × cols
+        // values, weight and bias cols each; a missing one is a null pointer the kernel does not read; `vec`
+        // only for whole aligned chunks.
+        unsafe { l.launch(ptx::row_config(rows)?) }.w()?;
+        Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+    }
+    let inputs = [
+        (stores[0], guards[0].1),
+        (stores[1], guards[1].1),
+        (stores[2], guards[2].1),
+    ];
+    let args = (long(cols)?, eps as f32, vec);
+    let y = dtype_pair!(dtype, out, go(&func, &dev, inputs, flags, rows, args))?;
+    drop(stores);
+    drop(guards);
+    Ok(untracked(y, x.shape().clone()))
+}

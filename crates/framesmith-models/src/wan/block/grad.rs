@@ -19,7 +19,7 @@ use crate::wan::rope::Rope;
 pub use framesmith_nn::attention::KeptAttention;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
-use framesmith_nn::norm::{layer_norm, rms_norm, rms_norm_backward};
+use framesmith_nn::norm::{rms_norm, rms_norm_backward};
 use framesmith_nn::ops::{gated_residual, gelu_tanh};
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
@@ -281,13 +281,12 @@ impl Block {
     ) -> Result<(Tensor, CrossTape)> {
         let ca = &self.cross_attn;
         let (heads, eps) = (ca.num_heads, ca.eps);
-        let n3 = ops::cast(
-            &match &self.norm3 {
-                Some((w, b)) => layer_norm(&x1, Some(w), Some(b), self.eps)?,
-                None => x1.clone(),
-            },
-            inputs.context.dtype(),
-        )?;
+        let n3 = match &self.norm3 {
+            Some((w, b)) => {
+                ops::layer_norm_to(&x1, Some(w), Some(b), self.eps, inputs.context.dtype())?
+            }
+            None => ops::cast(&x1, inputs.context.dtype())?,
+        };
         let context = inputs.context.detach();
         let (q, qp) = project(&ca.q, ca.norm_q.as_ref(), &n3, heads, eps)?;
         let (k, kp) = project(&ca.k, ca.norm_k.as_ref(), &context, heads, eps)?;

@@ -110,6 +110,68 @@ pub fn norm_mod_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             }
         }
     }
+    out.extend(layer_norm_to_checks(dev, rng, eps)?);
+    Ok(out)
+}
+
+/// LayerNorm written in another dtype (`norm_mod::layer_norm_to`, Wan's `norm3`) against the plain kernel and a
+/// cast, and against the f32 CPU composition, with and without affine parameters.
+fn layer_norm_to_checks(dev: &Device, rng: &mut StdRng, eps: f64) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for shape in SHAPES {
+        let d = shape[2];
+        for (input, output) in [
+            (DType::F32, DType::BF16),
+            (DType::F32, DType::F32),
+            (DType::BF16, DType::F32),
+            (DType::BF16, DType::BF16),
+        ] {
+            let x = randn(rng, &shape, 0.5, 2.0, input)?;
+            let w = randn(rng, &[d], 1.0, 0.3, input)?;
+            let b = randn(rng, &[d], 0.0, 0.3, input)?;
+            let (xg, wg, bg) = (x.to_device(dev)?, w.to_device(dev)?, b.to_device(dev)?);
+            for affine in [false, true] {
+                let label = format!(
+                    "{shape:?} {input:?} -> {output:?}{}",
+                    if affine { " affine" } else { "" }
+                );
+                let (wo, bo) = if affine {
+                    (Some(&wg), Some(&bg))
+                } else {
+                    (None, None)
+                };
+                poison(dev)?;
+                let fused = norm_mod::layer_norm_to(&xg, wo, bo, eps, output)?;
+                let separate =
+                    crate::ops::cast(&crate::norm::layer_norm(&xg, wo, bo, eps)?, output)?;
+                let coarse = if input == DType::BF16 || output == DType::BF16 {
+                    DType::BF16
+                } else {
+                    DType::F32
+                };
+                out.push(compare(
+                    format!("layer_norm_to vs separate ops {label}"),
+                    &fused,
+                    &separate,
+                    same_ops_tol(coarse),
+                )?);
+                let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+                let (wc, bc) = (f32(&w)?, f32(&b)?);
+                let (wc, bc) = if affine {
+                    (Some(&wc), Some(&bc))
+                } else {
+                    (None, None)
+                };
+                let cpu = crate::norm::layer_norm_portable(&f32(&x)?, wc, bc, eps)?;
+                out.push(compare(
+                    format!("layer_norm_to vs CPU {label}"),
+                    &fused,
+                    &cpu,
+                    tol(coarse, 1e-5),
+                )?);
+            }
+        }
+    }
     Ok(out)
 }
 
