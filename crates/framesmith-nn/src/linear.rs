@@ -302,6 +302,7 @@ impl CustomOp1 for FrozenMatmul {
 }
 
 mod grad;
+mod shared;
 pub use grad::{add_matmul, InputGrad, LinearTape, ParamGrad};
 
 #[cfg(test)]

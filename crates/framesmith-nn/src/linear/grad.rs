@@ -38,7 +38,7 @@ pub struct ParamGrad {
 }
 
 /// The factors of `lora` detached and in `dtype`: `(down [r, in], up [out, r])`.
-fn detached_factors(lora: &Lora, dtype: candle_core::DType) -> Result<(Tensor, Tensor)> {
+pub(super) fn detached_factors(lora: &Lora, dtype: candle_core::DType) -> Result<(Tensor, Tensor)> {
     Ok((
         lora.down.as_tensor().detach().to_dtype(dtype)?,
         lora.up.as_tensor().detach().to_dtype(dtype)?,
@@ -50,10 +50,7 @@ impl Linear {
     /// The LoRA's scale multiplies the `[m, rank]` activation rather than the `[m, out]` product, and the bias
     /// is added by the LoRA's matmul: two passes over the `[m, out]` output fewer than [`Linear::forward`].
     pub fn forward_untracked(&self, xs: &Tensor) -> Result<(Tensor, LinearTape)> {
-        let mut out_dims = xs.dims().to_vec();
-        if let Some(last) = out_dims.last_mut() {
-            *last = self.out_dim();
-        }
+        let out_dims = self.out_dims(xs);
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
         let bias = self
@@ -73,15 +70,33 @@ impl Linear {
         };
         let (down, up) = detached_factors(lora, dtype)?;
         let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
+        self.finish_forward(&x2, mid, up, out_dims)
+    }
+
+    /// The rest of a LoRA linear's forward once its scaled low-rank activation `mid` [m, rank] is known: the
+    /// output `x Wᵀ + b + mid upᵀ` shaped `out_dims`, and the tape.
+    pub(super) fn finish_forward(
+        &self,
+        x2: &Tensor,
+        mid: Tensor,
+        up: Tensor,
+        out_dims: Vec<usize>,
+    ) -> Result<(Tensor, LinearTape)> {
+        let dtype = x2.dtype();
+        let bias = self
+            .bias
+            .as_ref()
+            .map(|b| b.detach().to_dtype(dtype))
+            .transpose()?;
         // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ).
         let (mid1, up1) = match bias {
             Some(b) => with_bias_column(&mid, &up, &b)?,
             None => (mid.clone(), up),
         };
-        let y = if self.low_rank_first(&x2) {
+        let y = if self.low_rank_first(x2) {
             // The low-rank product is written alone, and the base product accumulates onto it in its epilogue,
             // where reading the sum costs next to nothing: no pass of a small-k product over the full output.
-            add_matmul(mid1.matmul(&up1.t()?)?, &x2, &self.base.dense(dtype)?, true)?
+            add_matmul(mid1.matmul(&up1.t()?)?, x2, &self.base.dense(dtype)?, true)?
         } else {
             let y = x2.apply_op1_no_bwd(&FrozenMatmul {
                 base: self.base.clone(),
@@ -89,6 +104,15 @@ impl Linear {
             add_matmul(y, &mid1, &up1, true)?
         };
         Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
+    }
+
+    /// `xs`' dims with the last one this layer's output width.
+    pub(super) fn out_dims(&self, xs: &Tensor) -> Vec<usize> {
+        let mut out_dims = xs.dims().to_vec();
+        if let Some(last) = out_dims.last_mut() {
+            *last = self.out_dim();
+        }
+        out_dims
     }
 
     /// Whether the forward writes the LoRA product first and accumulates the base product onto it (CUDA, where
@@ -136,26 +160,11 @@ impl Linear {
         let mut params = Vec::new();
         // The LoRA's share of the input gradient, `((dy·s) B) A` (`None` without a LoRA).
         let mut low_rank = None;
-        if let Some(lora) = &self.lora {
-            let (down, up) = detached_factors(lora, dtype)?;
-            let s = lora.scale();
-            let mid = match &tape.mid {
-                Some(m) => m.clone(),
-                None => (x2.matmul(&down.t()?)? * s)?,
-            };
-            // (dy·s) B: [m, rank].
-            let t = (dy2.matmul(&up)? * s)?;
-            let d_up = dy2.t()?.matmul(&mid)?;
-            let d_down = t.t()?.matmul(&x2)?;
-            low_rank = Some((t, down));
-            params.push(ParamGrad {
-                var: lora.down.clone(),
-                grad: d_down.to_dtype(lora.down.dtype())?,
-            });
-            params.push(ParamGrad {
-                var: lora.up.clone(),
-                grad: d_up.to_dtype(lora.up.dtype())?,
-            });
+        if let Some(terms) = self.low_rank_backward(&x2, tape, &dy2)? {
+            let d_down = terms.t.t()?.matmul(&x2)?;
+            params.push(terms.grad_down(d_down)?);
+            params.push(terms.d_up);
+            low_rank = Some((terms.t, terms.down));
         }
         let base = |acc: Tensor| add_matmul(acc, &dy2, &self.base.dense(dtype)?, false);
         let dx = match (input, low_rank) {
@@ -181,6 +190,61 @@ impl Linear {
         };
         let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
         Ok((dx, params))
+    }
+}
+
+/// A LoRA linear's backward terms that do not involve its input gradient or `down`'s gradient.
+pub(super) struct LowRankTerms {
+    /// `(dy·s) B` [m, rank].
+    pub t: Tensor,
+    /// `down` [rank, in], detached, in the compute dtype.
+    pub down: Tensor,
+    /// `up`'s gradient.
+    pub d_up: ParamGrad,
+    /// The `down` variable and its dtype.
+    down_var: Var,
+}
+
+impl LowRankTerms {
+    /// `down`'s gradient from `tᵀ x` [rank, in] (in the compute dtype).
+    pub fn grad_down(&self, d_down: Tensor) -> Result<ParamGrad> {
+        Ok(ParamGrad {
+            var: self.down_var.clone(),
+            grad: d_down.to_dtype(self.down_var.dtype())?.contiguous()?,
+        })
+    }
+}
+
+impl Linear {
+    /// The LoRA terms of the backward for the flattened input `x2` and output gradient `dy2` (compute dtype),
+    /// `None` without a LoRA: `t = (dy·s) B`, `dUp = (dy·s)ᵀ (x Aᵀ)` with the low-rank activation from the tape
+    /// (recomputed when the tape has none).
+    pub(super) fn low_rank_backward(
+        &self,
+        x2: &Tensor,
+        tape: &LinearTape,
+        dy2: &Tensor,
+    ) -> Result<Option<LowRankTerms>> {
+        let Some(lora) = &self.lora else {
+            return Ok(None);
+        };
+        let (down, up) = detached_factors(lora, x2.dtype())?;
+        let s = lora.scale();
+        let mid = match &tape.mid {
+            Some(m) => m.clone(),
+            None => (x2.matmul(&down.t()?)? * s)?,
+        };
+        let t = (dy2.matmul(&up)? * s)?;
+        let d_up = dy2.t()?.matmul(&mid)?;
+        Ok(Some(LowRankTerms {
+            t,
+            down,
+            d_up: ParamGrad {
+                var: lora.up.clone(),
+                grad: d_up.to_dtype(lora.up.dtype())?,
+            },
+            down_var: lora.down.clone(),
+        }))
     }
 }
 

@@ -39,6 +39,33 @@ fn project(
     eps: f64,
 ) -> Result<(Tensor, Projection)> {
     let (y, tape) = lin.forward_untracked(xs)?;
+    normed_heads(y, tape, norm, heads, eps)
+}
+
+/// [`project`] for several linears on the same input, their LoRAs batched
+/// ([`Linear::forward_untracked_shared`]).
+fn project_shared<const N: usize>(
+    lins: [&Linear; N],
+    norms: [Option<&Tensor>; N],
+    xs: &Tensor,
+    heads: usize,
+    eps: f64,
+) -> Result<Vec<(Tensor, Projection)>> {
+    Linear::forward_untracked_shared(&lins, xs)?
+        .into_iter()
+        .zip(norms)
+        .map(|((y, tape), norm)| normed_heads(y, tape, norm, heads, eps))
+        .collect()
+}
+
+/// A projection's output `y` through the optional RMSNorm, split into heads.
+fn normed_heads(
+    y: Tensor,
+    tape: LinearTape,
+    norm: Option<&Tensor>,
+    heads: usize,
+    eps: f64,
+) -> Result<(Tensor, Projection)> {
     let (normed, pre_norm) = match norm {
         Some(w) => (rms_norm(&y, Some(w), eps)?, Some((y, w.clone()))),
         None => (y, None),
@@ -51,6 +78,15 @@ fn project(
     Ok((split_heads(&normed, heads)?, proj))
 }
 
+/// The gradient of a projection's linear output from its heads' gradient (through the RMSNorm, if any).
+fn linear_grad(proj: &Projection, d_heads: &Tensor) -> Result<Tensor> {
+    let d = d_heads.flatten_from(2)?;
+    match &proj.pre_norm {
+        Some((pre, w)) => rms_norm_backward(pre, Some(w), &d, proj.eps),
+        None => Ok(d),
+    }
+}
+
 /// Backward of [`project`] for the heads' gradient: the input gradient (as `input` says) and the LoRA gradients,
 /// appended to `params`.
 fn project_backward(
@@ -61,12 +97,28 @@ fn project_backward(
     input: InputGrad,
     params: &mut Vec<ParamGrad>,
 ) -> Result<Option<Tensor>> {
-    let d = d_heads.flatten_from(2)?;
-    let d = match &proj.pre_norm {
-        Some((pre, w)) => rms_norm_backward(pre, Some(w), &d, proj.eps)?,
-        None => d,
-    };
-    let (dx, p) = lin.backward_with(xs, &proj.tape, &d, input)?;
+    let (dx, p) = lin.backward_with(xs, &proj.tape, &linear_grad(proj, d_heads)?, input)?;
+    params.extend(p);
+    Ok(dx)
+}
+
+/// Backward of [`project_shared`]: the input gradient summed over the projections (as `input` says) and their
+/// LoRA gradients, appended to `params`. Each heads' gradient is dropped once its linear's gradient is formed.
+fn project_backward_shared<const N: usize>(
+    lins: [&Linear; N],
+    xs: &Tensor,
+    projs: [&Projection; N],
+    d_heads: [Tensor; N],
+    input: InputGrad,
+    params: &mut Vec<ParamGrad>,
+) -> Result<Option<Tensor>> {
+    let ds = projs
+        .iter()
+        .zip(d_heads)
+        .map(|(proj, d)| linear_grad(proj, &d))
+        .collect::<Result<Vec<_>>>()?;
+    let tapes = projs.map(|p| &p.tape);
+    let (dx, p) = Linear::backward_shared(&lins, xs, &tapes, &ds, input)?;
     params.extend(p);
     Ok(dx)
 }
@@ -252,9 +304,16 @@ impl Block {
         let (heads, eps) = (sa.num_heads, sa.eps);
         let h1 =
             ops::layer_norm_modulate(&x, &chunks[1], &chunks[0], self.eps, inputs.context.dtype())?;
-        let (q, qp) = project(&sa.q, sa.norm_q.as_ref(), &h1, heads, eps)?;
-        let (k, kp) = project(&sa.k, sa.norm_k.as_ref(), &h1, heads, eps)?;
-        let (v, vp) = project(&sa.v, None, &h1, heads, eps)?;
+        let mut qkv = project_shared(
+            [&sa.q, &sa.k, &sa.v],
+            [sa.norm_q.as_ref(), sa.norm_k.as_ref(), None],
+            &h1,
+            heads,
+            eps,
+        )?
+        .into_iter();
+        let mut next = || qkv.next().ok_or_else(|| missing("self_attn.q/k/v"));
+        let ((q, qp), (k, kp), (v, vp)) = (next()?, next()?, next()?);
         let (q, k) = (inputs.rope.apply(&q)?, inputs.rope.apply(&k)?);
         let lens = Some(inputs.seq_lens.as_slice());
         let attn = match kept {
@@ -427,18 +486,15 @@ impl Block {
         drop((da, t.attn));
         let dq = ops::rope_backward(&c.rope, &dq)?;
         let dk = ops::rope_backward(&c.rope, &dk)?;
-        let mut dh1 = None;
-        for (lin, proj, d) in [(&sa.q, &t.q, dq), (&sa.k, &t.k, dk), (&sa.v, &t.v, dv)] {
-            let input = match dh1.take() {
-                Some(acc) => InputGrad::Add(acc),
-                None => InputGrad::New,
-            };
-            dh1 = Some(
-                project_backward(lin, &t.h1, proj, &d, input, params)?
-                    .ok_or_else(|| missing("self_attn.q/k/v"))?,
-            );
-        }
-        let dh1 = dh1.ok_or_else(|| missing("self_attn"))?;
+        let dh1 = project_backward_shared(
+            [&sa.q, &sa.k, &sa.v],
+            &t.h1,
+            [&t.q, &t.k, &t.v],
+            [dq, dk, dv],
+            InputGrad::New,
+            params,
+        )?
+        .ok_or_else(|| missing("self_attn.q/k/v"))?;
         ops::layer_norm_backward_add(&t.x, None, &dh1, Some(&c.chunks[1]), dx1, self.eps)
     }
 }
