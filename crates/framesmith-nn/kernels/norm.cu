@@ -255,6 +255,115 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
     }
 }
 
+// ---- RMSNorm fused with the 3D RoPE that follows it (Wan's q and k) ----
+// The row is one token's `heads` heads of `2 * half` values; `cosv` / `sinv` hold `half` angles per token. The
+// forward writes `rope(rms_fwd(x))` with the values rounded to T where the separate kernels store them (the
+// normalised value, the weighted value, the rotated value), so it equals `fs_rms_fwd` then `fs_rope`; the
+// backward takes the rotated output's gradient, rotates it back (rounded to T as `fs_rope` stores it) and runs
+// `rms_bwd` on it, equal to `fs_rope` (sign -1) then `fs_rms_bwd`. One intermediate written and read fewer each.
+
+// W values of the row from column c rotated pairwise by the token's angles (sign +1 forward, -1 back).
+template <int W>
+__device__ __forceinline__ void rotate_pairs(float* v, const float* cosv, const float* sinv, long c, long half,
+                                             float sign) {
+    static_assert(W % 2 == 0, "whole pairs");
+#pragma unroll
+    for (int k = 0; k < W; k += 2) {
+        const long j = ((c + k) / 2) % half;
+        const float co = cosv[j], si = sign * sinv[j];
+        const float re = v[k], im = v[k + 1];
+        v[k] = re * co - im * si;
+        v[k + 1] = re * si + im * co;
+    }
+}
+
+// x[c .. c+W) normalised and weighted, as fs_rms_fwd stores them in T.
+template <typename T, int W>
+__device__ __forceinline__ void rms_values(const T* x, const T* w, long c, float rstd, float* v) {
+    float g[W];
+    load_vec<T, W>(x + c, v);
+    load_param<T, W>(w, c, g);
+#pragma unroll
+    for (int k = 0; k < W; ++k) v[k] = round_through<T>(round_through<T>(v[k] * rstd) * g[k]);
+}
+
+// The gradient of fs_rope's input at [c .. c+W) from its output gradient dy (pairs rotated back, rounded to T as
+// fs_rope stores them). W = 1 reads the value's pair partner too.
+template <typename T, int W>
+__device__ __forceinline__ void unrotated(const T* dy, const float* cosv, const float* sinv, long c, long half,
+                                          float* d) {
+    if constexpr (W > 1) {
+        load_vec<T, W>(dy + c, d);
+        rotate_pairs<W>(d, cosv, sinv, c, half, -1.f);
+#pragma unroll
+        for (int k = 0; k < W; ++k) d[k] = round_through<T>(d[k]);
+    } else {
+        const long e = c & ~1L;
+        float p[2] = {to_f32(dy[e]), to_f32(dy[e + 1])};
+        rotate_pairs<2>(p, cosv, sinv, e, half, -1.f);
+        d[0] = round_through<T>(p[c - e]);
+    }
+}
+
+template <typename T, int W>
+__device__ void rms_rope_fwd(const T* x, const T* w, const float* cosv, const float* sinv, T* y, long cols,
+                             long half, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    cosv += row * half;
+    sinv += row * half;
+    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
+    FOR_CHUNKS(c, cols) {
+        if constexpr (W > 1) {
+            float v[W];
+            rms_values<T, W>(x, w, c, rstd, v);
+            rotate_pairs<W>(v, cosv, sinv, c, half, 1.f);
+            store_vec<T, W>(y + c, v);
+        } else {
+            const long e = c & ~1L;
+            float p[2];
+            rms_values<T, 1>(x, w, e, rstd, p);
+            rms_values<T, 1>(x, w, e + 1, rstd, p + 1);
+            rotate_pairs<2>(p, cosv, sinv, e, half, 1.f);
+            y[c] = from_f32<T>(p[c - e]);
+        }
+    }
+}
+
+template <typename T, int W>
+__device__ void rms_rope_bwd(const T* x, const T* w, const T* dy, const float* cosv, const float* sinv, T* dx,
+                             long cols, long half, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    dy += row * cols;
+    dx += row * cols;
+    cosv += row * half;
+    sinv += row * half;
+    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
+    float dot = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_vec<T, W>(x + c, v);
+        unrotated<T, W>(dy, cosv, sinv, c, half, d);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dot += d[k] * g[k] * v[k] * rstd;
+    }
+    const float mean_dot = block_sum(dot, scratch) / (float)cols;
+    FOR_CHUNKS(c, cols) {
+        float v[W], d[W], g[W];
+        load_vec<T, W>(x + c, v);
+        unrotated<T, W>(dy, cosv, sinv, c, half, d);
+        load_param<T, W>(w, c, g);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = rstd * (d[k] * g[k] - v[k] * rstd * mean_dot);
+        store_vec<T, W>(dx + c, v);
+    }
+}
+
 #define DISPATCH_VEC(T, call) \
     if (vec) { \
         constexpr int W = vec_width<T>(); \
@@ -279,6 +388,15 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
     extern "C" __global__ void fs_ln_bwd_##S(const T* x, const T* w, const T* dy, T* dx, long cols, float eps,  \
                                              int vec) {                                                         \
         DISPATCH_VEC(T, (ln_bwd<T, T, W>(x, w, dy, nullptr, nullptr, dx, cols, 1, 1, eps)))                     \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rms_rope_fwd_##S(const T* x, const T* w, const float* c, const float* s, T* y, \
+                                                   long cols, long half, float eps, int vec) {                  \
+        DISPATCH_VEC(T, (rms_rope_fwd<T, W>(x, w, c, s, y, cols, half, eps)))                                   \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rms_rope_bwd_##S(const T* x, const T* w, const T* dy, const float* c,          \
+                                                   const float* s, T* dx, long cols, long half, float eps,      \
+                                                   int vec) {                                                   \
+        DISPATCH_VEC(T, (rms_rope_bwd<T, W>(x, w, dy, c, s, dx, cols, half, eps)))                              \
     }
 
 NORM_KERNELS(float, f32)

@@ -214,6 +214,45 @@ pub fn rope_backward(dy: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> 
     rope_apply(dy, cos, &sin.neg()?)
 }
 
+/// `rope(rms_norm(x, weight))` with `x` [b, l, heads · d] split into heads first: [b, l, heads, d], the tables as
+/// [`rope_apply`] takes them. On CUDA one kernel (no gradient) with the two ops' arithmetic and roundings,
+/// elsewhere the two ops.
+pub fn rms_norm_rope(
+    x: &Tensor,
+    weight: &Tensor,
+    eps: f64,
+    heads: usize,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::rms_rope::applies(x) && !tracked(&[x, weight]) {
+        return crate::cuda::rms_rope::rms_norm_rope(x, weight, eps, heads, cos, sin);
+    }
+    let (b, l, cols) = x.dims3()?;
+    let normed = crate::norm::rms_norm(x, Some(weight), eps)?;
+    rope_apply(&normed.reshape((b, l, heads, cols / heads))?, cos, sin)
+}
+
+/// Input gradient of [`rms_norm_rope`] for the rotated heads' gradient `dy` [b, l, heads, d]: `x`'s [b, l,
+/// heads · d], outside autograd. On CUDA one kernel, elsewhere [`rope_backward`] then
+/// [`crate::norm::rms_norm_backward`].
+pub fn rms_norm_rope_backward(
+    x: &Tensor,
+    weight: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+    cos: &Tensor,
+    sin: &Tensor,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::rms_rope::applies(x) {
+        return crate::cuda::rms_rope::rms_norm_rope_backward(x, weight, dy, eps, cos, sin);
+    }
+    let d = rope_backward(dy, cos, sin)?.flatten_from(2)?;
+    crate::norm::rms_norm_backward(x, Some(weight), &d, eps)
+}
+
 /// A layout seen as `rows` rows of `cols` contiguous values, row `r` starting at `start + r · stride`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct RowStrided {
@@ -388,6 +427,36 @@ mod tests {
             gb.map(|t| t.flatten_all()?.to_vec1::<f32>()).transpose()?,
             Some(vec![5.0; 8])
         );
+        Ok(())
+    }
+
+    /// The RMSNorm + RoPE pair and its backward equal candle's autograd through the two ops (the CPU path; the
+    /// fused CUDA kernels are checked against it by `framesmith-bench check`).
+    #[test]
+    fn rms_norm_rope_backward_matches_autograd() -> Result<()> {
+        use rand::SeedableRng;
+        let rng = &mut rand::rngs::StdRng::seed_from_u64(5);
+        let dev = Device::Cpu;
+        let (b, l, heads, d) = (2, 3, 2, 4);
+        let x = candle_core::Var::from_tensor(&crate::init::randn(
+            rng,
+            (b, l, heads * d),
+            0.0,
+            1.0,
+            &dev,
+        )?)?;
+        let w = crate::init::randn(rng, heads * d, 1.0, 0.2, &dev)?;
+        let angles = crate::init::randn(rng, (b, l, 1, d / 2), 0.0, 2.0, &dev)?;
+        let (cos, sin) = (angles.cos()?, angles.sin()?);
+        let dy = crate::init::randn(rng, (b, l, heads, d), 0.0, 1.0, &dev)?;
+        let y = rms_norm_rope(x.as_tensor(), &w, 1e-6, heads, &cos, &sin)?;
+        assert_eq!(y.dims(), [b, l, heads, d]);
+        let store = (&y * &dy)?.sum_all()?.backward()?;
+        let want = store
+            .get(x.as_tensor())
+            .ok_or_else(|| candle_core::Error::msg("no reference gradient"))?;
+        let got = rms_norm_rope_backward(x.as_tensor(), &w, &dy, 1e-6, &cos, &sin)?;
+        assert!(crate::testing::rel(&got, want)? < 1e-5);
         Ok(())
     }
 }

@@ -13,6 +13,7 @@ mod fp8_gemm;
 mod linear;
 mod mixed;
 mod norm_mod;
+mod rms_rope;
 
 /// The outcome of one comparison.
 #[derive(Clone, Debug)]
@@ -571,6 +572,7 @@ pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
     out.extend(direct_backward_checks(dev)?);
     out.extend(mixed::mixed_checks(dev)?);
     out.extend(norm_mod::norm_mod_checks(dev)?);
+    out.extend(rms_rope::rms_rope_checks(dev)?);
     out.extend(optim_checks(dev)?);
     #[cfg(feature = "cudnn")]
     out.extend(attention_checks(dev)?);
@@ -616,6 +618,12 @@ mod tests {
     #[test]
     fn untracked_linear_matches_reference() -> Result<()> {
         assert_all_pass(linear::linear_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn rms_norm_rope_matches_reference() -> Result<()> {
+        assert_all_pass(rms_rope::rms_rope_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

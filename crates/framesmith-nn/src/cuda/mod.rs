@@ -53,6 +53,7 @@ pub mod norm;
 pub mod norm_mod;
 pub mod optim;
 mod ptx;
+pub mod rms_rope;
 pub mod rope;
 
 pub use elementwise::{gated_residual, gelu_tanh, modulate};

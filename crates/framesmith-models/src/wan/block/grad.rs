@@ -26,6 +26,9 @@ use framesmith_nn::ops::{gated_residual, gelu_tanh};
 struct Projection {
     /// The linear's output before the norm and the norm's weight, when there is a norm.
     pre_norm: Option<(Tensor, Tensor)>,
+    /// The rotary embedding applied to the heads (self-attention's `q` and `k`), whose gradient the backward
+    /// takes.
+    rope: Option<Rope>,
     eps: f64,
     tape: LinearTape,
 }
@@ -39,14 +42,14 @@ fn project(
     eps: f64,
 ) -> Result<(Tensor, Projection)> {
     let (y, tape) = lin.forward_untracked(xs)?;
-    normed_heads(y, tape, norm, heads, eps)
+    normed_heads(y, tape, norm, None, heads, eps)
 }
 
 /// [`project`] for several linears on the same input, their LoRAs batched
-/// ([`Linear::forward_untracked_shared`]).
+/// ([`Linear::forward_untracked_shared`]), each output through its optional RMSNorm and rotary embedding.
 fn project_shared<const N: usize>(
     lins: [&Linear; N],
-    norms: [Option<&Tensor>; N],
+    norms: [(Option<&Tensor>, Option<&Rope>); N],
     xs: &Tensor,
     heads: usize,
     eps: f64,
@@ -54,36 +57,47 @@ fn project_shared<const N: usize>(
     Linear::forward_untracked_shared(&lins, xs)?
         .into_iter()
         .zip(norms)
-        .map(|((y, tape), norm)| normed_heads(y, tape, norm, heads, eps))
+        .map(|((y, tape), (norm, rope))| normed_heads(y, tape, norm, rope, heads, eps))
         .collect()
 }
 
-/// A projection's output `y` through the optional RMSNorm, split into heads.
+/// A projection's output `y` through the optional RMSNorm, split into heads, then rotated by `rope` (RMSNorm
+/// and rotation in one kernel on CUDA).
 fn normed_heads(
     y: Tensor,
     tape: LinearTape,
     norm: Option<&Tensor>,
+    rope: Option<&Rope>,
     heads: usize,
     eps: f64,
 ) -> Result<(Tensor, Projection)> {
-    let (normed, pre_norm) = match norm {
-        Some(w) => (rms_norm(&y, Some(w), eps)?, Some((y, w.clone()))),
-        None => (y, None),
+    let out = match (norm, rope) {
+        (Some(w), Some(r)) => framesmith_nn::ops::rms_norm_rope(&y, w, eps, heads, &r.cos, &r.sin)?,
+        (Some(w), None) => split_heads(&rms_norm(&y, Some(w), eps)?, heads)?,
+        (None, Some(r)) => r.apply(&split_heads(&y, heads)?)?,
+        (None, None) => split_heads(&y, heads)?,
     };
     let proj = Projection {
-        pre_norm,
+        pre_norm: norm.map(|w| (y, w.clone())),
+        rope: rope.cloned(),
         eps,
         tape,
     };
-    Ok((split_heads(&normed, heads)?, proj))
+    Ok((out, proj))
 }
 
-/// The gradient of a projection's linear output from its heads' gradient (through the RMSNorm, if any).
+/// The gradient of a projection's linear output from its heads' gradient (back through the rotation and the
+/// RMSNorm, where there are any).
 fn linear_grad(proj: &Projection, d_heads: &Tensor) -> Result<Tensor> {
-    let d = d_heads.flatten_from(2)?;
-    match &proj.pre_norm {
-        Some((pre, w)) => rms_norm_backward(pre, Some(w), &d, proj.eps),
-        None => Ok(d),
+    match (&proj.pre_norm, &proj.rope) {
+        (Some((pre, w)), Some(r)) => {
+            framesmith_nn::ops::rms_norm_rope_backward(pre, w, d_heads, proj.eps, &r.cos, &r.sin)
+        }
+        (Some((pre, w)), None) => {
+            rms_norm_backward(pre, Some(w), &d_heads.flatten_from(2)?, proj.eps)
+        }
+        (None, Some(r)) => ops::rope_backward(r, d_heads)?.flatten_from(2),
+        (None, None) => d_heads.flatten_from(2),
     }
 }
 
@@ -176,7 +190,6 @@ struct FfnTape {
 struct Common {
     /// The six modulation vectors (shift, scale, gate of self-attention, then of the FFN), f32 [b, lt, dim].
     chunks: Vec<Tensor>,
-    rope: Rope,
     context: Tensor,
     context_img: Option<Tensor>,
     compute: DType,
@@ -272,7 +285,6 @@ impl Block {
         };
         let common = Common {
             chunks,
-            rope: inputs.rope.clone(),
             context: inputs.context.detach(),
             context_img: inputs.context_img.as_ref().map(Tensor::detach),
             compute,
@@ -306,7 +318,11 @@ impl Block {
             ops::layer_norm_modulate(&x, &chunks[1], &chunks[0], self.eps, inputs.context.dtype())?;
         let mut qkv = project_shared(
             [&sa.q, &sa.k, &sa.v],
-            [sa.norm_q.as_ref(), sa.norm_k.as_ref(), None],
+            [
+                (sa.norm_q.as_ref(), Some(&inputs.rope)),
+                (sa.norm_k.as_ref(), Some(&inputs.rope)),
+                (None, None),
+            ],
             &h1,
             heads,
             eps,
@@ -314,7 +330,6 @@ impl Block {
         .into_iter();
         let mut next = || qkv.next().ok_or_else(|| missing("self_attn.q/k/v"));
         let ((q, qp), (k, kp), (v, vp)) = (next()?, next()?, next()?);
-        let (q, k) = (inputs.rope.apply(&q)?, inputs.rope.apply(&k)?);
         let lens = Some(inputs.seq_lens.as_slice());
         let attn = match kept {
             Some(kept) => kept.tape([&q, &k, &v], lens)?,
@@ -484,8 +499,6 @@ impl Block {
             .reshape(t.attn.out().shape())?;
         let (dq, dk, dv) = t.attn.backward(&da)?;
         drop((da, t.attn));
-        let dq = ops::rope_backward(&c.rope, &dq)?;
-        let dk = ops::rope_backward(&c.rope, &dk)?;
         let dh1 = project_backward_shared(
             [&sa.q, &sa.k, &sa.v],
             &t.h1,
