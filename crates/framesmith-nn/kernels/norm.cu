@@ -364,6 +364,70 @@ __device__ void rms_rope_bwd(const T* x, const T* w, const T* dy, const float* c
     }
 }
 
+// ---- A residual update fused with the LayerNorm that reads its result (Wan's `x1 = x + gate·y` then `norm3`, and
+// `x2 = x1 + y` then `norm2` with the modulation) ----
+// Writes the residual `xo = x + y · gate` (gate null: 1) in TX as fs_gated_fwd does, and the normalised row
+// `h` in TY: LayerNorm of xo (affine parameters w, b in TX, optional), rounded to TX as ln_fwd stores it, then,
+// with a modulation, `· (1 + scale) + shift` as ln_mod_fwd computes it. Equal to the separate kernels, without
+// reading the residual back from memory. Modulation and gate vectors are f32 rows of `cols` values, one per
+// sample (Lg / Ls = 1) or per token (= L).
+template <typename TX, typename TY, int W>
+__device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX* w, const TX* b,
+                           const float* scale, const float* shift, TX* xo, TY* h, long cols, long L, long Lg,
+                           long Ls, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    xo += row * cols;
+    h += row * cols;
+    if (gate) gate += mod_row(row, L, Lg) * cols;
+    if (scale) {
+        scale += mod_row(row, L, Ls) * cols;
+        shift += mod_row(row, L, Ls) * cols;
+    }
+    FOR_CHUNKS(c, cols) {
+        float a[W], v[W];
+        load_n<TX, W>(x + c, a);
+        load_n<TY, W>(y + c, v);
+        if (gate) {
+            float g[W];
+            load_f32<W>(gate + c, g);
+#pragma unroll
+            for (int k = 0; k < W; ++k) a[k] += v[k] * g[k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; ++k) a[k] += v[k];
+        }
+        store_n<TX, W>(xo + c, a);
+    }
+    // Each thread reads back only the chunks it wrote.
+    float mean, var;
+    row_stats_ln<TX, W>(xo, cols, scratch, &mean, &var);
+    const float rstd = rsqrtf(var + eps);
+    FOR_CHUNKS(c, cols) {
+        float v[W], g[W], o[W];
+        load_n<TX, W>(xo + c, v);
+        load_param<TX, W>(w, c, g);
+        if (b) {
+            load_n<TX, W>(b + c, o);
+        } else {
+#pragma unroll
+            for (int k = 0; k < W; ++k) o[k] = 0.f;
+        }
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = round_through<TX>((v[k] - mean) * rstd * g[k] + o[k]);
+        if (scale) {
+            float s[W], t[W];
+            load_f32<W>(scale + c, s);
+            load_f32<W>(shift + c, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + t[k];
+        }
+        store_n<TY, W>(h + c, v);
+    }
+}
+
 #define DISPATCH_VEC(T, call) \
     if (vec) { \
         constexpr int W = vec_width<T>(); \
@@ -410,6 +474,12 @@ NORM_KERNELS(__nv_bfloat16, bf16)
     extern "C" __global__ void fs_ln_fwd_to_##SA##_##SB(const TA* x, const TA* w, const TA* b, TB* y, long cols,  \
                                                         float eps, int vec) {                                   \
         DISPATCH_MIXED((ln_fwd_to<TA, TB, W>(x, w, b, y, cols, eps)))                                           \
+    }                                                                                                           \
+    extern "C" __global__ void fs_res_ln_fwd_##SA##_##SB(const TA* x, const TB* y, const float* gate, const TA* w, \
+                                                         const TA* b, const float* scale, const float* shift,   \
+                                                         TA* xo, TB* h, long cols, long L, long Lg, long Ls,    \
+                                                         float eps, int vec) {                                  \
+        DISPATCH_MIXED((res_ln_fwd<TA, TB, W>(x, y, gate, w, b, scale, shift, xo, h, cols, L, Lg, Ls, eps)))    \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_bwd_add_##SA##_##SB(const TA* x, const TA* w, const TB* dh,                \
                                                          const float* scale, const TA* dres, TA* dx, long cols, \

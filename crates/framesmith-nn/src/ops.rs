@@ -123,6 +123,57 @@ pub fn layer_norm_to(
     cast(&crate::norm::layer_norm(x, weight, bias, eps)?, dtype)
 }
 
+/// The LayerNorm [`residual_layer_norm`] applies to the updated residual.
+#[derive(Clone, Copy, Debug)]
+pub enum NormAfter<'a> {
+    /// LayerNorm with optional affine parameters ([`layer_norm_to`]).
+    Affine(Option<&'a Tensor>, Option<&'a Tensor>),
+    /// LayerNorm without affine parameters, then `· (1 + scale) + shift` ([`layer_norm_modulate`]).
+    Modulated {
+        scale: &'a Tensor,
+        shift: &'a Tensor,
+    },
+}
+
+/// The residual update `x + y · gate` ([`gated_residual`]; [`residual_add`] without a gate) in `x`'s dtype, and
+/// its LayerNorm as `norm` says, written in `dtype`: `(updated residual, normalised)`. On CUDA one kernel with the
+/// separate ops' arithmetic (the residual is not read back), elsewhere the separate ops. No gradient on CUDA.
+pub fn residual_layer_norm(
+    x: &Tensor,
+    y: &Tensor,
+    gate: Option<&Tensor>,
+    norm: NormAfter,
+    eps: f64,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    #[cfg(feature = "cuda")]
+    {
+        let (affine, modulation) = match norm {
+            NormAfter::Affine(w, b) => ((w, b), None),
+            NormAfter::Modulated { scale, shift } => ((None, None), Some((scale, shift))),
+        };
+        let inputs: Vec<&Tensor> = [Some(x), Some(y), gate, affine.0, affine.1]
+            .into_iter()
+            .flatten()
+            .chain(modulation.into_iter().flat_map(|(s, h)| [s, h]))
+            .collect();
+        if crate::cuda::norm_mod::applies(x, dtype) && y.dtype() == dtype && !tracked(&inputs) {
+            return crate::cuda::norm_mod::residual_layer_norm(x, y, gate, affine, modulation, eps);
+        }
+    }
+    let updated = match gate {
+        Some(g) => gated_residual(x, y, g, x.dtype())?,
+        None => residual_add(x, y)?,
+    };
+    let normed = match norm {
+        NormAfter::Affine(w, b) => layer_norm_to(&updated, w, b, eps, dtype)?,
+        NormAfter::Modulated { scale, shift } => {
+            layer_norm_modulate(&updated, scale, shift, eps, dtype)?
+        }
+    };
+    Ok((updated, normed))
+}
+
 /// The gradient of a residual stream `x` that feeds `x + f(layer_norm(x))`: `dres` (the gradient arriving
 /// along the residual) plus LayerNorm's input gradient ([`crate::norm::layer_norm_backward`], weight optional)
 /// for `dy = dh · (1 + scale)` ([`modulate_backward`], with a modulation) or `dh` (without), `dy` taken in `x`'s

@@ -360,3 +360,174 @@ pub fn layer_norm_to(
     drop(guards);
     Ok(untracked(y, x.shape().clone()))
 }
+
+/// The residual update `x + y · gate` (`gate` `None`: `x + y`) in `x`'s dtype, as the gated-residual kernel
+/// computes it, and LayerNorm of it written in `y`'s dtype: affine parameters `weight` / `bias` (in `x`'s dtype,
+/// optional) as [`layer_norm_to`], then with `modulation` `(scale, shift)` the block's `· (1 + scale) + shift`
+/// as [`layer_norm_modulate`]. One pass: the updated residual is not read back from memory. Gate and modulation
+/// [b, 1, D] or [b, L, D]. CUDA f32 / bf16 only; the caller checks [`applies`]. Returns `(x + y·gate, norm)`.
+pub fn residual_layer_norm(
+    xs: &Tensor,
+    y: &Tensor,
+    gate: Option<&Tensor>,
+    (weight, bias): (Option<&Tensor>, Option<&Tensor>),
+    modulation: Option<(&Tensor, &Tensor)>,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    if y.dims() != xs.dims() {
+        candle_core::bail!(
+            "residual LayerNorm: x {:?} and y {:?} differ",
+            xs.dims(),
+            y.dims()
+        );
+    }
+    let cols = xs.dim(D::Minus1)?;
+    let (dtype, out) = (xs.dtype(), y.dtype());
+    let (x, yd) = (xs.dense()?, y.dense()?);
+    let placeholder = |d: DType| Tensor::zeros(1, d, xs.device());
+    let param = |p: Option<&Tensor>, what: &str| match p {
+        Some(p) if p.elem_count() == cols => p.to_dtype(dtype)?.flatten_all()?.dense(),
+        Some(p) => candle_core::bail!(
+            "LayerNorm {what} has {} values for {cols} features",
+            p.elem_count()
+        ),
+        None => placeholder(dtype),
+    };
+    let (w, b) = (param(weight, "weight")?, param(bias, "bias")?);
+    let tokens = |m: Option<&Tensor>| -> Result<(usize, usize)> {
+        match m {
+            Some(m) => {
+                let g = Geometry::of(xs, m)?;
+                Ok((g.tokens, g.mod_tokens))
+            }
+            None => Ok((1, 1)),
+        }
+    };
+    let (l, gate_tokens) = tokens(gate)?;
+    let (l2, mod_tokens) = tokens(modulation.map(|(s, _)| s))?;
+    let l = l.max(l2);
+    if let Some((s, h)) = modulation {
+        check_shift(s, h)?;
+    }
+    let g = gate
+        .map(as_mod_f32)
+        .transpose()?
+        .map_or_else(|| placeholder(DType::F32), Ok)?;
+    let (s, h) = match modulation {
+        Some((s, h)) => (as_mod_f32(s)?, as_mod_f32(h)?),
+        None => (placeholder(DType::F32)?, placeholder(DType::F32)?),
+    };
+    let guards = [
+        x.storage_and_layout(),
+        yd.storage_and_layout(),
+        g.storage_and_layout(),
+        w.storage_and_layout(),
+        b.storage_and_layout(),
+        s.storage_and_layout(),
+        h.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(st, _)| cuda_storage(st, "residual LayerNorm"))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let rows = x.elem_count() / cols.max(1);
+    let func = ptx::load(
+        &dev,
+        &ptx::NORM,
+        &format!(
+            "fs_res_ln_fwd_{}_{}",
+            ptx::suffix(dtype)?,
+            ptx::suffix(out)?
+        ),
+    )?;
+    let mut layouts = vec![(guards[0].1, dtype), (guards[1].1, out)];
+    for (present, i, d) in [
+        (gate.is_some(), 2, DType::F32),
+        (weight.is_some(), 3, dtype),
+        (bias.is_some(), 4, dtype),
+        (modulation.is_some(), 5, DType::F32),
+        (modulation.is_some(), 6, DType::F32),
+    ] {
+        if present {
+            layouts.push((guards[i].1, d));
+        }
+    }
+    let vec = vec_flag(cols, &layouts);
+    let present = [
+        gate.is_some(),
+        weight.is_some(),
+        bias.is_some(),
+        modulation.is_some(),
+    ];
+    let sizes = [long(cols)?, long(l)?, long(gate_tokens)?, long(mod_tokens)?];
+    let inputs: [(&CudaStorage, &Layout); 7] = std::array::from_fn(|i| (stores[i], guards[i].1));
+    let args = (sizes, eps as f32, vec);
+    let (xo, ho) = dtype_pair!(dtype, out, res_ln(&func, &dev, inputs, present, rows, args))?;
+    drop(stores);
+    drop(guards);
+    Ok((
+        untracked(xo, x.shape().clone()),
+        untracked(ho, x.shape().clone()),
+    ))
+}
+
+fn res_ln<TX: CudaDType + DeviceRepr, TY: CudaDType + DeviceRepr>(
+    func: &candle_core::cuda_backend::cudarc::driver::CudaFunction,
+    dev: &candle_core::CudaDevice,
+    inputs: [(&CudaStorage, &Layout); 7],
+    [has_gate, has_weight, has_bias, has_mod]: [bool; 4],
+    rows: usize,
+    (sizes, eps, vec): ([i64; 4], f32, i32),
+) -> Result<(CudaStorage, CudaStorage)> {
+    let [x, y, g, w, b, s, h] = inputs;
+    let xv = ptx::view::<TX>(x.0, x.1)?;
+    let yv = ptx::view::<TY>(y.0, y.1)?;
+    let gv = ptx::view::<f32>(g.0, g.1)?;
+    let wv = ptx::view::<TX>(w.0, w.1)?;
+    let bv = ptx::view::<TX>(b.0, b.1)?;
+    let sv = ptx::view::<f32>(s.0, s.1)?;
+    let hv = ptx::view::<f32>(h.0, h.1)?;
+    let null = 0u64;
+    let n = x.1.shape().elem_count();
+    // SAFETY: every row of both outputs is written by its block before either tensor is read.
+    let (xo, ho) = unsafe { (dev.alloc::<TX>(n)?, dev.alloc::<TY>(n)?) };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&xv).arg(&yv);
+    if has_gate {
+        l.arg(&gv)
+    } else {
+        l.arg(&null)
+    };
+    if has_weight {
+        l.arg(&wv)
+    } else {
+        l.arg(&null)
+    };
+    if has_bias {
+        l.arg(&bv)
+    } else {
+        l.arg(&null)
+    };
+    if has_mod {
+        l.arg(&sv).arg(&hv)
+    } else {
+        l.arg(&null).arg(&null)
+    };
+    l.arg(&xo).arg(&ho);
+    l.arg(&sizes[0])
+        .arg(&sizes[1])
+        .arg(&sizes[2])
+        .arg(&sizes[3])
+        .arg(&eps)
+        .arg(&vec);
+    // SAFETY: argument order and types match fs_res_ln_fwd in kernels/norm.cu: x, y and both outputs hold
+    // rows × cols values, the weight and bias cols, the gate and modulation one row per sample or per token; a
+    // missing one is a null pointer the kernel does not read; `vec` only for whole aligned chunks.
+    unsafe { l.launch(ptx::row_config(rows)?) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(xo, dev.clone()),
+        CudaStorage::wrap_cuda_slice(ho, dev.clone()),
+    ))
+}

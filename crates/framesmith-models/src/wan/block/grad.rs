@@ -20,7 +20,7 @@ pub use framesmith_nn::attention::KeptAttention;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::{rms_norm, rms_norm_backward};
-use framesmith_nn::ops::{gated_residual, gelu_tanh};
+use framesmith_nn::ops::{gated_residual, gelu_tanh, NormAfter};
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
 struct Projection {
@@ -266,13 +266,37 @@ impl Block {
             .collect::<Result<Vec<_>>>()?;
 
         let (y1, sa) = self.self_attention_tape(x, &chunks, inputs, kept)?;
-        let x1 = gated_residual(&sa.x, &y1, &chunks[2], residual)?;
+        // Each residual update and the LayerNorm that reads it are one pass.
+        let (x1, n3) = match &self.norm3 {
+            Some((w, b)) => ops::residual_layer_norm(
+                &sa.x,
+                &y1,
+                Some(&chunks[2]),
+                NormAfter::Affine(Some(w), Some(b)),
+                self.eps,
+                compute,
+            )?,
+            None => {
+                let x1 = gated_residual(&sa.x, &y1, &chunks[2], residual)?;
+                let n3 = ops::cast(&x1, compute)?;
+                (x1, n3)
+            }
+        };
         drop(y1);
-        let (y2, ca) = self.cross_attention_tape(x1, inputs)?;
-        let x2 = ops::residual_add(&ca.x1, &y2)?;
+        let (y2, ca) = self.cross_attention_tape(x1, n3, inputs)?;
+        let (x2, h2) = ops::residual_layer_norm(
+            &ca.x1,
+            &y2,
+            None,
+            NormAfter::Modulated {
+                scale: &chunks[4],
+                shift: &chunks[3],
+            },
+            self.eps,
+            compute,
+        )?;
         drop(y2);
 
-        let h2 = ops::layer_norm_modulate(&x2, &chunks[4], &chunks[3], self.eps, compute)?;
         let (f0, ffn0) = self.ffn0.forward_untracked(&h2)?;
         let (out, ffn2) = if with_out {
             let (y3, t) = self.ffn2.forward_untracked(&gelu_tanh(&f0)?)?;
@@ -348,19 +372,15 @@ impl Block {
         Ok((y, tape))
     }
 
+    /// The cross-attention on `n3` (the residual `x1` after `norm3`, in the compute dtype).
     fn cross_attention_tape(
         &self,
         x1: Tensor,
+        n3: Tensor,
         inputs: &BlockInputs,
     ) -> Result<(Tensor, CrossTape)> {
         let ca = &self.cross_attn;
         let (heads, eps) = (ca.num_heads, ca.eps);
-        let n3 = match &self.norm3 {
-            Some((w, b)) => {
-                ops::layer_norm_to(&x1, Some(w), Some(b), self.eps, inputs.context.dtype())?
-            }
-            None => ops::cast(&x1, inputs.context.dtype())?,
-        };
         let context = inputs.context.detach();
         let (q, qp) = project(&ca.q, ca.norm_q.as_ref(), &n3, heads, eps)?;
         let (k, kp) = project(&ca.k, ca.norm_k.as_ref(), &context, heads, eps)?;

@@ -111,6 +111,150 @@ pub fn norm_mod_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         }
     }
     out.extend(layer_norm_to_checks(dev, rng, eps)?);
+    out.extend(residual_layer_norm_checks(dev, rng, eps)?);
+    Ok(out)
+}
+
+/// The residual update fused with the LayerNorm after it (`norm_mod::residual_layer_norm`) against the separate
+/// device ops and the f32 CPU composition: with a per-sample or per-token gate or none, affine or modulated.
+fn residual_layer_norm_checks(
+    dev: &Device,
+    rng: &mut StdRng,
+    eps: f64,
+) -> Result<Vec<CheckOutcome>> {
+    use crate::ops::{residual_layer_norm as separate_or_fused, NormAfter};
+    let mut out = Vec::new();
+    for shape in SHAPES {
+        let [b, l, d] = shape;
+        for (residual, compute) in [
+            (DType::F32, DType::BF16),
+            (DType::F32, DType::F32),
+            (DType::BF16, DType::BF16),
+        ] {
+            for (gated, per_token, modulated) in [
+                (true, false, false),
+                (false, false, true),
+                (true, true, true),
+                (false, true, false),
+            ] {
+                let label = format!(
+                    "{shape:?} {residual:?} residual, {compute:?} compute, {} gate, {}",
+                    if gated {
+                        if per_token {
+                            "per-token"
+                        } else {
+                            "per-sample"
+                        }
+                    } else {
+                        "no"
+                    },
+                    if modulated { "modulated" } else { "affine" }
+                );
+                let mod_shape = [b, if per_token { l } else { 1 }, d];
+                let x = randn(rng, &shape, 0.5, 2.0, residual)?;
+                let y = randn(rng, &shape, 0.0, 1.0, compute)?;
+                let gate = randn(rng, &mod_shape, 0.0, 0.5, DType::F32)?;
+                let scale = randn(rng, &mod_shape, 0.0, 0.5, DType::F32)?;
+                let shift = randn(rng, &mod_shape, 0.0, 0.5, DType::F32)?;
+                let w = randn(rng, &[d], 1.0, 0.3, residual)?;
+                let bias = randn(rng, &[d], 0.0, 0.3, residual)?;
+                let g = |t: &Tensor| t.to_device(dev);
+                let (xg, yg, gg, sg, hg, wg, bg) = (
+                    g(&x)?,
+                    g(&y)?,
+                    g(&gate)?,
+                    g(&scale)?,
+                    g(&shift)?,
+                    g(&w)?,
+                    g(&bias)?,
+                );
+                let norm = if modulated {
+                    NormAfter::Modulated {
+                        scale: &sg,
+                        shift: &hg,
+                    }
+                } else {
+                    NormAfter::Affine(Some(&wg), Some(&bg))
+                };
+                poison(dev)?;
+                let gate_g = gated.then_some(&gg);
+                let affine = match norm {
+                    NormAfter::Affine(w, b) => (w, b),
+                    NormAfter::Modulated { .. } => (None, None),
+                };
+                let modulation = modulated.then_some((&sg, &hg));
+                let (xo, h) =
+                    norm_mod::residual_layer_norm(&xg, &yg, gate_g, affine, modulation, eps)?;
+                // The separate device ops: the residual kernel, then the LayerNorm kernels.
+                let x_sep = match gate_g {
+                    Some(gate) => crate::ops::gated_residual(&xg, &yg, gate, residual)?,
+                    None => crate::ops::residual_add(&xg, &yg)?,
+                };
+                let h_sep = match norm {
+                    NormAfter::Affine(w, b) => norm_mod::layer_norm_to(&x_sep, w, b, eps, compute)?,
+                    NormAfter::Modulated { scale, shift } => {
+                        norm_mod::layer_norm_modulate(&x_sep, scale, shift, eps, compute)?
+                    }
+                };
+                out.push(compare(
+                    format!("residual_layer_norm residual vs separate ops {label}"),
+                    &xo,
+                    &x_sep,
+                    same_ops_tol(residual),
+                )?);
+                let coarse = if residual == DType::BF16 || compute == DType::BF16 {
+                    DType::BF16
+                } else {
+                    DType::F32
+                };
+                out.push(compare(
+                    format!("residual_layer_norm norm vs separate ops {label}"),
+                    &h,
+                    &h_sep,
+                    same_ops_tol(coarse),
+                )?);
+                // The CPU composition in f32.
+                let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+                let xc = match gated {
+                    true => (f32(&x)? + f32(&y)?.broadcast_mul(&gate)?)?,
+                    false => (f32(&x)? + f32(&y)?)?,
+                };
+                let hc = if modulated {
+                    crate::norm::layer_norm_portable(&xc, None, None, eps)?
+                        .broadcast_mul(&(&scale + 1.0)?)?
+                        .broadcast_add(&shift)?
+                } else {
+                    crate::norm::layer_norm_portable(&xc, Some(&f32(&w)?), Some(&f32(&bias)?), eps)?
+                };
+                out.push(compare(
+                    format!("residual_layer_norm residual vs CPU {label}"),
+                    &xo,
+                    &xc,
+                    tol(coarse, 1e-6),
+                )?);
+                out.push(compare(
+                    format!("residual_layer_norm norm vs CPU {label}"),
+                    &h,
+                    &hc,
+                    tol(coarse, 1e-5),
+                )?);
+                // The dispatching op takes the fused kernel here.
+                let (xo2, h2) = separate_or_fused(&xg, &yg, gate_g, norm, eps, compute)?;
+                out.push(compare(
+                    format!("residual_layer_norm via ops {label}"),
+                    &h2,
+                    &h,
+                    0.0,
+                )?);
+                out.push(compare(
+                    format!("residual_layer_norm residual via ops {label}"),
+                    &xo2,
+                    &xo,
+                    0.0,
+                )?);
+            }
+        }
+    }
     Ok(out)
 }
 

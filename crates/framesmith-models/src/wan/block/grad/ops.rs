@@ -8,7 +8,7 @@ use crate::wan::rope::Rope;
 
 pub(super) use framesmith_nn::ops::{
     cast, gate_backward, gelu_tanh_backward, layer_norm_backward_add, layer_norm_modulate,
-    layer_norm_to, residual_add,
+    residual_layer_norm,
 };
 
 /// Input gradient of [`Rope::apply`]: `dy` rotated by the negative angles.
