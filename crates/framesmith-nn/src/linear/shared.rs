@@ -1,8 +1,9 @@
 //! Several LoRA linears on one input (a block's `q`, `k` and `v`), outside autograd: their `down` factors run as
 //! one product (the input read once rather than once per layer), and in the backward their `down` gradients and
 //! their shares of the input gradient come from one product each over the concatenated low-rank terms.
-//! Layers without a LoRA, or a single layer, take [`Linear::forward_untracked`] / [`Linear::backward_with`] one
-//! by one; the results are those of the separate calls up to the order of f32 summation.
+//! Layers without a LoRA, a single layer, or tensors off CUDA take [`Linear::forward_untracked`] /
+//! [`Linear::backward_with`] one by one; the batched results are those of the separate calls up to the order of
+//! f32 summation.
 
 use candle_core::{Result, Tensor, D};
 
@@ -10,8 +11,15 @@ use super::grad::{add_matmul, detached_factors, InputGrad, LinearTape, ParamGrad
 use super::Linear;
 use crate::ops::Dense;
 
-/// Whether the layers batch: more than one, each with a LoRA.
-fn batches(linears: &[&Linear]) -> bool {
+/// Whether the layers batch: more than one, each with a LoRA, on CUDA. On the CPU the separate calls run, whose
+/// results do not depend on where a tensor happens to sit in memory (the CPU matmul's order of summation for the
+/// concatenated shapes does: two runs of one step differed in a last bit).
+fn batches(linears: &[&Linear], xs: &Tensor) -> bool {
+    xs.device().is_cuda() && can_batch(linears)
+}
+
+/// More than one layer, each with a LoRA.
+fn can_batch(linears: &[&Linear]) -> bool {
     linears.len() > 1 && linears.iter().all(|l| l.lora.is_some())
 }
 
@@ -21,9 +29,14 @@ impl Linear {
         linears: &[&Linear],
         xs: &Tensor,
     ) -> Result<Vec<(Tensor, LinearTape)>> {
-        if !batches(linears) {
+        if !batches(linears, xs) {
             return linears.iter().map(|l| l.forward_untracked(xs)).collect();
         }
+        Self::forward_batched(linears, xs)
+    }
+
+    /// [`Linear::forward_untracked_shared`] with the `down` products batched (every layer has a LoRA).
+    fn forward_batched(linears: &[&Linear], xs: &Tensor) -> Result<Vec<(Tensor, LinearTape)>> {
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
         let mut downs = Vec::with_capacity(linears.len());
@@ -64,9 +77,20 @@ impl Linear {
                 dys.len()
             );
         }
-        if !batches(linears) {
+        if !batches(linears, xs) {
             return one_by_one(linears, xs, tapes, dys, input);
         }
+        Self::backward_batched(linears, xs, tapes, dys, input)
+    }
+
+    /// [`Linear::backward_shared`] with the low-rank terms batched (every layer has a LoRA).
+    fn backward_batched(
+        linears: &[&Linear],
+        xs: &Tensor,
+        tapes: &[&LinearTape],
+        dys: &[Tensor],
+        input: InputGrad,
+    ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = xs.dtype();
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let mut dy2s = Vec::with_capacity(linears.len());
@@ -196,7 +220,13 @@ mod tests {
             ];
             let refs: Vec<&Linear> = lins.iter().collect();
             let x = randn(rng, (2, 5, 10), 0.0, 1.0, &Device::Cpu)?;
-            let shared = Linear::forward_untracked_shared(&refs, &x)?;
+            // The batched path runs on CUDA only; here it is called directly where it applies.
+            let batched = can_batch(&refs);
+            let shared = if batched {
+                Linear::forward_batched(&refs, &x)?
+            } else {
+                Linear::forward_untracked_shared(&refs, &x)?
+            };
             let separate = lins
                 .iter()
                 .map(|l| l.forward_untracked(&x))
@@ -215,7 +245,11 @@ mod tests {
                     "add" => InputGrad::Add(acc.clone()),
                     _ => InputGrad::Skip,
                 };
-                let (dx, params) = Linear::backward_shared(&refs, &x, &tapes, &dys, make())?;
+                let (dx, params) = if batched {
+                    Linear::backward_batched(&refs, &x, &tapes, &dys, make())?
+                } else {
+                    Linear::backward_shared(&refs, &x, &tapes, &dys, make())?
+                };
                 let mut want_dx = match input {
                     "add" => Some(acc.clone()),
                     _ => None,

@@ -24,6 +24,81 @@ pub fn linear_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
             }
         }
     }
+    out.extend(shared(dev, rng)?);
+    Ok(out)
+}
+
+/// Three layers on one input (`q`, `k`, `v`: different ranks and widths, one with a bias) through the batched
+/// `forward_untracked_shared` / `backward_shared` against the separate calls on the same device.
+fn shared(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let (m, k) = (300, 256);
+    let mut lins = Vec::new();
+    for (n, rank, bias) in [(256, 16, true), (128, 8, false), (256, 4, false)] {
+        let w = randn(rng, &[n, k], 0.0, 0.05, DType::BF16)?.to_device(dev)?;
+        let b = randn(rng, &[n], 0.0, 0.5, DType::BF16)?.to_device(dev)?;
+        let mut lin = Linear::from_weights(w, bias.then_some(b));
+        let down = randn(rng, &[rank, k], 0.0, 0.1, DType::F32)?.to_device(dev)?;
+        let up = randn(rng, &[n, rank], 0.0, 0.1, DType::F32)?.to_device(dev)?;
+        lin.set_lora(Some(Lora::from_tensors(&down, &up, rank as f64)?));
+        lins.push(lin);
+    }
+    let refs: Vec<&Linear> = lins.iter().collect();
+    let x = randn(rng, &[1, m, k], 0.0, 1.0, DType::BF16)?.to_device(dev)?;
+    let acc = randn(rng, &[1, m, k], 0.0, 1.0, DType::BF16)?.to_device(dev)?;
+    poison(dev)?;
+    let batched = Linear::forward_untracked_shared(&refs, &x)?;
+    let mut out = Vec::new();
+    let mut dys = Vec::new();
+    for (i, ((y, _), lin)) in batched.iter().zip(&lins).enumerate() {
+        let (want, _) = lin.forward_untracked(&x)?;
+        out.push(compare(
+            format!("shared linears forward {i}"),
+            y,
+            &want,
+            5e-3,
+        )?);
+        dys.push(randn(rng, y.dims(), 0.0, 1.0, DType::BF16)?.to_device(dev)?);
+    }
+    let tapes: Vec<_> = batched.iter().map(|(_, t)| t).collect();
+    for (case, input) in [
+        ("fresh", InputGrad::New),
+        ("added", InputGrad::Add(acc.copy()?)),
+    ] {
+        let (dx, grads) = Linear::backward_shared(&refs, &x, &tapes, &dys, input)?;
+        let mut want = (case == "added")
+            .then(|| acc.to_dtype(DType::F32))
+            .transpose()?;
+        let mut want_grads = Vec::new();
+        for ((lin, tape), dy) in lins.iter().zip(&tapes).zip(&dys) {
+            let (d, g) = lin.backward(&x, tape, dy, true)?;
+            let d = d
+                .ok_or_else(|| missing("shared linears"))?
+                .to_dtype(DType::F32)?;
+            want = Some(match want {
+                Some(w) => (w + d)?,
+                None => d,
+            });
+            want_grads.extend(g);
+        }
+        let (dx, want) = (
+            dx.ok_or_else(|| missing("shared linears"))?,
+            want.ok_or_else(|| missing("shared"))?,
+        );
+        out.push(compare(
+            format!("shared linears input gradient ({case})"),
+            &dx,
+            &want,
+            5e-3,
+        )?);
+        for (i, (g, w)) in grads.iter().zip(&want_grads).enumerate() {
+            out.push(compare(
+                format!("shared linears LoRA gradient {i} ({case})"),
+                &g.grad,
+                &w.grad,
+                5e-3,
+            )?);
+        }
+    }
     Ok(out)
 }
 
