@@ -53,12 +53,8 @@ impl Linear {
         let out_dims = self.out_dims(xs);
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
-        let bias = self
-            .bias
-            .as_ref()
-            .map(|b| b.detach().to_dtype(dtype))
-            .transpose()?;
         let Some(lora) = &self.lora else {
+            let bias = self.detached_bias(dtype)?;
             let y = x2.apply_op1_no_bwd(&FrozenMatmul {
                 base: self.base.clone(),
             })?;
@@ -82,12 +78,7 @@ impl Linear {
         up: Tensor,
         out_dims: Vec<usize>,
     ) -> Result<(Tensor, LinearTape)> {
-        let dtype = x2.dtype();
-        let bias = self
-            .bias
-            .as_ref()
-            .map(|b| b.detach().to_dtype(dtype))
-            .transpose()?;
+        let bias = self.detached_bias(x2.dtype())?;
         // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ).
         let (mid1, up1) = match bias {
             Some(b) => with_bias_column(&mid, &up, &b)?,
@@ -96,7 +87,12 @@ impl Linear {
         let y = if self.low_rank_first(x2) {
             // The low-rank product is written alone, and the base product accumulates onto it in its epilogue,
             // where reading the sum costs next to nothing: no pass of a small-k product over the full output.
-            add_matmul(mid1.matmul(&up1.t()?)?, x2, &self.base.dense(dtype)?, true)?
+            add_matmul(
+                mid1.matmul(&up1.t()?)?,
+                x2,
+                &self.base.dense(x2.dtype())?,
+                true,
+            )?
         } else {
             let y = x2.apply_op1_no_bwd(&FrozenMatmul {
                 base: self.base.clone(),
@@ -104,6 +100,14 @@ impl Linear {
             add_matmul(y, &mid1, &up1, true)?
         };
         Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
+    }
+
+    /// The bias, detached and in `dtype` (`None` without one).
+    fn detached_bias(&self, dtype: candle_core::DType) -> Result<Option<Tensor>> {
+        self.bias
+            .as_ref()
+            .map(|b| b.detach().to_dtype(dtype))
+            .transpose()
     }
 
     /// `xs`' dims with the last one this layer's output width.
