@@ -120,34 +120,38 @@ __device__ void row_stats_ln(const T* x, long cols, float* scratch, float* mean,
     *var = block_sum(q, scratch) / (float)cols;
 }
 
-template <typename T, int W>
-__device__ void ln_fwd(const T* x, const T* w, const T* b, T* y, long cols, float eps) {
-    __shared__ float scratch[32];
-    const long row = blockIdx.x;
-    x += row * cols;
-    y += row * cols;
-    float mean, var;
-    row_stats_ln<T, W>(x, cols, scratch, &mean, &var);
-    const float rstd = rsqrtf(var + eps);
+// Writes a row's LayerNorm from its statistics: `(x - mean) · rstd · w + b` in f32 (affine parameters in TI,
+// optional), rounded to TI as the plain forward stores it, then, with a modulation, `· (1 + scale) + shift`;
+// the result stored in TO. `scale` / `shift` point at the row's vectors (or are null).
+template <typename TI, typename TO, int W>
+__device__ void ln_write(const TI* x, const TI* w, const TI* b, const float* scale, const float* shift, TO* y,
+                         long cols, float mean, float rstd) {
     FOR_CHUNKS(c, cols) {
-        float v[W], g[W], h[W];
-        load_vec<T, W>(x + c, v);
-        load_param<T, W>(w, c, g);
+        float v[W], g[W], o[W];
+        load_n<TI, W>(x + c, v);
+        load_param<TI, W>(w, c, g);
         if (b) {
-            load_vec<T, W>(b + c, h);
+            load_n<TI, W>(b + c, o);
         } else {
 #pragma unroll
-            for (int k = 0; k < W; ++k) h[k] = 0.f;
+            for (int k = 0; k < W; ++k) o[k] = 0.f;
         }
 #pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = (v[k] - mean) * rstd * g[k] + h[k];
-        store_vec<T, W>(y + c, v);
+        for (int k = 0; k < W; ++k) v[k] = round_through<TI>((v[k] - mean) * rstd * g[k] + o[k]);
+        if (scale) {
+            float s[W], t[W];
+            load_f32<W>(scale + c, s);
+            load_f32<W>(shift + c, t);
+#pragma unroll
+            for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + t[k];
+        }
+        store_n<TO, W>(y + c, v);
     }
 }
 
-// LayerNorm (affine parameters optional, in TI) of a TI row, written in TO: `ln_fwd`'s f32 arithmetic, the result
-// rounded to TI as that kernel stores it and then to TO, so it equals `ln_fwd`'s output cast to TO, without the
-// TI copy written and read back (Wan's `norm3`: an f32 residual normalised for a bf16 query projection).
+// LayerNorm (affine parameters optional) of a TI row written in TO: with TO = TI the plain forward
+// (fs_ln_fwd_*); otherwise that output cast to TO without the TI copy written and read back (Wan's `norm3`: an
+// f32 residual normalised for a bf16 projection).
 template <typename TI, typename TO, int W>
 __device__ void ln_fwd_to(const TI* x, const TI* w, const TI* b, TO* y, long cols, float eps) {
     __shared__ float scratch[32];
@@ -156,21 +160,7 @@ __device__ void ln_fwd_to(const TI* x, const TI* w, const TI* b, TO* y, long col
     y += row * cols;
     float mean, var;
     row_stats_ln<TI, W>(x, cols, scratch, &mean, &var);
-    const float rstd = rsqrtf(var + eps);
-    FOR_CHUNKS(c, cols) {
-        float v[W], g[W], h[W];
-        load_n<TI, W>(x + c, v);
-        load_param<TI, W>(w, c, g);
-        if (b) {
-            load_n<TI, W>(b + c, h);
-        } else {
-#pragma unroll
-            for (int k = 0; k < W; ++k) h[k] = 0.f;
-        }
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = round_through<TI>((v[k] - mean) * rstd * g[k] + h[k]);
-        store_n<TO, W>(y + c, v);
-    }
+    ln_write<TI, TO, W>(x, w, b, nullptr, nullptr, y, cols, mean, rsqrtf(var + eps));
 }
 
 // ---- LayerNorm fused with the Wan block's modulation, forward and backward ----
@@ -190,24 +180,9 @@ __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, 
     x += row * cols;
     y += row * cols;
     const long m = mod_row(row, L, Ls) * cols;
-    scale += m;
-    shift += m;
     float mean, var;
     row_stats_ln<TI, W>(x, cols, scratch, &mean, &var);
-    const float rstd = rsqrtf(var + eps);
-    FOR_CHUNKS(c, cols) {
-        float v[W], s[W], h[W];
-        load_n<TI, W>(x + c, v);
-        load_f32<W>(scale + c, s);
-        load_f32<W>(shift + c, h);
-#pragma unroll
-        for (int k = 0; k < W; ++k) {
-            // LayerNorm's output, as stored in TI by the separate kernel.
-            const float n = round_through<TI>((v[k] - mean) * rstd);
-            v[k] = n * (1.f + s[k]) + h[k];
-        }
-        store_n<TO, W>(y + c, v);
-    }
+    ln_write<TI, TO, W>(x, nullptr, nullptr, scale + m, shift + m, y, cols, mean, rsqrtf(var + eps));
 }
 
 // LayerNorm's input gradient, dx = rstd * (g - mean(g) - xhat * mean(g * xhat)) with g = dy * w, plus `dres`
@@ -367,10 +342,9 @@ __device__ void rms_rope_bwd(const T* x, const T* w, const T* dy, const float* c
 // ---- A residual update fused with the LayerNorm that reads its result (Wan's `x1 = x + gate·y` then `norm3`, and
 // `x2 = x1 + y` then `norm2` with the modulation) ----
 // Writes the residual `xo = x + y · gate` (gate null: 1) in TX as fs_gated_fwd does, and the normalised row
-// `h` in TY: LayerNorm of xo (affine parameters w, b in TX, optional), rounded to TX as ln_fwd stores it, then,
-// with a modulation, `· (1 + scale) + shift` as ln_mod_fwd computes it. Equal to the separate kernels, without
-// reading the residual back from memory. Modulation and gate vectors are f32 rows of `cols` values, one per
-// sample (Lg / Ls = 1) or per token (= L).
+// `h` in TY: LayerNorm of xo as ln_write computes it (affine parameters w, b in TX, optional; with a modulation,
+// `· (1 + scale) + shift`). Equal to the separate kernels, without reading the residual back from memory.
+// Modulation and gate vectors are f32 rows of `cols` values, one per sample (Lg / Ls = 1) or per token (= L).
 template <typename TX, typename TY, int W>
 __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX* w, const TX* b,
                            const float* scale, const float* shift, TX* xo, TY* h, long cols, long L, long Lg,
@@ -404,28 +378,7 @@ __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX
     // Each thread reads back only the chunks it wrote.
     float mean, var;
     row_stats_ln<TX, W>(xo, cols, scratch, &mean, &var);
-    const float rstd = rsqrtf(var + eps);
-    FOR_CHUNKS(c, cols) {
-        float v[W], g[W], o[W];
-        load_n<TX, W>(xo + c, v);
-        load_param<TX, W>(w, c, g);
-        if (b) {
-            load_n<TX, W>(b + c, o);
-        } else {
-#pragma unroll
-            for (int k = 0; k < W; ++k) o[k] = 0.f;
-        }
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = round_through<TX>((v[k] - mean) * rstd * g[k] + o[k]);
-        if (scale) {
-            float s[W], t[W];
-            load_f32<W>(scale + c, s);
-            load_f32<W>(shift + c, t);
-#pragma unroll
-            for (int k = 0; k < W; ++k) v[k] = v[k] * (1.f + s[k]) + t[k];
-        }
-        store_n<TY, W>(h + c, v);
-    }
+    ln_write<TX, TY, W>(xo, w, b, scale, shift, h, cols, mean, rsqrtf(var + eps));
 }
 
 #define DISPATCH_VEC(T, call) \
@@ -447,7 +400,7 @@ __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX
     }                                                                                                           \
     extern "C" __global__ void fs_ln_fwd_##S(const T* x, const T* w, const T* b, T* y, long cols, float eps,    \
                                              int vec) {                                                         \
-        DISPATCH_VEC(T, (ln_fwd<T, W>(x, w, b, y, cols, eps)))                                                  \
+        DISPATCH_VEC(T, (ln_fwd_to<T, T, W>(x, w, b, y, cols, eps)))                                                  \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_bwd_##S(const T* x, const T* w, const T* dy, T* dx, long cols, float eps,  \
                                              int vec) {                                                         \
