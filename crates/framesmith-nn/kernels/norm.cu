@@ -49,54 +49,6 @@ __device__ float row_rstd_rms(const T* x, long cols, float eps, float* scratch) 
     return rsqrtf(ss / (float)cols + eps);
 }
 
-template <typename T, int W>
-__device__ void rms_fwd(const T* x, const T* w, T* y, long cols, float eps) {
-    __shared__ float scratch[32];
-    const long row = blockIdx.x;
-    x += row * cols;
-    y += row * cols;
-    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
-    FOR_CHUNKS(c, cols) {
-        float v[W], g[W];
-        load_vec<T, W>(x + c, v);
-        load_param<T, W>(w, c, g);
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = round_through<T>(v[k] * rstd) * g[k];
-        store_vec<T, W>(y + c, v);
-    }
-}
-
-// dx = rstd * (g - xhat * mean(g * xhat)), g = dy * w. Statistics are recomputed rather than saved: a row
-// re-read is cheaper than keeping per-row statistics alive across the checkpointed block's graph.
-template <typename T, int W>
-__device__ void rms_bwd(const T* x, const T* w, const T* dy, T* dx, long cols, float eps) {
-    __shared__ float scratch[32];
-    const long row = blockIdx.x;
-    x += row * cols;
-    dy += row * cols;
-    dx += row * cols;
-    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
-    float dot = 0.f;
-    FOR_CHUNKS(c, cols) {
-        float v[W], d[W], g[W];
-        load_vec<T, W>(x + c, v);
-        load_vec<T, W>(dy + c, d);
-        load_param<T, W>(w, c, g);
-#pragma unroll
-        for (int k = 0; k < W; ++k) dot += d[k] * g[k] * v[k] * rstd;
-    }
-    const float mean_dot = block_sum(dot, scratch) / (float)cols;
-    FOR_CHUNKS(c, cols) {
-        float v[W], d[W], g[W];
-        load_vec<T, W>(x + c, v);
-        load_vec<T, W>(dy + c, d);
-        load_param<T, W>(w, c, g);
-#pragma unroll
-        for (int k = 0; k < W; ++k) v[k] = rstd * (d[k] * g[k] - v[k] * rstd * mean_dot);
-        store_vec<T, W>(dx + c, v);
-    }
-}
-
 // ---- LayerNorm ----
 
 template <typename T, int W>
@@ -263,11 +215,13 @@ __device__ __forceinline__ void rms_values(const T* x, const T* w, long c, float
 }
 
 // The gradient of fs_rope's input at [c .. c+W) from its output gradient dy (pairs rotated back, rounded to T as
-// fs_rope stores them). W = 1 reads the value's pair partner too.
+// fs_rope stores them); without tables (null `cosv`) dy itself. W = 1 reads the value's pair partner too.
 template <typename T, int W>
 __device__ __forceinline__ void unrotated(const T* dy, const float* cosv, const float* sinv, long c, long half,
                                           float* d) {
-    if constexpr (W > 1) {
+    if (!cosv) {
+        load_vec<T, W>(dy + c, d);
+    } else if constexpr (W > 1) {
         load_vec<T, W>(dy + c, d);
         rotate_pairs<W>(d, cosv, sinv, c, half, -1.f);
 #pragma unroll
@@ -280,18 +234,25 @@ __device__ __forceinline__ void unrotated(const T* dy, const float* cosv, const 
     }
 }
 
+// RMSNorm forward, `round(round(x · rstd) · w)` in T, then rotated when `cosv` is given (null: plain RMSNorm).
 template <typename T, int W>
-__device__ void rms_rope_fwd(const T* x, const T* w, const float* cosv, const float* sinv, T* y, long cols,
-                             long half, float eps) {
+__device__ void rms_fwd(const T* x, const T* w, const float* cosv, const float* sinv, T* y, long cols, long half,
+                        float eps) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     x += row * cols;
     y += row * cols;
-    cosv += row * half;
-    sinv += row * half;
+    if (cosv) {
+        cosv += row * half;
+        sinv += row * half;
+    }
     const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
     FOR_CHUNKS(c, cols) {
-        if constexpr (W > 1) {
+        if (!cosv) {
+            float v[W];
+            rms_values<T, W>(x, w, c, rstd, v);
+            store_vec<T, W>(y + c, v);
+        } else if constexpr (W > 1) {
             float v[W];
             rms_values<T, W>(x, w, c, rstd, v);
             rotate_pairs<W>(v, cosv, sinv, c, half, 1.f);
@@ -307,16 +268,21 @@ __device__ void rms_rope_fwd(const T* x, const T* w, const float* cosv, const fl
     }
 }
 
+// RMSNorm backward, dx = rstd * (g - xhat * mean(g * xhat)) with g = dy * w, for the gradient of the rotated
+// output when `cosv` is given (null: of the plain RMSNorm). Statistics are recomputed rather than saved: a row
+// re-read is cheaper than keeping per-row statistics alive across the checkpointed block's graph.
 template <typename T, int W>
-__device__ void rms_rope_bwd(const T* x, const T* w, const T* dy, const float* cosv, const float* sinv, T* dx,
-                             long cols, long half, float eps) {
+__device__ void rms_bwd(const T* x, const T* w, const T* dy, const float* cosv, const float* sinv, T* dx,
+                        long cols, long half, float eps) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     x += row * cols;
     dy += row * cols;
     dx += row * cols;
-    cosv += row * half;
-    sinv += row * half;
+    if (cosv) {
+        cosv += row * half;
+        sinv += row * half;
+    }
     const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
     float dot = 0.f;
     FOR_CHUNKS(c, cols) {
@@ -392,11 +358,11 @@ __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX
 
 #define NORM_KERNELS(T, S)                                                                                      \
     extern "C" __global__ void fs_rms_fwd_##S(const T* x, const T* w, T* y, long cols, float eps, int vec) {    \
-        DISPATCH_VEC(T, (rms_fwd<T, W>(x, w, y, cols, eps)))                                                    \
+        DISPATCH_VEC(T, (rms_fwd<T, W>(x, w, nullptr, nullptr, y, cols, 1, eps)))                              \
     }                                                                                                           \
     extern "C" __global__ void fs_rms_bwd_##S(const T* x, const T* w, const T* dy, T* dx, long cols,            \
                                               float eps, int vec) {                                             \
-        DISPATCH_VEC(T, (rms_bwd<T, W>(x, w, dy, dx, cols, eps)))                                               \
+        DISPATCH_VEC(T, (rms_bwd<T, W>(x, w, dy, nullptr, nullptr, dx, cols, 1, eps)))                         \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_fwd_##S(const T* x, const T* w, const T* b, T* y, long cols, float eps,    \
                                              int vec) {                                                         \
@@ -408,12 +374,12 @@ __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX
     }                                                                                                           \
     extern "C" __global__ void fs_rms_rope_fwd_##S(const T* x, const T* w, const float* c, const float* s, T* y, \
                                                    long cols, long half, float eps, int vec) {                  \
-        DISPATCH_VEC(T, (rms_rope_fwd<T, W>(x, w, c, s, y, cols, half, eps)))                                   \
+        DISPATCH_VEC(T, (rms_fwd<T, W>(x, w, c, s, y, cols, half, eps)))                                       \
     }                                                                                                           \
     extern "C" __global__ void fs_rms_rope_bwd_##S(const T* x, const T* w, const T* dy, const float* c,          \
                                                    const float* s, T* dx, long cols, long half, float eps,      \
                                                    int vec) {                                                   \
-        DISPATCH_VEC(T, (rms_rope_bwd<T, W>(x, w, dy, c, s, dx, cols, half, eps)))                              \
+        DISPATCH_VEC(T, (rms_bwd<T, W>(x, w, dy, c, s, dx, cols, half, eps)))                                  \
     }
 
 NORM_KERNELS(float, f32)
