@@ -156,11 +156,7 @@ impl Linear {
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = xs.dtype();
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
-        let dy2 = dy
-            .detach()
-            .to_dtype(dtype)?
-            .dense()?
-            .flatten_to(D::Minus2)?;
+        let dy2 = rows(dy, dtype)?;
         let mut params = Vec::new();
         // The LoRA's share of the input gradient, `((dy·s) B) A` (`None` without a LoRA).
         let mut low_rank = None;
@@ -195,6 +191,11 @@ impl Linear {
         let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
         Ok((dx, params))
     }
+}
+
+/// `t` detached, in `dtype`, dense and flattened to rows `[m, features]`.
+pub(super) fn rows(t: &Tensor, dtype: candle_core::DType) -> Result<Tensor> {
+    t.detach().to_dtype(dtype)?.dense()?.flatten_to(D::Minus2)
 }
 
 /// A LoRA linear's backward terms that do not involve its input gradient or `down`'s gradient.

@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor, D};
 
-use super::grad::{add_matmul, detached_factors, InputGrad, LinearTape, ParamGrad};
+use super::grad::{add_matmul, detached_factors, rows, InputGrad, LinearTape, ParamGrad};
 use super::Linear;
 use crate::ops::Dense;
 
@@ -96,11 +96,7 @@ impl Linear {
         let mut dy2s = Vec::with_capacity(linears.len());
         let mut terms = Vec::with_capacity(linears.len());
         for ((lin, tape), dy) in linears.iter().zip(tapes).zip(dys) {
-            let dy2 = dy
-                .detach()
-                .to_dtype(dtype)?
-                .dense()?
-                .flatten_to(D::Minus2)?;
+            let dy2 = rows(dy, dtype)?;
             let t = lin.low_rank_backward(&x2, tape, &dy2)?.ok_or_else(|| {
                 candle_core::Error::Msg("shared backward: a layer lost its LoRA".into())
             })?;
