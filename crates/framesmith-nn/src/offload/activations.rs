@@ -127,24 +127,27 @@ impl SavedInputs {
 }
 
 /// What a block keeps from its forward for its recompute (selective checkpointing's attention output and
-/// log-sum-exp), as plain tensors that can wait in host RAM like the saved inputs.
+/// log-sum-exp, and what else a model keeps), as plain tensors that can wait in host RAM like the saved inputs.
 pub trait Stashable: Sized {
-    /// The tensors, largest first (the largest is the one brought back a block ahead).
+    /// The tensors, always the same kinds in the same order for one model (each position waits in a stash of its
+    /// own, brought back a block ahead).
     fn into_tensors(self) -> Vec<Tensor>;
     /// The value again from [`Stashable::into_tensors`]'s tensors, in that order.
     fn from_tensors(tensors: Vec<Tensor>) -> Result<Self>;
 }
 
 /// Every block's kept value, in forward order, taken back in reverse: as they are on the device, or in host RAM
-/// through a [`SavedInputs`] of their own (moved asynchronously on CUDA, the largest tensor of the block before
-/// brought back while a block's backward runs).
+/// (moved asynchronously on CUDA). In RAM each tensor position of the values has a [`SavedInputs`] of its own, so
+/// that every tensor of the block before is brought back while a block's backward runs, not only the first.
 pub enum KeptValues<K> {
     /// On the model's device.
     Device(Vec<K>),
-    /// In host RAM; `counts` is how many tensors each block's value has (the stash boxed: on CUDA it is many
-    /// times the size of the other variant).
+    /// In host RAM: `stashes[j]` holds tensor `j` of every value that has one; `counts` is how many tensors each
+    /// block's value has.
     Host {
-        stash: Box<SavedInputs>,
+        device: Device,
+        placement: SavedPlacement,
+        stashes: Vec<SavedInputs>,
         counts: Vec<usize>,
     },
 }
@@ -154,7 +157,9 @@ impl<K: Stashable> KeptValues<K> {
     pub fn new(device: &Device, placement: SavedPlacement) -> Result<Self> {
         Ok(if placement.is_host() {
             Self::Host {
-                stash: Box::new(SavedInputs::new(device, placement)?),
+                device: device.clone(),
+                placement,
+                stashes: Vec::new(),
                 counts: Vec::new(),
             }
         } else {
@@ -166,11 +171,18 @@ impl<K: Stashable> KeptValues<K> {
     pub fn push(&mut self, value: K) -> Result<()> {
         match self {
             Self::Device(values) => values.push(value),
-            Self::Host { stash, counts } => {
+            Self::Host {
+                device,
+                placement,
+                stashes,
+                counts,
+            } => {
                 let tensors = value.into_tensors();
+                while stashes.len() < tensors.len() {
+                    stashes.push(SavedInputs::new(device, *placement)?);
+                }
                 counts.push(tensors.len());
-                // Pushed last to first, so that they come back first to last, the largest first.
-                for t in tensors.into_iter().rev() {
+                for (stash, t) in stashes.iter_mut().zip(tensors) {
                     stash.push(t)?;
                 }
             }
@@ -182,11 +194,16 @@ impl<K: Stashable> KeptValues<K> {
     pub fn pop(&mut self) -> Result<Option<K>> {
         match self {
             Self::Device(values) => Ok(values.pop()),
-            Self::Host { stash, counts } => {
+            Self::Host {
+                stashes, counts, ..
+            } => {
                 let Some(n) = counts.pop() else {
                     return Ok(None);
                 };
-                let tensors = (0..n).map(|_| stash.pop()).collect::<Result<Vec<_>>>()?;
+                let tensors = stashes[..n]
+                    .iter_mut()
+                    .map(SavedInputs::pop)
+                    .collect::<Result<Vec<_>>>()?;
                 K::from_tensors(tensors).map(Some)
             }
         }
@@ -247,7 +264,7 @@ mod placement_tests {
         assert!(SavedPlacement::Pageable.is_host());
     }
 
-    /// Three tensors per value, so that an order mistake between or within values shows.
+    /// Two or three tensors per value, so that an order mistake between or within values shows.
     struct Three(Vec<Tensor>);
 
     impl Stashable for Three {
@@ -262,10 +279,13 @@ mod placement_tests {
     #[test]
     fn kept_values_come_back_in_reverse_block_order_each_in_its_own_order() -> Result<()> {
         let dev = Device::Cpu;
-        let value = |block: f32| -> Result<Three> {
+        // Block 1 keeps one tensor fewer than the others (its position 2 is skipped in that stash).
+        let count = |block: usize| if block == 1 { 2 } else { 3 };
+        let value = |block: usize| -> Result<Three> {
+            let block_f = block as f32;
             Ok(Three(
-                (0..3)
-                    .map(|k| Tensor::full(block * 10.0 + k as f32, (2, 1 + k), &dev))
+                (0..count(block))
+                    .map(|k| Tensor::full(block_f * 10.0 + k as f32, (2, 1 + k), &dev))
                     .collect::<Result<_>>()?,
             ))
         };
@@ -276,7 +296,7 @@ mod placement_tests {
         ] {
             let mut kept = KeptValues::new(&dev, placement)?;
             for block in 0..4 {
-                kept.push(value(block as f32)?)?;
+                kept.push(value(block)?)?;
             }
             for block in (0..4).rev() {
                 let Some(Three(tensors)) = kept.pop()? else {
@@ -286,7 +306,9 @@ mod placement_tests {
                     .iter()
                     .map(|t| Ok(t.flatten_all()?.to_vec1::<f32>()?[0]))
                     .collect::<Result<Vec<_>>>()?;
-                let want: Vec<f32> = (0..3).map(|k| block as f32 * 10.0 + k as f32).collect();
+                let want: Vec<f32> = (0..count(block))
+                    .map(|k| block as f32 * 10.0 + k as f32)
+                    .collect();
                 assert_eq!(firsts, want, "{placement:?}");
             }
             assert!(kept.pop()?.is_none(), "{placement:?}: nothing is left");
