@@ -125,6 +125,9 @@ enum Command {
         /// Keep each block's self-attention output from the forward (selective checkpointing; manual only).
         #[arg(long)]
         keep_attention: bool,
+        /// Keep each block's self-attention projection output as well (implies --keep-attention).
+        #[arg(long)]
+        keep_projection: bool,
         /// Keep every block's whole tape from the forward (no recompute in the backward; manual only).
         #[arg(long)]
         no_checkpointing: bool,
@@ -311,18 +314,25 @@ fn step_check(dev: &Device, mode: StepMode) -> Result<()> {
     Ok(())
 }
 
-fn step_mode(backward: &str, keep_attention: bool, keep_tapes: bool) -> Result<StepMode> {
+fn step_mode(
+    backward: &str,
+    keep_attention: bool,
+    keep_projection: bool,
+    keep_tapes: bool,
+) -> Result<StepMode> {
     let backward = match backward {
         "manual" => BlockBackward::Manual,
         "autograd" => BlockBackward::Autograd,
         other => bail!("unknown block backward `{other}` (manual, autograd)"),
     };
+    let keep_attention = keep_attention || keep_projection;
     if (keep_attention || keep_tapes) && backward != BlockBackward::Manual {
-        bail!("--keep-attention and --no-checkpointing need --backward manual");
+        bail!("--keep-attention, --keep-projection and --no-checkpointing need --backward manual");
     }
     Ok(StepMode {
         backward,
         keep_attention,
+        keep_projection,
         keep_tapes,
     })
 }
@@ -571,9 +581,10 @@ fn main() -> Result<()> {
             check: first,
             backward,
             keep_attention,
+            keep_projection,
             no_checkpointing,
         } => {
-            let mode = step_mode(&backward, keep_attention, no_checkpointing)?;
+            let mode = step_mode(&backward, keep_attention, keep_projection, no_checkpointing)?;
             if first {
                 step_check(&dev, mode)?;
             }
@@ -597,7 +608,10 @@ fn main() -> Result<()> {
             let opts = bench::step::StepBench {
                 text_tokens,
                 seed,
-                ..step_bench(&workload, step_mode(&backward, keep_attention, false)?)?
+                ..step_bench(
+                    &workload,
+                    step_mode(&backward, keep_attention, false, false)?,
+                )?
             };
             let run = bench::equivalence::write(&dev, &variant(&name)?, &opts, &out).with_context(
                 || format!("the equivalence step of {name} into {}", out.display()),

@@ -46,12 +46,14 @@ pub struct StepMode {
     pub backward: BlockBackward,
     /// Selective checkpointing ([`StepOptions::keep_attention`]).
     pub keep_attention: bool,
+    /// With `keep_attention`, the projection's output too ([`StepOptions::keep_projection`]).
+    pub keep_projection: bool,
     /// No checkpointing ([`StepOptions::keep_tapes`]).
     pub keep_tapes: bool,
 }
 
 impl StepMode {
-    /// A short label for reports (`manual`, `manual+keep-attention`, `autograd`).
+    /// A short label for reports (`manual`, `manual+keep-attention`, `manual+keep-projection`, `autograd`).
     pub fn label(&self) -> String {
         let base = match self.backward {
             BlockBackward::Manual => "manual",
@@ -60,6 +62,8 @@ impl StepMode {
         let manual = self.backward == BlockBackward::Manual;
         if self.keep_tapes && manual {
             format!("{base}+no-checkpointing")
+        } else if self.keep_attention && self.keep_projection && manual {
+            format!("{base}+keep-projection")
         } else if self.keep_attention && manual {
             format!("{base}+keep-attention")
         } else {
@@ -191,6 +195,7 @@ pub(crate) fn step(
     let options = StepOptions {
         backward: mode.backward,
         keep_attention: mode.keep_attention,
+        keep_projection: mode.keep_projection,
         keep_tapes: mode.keep_tapes,
         ..Default::default()
     };
@@ -361,15 +366,17 @@ mod tests {
     /// the CPU this was written on; the bound leaves room for another CPU's matmul kernels to round differently.
     #[test]
     fn tiny_check_on_cpu_is_within_bf16_rounding() -> Result<()> {
-        for (backward, keep_attention, keep_tapes) in [
-            (BlockBackward::Autograd, false, false),
-            (BlockBackward::Manual, false, false),
-            (BlockBackward::Manual, true, false),
-            (BlockBackward::Manual, false, true),
+        for (backward, keep_attention, keep_projection, keep_tapes) in [
+            (BlockBackward::Autograd, false, false, false),
+            (BlockBackward::Manual, false, false, false),
+            (BlockBackward::Manual, true, false, false),
+            (BlockBackward::Manual, true, true, false),
+            (BlockBackward::Manual, false, false, true),
         ] {
             let mode = StepMode {
                 backward,
                 keep_attention,
+                keep_projection,
                 keep_tapes,
             };
             let c = check_tiny(&Device::Cpu, mode)?;

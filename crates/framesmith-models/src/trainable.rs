@@ -31,9 +31,15 @@ pub trait TrainableBlock {
 
     /// The forward with gradient tracking (candle's autograd).
     fn forward(&self, xs: &Tensor, shared: &Self::Shared) -> Result<Tensor>;
-    /// The forward without an autograd graph, with what the recompute may reuse.
-    fn forward_untracked(&self, xs: &Tensor, shared: &Self::Shared)
-        -> Result<(Tensor, Self::Kept)>;
+    /// The forward without an autograd graph, with what the recompute may reuse; `keep_projection` asks for
+    /// the self-attention's projected output too, where the model has one to keep (Wan's `self_attn.o`; a model
+    /// without one ignores it).
+    fn forward_untracked(
+        &self,
+        xs: &Tensor,
+        shared: &Self::Shared,
+        keep_projection: bool,
+    ) -> Result<(Tensor, Self::Kept)>;
     /// The forward keeping its whole tape (no recompute needed before the backward).
     fn forward_with_tape(&self, xs: &Tensor, shared: &Self::Shared)
         -> Result<(Tensor, Self::Tape)>;

@@ -190,6 +190,10 @@ pub struct StepOptions<'a> {
     /// 96 MiB per block, 2.8 GiB in all for Wan2.1-1.3B at 480×832×81 (14B: 320 MiB per block, 12.5 GiB).
     /// They wait where `saved_inputs` says, as the saved inputs do.
     pub keep_attention: bool,
+    /// With `keep_attention`: keep the self-attention's projected output too (Wan's `self_attn.o`), so the
+    /// recompute also skips that product. `b · seq · dim` compute-dtype values more per block (14B at
+    /// 480×832×81: 320 MiB per block, 12.5 GiB in all).
+    pub keep_projection: bool,
     /// No checkpointing (manual backward only): keep every block's whole tape from the forward, so the backward
     /// recomputes nothing. Costs all of every block's intermediates until its backward (tens of GiB at 32k
     /// tokens; little for short sequences, where it moves the backward off the critical path of streaming).
@@ -254,7 +258,10 @@ pub fn try_checkpointed_step<M: TrainableModel>(
         }
         // Saved before the block runs: a copy to the host overlaps the block.
         saved.push(xs.clone())?;
-        let (next, attention) = model.block(i)?.forward_untracked(&xs, shared)?;
+        let (next, attention) =
+            model
+                .block(i)?
+                .forward_untracked(&xs, shared, keep && options.keep_projection)?;
         if keep {
             kept.push(attention)?;
         }
@@ -350,7 +357,10 @@ pub fn forward_loss<M: TrainableModel>(
     let mut xs = prepared.block_input().clone();
     for i in 0..n {
         check_interrupt(&options)?;
-        xs = model.block(i)?.forward_untracked(&xs, prepared.shared())?.0;
+        xs = model
+            .block(i)?
+            .forward_untracked(&xs, prepared.shared(), false)?
+            .0;
     }
     let outs = model
         .finish(&xs.detach(), &prepared)?
@@ -457,16 +467,18 @@ mod tests {
         };
         let full = whole_graph_step(&model, &inputs, &target, &vars)?;
         let modes = [
-            (BlockBackward::Autograd, false, false),
-            (BlockBackward::Manual, false, false),
-            (BlockBackward::Manual, true, false),
-            (BlockBackward::Manual, false, true),
+            (BlockBackward::Autograd, false, false, false),
+            (BlockBackward::Manual, false, false, false),
+            (BlockBackward::Manual, true, false, false),
+            (BlockBackward::Manual, true, true, false),
+            (BlockBackward::Manual, false, false, true),
         ];
-        for (backward, keep_attention, keep_tapes) in modes {
+        for (backward, keep_attention, keep_projection, keep_tapes) in modes {
             let options = StepOptions {
                 want_input_grads: true,
                 backward,
                 keep_attention,
+                keep_projection,
                 keep_tapes,
                 ..Default::default()
             };
@@ -502,23 +514,31 @@ mod tests {
             weights: None,
             skip_frames: 0,
         };
-        let step = |saved_inputs| {
+        let step = |saved_inputs, keep_projection| {
             let options = StepOptions {
                 keep_attention: true,
+                keep_projection,
                 saved_inputs,
                 ..Default::default()
             };
             checkpointed_step(&model, &inputs, &target, &vars, &options)
         };
-        let on_device = step(SavedPlacement::Device)?;
-        for placement in [SavedPlacement::PageLocked, SavedPlacement::Pageable] {
-            let in_ram = step(placement)?;
+        let on_device = step(SavedPlacement::Device, false)?;
+        for (placement, keep_projection) in [
+            (SavedPlacement::PageLocked, false),
+            (SavedPlacement::Pageable, false),
+            (SavedPlacement::Device, true),
+            (SavedPlacement::PageLocked, true),
+            (SavedPlacement::Pageable, true),
+        ] {
+            let in_ram = step(placement, keep_projection)?;
             assert_eq!(in_ram.loss, on_device.loss, "{placement:?}");
             for (a, b) in in_ram.grads.iter().zip(&on_device.grads) {
                 assert_eq!(
                     a.flatten_all()?.to_vec1::<f32>()?,
                     b.flatten_all()?.to_vec1::<f32>()?,
-                    "{placement:?}: a block recomputed with another block's attention"
+                    "{placement:?} (projection kept: {keep_projection}): a block recomputed with another \
+                     block's attention"
                 );
             }
         }

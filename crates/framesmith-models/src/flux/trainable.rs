@@ -75,6 +75,7 @@ impl TrainableBlock for FluxBlock {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
+        _keep_projection: bool,
     ) -> Result<(Tensor, KeptAttention)> {
         let (out, tape) = FluxBlock::forward_with_tape(self, xs, shared, None)?;
         Ok((out, tape.kept_attention()))
@@ -219,7 +220,7 @@ mod tests {
             let x = Var::from_tensor(&xs)?;
             let out_ref = TrainableBlock::forward(block, x.as_tensor(), &prepared.blocks)?;
             let store = (&out_ref * &grad)?.sum_all()?.backward()?;
-            let (out, kept) = block.forward_untracked(&xs, &prepared.blocks)?;
+            let (out, kept) = block.forward_untracked(&xs, &prepared.blocks, false)?;
             assert!(
                 !out.track_op(),
                 "block {i}: the untracked forward built a graph"

@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use candle_core::{Device, Result, Tensor};
 
-use super::block::grad::{BlockTape, KeptAttention};
+use super::block::grad::{BlockTape, WanKept};
 use super::block::{Block, BlockInputs};
 use super::rope::Rope;
 use super::transformer::{Prepared, WanInputs, WanModel};
@@ -12,7 +12,7 @@ use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel
 
 impl TrainableBlock for Block {
     type Shared = BlockInputs;
-    type Kept = KeptAttention;
+    type Kept = WanKept;
     type Tape = BlockTape;
 
     fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
@@ -23,8 +23,9 @@ impl TrainableBlock for Block {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-    ) -> Result<(Tensor, KeptAttention)> {
-        Block::forward_untracked(self, xs, shared)
+        keep_projection: bool,
+    ) -> Result<(Tensor, WanKept)> {
+        Block::forward_untracked(self, xs, shared, keep_projection)
     }
 
     fn forward_with_tape(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, BlockTape)> {
@@ -35,7 +36,7 @@ impl TrainableBlock for Block {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&WanKept>,
     ) -> Result<BlockTape> {
         Block::recompute(self, xs, shared, kept)
     }

@@ -20,6 +20,7 @@ pub use framesmith_nn::attention::KeptAttention;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::{rms_norm, rms_norm_backward};
+use framesmith_nn::offload::Stashable;
 use framesmith_nn::ops::{gated_residual, gelu_tanh, NormAfter};
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
@@ -202,25 +203,79 @@ pub struct BlockTape {
     sa: SelfTape,
     ca: CrossTape,
     ffn: FfnTape,
+    /// `self_attn.o`'s output, when the forward was asked to keep it.
+    projection: Option<Tensor>,
 }
 
 impl BlockTape {
-    /// The self-attention output and LSE, to keep for [`Block::recompute`].
-    pub fn kept_attention(&self) -> KeptAttention {
-        self.sa.attn.kept()
+    /// What [`Block::recompute`] may reuse: the self-attention output and LSE, and `self_attn.o`'s output when
+    /// the forward kept it.
+    pub fn kept(&self) -> WanKept {
+        WanKept {
+            attention: self.sa.attn.kept(),
+            projection: self.projection.clone(),
+        }
+    }
+}
+
+/// What a Wan block's first forward keeps for its recompute (selective checkpointing): the self-attention output
+/// and LSE (the recompute skips the attention kernel) and, optionally, `self_attn.o`'s output (it skips that
+/// product too; `[b, L, dim]` in the compute dtype more per block).
+#[derive(Clone, Debug)]
+pub struct WanKept {
+    attention: KeptAttention,
+    projection: Option<Tensor>,
+}
+
+impl WanKept {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.attention.bytes()
+            + self
+                .projection
+                .as_ref()
+                .map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes())
+    }
+
+    /// Whether `self_attn.o`'s output is kept.
+    pub fn has_projection(&self) -> bool {
+        self.projection.is_some()
+    }
+}
+
+impl Stashable for WanKept {
+    fn into_tensors(self) -> Vec<Tensor> {
+        let mut out = self.attention.into_tensors();
+        out.extend(self.projection);
+        out
+    }
+
+    fn from_tensors(mut tensors: Vec<Tensor>) -> Result<Self> {
+        let projection = if tensors.len() == 3 {
+            tensors.pop()
+        } else {
+            None
+        };
+        Ok(Self {
+            attention: KeptAttention::from_tensors(tensors)?,
+            projection,
+        })
     }
 }
 
 impl Block {
     /// [`Block::forward`] without building an autograd graph (the first pass of the checkpointed step); also
-    /// returns the self-attention output and LSE, for selective checkpointing.
+    /// returns what selective checkpointing keeps: the self-attention output and LSE, and `self_attn.o`'s output
+    /// with `keep_projection`.
     pub fn forward_untracked(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-    ) -> Result<(Tensor, KeptAttention)> {
-        let (out, tape) = self.forward_with_tape(xs, inputs)?;
-        Ok((out, tape.kept_attention()))
+        keep_projection: bool,
+    ) -> Result<(Tensor, WanKept)> {
+        let (tape, out) = self.run(xs, inputs, None, true, keep_projection)?;
+        let out = out.ok_or_else(|| candle_core::Error::Msg("block forward: no output".into()))?;
+        Ok((out, tape.kept()))
     }
 
     /// [`Block::forward_untracked`] keeping the whole tape for [`Block::backward`]: no checkpointing, the
@@ -230,29 +285,31 @@ impl Block {
         xs: &Tensor,
         inputs: &BlockInputs,
     ) -> Result<(Tensor, BlockTape)> {
-        let (tape, out) = self.run(xs, inputs, None, true)?;
+        let (tape, out) = self.run(xs, inputs, None, true, false)?;
         let out = out.ok_or_else(|| candle_core::Error::Msg("block forward: no output".into()))?;
         Ok((out, tape))
     }
 
     /// Recomputes the block from its input and records the tape for [`Block::backward`]; with `kept` (from this
-    /// block's [`Block::forward_untracked`] on the same input) the self-attention kernel is skipped. Stops before
-    /// `ffn.2`, whose output the backward does not need.
+    /// block's [`Block::forward_untracked`] on the same input) the self-attention kernel is skipped, and the
+    /// `self_attn.o` product where its output was kept. Stops before `ffn.2`, whose output the backward does not
+    /// need.
     pub fn recompute(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&WanKept>,
     ) -> Result<BlockTape> {
-        Ok(self.run(xs, inputs, kept, false)?.0)
+        Ok(self.run(xs, inputs, kept, false, false)?.0)
     }
 
     fn run(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&WanKept>,
         with_out: bool,
+        keep_projection: bool,
     ) -> Result<(BlockTape, Option<Tensor>)> {
         let compute = inputs.context.dtype();
         let x = xs.detach();
@@ -266,6 +323,7 @@ impl Block {
             .collect::<Result<Vec<_>>>()?;
 
         let (y1, sa) = self.self_attention_tape(x, &chunks, inputs, kept)?;
+        let projection = keep_projection.then(|| y1.clone());
         // Each residual update and the LayerNorm that reads it are one pass.
         let (x1, n3) = match &self.norm3 {
             Some((w, b)) => ops::residual_layer_norm(
@@ -325,6 +383,7 @@ impl Block {
             sa,
             ca,
             ffn,
+            projection,
         };
         Ok((tape, out))
     }
@@ -334,7 +393,7 @@ impl Block {
         x: Tensor,
         chunks: &[Tensor],
         inputs: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&WanKept>,
     ) -> Result<(Tensor, SelfTape)> {
         let sa = &self.self_attn;
         let (heads, eps) = (sa.num_heads, sa.eps);
@@ -356,10 +415,15 @@ impl Block {
         let ((q, qp), (k, kp), (v, vp)) = (next()?, next()?, next()?);
         let lens = Some(inputs.seq_lens.as_slice());
         let attn = match kept {
-            Some(kept) => kept.tape([&q, &k, &v], lens)?,
+            Some(kept) => kept.attention.tape([&q, &k, &v], lens)?,
             None => attention_forward(&q, &k, &v, lens)?,
         };
-        let (y, o) = sa.o.forward_untracked(&attn.out().flatten_from(2)?)?;
+        // A kept output of `o` is the product this recompute would make; its LoRA activation, which the
+        // backward needs, is then recomputed there (an empty tape).
+        let (y, o) = match kept.and_then(|k| k.projection.as_ref()) {
+            Some(y) => (y.clone(), LinearTape::default()),
+            None => sa.o.forward_untracked(&attn.out().flatten_from(2)?)?,
+        };
         let tape = SelfTape {
             x,
             h1,
@@ -422,6 +486,7 @@ impl Block {
             sa,
             ca,
             ffn,
+            projection: _,
         } = tape;
         let dout = ops::cast(&grad_out.detach(), sa.x.dtype())?;
         let mut params = Vec::new();

@@ -53,7 +53,7 @@ fn check(model: &WanModel, vars: &[Var], inputs: &WanInputs, tol: f64) -> Result
         let surrogate = (out_ref.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
         let store = surrogate.backward()?;
 
-        let (out, kept) = block.forward_untracked(&xs, &prepared.blocks)?;
+        let (out, kept) = block.forward_untracked(&xs, &prepared.blocks, false)?;
         assert!(!out.track_op(), "the untracked forward built a graph");
         assert!(rel(&out, &out_ref)? <= tol, "block {i} output");
         let tape = block.recompute(&xs, &prepared.blocks, None)?;
@@ -88,10 +88,24 @@ fn check(model: &WanModel, vars: &[Var], inputs: &WanInputs, tol: f64) -> Result
         }
 
         eprintln!("block {i}: worst LoRA gradient rel {worst:.2e}");
-        // Selective checkpointing: the kept attention gives the same gradients as recomputing it.
-        let tape = block.recompute(&xs, &prepared.blocks, Some(&kept))?;
-        let again = block.backward(tape, &grad)?;
-        assert!(rel(&again.input, &grads.input)? <= 1e-7);
+        // Selective checkpointing: the kept attention (and `self_attn.o`'s kept output) gives the same gradients
+        // as recomputing them.
+        assert!(!kept.has_projection());
+        let (out_kept, with_o) = block.forward_untracked(&xs, &prepared.blocks, true)?;
+        assert!(with_o.has_projection() && with_o.bytes() > kept.bytes());
+        assert_eq!(rel(&out_kept, &out)?, 0.0, "keeping changes the output");
+        for kept in [&kept, &with_o] {
+            let tape = block.recompute(&xs, &prepared.blocks, Some(kept))?;
+            let again = block.backward(tape, &grad)?;
+            assert!(rel(&again.input, &grads.input)? <= 1e-7);
+            for (p, q) in again.params.iter().zip(&grads.params) {
+                assert_eq!(p.var.as_tensor().id(), q.var.as_tensor().id());
+                assert!(
+                    rel(&p.grad, &q.grad)? <= 1e-7,
+                    "block {i}: a LoRA gradient moved"
+                );
+            }
+        }
         xs = out;
     }
     Ok(())
@@ -228,7 +242,7 @@ fn check_against_f32(
         &truth_vars[..per_block],
     )?;
     let reference = autograd(block, xs, &prepared.blocks, &grad, block_vars)?;
-    let (out, _) = block.forward_untracked(xs, &prepared.blocks)?;
+    let (out, _) = block.forward_untracked(xs, &prepared.blocks, false)?;
     let grads = block.backward(block.recompute(xs, &prepared.blocks, None)?, &grad)?;
     assert_eq!(grads.input.dtype(), DType::BF16);
     assert_eq!(
