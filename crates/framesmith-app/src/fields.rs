@@ -53,7 +53,7 @@ const TIMESTEPS: &[&str] = &[
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];
 const PLACEMENTS: &[&str] = &["device", "host"];
-const CHECKPOINTING: &[&str] = &["blocks", "attention", "off"];
+const CHECKPOINTING: &[&str] = &["blocks", "attention", "attention_projection", "off"];
 const FLUX_STREAM_ORDERS: &[&str] = &["single_first", "double_first", "spread"];
 const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
@@ -285,7 +285,8 @@ pub const RUN_SECTIONS: &[Section] = &[
                     FieldKind::Choice(CHECKPOINTING),
                 ),
                 "blocks: recompute each block in the backward (least memory); attention: also keep \
-                 self-attention outputs (faster, a few GB more); off: keep everything (fastest, most memory)",
+                 self-attention outputs (faster, a few GB more); attention_projection: also keep their \
+                 projection (as much again, a little faster); off: keep everything (fastest, most memory)",
             ),
             help(
                 optional(

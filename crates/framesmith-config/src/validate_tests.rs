@@ -318,6 +318,19 @@ fn checkpointing_reaches_the_plan_on_every_device_and_off_refuses_host_activatio
     )
     .unwrap();
     assert_eq!(parsed.memory.checkpointing, Checkpointing::Attention);
+    let parsed = RunConfig::from_toml_str(
+        "[memory]\ncheckpointing = \"attention_projection\"\n",
+        Path::new("a.toml"),
+    )
+    .unwrap();
+    assert_eq!(
+        parsed.memory.checkpointing,
+        Checkpointing::AttentionProjection
+    );
+    assert!(
+        parsed.memory.checkpointing.keeps_attention()
+            && parsed.memory.checkpointing.keeps_projection()
+    );
     assert_eq!(
         RunConfig::default().memory.checkpointing,
         Checkpointing::Blocks
@@ -325,6 +338,7 @@ fn checkpointing_reaches_the_plan_on_every_device_and_off_refuses_host_activatio
     for mode in [
         Checkpointing::Blocks,
         Checkpointing::Attention,
+        Checkpointing::AttentionProjection,
         Checkpointing::Off,
     ] {
         cfg.memory.checkpointing = mode;

@@ -2,7 +2,7 @@
 //! the saved block inputs (every setting but "off"), the kept self-attention outputs ("attention"), or every
 //! block's whole tape ("off"). Exact counts of the tensors `models::wan::block::grad` records, no calibration.
 
-use super::model::ModelMemory;
+use super::model::{BlockKind, ModelMemory};
 use super::working_set::{per_token_modulation_bytes, StepShape};
 use super::{blocks_label, line, total_bytes};
 use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
@@ -114,27 +114,33 @@ pub(super) fn kept_lines(
             out.push(pageable_ring_line("saved inputs"));
         }
     }
-    if checkpointing == Checkpointing::Attention {
+    if checkpointing.keeps_attention() {
+        let projection = checkpointing.keeps_projection();
+        let kept = |k: &BlockKind| {
+            k.kept_attention_bytes
+                + if projection {
+                    k.kept_projection_bytes
+                } else {
+                    0
+                }
+        };
+        let what = if projection {
+            "kept self-attention and projection outputs"
+        } else {
+            "kept self-attention outputs"
+        };
         // They wait where the saved inputs do (`train::step`'s `KeptValues`).
         out.push(line(
-            format!(
-                "kept self-attention outputs ({})",
-                blocks_label(s, &counts, |k| k.kept_attention_bytes)
-            ),
-            total_bytes(s, &counts, |k| k.kept_attention_bytes),
+            format!("{what} ({})", blocks_label(s, &counts, kept)),
+            total_bytes(s, &counts, kept),
             saved_at,
         ));
         if activations == ActivationPlacement::Host {
-            // The block before's output comes back while a block's backward runs, and the last block's never
-            // leaves the device.
-            let largest = s
-                .kinds
-                .iter()
-                .map(|k| k.kept_attention_bytes)
-                .max()
-                .unwrap_or(0);
+            // The block before's outputs come back while a block's backward runs, and the last block's never
+            // leave the device.
+            let largest = s.kinds.iter().map(kept).max().unwrap_or(0);
             out.push(line(
-                "kept self-attention outputs on the device (2 blocks)",
+                format!("{what} on the device (2 blocks)"),
                 2 * largest,
                 Placement::Device,
             ));
@@ -208,6 +214,9 @@ mod tests {
             attention - blocks,
             30 * (32_760 * 1536 * 2 + 32_760 * 12 * 4)
         );
+        // The projection's output is one more bf16 [tokens, dim] per block.
+        let projection = peak(Checkpointing::AttentionProjection);
+        assert_eq!(projection - attention, 30 * 32_760 * 1536 * 2);
         // The H200: 'off' peaked 61.1 GiB above 'blocks', 'attention' 2.76 GiB above it. The plan keeps the
         // recompute's whole working set for both (a recompute without the attention kernel, or none at all,
         // needs a little less), so it may only err high, and by little.

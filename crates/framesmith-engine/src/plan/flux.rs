@@ -233,6 +233,7 @@ pub(super) fn describe(
                 packed_bytes: double_packed,
                 tape_bytes: double_tape,
                 kept_attention_bytes: 0,
+                kept_projection_bytes: 0,
             },
             BlockKind {
                 label: "single-stream",
@@ -240,6 +241,7 @@ pub(super) fn describe(
                 packed_bytes: single_packed,
                 tape_bytes: single_tape,
                 kept_attention_bytes: 0,
+                kept_projection_bytes: 0,
             },
         ],
         blocks: (0..n).map(|i| usize::from(i >= cfg.depth)).collect(),

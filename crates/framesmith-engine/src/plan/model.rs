@@ -67,6 +67,9 @@ pub struct BlockKind {
     pub tape_bytes: u64,
     /// Bytes of one block's kept self-attention output and log-sum-exp (`checkpointing = "attention"`).
     pub kept_attention_bytes: u64,
+    /// Bytes of one block's kept self-attention projection output (`checkpointing = "attention_projection"`,
+    /// on top of `kept_attention_bytes`; 0 for a model that keeps none).
+    pub kept_projection_bytes: u64,
 }
 
 /// What the planner needs to know about a model for one input.

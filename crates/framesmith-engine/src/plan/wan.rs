@@ -69,6 +69,7 @@ pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
             packed_bytes: block_bytes(cfg, input.base),
             tape_bytes: block_tape_bytes(cfg, batch, input.lora.rank as u64, &shape),
             kept_attention_bytes: kept_attention_bytes(cfg, &shape),
+            kept_projection_bytes: shape.tokens * cfg.dim as u64 * shape.compute_bytes,
         }],
         blocks: vec![0; n],
         streamed: (0..n.max(1))

@@ -194,6 +194,7 @@ fn every_checkpointing_setting_trains_the_same_lora() {
     for mode in [
         Checkpointing::Blocks,
         Checkpointing::Attention,
+        Checkpointing::AttentionProjection,
         Checkpointing::Off,
     ] {
         let mut config = demo_config(&dir.path().join(format!("{mode:?}")), 3);
@@ -201,8 +202,16 @@ fn every_checkpointing_setting_trains_the_same_lora() {
         let mut trainer = start(&config, None);
         let options = trainer.step_options(&|| false);
         assert_eq!(
-            (options.keep_attention, options.keep_tapes),
-            (mode == Checkpointing::Attention, mode == Checkpointing::Off),
+            (
+                options.keep_attention,
+                options.keep_projection,
+                options.keep_tapes
+            ),
+            (
+                mode.keeps_attention(),
+                mode == Checkpointing::AttentionProjection,
+                mode == Checkpointing::Off
+            ),
             "{mode:?} reaches the step"
         );
         let before = lora_values(&trainer);
@@ -214,7 +223,7 @@ fn every_checkpointing_setting_trains_the_same_lora() {
         assert_ne!(after, before, "{mode:?} changed nothing");
         trained.push((mode, after));
     }
-    // The three differ only in what is kept from the forward versus recomputed: the same LoRA up to rounding.
+    // The four differ only in what is kept from the forward versus recomputed: the same LoRA up to rounding.
     let (_, reference) = &trained[0];
     for (mode, values) in &trained[1..] {
         for (a, b) in reference.iter().flatten().zip(values.iter().flatten()) {

@@ -220,6 +220,7 @@ impl Trainer {
             interrupted: Some(interrupted),
             saved_inputs: self.saved_inputs,
             keep_attention: self.checkpointing.keeps_attention(),
+            keep_projection: self.checkpointing.keeps_projection(),
             keep_tapes: self.checkpointing.keeps_tapes(),
             ..Default::default()
         }
