@@ -4,25 +4,11 @@ at 32,760 tokens, (1) q, k, v as three [5120 -> 5120] products against one produ
 followed by a separate tanh-GELU against cuBLASLt's GELU epilogue (`torch._addmm_activation`), and the GELU
 backward as a separate pass. bf16, times with CUDA events, median of the runs. Prints one line per case."""
 import argparse
-import statistics
 
 import torch
 import torch.nn.functional as F
 
-
-def timed(fn, iters):
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    out = []
-    for _ in range(iters):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b))
-    return statistics.median(out)
+from fp8_gemm import timed  # the same event timing (median of the runs after three warm-ups)
 
 
 def main():
