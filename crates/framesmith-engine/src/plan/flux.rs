@@ -142,8 +142,9 @@ fn lora_parameters(
 /// `c` / `s` compute and residual dtype bytes): a double-stream block keeps `2·L·d·s` of residual stream, `2·L·d·4`
 /// of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention output, `2·L·f·c` of MLP
 /// activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; a single-stream block `L·d·s`, `L·d·4`,
-/// `7·L·d·c`, `linear1`'s output `L·(3d + f)·c`, `linear2`'s input `L·(d + f)·c`, `2·L·r·c` and `L·h·4`. FLUX.1
-/// keeps nothing extra with `checkpointing = "attention"` (its recompute runs the attention again). The working
+/// `7·L·d·c`, `linear1`'s output `L·(3d + f)·c`, `linear2`'s input `L·(d + f)·c`, `2·L·r·c` and `L·h·4`. With
+/// `checkpointing = "attention"` (or `"attention_projection"`, which keeps the same here) each block of either kind
+/// keeps its joint attention's output and log-sum-exp, `L·d·c + L·h·4` (`flux::trainable`'s kept value). The working
 /// set uses the calibrated coefficients of [`WorkingSet`] with `linear1`'s output width `3d + f` as the MLP width;
 /// it is not yet measured on FLUX.1.
 pub(super) fn describe(
@@ -198,6 +199,7 @@ pub(super) fn describe(
         per_token_time: false,
     };
     let (l, s, r) = (tokens, shape.residual_bytes, input.lora.rank as u64);
+    let kept_attention = l * d * compute + l * heads * 4;
     let double_tape = 2 * l * d * s
         + 2 * l * d * 4
         + 13 * l * d * compute
@@ -232,7 +234,7 @@ pub(super) fn describe(
                 data_bytes: double_data,
                 packed_bytes: double_packed,
                 tape_bytes: double_tape,
-                kept_attention_bytes: 0,
+                kept_attention_bytes: kept_attention,
                 kept_projection_bytes: 0,
             },
             BlockKind {
@@ -240,7 +242,7 @@ pub(super) fn describe(
                 data_bytes: single_data,
                 packed_bytes: single_packed,
                 tape_bytes: single_tape,
-                kept_attention_bytes: 0,
+                kept_attention_bytes: kept_attention,
                 kept_projection_bytes: 0,
             },
         ],
@@ -271,7 +273,7 @@ mod tests {
     use super::*;
     use framesmith_config::plan::FloatDtype;
     use framesmith_config::run::{
-        ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, StreamingMode,
+        ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, Checkpointing, StreamingMode,
     };
     use framesmith_config::RunConfig;
 
@@ -392,6 +394,23 @@ mod tests {
             working(&products) - working(&plain),
             tokens * (3072 + 12288 + 4)
         );
+    }
+
+    /// The kept attention (`checkpointing = "attention"`) is each block's joint attention output and LSE: at
+    /// 1024² (4,096 image and 512 text tokens), bf16 [4608, 3072] and 24 heads of f32 per block, 57 blocks.
+    #[test]
+    fn kept_attention_costs_an_output_and_lse_per_flux_block() {
+        let blocks = input(1024, BaseDtype::Bf16, FluxStreamOrder::SingleFirst);
+        let peak = |i: &PlanInput| plan(i).unwrap().peak_vram_bytes;
+        let tokens = 4096 + 512;
+        let per_block = tokens * 3072 * 2 + tokens * 24 * 4;
+        for mode in [Checkpointing::Attention, Checkpointing::AttentionProjection] {
+            let kept = PlanInput {
+                checkpointing: mode,
+                ..blocks.clone()
+            };
+            assert_eq!(peak(&kept) - peak(&blocks), 57 * per_block, "{mode:?}");
+        }
     }
 
     #[test]
