@@ -69,7 +69,8 @@ pub struct PlanArgs {
     /// Saved block inputs: device or host
     #[arg(long, value_parser = config_value::<framesmith_config::run::ActivationPlacement>)]
     activations: Option<framesmith_config::run::ActivationPlacement>,
-    /// What the step keeps from each block's forward: blocks (inputs only), attention or off (everything)
+    /// What the step keeps from each block's forward: blocks (inputs only), attention, attention_projection (and
+    /// Wan's self_attn.o output) or off (everything)
     #[arg(long, value_parser = config_value::<framesmith_config::run::Checkpointing>)]
     checkpointing: Option<framesmith_config::run::Checkpointing>,
     /// FLUX.1: which blocks stream first: single_first, double_first or spread

@@ -87,7 +87,8 @@ pub struct PlanInput {
     /// The activation model ([`WORKING_SET`] unless measuring or comparing).
     pub working_set: WorkingSet,
     /// `memory.checkpointing`: what the step keeps from each block's forward (`train::step::StepOptions`'s
-    /// `keep_attention` / `keep_tapes`): saved inputs only, plus self-attention outputs, or every block's tape.
+    /// `keep_attention` / `keep_projection` / `keep_tapes`): saved inputs only, plus self-attention outputs (and
+    /// their projection), or every block's tape.
     pub checkpointing: Checkpointing,
     /// Count AdamW's moments and the CUDA context. Both false reproduces what `framesmith-bench step|stream`
     /// measure (the allocator's peak of steps without an optimizer), for calibrating [`WORKING_SET`].
