@@ -1,7 +1,8 @@
 //! FLUX.1 as the engine trains it: [`TrainableModel`] for [`Flux`] and [`TrainableBlock`] for [`FluxBlock`] — the
 //! double- and single-stream blocks as one list of units on the joint [text; image] sequence, each with a
-//! hand-written backward. Blocks keep nothing between forward and recompute; streamed ones arrive through their
-//! kind's GPU slots ([`Flux::block`]).
+//! hand-written backward. With selective checkpointing a block keeps its attention (and, optionally, its gated
+//! branches' outputs) for the recompute ([`FluxKept`]); streamed blocks arrive through their kind's GPU slots
+//! ([`Flux::block`]).
 
 use std::borrow::Cow;
 
@@ -14,6 +15,7 @@ use super::single_block::grad::SingleTape;
 use super::transformer::{Flux, FluxInputs, Prepared};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_nn::attention::KeptAttention;
+use framesmith_nn::offload::Stashable;
 
 /// The tape of either block kind.
 pub enum FluxTape {
@@ -22,31 +24,97 @@ pub enum FluxTape {
 }
 
 impl FluxTape {
-    /// The attention output and LSE, to keep for a recompute.
-    pub fn kept_attention(&self) -> KeptAttention {
-        match self {
-            Self::Double(t) => t.attention().kept(),
-            Self::Single(t) => t.attention().kept(),
+    /// What a recompute may reuse: the attention output and LSE, and with `projections` the gated branches'
+    /// outputs (a double-stream block's `proj` and `mlp.2` of each stream, a single-stream block's `linear2`).
+    pub fn kept(&self, projections: bool) -> FluxKept {
+        let (attention, outputs) = match self {
+            Self::Double(t) => (t.attention().kept(), t.projections().to_vec()),
+            Self::Single(t) => (t.attention().kept(), vec![t.projection()]),
+        };
+        FluxKept {
+            attention,
+            outputs: if projections {
+                outputs.into_iter().cloned().collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 }
 
+/// What a FLUX.1 block's first forward keeps for its recompute: the joint attention's output and LSE and,
+/// optionally, the outputs of the products that feed its gated residuals, so the recompute skips those products
+/// too (`[b, tokens, dim]` in the compute dtype per stream and branch: two per double-stream block, one per
+/// single-stream block).
+#[derive(Clone, Debug)]
+pub struct FluxKept {
+    attention: KeptAttention,
+    outputs: Vec<Tensor>,
+}
+
+impl FluxKept {
+    /// Whether the gated branches' outputs are kept.
+    pub fn has_projections(&self) -> bool {
+        !self.outputs.is_empty()
+    }
+}
+
+impl Stashable for FluxKept {
+    fn into_tensors(self) -> Vec<Tensor> {
+        let mut out = self.attention.into_tensors();
+        out.extend(self.outputs);
+        out
+    }
+
+    fn from_tensors(mut tensors: Vec<Tensor>) -> Result<Self> {
+        if tensors.len() < 2 {
+            candle_core::bail!(
+                "a FLUX.1 block's kept value has {} tensors, not an attention's 2 and more",
+                tensors.len()
+            );
+        }
+        let outputs = tensors.split_off(2);
+        Ok(Self {
+            attention: KeptAttention::from_tensors(tensors)?,
+            outputs,
+        })
+    }
+}
+
 impl FluxBlock {
-    /// The forward without a graph, keeping its tape; `kept`: this block's attention from an earlier pass on the
-    /// same input, which is then not run again.
+    /// The forward without a graph, keeping its tape; `kept`: this block's values from an earlier pass on the
+    /// same input, whose attention (and kept products) are then not run again.
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&FluxKept>,
     ) -> Result<(Tensor, FluxTape)> {
+        let attention = kept.map(|k| &k.attention);
+        let outputs = kept.map_or(&[][..], |k| k.outputs.as_slice());
         Ok(match self {
             Self::Double(b) => {
-                let (out, tape) = b.forward_with_tape(xs, shared, kept)?;
+                let kept_out = match outputs {
+                    [] => None,
+                    [a, b, c, d] => Some([a, b, c, d]),
+                    other => candle_core::bail!(
+                        "a double-stream block keeps 4 branch outputs, not {}",
+                        other.len()
+                    ),
+                };
+                let (out, tape) = b.forward_with_tape(xs, shared, attention, kept_out)?;
                 (out, FluxTape::Double(Box::new(tape)))
             }
             Self::Single(b) => {
-                let (out, tape) = b.forward_with_tape(xs, shared, kept)?;
+                let kept_out = match outputs {
+                    [] => None,
+                    [a] => Some(a),
+                    other => candle_core::bail!(
+                        "a single-stream block keeps 1 branch output, not {}",
+                        other.len()
+                    ),
+                };
+                let (out, tape) = b.forward_with_tape(xs, shared, attention, kept_out)?;
                 (out, FluxTape::Single(Box::new(tape)))
             }
         })
@@ -64,7 +132,7 @@ impl FluxBlock {
 
 impl TrainableBlock for FluxBlock {
     type Shared = BlockInputs;
-    type Kept = KeptAttention;
+    type Kept = FluxKept;
     type Tape = FluxTape;
 
     fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
@@ -75,10 +143,10 @@ impl TrainableBlock for FluxBlock {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        _keep_projection: bool,
-    ) -> Result<(Tensor, KeptAttention)> {
+        keep_projection: bool,
+    ) -> Result<(Tensor, FluxKept)> {
         let (out, tape) = FluxBlock::forward_with_tape(self, xs, shared, None)?;
-        Ok((out, tape.kept_attention()))
+        Ok((out, tape.kept(keep_projection)))
     }
 
     fn forward_with_tape(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, FluxTape)> {
@@ -89,7 +157,7 @@ impl TrainableBlock for FluxBlock {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&FluxKept>,
     ) -> Result<FluxTape> {
         Ok(FluxBlock::forward_with_tape(self, xs, shared, kept)?.1)
     }
@@ -256,6 +324,31 @@ mod tests {
                     rel(&a.grad, &b.grad)?,
                     0.0,
                     "block {i}: kept attention, LoRA"
+                );
+            }
+            // And with the gated branches' outputs kept too (`checkpointing = "attention_projection"`).
+            assert!(!kept.has_projections());
+            let (out_kept, with_outputs) = block.forward_untracked(&xs, &prepared.blocks, true)?;
+            assert!(with_outputs.has_projections());
+            assert_eq!(
+                rel(&out_kept, &out)?,
+                0.0,
+                "block {i}: keeping changed the output"
+            );
+            let again = TrainableBlock::backward(
+                block,
+                block.recompute(&xs, &prepared.blocks, Some(&with_outputs))?,
+                &grad,
+            )?;
+            assert!(
+                rel(&again.input, &grads.input)? <= 1e-7,
+                "block {i}: kept projections"
+            );
+            for (a, b) in again.params.iter().zip(&grads.params) {
+                assert_eq!(a.var.as_tensor().id(), b.var.as_tensor().id());
+                assert!(
+                    rel(&a.grad, &b.grad)? <= 1e-7,
+                    "block {i}: kept projections, LoRA"
                 );
             }
             for p in &grads.params {

@@ -82,20 +82,29 @@ fn stream_head(
 }
 
 /// The second half of a stream after the joint attention.
+/// `kept`: `proj`'s and `mlp.2`'s outputs from an earlier pass on the same input, which skip those products (their
+/// LoRA activations are then recomputed in the backward).
 fn stream_tail(
     proj: &Linear,
     mlp: &Mlp,
     head: StreamHead,
     (xs, attn): (&Tensor, Tensor),
     compute: DType,
+    kept: Option<[&Tensor; 2]>,
 ) -> Result<(Tensor, StreamTape)> {
     let residual = xs.dtype();
     let [m1, m2] = [&head.m.mods[0], &head.m.mods[1]];
-    let (y1, proj_tape) = proj.forward_untracked(&attn)?;
+    let (y1, proj_tape) = match kept {
+        Some([y1, _]) => (y1.clone(), LinearTape::default()),
+        None => proj.forward_untracked(&attn)?,
+    };
     let x1 = gated_residual(xs, &y1, &m1.gate, residual)?;
     let (h2, n2) = norm_modulate_untracked(&x1, m2, compute)?;
     let (f0, fc0) = mlp.fc0.forward_untracked(&h2)?;
-    let (y2, fc2) = mlp.fc2.forward_untracked(&gelu_tanh(&f0)?)?;
+    let (y2, fc2) = match kept {
+        Some([_, y2]) => (y2.clone(), LinearTape::default()),
+        None => mlp.fc2.forward_untracked(&gelu_tanh(&f0)?)?,
+    };
     let out = gated_residual(&x1, &y2, &m2.gate, residual)?;
     let tape = StreamTape {
         x: xs.detach(),
@@ -176,16 +185,23 @@ impl DoubleTape {
     pub fn attention(&self) -> &AttentionTape {
         &self.attention
     }
+
+    /// The gated branches' outputs a recompute may reuse: `proj`'s and `mlp.2`'s, image stream then text.
+    pub fn projections(&self) -> [&Tensor; 4] {
+        [&self.img.y1, &self.img.y2, &self.txt.y1, &self.txt.y2]
+    }
 }
 
 impl DoubleStreamBlock {
     /// [`DoubleStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`];
-    /// `kept`: the joint attention of an earlier pass of this block on the same input (not run again).
+    /// `kept`: the joint attention of an earlier pass of this block on the same input (not run again);
+    /// `kept_out`: that pass's [`DoubleTape::projections`], which skip those products.
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
         kept: Option<&KeptAttention>,
+        kept_out: Option<[&Tensor; 4]>,
     ) -> Result<(Tensor, DoubleTape)> {
         let (t, total) = (inputs.txt_len, xs.dim(1)?);
         let xs = xs.detach();
@@ -204,6 +220,7 @@ impl DoubleStreamBlock {
             img_head,
             (&img, img_attn),
             compute,
+            kept_out.map(|k| [k[0], k[1]]),
         )?;
         let (txt_out, txt_tape) = stream_tail(
             &self.txt_attn.proj,
@@ -211,6 +228,7 @@ impl DoubleStreamBlock {
             txt_head,
             (&txt, txt_attn),
             compute,
+            kept_out.map(|k| [k[2], k[3]]),
         )?;
         let tape = DoubleTape {
             txt: txt_tape,

@@ -41,16 +41,24 @@ impl SingleTape {
     pub fn attention(&self) -> &AttentionTape {
         &self.attention
     }
+
+    /// `linear2`'s output (the gated branch), which a recompute may reuse.
+    pub fn projection(&self) -> &Tensor {
+        &self.out
+    }
 }
 
 impl SingleStreamBlock {
     /// [`SingleStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`];
-    /// `kept`: the attention of an earlier pass of this block on the same input (not run again).
+    /// `kept`: the attention of an earlier pass of this block on the same input (not run again); `kept_out`:
+    /// that pass's `linear2` output ([`SingleTape::projection`]), which skips the product (its LoRA activation is
+    /// then recomputed in the backward).
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
         kept: Option<&KeptAttention>,
+        kept_out: Option<&Tensor>,
     ) -> Result<(Tensor, SingleTape)> {
         let x = xs.detach();
         let m = modulation_untracked(&self.modulation, &inputs.vec)?;
@@ -60,7 +68,10 @@ impl SingleStreamBlock {
         let ([q, k, v], heads) = qkv_untracked(&qkv, &self.norm, self.num_heads)?;
         let (attn, attention) = rope_attention_untracked([&q, &k, &v], &inputs.rope, kept)?;
         let cat = Tensor::cat(&[&attn, &gelu_tanh(&mlp)?], 2)?;
-        let (out, linear2) = self.linear2.forward_untracked(&cat)?;
+        let (out, linear2) = match kept_out {
+            Some(out) => (out.clone(), LinearTape::default()),
+            None => self.linear2.forward_untracked(&cat)?,
+        };
         let y = gated_residual(&x, &out, &m.mods[0].gate, x.dtype())?;
         let tape = SingleTape {
             x,
