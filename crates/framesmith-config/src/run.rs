@@ -443,9 +443,10 @@ pub enum Checkpointing {
     /// where the saved block inputs do: with `activations = "host"` in RAM, brought back a block ahead of the
     /// backward, so a card that cannot hold them gets the speed for RAM (14B at 480×832×81: 12.5 GiB).
     Attention,
-    /// As `Attention`, and the self-attention's projected output (Wan's `self_attn.o`) is kept as well, so the
-    /// recompute also skips that product: as much again as `Attention` keeps (14B at 480×832×81: 12.5 GiB more
-    /// RAM with `activations = "host"`) for about 1% faster 14B steps. FLUX.1 keeps what `Attention` does.
+    /// As `Attention`, and the outputs of the products that feed the block's gated residuals are kept as well, so
+    /// the recompute also skips those products: Wan's `self_attn.o` (as much again as `Attention` keeps; 14B at
+    /// 480×832×81: 12.5 GiB more RAM with `activations = "host"`, about 1% faster 14B steps); FLUX.1's `proj` and
+    /// `mlp.2` of each stream of a double-stream block and `linear2` of a single-stream block.
     #[serde(rename = "attention_projection")]
     AttentionProjection,
     /// No checkpointing: every block's whole forward tape is kept and nothing is recomputed (the fastest steps,

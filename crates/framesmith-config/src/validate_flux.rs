@@ -5,7 +5,7 @@
 use std::path::Path;
 
 use super::plan::ModelFamily;
-use super::run::{Checkpointing, RunConfig, TrainingMode};
+use super::run::{RunConfig, TrainingMode};
 use super::validate::Checker;
 
 /// The model files samples of a `family` run need: (key, path, what it is for).
@@ -76,12 +76,6 @@ pub(crate) fn check_flux(c: &mut Checker, cfg: &RunConfig, validation_scheduled:
             "training.mode",
             "image_to_video is for Wan; FLUX.1 [dev] trains text-to-image",
             "remove training.mode or set it to \"auto\"",
-        );
-    }
-    if cfg.memory.checkpointing == Checkpointing::AttentionProjection {
-        c.note(
-            "memory.checkpointing = \"attention_projection\" keeps what \"attention\" keeps in a FLUX.1 run (the \
-             projection it adds is Wan's self_attn.o)",
         );
     }
     if validation_scheduled {
@@ -156,20 +150,6 @@ mod tests {
             .unwrap()
             .message
             .contains("T5-XXL"));
-    }
-
-    #[test]
-    fn the_projection_checkpointing_of_a_flux_run_is_noted_as_attention() {
-        let mut cfg = with_samples(flux());
-        cfg.memory.checkpointing = crate::run::Checkpointing::AttentionProjection;
-        let plan = validate_for(&cfg, &HostInfo::cpu_only(), ModelFamily::Flux).unwrap();
-        assert!(
-            plan.notes
-                .iter()
-                .any(|n| n.contains("attention_projection") && n.contains("FLUX.1")),
-            "{:?}",
-            plan.notes
-        );
     }
 
     #[test]

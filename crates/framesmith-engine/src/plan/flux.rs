@@ -143,8 +143,9 @@ fn lora_parameters(
 /// of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention output, `2·L·f·c` of MLP
 /// activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; a single-stream block `L·d·s`, `L·d·4`,
 /// `7·L·d·c`, `linear1`'s output `L·(3d + f)·c`, `linear2`'s input `L·(d + f)·c`, `2·L·r·c` and `L·h·4`. With
-/// `checkpointing = "attention"` (or `"attention_projection"`, which keeps the same here) each block of either kind
-/// keeps its joint attention's output and log-sum-exp, `L·d·c + L·h·4` (`flux::trainable`'s kept value). The working
+/// `checkpointing = "attention"` each block of either kind keeps its joint attention's output and log-sum-exp,
+/// `L·d·c + L·h·4` (`flux::trainable::FluxKept`); `"attention_projection"` adds its gated branches' outputs, `2·L·d·c`
+/// (`proj` and `mlp.2` over both streams) for a double-stream block and `L·d·c` (`linear2`) for a single one. The working
 /// set uses the calibrated coefficients of [`WorkingSet`] with `linear1`'s output width `3d + f` as the MLP width;
 /// it is not yet measured on FLUX.1.
 pub(super) fn describe(
@@ -235,7 +236,7 @@ pub(super) fn describe(
                 packed_bytes: double_packed,
                 tape_bytes: double_tape,
                 kept_attention_bytes: kept_attention,
-                kept_projection_bytes: 0,
+                kept_projection_bytes: 2 * l * d * compute,
             },
             BlockKind {
                 label: "single-stream",
@@ -243,7 +244,7 @@ pub(super) fn describe(
                 packed_bytes: single_packed,
                 tape_bytes: single_tape,
                 kept_attention_bytes: kept_attention,
-                kept_projection_bytes: 0,
+                kept_projection_bytes: l * d * compute,
             },
         ],
         blocks: (0..n).map(|i| usize::from(i >= cfg.depth)).collect(),
@@ -397,20 +398,26 @@ mod tests {
     }
 
     /// The kept attention (`checkpointing = "attention"`) is each block's joint attention output and LSE: at
-    /// 1024² (4,096 image and 512 text tokens), bf16 [4608, 3072] and 24 heads of f32 per block, 57 blocks.
+    /// 1024² (4,096 image and 512 text tokens), bf16 [4608, 3072] and 24 heads of f32 per block, 57 blocks;
+    /// `"attention_projection"` adds two bf16 [4608, 3072] per double-stream block (19) and one per single (38).
     #[test]
     fn kept_attention_costs_an_output_and_lse_per_flux_block() {
         let blocks = input(1024, BaseDtype::Bf16, FluxStreamOrder::SingleFirst);
-        let peak = |i: &PlanInput| plan(i).unwrap().peak_vram_bytes;
-        let tokens = 4096 + 512;
-        let per_block = tokens * 3072 * 2 + tokens * 24 * 4;
-        for mode in [Checkpointing::Attention, Checkpointing::AttentionProjection] {
-            let kept = PlanInput {
-                checkpointing: mode,
+        let peak = |c| {
+            let i = PlanInput {
+                checkpointing: c,
                 ..blocks.clone()
             };
-            assert_eq!(peak(&kept) - peak(&blocks), 57 * per_block, "{mode:?}");
-        }
+            plan(&i).unwrap().peak_vram_bytes
+        };
+        let tokens = 4096 + 512;
+        let (output, lse) = (tokens * 3072 * 2, tokens * 24 * 4);
+        let attention = peak(Checkpointing::Attention);
+        assert_eq!(attention - peak(Checkpointing::Blocks), 57 * (output + lse));
+        assert_eq!(
+            peak(Checkpointing::AttentionProjection) - attention,
+            (19 * 2 + 38) * output
+        );
     }
 
     #[test]
