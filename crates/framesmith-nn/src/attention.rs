@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use candle_core::{bail, DType, Result, Tensor, D};
 
-pub use lse::{attention_forward, AttentionTape, KeptAttention};
+pub use lse::{attention_forward, AttentionTape, KeptAttention, KeptBlock};
 use op::TiledAttention;
 use tiled::{PeakElems, Problem, Tiles};
 

@@ -144,7 +144,7 @@ fn lora_parameters(
 /// activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; a single-stream block `L·d·s`, `L·d·4`,
 /// `7·L·d·c`, `linear1`'s output `L·(3d + f)·c`, `linear2`'s input `L·(d + f)·c`, `2·L·r·c` and `L·h·4`. With
 /// `checkpointing = "attention"` each block of either kind keeps its joint attention's output and log-sum-exp,
-/// `L·d·c + L·h·4` (`flux::trainable::FluxKept`); `"attention_projection"` adds its gated branches' outputs, `2·L·d·c`
+/// `L·d·c + L·h·4` (`nn::attention::KeptBlock`); `"attention_projection"` adds its gated branches' outputs, `2·L·d·c`
 /// (`proj` and `mlp.2` over both streams) for a double-stream block and `L·d·c` (`linear2`) for a single one. The working
 /// set uses the calibrated coefficients of [`WorkingSet`] with `linear1`'s output width `3d + f` as the MLP width;
 /// it is not yet measured on FLUX.1.

@@ -1,7 +1,7 @@
 //! FLUX.1 as the engine trains it: [`TrainableModel`] for [`Flux`] and [`TrainableBlock`] for [`FluxBlock`] — the
 //! double- and single-stream blocks as one list of units on the joint [text; image] sequence, each with a
 //! hand-written backward. With selective checkpointing a block keeps its attention (and, optionally, its gated
-//! branches' outputs) for the recompute ([`FluxKept`]); streamed blocks arrive through their kind's GPU slots
+//! branches' outputs) for the recompute ([`KeptBlock`]); streamed blocks arrive through their kind's GPU slots
 //! ([`Flux::block`]).
 
 use std::borrow::Cow;
@@ -14,8 +14,7 @@ use super::rope::Rope;
 use super::single_block::grad::SingleTape;
 use super::transformer::{Flux, FluxInputs, Prepared};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
-use framesmith_nn::attention::KeptAttention;
-use framesmith_nn::offload::Stashable;
+use framesmith_nn::attention::KeptBlock;
 
 /// The tape of either block kind.
 pub enum FluxTape {
@@ -24,60 +23,20 @@ pub enum FluxTape {
 }
 
 impl FluxTape {
-    /// What a recompute may reuse: the attention output and LSE, and with `projections` the gated branches'
-    /// outputs (a double-stream block's `proj` and `mlp.2` of each stream, a single-stream block's `linear2`).
-    pub fn kept(&self, projections: bool) -> FluxKept {
+    /// What a recompute may reuse: the attention output and LSE, and with `projections` the outputs of the
+    /// products that feed the gated residuals (a double-stream block's `proj` and `mlp.2`, image stream then
+    /// text, `[b, tokens, dim]` each; a single-stream block's `linear2`).
+    pub fn kept(&self, projections: bool) -> KeptBlock {
         let (attention, outputs) = match self {
             Self::Double(t) => (t.attention().kept(), t.projections().to_vec()),
             Self::Single(t) => (t.attention().kept(), vec![t.projection()]),
         };
-        FluxKept {
-            attention,
-            outputs: if projections {
-                outputs.into_iter().cloned().collect()
-            } else {
-                Vec::new()
-            },
-        }
-    }
-}
-
-/// What a FLUX.1 block's first forward keeps for its recompute: the joint attention's output and LSE and,
-/// optionally, the outputs of the products that feed its gated residuals, so the recompute skips those products
-/// too (`[b, tokens, dim]` in the compute dtype per stream and branch: two per double-stream block, one per
-/// single-stream block).
-#[derive(Clone, Debug)]
-pub struct FluxKept {
-    attention: KeptAttention,
-    outputs: Vec<Tensor>,
-}
-
-impl FluxKept {
-    /// Whether the gated branches' outputs are kept.
-    pub fn has_projections(&self) -> bool {
-        !self.outputs.is_empty()
-    }
-}
-
-impl Stashable for FluxKept {
-    fn into_tensors(self) -> Vec<Tensor> {
-        let mut out = self.attention.into_tensors();
-        out.extend(self.outputs);
-        out
-    }
-
-    fn from_tensors(mut tensors: Vec<Tensor>) -> Result<Self> {
-        if tensors.len() < 2 {
-            candle_core::bail!(
-                "a FLUX.1 block's kept value has {} tensors, not an attention's 2 and more",
-                tensors.len()
-            );
-        }
-        let outputs = tensors.split_off(2);
-        Ok(Self {
-            attention: KeptAttention::from_tensors(tensors)?,
-            outputs,
-        })
+        let outputs = if projections {
+            outputs.into_iter().cloned().collect()
+        } else {
+            Vec::new()
+        };
+        KeptBlock::new(attention, outputs)
     }
 }
 
@@ -88,10 +47,10 @@ impl FluxBlock {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&FluxKept>,
+        kept: Option<&KeptBlock>,
     ) -> Result<(Tensor, FluxTape)> {
-        let attention = kept.map(|k| &k.attention);
-        let outputs = kept.map_or(&[][..], |k| k.outputs.as_slice());
+        let attention = kept.map(KeptBlock::attention);
+        let outputs = kept.map_or(&[][..], KeptBlock::outputs);
         Ok(match self {
             Self::Double(b) => {
                 let kept_out = match outputs {
@@ -132,7 +91,7 @@ impl FluxBlock {
 
 impl TrainableBlock for FluxBlock {
     type Shared = BlockInputs;
-    type Kept = FluxKept;
+    type Kept = KeptBlock;
     type Tape = FluxTape;
 
     fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
@@ -144,7 +103,7 @@ impl TrainableBlock for FluxBlock {
         xs: &Tensor,
         shared: &BlockInputs,
         keep_projection: bool,
-    ) -> Result<(Tensor, FluxKept)> {
+    ) -> Result<(Tensor, KeptBlock)> {
         let (out, tape) = FluxBlock::forward_with_tape(self, xs, shared, None)?;
         Ok((out, tape.kept(keep_projection)))
     }
@@ -157,7 +116,7 @@ impl TrainableBlock for FluxBlock {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&FluxKept>,
+        kept: Option<&KeptBlock>,
     ) -> Result<FluxTape> {
         Ok(FluxBlock::forward_with_tape(self, xs, shared, kept)?.1)
     }
@@ -327,9 +286,9 @@ mod tests {
                 );
             }
             // And with the gated branches' outputs kept too (`checkpointing = "attention_projection"`).
-            assert!(!kept.has_projections());
+            assert!(kept.outputs().is_empty());
             let (out_kept, with_outputs) = block.forward_untracked(&xs, &prepared.blocks, true)?;
-            assert!(with_outputs.has_projections());
+            assert!(!with_outputs.outputs().is_empty());
             assert_eq!(
                 rel(&out_kept, &out)?,
                 0.0,

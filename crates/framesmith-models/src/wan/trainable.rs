@@ -4,7 +4,7 @@ use std::borrow::Cow;
 
 use candle_core::{Device, Result, Tensor};
 
-use super::block::grad::{BlockTape, WanKept};
+use super::block::grad::{BlockTape, KeptBlock};
 use super::block::{Block, BlockInputs};
 use super::rope::Rope;
 use super::transformer::{Prepared, WanInputs, WanModel};
@@ -12,7 +12,7 @@ use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel
 
 impl TrainableBlock for Block {
     type Shared = BlockInputs;
-    type Kept = WanKept;
+    type Kept = KeptBlock;
     type Tape = BlockTape;
 
     fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
@@ -24,7 +24,7 @@ impl TrainableBlock for Block {
         xs: &Tensor,
         shared: &BlockInputs,
         keep_projection: bool,
-    ) -> Result<(Tensor, WanKept)> {
+    ) -> Result<(Tensor, KeptBlock)> {
         Block::forward_untracked(self, xs, shared, keep_projection)
     }
 
@@ -36,7 +36,7 @@ impl TrainableBlock for Block {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&WanKept>,
+        kept: Option<&KeptBlock>,
     ) -> Result<BlockTape> {
         Block::recompute(self, xs, shared, kept)
     }

@@ -92,6 +92,64 @@ impl crate::offload::Stashable for KeptAttention {
     }
 }
 
+/// What a block's first forward keeps for its recompute: its attention's output and LSE ([`KeptAttention`]) and,
+/// optionally, outputs of the products that feed its residuals, which the recompute then reuses instead of
+/// running those products again (selective checkpointing). Which outputs, and in which order, is the model's.
+#[derive(Clone, Debug)]
+pub struct KeptBlock {
+    attention: KeptAttention,
+    outputs: Vec<Tensor>,
+}
+
+impl KeptBlock {
+    /// The attention, and `outputs` (empty: the attention alone).
+    pub fn new(attention: KeptAttention, outputs: Vec<Tensor>) -> Self {
+        Self { attention, outputs }
+    }
+
+    /// The kept attention.
+    pub fn attention(&self) -> &KeptAttention {
+        &self.attention
+    }
+
+    /// The kept outputs, in the model's order (empty when only the attention is kept).
+    pub fn outputs(&self) -> &[Tensor] {
+        &self.outputs
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.attention.bytes()
+            + self
+                .outputs
+                .iter()
+                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+                .sum::<usize>()
+    }
+}
+
+impl crate::offload::Stashable for KeptBlock {
+    fn into_tensors(self) -> Vec<Tensor> {
+        let mut out = crate::offload::Stashable::into_tensors(self.attention);
+        out.extend(self.outputs);
+        out
+    }
+
+    fn from_tensors(mut tensors: Vec<Tensor>) -> Result<Self> {
+        if tensors.len() < 2 {
+            candle_core::bail!(
+                "a block's kept value is an attention's output and LSE and more, not {} tensors",
+                tensors.len()
+            );
+        }
+        let outputs = tensors.split_off(2);
+        Ok(Self {
+            attention: crate::offload::Stashable::from_tensors(tensors)?,
+            outputs,
+        })
+    }
+}
+
 impl AttentionTape {
     /// A tape from an output and LSE computed earlier by [`attention_forward`] on the same `q`, `k`, `v` (the
     /// backward of a recomputed block that kept its attention from the first forward).

@@ -16,11 +16,10 @@ use candle_core::{DType, Result, Tensor};
 use super::{split_heads, Block, BlockInputs};
 pub use crate::trainable::BlockGrads;
 use crate::wan::rope::Rope;
-pub use framesmith_nn::attention::KeptAttention;
 use framesmith_nn::attention::{attention_forward, AttentionTape};
+pub use framesmith_nn::attention::{KeptAttention, KeptBlock};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::{rms_norm, rms_norm_backward};
-use framesmith_nn::offload::Stashable;
 use framesmith_nn::ops::{gated_residual, gelu_tanh, NormAfter};
 
 /// A linear projection followed by the optional full-width RMSNorm (`norm_q`, `norm_k`): what its backward needs.
@@ -208,58 +207,13 @@ pub struct BlockTape {
 }
 
 impl BlockTape {
-    /// What [`Block::recompute`] may reuse: the self-attention output and LSE, and `self_attn.o`'s output when
-    /// the forward kept it.
-    pub fn kept(&self) -> WanKept {
-        WanKept {
-            attention: self.sa.attn.kept(),
-            projection: self.projection.clone(),
-        }
-    }
-}
-
-/// What a Wan block's first forward keeps for its recompute (selective checkpointing): the self-attention output
-/// and LSE (the recompute skips the attention kernel) and, optionally, `self_attn.o`'s output (it skips that
-/// product too; `[b, L, dim]` in the compute dtype more per block).
-#[derive(Clone, Debug)]
-pub struct WanKept {
-    attention: KeptAttention,
-    projection: Option<Tensor>,
-}
-
-impl WanKept {
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.attention.bytes()
-            + self
-                .projection
-                .as_ref()
-                .map_or(0, |t| t.elem_count() * t.dtype().size_in_bytes())
-    }
-
-    /// Whether `self_attn.o`'s output is kept.
-    pub fn has_projection(&self) -> bool {
-        self.projection.is_some()
-    }
-}
-
-impl Stashable for WanKept {
-    fn into_tensors(self) -> Vec<Tensor> {
-        let mut out = self.attention.into_tensors();
-        out.extend(self.projection);
-        out
-    }
-
-    fn from_tensors(mut tensors: Vec<Tensor>) -> Result<Self> {
-        let projection = if tensors.len() == 3 {
-            tensors.pop()
-        } else {
-            None
-        };
-        Ok(Self {
-            attention: KeptAttention::from_tensors(tensors)?,
-            projection,
-        })
+    /// What [`Block::recompute`] may reuse: the self-attention output and LSE, and `self_attn.o`'s output (the
+    /// one kept output, `[b, L, dim]` in the compute dtype) when the forward kept it.
+    pub fn kept(&self) -> KeptBlock {
+        KeptBlock::new(
+            self.sa.attn.kept(),
+            self.projection.iter().cloned().collect(),
+        )
     }
 }
 
@@ -272,7 +226,7 @@ impl Block {
         xs: &Tensor,
         inputs: &BlockInputs,
         keep_projection: bool,
-    ) -> Result<(Tensor, WanKept)> {
+    ) -> Result<(Tensor, KeptBlock)> {
         let (tape, out) = self.run(xs, inputs, None, true, keep_projection)?;
         let out = out.ok_or_else(|| candle_core::Error::Msg("block forward: no output".into()))?;
         Ok((out, tape.kept()))
@@ -298,7 +252,7 @@ impl Block {
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&WanKept>,
+        kept: Option<&KeptBlock>,
     ) -> Result<BlockTape> {
         Ok(self.run(xs, inputs, kept, false, false)?.0)
     }
@@ -307,7 +261,7 @@ impl Block {
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&WanKept>,
+        kept: Option<&KeptBlock>,
         with_out: bool,
         keep_projection: bool,
     ) -> Result<(BlockTape, Option<Tensor>)> {
@@ -393,7 +347,7 @@ impl Block {
         x: Tensor,
         chunks: &[Tensor],
         inputs: &BlockInputs,
-        kept: Option<&WanKept>,
+        kept: Option<&KeptBlock>,
     ) -> Result<(Tensor, SelfTape)> {
         let sa = &self.self_attn;
         let (heads, eps) = (sa.num_heads, sa.eps);
@@ -415,12 +369,12 @@ impl Block {
         let ((q, qp), (k, kp), (v, vp)) = (next()?, next()?, next()?);
         let lens = Some(inputs.seq_lens.as_slice());
         let attn = match kept {
-            Some(kept) => kept.attention.tape([&q, &k, &v], lens)?,
+            Some(kept) => kept.attention().tape([&q, &k, &v], lens)?,
             None => attention_forward(&q, &k, &v, lens)?,
         };
         // A kept output of `o` is the product this recompute would make; its LoRA activation, which the
         // backward needs, is then recomputed there (an empty tape).
-        let (y, o) = match kept.and_then(|k| k.projection.as_ref()) {
+        let (y, o) = match kept.and_then(|k| k.outputs().first()) {
             Some(y) => (y.clone(), LinearTape::default()),
             None => sa.o.forward_untracked(&attn.out().flatten_from(2)?)?,
         };
