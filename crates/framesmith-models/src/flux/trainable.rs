@@ -27,14 +27,15 @@ impl FluxTape {
     /// products that feed the gated residuals (a double-stream block's `proj` and `mlp.2`, image stream then
     /// text, `[b, tokens, dim]` each; a single-stream block's `linear2`).
     pub fn kept(&self, projections: bool) -> KeptBlock {
-        let (attention, outputs) = match self {
-            Self::Double(t) => (t.attention().kept(), t.projections().to_vec()),
-            Self::Single(t) => (t.attention().kept(), vec![t.projection()]),
+        let outputs: &[&Tensor] = match (self, projections) {
+            (_, false) => &[],
+            (Self::Double(t), true) => &t.projections(),
+            (Self::Single(t), true) => &[t.projection()],
         };
-        let outputs = if projections {
-            outputs.into_iter().cloned().collect()
-        } else {
-            Vec::new()
+        let outputs = outputs.iter().map(|&t| t.clone()).collect();
+        let attention = match self {
+            Self::Double(t) => t.attention().kept(),
+            Self::Single(t) => t.attention().kept(),
         };
         KeptBlock::new(attention, outputs)
     }
