@@ -9,6 +9,7 @@ initialised to zero) on every block linear, flow-matching MSE loss in f32. Weigh
 does not depend on their values). Prints a BENCH line like ours: median step time and peak allocated memory
 (weights included) over the timed steps."""
 import argparse
+import csv
 import functools
 import math
 
@@ -207,6 +208,27 @@ class Wan(torch.nn.Module):
         return torch.einsum("fhwpqrc->cfphqwr", y).reshape(OUT_DIM, f, h, w)
 
 
+def write_kernel_profile(fn, path):
+    """Runs `fn` once under torch.profiler and writes each GPU kernel's name and duration (ns) as the CSV that
+    `ncu --csv --page raw --metrics gpu__time_duration.sum` writes, so ncu_summary.py classifies both alike."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize()
+    kernels = [
+        e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA and not e.name.startswith("Memcpy")
+        and not e.name.startswith("Memset")
+    ]
+    with open(path, "w", newline="") as out:
+        w = csv.writer(out, quoting=csv.QUOTE_ALL)
+        w.writerow(["ID", "Kernel Name", "gpu__time_duration.sum"])
+        for i, e in enumerate(kernels):
+            w.writerow([i, e.name, int(round(e.time_range.elapsed_us() * 1e3))])
+    print(f"profile: {len(kernels)} kernels, {sum(e.time_range.elapsed_us() for e in kernels) / 1e3:.1f} ms -> {path}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--variant", default="t2v-1.3b", choices=sorted(VARIANTS))
@@ -219,6 +241,8 @@ def main():
     p.add_argument("--iters", type=int, default=3)
     p.add_argument("--checkpointing", default="blocks", choices=["blocks", "attention", "off"])
     p.add_argument("--compile", action="store_true", help="each block through torch.compile (default mode)")
+    p.add_argument("--profile", metavar="CSV", help="after the timed steps, one more step under torch.profiler; "
+                   "its kernels written to CSV in the layout bench/reference/ncu_summary.py reads")
     a = p.parse_args()
     dev = torch.device("cuda")
     torch.manual_seed(0)
@@ -250,6 +274,8 @@ def main():
         losses.append(loss.detach())
 
     ms, peak_rel = time_cuda(step, a.warmup, a.iters)
+    if a.profile:
+        write_kernel_profile(step, a.profile)
     peak = peak_rel + torch.cuda.memory_allocated() / 2**30
     d, fd, L, c = v["dim"], v["ffn"], tokens, TEXT_LEN
     fwd = v["layers"] * (2 * L * (6 * d * d + 2 * d * fd) + 4 * c * d * d + 4 * L * L * d + 4 * L * c * d)
