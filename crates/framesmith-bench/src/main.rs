@@ -180,6 +180,10 @@ enum Command {
         /// Keep every block's whole tape from the forward (no recompute in the backward).
         #[arg(long)]
         no_checkpointing: bool,
+        /// Keep each block's self-attention output and LSE (selective checkpointing, `checkpointing =
+        /// "attention"`); with --host-activations they wait in RAM with the saved inputs.
+        #[arg(long, conflicts_with = "no_checkpointing")]
+        keep_attention: bool,
         /// GPU slots in the ring; a comma-separated list times each streamed case with each count.
         #[arg(long, default_value = "2")]
         slots: String,
@@ -636,6 +640,7 @@ fn main() -> Result<()> {
             residual,
             host_activations,
             no_checkpointing,
+            keep_attention,
             slots,
             staging_slots,
             staging_chunk_mib,
@@ -661,6 +666,7 @@ fn main() -> Result<()> {
                 },
                 activations_on_host: host_activations,
                 keep_tapes: no_checkpointing,
+                keep_attention,
                 slots: slots[0],
                 staging_slots: staging_slots.max(1),
                 staging_chunk_bytes: staging_chunk_mib.max(1) << 20,
@@ -720,6 +726,7 @@ fn main() -> Result<()> {
                 residual: candle_core::DType::BF16,
                 activations_on_host: false,
                 keep_tapes: false,
+                keep_attention: false,
                 slots: 2,
                 staging_slots: sweep.rings[0],
                 staging_chunk_bytes: sweep.chunk_bytes[0],

@@ -48,6 +48,8 @@ pub struct StreamBench {
     pub activations_on_host: bool,
     /// No checkpointing ([`StepOptions::keep_tapes`]).
     pub keep_tapes: bool,
+    /// Selective checkpointing ([`StepOptions::keep_attention`]).
+    pub keep_attention: bool,
     pub slots: usize,
     pub staging_slots: usize,
     pub staging_chunk_bytes: usize,
@@ -272,6 +274,7 @@ pub fn run(
         let step_options = StepOptions {
             saved_inputs,
             keep_tapes: opts.keep_tapes,
+            keep_attention: opts.keep_attention,
             ..StepOptions::default()
         };
         let vars = loras.vars();
@@ -331,10 +334,17 @@ pub fn run(
             median_ms: t.median_ms,
             peak_bytes: peak,
         };
+        let checkpointing = if opts.keep_tapes {
+            " no checkpointing"
+        } else if opts.keep_attention {
+            " keep-attention"
+        } else {
+            ""
+        };
         out.push((
             record(
                 "stream",
-                &format!("{name} {}", case_name(case)),
+                &format!("{name} {}{checkpointing}", case_name(case)),
                 "lora step",
                 &shape,
                 flops,
@@ -573,6 +583,7 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         residual: DType::F32,
         activations_on_host: false,
         keep_tapes: false,
+        keep_attention: false,
         slots: 2,
         // Chunks far smaller than a block and cut off the 256-byte alignment, so the staged copy splits tensors
         // at odd places and wraps its ring many times per block.
@@ -658,6 +669,7 @@ mod tests {
             residual: DType::F32,
             activations_on_host: false,
             keep_tapes: false,
+            keep_attention: false,
             slots: 2,
             staging_slots: 3,
             staging_chunk_bytes: 4096,
