@@ -6,7 +6,8 @@
 # last. STEP_ANCHORS=1 adds PyTorch's 1.3B step with the self-attention kept (selective checkpointing), through
 # torch.compile, and both (bench/reference/step.py --checkpointing attention / --compile). STEP_PROFILE=1 adds a
 # kernel profile of each 1.3B PyTorch run (one more step under torch.profiler: in-run clocks) and of our per-block
-# and kept-attention steps (ncu, each kernel alone), each summed by reference/ncu_summary.py into *.summary.txt.
+# and kept-attention steps (ncu, each kernel alone), each summed by reference/ncu_summary.py into *.summary.txt;
+# the two ncu runs take about 2–3 minutes each, so with STEP_ANCHORS=1 the call needs more than 10 minutes.
 # Builds nothing. Usage: bench/run-step.sh [path/to/framesmith-bench] [out-dir]
 set -uo pipefail
 HERE="$(cd "$(dirname "$0")" && pwd)"
