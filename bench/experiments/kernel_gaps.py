@@ -1,0 +1,78 @@
+#!/usr/bin/env python3
+"""Reads the kernel timeline that kernel_trace.c writes (start_ns, end_ns, stream, name) and says where a run's GPU
+time goes at the run's own clocks: the window from the first attention kernel to the last kernel (one step when
+the program ran one step after its set-up), kernel time by class (the classes of bench/reference/ncu_summary.py),
+the idle time between kernels, and after which kernels the GPU waited longest.
+
+Usage: kernel_gaps.py TRACE.csv [--top N]"""
+import argparse
+import collections
+import csv
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+from ncu_summary import classify, short  # noqa: E402
+
+BUCKETS = [(5e3, "< 5 us"), (20e3, "5-20 us"), (100e3, "20-100 us"), (1e6, "0.1-1 ms"), (float("inf"), ">= 1 ms")]
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("trace")
+    p.add_argument("--top", type=int, default=15)
+    a = p.parse_args()
+    rows = []
+    with open(a.trace, newline="") as f:
+        for r in csv.DictReader(f):
+            rows.append((int(r["start_ns"]), int(r["end_ns"]), r["name"]))
+    rows.sort()
+    first = next((i for i, r in enumerate(rows) if classify(r[2]).startswith("attention")), None)
+    if first is None:
+        print(f"{a.trace}: no attention kernel", file=sys.stderr)
+        return 1
+    rows = rows[first:]
+    t0, t1 = rows[0][0], max(r[1] for r in rows)
+    wall = t1 - t0
+    by_class = collections.Counter()
+    gaps = []  # (idle ns, kernel before, kernel after)
+    busy_until, prev = t0, rows[0][2]
+    for start, end, name in rows:
+        by_class[classify(name)] += end - start
+        if start > busy_until:
+            gaps.append((start - busy_until, prev, name))
+        busy_until = max(busy_until, end)
+        prev = name
+    idle = sum(g for g, _, _ in gaps)
+    kernels = sum(by_class.values())
+    print(f"window {wall / 1e6:.1f} ms from the first attention kernel: {len(rows)} kernels, "
+          f"kernel time {kernels / 1e6:.1f} ms, GPU idle {idle / 1e6:.1f} ms ({idle / wall:.1%}) in {len(gaps)} gaps")
+    print()
+    print(f"{'class':<40} {'ms':>9} {'share':>6}")
+    for label, ns in by_class.most_common():
+        print(f"{label:<40} {ns / 1e6:9.1f} {ns / kernels:6.1%}")
+    print()
+    print(f"{'gap':<12} {'count':>7} {'ms':>9}")
+    lower = 0.0
+    for limit, label in BUCKETS:
+        sel = [g for g, _, _ in gaps if lower <= g < limit]
+        print(f"{label:<12} {len(sel):7d} {sum(sel) / 1e6:9.2f}")
+        lower = limit
+    print()
+    after = collections.Counter()
+    count = collections.Counter()
+    for g, before, _ in gaps:
+        after[short(before)] += g
+        count[short(before)] += 1
+    print(f"{'idle after kernel':<90} {'ms':>8} {'gaps':>6}")
+    for name, ns in after.most_common(a.top):
+        print(f"{name:<90} {ns / 1e6:8.2f} {count[name]:6d}")
+    print()
+    print(f"{'longest gaps: before -> after':<120} {'us':>8}")
+    for g, before, nxt in sorted(gaps, reverse=True)[: a.top]:
+        print(f"{(short(before)[:58] + ' -> ' + short(nxt)[:58]):<120} {g / 1e3:8.1f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+// A kernel timeline of any CUDA program in a real run (the test machine has no Nsight Systems, and ncu runs kernels
+// one at a time): a CUPTI injection library that records every kernel's start and end on the GPU and writes them
+// at exit, for bench/experiments/kernel_gaps.py.
+//
+// Build (CUPTI headers and library from the nvidia-cuda-cupti wheel, cuda.h from the CUDA toolkit):
+//   gcc -O2 -shared -fPIC -I<cu13>/include kernel_trace.c -o libkernel_trace.so -L<cu13>/lib -l:libcupti.so.13
+// Run: CUDA_INJECTION64_PATH=$PWD/libkernel_trace.so KERNEL_TRACE_OUT=trace.csv <program ...>
+// The CSV has one row per kernel: start and end (ns, GPU clock), stream, name.
+#include <cupti.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define BUF_BYTES (8u << 20)
+
+static FILE *out;
+
+static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
+    *buffer = (uint8_t *)aligned_alloc(8, BUF_BYTES);
+    *size = BUF_BYTES;
+    *max_records = 0;
+}
+
+static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *buffer, size_t size, size_t valid) {
+    (void)ctx;
+    (void)stream;
+    (void)size;
+    CUpti_Activity *record = NULL;
+    while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+        if (record->kind == CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL || record->kind == CUPTI_ACTIVITY_KIND_KERNEL) {
+            const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)record;
+            fprintf(out, "%llu,%llu,%u,\"%s\"\n", (unsigned long long)k->start, (unsigned long long)k->end,
+                    k->streamId, k->name ? k->name : "?");
+        }
+    }
+    free(buffer);
+}
+
+static void finish(void) {
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+    if (out) {
+        fclose(out);
+        out = NULL;
+    }
+}
+
+int InitializeInjection(void) {
+    const char *path = getenv("KERNEL_TRACE_OUT");
+    out = fopen(path ? path : "kernel_trace.csv", "w");
+    if (!out) {
+        return 0;
+    }
+    fprintf(out, "start_ns,end_ns,stream,name\n");
+    if (cuptiActivityRegisterCallbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS ||
+        cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
+        fprintf(stderr, "kernel_trace: CUPTI activity setup failed\n");
+        return 0;
+    }
+    atexit(finish);
+    return 1;
+}
