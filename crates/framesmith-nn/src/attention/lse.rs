@@ -64,10 +64,7 @@ pub struct KeptAttention {
 impl KeptAttention {
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        [&self.out, &self.lse]
-            .iter()
-            .map(|t| t.elem_count() * t.dtype().size_in_bytes())
-            .sum()
+        held_bytes([&self.out, &self.lse])
     }
 
     /// The tape of the attention on `qkv` — the same q, k, v the kept output was computed from.
@@ -90,6 +87,14 @@ impl crate::offload::Stashable for KeptAttention {
             ),
         }
     }
+}
+
+/// Bytes of the elements of `tensors`.
+fn held_bytes<'a>(tensors: impl IntoIterator<Item = &'a Tensor>) -> usize {
+    tensors
+        .into_iter()
+        .map(|t| t.elem_count() * t.dtype().size_in_bytes())
+        .sum()
 }
 
 /// What a block's first forward keeps for its recompute: its attention's output and LSE ([`KeptAttention`]) and,
@@ -119,12 +124,7 @@ impl KeptBlock {
 
     /// Bytes held.
     pub fn bytes(&self) -> usize {
-        self.attention.bytes()
-            + self
-                .outputs
-                .iter()
-                .map(|t| t.elem_count() * t.dtype().size_in_bytes())
-                .sum::<usize>()
+        self.attention.bytes() + held_bytes(&self.outputs)
     }
 }
 
