@@ -5,9 +5,9 @@
 use std::path::Path;
 
 use anyhow::Context;
+use framesmith_engine::family::flux::train::dev_config;
 use framesmith_engine::prep::flux::{cache_flux_latents, cache_flux_text, FluxLatentEncoder};
 use framesmith_engine::prep::CacheOptions;
-use framesmith_engine::train::flux::dev_config;
 use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
 use framesmith_models::flux::weights::{identify, load_autoencoder, FluxComponent};
 

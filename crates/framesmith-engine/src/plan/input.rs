@@ -6,8 +6,8 @@ use super::bytes::BaseFormat;
 use super::machine;
 use super::working_set::WORKING_SET;
 use super::{LoraShape, PlanError, PlanInput, PlanModel, StreamingSetup};
+use crate::family::wan::mode::StartFrame;
 use crate::train::demo_setup::{demo_model_config, DEMO_FRAMES, DEMO_SIZE};
-use crate::train::mode::StartFrame;
 use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};
@@ -231,8 +231,8 @@ pub fn model_for_config(cfg: &RunConfig) -> Result<PlanModel, PlanError> {
     if m.dit.as_os_str().is_empty() {
         return Err(PlanError::UnknownModel);
     }
-    if !m.dit.is_dir() && crate::train::flux::is_flux_file(&m.dit) {
-        return crate::train::flux::dev_config(&m.dit)
+    if !m.dit.is_dir() && crate::family::flux::train::is_flux_file(&m.dit) {
+        return crate::family::flux::train::dev_config(&m.dit)
             .map(flux)
             .map_err(|err| PlanError::Inspect(format!("{err:#}")));
     }
@@ -261,7 +261,7 @@ impl PlanInput {
         };
         Self {
             start_frame: model.wan().is_some_and(|m| {
-                crate::train::mode::resolve(m, cfg.training.mode, cfg.model.demo)
+                crate::family::wan::mode::resolve(m, cfg.training.mode, cfg.model.demo)
                     .is_ok_and(StartFrame::keeps_first_latent_frame)
             }),
             model,

@@ -449,7 +449,7 @@ impl CachePlace<'_> {
 }
 
 /// The file names in a cache directory; none when it does not exist yet.
-pub(super) fn list_cache_dir(dir: &Path) -> anyhow::Result<Vec<String>> {
+pub(crate) fn list_cache_dir(dir: &Path) -> anyhow::Result<Vec<String>> {
     Ok(match std::fs::read_dir(dir) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         listing => anyhow::Context::with_context(listing, || {

@@ -9,6 +9,7 @@ use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::family::wan::run::WanRun;
 use crate::train::data::{load_cached_items, CacheModels};
 use crate::train::step::{checkpointed_step, flow_loss, LossTarget, StepOptions};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
@@ -32,13 +33,13 @@ fn fixture_dit() -> PathBuf {
 const LATENT: [usize; 3] = [3, 4, 4];
 
 /// What one cache file holds, written under musubi-tuner's key names.
-pub(super) struct MusubiItem<'a> {
-    pub(super) stem: &'a str,
-    pub(super) seed: u64,
+pub(crate) struct MusubiItem<'a> {
+    pub(crate) stem: &'a str,
+    pub(crate) seed: u64,
     /// Write `latents_image_…`.
-    pub(super) image: bool,
+    pub(crate) image: bool,
     /// Write `clip_…` of this width.
-    pub(super) clip_dim: Option<usize>,
+    pub(crate) clip_dim: Option<usize>,
 }
 
 /// A tensor as the `safetensors` crate serialises it.
@@ -116,7 +117,7 @@ fn save(
 /// (its Python `safetensors.save_file` is this same crate): bf16 latents `latents_{F}x{H}x{W}_bfloat16`, image
 /// latents `latents_image_{F}x{H}x{W}_bfloat16` (mask then latents), CLIP features in float16 under
 /// `clip_bfloat16`, text `varlen_t5_bfloat16`, and its metadata.
-pub(super) fn write_musubi_caches(
+pub(crate) fn write_musubi_caches(
     dir: &Path,
     item: &MusubiItem,
     text_dim: usize,
@@ -179,7 +180,7 @@ pub(super) fn write_musubi_caches(
 }
 
 /// A video dataset of batch size 2 whose caches are in `cache/`; returns the TOML.
-pub(super) fn dataset(root: &Path) -> anyhow::Result<PathBuf> {
+pub(crate) fn dataset(root: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(root.join("videos"))?;
     let toml = root.join("data.toml");
     std::fs::write(
@@ -190,7 +191,7 @@ pub(super) fn dataset(root: &Path) -> anyhow::Result<PathBuf> {
     Ok(toml)
 }
 
-pub(super) fn run_config(
+pub(crate) fn run_config(
     dir: &Path,
     toml: &Path,
     checkpointing: Checkpointing,
@@ -281,15 +282,29 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
             clip: Some(Tensor::stack(&clip, 0)?),
             y: Some(y.clone()),
         };
-        let direct =
-            flow_loss(&trainer.model.wan()?.forward(&inputs)?, &target)?.to_scalar::<f32>()? as f64;
+        let direct = flow_loss(
+            &trainer
+                .family_run::<WanRun>()
+                .experts
+                .model
+                .forward(&inputs)?,
+            &target,
+        )?
+        .to_scalar::<f32>()? as f64;
         // The conditioning matters: without the image latents the loss is another.
         let blank = WanInputs {
             y: Some(y.iter().map(Tensor::zeros_like).collect::<Result<_>>()?),
             ..inputs
         };
-        let unconditioned =
-            flow_loss(&trainer.model.wan()?.forward(&blank)?, &target)?.to_scalar::<f32>()? as f64;
+        let unconditioned = flow_loss(
+            &trainer
+                .family_run::<WanRun>()
+                .experts
+                .model
+                .forward(&blank)?,
+            &target,
+        )?
+        .to_scalar::<f32>()? as f64;
         assert!(
             (unconditioned - direct).abs() > 1e-3 * direct,
             "{unconditioned} vs {direct}"
@@ -313,7 +328,7 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
 
 /// A tiny Wan2.1 I2V model (the tiny CLIP's 32-wide features) with random LoRAs, its blocks in `streamed`
 /// kept in host RAM and streamed.
-pub(super) fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core::Var>)> {
+pub(crate) fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core::Var>)> {
     let cfg = WanConfig {
         model_type: ModelType::I2v,
         in_dim: 36,

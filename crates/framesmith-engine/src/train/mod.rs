@@ -1,24 +1,15 @@
-//! Training: the engine thread, the trainer and its checkpointed step, optimizer, timestep sampling, the training
-//! set, run outputs (LoRA files, training states, metrics) and the samples (clips, FLUX.1 images) made during a run (through
-//! `crate::generate`).
+//! Training, the same for every model family: the engine thread, the trainer and its checkpointed step, optimizer,
+//! timestep sampling, the training set, run outputs (LoRA files, training states, metrics), validation and the
+//! samples' schedule. What is model-specific goes through [`crate::family`].
 
-pub mod clip_samples;
 pub mod data;
 pub mod demo_setup;
 pub mod engine;
-pub mod experts;
-pub mod flux;
-pub mod flux_samples;
-mod flux_setup;
 pub mod launch;
-pub mod mode;
 pub mod optimizer;
 pub mod outputs;
 pub mod ranks;
-pub mod run_model;
-pub mod sample_models;
 pub mod samples;
-
 pub mod setup;
 pub mod step;
 pub mod timesteps;
@@ -26,23 +17,11 @@ pub mod trainer;
 pub mod validation;
 
 #[cfg(test)]
-mod experts_tests;
-#[cfg(test)]
-mod flux_run_tests;
-#[cfg(test)]
-mod flux_samples_tests;
-#[cfg(test)]
-mod flux_step_tests;
-#[cfg(test)]
-mod flux_streaming_tests;
-#[cfg(test)]
-mod flux_train_tests;
-#[cfg(test)]
 mod i2v_grad_tests;
 #[cfg(test)]
 mod i2v_sample_tests;
 #[cfg(test)]
-mod i2v_tests;
+pub(crate) mod i2v_tests;
 #[cfg(test)]
 mod ranks_tests;
 #[cfg(test)]
@@ -50,7 +29,7 @@ mod step_testkit;
 #[cfg(test)]
 mod streaming_tests;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 #[cfg(test)]
 mod ti2v_tests;
 #[cfg(test)]

@@ -279,7 +279,7 @@ impl Trainer {
     /// The LoRAs a save writes: the run's one (or joint) LoRA with no suffix, or a `split` run's two with their
     /// file-name suffix and expert name.
     fn lora_sets(&self) -> Vec<(&LoraSet, Option<(&'static str, &'static str)>)> {
-        match self.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+        match self.family.second_lora() {
             Some((low, _)) => vec![
                 (&self.loras, Some(EXPERT_SUFFIXES[0])),
                 (low, Some(EXPERT_SUFFIXES[1])),
@@ -324,7 +324,7 @@ impl Trainer {
             }
         })?;
         sync_file(&optimizer_path, 2 * lora_bytes)?;
-        if let Some((loras, optimizer)) = self.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+        if let Some((loras, optimizer)) = self.family.second_lora() {
             let [lora_file, optimizer_file] = LOW_NOISE_STATE;
             let lora_path = tmp.join(lora_file);
             loras.save(&lora_path, DType::F32, metadata).map_err(|e| {
@@ -435,13 +435,12 @@ impl Trainer {
         let files = ["lora.safetensors", "optimizer.safetensors"];
         restore(dir, files, (&self.loras, &mut self.optimizer), &device)
             .map_err(|e| e.explain(dir, &damaged))?;
-        let low_device = self.low_noise_device().unwrap_or(&device).clone();
-        let split = self.low_noise.as_mut().and_then(|l| l.own.as_mut());
-        if let Some((loras, optimizer)) = split {
+        let low_device = self.family.second_device().unwrap_or(&device).clone();
+        if let Some((loras, optimizer)) = self.family.second_lora_mut() {
             restore(dir, LOW_NOISE_STATE, (loras, optimizer), &low_device)
                 .map_err(|e| e.explain(dir, &damaged))?;
         }
-        self.sync_mirror()?;
+        self.family.sync_lora(&self.loras)?;
         self.step = state.step;
         Ok(dir.to_path_buf())
     }

@@ -1,10 +1,9 @@
 //! Samples during training, the same for every model family: when they are due (every N steps / epochs, and
 //! optionally before the first step), how they are named (`samples/{step:06}-{prompt:02}`), the `SampleReady`
-//! events and the device memory given back around them. What a family samples is a [`SampleSet`]: Wan clips
-//! ([`crate::train::clip_samples`]: an H.264 MP4 plus PNG frames for the in-app player) or FLUX.1 images
-//! ([`crate::train::flux_samples`]: one PNG each), their prompts encoded once at the start. Generation draws from
-//! its own seeded RNG, so sampling never changes the training run. Also how clips are written as PNG frames,
-//! which `framesmith generate` shares.
+//! events and the device memory given back around them. What a family samples is its [`SampleSet`] (clips as an
+//! H.264 MP4 plus PNG frames for the in-app player, or images as one PNG each), its prompts encoded once at the
+//! start, made through [`crate::family::FamilyRun::sample`]. Generation draws from its own seeded RNG, so sampling
+//! never changes the training run. Also how clips are written as PNG frames, which `framesmith generate` shares.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -12,27 +11,24 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::Tensor;
 
-use crate::train::experts::{activate, LowNoiseExpert};
 use crate::train::outputs::write_atomic;
-use crate::train::run_model::RunModel;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::Event;
 use framesmith_data::video::encode::RgbFrame;
-use framesmith_models::wan::WanModel;
 use framesmith_nn::offload::release_cached_memory;
 
 /// Frames per second of sample clips (Wan's native rate).
 pub const SAMPLE_FPS: f64 = 16.0;
 
-/// A model family's samples: the prompts encoded when the run started, how one is denoised with the run's model
-/// and how its latents become files. [`Trainer::sample`] does the rest, the same for every family.
-pub trait SampleSet {
+/// A model family's samples: the prompts encoded when the run started, how one is denoised with the run's
+/// models `M` and how its latents become files.
+pub trait SampleSet<M: ?Sized> {
     /// How many prompts there are.
     fn prompt_count(&self) -> usize;
     /// The text of prompt `i`.
     fn prompt(&self, i: usize) -> &str;
     /// The latents of prompt `i`, denoised by `models` with the LoRA being trained.
-    fn denoise(&self, i: usize, models: &mut SampleModels<'_>) -> anyhow::Result<Tensor>;
+    fn denoise(&self, i: usize, models: &mut M) -> anyhow::Result<Tensor>;
     /// Decodes `latents` and writes them into `dir` under the name `stem` (plus an extension).
     fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles>;
 }
@@ -44,36 +40,19 @@ pub struct SampleFiles {
     pub frames: PathBuf,
 }
 
-/// The DiT(s) a sample is denoised with, the LoRA being trained attached: the run's model, and Wan2.2 A14B's
-/// low-noise expert when the run trains both.
-pub struct SampleModels<'a> {
-    pub model: &'a mut RunModel,
-    pub low_noise: Option<&'a mut LowNoiseExpert>,
+/// Sample `i` of `set`, denoised by `models` and written into `dir` as `stem`: what a family's
+/// [`crate::family::FamilyRun::sample`] does with its set.
+pub fn make_sample<M: ?Sized>(
+    set: &dyn SampleSet<M>,
+    models: &mut M,
+    (i, dir, stem): (usize, &Path, &str),
+) -> anyhow::Result<SampleFiles> {
+    let latents = set.denoise(i, models)?;
+    set.write(latents, dir, stem)
 }
 
-impl SampleModels<'_> {
-    /// The Wan model that denoises timestep `t` (0..1000), brought onto the GPU: with both Wan2.2 experts, the
-    /// high-noise one down to the boundary and the low-noise one from there.
-    pub fn wan_for(&mut self, t: f64) -> anyhow::Result<&WanModel> {
-        let model = self.model.wan_mut()?;
-        match self.low_noise.as_deref_mut() {
-            None => Ok(model),
-            Some(low) if t >= low.boundary => {
-                activate(model, low, true)?;
-                Ok(model)
-            }
-            Some(low) => {
-                activate(model, low, false)?;
-                Ok(&low.model)
-            }
-        }
-    }
-}
-
-/// When and what to sample.
+/// When to sample (what is the family's).
 pub struct Sampling {
-    /// What the run samples: its family's prompts, denoising and files.
-    pub set: Box<dyn SampleSet>,
     pub every_n_steps: Option<usize>,
     pub every_n_epochs: Option<usize>,
     pub at_first: bool,
@@ -87,11 +66,10 @@ pub fn sample_stem(step: usize, index: usize) -> String {
 }
 
 impl Sampling {
-    /// `set` on the schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder.
-    pub fn new(plan: &framesmith_config::RunPlan, set: Box<dyn SampleSet>) -> Self {
+    /// The schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder.
+    pub fn new(plan: &framesmith_config::RunPlan) -> Self {
         let s = plan.sampling.as_ref();
         Self {
-            set,
             every_n_steps: s.and_then(|s| s.every_n_steps),
             every_n_epochs: s.and_then(|s| s.every_n_epochs),
             at_first: s.is_some_and(|s| s.at_first),
@@ -115,29 +93,25 @@ impl Trainer {
         let Some(sampling) = &self.sampling else {
             return Ok(Vec::new());
         };
-        let set = sampling.set.as_ref();
         fs::create_dir_all(&sampling.dir)
             .with_context(|| format!("cannot create {}", sampling.dir.display()))?;
-        let device = self.model.device().clone();
-        let mut models = SampleModels {
-            model: &mut self.model,
-            low_noise: self.low_noise.as_mut(),
-        };
-        let mut events = Vec::with_capacity(set.prompt_count());
-        for i in 0..set.prompt_count() {
-            let prompt = set.prompt(i);
+        let device = self.family.device().clone();
+        let count = self.family.sample_count();
+        let mut events = Vec::with_capacity(count);
+        for i in 0..count {
+            let prompt = self.family.sample_prompt(i).to_owned();
             let context = || format!("generating the sample for \"{prompt}\"");
             release_cached_memory(&device)?;
-            let latents = set.denoise(i, &mut models).with_context(context)?;
             let stem = sample_stem(self.step, i);
-            let files = set
-                .write(latents, &sampling.dir, &stem)
+            let files = self
+                .family
+                .sample(i, &sampling.dir, &stem)
                 .with_context(context)?;
             events.push(Event::SampleReady {
                 step: self.step,
                 file: files.file,
                 frames: files.frames,
-                prompt: prompt.to_owned(),
+                prompt,
             });
         }
         release_cached_memory(&device)?;

@@ -1,6 +1,8 @@
-//! Building a `Trainer` from a `StartRun`: validate the config into a plan, pick the device, load (or make) the
-//! DiT, attach the LoRAs, load the training data, set up the optimizer, schedules, outputs and samples, and
-//! resume when asked.
+//! Building a `Trainer` from a `StartRun`: validate the config into a plan for the run's model family, let the
+//! family open the device, load its model, attach the LoRA and load the training data
+//! ([`crate::family::Family::start_run`]), then set up the optimizer, schedules, outputs and samples, and resume
+//! when asked. Also what every family's setup shares: the device, the memory plan's log and advice, block
+//! streaming's count, the VRAM budget's hold, the LoRA's settings and metadata.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -8,46 +10,28 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use crate::demo;
-use crate::dit::{build_dit, load_dit, LoadedDit, Streaming};
-use crate::plan as memory_plan;
-use crate::train::clip_samples::{ClipSamples, Decoder};
+use crate::family::{family_of, FamilyRun};
 use crate::train::data::TrainSet;
-use crate::train::demo_setup::demo_sample_prompts;
-use crate::train::experts::{check_pair, LowNoiseExpert};
-use crate::train::mode::{self, StartFrame};
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
 use crate::train::ranks::Ranks;
-use crate::train::run_model::RunModel;
-use crate::train::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use crate::train::samples::Sampling;
 use crate::train::trainer::Trainer;
-use crate::train::validation::load_run_data;
+use crate::train::validation::Validation;
 use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
-use framesmith_config::plan::{FloatDtype, LowNoisePlan, ModelSource, PlanDevice};
+use framesmith_config::plan::{FloatDtype, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
-use framesmith_config::run::{ActivationPlacement, BlocksToSwap, ExpertMode, StreamingMode};
+use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
 use framesmith_config::{validate_for, HostInfo, RunPlan};
-use framesmith_models::trainable::attach_model_loras;
-use framesmith_models::wan::config::Expert;
-use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
 use framesmith_nn::collective::broadcast_tensors;
 use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::offload::{
-    release_cached_memory, streamed_blocks, OffloadOptions, OutOfMemory, SavedPlacement,
-    StreamMode, StreamPlacement,
-};
-use framesmith_nn::vb::Vb;
+use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
 
 pub use crate::train::demo_setup::{
     demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,
 };
-
-/// Seed of the demo base model's weights: fixed, so every demo LoRA belongs to the same base.
-const DEMO_BASE_SEED: u64 = 2024;
 
 /// CUDA devices this build can use (0 without the `cuda` feature).
 pub fn cuda_device_count() -> usize {
@@ -64,7 +48,7 @@ pub fn cuda_device_count() -> usize {
     }
 }
 
-pub(super) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
+pub(crate) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     let device = open_device(plan.device)?;
     if plan.model.fp8_matmul {
         check_fp8_products(&device)?;
@@ -90,7 +74,7 @@ fn check_fp8_products(_device: &Device) -> anyhow::Result<()> {
 }
 
 /// Opens `device` (a CUDA one after checking the driver and the card's compute capability).
-fn open_device(device: PlanDevice) -> anyhow::Result<Device> {
+pub(crate) fn open_device(device: PlanDevice) -> anyhow::Result<Device> {
     match device {
         PlanDevice::Cpu => Ok(Device::Cpu),
         PlanDevice::Cuda(i) => {
@@ -128,7 +112,7 @@ fn check_compute_capability(_device: &Device, _index: usize) -> anyhow::Result<(
 }
 
 /// How the run log names a device: `cpu`, `cuda:0`.
-pub(super) fn device_label(device: &Device) -> String {
+pub(crate) fn device_label(device: &Device) -> String {
     match device.location() {
         candle_core::DeviceLocation::Cpu => "cpu".into(),
         candle_core::DeviceLocation::Cuda { gpu_id } => format!("cuda:{gpu_id}"),
@@ -136,7 +120,7 @@ pub(super) fn device_label(device: &Device) -> String {
     }
 }
 
-pub(super) fn float_dtype(d: FloatDtype) -> DType {
+pub(crate) fn float_dtype(d: FloatDtype) -> DType {
     match d {
         FloatDtype::F32 => DType::F32,
         FloatDtype::Bf16 => DType::BF16,
@@ -144,78 +128,10 @@ pub(super) fn float_dtype(d: FloatDtype) -> DType {
     }
 }
 
-fn load_model(
-    plan: &RunPlan,
-    path: Option<&Path>,
-    device: &Device,
-    memory: Option<&MemoryReport>,
-) -> anyhow::Result<LoadedDit> {
-    let compute = float_dtype(plan.model.compute_dtype);
-    let options = ModelOptions {
-        residual_dtype: match plan.model.residual_dtype {
-            framesmith_config::run::ResidualDtype::F32 => DType::F32,
-            framesmith_config::run::ResidualDtype::Bf16 => DType::BF16,
-        },
-        blocks_fp8: plan.model.fp8_scale.map(memory_plan::fp8_scale),
-        fp8_products: plan.model.fp8_matmul,
-    };
-    match &plan.model.source {
-        ModelSource::Demo => {
-            // The demo model streams too when asked (on CUDA), so the whole streaming path can be tried
-            // without model files.
-            let cfg = demo_model_config();
-            let tensors = demo::base::demo_base_weights(&cfg, DEMO_BASE_SEED, device)?;
-            let vb = Vb::from_tensors(tensors, compute, device);
-            let streaming = streaming_for(plan, &cfg, device, memory)?;
-            let model = build_dit(&cfg, vb, &options, streaming)?;
-            Ok(LoadedDit {
-                model,
-                name: "framesmith-demo-tiny".into(),
-                expert: None,
-            })
-        }
-        ModelSource::File(dit) => {
-            let path = path.unwrap_or(dit.as_path());
-            let expected = match &plan.model.variant {
-                Some(name) => Some(WanConfig::by_name(name).with_context(|| {
-                    format!("unknown model.variant `{name}` (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b)")
-                })?),
-                None => None,
-            };
-            load_dit(
-                path,
-                expected.as_ref(),
-                (compute, device),
-                &options,
-                |cfg, _| streaming_for(plan, cfg, device, memory),
-            )
-        }
-    }
-}
-
-/// The streamed blocks and ring settings of a CUDA run (`[memory]`), the count from the memory planner when it
-/// is `"auto"`; `None` when nothing streams.
-fn streaming_for(
-    plan: &RunPlan,
-    cfg: &WanConfig,
-    device: &Device,
-    memory: Option<&MemoryReport>,
-) -> anyhow::Result<Streaming> {
-    let model = format!("this Wan model has {} blocks", cfg.num_layers);
-    Ok(
-        streamed_count(plan, device, memory, cfg.num_layers, &model)?.map(|(count, offload)| {
-            (
-                streamed_blocks(cfg.num_layers, count, StreamPlacement::Spread),
-                offload,
-            )
-        }),
-    )
-}
-
 /// How many of a model's `blocks` a run streams (`memory.blocks_to_swap`, the memory plan's count for `"auto"`)
 /// and the ring settings, for any model; `None` when nothing streams (streaming off, a CPU run, or a count of 0).
-/// A count that leaves no block resident is refused, the error saying what `model` has ("FLUX.1 has 57 blocks").
-pub(super) fn streamed_count(
+/// A count that leaves no block resident is refused, the error saying what `model` has ("this model has 40 blocks").
+pub(crate) fn streamed_count(
     plan: &RunPlan,
     device: &Device,
     memory: Option<&MemoryReport>,
@@ -256,7 +172,7 @@ pub(super) fn streamed_count(
 
 /// Where the step keeps saved block inputs: host RAM with `memory.activations = "host"` on CUDA, pageable when
 /// `memory.streaming = "staged"` promises little page-locked memory.
-pub(super) fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacement {
+pub(crate) fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacement {
     if !(plan.memory.applies
         && device.is_cuda()
         && plan.memory.activations == ActivationPlacement::Host)
@@ -270,25 +186,11 @@ pub(super) fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacemen
 }
 
 /// The memory plan of a run, or why it could not be made.
-type MemoryReport = Result<PlanReport, String>;
-
-/// The memory plan of a CUDA run (`None` elsewhere), made once before anything takes device memory: it picks
-/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
-fn memory_report(plan: &RunPlan, device: &Device) -> Option<MemoryReport> {
-    if !(device.is_cuda() && plan.memory.applies) {
-        return None;
-    }
-    let (clip, _) = memory_plan::clip_for_config(&plan.config);
-    Some(
-        memory_plan::model_for_config(&plan.config)
-            .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip))
-            .map_err(|e| e.to_string()),
-    )
-}
+pub(crate) type MemoryReport = Result<PlanReport, String>;
 
 /// Logs the memory plan: its verdict, what would fit when it predicts no fit, and a warning when the RAM of the
 /// ranks on this machine nears the machine's.
-pub(super) fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String)) {
+pub(crate) fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String)) {
     log(
         LogLevel::Info,
         format!("memory plan: {}", report.verdict_line()),
@@ -320,7 +222,7 @@ pub struct VramHold {
 
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
 /// value lives, so the run fails where a card of that size would.
-pub(super) fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
+pub(crate) fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
     match plan.memory.vram_budget_bytes {
         Some(budget) if plan.memory.applies => hold_vram_budget(device, budget)
             .context("reserving device memory beyond memory.vram_budget_gb"),
@@ -435,28 +337,19 @@ pub const OUT_OF_MEMORY_ADVICE: &str = "Checkpoints already saved are kept. To f
     or lower dataset.resolution / target_frames; `framesmith plan --config \
     run.toml` shows where the memory goes.";
 
-/// Where the official code of a Wan generation lives (`modelspec.implementation`).
-fn official_code(generation: framesmith_models::wan::config::Generation) -> &'static str {
-    match generation {
-        framesmith_models::wan::config::Generation::Wan21 => "https://github.com/Wan-Video/Wan2.1",
-        framesmith_models::wan::config::Generation::Wan22 => "https://github.com/Wan-Video/Wan2.2",
-    }
-}
-
-/// The LoRA file's metadata: musubi-tuner's `ss_*` keys, modelspec (`implementation`: the model's official code),
-/// and the numerics and mode of the run.
-pub(super) fn lora_metadata(
+/// The LoRA file's metadata every family's LoRA carries: musubi-tuner's `ss_*` keys, modelspec
+/// (`implementation`: the model's official code) and the run's numerics; the family adds its network module,
+/// mode and timestep keys.
+pub(crate) fn lora_metadata(
     plan: &RunPlan,
     base_name: &str,
     implementation: &str,
-    start_frame: StartFrame,
 ) -> HashMap<String, String> {
     let m = &plan.model;
     let mut meta = HashMap::new();
     let mut put = |k: &str, v: String| {
         meta.insert(k.to_string(), v);
     };
-    put("ss_network_module", "networks.lora_wan".into());
     put("ss_network_dim", plan.lora.rank.to_string());
     put("ss_network_alpha", plan.lora.alpha.to_string());
     put("ss_base_model_version", base_name.into());
@@ -486,10 +379,6 @@ pub(super) fn lora_metadata(
     put("modelspec.title", plan.output.output_name.clone());
     put("framesmith.version", env!("CARGO_PKG_VERSION").into());
     put(
-        "framesmith.residual_dtype",
-        format!("{:?}", m.residual_dtype).to_lowercase(),
-    );
-    put(
         "framesmith.base_dtype",
         format!("{:?}", m.base_dtype).to_lowercase(),
     );
@@ -499,44 +388,7 @@ pub(super) fn lora_metadata(
         m.fp8_scale
             .map_or("none".into(), |s| format!("{s:?}").to_lowercase()),
     );
-    put("framesmith.model_timestep", "t*1000+1".into());
-    // Per token only where the timesteps differ between tokens (the start frame's are 0).
-    let (mode, time) = match start_frame {
-        StartFrame::None => ("text_to_video", "per_sample"),
-        StartFrame::Channels => ("image_to_video", "per_sample"),
-        StartFrame::FirstLatentFrame => ("image_to_video", "per_token"),
-    };
-    put("framesmith.training_mode", mode.into());
-    put("framesmith.time_embedding", time.into());
     meta
-}
-
-/// Samples: real models use the prompts `encoded` before the DiT was loaded and the Wan VAE; the demo model its
-/// own text embedding and codec.
-fn sampling(
-    plan: &RunPlan,
-    cfg: &WanConfig,
-    encoded: Option<Vec<EncodedPrompt>>,
-    device: &Device,
-) -> anyhow::Result<Option<Sampling>> {
-    let Some(s) = &plan.sampling else {
-        return Ok(None);
-    };
-    if let Some(encoded) = encoded {
-        let dtype = float_dtype(plan.model.compute_dtype);
-        let (prompts, decoder) = vae_sampling(plan, cfg, encoded, dtype, device)?;
-        return Ok(Some(Sampling::new(
-            plan,
-            Box::new(ClipSamples { prompts, decoder }),
-        )));
-    }
-    let specs = crate::generate::prompts::read_prompt_file(&s.prompts)?;
-    let prompts = demo_sample_prompts(specs, cfg, device)?;
-    let decoder = Decoder::Demo;
-    Ok(Some(Sampling::new(
-        plan,
-        Box::new(ClipSamples { prompts, decoder }),
-    )))
 }
 
 impl Trainer {
@@ -558,7 +410,7 @@ impl Trainer {
         ranks: &Ranks,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
-        let family = crate::train::flux::model_family(&request.config);
+        let family = family_of(&request.config).config_family();
         let mut plan = validate_for(&request.config, &HostInfo::new(cuda_device_count()), family)
             .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         if let Ranks::Join(spec) = ranks {
@@ -645,8 +497,8 @@ impl Trainer {
             self.schedule = plan.schedule.with_total_steps(self.total_steps);
         }
         let mut vars = self.loras.vars();
-        if let Some((low, _)) = self.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
-            vars.extend(low.vars());
+        if let Some((second, _)) = self.family.second_lora() {
+            vars.extend(second.vars());
         }
         let values: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
         let synced = broadcast_tensors(&*self.collective, &values, 0)?;
@@ -665,108 +517,19 @@ impl Trainer {
         Ok(())
     }
 
-    /// Builds the run from a plan validated for its model family (`validate_for`).
+    /// Builds the run from a plan validated for its model family (`validate_for`): the family's part, then the
+    /// optimizer, schedules, outputs and memory settings, the same for every family.
     pub fn from_plan(
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
-        if let Some(dit) = crate::train::flux::flux_dit_of(plan) {
-            return Self::from_flux_plan(plan, &dit, log);
-        }
-        let device = device_for(plan)?;
-        // Planned before the reservation takes the card's free memory.
-        let memory = memory_report(plan, &device);
-        if let Some(Ok(report)) = &memory {
-            log_plan(report, log);
-        }
-        let out_of_memory_advice =
-            out_of_memory_advice(memory.as_ref().and_then(|m| m.as_ref().ok()));
-        let demo = plan.model.source == ModelSource::Demo;
-        // A mode the model cannot train in fails before anything loads (the header tells the model).
-        if let Ok(memory_plan::PlanModel::Wan(cfg)) = memory_plan::model_for_config(&plan.config) {
-            mode::resolve(&cfg, plan.training.mode, demo)?;
-        }
-        let vram_reservation = reserve_budget(plan, &device)?;
-        // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
-        let encoded =
-            encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
-        let oom_on_load = |e: anyhow::Error| {
-            if e.chain().any(|c| c.is::<OutOfMemory>()) {
-                anyhow::anyhow!(
-                    "the GPU ran out of memory while loading the model's resident blocks ({e:#}); the file is fine. \
-                     {out_of_memory_advice}"
-                )
-            } else {
-                e
-            }
-        };
-        let loaded = load_model(plan, None, &device, memory.as_ref()).map_err(oom_on_load)?;
-        let (mut model, base_name) = (loaded.model, loaded.name);
-        log(
-            LogLevel::Info,
-            format!("model: {base_name} on {}", device_label(&device)),
-        );
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(cuda) = &device {
-            if let Ok(line) = framesmith_nn::cuda::device::kernel_code_line(cuda) {
-                log(LogLevel::Info, line);
-            }
-        }
-        log_streaming(&model, log);
-        let cfg = model.config().clone();
-        let start_frame = mode::resolve(&cfg, plan.training.mode, demo)?;
-        log(LogLevel::Info, start_frame.log_line().into());
-        let run_data = load_run_data(plan, &cfg, &device, log)?;
-        let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
-        let spec = lora_spec(plan);
-        let loras = attach_model_loras(&mut model, &spec)?;
-        start_loras(
-            plan,
-            &loras,
-            &device,
-            "a LoRA .safetensors for this model (one Framesmith or musubi-tuner saved)",
-            log,
-        )?;
-        let low_noise = match &plan.model.low_noise {
-            Some(low) => {
-                let expert = LowExpertLoad {
-                    plan,
-                    device: &device,
-                    memory: memory.as_ref(),
-                    high_expert: loaded.expert,
-                    spec: &spec,
-                    loras: &loras,
-                };
-                Some(expert.load(&mut model, low, log).map_err(oom_on_load)?)
-            }
-            None => None,
-        };
-        Self::assemble(
-            plan,
-            RunParts {
-                model: RunModel::Wan(model),
-                low_noise,
-                loras,
-                data,
-                metadata: lora_metadata(
-                    plan,
-                    &base_name,
-                    official_code(cfg.generation),
-                    start_frame,
-                ),
-                sampling: sampling(plan, &cfg, encoded, &device)?,
-                validation: run_data.validation,
-                start_frame,
-                report: memory.as_ref().and_then(|m| m.as_ref().ok()),
-                vram_reservation,
-                device: &device,
-            },
-        )
+        let parts = family_of(&plan.config).start_run(plan, log)?;
+        Self::assemble(plan, parts)
     }
 
     /// The trainer of a run whose model-specific setup is done (`parts`): the optimizer, schedules, outputs and
     /// memory settings come from the plan, the same for every model family.
-    pub(super) fn assemble(plan: &RunPlan, parts: RunParts<'_>) -> anyhow::Result<Trainer> {
+    fn assemble(plan: &RunPlan, parts: RunParts) -> anyhow::Result<Trainer> {
         let optimizer = AdamW::new(named_vars(&parts.loras), plan.optimizer)?;
         let accumulation = plan.training.gradient_accumulation_steps.max(1);
         let total_steps = plan.training.total_steps(parts.data.batches_per_epoch());
@@ -780,10 +543,11 @@ impl Trainer {
         outputs.save_state = plan.output.save_state;
         outputs.save_dtype = float_dtype(plan.output.save_dtype);
         outputs.config_toml = plan.config.to_toml_string()?;
+        let report = parts.report.as_ref();
         Ok(Trainer {
-            sampling: parts.sampling,
-            model: parts.model,
-            low_noise: parts.low_noise,
+            sampling: plan.sampling.is_some().then(|| Sampling::new(plan)),
+            saved_inputs: saved_inputs_for(plan, parts.family.device()),
+            family: parts.family,
             loras: parts.loras,
             optimizer,
             schedule: plan.schedule.with_total_steps(total_steps),
@@ -795,11 +559,9 @@ impl Trainer {
             max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
             step: 0,
             consecutive_nonfinite: 0,
-            saved_inputs: saved_inputs_for(plan, parts.device),
             checkpointing: plan.memory.checkpointing,
-            start_frame: parts.start_frame,
-            out_of_memory_advice: out_of_memory_advice(parts.report),
-            planned_vram_bytes: parts.report.map(|r| r.peak_vram_bytes),
+            out_of_memory_advice: out_of_memory_advice(report),
+            planned_vram_bytes: report.map(|r| r.peak_vram_bytes),
             vram_reservation: parts.vram_reservation,
             outputs,
             validation: parts.validation,
@@ -808,25 +570,26 @@ impl Trainer {
     }
 }
 
-/// What a model family's setup hands to [`Trainer::assemble`].
-pub(super) struct RunParts<'a> {
-    pub(super) model: RunModel,
-    pub(super) low_noise: Option<LowNoiseExpert>,
-    pub(super) loras: LoraSet,
-    pub(super) data: TrainSet,
+/// What a model family's setup hands to the trainer ([`crate::family::Family::start_run`]).
+pub struct RunParts {
+    /// The family's models, the LoRA attached.
+    pub family: Box<dyn FamilyRun>,
+    /// The LoRA the run trains (the only one, or the first of two).
+    pub loras: LoraSet,
+    /// The training items.
+    pub data: TrainSet,
     /// The metadata every saved LoRA carries.
-    pub(super) metadata: HashMap<String, String>,
-    pub(super) sampling: Option<Sampling>,
-    pub(super) validation: Option<crate::train::validation::Validation>,
-    pub(super) start_frame: StartFrame,
+    pub metadata: HashMap<String, String>,
+    /// The held-out items, when the run validates.
+    pub validation: Option<Validation>,
     /// The memory plan, when there is one (its out-of-memory advice and predicted peak).
-    pub(super) report: Option<&'a PlanReport>,
-    pub(super) vram_reservation: Option<VramHold>,
-    pub(super) device: &'a Device,
+    pub report: Option<PlanReport>,
+    /// Device memory held back beyond the run's budget.
+    pub vram_reservation: Option<VramHold>,
 }
 
 /// The run's LoRA settings (`[lora]`, f32 factors, the run's seed).
-pub(super) fn lora_spec(plan: &RunPlan) -> LoraSpec {
+pub(crate) fn lora_spec(plan: &RunPlan) -> LoraSpec {
     LoraSpec {
         rank: plan.lora.rank,
         alpha: plan.lora.alpha,
@@ -839,7 +602,7 @@ pub(super) fn lora_spec(plan: &RunPlan) -> LoraSpec {
 
 /// Loads `lora.init_from` into the fresh `loras` (an error says to point it at `expected`, or remove it) and logs
 /// the LoRA's size.
-pub(super) fn start_loras(
+pub(crate) fn start_loras(
     plan: &RunPlan,
     loras: &LoraSet,
     device: &Device,
@@ -867,7 +630,7 @@ pub(super) fn start_loras(
 }
 
 /// The optimizer's names for a LoRA's factors (`{path}.lora_down`, `{path}.lora_up`).
-pub(super) fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
+pub(crate) fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
     loras
         .iter()
         .flat_map(|(path, l)| {
@@ -877,111 +640,6 @@ pub(super) fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
             ]
         })
         .collect()
-}
-
-/// Says how many blocks of `model` stream, when some do.
-fn log_streaming(model: &WanModel, log: &mut dyn FnMut(LogLevel, String)) {
-    if let Some(streamer) = model.streamer() {
-        log(
-            LogLevel::Info,
-            format!(
-                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
-                streamer.count(),
-                model.num_blocks(),
-                streamer.mode().as_str(),
-                streamer.block_bytes() as f64 / (1u64 << 20) as f64
-            ),
-        );
-    }
-}
-
-/// What loading the low-noise expert of a run that trains both needs from the run being built.
-struct LowExpertLoad<'a> {
-    plan: &'a RunPlan,
-    device: &'a Device,
-    memory: Option<&'a MemoryReport>,
-    /// The expert `model.dit`'s path or file names.
-    high_expert: Option<Expert>,
-    spec: &'a LoraSpec,
-    /// The high-noise expert's LoRA (shared in `joint` mode).
-    loras: &'a LoraSet,
-}
-
-impl LowExpertLoad<'_> {
-    /// Parks the high-noise expert `high` (its LoRA already attached), loads the low-noise one onto the GPU and
-    /// gives it the shared LoRA (`joint`) or one of its own (`split`). With a device of its own
-    /// (`training.low_noise_device`) nothing is parked: it loads there, and `joint` gives it a mirror of the LoRA.
-    fn load(
-        &self,
-        high: &mut WanModel,
-        low: &LowNoisePlan,
-        log: &mut dyn FnMut(LogLevel, String),
-    ) -> anyhow::Result<LowNoiseExpert> {
-        let own_device = match low.device {
-            Some(spec) => Some((
-                spec,
-                open_device(spec).context("opening training.low_noise_device")?,
-            )),
-            None => {
-                high.park()
-                    .context("parking the high-noise expert in host RAM")?;
-                release_cached_memory(self.device)?;
-                None
-            }
-        };
-        let device = own_device.as_ref().map_or(self.device, |(_, d)| d);
-        let loaded = load_model(self.plan, Some(&low.dit), device, self.memory)?;
-        let ModelSource::File(dit) = &self.plan.model.source else {
-            anyhow::bail!("model.dit_low_noise needs model.dit to be the high-noise expert's file");
-        };
-        check_pair(
-            high.config(),
-            loaded.model.config(),
-            [self.high_expert, loaded.expert],
-            [dit, &low.dit],
-        )?;
-        let mut model = loaded.model;
-        let boundary = high.config().boundary_timestep(low.boundary);
-        let placement = match &own_device {
-            Some((spec, _)) => format!(", on {spec} of its own"),
-            None => String::new(),
-        };
-        log(
-            LogLevel::Info,
-            format!(
-                "low-noise expert: {} ({} mode, below timestep {boundary}{placement})",
-                loaded.name,
-                low.mode.as_str(),
-            ),
-        );
-        log_streaming(&model, log);
-        let separate = own_device.is_some();
-        let (own, mirror) = match low.mode {
-            ExpertMode::Joint if separate => {
-                let mirror = self.loras.copy_to(device)?;
-                mirror.share_with(model.linears_mut())?;
-                (None, Some(mirror))
-            }
-            ExpertMode::Joint => {
-                self.loras.share_with(model.linears_mut())?;
-                (None, None)
-            }
-            ExpertMode::Split => {
-                let loras = attach_model_loras(&mut model, self.spec)?;
-                let optimizer = AdamW::new(named_vars(&loras), self.plan.optimizer)?;
-                (Some((loras, optimizer)), None)
-            }
-        };
-        Ok(LowNoiseExpert {
-            model,
-            own,
-            mirror,
-            separate,
-            boundary,
-            switches: 0,
-            switch_secs: 0.0,
-        })
-    }
 }
 
 /// Says where a new run writes when its configured folder holds another run, and how to continue that one.

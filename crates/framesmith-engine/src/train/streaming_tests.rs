@@ -159,7 +159,7 @@ fn every_catalogued_variant_is_a_wan_model_with_its_blocks_start_image_and_pixel
         assert_eq!(listed.map(|v| v.blocks), Some(cfg.num_layers), "{name}");
         assert_eq!(
             listed.map(|v| v.start_image),
-            Some(crate::train::mode::start_image(&cfg)),
+            Some(crate::family::wan::mode::start_image(&cfg)),
             "{name}"
         );
         let (spatial, _) = crate::plan::latent_factors(&cfg);

@@ -8,7 +8,7 @@ use framesmith_config::protocol::StartRun;
 use framesmith_config::{presets, RunConfig};
 use framesmith_nn::lora_file::LoraFile;
 
-pub(super) fn demo_config(dir: &Path, steps: usize) -> RunConfig {
+pub(crate) fn demo_config(dir: &Path, steps: usize) -> RunConfig {
     let mut config = presets::builtin("demo-cpu")
         .and_then(|p| p.apply(&RunConfig::default()))
         .map(|a| a.config)
@@ -21,7 +21,7 @@ pub(super) fn demo_config(dir: &Path, steps: usize) -> RunConfig {
 }
 
 /// Starts (or resumes) a run of `config`.
-pub(super) fn try_start(config: &RunConfig, resume_from: Option<&Path>) -> anyhow::Result<Trainer> {
+pub(crate) fn try_start(config: &RunConfig, resume_from: Option<&Path>) -> anyhow::Result<Trainer> {
     let request = StartRun {
         config: config.clone(),
         resume_from: resume_from.map(Path::to_path_buf),
@@ -29,14 +29,14 @@ pub(super) fn try_start(config: &RunConfig, resume_from: Option<&Path>) -> anyho
     Trainer::start(&request, &mut |_, _| {})
 }
 
-pub(super) fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
+pub(crate) fn start(config: &RunConfig, resume_from: Option<&Path>) -> Trainer {
     try_start(config, resume_from).expect("trainer starts")
 }
 
 /// Every LoRA value of a run, factor by factor: its one (or joint) LoRA, then a split run's low-noise one.
-pub(super) fn all_lora_values(trainer: &Trainer) -> anyhow::Result<Vec<Vec<f32>>> {
+pub(crate) fn all_lora_values(trainer: &Trainer) -> anyhow::Result<Vec<Vec<f32>>> {
     let mut sets = vec![trainer.loras()];
-    if let Some((low, _)) = trainer.low_noise.as_ref().and_then(|l| l.own.as_ref()) {
+    if let Some((low, _)) = trainer.family.second_lora() {
         sets.push(low);
     }
     let mut out = Vec::new();

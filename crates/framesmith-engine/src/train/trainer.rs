@@ -1,9 +1,7 @@
-//! `Trainer`: one training run — the model with its LoRAs, the optimizer, schedules, the training set and the
-//! step counter — advanced one optimizer step at a time by the engine thread. Flow matching as musubi-tuner does
-//! it: noisy = (1 − t)·latents + t·noise, target = noise − latents, the loss in f32. Each micro-step's noise and
+//! `Trainer`: one training run — the family's models with their LoRAs, the optimizer, schedules, the training set
+//! and the step counter — advanced one optimizer step at a time by the engine thread. Each micro-step's noise and
 //! timesteps come from an RNG seeded by (seed, micro-step), so a resumed run draws exactly what the
-//! uninterrupted run would have. Image-to-video training of TI2V-5B (and the demo model) keeps each clip's first
-//! latent frame clean, denoised at timestep 0 and left out of the loss, as Wan2.2 TI2V conditions on a start image.
+//! uninterrupted run would have; what a micro-step computes is the family's ([`crate::family::FamilyRun`]).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -13,23 +11,16 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::generate::denoise::{first_frame_row, with_first_frame};
-use crate::train::data::{image_inputs, TrainItem, TrainSet};
-use crate::train::mode::StartFrame;
+use crate::family::{FamilyRun, StepContext};
+use crate::train::data::TrainSet;
 use crate::train::optimizer::{AdamW, StepOutcome};
-use crate::train::run_model::RunModel;
-use crate::train::step::{try_checkpointed_step, LossTarget, StepError, StepOptions, StepOutput};
-use crate::train::timesteps::{
-    loss_weight, sample_expert_timesteps, sample_timesteps, TimestepDraw,
-};
+use crate::train::step::{StepError, StepOptions, StepOutput};
 use framesmith_config::run::Checkpointing;
 use framesmith_config::schedule::LrSchedule;
 use framesmith_config::training::TimestepConfig;
-use framesmith_models::wan::{Timesteps, WanInputs};
 use framesmith_nn::collective::{
     all_reduce_scalars, all_reduce_tensors, Collective, BUCKET_ELEMENTS,
 };
-use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::offload::SavedPlacement;
 
@@ -44,13 +35,13 @@ pub struct StepReport {
     pub grad_norm: Option<f64>,
     /// Set when the update was skipped (non-finite loss or gradient).
     pub warning: Option<String>,
-    /// With both Wan2.2 experts: which ran and the switches so far.
+    /// With two experts in the run: which ran and the switches so far.
     pub expert: Option<ExpertStep>,
     /// A run over several GPUs: some rank was asked to stop, and every rank stops after this step.
     pub stop_requested: bool,
 }
 
-/// A step of a run with both Wan2.2 experts.
+/// A step of a run with two experts (models that take turns on the GPU by timestep).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ExpertStep {
     /// The expert the step's last micro-batch ran through (`high_noise`, `low_noise`).
@@ -63,10 +54,8 @@ pub struct ExpertStep {
 
 /// The mutable state of a run and everything needed to advance it.
 pub struct Trainer {
-    /// The DiT (for Wan2.2 A14B with both experts, the high-noise expert).
-    pub(super) model: RunModel,
-    /// Wan2.2 A14B's low-noise expert, when the run trains both.
-    pub(super) low_noise: Option<crate::train::experts::LowNoiseExpert>,
+    /// The family's models: the micro-step, validation and samples go through them.
+    pub(crate) family: Box<dyn FamilyRun>,
     pub(super) loras: LoraSet,
     pub(super) optimizer: AdamW,
     pub(super) schedule: LrSchedule,
@@ -82,8 +71,6 @@ pub struct Trainer {
     pub(super) saved_inputs: SavedPlacement,
     /// What the step keeps from each block's forward (`memory.checkpointing`); acts on every device.
     pub(super) checkpointing: Checkpointing,
-    /// How the step conditions on a start image (`training.mode` on this model).
-    pub(super) start_frame: StartFrame,
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
     /// The memory planner's predicted peak VRAM for this run (CUDA runs with a plan).
@@ -100,27 +87,8 @@ pub struct Trainer {
     pub(super) collective: Arc<dyn Collective>,
 }
 
-/// A batch made ready for the DiT: noisy inputs, flow-matching targets and loss weights.
-pub(super) struct FlowBatch {
-    pub(super) inputs: WanInputs,
-    pub(super) targets: Vec<Tensor>,
-    pub(super) weights: Vec<f64>,
-    /// Leading latent frames left out of the loss (the given start frame).
-    pub(super) skip_frames: usize,
-}
-
-impl FlowBatch {
-    pub(super) fn target(&self) -> LossTarget<'_> {
-        LossTarget {
-            targets: &self.targets,
-            weights: Some(&self.weights),
-            skip_frames: self.skip_frames,
-        }
-    }
-}
-
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
-pub(super) fn mix(seed: u64, index: u64) -> u64 {
+pub(crate) fn mix(seed: u64, index: u64) -> u64 {
     let mut z = seed
         ^ index
             .wrapping_add(0x9E37_79B9_7F4A_7C15)
@@ -156,12 +124,12 @@ impl Trainer {
     }
 
     pub fn device(&self) -> &Device {
-        self.model.device()
+        self.family.device()
     }
 
-    /// How many times the two Wan2.2 experts changed places on the GPU (0 for a one-model run).
+    /// How many times the run's two experts changed places on the GPU (0 for a one-model run).
     pub fn expert_switches(&self) -> usize {
-        self.low_noise.as_ref().map_or(0, |l| l.switches)
+        self.family.expert_switches()
     }
 
     /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
@@ -180,7 +148,8 @@ impl Trainer {
         };
         // A low-noise expert on a GPU of its own: that card's peak against the same plan (it holds one expert too).
         let second = match self
-            .low_noise_device()
+            .family
+            .second_device()
             .and_then(|d| crate::train::setup::VramUse::measure(d, 0))
         {
             Some(low) => format!(
@@ -200,6 +169,15 @@ impl Trainer {
             gib(used.reserved),
             gib(used.free)
         ))
+    }
+
+    /// The run's family models as the family's own type (tests look inside them).
+    #[cfg(test)]
+    pub(crate) fn family_run<T: 'static>(&self) -> &T {
+        self.family
+            .as_any()
+            .downcast_ref()
+            .expect("a run of the family the test started")
     }
 
     /// The LoRA adapters being trained.
@@ -226,100 +204,25 @@ impl Trainer {
         }
     }
 
-    /// Noisy inputs, targets and weights of `batch` at `draws` (one per item), its noise drawn from `rng` item by
-    /// item. Training and validation both go through here, so both compute the same loss.
-    pub(super) fn flow_batch(
-        &self,
-        batch: &[&TrainItem],
-        draws: &[TimestepDraw],
-        rng: &mut StdRng,
-    ) -> anyhow::Result<FlowBatch> {
-        let (_, frames, _, _) = batch[0].latents.dims4()?;
-        // A single-frame item (an image) has no frames after a start frame: it trains as text-to-image.
-        let start_frame = self.start_frame.keeps_first_latent_frame() && frames > 1;
-        let mut noisy = Vec::with_capacity(batch.len());
-        let mut targets = Vec::with_capacity(batch.len());
-        let mut rows = Vec::with_capacity(batch.len());
-        for (item, draw) in batch.iter().zip(draws) {
-            let x = item.latents.to_dtype(DType::F32)?;
-            let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
-            let mixed = ((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?;
-            if start_frame {
-                noisy.push(with_first_frame(&mixed, &x.narrow(1, 0, 1)?)?);
-                let shape = x.dims4().map(|(c, f, h, w)| [c, f, h, w])?;
-                rows.push(first_frame_row(
-                    self.model.wan()?.config(),
-                    shape,
-                    draw.model_timestep,
-                ));
-            } else {
-                noisy.push(mixed);
-            }
-            targets.push((noise - x)?);
-        }
-        let timesteps = if start_frame {
-            Timesteps::PerToken(rows)
-        } else {
-            Timesteps::PerSample(draws.iter().map(|d| d.model_timestep).collect())
-        };
-        let weights: Vec<f64> = draws
-            .iter()
-            .map(|d| loss_weight(self.timesteps.weighting, d.model_timestep))
-            .collect();
-        let (y, clip) = image_inputs(batch, self.model.wan()?.config())?;
-        let inputs = WanInputs {
-            latents: noisy,
-            timesteps,
-            context: batch.iter().map(|i| i.context.clone()).collect(),
-            seq_len: None,
-            clip,
-            y,
-        };
-        Ok(FlowBatch {
-            inputs,
-            targets,
-            weights,
-            skip_frames: usize::from(start_frame),
-        })
-    }
-
-    /// One micro-batch: noise, timesteps, the checkpointed step (through the expert the timesteps pick, brought
-    /// onto the GPU first). Returns the micro-batch's epoch, whether it ran on the high-noise side (always, with
-    /// one model), and the step's output, `None` when the loss was NaN or infinite (no backward pass was run).
+    /// One micro-batch through the family's step, its noise and timesteps from the micro-step's seed. Returns
+    /// the micro-batch's epoch, whether it ran through the run's second model, and the step's output, `None` when
+    /// the loss was NaN or infinite (no backward pass was run).
     fn micro_step(
         &mut self,
         index: usize,
         interrupted: &dyn Fn() -> bool,
     ) -> anyhow::Result<(usize, bool, Option<StepOutput>)> {
-        if matches!(self.model, RunModel::Flux { .. }) {
-            return self.flux_micro_step(index, interrupted);
-        }
         let (epoch, batch) = self.data.batch_at(index);
         let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
-        let (_, _, h, w) = batch[0].latents.dims4()?;
-        let (high, draws) = match &self.low_noise {
-            Some(low) => {
-                sample_expert_timesteps(&self.timesteps, batch.len(), (h, w), rng, low.boundary)
-            }
-            None => (
-                true,
-                sample_timesteps(&self.timesteps, batch.len(), (h, w), rng),
-            ),
-        };
-        if let Some(low) = self.low_noise.as_mut() {
-            crate::train::experts::activate(self.model.wan_mut()?, low, high)?;
-        }
-        let flow = self.flow_batch(&batch, &draws, rng)?;
-        let flow = self.on_expert_device(high, flow)?;
-        let (inputs, target) = (&flow.inputs, flow.target());
-        let vars = self.expert_vars(high);
         let options = self.step_options(interrupted);
-        let result = try_checkpointed_step(self.expert(high)?, inputs, &target, &vars, &options);
-        let mut out = step_output(result, &batch[0].key, &self.out_of_memory_advice)?;
-        if let Some(out) = out.as_mut() {
-            out.grads = self.gradients_home(high, std::mem::take(&mut out.grads))?;
-        }
-        Ok((epoch, high, out))
+        let ctx = StepContext {
+            timesteps: &self.timesteps,
+            loras: &self.loras,
+            options: &options,
+        };
+        let step = self.family.micro_step(&batch, rng, &ctx)?;
+        let out = step_output(step.result, &batch[0].key, &self.out_of_memory_advice)?;
+        Ok((epoch, step.second, out))
     }
 
     /// One optimizer step over `gradient_accumulation_steps` micro-batches (on each rank of a run over several
@@ -331,7 +234,7 @@ impl Trainer {
         let started = Instant::now();
         // The last step's transient memory goes back to the driver: each step then needs what the first did.
         framesmith_nn::offload::release_cached_memory(self.device())?;
-        if let Some(low) = self.low_noise_device() {
+        if let Some(low) = self.family.second_device() {
             framesmith_nn::offload::release_cached_memory(low)?;
         }
         // The summed gradients of each LoRA: the only (or joint, or high-noise) one, and a split run's low-noise one.
@@ -339,17 +242,17 @@ impl Trainer {
         let mut loss_sum = 0f64;
         let mut finite = true;
         let mut epoch = self.epoch();
-        let split = self.split_experts();
-        let mut last_high = true;
+        let split = self.family.second_lora().is_some();
+        let mut last_second = false;
         let (rank, world) = (self.collective.rank(), self.collective.world());
         let per_step = self.micro_per_step();
         let never = || false;
         let micro_interrupted: &dyn Fn() -> bool = if world == 1 { interrupted } else { &never };
         for index in crate::train::ranks::micro_indices(self.step, self.accumulation, rank, world) {
-            let (e, high, out) = self.micro_step(index, micro_interrupted)?;
+            let (e, second, out) = self.micro_step(index, micro_interrupted)?;
             epoch = e;
-            last_high = high;
-            let sum = &mut sums[usize::from(split && !high)];
+            last_second = second;
+            let sum = &mut sums[usize::from(split && second)];
             let Some(out) = out else {
                 finite = false;
                 continue;
@@ -386,7 +289,7 @@ impl Trainer {
         } else {
             None
         };
-        self.sync_mirror()?;
+        self.family.sync_lora(&self.loras)?;
         let step_number = self.step + 1;
         self.step = step_number;
         let (grad_norm, warning) = match outcome {
@@ -418,11 +321,7 @@ impl Trainer {
             step_secs: started.elapsed().as_secs_f64(),
             grad_norm,
             warning,
-            expert: self.low_noise.as_ref().map(|low| ExpertStep {
-                name: if last_high { "high_noise" } else { "low_noise" },
-                switches: low.switches,
-                switch_secs: low.switch_secs,
-            }),
+            expert: self.family.expert_step(last_second),
             stop_requested,
         };
         if self.writes_outputs() {
@@ -471,7 +370,7 @@ impl Trainer {
                 let grads = match sums[side].take() {
                     Some(g) => g,
                     None => self
-                        .expert_vars(side == 0)
+                        .lora_vars(side)
                         .iter()
                         .map(|v| Tensor::zeros(v.shape(), DType::F32, v.device()))
                         .collect::<candle_core::Result<Vec<_>>>()?,
@@ -480,6 +379,57 @@ impl Trainer {
             }
         }
         Ok((reduced, stats[0] as f64, finite, stats[4] > 0.0))
+    }
+
+    /// The trainable variables of the run's LoRA (`side` 0) or of its second one (`side` 1, when it has one).
+    fn lora_vars(&self, side: usize) -> Vec<candle_core::Var> {
+        match (side, self.family.second_lora()) {
+            (1, Some((loras, _))) => loras.vars(),
+            _ => self.loras.vars(),
+        }
+    }
+
+    /// Applies the step's summed gradients: `grads[0]` to the run's (first) LoRA, `grads[1]` to its second one.
+    /// A LoRA none of whose micro-batches ran is not stepped (its optimizer's step count stays). The outcome joins
+    /// both: skipped when either was, the norm over both.
+    fn apply_grads(
+        &mut self,
+        grads: [Option<Vec<Tensor>>; 2],
+        learning_rate: f64,
+    ) -> anyhow::Result<Option<StepOutcome>> {
+        let [first, second] = grads;
+        let mut outcomes = Vec::new();
+        if let Some(g) = first {
+            outcomes.push(self.optimizer.step(&g, learning_rate)?);
+        }
+        if let Some(g) = second {
+            let Some((_, optimizer)) = self.family.second_lora_mut() else {
+                anyhow::bail!("gradients for a second LoRA in a run without one");
+            };
+            outcomes.push(optimizer.step(&g, learning_rate)?);
+        }
+        let mut squares = 0f64;
+        let mut skipped = false;
+        for outcome in &outcomes {
+            let norm = match *outcome {
+                StepOutcome::Applied { grad_norm, .. } => grad_norm,
+                StepOutcome::Skipped { grad_norm } => {
+                    skipped = true;
+                    grad_norm
+                }
+            };
+            squares += norm * norm;
+        }
+        let grad_norm = squares.sqrt();
+        Ok(match outcomes.len() {
+            0 => None,
+            1 => outcomes.pop(),
+            _ if skipped => Some(StepOutcome::Skipped { grad_norm }),
+            _ => Some(StepOutcome::Applied {
+                grad_norm,
+                clip_scale: 1.0,
+            }),
+        })
     }
 
     /// Whether a periodic save falls on the step just completed.

@@ -4,42 +4,28 @@
 //! by (validation seed, pair), never from the training stream, so an evaluation sees the same noise at every step
 //! and in every run with the same seed, and a run with validation trains exactly the LoRA it trains without.
 
-use std::path::Path;
 use std::time::Instant;
 
-use candle_core::Device;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
-use crate::train::data::{load_cached_items, CacheModels, TrainItem};
-use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
-use crate::train::step::{forward_loss, StepError};
-use crate::train::timesteps::{is_high_noise, TimestepDraw};
+use crate::train::data::TrainItem;
 use crate::train::trainer::{mix, Trainer};
-use framesmith_config::plan::{DatasetSource, ModelSource, ValidationPlan};
-use framesmith_config::protocol::{LogLevel, ValidationLoss};
-use framesmith_config::training::NUM_TRAIN_TIMESTEPS;
-use framesmith_config::RunPlan;
-use framesmith_models::wan::WanConfig;
+use framesmith_config::plan::ValidationPlan;
+use framesmith_config::protocol::ValidationLoss;
 
 /// Stream tags mixed into the validation seed, so the split, the noise and generated clips never share draws.
 const SPLIT_STREAM: u64 = 0x5641_4C5F_5350_4C54;
-const NOISE_STREAM: u64 = 0x5641_4C5F_4E4F_4953;
-const GENERATED_STREAM: u64 = 0x5641_4C5F_4745_4E44;
+pub(crate) const NOISE_STREAM: u64 = 0x5641_4C5F_4E4F_4953;
+pub(crate) const GENERATED_STREAM: u64 = 0x5641_4C5F_4745_4E44;
 
 /// The held-out items and the schedule they are evaluated on.
 pub struct Validation {
-    pub(super) plan: ValidationPlan,
-    pub(super) items: Vec<TrainItem>,
-}
-
-/// What a run trains on and validates on.
-pub(super) struct RunData {
-    /// Training items, each `num_repeats` times.
-    pub(super) items: Vec<TrainItem>,
-    pub(super) batch_size: usize,
-    pub(super) validation: Option<Validation>,
+    /// When to evaluate, at which timesteps, with which seed.
+    pub plan: ValidationPlan,
+    /// The held-out items.
+    pub items: Vec<TrainItem>,
 }
 
 /// Items, each with how many times an epoch repeats it.
@@ -78,100 +64,6 @@ pub fn hold_out<T>(
     Ok((train, validation))
 }
 
-/// The training items of `plan` and its validation items (with `[validation]` scheduled).
-pub(super) fn load_run_data(
-    plan: &RunPlan,
-    cfg: &WanConfig,
-    device: &Device,
-    log: &mut dyn FnMut(LogLevel, String),
-) -> anyhow::Result<RunData> {
-    let v = plan.validation.as_ref();
-    let (items, batch_size, mut validation) = match &plan.dataset.source {
-        DatasetSource::Synthetic => {
-            let items = demo_items(cfg, plan.training.seed, device)?;
-            // Generated data has no held-out files: fresh clips from the same generator are the held-out set.
-            let fresh = match v {
-                Some(v) if v.split.is_none() => {
-                    let mut clips = demo_items(cfg, mix(v.seed, GENERATED_STREAM), device)?;
-                    clips.truncate((DEMO_CLIPS / 4).max(1));
-                    clips
-                }
-                _ => Vec::new(),
-            };
-            (items.into_iter().map(|i| (i, 1)).collect(), 1, fresh)
-        }
-        DatasetSource::Config(path) => {
-            let models = CacheModels {
-                vae: plan.model.vae.as_deref(),
-                text_encoder: plan.model.text_encoder.as_deref(),
-                dit: match &plan.model.source {
-                    ModelSource::File(path) => Some(path.as_path()),
-                    ModelSource::Demo => None,
-                },
-                clip: plan.model.clip.as_deref(),
-            };
-            let cached = load_cached_items(path, cfg, models, v.is_some(), device)?;
-            if v.is_none() && cached.validation_datasets > 0 {
-                log(
-                    LogLevel::Info,
-                    "the dataset config's [[validation_datasets]] are not evaluated: set \
-                     validation.validate_every_n_steps to see a validation loss"
-                        .into(),
-                );
-            }
-            if let Some(v) = v {
-                if v.split.is_none() && cached.validation.is_empty() {
-                    anyhow::bail!("{}", nothing_to_validate(path));
-                }
-            }
-            (cached.items, cached.batch_size, cached.validation)
-        }
-    };
-    let items = match v.and_then(|v| v.split.map(|s| (s, v.seed))) {
-        Some((split, seed)) => {
-            let (train, held) = hold_out(items, split, seed)?;
-            validation.extend(held);
-            train
-        }
-        None => items,
-    };
-    let items = items
-        .into_iter()
-        .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
-        .collect();
-    let validation = v.map(|plan| Validation {
-        plan: plan.clone(),
-        items: validation,
-    });
-    if let Some(v) = &validation {
-        log(
-            LogLevel::Info,
-            format!(
-                "validation: {} held-out item{} at {} timestep{}",
-                v.items.len(),
-                if v.items.len() == 1 { "" } else { "s" },
-                v.plan.sigmas.len(),
-                if v.plan.sigmas.len() == 1 { "" } else { "s" }
-            ),
-        );
-    }
-    Ok(RunData {
-        items,
-        batch_size,
-        validation,
-    })
-}
-
-fn nothing_to_validate(dataset_toml: &Path) -> String {
-    format!(
-        "validation is scheduled ([validation] validate_every_n_steps, validate_every_n_epochs or \
-         validate_at_save) but there is nothing to evaluate: add [[validation_datasets]] to the dataset config \
-         (cached like [[datasets]], by the same `framesmith cache` commands), or set validation.validation_split \
-         = 0.1 to hold out a tenth of the training items: {}",
-        dataset_toml.display()
-    )
-}
-
 impl Trainer {
     /// Whether an evaluation falls on the step just completed.
     pub fn validation_due(&self) -> bool {
@@ -192,51 +84,10 @@ impl Trainer {
             return Ok(None);
         };
         let started = Instant::now();
-        let sigmas = v.plan.sigmas.clone();
-        // With both Wan2.2 experts, each timestep is evaluated by its own expert: the one on the GPU first.
-        let (sides, boundary) = match &self.low_noise {
-            Some(low) => {
-                let current = low.model.is_parked();
-                (vec![current, !current], low.boundary)
-            }
-            None => (vec![true], f64::NEG_INFINITY),
-        };
-        let mut sum = 0f64;
-        for high in sides {
-            self.use_expert(high)?;
-            let Some(v) = &self.validation else {
-                return Ok(None);
-            };
-            for (i, item) in v.items.iter().enumerate() {
-                for (k, &t) in sigmas.iter().enumerate() {
-                    let draw = TimestepDraw {
-                        t,
-                        model_timestep: t * NUM_TRAIN_TIMESTEPS as f64 + 1.0,
-                    };
-                    if is_high_noise(&draw, boundary) != high {
-                        continue;
-                    }
-                    let pair = (i * sigmas.len() + k) as u64;
-                    let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
-                    let flow = self.flow_batch(&[item], &[draw], rng)?;
-                    let flow = self.on_expert_device(high, flow)?;
-                    let loss = forward_loss(
-                        self.expert(high)?,
-                        &flow.inputs,
-                        &flow.target(),
-                        Some(interrupted),
-                    )
-                    .map_err(|e| match e {
-                        StepError::Interrupted => anyhow::Error::new(e),
-                        e => anyhow::Error::new(e).context(format!("validation on {}", item.key)),
-                    })?;
-                    sum += loss as f64;
-                }
-            }
-        }
-        let Some(v) = &self.validation else {
-            return Ok(None);
-        };
+        let sum = self
+            .family
+            .validation_loss(v, &self.timesteps, interrupted)?;
+        let sigmas = &v.plan.sigmas;
         let pairs = (v.items.len() * sigmas.len()).max(1);
         let result = ValidationLoss {
             step: self.step,

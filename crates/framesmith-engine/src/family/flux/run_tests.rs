@@ -36,7 +36,7 @@ pub(super) fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     for (stem, hw, seed) in [("a", (4, 4), 1), ("b", (4, 4), 2), ("c", (4, 6), 3)] {
         image::RgbImage::new(16, 16).save(images.join(format!("{stem}.png")))?;
         std::fs::write(images.join(format!("{stem}.txt")), "a square")?;
-        crate::train::flux_train_tests::cache_flux(&cache, stem, hw, seed)?;
+        crate::family::flux::train_tests::cache_flux(&cache, stem, hw, seed)?;
     }
     let mut config = presets::builtin("demo-cpu")?
         .apply(&RunConfig::default())?

@@ -1,7 +1,7 @@
 //! Wan's samples during training (and the demo model's): clips denoised as `framesmith generate` denoises them
 //! (UniPC, with both Wan2.2 experts each on its side of the boundary), decoded by the Wan VAE or the demo codec
 //! and written as `{stem}.mp4` plus the PNG frames of `{stem}/` for the in-app player. The prompts are encoded
-//! before the DiT loads ([`crate::train::sample_models`], [`crate::train::demo_setup`]).
+//! before the DiT loads ([`crate::family::wan::sample_models`], [`crate::train::demo_setup`]).
 
 use std::path::Path;
 
@@ -9,9 +9,10 @@ use anyhow::Context;
 use candle_core::Tensor;
 
 use crate::demo;
+use crate::family::wan::experts::Experts;
 use crate::generate::denoise::{Denoising, GenerateRequest, ImageConditioning, Solver};
 use crate::generate::pipeline::VaeDecoder;
-use crate::train::samples::{write_frames, SampleFiles, SampleModels, SampleSet, SAMPLE_FPS};
+use crate::train::samples::{write_frames, SampleFiles, SampleSet, SAMPLE_FPS};
 use framesmith_data::video::encode::write_mp4;
 
 /// How latents become frames.
@@ -44,7 +45,7 @@ pub struct ClipSamples {
     pub decoder: Decoder,
 }
 
-impl SampleSet for ClipSamples {
+impl SampleSet<Experts> for ClipSamples {
     fn prompt_count(&self) -> usize {
         self.prompts.len()
     }
@@ -55,7 +56,7 @@ impl SampleSet for ClipSamples {
 
     /// With both Wan2.2 experts, the high-noise expert denoises down to the boundary and the low-noise one from
     /// there, each brought onto the GPU in turn; each step starts from a trimmed memory pool, as `generate` does.
-    fn denoise(&self, i: usize, models: &mut SampleModels<'_>) -> anyhow::Result<Tensor> {
+    fn denoise(&self, i: usize, models: &mut Experts) -> anyhow::Result<Tensor> {
         let p = &self.prompts[i];
         let request = GenerateRequest {
             context: &p.context,

@@ -15,14 +15,13 @@ use crate::generate::flux::{
     FluxImageSettings, FluxPrompt, SettingNames, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
-use crate::train::run_model::RunModel;
-use crate::train::samples::{SampleFiles, SampleModels, SampleSet};
+use crate::train::samples::{SampleFiles, SampleSet};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::load_autoencoder;
-use framesmith_models::flux::FluxConfig;
+use framesmith_models::flux::{Flux, FluxConfig};
 
 /// One image prompt: its text, its encoding and what to sample.
 pub struct ImagePrompt {
@@ -187,7 +186,7 @@ pub fn image_samples(
     }))
 }
 
-impl SampleSet for ImageSamples {
+impl SampleSet<Flux> for ImageSamples {
     fn prompt_count(&self) -> usize {
         self.prompts.len()
     }
@@ -197,10 +196,7 @@ impl SampleSet for ImageSamples {
     }
 
     /// The generator's denoising (streamed blocks come through their streamers as in a training step).
-    fn denoise(&self, i: usize, models: &mut SampleModels<'_>) -> anyhow::Result<Tensor> {
-        let RunModel::Flux { model, .. } = &*models.model else {
-            anyhow::bail!("image samples need a FLUX.1 run");
-        };
+    fn denoise(&self, i: usize, model: &mut Flux) -> anyhow::Result<Tensor> {
         let p = &self.prompts[i];
         denoise_image(
             model,

@@ -11,8 +11,8 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::family::flux::train::{dev_config, flux_batch, is_flux_file, load_flux_items};
 use crate::train::data::TrainSet;
-use crate::train::flux::{dev_config, flux_batch, is_flux_file, load_flux_items};
 use crate::train::optimizer::AdamW;
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
 use crate::train::timesteps::sample_timesteps;

@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
-use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::cache::parse_latent_cache_name;
 use framesmith_data::flux_cache::{
     flux_text_cache_name, parse_flux_latent_cache_name, read_flux_latent_cache,
@@ -39,17 +39,11 @@ pub fn is_flux_file(path: &Path) -> bool {
     )
 }
 
-/// The family of the run `config` describes, for [`framesmith_config::validate_for`]: FLUX.1 when `model.dit` is a
-/// FLUX.1 file of any kind (as [`flux_dit_of`] decides), else Wan.
-pub fn model_family(config: &RunConfig) -> ModelFamily {
+/// Whether the run `config` describes trains FLUX.1: its `model.dit` is a FLUX.1 file of any kind (as
+/// [`flux_dit_of`] decides).
+pub fn is_flux_run(config: &RunConfig) -> bool {
     let dit = &config.model.dit;
-    let flux =
-        !config.model.demo && !dit.as_os_str().is_empty() && !dit.is_dir() && is_flux_file(dit);
-    if flux {
-        ModelFamily::Flux
-    } else {
-        ModelFamily::Wan
-    }
+    !config.model.demo && !dit.as_os_str().is_empty() && !dit.is_dir() && is_flux_file(dit)
 }
 
 /// The run's `model.dit` when it is a FLUX.1 file (of any kind: [`dev_config`] says when it is not dev's DiT).

@@ -8,6 +8,8 @@
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
+use crate::family::wan::mode::start_image;
+use crate::family::wan::samples::{Decoder, SamplePrompt};
 use crate::generate::denoise::{ImageConditioning, Solver};
 use crate::generate::pipeline::{
     fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
@@ -16,8 +18,6 @@ use crate::generate::prompts::{read_prompt_file, PromptSpec};
 use crate::generate::start_image::{
     clip_features, image_channels, image_conditioning, load_start_image,
 };
-use crate::train::clip_samples::{Decoder, SamplePrompt};
-use crate::train::mode::start_image;
 use framesmith_config::catalog::StartImage;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;

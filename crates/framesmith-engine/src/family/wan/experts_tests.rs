@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 
+use crate::family::wan::run::WanRun;
 use crate::train::i2v_tests::{dataset, write_musubi_caches, MusubiItem};
 use crate::train::tests::{all_lora_values, try_start};
 use framesmith_config::run::{Checkpointing, ExpertMode};
@@ -158,9 +159,14 @@ fn own_device_learns_what_parking_does(mode: ExpertMode) -> anyhow::Result<()> {
         names.contains(&"high_noise") && names.contains(&"low_noise"),
         "{names:?}"
     );
-    let low = second.low_noise.as_ref().expect("two experts");
+    let low = second
+        .family_run::<WanRun>()
+        .experts
+        .low_noise
+        .as_ref()
+        .expect("two experts");
     assert_eq!(second.expert_switches(), 0);
-    assert!(!low.model.is_parked() && !second.model.wan()?.is_parked());
+    assert!(!low.model.is_parked() && !second.family_run::<WanRun>().experts.model.is_parked());
     match mode {
         ExpertMode::Joint => {
             let mirror = low.mirror.as_ref().expect("joint has a mirror");
@@ -196,16 +202,29 @@ fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
     let mut trainer = try_start(&config(dir.path(), ExpertMode::Joint, 4)?, None)?;
     for _ in 0..4 {
         let report = trainer.train_step(&|| false)?;
-        let low = trainer.low_noise.as_ref().expect("two experts");
-        assert_ne!(trainer.model.wan()?.is_parked(), low.model.is_parked());
+        let low = trainer
+            .family_run::<WanRun>()
+            .experts
+            .low_noise
+            .as_ref()
+            .expect("two experts");
+        assert_ne!(
+            trainer.family_run::<WanRun>().experts.model.is_parked(),
+            low.model.is_parked()
+        );
         let expert = report.expert.expect("the step names its expert");
         assert_eq!(expert.name == "high_noise", low.model.is_parked());
         assert_eq!(expert.switches, trainer.expert_switches());
         assert_eq!(expert.switches > 0, expert.switch_secs > 0.0);
     }
-    let low = trainer.low_noise.as_ref().expect("two experts");
+    let low = trainer
+        .family_run::<WanRun>()
+        .experts
+        .low_noise
+        .as_ref()
+        .expect("two experts");
     let path = "blocks.0.self_attn.q";
-    let on_high = trainer.model.wan()?.blocks()[0]
+    let on_high = trainer.family_run::<WanRun>().experts.model.blocks()[0]
         .self_attn
         .q
         .lora()

@@ -1,0 +1,51 @@
+//! The FLUX.1 [dev] family: which runs are FLUX.1's and its cached items and batch ([`train`]), a run's setup
+//! ([`setup`]), micro-step and samples ([`run`], [`samples`]).
+
+use crate::family::Family;
+use crate::train::setup::RunParts;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+
+pub mod run;
+pub mod samples;
+mod setup;
+pub mod train;
+
+#[cfg(test)]
+mod run_tests;
+#[cfg(test)]
+mod samples_tests;
+#[cfg(test)]
+mod step_tests;
+#[cfg(test)]
+mod streaming_tests;
+#[cfg(test)]
+mod train_tests;
+
+/// FLUX.1 [dev]: the runs whose `model.dit` is a FLUX.1 file of any kind.
+pub struct FluxFamily;
+
+impl Family for FluxFamily {
+    fn name(&self) -> &'static str {
+        "FLUX.1"
+    }
+
+    fn claims(&self, config: &RunConfig) -> bool {
+        train::is_flux_run(config)
+    }
+
+    fn config_family(&self) -> ModelFamily {
+        ModelFamily::Flux
+    }
+
+    fn start_run(
+        &self,
+        plan: &RunPlan,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<RunParts> {
+        let Some(dit) = train::flux_dit_of(plan) else {
+            anyhow::bail!("model.dit is not a FLUX.1 file; point it at flux1-dev.safetensors");
+        };
+        setup::start_run(plan, &dit, log)
+    }
+}

@@ -1,0 +1,214 @@
+//! A FLUX.1 [dev] run's part built from a validated plan whose `model.dit` is a FLUX.1 file: the FLUX.1 DiT, LoRA
+//! on its double- and single-stream blocks under sd-scripts' names, items from `_flux` caches, block streaming
+//! over both block kinds in `memory.flux_stream_order`, the memory plan (which picks `blocks_to_swap = "auto"`),
+//! and samples during training ([`crate::family::flux::samples`]); the trainer does the rest as for any family,
+//! the micro-step being [`crate::family::flux::run`]'s. The Wan-only
+//! settings a FLUX.1 run cannot take (validation among them, for now) are refused by the config validator
+//! (`validate_for` with the FLUX.1 family) before this runs.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::Device;
+
+use crate::family::flux::run::FluxRun;
+use crate::family::flux::samples::image_samples;
+use crate::family::flux::train::{dev_config, load_flux_items, FluxItems};
+use crate::plan as memory_plan;
+use crate::train::data::TrainSet;
+use crate::train::setup::{
+    device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
+    start_loras, streamed_count, RunParts,
+};
+use framesmith_config::plan::DatasetSource;
+use framesmith_config::protocol::memory::PlanReport;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::RunPlan;
+use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
+use framesmith_models::flux::{Flux, FluxConfig};
+use framesmith_models::trainable::attach_model_loras;
+use framesmith_nn::offload::OffloadOptions;
+
+/// Pixels per latent pixel of the FLUX.1 autoencoder.
+const AUTOENCODER_FACTOR: usize = 8;
+
+/// The name runs and LoRA metadata give the base model.
+const BASE_NAME: &str = "FLUX.1 [dev]";
+
+/// The LoRA file's metadata: every family's keys with FLUX.1's network module, architecture and numerics.
+fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
+    let mut meta = lora_metadata(plan, BASE_NAME, "https://github.com/black-forest-labs/flux");
+    for (key, value) in [
+        ("ss_network_module", "networks.lora_flux"),
+        ("modelspec.architecture", "flux-1-dev/lora"),
+        ("ss_guidance_scale", "1.0"),
+        ("framesmith.model_timestep", "t+0.001"),
+        ("framesmith.training_mode", "text_to_image"),
+    ] {
+        meta.insert(key.into(), value.into());
+    }
+    // musubi-tuner's spelling (`flux_shift`), as the config takes it.
+    if let Ok(serde_json::Value::String(name)) =
+        serde_json::to_value(plan.training.timesteps.sampling)
+    {
+        meta.insert("ss_timestep_sampling".into(), name);
+    }
+    meta
+}
+
+/// The clip a FLUX.1 run's steps see: the largest cached latent (× the autoencoder's 8) and the batch size.
+fn largest_clip(items: &FluxItems) -> anyhow::Result<memory_plan::ClipShape> {
+    let mut largest = (0, 0);
+    for (item, _) in &items.items {
+        let (_, _, h, w) = item.latents.dims4()?;
+        if h * w > largest.0 * largest.1 {
+            largest = (h, w);
+        }
+    }
+    Ok(memory_plan::ClipShape {
+        width: largest.1 * AUTOENCODER_FACTOR,
+        height: largest.0 * AUTOENCODER_FACTOR,
+        frames: 1,
+        batch: items.batch_size.max(1),
+    })
+}
+
+/// The memory plan of a CUDA FLUX.1 run (`None` elsewhere), made before the DiT takes device memory: it picks
+/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
+fn flux_memory_report(
+    plan: &RunPlan,
+    cfg: &FluxConfig,
+    clip: memory_plan::ClipShape,
+    device: &Device,
+) -> Option<Result<PlanReport, String>> {
+    if !(device.is_cuda() && plan.memory.applies) {
+        return None;
+    }
+    let model = memory_plan::PlanModel::Flux {
+        config: cfg.clone(),
+        order: plan.memory.flux_stream_order,
+    };
+    Some(memory_plan::plan_run(plan, model, clip).map_err(|e| e.to_string()))
+}
+
+/// The streamed blocks (`memory.flux_stream_order`) and ring settings of a CUDA FLUX.1 run, the count from the
+/// memory plan when it is `"auto"`; `None` when nothing streams (streaming off, a CPU run, or no block to stream).
+fn flux_streaming(
+    plan: &RunPlan,
+    cfg: &FluxConfig,
+    device: &Device,
+    memory: Option<&Result<PlanReport, String>>,
+) -> anyhow::Result<Option<(Vec<usize>, OffloadOptions)>> {
+    let blocks = cfg.depth + cfg.depth_single_blocks;
+    let model = format!(
+        "FLUX.1 has {blocks} blocks ({} double-stream, {} single-stream)",
+        cfg.depth, cfg.depth_single_blocks
+    );
+    Ok(
+        streamed_count(plan, device, memory, blocks, &model)?.map(|(count, offload)| {
+            (
+                memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
+                offload,
+            )
+        }),
+    )
+}
+
+/// Says how many blocks of each kind stream, when some do.
+fn log_flux_streaming(model: &Flux, plan: &RunPlan, log: &mut dyn FnMut(LogLevel, String)) {
+    let cfg = model.config();
+    for streamer in model.streamers() {
+        let double = (0..cfg.depth).any(|i| streamer.is_streamed(i));
+        let (kind, of) = if double {
+            ("double-stream", cfg.depth)
+        } else {
+            ("single-stream", cfg.depth_single_blocks)
+        };
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {of} {kind} blocks from host RAM ({} mode, {:.1} MiB each; order {})",
+                streamer.count(),
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+                plan.memory.flux_stream_order.as_str()
+            ),
+        );
+    }
+}
+
+/// Builds a FLUX.1 [dev] run's part from a validated plan whose `model.dit` is the FLUX.1 file `dit`.
+pub(super) fn start_run(
+    plan: &RunPlan,
+    dit: &Path,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    let cfg = dev_config(dit)?;
+    let DatasetSource::Config(dataset) = &plan.dataset.source else {
+        anyhow::bail!(
+            "a FLUX.1 run trains on a dataset config: set dataset.config to a musubi-tuner image dataset TOML \
+             (dataset.synthetic is for the demo model)"
+        );
+    };
+    let device = device_for(plan)?;
+    let cached = load_flux_items(dataset, &cfg, &device)?;
+    // Planned before the reservation and the DiT take the card's memory.
+    let memory = flux_memory_report(plan, &cfg, largest_clip(&cached)?, &device);
+    let report = memory.as_ref().and_then(|m| m.as_ref().ok());
+    if let Some(report) = report {
+        log_plan(report, log);
+    }
+    let vram_reservation = reserve_budget(plan, &device)?;
+    let dtype = float_dtype(plan.model.compute_dtype);
+    let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+    // Before the DiT: the text encoders' memory is free again by the time the DiT takes its own.
+    let samples = image_samples(plan, &cfg, (dtype, &device), log)?;
+    let (streamed, offload) =
+        flux_streaming(plan, &cfg, &device, memory.as_ref())?.unwrap_or_default();
+    let mut model = load_dit_streamed(
+        dit,
+        Some(FluxVariant::Dev),
+        (dtype, &device),
+        fp8,
+        plan.model.fp8_matmul,
+        &streamed,
+        &offload,
+    )?;
+    log(
+        LogLevel::Info,
+        format!("model: {BASE_NAME} on {}", device_label(&device)),
+    );
+    log(
+        LogLevel::Info,
+        "training mode: text-to-image, guidance 1.0".into(),
+    );
+    log_flux_streaming(&model, plan, log);
+    let items = cached
+        .items
+        .into_iter()
+        .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
+        .collect();
+    let data = TrainSet::new(items, cached.batch_size, 1, plan.training.seed)?;
+    let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
+    start_loras(
+        plan,
+        &loras,
+        &device,
+        "a FLUX.1 [dev] LoRA .safetensors with this run's modules (one Framesmith, musubi-tuner or sd-scripts \
+         saved)",
+        log,
+    )?;
+    Ok(RunParts {
+        family: Box::new(FluxRun {
+            model,
+            dtype,
+            samples,
+        }),
+        loras,
+        data,
+        metadata: flux_lora_metadata(plan),
+        validation: None,
+        report: memory.and_then(Result::ok),
+        vram_reservation,
+    })
+}

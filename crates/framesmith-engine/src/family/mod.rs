@@ -1,0 +1,127 @@
+//! Model families, the engine's one axis (DESIGN.md §4.8). Everything model-specific goes through two traits:
+//! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the memory plan, the cached
+//! items, the LoRA and its metadata, samples) and [`FamilyRun`] (the family's models in a started run: the
+//! micro-step, validation, samples, a second expert or device). Adding a family is a folder here, an impl of both
+//! and one line in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
+
+use std::path::Path;
+
+use candle_core::Device;
+use rand::rngs::StdRng;
+
+use crate::train::data::TrainItem;
+use crate::train::optimizer::AdamW;
+use crate::train::samples::SampleFiles;
+use crate::train::setup::RunParts;
+use crate::train::step::{StepError, StepOptions, StepOutput};
+use crate::train::trainer::ExpertStep;
+use crate::train::validation::Validation;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::training::TimestepConfig;
+use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_nn::lora::LoraSet;
+
+pub mod flux;
+pub mod wan;
+
+/// A model family: which runs are its own and how one of them starts.
+pub trait Family: Sync {
+    /// The family's name in logs and errors (`Wan`, `FLUX.1`).
+    fn name(&self) -> &'static str;
+    /// Whether the run `config` describes trains this family's model (what its `model.dit` file is).
+    fn claims(&self, config: &RunConfig) -> bool;
+    /// The settings the config validator checks this family's runs for.
+    fn config_family(&self) -> ModelFamily;
+    /// The family's part of a run from a plan validated for it: the device opened, the model loaded (streamed
+    /// and in FP8 as the plan says), the LoRA attached, the training items loaded, the samples prepared.
+    fn start_run(
+        &self,
+        plan: &RunPlan,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<RunParts>;
+}
+
+/// Every family, in the order they are asked whether a run is theirs; the last takes any run no other claims.
+static FAMILIES: [&dyn Family; 2] = [&flux::FluxFamily, &wan::WanFamily];
+
+/// The family the run `config` trains.
+pub fn family_of(config: &RunConfig) -> &'static dyn Family {
+    FAMILIES
+        .iter()
+        .find(|f| f.claims(config))
+        .copied()
+        .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// What a micro-step needs from the run besides its batch.
+pub struct StepContext<'a> {
+    /// How timesteps are drawn and weighted (`[training.timesteps]`).
+    pub timesteps: &'a TimestepConfig,
+    /// The run's LoRA (the only one, or the first of two).
+    pub loras: &'a LoraSet,
+    /// The run's memory settings and the cancel poll.
+    pub options: &'a StepOptions<'a>,
+}
+
+/// What one micro-step did.
+pub struct MicroStep {
+    /// Whether it ran through the run's second model (Wan2.2 A14B's low-noise expert), whose LoRA, when it has
+    /// its own ([`FamilyRun::second_lora`]), takes its gradients.
+    pub second: bool,
+    /// The step's output (its gradients on the first model's device), or why there is none.
+    pub result: Result<StepOutput, StepError>,
+}
+
+/// A family's models in a started run: what the trainer asks of them, the same for every family.
+pub trait FamilyRun {
+    /// The device the run's (first) model computes on; its LoRA and optimizer live there.
+    fn device(&self) -> &Device;
+    /// A second device the run computes on (a low-noise expert on a GPU of its own).
+    fn second_device(&self) -> Option<&Device> {
+        None
+    }
+    /// A second LoRA, trained with its own optimizer beside the first (Wan2.2 A14B's `split` experts).
+    fn second_lora(&self) -> Option<&(LoraSet, AdamW)> {
+        None
+    }
+    /// [`FamilyRun::second_lora`], mutable.
+    fn second_lora_mut(&mut self) -> Option<&mut (LoraSet, AdamW)> {
+        None
+    }
+    /// Sets the copies of `loras` on other devices equal to it (after an update or a resume).
+    fn sync_lora(&self, _loras: &LoraSet) -> anyhow::Result<()> {
+        Ok(())
+    }
+    /// One micro-batch: its timesteps and noise drawn from `rng`, the family's batch, the checkpointed step.
+    fn micro_step(
+        &mut self,
+        batch: &[&TrainItem],
+        rng: &mut StdRng,
+        ctx: &StepContext<'_>,
+    ) -> anyhow::Result<MicroStep>;
+    /// The experts' part of a step's report, the last micro-step having run on the `second` model (`None` for a
+    /// run of one model).
+    fn expert_step(&self, _second: bool) -> Option<ExpertStep> {
+        None
+    }
+    /// How many times two models changed places on the GPU (0 for a run of one model).
+    fn expert_switches(&self) -> usize {
+        0
+    }
+    /// The summed loss over `validation`'s items × its timesteps, forward only, with the LoRA as it is now.
+    fn validation_loss(
+        &mut self,
+        validation: &Validation,
+        timesteps: &TimestepConfig,
+        interrupted: &dyn Fn() -> bool,
+    ) -> anyhow::Result<f64>;
+    /// How many samples the run makes each time (0 without samples).
+    fn sample_count(&self) -> usize;
+    /// The prompt of sample `i`.
+    fn sample_prompt(&self, i: usize) -> &str;
+    /// Makes sample `i` with the LoRA being trained, written into `dir` under the name `stem`.
+    fn sample(&mut self, i: usize, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles>;
+    /// The run's models as `Any`, for tests that look inside them.
+    #[cfg(test)]
+    fn as_any(&self) -> &dyn std::any::Any;
+}

@@ -1,0 +1,44 @@
+//! The Wan family (Wan2.1, Wan2.2 and the built-in demo model, a tiny Wan): its runs' setup ([`setup`]), data
+//! ([`data`]), micro-step, validation and samples ([`run`]), training mode ([`mode`]), Wan2.2 A14B's two experts
+//! ([`experts`]) and the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]).
+
+use crate::family::Family;
+use crate::train::setup::RunParts;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+
+pub mod data;
+pub mod experts;
+pub mod mode;
+pub mod run;
+pub mod sample_models;
+pub mod samples;
+mod setup;
+
+#[cfg(test)]
+mod experts_tests;
+
+/// Wan models: the family that takes every run no other family claims (the demo model's among them).
+pub struct WanFamily;
+
+impl Family for WanFamily {
+    fn name(&self) -> &'static str {
+        "Wan"
+    }
+
+    fn claims(&self, _config: &RunConfig) -> bool {
+        true
+    }
+
+    fn config_family(&self) -> ModelFamily {
+        ModelFamily::Wan
+    }
+
+    fn start_run(
+        &self,
+        plan: &RunPlan,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<RunParts> {
+        setup::start_run(plan, log)
+    }
+}
