@@ -1,7 +1,8 @@
 //! The dependency rules of DESIGN.md §3. Most are facts of the crate graph, read here from the workspace's
 //! manifests: the app never reaches candle; config reaches neither candle nor egui; nothing below the app reaches
 //! egui/eframe; only `framesmith-nn` turns CUDA on in candle. The rest are rules about code, checked by scanning
-//! sources: models and nn know nothing of channels or logging, and the app names no tensors.
+//! sources: models and nn know nothing of channels or logging, the app names no tensors, and no code outside nn
+//! asks whether the build has CUDA.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -261,6 +262,48 @@ fn the_app_never_names_tensors() {
     assert!(
         bad.is_empty(),
         "the app must talk to the engine only through the protocol:\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Lines (comments dropped) of every Rust file under `dir`, tests included, that mention any of `needles`.
+fn mentions(dir: &Path, needles: &[&str]) -> Vec<String> {
+    let mut found = Vec::new();
+    for file in rust_files(dir) {
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or_default();
+            if needles.iter().any(|n| code.contains(n)) {
+                found.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn only_nn_asks_whether_this_build_has_cuda() {
+    // The bench's CUDA-only benchmarks move behind `framesmith_nn::device` next.
+    let others = ["framesmith-nn", "framesmith-bench"];
+    let mut dirs = vec![workspace().join("src")];
+    for entry in std::fs::read_dir(workspace().join("crates"))
+        .unwrap()
+        .flatten()
+    {
+        if !others.iter().any(|n| entry.file_name() == *n) {
+            dirs.push(entry.path());
+        }
+    }
+    let needles = [
+        "feature = \"cuda\"",
+        "feature = \"cudnn\"",
+        "framesmith_nn::cuda",
+    ];
+    let bad: Vec<String> = dirs.iter().flat_map(|d| mentions(d, &needles)).collect();
+    assert!(
+        bad.is_empty(),
+        "device code lives in framesmith-nn behind `framesmith_nn::device` (DESIGN.md §3): ask it, not a cfg on \
+         CUDA:\n{}",
         bad.join("\n")
     );
 }

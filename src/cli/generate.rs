@@ -21,11 +21,11 @@ use framesmith_engine::generate::start_image::{
     StartImageError,
 };
 use framesmith_engine::plan::vae_for;
-use framesmith_engine::train::setup::{hold_vram_budget, VramHold, VramUse};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
 use framesmith_models::wan::{weights, ModelOptions, ModelType, WanConfig, WanModel};
+use framesmith_nn::device::{hold_vram_budget, VramHold, VramUse};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{

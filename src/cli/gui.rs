@@ -121,7 +121,7 @@ impl Backend for EngineBackend {
     fn validate(&self, config: &RunConfig) -> Vec<FieldIssue> {
         // Validation runs on a job thread; counting CUDA devices (and reading model.dit's header for the family)
         // there never stalls the UI.
-        let host = HostInfo::new(framesmith_engine::train::setup::cuda_device_count());
+        let host = HostInfo::new(framesmith_nn::device::usable_count());
         let family = framesmith_engine::family::family_of(config).config_family();
         match validate_for(config, &host, family) {
             Ok(_) => Vec::new(),

@@ -3,10 +3,10 @@
 
 use std::io::IsTerminal;
 
-use anyhow::Context;
 use candle_core::{DType, Device};
 use clap::ValueEnum;
 use framesmith_config::run::DeviceSpec;
+use framesmith_nn::device::DeviceError;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Floating-point dtype of model weights and activations.
@@ -21,17 +21,15 @@ pub enum DtypeArg {
 pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
     let ordinal = match spec {
         DeviceSpec::Cpu => return Ok(Device::Cpu),
-        DeviceSpec::Auto if framesmith_engine::train::setup::cuda_device_count() == 0 => {
-            return Ok(Device::Cpu)
-        }
+        DeviceSpec::Auto if framesmith_nn::device::usable_count() == 0 => return Ok(Device::Cpu),
         DeviceSpec::Auto => 0,
         DeviceSpec::Cuda(i) => i,
     };
-    if let Some(why) = framesmith_nn::driver::nvidia_driver_missing() {
-        anyhow::bail!("cannot open CUDA device {ordinal}: {why}");
-    }
-    Device::new_cuda(ordinal).with_context(|| {
-        format!("cannot open CUDA device {ordinal}; pass --device cpu, or check the NVIDIA driver and that this build has CUDA")
+    framesmith_nn::device::open_cuda(ordinal).map_err(|e| match e {
+        DeviceError::DriverMissing(why) => anyhow::anyhow!("cannot open CUDA device {ordinal}: {why}"),
+        e => anyhow::Error::new(e).context(format!(
+            "cannot open CUDA device {ordinal}; pass --device cpu, or check the NVIDIA driver and that this build has CUDA"
+        )),
     })
 }
 

@@ -6,6 +6,7 @@ pub mod bytes;
 pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+pub mod device;
 pub mod driver;
 pub mod fp8;
 pub mod init;

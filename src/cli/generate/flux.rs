@@ -13,13 +13,13 @@ use framesmith_engine::generate::flux::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
-use framesmith_engine::train::setup::{hold_vram_budget, VramUse};
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::{
     identify_expected, load_autoencoder, load_dit, FluxComponent, FluxFile, FluxKind, FluxVariant,
 };
 use framesmith_models::flux::FluxConfig;
 use framesmith_models::identify::{identify, IdentifyError, ModelFile};
+use framesmith_nn::device::{hold_vram_budget, VramUse};
 
 use super::{loras_as_one, timing_line, GenerateArgs};
 use crate::cli::models::{open_device, pick_dtype, progress_bar};

@@ -1,13 +1,14 @@
 //! Reads the system check's facts: this build's features, the driver and GPUs (NVML, loaded at run time, with the
-//! `telemetry` feature), the CUDA side of a GPU build (`framesmith_nn::cuda::libraries`), and ffmpeg as the
+//! `telemetry` feature), the CUDA side of a GPU build (`framesmith_nn::device::cuda_libraries`), and ffmpeg as the
 //! dataset reader finds it. RAM, the page-locked limit and the disk are in `host`. Every reader turns what it
 //! cannot read into a reason in the facts, never an error.
 
 use std::path::Path;
 
 use framesmith_config::protocol::doctor::{
-    BuildFacts, GpuScan, MediaFacts, SystemFacts, ToolFacts,
+    BuildFacts, CudaFacts, GpuScan, LibraryFacts, MediaFacts, SystemFacts, ToolFacts,
 };
+use framesmith_nn::device::Library;
 
 use super::host;
 
@@ -18,7 +19,7 @@ pub fn gather(output_dir: &Path) -> SystemFacts {
     SystemFacts {
         build: build(),
         gpus,
-        cuda: cuda::facts(),
+        cuda: cuda_facts(),
         memory: host::memory(),
         media: media(),
         disk: host::disk(output_dir),
@@ -29,8 +30,8 @@ fn build() -> BuildFacts {
     BuildFacts {
         version: env!("CARGO_PKG_VERSION").into(),
         platform: format!("{} {}", std::env::consts::OS, std::env::consts::ARCH),
-        cuda: cfg!(feature = "cuda"),
-        cudnn: cfg!(feature = "cudnn"),
+        cuda: framesmith_nn::device::CUDA_BUILD,
+        cudnn: framesmith_nn::device::CUDNN_BUILD,
         reads_machine: cfg!(feature = "telemetry"),
     }
 }
@@ -150,43 +151,26 @@ fn media() -> MediaFacts {
     }
 }
 
-#[cfg(feature = "cuda")]
-mod cuda {
-    use framesmith_config::protocol::doctor::{CudaFacts, LibraryFacts};
-    use framesmith_nn::cuda::libraries::{self, Library};
-
-    /// The devices CUDA counts and the libraries' versions, with the file each was loaded from (Linux).
-    pub(super) fn facts() -> Option<CudaFacts> {
-        let (device_count, device_error) = match libraries::device_count() {
-            Ok(n) => (Some(n), None),
-            Err(err) => (None, Some(err)),
-        };
-        let linked = libraries::linked();
-        #[cfg(feature = "cudnn")]
-        let cudnn = Some(libraries::cudnn());
-        #[cfg(not(feature = "cudnn"))]
-        let cudnn: Option<Library> = None;
-        // Read after cuDNN was opened, so its file is mapped too.
-        let maps = super::host::loaded_files();
-        let facts = |lib: Library| LibraryFacts {
-            name: lib.name.into(),
-            path: super::host::loaded_path(&maps, lib.file_prefix),
-            version: lib.version.as_ref().ok().cloned(),
-            error: lib.version.err(),
-        };
-        Some(CudaFacts {
-            device_count,
-            device_error,
-            libraries: linked.into_iter().map(facts).collect(),
-            cudnn: cudnn.map(facts),
-        })
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-mod cuda {
-    /// A build without CUDA has no CUDA facts.
-    pub(super) fn facts() -> Option<framesmith_config::protocol::doctor::CudaFacts> {
-        None
-    }
+/// The devices CUDA counts and the libraries' versions, with the file each was loaded from (Linux); `None` in a
+/// build without CUDA.
+fn cuda_facts() -> Option<CudaFacts> {
+    let libraries = framesmith_nn::device::cuda_libraries()?;
+    let (device_count, device_error) = match libraries.device_count {
+        Ok(n) => (Some(n), None),
+        Err(err) => (None, Some(err)),
+    };
+    // Read after cuDNN was opened, so its file is mapped too.
+    let maps = host::loaded_files();
+    let facts = |lib: Library| LibraryFacts {
+        name: lib.name.into(),
+        path: host::loaded_path(&maps, lib.file_prefix),
+        version: lib.version.as_ref().ok().cloned(),
+        error: lib.version.err(),
+    };
+    Some(CudaFacts {
+        device_count,
+        device_error,
+        libraries: libraries.linked.into_iter().map(facts).collect(),
+        cudnn: libraries.cudnn.map(facts),
+    })
 }

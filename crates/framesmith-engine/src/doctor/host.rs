@@ -174,14 +174,12 @@ fn unescape_mount(field: &str) -> String {
 }
 
 /// The process's memory mappings (Linux), to tell where each shared library was loaded from; empty elsewhere.
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn loaded_files() -> String {
     std::fs::read_to_string("/proc/self/maps").unwrap_or_default()
 }
 
 /// The first mapped file whose name starts with `prefix` (`libcublas.so` matches `libcublas.so.13.0.0.19`,
 /// not `libcublasLt.so.13`).
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
 pub fn loaded_path(maps: &str, prefix: &str) -> Option<PathBuf> {
     maps.lines()
         .filter_map(|line| line.find('/').map(|start| Path::new(&line[start..])))

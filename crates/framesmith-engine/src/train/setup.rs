@@ -25,6 +25,7 @@ use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
 use framesmith_config::{validate_for, HostInfo, RunPlan};
 use framesmith_nn::collective::broadcast_tensors;
+use framesmith_nn::device::{DeviceError, VramHold};
 use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
@@ -32,21 +33,6 @@ use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
 pub use crate::train::demo_setup::{
     demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,
 };
-
-/// CUDA devices this build can use (0 without the `cuda` feature).
-pub fn cuda_device_count() -> usize {
-    #[cfg(feature = "cuda")]
-    {
-        if framesmith_nn::driver::nvidia_driver_missing().is_some() {
-            return 0;
-        }
-        (0..16).take_while(|&i| Device::new_cuda(i).is_ok()).count()
-    }
-    #[cfg(not(feature = "cuda"))]
-    {
-        0
-    }
-}
 
 pub(crate) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     let device = open_device(plan.device)?;
@@ -58,19 +44,17 @@ pub(crate) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
 
 /// `model.fp8_matmul`: one small FP8 product on `device` before anything loads, so a card or cuBLAS without them
 /// fails here with the fix rather than in the first step.
-#[cfg(feature = "cuda")]
 fn check_fp8_products(device: &Device) -> anyhow::Result<()> {
-    framesmith_nn::cuda::fp8_gemm::probe(device).map_err(|e| {
-        anyhow::anyhow!(
+    match framesmith_nn::device::probe_fp8_matmul(device) {
+        Ok(()) => Ok(()),
+        Err(DeviceError::NotBuilt(_)) => anyhow::bail!(
+            "model.fp8_matmul needs a CUDA build of Framesmith on an NVIDIA GPU: set fp8_matmul = false"
+        ),
+        Err(e) => anyhow::bail!(
             "model.fp8_matmul: this GPU cannot run FP8 matrix products ({e}); they need FP8 tensor cores (Hopper, \
              compute capability 9.0 or newer) and cuBLAS 12.9 or newer: set fp8_matmul = false"
-        )
-    })
-}
-
-#[cfg(not(feature = "cuda"))]
-fn check_fp8_products(_device: &Device) -> anyhow::Result<()> {
-    anyhow::bail!("model.fp8_matmul needs a CUDA build of Framesmith on an NVIDIA GPU: set fp8_matmul = false")
+        ),
+    }
 }
 
 /// Opens `device` (a CUDA one after checking the driver and the card's compute capability).
@@ -78,11 +62,11 @@ pub(crate) fn open_device(device: PlanDevice) -> anyhow::Result<Device> {
     match device {
         PlanDevice::Cpu => Ok(Device::Cpu),
         PlanDevice::Cuda(i) => {
-            if let Some(why) = framesmith_nn::driver::nvidia_driver_missing() {
-                anyhow::bail!("cannot open CUDA device {i}: {why}");
-            }
-            let device = Device::new_cuda(i).with_context(|| {
-                format!("cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver")
+            let device = framesmith_nn::device::open_cuda(i).map_err(|e| match e {
+                DeviceError::DriverMissing(why) => anyhow::anyhow!("cannot open CUDA device {i}: {why}"),
+                e => anyhow::Error::new(e).context(format!(
+                    "cannot open CUDA device {i}; set training.device = \"cpu\" or check the NVIDIA driver"
+                )),
             })?;
             check_compute_capability(&device, i)?;
             Ok(device)
@@ -91,11 +75,9 @@ pub(crate) fn open_device(device: PlanDevice) -> anyhow::Result<Device> {
 }
 
 /// Refuses a card older than the kernels support, naming it, before any kernel is launched on it.
-#[cfg(feature = "cuda")]
 fn check_compute_capability(device: &Device, index: usize) -> anyhow::Result<()> {
     use framesmith_config::protocol::doctor::MIN_COMPUTE_CAPABILITY as MIN;
-    if let Device::Cuda(cuda) = device {
-        let (major, minor) = framesmith_nn::cuda::device::compute_capability(cuda)?;
+    if let Some((major, minor)) = framesmith_nn::device::compute_capability(device)? {
         if (major, minor) < (MIN.major, MIN.minor) {
             anyhow::bail!(
                 "CUDA device {index} has compute capability {major}.{minor}; Framesmith's GPU kernels need {MIN} or \
@@ -103,11 +85,6 @@ fn check_compute_capability(device: &Device, index: usize) -> anyhow::Result<()>
             );
         }
     }
-    Ok(())
-}
-
-#[cfg(not(feature = "cuda"))]
-fn check_compute_capability(_device: &Device, _index: usize) -> anyhow::Result<()> {
     Ok(())
 }
 
@@ -213,83 +190,15 @@ pub(crate) fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String
     }
 }
 
-/// Device memory held back beyond `memory.vram_budget_gb` until dropped, and how much.
-pub struct VramHold {
-    /// Bytes held back.
-    pub bytes: u64,
-    _held: Box<dyn std::any::Any + Send>,
-}
-
 /// Holds back device memory beyond the run's VRAM budget (`memory.vram_budget_gb`) for as long as the returned
 /// value lives, so the run fails where a card of that size would.
 pub(crate) fn reserve_budget(plan: &RunPlan, device: &Device) -> anyhow::Result<Option<VramHold>> {
     match plan.memory.vram_budget_bytes {
-        Some(budget) if plan.memory.applies => hold_vram_budget(device, budget)
-            .context("reserving device memory beyond memory.vram_budget_gb"),
-        _ => Ok(None),
-    }
-}
-
-/// Holds back the memory of a CUDA `device` beyond `budget` bytes for as long as the returned value lives (`None`
-/// off CUDA, or when the card has no more free than that).
-#[cfg(feature = "cuda")]
-pub fn hold_vram_budget(device: &Device, budget: u64) -> anyhow::Result<Option<VramHold>> {
-    let Device::Cuda(cuda) = device else {
-        return Ok(None);
-    };
-    let held = framesmith_nn::cuda::device::VramReservation::leave_budget(cuda, budget)?;
-    Ok(held.map(|h| VramHold {
-        bytes: h.bytes() as u64,
-        _held: Box::new(h),
-    }))
-}
-
-/// Holds nothing: no CUDA in this build.
-#[cfg(not(feature = "cuda"))]
-pub fn hold_vram_budget(_device: &Device, _budget: u64) -> anyhow::Result<Option<VramHold>> {
-    Ok(None)
-}
-
-/// What a command has taken from a CUDA card, in bytes.
-#[derive(Debug, Clone, Copy)]
-pub struct VramUse {
-    /// The most taken at once: the memory pool's reserved high-water mark plus what lives outside the pool (the
-    /// CUDA context, library workspaces, kernels), the budget's own hold left out.
-    pub peak: u64,
-    /// Of that, outside the pool.
-    pub outside_pool: u64,
-    /// Allocated from the pool now.
-    pub in_use: u64,
-    /// Reserved by the pool now (in use or cached).
-    pub reserved: u64,
-    /// Free on the card now.
-    pub free: u64,
-}
-
-impl VramUse {
-    /// Measures `device` now; `held_back` is what a [`VramHold`] keeps. `None` off CUDA.
-    pub fn measure(device: &Device, held_back: u64) -> Option<Self> {
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(dev) = device {
-            use framesmith_nn::cuda::device;
-            let peak = device::peak_reserved_bytes(dev).ok()?;
-            let in_use = device::used_memory_bytes(dev).ok()?;
-            let reserved = device::reserved_bytes(dev).ok()?;
-            let (free, total) = device::memory_info(dev).ok()?;
-            let outside_pool = total
-                .saturating_sub(free)
-                .saturating_sub(held_back)
-                .saturating_sub(reserved);
-            return Some(Self {
-                peak: peak + outside_pool,
-                outside_pool,
-                in_use,
-                reserved,
-                free,
-            });
+        Some(budget) if plan.memory.applies => {
+            framesmith_nn::device::hold_vram_budget(device, budget)
+                .context("reserving device memory beyond memory.vram_budget_gb")
         }
-        let _ = (device, held_back);
-        None
+        _ => Ok(None),
     }
 }
 
@@ -411,8 +320,12 @@ impl Trainer {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
         let family = family_of(&request.config).config_family();
-        let mut plan = validate_for(&request.config, &HostInfo::new(cuda_device_count()), family)
-            .map_err(|errors| anyhow::anyhow!("{errors}"))?;
+        let mut plan = validate_for(
+            &request.config,
+            &HostInfo::new(framesmith_nn::device::usable_count()),
+            family,
+        )
+        .map_err(|errors| anyhow::anyhow!("{errors}"))?;
         if let Ranks::Join(spec) = ranks {
             if let Some(gpu) = spec.gpu {
                 plan.device = PlanDevice::Cuda(gpu);

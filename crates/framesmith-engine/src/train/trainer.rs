@@ -74,11 +74,9 @@ pub struct Trainer {
     /// What to change when the GPU runs out of memory (from the memory planner).
     pub(super) out_of_memory_advice: String,
     /// The memory planner's predicted peak VRAM for this run (CUDA runs with a plan).
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     pub(super) planned_vram_bytes: Option<u64>,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
-    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-    pub(super) vram_reservation: Option<crate::train::setup::VramHold>,
+    pub(super) vram_reservation: Option<framesmith_nn::device::VramHold>,
     pub(super) outputs: crate::train::outputs::Outputs,
     pub(super) sampling: Option<crate::train::samples::Sampling>,
     /// The held-out items and when to evaluate them (`[validation]`).
@@ -136,7 +134,7 @@ impl Trainer {
     /// next to the planner's prediction; `None` off CUDA.
     pub fn vram_line(&self) -> Option<String> {
         let held_back = self.vram_reservation.as_ref().map_or(0, |h| h.bytes);
-        let used = crate::train::setup::VramUse::measure(self.device(), held_back)?;
+        let used = framesmith_nn::device::VramUse::measure(self.device(), held_back)?;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let plan = match self.planned_vram_bytes {
             Some(plan) => format!(
@@ -150,7 +148,7 @@ impl Trainer {
         let second = match self
             .family
             .second_device()
-            .and_then(|d| crate::train::setup::VramUse::measure(d, 0))
+            .and_then(|d| framesmith_nn::device::VramUse::measure(d, 0))
         {
             Some(low) => format!(
                 "; the low-noise expert's GPU: peak {:.2} GiB, {:.2} GiB held between steps, {:.2} GiB free",

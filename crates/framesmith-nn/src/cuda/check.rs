@@ -15,25 +15,7 @@ mod mixed;
 mod norm_mod;
 mod rms_rope;
 
-/// The outcome of one comparison.
-#[derive(Clone, Debug)]
-pub struct CheckOutcome {
-    /// What was compared (op, dtype, shape, output or gradient).
-    pub name: String,
-    /// ‖got − want‖ / ‖want‖ (NaN when either side holds a NaN).
-    pub rel_err: f64,
-    /// Largest element-wise |got − want|.
-    pub max_abs: f64,
-    /// The tolerance `rel_err` must stay within.
-    pub tol: f64,
-}
-
-impl CheckOutcome {
-    /// Whether the comparison is within tolerance (NaN fails).
-    pub fn passed(&self) -> bool {
-        self.rel_err.is_finite() && self.rel_err <= self.tol
-    }
-}
+pub use crate::device::CheckOutcome;
 
 /// Compares `got` with `want` (any devices / float dtypes) in f64 on the CPU.
 pub fn compare(

@@ -8,16 +8,7 @@ use std::ffi::c_int;
 use candle_core::cuda_backend::cudarc;
 use cudarc::driver::result::DriverError;
 
-/// One library and what it says its version is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Library {
-    /// `cuBLAS`.
-    pub name: &'static str,
-    /// The start of its file name on Linux (`libcublas.so`), to find where it was loaded from.
-    pub file_prefix: &'static str,
-    /// `13.0.0`, or why it could not be asked.
-    pub version: Result<String, String>,
-}
+pub use crate::device::Library;
 
 fn driver_error(call: &str, err: DriverError) -> String {
     let text = err

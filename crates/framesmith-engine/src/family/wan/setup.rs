@@ -91,11 +91,8 @@ fn load_run(
         LogLevel::Info,
         format!("model: {base_name} on {}", device_label(device)),
     );
-    #[cfg(feature = "cuda")]
-    if let Device::Cuda(cuda) = device {
-        if let Ok(line) = framesmith_nn::cuda::device::kernel_code_line(cuda) {
-            log(LogLevel::Info, line);
-        }
+    if let Some(line) = framesmith_nn::device::kernel_code_line(device) {
+        log(LogLevel::Info, line);
     }
     log_streaming(&model, log);
     let cfg = model.config().clone();
