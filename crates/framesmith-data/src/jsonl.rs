@@ -3,6 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
+use framesmith_config::file_read::{read_bounded, ReadLimit};
 use serde_json::Value;
 
 use super::config::{resolve_path, DatasetKind};
@@ -69,7 +70,7 @@ pub(crate) fn read_jsonl(
     kind: DatasetKind,
     problems: &mut Vec<Problem>,
 ) -> Vec<Entry> {
-    let bytes = match std::fs::read(file) {
+    let bytes = match read_bounded(file, ReadLimit::JSONL) {
         Ok(b) => b,
         Err(e) => {
             problems.push(Problem::error(

@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use framesmith_config::file_read::excerpt;
+
 /// How bad a [`Problem`] is. Errors stop a training run; warnings are shown and the run goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Severity {
@@ -79,13 +81,18 @@ impl Problem {
     }
 }
 
+/// Longest key and message shown: both can quote a file (an unknown key, a bad value, a JSONL line), which in a
+/// damaged or hostile file can be megabytes long.
+const MAX_SHOWN_KEY_CHARS: usize = 200;
+const MAX_SHOWN_MESSAGE_CHARS: usize = 1000;
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.severity)?;
         if let Some(key) = &self.key {
-            write!(f, "{key}: ")?;
+            write!(f, "{}: ", excerpt(key, MAX_SHOWN_KEY_CHARS))?;
         }
-        f.write_str(&self.message)?;
+        f.write_str(&excerpt(&self.message, MAX_SHOWN_MESSAGE_CHARS))?;
         if let Some(file) = &self.file {
             write!(f, ": {}", file.display())?;
         }
