@@ -355,10 +355,11 @@ pub enum ConfigError {
     },
 }
 
+/// One line per problem, except many of one kind, which share a line ([`super::problem::summary_lines`]).
 fn join_problems(problems: &[Problem]) -> String {
-    problems
+    super::problem::summary_lines(problems)
         .iter()
-        .map(|p| format!("  {p}"))
+        .map(|line| format!("  {line}"))
         .collect::<Vec<_>>()
         .join("\n")
 }

@@ -12,7 +12,7 @@ use super::config::{
 use super::frames::{select_frames, FrameWindow, WAN_TARGET_FPS};
 use super::keys::without_follow_ups;
 use super::probe::{is_image, is_video, list_files, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
-use super::problem::{Problem, Severity};
+use super::problem::{summary_lines, Problem, Severity};
 use super::scan::{scan_dataset, DatasetScan, ScanOptions};
 use super::validate::validate;
 
@@ -246,8 +246,9 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         ..LeftOut::default()
     };
     let mut used = 0;
+    let unreadable: std::collections::HashSet<&PathBuf> = scan.unreadable.iter().collect();
     for item in &scan.items {
-        if scan.unreadable.contains(&item.media) {
+        if unreadable.contains(&item.media) {
             left_out.unreadable += 1;
             continue;
         }
@@ -413,16 +414,17 @@ impl fmt::Display for DatasetReport {
             write!(f, "{ds}")?;
         }
         for severity in [Severity::Error, Severity::Warning] {
-            let list: Vec<&Problem> = self
+            let list: Vec<Problem> = self
                 .problems
                 .iter()
                 .filter(|p| p.severity == severity)
+                .cloned()
                 .collect();
             if !list.is_empty() {
                 writeln!(f)?;
                 writeln!(f, "{}s:", capitalized(severity))?;
-                for p in list {
-                    writeln!(f, "  {p}")?;
+                for line in summary_lines(&list) {
+                    writeln!(f, "  {line}")?;
                 }
             }
         }
