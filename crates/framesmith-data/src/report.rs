@@ -284,6 +284,7 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
     if let Some(problem) = upscaled.warning(ds.source.path(), used) {
         problems.push(problem);
     }
+    problems.extend(batch_size_problem(ds, &buckets));
     let samples: usize = buckets.values().sum();
     DatasetSummary {
         index: ds.index,
@@ -301,6 +302,26 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         buckets,
         samples_per_epoch: samples * ds.num_repeats as usize,
     }
+}
+
+/// Batches hold samples of one bucket, so a batch can never be larger than the largest bucket (its samples times
+/// `num_repeats`): a larger `batch_size` would silently train on smaller batches than asked.
+fn batch_size_problem(
+    ds: &ResolvedDataset,
+    buckets: &BTreeMap<BucketKey, usize>,
+) -> Option<Problem> {
+    let largest = buckets.values().max()? * ds.num_repeats as usize;
+    (largest > 0 && ds.batch_size as usize > largest).then(|| {
+        Problem::error(
+            ds.source.path(),
+            format!(
+                "datasets[{}]: batch_size = {} but its largest bucket holds {largest} sample(s) per epoch (with \
+                 num_repeats), and a batch takes samples of one bucket, so no batch could be that large; set \
+                 batch_size to {largest} or less",
+                ds.index, ds.batch_size
+            ),
+        )
+    })
 }
 
 /// Enlargement beyond which a source is reported as upscaled to its bucket (small enlargements are harmless).
