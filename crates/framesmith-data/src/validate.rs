@@ -213,9 +213,20 @@ fn check_common(ds: &DatasetSection, g: &GeneralSection, cx: &Cx, out: &mut Vec<
         out.push(cx.error("batch_size", "must be at least 1"));
     }
     if ds.num_repeats.or(g.num_repeats) == Some(0) {
-        out.push(cx.warning(
-            "num_repeats",
-            "is 0, so this dataset is left out of training",
+        // One meaning everywhere: musubi-tuner would train on nothing from it, and a silent 1 would train on it.
+        let key = if ds.num_repeats.is_some() {
+            cx.key("num_repeats")
+        } else {
+            "general.num_repeats".to_string()
+        };
+        out.push(Problem::key_error(
+            cx.file,
+            key,
+            format!(
+                "is 0 for {}, which would train on nothing from it; set num_repeats = 1 or more, or remove the \
+                 dataset",
+                cx.prefix
+            ),
         ));
     }
     let enable_bucket = ds.enable_bucket.or(g.enable_bucket).unwrap_or(false);
