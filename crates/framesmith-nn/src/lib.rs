@@ -7,6 +7,7 @@ pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 pub mod driver;
+pub mod file;
 pub mod fp8;
 pub mod init;
 pub mod linear;
