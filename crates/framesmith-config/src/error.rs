@@ -108,7 +108,7 @@ impl ConfigError {
         Self::Syntax {
             path: path.to_path_buf(),
             location: location_of(text, err.span().map_or(0, |s| s.start)),
-            message: err.message().trim().to_string(),
+            message: shown(err.message().trim()),
         }
     }
 
@@ -120,12 +120,12 @@ impl ConfigError {
             _ => None,
         };
         let section = key_path(err);
-        let message = friendly(err.message().trim());
+        let message = shown(&friendly(err.message().trim()));
         if let Some(rest) = message.strip_prefix("unknown field `") {
             if let Some((field, tail)) = rest.split_once('`') {
                 return Self::UnknownKey {
                     path: path.to_path_buf(),
-                    key: join_key(&section, field),
+                    key: shown(&join_key(&section, field)),
                     location,
                     expected: tail.trim_start_matches(',').trim().to_string(),
                 };
@@ -133,7 +133,7 @@ impl ConfigError {
         }
         Self::InvalidValue {
             path: path.to_path_buf(),
-            key: section,
+            key: shown(&section),
             location,
             message,
         }
@@ -162,6 +162,14 @@ fn key_path(err: &toml::de::Error) -> String {
         .find_map(|line| line.strip_prefix("in `").and_then(|l| l.strip_suffix('`')))
         .unwrap_or_default()
         .to_string()
+}
+
+/// Longest message or key quoted from a file into an error: toml's messages quote the offending key or value,
+/// which in a damaged or hostile file can be megabytes long.
+const MAX_QUOTED_CHARS: usize = 300;
+
+fn shown(text: &str) -> String {
+    crate::file_read::excerpt(text, MAX_QUOTED_CHARS).into_owned()
 }
 
 /// Rewords serde messages that name Rust types instead of what to write.

@@ -22,16 +22,7 @@ impl RunConfig {
     /// than the default: the settings a preset applied on top must leave alone. (A file that spells out a default,
     /// as configs saved whole by the app do, leaves that key to presets.)
     pub fn load_explicit(path: &Path) -> Result<(Self, BTreeSet<String>), ConfigError> {
-        let text = read_text(path).map_err(|e| match e {
-            TextFileError::NotText(looks_like) => ConfigError::NotToml {
-                path: path.to_path_buf(),
-                looks_like,
-            },
-            TextFileError::Io(source) => ConfigError::Read {
-                path: path.to_path_buf(),
-                source,
-            },
-        })?;
+        let text = read_toml_text(path)?;
         let config = Self::from_toml_str(&text, path)?;
         let table: toml::Table = parse_toml(&text, path)?;
         let defaults =
@@ -75,6 +66,23 @@ impl RunConfig {
             source,
         })
     }
+}
+
+/// Reads a run config or preset file as text: special files and files over [`ReadLimit::TOML`] are refused
+/// without reading them, and a binary file is named by what it looks like.
+///
+/// [`ReadLimit::TOML`]: crate::file_read::ReadLimit::TOML
+pub(crate) fn read_toml_text(path: &Path) -> Result<String, ConfigError> {
+    read_text(path).map_err(|e| match e {
+        TextFileError::NotText(looks_like) => ConfigError::NotToml {
+            path: path.to_path_buf(),
+            looks_like,
+        },
+        TextFileError::Io(source) => ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        },
+    })
 }
 
 /// Parses TOML text into `T`: first as a plain table (syntax errors with line and column), then into `T` (unknown

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod error;
+pub mod file_read;
 pub mod io;
 pub mod metrics;
 pub mod outputs;

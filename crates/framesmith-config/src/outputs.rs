@@ -9,6 +9,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+use super::file_read::{read_string_bounded, ReadLimit};
 use super::run::RunConfig;
 
 /// The record a run writes into its folder when it starts.
@@ -43,7 +44,7 @@ impl RunRecord {
 
     /// The record in `dir`, if it has a readable one.
     pub fn read(dir: &Path) -> Option<Self> {
-        let text = fs::read_to_string(dir.join(RUN_RECORD_FILE)).ok()?;
+        let text = read_string_bounded(&dir.join(RUN_RECORD_FILE), ReadLimit::JSON).ok()?;
         serde_json::from_str(&text).ok()
     }
 }
@@ -73,7 +74,7 @@ fn one() -> usize {
 impl StateRecord {
     pub fn read(state_dir: &Path) -> anyhow::Result<Self> {
         let path = state_dir.join("state.json");
-        let text = fs::read_to_string(&path).map_err(|e| {
+        let text = read_string_bounded(&path, ReadLimit::JSON).map_err(|e| {
             anyhow::anyhow!("cannot read the training state ({e}): {}", path.display())
         })?;
         serde_json::from_str(&text)
@@ -279,9 +280,10 @@ pub fn find_resume(path: &Path, config: &RunConfig) -> anyhow::Result<ResumeTarg
 fn check_matches(state_dir: &Path, config: &RunConfig) -> anyhow::Result<()> {
     let saved = state_dir.join("config.toml");
     // States written before the config was saved in them cannot be checked; the LoRA shapes still are.
-    let Ok(text) = fs::read_to_string(&saved) else {
+    if !saved.exists() {
         return Ok(());
-    };
+    }
+    let text = crate::io::read_toml_text(&saved)?;
     let run = RunConfig::from_toml_str(&text, &saved)?;
     let differs = resume_mismatches(&run, config);
     if differs.is_empty() {

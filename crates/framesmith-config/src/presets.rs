@@ -179,10 +179,7 @@ impl Preset {
 
     /// Reads a preset file from disk (a user's own preset); its name is the file stem.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::io::read_toml_text(path)?;
         let name = path
             .file_stem()
             .map(|s| s.to_string_lossy().into_owned())

@@ -3,6 +3,8 @@
 
 use std::path::Path;
 
+use crate::file_read::{read_bounded, ReadLimit};
+
 /// Why a config file could not be read as text.
 #[derive(Debug, thiserror::Error)]
 pub enum TextFileError {
@@ -14,9 +16,10 @@ pub enum TextFileError {
     NotText(&'static str),
 }
 
-/// Reads the file at `path` as UTF-8 text.
+/// Reads the TOML file at `path` as UTF-8 text, refusing special files and files over
+/// [`ReadLimit::TOML`] without reading them ([`read_bounded`]).
 pub fn read_text(path: &Path) -> Result<String, TextFileError> {
-    let bytes = std::fs::read(path)?;
+    let bytes = read_bounded(path, ReadLimit::TOML)?;
     String::from_utf8(bytes).map_err(|e| TextFileError::NotText(looks_like(e.as_bytes())))
 }
 

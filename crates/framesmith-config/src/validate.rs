@@ -94,14 +94,25 @@ impl Checker {
         }
     }
 
-    /// A path that is set must exist.
+    /// A path that is set must exist, as a file or a folder: a FIFO, device or socket would block or never end
+    /// when read.
     pub(crate) fn existing(&mut self, key: &str, path: &Path, what: &str) {
-        if !path.exists() {
-            self.problem(
+        match std::fs::metadata(path) {
+            Err(_) => self.problem(
                 key,
                 format!("{what} not found: {}", path.display()),
                 "check the path (relative paths start from the folder Framesmith runs in)",
-            );
+            ),
+            Ok(meta) if !meta.is_file() && !meta.is_dir() => self.problem(
+                key,
+                format!(
+                    "{what} is {}, not a file: {}",
+                    crate::file_read::special_kind(&meta.file_type()),
+                    path.display()
+                ),
+                "give the path of the file itself",
+            ),
+            Ok(_) => {}
         }
     }
 }

@@ -99,7 +99,7 @@ pub fn read_latent_shape(path: &Path) -> Result<[usize; 4], CacheError> {
         path: path.to_path_buf(),
         source,
     };
-    let mut file = std::fs::File::open(path).map_err(io)?;
+    let mut file = framesmith_config::file_read::open_regular(path).map_err(io)?;
     let mut len = [0u8; 8];
     file.read_exact(&mut len).map_err(io)?;
     let len = u64::from_le_bytes(len);

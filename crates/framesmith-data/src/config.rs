@@ -355,12 +355,26 @@ pub enum ConfigError {
     },
 }
 
+/// One line per problem, except many of one kind, which share a line ([`super::problem::summary_lines`]).
 fn join_problems(problems: &[Problem]) -> String {
-    problems
+    super::problem::summary_lines(problems)
         .iter()
-        .map(|p| format!("  {p}"))
+        .map(|line| format!("  {line}"))
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// A TOML syntax error with its line and column. toml's own display quotes the whole offending line, which in
+/// a damaged file (all zero bytes, one endless line) can be megabytes, so only its message is kept, cut short.
+fn syntax_error(err: &toml::de::Error, text: &str, file: &Path) -> ConfigError {
+    let at = framesmith_config::error::location_of(text, err.span().map_or(0, |s| s.start));
+    ConfigError::Syntax {
+        path: file.to_path_buf(),
+        message: format!(
+            "{} at {at}",
+            framesmith_config::file_read::excerpt(err.message().trim(), 300)
+        ),
+    }
 }
 
 /// A config read leniently: every key that could be read, plus one problem for each key that could not.
@@ -376,12 +390,9 @@ impl DatasetConfig {
     /// Reads TOML text. A syntax error is fatal; every unknown key or badly typed value becomes a [`Problem`]
     /// naming the key and `file`, and is left out of the returned config.
     pub fn parse(text: &str, file: &Path) -> Result<ParsedConfig, ConfigError> {
-        let mut table: toml::Table =
-            text.parse()
-                .map_err(|e: toml::de::Error| ConfigError::Syntax {
-                    path: file.to_path_buf(),
-                    message: e.to_string().trim().to_string(),
-                })?;
+        let mut table: toml::Table = text
+            .parse()
+            .map_err(|e: toml::de::Error| syntax_error(&e, text, file))?;
         let mut problems = Vec::new();
         super::keys::strip_bad_keys(&mut table, file, &mut problems);
         let config = match table.try_into::<DatasetConfig>() {

@@ -3,11 +3,13 @@
 
 use std::path::{Path, PathBuf};
 
+use framesmith_config::file_read::{read_bounded, ReadLimit};
 use serde_json::Value;
 
 use super::config::{resolve_path, DatasetKind};
+use super::entries::unusable_reason;
 use super::problem::Problem;
-use super::scan::Entry;
+use super::scan::{groups, Entry};
 
 /// One line of a metadata JSONL file.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -33,7 +35,9 @@ pub fn parse_jsonl(text: &str, kind: DatasetKind, file: &Path) -> (Vec<JsonlItem
         if line.trim().is_empty() {
             continue;
         }
-        let bad = |why: String| Problem::error(file, format!("line {line_no}: {why}"));
+        let bad = |why: String| {
+            Problem::error(file, format!("line {line_no}: {why}")).grouped(groups::BAD_JSONL_LINES)
+        };
         let value: Value = match serde_json::from_str(line) {
             Ok(v) => v,
             Err(e) => {
@@ -69,7 +73,7 @@ pub(crate) fn read_jsonl(
     kind: DatasetKind,
     problems: &mut Vec<Problem>,
 ) -> Vec<Entry> {
-    let bytes = match std::fs::read(file) {
+    let bytes = match read_bounded(file, ReadLimit::JSONL) {
         Ok(b) => b,
         Err(e) => {
             problems.push(Problem::error(
@@ -98,19 +102,26 @@ pub(crate) fn read_jsonl(
         .into_iter()
         .filter_map(|item| {
             let media: PathBuf = resolve_path(&base, Path::new(&item.path));
-            if !media.exists() {
-                problems.push(Problem::error(
-                    &media,
-                    format!(
-                        "is listed on line {} of {name} but does not exist",
-                        item.line
-                    ),
-                ));
+            // A dangling symbolic link is there but leads nowhere: it is reported as a link, below.
+            if std::fs::symlink_metadata(&media).is_err() {
+                problems.push(
+                    Problem::error(
+                        &media,
+                        format!(
+                            "is listed on line {} of {name} but does not exist",
+                            item.line
+                        ),
+                    )
+                    .grouped(groups::MISSING_LISTED_MEDIA),
+                );
                 return None;
             }
+            // A video may be a folder of frames.
+            let unusable = unusable_reason(&media, kind, kind == DatasetKind::Video);
             Some(Entry {
                 media,
                 caption: Some(item.caption),
+                unusable,
             })
         })
         .collect()

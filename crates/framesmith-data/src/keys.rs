@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use framesmith_config::file_read::excerpt;
 use serde::de::DeserializeOwned;
 
 use super::config::{
@@ -182,7 +183,8 @@ fn strip_section<T: DeserializeOwned>(
                     .trim()
                     .replace("expected u32", "expected a whole number, 0 or more")
             });
-            let message = format!("bad value {value}: {why}");
+            let shown = value.to_string();
+            let message = format!("bad value {}: {why}", excerpt(&shown, 200));
             problems.push(Problem::key_error(file, key_path, message));
             bad.push(key.clone());
         }

@@ -9,6 +9,7 @@ mod cache_tests;
 pub mod config;
 #[cfg(test)]
 mod config_tests;
+pub mod entries;
 pub mod flux_cache;
 pub mod frames;
 pub mod jsonl;

@@ -1,7 +1,11 @@
 //! Recognising media files by extension, reading image sizes from headers only, loading images as RGB, and
 //! folders of images used as videos (a JSONL `video_path` may name one).
 
+use std::fs::File;
+use std::io::BufReader;
 use std::path::{Path, PathBuf};
+
+use framesmith_config::file_read::open_regular;
 
 use image::RgbImage;
 
@@ -67,9 +71,20 @@ fn image_error(path: &Path, e: impl std::fmt::Display) -> ImageReadError {
     }
 }
 
+/// A reader for the image at `path`, its format taken from the extension as `ImageReader::open` does; a FIFO or
+/// device is refused instead of opened (opening a FIFO blocks).
+fn open_image(path: &Path) -> Result<image::ImageReader<BufReader<File>>, ImageReadError> {
+    let file = open_regular(path).map_err(|e| image_error(path, e))?;
+    let mut reader = image::ImageReader::new(BufReader::new(file));
+    if let Ok(format) = image::ImageFormat::from_path(path) {
+        reader.set_format(format);
+    }
+    Ok(reader)
+}
+
 /// `(width, height)` from the image header, without decoding pixels.
 pub fn image_size(path: &Path) -> Result<(u32, u32), ImageReadError> {
-    let reader = image::ImageReader::open(path).map_err(|e| image_error(path, e))?;
+    let reader = open_image(path)?;
     let reader = reader
         .with_guessed_format()
         .map_err(|e| image_error(path, e))?;
@@ -82,7 +97,7 @@ pub fn image_size(path: &Path) -> Result<(u32, u32), ImageReadError> {
 
 /// Decodes an image as 8-bit RGB; an alpha channel is dropped, as musubi-tuner's RGB conversion does.
 pub fn load_rgb(path: &Path) -> Result<RgbImage, ImageReadError> {
-    let reader = image::ImageReader::open(path).map_err(|e| image_error(path, e))?;
+    let reader = open_image(path)?;
     let reader = reader
         .with_guessed_format()
         .map_err(|e| image_error(path, e))?;

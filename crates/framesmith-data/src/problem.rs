@@ -3,6 +3,8 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use framesmith_config::file_read::excerpt;
+
 /// How bad a [`Problem`] is. Errors stop a training run; warnings are shown and the run goes on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum Severity {
@@ -34,6 +36,9 @@ pub struct Problem {
     pub file: Option<PathBuf>,
     /// What is wrong and, where there is one, the fix.
     pub message: String,
+    /// For a problem that can repeat for every file of a dataset: what many of them are called together
+    /// (`unreadable images`), so that thousands print as one line ([`summary_lines`]).
+    pub group: Option<&'static str>,
 }
 
 impl Problem {
@@ -44,6 +49,7 @@ impl Problem {
             key: None,
             file: Some(file.into()),
             message: message.into(),
+            group: None,
         }
     }
 
@@ -62,6 +68,7 @@ impl Problem {
             key: Some(key.into()),
             file: Some(file.to_path_buf()),
             message: message.into(),
+            group: None,
         }
     }
 
@@ -73,24 +80,87 @@ impl Problem {
         }
     }
 
+    /// The problem as one of many of its kind (see [`Problem::group`]).
+    pub fn grouped(self, group: &'static str) -> Self {
+        Self {
+            group: Some(group),
+            ..self
+        }
+    }
+
     /// Whether this problem stops a run.
     pub fn is_error(&self) -> bool {
         self.severity == Severity::Error
     }
 }
 
+/// Longest key and message shown: both can quote a file (an unknown key, a bad value, a JSONL line), which in a
+/// damaged or hostile file can be megabytes long.
+const MAX_SHOWN_KEY_CHARS: usize = 200;
+const MAX_SHOWN_MESSAGE_CHARS: usize = 1000;
+
 impl fmt::Display for Problem {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}: ", self.severity)?;
         if let Some(key) = &self.key {
-            write!(f, "{key}: ")?;
+            write!(f, "{}: ", excerpt(key, MAX_SHOWN_KEY_CHARS))?;
         }
-        f.write_str(&self.message)?;
+        f.write_str(&excerpt(&self.message, MAX_SHOWN_MESSAGE_CHARS))?;
         if let Some(file) = &self.file {
             write!(f, ": {}", file.display())?;
         }
         Ok(())
     }
+}
+
+/// Files of a group named one by one before the rest are counted.
+const GROUP_SHOWN_FILES: usize = 3;
+/// Problems of a group listed one per line; more than this share one line.
+const GROUP_LISTED_MAX: usize = 5;
+
+/// Problems share a line when they have the same severity and group.
+type GroupKey = (Severity, &'static str);
+
+/// `problems` as lines to print: each on its own, except that more than a handful of one group (and severity) become
+/// one line with their count, the first in full and the next few files, so 10,000 unreadable files print as one
+/// line, not 10,000. Lines keep the order in which each problem or group first appears.
+pub fn summary_lines(problems: &[Problem]) -> Vec<String> {
+    let mut groups: Vec<(Option<GroupKey>, Vec<&Problem>)> = Vec::new();
+    for p in problems {
+        let key = p.group.map(|g| (p.severity, g));
+        match groups.iter_mut().find(|(k, _)| key.is_some() && *k == key) {
+            Some((_, members)) => members.push(p),
+            None => groups.push((key, vec![p])),
+        }
+    }
+    let mut lines = Vec::new();
+    for (key, members) in groups {
+        match key {
+            Some((severity, group)) if members.len() > GROUP_LISTED_MAX => {
+                lines.push(group_line(severity, group, &members));
+            }
+            _ => lines.extend(members.iter().map(ToString::to_string)),
+        }
+    }
+    lines
+}
+
+fn group_line(severity: Severity, group: &str, members: &[&Problem]) -> String {
+    let files: Vec<String> = members
+        .iter()
+        .skip(1)
+        .take(GROUP_SHOWN_FILES - 1)
+        .filter_map(|p| p.file.as_ref().map(|f| f.display().to_string()))
+        .collect();
+    let rest = members.len() - 1 - files.len();
+    format!(
+        "{severity}: {} {group}; the first: {}; also {} and {rest} more",
+        members.len(),
+        members[0]
+            .to_string()
+            .trim_start_matches(&format!("{severity}: ")),
+        files.join(", ")
+    )
 }
 
 /// Number of errors in `problems`.
@@ -117,5 +187,44 @@ mod tests {
         let w = Problem::warning("/d/a.png", "no caption");
         assert_eq!(w.to_string(), "warning: no caption: /d/a.png");
         assert_eq!(error_count(&[p, w]), 1);
+    }
+
+    #[test]
+    fn many_problems_of_one_group_print_as_one_line() {
+        let mut problems = vec![Problem::key_error(Path::new("/d/ds.toml"), "k", "bad")];
+        for i in 0..10_000 {
+            problems.push(
+                Problem::error(
+                    format!("/d/{i}.png"),
+                    format!("cannot read the image (bad {i})"),
+                )
+                .grouped("unreadable images"),
+            );
+            problems
+                .push(Problem::warning(format!("/d/{i}.png"), "no caption").grouped("uncaptioned"));
+        }
+        problems.push(Problem::warning("/d/x.mp4", "one of a kind").grouped("rare"));
+        let lines = summary_lines(&problems);
+        assert_eq!(
+            lines,
+            [
+                "error: k: bad: /d/ds.toml",
+                "error: 10000 unreadable images; the first: cannot read the image (bad 0): /d/0.png; also /d/1.png, \
+                 /d/2.png and 9997 more",
+                "warning: 10000 uncaptioned; the first: no caption: /d/0.png; also /d/1.png, /d/2.png and 9997 more",
+                "warning: one of a kind: /d/x.mp4",
+            ]
+        );
+    }
+
+    #[test]
+    fn huge_quoted_text_is_cut_short() {
+        let p = Problem::key_error(
+            Path::new("/d/ds.toml"),
+            "k".repeat(5000),
+            "v".repeat(1 << 20),
+        );
+        assert!(p.to_string().len() < 2000, "{}", p.to_string().len());
+        assert!(p.to_string().ends_with("/d/ds.toml"));
     }
 }

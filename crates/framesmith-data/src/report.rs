@@ -12,7 +12,7 @@ use super::config::{
 use super::frames::{select_frames, FrameWindow, WAN_TARGET_FPS};
 use super::keys::without_follow_ups;
 use super::probe::{is_image, is_video, list_files, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
-use super::problem::{Problem, Severity};
+use super::problem::{summary_lines, Problem, Severity};
 use super::scan::{scan_dataset, DatasetScan, ScanOptions};
 use super::validate::validate;
 
@@ -246,8 +246,9 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         ..LeftOut::default()
     };
     let mut used = 0;
+    let unreadable: std::collections::HashSet<&PathBuf> = scan.unreadable.iter().collect();
     for item in &scan.items {
-        if scan.unreadable.contains(&item.media) {
+        if unreadable.contains(&item.media) {
             left_out.unreadable += 1;
             continue;
         }
@@ -283,6 +284,7 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
     if let Some(problem) = upscaled.warning(ds.source.path(), used) {
         problems.push(problem);
     }
+    problems.extend(batch_size_problem(ds, &buckets));
     let samples: usize = buckets.values().sum();
     DatasetSummary {
         index: ds.index,
@@ -300,6 +302,26 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         buckets,
         samples_per_epoch: samples * ds.num_repeats as usize,
     }
+}
+
+/// Batches hold samples of one bucket, so a batch can never be larger than the largest bucket (its samples times
+/// `num_repeats`): a larger `batch_size` would silently train on smaller batches than asked.
+fn batch_size_problem(
+    ds: &ResolvedDataset,
+    buckets: &BTreeMap<BucketKey, usize>,
+) -> Option<Problem> {
+    let largest = buckets.values().max()? * ds.num_repeats as usize;
+    (largest > 0 && ds.batch_size as usize > largest).then(|| {
+        Problem::error(
+            ds.source.path(),
+            format!(
+                "datasets[{}]: batch_size = {} but its largest bucket holds {largest} sample(s) per epoch (with \
+                 num_repeats), and a batch takes samples of one bucket, so no batch could be that large; set \
+                 batch_size to {largest} or less",
+                ds.index, ds.batch_size
+            ),
+        )
+    })
 }
 
 /// Enlargement beyond which a source is reported as upscaled to its bucket (small enlargements are harmless).
@@ -413,16 +435,17 @@ impl fmt::Display for DatasetReport {
             write!(f, "{ds}")?;
         }
         for severity in [Severity::Error, Severity::Warning] {
-            let list: Vec<&Problem> = self
+            let list: Vec<Problem> = self
                 .problems
                 .iter()
                 .filter(|p| p.severity == severity)
+                .cloned()
                 .collect();
             if !list.is_empty() {
                 writeln!(f)?;
                 writeln!(f, "{}s:", capitalized(severity))?;
-                for p in list {
-                    writeln!(f, "  {p}")?;
+                for line in summary_lines(&list) {
+                    writeln!(f, "  {line}")?;
                 }
             }
         }

@@ -6,9 +6,12 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use framesmith_config::file_read::{read_bounded, ReadLimit};
+
 use super::config::{DatasetKind, DatasetSource, ResolvedDataset};
+use super::entries::list_media;
 use super::media::{MediaTools, FFMPEG_INSTALL_HINT};
-use super::probe::{image_size, is_image, is_video, list_files, probe_video, MediaInfo};
+use super::probe::{image_size, is_image, is_video, probe_video, MediaInfo};
 use super::problem::Problem;
 use super::verify::{verify_image, verify_video};
 
@@ -82,8 +85,8 @@ impl DatasetScan {
 pub fn scan_dataset(dataset: &ResolvedDataset, options: &ScanOptions) -> DatasetScan {
     let mut scan = DatasetScan::new(dataset);
     let entries = match &dataset.source {
-        DatasetSource::ImageDirectory(dir) => list_directory(dir, is_image, &mut scan),
-        DatasetSource::VideoDirectory(dir) => list_directory(dir, is_video, &mut scan),
+        DatasetSource::ImageDirectory(dir) => list_directory(dir, DatasetKind::Image, &mut scan),
+        DatasetSource::VideoDirectory(dir) => list_directory(dir, DatasetKind::Video, &mut scan),
         DatasetSource::ImageJsonl(file) => {
             super::jsonl::read_jsonl(file, DatasetKind::Image, &mut scan.problems)
         }
@@ -110,7 +113,16 @@ pub fn scan_dataset(dataset: &ResolvedDataset, options: &ScanOptions) -> Dataset
         .into_par_iter()
         .map(|entry| {
             let caption = entry.caption_result(caption_ext);
-            let info = probe_item(&entry.media, dataset, options);
+            let info = match &entry.unusable {
+                // Never opened: a FIFO would block, a device would never end.
+                Some(why) => Err(unusable_problem(
+                    &entry.media,
+                    why,
+                    matches!(caption, CaptionResult::Read(_)),
+                    kind,
+                )),
+                None => probe_item(&entry.media, dataset, options),
+            };
             (entry, caption, info)
         })
         .collect();
@@ -120,12 +132,42 @@ pub fn scan_dataset(dataset: &ResolvedDataset, options: &ScanOptions) -> Dataset
     scan
 }
 
+/// The dataset's entries that cannot be read at all (dangling symbolic links, link loops, FIFOs, devices; for a
+/// JSONL dataset also bad lines and listed media that do not exist), found by listing only: nothing is opened
+/// or decoded, so this is cheap enough to run before every caching or training run.
+pub fn entry_problems(dataset: &ResolvedDataset) -> Vec<Problem> {
+    let mut scan = DatasetScan::new(dataset);
+    let kind = dataset.kind();
+    let entries = match &dataset.source {
+        DatasetSource::ImageDirectory(dir) | DatasetSource::VideoDirectory(dir) => {
+            list_directory(dir, kind, &mut scan)
+        }
+        DatasetSource::ImageJsonl(file) | DatasetSource::VideoJsonl(file) => {
+            super::jsonl::read_jsonl(file, kind, &mut scan.problems)
+        }
+    };
+    for entry in entries {
+        if let Some(why) = &entry.unusable {
+            let has_caption = entry.caption.is_some()
+                || dataset
+                    .caption_extension
+                    .as_deref()
+                    .is_some_and(|ext| caption_path(&entry.media, ext).is_file());
+            scan.problems
+                .push(unusable_problem(&entry.media, why, has_caption, kind));
+        }
+    }
+    scan.problems
+}
+
 /// A listed item before it is read.
 #[derive(Clone, Debug)]
 pub(crate) struct Entry {
     pub(crate) media: PathBuf,
     /// Captions from a JSONL file come with the entry; directory entries read a file.
     pub(crate) caption: Option<String>,
+    /// Why the media cannot be read at all (a dangling symlink, a FIFO, a device): it is reported, never opened.
+    pub(crate) unusable: Option<String>,
 }
 
 enum CaptionResult {
@@ -155,35 +197,77 @@ pub fn caption_path(media: &Path, ext: &str) -> PathBuf {
     media.with_file_name(name)
 }
 
+/// What many of one kind of per-file problem are called together ([`Problem::group`]).
+pub mod groups {
+    /// Media entries that are not files (dangling symlinks, link loops, FIFOs, devices).
+    pub const UNUSABLE_ENTRIES: &str = "dataset entries that are not readable files";
+    /// Media that cannot be opened, decoded or measured.
+    pub const UNREADABLE_MEDIA: &str = "unreadable images or videos";
+    /// Captions that cannot be read or are not text.
+    pub const UNREADABLE_CAPTIONS: &str = "unreadable caption files";
+    /// Images without a caption file (left out).
+    pub const IMAGES_WITHOUT_CAPTION: &str = "images without a caption file, left out";
+    /// Videos without a caption file.
+    pub const VIDEOS_WITHOUT_CAPTION: &str = "videos without a caption file";
+    /// Captions that are empty.
+    pub const EMPTY_CAPTIONS: &str = "empty captions";
+    /// Media listed in a JSONL file that do not exist.
+    pub const MISSING_LISTED_MEDIA: &str = "listed media that do not exist";
+    /// Bad lines of a JSONL file.
+    pub const BAD_JSONL_LINES: &str = "bad JSONL lines";
+}
+
+/// The problem of an entry that cannot be read as media, saying when that leaves its caption unused.
+fn unusable_problem(media: &Path, why: &str, has_caption: bool, kind: DatasetKind) -> Problem {
+    let orphan = if has_caption {
+        " (its caption is left unused)"
+    } else {
+        ""
+    };
+    let what = match kind {
+        DatasetKind::Image => "image",
+        DatasetKind::Video => "video",
+    };
+    Problem::error(media, format!("this {what} {why}{orphan}")).grouped(groups::UNUSABLE_ENTRIES)
+}
+
 fn read_caption(path: &Path) -> CaptionResult {
-    match std::fs::read(path) {
+    match read_bounded(path, ReadLimit::CAPTION) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             CaptionResult::Missing(path.to_path_buf())
         }
-        Err(e) => CaptionResult::Bad(Problem::error(
-            path,
-            format!("cannot read the caption ({e})"),
-        )),
+        Err(e) => CaptionResult::Bad(
+            Problem::error(path, format!("cannot read the caption ({e})"))
+                .grouped(groups::UNREADABLE_CAPTIONS),
+        ),
         Ok(bytes) => match String::from_utf8(bytes) {
             Ok(text) => CaptionResult::Read(text.trim().to_string()),
-            Err(e) => CaptionResult::Bad(Problem::error(
-                path,
-                format!(
-                    "the caption is not UTF-8 text (bad byte at offset {}); save it as UTF-8",
-                    e.utf8_error().valid_up_to()
-                ),
-            )),
+            Err(e) => CaptionResult::Bad(
+                Problem::error(
+                    path,
+                    format!(
+                        "the caption is not UTF-8 text (bad byte at offset {}); save it as UTF-8",
+                        e.utf8_error().valid_up_to()
+                    ),
+                )
+                .grouped(groups::UNREADABLE_CAPTIONS),
+            ),
         },
     }
 }
 
-fn list_directory(dir: &Path, keep: fn(&Path) -> bool, scan: &mut DatasetScan) -> Vec<Entry> {
-    match list_files(dir, keep) {
+fn list_directory(dir: &Path, kind: DatasetKind, scan: &mut DatasetScan) -> Vec<Entry> {
+    let keep = match kind {
+        DatasetKind::Image => is_image,
+        DatasetKind::Video => is_video,
+    };
+    match list_media(dir, keep, kind) {
         Ok(files) => files
             .into_iter()
             .map(|media| Entry {
-                media,
+                media: media.path,
                 caption: None,
+                unusable: media.unusable,
             })
             .collect(),
         Err(e) => {
@@ -227,7 +311,8 @@ fn probe_item(
     if !options.probe_media {
         return Ok(None);
     }
-    let unreadable = |reason: String| Problem::error(media, reason);
+    let unreadable =
+        |reason: String| Problem::error(media, reason).grouped(groups::UNREADABLE_MEDIA);
     match dataset.kind() {
         DatasetKind::Image if options.decode_check => {
             verify_image(media).map(Some).map_err(unreadable)
@@ -274,8 +359,10 @@ fn collect_item(
         CaptionResult::Read(text) => {
             scan.captions += 1;
             if text.is_empty() {
-                scan.problems
-                    .push(Problem::warning(&entry.media, "the caption is empty"));
+                scan.problems.push(
+                    Problem::warning(&entry.media, "the caption is empty")
+                        .grouped(groups::EMPTY_CAPTIONS),
+                );
             }
             Some(text)
         }
@@ -291,13 +378,13 @@ fn collect_item(
                 scan.problems.push(Problem::warning(
                     &entry.media,
                     format!("no caption file (expected {name}), so this image is left out as musubi-tuner does"),
-                ));
+                ).grouped(groups::IMAGES_WITHOUT_CAPTION));
                 return;
             }
-            scan.problems.push(Problem::error(
-                &entry.media,
-                format!("no caption file (expected {name})"),
-            ));
+            scan.problems.push(
+                Problem::error(&entry.media, format!("no caption file (expected {name})"))
+                    .grouped(groups::VIDEOS_WITHOUT_CAPTION),
+            );
             None
         }
         CaptionResult::NotConfigured => None,

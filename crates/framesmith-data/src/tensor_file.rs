@@ -219,6 +219,15 @@ fn candle_dtype(dtype: Dtype) -> Option<DType> {
     })
 }
 
+/// The whole of a regular file: a FIFO or device in a cache folder is refused rather than read forever.
+fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut file = framesmith_config::file_read::open_regular(path)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(file.metadata()?.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
 /// All tensors and the metadata of a safetensors file.
 pub struct TensorFile {
     pub tensors: HashMap<String, Tensor>,
@@ -227,7 +236,7 @@ pub struct TensorFile {
 
 /// Reads every tensor of a safetensors file onto `device`, with its metadata.
 pub fn read_tensor_file(path: &Path, device: &Device) -> Result<TensorFile, CacheError> {
-    let bytes = std::fs::read(path).map_err(|source| CacheError::Io {
+    let bytes = read_regular(path).map_err(|source| CacheError::Io {
         action: "read",
         path: path.to_path_buf(),
         source,

@@ -10,6 +10,7 @@ use super::config::{
 };
 use super::keys::without_follow_ups;
 use super::problem::Problem;
+use super::scan::entry_problems;
 
 /// Pixel multiple every resolution must be (VAE stride 8 × patch 2).
 pub const RESOLUTION_STEP: u32 = 16;
@@ -48,12 +49,25 @@ pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigError> {
     if !errors.is_empty() {
         return Err(ConfigError::Invalid { problems: errors });
     }
-    Ok(ValidConfig {
+    let valid = ValidConfig {
         datasets: parsed.config.resolve(&base),
         validation_datasets: parsed.config.resolve_validation(&base),
         config: parsed.config,
         warnings,
-    })
+    };
+    // An entry that cannot be read (a dangling link, a FIFO, a device) would otherwise be left out of caching and
+    // training without a word.
+    let unreadable: Vec<Problem> = valid
+        .all_datasets()
+        .flat_map(entry_problems)
+        .filter(Problem::is_error)
+        .collect();
+    if !unreadable.is_empty() {
+        return Err(ConfigError::Invalid {
+            problems: unreadable,
+        });
+    }
+    Ok(valid)
 }
 
 /// Every problem in `config` (read from `file`, relative paths taken from `base`), errors and warnings.
@@ -199,9 +213,20 @@ fn check_common(ds: &DatasetSection, g: &GeneralSection, cx: &Cx, out: &mut Vec<
         out.push(cx.error("batch_size", "must be at least 1"));
     }
     if ds.num_repeats.or(g.num_repeats) == Some(0) {
-        out.push(cx.warning(
-            "num_repeats",
-            "is 0, so this dataset is left out of training",
+        // One meaning everywhere: musubi-tuner would train on nothing from it, and a silent 1 would train on it.
+        let key = if ds.num_repeats.is_some() {
+            cx.key("num_repeats")
+        } else {
+            "general.num_repeats".to_string()
+        };
+        out.push(Problem::key_error(
+            cx.file,
+            key,
+            format!(
+                "is 0 for {}, which would train on nothing from it; set num_repeats = 1 or more, or remove the \
+                 dataset",
+                cx.prefix
+            ),
         ));
     }
     let enable_bucket = ds.enable_bucket.or(g.enable_bucket).unwrap_or(false);

@@ -123,7 +123,30 @@ num_repeats = 0
     assert!(has("caption_extension", "leading dot"), "{warnings:#?}");
     assert!(has("target_frames", "chunk"), "{warnings:#?}");
     assert!(has("max_frames", "\"full\""), "{warnings:#?}");
-    assert!(has("num_repeats", "left out"), "{warnings:#?}");
+    assert!(
+        !warnings.iter().any(|w| w.contains("num_repeats")),
+        "{warnings:#?}"
+    );
+}
+
+#[test]
+fn zero_repeats_is_an_error_naming_the_key() {
+    for (text, key) in [
+        ("[[datasets]]\nimage_directory = \"/i\"\ncaption_extension = \".txt\"\nnum_repeats = 0\n", "datasets[0].num_repeats"),
+        ("[general]\nnum_repeats = 0\n[[datasets]]\nimage_directory = \"/i\"\ncaption_extension = \".txt\"\n", "general.num_repeats"),
+    ] {
+        let c = parse_clean(text);
+        let errors: Vec<String> = validate(&c, Path::new(FILE), Path::new("/"))
+            .iter()
+            .filter(|p| p.is_error() && p.key.as_deref() == Some(key))
+            .map(ToString::to_string)
+            .collect();
+        assert_eq!(errors.len(), 1, "{errors:#?}");
+        assert!(
+            errors[0].contains("set num_repeats = 1 or more, or remove the dataset"),
+            "{errors:#?}"
+        );
+    }
 }
 
 #[test]

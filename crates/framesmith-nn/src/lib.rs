@@ -8,6 +8,7 @@ pub mod collective;
 pub mod cuda;
 pub mod device;
 pub mod driver;
+pub mod file;
 pub mod fp8;
 pub mod init;
 pub mod linear;

@@ -263,11 +263,12 @@ fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> FileResult<()>) ->
 impl LoraFile {
     /// Reads a LoRA file in musubi-tuner / kohya layout or ComfyUI / diffusers-style layout onto `device`.
     pub fn load(path: &Path, device: &Device) -> FileResult<Self> {
-        let bytes = fs::read(path).map_err(|source| LoraFileError::Io {
-            action: "read",
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let bytes =
+            crate::file::read_regular(path, u64::MAX).map_err(|source| LoraFileError::Io {
+                action: "read",
+                path: path.to_path_buf(),
+                source,
+            })?;
         let format_err = |e: safetensors::SafeTensorError| LoraFileError::Format {
             reason: e.to_string(),
             path: path.to_path_buf(),

@@ -4,6 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
+use framesmith_config::file_read::{excerpt, read_string_bounded, ReadLimit};
 use serde::Deserialize;
 
 /// Frames of a Wan sample clip without `--f`.
@@ -92,7 +93,7 @@ struct TomlPrompts {
 /// Reads a `.txt` or `.toml` prompt file.
 pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
     let shown = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| PromptError::Io {
+    let text = read_string_bounded(path, ReadLimit::PROMPTS).map_err(|source| PromptError::Io {
         path: shown.clone(),
         source,
     })?;
@@ -106,7 +107,7 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
             .map(|t| t.prompt.into_iter().map(beside_file).collect())
             .map_err(|e| PromptError::Toml {
                 path: shown,
-                message: e.to_string(),
+                message: toml_message(&e, &text),
             });
     }
     text.lines()
@@ -118,10 +119,23 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
                 .map_err(|message| PromptError::Line {
                     path: shown.clone(),
                     line: i + 1,
-                    message,
+                    message: excerpt(&message, MAX_QUOTED_CHARS).into_owned(),
                 })
         })
         .collect()
+}
+
+/// Longest message quoted from a prompt file into an error (a damaged file can hold one endless line).
+const MAX_QUOTED_CHARS: usize = 300;
+
+/// toml's message with its line and column, without the quoted source line toml's display adds (which in a
+/// damaged file can be megabytes).
+fn toml_message(err: &toml::de::Error, text: &str) -> String {
+    let at = framesmith_config::error::location_of(text, err.span().map_or(0, |s| s.start));
+    format!(
+        "{} at {at}",
+        excerpt(err.message().trim(), MAX_QUOTED_CHARS)
+    )
 }
 
 /// Parses one line: the prompt text, then ` --key value` options.
@@ -203,6 +217,36 @@ mod tests {
         std::fs::write(&path, "# comment\nok prompt\nbad --s x\n").expect("write");
         let err = read_prompt_file(&path).unwrap_err().to_string();
         assert!(err.contains("p.txt:3"), "{err}");
+    }
+
+    #[test]
+    fn hostile_prompt_files_are_refused_at_once_with_short_messages() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let huge = dir.path().join("huge.txt");
+        std::fs::File::create(&huge)
+            .and_then(|f| f.set_len(3 << 30))
+            .expect("sparse file");
+        let err = read_prompt_file(&huge).unwrap_err().to_string();
+        assert!(
+            err.contains("over the 16 MiB limit for a prompt file"),
+            "{err}"
+        );
+        #[cfg(unix)]
+        {
+            let err = read_prompt_file(Path::new("/dev/zero"))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("character device, not a file"), "{err}");
+        }
+        // One endless line of a damaged TOML prompt file is not quoted back whole.
+        let zeros = dir.path().join("zeros.toml");
+        std::fs::write(&zeros, vec![0u8; 1 << 20]).expect("write");
+        let err = read_prompt_file(&zeros).unwrap_err().to_string();
+        assert!(err.len() < 1000, "{} bytes", err.len());
+        let long = dir.path().join("long.txt");
+        std::fs::write(&long, format!("x --{} 1\n", "z".repeat(1 << 20))).expect("write");
+        let err = read_prompt_file(&long).unwrap_err().to_string();
+        assert!(err.len() < 1000, "{} bytes", err.len());
     }
 
     #[test]

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use anyhow::{bail, Context};
 use candle_core::{DType, Device, Tensor, Var};
+use framesmith_config::file_read::{read_string_bounded, ReadLimit};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::lora::Lora;
 
@@ -159,7 +160,7 @@ impl Fixture {
     /// Reads a case directory.
     pub fn load(dir: &Path) -> anyhow::Result<Self> {
         let config_path = dir.join("config.json");
-        let text = std::fs::read_to_string(&config_path)
+        let text = read_string_bounded(&config_path, ReadLimit::JSON)
             .with_context(|| format!("cannot read the fixture config {}", config_path.display()))?;
         let config: serde_json::Value = serde_json::from_str(&text).with_context(|| {
             format!(

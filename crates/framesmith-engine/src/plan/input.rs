@@ -105,7 +105,7 @@ pub fn clip_with_dataset(
     let from_dataset = if d.synthetic {
         Some(DEMO_CLIP)
     } else if !d.config.as_os_str().is_empty() {
-        std::fs::read_to_string(&d.config)
+        framesmith_config::text_file::read_text(&d.config)
             .ok()
             .and_then(|text| largest_dataset_clip(&text, &d.config))
     } else {

@@ -4,7 +4,6 @@
 //! re-runs over large datasets cheap.
 
 use std::collections::HashMap;
-use std::fs::File;
 use std::io::Read;
 use std::path::Path;
 
@@ -28,7 +27,7 @@ pub(crate) fn complete_cache_of(
     key_prefixes: &[&str],
     architecture: &str,
 ) -> Option<HashMap<String, String>> {
-    let mut file = File::open(path).ok()?;
+    let mut file = framesmith_config::file_read::open_regular(path).ok()?;
     let file_len = file.metadata().ok()?.len();
     let mut len_bytes = [0u8; 8];
     file.read_exact(&mut len_bytes).ok()?;

@@ -292,9 +292,10 @@ pub(crate) fn scan_items(
         decode_check: false,
     };
     let scan = scan_dataset(dataset, &options);
+    // Thousands of unreadable files of one kind become one line.
     summary
         .warnings
-        .extend(scan.problems.iter().map(ToString::to_string));
+        .extend(framesmith_data::problem::summary_lines(&scan.problems));
     scan
 }
 

@@ -58,6 +58,15 @@ impl TrainSet {
                     .push(i);
             }
         }
+        // A batch takes items of one bucket: a larger batch_size would silently become the bucket's size.
+        let largest = buckets.values().map(Vec::len).max().unwrap_or(0);
+        if batch_size > largest {
+            candle_core::bail!(
+                "batch_size = {batch_size} but the largest bucket (cached items of one size, times num_repeats) holds \
+                 {largest}, and a batch takes items of one bucket, so no batch could be that large; set batch_size \
+                 to {largest} or less in the dataset config"
+            );
+        }
         let batches = buckets
             .into_values()
             .flat_map(|idx| {
@@ -495,6 +504,28 @@ mod tests {
             let keys: Vec<_> = batch.iter().map(|i| &i.key).collect();
             assert_eq!(keys, again.iter().map(|i| &i.key).collect::<Vec<_>>());
         }
+        Ok(())
+    }
+
+    #[test]
+    fn a_batch_size_no_bucket_can_fill_is_refused_not_shrunk() -> Result<()> {
+        let items = || {
+            (0..8)
+                .map(|i| item(&format!("i{i}"), 1))
+                .collect::<Result<Vec<_>>>()
+        };
+        let err = TrainSet::new(items()?, 100_000, 1, 7)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("batch_size = 100000")
+                && err.contains("holds 8")
+                && err.contains("set batch_size to 8"),
+            "{err}"
+        );
+        // Repeats fill a bucket too: 8 items twice make batches of 16.
+        assert_eq!(TrainSet::new(items()?, 16, 2, 7)?.batches_per_epoch(), 1);
         Ok(())
     }
 

@@ -13,6 +13,7 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::train::optimizer::AdamW;
 use crate::train::trainer::{StepReport, Trainer};
+use framesmith_config::file_read::{read_string_bounded, ReadLimit};
 use framesmith_config::outputs::{
     states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
 };
@@ -515,7 +516,7 @@ fn sync_file(path: &Path, needed_bytes: u64) -> anyhow::Result<()> {
 
 /// Drops the rows of steps after `step` from a metrics log (a resumed run writes them again).
 fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
-    let Ok(text) = fs::read_to_string(path) else {
+    let Ok(text) = read_string_bounded(path, ReadLimit::JSONL) else {
         return Ok(());
     };
     let kept: String = text

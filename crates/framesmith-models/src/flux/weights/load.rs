@@ -129,7 +129,9 @@ fn clip_config(names: &Names, heads: Option<usize>) -> Option<ClipTextConfig> {
 /// `num_attention_heads` from the Hugging Face `config.json` beside a CLIP file (as in a `text_encoder/` folder),
 /// when there is one that says it.
 fn clip_heads_beside(path: &Path) -> Option<usize> {
-    let text = std::fs::read_to_string(path.parent()?.join("config.json")).ok()?;
+    let bytes =
+        framesmith_nn::file::read_regular(&path.parent()?.join("config.json"), 1 << 20).ok()?;
+    let text = String::from_utf8(bytes).ok()?;
     let json: serde_json::Value = serde_json::from_str(&text).ok()?;
     let heads = json.get("num_attention_heads")?.as_u64()?;
     usize::try_from(heads).ok().filter(|&h| h > 0)

@@ -146,12 +146,16 @@ impl UmT5Tokenizer {
             .extension()
             .is_some_and(|e| e.eq_ignore_ascii_case("model"))
         {
-            let bytes = std::fs::read(path).map_err(|e| unreadable(e.to_string()))?;
+            // SentencePiece models are a few megabytes; a gigabyte is not one.
+            let bytes = framesmith_nn::file::read_regular(path, 1 << 30)
+                .map_err(|e| unreadable(e.to_string()))?;
             return Self::from_spm(&bytes, "the SentencePiece model", path);
         }
         // The tokenizers library can panic on damaged files rather than return an error; a bad file is the user's
         // input, so it becomes an error here.
-        let tokenizer = std::panic::catch_unwind(|| Tokenizer::from_file(path))
+        let bytes = framesmith_nn::file::read_regular(path, 1 << 30)
+            .map_err(|e| unreadable(e.to_string()))?;
+        let tokenizer = std::panic::catch_unwind(|| Tokenizer::from_bytes(&bytes))
             .map_err(|_| unreadable("the tokenizers library crashed reading it".into()))?
             .map_err(|e| unreadable(e.to_string()))?;
         Self::new(tokenizer, path)

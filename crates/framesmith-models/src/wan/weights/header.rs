@@ -3,8 +3,8 @@
 //! one small tensor alone. No input makes it panic: lengths are checked before allocating and all offset
 //! arithmetic is checked.
 
+use framesmith_nn::file::open_regular;
 use std::collections::BTreeMap;
-use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::Path;
 
@@ -64,7 +64,7 @@ pub(crate) fn dtype_bits(dtype: &str) -> Option<u64> {
 
 /// Reads and validates the header of the safetensors file at `path`.
 pub(crate) fn read_header(path: &Path) -> Result<Header, ModelFormatError> {
-    let mut file = File::open(path).map_err(|e| io_error(e, path))?;
+    let mut file = open_regular(path).map_err(|e| io_error(e, path))?;
     let file_bytes = file.metadata().map_err(|e| io_error(e, path))?.len();
     read_header_from(&mut file, file_bytes, path)
 }
@@ -123,7 +123,7 @@ pub(crate) fn read_tensor_data(
         reason: format!("tensor `{}` is too large to read into memory", info.name),
         path: path.to_path_buf(),
     })?;
-    let mut file = File::open(path).map_err(unreadable)?;
+    let mut file = open_regular(path).map_err(unreadable)?;
     file.seek(SeekFrom::Start(info.data_start))
         .map_err(unreadable)?;
     let mut data = vec![0u8; len];
@@ -215,7 +215,7 @@ pub(crate) fn hex_prefix(head: &[u8]) -> String {
 /// Up to the first 64 bytes of the file at `path`: enough for [`sniff_kind`] and [`safetensors_header_len`].
 pub(crate) fn read_head(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut head = Vec::with_capacity(64);
-    File::open(path)?.take(64).read_to_end(&mut head)?;
+    open_regular(path)?.take(64).read_to_end(&mut head)?;
     Ok(head)
 }
 

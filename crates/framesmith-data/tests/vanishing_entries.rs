@@ -1,0 +1,132 @@
+//! Dataset entries that cannot be read — a symbolic link whose target is gone, a FIFO, a link to a device, a link
+//! loop — are errors naming each file in `dataset check` and refuse caching and training (`load_valid`); the
+//! caption such an entry leaves behind is reported; thousands of unreadable files print as one line per kind.
+#![cfg(unix)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::os::unix::fs::symlink;
+use std::path::Path;
+
+use framesmith_data::report::check_path;
+use framesmith_data::scan::ScanOptions;
+use framesmith_data::{load_valid, ConfigError};
+use image::RgbImage;
+
+fn probing() -> ScanOptions {
+    ScanOptions {
+        probe_media: true,
+        tools: None,
+        decode_check: true,
+    }
+}
+
+/// A folder with one good captioned image and every kind of entry that cannot be read, each with a caption.
+fn hostile_folder(d: &Path) {
+    RgbImage::new(32, 32).save(d.join("good.png")).unwrap();
+    for name in ["good", "gone", "pipe", "device", "loop"] {
+        std::fs::write(d.join(format!("{name}.txt")), format!("{name} caption")).unwrap();
+    }
+    symlink(d.join("unplugged/drive.png"), d.join("gone.png")).unwrap();
+    let made = std::process::Command::new("mkfifo")
+        .arg(d.join("pipe.png"))
+        .status()
+        .unwrap();
+    assert!(made.success());
+    symlink("/dev/zero", d.join("device.png")).unwrap();
+    symlink(d.join("loop.png"), d.join("loop.png")).unwrap();
+}
+
+#[test]
+fn dataset_check_counts_every_entry_that_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    hostile_folder(d);
+    let report = check_path(d, &probing()).unwrap();
+    let text: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
+    for (name, why) in [
+        ("gone.png", "drive.png, which does not exist"),
+        ("pipe.png", "is a FIFO (named pipe), not an image file"),
+        (
+            "device.png",
+            "is a symbolic link to a character device (/dev/zero)",
+        ),
+        ("loop.png", "cannot be followed"),
+    ] {
+        assert!(
+            text.iter().any(|t| t.starts_with("error: this image ")
+                && t.contains(why)
+                && t.contains("(its caption is left unused)")
+                && t.ends_with(name)),
+            "{name}: {text:#?}"
+        );
+    }
+    assert_eq!(report.error_count(), 4, "{text:#?}");
+    let summary = &report.datasets[0];
+    assert_eq!(summary.media_found, 5, "{summary:?}");
+    assert_eq!(summary.items, 1, "{summary:?}");
+    assert_eq!(summary.left_out.unreadable, 4, "{summary:?}");
+    assert_eq!(summary.unreadable.len(), 4, "{summary:?}");
+    assert!(!report.is_ok());
+}
+
+#[test]
+fn caching_and_training_refuse_a_dataset_with_entries_that_cannot_be_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let images = d.join("images");
+    std::fs::create_dir(&images).unwrap();
+    hostile_folder(&images);
+    let toml = d.join("dataset.toml");
+    std::fs::write(
+        &toml,
+        "[[datasets]]\nimage_directory = \"images\"\ncaption_extension = \".txt\"\n",
+    )
+    .unwrap();
+    let err = load_valid(&toml).unwrap_err();
+    let ConfigError::Invalid { problems } = &err else {
+        panic!("{err}");
+    };
+    assert_eq!(problems.len(), 4, "{problems:#?}");
+    let shown = err.to_string();
+    assert!(
+        shown.contains("pipe.png") && shown.contains("gone.png") && shown.contains("loop.png"),
+        "{shown}"
+    );
+}
+
+#[test]
+fn thousands_of_unreadable_files_print_one_line_per_kind() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    RgbImage::new(32, 32).save(d.join("good.png")).unwrap();
+    std::fs::write(d.join("good.txt"), "a caption").unwrap();
+    let broken = 2_000;
+    for i in 0..broken {
+        std::fs::write(
+            d.join(format!("bad{i:05}.png")),
+            b"\x89PNG\r\n\x1a\nnot a png",
+        )
+        .unwrap();
+    }
+    let report = check_path(d, &probing()).unwrap();
+    assert_eq!(report.error_count(), broken, "every file is still counted");
+    let shown = report.to_string();
+    let lines = shown.lines().count();
+    assert!(lines < 20, "{lines} lines:\n{shown}");
+    assert!(
+        shown.contains(&format!(
+            "error: {broken} unreadable images or videos; the first: "
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!(
+            "warning: {broken} images without a caption file, left out"
+        )),
+        "{shown}"
+    );
+    assert!(
+        shown.contains(&format!("and {} more", broken - 3)),
+        "{shown}"
+    );
+}
