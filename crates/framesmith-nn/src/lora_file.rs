@@ -127,27 +127,20 @@ impl LoraSet {
             let alpha = (lora.alpha as f32).to_le_bytes().to_vec();
             entries.push((format!("{name}.alpha"), StDtype::F32, vec![], alpha));
         }
-        let mut views = Vec::with_capacity(entries.len());
         for (key, dt, shape, bytes) in &entries {
-            let view =
-                TensorView::new(*dt, shape.clone(), bytes).map_err(|e| LoraFileError::Format {
-                    reason: format!("tensor `{key}`: {e}"),
-                    path: path.to_path_buf(),
-                })?;
-            views.push((key.clone(), view));
+            // The sizes must agree before the header promises them.
+            TensorView::new(*dt, shape.clone(), bytes).map_err(|e| LoraFileError::Format {
+                reason: format!("tensor `{key}`: {e}"),
+                path: path.to_path_buf(),
+            })?;
         }
-        let metadata = (!metadata.is_empty()).then(|| metadata.clone());
         write_atomically(path, |tmp| {
-            safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {
-                safetensors::SafeTensorError::IoError(source) => LoraFileError::Io {
+            sorted_write::write_sorted(tmp, &entries, metadata).map_err(|source| {
+                LoraFileError::Io {
                     action: "write",
                     path: path.to_path_buf(),
                     source,
-                },
-                other => LoraFileError::Format {
-                    reason: other.to_string(),
-                    path: path.to_path_buf(),
-                },
+                }
             })
         })
     }
@@ -508,5 +501,6 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
 }
 
 mod flux_diffusers;
+mod sorted_write;
 #[cfg(test)]
 mod tests;
