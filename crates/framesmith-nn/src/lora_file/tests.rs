@@ -523,3 +523,38 @@ fn identical_saves_give_identical_bytes_with_sorted_metadata() {
     let (_, meta) = SafeTensors::read_metadata(&std::fs::read(&a).unwrap()).unwrap();
     assert!(meta.metadata().is_none());
 }
+
+#[test]
+fn a_file_holding_nan_is_refused_naming_the_tensor_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("init.safetensors");
+    let mut up = tensor(5, &[6, 2], 1.0)
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    up[7] = f32::INFINITY;
+    write_raw(
+        &path,
+        &[
+            (
+                "lora_unet_blocks_0_self_attn_q.lora_down.weight",
+                tensor(4, &[2, 8], 1.0),
+            ),
+            (
+                "lora_unet_blocks_0_self_attn_q.lora_up.weight",
+                Tensor::from_vec(up, (6, 2), &Device::Cpu).unwrap(),
+            ),
+        ],
+    );
+    let file = LoraFile::load(&path, &Device::Cpu).unwrap();
+    let err = file.check_finite(&path).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "LoRA tensor `lora_unet_blocks_0_self_attn_q.lora_up.weight` in the file holds NaN or infinite \
+             values: {}",
+            path.display()
+        )
+    );
+}
