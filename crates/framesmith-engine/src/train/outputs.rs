@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::train::optimizer::AdamW;
 use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::outputs::{
-    states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
+    newest_good_state_before, states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
 };
 use framesmith_config::protocol::{Event, ValidationLoss};
 use framesmith_nn::lora::LoraSet;
@@ -411,20 +411,15 @@ impl Trainer {
             );
         }
         let damaged = |e: &dyn std::fmt::Display| {
-            // States are listed oldest first: the last one before `dir` is the newest earlier one.
-            let earlier = dir
-                .parent()
-                .map(|out| states_in(out, Some(&self.outputs.name)))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|s| s.dir)
-                .rfind(|d| d.as_path() < dir);
+            let earlier = dir.parent().and_then(|out| {
+                newest_good_state_before(out, Some(&self.outputs.name), state.step)
+            });
             let fix = match earlier {
-                Some(state) => format!(
-                    "resume from an earlier state (--resume {})",
-                    state.display()
+                Some(s) => format!(
+                    "resume from the state before it (--resume {})",
+                    s.dir.display()
                 ),
-                None => "start again without --resume".to_string(),
+                None => "no earlier good state is left: start again without --resume".to_string(),
             };
             anyhow::anyhow!(
                 "the training state in {} is damaged ({e}); {fix}",

@@ -443,6 +443,9 @@ impl Trainer {
         let resume = match &request.resume_from {
             Some(path) => {
                 let target = find_resume(path, &request.config)?;
+                for damaged in &target.skipped {
+                    log(LogLevel::Warn, damaged.describe());
+                }
                 plan.output.output_dir = target.run_dir.clone();
                 Some(target.state.dir)
             }
