@@ -11,11 +11,15 @@ use serde::{Deserialize, Serialize};
 
 use super::run::RunConfig;
 
+mod lock;
 mod states;
+mod temporaries;
 
+pub use lock::{output_folder_of, FolderLock, FolderLockError, LockHolder, LOCK_FILE};
 pub use states::{
     check_state, checked_states_newest_first, newest_good_state_before, state_folders, DamagedState,
 };
+pub use temporaries::{remove_stale_temporaries, RemovedTemporaries};
 
 /// The record a run writes into its folder when it starts.
 pub const RUN_RECORD_FILE: &str = "run.json";
