@@ -20,6 +20,11 @@ use framesmith_config::protocol::{Event, ValidationLoss};
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::lora_file::{LoraFile, LoraFileError};
 
+mod write_errors;
+
+pub use write_errors::is_disk_full;
+use write_errors::{candle_io, disk_full, lora_write_failure, write_failure};
+
 /// Training-state folders kept; older ones are removed once a newer one is complete.
 const STATES_KEPT: usize = 2;
 
@@ -524,125 +529,4 @@ fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
         .map(|line| format!("{line}\n"))
         .collect();
     write_atomic(path, kept.as_bytes())
-}
-
-/// The I/O error behind a candle failure to write a file, if that is what it was.
-fn candle_io(err: &candle_core::Error) -> Option<&std::io::Error> {
-    match err {
-        candle_core::Error::Io(io) => Some(io),
-        candle_core::Error::WithPath { inner, .. }
-        | candle_core::Error::Context { inner, .. }
-        | candle_core::Error::WithBacktrace { inner, .. } => candle_io(inner),
-        other => {
-            // A safetensors write error names its I/O error as its source.
-            let mut source = std::error::Error::source(other);
-            while let Some(error) = source {
-                if let Some(io) = error.downcast_ref::<std::io::Error>() {
-                    return Some(io);
-                }
-                source = error.source();
-            }
-            None
-        }
-    }
-}
-
-/// Whether an I/O error means the disk (or the user's quota) is full.
-pub fn is_disk_full(err: &std::io::Error) -> bool {
-    // ENOSPC / EDQUOT on Unix; ERROR_HANDLE_DISK_FULL / ERROR_DISK_FULL on Windows.
-    let raw = err.raw_os_error();
-    err.kind() == std::io::ErrorKind::StorageFull
-        || err.kind() == std::io::ErrorKind::QuotaExceeded
-        || (cfg!(unix) && matches!(raw, Some(28 | 122)))
-        || (cfg!(windows) && matches!(raw, Some(39 | 112)))
-}
-
-/// The message for a write that ran out of disk space: what was being written, how much it needed, and what
-/// to do; the earlier files are kept.
-fn disk_full(action: &str, path: &Path, needed_bytes: u64) -> anyhow::Error {
-    anyhow::anyhow!(
-        "out of disk space: could not {action} (it needs about {:.1} MiB). Nothing half-written was left and the \
-         last good LoRA and training state are kept. Free space on that disk, or set output.output_dir to another \
-         disk, then resume: {}",
-        needed_bytes as f64 / (1u64 << 20) as f64,
-        path.display()
-    )
-}
-
-/// An I/O failure while writing an output: out of space gets its own message; anything else names the file.
-fn write_failure(
-    err: std::io::Error,
-    action: &str,
-    path: &Path,
-    needed_bytes: u64,
-) -> anyhow::Error {
-    if is_disk_full(&err) {
-        disk_full(action, path, needed_bytes)
-    } else {
-        anyhow::Error::new(err).context(io_context(action, path))
-    }
-}
-
-/// A failed LoRA write: out of space gets its own message; anything else keeps the LoRA writer's.
-fn lora_write_failure(
-    err: LoraFileError,
-    action: &str,
-    path: &Path,
-    needed_bytes: u64,
-) -> anyhow::Error {
-    let disk_is_full = std::error::Error::source(&err)
-        .and_then(|s| s.downcast_ref::<std::io::Error>())
-        .is_some_and(is_disk_full);
-    if disk_is_full {
-        disk_full(action, path, needed_bytes)
-    } else {
-        anyhow::Error::new(err).context(io_context(action, path))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn out_of_space_says_what_failed_and_what_it_needed() {
-        let full = || std::io::Error::from(std::io::ErrorKind::StorageFull);
-        assert!(is_disk_full(&full()));
-        #[cfg(unix)]
-        assert!(is_disk_full(&std::io::Error::from_raw_os_error(28)));
-        assert!(!is_disk_full(&std::io::Error::from(
-            std::io::ErrorKind::PermissionDenied
-        )));
-        let path = Path::new("out/run.safetensors");
-        let message = format!(
-            "{:#}",
-            write_failure(full(), "append to the metrics log", path, 3 << 20)
-        );
-        assert!(
-            message.starts_with("out of disk space: could not append to the metrics log")
-                && message.contains("3.0 MiB")
-                && message.ends_with("out/run.safetensors"),
-            "{message}"
-        );
-        let lora = LoraFileError::Io {
-            action: "write",
-            path: path.to_path_buf(),
-            source: full(),
-        };
-        let message = format!(
-            "{:#}",
-            lora_write_failure(lora, "save the LoRA", path, 1 << 20)
-        );
-        assert!(
-            message.contains("could not save the LoRA (it needs about 1.0 MiB)"),
-            "{message}"
-        );
-        let denied = write_failure(
-            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
-            "write",
-            path,
-            1,
-        );
-        assert!(format!("{denied:#}").starts_with("cannot write out/run.safetensors"));
-    }
 }
