@@ -16,7 +16,8 @@ use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::outputs::{
     newest_good_state_before, states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
 };
-use framesmith_config::protocol::{Event, ValidationLoss};
+use framesmith_config::protocol::{Event, LogLevel, ValidationLoss};
+use framesmith_config::schedule::LrSchedule;
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::lora_file::{LoraFile, LoraFileError};
 
@@ -376,8 +377,13 @@ impl Trainer {
     /// Continues from a training-state folder of this run's folder (found by `config::outputs::find_resume`):
     /// LoRA weights, optimizer moments and the step count. The data order and noise follow from the step, so the
     /// run goes on exactly as if it had not stopped. Refuses, before anything is written, a state that has
-    /// already reached this config's last step.
-    pub fn resume(&mut self, dir: &Path) -> anyhow::Result<PathBuf> {
+    /// already reached this config's last step. When the run's length changed since the save, `log` says how the
+    /// learning-rate schedule changes with it.
+    pub fn resume(
+        &mut self,
+        dir: &Path,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<PathBuf> {
         let state = StateRecord::read(dir)?;
         if state.format != STATE_FORMAT
             || state.accumulation != self.accumulation
@@ -442,8 +448,41 @@ impl Trainer {
         }
         self.family.sync_lora(&self.loras)?;
         self.step = state.step;
+        if let Some(line) = schedule_change(&self.schedule, state.step, state.total_steps) {
+            log(LogLevel::Warn, line);
+        }
         Ok(dir.to_path_buf())
     }
+}
+
+/// What a resumed run's learning-rate schedule does when the run's length changed since the save (`saved_total`
+/// steps then, `now.total_steps` now): it is laid over the new length, as musubi-tuner's and OneTrainer's are
+/// (their schedulers are rebuilt from the new step count on resume), so the rate jumps where the two differ.
+/// `None` when nothing changes.
+fn schedule_change(now: &LrSchedule, step: usize, saved_total: usize) -> Option<String> {
+    let then = LrSchedule {
+        total_steps: saved_total,
+        ..*now
+    };
+    if saved_total == now.total_steps
+        || (step..now.total_steps).all(|s| then.lr_at(s) == now.lr_at(s))
+    {
+        return None;
+    }
+    Some(format!(
+        "the run now ends at step {} instead of step {saved_total} as when this state was saved: the {} \
+         learning-rate schedule is stretched over the new length (as musubi-tuner and OneTrainer do on resume), so \
+         at step {step} the learning rate is {:.3e} where the saved run's schedule had {:.3e}. To keep the old \
+         schedule, resume with the length the run was saved with",
+        now.total_steps,
+        // The name the config gives it (`cosine_with_restarts`).
+        serde_json::to_value(now.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        now.lr_at(step),
+        then.lr_at(step),
+    ))
 }
 
 /// Why a training state's LoRA or optimizer state could not be restored.

@@ -464,7 +464,7 @@ impl Trainer {
         let mut trainer = Self::from_plan(&plan, log)?;
         trainer.join_ranks(&plan, ranks, log)?;
         if let Some(state) = &resume {
-            let dir = trainer.resume(state)?;
+            let dir = trainer.resume(state, log)?;
             log(
                 LogLevel::Info,
                 format!("resumed at step {} from {}", trainer.step(), dir.display()),
