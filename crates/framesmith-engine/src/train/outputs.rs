@@ -14,7 +14,8 @@ use candle_core::{DType, Device, Tensor};
 use crate::train::optimizer::AdamW;
 use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::outputs::{
-    newest_good_state_before, states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
+    newest_good_state_before, states_in, FolderLock, RunRecord, StateRecord, RUN_RECORD_FILE,
+    STATE_FORMAT,
 };
 use framesmith_config::protocol::{Event, LogLevel, ValidationLoss};
 use framesmith_config::schedule::LrSchedule;
@@ -45,6 +46,8 @@ pub struct Outputs {
     pub record: RunRecord,
     /// `metrics.jsonl`, open from `begin` on.
     metrics: Option<File>,
+    /// The output folder's lock, held until the run ends (see `train::preflight`).
+    lock: Option<FolderLock>,
 }
 
 /// What a save wrote.
@@ -111,7 +114,13 @@ impl Outputs {
             config_toml: String::new(),
             record: RunRecord::new(name),
             metrics: None,
+            lock: None,
         }
+    }
+
+    /// Holds the output folder's lock for as long as these outputs live (the run).
+    pub fn hold(&mut self, lock: FolderLock) {
+        self.lock = Some(lock);
     }
 
     /// Takes the folder for this run, before its first step: the run record (kept when resuming), the resolved

@@ -320,6 +320,33 @@ fn a_damaged_newest_state_is_passed_over_for_the_one_before_it() {
     assert_eq!(resumed.step(), 2);
 }
 
+/// One run per output folder: while a run holds it, a new run and a resume into it are refused, naming it.
+#[test]
+fn a_folder_in_use_is_refused_naming_the_run_in_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = demo_config(dir.path(), 10);
+    let mut first = start(&config, None);
+    first.train_step(&|| false).expect("step");
+    first.save(false).expect("save");
+    for resume in [None, Some(dir.path())] {
+        let err = match try_start(&config, resume) {
+            Ok(_) => panic!("a second run took the folder"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.starts_with(&format!(
+                "another run is writing into this output folder (PID {}, started ",
+                std::process::id()
+            )) && err.ends_with(&dir.path().display().to_string()),
+            "{err}"
+        );
+    }
+    assert!(!dir.path().join("run-2").exists());
+    drop(first);
+    let resumed = start(&config, Some(dir.path()));
+    assert_eq!(resumed.step(), 1);
+}
+
 #[test]
 fn a_bad_init_from_file_says_what_to_point_it_at() {
     let dir = tempfile::tempdir().expect("tempdir");
