@@ -142,16 +142,38 @@ pub fn run_queue(
             } else {
                 "later"
             };
-            eprintln!(
-                "to go on {when}: framesmith train --config {} --resume {}",
-                path.display(),
-                state.display()
-            );
+            let own: Vec<String> = std::env::args_os()
+                .skip(1)
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            eprintln!("to go on {when}: {}", resume_command(&own, path, state));
         }
         held = matches!(end, RunEnd::Stopped(_));
         ends.push((path.clone(), Some(end)));
     }
     Ok(ends)
+}
+
+/// The command that continues a stopped run from `state`: `framesmith train` with `config` as its only config,
+/// the options this process was given (`own`: its presets, VRAM budget, GPUs — the run's config is what they made
+/// of it, and a resume must match it) and `--resume state`.
+fn resume_command(own: &[String], config: &Path, state: &Path) -> String {
+    let mut words = vec![
+        "framesmith train --config".to_string(),
+        config.display().to_string(),
+    ];
+    let mut args = own.iter().skip_while(|a| a.as_str() != "train").skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--config" | "--resume" => {
+                args.next();
+            }
+            a if a.starts_with("--config=") || a.starts_with("--resume=") => {}
+            _ => words.push(arg.clone()),
+        }
+    }
+    words.push(format!("--resume {}", state.display()));
+    words.join(" ")
 }
 
 /// Reads commands (JSON lines) from stdin for the engine, on a thread of its own; stdin closing (the app is gone)
@@ -663,6 +685,36 @@ mod tests {
         // Steps at an even pace: no slowdown, no warning, whatever the memory counters say.
         let mut watch = SpillWatch::new(&telemetry, true);
         assert!((0..8).all(|_| watch.after_step(1.0).is_none()));
+    }
+
+    /// The advice after a stop repeats the run's presets and options: without them the resumed run's config
+    /// would differ from the run's, and the resume would be refused.
+    #[test]
+    fn the_resume_command_keeps_the_runs_presets_and_options() {
+        let own: Vec<String> = [
+            "train",
+            "--config",
+            "a.toml",
+            "--preset",
+            "low-vram",
+            "--config=b.toml",
+            "--vram-budget-gb",
+            "12",
+            "--resume",
+            "out",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        assert_eq!(
+            resume_command(
+                &own,
+                Path::new("b.toml"),
+                Path::new("out/lora-state-000007")
+            ),
+            "framesmith train --config b.toml --preset low-vram --vram-budget-gb 12 --resume \
+             out/lora-state-000007"
+        );
     }
 
     #[test]

@@ -12,6 +12,16 @@ use serde::{Deserialize, Serialize};
 use super::file_read::{read_string_bounded, ReadLimit};
 use super::run::RunConfig;
 
+mod lock;
+mod states;
+mod temporaries;
+
+pub use lock::{output_folder_of, FolderLock, FolderLockError, LockHolder, LOCK_FILE};
+pub use states::{
+    check_state, checked_states_newest_first, newest_good_state_before, state_folders, DamagedState,
+};
+pub use temporaries::{remove_stale_temporaries, RemovedTemporaries};
+
 /// The record a run writes into its folder when it starts.
 pub const RUN_RECORD_FILE: &str = "run.json";
 /// Files every run writes into its folder (older versions wrote no `run.json`; these mark their runs too).
@@ -232,48 +242,98 @@ fn leaves(config: &RunConfig) -> Result<BTreeMap<String, toml::Value>, toml::ser
 pub struct ResumeTarget {
     pub run_dir: PathBuf,
     pub state: SavedState,
+    /// Damaged states passed over for an older good one, newest first.
+    pub skipped: Vec<DamagedState>,
 }
 
 /// Finds what `--resume path` continues under `config`: `path` is a training-state folder, or an output folder
-/// (then the newest run in it whose config matches, at its newest state). Refuses a state whose run was started
-/// with other settings, naming each one that differs.
+/// (then the newest run in it whose config matches, at its newest good state: damaged states are passed over
+/// and listed). Refuses a state whose run was started with other settings, naming each one that differs, and a
+/// damaged state named directly, naming the good one before it.
 pub fn find_resume(path: &Path, config: &RunConfig) -> anyhow::Result<ResumeTarget> {
-    if path.join("state.json").is_file() {
-        let state = SavedState {
-            step: StateRecord::read(path)?.step,
-            dir: path.to_path_buf(),
-        };
+    if path.join("state.json").is_file()
+        || (path.is_dir() && states::state_step(path, None).is_some())
+    {
+        let state = explicit_state(path)?;
         check_matches(&state.dir, config)?;
         let run_dir = path.parent().map_or_else(PathBuf::new, Path::to_path_buf);
-        return Ok(ResumeTarget { run_dir, state });
+        return Ok(ResumeTarget {
+            run_dir,
+            state,
+            skipped: Vec::new(),
+        });
     }
-    let runs = runs_in(path);
-    let candidates: Vec<&FoundRun> = runs.iter().rev().filter(|r| !r.states.is_empty()).collect();
-    let Some(newest) = candidates.first() else {
-        anyhow::bail!(
-            "no training state to resume in {} (expected a `…-state-NNNNNN` folder with a state.json, or an output \
-             folder holding them; states are written with output.save_state = true at each save)",
-            path.display()
-        );
-    };
-    for run in &candidates {
-        let Some(state) = run.states.last() else {
+    let mut skipped = Vec::new();
+    let mut mismatch = None;
+    for run in runs_in(path).iter().rev() {
+        // The run's newest good state decides whether the run matches this config.
+        let newest_good = checked_states_newest_first(&run.dir, None)
+            .into_iter()
+            .find_map(|checked| checked.map_err(|d| skipped.push(d)).ok());
+        let Some(state) = newest_good else {
             continue;
         };
-        if check_matches(&state.dir, config).is_ok() {
-            return Ok(ResumeTarget {
-                run_dir: run.dir.clone(),
-                state: state.clone(),
-            });
+        match check_matches(&state.dir, config) {
+            Ok(()) => {
+                return Ok(ResumeTarget {
+                    run_dir: run.dir.clone(),
+                    state,
+                    skipped,
+                })
+            }
+            Err(err) => {
+                mismatch.get_or_insert(err);
+            }
         }
     }
-    let newest_state = newest
-        .states
-        .last()
-        .map(|s| s.dir.clone())
-        .unwrap_or_default();
-    check_matches(&newest_state, config)?;
-    anyhow::bail!("no run in {} matches this config", path.display())
+    if let Some(err) = mismatch {
+        return Err(err);
+    }
+    if !skipped.is_empty() {
+        let lines: Vec<String> = skipped
+            .iter()
+            .map(|d| format!("\n  - {}", d.describe()))
+            .collect();
+        anyhow::bail!(
+            "no good training state to resume in {}: every one is damaged:{}\nStart again without --resume \
+             (the damaged states stay as they are): {}",
+            path.display(),
+            lines.concat(),
+            path.display()
+        );
+    }
+    anyhow::bail!(
+        "no training state to resume in {} (expected a `…-state-NNNNNN` folder with a state.json, or an output \
+         folder holding them; states are written with output.save_state = true at each save)",
+        path.display()
+    );
+}
+
+/// The state folder `path` named directly, when it is whole; else why not, and the good state before it.
+fn explicit_state(path: &Path) -> anyhow::Result<SavedState> {
+    match check_state(path) {
+        Ok(record) => Ok(SavedState {
+            step: record.step,
+            dir: path.to_path_buf(),
+        }),
+        Err(reason) => {
+            let step = states::state_step(path, None).unwrap_or(usize::MAX);
+            let earlier = path
+                .parent()
+                .and_then(|run| newest_good_state_before(run, None, step));
+            let fix = match earlier {
+                Some(s) => format!(
+                    "resume from the state before it (--resume {})",
+                    s.dir.display()
+                ),
+                None => "no earlier good state is left: start again without --resume".into(),
+            };
+            anyhow::bail!(
+                "the training state is damaged ({reason}); {fix}: {}",
+                path.display()
+            )
+        }
+    }
 }
 
 /// Errors when the config saved in `state_dir` differs from `config` in a setting that decides what is learned.
@@ -322,6 +382,12 @@ mod tests {
         )
         .unwrap();
         fs::write(state.join("config.toml"), config.to_toml_string().unwrap()).unwrap();
+        // Two empty tensors: whole safetensors files.
+        let header = r#"{"w":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}}"#;
+        let mut tensors = (header.len() as u64).to_le_bytes().to_vec();
+        tensors.extend(header.as_bytes());
+        fs::write(state.join("lora.safetensors"), &tensors).unwrap();
+        fs::write(state.join("optimizer.safetensors"), &tensors).unwrap();
         state
     }
 
@@ -438,5 +504,45 @@ mod tests {
         let empty = tempfile::tempdir().unwrap();
         let err = find_resume(empty.path(), &second).unwrap_err().to_string();
         assert!(err.contains("no training state to resume"), "{err}");
+    }
+
+    #[test]
+    fn resume_passes_over_damaged_states_and_says_so() {
+        let dir = tempfile::tempdir().unwrap();
+        let out = dir.path();
+        let config = RunConfig::default();
+        fs::write(out.join(RUN_RECORD_FILE), "{}").unwrap();
+        let good = state(out, "lora", 10, &config);
+        let cut_lora = state(out, "lora", 20, &config);
+        let lora = fs::read(cut_lora.join("lora.safetensors")).unwrap();
+        fs::write(cut_lora.join("lora.safetensors"), &lora[..lora.len() - 3]).unwrap();
+        let cut_record = state(out, "lora", 30, &config);
+        fs::write(cut_record.join("state.json"), "{\"format\": 1, \"st").unwrap();
+        let emptied = out.join("lora-state-000040");
+        fs::create_dir_all(&emptied).unwrap();
+
+        let target = find_resume(out, &config).unwrap();
+        assert_eq!(target.state.dir, good);
+        let skipped: Vec<&Path> = target.skipped.iter().map(|d| d.dir.as_path()).collect();
+        assert_eq!(skipped, [emptied.as_path(), &cut_record, &cut_lora]);
+        assert!(target.skipped[2]
+            .reason
+            .starts_with("lora.safetensors is cut short"));
+
+        // Named directly, a damaged state is refused with the good one before it.
+        let err = find_resume(&cut_record, &config).unwrap_err().to_string();
+        assert!(
+            err.starts_with("the training state is damaged (state.json is cut short")
+                && err.contains(&format!("(--resume {})", good.display())),
+            "{err}"
+        );
+        fs::remove_dir_all(&good).unwrap();
+        let err = find_resume(out, &config).unwrap_err().to_string();
+        assert!(
+            err.starts_with("no good training state to resume in")
+                && err.contains("the folder is empty")
+                && err.contains("Start again without --resume"),
+            "{err}"
+        );
     }
 }

@@ -40,6 +40,8 @@ pub enum LoraFileError {
     Format { reason: String, path: PathBuf },
     #[error("LoRA tensor `{key}` holds NaN or infinite values, so nothing was written: {path}")]
     NonFinite { key: String, path: PathBuf },
+    #[error("LoRA tensor `{key}` in the file holds NaN or infinite values: {path}")]
+    NonFiniteInFile { key: String, path: PathBuf },
     #[error("unsupported tensor `{key}` in the LoRA file ({reason}): {path}")]
     UnsupportedKey {
         key: String,
@@ -127,27 +129,20 @@ impl LoraSet {
             let alpha = (lora.alpha as f32).to_le_bytes().to_vec();
             entries.push((format!("{name}.alpha"), StDtype::F32, vec![], alpha));
         }
-        let mut views = Vec::with_capacity(entries.len());
         for (key, dt, shape, bytes) in &entries {
-            let view =
-                TensorView::new(*dt, shape.clone(), bytes).map_err(|e| LoraFileError::Format {
-                    reason: format!("tensor `{key}`: {e}"),
-                    path: path.to_path_buf(),
-                })?;
-            views.push((key.clone(), view));
+            // The sizes must agree before the header promises them.
+            TensorView::new(*dt, shape.clone(), bytes).map_err(|e| LoraFileError::Format {
+                reason: format!("tensor `{key}`: {e}"),
+                path: path.to_path_buf(),
+            })?;
         }
-        let metadata = (!metadata.is_empty()).then(|| metadata.clone());
         write_atomically(path, |tmp| {
-            safetensors::serialize_to_file(views, metadata, tmp).map_err(|e| match e {
-                safetensors::SafeTensorError::IoError(source) => LoraFileError::Io {
+            sorted_write::write_sorted(tmp, &entries, metadata).map_err(|source| {
+                LoraFileError::Io {
                     action: "write",
                     path: path.to_path_buf(),
                     source,
-                },
-                other => LoraFileError::Format {
-                    reason: other.to_string(),
-                    path: path.to_path_buf(),
-                },
+                }
             })
         })
     }
@@ -325,6 +320,36 @@ impl LoraFile {
             super::lora::natural_cmp(&a.name.replace('_', "."), &b.name.replace('_', "."))
         });
         Ok(Self { modules, metadata })
+    }
+
+    /// Refuses a file (read from `path`) holding a NaN or infinite value, naming the first such tensor in
+    /// musubi-tuner's name (`lora_unet_blocks_0_self_attn_q.lora_up.weight`).
+    pub fn check_finite(&self, path: &Path) -> FileResult<()> {
+        for m in &self.modules {
+            let alpha = (!m.alpha.is_finite()).then(|| format!("{}.alpha", m.name));
+            let tensor = [("lora_down.weight", &m.down), ("lora_up.weight", &m.up)]
+                .into_iter()
+                .find_map(|(suffix, t)| {
+                    let finite = t
+                        .flatten_all()
+                        .and_then(|t| t.to_dtype(DType::F32))
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .map(|v| v.iter().all(|x| x.is_finite()));
+                    match finite {
+                        Ok(true) => None,
+                        Ok(false) => Some(Ok(format!("{}.{suffix}", m.name))),
+                        Err(e) => Some(Err(e)),
+                    }
+                })
+                .transpose()?;
+            if let Some(key) = alpha.or(tensor) {
+                return Err(LoraFileError::NonFiniteInFile {
+                    key,
+                    path: path.to_path_buf(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The module with musubi-tuner name `name` (`lora_unet_blocks_0_self_attn_q`).
@@ -509,5 +534,6 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
 }
 
 mod flux_diffusers;
+mod sorted_write;
 #[cfg(test)]
 mod tests;

@@ -8,6 +8,7 @@ pub mod engine;
 pub mod launch;
 pub mod optimizer;
 pub mod outputs;
+pub mod preflight;
 pub mod ranks;
 pub mod samples;
 pub mod setup;

@@ -15,11 +15,18 @@ use crate::train::optimizer::AdamW;
 use crate::train::trainer::{StepReport, Trainer};
 use framesmith_config::file_read::{read_string_bounded, ReadLimit};
 use framesmith_config::outputs::{
-    states_in, RunRecord, StateRecord, RUN_RECORD_FILE, STATE_FORMAT,
+    newest_good_state_before, states_in, FolderLock, RunRecord, StateRecord, RUN_RECORD_FILE,
+    STATE_FORMAT,
 };
-use framesmith_config::protocol::{Event, ValidationLoss};
+use framesmith_config::protocol::{Event, LogLevel, ValidationLoss};
+use framesmith_config::schedule::LrSchedule;
 use framesmith_nn::lora::LoraSet;
 use framesmith_nn::lora_file::{LoraFile, LoraFileError};
+
+mod write_errors;
+
+pub use write_errors::is_disk_full;
+use write_errors::{candle_io, disk_full, lora_write_failure, write_failure};
 
 /// Training-state folders kept; older ones are removed once a newer one is complete.
 const STATES_KEPT: usize = 2;
@@ -40,6 +47,8 @@ pub struct Outputs {
     pub record: RunRecord,
     /// `metrics.jsonl`, open from `begin` on.
     metrics: Option<File>,
+    /// The output folder's lock, held until the run ends (see `train::preflight`).
+    lock: Option<FolderLock>,
 }
 
 /// What a save wrote.
@@ -106,7 +115,13 @@ impl Outputs {
             config_toml: String::new(),
             record: RunRecord::new(name),
             metrics: None,
+            lock: None,
         }
+    }
+
+    /// Holds the output folder's lock for as long as these outputs live (the run).
+    pub fn hold(&mut self, lock: FolderLock) {
+        self.lock = Some(lock);
     }
 
     /// Takes the folder for this run, before its first step: the run record (kept when resuming), the resolved
@@ -372,8 +387,13 @@ impl Trainer {
     /// Continues from a training-state folder of this run's folder (found by `config::outputs::find_resume`):
     /// LoRA weights, optimizer moments and the step count. The data order and noise follow from the step, so the
     /// run goes on exactly as if it had not stopped. Refuses, before anything is written, a state that has
-    /// already reached this config's last step.
-    pub fn resume(&mut self, dir: &Path) -> anyhow::Result<PathBuf> {
+    /// already reached this config's last step. When the run's length changed since the save, `log` says how the
+    /// learning-rate schedule changes with it.
+    pub fn resume(
+        &mut self,
+        dir: &Path,
+        log: &mut dyn FnMut(LogLevel, String),
+    ) -> anyhow::Result<PathBuf> {
         let state = StateRecord::read(dir)?;
         if state.format != STATE_FORMAT
             || state.accumulation != self.accumulation
@@ -412,20 +432,15 @@ impl Trainer {
             );
         }
         let damaged = |e: &dyn std::fmt::Display| {
-            // States are listed oldest first: the last one before `dir` is the newest earlier one.
-            let earlier = dir
-                .parent()
-                .map(|out| states_in(out, Some(&self.outputs.name)))
-                .unwrap_or_default()
-                .into_iter()
-                .map(|s| s.dir)
-                .rfind(|d| d.as_path() < dir);
+            let earlier = dir.parent().and_then(|out| {
+                newest_good_state_before(out, Some(&self.outputs.name), state.step)
+            });
             let fix = match earlier {
-                Some(state) => format!(
-                    "resume from an earlier state (--resume {})",
-                    state.display()
+                Some(s) => format!(
+                    "resume from the state before it (--resume {})",
+                    s.dir.display()
                 ),
-                None => "start again without --resume".to_string(),
+                None => "no earlier good state is left: start again without --resume".to_string(),
             };
             anyhow::anyhow!(
                 "the training state in {} is damaged ({e}); {fix}",
@@ -443,8 +458,41 @@ impl Trainer {
         }
         self.family.sync_lora(&self.loras)?;
         self.step = state.step;
+        if let Some(line) = schedule_change(&self.schedule, state.step, state.total_steps) {
+            log(LogLevel::Warn, line);
+        }
         Ok(dir.to_path_buf())
     }
+}
+
+/// What a resumed run's learning-rate schedule does when the run's length changed since the save (`saved_total`
+/// steps then, `now.total_steps` now): it is laid over the new length, as musubi-tuner's and OneTrainer's are
+/// (their schedulers are rebuilt from the new step count on resume), so the rate jumps where the two differ.
+/// `None` when nothing changes.
+fn schedule_change(now: &LrSchedule, step: usize, saved_total: usize) -> Option<String> {
+    let then = LrSchedule {
+        total_steps: saved_total,
+        ..*now
+    };
+    if saved_total == now.total_steps
+        || (step..now.total_steps).all(|s| then.lr_at(s) == now.lr_at(s))
+    {
+        return None;
+    }
+    Some(format!(
+        "the run now ends at step {} instead of step {saved_total} as when this state was saved: the {} \
+         learning-rate schedule is stretched over the new length (as musubi-tuner and OneTrainer do on resume), so \
+         at step {step} the learning rate is {:.3e} where the saved run's schedule had {:.3e}. To keep the old \
+         schedule, resume with the length the run was saved with",
+        now.total_steps,
+        // The name the config gives it (`cosine_with_restarts`).
+        serde_json::to_value(now.kind)
+            .ok()
+            .and_then(|v| v.as_str().map(str::to_string))
+            .unwrap_or_default(),
+        now.lr_at(step),
+        then.lr_at(step),
+    ))
 }
 
 /// Why a training state's LoRA or optimizer state could not be restored.
@@ -530,125 +578,4 @@ fn truncate_metrics(path: &Path, step: usize) -> anyhow::Result<()> {
         .map(|line| format!("{line}\n"))
         .collect();
     write_atomic(path, kept.as_bytes())
-}
-
-/// The I/O error behind a candle failure to write a file, if that is what it was.
-fn candle_io(err: &candle_core::Error) -> Option<&std::io::Error> {
-    match err {
-        candle_core::Error::Io(io) => Some(io),
-        candle_core::Error::WithPath { inner, .. }
-        | candle_core::Error::Context { inner, .. }
-        | candle_core::Error::WithBacktrace { inner, .. } => candle_io(inner),
-        other => {
-            // A safetensors write error names its I/O error as its source.
-            let mut source = std::error::Error::source(other);
-            while let Some(error) = source {
-                if let Some(io) = error.downcast_ref::<std::io::Error>() {
-                    return Some(io);
-                }
-                source = error.source();
-            }
-            None
-        }
-    }
-}
-
-/// Whether an I/O error means the disk (or the user's quota) is full.
-pub fn is_disk_full(err: &std::io::Error) -> bool {
-    // ENOSPC / EDQUOT on Unix; ERROR_HANDLE_DISK_FULL / ERROR_DISK_FULL on Windows.
-    let raw = err.raw_os_error();
-    err.kind() == std::io::ErrorKind::StorageFull
-        || err.kind() == std::io::ErrorKind::QuotaExceeded
-        || (cfg!(unix) && matches!(raw, Some(28 | 122)))
-        || (cfg!(windows) && matches!(raw, Some(39 | 112)))
-}
-
-/// The message for a write that ran out of disk space: what was being written, how much it needed, and what
-/// to do; the earlier files are kept.
-fn disk_full(action: &str, path: &Path, needed_bytes: u64) -> anyhow::Error {
-    anyhow::anyhow!(
-        "out of disk space: could not {action} (it needs about {:.1} MiB). Nothing half-written was left and the \
-         last good LoRA and training state are kept. Free space on that disk, or set output.output_dir to another \
-         disk, then resume: {}",
-        needed_bytes as f64 / (1u64 << 20) as f64,
-        path.display()
-    )
-}
-
-/// An I/O failure while writing an output: out of space gets its own message; anything else names the file.
-fn write_failure(
-    err: std::io::Error,
-    action: &str,
-    path: &Path,
-    needed_bytes: u64,
-) -> anyhow::Error {
-    if is_disk_full(&err) {
-        disk_full(action, path, needed_bytes)
-    } else {
-        anyhow::Error::new(err).context(io_context(action, path))
-    }
-}
-
-/// A failed LoRA write: out of space gets its own message; anything else keeps the LoRA writer's.
-fn lora_write_failure(
-    err: LoraFileError,
-    action: &str,
-    path: &Path,
-    needed_bytes: u64,
-) -> anyhow::Error {
-    let disk_is_full = std::error::Error::source(&err)
-        .and_then(|s| s.downcast_ref::<std::io::Error>())
-        .is_some_and(is_disk_full);
-    if disk_is_full {
-        disk_full(action, path, needed_bytes)
-    } else {
-        anyhow::Error::new(err).context(io_context(action, path))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn out_of_space_says_what_failed_and_what_it_needed() {
-        let full = || std::io::Error::from(std::io::ErrorKind::StorageFull);
-        assert!(is_disk_full(&full()));
-        #[cfg(unix)]
-        assert!(is_disk_full(&std::io::Error::from_raw_os_error(28)));
-        assert!(!is_disk_full(&std::io::Error::from(
-            std::io::ErrorKind::PermissionDenied
-        )));
-        let path = Path::new("out/run.safetensors");
-        let message = format!(
-            "{:#}",
-            write_failure(full(), "append to the metrics log", path, 3 << 20)
-        );
-        assert!(
-            message.starts_with("out of disk space: could not append to the metrics log")
-                && message.contains("3.0 MiB")
-                && message.ends_with("out/run.safetensors"),
-            "{message}"
-        );
-        let lora = LoraFileError::Io {
-            action: "write",
-            path: path.to_path_buf(),
-            source: full(),
-        };
-        let message = format!(
-            "{:#}",
-            lora_write_failure(lora, "save the LoRA", path, 1 << 20)
-        );
-        assert!(
-            message.contains("could not save the LoRA (it needs about 1.0 MiB)"),
-            "{message}"
-        );
-        let denied = write_failure(
-            std::io::Error::from(std::io::ErrorKind::PermissionDenied),
-            "write",
-            path,
-            1,
-        );
-        assert!(format!("{denied:#}").starts_with("cannot write out/run.safetensors"));
-    }
 }

@@ -5,7 +5,6 @@
 //! streaming's count, the VRAM budget's hold, the LoRA's settings and metadata.
 
 use std::collections::HashMap;
-use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
@@ -14,11 +13,11 @@ use crate::family::{family_of, FamilyRun};
 use crate::train::data::TrainSet;
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
+use crate::train::preflight;
 use crate::train::ranks::Ranks;
 use crate::train::samples::Sampling;
 use crate::train::trainer::Trainer;
 use crate::train::validation::Validation;
-use framesmith_config::outputs::{find_resume, new_run_dir, runs_in};
 use framesmith_config::plan::{FloatDtype, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
@@ -27,7 +26,6 @@ use framesmith_config::{validate_for, HostInfo, RunPlan};
 use framesmith_nn::collective::broadcast_tensors;
 use framesmith_nn::device::{DeviceError, VramHold};
 use framesmith_nn::lora::{LoraSet, LoraSpec};
-use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
 
 pub use crate::train::demo_setup::{
@@ -352,29 +350,15 @@ impl Trainer {
         for note in &plan.notes {
             log(LogLevel::Info, note.clone());
         }
-        let configured = plan.output.output_dir.clone();
-        let resume = match &request.resume_from {
-            Some(path) => {
-                let target = find_resume(path, &request.config)?;
-                plan.output.output_dir = target.run_dir.clone();
-                Some(target.state.dir)
-            }
-            None if !writes => None,
-            None => {
-                plan.output.output_dir = new_run_dir(&configured);
-                if plan.output.output_dir != configured {
-                    log(
-                        LogLevel::Info,
-                        another_run_note(&configured, &plan.output.output_dir),
-                    );
-                }
-                None
-            }
-        };
+        let folder = preflight::take_run_folder(request, &mut plan, writes, log)?;
+        preflight::check_init_from(&plan)?;
         let mut trainer = Self::from_plan(&plan, log)?;
+        if let Some(lock) = folder.lock {
+            trainer.outputs.hold(lock);
+        }
         trainer.join_ranks(&plan, ranks, log)?;
-        if let Some(state) = &resume {
-            let dir = trainer.resume(state)?;
+        if let Some(state) = &folder.resume {
+            let dir = trainer.resume(state, log)?;
             log(
                 LogLevel::Info,
                 format!("resumed at step {} from {}", trainer.step(), dir.display()),
@@ -523,13 +507,12 @@ pub(crate) fn start_loras(
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<()> {
     if let Some(path) = &plan.lora.init_from {
-        LoraFile::load(path, device)
-            .and_then(|file| loras.load_weights(&file))
-            .map_err(|e| {
-                anyhow::anyhow!(
-                    "lora.init_from: {e}; point it at {expected}, or remove it to start from a fresh LoRA"
-                )
-            })?;
+        let file = preflight::load_init_lora(path, device, expected)?;
+        loras.load_weights(&file).map_err(|e| {
+            anyhow::anyhow!(
+                "lora.init_from: {e}; point it at {expected}, or remove it to start from a fresh LoRA"
+            )
+        })?;
     }
     log(
         LogLevel::Info,
@@ -553,17 +536,4 @@ pub(crate) fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
             ]
         })
         .collect()
-}
-
-/// Says where a new run writes when its configured folder holds another run, and how to continue that one.
-fn another_run_note(configured: &Path, run_dir: &Path) -> String {
-    let held: Vec<String> = runs_in(configured).iter().map(|r| r.describe()).collect();
-    format!(
-        "{} already holds {}; this run writes to {} so that nothing of it is replaced (to continue the earlier run \
-         instead, start with --resume {})",
-        configured.display(),
-        held.join("; "),
-        run_dir.display(),
-        configured.display()
-    )
 }

@@ -270,7 +270,7 @@ fn out_of_memory_advice_follows_the_plan() {
 }
 
 #[test]
-fn a_damaged_training_state_names_the_earlier_one_to_resume_from() {
+fn a_damaged_newest_state_is_passed_over_for_the_one_before_it() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = demo_config(dir.path(), 10);
     let mut first = start(&config, None);
@@ -287,21 +287,64 @@ fn a_damaged_training_state_names_the_earlier_one_to_resume_from() {
         config: config.clone(),
         resume_from: Some(dir.path().to_path_buf()),
     };
+    let mut said = Vec::new();
+    let resumed = Trainer::start(&request, &mut |level, line| said.push((level, line)))
+        .expect("the state before the damaged one resumes");
+    assert_eq!(resumed.step(), 2);
+    drop(resumed);
+    assert!(
+        said.iter().any(|(level, line)| {
+            *level == framesmith_config::protocol::LogLevel::Warn
+                && line.starts_with(
+                    "skipped a damaged training state (optimizer.safetensors is cut short",
+                )
+                && line.ends_with(&format!("): {}", states[1].display()))
+        }),
+        "{said:#?}"
+    );
+    // Named directly, the damaged state is refused, naming the one before it, which does resume.
+    let request = StartRun {
+        config: config.clone(),
+        resume_from: Some(states[1].clone()),
+    };
     let err = match Trainer::start(&request, &mut |_, _| {}) {
         Ok(_) => panic!("a damaged state resumed"),
         Err(e) => format!("{e:#}"),
     };
     assert!(
-        err.contains(&format!(
-            "the training state in {} is damaged",
-            states[1].display()
-        )) && err.contains("optimizer.safetensors")
-            && err.contains(&format!("--resume {}", states[0].display())),
+        err.starts_with("the training state is damaged (optimizer.safetensors")
+            && err.contains(&format!("(--resume {})", states[0].display())),
         "{err}"
     );
-    // The earlier state it names does resume.
     let resumed = start(&config, Some(&states[0]));
     assert_eq!(resumed.step(), 2);
+}
+
+/// One run per output folder: while a run holds it, a new run and a resume into it are refused, naming it.
+#[test]
+fn a_folder_in_use_is_refused_naming_the_run_in_it() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = demo_config(dir.path(), 10);
+    let mut first = start(&config, None);
+    first.train_step(&|| false).expect("step");
+    first.save(false).expect("save");
+    for resume in [None, Some(dir.path())] {
+        let err = match try_start(&config, resume) {
+            Ok(_) => panic!("a second run took the folder"),
+            Err(e) => format!("{e:#}"),
+        };
+        assert!(
+            err.starts_with(&format!(
+                "another run is writing into this output folder (PID {}, started ",
+                std::process::id()
+            )) && err.ends_with(&dir.path().display().to_string()),
+            "{err}"
+        );
+    }
+    assert!(!dir.path().join("run-2").exists());
+    drop(first);
+    let resumed = start(&config, Some(dir.path()));
+    assert_eq!(resumed.step(), 1);
 }
 
 #[test]

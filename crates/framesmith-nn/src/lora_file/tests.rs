@@ -485,3 +485,76 @@ fn musubi_names_map_back_to_wan_and_flux_paths() {
         }
     }
 }
+
+/// Two saves of the same adapters and metadata give the same bytes, the metadata keys in sorted order, whatever
+/// order the map iterates in (the safetensors crate writes its map's order, different in each process).
+#[test]
+fn identical_saves_give_identical_bytes_with_sorted_metadata() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut model = toy_model();
+    let set = trained_set(&mut model, 4, 2.0);
+    let keys: Vec<String> = (0..40).map(|i| format!("ss_key_{i:02}")).collect();
+    let forward: HashMap<String, String> = keys.iter().map(|k| (k.clone(), k.clone())).collect();
+    let backward: HashMap<String, String> =
+        keys.iter().rev().map(|k| (k.clone(), k.clone())).collect();
+    let (a, b) = (
+        dir.path().join("a.safetensors"),
+        dir.path().join("b.safetensors"),
+    );
+    set.save(&a, DType::BF16, &forward).unwrap();
+    set.save(&b, DType::BF16, &backward).unwrap();
+    let bytes = std::fs::read(&a).unwrap();
+    assert_eq!(bytes, std::fs::read(&b).unwrap());
+
+    let header_len = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    assert_eq!(header_len % 8, 0);
+    let header = std::str::from_utf8(&bytes[8..8 + header_len]).unwrap();
+    let positions: Vec<usize> = keys
+        .iter()
+        .map(|k| header.find(&format!("\"{k}\"")).unwrap())
+        .collect();
+    assert!(positions.windows(2).all(|w| w[0] < w[1]), "{header}");
+
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    assert_eq!(st.names().len(), 18);
+    let file = LoraFile::load(&a, &Device::Cpu).unwrap();
+    assert_eq!(file.metadata, forward);
+    set.save(&a, DType::F32, &HashMap::new()).unwrap();
+    let (_, meta) = SafeTensors::read_metadata(&std::fs::read(&a).unwrap()).unwrap();
+    assert!(meta.metadata().is_none());
+}
+
+#[test]
+fn a_file_holding_nan_is_refused_naming_the_tensor_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("init.safetensors");
+    let mut up = tensor(5, &[6, 2], 1.0)
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    up[7] = f32::INFINITY;
+    write_raw(
+        &path,
+        &[
+            (
+                "lora_unet_blocks_0_self_attn_q.lora_down.weight",
+                tensor(4, &[2, 8], 1.0),
+            ),
+            (
+                "lora_unet_blocks_0_self_attn_q.lora_up.weight",
+                Tensor::from_vec(up, (6, 2), &Device::Cpu).unwrap(),
+            ),
+        ],
+    );
+    let file = LoraFile::load(&path, &Device::Cpu).unwrap();
+    let err = file.check_finite(&path).unwrap_err().to_string();
+    assert_eq!(
+        err,
+        format!(
+            "LoRA tensor `lora_unet_blocks_0_self_attn_q.lora_up.weight` in the file holds NaN or infinite \
+             values: {}",
+            path.display()
+        )
+    );
+}
