@@ -1,5 +1,8 @@
 //! Ctrl-C (and SIGTERM, SIGHUP) during a headless run: the first asks the run to stop and save (the LoRA and the
-//! training state at the last completed step), the second exits at once and says what was kept. One handler per
+//! training state at the last completed step), a second one later exits at once and says what was kept. One stop
+//! is often delivered more than once — `timeout`, process supervisors, a closing terminal and wrapper scripts
+//! signal the process and then its whole process group — so every signal within [`SAME_STOP_WINDOW`] of the
+//! first counts as that same stop; only a press after it is the deliberate "exit now". One handler per
 //! process; each run registers its engine while it runs. Closing the console window on Windows (or logging off,
 //! shutting down) stops the run the same way and holds the process open until the save is written — Windows
 //! allows about 5 s; a save that takes longer is cut off, and the files written before it (atomically) remain.
@@ -7,20 +10,60 @@
 use std::path::PathBuf;
 use std::sync::mpsc::SyncSender;
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use framesmith_config::protocol::Command;
 
 /// The exit code of a process ended by a second interrupt (128 + SIGINT, as shells report it).
 pub const EXIT_INTERRUPTED: u8 = 130;
 
+/// Signals this close to the first stop are the same stop delivered again (to the process, then to its group),
+/// not a second press: a person's second Ctrl-C comes later than this.
+pub const SAME_STOP_WINDOW: Duration = Duration::from_secs(2);
+
 /// What the handler needs to know about the run in progress.
 #[derive(Default)]
 struct Watched {
     engine: Option<SyncSender<Command>>,
-    presses: usize,
+    /// When the stop was first asked for.
+    stopping_since: Option<Instant>,
+    /// Whether a repeat within the window was already reported.
+    repeat_reported: bool,
+    /// The run is still loading (nothing trained yet): a stop ends the process at once, there is nothing to save.
+    preparing: bool,
     last_lora: Option<PathBuf>,
     last_state: Option<PathBuf>,
+}
+
+/// What one interrupt does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Press {
+    /// The first: ask the run to stop and save.
+    Stop,
+    /// The same stop delivered again within [`SAME_STOP_WINDOW`]: nothing more to do.
+    Repeat,
+    /// A deliberate second press, or no run to stop: end the process now.
+    ExitNow,
+    /// The first, while the run is still loading: nothing was trained, so the process ends at once.
+    ExitBeforeTraining,
+}
+
+impl Watched {
+    /// Counts an interrupt received at `now`.
+    fn press(&mut self, now: Instant) -> Press {
+        if self.engine.is_none() {
+            return Press::ExitNow;
+        }
+        match self.stopping_since {
+            None if self.preparing => Press::ExitBeforeTraining,
+            None => {
+                self.stopping_since = Some(now);
+                Press::Stop
+            }
+            Some(first) if now.saturating_duration_since(first) < SAME_STOP_WINDOW => Press::Repeat,
+            Some(_) => Press::ExitNow,
+        }
+    }
 }
 
 static WATCHED: OnceLock<Arc<Mutex<Watched>>> = OnceLock::new();
@@ -53,21 +96,40 @@ fn lock(shared: &Mutex<Watched>) -> std::sync::MutexGuard<'_, Watched> {
 
 fn on_interrupt(shared: &Mutex<Watched>) {
     let mut w = lock(shared);
-    w.presses += 1;
-    let Some(engine) = w.engine.clone().filter(|_| w.presses == 1) else {
-        eprintln!(
-            "\n{}",
-            exit_now_message(w.last_lora.as_deref(), w.last_state.as_deref())
-        );
-        std::process::exit(EXIT_INTERRUPTED.into());
-    };
-    eprintln!(
-        "\nstopping: saving the LoRA and the training state at the last completed step (press Ctrl-C again to \
-         exit at once)"
-    );
-    // A full command queue already holds work for the engine; the Stop is then seen with it or not at all,
-    // and the second press still exits.
-    let _ = engine.try_send(Command::Stop);
+    match w.press(Instant::now()) {
+        Press::Stop => {
+            eprintln!(
+                "\nstopping: saving the LoRA and the training state at the last completed step (press Ctrl-C \
+                 again to exit at once)"
+            );
+            // A full command queue already holds work for the engine; the Stop is then seen with it or not at
+            // all, and a second press still exits.
+            if let Some(engine) = &w.engine {
+                let _ = engine.try_send(Command::Stop);
+            }
+        }
+        Press::Repeat if !w.repeat_reported => {
+            w.repeat_reported = true;
+            eprintln!(
+                "(the stop arrived again at once — from the terminal or a supervisor — and counts once; press \
+                 Ctrl-C again in a moment to exit without saving)"
+            );
+        }
+        Press::Repeat => {}
+        Press::ExitBeforeTraining => {
+            eprintln!(
+                "\nstopped while the run was loading: no step of it was trained, so there is nothing new to save"
+            );
+            std::process::exit(EXIT_INTERRUPTED.into());
+        }
+        Press::ExitNow => {
+            eprintln!(
+                "\n{}",
+                exit_now_message(w.last_lora.as_deref(), w.last_state.as_deref())
+            );
+            std::process::exit(EXIT_INTERRUPTED.into());
+        }
+    }
 }
 
 /// The console is closing (Windows): stop the run as the first Ctrl-C does and wait for its save.
@@ -89,8 +151,8 @@ fn stop_and_wait(limit: Duration) -> bool {
     let Some(engine) = w.engine.clone() else {
         return true;
     };
-    w.presses += 1;
-    if w.presses == 1 {
+    if w.stopping_since.is_none() {
+        w.stopping_since = Some(Instant::now());
         eprintln!("\nstopping: saving the LoRA and the training state at the last completed step");
         let _ = engine.try_send(Command::Stop);
     }
@@ -121,8 +183,16 @@ fn exit_now_message(lora: Option<&std::path::Path>, state: Option<&std::path::Pa
 pub fn watch(engine: &SyncSender<Command>) {
     *lock(watched()) = Watched {
         engine: Some(engine.clone()),
+        preparing: true,
         ..Watched::default()
     };
+}
+
+/// Records whether the run is still loading (its state `Preparing`) or has begun training.
+pub fn preparing(loading: bool) {
+    if let Some(shared) = WATCHED.get() {
+        lock(shared).preparing = loading;
+    }
 }
 
 /// Records a checkpoint the run saved (what a second interrupt reports as kept).
@@ -138,7 +208,9 @@ pub fn saved(lora: &std::path::Path, state: Option<&std::path::Path>) {
 
 /// Whether the run was asked to stop by an interrupt.
 pub fn interrupted() -> bool {
-    WATCHED.get().is_some_and(|shared| lock(shared).presses > 0)
+    WATCHED
+        .get()
+        .is_some_and(|shared| lock(shared).stopping_since.is_some())
 }
 
 /// The run is over: interrupts end the process again.
@@ -151,10 +223,37 @@ pub fn unwatch() {
 
 #[cfg(test)]
 mod tests {
-    use super::{exit_now_message, stop_and_wait, unwatch, watch};
+    use super::{
+        exit_now_message, stop_and_wait, unwatch, watch, Press, Watched, SAME_STOP_WINDOW,
+    };
     use framesmith_config::protocol::Command;
     use std::path::Path;
-    use std::time::Duration;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn a_stop_delivered_twice_at_once_is_one_stop() {
+        let (tx, _rx) = std::sync::mpsc::sync_channel(4);
+        let mut w = Watched {
+            engine: Some(tx),
+            ..Watched::default()
+        };
+        let t0 = Instant::now();
+        assert_eq!(w.press(t0), Press::Stop);
+        assert_eq!(w.press(t0 + Duration::from_millis(1)), Press::Repeat);
+        assert_eq!(w.press(t0 + SAME_STOP_WINDOW / 2), Press::Repeat);
+        // A press after the window is a person asking to exit now.
+        assert_eq!(w.press(t0 + SAME_STOP_WINDOW), Press::ExitNow);
+        // No run in progress: an interrupt ends the process as usual.
+        assert_eq!(Watched::default().press(t0), Press::ExitNow);
+        // A run still loading has nothing to save: the first stop ends it.
+        let (tx, _rx) = std::sync::mpsc::sync_channel(4);
+        let mut loading = Watched {
+            engine: Some(tx),
+            preparing: true,
+            ..Watched::default()
+        };
+        assert_eq!(loading.press(t0), Press::ExitBeforeTraining);
+    }
 
     #[test]
     fn a_closing_console_stops_the_run_and_waits_for_its_end() {

@@ -301,7 +301,10 @@ fn follow(
                 return Ok(RunEnd::Stopped(summary));
             }
             // The previous run's closing `Idle` arrives here too; only this run's end matters.
-            Event::StateChanged(_) => {}
+            Event::StateChanged(RunState::Idle) => {}
+            Event::StateChanged(state) => {
+                super::interrupt::preparing(state == RunState::Preparing);
+            }
             // The launcher of a run over several GPUs tells the app its rank processes; nothing to show here.
             Event::ProcessesStarted { .. } => {}
         }

@@ -1,4 +1,4 @@
-//! `framesmith --screenshot PATH`: the real window with the demo project and a staged run — or, with `--run DIR`,
+//! `framesmith --screenshot PATH`: the real window with the demo project as it opens — or, with `--run DIR`,
 //! a finished run read back from its output folder, on the Samples tab — captured to a PNG after a few frames,
 //! then closed.
 
@@ -114,16 +114,16 @@ fn save_png(path: &Path, image: &ColorImage) -> Result<(), String> {
         .map_err(|err| format!("cannot save the screenshot: {err}: {}", path.display()))
 }
 
-/// Stages what the capture shows: the finished run it was given, else the demo run part-way through.
+/// Stages what the capture shows: the finished run it was given, else nothing — the window as it opens with the
+/// demo project (no run is made up).
 pub fn stage(app: &mut FramesmithApp) {
     let run = app
         .screenshot
         .as_ref()
         .and_then(|s| s.run_events())
         .map(<[Event]>::to_vec);
-    match run {
-        Some(events) => stage_run(app, events),
-        None => stage_demo(app),
+    if let Some(events) = run {
+        stage_run(app, events);
     }
 }
 
@@ -145,17 +145,8 @@ fn stage_run(app: &mut FramesmithApp, events: Vec<Event>) {
     }
 }
 
-/// Puts the demo project on the Train tab with a run part-way through, so the capture shows live charts.
-pub fn stage_demo(app: &mut FramesmithApp) {
-    app.settings.tab = Tab::Train;
-    app.run_name = Some("demo".into());
-    app.run.begin_run();
-    for event in staged_events() {
-        app.apply_event(event);
-    }
-}
-
-/// A plausible run: warmup then constant LR, loss falling with deterministic noise.
+/// A made-up run for the UI tests' snapshots (never shown to a user): warmup then constant LR, loss falling with
+/// deterministic noise.
 pub fn staged_events() -> Vec<Event> {
     let mut events = vec![
         Event::Log {

@@ -119,8 +119,15 @@ pub trait FamilyRun {
     fn sample_count(&self) -> usize;
     /// The prompt of sample `i`.
     fn sample_prompt(&self, i: usize) -> &str;
-    /// Makes sample `i` with the LoRA being trained, written into `dir` under the name `stem`.
-    fn sample(&mut self, i: usize, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles>;
+    /// Makes sample `i` with the LoRA being trained, written into `dir` under the name `stem`; `cancelled` is
+    /// polled between denoising steps, and a true answer ends the sample with an error.
+    fn sample(
+        &mut self,
+        i: usize,
+        dir: &Path,
+        stem: &str,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<SampleFiles>;
     /// The run's models as `Any`, for tests that look inside them.
     #[cfg(test)]
     fn as_any(&self) -> &dyn std::any::Any;

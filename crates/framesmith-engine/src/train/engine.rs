@@ -201,16 +201,19 @@ fn finish(
 }
 
 fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::Result<Outcome> {
-    if trainer.sample_at_start() {
-        sample(trainer, events)?;
-    }
-    let started = Instant::now();
-    let first_step = trainer.step();
-    let mut smoothed: Option<f64> = None;
     // With several ranks a stop is agreed at the end of a step (each rank's `train_step` reports any rank's).
     let several = trainer.world() > 1;
     let stop_wanted = Cell::new(false);
     let stop_requested = || stop_wanted.get() || inbox.stop_requested();
+    // Rank 0 samples and validates alone: with several ranks it finishes (the others wait in the next step for it).
+    let never = || false;
+    let alone_stop: &dyn Fn() -> bool = if several { &never } else { &stop_requested };
+    if trainer.sample_at_start() && !sample(trainer, events, alone_stop)? {
+        return Ok(Outcome::Stopped);
+    }
+    let started = Instant::now();
+    let first_step = trainer.step();
+    let mut smoothed: Option<f64> = None;
     while trainer.step() < trainer.total_steps() {
         while let Some(command) = inbox.next() {
             match command {
@@ -234,7 +237,11 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
                     .events()
                     .into_iter()
                     .for_each(|e| events.send(e)),
-                Command::SampleNow => sample(trainer, events)?,
+                Command::SampleNow => {
+                    if !sample(trainer, events, alone_stop)? {
+                        return Ok(Outcome::Stopped);
+                    }
+                }
                 Command::Resume => {}
                 Command::StartRun(_) => events.log(
                     LogLevel::Warn,
@@ -271,10 +278,7 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
             }
         }
         if trainer.validation_due() {
-            // Rank 0 validates alone: with several ranks it finishes (the others wait in the next step for it).
-            let never = || false;
-            let validation_stop: &dyn Fn() -> bool = if several { &never } else { &stop_requested };
-            match trainer.validate(validation_stop) {
+            match trainer.validate(alone_stop) {
                 Ok(Some(loss)) => events.send(Event::Validated(loss)),
                 Ok(None) => {}
                 Err(err) if StepError::is_interrupted(&err) => return Ok(Outcome::Stopped),
@@ -290,8 +294,8 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
                 .for_each(|e| events.send(e));
             events.state(RunState::Training);
         }
-        if trainer.sample_due() {
-            sample(trainer, events)?;
+        if trainer.sample_due() && !sample(trainer, events, alone_stop)? {
+            return Ok(Outcome::Stopped);
         }
         if report.stop_requested {
             return Ok(Outcome::Stopped);
@@ -311,17 +315,29 @@ fn wait_for_resume(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> any
                 .events()
                 .into_iter()
                 .for_each(|e| events.send(e)),
-            Some(Command::SampleNow) => sample(trainer, events)?,
+            Some(Command::SampleNow) => {
+                if !sample(trainer, events, &|| inbox.stop_requested())? {
+                    return Ok(false);
+                }
+            }
             Some(_) => {}
         }
     }
 }
 
-fn sample(trainer: &mut Trainer, events: &Events) -> anyhow::Result<()> {
+/// Samples with the current LoRA; `Ok(false)` when a stop arrived while sampling (the files of the samples
+/// finished before it stay on disk; the rest are not made).
+fn sample(
+    trainer: &mut Trainer,
+    events: &Events,
+    stop_requested: &dyn Fn() -> bool,
+) -> anyhow::Result<bool> {
     events.state(RunState::Sampling);
-    for ready in trainer.sample()? {
-        events.send(ready);
+    match trainer.sample(stop_requested) {
+        Ok(ready) => ready.into_iter().for_each(|e| events.send(e)),
+        Err(err) if StepError::is_interrupted(&err) => return Ok(false),
+        Err(err) => return Err(err),
     }
     events.state(RunState::Training);
-    Ok(())
+    Ok(true)
 }

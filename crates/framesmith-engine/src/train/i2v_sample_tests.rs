@@ -112,7 +112,7 @@ fn wan22_i2v_samples_start_from_the_prompts_image() -> anyhow::Result<()> {
         resume_from: None,
     };
     let mut trainer = Trainer::start(&request, &mut |_, _| {})?;
-    let events = trainer.sample()?;
+    let events = trainer.sample(&|| false)?;
     assert_eq!(events.len(), 2);
     let frames = |i: usize| -> anyhow::Result<Vec<u8>> {
         Ok(std::fs::read(root.join(format!(

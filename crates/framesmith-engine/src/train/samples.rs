@@ -12,6 +12,7 @@ use anyhow::Context;
 use candle_core::Tensor;
 
 use crate::train::outputs::write_atomic;
+use crate::train::step::StepError;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::Event;
 use framesmith_data::video::encode::RgbFrame;
@@ -27,8 +28,14 @@ pub trait SampleSet<M: ?Sized> {
     fn prompt_count(&self) -> usize;
     /// The text of prompt `i`.
     fn prompt(&self, i: usize) -> &str;
-    /// The latents of prompt `i`, denoised by `models` with the LoRA being trained.
-    fn denoise(&self, i: usize, models: &mut M) -> anyhow::Result<Tensor>;
+    /// The latents of prompt `i`, denoised by `models` with the LoRA being trained; `cancelled` is polled between
+    /// denoising steps, and a true answer ends the denoising with an error.
+    fn denoise(
+        &self,
+        i: usize,
+        models: &mut M,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Tensor>;
     /// Decodes `latents` and writes them into `dir` under the name `stem` (plus an extension).
     fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles>;
 }
@@ -41,13 +48,14 @@ pub struct SampleFiles {
 }
 
 /// Sample `i` of `set`, denoised by `models` and written into `dir` as `stem`: what a family's
-/// [`crate::family::FamilyRun::sample`] does with its set.
+/// [`crate::family::FamilyRun::sample`] does with its set (`cancelled` polled between denoising steps).
 pub fn make_sample<M: ?Sized>(
     set: &dyn SampleSet<M>,
     models: &mut M,
     (i, dir, stem): (usize, &Path, &str),
+    cancelled: &dyn Fn() -> bool,
 ) -> anyhow::Result<SampleFiles> {
-    let latents = set.denoise(i, models)?;
+    let latents = set.denoise(i, models, cancelled)?;
     set.write(latents, dir, stem)
 }
 
@@ -88,8 +96,9 @@ impl Sampling {
 impl Trainer {
     /// Generates every sample prompt with the current LoRA, written as `{step:06}-{prompt:02}` in the run's
     /// `samples/` folder; returns the `SampleReady` events. Nothing of a sample outlives it: the device's cached
-    /// memory is given back before each one and before training goes on.
-    pub fn sample(&mut self) -> anyhow::Result<Vec<Event>> {
+    /// memory is given back before each one and before training goes on. `cancelled` is polled between denoising
+    /// steps: a stop ends the sampling with [`StepError::Interrupted`] (the samples finished before it are kept).
+    pub fn sample(&mut self, cancelled: &dyn Fn() -> bool) -> anyhow::Result<Vec<Event>> {
         let Some(sampling) = &self.sampling else {
             return Ok(Vec::new());
         };
@@ -102,11 +111,15 @@ impl Trainer {
             let prompt = self.family.sample_prompt(i).to_owned();
             let context = || format!("generating the sample for \"{prompt}\"");
             release_cached_memory(&device)?;
+            if cancelled() {
+                return Err(StepError::Interrupted.into());
+            }
             let stem = sample_stem(self.step, i);
-            let files = self
-                .family
-                .sample(i, &sampling.dir, &stem)
-                .with_context(context)?;
+            let files = match self.family.sample(i, &sampling.dir, &stem, cancelled) {
+                Ok(files) => files,
+                Err(_) if cancelled() => return Err(StepError::Interrupted.into()),
+                Err(err) => return Err(err.context(context())),
+            };
             events.push(Event::SampleReady {
                 step: self.step,
                 file: files.file,

@@ -168,13 +168,13 @@ fn sampling_does_not_change_training() {
     sampled.sampling.sample_every_n_steps = Some(2);
     sampled.sampling.sample_at_first = true;
     let (mut a, mut b) = (start(&plain, None), start(&sampled, None));
-    let mut samples = b.sample().expect("sample at first").len();
+    let mut samples = b.sample(&|| false).expect("sample at first").len();
     let (mut la, mut lb) = (Vec::new(), Vec::new());
     while a.step() < 4 {
         la.push(a.train_step(&|| false).expect("step").loss);
         lb.push(b.train_step(&|| false).expect("step").loss);
         if b.sample_due() {
-            samples += b.sample().expect("sample").len();
+            samples += b.sample(&|| false).expect("sample").len();
         }
     }
     assert_eq!(la, lb);

@@ -277,7 +277,7 @@ fn ti2v_samples_go_text_to_video_or_from_a_start_image() -> anyhow::Result<()> {
     config.sampling.prompts = Some(prompts);
     config.sampling.sample_at_first = true;
     let mut trainer = try_start(&config, None)?;
-    let events = trainer.sample()?;
+    let events = trainer.sample(&|| false)?;
     assert_eq!(events.len(), 3);
     let frame = |i: usize| -> anyhow::Result<image::RgbImage> {
         let path = root.join(format!("run/samples/000000-{i:02}/frame_0000.png"));

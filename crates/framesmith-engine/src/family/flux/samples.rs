@@ -196,7 +196,12 @@ impl SampleSet<Flux> for ImageSamples {
     }
 
     /// The generator's denoising (streamed blocks come through their streamers as in a training step).
-    fn denoise(&self, i: usize, model: &mut Flux) -> anyhow::Result<Tensor> {
+    fn denoise(
+        &self,
+        i: usize,
+        model: &mut Flux,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Tensor> {
         let p = &self.prompts[i];
         denoise_image(
             model,
@@ -204,7 +209,7 @@ impl SampleSet<Flux> for ImageSamples {
             &p.settings,
             p.latent,
             self.dtype,
-            &|| false,
+            cancelled,
         )
     }
 

@@ -99,7 +99,7 @@ fn a_flux_run_samples_pngs_on_schedule_that_generate_makes_from_its_lora() -> an
     while trainer.step() < 4 {
         trainer.train_step(&|| false)?;
         if trainer.sample_due() {
-            events.extend(trainer.sample()?);
+            events.extend(trainer.sample(&|| false)?);
         }
     }
     let samples = trainer.output_dir().join("samples");

@@ -251,11 +251,17 @@ impl FamilyRun for WanRun {
         self.samples.as_ref().map_or("", |s| s.prompt(i))
     }
 
-    fn sample(&mut self, i: usize, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles> {
+    fn sample(
+        &mut self,
+        i: usize,
+        dir: &Path,
+        stem: &str,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<SampleFiles> {
         let Some(samples) = &self.samples else {
             anyhow::bail!("this run makes no samples");
         };
-        make_sample(samples, &mut self.experts, (i, dir, stem))
+        make_sample(samples, &mut self.experts, (i, dir, stem), cancelled)
     }
 
     #[cfg(test)]

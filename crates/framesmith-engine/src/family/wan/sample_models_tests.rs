@@ -98,7 +98,7 @@ fn a_real_model_run_samples_through_the_vae() -> anyhow::Result<()> {
         "{logs:?}"
     );
     assert!(trainer.sample_at_start());
-    let events = trainer.sample()?;
+    let events = trainer.sample(&|| false)?;
     assert_eq!(events.len(), 1);
     let samples = dir.path().join("out").join("samples");
     assert!(samples.join("000000-00.mp4").is_file());

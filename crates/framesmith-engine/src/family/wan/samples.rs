@@ -56,7 +56,12 @@ impl SampleSet<Experts> for ClipSamples {
 
     /// With both Wan2.2 experts, the high-noise expert denoises down to the boundary and the low-noise one from
     /// there, each brought onto the GPU in turn; each step starts from a trimmed memory pool, as `generate` does.
-    fn denoise(&self, i: usize, models: &mut Experts) -> anyhow::Result<Tensor> {
+    fn denoise(
+        &self,
+        i: usize,
+        models: &mut Experts,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Tensor> {
         let p = &self.prompts[i];
         let request = GenerateRequest {
             context: &p.context,
@@ -71,6 +76,9 @@ impl SampleSet<Experts> for ClipSamples {
         let device = models.model.device().clone();
         let mut denoising = Denoising::new(&request, p.image.as_ref(), &device)?;
         while let Some(t) = denoising.next_timestep() {
+            if cancelled() {
+                anyhow::bail!("sampling cancelled");
+            }
             let expert = models.wan_for(t)?;
             framesmith_nn::offload::release_cached_memory(expert.device())?;
             denoising.step(expert)?;
