@@ -22,6 +22,8 @@ fn demo_config(out: &Path, steps: usize) -> RunConfig {
         .config;
     config.dataset.synthetic = true;
     config.training.max_train_steps = steps;
+    // The preset's 20 warmup steps are more than these short runs have, which validation refuses.
+    config.optimizer.lr_warmup_steps = 0;
     config.output.output_dir = out.to_path_buf();
     config.output.save_every_n_steps = Some(1);
     config.output.save_every_n_epochs = Some(0);
@@ -133,7 +135,7 @@ fn a_folder_in_use_is_refused_and_a_killed_runs_leftovers_are_dealt_with() {
     let temporary = out.join(".demo-lora.safetensors.tmp-4999999");
     std::fs::write(&temporary, vec![0u8; 1 << 20]).unwrap();
     // The newest state cut short (a crash while copying, a full disk): resume passes over it.
-    let states = framesmith_config::outputs::states_in(&out, Some("demo"));
+    let states = framesmith_config::outputs::states_in(&out, None);
     let (older, newest) = (&states[states.len() - 2], &states[states.len() - 1]);
     let lora = newest.dir.join("lora.safetensors");
     let bytes = std::fs::read(&lora).unwrap();
@@ -232,7 +234,11 @@ fn an_unwritable_output_folder_fails_before_the_model_loads() {
     let run = train(&config, &[]);
     let text = stderr(&run);
     assert!(!run.status.success(), "{text}");
-    assert!(text.contains("cannot create the output folder"), "{text}");
+    // Validation or the pre-load check refuses it, each naming the folder.
+    assert!(
+        text.contains("cannot create the output folder") || text.contains("cannot be made"),
+        "{text}"
+    );
     assert!(text.contains(&out.display().to_string()), "{text}");
     assert!(
         !model_loaded(&text),
