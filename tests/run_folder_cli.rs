@@ -4,11 +4,13 @@
 //! identical LoRA bytes from identical runs, and a resume that changes the run's length saying what that does.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::io::{BufRead, BufReader, Lines};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Output, Stdio};
+use std::process::{Child, Command, Output};
 
 use framesmith_config::RunConfig;
+
+mod cli_support;
+use cli_support::{read_until, spawn_with_stderr, StderrLines};
 
 fn framesmith() -> Command {
     Command::new(env!("CARGO_BIN_EXE_framesmith"))
@@ -54,36 +56,13 @@ fn stderr(out: &Output) -> String {
 }
 
 /// Starts `framesmith train` and returns it with its stderr lines.
-fn spawn_train(config: &Path, resume: Option<&Path>) -> (Child, Lines<BufReader<ChildStderr>>) {
+fn spawn_train(config: &Path, resume: Option<&Path>) -> (Child, StderrLines) {
     let mut command = framesmith();
     command.arg("train").arg("--config").arg(config);
     if let Some(resume) = resume {
         command.arg("--resume").arg(resume);
     }
-    let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    (child, lines)
-}
-
-/// Reads lines until one satisfies `until` (included); all lines read.
-fn read_until(
-    lines: &mut Lines<BufReader<ChildStderr>>,
-    until: impl Fn(&str) -> bool,
-) -> Vec<String> {
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let done = until(&line);
-        seen.push(line);
-        if done {
-            break;
-        }
-    }
-    seen
+    spawn_with_stderr(command)
 }
 
 fn model_loaded(stderr: &str) -> bool {

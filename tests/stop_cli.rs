@@ -3,13 +3,15 @@
 #![cfg(unix)]
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
-use std::io::{BufRead, BufReader, Lines};
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStderr, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
 use framesmith_config::outputs::StateRecord;
 use framesmith_config::RunConfig;
+
+mod cli_support;
+use cli_support::{read_until, spawn_with_stderr, StderrLines};
 
 /// A stop must end the run well within this (a liveness bound for a test that would otherwise hang, not a speed
 /// goal: the long sample below takes many minutes).
@@ -55,21 +57,13 @@ fn demo_run(dir: &Path, long_samples: bool) -> PathBuf {
 }
 
 /// Starts `command` and reads its stderr up to the first step's save.
-fn start_until_saved(mut command: Command) -> (Child, Lines<BufReader<ChildStderr>>) {
-    let mut child = command
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let mut seen = Vec::new();
-    for line in lines.by_ref() {
-        let line = line.unwrap();
-        let saved = line.starts_with("step ") && line.contains("saved");
-        seen.push(line);
-        if saved {
-            return (child, lines);
-        }
+fn start_until_saved(command: Command) -> (Child, StderrLines) {
+    let (mut child, mut lines) = spawn_with_stderr(command);
+    let seen = read_until(&mut lines, |l| {
+        l.starts_with("step ") && l.contains("saved")
+    });
+    if seen.last().is_some_and(|l| l.contains("saved")) {
+        return (child, lines);
     }
     child.kill().ok();
     child.wait().ok();
@@ -95,7 +89,7 @@ fn signal(pid: u32, signal: &str, times: usize) {
 
 /// Waits for `child` to end within [`STOP_LIMIT`] (killing it otherwise) and returns its exit code and the rest
 /// of its stderr.
-fn end_of(mut child: Child, lines: Lines<BufReader<ChildStderr>>) -> (Option<i32>, String) {
+fn end_of(mut child: Child, lines: StderrLines) -> (Option<i32>, String) {
     let started = Instant::now();
     while child.try_wait().unwrap().is_none() {
         if started.elapsed() > STOP_LIMIT {

@@ -2,8 +2,9 @@
 // Each test binary uses its own subset of these.
 #![allow(dead_code, clippy::expect_used)]
 
+use std::io::{BufRead, BufReader, Lines};
 use std::path::Path;
-use std::process::Command;
+use std::process::{Child, ChildStderr, Command, Stdio};
 
 use tokenizers::models::unigram::Unigram;
 use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
@@ -53,4 +54,32 @@ pub fn write_tokenizer(path: &Path, words: &[&str]) {
 /// A path as the `&str` an argument list takes.
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 path")
+}
+
+/// A started process's stderr, line by line.
+pub type StderrLines = Lines<BufReader<ChildStderr>>;
+
+/// Starts `command` with its stdout discarded and its stderr read line by line.
+pub fn spawn_with_stderr(mut command: Command) -> (Child, StderrLines) {
+    let mut child = command
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the command starts");
+    let lines = BufReader::new(child.stderr.take().expect("stderr piped")).lines();
+    (child, lines)
+}
+
+/// Reads lines until one satisfies `until` (included); every line read.
+pub fn read_until(lines: &mut StderrLines, until: impl Fn(&str) -> bool) -> Vec<String> {
+    let mut seen = Vec::new();
+    for line in lines.by_ref() {
+        let line = line.expect("stderr is text");
+        let done = until(&line);
+        seen.push(line);
+        if done {
+            break;
+        }
+    }
+    seen
 }
