@@ -445,3 +445,26 @@ fn inspect_escapes_control_characters_of_names_and_metadata() {
         "{stdout:?}"
     );
 }
+
+#[test]
+fn train_refuses_a_preset_made_for_another_model_family() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "[model]\ndemo = true\n").expect("write");
+    let args = [
+        "train",
+        "--config",
+        cli_support::s(&config),
+        "--preset",
+        "flux-dev-12gb",
+    ];
+    let (ok, text) = framesmith_env(&args, &[], &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(
+            "the preset `flux-dev-12gb` is made for FLUX.1 runs, and this run trains a Wan model"
+        ),
+        "{text}"
+    );
+    assert!(!dir.path().join("output").exists(), "nothing ran");
+}

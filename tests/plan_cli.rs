@@ -320,3 +320,24 @@ fn ranks_of_one_machine_share_its_ram() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("--gpus names a GPU twice"), "{stderr}");
 }
+
+#[test]
+fn a_preset_for_another_model_family_is_refused() {
+    let (code, stdout, stderr) = framesmith(&["--variant", "t2v-14b", "--preset", "flux-dev-24gb"]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(
+            "the preset `flux-dev-24gb` is made for FLUX.1 runs, and this run trains a Wan model"
+        ),
+        "{stderr}"
+    );
+    let (code, _, stderr) = framesmith(&[
+        "--variant",
+        "flux-dev",
+        "--preset",
+        "flux-dev-24gb",
+        "--ram-gb",
+        "64",
+    ]);
+    assert!(matches!(code, Some(0 | 3)), "{stderr}");
+}
