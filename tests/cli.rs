@@ -447,6 +447,27 @@ fn inspect_escapes_control_characters_of_names_and_metadata() {
 }
 
 #[test]
+fn the_readme_shows_a_dataset_toml_and_that_own_data_needs_the_real_encoders() {
+    let readme = include_str!("../README.md");
+    let block = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .find(|block| block.contains("[[datasets]]"))
+        .expect("a dataset TOML in the README");
+    let parsed =
+        framesmith_data::config::DatasetConfig::parse(block, std::path::Path::new("README.md"))
+            .expect("the README's dataset TOML parses");
+    assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    assert_eq!(parsed.config.datasets.len(), 1);
+    let one_line = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        one_line.contains("Your own data trains only from caches made with the real Wan VAE and umT5 text encoder"),
+        "the README says own data needs the real VAE and text encoder"
+    );
+}
+
+#[test]
 fn train_refuses_a_preset_made_for_another_model_family() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = dir.path().join("run.toml");
