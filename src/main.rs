@@ -281,8 +281,13 @@ fn train(
     let load = |path: &std::path::Path| -> anyhow::Result<RunConfig> {
         // A key the config file sets wins over a preset's (the preset says so for each).
         let (mut cfg, explicit) = RunConfig::load_explicit(path)?;
-        for name in names {
-            let applied = presets::builtin(name)?.apply_keeping(&cfg, &explicit)?;
+        let chosen = names
+            .iter()
+            .map(|name| presets::builtin(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        for preset in &chosen {
+            let name = &preset.name;
+            let applied = preset.apply_keeping(&cfg, &explicit)?;
             for change in &applied.changes {
                 eprintln!("preset {name}: {change}");
             }
@@ -290,6 +295,10 @@ fn train(
                 eprintln!("preset {name}: {}", kept.kept_line());
             }
             cfg = applied.config;
+        }
+        let family = framesmith_engine::family::family_of(&cfg).config_family();
+        for preset in &chosen {
+            preset.check_family(family)?;
         }
         if vram_budget_gb.is_some() {
             cfg.memory.vram_budget_gb = vram_budget_gb;

@@ -300,3 +300,192 @@ fn without_a_display_the_app_suggests_the_headless_commands() {
     );
     assert!(!text.contains(".rs:"), "{text}");
 }
+
+/// Writes the caches of one item as `framesmith cache` does, for Wan and FLUX.1, into `dir`; returns their paths.
+fn write_caches(dir: &std::path::Path, caption: &str) -> [std::path::PathBuf; 4] {
+    use candle_core::{DType, Device, Tensor};
+    use framesmith_data::cache::{
+        write_wan_latent_cache, write_wan_text_cache, LatentCacheMetadata, WanLatentCache,
+    };
+    use framesmith_data::flux_cache::{
+        write_flux_latent_cache, write_flux_text_cache, FluxTextCache,
+    };
+    let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu).expect("zeros");
+    let wan_latents = dir.join("clip_00000-005_0064x0064_wan.safetensors");
+    let latents = WanLatentCache {
+        latents: zeros(&[16, 2, 8, 8]),
+        latents_image: None,
+        latents_control: None,
+        clip: None,
+        f_indices: None,
+    };
+    let meta = LatentCacheMetadata {
+        architecture: "wan".into(),
+        width: 64,
+        height: 64,
+        format_version: "1.0.1".into(),
+        frame_count: Some(5),
+    };
+    write_wan_latent_cache(&wan_latents, &latents, &meta).expect("latent cache");
+    let wan_text = dir.join("clip_wan_te.safetensors");
+    write_wan_text_cache(&wan_text, &zeros(&[3, 32]), caption).expect("text cache");
+    let flux_latents = dir.join("fox_0064x0064_flux.safetensors");
+    write_flux_latent_cache(&flux_latents, &zeros(&[16, 1, 8, 8]), (64, 64)).expect("latents");
+    let flux_text = dir.join("fox_flux_te.safetensors");
+    let text = FluxTextCache {
+        t5: zeros(&[4, 32]),
+        clip_l_pooler: zeros(&[8]),
+        caption: caption.into(),
+    };
+    write_flux_text_cache(&flux_text, &text).expect("text cache");
+    [wan_latents, wan_text, flux_latents, flux_text]
+}
+
+#[test]
+fn inspect_names_optimizer_states_caches_and_fragments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let optimizer = dir.path().join("optimizer.safetensors");
+    save(
+        &optimizer,
+        &[
+            ("blocks.0.self_attn.q.lora_down.weight.exp_avg", &[4, 64]),
+            ("blocks.0.self_attn.q.lora_down.weight.exp_avg_sq", &[4, 64]),
+            ("blocks.0.self_attn.q.lora_up.weight.exp_avg", &[64, 4]),
+            ("blocks.0.self_attn.q.lora_up.weight.exp_avg_sq", &[64, 4]),
+            ("step", &[1]),
+        ],
+    );
+    let fragment = dir.path().join("part.safetensors");
+    save(
+        &fragment,
+        &[
+            ("double_blocks.3.img_attn.proj.weight", &[8, 8]),
+            ("single_blocks.7.linear2.weight", &[8, 16]),
+        ],
+    );
+    let [wan_latents, wan_text, flux_latents, flux_text] = write_caches(dir.path(), "a red fox");
+    let cases: [(&std::path::Path, &[&str]); 6] = [
+        (
+            &optimizer,
+            &[
+                "AdamW optimizer state",
+                "not a LoRA",
+                "of 2 LoRA tensors",
+                "--resume",
+            ],
+        ),
+        (
+            &wan_latents,
+            &[
+                "Wan latent cache",
+                "[16, 2, 8, 8]",
+                "64x64 pixels",
+                "cache latents",
+            ],
+        ),
+        (
+            &wan_text,
+            &[
+                "Wan text-encoder cache",
+                "umT5",
+                "\"a red fox\"",
+                "cache text",
+            ],
+        ),
+        (&flux_latents, &["FLUX.1 latent cache", "[16, 1, 8, 8]"]),
+        (
+            &flux_text,
+            &[
+                "FLUX.1 text-encoder cache",
+                "T5-XXL and CLIP-L",
+                "\"a red fox\"",
+            ],
+        ),
+        (
+            &fragment,
+            &[
+                "part of a FLUX.1 model",
+                "1 double-stream, 1 single-stream",
+                "flux1-dev.safetensors",
+            ],
+        ),
+    ];
+    for (path, expected) in cases {
+        let (ok, stdout, stderr) = framesmith(&["inspect", cli_support::s(path)]);
+        assert!(ok, "{}: {stdout}{stderr}", path.display());
+        for part in expected {
+            assert!(stdout.contains(part), "{part} missing:\n{stdout}");
+        }
+        for wrong in [
+            "framesmith generate --lora",
+            "not a Wan",
+            "framesmith inspect`",
+        ] {
+            assert!(!stdout.contains(wrong), "{wrong}:\n{stdout}");
+        }
+    }
+}
+
+#[test]
+fn inspect_escapes_control_characters_of_names_and_metadata() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let named = dir.path().join("named.safetensors");
+    save(&named, &[("\u{1b}]0;owned\u{7}\u{1b}[2Jname", &[2])]);
+    let (ok, _, stderr) = framesmith(&["inspect", cli_support::s(&named)]);
+    assert!(!ok);
+    assert!(
+        !stderr.contains('\u{1b}') && stderr.contains("\\u{1b}]0;owned\\u{7}"),
+        "{stderr:?}"
+    );
+    let [_, wan_text, ..] = write_caches(dir.path(), "red\u{1b}[31m fox\r\u{202e}");
+    let (ok, stdout, stderr) = framesmith(&["inspect", cli_support::s(&wan_text)]);
+    assert!(ok, "{stderr}");
+    assert!(
+        !stdout.contains(['\u{1b}', '\r', '\u{202e}']) && stdout.contains("red\\u{1b}[31m fox"),
+        "{stdout:?}"
+    );
+}
+
+#[test]
+fn the_readme_shows_a_dataset_toml_and_that_own_data_needs_the_real_encoders() {
+    let readme = include_str!("../README.md");
+    let block = readme
+        .split("```toml\n")
+        .skip(1)
+        .filter_map(|rest| rest.split_once("```").map(|(block, _)| block))
+        .find(|block| block.contains("[[datasets]]"))
+        .expect("a dataset TOML in the README");
+    let parsed =
+        framesmith_data::config::DatasetConfig::parse(block, std::path::Path::new("README.md"))
+            .expect("the README's dataset TOML parses");
+    assert!(parsed.problems.is_empty(), "{:?}", parsed.problems);
+    assert_eq!(parsed.config.datasets.len(), 1);
+    let one_line = readme.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        one_line.contains("Your own data trains only from caches made with the real Wan VAE and umT5 text encoder"),
+        "the README says own data needs the real VAE and text encoder"
+    );
+}
+
+#[test]
+fn train_refuses_a_preset_made_for_another_model_family() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = dir.path().join("run.toml");
+    std::fs::write(&config, "[model]\ndemo = true\n").expect("write");
+    let args = [
+        "train",
+        "--config",
+        cli_support::s(&config),
+        "--preset",
+        "flux-dev-12gb",
+    ];
+    let (ok, text) = framesmith_env(&args, &[], &[]);
+    assert!(!ok, "{text}");
+    assert!(
+        text.contains(
+            "the preset `flux-dev-12gb` is made for FLUX.1 runs, and this run trains a Wan model"
+        ),
+        "{text}"
+    );
+    assert!(!dir.path().join("output").exists(), "nothing ran");
+}

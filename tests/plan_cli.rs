@@ -320,3 +320,115 @@ fn ranks_of_one_machine_share_its_ram() {
     assert_eq!(code, Some(1));
     assert!(stderr.contains("--gpus names a GPU twice"), "{stderr}");
 }
+
+/// [`WAN14B_480P`] with `changes` (flag, value): each replaces the flag's value there, or is added.
+fn wan14b_with<'a>(changes: &[(&'a str, &'a str)]) -> Vec<&'a str> {
+    let mut args = WAN14B_480P.to_vec();
+    for &(flag, value) in changes {
+        match args.iter().position(|a| *a == flag) {
+            Some(i) => args[i + 1] = value,
+            None => args.extend([flag, value]),
+        }
+    }
+    args
+}
+
+#[test]
+fn a_plan_the_ram_cannot_hold_does_not_fit() {
+    // 14B at 480p with every block but one streamed from page-locked RAM and the saved inputs there too: the VRAM
+    // fits a 24 GB card, the page-locked RAM does not fit 8 GiB.
+    let roomy = framesmith(&wan14b_with(&[
+        ("--vram-budget-gb", "24"),
+        ("--blocks-to-swap", "39"),
+    ]));
+    assert_eq!(roomy.0, Some(0), "{}{}", roomy.1, roomy.2);
+    let args = wan14b_with(&[
+        ("--vram-budget-gb", "24"),
+        ("--blocks-to-swap", "39"),
+        ("--ram-gb", "8"),
+    ]);
+    let (code, stdout, stderr) = framesmith(&args);
+    println!("{stdout}");
+    assert_eq!(code, Some(3), "does not fit exits with 3: {stdout}{stderr}");
+    assert!(stdout.contains("Does not fit in RAM"), "{stdout}");
+    assert!(
+        stdout.contains(
+            "of page-locked RAM, which cannot be swapped out, and this machine has 8.00 GiB"
+        ) && stdout.contains("memory.streaming = \"staged\""),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("expect swapping"), "{stdout}");
+    let (code, json, _) = framesmith(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, Some(3));
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(report["verdict"], "does_not_fit");
+    assert!(report["ram_shortfall"].as_str().is_some(), "{json}");
+}
+
+#[test]
+fn absurd_sizes_and_ranks_are_refused_by_name() {
+    let with = |extra: &[(&str, &str)]| {
+        framesmith(&wan14b_with(
+            &[&[("--vram-budget-gb", "24")], extra].concat(),
+        ))
+    };
+    let (code, stdout, stderr) = with(&[
+        ("--width", "100000"),
+        ("--height", "100000"),
+        ("--frames", "100001"),
+    ]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains("100000x100000 is more than 16384 pixels a side")
+            && stderr.contains("dataset.resolution (--width / --height)"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = with(&[("--frames", "100001")]);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.contains("100001 frames is more than 4093"),
+        "{stderr}"
+    );
+    let (code, _, stderr) = with(&[("--batch", "100000000")]);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("batch 100000000 is more than"), "{stderr}");
+    for rank in ["100000", "10000000000", "18446744073709551615"] {
+        let (code, _, stderr) = with(&[("--rank", rank)]);
+        assert_eq!(code, Some(1), "{rank}: {stderr}");
+        assert!(
+            stderr.contains(&format!("lora.rank = {rank} is more than"))
+                && stderr.contains("use lora.rank <= 5120"),
+            "{stderr}"
+        );
+    }
+    // The largest clip the planner takes is planned, not refused or overflowed.
+    let (code, stdout, stderr) = with(&[
+        ("--width", "16384"),
+        ("--height", "16384"),
+        ("--frames", "4093"),
+        ("--rank", "5120"),
+    ]);
+    assert!(matches!(code, Some(0 | 3)), "{stdout}{stderr}");
+    assert!(stdout.contains("1073741824 tokens"), "{stdout}");
+}
+
+#[test]
+fn a_preset_for_another_model_family_is_refused() {
+    let (code, stdout, stderr) = framesmith(&["--variant", "t2v-14b", "--preset", "flux-dev-24gb"]);
+    assert_eq!(code, Some(1), "{stdout}{stderr}");
+    assert!(
+        stderr.contains(
+            "the preset `flux-dev-24gb` is made for FLUX.1 runs, and this run trains a Wan model"
+        ),
+        "{stderr}"
+    );
+    let (code, _, stderr) = framesmith(&[
+        "--variant",
+        "flux-dev",
+        "--preset",
+        "flux-dev-24gb",
+        "--ram-gb",
+        "64",
+    ]);
+    assert!(matches!(code, Some(0 | 3)), "{stderr}");
+}

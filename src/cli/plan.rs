@@ -9,9 +9,9 @@ use clap::Args;
 use framesmith_config::protocol::memory::format_gib;
 use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
-use framesmith_config::{presets, RunConfig};
+use framesmith_config::{presets, ModelFamily, RunConfig};
 use framesmith_engine::plan::{
-    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput,
+    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput, PlanModel,
 };
 use serde::de::DeserializeOwned;
 
@@ -217,6 +217,13 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let cfg = resolved_config(args)?;
     let model = model_for_config(&cfg).context("cannot tell which model to plan")?;
+    let family = match model {
+        PlanModel::Wan(_) => ModelFamily::Wan,
+        PlanModel::Flux { .. } => ModelFamily::Flux,
+    };
+    for name in &args.presets {
+        presets::builtin(name)?.check_family(family)?;
+    }
     let (clip, clip_note) = clip(args, &cfg);
     let mut input = PlanInput::from_config(&cfg, model, clip);
     input.probe_machine(cfg.training.device);

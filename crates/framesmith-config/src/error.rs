@@ -100,6 +100,16 @@ pub enum ConfigError {
     },
     #[error("bad preset metadata (the `[preset]` table): {message} in {}", path.display())]
     PresetMeta { path: PathBuf, message: String },
+    #[error(
+        "the preset `{name}` is made for {preset_family} runs, and this run trains a {run_family} model: its \
+         settings (resolution, timesteps, memory) would not suit it; pick a {run_family} preset (`framesmith \
+         presets` lists them) or leave this one out"
+    )]
+    PresetFamily {
+        name: String,
+        preset_family: crate::plan::ModelFamily,
+        run_family: crate::plan::ModelFamily,
+    },
 }
 
 impl ConfigError {

@@ -37,13 +37,23 @@ impl HostInfo {
 /// The model family a run trains: it decides which files and settings apply. The config does not say it (the
 /// family is read from `model.dit`'s header), so whoever can read the file passes it to
 /// [`crate::validate::validate_for`].
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ModelFamily {
     /// Wan2.1 / Wan2.2 (and the built-in demo model).
     #[default]
     Wan,
     /// FLUX.1 [dev].
     Flux,
+}
+
+impl std::fmt::Display for ModelFamily {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Wan => "Wan",
+            Self::Flux => "FLUX.1",
+        })
+    }
 }
 
 /// The device a run trains on.

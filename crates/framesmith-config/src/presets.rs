@@ -9,6 +9,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::error::ConfigError;
+use super::plan::ModelFamily;
 use super::run::RunConfig;
 
 /// The built-in presets: (name, file text).
@@ -75,6 +76,9 @@ struct PresetMeta {
     /// Dotted key → one line saying why the preset sets it.
     #[serde(default)]
     why: BTreeMap<String, String>,
+    /// The model family the preset is made for; none: any.
+    #[serde(default)]
+    family: Option<ModelFamily>,
 }
 
 /// A parsed preset.
@@ -87,6 +91,8 @@ pub struct Preset {
     pub summary: String,
     /// The file it came from (named in messages).
     pub origin: PathBuf,
+    /// The model family it is made for (`family` in its `[preset]` table); `None`: any.
+    pub family: Option<ModelFamily>,
     overlay: toml::Table,
     why: BTreeMap<String, String>,
 }
@@ -172,6 +178,7 @@ impl Preset {
             title: meta.title,
             summary: meta.summary,
             origin: origin.to_path_buf(),
+            family: meta.family,
             overlay: table,
             why: meta.why,
         })
@@ -248,6 +255,19 @@ impl Preset {
             changes,
             kept,
         })
+    }
+
+    /// Refuses the preset for a run of another model `family` than it is made for (a FLUX.1 preset's
+    /// resolution and timesteps on a Wan run), naming the preset and both families.
+    pub fn check_family(&self, family: ModelFamily) -> Result<(), ConfigError> {
+        match self.family {
+            Some(made_for) if made_for != family => Err(ConfigError::PresetFamily {
+                name: self.name.clone(),
+                preset_family: made_for,
+                run_family: family,
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn why_for(&self, key: &str) -> String {

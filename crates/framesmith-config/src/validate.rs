@@ -438,6 +438,13 @@ fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
     None
 }
 
+/// Largest clip side `dataset.resolution` may name: Wan's rotary table covers 1024 positions a side, 16 pixels
+/// each.
+const MAX_SIDE_PIXELS: usize = 16_384;
+
+/// Most frames `dataset.target_frames` may name: Wan's rotary table covers 1024 latent frames.
+const MAX_FRAMES: usize = 1 + 4 * 1023;
+
 /// `[dataset]`; `pixel_step` is what the named variant's clip sides must be multiples of (16 when detected later).
 fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> DatasetPlan {
     let d = &cfg.dataset;
@@ -459,7 +466,15 @@ fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> Dataset
     };
     if let Some([w, h]) = d.resolution {
         let s = pixel_step;
-        if w == 0 || h == 0 || w % s != 0 || h % s != 0 {
+        if w > MAX_SIDE_PIXELS || h > MAX_SIDE_PIXELS {
+            c.problem(
+                "dataset.resolution",
+                format!(
+                    "[{w}, {h}] is more than {MAX_SIDE_PIXELS} pixels a side, past what Wan's positions cover"
+                ),
+                "train at a size such as [1280, 720], or remove the key to use the dataset config's",
+            );
+        } else if w == 0 || h == 0 || w % s != 0 || h % s != 0 {
             let why = if s == 16 {
                 "VAE 8× and patch 2×"
             } else {
@@ -482,6 +497,13 @@ fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> Dataset
             .filter(|&&n| n == 0 || (n - 1) % 4 != 0)
             .map(|n| n.to_string())
             .collect();
+        if let Some(&longest) = frames.iter().filter(|&&n| n > MAX_FRAMES).max() {
+            c.problem(
+                "dataset.target_frames",
+                format!("{longest} frames is more than {MAX_FRAMES}, past Wan's 1024 latent frame positions"),
+                "use clip lengths such as 33, 49 or 81",
+            );
+        }
         if frames.is_empty() || !bad.is_empty() {
             c.problem(
                 "dataset.target_frames",

@@ -66,6 +66,25 @@ fn plain_defaults_need_a_model_and_a_dataset() {
 }
 
 #[test]
+fn absurd_clip_sizes_are_refused_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    cfg.dataset.resolution = Some([100_000, 100_000]);
+    cfg.dataset.target_frames = Some(vec![5, 100_001]);
+    let e = problems(&cfg, &HostInfo::new(1));
+    let resolution = e.for_key("dataset.resolution").unwrap();
+    assert!(
+        resolution.message.contains("more than 16384 pixels a side"),
+        "{resolution}"
+    );
+    let frames = e.for_key("dataset.target_frames").unwrap();
+    assert!(
+        frames.message.contains("100001 frames is more than 4093"),
+        "{frames}"
+    );
+}
+
+#[test]
 fn every_problem_is_reported_with_key_and_fix() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = runnable(dir.path());

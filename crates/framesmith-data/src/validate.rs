@@ -15,6 +15,12 @@ use super::scan::entry_problems;
 /// Pixel multiple every resolution must be (VAE stride 8 × patch 2).
 pub const RESOLUTION_STEP: u32 = 16;
 
+/// Largest side a clip may be trained at: Wan's rotary table covers 1024 positions a side, 16 pixels each.
+pub const MAX_RESOLUTION_SIDE: u32 = 16_384;
+
+/// Most frames a clip may have: Wan's rotary table covers 1024 latent frames, 4 frames each after the first.
+pub const MAX_CLIP_FRAMES: u32 = 1 + 4 * 1023;
+
 /// A dataset config with no errors, ready for training.
 #[derive(Clone, Debug)]
 pub struct ValidConfig {
@@ -145,6 +151,12 @@ fn check_general(g: &GeneralSection, file: &Path, out: &mut Vec<Problem>) {
 
 fn resolution_problem(r: Resolution) -> Option<String> {
     let (w, h) = r.size();
+    if w > MAX_RESOLUTION_SIDE || h > MAX_RESOLUTION_SIDE {
+        return Some(format!(
+            "{w}x{h} is more than {MAX_RESOLUTION_SIDE} pixels a side, past what Wan's positions cover; train at \
+             a size such as [1280, 720]"
+        ));
+    }
     let bad = |v: u32| v == 0 || v % RESOLUTION_STEP != 0;
     (bad(w) || bad(h)).then(|| {
         let fix = |v: u32| (v / RESOLUTION_STEP).max(1) * RESOLUTION_STEP;
@@ -296,6 +308,12 @@ fn check_video(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
             out.push(cx.error(key, "must be at least 1"));
         }
     }
+    if let Some(max) = ds.max_frames.filter(|&m| m > MAX_CLIP_FRAMES) {
+        out.push(cx.error(
+            "max_frames",
+            format!("{max} is more than {MAX_CLIP_FRAMES} frames, past Wan's 1024 latent frame positions"),
+        ));
+    }
     let unused = [
         (
             "frame_stride",
@@ -331,6 +349,12 @@ fn check_video(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
 pub fn frame_count_problem(frames: u32) -> Option<String> {
     if frames == 0 {
         return Some("0 is not a clip length; use N*4+1 frames (1, 5, 9, ..., 81)".into());
+    }
+    if frames > MAX_CLIP_FRAMES {
+        return Some(format!(
+            "{frames} frames is more than {MAX_CLIP_FRAMES}, past Wan's 1024 latent frame positions; use clips of \
+             at most 81 to 121 frames, as Wan was trained"
+        ));
     }
     if frames % 4 == 1 {
         return None;

@@ -101,6 +101,54 @@ cache_directory = "clips"
 }
 
 #[test]
+fn absurd_sizes_and_frame_counts_are_errors_naming_the_key() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("clips")).unwrap();
+    let c = parse_clean(
+        r#"
+[general]
+resolution = [100000, 100000]
+[[datasets]]
+video_directory = "clips"
+caption_extension = ".txt"
+target_frames = [100001]
+[[datasets]]
+video_directory = "clips"
+cache_directory = "other"
+caption_extension = ".txt"
+resolution = [16384, 32768]
+frame_extraction = "full"
+max_frames = 100001
+"#,
+    );
+    let errors: Vec<String> = validate(&c, Path::new(FILE), dir.path())
+        .iter()
+        .filter(|p| p.is_error())
+        .map(ToString::to_string)
+        .collect();
+    let has = |key: &str, text: &str| errors.iter().any(|e| e.contains(key) && e.contains(text));
+    assert!(
+        has(
+            "general.resolution",
+            "100000x100000 is more than 16384 pixels"
+        ),
+        "{errors:#?}"
+    );
+    assert!(
+        has(
+            "datasets[0].target_frames",
+            "100001 frames is more than 4093"
+        ),
+        "{errors:#?}"
+    );
+    assert!(has("datasets[1].resolution", "16384x32768"), "{errors:#?}");
+    assert!(
+        has("datasets[1].max_frames", "100001 is more than 4093"),
+        "{errors:#?}"
+    );
+}
+
+#[test]
 fn warnings_for_what_musubi_ignores() {
     let c = parse_clean(
         r#"

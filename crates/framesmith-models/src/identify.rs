@@ -16,21 +16,53 @@ pub enum ModelFile {
 }
 
 impl fmt::Display for ModelFile {
+    /// The report, with any control character of the file's names and metadata shown escaped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Flux(file) => file.fmt(f),
-            Self::Wan(file) => file.fmt(f),
-        }
+        let report = match self {
+            Self::Flux(file) => file.to_string(),
+            Self::Wan(file) => file.to_string(),
+        };
+        f.write_str(&printable(&report))
     }
 }
 
-/// Why a path is not a model file Framesmith can name.
+/// Why a path is not a model file Framesmith can name. Shown with control characters escaped, as the message
+/// may quote the file's tensor names.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentifyError {
-    #[error(transparent)]
+    #[error("{}", printable(&.0.to_string()))]
     Flux(FluxFormatError),
-    #[error(transparent)]
-    Wan(#[from] ModelFormatError),
+    #[error("{}", printable(&.0.to_string()))]
+    Wan(ModelFormatError),
+}
+
+// Not `#[from]`, which would make the unescaped error the source that `{:#}` prints after this one.
+impl From<ModelFormatError> for IdentifyError {
+    fn from(err: ModelFormatError) -> Self {
+        Self::Wan(err)
+    }
+}
+
+/// `text` safe for a terminal: control characters (escape sequences, carriage returns, C1 controls) and the
+/// bidirectional overrides a file's names or metadata may hold are shown as escapes (`\u{1b}`); line breaks and
+/// tabs stay.
+pub fn printable(text: &str) -> String {
+    let unsafe_char = |c: char| {
+        (c.is_control() && c != '\n' && c != '\t')
+            || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.to_string();
+    }
+    text.chars()
+        .map(|c| {
+            if unsafe_char(c) {
+                c.escape_unicode().to_string()
+            } else {
+                c.to_string()
+            }
+        })
+        .collect()
 }
 
 /// Says what the model file at `path` is.
@@ -38,9 +70,11 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
     if !path.is_dir() {
         match flux_weights::identify(path) {
             Ok(file) => return Ok(ModelFile::Flux(Box::new(file))),
-            Err(err @ FluxFormatError::DiffusersTransformer { .. }) => {
-                return Err(IdentifyError::Flux(err))
-            }
+            // A FLUX.1 transformer the FLUX.1 reader recognised but cannot use says what is wrong with it.
+            Err(
+                err @ (FluxFormatError::DiffusersTransformer { .. }
+                | FluxFormatError::Incomplete { .. }),
+            ) => return Err(IdentifyError::Flux(err)),
             // Unreadable files, other families and unknown keys: the Wan reader says what they are.
             Err(_) => {}
         }

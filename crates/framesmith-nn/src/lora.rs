@@ -206,6 +206,17 @@ pub enum LoraError {
     },
     #[error("LoRA rank must be at least 1")]
     ZeroRank,
+    #[error(
+        "lora.rank = {rank} is more than the narrowest adapted linear allows ({module}: {in_dim} in, {out_dim} \
+         out; a wider adapter only adds parameters): use lora.rank <= {max}"
+    )]
+    RankTooLarge {
+        rank: usize,
+        max: usize,
+        module: String,
+        in_dim: usize,
+        out_dim: usize,
+    },
     #[error("no linear layer matches the LoRA targets (include patterns {include:?}, exclude patterns {exclude:?})")]
     NoTargets {
         include: Vec<String>,
@@ -290,6 +301,30 @@ fn in_block_list(list: &str, path: &str) -> bool {
         && parts.next().is_some_and(|rest| !rest.is_empty())
 }
 
+/// Refuses a `rank` above `min(in, out)` of the narrowest of `linears` (module path, `[in, out]`): the product
+/// `up · down` of a wider adapter has no higher rank, so the extra rows only cost memory (a rank of 100000 on a
+/// 128-wide model makes gigabytes of adapter). Checked before anything is allocated.
+pub fn check_rank<'a>(
+    rank: usize,
+    linears: impl IntoIterator<Item = (&'a str, [usize; 2])>,
+) -> std::result::Result<(), LoraError> {
+    let narrowest = linears
+        .into_iter()
+        .min_by_key(|(_, [in_dim, out_dim])| (*in_dim).min(*out_dim));
+    match narrowest {
+        Some((module, [in_dim, out_dim])) if rank > in_dim.min(out_dim) => {
+            Err(LoraError::RankTooLarge {
+                rank,
+                max: in_dim.min(out_dim),
+                module: module.to_string(),
+                in_dim,
+                out_dim,
+            })
+        }
+        _ => Ok(()),
+    }
+}
+
 /// How fresh adapters are made.
 #[derive(Clone, Debug)]
 pub struct LoraSpec {
@@ -333,11 +368,18 @@ where
     } else {
         spec.alpha
     };
+    let selected: Vec<(String, &mut Linear)> = modules
+        .into_iter()
+        .filter(|(path, _)| targets.matches(path))
+        .collect();
+    check_rank(
+        spec.rank,
+        selected
+            .iter()
+            .map(|(path, l)| (path.as_str(), [l.in_dim(), l.out_dim()])),
+    )?;
     let mut created = Vec::new();
-    for (path, linear) in modules {
-        if !targets.matches(&path) {
-            continue;
-        }
+    for (path, linear) in selected {
         let lora = Lora::new(
             [linear.in_dim(), linear.out_dim(), spec.rank],
             alpha,

@@ -138,6 +138,11 @@ pub struct PlanReport {
     /// their RAM adds up ([`PlanReport::machine_ram_bytes`]).
     #[serde(default = "one_rank")]
     pub ranks_on_machine: usize,
+    /// Why this machine's RAM cannot hold the plan: the RAM of every rank on it, or its page-locked part (which
+    /// cannot be swapped out, and which Windows caps near half of RAM), with what to change. The verdict is then
+    /// `DoesNotFit`, whatever the VRAM.
+    #[serde(default)]
+    pub ram_shortfall: Option<String>,
 }
 
 fn one_rank() -> usize {
@@ -151,8 +156,12 @@ impl PlanReport {
     }
 
     /// The warning when the RAM of every rank on this machine together nears the machine's (the OS, the app
-    /// and the memory-mapped checkpoint need RAM too): what it needs, what the machine has, and what to change.
+    /// and the memory-mapped checkpoint need RAM too): what it needs, what the machine has, and what to change;
+    /// `ram_shortfall` when the RAM cannot hold the plan at all.
     pub fn ram_pressure(&self) -> Option<String> {
+        if let Some(shortfall) = &self.ram_shortfall {
+            return Some(shortfall.clone());
+        }
         let ram = self.host_ram_bytes?;
         let all = self.machine_ram_bytes();
         if all <= ram / 10 * 8 {
@@ -224,6 +233,19 @@ impl PlanReport {
             (n, true) => format!(", {n} of {} blocks streamed (chosen)", self.num_blocks),
             (n, false) => format!(", {n} of {} blocks streamed", self.num_blocks),
         };
+        let vram_fits = self
+            .vram_budget_bytes
+            .is_none_or(|budget| self.peak_vram_bytes <= budget);
+        if self.ram_shortfall.is_some() && vram_fits {
+            let of = self
+                .vram_budget_bytes
+                .map(|b| format!(" of {}", format_gib(b)))
+                .unwrap_or_default();
+            return format!(
+                "Does not fit in RAM: peak VRAM {peak}{of}{streamed}, but this machine's RAM cannot hold the \
+                 plan (see the note)"
+            );
+        }
         match (self.verdict, self.vram_budget_bytes) {
             (Verdict::Fits, Some(budget)) => {
                 format!("Fits: peak VRAM {peak} of {}{streamed}", format_gib(budget))

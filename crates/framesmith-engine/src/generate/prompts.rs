@@ -60,6 +60,30 @@ impl PromptSpec {
         self.guidance.unwrap_or(DEFAULT_WAN_GUIDANCE)
     }
 
+    /// Refuses what no sample can be made of: 0 steps, and a frame count that is not 4k+1 (the Wan VAE packs 4
+    /// frames per latent after the first; another count would silently become a shorter clip), naming the option
+    /// and the counts nearest to it.
+    pub fn check(&self) -> Result<(), String> {
+        if self.steps == 0 {
+            return Err("--s 0: a sample needs at least 1 denoising step; use e.g. --s 20".into());
+        }
+        match self.frames {
+            Some(frames) if frames % 4 != 1 => {
+                let down = frames.saturating_sub(1) / 4 * 4 + 1;
+                let nearest = if frames == 0 {
+                    "1".to_string()
+                } else {
+                    format!("{down} or {}", down + 4)
+                };
+                Err(format!(
+                    "--f {frames} is not 4k+1 frames (the Wan VAE packs 4 frames per latent after the first): use \
+                     {nearest}"
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Flow shift of a Wan clip (`--fs`, else [`DEFAULT_FLOW_SHIFT`]).
     pub fn clip_flow_shift(&self) -> f64 {
         self.flow_shift.unwrap_or(DEFAULT_FLOW_SHIFT)
@@ -103,18 +127,31 @@ pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
         spec
     };
     if path.extension().and_then(|e| e.to_str()) == Some("toml") {
-        return toml::from_str::<TomlPrompts>(&text)
-            .map(|t| t.prompt.into_iter().map(beside_file).collect())
+        let prompts = toml::from_str::<TomlPrompts>(&text)
             .map_err(|e| PromptError::Toml {
-                path: shown,
+                path: shown.clone(),
                 message: toml_message(&e, &text),
-            });
+            })?
+            .prompt;
+        return prompts
+            .into_iter()
+            .enumerate()
+            .map(|(i, spec)| {
+                spec.check()
+                    .map(|()| beside_file(spec))
+                    .map_err(|message| PromptError::Toml {
+                        path: shown.clone(),
+                        message: format!("[[prompt]] {}: {message}", i + 1),
+                    })
+            })
+            .collect();
     }
     text.lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty() && !l.trim_start().starts_with('#'))
         .map(|(i, l)| {
             parse_line(l)
+                .and_then(|spec| spec.check().map(|()| spec))
                 .map(beside_file)
                 .map_err(|message| PromptError::Line {
                     path: shown.clone(),
@@ -247,6 +284,39 @@ mod tests {
         std::fs::write(&long, format!("x --{} 1\n", "z".repeat(1 << 20))).expect("write");
         let err = read_prompt_file(&long).unwrap_err().to_string();
         assert!(err.len() < 1000, "{} bytes", err.len());
+    }
+
+    #[test]
+    fn frame_counts_off_4k_plus_1_and_zero_steps_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.txt");
+        let error = |line: &str| {
+            std::fs::write(&path, line).expect("write");
+            read_prompt_file(&path).unwrap_err().to_string()
+        };
+        let err = error("a cat --f 6\n");
+        assert!(
+            err.contains("--f 6 is not 4k+1")
+                && err.contains("use 5 or 9")
+                && err.contains("p.txt:1"),
+            "{err}"
+        );
+        assert!(error("a cat --f 0\n").contains("use 1"));
+        let err = error("ok --f 5\na cat --s 0\n");
+        assert!(err.contains("p.txt:2") && err.contains("--s 0"), "{err}");
+        let toml = dir.path().join("p.toml");
+        std::fs::write(
+            &toml,
+            "[[prompt]]\nprompt = \"a\"\n[[prompt]]\nprompt = \"b\"\nframes = 8\n",
+        )
+        .expect("write");
+        let err = read_prompt_file(&toml).unwrap_err().to_string();
+        assert!(
+            err.contains("[[prompt]] 2") && err.contains("--f 8"),
+            "{err}"
+        );
+        std::fs::write(&path, "a cat --f 9 --s 1\n").expect("write");
+        assert_eq!(read_prompt_file(&path).expect("valid")[0].clip_frames(), 9);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use framesmith_models::wan::vae::VaeConfig;
 use framesmith_models::wan::weights::official_shapes;
 use framesmith_models::wan::WanConfig;
 use framesmith_nn::fp8::{self, Fp8Scale};
-use framesmith_nn::lora::{LoraError, LoraTargets};
+use framesmith_nn::lora::{check_rank, LoraError, LoraTargets};
 use framesmith_nn::offload::ALIGN;
 
 /// How the frozen block linears are stored.
@@ -188,18 +188,24 @@ pub fn lora_parameters(
     exclude: &[String],
 ) -> Result<(u64, usize), LoraError> {
     let targets = LoraTargets::new(include, exclude)?;
-    let mut params = 0u64;
-    let mut modules = 0usize;
-    for (name, shape) in official_shapes(cfg) {
-        let Some(module) = name.strip_suffix(".weight") else {
-            continue;
-        };
-        if shape.len() == 2 && targets.matches(module) {
-            params += rank as u64 * (shape[0] + shape[1]) as u64;
-            modules += 1;
-        }
-    }
-    Ok((params, modules))
+    let shapes = official_shapes(cfg);
+    let adapted: Vec<(&str, [usize; 2])> = shapes
+        .iter()
+        .filter_map(
+            |(name, shape)| match (name.strip_suffix(".weight"), shape.as_slice()) {
+                (Some(module), &[out_dim, in_dim]) if targets.matches(module) => {
+                    Some((module, [in_dim, out_dim]))
+                }
+                _ => None,
+            },
+        )
+        .collect();
+    check_rank(rank, adapted.iter().copied())?;
+    let params = adapted
+        .iter()
+        .map(|(_, [in_dim, out_dim])| rank as u64 * (in_dim + out_dim) as u64)
+        .sum();
+    Ok((params, adapted.len()))
 }
 
 /// The VAE a DiT is trained with: Wan 2.2's 16× VAE for 48-channel latents (TI2V-5B), else Wan 2.1's 8× VAE.
@@ -222,7 +228,7 @@ pub fn latent_factors(cfg: &WanConfig) -> (usize, usize) {
 }
 
 /// Transformer tokens of one sample: latent frames × latent height × latent width, each divided by the patch size.
-/// `None` when the size does not divide into whole patches.
+/// `None` when the size does not divide into whole patches (or the count does not fit a `usize`).
 pub fn tokens_per_sample(
     cfg: &WanConfig,
     width: usize,
@@ -236,5 +242,5 @@ pub fn tokens_per_sample(
     let f = whole(latent_frames, pt)?;
     let h = whole(whole(height, spatial)?, ph)?;
     let w = whole(whole(width, spatial)?, pw)?;
-    Some((f * h * w) as u64)
+    f.checked_mul(h)?.checked_mul(w).map(|n| n as u64)
 }

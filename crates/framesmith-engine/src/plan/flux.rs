@@ -6,13 +6,13 @@ use framesmith_config::run::FluxStreamOrder;
 use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::FluxConfig;
-use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::lora::{check_rank, LoraError, LoraFamily, LoraTargets};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::bytes::{dtype_bytes, fp8_weight_buffers, BaseFormat};
 use super::model::{BlockKind, ModelMemory};
 use super::working_set::{BlockWidths, StepShape};
-use super::{residual_bytes, PlanError, PlanInput};
+use super::{residual_bytes, step_tokens, PlanError, PlanInput};
 
 /// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of `count`
 /// streamed blocks. `single_first` / `double_first` take blocks of that kind until it runs out, then of the other;
@@ -121,18 +121,24 @@ fn lora_parameters(
     exclude: &[String],
 ) -> Result<(u64, usize), LoraError> {
     let targets = LoraTargets::for_family(LoraFamily::Flux, include, exclude)?;
-    let mut params = 0u64;
-    let mut modules = 0usize;
-    for (name, shape) in official_shapes(cfg) {
-        let Some(module) = name.strip_suffix(".weight") else {
-            continue;
-        };
-        if shape.len() == 2 && targets.matches(module) {
-            params += rank as u64 * (shape[0] + shape[1]) as u64;
-            modules += 1;
-        }
-    }
-    Ok((params, modules))
+    let shapes = official_shapes(cfg);
+    let adapted: Vec<(&str, [usize; 2])> = shapes
+        .iter()
+        .filter_map(
+            |(name, shape)| match (name.strip_suffix(".weight"), shape.as_slice()) {
+                (Some(module), &[out_dim, in_dim]) if targets.matches(module) => {
+                    Some((module, [in_dim, out_dim]))
+                }
+                _ => None,
+            },
+        )
+        .collect();
+    check_rank(rank, adapted.iter().copied())?;
+    let params = adapted
+        .iter()
+        .map(|(_, [in_dim, out_dim])| rank as u64 * (in_dim + out_dim) as u64)
+        .sum();
+    Ok((params, adapted.len()))
 }
 
 /// The FLUX.1 DiT `cfg`, its blocks streamed in `order`, for `input` (an image step: `clip.frames` is ignored).
@@ -175,7 +181,7 @@ pub(super) fn describe(
         &input.lora.exclude_patterns,
     )?;
     let batch = c.batch as u64;
-    let tokens = batch * ((w * h) as u64 + TEXT_TOKENS);
+    let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, c.batch)?;
     let (d, f, heads) = (
         cfg.hidden_size as u64,
         cfg.mlp_hidden_dim() as u64,

@@ -85,7 +85,7 @@ pub fn clip_with_dataset(
     let d = &cfg.dataset;
     // What will train is what is cached: the caches decide the clip, whatever the config's overrides say.
     if !d.synthetic && !d.config.as_os_str().is_empty() {
-        if let Some(cached) = largest_cached_clip(&d.config) {
+        if let Some(cached) = largest_cached_clip(&d.config, cfg.model.demo) {
             let (asked, _) = ClipShape::from_config(cfg, cached);
             let note = (asked != cached).then(|| {
                 format!(
@@ -124,10 +124,11 @@ pub fn clip_with_dataset(
 }
 
 /// The largest clip among the latent caches of the datasets in the dataset TOML at `path` (read from the cache
-/// files' headers); `None` when the TOML cannot be read or nothing is cached yet.
-fn largest_cached_clip(path: &Path) -> Option<ClipShape> {
+/// files' headers, through the demo codec's factors for the `demo` model and the VAE's otherwise); `None` when the
+/// TOML cannot be read or nothing is cached yet.
+fn largest_cached_clip(path: &Path, demo: bool) -> Option<ClipShape> {
     use framesmith_data::cache::{parse_latent_cache_name, read_latent_shape};
-    let pixels = |c: &ClipShape| c.width * c.height * c.frames * c.batch;
+    let pixels = clip_pixels;
     let valid = framesmith_data::load_valid(path).ok()?;
     valid
         .datasets
@@ -143,12 +144,7 @@ fn largest_cached_clip(path: &Path) -> Option<ClipShape> {
                     read_latent_shape(&dir.join(&name)).ok()
                 })
                 .map(|[channels, frames, height, width]| {
-                    let vae = if channels == VaeConfig::wan22().z_dim {
-                        VaeConfig::wan22()
-                    } else {
-                        VaeConfig::wan21()
-                    };
-                    let (s, t) = (vae.spatial_factor(), vae.temporal_factor());
+                    let (s, t) = cache_factors(channels, demo);
                     ClipShape {
                         width: width * s,
                         height: height * s,
@@ -159,6 +155,20 @@ fn largest_cached_clip(path: &Path) -> Option<ClipShape> {
                 .max_by_key(pixels)
         })
         .max_by_key(pixels)
+}
+
+/// Spatial and temporal compression of latents of `channels` channels: the demo codec's for the demo model
+/// (its caches are made with it), else the VAE's with that many latent channels.
+fn cache_factors(channels: usize, demo: bool) -> (usize, usize) {
+    if demo {
+        return (crate::demo::codec::FACTOR, crate::demo::codec::TEMPORAL);
+    }
+    let vae = if channels == VaeConfig::wan22().z_dim {
+        VaeConfig::wan22()
+    } else {
+        VaeConfig::wan21()
+    };
+    (vae.spatial_factor(), vae.temporal_factor())
 }
 
 /// The dataset of a musubi-tuner dataset TOML (read from `path`) with the most pixels per step; `None` when it
@@ -183,7 +193,14 @@ fn largest_dataset_clip(text: &str, path: &Path) -> Option<ClipShape> {
                 batch: ds.batch_size.max(1) as usize,
             }
         })
-        .max_by_key(|c| c.width * c.height * c.frames * c.batch)
+        .max_by_key(clip_pixels)
+}
+
+/// Pixels of a step of `c` (saturating: a dataset config can name any size), to find the largest clip.
+fn clip_pixels(c: &ClipShape) -> u128 {
+    [c.width, c.height, c.frames, c.batch]
+        .into_iter()
+        .fold(1u128, |n, d| n.saturating_mul(d as u128))
 }
 
 /// The command-line name of a named variant (`t2v-14b`), `tiny` for the demo model, else its shape.
@@ -405,5 +422,59 @@ mod tests {
             report.verdict_line()
         );
         assert!(report.peak_ram_bytes < 1 << 30, "{}", report.peak_ram_bytes);
+    }
+
+    /// The demo project's caches (64×64, 5 frames, through the demo codec) plan as the 64×64 clips they hold.
+    #[test]
+    fn the_demo_project_plans_its_cached_clip_size() {
+        use framesmith_data::cache::{
+            video_latent_cache_name, write_wan_latent_cache, LatentCacheMetadata, WanLatentCache,
+        };
+        use framesmith_data::frames::FrameWindow;
+        let dir = tempfile::tempdir().unwrap();
+        let cache = dir.path().join("cache");
+        std::fs::create_dir_all(&cache).unwrap();
+        std::fs::create_dir_all(dir.path().join("dataset")).unwrap();
+        let toml = dir.path().join("dataset.toml");
+        std::fs::write(
+            &toml,
+            "[general]\nresolution = [64, 64]\ncaption_extension = \".txt\"\nbatch_size = 1\n\n\
+             [[datasets]]\nvideo_directory = \"dataset\"\ncache_directory = \"cache\"\ntarget_frames = [5]\n",
+        )
+        .unwrap();
+        let clip = crate::demo::shapes::generate(1, DEMO_FRAMES, DEMO_SIZE, 7).remove(0);
+        let latents = WanLatentCache {
+            latents: crate::demo::codec::encode(&clip.frames, &candle_core::Device::Cpu).unwrap(),
+            latents_image: None,
+            latents_control: None,
+            clip: None,
+            f_indices: None,
+        };
+        let window = FrameWindow {
+            start: 0,
+            frames: DEMO_FRAMES as u32,
+        };
+        let size = (DEMO_SIZE as u32, DEMO_SIZE as u32);
+        let meta = LatentCacheMetadata {
+            architecture: "wan".into(),
+            width: size.0,
+            height: size.1,
+            format_version: framesmith_data::cache::CACHE_FORMAT_VERSION.into(),
+            frame_count: Some(window.frames),
+        };
+        let path = cache.join(video_latent_cache_name(&clip.name, window, size));
+        write_wan_latent_cache(&path, &latents, &meta).unwrap();
+        let mut config = framesmith_config::presets::builtin("demo-cpu")
+            .and_then(|p| p.apply(&RunConfig::default()))
+            .unwrap()
+            .config;
+        config.dataset.synthetic = false;
+        config.dataset.config = toml;
+        let (clip, note) = clip_for_config(&config);
+        assert_eq!(
+            (clip.width, clip.height, clip.frames),
+            (64, 64, 5),
+            "{note:?}"
+        );
     }
 }

@@ -124,6 +124,21 @@ pub enum PlanError {
     Frames { frames: usize, step: usize },
     #[error("the batch must hold at least 1 sample")]
     ZeroBatch,
+    #[error(
+        "{width}x{height} is more than {MAX_SIDE_PIXELS} pixels a side, past what the models' positions cover: \
+         lower dataset.resolution (--width / --height)"
+    )]
+    ResolutionTooLarge { width: usize, height: usize },
+    #[error(
+        "{frames} frames is more than {MAX_FRAMES}, past Wan's 1024 latent frame positions: lower \
+         dataset.target_frames (--frames)"
+    )]
+    TooManyFrames { frames: usize },
+    #[error(
+        "{per_sample} tokens a sample × batch {batch} is more than {MAX_STEP_TOKENS} tokens a step: lower the \
+         batch (batch_size of the dataset config, --batch), the resolution or the frames"
+    )]
+    TooManyTokens { per_sample: u64, batch: usize },
     #[error("{requested} blocks to stream, but the model has {blocks}: stream at most {}", blocks - 1)]
     TooManyBlocks { requested: usize, blocks: usize },
     #[error("{0} blocks to stream, but streaming is off: set memory.streaming = \"pinned\" or \"staged\"")]
@@ -142,8 +157,44 @@ pub enum PlanError {
     Lora(#[from] LoraError),
 }
 
+/// Most pixels a clip side may have: Wan's rotary table covers 1024 latent positions a side, 16 pixels each with
+/// the 8× VAE and 2× patches, and no model here trains larger.
+pub const MAX_SIDE_PIXELS: usize = 16_384;
+
+/// Most frames a clip may have: Wan's rotary table covers 1024 latent frames, 4 video frames each after the first.
+pub const MAX_FRAMES: usize = 1 + 4 * 1023;
+
+/// Most transformer tokens in one step (every sample of the batch). A cube of the largest sides and frames fits
+/// it; with it every byte count of the plan stays far inside `u64`.
+pub const MAX_STEP_TOKENS: u64 = 1 << 30;
+
+/// The tokens of a step of `batch` samples of `per_sample` tokens, refused past [`MAX_STEP_TOKENS`].
+pub(crate) fn step_tokens(per_sample: u64, batch: usize) -> Result<u64, PlanError> {
+    per_sample
+        .checked_mul(batch as u64)
+        .filter(|&tokens| tokens <= MAX_STEP_TOKENS)
+        .ok_or(PlanError::TooManyTokens { per_sample, batch })
+}
+
+/// Refuses a clip past [`MAX_SIDE_PIXELS`] or [`MAX_FRAMES`], whatever the model.
+fn check_clip(clip: &ClipShape) -> Result<(), PlanError> {
+    if clip.width > MAX_SIDE_PIXELS || clip.height > MAX_SIDE_PIXELS {
+        return Err(PlanError::ResolutionTooLarge {
+            width: clip.width,
+            height: clip.height,
+        });
+    }
+    if clip.frames > MAX_FRAMES {
+        return Err(PlanError::TooManyFrames {
+            frames: clip.frames,
+        });
+    }
+    Ok(())
+}
+
 /// The model's description for `input`: the sizes that do not depend on how many blocks are streamed.
 fn sizes(input: &PlanInput) -> Result<ModelMemory, PlanError> {
+    check_clip(&input.clip)?;
     input.model.describe(input)
 }
 
@@ -390,8 +441,7 @@ fn device_total(lines: &[PlanLine]) -> u64 {
     lines
         .iter()
         .filter(|l| l.placement == Placement::Device)
-        .map(|l| l.bytes)
-        .sum()
+        .fold(0, |total, l| total.saturating_add(l.bytes))
 }
 
 /// Peak VRAM with `streamed` blocks streamed (whatever `blocks_to_swap` says).
@@ -506,8 +556,7 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         lines
             .iter()
             .filter(|l| keep(l.placement))
-            .map(|l| l.bytes)
-            .sum()
+            .fold(0, |total: u64, l| total.saturating_add(l.bytes))
     };
     let peak_ram = sum(&|p| p.is_host());
     let pinned = sum(&|p| p == Placement::HostPinned);
@@ -517,13 +566,17 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     } else {
         (peak_vram, budget)
     };
+    let ram_shortfall = ram_shortfall(input, peak_ram, pinned);
     let verdict = match limit {
+        _ if ram_shortfall.is_some() => Verdict::DoesNotFit,
         Some(b) if used <= b => Verdict::Fits,
         Some(_) => Verdict::DoesNotFit,
         None => Verdict::NoBudget,
     };
     let suggestions = match (verdict, budget) {
-        (Verdict::DoesNotFit, Some(b)) if !input.on_cpu => suggest::suggest(input, b)?,
+        (Verdict::DoesNotFit, Some(b)) if !input.on_cpu && peak_vram > b => {
+            suggest::suggest(input, b)?
+        }
         _ => Vec::new(),
     };
     let notes: Vec<String> = note.into_iter().collect();
@@ -551,10 +604,10 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         on_cpu: input.on_cpu,
         busy_gpu: busy_gpu_note(input, peak_vram),
         ranks_on_machine: input.ranks_on_machine.max(1),
+        ram_shortfall,
     };
     let ram = report.ram_pressure();
     report.notes.extend(ram);
-    report.notes.extend(pinned_notes(input, pinned));
     report.notes.extend(report.busy_gpu.clone());
     Ok(report)
 }
@@ -578,29 +631,55 @@ fn busy_gpu_note(input: &PlanInput, peak_vram: u64) -> Option<String> {
     ))
 }
 
-/// Windows' cap on page-locked memory, against the page-locked RAM of every rank on this machine (each rank's
-/// `pinned`). The RAM as a whole is [`PlanReport::ram_pressure`]'s.
-fn pinned_notes(input: &PlanInput, pinned: u64) -> Vec<String> {
-    let mut notes = Vec::new();
-    let Some(ram) = input.host_ram_bytes else {
-        return notes;
+/// Why this machine's RAM cannot hold a GPU run whose ranks each need `peak_ram` of RAM, `pinned` of it
+/// page-locked (`None` when it can, or when the RAM is unknown). Page-locked memory cannot be swapped out, so it
+/// must fit the RAM (on Windows, about half of it); the rest could swap, but a step that pages its own streamed
+/// blocks and saved activations through the disk does not train.
+fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String> {
+    let ram = input.host_ram_bytes?;
+    if input.on_cpu {
+        return None;
+    }
+    let ranks = input.ranks_on_machine.max(1) as u64;
+    let needed = |bytes: u64| match ranks {
+        1 => format_gib(bytes),
+        n => format!(
+            "{} ({n} ranks × {})",
+            format_gib(bytes.saturating_mul(n)),
+            format_gib(bytes)
+        ),
     };
-    let ranks = input.ranks_on_machine.max(1);
-    let all_pinned = pinned.saturating_mul(ranks as u64);
-    if input.windows && all_pinned > ram / 2 {
-        let ranks_part = if ranks > 1 {
-            format!(" ({ranks} ranks × {})", format_gib(pinned))
+    let fewer_gpus = if ranks > 1 {
+        "fewer GPUs (--gpus), "
+    } else {
+        ""
+    };
+    let pinned_cap = if input.windows { ram / 2 } else { ram };
+    if pinned.saturating_mul(ranks) > pinned_cap {
+        let has = if input.windows {
+            format!(
+                "Windows allows about half of RAM, {} of this machine's {}",
+                format_gib(pinned_cap),
+                format_gib(ram)
+            )
         } else {
-            String::new()
+            format!("this machine has {}", format_gib(ram))
         };
-        notes.push(format!(
-            "{}{ranks_part} of page-locked RAM is more than Windows allows (about half of RAM, {}): use \
-             memory.streaming = \"staged\"",
-            format_gib(all_pinned),
-            format_gib(ram / 2)
+        return Some(format!(
+            "the plan needs {} of page-locked RAM, which cannot be swapped out, and {has}: use \
+             memory.streaming = \"staged\" (a small page-locked ring), {fewer_gpus}fewer streamed blocks or \
+             activations on the GPU",
+            needed(pinned)
         ));
     }
-    notes
+    (peak_ram.saturating_mul(ranks) > ram).then(|| {
+        format!(
+            "the plan needs {} of RAM and this machine has {}: use {fewer_gpus}fewer streamed blocks or \
+             activations on the GPU",
+            needed(peak_ram),
+            format_gib(ram)
+        )
+    })
 }
 
 #[cfg(test)]

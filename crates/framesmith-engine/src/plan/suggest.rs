@@ -69,14 +69,31 @@ fn smaller_clip(lean: &PlanInput, budget: u64) -> Result<Suggestion, PlanError> 
     let fits = |candidate: &PlanInput| -> Result<bool, PlanError> {
         Ok(auto_blocks(candidate, budget)?.is_some())
     };
+    // Shorter clips need less, so the longest that fits is found by bisection over the frame counts below.
     let mut shorter = lean.clone();
-    while step > 0 && shorter.clip.frames > step {
-        shorter.clip.frames -= step;
-        if fits(&shorter)? {
-            return Ok(Suggestion::FewerFrames {
-                frames: shorter.clip.frames,
-            });
+    let frames_with = |cut: usize| lean.clip.frames - step * cut;
+    let most_cut = lean
+        .clip
+        .frames
+        .saturating_sub(1)
+        .checked_div(step)
+        .unwrap_or(0);
+    shorter.clip.frames = frames_with(most_cut);
+    if most_cut > 0 && fits(&shorter)? {
+        // `fewest` does not fit (the clip itself did not), `most` does.
+        let (mut fewest, mut most) = (0, most_cut);
+        while most - fewest > 1 {
+            let mid = fewest + (most - fewest) / 2;
+            shorter.clip.frames = frames_with(mid);
+            if fits(&shorter)? {
+                most = mid;
+            } else {
+                fewest = mid;
+            }
         }
+        return Ok(Suggestion::FewerFrames {
+            frames: frames_with(most),
+        });
     }
     let multiple = described.pixel_multiple.max(1);
     let mut smaller = lean.clone();

@@ -437,25 +437,154 @@ fn suggestions_go_from_cheapest_to_clip_size() {
 }
 
 #[test]
-fn ram_and_windows_notes() {
+fn ram_and_page_locked_memory_the_machine_cannot_hold_do_not_fit() {
     let mut i = fp8_14b();
     i.streaming.blocks_to_swap = BlocksToSwap::Count(39);
     i.streaming.activations = ActivationPlacement::Host;
-    i.host_ram_bytes = Some(32 * GIB);
+    i.vram_budget_bytes = Some(24 * GIB);
+    i.host_ram_bytes = Some(256 * GIB);
+    let roomy = plan(&i).unwrap();
+    assert!(roomy.fits() && roomy.notes.is_empty(), "{roomy}");
+    let pinned = roomy.pinned_ram_bytes;
+    assert!(pinned > GIB && pinned <= roomy.peak_ram_bytes, "{roomy}");
+
+    // Page-locked memory cannot be swapped out: more of it than the RAM does not fit, whatever the VRAM.
+    i.host_ram_bytes = Some(pinned - 1);
+    let r = plan(&i).unwrap();
+    assert_eq!(r.verdict, Verdict::DoesNotFit);
+    assert!(
+        r.verdict_line()
+            .starts_with("Does not fit in RAM: peak VRAM"),
+        "{r}"
+    );
+    assert!(r.suggestions.is_empty(), "the VRAM fits: {r}");
+    let short = r.ram_shortfall.clone().unwrap();
+    assert!(
+        short.contains(&format!("{} of page-locked RAM", format_gib(pinned)))
+            && short.contains(&format!("this machine has {}", format_gib(pinned - 1)))
+            && short.contains("memory.streaming = \"staged\""),
+        "{short}"
+    );
+    assert_eq!(r.notes, vec![short], "said once, not also as swapping");
+
+    // Windows page-locks about half of RAM.
+    i.host_ram_bytes = Some(2 * pinned - 2);
     i.windows = true;
     let r = plan(&i).unwrap();
+    assert!(!r.fits(), "{r}");
     assert!(
-        r.notes.iter().any(|n| n.contains("swapping")),
-        "{:?}",
-        r.notes
+        r.ram_shortfall
+            .as_deref()
+            .is_some_and(|s| s.contains("Windows allows about half of RAM")),
+        "{r}"
     );
-    assert!(
-        r.notes.iter().any(|n| n.contains("staged")),
-        "{:?}",
-        r.notes
-    );
+
+    // Staged streaming page-locks only its ring; RAM past the machine's still does not fit, near it is a warning.
+    i.windows = false;
+    i.streaming.mode = StreamingMode::Staged;
     i.host_ram_bytes = Some(256 * GIB);
-    assert!(plan(&i).unwrap().notes.is_empty());
+    let staged = plan(&i).unwrap();
+    assert!(staged.pinned_ram_bytes < GIB, "{staged}");
+    i.host_ram_bytes = Some(staged.peak_ram_bytes - 1);
+    let r = plan(&i).unwrap();
+    assert!(!r.fits(), "{r}");
+    assert!(
+        r.ram_shortfall.as_deref().is_some_and(
+            |s| s.contains("of RAM and this machine has") && !s.contains("page-locked")
+        ),
+        "{r}"
+    );
+    i.host_ram_bytes = Some(staged.peak_ram_bytes / 17 * 20);
+    let near = plan(&i).unwrap();
+    assert!(near.fits(), "{near}");
+    assert!(
+        near.notes.iter().any(|n| n.contains("expect swapping")),
+        "{near}"
+    );
+
+    // A CPU run's verdict is already against the RAM.
+    i.on_cpu = true;
+    i.host_ram_bytes = Some(GIB);
+    let cpu = plan(&i).unwrap();
+    assert!(!cpu.fits() && cpu.ram_shortfall.is_none(), "{cpu}");
+}
+
+#[test]
+fn absurd_sizes_are_refused_and_the_largest_plan_without_overflow() {
+    let mut i = fp8_14b();
+    i.clip = ClipShape {
+        width: 100_000,
+        height: 100_000,
+        frames: 100_001,
+        batch: 1,
+    };
+    assert!(matches!(
+        plan(&i),
+        Err(PlanError::ResolutionTooLarge { .. })
+    ));
+    i.clip = ClipShape {
+        frames: 100_001,
+        ..DEFAULT_CLIP
+    };
+    assert!(matches!(plan(&i), Err(PlanError::TooManyFrames { .. })));
+    i.clip = ClipShape {
+        batch: usize::MAX,
+        ..DEFAULT_CLIP
+    };
+    assert!(matches!(plan(&i), Err(PlanError::TooManyTokens { .. })));
+    i.clip = DEFAULT_CLIP;
+    for rank in [5121, 100_000, usize::MAX] {
+        i.lora.rank = rank;
+        let err = plan(&i).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PlanError::Lora(LoraError::RankTooLarge { max: 5120, .. })
+            ),
+            "{err}"
+        );
+    }
+    // The largest clip, rank and every kept tape: a plan (a very large one), not an overflow.
+    i.lora.rank = 5120;
+    i.clip = ClipShape {
+        width: MAX_SIDE_PIXELS,
+        height: MAX_SIDE_PIXELS,
+        frames: MAX_FRAMES,
+        batch: 1,
+    };
+    i.checkpointing = Checkpointing::Off;
+    i.streaming.activations = ActivationPlacement::Host;
+    i.vram_budget_bytes = Some(24 * GIB);
+    i.host_ram_bytes = Some(64 * GIB);
+    let r = plan(&i).unwrap();
+    assert_eq!(r.tokens, MAX_STEP_TOKENS);
+    assert!(
+        !r.fits() && r.peak_vram_bytes > 1 << 40,
+        "{}",
+        r.verdict_line()
+    );
+
+    let mut flux = input(WanConfig::tiny(2), BaseFormat::Fp8(Fp8ScaleMode::Block64));
+    flux.model = PlanModel::Flux {
+        config: framesmith_models::flux::FluxConfig::dev(),
+        order: framesmith_config::run::FluxStreamOrder::Spread,
+    };
+    flux.clip = ClipShape {
+        width: MAX_SIDE_PIXELS,
+        height: MAX_SIDE_PIXELS,
+        frames: 1,
+        batch: 1,
+    };
+    flux.lora.rank = 3072;
+    assert!(plan(&flux).is_ok());
+    flux.clip.batch = usize::MAX;
+    assert!(matches!(plan(&flux), Err(PlanError::TooManyTokens { .. })));
+    flux.clip.batch = 1;
+    flux.lora.rank = 3073;
+    assert!(matches!(
+        plan(&flux),
+        Err(PlanError::Lora(LoraError::RankTooLarge { max: 3072, .. }))
+    ));
 }
 
 #[test]
@@ -487,22 +616,22 @@ fn ranks_on_one_machine_share_its_ram() {
 
     i.ranks_on_machine = 4;
     let four = plan(&i).unwrap();
-    let note = four
-        .notes
-        .iter()
-        .find(|n| n.contains("swapping"))
-        .unwrap_or_else(|| {
-            panic!(
-                "four ranks need more RAM than the machine has: {:?}",
-                four.notes
-            )
-        });
-    assert!(note.contains("4 ranks"), "{note}");
+    // Four ranks need more RAM than the machine has (page-locked, here): the plan does not fit.
+    assert!(!four.fits(), "{four}");
+    let note = four.ram_shortfall.clone().unwrap_or_default();
+    assert!(four.notes.contains(&note), "{:?}", four.notes);
+    assert!(
+        note.contains(&format!("(4 ranks × {})", format_gib(one.pinned_ram_bytes))),
+        "{note}"
+    );
     assert!(
         note.contains(&format_gib(ram)),
         "names the machine's RAM: {note}"
     );
-    assert!(note.contains(&format_gib(4 * one.peak_ram_bytes)), "{note}");
+    assert!(
+        note.contains(&format_gib(4 * one.pinned_ram_bytes)),
+        "{note}"
+    );
     assert!(
         note.contains("fewer GPUs")
             && note.contains("fewer streamed blocks")

@@ -14,7 +14,7 @@ use super::bytes::{
 use super::input::variant_name;
 use super::model::{BlockKind, ModelMemory};
 use super::working_set::{shared_inputs, StepShape};
-use super::{residual_bytes, PlanError, PlanInput};
+use super::{residual_bytes, step_tokens, PlanError, PlanInput};
 
 /// Wan model `cfg` for `input`.
 pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
@@ -44,8 +44,9 @@ pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         &input.lora.include_patterns,
         &input.lora.exclude_patterns,
     )?;
+    let tokens = step_tokens(per_sample, c.batch)?;
     let shape = StepShape {
-        tokens: per_sample * c.batch as u64,
+        tokens,
         compute_bytes: dtype_bytes(input.compute),
         residual_bytes: residual_bytes(input.residual),
         dequantised_weight_bytes: match input.base {
@@ -53,7 +54,7 @@ pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
             BaseFormat::Dense(_) => 0,
         },
         quantised_input_bytes: if input.fp8_products {
-            per_sample * c.batch as u64 * (cfg.ffn_dim as u64 + 4)
+            tokens * (cfg.ffn_dim as u64 + 4)
         } else {
             0
         },

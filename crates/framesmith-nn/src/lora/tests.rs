@@ -273,6 +273,34 @@ fn attach_rejects_zero_rank_and_empty_selection() {
 }
 
 #[test]
+fn attach_refuses_a_rank_wider_than_the_narrowest_target() {
+    // The toy linears are 8 in, 6 out: rank 6 is the most that adds capacity.
+    let mut model = toy_model(DType::F32);
+    let err = attach_loras(as_list(&mut model), &spec(100_000, 0.0))
+        .err()
+        .unwrap();
+    let shown = err.to_string();
+    assert!(
+        matches!(err, LoraError::RankTooLarge { max: 6, .. }),
+        "{shown}"
+    );
+    assert!(
+        shown.contains("lora.rank <= 6") && shown.contains("blocks.0.self_attn.q: 8 in, 6 out"),
+        "{shown}"
+    );
+    assert!(model.iter().all(|(_, l)| l.lora().is_none()));
+    // A rank too large to allocate is refused the same way, before anything is made.
+    let huge = attach_loras(as_list(&mut model), &spec(10_000_000_000, 0.0));
+    assert!(matches!(huge, Err(LoraError::RankTooLarge { .. })));
+    assert_eq!(
+        attach_loras(as_list(&mut model), &spec(6, 0.0))
+            .unwrap()
+            .len(),
+        24
+    );
+}
+
+#[test]
 fn output_scales_with_alpha_over_rank_and_multiplier() {
     let down = tensor(2, &[4, 8], 0.5, DType::F32);
     let up = tensor(3, &[6, 4], 0.5, DType::F32);

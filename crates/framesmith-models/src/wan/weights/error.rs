@@ -190,6 +190,12 @@ pub enum ForeignModel {
     HunyuanVideo,
     /// FLUX's transformer.
     Flux,
+    /// The AdamW moments of a training state (`optimizer.safetensors`).
+    OptimizerState,
+    /// A dataset item's VAE latents, as `framesmith cache latents` writes them (Wan or FLUX.1).
+    LatentCache,
+    /// A caption's text-encoder output, as `framesmith cache text` writes it (Wan or FLUX.1).
+    TextCache,
 }
 
 impl ForeignModel {
@@ -211,6 +217,13 @@ impl ForeignModel {
                 "give a Wan DiT for a Wan run (the official Wan-AI repository or ComfyUI's repackaged files), or pick \
                  the FLUX.1 model family to use this file"
             }
+            Self::OptimizerState => {
+                "it belongs in its training state folder, which `framesmith train --resume` reads; give the base Wan \
+                 DiT here"
+            }
+            Self::LatentCache | Self::TextCache => {
+                "training reads caches from the dataset's cache_directory; give the base Wan DiT here"
+            }
         }
     }
 }
@@ -227,6 +240,11 @@ impl fmt::Display for ForeignModel {
             Self::Flux => {
                 "FLUX weights (keys like `double_blocks`, `single_blocks.0.linear1`, `img_in`)"
             }
+            Self::OptimizerState => {
+                "the AdamW optimizer state of a training checkpoint (not a LoRA)"
+            }
+            Self::LatentCache => "a latent cache (one dataset item's VAE latents)",
+            Self::TextCache => "a text-encoder cache (one caption's encoded text)",
         })
     }
 }

@@ -128,6 +128,42 @@ fn files_that_are_not_safetensors() -> Result<()> {
 }
 
 #[test]
+fn header_lengths_past_the_limit_or_the_file_say_so() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let huge = dir.path().join("huge.safetensors");
+    let mut bytes = (1u64 << 40).to_le_bytes().to_vec();
+    bytes.extend_from_slice(br#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#);
+    std::fs::write(&huge, &bytes)?;
+    let e = inspect_err(&huge);
+    assert!(matches!(e, ModelFormatError::BadHeader { .. }), "{e}");
+    assert_says(
+        &e,
+        &[
+            "header length field says 1,099,511,627,776 bytes",
+            &format!("more than the whole file's {}", bytes.len()),
+        ],
+        &huge,
+    );
+
+    // A header just past the 100 MB limit, in a sparse file that large.
+    let big = dir.path().join("big.safetensors");
+    let mut file = std::fs::File::create(&big)?;
+    let n = 100_000_001u64;
+    std::io::Write::write_all(&mut file, &n.to_le_bytes())?;
+    std::io::Write::write_all(&mut file, b"{")?;
+    file.set_len(8 + n + 16)?;
+    drop(file);
+    let e = inspect_err(&big);
+    assert!(matches!(e, ModelFormatError::BadHeader { .. }), "{e}");
+    assert_says(
+        &e,
+        &["header of 100,000,001 bytes exceeds the limit of 100,000,000 bytes"],
+        &big,
+    );
+    Ok(())
+}
+
+#[test]
 fn damaged_headers() -> Result<()> {
     let dir = tempfile::tempdir()?;
     let path = dir.path().join("bad.safetensors");

@@ -180,6 +180,26 @@ fn sniff(head: &[u8], file_bytes: u64, path: &Path) -> Result<u64, ModelFormatEr
     if let Some(first_line) = text_line(head) {
         return Err(not_safetensors(NotSafetensors::Text(first_line)));
     }
+    // A safetensors start (a length, then `{`) whose length is past the limit: say which limit, not "unknown".
+    if let (Some(n), Some(b'{')) = (length, head.get(8)) {
+        let header_end = n.saturating_add(8);
+        return Err(ModelFormatError::BadHeader {
+            reason: if header_end > file_bytes {
+                format!(
+                    "its header length field says {} bytes, more than the whole file's {}",
+                    group_digits(n),
+                    group_digits(file_bytes)
+                )
+            } else {
+                format!(
+                    "its header of {} bytes exceeds the limit of {} bytes a safetensors reader accepts",
+                    group_digits(n),
+                    group_digits(MAX_HEADER_BYTES)
+                )
+            },
+            path: path.to_path_buf(),
+        });
+    }
     // A prefix of a real safetensors file: a small length field and nothing (or no `{`) after it yet.
     let short = match length {
         None => true,

@@ -177,6 +177,32 @@ fn describe(
 ) -> (String, Details) {
     match kind {
         ForeignModel::Lora => describe_lora(listed, metadata),
+        ForeignModel::OptimizerState => {
+            let moments = listed
+                .iter()
+                .filter(|t| t.name.ends_with(".exp_avg"))
+                .count();
+            (
+                "AdamW optimizer state of a training checkpoint (not a LoRA)".into(),
+                vec![(
+                    "moments",
+                    format!("exp_avg and exp_avg_sq of {moments} LoRA tensors"),
+                )],
+            )
+        }
+        ForeignModel::LatentCache => describe_latent_cache(listed, metadata),
+        ForeignModel::TextCache => describe_text_cache(listed, metadata),
+        ForeignModel::Flux => (
+            "part of a FLUX.1 model, not a whole FLUX.1 file".into(),
+            vec![(
+                "blocks",
+                format!(
+                    "{} double-stream, {} single-stream",
+                    count_indices(listed, &["double_blocks."]),
+                    count_indices(listed, &["single_blocks."])
+                ),
+            )],
+        ),
         ForeignModel::WanVae => {
             let title = match shape_of(listed, "encoder.conv1.weight").and_then(|s| s.get(1)) {
                 Some(3) => "Wan2.1 VAE (16 latent channels; also used by Wan2.2 A14B)",
@@ -218,6 +244,77 @@ fn describe(
         }
         other => (other.to_string(), Vec::new()),
     }
+}
+
+/// The family a cache was made for, from its `architecture` metadata.
+fn cache_family(metadata: &BTreeMap<String, String>) -> String {
+    match metadata.get("architecture").map(String::as_str) {
+        Some("wan") => "Wan".into(),
+        Some("flux") => "FLUX.1".into(),
+        Some(other) => format!("`{other}`"),
+        None => "unknown-architecture".into(),
+    }
+}
+
+fn describe_latent_cache(
+    listed: &[Listed],
+    metadata: &BTreeMap<String, String>,
+) -> (String, Details) {
+    let mut details = Details::new();
+    // `latents_{F}x{H}x{W}_{dtype}`, not the conditioning's `latents_image_…` / `latents_control_…`.
+    let latents = listed.iter().find(|t| {
+        t.name
+            .strip_prefix("latents_")
+            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+    });
+    if let Some(t) = latents {
+        details.push((
+            "latents",
+            format!("{:?} (channels, frames, height, width)", t.shape),
+        ));
+    }
+    if let (Some(w), Some(h)) = (metadata.get("width"), metadata.get("height")) {
+        details.push(("source", format!("{w}x{h} pixels")));
+    }
+    if let Some(frames) = metadata.get("frame_count") {
+        details.push(("frames", frames.clone()));
+    }
+    let conditioning: Vec<&str> = [
+        ("latents_image_", "start-frame latents"),
+        ("latents_control_", "control latents"),
+        ("clip_", "CLIP image features"),
+    ]
+    .iter()
+    .filter(|(prefix, _)| listed.iter().any(|t| t.name.starts_with(prefix)))
+    .map(|(_, what)| *what)
+    .collect();
+    if !conditioning.is_empty() {
+        details.push(("also", conditioning.join(", ")));
+    }
+    (format!("{} latent cache", cache_family(metadata)), details)
+}
+
+fn describe_text_cache(
+    listed: &[Listed],
+    metadata: &BTreeMap<String, String>,
+) -> (String, Details) {
+    let encoders = if listed.iter().any(|t| t.name.starts_with("varlen_t5_")) {
+        "umT5"
+    } else {
+        "T5-XXL and CLIP-L"
+    };
+    let mut details = vec![("encoders", encoders.to_string())];
+    if let Some(caption) = metadata.get("caption1") {
+        let mut short: String = caption.chars().take(60).collect();
+        if caption.chars().count() > 60 {
+            short.push('…');
+        }
+        details.push(("caption", format!("\"{short}\"")));
+    }
+    (
+        format!("{} text-encoder cache", cache_family(metadata)),
+        details,
+    )
 }
 
 fn describe_lora(listed: &[Listed], metadata: &BTreeMap<String, String>) -> (String, Details) {
@@ -312,7 +409,20 @@ fn usage(kind: ForeignModel) -> &'static str {
             "not the Wan VAE, which Framesmith needs: use Wan2.1_VAE.pth / Wan2.2_VAE.pth or a ComfyUI Wan VAE file"
         }
         ForeignModel::HunyuanVideo => "not a model Framesmith trains (Wan 2.1 / 2.2, FLUX.1)",
-        ForeignModel::Flux => "a FLUX.1 file: `framesmith inspect` names FLUX.1 files in full",
+        ForeignModel::Flux => {
+            "not usable alone: a FLUX.1 run takes whole files, flux1-dev.safetensors (the DiT), ae.safetensors, \
+             clip_l.safetensors and a t5xxl_*.safetensors text encoder"
+        }
+        ForeignModel::OptimizerState => {
+            "part of a training state folder (beside lora.safetensors and state.json): `framesmith train --resume \
+             FOLDER` reads it; to generate, use the lora.safetensors beside it"
+        }
+        ForeignModel::LatentCache => {
+            "made by `framesmith cache latents`; training reads it from the dataset's cache_directory"
+        }
+        ForeignModel::TextCache => {
+            "made by `framesmith cache text`; training reads it from the dataset's cache_directory"
+        }
     }
 }
 

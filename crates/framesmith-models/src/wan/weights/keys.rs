@@ -29,6 +29,19 @@ pub(crate) fn dit_prefix(names: &[&str]) -> Option<&'static str> {
 pub(crate) fn classify_foreign(names: &[&str]) -> Option<Foreign> {
     let any = |pat: &str| names.iter().any(|n| n.contains(pat));
     let any_prefix = |pat: &str| names.iter().any(|n| n.starts_with(pat));
+    // Framesmith's own files first: an optimizer state's moments are named after the LoRA's tensors.
+    if names
+        .iter()
+        .any(|n| n.ends_with(".exp_avg") || n.ends_with(".exp_avg_sq"))
+    {
+        return Some(Foreign::Model(ForeignModel::OptimizerState));
+    }
+    if any_prefix("latents_") {
+        return Some(Foreign::Model(ForeignModel::LatentCache));
+    }
+    if any_prefix("varlen_t5_") || any_prefix("t5_vec_") || any_prefix("clip_l_pooler_") {
+        return Some(Foreign::Model(ForeignModel::TextCache));
+    }
     if any("lora_down")
         || any("lora_up")
         || any(".lora_A.")
@@ -231,5 +244,23 @@ mod tests {
             f(&["patch_embedding.weight", "blocks.0.self_attn.q.weight"]),
             None
         );
+        assert_eq!(
+            f(&[
+                "blocks.0.self_attn.q.lora_down.weight.exp_avg",
+                "blocks.0.self_attn.q.lora_down.weight.exp_avg_sq",
+                "step"
+            ]),
+            Some(Foreign::Model(ForeignModel::OptimizerState))
+        );
+        assert_eq!(
+            f(&["latents_2x16x16_float32", "latents_image_2x16x16_float32"]),
+            Some(Foreign::Model(ForeignModel::LatentCache))
+        );
+        for text in [
+            &["varlen_t5_bfloat16"][..],
+            &["t5_vec_bfloat16", "clip_l_pooler_bfloat16"],
+        ] {
+            assert_eq!(f(text), Some(Foreign::Model(ForeignModel::TextCache)));
+        }
     }
 }
