@@ -25,4 +25,4 @@ pub use error::ConfigError;
 pub use plan::{HostInfo, ModelFamily, RunPlan};
 pub use presets::{FieldChange, Preset, PresetApplied};
 pub use run::RunConfig;
-pub use validate::{validate, validate_for, Problem, ValidationErrors};
+pub use validate::{check_settings, validate, validate_for, Problem, ValidationErrors};

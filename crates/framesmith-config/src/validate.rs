@@ -67,6 +67,9 @@ impl fmt::Display for ValidationErrors {
 pub(crate) struct Checker {
     pub(crate) problems: Vec<Problem>,
     pub(crate) notes: Vec<String>,
+    /// Only the settings are checked ([`check_settings`]): files that are not there (yet) and devices this
+    /// machine does not have are not problems.
+    pub(crate) settings_only: bool,
 }
 
 impl Checker {
@@ -81,6 +84,14 @@ impl Checker {
             message: message.into(),
             fix: fix.into(),
         });
+    }
+
+    /// A problem of an input the run needs and the config does not name (the DiT, the dataset); `plan` takes
+    /// them from its flags, so [`check_settings`] does not ask for them.
+    pub(crate) fn required(&mut self, key: &str, message: &str, fix: &str) {
+        if !self.settings_only {
+            self.problem(key, message, fix);
+        }
     }
 
     pub(crate) fn note(&mut self, note: impl Into<String>) {
@@ -98,6 +109,7 @@ impl Checker {
     /// when read.
     pub(crate) fn existing(&mut self, key: &str, path: &Path, what: &str) {
         match std::fs::metadata(path) {
+            Err(_) if self.settings_only => {}
             Err(_) => self.problem(
                 key,
                 format!("{what} not found: {}", path.display()),
@@ -130,7 +142,31 @@ pub fn validate_for(
     host: &HostInfo,
     family: ModelFamily,
 ) -> Result<RunPlan, ValidationErrors> {
-    let mut c = Checker::default();
+    checked(cfg, host, family, Checker::default())
+}
+
+/// The checks of [`validate_for`] that hold on any machine, for `framesmith plan`, which plans runs before their
+/// files are there or for another machine: every setting is checked as training would, and a special file (a
+/// FIFO, a device) where a file belongs is refused; files that do not exist, a CUDA device when this machine
+/// has none, and the DiT and dataset the config does not name (plan's flags give them) are not problems.
+pub fn check_settings(
+    cfg: &RunConfig,
+    host: &HostInfo,
+    family: ModelFamily,
+) -> Result<(), ValidationErrors> {
+    let c = Checker {
+        settings_only: true,
+        ..Checker::default()
+    };
+    checked(cfg, host, family, c).map(|_| ())
+}
+
+fn checked(
+    cfg: &RunConfig,
+    host: &HostInfo,
+    family: ModelFamily,
+    mut c: Checker,
+) -> Result<RunPlan, ValidationErrors> {
     if cfg.schema_version != SCHEMA_VERSION {
         c.problem(
             "schema_version",
@@ -208,6 +244,8 @@ fn check_device(c: &mut Checker, spec: DeviceSpec, host: &HostInfo) -> PlanDevic
             PlanDevice::Cpu
         }
         DeviceSpec::Cuda(n) if n < host.cuda_devices => PlanDevice::Cuda(n),
+        // Planning a GPU run on a machine without one: its devices are not known here.
+        DeviceSpec::Cuda(n) if c.settings_only && host.cuda_devices == 0 => PlanDevice::Cuda(n),
         DeviceSpec::Cuda(n) => {
             c.problem(
                 "training.device",
@@ -255,7 +293,7 @@ fn check_model(
         c.existing("model.dit", &dit, "DiT checkpoint");
         ModelSource::File(dit)
     } else {
-        c.problem(
+        c.required(
             "model.dit",
             "no DiT checkpoint is set",
             "set model.dit to the Wan DiT file or folder, or model.demo = true for the built-in tiny model",
@@ -457,7 +495,7 @@ fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> Dataset
         c.existing("dataset.config", &p, "dataset config");
         DatasetSource::Config(p)
     } else {
-        c.problem(
+        c.required(
             "dataset.config",
             "no dataset config is set",
             "set dataset.config to a musubi-tuner dataset TOML, or dataset.synthetic = true for generated data",

@@ -191,6 +191,35 @@ fn device_choice_is_checked_against_the_host() {
 }
 
 #[test]
+fn settings_checks_skip_missing_files_and_unknown_devices_only() {
+    // The defaults name neither a model nor a dataset: validate asks for both, check_settings for neither.
+    let mut cfg = RunConfig::default();
+    assert_eq!(
+        check_settings(&cfg, &HostInfo::new(1), ModelFamily::Wan),
+        Ok(())
+    );
+    cfg.model.dit = "not-downloaded-yet.safetensors".into();
+    cfg.training.device = DeviceSpec::Cuda(3);
+    assert_eq!(
+        check_settings(&cfg, &HostInfo::cpu_only(), ModelFamily::Wan),
+        Ok(())
+    );
+    // A device this machine could have but does not, and every bad setting, are problems as in validate.
+    let e = check_settings(&cfg, &HostInfo::new(1), ModelFamily::Wan).unwrap_err();
+    assert_eq!(e.problems.len(), 1, "{e}");
+    assert_eq!(e.problems[0].key, "training.device");
+    cfg.training.device = DeviceSpec::Auto;
+    cfg.lora.alpha = f64::NAN;
+    cfg.lora.init_from = Some("/dev/null".into());
+    let e = check_settings(&cfg, &HostInfo::new(1), ModelFamily::Wan).unwrap_err();
+    let keys: Vec<&str> = e.problems.iter().map(|p| p.key.as_str()).collect();
+    #[cfg(unix)]
+    assert_eq!(keys, ["lora.alpha", "lora.init_from"], "{e}");
+    #[cfg(not(unix))]
+    assert_eq!(keys[0], "lora.alpha", "{e}");
+}
+
+#[test]
 fn cuda_only_knobs_are_recorded_and_noted_on_cpu() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = runnable(dir.path());
