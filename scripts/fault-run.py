@@ -103,12 +103,19 @@ def demo_project(binary, root):
 
 
 def config_with(demo, root, name, edit):
-    """The demo's run.toml with `edit(text) -> text` applied, written as `name`."""
+    """The demo's run.toml with `edit(text) -> text` applied, written as `name`; each config writes into an output
+    folder of its own, so that no case meets another's run (or the demo's)."""
     text = (demo / "output" / "run.toml").read_text()
     path = root / "configs" / name
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(edit(text))
+    own_output = set_key("output", "output_dir", json.dumps(str(root / "outputs" / name)))
+    path.write_text(edit(own_output(text)))
     return path
+
+
+def without_key(text, key):
+    """`text` without its `key = ...` lines (a key set twice in a TOML table is an error of its own)."""
+    return "\n".join(l for l in text.splitlines() if l.split("=")[0].strip() != key) + "\n"
 
 
 def set_key(section, key, value):
@@ -146,7 +153,7 @@ def dataset_with(demo, root, name, general=None, dataset=None, files=None):
     for key, value in (general or {}).items():
         text = set_key("general", key, value)(text)
     for key, value in (dataset or {}).items():
-        text = text.replace("[[datasets]]", f"[[datasets]]\n{key} = {value}", 1)
+        text = without_key(text, key).replace("[[datasets]]", f"[[datasets]]\n{key} = {value}", 1)
     path = folder / "dataset.toml"
     path.write_text(text)
     return path
@@ -339,7 +346,8 @@ def cases(binary, root):
     # Resume from what is not a state.
     for label, path in [("missing", bad / "no-such-state"), ("empty dir", bad / "dir.toml"), ("a file", fifo),
                         ("dev-zero", "/dev/zero")]:
-        case(f"train --resume {label}", ["train", "--config", demo / "output" / "run.toml", "--resume", path])
+        conf = config_with(demo, root, f"resume-{label.replace(' ', '-')}.toml", lambda text: text)
+        case(f"train --resume {label}", ["train", "--config", conf, "--resume", path])
     return out
 
 
