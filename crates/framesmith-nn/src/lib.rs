@@ -3,6 +3,7 @@
 
 pub mod attention;
 pub mod bytes;
+pub mod cancel;
 pub mod collective;
 #[cfg(feature = "cuda")]
 pub mod cuda;

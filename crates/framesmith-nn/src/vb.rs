@@ -149,6 +149,9 @@ impl Vb {
     /// The tensor exactly as the loader stored it: dtype and device unchanged (quantisation reads it on the
     /// host without a round trip through the accelerator).
     pub fn get_stored(&self, name: &str) -> Result<Tensor> {
+        // Every tensor a model is built from is read here (or in `get`): a stop asked for while a model loads
+        // ends the load at the next tensor.
+        super::cancel::check_candle()?;
         let key = self.path(name);
         found(&key, self.tensors.read(&key)?)
     }
@@ -163,6 +166,7 @@ impl Vb {
     /// with that scale: one per tensor, or one per row.
     pub fn get<S: Into<Shape>>(&self, shape: S, name: &str) -> Result<Tensor> {
         let shape = shape.into();
+        super::cancel::check_candle()?;
         let key = self.path(name);
         let t = found(&key, self.tensors.read_shaped(&key, &shape)?)?.to_device(&self.device)?;
         if t.shape() != &shape {
