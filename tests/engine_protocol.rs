@@ -99,6 +99,55 @@ fn pause_save_resume_stop() {
 }
 
 #[test]
+fn a_stop_while_the_run_is_prepared_ends_it_there() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let engine = framesmith_engine::train::engine::spawn().expect("engine");
+    // The Stop follows the start at once; the preparation (model, data, samples) reads many tensors, at each of
+    // which a stop ends it. A try counts only when the Stop arrived before the preparation ended (the test thread
+    // may be descheduled for that long on a busy machine); the old engine trained first and stopped after.
+    let prepared_stops = (0..5).find_map(|_| {
+        engine
+            .commands
+            .send(start(demo_config(dir.path(), 100_000)))
+            .unwrap();
+        engine.commands.send(Command::Stop).unwrap();
+        let (mut trained, mut logs) = (false, Vec::new());
+        loop {
+            match engine.events.recv_timeout(EVENT_TIMEOUT).expect("an event") {
+                Event::StateChanged(RunState::Training) => trained = true,
+                Event::Log { message, .. } => logs.push(message),
+                Event::StateChanged(RunState::Stopped) => break,
+                _ => {}
+            }
+        }
+        wait_for(&engine.events, "idle", |e| {
+            *e == Event::StateChanged(RunState::Idle)
+        });
+        (!trained).then_some(logs)
+    });
+    let logs = prepared_stops
+        .expect("a stop during preparation stopped it before training, in one of 5 tries");
+    assert!(
+        logs.iter()
+            .any(|l| l.contains("stopped while the run was being prepared")),
+        "{logs:?}"
+    );
+    let written: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(
+        written.is_empty(),
+        "a stopped preparation writes nothing: {written:?}"
+    );
+    // The Stop was this run's: the next run trains to its end.
+    engine
+        .commands
+        .send(start(demo_config(dir.path(), 2)))
+        .unwrap();
+    wait_for(&engine.events, "finished", |e| {
+        *e == Event::StateChanged(RunState::Finished)
+    });
+}
+
+#[test]
 fn a_failed_run_reports_and_the_engine_takes_the_next() {
     let dir = tempfile::tempdir().expect("tempdir");
     let engine = framesmith_engine::train::engine::spawn().expect("engine");

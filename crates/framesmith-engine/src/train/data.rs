@@ -353,6 +353,7 @@ impl CachePlace<'_> {
         }
         let mut items = Vec::with_capacity(names.len());
         for (file, stem) in names {
+            framesmith_nn::cancel::check()?;
             let latent_path = dir.join(&file);
             let text_path = dir.join(text_cache_name(&stem));
             if !text_path.exists() {

@@ -4,6 +4,7 @@
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
+use std::rc::Rc;
 use std::sync::mpsc::{SyncSender, TryRecvError, TrySendError};
 use std::time::Instant;
 
@@ -31,8 +32,8 @@ pub fn spawn_ranked(ranks: Ranks) -> std::io::Result<EngineHandle> {
 }
 
 fn engine_main(end: EngineEnd, ranks: &Ranks) {
-    let inbox = Inbox::new(&end);
     let events = Events(end.events.clone());
+    let inbox = Rc::new(Inbox::new(end));
     while let Some(command) = inbox.wait() {
         match command {
             Command::StartRun(request) => run(&request, ranks, &inbox, &events),
@@ -46,14 +47,14 @@ fn engine_main(end: EngineEnd, ranks: &Ranks) {
 }
 
 /// Commands received from the UI; polled between steps and between blocks, kept in order.
-struct Inbox<'a> {
-    end: &'a EngineEnd,
+struct Inbox {
+    end: EngineEnd,
     queue: RefCell<VecDeque<Command>>,
     disconnected: RefCell<bool>,
 }
 
-impl<'a> Inbox<'a> {
-    fn new(end: &'a EngineEnd) -> Self {
+impl Inbox {
+    fn new(end: EngineEnd) -> Self {
         Self {
             end,
             queue: RefCell::new(VecDeque::new()),
@@ -84,6 +85,14 @@ impl<'a> Inbox<'a> {
                 .borrow()
                 .iter()
                 .any(|c| matches!(c, Command::Stop))
+    }
+
+    /// Removes the queued Stop (the one a stopped preparation answered).
+    fn take_stop(&self) {
+        let mut queue = self.queue.borrow_mut();
+        if let Some(i) = queue.iter().position(|c| matches!(c, Command::Stop)) {
+            queue.remove(i);
+        }
     }
 
     fn next(&self) -> Option<Command> {
@@ -133,10 +142,27 @@ enum Outcome {
     Stopped,
 }
 
-fn run(request: &StartRun, ranks: &Ranks, inbox: &Inbox, events: &Events) {
+fn run(request: &StartRun, ranks: &Ranks, inbox: &Rc<Inbox>, events: &Events) {
     events.state(RunState::Preparing);
     let mut log = |level, message| events.log(level, message);
-    let result = Trainer::start_ranked(request, ranks, &mut log).and_then(|mut trainer| {
+    // A stop while the run is prepared ends the preparation at the next tensor loaded or item read.
+    let poll = inbox.clone();
+    let (started, stopped) =
+        framesmith_nn::cancel::while_polling(Rc::new(move || poll.stop_requested()), || {
+            Trainer::start_ranked(request, ranks, &mut log)
+        });
+    if stopped {
+        // The Stop asked for here is this one; it is not left queued for the next run.
+        inbox.take_stop();
+        events.log(
+            LogLevel::Info,
+            "stopped while the run was being prepared: nothing trained, nothing to save"
+                .to_string(),
+        );
+        events.state(RunState::Stopped);
+        return;
+    }
+    let result = started.and_then(|mut trainer| {
         events.state(RunState::Training);
         let first_step = trainer.step();
         let outcome = train_loop(&mut trainer, inbox, events);
