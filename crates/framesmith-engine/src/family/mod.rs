@@ -42,6 +42,9 @@ pub trait Family: Sync {
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<RunParts>;
+    /// The generation request for the models of the run `config` (its prompt and settings left to the caller),
+    /// written to `out_stem` with the family's extension; a family that makes clips sets `frames`.
+    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest;
     /// Whether `dit` is this family's DiT, for generation.
     fn claims_dit(&self, dit: &DitSource) -> bool;
     /// Generates what `request` asks for with this family's models: the request checked before anything loads

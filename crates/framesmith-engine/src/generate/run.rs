@@ -4,9 +4,11 @@
 //! each denoising step took ([`StepClock`]), the LoRAs loaded as one adapter ([`loras_as_one`]).
 
 use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::Device;
+use framesmith_config::RunConfig;
 use framesmith_nn::device::{VramHold, VramUse};
 use framesmith_nn::lora_file::LoraFile;
 
@@ -26,6 +28,17 @@ pub fn run(
     let family = crate::family::family_of_dit(&request.dit);
     let mut session = Session { events, cancelled };
     family.generate(request, &mut session)
+}
+
+/// The generation request for the models of the run `config` ("try my LoRA" in the app): its family's files,
+/// device and output extension ([`crate::family::Family::run_request`]); prompt and settings are the caller's.
+pub fn request_for_run(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+    crate::family::family_of(config).run_request(config, out_stem)
+}
+
+/// A path a config leaves empty when it is not given.
+pub fn given(path: &Path) -> Option<PathBuf> {
+    (!path.as_os_str().is_empty()).then(|| path.to_path_buf())
 }
 
 /// What a family's generation reports to and asks of its caller.

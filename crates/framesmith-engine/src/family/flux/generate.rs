@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::{DType, Device};
 use framesmith_config::run::DeviceSpec;
+use framesmith_config::RunConfig;
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::{
     identify_expected, load_autoencoder, load_dit, FluxComponent, FluxFile, FluxKind, FluxVariant,
@@ -26,7 +27,7 @@ use crate::generate::request::{
     create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
     Placement,
 };
-use crate::generate::run::{loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
 
 /// Image side when --width / --height are not given (the official `cli.py`'s default).
 const DEFAULT_SIDE: usize = 1024;
@@ -214,6 +215,22 @@ fn check_request<'a>(
     let files = check_files(dit, request, &cfg)?;
     check_out(&request.out)?;
     Ok((variant, cfg, files))
+}
+
+/// The request for the models of the FLUX.1 run `config`: its DiT, autoencoder, T5-XXL and CLIP-L, its device,
+/// an image written to `out_stem`.png.
+pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+    let m = &config.model;
+    let mut request = GenerationRequest::new(
+        DitSource::File(m.dit.clone()),
+        "",
+        out_stem.with_extension("png"),
+    );
+    request.files.vae = given(&m.vae);
+    request.files.t5 = given(&m.text_encoder);
+    request.files.clip_l = given(&m.clip);
+    request.placement.device = config.training.device;
+    request
 }
 
 /// The one device FLUX.1 runs on: `--gpus N`, else `--device`; several GPUs are refused.

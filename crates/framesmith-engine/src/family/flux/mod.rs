@@ -1,6 +1,8 @@
 //! The FLUX.1 [dev] family: which runs are FLUX.1's and its cached items and batch ([`train`]), a run's setup
 //! ([`setup`]), micro-step and samples ([`run`], [`samples`]), images generated from a prompt ([`generate`]).
 
+use std::path::Path;
+
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
@@ -50,6 +52,10 @@ impl Family for FluxFamily {
             anyhow::bail!("model.dit is not a FLUX.1 file; point it at flux1-dev.safetensors");
         };
         setup::start_run(plan, &dit, log)
+    }
+
+    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+        generate::run_request(config, out_stem)
     }
 
     fn claims_dit(&self, dit: &DitSource) -> bool {

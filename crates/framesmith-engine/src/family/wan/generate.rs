@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::Context;
 use candle_core::{DType, Device};
 use framesmith_config::run::DeviceSpec;
+use framesmith_config::RunConfig;
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig};
@@ -28,7 +29,7 @@ use crate::generate::request::{
     create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
     LoraChoice, Placement,
 };
-use crate::generate::run::{loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
 use crate::generate::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,
@@ -251,6 +252,26 @@ fn load_dit_with_loras(
             .context("the LoRA does not fit this DiT")?;
     }
     Ok(model)
+}
+
+/// The request for the models of the Wan (or demo) run `config`: its DiT (both experts), VAE, umT5 and CLIP image
+/// encoder, its device, a clip written to `out_stem`.mp4.
+pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+    let m = &config.model;
+    let dit = match m.demo {
+        true => DitSource::Demo,
+        false => DitSource::File(m.dit.clone()),
+    };
+    let mut request = GenerationRequest::new(dit, "", out_stem.with_extension("mp4"));
+    if !m.demo {
+        request.dit_low_noise = given(&m.dit_low_noise);
+        request.files.vae = given(&m.vae);
+        request.files.text_encoder = given(&m.text_encoder);
+        request.files.clip = given(&m.clip);
+    }
+    request.placement.device = config.training.device;
+    request.frames = Some(FRAMES);
+    request
 }
 
 /// Generates the clip `request` asks for with a Wan DiT file, or the built-in demo model.

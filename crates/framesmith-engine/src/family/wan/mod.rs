@@ -3,6 +3,8 @@
 //! ([`experts`]), the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]) and clips
 //! generated from a prompt ([`generate`]).
 
+use std::path::Path;
+
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
@@ -45,6 +47,10 @@ impl Family for WanFamily {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<RunParts> {
         setup::start_run(plan, log)
+    }
+
+    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+        generate::run_request(config, out_stem)
     }
 
     fn claims_dit(&self, _dit: &DitSource) -> bool {
