@@ -16,7 +16,10 @@ use std::sync::mpsc::{RecvTimeoutError, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Duration;
 
-use framesmith_app::{Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity};
+use framesmith_app::{
+    Backend, DatasetSummary, FieldIssue, GenerateSettings, GenerateUpdate, GeneratedClip,
+    ModelRole, PresetView, Severity,
+};
 use framesmith_config::protocol::doctor::SystemReport;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::{
@@ -25,6 +28,7 @@ use framesmith_config::protocol::{
 use framesmith_config::{presets, validate_for, HostInfo, RunConfig};
 use framesmith_data::config::DatasetKind;
 use framesmith_data::{check_path, DatasetReport, ScanOptions};
+use framesmith_engine::generate::prompts::read_prompt_file;
 
 /// Where the GUI's demo project writes its outputs.
 pub const DEMO_DIR: &str = "framesmith-demo";
@@ -167,6 +171,57 @@ impl Backend for EngineBackend {
             Err(err) => eprintln!("the demo project makes no samples: {err:#}"),
         }
         config
+    }
+
+    fn generate_defaults(&self, config: &RunConfig) -> GenerateSettings {
+        let mut settings = framesmith_app::default_generate_settings(config);
+        let prompts = config.sampling.prompts.as_deref();
+        let first = prompts
+            .and_then(|path| read_prompt_file(path).ok())
+            .and_then(|specs| specs.into_iter().next());
+        if let Some(first) = first {
+            settings.frames = first.clip_frames();
+            (settings.prompt, settings.image) = (first.prompt, first.image);
+            (settings.width, settings.height) = (first.width, first.height);
+            (settings.steps, settings.seed) = (first.steps, first.seed);
+        }
+        settings
+    }
+
+    fn generate(
+        &self,
+        config: &RunConfig,
+        settings: &GenerateSettings,
+        updates: &mut dyn FnMut(GenerateUpdate),
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<GeneratedClip, String> {
+        use framesmith_engine::generate::request::{GenerationEvent, LoraChoice};
+        let mut request = framesmith_engine::generate::run::request_for_run(config, &settings.out);
+        request.prompt.clone_from(&settings.prompt);
+        request.loras = vec![LoraChoice {
+            path: settings.lora.clone(),
+            strength: settings.strength,
+        }];
+        request.image.clone_from(&settings.image);
+        (request.seed, request.steps) = (Some(settings.seed), Some(settings.steps));
+        (request.width, request.height) = (Some(settings.width), Some(settings.height));
+        if request.frames.is_some() {
+            request.frames = Some(settings.frames);
+        }
+        let mut events = |event| {
+            updates(match event {
+                GenerationEvent::StepStarted { step, steps } => {
+                    GenerateUpdate::Step { step, steps }
+                }
+                GenerationEvent::Log(line) => GenerateUpdate::Log(line),
+            })
+        };
+        let output = framesmith_engine::generate::run(&request, &mut events, cancelled)
+            .map_err(|err| format!("{err:#}"))?;
+        Ok(GeneratedClip {
+            frames: output.frames_dir.unwrap_or_else(|| output.file.clone()),
+            file: output.file,
+        })
     }
 
     fn spawn_engine(&self, gpus: &[usize]) -> Result<EngineHandle, String> {

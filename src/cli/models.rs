@@ -5,8 +5,6 @@ use std::io::IsTerminal;
 
 use candle_core::{DType, Device};
 use clap::ValueEnum;
-use framesmith_config::run::DeviceSpec;
-use framesmith_nn::device::DeviceError;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// Floating-point dtype of model weights and activations.
@@ -17,37 +15,23 @@ pub enum DtypeArg {
     F16,
 }
 
-/// The device named on the command line (`auto`: the first CUDA device if this build has one, else the CPU).
-pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
-    let ordinal = match spec {
-        DeviceSpec::Cpu => return Ok(Device::Cpu),
-        DeviceSpec::Auto if framesmith_nn::device::usable_count() == 0 => return Ok(Device::Cpu),
-        DeviceSpec::Auto => 0,
-        DeviceSpec::Cuda(i) => i,
-    };
-    framesmith_nn::device::open_cuda(ordinal).map_err(|e| match e {
-        DeviceError::DriverMissing(why) => anyhow::anyhow!("cannot open CUDA device {ordinal}: {why}"),
-        e => anyhow::Error::new(e).context(format!(
-            "cannot open CUDA device {ordinal}; pass --device cpu, or check the NVIDIA driver and that this build has CUDA"
-        )),
-    })
+impl From<DtypeArg> for DType {
+    fn from(arg: DtypeArg) -> Self {
+        match arg {
+            DtypeArg::F32 => DType::F32,
+            DtypeArg::Bf16 => DType::BF16,
+            DtypeArg::F16 => DType::F16,
+        }
+    }
 }
 
-/// The dtype asked for, else bf16 on a GPU (as the official code runs) and f32 on the CPU (where it is fast).
-/// bf16 on the CPU is refused up front: candle's CPU matrix multiply has no bf16 kernel.
+/// The device named on the command line (`auto`: the first CUDA device if this build has one, else the CPU).
+pub use framesmith_engine::generate::request::open_device;
+
+/// The dtype asked for, else bf16 on a GPU and f32 on the CPU; bf16 on the CPU is refused (the engine's
+/// [`framesmith_engine::generate::request::pick_dtype`]).
 pub fn pick_dtype(arg: Option<DtypeArg>, device: &Device) -> anyhow::Result<DType> {
-    Ok(match arg {
-        Some(DtypeArg::Bf16) if device.is_cpu() => {
-            anyhow::bail!(
-                "bf16 does not run on the CPU (no bf16 matrix multiply there); use --dtype f32"
-            )
-        }
-        Some(DtypeArg::F32) => DType::F32,
-        Some(DtypeArg::Bf16) => DType::BF16,
-        Some(DtypeArg::F16) => DType::F16,
-        None if device.is_cpu() => DType::F32,
-        None => DType::BF16,
-    })
+    framesmith_engine::generate::request::pick_dtype(arg.map(DType::from), device)
 }
 
 /// A progress bar with `template` on a terminal; hidden otherwise (lines are then printed by the caller).

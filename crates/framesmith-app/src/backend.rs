@@ -115,6 +115,64 @@ pub struct FieldIssue {
     pub severity: Severity,
 }
 
+/// What "try my LoRA" generates: a LoRA at a strength on the project's models, with the prompt and settings of
+/// the Samples tab's generate panel. Plain data; the engine-backed `Backend` turns it into the engine's request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GenerateSettings {
+    pub lora: PathBuf,
+    pub strength: f64,
+    pub prompt: String,
+    /// The start image of an image-to-video model (the demo model's clips start from one).
+    pub image: Option<PathBuf>,
+    pub seed: u64,
+    pub steps: usize,
+    pub width: usize,
+    pub height: usize,
+    /// Frames of a clip (unused by image models).
+    pub frames: usize,
+    /// Where to write, without the extension: the backend adds the model's (`.mp4` for a clip, its frames in a
+    /// folder beside it; `.png` for an image).
+    pub out: PathBuf,
+}
+
+/// The generate panel's settings for the project `config` before anything is read: the LoRA its run writes into
+/// the output folder, outputs in `generated/` there, Wan's sampling size.
+pub fn default_generate_settings(config: &RunConfig) -> GenerateSettings {
+    let out = &config.output;
+    GenerateSettings {
+        lora: out
+            .output_dir
+            .join(format!("{}.safetensors", out.output_name)),
+        strength: 1.0,
+        prompt: String::new(),
+        image: None,
+        seed: 42,
+        steps: 20,
+        width: 832,
+        height: 480,
+        frames: 81,
+        out: out.output_dir.join("generated").join("try"),
+    }
+}
+
+/// What a generation reports while it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GenerateUpdate {
+    /// Denoising step `step` (from 0) of `steps` is starting.
+    Step { step: usize, steps: usize },
+    /// A line for the log.
+    Log(String),
+}
+
+/// What a generation wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GeneratedClip {
+    /// The MP4 (or PNG image).
+    pub file: PathBuf,
+    /// What the player opens: the clip's frames folder, or the image.
+    pub frames: PathBuf,
+}
+
 /// Everything the app asks of the rest of Framesmith. Calls other than `presets` and `demo_project` run on
 /// background threads, so they may block (read files, open drivers) but must not panic.
 pub trait Backend: Send + Sync {
@@ -150,6 +208,25 @@ pub trait Backend: Send + Sync {
     fn system_check(&self, output_dir: &Path) -> Result<SystemReport, String> {
         let _ = output_dir;
         Err("the system check is not connected".into())
+    }
+
+    /// The generate panel's starting settings for the project `config`: its LoRA (in the output folder) and its
+    /// first sample prompt's text, start image, size, steps and seed when it has sample prompts. May read files.
+    fn generate_defaults(&self, config: &RunConfig) -> GenerateSettings {
+        default_generate_settings(config)
+    }
+
+    /// Generates with the models of the project `config` and `settings`' LoRA ("try my LoRA"); runs on a job
+    /// thread. `updates` hears each denoising step and the log; a true `cancelled` stops it between steps.
+    fn generate(
+        &self,
+        config: &RunConfig,
+        settings: &GenerateSettings,
+        updates: &mut dyn FnMut(GenerateUpdate),
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<GeneratedClip, String> {
+        let _ = (config, settings, updates, cancelled);
+        Err("generation is not connected".into())
     }
 
     /// The built-in demo project: trains at once with no downloads and no GPU.

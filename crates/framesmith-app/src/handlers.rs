@@ -41,6 +41,7 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
         JobResult::ConfigLoaded { path, result } => match result {
             Ok(config) => {
                 app.editor.replace(*config);
+                app.generate.reset();
                 app.inspect_all_models();
                 app.run
                     .note(LogLevel::Info, format!("Loaded {}", path.display()));
@@ -73,6 +74,14 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
         JobResult::RunPrepared(result) => run_prepared(app, result),
         JobResult::SampleThumbnail { frames, thumbnail } => {
             app.samples.take_thumbnail(frames, thumbnail);
+        }
+        JobResult::GenerateDefaults(settings) => app.generate.take_defaults(*settings),
+        JobResult::Generated { result, log } => {
+            if let Err(err) = &result {
+                app.run
+                    .note(LogLevel::Error, format!("Generating failed: {err}"));
+            }
+            app.generate.finished(result, log, &mut app.samples.player);
         }
     }
 }

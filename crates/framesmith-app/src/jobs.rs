@@ -9,7 +9,9 @@ use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::StartRun;
 use framesmith_config::RunConfig;
 
-use super::backend::{DatasetSummary, FieldIssue, ModelRole, Thumbnail};
+use super::backend::{
+    DatasetSummary, FieldIssue, GenerateSettings, GeneratedClip, ModelRole, Thumbnail,
+};
 
 /// Results waiting to be drained; workers block (never the UI) when it is full.
 const RESULT_CAPACITY: usize = 64;
@@ -83,6 +85,13 @@ pub enum JobResult {
     SampleThumbnail {
         frames: PathBuf,
         thumbnail: Option<Thumbnail>,
+    },
+    /// The generate panel's starting settings for the project.
+    GenerateDefaults(Box<GenerateSettings>),
+    /// A generation of the generate panel ended, with its log.
+    Generated {
+        result: Result<GeneratedClip, String>,
+        log: Vec<String>,
     },
 }
 

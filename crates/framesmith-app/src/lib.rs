@@ -13,6 +13,7 @@ mod dialogs;
 mod fields;
 mod fit_panel;
 mod form;
+mod generate_panel;
 mod gpu_panel;
 mod handlers;
 mod jobs;
@@ -41,7 +42,8 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail};
 
 pub use backend::{
-    Backend, DatasetSummary, FieldIssue, ModelRole, PresetView, Severity, Thumbnail,
+    default_generate_settings, Backend, DatasetSummary, FieldIssue, GenerateSettings,
+    GenerateUpdate, GeneratedClip, ModelRole, PresetView, Severity, Thumbnail,
 };
 pub use jobs::JobMode;
 pub use platform::display_missing;

@@ -85,6 +85,10 @@ fn last_frame_thumbnail(frames: &Path) -> Option<Thumbnail> {
 pub(super) fn samples_ui(state: &mut SamplesState, clips: &[SampleClip], ui: &mut Ui) {
     if clips.is_empty() {
         ui.label("No samples yet: set sample prompts in the Config tab, or press Sample now while training");
+        // A clip made by the generate panel still plays.
+        if state.player.frames_dir().is_some() {
+            state.player.ui(ui);
+        }
         return;
     }
     ui.heading("Gallery");

@@ -3,6 +3,7 @@
 use egui::{RichText, Ui};
 
 use super::config_panel::{config_ui, ConfigContext};
+use super::generate_panel::{generate_ui, GenerateContext};
 use super::gpu_panel::{seen_gpus, GpuPicker};
 use super::monitor_panel::monitor_ui;
 use super::project_panel::{project_ui, ProjectContext};
@@ -94,7 +95,19 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
                     app.telemetry.as_ref(),
                     app.spill.as_ref(),
                 ),
-                Tab::Samples => samples_ui(&mut app.samples, &app.run.samples, ui),
+                Tab::Samples => {
+                    generate_ui(
+                        &mut GenerateContext {
+                            view: &mut app.generate,
+                            backend: &app.backend,
+                            jobs: &mut app.jobs,
+                            config: app.editor.config(),
+                        },
+                        ui,
+                    );
+                    ui.separator();
+                    samples_ui(&mut app.samples, &app.run.samples, ui);
+                }
             });
     });
 }

@@ -64,6 +64,8 @@ pub struct FramesmithApp {
     /// Pauses the run in progress when it starts spilling (`memory.shared_memory_guard`).
     pub(super) spill_guard: SpillGuard,
     pub(super) samples: SamplesState,
+    /// The Samples tab's "Try the LoRA" panel.
+    pub(super) generate: super::generate_panel::GenerateView,
     pub(super) dataset_thumbnails: std::collections::HashMap<PathBuf, egui::TextureHandle>,
     /// A run is being prepared (its dataset TOML written) and will start when the job reports.
     pub(super) preparing: bool,
@@ -126,6 +128,7 @@ impl FramesmithApp {
             spill: None,
             spill_guard: SpillGuard::default(),
             samples: SamplesState::new(options.jobs, repaint),
+            generate: Default::default(),
             dataset_thumbnails: std::collections::HashMap::new(),
             preparing: false,
             validating: None,

@@ -1,14 +1,17 @@
 //! Model families, the engine's one axis (DESIGN.md §4.8). Everything model-specific goes through two traits:
 //! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the memory plan, the cached
 //! items, the LoRA and its metadata, samples) and [`FamilyRun`] (the family's models in a started run: the
-//! micro-step, validation, samples, a second expert or device). Adding a family is a folder here, an impl of both
-//! and one line in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
+//! micro-step, validation, samples, a second expert or device). [`Family::generate`] is the family's part of the
+//! one generation call ([`crate::generate::run`]). Adding a family is a folder here, an impl of both and one line
+//! in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
 
 use std::path::Path;
 
 use candle_core::Device;
 use rand::rngs::StdRng;
 
+use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
+use crate::generate::run::Session;
 use crate::train::data::TrainItem;
 use crate::train::optimizer::AdamW;
 use crate::train::samples::SampleFiles;
@@ -39,6 +42,19 @@ pub trait Family: Sync {
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<RunParts>;
+    /// The generation request for the models of the run `config` (its prompt and settings left to the caller),
+    /// written to `out_stem` with the family's extension; a family that makes clips sets `frames`.
+    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest;
+    /// Whether `dit` is this family's DiT, for generation.
+    fn claims_dit(&self, dit: &DitSource) -> bool;
+    /// Generates what `request` asks for with this family's models: the request checked before anything loads
+    /// (options the family does not take refused by name), the models loaded one after the other, the clip or
+    /// image written; the steps, the log and the cancel poll go through `session`.
+    fn generate(
+        &self,
+        request: &GenerationRequest,
+        session: &mut Session,
+    ) -> anyhow::Result<GenerationOutput>;
 }
 
 /// Every family, in the order they are asked whether a run is theirs; the last takes any run no other claims.
@@ -49,6 +65,15 @@ pub fn family_of(config: &RunConfig) -> &'static dyn Family {
     FAMILIES
         .iter()
         .find(|f| f.claims(config))
+        .copied()
+        .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// The family whose DiT `dit` is (the last family takes any DiT no other claims).
+pub fn family_of_dit(dit: &DitSource) -> &'static dyn Family {
+    FAMILIES
+        .iter()
+        .find(|f| f.claims_dit(dit))
         .copied()
         .unwrap_or(FAMILIES[FAMILIES.len() - 1])
 }

@@ -1,11 +1,16 @@
 //! The FLUX.1 [dev] family: which runs are FLUX.1's and its cached items and batch ([`train`]), a run's setup
-//! ([`setup`]), micro-step and samples ([`run`], [`samples`]).
+//! ([`setup`]), micro-step and samples ([`run`], [`samples`]), images generated from a prompt ([`generate`]).
+
+use std::path::Path;
 
 use crate::family::Family;
+use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
+use crate::generate::run::Session;
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
+pub mod generate;
 pub mod run;
 pub mod samples;
 mod setup;
@@ -47,5 +52,21 @@ impl Family for FluxFamily {
             anyhow::bail!("model.dit is not a FLUX.1 file; point it at flux1-dev.safetensors");
         };
         setup::start_run(plan, &dit, log)
+    }
+
+    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+        generate::run_request(config, out_stem)
+    }
+
+    fn claims_dit(&self, dit: &DitSource) -> bool {
+        generate::is_flux_dit(dit)
+    }
+
+    fn generate(
+        &self,
+        request: &GenerationRequest,
+        session: &mut Session,
+    ) -> anyhow::Result<GenerationOutput> {
+        generate::generate(request, session)
     }
 }

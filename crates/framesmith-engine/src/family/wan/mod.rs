@@ -1,14 +1,21 @@
 //! The Wan family (Wan2.1, Wan2.2 and the built-in demo model, a tiny Wan): its runs' setup ([`setup`]), data
 //! ([`data`]), micro-step, validation and samples ([`run`]), training mode ([`mode`]), Wan2.2 A14B's two experts
-//! ([`experts`]) and the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]).
+//! ([`experts`]), the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]) and clips
+//! generated from a prompt ([`generate`]).
+
+use std::path::Path;
 
 use crate::family::Family;
+use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
+use crate::generate::run::Session;
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
 pub mod data;
+mod demo_generate;
 pub mod experts;
+pub mod generate;
 pub mod mode;
 pub mod run;
 pub mod sample_models;
@@ -40,5 +47,21 @@ impl Family for WanFamily {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<RunParts> {
         setup::start_run(plan, log)
+    }
+
+    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+        generate::run_request(config, out_stem)
+    }
+
+    fn claims_dit(&self, _dit: &DitSource) -> bool {
+        true
+    }
+
+    fn generate(
+        &self,
+        request: &GenerationRequest,
+        session: &mut Session,
+    ) -> anyhow::Result<GenerationOutput> {
+        generate::generate(request, session)
     }
 }

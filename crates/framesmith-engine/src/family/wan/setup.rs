@@ -39,7 +39,7 @@ use framesmith_nn::offload::{
 use framesmith_nn::vb::Vb;
 
 /// Seed of the demo base model's weights: fixed, so every demo LoRA belongs to the same base.
-const DEMO_BASE_SEED: u64 = 2024;
+pub(super) const DEMO_BASE_SEED: u64 = 2024;
 
 /// Builds a Wan run's part from a plan validated for Wan: the memory plan (before the reservation takes the
 /// card's free memory), the sample prompts (before the DiT: the text encoder's memory is free again by the time

@@ -1,0 +1,347 @@
+//! FLUX.1's part of the generation call: one PNG image from a prompt — FLUX.1 [dev] (or [schnell]) with its LoRAs,
+//! CLIP-L and T5-XXL, the autoencoder. Every file is checked to be the component its flag names (and the text
+//! encoders and autoencoder to fit the DiT) before anything loads; then the text encoders run and are dropped, the
+//! autoencoder and the DiT load, and the engine samples ([`crate::generate::flux`]).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+use framesmith_config::run::DeviceSpec;
+use framesmith_config::RunConfig;
+use framesmith_models::flux::text_encoder::TextEncoderFiles;
+use framesmith_models::flux::weights::{
+    identify_expected, load_autoencoder, load_dit, FluxComponent, FluxFile, FluxKind, FluxVariant,
+};
+use framesmith_models::flux::{Flux, FluxConfig};
+use framesmith_models::identify::{identify, IdentifyError, ModelFile};
+use framesmith_nn::device::hold_vram_budget;
+
+use crate::generate::denoise::Solver;
+use crate::generate::flux::{
+    check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
+    FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
+};
+use crate::generate::request::{
+    create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
+    Placement,
+};
+use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
+
+/// Image side when --width / --height are not given (the official `cli.py`'s default).
+const DEFAULT_SIDE: usize = 1024;
+/// Sampling steps when --steps is not given: the official defaults.
+const DEV_STEPS: usize = 50;
+const SCHNELL_STEPS: usize = 4;
+/// T5 tokens of schnell (256, as the official `load_t5` is called for it; dev takes [`DEV_T5_TOKENS`]).
+const SCHNELL_T5_TOKENS: usize = 256;
+
+/// Whether `dit` is a FLUX.1 file of any kind (so generation goes the FLUX.1 way and names it if it is not the
+/// DiT).
+pub fn is_flux_dit(dit: &DitSource) -> bool {
+    match dit {
+        DitSource::File(path) => {
+            !path.is_dir()
+                && matches!(
+                    identify(path),
+                    Ok(ModelFile::Flux(_)) | Err(IdentifyError::Flux(_))
+                )
+        }
+        DitSource::Demo => false,
+    }
+}
+
+/// The options given that only other families take, by flag.
+fn foreign_options(request: &GenerationRequest) -> Vec<&'static str> {
+    let f = &request.files;
+    [
+        (request.dit_low_noise.is_some(), "--dit-low-noise"),
+        (request.boundary.is_some(), "--boundary"),
+        (!request.loras_low_noise.is_empty(), "--lora-low-noise"),
+        (f.text_encoder.is_some(), "--text-encoder"),
+        (request.image.is_some(), "--image"),
+        (f.clip.is_some(), "--clip"),
+        (request.negative.is_some(), "--negative"),
+        (request.frames.is_some(), "--frames"),
+        (request.shift.is_some(), "--shift"),
+        (request.tiled, "--tiled"),
+        (request.blocks_to_swap > 0, "--blocks-to-swap"),
+        (
+            request.solver.is_some_and(|s| s != Solver::Euler),
+            "--solver (FLUX.1 samples with euler)",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(given, name)| given.then_some(name))
+    .collect()
+}
+
+/// `identify_expected` with the flag the file was given to in the message.
+fn expect(path: &Path, flag: &str, component: FluxComponent) -> anyhow::Result<FluxFile> {
+    identify_expected(path, component, None).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
+}
+
+/// The DiT's sizes and variant; Kontext (which edits an input image) is refused.
+fn dit_of(dit: &Path) -> anyhow::Result<(FluxVariant, FluxConfig)> {
+    let file = expect(dit, "--dit", FluxComponent::Dit)?;
+    let FluxKind::Dit { variant, config } = file.kind else {
+        anyhow::bail!("--dit holds no FLUX.1 DiT: {}", dit.display());
+    };
+    if variant == FluxVariant::Kontext {
+        anyhow::bail!(
+            "--dit is FLUX.1 Kontext [dev], which edits an input image; `framesmith generate` makes images from text \
+             with FLUX.1 [dev] or [schnell]: pick flux1-dev.safetensors ({})",
+            dit.display()
+        );
+    }
+    Ok((variant, config))
+}
+
+/// The files FLUX.1 samples with beside its DiT.
+struct Files<'a> {
+    autoencoder: &'a Path,
+    clip_l: &'a Path,
+    t5: &'a Path,
+}
+
+/// Checks the autoencoder and the text encoders against the DiT ([`check_companions`]).
+fn check_files<'a>(
+    dit: &Path,
+    request: &'a GenerationRequest,
+    cfg: &FluxConfig,
+) -> anyhow::Result<Files<'a>> {
+    let f = &request.files;
+    let (Some(clip_l), Some(t5)) = (f.clip_l.as_deref(), f.t5.as_deref()) else {
+        anyhow::bail!(
+            "a FLUX.1 DiT needs both of its text encoders: --clip-l clip_l.safetensors and --t5 \
+             t5xxl_fp16.safetensors (or t5xxl_fp8_e4m3fn_scaled.safetensors) ({})",
+            dit.display()
+        );
+    };
+    let Some(autoencoder) = f.vae.as_deref() else {
+        anyhow::bail!(
+            "a FLUX.1 DiT needs its autoencoder: --vae ae.safetensors ({})",
+            dit.display()
+        );
+    };
+    let files = Companions {
+        autoencoder: Companion {
+            key: "--vae",
+            path: autoencoder,
+        },
+        clip_l: Companion {
+            key: "--clip-l",
+            path: clip_l,
+        },
+        t5: Companion {
+            key: "--t5",
+            path: t5,
+        },
+    };
+    check_companions(&files, cfg)?;
+    Ok(Files {
+        autoencoder,
+        clip_l,
+        t5,
+    })
+}
+
+/// `--out` must name a PNG; its folder is made.
+fn check_out(out: &Path) -> anyhow::Result<()> {
+    let png = out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !png {
+        anyhow::bail!(
+            "--out: FLUX.1 makes an image, written as PNG: give a path ending in .png ({})",
+            out.display()
+        );
+    }
+    create_out_folder(out)
+}
+
+/// The prompt through CLIP-L and T5-XXL (dropped before returning, their memory given back).
+fn encode_prompt(
+    request: &GenerationRequest,
+    files: &Files,
+    t5_max_tokens: usize,
+    (dtype, device): (DType, &Device),
+) -> anyhow::Result<FluxPrompt> {
+    let files = TextEncoderFiles {
+        clip: files.clip_l,
+        clip_tokenizer: request.files.clip_l_tokenizer.as_deref(),
+        t5: files.t5,
+        t5_tokenizer: request.files.tokenizer.as_deref(),
+        t5_max_tokens,
+    };
+    encode_prompts(files, &[request.prompt.as_str()], (dtype, device))?
+        .pop()
+        .context("the text encoders returned no prompt")
+}
+
+/// Loads the DiT and attaches the LoRAs (several are combined into one adapter per layer).
+fn load_dit_with_loras(
+    (dit, variant): (&Path, FluxVariant),
+    request: &GenerationRequest,
+    (dtype, device): (DType, &Device),
+    session: &mut Session,
+) -> anyhow::Result<Flux> {
+    let mut model = load_dit(dit, Some(variant), dtype, device, request.fp8)?;
+    session.log(format!("DiT: {variant} ({})", dit.display()));
+    if let Some((lora, multiplier)) = loras_as_one(&request.loras, device, session)? {
+        lora.apply(model.linears_mut(), multiplier, dtype)
+            .context("the LoRA does not fit this FLUX.1 DiT (a LoRA made for another model?)")?;
+    }
+    Ok(model)
+}
+
+/// The request's checks before anything loads: the DiT's variant, no Wan options, the companion files, the output.
+fn check_request<'a>(
+    dit: &Path,
+    request: &'a GenerationRequest,
+) -> anyhow::Result<(FluxVariant, FluxConfig, Files<'a>)> {
+    let (variant, cfg) = dit_of(dit)?;
+    let wan = foreign_options(request);
+    if !wan.is_empty() {
+        anyhow::bail!(
+            "{} {} for Wan; a FLUX.1 DiT makes one image from --prompt with --vae, --clip-l and --t5: drop {} ({})",
+            wan.join(", "),
+            if wan.len() == 1 { "is" } else { "are" },
+            if wan.len() == 1 { "it" } else { "them" },
+            dit.display()
+        );
+    }
+    let files = check_files(dit, request, &cfg)?;
+    check_out(&request.out)?;
+    Ok((variant, cfg, files))
+}
+
+/// The request for the models of the FLUX.1 run `config`: its DiT, autoencoder, T5-XXL and CLIP-L, its device,
+/// an image written to `out_stem`.png.
+pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+    let m = &config.model;
+    let mut request = GenerationRequest::new(
+        DitSource::File(m.dit.clone()),
+        "",
+        out_stem.with_extension("png"),
+    );
+    request.files.vae = given(&m.vae);
+    request.files.t5 = given(&m.text_encoder);
+    request.files.clip_l = given(&m.clip);
+    request.placement.device = config.training.device;
+    request
+}
+
+/// The one device FLUX.1 runs on: `--gpus N`, else `--device`; several GPUs are refused.
+fn one_device(placement: &Placement) -> anyhow::Result<DeviceSpec> {
+    match *placement.gpus.as_slice() {
+        [] => Ok(placement.device),
+        [one] => Ok(DeviceSpec::Cuda(one)),
+        [first, ..] => {
+            let list: Vec<String> = placement.gpus.iter().map(usize::to_string).collect();
+            anyhow::bail!(
+                "--gpus {}: a FLUX.1 DiT runs on one GPU: give --gpus {first}",
+                list.join(",")
+            )
+        }
+    }
+}
+
+/// Generates the image `request` asks for with the FLUX.1 DiT it names.
+pub fn generate(
+    request: &GenerationRequest,
+    session: &mut Session,
+) -> anyhow::Result<GenerationOutput> {
+    let DitSource::File(dit) = &request.dit else {
+        anyhow::bail!("FLUX.1 generates from a DiT file: give --dit flux1-dev.safetensors");
+    };
+    let (variant, cfg, files) = check_request(dit, request)?;
+    let schnell = variant == FluxVariant::Schnell;
+    let mut settings = FluxImageSettings {
+        width: request.width.unwrap_or(DEFAULT_SIDE),
+        height: request.height.unwrap_or(DEFAULT_SIDE),
+        steps: request
+            .steps
+            .unwrap_or(if schnell { SCHNELL_STEPS } else { DEV_STEPS }),
+        guidance: request.guidance.unwrap_or(DEV_GUIDANCE),
+        seed: 0,
+    };
+    let device = open_device(one_device(&request.placement)?)?;
+    let dtype = pick_dtype(request.dtype, &device)?;
+    // Before anything takes device memory: what the encoders, the autoencoder and the DiT take counts against it.
+    let held = request
+        .vram_budget_bytes
+        .map(|b| hold_vram_budget(&device, b))
+        .transpose()?
+        .flatten();
+    let ae = load_autoencoder(files.autoencoder, dtype, &device)?;
+    let latent = settings.latent_size(ae.config().downsample_factor())?;
+    let t5_tokens = if schnell {
+        SCHNELL_T5_TOKENS
+    } else {
+        DEV_T5_TOKENS
+    };
+    let prompt = encode_prompt(request, &files, t5_tokens, (dtype, &device))?;
+    let dit = load_dit_with_loras((dit, variant), request, (dtype, &device), session)?;
+    settings.seed = request.seed.unwrap_or_else(rand::random);
+    session.log(format!(
+        "seed {}, {}x{}, {} steps{}",
+        settings.seed,
+        settings.width,
+        settings.height,
+        settings.steps,
+        if cfg.guidance_embed {
+            format!(", guidance {}", settings.guidance)
+        } else {
+            String::new()
+        }
+    ));
+    let clock = StepClock::new(session, vec![device.clone()], settings.steps);
+    let z = clock.checked(denoise_image(
+        &dit,
+        &prompt,
+        &settings,
+        latent,
+        dtype,
+        &|| clock.poll(),
+    ))?;
+    let starts = clock.finish()?;
+    let denoised = starts.last().copied().unwrap_or_else(Instant::now);
+    drop(dit);
+    let image = decode_image(&ae, &z, dtype)?;
+    let decode_secs = denoised.elapsed().as_secs_f64();
+    let vram: Vec<_> = vram_use(&device, held.as_ref()).into_iter().collect();
+    session.log(timing_line(&starts, decode_secs, &vram));
+    image
+        .save(&request.out)
+        .with_context(|| format!("cannot write {}", request.out.display()))?;
+    Ok(GenerationOutput {
+        file: request.out.clone(),
+        frames_dir: None,
+        frames: 1,
+        width: image.width() as usize,
+        height: image.height() as usize,
+        seed: settings.seed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flux_runs_on_one_device() -> anyhow::Result<()> {
+        let on = |gpus: &[usize]| {
+            one_device(&Placement {
+                device: DeviceSpec::Cpu,
+                gpus: gpus.to_vec(),
+            })
+        };
+        assert_eq!(on(&[])?, DeviceSpec::Cpu);
+        assert_eq!(on(&[1])?, DeviceSpec::Cuda(1));
+        let err = on(&[1, 0]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("one GPU") && err.contains("--gpus 1"), "{err}");
+        Ok(())
+    }
+}

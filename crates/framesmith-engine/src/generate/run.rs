@@ -1,0 +1,217 @@
+//! The one generation call that `framesmith generate` and the app share: [`run`] hands the request to the family
+//! whose DiT it names ([`crate::family::family_of_dit`]), which checks it, loads its models one after the other and
+//! writes the clip or image; what they share lives here — the events and the cancel poll ([`Session`]), the time
+//! each denoising step took ([`StepClock`]), the LoRAs loaded as one adapter ([`loras_as_one`]).
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use candle_core::Device;
+use framesmith_config::RunConfig;
+use framesmith_nn::device::{VramHold, VramUse};
+use framesmith_nn::lora_file::LoraFile;
+
+use crate::generate::pipeline::combine_loras;
+use crate::generate::request::{
+    Cancelled, GenerationEvent, GenerationOutput, GenerationRequest, LoraChoice,
+};
+
+/// Generates what `request` asks for with the family of its DiT: `events` hears what happens (files loaded, the
+/// seed, each denoising step starting, the timings), `cancelled` is polled before each denoising step and a true
+/// answer ends the call with [`Cancelled`]. Returns the files written.
+pub fn run(
+    request: &GenerationRequest,
+    events: &mut dyn FnMut(GenerationEvent),
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<GenerationOutput> {
+    let family = crate::family::family_of_dit(&request.dit);
+    let mut session = Session { events, cancelled };
+    family.generate(request, &mut session)
+}
+
+/// The generation request for the models of the run `config` ("try my LoRA" in the app): its family's files,
+/// device and output extension ([`crate::family::Family::run_request`]); prompt and settings are the caller's.
+pub fn request_for_run(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+    crate::family::family_of(config).run_request(config, out_stem)
+}
+
+/// A path a config leaves empty when it is not given.
+pub fn given(path: &Path) -> Option<PathBuf> {
+    (!path.as_os_str().is_empty()).then(|| path.to_path_buf())
+}
+
+/// What a family's generation reports to and asks of its caller.
+pub struct Session<'a> {
+    events: &'a mut dyn FnMut(GenerationEvent),
+    cancelled: &'a dyn Fn() -> bool,
+}
+
+impl<'a> Session<'a> {
+    /// A session that reports to `events` and polls `cancelled`.
+    pub fn new(
+        events: &'a mut dyn FnMut(GenerationEvent),
+        cancelled: &'a dyn Fn() -> bool,
+    ) -> Self {
+        Self { events, cancelled }
+    }
+
+    /// Reports a line for the log.
+    pub fn log(&mut self, line: impl Into<String>) {
+        (self.events)(GenerationEvent::Log(line.into()));
+    }
+
+    /// Whether the caller asked to stop.
+    pub fn cancelled(&self) -> bool {
+        (self.cancelled)()
+    }
+}
+
+/// The time each denoising step takes, read at the poll before each step (after `devices` have finished the last
+/// one), each poll reported as a step starting and answered with the cancel poll.
+pub struct StepClock<'s, 'a> {
+    session: RefCell<&'s mut Session<'a>>,
+    devices: Vec<Device>,
+    steps: usize,
+    starts: RefCell<Vec<Instant>>,
+    stopped: Cell<bool>,
+}
+
+impl<'s, 'a> StepClock<'s, 'a> {
+    /// A clock for `steps` steps computed on `devices`.
+    pub fn new(session: &'s mut Session<'a>, devices: Vec<Device>, steps: usize) -> Self {
+        Self {
+            session: RefCell::new(session),
+            devices,
+            steps,
+            starts: RefCell::new(Vec::with_capacity(steps + 1)),
+            stopped: Cell::new(false),
+        }
+    }
+
+    /// The poll the denoising loop calls before each step: true stops it.
+    pub fn poll(&self) -> bool {
+        for device in &self.devices {
+            let _ = device.synchronize();
+        }
+        let step = {
+            let mut starts = self.starts.borrow_mut();
+            starts.push(Instant::now());
+            starts.len() - 1
+        };
+        let mut session = self.session.borrow_mut();
+        (session.events)(GenerationEvent::StepStarted {
+            step,
+            steps: self.steps,
+        });
+        let stop = session.cancelled();
+        self.stopped.set(stop);
+        stop
+    }
+
+    /// The denoising loop's `result`, its error [`Cancelled`] when the loop ended because the poll said stop.
+    pub fn checked<T>(&self, result: anyhow::Result<T>) -> anyhow::Result<T> {
+        match result {
+            Err(_) if self.stopped.get() => Err(Cancelled.into()),
+            other => other,
+        }
+    }
+
+    /// Waits for the devices to finish the last step; returns the step start instants and the end of the last.
+    pub fn finish(self) -> anyhow::Result<Vec<Instant>> {
+        for device in &self.devices {
+            device.synchronize()?;
+        }
+        let mut starts = self.starts.into_inner();
+        starts.push(Instant::now());
+        Ok(starts)
+    }
+}
+
+/// The peak device memory of `device`, the budget's hold left out.
+pub fn vram_use(device: &Device, hold: Option<&VramHold>) -> Option<VramUse> {
+    VramUse::measure(device, hold.map_or(0, |h| h.bytes))
+}
+
+/// What the denoising steps took (from the instants each started and the end of the last), the decoding, and the
+/// most device memory the command took (on each card, where it ran on several).
+pub fn timing_line(starts: &[Instant], decode_secs: f64, vram: &[VramUse]) -> String {
+    let steps: Vec<f64> = starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64())
+        .collect();
+    let total: f64 = steps.iter().sum();
+    let mean = total / steps.len().max(1) as f64;
+    let each: Vec<String> = steps.iter().map(|s| format!("{s:.2}")).collect();
+    let gib = |v: &VramUse| format!("{:.2}", v.peak as f64 / (1u64 << 30) as f64);
+    let vram = match vram {
+        [] => String::new(),
+        [one] => format!("; peak VRAM {} GiB", gib(one)),
+        several => format!(
+            "; peak VRAM {} GiB (per GPU)",
+            several.iter().map(gib).collect::<Vec<_>>().join(" + ")
+        ),
+    };
+    format!(
+        "denoised in {total:.1} s, {mean:.2} s per step (each: {}); decoded in {decode_secs:.1} s{vram}",
+        each.join(" ")
+    )
+}
+
+/// The LoRAs loaded on `device` as one, with the multiplier to apply it at: one file as it is, several combined
+/// into one adapter per layer (their strengths inside it). `None` when there are none.
+pub fn loras_as_one(
+    loras: &[LoraChoice],
+    device: &Device,
+    session: &mut Session,
+) -> anyhow::Result<Option<(LoraFile, f64)>> {
+    if loras.is_empty() {
+        return Ok(None);
+    }
+    let files = loras
+        .iter()
+        .map(|lora| {
+            session.log(format!("LoRA: {} × {}", lora.path.display(), lora.strength));
+            Ok((LoraFile::load(&lora.path, device)?, lora.strength))
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(match files.as_slice() {
+        [(one, m)] => (one.clone(), *m),
+        _ => (combine_loras(&files)?, 1.0),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timing_line_gives_each_step_and_the_mean() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + std::time::Duration::from_millis(ms);
+        let line = timing_line(&[at(0), at(1000), at(3000)], 4.0, &[]);
+        assert_eq!(
+            line,
+            "denoised in 3.0 s, 1.50 s per step (each: 1.00 2.00); decoded in 4.0 s"
+        );
+    }
+
+    #[test]
+    fn the_timing_line_gives_each_gpus_peak() {
+        let t0 = Instant::now();
+        let use_of = |gib: u64| VramUse {
+            peak: gib << 30,
+            outside_pool: 0,
+            in_use: 0,
+            reserved: 0,
+            free: 0,
+        };
+        let line = timing_line(&[t0, t0], 0.0, &[use_of(30), use_of(29)]);
+        assert!(
+            line.ends_with("; peak VRAM 30.00 + 29.00 GiB (per GPU)"),
+            "{line}"
+        );
+        let line = timing_line(&[t0, t0], 0.0, &[use_of(30)]);
+        assert!(line.ends_with("; peak VRAM 30.00 GiB"), "{line}");
+    }
+}
