@@ -461,8 +461,14 @@ fn schedule_settings_are_checked() {
     assert!(e.for_key("optimizer.learning_rate").is_some());
     assert!(e.for_key("optimizer.lr_scheduler_power").is_some());
 
-    cfg.optimizer.learning_rate = 1e-4;
     cfg.optimizer.lr_scheduler_power = 2.0;
+    for lr in [1.5, 1e300] {
+        cfg.optimizer.learning_rate = lr;
+        let e = problems(&cfg, &HostInfo::new(1));
+        let problem = e.for_key("optimizer.learning_rate").expect("refused");
+        assert!(problem.message.contains("above 1"), "{problem}");
+    }
+    cfg.optimizer.learning_rate = 1e-4;
     cfg.optimizer.lr_warmup_steps = 2000;
     assert!(problems(&cfg, &HostInfo::new(1))
         .for_key("optimizer.lr_warmup_steps")

@@ -20,7 +20,17 @@ pub(crate) fn check_optimizer(c: &mut Checker, cfg: &RunConfig) -> (AdamWConfig,
         o.learning_rate,
         "use e.g. 1e-4 (LoRA usually trains at 5e-5 to 5e-4)",
     );
-    if o.learning_rate.is_finite() && o.learning_rate > 0.1 {
+    if o.learning_rate.is_finite() && o.learning_rate > 1.0 {
+        c.problem(
+            "optimizer.learning_rate",
+            format!(
+                "{} is above 1: AdamW moves each LoRA weight by about the learning rate every step, so the run \
+                 diverges at once",
+                o.learning_rate
+            ),
+            "use e.g. 1e-4 (LoRA usually trains at 5e-5 to 5e-4)",
+        );
+    } else if o.learning_rate.is_finite() && o.learning_rate > 0.1 {
         c.note(format!("optimizer.learning_rate = {} is very high for AdamW; LoRAs usually train at 5e-5 to 5e-4", o.learning_rate));
     }
     for (i, beta) in o.betas.iter().enumerate() {
