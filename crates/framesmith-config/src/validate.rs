@@ -478,10 +478,10 @@ fn check_variant(c: &mut Checker, variant: &str, demo: bool) -> Option<String> {
 
 /// Largest clip side `dataset.resolution` may name: Wan's rotary table covers 1024 positions a side, 16 pixels
 /// each.
-const MAX_SIDE_PIXELS: usize = 16_384;
+pub const MAX_SIDE_PIXELS: usize = 16_384;
 
 /// Most frames `dataset.target_frames` may name: Wan's rotary table covers 1024 latent frames.
-const MAX_FRAMES: usize = 1 + 4 * 1023;
+pub const MAX_FRAMES: usize = 1 + 4 * 1023;
 
 /// `[dataset]`; `pixel_step` is what the named variant's clip sides must be multiples of (16 when detected later).
 fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> DatasetPlan {

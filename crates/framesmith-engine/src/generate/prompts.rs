@@ -5,6 +5,7 @@
 use std::path::{Path, PathBuf};
 
 use framesmith_config::file_read::{excerpt, read_string_bounded, ReadLimit};
+use framesmith_config::validate::{MAX_FRAMES, MAX_SIDE_PIXELS};
 use serde::Deserialize;
 
 /// Frames of a Wan sample clip without `--f`.
@@ -67,6 +68,18 @@ impl PromptSpec {
         if self.steps == 0 {
             return Err("--s 0: a sample needs at least 1 denoising step; use e.g. --s 20".into());
         }
+        for (flag, side) in [("--w", self.width), ("--h", self.height)] {
+            if side == 0 || side > MAX_SIDE_PIXELS {
+                return Err(format!(
+                    "{flag} {side}: a sample's side is 1 to {MAX_SIDE_PIXELS} pixels; use e.g. --w 832 --h 480"
+                ));
+            }
+        }
+        if let Some(frames) = self.frames.filter(|&f| f > MAX_FRAMES) {
+            return Err(format!(
+                "--f {frames}: a sample clip has at most {MAX_FRAMES} frames; use e.g. --f 81"
+            ));
+        }
         match self.frames {
             Some(frames) if frames % 4 != 1 => {
                 let down = frames.saturating_sub(1) / 4 * 4 + 1;
@@ -106,6 +119,11 @@ pub enum PromptError {
     },
     #[error("{path}: {message}")]
     Toml { path: String, message: String },
+    #[error(
+        "the prompt file has no prompts (only blank lines and # comments): write one prompt per line, e.g. \
+         `a red fox runs through snow --w 832 --h 480 --f 33`: {path}"
+    )]
+    Empty { path: String },
 }
 
 #[derive(Deserialize)]
@@ -114,8 +132,18 @@ struct TomlPrompts {
     prompt: Vec<PromptSpec>,
 }
 
-/// Reads a `.txt` or `.toml` prompt file.
+/// Reads a `.txt` or `.toml` prompt file; a file without a prompt is an error.
 pub fn read_prompt_file(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
+    let prompts = read_prompts(path)?;
+    if prompts.is_empty() {
+        return Err(PromptError::Empty {
+            path: path.display().to_string(),
+        });
+    }
+    Ok(prompts)
+}
+
+fn read_prompts(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
     let shown = path.display().to_string();
     let text = read_string_bounded(path, ReadLimit::PROMPTS).map_err(|source| PromptError::Io {
         path: shown.clone(),
@@ -284,6 +312,36 @@ mod tests {
         std::fs::write(&long, format!("x --{} 1\n", "z".repeat(1 << 20))).expect("write");
         let err = read_prompt_file(&long).unwrap_err().to_string();
         assert!(err.len() < 1000, "{} bytes", err.len());
+    }
+
+    #[test]
+    fn absurd_sizes_and_files_without_prompts_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("p.txt");
+        let error = |text: &str| {
+            std::fs::write(&path, text).expect("write");
+            read_prompt_file(&path).unwrap_err().to_string()
+        };
+        let err = error("a cat --w 100000000\n");
+        assert!(
+            err.contains("--w 100000000") && err.contains("p.txt:1"),
+            "{err}"
+        );
+        assert!(error("a cat --h 0\n").contains("--h 0"));
+        assert!(error("a cat --f 100001\n").contains("at most 4093 frames"));
+        for empty in ["", "\n\n", "# only a comment\n"] {
+            let err = error(empty);
+            assert!(
+                err.contains("has no prompts") && err.contains("p.txt"),
+                "{err}"
+            );
+        }
+        let toml = dir.path().join("p.toml");
+        std::fs::write(&toml, "prompt = []\n").expect("write");
+        let err = read_prompt_file(&toml).unwrap_err().to_string();
+        assert!(err.contains("has no prompts"), "{err}");
+        std::fs::write(&path, "a cat --w 16384 --h 16 --f 4093\n").expect("write");
+        assert_eq!(read_prompt_file(&path).expect("valid").len(), 1);
     }
 
     #[test]
