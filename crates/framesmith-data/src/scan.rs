@@ -95,6 +95,11 @@ pub fn scan_dataset(dataset: &ResolvedDataset, options: &ScanOptions) -> Dataset
         }
     };
     check_name_clashes(&entries, &mut scan.problems);
+    if let (DatasetSource::ImageDirectory(dir) | DatasetSource::VideoDirectory(dir), Some(ext)) =
+        (&dataset.source, dataset.caption_extension.as_deref())
+    {
+        orphan_captions(dir, ext, &entries, &mut scan.problems);
+    }
     let kind = dataset.kind();
     if kind == DatasetKind::Video
         && options.probe_media
@@ -215,6 +220,8 @@ pub mod groups {
     pub const MISSING_LISTED_MEDIA: &str = "listed media that do not exist";
     /// Bad lines of a JSONL file.
     pub const BAD_JSONL_LINES: &str = "bad JSONL lines";
+    /// Caption files without media beside them.
+    pub const ORPHAN_CAPTIONS: &str = "captions with no image or video";
 }
 
 /// The problem of an entry that cannot be read as media, saying when that leaves its caption unused.
@@ -275,6 +282,33 @@ fn list_directory(dir: &Path, kind: DatasetKind, scan: &mut DatasetScan) -> Vec<
                 .push(Problem::error(dir, format!("cannot list the folder ({e})")));
             Vec::new()
         }
+    }
+}
+
+/// Caption files in `dir` with no image or video beside them (a clip renamed, moved or never copied): each is a
+/// warning, as nothing trains on it.
+fn orphan_captions(dir: &Path, ext: &str, entries: &[Entry], problems: &mut Vec<Problem>) {
+    let Ok(listing) = std::fs::read_dir(dir) else {
+        return; // the folder's own error is reported by the listing
+    };
+    let captioned: std::collections::HashSet<PathBuf> = entries
+        .iter()
+        .map(|e| caption_path(&e.media, ext))
+        .collect();
+    let mut orphans: Vec<PathBuf> = listing
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.to_string_lossy().ends_with(ext) && !captioned.contains(p))
+        .collect();
+    orphans.sort();
+    for orphan in orphans {
+        problems.push(
+            Problem::warning(
+                &orphan,
+                "a caption with no image or video of the same name beside it: nothing trains on it; add or \
+                 rename its media file, or remove it",
+            )
+            .grouped(groups::ORPHAN_CAPTIONS),
+        );
     }
 }
 

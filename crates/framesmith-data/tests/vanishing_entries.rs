@@ -130,3 +130,25 @@ fn thousands_of_unreadable_files_print_one_line_per_kind() {
         "{shown}"
     );
 }
+
+#[test]
+fn a_caption_without_its_media_is_a_warning_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    RgbImage::new(32, 32).save(d.join("good.png")).unwrap();
+    std::fs::write(d.join("good.txt"), "a caption").unwrap();
+    std::fs::write(d.join("renamed.txt"), "its clip was renamed").unwrap();
+    let report = check_path(d, &probing()).unwrap();
+    let text: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
+    let orphans: Vec<&String> = text
+        .iter()
+        .filter(|t| t.contains("a caption with no image or video"))
+        .collect();
+    assert_eq!(orphans.len(), 1, "{text:#?}");
+    assert!(
+        orphans[0].starts_with("warning:") && orphans[0].ends_with("renamed.txt"),
+        "{text:#?}"
+    );
+    assert_eq!(report.error_count(), 0, "{text:#?}");
+    assert_eq!(report.datasets[0].items, 1);
+}
