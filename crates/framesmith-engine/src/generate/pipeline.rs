@@ -9,9 +9,8 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use crate::generate::denoise::{
-    generate_from, Experts, GenerateRequest, ImageConditioning, Solver,
-};
+use crate::generate::denoise::{generate_from, Experts, GenerateRequest, ImageConditioning};
+use crate::generate::sampler::Solver;
 use crate::train::samples::write_frames;
 use framesmith_data::video::encode::{write_mp4, RgbFrame};
 use framesmith_models::wan::text_encoder::TextEncoder;

@@ -18,7 +18,6 @@ use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_models::identify::{identify, IdentifyError, ModelFile};
 use framesmith_nn::device::hold_vram_budget;
 
-use crate::generate::denoise::Solver;
 use crate::generate::flux::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
@@ -28,6 +27,7 @@ use crate::generate::request::{
     Placement,
 };
 use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::sampler::Solver;
 
 /// Image side when --width / --height are not given (the official `cli.py`'s default).
 const DEFAULT_SIDE: usize = 1024;

@@ -21,7 +21,7 @@ use framesmith_nn::offload::{
 use image::RgbImage;
 
 use crate::dit::load_dit;
-use crate::generate::denoise::{Experts, ImageConditioning, Residency, Solver};
+use crate::generate::denoise::{Experts, ImageConditioning, Residency};
 use crate::generate::pipeline::{
     denoise_clip, latent_shape, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
 };
@@ -30,6 +30,7 @@ use crate::generate::request::{
     LoraChoice, Placement,
 };
 use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::sampler::Solver;
 use crate::generate::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
     StartImageError,

@@ -10,11 +10,12 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::family::wan::mode::start_image;
 use crate::family::wan::samples::{Decoder, SamplePrompt};
-use crate::generate::denoise::{ImageConditioning, Solver};
+use crate::generate::denoise::ImageConditioning;
 use crate::generate::pipeline::{
     fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
 };
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
+use crate::generate::sampler::Solver;
 use crate::generate::start_image::{
     clip_features, image_channels, image_conditioning, load_start_image,
 };

@@ -10,8 +10,9 @@ use candle_core::Tensor;
 
 use crate::demo;
 use crate::family::wan::experts::Experts;
-use crate::generate::denoise::{Denoising, GenerateRequest, ImageConditioning, Solver};
+use crate::generate::denoise::{Denoising, GenerateRequest, ImageConditioning};
 use crate::generate::pipeline::VaeDecoder;
+use crate::generate::sampler::Solver;
 use crate::train::samples::{write_frames, SampleFiles, SampleSet, SAMPLE_FPS};
 use framesmith_data::video::encode::write_mp4;
 

@@ -8,11 +8,53 @@ mod schedule;
 mod unipc;
 
 use candle_core::{Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
 
 pub use dpmpp::FlowDpmSolverScheduler;
 pub use euler::FlowEulerScheduler;
 pub use schedule::{np_linspace, sampling_sigmas, FlowSchedule, SchedulerConfig};
 pub use unipc::FlowUniPcScheduler;
+
+/// Sampling solver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Solver {
+    Unipc,
+    Dpmpp,
+    Euler,
+}
+
+impl Solver {
+    /// Every solver by the name configs and the command line give it.
+    pub const NAMES: [&'static str; 3] = ["unipc", "dpmpp", "euler"];
+
+    /// A fresh scheduler of this solver with the official settings.
+    pub fn scheduler(self) -> Box<dyn FlowScheduler> {
+        let cfg = SchedulerConfig::default();
+        match self {
+            Solver::Unipc => Box::new(FlowUniPcScheduler::new(cfg)),
+            Solver::Dpmpp => Box::new(FlowDpmSolverScheduler::new(cfg)),
+            Solver::Euler => Box::new(FlowEulerScheduler::new(cfg)),
+        }
+    }
+}
+
+impl std::str::FromStr for Solver {
+    type Err = String;
+
+    /// A solver by its name ([`Solver::NAMES`], any case).
+    fn from_str(name: &str) -> std::result::Result<Self, String> {
+        match name.to_ascii_lowercase().as_str() {
+            "unipc" => Ok(Solver::Unipc),
+            "dpmpp" => Ok(Solver::Dpmpp),
+            "euler" => Ok(Solver::Euler),
+            _ => Err(format!(
+                "unknown solver `{name}`: use one of {}",
+                Solver::NAMES.join(", ")
+            )),
+        }
+    }
+}
 
 /// A flow-matching sampler driven by a velocity model (`model_output = noise - x0`, the Wan flow prediction).
 /// Usage follows the official loop: set a schedule, then for each `t` of [`FlowScheduler::timesteps`] call the
