@@ -23,13 +23,15 @@ use image::RgbImage;
 use crate::dit::load_dit;
 use crate::generate::denoise::{Experts, ImageConditioning, Residency};
 use crate::generate::pipeline::{
-    denoise_clip, latent_shape, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
+    denoise_clip, latent_shape, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
 };
 use crate::generate::request::{
     create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
     LoraChoice, Placement,
 };
-use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::run::{
+    given, loras_as_one, timing_line, vram_use, write_clip, Session, StepClock,
+};
 use crate::generate::sampler::Solver;
 use crate::generate::start_image::{
     check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
