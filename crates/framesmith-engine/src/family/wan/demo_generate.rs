@@ -12,9 +12,9 @@ use framesmith_nn::vb::Vb;
 
 use crate::demo;
 use crate::dit::build_dit;
+use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest};
+use crate::family::wan::pipeline::CLIP_FPS;
 use crate::family::wan::setup::DEMO_BASE_SEED;
-use crate::generate::denoise::{generate_from, Experts, GenerateRequest};
-use crate::generate::pipeline::CLIP_FPS;
 use crate::generate::prompts::PromptSpec;
 use crate::generate::request::{
     create_out_folder, open_device, pick_dtype, GenerationOutput, GenerationRequest,

@@ -1,12 +1,12 @@
 //! Whole clips from a prompt with loaded models, as the official `WanT2V.generate` makes them: the prompt and
 //! negative prompt embedded once, latents of `(z, (frames − 1) / 4 + 1, h / 8, w / 8)` denoised by the DiT (and
 //! its LoRAs, several combined exactly into one adapter per layer), decoded by the VAE, clamped to [−1, 1] and
-//! written as an H.264 MP4 plus PNG frames.
+//! turned into RGB frames (written by [`crate::generate::run::write_clip`]).
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use crate::generate::denoise::{generate_from, Experts, GenerateRequest, ImageConditioning};
+use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest, ImageConditioning};
 use crate::generate::sampler::Solver;
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::wan::text_encoder::TextEncoder;
@@ -195,7 +195,7 @@ pub fn generate_clip(
     generate_clip_from(experts, decoder, conditioning, None, settings, cancelled)
 }
 
-/// [`generate_clip`] conditioned on a start image (see [`crate::generate::start_image::image_conditioning`]).
+/// [`generate_clip`] conditioned on a start image (see [`crate::family::wan::start_image::image_conditioning`]).
 pub fn generate_clip_from(
     experts: &mut Experts,
     decoder: &VaeDecoder,
@@ -240,5 +240,4 @@ pub fn denoise_clip(
 }
 
 #[cfg(test)]
-#[path = "pipeline_tests.rs"]
 mod tests;
