@@ -1,11 +1,7 @@
 //! Generation: the one call the command line and the app generate through ([`run`], with its plain-data request
 //! and events in [`request`]), the flow-matching samplers and the solver choice ([`sampler`]), sample prompt files
-//! ([`prompts`]), and FLUX.1 images (`flux`). What a family generates with lives in its folder under
-//! [`crate::family`].
+//! ([`prompts`]). What a family generates with lives in its folder under [`crate::family`].
 
-pub mod flux;
-#[cfg(test)]
-mod flux_tests;
 pub mod prompts;
 pub mod request;
 pub mod run;
