@@ -1,6 +1,6 @@
-//! Flow-matching samplers for preview clips: the official Wan schedulers (UniPC and DPM-Solver++ multistep, ported
-//! from `wan/utils/fm_solvers*.py`) and a plain Euler sampler, behind one [`FlowScheduler`] trait. Pure tensor
-//! code: no channels, config files or logging.
+//! Flow-matching samplers: the official multistep schedulers (UniPC and DPM-Solver++, ported from the reference
+//! code's `wan/utils/fm_solvers*.py`) and a plain Euler sampler, behind one [`FlowScheduler`] trait, and the
+//! [`Solver`] a request picks among them. Pure tensor code: no channels, config files or logging.
 
 mod dpmpp;
 mod euler;
@@ -56,7 +56,7 @@ impl std::str::FromStr for Solver {
     }
 }
 
-/// A flow-matching sampler driven by a velocity model (`model_output = noise - x0`, the Wan flow prediction).
+/// A flow-matching sampler driven by a velocity model (`model_output = noise - x0`, the flow-matching velocity).
 /// Usage follows the official loop: set a schedule, then for each `t` of [`FlowScheduler::timesteps`] call the
 /// model at `t` and pass its output to [`FlowScheduler::step`].
 pub trait FlowScheduler {
@@ -70,8 +70,8 @@ pub trait FlowScheduler {
     fn sigmas(&self) -> &[f32];
     /// One sampler step: the sample at the next sigma from the model output at `timestep` and the current sample.
     fn step(&mut self, model_output: &Tensor, timestep: i64, sample: &Tensor) -> Result<Tensor>;
-    /// Moves what the sampler keeps from earlier steps to `device`, where the next steps run (a Wan 2.2 pair with
-    /// each expert on its own GPU).
+    /// Moves what the sampler keeps from earlier steps to `device`, where the next steps run (a pair of experts,
+    /// each on its own GPU).
     fn move_to(&mut self, device: &Device) -> Result<()>;
 }
 
