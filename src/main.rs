@@ -25,6 +25,10 @@ struct Cli {
     /// With --screenshot: show the finished run in this output folder (run.toml, metrics.jsonl, samples/)
     #[arg(long, value_name = "DIR", requires = "screenshot")]
     run: Option<PathBuf>,
+    /// With --screenshot and --run: first try the run's LoRA on this prompt in the Samples tab (as its Generate
+    /// button does) and capture the clip it makes in the player
+    #[arg(long, value_name = "PROMPT", requires = "run")]
+    generate: Option<String>,
     /// Open the app on this run config (TOML) instead of the last session's project
     #[arg(long, value_name = "RUN_TOML", conflicts_with = "screenshot")]
     open: Option<PathBuf>,
@@ -111,7 +115,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         None => {
             let detached = cli.screenshot.is_none() && platform::release_own_console();
-            open_app(cli.screenshot, cli.run, cli.open).inspect_err(|err| {
+            open_app(cli.screenshot, (cli.run, cli.generate), cli.open).inspect_err(|err| {
                 if detached {
                     show_startup_error(err);
                 }
@@ -161,7 +165,7 @@ fn main() -> ExitCode {
 #[cfg(feature = "gui")]
 fn open_app(
     screenshot: Option<PathBuf>,
-    run: Option<PathBuf>,
+    (run, generate): (Option<PathBuf>, Option<String>),
     open: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     use std::sync::Arc;
@@ -178,10 +182,13 @@ fn open_app(
     }
     let mut options = framesmith_app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
     options.project = open;
-    match (screenshot, run) {
-        (Some(path), Some(run)) => framesmith_app::screenshot_of_run(options, &path, &run)?,
-        (Some(path), None) => framesmith_app::screenshot_with(options, &path)?,
-        (None, _) => framesmith_app::run_app(options)?,
+    match (screenshot, run, generate) {
+        (Some(path), Some(run), Some(prompt)) => {
+            framesmith_app::screenshot_of_generation(options, &path, &run, &prompt)?
+        }
+        (Some(path), Some(run), None) => framesmith_app::screenshot_of_run(options, &path, &run)?,
+        (Some(path), None, _) => framesmith_app::screenshot_with(options, &path)?,
+        (None, _, _) => framesmith_app::run_app(options)?,
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -204,7 +211,7 @@ fn show_startup_error(_err: &anyhow::Error) {}
 #[cfg(not(feature = "gui"))]
 fn open_app(
     screenshot: Option<PathBuf>,
-    _run: Option<PathBuf>,
+    _run: (Option<PathBuf>, Option<String>),
     open: Option<PathBuf>,
 ) -> anyhow::Result<ExitCode> {
     if screenshot.is_some() || open.is_some() {

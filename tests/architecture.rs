@@ -1,8 +1,8 @@
 //! The dependency rules of DESIGN.md §3. Most are facts of the crate graph, read here from the workspace's
 //! manifests: the app never reaches candle; config reaches neither candle nor egui; nothing below the app reaches
 //! egui/eframe; only `framesmith-nn` turns CUDA on in candle. The rest are rules about code, checked by scanning
-//! sources: models and nn know nothing of channels or logging, the app names no tensors, and no code outside nn
-//! asks whether the build has CUDA.
+//! sources: models and nn know nothing of channels or logging, the app names no tensors, no code outside nn
+//! asks whether the build has CUDA, and the engine's `generate/` names no model family.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -304,6 +304,19 @@ fn only_nn_asks_whether_this_build_has_cuda() {
         bad.is_empty(),
         "device code lives in framesmith-nn behind `framesmith_nn::device` (DESIGN.md §3): ask it, not a cfg on \
          CUDA:\n{}",
+        bad.join("\n")
+    );
+}
+
+#[test]
+fn the_engines_generate_folder_names_no_family() {
+    let dir = workspace().join("crates/framesmith-engine/src/generate");
+    let needles = ["wan::", "flux::", "Wan", "Flux"];
+    let bad = mentions(&dir, &needles);
+    assert!(
+        bad.is_empty(),
+        "generate/ holds the family-neutral call, request, samplers and prompt files; what a family generates with \
+         lives in its folder under family/ (DESIGN.md §4.8):\n{}",
         bad.join("\n")
     );
 }

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use candle_core::DType;
 use clap::Args;
 use framesmith_config::run::DeviceSpec;
-use framesmith_engine::generate::denoise::Solver;
 use framesmith_engine::generate::request::{
     CompanionFiles, DitSource, GenerationEvent, GenerationOutput, GenerationRequest, LoraChoice,
     Placement,
 };
+use framesmith_engine::generate::sampler::Solver;
 use framesmith_nn::fp8::Fp8Scale;
 use indicatif::ProgressBar;
 

@@ -1,6 +1,7 @@
 //! "Try the LoRA", on the Samples tab: a finished run's LoRA (or any LoRA file) on the project's models with a
 //! prompt, seed, steps, size, frames and strength; generated on a job thread through `Backend::generate`, with its
-//! progress and a Cancel button, the result opened in the sample player.
+//! progress and a Cancel button, the result opened in the sample player. A prompt can be queued to generate as soon
+//! as the project's defaults arrive (the screenshot of a generated clip).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -36,6 +37,8 @@ pub struct GenerateView {
     running: Option<Running>,
     outcome: Option<Result<GeneratedClip, String>>,
     log: Vec<String>,
+    /// A prompt to generate with the project's defaults once they arrive.
+    queued: Option<String>,
 }
 
 impl GenerateView {
@@ -48,6 +51,21 @@ impl GenerateView {
             .map(|p| p.display().to_string())
             .unwrap_or_default();
         self.settings = Some(settings);
+    }
+
+    /// Generates `prompt` with the project's defaults as soon as they arrive ([`start_queued`]).
+    pub fn queue(&mut self, prompt: String) {
+        self.queued = Some(prompt);
+    }
+
+    /// How the last generation ended; `None` while one runs, or before the first.
+    pub fn ended(&self) -> Option<Result<&GeneratedClip, String>> {
+        if self.running.is_some() {
+            return None;
+        }
+        self.outcome
+            .as_ref()
+            .map(|outcome| outcome.as_ref().map_err(Clone::clone))
     }
 
     /// A generation ended: its result, opened in `player` when there is one, and its log.
@@ -210,6 +228,20 @@ fn status_ui(view: &GenerateView, ui: &mut Ui) {
         }
         None => {}
     }
+}
+
+/// Starts the queued prompt's generation ([`GenerateView::queue`]) once the form has the project's defaults.
+pub fn start_queued(ctx: &mut GenerateContext) {
+    if ctx.view.settings.is_none() || ctx.view.running.is_some() {
+        return;
+    }
+    let Some(prompt) = ctx.view.queued.take() else {
+        return;
+    };
+    if let Some(settings) = ctx.view.settings.as_mut() {
+        settings.prompt = prompt;
+    }
+    start(ctx);
 }
 
 /// Starts the generation of the form's settings on a job thread.

@@ -75,7 +75,15 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
         JobResult::SampleThumbnail { frames, thumbnail } => {
             app.samples.take_thumbnail(frames, thumbnail);
         }
-        JobResult::GenerateDefaults(settings) => app.generate.take_defaults(*settings),
+        JobResult::GenerateDefaults(settings) => {
+            app.generate.take_defaults(*settings);
+            super::generate_panel::start_queued(&mut super::generate_panel::GenerateContext {
+                view: &mut app.generate,
+                backend: &app.backend,
+                jobs: &mut app.jobs,
+                config: app.editor.config(),
+            });
+        }
         JobResult::Generated { result, log } => {
             if let Err(err) = &result {
                 app.run

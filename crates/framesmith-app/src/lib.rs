@@ -40,6 +40,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{anyhow, bail};
+use framesmith_config::RunConfig;
 
 pub use backend::{
     default_generate_settings, Backend, DatasetSummary, FieldIssue, GenerateSettings,
@@ -49,11 +50,11 @@ pub use jobs::JobMode;
 pub use platform::display_missing;
 pub use player::{PlayerClock, DEFAULT_FPS};
 pub use run_view::{format_duration, LogLine, RunEnd, RunView, SampleClip, StepPoint};
-pub use screenshot::staged_events;
+pub use screenshot::{staged_events, GENERATE_LIMIT};
 pub use standalone::{format_bytes, scan_folders, thumbnails, StandaloneBackend, THUMBNAILS};
 pub use window::FramesmithApp;
 
-use screenshot::ScreenshotRequest;
+use screenshot::{GenerateFirst, ScreenshotRequest};
 use tabs::tabs_ui;
 
 /// Where telemetry comes from.
@@ -144,6 +145,26 @@ pub fn screenshot_with(options: AppOptions, path: &Path) -> anyhow::Result<()> {
 pub fn screenshot_of_run(options: AppOptions, path: &Path, run_dir: &Path) -> anyhow::Result<()> {
     let mut request = ScreenshotRequest::new(path);
     request.run_events = Some(replay::run_events(run_dir).map_err(|err| anyhow!("{err}"))?);
+    capture(options, request)
+}
+
+/// `screenshot_of_run` after generating `prompt` with the run's models and LoRA in the Samples tab's "Try the
+/// LoRA" panel (through the backend, as a click on Generate does): the capture waits for the generation (at most
+/// [`GENERATE_LIMIT`]) and shows the clip it made in the player. Fails when the generation fails.
+pub fn screenshot_of_generation(
+    options: AppOptions,
+    path: &Path,
+    run_dir: &Path,
+    prompt: &str,
+) -> anyhow::Result<()> {
+    let config_path = run_dir.join("run.toml");
+    let config = RunConfig::load(&config_path).map_err(|err| anyhow!("{err:#}"))?;
+    let mut request = ScreenshotRequest::new(path);
+    request.run_events = Some(replay::run_events(run_dir).map_err(|err| anyhow!("{err}"))?);
+    request.generate = Some(GenerateFirst {
+        config: Box::new(config),
+        prompt: prompt.to_owned(),
+    });
     capture(options, request)
 }
 

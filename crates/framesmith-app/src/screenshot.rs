@@ -1,15 +1,19 @@
 //! `framesmith --screenshot PATH`: the real window with the demo project as it opens — or, with `--run DIR`,
-//! a finished run read back from its output folder, on the Samples tab — captured to a PNG after a few frames,
-//! then closed.
+//! a finished run read back from its output folder, on the Samples tab; with `--generate PROMPT` as well, after
+//! the run's LoRA was tried on that prompt in the Samples tab's "Try the LoRA" panel and the last frame of the clip
+//! it made is in the player — captured to a PNG after a few frames, then closed.
 
 use std::path::{Path, PathBuf};
 use std::sync::mpsc::{Receiver, SyncSender};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use egui::ColorImage;
 
 use framesmith_config::protocol::{Event, LogLevel, Progress, RunState};
+use framesmith_config::RunConfig;
 
+use super::player::Player;
 use super::settings::Tab;
 use super::window::FramesmithApp;
 
@@ -17,6 +21,10 @@ use super::window::FramesmithApp;
 const WARMUP_FRAMES: u32 = 10;
 /// Frames after which a capture that never arrived counts as failed.
 const GIVE_UP_FRAMES: u32 = 600;
+/// How long a capture waits for the generation it shows before it counts as failed.
+pub const GENERATE_LIMIT: Duration = Duration::from_secs(300);
+/// How often the window redraws while the generation runs (the capture has nothing to draw until it ends).
+const GENERATE_POLL: Duration = Duration::from_millis(200);
 /// Steps of the staged run, and how far it has got.
 const STAGED_TOTAL_STEPS: usize = 200;
 const STAGED_STEPS: usize = 80;
@@ -28,6 +36,15 @@ pub struct ScreenshotRequest {
     pub outcome: Arc<Mutex<Option<Result<(), String>>>>,
     /// The events of a finished run to show instead of the staged one.
     pub run_events: Option<Vec<Event>>,
+    /// A generation to run in the "Try the LoRA" panel before the capture, which shows its clip in the player.
+    pub generate: Option<GenerateFirst>,
+}
+
+/// What the capture generates first: `prompt` with the models and LoRA of the run `config`.
+#[derive(Debug, Clone)]
+pub struct GenerateFirst {
+    pub config: Box<RunConfig>,
+    pub prompt: String,
 }
 
 impl ScreenshotRequest {
@@ -36,6 +53,7 @@ impl ScreenshotRequest {
             path: path.to_path_buf(),
             outcome: Arc::new(Mutex::new(None)),
             run_events: None,
+            generate: None,
         }
     }
 
@@ -51,6 +69,8 @@ impl ScreenshotRequest {
 /// The capture in progress.
 pub struct ScreenshotState {
     request: ScreenshotRequest,
+    /// When the window opened (a generation shown must end within [`GENERATE_LIMIT`] of it).
+    opened: Instant,
     frames: u32,
     requested: bool,
     tx: SyncSender<Arc<ColorImage>>,
@@ -67,6 +87,7 @@ impl ScreenshotState {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         Self {
             request,
+            opened: Instant::now(),
             frames: 0,
             requested: false,
             tx,
@@ -74,8 +95,17 @@ impl ScreenshotState {
         }
     }
 
-    /// Counts frames, asks for the capture, saves it and closes the window.
-    pub fn logic(&mut self, ctx: &egui::Context) {
+    /// Counts frames, asks for the capture, saves it and closes the window. `generated` is how the generation the
+    /// capture shows went (`None` while it runs; `Ok(true)` once its clip is in the player): the frames are counted
+    /// from then on.
+    pub fn logic(&mut self, ctx: &egui::Context, generated: Option<Result<bool, String>>) {
+        if let Some(outcome) = self.generation_pending(generated) {
+            match outcome {
+                Ok(()) => ctx.request_repaint_after(GENERATE_POLL),
+                Err(err) => self.finish(ctx, Err(err)),
+            }
+            return;
+        }
         self.frames += 1;
         ctx.request_repaint();
         if !self.requested && self.frames >= WARMUP_FRAMES {
@@ -94,13 +124,36 @@ impl ScreenshotState {
             Err(_) => None,
         };
         if let Some(outcome) = outcome {
-            *self
-                .request
-                .outcome
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
-            ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+            self.finish(ctx, outcome);
         }
+    }
+
+    /// `Some(Ok(()))` while the capture waits for its generation (and its clip in the player), `Some(Err(…))` when
+    /// that failed or took longer than [`GENERATE_LIMIT`], `None` when there is nothing (left) to wait for.
+    fn generation_pending(
+        &self,
+        generated: Option<Result<bool, String>>,
+    ) -> Option<Result<(), String>> {
+        self.request.generate.as_ref()?;
+        match generated {
+            Some(Ok(true)) => None,
+            Some(Err(err)) => Some(Err(format!("generating the clip failed: {err}"))),
+            Some(Ok(false)) | None if self.opened.elapsed() > GENERATE_LIMIT => Some(Err(format!(
+                "the generated clip was not in the player after {} s",
+                GENERATE_LIMIT.as_secs()
+            ))),
+            Some(Ok(false)) | None => Some(Ok(())),
+        }
+    }
+
+    /// Records how the capture went and closes the window.
+    fn finish(&mut self, ctx: &egui::Context, outcome: Result<(), String>) {
+        *self
+            .request
+            .outcome
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(outcome);
+        ctx.send_viewport_cmd(egui::ViewportCommand::Close);
     }
 }
 
@@ -114,17 +167,51 @@ fn save_png(path: &Path, image: &ColorImage) -> Result<(), String> {
         .map_err(|err| format!("cannot save the screenshot: {err}: {}", path.display()))
 }
 
-/// Stages what the capture shows: the finished run it was given, else nothing — the window as it opens with the
-/// demo project (no run is made up).
+/// Stages what the capture shows: the finished run it was given (with the generation to make first, on the run's
+/// models), else nothing — the window as it opens with the demo project (no run is made up).
 pub fn stage(app: &mut FramesmithApp) {
-    let run = app
-        .screenshot
-        .as_ref()
-        .and_then(|s| s.run_events())
-        .map(<[Event]>::to_vec);
+    let Some(screenshot) = &app.screenshot else {
+        return;
+    };
+    let run = screenshot.run_events().map(<[Event]>::to_vec);
+    let generate = screenshot.request.generate.clone();
     if let Some(events) = run {
         stage_run(app, events);
     }
+    if let Some(GenerateFirst { config, prompt }) = generate {
+        app.settings.tab = Tab::Samples;
+        app.editor.replace(*config);
+        app.generate.queue(prompt);
+    }
+}
+
+/// The capture's part of the app's `logic`: how the generation it waits for went, then [`ScreenshotState::logic`].
+pub fn logic(app: &mut FramesmithApp, ctx: &egui::Context) {
+    let Some(screenshot) = &mut app.screenshot else {
+        return;
+    };
+    let player = &mut app.samples.player;
+    let generated = match screenshot.request.generate {
+        Some(_) => app
+            .generate
+            .ended()
+            .map(|result| result.map(|clip| last_frame_shown(player, &clip.frames))),
+        None => None,
+    };
+    screenshot.logic(ctx, generated);
+}
+
+/// Whether `player` shows the last frame of the clip in `frames` (sought once the clip is open): where a generated
+/// clip ends up — the first frame of an image-to-video clip is the given start image.
+fn last_frame_shown(player: &mut Player, frames: &Path) -> bool {
+    if player.frames_dir() != Some(frames) || player.clock.count == 0 {
+        return false;
+    }
+    let last = player.clock.count - 1;
+    if player.clock.frame != last {
+        player.clock.seek(last);
+    }
+    player.shown_frame() == Some(last)
 }
 
 /// Puts a finished run on the Samples tab with its last sample in the player.

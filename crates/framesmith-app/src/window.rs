@@ -614,9 +614,7 @@ impl eframe::App for FramesmithApp {
         let engine_run = self.engine.is_some() && self.run.is_active();
         self.closing.logic(ctx, engine_run);
         self.samples.player.logic(ctx);
-        if let Some(screenshot) = &mut self.screenshot {
-            screenshot.logic(ctx);
-        }
+        super::screenshot::logic(self, ctx);
         self.schedule_repaint(ctx);
     }
 

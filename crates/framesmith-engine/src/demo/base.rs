@@ -526,7 +526,7 @@ fn previous_frame_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::denoise::first_frame_row;
+    use crate::family::wan::denoise::first_frame_row;
     use crate::train::demo_setup::demo_model_config;
     use framesmith_models::wan::{ModelOptions, Timesteps, WanInputs, WanModel};
     use framesmith_nn::vb::Vb;

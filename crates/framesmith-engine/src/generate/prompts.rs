@@ -8,11 +8,11 @@ use framesmith_config::file_read::{excerpt, read_string_bounded, ReadLimit};
 use framesmith_config::validate::{MAX_FRAMES, MAX_SIDE_PIXELS};
 use serde::Deserialize;
 
-/// Frames of a Wan sample clip without `--f`.
+/// Frames of a sample clip without `--f`.
 pub const DEFAULT_FRAMES: usize = 81;
-/// Classifier-free guidance of a Wan sample without `--l`.
-pub const DEFAULT_WAN_GUIDANCE: f64 = 5.0;
-/// Flow shift of a Wan sample without `--fs`.
+/// Classifier-free guidance of a sample clip without `--l`.
+pub const DEFAULT_CLIP_GUIDANCE: f64 = 5.0;
+/// Flow shift of a sample clip without `--fs`.
 pub const DEFAULT_FLOW_SHIFT: f64 = 5.0;
 
 /// One sample to generate. The options whose default depends on the model (a frame count and a flow shift mean
@@ -56,12 +56,12 @@ impl PromptSpec {
         self.frames.unwrap_or(DEFAULT_FRAMES)
     }
 
-    /// Guidance scale of a Wan clip (`--l`, else [`DEFAULT_WAN_GUIDANCE`]).
+    /// Guidance scale of a clip (`--l`, else [`DEFAULT_CLIP_GUIDANCE`]).
     pub fn clip_guidance(&self) -> f64 {
-        self.guidance.unwrap_or(DEFAULT_WAN_GUIDANCE)
+        self.guidance.unwrap_or(DEFAULT_CLIP_GUIDANCE)
     }
 
-    /// Refuses what no sample can be made of: 0 steps, and a frame count that is not 4k+1 (the Wan VAE packs 4
+    /// Refuses what no sample can be made of: 0 steps, and a frame count that is not 4k+1 (a video VAE packs 4
     /// frames per latent after the first; another count would silently become a shorter clip), naming the option
     /// and the counts nearest to it.
     pub fn check(&self) -> Result<(), String> {
@@ -89,7 +89,7 @@ impl PromptSpec {
                     format!("{down} or {}", down + 4)
                 };
                 Err(format!(
-                    "--f {frames} is not 4k+1 frames (the Wan VAE packs 4 frames per latent after the first): use \
+                    "--f {frames} is not 4k+1 frames (the VAE packs 4 frames per latent after the first): use \
                      {nearest}"
                 ))
             }
@@ -97,7 +97,7 @@ impl PromptSpec {
         }
     }
 
-    /// Flow shift of a Wan clip (`--fs`, else [`DEFAULT_FLOW_SHIFT`]).
+    /// Flow shift of a clip (`--fs`, else [`DEFAULT_FLOW_SHIFT`]).
     pub fn clip_flow_shift(&self) -> f64 {
         self.flow_shift.unwrap_or(DEFAULT_FLOW_SHIFT)
     }
@@ -266,7 +266,7 @@ mod tests {
                 plain.clip_guidance(),
                 plain.clip_flow_shift()
             ),
-            (DEFAULT_FRAMES, DEFAULT_WAN_GUIDANCE, DEFAULT_FLOW_SHIFT)
+            (DEFAULT_FRAMES, DEFAULT_CLIP_GUIDANCE, DEFAULT_FLOW_SHIFT)
         );
         assert_eq!(spec.negative.as_deref(), Some("blurry, low quality"));
     }

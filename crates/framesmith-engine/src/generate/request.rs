@@ -9,7 +9,7 @@ use framesmith_config::run::DeviceSpec;
 use framesmith_nn::device::DeviceError;
 use framesmith_nn::fp8::Fp8Scale;
 
-use crate::generate::denoise::Solver;
+use crate::generate::sampler::Solver;
 
 /// The DiT to generate with.
 #[derive(Debug, Clone, PartialEq)]

@@ -1,21 +1,25 @@
 //! The one generation call that `framesmith generate` and the app share: [`run`] hands the request to the family
 //! whose DiT it names ([`crate::family::family_of_dit`]), which checks it, loads its models one after the other and
 //! writes the clip or image; what they share lives here — the events and the cancel poll ([`Session`]), the time
-//! each denoising step took ([`StepClock`]), the LoRAs loaded as one adapter ([`loras_as_one`]).
+//! each denoising step took ([`StepClock`]), the LoRAs loaded as one adapter ([`loras_as_one`], [`combine_loras`]) and
+//! a clip written as an MP4 plus PNG frames ([`write_clip`]).
 
 use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use candle_core::Device;
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
 use framesmith_config::RunConfig;
+use framesmith_data::video::encode::{write_mp4, RgbFrame};
 use framesmith_nn::device::{VramHold, VramUse};
-use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::lora_file::{LoadedLora, LoraFile};
 
-use crate::generate::pipeline::combine_loras;
 use crate::generate::request::{
     Cancelled, GenerationEvent, GenerationOutput, GenerationRequest, LoraChoice,
 };
+use crate::train::samples::write_frames;
 
 /// Generates what `request` asks for with the family of its DiT: `events` hears what happens (files loaded, the
 /// seed, each denoising step starting, the timings), `cancelled` is polled before each denoising step and a true
@@ -179,6 +183,61 @@ pub fn loras_as_one(
         [(one, m)] => (one.clone(), *m),
         _ => (combine_loras(&files)?, 1.0),
     }))
+}
+
+/// Writes `frames` as the MP4 `path` and PNG frames in `<path without extension>_frames/`; returns that folder.
+pub fn write_clip(path: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<PathBuf> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    }
+    write_mp4(path, frames, fps).with_context(|| format!("cannot write {}", path.display()))?;
+    let mut name = path.file_stem().unwrap_or_default().to_os_string();
+    name.push("_frames");
+    let frames_dir = path.with_file_name(name);
+    write_frames(&frames_dir, frames, fps)?;
+    Ok(frames_dir)
+}
+
+/// Several LoRA files with multipliers as one file whose adapters have the same effect: per module, the
+/// factors are stacked along the rank (`down` = [down₁; down₂], `up` = [up₁·s₁, up₂·s₂] with sᵢ = αᵢ/rᵢ·mᵢ) and
+/// alpha set to the total rank, so `up(down(x))` is exactly the sum of the adapters. Needed because a layer holds
+/// one adapter. Factors are combined in f32.
+pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
+    let mut parts: BTreeMap<String, Vec<(&LoadedLora, f64)>> = BTreeMap::new();
+    for (file, multiplier) in files {
+        for module in &file.modules {
+            parts
+                .entry(module.name.clone())
+                .or_default()
+                .push((module, *multiplier));
+        }
+    }
+    let mut modules = Vec::with_capacity(parts.len());
+    for (name, list) in parts {
+        let mut downs = Vec::with_capacity(list.len());
+        let mut ups = Vec::with_capacity(list.len());
+        for (m, multiplier) in &list {
+            let rank = m.down.dim(0)?;
+            let scale = m.alpha / rank.max(1) as f64 * multiplier;
+            downs.push(m.down.to_dtype(DType::F32)?);
+            ups.push((m.up.to_dtype(DType::F32)? * scale)?);
+        }
+        let down = Tensor::cat(&downs, 0)
+            .with_context(|| format!("LoRA module {name}: in widths differ"))?;
+        let up = Tensor::cat(&ups, 1)
+            .with_context(|| format!("LoRA module {name}: out widths differ"))?;
+        modules.push(LoadedLora {
+            alpha: down.dim(0)? as f64,
+            path: list.first().and_then(|(m, _)| m.path.clone()),
+            name,
+            down,
+            up,
+        });
+    }
+    Ok(LoraFile {
+        modules,
+        metadata: Default::default(),
+    })
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@ use crate::generate::sampler::{
 };
 
 /// Which official scheduler class and which sampling path a fixture exercises (the fixtures' names for what
-/// generation calls a [`Solver`](crate::generate::denoise::Solver)).
+/// generation calls a [`Solver`](crate::generate::sampler::Solver)).
 #[derive(Clone, Copy)]
 enum OfficialScheduler {
     /// `FlowUniPCMultistepScheduler` with `set_timesteps(steps, shift=shift)`.

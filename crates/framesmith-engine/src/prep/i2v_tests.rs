@@ -8,7 +8,7 @@ use candle_core::{DType, Device, IndexOp, Tensor};
 use image::RgbImage;
 
 use super::*;
-use crate::generate::start_image::tests::tiny_clip;
+use crate::family::wan::start_image::tests::tiny_clip;
 use framesmith_data::cache::read_wan_latent_cache;
 use framesmith_data::load_valid;
 use framesmith_data::tensor_file::read_tensor_file;

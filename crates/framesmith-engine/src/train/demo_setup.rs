@@ -10,10 +10,10 @@ use candle_core::{Device, Tensor};
 
 use crate::demo;
 use crate::demo::shapes::DemoClip;
+use crate::family::wan::denoise::ImageConditioning;
 use crate::family::wan::samples::SamplePrompt;
-use crate::generate::denoise::ImageConditioning;
+use crate::family::wan::start_image::load_start_image;
 use crate::generate::prompts::PromptSpec;
-use crate::generate::start_image::load_start_image;
 use crate::train::data::TrainItem;
 use crate::train::outputs::write_atomic;
 use crate::train::samples::encode_png;

@@ -47,14 +47,18 @@ pub struct SampleFiles {
     pub frames: PathBuf,
 }
 
-/// Sample `i` of `set`, denoised by `models` and written into `dir` as `stem`: what a family's
-/// [`crate::family::FamilyRun::sample`] does with its set (`cancelled` polled between denoising steps).
-pub fn make_sample<M: ?Sized>(
-    set: &dyn SampleSet<M>,
+/// Sample `i` of `set`, denoised by `models` and written into `dir` as `stem`: what every family's
+/// [`crate::family::FamilyRun::sample`] does with its set (`cancelled` polled between denoising steps). A run
+/// without samples (`None`) is refused.
+pub fn make_sample<M: ?Sized, S: SampleSet<M>>(
+    set: Option<&S>,
     models: &mut M,
     (i, dir, stem): (usize, &Path, &str),
     cancelled: &dyn Fn() -> bool,
 ) -> anyhow::Result<SampleFiles> {
+    let Some(set) = set else {
+        anyhow::bail!("this run makes no samples");
+    };
     let latents = set.denoise(i, models, cancelled)?;
     set.write(latents, dir, stem)
 }

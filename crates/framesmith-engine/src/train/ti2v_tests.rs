@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::generate::denoise::{first_frame_row, with_first_frame};
+use crate::family::wan::denoise::{first_frame_row, with_first_frame};
 use crate::train::step::{checkpointed_step, whole_graph_step, LossTarget, StepOptions};
 use crate::train::step_testkit::{
     attach_random_loras, check_every_backward_equals_whole_graph,

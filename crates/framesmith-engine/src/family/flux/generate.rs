@@ -1,7 +1,7 @@
 //! FLUX.1's part of the generation call: one PNG image from a prompt — FLUX.1 [dev] (or [schnell]) with its LoRAs,
 //! CLIP-L and T5-XXL, the autoencoder. Every file is checked to be the component its flag names (and the text
 //! encoders and autoencoder to fit the DiT) before anything loads; then the text encoders run and are dropped, the
-//! autoencoder and the DiT load, and the engine samples ([`crate::generate::flux`]).
+//! autoencoder and the DiT load, and the engine samples ([`crate::family::flux::pipeline`]).
 
 use std::path::Path;
 use std::time::Instant;
@@ -18,8 +18,7 @@ use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_models::identify::{identify, IdentifyError, ModelFile};
 use framesmith_nn::device::hold_vram_budget;
 
-use crate::generate::denoise::Solver;
-use crate::generate::flux::{
+use crate::family::flux::pipeline::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
@@ -28,6 +27,7 @@ use crate::generate::request::{
     Placement,
 };
 use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::sampler::Solver;
 
 /// Image side when --width / --height are not given (the official `cli.py`'s default).
 const DEFAULT_SIDE: usize = 1024;

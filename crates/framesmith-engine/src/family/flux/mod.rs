@@ -1,5 +1,6 @@
 //! The FLUX.1 [dev] family: which runs are FLUX.1's and its cached items and batch ([`train`]), a run's setup
-//! ([`setup`]), micro-step and samples ([`run`], [`samples`]), images generated from a prompt ([`generate`]).
+//! ([`setup`]), micro-step and samples ([`run`], [`samples`]), images sampled with loaded models ([`pipeline`]) and
+//! generated from a prompt ([`generate`]).
 
 use std::path::Path;
 
@@ -11,6 +12,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
 pub mod generate;
+pub mod pipeline;
 pub mod run;
 pub mod samples;
 mod setup;

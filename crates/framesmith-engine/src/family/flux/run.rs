@@ -85,10 +85,12 @@ impl FamilyRun for FluxRun {
         stem: &str,
         cancelled: &dyn Fn() -> bool,
     ) -> anyhow::Result<SampleFiles> {
-        let Some(samples) = &self.samples else {
-            anyhow::bail!("this run makes no samples");
-        };
-        make_sample(samples, &mut self.model, (i, dir, stem), cancelled)
+        make_sample(
+            self.samples.as_ref(),
+            &mut self.model,
+            (i, dir, stem),
+            cancelled,
+        )
     }
 
     #[cfg(test)]

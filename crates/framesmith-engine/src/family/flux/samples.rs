@@ -1,6 +1,6 @@
 //! Samples during FLUX.1 [dev] training: the prompt file's prompts are encoded by CLIP-L (`model.clip`) and T5-XXL
 //! (`model.text_encoder`) before the DiT loads, and the encoders dropped right after, as Wan's samples do; each
-//! sample is then the image `framesmith generate` makes ([`crate::generate::flux`]: seeded noise, the shifted
+//! sample is then the image `framesmith generate` makes ([`crate::family::flux::pipeline`]: seeded noise, the shifted
 //! schedule, Euler with the guidance input) with the LoRA being trained, decoded by the autoencoder (`model.vae`)
 //! and written as `samples/{step:06}-{prompt:02}.png` ([`crate::train::samples`] schedules and names them). A
 //! prompt line takes `--w --h --s --l --d`; Wan's `--f`, `--fs`, `--n` and `--i` are refused by name.
@@ -10,7 +10,7 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use crate::generate::flux::{
+use crate::family::flux::pipeline::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, SettingNames, DEV_GUIDANCE, DEV_T5_TOKENS,
 };

@@ -1,6 +1,6 @@
 //! Samples during FLUX.1 training on the CPU with the official code's tiny fixtures: a run with
 //! `sample_every_n_steps` writes one PNG per prompt at the due steps, of each prompt's size, each the image
-//! `generate::flux` makes from the saved LoRA with the same seed and prompt (bit for bit); Wan-only prompt options
+//! `flux::pipeline` makes from the saved LoRA with the same seed and prompt (bit for bit); Wan-only prompt options
 //! and wrong files are refused by name; a streamed model samples the resident model's image, records no autograd
 //! graph and trains on exactly as before.
 
@@ -10,11 +10,11 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::family::flux::run_tests::config as run_config;
-use crate::family::flux::streaming_tests::{config, inputs, model, random_weights};
-use crate::generate::flux::{
+use crate::family::flux::pipeline::{
     decode_image, denoise_image, encode_prompts, FluxImageSettings, FluxPrompt, DEV_T5_TOKENS,
 };
+use crate::family::flux::run_tests::config as run_config;
+use crate::family::flux::streaming_tests::{config, inputs, model, random_weights};
 use crate::parity::Fixture;
 use crate::plan::flux_streamed_blocks;
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
@@ -57,7 +57,7 @@ fn sampled_run(dir: &Path, steps: usize, prompts: &str) -> anyhow::Result<RunCon
     Ok(config)
 }
 
-/// The image `generate::flux` makes with the LoRA file `lora` for `prompt` at `settings` (as `framesmith generate`
+/// The image `flux::pipeline` makes with the LoRA file `lora` for `prompt` at `settings` (as `framesmith generate`
 /// does on the CPU: f32, the DiT and encoders from `config`'s files).
 fn generated(
     config: &RunConfig,

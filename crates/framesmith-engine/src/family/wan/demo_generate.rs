@@ -12,14 +12,15 @@ use framesmith_nn::vb::Vb;
 
 use crate::demo;
 use crate::dit::build_dit;
+use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest};
+use crate::family::wan::pipeline::CLIP_FPS;
 use crate::family::wan::setup::DEMO_BASE_SEED;
-use crate::generate::denoise::{generate_from, Experts, GenerateRequest, Solver};
-use crate::generate::pipeline::{write_clip, CLIP_FPS};
 use crate::generate::prompts::PromptSpec;
 use crate::generate::request::{
     create_out_folder, open_device, pick_dtype, GenerationOutput, GenerationRequest,
 };
-use crate::generate::run::{loras_as_one, timing_line, Session, StepClock};
+use crate::generate::run::{loras_as_one, timing_line, write_clip, Session, StepClock};
+use crate::generate::sampler::Solver;
 use crate::train::demo_setup::{demo_model_config, demo_sample_prompts, DEMO_FRAMES, DEMO_SIZE};
 
 /// The demo's sampling settings where a request leaves them out: its sample prompts' (`--s 20 --l 1.0 --fs 1.0`).

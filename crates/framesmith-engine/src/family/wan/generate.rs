@@ -21,19 +21,22 @@ use framesmith_nn::offload::{
 use image::RgbImage;
 
 use crate::dit::load_dit;
-use crate::generate::denoise::{Experts, ImageConditioning, Residency, Solver};
-use crate::generate::pipeline::{
-    denoise_clip, latent_shape, write_clip, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
+use crate::family::wan::denoise::{Experts, ImageConditioning, Residency};
+use crate::family::wan::pipeline::{
+    denoise_clip, latent_shape, ClipSettings, Conditioning, VaeDecoder, CLIP_FPS,
+};
+use crate::family::wan::start_image::{
+    check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
+    StartImageError,
 };
 use crate::generate::request::{
     create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
     LoraChoice, Placement,
 };
-use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
-use crate::generate::start_image::{
-    check_image_use, default_max_area, image_conditioning, load_start_image, official_size,
-    StartImageError,
+use crate::generate::run::{
+    given, loras_as_one, timing_line, vram_use, write_clip, Session, StepClock,
 };
+use crate::generate::sampler::Solver;
 use crate::plan::vae_for;
 
 /// Wan's defaults for the settings a request leaves out.

@@ -1,7 +1,8 @@
 //! The Wan family (Wan2.1, Wan2.2 and the built-in demo model, a tiny Wan): its runs' setup ([`setup`]), data
 //! ([`data`]), micro-step, validation and samples ([`run`]), training mode ([`mode`]), Wan2.2 A14B's two experts
-//! ([`experts`]), the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]) and clips
-//! generated from a prompt ([`generate`]).
+//! ([`experts`]), the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]), the sampling
+//! loop ([`denoise`]), whole clips from loaded models ([`pipeline`]), the start image of image-to-video clips
+//! ([`start_image`]) and clips generated from a prompt ([`generate`]).
 
 use std::path::Path;
 
@@ -14,13 +15,16 @@ use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
 pub mod data;
 mod demo_generate;
+pub mod denoise;
 pub mod experts;
 pub mod generate;
 pub mod mode;
+pub mod pipeline;
 pub mod run;
 pub mod sample_models;
 pub mod samples;
 mod setup;
+pub mod start_image;
 
 #[cfg(test)]
 mod experts_tests;

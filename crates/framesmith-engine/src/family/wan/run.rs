@@ -10,11 +10,11 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::family::wan::denoise::{first_frame_row, with_first_frame};
 use crate::family::wan::experts::Experts;
 use crate::family::wan::mode::StartFrame;
 use crate::family::wan::samples::ClipSamples;
 use crate::family::{FamilyRun, MicroStep, StepContext};
-use crate::generate::denoise::{first_frame_row, with_first_frame};
 use crate::train::data::{image_inputs, TrainItem};
 use crate::train::optimizer::AdamW;
 use crate::train::samples::{make_sample, SampleFiles, SampleSet};
@@ -258,10 +258,12 @@ impl FamilyRun for WanRun {
         stem: &str,
         cancelled: &dyn Fn() -> bool,
     ) -> anyhow::Result<SampleFiles> {
-        let Some(samples) = &self.samples else {
-            anyhow::bail!("this run makes no samples");
-        };
-        make_sample(samples, &mut self.experts, (i, dir, stem), cancelled)
+        make_sample(
+            self.samples.as_ref(),
+            &mut self.experts,
+            (i, dir, stem),
+            cancelled,
+        )
     }
 
     #[cfg(test)]

@@ -8,16 +8,17 @@
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
+use crate::family::wan::denoise::ImageConditioning;
 use crate::family::wan::mode::start_image;
-use crate::family::wan::samples::{Decoder, SamplePrompt};
-use crate::generate::denoise::{ImageConditioning, Solver};
-use crate::generate::pipeline::{
+use crate::family::wan::pipeline::{
     fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
 };
-use crate::generate::prompts::{read_prompt_file, PromptSpec};
-use crate::generate::start_image::{
+use crate::family::wan::samples::{Decoder, SamplePrompt};
+use crate::family::wan::start_image::{
     clip_features, image_channels, image_conditioning, load_start_image,
 };
+use crate::generate::prompts::{read_prompt_file, PromptSpec};
+use crate::generate::sampler::Solver;
 use framesmith_config::catalog::StartImage;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;

@@ -9,9 +9,10 @@ use anyhow::Context;
 use candle_core::Tensor;
 
 use crate::demo;
+use crate::family::wan::denoise::{Denoising, GenerateRequest, ImageConditioning};
 use crate::family::wan::experts::Experts;
-use crate::generate::denoise::{Denoising, GenerateRequest, ImageConditioning, Solver};
-use crate::generate::pipeline::VaeDecoder;
+use crate::family::wan::pipeline::VaeDecoder;
+use crate::generate::sampler::Solver;
 use crate::train::samples::{write_frames, SampleFiles, SampleSet, SAMPLE_FPS};
 use framesmith_data::video::encode::write_mp4;
 

@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use super::schedule::{FlowSchedule, SchedulerConfig};
 use super::{index_for_timestep, outputs_to, FlowScheduler};
 
-/// DPM-Solver++ (2M, midpoint) sampler for flow-matching models (official Wan `dpm++` sample solver).
+/// DPM-Solver++ (2M, midpoint) sampler for flow-matching models (the official `dpm++` sample solver).
 pub struct FlowDpmSolverScheduler {
     cfg: SchedulerConfig,
     schedule: FlowSchedule,

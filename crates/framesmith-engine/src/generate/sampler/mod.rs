@@ -1,6 +1,6 @@
-//! Flow-matching samplers for preview clips: the official Wan schedulers (UniPC and DPM-Solver++ multistep, ported
-//! from `wan/utils/fm_solvers*.py`) and a plain Euler sampler, behind one [`FlowScheduler`] trait. Pure tensor
-//! code: no channels, config files or logging.
+//! Flow-matching samplers: the official multistep schedulers (UniPC and DPM-Solver++, ported from the reference
+//! code's `wan/utils/fm_solvers*.py`) and a plain Euler sampler, behind one [`FlowScheduler`] trait, and the
+//! [`Solver`] a request picks among them. Pure tensor code: no channels, config files or logging.
 
 mod dpmpp;
 mod euler;
@@ -8,13 +8,55 @@ mod schedule;
 mod unipc;
 
 use candle_core::{Device, Result, Tensor};
+use serde::{Deserialize, Serialize};
 
 pub use dpmpp::FlowDpmSolverScheduler;
 pub use euler::FlowEulerScheduler;
 pub use schedule::{np_linspace, sampling_sigmas, FlowSchedule, SchedulerConfig};
 pub use unipc::FlowUniPcScheduler;
 
-/// A flow-matching sampler driven by a velocity model (`model_output = noise - x0`, the Wan flow prediction).
+/// Sampling solver.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Solver {
+    Unipc,
+    Dpmpp,
+    Euler,
+}
+
+impl Solver {
+    /// Every solver by the name configs and the command line give it.
+    pub const NAMES: [&'static str; 3] = ["unipc", "dpmpp", "euler"];
+
+    /// A fresh scheduler of this solver with the official settings.
+    pub fn scheduler(self) -> Box<dyn FlowScheduler> {
+        let cfg = SchedulerConfig::default();
+        match self {
+            Solver::Unipc => Box::new(FlowUniPcScheduler::new(cfg)),
+            Solver::Dpmpp => Box::new(FlowDpmSolverScheduler::new(cfg)),
+            Solver::Euler => Box::new(FlowEulerScheduler::new(cfg)),
+        }
+    }
+}
+
+impl std::str::FromStr for Solver {
+    type Err = String;
+
+    /// A solver by its name ([`Solver::NAMES`], any case).
+    fn from_str(name: &str) -> std::result::Result<Self, String> {
+        match name.to_ascii_lowercase().as_str() {
+            "unipc" => Ok(Solver::Unipc),
+            "dpmpp" => Ok(Solver::Dpmpp),
+            "euler" => Ok(Solver::Euler),
+            _ => Err(format!(
+                "unknown solver `{name}`: use one of {}",
+                Solver::NAMES.join(", ")
+            )),
+        }
+    }
+}
+
+/// A flow-matching sampler driven by a velocity model (`model_output = noise - x0`, the flow-matching velocity).
 /// Usage follows the official loop: set a schedule, then for each `t` of [`FlowScheduler::timesteps`] call the
 /// model at `t` and pass its output to [`FlowScheduler::step`].
 pub trait FlowScheduler {
@@ -28,8 +70,8 @@ pub trait FlowScheduler {
     fn sigmas(&self) -> &[f32];
     /// One sampler step: the sample at the next sigma from the model output at `timestep` and the current sample.
     fn step(&mut self, model_output: &Tensor, timestep: i64, sample: &Tensor) -> Result<Tensor>;
-    /// Moves what the sampler keeps from earlier steps to `device`, where the next steps run (a Wan 2.2 pair with
-    /// each expert on its own GPU).
+    /// Moves what the sampler keeps from earlier steps to `device`, where the next steps run (a pair of experts,
+    /// each on its own GPU).
     fn move_to(&mut self, device: &Device) -> Result<()>;
 }
 

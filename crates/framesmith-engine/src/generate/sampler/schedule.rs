@@ -4,7 +4,7 @@
 /// Constructor settings shared by the flow schedulers (`num_train_timesteps`, `shift`, `solver_order`, ...).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SchedulerConfig {
-    /// Training timesteps (1000 for Wan).
+    /// Training timesteps (1000 in the official schedulers).
     pub num_train_timesteps: usize,
     /// Shift applied to explicit sigmas and when `set_timesteps` is given none (the official code passes 1).
     pub shift: f64,

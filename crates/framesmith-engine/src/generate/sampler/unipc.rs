@@ -7,7 +7,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use super::schedule::{FlowSchedule, SchedulerConfig};
 use super::{index_for_timestep, outputs_to, FlowScheduler};
 
-/// UniPC multistep sampler for flow-matching models (official Wan `unipc` sample solver).
+/// UniPC multistep sampler for flow-matching models (the official `unipc` sample solver).
 pub struct FlowUniPcScheduler {
     cfg: SchedulerConfig,
     schedule: FlowSchedule,

@@ -1,23 +1,17 @@
 //! Whole clips from a prompt with loaded models, as the official `WanT2V.generate` makes them: the prompt and
 //! negative prompt embedded once, latents of `(z, (frames − 1) / 4 + 1, h / 8, w / 8)` denoised by the DiT (and
 //! its LoRAs, several combined exactly into one adapter per layer), decoded by the VAE, clamped to [−1, 1] and
-//! written as an H.264 MP4 plus PNG frames.
-
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+//! turned into RGB frames (written by [`crate::generate::run::write_clip`]).
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use crate::generate::denoise::{
-    generate_from, Experts, GenerateRequest, ImageConditioning, Solver,
-};
-use crate::train::samples::write_frames;
-use framesmith_data::video::encode::{write_mp4, RgbFrame};
+use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest, ImageConditioning};
+use crate::generate::sampler::Solver;
+use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{LatentStats, TileConfig, VaeConfig, WanVae};
 use framesmith_models::wan::WanConfig;
-use framesmith_nn::lora_file::{LoadedLora, LoraFile};
 
 /// The official default negative prompt (`sample_neg_prompt` of Wan's shared config), used when none is given.
 pub const DEFAULT_NEGATIVE_PROMPT: &str = "色调艳丽，过曝，静态，细节模糊不清，字幕，风格，作品，画作，画面，静止，整体发灰，\
@@ -201,7 +195,7 @@ pub fn generate_clip(
     generate_clip_from(experts, decoder, conditioning, None, settings, cancelled)
 }
 
-/// [`generate_clip`] conditioned on a start image (see [`crate::generate::start_image::image_conditioning`]).
+/// [`generate_clip`] conditioned on a start image (see [`crate::family::wan::start_image::image_conditioning`]).
 pub fn generate_clip_from(
     experts: &mut Experts,
     decoder: &VaeDecoder,
@@ -245,61 +239,5 @@ pub fn denoise_clip(
     Ok(generate_from(experts, &request, image, cancelled)?)
 }
 
-/// Writes `frames` as the MP4 `path` and PNG frames in `<path without extension>_frames/`; returns that folder.
-pub fn write_clip(path: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<PathBuf> {
-    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    }
-    write_mp4(path, frames, fps).with_context(|| format!("cannot write {}", path.display()))?;
-    let mut name = path.file_stem().unwrap_or_default().to_os_string();
-    name.push("_frames");
-    let frames_dir = path.with_file_name(name);
-    write_frames(&frames_dir, frames, fps)?;
-    Ok(frames_dir)
-}
-
-/// Several LoRA files with multipliers as one file whose adapters have the same effect: per module, the
-/// factors are stacked along the rank (`down` = [down₁; down₂], `up` = [up₁·s₁, up₂·s₂] with sᵢ = αᵢ/rᵢ·mᵢ) and
-/// alpha set to the total rank, so `up(down(x))` is exactly the sum of the adapters. Needed because a layer holds
-/// one adapter. Factors are combined in f32.
-pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
-    let mut parts: BTreeMap<String, Vec<(&LoadedLora, f64)>> = BTreeMap::new();
-    for (file, multiplier) in files {
-        for module in &file.modules {
-            parts
-                .entry(module.name.clone())
-                .or_default()
-                .push((module, *multiplier));
-        }
-    }
-    let mut modules = Vec::with_capacity(parts.len());
-    for (name, list) in parts {
-        let mut downs = Vec::with_capacity(list.len());
-        let mut ups = Vec::with_capacity(list.len());
-        for (m, multiplier) in &list {
-            let rank = m.down.dim(0)?;
-            let scale = m.alpha / rank.max(1) as f64 * multiplier;
-            downs.push(m.down.to_dtype(DType::F32)?);
-            ups.push((m.up.to_dtype(DType::F32)? * scale)?);
-        }
-        let down = Tensor::cat(&downs, 0)
-            .with_context(|| format!("LoRA module {name}: in widths differ"))?;
-        let up = Tensor::cat(&ups, 1)
-            .with_context(|| format!("LoRA module {name}: out widths differ"))?;
-        modules.push(LoadedLora {
-            alpha: down.dim(0)? as f64,
-            path: list.first().and_then(|(m, _)| m.path.clone()),
-            name,
-            down,
-            up,
-        });
-    }
-    Ok(LoraFile {
-        modules,
-        metadata: Default::default(),
-    })
-}
-
 #[cfg(test)]
-#[path = "pipeline_tests.rs"]
 mod tests;

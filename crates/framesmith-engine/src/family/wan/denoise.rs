@@ -6,53 +6,10 @@
 use candle_core::{Device, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use serde::{Deserialize, Serialize};
 
-use crate::generate::sampler::{
-    FlowDpmSolverScheduler, FlowEulerScheduler, FlowScheduler, FlowUniPcScheduler, SchedulerConfig,
-};
+use crate::generate::sampler::{FlowScheduler, Solver};
 use framesmith_models::wan::{Timesteps, WanConfig, WanInputs, WanModel};
 use framesmith_nn::init::randn;
-
-/// Sampling solver.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Solver {
-    Unipc,
-    Dpmpp,
-    Euler,
-}
-
-impl Solver {
-    /// Every solver by the name configs and the command line give it.
-    pub const NAMES: [&'static str; 3] = ["unipc", "dpmpp", "euler"];
-
-    fn scheduler(self) -> Box<dyn FlowScheduler> {
-        let cfg = SchedulerConfig::default();
-        match self {
-            Solver::Unipc => Box::new(FlowUniPcScheduler::new(cfg)),
-            Solver::Dpmpp => Box::new(FlowDpmSolverScheduler::new(cfg)),
-            Solver::Euler => Box::new(FlowEulerScheduler::new(cfg)),
-        }
-    }
-}
-
-impl std::str::FromStr for Solver {
-    type Err = String;
-
-    /// A solver by its name ([`Solver::NAMES`], any case).
-    fn from_str(name: &str) -> std::result::Result<Self, String> {
-        match name.to_ascii_lowercase().as_str() {
-            "unipc" => Ok(Solver::Unipc),
-            "dpmpp" => Ok(Solver::Dpmpp),
-            "euler" => Ok(Solver::Euler),
-            _ => Err(format!(
-                "unknown solver `{name}`: use one of {}",
-                Solver::NAMES.join(", ")
-            )),
-        }
-    }
-}
 
 /// Where the two experts of a Wan 2.2 pair live.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

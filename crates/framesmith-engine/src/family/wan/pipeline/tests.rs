@@ -8,12 +8,14 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::*;
+use crate::generate::run::{combine_loras, write_clip};
 use framesmith_data::media::MediaTools;
 use framesmith_models::wan::text_encoder::tokenizer::testkit::write_tiny_tokenizer;
 use framesmith_models::wan::vae::{load_vae_auto, VaeVariant};
 use framesmith_models::wan::{weights, ModelOptions, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::Lora;
+use framesmith_nn::lora_file::{LoadedLora, LoraFile};
 use framesmith_nn::vb::Vb;
 
 fn fixture(case: &str) -> PathBuf {

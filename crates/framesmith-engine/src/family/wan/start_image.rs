@@ -10,8 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use image::imageops::{self, FilterType};
 use image::RgbImage;
 
-use crate::generate::denoise::ImageConditioning;
-use crate::generate::pipeline::{latent_shape, ClipSettings, VaeDecoder};
+use crate::family::wan::denoise::ImageConditioning;
+use crate::family::wan::pipeline::{latent_shape, ClipSettings, VaeDecoder};
 use framesmith_models::wan::clip::preprocess::resize_bicubic_tensor;
 use framesmith_models::wan::clip::ClipVision;
 use framesmith_models::wan::{ModelType, WanConfig};
@@ -267,5 +267,4 @@ pub fn clip_features(
 }
 
 #[cfg(test)]
-#[path = "start_image_tests.rs"]
 pub(crate) mod tests;

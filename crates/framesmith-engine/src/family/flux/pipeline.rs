@@ -303,3 +303,6 @@ pub fn encode_prompts(
     release_cached_memory(device)?;
     Ok(encoded)
 }
+
+#[cfg(test)]
+mod tests;

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::flux::{
+use super::{
     decode_image, denoise_image, generate_image, start_noise, Cancelled, FluxImageSettings,
     FluxPrompt,
 };

@@ -9,8 +9,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::*;
-use crate::generate::denoise::{generate_from, Experts, GenerateRequest, Solver};
-use crate::generate::pipeline::{generate_clip_from, Conditioning};
+use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest};
+use crate::family::wan::pipeline::{generate_clip_from, Conditioning};
+use crate::generate::sampler::Solver;
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::random::random_weights;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
