@@ -13,7 +13,7 @@ use super::{
     ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
-use framesmith_data::flux_cache::{
+use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
     FluxTextCache, FLUX_ARCHITECTURE,
 };
