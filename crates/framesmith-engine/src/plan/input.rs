@@ -203,23 +203,6 @@ fn clip_pixels(c: &ClipShape) -> u128 {
         .fold(1u128, |n, d| n.saturating_mul(d as u128))
 }
 
-/// The command-line name of a named variant (`t2v-14b`), `tiny` for the demo model, else its shape.
-pub fn variant_name(cfg: &WanConfig) -> String {
-    if let Some((name, _)) = WanConfig::named_variants()
-        .into_iter()
-        .find(|(_, c)| c == cfg)
-    {
-        return name.to_string();
-    }
-    if *cfg == demo_model_config() {
-        return format!("tiny demo model ({} blocks)", cfg.num_layers);
-    }
-    format!(
-        "Wan (dim {}, {} blocks, ffn {})",
-        cfg.dim, cfg.num_layers, cfg.ffn_dim
-    )
-}
-
 /// The `model.variant` names that plan FLUX.1 [dev] (a run trains it from its file, with `variant = "auto"`).
 pub const FLUX_DEV_NAMES: [&str; 3] = ["flux-dev", "flux1-dev", "flux.1-dev"];
 

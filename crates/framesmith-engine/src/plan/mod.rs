@@ -7,12 +7,10 @@
 
 mod activations;
 mod bytes;
-mod flux;
 mod input;
 pub mod machine;
 mod model;
 mod suggest;
-mod wan;
 mod working_set;
 
 pub use activations::{block_tape_bytes, kept_attention_bytes};
@@ -21,10 +19,9 @@ pub use bytes::{
     fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
     vae_for, BaseFormat,
 };
-pub use flux::flux_streamed_blocks;
 pub use input::{
-    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
-    ClipShape, DEFAULT_CLIP,
+    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, ClipShape,
+    DEFAULT_CLIP,
 };
 pub use model::{BlockKind, ModelMemory, PlanModel};
 pub use working_set::{
@@ -684,4 +681,4 @@ fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests;
+pub(crate) mod tests;

@@ -1,5 +1,5 @@
 //! The model as the planner sees it, whatever its family: a description each family computes from its own config
-//! ([`super::wan`], [`super::flux`]) — its kinds of blocks with their bytes, which blocks stream for a count, the
+//! (in its folder of `family/`) — its kinds of blocks with their bytes, which blocks stream for a count, the
 //! weights that stay resident, the LoRA's size, and the activations of one step — so the plan's arithmetic
 //! ([`super::plan`]) has no model in it.
 
@@ -32,8 +32,10 @@ impl PlanModel {
     /// The model's description for `input` (its clip, LoRA, weight format and activation settings).
     pub fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
         match self {
-            Self::Wan(cfg) => super::wan::describe(cfg, input),
-            Self::Flux { config, order } => super::flux::describe(config, *order, input),
+            Self::Wan(cfg) => crate::family::wan::plan::describe(cfg, input),
+            Self::Flux { config, order } => {
+                crate::family::flux::plan::describe(config, *order, input)
+            }
         }
     }
 

@@ -1151,7 +1151,7 @@ fn fp8_products_hold_channel_scales_and_a_quantised_input() {
 }
 
 /// The plan's line for a block's recompute + backward working set, in bytes.
-pub(super) fn working_set_line(input: &PlanInput) -> u64 {
+pub(crate) fn working_set_line(input: &PlanInput) -> u64 {
     plan(input)
         .unwrap()
         .breakdown

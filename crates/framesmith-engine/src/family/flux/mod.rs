@@ -13,6 +13,7 @@ use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
 pub mod generate;
 pub mod pipeline;
+pub mod plan;
 pub mod run;
 pub mod samples;
 mod setup;

@@ -107,7 +107,7 @@ fn flux_streaming(
     Ok(
         streamed_count(plan, device, memory, blocks, &model)?.map(|(count, offload)| {
             (
-                memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
+                super::plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
                 offload,
             )
         }),

@@ -20,6 +20,7 @@ pub mod experts;
 pub mod generate;
 pub mod mode;
 pub mod pipeline;
+pub mod plan;
 pub mod run;
 pub mod sample_models;
 pub mod samples;

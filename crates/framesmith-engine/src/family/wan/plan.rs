@@ -6,18 +6,16 @@ use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement};
 
-use super::activations::{block_tape_bytes, kept_attention_bytes};
-use super::bytes::{
-    block_bytes, block_data_bytes, dtype_bytes, latent_factors, lora_parameters, resident_weights,
-    tokens_per_sample, vae_for, BaseFormat,
+use crate::plan::{
+    block_bytes, block_data_bytes, block_tape_bytes, dtype_bytes, kept_attention_bytes,
+    latent_factors, lora_parameters, resident_weights, residual_bytes, shared_inputs, step_tokens,
+    tokens_per_sample, vae_for, BaseFormat, BlockKind, ModelMemory, PlanError, PlanInput,
+    StepShape,
 };
-use super::input::variant_name;
-use super::model::{BlockKind, ModelMemory};
-use super::working_set::{shared_inputs, StepShape};
-use super::{residual_bytes, step_tokens, PlanError, PlanInput};
+use crate::train::demo_setup::demo_model_config;
 
 /// Wan model `cfg` for `input`.
-pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
     let c = &input.clip;
     if c.batch == 0 {
         return Err(PlanError::ZeroBatch);
@@ -86,4 +84,21 @@ pub(super) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         frame_step: vae_for(cfg).temporal_factor(),
         shape,
     })
+}
+
+/// The command-line name of a named variant (`t2v-14b`), `tiny` for the demo model, else its shape.
+pub fn variant_name(cfg: &WanConfig) -> String {
+    if let Some((name, _)) = WanConfig::named_variants()
+        .into_iter()
+        .find(|(_, c)| c == cfg)
+    {
+        return name.to_string();
+    }
+    if *cfg == demo_model_config() {
+        return format!("tiny demo model ({} blocks)", cfg.num_layers);
+    }
+    format!(
+        "Wan (dim {}, {} blocks, ffn {})",
+        cfg.dim, cfg.num_layers, cfg.ffn_dim
+    )
 }
