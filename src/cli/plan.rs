@@ -11,7 +11,7 @@ use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
 use framesmith_config::{check_settings, presets, HostInfo, ModelFamily, RunConfig};
 use framesmith_engine::plan::{
-    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput, PlanModel,
+    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput,
 };
 use serde::de::DeserializeOwned;
 
@@ -217,10 +217,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let cfg = resolved_config(args)?;
     let model = model_for_config(&cfg).context("cannot tell which model to plan")?;
-    let family = match model {
-        PlanModel::Wan(_) => ModelFamily::Wan,
-        PlanModel::Flux { .. } => ModelFamily::Flux,
-    };
+    let family = model.family().config_family();
     for name in &args.presets {
         presets::builtin(name)?.check_family(family)?;
     }

@@ -1,9 +1,9 @@
 //! Model families, the engine's one axis (DESIGN.md §4.8). Everything model-specific goes through two traits:
-//! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the memory plan, the cached
-//! items, the LoRA and its metadata, samples) and [`FamilyRun`] (the family's models in a started run: the
-//! micro-step, validation, samples, a second expert or device). [`Family::generate`] is the family's part of the
-//! one generation call ([`crate::generate::run`]). Adding a family is a folder here, an impl of both and one line
-//! in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
+//! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the model the planner describes,
+//! the memory plan, the cached items, the LoRA and its metadata, samples) and [`FamilyRun`] (the family's models in a
+//! started run: the micro-step, validation, samples, a second expert or device). [`Family::generate`] is the
+//! family's part of the one generation call ([`crate::generate::run`]). Adding a family is a folder here, an impl of
+//! both and one line in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
 
 use std::path::Path;
 
@@ -12,6 +12,7 @@ use rand::rngs::StdRng;
 
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
+use crate::plan::{PlanError, PlanModel};
 use crate::train::data::TrainItem;
 use crate::train::optimizer::AdamW;
 use crate::train::samples::SampleFiles;
@@ -35,6 +36,9 @@ pub trait Family: Sync {
     fn claims(&self, config: &RunConfig) -> bool;
     /// The settings the config validator checks this family's runs for.
     fn config_family(&self) -> ModelFamily;
+    /// The model the run `config` names, as the planner sees it, when it is one of this family's (a variant it
+    /// names, or a file of the family's); `None` when it is not.
+    fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>>;
     /// The family's part of a run from a plan validated for it: the device opened, the model loaded (streamed
     /// and in FP8 as the plan says), the LoRA attached, the training items loaded, the samples prepared.
     fn start_run(
@@ -76,6 +80,14 @@ pub fn family_of_dit(dit: &DitSource) -> &'static dyn Family {
         .find(|f| f.claims_dit(dit))
         .copied()
         .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// The model the run `config` names, as its family describes it to the planner: the first family that knows it.
+pub fn plan_model_of(config: &RunConfig) -> Result<PlanModel, PlanError> {
+    FAMILIES
+        .iter()
+        .find_map(|f| f.plan_model(config))
+        .unwrap_or(Err(PlanError::UnknownModel))
 }
 
 /// What a micro-step needs from the run besides its batch.

@@ -1,5 +1,5 @@
 //! The memory planner (DESIGN.md §2 "Fits", §4.4): peak VRAM and host RAM of a training configuration, from the
-//! model's description (each family describes itself: [`PlanModel::describe`]), clip size, LoRA, weight format and
+//! model's description (each family describes itself: [`DescribeModel`]), clip size, LoRA, weight format and
 //! streaming setup — pure arithmetic, no tensor is allocated.
 //! Picks the smallest number of streamed blocks that fits a VRAM budget and, when nothing fits, says what would.
 //! Weight sizes are exact (`bytes`), and so are the activations the step keeps for its backward (`activations`);
@@ -23,7 +23,7 @@ pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, ClipShape,
     DEFAULT_CLIP,
 };
-pub use model::{BlockKind, ModelMemory, PlanModel};
+pub use model::{BlockKind, DescribeModel, ModelMemory, PlanModel};
 pub use working_set::{
     auto_margin_bytes, per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs,
     BlockWidths, StepShape, WorkingSet, CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,

@@ -7,6 +7,7 @@ use std::path::Path;
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
+use crate::plan::{PlanError, PlanModel};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
@@ -44,6 +45,10 @@ impl Family for FluxFamily {
 
     fn config_family(&self) -> ModelFamily {
         ModelFamily::Flux
+    }
+
+    fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+        plan::plan_model(config)
     }
 
     fn start_run(

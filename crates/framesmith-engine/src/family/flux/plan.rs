@@ -3,16 +3,79 @@
 //! [text; image] sequence's tokens, and the step's activations.
 
 use framesmith_config::run::FluxStreamOrder;
+use framesmith_config::RunConfig;
 use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::FluxConfig;
 use framesmith_nn::lora::{check_rank, LoraError, LoraFamily, LoraTargets};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
+use super::train::{dev_config, is_flux_file};
+use crate::family::Family;
 use crate::plan::{
     dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
     BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
 };
+use crate::plan::{DescribeModel, PlanModel};
+
+/// FLUX.1's DiT as the planner sees it: its sizes and the order its blocks stream in (`memory.flux_stream_order`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FluxPlanModel {
+    pub config: FluxConfig,
+    pub order: FluxStreamOrder,
+}
+
+impl DescribeModel for FluxPlanModel {
+    fn family(&self) -> &'static dyn Family {
+        &super::FluxFamily
+    }
+
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        describe(&self.config, self.order, input)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.config.depth + self.config.depth_single_blocks
+    }
+
+    fn settle(&self, _cfg: &RunConfig, input: &mut PlanInput) {
+        // FLUX.1 trains on images: one frame, whatever a video default says.
+        input.clip.frames = 1;
+    }
+}
+
+/// The `model.variant` names that plan FLUX.1 [dev] (a run trains it from its file, with `variant = "auto"`).
+pub const FLUX_DEV_NAMES: [&str; 3] = ["flux-dev", "flux1-dev", "flux.1-dev"];
+
+/// FLUX.1 [dev] when the config names it (`model.variant = "flux-dev"`) or its `model.dit` is a FLUX.1 file (with
+/// `variant = "auto"`; reads the file's header, not its weights); `None` for any other model.
+pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    let m = &cfg.model;
+    let model = |config: FluxConfig| {
+        PlanModel::new(FluxPlanModel {
+            config,
+            order: cfg.memory.flux_stream_order,
+        })
+    };
+    if m.demo {
+        return None;
+    }
+    if FLUX_DEV_NAMES
+        .iter()
+        .any(|n| m.variant.eq_ignore_ascii_case(n))
+    {
+        return Some(Ok(model(FluxConfig::dev())));
+    }
+    let auto = m.variant.eq_ignore_ascii_case("auto");
+    if !auto || m.dit.as_os_str().is_empty() || m.dit.is_dir() || !is_flux_file(&m.dit) {
+        return None;
+    }
+    Some(
+        dev_config(&m.dit)
+            .map(model)
+            .map_err(|err| PlanError::Inspect(format!("{err:#}"))),
+    )
+}
 
 /// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of `count`
 /// streamed blocks. `single_first` / `double_first` take blocks of that kind until it runs out, then of the other;

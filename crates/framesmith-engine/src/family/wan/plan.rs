@@ -6,13 +6,69 @@ use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement};
 
+use crate::family::Family;
 use crate::plan::{
     block_bytes, block_data_bytes, block_tape_bytes, dtype_bytes, kept_attention_bytes,
     latent_factors, lora_parameters, resident_weights, residual_bytes, shared_inputs, step_tokens,
     tokens_per_sample, vae_for, BaseFormat, BlockKind, ModelMemory, PlanError, PlanInput,
     StepShape,
 };
+use crate::plan::{DescribeModel, PlanModel};
 use crate::train::demo_setup::demo_model_config;
+use framesmith_config::RunConfig;
+
+use super::mode::StartFrame;
+
+impl DescribeModel for WanConfig {
+    fn family(&self) -> &'static dyn Family {
+        &super::WanFamily
+    }
+
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        describe(self, input)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.num_layers
+    }
+
+    fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
+        input.start_frame = super::mode::resolve(self, cfg.training.mode, cfg.model.demo)
+            .is_ok_and(StartFrame::keeps_first_latent_frame);
+        // A low-noise expert on a GPU of its own (`training.low_noise_device`) is that card's whole plan, the same as
+        // this one's: nothing is parked on either.
+        input.experts = (!cfg.model.dit_low_noise.as_os_str().is_empty()
+            && !cfg.model.demo
+            && cfg.training.low_noise_device.trim().is_empty())
+        .then_some(cfg.model.experts);
+    }
+}
+
+impl From<WanConfig> for PlanModel {
+    fn from(cfg: WanConfig) -> Self {
+        Self::new(cfg)
+    }
+}
+
+/// The Wan model a config trains: the demo model, the named variant, or the model read from the DiT's header when
+/// `model.variant = "auto"` (reads the checkpoint's headers, not its weights). Asked after every other family.
+pub(crate) fn plan_model(cfg: &RunConfig) -> Result<PlanModel, PlanError> {
+    let m = &cfg.model;
+    if m.demo {
+        return Ok(demo_model_config().into());
+    }
+    if !m.variant.eq_ignore_ascii_case("auto") {
+        return WanConfig::by_name(&m.variant)
+            .map(PlanModel::from)
+            .ok_or_else(|| PlanError::UnknownVariant(m.variant.clone()));
+    }
+    if m.dit.as_os_str().is_empty() {
+        return Err(PlanError::UnknownModel);
+    }
+    framesmith_models::wan::weights::inspect(&m.dit)
+        .map(|report| PlanModel::from(report.config))
+        .map_err(|err| PlanError::Inspect(format!("{err:#}")))
+}
 
 /// Wan model `cfg` for `input`.
 pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {

@@ -1,5 +1,5 @@
 use super::*;
-use crate::plan::{plan, PlanModel, DEFAULT_CLIP};
+use crate::plan::{plan, DEFAULT_CLIP};
 use framesmith_config::plan::FloatDtype;
 use framesmith_config::run::{
     ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, Checkpointing, StreamingMode,
@@ -16,7 +16,7 @@ fn input(side: usize, base: BaseDtype, order: FluxStreamOrder) -> PlanInput {
     cfg.lora.rank = 16;
     cfg.memory.flux_stream_order = order;
     let model = crate::plan::model_for_config(&cfg).unwrap();
-    assert!(matches!(model, PlanModel::Flux { .. }));
+    assert!(model.downcast_ref::<FluxPlanModel>().is_some());
     let clip = crate::plan::ClipShape {
         width: side,
         height: side,
