@@ -5,8 +5,10 @@
 use std::path::Path;
 
 use anyhow::Context;
+use framesmith_engine::family::flux::prep::{
+    cache_flux_latents, cache_flux_text, FluxLatentEncoder,
+};
 use framesmith_engine::family::flux::train::dev_config;
-use framesmith_engine::prep::flux::{cache_flux_latents, cache_flux_text, FluxLatentEncoder};
 use framesmith_engine::prep::CacheOptions;
 use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
 use framesmith_models::flux::weights::{identify, load_autoencoder, FluxComponent};

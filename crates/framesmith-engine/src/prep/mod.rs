@@ -4,8 +4,7 @@
 //! already on disk are kept (a text cache only while its caption is unchanged), caches of items no longer in the
 //! dataset are removed unless asked not to, and a file that cannot be decoded is reported and skipped.
 
-pub mod flux;
-mod header;
+pub(crate) mod header;
 mod text;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -78,7 +77,7 @@ pub struct CacheSummary {
 }
 
 impl CacheSummary {
-    fn record(&mut self, media: &Path, outcome: &ItemOutcome) {
+    pub(crate) fn record(&mut self, media: &Path, outcome: &ItemOutcome) {
         self.items += 1;
         match outcome {
             ItemOutcome::Written(n) => self.written += n,
@@ -533,8 +532,6 @@ fn cache_item(
     Ok((outcome, nan_keys))
 }
 
-#[cfg(test)]
-mod flux_tests;
 #[cfg(test)]
 mod i2v_tests;
 #[cfg(test)]

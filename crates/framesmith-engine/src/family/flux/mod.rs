@@ -15,11 +15,14 @@ use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 pub mod generate;
 pub mod pipeline;
 pub mod plan;
+pub mod prep;
 pub mod run;
 pub mod samples;
 mod setup;
 pub mod train;
 
+#[cfg(test)]
+mod prep_tests;
 #[cfg(test)]
 mod run_tests;
 #[cfg(test)]

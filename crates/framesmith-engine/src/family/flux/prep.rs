@@ -8,7 +8,7 @@
 use anyhow::Context;
 use candle_core::{DType, Device};
 
-use super::{
+use crate::prep::{
     frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
     ItemOutcome,
 };
