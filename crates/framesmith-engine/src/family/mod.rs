@@ -1,9 +1,10 @@
 //! Model families, the engine's one axis (DESIGN.md §4.8). Everything model-specific goes through two traits:
 //! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the model the planner describes,
-//! the memory plan, the cached items, the LoRA and its metadata, samples) and [`FamilyRun`] (the family's models in a
-//! started run: the micro-step, validation, samples, a second expert or device). [`Family::generate`] is the
-//! family's part of the one generation call ([`crate::generate::run`]). Adding a family is a folder here, an impl of
-//! both and one line in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
+//! the memory plan, the cached items, the LoRA and its metadata, samples, the cache passes) and [`FamilyRun`] (the
+//! family's models in a started run: the micro-step, validation, samples, a second expert or device).
+//! [`Family::generate`] is the family's part of the one generation call ([`crate::generate::run`]). Adding a family
+//! is a folder here, an impl of both and one line in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name
+//! no family.
 
 use std::path::Path;
 
@@ -13,6 +14,8 @@ use rand::rngs::StdRng;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
+use crate::prep::pass::{CachePass, CacheRequest};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::data::TrainItem;
 use crate::train::optimizer::AdamW;
 use crate::train::samples::SampleFiles;
@@ -39,6 +42,16 @@ pub trait Family: Sync {
     /// The model the run `config` names, as the planner sees it, when it is one of this family's (a variant it
     /// names, or a file of the family's); `None` when it is not.
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>>;
+    /// Whether the cache pass `pass` names this family's files (its autoencoder, its text encoders).
+    fn claims_cache(&self, pass: &CachePass) -> bool;
+    /// Caches the dataset of `request`, a pass [`Family::claims_cache`] said is this family's: its encoders loaded
+    /// on the device `request.open` gives, `progress` following the items, `log` taking the lines worth showing.
+    fn cache(
+        &self,
+        request: &CacheRequest<'_>,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary>;
     /// The family's part of a run from a plan validated for it: the device opened, the model loaded (streamed
     /// and in FP8 as the plan says), the LoRA attached, the training items loaded, the samples prepared.
     fn start_run(
@@ -78,6 +91,15 @@ pub fn family_of_dit(dit: &DitSource) -> &'static dyn Family {
     FAMILIES
         .iter()
         .find(|f| f.claims_dit(dit))
+        .copied()
+        .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// The family whose files the cache pass `pass` names; the last takes any pass no other claims.
+pub(crate) fn family_of_cache(pass: &CachePass) -> &'static dyn Family {
+    FAMILIES
+        .iter()
+        .find(|f| f.claims_cache(pass))
         .copied()
         .unwrap_or(FAMILIES[FAMILIES.len() - 1])
 }

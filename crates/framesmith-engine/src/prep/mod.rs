@@ -5,6 +5,7 @@
 //! dataset are removed unless asked not to, and a file that cannot be decoded is reported and skipped.
 
 pub(crate) mod header;
+pub mod pass;
 mod text;
 
 use std::collections::{BTreeMap, BTreeSet};

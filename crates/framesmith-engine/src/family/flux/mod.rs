@@ -8,6 +8,8 @@ use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
+use crate::prep::pass::{CachePass, CacheRequest};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
@@ -52,6 +54,25 @@ impl Family for FluxFamily {
 
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
         plan::plan_model(config)
+    }
+
+    fn claims_cache(&self, pass: &CachePass) -> bool {
+        match pass {
+            CachePass::Latents(files) => prep::is_flux_autoencoder(&files.vae),
+            CachePass::Text(files) => files.clip_text.is_some(),
+        }
+    }
+
+    fn cache(
+        &self,
+        request: &CacheRequest<'_>,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        match &request.pass {
+            CachePass::Latents(files) => prep::latents(request, files, progress, log),
+            CachePass::Text(files) => prep::text(request, files, progress, log),
+        }
     }
 
     fn start_run(

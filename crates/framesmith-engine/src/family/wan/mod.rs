@@ -10,6 +10,8 @@ use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
+use crate::prep::pass::{CachePass, CacheRequest};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
@@ -22,6 +24,7 @@ pub mod generate;
 pub mod mode;
 pub mod pipeline;
 pub mod plan;
+mod prep;
 pub mod run;
 pub mod sample_models;
 pub mod samples;
@@ -49,6 +52,22 @@ impl Family for WanFamily {
 
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
         Some(plan::plan_model(config))
+    }
+
+    fn claims_cache(&self, _pass: &CachePass) -> bool {
+        true
+    }
+
+    fn cache(
+        &self,
+        request: &CacheRequest<'_>,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        match &request.pass {
+            CachePass::Latents(files) => prep::latents(request, files, progress, log),
+            CachePass::Text(files) => prep::text(request, files, progress, log),
+        }
     }
 
     fn start_run(
