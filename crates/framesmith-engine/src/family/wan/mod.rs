@@ -21,6 +21,7 @@ mod demo_generate;
 pub mod denoise;
 pub mod experts;
 pub mod generate;
+pub mod latents;
 pub mod mode;
 pub mod pipeline;
 pub mod plan;
@@ -30,6 +31,7 @@ pub mod sample_models;
 pub mod samples;
 mod setup;
 pub mod start_image;
+pub mod text_cache;
 
 #[cfg(test)]
 mod experts_tests;

@@ -13,10 +13,10 @@ use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats, TileConfig, VaeConfig};
 use framesmith_models::wan::{weights, ModelType};
 
+use super::latents::{cache_latents, ImageParts, LatentEncoder};
+use super::text_cache::cache_text;
 use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles, TextFiles};
-use crate::prep::{
-    cache_latents, cache_text, CacheOptions, CacheProgress, CacheSummary, ImageParts, LatentEncoder,
-};
+use crate::prep::{CacheOptions, CacheProgress, CacheSummary};
 
 /// The latent pass with a Wan VAE.
 pub(super) fn latents(
