@@ -13,7 +13,7 @@ use rand::rngs::StdRng;
 
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
-use crate::plan::{PlanError, PlanModel};
+use crate::plan::{clip_pixels, ClipShape, PlanError, PlanModel};
 use crate::prep::pass::{CachePass, CacheRequest};
 use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::data::TrainItem;
@@ -26,6 +26,7 @@ use crate::train::validation::Validation;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::training::TimestepConfig;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_data::ValidConfig;
 use framesmith_nn::lora::LoraSet;
 
 pub mod flux;
@@ -42,6 +43,11 @@ pub trait Family: Sync {
     /// The model the run `config` names, as the planner sees it, when it is one of this family's (a variant it
     /// names, or a file of the family's); `None` when it is not.
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>>;
+    /// The largest clip among this family's latent caches of `valid`'s datasets (a run trains what is cached; `demo`:
+    /// the caches are the demo model's); `None` when there is none.
+    fn largest_cached_clip(&self, _valid: &ValidConfig, _demo: bool) -> Option<ClipShape> {
+        None
+    }
     /// Whether the cache pass `pass` names this family's files (its autoencoder, its text encoders).
     fn claims_cache(&self, pass: &CachePass) -> bool;
     /// Caches the dataset of `request`, a pass [`Family::claims_cache`] said is this family's: its encoders loaded
@@ -93,6 +99,14 @@ pub fn family_of_dit(dit: &DitSource) -> &'static dyn Family {
         .find(|f| f.claims_dit(dit))
         .copied()
         .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// The largest clip among the latent caches of `valid`'s datasets, every family's caches looked at.
+pub(crate) fn largest_cached_clip(valid: &ValidConfig, demo: bool) -> Option<ClipShape> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.largest_cached_clip(valid, demo))
+        .max_by_key(clip_pixels)
 }
 
 /// The family whose files the cache pass `pass` names; the last takes any pass no other claims.

@@ -11,7 +11,6 @@ use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
-use framesmith_models::wan::vae::VaeConfig;
 
 /// The clip one training step sees: the largest bucket of the dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,52 +119,12 @@ pub fn clip_with_dataset(
     (clip, note)
 }
 
-/// The largest clip among the latent caches of the datasets in the dataset TOML at `path` (read from the cache
-/// files' headers, through the demo codec's factors for the `demo` model and the VAE's otherwise); `None` when the
-/// TOML cannot be read or nothing is cached yet.
+/// The largest clip among the latent caches of the datasets in the dataset TOML at `path`, as each family reads its
+/// caches ([`crate::family::Family::largest_cached_clip`]); `None` when the TOML cannot be read or nothing is cached
+/// yet.
 fn largest_cached_clip(path: &Path, demo: bool) -> Option<ClipShape> {
-    use framesmith_data::cache::{parse_latent_cache_name, read_latent_shape};
-    let pixels = clip_pixels;
     let valid = framesmith_data::load_valid(path).ok()?;
-    valid
-        .datasets
-        .iter()
-        .filter_map(|ds| {
-            let dir = ds.cache_directory.as_ref()?;
-            let batch = (ds.batch_size as usize).max(1);
-            std::fs::read_dir(dir)
-                .ok()?
-                .filter_map(|entry| {
-                    let name = entry.ok()?.file_name().into_string().ok()?;
-                    parse_latent_cache_name(&name, ds.kind())?;
-                    read_latent_shape(&dir.join(&name)).ok()
-                })
-                .map(|[channels, frames, height, width]| {
-                    let (s, t) = cache_factors(channels, demo);
-                    ClipShape {
-                        width: width * s,
-                        height: height * s,
-                        frames: (frames.max(1) - 1) * t + 1,
-                        batch,
-                    }
-                })
-                .max_by_key(pixels)
-        })
-        .max_by_key(pixels)
-}
-
-/// Spatial and temporal compression of latents of `channels` channels: the demo codec's for the demo model
-/// (its caches are made with it), else the VAE's with that many latent channels.
-fn cache_factors(channels: usize, demo: bool) -> (usize, usize) {
-    if demo {
-        return (crate::demo::codec::FACTOR, crate::demo::codec::TEMPORAL);
-    }
-    let vae = if channels == VaeConfig::wan22().z_dim {
-        VaeConfig::wan22()
-    } else {
-        VaeConfig::wan21()
-    };
-    (vae.spatial_factor(), vae.temporal_factor())
+    crate::family::largest_cached_clip(&valid, demo)
 }
 
 /// The dataset of a musubi-tuner dataset TOML (read from `path`) with the most pixels per step; `None` when it
@@ -194,7 +153,7 @@ fn largest_dataset_clip(text: &str, path: &Path) -> Option<ClipShape> {
 }
 
 /// Pixels of a step of `c` (saturating: a dataset config can name any size), to find the largest clip.
-fn clip_pixels(c: &ClipShape) -> u128 {
+pub(crate) fn clip_pixels(c: &ClipShape) -> u128 {
     [c.width, c.height, c.frames, c.batch]
         .into_iter()
         .fold(1u128, |n, d| n.saturating_mul(d as u128))

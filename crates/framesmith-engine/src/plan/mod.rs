@@ -19,6 +19,7 @@ pub use bytes::{
     fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
     vae_for, BaseFormat,
 };
+pub(crate) use input::clip_pixels;
 pub use input::{
     clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, ClipShape,
     DEFAULT_CLIP,

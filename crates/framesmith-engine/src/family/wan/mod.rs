@@ -9,12 +9,13 @@ use std::path::Path;
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
-use crate::plan::{PlanError, PlanModel};
+use crate::plan::{ClipShape, PlanError, PlanModel};
 use crate::prep::pass::{CachePass, CacheRequest};
 use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_data::ValidConfig;
 
 pub mod data;
 mod demo_generate;
@@ -54,6 +55,10 @@ impl Family for WanFamily {
 
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
         Some(plan::plan_model(config))
+    }
+
+    fn largest_cached_clip(&self, valid: &ValidConfig, demo: bool) -> Option<ClipShape> {
+        plan::largest_cached_clip(valid, demo)
     }
 
     fn claims_cache(&self, _pass: &CachePass) -> bool {

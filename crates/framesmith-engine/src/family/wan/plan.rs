@@ -13,9 +13,11 @@ use crate::plan::{
     tokens_per_sample, vae_for, BaseFormat, BlockKind, ModelMemory, PlanError, PlanInput,
     StepShape,
 };
-use crate::plan::{DescribeModel, PlanModel};
+use crate::plan::{clip_pixels, ClipShape, DescribeModel, PlanModel};
 use crate::train::demo_setup::demo_model_config;
 use framesmith_config::RunConfig;
+use framesmith_data::ValidConfig;
+use framesmith_models::wan::vae::VaeConfig;
 
 use super::mode::StartFrame;
 
@@ -157,4 +159,50 @@ pub fn variant_name(cfg: &WanConfig) -> String {
         "Wan (dim {}, {} blocks, ffn {})",
         cfg.dim, cfg.num_layers, cfg.ffn_dim
     )
+}
+
+/// The largest clip among the Wan latent caches of `valid`'s datasets (read from the cache files' headers, through
+/// the demo codec's factors for the `demo` model and the VAE's otherwise); `None` when nothing is cached yet.
+pub(crate) fn largest_cached_clip(valid: &ValidConfig, demo: bool) -> Option<ClipShape> {
+    use framesmith_data::cache::{parse_latent_cache_name, read_latent_shape};
+    let pixels = clip_pixels;
+    valid
+        .datasets
+        .iter()
+        .filter_map(|ds| {
+            let dir = ds.cache_directory.as_ref()?;
+            let batch = (ds.batch_size as usize).max(1);
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(|entry| {
+                    let name = entry.ok()?.file_name().into_string().ok()?;
+                    parse_latent_cache_name(&name, ds.kind())?;
+                    read_latent_shape(&dir.join(&name)).ok()
+                })
+                .map(|[channels, frames, height, width]| {
+                    let (s, t) = cache_factors(channels, demo);
+                    ClipShape {
+                        width: width * s,
+                        height: height * s,
+                        frames: (frames.max(1) - 1) * t + 1,
+                        batch,
+                    }
+                })
+                .max_by_key(pixels)
+        })
+        .max_by_key(pixels)
+}
+
+/// Spatial and temporal compression of latents of `channels` channels: the demo codec's for the demo model
+/// (its caches are made with it), else the VAE's with that many latent channels.
+fn cache_factors(channels: usize, demo: bool) -> (usize, usize) {
+    if demo {
+        return (crate::demo::codec::FACTOR, crate::demo::codec::TEMPORAL);
+    }
+    let vae = if channels == VaeConfig::wan22().z_dim {
+        VaeConfig::wan22()
+    } else {
+        VaeConfig::wan21()
+    };
+    (vae.spatial_factor(), vae.temporal_factor())
 }
