@@ -50,7 +50,7 @@ impl FluxLatentEncoder<'_> {
 
 /// Whether `path` holds a complete FLUX.1 cache with these tensors and, for text caches, this `caption`.
 fn cached(path: &std::path::Path, prefixes: &[&str], caption: Option<&str>) -> bool {
-    header::complete_cache_of(path, prefixes, FLUX_ARCHITECTURE).is_some_and(|meta| {
+    header::complete_cache(path, prefixes, FLUX_ARCHITECTURE).is_some_and(|meta| {
         caption.is_none_or(|c| meta.get("caption1").map(String::as_str) == Some(c))
     })
 }

@@ -75,7 +75,7 @@ impl LatentEncoder<'_> {
     /// and sizes the DiT's patches divide (a cache made with the other VAE, or at 16-pixel steps for the Wan2.2
     /// VAE, is made again).
     fn cached(&self, path: &Path) -> bool {
-        header::complete_cache(path, self.image.key_prefixes()).is_some()
+        header::complete_cache(path, self.image.key_prefixes(), WAN_ARCHITECTURE).is_some()
             && framesmith_data::cache::read_latent_shape(path).is_ok_and(|[c, _, h, w]| {
                 c == self.vae.config().z_dim && h % PATCH_SIDE == 0 && w % PATCH_SIDE == 0
             })

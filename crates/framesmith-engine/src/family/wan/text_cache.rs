@@ -27,7 +27,7 @@ fn text_suffix() -> String {
 
 /// Whether `path` holds a complete text cache of `caption`.
 fn cached(path: &Path, caption: &str) -> bool {
-    crate::prep::header::complete_cache(path, &["varlen_t5_"])
+    crate::prep::header::complete_cache(path, &["varlen_t5_"], WAN_ARCHITECTURE)
         .is_some_and(|meta| meta.get("caption1").map(String::as_str) == Some(caption))
 }
 
