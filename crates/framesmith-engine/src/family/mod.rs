@@ -43,6 +43,11 @@ pub trait Family: Sync {
     /// The model the run `config` names, as the planner sees it, when it is one of this family's (a variant it
     /// names, or a file of the family's); `None` when it is not.
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>>;
+    /// `config` as a plan's check of the settings takes it: a plan may name the family's model by a variant that a
+    /// run reads from its file instead.
+    fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
+        config.clone()
+    }
     /// The largest clip among this family's latent caches of `valid`'s datasets (a run trains what is cached; `demo`:
     /// the caches are the demo model's); `None` when there is none.
     fn largest_cached_clip(&self, _valid: &ValidConfig, _demo: bool) -> Option<ClipShape> {

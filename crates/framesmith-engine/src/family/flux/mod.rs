@@ -75,6 +75,13 @@ impl Family for FluxFamily {
         }
     }
 
+    fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
+        // `--variant flux-dev` names the family to plan; a FLUX.1 run reads it from model.dit.
+        let mut settings = config.clone();
+        settings.model.variant = "auto".into();
+        settings
+    }
+
     fn start_run(
         &self,
         plan: &RunPlan,
