@@ -307,7 +307,7 @@ fn write_caches(dir: &std::path::Path, caption: &str) -> [std::path::PathBuf; 4]
     use framesmith_data::cache::{
         write_wan_latent_cache, write_wan_text_cache, LatentCacheMetadata, WanLatentCache,
     };
-    use framesmith_data::flux_cache::{
+    use framesmith_data::family::flux::cache::{
         write_flux_latent_cache, write_flux_text_cache, FluxTextCache,
     };
     let zeros = |shape: &[usize]| Tensor::zeros(shape, DType::F32, &Device::Cpu).expect("zeros");

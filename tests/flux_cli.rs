@@ -55,9 +55,11 @@ fn cache_latents_with_flux_autoencoder_writes_flux_caches() {
     );
     assert!(stdout.contains("1 cache files written"), "{stdout}");
     let cache = dir.path().join("cache/a_0024x0016_flux.safetensors");
-    let latents =
-        framesmith_data::flux_cache::read_flux_latent_cache(&cache, &candle_core::Device::Cpu)
-            .expect("a FLUX.1 latent cache");
+    let latents = framesmith_data::family::flux::cache::read_flux_latent_cache(
+        &cache,
+        &candle_core::Device::Cpu,
+    )
+    .expect("a FLUX.1 latent cache");
     assert_eq!(latents.dims()[..2], [16, 1]);
 
     let (ok, _, stderr) = framesmith(&[&args[..], &["--i2v"]].concat());
@@ -81,7 +83,9 @@ fn cache_text_needs_both_flux_text_encoders() {
 #[test]
 fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
     use candle_core::{DType, Device, Tensor};
-    use framesmith_data::flux_cache::{flux_text_cache_name, write_flux_text_cache, FluxTextCache};
+    use framesmith_data::family::flux::cache::{
+        flux_text_cache_name, write_flux_text_cache, FluxTextCache,
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let dataset = image_dataset(dir.path());
     let ae = flux_fixture("flux_ae");

@@ -9,9 +9,9 @@ use clap::Args;
 use framesmith_config::protocol::memory::format_gib;
 use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
-use framesmith_config::{check_settings, presets, HostInfo, ModelFamily, RunConfig};
+use framesmith_config::{check_settings, presets, HostInfo, RunConfig};
 use framesmith_engine::plan::{
-    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput, PlanModel,
+    clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput,
 };
 use serde::de::DeserializeOwned;
 
@@ -217,22 +217,15 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     }
     let cfg = resolved_config(args)?;
     let model = model_for_config(&cfg).context("cannot tell which model to plan")?;
-    let family = match model {
-        PlanModel::Wan(_) => ModelFamily::Wan,
-        PlanModel::Flux { .. } => ModelFamily::Flux,
-    };
+    let family = model.family();
     for name in &args.presets {
-        presets::builtin(name)?.check_family(family)?;
+        presets::builtin(name)?.check_family(family.config_family())?;
     }
     // What `framesmith train` would refuse in the settings, `plan` refuses too (files and devices aside: a plan
     // may be made before the files are there, or for another machine).
     let host = HostInfo::new(framesmith_nn::device::usable_count());
-    let mut settings = cfg.clone();
-    if family == ModelFamily::Flux {
-        // `--variant flux-dev` names the family to plan; a FLUX.1 run reads it from model.dit.
-        settings.model.variant = "auto".into();
-    }
-    check_settings(&settings, &host, family)?;
+    let settings = family.settings_to_check(&cfg);
+    check_settings(&settings, &host, family.config_family())?;
     let (clip, clip_note) = clip(args, &cfg);
     let mut input = PlanInput::from_config(&cfg, model, clip);
     input.probe_machine(cfg.training.device);

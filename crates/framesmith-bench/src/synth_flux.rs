@@ -18,7 +18,7 @@ use crate::synth::{
 };
 use framesmith_config::run::{BlocksToSwap, DeviceSpec, StreamingMode, TimestepSampling};
 use framesmith_config::RunConfig;
-use framesmith_data::flux_cache::{
+use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
     FluxTextCache,
 };

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod error;
+mod family;
 pub mod file_read;
 pub mod io;
 pub mod metrics;
@@ -15,7 +16,6 @@ pub mod schedule;
 pub mod text_file;
 pub mod training;
 pub mod validate;
-mod validate_flux;
 mod validate_train;
 mod validate_validation;
 

@@ -4,6 +4,7 @@
 use std::fmt;
 use std::path::{Path, PathBuf};
 
+use super::family::rules;
 use super::plan::{
     DatasetPlan, DatasetSource, FloatDtype, HostInfo, LoraPlan, LowNoisePlan, ModelFamily,
     ModelPlan, ModelSource, OutputPlan, PlanDevice, RunPlan, SamplingPlan,
@@ -12,7 +13,6 @@ use super::run::{
     BaseDtype, DeviceSpec, ExpertMode, Fp8ScaleMode, ModelSection, RunConfig, SaveDtype,
     SCHEMA_VERSION,
 };
-use super::validate_flux::{check_flux, clip_file, sampling_files};
 use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
 use super::validate_validation::check_validation;
 use crate::catalog;
@@ -207,9 +207,7 @@ fn checked(
     let output = check_output(&mut c, cfg, model.compute_dtype);
     let sampling = check_sampling(&mut c, cfg, family);
     let validation = check_validation(&mut c, cfg);
-    if family == ModelFamily::Flux {
-        check_flux(&mut c, cfg, validation.is_some());
-    }
+    rules(family).check(&mut c, cfg, validation.is_some());
     if !c.problems.is_empty() {
         return Err(ValidationErrors {
             problems: c.problems,
@@ -311,7 +309,7 @@ fn check_model(
     }
     let clip = non_empty(&m.clip);
     if let Some(p) = &clip {
-        c.existing("model.clip", p, clip_file(family));
+        c.existing("model.clip", p, rules(family).clip_file());
     }
     let low_noise = check_low_noise(c, m);
     if m.base_dtype == BaseDtype::Fp8 && device == PlanDevice::Cpu {
@@ -683,7 +681,7 @@ fn check_sampling(c: &mut Checker, cfg: &RunConfig, family: ModelFamily) -> Opti
     };
     c.existing("sampling.prompts", prompts, "prompt file");
     if !cfg.model.demo {
-        for (key, path, what) in sampling_files(cfg, family) {
+        for (key, path, what) in rules(family).sampling_files(cfg) {
             if path.as_os_str().is_empty() {
                 c.problem(
                     key,

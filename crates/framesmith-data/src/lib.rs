@@ -10,7 +10,7 @@ pub mod config;
 #[cfg(test)]
 mod config_tests;
 pub mod entries;
-pub mod flux_cache;
+pub mod family;
 pub mod frames;
 pub mod jsonl;
 mod keys;

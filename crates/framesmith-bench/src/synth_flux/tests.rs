@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Tensor};
 use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 use framesmith_config::run::{BaseDtype, BlocksToSwap, DeviceSpec};
 use framesmith_config::{validate, HostInfo, RunConfig};
-use framesmith_data::flux_cache::{read_flux_latent_cache, read_flux_text_cache};
+use framesmith_data::family::flux::cache::{read_flux_latent_cache, read_flux_text_cache};
 use framesmith_models::flux::weights::{
     axes_for_head_dim, identify, open, FluxComponent, FluxKind, FluxVariant, Fp8Storage,
 };

@@ -1,9 +1,10 @@
 //! Model families, the engine's one axis (DESIGN.md §4.8). Everything model-specific goes through two traits:
-//! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the memory plan, the cached
-//! items, the LoRA and its metadata, samples) and [`FamilyRun`] (the family's models in a started run: the
-//! micro-step, validation, samples, a second expert or device). [`Family::generate`] is the family's part of the
-//! one generation call ([`crate::generate::run`]). Adding a family is a folder here, an impl of both and one line
-//! in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name no family.
+//! [`Family`] (which runs are the family's and how one starts: load, streaming, FP8, the model the planner describes,
+//! the memory plan, the cached items, the LoRA and its metadata, samples, the cache passes) and [`FamilyRun`] (the
+//! family's models in a started run: the micro-step, validation, samples, a second expert or device).
+//! [`Family::generate`] is the family's part of the one generation call ([`crate::generate::run`]). Adding a family
+//! is a folder here, an impl of both and one line in [`FAMILIES`]; `train/`, `plan/`, `prep/` and `generate/` name
+//! no family.
 
 use std::path::Path;
 
@@ -12,6 +13,9 @@ use rand::rngs::StdRng;
 
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
+use crate::plan::{clip_pixels, ClipShape, PlanError, PlanModel};
+use crate::prep::pass::{CachePass, CacheRequest};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::data::TrainItem;
 use crate::train::optimizer::AdamW;
 use crate::train::samples::SampleFiles;
@@ -22,6 +26,7 @@ use crate::train::validation::Validation;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::training::TimestepConfig;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_data::ValidConfig;
 use framesmith_nn::lora::LoraSet;
 
 pub mod flux;
@@ -35,6 +40,29 @@ pub trait Family: Sync {
     fn claims(&self, config: &RunConfig) -> bool;
     /// The settings the config validator checks this family's runs for.
     fn config_family(&self) -> ModelFamily;
+    /// The model the run `config` names, as the planner sees it, when it is one of this family's (a variant it
+    /// names, or a file of the family's); `None` when it is not.
+    fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>>;
+    /// `config` as a plan's check of the settings takes it: a plan may name the family's model by a variant that a
+    /// run reads from its file instead.
+    fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
+        config.clone()
+    }
+    /// The largest clip among this family's latent caches of `valid`'s datasets (a run trains what is cached; `demo`:
+    /// the caches are the demo model's); `None` when there is none.
+    fn largest_cached_clip(&self, _valid: &ValidConfig, _demo: bool) -> Option<ClipShape> {
+        None
+    }
+    /// Whether the cache pass `pass` names this family's files (its autoencoder, its text encoders).
+    fn claims_cache(&self, pass: &CachePass) -> bool;
+    /// Caches the dataset of `request`, a pass [`Family::claims_cache`] said is this family's: its encoders loaded
+    /// on the device `request.open` gives, `progress` following the items, `log` taking the lines worth showing.
+    fn cache(
+        &self,
+        request: &CacheRequest<'_>,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary>;
     /// The family's part of a run from a plan validated for it: the device opened, the model loaded (streamed
     /// and in FP8 as the plan says), the LoRA attached, the training items loaded, the samples prepared.
     fn start_run(
@@ -76,6 +104,31 @@ pub fn family_of_dit(dit: &DitSource) -> &'static dyn Family {
         .find(|f| f.claims_dit(dit))
         .copied()
         .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// The largest clip among the latent caches of `valid`'s datasets, every family's caches looked at.
+pub(crate) fn largest_cached_clip(valid: &ValidConfig, demo: bool) -> Option<ClipShape> {
+    FAMILIES
+        .iter()
+        .filter_map(|f| f.largest_cached_clip(valid, demo))
+        .max_by_key(clip_pixels)
+}
+
+/// The family whose files the cache pass `pass` names; the last takes any pass no other claims.
+pub(crate) fn family_of_cache(pass: &CachePass) -> &'static dyn Family {
+    FAMILIES
+        .iter()
+        .find(|f| f.claims_cache(pass))
+        .copied()
+        .unwrap_or(FAMILIES[FAMILIES.len() - 1])
+}
+
+/// The model the run `config` names, as its family describes it to the planner: the first family that knows it.
+pub fn plan_model_of(config: &RunConfig) -> Result<PlanModel, PlanError> {
+    FAMILIES
+        .iter()
+        .find_map(|f| f.plan_model(config))
+        .unwrap_or(Err(PlanError::UnknownModel))
 }
 
 /// What a micro-step needs from the run besides its batch.

@@ -6,15 +6,11 @@ use super::bytes::BaseFormat;
 use super::machine;
 use super::working_set::WORKING_SET;
 use super::{LoraShape, PlanError, PlanInput, PlanModel, StreamingSetup};
-use crate::family::wan::mode::StartFrame;
-use crate::train::demo_setup::{demo_model_config, DEMO_FRAMES, DEMO_SIZE};
+use crate::train::demo_setup::{DEMO_FRAMES, DEMO_SIZE};
 use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
-use framesmith_models::flux::FluxConfig;
-use framesmith_models::wan::vae::VaeConfig;
-use framesmith_models::wan::WanConfig;
 
 /// The clip one training step sees: the largest bucket of the dataset.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -123,52 +119,12 @@ pub fn clip_with_dataset(
     (clip, note)
 }
 
-/// The largest clip among the latent caches of the datasets in the dataset TOML at `path` (read from the cache
-/// files' headers, through the demo codec's factors for the `demo` model and the VAE's otherwise); `None` when the
-/// TOML cannot be read or nothing is cached yet.
+/// The largest clip among the latent caches of the datasets in the dataset TOML at `path`, as each family reads its
+/// caches ([`crate::family::Family::largest_cached_clip`]); `None` when the TOML cannot be read or nothing is cached
+/// yet.
 fn largest_cached_clip(path: &Path, demo: bool) -> Option<ClipShape> {
-    use framesmith_data::cache::{parse_latent_cache_name, read_latent_shape};
-    let pixels = clip_pixels;
     let valid = framesmith_data::load_valid(path).ok()?;
-    valid
-        .datasets
-        .iter()
-        .filter_map(|ds| {
-            let dir = ds.cache_directory.as_ref()?;
-            let batch = (ds.batch_size as usize).max(1);
-            std::fs::read_dir(dir)
-                .ok()?
-                .filter_map(|entry| {
-                    let name = entry.ok()?.file_name().into_string().ok()?;
-                    parse_latent_cache_name(&name, ds.kind())?;
-                    read_latent_shape(&dir.join(&name)).ok()
-                })
-                .map(|[channels, frames, height, width]| {
-                    let (s, t) = cache_factors(channels, demo);
-                    ClipShape {
-                        width: width * s,
-                        height: height * s,
-                        frames: (frames.max(1) - 1) * t + 1,
-                        batch,
-                    }
-                })
-                .max_by_key(pixels)
-        })
-        .max_by_key(pixels)
-}
-
-/// Spatial and temporal compression of latents of `channels` channels: the demo codec's for the demo model
-/// (its caches are made with it), else the VAE's with that many latent channels.
-fn cache_factors(channels: usize, demo: bool) -> (usize, usize) {
-    if demo {
-        return (crate::demo::codec::FACTOR, crate::demo::codec::TEMPORAL);
-    }
-    let vae = if channels == VaeConfig::wan22().z_dim {
-        VaeConfig::wan22()
-    } else {
-        VaeConfig::wan21()
-    };
-    (vae.spatial_factor(), vae.temporal_factor())
+    crate::family::largest_cached_clip(&valid, demo)
 }
 
 /// The dataset of a musubi-tuner dataset TOML (read from `path`) with the most pixels per step; `None` when it
@@ -197,69 +153,16 @@ fn largest_dataset_clip(text: &str, path: &Path) -> Option<ClipShape> {
 }
 
 /// Pixels of a step of `c` (saturating: a dataset config can name any size), to find the largest clip.
-fn clip_pixels(c: &ClipShape) -> u128 {
+pub(crate) fn clip_pixels(c: &ClipShape) -> u128 {
     [c.width, c.height, c.frames, c.batch]
         .into_iter()
         .fold(1u128, |n, d| n.saturating_mul(d as u128))
 }
 
-/// The command-line name of a named variant (`t2v-14b`), `tiny` for the demo model, else its shape.
-pub fn variant_name(cfg: &WanConfig) -> String {
-    if let Some((name, _)) = WanConfig::named_variants()
-        .into_iter()
-        .find(|(_, c)| c == cfg)
-    {
-        return name.to_string();
-    }
-    if *cfg == demo_model_config() {
-        return format!("tiny demo model ({} blocks)", cfg.num_layers);
-    }
-    format!(
-        "Wan (dim {}, {} blocks, ffn {})",
-        cfg.dim, cfg.num_layers, cfg.ffn_dim
-    )
-}
-
-/// The `model.variant` names that plan FLUX.1 [dev] (a run trains it from its file, with `variant = "auto"`).
-pub const FLUX_DEV_NAMES: [&str; 3] = ["flux-dev", "flux1-dev", "flux.1-dev"];
-
-/// The model a config trains: the demo model, the named variant (a Wan variant, or `flux-dev`), or the model read
-/// from the DiT's header when `model.variant = "auto"` (reads the checkpoint's headers, not its weights).
+/// The model a config trains, as its family describes it: the demo model, a named variant, or the model read from
+/// the DiT's header when `model.variant = "auto"` (reads the checkpoint's headers, not its weights).
 pub fn model_for_config(cfg: &RunConfig) -> Result<PlanModel, PlanError> {
-    let m = &cfg.model;
-    let flux = |config: FluxConfig| PlanModel::Flux {
-        config,
-        order: cfg.memory.flux_stream_order,
-    };
-    if m.demo {
-        return Ok(demo_model_config().into());
-    }
-    if FLUX_DEV_NAMES
-        .iter()
-        .any(|n| m.variant.eq_ignore_ascii_case(n))
-    {
-        return Ok(flux(FluxConfig::dev()));
-    }
-    if !m.variant.eq_ignore_ascii_case("auto") {
-        return WanConfig::by_name(&m.variant)
-            .map(PlanModel::from)
-            .ok_or_else(|| PlanError::UnknownVariant(m.variant.clone()));
-    }
-    if m.dit.as_os_str().is_empty() {
-        return Err(PlanError::UnknownModel);
-    }
-    if !m.dit.is_dir() && crate::family::flux::train::is_flux_file(&m.dit) {
-        return crate::family::flux::train::dev_config(&m.dit)
-            .map(flux)
-            .map_err(|err| PlanError::Inspect(format!("{err:#}")));
-    }
-    inspect_variant(&m.dit).map(PlanModel::from)
-}
-
-fn inspect_variant(path: &Path) -> Result<WanConfig, PlanError> {
-    framesmith_models::wan::weights::inspect(path)
-        .map(|report| report.config)
-        .map_err(|err| PlanError::Inspect(format!("{err:#}")))
+    crate::family::plan_model_of(cfg)
 }
 
 impl PlanInput {
@@ -269,19 +172,9 @@ impl PlanInput {
         let model = model.into();
         let base = BaseFormat::from_config(cfg.model.base_dtype, cfg.model.effective_fp8_scale());
         let mem = &cfg.memory;
-        let wan = model.wan().is_some();
-        // FLUX.1 trains on images: one frame, whatever a video default says.
-        let clip = if wan {
-            clip
-        } else {
-            ClipShape { frames: 1, ..clip }
-        };
-        Self {
-            start_frame: model.wan().is_some_and(|m| {
-                crate::family::wan::mode::resolve(m, cfg.training.mode, cfg.model.demo)
-                    .is_ok_and(StartFrame::keeps_first_latent_frame)
-            }),
-            model,
+        let mut input = Self {
+            start_frame: false,
+            model: model.clone(),
             compute: base.compute_dtype(),
             base,
             residual: cfg.model.residual_dtype,
@@ -310,15 +203,11 @@ impl PlanInput {
             checkpointing: mem.checkpointing,
             optimizer_and_context: true,
             on_cpu: cfg.training.device == DeviceSpec::Cpu,
-            // A low-noise expert on a GPU of its own (`training.low_noise_device`) is that card's whole plan, the
-            // same as this one's: nothing is parked on either.
-            experts: (wan
-                && !cfg.model.dit_low_noise.as_os_str().is_empty()
-                && !cfg.model.demo
-                && cfg.training.low_noise_device.trim().is_empty())
-            .then_some(cfg.model.experts),
+            experts: None,
             fp8_products: cfg.model.fp8_matmul && matches!(base, BaseFormat::Fp8(_)),
-        }
+        };
+        model.settle(cfg, &mut input);
+        input
     }
 
     /// The plan of a validated run: its resolved dtypes and memory settings, the loaded model's config and the

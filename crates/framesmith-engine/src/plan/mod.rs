@@ -1,5 +1,5 @@
 //! The memory planner (DESIGN.md §2 "Fits", §4.4): peak VRAM and host RAM of a training configuration, from the
-//! model's description (each family describes itself: [`PlanModel::describe`]), clip size, LoRA, weight format and
+//! model's description (each family describes itself: [`DescribeModel`]), clip size, LoRA, weight format and
 //! streaming setup — pure arithmetic, no tensor is allocated.
 //! Picks the smallest number of streamed blocks that fits a VRAM budget and, when nothing fits, says what would.
 //! Weight sizes are exact (`bytes`), and so are the activations the step keeps for its backward (`activations`);
@@ -7,12 +7,10 @@
 
 mod activations;
 mod bytes;
-mod flux;
 mod input;
 pub mod machine;
 mod model;
 mod suggest;
-mod wan;
 mod working_set;
 
 pub use activations::{block_tape_bytes, kept_attention_bytes};
@@ -21,12 +19,12 @@ pub use bytes::{
     fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
     vae_for, BaseFormat,
 };
-pub use flux::flux_streamed_blocks;
+pub(crate) use input::clip_pixels;
 pub use input::{
-    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, variant_name,
-    ClipShape, DEFAULT_CLIP,
+    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, ClipShape,
+    DEFAULT_CLIP,
 };
-pub use model::{BlockKind, ModelMemory, PlanModel};
+pub use model::{BlockKind, DescribeModel, ModelMemory, PlanModel};
 pub use working_set::{
     auto_margin_bytes, per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs,
     BlockWidths, StepShape, WorkingSet, CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
@@ -684,4 +682,4 @@ fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests;
+pub(crate) mod tests;

@@ -1,56 +1,86 @@
-//! The model as the planner sees it, whatever its family: a description each family computes from its own config
-//! ([`super::wan`], [`super::flux`]) — its kinds of blocks with their bytes, which blocks stream for a count, the
-//! weights that stay resident, the LoRA's size, and the activations of one step — so the plan's arithmetic
-//! ([`super::plan`]) has no model in it.
+//! The model as the planner sees it, whatever its family: a [`DescribeModel`] that each family implements in its
+//! folder of `family/` — its kinds of blocks with their bytes, which blocks stream for a count, the weights that stay
+//! resident, the LoRA's size, and the activations of one step — so the plan's arithmetic ([`super::plan`]) has no
+//! model in it.
 
-use framesmith_config::run::FluxStreamOrder;
-use framesmith_models::flux::FluxConfig;
-use framesmith_models::wan::WanConfig;
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use framesmith_config::RunConfig;
 
 use super::working_set::StepShape;
 use super::{PlanError, PlanInput};
+use crate::family::Family;
 
-/// A model the planner knows, with what its family needs to describe it.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PlanModel {
-    /// A Wan 2.1 / 2.2 DiT (or the demo model).
-    Wan(WanConfig),
-    /// A FLUX.1 DiT, with the order its blocks stream in (`memory.flux_stream_order`).
-    Flux {
-        config: FluxConfig,
-        order: FluxStreamOrder,
-    },
+/// A model as its family describes it to the planner.
+pub trait DescribeModel: fmt::Debug + Send + Sync {
+    /// The family the model is of.
+    fn family(&self) -> &'static dyn Family;
+    /// The model's description for `input` (its clip, LoRA, weight format and activation settings).
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError>;
+    /// Number of transformer blocks.
+    fn num_blocks(&self) -> usize;
+    /// Sets what a plan of the run config `cfg` holds that depends on the family (the clip's frames, a start frame
+    /// kept, a second expert parked); `input` comes with the settings every family shares.
+    fn settle(&self, _cfg: &RunConfig, _input: &mut PlanInput) {}
 }
 
-impl From<WanConfig> for PlanModel {
-    fn from(cfg: WanConfig) -> Self {
-        Self::Wan(cfg)
+/// A [`DescribeModel`] that compares with another and can be looked inside.
+trait AnyModel: DescribeModel {
+    fn as_any(&self) -> &dyn Any;
+    fn same(&self, other: &dyn AnyModel) -> bool;
+}
+
+impl<T: DescribeModel + PartialEq + 'static> AnyModel for T {
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn same(&self, other: &dyn AnyModel) -> bool {
+        other.as_any().downcast_ref::<T>() == Some(self)
+    }
+}
+
+/// A model the planner plans for, of any family.
+#[derive(Debug, Clone)]
+pub struct PlanModel(Arc<dyn AnyModel>);
+
+impl PartialEq for PlanModel {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.same(other.0.as_ref())
     }
 }
 
 impl PlanModel {
-    /// The model's description for `input` (its clip, LoRA, weight format and activation settings).
-    pub fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
-        match self {
-            Self::Wan(cfg) => super::wan::describe(cfg, input),
-            Self::Flux { config, order } => super::flux::describe(config, *order, input),
-        }
+    /// The planner's model of a family's description `model`.
+    pub fn new(model: impl DescribeModel + PartialEq + 'static) -> Self {
+        Self(Arc::new(model))
     }
 
-    /// The Wan config, for what only Wan models have (the VAE of its caches, the start frame, experts).
-    pub fn wan(&self) -> Option<&WanConfig> {
-        match self {
-            Self::Wan(cfg) => Some(cfg),
-            Self::Flux { .. } => None,
-        }
+    /// The model's description for `input` (its clip, LoRA, weight format and activation settings).
+    pub fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        self.0.describe(input)
+    }
+
+    /// The family the model is of.
+    pub fn family(&self) -> &'static dyn Family {
+        self.0.family()
     }
 
     /// Number of transformer blocks.
     pub fn num_blocks(&self) -> usize {
-        match self {
-            Self::Wan(cfg) => cfg.num_layers,
-            Self::Flux { config, .. } => config.depth + config.depth_single_blocks,
-        }
+        self.0.num_blocks()
+    }
+
+    /// Sets the family's part of a plan of `cfg` ([`DescribeModel::settle`]).
+    pub fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
+        self.0.settle(cfg, input);
+    }
+
+    /// The family's own description, when it is a `T` (for the family's code and tests).
+    pub fn downcast_ref<T: 'static>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref::<T>()
     }
 }
 

@@ -565,10 +565,10 @@ fn absurd_sizes_are_refused_and_the_largest_plan_without_overflow() {
     );
 
     let mut flux = input(WanConfig::tiny(2), BaseFormat::Fp8(Fp8ScaleMode::Block64));
-    flux.model = PlanModel::Flux {
+    flux.model = PlanModel::new(crate::family::flux::plan::FluxPlanModel {
         config: framesmith_models::flux::FluxConfig::dev(),
         order: framesmith_config::run::FluxStreamOrder::Spread,
-    };
+    });
     flux.clip = ClipShape {
         width: MAX_SIDE_PIXELS,
         height: MAX_SIDE_PIXELS,
@@ -1151,7 +1151,7 @@ fn fp8_products_hold_channel_scales_and_a_quantised_input() {
 }
 
 /// The plan's line for a block's recompute + backward working set, in bytes.
-pub(super) fn working_set_line(input: &PlanInput) -> u64 {
+pub(crate) fn working_set_line(input: &PlanInput) -> u64 {
     plan(input)
         .unwrap()
         .breakdown

@@ -1,5 +1,5 @@
 //! Whether a cache file on disk is complete, from its safetensors header alone: the header parses, names a
-//! tensor of each expected kind, says `architecture = wan` (or the architecture asked for), and its data ends
+//! tensor of each expected kind, says the architecture asked for, and its data ends
 //! exactly at the end of the file (a run killed mid-write leaves a shorter file). Reading only the header keeps
 //! re-runs over large datasets cheap.
 
@@ -7,22 +7,13 @@ use std::collections::HashMap;
 use std::io::Read;
 use std::path::Path;
 
-use framesmith_data::cache::WAN_ARCHITECTURE;
-
 /// Headers larger than this are not caches (musubi-tuner's are a few hundred bytes).
 const MAX_HEADER_BYTES: u64 = 1 << 20;
 
-/// The metadata of a complete Wan cache at `path` holding, for each of `key_prefixes`, a tensor whose key starts
-/// with it; `None` when the file is missing, truncated, lacks one of them, or is another kind of file.
+/// The metadata of a complete cache of `architecture` (its family's name in musubi-tuner's caches) at `path`
+/// holding, for each of `key_prefixes`, a tensor whose key starts with it; `None` when the file is missing,
+/// truncated, lacks one of them, or is another kind of file.
 pub(crate) fn complete_cache(
-    path: &Path,
-    key_prefixes: &[&str],
-) -> Option<HashMap<String, String>> {
-    complete_cache_of(path, key_prefixes, WAN_ARCHITECTURE)
-}
-
-/// [`complete_cache`] for the caches of `architecture` (`wan`, `flux`).
-pub(crate) fn complete_cache_of(
     path: &Path,
     key_prefixes: &[&str],
     architecture: &str,
@@ -73,20 +64,25 @@ mod tests {
             &Tensor::ones((3, 8), DType::F32, &Device::Cpu)?,
             "a cat",
         )?;
-        let meta =
-            complete_cache(&path, &["varlen_t5_"]).ok_or_else(|| anyhow::anyhow!("complete"))?;
+        let meta = complete_cache(&path, &["varlen_t5_"], WAN_ARCHITECTURE)
+            .ok_or_else(|| anyhow::anyhow!("complete"))?;
         assert_eq!(meta.get("caption1").map(String::as_str), Some("a cat"));
         assert_eq!(
             meta.get("architecture").map(String::as_str),
             Some(WAN_ARCHITECTURE)
         );
-        assert!(complete_cache(&path, &["latents_"]).is_none());
+        assert!(complete_cache(&path, &["latents_"], WAN_ARCHITECTURE).is_none());
         let bytes = std::fs::read(&path)?;
         std::fs::write(&path, &bytes[..bytes.len() - 1])?;
-        assert!(complete_cache(&path, &["varlen_t5_"]).is_none());
+        assert!(complete_cache(&path, &["varlen_t5_"], WAN_ARCHITECTURE).is_none());
         std::fs::write(&path, b"junk")?;
-        assert!(complete_cache(&path, &["varlen_t5_"]).is_none());
-        assert!(complete_cache(&dir.path().join("absent"), &["varlen_t5_"]).is_none());
+        assert!(complete_cache(&path, &["varlen_t5_"], WAN_ARCHITECTURE).is_none());
+        assert!(complete_cache(
+            &dir.path().join("absent"),
+            &["varlen_t5_"],
+            WAN_ARCHITECTURE
+        )
+        .is_none());
         Ok(())
     }
 }

@@ -7,17 +7,24 @@ use std::path::Path;
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
+use crate::plan::{PlanError, PlanModel};
+use crate::prep::pass::{CachePass, CacheRequest};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
 pub mod generate;
 pub mod pipeline;
+pub mod plan;
+pub mod prep;
 pub mod run;
 pub mod samples;
 mod setup;
 pub mod train;
 
+#[cfg(test)]
+mod prep_tests;
 #[cfg(test)]
 mod run_tests;
 #[cfg(test)]
@@ -43,6 +50,36 @@ impl Family for FluxFamily {
 
     fn config_family(&self) -> ModelFamily {
         ModelFamily::Flux
+    }
+
+    fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+        plan::plan_model(config)
+    }
+
+    fn claims_cache(&self, pass: &CachePass) -> bool {
+        match pass {
+            CachePass::Latents(files) => prep::is_flux_autoencoder(&files.vae),
+            CachePass::Text(files) => files.clip_text.is_some(),
+        }
+    }
+
+    fn cache(
+        &self,
+        request: &CacheRequest<'_>,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        match &request.pass {
+            CachePass::Latents(files) => prep::latents(request, files, progress, log),
+            CachePass::Text(files) => prep::text(request, files, progress, log),
+        }
+    }
+
+    fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
+        // `--variant flux-dev` names the family to plan; a FLUX.1 run reads it from model.dit.
+        let mut settings = config.clone();
+        settings.model.variant = "auto".into();
+        settings
     }
 
     fn start_run(

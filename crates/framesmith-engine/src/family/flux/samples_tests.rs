@@ -13,10 +13,10 @@ use rand::SeedableRng;
 use crate::family::flux::pipeline::{
     decode_image, denoise_image, encode_prompts, FluxImageSettings, FluxPrompt, DEV_T5_TOKENS,
 };
+use crate::family::flux::plan::flux_streamed_blocks;
 use crate::family::flux::run_tests::config as run_config;
 use crate::family::flux::streaming_tests::{config, inputs, model, random_weights};
 use crate::parity::Fixture;
-use crate::plan::flux_streamed_blocks;
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 use crate::train::tests::try_start;
 use framesmith_config::protocol::Event;

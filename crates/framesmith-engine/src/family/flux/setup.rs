@@ -84,10 +84,10 @@ fn flux_memory_report(
     if !(device.is_cuda() && plan.memory.applies) {
         return None;
     }
-    let model = memory_plan::PlanModel::Flux {
+    let model = memory_plan::PlanModel::new(super::plan::FluxPlanModel {
         config: cfg.clone(),
         order: plan.memory.flux_stream_order,
-    };
+    });
     Some(memory_plan::plan_run(plan, model, clip).map_err(|e| e.to_string()))
 }
 
@@ -107,7 +107,7 @@ fn flux_streaming(
     Ok(
         streamed_count(plan, device, memory, blocks, &model)?.map(|(count, offload)| {
             (
-                memory_plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
+                super::plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
                 offload,
             )
         }),

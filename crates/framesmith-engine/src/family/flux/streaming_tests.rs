@@ -8,8 +8,8 @@ use candle_core::{DType, Device, Tensor, Var};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::family::flux::plan::flux_streamed_blocks;
 use crate::parity::Fixture;
-use crate::plan::flux_streamed_blocks;
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 use framesmith_config::run::FluxStreamOrder;
 use framesmith_models::flux::weights::official_shapes;

@@ -15,7 +15,7 @@ use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::cache::parse_latent_cache_name;
-use framesmith_data::flux_cache::{
+use framesmith_data::family::flux::cache::{
     flux_text_cache_name, parse_flux_latent_cache_name, read_flux_latent_cache,
     read_flux_text_cache,
 };

@@ -20,7 +20,7 @@ use crate::train::trainer::mix;
 use framesmith_config::run::TimestepSampling;
 use framesmith_config::training::TimestepConfig;
 use framesmith_data::cache::{image_latent_cache_name, text_cache_name, write_wan_text_cache};
-use framesmith_data::flux_cache::{
+use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
     FluxTextCache,
 };

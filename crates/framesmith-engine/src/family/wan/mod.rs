@@ -9,22 +9,30 @@ use std::path::Path;
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
+use crate::plan::{ClipShape, PlanError, PlanModel};
+use crate::prep::pass::{CachePass, CacheRequest};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_data::ValidConfig;
 
 pub mod data;
 mod demo_generate;
 pub mod denoise;
 pub mod experts;
 pub mod generate;
+pub mod latents;
 pub mod mode;
 pub mod pipeline;
+pub mod plan;
+mod prep;
 pub mod run;
 pub mod sample_models;
 pub mod samples;
 mod setup;
 pub mod start_image;
+pub mod text_cache;
 
 #[cfg(test)]
 mod experts_tests;
@@ -43,6 +51,30 @@ impl Family for WanFamily {
 
     fn config_family(&self) -> ModelFamily {
         ModelFamily::Wan
+    }
+
+    fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+        Some(plan::plan_model(config))
+    }
+
+    fn largest_cached_clip(&self, valid: &ValidConfig, demo: bool) -> Option<ClipShape> {
+        plan::largest_cached_clip(valid, demo)
+    }
+
+    fn claims_cache(&self, _pass: &CachePass) -> bool {
+        true
+    }
+
+    fn cache(
+        &self,
+        request: &CacheRequest<'_>,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        match &request.pass {
+            CachePass::Latents(files) => prep::latents(request, files, progress, log),
+            CachePass::Text(files) => prep::text(request, files, progress, log),
+        }
     }
 
     fn start_run(

@@ -4,7 +4,9 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use crate::prep::{cache_latents, cache_text, CacheOptions, LatentEncoder};
+use crate::family::wan::latents::{cache_latents, LatentEncoder};
+use crate::family::wan::text_cache::cache_text;
+use crate::prep::CacheOptions;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::{LogLevel, StartRun};
 use framesmith_config::run::{BaseDtype, DeviceSpec};

@@ -55,8 +55,13 @@ pub(super) fn start_run(
     }
     let demo = plan.model.source == ModelSource::Demo;
     // A mode the model cannot train in fails before anything loads (the header tells the model).
-    if let Ok(memory_plan::PlanModel::Wan(cfg)) = memory_plan::model_for_config(&plan.config) {
-        mode::resolve(&cfg, plan.training.mode, demo)?;
+    let model = memory_plan::model_for_config(&plan.config);
+    if let Some(cfg) = model
+        .as_ref()
+        .ok()
+        .and_then(|m| m.downcast_ref::<WanConfig>())
+    {
+        mode::resolve(cfg, plan.training.mode, demo)?;
     }
     let vram_reservation = reserve_budget(plan, &device)?;
     let encoded = encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;

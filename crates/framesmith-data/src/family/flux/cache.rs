@@ -9,8 +9,8 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use super::cache::{LatentCacheName, CACHE_FORMAT_VERSION};
-use super::tensor_file::{
+use crate::cache::{LatentCacheName, CACHE_FORMAT_VERSION};
+use crate::tensor_file::{
     format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
     CacheError, RawTensor,
 };

@@ -8,6 +8,7 @@ use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 use super::*;
+use crate::family::wan::text_cache::cache_text;
 use crate::train::trainer::Trainer;
 use framesmith_config::protocol::StartRun;
 use framesmith_config::{presets, RunConfig};

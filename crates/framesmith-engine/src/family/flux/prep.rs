@@ -5,15 +5,17 @@
 //! unchanged), stale FLUX.1 caches are removed unless asked not to, and Wan caches in the same folder are left
 //! alone.
 
+use std::path::Path;
+
 use anyhow::Context;
 use candle_core::{DType, Device};
 
-use super::{
+use crate::prep::{
     frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
     ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
-use framesmith_data::flux_cache::{
+use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
     FluxTextCache, FLUX_ARCHITECTURE,
 };
@@ -21,7 +23,11 @@ use framesmith_data::probe::image_size;
 use framesmith_data::samples::{cache_dir, image_sample};
 use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
 use framesmith_models::flux::autoencoder::AutoEncoder;
-use framesmith_models::flux::text_encoder::FluxTextEncoder;
+use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
+use framesmith_models::flux::weights::{identify, load_autoencoder, FluxComponent};
+
+use super::train::dev_config;
+use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles, TextFiles};
 
 /// Side of the FLUX.1 DiT's square packing of latent pixels into tokens.
 const PACK_SIDE: usize = 2;
@@ -44,7 +50,7 @@ impl FluxLatentEncoder<'_> {
 
 /// Whether `path` holds a complete FLUX.1 cache with these tensors and, for text caches, this `caption`.
 fn cached(path: &std::path::Path, prefixes: &[&str], caption: Option<&str>) -> bool {
-    header::complete_cache_of(path, prefixes, FLUX_ARCHITECTURE).is_some_and(|meta| {
+    header::complete_cache(path, prefixes, FLUX_ARCHITECTURE).is_some_and(|meta| {
         caption.is_none_or(|c| meta.get("caption1").map(String::as_str) == Some(c))
     })
 }
@@ -183,4 +189,80 @@ pub fn cache_flux_text(
         summary.removed = expected.remove_stale(&format!("_{FLUX_ARCHITECTURE}_te.safetensors"))?;
     }
     Ok(summary)
+}
+
+/// T5 tokens per caption: FLUX.1 [dev] reads 512.
+const DEV_T5_TOKENS: usize = 512;
+
+/// Whether `path` is FLUX.1's autoencoder (so the latent pass caches for FLUX.1).
+pub(super) fn is_flux_autoencoder(path: &Path) -> bool {
+    identify(path).is_ok_and(|file| file.kind.component() == FluxComponent::Autoencoder)
+}
+
+/// The latent pass with FLUX.1's autoencoder.
+pub(super) fn latents(
+    request: &CacheRequest<'_>,
+    files: &LatentFiles,
+    progress: &mut dyn CacheProgress,
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<CacheSummary> {
+    if files.i2v || files.clip.is_some() || files.tiled {
+        anyhow::bail!(
+            "--i2v, --clip and --tiled are for Wan VAEs; FLUX.1's autoencoder caches images as they are: drop them"
+        );
+    }
+    if let Some(dit) = &files.dit {
+        dev_config(dit)?;
+    }
+    let valid = load_dataset(&request.dataset, log)?;
+    let (device, dtype) = (request.open)()?;
+    let ae = load_autoencoder(&files.vae, dtype, &device)?;
+    log(&format!(
+        "autoencoder: FLUX.1, {} latent channels, on {device:?} in {dtype:?}",
+        ae.config().z_channels
+    ));
+    let encoder = FluxLatentEncoder {
+        ae: &ae,
+        device: device.clone(),
+        dtype,
+    };
+    let options = CacheOptions {
+        keep_stale: request.keep_stale,
+    };
+    cache_flux_latents(&valid, &encoder, &options, progress)
+}
+
+/// The text pass with CLIP-L (`files.clip_text`) and T5-XXL (`files.text_encoder`).
+pub(super) fn text(
+    request: &CacheRequest<'_>,
+    files: &TextFiles,
+    progress: &mut dyn CacheProgress,
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<CacheSummary> {
+    let (Some(clip), Some(t5)) = (&files.clip_text, &files.text_encoder) else {
+        anyhow::bail!("FLUX.1's captions cache with both text encoders: give --clip-l and --t5");
+    };
+    let valid = load_dataset(&request.dataset, log)?;
+    let (device, dtype) = (request.open)()?;
+    let encoder_files = TextEncoderFiles {
+        clip,
+        clip_tokenizer: files.clip_tokenizer.as_deref(),
+        t5,
+        t5_tokenizer: files.tokenizer.as_deref(),
+        t5_max_tokens: DEV_T5_TOKENS,
+    };
+    let encoder = FluxTextEncoder::load(encoder_files, dtype, &device).with_context(|| {
+        format!(
+            "loading the FLUX.1 text encoders {} and {}",
+            clip.display(),
+            t5.display()
+        )
+    })?;
+    log(&format!(
+        "text encoders: CLIP-L and T5-XXL on {device:?} in {dtype:?}"
+    ));
+    let options = CacheOptions {
+        keep_stale: request.keep_stale,
+    };
+    cache_flux_text(&valid, &encoder, dtype, &options, progress)
 }

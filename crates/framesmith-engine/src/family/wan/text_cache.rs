@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use super::{scan_all, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome};
+use crate::prep::{scan_all, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome};
 use framesmith_data::cache::{media_stem, text_cache_name, write_wan_text_cache, WAN_ARCHITECTURE};
 use framesmith_data::media::MediaTools;
 use framesmith_data::samples::cache_dir;
@@ -27,7 +27,7 @@ fn text_suffix() -> String {
 
 /// Whether `path` holds a complete text cache of `caption`.
 fn cached(path: &Path, caption: &str) -> bool {
-    super::header::complete_cache(path, &["varlen_t5_"])
+    crate::prep::header::complete_cache(path, &["varlen_t5_"], WAN_ARCHITECTURE)
         .is_some_and(|meta| meta.get("caption1").map(String::as_str) == Some(caption))
 }
 

@@ -1,29 +1,22 @@
-//! Validation of what depends on the model family: the files samples need (Wan: VAE and umT5; FLUX.1: the
-//! autoencoder, T5-XXL and CLIP-L) and the Wan-only settings a FLUX.1 run refuses, each by key with its fix. The
-//! family comes from the caller (it is read from `model.dit`), see [`crate::validate::validate_for`].
+//! FLUX.1's part of validation: the files its samples need (the autoencoder, T5-XXL and CLIP-L) and the Wan-only
+//! settings a FLUX.1 run refuses, each by key with its fix.
 
 use std::path::Path;
 
-use super::plan::ModelFamily;
-use super::run::{RunConfig, TrainingMode};
-use super::validate::Checker;
+use super::FamilyRules;
+use crate::run::{RunConfig, TrainingMode};
+use crate::validate::Checker;
 
-/// The model files samples of a `family` run need: (key, path, what it is for).
-pub(crate) fn sampling_files(
-    cfg: &RunConfig,
-    family: ModelFamily,
-) -> Vec<(&'static str, &Path, &'static str)> {
-    let m = &cfg.model;
-    match family {
-        ModelFamily::Wan => vec![
-            ("model.vae", &m.vae, "the VAE (to decode clips)"),
-            (
-                "model.text_encoder",
-                &m.text_encoder,
-                "the text encoder (to encode prompts)",
-            ),
-        ],
-        ModelFamily::Flux => vec![
+/// FLUX.1 [dev]'s rules.
+pub(crate) struct FluxRules;
+
+impl FamilyRules for FluxRules {
+    fn sampling_files<'a>(
+        &self,
+        cfg: &'a RunConfig,
+    ) -> Vec<(&'static str, &'a Path, &'static str)> {
+        let m = &cfg.model;
+        vec![
             (
                 "model.vae",
                 &m.vae,
@@ -39,59 +32,55 @@ pub(crate) fn sampling_files(
                 &m.clip,
                 "CLIP-L clip_l.safetensors (to encode prompts)",
             ),
-        ],
+        ]
     }
-}
 
-/// What `model.clip` holds for a `family` run, as messages name it.
-pub(crate) fn clip_file(family: ModelFamily) -> &'static str {
-    match family {
-        ModelFamily::Wan => "CLIP image encoder",
-        ModelFamily::Flux => "CLIP-L text encoder",
+    fn clip_file(&self) -> &'static str {
+        "CLIP-L text encoder"
     }
-}
 
-/// The Wan-only settings of a FLUX.1 run (`validation_scheduled`: `[validation]` asks for evaluations).
-pub(crate) fn check_flux(c: &mut Checker, cfg: &RunConfig, validation_scheduled: bool) {
-    let m = &cfg.model;
-    if !m.variant.eq_ignore_ascii_case("auto") {
-        c.problem(
-            "model.variant",
-            format!(
-                "names the Wan variant `{}`, but model.dit is FLUX.1 [dev]",
-                m.variant
-            ),
-            "set model.variant = \"auto\" (FLUX.1 is read from the file)",
-        );
-    }
-    if !m.dit_low_noise.as_os_str().is_empty() {
-        c.problem(
-            "model.dit_low_noise",
-            "is for Wan2.2 A14B's low-noise expert; a FLUX.1 run trains one DiT",
-            "remove model.dit_low_noise",
-        );
-    }
-    if cfg.training.mode == TrainingMode::ImageToVideo {
-        c.problem(
-            "training.mode",
-            "image_to_video is for Wan; FLUX.1 [dev] trains text-to-image",
-            "remove training.mode or set it to \"auto\"",
-        );
-    }
-    if validation_scheduled {
-        let v = &cfg.validation;
-        let key = if v.validate_every_n_steps.is_some_and(|n| n > 0) {
-            "validation.validate_every_n_steps"
-        } else if v.validate_every_n_epochs.is_some_and(|n| n > 0) {
-            "validation.validate_every_n_epochs"
-        } else {
-            "validation.validate_at_save"
-        };
-        c.problem(
-            key,
-            "validation of FLUX.1 runs is not available yet",
-            "remove the [validation] schedule",
-        );
+    /// The Wan-only settings of a FLUX.1 run (`validation_scheduled`: `[validation]` asks for evaluations).
+    fn check(&self, c: &mut Checker, cfg: &RunConfig, validation_scheduled: bool) {
+        let m = &cfg.model;
+        if !m.variant.eq_ignore_ascii_case("auto") {
+            c.problem(
+                "model.variant",
+                format!(
+                    "names the Wan variant `{}`, but model.dit is FLUX.1 [dev]",
+                    m.variant
+                ),
+                "set model.variant = \"auto\" (FLUX.1 is read from the file)",
+            );
+        }
+        if !m.dit_low_noise.as_os_str().is_empty() {
+            c.problem(
+                "model.dit_low_noise",
+                "is for Wan2.2 A14B's low-noise expert; a FLUX.1 run trains one DiT",
+                "remove model.dit_low_noise",
+            );
+        }
+        if cfg.training.mode == TrainingMode::ImageToVideo {
+            c.problem(
+                "training.mode",
+                "image_to_video is for Wan; FLUX.1 [dev] trains text-to-image",
+                "remove training.mode or set it to \"auto\"",
+            );
+        }
+        if validation_scheduled {
+            let v = &cfg.validation;
+            let key = if v.validate_every_n_steps.is_some_and(|n| n > 0) {
+                "validation.validate_every_n_steps"
+            } else if v.validate_every_n_epochs.is_some_and(|n| n > 0) {
+                "validation.validate_every_n_epochs"
+            } else {
+                "validation.validate_at_save"
+            };
+            c.problem(
+                key,
+                "validation of FLUX.1 runs is not available yet",
+                "remove the [validation] schedule",
+            );
+        }
     }
 }
 
@@ -107,7 +96,7 @@ mod tests {
 
     /// A FLUX.1 run whose files all exist (this source file stands in for each).
     fn flux() -> RunConfig {
-        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/validate_flux.rs");
+        let here = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("src/family/flux.rs");
         let mut cfg = RunConfig::default();
         cfg.model.dit = here.clone();
         cfg.dataset.config = here;

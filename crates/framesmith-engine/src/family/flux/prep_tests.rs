@@ -6,9 +6,9 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use super::flux::{cache_flux_latents, cache_flux_text, FluxLatentEncoder};
-use super::{frames_to_video, CacheOptions};
-use framesmith_data::flux_cache::{
+use super::prep::{cache_flux_latents, cache_flux_text, FluxLatentEncoder};
+use crate::prep::{frames_to_video, CacheOptions};
+use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, read_flux_latent_cache, read_flux_text_cache,
 };
 use framesmith_data::samples::image_sample;

@@ -1,0 +1,3 @@
+//! FLUX.1's data: its latent and text-encoder caches ([`cache`]).
+
+pub mod cache;

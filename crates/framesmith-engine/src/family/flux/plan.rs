@@ -1,0 +1,341 @@
+//! FLUX.1's description for the planner ([`ModelMemory`]): its double- and single-stream blocks with their bytes
+//! from the official tensor list, which blocks stream for a count (`memory.flux_stream_order`), the joint
+//! [text; image] sequence's tokens, and the step's activations.
+
+use framesmith_config::run::FluxStreamOrder;
+use framesmith_config::RunConfig;
+use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
+use framesmith_models::flux::weights::official_shapes;
+use framesmith_models::flux::FluxConfig;
+use framesmith_nn::lora::{check_rank, LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
+
+use super::train::{dev_config, is_flux_file};
+use crate::family::Family;
+use crate::plan::{
+    dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
+    BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
+};
+use crate::plan::{DescribeModel, PlanModel};
+
+/// FLUX.1's DiT as the planner sees it: its sizes and the order its blocks stream in (`memory.flux_stream_order`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct FluxPlanModel {
+    pub config: FluxConfig,
+    pub order: FluxStreamOrder,
+}
+
+impl DescribeModel for FluxPlanModel {
+    fn family(&self) -> &'static dyn Family {
+        &super::FluxFamily
+    }
+
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        describe(&self.config, self.order, input)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.config.depth + self.config.depth_single_blocks
+    }
+
+    fn settle(&self, _cfg: &RunConfig, input: &mut PlanInput) {
+        // FLUX.1 trains on images: one frame, whatever a video default says.
+        input.clip.frames = 1;
+    }
+}
+
+/// The `model.variant` names that plan FLUX.1 [dev] (a run trains it from its file, with `variant = "auto"`).
+pub const FLUX_DEV_NAMES: [&str; 3] = ["flux-dev", "flux1-dev", "flux.1-dev"];
+
+/// FLUX.1 [dev] when the config names it (`model.variant = "flux-dev"`) or its `model.dit` is a FLUX.1 file (with
+/// `variant = "auto"`; reads the file's header, not its weights); `None` for any other model.
+pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    let m = &cfg.model;
+    let model = |config: FluxConfig| {
+        PlanModel::new(FluxPlanModel {
+            config,
+            order: cfg.memory.flux_stream_order,
+        })
+    };
+    if m.demo {
+        return None;
+    }
+    if FLUX_DEV_NAMES
+        .iter()
+        .any(|n| m.variant.eq_ignore_ascii_case(n))
+    {
+        return Some(Ok(model(FluxConfig::dev())));
+    }
+    let auto = m.variant.eq_ignore_ascii_case("auto");
+    if !auto || m.dit.as_os_str().is_empty() || m.dit.is_dir() || !is_flux_file(&m.dit) {
+        return None;
+    }
+    Some(
+        dev_config(&m.dit)
+            .map(model)
+            .map_err(|err| PlanError::Inspect(format!("{err:#}"))),
+    )
+}
+
+/// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of `count`
+/// streamed blocks. `single_first` / `double_first` take blocks of that kind until it runs out, then of the other;
+/// within a kind, and over all blocks with `spread`, the streamed blocks are spread evenly so resident blocks sit
+/// between them and hide their copies. At most every block but one streams.
+pub fn flux_streamed_blocks(cfg: &FluxConfig, count: usize, order: FluxStreamOrder) -> Vec<usize> {
+    let (double, single) = (cfg.depth, cfg.depth_single_blocks);
+    let total = double + single;
+    let count = count.min(total.saturating_sub(1));
+    let of_kind = |n: usize, first: usize, len: usize| -> Vec<usize> {
+        streamed_blocks(len, n.min(len), StreamPlacement::Spread)
+            .into_iter()
+            .map(|i| first + i)
+            .collect()
+    };
+    let mut out = match order {
+        FluxStreamOrder::Spread => streamed_blocks(total, count, StreamPlacement::Spread),
+        FluxStreamOrder::SingleFirst => {
+            let s = count.min(single);
+            let mut v = of_kind(count - s, 0, double);
+            v.extend(of_kind(s, double, single));
+            v
+        }
+        FluxStreamOrder::DoubleFirst => {
+            let d = count.min(double);
+            let mut v = of_kind(d, 0, double);
+            v.extend(of_kind(count - d, double, single));
+            v
+        }
+    };
+    out.sort_unstable();
+    out
+}
+
+/// Text tokens per sample: T5-XXL's padded length for FLUX.1 [dev].
+const TEXT_TOKENS: u64 = T5_MAX_TOKENS_DEV as u64;
+
+/// Pixels per token side: the autoencoder's 8× and the 2×2 packing of latents into tokens.
+const PIXELS_PER_TOKEN: usize = 16;
+
+fn elements(shape: &[usize]) -> u64 {
+    shape.iter().map(|&n| n as u64).product()
+}
+
+/// The size of every frozen buffer of one block under `prefix` (`double_blocks.0.`) as the engine holds it: linear
+/// weights in `base` (FP8: codes and scales), biases and q/k norm scales in the compute dtype.
+fn block_buffers(cfg: &FluxConfig, prefix: &str, base: BaseFormat) -> Vec<u64> {
+    let compute = dtype_bytes(base.compute_dtype());
+    let mut out = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let linear = shape.len() == 2 && rest.ends_with(".weight");
+        match (linear, base) {
+            (true, BaseFormat::Dense(d)) => out.push(elements(&shape) * dtype_bytes(d)),
+            (true, BaseFormat::Fp8(mode)) => {
+                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
+                out.extend([codes, scales]);
+            }
+            (false, _) => out.push(elements(&shape) * compute),
+        }
+    }
+    out
+}
+
+/// One block of the kind under `prefix`: (resident bytes, packed bytes as the streamer aligns each buffer).
+fn block_sizes(cfg: &FluxConfig, prefix: &str, base: BaseFormat) -> (u64, u64) {
+    let align = ALIGN as u64;
+    let buffers = block_buffers(cfg, prefix, base);
+    (
+        buffers.iter().sum(),
+        buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
+    )
+}
+
+/// The weights outside the blocks, all in the compute dtype, by component.
+fn resident_weights(cfg: &FluxConfig, compute: u64) -> Vec<(&'static str, u64)> {
+    const GROUPS: [(&str, &str); 6] = [
+        ("img_in.", "image and text input projections"),
+        ("txt_in.", "image and text input projections"),
+        ("time_in.", "time, guidance and pooled-text embeddings"),
+        ("guidance_in.", "time, guidance and pooled-text embeddings"),
+        ("vector_in.", "time, guidance and pooled-text embeddings"),
+        ("final_layer.", "final layer"),
+    ];
+    let mut out: Vec<(&'static str, u64)> = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(&(_, label)) = GROUPS.iter().find(|(p, _)| name.starts_with(p)) else {
+            continue;
+        };
+        let bytes = elements(&shape) * compute;
+        match out.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total += bytes,
+            None => out.push((label, bytes)),
+        }
+    }
+    out
+}
+
+/// LoRA parameters and adapted linears on FLUX.1's blocks for `rank` (musubi-tuner's rules and FLUX.1 excludes).
+fn lora_parameters(
+    cfg: &FluxConfig,
+    rank: usize,
+    include: &[String],
+    exclude: &[String],
+) -> Result<(u64, usize), LoraError> {
+    let targets = LoraTargets::for_family(LoraFamily::Flux, include, exclude)?;
+    let shapes = official_shapes(cfg);
+    let adapted: Vec<(&str, [usize; 2])> = shapes
+        .iter()
+        .filter_map(
+            |(name, shape)| match (name.strip_suffix(".weight"), shape.as_slice()) {
+                (Some(module), &[out_dim, in_dim]) if targets.matches(module) => {
+                    Some((module, [in_dim, out_dim]))
+                }
+                _ => None,
+            },
+        )
+        .collect();
+    check_rank(rank, adapted.iter().copied())?;
+    let params = adapted
+        .iter()
+        .map(|(_, [in_dim, out_dim])| rank as u64 * (in_dim + out_dim) as u64)
+        .sum();
+    Ok((params, adapted.len()))
+}
+
+/// The FLUX.1 DiT `cfg`, its blocks streamed in `order`, for `input` (an image step: `clip.frames` is ignored).
+///
+/// The tapes (kept with `checkpointing = "off"`) are counted from the fields of `flux::double_block::grad` and
+/// `flux::single_block::grad` (`L` tokens of the joint sequence, `d` width, `f` MLP width, `h` heads, `r` rank,
+/// `c` / `s` compute and residual dtype bytes): a double-stream block keeps `2·L·d·s` of residual stream, `2·L·d·4`
+/// of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention output, `2·L·f·c` of MLP
+/// activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; a single-stream block `L·d·s`, `L·d·4`,
+/// `7·L·d·c`, `linear1`'s output `L·(3d + f)·c`, `linear2`'s input `L·(d + f)·c`, `2·L·r·c` and `L·h·4`. With
+/// `checkpointing = "attention"` each block of either kind keeps its joint attention's output and log-sum-exp,
+/// `L·d·c + L·h·4` (`nn::attention::KeptBlock`); `"attention_projection"` adds its gated branches' outputs, `2·L·d·c`
+/// (`proj` and `mlp.2` over both streams) for a double-stream block and `L·d·c` (`linear2`) for a single one. The working
+/// set uses the calibrated coefficients of [`WorkingSet`] with `linear1`'s output width `3d + f` as the MLP width;
+/// it is not yet measured on FLUX.1.
+pub(crate) fn describe(
+    cfg: &FluxConfig,
+    order: FluxStreamOrder,
+    input: &PlanInput,
+) -> Result<ModelMemory, PlanError> {
+    let c = &input.clip;
+    if c.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let whole = |n: usize| (n > 0 && n % PIXELS_PER_TOKEN == 0).then_some(n / PIXELS_PER_TOKEN);
+    let (Some(w), Some(h)) = (whole(c.width), whole(c.height)) else {
+        return Err(PlanError::Resolution {
+            width: c.width,
+            height: c.height,
+            multiple: PIXELS_PER_TOKEN,
+        });
+    };
+    if input.lora.rank == 0 {
+        return Err(LoraError::ZeroRank.into());
+    }
+    let (lora_params, lora_modules) = lora_parameters(
+        cfg,
+        input.lora.rank,
+        &input.lora.include_patterns,
+        &input.lora.exclude_patterns,
+    )?;
+    let batch = c.batch as u64;
+    let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, c.batch)?;
+    let (d, f, heads) = (
+        cfg.hidden_size as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_heads as u64,
+    );
+    let compute = dtype_bytes(input.compute);
+    let linear1 = 3 * d + f;
+    let shape = StepShape {
+        tokens,
+        compute_bytes: compute,
+        residual_bytes: residual_bytes(input.residual),
+        dequantised_weight_bytes: match input.base {
+            BaseFormat::Fp8(_) => linear1 * d * compute,
+            BaseFormat::Dense(_) => 0,
+        },
+        // The widest block linear input: the single blocks' `linear2` takes the attention output and the MLP's.
+        quantised_input_bytes: if input.fp8_products {
+            tokens * (d + f + 4)
+        } else {
+            0
+        },
+        per_token_time: false,
+    };
+    let (l, s, r) = (tokens, shape.residual_bytes, input.lora.rank as u64);
+    let kept_attention = l * d * compute + l * heads * 4;
+    let double_tape = 2 * l * d * s
+        + 2 * l * d * 4
+        + 13 * l * d * compute
+        + 2 * l * f * compute
+        + 4 * l * r * compute
+        + l * heads * 4;
+    let single_tape = l * d * s
+        + l * d * 4
+        + 7 * l * d * compute
+        + l * linear1 * compute
+        + l * (d + f) * compute
+        + 2 * l * r * compute
+        + l * heads * 4;
+    let (double_data, double_packed) = block_sizes(cfg, "double_blocks.0.", input.base);
+    let (single_data, single_packed) = block_sizes(cfg, "single_blocks.0.", input.base);
+    let n = cfg.depth + cfg.depth_single_blocks;
+    let widths = BlockWidths {
+        dim: d,
+        ffn_dim: linear1,
+        heads,
+        per_token_modulation_bytes: 0,
+    };
+    Ok(ModelMemory {
+        name: if cfg.guidance_embed {
+            "FLUX.1 [dev]".into()
+        } else {
+            "FLUX.1 (no guidance input)".into()
+        },
+        kinds: vec![
+            BlockKind {
+                label: "double-stream",
+                data_bytes: double_data,
+                packed_bytes: double_packed,
+                tape_bytes: double_tape,
+                kept_attention_bytes: kept_attention,
+                kept_projection_bytes: 2 * l * d * compute,
+            },
+            BlockKind {
+                label: "single-stream",
+                data_bytes: single_data,
+                packed_bytes: single_packed,
+                tape_bytes: single_tape,
+                kept_attention_bytes: kept_attention,
+                kept_projection_bytes: l * d * compute,
+            },
+        ],
+        blocks: (0..n).map(|i| usize::from(i >= cfg.depth)).collect(),
+        streamed: (0..n.max(1))
+            .map(|count| flux_streamed_blocks(cfg, count, order))
+            .collect(),
+        resident: resident_weights(cfg, compute),
+        lora_params,
+        lora_modules,
+        saved_input_bytes: l * d * s,
+        // The conditioning vector, and RoPE's cos and sin over each token's head dimension in f32.
+        shared_inputs: vec![(
+            "conditioning vector and RoPE tables",
+            batch * d * compute + 2 * l * cfg.head_dim() as u64 * 4,
+        )],
+        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        pixel_multiple: PIXELS_PER_TOKEN,
+        frame_step: 0,
+        shape,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;
