@@ -68,8 +68,9 @@ fn check_regular(file_type: &std::fs::FileType) -> io::Result<()> {
     ))
 }
 
+/// What a file that is neither a regular file nor a folder is (`a FIFO (named pipe)`), from its metadata.
 #[cfg(unix)]
-fn special_kind(file_type: &std::fs::FileType) -> &'static str {
+pub fn special_kind(file_type: &std::fs::FileType) -> &'static str {
     use std::os::unix::fs::FileTypeExt;
     if file_type.is_fifo() {
         "a FIFO (named pipe)"
@@ -84,8 +85,9 @@ fn special_kind(file_type: &std::fs::FileType) -> &'static str {
     }
 }
 
+/// What a file that is neither a regular file nor a folder is, from its metadata.
 #[cfg(not(unix))]
-fn special_kind(_: &std::fs::FileType) -> &'static str {
+pub fn special_kind(_: &std::fs::FileType) -> &'static str {
     "a special file"
 }
 

@@ -18,6 +18,10 @@ pub enum ModelFormatError {
         path: PathBuf,
     },
 
+    /// A FIFO, device or socket where a model file or folder belongs: never opened (it would block or never end).
+    #[error("this is {what}, not a model file: give the path of the .safetensors (or .pth) file, or of its folder: {}", path.display())]
+    NotAFile { what: &'static str, path: PathBuf },
+
     /// A zero-byte file.
     #[error("the file is empty (0 bytes), probably an interrupted download; download it again: {}", path.display())]
     Empty { path: PathBuf },

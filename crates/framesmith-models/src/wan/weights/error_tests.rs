@@ -68,8 +68,12 @@ fn missing_empty_and_truncated_files() -> Result<()> {
     let device = Path::new("/dev/null");
     if device.exists() {
         let e = inspect_err(device);
-        assert!(matches!(e, ModelFormatError::Unreadable { .. }));
-        assert_says(&e, &["not a regular file or folder"], device);
+        assert!(matches!(e, ModelFormatError::NotAFile { .. }));
+        assert_says(
+            &e,
+            &["this is a character device, not a model file"],
+            device,
+        );
     }
     Ok(())
 }

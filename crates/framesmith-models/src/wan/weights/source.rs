@@ -41,8 +41,8 @@ pub(crate) fn resolve(path: &Path) -> Result<Source, ModelFormatError> {
     let meta = std::fs::metadata(path).map_err(|e| io_error(e, path))?;
     if !meta.is_dir() && !meta.is_file() {
         // A pipe or device would block or never end; weights are always plain files.
-        return Err(ModelFormatError::Unreadable {
-            cause: std::io::Error::other("not a regular file or folder"),
+        return Err(ModelFormatError::NotAFile {
+            what: framesmith_nn::file::special_kind(&meta.file_type()),
             path: path.to_path_buf(),
         });
     }
