@@ -83,3 +83,40 @@ pub fn read_until(lines: &mut StderrLines, until: impl Fn(&str) -> bool) -> Vec<
     }
     seen
 }
+
+/// Runs `framesmith` with `args` and stdin closed, killing it if it has not finished within `limit`: (exit
+/// code, stdout, stderr), or `None` when it had to be killed — a test of something that must not hang fails
+/// instead of hanging the suite.
+#[cfg(unix)]
+pub fn framesmith_within(
+    args: &[&str],
+    limit: std::time::Duration,
+) -> Option<(Option<i32>, String, String)> {
+    let child = Command::new(env!("CARGO_BIN_EXE_framesmith"))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("framesmith runs");
+    let pid = child.id().to_string();
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    match finished.recv_timeout(limit) {
+        Ok(out) => {
+            let out = out.expect("framesmith's output");
+            Some((
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            ))
+        }
+        Err(_) => {
+            // The waiting thread still owns the child; it returns once the process is gone.
+            let _ = Command::new("kill").args(["-KILL", &pid]).status();
+            None
+        }
+    }
+}
