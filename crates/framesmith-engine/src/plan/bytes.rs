@@ -188,7 +188,16 @@ pub fn lora_parameters(
     exclude: &[String],
 ) -> Result<(u64, usize), LoraError> {
     let targets = LoraTargets::new(include, exclude)?;
-    let shapes = official_shapes(cfg);
+    lora_parameters_of(&official_shapes(cfg), &targets, rank)
+}
+
+/// [`lora_parameters`] for any model, from its official `(name, shape)` list and its `targets`; a rank above the
+/// narrowest adapted linear is refused (`nn::lora::check_rank`).
+pub fn lora_parameters_of(
+    shapes: &[(String, Vec<usize>)],
+    targets: &LoraTargets,
+    rank: usize,
+) -> Result<(u64, usize), LoraError> {
     let adapted: Vec<(&str, [usize; 2])> = shapes
         .iter()
         .filter_map(

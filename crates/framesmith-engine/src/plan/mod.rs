@@ -16,8 +16,8 @@ mod working_set;
 pub use activations::{block_tape_bytes, kept_attention_bytes};
 pub use bytes::{
     block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
-    fp8_weight_bytes, latent_factors, lora_parameters, resident_weights, tokens_per_sample,
-    vae_for, BaseFormat,
+    fp8_weight_bytes, latent_factors, lora_parameters, lora_parameters_of, resident_weights,
+    tokens_per_sample, vae_for, BaseFormat,
 };
 pub(crate) use input::clip_pixels;
 pub use input::{

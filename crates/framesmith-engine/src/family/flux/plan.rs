@@ -7,7 +7,7 @@ use framesmith_config::RunConfig;
 use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::FluxConfig;
-use framesmith_nn::lora::{check_rank, LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dev_config, is_flux_file};
@@ -16,7 +16,7 @@ use crate::plan::{
     dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
     BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
 };
-use crate::plan::{DescribeModel, PlanModel};
+use crate::plan::{lora_parameters_of, DescribeModel, PlanModel};
 
 /// FLUX.1's DiT as the planner sees it: its sizes and the order its blocks stream in (`memory.flux_stream_order`).
 #[derive(Debug, Clone, PartialEq)]
@@ -184,24 +184,7 @@ fn lora_parameters(
     exclude: &[String],
 ) -> Result<(u64, usize), LoraError> {
     let targets = LoraTargets::for_family(LoraFamily::Flux, include, exclude)?;
-    let shapes = official_shapes(cfg);
-    let adapted: Vec<(&str, [usize; 2])> = shapes
-        .iter()
-        .filter_map(
-            |(name, shape)| match (name.strip_suffix(".weight"), shape.as_slice()) {
-                (Some(module), &[out_dim, in_dim]) if targets.matches(module) => {
-                    Some((module, [in_dim, out_dim]))
-                }
-                _ => None,
-            },
-        )
-        .collect();
-    check_rank(rank, adapted.iter().copied())?;
-    let params = adapted
-        .iter()
-        .map(|(_, [in_dim, out_dim])| rank as u64 * (in_dim + out_dim) as u64)
-        .sum();
-    Ok((params, adapted.len()))
+    lora_parameters_of(&official_shapes(cfg), &targets, rank)
 }
 
 /// The FLUX.1 DiT `cfg`, its blocks streamed in `order`, for `input` (an image step: `clip.frames` is ignored).
