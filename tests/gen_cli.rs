@@ -4,12 +4,10 @@
 // Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
 mod cli_support;
-use cli_support::{fixture, framesmith, s};
+use cli_support::{fixture, framesmith, s, write_lora};
 
 /// Two captioned images and one broken file, cached into `cache/`.
 fn dataset(root: &Path) -> PathBuf {
@@ -105,27 +103,6 @@ fn cache_commands_write_skip_and_report() {
         "{stdout}"
     );
     assert!(cache.join("red_wan_te.safetensors").is_file());
-}
-
-/// A rank-2 LoRA for one attention projection of the tiny DiT, in musubi-tuner's layout.
-fn write_lora(path: &Path) {
-    let dev = Device::Cpu;
-    let name = "lora_unet_blocks_0_self_attn_q";
-    let tensors: HashMap<String, Tensor> = [
-        (
-            format!("{name}.lora_down.weight"),
-            Tensor::ones((2, 64), DType::F32, &dev),
-        ),
-        (
-            format!("{name}.lora_up.weight"),
-            Tensor::ones((64, 2), DType::F32, &dev),
-        ),
-        (format!("{name}.alpha"), Tensor::new(2f32, &dev)),
-    ]
-    .into_iter()
-    .map(|(k, t)| (k, t.expect("tensor")))
-    .collect();
-    candle_core::safetensors::save(&tensors, path).expect("lora saved");
 }
 
 #[test]

@@ -4,11 +4,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the test failing
 
 mod cli_support;
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
-use cli_support::{fixture, framesmith, s};
+use cli_support::{fixture, framesmith, s, write_lora};
 use framesmith_config::run::DeviceSpec;
 use framesmith_engine::generate::request::{
     CompanionFiles, DitSource, GenerationEvent, GenerationOutput, GenerationRequest, LoraChoice,
@@ -36,27 +34,6 @@ fn written(out: &Path) -> Vec<(String, Vec<u8>)> {
         }
     }
     files
-}
-
-/// A rank-2 LoRA for one attention projection of the tiny Wan DiT.
-fn write_lora(path: &Path) {
-    let dev = Device::Cpu;
-    let name = "lora_unet_blocks_0_self_attn_q";
-    let tensors: HashMap<String, Tensor> = [
-        (
-            format!("{name}.lora_down.weight"),
-            Tensor::ones((2, 64), DType::F32, &dev),
-        ),
-        (
-            format!("{name}.lora_up.weight"),
-            Tensor::ones((64, 2), DType::F32, &dev),
-        ),
-        (format!("{name}.alpha"), Tensor::new(2f32, &dev)),
-    ]
-    .into_iter()
-    .map(|(k, t)| (k, t.unwrap()))
-    .collect();
-    candle_core::safetensors::save(&tensors, path).unwrap();
 }
 
 #[test]

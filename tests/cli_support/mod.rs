@@ -120,3 +120,23 @@ pub fn framesmith_within(
         }
     }
 }
+
+/// A rank-2 LoRA for one attention projection of the tiny Wan DiT fixture, in musubi-tuner's layout.
+pub fn write_lora(path: &Path) {
+    let dev = candle_core::Device::Cpu;
+    let ones = |shape: (usize, usize)| {
+        candle_core::Tensor::ones(shape, candle_core::DType::F32, &dev).expect("tensor")
+    };
+    let name = "lora_unet_blocks_0_self_attn_q";
+    let tensors: std::collections::HashMap<String, candle_core::Tensor> = [
+        (format!("{name}.lora_down.weight"), ones((2, 64))),
+        (format!("{name}.lora_up.weight"), ones((64, 2))),
+        (
+            format!("{name}.alpha"),
+            candle_core::Tensor::new(2f32, &dev).expect("tensor"),
+        ),
+    ]
+    .into_iter()
+    .collect();
+    candle_core::safetensors::save(&tensors, path).expect("lora saved");
+}
