@@ -35,7 +35,7 @@ pub use config::{
     ConfigError, DatasetConfig, DatasetKind, DatasetSection, DatasetSource, FrameExtraction,
     GeneralSection, ParsedConfig, Resolution, ResolvedDataset, VideoParams,
 };
-pub use problem::{Problem, Severity};
+pub use problem::{Problem, Severity, Unreadable};
 pub use report::{check_path, DatasetReport};
 pub use scan::ScanOptions;
-pub use validate::{load_valid, validate, ValidConfig};
+pub use validate::{load_valid, load_valid_with, validate, ValidConfig};

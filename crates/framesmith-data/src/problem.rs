@@ -94,6 +94,71 @@ impl Problem {
     }
 }
 
+/// What becomes of dataset entries that cannot be read (a dangling link, a FIFO, a file that does not decode, an
+/// unreadable caption): by default each is an error and nothing trains until it is fixed or removed; with
+/// `skip_unreadable` (the run config's `[dataset]`, or `--skip-unreadable`) each is a counted warning and the entry is
+/// left out.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Unreadable {
+    /// Each unreadable entry is an error.
+    #[default]
+    Refuse,
+    /// Each unreadable entry is a warning, and the entry is left out.
+    Skip,
+}
+
+impl Unreadable {
+    /// `Skip` when `skip` is set.
+    pub fn skip_if(skip: bool) -> Self {
+        if skip {
+            Self::Skip
+        } else {
+            Self::Refuse
+        }
+    }
+
+    /// `problems` with the errors about entries that cannot be read made warnings when skipping, each saying the
+    /// entry is left out; refusing, each such error says how to leave it out instead. Other problems are kept.
+    pub fn apply(self, problems: Vec<Problem>) -> Vec<Problem> {
+        problems
+            .into_iter()
+            .map(|p| {
+                if !p.is_error() || !p.group.is_some_and(is_unreadable_group) {
+                    return p;
+                }
+                match self {
+                    Self::Skip => Problem {
+                        severity: Severity::Warning,
+                        message: format!("{}; left out (skip_unreadable)", p.message),
+                        ..p
+                    },
+                    Self::Refuse => Problem {
+                        message: format!("{}{SKIP_HINT}", p.message),
+                        ..p
+                    },
+                }
+            })
+            .collect()
+    }
+}
+
+/// How to train on the rest when some entries cannot be read.
+const SKIP_HINT: &str =
+    " (or set skip_unreadable = true under [dataset] in the run config, or pass \
+                         --skip-unreadable, to leave such entries out with a warning)";
+
+/// Groups of problems about an entry that cannot be read at all.
+fn is_unreadable_group(group: &str) -> bool {
+    use crate::scan::groups;
+    [
+        groups::UNUSABLE_ENTRIES,
+        groups::UNREADABLE_MEDIA,
+        groups::UNREADABLE_CAPTIONS,
+        groups::MISSING_LISTED_MEDIA,
+    ]
+    .contains(&group)
+}
+
 /// Longest key and message shown: both can quote a file (an unknown key, a bad value, a JSONL line), which in a
 /// damaged or hostile file can be megabytes long.
 const MAX_SHOWN_KEY_CHARS: usize = 200;

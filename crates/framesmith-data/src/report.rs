@@ -12,7 +12,7 @@ use super::config::{
 use super::frames::{select_frames, FrameWindow, WAN_TARGET_FPS};
 use super::keys::without_follow_ups;
 use super::probe::{is_image, is_video, list_files, IMAGE_EXTENSIONS, VIDEO_EXTENSIONS};
-use super::problem::{summary_lines, Problem, Severity};
+use super::problem::{summary_lines, Problem, Severity, Unreadable};
 use super::scan::{scan_dataset, DatasetScan, ScanOptions};
 use super::validate::validate;
 
@@ -139,6 +139,14 @@ impl DatasetReport {
     /// No errors: training can start.
     pub fn is_ok(&self) -> bool {
         self.error_count() == 0
+    }
+
+    /// The report with the errors about entries that cannot be read made warnings (`Skip`) or told how to leave
+    /// such entries out (`Refuse`), as training will treat them ([`Unreadable`]).
+    pub fn with_unreadable(mut self, unreadable: Unreadable) -> Self {
+        self.problems = unreadable.apply(self.problems);
+        self.problems.sort_by_key(|p| p.severity);
+        self
     }
 }
 

@@ -9,7 +9,7 @@ use super::config::{
     FrameExtraction, GeneralSection, Resolution, ResolvedDataset,
 };
 use super::keys::without_follow_ups;
-use super::problem::Problem;
+use super::problem::{Problem, Unreadable};
 use super::scan::entry_problems;
 
 /// Pixel multiple every resolution must be (VAE stride 8 × patch 2).
@@ -42,8 +42,15 @@ impl ValidConfig {
 }
 
 /// Reads and validates a dataset config file; any error (every one is listed) fails with
-/// [`ConfigError::Invalid`]. Relative paths are taken from the file's folder.
+/// [`ConfigError::Invalid`]. Relative paths are taken from the file's folder. An entry that cannot be read is an
+/// error ([`load_valid_with`] can make it a warning).
 pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigError> {
+    load_valid_with(path, Unreadable::Refuse)
+}
+
+/// [`load_valid`], with entries that cannot be read (a dangling link, a FIFO, a device) errors or, with
+/// [`Unreadable::Skip`], warnings (grouped, so that thousands make one line) and left out.
+pub fn load_valid_with(path: &Path, unreadable: Unreadable) -> Result<ValidConfig, ConfigError> {
     let parsed = DatasetConfig::read(path)?;
     let base = path.parent().map(Path::to_path_buf).unwrap_or_default();
     let validated = validate(&parsed.config, path, &base);
@@ -55,24 +62,26 @@ pub fn load_valid(path: &Path) -> Result<ValidConfig, ConfigError> {
     if !errors.is_empty() {
         return Err(ConfigError::Invalid { problems: errors });
     }
-    let valid = ValidConfig {
+    let mut valid = ValidConfig {
         datasets: parsed.config.resolve(&base),
         validation_datasets: parsed.config.resolve_validation(&base),
         config: parsed.config,
         warnings,
     };
-    // An entry that cannot be read (a dangling link, a FIFO, a device) would otherwise be left out of caching and
-    // training without a word.
-    let unreadable: Vec<Problem> = valid
+    // An entry that cannot be read would otherwise be left out of caching and training without a word.
+    let entries: Vec<Problem> = valid
         .all_datasets()
         .flat_map(entry_problems)
         .filter(Problem::is_error)
         .collect();
-    if !unreadable.is_empty() {
-        return Err(ConfigError::Invalid {
-            problems: unreadable,
-        });
+    let (errors, skipped): (Vec<Problem>, Vec<Problem>) = unreadable
+        .apply(entries)
+        .into_iter()
+        .partition(Problem::is_error);
+    if !errors.is_empty() {
+        return Err(ConfigError::Invalid { problems: errors });
     }
+    valid.warnings.extend(skipped);
     Ok(valid)
 }
 
