@@ -101,7 +101,13 @@ enum Command {
 #[derive(Subcommand)]
 enum DatasetAction {
     /// List every problem in a dataset (a musubi-tuner TOML, or a folder of media and captions)
-    Check { path: PathBuf },
+    Check {
+        path: PathBuf,
+        /// Count entries that cannot be read (a dangling link, a FIFO, a file that does not decode) as warnings,
+        /// as training with `skip_unreadable = true` leaves them out, instead of as errors
+        #[arg(long)]
+        skip_unreadable: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -144,8 +150,12 @@ fn main() -> ExitCode {
         Some(Command::Presets { action }) => show_presets(action),
         Some(Command::Inspect { path }) => inspect(&path),
         Some(Command::Dataset {
-            action: DatasetAction::Check { path },
-        }) => dataset_check(&path),
+            action:
+                DatasetAction::Check {
+                    path,
+                    skip_unreadable,
+                },
+        }) => dataset_check(&path, skip_unreadable),
         Some(Command::CheckParity { dirs }) => check_parity(&dirs),
         Some(Command::Cache { action }) => cli::cache::run(&action).map(|_| ExitCode::SUCCESS),
         Some(Command::Generate(args)) => cli::generate::run(&args).map(|_| ExitCode::SUCCESS),
@@ -366,9 +376,10 @@ fn inspect(path: &std::path::Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn dataset_check(path: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn dataset_check(path: &std::path::Path, skip_unreadable: bool) -> anyhow::Result<ExitCode> {
     let options = framesmith_data::ScanOptions::locate();
-    let report = framesmith_data::check_path(path, &options)?;
+    let report = framesmith_data::check_path(path, &options)?
+        .with_unreadable(framesmith_data::Unreadable::skip_if(skip_unreadable));
     print!("{report}");
     Ok(if report.is_ok() {
         ExitCode::SUCCESS

@@ -115,6 +115,27 @@ fn dataset_check_lists_problems_and_fails() {
     );
 }
 
+#[test]
+fn dataset_check_with_skip_unreadable_counts_unreadable_files_as_warnings() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    image::RgbImage::new(16, 16)
+        .save(dir.path().join("good.png"))
+        .expect("png");
+    std::fs::write(dir.path().join("good.txt"), "caption").expect("write");
+    std::fs::write(dir.path().join("a.png"), b"not a png").expect("write");
+    std::fs::write(dir.path().join("a.txt"), "caption").expect("write");
+    let path = dir.path().to_str().expect("utf-8 path");
+    let (ok, stdout, _) = framesmith(&["dataset", "check", path]);
+    assert!(!ok, "{stdout}");
+    assert!(stdout.contains("--skip-unreadable"), "{stdout}");
+    let (ok, stdout, stderr) = framesmith(&["dataset", "check", path, "--skip-unreadable"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stdout.contains("left out (skip_unreadable)") && stdout.contains("a.png"),
+        "{stdout}"
+    );
+}
+
 /// Runs `framesmith` with `args` and changes to its environment: (success, stdout + stderr).
 fn framesmith_env(args: &[&str], set: &[(&str, &str)], remove: &[&str]) -> (bool, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_framesmith"));

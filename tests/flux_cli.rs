@@ -139,3 +139,123 @@ fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
         Some("networks.lora_flux")
     );
 }
+
+/// A tiny FLUX.1 run config training `dataset` into `dir/out` for one step; `extra` goes under `[dataset]`.
+fn one_step_flux_run(dir: &std::path::Path, dataset: &std::path::Path, extra: &str) -> String {
+    let dit = dir.join("flux1-dev.safetensors");
+    if !dit.exists() {
+        std::fs::copy(flux_fixture("flux_dit"), &dit).expect("copy");
+    }
+    let config = dir.join("run.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[model]\ndit = {:?}\nbase_dtype = \"f32\"\n[dataset]\nconfig = {:?}\n{extra}\n[lora]\nrank = 4\n\
+             [training]\ndevice = \"cpu\"\nmax_train_steps = 1\ntimestep_sampling = \"flux_shift\"\n\
+             [output]\noutput_dir = {:?}\noutput_name = \"flux-lora\"\n",
+            s(&dit),
+            s(dataset),
+            s(&dir.join("out"))
+        ),
+    )
+    .expect("config");
+    config.display().to_string()
+}
+
+#[cfg(unix)]
+#[test]
+fn unreadable_entries_stop_cache_and_train_unless_skipped() {
+    use candle_core::{DType, Device, Tensor};
+    use framesmith_data::family::flux::cache::{
+        flux_text_cache_name, write_flux_text_cache, FluxTextCache,
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dataset = image_dataset(dir.path());
+    let images = dir.path().join("images");
+    std::fs::write(images.join("broken.png"), b"\x89PNG\r\n\x1a\nnot a png").expect("write");
+    std::fs::write(images.join("broken.txt"), "a caption").expect("write");
+    let gone = images.join("gone.png");
+    std::os::unix::fs::symlink(dir.path().join("unplugged/drive.png"), &gone).expect("link");
+    std::fs::write(images.join("gone.txt"), "a caption").expect("write");
+    let ae = flux_fixture("flux_ae");
+    let cache = |extra: &[&str]| {
+        let args = [
+            "cache",
+            "latents",
+            "--dataset",
+            s(&dataset),
+            "--vae",
+            &ae,
+            "--device",
+            "cpu",
+        ];
+        framesmith(&[&args[..], extra].concat())
+    };
+    let a_cache = dir.path().join("cache/a_0024x0016_flux.safetensors");
+
+    // The dangling link stops the pass before anything is encoded.
+    let (ok, _, stderr) = cache(&[]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("gone.png") && stderr.contains("--skip-unreadable"),
+        "{stderr}"
+    );
+    assert!(!a_cache.exists());
+
+    // Skipped: a warning for the link, the image that does not decode counted, the rest cached.
+    let (ok, stdout, stderr) = cache(&["--skip-unreadable"]);
+    assert!(ok, "{stdout}{stderr}");
+    assert!(
+        stderr.contains("left out (skip_unreadable)") && stderr.contains("gone.png"),
+        "{stderr}"
+    );
+    assert!(
+        stdout.contains("1 item(s) that could not be read are left out"),
+        "{stdout}"
+    );
+    assert!(a_cache.exists());
+
+    // Without the link, the image that does not decode fails the command once everything else is cached.
+    std::fs::remove_file(&gone).expect("unlink");
+    std::fs::remove_file(&a_cache).expect("rm");
+    let (ok, stdout, stderr) = cache(&[]);
+    assert!(!ok);
+    assert!(stdout.contains("broken.png"), "{stdout}");
+    assert!(
+        stderr.contains("1 item(s) could not be read and have no cache"),
+        "{stderr}"
+    );
+    assert!(
+        a_cache.exists(),
+        "the readable image is cached all the same"
+    );
+
+    // Training: the link refuses the run unless the run config skips it.
+    std::os::unix::fs::symlink(dir.path().join("unplugged/drive.png"), &gone).expect("link");
+    let text = FluxTextCache {
+        t5: Tensor::ones((5, 32), DType::F32, &Device::Cpu).expect("t5"),
+        clip_l_pooler: Tensor::ones(32, DType::F32, &Device::Cpu).expect("clip"),
+        caption: "a gradient".into(),
+    };
+    write_flux_text_cache(
+        &dir.path().join("cache").join(flux_text_cache_name("a")),
+        &text,
+    )
+    .expect("text cache");
+    let config = one_step_flux_run(dir.path(), &dataset, "");
+    let (ok, _, stderr) = framesmith(&["train", "--config", &config]);
+    assert!(!ok);
+    assert!(
+        stderr.contains("gone.png") && stderr.contains("skip_unreadable = true"),
+        "{stderr}"
+    );
+    let config = one_step_flux_run(dir.path(), &dataset, "skip_unreadable = true");
+    let (ok, stdout, stderr) = framesmith(&["train", "--config", &config]);
+    assert!(ok, "{stdout}{stderr}");
+    let log = format!("{stdout}{stderr}");
+    assert!(
+        log.contains("left out (skip_unreadable)") && log.contains("gone.png"),
+        "{log}"
+    );
+    assert!(dir.path().join("out/flux-lora.safetensors").exists());
+}

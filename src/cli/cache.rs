@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use clap::{Args, Subcommand};
 use framesmith_config::run::DeviceSpec;
+use framesmith_data::Unreadable;
 use framesmith_engine::prep::pass::{cache, CachePass, CacheRequest, LatentFiles, TextFiles};
 use framesmith_engine::prep::{CacheProgress, CacheSummary, ItemOutcome};
 use indicatif::ProgressBar;
@@ -43,6 +44,10 @@ pub struct LatentArgs {
     /// Keep cache files of items that are no longer in the dataset
     #[arg(long)]
     keep_stale: bool,
+    /// Leave out, with a counted warning, dataset entries that cannot be read (a dangling link, a FIFO, a file
+    /// that does not decode) instead of failing on them
+    #[arg(long)]
+    skip_unreadable: bool,
     /// The DiT the caches are for (read from its header only): for an image-to-video model (Wan2.1 I2V,
     /// Wan2.2 I2V-A14B) the first frame's conditioning is cached too; the VAE is checked to be the DiT's
     #[arg(long)]
@@ -88,16 +93,20 @@ pub struct TextArgs {
     /// Keep cache files of items that are no longer in the dataset
     #[arg(long)]
     keep_stale: bool,
+    /// Leave out, with a counted warning, dataset entries that cannot be read (a dangling link, a FIFO, a file
+    /// that does not decode) instead of failing on them
+    #[arg(long)]
+    skip_unreadable: bool,
 }
 
 /// Runs a `cache` subcommand.
 pub fn run(action: &CacheAction) -> anyhow::Result<()> {
-    let (dataset, device, dtype, keep_stale, pass) = match action {
+    let (dataset, device, dtype, (keep_stale, skip_unreadable), pass) = match action {
         CacheAction::Latents(args) => (
             &args.dataset,
             args.device,
             args.dtype,
-            args.keep_stale,
+            (args.keep_stale, args.skip_unreadable),
             CachePass::Latents(LatentFiles {
                 vae: args.vae.clone(),
                 tiled: args.tiled,
@@ -110,7 +119,7 @@ pub fn run(action: &CacheAction) -> anyhow::Result<()> {
             &args.dataset,
             args.device,
             args.dtype,
-            args.keep_stale,
+            (args.keep_stale, args.skip_unreadable),
             CachePass::Text(TextFiles {
                 text_encoder: args.text_encoder.clone().or_else(|| args.t5.clone()),
                 tokenizer: args.tokenizer.clone(),
@@ -128,6 +137,7 @@ pub fn run(action: &CacheAction) -> anyhow::Result<()> {
         dataset: dataset.clone(),
         pass,
         keep_stale,
+        unreadable: Unreadable::skip_if(skip_unreadable),
         open: &open,
     };
     let mut progress = reporter();
@@ -136,7 +146,24 @@ pub fn run(action: &CacheAction) -> anyhow::Result<()> {
     let summary = cache(&request, &mut progress, &mut log)?;
     progress.bar.finish_and_clear();
     report(&summary);
-    Ok(())
+    refuse_failed(&summary, skip_unreadable)
+}
+
+/// Items that could not be cached fail the command (after every other item is cached, so nothing is lost), unless
+/// they are to be left out.
+fn refuse_failed(summary: &CacheSummary, skip_unreadable: bool) -> anyhow::Result<()> {
+    let failed = summary.failed.len();
+    if failed == 0 {
+        return Ok(());
+    }
+    if skip_unreadable {
+        println!("  {failed} item(s) that could not be read are left out (--skip-unreadable)");
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{failed} item(s) could not be read and have no cache (each is listed above); fix or remove them and run \
+         this again (what is cached stays), or pass --skip-unreadable to leave them out"
+    )
 }
 
 /// Progress bar plus a printed line per item that failed.
@@ -183,6 +210,6 @@ fn report(summary: &CacheSummary) {
         println!("  removed stale cache: {}", path.display());
     }
     for warning in &summary.warnings {
-        println!("  warning: {warning}");
+        println!("  {warning}");
     }
 }

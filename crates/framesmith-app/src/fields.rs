@@ -139,6 +139,15 @@ pub const RUN_SECTIONS: &[Section] = &[
                 ),
                 "Frame counts for every video dataset, each 4k+1",
             ),
+            help(
+                field(
+                    "dataset.skip_unreadable",
+                    "Skip unreadable files",
+                    FieldKind::Bool,
+                ),
+                "Leave out, with a counted warning, dataset files that cannot be read (a link to an unplugged \
+                 drive, an image that does not decode) instead of stopping until they are fixed or removed",
+            ),
         ],
     },
     Section {

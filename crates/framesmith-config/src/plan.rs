@@ -149,6 +149,8 @@ pub struct DatasetPlan {
     pub resolution: Option<(usize, usize)>,
     /// `target_frames` override, each 4k+1.
     pub target_frames: Option<Vec<usize>>,
+    /// Entries that cannot be read are left out with a warning rather than refused.
+    pub skip_unreadable: bool,
 }
 
 /// Resolved `[lora]`.

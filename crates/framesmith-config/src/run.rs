@@ -175,6 +175,9 @@ pub struct DatasetSection {
     pub resolution: Option<[usize; 2]>,
     /// Overrides `target_frames` of every video dataset in the dataset config (each 4k+1).
     pub target_frames: Option<Vec<usize>>,
+    /// Leave out, with a counted warning, dataset entries that cannot be read (a dangling link, a FIFO, a device,
+    /// a listed file that is gone) instead of refusing to train until they are fixed or removed.
+    pub skip_unreadable: bool,
 }
 
 /// The LoRA being trained.

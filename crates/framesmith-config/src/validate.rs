@@ -552,6 +552,7 @@ fn check_dataset(c: &mut Checker, cfg: &RunConfig, pixel_step: usize) -> Dataset
         source,
         resolution: d.resolution.map(|[w, h]| (w, h)),
         target_frames: d.target_frames.clone(),
+        skip_unreadable: d.skip_unreadable,
     }
 }
 

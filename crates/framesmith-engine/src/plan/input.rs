@@ -121,9 +121,9 @@ pub fn clip_with_dataset(
 
 /// The largest clip among the latent caches of the datasets in the dataset TOML at `path`, as each family reads its
 /// caches ([`crate::family::Family::largest_cached_clip`]); `None` when the TOML cannot be read or nothing is cached
-/// yet.
+/// yet. Entries that cannot be read do not change what is cached, so they do not stop the plan.
 fn largest_cached_clip(path: &Path, demo: bool) -> Option<ClipShape> {
-    let valid = framesmith_data::load_valid(path).ok()?;
+    let valid = framesmith_data::load_valid_with(path, framesmith_data::Unreadable::Skip).ok()?;
     crate::family::largest_cached_clip(&valid, demo)
 }
 

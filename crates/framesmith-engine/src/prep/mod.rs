@@ -18,6 +18,7 @@ use image::RgbImage;
 use framesmith_data::cache::media_stem;
 use framesmith_data::media::MediaTools;
 use framesmith_data::samples::cache_dir;
+use framesmith_data::scan::groups::UNUSABLE_ENTRIES;
 use framesmith_data::scan::{scan_dataset, DatasetScan, ScanOptions};
 use framesmith_data::{ResolvedDataset, ValidConfig};
 
@@ -63,7 +64,8 @@ pub struct CacheSummary {
     pub failed: Vec<(PathBuf, String)>,
     /// Stale cache files removed.
     pub removed: Vec<PathBuf>,
-    /// Dataset problems found on the way (missing captions, unreadable files), and tensors that held NaN.
+    /// Dataset problems found on the way (missing captions, unreadable files), and tensors that held NaN, each
+    /// line starting with its severity.
     pub warnings: Vec<String>,
 }
 
@@ -135,7 +137,17 @@ pub(crate) fn scan_items(
         tools: tools.cloned(),
         decode_check: false,
     };
-    let scan = scan_dataset(dataset, &options);
+    let mut scan = scan_dataset(dataset, &options);
+    // Entries that are not readable files were refused, or left out with a warning, when the dataset config was
+    // loaded ([`framesmith_data::load_valid_with`]): they are neither encoded nor reported again.
+    let unusable: Vec<PathBuf> = scan
+        .problems
+        .iter()
+        .filter(|p| p.group == Some(UNUSABLE_ENTRIES))
+        .filter_map(|p| p.file.clone())
+        .collect();
+    scan.items.retain(|item| !unusable.contains(&item.media));
+    scan.problems.retain(|p| p.group != Some(UNUSABLE_ENTRIES));
     // Thousands of unreadable files of one kind become one line.
     summary
         .warnings

@@ -2,10 +2,11 @@
 //! settings goes to the family whose files it names ([`crate::family::Family::claims_cache`]), which loads its
 //! encoders and runs its pass. No family is named here.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use candle_core::{DType, Device};
-use framesmith_data::{load_valid, ValidConfig};
+use framesmith_data::problem::summary_lines;
+use framesmith_data::{load_valid_with, Unreadable, ValidConfig};
 
 use super::{CacheProgress, CacheSummary};
 
@@ -57,6 +58,8 @@ pub struct CacheRequest<'a> {
     pub pass: CachePass,
     /// Keep cache files of items that are no longer in the dataset.
     pub keep_stale: bool,
+    /// Whether entries that cannot be read stop the pass before it starts, or are left out with a warning.
+    pub unreadable: Unreadable,
     /// Opens the device and picks the dtype, when the pass is ready to load its encoders.
     pub open: OpenDevice<'a>,
 }
@@ -71,11 +74,14 @@ pub fn cache(
     crate::family::family_of_cache(&request.pass).cache(request, progress, log)
 }
 
-/// The dataset config at `path`, its warnings logged.
-pub(crate) fn load_dataset(path: &Path, log: &mut dyn FnMut(&str)) -> anyhow::Result<ValidConfig> {
-    let valid = load_valid(path)?;
-    for warning in &valid.warnings {
-        log(&format!("warning: {warning}"));
+/// The dataset config of `request`, its warnings logged (thousands of one kind as one line).
+pub(crate) fn load_dataset(
+    request: &CacheRequest<'_>,
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<ValidConfig> {
+    let valid = load_valid_with(&request.dataset, request.unreadable)?;
+    for line in summary_lines(&valid.warnings) {
+        log(&line);
     }
     Ok(valid)
 }

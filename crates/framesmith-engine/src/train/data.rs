@@ -7,6 +7,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Result, Tensor};
 use framesmith_data::cache::WanLatentCache;
+use framesmith_data::problem::summary_lines;
+use framesmith_data::Unreadable;
 use framesmith_models::wan::vae::VaeVariant;
 use framesmith_models::wan::{ModelType, WanConfig};
 use rand::rngs::StdRng;
@@ -257,12 +259,15 @@ pub struct CachedItems {
     pub batch_size: usize,
     /// `[[validation_datasets]]` in the config (read only when `with_validation`).
     pub validation_datasets: usize,
+    /// Entries left out because they cannot be read (`skip_unreadable`), as lines to log.
+    pub skipped: Vec<String>,
 }
 
 /// Cached items of a musubi-tuner dataset config, as musubi-tuner's trainer finds them: every
 /// `*_wan.safetensors` latent cache in each dataset's cache directory, with the text cache of its media stem.
 /// `[[validation_datasets]]` are read the same way when `with_validation`. A dataset not cached yet fails with
-/// the `framesmith cache` commands that cache it, with `models`' paths filled in.
+/// the `framesmith cache` commands that cache it, with `models`' paths filled in. Entries that cannot be read
+/// fail the load ([`load_cached_items_with`] can skip them).
 pub fn load_cached_items(
     dataset_toml: &Path,
     cfg: &WanConfig,
@@ -270,7 +275,24 @@ pub fn load_cached_items(
     with_validation: bool,
     device: &Device,
 ) -> anyhow::Result<CachedItems> {
-    let valid = framesmith_data::load_valid(dataset_toml)?;
+    load_cached_items_with(
+        (dataset_toml, Unreadable::Refuse),
+        cfg,
+        models,
+        with_validation,
+        device,
+    )
+}
+
+/// [`load_cached_items`], with entries that cannot be read left out with a warning when `unreadable` skips them.
+pub fn load_cached_items_with(
+    (dataset_toml, unreadable): (&Path, Unreadable),
+    cfg: &WanConfig,
+    models: CacheModels<'_>,
+    with_validation: bool,
+    device: &Device,
+) -> anyhow::Result<CachedItems> {
+    let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
     let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
     let place = CachePlace {
         dataset_toml,
@@ -301,6 +323,7 @@ pub fn load_cached_items(
         validation,
         batch_size,
         validation_datasets: valid.validation_datasets.len(),
+        skipped: summary_lines(&valid.warnings),
     })
 }
 

@@ -214,7 +214,7 @@ pub(super) fn latents(
     if let Some(dit) = &files.dit {
         dev_config(dit)?;
     }
-    let valid = load_dataset(&request.dataset, log)?;
+    let valid = load_dataset(request, log)?;
     let (device, dtype) = (request.open)()?;
     let ae = load_autoencoder(&files.vae, dtype, &device)?;
     log(&format!(
@@ -242,7 +242,7 @@ pub(super) fn text(
     let (Some(clip), Some(t5)) = (&files.clip_text, &files.text_encoder) else {
         anyhow::bail!("FLUX.1's captions cache with both text encoders: give --clip-l and --t5");
     };
-    let valid = load_dataset(&request.dataset, log)?;
+    let valid = load_dataset(request, log)?;
     let (device, dtype) = (request.open)()?;
     let encoder_files = TextEncoderFiles {
         clip,

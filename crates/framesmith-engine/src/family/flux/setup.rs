@@ -24,6 +24,7 @@ use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_data::Unreadable;
 use framesmith_models::flux::weights::{load_dit_streamed, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_models::trainable::attach_model_loras;
@@ -151,7 +152,11 @@ pub(super) fn start_run(
         );
     };
     let device = device_for(plan)?;
-    let cached = load_flux_items(dataset, &cfg, &device)?;
+    let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
+    let cached = load_flux_items((dataset, unreadable), &cfg, &device)?;
+    for line in &cached.skipped {
+        log(LogLevel::Warn, line.clone());
+    }
     // Planned before the reservation and the DiT take the card's memory.
     let memory = flux_memory_report(plan, &cfg, largest_clip(&cached)?, &device);
     let report = memory.as_ref().and_then(|m| m.as_ref().ok());

@@ -19,7 +19,8 @@ use framesmith_data::family::flux::cache::{
     flux_text_cache_name, parse_flux_latent_cache_name, read_flux_latent_cache,
     read_flux_text_cache,
 };
-use framesmith_data::DatasetKind;
+use framesmith_data::problem::summary_lines;
+use framesmith_data::{DatasetKind, Unreadable};
 use framesmith_models::flux::sampling::prepare;
 use framesmith_models::flux::weights::{
     identify, identify_expected, FluxComponent, FluxFormatError, FluxKind, FluxVariant,
@@ -79,11 +80,11 @@ fn cache_commands(dataset_toml: &Path) -> String {
 /// [`TrainItem::context`] and CLIP-L's pooled vector `[768]` as [`TrainItem::clip`]. A dataset not cached for
 /// FLUX.1 — nothing there, or only Wan caches — fails with the commands that cache it.
 pub fn load_flux_items(
-    dataset_toml: &Path,
+    (dataset_toml, unreadable): (&Path, Unreadable),
     cfg: &FluxConfig,
     device: &Device,
 ) -> anyhow::Result<FluxItems> {
-    let valid = framesmith_data::load_valid(dataset_toml)?;
+    let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
     let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
     let mut items = Vec::new();
     for dataset in &valid.datasets {
@@ -106,7 +107,11 @@ pub fn load_flux_items(
             items.push((item, repeats));
         }
     }
-    Ok(FluxItems { items, batch_size })
+    Ok(FluxItems {
+        items,
+        batch_size,
+        skipped: summary_lines(&valid.warnings),
+    })
 }
 
 /// The cached items of a dataset config.
@@ -115,6 +120,8 @@ pub struct FluxItems {
     pub items: Vec<(TrainItem, usize)>,
     /// The first dataset's batch size.
     pub batch_size: usize,
+    /// Entries left out because they cannot be read (`skip_unreadable`), as lines to log.
+    pub skipped: Vec<String>,
 }
 
 /// The FLUX.1 items cached in `dir`.

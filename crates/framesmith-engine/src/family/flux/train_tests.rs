@@ -24,6 +24,7 @@ use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
     FluxTextCache,
 };
+use framesmith_data::Unreadable;
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_nn::init::randn;
@@ -124,7 +125,7 @@ fn a_dataset_not_cached_for_flux_says_which_commands_cache_it() -> anyhow::Resul
     let cfg = tiny_config()?;
     let cache = dir.path().join("cache");
     let message = || {
-        load_flux_items(&toml, &cfg, &Device::Cpu)
+        load_flux_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)
             .err()
             .map(|e| format!("{e:#}"))
             .unwrap_or_default()
@@ -169,7 +170,7 @@ fn a_dataset_not_cached_for_flux_says_which_commands_cache_it() -> anyhow::Resul
     );
 
     cache_flux(&cache, "a", (4, 4), 1)?;
-    let items = load_flux_items(&toml, &cfg, &Device::Cpu)?.items;
+    let items = load_flux_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
     assert_eq!(items.len(), 1);
     let (item, repeats) = &items[0];
     assert_eq!(*repeats, 2);
@@ -216,7 +217,7 @@ impl MiniRun {
             })
             .collect();
         let optimizer = AdamW::new(named, Default::default())?;
-        let items = load_flux_items(toml, &cfg, &Device::Cpu)?.items;
+        let items = load_flux_items((toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
         let items = items.into_iter().map(|(item, _)| item).collect();
         Ok(Self {
             model,

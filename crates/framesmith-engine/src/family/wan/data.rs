@@ -5,13 +5,14 @@ use std::path::Path;
 
 use candle_core::Device;
 
-use crate::train::data::{load_cached_items, CacheModels, TrainItem};
+use crate::train::data::{load_cached_items_with, CacheModels, TrainItem};
 use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
 use crate::train::trainer::mix;
 use crate::train::validation::{hold_out, Validation, GENERATED_STREAM};
 use framesmith_config::plan::{DatasetSource, ModelSource};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_data::Unreadable;
 use framesmith_models::wan::WanConfig;
 
 /// What a run trains on and validates on.
@@ -54,7 +55,12 @@ pub(crate) fn load_run_data(
                 },
                 clip: plan.model.clip.as_deref(),
             };
-            let cached = load_cached_items(path, cfg, models, v.is_some(), device)?;
+            let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
+            let cached =
+                load_cached_items_with((path, unreadable), cfg, models, v.is_some(), device)?;
+            for line in &cached.skipped {
+                log(LogLevel::Warn, line.clone());
+            }
             if v.is_none() && cached.validation_datasets > 0 {
                 log(
                     LogLevel::Info,

@@ -194,7 +194,7 @@ pub fn cache_latents(
                 .with_context(|| format!("caching {}", item.media.display()))?;
             if !nan_keys.is_empty() {
                 summary.warnings.push(format!(
-                    "NaN in {} (stored as 0, as musubi-tuner does): {}",
+                    "warning: NaN in {} (stored as 0, as musubi-tuner does): {}",
                     nan_keys.join(", "),
                     item.media.display()
                 ));

@@ -25,7 +25,7 @@ pub(super) fn latents(
     progress: &mut dyn CacheProgress,
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<CacheSummary> {
-    let valid = load_dataset(&request.dataset, log)?;
+    let valid = load_dataset(request, log)?;
     let wanted = image_parts_wanted(files, log)?;
     let tools = MediaTools::locate().ok();
     if tools.is_none()
@@ -176,7 +176,7 @@ pub(super) fn text(
     let Some(text_encoder) = &files.text_encoder else {
         anyhow::bail!("give --text-encoder (Wan's umT5), or --clip-l and --t5 (FLUX.1)");
     };
-    let valid = load_dataset(&request.dataset, log)?;
+    let valid = load_dataset(request, log)?;
     let (device, dtype) = (request.open)()?;
     let encoder = TextEncoder::load(text_encoder, files.tokenizer.as_deref(), dtype, &device)
         .with_context(|| format!("loading the text encoder {}", text_encoder.display()))?;
