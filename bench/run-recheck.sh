@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# After a change that moves code but must not change results (issue 42's family move): the device checks, then
+# the rows of bench/RESULTS.md that the move could have changed, each against its PyTorch reference in the same
+# call. Builds nothing; BIN_DIR holds framesmith and framesmith-bench.
+# Usage: bench/run-recheck.sh BIN_DIR OUT_DIR WORK_DIR PART
+#   check    `framesmith-bench check`, then the Wan2.1-1.3B step (480x832x81, rank 32; ours per-block and with the
+#            self-attention kept, PyTorch eager per-block), then FLUX.1 [dev] 1024² rank 16 through
+#            `framesmith train` (bf16, STEPS steps) against bench/reference/flux_step.py.
+#   wan14b   Wan2.1-14B 480x832x81 within 24 GiB through `framesmith train --preset fast-24gb` (ComfyUI scaled-FP8
+#            file, STEPS steps) against PyTorch's eager resident bf16 step.
+# OUT_DIR/summary.txt gets the lines that matter; every log stays under OUT_DIR.
+set -uo pipefail
+if [[ $# -lt 4 ]]; then
+    sed -n '2,12p' "$0"
+    exit 2
+fi
+BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")" PART="$4"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export PYTHONUNBUFFERED=1
+source "$HERE/device-env.sh"
+use_nvidia_libs
+mkdir -p "$OUT" "$WORK"
+SUMMARY="$OUT/summary.txt"
+SHAPE=(--frames 81 --height 480 --width 832 --rank 32)
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv,noheader
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())'
+} 2>&1 | tee -a "$SUMMARY"
+# run SECONDS NAME COMMAND...: COMMAND into OUT/NAME.log, its lines worth keeping into the summary.
+run() {
+    local t="$1" name="$2"; shift 2
+    echo "+ $*" >> "$SUMMARY"
+    timeout "$t" "$@" > "$OUT/$name.log" 2>&1
+    local rc=$?
+    grep -E "passed|failed|FAIL|step time|ms/step|median|peak|loss|VRAM|step [0-9]+|error|Error" "$OUT/$name.log" \
+        | tail -12 | sed "s/^/  $name: /" >> "$SUMMARY"
+    echo "  $name: exit $rc" >> "$SUMMARY"
+}
+
+case "$PART" in
+check)
+    run 240 check "$BIN/framesmith-bench" check
+    run 180 step-1.3b "$BIN/framesmith-bench" step --check --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3
+    run 180 step-1.3b-keep "$BIN/framesmith-bench" step --keep-attention --variant t2v-1.3b "${SHAPE[@]}" \
+        --warmup 1 --iters 3
+    run 180 torch-1.3b python3 "$HERE/reference/step.py" --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3
+    STEPS="${STEPS:-6}" timeout 400 "$HERE/run-flux.sh" "$BIN" "$OUT/flux" "$WORK/flux" torch bf16 \
+        > "$OUT/flux.log" 2>&1
+    echo "  flux: exit $?" >> "$SUMMARY"
+    cat "$OUT/flux/summary.txt" >> "$SUMMARY" 2>/dev/null
+    ;;
+wan14b)
+    run 240 torch-14b python3 "$HERE/reference/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 --iters 2
+    timeout 480 "$HERE/run-product.sh" "$BIN" "$OUT/product" t2v-14b fp8-scaled 24 fast-24gb "${STEPS:-4}" \
+        "$WORK/wan14b" > "$OUT/product.log" 2>&1
+    echo "  product: exit $?" >> "$SUMMARY"
+    grep -hE "step [0-9]+|VRAM|peak|blocks|Maximum resident|exit" "$OUT"/product/train-*.log 2>/dev/null \
+        | tail -16 | sed "s/^/  train: /" >> "$SUMMARY"
+    ;;
+*)
+    echo "unknown part: $PART" >&2
+    exit 2
+    ;;
+esac
