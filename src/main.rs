@@ -262,66 +262,11 @@ fn train(
             configs.len()
         );
     }
-    let ranks = match launch::resolve(&rank_args.options(), |name| std::env::var(name).ok())? {
-        Launch::One => Ranks::One,
-        launch if configs.len() > 1 => {
-            anyhow::bail!(
-                "a run over several GPUs trains one config at a time, but {} were given ({launch:?})",
-                configs.len()
-            )
-        }
-        Launch::Local(gpus) if gpus.len() > 1 => {
-            let own: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
-            return cli::ranks::launch_local(
-                &gpus,
-                rank_args.master_port,
-                rank_args.rank_timeout_secs,
-                &own,
-                events_json,
-            );
-        }
-        Launch::Local(gpus) => Ranks::on_gpu(
-            gpus.first().copied(),
-            std::time::Duration::from_secs(rank_args.rank_timeout_secs),
-        ),
-        Launch::Rank(spec) => {
-            let rank = spec.rank;
-            // A rank waiting on one that is gone would wait forever inside NCCL: end it, saying why (rank 0's
-            // last saved checkpoint is on disk; the launcher reports the exit).
-            framesmith_nn::collective::on_stuck(Box::new(move |why: &str| {
-                eprintln!("error: rank {rank} stops: {why}; it waited past --rank-timeout inside a collective");
-                std::process::exit(1);
-            }));
-            Ranks::Join(spec)
-        }
+    let ranks = match ranks_of(configs.len(), rank_args, events_json)? {
+        Start::Train(ranks) => ranks,
+        Start::Launched(code) => return Ok(code),
     };
-    let load = |path: &std::path::Path| -> anyhow::Result<RunConfig> {
-        // A key the config file sets wins over a preset's (the preset says so for each).
-        let (mut cfg, explicit) = RunConfig::load_explicit(path)?;
-        let chosen = names
-            .iter()
-            .map(|name| presets::builtin(name))
-            .collect::<Result<Vec<_>, _>>()?;
-        for preset in &chosen {
-            let name = &preset.name;
-            let applied = preset.apply_keeping(&cfg, &explicit)?;
-            for change in &applied.changes {
-                eprintln!("preset {name}: {change}");
-            }
-            for kept in &applied.kept {
-                eprintln!("preset {name}: {}", kept.kept_line());
-            }
-            cfg = applied.config;
-        }
-        let family = framesmith_engine::family::family_of(&cfg).config_family();
-        for preset in &chosen {
-            preset.check_family(family)?;
-        }
-        if vram_budget_gb.is_some() {
-            cfg.memory.vram_budget_gb = vram_budget_gb;
-        }
-        Ok(cfg)
-    };
+    let load = |path: &std::path::Path| load_config(path, names, vram_budget_gb);
     let output = if events_json {
         // Rank 0 alone takes commands (the others have no stdin, and follow rank 0's stop).
         cli::run::Output::EventsJson {
@@ -349,6 +294,88 @@ fn train(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// What `train` does after reading the rank flags.
+enum Start {
+    /// Train in this process, as these ranks.
+    Train(Ranks),
+    /// One process per GPU was started and has ended (`--gpus 0,1`), with this exit code.
+    Launched(ExitCode),
+}
+
+/// The ranks this process trains as, or the exit of the processes it started, one per GPU.
+fn ranks_of(
+    configs: usize,
+    rank_args: &cli::ranks::RankArgs,
+    events_json: bool,
+) -> anyhow::Result<Start> {
+    let ranks = match launch::resolve(&rank_args.options(), |name| std::env::var(name).ok())? {
+        Launch::One => Ranks::One,
+        launch if configs > 1 => {
+            anyhow::bail!(
+                "a run over several GPUs trains one config at a time, but {configs} were given ({launch:?})"
+            )
+        }
+        Launch::Local(gpus) if gpus.len() > 1 => {
+            let own: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+            return Ok(Start::Launched(cli::ranks::launch_local(
+                &gpus,
+                rank_args.master_port,
+                rank_args.rank_timeout_secs,
+                &own,
+                events_json,
+            )?));
+        }
+        Launch::Local(gpus) => Ranks::on_gpu(
+            gpus.first().copied(),
+            std::time::Duration::from_secs(rank_args.rank_timeout_secs),
+        ),
+        Launch::Rank(spec) => {
+            let rank = spec.rank;
+            // A rank waiting on one that is gone would wait forever inside NCCL: end it, saying why (rank 0's
+            // last saved checkpoint is on disk; the launcher reports the exit).
+            framesmith_nn::collective::on_stuck(Box::new(move |why: &str| {
+                eprintln!("error: rank {rank} stops: {why}; it waited past --rank-timeout inside a collective");
+                std::process::exit(1);
+            }));
+            Ranks::Join(spec)
+        }
+    };
+    Ok(Start::Train(ranks))
+}
+
+/// The run config at `path` with the presets `names` applied (a key the file sets wins over a preset's, and each
+/// preset says so) and `--vram-budget-gb` over both.
+fn load_config(
+    path: &std::path::Path,
+    names: &[String],
+    vram_budget_gb: Option<f64>,
+) -> anyhow::Result<RunConfig> {
+    let (mut cfg, explicit) = RunConfig::load_explicit(path)?;
+    let chosen = names
+        .iter()
+        .map(|name| presets::builtin(name))
+        .collect::<Result<Vec<_>, _>>()?;
+    for preset in &chosen {
+        let name = &preset.name;
+        let applied = preset.apply_keeping(&cfg, &explicit)?;
+        for change in &applied.changes {
+            eprintln!("preset {name}: {change}");
+        }
+        for kept in &applied.kept {
+            eprintln!("preset {name}: {}", kept.kept_line());
+        }
+        cfg = applied.config;
+    }
+    let family = framesmith_engine::family::family_of(&cfg).config_family();
+    for preset in &chosen {
+        preset.check_family(family)?;
+    }
+    if vram_budget_gb.is_some() {
+        cfg.memory.vram_budget_gb = vram_budget_gb;
+    }
+    Ok(cfg)
 }
 
 fn show_presets(action: Option<PresetAction>) -> anyhow::Result<ExitCode> {
