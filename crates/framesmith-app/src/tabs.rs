@@ -41,75 +41,83 @@ pub(super) fn tabs_ui(app: &mut FramesmithApp, ui: &mut Ui) {
         egui::ScrollArea::vertical()
             .id_salt(tab.label())
             .auto_shrink(false)
-            .show(ui, |ui| match tab {
-                Tab::Project => project_ui(
-                    &mut ProjectContext {
-                        editor: &mut app.editor,
-                        models: &app.models,
-                        dataset: &mut app.dataset,
-                        dataset_thumbnails: &mut app.dataset_thumbnails,
-                        backend: &app.backend,
-                        jobs: &mut app.jobs,
-                    },
-                    ui,
-                ),
-                Tab::Config => config_ui(
-                    &mut ConfigContext {
-                        editor: &mut app.editor,
-                        presets: &app.presets,
-                        backend: app.backend.as_ref(),
-                        jobs: &mut app.jobs,
-                        run: &mut app.run,
-                    },
-                    ui,
-                ),
-                Tab::Train => {
-                    let (seen, status) = seen_gpus(app.telemetry.as_ref());
-                    let request = train_ui(
-                        &mut TrainContext {
-                            run: &mut app.run,
-                            run_name: app.run_name.as_deref(),
-                            preparing: app.preparing,
-                            fit: &app.fit,
-                            output_folder: &app.output_folder,
-                            spill: app.spill.as_ref(),
-                            editor: &app.editor,
-                            smoothed_only: &mut app.settings.smoothed_only,
-                            gpus: GpuPicker {
-                                seen: &seen,
-                                status,
-                            },
-                            chosen_gpus: &mut app.settings.gpus,
-                            queue: &mut app.queue,
-                            jobs: &mut app.jobs,
-                        },
-                        ui,
-                    );
-                    if let Some(request) = request {
-                        app.train_request(request);
-                    }
-                }
-                Tab::Monitor => monitor_ui(
-                    ui,
-                    &mut app.system_check,
-                    app.telemetry.as_ref(),
-                    app.spill.as_ref(),
-                ),
-                Tab::Samples => {
-                    generate_ui(
-                        &mut GenerateContext {
-                            view: &mut app.generate,
-                            backend: &app.backend,
-                            jobs: &mut app.jobs,
-                            config: app.editor.config(),
-                        },
-                        ui,
-                    );
-                    ui.separator();
-                    samples_ui(&mut app.samples, &app.run.samples, ui);
-                }
-            });
+            .show(ui, |ui| tab_ui(app, tab, ui));
     });
+}
+
+/// Draws one tab's contents.
+fn tab_ui(app: &mut FramesmithApp, tab: Tab, ui: &mut Ui) {
+    match tab {
+        Tab::Project => project_ui(
+            &mut ProjectContext {
+                editor: &mut app.editor,
+                models: &app.models,
+                dataset: &mut app.dataset,
+                dataset_thumbnails: &mut app.dataset_thumbnails,
+                backend: &app.backend,
+                jobs: &mut app.jobs,
+            },
+            ui,
+        ),
+        Tab::Config => config_ui(
+            &mut ConfigContext {
+                editor: &mut app.editor,
+                presets: &app.presets,
+                backend: app.backend.as_ref(),
+                jobs: &mut app.jobs,
+                run: &mut app.run,
+            },
+            ui,
+        ),
+        Tab::Train => train_tab_ui(app, ui),
+        Tab::Monitor => monitor_ui(
+            ui,
+            &mut app.system_check,
+            app.telemetry.as_ref(),
+            app.spill.as_ref(),
+        ),
+        Tab::Samples => {
+            generate_ui(
+                &mut GenerateContext {
+                    view: &mut app.generate,
+                    backend: &app.backend,
+                    jobs: &mut app.jobs,
+                    config: app.editor.config(),
+                },
+                ui,
+            );
+            ui.separator();
+            samples_ui(&mut app.samples, &app.run.samples, ui);
+        }
+    }
+}
+
+/// The Train tab, and the run it asks for.
+fn train_tab_ui(app: &mut FramesmithApp, ui: &mut Ui) {
+    let (seen, status) = seen_gpus(app.telemetry.as_ref());
+    let request = train_ui(
+        &mut TrainContext {
+            run: &mut app.run,
+            run_name: app.run_name.as_deref(),
+            preparing: app.preparing,
+            fit: &app.fit,
+            output_folder: &app.output_folder,
+            spill: app.spill.as_ref(),
+            editor: &app.editor,
+            smoothed_only: &mut app.settings.smoothed_only,
+            gpus: GpuPicker {
+                seen: &seen,
+                status,
+            },
+            chosen_gpus: &mut app.settings.gpus,
+            queue: &mut app.queue,
+            jobs: &mut app.jobs,
+        },
+        ui,
+    );
+    if let Some(request) = request {
+        app.train_request(request);
+    }
 }
 
 /// "training · 42%" beside the tabs, so the run is visible from every tab; `spilling` adds the shared-memory
