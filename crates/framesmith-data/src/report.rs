@@ -234,14 +234,7 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
             0
         };
     if media_found == 0 {
-        let exts = match kind {
-            DatasetKind::Image => IMAGE_EXTENSIONS,
-            DatasetKind::Video => VIDEO_EXTENSIONS,
-        };
-        problems.push(Problem::error(
-            ds.source.path(),
-            format!("has no {kind}s (looked for {})", exts.join(", ")),
-        ));
+        problems.push(no_media_problem(ds));
     }
     let mut sizes = BTreeMap::new();
     let mut frame_counts = Vec::new();
@@ -310,6 +303,19 @@ fn summarize(scan: &DatasetScan, problems: &mut Vec<Problem>) -> DatasetSummary 
         buckets,
         samples_per_epoch: samples * ds.num_repeats as usize,
     }
+}
+
+/// The error of a dataset in which no media were found.
+fn no_media_problem(ds: &ResolvedDataset) -> Problem {
+    let kind = ds.kind();
+    let exts = match kind {
+        DatasetKind::Image => IMAGE_EXTENSIONS,
+        DatasetKind::Video => VIDEO_EXTENSIONS,
+    };
+    Problem::error(
+        ds.source.path(),
+        format!("has no {kind}s (looked for {})", exts.join(", ")),
+    )
 }
 
 /// Batches hold samples of one bucket, so a batch can never be larger than the largest bucket (its samples times
