@@ -4,14 +4,15 @@
 # call. Builds nothing; BIN_DIR holds framesmith and framesmith-bench.
 # Usage: bench/run-recheck.sh BIN_DIR OUT_DIR WORK_DIR PART
 #   check    `framesmith-bench check`, then the Wan2.1-1.3B step (480x832x81, rank 32; ours per-block and with the
-#            self-attention kept, PyTorch eager per-block), then FLUX.1 [dev] 1024² rank 16 through
-#            `framesmith train` (bf16, STEPS steps) against bench/reference/flux_step.py.
+#            self-attention kept, PyTorch eager per-block).
+#   flux     FLUX.1 [dev] 1024² rank 16 through `framesmith train` (bf16, STEPS steps, default 6) against
+#            bench/reference/flux_step.py (bench/run-flux.sh's torch and bf16 cases).
 #   wan14b   Wan2.1-14B 480x832x81 within 24 GiB through `framesmith train --preset fast-24gb` (ComfyUI scaled-FP8
 #            file, STEPS steps) against PyTorch's eager resident bf16 step.
 # OUT_DIR/summary.txt gets the lines that matter; every log stays under OUT_DIR.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-    sed -n '2,12p' "$0"
+    sed -n '2,13p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")" PART="$4"
@@ -45,7 +46,9 @@ check)
     run 180 step-1.3b-keep "$BIN/framesmith-bench" step --keep-attention --variant t2v-1.3b "${SHAPE[@]}" \
         --warmup 1 --iters 3
     run 180 torch-1.3b python3 "$HERE/reference/step.py" --variant t2v-1.3b "${SHAPE[@]}" --warmup 1 --iters 3
-    STEPS="${STEPS:-6}" timeout 400 "$HERE/run-flux.sh" "$BIN" "$OUT/flux" "$WORK/flux" torch bf16 \
+    ;;
+flux)
+    STEPS="${STEPS:-6}" timeout 540 "$HERE/run-flux.sh" "$BIN" "$OUT/flux" "$WORK/flux" torch bf16 \
         > "$OUT/flux.log" 2>&1
     echo "  flux: exit $?" >> "$SUMMARY"
     cat "$OUT/flux/summary.txt" >> "$SUMMARY" 2>/dev/null
