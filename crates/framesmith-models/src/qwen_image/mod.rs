@@ -13,6 +13,7 @@ mod testkit;
 pub mod transformer;
 #[cfg(test)]
 mod transformer_tests;
+pub mod weights;
 
 pub use config::QwenImageConfig;
 pub use transformer::{Prepared, QwenImageInputs, QwenImageTransformer};
