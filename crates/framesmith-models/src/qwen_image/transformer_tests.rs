@@ -9,6 +9,7 @@ use super::testkit::Case;
 use super::{QwenImageInputs, QwenImageTransformer};
 use crate::fixtures::assert_close;
 use framesmith_nn::lora::Lora;
+use framesmith_nn::vb::Vb;
 
 const ATOL: f64 = 1e-4;
 const RTOL: f64 = 1e-4;
@@ -230,5 +231,30 @@ fn a_perturbed_weight_breaks_parity() -> anyhow::Result<()> {
     let out = case.model()?.forward(&case.model_inputs()?)?;
     let err = assert_close("out", &out, case.expected("out")?, ATOL, RTOL);
     anyhow::ensure!(err.is_err(), "a changed weight went unnoticed");
+    Ok(())
+}
+
+#[test]
+fn bf16_weights_and_inputs_stay_near_the_f32_reference() -> anyhow::Result<()> {
+    let case = Case::load("t2i")?;
+    let vb = Vb::from_tensors(case.weights.clone(), DType::BF16, &Device::Cpu);
+    let model = QwenImageTransformer::new(&case.model_config()?, &vb)?;
+    let f32_inputs = case.model_inputs()?;
+    let inputs = QwenImageInputs {
+        img: f32_inputs.img.to_dtype(DType::BF16)?,
+        txt: f32_inputs.txt.to_dtype(DType::BF16)?,
+        ..f32_inputs
+    };
+    let out = model.forward(&inputs)?;
+    assert_eq!(out.dtype(), DType::BF16);
+    let want = case.expected("out")?;
+    let diff = (out.to_dtype(DType::F32)? - want)?;
+    let norm =
+        |t: &Tensor| -> candle_core::Result<f32> { t.sqr()?.sum_all()?.sqrt()?.to_scalar::<f32>() };
+    let rel = norm(&diff)? / norm(want)?;
+    anyhow::ensure!(
+        rel < 2e-2,
+        "bf16 output is {rel:.3e} away from the f32 reference"
+    );
     Ok(())
 }
