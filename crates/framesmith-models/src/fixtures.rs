@@ -1,7 +1,10 @@
-//! Where the reference fixtures live, for tests in every crate: `shared/fixtures/<family>/<case>` beside the
-//! checkout (`../shared`), or beside a folder above it (a worktree or a workspace crate a few levels deeper).
+//! Where the reference fixtures live and how a result is compared with them, for tests in every crate:
+//! `shared/fixtures/<family>/<case>` beside the checkout (`../shared`), or beside a folder above it (a worktree
+//! or a workspace crate a few levels deeper).
 
 use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Tensor};
 
 /// The fixtures of one model family (`wan`, `flux`): the nearest `shared/fixtures/<family>` found walking up from
 /// this crate's folder, or the one beside the checkout when none exists (so a missing fixture names a real path).
@@ -18,6 +21,41 @@ pub fn family_dir(family: &str) -> PathBuf {
 /// The folder of one fixture case of `family`.
 pub fn case_dir(family: &str, case: &str) -> PathBuf {
     family_dir(family).join(case)
+}
+
+/// Checks |got − want| ≤ atol + rtol·|want| element-wise; returns the largest absolute error.
+pub fn assert_close(
+    name: &str,
+    got: &Tensor,
+    want: &Tensor,
+    atol: f64,
+    rtol: f64,
+) -> anyhow::Result<f64> {
+    anyhow::ensure!(
+        got.dims() == want.dims(),
+        "{name}: shape {:?}, expected {:?}",
+        got.dims(),
+        want.dims()
+    );
+    let g = got.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    let w = want.to_dtype(DType::F64)?.flatten_all()?.to_vec1::<f64>()?;
+    let (mut max_abs, mut diff2, mut ref2) = (0f64, 0f64, 0f64);
+    let mut worst: Option<String> = None;
+    for (i, (a, b)) in g.iter().zip(&w).enumerate() {
+        let d = (a - b).abs();
+        let within = d <= atol + rtol * b.abs();
+        if !within && worst.is_none() {
+            worst = Some(format!("element {i} is {a}, expected {b} (error {d:e})"));
+        }
+        max_abs = max_abs.max(d);
+        diff2 += d * d;
+        ref2 += b * b;
+    }
+    let rel = (diff2 / ref2.max(f64::MIN_POSITIVE)).sqrt();
+    if let Some(worst) = worst {
+        anyhow::bail!("{name}: {worst} (max abs error {max_abs:.3e}, relative {rel:.3e})");
+    }
+    Ok(max_abs)
 }
 
 /// The folder of one Wan fixture case.

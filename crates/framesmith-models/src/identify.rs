@@ -1,4 +1,5 @@
-//! `framesmith inspect` for a model file of any family: FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) are named by
+//! `framesmith inspect` for a model file of any family: Qwen-Image transformers (files and diffusers folders) are
+//! named by [`crate::qwen_image::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
 //! [`crate::flux::weights`], everything else (Wan files, LoRAs, folders, PyTorch archives) by
 //! [`crate::wan::weights::identify`]. Headers only.
 
@@ -6,11 +7,13 @@ use std::fmt;
 use std::path::Path;
 
 use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
+use crate::qwen_image::weights::{self as qwen_weights, QwenImageFile, QwenImageFormatError};
 use crate::wan::weights::{self as wan_weights, ModelFormatError};
 
 /// What a model file is.
 #[derive(Debug, Clone)]
 pub enum ModelFile {
+    QwenImage(Box<QwenImageFile>),
     Flux(Box<FluxFile>),
     Wan(wan_weights::ModelFile),
 }
@@ -19,6 +22,7 @@ impl fmt::Display for ModelFile {
     /// The report, with any control character of the file's names and metadata shown escaped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let report = match self {
+            Self::QwenImage(file) => file.to_string(),
             Self::Flux(file) => file.to_string(),
             Self::Wan(file) => file.to_string(),
         };
@@ -30,6 +34,8 @@ impl fmt::Display for ModelFile {
 /// may quote the file's tensor names.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentifyError {
+    #[error("{}", printable(&.0.to_string()))]
+    QwenImage(QwenImageFormatError),
     #[error("{}", printable(&.0.to_string()))]
     Flux(FluxFormatError),
     #[error("{}", printable(&.0.to_string()))]
@@ -67,6 +73,14 @@ pub fn printable(text: &str) -> String {
 
 /// Says what the model file at `path` is.
 pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
+    match qwen_weights::identify(path) {
+        Ok(file) => return Ok(ModelFile::QwenImage(Box::new(file))),
+        // Qwen-Image tensors that do not make a whole transformer (a lone shard) say so.
+        Err(err) if !qwen_weights::is_unrecognised(&err) => {
+            return Err(IdentifyError::QwenImage(err))
+        }
+        Err(_) => {}
+    }
     if !path.is_dir() {
         match flux_weights::identify(path) {
             Ok(file) => return Ok(ModelFile::Flux(Box::new(file))),
@@ -159,6 +173,39 @@ mod tests {
         candle_core::safetensors::save(&lora, &path)?;
         let shown = identify(&path)?.to_string();
         assert!(shown.contains("LoRA adapter"), "{shown}");
+        Ok(())
+    }
+
+    #[test]
+    fn qwen_image_files_are_named_as_qwen_image() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/qwen_image/t2i/weights.safetensors");
+        let weights = candle_core::safetensors::load(fixture, &Device::Cpu)?;
+        let path = dir.path().join("qwen_image_bf16.safetensors");
+        candle_core::safetensors::save(&weights, &path)?;
+        let shown = identify(&path)?.to_string();
+        assert!(
+            shown.starts_with("Qwen-Image-style transformer")
+                && shown.contains("diffusers key names"),
+            "{shown}"
+        );
+        let blocks: HashMap<String, Tensor> = weights
+            .into_iter()
+            .filter(|(k, _)| k.starts_with("transformer_blocks."))
+            .collect();
+        let shard = dir
+            .path()
+            .join("diffusion_pytorch_model-00001-of-00009.safetensors");
+        candle_core::safetensors::save(&blocks, &shard)?;
+        let err = identify(&shard)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("incomplete") && err.contains("one shard"),
+            "{err}"
+        );
         Ok(())
     }
 }

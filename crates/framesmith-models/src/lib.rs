@@ -4,5 +4,6 @@
 pub mod fixtures;
 pub mod flux;
 pub mod identify;
+pub mod qwen_image;
 pub mod trainable;
 pub mod wan;

@@ -1,0 +1,19 @@
+//! Qwen-Image: the transformer (diffusers' `QwenImageTransformer2DModel`: config, timestep embedding, MSRoPE,
+//! joint attention, dual-stream blocks, head) with the official key names, and the reader that says what a
+//! Qwen-Image transformer file is.
+
+pub mod attention;
+pub mod block;
+pub mod config;
+pub mod embeddings;
+pub mod norm_out;
+pub mod rope;
+#[cfg(test)]
+mod testkit;
+pub mod transformer;
+#[cfg(test)]
+mod transformer_tests;
+pub mod weights;
+
+pub use config::QwenImageConfig;
+pub use transformer::{Prepared, QwenImageInputs, QwenImageTransformer};

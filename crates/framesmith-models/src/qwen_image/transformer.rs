@@ -1,0 +1,200 @@
+//! The Qwen-Image transformer (diffusers' `QwenImageTransformer2DModel`): `img_in` on the packed latent tokens,
+//! `txt_norm` (RMSNorm) then `txt_in` on the text encoder's hidden states, the timestep embedding
+//! (`time_text_embed`), MSRoPE over the image grids and the text, the dual-stream blocks on the joint
+//! [text; image] sequence, and `norm_out` + `proj_out` on the image rows.
+
+use candle_core::{DType, Result, Tensor};
+
+use super::block::{BlockInputs, QwenImageBlock};
+use super::config::QwenImageConfig;
+use super::embeddings::TimestepEmbedding;
+use super::norm_out::AdaNormOut;
+use super::rope::{ImageGrid, Rope};
+use framesmith_nn::linear::Linear;
+use framesmith_nn::norm::rms_norm;
+use framesmith_nn::vb::Vb;
+
+/// Epsilon of `txt_norm`.
+pub const TXT_NORM_EPS: f64 = 1e-6;
+
+/// One batch as the official forward takes it.
+#[derive(Clone, Debug)]
+pub struct QwenImageInputs {
+    /// Packed latent tokens [b, img_len, in_channels]: the images of `img_grids`, one after the other.
+    pub img: Tensor,
+    /// The latent grid of each image of a sample (the same for every sample), in sequence order: the image being
+    /// denoised, then any conditioning images (Qwen-Image-Edit).
+    pub img_grids: Vec<ImageGrid>,
+    /// The text encoder's hidden states [b, txt_len, joint_attention_dim].
+    pub txt: Tensor,
+    /// Valid text tokens per sample, padding after them ([`txt_lens_from_mask`]); `None`: every token is valid.
+    pub txt_lens: Option<Vec<usize>>,
+    /// Timesteps [b] in [0, 1] (the model scales them by 1000).
+    pub timesteps: Tensor,
+}
+
+/// The per-sample text lengths of a mask [b, txt_len] (non-zero: a valid token) in the form the official
+/// pipeline makes: valid tokens first, then padding. Any other pattern is an error.
+pub fn txt_lens_from_mask(mask: &Tensor) -> Result<Vec<usize>> {
+    let rows = mask.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    rows.iter()
+        .enumerate()
+        .map(|(i, row)| {
+            let len = row.iter().take_while(|&&v| v != 0.0).count();
+            if row[len..].iter().any(|&v| v != 0.0) {
+                candle_core::bail!(
+                    "Qwen-Image: the text mask of sample {i} has a valid token after padding; the mask must be \
+                     valid tokens followed by padding, as the Qwen-Image pipeline makes it"
+                );
+            }
+            Ok(len)
+        })
+        .collect()
+}
+
+/// What the embeddings produce: the first block's input (the joint sequence) and what every block shares.
+#[derive(Clone)]
+pub struct Prepared {
+    pub xs: Tensor,
+    pub blocks: BlockInputs,
+}
+
+/// The Qwen-Image transformer.
+#[derive(Clone)]
+pub struct QwenImageTransformer {
+    pub img_in: Linear,
+    /// `txt_norm.weight` [joint_attention_dim].
+    pub txt_norm: Tensor,
+    pub txt_in: Linear,
+    /// `time_text_embed.timestep_embedder`.
+    pub time_text_embed: TimestepEmbedding,
+    /// `transformer_blocks.*`.
+    pub transformer_blocks: Vec<QwenImageBlock>,
+    pub norm_out: AdaNormOut,
+    pub proj_out: Linear,
+    cfg: QwenImageConfig,
+}
+
+impl QwenImageTransformer {
+    /// Builds the model from the official (diffusers) key names under `vb`. `vb`'s FP8 mode applies to the
+    /// blocks' linears only: the embeddings and the head stay in the compute dtype.
+    pub fn new(cfg: &QwenImageConfig, vb: &Vb) -> Result<Self> {
+        cfg.validate()?;
+        let dim = cfg.inner_dim();
+        let transformer_blocks = (0..cfg.num_layers)
+            .map(|i| QwenImageBlock::new(cfg, &vb.pp("transformer_blocks").pp(i)))
+            .collect::<Result<Vec<_>>>()?;
+        let vb = &vb.with_fp8(None);
+        Ok(Self {
+            img_in: Linear::load(&vb.pp("img_in"), cfg.in_channels, dim)?,
+            txt_norm: vb.pp("txt_norm").get(cfg.joint_attention_dim, "weight")?,
+            txt_in: Linear::load(&vb.pp("txt_in"), cfg.joint_attention_dim, dim)?,
+            time_text_embed: TimestepEmbedding::new(
+                dim,
+                &vb.pp("time_text_embed").pp("timestep_embedder"),
+            )?,
+            transformer_blocks,
+            norm_out: AdaNormOut::new(dim, &vb.pp("norm_out"))?,
+            proj_out: Linear::load(&vb.pp("proj_out"), dim, cfg.out_dim())?,
+            cfg: cfg.clone(),
+        })
+    }
+
+    /// The model's sizes.
+    pub fn config(&self) -> &QwenImageConfig {
+        &self.cfg
+    }
+
+    /// Every block linear by its full path (`transformer_blocks.0.attn.to_q`, …), for LoRA.
+    pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
+        self.transformer_blocks
+            .iter_mut()
+            .enumerate()
+            .flat_map(|(i, block)| {
+                block
+                    .linears_mut()
+                    .into_iter()
+                    .map(move |(path, l)| (format!("transformer_blocks.{i}.{path}"), l))
+            })
+            .collect()
+    }
+
+    /// Runs the embeddings: the joint sequence [b, txt_len + img_len, dim] and what every block shares.
+    pub fn prepare(&self, inputs: &QwenImageInputs) -> Result<Prepared> {
+        let (b, img_len, _) = inputs.img.dims3()?;
+        let (_, txt_len, _) = inputs.txt.dims3()?;
+        let grid_tokens: usize = inputs.img_grids.iter().map(ImageGrid::tokens).sum();
+        if grid_tokens != img_len {
+            candle_core::bail!(
+                "Qwen-Image: the image grids {:?} hold {grid_tokens} tokens, the latents {img_len}",
+                inputs.img_grids
+            );
+        }
+        if let Some(lens) = &inputs.txt_lens {
+            if lens.len() != b || lens.iter().any(|&n| n > txt_len) {
+                candle_core::bail!(
+                    "Qwen-Image: text lengths {lens:?} for a batch of {b} with {txt_len} text tokens"
+                );
+            }
+        }
+        let dtype = inputs.txt.dtype();
+        let img = self.img_in.forward(&inputs.img)?;
+        let txt = rms_norm(&inputs.txt, Some(&self.txt_norm), TXT_NORM_EPS)?;
+        let txt = self.txt_in.forward(&txt)?;
+        let temb = self.time_text_embed.forward(&inputs.timesteps, dtype)?;
+        let rope = Rope::new(
+            &inputs.img_grids,
+            txt_len,
+            &self.cfg.axes_dims_rope,
+            b,
+            img.device(),
+        )?;
+        Ok(Prepared {
+            xs: Tensor::cat(&[&txt, &img], 1)?,
+            blocks: BlockInputs {
+                temb,
+                rope,
+                txt_len,
+                txt_lens: inputs.txt_lens.clone(),
+            },
+        })
+    }
+
+    /// The head on the last block's output: the image rows' prediction [b, img_len, patch_size² · out_channels].
+    pub fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Tensor> {
+        let t = prepared.blocks.txt_len;
+        let img = xs.narrow(1, t, xs.dim(1)? - t)?;
+        let normed = self.norm_out.forward(&img, &prepared.blocks.temb)?;
+        self.proj_out.forward(&normed)
+    }
+
+    /// The whole forward pass, as the official `forward`.
+    pub fn forward(&self, inputs: &QwenImageInputs) -> Result<Tensor> {
+        let prepared = self.prepare(inputs)?;
+        let mut xs = prepared.xs.clone();
+        for block in &self.transformer_blocks {
+            xs = block.forward(&xs, &prepared.blocks)?;
+        }
+        self.finish(&xs, &prepared)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    #[test]
+    fn masks_become_lengths_only_when_padding_comes_last() -> Result<()> {
+        let dev = Device::Cpu;
+        let mask = Tensor::new(&[[1i64, 1, 1], [1, 0, 0]], &dev)?;
+        assert_eq!(txt_lens_from_mask(&mask)?, vec![3, 1]);
+        let holes = Tensor::new(&[[1u8, 0, 1]], &dev)?;
+        let err = txt_lens_from_mask(&holes)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("sample 0"), "{err}");
+        Ok(())
+    }
+}

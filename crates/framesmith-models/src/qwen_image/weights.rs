@@ -1,0 +1,382 @@
+//! Says what a Qwen-Image transformer file is, from safetensors headers only: a single file with diffusers' key
+//! names (`transformer_blocks.0.img_mod.1.weight`, `txt_norm.weight`), as ComfyUI ships it (`qwen_image_bf16`,
+//! `qwen_image_fp8_e4m3fn`; bare or under `model.diffusion_model.`), or a diffusers `transformer/` folder of
+//! shards beside its `config.json`. Sizes come from the shapes (a folder's from its `config.json`).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use super::QwenImageConfig;
+use crate::wan::weights::{read_header, write_size_lines, ModelFormatError, TensorInfo};
+
+/// Key prefixes ComfyUI may put before the transformer's names, longest first.
+const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
+/// diffusers' class name in a transformer folder's `config.json`.
+const DIFFUSERS_CLASS: &str = "QwenImageTransformer2DModel";
+
+/// Why a path is not a Qwen-Image transformer Framesmith can name.
+#[derive(Debug, thiserror::Error)]
+pub enum QwenImageFormatError {
+    /// The file could not be read as safetensors.
+    #[error(transparent)]
+    File(#[from] ModelFormatError),
+
+    /// Not a Qwen-Image transformer (another family's file, or not a model): other readers may name it.
+    #[error("this is not a Qwen-Image transformer: {}", path.display())]
+    NotQwenImage { path: PathBuf },
+
+    /// Qwen-Image tensors, but not the whole transformer (one shard of a diffusers folder, a damaged file).
+    #[error("this Qwen-Image transformer file is incomplete: {problem}; {fix}: {}", path.display())]
+    Incomplete {
+        problem: String,
+        fix: &'static str,
+        path: PathBuf,
+    },
+}
+
+/// Whether `err` only says the path is something else (so a caller trying other families goes on).
+pub fn is_unrecognised(err: &QwenImageFormatError) -> bool {
+    matches!(
+        err,
+        QwenImageFormatError::NotQwenImage { .. } | QwenImageFormatError::File(_)
+    )
+}
+
+/// How the tensors are laid out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Layout {
+    /// One file with diffusers' names, under a ComfyUI prefix or none.
+    SingleFile { prefix: Option<&'static str> },
+    /// A diffusers `transformer/` folder: `config.json` and this many safetensors shards.
+    DiffusersFolder { shards: usize },
+}
+
+/// What [`identify`] found.
+#[derive(Debug, Clone)]
+pub struct QwenImageFile {
+    pub path: PathBuf,
+    pub config: QwenImageConfig,
+    pub layout: Layout,
+    /// Number of tensors per dtype (safetensors spelling).
+    pub dtypes: BTreeMap<String, usize>,
+    pub parameter_count: u64,
+    pub bytes_on_disk: u64,
+}
+
+/// Tensor shapes under diffusers' names (prefix stripped).
+struct Names<'a> {
+    shapes: BTreeMap<&'a str, &'a [usize]>,
+}
+
+impl<'a> Names<'a> {
+    fn new(tensors: &'a [TensorInfo], prefix: Option<&str>) -> Self {
+        let shapes = tensors
+            .iter()
+            .map(|t| {
+                let name = prefix
+                    .and_then(|p| t.name.strip_prefix(p))
+                    .unwrap_or(&t.name);
+                (name, t.shape.as_slice())
+            })
+            .collect();
+        Self { shapes }
+    }
+
+    fn dim(&self, name: &str, axis: usize) -> Option<usize> {
+        self.shapes.get(name).and_then(|s| s.get(axis).copied())
+    }
+
+    /// Whether the names are a Qwen-Image transformer's (its blocks' modulation and text attention).
+    fn is_qwen_image(&self) -> bool {
+        self.shapes.keys().any(|n| {
+            n.starts_with("transformer_blocks.")
+                && (n.ends_with(".img_mod.1.weight") || n.ends_with(".attn.norm_added_q.weight"))
+        })
+    }
+
+    /// Number of distinct block indices.
+    fn blocks(&self) -> usize {
+        self.shapes
+            .keys()
+            .filter_map(|n| {
+                n.strip_prefix("transformer_blocks.")?
+                    .split('.')
+                    .next()?
+                    .parse::<usize>()
+                    .ok()
+            })
+            .collect::<BTreeSet<_>>()
+            .len()
+    }
+}
+
+/// The ComfyUI prefix the names use, if any.
+fn prefix_of(tensors: &[TensorInfo]) -> Option<&'static str> {
+    PREFIXES.into_iter().find(|p| {
+        tensors
+            .iter()
+            .any(|t| t.name.starts_with(p) && t.name.contains("transformer_blocks."))
+    })
+}
+
+/// The RoPE split of the released model (16, 56, 56 for heads of 128), scaled to other head widths.
+fn axes_for_head_dim(head_dim: usize) -> Vec<usize> {
+    let hw = 2 * (7 * head_dim / 32);
+    vec![head_dim.saturating_sub(2 * hw), hw, hw]
+}
+
+/// The sizes the shapes say.
+fn config_from_shapes(names: &Names, path: &Path) -> Result<QwenImageConfig, QwenImageFormatError> {
+    let need = |name: &str, axis: usize| {
+        names.dim(name, axis).ok_or_else(|| QwenImageFormatError::Incomplete {
+            problem: format!("tensor `{name}` is missing"),
+            fix: if path.to_string_lossy().contains("-of-") {
+                "this looks like one shard of a diffusers transformer: give the folder that holds all of them"
+            } else {
+                "download it again"
+            },
+            path: path.to_path_buf(),
+        })
+    };
+    let dim = need("img_in.weight", 0)?;
+    let head_dim = need("transformer_blocks.0.attn.norm_q.weight", 0)?;
+    let patch_size = 2;
+    Ok(QwenImageConfig {
+        patch_size,
+        in_channels: need("img_in.weight", 1)?,
+        out_channels: Some(need("proj_out.weight", 0)? / (patch_size * patch_size)),
+        num_layers: names.blocks(),
+        attention_head_dim: head_dim,
+        num_attention_heads: dim / head_dim.max(1),
+        joint_attention_dim: need("txt_in.weight", 1)?,
+        guidance_embeds: false,
+        axes_dims_rope: axes_for_head_dim(head_dim),
+        zero_cond_t: false,
+        use_additional_t_cond: names
+            .dim("time_text_embed.addition_t_embedding.weight", 0)
+            .is_some(),
+        use_layer3d_rope: false,
+    })
+}
+
+/// The diffusers transformer folder at `path` (itself, or its `transformer/`), with its config, when it is one.
+fn diffusers_folder(path: &Path) -> Option<(PathBuf, QwenImageConfig)> {
+    [path.to_path_buf(), path.join("transformer")]
+        .into_iter()
+        .find_map(|dir| {
+            let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+            let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+            (json["_class_name"] == DIFFUSERS_CLASS)
+                .then(|| QwenImageConfig::from_json(&text).ok().map(|cfg| (dir, cfg)))
+                .flatten()
+        })
+}
+
+/// Says what the Qwen-Image transformer at `path` is (a single file or a diffusers folder).
+pub fn identify(path: &Path) -> Result<QwenImageFile, QwenImageFormatError> {
+    let not_qwen = || QwenImageFormatError::NotQwenImage {
+        path: path.to_path_buf(),
+    };
+    let (tensors, bytes_on_disk, layout, folder_config) = if path.is_dir() {
+        let (dir, config) = diffusers_folder(path).ok_or_else(not_qwen)?;
+        let mut shards: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|_| not_qwen())?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+            .collect();
+        shards.sort();
+        let (mut tensors, mut bytes) = (Vec::new(), 0);
+        for shard in &shards {
+            let header = read_header(shard)?;
+            tensors.extend(header.tensors);
+            bytes += header.file_bytes;
+        }
+        let layout = Layout::DiffusersFolder {
+            shards: shards.len(),
+        };
+        (tensors, bytes, layout, Some(config))
+    } else {
+        let header = read_header(path)?;
+        let layout = Layout::SingleFile {
+            prefix: prefix_of(&header.tensors),
+        };
+        (header.tensors, header.file_bytes, layout, None)
+    };
+    let prefix = match layout {
+        Layout::SingleFile { prefix } => prefix,
+        Layout::DiffusersFolder { .. } => None,
+    };
+    let names = Names::new(&tensors, prefix);
+    if !names.is_qwen_image() {
+        return Err(not_qwen());
+    }
+    let config = match folder_config {
+        Some(config) => config,
+        None => config_from_shapes(&names, path)?,
+    };
+    let mut dtypes = BTreeMap::new();
+    for t in &tensors {
+        *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
+    }
+    Ok(QwenImageFile {
+        path: path.to_path_buf(),
+        config,
+        layout,
+        dtypes,
+        parameter_count: tensors.iter().map(TensorInfo::numel).sum(),
+        bytes_on_disk,
+    })
+}
+
+impl QwenImageFile {
+    /// The model, specifically.
+    pub fn title(&self) -> String {
+        let c = &self.config;
+        let later = c.zero_cond_t || c.use_additional_t_cond || c.use_layer3d_rope;
+        if later {
+            "Qwen-Image transformer of a later release (options Framesmith does not support yet)"
+                .into()
+        } else if c.inner_dim() == 3072 && c.num_layers == 60 {
+            "Qwen-Image transformer (MMDiT)".into()
+        } else {
+            format!(
+                "Qwen-Image-style transformer (width {}, {} blocks: not a released size)",
+                c.inner_dim(),
+                c.num_layers
+            )
+        }
+    }
+}
+
+impl fmt::Display for QwenImageFile {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let c = &self.config;
+        writeln!(f, "{}", self.title())?;
+        writeln!(
+            f,
+            "  {:<11} {} dual-stream, width {}, {} heads of {}",
+            "blocks",
+            c.num_layers,
+            c.inner_dim(),
+            c.num_attention_heads,
+            c.attention_head_dim
+        )?;
+        writeln!(
+            f,
+            "  {:<11} {}-channel packed latents, text width {}",
+            "input", c.in_channels, c.joint_attention_dim
+        )?;
+        let layout = match &self.layout {
+            Layout::SingleFile { prefix: Some(p) } => {
+                format!("ComfyUI single file (keys under `{p}`)")
+            }
+            Layout::SingleFile { prefix: None } => "single file with diffusers key names".into(),
+            Layout::DiffusersFolder { shards } => {
+                format!("diffusers transformer folder ({shards} safetensors shards)")
+            }
+        };
+        writeln!(f, "  {:<11} {layout}", "layout")?;
+        if self.dtypes.contains_key("F8_E4M3") {
+            writeln!(f, "  {:<11} float8_e4m3fn weights", "fp8")?;
+        }
+        write_size_lines(f, &self.dtypes, self.parameter_count, self.bytes_on_disk)?;
+        writeln!(
+            f,
+            "  {:<11} Qwen-Image, Qwen-Image-Edit and Edit-2509 share these tensors",
+            "note"
+        )?;
+        writeln!(
+            f,
+            "  {:<11} the diffusion model of a Qwen-Image run (Qwen-Image training is not available yet)",
+            "use"
+        )?;
+        write!(f, "  {:<11} {}", "path", self.path.display())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::qwen_image::testkit::fixtures_dir;
+    use candle_core::{Device, Tensor};
+    use std::collections::HashMap;
+
+    fn fixture_weights() -> anyhow::Result<HashMap<String, Tensor>> {
+        let path = fixtures_dir().join("t2i/weights.safetensors");
+        Ok(candle_core::safetensors::load(path, &Device::Cpu)?)
+    }
+
+    #[test]
+    fn a_comfyui_file_reads_as_the_fixture_config() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let comfy: HashMap<String, Tensor> = fixture_weights()?
+            .into_iter()
+            .map(|(k, v)| (format!("model.diffusion_model.{k}"), v))
+            .collect();
+        let path = dir.path().join("qwen_image_bf16.safetensors");
+        candle_core::safetensors::save(&comfy, &path)?;
+        let file = identify(&path)?;
+        let text = std::fs::read_to_string(fixtures_dir().join("t2i/config.json"))?;
+        let json: serde_json::Value = serde_json::from_str(&text)?;
+        let expected = QwenImageConfig::from_json(&json["init"].to_string())?;
+        assert_eq!(file.config, expected);
+        assert_eq!(
+            file.layout,
+            Layout::SingleFile {
+                prefix: Some("model.diffusion_model.")
+            }
+        );
+        let shown = file.to_string();
+        assert!(
+            shown.contains("2 dual-stream, width 32, 2 heads of 16"),
+            "{shown}"
+        );
+        assert!(shown.ends_with(&path.display().to_string()), "{shown}");
+        Ok(())
+    }
+
+    #[test]
+    fn a_diffusers_folder_and_a_lone_shard() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let folder = dir.path().join("Qwen-Image");
+        let transformer = folder.join("transformer");
+        std::fs::create_dir_all(&transformer)?;
+        let (blocks, rest): (HashMap<_, _>, HashMap<_, _>) = fixture_weights()?
+            .into_iter()
+            .partition(|(k, _)| k.starts_with("transformer_blocks."));
+        let shard = |i: usize| {
+            transformer.join(format!(
+                "diffusion_pytorch_model-0000{i}-of-00002.safetensors"
+            ))
+        };
+        candle_core::safetensors::save(&blocks, shard(1))?;
+        candle_core::safetensors::save(&rest, shard(2))?;
+        let config = r#"{"_class_name": "QwenImageTransformer2DModel", "patch_size": 2, "in_channels": 16,
+            "out_channels": 4, "num_layers": 2, "attention_head_dim": 16, "num_attention_heads": 2,
+            "joint_attention_dim": 24, "axes_dims_rope": [4, 6, 6]}"#;
+        std::fs::write(transformer.join("config.json"), config)?;
+
+        let file = identify(&folder)?;
+        assert_eq!(file.layout, Layout::DiffusersFolder { shards: 2 });
+        assert_eq!(file.config.num_layers, 2);
+
+        let err = identify(&shard(1))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("one shard") && err.contains("img_in.weight"),
+            "{err}"
+        );
+
+        let other = dir.path().join("other.safetensors");
+        let z = Tensor::zeros((2, 2), candle_core::DType::F32, &Device::Cpu)?;
+        candle_core::safetensors::save(
+            &HashMap::from([("blocks.0.self_attn.q.weight".to_string(), z)]),
+            &other,
+        )?;
+        assert!(identify(&other).is_err_and(|e| is_unrecognised(&e)));
+        Ok(())
+    }
+}
