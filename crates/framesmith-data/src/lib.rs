@@ -18,6 +18,7 @@ pub mod media;
 pub mod media_foundation;
 pub mod probe;
 pub mod problem;
+pub mod prompt_cache;
 pub mod report;
 pub mod resize;
 pub mod resolve;
