@@ -1,6 +1,7 @@
 //! Samples during training with a real Wan model: the prompt file's prompts are embedded by the umT5 encoder
 //! (with the tokenizer beside or inside its weights) before the DiT is loaded, and the encoder is dropped right
-//! after, so its memory is free again when training starts; clips are decoded by the Wan VAE. Image-to-video
+//! after, so its memory is free again when training starts; the embeddings are cached in the output folder, so a
+//! resume or a later run of the same prompts starts without loading the encoder at all; clips are decoded by the Wan VAE. Image-to-video
 //! models start each clip from the prompt's image (`--i`), conditioned as `framesmith generate --image` does
 //! (its CLIP features, for Wan2.1 I2V, also computed before the DiT loads); TI2V-5B starts from it when a prompt
 //! gives one and samples text-to-video otherwise, whichever `training.mode` trains.
@@ -11,7 +12,7 @@ use candle_core::{DType, Device, Tensor};
 use crate::family::wan::denoise::ImageConditioning;
 use crate::family::wan::mode::start_image;
 use crate::family::wan::pipeline::{
-    fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder,
+    fit_context, latent_shape, ClipSettings, Conditioning, VaeDecoder, DEFAULT_NEGATIVE_PROMPT,
 };
 use crate::family::wan::samples::{Decoder, SamplePrompt};
 use crate::family::wan::start_image::{
@@ -23,6 +24,7 @@ use framesmith_config::catalog::StartImage;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
 use framesmith_models::wan::clip::{load_clip_vision, ClipVisionConfig};
 use framesmith_models::wan::text_encoder::TextEncoder;
 use framesmith_models::wan::vae::{load_vae_auto, LatentStats};
@@ -86,23 +88,36 @@ pub fn encode_sample_prompts(
         .text_encoder
         .as_ref()
         .context("samples need model.text_encoder (the umT5 weights)")?;
-    let encoder = TextEncoder::load(path, None, dtype, device).with_context(|| {
-        format!(
-            "loading the text encoder for samples from {}",
-            path.display()
+    let cache = PromptCache::new(&prompt_cache_dir(&plan.output.output_dir), &[path]);
+    let cached: Vec<Option<Conditioning>> = specs
+        .iter()
+        .map(|spec| cached_conditioning(&cache, spec, dtype, device))
+        .collect();
+    let from_cache = cached.iter().flatten().count();
+    let encoder = if from_cache < specs.len() {
+        Some(
+            TextEncoder::load(path, None, dtype, device).with_context(|| {
+                format!(
+                    "loading the text encoder for samples from {}",
+                    path.display()
+                )
+            })?,
         )
-    })?;
+    } else {
+        None
+    };
     let mut clips = clips.map(Vec::into_iter);
     let encoded = specs
         .into_iter()
-        .map(|spec| {
-            let conditioning = Conditioning::encode(
-                &encoder,
-                &spec.prompt,
-                spec.negative.as_deref(),
-                spec.clip_guidance(),
-            )
-            .with_context(|| format!("encoding the sample prompt \"{}\"", spec.prompt))?;
+        .zip(cached)
+        .map(|(spec, cached)| {
+            let conditioning = match (cached, &encoder) {
+                (Some(conditioning), _) => conditioning,
+                (None, Some(encoder)) => encode_and_cache(&cache, encoder, &spec, dtype, log)?,
+                (None, None) => {
+                    anyhow::bail!("the sample prompt \"{}\" has no embedding", spec.prompt)
+                }
+            };
             let clip = clips.as_mut().and_then(Iterator::next);
             Ok(EncodedPrompt {
                 spec,
@@ -113,12 +128,79 @@ pub fn encode_sample_prompts(
         .collect::<anyhow::Result<Vec<_>>>()?;
     log(
         LogLevel::Info,
-        format!(
-            "{} sample prompts encoded; text encoder released",
-            encoded.len()
-        ),
+        match encoder {
+            Some(_) => format!(
+                "{} sample prompts encoded ({from_cache} from the prompt cache in {}); text encoder released",
+                encoded.len(),
+                cache.dir().display()
+            ),
+            None => format!(
+                "{} sample prompts from the prompt cache in {}; the text encoder was not loaded",
+                encoded.len(),
+                cache.dir().display()
+            ),
+        },
     );
     Ok(Some(encoded))
+}
+
+/// What a Wan prompt's embeddings depend on besides the encoder and dtype: the prompt, the negative prompt and
+/// whether guidance embeds the negative.
+fn cache_parts(spec: &PromptSpec) -> [&str; 4] {
+    [
+        "wan umt5",
+        &spec.prompt,
+        spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE_PROMPT),
+        if spec.clip_guidance() > 1.0 {
+            "guided"
+        } else {
+            "unguided"
+        },
+    ]
+}
+
+/// The cached embeddings of `spec`, when the cache holds them.
+fn cached_conditioning(
+    cache: &PromptCache,
+    spec: &PromptSpec,
+    dtype: DType,
+    device: &Device,
+) -> Option<Conditioning> {
+    let mut tensors = cache.get(&cache_parts(spec), dtype, device)?;
+    let context = tensors.remove("context")?;
+    let negative = tensors.remove("negative");
+    if (spec.clip_guidance() > 1.0) != negative.is_some() {
+        return None;
+    }
+    Some(Conditioning { context, negative })
+}
+
+/// Embeds `spec` with `encoder` and caches the result; a cache that cannot be written costs a warning only.
+fn encode_and_cache(
+    cache: &PromptCache,
+    encoder: &TextEncoder,
+    spec: &PromptSpec,
+    dtype: DType,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Conditioning> {
+    let conditioning = Conditioning::encode(
+        encoder,
+        &spec.prompt,
+        spec.negative.as_deref(),
+        spec.clip_guidance(),
+    )
+    .with_context(|| format!("encoding the sample prompt \"{}\"", spec.prompt))?;
+    let mut tensors = vec![("context", &conditioning.context)];
+    if let Some(negative) = &conditioning.negative {
+        tensors.push(("negative", negative));
+    }
+    if let Err(e) = cache.put(&cache_parts(spec), dtype, &tensors) {
+        log(
+            LogLevel::Warn,
+            format!("the sample prompt's embedding is not cached for the next run: {e}"),
+        );
+    }
+    Ok(conditioning)
 }
 
 /// CLIP features of each prompt's start image, with the CLIP image encoder of `model.clip` (Wan2.1 I2V).

@@ -117,5 +117,20 @@ fn a_real_model_run_samples_through_the_vae() -> anyhow::Result<()> {
     );
     let report = trainer.train_step(&|| false)?;
     assert!(report.loss.is_some_and(f64::is_finite));
+    let first_clip = std::fs::read(samples.join("000000-00.mp4"))?;
+    drop(trainer);
+
+    // A second start finds the prompt's embeddings in the output folder's cache: no encoder, the same clip.
+    logs.clear();
+    let mut trainer = Trainer::start(&request, &mut |level, line| logs.push((level, line)))?;
+    assert!(
+        logs.iter().any(
+            |(_, m)| m.contains("1 sample prompts from the prompt cache")
+                && m.contains("the text encoder was not loaded")
+        ),
+        "{logs:?}"
+    );
+    trainer.sample(&|| false)?;
+    assert_eq!(std::fs::read(samples.join("000000-00.mp4"))?, first_clip);
     Ok(())
 }
