@@ -1,5 +1,6 @@
 //! Samples during FLUX.1 [dev] training: the prompt file's prompts are encoded by CLIP-L (`model.clip`) and T5-XXL
-//! (`model.text_encoder`) before the DiT loads, and the encoders dropped right after, as Wan's samples do; each
+//! (`model.text_encoder`) before the DiT loads, and the encoders dropped right after, as Wan's samples do (and
+//! cached in the output folder as Wan's are, so a later start loads no encoder); each
 //! sample is then the image `framesmith generate` makes ([`crate::family::flux::pipeline`]: seeded noise, the shifted
 //! schedule, Euler with the guidance input) with the LoRA being trained, decoded by the autoencoder (`model.vae`)
 //! and written as `samples/{step:06}-{prompt:02}.png` ([`crate::train::samples`] schedules and names them). A
@@ -18,6 +19,7 @@ use crate::generate::prompts::{read_prompt_file, PromptSpec};
 use crate::train::samples::{SampleFiles, SampleSet};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::load_autoencoder;
@@ -30,6 +32,85 @@ pub struct ImagePrompt {
     pub settings: FluxImageSettings,
     /// The latent [h, w] of the image.
     pub latent: [usize; 2],
+}
+
+/// The prompts' CLIP-L and T5-XXL outputs: from the output folder's prompt cache where it holds them (as Wan's
+/// samples do), the rest encoded (loading the encoders only then) and cached for the next start.
+pub(super) fn cached_prompts(
+    files: TextEncoderFiles,
+    texts: &[&str],
+    run_dir: &Path,
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Vec<FluxPrompt>> {
+    let cache = PromptCache::new(&prompt_cache_dir(run_dir), &[files.clip, files.t5]);
+    let parts = |text: &str| {
+        [
+            "flux clip-l t5-xxl".to_owned(),
+            format!("t5 tokens {DEV_T5_TOKENS}"),
+            text.to_owned(),
+        ]
+    };
+    let mut found: Vec<Option<FluxPrompt>> = texts
+        .iter()
+        .map(|text| {
+            let parts = parts(text);
+            let mut t = cache.get(&parts.each_ref().map(String::as_str), dtype, device)?;
+            Some(FluxPrompt {
+                txt: t.remove("txt")?,
+                vec: t.remove("vec")?,
+            })
+        })
+        .collect();
+    let missing: Vec<&str> = texts
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(t, _)| *t)
+        .collect();
+    let from_cache = texts.len() - missing.len();
+    if missing.is_empty() {
+        log(
+            LogLevel::Info,
+            format!(
+                "{} sample prompts from the prompt cache in {}; CLIP-L and T5-XXL were not loaded",
+                texts.len(),
+                cache.dir().display()
+            ),
+        );
+    } else {
+        let mut encoded = encode_prompts(files, &missing, (dtype, device))?.into_iter();
+        for (text, slot) in texts.iter().zip(found.iter_mut()) {
+            if slot.is_none() {
+                let prompt = encoded
+                    .next()
+                    .context("the text encoders returned too few prompts")?;
+                let parts = parts(text);
+                let tensors = [("txt", &prompt.txt), ("vec", &prompt.vec)];
+                if let Err(e) = cache.put(&parts.each_ref().map(String::as_str), dtype, &tensors) {
+                    log(
+                        LogLevel::Warn,
+                        format!(
+                            "the sample prompt's embedding is not cached for the next run: {e}"
+                        ),
+                    );
+                }
+                *slot = Some(prompt);
+            }
+        }
+        log(
+            LogLevel::Info,
+            format!(
+                "{} sample prompts encoded ({from_cache} from the prompt cache in {}); CLIP-L and T5-XXL released",
+                texts.len(),
+                cache.dir().display()
+            ),
+        );
+    }
+    found
+        .into_iter()
+        .map(|p| p.context("a sample prompt has no embedding"))
+        .collect()
 }
 
 /// The prompts of a FLUX.1 run's samples and the autoencoder that decodes them.
@@ -160,14 +241,13 @@ pub fn image_samples(
         t5_tokenizer: None,
         t5_max_tokens: DEV_T5_TOKENS,
     };
-    let encoded = encode_prompts(encoder_files, &texts, (dtype, device))?;
-    log(
-        LogLevel::Info,
-        format!(
-            "{} sample prompts encoded; CLIP-L and T5-XXL released",
-            encoded.len()
-        ),
-    );
+    let encoded = cached_prompts(
+        encoder_files,
+        &texts,
+        &plan.output.output_dir,
+        (dtype, device),
+        log,
+    )?;
     let prompts = specs
         .into_iter()
         .zip(encoded)

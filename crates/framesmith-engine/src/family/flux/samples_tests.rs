@@ -252,3 +252,51 @@ fn a_streamed_model_samples_the_resident_image_and_trains_on_unchanged() -> anyh
     }
     Ok(())
 }
+
+#[test]
+fn a_second_start_takes_the_prompts_from_the_cache_without_the_encoders() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let config = sampled_run(dir.path(), 2, PROMPTS)?;
+    let files = TextEncoderFiles {
+        clip: &config.model.clip,
+        clip_tokenizer: None,
+        t5: &config.model.text_encoder,
+        t5_tokenizer: None,
+        t5_max_tokens: DEV_T5_TOKENS,
+    };
+    let texts = ["a red fox in snow", "snow"];
+    let out = &config.output.output_dir;
+    let run = |logs: &mut Vec<String>| {
+        super::samples::cached_prompts(
+            files,
+            &texts,
+            out,
+            (DType::F32, &Device::Cpu),
+            &mut |_, l| logs.push(l),
+        )
+    };
+    let mut logs = Vec::new();
+    let first = run(&mut logs)?;
+    assert!(
+        logs[0].contains("2 sample prompts encoded (0 from the prompt cache"),
+        "{logs:?}"
+    );
+    logs.clear();
+    let second = run(&mut logs)?;
+    assert!(
+        logs[0].contains("CLIP-L and T5-XXL were not loaded"),
+        "{logs:?}"
+    );
+    let fresh = encode_prompts(files, &texts, (DType::F32, &Device::Cpu))?;
+    for ((a, b), c) in first.iter().zip(&second).zip(&fresh) {
+        for (x, y, z) in [(&a.txt, &b.txt, &c.txt), (&a.vec, &b.vec, &c.vec)] {
+            let (x, y, z) = (
+                x.flatten_all()?.to_vec1::<f32>()?,
+                y.flatten_all()?.to_vec1::<f32>()?,
+                z.flatten_all()?.to_vec1::<f32>()?,
+            );
+            assert!(x == y && y == z, "cached embeddings differ from fresh ones");
+        }
+    }
+    Ok(())
+}
