@@ -153,7 +153,8 @@ fn checkpointed_step_memory_grows_by_saved_block_inputs() -> candle_core::Result
 #[test]
 fn each_checkpointing_setting_keeps_what_the_planner_counts() -> candle_core::Result<()> {
     let _turn = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
-    use framesmith_engine::plan::{block_tape_bytes, kept_attention_bytes, StepShape};
+    use framesmith_engine::family::wan::plan::{block_tape_bytes, kept_attention_bytes};
+    use framesmith_engine::plan::StepShape;
     for step in [CKPT, KEEP_ATTENTION, KEEP_TAPES] {
         step_peak(2, step)?;
     }

@@ -92,7 +92,7 @@ impl Default for StepBench {
 /// The latent grid `[frames, height, width]` of a clip, with the strides of `cfg`'s VAE (4 in time; 8 in space
 /// for the Wan2.1 VAE, 16 for the Wan2.2 VAE of TI2V-5B).
 pub fn latent_size(cfg: &WanConfig, frames: usize, height: usize, width: usize) -> [usize; 3] {
-    let vae = framesmith_engine::plan::vae_for(cfg);
+    let vae = framesmith_engine::family::wan::plan::vae_for(cfg);
     let (s, t) = (vae.spatial_factor(), vae.temporal_factor());
     [(frames.max(1) - 1) / t + 1, height / s, width / s]
 }

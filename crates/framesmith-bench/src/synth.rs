@@ -25,6 +25,7 @@ use framesmith_data::cache::{
 };
 use framesmith_data::frames::FrameWindow;
 use framesmith_data::video::encode::{write_mp4, RgbFrame};
+use framesmith_engine::family::wan::plan::vae_for;
 use framesmith_engine::train::samples::SAMPLE_FPS;
 use framesmith_models::wan::random::init_stats;
 use framesmith_models::wan::weights::official_shapes;
@@ -134,7 +135,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
         write_random_encoders(
             &dir,
             &framesmith_models::wan::text_encoder::T5Config::umt5_xxl(),
-            &framesmith_engine::plan::vae_for(&spec.cfg),
+            &vae_for(&spec.cfg),
             &bytes,
             spec.seed,
         )?;
@@ -159,7 +160,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
 /// the Wan2.1 VAE, 16× for the Wan2.2 VAE of TI2V-5B), or why the clip size does not fit the model.
 pub fn latent_shape(spec: &SynthProject) -> anyhow::Result<[usize; 4]> {
     let [_, p1, p2] = spec.cfg.patch_size;
-    let s = framesmith_engine::plan::vae_for(&spec.cfg).spatial_factor();
+    let s = vae_for(&spec.cfg).spatial_factor();
     let (step_h, step_w) = (s * p1, s * p2);
     if spec.frames == 0 || (spec.frames - 1) % 4 != 0 {
         bail!(
@@ -643,7 +644,7 @@ pub fn run_config(dir: &Path, spec: &SynthProject) -> RunConfig {
     config.output.save_every_n_epochs = Some(0);
     config.output.save_state = false;
     if spec.encoders.is_some() {
-        config.model.vae = dir.join(vae_file(&framesmith_engine::plan::vae_for(&spec.cfg)));
+        config.model.vae = dir.join(vae_file(&vae_for(&spec.cfg)));
         config.model.text_encoder = dir.join(UMT5_FILE);
     }
     config

@@ -13,11 +13,9 @@ mod model;
 mod suggest;
 mod working_set;
 
-pub use activations::{block_tape_bytes, kept_attention_bytes};
 pub use bytes::{
-    block_buffers, block_bytes, block_data_bytes, dtype_bytes, fp8_scale, fp8_weight_buffers,
-    fp8_weight_bytes, latent_factors, lora_parameters, lora_parameters_of, resident_weights,
-    tokens_per_sample, vae_for, BaseFormat,
+    dtype_bytes, dtype_name, elements, fp8_scale, fp8_weight_buffers, fp8_weight_bytes,
+    lora_parameters_of, BaseFormat,
 };
 pub(crate) use input::clip_pixels;
 pub use input::{
@@ -26,9 +24,9 @@ pub use input::{
 };
 pub use model::{BlockKind, DescribeModel, ModelMemory, PlanModel};
 pub use working_set::{
-    auto_margin_bytes, per_token_modulation_bytes, pool_fragmentation_bytes, shared_inputs,
-    BlockWidths, StepShape, WorkingSet, CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES,
-    POOL_FRAGMENTATION_PERCENT, VRAM_HEADROOM_BYTES, WORKING_SET,
+    auto_margin_bytes, pool_fragmentation_bytes, BlockWidths, StepShape, WorkingSet,
+    CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES, POOL_FRAGMENTATION_PERCENT,
+    VRAM_HEADROOM_BYTES, WORKING_SET,
 };
 
 use framesmith_config::plan::FloatDtype;

@@ -1,6 +1,10 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::*;
+use crate::family::wan::plan::{
+    block_buffers, block_bytes, block_data_bytes, lora_parameters, resident_weights,
+    tokens_per_sample,
+};
 use framesmith_config::protocol::memory::Suggestion;
 use framesmith_config::run::{AutoKeyword, BaseDtype, Fp8ScaleMode, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;

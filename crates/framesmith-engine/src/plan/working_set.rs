@@ -1,8 +1,6 @@
-//! The activation side of the plan: per-step tensors shared by every block, and the working set of one block's
-//! recompute + backward, modelled as counts of named tensor shapes. **Every calibration constant of the planner
+//! The activation side of the plan: the working set of one block's recompute + backward, modelled as counts of
+//! named tensor shapes over the widths a family gives ([`BlockWidths`]). **Every calibration constant of the planner
 //! lives in this file.**
-
-use framesmith_models::wan::WanConfig;
 
 /// Tensors alive at the peak of one block's recompute + backward (DESIGN.md §4.3), counted by shape. `L` is the
 /// step's token count (all samples), `dim` / `ffn_dim` / `heads` come from the model.
@@ -70,17 +68,6 @@ impl WorkingSet {
         quantised_inputs: 1,
         head_tokens_dim_f32: 6,
     };
-
-    /// Bytes of this working set for a step of `shape` on Wan model `cfg`.
-    pub fn bytes(&self, cfg: &WanConfig, shape: &StepShape) -> u64 {
-        let widths = BlockWidths {
-            dim: cfg.dim as u64,
-            ffn_dim: cfg.ffn_dim as u64,
-            heads: cfg.num_heads as u64,
-            per_token_modulation_bytes: per_token_modulation_bytes(cfg, shape),
-        };
-        self.bytes_for(&widths, shape)
-    }
 
     /// Bytes of this working set for a step of `shape` through blocks of `widths`.
     pub fn bytes_for(&self, widths: &BlockWidths, shape: &StepShape) -> u64 {
@@ -166,38 +153,4 @@ pub struct StepShape {
     pub quantised_input_bytes: u64,
     /// The time modulation is per token ([`PlanInput::start_frame`](super::PlanInput::start_frame)).
     pub per_token_time: bool,
-}
-
-/// The per-token time modulation `e0` `[L, 6, dim]` in f32 where the step has one (`shape.per_token_time`); 0
-/// where `e0` is one row per sample.
-pub fn per_token_modulation_bytes(cfg: &WanConfig, shape: &StepShape) -> u64 {
-    if shape.per_token_time {
-        shape.tokens * 6 * cfg.dim as u64 * 4
-    } else {
-        0
-    }
-}
-
-/// Tensors every block reads, alive for the whole step: the embedded text context (and CLIP tokens), the time
-/// modulation `e0` and the RoPE tables, as (label, bytes).
-pub fn shared_inputs(cfg: &WanConfig, batch: u64, shape: &StepShape) -> Vec<(&'static str, u64)> {
-    let d = cfg.dim as u64;
-    let mut context_tokens = cfg.text_len as u64;
-    if cfg.has_clip() {
-        context_tokens += cfg.clip_tokens as u64;
-    }
-    let time = if shape.per_token_time {
-        per_token_modulation_bytes(cfg, shape)
-    } else {
-        batch * 6 * d * 4
-    };
-    // cos and sin over each token's head dimension, in f32.
-    let rope = 2 * shape.tokens * cfg.head_dim() as u64 * 4;
-    vec![
-        (
-            "text context",
-            batch * context_tokens * d * shape.compute_bytes,
-        ),
-        ("time modulation and RoPE tables", time + rope),
-    ]
 }

@@ -173,7 +173,7 @@ fn check_patches(latents: &Tensor, cfg: &WanConfig, file: &str, path: &Path) -> 
     if h % ph.max(1) == 0 && w % pw.max(1) == 0 {
         return Ok(());
     }
-    let (stride, _) = crate::plan::latent_factors(cfg);
+    let (stride, _) = crate::family::wan::plan::latent_factors(cfg);
     let step = stride * ph.max(pw);
     anyhow::bail!(
         "{file} has latents of {h}x{w} (height x width), which the model's {ph}x{pw} patches do not divide: the clip \
@@ -206,7 +206,7 @@ impl CacheModels<'_> {
     /// image-to-video model `cfg` it names the DiT (or `--i2v`) and, for Wan2.1 I2V, the CLIP image encoder, so
     /// the caches get the first-frame conditioning the model needs.
     pub fn latents_command(&self, dataset_toml: &Path, cfg: &WanConfig) -> String {
-        let vae_hint = match crate::plan::vae_for(cfg).variant {
+        let vae_hint = match crate::family::wan::plan::vae_for(cfg).variant {
             VaeVariant::Wan22 => "<Wan2.2_VAE.pth>",
             VaeVariant::Wan21 => "<Wan2.1_VAE.pth>",
         };

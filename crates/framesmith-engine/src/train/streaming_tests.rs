@@ -162,7 +162,7 @@ fn every_catalogued_variant_is_a_wan_model_with_its_blocks_start_image_and_pixel
             Some(crate::family::wan::mode::start_image(&cfg)),
             "{name}"
         );
-        let (spatial, _) = crate::plan::latent_factors(&cfg);
+        let (spatial, _) = crate::family::wan::plan::latent_factors(&cfg);
         assert_eq!(
             listed.map(|v| v.pixel_step),
             Some(spatial * cfg.patch_size[1]),

@@ -20,6 +20,7 @@ use framesmith_nn::offload::{
 };
 use image::RgbImage;
 
+use super::plan::vae_for;
 use crate::dit::load_dit;
 use crate::family::wan::denoise::{Experts, ImageConditioning, Residency};
 use crate::family::wan::pipeline::{
@@ -37,7 +38,6 @@ use crate::generate::run::{
     given, loras_as_one, timing_line, vram_use, write_clip, Session, StepClock,
 };
 use crate::generate::sampler::Solver;
-use crate::plan::vae_for;
 
 /// Wan's defaults for the settings a request leaves out.
 pub const FRAMES: usize = 81;

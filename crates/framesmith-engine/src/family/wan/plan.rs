@@ -1,25 +1,35 @@
 //! Wan's description for the planner ([`ModelMemory`]): one kind of block whose bytes come from the official tensor
-//! list, blocks streamed spread through the model, the clip's tokens through its VAE and patches, and the step's
-//! activations as `models::wan::block::grad` records them.
+//! list ([`bytes`]), blocks streamed spread through the model, the clip's tokens through its VAE and patches, and the
+//! step's activations as `models::wan::block::grad` records them ([`activations`]).
 
 use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement};
 
 use crate::family::Family;
-use crate::plan::{
-    block_bytes, block_data_bytes, block_tape_bytes, dtype_bytes, kept_attention_bytes,
-    latent_factors, lora_parameters, resident_weights, residual_bytes, shared_inputs, step_tokens,
-    tokens_per_sample, vae_for, BaseFormat, BlockKind, ModelMemory, PlanError, PlanInput,
-    StepShape,
-};
 use crate::plan::{clip_pixels, ClipShape, DescribeModel, PlanModel};
+use crate::plan::{
+    dtype_bytes, residual_bytes, step_tokens, BaseFormat, BlockKind, ModelMemory, PlanError,
+    PlanInput, StepShape,
+};
 use crate::train::demo_setup::demo_model_config;
 use framesmith_config::RunConfig;
 use framesmith_data::ValidConfig;
 use framesmith_models::wan::vae::VaeConfig;
 
 use super::mode::StartFrame;
+
+mod activations;
+mod bytes;
+
+pub use activations::{
+    block_tape_bytes, kept_attention_bytes, per_token_modulation_bytes, shared_inputs,
+    working_set_bytes,
+};
+pub use bytes::{
+    block_buffers, block_bytes, block_data_bytes, latent_factors, lora_parameters,
+    resident_weights, tokens_per_sample, vae_for,
+};
 
 impl DescribeModel for WanConfig {
     fn family(&self) -> &'static dyn Family {
@@ -137,7 +147,7 @@ pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         lora_modules,
         saved_input_bytes: shape.tokens * cfg.dim as u64 * shape.residual_bytes,
         shared_inputs: shared_inputs(cfg, batch, &shape),
-        working_set_bytes: input.working_set.bytes(cfg, &shape),
+        working_set_bytes: working_set_bytes(&input.working_set, cfg, &shape),
         pixel_multiple: 16 * (vae_for(cfg).spatial_factor() / 8).max(1),
         frame_step: vae_for(cfg).temporal_factor(),
         shape,
