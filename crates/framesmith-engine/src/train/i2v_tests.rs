@@ -9,8 +9,8 @@ use candle_core::{DType, Device, IndexOp, Result, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::family::wan::cached::{load_cached_items, CacheModels};
 use crate::family::wan::run::WanRun;
-use crate::train::data::{load_cached_items, CacheModels};
 use crate::train::step::{checkpointed_step, flow_loss, LossTarget, StepOptions};
 use crate::train::timesteps::{loss_weight, sample_timesteps};
 use crate::train::trainer::{mix, Trainer};

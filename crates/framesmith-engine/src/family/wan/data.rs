@@ -5,7 +5,8 @@ use std::path::Path;
 
 use candle_core::Device;
 
-use crate::train::data::{load_cached_items_with, CacheModels, TrainItem};
+use super::cached::{load_cached_items_with, CacheModels};
+use crate::train::data::TrainItem;
 use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
 use crate::train::trainer::mix;
 use crate::train::validation::{hold_out, Validation, GENERATED_STREAM};

@@ -1,5 +1,5 @@
 //! The Wan family (Wan2.1, Wan2.2 and the built-in demo model, a tiny Wan): its runs' setup ([`setup`]), data
-//! ([`data`]), micro-step, validation and samples ([`run`]), training mode ([`mode`]), Wan2.2 A14B's two experts
+//! ([`data`], its caches read in [`cached`]), micro-step, validation and samples ([`run`]), training mode ([`mode`]), Wan2.2 A14B's two experts
 //! ([`experts`]), the sample prompts encoded before the DiT loads ([`sample_models`], [`samples`]), the sampling
 //! loop ([`denoise`]), whole clips from loaded models ([`pipeline`]), the start image of image-to-video clips
 //! ([`start_image`]) and clips generated from a prompt ([`generate`]).
@@ -17,6 +17,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 use framesmith_data::ValidConfig;
 
+pub mod cached;
 pub mod data;
 mod demo_generate;
 pub mod denoise;

@@ -10,12 +10,13 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::family::wan::cached::image_inputs;
 use crate::family::wan::denoise::{first_frame_row, with_first_frame};
 use crate::family::wan::experts::Experts;
 use crate::family::wan::mode::StartFrame;
 use crate::family::wan::samples::ClipSamples;
 use crate::family::{FamilyRun, MicroStep, StepContext};
-use crate::train::data::{image_inputs, TrainItem};
+use crate::train::data::TrainItem;
 use crate::train::optimizer::AdamW;
 use crate::train::samples::{make_sample, SampleFiles, SampleSet};
 use crate::train::step::{forward_loss, try_checkpointed_step, LossTarget, StepError};
