@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use candle_core::Device;
-use framesmith_engine::train::demo_setup::{DEMO_FRAMES, DEMO_SIZE};
+use framesmith_engine::demo::project::{DEMO_FRAMES, DEMO_SIZE};
 use framesmith_nn::lora_file::LoraFile;
 
 fn framesmith() -> Command {

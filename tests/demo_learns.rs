@@ -10,8 +10,8 @@ use std::process::Command;
 
 use framesmith_config::RunConfig;
 use framesmith_data::video::encode::RgbFrame;
+use framesmith_engine::demo::project::{DEMO_CLIPS, DEMO_FRAMES, DEMO_SAMPLES, DEMO_SIZE};
 use framesmith_engine::demo::shapes;
-use framesmith_engine::train::demo_setup::{DEMO_CLIPS, DEMO_FRAMES, DEMO_SAMPLES, DEMO_SIZE};
 
 /// Steps of the demo run (`demo-cpu`'s `max_train_steps`, so the test sees what users see).
 const STEPS: usize = 160;

@@ -18,7 +18,7 @@ const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn tiny(frames: usize, height: usize, width: usize) -> SynthProject {
     SynthProject {
-        cfg: framesmith_engine::train::setup::demo_model_config(),
+        cfg: framesmith_engine::family::wan::demo_setup::demo_model_config(),
         frames,
         height,
         width,

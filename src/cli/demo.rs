@@ -20,10 +20,10 @@ use framesmith_data::cache::{
 use framesmith_data::frames::FrameWindow;
 use framesmith_data::video::encode::write_mp4;
 use framesmith_engine::demo;
+use framesmith_engine::demo::project::{write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
 use framesmith_engine::demo::shapes::{self, DemoClip};
-use framesmith_engine::train::demo_setup::write_sample_prompts;
+use framesmith_engine::family::wan::demo_setup::demo_model_config;
 use framesmith_engine::train::samples::SAMPLE_FPS;
-use framesmith_engine::train::setup::{demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
 
 use super::run::{run_headless, RunSummary};
 

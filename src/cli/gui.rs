@@ -37,7 +37,7 @@ const DEMO_SAMPLE_EVERY_N_STEPS: usize = 100;
 
 /// Writes the start frames of the generated demo clips and the sample prompt file into `dir`; returns the file.
 fn write_demo_samples(dir: &Path, seed: u64) -> anyhow::Result<PathBuf> {
-    use framesmith_engine::train::demo_setup::{
+    use framesmith_engine::demo::project::{
         write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE,
     };
     let clips = framesmith_engine::demo::shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);

@@ -526,8 +526,8 @@ fn previous_frame_attention(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::family::wan::demo_setup::demo_model_config;
     use crate::family::wan::denoise::first_frame_row;
-    use crate::train::demo_setup::demo_model_config;
     use framesmith_models::wan::{ModelOptions, Timesteps, WanInputs, WanModel};
     use framesmith_nn::vb::Vb;
 

@@ -3,5 +3,6 @@
 
 pub mod base;
 pub mod codec;
+pub mod project;
 pub mod shapes;
 pub mod text;

@@ -6,7 +6,7 @@ use super::bytes::BaseFormat;
 use super::machine;
 use super::working_set::WORKING_SET;
 use super::{LoraShape, PlanError, PlanInput, PlanModel, StreamingSetup};
-use crate::train::demo_setup::{DEMO_FRAMES, DEMO_SIZE};
+use crate::demo::project::{DEMO_FRAMES, DEMO_SIZE};
 use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{DeviceSpec, RunConfig};

@@ -3,7 +3,6 @@
 //! samples' schedule. What is model-specific goes through [`crate::family`].
 
 pub mod data;
-pub mod demo_setup;
 pub mod engine;
 pub mod launch;
 pub mod optimizer;

@@ -28,10 +28,6 @@ use framesmith_nn::device::{DeviceError, VramHold};
 use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
 
-pub use crate::train::demo_setup::{
-    demo_items, demo_model_config, DEMO_CLIPS, DEMO_FRAMES, DEMO_LAYERS, DEMO_SIZE,
-};
-
 pub(crate) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     let device = open_device(plan.device)?;
     if plan.model.fp8_matmul {

@@ -6,8 +6,9 @@ use std::path::Path;
 use candle_core::Device;
 
 use super::cached::{load_cached_items_with, CacheModels};
+use super::demo_setup::demo_items;
+use crate::demo::project::DEMO_CLIPS;
 use crate::train::data::TrainItem;
-use crate::train::demo_setup::{demo_items, DEMO_CLIPS};
 use crate::train::trainer::mix;
 use crate::train::validation::{hold_out, Validation, GENERATED_STREAM};
 use framesmith_config::plan::{DatasetSource, ModelSource};

@@ -1,6 +1,6 @@
 //! Generation with the built-in demo model (demo only): the demo base DiT with the request's LoRAs, the prompt
 //! through the demo text embedding and the start image through the demo codec, sampled and decoded exactly as the
-//! demo run's own samples are ([`crate::train::demo_setup::demo_sample_prompts`], [`super::samples`]), so "try my
+//! demo run's own samples are ([`super::demo_setup::demo_sample_prompts`], [`super::samples`]), so "try my
 //! LoRA" in the app shows what the run's last sample showed for the same prompt and seed. Written as a clip (MP4
 //! plus PNG frames) like any other.
 
@@ -10,7 +10,9 @@ use candle_core::DType;
 use framesmith_models::wan::ModelOptions;
 use framesmith_nn::vb::Vb;
 
+use super::demo_setup::{demo_model_config, demo_sample_prompts};
 use crate::demo;
+use crate::demo::project::{DEMO_FRAMES, DEMO_SIZE};
 use crate::dit::build_dit;
 use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest};
 use crate::family::wan::pipeline::CLIP_FPS;
@@ -21,7 +23,6 @@ use crate::generate::request::{
 };
 use crate::generate::run::{loras_as_one, timing_line, write_clip, Session, StepClock};
 use crate::generate::sampler::Solver;
-use crate::train::demo_setup::{demo_model_config, demo_sample_prompts, DEMO_FRAMES, DEMO_SIZE};
 
 /// The demo's sampling settings where a request leaves them out: its sample prompts' (`--s 20 --l 1.0 --fs 1.0`).
 pub const DEMO_STEPS: usize = 20;

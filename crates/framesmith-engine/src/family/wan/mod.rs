@@ -20,6 +20,7 @@ use framesmith_data::ValidConfig;
 pub mod cached;
 pub mod data;
 mod demo_generate;
+pub mod demo_setup;
 pub mod denoise;
 pub mod experts;
 pub mod generate;

@@ -93,7 +93,7 @@ mod tests {
             err.starts_with("training.mode: Wan2.1 T2V-1.3B is a text-to-video model"),
             "{err}"
         );
-        let demo = crate::train::demo_setup::demo_model_config();
+        let demo = crate::family::wan::demo_setup::demo_model_config();
         assert_eq!(resolve(&demo, Auto, true)?, StartFrame::FirstLatentFrame);
         assert_eq!(resolve(&demo, TextToVideo, true)?, StartFrame::None);
         Ok(())

@@ -6,13 +6,13 @@ use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::LoraError;
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement};
 
+use super::demo_setup::demo_model_config;
 use crate::family::Family;
 use crate::plan::{clip_pixels, ClipShape, DescribeModel, PlanModel};
 use crate::plan::{
     dtype_bytes, residual_bytes, step_tokens, BaseFormat, BlockKind, ModelMemory, PlanError,
     PlanInput, StepShape,
 };
-use crate::train::demo_setup::demo_model_config;
 use framesmith_config::RunConfig;
 use framesmith_data::ValidConfig;
 use framesmith_models::wan::vae::VaeConfig;

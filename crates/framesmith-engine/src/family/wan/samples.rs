@@ -1,7 +1,7 @@
 //! Wan's samples during training (and the demo model's): clips denoised as `framesmith generate` denoises them
 //! (UniPC, with both Wan2.2 experts each on its side of the boundary), decoded by the Wan VAE or the demo codec
 //! and written as `{stem}.mp4` plus the PNG frames of `{stem}/` for the in-app player. The prompts are encoded
-//! before the DiT loads ([`crate::family::wan::sample_models`], [`crate::train::demo_setup`]).
+//! before the DiT loads ([`crate::family::wan::sample_models`], [`super::demo_setup`]).
 
 use std::path::Path;
 

@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device};
 
+use super::demo_setup::{demo_model_config, demo_sample_prompts};
 use crate::demo;
 use crate::dit::{build_dit, load_dit, LoadedDit, Streaming};
 use crate::family::wan::data::load_run_data;
@@ -18,7 +19,6 @@ use crate::family::wan::sample_models::{encode_sample_prompts, vae_sampling, Enc
 use crate::family::wan::samples::{ClipSamples, Decoder};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
-use crate::train::demo_setup::{demo_model_config, demo_sample_prompts};
 use crate::train::optimizer::AdamW;
 use crate::train::setup::{
     device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, named_vars,

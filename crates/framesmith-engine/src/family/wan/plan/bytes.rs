@@ -122,7 +122,7 @@ pub fn vae_for(cfg: &WanConfig) -> VaeConfig {
 /// Spatial and temporal compression of the latents `cfg` trains on: the demo codec's (4×, 4×) for the demo
 /// model, else its VAE's.
 pub fn latent_factors(cfg: &WanConfig) -> (usize, usize) {
-    if *cfg == crate::train::demo_setup::demo_model_config() {
+    if *cfg == crate::family::wan::demo_setup::demo_model_config() {
         return (crate::demo::codec::FACTOR, crate::demo::codec::TEMPORAL);
     }
     let vae = vae_for(cfg);

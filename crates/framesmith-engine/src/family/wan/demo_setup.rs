@@ -1,34 +1,24 @@
-//! The demo model's run (demo only): its config, its generated training clips and its sample prompts. The demo
-//! model is image-to-video: each clip's first frame is given (in training and in samples, through `--i`) and the
-//! model learns to move the shape the way the caption says.
+//! The demo model's run (demo only), a tiny Wan: its config, its generated training clips and its sample prompts.
+//! The demo model is image-to-video: each clip's first frame is given (in training and in samples, through `--i`)
+//! and the model learns to move the shape the way the caption says.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 
 use crate::demo;
-use crate::demo::shapes::DemoClip;
+use crate::demo::project::{DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
 use crate::family::wan::denoise::ImageConditioning;
 use crate::family::wan::samples::SamplePrompt;
 use crate::family::wan::start_image::load_start_image;
 use crate::generate::prompts::PromptSpec;
 use crate::train::data::TrainItem;
-use crate::train::outputs::write_atomic;
-use crate::train::samples::encode_png;
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::wan::WanConfig;
 
 /// Layers of the demo model.
 pub const DEMO_LAYERS: usize = 2;
-/// Demo clips: 8 clips of 5 frames at 64×64 pixels.
-pub const DEMO_CLIPS: usize = 8;
-pub const DEMO_FRAMES: usize = 5;
-pub const DEMO_SIZE: usize = 64;
-/// Sample prompts of the demo: the first clips' captions with their start frames.
-pub const DEMO_SAMPLES: usize = 2;
-
 /// The demo model's config: a small Wan-shaped DiT over the demo codec's 192-channel latents with 1×1×1 patches
 /// (16×16 tokens a latent frame at 64×64 pixels), wide enough (256) that each token's 192 input values pass
 /// through its residual stream next to a reference vector, with one attention head per frame of a latent frame's
@@ -122,27 +112,4 @@ pub fn demo_sample_prompts(
             })
         })
         .collect()
-}
-
-/// Writes each sampled clip's first frame as `start/<clip>.png` and the prompt file that names them
-/// (`sample_prompts.txt`, returned); the images are named relative to it, so the folder can move. Both are
-/// written atomically: another window or test opening the demo may be reading them.
-pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<PathBuf> {
-    let start = dir.join("start");
-    fs::create_dir_all(&start).with_context(|| format!("cannot create {}", start.display()))?;
-    let mut prompts = String::new();
-    for (i, clip) in clips.iter().take(DEMO_SAMPLES).enumerate() {
-        let Some(first) = clip.frames.first() else {
-            anyhow::bail!("the demo clip {} has no frames", clip.name);
-        };
-        let image = start.join(format!("{}.png", clip.name));
-        write_atomic(&image, &encode_png(first)?)?;
-        prompts.push_str(&format!(
-            "{} --w {DEMO_SIZE} --h {DEMO_SIZE} --f {DEMO_FRAMES} --s 20 --l 1.0 --fs 1.0 --d {i} --i start/{}.png\n",
-            clip.caption, clip.name
-        ));
-    }
-    let path = dir.join("sample_prompts.txt");
-    write_atomic(&path, prompts.as_bytes())?;
-    Ok(path)
 }
