@@ -189,7 +189,7 @@ fn check_clip(clip: &ClipShape) -> Result<(), PlanError> {
 }
 
 /// The model's description for `input`: the sizes that do not depend on how many blocks are streamed.
-fn sizes(input: &PlanInput) -> Result<ModelMemory, PlanError> {
+pub(crate) fn sizes(input: &PlanInput) -> Result<ModelMemory, PlanError> {
     check_clip(&input.clip)?;
     input.model.describe(input)
 }

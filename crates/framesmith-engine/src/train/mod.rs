@@ -17,20 +17,8 @@ pub mod trainer;
 pub mod validation;
 
 #[cfg(test)]
-mod i2v_grad_tests;
-#[cfg(test)]
-mod i2v_sample_tests;
-#[cfg(test)]
-pub(crate) mod i2v_tests;
-#[cfg(test)]
 mod ranks_tests;
 #[cfg(test)]
-mod step_testkit;
-#[cfg(test)]
-mod streaming_tests;
-#[cfg(test)]
 pub(crate) mod tests;
-#[cfg(test)]
-mod ti2v_tests;
 #[cfg(test)]
 mod validation_tests;

@@ -425,7 +425,7 @@ pub fn whole_graph_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::train::step_testkit::{attach_random_loras, random_targets};
+    use crate::family::wan::step_testkit::{attach_random_loras, random_targets};
     use candle_core::Device;
     use framesmith_models::wan::random::{random_inputs, random_weights};
     use framesmith_models::wan::WanConfig;
@@ -554,7 +554,7 @@ mod tests {
             weights: None,
             skip_frames: 0,
         };
-        crate::train::step_testkit::check_lora_gradients_by_finite_differences(
+        crate::family::wan::step_testkit::check_lora_gradients_by_finite_differences(
             &model, &inputs, &target, &vars, 9,
         )
     }

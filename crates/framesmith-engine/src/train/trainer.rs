@@ -178,6 +178,18 @@ impl Trainer {
             .expect("a run of the family the test started")
     }
 
+    /// The run's training set (tests look at its batches).
+    #[cfg(test)]
+    pub(crate) fn train_set(&self) -> &TrainSet {
+        &self.data
+    }
+
+    /// How the run draws and weights timesteps (tests draw the same).
+    #[cfg(test)]
+    pub(crate) fn timestep_config(&self) -> &TimestepConfig {
+        &self.timesteps
+    }
+
     /// The LoRA adapters being trained.
     pub fn loras(&self) -> &LoraSet {
         &self.loras

@@ -38,6 +38,18 @@ pub mod text_cache;
 
 #[cfg(test)]
 mod experts_tests;
+#[cfg(test)]
+mod i2v_grad_tests;
+#[cfg(test)]
+mod i2v_sample_tests;
+#[cfg(test)]
+pub(crate) mod i2v_tests;
+#[cfg(test)]
+pub(crate) mod step_testkit;
+#[cfg(test)]
+mod streaming_tests;
+#[cfg(test)]
+mod ti2v_tests;
 
 /// Wan models: the family that takes every run no other family claims (the demo model's among them).
 pub struct WanFamily;

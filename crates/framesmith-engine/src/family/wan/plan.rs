@@ -216,3 +216,7 @@ fn cache_factors(channels: usize, demo: bool) -> (usize, usize) {
     };
     (vae.spatial_factor(), vae.temporal_factor())
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

@@ -243,13 +243,13 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
             resume_from: None,
         };
         let mut trainer = Trainer::start(&request, &mut |_, _| {})?;
-        let (_, batch) = trainer.data.batch_at(0);
+        let (_, batch) = trainer.train_set().batch_at(0);
         assert_eq!(batch.len(), 2, "both clips in one batch");
         let files: Vec<PathBuf> = batch.iter().map(|i| cache.join(&i.key)).collect();
 
         let rng = &mut StdRng::seed_from_u64(mix(seed, 0));
         let [_, h, w] = LATENT;
-        let draws = sample_timesteps(&trainer.timesteps, 2, (h, w), rng);
+        let draws = sample_timesteps(trainer.timestep_config(), 2, (h, w), rng);
         let (mut noisy, mut targets, mut y, mut clip, mut context) =
             (vec![], vec![], vec![], vec![], vec![]);
         for (file, draw) in files.iter().zip(&draws) {
@@ -267,7 +267,7 @@ fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Res
         }
         let weights: Vec<f64> = draws
             .iter()
-            .map(|d| loss_weight(trainer.timesteps.weighting, d.model_timestep))
+            .map(|d| loss_weight(trainer.timestep_config().weighting, d.model_timestep))
             .collect();
         let target = LossTarget {
             targets: &targets,
@@ -348,7 +348,7 @@ pub(crate) fn tiny_i2v(streamed: &[usize]) -> Result<(WanModel, Vec<candle_core:
         };
         WanModel::new_streamed(&cfg, vb, &ModelOptions::default(), streamed, &offload)?
     };
-    let vars = crate::train::step_testkit::attach_random_loras(&mut model, 4)?;
+    let vars = crate::family::wan::step_testkit::attach_random_loras(&mut model, 4)?;
     Ok((model, vars))
 }
 
