@@ -10,9 +10,8 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use candle_core::{DType, Device, Tensor, Var};
-use framesmith_engine::train::step::{
-    checkpointed_step, whole_graph_step, LossTarget, StepOptions,
-};
+use framesmith_engine::family::wan::whole_graph::whole_graph_step;
+use framesmith_engine::train::step::{checkpointed_step, LossTarget, StepOptions};
 use framesmith_models::wan::random::{random_inputs, random_weights};
 use framesmith_models::wan::{WanConfig, WanModel};
 use framesmith_nn::lora::Lora;

@@ -35,6 +35,7 @@ pub mod samples;
 mod setup;
 pub mod start_image;
 pub mod text_cache;
+pub mod whole_graph;
 
 #[cfg(test)]
 mod experts_tests;
@@ -46,6 +47,8 @@ mod i2v_sample_tests;
 pub(crate) mod i2v_tests;
 #[cfg(test)]
 pub(crate) mod step_testkit;
+#[cfg(test)]
+mod step_tests;
 #[cfg(test)]
 mod streaming_tests;
 #[cfg(test)]

@@ -4,9 +4,8 @@
 use candle_core::{DType, Result, Tensor, Var};
 use rand::{rngs::StdRng, SeedableRng};
 
-use crate::train::step::{
-    checkpointed_step, flow_loss, whole_graph_step, BlockBackward, LossTarget, StepOptions,
-};
+pub use super::whole_graph::whole_graph_step;
+use crate::train::step::{checkpointed_step, flow_loss, BlockBackward, LossTarget, StepOptions};
 use framesmith_models::wan::{WanInputs, WanModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::Lora;

@@ -10,11 +10,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::family::wan::denoise::{first_frame_row, with_first_frame};
+use crate::family::wan::step_testkit::whole_graph_step;
 use crate::family::wan::step_testkit::{
     attach_random_loras, check_every_backward_equals_whole_graph,
     check_lora_gradients_by_finite_differences, random_targets,
 };
-use crate::train::step::{checkpointed_step, whole_graph_step, LossTarget, StepOptions};
+use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 use crate::train::tests::{all_lora_values, try_start};
 use crate::train::trainer::Trainer;
 use framesmith_config::run::TrainingMode;
