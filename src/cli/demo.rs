@@ -6,24 +6,12 @@
 //! the first step and every quarter of the run, so the samples show it learning. Paths in the run config are
 //! absolute, so `run.toml` works from any folder.
 
-use std::fs;
 use std::path::Path;
 
 use anyhow::Context;
-use candle_core::Device;
 use framesmith_config::presets;
 use framesmith_config::RunConfig;
-use framesmith_data::cache::{
-    text_cache_name, video_latent_cache_name, write_wan_latent_cache, write_wan_text_cache,
-    LatentCacheMetadata, WanLatentCache, CACHE_FORMAT_VERSION, WAN_ARCHITECTURE,
-};
-use framesmith_data::frames::FrameWindow;
-use framesmith_data::video::encode::write_mp4;
-use framesmith_engine::demo;
-use framesmith_engine::demo::project::{write_sample_prompts, DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
-use framesmith_engine::demo::shapes::{self, DemoClip};
-use framesmith_engine::family::wan::demo_setup::demo_model_config;
-use framesmith_engine::train::samples::SAMPLE_FPS;
+use framesmith_engine::demo::project::write_demo_project;
 
 use super::run::{run_headless, RunSummary};
 
@@ -45,75 +33,6 @@ pub fn demo_config(dir: &Path, steps: Option<usize>) -> anyhow::Result<RunConfig
     config.sampling.sample_every_n_steps = Some(config.training.max_train_steps.div_ceil(4).max(1));
     config.sampling.sample_at_first = true;
     Ok(config)
-}
-
-/// The demo's musubi-tuner dataset config.
-fn dataset_toml() -> String {
-    format!(
-        "# The demo dataset: generated clips, cached with the demo codec (demo only, not a Wan VAE).\n\
-         [general]\nresolution = [{DEMO_SIZE}, {DEMO_SIZE}]\ncaption_extension = \".txt\"\n\
-         batch_size = 1\nenable_bucket = false\n\n[[datasets]]\nvideo_directory = \"dataset\"\n\
-         cache_directory = \"cache\"\ntarget_frames = [{DEMO_FRAMES}]\nframe_extraction = \"head\"\n"
-    )
-}
-
-/// Writes one clip's latent and text caches in musubi-tuner's format.
-fn write_caches(cache: &Path, clip: &DemoClip) -> anyhow::Result<()> {
-    let cfg = demo_model_config();
-    let window = FrameWindow {
-        start: 0,
-        frames: clip.frames.len() as u32,
-    };
-    let size = (DEMO_SIZE as u32, DEMO_SIZE as u32);
-    let latents = WanLatentCache {
-        latents: demo::codec::encode(&clip.frames, &Device::Cpu)?,
-        latents_image: None,
-        latents_control: None,
-        clip: None,
-        f_indices: None,
-    };
-    let meta = LatentCacheMetadata {
-        architecture: WAN_ARCHITECTURE.into(),
-        width: size.0,
-        height: size.1,
-        format_version: CACHE_FORMAT_VERSION.into(),
-        frame_count: Some(window.frames),
-    };
-    let latent_path = cache.join(video_latent_cache_name(&clip.name, window, size));
-    write_wan_latent_cache(&latent_path, &latents, &meta)?;
-    let text = demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, &Device::Cpu)?;
-    write_wan_text_cache(
-        &cache.join(text_cache_name(&clip.name)),
-        &text,
-        &clip.caption,
-    )?;
-    Ok(())
-}
-
-/// Writes the demo dataset (MP4 clips with `.txt` captions), its TOML, its caches and the sample prompts.
-pub fn write_demo_project(dir: &Path, seed: u64) -> anyhow::Result<()> {
-    let dataset = dir.join("dataset");
-    let cache = dir.join("cache");
-    for d in [&dataset, &cache] {
-        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-    }
-    let clips = shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);
-    for clip in &clips {
-        write_mp4(
-            &dataset.join(format!("{}.mp4", clip.name)),
-            &clip.frames,
-            SAMPLE_FPS,
-        )?;
-        let caption = dataset.join(format!("{}.txt", clip.name));
-        fs::write(&caption, &clip.caption)
-            .with_context(|| format!("cannot write {}", caption.display()))?;
-        write_caches(&cache, clip)?;
-    }
-    let toml_path = dir.join("dataset.toml");
-    fs::write(&toml_path, dataset_toml())
-        .with_context(|| format!("cannot write {}", toml_path.display()))?;
-    write_sample_prompts(dir, &clips)?;
-    Ok(())
 }
 
 /// Writes the demo project into `dir` (when its dataset config is not there yet) and returns its run config.

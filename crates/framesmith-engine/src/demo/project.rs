@@ -1,14 +1,17 @@
-//! The demo project's generated clips (`demo::shapes`): how many, their size and frames, and the sample prompts
-//! written beside them with each sampled clip's start frame.
+//! The demo project's generated clips (`demo::shapes`): how many, their size and frames, the project folder
+//! written from them (clips, captions, the dataset TOML, the demo model's caches) and the sample prompts written
+//! beside them with each sampled clip's start frame.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
+use framesmith_data::video::encode::write_mp4;
 
-use crate::demo::shapes::DemoClip;
+use crate::demo::shapes::{self, DemoClip};
+use crate::family::wan::demo_setup::write_demo_caches;
 use crate::train::outputs::write_atomic;
-use crate::train::samples::encode_png;
+use crate::train::samples::{encode_png, SAMPLE_FPS};
 
 /// Demo clips: 8 clips of 5 frames at 64×64 pixels.
 pub const DEMO_CLIPS: usize = 8;
@@ -38,4 +41,40 @@ pub fn write_sample_prompts(dir: &Path, clips: &[DemoClip]) -> anyhow::Result<Pa
     let path = dir.join("sample_prompts.txt");
     write_atomic(&path, prompts.as_bytes())?;
     Ok(path)
+}
+
+/// The demo's musubi-tuner dataset config.
+fn dataset_toml() -> String {
+    format!(
+        "# The demo dataset: generated clips, cached with the demo codec (demo only, not a Wan VAE).\n\
+         [general]\nresolution = [{DEMO_SIZE}, {DEMO_SIZE}]\ncaption_extension = \".txt\"\n\
+         batch_size = 1\nenable_bucket = false\n\n[[datasets]]\nvideo_directory = \"dataset\"\n\
+         cache_directory = \"cache\"\ntarget_frames = [{DEMO_FRAMES}]\nframe_extraction = \"head\"\n"
+    )
+}
+
+/// Writes the demo dataset (MP4 clips with `.txt` captions), its TOML, its caches and the sample prompts.
+pub fn write_demo_project(dir: &Path, seed: u64) -> anyhow::Result<()> {
+    let dataset = dir.join("dataset");
+    let cache = dir.join("cache");
+    for d in [&dataset, &cache] {
+        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
+    }
+    let clips = shapes::generate(DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE, seed);
+    for clip in &clips {
+        write_mp4(
+            &dataset.join(format!("{}.mp4", clip.name)),
+            &clip.frames,
+            SAMPLE_FPS,
+        )?;
+        let caption = dataset.join(format!("{}.txt", clip.name));
+        fs::write(&caption, &clip.caption)
+            .with_context(|| format!("cannot write {}", caption.display()))?;
+        write_demo_caches(&cache, clip)?;
+    }
+    let toml_path = dir.join("dataset.toml");
+    fs::write(&toml_path, dataset_toml())
+        .with_context(|| format!("cannot write {}", toml_path.display()))?;
+    write_sample_prompts(dir, &clips)?;
+    Ok(())
 }

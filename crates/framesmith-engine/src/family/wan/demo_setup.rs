@@ -9,11 +9,17 @@ use candle_core::{Device, Tensor};
 
 use crate::demo;
 use crate::demo::project::{DEMO_CLIPS, DEMO_FRAMES, DEMO_SIZE};
+use crate::demo::shapes::DemoClip;
 use crate::family::wan::denoise::ImageConditioning;
 use crate::family::wan::samples::SamplePrompt;
 use crate::family::wan::start_image::load_start_image;
 use crate::generate::prompts::PromptSpec;
 use crate::train::data::TrainItem;
+use framesmith_data::cache::{
+    text_cache_name, video_latent_cache_name, write_wan_latent_cache, write_wan_text_cache,
+    LatentCacheMetadata, WanLatentCache, CACHE_FORMAT_VERSION, WAN_ARCHITECTURE,
+};
+use framesmith_data::frames::FrameWindow;
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::wan::WanConfig;
 
@@ -112,4 +118,38 @@ pub fn demo_sample_prompts(
             })
         })
         .collect()
+}
+
+/// Writes one demo clip's latent and text caches into `cache` in musubi-tuner's Wan format (through the demo
+/// codec and the demo text embedding).
+pub fn write_demo_caches(cache: &Path, clip: &DemoClip) -> anyhow::Result<()> {
+    let cfg = demo_model_config();
+    let window = FrameWindow {
+        start: 0,
+        frames: clip.frames.len() as u32,
+    };
+    let size = (DEMO_SIZE as u32, DEMO_SIZE as u32);
+    let latents = WanLatentCache {
+        latents: demo::codec::encode(&clip.frames, &Device::Cpu)?,
+        latents_image: None,
+        latents_control: None,
+        clip: None,
+        f_indices: None,
+    };
+    let meta = LatentCacheMetadata {
+        architecture: WAN_ARCHITECTURE.into(),
+        width: size.0,
+        height: size.1,
+        format_version: CACHE_FORMAT_VERSION.into(),
+        frame_count: Some(window.frames),
+    };
+    let latent_path = cache.join(video_latent_cache_name(&clip.name, window, size));
+    write_wan_latent_cache(&latent_path, &latents, &meta)?;
+    let text = demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, &Device::Cpu)?;
+    write_wan_text_cache(
+        &cache.join(text_cache_name(&clip.name)),
+        &text,
+        &clip.caption,
+    )?;
+    Ok(())
 }
