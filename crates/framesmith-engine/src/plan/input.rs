@@ -31,7 +31,7 @@ pub const DEMO_CLIP: ClipShape = ClipShape {
     batch: 1,
 };
 
-/// Wan's native 480p clip: 832×480, 81 frames, batch 1.
+/// The clip planned when nothing names one: 480p video, 832×480, 81 frames, batch 1.
 pub const DEFAULT_CLIP: ClipShape = ClipShape {
     width: 832,
     height: 480,

@@ -40,7 +40,7 @@ use framesmith_nn::lora::LoraError;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoraShape {
     pub rank: usize,
-    /// `lora.include_patterns` / `lora.exclude_patterns` (musubi-tuner's rules; Wan's default exclude is added).
+    /// `lora.include_patterns` / `lora.exclude_patterns` (musubi-tuner's rules; the family's default exclude is added).
     pub include_patterns: Vec<String>,
     pub exclude_patterns: Vec<String>,
 }
@@ -91,7 +91,7 @@ pub struct PlanInput {
     pub optimizer_and_context: bool,
     /// A CPU run (`training.device = "cpu"`): everything lives in RAM and the verdict is against the RAM.
     pub on_cpu: bool,
-    /// Both Wan2.2 A14B experts in one run (`model.dit_low_noise`) sharing this device, one parked while the other
+    /// Two experts of one model in one run (`model.dit_low_noise`) sharing this device, one parked while the other
     /// works, and how they train (`None` also when the low-noise expert has a GPU of its own: each card then holds
     /// one expert, as a one-expert run does).
     pub experts: Option<ExpertMode>,
@@ -100,8 +100,8 @@ pub struct PlanInput {
     pub fp8_products: bool,
     /// The step keeps each clip's first latent frame as the start image at timestep 0 (`training.mode =
     /// "image_to_video"` on TI2V-5B, the demo model), so its time modulation is per token. Otherwise it is one row
-    /// per sample, Wan 2.2 included: the model collapses timesteps equal across a sample's tokens (counting
-    /// per-token rows for a Wan 2.2 A14B expert planned 24.1 GiB for a step that peaked at 17.2 GiB).
+    /// per sample, also for a model that takes per-token timesteps: it collapses timesteps equal across a sample's
+    /// tokens.
     pub start_frame: bool,
 }
 
@@ -153,11 +153,11 @@ pub enum PlanError {
     Lora(#[from] LoraError),
 }
 
-/// Most pixels a clip side may have: Wan's rotary table covers 1024 latent positions a side, 16 pixels each with
-/// the 8× VAE and 2× patches, and no model here trains larger.
+/// Most pixels a clip side may have: the rotary tables cover 1024 latent positions a side, 16 pixels each with an
+/// 8× VAE and 2× patches, and no model here trains larger.
 pub const MAX_SIDE_PIXELS: usize = 16_384;
 
-/// Most frames a clip may have: Wan's rotary table covers 1024 latent frames, 4 video frames each after the first.
+/// Most frames a clip may have: the rotary tables cover 1024 latent frames, 4 video frames each after the first.
 pub const MAX_FRAMES: usize = 1 + 4 * 1023;
 
 /// Most transformer tokens in one step (every sample of the batch). A cube of the largest sides and frames fits
@@ -340,10 +340,10 @@ fn breakdown(input: &PlanInput, s: &ModelMemory, streamed: usize) -> Vec<PlanLin
     out
 }
 
-/// What the expert not in use holds (Wan2.2 A14B with both experts): its resident blocks wait in host RAM and its
+/// What the expert not in use holds (a run of two experts): its resident blocks wait in host RAM and its
 /// streamed blocks stay in their host buffers, while its embeddings, head and GPU slots stay on the device, and
 /// with `split` its own LoRA and AdamW moments too (its gradients exist only while it runs). The expert in use
-/// keeps the host copy of its resident blocks that parking made (`WanModel::park`).
+/// keeps the host copy of its resident blocks that parking made.
 fn parked_expert_lines(
     input: &PlanInput,
     s: &ModelMemory,

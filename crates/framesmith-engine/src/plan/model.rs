@@ -84,7 +84,7 @@ impl PlanModel {
     }
 }
 
-/// One kind of block (every Wan block is of one kind; FLUX.1 has double- and single-stream blocks).
+/// One kind of block (a model has one or several, e.g. double- and single-stream blocks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockKind {
     /// How the plan's lines name the kind ("double-stream "), empty for a model with one kind.
@@ -105,7 +105,7 @@ pub struct BlockKind {
 /// What the planner needs to know about a model for one input.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelMemory {
-    /// The model's name in the report ("t2v-14b", "FLUX.1 [dev]").
+    /// The model's name in the report (a variant's, e.g. "t2v-14b").
     pub name: String,
     pub kinds: Vec<BlockKind>,
     /// The kind of each block (an index into `kinds`), in the order the model runs them.

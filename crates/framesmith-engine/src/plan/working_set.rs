@@ -17,7 +17,7 @@ pub struct WorkingSet {
     pub tokens_ffn_compute: u64,
     /// `[L, heads]` in f32: attention log-sum-exp (self and cross) and the backward's row sums.
     pub tokens_heads_f32: u64,
-    /// Copies of the per-token time modulation `[L, 6, dim]` f32 (Wan 2.2 only: `modulation + e0` per block).
+    /// Copies of the per-token time modulation `[L, 6, dim]` f32 (a model with per-token timesteps: `modulation + e0` per block).
     pub per_token_modulation: u64,
     /// Dense copies (compute dtype) of the largest block linear that an FP8 base is dequantised into inside the
     /// linear op, forward and backward; 0 bytes for a dense base.
@@ -32,9 +32,9 @@ pub struct WorkingSet {
 
 impl WorkingSet {
     /// candle autograd over the block (`train::step::BlockBackward::Autograd`: every gradient accumulated into a
-    /// fresh tensor, see bench/RESULTS.md). Fitted to the two measured peaks of the training-step benchmark (run 7, H200, 480×832×81
-    /// = 32,760 tokens, LoRA rank 32 on every block linear, f32 residual, no optimizer state): Wan2.1-14B FP8
-    /// block64 77.62 GiB and Wan2.1-1.3B bf16 23.54 GiB. Subtracting weights, LoRA parameters and gradients and
+    /// fresh tensor). Fitted to the two measured peaks of the training-step benchmark (bench/RESULTS.md, run 7:
+    /// the 14B in FP8 block64 and the 1.3B in bf16 on the H200, 480×832×81 = 32,760 tokens, LoRA rank 32 on every
+    /// block linear, f32 residual, no optimizer state). Subtracting weights, LoRA parameters and gradients and
     /// the saved block inputs leaves ≈ 41 `[L, dim]` f32-sized and ≈ 13 `[L, ffn_dim]` bf16 tensors; the split
     /// among the `[L, dim]` kinds follows the block's structure and needs an H200 measurement with a bf16 residual
     /// to pin down.
@@ -91,7 +91,7 @@ impl WorkingSet {
 pub struct BlockWidths {
     /// The residual stream's width.
     pub dim: u64,
-    /// The widest linear output inside the block (Wan's FFN; FLUX.1's fused `linear1`).
+    /// The widest linear output inside the block (an FFN's hidden layer, or a fused projection's output).
     pub ffn_dim: u64,
     pub heads: u64,
     /// One copy of a per-token time modulation, 0 where there is none.

@@ -22,8 +22,8 @@ pub struct TrainItem {
     /// Image-to-video conditioning `y` [4 + C, F, H, W]: the first-frame mask and the latents of the first frame
     /// followed by zeros (the cache's `latents_image`); `None` for text-to-video models.
     pub image: Option<Tensor>,
-    /// CLIP vision features [tokens, clip_dim] of the first frame (the cache's `clip`), for Wan2.1 I2V; for
-    /// FLUX.1, CLIP-L's pooled caption vector [768] (the text cache's `clip_l_pooler`).
+    /// A second conditioning the family's caches hold for the item: CLIP vision features [tokens, clip_dim] of
+    /// the first frame, or CLIP-L's pooled caption vector [768].
     pub clip: Option<Tensor>,
 }
 

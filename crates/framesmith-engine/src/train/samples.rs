@@ -18,7 +18,7 @@ use framesmith_config::protocol::Event;
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_nn::offload::release_cached_memory;
 
-/// Frames per second of sample clips (Wan's native rate).
+/// Frames per second of sample clips (the video models' native rate).
 pub const SAMPLE_FPS: f64 = 16.0;
 
 /// A model family's samples: the prompts encoded when the run started, how one is denoised with the run's

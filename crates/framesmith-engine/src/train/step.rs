@@ -189,13 +189,12 @@ pub struct StepOptions<'a> {
     pub backward: BlockBackward,
     /// Selective checkpointing (manual backward only): keep every block's self-attention output and LSE from the
     /// forward pass, so the backward's recompute skips the self-attention kernel (about a fifth of a block's
-    /// recompute at 32k tokens). Costs `b · seq · dim` compute-dtype values plus `b · heads · seq` f32 per block:
-    /// 96 MiB per block, 2.8 GiB in all for Wan2.1-1.3B at 480×832×81 (14B: 320 MiB per block, 12.5 GiB).
-    /// They wait where `saved_inputs` says, as the saved inputs do.
+    /// recompute at 32k tokens). Costs `b · seq · dim` compute-dtype values plus `b · heads · seq` f32 per block
+    /// (the planner's `kept_attention_bytes`). They wait where `saved_inputs` says, as the saved inputs do.
     pub keep_attention: bool,
-    /// With `keep_attention`: keep the self-attention's projected output too (Wan's `self_attn.o`), so the
-    /// recompute also skips that product. `b · seq · dim` compute-dtype values more per block (14B at
-    /// 480×832×81: 320 MiB per block, 12.5 GiB in all).
+    /// With `keep_attention`: keep the self-attention's projected output too (its output projection's), so the
+    /// recompute also skips that product. `b · seq · dim` compute-dtype values more per block (the planner's
+    /// `kept_projection_bytes`).
     pub keep_projection: bool,
     /// No checkpointing (manual backward only): keep every block's whole tape from the forward, so the backward
     /// recomputes nothing. Costs all of every block's intermediates until its backward (tens of GiB at 32k

@@ -47,12 +47,13 @@ pub fn sample_timesteps(
         .collect()
 }
 
-/// Whether a draw belongs to Wan2.2 A14B's high-noise expert: at or above `boundary` (timesteps, 0..1000).
+/// Whether a draw belongs to the high-noise expert of a run of two experts: at or above `boundary` (timesteps,
+/// 0..1000).
 pub fn is_high_noise(draw: &TimestepDraw, boundary: f64) -> bool {
     draw.t * NUM_TRAIN_TIMESTEPS as f64 >= boundary
 }
 
-/// [`sample_timesteps`] for a run with both Wan2.2 A14B experts, as musubi-tuner draws them: the first sample's
+/// [`sample_timesteps`] for a run of two experts split at `boundary`, as musubi-tuner draws them: the first sample's
 /// timestep picks the expert, and each other sample is drawn again (at most `MAX_REJECTION_TRIES` times) until
 /// it falls on that expert's side of `boundary`, so the whole batch runs through one expert. Returns whether
 /// that is the high-noise expert.
