@@ -5,6 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 
 use super::*;
+use crate::demo::project::{DEMO_FRAMES, DEMO_SIZE};
 use crate::plan::tests::{fp8_14b, input, working_set_line, GIB};
 use crate::plan::*;
 use framesmith_config::plan::FloatDtype;
@@ -479,4 +480,58 @@ fn fp8_products_hold_channel_scales_and_a_quantised_input() {
     cfg.model.base_dtype = BaseDtype::Bf16;
     let dense = PlanInput::from_config(&cfg, model, DEFAULT_CLIP);
     assert!(!dense.fp8_products, "FP8 products need an FP8 base");
+}
+
+/// The demo project's caches (64×64, 5 frames, through the demo codec) plan as the 64×64 clips they hold.
+#[test]
+fn the_demo_project_plans_its_cached_clip_size() {
+    use framesmith_data::cache::{
+        video_latent_cache_name, write_wan_latent_cache, LatentCacheMetadata, WanLatentCache,
+    };
+    use framesmith_data::frames::FrameWindow;
+    let dir = tempfile::tempdir().unwrap();
+    let cache = dir.path().join("cache");
+    std::fs::create_dir_all(&cache).unwrap();
+    std::fs::create_dir_all(dir.path().join("dataset")).unwrap();
+    let toml = dir.path().join("dataset.toml");
+    std::fs::write(
+        &toml,
+        "[general]\nresolution = [64, 64]\ncaption_extension = \".txt\"\nbatch_size = 1\n\n\
+         [[datasets]]\nvideo_directory = \"dataset\"\ncache_directory = \"cache\"\ntarget_frames = [5]\n",
+    )
+    .unwrap();
+    let clip = crate::demo::shapes::generate(1, DEMO_FRAMES, DEMO_SIZE, 7).remove(0);
+    let latents = WanLatentCache {
+        latents: crate::demo::codec::encode(&clip.frames, &candle_core::Device::Cpu).unwrap(),
+        latents_image: None,
+        latents_control: None,
+        clip: None,
+        f_indices: None,
+    };
+    let window = FrameWindow {
+        start: 0,
+        frames: DEMO_FRAMES as u32,
+    };
+    let size = (DEMO_SIZE as u32, DEMO_SIZE as u32);
+    let meta = LatentCacheMetadata {
+        architecture: "wan".into(),
+        width: size.0,
+        height: size.1,
+        format_version: framesmith_data::cache::CACHE_FORMAT_VERSION.into(),
+        frame_count: Some(window.frames),
+    };
+    let path = cache.join(video_latent_cache_name(&clip.name, window, size));
+    write_wan_latent_cache(&path, &latents, &meta).unwrap();
+    let mut config = framesmith_config::presets::builtin("demo-cpu")
+        .and_then(|p| p.apply(&RunConfig::default()))
+        .unwrap()
+        .config;
+    config.dataset.synthetic = false;
+    config.dataset.config = toml;
+    let (clip, note) = clip_for_config(&config);
+    assert_eq!(
+        (clip.width, clip.height, clip.frames),
+        (64, 64, 5),
+        "{note:?}"
+    );
 }
