@@ -2,7 +2,8 @@
 //! manifests: the app never reaches candle; config reaches neither candle nor egui; nothing below the app reaches
 //! egui/eframe; only `framesmith-nn` turns CUDA on in candle. The rest are rules about code, checked by scanning
 //! sources: models and nn know nothing of channels or logging, the app names no tensors, no code outside nn
-//! asks whether the build has CUDA, and the engine's `generate/` names no model family.
+//! asks whether the build has CUDA, the engine's `generate/` names no model family, and its `train/`, `plan/` and
+//! `prep/` reach no family's model.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -319,4 +320,28 @@ fn the_engines_generate_folder_names_no_family() {
          lives in its folder under family/ (DESIGN.md §4.8):\n{}",
         bad.join("\n")
     );
+}
+
+#[test]
+fn the_engines_train_plan_and_prep_folders_reach_no_family_model() {
+    let engine = workspace().join("crates/framesmith-engine/src");
+    let needles = ["wan::", "flux::"];
+    let bad: Vec<String> = ["train", "plan", "prep"]
+        .iter()
+        .flat_map(|folder| mentions(&engine.join(folder), &needles))
+        // Tests of the generic code may train a family's tiny model; the code itself goes through the family.
+        .filter(|line| !in_test_file(line))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "train/, plan/ and prep/ are the same for every family: a family's models, files and arithmetic live in its \
+         folder under family/ and are reached through the `Family` traits (DESIGN.md §4.8):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Whether a line of [`mentions`] is from a test file (`tests.rs`, `*_tests.rs`).
+fn in_test_file(line: &str) -> bool {
+    let path = line.split(':').next().unwrap_or_default();
+    path.ends_with("tests.rs")
 }
