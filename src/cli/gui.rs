@@ -58,8 +58,8 @@ impl EngineBackend {
     }
 }
 
-/// What the app's model picker shows for a file: what `framesmith inspect` says of it (a Wan or FLUX.1 DiT, VAE or
-/// autoencoder, text encoder). A DiT it cannot name is an error; a VAE or text encoder it cannot name (e.g. an
+/// What the app's model picker shows for a file: what `framesmith inspect` says of it (which family's DiT, VAE or
+/// autoencoder, or text encoder it is). A DiT it cannot name is an error; a VAE or text encoder it cannot name (e.g. an
 /// official `.pth`) gets its size, checked when the run loads it.
 fn describe_model(role: ModelRole, path: &Path) -> Result<String, String> {
     match (framesmith_models::identify::identify(path), role) {

@@ -136,7 +136,7 @@ pub struct GenerateSettings {
 }
 
 /// The generate panel's settings for the project `config` before anything is read: the LoRA its run writes into
-/// the output folder, outputs in `generated/` there, Wan's sampling size.
+/// the output folder, outputs in `generated/` there, a 480p video's size (832×480, 81 frames).
 pub fn default_generate_settings(config: &RunConfig) -> GenerateSettings {
     let out = &config.output;
     GenerateSettings {

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use super::backend::DatasetSummary;
 use super::form::Drafts;
 
-/// Defaults for a new dataset config: Wan's 480p bucket and musubi-tuner's example video cuts.
+/// Defaults for a new dataset config: a 480p video bucket and musubi-tuner's example video cuts.
 const DEFAULT_RESOLUTION: [i64; 2] = [832, 480];
 const DEFAULT_TARGET_FRAMES: [i64; 3] = [1, 25, 45];
 

@@ -1,6 +1,6 @@
 //! The sample player: PNG frames from a sample's frames folder, decoded off the UI thread, shown at the clip's fps
 //! (from `frames.json`, default 16) through one texture that is updated in place. An image sample (one PNG, as
-//! FLUX.1 runs make) is shown still, without the playback controls.
+//! an image model's runs make) is shown still, without the playback controls.
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};

@@ -143,7 +143,7 @@ mod tests {
         )
         .unwrap();
         std::fs::create_dir_all(dir.path().join("samples/000002-00")).unwrap();
-        // A FLUX.1 run's image sample, and what is not a sample.
+        // An image model's sample, and what is not a sample.
         image::RgbImage::new(2, 2)
             .save(dir.path().join("samples/000004-00.png"))
             .unwrap();

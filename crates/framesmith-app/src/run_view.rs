@@ -26,7 +26,7 @@ pub struct LogLine {
     pub message: String,
 }
 
-/// A sample the engine wrote: a clip, or an image (FLUX.1).
+/// A sample the engine wrote: a clip, or an image (an image model's).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SampleClip {
     pub step: usize,

@@ -1,4 +1,4 @@
-//! The Samples tab: a gallery of samples by step — clips, or images from FLUX.1 runs — (last-frame thumbnails
+//! The Samples tab: a gallery of samples by step — clips, or images from image models' runs — (last-frame thumbnails
 //! made off the UI thread) and the player, which shows an image still.
 
 use std::collections::{HashMap, HashSet};
