@@ -1,6 +1,7 @@
 //! `framesmith generate`: the command line over the engine's generation call ([`framesmith_engine::generate::run`]):
 //! the flags become a request, the engine's log lines go to stderr (with a progress bar over the denoising steps on
-//! a terminal) and what it wrote to stdout. A Wan DiT makes a clip (MP4 plus its PNG frames); a FLUX.1 DiT, an image.
+//! a terminal) and what it wrote to stdout. A video model's DiT makes a clip (MP4 plus its PNG frames); an image
+//! model's, an image.
 
 use std::path::PathBuf;
 
@@ -244,7 +245,7 @@ fn wrote_line(output: &GenerationOutput) -> String {
     }
 }
 
-/// Runs `generate`: an image when `--dit` is a FLUX.1 file, else a Wan clip.
+/// Runs `generate`: a clip or an image, as the family of the `--dit` file makes.
 pub fn run(args: &GenerateArgs) -> anyhow::Result<()> {
     let request = args.request()?;
     let mut printer = Printer::default();
