@@ -362,10 +362,9 @@ fn write_caches(dir: &std::path::Path, caption: &str) -> [std::path::PathBuf; 4]
     [wan_latents, wan_text, flux_latents, flux_text]
 }
 
-#[test]
-fn inspect_names_optimizer_states_caches_and_fragments() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let optimizer = dir.path().join("optimizer.safetensors");
+/// An AdamW optimizer state of one LoRA pair and a fragment of a FLUX.1 model, written into `dir`.
+fn write_optimizer_and_fragment(dir: &std::path::Path) -> [std::path::PathBuf; 2] {
+    let optimizer = dir.join("optimizer.safetensors");
     save(
         &optimizer,
         &[
@@ -376,7 +375,7 @@ fn inspect_names_optimizer_states_caches_and_fragments() {
             ("step", &[1]),
         ],
     );
-    let fragment = dir.path().join("part.safetensors");
+    let fragment = dir.join("part.safetensors");
     save(
         &fragment,
         &[
@@ -384,6 +383,29 @@ fn inspect_names_optimizer_states_caches_and_fragments() {
             ("single_blocks.7.linear2.weight", &[8, 16]),
         ],
     );
+    [optimizer, fragment]
+}
+
+/// `inspect` on `path` succeeds, and says each of `expected` and none of the advice meant for other files.
+fn assert_inspect_says(path: &std::path::Path, expected: &[&str]) {
+    let (ok, stdout, stderr) = framesmith(&["inspect", cli_support::s(path)]);
+    assert!(ok, "{}: {stdout}{stderr}", path.display());
+    for part in expected {
+        assert!(stdout.contains(part), "{part} missing:\n{stdout}");
+    }
+    for wrong in [
+        "framesmith generate --lora",
+        "not a Wan",
+        "framesmith inspect`",
+    ] {
+        assert!(!stdout.contains(wrong), "{wrong}:\n{stdout}");
+    }
+}
+
+#[test]
+fn inspect_names_optimizer_states_caches_and_fragments() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let [optimizer, fragment] = write_optimizer_and_fragment(dir.path());
     let [wan_latents, wan_text, flux_latents, flux_text] = write_caches(dir.path(), "a red fox");
     let cases: [(&std::path::Path, &[&str]); 6] = [
         (
@@ -432,18 +454,7 @@ fn inspect_names_optimizer_states_caches_and_fragments() {
         ),
     ];
     for (path, expected) in cases {
-        let (ok, stdout, stderr) = framesmith(&["inspect", cli_support::s(path)]);
-        assert!(ok, "{}: {stdout}{stderr}", path.display());
-        for part in expected {
-            assert!(stdout.contains(part), "{part} missing:\n{stdout}");
-        }
-        for wrong in [
-            "framesmith generate --lora",
-            "not a Wan",
-            "framesmith inspect`",
-        ] {
-            assert!(!stdout.contains(wrong), "{wrong}:\n{stdout}");
-        }
+        assert_inspect_says(path, expected);
     }
 }
 

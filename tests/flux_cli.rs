@@ -80,12 +80,24 @@ fn cache_text_needs_both_flux_text_encoders() {
     assert!(stderr.contains("--clip-l"), "{stderr}");
 }
 
-#[test]
-fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
+/// Writes the text cache of `a.png` into `dir/cache`: the tiny DiT reads 32-wide text, so the caption is cached as
+/// its text encoders would give it.
+fn write_text_cache(dir: &std::path::Path) {
     use candle_core::{DType, Device, Tensor};
     use framesmith_data::family::flux::cache::{
         flux_text_cache_name, write_flux_text_cache, FluxTextCache,
     };
+    let text = FluxTextCache {
+        t5: Tensor::ones((5, 32), DType::F32, &Device::Cpu).expect("t5"),
+        clip_l_pooler: Tensor::ones(32, DType::F32, &Device::Cpu).expect("clip"),
+        caption: "a gradient".into(),
+    };
+    write_flux_text_cache(&dir.join("cache").join(flux_text_cache_name("a")), &text)
+        .expect("text cache");
+}
+
+#[test]
+fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
     let dir = tempfile::tempdir().expect("tempdir");
     let dataset = image_dataset(dir.path());
     let ae = flux_fixture("flux_ae");
@@ -100,17 +112,7 @@ fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
         "cpu",
     ]);
     assert!(ok, "{stdout}{stderr}");
-    // The tiny DiT reads 32-wide text: captions cached as its text encoders would give them.
-    let text = FluxTextCache {
-        t5: Tensor::ones((5, 32), DType::F32, &Device::Cpu).expect("t5"),
-        clip_l_pooler: Tensor::ones(32, DType::F32, &Device::Cpu).expect("clip"),
-        caption: "a gradient".into(),
-    };
-    write_flux_text_cache(
-        &dir.path().join("cache").join(flux_text_cache_name("a")),
-        &text,
-    )
-    .expect("text cache");
+    write_text_cache(dir.path());
     let dit = dir.path().join("flux1-dev.safetensors");
     std::fs::copy(flux_fixture("flux_dit"), &dit).expect("copy");
     let out = dir.path().join("out");
@@ -129,9 +131,11 @@ fn train_with_a_flux_dev_dit_writes_a_flux_lora() {
     .expect("config");
     let (ok, stdout, stderr) = framesmith(&["train", "--config", s(&config)]);
     assert!(ok, "{stdout}{stderr}");
-    let lora =
-        framesmith_nn::lora_file::LoraFile::load(&out.join("flux-lora.safetensors"), &Device::Cpu)
-            .expect("the final LoRA");
+    let lora = framesmith_nn::lora_file::LoraFile::load(
+        &out.join("flux-lora.safetensors"),
+        &candle_core::Device::Cpu,
+    )
+    .expect("the final LoRA");
     assert!(lora.get("lora_unet_double_blocks_0_img_attn_qkv").is_some());
     assert!(lora.get("lora_unet_single_blocks_1_linear1").is_some());
     assert_eq!(
@@ -162,21 +166,24 @@ fn one_step_flux_run(dir: &std::path::Path, dataset: &std::path::Path, extra: &s
     config.display().to_string()
 }
 
+/// Adds to `dir`'s images one that does not decode and a link to a drive that is not there (`gone.png`, returned).
 #[cfg(unix)]
-#[test]
-fn unreadable_entries_stop_cache_and_train_unless_skipped() {
-    use candle_core::{DType, Device, Tensor};
-    use framesmith_data::family::flux::cache::{
-        flux_text_cache_name, write_flux_text_cache, FluxTextCache,
-    };
-    let dir = tempfile::tempdir().expect("tempdir");
-    let dataset = image_dataset(dir.path());
-    let images = dir.path().join("images");
+fn add_unreadable_entries(dir: &std::path::Path) -> std::path::PathBuf {
+    let images = dir.join("images");
     std::fs::write(images.join("broken.png"), b"\x89PNG\r\n\x1a\nnot a png").expect("write");
     std::fs::write(images.join("broken.txt"), "a caption").expect("write");
     let gone = images.join("gone.png");
-    std::os::unix::fs::symlink(dir.path().join("unplugged/drive.png"), &gone).expect("link");
+    std::os::unix::fs::symlink(dir.join("unplugged/drive.png"), &gone).expect("link");
     std::fs::write(images.join("gone.txt"), "a caption").expect("write");
+    gone
+}
+
+#[cfg(unix)]
+#[test]
+fn unreadable_entries_stop_cache_and_train_unless_skipped() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let dataset = image_dataset(dir.path());
+    let gone = add_unreadable_entries(dir.path());
     let ae = flux_fixture("flux_ae");
     let cache = |extra: &[&str]| {
         let args = [
@@ -232,16 +239,7 @@ fn unreadable_entries_stop_cache_and_train_unless_skipped() {
 
     // Training: the link refuses the run unless the run config skips it.
     std::os::unix::fs::symlink(dir.path().join("unplugged/drive.png"), &gone).expect("link");
-    let text = FluxTextCache {
-        t5: Tensor::ones((5, 32), DType::F32, &Device::Cpu).expect("t5"),
-        clip_l_pooler: Tensor::ones(32, DType::F32, &Device::Cpu).expect("clip"),
-        caption: "a gradient".into(),
-    };
-    write_flux_text_cache(
-        &dir.path().join("cache").join(flux_text_cache_name("a")),
-        &text,
-    )
-    .expect("text cache");
+    write_text_cache(dir.path());
     let config = one_step_flux_run(dir.path(), &dataset, "");
     let (ok, _, stderr) = framesmith(&["train", "--config", &config]);
     assert!(!ok);

@@ -100,21 +100,23 @@ fn a_flux_dev_dit_writes_a_png_of_the_asked_size_for_a_seed() {
     assert_ne!(image::open(&other).unwrap().to_rgb8(), first);
 }
 
+/// `generate` with `f`, `out` and `extra` fails, and its error names each of `needles`.
+fn refused(f: &Files, out: &Path, extra: &[&str], needles: &[&str]) {
+    let (ok, stdout, stderr) = generate(f, out, extra);
+    assert!(!ok, "{extra:?} succeeded: {stdout}");
+    for needle in needles {
+        assert!(
+            stderr.contains(needle),
+            "{extra:?}: no `{needle}` in {stderr}"
+        );
+    }
+}
+
 #[test]
-fn wrong_files_and_options_are_refused_by_name() {
+fn wrong_files_are_refused_by_name() {
     let dir = tempfile::tempdir().unwrap();
     let f = files(dir.path());
     let out = dir.path().join("x.png");
-    let refused = |f: &Files, out: &Path, extra: &[&str], needles: &[&str]| {
-        let (ok, stdout, stderr) = generate(f, out, extra);
-        assert!(!ok, "{extra:?} succeeded: {stdout}");
-        for needle in needles {
-            assert!(
-                stderr.contains(needle),
-                "{extra:?}: no `{needle}` in {stderr}"
-            );
-        }
-    };
     // The DiT given as the autoencoder, and the autoencoder as the DiT.
     let swapped = Files {
         ae: f.dit.clone(),
@@ -142,6 +144,22 @@ fn wrong_files_and_options_are_refused_by_name() {
         ..files(&dir.path().join("d"))
     };
     refused(&crossed, &out, &[], &["--t5:", "CLIP"]);
+    // Kontext by name.
+    let kontext = dir.path().join("flux1-kontext-dev.safetensors");
+    std::fs::copy(&f.dit, &kontext).unwrap();
+    let k = Files {
+        dit: kontext,
+        ..files(&dir.path().join("e"))
+    };
+    refused(&k, &out, &[], &["Kontext", "edits an input image"]);
+    assert!(!out.exists());
+}
+
+#[test]
+fn wrong_options_are_refused_by_name() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = files(dir.path());
+    let out = dir.path().join("x.png");
     // Not a PNG; Wan options.
     refused(&f, &dir.path().join("x.mp4"), &[], &["--out", ".png"]);
     refused(
@@ -163,14 +181,6 @@ fn wrong_files_and_options_are_refused_by_name() {
         &["--width", "26"],
         &["--width 26", "multiples of 4"],
     );
-    // Kontext by name.
-    let kontext = dir.path().join("flux1-kontext-dev.safetensors");
-    std::fs::copy(&f.dit, &kontext).unwrap();
-    let k = Files {
-        dit: kontext,
-        ..files(&dir.path().join("e"))
-    };
-    refused(&k, &out, &[], &["Kontext", "edits an input image"]);
     assert!(!out.exists());
 
     // Half the text encoders.
@@ -194,8 +204,12 @@ fn wrong_files_and_options_are_refused_by_name() {
         stderr.contains("needs both of its text encoders: --clip-l"),
         "{stderr}"
     );
+}
 
-    // FLUX.1 options with a Wan DiT.
+#[test]
+fn flux_options_are_refused_for_a_wan_dit() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = files(dir.path());
     let wan = cli_support::fixture("wan21_t2v_tiny");
     let (ok, _, stderr) = framesmith(&[
         "generate",

@@ -105,100 +105,113 @@ fn cache_commands_write_skip_and_report() {
     assert!(cache.join("red_wan_te.safetensors").is_file());
 }
 
+/// The tiny fixture DiT, umT5 and VAE, and a tokenizer for them.
+struct Models {
+    dit: String,
+    te: String,
+    vae: String,
+    tokenizer: PathBuf,
+}
+
+impl Models {
+    /// The fixtures, with the tokenizer written into `dir`.
+    fn new(dir: &Path) -> Models {
+        let tokenizer = dir.join("tokenizer.json");
+        cli_support::write_tokenizer(&tokenizer, &["a", "red", "cat", "dog", "blue", "square"]);
+        Models {
+            dit: fixture("wan21_t2v_tiny"),
+            te: fixture("umt5_tiny"),
+            vae: fixture("wan21_vae_tiny"),
+            tokenizer,
+        }
+    }
+}
+
+/// `generate` with `m` (5 frames of 32x48, 2 steps, seed 11) into `out`, with `extra` arguments; it must succeed.
+fn clip(m: &Models, out: &Path, extra: &[&str]) {
+    let mut args = vec![
+        "generate",
+        "--dit",
+        &m.dit,
+        "--text-encoder",
+        &m.te,
+        "--tokenizer",
+        s(&m.tokenizer),
+        "--vae",
+        &m.vae,
+        "--prompt",
+        "a red cat",
+        "--negative",
+        "a dog",
+        "--width",
+        "32",
+        "--height",
+        "48",
+        "--frames",
+        "5",
+        "--steps",
+        "2",
+        "--seed",
+        "11",
+        "--device",
+        "cpu",
+        "--out",
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, stdout, stderr) = framesmith(&args);
+    assert!(ok, "{stderr}");
+    assert!(stdout.contains("5 frames"), "{stdout}");
+}
+
+/// The PNG of frame `i` that `generate` wrote beside `mp4`.
+fn frame(mp4: &Path, i: usize) -> Vec<u8> {
+    let stem = mp4.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
+    std::fs::read(
+        mp4.with_file_name(format!("{stem}_frames"))
+            .join(format!("frame_{i:04}.png")),
+    )
+    .expect("frame written")
+}
+
 #[test]
 fn generate_writes_a_deterministic_clip() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let tokenizer = dir.path().join("tokenizer.json");
-    cli_support::write_tokenizer(&tokenizer, &["a", "red", "cat", "dog", "blue", "square"]);
+    let m = Models::new(dir.path());
     let lora = dir.path().join("lora.safetensors");
     write_lora(&lora);
-    let (dit, te, vae) = (
-        fixture("wan21_t2v_tiny"),
-        fixture("umt5_tiny"),
-        fixture("wan21_vae_tiny"),
-    );
-    let clip = |out: &Path, extra: &[&str]| {
-        let mut args = vec![
-            "generate",
-            "--dit",
-            &dit,
-            "--text-encoder",
-            &te,
-            "--tokenizer",
-            s(&tokenizer),
-            "--vae",
-            &vae,
-            "--prompt",
-            "a red cat",
-            "--negative",
-            "a dog",
-            "--width",
-            "32",
-            "--height",
-            "48",
-            "--frames",
-            "5",
-            "--steps",
-            "2",
-            "--seed",
-            "11",
-            "--device",
-            "cpu",
-            "--out",
-            s(out),
-        ];
-        args.extend_from_slice(extra);
-        let (ok, stdout, stderr) = framesmith(&args);
-        assert!(ok, "{stderr}");
-        assert!(stdout.contains("5 frames"), "{stdout}");
-    };
     let (a, b, c) = (
         dir.path().join("a.mp4"),
         dir.path().join("b.mp4"),
         dir.path().join("c.mp4"),
     );
-    clip(&a, &[]);
-    clip(&b, &[]);
+    clip(&m, &a, &[]);
+    clip(&m, &b, &[]);
     let lora_arg = format!("{}:0.5", lora.display());
-    clip(&c, &["--lora", &lora_arg]);
+    clip(&m, &c, &["--lora", &lora_arg]);
     // Streamed blocks, and the same weights as two experts (one parked while the other denoises), change nothing.
     let (d, e) = (dir.path().join("d.mp4"), dir.path().join("e.mp4"));
-    clip(&d, &["--blocks-to-swap", "1"]);
+    clip(&m, &d, &["--blocks-to-swap", "1"]);
     clip(
+        &m,
         &e,
         &[
             "--dit-low-noise",
-            &dit,
+            &m.dit,
             "--boundary",
             "0.5",
             "--vram-budget-gb",
             "8",
         ],
     );
-    let frame = |mp4: &Path, i: usize| {
-        let stem = mp4.file_stem().and_then(|n| n.to_str()).unwrap_or_default();
-        std::fs::read(
-            mp4.with_file_name(format!("{stem}_frames"))
-                .join(format!("frame_{i:04}.png")),
-        )
-        .expect("frame written")
-    };
-    for i in 0..5 {
-        assert_eq!(
-            frame(&a, i),
-            frame(&b, i),
-            "frame {i} differs between runs with one seed"
-        );
-        assert_eq!(
-            frame(&a, i),
-            frame(&d, i),
-            "frame {i}: streaming changed it"
-        );
-        assert_eq!(
-            frame(&a, i),
-            frame(&e, i),
-            "frame {i}: two equal experts changed it"
-        );
+    for (other, why) in [
+        (&b, "differs between runs with one seed"),
+        (&d, "streaming changed it"),
+        (&e, "two equal experts changed it"),
+    ] {
+        for i in 0..5 {
+            assert_eq!(frame(&a, i), frame(other, i), "frame {i}: {why}");
+        }
     }
     assert!(
         (0..5).any(|i| frame(&a, i) != frame(&c, i)),
@@ -211,13 +224,13 @@ fn generate_writes_a_deterministic_clip() {
     let (ok, _, stderr) = framesmith(&[
         "generate",
         "--dit",
-        &dit,
+        &m.dit,
         "--text-encoder",
-        &te,
+        &m.te,
         "--tokenizer",
-        s(&tokenizer),
+        s(&m.tokenizer),
         "--vae",
-        &vae,
+        &m.vae,
         "--prompt",
         "x",
         "--width",
@@ -234,35 +247,72 @@ fn generate_writes_a_deterministic_clip() {
     assert!(!ok && stderr.contains("multiples of 16"), "{stderr}");
 }
 
+/// `generate` with the tiny DiT, a text encoder and VAE that do not exist, `[frames, width, steps]`, `out` and
+/// `extra` arguments fails with `expected` before it loads either of them.
+fn refused_before_loading(
+    dir: &Path,
+    [frames, width, steps]: [&str; 3],
+    out: &Path,
+    extra: &[&str],
+    expected: &str,
+) {
+    let dit = fixture("wan21_t2v_tiny");
+    let missing = dir.join("missing.safetensors");
+    let mut args = vec![
+        "generate",
+        "--dit",
+        &dit,
+        "--text-encoder",
+        s(&missing),
+        "--vae",
+        s(&missing),
+        "--prompt",
+        "x",
+        "--width",
+        width,
+        "--height",
+        "48",
+        "--frames",
+        frames,
+        "--steps",
+        steps,
+        "--out",
+        s(out),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, _, stderr) = framesmith(&args);
+    assert!(!ok && stderr.contains(expected), "{expected}: {stderr}");
+    assert!(
+        !stderr.contains("missing.safetensors"),
+        "{expected}: {stderr}"
+    );
+}
+
 #[test]
 fn generate_rejects_bad_settings_before_loading_anything() {
-    // The text encoder and VAE do not exist: each error below must come before they are loaded.
     let dir = tempfile::tempdir().expect("tempdir");
-    let dit = fixture("wan21_t2v_tiny");
-    let missing = dir.path().join("missing.safetensors");
     let blocker = dir.path().join("a-file");
     std::fs::write(&blocker, "not a folder").expect("write");
     let out = dir.path().join("clip.mp4");
     let out_under_a_file = blocker.join("clip.mp4");
-    // (frames, width, steps, out, expected)
+    // ([frames, width, steps], out, expected)
     let cases = [
         (
-            "6",
-            "32",
-            "2",
+            ["6", "32", "2"],
             &out,
             "6 frames does not fit: the VAE needs 4k + 1 frames (e.g. 5)",
         ),
-        ("5", "40", "2", &out, "multiples of 16"),
-        ("5", "32", "0", &out, "0 steps sample nothing"),
+        (["5", "40", "2"], &out, "multiples of 16"),
+        (["5", "32", "0"], &out, "0 steps sample nothing"),
         (
-            "5",
-            "32",
-            "2",
+            ["5", "32", "2"],
             &out_under_a_file,
             "cannot create the folder for --out",
         ),
     ];
+    for (sizes, out, expected) in cases {
+        refused_before_loading(dir.path(), sizes, out, &[], expected);
+    }
     let numbers: [(&str, &str, &str); 4] = [
         (
             "--shift",
@@ -281,42 +331,7 @@ fn generate_rejects_bad_settings_before_loading_anything() {
             "--boundary 1.5 is not a fraction of the timesteps",
         ),
     ];
-    let cases = cases
-        .into_iter()
-        .map(|(f, w, st, o, e)| (f, w, st, o, None, e))
-        .chain(
-            numbers
-                .into_iter()
-                .map(|(flag, value, e)| ("5", "32", "2", &out, Some([flag, value]), e)),
-        );
-    for (frames, width, steps, out, number, expected) in cases {
-        let mut args = vec![
-            "generate",
-            "--dit",
-            &dit,
-            "--text-encoder",
-            s(&missing),
-            "--vae",
-            s(&missing),
-            "--prompt",
-            "x",
-            "--width",
-            width,
-            "--height",
-            "48",
-            "--frames",
-            frames,
-            "--steps",
-            steps,
-            "--out",
-            s(out),
-        ];
-        args.extend(number.iter().flatten());
-        let (ok, _, stderr) = framesmith(&args);
-        assert!(!ok && stderr.contains(expected), "{expected}: {stderr}");
-        assert!(
-            !stderr.contains("missing.safetensors"),
-            "{expected}: {stderr}"
-        );
+    for (flag, value, expected) in numbers {
+        refused_before_loading(dir.path(), ["5", "32", "2"], &out, &[flag, value], expected);
     }
 }

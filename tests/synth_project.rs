@@ -99,110 +99,11 @@ fn an_image_to_video_project_caches_random_conditioning_and_trains() {
 
     let mut config = RunConfig::load(&files.run).unwrap();
     config.training.device = DeviceSpec::Cpu;
-    assert_eq!(train(config), 2);
+    assert_eq!(train(config).0, 2);
 }
 
-/// Runs `config` through the engine to the end; the number of steps it reported.
-fn train(config: RunConfig) -> usize {
-    let engine = framesmith_engine::train::engine::spawn().unwrap();
-    engine
-        .commands
-        .send(Command::StartRun(Box::new(StartRun {
-            config,
-            resume_from: None,
-        })))
-        .unwrap();
-    let mut steps = 0;
-    loop {
-        match engine
-            .events
-            .recv_timeout(EVENT_TIMEOUT)
-            .expect("an engine event")
-        {
-            Event::Progress(p) => {
-                assert!(p.loss.is_finite(), "loss {}", p.loss);
-                steps = p.step;
-            }
-            Event::Failed { message } => panic!("the run failed: {message}"),
-            Event::StateChanged(RunState::Finished) => return steps,
-            _ => {}
-        }
-    }
-}
-
-#[test]
-fn the_project_loads_validates_and_trains_from_its_caches() {
-    let dir = tempfile::tempdir().unwrap();
-    let spec = tiny(5, 32, 48);
-    let files = write_project(dir.path(), &spec).unwrap();
-
-    let report = framesmith_models::wan::weights::inspect(&files.dit).unwrap();
-    assert_eq!(report.config.num_layers, spec.cfg.num_layers);
-    assert_eq!(report.config.dim, spec.cfg.dim);
-    assert_eq!(report.config.text_dim, spec.cfg.text_dim);
-    assert_eq!(report.dtypes.keys().collect::<Vec<_>>(), ["BF16"]);
-    let loaded = framesmith_models::wan::weights::load(&files.dit, None, &Device::Cpu).unwrap();
-    let q = loaded.tensors["blocks.0.self_attn.q.weight"]
-        .to_dtype(DType::F32)
-        .unwrap();
-    let std = q
-        .sqr()
-        .unwrap()
-        .mean_all()
-        .unwrap()
-        .to_scalar::<f32>()
-        .unwrap()
-        .sqrt();
-    let expected = 1.0 / (spec.cfg.dim as f32).sqrt();
-    assert!(
-        (std / expected - 1.0).abs() < 0.1,
-        "q std {std}, expected {expected}"
-    );
-
-    let (latents, _) = read_wan_latent_cache(&files.latents, &Device::Cpu).unwrap();
-    assert_eq!(latents.latents.dims(), [spec.cfg.in_dim, 2, 4, 6]);
-    let text = read_wan_text_cache(
-        &dir.path().join("cache").join(text_cache_name("synth_000")),
-        &Device::Cpu,
-    )
-    .unwrap();
-    assert_eq!(text.t5.dims(), [8, spec.cfg.text_dim]);
-
-    // The grey stand-in clip and its caption make the dataset check clean, as real media would.
-    assert!(dir.path().join("videos/synth_000.mp4").exists());
-    let options = framesmith_data::ScanOptions::locate();
-    let report = framesmith_data::check_path(&files.dataset, &options).unwrap();
-    assert!(report.is_ok(), "{report}");
-
-    let text = std::fs::read_to_string(&files.run).unwrap();
-    for key in [
-        "streaming",
-        "blocks_to_swap",
-        "activations",
-        "checkpointing",
-        "vram_budget_gb",
-    ] {
-        assert!(
-            text.contains(&format!("\n{key} = ")) || text.contains(&format!("# {key} = ")),
-            "{key} in\n{text}"
-        );
-    }
-    let mut config = RunConfig::load(&files.run).unwrap();
-    assert_eq!(config.training.device, DeviceSpec::Cuda(0));
-    assert_eq!(config.memory.blocks_to_swap, BlocksToSwap::Count(0));
-    validate(&config, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
-
-    // The lead's edits: an explicit budget, and `auto` streaming; both must still parse and validate.
-    let edited = text
-        .replace("# vram_budget_gb = 24.0", "vram_budget_gb = 7")
-        .replace("blocks_to_swap = 0", "blocks_to_swap = \"auto\"")
-        .replace("streaming = \"off\"", "streaming = \"pinned\"");
-    let fits = RunConfig::from_toml_str(&edited, &files.run).unwrap();
-    assert_eq!(fits.memory.vram_budget_gb, Some(7.0));
-    assert!(matches!(fits.memory.blocks_to_swap, BlocksToSwap::Auto(_)));
-    validate(&fits, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
-
-    config.training.device = DeviceSpec::Cpu;
+/// Runs `config` through the engine to the end; the number of steps it reported, and the last LoRA it saved.
+fn train(config: RunConfig) -> (usize, Option<std::path::PathBuf>) {
     let engine = framesmith_engine::train::engine::spawn().unwrap();
     engine
         .commands
@@ -224,10 +125,95 @@ fn the_project_loads_validates_and_trains_from_its_caches() {
             }
             Event::CheckpointSaved { lora: path, .. } => lora = Some(path),
             Event::Failed { message } => panic!("the run failed: {message}"),
-            Event::StateChanged(RunState::Finished) => break,
+            Event::StateChanged(RunState::Finished) => return (steps, lora),
             _ => {}
         }
     }
+}
+
+/// The DiT reads back as `spec`'s model, in bf16, with weights of the initialisation's spread.
+fn assert_dit_reads_back(dit: &std::path::Path, spec: &SynthProject) {
+    let report = framesmith_models::wan::weights::inspect(dit).unwrap();
+    assert_eq!(report.config.num_layers, spec.cfg.num_layers);
+    assert_eq!(report.config.dim, spec.cfg.dim);
+    assert_eq!(report.config.text_dim, spec.cfg.text_dim);
+    assert_eq!(report.dtypes.keys().collect::<Vec<_>>(), ["BF16"]);
+    let loaded = framesmith_models::wan::weights::load(dit, None, &Device::Cpu).unwrap();
+    let q = loaded.tensors["blocks.0.self_attn.q.weight"]
+        .to_dtype(DType::F32)
+        .unwrap();
+    let std = q
+        .sqr()
+        .unwrap()
+        .mean_all()
+        .unwrap()
+        .to_scalar::<f32>()
+        .unwrap()
+        .sqrt();
+    let expected = 1.0 / (spec.cfg.dim as f32).sqrt();
+    assert!(
+        (std / expected - 1.0).abs() < 0.1,
+        "q std {std}, expected {expected}"
+    );
+}
+
+/// The run config names every memory setting, asks for CUDA and validates, as do the edits a user makes to it
+/// (an explicit budget, `auto` streaming); returns it as written.
+fn assert_run_config_validates(run: &std::path::Path) -> RunConfig {
+    let text = std::fs::read_to_string(run).unwrap();
+    for key in [
+        "streaming",
+        "blocks_to_swap",
+        "activations",
+        "checkpointing",
+        "vram_budget_gb",
+    ] {
+        assert!(
+            text.contains(&format!("\n{key} = ")) || text.contains(&format!("# {key} = ")),
+            "{key} in\n{text}"
+        );
+    }
+    let config = RunConfig::load(run).unwrap();
+    assert_eq!(config.training.device, DeviceSpec::Cuda(0));
+    assert_eq!(config.memory.blocks_to_swap, BlocksToSwap::Count(0));
+    validate(&config, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
+
+    let edited = text
+        .replace("# vram_budget_gb = 24.0", "vram_budget_gb = 7")
+        .replace("blocks_to_swap = 0", "blocks_to_swap = \"auto\"")
+        .replace("streaming = \"off\"", "streaming = \"pinned\"");
+    let fits = RunConfig::from_toml_str(&edited, run).unwrap();
+    assert_eq!(fits.memory.vram_budget_gb, Some(7.0));
+    assert!(matches!(fits.memory.blocks_to_swap, BlocksToSwap::Auto(_)));
+    validate(&fits, &HostInfo::new(1)).unwrap_or_else(|e| panic!("{e}"));
+    config
+}
+
+#[test]
+fn the_project_loads_validates_and_trains_from_its_caches() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = tiny(5, 32, 48);
+    let files = write_project(dir.path(), &spec).unwrap();
+    assert_dit_reads_back(&files.dit, &spec);
+
+    let (latents, _) = read_wan_latent_cache(&files.latents, &Device::Cpu).unwrap();
+    assert_eq!(latents.latents.dims(), [spec.cfg.in_dim, 2, 4, 6]);
+    let text = read_wan_text_cache(
+        &dir.path().join("cache").join(text_cache_name("synth_000")),
+        &Device::Cpu,
+    )
+    .unwrap();
+    assert_eq!(text.t5.dims(), [8, spec.cfg.text_dim]);
+
+    // The grey stand-in clip and its caption make the dataset check clean, as real media would.
+    assert!(dir.path().join("videos/synth_000.mp4").exists());
+    let options = framesmith_data::ScanOptions::locate();
+    let report = framesmith_data::check_path(&files.dataset, &options).unwrap();
+    assert!(report.is_ok(), "{report}");
+
+    let mut config = assert_run_config_validates(&files.run);
+    config.training.device = DeviceSpec::Cpu;
+    let (steps, lora) = train(config);
     assert_eq!(steps, 2);
     let lora = lora.expect("the LoRA was saved at the end");
     assert!(

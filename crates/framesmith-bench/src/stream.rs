@@ -144,10 +144,10 @@ fn random_other_weights(
     })
 }
 
-/// The streaming settings `opts` asks for, with `slots` GPU slots (the mode is the caller's).
-fn offload_options(opts: &StreamBench, slots: usize) -> OffloadOptions {
+/// The streaming settings `opts` asks for, in `mode` with `slots` GPU slots.
+fn offload_options(opts: &StreamBench, mode: StreamMode, slots: usize) -> OffloadOptions {
     OffloadOptions {
-        mode: StreamMode::Pinned,
+        mode,
         slots,
         staging_slots: opts.staging_slots,
         staging_chunk_bytes: opts.staging_chunk_bytes,
@@ -156,15 +156,15 @@ fn offload_options(opts: &StreamBench, slots: usize) -> OffloadOptions {
     }
 }
 
-/// Builds the model with `streamed` blocks in host RAM and LoRA of `rank` on every adapted block linear.
+/// Builds the model with `streamed` blocks in host RAM (streamed as `offload` says) and LoRA of `rank` on every
+/// adapted block linear.
 pub fn build(
     cfg: &WanConfig,
     weights: HashMap<String, Tensor>,
     dev: &Device,
     opts: &StreamBench,
     streamed: &[usize],
-    mode: StreamMode,
-    slots: usize,
+    offload: &OffloadOptions,
 ) -> Result<(WanModel, LoraSet)> {
     let vb = Vb::from_tensors(weights, DType::BF16, dev);
     let options = ModelOptions {
@@ -172,14 +172,10 @@ pub fn build(
         blocks_fp8: opts.fp8,
         fp8_products: false,
     };
-    let offload = OffloadOptions {
-        mode,
-        ..offload_options(opts, slots)
-    };
     let mut model = if streamed.is_empty() {
         WanModel::new(cfg, vb, &options)?
     } else {
-        WanModel::new_streamed(cfg, vb, &options, streamed, &offload)?
+        WanModel::new_streamed(cfg, vb, &options, streamed, offload)?
     };
     let spec = LoraSpec {
         rank: opts.rank,
@@ -233,129 +229,159 @@ pub fn run(
     opts: &StreamBench,
     cases: &[StreamCase],
 ) -> Result<Vec<(Record, u64)>> {
-    let latent = latent_size(cfg, opts.frames, opts.height, opts.width);
-    let tokens = video_tokens(cfg, latent);
-    let mut out = Vec::new();
     // The FP8 block linears are made once, on the host (the slow part of a 14B build), and every case builds its
     // model from them; device weights are made for each case, so no case holds another's memory.
     let fp8_linears = match opts.fp8 {
         Some(mode) => Some(random_fp8_linears(cfg, mode, opts.seed)?),
         None => None,
     };
+    let mut out = Vec::new();
     for case in cases {
-        let started = std::time::Instant::now();
-        let weights = match &fp8_linears {
-            Some(linears) => {
-                let mut w = random_other_weights(cfg, opts.seed, dev)?;
-                w.extend(linears.clone());
-                w
-            }
-            None => random_weights_on_device(cfg, opts.seed, DType::BF16, dev)?,
-        };
-        let streamed = match case.mode {
-            Some(_) => streamed_blocks(cfg.num_layers, case.blocks, case.placement),
-            None => Vec::new(),
-        };
-        let mode = case.mode.unwrap_or(StreamMode::Pinned);
-        let (model, loras) = build(cfg, weights, dev, opts, &streamed, mode, case.slots)?;
-        let (inputs, targets) = flow_batch(cfg, latent, 512, 0.75, opts.seed, dev)?;
-        dev.synchronize()?;
-        eprintln!(
-            "stream: {name} {} built in {:.1} s, {tokens} tokens",
-            case_name(case),
-            started.elapsed().as_secs_f64()
-        );
-        let target = LossTarget {
-            targets: &targets,
-            weights: None,
-            skip_frames: 0,
-        };
-        let saved_inputs = saved_inputs(opts.activations_on_host, case.mode);
-        let step_options = StepOptions {
-            saved_inputs,
-            keep_tapes: opts.keep_tapes,
-            keep_attention: opts.keep_attention,
-            ..StepOptions::default()
-        };
-        let vars = loras.vars();
-        let mut loss = 0f32;
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(cuda) = dev {
-            framesmith_nn::cuda::device::reset_peak_reserved(cuda)?;
-        }
-        let t = time(dev, opts.warmup, opts.iters, || {
-            loss = checkpointed_step(&model, &inputs, &target, &vars, &step_options)?.loss;
-            Ok(())
-        })?;
-        if !loss.is_finite() {
-            candle_core::bail!("stream: loss is {loss}");
-        }
-        let per_step = match model.streamer() {
-            Some(s) => {
-                let st = s.stats()?;
-                let steps = (opts.warmup + opts.iters.max(1)) as u64;
-                eprintln!("stream: {st:?} over {steps} steps");
-                st.bytes / steps
-            }
-            None => 0,
-        };
-        // Each case's time as soon as it is known: a run cut short still leaves the cases it finished.
-        eprintln!(
-            "stream: {name} {} step {:.1} ms, {per_step} bytes streamed per step",
-            case_name(case),
-            t.median_ms
-        );
-        let peak = total_peak(dev, &t)?;
-        #[cfg(feature = "cuda")]
-        if let Device::Cuda(cuda) = dev {
-            let reserved = framesmith_nn::cuda::device::peak_reserved_bytes(cuda)?;
-            println!(
-                "RESERVED {} {:.3} GiB (pool reserved high-water; used high-water {:.3} GiB)",
-                case_name(case),
-                reserved as f64 / (1u64 << 30) as f64,
-                peak.unwrap_or(0) as f64 / (1u64 << 30) as f64
-            );
-        }
-        let shape = format!(
-            "b=1 {}x{}x{} tokens={tokens} r={} residual={:?} act={}",
-            opts.frames,
-            opts.height,
-            opts.width,
-            opts.rank,
-            opts.residual,
-            match saved_inputs {
-                SavedPlacement::Device => "device",
-                SavedPlacement::PageLocked => "host-pinned",
-                SavedPlacement::Pageable => "host-pageable",
-            }
-        );
-        let flops = 4.0 * block_forward_flops(cfg, tokens, cfg.text_len);
-        let timing = Timing {
-            median_ms: t.median_ms,
-            peak_bytes: peak,
-        };
-        let checkpointing = if opts.keep_tapes {
-            " no checkpointing"
-        } else if opts.keep_attention {
-            " keep-attention"
-        } else {
-            ""
-        };
-        out.push((
-            record(
-                "stream",
-                &format!("{name} {}{checkpointing}", case_name(case)),
-                "lora step",
-                &shape,
-                flops,
-                timing,
-            ),
-            per_step,
-        ));
-        drop((model, loras, inputs, targets));
+        out.push(run_case(dev, name, cfg, opts, case, fp8_linears.as_ref())?);
+        // The case's model and batch are gone: wait for their memory before the next case's build.
         dev.synchronize()?;
     }
     Ok(out)
+}
+
+/// Builds `case`'s model and times its step: the record, and the bytes streamed per step.
+fn run_case(
+    dev: &Device,
+    name: &str,
+    cfg: &WanConfig,
+    opts: &StreamBench,
+    case: &StreamCase,
+    fp8_linears: Option<&HashMap<String, Tensor>>,
+) -> Result<(Record, u64)> {
+    let latent = latent_size(cfg, opts.frames, opts.height, opts.width);
+    let tokens = video_tokens(cfg, latent);
+    let started = std::time::Instant::now();
+    let weights = case_weights(cfg, opts, dev, fp8_linears)?;
+    let streamed = match case.mode {
+        Some(_) => streamed_blocks(cfg.num_layers, case.blocks, case.placement),
+        None => Vec::new(),
+    };
+    let offload = offload_options(opts, case.mode.unwrap_or(StreamMode::Pinned), case.slots);
+    let (model, loras) = build(cfg, weights, dev, opts, &streamed, &offload)?;
+    let (inputs, targets) = flow_batch(cfg, latent, 512, 0.75, opts.seed, dev)?;
+    dev.synchronize()?;
+    eprintln!(
+        "stream: {name} {} built in {:.1} s, {tokens} tokens",
+        case_name(case),
+        started.elapsed().as_secs_f64()
+    );
+    let target = LossTarget {
+        targets: &targets,
+        weights: None,
+        skip_frames: 0,
+    };
+    let saved_inputs = saved_inputs(opts.activations_on_host, case.mode);
+    let step_options = StepOptions {
+        saved_inputs,
+        keep_tapes: opts.keep_tapes,
+        keep_attention: opts.keep_attention,
+        ..StepOptions::default()
+    };
+    let vars = loras.vars();
+    let mut loss = 0f32;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = dev {
+        framesmith_nn::cuda::device::reset_peak_reserved(cuda)?;
+    }
+    let t = time(dev, opts.warmup, opts.iters, || {
+        loss = checkpointed_step(&model, &inputs, &target, &vars, &step_options)?.loss;
+        Ok(())
+    })?;
+    if !loss.is_finite() {
+        candle_core::bail!("stream: loss is {loss}");
+    }
+    let per_step = streamed_per_step(&model, opts)?;
+    // Each case's time as soon as it is known: a run cut short still leaves the cases it finished.
+    eprintln!(
+        "stream: {name} {} step {:.1} ms, {per_step} bytes streamed per step",
+        case_name(case),
+        t.median_ms
+    );
+    let peak = total_peak(dev, &t)?;
+    #[cfg(feature = "cuda")]
+    if let Device::Cuda(cuda) = dev {
+        let reserved = framesmith_nn::cuda::device::peak_reserved_bytes(cuda)?;
+        println!(
+            "RESERVED {} {:.3} GiB (pool reserved high-water; used high-water {:.3} GiB)",
+            case_name(case),
+            reserved as f64 / (1u64 << 30) as f64,
+            peak.unwrap_or(0) as f64 / (1u64 << 30) as f64
+        );
+    }
+    let flops = 4.0 * block_forward_flops(cfg, tokens, cfg.text_len);
+    let timing = Timing {
+        median_ms: t.median_ms,
+        peak_bytes: peak,
+    };
+    let label = format!("{name} {}{}", case_name(case), checkpointing_label(opts));
+    let shape = case_shape(opts, tokens, saved_inputs);
+    Ok((
+        record("stream", &label, "lora step", &shape, flops, timing),
+        per_step,
+    ))
+}
+
+/// Every weight of a case's model, made on `dev`: bf16, with the block linears of `fp8_linears` when given.
+fn case_weights(
+    cfg: &WanConfig,
+    opts: &StreamBench,
+    dev: &Device,
+    fp8_linears: Option<&HashMap<String, Tensor>>,
+) -> Result<HashMap<String, Tensor>> {
+    match fp8_linears {
+        Some(linears) => {
+            let mut w = random_other_weights(cfg, opts.seed, dev)?;
+            w.extend(linears.clone());
+            Ok(w)
+        }
+        None => random_weights_on_device(cfg, opts.seed, DType::BF16, dev),
+    }
+}
+
+/// The bytes `model`'s streamer copied per step over the warm-up and timed steps (0 with nothing streamed).
+fn streamed_per_step(model: &WanModel, opts: &StreamBench) -> Result<u64> {
+    Ok(match model.streamer() {
+        Some(s) => {
+            let st = s.stats()?;
+            let steps = (opts.warmup + opts.iters.max(1)) as u64;
+            eprintln!("stream: {st:?} over {steps} steps");
+            st.bytes / steps
+        }
+        None => 0,
+    })
+}
+
+/// The record's shape column: clip size, tokens, rank, residual dtype and where saved block inputs live.
+fn case_shape(opts: &StreamBench, tokens: usize, saved_inputs: SavedPlacement) -> String {
+    format!(
+        "b=1 {}x{}x{} tokens={tokens} r={} residual={:?} act={}",
+        opts.frames,
+        opts.height,
+        opts.width,
+        opts.rank,
+        opts.residual,
+        match saved_inputs {
+            SavedPlacement::Device => "device",
+            SavedPlacement::PageLocked => "host-pinned",
+            SavedPlacement::Pageable => "host-pageable",
+        }
+    )
+}
+
+/// The record label's suffix for the checkpointing `opts` asks for (none for full checkpointing).
+fn checkpointing_label(opts: &StreamBench) -> &'static str {
+    if opts.keep_tapes {
+        " no checkpointing"
+    } else if opts.keep_attention {
+        " keep-attention"
+    } else {
+        ""
+    }
 }
 
 /// Bandwidths in GB/s: a plain page-locked copy of `bytes` into one device buffer, and the streaming path
@@ -375,10 +401,7 @@ pub fn copy_bandwidth(
     mode: StreamMode,
 ) -> Result<CopyBandwidth> {
     let block = one_block(cfg, opts, dev)?;
-    let options = OffloadOptions {
-        mode,
-        ..offload_options(opts, opts.slots)
-    };
+    let options = offload_options(opts, mode, opts.slots);
     let (streaming_gbs, bytes_per_block) = stream_bandwidth(
         dev,
         &block,
@@ -404,7 +427,8 @@ fn one_block(cfg: &WanConfig, opts: &StreamBench, dev: &Device) -> Result<Block>
         Some(m) => random_fp8_weights(&one, m, opts.seed, dev)?,
         None => random_weights_on_device(&one, opts.seed, DType::BF16, dev)?,
     };
-    let (model, _loras) = build(&one, weights, dev, opts, &[], StreamMode::Pinned, 2)?;
+    let offload = offload_options(opts, StreamMode::Pinned, 2);
+    let (model, _loras) = build(&one, weights, dev, opts, &[], &offload)?;
     Ok(model.blocks()[0].clone())
 }
 
@@ -511,10 +535,7 @@ pub fn staging_sweep(
         candle_core::bail!("the sweep needs at least one block and one pass");
     }
     let block = one_block(cfg, opts, dev)?;
-    let mut settings = vec![OffloadOptions {
-        mode: StreamMode::Pinned,
-        ..offload_options(opts, opts.slots)
-    }];
+    let mut settings = vec![offload_options(opts, StreamMode::Pinned, opts.slots)];
     for _ in 0..sweep.repeats.max(1) {
         for &copy_threads in &sweep.threads {
             for &staging_chunk_bytes in &sweep.chunk_bytes {
@@ -609,7 +630,8 @@ pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
         skip_frames: 0,
     };
     let grads = |streamed: &[usize], mode: StreamMode, on_host: bool| -> Result<Vec<Tensor>> {
-        let (model, loras) = build(&cfg, weights()?, dev, &opts, streamed, mode, opts.slots)?;
+        let offload = offload_options(&opts, mode, opts.slots);
+        let (model, loras) = build(&cfg, weights()?, dev, &opts, streamed, &offload)?;
         for (i, v) in loras.vars().iter().enumerate() {
             if i % 2 == 1 {
                 v.set(&(v.as_tensor().ones_like()? * 0.01)?)?;
@@ -762,8 +784,7 @@ mod tests {
                 &Device::Cpu,
                 &opts,
                 &[1, 2],
-                StreamMode::Pinned,
-                2,
+                &offload_options(&opts, StreamMode::Pinned, 2),
             )?;
             let bytes = model.streamer().map(|s| s.block_bytes()).unwrap_or(0);
             bytes as u64

@@ -305,6 +305,60 @@ pub fn with_frozen_fields<B: Clone>(
     Ok(copy)
 }
 
+/// The streamed blocks packed into their host masters, before the ring exists.
+struct Packed<B> {
+    /// Model block index → index among the streamed blocks.
+    index: Vec<Option<usize>>,
+    layout: BlockLayout,
+    masters: Masters,
+    /// Each block (model index, block) holding the first block's frozen tensors in place of its own.
+    held: Vec<(usize, B)>,
+}
+
+/// Packs `blocks` into masters of the kind `mode` keeps, one block at a time (see [`BlockStreamer::new`]).
+fn pack_blocks<B: Streamable>(
+    device: &Device,
+    mode: StreamMode,
+    num_blocks: usize,
+    blocks: impl IntoIterator<Item = Result<(usize, B)>>,
+) -> Result<Packed<B>> {
+    let mut index = vec![None; num_blocks];
+    let mut layout: Option<BlockLayout> = None;
+    let mut masters = Masters::Pageable(Vec::new());
+    // Until the ring exists, every block holds the first block's frozen tensors in place of its own, so its
+    // own host copies go as soon as they are packed.
+    let mut stand_in: Option<Vec<Tensor>> = None;
+    let mut held = Vec::new();
+    for item in blocks {
+        let (i, block) = item?;
+        match index.get_mut(i) {
+            Some(slot @ None) => *slot = Some(held.len()),
+            Some(Some(_)) => candle_core::bail!("streamed block {i} given twice"),
+            None => candle_core::bail!("streamed block {i} out of range"),
+        }
+        let layout = match &layout {
+            Some(l) => l,
+            None => {
+                let l = layout.insert(BlockLayout::of(&block.frozen_tensors()));
+                masters = Masters::new(mode, device)?;
+                l
+            }
+        };
+        masters.pack(layout, &block)?;
+        let stand_in = stand_in.get_or_insert_with(|| block.frozen_tensors());
+        held.push((i, block.with_frozen(stand_in)?));
+    }
+    let Some(layout) = layout else {
+        candle_core::bail!("block streaming needs at least one streamed block");
+    };
+    Ok(Packed {
+        index,
+        layout,
+        masters,
+        held,
+    })
+}
+
 /// The streamed blocks of one model: their host masters, the GPU ring and its schedule.
 pub struct BlockStreamer {
     /// Model block index → index among the streamed blocks.
@@ -331,36 +385,12 @@ impl BlockStreamer {
         } else {
             StreamMode::Host
         };
-        let mut index = vec![None; num_blocks];
-        let mut layout: Option<BlockLayout> = None;
-        let mut masters = Masters::Pageable(Vec::new());
-        // Until the ring exists, every block holds the first block's frozen tensors in place of its own, so its
-        // own host copies go as soon as they are packed.
-        let mut stand_in: Option<Vec<Tensor>> = None;
-        let mut held = Vec::new();
-        for item in blocks {
-            let (i, block) = item?;
-            match index.get_mut(i) {
-                Some(slot @ None) => *slot = Some(held.len()),
-                Some(Some(_)) => candle_core::bail!("streamed block {i} given twice"),
-                None => candle_core::bail!("streamed block {i} out of range"),
-            }
-            let layout = match &layout {
-                Some(l) => l,
-                None => {
-                    let l = layout.insert(BlockLayout::of(&block.frozen_tensors()));
-                    masters = Masters::new(mode, device)?;
-                    l
-                }
-            };
-            masters.pack(layout, &block)?;
-            let stand_in = stand_in.get_or_insert_with(|| block.frozen_tensors());
-            held.push((i, block.with_frozen(stand_in)?));
-        }
-        let Some(layout) = layout else {
-            candle_core::bail!("block streaming needs at least one streamed block");
-        };
-        drop(stand_in);
+        let Packed {
+            index,
+            layout,
+            masters,
+            held,
+        } = pack_blocks(device, mode, num_blocks, blocks)?;
         let slots = options.slots.max(1);
         let (backend, slot0): (Box<dyn SlotBackend>, Vec<Tensor>) = match masters {
             #[cfg(feature = "cuda")]

@@ -54,7 +54,19 @@ fn check_case(name: &str) -> anyhow::Result<()> {
         y: case.input("y")?.clone(),
         guidance: case.inputs.get("guidance").cloned(),
     };
-    let prepared = model.prepare(&inputs)?;
+    let out = check_forward(&model, &cfg, &inputs, &case)?;
+    check_gradients(name, &case, &out, (&img, &txt), &weight_grads)
+}
+
+/// Checks the RoPE table, the conditioning vector, the first double- and single-stream blocks' outputs and the
+/// output against the fixture's; returns the output.
+fn check_forward(
+    model: &Flux,
+    cfg: &FluxConfig,
+    inputs: &FluxInputs,
+    case: &Case,
+) -> anyhow::Result<Tensor> {
+    let prepared = model.prepare(inputs)?;
     let official_pe = prepared.blocks.rope.official_layout()?;
     assert_close("pe", &official_pe, case.expected("pe")?, 1e-6, 1e-6)?;
     assert_close(
@@ -99,10 +111,21 @@ fn check_case(name: &str) -> anyhow::Result<()> {
     }
     let out = model.finish(&xs, &prepared)?;
     assert_close("out", &out, case.expected("out")?, ATOL, RTOL)?;
-    let direct = model.forward(&inputs)?;
+    let direct = model.forward(inputs)?;
     assert_close("forward", &direct, &out, 0.0, 0.0)?;
+    Ok(out)
+}
 
-    let loss = (&out * case.input("probe")?)?.sum_all()?;
+/// Checks the gradients of a probe loss on `out` against the fixture's: those of the `img` and `txt` inputs and of
+/// every weight in `weight_grads`, which must cover every weight gradient the fixture has.
+fn check_gradients(
+    name: &str,
+    case: &Case,
+    out: &Tensor,
+    (img, txt): (&Var, &Var),
+    weight_grads: &[(String, Var)],
+) -> anyhow::Result<()> {
+    let loss = (out * case.input("probe")?)?.sum_all()?;
     let grads = loss.backward()?;
     let grad = |var: &Var| -> anyhow::Result<Tensor> {
         grads
@@ -112,19 +135,19 @@ fn check_case(name: &str) -> anyhow::Result<()> {
     };
     assert_close(
         "grad.img",
-        &grad(&img)?,
+        &grad(img)?,
         case.expected("grad.img")?,
         ATOL,
         RTOL,
     )?;
     assert_close(
         "grad.txt",
-        &grad(&txt)?,
+        &grad(txt)?,
         case.expected("grad.txt")?,
         ATOL,
         RTOL,
     )?;
-    for (path, up) in &weight_grads {
+    for (path, up) in weight_grads {
         let key = format!("grad.{path}.weight");
         assert_close(&key, &grad(up)?, case.expected(&key)?, 1e-3, 1e-3)?;
     }

@@ -226,9 +226,7 @@ impl AttentionTape {
         let tiles = Tiles::for_device(q.device());
         let peak = PeakElems::default();
         let (dq, dk, dv) = tiled::backward(
-            &heads(q)?,
-            &heads(k)?,
-            &heads(v)?,
+            (&heads(q)?, &heads(k)?, &heads(v)?),
             &saved,
             &pb,
             tiles,

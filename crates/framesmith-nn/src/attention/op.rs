@@ -132,7 +132,7 @@ impl CustomOp3 for TiledAttention {
             lse: &lse,
             grad_out: &self.heads(grad_res)?,
         };
-        let (dq, dk, dv) = tiled::backward(&qh, &kh, &vh, &saved, &self.pb, tiles, &self.peak)?;
+        let (dq, dk, dv) = tiled::backward((&qh, &kh, &vh), &saved, &self.pb, tiles, &self.peak)?;
         Ok((
             Some(self.unheads(dq, q)?),
             Some(self.unheads(dk, k)?),

@@ -241,9 +241,7 @@ pub(crate) struct Saved<'a> {
 /// gradient. Recomputes each score tile: `P = exp(S·scale − LSE)`, `dV += Pᵀ dO`, `dP = dO Vᵀ`,
 /// `dS = P ∘ (dP − D)`, `dQ += dS K·scale`, `dK += dSᵀ Q·scale`.
 pub(crate) fn backward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    (q, k, v): (&Tensor, &Tensor, &Tensor),
     saved: &Saved,
     pb: &Problem,
     tiles: Tiles,

@@ -93,6 +93,7 @@ impl AddMatmul {
         })
     }
 
+    // A cuBLAS call: each of the three matrices comes as candle hands it to a custom op, a (storage, layout) pair.
     #[allow(clippy::too_many_arguments)]
     fn run<T: CudaDType + Copy>(
         &self,

@@ -94,6 +94,8 @@ pub(crate) fn exp_avg_sq(
     )
 }
 
+// A kernel launch: p, m and v each come as candle hands them to a custom op, a (storage, layout) pair.
+#[allow(clippy::too_many_arguments)]
 fn param_pass<P: CudaDType + DeviceRepr + WithDType>(
     p: &mut CudaStorage,
     pl: &Layout,
@@ -123,6 +125,8 @@ fn param_pass<P: CudaDType + DeviceRepr + WithDType>(
 }
 
 /// `p = p · decay − (m / (√v / √bc2 + eps)) · step_size` on `p`'s device.
+// p, m and v each come as candle hands them to a custom op, a (storage, layout) pair, as the kernel takes them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn param(
     p: &mut CudaStorage,
     pl: &Layout,

@@ -97,6 +97,7 @@ pub fn rms_norm_rope_backward(
     )
 }
 
+// A kernel launch: one argument per kernel input, as the forward and the backward each pass them.
 #[allow(clippy::too_many_arguments)]
 fn launch(
     direction: &str,
