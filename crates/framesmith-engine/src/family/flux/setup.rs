@@ -176,8 +176,7 @@ pub(super) fn start_run(
         (dtype, &device),
         fp8,
         plan.model.fp8_matmul,
-        &streamed,
-        &offload,
+        (&streamed, &offload),
     )?;
     log(
         LogLevel::Info,

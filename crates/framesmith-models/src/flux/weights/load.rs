@@ -54,24 +54,19 @@ pub fn load_dit(
         (dtype, device),
         fp8,
         false,
-        &[],
-        &OffloadOptions::default(),
+        (&[], &OffloadOptions::default()),
     )
 }
 
 /// [`load_dit`] with the blocks in `streamed` (indices into [`Flux::blocks`]) kept in host RAM and streamed
 /// through GPU slots ([`Flux::new_streamed`]).
-// Temporary: `(streamed, offload)` becomes one argument together with its one caller, the engine's FLUX.1 setup
-// (`family/flux/setup.rs`), which is being moved (issue 42) and is not edited meanwhile.
-#[allow(clippy::too_many_arguments)]
 pub fn load_dit_streamed(
     path: &Path,
     variant: Option<FluxVariant>,
     (dtype, device): (DType, &Device),
     fp8: Option<Fp8Scale>,
     fp8_products: bool,
-    streamed: &[usize],
-    offload: &OffloadOptions,
+    (streamed, offload): (&[usize], &OffloadOptions),
 ) -> Result<Flux, FluxFormatError> {
     let opened = open(path, FluxComponent::Dit, variant)?;
     let FluxKind::Dit { config, .. } = opened.file.kind.clone() else {
