@@ -226,6 +226,52 @@ fn finish(
     })
 }
 
+/// Carries out the commands that arrived since the last step; `false` when one stopped the run. With `several`
+/// ranks a stop only sets `stop_wanted` (the ranks agree on it at the end of a step) and a pause is refused.
+fn take_commands(
+    trainer: &mut Trainer,
+    (inbox, events): (&Inbox, &Events),
+    several: bool,
+    stop_wanted: &Cell<bool>,
+    alone_stop: &dyn Fn() -> bool,
+) -> anyhow::Result<bool> {
+    while let Some(command) = inbox.next() {
+        match command {
+            Command::Stop if several => stop_wanted.set(true),
+            Command::Stop => return Ok(false),
+            Command::Pause if several => events.log(
+                LogLevel::Warn,
+                "a run over several GPUs cannot pause (the other GPUs would wait on this one): stop it and \
+                 resume it later instead"
+                    .into(),
+            ),
+            Command::Pause => {
+                events.state(RunState::Paused);
+                if !wait_for_resume(trainer, inbox, events)? {
+                    return Ok(false);
+                }
+                events.state(RunState::Training);
+            }
+            Command::SaveNow => trainer
+                .save(false)?
+                .events()
+                .into_iter()
+                .for_each(|e| events.send(e)),
+            Command::SampleNow => {
+                if !sample(trainer, events, alone_stop)? {
+                    return Ok(false);
+                }
+            }
+            Command::Resume => {}
+            Command::StartRun(_) => events.log(
+                LogLevel::Warn,
+                "a run is already in progress; queue the next one".into(),
+            ),
+        }
+    }
+    Ok(true)
+}
+
 fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::Result<Outcome> {
     // With several ranks a stop is agreed at the end of a step (each rank's `train_step` reports any rank's).
     let several = trainer.world() > 1;
@@ -241,39 +287,8 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
     let first_step = trainer.step();
     let mut smoothed: Option<f64> = None;
     while trainer.step() < trainer.total_steps() {
-        while let Some(command) = inbox.next() {
-            match command {
-                Command::Stop if several => stop_wanted.set(true),
-                Command::Stop => return Ok(Outcome::Stopped),
-                Command::Pause if several => events.log(
-                    LogLevel::Warn,
-                    "a run over several GPUs cannot pause (the other GPUs would wait on this one): stop it and \
-                     resume it later instead"
-                        .into(),
-                ),
-                Command::Pause => {
-                    events.state(RunState::Paused);
-                    if !wait_for_resume(trainer, inbox, events)? {
-                        return Ok(Outcome::Stopped);
-                    }
-                    events.state(RunState::Training);
-                }
-                Command::SaveNow => trainer
-                    .save(false)?
-                    .events()
-                    .into_iter()
-                    .for_each(|e| events.send(e)),
-                Command::SampleNow => {
-                    if !sample(trainer, events, alone_stop)? {
-                        return Ok(Outcome::Stopped);
-                    }
-                }
-                Command::Resume => {}
-                Command::StartRun(_) => events.log(
-                    LogLevel::Warn,
-                    "a run is already in progress; queue the next one".into(),
-                ),
-            }
+        if !take_commands(trainer, (inbox, events), several, &stop_wanted, alone_stop)? {
+            return Ok(Outcome::Stopped);
         }
         let report = match trainer.train_step(&stop_requested) {
             Ok(r) => r,
