@@ -32,6 +32,28 @@ pub enum Launch {
 
 const DEFAULT_PORT: u16 = 29500;
 
+/// Where rank 0 listens: the options, else torchrun's `MASTER_ADDR` / `MASTER_PORT`, else this machine.
+fn master_of(
+    args: &RankOptions,
+    env: &impl Fn(&str) -> Option<String>,
+) -> anyhow::Result<(String, u16)> {
+    let port = match args.master_port {
+        Some(p) => p,
+        None => match env("MASTER_PORT") {
+            Some(p) => p.trim().parse().map_err(|_| {
+                anyhow::anyhow!("the environment variable MASTER_PORT is {p:?}, not a port number")
+            })?,
+            None => DEFAULT_PORT,
+        },
+    };
+    let master_addr = args
+        .master_addr
+        .clone()
+        .or_else(|| env("MASTER_ADDR"))
+        .unwrap_or_else(|| "127.0.0.1".into());
+    Ok((master_addr, port))
+}
+
 /// Reads the options, falling back on torchrun's environment variables (`env`) for a rank launched by hand.
 pub fn resolve(args: &RankOptions, env: impl Fn(&str) -> Option<String>) -> anyhow::Result<Launch> {
     let number = |name: &str| -> anyhow::Result<Option<usize>> {
@@ -74,22 +96,7 @@ pub fn resolve(args: &RankOptions, env: impl Fn(&str) -> Option<String>) -> anyh
                     many.len()
                 ),
             };
-            let port = match args.master_port {
-                Some(p) => p,
-                None => match env("MASTER_PORT") {
-                    Some(p) => p.trim().parse().map_err(|_| {
-                        anyhow::anyhow!(
-                            "the environment variable MASTER_PORT is {p:?}, not a port number"
-                        )
-                    })?,
-                    None => DEFAULT_PORT,
-                },
-            };
-            let master_addr = args
-                .master_addr
-                .clone()
-                .or_else(|| env("MASTER_ADDR"))
-                .unwrap_or_else(|| "127.0.0.1".into());
+            let (master_addr, port) = master_of(args, &env)?;
             let ranks_on_machine = match number("LOCAL_WORLD_SIZE")? {
                 Some(n) => n.clamp(1, world),
                 None if is_loopback(&master_addr) => world,
@@ -183,6 +190,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::too_many_lines)] // one table of launches read top to bottom, each case beside its expectation
     fn options_and_environment_resolve_to_a_launch() {
         let args = RankOptions {
             rank_timeout_secs: 60,
