@@ -235,6 +235,35 @@ impl Trainer {
         Ok((epoch, step.second, out))
     }
 
+    /// The gradient norm of an applied update, or the warning of a skipped one (whose count in a row it keeps).
+    fn count_nonfinite(
+        &mut self,
+        outcome: Option<StepOutcome>,
+        step_number: usize,
+    ) -> (Option<f64>, Option<String>) {
+        match outcome {
+            Some(StepOutcome::Applied { grad_norm, .. }) => {
+                self.consecutive_nonfinite = 0;
+                (Some(grad_norm), None)
+            }
+            other => {
+                self.consecutive_nonfinite += 1;
+                let what = match other {
+                    Some(StepOutcome::Skipped { .. }) => "a gradient",
+                    _ => "the loss",
+                };
+                (
+                    None,
+                    Some(format!(
+                        "step {step_number}: {what} was NaN or infinite; the update was skipped and the LoRA \
+                         keeps its last good values ({} in a row)",
+                        self.consecutive_nonfinite
+                    )),
+                )
+            }
+        }
+    }
+
     /// One optimizer step over `gradient_accumulation_steps` micro-batches (on each rank of a run over several
     /// GPUs, its share: see [`crate::train::ranks`]). A non-finite loss or gradient skips the update (the LoRA and
     /// optimizer state stay as they were) and is reported; too many in a row is an error. With several ranks a
@@ -269,19 +298,7 @@ impl Trainer {
             };
             loss_sum += out.loss as f64;
             // The mean over the step's micro-batches of every rank (the all-reduce below sums them).
-            let scaled = out
-                .grads
-                .iter()
-                .map(|g| g / per_step as f64)
-                .collect::<candle_core::Result<Vec<_>>>()?;
-            *sum = Some(match sum.take() {
-                None => scaled,
-                Some(acc) => acc
-                    .iter()
-                    .zip(&scaled)
-                    .map(|(a, b)| a + b)
-                    .collect::<candle_core::Result<Vec<_>>>()?,
-            });
+            add_divided(sum, &out.grads, per_step as f64)?;
         }
         let mut stop_requested = false;
         if world > 1 {
@@ -302,27 +319,7 @@ impl Trainer {
         self.family.sync_lora(&self.loras)?;
         let step_number = self.step + 1;
         self.step = step_number;
-        let (grad_norm, warning) = match outcome {
-            Some(StepOutcome::Applied { grad_norm, .. }) => {
-                self.consecutive_nonfinite = 0;
-                (Some(grad_norm), None)
-            }
-            other => {
-                self.consecutive_nonfinite += 1;
-                let what = match other {
-                    Some(StepOutcome::Skipped { .. }) => "a gradient",
-                    _ => "the loss",
-                };
-                (
-                    None,
-                    Some(format!(
-                        "step {step_number}: {what} was NaN or infinite; the update was skipped and the LoRA \
-                         keeps its last good values ({} in a row)",
-                        self.consecutive_nonfinite
-                    )),
-                )
-            }
-        };
+        let (grad_norm, warning) = self.count_nonfinite(outcome, step_number);
         let loss = finite.then_some(loss_sum / per_step as f64);
         let report = StepReport {
             loss,
@@ -503,6 +500,27 @@ pub(super) fn step_output(
             Err(anyhow::Error::new(e).context(format!("training step on {key}")))
         }
     }
+}
+
+/// Adds `grads` divided by `divisor` to `sum` (which starts empty).
+fn add_divided(
+    sum: &mut Option<Vec<Tensor>>,
+    grads: &[Tensor],
+    divisor: f64,
+) -> candle_core::Result<()> {
+    let scaled = grads
+        .iter()
+        .map(|g| g / divisor)
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    *sum = Some(match sum.take() {
+        None => scaled,
+        Some(acc) => acc
+            .iter()
+            .zip(&scaled)
+            .map(|(a, b)| a + b)
+            .collect::<candle_core::Result<Vec<_>>>()?,
+    });
+    Ok(())
 }
 
 #[cfg(test)]
