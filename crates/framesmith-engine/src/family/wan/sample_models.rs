@@ -6,6 +6,8 @@
 //! (its CLIP features, for Wan2.1 I2V, also computed before the DiT loads); TI2V-5B starts from it when a prompt
 //! gives one and samples text-to-video otherwise, whichever `training.mode` trains.
 
+use std::path::Path;
+
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
@@ -61,24 +63,7 @@ pub fn encode_sample_prompts(
     };
     let specs = read_prompt_file(&sampling.prompts)?;
     let cfg = dit_config(plan);
-    let takes_image = cfg.as_ref().map(start_image);
-    for spec in &specs {
-        match (&spec.image, takes_image) {
-            (Some(image), Some(StartImage::Never)) => anyhow::bail!(
-                "sample prompt \"{}\": start images (--i) in training samples are read by the demo model, TI2V-5B \
-                 and image-to-video models only; remove --i, or make the clip with `framesmith generate --image`: {}",
-                spec.prompt,
-                image.display()
-            ),
-            (None, Some(StartImage::Always)) => anyhow::bail!(
-                "sample prompt \"{}\": this image-to-video model starts every clip from an image; add --i with a \
-                 start image (PNG, JPEG, WebP or BMP) to the line in {}",
-                spec.prompt,
-                sampling.prompts.display()
-            ),
-            _ => {}
-        }
-    }
+    check_start_images(&specs, cfg.as_ref().map(start_image), &sampling.prompts)?;
     let clips = match cfg.filter(WanConfig::has_clip) {
         Some(_) => Some(clip_features_of(plan, &specs, dtype, device, log)?),
         None => None,
@@ -142,6 +127,33 @@ pub fn encode_sample_prompts(
         },
     );
     Ok(Some(encoded))
+}
+
+/// Refuses a start image (`--i`) that the model does not read, and a missing one where every clip starts from one
+/// (`takes_image`: the model's rule; `None` before its file is read).
+fn check_start_images(
+    specs: &[PromptSpec],
+    takes_image: Option<StartImage>,
+    prompts: &Path,
+) -> anyhow::Result<()> {
+    for spec in specs {
+        match (&spec.image, takes_image) {
+            (Some(image), Some(StartImage::Never)) => anyhow::bail!(
+                "sample prompt \"{}\": start images (--i) in training samples are read by the demo model, TI2V-5B \
+                 and image-to-video models only; remove --i, or make the clip with `framesmith generate --image`: {}",
+                spec.prompt,
+                image.display()
+            ),
+            (None, Some(StartImage::Always)) => anyhow::bail!(
+                "sample prompt \"{}\": this image-to-video model starts every clip from an image; add --i with a \
+                 start image (PNG, JPEG, WebP or BMP) to the line in {}",
+                spec.prompt,
+                prompts.display()
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// What a Wan prompt's embeddings depend on besides the encoder and dtype: the prompt, the negative prompt and
