@@ -187,6 +187,52 @@ fn lora_parameters(
     lora_parameters_of(&official_shapes(cfg), &targets, rank)
 }
 
+/// The double- and single-stream blocks' sizes for a step of `shape` (the tapes and kept values
+/// [`describe`] spells out).
+fn block_kinds(cfg: &FluxConfig, input: &PlanInput, shape: &StepShape) -> Vec<BlockKind> {
+    let (l, s, compute) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
+    let r = input.lora.rank as u64;
+    let (d, f, heads) = (
+        cfg.hidden_size as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_heads as u64,
+    );
+    let kept_attention = l * d * compute + l * heads * 4;
+    let double_tape = 2 * l * d * s
+        + 2 * l * d * 4
+        + 13 * l * d * compute
+        + 2 * l * f * compute
+        + 4 * l * r * compute
+        + l * heads * 4;
+    let single_tape = l * d * s
+        + l * d * 4
+        + 7 * l * d * compute
+        + l * (3 * d + f) * compute
+        + l * (d + f) * compute
+        + 2 * l * r * compute
+        + l * heads * 4;
+    let (double_data, double_packed) = block_sizes(cfg, "double_blocks.0.", input.base);
+    let (single_data, single_packed) = block_sizes(cfg, "single_blocks.0.", input.base);
+    vec![
+        BlockKind {
+            label: "double-stream",
+            data_bytes: double_data,
+            packed_bytes: double_packed,
+            tape_bytes: double_tape,
+            kept_attention_bytes: kept_attention,
+            kept_projection_bytes: 2 * l * d * compute,
+        },
+        BlockKind {
+            label: "single-stream",
+            data_bytes: single_data,
+            packed_bytes: single_packed,
+            tape_bytes: single_tape,
+            kept_attention_bytes: kept_attention,
+            kept_projection_bytes: l * d * compute,
+        },
+    ]
+}
+
 /// The FLUX.1 DiT `cfg`, its blocks streamed in `order`, for `input` (an image step: `clip.frames` is ignored).
 ///
 /// The tapes (kept with `checkpointing = "off"`) are counted from the fields of `flux::double_block::grad` and
@@ -251,23 +297,7 @@ pub(crate) fn describe(
         },
         per_token_time: false,
     };
-    let (l, s, r) = (tokens, shape.residual_bytes, input.lora.rank as u64);
-    let kept_attention = l * d * compute + l * heads * 4;
-    let double_tape = 2 * l * d * s
-        + 2 * l * d * 4
-        + 13 * l * d * compute
-        + 2 * l * f * compute
-        + 4 * l * r * compute
-        + l * heads * 4;
-    let single_tape = l * d * s
-        + l * d * 4
-        + 7 * l * d * compute
-        + l * linear1 * compute
-        + l * (d + f) * compute
-        + 2 * l * r * compute
-        + l * heads * 4;
-    let (double_data, double_packed) = block_sizes(cfg, "double_blocks.0.", input.base);
-    let (single_data, single_packed) = block_sizes(cfg, "single_blocks.0.", input.base);
+    let (l, s) = (tokens, shape.residual_bytes);
     let n = cfg.depth + cfg.depth_single_blocks;
     let widths = BlockWidths {
         dim: d,
@@ -281,24 +311,7 @@ pub(crate) fn describe(
         } else {
             "FLUX.1 (no guidance input)".into()
         },
-        kinds: vec![
-            BlockKind {
-                label: "double-stream",
-                data_bytes: double_data,
-                packed_bytes: double_packed,
-                tape_bytes: double_tape,
-                kept_attention_bytes: kept_attention,
-                kept_projection_bytes: 2 * l * d * compute,
-            },
-            BlockKind {
-                label: "single-stream",
-                data_bytes: single_data,
-                packed_bytes: single_packed,
-                tape_bytes: single_tape,
-                kept_attention_bytes: kept_attention,
-                kept_projection_bytes: l * d * compute,
-            },
-        ],
+        kinds: block_kinds(cfg, input, &shape),
         blocks: (0..n).map(|i| usize::from(i >= cfg.depth)).collect(),
         streamed: (0..n.max(1))
             .map(|count| flux_streamed_blocks(cfg, count, order))
