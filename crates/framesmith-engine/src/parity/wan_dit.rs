@@ -8,9 +8,8 @@ use super::{attach_identity_loras, compare, Fixture, ParityRow, GRAD_REL_TOL, OU
 use framesmith_models::wan::{rope, Generation, Timesteps, WanConfig, WanInputs, WanModel};
 use framesmith_nn::vb::Vb;
 
-/// Runs the DiT of a `wan_dit` fixture and compares every expected tensor.
-pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
-    let dev = Device::Cpu;
+/// The fixture's model configuration (Wan2.1 or Wan2.2, from its `source`), batch and sequence length.
+fn fixture_call(fixture: &Fixture) -> anyhow::Result<(WanConfig, usize, usize)> {
     let source = fixture
         .config
         .get("source")
@@ -29,22 +28,32 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
     let seq_len = fixture.config["call"]["seq_len"]
         .as_u64()
         .context("config.json has no call.seq_len")? as usize;
+    Ok((cfg, batch, seq_len))
+}
+
+/// The fixture's inputs `{prefix}_0` … `{prefix}_{batch - 1}` as variables (their gradients are compared); `None`
+/// when it has none.
+fn input_vars(fixture: &Fixture, prefix: &str, batch: usize) -> anyhow::Result<Option<Vec<Var>>> {
+    if !fixture.inputs.contains_key(&format!("{prefix}_0")) {
+        return Ok(None);
+    }
+    (0..batch)
+        .map(|i| Ok(Var::from_tensor(fixture.input(&format!("{prefix}_{i}"))?)?))
+        .collect::<anyhow::Result<Vec<_>>>()
+        .map(Some)
+}
+
+/// Runs the DiT of a `wan_dit` fixture and compares every expected tensor.
+pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
+    let dev = Device::Cpu;
+    let (cfg, batch, seq_len) = fixture_call(fixture)?;
 
     let vb = Vb::from_tensors(fixture.weights.clone(), DType::F32, &dev);
     let mut model = WanModel::new(&cfg, vb, &Default::default())?;
     let weight_grads = attach_identity_loras(model.linears_mut(), fixture)?;
 
-    let vars = |prefix: &str| -> anyhow::Result<Option<Vec<Var>>> {
-        if !fixture.inputs.contains_key(&format!("{prefix}_0")) {
-            return Ok(None);
-        }
-        (0..batch)
-            .map(|i| Ok(Var::from_tensor(fixture.input(&format!("{prefix}_{i}"))?)?))
-            .collect::<anyhow::Result<Vec<_>>>()
-            .map(Some)
-    };
-    let x_vars = vars("x")?.context("the fixture has no x_0")?;
-    let y_vars = vars("y")?;
+    let x_vars = input_vars(fixture, "x", batch)?.context("the fixture has no x_0")?;
+    let y_vars = input_vars(fixture, "y", batch)?;
     let context = (0..batch)
         .map(|i| fixture.input(&format!("context_{i}")).cloned())
         .collect::<anyhow::Result<Vec<_>>>()?;
