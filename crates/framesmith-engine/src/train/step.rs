@@ -317,18 +317,13 @@ pub fn try_checkpointed_step<M: TrainableModel>(
     }
 
     let input_grads = if options.want_input_grads {
-        let surrogate = (prepared.block_input().to_dtype(DType::F32)?
-            * grad.to_dtype(DType::F32)?)?
-        .sum_all()?;
-        let store = surrogate.backward()?;
-        accumulate(&mut acc, vars, &store)?;
-        Some(
-            model
-                .latents(inputs)
-                .iter()
-                .map(|x| store.get(x).cloned().map_or_else(|| x.zeros_like(), Ok))
-                .collect::<Result<Vec<_>>>()?,
-        )
+        Some(input_grads(
+            model,
+            (inputs, prepared.block_input()),
+            &grad,
+            vars,
+            &mut acc,
+        )?)
     } else {
         None
     };
@@ -337,6 +332,25 @@ pub fn try_checkpointed_step<M: TrainableModel>(
         grads: finish_grads(acc, vars)?,
         input_grads,
     })
+}
+
+/// The gradients of the model's latent inputs, from `grad`, the gradient of the first block's input
+/// (`block_input`): one more backward through the embedding, whose LoRA gradients are added to `acc`.
+fn input_grads<M: TrainableModel>(
+    model: &M,
+    (inputs, block_input): (&M::Inputs, &Tensor),
+    grad: &Tensor,
+    vars: &[Var],
+    acc: &mut [Option<Tensor>],
+) -> Result<Vec<Tensor>> {
+    let surrogate = (block_input.to_dtype(DType::F32)? * grad.to_dtype(DType::F32)?)?.sum_all()?;
+    let store = surrogate.backward()?;
+    accumulate(acc, vars, &store)?;
+    model
+        .latents(inputs)
+        .iter()
+        .map(|x| store.get(x).cloned().map_or_else(|| x.zeros_like(), Ok))
+        .collect()
 }
 
 /// The loss alone, forward only (validation): every block runs without an autograd graph on detached inputs and
