@@ -6,6 +6,8 @@ pub mod attention;
 pub mod block;
 pub mod config;
 pub mod embeddings;
+#[cfg(test)]
+mod lora_tests;
 pub mod norm_out;
 pub mod rope;
 mod stream;

@@ -12,8 +12,10 @@ use super::QwenImageConfig;
 use crate::wan::weights::{read_header, write_size_lines, ModelFormatError, TensorInfo};
 use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
 
+mod keys;
 mod load;
 
+pub use keys::official_shapes;
 pub use load::{load_dit, load_dit_streamed, open, OpenedQwenImage};
 
 /// Key prefixes ComfyUI may put before the transformer's names, longest first.
