@@ -1,6 +1,7 @@
 //! LoRA adapters: trainable `down` [rank, in] and `up` [out, rank] with `alpha` and a multiplier; which of a
-//! model's linears get one (musubi-tuner's Wan and FLUX.1 targets with include/exclude patterns); attaching fresh
-//! adapters; and [`LoraSet`], the adapters a trainer optimises. Files live in [`super::lora_file`].
+//! model's linears get one (musubi-tuner's Wan, FLUX.1 and Qwen-Image targets with include/exclude patterns);
+//! attaching fresh adapters; and [`LoraSet`], the adapters a trainer optimises. Files live in
+//! [`super::lora_file`].
 
 use std::cmp::Ordering;
 
@@ -165,6 +166,30 @@ pub const FLUX_DEFAULT_EXCLUDE: &str = r".*(img_mod\.lin|txt_mod\.lin|modulation
 /// musubi-tuner's exclude pattern for FLUX.1 that always applies.
 pub const FLUX_ALWAYS_EXCLUDE: &str = r".*(norm).*";
 
+/// The linears of one Qwen-Image block (paths under `transformer_blocks.{i}.`), diffusers' names: every `Linear`
+/// of `QwenImageTransformerBlock`, which musubi-tuner adapts.
+pub const QWEN_IMAGE_BLOCK_LINEARS: [&str; 14] = [
+    "img_mod.1",
+    "txt_mod.1",
+    "attn.to_q",
+    "attn.to_k",
+    "attn.to_v",
+    "attn.add_q_proj",
+    "attn.add_k_proj",
+    "attn.add_v_proj",
+    "attn.to_out.0",
+    "attn.to_add_out",
+    "img_mlp.net.0.proj",
+    "img_mlp.net.2",
+    "txt_mlp.net.0.proj",
+    "txt_mlp.net.2",
+];
+
+/// musubi-tuner's exclude pattern for Qwen-Image (`networks/lora_qwen_image.py`), always added to the user's. It
+/// is matched, like every pattern, against the dotted path (`transformer_blocks.0.img_mod.1`), where `_mod_` never
+/// occurs: musubi-tuner's Qwen-Image LoRAs adapt the modulation linears too, and so do ours.
+pub const QWEN_IMAGE_ALWAYS_EXCLUDE: &str = r".*(_mod_).*";
+
 /// The model family a LoRA is for: which block lists hold its adapted linears and musubi-tuner's default
 /// exclusions for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -174,6 +199,8 @@ pub enum LoraFamily {
     Wan,
     /// FLUX.1: `double_blocks.{i}.…` and `single_blocks.{i}.…`.
     Flux,
+    /// Qwen-Image (and its Edit models): `transformer_blocks.{i}.…`.
+    QwenImage,
 }
 
 impl LoraFamily {
@@ -182,6 +209,7 @@ impl LoraFamily {
         match self {
             Self::Wan => &["blocks"],
             Self::Flux => &["double_blocks", "single_blocks"],
+            Self::QwenImage => &["transformer_blocks"],
         }
     }
 
@@ -191,6 +219,7 @@ impl LoraFamily {
             Self::Wan => vec![WAN_DEFAULT_EXCLUDE],
             Self::Flux if user_excludes => vec![FLUX_ALWAYS_EXCLUDE],
             Self::Flux => vec![FLUX_DEFAULT_EXCLUDE, FLUX_ALWAYS_EXCLUDE],
+            Self::QwenImage => vec![QWEN_IMAGE_ALWAYS_EXCLUDE],
         }
     }
 }

@@ -3,10 +3,11 @@
 //! temporary file that is fsynced and then renamed, so a crash never leaves a half-written LoRA. Reading accepts
 //! that layout and the ComfyUI / PEFT-style one with official module names
 //! (`diffusion_model.blocks.0.self_attn.q.lora_A.weight`, `lora_B`; prefix `diffusion_model.`,
-//! `model.diffusion_model.` or `transformer.`, or none), and FLUX.1 LoRAs named after diffusers' transformer
-//! (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`), fused onto the official modules.
+//! `model.diffusion_model.` or `transformer.`, or none), SimpleTuner's `lycoris_` names as ComfyUI reads them,
+//! and FLUX.1 LoRAs named after diffusers' transformer (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`),
+//! fused onto the official modules — unless the names are Qwen-Image's, whose official names are diffusers' own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
@@ -15,7 +16,8 @@ use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
 
 use super::linear::Linear;
 use super::lora::{
-    Lora, LoraSet, FLUX_DOUBLE_BLOCK_LINEARS, FLUX_SINGLE_BLOCK_LINEARS, WAN_BLOCK_LINEARS,
+    Lora, LoraSet, FLUX_DOUBLE_BLOCK_LINEARS, FLUX_SINGLE_BLOCK_LINEARS, QWEN_IMAGE_BLOCK_LINEARS,
+    WAN_BLOCK_LINEARS,
 };
 
 /// The key prefix musubi-tuner gives DiT modules.
@@ -272,6 +274,8 @@ impl LoraFile {
         let metadata = header.metadata().clone().unwrap_or_default();
         let st = SafeTensors::deserialize(&bytes).map_err(format_err)?;
         let mut parts: HashMap<String, Parts> = HashMap::new();
+        // Modules named by their dotted module path (not musubi-tuner's or LyCORIS' underscored names).
+        let mut dotted = HashSet::new();
         for (key, view) in st.tensors() {
             let (module, part) =
                 split_key(&key).map_err(|reason| LoraFileError::UnsupportedKey {
@@ -287,6 +291,9 @@ impl LoraFile {
                 }
             })?;
             let (name, module_path) = normalize_module(module);
+            if is_dotted(module) {
+                dotted.insert(name.clone());
+            }
             let entry = parts.entry(name).or_insert_with(|| Parts {
                 path: module_path,
                 ..Parts::default()
@@ -315,7 +322,7 @@ impl LoraFile {
                 up,
             });
         }
-        let mut modules = flux_diffusers::to_official(modules, path)?;
+        let mut modules = flux_diffusers::to_official(modules, &dotted, path)?;
         modules.sort_by(|a, b| {
             super::lora::natural_cmp(&a.name.replace('_', "."), &b.name.replace('_', "."))
         });
@@ -472,10 +479,22 @@ fn split_key(key: &str) -> std::result::Result<(&str, Part), String> {
     Err(reason.to_string())
 }
 
+/// The prefix of SimpleTuner's LyCORIS-style names, which ComfyUI reads as musubi-tuner's
+/// (`lycoris_transformer_blocks_0_attn_to_q`).
+const LYCORIS_PREFIX: &str = "lycoris_";
+
+/// Whether a key's module part is a dotted module path rather than an underscored name.
+fn is_dotted(module: &str) -> bool {
+    !module.starts_with(MUSUBI_PREFIX) && !module.starts_with(LYCORIS_PREFIX)
+}
+
 /// musubi name and, where known, module path of a key's module part.
 fn normalize_module(module: &str) -> (String, Option<String>) {
     if let Some(rest) = module.strip_prefix(MUSUBI_PREFIX) {
         return (module.to_string(), block_path(rest));
+    }
+    if let Some(rest) = module.strip_prefix(LYCORIS_PREFIX) {
+        return (format!("{MUSUBI_PREFIX}{rest}"), block_path(rest));
     }
     let path = ["model.diffusion_model.", "diffusion_model.", "transformer."]
         .iter()
@@ -486,11 +505,13 @@ fn normalize_module(module: &str) -> (String, Option<String>) {
 
 /// `blocks_3_cross_attn_k_img` → `blocks.3.cross_attn.k_img` for the Wan block linears,
 /// `double_blocks_0_img_mlp_0` → `double_blocks.0.img_mlp.0` and `single_blocks_5_linear1` →
-/// `single_blocks.5.linear1` for the FLUX.1 ones.
+/// `single_blocks.5.linear1` for the FLUX.1 ones, `transformer_blocks_0_img_mlp_net_0_proj` →
+/// `transformer_blocks.0.img_mlp.net.0.proj` for Qwen-Image's.
 fn block_path(underscored: &str) -> Option<String> {
-    let lists: [(&str, &[&str]); 3] = [
+    let lists: [(&str, &[&str]); 4] = [
         ("double_blocks", &FLUX_DOUBLE_BLOCK_LINEARS),
         ("single_blocks", &FLUX_SINGLE_BLOCK_LINEARS),
+        ("transformer_blocks", &QWEN_IMAGE_BLOCK_LINEARS),
         ("blocks", &WAN_BLOCK_LINEARS),
     ];
     lists.into_iter().find_map(|(list, linears)| {

@@ -30,17 +30,25 @@ pub struct StreamQkv {
 impl StreamQkv {
     /// q, k (normalised and rotated) and v of `xs` [b, l, dim], each [b, l, heads, head_dim].
     fn forward(&self, xs: &Tensor, head_dim: usize, rope: &RopeTable) -> Result<[Tensor; 3]> {
-        let split = |t: Tensor| -> Result<Tensor> {
-            let (b, l, width) = t.dims3()?;
-            t.reshape((b, l, width / head_dim, head_dim))
-        };
-        let q = split(self.q.forward(xs)?)?;
-        let k = split(self.k.forward(xs)?)?;
-        let v = split(self.v.forward(xs)?)?;
+        let q = split_heads(&self.q.forward(xs)?, head_dim)?;
+        let k = split_heads(&self.k.forward(xs)?, head_dim)?;
+        let v = split_heads(&self.v.forward(xs)?, head_dim)?;
         let q = rope.apply(&rms_norm(&q, Some(&self.norm_q), QK_NORM_EPS)?)?;
         let k = rope.apply(&rms_norm(&k, Some(&self.norm_k), QK_NORM_EPS)?)?;
         Ok([q, k, v])
     }
+}
+
+/// `xs` [b, l, heads · head_dim] as [b, l, heads, head_dim].
+pub fn split_heads(xs: &Tensor, head_dim: usize) -> Result<Tensor> {
+    let (b, l, width) = xs.dims3()?;
+    xs.reshape((b, l, width / head_dim, head_dim))
+}
+
+/// The keys each sample attends to in the joint [image; text] sequence: every image token and its valid text
+/// tokens (`None`: every key).
+pub fn joint_kv_lens(img_len: usize, txt_lens: Option<&[usize]>) -> Option<Vec<usize>> {
+    txt_lens.map(|lens| lens.iter().map(|&n| img_len + n).collect())
 }
 
 /// `transformer_blocks.N.attn`.
@@ -82,6 +90,11 @@ impl JointAttention {
         })
     }
 
+    /// Width of one head.
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+    }
+
     /// Attention of the modulated image tokens `img` [b, img_len, dim] and text tokens `txt` [b, txt_len, dim]
     /// over both; `txt_lens[i]` text tokens of sample i are attended as keys (`None`: all). Returns the projected
     /// (image, text) outputs.
@@ -99,8 +112,7 @@ impl JointAttention {
         let q = Tensor::cat(&[&img_q, &txt_q], 1)?;
         let k = Tensor::cat(&[&img_k, &txt_k], 1)?;
         let v = Tensor::cat(&[&img_v, &txt_v], 1)?;
-        let kv_lens: Option<Vec<usize>> =
-            txt_lens.map(|lens| lens.iter().map(|&n| img_len + n).collect());
+        let kv_lens = joint_kv_lens(img_len, txt_lens);
         let out = attention(&q, &k, &v, kv_lens.as_deref())?.flatten_from(2)?;
         let total = out.dim(1)?;
         let img_out = self.to_out.forward(&out.narrow(1, 0, img_len)?)?;

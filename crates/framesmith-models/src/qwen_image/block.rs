@@ -15,6 +15,8 @@ use framesmith_nn::norm::layer_norm;
 use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to};
 use framesmith_nn::vb::Vb;
 
+pub mod grad;
+
 /// Epsilon of the blocks' LayerNorms (no affine parameters).
 pub const LAYER_NORM_EPS: f64 = 1e-6;
 
@@ -61,19 +63,20 @@ impl Modulation {
 
     /// The attention's and the MLP's triples for `temb` [b, dim].
     pub fn forward(&self, temb: &Tensor) -> Result<(ModulationOut, ModulationOut)> {
-        let out = self
-            .lin
-            .forward(&temb.silu()?)?
-            .to_dtype(DType::F32)?
-            .unsqueeze(1)?;
-        let chunks = out.chunk(6, 2)?;
-        let triple = |i: usize| ModulationOut {
-            shift: chunks[i].clone(),
-            scale: chunks[i + 1].clone(),
-            gate: chunks[i + 2].clone(),
-        };
-        Ok((triple(0), triple(3)))
+        triples(&self.lin.forward(&temb.silu()?)?)
     }
+}
+
+/// The two (shift, scale, gate) triples of a modulation linear's output [b, 6·dim], in f32 as [b, 1, dim] each.
+pub fn triples(out: &Tensor) -> Result<(ModulationOut, ModulationOut)> {
+    let out = out.to_dtype(DType::F32)?.unsqueeze(1)?;
+    let chunks = out.chunk(6, 2)?;
+    let triple = |i: usize| ModulationOut {
+        shift: chunks[i].clone(),
+        scale: chunks[i + 1].clone(),
+        gate: chunks[i + 2].clone(),
+    };
+    Ok((triple(0), triple(3)))
 }
 
 /// `img_mlp` / `txt_mlp` (diffusers' `FeedForward`): `net.0.proj` → GELU-tanh → `net.2`.

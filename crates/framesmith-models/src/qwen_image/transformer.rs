@@ -3,7 +3,10 @@
 //! (`time_text_embed`), MSRoPE over the image grids and the text, the dual-stream blocks on the joint
 //! [text; image] sequence, and `norm_out` + `proj_out` on the image rows.
 
-use candle_core::{DType, Result, Tensor};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::block::{BlockInputs, QwenImageBlock};
 use super::config::QwenImageConfig;
@@ -12,6 +15,7 @@ use super::norm_out::AdaNormOut;
 use super::rope::{ImageGrid, Rope};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
+use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
 use framesmith_nn::vb::Vb;
 
 /// Epsilon of `txt_norm`.
@@ -68,22 +72,59 @@ pub struct QwenImageTransformer {
     pub txt_in: Linear,
     /// `time_text_embed.timestep_embedder`.
     pub time_text_embed: TimestepEmbedding,
-    /// `transformer_blocks.*`.
+    /// `transformer_blocks.*` (a streamed block's shell points at a GPU slot: reach blocks through
+    /// [`QwenImageTransformer::block`]).
     pub transformer_blocks: Vec<QwenImageBlock>,
     pub norm_out: AdaNormOut,
     pub proj_out: Linear,
     cfg: QwenImageConfig,
+    /// The streamer of the blocks kept in host RAM (`None`: every block is resident).
+    streamer: Option<Arc<BlockStreamer>>,
 }
 
 impl QwenImageTransformer {
-    /// Builds the model from the official (diffusers) key names under `vb`. `vb`'s FP8 mode applies to the
-    /// blocks' linears only: the embeddings and the head stay in the compute dtype.
+    /// Builds the model from the official (diffusers) key names under `vb`, every block on `vb`'s device. `vb`'s
+    /// FP8 mode applies to the blocks' linears only: the embeddings and the head stay in the compute dtype.
     pub fn new(cfg: &QwenImageConfig, vb: &Vb) -> Result<Self> {
+        Self::new_streamed(cfg, vb, &[], &OffloadOptions::default())
+    }
+
+    /// Builds the model with the blocks in `streamed` (indices into `transformer_blocks`) kept in host RAM and
+    /// streamed through GPU slots (DESIGN.md §4.4): each is built on the CPU and packed before the next is read,
+    /// so it never occupies the device beyond the slots.
+    pub fn new_streamed(
+        cfg: &QwenImageConfig,
+        vb: &Vb,
+        streamed: &[usize],
+        offload: &OffloadOptions,
+    ) -> Result<Self> {
         cfg.validate()?;
-        let dim = cfg.inner_dim();
-        let transformer_blocks = (0..cfg.num_layers)
-            .map(|i| QwenImageBlock::new(cfg, &vb.pp("transformer_blocks").pp(i)))
-            .collect::<Result<Vec<_>>>()?;
+        let (dim, n) = (cfg.inner_dim(), cfg.num_layers);
+        let mut streamed = streamed.to_vec();
+        streamed.sort_unstable();
+        streamed.dedup();
+        if let Some(&i) = streamed.iter().find(|&&i| i >= n) {
+            candle_core::bail!(
+                "Qwen-Image: streamed block {i} is out of range (the model has {n} blocks)"
+            );
+        }
+        let block_at =
+            |i: usize, vb: &Vb| QwenImageBlock::new(cfg, &vb.pp("transformer_blocks").pp(i));
+        let mut blocks = Vec::with_capacity(n);
+        for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
+            blocks.push((i, block_at(i, vb)?));
+        }
+        let host = vb.with_device(&Device::Cpu);
+        let streamer = if streamed.is_empty() {
+            None
+        } else {
+            let built = streamed.iter().map(|&i| Ok((i, block_at(i, &host)?)));
+            let (streamer, shells) = BlockStreamer::new(vb.device(), n, built, offload)?;
+            blocks.extend(shells);
+            Some(Arc::new(streamer))
+        };
+        blocks.sort_by_key(|(i, _)| *i);
+        // Past the blocks, nothing is quantised.
         let vb = &vb.with_fp8(None);
         Ok(Self {
             img_in: Linear::load(&vb.pp("img_in"), cfg.in_channels, dim)?,
@@ -93,11 +134,41 @@ impl QwenImageTransformer {
                 dim,
                 &vb.pp("time_text_embed").pp("timestep_embedder"),
             )?,
-            transformer_blocks,
+            transformer_blocks: blocks.into_iter().map(|(_, b)| b).collect(),
             norm_out: AdaNormOut::new(dim, &vb.pp("norm_out"))?,
             proj_out: Linear::load(&vb.pp("proj_out"), dim, cfg.out_dim())?,
             cfg: cfg.clone(),
+            streamer,
         })
+    }
+
+    /// The block streamer (`None` when every block is resident).
+    pub fn streamer(&self) -> Option<&BlockStreamer> {
+        self.streamer.as_deref()
+    }
+
+    /// Declares the order the coming [`QwenImageTransformer::block`] calls will follow, so streamed blocks are
+    /// prefetched (`cyclic`: the order repeats, as in sampling). Does nothing without streaming.
+    pub fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        match &self.streamer {
+            Some(s) => s.begin(order, cyclic),
+            None => Ok(()),
+        }
+    }
+
+    /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot. Work
+    /// reading a streamed block must be queued before the next call (the slot may then be refilled).
+    pub fn block(&self, i: usize) -> Result<Cow<'_, QwenImageBlock>> {
+        let Some(block) = self.transformer_blocks.get(i) else {
+            candle_core::bail!(
+                "Qwen-Image: no block {i} (the model has {})",
+                self.transformer_blocks.len()
+            );
+        };
+        match self.streamer.as_ref().filter(|s| s.is_streamed(i)) {
+            Some(s) => Ok(Cow::Owned(block.with_frozen(&s.fetch(i)?)?)),
+            None => Ok(Cow::Borrowed(block)),
+        }
     }
 
     /// The model's sizes.
@@ -172,8 +243,10 @@ impl QwenImageTransformer {
     pub fn forward(&self, inputs: &QwenImageInputs) -> Result<Tensor> {
         let prepared = self.prepare(inputs)?;
         let mut xs = prepared.xs.clone();
-        for block in &self.transformer_blocks {
-            xs = block.forward(&xs, &prepared.blocks)?;
+        let order: Vec<usize> = (0..self.transformer_blocks.len()).collect();
+        self.begin_blocks(&order, true)?;
+        for i in order {
+            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
         }
         self.finish(&xs, &prepared)
     }

@@ -1,7 +1,8 @@
 //! Says what a Qwen-Image transformer file is, from safetensors headers only: a single file with diffusers' key
 //! names (`transformer_blocks.0.img_mod.1.weight`, `txt_norm.weight`), as ComfyUI ships it (`qwen_image_bf16`,
 //! `qwen_image_fp8_e4m3fn`; bare or under `model.diffusion_model.`), or a diffusers `transformer/` folder of
-//! shards beside its `config.json`. Sizes come from the shapes (a folder's from its `config.json`).
+//! shards beside its `config.json`. Sizes come from the shapes (a folder's from its `config.json`). [`load_dit`]
+//! builds the transformer from any of them, in bf16 or FP8.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -9,11 +10,20 @@ use std::path::{Path, PathBuf};
 
 use super::QwenImageConfig;
 use crate::wan::weights::{read_header, write_size_lines, ModelFormatError, TensorInfo};
+use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
+
+mod keys;
+mod load;
+
+pub use keys::official_shapes;
+pub use load::{load_dit, load_dit_streamed, open, OpenedQwenImage};
 
 /// Key prefixes ComfyUI may put before the transformer's names, longest first.
 const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
 /// diffusers' class name in a transformer folder's `config.json`.
 const DIFFUSERS_CLASS: &str = "QwenImageTransformer2DModel";
+/// The marker tensor of ComfyUI's `scaled_fp8` files (not a weight).
+const SCALED_FP8_MARKER: &str = "scaled_fp8";
 
 /// Why a path is not a Qwen-Image transformer Framesmith can name.
 #[derive(Debug, thiserror::Error)]
@@ -33,6 +43,11 @@ pub enum QwenImageFormatError {
         fix: &'static str,
         path: PathBuf,
     },
+
+    /// A Qwen-Image transformer whose tensors do not make the model (a tensor missing or misshapen, an option
+    /// of a later release).
+    #[error("cannot build the Qwen-Image transformer from this file: {problem}: {}", path.display())]
+    Build { problem: String, path: PathBuf },
 }
 
 /// Whether `err` only says the path is something else (so a caller trying other families goes on).
@@ -52,6 +67,16 @@ pub enum Layout {
     DiffusersFolder { shards: usize },
 }
 
+impl Layout {
+    /// The prefix before diffusers' names, if any.
+    pub fn prefix(&self) -> Option<&'static str> {
+        match self {
+            Self::SingleFile { prefix } => *prefix,
+            Self::DiffusersFolder { .. } => None,
+        }
+    }
+}
+
 /// What [`identify`] found.
 #[derive(Debug, Clone)]
 pub struct QwenImageFile {
@@ -60,6 +85,8 @@ pub struct QwenImageFile {
     pub layout: Layout,
     /// Number of tensors per dtype (safetensors spelling).
     pub dtypes: BTreeMap<String, usize>,
+    /// FP8 weights stored with their scales (ComfyUI `scaled_fp8`, or `weight_scale` beside the weights).
+    pub scaled_fp8: bool,
     pub parameter_count: u64,
     pub bytes_on_disk: u64,
 }
@@ -173,60 +200,97 @@ fn diffusers_folder(path: &Path) -> Option<(PathBuf, QwenImageConfig)> {
         })
 }
 
-/// Says what the Qwen-Image transformer at `path` is (a single file or a diffusers folder).
-pub fn identify(path: &Path) -> Result<QwenImageFile, QwenImageFormatError> {
+/// The safetensors files at `path` and their tensors, as [`identify`] reads them.
+struct Scan {
+    files: Vec<PathBuf>,
+    /// Each tensor with the index of its file in `files`.
+    tensors: Vec<(usize, TensorInfo)>,
+    bytes_on_disk: u64,
+    layout: Layout,
+    /// A diffusers folder's `config.json`.
+    folder_config: Option<QwenImageConfig>,
+}
+
+/// Reads the headers at `path`: one file, or a diffusers transformer folder's shards.
+fn scan(path: &Path) -> Result<Scan, QwenImageFormatError> {
     let not_qwen = || QwenImageFormatError::NotQwenImage {
         path: path.to_path_buf(),
     };
-    let (tensors, bytes_on_disk, layout, folder_config) = if path.is_dir() {
-        let (dir, config) = diffusers_folder(path).ok_or_else(not_qwen)?;
-        let mut shards: Vec<PathBuf> = std::fs::read_dir(&dir)
-            .map_err(|_| not_qwen())?
-            .filter_map(|e| e.ok().map(|e| e.path()))
-            .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
-            .collect();
-        shards.sort();
-        let (mut tensors, mut bytes) = (Vec::new(), 0);
-        for shard in &shards {
-            let header = read_header(shard)?;
-            tensors.extend(header.tensors);
-            bytes += header.file_bytes;
-        }
-        let layout = Layout::DiffusersFolder {
-            shards: shards.len(),
-        };
-        (tensors, bytes, layout, Some(config))
-    } else {
+    if !path.is_dir() {
         let header = read_header(path)?;
         let layout = Layout::SingleFile {
             prefix: prefix_of(&header.tensors),
         };
-        (header.tensors, header.file_bytes, layout, None)
-    };
-    let prefix = match layout {
-        Layout::SingleFile { prefix } => prefix,
-        Layout::DiffusersFolder { .. } => None,
-    };
-    let names = Names::new(&tensors, prefix);
-    if !names.is_qwen_image() {
-        return Err(not_qwen());
+        return Ok(Scan {
+            files: vec![path.to_path_buf()],
+            tensors: header.tensors.into_iter().map(|t| (0, t)).collect(),
+            bytes_on_disk: header.file_bytes,
+            layout,
+            folder_config: None,
+        });
     }
-    let config = match folder_config {
-        Some(config) => config,
+    let (dir, config) = diffusers_folder(path).ok_or_else(not_qwen)?;
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .map_err(|_| not_qwen())?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+        .collect();
+    files.sort();
+    let (mut tensors, mut bytes_on_disk) = (Vec::new(), 0);
+    for (i, shard) in files.iter().enumerate() {
+        let header = read_header(shard)?;
+        tensors.extend(header.tensors.into_iter().map(|t| (i, t)));
+        bytes_on_disk += header.file_bytes;
+    }
+    let layout = Layout::DiffusersFolder {
+        shards: files.len(),
+    };
+    Ok(Scan {
+        files,
+        tensors,
+        bytes_on_disk,
+        layout,
+        folder_config: Some(config),
+    })
+}
+
+/// What the scanned tensors at `path` are.
+fn describe(path: &Path, scan: &Scan) -> Result<QwenImageFile, QwenImageFormatError> {
+    let tensors: Vec<TensorInfo> = scan.tensors.iter().map(|(_, t)| t.clone()).collect();
+    let names = Names::new(&tensors, scan.layout.prefix());
+    if !names.is_qwen_image() {
+        return Err(QwenImageFormatError::NotQwenImage {
+            path: path.to_path_buf(),
+        });
+    }
+    let config = match &scan.folder_config {
+        Some(config) => config.clone(),
         None => config_from_shapes(&names, path)?,
     };
     let mut dtypes = BTreeMap::new();
     for t in &tensors {
         *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
     }
+    let scaled_fp8 = tensors.iter().any(|t| {
+        t.name == SCALED_FP8_MARKER
+            || WEIGHT_SCALE_KEYS
+                .iter()
+                .any(|k| t.name.ends_with(&format!(".{k}")))
+    });
     Ok(QwenImageFile {
         path: path.to_path_buf(),
         config,
-        layout,
+        layout: scan.layout.clone(),
         dtypes,
+        scaled_fp8,
         parameter_count: tensors.iter().map(TensorInfo::numel).sum(),
-        bytes_on_disk,
+        bytes_on_disk: scan.bytes_on_disk,
     })
+}
+
+/// Says what the Qwen-Image transformer at `path` is (a single file or a diffusers folder).
+pub fn identify(path: &Path) -> Result<QwenImageFile, QwenImageFormatError> {
+    describe(path, &scan(path)?)
 }
 
 impl QwenImageFile {
@@ -277,8 +341,14 @@ impl fmt::Display for QwenImageFile {
             }
         };
         writeln!(f, "  {:<11} {layout}", "layout")?;
-        if self.dtypes.contains_key("F8_E4M3") {
-            writeln!(f, "  {:<11} float8_e4m3fn weights", "fp8")?;
+        match (self.dtypes.contains_key("F8_E4M3"), self.scaled_fp8) {
+            (true, true) => writeln!(
+                f,
+                "  {:<11} float8_e4m3fn weights with their scales (scaled_fp8)",
+                "fp8"
+            )?,
+            (true, false) => writeln!(f, "  {:<11} float8_e4m3fn weights", "fp8")?,
+            (false, _) => {}
         }
         write_size_lines(f, &self.dtypes, self.parameter_count, self.bytes_on_disk)?;
         writeln!(

@@ -146,6 +146,38 @@ fn flux_user_excludes_replace_the_modulation_default_and_includes_readmit_it() {
     }
 }
 
+#[test]
+fn qwen_image_default_targets_are_every_block_linear_as_musubi_adapts_them() {
+    let s = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let t = LoraTargets::for_family(LoraFamily::QwenImage, &[], &[]).unwrap();
+    for block in [0, 59] {
+        for linear in QWEN_IMAGE_BLOCK_LINEARS {
+            let path = format!("transformer_blocks.{block}.{linear}");
+            assert!(t.matches(&path), "{path}");
+        }
+    }
+    for outside in [
+        "img_in",
+        "txt_in",
+        "time_text_embed.timestep_embedder.linear_1",
+        "norm_out.linear",
+        "proj_out",
+        "blocks.0.self_attn.q",
+        "double_blocks.0.img_attn.qkv",
+        "transformer_blocks.x.attn.to_q",
+    ] {
+        assert!(!t.matches(outside), "{outside}");
+    }
+    // Neither Wan's nor FLUX.1's targets are Qwen-Image's.
+    assert!(!targets(&[], &[]).matches("transformer_blocks.0.attn.to_q"));
+    assert!(!flux_targets(&[], &[]).matches("transformer_blocks.0.attn.to_q"));
+    // The user's excludes add to musubi-tuner's (which keeps applying to underscored names).
+    let no_mod = LoraTargets::for_family(LoraFamily::QwenImage, &[], &s(&[r".*_mod\.1"])).unwrap();
+    assert!(!no_mod.matches("transformer_blocks.0.img_mod.1"));
+    assert!(no_mod.matches("transformer_blocks.0.attn.to_q"));
+    assert!(!t.matches("transformer_blocks.0.img_mod_x"));
+}
+
 /// A toy model: `blocks.{i}.self_attn.q` and `blocks.{i}.ffn.0` for 12 blocks, plus a head.
 fn toy_model(dtype: DType) -> Vec<(String, Linear)> {
     let mut layers = Vec::new();

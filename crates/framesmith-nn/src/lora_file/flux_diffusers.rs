@@ -2,14 +2,16 @@
 //! `transformer.transformer_blocks.0.attn.to_q.lora_A.weight`) read as adapters of the official modules: the
 //! separate q, k, v projections (and, in single-stream blocks, the MLP input) become one adapter on the fused
 //! `qkv` / `linear1`, their `down` factors stacked and their `up` factors placed block-diagonally with each part's
-//! alpha / rank folded in, so the fused adapter adds exactly what the parts would.
+//! alpha / rank folded in, so the fused adapter adds exactly what the parts would. A file whose names are
+//! Qwen-Image's (its official names are diffusers' too) keeps them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use candle_core::{DType, Tensor};
 
 use super::{musubi_name, FileResult, LoadedLora, LoraFileError};
+use crate::lora::QWEN_IMAGE_BLOCK_LINEARS;
 
 /// A diffusers module under a block → (official module, part, parts).
 type Mapping = (&'static str, &'static str, usize, usize);
@@ -75,13 +77,52 @@ fn official(module_path: &str) -> Result<Option<(String, usize, usize)>, String>
     )))
 }
 
-/// `modules` with every adapter named after diffusers' FLUX.1 transformer replaced by one on its official module;
-/// others unchanged. `path` is the file, for errors.
-pub(super) fn to_official(modules: Vec<LoadedLora>, path: &Path) -> FileResult<Vec<LoadedLora>> {
+/// FLUX.1's double-stream blocks (`transformer_blocks.0` to `.18` in diffusers' names).
+const FLUX_DOUBLE_BLOCKS: usize = 19;
+
+/// Whether the dotted module paths (`paths`) name Qwen-Image's transformer, whose official names are diffusers'
+/// (`transformer_blocks.{i}.…` too): a linear only Qwen-Image's blocks have (`img_mod.1`, `img_mlp.net.2`, …)
+/// or a block past FLUX.1's double-stream blocks, and no single-stream block.
+fn names_qwen_image<'a>(paths: impl IntoIterator<Item = &'a str>) -> bool {
+    let (mut qwen, mut flux) = (false, false);
+    for p in paths {
+        flux |= p.starts_with("single_transformer_blocks.");
+        let Some((index, sub)) = p
+            .strip_prefix("transformer_blocks.")
+            .and_then(|rest| rest.split_once('.'))
+        else {
+            continue;
+        };
+        let qwen_only = QWEN_IMAGE_BLOCK_LINEARS.contains(&sub)
+            && !DOUBLE.iter().any(|(name, ..)| *name == sub);
+        let past_flux = index
+            .parse::<usize>()
+            .is_ok_and(|i| i >= FLUX_DOUBLE_BLOCKS);
+        qwen |= qwen_only || past_flux;
+    }
+    qwen && !flux
+}
+
+/// `modules` with every adapter named (by a dotted path, its name in `dotted`) after diffusers' FLUX.1
+/// transformer replaced by one on its official module; others unchanged. A file whose dotted names are
+/// Qwen-Image's is returned as it is. `path` is the file, for errors.
+pub(super) fn to_official(
+    modules: Vec<LoadedLora>,
+    dotted: &HashSet<String>,
+    path: &Path,
+) -> FileResult<Vec<LoadedLora>> {
+    let dotted_paths = modules
+        .iter()
+        .filter(|m| dotted.contains(&m.name))
+        .filter_map(|m| m.path.as_deref());
+    if names_qwen_image(dotted_paths) {
+        return Ok(modules);
+    }
     let mut out = Vec::with_capacity(modules.len());
     let mut fused: BTreeMap<String, Vec<Option<LoadedLora>>> = BTreeMap::new();
     for m in modules {
-        let target = match m.path.as_deref().map(official).transpose() {
+        let dotted_path = m.path.as_deref().filter(|_| dotted.contains(&m.name));
+        let target = match dotted_path.map(official).transpose() {
             Ok(target) => target.flatten(),
             Err(reason) => {
                 return Err(LoraFileError::UnsupportedKey {
@@ -165,4 +206,73 @@ fn fuse(module: &str, parts: Vec<Option<LoadedLora>>) -> FileResult<LoadedLora> 
         up: Tensor::cat(&rows, 0)?,
         alpha: total_rank as f64,
     })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use std::path::PathBuf;
+
+    use candle_core::Device;
+
+    use super::*;
+
+    /// A rank-2 adapter of an 8-wide linear named by the dotted `path`, as `LoraFile::load` reads it.
+    fn module(path: &str) -> LoadedLora {
+        let zeros = |dims: (usize, usize)| Tensor::zeros(dims, DType::F32, &Device::Cpu);
+        LoadedLora {
+            name: musubi_name(path),
+            path: Some(path.to_string()),
+            down: zeros((2, 8)).unwrap(),
+            up: zeros((8, 2)).unwrap(),
+            alpha: 2.0,
+        }
+    }
+
+    /// The names `to_official` gives `paths`, read as dotted names (or, with `dotted` false, as underscored).
+    fn converted(paths: &[&str], dotted: bool) -> Vec<String> {
+        let modules: Vec<LoadedLora> = paths.iter().map(|p| module(p)).collect();
+        let names = modules
+            .iter()
+            .filter(|_| dotted)
+            .map(|m| m.name.clone())
+            .collect();
+        let out = to_official(modules, &names, &PathBuf::from("lora.safetensors")).unwrap();
+        let mut names: Vec<String> = out.into_iter().map(|m| m.name).collect();
+        names.sort();
+        names
+    }
+
+    /// Qwen-Image's official names are diffusers' (`transformer_blocks.{i}.attn.to_q`): a file naming
+    /// Qwen-Image's modules keeps them, where a FLUX.1 file in diffusers' names is fused onto FLUX.1's modules.
+    #[test]
+    fn qwen_image_names_are_kept_and_flux_diffusers_names_are_fused() {
+        let q = "transformer_blocks.0.attn.to_q";
+        let mlp = "transformer_blocks.0.img_mlp.net.0.proj";
+        let late_q = "transformer_blocks.30.attn.to_q";
+        let kept = |paths: &[&str]| {
+            let mut names: Vec<String> = paths.iter().map(|p| musubi_name(p)).collect();
+            names.sort();
+            names
+        };
+        // A linear only Qwen-Image's blocks have, or attention past FLUX.1's 19 double-stream blocks.
+        assert_eq!(converted(&[q, mlp], true), kept(&[q, mlp]));
+        assert_eq!(converted(&[q, late_q], true), kept(&[q, late_q]));
+        // musubi-tuner's names of Qwen-Image's attention in the first blocks are never diffusers' FLUX.1 names.
+        assert_eq!(converted(&[q], false), kept(&[q]));
+        // The same attention in diffusers' names, with a single-stream block: FLUX.1.
+        let flux = converted(&[q, "single_transformer_blocks.0.proj_out"], true);
+        assert_eq!(
+            flux,
+            [
+                "lora_unet_double_blocks_0_img_attn_qkv",
+                "lora_unet_single_blocks_0_linear2"
+            ]
+        );
+        // Attention of the first blocks alone reads as FLUX.1's, as before.
+        assert_eq!(
+            converted(&[q], true),
+            ["lora_unet_double_blocks_0_img_attn_qkv"]
+        );
+    }
 }

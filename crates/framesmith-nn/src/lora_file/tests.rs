@@ -448,7 +448,7 @@ fn load_weights_restores_a_set_for_resume() {
 }
 
 #[test]
-fn musubi_names_map_back_to_wan_and_flux_paths() {
+fn musubi_names_map_back_to_wan_flux_and_qwen_image_paths() {
     assert_eq!(musubi_name("blocks.0.ffn.0"), "lora_unet_blocks_0_ffn_0");
     let cases = [
         (
@@ -473,6 +473,19 @@ fn musubi_names_map_back_to_wan_and_flux_paths() {
             "single_blocks_5_modulation_lin",
             Some("single_blocks.5.modulation.lin"),
         ),
+        (
+            "transformer_blocks_59_img_mlp_net_0_proj",
+            Some("transformer_blocks.59.img_mlp.net.0.proj"),
+        ),
+        (
+            "transformer_blocks_0_attn_to_out_0",
+            Some("transformer_blocks.0.attn.to_out.0"),
+        ),
+        (
+            "transformer_blocks_3_txt_mod_1",
+            Some("transformer_blocks.3.txt_mod.1"),
+        ),
+        ("transformer_blocks_3_attn_norm_q", None),
         ("text_embedding_0", None),
         ("blocks_x_ffn_0", None),
         ("single_blocks_0_img_attn_qkv", None),
@@ -484,6 +497,12 @@ fn musubi_names_map_back_to_wan_and_flux_paths() {
             assert_eq!(musubi_name(path), format!("lora_unet_{underscored}"));
         }
     }
+    // SimpleTuner's LyCORIS-style names, which ComfyUI reads for Qwen-Image, are musubi-tuner's.
+    let (name, path) = normalize_module("lycoris_transformer_blocks_0_attn_to_q");
+    assert_eq!(name, "lora_unet_transformer_blocks_0_attn_to_q");
+    assert_eq!(path.as_deref(), Some("transformer_blocks.0.attn.to_q"));
+    assert!(!is_dotted("lycoris_transformer_blocks_0_attn_to_q"));
+    assert!(is_dotted("diffusion_model.transformer_blocks.0.attn.to_q"));
 }
 
 /// Two saves of the same adapters and metadata give the same bytes, the metadata keys in sorted order, whatever

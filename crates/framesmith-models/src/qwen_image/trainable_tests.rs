@@ -1,0 +1,295 @@
+//! The hand-written backward of the Qwen-Image blocks against candle's autograd, with a LoRA on every linear: each
+//! block alone (also after recomputes that reuse kept values), and the whole model driven as the checkpointed step
+//! drives it (embeddings under autograd, blocks by hand, head under autograd); and the fixture's weight gradients
+//! from diffusers reached through the hand-written blocks, via identity LoRAs.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor, TensorId, Var};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::testkit::Case;
+use super::{QwenImageInputs, QwenImageTransformer};
+use crate::fixtures::assert_close;
+use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
+use framesmith_nn::attention::KeptBlock;
+use framesmith_nn::init::randn;
+use framesmith_nn::lora::Lora;
+use framesmith_nn::offload::OffloadOptions;
+use framesmith_nn::testing::rel;
+use framesmith_nn::vb::Vb;
+
+/// The fixture's model with LoRAs (random, non-zero `up`, multiplier ≠ 1) on every block linear.
+fn model_with_loras(case: &Case) -> anyhow::Result<(QwenImageTransformer, Vec<Var>)> {
+    with_loras(case.model()?)
+}
+
+/// `model` with LoRAs (random, non-zero `up`, multiplier ≠ 1, the same for the same model) on every block linear.
+fn with_loras(mut model: QwenImageTransformer) -> anyhow::Result<(QwenImageTransformer, Vec<Var>)> {
+    let mut vars = Vec::new();
+    let rng = &mut StdRng::seed_from_u64(11);
+    for (_, linear) in model.linears_mut() {
+        let dims = [linear.in_dim(), linear.out_dim(), 4];
+        let mut lora = Lora::new(dims, 8.0, DType::F32, &Device::Cpu, rng)?;
+        lora.up
+            .set(&randn(rng, lora.up.shape(), 0.0, 0.1, &Device::Cpu)?)?;
+        lora.multiplier = 0.7;
+        vars.extend([lora.down.clone(), lora.up.clone()]);
+        linear.set_lora(Some(lora));
+    }
+    Ok((model, vars))
+}
+
+/// Every block both ways: output, input gradient and every LoRA gradient against candle's autograd.
+fn check_blocks(case_name: &str) -> anyhow::Result<()> {
+    let case = Case::load(case_name)?;
+    let (model, vars) = model_with_loras(&case)?;
+    let prepared = TrainableModel::prepare(&model, &case.model_inputs()?)?.detached();
+    let shared = prepared.shared();
+    let rng = &mut StdRng::seed_from_u64(5);
+    let mut xs = prepared.block_input().clone();
+    let mut checked = 0;
+    for (i, block) in model.transformer_blocks.iter().enumerate() {
+        let grad = randn(rng, xs.shape(), 0.0, 1.0, xs.device())?;
+        let x = Var::from_tensor(&xs)?;
+        let out_ref = TrainableBlock::forward(block, x.as_tensor(), shared)?;
+        let store = (&out_ref * &grad)?.sum_all()?.backward()?;
+        let (out, kept) = block.forward_untracked(&xs, shared, false)?;
+        assert!(
+            !out.track_op(),
+            "block {i}: the untracked forward built a graph"
+        );
+        assert!(rel(&out, &out_ref)? <= 1e-6, "block {i} output");
+        // The hand-written backward after a recompute that reuses `kept` (nothing with `None`).
+        let backward_with = |kept: Option<&KeptBlock>| {
+            TrainableBlock::backward(block, block.recompute(&xs, shared, kept)?, &grad)
+        };
+        let grads = backward_with(None)?;
+        let want = store
+            .get(x.as_tensor())
+            .ok_or_else(|| anyhow::anyhow!("no input gradient"))?;
+        let r = rel(&grads.input, want)?;
+        eprintln!("{case_name} block {i}: input gradient rel {r:.2e}");
+        assert!(r <= 1e-5, "block {i} input gradient: rel {r}");
+        for p in &grads.params {
+            let want = store
+                .get(p.var.as_tensor())
+                .ok_or_else(|| anyhow::anyhow!("no LoRA gradient"))?;
+            let r = rel(&p.grad, want)?;
+            assert!(r <= 1e-5, "block {i}: LoRA gradient rel {r}");
+            checked += 1;
+        }
+        // Gradients after a recompute that reused kept values, against the plain recompute's, within `tol`.
+        let same_as_recompute = |ours: &BlockGrads, tol: f64, what: &str| -> anyhow::Result<()> {
+            let r = rel(&ours.input, &grads.input)?;
+            assert!(r <= tol, "block {i}: {what}: input gradient rel {r}");
+            assert_eq!(ours.params.len(), grads.params.len());
+            for (a, b) in ours.params.iter().zip(&grads.params) {
+                assert_eq!(a.var.as_tensor().id(), b.var.as_tensor().id());
+                let r = rel(&a.grad, &b.grad)?;
+                assert!(r <= tol, "block {i}: {what}: LoRA gradient rel {r}");
+            }
+            Ok(())
+        };
+        same_as_recompute(&backward_with(Some(&kept))?, 0.0, "kept attention")?;
+        assert!(kept.outputs().is_empty());
+        let (out_kept, with_outputs) = block.forward_untracked(&xs, shared, true)?;
+        assert_eq!(with_outputs.outputs().len(), 4);
+        assert_eq!(
+            rel(&out_kept, &out)?,
+            0.0,
+            "block {i}: keeping changed the output"
+        );
+        same_as_recompute(
+            &backward_with(Some(&with_outputs))?,
+            1e-7,
+            "kept projections",
+        )?;
+        xs = out;
+    }
+    assert_eq!(checked, vars.len(), "every LoRA factor got a gradient");
+    Ok(())
+}
+
+#[test]
+fn hand_written_block_backward_matches_autograd_with_a_text_mask() -> anyhow::Result<()> {
+    check_blocks("t2i")
+}
+
+#[test]
+fn hand_written_block_backward_matches_autograd_with_two_images() -> anyhow::Result<()> {
+    check_blocks("edit")
+}
+
+/// Gradients of `sum(out · probe)` the way the checkpointed step computes them: the embeddings under autograd,
+/// then the blocks without a graph, the head under autograd on the last block's detached output, the blocks'
+/// hand-written backward from their saved inputs, and the embeddings' backward from the first block's input
+/// gradient. Returns the gradients by tensor id (LoRA factors and the inputs' variables).
+fn checkpointed_grads(
+    model: &QwenImageTransformer,
+    inputs: &QwenImageInputs,
+    probe: &Tensor,
+) -> anyhow::Result<HashMap<TensorId, Tensor>> {
+    let prepared = TrainableModel::prepare(model, inputs)?;
+    let detached = prepared.detached();
+    let mut saved = Vec::new();
+    let mut xs = detached.block_input().clone();
+    for i in 0..model.num_blocks() {
+        let block = TrainableModel::block(model, i)?;
+        let (out, _) = block.forward_untracked(&xs, detached.shared(), false)?;
+        saved.push(std::mem::replace(&mut xs, out));
+    }
+    let last = Var::from_tensor(&xs)?;
+    let head = TrainableModel::finish(model, last.as_tensor(), &detached)?;
+    let out = Tensor::stack(&head, 0)?;
+    let head_grads = (&out * probe)?.sum_all()?.backward()?;
+    let mut grad = head_grads
+        .get(last.as_tensor())
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no gradient of the last block's output"))?;
+    let mut found = HashMap::new();
+    for (i, input) in saved.iter().enumerate().rev() {
+        let block = TrainableModel::block(model, i)?;
+        let tape = block.recompute(input, detached.shared(), None)?;
+        let grads = TrainableBlock::backward(block.as_ref(), tape, &grad)?;
+        for p in grads.params {
+            found.insert(p.var.as_tensor().id(), p.grad);
+        }
+        grad = grads.input;
+    }
+    let embedding_grads = (prepared.block_input() * &grad)?.sum_all()?.backward()?;
+    for var in [&inputs.img, &inputs.txt] {
+        if let Some(g) = embedding_grads.get(var) {
+            found.insert(var.id(), g.clone());
+        }
+    }
+    Ok(found)
+}
+
+/// `inputs` with `img` and `txt` as variables, so their gradients are reported.
+fn with_input_vars(inputs: QwenImageInputs) -> anyhow::Result<(QwenImageInputs, [Var; 2])> {
+    let img = Var::from_tensor(&inputs.img)?;
+    let txt = Var::from_tensor(&inputs.txt)?;
+    let inputs = QwenImageInputs {
+        img: img.as_tensor().clone(),
+        txt: txt.as_tensor().clone(),
+        ..inputs
+    };
+    Ok((inputs, [img, txt]))
+}
+
+#[test]
+fn the_checkpointed_model_gradients_match_autograd() -> anyhow::Result<()> {
+    let case = Case::load("t2i")?;
+    let (model, vars) = model_with_loras(&case)?;
+    let (inputs, input_vars) = with_input_vars(case.model_inputs()?)?;
+    let probe = case.input("probe")?;
+    let reference = (model.forward(&inputs)? * probe)?.sum_all()?.backward()?;
+    let ours = checkpointed_grads(&model, &inputs, probe)?;
+    for var in vars.iter().chain(&input_vars) {
+        let t = var.as_tensor();
+        let want = reference
+            .get(t)
+            .ok_or_else(|| anyhow::anyhow!("no reference gradient"))?;
+        let got = ours
+            .get(&t.id())
+            .ok_or_else(|| anyhow::anyhow!("no hand-written gradient for a {:?}", t.dims()))?;
+        let r = rel(got, want)?;
+        assert!(r <= 1e-5, "gradient of a {:?}: rel {r}", t.dims());
+    }
+    Ok(())
+}
+
+#[test]
+fn a_streamed_block_trains_as_a_resident_one() -> anyhow::Result<()> {
+    let case = Case::load("edit")?;
+    let (resident, resident_vars) = model_with_loras(&case)?;
+    let vb = Vb::from_tensors(case.weights.clone(), DType::F32, &Device::Cpu);
+    let streamed = QwenImageTransformer::new_streamed(
+        &case.model_config()?,
+        &vb,
+        &[1],
+        &OffloadOptions::default(),
+    )?;
+    let (streamed, streamed_vars) = with_loras(streamed)?;
+    let streamer = streamed
+        .streamer()
+        .ok_or_else(|| anyhow::anyhow!("no streamer"))?;
+    assert!(streamer.is_streamed(1) && !streamer.is_streamed(0));
+    let inputs = case.model_inputs()?;
+    let probe = case.input("probe")?;
+    assert_eq!(
+        rel(&streamed.forward(&inputs)?, &resident.forward(&inputs)?)?,
+        0.0
+    );
+    let want = checkpointed_grads(&resident, &inputs, probe)?;
+    let got = checkpointed_grads(&streamed, &inputs, probe)?;
+    for (a, b) in streamed_vars.iter().zip(&resident_vars) {
+        let pick = |grads: &HashMap<TensorId, Tensor>, v: &Var| {
+            grads
+                .get(&v.as_tensor().id())
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("no gradient"))
+        };
+        assert_eq!(rel(&pick(&got, a)?, &pick(&want, b)?)?, 0.0);
+    }
+    Ok(())
+}
+
+/// The fixture's gradients of the inputs and of the first block's linear weights (diffusers', in PyTorch),
+/// reached through the hand-written blocks: identity LoRAs make ∂L/∂up equal ∂L/∂W.
+fn check_fixture_gradients(name: &str) -> anyhow::Result<()> {
+    let case = Case::load(name)?;
+    let mut model = case.model()?;
+    let mut ups = Vec::new();
+    for (path, linear) in model.linears_mut() {
+        if !case.expected.contains_key(&format!("grad.{path}.weight")) {
+            continue;
+        }
+        let dims = [linear.in_dim(), linear.out_dim()];
+        let lora = Lora::identity(dims, DType::F32, &Device::Cpu)?;
+        ups.push((path, lora.up.clone()));
+        linear.set_lora(Some(lora));
+    }
+    assert_eq!(ups.len(), 14, "every linear of the first block");
+    let (inputs, [img, txt]) = with_input_vars(case.model_inputs()?)?;
+    let grads = checkpointed_grads(&model, &inputs, case.input("probe")?)?;
+    let get = |var: &Var| -> anyhow::Result<&Tensor> {
+        grads
+            .get(&var.as_tensor().id())
+            .ok_or_else(|| anyhow::anyhow!("no gradient"))
+    };
+    let mut worst = 0f64;
+    for (key, var) in [("grad.img", &img), ("grad.txt", &txt)] {
+        worst = worst.max(assert_close(
+            key,
+            get(var)?,
+            case.expected(key)?,
+            1e-4,
+            1e-4,
+        )?);
+    }
+    for (path, up) in &ups {
+        let key = format!("grad.{path}.weight");
+        worst = worst.max(assert_close(
+            &key,
+            get(up)?,
+            case.expected(&key)?,
+            1e-4,
+            1e-4,
+        )?);
+    }
+    eprintln!("{name}: hand-written gradients within {worst:.2e} of diffusers'");
+    Ok(())
+}
+
+#[test]
+fn hand_written_gradients_match_diffusers_with_a_text_mask() -> anyhow::Result<()> {
+    check_fixture_gradients("t2i")
+}
+
+#[test]
+fn hand_written_gradients_match_diffusers_with_two_images() -> anyhow::Result<()> {
+    check_fixture_gradients("edit")
+}
