@@ -223,6 +223,9 @@ pub fn checkpointed_step<M: TrainableModel>(
 
 /// The checkpointed step of any [`TrainableModel`]. `vars` are the trainable variables (LoRA down/up). A stop
 /// between blocks, a device allocation failure and a non-finite loss come back as their [`StepError`] variants.
+// The step's forward, head and backward share its stashes, tapes and accumulators; it is the GPU-measured hot
+// path (bench/RESULTS.md), so it is split only together with a re-measure on the device.
+#[allow(clippy::too_many_lines)]
 pub fn try_checkpointed_step<M: TrainableModel>(
     model: &M,
     inputs: &M::Inputs,

@@ -222,6 +222,7 @@ fn tensor(path: &Path, key: &str) -> anyhow::Result<Tensor> {
 /// the same noise and timesteps and the caches' `latents_image` as `y` and their `clip` stacked as `clip_fea`
 /// (musubi-tuner's `call_dit`), for a batch of two clips, with and without per-block checkpointing.
 #[test]
+#[allow(clippy::too_many_lines)] // one end-to-end scenario: caches written, loaded, stepped, each checked in order
 fn an_i2v_step_feeds_the_cached_image_latents_and_clip_features() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let toml = dataset(dir.path())?;
@@ -505,6 +506,7 @@ fn a_text_to_video_cache_for_an_i2v_model_names_the_file_and_the_command() -> an
 /// sizes): with targets `out − probe · n / 2` the loss's gradient at the output is `probe`, so the step's input
 /// gradients must be the official `grad.x_i` (of Σ out · probe), resident and with a block streamed.
 #[test]
+#[allow(clippy::too_many_lines)] // one fixture comparison: inputs, step, then every expected gradient in turn
 fn the_i2v_step_reproduces_the_official_input_gradients() -> anyhow::Result<()> {
     use crate::parity::{compare, Fixture, GRAD_REL_TOL};
     let fixture = Fixture::load(&framesmith_models::fixtures::wan_case("wan21_i2v_tiny"))?;
