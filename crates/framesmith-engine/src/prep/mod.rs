@@ -140,7 +140,7 @@ pub(crate) fn scan_items(
     let mut scan = scan_dataset(dataset, &options);
     // Entries that are not readable files were refused, or left out with a warning, when the dataset config was
     // loaded ([`framesmith_data::load_valid_with`]): they are neither encoded nor reported again.
-    let unusable: Vec<PathBuf> = scan
+    let unusable: BTreeSet<PathBuf> = scan
         .problems
         .iter()
         .filter(|p| p.group == Some(UNUSABLE_ENTRIES))
