@@ -7,7 +7,7 @@ use app_support::{harness_with, settle, FakeBackend};
 use egui_kittest::kittest::Queryable;
 use framesmith_app::{AppOptions, TelemetrySource};
 use framesmith_config::protocol::{Command, Event, Progress, RunState};
-use framesmith_telemetry::{GpuSample, History, Sample, SharedMemorySample};
+use framesmith_telemetry::{BudgetHold, GpuSample, History, Sample, SharedMemorySample};
 
 const GIB: u64 = 1 << 30;
 
@@ -59,6 +59,7 @@ fn gpu_readings_are_listed_per_device() {
             power_watts: Some(410.0),
             pcie_tx_bytes_per_sec: Some(GIB),
             pcie_rx_bytes_per_sec: Some(12 * GIB),
+            budget_hold: None,
         }],
         ..Sample::default()
     });
@@ -69,6 +70,36 @@ fn gpu_readings_are_listed_per_device() {
     h.get_by_label(
         "GPU 0 · NVIDIA GeForce RTX 4090 · 20 GiB of 24 GiB (Framesmith 18 GiB) · 97% busy · 71 °C · 410 W · PCIe out 1.0 GiB/s, in 12 GiB/s",
     );
+}
+
+#[test]
+fn a_gpu_under_a_budget_reads_as_a_card_of_the_budget() {
+    let mut history = History::new(10);
+    history.gpu_status = Ok(());
+    history.push(Sample {
+        gpus: vec![GpuSample {
+            index: 0,
+            name: "NVIDIA H200".into(),
+            memory_used_bytes: 136 * GIB,
+            memory_total_bytes: 140 * GIB,
+            process_memory_bytes: Some(134 * GIB),
+            budget_hold: Some(BudgetHold {
+                gpu: 0,
+                held_bytes: 116 * GIB,
+                budget_bytes: 24 * GIB,
+            }),
+            ..GpuSample::default()
+        }],
+        ..Sample::default()
+    });
+    let (_, options) = options(history);
+    let mut h = harness_with(options);
+    h.get_by_label("Monitor").click();
+    settle(&mut h);
+    h.get_by_label(
+        "GPU 0 · NVIDIA H200 · 20 GiB of 24 GiB budget (Framesmith 18 GiB) · 116 GiB held back",
+    );
+    h.get_by_label("Framesmith: 18 GiB");
 }
 
 /// VRAM 97% full and shared memory growing by 500 MiB.

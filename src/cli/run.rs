@@ -307,6 +307,8 @@ fn follow(
             }
             // The launcher of a run over several GPUs tells the app its rank processes; nothing to show here.
             Event::ProcessesStarted { .. } => {}
+            // The app charts a budgeted run as a card of the budget's size; the terminal prints the plan instead.
+            Event::VramHeld(_) => {}
         }
     }
     anyhow::bail!("the engine thread ended without finishing the run")

@@ -4,7 +4,7 @@
 
 use egui::{RichText, Ui};
 
-use framesmith_telemetry::{History, Sample, SpillWarning, Telemetry};
+use framesmith_telemetry::{GpuSample, History, Sample, SpillWarning, Telemetry};
 
 use super::charts::{chart_ui, Series};
 use super::standalone::format_bytes;
@@ -69,15 +69,24 @@ fn gpu_ui(ui: &mut Ui, history: &History, processes: usize) {
         return;
     };
     for gpu in &latest.gpus {
+        // Under a VRAM budget the card reads as one of the budget's size: the hold is no one's memory.
+        let budget = if gpu.budget_hold.is_some() {
+            " budget"
+        } else {
+            ""
+        };
         let mut line = format!(
-            "GPU {} · {} · {} of {}",
+            "GPU {} · {} · {} of {}{budget}",
             gpu.index,
             gpu.name,
-            format_bytes(gpu.memory_used_bytes),
-            format_bytes(gpu.memory_total_bytes)
+            format_bytes(gpu.used_without_hold()),
+            format_bytes(gpu.card_bytes())
         );
-        if let Some(ours) = gpu.process_memory_bytes {
+        if let Some(ours) = gpu.process_without_hold() {
             line += &format!(" (Framesmith {})", format_bytes(ours));
+        }
+        if let Some(hold) = gpu.budget_hold {
+            line += &format!(" · {} held back", format_bytes(hold.held_bytes));
         }
         if let Some(util) = gpu.utilization_percent {
             line += &format!(" · {util}% busy");
@@ -100,7 +109,7 @@ fn gpu_ui(ui: &mut Ui, history: &History, processes: usize) {
     if let Some(ours) = latest
         .gpus
         .iter()
-        .filter_map(|g| g.process_memory_bytes)
+        .filter_map(GpuSample::process_without_hold)
         .reduce(|a, b| a + b)
     {
         let across = if latest.gpus.len() > 1 {
@@ -117,7 +126,7 @@ fn gpu_ui(ui: &mut Ui, history: &History, processes: usize) {
     }
     // One chart per GPU: a run over several GPUs fills each, and a busy one stands out.
     for gpu in &latest.gpus {
-        gpu_chart_ui(ui, history, gpu.index, gpu.memory_total_bytes);
+        gpu_chart_ui(ui, history, gpu.index, gpu.card_bytes());
     }
 }
 
@@ -127,7 +136,7 @@ fn gpu_chart_ui(ui: &mut Ui, history: &History, index: u32, total_bytes: u64) {
         s.gpus
             .iter()
             .find(|g| g.index == index)
-            .map(|g| (g.memory_used_bytes, g.process_memory_bytes))
+            .map(|g| (g.used_without_hold(), g.process_without_hold()))
     };
     ui.label(RichText::new(format!("VRAM of GPU {index}")).color(theme::MUTED));
     chart_ui(

@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::path::PathBuf;
 
+use framesmith_config::protocol::memory::VramHold;
 use framesmith_config::protocol::{Event, LogLevel, Progress, RunState, ValidationLoss};
 
 /// Log lines kept; older ones scroll away.
@@ -77,6 +78,8 @@ pub struct RunView {
     pub failure: Option<String>,
     /// The run's processes besides the app (a run over several GPUs: one per GPU), whose memory is the run's.
     pub processes: Vec<u32>,
+    /// What the run holds back on its GPUs to keep within its VRAM budget (while it runs).
+    pub vram_holds: Vec<VramHold>,
 }
 
 impl Default for RunView {
@@ -91,6 +94,7 @@ impl Default for RunView {
             checkpoints: Vec::new(),
             failure: None,
             processes: Vec::new(),
+            vram_holds: Vec::new(),
         }
     }
 }
@@ -104,6 +108,7 @@ impl RunView {
         self.validation.clear();
         self.failure = None;
         self.processes.clear();
+        self.vram_holds.clear();
     }
 
     /// Folds one event in. Returns how the run ended when this event ended it.
@@ -144,6 +149,10 @@ impl RunView {
                 return self.set_state(RunState::Failed);
             }
             Event::ProcessesStarted { pids } => self.processes = pids,
+            Event::VramHeld(hold) => {
+                self.vram_holds.retain(|h| h.gpu != hold.gpu);
+                self.vram_holds.push(hold);
+            }
         }
         None
     }
@@ -160,6 +169,10 @@ impl RunView {
         }
         let was_active = self.is_active();
         self.state = state;
+        if !self.is_active() {
+            // The run's hold ends with it (the engine reports the end once the run's memory is freed).
+            self.vram_holds.clear();
+        }
         if !was_active {
             return None;
         }
@@ -212,6 +225,18 @@ impl RunView {
     }
 
     /// A run is under way (it may be paused).
+    /// The run's holds as the telemetry marks its samples with them.
+    pub fn budget_holds(&self) -> Vec<framesmith_telemetry::BudgetHold> {
+        self.vram_holds
+            .iter()
+            .map(|h| framesmith_telemetry::BudgetHold {
+                gpu: h.gpu,
+                held_bytes: h.held_bytes,
+                budget_bytes: h.budget_bytes,
+            })
+            .collect()
+    }
+
     pub fn is_active(&self) -> bool {
         matches!(
             self.state,
@@ -333,6 +358,33 @@ mod tests {
         assert_eq!(view.step_text().unwrap(), "Step 2 / 100 · epoch 1");
         assert_eq!(view.eta_text(), "ETA 3 m 16 s");
         assert!((view.fraction_done() - 0.02).abs() < 1e-6);
+    }
+
+    #[test]
+    fn a_budget_hold_lasts_while_its_run_does() {
+        let hold = |gpu, held_bytes| {
+            Event::VramHeld(VramHold {
+                gpu,
+                held_bytes,
+                budget_bytes: 24 << 30,
+            })
+        };
+        let mut view = RunView::default();
+        view.begin_run();
+        view.apply(hold(1, 100));
+        view.apply(hold(1, 116));
+        view.apply(Event::StateChanged(RunState::Training));
+        let holds = view.budget_holds();
+        assert_eq!(holds.len(), 1);
+        assert_eq!((holds[0].gpu, holds[0].held_bytes), (1, 116));
+        view.apply(Event::StateChanged(RunState::Saving));
+        assert_eq!(view.budget_holds().len(), 1);
+        view.apply(Event::StateChanged(RunState::Finished));
+        assert!(view.budget_holds().is_empty());
+        view.begin_run();
+        view.apply(hold(0, 5));
+        view.begin_run();
+        assert!(view.budget_holds().is_empty());
     }
 
     #[test]

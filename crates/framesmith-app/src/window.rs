@@ -606,6 +606,7 @@ impl eframe::App for FramesmithApp {
         if let Some(telemetry) = &self.telemetry {
             // The run's rank processes (a run over several GPUs) count as the run's memory.
             telemetry.count_processes(&self.run.processes);
+            telemetry.set_budget_holds(&self.run.budget_holds());
             let steps = self.run.step_secs();
             self.spill = telemetry.read(|history| detect_spill(history, &steps));
         }

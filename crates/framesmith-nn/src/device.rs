@@ -94,6 +94,8 @@ type Reservation = std::convert::Infallible;
 pub struct VramHold {
     /// Bytes held back.
     pub bytes: u64,
+    /// The budget it keeps the command within.
+    pub budget: u64,
     _reservation: Reservation,
 }
 
@@ -106,6 +108,7 @@ pub fn hold_vram_budget(device: &Device, budget: u64) -> candle_core::Result<Opt
         let held = crate::cuda::device::VramReservation::leave_budget(cuda, budget)?;
         return Ok(held.map(|h| VramHold {
             bytes: h.bytes() as u64,
+            budget,
             _reservation: h,
         }));
     }

@@ -17,15 +17,45 @@ pub struct GpuSample {
     pub power_watts: Option<f64>,
     pub pcie_tx_bytes_per_sec: Option<u64>,
     pub pcie_rx_bytes_per_sec: Option<u64>,
+    /// What a run under a VRAM budget holds back on this GPU at the sample's time (`Telemetry::set_budget_holds`).
+    pub budget_hold: Option<BudgetHold>,
+}
+
+/// Memory a run holds back on a GPU so that it runs as on a card of its budget: allocated by the run's process,
+/// used by nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BudgetHold {
+    /// NVML's index of the GPU.
+    pub gpu: u32,
+    pub held_bytes: u64,
+    pub budget_bytes: u64,
 }
 
 impl GpuSample {
-    /// Used fraction of the device memory (0 when the total is unknown).
+    /// Memory in use on the card, a budget's hold left out.
+    pub fn used_without_hold(&self) -> u64 {
+        self.memory_used_bytes
+            .saturating_sub(self.budget_hold.map_or(0, |h| h.held_bytes))
+    }
+
+    /// The run's own memory on the card, a budget's hold left out.
+    pub fn process_without_hold(&self) -> Option<u64> {
+        let held = self.budget_hold.map_or(0, |h| h.held_bytes);
+        self.process_memory_bytes.map(|b| b.saturating_sub(held))
+    }
+
+    /// The card's size as a run sees it: the budget under a hold, else the card's memory.
+    pub fn card_bytes(&self) -> u64 {
+        self.budget_hold
+            .map_or(self.memory_total_bytes, |h| h.budget_bytes)
+    }
+
+    /// Used fraction of the device memory (0 when the total is unknown); under a budget's hold, the fraction of
+    /// the budget in use (the hold fills the rest of the card by design).
     pub fn memory_fraction(&self) -> f64 {
-        if self.memory_total_bytes == 0 {
-            0.0
-        } else {
-            self.memory_used_bytes as f64 / self.memory_total_bytes as f64
+        match self.card_bytes() {
+            0 => 0.0,
+            card => self.used_without_hold() as f64 / card as f64,
         }
     }
 }
@@ -132,5 +162,29 @@ mod tests {
             ..GpuSample::default()
         };
         assert_eq!(gpu.memory_fraction(), 0.75);
+    }
+
+    #[test]
+    fn a_gpu_under_a_budget_hold_reads_as_a_card_of_the_budget() {
+        const GIB: u64 = 1 << 30;
+        let mut gpu = GpuSample {
+            memory_used_bytes: 130 * GIB,
+            memory_total_bytes: 140 * GIB,
+            process_memory_bytes: Some(128 * GIB),
+            ..GpuSample::default()
+        };
+        assert_eq!(
+            (gpu.used_without_hold(), gpu.card_bytes()),
+            (130 * GIB, 140 * GIB)
+        );
+        gpu.budget_hold = Some(BudgetHold {
+            gpu: 0,
+            held_bytes: 116 * GIB,
+            budget_bytes: 24 * GIB,
+        });
+        assert_eq!(gpu.used_without_hold(), 14 * GIB);
+        assert_eq!(gpu.process_without_hold(), Some(12 * GIB));
+        assert_eq!(gpu.card_bytes(), 24 * GIB);
+        assert!((gpu.memory_fraction() - 14.0 / 24.0).abs() < 1e-12);
     }
 }

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-pub use history::{GpuSample, History, Sample, SharedMemorySample};
+pub use history::{BudgetHold, GpuSample, History, Sample, SharedMemorySample};
 pub use spill::{detect_spill, SpillWarning, SPILL_SHARED_GROWTH_BYTES, SPILL_VRAM_FRACTION};
 
 /// How often the thread samples by default.
@@ -47,6 +47,8 @@ pub struct Telemetry {
     history: Arc<Mutex<History>>,
     /// The processes whose GPU and RAM use is the run's own: this one, and the run's rank processes.
     processes: Arc<Mutex<Vec<u32>>>,
+    /// What a run under a VRAM budget holds back, per GPU.
+    holds: Arc<Mutex<Vec<BudgetHold>>>,
     stop: Option<SyncSender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -56,10 +58,12 @@ impl Telemetry {
     pub fn spawn(options: TelemetryOptions) -> std::io::Result<Self> {
         let history = Arc::new(Mutex::new(History::new(options.capacity)));
         let processes = Arc::new(Mutex::new(vec![std::process::id()]));
+        let holds = Arc::new(Mutex::new(Vec::new()));
         let (stop_tx, stop_rx) = std::sync::mpsc::sync_channel(1);
         let shared = Shared {
             history: Arc::clone(&history),
             processes: Arc::clone(&processes),
+            holds: Arc::clone(&holds),
         };
         let thread = std::thread::Builder::new()
             .name("telemetry".into())
@@ -67,6 +71,7 @@ impl Telemetry {
         Ok(Self {
             history,
             processes,
+            holds,
             stop: Some(stop_tx),
             thread: Some(thread),
         })
@@ -77,6 +82,7 @@ impl Telemetry {
         Self {
             history: Arc::new(Mutex::new(history)),
             processes: Arc::new(Mutex::new(vec![std::process::id()])),
+            holds: Arc::new(Mutex::new(Vec::new())),
             stop: None,
             thread: None,
         }
@@ -93,6 +99,15 @@ impl Telemetry {
             .processes
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = all;
+    }
+
+    /// Marks the samples from now on with what a run under a VRAM budget holds back on each GPU (none: an empty
+    /// list), so that charts leave the hold out.
+    pub fn set_budget_holds(&self, holds: &[BudgetHold]) {
+        let mut guard = self.holds.lock().unwrap_or_else(PoisonError::into_inner);
+        if guard.as_slice() != holds {
+            *guard = holds.to_vec();
+        }
     }
 
     /// The processes counted as the run's own (this one first among them, sorted).
@@ -173,6 +188,14 @@ pub fn sample_once() -> (Sample, Result<(), String>) {
 struct Shared {
     history: Arc<Mutex<History>>,
     processes: Arc<Mutex<Vec<u32>>>,
+    holds: Arc<Mutex<Vec<BudgetHold>>>,
+}
+
+/// Marks each GPU of `sample` with its hold in `holds`.
+fn mark_holds(sample: &mut Sample, holds: &[BudgetHold]) {
+    for gpu in &mut sample.gpus {
+        gpu.budget_hold = holds.iter().find(|h| h.gpu == gpu.index).copied();
+    }
 }
 
 fn sample_loop(shared: &Shared, stop: &Receiver<()>, options: TelemetryOptions) {
@@ -192,7 +215,11 @@ fn sample_loop(shared: &Shared, stop: &Receiver<()>, options: TelemetryOptions) 
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        let sample = sources.sample(start.elapsed().as_secs_f64(), &pids);
+        let mut sample = sources.sample(start.elapsed().as_secs_f64(), &pids);
+        mark_holds(
+            &mut sample,
+            &shared.holds.lock().unwrap_or_else(PoisonError::into_inner),
+        );
         shared
             .history
             .lock()
@@ -212,6 +239,29 @@ fn sample_loop(shared: &Shared, stop: &Receiver<()>, options: TelemetryOptions) 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn holds_mark_only_their_own_gpu() {
+        let mut sample = Sample {
+            gpus: (0..3)
+                .map(|index| GpuSample {
+                    index,
+                    ..GpuSample::default()
+                })
+                .collect(),
+            ..Sample::default()
+        };
+        let hold = BudgetHold {
+            gpu: 2,
+            held_bytes: 7,
+            budget_bytes: 5,
+        };
+        mark_holds(&mut sample, &[hold]);
+        let marks: Vec<_> = sample.gpus.iter().map(|g| g.budget_hold).collect();
+        assert_eq!(marks, vec![None, None, Some(hold)]);
+        mark_holds(&mut sample, &[]);
+        assert!(sample.gpus.iter().all(|g| g.budget_hold.is_none()));
+    }
 
     #[test]
     fn thread_fills_history_and_stops_on_drop() {

@@ -53,6 +53,7 @@ fn gpu_sample(device: &Device<'_>, index: u32, pids: &[u32]) -> GpuSample {
         power_watts: device.power_usage().ok().map(|mw| f64::from(mw) / 1000.0),
         pcie_tx_bytes_per_sec: pcie(device, PcieUtilCounter::Send),
         pcie_rx_bytes_per_sec: pcie(device, PcieUtilCounter::Receive),
+        budget_hold: None,
     }
 }
 

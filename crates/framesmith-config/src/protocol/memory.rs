@@ -24,6 +24,17 @@ impl Placement {
     }
 }
 
+/// Device memory a run holds back so that it runs as on a card of its VRAM budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VramHold {
+    /// NVML's index of the GPU (the index the telemetry samples carry).
+    pub gpu: u32,
+    /// Bytes held back: allocated by the run, used by nothing.
+    pub held_bytes: u64,
+    /// The budget the run keeps within.
+    pub budget_bytes: u64,
+}
+
 /// One component of the plan.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanLine {

@@ -124,6 +124,9 @@ pub enum Event {
     ProcessesStarted {
         pids: Vec<u32>,
     },
+    /// The run holds back the card's memory beyond its VRAM budget (`memory.vram_budget_gb`) from now until it
+    /// ends: that hold is not the run's memory, and a chart of the card shows a card of the budget's size.
+    VramHeld(memory::VramHold),
 }
 
 /// The UI's end of the engine: send commands, drain events. Dropping it tells the engine to stop.

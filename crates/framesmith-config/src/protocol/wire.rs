@@ -92,6 +92,11 @@ mod tests {
             Event::ProcessesStarted {
                 pids: vec![101, 102],
             },
+            Event::VramHeld(crate::protocol::memory::VramHold {
+                gpu: 1,
+                held_bytes: 116 << 30,
+                budget_bytes: 24 << 30,
+            }),
         ];
         for event in events {
             let line = event_line(&event).unwrap();

@@ -9,27 +9,45 @@ pub fn free_vram_bytes(index: usize) -> Option<u64> {
     #[cfg(feature = "telemetry")]
     {
         let nvml = nvml_wrapper::Nvml::init().ok()?;
-        let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
-        let device = match nvml_device(index, visible.as_deref())? {
-            NvmlDevice::Index(i) => nvml.device_by_index(i).ok()?,
-            NvmlDevice::UuidPrefix(prefix) => {
-                let count = nvml.device_count().ok()?;
-                let mut matching = (0..count)
-                    .filter_map(|i| nvml.device_by_index(i).ok())
-                    .filter(|d| d.uuid().is_ok_and(|u| u.starts_with(&prefix)));
-                let device = matching.next()?;
-                if matching.next().is_some() {
-                    return None;
-                }
-                device
-            }
-        };
+        let device = nvml.device_by_index(nvml_index_in(&nvml, index)?).ok()?;
         device.memory_info().ok().map(|m| m.free)
     }
     #[cfg(not(feature = "telemetry"))]
     {
         let _ = index;
         None
+    }
+}
+
+/// NVML's index of CUDA device `index` (the index the app's telemetry samples carry), matched as
+/// [`free_vram_bytes`] matches it; `None` where it cannot be matched.
+pub fn nvml_index(index: usize) -> Option<u32> {
+    #[cfg(feature = "telemetry")]
+    {
+        let nvml = nvml_wrapper::Nvml::init().ok()?;
+        nvml_index_in(&nvml, index)
+    }
+    #[cfg(not(feature = "telemetry"))]
+    {
+        let _ = index;
+        None
+    }
+}
+
+#[cfg(feature = "telemetry")]
+fn nvml_index_in(nvml: &nvml_wrapper::Nvml, index: usize) -> Option<u32> {
+    let visible = std::env::var("CUDA_VISIBLE_DEVICES").ok();
+    match nvml_device(index, visible.as_deref())? {
+        NvmlDevice::Index(i) => Some(i),
+        NvmlDevice::UuidPrefix(prefix) => {
+            let count = nvml.device_count().ok()?;
+            let mut matching = (0..count).filter(|&i| {
+                nvml.device_by_index(i)
+                    .is_ok_and(|d| d.uuid().is_ok_and(|u| u.starts_with(&prefix)))
+            });
+            let found = matching.next()?;
+            matching.next().is_none().then_some(found)
+        }
     }
 }
 

@@ -163,6 +163,9 @@ fn run(request: &StartRun, ranks: &Ranks, inbox: &Rc<Inbox>, events: &Events) {
         return;
     }
     let result = started.and_then(|mut trainer| {
+        if let Some(hold) = trainer.vram_hold() {
+            events.send(Event::VramHeld(hold));
+        }
         events.state(RunState::Training);
         let first_step = trainer.step();
         let outcome = train_loop(&mut trainer, inbox, events);

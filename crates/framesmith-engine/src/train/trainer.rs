@@ -130,6 +130,20 @@ impl Trainer {
         self.family.expert_switches()
     }
 
+    /// The memory the run holds back beyond its VRAM budget, on the GPU as NVML numbers it (the app charts the
+    /// card as one of the budget's size); `None` without a hold or where the GPU cannot be matched.
+    pub fn vram_hold(&self) -> Option<framesmith_config::protocol::memory::VramHold> {
+        let hold = self.vram_reservation.as_ref()?;
+        let candle_core::DeviceLocation::Cuda { gpu_id } = self.device().location() else {
+            return None;
+        };
+        Some(framesmith_config::protocol::memory::VramHold {
+            gpu: crate::plan::machine::nvml_index(gpu_id)?,
+            held_bytes: hold.bytes,
+            budget_bytes: hold.budget,
+        })
+    }
+
     /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
     /// next to the planner's prediction; `None` off CUDA.
     pub fn vram_line(&self) -> Option<String> {
