@@ -1,5 +1,6 @@
 //! `framesmith inspect` for a model file of any family: Qwen-Image transformers (files and diffusers folders) are
-//! named by [`crate::qwen_image::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
+//! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
+//! [`crate::qwen25vl::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
 //! [`crate::flux::weights`], everything else (Wan files, LoRAs, folders, PyTorch archives) by
 //! [`crate::wan::weights::identify`]. Headers only.
 
@@ -7,6 +8,7 @@ use std::fmt;
 use std::path::Path;
 
 use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
+use crate::qwen25vl::weights::{self as qwen25vl_weights, Qwen25VlFile, Qwen25VlFormatError};
 use crate::qwen_image::weights::{self as qwen_weights, QwenImageFile, QwenImageFormatError};
 use crate::wan::weights::{self as wan_weights, ModelFormatError};
 
@@ -14,6 +16,7 @@ use crate::wan::weights::{self as wan_weights, ModelFormatError};
 #[derive(Debug, Clone)]
 pub enum ModelFile {
     QwenImage(Box<QwenImageFile>),
+    Qwen25Vl(Box<Qwen25VlFile>),
     Flux(Box<FluxFile>),
     Wan(wan_weights::ModelFile),
 }
@@ -23,6 +26,7 @@ impl fmt::Display for ModelFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let report = match self {
             Self::QwenImage(file) => file.to_string(),
+            Self::Qwen25Vl(file) => file.to_string(),
             Self::Flux(file) => file.to_string(),
             Self::Wan(file) => file.to_string(),
         };
@@ -36,6 +40,8 @@ impl fmt::Display for ModelFile {
 pub enum IdentifyError {
     #[error("{}", printable(&.0.to_string()))]
     QwenImage(QwenImageFormatError),
+    #[error("{}", printable(&.0.to_string()))]
+    Qwen25Vl(Qwen25VlFormatError),
     #[error("{}", printable(&.0.to_string()))]
     Flux(FluxFormatError),
     #[error("{}", printable(&.0.to_string()))]
@@ -78,6 +84,14 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
         // Qwen-Image tensors that do not make a whole transformer (a lone shard) say so.
         Err(err) if !qwen_weights::is_unrecognised(&err) => {
             return Err(IdentifyError::QwenImage(err))
+        }
+        Err(_) => {}
+    }
+    match qwen25vl_weights::identify(path) {
+        Ok(file) => return Ok(ModelFile::Qwen25Vl(Box::new(file))),
+        // Its tensors, but not all of them (a lone shard), or sizes that make no model, say so.
+        Err(err) if !qwen25vl_weights::is_unrecognised(&err) => {
+            return Err(IdentifyError::Qwen25Vl(err))
         }
         Err(_) => {}
     }

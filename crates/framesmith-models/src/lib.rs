@@ -4,6 +4,7 @@
 pub mod fixtures;
 pub mod flux;
 pub mod identify;
+pub mod qwen25vl;
 pub mod qwen_image;
 pub mod trainable;
 pub mod wan;

@@ -1,0 +1,207 @@
+//! The files users have, made from the fixture's weights: ComfyUI's single files (bf16 and `scaled_fp8`), a
+//! diffusers `text_encoder/` folder of shards, and wrong files.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+
+use super::parity_tests::{f32_options, fixture_dir, fixture_json, rel_error};
+use super::weights::{identify, Layout};
+use super::*;
+use framesmith_nn::fp8::{e4m3_decode, e4m3_encode, Fp8Scale};
+
+fn fixture_weights() -> anyhow::Result<HashMap<String, Tensor>> {
+    Ok(candle_core::safetensors::load(
+        fixture_dir().join("weights.safetensors"),
+        &Device::Cpu,
+    )?)
+}
+
+/// transformers 5 names → ComfyUI's (`model.layers.*`, `visual.*`).
+fn comfy_names(weights: HashMap<String, Tensor>) -> HashMap<String, Tensor> {
+    weights
+        .into_iter()
+        .map(|(k, v)| {
+            let k = match k.strip_prefix("model.language_model.") {
+                Some(rest) => format!("model.{rest}"),
+                None => k.replace("model.visual.", "visual."),
+            };
+            (k, v)
+        })
+        .collect()
+}
+
+fn save(path: &Path, tensors: &HashMap<String, Tensor>) -> anyhow::Result<PathBuf> {
+    candle_core::safetensors::save(tensors, path)?;
+    Ok(path.to_path_buf())
+}
+
+fn hidden_of(path: &Path, options: &LoadOptions) -> anyhow::Result<Tensor> {
+    let inputs =
+        candle_core::safetensors::load(fixture_dir().join("inputs.safetensors"), &Device::Cpu)?;
+    let model = load_text_model(path, options)?;
+    Ok(model.hidden_states(&inputs["input_ids"], &inputs["attention_mask"], 0)?)
+}
+
+fn expected_hidden() -> anyhow::Result<Tensor> {
+    let expected =
+        candle_core::safetensors::load(fixture_dir().join("expected.safetensors"), &Device::Cpu)?;
+    Ok(expected["hidden_last"].clone())
+}
+
+/// Every layer Linear's weight as e4m3 codes with a per-tensor `scale_weight`, and the `scaled_fp8` marker; and
+/// the same weights dequantised by hand.
+fn scaled_fp8(weights: &HashMap<String, Tensor>) -> anyhow::Result<[HashMap<String, Tensor>; 2]> {
+    let (mut fp8, mut reference) = (weights.clone(), weights.clone());
+    for (k, v) in weights {
+        if !(k.starts_with("model.layers.") && k.ends_with("_proj.weight")) {
+            continue;
+        }
+        let values = v.flatten_all()?.to_vec1::<f32>()?;
+        let scale = values.iter().fold(0f32, |m, x| m.max(x.abs())) / 448.0;
+        let codes: Vec<u8> = values.iter().map(|x| e4m3_encode(x / scale)).collect();
+        let back: Vec<f32> = codes.iter().map(|&c| e4m3_decode(c) * scale).collect();
+        fp8.insert(
+            k.clone(),
+            Tensor::from_raw_buffer(&codes, DType::F8E4M3, v.dims(), &Device::Cpu)?,
+        );
+        let module = k.trim_end_matches(".weight");
+        fp8.insert(
+            format!("{module}.scale_weight"),
+            Tensor::new(scale, &Device::Cpu)?,
+        );
+        reference.insert(k.clone(), Tensor::from_vec(back, v.dims(), &Device::Cpu)?);
+    }
+    fp8.insert(
+        "scaled_fp8".into(),
+        Tensor::from_raw_buffer(&[0u8], DType::F8E4M3, &[1], &Device::Cpu)?,
+    );
+    Ok([fp8, reference])
+}
+
+#[test]
+fn comfy_single_files_load_bf16_and_scaled_fp8() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let comfy = comfy_names(fixture_weights()?);
+    let path = save(&dir.path().join("qwen_2.5_vl_7b.safetensors"), &comfy)?;
+    let file = identify(&path)?;
+    assert_eq!(
+        (file.layout.clone(), file.prefix),
+        (Layout::SingleFile, "model.")
+    );
+    let shown = file.to_string();
+    assert!(
+        shown.contains("vision tower is present") && shown.contains("not the 7B model"),
+        "{shown}"
+    );
+    // `framesmith inspect` names it so too, ahead of the other families' readers.
+    let inspected = crate::identify::identify(&path)?.to_string();
+    assert!(
+        inspected.starts_with("Qwen2.5-VL-style language model"),
+        "{inspected}"
+    );
+    let options = f32_options()?;
+    let rel = rel_error(&hidden_of(&path, &options)?, &expected_hidden()?)?;
+    assert!(rel <= 1e-4, "ComfyUI names: relative error {rel:.3e}");
+    let streamed = LoadOptions {
+        placement: LayerPlacement::Streamed,
+        ..options.clone()
+    };
+    let rel = rel_error(&hidden_of(&path, &streamed)?, &expected_hidden()?)?;
+    assert!(rel <= 1e-4, "streamed layers: relative error {rel:.3e}");
+
+    let [fp8, reference] = scaled_fp8(&comfy)?;
+    let fp8_path = save(
+        &dir.path().join("qwen_2.5_vl_7b_fp8_scaled.safetensors"),
+        &fp8,
+    )?;
+    let ref_path = save(&dir.path().join("reference.safetensors"), &reference)?;
+    let shown = identify(&fp8_path)?.to_string();
+    assert!(shown.contains("scaled_fp8"), "{shown}");
+    let want = hidden_of(&ref_path, &options)?;
+    // A missed scale would be off by ~1/scale; the rounding to e4m3 itself is in both.
+    assert!(
+        rel_error(&want, &expected_hidden()?)? > 1e-4,
+        "the FP8 rounding must be visible"
+    );
+    for fp8_mode in [None, Some(Fp8Scale::Tensor)] {
+        let opts = LoadOptions {
+            fp8: fp8_mode,
+            ..options.clone()
+        };
+        let rel = rel_error(&hidden_of(&fp8_path, &opts)?, &want)?;
+        assert!(
+            rel <= 1e-5,
+            "scaled_fp8 with fp8 {fp8_mode:?}: relative error {rel:.3e}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn a_diffusers_folder_and_a_lone_shard() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let root = dir.path().join("Qwen-Image");
+    let te = root.join("text_encoder");
+    std::fs::create_dir_all(&te)?;
+    let (layers, rest): (HashMap<_, _>, HashMap<_, _>) = fixture_weights()?
+        .into_iter()
+        .partition(|(k, _)| k.starts_with("model.language_model.layers."));
+    let shard = |i: usize| te.join(format!("model-0000{i}-of-00002.safetensors"));
+    save(&shard(1), &layers)?;
+    save(&shard(2), &rest)?;
+    let config = serde_json::json!({
+        "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+        "model_type": "qwen2_5_vl",
+        "text_config": fixture_json()?["text_config"],
+    });
+    std::fs::write(te.join("config.json"), config.to_string())?;
+
+    let file = identify(&root)?;
+    assert_eq!(
+        (file.layout.clone(), file.prefix),
+        (Layout::Folder { shards: 2 }, "model.language_model.")
+    );
+    assert_eq!(file.config, super::parity_tests::fixture_config()?);
+    let rel = rel_error(&hidden_of(&root, &f32_options()?)?, &expected_hidden()?)?;
+    assert!(rel <= 1e-4, "folder: relative error {rel:.3e}");
+
+    let err = identify(&shard(1))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("incomplete") && err.contains("one shard"),
+        "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn wrong_files_say_what_to_pick() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let comfy = comfy_names(fixture_weights()?);
+    let path = save(&dir.path().join("qwen_2.5_vl_3b.safetensors"), &comfy)?;
+    // Without sizes to build, only the 7B model is taken.
+    let err = load_text_model(&path, &LoadOptions::new(&Device::Cpu))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("not Qwen2.5-VL-7B")
+            && err.contains("qwen_2.5_vl_7b.safetensors")
+            && err.ends_with("qwen_2.5_vl_3b.safetensors"),
+        "{err}"
+    );
+    let transformer = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/qwen_image/t2i/weights.safetensors");
+    let err = load_text_model(&transformer, &f32_options()?).err();
+    assert!(
+        matches!(err, Some(Qwen25VlFormatError::NotQwen25Vl { .. })),
+        "{err:?}"
+    );
+    let shown = err.map(|e| e.to_string()).unwrap_or_default();
+    assert!(shown.contains("Comfy-Org/Qwen-Image_ComfyUI"), "{shown}");
+    Ok(())
+}
