@@ -17,6 +17,7 @@ pub mod flux_schedule;
 #[cfg(test)]
 mod flux_tests;
 pub mod flux_text;
+pub mod qwen25vl;
 pub mod schedulers;
 pub mod umt5;
 pub mod vae;
@@ -185,7 +186,7 @@ impl Fixture {
     }
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
-    /// `clip_text`, `t5_encoder`, `flux_schedule`).
+    /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -221,9 +222,10 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "clip_text" => flux_text::check_clip(&fixture),
         "t5_encoder" => flux_text::check_t5(&fixture),
         "flux_schedule" => flux_schedule::check(&fixture),
+        "qwen25vl_text_encoder" => qwen25vl::check(&fixture, dir),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
-             flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule) in {}",
+             flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder) in {}",
             dir.display()
         ),
     }
