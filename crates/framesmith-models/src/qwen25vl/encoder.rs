@@ -14,6 +14,8 @@ use super::weights::{load_text_model, LoadOptions, Qwen25VlFormatError};
 
 /// Qwen-Image's `prompt_template_encode`; the prompt replaces `{}`.
 pub const QWEN_IMAGE_TEMPLATE: &str = "<|im_start|>system\nDescribe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of the objects and background:<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n";
+/// Qwen-Image's system message, as its template holds it.
+pub const QWEN_IMAGE_SYSTEM: &str = "Describe the image by detailing the color, shape, size, texture, quantity, text, spatial relationships of the objects and background:";
 /// Qwen-Image's `prompt_template_encode_start_idx`: the template's tokens before the prompt.
 pub const QWEN_IMAGE_DROP_TOKENS: usize = 34;
 /// Qwen-Image's `tokenizer_max_length`: prompt tokens kept by the tokenizer (the template's 34 come on top).
@@ -41,6 +43,12 @@ pub struct PromptEmbeds {
     pub mask: Tensor,
     /// Tokens per prompt (the mask's row sums).
     pub lens: Vec<usize>,
+}
+
+/// The text Qwen2.5-VL's chat template makes of a system message and one user message, with the assistant's turn
+/// opened (`apply_chat_template(..., add_generation_prompt=True)`); HunyuanVideo 1.5 encodes its prompts so.
+pub fn chat_prompt(system: &str, user: &str) -> String {
+    format!("<|im_start|>system\n{system}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n")
 }
 
 /// `hidden` [b, l, hidden] of right-padded rows with `lens` tokens each: every row's tokens after its first

@@ -173,6 +173,10 @@ fn the_dropped_tokens_are_the_templates_system_part() -> anyhow::Result<()> {
     let json = fixture_json()?;
     assert_eq!(json["template"].as_str(), Some(QWEN_IMAGE_TEMPLATE));
     assert_eq!(
+        encoder::chat_prompt(encoder::QWEN_IMAGE_SYSTEM, "{}"),
+        QWEN_IMAGE_TEMPLATE
+    );
+    assert_eq!(
         json["drop_idx"].as_u64(),
         Some(QWEN_IMAGE_DROP_TOKENS as u64)
     );
