@@ -205,3 +205,105 @@ fn wrong_files_say_what_to_pick() -> anyhow::Result<()> {
     assert!(shown.contains("Comfy-Org/Qwen-Image_ComfyUI"), "{shown}");
     Ok(())
 }
+
+/// A safetensors file of these tensors whose data is a hole (sparse): a real-size header costs no disk.
+fn header_only(path: &Path, tensors: &[(String, &str, Vec<usize>)]) -> anyhow::Result<()> {
+    let mut header = serde_json::Map::new();
+    let mut offset = 0usize;
+    for (name, dtype, shape) in tensors {
+        let bytes = shape.iter().product::<usize>()
+            * if *dtype == "BF16" {
+                2
+            } else if *dtype == "F32" {
+                4
+            } else {
+                1
+            };
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + bytes]}),
+        );
+        offset += bytes;
+    }
+    let mut text = serde_json::Value::Object(header).to_string();
+    while text.len() % 8 != 0 {
+        text.push(' ');
+    }
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(text.as_bytes());
+    std::fs::write(path, &bytes)?;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)?
+        .set_len((bytes.len() + offset) as u64)?;
+    Ok(())
+}
+
+/// ComfyUI's 7B files at their real shapes (headers only): named as the 7B encoder, with the vision tower and
+/// FP8 said.
+#[test]
+fn the_real_7b_files_are_named() -> anyhow::Result<()> {
+    let c = Qwen25VlTextConfig::qwen25_vl_7b();
+    let (h, kv) = (c.hidden_size, c.num_key_value_heads * c.head_dim());
+    for (file_name, linear_dtype) in [
+        ("qwen_2.5_vl_7b.safetensors", "BF16"),
+        ("qwen_2.5_vl_7b_fp8_scaled.safetensors", "F8_E4M3"),
+    ] {
+        let mut tensors = vec![
+            (
+                "model.embed_tokens.weight".to_string(),
+                "BF16",
+                vec![c.vocab_size, h],
+            ),
+            ("model.norm.weight".to_string(), "BF16", vec![h]),
+            (
+                "visual.patch_embed.proj.weight".to_string(),
+                "BF16",
+                vec![1280, 3, 2, 14, 14],
+            ),
+            ("visual.merger.ln_q.weight".to_string(), "BF16", vec![1280]),
+        ];
+        for i in 0..c.num_hidden_layers {
+            let layer = |n: &str| format!("model.layers.{i}.{n}");
+            for (n, shape) in [
+                ("self_attn.q_proj", vec![h, h]),
+                ("self_attn.k_proj", vec![kv, h]),
+                ("self_attn.v_proj", vec![kv, h]),
+                ("self_attn.o_proj", vec![h, h]),
+                ("mlp.gate_proj", vec![c.intermediate_size, h]),
+                ("mlp.up_proj", vec![c.intermediate_size, h]),
+                ("mlp.down_proj", vec![h, c.intermediate_size]),
+            ] {
+                if n.ends_with("q_proj") || n.ends_with("k_proj") || n.ends_with("v_proj") {
+                    tensors.push((layer(&format!("{n}.bias")), "BF16", vec![shape[0]]));
+                }
+                tensors.push((layer(&format!("{n}.weight")), linear_dtype, shape));
+                if linear_dtype == "F8_E4M3" {
+                    tensors.push((layer(&format!("{n}.scale_weight")), "F32", vec![]));
+                }
+            }
+            tensors.push((layer("input_layernorm.weight"), "BF16", vec![h]));
+            tensors.push((layer("post_attention_layernorm.weight"), "BF16", vec![h]));
+        }
+        let dir = tempfile::tempdir()?;
+        let path = dir.path().join(file_name);
+        header_only(&path, &tensors)?;
+        let file = identify(&path)?;
+        assert_eq!(file.config, c);
+        let shown = crate::identify::identify(&path)?.to_string();
+        for part in [
+            "Qwen2.5-VL-7B text encoder",
+            "28 layers, width 3584, 28 heads / 4 key-value heads of 128, vocabulary 152064",
+            "vision tower is present (2 tensors",
+            "text encoder of a Qwen-Image or HunyuanVideo 1.5 run",
+        ] {
+            assert!(shown.contains(part), "{part} missing:\n{shown}");
+        }
+        assert_eq!(
+            shown.contains("scaled_fp8"),
+            linear_dtype == "F8_E4M3",
+            "{shown}"
+        );
+    }
+    Ok(())
+}
