@@ -108,28 +108,28 @@ struct Scan {
     folder_config: Option<String>,
 }
 
-/// The folder at `path` (itself, `text_encoder/` or `text_encoder/llm/`) whose `config.json` is Qwen2.5-VL's.
-fn hf_folder(path: &Path) -> Option<(PathBuf, String)> {
-    [
-        path.to_path_buf(),
-        path.join("text_encoder"),
-        path.join("text_encoder/llm"),
-    ]
-    .into_iter()
-    .find_map(|dir| {
-        let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
-        let json: serde_json::Value = serde_json::from_str(&text).ok()?;
-        let qwen = json["model_type"] == "qwen2_5_vl"
-            || json["model_type"] == "qwen2_5_vl_text"
-            || json["architectures"].as_array().is_some_and(|a| {
-                a.iter()
-                    .any(|x| x.as_str().is_some_and(|s| s.starts_with("Qwen2_5_VL")))
-            });
-        qwen.then_some((dir, text))
-    })
+/// The folder whose `config.json` is Qwen2.5-VL's: `path` itself, or with `within` also its `text_encoder/`
+/// (Qwen-Image) or `text_encoder/llm/` (HunyuanVideo 1.5).
+fn hf_folder(path: &Path, within: bool) -> Option<(PathBuf, String)> {
+    let nested = [path.join("text_encoder"), path.join("text_encoder/llm")];
+    std::iter::once(path.to_path_buf())
+        .chain(nested.into_iter().filter(|_| within))
+        .find_map(|dir| {
+            let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+            let json: serde_json::Value = serde_json::from_str(&text).ok()?;
+            let qwen = json["model_type"] == "qwen2_5_vl"
+                || json["model_type"] == "qwen2_5_vl_text"
+                || json["architectures"].as_array().is_some_and(|a| {
+                    a.iter()
+                        .any(|x| x.as_str().is_some_and(|s| s.starts_with("Qwen2_5_VL")))
+                });
+            qwen.then_some((dir, text))
+        })
 }
 
-fn scan(path: &Path) -> Result<Scan, Qwen25VlFormatError> {
+/// Reads the headers at `path`: one file, or a folder's shards (with `within`, also the text encoder's folder
+/// inside a pipeline's folder).
+fn scan(path: &Path, within: bool) -> Result<Scan, Qwen25VlFormatError> {
     if !path.is_dir() {
         let header = read_header(path)?;
         return Ok(Scan {
@@ -143,7 +143,7 @@ fn scan(path: &Path) -> Result<Scan, Qwen25VlFormatError> {
     let not_qwen = || Qwen25VlFormatError::NotQwen25Vl {
         path: path.to_path_buf(),
     };
-    let (dir, config) = hf_folder(path).ok_or_else(not_qwen)?;
+    let (dir, config) = hf_folder(path, within).ok_or_else(not_qwen)?;
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .map_err(|_| not_qwen())?
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -291,9 +291,10 @@ fn describe(path: &Path, scan: &Scan) -> Result<Qwen25VlFile, Qwen25VlFormatErro
     })
 }
 
-/// Says what the Qwen2.5-VL text encoder at `path` (a file or a folder) is.
+/// Says what the Qwen2.5-VL text encoder at `path` (a file or its own folder) is. A pipeline's folder is not
+/// named after the text encoder inside it.
 pub fn identify(path: &Path) -> Result<Qwen25VlFile, Qwen25VlFormatError> {
-    describe(path, &scan(path)?)
+    describe(path, &scan(path, false)?)
 }
 
 /// How to build the language model.
@@ -324,13 +325,14 @@ impl LoadOptions {
     }
 }
 
-/// Builds the language model at `path` (a file or a folder), its tensors read from the mapped files as the model
+/// Builds the language model at `path` (a file, its folder, or a Qwen-Image / HunyuanVideo 1.5 folder holding
+/// it), its tensors read from the mapped files as the model
 /// asks for them.
 pub fn load_text_model(
     path: &Path,
     options: &LoadOptions,
 ) -> Result<Qwen25VlText, Qwen25VlFormatError> {
-    let scanned = scan(path)?;
+    let scanned = scan(path, true)?;
     let file = describe(path, &scanned)?;
     let config = match &options.config {
         Some(cfg) => cfg.clone(),
