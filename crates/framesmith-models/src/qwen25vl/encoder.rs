@@ -84,8 +84,13 @@ pub fn drop_and_repad(
         mask.extend((0..out_len).map(|j| u32::from(j < k)));
         out_lens.push(k);
     }
+    let embeds = if rows.is_empty() {
+        Tensor::zeros((0, out_len, h), hidden.dtype(), hidden.device())?
+    } else {
+        Tensor::stack(&rows, 0)?
+    };
     Ok(PromptEmbeds {
-        embeds: Tensor::stack(&rows, 0)?,
+        embeds,
         mask: Tensor::from_vec(mask, (b, out_len), hidden.device())?,
         lens: out_lens,
     })

@@ -99,6 +99,9 @@ impl Qwen25VlText {
         if skip_last_layers > n {
             candle_core::bail!("Qwen2.5-VL: cannot skip {skip_last_layers} of {n} layers");
         }
+        if b * l == 0 {
+            return Tensor::zeros((b, l, self.cfg.hidden_size), self.dtype(), &self.device);
+        }
         let flat = ids
             .flatten_all()?
             .to_dtype(DType::I64)?
@@ -107,7 +110,7 @@ impl Qwen25VlText {
             flat.min(0)?.to_scalar::<i64>()?,
             flat.max(0)?.to_scalar::<i64>()?,
         );
-        if b * l > 0 && (min < 0 || max as usize >= self.cfg.vocab_size) {
+        if min < 0 || max as usize >= self.cfg.vocab_size {
             candle_core::bail!(
                 "Qwen2.5-VL: token id out of range [{min}, {max}] for the vocabulary of {}",
                 self.cfg.vocab_size

@@ -118,6 +118,8 @@ fn prompt_embeds_match_the_qwen_image_pipeline() -> anyhow::Result<()> {
     let json = fixture_json()?;
     let prompts: Vec<String> = serde_json::from_value(json["prompts"].clone())?;
     let encoder = encoder()?;
+    let none = encoder.encode_prompts(&[])?;
+    assert_eq!((none.embeds.dims(), none.lens.len()), (&[0, 0, 64][..], 0));
     for (max_len, suffix) in [(1024, ""), (5, "_msl5")] {
         let out = encoder.encode_prompts_up_to(&prompts, max_len)?;
         assert_rel(
