@@ -167,7 +167,12 @@ fn bad_input_is_an_error_naming_the_fix() {
     );
 
     // Negative sizes reach the check (not clap's "unexpected argument '-1'").
-    for flag in ["--vram-budget-gb", "--free-vram-gb", "--ram-gb"] {
+    for flag in [
+        "--vram-budget-gb",
+        "--free-vram-gb",
+        "--ram-gb",
+        "--ram-budget-gb",
+    ] {
         let (code, _, stderr) = framesmith(&["--variant", "t2v-14b", flag, "-1"]);
         assert_eq!(code, Some(1));
         assert!(
@@ -308,7 +313,7 @@ fn ranks_of_one_machine_share_its_ram() {
     // A warning, not a refusal: the VRAM verdict stands.
     assert_eq!(code, Some(0));
     assert!(
-        four.contains("for the 4 ranks on this machine, and it has 128.00 GiB: expect swapping")
+        four.contains("for the 4 ranks, and this machine has 128.00 GiB: expect swapping")
             && four
                 .contains("fewer GPUs (--gpus), fewer streamed blocks or activations on the GPU"),
         "{four}"
@@ -331,6 +336,24 @@ fn wan14b_with<'a>(changes: &[(&'a str, &'a str)]) -> Vec<&'a str> {
         }
     }
     args
+}
+
+#[test]
+fn a_ram_budget_is_what_the_plan_must_fit() {
+    let roomy = wan14b_with(&[("--vram-budget-gb", "24"), ("--ram-budget-gb", "100")]);
+    let (code, stdout, stderr) = framesmith(&roomy);
+    assert_eq!(code, Some(0), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("Fits: peak VRAM") && stdout.contains("of 100.00 GiB"),
+        "{stdout}"
+    );
+    let tight = wan14b_with(&[("--vram-budget-gb", "24"), ("--ram-budget-gb", "8")]);
+    let (code, stdout, stderr) = framesmith(&tight);
+    assert_eq!(code, Some(3), "{stdout}{stderr}");
+    assert!(
+        stdout.contains("the RAM budget (memory.ram_budget_gb) is 8.00 GiB"),
+        "{stdout}"
+    );
 }
 
 #[test]

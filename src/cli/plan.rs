@@ -92,9 +92,12 @@ pub struct PlanArgs {
     /// its own card (the one with the least free memory decides), their RAM together against the machine's
     #[arg(long, value_delimiter = ',', value_name = "IDS")]
     gpus: Vec<usize>,
-    /// Plan for this much RAM (GiB) instead of this machine's
+    /// Plan for a machine of this much RAM (GiB) instead of this one, all of it free
     #[arg(long, allow_negative_numbers = true)]
     ram_gb: Option<f64>,
+    /// RAM budget in GiB (default: what this machine can give without swapping)
+    #[arg(long, allow_negative_numbers = true)]
+    ram_budget_gb: Option<f64>,
     /// Leave out AdamW's moments and the CUDA context, as `framesmith-bench step|stream` measure peaks
     #[arg(long)]
     as_bench: bool,
@@ -159,6 +162,10 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
     if let Some(gb) = args.vram_budget_gb {
         gib(gb, "--vram-budget-gb")?;
         mem.vram_budget_gb = Some(gb);
+    }
+    if let Some(gb) = args.ram_budget_gb {
+        gib(gb, "--ram-budget-gb")?;
+        mem.ram_budget_gb = Some(gb);
     }
     Ok(cfg)
 }
@@ -239,6 +246,7 @@ pub fn run(args: &PlanArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(gb) = args.ram_gb {
         input.host_ram_bytes = Some(gib(gb, "--ram-gb")?);
+        input.available_ram_bytes = None;
     }
     let mut report = plan(&input)?;
     report.notes.extend(clip_note);

@@ -305,6 +305,14 @@ pub const RUN_SECTIONS: &[Section] = &[
                 ),
                 "Empty: the card's free memory minus headroom",
             ),
+            help(
+                optional(
+                    "memory.ram_budget_gb",
+                    "RAM budget (GB)",
+                    FieldKind::Float,
+                ),
+                "Empty: what the machine can give without swapping when the run starts",
+            ),
             field("memory.staging_slots", "Staging slots", FieldKind::Int),
             help(
                 field(

@@ -96,7 +96,13 @@ fn report_ui(ui: &mut Ui, r: &PlanReport) {
             theme::VRAM,
         );
     }
-    bar_ui(ui, "RAM", r.peak_ram_bytes, r.host_ram_bytes, theme::RAM);
+    bar_ui(
+        ui,
+        "RAM",
+        r.machine_ram_bytes(),
+        r.ram_budget_bytes.or(r.host_ram_bytes),
+        theme::RAM,
+    );
     if r.pinned_ram_bytes > 0 {
         ui.label(
             RichText::new(format!(

@@ -235,6 +235,8 @@ pub struct MemoryPlan {
     pub checkpointing: Checkpointing,
     /// VRAM budget in bytes (GiB × 2³⁰); `None`: free memory minus headroom.
     pub vram_budget_bytes: Option<u64>,
+    /// RAM budget in bytes (GiB × 2³⁰); `None`: the RAM available when the run is planned.
+    pub ram_budget_bytes: Option<u64>,
     pub staging_slots: usize,
     /// Which FLUX.1 block kind streams first (ignored by Wan runs).
     pub flux_stream_order: FluxStreamOrder,

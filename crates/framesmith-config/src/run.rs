@@ -525,6 +525,9 @@ pub struct MemorySection {
     pub checkpointing: Checkpointing,
     /// Use at most this much VRAM (GB); `None`: the card's free memory minus headroom.
     pub vram_budget_gb: Option<f64>,
+    /// Use at most this much RAM (GB); `None`: what the machine can give without swapping (its available RAM when
+    /// the run is planned).
+    pub ram_budget_gb: Option<f64>,
     /// Page-locked staging buffers (8 MiB chunks) of `staged` streaming.
     pub staging_slots: usize,
     /// FLUX.1 only: which block kind streams first.
@@ -542,6 +545,7 @@ impl Default for MemorySection {
             activations: ActivationPlacement::Device,
             checkpointing: Checkpointing::Blocks,
             vram_budget_gb: None,
+            ram_budget_gb: None,
             staging_slots: crate::training::STAGING_SLOTS,
             flux_stream_order: FluxStreamOrder::SingleFirst,
             shared_memory_guard: false,

@@ -110,6 +110,7 @@ fn every_problem_is_reported_with_key_and_fix() {
     cfg.training.seed = u64::MAX;
     cfg.memory.blocks_to_swap = BlocksToSwap::Count(10);
     cfg.memory.vram_budget_gb = Some(-2.0);
+    cfg.memory.ram_budget_gb = Some(f64::NAN);
     cfg.output.output_name = "my/lora".into();
     cfg.output.output_dir = "".into();
     cfg.sampling.sample_at_first = true;
@@ -136,6 +137,7 @@ fn every_problem_is_reported_with_key_and_fix() {
         "training.max_timestep",
         "memory.blocks_to_swap",
         "memory.vram_budget_gb",
+        "memory.ram_budget_gb",
         "output.output_dir",
         "output.output_name",
         "sampling.prompts",

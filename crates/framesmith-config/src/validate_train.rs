@@ -284,14 +284,16 @@ pub(crate) fn check_memory(
         }
         BlocksToSwap::Auto(_) => {}
     }
-    let vram_budget_bytes = m.vram_budget_gb.and_then(|gb| {
-        c.positive(
-            "memory.vram_budget_gb",
-            gb,
-            "use the GB to leave for training, e.g. 22, or remove the key",
-        );
-        (gb.is_finite() && gb > 0.0).then_some((gb * GIB) as u64)
-    });
+    let vram_budget_bytes = budget_bytes(
+        c,
+        ("memory.vram_budget_gb", m.vram_budget_gb),
+        "use the GB to leave for training, e.g. 22, or remove the key",
+    );
+    let ram_budget_bytes = budget_bytes(
+        c,
+        ("memory.ram_budget_gb", m.ram_budget_gb),
+        "use the GB of RAM the run may take, e.g. 28 on a machine of 32, or remove the key",
+    );
     if m.streaming == StreamingMode::Staged && m.staging_slots == 0 {
         c.problem(
             "memory.staging_slots",
@@ -322,11 +324,19 @@ pub(crate) fn check_memory(
         activations: m.activations,
         checkpointing: m.checkpointing,
         vram_budget_bytes,
+        ram_budget_bytes,
         staging_slots: m.staging_slots,
         flux_stream_order: m.flux_stream_order,
         shared_memory_guard: applies && host.windows && m.shared_memory_guard,
         ranks_on_machine: 1,
     }
+}
+
+/// A budget setting (`key`, its GB) in bytes, a problem when it is not a positive number.
+fn budget_bytes(c: &mut Checker, (key, gb): (&str, Option<f64>), fix: &str) -> Option<u64> {
+    let gb = gb?;
+    c.positive(key, gb, fix);
+    (gb.is_finite() && gb > 0.0).then_some((gb * GIB) as u64)
 }
 
 /// `checkpointing = "off"` keeps each block's input inside its tape on the device, so there is no saved input

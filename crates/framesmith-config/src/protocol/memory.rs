@@ -154,6 +154,13 @@ pub struct PlanReport {
     /// `DoesNotFit`, whatever the VRAM.
     #[serde(default)]
     pub ram_shortfall: Option<String>,
+    /// The RAM the plan must fit: `memory.ram_budget_gb`, else what the machine could give without swapping when
+    /// it was planned, else its RAM (`None`: unknown).
+    #[serde(default)]
+    pub ram_budget_bytes: Option<u64>,
+    /// `ram_budget_bytes` is `memory.ram_budget_gb`.
+    #[serde(default)]
+    pub ram_budget_set: bool,
 }
 
 fn one_rank() -> usize {
@@ -173,26 +180,53 @@ impl PlanReport {
         if let Some(shortfall) = &self.ram_shortfall {
             return Some(shortfall.clone());
         }
-        let ram = self.host_ram_bytes?;
+        let ram = self.ram_budget_bytes.or(self.host_ram_bytes)?;
         let all = self.machine_ram_bytes();
         if all <= ram / 10 * 8 {
             return None;
         }
+        let has = self.ram_limit_words(ram);
         Some(match self.ranks_on_machine {
             0 | 1 => format!(
-                "the plan needs {} of RAM and this machine has {}: expect swapping; use fewer streamed blocks or \
+                "the plan needs {} of RAM and {has}: expect swapping; use fewer streamed blocks or \
                  activations on the GPU",
                 format_gib(all),
-                format_gib(ram)
             ),
             ranks => format!(
-                "the plan needs {} of RAM per rank, {} for the {ranks} ranks on this machine, and it has {}: \
+                "the plan needs {} of RAM per rank, {} for the {ranks} ranks, and {has}: \
                  expect swapping; use fewer GPUs (--gpus), fewer streamed blocks or activations on the GPU",
                 format_gib(self.peak_ram_bytes),
                 format_gib(all),
-                format_gib(ram)
             ),
         })
+    }
+
+    /// "this machine has …" or "the RAM budget is …" for a limit of `ram` bytes.
+    fn ram_limit_words(&self, ram: u64) -> String {
+        match (self.ram_budget_set, self.host_ram_bytes) {
+            (true, _) => format!(
+                "the RAM budget (memory.ram_budget_gb) is {}",
+                format_gib(ram)
+            ),
+            (false, Some(total)) if total > ram => format!(
+                "this machine can give {} without swapping ({} in all)",
+                format_gib(ram),
+                format_gib(total)
+            ),
+            _ => format!("this machine has {}", format_gib(ram)),
+        }
+    }
+
+    /// ", RAM … of …" for the verdict line of a GPU run (empty when the RAM limit is unknown).
+    fn ram_words(&self) -> String {
+        match self.ram_budget_bytes {
+            Some(limit) => format!(
+                ", RAM {} of {}",
+                format_gib(self.machine_ram_bytes()),
+                format_gib(limit)
+            ),
+            None => String::new(),
+        }
     }
 
     /// Host RAM of every rank on this machine together: each one's `peak_ram_bytes` (its streamed blocks, saved
@@ -224,12 +258,15 @@ impl PlanReport {
     pub fn verdict_line(&self) -> String {
         if self.on_cpu {
             let peak = format_gib(self.peak_ram_bytes);
-            let ram = self.host_ram_bytes.map(format_gib);
+            let ram = self.ram_budget_bytes.or(self.host_ram_bytes);
             return match (self.verdict, ram) {
-                (Verdict::Fits, Some(ram)) => format!("Fits on the CPU: peak RAM {peak} of {ram}"),
-                (Verdict::DoesNotFit, Some(ram)) => {
-                    format!("Does not fit on the CPU: peak RAM {peak}, this machine has {ram}")
+                (Verdict::Fits, Some(ram)) => {
+                    format!("Fits on the CPU: peak RAM {peak} of {}", format_gib(ram))
                 }
+                (Verdict::DoesNotFit, Some(ram)) => format!(
+                    "Does not fit on the CPU: peak RAM {peak}, {}",
+                    self.ram_limit_words(ram)
+                ),
                 _ => format!("Runs on the CPU: peak RAM {peak}"),
             };
         }
@@ -258,9 +295,11 @@ impl PlanReport {
             );
         }
         match (self.verdict, self.vram_budget_bytes) {
-            (Verdict::Fits, Some(budget)) => {
-                format!("Fits: peak VRAM {peak} of {}{streamed}", format_gib(budget))
-            }
+            (Verdict::Fits, Some(budget)) => format!(
+                "Fits: peak VRAM {peak} of {}{}{streamed}",
+                format_gib(budget),
+                self.ram_words()
+            ),
             (Verdict::DoesNotFit, Some(budget)) => format!(
                 "Does not fit: peak VRAM {peak}, budget {}{streamed}",
                 format_gib(budget)

@@ -167,7 +167,8 @@ pub fn model_for_config(cfg: &RunConfig) -> Result<PlanModel, PlanError> {
 
 impl PlanInput {
     /// The plan of a raw run config (the CLI and the app plan before validation) for `model` and `clip`. The
-    /// machine-dependent parts (`free_vram_bytes`, `host_ram_bytes`, `windows`) are left for the caller.
+    /// machine-dependent parts (`free_vram_bytes`, `host_ram_bytes`, `available_ram_bytes`, `windows`) are left
+    /// for the caller.
     pub fn from_config(cfg: &RunConfig, model: impl Into<PlanModel>, clip: ClipShape) -> Self {
         let model = model.into();
         let base = BaseFormat::from_config(cfg.model.base_dtype, cfg.model.effective_fp8_scale());
@@ -197,6 +198,11 @@ impl PlanInput {
                 .map(|gb| (gb * (1u64 << 30) as f64) as u64),
             free_vram_bytes: None,
             host_ram_bytes: None,
+            ram_budget_bytes: mem
+                .ram_budget_gb
+                .filter(|gb| gb.is_finite() && *gb > 0.0)
+                .map(|gb| (gb * (1u64 << 30) as f64) as u64),
+            available_ram_bytes: None,
             ranks_on_machine: 1,
             windows: cfg!(windows),
             working_set: WORKING_SET,
@@ -222,6 +228,7 @@ impl PlanInput {
         input.residual = plan.model.residual_dtype;
         input.fp8_products = plan.model.fp8_matmul;
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
+        input.ram_budget_bytes = plan.memory.ram_budget_bytes;
         input.streaming.staging_slots = plan.memory.staging_slots;
         input.checkpointing = plan.memory.checkpointing;
         input.on_cpu = plan.device == PlanDevice::Cpu;
@@ -262,9 +269,11 @@ pub fn plan_run(
 }
 
 impl PlanInput {
-    /// Reads the free memory of the card `device` names (none for the CPU) and the total RAM.
+    /// Reads the free memory of the card `device` names (none for the CPU), the total RAM and what of it the
+    /// machine can give now.
     pub fn probe_machine(&mut self, device: DeviceSpec) {
         self.host_ram_bytes = machine::host_ram_bytes();
+        self.available_ram_bytes = machine::available_ram_bytes();
         self.free_vram_bytes = match device {
             DeviceSpec::Cpu => None,
             DeviceSpec::Auto => machine::free_vram_bytes(0),

@@ -99,6 +99,22 @@ pub fn host_ram_bytes() -> Option<u64> {
     }
 }
 
+/// What of the host RAM the machine can give now without swapping (sysinfo's available memory: free plus what
+/// the OS can reclaim, such as file caches).
+pub fn available_ram_bytes() -> Option<u64> {
+    #[cfg(feature = "telemetry")]
+    {
+        use sysinfo::{MemoryRefreshKind, System};
+        let mut system = System::new().ok()?;
+        system.refresh_memory_specifics(MemoryRefreshKind::nothing().with_ram());
+        Some(system.available_memory()).filter(|&b| b > 0)
+    }
+    #[cfg(not(feature = "telemetry"))]
+    {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::{nvml_device, NvmlDevice};

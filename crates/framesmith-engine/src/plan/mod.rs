@@ -74,6 +74,10 @@ pub struct PlanInput {
     pub free_vram_bytes: Option<u64>,
     /// Total host RAM, for RAM warnings.
     pub host_ram_bytes: Option<u64>,
+    /// An explicit RAM budget (`memory.ram_budget_gb`); wins over `available_ram_bytes`.
+    pub ram_budget_bytes: Option<u64>,
+    /// What the machine can give now without swapping (its available RAM); the RAM limit when no budget is set.
+    pub available_ram_bytes: Option<u64>,
     /// Processes of the run on this machine, one per GPU (`framesmith train --gpus`): each plans its VRAM against
     /// its own GPU, and their host RAM (streamed blocks, saved activations, a parked expert: each rank's own)
     /// adds up against `host_ram_bytes`.
@@ -558,7 +562,10 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     let pinned = sum(&|p| p == Placement::HostPinned);
     let ranks = input.ranks_on_machine.max(1) as u64;
     let (used, limit) = if input.on_cpu {
-        (peak_ram.saturating_mul(ranks), input.host_ram_bytes)
+        (
+            peak_ram.saturating_mul(ranks),
+            ram_limit(input).map(|(bytes, _)| bytes),
+        )
     } else {
         (peak_vram, budget)
     };
@@ -593,6 +600,8 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         pinned_ram_bytes: pinned,
         vram_budget_bytes: budget,
         host_ram_bytes: input.host_ram_bytes,
+        ram_budget_bytes: ram_limit(input).map(|(bytes, _)| bytes),
+        ram_budget_set: input.ram_budget_bytes.is_some(),
         verdict,
         breakdown: lines,
         suggestions,
@@ -632,7 +641,7 @@ fn busy_gpu_note(input: &PlanInput, peak_vram: u64) -> Option<String> {
 /// must fit the RAM (on Windows, about half of it); the rest could swap, but a step that pages its own streamed
 /// blocks and saved activations through the disk does not train.
 fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String> {
-    let ram = input.host_ram_bytes?;
+    let (limit, source) = ram_limit(input)?;
     if input.on_cpu {
         return None;
     }
@@ -650,16 +659,23 @@ fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String
     } else {
         ""
     };
-    let pinned_cap = if input.windows { ram / 2 } else { ram };
+    let total = input.host_ram_bytes.unwrap_or(limit);
+    let has = source.describe(limit, total);
+    // Windows caps page-locked memory near half of the RAM, whatever the budget.
+    let pinned_cap = if input.windows {
+        limit.min(total / 2)
+    } else {
+        limit
+    };
     if pinned.saturating_mul(ranks) > pinned_cap {
-        let has = if input.windows {
+        let has = if input.windows && pinned_cap < limit {
             format!(
                 "Windows allows about half of RAM, {} of this machine's {}",
                 format_gib(pinned_cap),
-                format_gib(ram)
+                format_gib(total)
             )
         } else {
-            format!("this machine has {}", format_gib(ram))
+            has
         };
         return Some(format!(
             "the plan needs {} of page-locked RAM, which cannot be swapped out, and {has}: use \
@@ -668,14 +684,54 @@ fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String
             needed(pinned)
         ));
     }
-    (peak_ram.saturating_mul(ranks) > ram).then(|| {
+    (peak_ram.saturating_mul(ranks) > limit).then(|| {
         format!(
-            "the plan needs {} of RAM and this machine has {}: use {fewer_gpus}fewer streamed blocks or \
-             activations on the GPU",
+            "the plan needs {} of RAM and {has}: use {fewer_gpus}fewer streamed blocks, activations on the GPU \
+             or shorter clips",
             needed(peak_ram),
-            format_gib(ram)
         )
     })
+}
+
+/// Where the RAM limit a plan is checked against comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum RamLimit {
+    /// `memory.ram_budget_gb`.
+    Budget,
+    /// What the machine could give without swapping when the plan was made.
+    Available,
+    /// The machine's RAM (what it could give is unknown).
+    Total,
+}
+
+impl RamLimit {
+    /// "the RAM budget is …" in words, for a limit of `limit` bytes on a machine of `total`.
+    fn describe(self, limit: u64, total: u64) -> String {
+        match self {
+            Self::Budget => format!(
+                "the RAM budget (memory.ram_budget_gb) is {}",
+                format_gib(limit)
+            ),
+            Self::Available => format!(
+                "this machine can give {} without swapping ({} in all; the rest is in use)",
+                format_gib(limit),
+                format_gib(total)
+            ),
+            Self::Total => format!("this machine has {}", format_gib(limit)),
+        }
+    }
+}
+
+/// The RAM a plan must fit, and where that limit comes from: `memory.ram_budget_gb`, else what the machine can
+/// give now, else its RAM; `None` when nothing is known.
+fn ram_limit(input: &PlanInput) -> Option<(u64, RamLimit)> {
+    if let Some(budget) = input.ram_budget_bytes {
+        return Some((budget, RamLimit::Budget));
+    }
+    if let Some(available) = input.available_ram_bytes {
+        return Some((available, RamLimit::Available));
+    }
+    input.host_ram_bytes.map(|total| (total, RamLimit::Total))
 }
 
 #[cfg(test)]

@@ -29,6 +29,8 @@ pub(crate) fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         vram_budget_bytes: None,
         free_vram_bytes: None,
         host_ram_bytes: None,
+        ram_budget_bytes: None,
+        available_ram_bytes: None,
         ranks_on_machine: 1,
         windows: false,
         working_set: WORKING_SET,
@@ -39,6 +41,70 @@ pub(crate) fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         start_frame: false,
         fp8_products: false,
     }
+}
+
+/// The RAM a plan must fit: `memory.ram_budget_gb`, else what the machine can give now, else its RAM; each named
+/// as such in the shortfall and the verdict line.
+#[test]
+fn ram_is_planned_against_the_budget_else_what_the_machine_can_give() {
+    let mut i = fp8_14b();
+    i.streaming.mode = StreamingMode::Staged;
+    i.streaming.blocks_to_swap = BlocksToSwap::Count(20);
+    i.streaming.activations = ActivationPlacement::Host;
+    i.vram_budget_bytes = Some(80 * GIB);
+    i.host_ram_bytes = Some(256 * GIB);
+    let roomy = plan(&i).unwrap();
+    let need = roomy.peak_ram_bytes;
+    assert!(roomy.fits() && need > GIB, "{roomy}");
+    assert!(
+        roomy.verdict_line().contains(&format!(
+            ", RAM {} of {}",
+            format_gib(need),
+            format_gib(256 * GIB)
+        )),
+        "{roomy}"
+    );
+
+    // What the machine can give now (less than it has) is the limit when no budget is set.
+    i.available_ram_bytes = Some(need - 1);
+    let busy = plan(&i).unwrap();
+    assert!(!busy.fits(), "{busy}");
+    let short = busy.ram_shortfall.clone().unwrap();
+    assert!(
+        short.contains(&format!(
+            "this machine can give {} without swapping (256.00 GiB in all",
+            format_gib(need - 1)
+        )),
+        "{short}"
+    );
+    assert_eq!(busy.ram_budget_bytes, Some(need - 1));
+
+    // A budget wins over what is available, both ways.
+    i.ram_budget_bytes = Some(need);
+    let budgeted = plan(&i).unwrap();
+    assert!(budgeted.fits(), "{budgeted}");
+    assert!(budgeted.ram_budget_set);
+    i.ram_budget_bytes = Some(need - 1);
+    i.available_ram_bytes = Some(200 * GIB);
+    let over = plan(&i).unwrap();
+    assert!(!over.fits(), "{over}");
+    assert!(
+        over.ram_shortfall
+            .as_deref()
+            .is_some_and(|s| s.contains("the RAM budget (memory.ram_budget_gb) is")),
+        "{over}"
+    );
+
+    // Near the limit is a warning that names the same limit.
+    i.ram_budget_bytes = Some(need / 17 * 20);
+    let near = plan(&i).unwrap();
+    assert!(near.fits(), "{near}");
+    assert!(
+        near.notes
+            .iter()
+            .any(|n| n.contains("expect swapping") && n.contains("the RAM budget")),
+        "{near}"
+    );
 }
 
 pub(crate) fn fp8_14b() -> PlanInput {

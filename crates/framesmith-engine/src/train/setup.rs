@@ -102,6 +102,18 @@ pub(crate) fn float_dtype(d: FloatDtype) -> DType {
 /// How many of a model's `blocks` a run streams (`memory.blocks_to_swap`, the memory plan's count for `"auto"`)
 /// and the ring settings, for any model; `None` when nothing streams (streaming off, a CPU run, or a count of 0).
 /// A count that leaves no block resident is refused, the error saying what `model` has ("this model has 40 blocks").
+/// The block count `blocks_to_swap = "auto"` streams: the plan's. "auto" never picks a plan that swaps: with no
+/// count that fits the RAM, the run does not start.
+pub(crate) fn auto_count(report: &PlanReport) -> anyhow::Result<usize> {
+    match &report.ram_shortfall {
+        Some(short) => anyhow::bail!(
+            "blocks_to_swap = \"auto\" found no plan that fits the RAM: {short} (or set memory.ram_budget_gb \
+             if the machine can give more)"
+        ),
+        None => Ok(report.streamed_blocks),
+    }
+}
+
 pub(crate) fn streamed_count(
     plan: &RunPlan,
     device: &Device,
@@ -124,7 +136,7 @@ pub(crate) fn streamed_count(
         ),
         BlocksToSwap::Count(n) => n,
         BlocksToSwap::Auto(_) => match memory {
-            Some(Ok(report)) => report.streamed_blocks,
+            Some(Ok(report)) => auto_count(report)?,
             Some(Err(e)) => anyhow::bail!("planning memory for blocks_to_swap = \"auto\": {e}"),
             None => anyhow::bail!("blocks_to_swap = \"auto\" needs the run's memory plan"),
         },

@@ -269,6 +269,38 @@ fn out_of_memory_advice_follows_the_plan() {
     assert!(!advice.contains("  "), "{advice}");
 }
 
+/// "auto" streams the plan's count only when the plan fits the RAM budget; otherwise the run does not start,
+/// and says which limit it missed.
+#[test]
+fn auto_never_starts_a_plan_that_does_not_fit_the_ram() {
+    use crate::plan::{plan, PlanInput, DEFAULT_CLIP};
+    use crate::train::setup::auto_count;
+    use framesmith_config::run::{ActivationPlacement, AutoKeyword, BlocksToSwap, StreamingMode};
+    use framesmith_models::wan::WanConfig;
+
+    let mut config = RunConfig::default();
+    config.memory.streaming = StreamingMode::Staged;
+    config.memory.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+    config.memory.activations = ActivationPlacement::Host;
+    config.memory.vram_budget_gb = Some(24.0);
+    config.memory.ram_budget_gb = Some(256.0);
+    let mut input = PlanInput::from_config(&config, WanConfig::wan21_t2v_14b(), DEFAULT_CLIP);
+    input.host_ram_bytes = Some(512 << 30);
+    let roomy = plan(&input).expect("plan");
+    assert!(roomy.fits() && roomy.streamed_blocks > 0, "{roomy}");
+    assert_eq!(auto_count(&roomy).expect("fits"), roomy.streamed_blocks);
+
+    input.ram_budget_bytes = Some(roomy.peak_ram_bytes - 1);
+    let short = plan(&input).expect("plan");
+    assert!(!short.fits(), "{short}");
+    let err = format!("{:#}", auto_count(&short).expect_err("past the RAM budget"));
+    assert!(
+        err.contains("found no plan that fits the RAM")
+            && err.contains("the RAM budget (memory.ram_budget_gb) is"),
+        "{err}"
+    );
+}
+
 #[test]
 fn a_damaged_newest_state_is_passed_over_for_the_one_before_it() {
     let dir = tempfile::tempdir().expect("tempdir");
