@@ -31,6 +31,8 @@ fn presets_list_and_show() {
         "low-vram-windows",
         "balanced-24gb",
         "fast-24gb",
+        "16gb-32gb-ram",
+        "16gb-64gb-ram",
         "full-speed-80gb",
         "demo-cpu",
         "flux-dev-24gb",

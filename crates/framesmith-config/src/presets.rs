@@ -28,6 +28,14 @@ const BUILTIN: &[(&str, &str)] = &[
     ),
     ("fast-24gb", include_str!("../../../presets/fast-24gb.toml")),
     (
+        "16gb-32gb-ram",
+        include_str!("../../../presets/16gb-32gb-ram.toml"),
+    ),
+    (
+        "16gb-64gb-ram",
+        include_str!("../../../presets/16gb-64gb-ram.toml"),
+    ),
+    (
         "full-speed-80gb",
         include_str!("../../../presets/full-speed-80gb.toml"),
     ),
@@ -372,7 +380,7 @@ mod tests {
     #[test]
     fn every_builtin_parses_explains_itself_and_sets_no_paths() {
         let presets = builtins().unwrap();
-        assert_eq!(presets.len(), 8);
+        assert_eq!(presets.len(), 10);
         for p in &presets {
             assert!(!p.title.is_empty() && !p.summary.is_empty(), "{}", p.name);
             let settings = p.settings();

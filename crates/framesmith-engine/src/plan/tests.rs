@@ -610,6 +610,35 @@ fn presets_plan_as_issue_7_wires_them() {
     assert!(full.model.contains("bf16"));
 }
 
+/// The 16 GB presets fit a 16 GB card and the RAM their names say, less what an OS and the app keep (4 GiB): 33
+/// frames in 32 GB, 81 frames in 64 GB (and not in 32 GB).
+#[test]
+fn the_16gb_presets_fit_the_card_and_the_ram_they_name() {
+    use framesmith_config::presets::builtin;
+    use framesmith_config::RunConfig;
+    let planned = |name: &str, frames: usize, ram_gib: u64| {
+        let mut base = RunConfig::default();
+        base.model.variant = "t2v-14b".into();
+        base.memory.vram_budget_gb = Some(16.0);
+        let cfg = builtin(name).unwrap().apply(&base).unwrap().config;
+        let model = model_for_config(&cfg).unwrap();
+        let (mut clip, _) = clip_for_config(&cfg);
+        clip.frames = frames;
+        let mut i = PlanInput::from_config(&cfg, model, clip);
+        i.host_ram_bytes = Some((ram_gib + 4) * GIB);
+        i.ram_budget_bytes = Some(ram_gib * GIB);
+        i.windows = true;
+        plan(&i).unwrap()
+    };
+    let small = planned("16gb-32gb-ram", 33, 28);
+    assert!(small.fits() && small.blocks_chosen, "{small}");
+    assert!(small.pinned_ram_bytes < GIB, "{small}");
+    let large = planned("16gb-64gb-ram", 81, 60);
+    assert!(large.fits() && large.blocks_chosen, "{large}");
+    let too_long = planned("16gb-64gb-ram", 81, 28);
+    assert!(too_long.ram_shortfall.is_some(), "{too_long}");
+}
+
 #[test]
 fn the_clip_comes_from_the_dataset_config_then_the_overrides() {
     use framesmith_config::RunConfig;
