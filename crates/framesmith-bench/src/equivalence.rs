@@ -39,7 +39,10 @@ pub fn write(dev: &Device, cfg: &WanConfig, opts: &StepBench, out: &Path) -> Res
     let (model, loras) = build(cfg, weights, dev, opts.fp8, opts.rank, opts.seed)?;
     let rng = &mut rand::rngs::StdRng::seed_from_u64(opts.seed.wrapping_add(17));
     let mut factors = HashMap::new();
-    for (path, lora) in loras.iter() {
+    for (path, adapter) in loras.iter() {
+        let lora = adapter
+            .as_lora()
+            .ok_or_else(|| candle_core::Error::msg("the equivalence step trains plain LoRA"))?;
         let up = randn(rng, lora.up.shape(), 0.0, 0.02, &Device::Cpu)?.to_dtype(lora.up.dtype())?;
         lora.up.set(&up.to_device(dev)?)?;
         factors.insert(format!("{path}.down"), lora.down.as_tensor().clone());

@@ -138,6 +138,7 @@ fn build_from_vb(
         include_patterns: Vec::new(),
         exclude_patterns: vec![WAN_DEFAULT_EXCLUDE.to_string()],
         seed,
+        kind: Default::default(),
     };
     let loras = attach_loras(model.linears_mut(), &spec)
         .map_err(|e| candle_core::Error::msg(e.to_string()))?;

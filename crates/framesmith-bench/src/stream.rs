@@ -184,6 +184,7 @@ pub fn build(
         include_patterns: Vec::new(),
         exclude_patterns: vec![WAN_DEFAULT_EXCLUDE.to_string()],
         seed: opts.seed,
+        kind: Default::default(),
     };
     let loras = attach_loras(model.linears_mut(), &spec)
         .map_err(|e| candle_core::Error::msg(e.to_string()))?;

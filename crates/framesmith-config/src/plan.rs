@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use super::run::{
     ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, ExpertMode, FluxStreamOrder,
-    Fp8ScaleMode, LrScheduler, ResidualDtype, RunConfig, StreamingMode, TrainingMode,
+    Fp8ScaleMode, LoraKind, LrScheduler, ResidualDtype, RunConfig, StreamingMode, TrainingMode,
 };
 use crate::schedule::LrSchedule;
 use crate::training::{AdamWConfig, TimestepConfig, NUM_TRAIN_TIMESTEPS};
@@ -156,8 +156,13 @@ pub struct DatasetPlan {
 /// Resolved `[lora]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LoraPlan {
+    pub kind: LoraKind,
     pub rank: usize,
     pub alpha: f64,
+    /// LoKr's options (defaults for the other kinds).
+    pub factor: i64,
+    pub decompose_both: bool,
+    pub full_matrix: bool,
     /// `alpha / rank`, the factor on `up(down(x))`.
     pub scale: f64,
     /// Regexes (checked to compile) on module paths.

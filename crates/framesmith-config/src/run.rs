@@ -180,12 +180,36 @@ pub struct DatasetSection {
     pub skip_unreadable: bool,
 }
 
+/// The kind of adapter trained, named as LyCORIS, musubi-tuner and ComfyUI name them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LoraKind {
+    /// `up(down(x)) · alpha / rank`.
+    #[default]
+    Lora,
+    /// Kronecker product `w1 ⊗ w2` (LyCORIS' LoKr).
+    Lokr,
+    /// Hadamard product of two low-rank products (LyCORIS' LoHa).
+    Loha,
+    /// A LoRA with a trained magnitude per output row (weight-decomposed LoRA).
+    Dora,
+}
+
 /// The LoRA being trained.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct LoraSection {
+    /// `lora`, `lokr`, `loha` or `dora`.
+    pub kind: LoraKind,
     pub rank: usize,
     pub alpha: f64,
+    /// LoKr: the largest factor of each width given to the small Kronecker factor `w1`; -1 picks the most
+    /// square split (LyCORIS' `factor`).
+    pub factor: i64,
+    /// LoKr: `w1` too as a product of two rank-`rank` factors where that is smaller (LyCORIS' `decompose_both`).
+    pub decompose_both: bool,
+    /// LoKr: `w1` and `w2` full matrices whatever the rank (LyCORIS' `full_matrix`).
+    pub full_matrix: bool,
     /// Regexes on module paths (`blocks.3.self_attn.q`); empty includes every target.
     pub include_patterns: Vec<String>,
     pub exclude_patterns: Vec<String>,
@@ -196,8 +220,12 @@ pub struct LoraSection {
 impl Default for LoraSection {
     fn default() -> Self {
         Self {
+            kind: LoraKind::Lora,
             rank: 32,
             alpha: 32.0,
+            factor: -1,
+            decompose_both: false,
+            full_matrix: false,
             include_patterns: Vec::new(),
             exclude_patterns: Vec::new(),
             init_from: None,

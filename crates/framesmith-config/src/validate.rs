@@ -10,8 +10,8 @@ use super::plan::{
     ModelPlan, ModelSource, OutputPlan, PlanDevice, RunPlan, SamplingPlan,
 };
 use super::run::{
-    BaseDtype, DeviceSpec, ExpertMode, Fp8ScaleMode, ModelSection, RunConfig, SaveDtype,
-    SCHEMA_VERSION,
+    BaseDtype, DeviceSpec, ExpertMode, Fp8ScaleMode, LoraKind, LoraSection, ModelSection,
+    RunConfig, SaveDtype, SCHEMA_VERSION,
 };
 use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
 use super::validate_validation::check_validation;
@@ -590,9 +590,14 @@ fn check_lora(c: &mut Checker, cfg: &RunConfig) -> LoraPlan {
     if let Some(p) = &l.init_from {
         c.existing("lora.init_from", p, "LoRA file");
     }
+    check_lora_kind(c, l);
     LoraPlan {
+        kind: l.kind,
         rank: l.rank,
         alpha: l.alpha,
+        factor: l.factor,
+        decompose_both: l.decompose_both,
+        full_matrix: l.full_matrix,
         scale: if l.rank == 0 {
             0.0
         } else {
@@ -601,6 +606,36 @@ fn check_lora(c: &mut Checker, cfg: &RunConfig) -> LoraPlan {
         include_patterns: l.include_patterns.clone(),
         exclude_patterns: l.exclude_patterns.clone(),
         init_from: l.init_from.clone(),
+    }
+}
+
+/// LoKr's options: a factor of -1 or a positive width, and none of them set for another kind.
+fn check_lora_kind(c: &mut Checker, l: &LoraSection) {
+    if l.factor == 0 || l.factor < -1 {
+        c.problem(
+            "lora.factor",
+            format!(
+                "is {}; it must be -1 (the most square split) or a positive width",
+                l.factor
+            ),
+            "use -1, or a factor such as 4, 8 or 16",
+        );
+    }
+    if l.kind == LoraKind::Lokr {
+        return;
+    }
+    for (key, set) in [
+        ("lora.factor", l.factor != -1),
+        ("lora.decompose_both", l.decompose_both),
+        ("lora.full_matrix", l.full_matrix),
+    ] {
+        if set {
+            c.problem(
+                key,
+                "applies only to LoKr",
+                "remove it, or set lora.kind = \"lokr\"",
+            );
+        }
     }
 }
 

@@ -760,3 +760,39 @@ fn fp8_matmul_needs_an_fp8_base_on_a_gpu_and_holds_it_per_channel() {
     assert!(!plan.model.fp8_matmul);
     assert_eq!(plan.model.fp8_scale, Some(Fp8ScaleMode::Tensor));
 }
+
+/// `[lora] kind` reads as users write it; LoKr's options are checked, and refused on the other kinds.
+#[test]
+fn lokr_options_are_checked_and_belong_to_lokr_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    let section: crate::run::LoraSection =
+        toml::from_str("kind = \"lokr\"\nfactor = 8\ndecompose_both = true\nrank = 4").unwrap();
+    assert_eq!(section.kind, LoraKind::Lokr);
+    cfg.lora = section;
+    let plan = validate(&cfg, &HostInfo::cpu_only()).unwrap();
+    assert_eq!((plan.lora.kind, plan.lora.factor), (LoraKind::Lokr, 8));
+    assert!(plan.lora.decompose_both && !plan.lora.full_matrix);
+
+    cfg.lora.factor = 0;
+    let keys = |cfg: &RunConfig| -> Vec<String> {
+        problems(cfg, &HostInfo::cpu_only())
+            .problems
+            .iter()
+            .map(|p| p.key.clone())
+            .collect()
+    };
+    assert_eq!(keys(&cfg), ["lora.factor"]);
+    cfg.lora.factor = -2;
+    assert_eq!(keys(&cfg), ["lora.factor"]);
+    for kind in [LoraKind::Lora, LoraKind::Loha, LoraKind::Dora] {
+        cfg.lora.kind = kind;
+        cfg.lora.factor = 4;
+        cfg.lora.full_matrix = true;
+        assert_eq!(
+            keys(&cfg),
+            ["lora.factor", "lora.decompose_both", "lora.full_matrix"],
+            "{kind:?}"
+        );
+    }
+}

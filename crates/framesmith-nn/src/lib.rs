@@ -1,6 +1,7 @@
 //! Neural-network building blocks shared by the models: linear layers (dense, FP8, LoRA), attention, norms and
 //! the checkpoint tensor view. Knows nothing of channels, config files or logging.
 
+pub mod adapter;
 pub mod attention;
 pub mod bytes;
 pub mod cancel;

@@ -9,6 +9,7 @@ use candle_core::{
     CpuStorage, CustomOp1, DType, Device, Layout, Result, Shape, Storage, Tensor, D,
 };
 
+use super::adapter::Adapter;
 use super::fp8::{self, Fp8Scale, Fp8Weight};
 use super::lora::Lora;
 use super::vb::Vb;
@@ -59,12 +60,13 @@ impl BaseWeight {
     }
 }
 
-/// A frozen linear layer `y = x Wᵀ + b` with an optional LoRA `y += up(down(x)) · alpha / rank · multiplier`.
+/// A frozen linear layer `y = x Wᵀ + b` with an optional adapter, e.g. a LoRA
+/// `y += up(down(x)) · alpha / rank · multiplier`.
 #[derive(Clone)]
 pub struct Linear {
     base: BaseWeight,
     bias: Option<Tensor>,
-    lora: Option<Lora>,
+    adapter: Option<Adapter>,
 }
 
 impl Linear {
@@ -118,7 +120,7 @@ impl Linear {
         Ok(Self {
             base,
             bias,
-            lora: None,
+            adapter: None,
         })
     }
 
@@ -132,7 +134,7 @@ impl Linear {
         Self {
             base,
             bias,
-            lora: None,
+            adapter: None,
         }
     }
 
@@ -156,9 +158,14 @@ impl Linear {
         self.base.dims().0
     }
 
-    /// The LoRA attached to this layer, if any.
+    /// The plain LoRA attached to this layer, if that is its adapter.
     pub fn lora(&self) -> Option<&Lora> {
-        self.lora.as_ref()
+        self.adapter.as_ref().and_then(Adapter::as_lora)
+    }
+
+    /// The adapter attached to this layer, of any kind.
+    pub fn adapter(&self) -> Option<&Adapter> {
+        self.adapter.as_ref()
     }
 
     /// The frozen tensors (base weight — FP8 codes and scales — and bias) in a fixed order, for block streaming
@@ -176,7 +183,12 @@ impl Linear {
 
     /// Attaches (or removes) a LoRA.
     pub fn set_lora(&mut self, lora: Option<Lora>) {
-        self.lora = lora;
+        self.adapter = lora.map(Adapter::Lora);
+    }
+
+    /// Attaches (or removes) an adapter of any kind.
+    pub fn set_adapter(&mut self, adapter: Option<Adapter>) {
+        self.adapter = adapter;
     }
 
     /// Applies the layer to `xs` [..., in]; the result has `xs`' dtype.
@@ -189,11 +201,19 @@ impl Linear {
         let mut y = x2.apply_op1(FrozenMatmul {
             base: self.base.clone(),
         })?;
+        if let Some(Adapter::Dora(dora)) = &self.adapter {
+            // The magnitude rescales the base's output too, so it comes before the bias.
+            y = self.dora_forward_tracked(dora, &x2, y)?;
+        }
         if let Some(b) = &self.bias {
             y = y.broadcast_add(&b.to_dtype(y.dtype())?)?;
         }
-        if let Some(lora) = &self.lora {
-            y = (y + lora.forward(&x2)?)?;
+        match &self.adapter {
+            Some(Adapter::Lora(lora)) => y = (y + lora.forward(&x2)?)?,
+            Some(adapter @ (Adapter::Lokr(_) | Adapter::Loha(_))) => {
+                y = (y + self.delta_forward_tracked(adapter, &x2)?)?;
+            }
+            Some(Adapter::Dora(_)) | None => {}
         }
         y.reshape(out_dims)
     }
@@ -302,6 +322,7 @@ impl CustomOp1 for FrozenMatmul {
 }
 
 mod grad;
+mod kinds;
 mod shared;
 pub use grad::{add_matmul, InputGrad, LinearTape, ParamGrad};
 

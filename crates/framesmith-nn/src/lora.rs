@@ -1,7 +1,7 @@
 //! LoRA adapters: trainable `down` [rank, in] and `up` [out, rank] with `alpha` and a multiplier; which of a
 //! model's linears get one (musubi-tuner's Wan, FLUX.1 and Qwen-Image targets with include/exclude patterns);
-//! attaching fresh adapters; and [`LoraSet`], the adapters a trainer optimises. Files live in
-//! [`super::lora_file`].
+//! attaching fresh adapters of any kind ([`super::adapter`]); and [`LoraSet`], the adapters a trainer optimises.
+//! Files live in [`super::lora_file`].
 
 use std::cmp::Ordering;
 
@@ -10,6 +10,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use regex::Regex;
 
+use super::adapter::{Adapter, AdapterKind, AdapterShape};
 use super::init;
 use super::linear::Linear;
 
@@ -30,6 +31,11 @@ pub fn untracked<T>(f: impl FnOnce() -> T) -> T {
     }
     let _restore = Restore(UNTRACKED.replace(true));
     f()
+}
+
+/// Whether this thread is inside [`untracked`].
+pub(crate) fn is_untracked() -> bool {
+    UNTRACKED.get()
 }
 
 /// A LoRA pair. `up` starts at zero so a fresh adapter leaves the model unchanged.
@@ -366,6 +372,8 @@ pub struct LoraSpec {
     pub exclude_patterns: Vec<String>,
     /// Seeds `down`'s initialisation (mixed with each module's path, so adding a module changes no other).
     pub seed: u64,
+    /// LoRA, LoKr, LoHa or DoRA.
+    pub kind: AdapterKind,
 }
 
 /// Attaches a fresh adapter to every linear in `modules` (path, layer) of a Wan model that the spec targets,
@@ -401,23 +409,32 @@ where
         .into_iter()
         .filter(|(path, _)| targets.matches(path))
         .collect();
-    check_rank(
-        spec.rank,
-        selected
-            .iter()
-            .map(|(path, l)| (path.as_str(), [l.in_dim(), l.out_dim()])),
-    )?;
+    // LoKr's rank only bounds its factors' products; a rank past them makes those factors full (LyCORIS).
+    if !matches!(spec.kind, AdapterKind::Lokr { .. }) {
+        check_rank(
+            spec.rank,
+            selected
+                .iter()
+                .map(|(path, l)| (path.as_str(), [l.in_dim(), l.out_dim()])),
+        )?;
+    }
     let mut created = Vec::new();
     for (path, linear) in selected {
-        let lora = Lora::new(
-            [linear.in_dim(), linear.out_dim(), spec.rank],
+        let shape = AdapterShape {
+            in_dim: linear.in_dim(),
+            out_dim: linear.out_dim(),
+            rank: spec.rank,
             alpha,
-            spec.dtype,
-            linear.base().device(),
+            dtype: spec.dtype,
+        };
+        let adapter = Adapter::new(
+            spec.kind,
+            shape,
+            linear.base(),
             &mut StdRng::seed_from_u64(spec.seed ^ fnv1a(path.as_bytes())),
         )?;
-        linear.set_lora(Some(lora.clone()));
-        created.push((path, lora));
+        linear.set_adapter(Some(adapter.clone()));
+        created.push((path, adapter));
     }
     if created.is_empty() {
         return Err(LoraError::NoTargets {
@@ -425,7 +442,7 @@ where
             exclude: spec.exclude_patterns.clone(),
         });
     }
-    Ok(LoraSet::new(created))
+    Ok(LoraSet::of_adapters(created))
 }
 
 /// FNV-1a: a fixed hash of the module path (std's hasher may change between Rust releases).
@@ -433,132 +450,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| {
         (h ^ b as u64).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-/// A copy of `t` on `device` that shares no storage with it (`to_device` shares it on the same device), read
-/// from `t` before it returns (the source is a LoRA factor the optimizer overwrites next).
-fn copied_to(t: &Tensor, device: &Device) -> Result<Tensor> {
-    if t.device().same_device(device) {
-        t.copy()
-    } else {
-        crate::ops::to_device(t, device)
-    }
-}
-
-/// Adapters by module path, in natural path order (`blocks.2` before `blocks.10`). Each `Lora` shares its
-/// `Var`s with the copy attached to the layer, so optimiser updates through [`LoraSet::vars`] reach the model.
-#[derive(Clone, Default)]
-pub struct LoraSet {
-    modules: Vec<(String, Lora)>,
-}
-
-impl LoraSet {
-    /// A set from (module path, adapter) pairs, sorted into natural path order.
-    pub fn new(mut modules: Vec<(String, Lora)>) -> Self {
-        modules.sort_by(|a, b| natural_cmp(&a.0, &b.0));
-        Self { modules }
-    }
-
-    /// (module path, adapter) in order.
-    pub fn iter(&self) -> impl Iterator<Item = (&str, &Lora)> {
-        self.modules.iter().map(|(p, l)| (p.as_str(), l))
-    }
-
-    /// The adapter of `module_path`.
-    pub fn get(&self, module_path: &str) -> Option<&Lora> {
-        self.modules
-            .iter()
-            .find(|(p, _)| p == module_path)
-            .map(|(_, l)| l)
-    }
-
-    /// Number of adapted modules.
-    pub fn len(&self) -> usize {
-        self.modules.len()
-    }
-
-    /// Whether no module is adapted.
-    pub fn is_empty(&self) -> bool {
-        self.modules.is_empty()
-    }
-
-    /// The trainable variables, `down` then `up` of each module, in order.
-    pub fn vars(&self) -> Vec<Var> {
-        self.modules
-            .iter()
-            .flat_map(|(_, l)| [l.down.clone(), l.up.clone()])
-            .collect()
-    }
-
-    /// Attaches these same adapters (sharing their `Var`s, so one update reaches both) to the layers of another
-    /// model with the same module paths, as Wan2.2 A14B's two experts share one LoRA. Fails, attaching nothing,
-    /// when a path has no layer there.
-    pub fn share_with<'a, I>(&self, modules: I) -> std::result::Result<(), LoraError>
-    where
-        I: IntoIterator<Item = (String, &'a mut Linear)>,
-    {
-        let mut layers: Vec<(String, &mut Linear)> = modules.into_iter().collect();
-        let mut matched = Vec::with_capacity(self.modules.len());
-        for (path, lora) in &self.modules {
-            match layers.iter().position(|(p, _)| p == path) {
-                Some(k) => matched.push((k, lora)),
-                None => return Err(LoraError::NotShared { path: path.clone() }),
-            }
-        }
-        for (k, lora) in matched {
-            layers[k].1.set_lora(Some(lora.clone()));
-        }
-        Ok(())
-    }
-
-    /// A copy of these adapters on `device`, in new `Var`s (the same paths, values, alphas and multipliers): the
-    /// mirror of a shared LoRA for a model on another GPU, kept equal with [`LoraSet::assign_from`].
-    pub fn copy_to(&self, device: &Device) -> Result<LoraSet> {
-        let modules = self
-            .modules
-            .iter()
-            .map(|(path, l)| {
-                let mut copy = Lora::from_tensors(
-                    &copied_to(l.down.as_tensor(), device)?,
-                    &copied_to(l.up.as_tensor(), device)?,
-                    l.alpha,
-                )?;
-                copy.multiplier = l.multiplier;
-                Ok((path.clone(), copy))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(LoraSet::new(modules))
-    }
-
-    /// Sets every adapter's factors to `source`'s (copied to this set's devices). Both sets must have the same
-    /// paths and shapes, as a [`LoraSet::copy_to`] mirror has.
-    pub fn assign_from(&self, source: &LoraSet) -> Result<()> {
-        if self.modules.len() != source.modules.len() {
-            candle_core::bail!(
-                "LoRA sets differ: {} modules against {}",
-                self.modules.len(),
-                source.modules.len()
-            );
-        }
-        for ((path, to), (from_path, from)) in self.modules.iter().zip(&source.modules) {
-            if path != from_path {
-                candle_core::bail!("LoRA sets differ: {path} against {from_path}");
-            }
-            to.down
-                .set(&copied_to(from.down.as_tensor(), to.down.device())?)?;
-            to.up
-                .set(&copied_to(from.up.as_tensor(), to.up.device())?)?;
-        }
-        Ok(())
-    }
-
-    /// Trainable parameter count.
-    pub fn parameter_count(&self) -> usize {
-        self.modules
-            .iter()
-            .map(|(_, l)| l.down.elem_count() + l.up.elem_count())
-            .sum()
-    }
 }
 
 /// Compares dotted paths segment by segment, numeric segments as numbers.
@@ -583,5 +474,8 @@ pub fn natural_cmp(a: &str, b: &str) -> Ordering {
     }
 }
 
+mod set;
 #[cfg(test)]
 mod tests;
+
+pub use set::LoraSet;

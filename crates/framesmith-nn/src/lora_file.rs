@@ -6,9 +6,9 @@
 //! `model.diffusion_model.` or `transformer.`, or none), SimpleTuner's `lycoris_` names as ComfyUI reads them,
 //! and FLUX.1 LoRAs named after diffusers' transformer (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`),
 //! fused onto the official modules — unless the names are Qwen-Image's, whose official names are diffusers' own.
+//! LoKr, LoHa and DoRA modules are written and read in the layout ComfyUI loads (`kinds.rs`).
 
 use std::collections::{HashMap, HashSet};
-use std::fs::{self, OpenOptions};
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -16,7 +16,7 @@ use safetensors::tensor::{Dtype as StDtype, SafeTensors, TensorView};
 
 use super::linear::Linear;
 use super::lora::{
-    Lora, LoraSet, FLUX_DOUBLE_BLOCK_LINEARS, FLUX_SINGLE_BLOCK_LINEARS, QWEN_IMAGE_BLOCK_LINEARS,
+    Lora, FLUX_DOUBLE_BLOCK_LINEARS, FLUX_SINGLE_BLOCK_LINEARS, QWEN_IMAGE_BLOCK_LINEARS,
     WAN_BLOCK_LINEARS,
 };
 
@@ -87,174 +87,11 @@ pub struct LoadedLora {
 /// A LoRA file's modules (in natural name order) and metadata.
 #[derive(Clone, Debug, Default)]
 pub struct LoraFile {
+    /// The plain LoRA modules.
     pub modules: Vec<LoadedLora>,
+    /// The LoKr, LoHa and DoRA modules (in natural name order).
+    pub adapters: Vec<LoadedAdapter>,
     pub metadata: HashMap<String, String>,
-}
-
-impl LoraSet {
-    /// Writes the adapters with musubi-tuner's keys, tensors in `dtype` (f32, bf16 or f16; `alpha` always an f32
-    /// scalar) and `metadata` in the header. Refuses to write NaN or infinite values; an existing file at
-    /// `path` is replaced only once the new one is complete on disk.
-    pub fn save(
-        &self,
-        path: &Path,
-        dtype: DType,
-        metadata: &HashMap<String, String>,
-    ) -> FileResult<()> {
-        let st_dtype = match dtype {
-            DType::F32 => StDtype::F32,
-            DType::BF16 => StDtype::BF16,
-            DType::F16 => StDtype::F16,
-            other => return Err(LoraFileError::SaveDtype(other)),
-        };
-        let mut entries: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
-        for (module_path, lora) in self.iter() {
-            let name = musubi_name(module_path);
-            for (suffix, var) in [
-                ("lora_down.weight", &lora.down),
-                ("lora_up.weight", &lora.up),
-            ] {
-                let key = format!("{name}.{suffix}");
-                let t = var.as_tensor().to_device(&Device::Cpu)?.to_dtype(dtype)?;
-                let bytes = tensor_bytes(&t)?.ok_or_else(|| LoraFileError::NonFinite {
-                    key: key.clone(),
-                    path: path.to_path_buf(),
-                })?;
-                entries.push((key, st_dtype, t.dims().to_vec(), bytes));
-            }
-            if !lora.alpha.is_finite() {
-                return Err(LoraFileError::NonFinite {
-                    key: format!("{name}.alpha"),
-                    path: path.to_path_buf(),
-                });
-            }
-            let alpha = (lora.alpha as f32).to_le_bytes().to_vec();
-            entries.push((format!("{name}.alpha"), StDtype::F32, vec![], alpha));
-        }
-        for (key, dt, shape, bytes) in &entries {
-            // The sizes must agree before the header promises them.
-            TensorView::new(*dt, shape.clone(), bytes).map_err(|e| LoraFileError::Format {
-                reason: format!("tensor `{key}`: {e}"),
-                path: path.to_path_buf(),
-            })?;
-        }
-        write_atomically(path, |tmp| {
-            sorted_write::write_sorted(tmp, &entries, metadata).map_err(|source| {
-                LoraFileError::Io {
-                    action: "write",
-                    path: path.to_path_buf(),
-                    source,
-                }
-            })
-        })
-    }
-
-    /// Copies a file's weights into these adapters' variables (resuming or continuing training); the layers
-    /// share the variables, so they see the new values. The file must hold exactly these modules with the same
-    /// shapes and alphas.
-    pub fn load_weights(&self, file: &LoraFile) -> FileResult<()> {
-        let ours: Vec<String> = self.iter().map(|(p, _)| musubi_name(p)).collect();
-        let extra: Vec<&str> = file
-            .modules
-            .iter()
-            .filter(|m| !ours.contains(&m.name))
-            .map(|m| m.name.as_str())
-            .collect();
-        if !extra.is_empty() {
-            return Err(not_in_model(&extra));
-        }
-        let mismatch = |name: &str, reason: String| LoraFileError::ShapeMismatch {
-            name: name.to_string(),
-            reason,
-        };
-        let mut pairs = Vec::with_capacity(ours.len());
-        for ((_, lora), name) in self.iter().zip(&ours) {
-            let m = file.get(name).ok_or_else(|| {
-                mismatch(name, "the file has no weights for this module".to_string())
-            })?;
-            check_shapes(m, lora.in_dim(), lora.out_dim(), Some(lora.rank()))?;
-            if (m.alpha - lora.alpha).abs() > 1e-6 * lora.alpha.abs().max(1.0) {
-                let reason = format!("alpha {} in the file, {} configured", m.alpha, lora.alpha);
-                return Err(mismatch(name, reason));
-            }
-            pairs.push((lora, m));
-        }
-        for (lora, m) in pairs {
-            lora.down.set(
-                &m.down
-                    .to_dtype(lora.down.dtype())?
-                    .to_device(lora.down.device())?,
-            )?;
-            lora.up.set(
-                &m.up
-                    .to_dtype(lora.up.dtype())?
-                    .to_device(lora.up.device())?,
-            )?;
-        }
-        Ok(())
-    }
-}
-
-/// Little-endian bytes of a CPU f32/bf16/f16 tensor, or `None` when a value is not finite.
-fn tensor_bytes(t: &Tensor) -> FileResult<Option<Vec<u8>>> {
-    let flat = t.flatten_all()?;
-    let all_finite = flat
-        .to_dtype(DType::F32)?
-        .to_vec1::<f32>()?
-        .iter()
-        .all(|v| v.is_finite());
-    if !all_finite {
-        return Ok(None);
-    }
-    if !matches!(t.dtype(), DType::F32 | DType::BF16 | DType::F16) {
-        return Err(LoraFileError::SaveDtype(t.dtype()));
-    }
-    let bytes = crate::bytes::tensor_bytes(t)?;
-    Ok(Some(bytes))
-}
-
-/// Runs `write` on a temporary file next to `path`, fsyncs it, renames it over `path` and fsyncs the folder.
-/// On failure the temporary file is removed and `path` is untouched.
-fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> FileResult<()>) -> FileResult<()> {
-    let io = |action, source| LoraFileError::Io {
-        action,
-        path: path.to_path_buf(),
-        source,
-    };
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    let Some(file_name) = path.file_name() else {
-        return Err(io("write", std::io::Error::other("the path names no file")));
-    };
-    let tmp = dir.join(format!(
-        ".{}.tmp-{}",
-        file_name.to_string_lossy(),
-        std::process::id()
-    ));
-    let result = write(&tmp).and_then(|()| {
-        // Write access: Windows refuses FlushFileBuffers on a read-only handle.
-        let file = OpenOptions::new()
-            .write(true)
-            .open(&tmp)
-            .map_err(|e| io("reopen", e))?;
-        file.sync_all().map_err(|e| io("flush", e))?;
-        drop(file);
-        fs::rename(&tmp, path).map_err(|e| io("rename", e))
-    });
-    if result.is_err() {
-        // Best effort: the temporary file may not exist if writing failed early.
-        let _ = fs::remove_file(&tmp);
-        return result;
-    }
-    // Makes the rename itself durable on Unix; some filesystems reject fsync on folders, and the file's own
-    // data is already on disk, so a failure here is not worth failing the save.
-    #[cfg(unix)]
-    if let Ok(d) = fs::File::open(&dir) {
-        let _ = d.sync_all();
-    }
-    Ok(())
 }
 
 impl LoraFile {
@@ -302,10 +139,16 @@ impl LoraFile {
                 Part::Down => entry.down = Some(tensor),
                 Part::Up => entry.up = Some(tensor),
                 Part::Alpha => entry.alpha = Some(scalar(&tensor)?),
+                Part::Kind(suffix) => entry.others.push((suffix.to_string(), tensor)),
             }
         }
         let mut modules = Vec::with_capacity(parts.len());
+        let mut adapters = Vec::new();
         for (name, p) in parts {
+            if !p.others.is_empty() {
+                adapters.push(kind_module(name, p, path)?);
+                continue;
+            }
             let incomplete = |missing| LoraFileError::Incomplete {
                 name: name.clone(),
                 missing,
@@ -323,18 +166,33 @@ impl LoraFile {
             });
         }
         let mut modules = flux_diffusers::to_official(modules, &dotted, path)?;
-        modules.sort_by(|a, b| {
-            super::lora::natural_cmp(&a.name.replace('_', "."), &b.name.replace('_', "."))
-        });
-        Ok(Self { modules, metadata })
+        let order =
+            |a: &str, b: &str| super::lora::natural_cmp(&a.replace('_', "."), &b.replace('_', "."));
+        modules.sort_by(|a, b| order(&a.name, &b.name));
+        adapters.sort_by(|a, b| order(&a.name, &b.name));
+        Ok(Self {
+            modules,
+            adapters,
+            metadata,
+        })
     }
 
     /// Refuses a file (read from `path`) holding a NaN or infinite value, naming the first such tensor in
     /// musubi-tuner's name (`lora_unet_blocks_0_self_attn_q.lora_up.weight`).
     pub fn check_finite(&self, path: &Path) -> FileResult<()> {
-        for m in &self.modules {
-            let alpha = (!m.alpha.is_finite()).then(|| format!("{}.alpha", m.name));
-            let tensor = [("lora_down.weight", &m.down), ("lora_up.weight", &m.up)]
+        let plain = self.modules.iter().map(|m| {
+            let tensors = vec![("lora_down.weight", &m.down), ("lora_up.weight", &m.up)];
+            (&m.name, Some(m.alpha), tensors)
+        });
+        let others = self.adapters.iter().map(|m| {
+            let tensors = m.tensors.iter().map(|(n, t)| (n.as_str(), t)).collect();
+            (&m.name, m.alpha, tensors)
+        });
+        for (name, alpha, tensors) in plain.chain(others) {
+            let alpha = alpha
+                .filter(|a| !a.is_finite())
+                .map(|_| format!("{name}.alpha"));
+            let tensor = tensors
                 .into_iter()
                 .find_map(|(suffix, t)| {
                     let finite = t
@@ -344,7 +202,7 @@ impl LoraFile {
                         .map(|v| v.iter().all(|x| x.is_finite()));
                     match finite {
                         Ok(true) => None,
-                        Ok(false) => Some(Ok(format!("{}.{suffix}", m.name))),
+                        Ok(false) => Some(Ok(format!("{name}.{suffix}"))),
                         Err(e) => Some(Err(e)),
                     }
                 })
@@ -359,9 +217,14 @@ impl LoraFile {
         Ok(())
     }
 
-    /// The module with musubi-tuner name `name` (`lora_unet_blocks_0_self_attn_q`).
+    /// The plain LoRA module with musubi-tuner name `name` (`lora_unet_blocks_0_self_attn_q`).
     pub fn get(&self, name: &str) -> Option<&LoadedLora> {
         self.modules.iter().find(|m| m.name == name)
+    }
+
+    /// The LoKr, LoHa or DoRA module with musubi-tuner name `name`.
+    pub fn adapter(&self, name: &str) -> Option<&LoadedAdapter> {
+        self.adapters.iter().find(|m| m.name == name)
     }
 
     /// Attaches the file's adapters, with `multiplier` and factors converted to `dtype`, to the matching layers
@@ -379,8 +242,9 @@ impl LoraFile {
         let missing: Vec<&str> = self
             .modules
             .iter()
-            .filter(|m| !layers.contains_key(&m.name))
             .map(|m| m.name.as_str())
+            .chain(self.adapters.iter().map(|m| m.name.as_str()))
+            .filter(|name| !layers.contains_key(*name))
             .collect();
         if !missing.is_empty() {
             return Err(not_in_model(&missing));
@@ -388,6 +252,11 @@ impl LoraFile {
         for m in &self.modules {
             if let Some(layer) = layers.get(&m.name) {
                 check_shapes(m, layer.in_dim(), layer.out_dim(), None)?;
+            }
+        }
+        for m in &self.adapters {
+            if let Some(layer) = layers.get(&m.name) {
+                kinds::check_fits(m, &m.adapter(&Device::Cpu)?, layer)?;
             }
         }
         for m in &self.modules {
@@ -400,7 +269,12 @@ impl LoraFile {
                 layer.set_lora(Some(lora));
             }
         }
-        Ok(self.modules.len())
+        for m in &self.adapters {
+            if let Some(layer) = layers.get_mut(&m.name) {
+                kinds::attach(m, layer, multiplier, dtype)?;
+            }
+        }
+        Ok(self.modules.len() + self.adapters.len())
     }
 }
 
@@ -444,6 +318,8 @@ struct Parts {
     down: Option<Tensor>,
     up: Option<Tensor>,
     alpha: Option<f64>,
+    /// LoKr / LoHa / DoRA tensors by name after the module.
+    others: Vec<(String, Tensor)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -451,6 +327,32 @@ enum Part {
     Down,
     Up,
     Alpha,
+    /// A LoKr, LoHa or DoRA tensor (its name after the module).
+    Kind(&'static str),
+}
+
+/// A module with LoKr, LoHa or DoRA tensors, checked to make an adapter.
+fn kind_module(name: String, p: Parts, path: &Path) -> FileResult<LoadedAdapter> {
+    let mut tensors = p.others;
+    for (suffix, t) in [("lora_down.weight", p.down), ("lora_up.weight", p.up)] {
+        if let Some(t) = t {
+            tensors.push((suffix.to_string(), t));
+        }
+    }
+    let loaded = LoadedAdapter {
+        name,
+        path: p.path,
+        tensors,
+        alpha: p.alpha,
+    };
+    loaded
+        .adapter(&Device::Cpu)
+        .map_err(|e| LoraFileError::UnsupportedKey {
+            key: loaded.name.clone(),
+            reason: e.to_string(),
+            path: path.to_path_buf(),
+        })?;
+    Ok(loaded)
 }
 
 /// Splits a key into its module and tensor kind, or says why it is not a supported LoRA tensor.
@@ -467,12 +369,15 @@ fn split_key(key: &str) -> std::result::Result<(&str, Part), String> {
             return Ok((module, part));
         }
     }
-    let reason = if key.ends_with(".dora_scale") {
-        "DoRA adapters are not supported"
-    } else if key.ends_with(".diff") || key.ends_with(".diff_b") {
+    for suffix in kinds::KIND_SUFFIXES {
+        if let Some(module) = key.strip_suffix(suffix).and_then(|m| m.strip_suffix('.')) {
+            return Ok((module, Part::Kind(suffix)));
+        }
+    }
+    let reason = if key.ends_with(".diff") || key.ends_with(".diff_b") {
         "full weight differences are not supported"
-    } else if key.contains("hada_") || key.contains("lokr_") {
-        "LyCORIS LoHa/LoKr adapters are not supported"
+    } else if key.contains("hada_t") || key.contains("lokr_t") {
+        "LyCORIS Tucker factors (convolutions) are not supported"
     } else {
         "not a LoRA tensor: expected .lora_down/.lora_up/.lora_A/.lora_B weights and .alpha"
     };
@@ -555,6 +460,10 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
 }
 
 mod flux_diffusers;
+mod kinds;
+mod set;
 mod sorted_write;
+
+pub use kinds::LoadedAdapter;
 #[cfg(test)]
 mod tests;

@@ -203,6 +203,13 @@ pub fn write_clip(path: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result<
 /// alpha set to the total rank, so `up(down(x))` is exactly the sum of the adapters. Needed because a layer holds
 /// one adapter. Factors are combined in f32.
 pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
+    if let Some(m) = files.iter().find_map(|(f, _)| f.adapters.first()) {
+        anyhow::bail!(
+            "a {} LoRA (module {}) cannot be combined with other LoRAs: apply it alone",
+            m.kind_name(),
+            m.name
+        );
+    }
     let mut parts: BTreeMap<String, Vec<(&LoadedLora, f64)>> = BTreeMap::new();
     for (file, multiplier) in files {
         for module in &file.modules {
@@ -236,7 +243,7 @@ pub fn combine_loras(files: &[(LoraFile, f64)]) -> anyhow::Result<LoraFile> {
     }
     Ok(LoraFile {
         modules,
-        metadata: Default::default(),
+        ..Default::default()
     })
 }
 

@@ -3,7 +3,8 @@
 //! list. Each family counts its own blocks with these in its `family/<name>/plan.rs`.
 
 use framesmith_config::plan::FloatDtype;
-use framesmith_config::run::{BaseDtype, Fp8ScaleMode};
+use framesmith_config::run::{BaseDtype, Fp8ScaleMode, LoraKind, LoraSection};
+use framesmith_nn::adapter::AdapterKind;
 use framesmith_nn::fp8::{self, Fp8Scale};
 use framesmith_nn::lora::{check_rank, LoraError, LoraTargets};
 
@@ -88,6 +89,20 @@ pub fn fp8_weight_buffers(out_dim: usize, in_dim: usize, mode: Fp8ScaleMode) -> 
 pub fn fp8_weight_bytes(out_dim: usize, in_dim: usize, mode: Fp8ScaleMode) -> u64 {
     let (codes, scales) = fp8_weight_buffers(out_dim, in_dim, mode);
     codes + scales
+}
+
+/// The adapter `[lora]` asks for (`kind` with LoKr's options), as `nn` makes it.
+pub fn adapter_kind(lora: &LoraSection) -> AdapterKind {
+    match lora.kind {
+        LoraKind::Lora => AdapterKind::Lora,
+        LoraKind::Lokr => AdapterKind::Lokr {
+            factor: lora.factor,
+            decompose_both: lora.decompose_both,
+            full_matrix: lora.full_matrix,
+        },
+        LoraKind::Loha => AdapterKind::Loha,
+        LoraKind::Dora => AdapterKind::Dora,
+    }
 }
 
 /// LoRA parameters for any model, from its official `(name, shape)` list and its `targets` (musubi-tuner's rules,

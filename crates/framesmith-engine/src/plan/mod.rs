@@ -14,8 +14,8 @@ mod suggest;
 mod working_set;
 
 pub use bytes::{
-    dtype_bytes, dtype_name, elements, fp8_scale, fp8_weight_buffers, fp8_weight_bytes,
-    lora_parameters_of, BaseFormat,
+    adapter_kind, dtype_bytes, dtype_name, elements, fp8_scale, fp8_weight_buffers,
+    fp8_weight_bytes, lora_parameters_of, BaseFormat,
 };
 pub(crate) use input::clip_pixels;
 pub use input::{

@@ -10,6 +10,7 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use crate::family::{family_of, FamilyRun};
+use crate::plan::adapter_kind;
 use crate::train::data::TrainSet;
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
@@ -21,7 +22,7 @@ use crate::train::validation::Validation;
 use framesmith_config::plan::{FloatDtype, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
-use framesmith_config::run::{ActivationPlacement, BlocksToSwap, StreamingMode};
+use framesmith_config::run::{ActivationPlacement, BlocksToSwap, LoraKind, StreamingMode};
 use framesmith_config::{validate_for, HostInfo, RunPlan};
 use framesmith_nn::collective::broadcast_tensors;
 use framesmith_nn::device::{DeviceError, VramHold};
@@ -306,6 +307,35 @@ pub(crate) fn lora_metadata(
     meta
 }
 
+/// LyCORIS' keys for a LoKr, LoHa or DoRA run, over the family's (`ss_network_module = "lycoris.kohya"` with
+/// `ss_network_args` naming the algorithm and its options, as LyCORIS' kohya network writes them), and
+/// `framesmith.lora_kind`. A plain LoRA's metadata stays as the family wrote it.
+fn add_kind_metadata(plan: &RunPlan, meta: &mut HashMap<String, String>) {
+    let l = &plan.lora;
+    let py_bool = |b: bool| if b { "True" } else { "False" };
+    let args = match l.kind {
+        LoraKind::Lora => return,
+        LoraKind::Lokr => serde_json::json!({
+            "algo": "lokr",
+            "factor": l.factor.to_string(),
+            "decompose_both": py_bool(l.decompose_both),
+            "full_matrix": py_bool(l.full_matrix),
+        }),
+        LoraKind::Loha => serde_json::json!({ "algo": "loha" }),
+        LoraKind::Dora => serde_json::json!({
+            "algo": "lora",
+            "dora_wd": "True",
+            "wd_on_output": "True",
+        }),
+    };
+    meta.insert("ss_network_module".into(), "lycoris.kohya".into());
+    meta.insert("ss_network_args".into(), args.to_string());
+    meta.insert(
+        "framesmith.lora_kind".into(),
+        adapter_kind(&plan.config.lora).name().into(),
+    );
+}
+
 impl Trainer {
     /// Validates the request's config and builds the run; resumes when asked. A new run writes into its own
     /// folder (`config::outputs::new_run_dir`), so it never replaces or prunes another run's files; a resumed run
@@ -438,11 +468,10 @@ impl Trainer {
         let optimizer = AdamW::new(named_vars(&parts.loras), plan.optimizer)?;
         let accumulation = plan.training.gradient_accumulation_steps.max(1);
         let total_steps = plan.training.total_steps(parts.data.batches_per_epoch());
-        let mut outputs = Outputs::create(
-            &plan.output.output_dir,
-            &plan.output.output_name,
-            parts.metadata,
-        );
+        let mut metadata = parts.metadata;
+        add_kind_metadata(plan, &mut metadata);
+        let mut outputs =
+            Outputs::create(&plan.output.output_dir, &plan.output.output_name, metadata);
         outputs.every_n_steps = plan.output.save_every_n_steps;
         outputs.every_n_epochs = plan.output.save_every_n_epochs;
         outputs.save_state = plan.output.save_state;
@@ -502,6 +531,7 @@ pub(crate) fn lora_spec(plan: &RunPlan) -> LoraSpec {
         include_patterns: plan.lora.include_patterns.clone(),
         exclude_patterns: plan.lora.exclude_patterns.clone(),
         seed: plan.training.seed,
+        kind: adapter_kind(&plan.config.lora),
     }
 }
 
@@ -533,15 +563,16 @@ pub(crate) fn start_loras(
     Ok(())
 }
 
-/// The optimizer's names for a LoRA's factors (`{path}.lora_down`, `{path}.lora_up`).
+/// The optimizer's names for an adapter's factors: their file names without `.weight` (`{path}.lora_down`,
+/// `{path}.lora_up`, `{path}.lokr_w1`, `{path}.dora_scale`, …).
 pub(crate) fn named_vars(loras: &LoraSet) -> Vec<(String, candle_core::Var)> {
     loras
         .iter()
         .flat_map(|(path, l)| {
-            [
-                (format!("{path}.lora_down"), l.down.clone()),
-                (format!("{path}.lora_up"), l.up.clone()),
-            ]
+            l.named_vars().into_iter().map(move |(name, var)| {
+                let name = name.trim_end_matches(".weight");
+                (format!("{path}.{name}"), var.clone())
+            })
         })
         .collect()
 }

@@ -42,6 +42,7 @@ fn spec(rank: usize, include: &[&str]) -> LoraSpec {
         include_patterns: include.iter().map(|s| s.to_string()).collect(),
         exclude_patterns: vec![],
         seed: 1,
+        kind: Default::default(),
     }
 }
 
@@ -139,6 +140,7 @@ fn attach_trained(model: &mut Flux) -> LoraSet {
     .unwrap();
     let rng = &mut rand::rngs::StdRng::seed_from_u64(4);
     for (_, lora) in set.iter() {
+        let lora = lora.as_lora().unwrap();
         let up = framesmith_nn::init::randn(rng, lora.up.shape(), 0.0, 0.1, &Device::Cpu).unwrap();
         lora.up.set(&up).unwrap();
     }
@@ -164,6 +166,7 @@ fn a_saved_flux_lora_loads_into_a_fresh_model_in_either_layout() -> anyhow::Resu
     let peft = dir.path().join("peft.safetensors");
     let mut tensors = HashMap::new();
     for (path, lora) in set.iter() {
+        let lora = lora.as_lora().unwrap();
         let key = format!("transformer.{path}");
         tensors.insert(
             format!("{key}.lora_A.weight"),
@@ -257,6 +260,7 @@ fn a_lora_in_diffusers_module_names_fuses_onto_the_official_modules() -> anyhow:
     let left_out = "single_transformer_blocks.1.proj_mlp";
     let mut tensors = HashMap::new();
     for (path, lora) in set.iter() {
+        let lora = lora.as_lora().unwrap();
         let mut row = 0;
         for (name, rows) in diffusers_parts(path, h, mlp) {
             let up = (lora.up.as_tensor().narrow(0, row, rows)? * lora.scale())?;
@@ -273,7 +277,10 @@ fn a_lora_in_diffusers_module_names_fuses_onto_the_official_modules() -> anyhow:
         }
         assert_eq!(row, lora.out_dim(), "{path}");
     }
-    let linear1 = set.get("single_blocks.1.linear1").expect("adapted");
+    let linear1 = set
+        .get("single_blocks.1.linear1")
+        .and_then(|a| a.as_lora())
+        .expect("adapted");
     let up = linear1.up.as_tensor();
     let kept = up.narrow(0, 0, 3 * h)?;
     linear1.up.set(&Tensor::cat(

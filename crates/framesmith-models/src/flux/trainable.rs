@@ -200,9 +200,10 @@ mod tests {
     use crate::flux::testkit::Case;
     use crate::flux::FluxConfig;
     use candle_core::{DType, Var};
+    use framesmith_nn::adapter::AdapterKind;
     use framesmith_nn::init::randn;
     use framesmith_nn::lora::Lora;
-    use framesmith_nn::testing::rel;
+    use framesmith_nn::testing::{attach_random_adapters, rel};
     use framesmith_nn::vb::Vb;
     use rand::rngs::StdRng;
     use rand::SeedableRng;
@@ -230,6 +231,11 @@ mod tests {
     fn check(case_name: &str) -> anyhow::Result<()> {
         let case = Case::load(case_name)?;
         let (model, vars) = model_with_loras(&case)?;
+        check_model(&case, &model, &vars)
+    }
+
+    /// [`check`] for the fixture's model with `vars` attached.
+    fn check_model(case: &Case, model: &Flux, vars: &[Var]) -> anyhow::Result<()> {
         let inputs = FluxInputs {
             img: case.input("img")?.clone(),
             img_ids: case.input("img_ids")?.clone(),
@@ -239,7 +245,7 @@ mod tests {
             y: case.input("y")?.clone(),
             guidance: case.inputs.get("guidance").cloned(),
         };
-        let prepared = TrainableModel::prepare(&model, &inputs)?.detached();
+        let prepared = TrainableModel::prepare(model, &inputs)?.detached();
         let rng = &mut StdRng::seed_from_u64(5);
         let mut xs = prepared.xs.clone();
         let mut checked = 0;
@@ -317,6 +323,30 @@ mod tests {
     #[test]
     fn hand_written_backward_matches_autograd_dev() -> anyhow::Result<()> {
         check("flux_dit")
+    }
+
+    /// LoKr, LoHa and DoRA through every block: the same checks as plain LoRA's.
+    #[test]
+    fn every_adapter_kind_matches_autograd() -> anyhow::Result<()> {
+        let case = Case::load("flux_dit")?;
+        let cfg = FluxConfig::from_json(&case.config["init"].to_string())?;
+        let kinds = [
+            AdapterKind::Lokr {
+                factor: -1,
+                decompose_both: false,
+                full_matrix: false,
+            },
+            AdapterKind::Loha,
+            AdapterKind::Dora,
+        ];
+        for kind in kinds {
+            let vb = Vb::from_tensors(case.weights.clone(), DType::F32, &Device::Cpu);
+            let mut model = Flux::new(&cfg, &vb)?;
+            let vars = attach_random_adapters(model.linears_mut(), kind, 11)?;
+            eprintln!("{kind:?}");
+            check_model(&case, &model, &vars)?;
+        }
+        Ok(())
     }
 
     #[test]

@@ -44,6 +44,7 @@ fn spec(rank: usize) -> LoraSpec {
         include_patterns: vec![],
         exclude_patterns: vec![],
         seed: 1,
+        kind: Default::default(),
     }
 }
 
@@ -107,6 +108,7 @@ fn attach_trained(model: &mut QwenImageTransformer) -> LoraSet {
     let set = attach_model_loras(model, &spec(3)).unwrap();
     let rng = &mut rand::rngs::StdRng::seed_from_u64(4);
     for (_, lora) in set.iter() {
+        let lora = lora.as_lora().unwrap();
         let up = framesmith_nn::init::randn(rng, lora.up.shape(), 0.0, 0.1, &Device::Cpu).unwrap();
         lora.up.set(&up).unwrap();
     }
@@ -137,6 +139,7 @@ fn a_saved_lora_loads_into_a_fresh_model_in_every_layout_comfyui_reads() -> anyh
     {
         let mut tensors = HashMap::new();
         for (path, lora) in set.iter() {
+            let lora = lora.as_lora().unwrap();
             let key = format!("{prefix}{path}");
             let down = lora.down.as_tensor().clone();
             tensors.insert(format!("{key}.lora_A.weight"), down);

@@ -2,13 +2,15 @@
 //! and load back into a fresh model that then computes what the trained one does.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 
 use crate::wan::random::random_weights;
+use crate::wan::weights::official_shapes;
 use crate::wan::{WanConfig, WanModel};
+use framesmith_nn::adapter::{factorization, AdapterKind};
 use framesmith_nn::lora::{attach_loras, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::vb::Vb;
@@ -39,9 +41,11 @@ fn attach_trained(model: &mut WanModel) -> framesmith_nn::lora::LoraSet {
         include_patterns: vec![],
         exclude_patterns: vec![],
         seed: 1,
+        kind: Default::default(),
     };
     let set = attach_loras(model.linears_mut(), &spec).unwrap();
     for (_, lora) in set.iter() {
+        let lora = lora.as_lora().unwrap();
         let dims = lora.up.dims().to_vec();
         lora.up.set(&tensor(9, &dims, 0.1)).unwrap();
     }
@@ -104,4 +108,113 @@ fn untracked_forward_matches_the_tracked_one_without_a_graph() {
     assert!(!untracked[0].track_op());
     let err = framesmith_nn::testing::rel(&untracked[0], &tracked[0]).unwrap();
     assert!(err <= 1e-5, "relative difference {err}");
+}
+
+/// The tensors (name → shape) LyCORIS writes, and ComfyUI reads, for an adapter of `kind` at `rank` on every
+/// 2-D weight inside `blocks.N` of this state dict: LoKr splits each width as LyCORIS' `factorization` does and
+/// makes a factor a rank-`rank` product when the rank is under half its larger side (`w1` only with
+/// `decompose_both`); LoHa has two rank-`rank` products; DoRA is a LoRA with `dora_scale` [out, 1].
+fn lycoris_keys(
+    official: &[(String, Vec<usize>)],
+    kind: AdapterKind,
+    rank: usize,
+) -> BTreeMap<String, Vec<usize>> {
+    let mut keys = BTreeMap::new();
+    for (name, shape) in official {
+        let (Some(module), [out, inp]) = (name.strip_suffix(".weight"), shape.as_slice()) else {
+            continue;
+        };
+        if !module.starts_with("blocks.") {
+            continue;
+        }
+        let key = format!("lora_unet_{}", module.replace('.', "_"));
+        let mut put = |suffix: &str, dims: Vec<usize>| keys.insert(format!("{key}.{suffix}"), dims);
+        put("alpha", vec![]);
+        match kind {
+            AdapterKind::Lokr { decompose_both, .. } => {
+                let ((out_l, out_k), (in_m, in_n)) =
+                    (factorization(*out, -1), factorization(*inp, -1));
+                let low = |r: usize, c: usize| 2 * rank < r.max(c);
+                for (w, r, c, can) in [
+                    ("w1", out_l, in_m, decompose_both),
+                    ("w2", out_k, in_n, true),
+                ] {
+                    if can && low(r, c) {
+                        put(&format!("lokr_{w}_a"), vec![r, rank]);
+                        put(&format!("lokr_{w}_b"), vec![rank, c]);
+                    } else {
+                        put(&format!("lokr_{w}"), vec![r, c]);
+                    }
+                }
+            }
+            AdapterKind::Loha => {
+                for w in ["w1", "w2"] {
+                    put(&format!("hada_{w}_a"), vec![*out, rank]);
+                    put(&format!("hada_{w}_b"), vec![rank, *inp]);
+                }
+            }
+            _ => {
+                put("lora_down.weight", vec![rank, *inp]);
+                put("lora_up.weight", vec![*out, rank]);
+                put("dora_scale", vec![*out, 1]);
+            }
+        }
+    }
+    keys
+}
+
+/// For each kind, the file of an adapter on the Wan model has exactly the keys and shapes that its state dict
+/// implies under LyCORIS' (and ComfyUI's) names, and reads back as that kind on every module.
+#[test]
+fn every_kind_has_the_keys_comfyui_reads_for_the_state_dict() {
+    let cfg = WanConfig::tiny(2);
+    let official = official_shapes(&cfg);
+    let dir = tempfile::tempdir().unwrap();
+    for (kind, rank) in [
+        (
+            AdapterKind::Lokr {
+                factor: -1,
+                decompose_both: true,
+                full_matrix: false,
+            },
+            1,
+        ),
+        (
+            AdapterKind::Lokr {
+                factor: -1,
+                decompose_both: false,
+                full_matrix: false,
+            },
+            2,
+        ),
+        (AdapterKind::Loha, 2),
+        (AdapterKind::Dora, 2),
+    ] {
+        let mut model = tiny_model(&cfg);
+        let spec = LoraSpec {
+            rank,
+            alpha: 1.0,
+            dtype: DType::F32,
+            include_patterns: vec![],
+            exclude_patterns: vec![],
+            seed: 1,
+            kind,
+        };
+        let set = attach_loras(model.linears_mut(), &spec).unwrap();
+        let path = dir.path().join(format!("{}.safetensors", kind.name()));
+        set.save(&path, DType::BF16, &HashMap::new()).unwrap();
+        let written: BTreeMap<String, Vec<usize>> =
+            candle_core::safetensors::load(&path, &Device::Cpu)
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| (k, v.dims().to_vec()))
+                .collect();
+        assert_eq!(written, lycoris_keys(&official, kind, rank), "{kind:?}");
+        let file = LoraFile::load(&path, &Device::Cpu).unwrap();
+        assert_eq!(file.adapters.len(), set.len(), "{kind:?}");
+        assert!(
+            file.adapters.iter().all(|m| m.kind_name() == kind.name()),
+            "{kind:?}"
+        );
+    }
 }

@@ -6,6 +6,7 @@
 use candle_core::{Result, Tensor, Var, D};
 
 use super::{FrozenMatmul, Linear};
+use crate::adapter::Adapter;
 use crate::lora::Lora;
 use crate::ops::Dense;
 
@@ -14,7 +15,9 @@ use crate::ops::Dense;
 /// tape makes the backward recompute it.
 #[derive(Clone, Debug, Default)]
 pub struct LinearTape {
-    mid: Option<Tensor>,
+    pub(super) mid: Option<Tensor>,
+    /// DoRA's output before its row scale (`x W'ᵀ`, [m, out]) and the row norms `‖W + ΔW‖` [out, 1] f32.
+    pub(super) dora: Option<(Tensor, Tensor)>,
 }
 
 /// What [`Linear::backward_with`] does with the input gradient.
@@ -53,7 +56,7 @@ impl Linear {
         let out_dims = self.out_dims(xs);
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
-        let Some(lora) = &self.lora else {
+        let Some(adapter) = &self.adapter else {
             let bias = self.detached_bias(dtype)?;
             let y = x2.apply_op1_no_bwd(&FrozenMatmul {
                 base: self.base.clone(),
@@ -63,6 +66,9 @@ impl Linear {
                 None => y,
             };
             return Ok((y.reshape(out_dims)?, LinearTape::default()));
+        };
+        let Adapter::Lora(lora) = adapter else {
+            return self.forward_kind_untracked(&x2, adapter, out_dims);
         };
         let (down, up) = detached_factors(lora, dtype)?;
         let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
@@ -99,7 +105,13 @@ impl Linear {
             })?;
             add_matmul(y, &mid1, &up1, true)?
         };
-        Ok((y.reshape(out_dims)?, LinearTape { mid: Some(mid) }))
+        Ok((
+            y.reshape(out_dims)?,
+            LinearTape {
+                mid: Some(mid),
+                dora: None,
+            },
+        ))
     }
 
     /// The bias, detached and in `dtype` (`None` without one).
@@ -157,6 +169,10 @@ impl Linear {
         let dtype = xs.dtype();
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dy2 = rows(dy, dtype)?;
+        if let Some(adapter) = self.adapter.as_ref().filter(|a| a.as_lora().is_none()) {
+            let (dx, params) = self.backward_kind(adapter, &x2, tape, &dy2, input)?;
+            return Ok((dx.map(|d| d.reshape(xs.shape())).transpose()?, params));
+        }
         let mut params = Vec::new();
         // The LoRA's share of the input gradient, `((dy·s) B) A` (`None` without a LoRA).
         let mut low_rank = None;
@@ -230,7 +246,7 @@ impl Linear {
         tape: &LinearTape,
         dy2: &Tensor,
     ) -> Result<Option<LowRankTerms>> {
-        let Some(lora) = &self.lora else {
+        let Some(lora) = self.lora() else {
             return Ok(None);
         };
         let (down, up) = detached_factors(lora, x2.dtype())?;

@@ -20,7 +20,7 @@ fn batches(linears: &[&Linear], xs: &Tensor) -> bool {
 
 /// More than one layer, each with a LoRA.
 fn can_batch(linears: &[&Linear]) -> bool {
-    linears.len() > 1 && linears.iter().all(|l| l.lora.is_some())
+    linears.len() > 1 && linears.iter().all(|l| l.lora().is_some())
 }
 
 impl Linear {
@@ -41,7 +41,7 @@ impl Linear {
         let dtype = x2.dtype();
         let mut downs = Vec::with_capacity(linears.len());
         let mut ups = Vec::with_capacity(linears.len());
-        for lora in linears.iter().filter_map(|l| l.lora.as_ref()) {
+        for lora in linears.iter().filter_map(|l| l.lora()) {
             let (down, up) = detached_factors(lora, dtype)?;
             downs.push(down);
             ups.push(up);
@@ -51,7 +51,7 @@ impl Linear {
         let mut out = Vec::with_capacity(linears.len());
         for ((lin, down), up) in linears.iter().zip(&downs).zip(ups) {
             let rank = down.dim(0)?;
-            let scale = lin.lora.as_ref().map_or(1.0, |l| l.scale());
+            let scale = lin.lora().map_or(1.0, |l| l.scale());
             let mid = (mids.narrow(1, offset, rank)? * scale)?;
             offset += rank;
             out.push(lin.finish_forward(&x2, mid, up, lin.out_dims(xs))?);

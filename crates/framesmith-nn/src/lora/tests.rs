@@ -25,6 +25,7 @@ fn spec(rank: usize, alpha: f64) -> LoraSpec {
         include_patterns: vec![],
         exclude_patterns: vec![],
         seed: 7,
+        kind: Default::default(),
     }
 }
 
@@ -232,7 +233,7 @@ fn attach_creates_seeded_adapters_in_natural_order() {
             .unwrap();
         assert_eq!(diff.to_scalar::<f32>().unwrap(), 0.0);
     }
-    let lora = set.get("blocks.3.ffn.0").unwrap();
+    let lora = set.get("blocks.3.ffn.0").unwrap().as_lora().unwrap();
     assert_eq!(lora.alpha, 4.0, "alpha 0 means alpha = rank");
     let down = lora.down.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     let bound = 1.0 / 8f32.sqrt();
@@ -243,6 +244,8 @@ fn attach_creates_seeded_adapters_in_natural_order() {
     let d2 = set2
         .get("blocks.3.ffn.0")
         .unwrap()
+        .as_lora()
+        .unwrap()
         .down
         .flatten_all()
         .unwrap()
@@ -251,6 +254,8 @@ fn attach_creates_seeded_adapters_in_natural_order() {
     assert_eq!(down, d2);
     let other = set2
         .get("blocks.4.ffn.0")
+        .unwrap()
+        .as_lora()
         .unwrap()
         .down
         .flatten_all()
@@ -267,7 +272,7 @@ fn a_shared_set_updates_both_models_at_once() {
     let set = attach_loras(as_list(&mut first), &spec(2, 0.0)).unwrap();
     set.share_with(as_list(&mut second)).unwrap();
     let x = tensor(1, &[3, 8], 1.0, DType::F32);
-    let (_, lora) = set.iter().next().unwrap();
+    let lora = set.iter().next().unwrap().1.as_lora().unwrap();
     lora.up
         .set(&Tensor::ones(lora.up.shape(), DType::F32, &Device::Cpu).unwrap())
         .unwrap();
@@ -378,6 +383,7 @@ fn lora_gradients_match_finite_differences() {
     s.dtype = DType::F64;
     let set = attach_loras(as_list(&mut model), &s).unwrap();
     for (i, (_, lora)) in set.iter().enumerate() {
+        let lora = lora.as_lora().unwrap();
         let dims = lora.up.dims().to_vec();
         lora.up
             .set(&tensor(20 + i as u64, &dims, 0.5, DType::F64))
@@ -503,8 +509,19 @@ fn a_mirror_is_its_own_copy_until_assigned() {
             .collect()
     };
     assert_eq!(values(&set), values(&mirror));
-    assert_eq!(mirror.get("blocks.1.q").unwrap().multiplier, 0.5);
-    assert_eq!(mirror.get("blocks.1.q").unwrap().alpha, 4.0);
+    assert_eq!(
+        mirror
+            .get("blocks.1.q")
+            .unwrap()
+            .as_lora()
+            .unwrap()
+            .multiplier,
+        0.5
+    );
+    assert_eq!(
+        mirror.get("blocks.1.q").unwrap().as_lora().unwrap().alpha,
+        4.0
+    );
     for v in set.vars() {
         v.set(&(v.as_tensor() * 2.0).unwrap()).unwrap();
     }

@@ -6,7 +6,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::*;
 use crate::fp8::tests::randn;
-use crate::lora::{attach_loras, LoraSpec};
+use crate::lora::{attach_loras, LoraSet, LoraSpec};
 
 fn tensor(seed: u64, dims: &[usize], scale: f32) -> Tensor {
     let v: Vec<f32> = randn(seed, dims.iter().product())
@@ -44,9 +44,11 @@ fn trained_set(model: &mut [(String, Linear)], rank: usize, alpha: f64) -> LoraS
         include_patterns: vec![],
         exclude_patterns: vec![],
         seed: 3,
+        kind: Default::default(),
     };
     let set = attach_loras(as_list(model), &spec).unwrap();
     for (i, (_, lora)) in set.iter().enumerate() {
+        let lora = lora.as_lora().unwrap();
         let dims = lora.up.dims().to_vec();
         lora.up.set(&tensor(300 + i as u64, &dims, 0.2)).unwrap();
     }
@@ -104,6 +106,7 @@ fn save_then_load_is_bit_identical_with_musubi_keys_and_metadata() {
     assert_eq!(file.metadata, metadata());
     assert_eq!(file.modules.len(), 6);
     for (module_path, lora) in set.iter() {
+        let lora = lora.as_lora().unwrap();
         let m = file.get(&musubi_name(module_path)).unwrap();
         assert_eq!(m.path.as_deref(), Some(module_path));
         assert_eq!(bits(&m.down), bits(lora.down.as_tensor()));
@@ -144,6 +147,8 @@ fn half_precision_saves_keep_alpha_in_f32() {
         let want = set
             .get("blocks.0.self_attn.q")
             .unwrap()
+            .as_lora()
+            .unwrap()
             .up
             .to_dtype(dtype)
             .unwrap();
@@ -177,7 +182,7 @@ fn non_finite_adapters_are_never_written() {
     std::fs::write(&path, b"previous checkpoint").unwrap();
     let mut model = toy_model();
     let set = trained_set(&mut model, 2, 1.0);
-    let lora = set.get("blocks.1.ffn.0").unwrap();
+    let lora = set.get("blocks.1.ffn.0").unwrap().as_lora().unwrap();
     let mut up = lora.up.flatten_all().unwrap().to_vec1::<f32>().unwrap();
     up[3] = f32::NAN;
     lora.up
@@ -416,6 +421,7 @@ fn load_weights_restores_a_set_for_resume() {
             include_patterns: vec![],
             exclude_patterns: vec![],
             seed: 99,
+            kind: Default::default(),
         },
     )
     .unwrap();
@@ -438,6 +444,7 @@ fn load_weights_restores_a_set_for_resume() {
             include_patterns: vec![],
             exclude_patterns: vec![],
             seed: 1,
+            kind: Default::default(),
         },
     )
     .unwrap();

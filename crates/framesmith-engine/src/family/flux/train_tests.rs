@@ -205,11 +205,13 @@ impl MiniRun {
             include_patterns: vec![],
             exclude_patterns: vec![],
             seed: SEED,
+            kind: Default::default(),
         };
         let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::Flux)?;
         let named = loras
             .iter()
             .flat_map(|(p, l)| {
+                let l = l.as_lora().expect("a plain LoRA");
                 [
                     (format!("{p}.lora_down"), l.down.clone()),
                     (format!("{p}.lora_up"), l.up.clone()),

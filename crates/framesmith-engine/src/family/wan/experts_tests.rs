@@ -230,7 +230,11 @@ fn a_joint_lora_is_shared_and_one_expert_is_parked() -> anyhow::Result<()> {
         .lora()
         .expect("a LoRA");
     let on_low = low.model.blocks()[0].self_attn.q.lora().expect("a LoRA");
-    let shared = trainer.loras().get(path).expect("in the set");
+    let shared = trainer
+        .loras()
+        .get(path)
+        .and_then(|a| a.as_lora())
+        .expect("in the set");
     for l in [on_high, on_low] {
         let diff = (l.up.as_tensor() - shared.up.as_tensor())?
             .abs()?

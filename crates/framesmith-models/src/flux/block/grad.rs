@@ -54,7 +54,7 @@ pub fn modulation_backward(
     grads: &[ModGrad],
     params: &mut Vec<ParamGrad>,
 ) -> Result<()> {
-    if m.lin.lora().is_none() {
+    if m.lin.adapter().is_none() {
         return Ok(());
     }
     let parts: Vec<&Tensor> = grads

@@ -52,7 +52,7 @@ fn modulation_backward(
     grads: [ModGrad; 2],
     params: &mut Vec<ParamGrad>,
 ) -> Result<()> {
-    if m.lin.lora().is_none() {
+    if m.lin.adapter().is_none() {
         return Ok(());
     }
     let parts: Vec<&Tensor> = grads

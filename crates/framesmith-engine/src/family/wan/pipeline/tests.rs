@@ -75,7 +75,7 @@ fn random_lora(seed: u64, rank: usize) -> anyhow::Result<LoraFile> {
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(LoraFile {
         modules,
-        metadata: Default::default(),
+        ..Default::default()
     })
 }
 

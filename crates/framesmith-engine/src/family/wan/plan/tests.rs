@@ -137,6 +137,7 @@ fn lora_parameters_match_attached_adapters() {
             include_patterns: Vec::new(),
             exclude_patterns: exclude.clone(),
             seed: 0,
+            kind: Default::default(),
         };
         let set = attach_loras(model.linears_mut(), &spec).unwrap();
         let (params, modules) = lora_parameters(&cfg, 4, &[], &exclude).unwrap();

@@ -14,7 +14,8 @@ use framesmith_nn::init::randn;
 use framesmith_nn::lora::Lora;
 use framesmith_nn::vb::Vb;
 
-use framesmith_nn::testing::rel;
+use framesmith_nn::adapter::AdapterKind;
+use framesmith_nn::testing::{attach_random_adapters, rel};
 
 /// A tiny model with LoRAs (random, non-zero `up`, multiplier ≠ 1) on every block linear.
 fn model_with_loras(cfg: &WanConfig, options: &ModelOptions) -> Result<(WanModel, Vec<Var>)> {
@@ -159,6 +160,37 @@ fn ti2v_per_token_timesteps_match_autograd() -> Result<()> {
     let prepared = model.prepare(&inputs)?;
     assert_eq!(prepared.blocks.e0.dim(1)?, seq_len, "per-token modulation");
     check(&model, &vars, &inputs, 1e-5)
+}
+
+/// LoKr, LoHa and DoRA through a whole block, on a dense and an FP8 base: the same checks as plain LoRA's.
+#[test]
+fn every_adapter_kind_matches_autograd() -> Result<()> {
+    let cfg = WanConfig::tiny(1);
+    let kinds = [
+        AdapterKind::Lokr {
+            factor: -1,
+            decompose_both: true,
+            full_matrix: false,
+        },
+        AdapterKind::Loha,
+        AdapterKind::Dora,
+    ];
+    for kind in kinds {
+        for blocks_fp8 in [None, Some(Fp8Scale::Block64)] {
+            let options = ModelOptions {
+                residual_dtype: DType::F32,
+                blocks_fp8,
+                fp8_products: false,
+            };
+            let dev = Device::Cpu;
+            let vb = Vb::from_tensors(random_weights(&cfg, 7, DType::F32, &dev)?, DType::F32, &dev);
+            let mut model = WanModel::new(&cfg, vb, &options)?;
+            let vars = attach_random_adapters(model.linears_mut(), kind, 11)?;
+            eprintln!("{kind:?}, FP8 {blocks_fp8:?}");
+            check(&model, &vars, &two_samples(&cfg)?, 1e-5)?;
+        }
+    }
+    Ok(())
 }
 
 #[test]
