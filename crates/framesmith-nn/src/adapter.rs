@@ -56,6 +56,51 @@ impl AdapterKind {
     }
 }
 
+impl AdapterKind {
+    /// Trainable parameters of a fresh adapter of this kind on a layer `[in, out]` at `rank` (what
+    /// [`Adapter::new`] makes, counted without making it): the planner's count.
+    pub fn parameter_count(&self, [in_dim, out_dim]: [usize; 2], rank: usize) -> u64 {
+        let (i, o, r) = (in_dim as u64, out_dim as u64, rank as u64);
+        match *self {
+            Self::Lora => r * (i + o),
+            Self::Loha => 2 * r * (i + o),
+            Self::Dora => r * (i + o) + o,
+            Self::Lokr {
+                factor,
+                decompose_both,
+                full_matrix,
+            } => {
+                let (out_l, out_k) = factorization(out_dim, factor);
+                let (in_m, in_n) = factorization(in_dim, factor);
+                let low = |rows: usize, cols: usize| {
+                    !full_matrix && (rank as f64) < rows.max(cols) as f64 / 2.0
+                };
+                let size = |rows: usize, cols: usize, product: bool| {
+                    if product {
+                        r * (rows + cols) as u64
+                    } else {
+                        (rows * cols) as u64
+                    }
+                };
+                size(out_l, in_m, decompose_both && low(out_l, in_m))
+                    + size(out_k, in_n, low(out_k, in_n))
+            }
+        }
+    }
+
+    /// Bytes per element of the widest adapted `[out, in]` that one layer's forward or backward holds beyond
+    /// plain LoRA's (`compute_bytes`: the compute dtype's size): LoKr's and LoHa's f32 update, sums and products
+    /// and the merged weight, DoRA's f32 row-norm terms.
+    pub fn work_bytes_per_weight(&self, compute_bytes: u64) -> u64 {
+        match self {
+            Self::Lora => 0,
+            Self::Lokr { .. } => 4 * 4 + compute_bytes,
+            Self::Loha => 5 * 4 + compute_bytes,
+            Self::Dora => 4 * 4,
+        }
+    }
+}
+
 /// What a fresh adapter is made from: the layer's widths, the rank, alpha (already resolved: never 0), the
 /// factors' dtype.
 #[derive(Clone, Copy, Debug)]

@@ -2,11 +2,16 @@
 //! `nn::linear` and `nn::fp8` hold them), dtypes' sizes, and the LoRA parameters over a model's official tensor
 //! list. Each family counts its own blocks with these in its `family/<name>/plan.rs`.
 
+use std::collections::BTreeMap;
+
 use framesmith_config::plan::FloatDtype;
 use framesmith_config::run::{BaseDtype, Fp8ScaleMode, LoraKind, LoraSection};
 use framesmith_nn::adapter::AdapterKind;
 use framesmith_nn::fp8::{self, Fp8Scale};
 use framesmith_nn::lora::{check_rank, LoraError, LoraTargets};
+
+use super::working_set::StepShape;
+use super::LoraShape;
 
 /// How the frozen block linears are stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,14 +110,41 @@ pub fn adapter_kind(lora: &LoraSection) -> AdapterKind {
     }
 }
 
-/// LoRA parameters for any model, from its official `(name, shape)` list and its `targets` (musubi-tuner's rules,
-/// `nn::lora::LoraTargets`): `rank × (in + out)` per adapted linear; a rank above the narrowest adapted linear is
-/// refused (`nn::lora::check_rank`). Returns (parameters, adapted linears).
+/// An adapter's size over a model: its parameters and adapted linears, and the widths its working memory
+/// scales with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdapterCount {
+    pub params: u64,
+    pub modules: usize,
+    /// The most elements `out · in` of one adapted linear.
+    pub largest_weight: u64,
+    /// The most summed output widths of the adapted linears of one block (`{list}.{i}.…`).
+    pub block_outputs: u64,
+}
+
+impl AdapterCount {
+    /// Bytes one layer's adapter arithmetic holds beyond plain LoRA's for `kind` (LoKr's and LoHa's update and
+    /// merged weight, DoRA's norm terms: `nn::adapter::AdapterKind::work_bytes_per_weight` of the widest linear),
+    /// plus, for DoRA, the pre-magnitude outputs its backward keeps for every adapted linear of a block.
+    pub fn work_bytes(&self, kind: AdapterKind, shape: &StepShape) -> u64 {
+        let per_layer = self.largest_weight * kind.work_bytes_per_weight(shape.compute_bytes);
+        let kept = match kind {
+            AdapterKind::Dora => shape.tokens * self.block_outputs * shape.compute_bytes,
+            _ => 0,
+        };
+        per_layer + kept
+    }
+}
+
+/// Adapter parameters for any model, from its official `(name, shape)` list and its `targets` (musubi-tuner's
+/// rules, `nn::lora::LoraTargets`): each adapted linear's count for the kind (`rank × (in + out)` for LoRA;
+/// `nn::adapter::AdapterKind::parameter_count`); a rank above the narrowest adapted linear is refused
+/// (`nn::lora::check_rank`) except for LoKr, where a large rank makes its factors full.
 pub fn lora_parameters_of(
     shapes: &[(String, Vec<usize>)],
     targets: &LoraTargets,
-    rank: usize,
-) -> Result<(u64, usize), LoraError> {
+    lora: &LoraShape,
+) -> Result<AdapterCount, LoraError> {
     let adapted: Vec<(&str, [usize; 2])> = shapes
         .iter()
         .filter_map(
@@ -124,10 +156,30 @@ pub fn lora_parameters_of(
             },
         )
         .collect();
-    check_rank(rank, adapted.iter().copied())?;
-    let params = adapted
-        .iter()
-        .map(|(_, [in_dim, out_dim])| rank as u64 * (in_dim + out_dim) as u64)
-        .sum();
-    Ok((params, adapted.len()))
+    let (rank, kind) = (lora.rank, lora.kind);
+    if !matches!(kind, AdapterKind::Lokr { .. }) {
+        check_rank(rank, adapted.iter().copied())?;
+    }
+    let mut block_outputs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
+    for (module, [_, out_dim]) in &adapted {
+        let mut parts = module.splitn(3, '.');
+        let block = (
+            parts.next().unwrap_or_default(),
+            parts.next().unwrap_or_default(),
+        );
+        *block_outputs.entry(block).or_default() += *out_dim as u64;
+    }
+    Ok(AdapterCount {
+        params: adapted
+            .iter()
+            .map(|(_, dims)| kind.parameter_count(*dims, rank))
+            .sum(),
+        modules: adapted.len(),
+        largest_weight: adapted
+            .iter()
+            .map(|(_, [i, o])| (i * o) as u64)
+            .max()
+            .unwrap_or(0),
+        block_outputs: block_outputs.values().copied().max().unwrap_or(0),
+    })
 }

@@ -2,7 +2,7 @@
 
 use std::path::Path;
 
-use super::bytes::BaseFormat;
+use super::bytes::{adapter_kind, BaseFormat};
 use super::machine;
 use super::working_set::WORKING_SET;
 use super::{LoraShape, PlanError, PlanInput, PlanModel, StreamingSetup};
@@ -181,6 +181,7 @@ impl PlanInput {
             residual: cfg.model.residual_dtype,
             clip,
             lora: LoraShape {
+                kind: adapter_kind(&cfg.lora),
                 rank: cfg.lora.rank,
                 include_patterns: cfg.lora.include_patterns.clone(),
                 exclude_patterns: cfg.lora.exclude_patterns.clone(),

@@ -15,7 +15,7 @@ mod working_set;
 
 pub use bytes::{
     adapter_kind, dtype_bytes, dtype_name, elements, fp8_scale, fp8_weight_buffers,
-    fp8_weight_bytes, lora_parameters_of, BaseFormat,
+    fp8_weight_bytes, lora_parameters_of, AdapterCount, BaseFormat,
 };
 pub(crate) use input::clip_pixels;
 pub use input::{
@@ -34,11 +34,14 @@ use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine, PlanR
 use framesmith_config::run::{
     ActivationPlacement, BlocksToSwap, Checkpointing, ExpertMode, ResidualDtype, StreamingMode,
 };
+use framesmith_nn::adapter::AdapterKind;
 use framesmith_nn::lora::LoraError;
 
 /// Which linears get a LoRA, and its rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LoraShape {
+    /// LoRA, LoKr, LoHa or DoRA, with its options.
+    pub kind: AdapterKind,
     pub rank: usize,
     /// `lora.include_patterns` / `lora.exclude_patterns` (musubi-tuner's rules; the family's default exclude is added).
     pub include_patterns: Vec<String>,
@@ -265,6 +268,44 @@ fn slot_counts(input: &PlanInput, s: &ModelMemory, streamed: &[usize]) -> Vec<us
         .collect()
 }
 
+/// The adapter's weights, gradients, working memory (LoKr, LoHa, DoRA) and AdamW moments.
+fn adapter_lines(input: &PlanInput, s: &ModelMemory) -> Vec<PlanLine> {
+    let mut out = Vec::with_capacity(4);
+    let lora = 4 * s.lora.params;
+    let modules = s.lora.modules;
+    let kind = input.lora.kind;
+    let name = if kind == AdapterKind::Lora {
+        "LoRA"
+    } else {
+        kind.name()
+    };
+    out.push(line(
+        format!(
+            "{name} weights ({modules} linears, rank {}, f32)",
+            input.lora.rank
+        ),
+        lora,
+        Placement::Device,
+    ));
+    out.push(line(
+        format!("{name} gradients (f32)"),
+        lora,
+        Placement::Device,
+    ));
+    let work = s.lora.work_bytes(kind, &s.shape);
+    if work > 0 {
+        out.push(line(
+            format!("{name} working memory (one layer's update or norms, kept outputs)"),
+            work,
+            Placement::Device,
+        ));
+    }
+    if input.optimizer_and_context {
+        out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
+    }
+    out
+}
+
 /// Every component with `streamed` blocks in RAM.
 fn breakdown(input: &PlanInput, s: &ModelMemory, streamed: usize) -> Vec<PlanLine> {
     let set = s.streamed_blocks(streamed);
@@ -291,20 +332,7 @@ fn breakdown(input: &PlanInput, s: &ModelMemory, streamed: usize) -> Vec<PlanLin
     for &(label, bytes) in &s.resident {
         out.push(line(label, bytes, Placement::Device));
     }
-    let lora = 4 * s.lora_params;
-    let modules = s.lora_modules;
-    out.push(line(
-        format!(
-            "LoRA weights ({modules} linears, rank {}, f32)",
-            input.lora.rank
-        ),
-        lora,
-        Placement::Device,
-    ));
-    out.push(line("LoRA gradients (f32)", lora, Placement::Device));
-    if input.optimizer_and_context {
-        out.push(line("AdamW moments (2 × f32)", 2 * lora, Placement::Device));
-    }
+    out.extend(adapter_lines(input, s));
     out.extend(activations::kept_lines(
         input.checkpointing,
         input.streaming.activations,
@@ -374,7 +402,7 @@ fn parked_expert_lines(
     if mode == ExpertMode::Split {
         out.push(line(
             "parked expert: its LoRA and AdamW moments (f32)",
-            3 * 4 * s.lora_params,
+            3 * 4 * s.lora.params,
             Placement::Device,
         ));
     }

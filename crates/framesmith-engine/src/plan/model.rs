@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use framesmith_config::RunConfig;
 
+use super::bytes::AdapterCount;
 use super::working_set::StepShape;
 use super::{PlanError, PlanInput};
 use crate::family::Family;
@@ -114,9 +115,8 @@ pub struct ModelMemory {
     pub streamed: Vec<Vec<usize>>,
     /// The weights that always stay on the GPU, by component, with their bytes.
     pub resident: Vec<(&'static str, u64)>,
-    /// LoRA parameters and adapted linears.
-    pub lora_params: u64,
-    pub lora_modules: usize,
+    /// The adapter's parameters, adapted linears and working-memory widths.
+    pub lora: AdapterCount,
     /// The step's shape (tokens, dtypes).
     pub shape: StepShape,
     /// One block's saved input (the residual stream over every token).

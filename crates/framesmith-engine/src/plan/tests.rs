@@ -15,6 +15,7 @@ pub(crate) fn input(model: WanConfig, base: BaseFormat) -> PlanInput {
         residual: ResidualDtype::F32,
         clip: DEFAULT_CLIP,
         lora: LoraShape {
+            kind: Default::default(),
             rank: 32,
             include_patterns: Vec::new(),
             exclude_patterns: Vec::new(),
@@ -791,4 +792,56 @@ pub(crate) fn working_set_line(input: &PlanInput) -> u64 {
         .find(|l| l.label.starts_with("block recompute"))
         .map(|l| l.bytes)
         .unwrap()
+}
+
+/// Each adapter kind's plan holds its own parameters (weights, gradients and AdamW's two moments: 16 bytes each,
+/// counted per linear by `AdapterKind::parameter_count`) and its working memory (one widest linear's update or
+/// norm terms; DoRA's kept pre-magnitude outputs over a block's linears), and differs from plain LoRA's by
+/// exactly that.
+#[test]
+fn each_adapter_kind_plans_its_parameters_moments_and_working_memory() {
+    let lora = plan(&fp8_14b()).unwrap();
+    let lokr = AdapterKind::Lokr {
+        factor: -1,
+        decompose_both: false,
+        full_matrix: false,
+    };
+    // A 14B block's adapted linears ([in, out]): q, k, v, o of both attentions and the FFN's two.
+    let linears: Vec<[usize; 2]> = [[5120, 5120]; 8]
+        .into_iter()
+        .chain([[5120, 13824], [13824, 5120]])
+        .collect();
+    let params = |k: AdapterKind| {
+        40 * linears
+            .iter()
+            .map(|&d| k.parameter_count(d, 32))
+            .sum::<u64>()
+    };
+    for kind in [lokr, AdapterKind::Loha, AdapterKind::Dora] {
+        let mut i = fp8_14b();
+        i.lora.kind = kind;
+        let r = plan(&i).unwrap();
+        let s = sizes(&i).unwrap();
+        let (tokens, compute) = (s.shape.tokens, s.shape.compute_bytes);
+        let kept = match kind {
+            AdapterKind::Dora => tokens * (8 * 5120 + 13824 + 5120) * compute,
+            _ => 0,
+        };
+        let work = 5120 * 13824 * kind.work_bytes_per_weight(compute) + kept;
+        let line = |what: &str| {
+            r.breakdown
+                .iter()
+                .find(|l| l.label.starts_with(&format!("{} {what}", kind.name())))
+                .map(|l| l.bytes)
+        };
+        assert_eq!(line("weights"), Some(4 * params(kind)), "{kind:?}");
+        assert_eq!(line("gradients"), Some(4 * params(kind)), "{kind:?}");
+        assert_eq!(line("working memory"), Some(work), "{kind:?}");
+        let more = 16 * (params(kind) as i64 - params(AdapterKind::Lora) as i64) + work as i64;
+        assert_eq!(
+            r.peak_vram_bytes as i64 - lora.peak_vram_bytes as i64,
+            more,
+            "{kind:?}"
+        );
+    }
 }

@@ -218,6 +218,33 @@ fn the_gradients_of_every_kind_match_finite_differences() -> Result<()> {
     Ok(())
 }
 
+/// The planner's count is what a fresh adapter holds, for every kind on square, wide and narrow layers.
+#[test]
+fn parameter_counts_match_fresh_adapters() -> Result<()> {
+    let rng = &mut StdRng::seed_from_u64(5);
+    for [in_dim, out_dim] in [[64, 64], [96, 384], [384, 96], [20, 36]] {
+        let base = BaseWeight::Dense(Tensor::zeros((out_dim, in_dim), DType::F32, &Device::Cpu)?);
+        for rank in [1, 4, 16] {
+            for kind in KINDS {
+                let shape = AdapterShape {
+                    in_dim,
+                    out_dim,
+                    rank,
+                    alpha: 1.0,
+                    dtype: DType::F32,
+                };
+                let adapter = Adapter::new(kind, shape, &base, rng)?;
+                assert_eq!(
+                    kind.parameter_count([in_dim, out_dim], rank),
+                    adapter.parameter_count() as u64,
+                    "{kind:?} rank {rank} on [{in_dim}, {out_dim}]"
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 /// LyCORIS' `factorization` examples.
 #[test]
 fn factorization_splits_widths_as_lycoris_does() {

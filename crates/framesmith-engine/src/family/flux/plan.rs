@@ -16,7 +16,7 @@ use crate::plan::{
     dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
     BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
 };
-use crate::plan::{lora_parameters_of, DescribeModel, PlanModel};
+use crate::plan::{lora_parameters_of, AdapterCount, DescribeModel, LoraShape, PlanModel};
 
 /// FLUX.1's DiT as the planner sees it: its sizes and the order its blocks stream in (`memory.flux_stream_order`).
 #[derive(Debug, Clone, PartialEq)]
@@ -176,15 +176,14 @@ fn resident_weights(cfg: &FluxConfig, compute: u64) -> Vec<(&'static str, u64)> 
     out
 }
 
-/// LoRA parameters and adapted linears on FLUX.1's blocks for `rank` (musubi-tuner's rules and FLUX.1 excludes).
-fn lora_parameters(
-    cfg: &FluxConfig,
-    rank: usize,
-    include: &[String],
-    exclude: &[String],
-) -> Result<(u64, usize), LoraError> {
-    let targets = LoraTargets::for_family(LoraFamily::Flux, include, exclude)?;
-    lora_parameters_of(&official_shapes(cfg), &targets, rank)
+/// The adapter's size on FLUX.1's blocks (musubi-tuner's rules and FLUX.1 excludes).
+fn lora_parameters(cfg: &FluxConfig, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
+    let targets = LoraTargets::for_family(
+        LoraFamily::Flux,
+        &lora.include_patterns,
+        &lora.exclude_patterns,
+    )?;
+    lora_parameters_of(&official_shapes(cfg), &targets, lora)
 }
 
 /// The double- and single-stream blocks' sizes for a step of `shape` (the tapes and kept values
@@ -266,12 +265,7 @@ pub(crate) fn describe(
     if input.lora.rank == 0 {
         return Err(LoraError::ZeroRank.into());
     }
-    let (lora_params, lora_modules) = lora_parameters(
-        cfg,
-        input.lora.rank,
-        &input.lora.include_patterns,
-        &input.lora.exclude_patterns,
-    )?;
+    let lora = lora_parameters(cfg, &input.lora)?;
     let batch = c.batch as u64;
     let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, c.batch)?;
     let (d, f, heads) = (
@@ -317,8 +311,7 @@ pub(crate) fn describe(
             .map(|count| flux_streamed_blocks(cfg, count, order))
             .collect(),
         resident: resident_weights(cfg, compute),
-        lora_params,
-        lora_modules,
+        lora,
         saved_input_bytes: l * d * s,
         // The conditioning vector, and RoPE's cos and sin over each token's head dimension in f32.
         shared_inputs: vec![(

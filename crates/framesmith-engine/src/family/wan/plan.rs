@@ -104,12 +104,7 @@ pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
     if input.lora.rank == 0 {
         return Err(LoraError::ZeroRank.into());
     }
-    let (lora_params, lora_modules) = lora_parameters(
-        cfg,
-        input.lora.rank,
-        &input.lora.include_patterns,
-        &input.lora.exclude_patterns,
-    )?;
+    let lora = lora_parameters(cfg, &input.lora)?;
     let tokens = step_tokens(per_sample, c.batch)?;
     let shape = StepShape {
         tokens,
@@ -143,8 +138,7 @@ pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
             .map(|count| streamed_blocks(n, count, StreamPlacement::Spread))
             .collect(),
         resident: resident_weights(cfg, input.compute),
-        lora_params,
-        lora_modules,
+        lora,
         saved_input_bytes: shape.tokens * cfg.dim as u64 * shape.residual_bytes,
         shared_inputs: shared_inputs(cfg, batch, &shape),
         working_set_bytes: working_set_bytes(&input.working_set, cfg, &shape),

@@ -9,7 +9,10 @@ use framesmith_models::wan::WanConfig;
 use framesmith_nn::lora::{LoraError, LoraTargets};
 use framesmith_nn::offload::ALIGN;
 
-use crate::plan::{dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, BaseFormat};
+use crate::plan::{
+    dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
+    LoraShape,
+};
 
 /// What a block's tensor is, by its official name under `blocks.N.`.
 enum BlockTensor {
@@ -98,16 +101,11 @@ pub fn resident_weights(cfg: &WanConfig, compute: FloatDtype) -> Vec<(&'static s
     out
 }
 
-/// LoRA parameters over the whole model for `rank` on the linears the patterns select (musubi-tuner's rules,
-/// `nn::lora::LoraTargets`): `rank × (in + out)` per adapted linear. Returns (parameters, adapted linears).
-pub fn lora_parameters(
-    cfg: &WanConfig,
-    rank: usize,
-    include: &[String],
-    exclude: &[String],
-) -> Result<(u64, usize), LoraError> {
-    let targets = LoraTargets::new(include, exclude)?;
-    lora_parameters_of(&official_shapes(cfg), &targets, rank)
+/// The adapter's size over the whole model on the linears the patterns select (musubi-tuner's rules,
+/// `nn::lora::LoraTargets`): `rank × (in + out)` per adapted linear for LoRA, each kind's own count otherwise.
+pub fn lora_parameters(cfg: &WanConfig, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
+    let targets = LoraTargets::new(&lora.include_patterns, &lora.exclude_patterns)?;
+    lora_parameters_of(&official_shapes(cfg), &targets, lora)
 }
 
 /// The VAE a DiT is trained with: Wan 2.2's 16× VAE for 48-channel latents (TI2V-5B), else Wan 2.1's 8× VAE.

@@ -140,9 +140,15 @@ fn lora_parameters_match_attached_adapters() {
             kind: Default::default(),
         };
         let set = attach_loras(model.linears_mut(), &spec).unwrap();
-        let (params, modules) = lora_parameters(&cfg, 4, &[], &exclude).unwrap();
-        assert_eq!(params as usize, set.parameter_count());
-        assert_eq!(modules, set.len());
+        let lora = LoraShape {
+            kind: Default::default(),
+            rank: 4,
+            include_patterns: Vec::new(),
+            exclude_patterns: exclude.clone(),
+        };
+        let count = lora_parameters(&cfg, &lora).unwrap();
+        assert_eq!(count.params as usize, set.parameter_count());
+        assert_eq!(count.modules, set.len());
     }
 }
 
@@ -381,7 +387,7 @@ fn both_experts_count_the_parked_one() {
     );
     assert_eq!(
         split_r.peak_vram_bytes,
-        joint_r.peak_vram_bytes + 12 * s.lora_params
+        joint_r.peak_vram_bytes + 12 * s.lora.params
     );
     // The parked expert's weights, all of them, wait in RAM: 20 resident blocks and 20 streamed ones; the expert
     // in use keeps a host copy of its 20 resident blocks for the next switch.
