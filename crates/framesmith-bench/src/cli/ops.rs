@@ -1,0 +1,143 @@
+//! `check`, `attention`, `kernels` and `linear`: the device checks and the timings of single operations.
+
+use anyhow::{bail, Result};
+use candle_core::Device;
+
+use crate::{report, variant};
+use framesmith_bench::{self as bench, attention::AttentionBench, linear::LinearBench};
+use framesmith_models::wan::config::WanConfig;
+
+/// `attention`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct AttentionArgs {
+    /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
+    #[arg(long, default_value = "t2v-14b")]
+    variant: String,
+    /// Video tokens (32,760 for 480×832×81).
+    #[arg(long, default_value_t = 32_760)]
+    tokens: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Run the device checks first and stop if any fails.
+    #[arg(long)]
+    check: bool,
+    /// Time the portable tiled kernel instead (what a GPU build without cuDNN runs).
+    #[arg(long)]
+    portable: bool,
+}
+
+/// `kernels`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct KernelsArgs {
+    /// Wan variant.
+    #[arg(long, default_value = "t2v-14b")]
+    variant: String,
+    /// Video tokens.
+    #[arg(long, default_value_t = 32_760)]
+    tokens: usize,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+}
+
+/// `linear`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct LinearArgs {
+    /// Wan variant.
+    #[arg(long, default_value = "t2v-14b")]
+    variant: String,
+    /// Activation rows.
+    #[arg(long, default_value_t = 32_760)]
+    tokens: usize,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 20)]
+    iters: usize,
+    /// Run the device checks first and stop if any fails.
+    #[arg(long)]
+    check: bool,
+}
+
+#[cfg(feature = "cuda")]
+pub(crate) fn check(dev: &Device) -> Result<()> {
+    let outcomes = framesmith_nn::cuda::check::run_all(dev)?;
+    let mut failed = 0;
+    for o in &outcomes {
+        let verdict = if o.passed() { "ok  " } else { "FAIL" };
+        failed += usize::from(!o.passed());
+        println!(
+            "{verdict} {:<70} rel {:.2e} (tol {:.0e}) max|d| {:.2e}",
+            o.name, o.rel_err, o.tol, o.max_abs
+        );
+    }
+    println!(
+        "checks: {} passed, {failed} failed",
+        outcomes.len() - failed
+    );
+    if failed > 0 {
+        bail!("{failed} device checks failed");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+pub(crate) fn check(_: &Device) -> Result<()> {
+    bail!("device checks need a build with the cuda feature")
+}
+
+#[cfg(feature = "cuda")]
+fn kernels(dev: &Device, cfg: &WanConfig, tokens: usize, iters: usize) -> Result<()> {
+    use framesmith_bench::kernels::KernelBench;
+    let opts = KernelBench {
+        tokens,
+        iters,
+        ..KernelBench::default()
+    };
+    report(&bench::kernels::run(dev, cfg, &opts)?);
+    Ok(())
+}
+
+#[cfg(not(feature = "cuda"))]
+fn kernels(_: &Device, _: &WanConfig, _: usize, _: usize) -> Result<()> {
+    bail!("the kernel benchmark needs a build with the cuda feature")
+}
+
+/// `attention`: the device checks first when asked, then the timings.
+pub(crate) fn run_attention(dev: &Device, args: &AttentionArgs) -> Result<()> {
+    if args.check {
+        check(dev)?;
+    }
+    let opts = AttentionBench {
+        tokens: args.tokens,
+        batch: args.batch,
+        iters: args.iters,
+        portable: args.portable,
+        ..AttentionBench::default()
+    };
+    let cfg = variant(&args.variant)?;
+    report(&bench::attention::run(dev, &cfg, &opts)?);
+    Ok(())
+}
+
+/// `kernels`: the element-wise kernels timed at the variant's activation shapes.
+pub(crate) fn run_kernels(dev: &Device, args: &KernelsArgs) -> Result<()> {
+    kernels(dev, &variant(&args.variant)?, args.tokens, args.iters)
+}
+
+/// `linear`: the device checks first when asked, then the timings.
+pub(crate) fn run_linear(dev: &Device, args: &LinearArgs) -> Result<()> {
+    if args.check {
+        check(dev)?;
+    }
+    let opts = LinearBench {
+        tokens: args.tokens,
+        iters: args.iters,
+        ..LinearBench::default()
+    };
+    let cfg = variant(&args.variant)?;
+    report(&bench::linear::run(dev, &cfg, &opts)?);
+    Ok(())
+}

@@ -1,0 +1,130 @@
+//! `synth-project`: a training project of a real size, Wan or FLUX.1 [dev], with nothing to download.
+
+use anyhow::{bail, Result};
+
+use crate::{variant, Clip};
+use framesmith_bench::{self as bench};
+
+/// `synth-project`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct SynthArgs {
+    /// Model family: `wan` (the Wan `--variant`) or `flux-dev` (FLUX.1 [dev] at its released size, one cached
+    /// image of `--width` x `--height`; `--frames` and `--encoders` do not apply).
+    #[arg(long, default_value = "wan")]
+    model: String,
+    /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
+    #[arg(long, default_value = "t2v-1.3b")]
+    variant: String,
+    #[command(flatten)]
+    clip: Clip,
+    /// Project folder.
+    #[arg(long)]
+    out: std::path::PathBuf,
+    /// DiT weights: bf16, f16 or f32 in the official layout, or `fp8-scaled` (a ComfyUI scaled-FP8 single file);
+    /// for FLUX.1 also `fp8` (plain float8_e4m3fn block weights under the official names).
+    #[arg(long, default_value = "bf16")]
+    dtype: String,
+    /// LoRA rank (and alpha) of a FLUX.1 project's run config (Wan projects use 32).
+    #[arg(long, default_value_t = 16)]
+    rank: usize,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Text-embedding tokens (umT5 writes up to 512; FLUX.1 [dev]'s T5 always 512).
+    #[arg(long, default_value_t = 32)]
+    text_tokens: usize,
+    /// Optimizer steps of the run config.
+    #[arg(long, default_value_t = 3)]
+    steps: usize,
+    /// Also write random umT5-XXL (ComfyUI scaled FP8) and Wan VAE weights (Wan2.2's for ti2v-5b, else Wan2.1's)
+    /// at their real sizes, with this SentencePiece model embedded as the umT5 file's tokenizer, for `framesmith
+    /// cache` runs.
+    #[arg(long, value_name = "SPIECE_MODEL")]
+    encoders: Option<std::path::PathBuf>,
+    /// FLUX.1: also write random `ae.safetensors`, CLIP-L and T5-XXL at their released sizes (with stand-in
+    /// tokenizers) and `prompts.txt`, for runs that sample during training.
+    #[arg(long)]
+    sample_files: bool,
+}
+
+/// Writes the synthetic FLUX.1 [dev] project and says what it wrote.
+fn synth_flux_project(args: &SynthArgs) -> Result<()> {
+    if args.encoders.is_some() {
+        bail!("--encoders is for Wan projects: a FLUX.1 project trains from its caches alone");
+    }
+    let spec = bench::synth_flux::FluxSynthProject {
+        cfg: framesmith_models::flux::FluxConfig::dev(),
+        height: args.clip.height,
+        width: args.clip.width,
+        dit: bench::synth_flux::FluxDitFormat::parse(&args.dtype)?,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+        rank: args.rank,
+    };
+    let files = bench::synth_flux::write_flux_project(&args.out, &spec)?;
+    if args.sample_files {
+        let sizes = bench::synth_flux_samples::FluxEncoderSizes::released();
+        let dir = files.dit.parent().unwrap_or(&args.out);
+        let samples = bench::synth_flux_samples::write_flux_sample_files(
+            dir,
+            &sizes,
+            (spec.width, spec.height),
+            spec.seed,
+        )?;
+        println!(
+            "wrote {}, {}, {}, {}",
+            samples.autoencoder.display(),
+            samples.clip_l.display(),
+            samples.t5.display(),
+            samples.prompts.display()
+        );
+    }
+    println!(
+        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.latents.display(),
+        files.text.display(),
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
+
+/// Writes the synthetic project and says what it wrote.
+pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
+    match args.model.as_str() {
+        "wan" => {}
+        "flux-dev" => return synth_flux_project(args),
+        other => bail!("unknown model `{other}` for synth-project (wan, flux-dev)"),
+    }
+    if args.sample_files {
+        bail!("--sample-files is for FLUX.1 projects (--model flux-dev); Wan projects take --encoders");
+    }
+    let dit = bench::synth::DitFormat::parse(&args.dtype)?;
+    let spec = bench::synth::SynthProject {
+        cfg: variant(&args.variant)?,
+        frames: args.clip.frames,
+        height: args.clip.height,
+        width: args.clip.width,
+        dit,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+        encoders: args.encoders.clone(),
+    };
+    let files = bench::synth::write_project(&args.out, &spec)?;
+    let cache = if files.latents.as_os_str().is_empty() {
+        "no cache (image-to-video: `framesmith cache latents --dit`)".to_string()
+    } else {
+        files.latents.display().to_string()
+    };
+    println!(
+        "wrote {} ({:.2} GiB), {cache}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
