@@ -3,27 +3,30 @@
 //! against a plain page-locked host → device copy; and, with a VRAM budget, a run that may use only that much of
 //! the card. `check` first compares streamed and resident LoRA gradients on a tiny config.
 
+mod bandwidth;
+mod check;
+mod weights;
+
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Result, Tensor};
-use rayon::prelude::*;
 
 use super::step::{block_forward_flops, flow_batch, latent_size, total_peak, video_tokens};
 use super::{record, time, Record, Timing};
+pub use bandwidth::{copy_bandwidth, staging_sweep, CopyBandwidth, StagingSweep, SweepRow};
+pub use check::check_tiny;
 use framesmith_engine::train::step::{checkpointed_step, LossTarget, StepOptions};
-use framesmith_models::wan::block::Block;
 use framesmith_models::wan::config::WanConfig;
-use framesmith_models::wan::random::{
-    random_weights, random_weights_on_device, random_weights_on_device_where,
-};
-use framesmith_models::wan::weights::official_shapes;
+use framesmith_models::wan::random::random_weights_on_device;
 use framesmith_models::wan::{ModelOptions, WanModel};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::lora::{attach_loras, LoraSet, LoraSpec, WAN_DEFAULT_EXCLUDE};
 use framesmith_nn::offload::{
-    streamed_blocks, BlockStreamer, OffloadOptions, SavedPlacement, StreamMode, StreamPlacement,
+    streamed_blocks, OffloadOptions, SavedPlacement, StreamMode, StreamPlacement,
 };
 use framesmith_nn::vb::Vb;
+pub use weights::random_fp8_weights;
+use weights::{random_fp8_linears, random_other_weights};
 
 /// One configuration to time.
 #[derive(Clone, Debug)]
@@ -59,89 +62,6 @@ pub struct StreamBench {
     pub warmup: usize,
     pub iters: usize,
     pub seed: u64,
-}
-
-/// Random e4m3 codes (never a NaN code) for a weight `[out, in]`, drawn in parallel on the host: building a 14B
-/// model by quantising random bf16 weights on the host takes a minute, and the codes' values do not change the
-/// timing.
-fn random_codes(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    out.par_chunks_mut(1 << 20)
-        .enumerate()
-        .for_each(|(c, chunk)| {
-            let mut x =
-                seed ^ (c as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x2545_F491_4F6C_DD1D;
-            for b in chunk.iter_mut() {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                // Codes 0..=0x57 and their negatives: |value| ≤ 2, no NaN (0x7F / 0xFF).
-                let v = (x >> 32) as u8;
-                *b = (v % 0x58) | (v & 0x80);
-            }
-        });
-    out
-}
-
-/// Official-layout weights with the block linears already FP8 (codes on the host, block-64 or per-channel
-/// scales) and everything else in bf16 on `dev`.
-pub fn random_fp8_weights(
-    cfg: &WanConfig,
-    mode: Fp8Scale,
-    seed: u64,
-    dev: &Device,
-) -> Result<HashMap<String, Tensor>> {
-    let mut map = random_fp8_linears(cfg, mode, seed)?;
-    map.extend(random_other_weights(cfg, seed, dev)?);
-    Ok(map)
-}
-
-fn is_block_linear(name: &str, shape: &[usize]) -> bool {
-    name.starts_with("blocks.") && name.ends_with(".weight") && shape.len() == 2
-}
-
-/// The FP8 codes and scales of every block linear, on the host (the bulk of a 14B model, and the slow part of
-/// making one).
-fn random_fp8_linears(
-    cfg: &WanConfig,
-    mode: Fp8Scale,
-    seed: u64,
-) -> Result<HashMap<String, Tensor>> {
-    let mut map = HashMap::new();
-    for (i, (name, shape)) in official_shapes(cfg).into_iter().enumerate() {
-        if !is_block_linear(&name, &shape) {
-            continue;
-        }
-        let (out_dim, in_dim) = (shape[0], shape[1]);
-        let codes = random_codes(out_dim * in_dim, seed.wrapping_add(i as u64));
-        let codes =
-            Tensor::from_raw_buffer(&codes, DType::F8E4M3, &[out_dim, in_dim], &Device::Cpu)?;
-        let scale_dims = framesmith_nn::fp8::scale_dims(
-            framesmith_nn::fp8::effective_mode(mode, in_dim),
-            out_dim,
-            in_dim,
-        );
-        let n: usize = scale_dims.iter().product();
-        let scale =
-            Tensor::full(0.02f32 / (in_dim as f32).sqrt(), n, &Device::Cpu)?.reshape(scale_dims)?;
-        map.insert(
-            format!("{}scale_weight", name.trim_end_matches("weight")),
-            scale,
-        );
-        map.insert(name, codes);
-    }
-    Ok(map)
-}
-
-/// Every weight but the block linears, bf16 on `dev`.
-fn random_other_weights(
-    cfg: &WanConfig,
-    seed: u64,
-    dev: &Device,
-) -> Result<HashMap<String, Tensor>> {
-    random_weights_on_device_where(cfg, seed, DType::BF16, dev, |name, shape| {
-        !is_block_linear(name, shape)
-    })
 }
 
 /// The streaming settings `opts` asks for, in `mode` with `slots` GPU slots.
@@ -383,299 +303,6 @@ fn checkpointing_label(opts: &StreamBench) -> &'static str {
     } else {
         ""
     }
-}
-
-/// Bandwidths in GB/s: a plain page-locked copy of `bytes` into one device buffer, and the streaming path
-/// fetching every streamed block of a model once with no compute.
-pub struct CopyBandwidth {
-    pub plain_gbs: f64,
-    pub streaming_gbs: f64,
-    pub bytes_per_block: usize,
-}
-
-/// Measures [`CopyBandwidth`] for `cfg`'s block in `mode`: as many streamed blocks as the model streams at most
-/// (all but two), copies of one block built once ([`stream_bandwidth`]), two timed passes.
-pub fn copy_bandwidth(
-    dev: &Device,
-    cfg: &WanConfig,
-    opts: &StreamBench,
-    mode: StreamMode,
-) -> Result<CopyBandwidth> {
-    let block = one_block(cfg, opts, dev)?;
-    let options = offload_options(opts, mode, opts.slots);
-    let (streaming_gbs, bytes_per_block) = stream_bandwidth(
-        dev,
-        &block,
-        cfg.num_layers.saturating_sub(2).max(1),
-        &options,
-        2,
-        false,
-    )?;
-    Ok(CopyBandwidth {
-        plain_gbs: plain_pinned_copy(dev, bytes_per_block * 4)?,
-        streaming_gbs,
-        bytes_per_block,
-    })
-}
-
-/// One block of `cfg` (FP8 as `opts` asks), resident on `dev`: what the bandwidth measurements stream copies of.
-fn one_block(cfg: &WanConfig, opts: &StreamBench, dev: &Device) -> Result<Block> {
-    let one = WanConfig {
-        num_layers: 1,
-        ..cfg.clone()
-    };
-    let weights = match opts.fp8 {
-        Some(m) => random_fp8_weights(&one, m, opts.seed, dev)?,
-        None => random_weights_on_device(&one, opts.seed, DType::BF16, dev)?,
-    };
-    let offload = offload_options(opts, StreamMode::Pinned, 2);
-    let (model, _loras) = build(&one, weights, dev, opts, &[], &offload)?;
-    Ok(model.blocks()[0].clone())
-}
-
-/// GB/s of the streaming path over `count` streamed copies of `block`, fetched in order with no compute (a fetch
-/// queues the copy and makes compute wait for it): one warm-up pass, then `passes` timed ones; and the bytes of
-/// one packed block. With `launch_load`, another thread launches small kernels on a stream of its own in the same
-/// CUDA context throughout the timed passes, as the thread issuing a training step's kernels does.
-fn stream_bandwidth(
-    dev: &Device,
-    block: &Block,
-    count: usize,
-    options: &OffloadOptions,
-    passes: usize,
-    launch_load: bool,
-) -> Result<(f64, usize)> {
-    let blocks = (0..count).map(|i| Ok((i, block.clone())));
-    let (streamer, _shells) = BlockStreamer::new(dev, count, blocks, options)?;
-    let order: Vec<usize> = (0..count).collect();
-    let pass = || -> Result<()> {
-        streamer.begin(&order, false)?;
-        for &i in &order {
-            let _ = streamer.fetch(i)?;
-        }
-        streamer.synchronize()?;
-        dev.synchronize()
-    };
-    pass()?;
-    streamer.reset_stats()?;
-    let stop = std::sync::atomic::AtomicBool::new(false);
-    let secs = std::thread::scope(|scope| -> Result<f64> {
-        let load = launch_load.then(|| scope.spawn(|| launch_kernels(dev, &stop)));
-        let started = std::time::Instant::now();
-        let result = (0..passes.max(1)).try_for_each(|_| pass());
-        let secs = started.elapsed().as_secs_f64();
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        if let Some(load) = load {
-            load.join()
-                .map_err(|_| candle_core::Error::Msg("the launch load panicked".into()))??;
-        }
-        result.map(|()| secs)
-    })?;
-    let bytes = streamer.stats()?.bytes;
-    if bytes == 0 {
-        candle_core::bail!(
-            "no block was copied: {count} streamed blocks all stay in the ring's {} GPU slots",
-            options.slots
-        );
-    }
-    Ok((bytes as f64 / secs / 1e9, streamer.block_bytes()))
-}
-
-/// Launches small kernels on a stream of its own (same device, same CUDA context) until `stop`, waiting for them
-/// every 1024 launches so the queue stays short.
-fn launch_kernels(dev: &Device, stop: &std::sync::atomic::AtomicBool) -> Result<()> {
-    let other = match dev.location() {
-        candle_core::DeviceLocation::Cuda { gpu_id } => Device::new_cuda_with_stream(gpu_id)?,
-        _ => return Ok(()),
-    };
-    let mut x = Tensor::zeros(4096, DType::F32, &other)?;
-    let mut launches = 0u64;
-    while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        x = x.affine(1.0, 1.0)?;
-        launches += 1;
-        if launches % 1024 == 0 {
-            other.synchronize()?;
-        }
-    }
-    other.synchronize()
-}
-
-/// The staged settings [`staging_sweep`] measures: every combination of these.
-pub struct StagingSweep {
-    pub threads: Vec<usize>,
-    pub chunk_bytes: Vec<usize>,
-    /// Chunk buffers of the page-locked ring.
-    pub rings: Vec<usize>,
-    pub unit_bytes: Vec<usize>,
-    /// Also measure each setting (pinned too) with another thread launching kernels meanwhile.
-    pub launch_load: bool,
-    pub repeats: usize,
-}
-
-/// One setting of [`staging_sweep`] and the streaming path's bandwidth with it.
-pub struct SweepRow {
-    pub options: OffloadOptions,
-    pub launch_load: bool,
-    pub gbs: f64,
-}
-
-/// The streaming path's copy bandwidth for each staging setting, cheaply (no whole-model build): `count` copies of
-/// one block of `cfg` streamed in order `passes` times with no compute ([`stream_bandwidth`]). `pinned` first, for
-/// reference; then `staged` with every combination in `sweep`, the whole list `repeats` times (the host side of a
-/// shared machine varies from second to second). Returns a plain page-locked copy's bandwidth of one block,
-/// measured as [`copy_bandwidth`]'s is, and a row per setting.
-pub fn staging_sweep(
-    dev: &Device,
-    cfg: &WanConfig,
-    opts: &StreamBench,
-    count: usize,
-    sweep: &StagingSweep,
-    passes: usize,
-) -> Result<(f64, Vec<SweepRow>)> {
-    if count == 0 || passes == 0 {
-        candle_core::bail!("the sweep needs at least one block and one pass");
-    }
-    let block = one_block(cfg, opts, dev)?;
-    let mut settings = vec![offload_options(opts, StreamMode::Pinned, opts.slots)];
-    for _ in 0..sweep.repeats.max(1) {
-        for &copy_threads in &sweep.threads {
-            for &staging_chunk_bytes in &sweep.chunk_bytes {
-                for &staging_slots in &sweep.rings {
-                    for &copy_unit_bytes in &sweep.unit_bytes {
-                        settings.push(OffloadOptions {
-                            mode: StreamMode::Staged,
-                            slots: opts.slots,
-                            staging_slots,
-                            staging_chunk_bytes,
-                            copy_threads,
-                            copy_unit_bytes,
-                        });
-                    }
-                }
-            }
-        }
-    }
-    let mut plain = 0.0;
-    let mut rows = Vec::with_capacity(settings.len());
-    let loads: &[bool] = if sweep.launch_load {
-        &[false, true]
-    } else {
-        &[false]
-    };
-    for options in settings {
-        for &launch_load in loads {
-            let (gbs, block_bytes) =
-                stream_bandwidth(dev, &block, count, &options, passes, launch_load)?;
-            if plain == 0.0 {
-                plain = plain_pinned_copy(dev, block_bytes * 4)?;
-            }
-            rows.push(SweepRow {
-                options: options.clone(),
-                launch_load,
-                gbs,
-            });
-        }
-    }
-    Ok((plain, rows))
-}
-
-#[cfg(feature = "cuda")]
-fn plain_pinned_copy(dev: &Device, bytes: usize) -> Result<f64> {
-    let Device::Cuda(cuda) = dev else {
-        return Ok(0.0);
-    };
-    framesmith_nn::cuda::device::pinned_copy_bandwidth(cuda, bytes, 5)
-}
-
-#[cfg(not(feature = "cuda"))]
-fn plain_pinned_copy(_dev: &Device, _bytes: usize) -> Result<f64> {
-    Ok(0.0)
-}
-
-/// Streamed vs resident LoRA gradients of the tiny config on `dev`, for each streaming mode: the worst
-/// max |streamed − resident| / max |resident| over the gradient tensors.
-pub fn check_tiny(dev: &Device) -> Result<Vec<(String, f64)>> {
-    let cfg = WanConfig::tiny(4);
-    let opts = StreamBench {
-        frames: 9,
-        height: 32,
-        width: 48,
-        rank: 4,
-        fp8: Some(Fp8Scale::Block64),
-        residual: DType::F32,
-        activations_on_host: false,
-        keep_tapes: false,
-        keep_attention: false,
-        slots: 2,
-        // Chunks far smaller than a block and cut off the 256-byte alignment, so the staged copy splits tensors
-        // at odd places and wraps its ring many times per block.
-        staging_slots: 3,
-        staging_chunk_bytes: 3000,
-        copy_threads: 3,
-        copy_unit_bytes: framesmith_nn::offload::COPY_UNIT_BYTES,
-        warmup: 0,
-        iters: 1,
-        seed: 3,
-    };
-    let host = random_weights(&cfg, 7, DType::BF16, &Device::Cpu)?;
-    let weights = || -> Result<HashMap<String, Tensor>> {
-        host.iter()
-            .map(|(k, v)| Ok((k.clone(), v.to_device(dev)?)))
-            .collect()
-    };
-    let latent = latent_size(&cfg, opts.frames, opts.height, opts.width);
-    let (inputs, targets) = flow_batch(&cfg, latent, 5, 0.6, 11, dev)?;
-    let target = LossTarget {
-        targets: &targets,
-        weights: None,
-        skip_frames: 0,
-    };
-    let grads = |streamed: &[usize], mode: StreamMode, on_host: bool| -> Result<Vec<Tensor>> {
-        let offload = offload_options(&opts, mode, opts.slots);
-        let (model, loras) = build(&cfg, weights()?, dev, &opts, streamed, &offload)?;
-        for (i, v) in loras.vars().iter().enumerate() {
-            if i % 2 == 1 {
-                v.set(&(v.as_tensor().ones_like()? * 0.01)?)?;
-            }
-        }
-        let step_options = StepOptions {
-            saved_inputs: saved_inputs(on_host, Some(mode)),
-            ..StepOptions::default()
-        };
-        Ok(checkpointed_step(&model, &inputs, &target, &loras.vars(), &step_options)?.grads)
-    };
-    let reference = grads(&[], StreamMode::Pinned, false)?;
-    let mut out = Vec::new();
-    for (mode, on_host) in [
-        (StreamMode::Pinned, false),
-        (StreamMode::Staged, false),
-        (StreamMode::Pinned, true),
-        (StreamMode::Staged, true),
-    ] {
-        let got = grads(&[0, 2, 3], mode, on_host)?;
-        let mut worst = 0f64;
-        for (a, b) in reference.iter().zip(&got) {
-            let scale = a
-                .abs()?
-                .max_all()?
-                .to_dtype(DType::F32)?
-                .to_scalar::<f32>()? as f64;
-            let diff = (a - b)?
-                .abs()?
-                .max_all()?
-                .to_dtype(DType::F32)?
-                .to_scalar::<f32>()? as f64;
-            let rel = if scale > 0.0 { diff / scale } else { diff };
-            worst = if rel.is_finite() {
-                worst.max(rel)
-            } else {
-                f64::INFINITY
-            };
-        }
-        let act = if on_host { "host" } else { "device" };
-        out.push((format!("{} activations={act}", mode.as_str()), worst));
-    }
-    Ok(out)
 }
 
 #[cfg(test)]
