@@ -13,9 +13,8 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use crate::synth::{
-    mix, run_config_toml, write_random_weights, RandomWeight, DATASET_FILE, FP8_MAX, RUN_FILE,
-};
+use crate::synth::tensors::{mix, write_random_weights, RandomWeight, FP8_MAX};
+use crate::synth::{run_config_toml, DATASET_FILE, RUN_FILE};
 use framesmith_config::run::{BlocksToSwap, DeviceSpec, StreamingMode, TimestepSampling};
 use framesmith_config::RunConfig;
 use framesmith_data::family::flux::cache::{

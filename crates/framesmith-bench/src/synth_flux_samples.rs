@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 
-use crate::synth::{encoder_init, mix, write_safetensors, RandomTensor, SynthTensor};
+use crate::synth::tensors::{encoder_init, mix, write_safetensors, RandomTensor, SynthTensor};
 use framesmith_models::flux::autoencoder::{AutoEncoder, AutoEncoderConfig};
 use framesmith_models::flux::clip_text::{ClipTextConfig, ClipTextModel};
 use framesmith_models::flux::t5::t5_v1_1_xxl;
