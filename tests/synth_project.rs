@@ -294,7 +294,8 @@ fn the_scaled_fp8_file_is_a_comfyui_layout_of_the_same_weights() {
 fn random_encoders_load_as_comfyui_files_and_encode() {
     use candle_core::Tensor;
     use framesmith_bench::synth::write_random_encoders;
-    use framesmith_models::wan::text_encoder::{T5Config, TextEncoder};
+    use framesmith_models::t5::T5Config;
+    use framesmith_models::wan::text_encoder::TextEncoder;
     use framesmith_models::wan::vae::{load_vae_auto, LatentStats, VaeConfig, VaeVariant};
 
     let dir = tempfile::tempdir().unwrap();

@@ -132,7 +132,7 @@ pub fn write_project(dir: &Path, spec: &SynthProject) -> anyhow::Result<SynthFil
             fs::read(spiece).with_context(|| format!("cannot read {}", spiece.display()))?;
         write_random_encoders(
             &dir,
-            &framesmith_models::wan::text_encoder::T5Config::umt5_xxl(),
+            &framesmith_models::t5::T5Config::umt5_xxl(),
             &vae_for(&spec.cfg),
             &bytes,
             spec.seed,
@@ -241,14 +241,14 @@ pub fn vae_file(vae: &framesmith_models::wan::vae::VaeConfig) -> &'static str {
 /// norms are one. Returns the two paths.
 pub fn write_random_encoders(
     dir: &Path,
-    t5: &framesmith_models::wan::text_encoder::T5Config,
+    t5: &framesmith_models::t5::T5Config,
     vae: &framesmith_models::wan::vae::VaeConfig,
     spiece: &[u8],
     seed: u64,
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
     let umt5 = dir.join(UMT5_FILE);
     let mut views = Vec::new();
-    let shapes = framesmith_models::wan::text_encoder::hf_t5_tensor_shapes(t5);
+    let shapes = framesmith_models::t5::hf_t5_tensor_shapes(t5);
     for (i, (name, shape, linear)) in shapes.into_iter().enumerate() {
         let (mean, std) = encoder_init(&name, &shape);
         let scale = linear.then(|| (6.0 * std).max(f32::MIN_POSITIVE) / FP8_MAX);

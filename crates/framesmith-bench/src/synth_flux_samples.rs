@@ -11,8 +11,8 @@ use anyhow::Context;
 use crate::synth::tensors::{encoder_init, mix, write_safetensors, RandomTensor, SynthTensor};
 use framesmith_models::flux::autoencoder::{AutoEncoder, AutoEncoderConfig};
 use framesmith_models::flux::clip_text::{ClipTextConfig, ClipTextModel};
-use framesmith_models::flux::t5::t5_v1_1_xxl;
-use framesmith_models::wan::text_encoder::{hf_t5_tensor_shapes, T5Config};
+use framesmith_models::t5::v1_1::t5_v1_1_xxl;
+use framesmith_models::t5::{hf_t5_tensor_shapes, T5Config};
 
 /// The words of the stand-in tokenizers (any other word reads as the first).
 const WORDS: [&str; 6] = ["thing", "a", "synthetic", "image", "of", "snow"];

@@ -6,5 +6,6 @@ pub mod flux;
 pub mod identify;
 pub mod qwen25vl;
 pub mod qwen_image;
+pub mod t5;
 pub mod trainable;
 pub mod wan;

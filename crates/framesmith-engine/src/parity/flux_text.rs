@@ -6,7 +6,7 @@ use candle_core::{DType, Device};
 
 use super::{compare, Fixture, ParityRow, OUTPUT_REL_TOL};
 use framesmith_models::flux::clip_text::{text_model_prefix, ClipTextConfig, ClipTextModel};
-use framesmith_models::flux::t5::{t5_config_from_hf_json, t5_from_tensors};
+use framesmith_models::t5::v1_1::{t5_config_from_hf_json, t5_from_tensors};
 use framesmith_nn::vb::Vb;
 
 /// Runs the CLIP text model of a `clip_text` fixture.

@@ -5,7 +5,7 @@ use candle_core::{DType, Device};
 use serde_json::Value;
 
 use super::{compare, Fixture, ParityRow, OUTPUT_REL_TOL};
-use framesmith_models::wan::text_encoder::{T5Config, UmT5Encoder};
+use framesmith_models::t5::{T5Config, UmT5Encoder};
 use framesmith_nn::vb::Vb;
 
 /// The encoder sizes from the fixture's `init` (official constructor kwargs); unspecified ones as officially.

@@ -17,9 +17,8 @@ pub mod rope;
 pub mod sampling;
 pub mod single_block;
 mod stream;
-pub mod t5;
 #[cfg(test)]
-mod testkit;
+pub(crate) mod testkit;
 pub mod text_encoder;
 pub mod tokenizer;
 mod trainable;

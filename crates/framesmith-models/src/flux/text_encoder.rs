@@ -9,7 +9,7 @@ use candle_core::{DType, Device, Tensor};
 use super::clip_text::ClipTextModel;
 use super::tokenizer::{FluxTokenizer, FluxTokenizerError, TextTokenizerKind, CLIP_MAX_TOKENS};
 use super::weights::{load_clip_text, load_t5_xxl, FluxFormatError};
-use crate::wan::text_encoder::UmT5Encoder;
+use crate::t5::UmT5Encoder;
 
 /// Why the text encoders could not be loaded or run.
 #[derive(Debug, thiserror::Error)]
@@ -103,8 +103,8 @@ mod tests {
     use super::*;
     use crate::fixtures::{clip_tokenizer_json, t5_tokenizer_json};
     use crate::flux::clip_text::{text_model_prefix, ClipTextConfig};
-    use crate::flux::t5::{t5_config_from_hf_json, t5_from_tensors};
     use crate::flux::testkit::{assert_close, Case};
+    use crate::t5::v1_1::{t5_config_from_hf_json, t5_from_tensors};
     use framesmith_nn::vb::Vb;
 
     #[test]

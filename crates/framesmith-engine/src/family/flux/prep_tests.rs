@@ -15,9 +15,9 @@ use framesmith_data::samples::image_sample;
 use framesmith_models::fixtures::{clip_tokenizer_json, t5_tokenizer_json};
 use framesmith_models::flux::autoencoder::{AutoEncoder, AutoEncoderConfig};
 use framesmith_models::flux::clip_text::{text_model_prefix, ClipTextConfig, ClipTextModel};
-use framesmith_models::flux::t5::{t5_config_from_hf_json, t5_from_tensors};
 use framesmith_models::flux::text_encoder::FluxTextEncoder;
 use framesmith_models::flux::tokenizer::{FluxTokenizer, TextTokenizerKind};
+use framesmith_models::t5::v1_1::{t5_config_from_hf_json, t5_from_tensors};
 use framesmith_nn::vb::Vb;
 
 /// The fixture case's config `init` and weights.

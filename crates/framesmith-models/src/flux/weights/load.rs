@@ -9,9 +9,9 @@ use candle_core::{DType, Device};
 use super::{open, FluxComponent, FluxFormatError, FluxKind, FluxVariant, Names};
 use crate::flux::autoencoder::{AutoEncoder, AutoEncoderConfig};
 use crate::flux::clip_text::{text_model_prefix, ClipTextConfig, ClipTextModel};
-use crate::flux::t5::t5_from_tensors;
 use crate::flux::Flux;
-use crate::wan::text_encoder::{T5Config, UmT5Encoder};
+use crate::t5::v1_1::t5_from_tensors;
+use crate::t5::{T5Config, UmT5Encoder};
 use crate::wan::weights::read_header;
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::offload::OffloadOptions;
@@ -179,7 +179,7 @@ fn t5_config(names: &Names) -> Option<T5Config> {
         num_heads: names.dim(table, 1)?,
         num_layers: names.count("encoder.block."),
         num_buckets: names.dim(table, 0)?,
-        ..crate::flux::t5::t5_v1_1_xxl()
+        ..crate::t5::v1_1::t5_v1_1_xxl()
     })
 }
 

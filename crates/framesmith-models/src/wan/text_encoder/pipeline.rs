@@ -8,7 +8,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 
 use super::tokenizer::{TokenizerError, UmT5Tokenizer, SPIECE_TENSOR};
-use super::{official_t5_keys, T5Config, UmT5Encoder};
+use crate::t5::{official_t5_keys, T5Config, UmT5Encoder};
 use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 

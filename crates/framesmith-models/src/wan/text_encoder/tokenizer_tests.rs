@@ -4,7 +4,8 @@ use candle_core::{DType, Device, Tensor};
 
 use super::testkit::{tiny_tokenizer, write_tiny_tokenizer};
 use super::*;
-use crate::wan::text_encoder::{t5_config_from_tensors, T5Config, TextEncoder};
+use crate::t5::T5Config;
+use crate::wan::text_encoder::{t5_config_from_tensors, TextEncoder};
 
 fn saved_tiny(dir: &Path) -> anyhow::Result<PathBuf> {
     let path = dir.join(TOKENIZER_FILE);

@@ -1,5 +1,5 @@
 //! The T5-XXL v1.1 encoder FLUX.1 takes its text tokens from (`T5EncoderModel` of Hugging Face transformers, the
-//! `t5xxl_*.safetensors` files). It is Wan's umT5 encoder ([`UmT5Encoder`]) with one relative-position table,
+//! `t5xxl_*.safetensors` files). It is the umT5 encoder ([`UmT5Encoder`]) with one relative-position table,
 //! stored in the first layer and shared by every layer; this module gives its sizes and maps the Hugging Face
 //! (ComfyUI) key names, FP8 scales included, onto the encoder's names.
 
@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use serde::Deserialize;
 
-use crate::wan::text_encoder::{official_t5_keys, T5Config, UmT5Encoder};
+use super::{official_t5_keys, T5Config, UmT5Encoder};
 use crate::wan::weights::{read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 
