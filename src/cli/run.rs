@@ -2,17 +2,18 @@
 //! terminal (a progress bar on a terminal, plain lines otherwise). One run (`framesmith demo`, `train` with one
 //! config) or a queue of runs one after another on the same engine thread (`train` with several configs).
 
-use std::io::IsTerminal;
+mod spill;
+mod terminal;
+
 use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use framesmith_config::protocol::{
-    wire, Command, EngineHandle, Event, LogLevel, Progress, RunState, StartRun,
+    wire, Command, EngineHandle, Event, LogLevel, RunState, StartRun,
 };
 use framesmith_config::RunConfig;
-#[cfg(feature = "telemetry")]
-use framesmith_telemetry::{detect_spill, Telemetry, TelemetryOptions};
-use indicatif::{ProgressBar, ProgressStyle};
+use spill::{spill_telemetry, Spill, SpillWatch, Telemetry};
+use terminal::Terminal;
 
 /// What a finished headless run produced.
 #[derive(Debug, Default)]
@@ -314,197 +315,12 @@ fn follow(
     anyhow::bail!("the engine thread ended without finishing the run")
 }
 
-/// The telemetry `framesmith train` watches for spilling: only where the driver can spill into shared GPU memory
-/// and its counters exist (Windows). `None` elsewhere, or when the sampling thread cannot start.
-#[cfg(feature = "telemetry")]
-fn spill_telemetry() -> Option<Telemetry> {
-    cfg!(windows)
-        .then(|| Telemetry::spawn(TelemetryOptions::default()).ok())
-        .flatten()
-}
-
-/// What the spill watch has to say after a step.
-#[derive(Debug, PartialEq)]
-#[cfg_attr(not(feature = "telemetry"), allow(dead_code))] // a headless build watches nothing
-enum Spill {
-    /// The run spills: say so (once per run).
-    Warn(String),
-    /// The run spills and `memory.shared_memory_guard` is on: say so and stop the run (once per run). Nobody is
-    /// there to resume a paused run, so the command line stops it; Stop saves the LoRA (and the training state,
-    /// with `output.save_state`, to resume from).
-    Stop(String),
-}
-
-/// Watches a headless run for the driver spilling VRAM into shared memory, with the Monitor's detector on the
-/// same telemetry and the run's step times.
-#[cfg(feature = "telemetry")]
-struct SpillWatch<'a> {
-    telemetry: &'a Telemetry,
-    step_secs: Vec<f64>,
-    /// `memory.shared_memory_guard`.
-    guard: bool,
-    /// The watch has spoken for this run (it acts once).
-    said: bool,
-}
-
-#[cfg(feature = "telemetry")]
-impl<'a> SpillWatch<'a> {
-    fn new(telemetry: &'a Telemetry, guard: bool) -> Self {
-        Self {
-            telemetry,
-            step_secs: Vec::new(),
-            guard,
-            said: false,
-        }
-    }
-
-    /// Records a step's time and checks for spilling, until the run is first seen spilling.
-    fn after_step(&mut self, step_secs: f64) -> Option<Spill> {
-        self.step_secs.push(step_secs);
-        if self.said {
-            return None;
-        }
-        let steps = &self.step_secs;
-        let evidence = self
-            .telemetry
-            .read(|history| detect_spill(history, steps))?
-            .message();
-        self.said = true;
-        Some(if self.guard {
-            Spill::Stop(format!(
-                "{evidence}. Stopping the run and saving its LoRA (memory.shared_memory_guard is on). Before \
-                 running it again, stream more blocks (memory.blocks_to_swap = \"auto\" with a lower \
-                 memory.vram_budget_gb) or lower dataset.resolution."
-            ))
-        } else {
-            Spill::Warn(format!(
-                "{evidence}. With memory.shared_memory_guard = true the run would be stopped and saved."
-            ))
-        })
-    }
-}
-
-/// A headless build (without the `telemetry` feature) samples no GPU counters, so it watches nothing.
-#[cfg(not(feature = "telemetry"))]
-struct Telemetry;
-
-#[cfg(not(feature = "telemetry"))]
-fn spill_telemetry() -> Option<Telemetry> {
-    None
-}
-
-#[cfg(not(feature = "telemetry"))]
-struct SpillWatch;
-
-#[cfg(not(feature = "telemetry"))]
-impl SpillWatch {
-    fn new(_: &Telemetry, _: bool) -> Self {
-        Self
-    }
-
-    fn after_step(&mut self, _: f64) -> Option<Spill> {
-        None
-    }
-}
-
-/// Where a run's progress goes: a progress bar on a terminal, a line every 5% otherwise; with JSON events, each
-/// event as a line on stdout and nothing else.
-struct Terminal {
-    bar: Option<ProgressBar>,
-    last_printed: usize,
-    json: bool,
-}
-
-impl Terminal {
-    fn new(output: Output) -> Self {
-        let json = matches!(output, Output::EventsJson { .. });
-        let bar = (!json && std::io::stderr().is_terminal()).then(|| {
-            let bar = ProgressBar::new(0);
-            bar.set_style(
-                ProgressStyle::with_template(
-                    "{bar:30} {pos}/{len} steps  {msg}  [{elapsed_precise} < {eta_precise}]",
-                )
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-            );
-            bar
-        });
-        Self {
-            bar,
-            last_printed: 0,
-            json,
-        }
-    }
-
-    /// With JSON events: `event` on stdout, at once (the app reads it while the run goes on).
-    fn event(&self, event: &Event) {
-        use std::io::Write;
-        if !self.json {
-            return;
-        }
-        match wire::event_line(event) {
-            Ok(line) => {
-                let mut out = std::io::stdout().lock();
-                let _ = writeln!(out, "{line}").and_then(|()| out.flush());
-            }
-            Err(err) => eprintln!("warning: {err}"),
-        }
-    }
-
-    fn say(&self, line: String) {
-        if self.json {
-            return;
-        }
-        match &self.bar {
-            Some(b) => b.println(line),
-            None => eprintln!("{line}"),
-        }
-    }
-
-    fn progress(&mut self, p: &Progress) {
-        if self.json {
-            return;
-        }
-        let msg = format!(
-            "loss {:.4} (avg {:.4})  lr {:.2e}  {:.2}s/step",
-            p.loss, p.smoothed_loss, p.learning_rate, p.step_secs
-        );
-        match &self.bar {
-            Some(b) => {
-                b.set_length(p.total_steps as u64);
-                b.set_position(p.step as u64);
-                b.set_message(msg);
-            }
-            None if p.step == p.total_steps
-                || p.step >= self.last_printed + p.total_steps.div_ceil(20) =>
-            {
-                self.last_printed = p.step;
-                eprintln!(
-                    "step {}/{}  {msg}  eta {:.0}s",
-                    p.step, p.total_steps, p.eta_secs
-                );
-            }
-            None => {}
-        }
-    }
-
-    fn finish(&self) {
-        if let Some(b) = &self.bar {
-            b.finish();
-        }
-    }
-
-    fn abandon(&self) {
-        if let Some(b) = &self.bar {
-            b.abandon();
-        }
-    }
-}
-
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed expectation is the test failing
 mod tests {
     use super::*;
     use framesmith_config::presets;
+    use framesmith_config::protocol::Progress;
 
     /// The demo model on generated data, a few steps on the CPU, the LoRA saved only at the end.
     fn tiny_demo(output: &Path, steps: usize) -> RunConfig {
