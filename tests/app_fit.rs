@@ -54,12 +54,12 @@ fn shows_the_verdict_and_chosen_blocks_for_a_preset() {
         plan.workload
     );
     assert_eq!(plan.verdict, Verdict::Fits);
-    assert!(plan.blocks_chosen && plan.streamed_blocks > 0, "{plan:?}");
+    assert!(plan.blocks_chosen && plan.blocks_to_swap > 0, "{plan:?}");
     h.get_by_label("Will it fit?");
     h.get_by_label_contains("Fits: peak VRAM");
     h.get_by_label(&format!(
         "Streams {} of 40 blocks (chosen by the planner)",
-        plan.streamed_blocks
+        plan.blocks_to_swap
     ));
     h.get_by_label_contains("t2v-14b (fp8 block64)");
     h.get_by_label("Breakdown").click();

@@ -92,7 +92,7 @@ fn json_carries_the_numbers() {
     assert_eq!(report["num_blocks"], 40);
     assert_eq!(report["verdict"], "fits");
     assert_eq!(report["blocks_chosen"], true);
-    let streamed = report["streamed_blocks"].as_u64().unwrap();
+    let streamed = report["blocks_to_swap"].as_u64().unwrap();
     assert!((1..40).contains(&streamed), "{streamed}");
     let peak = report["peak_vram_bytes"].as_u64().unwrap();
     assert!(peak <= 20 << 30);

@@ -76,7 +76,7 @@ fn report_ui(ui: &mut Ui, r: &PlanReport) {
             .strong(),
     );
     ui.label(RichText::new(format!("{} · {}", r.model, r.workload)).color(theme::MUTED));
-    if r.streamed_blocks > 0 || r.blocks_chosen {
+    if r.blocks_to_swap > 0 || r.blocks_chosen {
         let who = if r.blocks_chosen {
             " (chosen by the planner)"
         } else {
@@ -84,7 +84,7 @@ fn report_ui(ui: &mut Ui, r: &PlanReport) {
         };
         ui.label(format!(
             "Streams {} of {} blocks{who}",
-            r.streamed_blocks, r.num_blocks
+            r.blocks_to_swap, r.num_blocks
         ));
     }
     if !r.on_cpu {

@@ -59,14 +59,14 @@ pub enum Verdict {
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Suggestion {
     /// Stream this many blocks (turning streaming on when it is off).
-    StreamBlocks { blocks: usize },
+    StreamBlocks { blocks_to_swap: usize },
     /// Checkpoint every block (`memory.checkpointing = "blocks"`: nothing kept but the block inputs), and stream
     /// this many blocks.
-    CheckpointBlocks { blocks: usize },
+    CheckpointBlocks { blocks_to_swap: usize },
     /// Keep saved block inputs in RAM, and stream this many blocks.
-    HostActivations { blocks: usize },
+    HostActivations { blocks_to_swap: usize },
     /// Store the base weights in FP8 (block-64 scales), and stream this many blocks.
-    Fp8Base { blocks: usize },
+    Fp8Base { blocks_to_swap: usize },
     /// Train on clips of at most this many frames (with every memory saving above).
     FewerFrames { frames: usize },
     /// Train at this resolution (with every memory saving above).
@@ -78,20 +78,20 @@ pub enum Suggestion {
 impl fmt::Display for Suggestion {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::StreamBlocks { blocks } => {
-                write!(f, "stream {blocks} blocks (memory.blocks_to_swap = {blocks})")
+            Self::StreamBlocks { blocks_to_swap } => {
+                write!(f, "stream {blocks_to_swap} blocks (memory.blocks_to_swap = {blocks_to_swap})")
             }
-            Self::CheckpointBlocks { blocks } => write!(
+            Self::CheckpointBlocks { blocks_to_swap } => write!(
                 f,
-                "keep only block inputs for the backward (memory.checkpointing = \"blocks\") and stream {blocks} blocks"
+                "keep only block inputs for the backward (memory.checkpointing = \"blocks\") and stream {blocks_to_swap} blocks"
             ),
-            Self::HostActivations { blocks } => write!(
+            Self::HostActivations { blocks_to_swap } => write!(
                 f,
-                "keep saved activations in RAM (memory.activations = \"host\") and stream {blocks} blocks"
+                "keep saved activations in RAM (memory.activations = \"host\") and stream {blocks_to_swap} blocks"
             ),
-            Self::Fp8Base { blocks } => write!(
+            Self::Fp8Base { blocks_to_swap } => write!(
                 f,
-                "use FP8 base weights (model.base_dtype = \"fp8\") and stream {blocks} blocks"
+                "use FP8 base weights (model.base_dtype = \"fp8\") and stream {blocks_to_swap} blocks"
             ),
             Self::FewerFrames { frames } => write!(
                 f,
@@ -117,8 +117,8 @@ pub struct PlanReport {
     pub tokens: u64,
     pub num_blocks: usize,
     /// Blocks whose weights live in RAM and are streamed in during the step.
-    pub streamed_blocks: usize,
-    /// Whether the planner chose `streamed_blocks` (`blocks_to_swap = "auto"`).
+    pub blocks_to_swap: usize,
+    /// Whether the planner chose `blocks_to_swap` (`blocks_to_swap = "auto"`).
     pub blocks_chosen: bool,
     /// Frozen weights of one block in the chosen format, packed for streaming (a GPU slot's size).
     pub block_bytes: u64,
@@ -276,7 +276,7 @@ impl PlanReport {
             0 | 1 => peak,
             n => format!("{peak} per GPU ({n} GPUs)"),
         };
-        let streamed = match (self.streamed_blocks, self.blocks_chosen) {
+        let streamed = match (self.blocks_to_swap, self.blocks_chosen) {
             (0, _) => String::new(),
             (n, true) => format!(", {n} of {} blocks streamed (chosen)", self.num_blocks),
             (n, false) => format!(", {n} of {} blocks streamed", self.num_blocks),

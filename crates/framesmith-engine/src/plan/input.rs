@@ -253,7 +253,7 @@ pub fn plan_config(cfg: &RunConfig, dataset_toml: Option<&str>) -> Result<PlanRe
 
 /// The plan of a validated run on this machine, for the engine's setup: call it before the DiT is loaded (the
 /// free memory it reads must not include the model's own), with the loaded checkpoint's config and the largest
-/// clip of the training set. `report.streamed_blocks` is what to stream (the planner's choice for
+/// clip of the training set. `report.blocks_to_swap` is what to stream (the planner's choice for
 /// `blocks_to_swap = "auto"`, else the configured count); `report.verdict_line()` is worth logging, and
 /// `Verdict::DoesNotFit` worth a warning with `report.suggestions`.
 pub fn plan_run(

@@ -306,9 +306,9 @@ fn adapter_lines(input: &PlanInput, s: &ModelMemory) -> Vec<PlanLine> {
     out
 }
 
-/// Every component with `streamed` blocks in RAM.
-fn breakdown(input: &PlanInput, s: &ModelMemory, streamed: usize) -> Vec<PlanLine> {
-    let set = s.streamed_blocks(streamed);
+/// Every component with `blocks_to_swap` blocks in RAM.
+fn breakdown(input: &PlanInput, s: &ModelMemory, blocks_to_swap: usize) -> Vec<PlanLine> {
+    let set = s.streamed_blocks(blocks_to_swap);
     let resident = resident_counts(s, set);
     let mut out = vec![line(
         format!(
@@ -510,7 +510,7 @@ fn check_streaming(input: &PlanInput) -> Result<(), PlanError> {
 }
 
 /// How many blocks the plan streams, whether the planner chose it, and a note when it could not.
-fn streamed_blocks(
+fn blocks_to_swap(
     input: &PlanInput,
     budget: Option<u64>,
 ) -> Result<(usize, bool, Option<String>), PlanError> {
@@ -572,8 +572,8 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     check_streaming(input)?;
     let s = sizes(input)?;
     let budget = budget_bytes(input);
-    let (streamed, chosen, note) = streamed_blocks(input, budget)?;
-    let mut lines = breakdown(input, &s, streamed);
+    let (blocks_to_swap, chosen, note) = blocks_to_swap(input, budget)?;
+    let mut lines = breakdown(input, &s, blocks_to_swap);
     if input.on_cpu {
         for l in &mut lines {
             l.placement = Placement::Host;
@@ -620,7 +620,7 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         ),
         tokens: s.shape.tokens,
         num_blocks: s.num_blocks(),
-        streamed_blocks: streamed,
+        blocks_to_swap,
         blocks_chosen: chosen,
         block_bytes: s.largest_packed_bytes(),
         peak_vram_bytes: peak_vram,

@@ -37,26 +37,26 @@ fn with_checkpointed_streaming(input: &PlanInput) -> PlanInput {
 
 /// What would fit `budget`, cheapest change first; the first that fits ends the search.
 pub(super) fn suggest(input: &PlanInput, budget: u64) -> Result<Vec<Suggestion>, PlanError> {
-    if let Some(blocks) = auto_blocks(&with_streaming(input), budget)? {
-        return Ok(vec![Suggestion::StreamBlocks { blocks }]);
+    if let Some(blocks_to_swap) = auto_blocks(&with_streaming(input), budget)? {
+        return Ok(vec![Suggestion::StreamBlocks { blocks_to_swap }]);
     }
     let streaming = with_checkpointed_streaming(input);
     if input.checkpointing != Checkpointing::Blocks {
-        if let Some(blocks) = auto_blocks(&streaming, budget)? {
-            return Ok(vec![Suggestion::CheckpointBlocks { blocks }]);
+        if let Some(blocks_to_swap) = auto_blocks(&streaming, budget)? {
+            return Ok(vec![Suggestion::CheckpointBlocks { blocks_to_swap }]);
         }
     }
     let mut host = streaming.clone();
     host.streaming.activations = ActivationPlacement::Host;
     if input.streaming.activations == ActivationPlacement::Device {
-        if let Some(blocks) = auto_blocks(&host, budget)? {
-            return Ok(vec![Suggestion::HostActivations { blocks }]);
+        if let Some(blocks_to_swap) = auto_blocks(&host, budget)? {
+            return Ok(vec![Suggestion::HostActivations { blocks_to_swap }]);
         }
     }
     let lean = leanest(input);
     if !matches!(input.base, BaseFormat::Fp8(_)) {
-        if let Some(blocks) = auto_blocks(&lean, budget)? {
-            return Ok(vec![Suggestion::Fp8Base { blocks }]);
+        if let Some(blocks_to_swap) = auto_blocks(&lean, budget)? {
+            return Ok(vec![Suggestion::Fp8Base { blocks_to_swap }]);
         }
     }
     Ok(vec![smaller_clip(&lean, budget)?])

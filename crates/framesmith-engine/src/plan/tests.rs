@@ -213,7 +213,7 @@ fn auto_in_the_plan_uses_the_budget_or_free_memory_minus_headroom() {
     let r = plan(&i).unwrap();
     // "auto" keeps its margin below the budget: the fewest blocks whose peak leaves it free.
     let margin = auto_margin_bytes(target);
-    let n = r.streamed_blocks;
+    let n = r.blocks_to_swap;
     assert!(
         n > 12 && r.blocks_chosen && r.verdict == Verdict::Fits,
         "{r:?}"
@@ -226,13 +226,13 @@ fn auto_in_the_plan_uses_the_budget_or_free_memory_minus_headroom() {
     let tight = peak_vram_bytes(&i, 38).unwrap();
     i.free_vram_bytes = Some(tight + VRAM_HEADROOM_BYTES);
     let r = plan(&i).unwrap();
-    assert_eq!(r.streamed_blocks, 38, "{r:?}");
+    assert_eq!(r.blocks_to_swap, 38, "{r:?}");
     assert!(r.notes.iter().any(|n| n.contains("may still")), "{r:?}");
     i.free_vram_bytes = Some(target + VRAM_HEADROOM_BYTES);
     // An explicit budget wins over the free memory.
     let budget = peak_vram_bytes(&i, 30).unwrap();
     i.vram_budget_bytes = Some(budget);
-    let n = plan(&i).unwrap().streamed_blocks;
+    let n = plan(&i).unwrap().blocks_to_swap;
     let room = budget - auto_margin_bytes(budget);
     assert!(n > 30 && peak_vram_bytes(&i, n).unwrap() <= room);
     assert!(peak_vram_bytes(&i, n - 1).unwrap() > room);
@@ -240,7 +240,7 @@ fn auto_in_the_plan_uses_the_budget_or_free_memory_minus_headroom() {
     i.vram_budget_bytes = None;
     i.free_vram_bytes = None;
     let r = plan(&i).unwrap();
-    assert_eq!((r.streamed_blocks, r.verdict), (0, Verdict::NoBudget));
+    assert_eq!((r.blocks_to_swap, r.verdict), (0, Verdict::NoBudget));
     assert!(
         r.notes.iter().any(|n| n.contains("vram_budget_gb")),
         "{r:?}"
@@ -259,24 +259,27 @@ fn suggestions_go_from_cheapest_to_clip_size() {
     i.vram_budget_bytes = Some(peak_vram_bytes(&i, 10).unwrap());
     let r = plan(&i).unwrap();
     assert_eq!(r.verdict, Verdict::DoesNotFit);
-    assert_eq!(r.suggestions, vec![Suggestion::StreamBlocks { blocks: 10 }]);
+    assert_eq!(
+        r.suggestions,
+        vec![Suggestion::StreamBlocks { blocks_to_swap: 10 }]
+    );
     // Needs the activations in RAM as well.
     i.vram_budget_bytes = Some(host_at(20));
     assert_eq!(
         plan(&i).unwrap().suggestions,
-        vec![Suggestion::HostActivations { blocks: 20 }]
+        vec![Suggestion::HostActivations { blocks_to_swap: 20 }]
     );
     // A bf16 base streams more (its blocks are twice the size), or needs FP8 when even that is not enough.
     let mut bf16 = i.clone();
     bf16.base = BaseFormat::Dense(FloatDtype::Bf16);
     assert_eq!(
         plan(&bf16).unwrap().suggestions,
-        vec![Suggestion::HostActivations { blocks: 31 }]
+        vec![Suggestion::HostActivations { blocks_to_swap: 31 }]
     );
     bf16.vram_budget_bytes = Some(host_at(37));
     assert_eq!(
         plan(&bf16).unwrap().suggestions,
-        vec![Suggestion::Fp8Base { blocks: 37 }]
+        vec![Suggestion::Fp8Base { blocks_to_swap: 37 }]
     );
     // Nothing at this clip size: a shorter clip, then a lower resolution, then a larger card.
     i.vram_budget_bytes = Some(8 * GIB);
@@ -558,15 +561,15 @@ fn presets_plan_as_issue_7_wires_them() {
         plan(&i).unwrap()
     };
     let compatible = planned("e7adb86-compatible", 24.0);
-    assert!(compatible.blocks_chosen && compatible.streamed_blocks > 0);
+    assert!(compatible.blocks_chosen && compatible.blocks_to_swap > 0);
     assert!(compatible.model.contains("fp8 tensor"));
     // Pinned: every streamed block is page-locked.
     assert_eq!(
         compatible.pinned_ram_bytes,
-        compatible.streamed_blocks as u64 * compatible.block_bytes
+        compatible.blocks_to_swap as u64 * compatible.block_bytes
     );
     let low = planned("low-vram-windows", 12.0);
-    assert!(low.blocks_chosen && low.streamed_blocks > 0);
+    assert!(low.blocks_chosen && low.blocks_to_swap > 0);
     assert!(
         low.workload.starts_with("832x480, 33 frames"),
         "{}",
@@ -593,12 +596,12 @@ fn presets_plan_as_issue_7_wires_them() {
         balanced.workload
     );
     assert_eq!(balanced.verdict, Verdict::Fits, "{balanced}");
-    assert!(balanced.blocks_chosen && balanced.streamed_blocks > 0);
+    assert!(balanced.blocks_chosen && balanced.blocks_to_swap > 0);
     // fast-24gb: the same on 24 GB, the kept attention page-locked beside the saved inputs (a block or two more
     // streamed for the two blocks' worth on the card).
     let fast = planned("fast-24gb", 24.0);
     assert_eq!(fast.verdict, Verdict::Fits, "{fast}");
-    assert!(fast.streamed_blocks > balanced.streamed_blocks);
+    assert!(fast.blocks_to_swap > balanced.blocks_to_swap);
     let kept = fast
         .breakdown
         .iter()
@@ -607,7 +610,7 @@ fn presets_plan_as_issue_7_wires_them() {
     assert_eq!(kept.placement, Placement::HostPinned);
     assert!(fast.pinned_ram_bytes > balanced.pinned_ram_bytes + kept.bytes);
     let full = planned("full-speed-80gb", 80.0);
-    assert_eq!((full.streamed_blocks, full.pinned_ram_bytes), (0, 0));
+    assert_eq!((full.blocks_to_swap, full.pinned_ram_bytes), (0, 0));
     assert!(full.model.contains("bf16"));
 }
 
@@ -720,7 +723,7 @@ fn a_validated_run_plans_like_its_config() {
     assert_eq!(from_run.base, BaseFormat::Fp8(Fp8ScaleMode::Block64));
     assert_eq!(from_run.vram_budget_bytes, Some(30 * GIB));
     let report = plan(&from_run).unwrap();
-    assert_eq!((report.streamed_blocks, report.blocks_chosen), (20, false));
+    assert_eq!((report.blocks_to_swap, report.blocks_chosen), (20, false));
 }
 
 /// With the saved inputs in RAM, the kept attention goes there too: two blocks' worth stay on the card (the one

@@ -103,19 +103,7 @@ pub(crate) fn float_dtype(d: FloatDtype) -> DType {
 /// How many of a model's `blocks` a run streams (`memory.blocks_to_swap`, the memory plan's count for `"auto"`)
 /// and the ring settings, for any model; `None` when nothing streams (streaming off, a CPU run, or a count of 0).
 /// A count that leaves no block resident is refused, the error saying what `model` has ("this model has 40 blocks").
-/// The block count `blocks_to_swap = "auto"` streams: the plan's. "auto" never picks a plan that swaps: with no
-/// count that fits the RAM, the run does not start.
-pub(crate) fn auto_count(report: &PlanReport) -> anyhow::Result<usize> {
-    match &report.ram_shortfall {
-        Some(short) => anyhow::bail!(
-            "blocks_to_swap = \"auto\" found no plan that fits the RAM: {short} (or set memory.ram_budget_gb \
-             if the machine can give more)"
-        ),
-        None => Ok(report.streamed_blocks),
-    }
-}
-
-pub(crate) fn streamed_count(
+pub(crate) fn blocks_to_swap(
     plan: &RunPlan,
     device: &Device,
     memory: Option<&MemoryReport>,
@@ -130,7 +118,7 @@ pub(crate) fn streamed_count(
     if !plan.memory.applies || !device.is_cuda() {
         return Ok(None);
     }
-    let count = match plan.memory.blocks_to_swap {
+    let blocks_to_swap = match plan.memory.blocks_to_swap {
         BlocksToSwap::Count(n) if n >= blocks => anyhow::bail!(
             "memory.blocks_to_swap = {n}, but {model}: stream at most {}, or \"auto\"",
             blocks.saturating_sub(1)
@@ -142,7 +130,7 @@ pub(crate) fn streamed_count(
             None => anyhow::bail!("blocks_to_swap = \"auto\" needs the run's memory plan"),
         },
     };
-    if count == 0 {
+    if blocks_to_swap == 0 {
         return Ok(None);
     }
     let offload = OffloadOptions {
@@ -151,7 +139,19 @@ pub(crate) fn streamed_count(
         staging_slots: plan.memory.staging_slots.max(1),
         ..OffloadOptions::default()
     };
-    Ok(Some((count, offload)))
+    Ok(Some((blocks_to_swap, offload)))
+}
+
+/// The block count `blocks_to_swap = "auto"` streams: the plan's. "auto" never picks a plan that swaps: with no
+/// count that fits the RAM, the run does not start.
+pub(crate) fn auto_count(report: &PlanReport) -> anyhow::Result<usize> {
+    match &report.ram_shortfall {
+        Some(short) => anyhow::bail!(
+            "blocks_to_swap = \"auto\" found no plan that fits the RAM: {short} (or set memory.ram_budget_gb \
+             if the machine can give more)"
+        ),
+        None => Ok(report.blocks_to_swap),
+    }
 }
 
 /// Where the step keeps saved block inputs: host RAM with `memory.activations = "host"` on CUDA, pageable when
@@ -233,13 +233,13 @@ pub fn out_of_memory_advice(report: Option<&PlanReport>) -> String {
             options.join("; or ")
         );
     }
-    let more = (report.streamed_blocks + (report.num_blocks / 10).max(2)).min(report.num_blocks);
-    if more > report.streamed_blocks {
+    let more = (report.blocks_to_swap + (report.num_blocks / 10).max(2)).min(report.num_blocks);
+    if more > report.blocks_to_swap {
         format!(
             "The planner predicted {peak} of the {budget} budget with {} of {} blocks streamed, so something else \
              took memory or the prediction was low: stream more blocks (memory.blocks_to_swap = {more}), or lower \
              memory.vram_budget_gb to leave room. Checkpoints already saved are kept.",
-            report.streamed_blocks, report.num_blocks
+            report.blocks_to_swap, report.num_blocks
         )
     } else {
         OUT_OF_MEMORY_ADVICE.to_string()

@@ -336,7 +336,7 @@ fn out_of_memory_advice_follows_the_plan() {
 
     input.vram_budget_bytes = Some(200 << 30);
     let roomy = plan(&input).expect("plan");
-    assert!(roomy.fits() && roomy.streamed_blocks == 10);
+    assert!(roomy.fits() && roomy.blocks_to_swap == 10);
     let advice = out_of_memory_advice(Some(&roomy));
     assert!(advice.contains("memory.blocks_to_swap = 14"), "{advice}");
     // One sentence as the user reads it: no indentation of the source line left inside.
@@ -361,8 +361,8 @@ fn auto_never_starts_a_plan_that_does_not_fit_the_ram() {
     let mut input = PlanInput::from_config(&config, WanConfig::wan21_t2v_14b(), DEFAULT_CLIP);
     input.host_ram_bytes = Some(512 << 30);
     let roomy = plan(&input).expect("plan");
-    assert!(roomy.fits() && roomy.streamed_blocks > 0, "{roomy}");
-    assert_eq!(auto_count(&roomy).expect("fits"), roomy.streamed_blocks);
+    assert!(roomy.fits() && roomy.blocks_to_swap > 0, "{roomy}");
+    assert_eq!(auto_count(&roomy).expect("fits"), roomy.blocks_to_swap);
 
     input.ram_budget_bytes = Some(roomy.peak_ram_bytes - 1);
     let short = plan(&input).expect("plan");

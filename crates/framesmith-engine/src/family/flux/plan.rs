@@ -77,14 +77,18 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
     )
 }
 
-/// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of `count`
-/// streamed blocks. `single_first` / `double_first` take blocks of that kind until it runs out, then of the other;
-/// within a kind, and over all blocks with `spread`, the streamed blocks are spread evenly so resident blocks sit
-/// between them and hide their copies. At most every block but one streams.
-pub fn flux_streamed_blocks(cfg: &FluxConfig, count: usize, order: FluxStreamOrder) -> Vec<usize> {
+/// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of
+/// `blocks_to_swap` streamed blocks. `single_first` / `double_first` take blocks of that kind until it runs out,
+/// then of the other; within a kind, and over all blocks with `spread`, the streamed blocks are spread evenly so
+/// resident blocks sit between them and hide their copies. At most every block but one streams.
+pub fn flux_streamed_blocks(
+    cfg: &FluxConfig,
+    blocks_to_swap: usize,
+    order: FluxStreamOrder,
+) -> Vec<usize> {
     let (double, single) = (cfg.depth, cfg.depth_single_blocks);
     let total = double + single;
-    let count = count.min(total.saturating_sub(1));
+    let blocks_to_swap = blocks_to_swap.min(total.saturating_sub(1));
     let of_kind = |n: usize, first: usize, len: usize| -> Vec<usize> {
         streamed_blocks(len, n.min(len), StreamPlacement::Spread)
             .into_iter()
@@ -92,17 +96,17 @@ pub fn flux_streamed_blocks(cfg: &FluxConfig, count: usize, order: FluxStreamOrd
             .collect()
     };
     let mut out = match order {
-        FluxStreamOrder::Spread => streamed_blocks(total, count, StreamPlacement::Spread),
+        FluxStreamOrder::Spread => streamed_blocks(total, blocks_to_swap, StreamPlacement::Spread),
         FluxStreamOrder::SingleFirst => {
-            let s = count.min(single);
-            let mut v = of_kind(count - s, 0, double);
+            let s = blocks_to_swap.min(single);
+            let mut v = of_kind(blocks_to_swap - s, 0, double);
             v.extend(of_kind(s, double, single));
             v
         }
         FluxStreamOrder::DoubleFirst => {
-            let d = count.min(double);
+            let d = blocks_to_swap.min(double);
             let mut v = of_kind(d, 0, double);
-            v.extend(of_kind(count - d, double, single));
+            v.extend(of_kind(blocks_to_swap - d, double, single));
             v
         }
     };
@@ -308,7 +312,7 @@ pub(crate) fn describe(
         kinds: block_kinds(cfg, input, &shape),
         blocks: (0..n).map(|i| usize::from(i >= cfg.depth)).collect(),
         streamed: (0..n.max(1))
-            .map(|count| flux_streamed_blocks(cfg, count, order))
+            .map(|blocks_to_swap| flux_streamed_blocks(cfg, blocks_to_swap, order))
             .collect(),
         resident: resident_weights(cfg, compute),
         lora,

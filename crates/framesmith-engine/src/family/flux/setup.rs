@@ -17,8 +17,8 @@ use crate::family::flux::train::{dev_config, load_flux_items, FluxItems};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::setup::{
-    device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
-    start_loras, streamed_count, RunParts,
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
+    reserve_budget, start_loras, RunParts,
 };
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::memory::PlanReport;
@@ -106,9 +106,13 @@ fn flux_streaming(
         cfg.depth, cfg.depth_single_blocks
     );
     Ok(
-        streamed_count(plan, device, memory, blocks, &model)?.map(|(count, offload)| {
+        blocks_to_swap(plan, device, memory, blocks, &model)?.map(|(blocks_to_swap, offload)| {
             (
-                super::plan::flux_streamed_blocks(cfg, count, plan.memory.flux_stream_order),
+                super::plan::flux_streamed_blocks(
+                    cfg,
+                    blocks_to_swap,
+                    plan.memory.flux_stream_order,
+                ),
                 offload,
             )
         }),

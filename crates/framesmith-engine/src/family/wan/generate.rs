@@ -229,21 +229,21 @@ fn load_dit_with_loras(
         blocks_fp8: request.fp8,
         fp8_products: false,
     };
-    let swap = request.blocks_to_swap;
+    let blocks_to_swap = request.blocks_to_swap;
     let mut named = None;
     let loaded = load_dit(path, expected, (dtype, device), &options, |cfg, name| {
         named = Some(format!("DiT: {name} ({})", path.display()));
-        if swap == 0 {
+        if blocks_to_swap == 0 {
             return Ok(None);
         }
-        if swap >= cfg.num_layers {
+        if blocks_to_swap >= cfg.num_layers {
             anyhow::bail!(
-                "--blocks-to-swap {swap}: this DiT has {} blocks; stream at most {}",
+                "--blocks-to-swap {blocks_to_swap}: this DiT has {} blocks; stream at most {}",
                 cfg.num_layers,
                 cfg.num_layers - 1
             );
         }
-        let streamed = streamed_blocks(cfg.num_layers, swap, StreamPlacement::Spread);
+        let streamed = streamed_blocks(cfg.num_layers, blocks_to_swap, StreamPlacement::Spread);
         Ok(Some((streamed, OffloadOptions::default())))
     });
     if let Some(line) = named {

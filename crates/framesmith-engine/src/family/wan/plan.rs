@@ -135,7 +135,7 @@ pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         }],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
-            .map(|count| streamed_blocks(n, count, StreamPlacement::Spread))
+            .map(|blocks_to_swap| streamed_blocks(n, blocks_to_swap, StreamPlacement::Spread))
             .collect(),
         resident: resident_weights(cfg, input.compute),
         lora,

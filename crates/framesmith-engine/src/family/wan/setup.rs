@@ -21,8 +21,8 @@ use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::optimizer::AdamW;
 use crate::train::setup::{
-    device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, named_vars,
-    open_device, out_of_memory_advice, reserve_budget, start_loras, streamed_count, MemoryReport,
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
+    named_vars, open_device, out_of_memory_advice, reserve_budget, start_loras, MemoryReport,
     RunParts,
 };
 use framesmith_config::plan::{LowNoisePlan, ModelSource};
@@ -205,12 +205,14 @@ fn streaming_for(
 ) -> anyhow::Result<Streaming> {
     let model = format!("this Wan model has {} blocks", cfg.num_layers);
     Ok(
-        streamed_count(plan, device, memory, cfg.num_layers, &model)?.map(|(count, offload)| {
-            (
-                streamed_blocks(cfg.num_layers, count, StreamPlacement::Spread),
-                offload,
-            )
-        }),
+        blocks_to_swap(plan, device, memory, cfg.num_layers, &model)?.map(
+            |(blocks_to_swap, offload)| {
+                (
+                    streamed_blocks(cfg.num_layers, blocks_to_swap, StreamPlacement::Spread),
+                    offload,
+                )
+            },
+        ),
     )
 }
 

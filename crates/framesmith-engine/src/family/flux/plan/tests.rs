@@ -195,14 +195,14 @@ fn auto_streams_within_the_budget_in_every_order() {
                 assert!(r.peak_vram_bytes <= budget_gib * GIB, "{case}");
                 assert!(r.blocks_chosen, "{case}");
                 assert!(
-                    r.streamed_blocks >= last,
+                    r.blocks_to_swap >= last,
                     "{case}: fewer blocks for less VRAM"
                 );
-                last = r.streamed_blocks;
+                last = r.blocks_to_swap;
                 // One fewer streamed block would not have left auto's margin free.
-                if r.streamed_blocks > 0 {
+                if r.blocks_to_swap > 0 {
                     let margin = crate::plan::auto_margin_bytes(budget_gib * GIB);
-                    let fewer = crate::plan::peak_vram_bytes(&i, r.streamed_blocks - 1).unwrap();
+                    let fewer = crate::plan::peak_vram_bytes(&i, r.blocks_to_swap - 1).unwrap();
                     assert!(fewer > budget_gib * GIB - margin, "{case}");
                 }
                 let slots = r
@@ -210,7 +210,7 @@ fn auto_streams_within_the_budget_in_every_order() {
                     .iter()
                     .find(|l| l.label.starts_with("GPU slots"))
                     .map(|l| l.label.clone());
-                if r.streamed_blocks > 0 {
+                if r.blocks_to_swap > 0 {
                     assert!(slots.is_some(), "{case}");
                 }
             }
@@ -224,7 +224,7 @@ fn auto_streams_within_the_budget_in_every_order() {
         i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
         i.streaming.activations = ActivationPlacement::Host;
         i.vram_budget_bytes = Some(12 * GIB);
-        plan(&i).unwrap().streamed_blocks
+        plan(&i).unwrap().blocks_to_swap
     };
     let (single, double) = (
         count(FluxStreamOrder::SingleFirst),
@@ -256,7 +256,7 @@ fn the_flux_presets_fit_their_cards_at_1024() {
         eprintln!("{name}: {}", r.verdict_line());
         assert!(r.fits(), "{name}: {}", r.verdict_line());
         assert_eq!(
-            r.streamed_blocks > 0,
+            r.blocks_to_swap > 0,
             streams,
             "{name}: {}",
             r.verdict_line()

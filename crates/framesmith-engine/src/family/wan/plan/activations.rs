@@ -248,7 +248,7 @@ mod tests {
         let r = plan(&off).unwrap();
         assert_eq!(
             r.suggestions,
-            vec![Suggestion::CheckpointBlocks { blocks: 0 }]
+            vec![Suggestion::CheckpointBlocks { blocks_to_swap: 0 }]
         );
         assert!(r.suggestions[0]
             .to_string()
@@ -257,7 +257,7 @@ mod tests {
         off.vram_budget_bytes = Some(peak_vram_bytes(&off, 20).unwrap());
         assert_eq!(
             plan(&off).unwrap().suggestions,
-            vec![Suggestion::StreamBlocks { blocks: 20 }]
+            vec![Suggestion::StreamBlocks { blocks_to_swap: 20 }]
         );
     }
 }

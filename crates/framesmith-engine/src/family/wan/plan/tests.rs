@@ -186,13 +186,13 @@ fn wan14b_fp8_480p_81_frames_on_24gb() {
     // of memory in `framesmith train`, session 11), 20 with auto's margin below the budget.
     let fused = wan14b_on_24gb(WorkingSet::FUSED_BACKWARD);
     assert_eq!(fused.tokens, 32_760);
-    assert_eq!((fused.streamed_blocks, fused.verdict), (20, Verdict::Fits));
+    assert_eq!((fused.blocks_to_swap, fused.verdict), (20, Verdict::Fits));
     assert!(fused.peak_vram_bytes <= 24 * GIB - auto_margin_bytes(24 * GIB));
     // Today's candle-autograd backward holds ~36 GiB at this size by itself: nothing streams it into 24 GB, and the
     // planner says how long a clip does fit.
     let today = wan14b_on_24gb(WorkingSet::CANDLE_AUTOGRAD);
     assert_eq!(today.verdict, Verdict::DoesNotFit);
-    assert_eq!(today.streamed_blocks, 39);
+    assert_eq!(today.blocks_to_swap, 39);
     assert_eq!(
         today.suggestions,
         vec![Suggestion::FewerFrames { frames: 33 }]
@@ -294,9 +294,9 @@ fn ti2v_5b_plans_at_its_native_size() {
     println!("{card24}");
     assert_eq!((card24.tokens, card24.num_blocks), (27_280, 30));
     assert_eq!(card24.verdict, Verdict::Fits, "{card24}");
-    assert!(card24.blocks_chosen && card24.streamed_blocks < 30);
+    assert!(card24.blocks_chosen && card24.blocks_to_swap < 30);
     let card80 = planned(80.0);
-    assert_eq!((card80.verdict, card80.streamed_blocks), (Verdict::Fits, 0));
+    assert_eq!((card80.verdict, card80.blocks_to_swap), (Verdict::Fits, 0));
 }
 
 #[test]
@@ -404,18 +404,18 @@ fn both_experts_count_the_parked_one() {
     }
     let (a, b) = (plan(&one).unwrap(), plan(&joint).unwrap());
     assert!(
-        b.streamed_blocks >= a.streamed_blocks,
+        b.blocks_to_swap >= a.blocks_to_swap,
         "{} < {}",
-        b.streamed_blocks,
-        a.streamed_blocks
+        b.blocks_to_swap,
+        a.blocks_to_swap
     );
     assert!(
         b.peak_vram_bytes <= 24 * GIB,
         "{:.2} GiB with {} streamed; one expert {:.2} GiB with {}",
         b.peak_vram_bytes as f64 / GIB as f64,
-        b.streamed_blocks,
+        b.blocks_to_swap,
         a.peak_vram_bytes as f64 / GIB as f64,
-        a.streamed_blocks
+        a.blocks_to_swap
     );
 }
 
