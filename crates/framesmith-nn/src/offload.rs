@@ -71,15 +71,19 @@ pub enum StreamPlacement {
     Last,
 }
 
-/// The block indices that stream: `count` of `num_blocks`, placed as asked.
-pub fn streamed_blocks(num_blocks: usize, count: usize, placement: StreamPlacement) -> Vec<usize> {
-    let count = count.min(num_blocks);
+/// The block indices that stream: `blocks_to_swap` of `num_blocks`, placed as asked.
+pub fn streamed_blocks(
+    num_blocks: usize,
+    blocks_to_swap: usize,
+    placement: StreamPlacement,
+) -> Vec<usize> {
+    let blocks_to_swap = blocks_to_swap.min(num_blocks);
     match placement {
-        StreamPlacement::Last => (num_blocks - count..num_blocks).collect(),
+        StreamPlacement::Last => (num_blocks - blocks_to_swap..num_blocks).collect(),
         StreamPlacement::Spread => {
-            // The i-th streamed block sits at the end of the i-th of `count` equal stretches.
-            (0..count)
-                .map(|i| ((i + 1) * num_blocks).div_ceil(count) - 1)
+            // The i-th streamed block sits at the end of the i-th of `blocks_to_swap` equal stretches.
+            (0..blocks_to_swap)
+                .map(|i| ((i + 1) * num_blocks).div_ceil(blocks_to_swap) - 1)
                 .collect()
         }
     }
