@@ -33,7 +33,7 @@ use weights::{random_fp8_linears, random_other_weights};
 pub struct StreamCase {
     /// `None`: every block resident.
     pub mode: Option<StreamMode>,
-    pub blocks: usize,
+    pub blocks_to_swap: usize,
     pub placement: StreamPlacement,
     /// GPU slots in the ring (streamed cases).
     pub slots: usize,
@@ -127,7 +127,7 @@ fn case_name(case: &StreamCase) -> String {
         Some(m) => format!(
             "{} {} {}{}",
             m.as_str(),
-            case.blocks,
+            case.blocks_to_swap,
             match case.placement {
                 StreamPlacement::Spread => "spread",
                 StreamPlacement::Last => "last",
@@ -179,7 +179,7 @@ fn run_case(
     let started = std::time::Instant::now();
     let weights = case_weights(cfg, opts, dev, fp8_linears)?;
     let streamed = match case.mode {
-        Some(_) => streamed_blocks(cfg.num_layers, case.blocks, case.placement),
+        Some(_) => streamed_blocks(cfg.num_layers, case.blocks_to_swap, case.placement),
         None => Vec::new(),
     };
     let offload = offload_options(opts, case.mode.unwrap_or(StreamMode::Pinned), case.slots);
@@ -390,7 +390,7 @@ mod tests {
         let opts = tiny_opts(Some(Fp8Scale::Block64));
         let case = |mode| StreamCase {
             mode,
-            blocks: 2,
+            blocks_to_swap: 2,
             placement: StreamPlacement::Spread,
             slots: 2,
         };

@@ -192,7 +192,7 @@ fn stream_check(dev: &Device) -> Result<()> {
 /// resident case once.
 fn stream_cases(
     modes: &str,
-    blocks: usize,
+    blocks_to_swap: usize,
     placement: &str,
     slots: &[usize],
 ) -> Result<Vec<bench::stream::StreamCase>> {
@@ -221,7 +221,7 @@ fn stream_cases(
             for &n in counts {
                 cases.push(bench::stream::StreamCase {
                     mode,
-                    blocks,
+                    blocks_to_swap,
                     placement: p,
                     slots: n,
                 });
