@@ -16,6 +16,7 @@ pub mod schedule;
 pub mod text_file;
 pub mod training;
 pub mod validate;
+mod validate_model;
 mod validate_train;
 mod validate_validation;
 

@@ -3,10 +3,10 @@
 use std::path::Path;
 
 use super::*;
-use crate::plan::{ModelSource, TrainLength};
+use crate::plan::{LowNoisePlan, ModelSource, TrainLength};
 use crate::run::{
-    ActivationPlacement, AutoKeyword, BlocksToSwap, Checkpointing, LrScheduler, StreamingMode,
-    TimestepSampling,
+    ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, Checkpointing, ExpertMode,
+    Fp8ScaleMode, LrScheduler, StreamingMode, TimestepSampling,
 };
 
 /// Defaults with real (empty) files for the DiT and the dataset config.
