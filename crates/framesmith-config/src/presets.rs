@@ -2,6 +2,8 @@
 //! settings it changes plus a `[preset]` table with a title, a summary and a one-line `why` per setting, so the
 //! GUI can show "field → new value — why" for every field a preset changes.
 
+mod table;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -11,6 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::error::ConfigError;
 use super::plan::ModelFamily;
 use super::run::RunConfig;
+pub(crate) use table::flatten;
+use table::{leaf_keys, merge, remove_key};
 
 /// The built-in presets: (name, file text).
 const BUILTIN: &[(&str, &str)] = &[
@@ -284,62 +288,6 @@ impl Preset {
             .cloned()
             .unwrap_or_else(|| format!("set by the {} preset", self.name))
     }
-}
-
-/// Deep merge: tables merge key by key, any other value in `overlay` replaces the one in `base`.
-fn merge(base: &mut toml::Table, overlay: &toml::Table) {
-    for (key, value) in overlay {
-        match (base.get_mut(key), value) {
-            (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),
-            _ => {
-                base.insert(key.clone(), value.clone());
-            }
-        }
-    }
-}
-
-/// Removes the leaf at dotted `key` (and tables left empty by it).
-fn remove_key(table: &mut toml::Table, key: &str) {
-    match key.split_once('.') {
-        None => {
-            table.remove(key);
-        }
-        Some((head, rest)) => {
-            if let Some(toml::Value::Table(inner)) = table.get_mut(head) {
-                remove_key(inner, rest);
-                if inner.is_empty() {
-                    table.remove(head);
-                }
-            }
-        }
-    }
-}
-
-/// Leaf values by dotted key (arrays are leaves).
-pub(crate) fn flatten(table: &toml::Table) -> BTreeMap<String, toml::Value> {
-    let mut out = BTreeMap::new();
-    flatten_into(table, "", &mut out);
-    out
-}
-
-fn flatten_into(table: &toml::Table, prefix: &str, out: &mut BTreeMap<String, toml::Value>) {
-    for (key, value) in table {
-        let full = if prefix.is_empty() {
-            key.clone()
-        } else {
-            format!("{prefix}.{key}")
-        };
-        match value {
-            toml::Value::Table(t) => flatten_into(t, &full, out),
-            v => {
-                out.insert(full, v.clone());
-            }
-        }
-    }
-}
-
-fn leaf_keys(table: &toml::Table) -> Vec<String> {
-    flatten(table).into_keys().collect()
 }
 
 // Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
