@@ -2,8 +2,8 @@
 //! the saved block inputs (every setting but "off"), the kept self-attention outputs ("attention"), or every
 //! block's whole tape ("off"). The bytes are each family's exact counts ([`BlockKind`]), no calibration.
 
+use super::breakdown::{blocks_label, line, total_bytes};
 use super::model::{BlockKind, ModelMemory};
-use super::{blocks_label, line, total_bytes};
 use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
 use framesmith_config::run::{ActivationPlacement, Checkpointing, StreamingMode};
 
