@@ -46,6 +46,8 @@ mod i2v_sample_tests;
 #[cfg(test)]
 pub(crate) mod i2v_tests;
 #[cfg(test)]
+mod sample_models_tests;
+#[cfg(test)]
 pub(crate) mod step_testkit;
 #[cfg(test)]
 mod step_tests;

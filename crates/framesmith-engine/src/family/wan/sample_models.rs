@@ -335,7 +335,3 @@ fn sample_prompt(
         image,
     })
 }
-
-#[cfg(test)]
-#[path = "sample_models_tests.rs"]
-mod tests;
