@@ -375,7 +375,7 @@ pub fn fp8_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
                 "block64",
                 init::uniform(
                     rng,
-                    (rows, cols.div_ceil(fp8::BLOCK)),
+                    (rows, cols.div_ceil(crate::fp8::BLOCK_SIZE)),
                     0.001,
                     0.01,
                     &Device::Cpu,

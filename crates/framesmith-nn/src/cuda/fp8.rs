@@ -8,46 +8,33 @@ use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaStorage, CustomOp2, DType, Layout, Result, Shape, Tensor};
 
 use super::ptx::{self, long};
+use crate::fp8::{Fp8Scale, BLOCK_SIZE};
 
-/// Input values per scale in block mode (musubi-tuner's block-64 layout, `scale[out, in / 64]`).
-pub const BLOCK: usize = 64;
-
-/// How the scales are grouped, inferred from the scale tensor's element count.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ScaleLayout {
-    /// One scale.
-    Tensor,
-    /// One scale per row (output channel).
-    Channel,
-    /// One scale per `BLOCK` consecutive values of a row.
-    Block,
+/// How `scale_elems` scales are grouped over a weight `[rows, cols]`: one, one per row, or one per
+/// [`BLOCK_SIZE`] consecutive values of a row (the last block of a row may be short). When the counts coincide (a
+/// single row, or `cols <= 64`) the groupings give the same values.
+fn scale_mode(scale_elems: usize, rows: usize, cols: usize) -> Result<Fp8Scale> {
+    if scale_elems == 1 {
+        Ok(Fp8Scale::Tensor)
+    } else if scale_elems == rows {
+        Ok(Fp8Scale::Channel)
+    } else if scale_elems == rows * cols.div_ceil(BLOCK_SIZE) {
+        Ok(Fp8Scale::Block64)
+    } else {
+        candle_core::bail!(
+            "FP8 scale with {scale_elems} values fits none of per-tensor, per-channel ({rows}) or \
+             block-{BLOCK_SIZE} ({}) for a [{rows}, {cols}] weight",
+            rows * cols.div_ceil(BLOCK_SIZE)
+        )
+    }
 }
 
-impl ScaleLayout {
-    /// The layout of `scale_elems` scales for a weight `[rows, cols]`. When the counts coincide (a single row,
-    /// or `cols <= 64`) the layouts give the same values.
-    pub fn infer(scale_elems: usize, rows: usize, cols: usize) -> Result<Self> {
-        if scale_elems == 1 {
-            Ok(Self::Tensor)
-        } else if scale_elems == rows {
-            Ok(Self::Channel)
-        } else if scale_elems == rows * cols.div_ceil(BLOCK) {
-            Ok(Self::Block)
-        } else {
-            candle_core::bail!(
-                "FP8 scale with {scale_elems} values fits none of per-tensor, per-channel ({rows}) or \
-                 block-{BLOCK} ({}) for a [{rows}, {cols}] weight",
-                rows * cols.div_ceil(BLOCK)
-            )
-        }
-    }
-
-    fn code(self) -> i32 {
-        match self {
-            Self::Tensor => 0,
-            Self::Channel => 1,
-            Self::Block => 2,
-        }
+/// The kernel's `mode` argument for `scale` (`kernels/fp8.cu`).
+fn kernel_mode(scale: Fp8Scale) -> i32 {
+    match scale {
+        Fp8Scale::Tensor => 0,
+        Fp8Scale::Channel => 1,
+        Fp8Scale::Block64 => 2,
     }
 }
 
@@ -56,7 +43,7 @@ impl ScaleLayout {
 /// CUDA tensors run the kernel; others use [`dequantize_fp8_reference`].
 pub fn dequantize_fp8_cuda(codes: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
     let (rows, cols) = codes.dims2()?;
-    ScaleLayout::infer(scale.elem_count(), rows, cols)?;
+    scale_mode(scale.elem_count(), rows, cols)?;
     if !codes.device().is_cuda() {
         return dequantize_fp8_reference(codes, scale, dtype);
     }
@@ -70,7 +57,7 @@ pub fn dequantize_fp8_cuda(codes: &Tensor, scale: &Tensor, dtype: DType) -> Resu
 /// a cast to `dtype`. Independent of the kernel's bit decoding, so the device test compares two implementations.
 pub fn dequantize_fp8_reference(codes: &Tensor, scale: &Tensor, dtype: DType) -> Result<Tensor> {
     let (rows, cols) = codes.dims2()?;
-    let layout = ScaleLayout::infer(scale.elem_count(), rows, cols)?;
+    let grouping = scale_mode(scale.elem_count(), rows, cols)?;
     let device = codes.device();
     let cpu = codes.to_device(&candle_core::Device::Cpu)?;
     let values = match cpu.dtype() {
@@ -86,19 +73,19 @@ pub fn dequantize_fp8_reference(codes: &Tensor, scale: &Tensor, dtype: DType) ->
         .to_device(&candle_core::Device::Cpu)?
         .to_dtype(DType::F32)?
         .flatten_all()?;
-    let out = match layout {
-        ScaleLayout::Tensor => values.broadcast_mul(&scale.reshape((1, 1))?)?,
-        ScaleLayout::Channel => values.broadcast_mul(&scale.reshape((rows, 1))?)?,
-        ScaleLayout::Block => {
-            let nblocks = cols.div_ceil(BLOCK);
-            let padded = nblocks * BLOCK;
+    let out = match grouping {
+        Fp8Scale::Tensor => values.broadcast_mul(&scale.reshape((1, 1))?)?,
+        Fp8Scale::Channel => values.broadcast_mul(&scale.reshape((rows, 1))?)?,
+        Fp8Scale::Block64 => {
+            let nblocks = cols.div_ceil(BLOCK_SIZE);
+            let padded = nblocks * BLOCK_SIZE;
             let values = if padded > cols {
                 values.pad_with_zeros(1, 0, padded - cols)?
             } else {
                 values
             };
             values
-                .reshape((rows, nblocks, BLOCK))?
+                .reshape((rows, nblocks, BLOCK_SIZE))?
                 .broadcast_mul(&scale.reshape((rows, nblocks, 1))?)?
                 .reshape((rows, padded))?
                 .narrow(1, 0, cols)?
@@ -127,7 +114,7 @@ impl CustomOp2 for Dequant {
     ) -> Result<(CudaStorage, Shape)> {
         let dev = codes.device().clone();
         let (rows, cols) = codes_l.shape().dims2()?;
-        let layout = ScaleLayout::infer(scale_l.shape().elem_count(), rows, cols)?;
+        let grouping = scale_mode(scale_l.shape().elem_count(), rows, cols)?;
         let n = rows * cols;
         let scale = ptx::view::<f32>(scale, scale_l)?;
         let (func_name, out_elems_per_thread, vec8) = match self.dtype {
@@ -140,7 +127,12 @@ impl CustomOp2 for Dequant {
         };
         let func = ptx::load(&dev, &ptx::FP8, func_name)?;
         let cfg = ptx::elementwise_config(n / out_elems_per_thread);
-        let (rows_l, cols_l, mode, block) = (long(rows)?, long(cols)?, layout.code(), BLOCK as i32);
+        let (rows_l, cols_l, mode, block) = (
+            long(rows)?,
+            long(cols)?,
+            kernel_mode(grouping),
+            BLOCK_SIZE as i32,
+        );
         let vec8 = i32::from(vec8);
         macro_rules! launch {
             ($codes:expr, $out_ty:ty) => {{
