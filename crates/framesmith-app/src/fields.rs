@@ -49,6 +49,7 @@ const TIMESTEPS: &[&str] = &[
     "qinglong",
     "qinglong_qwen",
     "flux_shift",
+    "qwen_shift",
 ];
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];

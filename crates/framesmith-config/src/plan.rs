@@ -45,6 +45,8 @@ pub enum ModelFamily {
     Wan,
     /// FLUX.1 [dev].
     Flux,
+    /// Qwen-Image.
+    QwenImage,
 }
 
 impl std::fmt::Display for ModelFamily {
@@ -52,6 +54,7 @@ impl std::fmt::Display for ModelFamily {
         f.write_str(match self {
             Self::Wan => "Wan",
             Self::Flux => "FLUX.1",
+            Self::QwenImage => "Qwen-Image",
         })
     }
 }

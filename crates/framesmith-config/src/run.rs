@@ -302,6 +302,9 @@ pub enum TimestepSampling {
     /// sd-scripts' / musubi-tuner's `flux_shift`: a sigmoid draw shifted by FLUX.1's resolution-dependent shift
     /// exp(μ), μ linear in the packed token count through (256, 0.5) and (4096, 1.15).
     FluxShift,
+    /// musubi-tuner's `qwen_shift`: a sigmoid draw shifted by Qwen-Image's resolution-dependent shift exp(μ), μ
+    /// linear in the packed token count through (256, 0.5) and (8192, 0.9).
+    QwenShift,
 }
 
 /// Per-sample loss weighting.

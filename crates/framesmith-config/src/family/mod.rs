@@ -8,6 +8,7 @@ use crate::run::RunConfig;
 use crate::validate::Checker;
 
 mod flux;
+mod qwen_image;
 mod wan;
 
 /// A family's part of validating a run config.
@@ -26,5 +27,6 @@ pub(crate) fn rules(family: ModelFamily) -> &'static dyn FamilyRules {
     match family {
         ModelFamily::Wan => &wan::WanRules,
         ModelFamily::Flux => &flux::FluxRules,
+        ModelFamily::QwenImage => &qwen_image::QwenImageRules,
     }
 }

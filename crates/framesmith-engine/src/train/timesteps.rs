@@ -136,7 +136,7 @@ fn raw_t(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> f
         TimestepSampling::Sigmoid => sigmoid(cfg.sigmoid_scale * normal(rng)),
         TimestepSampling::Shift => shifted_sigmoid(cfg, cfg.discrete_flow_shift, rng),
         TimestepSampling::Logsnr => logsnr_t(cfg.logit_mean, cfg.logit_std, rng),
-        TimestepSampling::FluxShift => {
+        TimestepSampling::FluxShift | TimestepSampling::QwenShift => {
             shifted_sigmoid(cfg, qinglong_shift(cfg.sampling, latent_hw), rng)
         }
         TimestepSampling::Qinglong | TimestepSampling::QinglongQwen => {
@@ -163,13 +163,13 @@ fn logsnr_t(mean: f64, std: f64, rng: &mut StdRng) -> f64 {
     sigmoid(-logsnr / 2.0)
 }
 
-/// The resolution-dependent shift exp(μ) of the `qinglong` and `flux_shift` modes: μ is linear in the packed token
-/// count (h/2)·(w/2) of the latent, through (256, 0.5) and (4096, 1.15) for Flux, (256, 0.5) and (8192, 0.9) for
-/// Qwen.
+/// The resolution-dependent shift exp(μ) of the `qinglong`, `flux_shift` and `qwen_shift` modes: μ is linear in the
+/// packed token count (h/2)·(w/2) of the latent, through (256, 0.5) and (4096, 1.15) for Flux, (256, 0.5) and
+/// (8192, 0.9) for Qwen (`qinglong_qwen`, `qwen_shift`).
 pub fn qinglong_shift(sampling: TimestepSampling, latent_hw: (usize, usize)) -> f64 {
     let tokens = ((latent_hw.0 / 2) * (latent_hw.1 / 2)) as f64;
     let (x1, y1, x2, y2) = match sampling {
-        TimestepSampling::QinglongQwen => (256.0, 0.5, 8192.0, 0.9),
+        TimestepSampling::QinglongQwen | TimestepSampling::QwenShift => (256.0, 0.5, 8192.0, 0.9),
         _ => (256.0, 0.5, 4096.0, 1.15),
     };
     let slope = (y2 - y1) / (x2 - x1);
@@ -356,6 +356,36 @@ mod tests {
         };
         assert!((median((32, 32)) - 0.6225).abs() < 0.01);
         assert!((median((128, 128)) - 0.7595).abs() < 0.01);
+    }
+
+    #[test]
+    fn qwen_shift_is_the_sigmoid_shifted_by_qwen_images_resolution_line() {
+        // musubi-tuner's `qwen_shift`: μ through (256, 0.5) and (8192, 0.9) of the packed token count.
+        for (hw, tokens) in [
+            ((32, 32), 256.0),
+            ((128, 128), 4096.0),
+            ((128, 256), 8192.0),
+        ] {
+            let mu = 0.5 + (tokens - 256.0) * 0.4 / 7936.0_f64;
+            let qwen = sample_timesteps(
+                &cfg(TimestepSampling::QwenShift),
+                500,
+                hw,
+                &mut StdRng::seed_from_u64(3),
+            );
+            let shift = TimestepConfig {
+                discrete_flow_shift: mu.exp(),
+                ..cfg(TimestepSampling::Shift)
+            };
+            let shifted = sample_timesteps(&shift, 500, hw, &mut StdRng::seed_from_u64(3));
+            for (a, b) in qwen.iter().zip(&shifted) {
+                assert!((a.t - b.t).abs() < 1e-12, "{hw:?}: {a:?} vs {b:?}");
+                assert_eq!(a.model_timestep, a.t * 1000.0 + 1.0);
+            }
+        }
+        // At 4096 tokens Qwen-Image shifts less than FLUX.1 (μ 0.70 against 1.15).
+        let at = |sampling| qinglong_shift(sampling, (128, 128));
+        assert!(at(TimestepSampling::QwenShift) < at(TimestepSampling::FluxShift));
     }
 
     #[test]
