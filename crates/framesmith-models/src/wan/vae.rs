@@ -2,7 +2,9 @@
 //! (`wan/modules/vae2_2.py`, 48 latent channels, 4×16×16 with a 2×2 patchify). Encode and decode follow the
 //! official chunked causal processing: the first frame alone, then chunks of 4 frames, carrying a feature cache
 //! between chunks; decoding goes one latent frame at a time. Latents are normalised per channel with
-//! `(mu − mean) · inv_std`. Spatially tiled variants keep memory bounded for large frames.
+//! `(mu − mean) · inv_std`. Spatially tiled variants keep memory bounded for large frames. Qwen-Image's VAE is the
+//! Wan 2.1 architecture on single frames: `crate::qwen_image::vae` builds it through [`vae_from_tensors`] and
+//! [`WanVae`] with its own normalisation.
 
 mod infer;
 mod layers;
@@ -16,7 +18,7 @@ use candle_core::{Device, Result, Tensor};
 use framesmith_nn::vb::Vb;
 use layers::{CausalConv3d, FeatCache};
 
-pub use infer::{load_vae_auto, vae_config_from_tensors};
+pub use infer::{load_vae_auto, vae_config_from_tensors, vae_from_tensors};
 pub use tiled::TileConfig;
 pub use weights::{detect_vae_variant, load_vae};
 

@@ -132,7 +132,19 @@ pub fn load_vae_auto(
     dtype: DType,
     device: &Device,
 ) -> Result<WanVae, WeightsFileError> {
-    let tensors = strip_vae_prefix(read_whole_file(path)?);
+    vae_from_tensors(read_whole_file(path)?, path, dtype, device)
+}
+
+/// The VAE of `tensors` (read from `path`, which messages name) with the architecture read from them: official
+/// names at the top level or under a known prefix, converted to `dtype` on `device`. The shared entry point of every
+/// family whose VAE is this architecture (Qwen-Image's is Wan 2.1's, `crate::qwen_image::vae`).
+pub fn vae_from_tensors(
+    tensors: HashMap<String, Tensor>,
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+) -> Result<WanVae, WeightsFileError> {
+    let tensors = strip_vae_prefix(tensors);
     let Some(cfg) = vae_config_from_tensors(&tensors) else {
         let what = if detect_vae_variant(&tensors).is_some() {
             "this Wan VAE has a layout the official code does not make (stages of unequal depth?)"
