@@ -2,3 +2,4 @@
 //! dataset, buckets, frames, Wan's musubi-tuner caches) stays at the crate's top.
 
 pub mod flux;
+pub mod qwen_image;

@@ -1,0 +1,222 @@
+//! Latent and text-encoder caches of Qwen-Image image items, as musubi-tuner writes them for Qwen-Image, so caches
+//! move both ways: `{stem}_{W:04}x{H:04}_qi.safetensors` with `latents_1x{H}x{W}_{dtype}` (the VAE's normalised
+//! latents `[16, 1, H, W]`) and `{stem}_qi_te.safetensors` with `varlen_vl_embed_{dtype}` (Qwen2.5-VL's hidden
+//! states of the caption's valid tokens, `[L, 3584]`), both with the metadata architecture `qwen_image`. The `_qi`
+//! suffix keeps them apart from Wan (`_wan`) and FLUX.1 (`_flux`) caches in a shared cache directory.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::{Device, Tensor};
+
+use crate::cache::{LatentCacheName, CACHE_FORMAT_VERSION};
+use crate::tensor_file::{
+    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
+    CacheError, RawTensor,
+};
+
+/// The short architecture name at the end of Qwen-Image cache file names (musubi-tuner's `qi`).
+pub const QWEN_IMAGE_SUFFIX: &str = "qi";
+/// The architecture in the caches' metadata (musubi-tuner's `qwen_image`).
+pub const QWEN_IMAGE_ARCHITECTURE: &str = "qwen_image";
+
+/// Latent cache file name of an image for Qwen-Image. `original_size` is the image's size before resizing.
+pub fn qwen_latent_cache_name(stem: &str, original_size: (u32, u32)) -> String {
+    let (w, h) = original_size;
+    format!("{stem}_{w:04}x{h:04}_{QWEN_IMAGE_SUFFIX}.safetensors")
+}
+
+/// Text-encoder cache file name of an image for Qwen-Image.
+pub fn qwen_text_cache_name(stem: &str) -> String {
+    format!("{stem}_{QWEN_IMAGE_SUFFIX}_te.safetensors")
+}
+
+/// Parses a Qwen-Image latent cache file name; `None` for anything else (Wan and FLUX.1 caches included).
+pub fn parse_qwen_latent_cache_name(file_name: &str) -> Option<LatentCacheName> {
+    let body = file_name.strip_suffix(&format!("_{QWEN_IMAGE_SUFFIX}.safetensors"))?;
+    let (stem, size) = body.rsplit_once('_')?;
+    let (w, h) = size.split_once('x')?;
+    let original_size = (w.parse().ok()?, h.parse().ok()?);
+    (!stem.is_empty()).then(|| LatentCacheName {
+        stem: stem.to_string(),
+        window: None,
+        original_size,
+    })
+}
+
+/// Checks a cache's `architecture` metadata, naming what it was made for otherwise.
+fn check_architecture(path: &Path, metadata: &HashMap<String, String>) -> Result<(), CacheError> {
+    match metadata.get("architecture").map(String::as_str) {
+        Some(QWEN_IMAGE_ARCHITECTURE) => Ok(()),
+        Some(other) => Err(format_error(
+            path,
+            format!(
+                "made for architecture {other}, not qwen_image: cache the dataset for Qwen-Image again"
+            ),
+        )),
+        None => Err(format_error(path, "no architecture in the metadata")),
+    }
+}
+
+/// Writes an image's normalised VAE latents `[16, 1, H, W]` as `latents_1x{H}x{W}_{dtype}`.
+pub fn write_qwen_latent_cache(
+    path: &Path,
+    latents: &Tensor,
+    original_size: (u32, u32),
+) -> Result<(), CacheError> {
+    let (_, f, h, w) = latents
+        .dims4()
+        .map_err(|e| format_error(path, format!("latents must be [C, 1, H, W]: {e}")))?;
+    let key = format!("latents_{f}x{h}x{w}_{}", torch_dtype_name(latents.dtype()));
+    let (raw, _) = RawTensor::from_tensor(latents, path)?;
+    let metadata = HashMap::from([
+        (
+            "architecture".to_string(),
+            QWEN_IMAGE_ARCHITECTURE.to_string(),
+        ),
+        ("width".to_string(), original_size.0.to_string()),
+        ("height".to_string(), original_size.1.to_string()),
+        (
+            "format_version".to_string(),
+            CACHE_FORMAT_VERSION.to_string(),
+        ),
+    ]);
+    write_tensor_file(path, &[(key, raw)], metadata)
+}
+
+/// Reads the latents `[C, 1, H, W]` of a Qwen-Image latent cache (control latents, if any, are not read).
+pub fn read_qwen_latent_cache(path: &Path, device: &Device) -> Result<Tensor, CacheError> {
+    let file = read_tensor_file(path, device)?;
+    check_architecture(path, &file.metadata)?;
+    let latents = file
+        .tensors
+        .iter()
+        .find(|(k, _)| {
+            k.strip_prefix("latents_")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .map(|(_, t)| t.clone())
+        .ok_or_else(|| format_error(path, "no latents_1x{H}x{W}_{dtype} tensor"))?;
+    match latents.dims() {
+        [_, 1, _, _] => Ok(latents),
+        dims => Err(format_error(
+            path,
+            format!("latents of shape {dims:?}, not [C, 1, H, W]"),
+        )),
+    }
+}
+
+/// One image's text-encoder output for Qwen-Image.
+#[derive(Clone, Debug)]
+pub struct QwenTextCache {
+    /// The hidden states of the caption's valid tokens, `[L, 3584]`.
+    pub vl_embed: Tensor,
+    /// The caption encoded (`caption1` metadata).
+    pub caption: String,
+}
+
+/// Writes a Qwen-Image text-encoder cache.
+pub fn write_qwen_text_cache(path: &Path, cache: &QwenTextCache) -> Result<(), CacheError> {
+    let key = format!(
+        "varlen_vl_embed_{}",
+        torch_dtype_name(cache.vl_embed.dtype())
+    );
+    let (raw, _) = RawTensor::from_tensor(&cache.vl_embed, path)?;
+    let metadata = HashMap::from([
+        (
+            "architecture".to_string(),
+            QWEN_IMAGE_ARCHITECTURE.to_string(),
+        ),
+        ("caption1".to_string(), cache.caption.clone()),
+        (
+            "format_version".to_string(),
+            CACHE_FORMAT_VERSION.to_string(),
+        ),
+    ]);
+    write_tensor_file(path, &[(key, raw)], metadata)
+}
+
+/// Reads a Qwen-Image text-encoder cache.
+pub fn read_qwen_text_cache(path: &Path, device: &Device) -> Result<QwenTextCache, CacheError> {
+    let file = read_tensor_file(path, device)?;
+    check_architecture(path, &file.metadata)?;
+    let vl_embed = file
+        .tensors
+        .iter()
+        .find(|(k, _)| strip_dtype_suffix(k) == "varlen_vl_embed")
+        .map(|(_, t)| t.clone())
+        .ok_or_else(|| format_error(path, "no varlen_vl_embed_{dtype} tensor"))?;
+    Ok(QwenTextCache {
+        vl_embed,
+        caption: file.metadata.get("caption1").cloned().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::family::flux::cache::{flux_latent_cache_name, write_flux_latent_cache};
+    use candle_core::DType;
+
+    #[test]
+    fn names_are_musubi_tuners_and_never_collide_with_other_families() {
+        let name = qwen_latent_cache_name("cat_01", (1328, 1328));
+        assert_eq!(name, "cat_01_1328x1328_qi.safetensors");
+        assert_eq!(qwen_text_cache_name("cat_01"), "cat_01_qi_te.safetensors");
+        let parsed = parse_qwen_latent_cache_name(&name).expect("a Qwen-Image cache name");
+        assert_eq!(
+            (parsed.stem.as_str(), parsed.original_size),
+            ("cat_01", (1328, 1328))
+        );
+        let flux = flux_latent_cache_name("cat_01", (1328, 1328));
+        assert_eq!(parse_qwen_latent_cache_name(&flux), None);
+        assert_eq!(
+            parse_qwen_latent_cache_name("_0016x0016_qi.safetensors"),
+            None
+        );
+    }
+
+    #[test]
+    fn caches_round_trip_and_refuse_other_architectures() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let dev = Device::Cpu;
+        let latents = Tensor::arange(0f32, 64.0, &dev)?.reshape((16, 1, 2, 2))?;
+        let path = dir.path().join(qwen_latent_cache_name("a", (16, 16)));
+        write_qwen_latent_cache(&path, &latents, (16, 16))?;
+        let file = read_tensor_file(&path, &dev)?;
+        assert!(file
+            .tensors
+            .iter()
+            .any(|(k, _)| k == "latents_1x2x2_float32"));
+        let back = read_qwen_latent_cache(&path, &dev)?;
+        assert_eq!(
+            back.flatten_all()?.to_vec1::<f32>()?,
+            latents.flatten_all()?.to_vec1::<f32>()?
+        );
+
+        let text = QwenTextCache {
+            vl_embed: Tensor::ones((3, 8), DType::BF16, &dev)?,
+            caption: "a cat".into(),
+        };
+        let text_path = dir.path().join(qwen_text_cache_name("a"));
+        write_qwen_text_cache(&text_path, &text)?;
+        let file = read_tensor_file(&text_path, &dev)?;
+        assert!(file
+            .tensors
+            .iter()
+            .any(|(k, _)| k == "varlen_vl_embed_bfloat16"));
+        let back = read_qwen_text_cache(&text_path, &dev)?;
+        assert_eq!(back.vl_embed.dims(), &[3, 8]);
+        assert_eq!(back.caption, "a cat");
+
+        let flux = dir.path().join(flux_latent_cache_name("a", (16, 16)));
+        write_flux_latent_cache(&flux, &latents, (16, 16))?;
+        let err = read_qwen_latent_cache(&flux, &dev).unwrap_err().to_string();
+        assert!(
+            err.contains("made for architecture flux, not qwen_image"),
+            "{err}"
+        );
+        Ok(())
+    }
+}
