@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Result, Tensor};
 
 use crate::wan::vae::{vae_from_tensors, LatentStats, VaeVariant, WanVae};
-use crate::wan::weights::{read_whole_file, WeightsFileError};
+use crate::wan::weights::{read_header, read_whole_file, WeightsFileError};
 
 /// diffusers' `latents_mean` of Qwen-Image's VAE (`vae/config.json`).
 pub const LATENTS_MEAN: [f32; 16] = [
@@ -122,6 +122,17 @@ pub fn official_names(tensors: HashMap<String, Tensor>) -> HashMap<String, Tenso
         .into_iter()
         .map(|(k, v)| (official_name(&k, resnets).unwrap_or(k), v))
         .collect()
+}
+
+/// Whether `path` holds a VAE in diffusers' names (`encoder.conv_in.weight`: a Qwen-Image `vae/` file or the folder
+/// holding it), read from the safetensors header alone. ComfyUI's `qwen_image_vae.safetensors` has Wan 2.1's
+/// official names and cannot be told from Wan's VAE by its tensors.
+pub fn is_diffusers_layout(path: &Path) -> bool {
+    read_header(&weights_file(path)).is_ok_and(|h| {
+        h.tensors.iter().any(|t| {
+            t.name == "encoder.conv_in.weight" || t.name.ends_with(".encoder.conv_in.weight")
+        })
+    })
 }
 
 /// Qwen-Image's VAE and its latent normalisation.
@@ -319,6 +330,10 @@ mod tests {
         let reference = QwenImageVae::new(load_vae_auto(&fixture, DType::F32, &dev)?, &dev)?;
         let want = reference.decode(&z)?;
         assert_eq!(want.dims(), &[1, 3, 32, 32]);
+        assert!(!is_diffusers_layout(&comfy));
+        assert!(
+            is_diffusers_layout(&folder) && is_diffusers_layout(&dir.path().join("Qwen-Image"))
+        );
         for path in [comfy, dir.path().join("Qwen-Image"), folder] {
             let vae = load_vae(&path, DType::F32, &dev)?;
             assert_close("decoded", &vae.decode(&z)?, &want, 0.0, 0.0)?;

@@ -293,6 +293,34 @@ pub fn identify(path: &Path) -> Result<QwenImageFile, QwenImageFormatError> {
     describe(path, &scan(path)?)
 }
 
+/// Width of Qwen2.5-VL-7B's token embedding: Qwen-Image's text width.
+const QWEN25_VL_WIDTH: usize = 3584;
+
+/// Whether `path` holds Qwen-Image's text encoder, Qwen2.5-VL-7B (ComfyUI's `qwen_2.5_vl_7b*.safetensors`, or a
+/// shard of diffusers' `text_encoder/` holding the token embedding): a `*embed_tokens.weight` of width 3584, read
+/// from the safetensors header alone (umT5 and T5 call theirs `shared`, CLIP `token_embedding`).
+pub fn is_qwen25_vl(path: &Path) -> bool {
+    let files: Vec<PathBuf> = if path.is_dir() {
+        std::fs::read_dir(path)
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok().map(|e| e.path()))
+                    .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    } else {
+        vec![path.to_path_buf()]
+    };
+    files.iter().any(|f| {
+        read_header(f).is_ok_and(|h| {
+            h.tensors.iter().any(|t| {
+                t.name.ends_with("embed_tokens.weight") && t.shape.get(1) == Some(&QWEN25_VL_WIDTH)
+            })
+        })
+    })
+}
+
 impl QwenImageFile {
     /// The model, specifically.
     pub fn title(&self) -> String {
@@ -375,6 +403,32 @@ mod tests {
     fn fixture_weights() -> anyhow::Result<HashMap<String, Tensor>> {
         let path = fixtures_dir().join("t2i/weights.safetensors");
         Ok(candle_core::safetensors::load(path, &Device::Cpu)?)
+    }
+
+    #[test]
+    fn qwen25_vl_is_told_by_its_token_embedding_width() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let file = |name: &str, key: &str, width: usize| -> anyhow::Result<std::path::PathBuf> {
+            let path = dir.path().join(name);
+            let t = Tensor::zeros((2, width), candle_core::DType::BF16, &Device::Cpu)?;
+            candle_core::safetensors::save(&HashMap::from([(key.to_string(), t)]), &path)?;
+            Ok(path)
+        };
+        let comfy = file(
+            "qwen_2.5_vl_7b.safetensors",
+            "model.embed_tokens.weight",
+            3584,
+        )?;
+        let umt5 = file("umt5.safetensors", "shared.weight", 4096)?;
+        let smaller = file(
+            "qwen2.5_vl_3b.safetensors",
+            "model.embed_tokens.weight",
+            2048,
+        )?;
+        assert!(is_qwen25_vl(&comfy) && is_qwen25_vl(dir.path()));
+        assert!(!is_qwen25_vl(&umt5) && !is_qwen25_vl(&smaller));
+        assert!(!is_qwen25_vl(&dir.path().join("absent.safetensors")));
+        Ok(())
     }
 
     #[test]
