@@ -312,7 +312,14 @@ fn only_nn_asks_whether_this_build_has_cuda() {
 #[test]
 fn the_engines_generate_folder_names_no_family() {
     let dir = workspace().join("crates/framesmith-engine/src/generate");
-    let needles = ["wan::", "flux::", "Wan", "Flux"];
+    let needles = [
+        "wan::",
+        "flux::",
+        "qwen_image::",
+        "Wan",
+        "Flux",
+        "QwenImage",
+    ];
     let bad = mentions(&dir, &needles);
     assert!(
         bad.is_empty(),
@@ -325,7 +332,7 @@ fn the_engines_generate_folder_names_no_family() {
 #[test]
 fn the_engines_train_plan_and_prep_folders_reach_no_family_model() {
     let engine = workspace().join("crates/framesmith-engine/src");
-    let needles = ["wan::", "flux::"];
+    let needles = ["wan::", "flux::", "qwen_image::"];
     let bad: Vec<String> = ["train", "plan", "prep"]
         .iter()
         .flat_map(|folder| mentions(&engine.join(folder), &needles))

@@ -30,6 +30,7 @@ use framesmith_data::ValidConfig;
 use framesmith_nn::lora::LoraSet;
 
 pub mod flux;
+pub mod qwen_image;
 pub mod wan;
 
 /// A model family: which runs are its own and how one of them starts.
@@ -86,7 +87,11 @@ pub trait Family: Sync {
 }
 
 /// Every family, in the order they are asked whether a run is theirs; the last takes any run no other claims.
-static FAMILIES: [&dyn Family; 2] = [&flux::FluxFamily, &wan::WanFamily];
+static FAMILIES: [&dyn Family; 3] = [
+    &qwen_image::QwenImageFamily,
+    &flux::FluxFamily,
+    &wan::WanFamily,
+];
 
 /// The family the run `config` trains.
 pub fn family_of(config: &RunConfig) -> &'static dyn Family {

@@ -1,0 +1,261 @@
+//! Qwen-Image's part of the generation call: one PNG image from a prompt with the Qwen-Image transformer and its
+//! LoRAs, the text encoder (through the seam, [`super::encoder`]) and the VAE. Options of other families are refused
+//! by flag and the output checked before anything loads; then the prompt (and `--negative`, for true CFG at
+//! `--guidance`, 4.0 by default) is encoded and the encoder dropped, the VAE and the DiT load (its blocks streamed
+//! with `--blocks-to-swap`), and the engine samples ([`super::pipeline`]).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{DType, Device};
+use framesmith_config::run::DeviceSpec;
+use framesmith_config::RunConfig;
+use framesmith_models::qwen_image::vae::load_vae;
+use framesmith_models::qwen_image::weights::load_dit_streamed;
+use framesmith_models::qwen_image::QwenImageTransformer;
+use framesmith_nn::device::hold_vram_budget;
+use framesmith_nn::offload::OffloadOptions;
+
+use super::encoder::{encode_each, load_encoder, EncoderFiles, LoadEncoder};
+use super::pipeline::{
+    decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
+    DEFAULT_SIDE, DEFAULT_STEPS,
+};
+use super::plan::qwen_streamed_blocks;
+use super::train::{dit_config, is_qwen_image_file};
+use crate::generate::request::{
+    create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
+    Placement,
+};
+use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
+use crate::generate::sampler::Solver;
+use framesmith_nn::offload::release_cached_memory;
+
+/// Whether `dit` is a Qwen-Image transformer (so generation goes the Qwen-Image way).
+pub fn is_qwen_image_dit(dit: &DitSource) -> bool {
+    match dit {
+        DitSource::File(path) => is_qwen_image_file(path),
+        DitSource::Demo => false,
+    }
+}
+
+/// The options given that only other families take, by flag.
+fn foreign_options(request: &GenerationRequest) -> Vec<&'static str> {
+    let f = &request.files;
+    [
+        (request.dit_low_noise.is_some(), "--dit-low-noise"),
+        (request.boundary.is_some(), "--boundary"),
+        (!request.loras_low_noise.is_empty(), "--lora-low-noise"),
+        (request.image.is_some(), "--image"),
+        (f.clip.is_some(), "--clip"),
+        (f.clip_l.is_some(), "--clip-l"),
+        (f.t5.is_some(), "--t5"),
+        (request.frames.is_some(), "--frames"),
+        (request.shift.is_some(), "--shift"),
+        (request.tiled, "--tiled"),
+        (
+            request.solver.is_some_and(|s| s != Solver::Euler),
+            "--solver (Qwen-Image samples with euler)",
+        ),
+    ]
+    .into_iter()
+    .filter_map(|(given, name)| given.then_some(name))
+    .collect()
+}
+
+/// The request for the models of the Qwen-Image run `config`: its DiT, VAE and text encoder, its device, an image
+/// written to `out_stem`.png.
+pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
+    let m = &config.model;
+    let mut request = GenerationRequest::new(
+        DitSource::File(m.dit.clone()),
+        "",
+        out_stem.with_extension("png"),
+    );
+    request.files.vae = given(&m.vae);
+    request.files.text_encoder = given(&m.text_encoder);
+    request.placement.device = config.training.device;
+    request
+}
+
+/// The one device Qwen-Image runs on: `--gpus N`, else `--device`; several GPUs are refused.
+fn one_device(placement: &Placement) -> anyhow::Result<DeviceSpec> {
+    match *placement.gpus.as_slice() {
+        [] => Ok(placement.device),
+        [one] => Ok(DeviceSpec::Cuda(one)),
+        [first, ..] => {
+            anyhow::bail!("--gpus: a Qwen-Image DiT runs on one GPU: give --gpus {first}")
+        }
+    }
+}
+
+/// The request's checks before anything loads; returns the VAE and the text encoder's weights.
+fn check_request<'a>(dit: &Path, request: &'a GenerationRequest) -> anyhow::Result<[&'a Path; 2]> {
+    dit_config(dit).map_err(|e| {
+        anyhow::anyhow!("--dit{}", format!("{e:#}").trim_start_matches("model.dit"))
+    })?;
+    let foreign = foreign_options(request);
+    if !foreign.is_empty() {
+        anyhow::bail!(
+            "{} {} for other models; a Qwen-Image DiT makes one image from --prompt (and --negative) with --vae and \
+             --text-encoder: drop {} ({})",
+            foreign.join(", "),
+            if foreign.len() == 1 { "is" } else { "are" },
+            if foreign.len() == 1 { "it" } else { "them" },
+            dit.display()
+        );
+    }
+    let f = &request.files;
+    let Some(vae) = f.vae.as_deref() else {
+        anyhow::bail!(
+            "a Qwen-Image DiT needs its VAE: --vae qwen_image_vae.safetensors ({})",
+            dit.display()
+        );
+    };
+    let Some(text_encoder) = f.text_encoder.as_deref() else {
+        anyhow::bail!(
+            "a Qwen-Image DiT needs its text encoder: --text-encoder qwen_2.5_vl_7b.safetensors ({})",
+            dit.display()
+        );
+    };
+    let png = request
+        .out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !png {
+        anyhow::bail!(
+            "--out: Qwen-Image makes an image, written as PNG: give a path ending in .png ({})",
+            request.out.display()
+        );
+    }
+    create_out_folder(&request.out)?;
+    Ok([vae, text_encoder])
+}
+
+/// The prompt (and negative prompt) through the encoder `load` gives, dropped before returning.
+fn encode_prompt(
+    request: &GenerationRequest,
+    weights: &Path,
+    load: LoadEncoder<'_>,
+    (dtype, device): (DType, &Device),
+) -> anyhow::Result<QwenImagePrompt> {
+    let files = EncoderFiles {
+        weights,
+        tokenizer: request.files.tokenizer.as_deref(),
+    };
+    let encoder = load(files, dtype, device)?;
+    let mut texts = vec![request.prompt.as_str()];
+    texts.extend(request.negative.as_deref());
+    let mut encoded = encode_each(encoder.as_ref(), &texts, dtype)?.into_iter();
+    drop(encoder);
+    release_cached_memory(device)?;
+    let embed = encoded
+        .next()
+        .context("the text encoder returned no prompt")?
+        .to_device(device)?;
+    let negative = encoded.next().map(|n| n.to_device(device)).transpose()?;
+    Ok(QwenImagePrompt { embed, negative })
+}
+
+/// Loads the DiT (streaming `--blocks-to-swap` of its blocks) and applies the LoRAs.
+fn load_dit_with_loras(
+    dit: &Path,
+    request: &GenerationRequest,
+    (dtype, device): (DType, &Device),
+    session: &mut Session,
+) -> anyhow::Result<QwenImageTransformer> {
+    let cfg = dit_config(dit)?;
+    let streamed = qwen_streamed_blocks(&cfg, request.blocks_to_swap);
+    let mut model = load_dit_streamed(
+        dit,
+        (dtype, device),
+        request.fp8,
+        false,
+        (&streamed, &OffloadOptions::default()),
+    )?;
+    session.log(format!("DiT: Qwen-Image ({})", dit.display()));
+    if let Some((lora, multiplier)) = loras_as_one(&request.loras, device, session)? {
+        lora.apply(model.linears_mut(), multiplier, dtype).context(
+            "the LoRA does not fit this Qwen-Image DiT (a LoRA made for another model?)",
+        )?;
+    }
+    Ok(model)
+}
+
+/// Generates the image `request` asks for with the Qwen-Image DiT it names.
+pub fn generate(
+    request: &GenerationRequest,
+    session: &mut Session,
+) -> anyhow::Result<GenerationOutput> {
+    generate_with(request, session, &load_encoder)
+}
+
+/// [`generate`] with the text encoder from `load`.
+pub(crate) fn generate_with(
+    request: &GenerationRequest,
+    session: &mut Session,
+    load: LoadEncoder<'_>,
+) -> anyhow::Result<GenerationOutput> {
+    let DitSource::File(dit) = &request.dit else {
+        anyhow::bail!(
+            "Qwen-Image generates from a DiT file: give --dit qwen_image_bf16.safetensors"
+        );
+    };
+    let [vae_path, text_encoder] = check_request(dit, request)?;
+    let mut settings = QwenImageSettings {
+        width: request.width.unwrap_or(DEFAULT_SIDE),
+        height: request.height.unwrap_or(DEFAULT_SIDE),
+        steps: request.steps.unwrap_or(DEFAULT_STEPS),
+        cfg_scale: request.guidance.unwrap_or(DEFAULT_CFG_SCALE),
+        seed: 0,
+    };
+    let latent = settings.latent_size(["--width", "--height", "--steps"])?;
+    let device = open_device(one_device(&request.placement)?)?;
+    let dtype = pick_dtype(request.dtype, &device)?;
+    let held = request
+        .vram_budget_bytes
+        .map(|b| hold_vram_budget(&device, b))
+        .transpose()?
+        .flatten();
+    let prompt = encode_prompt(request, text_encoder, load, (dtype, &device))?;
+    let vae = load_vae(vae_path, dtype, &device)
+        .with_context(|| format!("--vae {}", vae_path.display()))?;
+    let model = load_dit_with_loras(dit, request, (dtype, &device), session)?;
+    settings.seed = request.seed.unwrap_or_else(rand::random);
+    let cfg_line = match &prompt.negative {
+        Some(_) if settings.cfg_scale > 1.0 => format!(", true CFG {}", settings.cfg_scale),
+        _ => String::new(),
+    };
+    session.log(format!(
+        "seed {}, {}x{}, {} steps{cfg_line}",
+        settings.seed, settings.width, settings.height, settings.steps
+    ));
+    let clock = StepClock::new(session, vec![device.clone()], settings.steps);
+    let z = clock.checked(denoise_image(
+        &model,
+        &prompt,
+        &settings,
+        latent,
+        dtype,
+        &|| clock.poll(),
+    ))?;
+    let starts = clock.finish()?;
+    let denoised = starts.last().copied().unwrap_or_else(Instant::now);
+    drop(model);
+    let image = decode_image(&vae, &z, dtype)?;
+    let decode_secs = denoised.elapsed().as_secs_f64();
+    let vram: Vec<_> = vram_use(&device, held.as_ref()).into_iter().collect();
+    session.log(timing_line(&starts, decode_secs, &vram));
+    image
+        .save(&request.out)
+        .with_context(|| format!("cannot write {}", request.out.display()))?;
+    Ok(GenerationOutput {
+        file: request.out.clone(),
+        frames_dir: None,
+        frames: 1,
+        width: image.width() as usize,
+        height: image.height() as usize,
+        seed: settings.seed,
+    })
+}

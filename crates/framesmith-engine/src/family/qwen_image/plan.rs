@@ -1,0 +1,265 @@
+//! Qwen-Image's description for the planner ([`ModelMemory`]): its dual-stream blocks with their bytes from the
+//! official tensor list, which blocks stream for a count (spread evenly), the joint [text; image] sequence's
+//! tokens, and the step's activations.
+
+use framesmith_config::RunConfig;
+use framesmith_models::qwen_image::weights::official_shapes;
+use framesmith_models::qwen_image::QwenImageConfig;
+use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
+
+use super::train::{dit_config, is_qwen_image_file};
+use crate::family::Family;
+use crate::plan::{
+    dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
+    BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
+};
+use crate::plan::{lora_parameters_of, DescribeModel, PlanModel};
+
+/// Qwen-Image's transformer as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct QwenImagePlanModel {
+    pub config: QwenImageConfig,
+}
+
+impl DescribeModel for QwenImagePlanModel {
+    fn family(&self) -> &'static dyn Family {
+        &super::QwenImageFamily
+    }
+
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        describe(&self.config, input)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.config.num_layers
+    }
+
+    fn settle(&self, _cfg: &RunConfig, input: &mut PlanInput) {
+        // Qwen-Image trains on images: one frame, whatever a video default says.
+        input.clip.frames = 1;
+    }
+}
+
+/// The `model.variant` names that plan Qwen-Image (a run trains it from its file, with `variant = "auto"`).
+pub const QWEN_IMAGE_NAMES: [&str; 2] = ["qwen-image", "qwen_image"];
+
+/// Qwen-Image when the config names it (`model.variant = "qwen-image"`) or its `model.dit` is a Qwen-Image
+/// transformer (with `variant = "auto"`; reads the file's header, not its weights); `None` for any other model.
+pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    let m = &cfg.model;
+    let model = |config: QwenImageConfig| PlanModel::new(QwenImagePlanModel { config });
+    if m.demo {
+        return None;
+    }
+    if QWEN_IMAGE_NAMES
+        .iter()
+        .any(|n| m.variant.eq_ignore_ascii_case(n))
+    {
+        return Some(Ok(model(QwenImageConfig::qwen_image())));
+    }
+    let auto = m.variant.eq_ignore_ascii_case("auto");
+    if !auto || m.dit.as_os_str().is_empty() || !is_qwen_image_file(&m.dit) {
+        return None;
+    }
+    Some(
+        dit_config(&m.dit)
+            .map(model)
+            .map_err(|err| PlanError::Inspect(format!("{err:#}"))),
+    )
+}
+
+/// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
+/// most every block but one.
+pub fn qwen_streamed_blocks(cfg: &QwenImageConfig, count: usize) -> Vec<usize> {
+    let n = cfg.num_layers;
+    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
+}
+
+/// Text tokens per sample the plan counts: captions are as long as they are (Qwen2.5-VL's hidden states of the
+/// valid tokens, up to 1024); 256 covers the long captions of usual datasets. Longer captions take more.
+const TEXT_TOKENS: u64 = 256;
+
+/// Pixels per token side: the VAE's 8× and the 2×2 packing of latents into tokens.
+const PIXELS_PER_TOKEN: usize = 16;
+
+fn elements(shape: &[usize]) -> u64 {
+    shape.iter().map(|&n| n as u64).product()
+}
+
+/// The size of every frozen buffer of one block as the engine holds it: linear weights in `base` (FP8: codes and
+/// scales), biases and q/k norm scales in the compute dtype.
+fn block_buffers(cfg: &QwenImageConfig, base: BaseFormat) -> Vec<u64> {
+    let compute = dtype_bytes(base.compute_dtype());
+    let mut out = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(rest) = name.strip_prefix("transformer_blocks.0.") else {
+            continue;
+        };
+        let linear = shape.len() == 2 && rest.ends_with(".weight");
+        match (linear, base) {
+            (true, BaseFormat::Dense(d)) => out.push(elements(&shape) * dtype_bytes(d)),
+            (true, BaseFormat::Fp8(mode)) => {
+                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
+                out.extend([codes, scales]);
+            }
+            (false, _) => out.push(elements(&shape) * compute),
+        }
+    }
+    out
+}
+
+/// The weights outside the blocks, all in the compute dtype, by component.
+fn resident_weights(cfg: &QwenImageConfig, compute: u64) -> Vec<(&'static str, u64)> {
+    const GROUPS: [(&str, &str); 6] = [
+        ("img_in.", "image and text input projections"),
+        ("txt_in.", "image and text input projections"),
+        ("txt_norm.", "image and text input projections"),
+        ("time_text_embed.", "timestep embedding"),
+        ("norm_out.", "output norm and projection"),
+        ("proj_out.", "output norm and projection"),
+    ];
+    let mut out: Vec<(&'static str, u64)> = Vec::new();
+    for (name, shape) in official_shapes(cfg) {
+        let Some(&(_, label)) = GROUPS.iter().find(|(p, _)| name.starts_with(p)) else {
+            continue;
+        };
+        let bytes = elements(&shape) * compute;
+        match out.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total += bytes,
+            None => out.push((label, bytes)),
+        }
+    }
+    out
+}
+
+/// LoRA parameters and adapted linears for `rank` (musubi-tuner's Qwen-Image targets).
+fn lora_parameters(
+    cfg: &QwenImageConfig,
+    rank: usize,
+    include: &[String],
+    exclude: &[String],
+) -> Result<(u64, usize), LoraError> {
+    let targets = LoraTargets::for_family(LoraFamily::QwenImage, include, exclude)?;
+    lora_parameters_of(&official_shapes(cfg), &targets, rank)
+}
+
+/// The dual-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
+fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> BlockKind {
+    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
+    let r = input.lora.rank as u64;
+    let (d, f, heads) = (
+        cfg.inner_dim() as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_attention_heads as u64,
+    );
+    let buffers = block_buffers(cfg, input.base);
+    let align = ALIGN as u64;
+    BlockKind {
+        label: "",
+        data_bytes: buffers.iter().sum(),
+        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
+        tape_bytes: 2 * l * d * s
+            + 2 * l * d * 4
+            + 13 * l * d * c
+            + 2 * l * f * c
+            + 4 * l * r * c
+            + l * heads * 4,
+        kept_attention_bytes: l * d * c + l * heads * 4,
+        kept_projection_bytes: 2 * l * d * c,
+    }
+}
+
+/// The Qwen-Image transformer `cfg` for `input` (an image step: `clip.frames` is ignored).
+///
+/// A dual-stream block is laid out as FLUX.1's double-stream block (per-stream modulation, joint attention over
+/// [text; image], per-stream GELU-tanh MLPs of width `f` = 4d), so its tape is counted the same way (`L` tokens of
+/// the joint sequence, `d` width, `h` heads, `r` rank, `c` / `s` compute and residual dtype bytes): `2·L·d·s` of
+/// residual stream, `2·L·d·4` of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention
+/// output, `2·L·f·c` of MLP activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp. With
+/// `checkpointing = "attention"` a block keeps its attention output and log-sum-exp, `L·d·c + L·h·4`;
+/// `"attention_projection"` adds the four gated branches' outputs over both streams, `2·L·d·c`. The working set uses
+/// the calibrated coefficients of [`WorkingSet`]; it is not yet measured on Qwen-Image.
+pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+    let clip = &input.clip;
+    if clip.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let whole = |n: usize| (n > 0 && n % PIXELS_PER_TOKEN == 0).then_some(n / PIXELS_PER_TOKEN);
+    let (Some(w), Some(h)) = (whole(clip.width), whole(clip.height)) else {
+        return Err(PlanError::Resolution {
+            width: clip.width,
+            height: clip.height,
+            multiple: PIXELS_PER_TOKEN,
+        });
+    };
+    if input.lora.rank == 0 {
+        return Err(LoraError::ZeroRank.into());
+    }
+    let (lora_params, lora_modules) = lora_parameters(
+        cfg,
+        input.lora.rank,
+        &input.lora.include_patterns,
+        &input.lora.exclude_patterns,
+    )?;
+    let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, clip.batch)?;
+    let (d, f, heads) = (
+        cfg.inner_dim() as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_attention_heads as u64,
+    );
+    let compute = dtype_bytes(input.compute);
+    let shape = StepShape {
+        tokens,
+        compute_bytes: compute,
+        residual_bytes: residual_bytes(input.residual),
+        // The widest block linear: a modulation's d → 6d, or an MLP's d → 4d.
+        dequantised_weight_bytes: match input.base {
+            BaseFormat::Fp8(_) => 6 * d * d * compute,
+            BaseFormat::Dense(_) => 0,
+        },
+        // The widest block linear input: the MLP's down projection takes f.
+        quantised_input_bytes: if input.fp8_products {
+            tokens * (f + 4)
+        } else {
+            0
+        },
+        per_token_time: false,
+    };
+    let n = cfg.num_layers;
+    let widths = BlockWidths {
+        dim: d,
+        ffn_dim: f,
+        heads,
+        per_token_modulation_bytes: 0,
+    };
+    Ok(ModelMemory {
+        name: if cfg.inner_dim() == 3072 && n == 60 {
+            "Qwen-Image".into()
+        } else {
+            format!("Qwen-Image-style ({n} blocks, width {d})")
+        },
+        kinds: vec![block_kind(cfg, input, &shape)],
+        blocks: vec![0; n],
+        streamed: (0..n.max(1))
+            .map(|count| qwen_streamed_blocks(cfg, count))
+            .collect(),
+        resident: resident_weights(cfg, compute),
+        lora_params,
+        lora_modules,
+        saved_input_bytes: tokens * d * shape.residual_bytes,
+        // The timestep embedding, and RoPE's cos and sin over each token's head dimension in f32.
+        shared_inputs: vec![(
+            "timestep embedding and RoPE tables",
+            clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
+        )],
+        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        pixel_multiple: PIXELS_PER_TOKEN,
+        frame_step: 0,
+        shape,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

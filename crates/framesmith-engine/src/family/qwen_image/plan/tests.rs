@@ -1,0 +1,112 @@
+use super::*;
+use crate::plan::{plan, DEFAULT_CLIP};
+use framesmith_config::plan::FloatDtype;
+use framesmith_config::run::{
+    ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, StreamingMode,
+};
+use framesmith_config::RunConfig;
+
+const GIB: u64 = 1 << 30;
+
+/// Qwen-Image at `side`², rank 16, with `base`, planned as `framesmith plan --variant qwen-image` does.
+fn input(side: usize, base: BaseDtype) -> PlanInput {
+    let mut cfg = RunConfig::default();
+    cfg.model.variant = "qwen-image".into();
+    cfg.model.base_dtype = base;
+    cfg.lora.rank = 16;
+    let model = crate::plan::model_for_config(&cfg).unwrap();
+    assert!(model.downcast_ref::<QwenImagePlanModel>().is_some());
+    let clip = crate::plan::ClipShape {
+        width: side,
+        height: side,
+        ..DEFAULT_CLIP
+    };
+    PlanInput::from_config(&cfg, model, clip)
+}
+
+#[test]
+fn the_released_model_is_60_blocks_of_its_parameters_and_fp8_halves_them() {
+    let i = input(1024, BaseDtype::F32);
+    let s = i.model.describe(&i).unwrap();
+    assert_eq!(s.num_blocks(), 60);
+    assert_eq!(s.kind_counts(), [60]);
+    let cfg = QwenImageConfig::qwen_image();
+    let params: u64 = official_shapes(&cfg)
+        .iter()
+        .map(|(_, shape)| shape.iter().map(|&n| n as u64).product::<u64>())
+        .sum();
+    let resident: u64 = s.resident.iter().map(|(_, b)| b).sum();
+    assert_eq!(60 * s.kinds[0].data_bytes + resident, 4 * params);
+    // Qwen-Image is a 20 B-parameter MMDiT.
+    assert!(
+        (20_000_000_000..20_600_000_000).contains(&params),
+        "{params}"
+    );
+    // rank 16 on the attention, MLP and modulation linears of both streams (musubi-tuner's targets).
+    assert!(s.lora_modules > 60 * 10, "{}", s.lora_modules);
+    let (bf16, fp8) = (input(1024, BaseDtype::Bf16), input(1024, BaseDtype::Fp8));
+    let (b, f) = (
+        bf16.model.describe(&bf16).unwrap(),
+        fp8.model.describe(&fp8).unwrap(),
+    );
+    let half = b.kinds[0].data_bytes / 2;
+    assert!(
+        f.kinds[0].data_bytes > half && f.kinds[0].data_bytes < half + half / 10,
+        "fp8 {} bf16 {}",
+        f.kinds[0].data_bytes,
+        b.kinds[0].data_bytes
+    );
+    assert_eq!(fp8.compute, FloatDtype::Bf16);
+}
+
+#[test]
+fn peaks_grow_with_the_resolution_and_auto_streams_within_budgets() {
+    let peaks: Vec<u64> = [512, 768, 1024]
+        .into_iter()
+        .map(|side| {
+            let r = plan(&input(side, BaseDtype::Fp8)).unwrap();
+            assert!(r.model.starts_with("Qwen-Image ("), "{}", r.model);
+            // 1024²: 4096 image tokens (8× VAE, 2×2 packing) and the 256 text tokens the plan counts.
+            assert_eq!(r.tokens, ((side / 16) * (side / 16)) as u64 + 256);
+            r.peak_vram_bytes
+        })
+        .collect();
+    assert!(peaks.windows(2).all(|w| w[0] < w[1]), "{peaks:?}");
+    // 20 B parameters: neither bf16 (~41 GB) nor FP8 (~21 GB of blocks) fits 24 GB whole.
+    assert!(plan(&input(1024, BaseDtype::Fp8)).unwrap().peak_vram_bytes > 20 * GIB);
+    let mut last = 0;
+    for budget_gib in [24, 16] {
+        let mut i = input(1024, BaseDtype::Fp8);
+        i.streaming.mode = StreamingMode::Pinned;
+        i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+        i.streaming.activations = ActivationPlacement::Host;
+        i.vram_budget_bytes = Some(budget_gib * GIB);
+        let r = plan(&i).unwrap();
+        assert!(
+            r.fits() && r.blocks_chosen,
+            "{budget_gib} GiB: {}",
+            r.peak_vram_bytes
+        );
+        assert!(r.peak_vram_bytes <= budget_gib * GIB);
+        assert!(
+            r.streamed_blocks > last,
+            "{budget_gib} GiB streams {}",
+            r.streamed_blocks
+        );
+        last = r.streamed_blocks;
+    }
+    assert!(input(1000, BaseDtype::Fp8)
+        .model
+        .describe(&input(1000, BaseDtype::Fp8))
+        .is_err());
+}
+
+#[test]
+fn streamed_blocks_spread_and_leave_one_resident() {
+    let cfg = QwenImageConfig::qwen_image();
+    assert!(qwen_streamed_blocks(&cfg, 0).is_empty());
+    let ten = qwen_streamed_blocks(&cfg, 10);
+    assert_eq!(ten.len(), 10);
+    assert!(ten[0] < 10 && ten[9] > 50, "{ten:?}");
+    assert_eq!(qwen_streamed_blocks(&cfg, 100).len(), 59);
+}

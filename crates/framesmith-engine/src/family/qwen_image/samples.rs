@@ -1,0 +1,286 @@
+//! Samples during Qwen-Image training: the prompt file's prompts (and negative prompts, `--n`, " " when not given,
+//! as musubi-tuner samples Qwen-Image) are encoded through the text-encoder seam ([`super::encoder`]) before the DiT
+//! loads, the encoder dropped right after, and the embeddings cached in the output folder so a later start loads
+//! no encoder; each sample is then the image `framesmith generate` makes ([`super::pipeline`]: seeded noise, the
+//! shifted schedule, Euler with true CFG at `--l`, 4.0 when not given) with the LoRA being trained, decoded by the
+//! VAE (`model.vae`) and written as `samples/{step:06}-{prompt:02}.png`. Wan's `--f`, `--fs` and `--i` are refused.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use super::encoder::{encode_each, EncoderFiles, LoadEncoder};
+use super::pipeline::{
+    decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
+};
+use crate::generate::prompts::{read_prompt_file, PromptSpec};
+use crate::train::samples::{SampleFiles, SampleSet};
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::RunPlan;
+use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
+use framesmith_models::qwen_image::vae::{load_vae, QwenImageVae, LATENT_CHANNELS};
+use framesmith_models::qwen_image::{QwenImageConfig, QwenImageTransformer};
+use framesmith_nn::offload::release_cached_memory;
+
+/// The negative prompt of a sample that gives none (musubi-tuner's default).
+pub const DEFAULT_NEGATIVE: &str = " ";
+
+/// One image prompt: its text, its encoding and what to sample.
+pub struct ImagePrompt {
+    pub prompt: String,
+    pub encoded: QwenImagePrompt,
+    pub settings: QwenImageSettings,
+    /// The latent [h, w] of the image.
+    pub latent: [usize; 2],
+}
+
+/// The prompts of a Qwen-Image run's samples and the VAE that decodes them.
+pub struct ImageSamples {
+    pub prompts: Vec<ImagePrompt>,
+    pub vae: QwenImageVae,
+    /// The dtype the DiT's linears and the VAE compute in.
+    pub dtype: DType,
+}
+
+/// The embeddings of `texts` [L, D]: from the output folder's prompt cache where it holds them, the rest encoded
+/// (loading the encoder only then, and dropping it after) and cached for the next start.
+pub(super) fn cached_embeddings(
+    (files, load): (EncoderFiles<'_>, LoadEncoder<'_>),
+    texts: &[&str],
+    run_dir: &Path,
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Vec<Tensor>> {
+    let mut encoders = vec![files.weights];
+    encoders.extend(files.tokenizer);
+    let cache = PromptCache::new(&prompt_cache_dir(run_dir), &encoders);
+    let parts = |text: &str| ["qwen-image qwen2.5-vl".to_owned(), text.to_owned()];
+    let lookup = |text: &str| {
+        let parts = parts(text);
+        cache
+            .get(&parts.each_ref().map(String::as_str), dtype, device)?
+            .remove("vl_embed")
+    };
+    let mut found: Vec<Option<Tensor>> = texts.iter().map(|t| lookup(t)).collect();
+    let missing: Vec<&str> = texts
+        .iter()
+        .zip(&found)
+        .filter(|(_, f)| f.is_none())
+        .map(|(t, _)| *t)
+        .collect();
+    if missing.is_empty() {
+        log(
+            LogLevel::Info,
+            format!(
+                "{} sample prompts from the prompt cache in {}; the text encoder was not loaded",
+                texts.len(),
+                cache.dir().display()
+            ),
+        );
+    } else {
+        let encoder = load(files, dtype, device)?;
+        let mut encoded = encode_each(encoder.as_ref(), &missing, dtype)?.into_iter();
+        drop(encoder);
+        release_cached_memory(device)?;
+        for (text, slot) in texts.iter().zip(found.iter_mut()) {
+            if slot.is_some() {
+                continue;
+            }
+            let embed = encoded
+                .next()
+                .context("the text encoder returned too few prompts")?
+                .to_device(device)?;
+            let parts = parts(text);
+            let keyed = parts.each_ref().map(String::as_str);
+            if let Err(e) = cache.put(&keyed, dtype, &[("vl_embed", &embed)]) {
+                log(
+                    LogLevel::Warn,
+                    format!("the sample prompt's embedding is not cached for the next run: {e}"),
+                );
+            }
+            *slot = Some(embed);
+        }
+        log(
+            LogLevel::Info,
+            format!(
+                "{} sample prompts encoded, the text encoder released",
+                missing.len()
+            ),
+        );
+    }
+    found
+        .into_iter()
+        .map(|p| p.context("a sample prompt has no embedding"))
+        .collect()
+}
+
+/// What each prompt samples, checked; Wan's options are refused by name.
+fn image_settings(
+    specs: &[PromptSpec],
+    prompts_file: &Path,
+) -> anyhow::Result<Vec<(QwenImageSettings, [usize; 2])>> {
+    specs
+        .iter()
+        .map(|spec| {
+            let wan: Vec<&str> = [
+                (spec.frames.is_some(), "--f (a frame count)"),
+                (spec.flow_shift.is_some(), "--fs (Qwen-Image shifts its schedule by the image size)"),
+                (spec.image.is_some(), "--i (a start image)"),
+            ]
+            .into_iter()
+            .filter_map(|(given, name)| given.then_some(name))
+            .collect();
+            if !wan.is_empty() {
+                anyhow::bail!(
+                    "sample prompt \"{}\": {} for Wan clips; a Qwen-Image sample is an image from --w, --h, --s, \
+                     --l (true CFG scale), --n (negative prompt) and --d (seed): remove it from the line in {}",
+                    spec.prompt,
+                    wan.join(", "),
+                    prompts_file.display()
+                );
+            }
+            let settings = QwenImageSettings {
+                width: spec.width,
+                height: spec.height,
+                steps: spec.steps,
+                cfg_scale: spec.guidance.unwrap_or(DEFAULT_CFG_SCALE),
+                seed: spec.seed,
+            };
+            let latent = settings
+                .latent_size(["--w", "--h", "--s"])
+                .with_context(|| {
+                    format!("sample prompt \"{}\" in {}", spec.prompt, prompts_file.display())
+                })?;
+            Ok((settings, latent))
+        })
+        .collect()
+}
+
+/// The samples of a Qwen-Image run whose DiT has config `cfg` (`None` when nothing is sampled): the prompt file
+/// read and checked, the prompts encoded through `load`'s encoder and the VAE loaded, in `dtype` on `device`.
+/// Called before the DiT loads.
+pub fn image_samples(
+    plan: &RunPlan,
+    cfg: &QwenImageConfig,
+    (dtype, device): (DType, &Device),
+    load: LoadEncoder<'_>,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Option<ImageSamples>> {
+    let Some(sampling) = &plan.sampling else {
+        return Ok(None);
+    };
+    let m = &plan.model;
+    let vae_path = m
+        .vae
+        .as_deref()
+        .context("Qwen-Image samples need model.vae; set it, or remove sampling.prompts")?;
+    let weights = m.text_encoder.as_deref().context(
+        "Qwen-Image samples need model.text_encoder; set it, or remove sampling.prompts",
+    )?;
+    let specs = read_prompt_file(&sampling.prompts)?;
+    let settings = image_settings(&specs, &sampling.prompts)?;
+    let vae = load_vae(vae_path, dtype, device).with_context(|| {
+        format!(
+            "model.vae: loading the VAE for samples from {}",
+            vae_path.display()
+        )
+    })?;
+    if cfg.in_channels != 4 * LATENT_CHANNELS {
+        anyhow::bail!(
+            "model.vae makes {LATENT_CHANNELS}-channel latents, but this transformer takes {} (packed 2×2): {}",
+            cfg.in_channels / 4,
+            vae_path.display()
+        );
+    }
+    let mut texts: Vec<&str> = Vec::new();
+    for spec in &specs {
+        for text in [
+            spec.prompt.as_str(),
+            spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE),
+        ] {
+            if !texts.contains(&text) {
+                texts.push(text);
+            }
+        }
+    }
+    let files = EncoderFiles {
+        weights,
+        tokenizer: None,
+    };
+    let embeds = cached_embeddings(
+        (files, load),
+        &texts,
+        &plan.output.output_dir,
+        (dtype, device),
+        log,
+    )?;
+    let embed_of = |text: &str| -> anyhow::Result<Tensor> {
+        let i = texts
+            .iter()
+            .position(|t| *t == text)
+            .context("a sample prompt was not encoded")?;
+        Ok(embeds[i].clone())
+    };
+    let prompts = specs
+        .iter()
+        .zip(settings)
+        .map(|(spec, (settings, latent))| {
+            let negative = spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE);
+            Ok(ImagePrompt {
+                prompt: spec.prompt.clone(),
+                encoded: QwenImagePrompt {
+                    embed: embed_of(&spec.prompt)?,
+                    negative: Some(embed_of(negative)?),
+                },
+                settings,
+                latent,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok(Some(ImageSamples {
+        prompts,
+        vae,
+        dtype,
+    }))
+}
+
+impl SampleSet<QwenImageTransformer> for ImageSamples {
+    fn prompt_count(&self) -> usize {
+        self.prompts.len()
+    }
+
+    fn prompt(&self, i: usize) -> &str {
+        &self.prompts[i].prompt
+    }
+
+    fn denoise(
+        &self,
+        i: usize,
+        model: &mut QwenImageTransformer,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Tensor> {
+        let p = &self.prompts[i];
+        denoise_image(
+            model,
+            &p.encoded,
+            &p.settings,
+            p.latent,
+            self.dtype,
+            cancelled,
+        )
+    }
+
+    fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles> {
+        let image = decode_image(&self.vae, &latents, self.dtype)?;
+        drop(latents);
+        let path = dir.join(format!("{stem}.png"));
+        image
+            .save(&path)
+            .with_context(|| format!("cannot write {}", path.display()))?;
+        Ok(SampleFiles {
+            file: path.clone(),
+            frames: path,
+        })
+    }
+}

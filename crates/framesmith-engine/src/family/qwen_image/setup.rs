@@ -1,0 +1,211 @@
+//! A Qwen-Image run's part built from a validated plan whose `model.dit` is a Qwen-Image transformer: the DiT (in
+//! FP8 and streamed as the plan says), LoRA on musubi-tuner's targets under its names, items from `_qi` caches
+//! (held-out items when the run validates), the memory plan (which picks `blocks_to_swap = "auto"`), samples during
+//! training through the text-encoder seam, and the LoRA metadata musubi-tuner writes for Qwen-Image.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use candle_core::Device;
+
+use super::encoder::{load_encoder, LoadEncoder};
+use super::plan::{qwen_streamed_blocks, QwenImagePlanModel};
+use super::run::QwenImageRun;
+use super::samples::image_samples;
+use super::train::{dit_config, load_qwen_items, QwenImageItems};
+use crate::plan as memory_plan;
+use crate::train::data::{TrainItem, TrainSet};
+use crate::train::setup::{
+    device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
+    start_loras, streamed_count, RunParts,
+};
+use crate::train::validation::{hold_out, Validation};
+use framesmith_config::plan::DatasetSource;
+use framesmith_config::protocol::memory::PlanReport;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::RunPlan;
+use framesmith_data::Unreadable;
+use framesmith_models::qwen_image::weights::load_dit_streamed;
+use framesmith_models::qwen_image::QwenImageConfig;
+use framesmith_models::trainable::attach_model_loras;
+use framesmith_nn::offload::OffloadOptions;
+
+/// Pixels per latent pixel of Qwen-Image's VAE.
+const VAE_FACTOR: usize = 8;
+
+/// The name runs and LoRA metadata give the base model: musubi-tuner's `ss_base_model_version` for Qwen-Image.
+const BASE_VERSION: &str = "qwen_image";
+
+/// The LoRA file's metadata: every family's keys with what musubi-tuner writes for Qwen-Image (its network module,
+/// `ss_base_model_version` and modelspec architecture `Qwen-Image/lora`).
+pub(crate) fn qwen_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
+    let mut meta = lora_metadata(plan, BASE_VERSION, "https://github.com/QwenLM/Qwen-Image");
+    for (key, value) in [
+        ("ss_network_module", "networks.lora_qwen_image"),
+        ("modelspec.architecture", "Qwen-Image/lora"),
+        ("framesmith.model_timestep", "t+0.001"),
+        ("framesmith.training_mode", "text_to_image"),
+    ] {
+        meta.insert(key.into(), value.into());
+    }
+    // musubi-tuner's spelling (`qwen_shift`), as the config takes it.
+    if let Ok(serde_json::Value::String(name)) =
+        serde_json::to_value(plan.training.timesteps.sampling)
+    {
+        meta.insert("ss_timestep_sampling".into(), name);
+    }
+    meta
+}
+
+/// The clip a Qwen-Image run's steps see: the largest cached latent (× the VAE's 8) and the batch size.
+fn largest_clip(items: &QwenImageItems) -> anyhow::Result<memory_plan::ClipShape> {
+    let mut largest = (0, 0);
+    for (item, _) in &items.items {
+        let (_, _, h, w) = item.latents.dims4()?;
+        if h * w > largest.0 * largest.1 {
+            largest = (h, w);
+        }
+    }
+    Ok(memory_plan::ClipShape {
+        width: largest.1 * VAE_FACTOR,
+        height: largest.0 * VAE_FACTOR,
+        frames: 1,
+        batch: items.batch_size.max(1),
+    })
+}
+
+/// The memory plan of a CUDA run (`None` elsewhere), made before the DiT takes device memory.
+fn memory_report(
+    plan: &RunPlan,
+    cfg: &QwenImageConfig,
+    clip: memory_plan::ClipShape,
+    device: &Device,
+) -> Option<Result<PlanReport, String>> {
+    if !(device.is_cuda() && plan.memory.applies) {
+        return None;
+    }
+    let model = memory_plan::PlanModel::new(QwenImagePlanModel {
+        config: cfg.clone(),
+    });
+    Some(memory_plan::plan_run(plan, model, clip).map_err(|e| e.to_string()))
+}
+
+/// The training items (each repeated `num_repeats` times) and, when the run validates, the held-out items.
+fn split_items(
+    plan: &RunPlan,
+    items: Vec<(TrainItem, usize)>,
+) -> anyhow::Result<(Vec<TrainItem>, Option<Validation>)> {
+    let (train, validation) = match &plan.validation {
+        Some(v) => {
+            let Some(split) = v.split.filter(|s| *s > 0.0) else {
+                anyhow::bail!(
+                    "a Qwen-Image run validates on items held out of its dataset: set validation.validation_split \
+                     (e.g. 0.1), or remove the [validation] schedule"
+                );
+            };
+            let (train, held) = hold_out(items, split, v.seed)?;
+            let validation = Validation {
+                plan: v.clone(),
+                items: held,
+            };
+            (train, Some(validation))
+        }
+        None => (items, None),
+    };
+    let train = train
+        .into_iter()
+        .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
+        .collect();
+    Ok((train, validation))
+}
+
+/// Builds a Qwen-Image run's part from a validated plan whose `model.dit` is the Qwen-Image transformer `dit`.
+pub(super) fn start_run(
+    plan: &RunPlan,
+    dit: &Path,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    start_run_with(plan, dit, &load_encoder, log)
+}
+
+/// [`start_run`] with the text encoder of the samples from `load`.
+pub(crate) fn start_run_with(
+    plan: &RunPlan,
+    dit: &Path,
+    load: LoadEncoder<'_>,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    let cfg = dit_config(dit)?;
+    let DatasetSource::Config(dataset) = &plan.dataset.source else {
+        anyhow::bail!(
+            "a Qwen-Image run trains on a dataset config: set dataset.config to a musubi-tuner image dataset TOML"
+        );
+    };
+    let device = device_for(plan)?;
+    let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
+    let cached = load_qwen_items((dataset, unreadable), &cfg, &device)?;
+    for line in &cached.skipped {
+        log(LogLevel::Warn, line.clone());
+    }
+    // Planned before the reservation and the DiT take the card's memory.
+    let memory = memory_report(plan, &cfg, largest_clip(&cached)?, &device);
+    if let Some(report) = memory.as_ref().and_then(|m| m.as_ref().ok()) {
+        log_plan(report, log);
+    }
+    let vram_reservation = reserve_budget(plan, &device)?;
+    let dtype = float_dtype(plan.model.compute_dtype);
+    let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+    // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
+    let samples = image_samples(plan, &cfg, (dtype, &device), load, log)?;
+    let model_line = format!("Qwen-Image has {} dual-stream blocks", cfg.num_layers);
+    let (streamed, offload): (Vec<usize>, OffloadOptions) =
+        streamed_count(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
+            .map(|(count, offload)| (qwen_streamed_blocks(&cfg, count), offload))
+            .unwrap_or_default();
+    let mut model = load_dit_streamed(
+        dit,
+        (dtype, &device),
+        fp8,
+        plan.model.fp8_matmul,
+        (&streamed, &offload),
+    )?;
+    log(
+        LogLevel::Info,
+        format!("model: Qwen-Image on {}", device_label(&device)),
+    );
+    if let Some(streamer) = model.streamer() {
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                streamer.count(),
+                cfg.num_layers,
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+            ),
+        );
+    }
+    let (train, validation) = split_items(plan, cached.items)?;
+    let data = TrainSet::new(train, cached.batch_size, 1, plan.training.seed)?;
+    let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
+    start_loras(
+        plan,
+        &loras,
+        &device,
+        "a Qwen-Image LoRA .safetensors with this run's modules (one Framesmith or musubi-tuner saved)",
+        log,
+    )?;
+    Ok(RunParts {
+        family: Box::new(QwenImageRun {
+            model,
+            dtype,
+            samples,
+        }),
+        loras,
+        data,
+        metadata: qwen_lora_metadata(plan),
+        validation,
+        report: memory.and_then(Result::ok),
+        vram_reservation,
+    })
+}

@@ -1,0 +1,244 @@
+//! Qwen-Image on the CPU with the tiny model (`testkit`): images and captions cache through the VAE and the
+//! text-encoder seam (a stand-in encoder) under musubi-tuner's names, a fixed batch learns, a run config trains
+//! through the same `Trainer` as every family, saves a LoRA with musubi-tuner's Qwen-Image metadata and resumes
+//! bit-identically, and `generate` writes a PNG with true CFG.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::encoder::WordEncoder;
+use super::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
+use super::testkit::{dataset, stand_in, tiny_config, tiny_dit, tiny_vae};
+use super::train::{load_qwen_items, qwen_batch};
+use crate::family::{family_of, family_of_dit};
+use crate::generate::request::{DitSource, GenerationRequest};
+use crate::generate::run::Session;
+use crate::prep::CacheOptions;
+use crate::train::optimizer::AdamW;
+use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
+use crate::train::tests::{all_lora_values, try_start};
+use crate::train::timesteps::TimestepDraw;
+use framesmith_config::run::{Checkpointing, TimestepSampling};
+use framesmith_config::{presets, RunConfig};
+use framesmith_data::Unreadable;
+use framesmith_models::qwen_image::vae::load_vae;
+use framesmith_models::qwen_image::weights::load_dit;
+use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
+use framesmith_nn::lora_file::LoraFile;
+
+/// A dataset in `dir` cached for Qwen-Image through the tiny VAE and the stand-in encoder; returns its TOML.
+fn cached_dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
+    let toml = dataset(dir, batch_size)?;
+    let valid = framesmith_data::load_valid(&toml)?;
+    let vae = load_vae(&tiny_vae(dir)?, DType::F32, &Device::Cpu)?;
+    let encoder = QwenLatentEncoder {
+        vae: &vae,
+        device: Device::Cpu,
+        dtype: DType::F32,
+    };
+    let options = CacheOptions::default();
+    let latents = cache_qwen_latents(&valid, &encoder, &options, &mut ())?;
+    assert_eq!(latents.written, 3, "{latents:?}");
+    let text = WordEncoder {
+        dim: tiny_config().joint_attention_dim,
+    };
+    let captions = cache_qwen_text(&valid, &text, DType::F32, &options, &mut ())?;
+    assert_eq!(captions.written, 3, "{captions:?}");
+    Ok(toml)
+}
+
+#[test]
+fn images_and_captions_cache_under_musubi_names_and_a_fixed_batch_learns() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = cached_dataset(dir.path(), 1)?;
+    let cache = dir.path().join("cache");
+    for name in ["a_0032x0032_qi.safetensors", "c_qi_te.safetensors"] {
+        assert!(cache.join(name).is_file(), "{name}");
+    }
+    // A second pass finds every cache in place.
+    let valid = framesmith_data::load_valid(&toml)?;
+    let text = WordEncoder { dim: 24 };
+    let again = cache_qwen_text(&valid, &text, DType::F32, &CacheOptions::default(), &mut ())?;
+    assert_eq!((again.written, again.skipped), (0, 3));
+
+    let cfg = tiny_config();
+    let items = load_qwen_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
+    assert_eq!(items.len(), 3);
+    let c = items
+        .iter()
+        .find(|(i, _)| i.key.starts_with("c_"))
+        .map(|(i, _)| i);
+    let c = c.ok_or_else(|| anyhow::anyhow!("no item c"))?;
+    assert_eq!(c.latents.dims(), &[16, 1, 4, 4]);
+    assert_eq!(c.context.dims(), &[6, 24], "six words of the caption");
+
+    let dit_dir = dir.path().join("dit");
+    let mut model = load_dit(&tiny_dit(&dit_dir)?, DType::F32, &Device::Cpu, None)?;
+    let spec = LoraSpec {
+        rank: 4,
+        alpha: 4.0,
+        dtype: DType::F32,
+        include_patterns: vec![],
+        exclude_patterns: vec![],
+        seed: 3,
+    };
+    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::QwenImage)?;
+    let named = crate::train::setup::named_vars(&loras);
+    let mut optimizer = AdamW::new(named, Default::default())?;
+    let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
+    let draws = vec![
+        TimestepDraw {
+            t: 0.6,
+            model_timestep: 601.0
+        };
+        batch.len()
+    ];
+    let mut losses = Vec::new();
+    for _ in 0..12 {
+        // The same noise every step: the loss of one fixed batch.
+        let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        assert_eq!(b.inputs.txt_lens.as_deref(), Some(&[3, 3, 6][..]));
+        let target = LossTarget {
+            targets: &b.targets,
+            weights: None,
+            skip_frames: 0,
+        };
+        let out = try_checkpointed_step(
+            &model,
+            &b.inputs,
+            &target,
+            &loras.vars(),
+            &StepOptions::default(),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        optimizer.step(&out.grads, 1e-2)?;
+        losses.push(out.loss);
+    }
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
+    Ok(())
+}
+
+/// A `steps`-long Qwen-Image run on the cached tiny dataset in `dir`.
+fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
+    std::fs::create_dir_all(dir)?;
+    let toml = cached_dataset(dir, 2)?;
+    let mut config = presets::builtin("demo-cpu")?
+        .apply(&RunConfig::default())?
+        .config;
+    config.model.demo = false;
+    config.model.dit = tiny_dit(dir)?;
+    config.dataset.synthetic = false;
+    config.dataset.config = toml;
+    config.lora.rank = 4;
+    config.lora.alpha = 4.0;
+    config.training.max_train_steps = steps;
+    config.training.timestep_sampling = TimestepSampling::QwenShift;
+    config.optimizer.lr_warmup_steps = 0;
+    config.memory.checkpointing = Checkpointing::Blocks;
+    config.output.output_dir = dir.join("run");
+    config.output.save_every_n_steps = Some(0);
+    Ok(config)
+}
+
+#[test]
+fn a_qwen_image_run_config_trains_saves_musubi_metadata_and_resumes() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let steps = 4;
+    let config_a = config(&dir.path().join("a"), steps)?;
+    assert_eq!(family_of(&config_a).name(), "Qwen-Image");
+    assert_eq!(
+        family_of_dit(&DitSource::File(config_a.model.dit.clone())).name(),
+        "Qwen-Image"
+    );
+    let mut straight = try_start(&config_a, None)?;
+    let mut losses = Vec::new();
+    while straight.step() < steps {
+        let report = straight.train_step(&|| false)?;
+        let loss = report.loss.ok_or_else(|| anyhow::anyhow!("no loss"))?;
+        assert!(loss.is_finite() && loss > 0.0, "{loss}");
+        losses.push(loss);
+    }
+    let saved = straight.save(true)?;
+    let file = LoraFile::load(&saved.loras[0], &Device::Cpu)?;
+    assert!(
+        file.modules
+            .iter()
+            .all(|m| m.name.starts_with("lora_unet_transformer_blocks_")),
+        "musubi-tuner's module names"
+    );
+    let meta = |k: &str| file.metadata.get(k).map(String::as_str);
+    assert_eq!(meta("ss_network_module"), Some("networks.lora_qwen_image"));
+    assert_eq!(meta("ss_base_model_version"), Some("qwen_image"));
+    assert_eq!(meta("modelspec.architecture"), Some("Qwen-Image/lora"));
+    assert_eq!(meta("ss_timestep_sampling"), Some("qwen_shift"));
+
+    let config_b = config(&dir.path().join("b"), steps)?;
+    let mut first = try_start(&config_b, None)?;
+    let mut resumed = Vec::new();
+    while first.step() < 2 {
+        resumed.push(first.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
+    }
+    first.save(false)?;
+    drop(first);
+    let mut second = try_start(&config_b, Some(&dir.path().join("b").join("run")))?;
+    assert_eq!(second.step(), 2);
+    while second.step() < steps {
+        resumed.push(second.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
+    }
+    assert_eq!(losses, resumed);
+    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
+    Ok(())
+}
+
+#[test]
+fn generate_writes_a_png_with_true_cfg_and_refuses_other_families_options() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dit = tiny_dit(dir.path())?;
+    let mut request = GenerationRequest::new(
+        DitSource::File(dit.clone()),
+        "a red square",
+        dir.path().join("out/red.png"),
+    );
+    request.files.vae = Some(tiny_vae(dir.path())?);
+    request.files.text_encoder = Some(dit.clone());
+    request.negative = Some("blurry".into());
+    (request.width, request.height, request.steps, request.seed) =
+        (Some(32), Some(48), Some(2), Some(7));
+    request.placement.device = framesmith_config::run::DeviceSpec::Cpu;
+    let lines = std::cell::RefCell::new(Vec::new());
+    let mut events = |e| lines.borrow_mut().push(format!("{e:?}"));
+    let mut session = Session::new(&mut events, &|| false);
+    let out = super::generate::generate_with(&request, &mut session, &stand_in)?;
+    assert_eq!((out.width, out.height, out.seed), (32, 48, 7));
+    let png = image::open(&out.file)?;
+    assert_eq!((png.width(), png.height()), (32, 48));
+    assert!(
+        lines
+            .borrow()
+            .iter()
+            .any(|l: &String| l.contains("true CFG 4")),
+        "{lines:?}"
+    );
+
+    request.frames = Some(9);
+    let err = super::generate::generate_with(&request, &mut session, &stand_in)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("--frames") && err.contains("drop it"), "{err}");
+    // Without the encoder plugged in, the real loader says how to cache the captions instead.
+    request.frames = None;
+    let err = super::generate::generate(&request, &mut session)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("qwen_image_cache_text_encoder_outputs.py"),
+        "{err}"
+    );
+    Ok(())
+}
