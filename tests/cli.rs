@@ -37,6 +37,8 @@ fn presets_list_and_show() {
         "demo-cpu",
         "flux-dev-24gb",
         "flux-dev-12gb",
+        "qwen-image-24gb",
+        "qwen-image-16gb",
     ] {
         assert!(stdout.contains(name), "{name} missing from\n{stdout}");
     }

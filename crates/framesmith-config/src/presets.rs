@@ -52,6 +52,14 @@ const BUILTIN: &[(&str, &str)] = &[
         "flux-dev-12gb",
         include_str!("../../../presets/flux-dev-12gb.toml"),
     ),
+    (
+        "qwen-image-24gb",
+        include_str!("../../../presets/qwen-image-24gb.toml"),
+    ),
+    (
+        "qwen-image-16gb",
+        include_str!("../../../presets/qwen-image-16gb.toml"),
+    ),
 ];
 
 /// Names of the built-in presets, in display order.

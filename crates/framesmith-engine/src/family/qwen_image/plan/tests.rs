@@ -110,3 +110,30 @@ fn streamed_blocks_spread_and_leave_one_resident() {
     assert!(ten[0] < 10 && ten[9] > 50, "{ten:?}");
     assert_eq!(qwen_streamed_blocks(&cfg, 100).len(), 59);
 }
+
+/// The Qwen-Image presets at 1024², planned as `framesmith plan --variant qwen-image --preset …` does: each fits
+/// its card by streaming blocks, the 16 GB card more of them.
+#[test]
+fn the_qwen_image_presets_fit_their_cards_at_1024() {
+    let mut streamed = Vec::new();
+    for (name, gib) in [("qwen-image-24gb", 24), ("qwen-image-16gb", 16)] {
+        let preset = framesmith_config::presets::builtin(name).unwrap();
+        assert_eq!(
+            preset.family,
+            Some(framesmith_config::ModelFamily::QwenImage),
+            "{name}"
+        );
+        let mut cfg = preset.apply(&RunConfig::default()).unwrap().config;
+        cfg.model.variant = "qwen-image".into();
+        let model = crate::plan::model_for_config(&cfg).unwrap();
+        let (clip, _) = crate::plan::clip_for_config(&cfg);
+        assert_eq!((clip.width, clip.height), (1024, 1024), "{name}");
+        let mut i = PlanInput::from_config(&cfg, model, clip);
+        i.free_vram_bytes = Some(gib * GIB);
+        let r = plan(&i).unwrap();
+        assert!(r.fits(), "{name}: {}", r.verdict_line());
+        assert!(r.streamed_blocks > 0, "{name}: {}", r.verdict_line());
+        streamed.push(r.streamed_blocks);
+    }
+    assert!(streamed[1] > streamed[0], "{streamed:?}");
+}
