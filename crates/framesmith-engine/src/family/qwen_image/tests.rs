@@ -1,7 +1,8 @@
 //! Qwen-Image on the CPU with the tiny model (`testkit`): images and captions cache through the VAE and the
 //! text-encoder seam (a stand-in encoder) under musubi-tuner's names, a fixed batch learns, a run config trains
 //! through the same `Trainer` as every family, saves a LoRA with musubi-tuner's Qwen-Image metadata and resumes
-//! bit-identically, and `generate` writes a PNG with true CFG.
+//! bit-identically, samples encode their prompts once (then come from the prompt cache), and `generate` writes a
+//! PNG with true CFG.
 
 use std::path::{Path, PathBuf};
 
@@ -9,8 +10,9 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::encoder::WordEncoder;
+use super::encoder::{EncoderFiles, PromptEncoder, WordEncoder};
 use super::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
+use super::setup::start_run_with;
 use super::testkit::{dataset, stand_in, tiny_config, tiny_dit, tiny_vae};
 use super::train::{load_qwen_items, qwen_batch};
 use crate::family::{family_of, family_of_dit};
@@ -22,7 +24,8 @@ use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
 use crate::train::tests::{all_lora_values, try_start};
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::run::{Checkpointing, TimestepSampling};
-use framesmith_config::{presets, RunConfig};
+use framesmith_config::validate::validate_for;
+use framesmith_config::{presets, HostInfo, ModelFamily, RunConfig};
 use framesmith_data::Unreadable;
 use framesmith_models::qwen_image::vae::load_vae;
 use framesmith_models::qwen_image::weights::load_dit;
@@ -239,6 +242,53 @@ fn generate_writes_a_png_with_true_cfg_and_refuses_other_families_options() -> a
     assert!(
         err.contains("qwen_image_cache_text_encoder_outputs.py"),
         "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn samples_encode_once_through_the_seam_and_come_from_the_prompt_cache_after() -> anyhow::Result<()>
+{
+    let dir = tempfile::tempdir()?;
+    let mut config = config(dir.path(), 2)?;
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a red square --w 32 --h 32 --s 2 --d 5\na blue square --n red --l 3 --w 48 --h 32 --s 2\n",
+    )?;
+    config.sampling.prompts = Some(prompts);
+    config.sampling.sample_every_n_steps = Some(1);
+    config.model.vae = tiny_vae(dir.path())?;
+    config.model.text_encoder = config.model.dit.clone();
+    let plan = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::QwenImage)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut lines = Vec::new();
+    let mut parts = start_run_with(&plan, &config.model.dit, &stand_in, &mut |_, l| {
+        lines.push(l)
+    })?;
+    assert_eq!(parts.family.sample_count(), 2);
+    assert_eq!(parts.family.sample_prompt(1), "a blue square");
+    let out = dir.path().join("samples");
+    std::fs::create_dir_all(&out)?;
+    let files = parts.family.sample(1, &out, "000001-01", &|| false)?;
+    let png = image::open(&files.file)?;
+    assert_eq!((png.width(), png.height()), (48, 32));
+    assert!(
+        lines.iter().any(|l| l.contains("4 sample prompts encoded")),
+        "{lines:?}"
+    );
+    // A second start finds the four texts (two prompts, "red" and the default " " negative) in the cache.
+    let refuse =
+        |_: EncoderFiles<'_>, _: DType, _: &Device| -> anyhow::Result<Box<dyn PromptEncoder>> {
+            anyhow::bail!("the encoder was loaded")
+        };
+    let mut again = Vec::new();
+    start_run_with(&plan, &config.model.dit, &refuse, &mut |_, l| again.push(l))?;
+    assert!(
+        again
+            .iter()
+            .any(|l| l.contains("the text encoder was not loaded")),
+        "{again:?}"
     );
     Ok(())
 }
