@@ -8,12 +8,13 @@ use std::path::Path;
 use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
-use crate::plan::{PlanError, PlanModel};
+use crate::plan::{ClipShape, PlanError, PlanModel};
 use crate::prep::pass::{CachePass, CacheRequest};
 use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
+use framesmith_data::ValidConfig;
 
 pub mod encoder;
 pub mod generate;
@@ -48,6 +49,10 @@ impl Family for QwenImageFamily {
 
     fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
         plan::plan_model(config)
+    }
+
+    fn largest_cached_clip(&self, valid: &ValidConfig, _demo: bool) -> Option<ClipShape> {
+        plan::largest_cached_clip(valid)
     }
 
     fn settings_to_check(&self, config: &RunConfig) -> RunConfig {

@@ -3,6 +3,9 @@
 //! tokens, and the step's activations.
 
 use framesmith_config::RunConfig;
+use framesmith_data::cache::read_latent_shape;
+use framesmith_data::family::qwen_image::cache::parse_qwen_latent_cache_name;
+use framesmith_data::ValidConfig;
 use framesmith_models::qwen_image::weights::official_shapes;
 use framesmith_models::qwen_image::QwenImageConfig;
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
@@ -10,11 +13,11 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::Family;
+use crate::plan::{clip_pixels, lora_parameters_of, ClipShape, DescribeModel, PlanModel};
 use crate::plan::{
     dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
     BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
 };
-use crate::plan::{lora_parameters_of, DescribeModel, PlanModel};
 
 /// Qwen-Image's transformer as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -69,6 +72,33 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
     )
 }
 
+/// The largest image among the Qwen-Image latent caches (`_qi`) of `valid`'s datasets, read from the cache files'
+/// headers; `None` when nothing is cached for Qwen-Image.
+pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
+    valid
+        .datasets
+        .iter()
+        .filter_map(|ds| {
+            let dir = ds.cache_directory.as_ref()?;
+            let batch = (ds.batch_size as usize).max(1);
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(|entry| {
+                    let name = entry.ok()?.file_name().into_string().ok()?;
+                    parse_qwen_latent_cache_name(&name)?;
+                    read_latent_shape(&dir.join(&name)).ok()
+                })
+                .map(|[_, _, height, width]| ClipShape {
+                    width: width * VAE_FACTOR,
+                    height: height * VAE_FACTOR,
+                    frames: 1,
+                    batch,
+                })
+                .max_by_key(clip_pixels)
+        })
+        .max_by_key(clip_pixels)
+}
+
 /// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
 /// most every block but one.
 pub fn qwen_streamed_blocks(cfg: &QwenImageConfig, count: usize) -> Vec<usize> {
@@ -79,6 +109,9 @@ pub fn qwen_streamed_blocks(cfg: &QwenImageConfig, count: usize) -> Vec<usize> {
 /// Text tokens per sample the plan counts: captions are as long as they are (Qwen2.5-VL's hidden states of the
 /// valid tokens, up to 1024); 256 covers the long captions of usual datasets. Longer captions take more.
 const TEXT_TOKENS: u64 = 256;
+
+/// Pixels per latent pixel of Qwen-Image's VAE.
+const VAE_FACTOR: usize = 8;
 
 /// Pixels per token side: the VAE's 8× and the 2×2 packing of latents into tokens.
 const PIXELS_PER_TOKEN: usize = 16;

@@ -292,3 +292,62 @@ fn samples_encode_once_through_the_seam_and_come_from_the_prompt_cache_after() -
     );
     Ok(())
 }
+
+#[test]
+fn a_run_validates_on_held_out_items_and_plans_from_its_caches() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut config = config(dir.path(), 2)?;
+    config.validation.validate_every_n_steps = Some(1);
+    config.validation.validation_split = 0.34;
+    let mut trainer = try_start(&config, None)?;
+    trainer.train_step(&|| false)?;
+    let first = trainer
+        .validate(&|| false)?
+        .ok_or_else(|| anyhow::anyhow!("no validation"))?;
+    assert_eq!(first.items, 1, "one of three items held out");
+    assert!(first.loss.is_finite() && first.loss > 0.0, "{first:?}");
+    // The same LoRA, the same held-out noise: the same loss.
+    let again = trainer
+        .validate(&|| false)?
+        .ok_or_else(|| anyhow::anyhow!("no validation"))?;
+    assert_eq!(first.loss, again.loss);
+
+    let valid = framesmith_data::load_valid(&config.dataset.config)?;
+    let clip = crate::family::largest_cached_clip(&valid, false);
+    assert_eq!(
+        clip.map(|c| (c.width, c.height, c.frames, c.batch)),
+        Some((32, 32, 1, 2))
+    );
+    Ok(())
+}
+
+#[test]
+fn cache_passes_go_to_qwen_image_by_their_files() -> anyhow::Result<()> {
+    use crate::prep::pass::{CachePass, LatentFiles, TextFiles};
+    let dir = tempfile::tempdir()?;
+    let dit = tiny_dit(dir.path())?;
+    let vae = tiny_vae(dir.path())?;
+    let family = |pass: &CachePass| crate::family::family_of_cache(pass).name();
+    // ComfyUI's VAE has Wan 2.1's names: the DiT says the pass is Qwen-Image's.
+    let latents = |dit: Option<PathBuf>| {
+        CachePass::Latents(LatentFiles {
+            vae: vae.clone(),
+            dit,
+            ..LatentFiles::default()
+        })
+    };
+    assert_eq!(family(&latents(Some(dit))), "Qwen-Image");
+    assert_eq!(family(&latents(None)), "Wan");
+    let te = dir.path().join("qwen_2.5_vl_7b.safetensors");
+    let embedding = candle_core::Tensor::zeros((4, 3584), DType::BF16, &Device::Cpu)?;
+    candle_core::safetensors::save(
+        &std::collections::HashMap::from([("model.embed_tokens.weight".to_string(), embedding)]),
+        &te,
+    )?;
+    let text = CachePass::Text(TextFiles {
+        text_encoder: Some(te),
+        ..TextFiles::default()
+    });
+    assert_eq!(family(&text), "Qwen-Image");
+    Ok(())
+}
