@@ -124,14 +124,14 @@ pub fn official_names(tensors: HashMap<String, Tensor>) -> HashMap<String, Tenso
         .collect()
 }
 
-/// Whether `path` holds a VAE in diffusers' names (`encoder.conv_in.weight`: a Qwen-Image `vae/` file or the folder
-/// holding it), read from the safetensors header alone. ComfyUI's `qwen_image_vae.safetensors` has Wan 2.1's
+/// Whether `path` holds a causal video VAE in diffusers' names (a 3D `encoder.conv_in.weight`: a Qwen-Image `vae/`
+/// file or the folder holding it; FLUX.1's 2D autoencoder is not), read from the safetensors header alone. ComfyUI's `qwen_image_vae.safetensors` has Wan 2.1's
 /// official names and cannot be told from Wan's VAE by its tensors.
 pub fn is_diffusers_layout(path: &Path) -> bool {
     read_header(&weights_file(path)).is_ok_and(|h| {
-        h.tensors.iter().any(|t| {
-            t.name == "encoder.conv_in.weight" || t.name.ends_with(".encoder.conv_in.weight")
-        })
+        h.tensors
+            .iter()
+            .any(|t| t.name.ends_with("encoder.conv_in.weight") && t.shape.len() == 5)
     })
 }
 
@@ -331,6 +331,11 @@ mod tests {
         let want = reference.decode(&z)?;
         assert_eq!(want.dims(), &[1, 3, 32, 32]);
         assert!(!is_diffusers_layout(&comfy));
+        let flux_ae = crate::fixtures::case_dir("flux", "flux_ae").join("weights.safetensors");
+        assert!(
+            !is_diffusers_layout(&flux_ae),
+            "FLUX.1's autoencoder is not Qwen-Image's"
+        );
         assert!(
             is_diffusers_layout(&folder) && is_diffusers_layout(&dir.path().join("Qwen-Image"))
         );
