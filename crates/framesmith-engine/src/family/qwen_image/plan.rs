@@ -13,7 +13,9 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::Family;
-use crate::plan::{clip_pixels, lora_parameters_of, ClipShape, DescribeModel, PlanModel};
+use crate::plan::{
+    clip_pixels, lora_parameters_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
+};
 use crate::plan::{
     dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
     BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
@@ -166,15 +168,14 @@ fn resident_weights(cfg: &QwenImageConfig, compute: u64) -> Vec<(&'static str, u
     out
 }
 
-/// LoRA parameters and adapted linears for `rank` (musubi-tuner's Qwen-Image targets).
-fn lora_parameters(
-    cfg: &QwenImageConfig,
-    rank: usize,
-    include: &[String],
-    exclude: &[String],
-) -> Result<(u64, usize), LoraError> {
-    let targets = LoraTargets::for_family(LoraFamily::QwenImage, include, exclude)?;
-    lora_parameters_of(&official_shapes(cfg), &targets, rank)
+/// The adapter's parameters and adapted linears for `lora` (musubi-tuner's Qwen-Image targets).
+fn lora_parameters(cfg: &QwenImageConfig, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
+    let targets = LoraTargets::for_family(
+        LoraFamily::QwenImage,
+        &lora.include_patterns,
+        &lora.exclude_patterns,
+    )?;
+    lora_parameters_of(&official_shapes(cfg), &targets, lora)
 }
 
 /// The dual-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
@@ -229,12 +230,7 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
     if input.lora.rank == 0 {
         return Err(LoraError::ZeroRank.into());
     }
-    let (lora_params, lora_modules) = lora_parameters(
-        cfg,
-        input.lora.rank,
-        &input.lora.include_patterns,
-        &input.lora.exclude_patterns,
-    )?;
+    let lora = lora_parameters(cfg, &input.lora)?;
     let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, clip.batch)?;
     let (d, f, heads) = (
         cfg.inner_dim() as u64,
@@ -278,8 +274,7 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
             .map(|count| qwen_streamed_blocks(cfg, count))
             .collect(),
         resident: resident_weights(cfg, compute),
-        lora_params,
-        lora_modules,
+        lora,
         saved_input_bytes: tokens * d * shape.residual_bytes,
         // The timestep embedding, and RoPE's cos and sin over each token's head dimension in f32.
         shared_inputs: vec![(

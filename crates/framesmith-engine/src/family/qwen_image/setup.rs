@@ -16,8 +16,8 @@ use super::train::{dit_config, load_qwen_items, QwenImageItems};
 use crate::plan as memory_plan;
 use crate::train::data::{TrainItem, TrainSet};
 use crate::train::setup::{
-    device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec, reserve_budget,
-    start_loras, streamed_count, RunParts,
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
+    reserve_budget, start_loras, RunParts,
 };
 use crate::train::validation::{hold_out, Validation};
 use framesmith_config::plan::DatasetSource;
@@ -159,7 +159,7 @@ pub(crate) fn start_run_with(
     let samples = image_samples(plan, &cfg, (dtype, &device), load, log)?;
     let model_line = format!("Qwen-Image has {} dual-stream blocks", cfg.num_layers);
     let (streamed, offload): (Vec<usize>, OffloadOptions) =
-        streamed_count(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
+        blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
             .map(|(count, offload)| (qwen_streamed_blocks(&cfg, count), offload))
             .unwrap_or_default();
     let mut model = load_dit_streamed(

@@ -87,6 +87,7 @@ fn images_and_captions_cache_under_musubi_names_and_a_fixed_batch_learns() -> an
         include_patterns: vec![],
         exclude_patterns: vec![],
         seed: 3,
+        kind: Default::default(),
     };
     let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::QwenImage)?;
     let named = crate::train::setup::named_vars(&loras);

@@ -43,7 +43,7 @@ fn the_released_model_is_60_blocks_of_its_parameters_and_fp8_halves_them() {
         "{params}"
     );
     // rank 16 on the attention, MLP and modulation linears of both streams (musubi-tuner's targets).
-    assert!(s.lora_modules > 60 * 10, "{}", s.lora_modules);
+    assert!(s.lora.modules > 60 * 10, "{}", s.lora.modules);
     let (bf16, fp8) = (input(1024, BaseDtype::Bf16), input(1024, BaseDtype::Fp8));
     let (b, f) = (
         bf16.model.describe(&bf16).unwrap(),
@@ -89,11 +89,11 @@ fn peaks_grow_with_the_resolution_and_auto_streams_within_budgets() {
         );
         assert!(r.peak_vram_bytes <= budget_gib * GIB);
         assert!(
-            r.streamed_blocks > last,
+            r.blocks_to_swap > last,
             "{budget_gib} GiB streams {}",
-            r.streamed_blocks
+            r.blocks_to_swap
         );
-        last = r.streamed_blocks;
+        last = r.blocks_to_swap;
     }
     assert!(input(1000, BaseDtype::Fp8)
         .model
@@ -132,8 +132,8 @@ fn the_qwen_image_presets_fit_their_cards_at_1024() {
         i.free_vram_bytes = Some(gib * GIB);
         let r = plan(&i).unwrap();
         assert!(r.fits(), "{name}: {}", r.verdict_line());
-        assert!(r.streamed_blocks > 0, "{name}: {}", r.verdict_line());
-        streamed.push(r.streamed_blocks);
+        assert!(r.blocks_to_swap > 0, "{name}: {}", r.verdict_line());
+        streamed.push(r.blocks_to_swap);
     }
     assert!(streamed[1] > streamed[0], "{streamed:?}");
 }
