@@ -501,6 +501,7 @@ mod tests {
         // Fill the optional keys so that they appear in the serialized table.
         config.training.max_train_epochs = Some(1);
         config.memory.vram_budget_gb = Some(20.0);
+        config.memory.ram_budget_gb = Some(28.0);
         config.output.save_every_n_steps = Some(100);
         config.sampling.prompts = Some("p.txt".into());
         config.sampling.sample_every_n_steps = Some(100);
