@@ -55,6 +55,7 @@ const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];
 const PLACEMENTS: &[&str] = &["device", "host"];
 const CHECKPOINTING: &[&str] = &["blocks", "attention", "attention_projection", "off"];
+const LORA_KINDS: &[&str] = &["lora", "lokr", "loha", "dora"];
 const FLUX_STREAM_ORDERS: &[&str] = &["single_first", "double_first", "spread"];
 const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
@@ -154,8 +155,25 @@ pub const RUN_SECTIONS: &[Section] = &[
     Section {
         title: "LoRA",
         fields: &[
+            help(
+                field("lora.kind", "Kind", FieldKind::Choice(LORA_KINDS)),
+                "lora: plain LoRA; lokr: Kronecker factors (LyCORIS LoKr); loha: Hadamard product of two \
+                 low-rank products (LoHa); dora: a LoRA with a trained magnitude per output (DoRA)",
+            ),
             field("lora.rank", "Rank", FieldKind::Int),
             field("lora.alpha", "Alpha", FieldKind::Float),
+            help(
+                field("lora.factor", "LoKr factor", FieldKind::Int),
+                "LoKr: the largest factor of each width given to w1; -1 picks the most square split",
+            ),
+            help(
+                field("lora.decompose_both", "LoKr: decompose w1 too", FieldKind::Bool),
+                "LoKr: w1 too as a product of two rank-sized factors where that is smaller",
+            ),
+            help(
+                field("lora.full_matrix", "LoKr: full matrices", FieldKind::Bool),
+                "LoKr: w1 and w2 full matrices whatever the rank",
+            ),
             field(
                 "lora.include_patterns",
                 "Include patterns",
