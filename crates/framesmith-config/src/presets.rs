@@ -2,6 +2,7 @@
 //! settings it changes plus a `[preset]` table with a title, a summary and a one-line `why` per setting, so the
 //! GUI can show "field → new value — why" for every field a preset changes.
 
+mod builtin;
 mod table;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -13,54 +14,9 @@ use serde::{Deserialize, Serialize};
 use super::error::ConfigError;
 use super::plan::ModelFamily;
 use super::run::RunConfig;
+use builtin::BUILTIN;
 pub(crate) use table::flatten;
 use table::{leaf_keys, merge, remove_key};
-
-/// The built-in presets: (name, file text).
-const BUILTIN: &[(&str, &str)] = &[
-    (
-        "e7adb86-compatible",
-        include_str!("../../../presets/e7adb86-compatible.toml"),
-    ),
-    (
-        "low-vram-windows",
-        include_str!("../../../presets/low-vram-windows.toml"),
-    ),
-    (
-        "balanced-24gb",
-        include_str!("../../../presets/balanced-24gb.toml"),
-    ),
-    ("fast-24gb", include_str!("../../../presets/fast-24gb.toml")),
-    (
-        "16gb-32gb-ram",
-        include_str!("../../../presets/16gb-32gb-ram.toml"),
-    ),
-    (
-        "16gb-64gb-ram",
-        include_str!("../../../presets/16gb-64gb-ram.toml"),
-    ),
-    (
-        "full-speed-80gb",
-        include_str!("../../../presets/full-speed-80gb.toml"),
-    ),
-    ("demo-cpu", include_str!("../../../presets/demo-cpu.toml")),
-    (
-        "flux-dev-24gb",
-        include_str!("../../../presets/flux-dev-24gb.toml"),
-    ),
-    (
-        "flux-dev-12gb",
-        include_str!("../../../presets/flux-dev-12gb.toml"),
-    ),
-    (
-        "qwen-image-24gb",
-        include_str!("../../../presets/qwen-image-24gb.toml"),
-    ),
-    (
-        "qwen-image-16gb",
-        include_str!("../../../presets/qwen-image-16gb.toml"),
-    ),
-];
 
 /// Names of the built-in presets, in display order.
 pub fn builtin_names() -> Vec<&'static str> {

@@ -1,0 +1,53 @@
+//! The built-in presets' files, compiled in.
+
+/// The built-in presets: (name, file text).
+pub(super) const BUILTIN: &[(&str, &str)] = &[
+    (
+        "e7adb86-compatible",
+        include_str!("../../../../presets/e7adb86-compatible.toml"),
+    ),
+    (
+        "low-vram-windows",
+        include_str!("../../../../presets/low-vram-windows.toml"),
+    ),
+    (
+        "balanced-24gb",
+        include_str!("../../../../presets/balanced-24gb.toml"),
+    ),
+    (
+        "fast-24gb",
+        include_str!("../../../../presets/fast-24gb.toml"),
+    ),
+    (
+        "16gb-32gb-ram",
+        include_str!("../../../../presets/16gb-32gb-ram.toml"),
+    ),
+    (
+        "16gb-64gb-ram",
+        include_str!("../../../../presets/16gb-64gb-ram.toml"),
+    ),
+    (
+        "full-speed-80gb",
+        include_str!("../../../../presets/full-speed-80gb.toml"),
+    ),
+    (
+        "demo-cpu",
+        include_str!("../../../../presets/demo-cpu.toml"),
+    ),
+    (
+        "flux-dev-24gb",
+        include_str!("../../../../presets/flux-dev-24gb.toml"),
+    ),
+    (
+        "flux-dev-12gb",
+        include_str!("../../../../presets/flux-dev-12gb.toml"),
+    ),
+    (
+        "qwen-image-24gb",
+        include_str!("../../../../presets/qwen-image-24gb.toml"),
+    ),
+    (
+        "qwen-image-16gb",
+        include_str!("../../../../presets/qwen-image-16gb.toml"),
+    ),
+];
