@@ -20,7 +20,7 @@ use framesmith_data::media::MediaTools;
 use framesmith_data::samples::cache_dir;
 use framesmith_data::scan::groups::UNUSABLE_ENTRIES;
 use framesmith_data::scan::{scan_dataset, DatasetScan, ScanOptions};
-use framesmith_data::{ResolvedDataset, ValidConfig};
+use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
 
 /// What caching does with files already in the cache directories.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -109,6 +109,54 @@ pub fn frames_to_video(frames: &[RgbImage], device: &Device) -> anyhow::Result<T
     Ok(Tensor::from_vec(data, (f, h, w, 3), device)?
         .permute((3, 0, 1, 2))?
         .unsqueeze(0)?)
+}
+
+/// Refuses video datasets before anything is encoded, for a `family` that trains on images.
+pub(crate) fn images_only(valid: &ValidConfig, family: &str) -> anyhow::Result<()> {
+    let videos: Vec<String> = valid
+        .all_datasets()
+        .filter(|ds| ds.kind() == DatasetKind::Video)
+        .map(|ds| ds.source.path().display().to_string())
+        .collect();
+    if videos.is_empty() {
+        return Ok(());
+    }
+    anyhow::bail!(
+        "{family} trains on images; remove the video datasets from the dataset config or cache them for a Wan \
+         model: {}",
+        videos.join(", ")
+    )
+}
+
+/// The latent pass of an image family: every image of the dataset config through `cache_one` (which writes its
+/// cache and names it in `expected`), then the stale caches ending in `_{suffix}.safetensors` removed unless kept.
+pub(crate) fn cache_image_latents(
+    valid: &ValidConfig,
+    (options, suffix): (&CacheOptions, &str),
+    progress: &mut dyn CacheProgress,
+    cache_one: &mut dyn FnMut(
+        &ResolvedDataset,
+        &Path,
+        &mut Expected,
+    ) -> anyhow::Result<ItemOutcome>,
+) -> anyhow::Result<CacheSummary> {
+    let mut summary = CacheSummary::default();
+    let mut expected = Expected::default();
+    let scans = scan_all(valid, None, &mut summary, progress);
+    for scan in &scans {
+        let ds = &scan.dataset;
+        expected.dataset(ds, scan);
+        for item in &scan.items {
+            let outcome = cache_one(ds, &item.media, &mut expected)
+                .with_context(|| format!("caching {}", item.media.display()))?;
+            progress.item_done(&item.media, &outcome);
+            summary.record(&item.media, &outcome);
+        }
+    }
+    if !options.keep_stale {
+        summary.removed = expected.remove_stale(&format!("_{suffix}.safetensors"))?;
+    }
+    Ok(summary)
 }
 
 /// Every dataset's items ([`scan_items`]), their count told to `progress`.

@@ -11,8 +11,8 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use crate::prep::{
-    frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
-    ItemOutcome,
+    cache_image_latents, frames_to_video, header, images_only, scan_all, CacheOptions,
+    CacheProgress, CacheSummary, Expected, ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
 use framesmith_data::family::flux::cache::{
@@ -21,7 +21,7 @@ use framesmith_data::family::flux::cache::{
 };
 use framesmith_data::probe::image_size;
 use framesmith_data::samples::{cache_dir, image_sample};
-use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
+use framesmith_data::{ResolvedDataset, ValidConfig};
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
 use framesmith_models::flux::weights::{identify, load_autoencoder, FluxComponent};
@@ -55,22 +55,6 @@ fn cached(path: &std::path::Path, prefixes: &[&str], caption: Option<&str>) -> b
     })
 }
 
-/// Refuses video datasets before anything is encoded: FLUX.1 trains on images.
-fn images_only(valid: &ValidConfig) -> anyhow::Result<()> {
-    let videos: Vec<String> = valid
-        .all_datasets()
-        .filter(|ds| ds.kind() == DatasetKind::Video)
-        .map(|ds| ds.source.path().display().to_string())
-        .collect();
-    if videos.is_empty() {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "FLUX.1 trains on images; remove the video datasets from the dataset config or cache them for a Wan model: {}",
-        videos.join(", ")
-    )
-}
-
 /// Writes the autoencoder latents of every image of the dataset config.
 pub fn cache_flux_latents(
     valid: &ValidConfig,
@@ -78,24 +62,13 @@ pub fn cache_flux_latents(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    images_only(valid)?;
-    let mut summary = CacheSummary::default();
-    let mut expected = Expected::default();
-    let scans = scan_all(valid, None, &mut summary, progress);
-    for scan in &scans {
-        let ds = &scan.dataset;
-        expected.dataset(ds, scan);
-        for item in &scan.items {
-            let outcome = cache_image(ds, &item.media, encoder, &mut expected)
-                .with_context(|| format!("caching {}", item.media.display()))?;
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !options.keep_stale {
-        summary.removed = expected.remove_stale(&format!("_{FLUX_ARCHITECTURE}.safetensors"))?;
-    }
-    Ok(summary)
+    images_only(valid, "FLUX.1")?;
+    cache_image_latents(
+        valid,
+        (options, FLUX_ARCHITECTURE),
+        progress,
+        &mut |ds, media, expected| cache_image(ds, media, encoder, expected),
+    )
 }
 
 /// Caches one image: latents `[16, 1, h, w]` of the image resized to its bucket, scaled and shifted as the DiT
@@ -149,7 +122,7 @@ pub fn cache_flux_text(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    images_only(valid)?;
+    images_only(valid, "FLUX.1")?;
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
     let scans = scan_all(valid, None, &mut summary, progress);

@@ -16,8 +16,8 @@ use super::encoder::{encode_each, load_encoder, EncoderFiles, PromptEncoder};
 use super::train::{dit_config, is_qwen_image_file};
 use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles, TextFiles};
 use crate::prep::{
-    frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
-    ItemOutcome,
+    cache_image_latents, frames_to_video, header, images_only, scan_all, CacheOptions,
+    CacheProgress, CacheSummary, Expected, ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
 use framesmith_data::family::qwen_image::cache::{
@@ -26,7 +26,7 @@ use framesmith_data::family::qwen_image::cache::{
 };
 use framesmith_data::probe::image_size;
 use framesmith_data::samples::{cache_dir, image_sample};
-use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
+use framesmith_data::{ResolvedDataset, ValidConfig};
 use framesmith_models::qwen_image::vae::{is_diffusers_layout, load_vae, QwenImageVae};
 pub(super) use framesmith_models::qwen_image::weights::is_qwen25_vl as is_qwen_text_encoder;
 
@@ -45,23 +45,6 @@ fn cached(path: &Path, prefixes: &[&str], caption: Option<&str>) -> bool {
     })
 }
 
-/// Refuses video datasets before anything is encoded: Qwen-Image trains on images.
-fn images_only(valid: &ValidConfig) -> anyhow::Result<()> {
-    let videos: Vec<String> = valid
-        .all_datasets()
-        .filter(|ds| ds.kind() == DatasetKind::Video)
-        .map(|ds| ds.source.path().display().to_string())
-        .collect();
-    if videos.is_empty() {
-        return Ok(());
-    }
-    anyhow::bail!(
-        "Qwen-Image trains on images; remove the video datasets from the dataset config or cache them for a Wan \
-         model: {}",
-        videos.join(", ")
-    )
-}
-
 /// The VAE side of latent caching: the VAE on `device`, images fed and latents stored in `dtype`.
 pub struct QwenLatentEncoder<'a> {
     pub vae: &'a QwenImageVae,
@@ -76,24 +59,13 @@ pub fn cache_qwen_latents(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    images_only(valid)?;
-    let mut summary = CacheSummary::default();
-    let mut expected = Expected::default();
-    let scans = scan_all(valid, None, &mut summary, progress);
-    for scan in &scans {
-        let ds = &scan.dataset;
-        expected.dataset(ds, scan);
-        for item in &scan.items {
-            let outcome = cache_image(ds, &item.media, encoder, &mut expected)
-                .with_context(|| format!("caching {}", item.media.display()))?;
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !options.keep_stale {
-        summary.removed = expected.remove_stale(&format!("_{QWEN_IMAGE_SUFFIX}.safetensors"))?;
-    }
-    Ok(summary)
+    images_only(valid, "Qwen-Image")?;
+    cache_image_latents(
+        valid,
+        (options, QWEN_IMAGE_SUFFIX),
+        progress,
+        &mut |ds, media, expected| cache_image(ds, media, encoder, expected),
+    )
 }
 
 /// Caches one image: the normalised latents `[16, 1, h, w]` of the image resized to its bucket.
@@ -146,7 +118,7 @@ pub fn cache_qwen_text(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    images_only(valid)?;
+    images_only(valid, "Qwen-Image")?;
     let mut summary = CacheSummary::default();
     let mut expected = Expected::default();
     let scans = scan_all(valid, None, &mut summary, progress);
