@@ -1,13 +1,16 @@
 //! The seam between Qwen-Image and its text encoder: prompts in, Qwen2.5-VL's hidden states and their mask out
-//! ([`PromptEncoder`]). The text cache pass, samples and generation encode only through it, so the encoder is
-//! one loader ([`load_encoder`]) away: the language model with the official template (its system tokens dropped,
-//! `prompt_template_encode_start_idx` = 34) plugs in there. Each prompt keeps the hidden states of its valid tokens
-//! only, as musubi-tuner caches them (`embed[:txt_len]`).
+//! ([`PromptEncoder`]). The text cache pass, samples and generation encode only through it; [`load_encoder`]
+//! gives the language model with the official template (its system tokens dropped,
+//! `prompt_template_encode_start_idx` = 34), tests a stand-in. Each prompt keeps the hidden states of its valid
+//! tokens only, as musubi-tuner caches them (`embed[:txt_len]`).
 
 use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use framesmith_models::qwen25vl::{self, LayerPlacement, LoadOptions, Qwen25VlTextEncoder};
+use framesmith_nn::device::VramUse;
+use framesmith_nn::fp8::Fp8Scale;
 
 /// Width of Qwen2.5-VL-7B's hidden states (the released transformer's `joint_attention_dim`).
 pub const TEXT_DIM: usize = 3584;
@@ -32,19 +35,63 @@ pub struct EncoderFiles<'a> {
 pub type LoadEncoder<'a> =
     &'a dyn Fn(EncoderFiles<'_>, DType, &Device) -> anyhow::Result<Box<dyn PromptEncoder>>;
 
-/// Loads Qwen-Image's text encoder from `files` in `dtype` on `device`: the one place the Qwen2.5-VL language model
-/// plugs in. This build does not run it, so it says how to make the text caches another way.
+/// Loads Qwen-Image's text encoder (the Qwen2.5-VL-7B language model and its tokenizer) from `files` in `dtype`
+/// on `device`, placed so that it fits what the card has free ([`placement_for`]).
 pub fn load_encoder(
     files: EncoderFiles<'_>,
-    _dtype: DType,
-    _device: &Device,
+    dtype: DType,
+    device: &Device,
 ) -> anyhow::Result<Box<dyn PromptEncoder>> {
-    anyhow::bail!(
-        "this Framesmith build cannot run Qwen-Image's text encoder (Qwen2.5-VL) yet: cache the captions with \
-         musubi-tuner's qwen_image_cache_text_encoder_outputs.py (Framesmith trains from its `_qi_te` caches as they \
-         are) and leave sampling.prompts unset: {}",
-        files.weights.display()
-    )
+    let file = qwen25vl::identify(files.weights)?;
+    let free = VramUse::measure(device, 0).map(|use_| use_.free);
+    let (fp8, placement) = placement_for(file.parameter_count, free);
+    let options = LoadOptions {
+        dtype,
+        fp8,
+        placement,
+        ..LoadOptions::new(device)
+    };
+    load_encoder_with(files, &options)
+}
+
+/// Loads the encoder at `files` as `options` say (tests give small models' sizes there).
+pub fn load_encoder_with(
+    files: EncoderFiles<'_>,
+    options: &LoadOptions,
+) -> anyhow::Result<Box<dyn PromptEncoder>> {
+    let encoder = Qwen25VlTextEncoder::load(files.weights, files.tokenizer, options)?;
+    Ok(Box::new(QwenVlPrompts(encoder)))
+}
+
+/// Room the encoder needs on the card beyond its weights: one batch of prompts' activations, cuBLAS workspaces.
+const ACTIVATION_ROOM_BYTES: u64 = 2 << 30;
+
+/// How a language model of `parameters` is kept for a card with `free` bytes (`None`: not a CUDA device): its
+/// bf16 weights resident when they fit, else FP8 weights (one scale per output row) resident, else FP8 layers
+/// streamed from host memory one at a time.
+pub fn placement_for(parameters: u64, free: Option<u64>) -> (Option<Fp8Scale>, LayerPlacement) {
+    let Some(free) = free else {
+        return (None, LayerPlacement::Resident);
+    };
+    let room = free.saturating_sub(ACTIVATION_ROOM_BYTES);
+    if parameters.saturating_mul(2) <= room {
+        (None, LayerPlacement::Resident)
+    } else if parameters <= room {
+        (Some(Fp8Scale::Channel), LayerPlacement::Resident)
+    } else {
+        (Some(Fp8Scale::Channel), LayerPlacement::Streamed)
+    }
+}
+
+/// Qwen2.5-VL encoding prompts as Qwen-Image's pipeline does.
+struct QwenVlPrompts(Qwen25VlTextEncoder);
+
+impl PromptEncoder for QwenVlPrompts {
+    fn encode(&self, prompts: &[&str]) -> anyhow::Result<(Tensor, Tensor)> {
+        let prompts: Vec<String> = prompts.iter().map(|p| (*p).to_string()).collect();
+        let out = self.0.encode_prompts(&prompts)?;
+        Ok((out.embeds, out.mask))
+    }
 }
 
 /// Each of `prompts` through `encoder` on its own (so a prompt's embedding does not depend on which others came
@@ -146,22 +193,75 @@ mod tests {
         assert_eq!(diff, 0.0);
         let bad = Tensor::ones((2, 1), DType::U8, &Device::Cpu)?;
         assert!(valid_rows(&embed, &bad).is_err());
-        let err = load_encoder(
-            EncoderFiles {
-                weights: Path::new("qwen_2.5_vl_7b.safetensors"),
-                tokenizer: None,
-            },
-            DType::F32,
-            &Device::Cpu,
-        )
-        .err()
-        .map(|e| e.to_string())
-        .unwrap_or_default();
-        assert!(
-            err.contains("qwen_image_cache_text_encoder_outputs.py")
-                && err.ends_with("qwen_2.5_vl_7b.safetensors"),
-            "{err}"
+        let missing = Path::new("no/such/qwen_2.5_vl_7b.safetensors");
+        let files = EncoderFiles {
+            weights: missing,
+            tokenizer: None,
+        };
+        let err = load_encoder(files, DType::F32, &Device::Cpu)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(err.contains("no/such/qwen_2.5_vl_7b.safetensors"), "{err}");
+        Ok(())
+    }
+
+    #[test]
+    fn the_encoder_is_kept_as_the_card_allows() {
+        let gib = 1u64 << 30;
+        let seven_b = 7_070_000_000;
+        assert_eq!(
+            placement_for(seven_b, None),
+            (None, LayerPlacement::Resident)
         );
+        assert_eq!(
+            placement_for(seven_b, Some(80 * gib)),
+            (None, LayerPlacement::Resident)
+        );
+        assert_eq!(
+            placement_for(seven_b, Some(12 * gib)),
+            (Some(Fp8Scale::Channel), LayerPlacement::Resident)
+        );
+        assert_eq!(
+            placement_for(seven_b, Some(6 * gib)),
+            (Some(Fp8Scale::Channel), LayerPlacement::Streamed)
+        );
+    }
+
+    /// The tiny Qwen2.5-VL the official pipeline encoded (`bench/reference/qwen25vl.py`) through this loader:
+    /// each prompt alone gives the pipeline's batched embedding of it.
+    #[test]
+    fn the_loaded_encoder_gives_the_pipelines_prompt_embeds() -> anyhow::Result<()> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../framesmith-models/tests/fixtures/qwen25vl");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+        let config = qwen25vl::Qwen25VlTextConfig::from_hf_json(&json["text_config"].to_string())?;
+        let options = LoadOptions {
+            dtype: DType::F32,
+            config: Some(config),
+            ..LoadOptions::new(&Device::Cpu)
+        };
+        let weights = dir.join("weights.safetensors");
+        let tokenizer = dir.join("tokenizer.json");
+        let files = EncoderFiles {
+            weights: &weights,
+            tokenizer: Some(&tokenizer),
+        };
+        let encoder = load_encoder_with(files, &options)?;
+        let prompts: Vec<String> = serde_json::from_value(json["prompts"].clone())?;
+        let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
+        let expected =
+            candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)?;
+        let want = valid_rows(&expected["prompt_embeds"], &expected["prompt_mask"])?;
+        let got = encode_each(encoder.as_ref(), &prompts, DType::F32)?;
+        assert_eq!(got.len(), want.len());
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.dims(), w.dims());
+            let err = (g - w)?.abs()?.max_all()?.to_scalar::<f32>()?;
+            let scale = w.abs()?.max_all()?.to_scalar::<f32>()?;
+            assert!(err <= 1e-4 * scale, "max error {err} against {scale}");
+        }
         Ok(())
     }
 }

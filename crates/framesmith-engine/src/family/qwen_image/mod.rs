@@ -1,7 +1,7 @@
 //! The Qwen-Image family: which runs are Qwen-Image's and its cached items and batch ([`train`]), a run's setup
 //! (`setup`), micro-step, validation and samples ([`run`], [`samples`]), its plan description ([`plan`]), the cache
 //! passes ([`prep`]), images sampled with loaded models ([`pipeline`]) and generated from a prompt ([`generate`]).
-//! Every prompt goes through the text-encoder seam ([`encoder`]), where Qwen2.5-VL plugs in.
+//! Every prompt goes through the text-encoder seam ([`encoder`]): Qwen2.5-VL in a run, a stand-in in tests.
 
 use std::path::Path;
 

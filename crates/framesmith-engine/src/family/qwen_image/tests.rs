@@ -234,14 +234,14 @@ fn generate_writes_a_png_with_true_cfg_and_refuses_other_families_options() -> a
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(err.contains("--frames") && err.contains("drop it"), "{err}");
-    // Without the encoder plugged in, the real loader says how to cache the captions instead.
+    // The real loader names a file that is not Qwen2.5-VL, and what to pick instead.
     request.frames = None;
     let err = super::generate::generate(&request, &mut session)
         .err()
-        .map(|e| e.to_string())
+        .map(|e| format!("{e:#}"))
         .unwrap_or_default();
     assert!(
-        err.contains("qwen_image_cache_text_encoder_outputs.py"),
+        err.contains("qwen_2.5_vl_7b.safetensors") && err.contains(&dit.display().to_string()),
         "{err}"
     );
     Ok(())

@@ -66,7 +66,8 @@ fn cache_commands(dataset_toml: &Path) -> String {
     let toml = dataset_toml.display();
     format!(
         "`framesmith cache latents --dataset {toml} --vae <qwen_image_vae.safetensors> --dit <the Qwen-Image DiT>` \
-         and the captions' `_qi_te` caches (musubi-tuner's qwen_image_cache_text_encoder_outputs.py makes them)"
+         and `framesmith cache text --dataset {toml} --text-encoder \
+         <qwen_2.5_vl_7b.safetensors>` (musubi-tuner's `_qi_te` caches are read as they are)"
     )
 }
 
