@@ -71,6 +71,49 @@ impl Qwen25VlTextConfig {
         ) == (r.hidden_size, r.num_hidden_layers, r.num_key_value_heads)
     }
 
+    /// The language model's tensors under their names without a prefix (`embed_tokens.weight`,
+    /// `layers.{i}.self_attn.q_proj.weight`, ..., `norm.weight`), in module order: (name, shape, whether it is a
+    /// linear's weight). `lm_head` is left out, as text encoding never reads it.
+    pub fn tensor_shapes(&self) -> Vec<(String, Vec<usize>, bool)> {
+        let (h, i, d) = (self.hidden_size, self.intermediate_size, self.head_dim());
+        let (q, kv) = (self.num_attention_heads * d, self.num_key_value_heads * d);
+        let mut out = vec![(
+            "embed_tokens.weight".to_string(),
+            vec![self.vocab_size, h],
+            false,
+        )];
+        for layer in 0..self.num_hidden_layers {
+            let p = format!("layers.{layer}");
+            out.push((format!("{p}.input_layernorm.weight"), vec![h], false));
+            for (name, rows, cols, bias) in [
+                ("q_proj", q, h, true),
+                ("k_proj", kv, h, true),
+                ("v_proj", kv, h, true),
+                ("o_proj", h, q, false),
+            ] {
+                out.push((
+                    format!("{p}.self_attn.{name}.weight"),
+                    vec![rows, cols],
+                    true,
+                ));
+                if bias {
+                    out.push((format!("{p}.self_attn.{name}.bias"), vec![rows], false));
+                }
+            }
+            out.push((
+                format!("{p}.post_attention_layernorm.weight"),
+                vec![h],
+                false,
+            ));
+            for (name, rows, cols) in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]
+            {
+                out.push((format!("{p}.mlp.{name}.weight"), vec![rows, cols], true));
+            }
+        }
+        out.push(("norm.weight".to_string(), vec![h], false));
+        out
+    }
+
     /// Reads a Hugging Face `config.json` (of `Qwen2_5_VLForConditionalGeneration` or of the text model alone).
     pub fn from_hf_json(text: &str) -> Result<Self, ConfigError> {
         let root: Value = serde_json::from_str(text)?;
@@ -180,5 +223,41 @@ mod tests {
             .map(|e| e.to_string())
             .unwrap_or_default();
         assert!(err.contains("mrope_section"), "{err}");
+    }
+
+    /// The names and shapes the model is built from are the official model's: transformers' state dict of the
+    /// fixture's model (`bench/reference/qwen25vl.py`), language model only.
+    #[test]
+    fn tensor_shapes_are_the_official_state_dicts() -> anyhow::Result<()> {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen25vl");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+        let cfg = Qwen25VlTextConfig::from_hf_json(&json["text_config"].to_string())?;
+        let weights = candle_core::safetensors::load(
+            dir.join("weights.safetensors"),
+            &candle_core::Device::Cpu,
+        )?;
+        let mut official: Vec<(String, Vec<usize>)> = weights
+            .iter()
+            .filter_map(|(name, t)| {
+                let name = name.strip_prefix("model.language_model.")?;
+                Some((name.to_string(), t.dims().to_vec()))
+            })
+            .collect();
+        let mut ours: Vec<(String, Vec<usize>)> = cfg
+            .tensor_shapes()
+            .into_iter()
+            .map(|(n, s, _)| (n, s))
+            .collect();
+        official.sort();
+        ours.sort();
+        assert_eq!(ours, official);
+        let seven_b = Qwen25VlTextConfig::qwen25_vl_7b().tensor_shapes();
+        let parameters: usize = seven_b
+            .iter()
+            .map(|(_, s, _)| s.iter().product::<usize>())
+            .sum();
+        assert_eq!(parameters, 7_070_619_136);
+        Ok(())
     }
 }
