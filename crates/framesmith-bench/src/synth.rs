@@ -5,6 +5,10 @@
 //! For memory and speed trials of the real trainer on a GPU machine; no training code depends on this.
 
 pub(crate) mod tensors;
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+// test code: a failed expectation is the test failing
+pub(crate) mod testkit;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -416,27 +420,71 @@ fn dataset_toml(spec: &SynthProject) -> String {
 /// The project's run config: defaults, the DiT and dataset of `dir`, bf16 base, LoRA rank 32, `spec.steps`
 /// steps on `cuda`, no samples, the LoRA saved at the end only, outputs in `dir/output`, every block resident.
 pub fn run_config(dir: &Path, spec: &SynthProject) -> RunConfig {
-    let mut config = RunConfig::default();
-    config.model.dit = dir.join(DIT_FILE);
-    config.model.base_dtype = framesmith_config::run::BaseDtype::Bf16;
-    config.dataset.config = dir.join(DATASET_FILE);
-    config.lora.rank = 32;
-    config.lora.alpha = 32.0;
-    config.training.max_train_steps = spec.steps;
-    config.training.seed = spec.seed;
-    config.training.device = DeviceSpec::Cuda(0);
-    config.memory.streaming = StreamingMode::Off;
-    config.memory.blocks_to_swap = BlocksToSwap::Count(0);
-    config.output.output_dir = dir.join("output");
+    let mut config = base_run_config(dir, &dir.join(DIT_FILE), (spec.steps, spec.seed), 32);
     config.output.output_name = "synth-lora".into();
-    config.output.save_every_n_steps = Some(0);
-    config.output.save_every_n_epochs = Some(0);
-    config.output.save_state = false;
     if spec.encoders.is_some() {
         config.model.vae = dir.join(vae_file(&vae_for(&spec.cfg)));
         config.model.text_encoder = dir.join(UMT5_FILE);
     }
     config
+}
+
+/// What every synthetic project's run config shares: defaults, the DiT `dit` and the dataset of `dir`, bf16 base,
+/// LoRA rank and alpha `rank`, (`steps`, `seed`) on `cuda`, no samples, the LoRA saved at the end only, outputs in
+/// `dir/output`, every block resident.
+pub(crate) fn base_run_config(
+    dir: &Path,
+    dit: &Path,
+    (steps, seed): (usize, u64),
+    rank: usize,
+) -> RunConfig {
+    let mut config = RunConfig::default();
+    config.model.dit = dit.to_path_buf();
+    config.model.base_dtype = framesmith_config::run::BaseDtype::Bf16;
+    config.dataset.config = dir.join(DATASET_FILE);
+    config.lora.rank = rank;
+    config.lora.alpha = rank as f64;
+    config.training.max_train_steps = steps;
+    config.training.seed = seed;
+    config.training.device = DeviceSpec::Cuda(0);
+    config.memory.streaming = StreamingMode::Off;
+    config.memory.blocks_to_swap = BlocksToSwap::Count(0);
+    config.output.output_dir = dir.join("output");
+    config.output.save_every_n_steps = Some(0);
+    config.output.save_every_n_epochs = Some(0);
+    config.output.save_state = false;
+    config
+}
+
+/// A grey `width` x `height` PNG `images/{stem}.png` with its caption in `images/{stem}.txt`: what an image
+/// dataset's item looks like, standing in for the cached item.
+pub(crate) fn write_stand_in_image(
+    images: &Path,
+    stem: &str,
+    (width, height): (u32, u32),
+    caption: &str,
+) -> anyhow::Result<()> {
+    fs::create_dir_all(images).with_context(|| format!("cannot create {}", images.display()))?;
+    let png = images.join(format!("{stem}.png"));
+    image::RgbImage::from_pixel(width, height, image::Rgb([128, 128, 128]))
+        .save(&png)
+        .with_context(|| format!("cannot write {}", png.display()))?;
+    let text = images.join(format!("{stem}.txt"));
+    fs::write(&text, caption).with_context(|| format!("cannot write {}", text.display()))
+}
+
+/// A musubi-tuner image dataset config: one dataset of `images` cached into `cache`, `width` x `height`, batch 1,
+/// no buckets, under the `# ` comment lines of `header`.
+pub(crate) fn image_dataset_toml(
+    header: &str,
+    (images, cache): (&str, &str),
+    (width, height): (usize, usize),
+) -> String {
+    let comment: String = header.lines().map(|l| format!("# {l}\n")).collect();
+    format!(
+        "{comment}[general]\nresolution = [{width}, {height}]\ncaption_extension = \".txt\"\nbatch_size = 1\n\
+         enable_bucket = false\n\n[[datasets]]\nimage_directory = \"{images}\"\ncache_directory = \"{cache}\"\n"
+    )
 }
 
 /// `config` as TOML, with `vram_budget_gb` (which TOML cannot write while it is unset) as a commented line in

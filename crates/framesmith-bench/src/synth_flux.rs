@@ -14,8 +14,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::synth::tensors::{mix, write_random_weights, RandomWeight, FP8_MAX};
-use crate::synth::{run_config_toml, DATASET_FILE, RUN_FILE};
-use framesmith_config::run::{BlocksToSwap, DeviceSpec, StreamingMode, TimestepSampling};
+use crate::synth::{
+    base_run_config, image_dataset_toml, run_config_toml, write_stand_in_image, DATASET_FILE,
+    RUN_FILE,
+};
+use framesmith_config::run::TimestepSampling;
 use framesmith_config::RunConfig;
 use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
@@ -239,16 +242,9 @@ fn write_cached_image(
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
     let cache = dir.join("cache");
     let images = dir.join("images");
-    for d in [&cache, &images] {
-        fs::create_dir_all(d).with_context(|| format!("cannot create {}", d.display()))?;
-    }
+    fs::create_dir_all(&cache).with_context(|| format!("cannot create {}", cache.display()))?;
     let (w, h) = (spec.width as u32, spec.height as u32);
-    let png = images.join(format!("{ITEM_STEM}.png"));
-    image::RgbImage::from_pixel(w, h, image::Rgb([128, 128, 128]))
-        .save(&png)
-        .with_context(|| format!("cannot write {}", png.display()))?;
-    let caption = images.join(format!("{ITEM_STEM}.txt"));
-    fs::write(&caption, CAPTION).with_context(|| format!("cannot write {}", caption.display()))?;
+    write_stand_in_image(&images, ITEM_STEM, (w, h), CAPTION)?;
 
     let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
     let dev = &Device::Cpu;
@@ -274,14 +270,12 @@ fn write_cached_image(
 
 /// The project's musubi-tuner dataset config: one image dataset of the image's size, no buckets.
 fn dataset_toml(spec: &FluxSynthProject) -> String {
-    format!(
-        "# framesmith-bench synth-project --model flux-dev: one cached image of random latents and random text\n\
-         # features. The grey image in images/ only stands for it: training reads the caches (no autoencoder, no\n\
-         # text encoders).\n\
-         [general]\nresolution = [{w}, {h}]\ncaption_extension = \".txt\"\nbatch_size = 1\nenable_bucket = false\n\n\
-         [[datasets]]\nimage_directory = \"images\"\ncache_directory = \"cache\"\n",
-        w = spec.width,
-        h = spec.height,
+    image_dataset_toml(
+        "framesmith-bench synth-project --model flux-dev: one cached image of random latents and random text\n\
+         features. The grey image in images/ only stands for it: training reads the caches (no autoencoder, no\n\
+         text encoders).",
+        ("images", "cache"),
+        (spec.width, spec.height),
     )
 }
 
@@ -289,28 +283,13 @@ fn dataset_toml(spec: &FluxSynthProject) -> String {
 /// timesteps, `spec.steps` steps on `cuda`, no samples, the LoRA saved at the end only, outputs in `dir/output`,
 /// every block resident; an FP8 DiT file trains with an FP8 base (its own scales), a dense one with a bf16 base.
 pub fn flux_run_config(dir: &Path, spec: &FluxSynthProject) -> RunConfig {
-    let mut config = RunConfig::default();
-    config.model.dit = dir.join(spec.dit.file_name());
-    config.model.base_dtype = match spec.dit {
-        FluxDitFormat::Dense(_) => framesmith_config::run::BaseDtype::Bf16,
-        FluxDitFormat::Fp8 | FluxDitFormat::ComfyScaledFp8 => {
-            framesmith_config::run::BaseDtype::Fp8
-        }
-    };
-    config.dataset.config = dir.join(DATASET_FILE);
-    config.lora.rank = spec.rank;
-    config.lora.alpha = spec.rank as f64;
-    config.training.max_train_steps = spec.steps;
-    config.training.seed = spec.seed;
+    let dit = dir.join(spec.dit.file_name());
+    let mut config = base_run_config(dir, &dit, (spec.steps, spec.seed), spec.rank);
+    if !matches!(spec.dit, FluxDitFormat::Dense(_)) {
+        config.model.base_dtype = framesmith_config::run::BaseDtype::Fp8;
+    }
     config.training.timestep_sampling = TimestepSampling::FluxShift;
-    config.training.device = DeviceSpec::Cuda(0);
-    config.memory.streaming = StreamingMode::Off;
-    config.memory.blocks_to_swap = BlocksToSwap::Count(0);
-    config.output.output_dir = dir.join("output");
     config.output.output_name = "synth-flux-lora".into();
-    config.output.save_every_n_steps = Some(0);
-    config.output.save_every_n_epochs = Some(0);
-    config.output.save_state = false;
     config
 }
 

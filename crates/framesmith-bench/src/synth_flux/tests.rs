@@ -3,11 +3,9 @@
 //! autoencoder's and text encoders' shapes, the run config validates with a CUDA device, and the project trains on
 //! the CPU through the engine from the caches alone, with a bf16 and with an FP8 base.
 
-use std::time::Duration;
-
 use super::{flux_latent_shape, write_flux_project, FluxDitFormat, FluxSynthProject};
+use crate::synth::testkit::train;
 use candle_core::{DType, Device, Tensor};
-use framesmith_config::protocol::{Command, Event, RunState, StartRun};
 use framesmith_config::run::{BaseDtype, BlocksToSwap, DeviceSpec};
 use framesmith_config::{validate, HostInfo, RunConfig};
 use framesmith_data::family::flux::cache::{read_flux_latent_cache, read_flux_text_cache};
@@ -16,9 +14,6 @@ use framesmith_models::flux::weights::{
 };
 use framesmith_models::flux::FluxConfig;
 use framesmith_nn::vb::TensorSource;
-
-/// Generous: only reached when the engine is stuck.
-const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
 
 fn tiny_cfg() -> FluxConfig {
     FluxConfig {
@@ -70,35 +65,6 @@ fn latents_follow_the_flux_autoencoder_and_bad_sizes_are_refused() {
     };
     assert!(flux_latent_shape(&fill).is_err());
     assert!(FluxDitFormat::parse("int4").is_err());
-}
-
-/// Runs `config` through the engine to the end; the steps it reported and whether it saved a LoRA.
-fn train(config: RunConfig) -> (usize, bool) {
-    let engine = framesmith_engine::train::engine::spawn().unwrap();
-    engine
-        .commands
-        .send(Command::StartRun(Box::new(StartRun {
-            config,
-            resume_from: None,
-        })))
-        .unwrap();
-    let (mut steps, mut saved) = (0, false);
-    loop {
-        match engine
-            .events
-            .recv_timeout(EVENT_TIMEOUT)
-            .expect("an engine event")
-        {
-            Event::Progress(p) => {
-                assert!(p.loss.is_finite(), "loss {}", p.loss);
-                steps = p.step;
-            }
-            Event::CheckpointSaved { lora, .. } => saved = lora.exists(),
-            Event::Failed { message } => panic!("the run failed: {message}"),
-            Event::StateChanged(RunState::Finished) => return (steps, saved),
-            _ => {}
-        }
-    }
 }
 
 #[test]
