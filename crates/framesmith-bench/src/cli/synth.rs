@@ -1,4 +1,4 @@
-//! `synth-project`: a training project of a real size, Wan or FLUX.1 [dev], with nothing to download.
+//! `synth-project`: a training project of a real size, Wan, FLUX.1 [dev] or Qwen-Image, with nothing to download.
 
 use anyhow::{bail, Result};
 
@@ -8,8 +8,9 @@ use framesmith_bench::{self as bench};
 /// `synth-project`'s arguments.
 #[derive(clap::Args)]
 pub(crate) struct SynthArgs {
-    /// Model family: `wan` (the Wan `--variant`) or `flux-dev` (FLUX.1 [dev] at its released size, one cached
-    /// image of `--width` x `--height`; `--frames` and `--encoders` do not apply).
+    /// Model family: `wan` (the Wan `--variant`), `flux-dev` (FLUX.1 [dev] at its released size, one cached
+    /// image of `--width` x `--height`; `--frames` and `--encoders` do not apply) or `qwen-image` (Qwen-Image at
+    /// its released size, bf16 only, likewise).
     #[arg(long, default_value = "wan")]
     model: String,
     /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
@@ -24,7 +25,7 @@ pub(crate) struct SynthArgs {
     /// for FLUX.1 also `fp8` (plain float8_e4m3fn block weights under the official names).
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// LoRA rank (and alpha) of a FLUX.1 project's run config (Wan projects use 32).
+    /// LoRA rank (and alpha) of a FLUX.1 or Qwen-Image project's run config (Wan projects use 32).
     #[arg(long, default_value_t = 16)]
     rank: usize,
     #[arg(long, default_value_t = 0)]
@@ -41,9 +42,13 @@ pub(crate) struct SynthArgs {
     #[arg(long, value_name = "SPIECE_MODEL")]
     encoders: Option<std::path::PathBuf>,
     /// FLUX.1: also write random `ae.safetensors`, CLIP-L and T5-XXL at their released sizes (with stand-in
-    /// tokenizers) and `prompts.txt`, for runs that sample during training.
+    /// tokenizers) and `prompts.txt`, for runs that sample during training. Qwen-Image: also write a random
+    /// Qwen2.5-VL-7B (ComfyUI scaled FP8) and `--captions` captioned images (`captions.toml`) for `cache text`.
     #[arg(long)]
     sample_files: bool,
+    /// Qwen-Image with --sample-files: how many captioned images to write.
+    #[arg(long, default_value_t = 100)]
+    captions: usize,
 }
 
 /// Writes the synthetic FLUX.1 [dev] project and says what it wrote.
@@ -91,12 +96,46 @@ fn synth_flux_project(args: &SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes the synthetic Qwen-Image project and says what it wrote.
+fn synth_qwen_image_project(args: &SynthArgs) -> Result<()> {
+    use framesmith_bench::synth_qwen_image as qi;
+    if args.encoders.is_some() || args.dtype != "bf16" {
+        bail!("a Qwen-Image project is a bf16 DiT trained from its caches: drop --encoders and --dtype");
+    }
+    let encoder = framesmith_models::qwen25vl::Qwen25VlTextConfig::qwen25_vl_7b();
+    let spec = qi::QwenImageSynthProject {
+        cfg: framesmith_models::qwen_image::QwenImageConfig::qwen_image(),
+        height: args.clip.height,
+        width: args.clip.width,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+        rank: args.rank,
+        captions: args.sample_files.then_some((args.captions, encoder)),
+    };
+    let files = qi::write_qwen_image_project(&args.out, &spec)?;
+    if let Some((encoder, captions)) = &files.captions {
+        println!("wrote {}, {}", encoder.display(), captions.display());
+    }
+    println!(
+        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.latents.display(),
+        files.text.display(),
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
+
 /// Writes the synthetic project and says what it wrote.
 pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
     match args.model.as_str() {
         "wan" => {}
         "flux-dev" => return synth_flux_project(args),
-        other => bail!("unknown model `{other}` for synth-project (wan, flux-dev)"),
+        "qwen-image" => return synth_qwen_image_project(args),
+        other => bail!("unknown model `{other}` for synth-project (wan, flux-dev, qwen-image)"),
     }
     if args.sample_files {
         bail!("--sample-files is for FLUX.1 projects (--model flux-dev); Wan projects take --encoders");
