@@ -4,11 +4,13 @@
 
 use std::path::{Path, PathBuf};
 
+use candle_core::Device;
 use clap::{Args, Subcommand};
 use framesmith_config::run::DeviceSpec;
 use framesmith_data::Unreadable;
 use framesmith_engine::prep::pass::{cache, CachePass, CacheRequest, LatentFiles, TextFiles};
 use framesmith_engine::prep::{CacheProgress, CacheSummary, ItemOutcome};
+use framesmith_nn::device::{hold_vram_budget, VramHold, VramUse};
 use indicatif::ProgressBar;
 
 use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
@@ -48,6 +50,8 @@ pub struct LatentArgs {
     /// that does not decode) instead of failing on them
     #[arg(long)]
     skip_unreadable: bool,
+    #[command(flatten)]
+    budget: BudgetArg,
     /// The DiT the caches are for (read from its header only): for an image-to-video model (Wan2.1 I2V,
     /// Wan2.2 I2V-A14B) the first frame's conditioning is cached too; the VAE is checked to be the DiT's
     #[arg(long)]
@@ -97,7 +101,31 @@ pub struct TextArgs {
     /// that does not decode) instead of failing on them
     #[arg(long)]
     skip_unreadable: bool,
+    #[command(flatten)]
+    budget: BudgetArg,
 }
+
+/// `--vram-budget-gb` of a cache pass.
+#[derive(Args, Clone, Copy)]
+pub struct BudgetArg {
+    /// Use at most this many GiB of the card (the rest is held back while the pass runs), so a pass that fits
+    /// here fits a card of that size; the encoder is kept to fit what is left
+    #[arg(long)]
+    vram_budget_gb: Option<f64>,
+}
+
+impl BudgetArg {
+    /// The budget in bytes.
+    fn bytes(self) -> anyhow::Result<Option<u64>> {
+        Ok(match self.vram_budget_gb {
+            Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * GIB) as u64),
+            Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
+            None => None,
+        })
+    }
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
 
 /// Runs a `cache` subcommand.
 pub fn run(action: &CacheAction) -> anyhow::Result<()> {
@@ -128,9 +156,21 @@ pub fn run(action: &CacheAction) -> anyhow::Result<()> {
             }),
         ),
     };
+    let budget = match action {
+        CacheAction::Latents(args) => args.budget,
+        CacheAction::Text(args) => args.budget,
+    }
+    .bytes()?;
+    // The device the pass opened, with the budget's hold: kept until the pass ends, then asked for its peak.
+    let opened = std::cell::OnceCell::new();
     let open = || {
         let device = open_device(device)?;
+        let hold = match budget {
+            Some(bytes) => hold_vram_budget(&device, bytes)?,
+            None => None,
+        };
         let dtype = pick_dtype(dtype, &device)?;
+        let _ = opened.set((device.clone(), hold));
         Ok((device, dtype))
     };
     let request = CacheRequest {
@@ -146,7 +186,21 @@ pub fn run(action: &CacheAction) -> anyhow::Result<()> {
     let summary = cache(&request, &mut progress, &mut log)?;
     progress.bar.finish_and_clear();
     report(&summary);
+    if let Some((device, hold)) = opened.get() {
+        report_vram(device, hold.as_ref(), budget);
+    }
     refuse_failed(&summary, skip_unreadable)
+}
+
+/// The pass's peak VRAM (the budget's hold left out), on a CUDA device.
+fn report_vram(device: &Device, hold: Option<&VramHold>, budget: Option<u64>) {
+    let held = hold.map_or(0, |h| h.bytes);
+    if let Some(used) = VramUse::measure(device, held) {
+        let within = budget.map_or(String::new(), |b| {
+            format!(" (budget {:.1} GiB)", b as f64 / GIB)
+        });
+        println!("  VRAM: peak {:.2} GiB{within}", used.peak as f64 / GIB);
+    }
 }
 
 /// Items that could not be cached fail the command (after every other item is cached, so nothing is lost), unless
@@ -211,5 +265,22 @@ fn report(summary: &CacheSummary) {
     }
     for warning in &summary.warnings {
         println!("  {warning}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_budget_is_positive_gib() -> anyhow::Result<()> {
+        let budget = |gb| BudgetArg { vram_budget_gb: gb };
+        assert_eq!(budget(Some(16.0)).bytes()?, Some(16 << 30));
+        assert_eq!(budget(None).bytes()?, None);
+        for bad in [0.0, -2.0, f64::NAN] {
+            let err = budget(Some(bad)).bytes().err().map(|e| e.to_string());
+            assert!(err.is_some_and(|e| e.contains("positive")), "{bad}");
+        }
+        Ok(())
     }
 }
