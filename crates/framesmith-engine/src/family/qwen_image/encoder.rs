@@ -20,6 +20,11 @@ pub trait PromptEncoder {
     /// The hidden states [b, L, D] of `prompts` as the Qwen-Image pipeline takes them, and their mask [b, L]
     /// (non-zero: a valid token; each row's valid tokens first, padding after).
     fn encode(&self, prompts: &[&str]) -> anyhow::Result<(Tensor, Tensor)>;
+
+    /// What the encoder is and how it is kept, for the log.
+    fn describe(&self) -> String {
+        "a stand-in text encoder".into()
+    }
 }
 
 /// The text encoder's files.
@@ -60,7 +65,16 @@ pub fn load_encoder_with(
     options: &LoadOptions,
 ) -> anyhow::Result<Box<dyn PromptEncoder>> {
     let encoder = Qwen25VlTextEncoder::load(files.weights, files.tokenizer, options)?;
-    Ok(Box::new(QwenVlPrompts(encoder)))
+    let weights = match options.fp8 {
+        Some(scale) => format!("FP8 weights (scales per {})", scale.as_str()),
+        None => format!("{:?} weights", options.dtype),
+    };
+    let placement = match options.placement {
+        LayerPlacement::Resident => "resident",
+        LayerPlacement::Streamed => "layers streamed from RAM",
+    };
+    let what = format!("Qwen2.5-VL, {weights}, {placement}");
+    Ok(Box::new(QwenVlPrompts { encoder, what }))
 }
 
 /// Room the encoder needs on the card beyond its weights: one batch of prompts' activations, cuBLAS workspaces.
@@ -84,13 +98,20 @@ pub fn placement_for(parameters: u64, free: Option<u64>) -> (Option<Fp8Scale>, L
 }
 
 /// Qwen2.5-VL encoding prompts as Qwen-Image's pipeline does.
-struct QwenVlPrompts(Qwen25VlTextEncoder);
+struct QwenVlPrompts {
+    encoder: Qwen25VlTextEncoder,
+    what: String,
+}
 
 impl PromptEncoder for QwenVlPrompts {
     fn encode(&self, prompts: &[&str]) -> anyhow::Result<(Tensor, Tensor)> {
         let prompts: Vec<String> = prompts.iter().map(|p| (*p).to_string()).collect();
-        let out = self.0.encode_prompts(&prompts)?;
+        let out = self.encoder.encode_prompts(&prompts)?;
         Ok((out.embeds, out.mask))
+    }
+
+    fn describe(&self) -> String {
+        self.what.clone()
     }
 }
 
@@ -249,6 +270,7 @@ mod tests {
             tokenizer: Some(&tokenizer),
         };
         let encoder = load_encoder_with(files, &options)?;
+        assert_eq!(encoder.describe(), "Qwen2.5-VL, F32 weights, resident");
         let prompts: Vec<String> = serde_json::from_value(json["prompts"].clone())?;
         let prompts: Vec<&str> = prompts.iter().map(String::as_str).collect();
         let expected =

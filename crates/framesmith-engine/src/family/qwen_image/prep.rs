@@ -219,7 +219,8 @@ pub(super) fn text(
     };
     let encoder = load_encoder(encoder_files, dtype, &device)?;
     log(&format!(
-        "text encoder: Qwen2.5-VL on {device:?} in {dtype:?}"
+        "text encoder: {} on {device:?}, computing in {dtype:?}",
+        encoder.describe()
     ));
     let options = CacheOptions {
         keep_stale: request.keep_stale,
