@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# Issue 43's GPU rows through the product's own commands: Qwen-Image LoRA rank 16 at 1024x1024, batch 1, random
+# weights at the released size (`framesmith-bench synth-project --model qwen-image --sample-files`: a bf16
+# `qwen_image_bf16.safetensors` under diffusers' names, one cached image of random latents and a random
+# Qwen2.5-VL output, and a random Qwen2.5-VL-7B in ComfyUI's scaled-FP8 layout with CAPTIONS captioned images),
+# trained with `framesmith train`, against a PyTorch step of the official transformer (diffusers'
+# QwenImageTransformer2DModel: bench/reference/qwen_image_step.py, SDPA, bf16, its per-block checkpointing, rank 16)
+# on the same bf16 weights and cached inputs. The PyTorch case needs diffusers importable (carry its wheel).
+# Each case writes its logs (with timestamps; peak RAM from /usr/bin/time -v), its metrics.jsonl and an nvidia-smi
+# trace under OUT_DIR/CASE; OUT_DIR/summary.txt gets one line per run. Builds nothing.
+# Usage: bench/run-qwen-image.sh BIN_DIR OUT_DIR WORK_DIR [CASE...]   (BIN_DIR holds framesmith and framesmith-bench)
+#   torch         the PyTorch step on the bf16 file and the project's caches (TORCH_WARMUP, TORCH_ITERS)
+#   bf16          `framesmith train`, bf16 base, every block resident
+#   fp8           FP8 block-64 base quantised from the bf16 file at load, resident
+#   budget-24 / budget-16   the fp8 case under `--vram-budget-gb N`: pinned streaming, blocks_to_swap = "auto"
+#                 (the planner's count), activations in RAM; `framesmith plan` first.
+#   text / text-24 / text-16   `framesmith cache text` of the CAPTIONS captions with the Qwen2.5-VL file (the
+#                 fixture's small tokenizer: more tokens per caption than Qwen's own), without a budget or under
+#                 `--vram-budget-gb N`.
+# No CASE: torch bf16 fp8 budget-24 budget-16 text-24 text-16. STEPS (default 8) optimizer steps per training
+# run; SEED (default 0); TEXT_TOKENS (default 128) tokens of the cached text.
+set -uo pipefail
+if [[ $# -lt 3 ]]; then
+    sed -n '2,22p' "$0"
+    exit 2
+fi
+BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
+shift 3
+CASES=("$@")
+[[ ${#CASES[@]} -eq 0 ]] && CASES=(torch bf16 fp8 budget-24 budget-16 text-24 text-16)
+STEPS="${STEPS:-8}" SEED="${SEED:-0}" SIZE="${SIZE:-1024}" RANK="${RANK:-16}" CAPTIONS="${CAPTIONS:-100}"
+TEXT_TOKENS="${TEXT_TOKENS:-128}" TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-8}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+TOKENIZER="$HERE/../crates/framesmith-models/tests/fixtures/qwen25vl/tokenizer.json"
+export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
+source "$HERE/device-env.sh"
+source "$HERE/train-cases.sh"
+use_nvidia_libs
+START=$(date +%s%N)
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/qwen-image.log"
+SUMMARY="$OUT/summary.txt"
+TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|text encoder|cached|QWEN_IMAGE_STEP|Error|error|Elapsed \(wall|Maximum resident"
+TIMED_LINES=16
+P="$WORK/qwen-image"
+
+# The PyTorch step on the project's bf16 file and caches, and its summary line.
+torch_case() { # case-dir label
+    local d="$1" label="$2"
+    timed "$d" torch python3 "$HERE/reference/qwen_image_step.py" --dit "$P/qwen_image_bf16.safetensors" \
+        --latent-cache "$(ls "$P"/cache/*_qi.safetensors | head -1)" \
+        --text-cache "$(ls "$P"/cache/*_qi_te.safetensors | head -1)" \
+        --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
+    python3 - "$d/torch.log" "$label" >> "$SUMMARY" <<'EOF'
+import json, sys
+label = sys.argv[2]
+lines = [l.split("QWEN_IMAGE_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "QWEN_IMAGE_STEP " in l]
+if lines:
+    r = json.loads(lines[-1])
+    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
+          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
+          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
+          f"{r['lora_modules']} LoRA modules, {r['lora_parameters']} LoRA parameters, loss {r['loss']:.4f}")
+else:
+    print(f"{label:<34} failed: see {sys.argv[1]}")
+EOF
+}
+
+# `framesmith cache text` of the captions, fresh each time, and its summary line (wall time, VRAM peak, RSS).
+text_case() { # case-dir label [extra args...]
+    local d="$1" label="$2"; shift 2
+    rm -rf "$P/captions_cache"
+    timed "$d" cache framesmith cache text --dataset "$P/captions.toml" \
+        --text-encoder "$P/qwen_2.5_vl_7b_fp8_scaled.safetensors" --tokenizer "$TOKENIZER" --device cuda "$@"
+    python3 - "$d/cache.log" "$label" "$P/captions_cache" >> "$SUMMARY" <<'EOF'
+import pathlib, re, sys
+log = open(sys.argv[1], errors="replace").read()
+files = len(list(pathlib.Path(sys.argv[3]).glob("*_qi_te.safetensors")))
+wall = re.findall(r"Elapsed \(wall clock\) time \(h:mm:ss or m:ss\): ([0-9:.]+)", log)
+vram = re.findall(r"VRAM: peak ([0-9.]+) GiB", log)
+rss = re.findall(r"Maximum resident set size \(kbytes\): ([0-9]+)", log)
+enc = re.findall(r"text encoder: (.*)", log)
+out = f"{sys.argv[2]:<34} {files} captions cached"
+out += f", wall {wall[-1]}" if wall else ""
+out += f", peak VRAM {float(vram[-1]):.2f} GiB" if vram else ", no VRAM line"
+out += f", peak RSS {int(rss[-1]) / 2**20:.1f} GiB" if rss else ""
+out += f" ({enc[-1].strip()})" if enc else ""
+print(out)
+EOF
+}
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+    python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1
+    framesmith --version 2>&1 | head -1
+    free -g | head -2; nproc
+} > "$OUT/env.txt" 2>&1
+if [[ ! -f "$P/run.toml" ]]; then
+    timed "$OUT" synth framesmith-bench synth-project --model qwen-image --out "$P" --height "$SIZE" \
+        --width "$SIZE" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
+        --sample-files --captions "$CAPTIONS" || { note "synth failed"; exit 1; }
+fi
+for case in "${CASES[@]}"; do
+    D="$OUT/$case"
+    mkdir -p "$D"
+    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
+    SMI=$!
+    case "$case" in
+    torch) torch_case "$D" "PyTorch (diffusers, SDPA, bf16)" ;;
+    bf16)
+        config "$P" "$P/bf16.toml" bf16 off
+        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident"
+        ;;
+    fp8)
+        config "$P" "$P/fp8.toml" fp8 off
+        train_case "$D" "$P/fp8.toml" "framesmith train, FP8 b64, resident"
+        ;;
+    budget-24|budget-16)
+        gb="${case#budget-}"
+        config "$P" "$P/budget.toml" fp8 budget
+        timed "$D" plan framesmith plan --config "$P/budget.toml" --vram-budget-gb "$gb"
+        train_case "$D" "$P/budget.toml" "framesmith train, FP8 b64, $gb GiB" --vram-budget-gb "$gb"
+        ;;
+    text) text_case "$D" "cache text, no budget" ;;
+    text-24|text-16)
+        gb="${case#text-}"
+        text_case "$D" "cache text, $gb GiB" --vram-budget-gb "$gb"
+        ;;
+    *) note "unknown case $case" ;;
+    esac
+    kill $SMI 2>/dev/null
+    awk -F', ' -v c="$case" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
+        "$D/smi.log" >> "$SUMMARY"
+done
+note "done"
+{
+    echo "== Qwen-Image LoRA rank $RANK, ${SIZE}x${SIZE}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
+    cat "$SUMMARY" 2>/dev/null
+} | tee "$OUT/summary-final.txt"
