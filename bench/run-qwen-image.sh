@@ -12,8 +12,9 @@
 #   torch         the PyTorch step on the bf16 file and the project's caches (TORCH_WARMUP, TORCH_ITERS)
 #   bf16          `framesmith train`, bf16 base, every block resident
 #   fp8           FP8 block-64 base quantised from the bf16 file at load, resident
-#   budget-24 / budget-16   the fp8 case under `--vram-budget-gb N`: pinned streaming, blocks_to_swap = "auto"
-#                 (the planner's count), activations in RAM; `framesmith plan` first.
+#   budget-24 / budget-16   `--preset qwen-image-Ngb --vram-budget-gb N` over a config that names only the files,
+#                 steps and outputs (so every memory setting is the preset's: FP8 block-64, pinned streaming,
+#                 blocks_to_swap = "auto", for 16 GB activations in RAM); `framesmith plan` first.
 #   text / text-24 / text-16   `framesmith cache text` of the CAPTIONS captions with the Qwen2.5-VL file (the
 #                 fixture's small tokenizer: more tokens per caption than Qwen's own), without a budget or under
 #                 `--vram-budget-gb N`.
@@ -63,6 +64,27 @@ if lines:
           f"{r['lora_modules']} LoRA modules, {r['lora_parameters']} LoRA parameters, loss {r['loss']:.4f}")
 else:
     print(f"{label:<34} failed: see {sys.argv[1]}")
+EOF
+}
+
+# The project's run.toml cut down to its files, steps, seed, device, LoRA size and outputs: a preset given on the
+# command line sets everything else (a key the config spells would win over the preset's).
+minimal_config() { # project-dir out-toml
+    python3 - "$1/run.toml" "$2" "$STEPS" <<'EOF'
+import json, sys, tomllib
+src, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cfg = tomllib.load(open(src, "rb"))
+keep = {"model": ["dit"], "dataset": ["config"], "training": ["seed", "device"], "lora": ["rank", "alpha"],
+        "output": ["output_dir", "output_name", "save_every_n_steps", "save_every_n_epochs", "save_state"]}
+lines = []
+for table, keys in keep.items():
+    lines.append(f"[{table}]")
+    lines += [f"{k} = {json.dumps(cfg[table][k])}" for k in keys if k in cfg.get(table, {})]
+    if table == "training":
+        lines.append(f"max_train_steps = {steps}")
+text = "\n".join(lines) + "\n"
+tomllib.loads(text)
+open(out, "w").write(text)
 EOF
 }
 
@@ -119,9 +141,10 @@ for case in "${CASES[@]}"; do
         ;;
     budget-24|budget-16)
         gb="${case#budget-}"
-        config "$P" "$P/budget.toml" fp8 budget
-        timed "$D" plan framesmith plan --config "$P/budget.toml" --vram-budget-gb "$gb"
-        train_case "$D" "$P/budget.toml" "framesmith train, FP8 b64, $gb GiB" --vram-budget-gb "$gb"
+        minimal_config "$P" "$P/budget.toml"
+        extra=(--preset "qwen-image-${gb}gb" --vram-budget-gb "$gb")
+        timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
+        train_case "$D" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
         ;;
     text) text_case "$D" "cache text, no budget" ;;
     text-24|text-16)
