@@ -17,8 +17,8 @@ use crate::plan::{
     clip_pixels, lora_parameters_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
 };
 use crate::plan::{
-    dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
-    BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
+    dtype_bytes, fp8_weight_buffers, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory,
+    PlanError, PlanInput, StepShape,
 };
 
 /// Qwen-Image's transformer as the planner sees it.
@@ -241,7 +241,9 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
     let shape = StepShape {
         tokens,
         compute_bytes: compute,
-        residual_bytes: residual_bytes(input.residual),
+        // The joint sequence between blocks is in the compute dtype (the batch comes in it; the model has no f32
+        // residual stream, so `memory.residual_dtype` does not apply).
+        residual_bytes: compute,
         // The widest block linear: a modulation's d → 6d, or an MLP's d → 4d.
         dequantised_weight_bytes: match input.base {
             BaseFormat::Fp8(_) => 6 * d * d * compute,

@@ -137,3 +137,17 @@ fn the_qwen_image_presets_fit_their_cards_at_1024() {
     }
     assert!(streamed[1] > streamed[0], "{streamed:?}");
 }
+
+/// The joint sequence between blocks is in the compute dtype (the model has no f32 residual stream), so a saved
+/// block input is tokens × width × 2 bytes in bf16 whatever `memory.residual_dtype` says.
+#[test]
+fn saved_block_inputs_are_in_the_compute_dtype() {
+    let bf16 = input(1024, BaseDtype::Fp8);
+    assert_eq!(bf16.compute, FloatDtype::Bf16);
+    let s = bf16.model.describe(&bf16).unwrap();
+    assert_eq!(s.saved_input_bytes, s.shape.tokens * 3072 * 2);
+    assert_eq!(s.shape.residual_bytes, 2);
+    let f32 = input(1024, BaseDtype::F32);
+    let s = f32.model.describe(&f32).unwrap();
+    assert_eq!(s.saved_input_bytes, s.shape.tokens * 3072 * 4);
+}
