@@ -13,8 +13,8 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 use super::train::{dev_config, is_flux_file};
 use crate::family::Family;
 use crate::plan::{
-    dtype_bytes, fp8_weight_buffers, residual_bytes, step_tokens, BaseFormat, BlockKind,
-    BlockWidths, ModelMemory, PlanError, PlanInput, StepShape,
+    dtype_bytes, fp8_weight_buffers, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory,
+    PlanError, PlanInput, StepShape,
 };
 use crate::plan::{lora_parameters_of, AdapterCount, DescribeModel, LoraShape, PlanModel};
 
@@ -282,7 +282,9 @@ pub(crate) fn describe(
     let shape = StepShape {
         tokens,
         compute_bytes: compute,
-        residual_bytes: residual_bytes(input.residual),
+        // The joint sequence between blocks is in the compute dtype (the batch comes in it; the model has no f32
+        // residual stream, so `memory.residual_dtype` does not apply).
+        residual_bytes: compute,
         dequantised_weight_bytes: match input.base {
             BaseFormat::Fp8(_) => linear1 * d * compute,
             BaseFormat::Dense(_) => 0,
