@@ -90,6 +90,23 @@ impl JointAttention {
         })
     }
 
+    /// An attention from its parts, for a family that shares this block under other key names (HunyuanVideo
+    /// 1.5's `img_attn_q`, …).
+    pub fn from_parts(
+        (img, txt): (StreamQkv, StreamQkv),
+        to_out: Linear,
+        to_add_out: Linear,
+        head_dim: usize,
+    ) -> Self {
+        Self {
+            img,
+            txt,
+            to_out,
+            to_add_out,
+            head_dim,
+        }
+    }
+
     /// Width of one head.
     pub fn head_dim(&self) -> usize {
         self.head_dim

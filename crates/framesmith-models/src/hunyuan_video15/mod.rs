@@ -1,0 +1,18 @@
+//! HunyuanVideo 1.5 (8.3B, T2V and I2V): the transformer with the official key names (config, embedders, the
+//! Qwen2.5-VL text refiner, the byT5 glyph and SigLIP image conditioning, 3-D RoPE, the double-stream blocks
+//! shared with Qwen-Image, head and unpatchify), its blocks as the engine trains and streams them, and its
+//! checkpoint layouts (official, ComfyUI, diffusers). The text encoder is the shared `qwen25vl` module.
+
+pub mod block;
+pub mod conditioning;
+pub mod config;
+pub mod embeddings;
+pub mod layout;
+pub mod refiner;
+pub mod rope;
+#[cfg(test)]
+mod testkit;
+pub mod transformer;
+
+pub use config::HunyuanVideo15Config;
+pub use transformer::{HunyuanVideo15Inputs, HunyuanVideo15Transformer, Prepared};
