@@ -196,6 +196,11 @@ pub const QWEN_IMAGE_BLOCK_LINEARS: [&str; 14] = [
 /// occurs: musubi-tuner's Qwen-Image LoRAs adapt the modulation linears too, and so do ours.
 pub const QWEN_IMAGE_ALWAYS_EXCLUDE: &str = r".*(_mod_).*";
 
+/// musubi-tuner's exclude pattern for HunyuanVideo 1.5 (`networks/lora_hv_1_5.py`), always added to the user's:
+/// the input embedders (`img_in`, `txt_in`, `byt5_in`, …), which lie outside the double blocks anyway, so every
+/// linear of a double block, the modulations included, is adapted.
+pub const HUNYUAN_VIDEO15_ALWAYS_EXCLUDE: &str = r".*(_in).*";
+
 /// The model family a LoRA is for: which block lists hold its adapted linears and musubi-tuner's default
 /// exclusions for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -207,6 +212,8 @@ pub enum LoraFamily {
     Flux,
     /// Qwen-Image (and its Edit models): `transformer_blocks.{i}.…`.
     QwenImage,
+    /// HunyuanVideo 1.5: `double_blocks.{i}.…` (official names).
+    HunyuanVideo15,
 }
 
 impl LoraFamily {
@@ -216,6 +223,7 @@ impl LoraFamily {
             Self::Wan => &["blocks"],
             Self::Flux => &["double_blocks", "single_blocks"],
             Self::QwenImage => &["transformer_blocks"],
+            Self::HunyuanVideo15 => &["double_blocks"],
         }
     }
 
@@ -226,6 +234,7 @@ impl LoraFamily {
             Self::Flux if user_excludes => vec![FLUX_ALWAYS_EXCLUDE],
             Self::Flux => vec![FLUX_DEFAULT_EXCLUDE, FLUX_ALWAYS_EXCLUDE],
             Self::QwenImage => vec![QWEN_IMAGE_ALWAYS_EXCLUDE],
+            Self::HunyuanVideo15 => vec![HUNYUAN_VIDEO15_ALWAYS_EXCLUDE],
         }
     }
 }

@@ -37,7 +37,7 @@ enum Stored {
 
 /// The official block modules (under `double_blocks.N.`) and their diffusers names (under
 /// `transformer_blocks.N.`).
-pub(crate) const DIFFUSERS_BLOCK: [(&str, &str); 18] = [
+const DIFFUSERS_BLOCK: [(&str, &str); 18] = [
     ("img_mod.linear", "norm1.linear"),
     ("txt_mod.linear", "norm1_context.linear"),
     ("img_attn_q", "attn.to_q"),
@@ -102,6 +102,14 @@ const DIFFUSERS_MODULES: [(&str, &str); 18] = [
     ),
     ("final_layer.linear", "proj_out"),
 ];
+
+/// The diffusers path of the official block module `double_blocks.{i}.{module}` (`transformer_blocks.{i}.attn.to_q`
+/// for `double_blocks.{i}.img_attn_q`), `None` for another path.
+pub fn diffusers_block_path(path: &str) -> Option<String> {
+    let (i, module) = path.strip_prefix("double_blocks.")?.split_once('.')?;
+    let (_, d) = DIFFUSERS_BLOCK.iter().find(|(o, _)| *o == module)?;
+    Some(format!("transformer_blocks.{i}.{d}"))
+}
 
 const REFINER_PREFIX: &str = "txt_in.individual_token_refiner.blocks.";
 

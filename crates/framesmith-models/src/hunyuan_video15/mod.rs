@@ -12,6 +12,7 @@ pub mod refiner;
 pub mod rope;
 #[cfg(test)]
 mod testkit;
+mod trainable;
 pub mod transformer;
 
 pub use config::HunyuanVideo15Config;

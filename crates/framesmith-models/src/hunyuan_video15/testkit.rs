@@ -9,7 +9,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Tensor};
 
 use super::conditioning::TextStates;
-use super::layout::{KeyLayout, LayoutSource, DIFFUSERS_BLOCK};
+use super::layout::{diffusers_block_path, KeyLayout, LayoutSource};
 use super::{HunyuanVideo15Config, HunyuanVideo15Inputs, HunyuanVideo15Transformer};
 use framesmith_nn::vb::Vb;
 
@@ -104,8 +104,5 @@ impl Case {
 
 /// The fixture's gradient key (diffusers' names) of the official block linear `double_blocks.{i}.{linear}`.
 pub fn diffusers_grad_key(path: &str) -> Option<String> {
-    let rest = path.strip_prefix("double_blocks.")?;
-    let (i, linear) = rest.split_once('.')?;
-    let (_, d) = DIFFUSERS_BLOCK.iter().find(|(o, _)| *o == linear)?;
-    Some(format!("grad.transformer_blocks.{i}.{d}.weight"))
+    Some(format!("grad.{}.weight", diffusers_block_path(path)?))
 }

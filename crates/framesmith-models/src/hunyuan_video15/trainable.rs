@@ -1,0 +1,92 @@
+//! HunyuanVideo 1.5 as the engine trains it: [`TrainableModel`] for [`HunyuanVideo15Transformer`], whose blocks
+//! are the dual-stream blocks shared with Qwen-Image (their [`crate::trainable::TrainableBlock`] impl, hand-written
+//! backward and streaming serve both); the embeddings' results as a [`PreparedBatch`], and LoRA targets named as
+//! the official checkpoint and musubi-tuner name them (`double_blocks.0.img_attn_q`).
+
+use std::borrow::Cow;
+
+use candle_core::{Device, Result, Tensor};
+
+use super::transformer::{HunyuanVideo15Inputs, HunyuanVideo15Transformer, Prepared};
+use crate::qwen_image::block::{BlockInputs, QwenImageBlock};
+use crate::qwen_image::rope::{Rope, RopeTable};
+use crate::trainable::{PreparedBatch, TrainableModel};
+use framesmith_nn::linear::Linear;
+use framesmith_nn::lora::LoraFamily;
+
+impl PreparedBatch for Prepared {
+    type Shared = BlockInputs;
+
+    fn block_input(&self) -> &Tensor {
+        &self.xs
+    }
+
+    fn shared(&self) -> &BlockInputs {
+        &self.blocks
+    }
+
+    fn detached(&self) -> Self {
+        let b = &self.blocks;
+        let table = |t: &RopeTable| RopeTable {
+            cos: t.cos.detach(),
+            sin: t.sin.detach(),
+        };
+        Prepared {
+            xs: self.xs.detach(),
+            blocks: BlockInputs {
+                temb: b.temb.detach(),
+                rope: Rope {
+                    img: table(&b.rope.img),
+                    txt: table(&b.rope.txt),
+                },
+                txt_len: b.txt_len,
+                txt_lens: b.txt_lens.clone(),
+            },
+            grid: self.grid,
+        }
+    }
+}
+
+impl TrainableModel for HunyuanVideo15Transformer {
+    type Inputs = HunyuanVideo15Inputs;
+    type Prepared = Prepared;
+    type Block = QwenImageBlock;
+    const LORA_FAMILY: LoraFamily = LoraFamily::HunyuanVideo15;
+
+    fn lora_linears(&mut self) -> Vec<(String, &mut Linear)> {
+        HunyuanVideo15Transformer::linears_mut(self)
+    }
+
+    fn prepare(&self, inputs: &HunyuanVideo15Inputs) -> Result<Prepared> {
+        HunyuanVideo15Transformer::prepare(self, inputs)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.double_blocks.len()
+    }
+
+    fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        HunyuanVideo15Transformer::begin_blocks(self, order, cyclic)
+    }
+
+    fn block(&self, i: usize) -> Result<Cow<'_, QwenImageBlock>> {
+        HunyuanVideo15Transformer::block(self, i)
+    }
+
+    /// One prediction [out_channels, f, h, w] per sample.
+    fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
+        let out = HunyuanVideo15Transformer::finish(self, xs, prepared)?;
+        (0..out.dim(0)?).map(|i| out.get(i)).collect()
+    }
+
+    fn device(&self) -> &Device {
+        self.cond_type_embedding.device()
+    }
+
+    fn latents<'a>(&self, inputs: &'a HunyuanVideo15Inputs) -> &'a [Tensor] {
+        std::slice::from_ref(&inputs.latents)
+    }
+}
+
+#[cfg(test)]
+mod tests;
