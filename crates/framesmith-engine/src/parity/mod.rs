@@ -17,6 +17,7 @@ pub mod flux_schedule;
 #[cfg(test)]
 mod flux_tests;
 pub mod flux_text;
+pub mod hunyuan_video15;
 pub mod qwen25vl;
 pub mod schedulers;
 pub mod umt5;
@@ -186,7 +187,8 @@ impl Fixture {
     }
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
-    /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`).
+    /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
+    /// `hunyuan_video15_transformer`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -223,9 +225,11 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "t5_encoder" => flux_text::check_t5(&fixture),
         "flux_schedule" => flux_schedule::check(&fixture),
         "qwen25vl_text_encoder" => qwen25vl::check(&fixture, dir),
+        "hunyuan_video15_transformer" => hunyuan_video15::check(&fixture),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
-             flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder) in {}",
+             flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
+             hunyuan_video15_transformer) in {}",
             dir.display()
         ),
     }
