@@ -1,4 +1,5 @@
-//! `framesmith inspect` for a model file of any family: Qwen-Image transformers (files and diffusers folders) are
+//! `framesmith inspect` for a model file of any family: HunyuanVideo transformers (1.5 in every layout, 1.0 named
+//! with what to download instead) by [`crate::hunyuan_video15::weights`], Qwen-Image transformers (files and diffusers folders) are
 //! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
 //! [`crate::qwen25vl::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
 //! [`crate::flux::weights`], everything else (Wan files, LoRAs, folders, PyTorch archives) by
@@ -8,6 +9,9 @@ use std::fmt;
 use std::path::Path;
 
 use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
+use crate::hunyuan_video15::weights::{
+    self as hunyuan_weights, HunyuanVideoFile, HunyuanVideoFormatError,
+};
 use crate::qwen25vl::weights::{self as qwen25vl_weights, Qwen25VlFile, Qwen25VlFormatError};
 use crate::qwen_image::weights::{self as qwen_weights, QwenImageFile, QwenImageFormatError};
 use crate::wan::weights::{self as wan_weights, ModelFormatError};
@@ -15,6 +19,7 @@ use crate::wan::weights::{self as wan_weights, ModelFormatError};
 /// What a model file is.
 #[derive(Debug, Clone)]
 pub enum ModelFile {
+    HunyuanVideo(Box<HunyuanVideoFile>),
     QwenImage(Box<QwenImageFile>),
     Qwen25Vl(Box<Qwen25VlFile>),
     Flux(Box<FluxFile>),
@@ -25,6 +30,7 @@ impl fmt::Display for ModelFile {
     /// The report, with any control character of the file's names and metadata shown escaped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let report = match self {
+            Self::HunyuanVideo(file) => file.to_string(),
             Self::QwenImage(file) => file.to_string(),
             Self::Qwen25Vl(file) => file.to_string(),
             Self::Flux(file) => file.to_string(),
@@ -38,6 +44,8 @@ impl fmt::Display for ModelFile {
 /// may quote the file's tensor names.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentifyError {
+    #[error("{}", printable(&.0.to_string()))]
+    HunyuanVideo(HunyuanVideoFormatError),
     #[error("{}", printable(&.0.to_string()))]
     QwenImage(QwenImageFormatError),
     #[error("{}", printable(&.0.to_string()))]
@@ -84,6 +92,14 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
         // Qwen-Image tensors that do not make a whole transformer (a lone shard) say so.
         Err(err) if !qwen_weights::is_unrecognised(&err) => {
             return Err(IdentifyError::QwenImage(err))
+        }
+        Err(_) => {}
+    }
+    match hunyuan_weights::identify(path) {
+        Ok(file) => return Ok(ModelFile::HunyuanVideo(Box::new(file))),
+        // HunyuanVideo tensors that do not make a whole transformer (a lone shard) say so.
+        Err(err) if !hunyuan_weights::is_unrecognised(&err) => {
+            return Err(IdentifyError::HunyuanVideo(err))
         }
         Err(_) => {}
     }

@@ -111,6 +111,15 @@ pub fn diffusers_block_path(path: &str) -> Option<String> {
     Some(format!("transformer_blocks.{i}.{d}"))
 }
 
+/// The name diffusers stores the official tensor `key` under (the first of the three it stacks, for the refiner's
+/// `self_attn_qkv`).
+pub(crate) fn diffusers_name(key: &str) -> String {
+    match diffusers_stored(key) {
+        Stored::Renamed(k) | Stored::Swapped(k) | Stored::Third(k, _) => k,
+        Stored::Stacked([q, _, _]) => q,
+    }
+}
+
 const REFINER_PREFIX: &str = "txt_in.individual_token_refiner.blocks.";
 
 /// `prefix` + an index + `.` + the rest: (index, rest).

@@ -14,6 +14,7 @@ pub mod rope;
 mod testkit;
 mod trainable;
 pub mod transformer;
+pub mod weights;
 
 pub use config::HunyuanVideo15Config;
 pub use transformer::{HunyuanVideo15Inputs, HunyuanVideo15Transformer, Prepared};
