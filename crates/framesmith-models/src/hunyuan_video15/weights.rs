@@ -18,6 +18,7 @@ use crate::wan::weights::{
 use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
 
 mod load;
+mod pickle_check;
 
 pub use load::{load_dit, load_dit_streamed, open, OpenedHunyuanVideo15};
 
@@ -47,6 +48,11 @@ pub enum HunyuanVideoFormatError {
     /// A HunyuanVideo 1.0 transformer, which Framesmith names but does not train.
     #[error("this is a HunyuanVideo 1.0 transformer ({layout}), which Framesmith does not train; {GET_15}: {}", path.display())]
     Version10 { layout: String, path: PathBuf },
+
+    /// A PyTorch archive whose pickle names more than tensors need (it would run code in `torch.load`), or
+    /// that cannot be checked; nothing of it was run.
+    #[error("this PyTorch file is refused without running it: {reason}; download the safetensors release instead: {}", path.display())]
+    UnsafePickle { reason: String, path: PathBuf },
 
     /// HunyuanVideo 1.5 tensors, but not the whole transformer (one shard of a folder, a damaged file).
     #[error("this HunyuanVideo 1.5 transformer file is incomplete: {problem}; {fix}: {}", path.display())]
@@ -361,6 +367,16 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, HunyuanVideoFormatError> {
     }
     if is_pytorch(path) {
         let tensors = pytorch_listing(path)?;
+        if Names::new(&tensors, None).classify().is_none() {
+            return Err(HunyuanVideoFormatError::NotHunyuanVideo {
+                path: path.to_path_buf(),
+            });
+        }
+        // Named from the listing alone, but not vouched for: a pickle that names more than tensors is refused.
+        pickle_check::check(path).map_err(|reason| HunyuanVideoFormatError::UnsafePickle {
+            reason,
+            path: path.to_path_buf(),
+        })?;
         let bytes_on_disk = std::fs::metadata(path).map(|m| m.len()).unwrap_or(0);
         return Ok(Scan {
             files: vec![path.to_path_buf()],

@@ -320,3 +320,136 @@ fn a_damaged_file_and_another_model_are_named() -> anyhow::Result<()> {
     assert!(is_unrecognised(&err), "{err}");
     Ok(())
 }
+
+/// CRC-32 (IEEE), as zip readers check it.
+fn crc32(data: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in data {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = if crc & 1 == 1 {
+                (crc >> 1) ^ 0xEDB8_8320
+            } else {
+                crc >> 1
+            };
+        }
+    }
+    !crc
+}
+
+/// A zip archive of stored (uncompressed) entries, as `torch.save` writes one.
+fn zip(entries: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let (mut out, mut central) = (Vec::new(), Vec::new());
+    for (name, data) in entries {
+        let offset = out.len() as u32;
+        let fields = |sig: &[u8], central: bool| {
+            let mut h = sig.to_vec();
+            h.extend(if central {
+                &[20u8, 0, 20, 0][..]
+            } else {
+                &[20u8, 0][..]
+            });
+            h.extend([0u8; 6]); // flags, method (stored), time
+            h.extend([0u8; 2]); // date
+            h.extend(crc32(data).to_le_bytes());
+            h.extend((data.len() as u32).to_le_bytes());
+            h.extend((data.len() as u32).to_le_bytes());
+            h.extend((name.len() as u16).to_le_bytes());
+            h.extend([0u8; 2]); // extra length
+            h
+        };
+        out.extend(fields(b"PK\x03\x04", false));
+        out.extend(name.as_bytes());
+        out.extend(data);
+        central.extend(fields(b"PK\x01\x02", true));
+        central.extend([0u8; 10]); // comment length, disk, internal and external attributes
+        central.extend(offset.to_le_bytes());
+        central.extend(name.as_bytes());
+    }
+    let start = out.len() as u32;
+    out.extend(&central);
+    out.extend(b"PK\x05\x06\0\0\0\0");
+    out.extend((entries.len() as u16).to_le_bytes());
+    out.extend((entries.len() as u16).to_le_bytes());
+    out.extend((central.len() as u32).to_le_bytes());
+    out.extend(start.to_le_bytes());
+    out.extend([0u8; 2]);
+    out
+}
+
+/// A protocol-2 pickle of a state dict holding HunyuanVideo 1.0 names, each a 2×2 bf16 tensor of storage `i`,
+/// and with `evil` an entry whose value calls `posix.system` when unpickled by Python.
+fn state_dict_pickle(names: &[&str], evil: Option<&str>) -> Vec<u8> {
+    let text = |s: &str| {
+        let mut b = vec![b'X'];
+        b.extend((s.len() as u32).to_le_bytes());
+        b.extend(s.as_bytes());
+        b
+    };
+    let mut p = vec![0x80, 2, b'}', b'('];
+    for (i, name) in names.iter().enumerate() {
+        p.extend(text(name));
+        p.extend(b"ctorch._utils\n_rebuild_tensor_v2\n(");
+        p.extend(b"(");
+        p.extend(text("storage"));
+        p.extend(b"ctorch\nBFloat16Storage\n");
+        p.extend(text(&i.to_string()));
+        p.extend(text("cpu"));
+        p.extend(b"K\x04tQK\x00K\x02K\x02\x86K\x02K\x01\x86\x89ccollections\nOrderedDict\n)RtR");
+    }
+    if let Some(command) = evil {
+        p.extend(text("extra_state"));
+        p.extend(b"cposix\nsystem\n");
+        p.extend(text(command));
+        p.extend(b"\x85R");
+    }
+    p.extend(b"u.");
+    p
+}
+
+#[test]
+fn a_10_pt_file_is_named_and_one_with_a_malicious_pickle_is_refused_unrun() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let names = [
+        "double_blocks.0.img_attn_qkv.weight",
+        "single_blocks.0.linear1.weight",
+        "txt_in.individual_token_refiner.blocks.0.norm1.weight",
+    ];
+    let marker = dir.path().join("pwned");
+    let archive = |evil: Option<&str>| {
+        let mut entries = vec![("archive/data.pkl", state_dict_pickle(&names, evil))];
+        let storages: Vec<String> = (0..names.len())
+            .map(|i| format!("archive/data/{i}"))
+            .collect();
+        entries.extend(storages.iter().map(|s| (s.as_str(), vec![0u8; 8])));
+        entries.push(("archive/version", b"3\n".to_vec()));
+        zip(&entries)
+    };
+    let clean = dir.path().join("mp_rank_00_model_states.pt");
+    std::fs::write(&clean, archive(None))?;
+    let file = identify(&clean)?;
+    assert_eq!(
+        (file.version, &file.container),
+        (Version::V10, &Container::PyTorch)
+    );
+    assert!(file.to_string().contains("HunyuanVideo 1.0"), "{file}");
+
+    let command = format!("touch {}", marker.display());
+    let evil = dir.path().join("evil.pt");
+    std::fs::write(&evil, archive(Some(&command)))?;
+    let err = identify(&evil)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        err.contains("posix.system") && err.contains("refused"),
+        "{err}"
+    );
+    let err = crate::identify::identify(&evil)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("posix.system"), "{err}");
+    assert!(!marker.exists(), "the pickle ran");
+    Ok(())
+}
