@@ -8,6 +8,7 @@ pub mod conditioning;
 pub mod config;
 pub mod embeddings;
 pub mod layout;
+pub mod lora_keys;
 pub mod refiner;
 pub mod rope;
 #[cfg(test)]
