@@ -17,9 +17,11 @@ use crate::wan::weights::{
 };
 use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
 
+mod keys;
 mod load;
 mod pickle_check;
 
+pub use keys::official_shapes;
 pub use load::{load_dit, load_dit_streamed, open, OpenedHunyuanVideo15};
 
 /// Key prefixes ComfyUI may put before the transformer's names, longest first.
