@@ -4,6 +4,8 @@
 //! `convert_hunyuan_video_1_5_lora_to_comfy.py` does: `img_mod_linear` → `img_mod_lin`, `img_mlp_fc1` / `fc2` →
 //! `img_mlp_0` / `img_mlp_2` (and `txt_…`), and each stream's q, k, v made one `img_attn_qkv` adapter of three
 //! times the rank — downs stacked, ups block-diagonal, alpha ×3 so that alpha / rank, the scale, is unchanged.
+//! [`from_comfyui`] reads such a file (or any stacked LoRA ComfyUI users trained) back exactly: q, k and v each
+//! keep the whole `down` and their rows of `up`.
 
 use std::collections::HashMap;
 
@@ -97,6 +99,44 @@ pub fn to_comfyui(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String, T
     }
     for (name, parts) in &fused {
         out.extend(fuse(name, parts)?);
+    }
+    Ok(out)
+}
+
+/// The tensors of a HunyuanVideo 1.5 LoRA file in ComfyUI's layout with musubi-tuner's names, exactly: a stacked
+/// `img_attn_qkv` adapter becomes three of the same rank and alpha, each with the whole `down` and its third of
+/// `up`'s rows (up · down restricted to those rows is that projection's weight change).
+pub fn from_comfyui(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
+    let mut out = HashMap::new();
+    for (key, tensor) in tensors {
+        let Some((module, suffix)) = key.split_once('.') else {
+            out.insert(key.clone(), tensor.clone());
+            continue;
+        };
+        if let Some(base) = module
+            .strip_suffix("_qkv")
+            .filter(|b| b.ends_with("_img_attn") || b.ends_with("_txt_attn"))
+        {
+            for (i, x) in ["q", "k", "v"].iter().enumerate() {
+                let part = match suffix {
+                    "lora_up.weight" => {
+                        let rows = tensor.dim(0)? / 3;
+                        tensor.narrow(0, i * rows, rows)?
+                    }
+                    "lora_down.weight" | "alpha" => tensor.clone(),
+                    _ => candle_core::bail!(
+                        "`{key}`: only a plain LoRA on ComfyUI's stacked q, k, v can be split for musubi-tuner's names"
+                    ),
+                };
+                out.insert(format!("{base}_{x}.{suffix}"), part);
+            }
+            continue;
+        }
+        let renamed = RENAMES
+            .iter()
+            .find_map(|(to, from)| module.strip_suffix(from).map(|base| format!("{base}{to}")))
+            .unwrap_or_else(|| module.to_string());
+        out.insert(format!("{renamed}.{suffix}"), tensor.clone());
     }
     Ok(out)
 }
