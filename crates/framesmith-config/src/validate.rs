@@ -542,5 +542,4 @@ fn check_sampling(c: &mut Checker, cfg: &RunConfig, family: ModelFamily) -> Opti
 // Tests may unwrap (STYLE.md: no unwrap outside tests); the crate-wide lint does not know about tests.
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-#[path = "validate_tests.rs"]
 mod tests;
