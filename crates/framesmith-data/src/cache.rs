@@ -377,3 +377,6 @@ pub fn read_wan_text_cache(path: &Path, device: &Device) -> Result<WanTextCache,
         caption: file.metadata.get("caption1").cloned().unwrap_or_default(),
     })
 }
+
+#[cfg(test)]
+mod tests;

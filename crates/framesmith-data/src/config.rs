@@ -438,3 +438,6 @@ impl DatasetConfig {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

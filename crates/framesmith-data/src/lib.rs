@@ -4,11 +4,7 @@
 
 pub mod bucket;
 pub mod cache;
-#[cfg(test)]
-mod cache_tests;
 pub mod config;
-#[cfg(test)]
-mod config_tests;
 pub mod entries;
 pub mod family;
 pub mod frames;
@@ -27,8 +23,6 @@ pub mod scan;
 pub mod tensor_file;
 mod tool_message;
 pub mod validate;
-#[cfg(test)]
-mod validate_tests;
 pub mod verify;
 pub mod video;
 

@@ -437,3 +437,6 @@ fn check_cache_directories(
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -9,10 +9,10 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor};
 use safetensors::tensor::{Dtype, SafeTensors, TensorView};
 
-use super::cache::*;
-use super::config::DatasetKind;
-use super::frames::FrameWindow;
-use super::tensor_file::CacheError;
+use super::*;
+use crate::config::DatasetKind;
+use crate::frames::FrameWindow;
+use crate::tensor_file::CacheError;
 
 fn ramp(shape: &[usize], dtype: DType) -> Tensor {
     let n: usize = shape.iter().product();

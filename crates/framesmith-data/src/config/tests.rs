@@ -5,9 +5,9 @@
 
 use std::path::{Path, PathBuf};
 
-use super::config::*;
-use super::problem::{Problem, Severity};
-use super::validate::validate;
+use super::*;
+use crate::problem::{Problem, Severity};
+use crate::validate::validate;
 
 const FILE: &str = "/cfg/dataset.toml";
 
@@ -456,7 +456,7 @@ fn written_file_reads_back() {
 #[test]
 fn the_current_folder_resolves_to_itself() {
     // A config in the current folder has an empty base; `.` there is the current folder, not an empty path.
-    use super::resolve::resolve_path;
+    use crate::resolve::resolve_path;
     assert_eq!(resolve_path(Path::new(""), Path::new(".")), Path::new("."));
     assert_eq!(resolve_path(Path::new("."), Path::new(".")), Path::new("."));
     assert_eq!(

@@ -5,9 +5,9 @@
 
 use std::path::Path;
 
-use super::config::*;
-use super::problem::Severity;
-use super::validate::{load_valid, validate};
+use super::{load_valid, validate};
+use crate::config::*;
+use crate::problem::Severity;
 
 const FILE: &str = "/cfg/dataset.toml";
 
@@ -252,7 +252,7 @@ fn a_badly_typed_key_is_reported_once() {
         "[general]\ncaption_extension = 7\n[[datasets]]\nvideo_directory = \"clips\"\ntarget_frames = \"17\"\n",
     )
     .unwrap();
-    let report = super::report::check_path(&toml, &super::ScanOptions::default()).unwrap();
+    let report = crate::report::check_path(&toml, &crate::ScanOptions::default()).unwrap();
     let text: Vec<String> = report.problems.iter().map(ToString::to_string).collect();
     let about = |key: &str| text.iter().filter(|t| t.contains(key)).count();
     assert_eq!(about("target_frames"), 1, "{text:#?}");
