@@ -10,8 +10,6 @@ pub mod config;
 pub mod double_block;
 pub mod embeddings;
 pub mod last_layer;
-#[cfg(test)]
-mod lora_tests;
 pub mod modulation;
 pub mod rope;
 pub mod sampling;
@@ -23,9 +21,10 @@ pub mod text_encoder;
 pub mod tokenizer;
 mod trainable;
 pub mod transformer;
-#[cfg(test)]
-mod transformer_tests;
 pub mod weights;
+
+#[cfg(test)]
+mod tests;
 
 pub use config::FluxConfig;
 pub use transformer::{Flux, FluxInputs, Prepared};

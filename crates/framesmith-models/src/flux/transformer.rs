@@ -247,3 +247,6 @@ impl Flux {
         self.finish(&xs, &prepared)
     }
 }
+
+#[cfg(test)]
+mod tests;

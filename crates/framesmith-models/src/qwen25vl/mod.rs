@@ -8,12 +8,11 @@ pub mod config;
 pub mod encoder;
 pub mod layer;
 pub mod model;
-#[cfg(test)]
-mod parity_tests;
 pub mod tokenizer;
 pub mod weights;
+
 #[cfg(test)]
-mod weights_tests;
+mod tests;
 
 pub use config::Qwen25VlTextConfig;
 pub use encoder::{PromptEmbeds, Qwen25VlError, Qwen25VlTextEncoder};

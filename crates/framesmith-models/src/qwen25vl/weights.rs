@@ -436,3 +436,6 @@ impl fmt::Display for Qwen25VlFile {
         write!(f, "  {:<11} {}", "path", self.path.display())
     }
 }
+
+#[cfg(test)]
+mod tests;

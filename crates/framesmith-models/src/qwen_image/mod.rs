@@ -8,21 +8,18 @@ pub mod block;
 pub mod config;
 pub mod embeddings;
 pub mod latents;
-#[cfg(test)]
-mod lora_tests;
 pub mod norm_out;
 pub mod rope;
 mod stream;
 #[cfg(test)]
 mod testkit;
 mod trainable;
-#[cfg(test)]
-mod trainable_tests;
 pub mod transformer;
-#[cfg(test)]
-mod transformer_tests;
 pub mod vae;
 pub mod weights;
+
+#[cfg(test)]
+mod tests;
 
 pub use config::QwenImageConfig;
 pub use transformer::{Prepared, QwenImageInputs, QwenImageTransformer};

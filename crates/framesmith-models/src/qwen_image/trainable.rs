@@ -164,3 +164,6 @@ impl TrainableModel for QwenImageTransformer {
         std::slice::from_ref(&inputs.img)
     }
 }
+
+#[cfg(test)]
+mod tests;

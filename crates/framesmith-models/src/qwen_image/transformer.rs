@@ -253,21 +253,4 @@ impl QwenImageTransformer {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use candle_core::Device;
-
-    #[test]
-    fn masks_become_lengths_only_when_padding_comes_last() -> Result<()> {
-        let dev = Device::Cpu;
-        let mask = Tensor::new(&[[1i64, 1, 1], [1, 0, 0]], &dev)?;
-        assert_eq!(txt_lens_from_mask(&mask)?, vec![3, 1]);
-        let holes = Tensor::new(&[[1u8, 0, 1]], &dev)?;
-        let err = txt_lens_from_mask(&holes)
-            .err()
-            .map(|e| e.to_string())
-            .unwrap_or_default();
-        assert!(err.contains("sample 0"), "{err}");
-        Ok(())
-    }
-}
+mod tests;

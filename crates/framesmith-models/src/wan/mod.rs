@@ -4,8 +4,6 @@ pub mod block;
 pub mod clip;
 pub mod config;
 pub mod embeddings;
-#[cfg(test)]
-mod lora_tests;
 pub mod random;
 pub mod rope;
 pub mod text_encoder;
@@ -13,6 +11,9 @@ mod trainable;
 pub mod transformer;
 pub mod vae;
 pub mod weights;
+
+#[cfg(test)]
+mod tests;
 
 pub use config::{Generation, ModelType, WanConfig};
 pub use transformer::{ModelOptions, Prepared, Timesteps, WanInputs, WanModel};

@@ -15,10 +15,6 @@ mod source;
 mod whole;
 
 #[cfg(test)]
-mod error_tests;
-#[cfg(test)]
-mod fuzz_tests;
-#[cfg(test)]
 mod testkit;
 #[cfg(test)]
 mod tests;

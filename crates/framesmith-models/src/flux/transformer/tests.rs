@@ -4,8 +4,8 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::testkit::{assert_close, Case};
-use super::{Flux, FluxConfig, FluxInputs};
+use crate::flux::testkit::{assert_close, Case};
+use crate::flux::{Flux, FluxConfig, FluxInputs};
 use framesmith_nn::lora::Lora;
 use framesmith_nn::vb::Vb;
 

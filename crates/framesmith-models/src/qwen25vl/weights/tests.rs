@@ -6,9 +6,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
-use super::parity_tests::{f32_options, fixture_dir, fixture_json, rel_error};
-use super::weights::{identify, Layout};
-use super::*;
+use super::{identify, Layout};
+use crate::qwen25vl::tests::{f32_options, fixture_dir, fixture_json, rel_error};
+use crate::qwen25vl::*;
 use framesmith_nn::fp8::{e4m3_decode, e4m3_encode, Fp8Scale};
 
 fn fixture_weights() -> anyhow::Result<HashMap<String, Tensor>> {
@@ -159,13 +159,13 @@ fn a_diffusers_folder_and_a_lone_shard() -> anyhow::Result<()> {
     std::fs::write(te.join("config.json"), config.to_string())?;
 
     // inspect names the text encoder's folder, not the pipeline's folder around it; loading takes either.
-    assert!(identify(&root).is_err_and(|e| super::weights::is_unrecognised(&e)));
+    assert!(identify(&root).is_err_and(|e| super::is_unrecognised(&e)));
     let file = identify(&te)?;
     assert_eq!(
         (file.layout.clone(), file.prefix),
         (Layout::Folder { shards: 2 }, "model.language_model.")
     );
-    assert_eq!(file.config, super::parity_tests::fixture_config()?);
+    assert_eq!(file.config, crate::qwen25vl::tests::fixture_config()?);
     let rel = rel_error(&hidden_of(&root, &f32_options()?)?, &expected_hidden()?)?;
     assert!(rel <= 1e-4, "folder: relative error {rel:.3e}");
 

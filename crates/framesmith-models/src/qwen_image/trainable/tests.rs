@@ -9,9 +9,9 @@ use candle_core::{DType, Device, Tensor, TensorId, Var};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::testkit::Case;
-use super::{QwenImageInputs, QwenImageTransformer};
 use crate::fixtures::assert_close;
+use crate::qwen_image::testkit::Case;
+use crate::qwen_image::{QwenImageInputs, QwenImageTransformer};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_nn::attention::KeptBlock;
 use framesmith_nn::init::randn;

@@ -4,10 +4,11 @@
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::rope::RopeTable;
-use super::testkit::Case;
-use super::{QwenImageInputs, QwenImageTransformer};
+use super::txt_lens_from_mask;
 use crate::fixtures::assert_close;
+use crate::qwen_image::rope::RopeTable;
+use crate::qwen_image::testkit::Case;
+use crate::qwen_image::{QwenImageInputs, QwenImageTransformer};
 use framesmith_nn::lora::Lora;
 use framesmith_nn::vb::Vb;
 
@@ -256,5 +257,19 @@ fn bf16_weights_and_inputs_stay_near_the_f32_reference() -> anyhow::Result<()> {
         rel < 2e-2,
         "bf16 output is {rel:.3e} away from the f32 reference"
     );
+    Ok(())
+}
+
+#[test]
+fn masks_become_lengths_only_when_padding_comes_last() -> candle_core::Result<()> {
+    let dev = Device::Cpu;
+    let mask = Tensor::new(&[[1i64, 1, 1], [1, 0, 0]], &dev)?;
+    assert_eq!(txt_lens_from_mask(&mask)?, vec![3, 1]);
+    let holes = Tensor::new(&[[1u8, 0, 1]], &dev)?;
+    let err = txt_lens_from_mask(&holes)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("sample 0"), "{err}");
     Ok(())
 }

@@ -373,9 +373,7 @@ fn decode_reference(s: &str) -> Option<(String, usize)> {
 }
 
 #[cfg(test)]
-#[path = "tokenizer_tests.rs"]
 mod tests;
 
 /// Test support for every crate: a tiny tokenizer written in code.
-#[path = "tokenizer_testkit.rs"]
 pub mod testkit;

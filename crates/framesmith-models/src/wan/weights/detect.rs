@@ -465,5 +465,4 @@ pub(crate) fn scaling_mode(weight: &[usize], scale: Option<&[usize]>) -> Fp8Scal
 }
 
 #[cfg(test)]
-#[path = "detect_tests.rs"]
 mod tests;

@@ -1,5 +1,8 @@
 //! Layout detection and loading, on tiny checkpoints written into temporary folders, and on the official fixtures.
 
+mod error;
+mod fuzz;
+
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
 

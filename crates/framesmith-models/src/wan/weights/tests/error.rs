@@ -6,8 +6,10 @@ use std::path::Path;
 use anyhow::Result;
 use candle_core::Device;
 
-use super::testkit::{dit_specs, fp8, safetensors_bytes, write, write_sharded, Scales, Spec};
-use super::*;
+use crate::wan::weights::testkit::{
+    dit_specs, fp8, safetensors_bytes, write, write_sharded, Scales, Spec,
+};
+use crate::wan::weights::*;
 use crate::wan::ModelType;
 
 fn err_of<T>(r: Result<T, ModelFormatError>) -> ModelFormatError {
@@ -52,8 +54,8 @@ fn missing_empty_and_truncated_files() -> Result<()> {
     std::fs::write(&cut, &full[..full.len() - 100])?;
     let e = inspect_err(&cut);
     assert!(matches!(e, ModelFormatError::Truncated { .. }));
-    let described = super::report::group_digits(full.len() as u64);
-    let has = super::report::group_digits(full.len() as u64 - 100);
+    let described = crate::wan::weights::report::group_digits(full.len() as u64);
+    let has = crate::wan::weights::report::group_digits(full.len() as u64 - 100);
     let detail = format!("its header describes {described} bytes but the file has {has}");
     assert_says(&e, &["cut short", &detail, "interrupted download"], &cut);
     assert!(matches!(

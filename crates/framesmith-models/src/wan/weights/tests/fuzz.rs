@@ -5,9 +5,9 @@ use anyhow::Result;
 use candle_core::Device;
 use rand::{Rng, SeedableRng};
 
-use super::header::read_header_from;
-use super::testkit::{dit_specs, safetensors_bytes, scratch_dir, write_sharded};
-use super::*;
+use crate::wan::weights::header::read_header_from;
+use crate::wan::weights::testkit::{dit_specs, safetensors_bytes, scratch_dir, write_sharded};
+use crate::wan::weights::*;
 
 /// A complete Wan DiT small enough to try every prefix of (about 8 kB).
 fn micro() -> WanConfig {
