@@ -14,8 +14,6 @@ use framesmith_nn::lora::Lora;
 pub mod flux_ae;
 pub mod flux_dit;
 pub mod flux_schedule;
-#[cfg(test)]
-mod flux_tests;
 pub mod flux_text;
 pub mod hunyuan_video15;
 pub mod qwen25vl;
@@ -234,3 +232,6 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         ),
     }
 }
+
+#[cfg(test)]
+mod tests;

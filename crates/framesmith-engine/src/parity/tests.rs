@@ -1,4 +1,4 @@
-//! Every FLUX.1 fixture case through [`super::check_fixture`]: each row passes and every expected tensor is
+//! Every FLUX.1 fixture case through [`check_fixture`]: each row passes and every expected tensor is
 //! compared.
 
 use std::collections::BTreeSet;

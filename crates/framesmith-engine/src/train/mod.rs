@@ -17,8 +17,4 @@ pub mod trainer;
 pub mod validation;
 
 #[cfg(test)]
-mod ranks_tests;
-#[cfg(test)]
 pub(crate) mod tests;
-#[cfg(test)]
-mod validation_tests;

@@ -1,6 +1,8 @@
 //! Trainer tests on the demo model: exact resume, the NaN guard, that sampling leaves training unchanged, and
 //! that every checkpointing setting trains the same LoRA.
 
+mod ranks;
+
 use std::path::Path;
 
 use crate::train::trainer::Trainer;

@@ -100,3 +100,6 @@ impl Trainer {
         Ok(Some(result))
     }
 }
+
+#[cfg(test)]
+mod tests;

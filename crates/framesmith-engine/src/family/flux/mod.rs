@@ -24,17 +24,7 @@ mod setup;
 pub mod train;
 
 #[cfg(test)]
-mod prep_tests;
-#[cfg(test)]
-mod run_tests;
-#[cfg(test)]
-mod samples_tests;
-#[cfg(test)]
-mod step_tests;
-#[cfg(test)]
-mod streaming_tests;
-#[cfg(test)]
-mod train_tests;
+mod tests;
 
 /// FLUX.1 [dev]: the runs whose `model.dit` is a FLUX.1 file of any kind.
 pub struct FluxFamily;

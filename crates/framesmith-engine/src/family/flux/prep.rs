@@ -239,3 +239,6 @@ pub(super) fn text(
     };
     cache_flux_text(&valid, &encoder, dtype, &options, progress)
 }
+
+#[cfg(test)]
+mod tests;

@@ -98,3 +98,6 @@ impl FamilyRun for FluxRun {
         self
     }
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

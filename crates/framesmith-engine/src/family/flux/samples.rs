@@ -306,3 +306,6 @@ impl SampleSet<Flux> for ImageSamples {
         })
     }
 }
+
+#[cfg(test)]
+mod tests;

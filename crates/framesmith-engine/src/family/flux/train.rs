@@ -258,3 +258,6 @@ pub fn flux_batch(
     };
     Ok(FluxBatch { inputs, targets })
 }
+
+#[cfg(test)]
+pub(crate) mod tests;

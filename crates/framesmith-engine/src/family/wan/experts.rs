@@ -218,3 +218,6 @@ impl Experts {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

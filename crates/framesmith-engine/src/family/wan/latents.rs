@@ -329,8 +329,6 @@ fn cache_item(
     Ok((outcome, nan_keys))
 }
 
-#[cfg(test)]
-mod i2v_tests;
 // Tests may unwrap (STYLE.md: no unwrap outside tests).
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]

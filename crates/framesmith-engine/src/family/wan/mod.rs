@@ -38,23 +38,9 @@ pub mod text_cache;
 pub mod whole_graph;
 
 #[cfg(test)]
-mod experts_tests;
-#[cfg(test)]
-mod i2v_grad_tests;
-#[cfg(test)]
-mod i2v_sample_tests;
-#[cfg(test)]
-pub(crate) mod i2v_tests;
-#[cfg(test)]
-mod sample_models_tests;
-#[cfg(test)]
 pub(crate) mod step_testkit;
 #[cfg(test)]
-mod step_tests;
-#[cfg(test)]
-mod streaming_tests;
-#[cfg(test)]
-mod ti2v_tests;
+mod tests;
 
 /// Wan models: the family that takes every run no other family claims (the demo model's among them).
 pub struct WanFamily;

@@ -335,3 +335,6 @@ fn sample_prompt(
         image,
     })
 }
+
+#[cfg(test)]
+mod tests;

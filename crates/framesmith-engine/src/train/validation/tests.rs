@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use super::tests::start;
+use crate::train::tests::start;
 use crate::train::trainer::Trainer;
 use crate::train::validation::hold_out;
 use framesmith_config::metrics::{parse_row, MetricsRow};
@@ -14,7 +14,7 @@ use framesmith_nn::testing::f32_bits;
 
 /// The demo run of `tests.rs`, evaluating every `validate_every` steps.
 fn demo_config(dir: &Path, steps: usize, validate_every: Option<usize>) -> RunConfig {
-    let mut config = super::tests::demo_config(dir, steps);
+    let mut config = crate::train::tests::demo_config(dir, steps);
     config.validation.validate_every_n_steps = validate_every;
     config
 }

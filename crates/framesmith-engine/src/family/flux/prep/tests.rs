@@ -6,7 +6,7 @@ use std::path::Path;
 
 use candle_core::{DType, Device};
 
-use super::prep::{cache_flux_latents, cache_flux_text, FluxLatentEncoder};
+use super::{cache_flux_latents, cache_flux_text, FluxLatentEncoder};
 use crate::prep::{frames_to_video, CacheOptions};
 use framesmith_data::family::flux::cache::{
     flux_latent_cache_name, flux_text_cache_name, read_flux_latent_cache, read_flux_text_cache,

@@ -14,7 +14,7 @@ use framesmith_models::flux::FluxConfig;
 use framesmith_nn::lora_file::LoraFile;
 
 /// The tiny dev fixture DiT copied into `dir` as `name`.
-pub(super) fn dit(dir: &Path, case: &str, name: &str) -> anyhow::Result<PathBuf> {
+pub(crate) fn dit(dir: &Path, case: &str, name: &str) -> anyhow::Result<PathBuf> {
     let from = framesmith_models::fixtures::case_dir("flux", case).join("weights.safetensors");
     let to = dir.join(name);
     std::fs::copy(from, &to)?;
@@ -22,7 +22,7 @@ pub(super) fn dit(dir: &Path, case: &str, name: &str) -> anyhow::Result<PathBuf>
 }
 
 /// A `steps`-long FLUX.1 run on three cached images (two buckets) in `dir`.
-pub(super) fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
+pub(crate) fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
     let images = dir.join("images");
     std::fs::create_dir_all(&images)?;
@@ -36,7 +36,7 @@ pub(super) fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     for (stem, hw, seed) in [("a", (4, 4), 1), ("b", (4, 4), 2), ("c", (4, 6), 3)] {
         image::RgbImage::new(16, 16).save(images.join(format!("{stem}.png")))?;
         std::fs::write(images.join(format!("{stem}.txt")), "a square")?;
-        crate::family::flux::train_tests::cache_flux(&cache, stem, hw, seed)?;
+        crate::family::flux::train::tests::cache_flux(&cache, stem, hw, seed)?;
     }
     let mut config = presets::builtin("demo-cpu")?
         .apply(&RunConfig::default())?

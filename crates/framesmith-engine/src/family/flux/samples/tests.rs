@@ -14,8 +14,8 @@ use crate::family::flux::pipeline::{
     decode_image, denoise_image, encode_prompts, FluxImageSettings, FluxPrompt, DEV_T5_TOKENS,
 };
 use crate::family::flux::plan::flux_streamed_blocks;
-use crate::family::flux::run_tests::config as run_config;
-use crate::family::flux::streaming_tests::{config, inputs, model, random_weights};
+use crate::family::flux::run::tests::config as run_config;
+use crate::family::flux::tests::streaming::{config, inputs, model, random_weights};
 use crate::parity::Fixture;
 use crate::train::step::{checkpointed_step, LossTarget, StepOptions};
 use crate::train::tests::try_start;
@@ -267,7 +267,7 @@ fn a_second_start_takes_the_prompts_from_the_cache_without_the_encoders() -> any
     let texts = ["a red fox in snow", "snow"];
     let out = &config.output.output_dir;
     let run = |logs: &mut Vec<String>| {
-        super::samples::cached_prompts(
+        super::cached_prompts(
             files,
             &texts,
             out,

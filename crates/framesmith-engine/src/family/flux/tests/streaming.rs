@@ -21,7 +21,7 @@ use framesmith_nn::offload::{OffloadOptions, StreamMode};
 use framesmith_nn::vb::Vb;
 
 /// The fixture model's sizes with more blocks of each kind, so every order streams a different set.
-pub(super) fn config(fixture: &Fixture) -> anyhow::Result<FluxConfig> {
+pub(crate) fn config(fixture: &Fixture) -> anyhow::Result<FluxConfig> {
     Ok(FluxConfig {
         depth: 3,
         depth_single_blocks: 4,
@@ -29,7 +29,7 @@ pub(super) fn config(fixture: &Fixture) -> anyhow::Result<FluxConfig> {
     })
 }
 
-pub(super) fn random_weights(cfg: &FluxConfig) -> anyhow::Result<HashMap<String, Tensor>> {
+pub(crate) fn random_weights(cfg: &FluxConfig) -> anyhow::Result<HashMap<String, Tensor>> {
     let rng = &mut StdRng::seed_from_u64(21);
     official_shapes(cfg)
         .into_iter()
@@ -37,7 +37,7 @@ pub(super) fn random_weights(cfg: &FluxConfig) -> anyhow::Result<HashMap<String,
         .collect()
 }
 
-pub(super) fn inputs(fixture: &Fixture) -> anyhow::Result<FluxInputs> {
+pub(crate) fn inputs(fixture: &Fixture) -> anyhow::Result<FluxInputs> {
     Ok(FluxInputs {
         img: fixture.input("img")?.clone(),
         img_ids: fixture.input("img_ids")?.clone(),
@@ -50,7 +50,7 @@ pub(super) fn inputs(fixture: &Fixture) -> anyhow::Result<FluxInputs> {
 }
 
 /// The model with `streamed` blocks streamed and the same LoRA (seeded by module) on every block linear.
-pub(super) fn model(
+pub(crate) fn model(
     cfg: &FluxConfig,
     weights: &HashMap<String, Tensor>,
     fp8: Option<Fp8Scale>,

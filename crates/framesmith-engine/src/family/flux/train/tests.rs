@@ -93,7 +93,7 @@ fn dataset(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
 }
 
 /// Caches `stem` for FLUX.1 with random latents [16, 1, h, w] and text outputs of the tiny model's widths.
-pub(super) fn cache_flux(
+pub(crate) fn cache_flux(
     dir: &Path,
     stem: &str,
     (h, w): (usize, usize),

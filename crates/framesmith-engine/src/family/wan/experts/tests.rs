@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 
-use crate::family::wan::i2v_tests::{dataset, write_musubi_caches, MusubiItem};
 use crate::family::wan::run::WanRun;
+use crate::family::wan::tests::i2v::{dataset, write_musubi_caches, MusubiItem};
 use crate::train::tests::{all_lora_values, try_start};
 use framesmith_config::run::{Checkpointing, ExpertMode};
 use framesmith_config::{presets, RunConfig};

@@ -2,6 +2,8 @@
 //! exists, removing stale caches, reporting undecodable files; and training on these caches equals training
 //! on caches written directly in musubi-tuner's format from the same tensors.
 
+mod i2v;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};

@@ -3,11 +3,11 @@
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::family::wan::i2v_tests::tiny_i2v;
 use crate::family::wan::step_testkit::{
     check_every_backward_equals_whole_graph, check_lora_gradients_by_finite_differences,
     random_targets,
 };
+use crate::family::wan::tests::i2v::tiny_i2v;
 use crate::train::step::LossTarget;
 use framesmith_models::wan::random::random_inputs;
 use framesmith_models::wan::WanInputs;

@@ -1,7 +1,7 @@
 //! Samples during image-to-video training: each prompt's start image (`--i`) conditions its clip as `framesmith
 //! generate --image` does, and what they need is checked when the run starts.
 
-use crate::family::wan::i2v_tests::{dataset, run_config, write_musubi_caches, MusubiItem};
+use crate::family::wan::tests::i2v::{dataset, run_config, write_musubi_caches, MusubiItem};
 use crate::train::trainer::Trainer;
 use candle_core::{DType, Device};
 use framesmith_config::protocol::StartRun;

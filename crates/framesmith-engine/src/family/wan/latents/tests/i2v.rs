@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, IndexOp, Tensor};
 use image::RgbImage;
 
-use super::*;
+use crate::family::wan::latents::*;
 use crate::family::wan::start_image::tests::tiny_clip;
 use framesmith_data::cache::read_wan_latent_cache;
 use framesmith_data::load_valid;

@@ -1,0 +1,5 @@
+//! FLUX.1 through the generic checkpointed step: its gradients against autograd (`step`) and block streaming
+//! against the resident model (`streaming`).
+
+mod step;
+pub(crate) mod streaming;
