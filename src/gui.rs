@@ -1,6 +1,6 @@
 //! The GUI's `Backend`: connects the app (which never sees tensors) to the model inspector, the dataset checker,
-//! the presets, validation, the system check and the engine thread. Uses only the crates' own paths, so `tests/app_wiring.rs` can
-//! include this file as it is.
+//! the presets, validation, the system check and the engine thread; `main.rs` starts the app with it and the app's
+//! integration tests (`tests/app_wiring.rs`, `tests/app_fit.rs`) drive the real modules through it.
 //!
 //! A run on several GPUs is not trained in the app: the app starts `framesmith train --gpus … --events-json`, the
 //! launcher the command line uses (one process per GPU, every rank stopped when one dies), and shows rank 0's

@@ -190,7 +190,8 @@ fn open_app(
             );
         }
     }
-    let mut options = framesmith_app::AppOptions::new(Arc::new(cli::gui::EngineBackend::new()?));
+    let mut options =
+        framesmith_app::AppOptions::new(Arc::new(framesmith::gui::EngineBackend::new()?));
     options.project = open;
     match (screenshot, run, generate) {
         (Some(path), Some(run), Some(prompt)) => {

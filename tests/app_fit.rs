@@ -1,12 +1,8 @@
-//! The Train tab's "Will it fit?" section: the real planner through `src/cli/gui.rs` shows a verdict, the blocks
+//! The Train tab's "Will it fit?" section: the real planner through `src/gui.rs` shows a verdict, the blocks
 //! it chose and the bars for a preset, follows config changes, and steps aside while a run is in progress.
 #![allow(clippy::expect_used, clippy::unwrap_used)] // test code: a failed expectation is the test failing
 
 mod app_support;
-
-#[path = "../src/cli/gui.rs"]
-#[allow(dead_code)]
-mod gui;
 
 use std::path::Path;
 use std::sync::Arc;
@@ -14,6 +10,7 @@ use std::sync::Arc;
 use app_support::{harness, harness_with, png, settle, Dropped, FakeBackend};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
+use framesmith::gui::EngineBackend;
 use framesmith_app::{staged_events, AppOptions, FramesmithApp};
 use framesmith_config::protocol::memory::Verdict;
 
@@ -25,7 +22,7 @@ fn real_app_on(dir: &Path, budget_gb: f64) -> Harness<'static, FramesmithApp> {
         format!("[model]\nvariant = \"t2v-14b\"\n[memory]\nvram_budget_gb = {budget_gb:.1}\n"),
     )
     .unwrap();
-    let backend = gui::EngineBackend::new().unwrap();
+    let backend = EngineBackend::new().unwrap();
     let mut options = AppOptions::for_tests(Arc::new(backend));
     options.project = Some(config);
     let mut h = harness_with(options);

@@ -1,24 +1,21 @@
-//! The app wired to the real modules through `src/cli/gui.rs` (the backend `main.rs` uses): the real presets,
+//! The app wired to the real modules through `src/gui.rs` (the backend `main.rs` uses): the real presets,
 //! the real validator, the real model inspector and dataset checker, and the real engine training the demo
 //! project to the end with no downloads and no GPU.
 
 mod app_support;
-
-#[path = "../src/cli/gui.rs"]
-#[allow(dead_code)]
-mod gui;
 
 use std::sync::Arc;
 
 use app_support::{harness_with, png, settle, Dropped};
 use egui_kittest::kittest::Queryable;
 use egui_kittest::Harness;
+use framesmith::gui::EngineBackend;
 use framesmith_app::{AppOptions, FramesmithApp};
 use framesmith_config::protocol::RunState;
 use framesmith_config::run::StreamingMode;
 
 fn harness() -> Harness<'static, FramesmithApp> {
-    let backend = gui::EngineBackend::new()
+    let backend = EngineBackend::new()
         .unwrap_or_else(|err| panic!("the built-in presets do not load: {err:#}"));
     harness_with(AppOptions::for_tests(Arc::new(backend)))
 }

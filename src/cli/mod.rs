@@ -4,8 +4,6 @@ pub mod cache;
 pub mod demo;
 pub mod doctor;
 pub mod generate;
-#[cfg(feature = "gui")]
-pub mod gui;
 pub mod interrupt;
 pub mod models;
 pub mod plan;

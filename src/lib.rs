@@ -1,0 +1,5 @@
+//! The library half of the `framesmith` package: the GUI's backend, which `main.rs` opens the app with and the
+//! app's integration tests in `tests/` drive the real modules through.
+
+#[cfg(feature = "gui")]
+pub mod gui;
