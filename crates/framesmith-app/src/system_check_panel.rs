@@ -9,7 +9,7 @@ use framesmith_config::protocol::doctor::{Severity, SystemReport};
 
 use super::theme;
 
-/// The latest check and whether one is wanted or running.
+/// The latest check and whether one is due or running.
 #[derive(Default)]
 pub struct SystemCheckView {
     latest: Option<Result<Box<SystemReport>, String>>,
@@ -23,12 +23,12 @@ pub struct SystemCheckView {
 impl SystemCheckView {
     /// Whether to start a check now (none yet, or "Check again"); marks it running.
     pub fn needs_check(&mut self) -> bool {
-        let wanted = !self.running && (self.latest.is_none() || self.again);
-        if wanted {
+        let due = !self.running && (self.latest.is_none() || self.again);
+        if due {
             self.running = true;
             self.again = false;
         }
-        wanted
+        due
     }
 
     /// Keeps the answer of the check that was running.

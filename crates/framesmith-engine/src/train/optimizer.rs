@@ -274,8 +274,8 @@ mod tests {
         t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
     }
 
-    fn assert_close(got: &[f32], want: &[f64], what: &str) {
-        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+    fn assert_close(got: &[f32], expected: &[f64], what: &str) {
+        for (i, (g, w)) in got.iter().zip(expected).enumerate() {
             let tol = 2e-6 * w.abs().max(1e-3);
             assert!((f64::from(*g) - w).abs() <= tol, "{what}[{i}]: {g} vs {w}");
         }
@@ -296,7 +296,7 @@ mod tests {
         let var = param(&P0);
         let mut opt = AdamW::new(vec![("w".into(), var.clone())], cfg()).unwrap();
         opt.step(&[grad(&GRADS[0])], 1e-2).unwrap();
-        let want: Vec<f64> = P0
+        let expected: Vec<f64> = P0
             .iter()
             .zip(GRADS[0])
             .map(|(&p, g)| {
@@ -304,7 +304,7 @@ mod tests {
                 p * (1.0 - 1e-3) - 1e-2 * g / (g.abs() + 1e-8)
             })
             .collect();
-        assert_close(&values(var.as_tensor()), &want, "p1");
+        assert_close(&values(var.as_tensor()), &expected, "p1");
         assert_eq!(opt.step_count(), 1);
     }
 

@@ -180,7 +180,7 @@ pub enum BlockBackward {
 #[derive(Default)]
 pub struct StepOptions<'a> {
     /// Also return the gradient of the input latents (when `inputs.latents` are variables; tests).
-    pub want_input_grads: bool,
+    pub return_input_grads: bool,
     /// Polled between blocks: returning true abandons the step with an error (cooperative cancel).
     pub interrupted: Option<&'a dyn Fn() -> bool>,
     /// Where the saved block inputs wait (`memory.activations`; host RAM page-locked or pageable).
@@ -319,7 +319,7 @@ pub fn try_checkpointed_step<M: TrainableModel>(
         };
     }
 
-    let input_grads = if options.want_input_grads {
+    let input_grads = if options.return_input_grads {
         Some(input_grads(
             model,
             (inputs, prepared.block_input()),

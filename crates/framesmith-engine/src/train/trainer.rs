@@ -218,7 +218,7 @@ impl Trainer {
     /// The options of every micro-step: the run's memory settings and the cancel poll.
     pub(super) fn step_options<'a>(&self, interrupted: &'a dyn Fn() -> bool) -> StepOptions<'a> {
         StepOptions {
-            want_input_grads: false,
+            return_input_grads: false,
             interrupted: Some(interrupted),
             saved_inputs: self.saved_inputs,
             keep_attention: self.checkpointing.keeps_attention(),

@@ -564,7 +564,7 @@ fn the_i2v_step_reproduces_the_official_input_gradients() -> anyhow::Result<()> 
         };
         let model = WanModel::new_streamed(&cfg, vb, &ModelOptions::default(), streamed, &offload)?;
         let options = StepOptions {
-            want_input_grads: true,
+            return_input_grads: true,
             ..StepOptions::default()
         };
         let out = checkpointed_step(&model, &inputs, &target, &[], &options)?;

@@ -55,7 +55,7 @@ fn checkpointed_step_equals_whole_graph_backward() -> Result<()> {
     ];
     for (backward, keep_attention, keep_projection, keep_tapes) in modes {
         let options = StepOptions {
-            want_input_grads: true,
+            return_input_grads: true,
             backward,
             keep_attention,
             keep_projection,
