@@ -135,7 +135,7 @@ pub enum PlanError {
     )]
     ResolutionTooLarge { width: usize, height: usize },
     #[error(
-        "{frames} frames is more than {MAX_FRAMES}, past Wan's 1024 latent frame positions: lower \
+        "{frames} frames is more than {MAX_FRAMES}, past the video models' 1024 latent frame positions: lower \
          dataset.target_frames (--frames)"
     )]
     TooManyFrames { frames: usize },

@@ -122,7 +122,7 @@ pub(crate) fn images_only(valid: &ValidConfig, family: &str) -> anyhow::Result<(
         return Ok(());
     }
     anyhow::bail!(
-        "{family} trains on images; remove the video datasets from the dataset config or cache them for a Wan \
+        "{family} trains on images; remove the video datasets from the dataset config or cache them for a video \
          model: {}",
         videos.join(", ")
     )

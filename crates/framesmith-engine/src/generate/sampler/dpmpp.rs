@@ -1,4 +1,4 @@
-//! `FlowDPMSolverMultistepScheduler` of `wan/utils/fm_solvers.py` with its official settings: DPM-Solver++
+//! `FlowDPMSolverMultistepScheduler` of the reference code's `utils/fm_solvers.py`, with its official settings: DPM-Solver++
 //! (data prediction), order 2, midpoint, final sigma zero (so the last step is first order). Scalar
 //! coefficients in float32, as the official 0-dim float32 tensors.
 

@@ -1,5 +1,5 @@
 //! Flow-matching samplers: the official multistep schedulers (UniPC and DPM-Solver++, ported from the reference
-//! code's `wan/utils/fm_solvers*.py`) and a plain Euler sampler, behind one [`FlowScheduler`] trait, and the
+//! code's `utils/fm_solvers*.py`) and a plain Euler sampler, behind one [`FlowScheduler`] trait, and the
 //! [`Solver`] a request picks among them. Pure tensor code: no channels, config files or logging.
 
 mod dpmpp;

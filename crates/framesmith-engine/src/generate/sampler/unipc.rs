@@ -1,4 +1,4 @@
-//! `FlowUniPCMultistepScheduler` of `wan/utils/fm_solvers_unipc.py`: UniPC (bh2 variant, data prediction) for
+//! `FlowUniPCMultistepScheduler` of the reference code's `utils/fm_solvers_unipc.py`: UniPC (bh2 variant, data prediction) for
 //! flow matching, with the UniC corrector and lower orders on the final steps. Scalar coefficients are computed
 //! in float32 as the official code does with its 0-dim float32 sigma tensors.
 
