@@ -2,6 +2,7 @@
 //! Plain data with defaults; validation into a `RunPlan` lives in `config::validate`.
 
 mod memory;
+mod sampling;
 
 use std::path::PathBuf;
 
@@ -11,6 +12,7 @@ pub use memory::{
     ActivationPlacement, AutoKeyword, BlocksToSwap, Checkpointing, FluxStreamOrder, MemorySection,
     StreamingMode,
 };
+pub use sampling::{SamplingKind, ShiftLine, TimestepSampling};
 
 /// Current `schema_version` of run configs.
 pub const SCHEMA_VERSION: u32 = 1;
@@ -282,29 +284,6 @@ impl Default for OptimizerSection {
             lr_scheduler_power: 1.0,
         }
     }
-}
-
-/// How training timesteps are drawn (musubi-tuner's `timestep_sampling`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TimestepSampling {
-    Sigma,
-    Uniform,
-    Sigmoid,
-    Shift,
-    Logsnr,
-    /// musubi-tuner's `qinglong_flux` (called `qinglong` before 2025-08-11): 80% resolution-shifted sigmoid,
-    /// 7.5% logSNR(logit_mean, logit_std), 12.5% logSNR(5.36, 1).
-    #[serde(alias = "qinglong_flux")]
-    Qinglong,
-    /// musubi-tuner's `qinglong_qwen`: as `qinglong` with the Qwen-Image resolution shift.
-    QinglongQwen,
-    /// sd-scripts' / musubi-tuner's `flux_shift`: a sigmoid draw shifted by FLUX.1's resolution-dependent shift
-    /// exp(μ), μ linear in the packed token count through (256, 0.5) and (4096, 1.15).
-    FluxShift,
-    /// musubi-tuner's `qwen_shift`: a sigmoid draw shifted by Qwen-Image's resolution-dependent shift exp(μ), μ
-    /// linear in the packed token count through (256, 0.5) and (8192, 0.9).
-    QwenShift,
 }
 
 /// Per-sample loss weighting.

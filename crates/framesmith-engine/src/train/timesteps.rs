@@ -16,7 +16,7 @@ use rand::rngs::StdRng;
 use rand::Rng;
 use rand_distr::{Distribution, StandardNormal};
 
-use framesmith_config::run::{TimestepSampling, WeightingScheme};
+use framesmith_config::run::{SamplingKind, ShiftLine, TimestepSampling, WeightingScheme};
 use framesmith_config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
 
 /// Mean and standard deviation of the second logSNR component of `qinglong` sampling.
@@ -35,7 +35,7 @@ pub struct TimestepDraw {
 }
 
 /// Draws one timestep per sample. `latent_hw` is the latent (height, width) of the batch, used only by the
-/// resolution-dependent shift of the `qinglong` modes.
+/// resolution-dependent shifts ([`SamplingKind::ResolutionShift`], [`SamplingKind::Qinglong`]).
 pub fn sample_timesteps(
     cfg: &TimestepConfig,
     batch: usize,
@@ -130,20 +130,19 @@ pub fn shift_t(t: f64, shift: f64) -> f64 {
 
 /// A draw of the mode's distribution on [0, 1], before the range is applied.
 fn raw_t(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> f64 {
-    match cfg.sampling {
+    match cfg.sampling.kind() {
         // Handled by `sample_sigma`; uniform here keeps the match total.
-        TimestepSampling::Sigma | TimestepSampling::Uniform => rng.random(),
-        TimestepSampling::Sigmoid => sigmoid(cfg.sigmoid_scale * normal(rng)),
-        TimestepSampling::Shift => shifted_sigmoid(cfg, cfg.discrete_flow_shift, rng),
-        TimestepSampling::Logsnr => logsnr_t(cfg.logit_mean, cfg.logit_std, rng),
-        TimestepSampling::FluxShift | TimestepSampling::QwenShift => {
-            shifted_sigmoid(cfg, qinglong_shift(cfg.sampling, latent_hw), rng)
+        SamplingKind::Sigma | SamplingKind::Uniform => rng.random(),
+        SamplingKind::Sigmoid => sigmoid(cfg.sigmoid_scale * normal(rng)),
+        SamplingKind::Shift => shifted_sigmoid(cfg, cfg.discrete_flow_shift, rng),
+        SamplingKind::Logsnr => logsnr_t(cfg.logit_mean, cfg.logit_std, rng),
+        SamplingKind::ResolutionShift(line) => {
+            shifted_sigmoid(cfg, resolution_shift(line, latent_hw), rng)
         }
-        TimestepSampling::Qinglong | TimestepSampling::QinglongQwen => {
+        SamplingKind::Qinglong(line) => {
             let decision: f64 = rng.random();
             if decision < 0.80 {
-                let shift = qinglong_shift(cfg.sampling, latent_hw);
-                shifted_sigmoid(cfg, shift, rng)
+                shifted_sigmoid(cfg, resolution_shift(line, latent_hw), rng)
             } else if decision < 0.875 {
                 logsnr_t(cfg.logit_mean, cfg.logit_std, rng)
             } else {
@@ -163,18 +162,10 @@ fn logsnr_t(mean: f64, std: f64, rng: &mut StdRng) -> f64 {
     sigmoid(-logsnr / 2.0)
 }
 
-/// The resolution-dependent shift exp(μ) of the `qinglong`, `flux_shift` and `qwen_shift` modes: μ is linear in the
-/// packed token count (h/2)·(w/2) of the latent, through (256, 0.5) and (4096, 1.15) for Flux, (256, 0.5) and
-/// (8192, 0.9) for Qwen (`qinglong_qwen`, `qwen_shift`).
-pub fn qinglong_shift(sampling: TimestepSampling, latent_hw: (usize, usize)) -> f64 {
+/// The resolution-dependent shift exp(μ) of a latent of (h, w): μ on `line` at its packed token count (h/2)·(w/2).
+pub fn resolution_shift(line: ShiftLine, latent_hw: (usize, usize)) -> f64 {
     let tokens = ((latent_hw.0 / 2) * (latent_hw.1 / 2)) as f64;
-    let (x1, y1, x2, y2) = match sampling {
-        TimestepSampling::QinglongQwen | TimestepSampling::QwenShift => (256.0, 0.5, 8192.0, 0.9),
-        _ => (256.0, 0.5, 4096.0, 1.15),
-    };
-    let slope = (y2 - y1) / (x2 - x1);
-    let mu = slope * tokens + (y1 - slope * x1);
-    mu.exp()
+    line.mu(tokens).exp()
 }
 
 /// The loss weight of a sample with the given model timestep. musubi-tuner looks the timestep up in the
@@ -314,78 +305,89 @@ mod tests {
         assert!((0.115..0.139).contains(&low), "fraction below 0.15: {low}");
         // 60x104 latent: 30*52 = 1560 tokens, mu = 0.5 + 1304 * 0.65 / 3840.
         let expected = (0.5 + 1304.0 * 0.65 / 3840.0_f64).exp();
-        assert!((qinglong_shift(TimestepSampling::Qinglong, (60, 104)) - expected).abs() < 1e-12);
+        assert!(
+            (resolution_shift(line(TimestepSampling::Qinglong), (60, 104)) - expected).abs()
+                < 1e-12
+        );
         let qwen = (0.5 + 1304.0 * 0.4 / 7936.0_f64).exp();
-        assert!((qinglong_shift(TimestepSampling::QinglongQwen, (60, 104)) - qwen).abs() < 1e-12);
+        let shift = resolution_shift(line(TimestepSampling::QinglongQwen), (60, 104));
+        assert!((shift - qwen).abs() < 1e-12);
     }
 
-    #[test]
-    fn flux_shift_is_the_sigmoid_shifted_by_the_resolution() {
-        // As sd-scripts' `flux_shift`: the `shift` mode's draw with exp(μ) of the packed token count as its shift.
-        for (hw, tokens) in [((32, 32), 256.0), ((128, 128), 4096.0), ((60, 104), 1560.0)] {
-            let mu = 0.5 + (tokens - 256.0) * 0.65 / 3840.0_f64;
-            let flux = sample_timesteps(
-                &cfg(TimestepSampling::FluxShift),
-                500,
-                hw,
-                &mut StdRng::seed_from_u64(3),
-            );
-            let shift = TimestepConfig {
-                discrete_flow_shift: mu.exp(),
-                ..cfg(TimestepSampling::Shift)
-            };
-            let shifted = sample_timesteps(&shift, 500, hw, &mut StdRng::seed_from_u64(3));
-            for (a, b) in flux.iter().zip(&shifted) {
-                assert!((a.t - b.t).abs() < 1e-12, "{hw:?}: {a:?} vs {b:?}");
-                assert_eq!(a.model_timestep, a.t * 1000.0 + 1.0);
-            }
+    /// The line of a mode with a resolution-dependent shift.
+    fn line(mode: TimestepSampling) -> ShiftLine {
+        match mode.kind() {
+            SamplingKind::ResolutionShift(line) | SamplingKind::Qinglong(line) => line,
+            other => panic!("{mode:?} draws {other:?}"),
         }
-        // Larger images train at higher noise: the median moves from 0.62 (256 tokens) to 0.76 (4096 tokens).
-        let median = |hw| {
-            let mut ts: Vec<f64> = sample_timesteps(
-                &cfg(TimestepSampling::FluxShift),
-                20_001,
-                hw,
-                &mut StdRng::seed_from_u64(5),
-            )
-            .iter()
-            .map(|d| d.t)
+    }
+
+    /// Every mode that is a sigmoid draw shifted by the resolution, with its line.
+    fn resolution_modes() -> Vec<(TimestepSampling, ShiftLine)> {
+        let modes: Vec<_> = TimestepSampling::ALL
+            .into_iter()
+            .filter_map(|mode| match mode.kind() {
+                SamplingKind::ResolutionShift(line) => Some((mode, line)),
+                _ => None,
+            })
             .collect();
-            ts.sort_by(f64::total_cmp);
-            ts[10_000]
-        };
-        assert!((median((32, 32)) - 0.6225).abs() < 0.01);
-        assert!((median((128, 128)) - 0.7595).abs() < 0.01);
+        assert!(modes.len() >= 2, "{modes:?}");
+        modes
     }
 
     #[test]
-    fn qwen_shift_is_the_sigmoid_shifted_by_qwen_images_resolution_line() {
-        // musubi-tuner's `qwen_shift`: μ through (256, 0.5) and (8192, 0.9) of the packed token count.
-        for (hw, tokens) in [
-            ((32, 32), 256.0),
-            ((128, 128), 4096.0),
-            ((128, 256), 8192.0),
-        ] {
-            let mu = 0.5 + (tokens - 256.0) * 0.4 / 7936.0_f64;
-            let qwen = sample_timesteps(
-                &cfg(TimestepSampling::QwenShift),
-                500,
-                hw,
-                &mut StdRng::seed_from_u64(3),
-            );
-            let shift = TimestepConfig {
-                discrete_flow_shift: mu.exp(),
-                ..cfg(TimestepSampling::Shift)
-            };
-            let shifted = sample_timesteps(&shift, 500, hw, &mut StdRng::seed_from_u64(3));
-            for (a, b) in qwen.iter().zip(&shifted) {
-                assert!((a.t - b.t).abs() < 1e-12, "{hw:?}: {a:?} vs {b:?}");
-                assert_eq!(a.model_timestep, a.t * 1000.0 + 1.0);
+    fn resolution_shift_modes_are_the_sigmoid_shifted_by_their_line() {
+        // As sd-scripts and musubi-tuner draw them: the `shift` mode's draw with exp(μ) of the packed token count
+        // as its shift, μ on the mode's line through (tokens_1, mu_1) and (tokens_2, mu_2).
+        for (mode, line) in resolution_modes() {
+            for (hw, tokens) in [
+                ((32, 32), 256.0),
+                ((128, 128), 4096.0),
+                ((60, 104), 1560.0),
+                ((128, 256), 8192.0),
+            ] {
+                let slope = (line.mu_2 - line.mu_1) / (line.tokens_2 - line.tokens_1);
+                let mu = line.mu_1 + (tokens - line.tokens_1) * slope;
+                let drawn = sample_timesteps(&cfg(mode), 500, hw, &mut StdRng::seed_from_u64(3));
+                let shift = TimestepConfig {
+                    discrete_flow_shift: mu.exp(),
+                    ..cfg(TimestepSampling::Shift)
+                };
+                let shifted = sample_timesteps(&shift, 500, hw, &mut StdRng::seed_from_u64(3));
+                for (a, b) in drawn.iter().zip(&shifted) {
+                    assert!((a.t - b.t).abs() < 1e-12, "{mode:?} {hw:?}: {a:?} vs {b:?}");
+                    assert_eq!(a.model_timestep, a.t * 1000.0 + 1.0);
+                }
             }
         }
-        // At 4096 tokens Qwen-Image shifts less than FLUX.1 (μ 0.70 against 1.15).
-        let at = |sampling| qinglong_shift(sampling, (128, 128));
-        assert!(at(TimestepSampling::QwenShift) < at(TimestepSampling::FluxShift));
+    }
+
+    #[test]
+    fn resolution_shift_modes_train_larger_images_at_higher_noise() {
+        // The median of a sigmoid draw shifted by s is s / (1 + s): 0.62 at 256 tokens (μ 0.5 on every line), and
+        // higher for larger images.
+        for (mode, line) in resolution_modes() {
+            let median = |hw| {
+                let mut ts: Vec<f64> =
+                    sample_timesteps(&cfg(mode), 20_001, hw, &mut StdRng::seed_from_u64(5))
+                        .iter()
+                        .map(|d| d.t)
+                        .collect();
+                ts.sort_by(f64::total_cmp);
+                ts[10_000]
+            };
+            let expected = |hw| {
+                let s = resolution_shift(line, hw);
+                s / (1.0 + s)
+            };
+            assert!((median((32, 32)) - 0.6225).abs() < 0.01, "{mode:?}");
+            assert!((expected((32, 32)) - 0.6225).abs() < 0.001, "{mode:?}");
+            assert!(
+                (median((128, 128)) - expected((128, 128))).abs() < 0.01,
+                "{mode:?}"
+            );
+            assert!(median((128, 128)) > median((32, 32)) + 0.02, "{mode:?}");
+        }
     }
 
     #[test]
