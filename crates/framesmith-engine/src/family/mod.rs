@@ -31,6 +31,8 @@ use framesmith_nn::lora::LoraSet;
 
 pub mod flux;
 pub mod qwen_image;
+#[cfg(test)]
+pub(crate) mod testkit;
 pub mod wan;
 
 /// A model family: which runs are its own and how one of them starts.

@@ -52,37 +52,37 @@ pub(crate) fn complete_cache(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use candle_core::{DType, Device, Tensor};
-    use framesmith_data::cache::{write_wan_text_cache, WAN_ARCHITECTURE};
+    use safetensors::tensor::{Dtype, TensorView};
+
+    /// A cache of `architecture` holding one f32 tensor named `key`, with a caption in its metadata.
+    fn write_cache(path: &Path, key: &str, architecture: &str) -> anyhow::Result<()> {
+        let data = vec![0u8; 3 * 8 * 4];
+        let view = TensorView::new(Dtype::F32, vec![3, 8], &data)?;
+        let metadata = HashMap::from([
+            ("architecture".to_string(), architecture.to_string()),
+            ("caption1".to_string(), "a cat".to_string()),
+        ]);
+        safetensors::serialize_to_file([(key, view)], Some(metadata), path)?;
+        Ok(())
+    }
 
     #[test]
     fn truncated_or_foreign_files_are_not_complete() -> anyhow::Result<()> {
         let dir = tempfile::tempdir()?;
-        let path = dir.path().join("x_wan_te.safetensors");
-        write_wan_text_cache(
-            &path,
-            &Tensor::ones((3, 8), DType::F32, &Device::Cpu)?,
-            "a cat",
-        )?;
-        let meta = complete_cache(&path, &["varlen_t5_"], WAN_ARCHITECTURE)
-            .ok_or_else(|| anyhow::anyhow!("complete"))?;
+        let path = dir.path().join("x_te.safetensors");
+        write_cache(&path, "text_float32", "arch")?;
+        let meta =
+            complete_cache(&path, &["text_"], "arch").ok_or_else(|| anyhow::anyhow!("complete"))?;
         assert_eq!(meta.get("caption1").map(String::as_str), Some("a cat"));
-        assert_eq!(
-            meta.get("architecture").map(String::as_str),
-            Some(WAN_ARCHITECTURE)
-        );
-        assert!(complete_cache(&path, &["latents_"], WAN_ARCHITECTURE).is_none());
+        assert_eq!(meta.get("architecture").map(String::as_str), Some("arch"));
+        assert!(complete_cache(&path, &["latents_"], "arch").is_none());
+        assert!(complete_cache(&path, &["text_"], "other").is_none());
         let bytes = std::fs::read(&path)?;
         std::fs::write(&path, &bytes[..bytes.len() - 1])?;
-        assert!(complete_cache(&path, &["varlen_t5_"], WAN_ARCHITECTURE).is_none());
+        assert!(complete_cache(&path, &["text_"], "arch").is_none());
         std::fs::write(&path, b"junk")?;
-        assert!(complete_cache(&path, &["varlen_t5_"], WAN_ARCHITECTURE).is_none());
-        assert!(complete_cache(
-            &dir.path().join("absent"),
-            &["varlen_t5_"],
-            WAN_ARCHITECTURE
-        )
-        .is_none());
+        assert!(complete_cache(&path, &["text_"], "arch").is_none());
+        assert!(complete_cache(&dir.path().join("absent"), &["text_"], "arch").is_none());
         Ok(())
     }
 }

@@ -315,17 +315,17 @@ fn every_checkpointing_setting_trains_the_same_lora() {
 /// than it chose when it predicted a fit, the general advice without a plan.
 #[test]
 fn out_of_memory_advice_follows_the_plan() {
+    use crate::family::testkit::video_14b;
     use crate::plan::{plan, PlanInput, DEFAULT_CLIP};
     use crate::train::setup::{out_of_memory_advice, OUT_OF_MEMORY_ADVICE};
     use framesmith_config::run::{BlocksToSwap, StreamingMode};
-    use framesmith_models::wan::WanConfig;
 
     assert_eq!(out_of_memory_advice(None), OUT_OF_MEMORY_ADVICE);
 
     let mut config = RunConfig::default();
     config.memory.streaming = StreamingMode::Pinned;
     config.memory.blocks_to_swap = BlocksToSwap::Count(10);
-    let mut input = PlanInput::from_config(&config, WanConfig::wan21_t2v_14b(), DEFAULT_CLIP);
+    let mut input = PlanInput::from_config(&config, video_14b(), DEFAULT_CLIP);
     input.vram_budget_bytes = Some(8 << 30);
     let tight = plan(&input).expect("plan");
     assert!(!tight.fits() && !tight.suggestions.is_empty());
@@ -349,10 +349,10 @@ fn out_of_memory_advice_follows_the_plan() {
 /// and says which limit it missed.
 #[test]
 fn auto_never_starts_a_plan_that_does_not_fit_the_ram() {
+    use crate::family::testkit::video_14b;
     use crate::plan::{plan, PlanInput, DEFAULT_CLIP};
     use crate::train::setup::auto_count;
     use framesmith_config::run::{ActivationPlacement, AutoKeyword, BlocksToSwap, StreamingMode};
-    use framesmith_models::wan::WanConfig;
 
     let mut config = RunConfig::default();
     config.memory.streaming = StreamingMode::Staged;
@@ -360,7 +360,7 @@ fn auto_never_starts_a_plan_that_does_not_fit_the_ram() {
     config.memory.activations = ActivationPlacement::Host;
     config.memory.vram_budget_gb = Some(24.0);
     config.memory.ram_budget_gb = Some(256.0);
-    let mut input = PlanInput::from_config(&config, WanConfig::wan21_t2v_14b(), DEFAULT_CLIP);
+    let mut input = PlanInput::from_config(&config, video_14b(), DEFAULT_CLIP);
     input.host_ram_bytes = Some(512 << 30);
     let roomy = plan(&input).expect("plan");
     assert!(roomy.fits() && roomy.blocks_to_swap > 0, "{roomy}");

@@ -263,3 +263,32 @@ fn the_flux_presets_fit_their_cards_at_1024() {
         );
     }
 }
+
+#[test]
+fn the_largest_image_at_the_largest_rank_plans_and_past_them_is_refused() {
+    // FLUX.1 dev at the largest side and rank: a plan, not an overflow; past the tokens of a step or the rank: the
+    // planner's errors.
+    let mut i = input(
+        crate::plan::MAX_SIDE_PIXELS,
+        BaseDtype::Fp8,
+        FluxStreamOrder::Spread,
+    );
+    i.base = crate::plan::BaseFormat::Fp8(framesmith_config::run::Fp8ScaleMode::Block64);
+    i.clip.frames = 1;
+    i.clip.batch = 1;
+    i.lora.rank = 3072;
+    assert!(plan(&i).is_ok());
+    i.clip.batch = usize::MAX;
+    assert!(matches!(
+        plan(&i),
+        Err(crate::plan::PlanError::TooManyTokens { .. })
+    ));
+    i.clip.batch = 1;
+    i.lora.rank = 3073;
+    assert!(matches!(
+        plan(&i),
+        Err(crate::plan::PlanError::Lora(
+            framesmith_nn::lora::LoraError::RankTooLarge { max: 3072, .. }
+        ))
+    ));
+}

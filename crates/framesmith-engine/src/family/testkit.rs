@@ -1,0 +1,9 @@
+//! Models for the generic tests of `plan/` and `train/`, under neutral names: the generic code is tested on one
+//! video family's real shapes without naming the family.
+
+use crate::plan::PlanModel;
+
+/// A 14B text-to-video model as the planner sees it (40 blocks of width 5120).
+pub(crate) fn video_14b() -> PlanModel {
+    framesmith_models::wan::WanConfig::wan21_t2v_14b().into()
+}
