@@ -23,6 +23,7 @@ mod validate_validation;
 pub use validate_validation::MAX_VALIDATION_TIMESTEPS;
 
 pub use error::ConfigError;
+pub use family::{family_settings, FamilySetting};
 pub use plan::{HostInfo, ModelFamily, RunPlan};
 pub use presets::{FieldChange, Preset, PresetApplied};
 pub use run::RunConfig;

@@ -15,8 +15,8 @@ use super::error::ConfigError;
 use super::plan::ModelFamily;
 use super::run::RunConfig;
 use builtin::BUILTIN;
-pub(crate) use table::flatten;
-use table::{leaf_keys, merge, remove_key};
+pub(crate) use table::{flatten, merge};
+use table::{leaf_keys, remove_key};
 
 /// Names of the built-in presets, in display order.
 pub fn builtin_names() -> Vec<&'static str> {

@@ -3,14 +3,28 @@
 
 use std::path::Path;
 
-use super::FamilyRules;
-use crate::run::{RunConfig, TrainingMode};
+use super::{FamilyRules, FamilySetting};
+use crate::run::{FluxStreamOrder, RunConfig, TrainingMode};
 use crate::validate::Checker;
 
 /// FLUX.1 [dev]'s rules.
 pub(crate) struct FluxRules;
 
+/// FLUX.1's own settings.
+const SETTINGS: &[FamilySetting] = &[FamilySetting {
+    key: "memory.flux_stream_order",
+    flag: "flux-stream-order",
+    label: "FLUX.1 stream order",
+    section: "Memory",
+    help: "FLUX.1 only: which blocks stream first (single-stream, double-stream, or both spread)",
+    choices: &FluxStreamOrder::NAMES,
+}];
+
 impl FamilyRules for FluxRules {
+    fn settings(&self) -> &'static [FamilySetting] {
+        SETTINGS
+    }
+
     fn sampling_files<'a>(
         &self,
         cfg: &'a RunConfig,

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 /// Deep merge: tables merge key by key, any other value in `overlay` replaces the one in `base`.
-pub(super) fn merge(base: &mut toml::Table, overlay: &toml::Table) {
+pub(crate) fn merge(base: &mut toml::Table, overlay: &toml::Table) {
     for (key, value) in overlay {
         match (base.get_mut(key), value) {
             (Some(toml::Value::Table(b)), toml::Value::Table(o)) => merge(b, o),

@@ -76,6 +76,9 @@ pub enum FluxStreamOrder {
 }
 
 impl FluxStreamOrder {
+    /// Every order by its TOML name, as the app and `framesmith plan` list them.
+    pub const NAMES: [&'static str; 3] = ["single_first", "double_first", "spread"];
+
     /// The name as configuration files spell it.
     pub fn as_str(self) -> &'static str {
         match self {
