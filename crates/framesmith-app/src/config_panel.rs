@@ -7,7 +7,7 @@ use framesmith_config::protocol::LogLevel;
 
 use super::backend::{Backend, PresetView};
 use super::config_editor::ConfigEditor;
-use super::fields::{kind_of_value, run_field, RUN_SECTIONS};
+use super::fields::{kind_of_value, run_field, section_fields, RUN_SECTIONS};
 use super::form::{self, field_ui, FieldSpec};
 use super::jobs::{Jobs, PickPurpose};
 use super::run_view::RunView;
@@ -63,7 +63,7 @@ pub(super) fn config_ui(ctx: &mut ConfigContext, ui: &mut Ui) {
                     .num_columns(3)
                     .spacing([12.0, 4.0])
                     .show(ui, |ui| {
-                        for spec in section.fields {
+                        for spec in section_fields(section) {
                             field_row_ui(ctx, ui, spec);
                         }
                     });

@@ -1,5 +1,8 @@
 //! Field lists: how each key of the run config and of a musubi-tuner dataset config is labelled and edited.
+//! A family's own settings come from the config crate's list of them ([`framesmith_config::family_settings`]).
 //! Keys missing here still appear in the form (under "Other settings"), edited by their value type.
+
+use std::sync::LazyLock;
 
 use super::form::{FieldKind, FieldSpec};
 
@@ -40,23 +43,12 @@ const SCHEDULERS: &[&str] = &[
     "cosine_with_restarts",
     "polynomial",
 ];
-const TIMESTEPS: &[&str] = &[
-    "sigma",
-    "uniform",
-    "sigmoid",
-    "shift",
-    "logsnr",
-    "qinglong",
-    "qinglong_qwen",
-    "flux_shift",
-    "qwen_shift",
-];
+const TIMESTEPS: &[&str] = &framesmith_config::run::TimestepSampling::NAMES;
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
 const STREAMING: &[&str] = &["off", "pinned", "staged"];
 const PLACEMENTS: &[&str] = &["device", "host"];
 const CHECKPOINTING: &[&str] = &["blocks", "attention", "attention_projection", "off"];
 const LORA_KINDS: &[&str] = &["lora", "lokr", "loha", "dora"];
-const FLUX_STREAM_ORDERS: &[&str] = &["single_first", "double_first", "spread"];
 const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
 
@@ -80,7 +72,7 @@ pub const RUN_SECTIONS: &[Section] = &[
             field("model.text_encoder", "Text encoder", FieldKind::Path),
             help(
                 field("model.clip", "CLIP", FieldKind::Path),
-                "Wan2.1 I2V only: encodes the start images of samples",
+                "Image-to-video models with a CLIP image encoder: encodes the start images of samples",
             ),
             help(
                 field("model.variant", "Variant", FieldKind::Text),
@@ -88,7 +80,7 @@ pub const RUN_SECTIONS: &[Section] = &[
             ),
             help(
                 field("model.dit_low_noise", "Low-noise expert", FieldKind::Path),
-                "Wan2.2 A14B: set it to train both experts in one run (DiT is then the high-noise expert)",
+                "Models of two experts: set it to train both in one run (DiT is then the high-noise expert)",
             ),
             help(
                 field("model.experts", "Experts", FieldKind::Choice(EXPERT_MODES)),
@@ -262,7 +254,7 @@ pub const RUN_SECTIONS: &[Section] = &[
                     "Low-noise expert's GPU",
                     FieldKind::Text,
                 ),
-                "Wan2.2 A14B with both experts: cuda:N puts the low-noise expert on that GPU, each expert resident \
+                "Two experts in one run: cuda:N puts the low-noise expert on that GPU, each expert resident \
                  on its own card; empty shares the Device, one expert at a time",
             ),
             field("training.logit_mean", "LogSNR mean", FieldKind::Float),
@@ -333,14 +325,6 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "Empty: what the machine can give without swapping when the run starts",
             ),
             field("memory.staging_slots", "Staging slots", FieldKind::Int),
-            help(
-                field(
-                    "memory.flux_stream_order",
-                    "FLUX.1 stream order",
-                    FieldKind::Choice(FLUX_STREAM_ORDERS),
-                ),
-                "FLUX.1 only: which blocks stream first (single-stream, double-stream, or both spread)",
-            ),
             help(
                 field(
                     "memory.shared_memory_guard",
@@ -444,11 +428,33 @@ pub const RUN_SECTIONS: &[Section] = &[
     },
 ];
 
+/// The fields the families' own settings add, with the title of the section each goes in.
+static FAMILY_FIELDS: LazyLock<Vec<(&'static str, FieldSpec<'static>)>> = LazyLock::new(|| {
+    framesmith_config::family_settings()
+        .map(|s| {
+            let spec = field(s.key, s.label, FieldKind::Choice(s.choices));
+            (s.section, help(spec, s.help))
+        })
+        .collect()
+});
+
+/// The fields of `section`: its own, then those the families' settings add to it.
+pub fn section_fields(section: &Section) -> impl Iterator<Item = &'static FieldSpec<'static>> {
+    let title = section.title;
+    let own: &'static [FieldSpec<'static>] = section.fields;
+    own.iter().chain(
+        FAMILY_FIELDS
+            .iter()
+            .filter(move |(s, _)| *s == title)
+            .map(|(_, spec)| spec),
+    )
+}
+
 /// The spec of a run-config key, if the form knows it.
 pub fn run_field(key: &str) -> Option<&'static FieldSpec<'static>> {
     RUN_SECTIONS
         .iter()
-        .flat_map(|s| s.fields.iter())
+        .flat_map(section_fields)
         .find(|f| f.key == key)
 }
 
@@ -535,7 +541,7 @@ mod tests {
         for key in keys.keys().filter(|k| *k != "schema_version") {
             assert!(run_field(key).is_some(), "no form field for {key}");
         }
-        for field in RUN_SECTIONS.iter().flat_map(|s| s.fields.iter()) {
+        for field in RUN_SECTIONS.iter().flat_map(section_fields) {
             assert!(
                 keys.contains_key(field.key),
                 "{} is not a RunConfig key",
