@@ -9,6 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use framesmith_config::{presets, RunConfig};
+use framesmith_engine::family::{flag_help, CliCommand};
 use framesmith_engine::train::launch::{self, Launch};
 use framesmith_engine::train::ranks::Ranks;
 
@@ -84,9 +85,11 @@ enum Command {
         #[command(subcommand)]
         action: cli::cache::CacheAction,
     },
-    /// Generate a clip from a prompt with a Wan DiT and LoRAs
+    /// Generate a clip or an image from a prompt with a DiT and LoRAs
+    #[command(after_help = flag_help(CliCommand::Generate))]
     Generate(Box<cli::generate::GenerateArgs>),
     /// Predict peak VRAM and RAM of a training config, and how many blocks to stream
+    #[command(after_help = flag_help(CliCommand::Plan))]
     Plan(Box<cli::plan::PlanArgs>),
     /// Check this build and machine for training (GPU, driver, CUDA libraries, memory, ffmpeg, disk): each problem
     /// with its fix; exits with 3 when something blocks training

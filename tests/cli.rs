@@ -525,3 +525,45 @@ fn train_refuses_a_preset_made_for_another_model_family() {
     );
     assert!(!dir.path().join("output").exists(), "nothing ran");
 }
+
+#[test]
+fn help_says_which_flags_each_model_family_takes() {
+    for (command, expected) in [
+        (
+            &["generate", "--help"][..],
+            &[
+                "Model families:",
+                "Wan: a clip",
+                "--text-encoder umT5",
+                "FLUX.1: one image",
+                "--clip-l clip_l",
+            ][..],
+        ),
+        (
+            &["cache", "latents", "--help"][..],
+            &["Wan: images and clips", "FLUX.1: images only"][..],
+        ),
+        (
+            &["cache", "text", "--help"][..],
+            &["Wan: --text-encoder umT5", "FLUX.1: --t5"][..],
+        ),
+        (
+            &["plan", "--help"][..],
+            &[
+                "--variant t2v-1.3b",
+                "--variant flux-dev",
+                "--flux-stream-order",
+                "spread",
+            ][..],
+        ),
+    ] {
+        let (ok, stdout, stderr) = framesmith(command);
+        assert!(ok, "{command:?}: {stderr}");
+        for text in expected {
+            assert!(
+                stdout.contains(text),
+                "{command:?} lacks {text:?}:\n{stdout}"
+            );
+        }
+    }
+}

@@ -8,6 +8,7 @@ use candle_core::Device;
 use clap::{Args, Subcommand};
 use framesmith_config::run::DeviceSpec;
 use framesmith_data::Unreadable;
+use framesmith_engine::family::{flag_help, CliCommand};
 use framesmith_engine::prep::pass::{cache, CachePass, CacheRequest, LatentFiles, TextFiles};
 use framesmith_engine::prep::{CacheProgress, CacheSummary, ItemOutcome};
 use framesmith_nn::device::{hold_vram_budget, VramHold, VramUse};
@@ -18,9 +19,11 @@ use super::models::{open_device, pick_dtype, progress_bar, DtypeArg};
 /// What to cache.
 #[derive(Subcommand)]
 pub enum CacheAction {
-    /// Encode every image and clip of a dataset with the Wan VAE (or every image with FLUX.1's autoencoder)
+    /// Encode every image (and clip) of a dataset with the VAE of a model family
+    #[command(after_help = flag_help(CliCommand::CacheLatents))]
     Latents(LatentArgs),
-    /// Encode every caption of a dataset with the umT5 text encoder (or FLUX.1's CLIP-L and T5-XXL)
+    /// Encode every caption of a dataset with the text encoders of a model family
+    #[command(after_help = flag_help(CliCommand::CacheText))]
     Text(TextArgs),
 }
 
@@ -30,8 +33,7 @@ pub struct LatentArgs {
     /// Dataset config (musubi-tuner TOML)
     #[arg(long)]
     dataset: PathBuf,
-    /// Wan VAE weights (Wan2.1_VAE.pth, Wan2.2_VAE.pth or a ComfyUI .safetensors), or FLUX.1's ae.safetensors
-    /// to cache for FLUX.1
+    /// VAE (or autoencoder) weights of the family to cache for (see "Model families")
     #[arg(long)]
     vae: PathBuf,
     /// auto, cpu, cuda or cuda:N
@@ -52,16 +54,15 @@ pub struct LatentArgs {
     skip_unreadable: bool,
     #[command(flatten)]
     budget: BudgetArg,
-    /// The DiT the caches are for (read from its header only): for an image-to-video model (Wan2.1 I2V,
-    /// Wan2.2 I2V-A14B) the first frame's conditioning is cached too; the VAE is checked to be the DiT's
+    /// The DiT the caches are for (read from its header only): for an image-to-video model the first frame's
+    /// conditioning is cached too; the VAE is checked to be the DiT's
     #[arg(long)]
     dit: Option<PathBuf>,
-    /// Cache the image-to-video conditioning (first-frame mask and image latents), as Wan2.2 I2V-A14B needs;
+    /// Cache the image-to-video conditioning (first-frame mask and image latents) an image-to-video model needs;
     /// implied by --clip and by an I2V --dit
     #[arg(long)]
     i2v: bool,
-    /// CLIP image encoder for Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
-    /// clip_vision_h.safetensors): the first frame's features are cached too
+    /// CLIP image encoder, for an image-to-video model that takes one: the first frame's features are cached too
     #[arg(long)]
     clip: Option<PathBuf>,
 }
@@ -72,20 +73,20 @@ pub struct TextArgs {
     /// Dataset config (musubi-tuner TOML)
     #[arg(long)]
     dataset: PathBuf,
-    /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors)
+    /// Text encoder weights, for a family with one text encoder (see "Model families")
     #[arg(long, required_unless_present = "t5", conflicts_with_all = ["t5", "clip_l"])]
     text_encoder: Option<PathBuf>,
-    /// tokenizer.json or spiece.model of google/umt5-xxl (default: one beside the text encoder weights, else the
-    /// tokenizer inside ComfyUI's umt5_xxl .safetensors); with --t5, the tokenizer.json of google/t5-v1_1-xxl
+    /// The text encoder's (or --t5's) tokenizer, tokenizer.json or spiece.model (default: one beside its
+    /// weights)
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// FLUX.1: the T5-XXL weights (t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn_scaled.safetensors), with --clip-l
+    /// T5-XXL weights, for a family with T5-XXL and CLIP-L text encoders, with --clip-l
     #[arg(long, requires = "clip_l")]
     t5: Option<PathBuf>,
-    /// FLUX.1: the CLIP-L weights (clip_l.safetensors), with --t5
+    /// CLIP-L text encoder weights (clip_l.safetensors), with --t5
     #[arg(long, requires = "t5")]
     clip_l: Option<PathBuf>,
-    /// FLUX.1: CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
+    /// CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
     #[arg(long, requires = "clip_l")]
     clip_l_tokenizer: Option<PathBuf>,
     /// auto, cpu, cuda or cuda:N

@@ -34,11 +34,11 @@ fn fp8_parser() -> impl clap::builder::TypedValueParser<Value = Fp8Scale> {
 /// `generate` options.
 #[derive(Args)]
 pub struct GenerateArgs {
-    /// DiT checkpoint (file or folder); for Wan2.2 A14B the high-noise expert. A FLUX.1 DiT
-    /// (flux1-dev.safetensors) makes an image: give --vae ae.safetensors, --clip-l, --t5 and a .png --out
+    /// DiT checkpoint (file or folder); its family decides whether a clip or an image is made and which of the
+    /// flags below it takes (see "Model families")
     #[arg(long)]
     dit: PathBuf,
-    /// Wan2.2 A14B low-noise expert (denoises below the boundary)
+    /// Low-noise expert of a model of two experts (denoises below the boundary)
     #[arg(long)]
     dit_low_noise: Option<PathBuf>,
     /// Switch to the low-noise expert below this fraction of the timesteps (default: the model's; 0.875 T2V, 0.9 I2V)
@@ -50,70 +50,67 @@ pub struct GenerateArgs {
     /// LoRA for the low-noise expert, FILE or FILE:MULTIPLIER; repeat for several
     #[arg(long = "lora-low-noise", value_name = "FILE[:MULT]")]
     loras_low_noise: Vec<String>,
-    /// umT5 weights (models_t5_umt5-xxl-enc-bf16.pth or a ComfyUI umt5_xxl .safetensors); Wan only
+    /// Text encoder weights, for a family with one text encoder
     #[arg(long)]
     text_encoder: Option<PathBuf>,
-    /// tokenizer.json or spiece.model of google/umt5-xxl (default: one beside the text encoder weights, else the
-    /// tokenizer inside ComfyUI's umt5_xxl .safetensors); for FLUX.1, the tokenizer.json of google/t5-v1_1-xxl
-    /// (default: one beside the --t5 weights)
+    /// The text encoder's (or --t5's) tokenizer, tokenizer.json or spiece.model (default: one beside its
+    /// weights)
     #[arg(long)]
     tokenizer: Option<PathBuf>,
-    /// FLUX.1: the T5-XXL weights (t5xxl_fp16.safetensors or t5xxl_fp8_e4m3fn_scaled.safetensors)
+    /// T5-XXL weights, for a family with T5-XXL and CLIP-L text encoders
     #[arg(long)]
     t5: Option<PathBuf>,
-    /// FLUX.1: the CLIP-L weights (clip_l.safetensors)
+    /// CLIP-L text encoder weights (clip_l.safetensors), with --t5
     #[arg(long)]
     clip_l: Option<PathBuf>,
-    /// FLUX.1: CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
+    /// CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
     #[arg(long)]
     clip_l_tokenizer: Option<PathBuf>,
-    /// Wan VAE weights, or FLUX.1's autoencoder (ae.safetensors)
+    /// The VAE (or autoencoder) of the DiT's family
     #[arg(long)]
     vae: PathBuf,
-    /// Start image (PNG, JPEG, WebP, BMP) for image-to-video models (Wan2.1 I2V, Wan2.2 I2V-A14B, TI2V-5B);
-    /// centre-cropped to the clip's aspect ratio
+    /// Start image (PNG, JPEG, WebP, BMP) for image-to-video models; centre-cropped to the clip's aspect ratio
     #[arg(long)]
     image: Option<PathBuf>,
-    /// CLIP image encoder for Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
-    /// clip_vision_h.safetensors)
+    /// CLIP image encoder, for an image-to-video model that takes one
     #[arg(long)]
     clip: Option<PathBuf>,
     /// What the clip shows
     #[arg(long)]
     prompt: String,
-    /// Negative prompt (default: the official Wan one, used when --guidance > 1)
+    /// Negative prompt (default: the model's official one, used when --guidance > 1)
     #[arg(long)]
     negative: Option<String>,
-    /// Clip width (default 832; with --image and no size given, the official size for the image's aspect ratio;
-    /// FLUX.1: 1024, a multiple of 16)
+    /// Width (default: the family's; with --image and no size given, the official size for the image's aspect
+    /// ratio)
     #[arg(long)]
     width: Option<usize>,
-    /// Clip height (default 480; see --width; FLUX.1: 1024)
+    /// Height (default: the family's; see --width)
     #[arg(long)]
     height: Option<usize>,
     /// Frames, 4k + 1 (default 81)
     #[arg(long)]
     frames: Option<usize>,
-    /// Sampling steps (default 50; FLUX.1 [schnell] 4)
+    /// Sampling steps (default: the family's)
     #[arg(long)]
     steps: Option<usize>,
-    /// Flow shift of the sampling schedule (default 5; FLUX.1 shifts by the image size)
+    /// Flow shift of the sampling schedule (default: the family's)
     #[arg(long, allow_negative_numbers = true)]
     shift: Option<f64>,
-    /// Classifier-free guidance scale, 1 turns it off (default 5); for FLUX.1 [dev] the distilled guidance
-    /// strength the model takes (default 3.5)
+    /// Guidance: the classifier-free guidance scale, 1 turns it off, or the distilled guidance strength of a
+    /// guidance-distilled model (default: the family's)
     #[arg(long, allow_negative_numbers = true)]
     guidance: Option<f64>,
     /// Noise seed (default: random, printed)
     #[arg(long)]
     seed: Option<u64>,
-    /// Solver (default unipc; FLUX.1 samples with euler)
+    /// Solver (default: the family's)
     #[arg(long, value_parser = solver_parser())]
     solver: Option<Solver>,
     /// auto, cpu, cuda or cuda:N
     #[arg(long, default_value = "auto")]
     device: DeviceSpec,
-    /// CUDA GPUs to run on, instead of --device: one (`--gpus 1`, as --device cuda:1), or for Wan2.2 A14B two
+    /// CUDA GPUs to run on, instead of --device: one (`--gpus 1`, as --device cuda:1), or for two experts two
     /// (`--gpus 0,1`): the high-noise expert on the first, the low-noise expert on the second, both resident
     /// (nothing parked in RAM; --vram-budget-gb and --blocks-to-swap then apply to each card)
     #[arg(
@@ -133,14 +130,15 @@ pub struct GenerateArgs {
     #[arg(long)]
     tiled: bool,
     /// Blocks of each DiT kept in RAM and streamed to the GPU as they run (block swap), for cards too small for
-    /// the whole model; with two experts on one GPU, the one not in use waits in RAM either way (Wan)
+    /// the whole model; with two experts on one GPU, the one not in use waits in RAM either way
     #[arg(long, default_value_t = 0)]
     blocks_to_swap: usize,
     /// Use at most this many GiB of the card (the rest is held back for the command's lifetime), so a run that
     /// fits here fits a card of that size; with --gpus 0,1, of each card
     #[arg(long)]
     vram_budget_gb: Option<f64>,
-    /// The MP4 to write; PNG frames go to a `<name>_frames` folder beside it. FLUX.1: the PNG to write
+    /// The file to write: an MP4 for a clip (its PNG frames go to a `<name>_frames` folder beside it), a PNG for an
+    /// image
     #[arg(long)]
     out: PathBuf,
 }

@@ -86,6 +86,35 @@ pub trait Family: Sync {
         request: &GenerationRequest,
         session: &mut Session,
     ) -> anyhow::Result<GenerationOutput>;
+    /// What the family's models take from the flags of `command` (which files, which defaults), for its
+    /// `--help`; `None` when the family says nothing there.
+    fn flag_help(&self, _command: CliCommand) -> Option<&'static str> {
+        None
+    }
+}
+
+/// A command whose flags mean something different for each family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CliCommand {
+    /// `framesmith generate`.
+    Generate,
+    /// `framesmith cache latents`.
+    CacheLatents,
+    /// `framesmith cache text`.
+    CacheText,
+    /// `framesmith plan`.
+    Plan,
+}
+
+/// The `--help` section of `command` that says, family by family, what each family takes from its flags.
+pub fn flag_help(command: CliCommand) -> String {
+    let mut text = String::from("Model families:");
+    for family in FAMILIES.iter().rev() {
+        if let Some(help) = family.flag_help(command) {
+            text.push_str(&format!("\n  {}: {help}", family.name()));
+        }
+    }
+    text
 }
 
 /// Every family, in the order they are asked whether a run is theirs; the last takes any run no other claims.

@@ -15,6 +15,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 
 pub mod generate;
+mod help;
 pub mod pipeline;
 pub mod plan;
 pub mod prep;
@@ -30,6 +31,10 @@ mod tests;
 pub struct FluxFamily;
 
 impl Family for FluxFamily {
+    fn flag_help(&self, command: crate::family::CliCommand) -> Option<&'static str> {
+        Some(help::flag_help(command))
+    }
+
     fn name(&self) -> &'static str {
         "FLUX.1"
     }

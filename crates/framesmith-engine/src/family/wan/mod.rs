@@ -24,6 +24,7 @@ pub mod demo_setup;
 pub mod denoise;
 pub mod experts;
 pub mod generate;
+mod help;
 pub mod latents;
 pub mod mode;
 pub mod pipeline;
@@ -46,6 +47,10 @@ mod tests;
 pub struct WanFamily;
 
 impl Family for WanFamily {
+    fn flag_help(&self, command: crate::family::CliCommand) -> Option<&'static str> {
+        Some(help::flag_help(command))
+    }
+
     fn name(&self) -> &'static str {
         "Wan"
     }
