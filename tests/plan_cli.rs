@@ -553,3 +553,33 @@ fn files_not_there_yet_and_a_gpu_not_here_are_planned() {
     ]);
     assert_eq!(code, Some(0), "{stdout}{stderr}");
 }
+
+#[test]
+fn a_familys_own_setting_is_a_flag_that_changes_its_plan() {
+    let plan = |order: &str| {
+        let (code, stdout, stderr) = framesmith(&[
+            "--variant",
+            "flux-dev",
+            "--streaming",
+            "pinned",
+            "--blocks-to-swap",
+            "10",
+            "--free-vram-gb",
+            "80",
+            "--ram-gb",
+            "128",
+            "--flux-stream-order",
+            order,
+            "--json",
+        ]);
+        assert!(matches!(code, Some(0 | 3)), "{stdout}{stderr}");
+        stdout
+    };
+    // Ten double-stream blocks weigh more than ten single-stream ones; the flag is read as the config spells it.
+    assert_ne!(plan("single_first"), plan("double_first"));
+    assert_eq!(plan("double_first"), plan("DOUBLE_FIRST"));
+    let (code, _, stderr) =
+        framesmith(&["--variant", "flux-dev", "--flux-stream-order", "sideways"]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("single_first"), "{stderr}");
+}

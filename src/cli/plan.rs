@@ -9,7 +9,9 @@ use clap::Args;
 use framesmith_config::protocol::memory::format_gib;
 use framesmith_config::protocol::memory::Verdict;
 use framesmith_config::run::{AutoKeyword, BlocksToSwap};
-use framesmith_config::{check_settings, presets, HostInfo, RunConfig};
+use framesmith_config::{
+    check_settings, family_settings, presets, FamilySetting, HostInfo, RunConfig,
+};
 use framesmith_engine::plan::{
     clip_for_config, machine, model_for_config, plan, ClipShape, PlanInput,
 };
@@ -29,7 +31,7 @@ pub struct PlanArgs {
     /// Presets applied over the config, in order
     #[arg(long = "preset")]
     presets: Vec<String>,
-    /// Model variant: t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b, or flux-dev (FLUX.1 [dev] images)
+    /// Model variant (each family's are listed under "Model families")
     #[arg(long)]
     variant: Option<String>,
     /// Training mode: auto, text_to_video (t2v) or image_to_video (i2v); image-to-video TI2V-5B steps carry
@@ -70,12 +72,11 @@ pub struct PlanArgs {
     #[arg(long, value_parser = config_value::<framesmith_config::run::ActivationPlacement>)]
     activations: Option<framesmith_config::run::ActivationPlacement>,
     /// What the step keeps from each block's forward: blocks (inputs only), attention, attention_projection (and
-    /// Wan's self_attn.o output) or off (everything)
+    /// the output projection's input where a block has one) or off (everything)
     #[arg(long, value_parser = config_value::<framesmith_config::run::Checkpointing>)]
     checkpointing: Option<framesmith_config::run::Checkpointing>,
-    /// FLUX.1: which blocks stream first: single_first, double_first or spread
-    #[arg(long, value_parser = config_value::<framesmith_config::run::FluxStreamOrder>)]
-    flux_stream_order: Option<framesmith_config::run::FluxStreamOrder>,
+    #[command(flatten)]
+    family: FamilyFlags,
     /// Page-locked staging buffers of `staged` streaming
     #[arg(long)]
     staging_slots: Option<usize>,
@@ -104,6 +105,52 @@ pub struct PlanArgs {
     /// Print the plan as JSON
     #[arg(long)]
     json: bool,
+}
+
+/// The flags of the settings only one family reads ([`family_settings`]), each with the value given.
+#[derive(Debug, Default)]
+struct FamilyFlags(Vec<(&'static FamilySetting, String)>);
+
+impl FamilyFlags {
+    /// `cfg` with each given setting applied.
+    fn apply(&self, mut cfg: RunConfig) -> anyhow::Result<RunConfig> {
+        for (setting, value) in &self.0 {
+            cfg = setting.apply(&cfg, value)?;
+        }
+        Ok(cfg)
+    }
+}
+
+impl clap::FromArgMatches for FamilyFlags {
+    fn from_arg_matches(matches: &clap::ArgMatches) -> Result<Self, clap::Error> {
+        let given = family_settings()
+            .filter_map(|s| Some((s, matches.get_one::<String>(s.flag)?.to_ascii_lowercase())))
+            .collect();
+        Ok(Self(given))
+    }
+
+    fn update_from_arg_matches(&mut self, matches: &clap::ArgMatches) -> Result<(), clap::Error> {
+        *self = Self::from_arg_matches(matches)?;
+        Ok(())
+    }
+}
+
+impl clap::Args for FamilyFlags {
+    fn augment_args(cmd: clap::Command) -> clap::Command {
+        family_settings().fold(cmd, |cmd, s| {
+            cmd.arg(
+                clap::Arg::new(s.flag)
+                    .long(s.flag)
+                    .help(s.help)
+                    .ignore_case(true)
+                    .value_parser(clap::builder::PossibleValuesParser::new(s.choices)),
+            )
+        })
+    }
+
+    fn augment_args_for_update(cmd: clap::Command) -> clap::Command {
+        Self::augment_args(cmd)
+    }
 }
 
 /// Parses a flag with the run config's own spelling (`fp8`, `block64`, `pinned`, …).
@@ -158,7 +205,6 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
     mem.activations = args.activations.unwrap_or(mem.activations);
     mem.checkpointing = args.checkpointing.unwrap_or(mem.checkpointing);
     mem.staging_slots = args.staging_slots.unwrap_or(mem.staging_slots);
-    mem.flux_stream_order = args.flux_stream_order.unwrap_or(mem.flux_stream_order);
     if let Some(gb) = args.vram_budget_gb {
         gib(gb, "--vram-budget-gb")?;
         mem.vram_budget_gb = Some(gb);
@@ -167,7 +213,7 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
         gib(gb, "--ram-budget-gb")?;
         mem.ram_budget_gb = Some(gb);
     }
-    Ok(cfg)
+    args.family.apply(cfg)
 }
 
 fn clip(args: &PlanArgs, cfg: &RunConfig) -> (ClipShape, Option<String>) {
