@@ -204,15 +204,20 @@ fn rust_files(dir: &Path) -> Vec<PathBuf> {
 }
 
 /// Lines of non-test code (comments dropped) in crate `krate` that mention any of `needles`. Test files
-/// (`tests.rs`, `*_tests.rs`) and everything after a file's `#[cfg(test)]` are not the crate's code.
+/// (`tests.rs` and the files of a `tests/` folder) and everything after a file's `#[cfg(test)]` are not the
+/// crate's code.
 fn offending(krate: &str, needles: &[&str]) -> Vec<String> {
     let root = workspace().join("crates").join(krate).join("src");
     let mut found = Vec::new();
     for file in rust_files(&root) {
-        if file
-            .file_name()
-            .and_then(|n| n.to_str())
-            .is_some_and(|n| n.ends_with("tests.rs"))
+        let in_tests = file
+            .strip_prefix(&root)
+            .is_ok_and(|rel| rel.components().any(|c| c.as_os_str() == "tests"));
+        if in_tests
+            || file
+                .file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.ends_with("tests.rs"))
         {
             continue;
         }
@@ -351,4 +356,86 @@ fn the_engines_train_plan_and_prep_folders_reach_no_family_model() {
 fn in_test_file(line: &str) -> bool {
     let path = line.split(':').next().unwrap_or_default();
     path.ends_with("tests.rs")
+}
+
+/// Every Rust file of the workspace's own code: `src/`, `tests/` and each crate's `src/` and `tests/`.
+fn workspace_rust_files() -> Vec<PathBuf> {
+    let mut dirs = vec![workspace().join("src"), workspace().join("tests")];
+    for entry in std::fs::read_dir(workspace().join("crates"))
+        .unwrap()
+        .flatten()
+    {
+        dirs.push(entry.path().join("src"));
+        dirs.push(entry.path().join("tests"));
+    }
+    dirs.iter().flat_map(|d| rust_files(d)).collect()
+}
+
+#[test]
+fn tests_are_in_their_module_or_in_tests_and_none_is_wired_by_path() {
+    let path_attribute = concat!("#[", "path");
+    let mut bad = Vec::new();
+    for file in workspace_rust_files() {
+        let name = file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        if name.ends_with("_tests.rs") {
+            bad.push(format!("{}: a test file beside its module", file.display()));
+        }
+        let text = std::fs::read_to_string(&file).unwrap_or_default();
+        for (i, line) in text.lines().enumerate() {
+            if line.trim_start().starts_with(path_attribute) {
+                bad.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "unit tests live in the module they test (inline `mod tests`, or its own `foo/tests.rs`), integration \
+         tests in the crate's tests/, and nothing is wired in by #[path] (STYLE.md):\n{}",
+        bad.join("\n")
+    );
+}
+
+/// Whether `line` names a model family the way the family count of issue 42 finds it: `flux` anywhere, `wan`
+/// starting a word, `ModelFamily::` or `RunModel`, in any case.
+fn names_a_family(line: &str) -> bool {
+    let line = line.to_ascii_lowercase();
+    let word_start = |i: usize| {
+        i == 0 || !line.as_bytes()[i - 1].is_ascii_alphanumeric() && line.as_bytes()[i - 1] != b'_'
+    };
+    line.contains("flux")
+        || line.contains("modelfamily::")
+        || line.contains("runmodel")
+        || line.match_indices("wan").any(|(i, _)| word_start(i))
+}
+
+#[test]
+fn the_generic_folders_the_cli_and_the_app_name_no_family() {
+    let dirs = [
+        "crates/framesmith-engine/src/train",
+        "crates/framesmith-engine/src/plan",
+        "crates/framesmith-engine/src/prep",
+        "crates/framesmith-engine/src/generate",
+        "src/cli",
+        "crates/framesmith-app/src",
+    ];
+    let mut bad = Vec::new();
+    for dir in dirs {
+        for file in rust_files(&workspace().join(dir)) {
+            let text = std::fs::read_to_string(&file).unwrap_or_default();
+            for (i, line) in text.lines().enumerate() {
+                if names_a_family(line) {
+                    bad.push(format!("{}:{}: {}", file.display(), i + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "what is one family's lives in its folder (engine family/, config family/, its `flag_help` and \
+         `FamilySetting`s), not in the generic folders, the CLI or the app (docs/ARCHITECTURE.md):\n{}",
+        bad.join("\n")
+    );
 }
