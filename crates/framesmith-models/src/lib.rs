@@ -1,6 +1,7 @@
 //! Model definitions and the trait the engine trains them through (`trainable`). Pure tensor code: no channels,
 //! config files or logging policy.
 
+pub mod adapter_file;
 pub mod fixtures;
 pub mod flux;
 pub mod hunyuan_video15;

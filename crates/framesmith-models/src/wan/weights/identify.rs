@@ -317,55 +317,17 @@ fn describe_text_cache(
     )
 }
 
+/// An adapter file, described by the family-neutral [`crate::adapter_file`].
 fn describe_lora(listed: &[Listed], metadata: &BTreeMap<String, String>) -> (String, Details) {
-    const SUFFIXES: [&str; 5] = [
-        ".lora_down.weight",
-        ".lora_up.weight",
-        ".lora_A.weight",
-        ".lora_B.weight",
-        ".alpha",
-    ];
-    let mut modules = BTreeSet::new();
-    let mut ranks = BTreeSet::new();
-    for t in listed {
-        if let Some(module) = SUFFIXES.iter().find_map(|s| t.name.strip_suffix(s)) {
-            modules.insert(module.to_string());
-        }
-        if t.name.ends_with(".lora_down.weight") || t.name.ends_with(".lora_A.weight") {
-            ranks.extend(t.shape.first().copied());
-        }
-    }
-    let format = if listed.iter().any(|t| t.name.starts_with("lora_unet_")) {
-        "musubi-tuner / kohya keys (lora_unet_…)"
-    } else if listed.iter().any(|t| t.name.contains(".lora_A.")) {
-        "ComfyUI / diffusers keys (lora_A / lora_B)"
-    } else {
-        "lora_down / lora_up keys"
-    };
-    let rank = match (ranks.first(), ranks.last()) {
-        (Some(lo), Some(hi)) if lo == hi => lo.to_string(),
-        (Some(lo), Some(hi)) => format!("{lo} to {hi} (varies by module)"),
-        _ => "unknown (no lora_down / lora_A tensors)".into(),
-    };
-    let blocks = count_indices(
-        listed,
-        &["lora_unet_blocks_", "blocks.", "diffusion_model.blocks."],
-    );
-    let mut details = vec![
-        ("format", format.to_string()),
-        ("rank", rank),
-        (
-            "modules",
-            format!("{} in {blocks} transformer blocks", modules.len()),
-        ),
-    ];
-    if let Some(alpha) = metadata.get("ss_network_alpha") {
-        details.push(("alpha", alpha.clone()));
-    }
-    if let Some(base) = metadata.get("ss_base_model_version") {
-        details.push(("base model", base.clone()));
-    }
-    ("LoRA adapter".into(), details)
+    let header: Vec<crate::adapter_file::HeaderTensor<'_>> = listed
+        .iter()
+        .map(|t| crate::adapter_file::HeaderTensor {
+            name: &t.name,
+            shape: &t.shape,
+            dtype: &t.dtype,
+        })
+        .collect();
+    crate::adapter_file::describe(&header, metadata)
 }
 
 fn shape_of<'a>(listed: &'a [Listed], name: &str) -> Option<&'a [usize]> {
