@@ -42,12 +42,7 @@ pub(crate) fn classify_foreign(names: &[&str]) -> Option<Foreign> {
     if any_prefix("varlen_t5_") || any_prefix("t5_vec_") || any_prefix("clip_l_pooler_") {
         return Some(Foreign::Model(ForeignModel::TextCache));
     }
-    if any("lora_down")
-        || any("lora_up")
-        || any(".lora_A.")
-        || any(".lora_B.")
-        || any_prefix("lora_unet_")
-    {
+    if any_prefix("lora_unet_") || crate::adapter_file::is_adapter(names.iter().copied()) {
         return Some(Foreign::Model(ForeignModel::Lora));
     }
     if any_prefix("condition_embedder.") || any(".attn1.to_q") {
@@ -238,6 +233,11 @@ mod tests {
                 "blocks.0.self_attn.q.lora_A.weight",
                 "blocks.0.self_attn.q.lora_B.weight"
             ]),
+            Some(Foreign::Model(ForeignModel::Lora))
+        );
+        // LyCORIS modules under module paths.
+        assert_eq!(
+            f(&["blocks.0.ffn.0.lokr_w1", "blocks.0.ffn.0.lokr_w2"]),
             Some(Foreign::Model(ForeignModel::Lora))
         );
         assert_eq!(
