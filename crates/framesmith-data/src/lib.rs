@@ -8,6 +8,7 @@ pub mod config;
 pub mod entries;
 pub mod family;
 pub mod frames;
+pub mod image_cache;
 pub mod jsonl;
 mod keys;
 pub mod media;

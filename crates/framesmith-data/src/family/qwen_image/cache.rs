@@ -2,60 +2,45 @@
 //! move both ways: `{stem}_{W:04}x{H:04}_qi.safetensors` with `latents_1x{H}x{W}_{dtype}` (the VAE's normalised
 //! latents `[16, 1, H, W]`) and `{stem}_qi_te.safetensors` with `varlen_vl_embed_{dtype}` (Qwen2.5-VL's hidden
 //! states of the caption's valid tokens, `[L, 3584]`), both with the metadata architecture `qwen_image`. The `_qi`
-//! suffix keeps them apart from Wan (`_wan`) and FLUX.1 (`_flux`) caches in a shared cache directory.
+//! suffix keeps them apart from Wan (`_wan`) and FLUX.1 (`_flux`) caches in a shared cache directory. The reading
+//! and writing is the image families' one ([`crate::image_cache`]).
 
-use std::collections::HashMap;
 use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use crate::cache::{LatentCacheName, CACHE_FORMAT_VERSION};
-use crate::tensor_file::{
-    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
-    CacheError, RawTensor,
-};
+use crate::cache::LatentCacheName;
+use crate::image_cache::ImageCacheArch;
+use crate::tensor_file::CacheError;
 
 /// The short architecture name at the end of Qwen-Image cache file names (musubi-tuner's `qi`).
 pub const QWEN_IMAGE_SUFFIX: &str = "qi";
 /// The architecture in the caches' metadata (musubi-tuner's `qwen_image`).
 pub const QWEN_IMAGE_ARCHITECTURE: &str = "qwen_image";
 
+/// What tells Qwen-Image's caches from other families'.
+pub const QWEN_IMAGE_CACHES: ImageCacheArch = ImageCacheArch {
+    suffix: QWEN_IMAGE_SUFFIX,
+    architecture: QWEN_IMAGE_ARCHITECTURE,
+    family: "Qwen-Image",
+};
+
+/// The text cache's tensor: Qwen2.5-VL's hidden states of the caption's valid tokens.
+const VL_EMBED: &str = "varlen_vl_embed";
+
 /// Latent cache file name of an image for Qwen-Image. `original_size` is the image's size before resizing.
 pub fn qwen_latent_cache_name(stem: &str, original_size: (u32, u32)) -> String {
-    let (w, h) = original_size;
-    format!("{stem}_{w:04}x{h:04}_{QWEN_IMAGE_SUFFIX}.safetensors")
+    QWEN_IMAGE_CACHES.latent_cache_name(stem, original_size)
 }
 
 /// Text-encoder cache file name of an image for Qwen-Image.
 pub fn qwen_text_cache_name(stem: &str) -> String {
-    format!("{stem}_{QWEN_IMAGE_SUFFIX}_te.safetensors")
+    QWEN_IMAGE_CACHES.text_cache_name(stem)
 }
 
 /// Parses a Qwen-Image latent cache file name; `None` for anything else (Wan and FLUX.1 caches included).
 pub fn parse_qwen_latent_cache_name(file_name: &str) -> Option<LatentCacheName> {
-    let body = file_name.strip_suffix(&format!("_{QWEN_IMAGE_SUFFIX}.safetensors"))?;
-    let (stem, size) = body.rsplit_once('_')?;
-    let (w, h) = size.split_once('x')?;
-    let original_size = (w.parse().ok()?, h.parse().ok()?);
-    (!stem.is_empty()).then(|| LatentCacheName {
-        stem: stem.to_string(),
-        window: None,
-        original_size,
-    })
-}
-
-/// Checks a cache's `architecture` metadata, naming what it was made for otherwise.
-fn check_architecture(path: &Path, metadata: &HashMap<String, String>) -> Result<(), CacheError> {
-    match metadata.get("architecture").map(String::as_str) {
-        Some(QWEN_IMAGE_ARCHITECTURE) => Ok(()),
-        Some(other) => Err(format_error(
-            path,
-            format!(
-                "made for architecture {other}, not qwen_image: cache the dataset for Qwen-Image again"
-            ),
-        )),
-        None => Err(format_error(path, "no architecture in the metadata")),
-    }
+    QWEN_IMAGE_CACHES.parse_latent_cache_name(file_name)
 }
 
 /// Writes an image's normalised VAE latents `[16, 1, H, W]` as `latents_1x{H}x{W}_{dtype}`.
@@ -64,46 +49,12 @@ pub fn write_qwen_latent_cache(
     latents: &Tensor,
     original_size: (u32, u32),
 ) -> Result<(), CacheError> {
-    let (_, f, h, w) = latents
-        .dims4()
-        .map_err(|e| format_error(path, format!("latents must be [C, 1, H, W]: {e}")))?;
-    let key = format!("latents_{f}x{h}x{w}_{}", torch_dtype_name(latents.dtype()));
-    let (raw, _) = RawTensor::from_tensor(latents, path)?;
-    let metadata = HashMap::from([
-        (
-            "architecture".to_string(),
-            QWEN_IMAGE_ARCHITECTURE.to_string(),
-        ),
-        ("width".to_string(), original_size.0.to_string()),
-        ("height".to_string(), original_size.1.to_string()),
-        (
-            "format_version".to_string(),
-            CACHE_FORMAT_VERSION.to_string(),
-        ),
-    ]);
-    write_tensor_file(path, &[(key, raw)], metadata)
+    QWEN_IMAGE_CACHES.write_latent_cache(path, latents, original_size)
 }
 
 /// Reads the latents `[C, 1, H, W]` of a Qwen-Image latent cache (control latents, if any, are not read).
 pub fn read_qwen_latent_cache(path: &Path, device: &Device) -> Result<Tensor, CacheError> {
-    let file = read_tensor_file(path, device)?;
-    check_architecture(path, &file.metadata)?;
-    let latents = file
-        .tensors
-        .iter()
-        .find(|(k, _)| {
-            k.strip_prefix("latents_")
-                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
-        })
-        .map(|(_, t)| t.clone())
-        .ok_or_else(|| format_error(path, "no latents_1x{H}x{W}_{dtype} tensor"))?;
-    match latents.dims() {
-        [_, 1, _, _] => Ok(latents),
-        dims => Err(format_error(
-            path,
-            format!("latents of shape {dims:?}, not [C, 1, H, W]"),
-        )),
-    }
+    QWEN_IMAGE_CACHES.read_latent_cache(path, device)
 }
 
 /// One image's text-encoder output for Qwen-Image.
@@ -117,45 +68,20 @@ pub struct QwenTextCache {
 
 /// Writes a Qwen-Image text-encoder cache.
 pub fn write_qwen_text_cache(path: &Path, cache: &QwenTextCache) -> Result<(), CacheError> {
-    let key = format!(
-        "varlen_vl_embed_{}",
-        torch_dtype_name(cache.vl_embed.dtype())
-    );
-    let (raw, _) = RawTensor::from_tensor(&cache.vl_embed, path)?;
-    let metadata = HashMap::from([
-        (
-            "architecture".to_string(),
-            QWEN_IMAGE_ARCHITECTURE.to_string(),
-        ),
-        ("caption1".to_string(), cache.caption.clone()),
-        (
-            "format_version".to_string(),
-            CACHE_FORMAT_VERSION.to_string(),
-        ),
-    ]);
-    write_tensor_file(path, &[(key, raw)], metadata)
+    QWEN_IMAGE_CACHES.write_text_cache(path, &[(VL_EMBED, &cache.vl_embed)], &cache.caption)
 }
 
 /// Reads a Qwen-Image text-encoder cache.
 pub fn read_qwen_text_cache(path: &Path, device: &Device) -> Result<QwenTextCache, CacheError> {
-    let file = read_tensor_file(path, device)?;
-    check_architecture(path, &file.metadata)?;
-    let vl_embed = file
-        .tensors
-        .iter()
-        .find(|(k, _)| strip_dtype_suffix(k) == "varlen_vl_embed")
-        .map(|(_, t)| t.clone())
-        .ok_or_else(|| format_error(path, "no varlen_vl_embed_{dtype} tensor"))?;
-    Ok(QwenTextCache {
-        vl_embed,
-        caption: file.metadata.get("caption1").cloned().unwrap_or_default(),
-    })
+    let ([vl_embed], caption) = QWEN_IMAGE_CACHES.read_text_cache(path, device, [VL_EMBED])?;
+    Ok(QwenTextCache { vl_embed, caption })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::family::flux::cache::{flux_latent_cache_name, write_flux_latent_cache};
+    use crate::tensor_file::read_tensor_file;
     use candle_core::DType;
 
     #[test]
