@@ -11,8 +11,7 @@ use framesmith_nn::linear::Linear;
 
 pub mod grad;
 
-/// Epsilon of the blocks' LayerNorms (no affine parameters).
-pub const LAYER_NORM_EPS: f64 = 1e-6;
+pub use crate::modulated::LAYER_NORM_EPS;
 
 /// What every block of one forward pass shares.
 #[derive(Clone)]

@@ -5,12 +5,12 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::attention::{rope_attention, SelfAttention};
-use super::block::{BlockInputs, LAYER_NORM_EPS};
+use super::block::BlockInputs;
 use super::config::FluxConfig;
 use super::modulation::{Modulation, ModulationOut};
+use crate::modulated::norm_modulate;
 use framesmith_nn::linear::Linear;
-use framesmith_nn::norm::layer_norm;
-use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to};
+use framesmith_nn::ops::{gated_residual, gelu_tanh};
 use framesmith_nn::vb::Vb;
 
 pub mod grad;
@@ -35,16 +35,6 @@ impl Mlp {
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         self.fc2.forward(&gelu_tanh(&self.fc0.forward(xs)?)?)
     }
-}
-
-/// `(1 + scale) · LayerNorm(xs) + shift` in f32, returned in `dtype`.
-pub fn norm_modulate(xs: &Tensor, m: &ModulationOut, dtype: DType) -> Result<Tensor> {
-    modulate_to(
-        &layer_norm(xs, None, None, LAYER_NORM_EPS)?,
-        &m.scale,
-        &m.shift,
-        dtype,
-    )
 }
 
 /// `double_blocks.N`.

@@ -11,14 +11,12 @@ use super::attention::JointAttention;
 use super::config::QwenImageConfig;
 use super::rope::Rope;
 use framesmith_nn::linear::Linear;
-use framesmith_nn::norm::layer_norm;
-use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to};
+use framesmith_nn::ops::{gated_residual, gelu_tanh};
 use framesmith_nn::vb::Vb;
 
 pub mod grad;
 
-/// Epsilon of the blocks' LayerNorms (no affine parameters).
-pub const LAYER_NORM_EPS: f64 = 1e-6;
+pub use crate::modulated::{norm_modulate, ModulationOut, LAYER_NORM_EPS};
 
 /// What every block of one forward pass shares.
 #[derive(Clone)]
@@ -38,14 +36,6 @@ impl BlockInputs {
     pub fn compute_dtype(&self) -> DType {
         self.temb.dtype()
     }
-}
-
-/// One (shift, scale, gate) triple, each [b, 1, dim] f32.
-#[derive(Clone, Debug)]
-pub struct ModulationOut {
-    pub shift: Tensor,
-    pub scale: Tensor,
-    pub gate: Tensor,
 }
 
 /// `img_mod` / `txt_mod`: `1` is the linear [6·dim, dim] after the SiLU.
@@ -69,14 +59,11 @@ impl Modulation {
 
 /// The two (shift, scale, gate) triples of a modulation linear's output [b, 6·dim], in f32 as [b, 1, dim] each.
 pub fn triples(out: &Tensor) -> Result<(ModulationOut, ModulationOut)> {
-    let out = out.to_dtype(DType::F32)?.unsqueeze(1)?;
-    let chunks = out.chunk(6, 2)?;
-    let triple = |i: usize| ModulationOut {
-        shift: chunks[i].clone(),
-        scale: chunks[i + 1].clone(),
-        gate: chunks[i + 2].clone(),
-    };
-    Ok((triple(0), triple(3)))
+    let mut mods = crate::modulated::triples(out, 2)?.into_iter();
+    match (mods.next(), mods.next()) {
+        (Some(first), Some(second)) => Ok((first, second)),
+        _ => candle_core::bail!("Qwen-Image: a modulation needs two triples"),
+    }
 }
 
 /// `img_mlp` / `txt_mlp` (diffusers' `FeedForward`): `net.0.proj` → GELU-tanh → `net.2`.
@@ -101,16 +88,6 @@ impl FeedForward {
         self.proj_out
             .forward(&gelu_tanh(&self.proj_in.forward(xs)?)?)
     }
-}
-
-/// `(1 + scale) · LayerNorm(xs) + shift` in f32, returned in `dtype`.
-pub fn norm_modulate(xs: &Tensor, m: &ModulationOut, dtype: DType) -> Result<Tensor> {
-    modulate_to(
-        &layer_norm(xs, None, None, LAYER_NORM_EPS)?,
-        &m.scale,
-        &m.shift,
-        dtype,
-    )
 }
 
 /// `transformer_blocks.N`.

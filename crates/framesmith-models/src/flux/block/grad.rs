@@ -1,106 +1,15 @@
-//! Pieces of the FLUX.1 blocks' hand-written backward shared by both kinds (DESIGN.md §4.3): the modulation
-//! linear, LayerNorm + modulation, the fused `qkv` projection with its q/k RMSNorm, and the joint RoPE attention,
-//! each as a forward that builds no autograd graph and records what its backward needs. The numerics follow the
-//! tracked forward step by step, so the gradients equal candle's autograd through it. The conditioning vector is a
-//! constant here: only the LoRA factors of the modulation linears get gradients through it.
+//! Pieces of the FLUX.1 blocks' hand-written backward shared by both kinds (DESIGN.md §4.3): the fused `qkv`
+//! projection with its q/k RMSNorm and the joint RoPE attention, each as a forward that builds no autograd graph
+//! and records what its backward needs. The numerics follow the tracked forward step by step, so the gradients
+//! equal candle's autograd through it. The modulation and the modulated norm are the MMDiT families' one
+//! ([`crate::modulated`]).
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{Result, Tensor, D};
 
 use super::super::attention::{split_qkv, QkNorm, QK_NORM_EPS};
-use super::super::modulation::{Modulation, ModulationOut};
 use super::super::rope::Rope;
-use super::LAYER_NORM_EPS;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
-use framesmith_nn::linear::{InputGrad, LinearTape, ParamGrad};
-use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm_backward};
-use framesmith_nn::ops::{gate_backward, modulate_backward, modulate_to, token_sums};
-
-/// A block's modulation without a graph: the triples and what the LoRA gradients of `lin` need.
-pub struct ModTape {
-    input: Tensor,
-    tape: LinearTape,
-    pub mods: Vec<ModulationOut>,
-}
-
-/// The gradients of one (shift, scale, gate) triple, each [b, 1, dim] f32.
-pub struct ModGrad {
-    pub shift: Tensor,
-    pub scale: Tensor,
-    pub gate: Tensor,
-}
-
-/// [`Modulation::forward`] without a graph.
-pub fn modulation_untracked(m: &Modulation, vec: &Tensor) -> Result<ModTape> {
-    let input = vec.detach().silu()?;
-    let (out, tape) = m.lin.forward_untracked(&input)?;
-    let out = out.to_dtype(DType::F32)?.unsqueeze(1)?;
-    let n = out.dim(2)? / vec.dim(1)?;
-    let chunks = out.chunk(n, 2)?;
-    let mods = chunks
-        .chunks_exact(3)
-        .map(|c| ModulationOut {
-            shift: c[0].clone(),
-            scale: c[1].clone(),
-            gate: c[2].clone(),
-        })
-        .collect();
-    Ok(ModTape { input, tape, mods })
-}
-
-/// The LoRA gradients of the modulation linear for the triples' gradients (in order), appended to `params`.
-pub fn modulation_backward(
-    m: &Modulation,
-    tape: &ModTape,
-    grads: &[ModGrad],
-    params: &mut Vec<ParamGrad>,
-) -> Result<()> {
-    if m.lin.adapter().is_none() {
-        return Ok(());
-    }
-    let parts: Vec<&Tensor> = grads
-        .iter()
-        .flat_map(|g| [&g.shift, &g.scale, &g.gate])
-        .collect();
-    let d = Tensor::cat(&parts, 2)?.squeeze(1)?;
-    let (_, p) = m
-        .lin
-        .backward_with(&tape.input, &tape.tape, &d, InputGrad::Skip)?;
-    params.extend(p);
-    Ok(())
-}
-
-/// `(1 + scale) · LayerNorm(x) + shift` without a graph: the output (in `dtype`) and the LayerNorm output.
-pub fn norm_modulate_untracked(
-    xs: &Tensor,
-    m: &ModulationOut,
-    dtype: DType,
-) -> Result<(Tensor, Tensor)> {
-    let normed = layer_norm(&xs.detach(), None, None, LAYER_NORM_EPS)?;
-    Ok((modulate_to(&normed, &m.scale, &m.shift, dtype)?, normed))
-}
-
-/// Backward of [`norm_modulate_untracked`]: the input gradient (in `xs`' dtype) and the shift and scale
-/// gradients (summed over tokens).
-pub fn norm_modulate_backward(
-    xs: &Tensor,
-    normed: &Tensor,
-    m: &ModulationOut,
-    dh: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let (d_scale, d_shift) = token_sums(normed, dh, true)?;
-    let d_shift =
-        d_shift.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
-    let dn = modulate_backward(dh, &m.scale, normed.dtype())?;
-    let dx = layer_norm_backward(xs, None, &dn, LAYER_NORM_EPS)?;
-    Ok((dx, d_shift, d_scale))
-}
-
-/// Gradients of the gated residual `x + y · gate` for the output gradient `dout`: the branch gradient (in `y`'s
-/// dtype) and the gate's (summed over tokens); the residual's gradient is `dout` itself.
-pub fn gated_backward(dout: &Tensor, y: &Tensor, gate: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (d_gate, _) = token_sums(y, dout, false)?;
-    Ok((gate_backward(dout, gate, y.dtype())?, d_gate))
-}
+use framesmith_nn::norm::rms_norm_backward;
 
 /// q, k, v from a fused projection's output, q and k normalised: what their backward needs.
 pub struct QkvTape {

@@ -2,20 +2,21 @@
 //! backward written op by op (gated residuals, modulation, LayerNorm, GELU-tanh MLP, q/k RMSNorm, RoPE, joint
 //! attention from its saved log-sum-exp, linears through the frozen base plus LoRA gradients).
 
-use candle_core::{DType, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::super::block::grad::{
-    gated_backward, modulation_backward, modulation_untracked, norm_modulate_backward,
-    norm_modulate_untracked, qkv_backward, qkv_untracked, rope_attention_backward,
-    rope_attention_untracked, rows, ModGrad, ModTape, QkvTape,
+    qkv_backward, qkv_untracked, rope_attention_backward, rope_attention_untracked, rows, QkvTape,
 };
 use super::super::block::BlockInputs;
 use super::super::modulation::ModulationOut;
 use super::{DoubleStreamBlock, Mlp};
+use crate::modulated::{
+    modulation_backward, modulation_untracked, norm_modulate_backward, norm_modulate_untracked,
+    ModGrad, ModTape, StreamTail, TailGrads, TailTape,
+};
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
-use framesmith_nn::ops::{gated_residual, gelu_tanh, gelu_tanh_backward};
 
 /// One stream's intermediates.
 struct StreamTape {
@@ -26,18 +27,8 @@ struct StreamTape {
     h1: Tensor,
     qkv: LinearTape,
     heads: QkvTape,
-    /// This stream's rows of the attention output (the `proj` input), `proj`'s output.
-    attn: Tensor,
-    proj: LinearTape,
-    y1: Tensor,
-    /// Residual after attention, its LayerNorm, the MLP input, `mlp.0`'s output, `mlp.2`'s output.
-    x1: Tensor,
-    n2: Tensor,
-    h2: Tensor,
-    f0: Tensor,
-    fc0: LinearTape,
-    fc2: LinearTape,
-    y2: Tensor,
+    /// The half after the joint attention.
+    tail: TailTape,
     m: ModTape,
 }
 
@@ -67,7 +58,7 @@ fn stream_head(
     inputs: &BlockInputs,
     heads: usize,
 ) -> Result<StreamHead> {
-    let m = modulation_untracked(modulation, &inputs.vec)?;
+    let m = modulation_untracked(&modulation.lin, &inputs.vec)?;
     let (h1, n1) = norm_modulate_untracked(xs, &m.mods[0], inputs.compute_dtype())?;
     let (y, qkv) = attn.qkv.forward_untracked(&h1)?;
     let (qkv_heads, tape) = qkv_untracked(&y, &attn.norm, heads)?;
@@ -81,97 +72,46 @@ fn stream_head(
     })
 }
 
-/// The second half of a stream after the joint attention.
-/// `kept`: `proj`'s and `mlp.2`'s outputs from an earlier pass on the same input, which skip those products (their
-/// LoRA activations are then recomputed in the backward).
+/// A stream's half after the joint attention: its `proj` and its MLP.
+fn tail<'a>(proj: &'a Linear, mlp: &'a Mlp) -> StreamTail<'a> {
+    StreamTail {
+        proj,
+        mlp: [&mlp.fc0, &mlp.fc2],
+        names: ["double block", "proj", "mlp.0", "mlp.2"],
+    }
+}
+
+/// The second half of a stream after the joint attention ([`StreamTail::forward`]).
 fn stream_tail(
-    proj: &Linear,
-    mlp: &Mlp,
+    (proj, mlp): (&Linear, &Mlp),
     head: StreamHead,
     (xs, attn): (&Tensor, Tensor),
-    compute: DType,
+    compute: candle_core::DType,
     kept: Option<[&Tensor; 2]>,
 ) -> Result<(Tensor, StreamTape)> {
-    let residual = xs.dtype();
-    let [m1, m2] = [&head.m.mods[0], &head.m.mods[1]];
-    let (y1, proj_tape) = match kept {
-        Some([y1, _]) => (y1.clone(), LinearTape::default()),
-        None => proj.forward_untracked(&attn)?,
-    };
-    let x1 = gated_residual(xs, &y1, &m1.gate, residual)?;
-    let (h2, n2) = norm_modulate_untracked(&x1, m2, compute)?;
-    let (f0, fc0) = mlp.fc0.forward_untracked(&h2)?;
-    let (y2, fc2) = match kept {
-        Some([_, y2]) => (y2.clone(), LinearTape::default()),
-        None => mlp.fc2.forward_untracked(&gelu_tanh(&f0)?)?,
-    };
-    let out = gated_residual(&x1, &y2, &m2.gate, residual)?;
+    let mods = [&head.m.mods[0], &head.m.mods[1]];
+    let (out, tail) = tail(proj, mlp).forward(mods, (xs, attn), compute, kept)?;
     let tape = StreamTape {
         x: xs.detach(),
         n1: head.n1,
         h1: head.h1,
         qkv: head.qkv,
         heads: head.heads,
-        attn,
-        proj: proj_tape,
-        y1,
-        x1,
-        n2,
-        h2,
-        f0,
-        fc0,
-        fc2,
-        y2,
+        tail,
         m: head.m,
     };
     Ok((out, tape))
 }
 
-/// What a stream's backward after the joint attention leaves for the rest of it.
-struct TailGrads {
-    /// Gradient of the stream's rows of the attention output.
-    d_attn: Tensor,
-    /// Gradient of the residual after attention (the stream input's gradient so far).
-    dx1: Tensor,
-    /// Modulation gradients of the MLP half, and of the attention half's gate.
-    second: ModGrad,
-    d_gate1: Tensor,
-}
-
-/// One stream's backward after the joint attention.
+/// One stream's backward after the joint attention ([`StreamTail::backward`]).
 fn stream_tail_backward(
-    proj: &Linear,
-    mlp: &Mlp,
+    (proj, mlp): (&Linear, &Mlp),
     t: &StreamTape,
     dout: &Tensor,
     params: &mut Vec<ParamGrad>,
 ) -> Result<TailGrads> {
-    let [m1, m2] = [&t.m.mods[0], &t.m.mods[1]];
-    let (dy2, d_gate2) = gated_backward(dout, &t.y2, &m2.gate)?;
-    let g = gelu_tanh(&t.f0)?;
-    let (dg, p) = mlp.fc2.backward_with(&g, &t.fc2, &dy2, InputGrad::New)?;
-    params.extend(p);
-    let dg = dg.ok_or_else(|| missing("mlp.2"))?;
-    let df0 = gelu_tanh_backward(&t.f0, &dg)?;
-    let (dh2, p) = mlp.fc0.backward_with(&t.h2, &t.fc0, &df0, InputGrad::New)?;
-    params.extend(p);
-    let dh2 = dh2.ok_or_else(|| missing("mlp.0"))?;
-    let (dx1_norm, d_shift2, d_scale2) = norm_modulate_backward(&t.x1, &t.n2, m2, &dh2)?;
-    let dx1 = (dout + dx1_norm.to_dtype(dout.dtype())?)?;
-    let (dy1, d_gate1) = gated_backward(&dx1, &t.y1, &m1.gate)?;
-    let (d_attn, p) = proj.backward_with(&t.attn, &t.proj, &dy1, InputGrad::New)?;
-    params.extend(p);
-    let second = ModGrad {
-        shift: d_shift2,
-        scale: d_scale2,
-        gate: d_gate2,
-    };
-    Ok(TailGrads {
-        d_attn: d_attn.ok_or_else(|| missing("proj"))?,
-        dx1,
-        second,
-        d_gate1,
-    })
+    let mods = [&t.m.mods[0], &t.m.mods[1]];
+    tail(proj, mlp).backward(mods, &t.tail, dout, params)
 }
 
 fn missing(what: &str) -> candle_core::Error {
@@ -188,7 +128,9 @@ impl DoubleTape {
 
     /// The gated branches' outputs a recompute may reuse: `proj`'s and `mlp.2`'s, image stream then text.
     pub fn projections(&self) -> [&Tensor; 4] {
-        [&self.img.y1, &self.img.y2, &self.txt.y1, &self.txt.y2]
+        let ([img1, img2], [txt1, txt2]) =
+            (self.img.tail.projections(), self.txt.tail.projections());
+        [img1, img2, txt1, txt2]
     }
 }
 
@@ -215,16 +157,14 @@ impl DoubleStreamBlock {
         let (txt_attn, img_attn) = (rows(&attn, 0, t)?, rows(&attn, t, total - t)?);
         let compute = inputs.compute_dtype();
         let (img_out, img_tape) = stream_tail(
-            &self.img_attn.proj,
-            &self.img_mlp,
+            (&self.img_attn.proj, &self.img_mlp),
             img_head,
             (&img, img_attn),
             compute,
             kept_out.map(|k| [k[0], k[1]]),
         )?;
         let (txt_out, txt_tape) = stream_tail(
-            &self.txt_attn.proj,
-            &self.txt_mlp,
+            (&self.txt_attn.proj, &self.txt_mlp),
             txt_head,
             (&txt, txt_attn),
             compute,
@@ -246,15 +186,13 @@ impl DoubleStreamBlock {
         let mut params = Vec::new();
         let (d_img, d_txt) = (rows(grad, t, total - t)?, rows(grad, 0, t)?);
         let img = stream_tail_backward(
-            &self.img_attn.proj,
-            &self.img_mlp,
+            (&self.img_attn.proj, &self.img_mlp),
             &tape.img,
             &d_img,
             &mut params,
         )?;
         let txt = stream_tail_backward(
-            &self.txt_attn.proj,
-            &self.txt_mlp,
+            (&self.txt_attn.proj, &self.txt_mlp),
             &tape.txt,
             &d_txt,
             &mut params,
@@ -307,7 +245,7 @@ impl DoubleStreamBlock {
             scale: d_scale1,
             gate: tail.d_gate1,
         };
-        modulation_backward(modulation, &st.m, &[first, tail.second], params)?;
+        modulation_backward(&modulation.lin, &st.m, &[first, tail.second], params)?;
         tail.dx1 + dx_norm.to_dtype(st.x.dtype())?
     }
 }

@@ -5,13 +5,16 @@
 use candle_core::{Result, Tensor, D};
 
 use super::super::block::grad::{
-    gated_backward, modulation_backward, modulation_untracked, norm_modulate_backward,
-    norm_modulate_untracked, qkv_backward, qkv_untracked, rope_attention_backward,
-    rope_attention_untracked, split_last, ModGrad, ModTape, QkvTape,
+    qkv_backward, qkv_untracked, rope_attention_backward, rope_attention_untracked, split_last,
+    QkvTape,
 };
 use super::super::block::BlockInputs;
 use super::super::rope::Rope;
 use super::SingleStreamBlock;
+use crate::modulated::{
+    gated_backward, modulation_backward, modulation_untracked, norm_modulate_backward,
+    norm_modulate_untracked, ModGrad, ModTape,
+};
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, LinearTape};
@@ -61,7 +64,7 @@ impl SingleStreamBlock {
         kept_out: Option<&Tensor>,
     ) -> Result<(Tensor, SingleTape)> {
         let x = xs.detach();
-        let m = modulation_untracked(&self.modulation, &inputs.vec)?;
+        let m = modulation_untracked(&self.modulation.lin, &inputs.vec)?;
         let (x_mod, normed) = norm_modulate_untracked(&x, &m.mods[0], inputs.compute_dtype())?;
         let (h, linear1) = self.linear1.forward_untracked(&x_mod)?;
         let (qkv, mlp) = split_last(&h, 3 * self.hidden_size)?;
@@ -117,7 +120,7 @@ impl SingleStreamBlock {
             scale: d_scale,
             gate: d_gate,
         };
-        modulation_backward(&self.modulation, &tape.m, &[grads], &mut params)?;
+        modulation_backward(&self.modulation.lin, &tape.m, &[grads], &mut params)?;
         let input = (grad + dx_norm.to_dtype(grad.dtype())?)?;
         Ok(BlockGrads { input, params })
     }

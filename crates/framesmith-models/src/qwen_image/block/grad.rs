@@ -3,102 +3,22 @@
 //! each stream's RoPE, the joint attention from its saved log-sum-exp with the text padding masked, linears
 //! through the frozen base plus LoRA gradients). The numerics follow the tracked forward step by step, so the
 //! gradients equal candle's autograd through it. `temb` is a constant here: only the LoRA factors of the
-//! modulation linears get gradients through it.
+//! modulation linears get gradients through it. The modulation, the modulated norms and each stream's half after
+//! the joint attention are the MMDiT families' one ([`crate::modulated`]).
 
 use candle_core::{DType, Result, Tensor};
 
 use super::super::attention::{joint_kv_lens, split_heads, StreamQkv, QK_NORM_EPS};
 use super::super::rope::{Rope, RopeTable};
-use super::LAYER_NORM_EPS;
-use super::{triples, BlockInputs, FeedForward, Modulation, ModulationOut, QwenImageBlock};
+use super::{BlockInputs, FeedForward, Modulation, QwenImageBlock};
+use crate::modulated::{
+    modulation_backward, modulation_untracked, norm_modulate_backward, norm_modulate_untracked,
+    ModGrad, ModTape, StreamTail, TailGrads, TailTape,
+};
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
-use framesmith_nn::norm::{layer_norm, layer_norm_backward, rms_norm, rms_norm_backward};
-use framesmith_nn::ops::{
-    gate_backward, gated_residual, gelu_tanh, gelu_tanh_backward, modulate_backward, modulate_to,
-    token_sums,
-};
-
-/// A stream's modulation without a graph: the two triples and what the LoRA gradients of its linear need.
-struct ModTape {
-    input: Tensor,
-    tape: LinearTape,
-    mods: [ModulationOut; 2],
-}
-
-/// The gradients of one (shift, scale, gate) triple, each [b, 1, dim] f32.
-struct ModGrad {
-    shift: Tensor,
-    scale: Tensor,
-    gate: Tensor,
-}
-
-fn modulation_untracked(m: &Modulation, temb: &Tensor) -> Result<ModTape> {
-    let input = temb.detach().silu()?;
-    let (out, tape) = m.lin.forward_untracked(&input)?;
-    let (first, second) = triples(&out)?;
-    Ok(ModTape {
-        input,
-        tape,
-        mods: [first, second],
-    })
-}
-
-/// The LoRA gradients of the modulation linear for both triples' gradients, appended to `params`.
-fn modulation_backward(
-    m: &Modulation,
-    tape: &ModTape,
-    grads: [ModGrad; 2],
-    params: &mut Vec<ParamGrad>,
-) -> Result<()> {
-    if m.lin.adapter().is_none() {
-        return Ok(());
-    }
-    let parts: Vec<&Tensor> = grads
-        .iter()
-        .flat_map(|g| [&g.shift, &g.scale, &g.gate])
-        .collect();
-    let d = Tensor::cat(&parts, 2)?.squeeze(1)?;
-    let (_, p) = m
-        .lin
-        .backward_with(&tape.input, &tape.tape, &d, InputGrad::Skip)?;
-    params.extend(p);
-    Ok(())
-}
-
-/// `(1 + scale) · LayerNorm(x) + shift` without a graph: the output (in `dtype`) and the LayerNorm output.
-fn norm_modulate_untracked(
-    xs: &Tensor,
-    m: &ModulationOut,
-    dtype: DType,
-) -> Result<(Tensor, Tensor)> {
-    let normed = layer_norm(&xs.detach(), None, None, LAYER_NORM_EPS)?;
-    Ok((modulate_to(&normed, &m.scale, &m.shift, dtype)?, normed))
-}
-
-/// Backward of [`norm_modulate_untracked`]: the input gradient (in `xs`' dtype) and the shift and scale
-/// gradients (summed over tokens).
-fn norm_modulate_backward(
-    xs: &Tensor,
-    normed: &Tensor,
-    m: &ModulationOut,
-    dh: &Tensor,
-) -> Result<(Tensor, Tensor, Tensor)> {
-    let (d_scale, d_shift) = token_sums(normed, dh, true)?;
-    let d_shift =
-        d_shift.ok_or_else(|| candle_core::Error::Msg("token_sums: no plain sum".into()))?;
-    let dn = modulate_backward(dh, &m.scale, normed.dtype())?;
-    let dx = layer_norm_backward(xs, None, &dn, LAYER_NORM_EPS)?;
-    Ok((dx, d_shift, d_scale))
-}
-
-/// Gradients of the gated residual `x + y · gate` for the output gradient `dout`: the branch's (in `y`'s dtype)
-/// and the gate's (summed over tokens); the residual's is `dout` itself.
-fn gated_backward(dout: &Tensor, y: &Tensor, gate: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (d_gate, _) = token_sums(y, dout, false)?;
-    Ok((gate_backward(dout, gate, y.dtype())?, d_gate))
-}
+use framesmith_nn::norm::{rms_norm, rms_norm_backward};
 
 fn missing(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
@@ -115,18 +35,8 @@ struct StreamTape {
     qkv: [LinearTape; 3],
     /// q and k [b, l, heads, head_dim] before their RMSNorm.
     raw_qk: [Tensor; 2],
-    /// This stream's rows of the attention output (the output projection's input), and that projection's output.
-    attn: Tensor,
-    proj: LinearTape,
-    y1: Tensor,
-    /// Residual after attention, its LayerNorm, the MLP input, `net.0.proj`'s output, `net.2`'s output.
-    x1: Tensor,
-    n2: Tensor,
-    h2: Tensor,
-    f0: Tensor,
-    fc0: LinearTape,
-    fc2: LinearTape,
-    y2: Tensor,
+    /// The half after the joint attention.
+    tail: TailTape,
     m: ModTape,
 }
 
@@ -148,7 +58,9 @@ impl QwenImageTape {
     /// The gated branches' outputs a recompute may reuse: the output projection's and `net.2`'s, image stream
     /// then text.
     pub fn projections(&self) -> [&Tensor; 4] {
-        [&self.img.y1, &self.img.y2, &self.txt.y1, &self.txt.y2]
+        let ([img1, img2], [txt1, txt2]) =
+            (self.img.tail.projections(), self.txt.tail.projections());
+        [img1, img2, txt1, txt2]
     }
 }
 
@@ -170,7 +82,7 @@ fn stream_head(
     inputs: &BlockInputs,
     (rope, head_dim): (&RopeTable, usize),
 ) -> Result<StreamHead> {
-    let m = modulation_untracked(modulation, &inputs.temb)?;
+    let m = modulation_untracked(&modulation.lin, &inputs.temb)?;
     let (h1, n1) = norm_modulate_untracked(xs, &m.mods[0], inputs.compute_dtype())?;
     let outs = Linear::forward_untracked_shared(&[&qkv.q, &qkv.k, &qkv.v], &h1)?;
     let [(q, q_tape), (k, k_tape), (v, v_tape)] = <[_; 3]>::try_from(outs)
@@ -192,99 +104,51 @@ fn stream_head(
     })
 }
 
-/// The second half of a stream after the joint attention. `kept`: the output projection's and `net.2`'s outputs
-/// from an earlier pass on the same input, which skip those products (their LoRA activations are then recomputed
-/// in the backward).
+/// A stream's half after the joint attention: its output projection and its MLP.
+fn tail<'a>(proj: &'a Linear, mlp: &'a FeedForward) -> StreamTail<'a> {
+    StreamTail {
+        proj,
+        mlp: [&mlp.proj_in, &mlp.proj_out],
+        names: [
+            "Qwen-Image block",
+            "the output projection",
+            "net.0.proj",
+            "net.2",
+        ],
+    }
+}
+
+/// The second half of a stream after the joint attention ([`StreamTail::forward`]).
 fn stream_tail(
-    proj: &Linear,
-    mlp: &FeedForward,
+    (proj, mlp): (&Linear, &FeedForward),
     head: StreamHead,
     (xs, attn): (&Tensor, Tensor),
     compute: DType,
     kept: Option<[&Tensor; 2]>,
 ) -> Result<(Tensor, StreamTape)> {
-    let residual = xs.dtype();
-    let [m1, m2] = &head.m.mods;
-    let (y1, proj_tape) = match kept {
-        Some([y1, _]) => (y1.clone(), LinearTape::default()),
-        None => proj.forward_untracked(&attn)?,
-    };
-    let x1 = gated_residual(xs, &y1, &m1.gate, residual)?;
-    let (h2, n2) = norm_modulate_untracked(&x1, m2, compute)?;
-    let (f0, fc0) = mlp.proj_in.forward_untracked(&h2)?;
-    let (y2, fc2) = match kept {
-        Some([_, y2]) => (y2.clone(), LinearTape::default()),
-        None => mlp.proj_out.forward_untracked(&gelu_tanh(&f0)?)?,
-    };
-    let out = gated_residual(&x1, &y2, &m2.gate, residual)?;
+    let mods = [&head.m.mods[0], &head.m.mods[1]];
+    let (out, tail) = tail(proj, mlp).forward(mods, (xs, attn), compute, kept)?;
     let tape = StreamTape {
         x: xs.detach(),
         n1: head.n1,
         h1: head.h1,
         qkv: head.qkv,
         raw_qk: head.raw_qk,
-        attn,
-        proj: proj_tape,
-        y1,
-        x1,
-        n2,
-        h2,
-        f0,
-        fc0,
-        fc2,
-        y2,
+        tail,
         m: head.m,
     };
     Ok((out, tape))
 }
 
-/// What a stream's backward after the joint attention leaves for the rest of it.
-struct TailGrads {
-    /// Gradient of the stream's rows of the attention output.
-    d_attn: Tensor,
-    /// Gradient of the residual after attention (the stream input's gradient so far).
-    dx1: Tensor,
-    /// Modulation gradients of the MLP half, and of the attention half's gate.
-    second: ModGrad,
-    d_gate1: Tensor,
-}
-
-/// One stream's backward after the joint attention.
+/// One stream's backward after the joint attention ([`StreamTail::backward`]).
 fn stream_tail_backward(
-    proj: &Linear,
-    mlp: &FeedForward,
+    (proj, mlp): (&Linear, &FeedForward),
     t: &StreamTape,
     dout: &Tensor,
     params: &mut Vec<ParamGrad>,
 ) -> Result<TailGrads> {
-    let [m1, m2] = &t.m.mods;
-    let (dy2, d_gate2) = gated_backward(dout, &t.y2, &m2.gate)?;
-    let g = gelu_tanh(&t.f0)?;
-    let (dg, p) = mlp
-        .proj_out
-        .backward_with(&g, &t.fc2, &dy2, InputGrad::New)?;
-    params.extend(p);
-    let df0 = gelu_tanh_backward(&t.f0, &dg.ok_or_else(|| missing("net.2"))?)?;
-    let (dh2, p) = mlp
-        .proj_in
-        .backward_with(&t.h2, &t.fc0, &df0, InputGrad::New)?;
-    params.extend(p);
-    let dh2 = dh2.ok_or_else(|| missing("net.0.proj"))?;
-    let (dx1_norm, d_shift2, d_scale2) = norm_modulate_backward(&t.x1, &t.n2, m2, &dh2)?;
-    let dx1 = (dout + dx1_norm.to_dtype(dout.dtype())?)?;
-    let (dy1, d_gate1) = gated_backward(&dx1, &t.y1, &m1.gate)?;
-    let (d_attn, p) = proj.backward_with(&t.attn, &t.proj, &dy1, InputGrad::New)?;
-    params.extend(p);
-    Ok(TailGrads {
-        d_attn: d_attn.ok_or_else(|| missing("the output projection"))?,
-        dx1,
-        second: ModGrad {
-            shift: d_shift2,
-            scale: d_scale2,
-            gate: d_gate2,
-        },
-        d_gate1,
-    })
+    let mods = [&t.m.mods[0], &t.m.mods[1]];
+    tail(proj, mlp).backward(mods, &t.tail, dout, params)
 }
 
 /// Which stream of a block.
@@ -345,16 +209,14 @@ impl QwenImageBlock {
         let (img_attn, txt_attn) = (out.narrow(1, 0, img_len)?, out.narrow(1, img_len, t)?);
         let compute = inputs.compute_dtype();
         let (img_out, img_tape) = stream_tail(
-            img_proj,
-            img_mlp,
+            (img_proj, img_mlp),
             img_head,
             (&img, img_attn),
             compute,
             kept_out.map(|k| [k[0], k[1]]),
         )?;
         let (txt_out, txt_tape) = stream_tail(
-            txt_proj,
-            txt_mlp,
+            (txt_proj, txt_mlp),
             txt_head,
             (&txt, txt_attn),
             compute,
@@ -378,9 +240,9 @@ impl QwenImageBlock {
         let (_, _, img_proj, img_mlp) = self.stream(Stream::Img);
         let (_, _, txt_proj, txt_mlp) = self.stream(Stream::Txt);
         let d_img = grad.narrow(1, t, img_len)?;
-        let img = stream_tail_backward(img_proj, img_mlp, &tape.img, &d_img, &mut params)?;
+        let img = stream_tail_backward((img_proj, img_mlp), &tape.img, &d_img, &mut params)?;
         let d_txt = grad.narrow(1, 0, t)?;
-        let txt = stream_tail_backward(txt_proj, txt_mlp, &tape.txt, &d_txt, &mut params)?;
+        let txt = stream_tail_backward((txt_proj, txt_mlp), &tape.txt, &d_txt, &mut params)?;
         let d_attn = Tensor::cat(&[&img.d_attn, &txt.d_attn], 1)?;
         let d_attn = d_attn.reshape(tape.attention.out().shape())?;
         let (dq, dk, dv) = tape.attention.backward(&d_attn)?;
@@ -445,7 +307,7 @@ impl QwenImageBlock {
             scale: d_scale1,
             gate: tail.d_gate1,
         };
-        modulation_backward(modulation, &st.m, [first, tail.second], params)?;
+        modulation_backward(&modulation.lin, &st.m, &[first, tail.second], params)?;
         tail.dx1 + dx_norm.to_dtype(st.x.dtype())?
     }
 }
