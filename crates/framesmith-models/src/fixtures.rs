@@ -1,10 +1,11 @@
-//! Where the reference fixtures live and how a result is compared with them, for tests in every crate:
-//! `shared/fixtures/<family>/<case>` beside the checkout (`../shared`), or beside a folder above it (a worktree
-//! or a workspace crate a few levels deeper).
+//! Where the reference fixtures live, how a case is read ([`FixtureCase`]) and how a result is compared with them,
+//! for tests in every crate: `shared/fixtures/<family>/<case>` beside the checkout (`../shared`), or beside a
+//! folder above it (a worktree or a workspace crate a few levels deeper), or a family's fixtures in this crate.
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Tensor};
+use candle_core::{DType, Device, Tensor};
 
 /// The fixtures of one model family (`wan`, `flux`): the nearest `shared/fixtures/<family>` found walking up from
 /// this crate's folder, or the one beside the checkout when none exists (so a missing fixture names a real path).
@@ -21,6 +22,49 @@ pub fn family_dir(family: &str) -> PathBuf {
 /// The folder of one fixture case of `family`.
 pub fn case_dir(family: &str, case: &str) -> PathBuf {
     family_dir(family).join(case)
+}
+
+/// One fixture case folder as the reference scripts write it, read on the CPU: `config.json` (the constructor's
+/// `init` and the call's arguments) and the tensors of `weights.safetensors`, `inputs.safetensors` and
+/// `expected.safetensors` (a file a case does not have reads as no tensors).
+pub struct FixtureCase {
+    pub config: serde_json::Value,
+    pub weights: HashMap<String, Tensor>,
+    pub inputs: HashMap<String, Tensor>,
+    pub expected: HashMap<String, Tensor>,
+}
+
+impl FixtureCase {
+    /// Reads the case in `dir`.
+    pub fn load_dir(dir: &Path) -> anyhow::Result<Self> {
+        let read = |file: &str| -> anyhow::Result<HashMap<String, Tensor>> {
+            let path = dir.join(file);
+            if !path.exists() {
+                return Ok(HashMap::new());
+            }
+            Ok(candle_core::safetensors::load(path, &Device::Cpu)?)
+        };
+        Ok(Self {
+            config: serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?,
+            weights: read("weights.safetensors")?,
+            inputs: read("inputs.safetensors")?,
+            expected: read("expected.safetensors")?,
+        })
+    }
+
+    /// The input tensor `name`.
+    pub fn input(&self, name: &str) -> anyhow::Result<&Tensor> {
+        self.inputs
+            .get(name)
+            .ok_or_else(|| anyhow::anyhow!("no input `{name}`"))
+    }
+
+    /// The expected tensor `name`.
+    pub fn expected(&self, name: &str) -> anyhow::Result<&Tensor> {
+        self.expected
+            .get(name)
+            .ok_or_else(|| anyhow::anyhow!("no expected `{name}`"))
+    }
 }
 
 /// Checks |got − want| ≤ atol + rtol·|want| element-wise; returns the largest absolute error.

@@ -1,47 +1,31 @@
-//! Fixture cases of `shared/fixtures/flux` for the FLUX tests: the three safetensors files and `config.json`,
-//! and the element-wise tolerance check (shared with every family's fixtures).
+//! Fixture cases of `shared/fixtures/flux` for the FLUX tests ([`FixtureCase`], read by name), and the
+//! element-wise tolerance check (shared with every family's fixtures).
 
-use std::collections::HashMap;
-
-use candle_core::{Device, Tensor};
+use std::ops::{Deref, DerefMut};
 
 pub use crate::fixtures::assert_close;
+use crate::fixtures::{case_dir, FixtureCase};
 
-/// One case directory, read on the CPU.
-pub struct Case {
-    pub config: serde_json::Value,
-    pub weights: HashMap<String, Tensor>,
-    pub inputs: HashMap<String, Tensor>,
-    pub expected: HashMap<String, Tensor>,
-}
+/// One case of `shared/fixtures/flux`, read on the CPU.
+pub struct Case(pub FixtureCase);
 
 impl Case {
+    /// Reads the case `name`.
     pub fn load(name: &str) -> anyhow::Result<Self> {
-        let dir = crate::fixtures::case_dir("flux", name);
-        let read = |file: &str| -> anyhow::Result<HashMap<String, Tensor>> {
-            let path = dir.join(file);
-            if !path.exists() {
-                return Ok(HashMap::new());
-            }
-            Ok(candle_core::safetensors::load(path, &Device::Cpu)?)
-        };
-        Ok(Self {
-            config: serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?,
-            weights: read("weights.safetensors")?,
-            inputs: read("inputs.safetensors")?,
-            expected: read("expected.safetensors")?,
-        })
+        FixtureCase::load_dir(&case_dir("flux", name)).map(Self)
     }
+}
 
-    pub fn input(&self, name: &str) -> anyhow::Result<&Tensor> {
-        self.inputs
-            .get(name)
-            .ok_or_else(|| anyhow::anyhow!("no input `{name}`"))
+impl Deref for Case {
+    type Target = FixtureCase;
+
+    fn deref(&self) -> &FixtureCase {
+        &self.0
     }
+}
 
-    pub fn expected(&self, name: &str) -> anyhow::Result<&Tensor> {
-        self.expected
-            .get(name)
-            .ok_or_else(|| anyhow::anyhow!("no expected `{name}`"))
+impl DerefMut for Case {
+    fn deref_mut(&mut self) -> &mut FixtureCase {
+        &mut self.0
     }
 }

@@ -1,21 +1,31 @@
 //! Fixture cases of `tests/fixtures/qwen_image` (made by `bench/reference/qwen_image.py` from diffusers) for the
 //! Qwen-Image tests: the model built from a case's weights and config, and its inputs as the model takes them.
 
-use std::collections::HashMap;
+use std::ops::{Deref, DerefMut};
 use std::path::PathBuf;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device};
 
 use super::rope::ImageGrid;
 use super::{QwenImageConfig, QwenImageInputs, QwenImageTransformer};
+use crate::fixtures::FixtureCase;
 use framesmith_nn::vb::Vb;
 
-/// One case directory, read on the CPU.
-pub struct Case {
-    pub config: serde_json::Value,
-    pub weights: HashMap<String, Tensor>,
-    pub inputs: HashMap<String, Tensor>,
-    pub expected: HashMap<String, Tensor>,
+/// One case directory ([`FixtureCase`]), read on the CPU.
+pub struct Case(pub FixtureCase);
+
+impl Deref for Case {
+    type Target = FixtureCase;
+
+    fn deref(&self) -> &FixtureCase {
+        &self.0
+    }
+}
+
+impl DerefMut for Case {
+    fn deref_mut(&mut self) -> &mut FixtureCase {
+        &mut self.0
+    }
 }
 
 /// The folder of the Qwen-Image fixtures, in this crate.
@@ -24,32 +34,9 @@ pub fn fixtures_dir() -> PathBuf {
 }
 
 impl Case {
+    /// Reads the case `name`.
     pub fn load(name: &str) -> anyhow::Result<Self> {
-        let dir = fixtures_dir().join(name);
-        let read = |file: &str| -> anyhow::Result<HashMap<String, Tensor>> {
-            Ok(candle_core::safetensors::load(
-                dir.join(file),
-                &Device::Cpu,
-            )?)
-        };
-        Ok(Self {
-            config: serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?,
-            weights: read("weights.safetensors")?,
-            inputs: read("inputs.safetensors")?,
-            expected: read("expected.safetensors")?,
-        })
-    }
-
-    pub fn input(&self, name: &str) -> anyhow::Result<&Tensor> {
-        self.inputs
-            .get(name)
-            .ok_or_else(|| anyhow::anyhow!("no input `{name}`"))
-    }
-
-    pub fn expected(&self, name: &str) -> anyhow::Result<&Tensor> {
-        self.expected
-            .get(name)
-            .ok_or_else(|| anyhow::anyhow!("no expected `{name}`"))
+        FixtureCase::load_dir(&fixtures_dir().join(name)).map(Self)
     }
 
     /// The constructor arguments (`init`).

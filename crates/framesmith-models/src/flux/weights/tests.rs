@@ -32,7 +32,7 @@ fn message(err: FluxFormatError) -> String {
 #[test]
 fn names_dev_schnell_and_kontext_files() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let dev = Case::load("flux_dit")?.weights;
+    let dev = Case::load("flux_dit")?.0.weights;
     let path = save(dir.path(), "flux1-dev.safetensors", &dev)?;
     let file = identify(&path)?;
     let FluxKind::Dit { variant, config } = &file.kind else {
@@ -238,7 +238,7 @@ fn names_the_autoencoder_and_text_encoders() -> anyhow::Result<()> {
         }
     );
 
-    let t5 = Case::load("t5_encoder")?.weights;
+    let t5 = Case::load("t5_encoder")?.0.weights;
     let [scaled, _] = scaled_fp8(&t5)?;
     let t5_path = save(dir.path(), "t5xxl_fp8_e4m3fn_scaled.safetensors", &scaled)?;
     let file = identify(&t5_path)?;
