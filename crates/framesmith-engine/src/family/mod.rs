@@ -30,6 +30,7 @@ use framesmith_data::ValidConfig;
 use framesmith_nn::lora::LoraSet;
 
 pub mod flux;
+pub mod image;
 pub mod qwen_image;
 #[cfg(test)]
 pub(crate) mod testkit;

@@ -4,11 +4,9 @@
 //! autoencoder and the DiT load, and the engine samples ([`crate::family::flux::pipeline`]).
 
 use std::path::Path;
-use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{DType, Device};
-use framesmith_config::run::DeviceSpec;
+use candle_core::{DType, Device, Tensor};
 use framesmith_config::RunConfig;
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::{
@@ -16,18 +14,19 @@ use framesmith_models::flux::weights::{
 };
 use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_models::identify::{identify, IdentifyError, ModelFile};
-use framesmith_nn::device::hold_vram_budget;
 
 use crate::family::flux::pipeline::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
-use crate::generate::request::{
-    create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
-    Placement,
+use crate::family::image::generate::{
+    check_png_out, finish_image, foreign_options, hold_budget, one_device, refuse_foreign,
+    ImageSteps,
 };
-use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
-use crate::generate::sampler::Solver;
+use crate::generate::request::{
+    open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
+};
+use crate::generate::run::{given, loras_as_one, Session};
 
 /// Image side when --width / --height are not given (the official `cli.py`'s default).
 const DEFAULT_SIDE: usize = 1024;
@@ -53,28 +52,12 @@ pub fn is_flux_dit(dit: &DitSource) -> bool {
 }
 
 /// The options given that only other families take, by flag.
-fn foreign_options(request: &GenerationRequest) -> Vec<&'static str> {
-    let f = &request.files;
-    [
-        (request.dit_low_noise.is_some(), "--dit-low-noise"),
-        (request.boundary.is_some(), "--boundary"),
-        (!request.loras_low_noise.is_empty(), "--lora-low-noise"),
-        (f.text_encoder.is_some(), "--text-encoder"),
-        (request.image.is_some(), "--image"),
-        (f.clip.is_some(), "--clip"),
-        (request.negative.is_some(), "--negative"),
-        (request.frames.is_some(), "--frames"),
-        (request.shift.is_some(), "--shift"),
-        (request.tiled, "--tiled"),
-        (request.blocks_to_swap > 0, "--blocks-to-swap"),
-        (
-            request.solver.is_some_and(|s| s != Solver::Euler),
-            "--solver (FLUX.1 samples with euler)",
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(given, name)| given.then_some(name))
-    .collect()
+fn wan_options(request: &GenerationRequest) -> Vec<&'static str> {
+    foreign_options(
+        request,
+        "--solver (FLUX.1 samples with euler)",
+        &["--text-encoder", "--negative", "--blocks-to-swap"],
+    )
 }
 
 /// `identify_expected` with the flag the file was given to in the message.
@@ -147,20 +130,6 @@ fn check_files<'a>(
     })
 }
 
-/// `--out` must name a PNG; its folder is made.
-fn check_out(out: &Path) -> anyhow::Result<()> {
-    let png = out
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    if !png {
-        anyhow::bail!(
-            "--out: FLUX.1 makes an image, written as PNG: give a path ending in .png ({})",
-            out.display()
-        );
-    }
-    create_out_folder(out)
-}
-
 /// The prompt through CLIP-L and T5-XXL (dropped before returning, their memory given back).
 fn encode_prompt(
     request: &GenerationRequest,
@@ -202,18 +171,16 @@ fn check_request<'a>(
     request: &'a GenerationRequest,
 ) -> anyhow::Result<(FluxVariant, FluxConfig, Files<'a>)> {
     let (variant, cfg) = dit_of(dit)?;
-    let wan = foreign_options(request);
-    if !wan.is_empty() {
-        anyhow::bail!(
-            "{} {} for Wan; a FLUX.1 DiT makes one image from --prompt with --vae, --clip-l and --t5: drop {} ({})",
-            wan.join(", "),
-            if wan.len() == 1 { "is" } else { "are" },
-            if wan.len() == 1 { "it" } else { "them" },
-            dit.display()
-        );
-    }
+    refuse_foreign(
+        &wan_options(request),
+        (
+            "Wan",
+            "a FLUX.1 DiT makes one image from --prompt with --vae, --clip-l and --t5",
+        ),
+        dit,
+    )?;
     let files = check_files(dit, request, &cfg)?;
-    check_out(&request.out)?;
+    check_png_out(&request.out, "FLUX.1")?;
     Ok((variant, cfg, files))
 }
 
@@ -231,21 +198,6 @@ pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
     request.files.clip_l = given(&m.clip);
     request.placement.device = config.training.device;
     request
-}
-
-/// The one device FLUX.1 runs on: `--gpus N`, else `--device`; several GPUs are refused.
-fn one_device(placement: &Placement) -> anyhow::Result<DeviceSpec> {
-    match *placement.gpus.as_slice() {
-        [] => Ok(placement.device),
-        [one] => Ok(DeviceSpec::Cuda(one)),
-        [first, ..] => {
-            let list: Vec<String> = placement.gpus.iter().map(usize::to_string).collect();
-            anyhow::bail!(
-                "--gpus {}: a FLUX.1 DiT runs on one GPU: give --gpus {first}",
-                list.join(",")
-            )
-        }
-    }
 }
 
 /// Generates the image `request` asks for with the FLUX.1 DiT it names.
@@ -267,14 +219,9 @@ pub fn generate(
         guidance: request.guidance.unwrap_or(DEV_GUIDANCE),
         seed: 0,
     };
-    let device = open_device(one_device(&request.placement)?)?;
+    let device = open_device(one_device(&request.placement, "FLUX.1")?)?;
     let dtype = pick_dtype(request.dtype, &device)?;
-    // Before anything takes device memory: what the encoders, the autoencoder and the DiT take counts against it.
-    let held = request
-        .vram_budget_bytes
-        .map(|b| hold_vram_budget(&device, b))
-        .transpose()?
-        .flatten();
+    let held = hold_budget(request, &device)?;
     let ae = load_autoencoder(files.autoencoder, dtype, &device)?;
     let latent = settings.latent_size(ae.config().downsample_factor())?;
     let t5_tokens = if schnell {
@@ -297,51 +244,14 @@ pub fn generate(
             String::new()
         }
     ));
-    let clock = StepClock::new(session, vec![device.clone()], settings.steps);
-    let z = clock.checked(denoise_image(
-        &dit,
-        &prompt,
-        &settings,
-        latent,
-        dtype,
-        &|| clock.poll(),
-    ))?;
-    let starts = clock.finish()?;
-    let denoised = starts.last().copied().unwrap_or_else(Instant::now);
-    drop(dit);
-    let image = decode_image(&ae, &z, dtype)?;
-    let decode_secs = denoised.elapsed().as_secs_f64();
-    let vram: Vec<_> = vram_use(&device, held.as_ref()).into_iter().collect();
-    session.log(timing_line(&starts, decode_secs, &vram));
-    image
-        .save(&request.out)
-        .with_context(|| format!("cannot write {}", request.out.display()))?;
-    Ok(GenerationOutput {
-        file: request.out.clone(),
-        frames_dir: None,
-        frames: 1,
-        width: image.width() as usize,
-        height: image.height() as usize,
-        seed: settings.seed,
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn flux_runs_on_one_device() -> anyhow::Result<()> {
-        let on = |gpus: &[usize]| {
-            one_device(&Placement {
-                device: DeviceSpec::Cpu,
-                gpus: gpus.to_vec(),
-            })
-        };
-        assert_eq!(on(&[])?, DeviceSpec::Cpu);
-        assert_eq!(on(&[1])?, DeviceSpec::Cuda(1));
-        let err = on(&[1, 0]).err().map(|e| e.to_string()).unwrap_or_default();
-        assert!(err.contains("one GPU") && err.contains("--gpus 1"), "{err}");
-        Ok(())
-    }
+    let seed = settings.seed;
+    let steps = ImageSteps {
+        steps: settings.steps,
+        // The DiT moves in, and is dropped before the autoencoder decodes.
+        denoise: move |cancelled: &dyn Fn() -> bool| {
+            denoise_image(&dit, &prompt, &settings, latent, dtype, cancelled)
+        },
+        decode: |z: &Tensor| decode_image(&ae, z, dtype),
+    };
+    finish_image(request, session, (&device, held.as_ref()), steps, seed)
 }

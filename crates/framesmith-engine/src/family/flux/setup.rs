@@ -13,12 +13,14 @@ use candle_core::Device;
 
 use crate::family::flux::run::FluxRun;
 use crate::family::flux::samples::image_samples;
-use crate::family::flux::train::{dev_config, load_flux_items, FluxItems};
+use crate::family::flux::train::{dev_config, load_flux_items};
+use crate::family::image::items::{largest_clip, repeated};
+use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::setup::{
-    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
-    reserve_budget, start_loras, RunParts,
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
+    start_loras, RunParts,
 };
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::memory::PlanReport;
@@ -38,58 +40,15 @@ const BASE_NAME: &str = "FLUX.1 [dev]";
 
 /// The LoRA file's metadata: every family's keys with FLUX.1's network module, architecture and numerics.
 fn flux_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
-    let mut meta = lora_metadata(plan, BASE_NAME, "https://github.com/black-forest-labs/flux");
-    for (key, value) in [
-        ("ss_network_module", "networks.lora_flux"),
-        ("modelspec.architecture", "flux-1-dev/lora"),
-        ("ss_guidance_scale", "1.0"),
-        ("framesmith.model_timestep", "t+0.001"),
-        ("framesmith.training_mode", "text_to_image"),
-    ] {
-        meta.insert(key.into(), value.into());
-    }
-    // musubi-tuner's spelling (`flux_shift`), as the config takes it.
-    if let Ok(serde_json::Value::String(name)) =
-        serde_json::to_value(plan.training.timesteps.sampling)
-    {
-        meta.insert("ss_timestep_sampling".into(), name);
-    }
-    meta
-}
-
-/// The clip a FLUX.1 run's steps see: the largest cached latent (× the autoencoder's 8) and the batch size.
-fn largest_clip(items: &FluxItems) -> anyhow::Result<memory_plan::ClipShape> {
-    let mut largest = (0, 0);
-    for (item, _) in &items.items {
-        let (_, _, h, w) = item.latents.dims4()?;
-        if h * w > largest.0 * largest.1 {
-            largest = (h, w);
-        }
-    }
-    Ok(memory_plan::ClipShape {
-        width: largest.1 * AUTOENCODER_FACTOR,
-        height: largest.0 * AUTOENCODER_FACTOR,
-        frames: 1,
-        batch: items.batch_size.max(1),
-    })
-}
-
-/// The memory plan of a CUDA FLUX.1 run (`None` elsewhere), made before the DiT takes device memory: it picks
-/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
-fn flux_memory_report(
-    plan: &RunPlan,
-    cfg: &FluxConfig,
-    clip: memory_plan::ClipShape,
-    device: &Device,
-) -> Option<Result<PlanReport, String>> {
-    if !(device.is_cuda() && plan.memory.applies) {
-        return None;
-    }
-    let model = memory_plan::PlanModel::new(super::plan::FluxPlanModel {
-        config: cfg.clone(),
-        order: plan.memory.flux_stream_order,
-    });
-    Some(memory_plan::plan_run(plan, model, clip).map_err(|e| e.to_string()))
+    image_lora_metadata(
+        plan,
+        (BASE_NAME, "https://github.com/black-forest-labs/flux"),
+        &[
+            ("ss_network_module", "networks.lora_flux"),
+            ("modelspec.architecture", "flux-1-dev/lora"),
+            ("ss_guidance_scale", "1.0"),
+        ],
+    )
 }
 
 /// The streamed blocks (`memory.flux_stream_order`) and ring settings of a CUDA FLUX.1 run, the count from the
@@ -162,7 +121,14 @@ pub(super) fn start_run(
         log(LogLevel::Warn, line.clone());
     }
     // Planned before the reservation and the DiT take the card's memory.
-    let memory = flux_memory_report(plan, &cfg, largest_clip(&cached)?, &device);
+    let model = || {
+        memory_plan::PlanModel::new(super::plan::FluxPlanModel {
+            config: cfg.clone(),
+            order: plan.memory.flux_stream_order,
+        })
+    };
+    let clip = largest_clip(&cached, AUTOENCODER_FACTOR)?;
+    let memory = memory_report(plan, model, clip, &device);
     let report = memory.as_ref().and_then(|m| m.as_ref().ok());
     if let Some(report) = report {
         log_plan(report, log);
@@ -191,12 +157,12 @@ pub(super) fn start_run(
         "training mode: text-to-image, guidance 1.0".into(),
     );
     log_flux_streaming(&model, plan, log);
-    let items = cached
-        .items
-        .into_iter()
-        .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
-        .collect();
-    let data = TrainSet::new(items, cached.batch_size, 1, plan.training.seed)?;
+    let data = TrainSet::new(
+        repeated(cached.items),
+        cached.batch_size,
+        1,
+        plan.training.seed,
+    )?;
     let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
     start_loras(
         plan,

@@ -10,6 +10,8 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
+use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
+use crate::family::image::run::{model_timesteps, noisy_latents, ImageModel};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
@@ -19,14 +21,12 @@ use framesmith_data::family::flux::cache::{
     flux_text_cache_name, parse_flux_latent_cache_name, read_flux_latent_cache,
     read_flux_text_cache,
 };
-use framesmith_data::problem::summary_lines;
 use framesmith_data::{DatasetKind, Unreadable};
 use framesmith_models::flux::sampling::prepare;
 use framesmith_models::flux::weights::{
     identify, identify_expected, FluxComponent, FluxFormatError, FluxKind, FluxVariant,
 };
-use framesmith_models::flux::{FluxConfig, FluxInputs};
-use framesmith_nn::init::randn;
+use framesmith_models::flux::{Flux, FluxConfig, FluxInputs};
 
 /// The guidance strength FLUX.1 [dev] LoRAs train with (`guidance_scale` 1.0 in musubi-tuner and sd-scripts).
 pub const TRAIN_GUIDANCE: f64 = 1.0;
@@ -75,110 +75,53 @@ fn cache_commands(dataset_toml: &Path) -> String {
     )
 }
 
-/// The cached FLUX.1 items of every training dataset of a musubi-tuner dataset config, each with its
-/// `num_repeats`: the latents `[16, 1, H, W]` as [`TrainItem::latents`], T5's output `[L, 4096]` as
-/// [`TrainItem::context`] and CLIP-L's pooled vector `[768]` as [`TrainItem::clip`]. A dataset not cached for
-/// FLUX.1 — nothing there, or only Wan caches — fails with the commands that cache it.
-pub fn load_flux_items(
-    (dataset_toml, unreadable): (&Path, Unreadable),
-    cfg: &FluxConfig,
-    device: &Device,
-) -> anyhow::Result<FluxItems> {
-    let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
-    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
-    let mut items = Vec::new();
-    for dataset in &valid.datasets {
-        if dataset.kind() != DatasetKind::Image {
-            anyhow::bail!(
-                "datasets[{}] is a video dataset; FLUX.1 trains on images (image_directory or image_jsonl_file): {}",
-                dataset.index,
-                dataset_toml.display()
-            );
-        }
-        let dir = dataset.cache_directory.clone().with_context(|| {
-            format!(
-                "datasets[{}] has no cache_directory; set one in {}",
-                dataset.index,
-                dataset_toml.display()
-            )
-        })?;
-        let repeats = dataset.num_repeats.max(1) as usize;
-        for item in load_dir(&dir, dataset_toml, cfg, device)? {
-            items.push((item, repeats));
-        }
+/// FLUX.1's `_flux` caches as a run reads them, checked against the DiT's sizes.
+struct FluxCaches<'a>(&'a FluxConfig);
+
+impl ImageCacheReader for FluxCaches<'_> {
+    fn family(&self) -> &'static str {
+        "FLUX.1"
     }
-    Ok(FluxItems {
-        items,
-        batch_size,
-        skipped: summary_lines(&valid.warnings),
-    })
-}
 
-/// The cached items of a dataset config.
-pub struct FluxItems {
-    /// Each training item once, with its `num_repeats`.
-    pub items: Vec<(TrainItem, usize)>,
-    /// The first dataset's batch size.
-    pub batch_size: usize,
-    /// Entries left out because they cannot be read (`skip_unreadable`), as lines to log.
-    pub skipped: Vec<String>,
-}
+    fn latent_stem(&self, file_name: &str) -> Option<String> {
+        parse_flux_latent_cache_name(file_name).map(|p| p.stem)
+    }
 
-/// The FLUX.1 items cached in `dir`.
-fn load_dir(
-    dir: &Path,
-    dataset_toml: &Path,
-    cfg: &FluxConfig,
-    device: &Device,
-) -> anyhow::Result<Vec<TrainItem>> {
-    let listing = crate::train::data::list_cache_dir(dir)?;
-    let mut names: Vec<(String, String)> = listing
-        .iter()
-        .filter_map(|n| parse_flux_latent_cache_name(n).map(|p| (n.clone(), p.stem)))
-        .collect();
-    names.sort();
-    if names.is_empty() {
+    fn found_instead(&self, listing: &[String]) -> String {
         let wan = listing
             .iter()
             .any(|n| parse_latent_cache_name(n, DatasetKind::Image).is_some());
-        let found = if wan {
-            "only Wan caches (*_wan.safetensors), which FLUX.1 cannot use"
+        if wan {
+            "only Wan caches (*_wan.safetensors), which FLUX.1 cannot use".into()
         } else {
-            "no FLUX.1 latent caches (*_flux.safetensors)"
-        };
-        anyhow::bail!(
-            "the dataset is not cached for FLUX.1: its cache directory holds {found}; run {} with the FLUX.1 \
-             files, then start the run again: {}",
-            cache_commands(dataset_toml),
-            dir.display()
-        );
+            "no FLUX.1 latent caches (*_flux.safetensors)".into()
+        }
     }
-    let channels = cfg.in_channels / 4;
-    let mut items = Vec::with_capacity(names.len());
-    for (file, stem) in names {
-        let latent_path = dir.join(&file);
-        let text_path = dir.join(flux_text_cache_name(&stem));
-        if !text_path.exists() {
-            anyhow::bail!(
-                "the captions are not cached for FLUX.1: {file} has no text cache beside it; run {}, then start \
-                 the run again: {}",
-                cache_commands(dataset_toml),
-                text_path.display()
-            );
-        }
-        let latents = read_flux_latent_cache(&latent_path, device)?;
-        let (c, _, h, w) = latents.dims4()?;
-        if c != channels || h % 2 != 0 || w % 2 != 0 {
-            anyhow::bail!(
-                "{file} has latents of shape {:?}; FLUX.1 takes [{channels}, 1, H, W] with H and W even (a cache made \
-                 with another VAE?): {}",
-                latents.dims(),
-                latent_path.display()
-            );
-        }
-        let text = read_flux_text_cache(&text_path, device)
-            .with_context(|| format!("the text cache for {file} is unreadable"))?;
-        let (t5, pooled) = (text.t5, text.clip_l_pooler.flatten_all()?);
+
+    fn text_cache_name(&self, stem: &str) -> String {
+        flux_text_cache_name(stem)
+    }
+
+    fn how_to_cache(&self, dataset_toml: &Path) -> String {
+        format!("run {} with the FLUX.1 files", cache_commands(dataset_toml))
+    }
+
+    fn latent_channels(&self) -> usize {
+        self.0.in_channels / 4
+    }
+
+    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<Tensor> {
+        Ok(read_flux_latent_cache(path, device)?)
+    }
+
+    fn read_text(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+        let text = read_flux_text_cache(path, device)?;
+        Ok((text.t5, Some(text.clip_l_pooler.flatten_all()?)))
+    }
+
+    fn check_text(&self, t5: &Tensor, pooled: Option<&Tensor>, path: &Path) -> anyhow::Result<()> {
+        let cfg = self.0;
+        let pooled = pooled.context("a FLUX.1 text cache without CLIP-L's pooled vector")?;
         if t5.rank() != 2 || t5.dim(1)? != cfg.context_in_dim || pooled.dim(0)? != cfg.vec_in_dim {
             anyhow::bail!(
                 "the text cache holds T5 output {:?} and a CLIP-L vector {:?}, but the model takes [L, {}] and [{}] \
@@ -187,18 +130,23 @@ fn load_dir(
                 pooled.dims(),
                 cfg.context_in_dim,
                 cfg.vec_in_dim,
-                text_path.display()
+                path.display()
             );
         }
-        items.push(TrainItem {
-            key: file,
-            latents,
-            context: t5,
-            image: None,
-            clip: Some(pooled),
-        });
+        Ok(())
     }
-    Ok(items)
+}
+
+/// The cached FLUX.1 items of every training dataset of a musubi-tuner dataset config, each with its
+/// `num_repeats`: the latents `[16, 1, H, W]` as [`TrainItem::latents`], T5's output `[L, 4096]` as
+/// [`TrainItem::context`] and CLIP-L's pooled vector `[768]` as [`TrainItem::clip`]. A dataset not cached for
+/// FLUX.1 — nothing there, or only Wan caches — fails with the commands that cache it.
+pub fn load_flux_items(
+    dataset: (&Path, Unreadable),
+    cfg: &FluxConfig,
+    device: &Device,
+) -> anyhow::Result<ImageItems> {
+    load_image_items(dataset, &FluxCaches(cfg), device)
 }
 
 /// One FLUX.1 batch made ready for the DiT.
@@ -216,17 +164,8 @@ pub fn flux_batch(
     rng: &mut StdRng,
     dtype: DType,
 ) -> anyhow::Result<FluxBatch> {
-    let mut noisy = Vec::with_capacity(batch.len());
-    let mut targets = Vec::with_capacity(batch.len());
-    for (item, draw) in batch.iter().zip(draws) {
-        // [C, 1, H, W] → [1, C, H, W].
-        let x = item.latents.to_dtype(DType::F32)?.transpose(0, 1)?;
-        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
-        noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
-        let target = framesmith_models::flux::sampling::pack(&(noise - x)?)?;
-        targets.push(target.squeeze(0)?);
-    }
-    let noisy = Tensor::cat(&noisy, 0)?;
+    let (noisy, targets) =
+        noisy_latents(batch, draws, rng, framesmith_models::flux::sampling::pack)?;
     let txt =
         Tensor::stack(&batch.iter().map(|i| &i.context).collect::<Vec<_>>(), 0)?.to_dtype(dtype)?;
     let y = batch
@@ -241,22 +180,33 @@ pub fn flux_batch(
     let [img, img_ids, txt_ids] = prepare(&noisy, txt.dim(1)?)?;
     let device = img.device();
     let b = batch.len();
-    let timesteps: Vec<f32> = draws
-        .iter()
-        .map(|d| {
-            (d.model_timestep / framesmith_config::training::NUM_TRAIN_TIMESTEPS as f64) as f32
-        })
-        .collect();
     let inputs = FluxInputs {
         img: img.to_dtype(dtype)?,
         img_ids,
         txt,
         txt_ids,
-        timesteps: Tensor::new(timesteps, device)?,
+        timesteps: model_timesteps(draws, device)?,
         y,
         guidance: Some(Tensor::full(TRAIN_GUIDANCE as f32, b, device)?),
     };
     Ok(FluxBatch { inputs, targets })
+}
+
+impl ImageModel for Flux {
+    const NO_VALIDATION: Option<&'static str> = Some(
+        "FLUX.1 runs do not validate yet: remove [validation] (validate_every_n_steps, validate_every_n_epochs, \
+         validate_at_save) from the run config",
+    );
+
+    fn image_batch(
+        batch: &[&TrainItem],
+        draws: &[TimestepDraw],
+        rng: &mut StdRng,
+        dtype: DType,
+    ) -> anyhow::Result<(FluxInputs, Vec<Tensor>)> {
+        let FluxBatch { inputs, targets } = flux_batch(batch, draws, rng, dtype)?;
+        Ok((inputs, targets))
+    }
 }
 
 #[cfg(test)]

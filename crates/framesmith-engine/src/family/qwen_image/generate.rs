@@ -5,16 +5,13 @@
 //! with `--blocks-to-swap`), and the engine samples ([`super::pipeline`]).
 
 use std::path::Path;
-use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{DType, Device};
-use framesmith_config::run::DeviceSpec;
+use candle_core::{DType, Device, Tensor};
 use framesmith_config::RunConfig;
 use framesmith_models::qwen_image::vae::load_vae;
 use framesmith_models::qwen_image::weights::load_dit_streamed;
 use framesmith_models::qwen_image::QwenImageTransformer;
-use framesmith_nn::device::hold_vram_budget;
 use framesmith_nn::offload::OffloadOptions;
 
 use super::encoder::{encode_each, load_encoder, EncoderFiles, LoadEncoder};
@@ -24,12 +21,14 @@ use super::pipeline::{
 };
 use super::plan::qwen_streamed_blocks;
 use super::train::{dit_config, is_qwen_image_file};
-use crate::generate::request::{
-    create_out_folder, open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
-    Placement,
+use crate::family::image::generate::{
+    check_png_out, finish_image, foreign_options, hold_budget, one_device, refuse_foreign,
+    ImageSteps,
 };
-use crate::generate::run::{given, loras_as_one, timing_line, vram_use, Session, StepClock};
-use crate::generate::sampler::Solver;
+use crate::generate::request::{
+    open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
+};
+use crate::generate::run::{given, loras_as_one, Session};
 use framesmith_nn::offload::release_cached_memory;
 
 /// Whether `dit` is a Qwen-Image transformer (so generation goes the Qwen-Image way).
@@ -41,27 +40,12 @@ pub fn is_qwen_image_dit(dit: &DitSource) -> bool {
 }
 
 /// The options given that only other families take, by flag.
-fn foreign_options(request: &GenerationRequest) -> Vec<&'static str> {
-    let f = &request.files;
-    [
-        (request.dit_low_noise.is_some(), "--dit-low-noise"),
-        (request.boundary.is_some(), "--boundary"),
-        (!request.loras_low_noise.is_empty(), "--lora-low-noise"),
-        (request.image.is_some(), "--image"),
-        (f.clip.is_some(), "--clip"),
-        (f.clip_l.is_some(), "--clip-l"),
-        (f.t5.is_some(), "--t5"),
-        (request.frames.is_some(), "--frames"),
-        (request.shift.is_some(), "--shift"),
-        (request.tiled, "--tiled"),
-        (
-            request.solver.is_some_and(|s| s != Solver::Euler),
-            "--solver (Qwen-Image samples with euler)",
-        ),
-    ]
-    .into_iter()
-    .filter_map(|(given, name)| given.then_some(name))
-    .collect()
+fn other_options(request: &GenerationRequest) -> Vec<&'static str> {
+    foreign_options(
+        request,
+        "--solver (Qwen-Image samples with euler)",
+        &["--clip-l", "--t5"],
+    )
 }
 
 /// The request for the models of the Qwen-Image run `config`: its DiT, VAE and text encoder, its device, an image
@@ -79,33 +63,19 @@ pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
     request
 }
 
-/// The one device Qwen-Image runs on: `--gpus N`, else `--device`; several GPUs are refused.
-fn one_device(placement: &Placement) -> anyhow::Result<DeviceSpec> {
-    match *placement.gpus.as_slice() {
-        [] => Ok(placement.device),
-        [one] => Ok(DeviceSpec::Cuda(one)),
-        [first, ..] => {
-            anyhow::bail!("--gpus: a Qwen-Image DiT runs on one GPU: give --gpus {first}")
-        }
-    }
-}
-
 /// The request's checks before anything loads; returns the VAE and the text encoder's weights.
 fn check_request<'a>(dit: &Path, request: &'a GenerationRequest) -> anyhow::Result<[&'a Path; 2]> {
     dit_config(dit).map_err(|e| {
         anyhow::anyhow!("--dit{}", format!("{e:#}").trim_start_matches("model.dit"))
     })?;
-    let foreign = foreign_options(request);
-    if !foreign.is_empty() {
-        anyhow::bail!(
-            "{} {} for other models; a Qwen-Image DiT makes one image from --prompt (and --negative) with --vae and \
-             --text-encoder: drop {} ({})",
-            foreign.join(", "),
-            if foreign.len() == 1 { "is" } else { "are" },
-            if foreign.len() == 1 { "it" } else { "them" },
-            dit.display()
-        );
-    }
+    refuse_foreign(
+        &other_options(request),
+        (
+            "other models",
+            "a Qwen-Image DiT makes one image from --prompt (and --negative) with --vae and --text-encoder",
+        ),
+        dit,
+    )?;
     let f = &request.files;
     let Some(vae) = f.vae.as_deref() else {
         anyhow::bail!(
@@ -119,17 +89,7 @@ fn check_request<'a>(dit: &Path, request: &'a GenerationRequest) -> anyhow::Resu
             dit.display()
         );
     };
-    let png = request
-        .out
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    if !png {
-        anyhow::bail!(
-            "--out: Qwen-Image makes an image, written as PNG: give a path ending in .png ({})",
-            request.out.display()
-        );
-    }
-    create_out_folder(&request.out)?;
+    check_png_out(&request.out, "Qwen-Image")?;
     Ok([vae, text_encoder])
 }
 
@@ -211,13 +171,9 @@ pub(crate) fn generate_with(
         seed: 0,
     };
     let latent = settings.latent_size(["--width", "--height", "--steps"])?;
-    let device = open_device(one_device(&request.placement)?)?;
+    let device = open_device(one_device(&request.placement, "Qwen-Image")?)?;
     let dtype = pick_dtype(request.dtype, &device)?;
-    let held = request
-        .vram_budget_bytes
-        .map(|b| hold_vram_budget(&device, b))
-        .transpose()?
-        .flatten();
+    let held = hold_budget(request, &device)?;
     let prompt = encode_prompt(request, text_encoder, load, (dtype, &device))?;
     let vae = load_vae(vae_path, dtype, &device)
         .with_context(|| format!("--vae {}", vae_path.display()))?;
@@ -231,31 +187,14 @@ pub(crate) fn generate_with(
         "seed {}, {}x{}, {} steps{cfg_line}",
         settings.seed, settings.width, settings.height, settings.steps
     ));
-    let clock = StepClock::new(session, vec![device.clone()], settings.steps);
-    let z = clock.checked(denoise_image(
-        &model,
-        &prompt,
-        &settings,
-        latent,
-        dtype,
-        &|| clock.poll(),
-    ))?;
-    let starts = clock.finish()?;
-    let denoised = starts.last().copied().unwrap_or_else(Instant::now);
-    drop(model);
-    let image = decode_image(&vae, &z, dtype)?;
-    let decode_secs = denoised.elapsed().as_secs_f64();
-    let vram: Vec<_> = vram_use(&device, held.as_ref()).into_iter().collect();
-    session.log(timing_line(&starts, decode_secs, &vram));
-    image
-        .save(&request.out)
-        .with_context(|| format!("cannot write {}", request.out.display()))?;
-    Ok(GenerationOutput {
-        file: request.out.clone(),
-        frames_dir: None,
-        frames: 1,
-        width: image.width() as usize,
-        height: image.height() as usize,
-        seed: settings.seed,
-    })
+    let seed = settings.seed;
+    let steps = ImageSteps {
+        steps: settings.steps,
+        // The DiT moves in, and is dropped before the VAE decodes.
+        denoise: move |cancelled: &dyn Fn() -> bool| {
+            denoise_image(&model, &prompt, &settings, latent, dtype, cancelled)
+        },
+        decode: |z: &Tensor| decode_image(&vae, z, dtype),
+    };
+    finish_image(request, session, (&device, held.as_ref()), steps, seed)
 }

@@ -6,27 +6,24 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::Device;
-
 use super::encoder::{load_encoder, LoadEncoder};
 use super::plan::{qwen_streamed_blocks, QwenImagePlanModel};
 use super::run::QwenImageRun;
 use super::samples::image_samples;
-use super::train::{dit_config, load_qwen_items, QwenImageItems};
+use super::train::{dit_config, load_qwen_items};
+use crate::family::image::items::{largest_clip, split_items};
+use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
-use crate::train::data::{TrainItem, TrainSet};
+use crate::train::data::TrainSet;
 use crate::train::setup::{
-    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
-    reserve_budget, start_loras, RunParts,
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
+    start_loras, RunParts,
 };
-use crate::train::validation::{hold_out, Validation};
 use framesmith_config::plan::DatasetSource;
-use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_data::Unreadable;
 use framesmith_models::qwen_image::weights::load_dit_streamed;
-use framesmith_models::qwen_image::QwenImageConfig;
 use framesmith_models::trainable::attach_model_loras;
 use framesmith_nn::offload::OffloadOptions;
 
@@ -39,84 +36,14 @@ const BASE_VERSION: &str = "qwen_image";
 /// The LoRA file's metadata: every family's keys with what musubi-tuner writes for Qwen-Image (its network module,
 /// `ss_base_model_version` and modelspec architecture `Qwen-Image/lora`).
 pub(crate) fn qwen_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
-    let mut meta = lora_metadata(plan, BASE_VERSION, "https://github.com/QwenLM/Qwen-Image");
-    for (key, value) in [
-        ("ss_network_module", "networks.lora_qwen_image"),
-        ("modelspec.architecture", "Qwen-Image/lora"),
-        ("framesmith.model_timestep", "t+0.001"),
-        ("framesmith.training_mode", "text_to_image"),
-    ] {
-        meta.insert(key.into(), value.into());
-    }
-    // musubi-tuner's spelling (`qwen_shift`), as the config takes it.
-    if let Ok(serde_json::Value::String(name)) =
-        serde_json::to_value(plan.training.timesteps.sampling)
-    {
-        meta.insert("ss_timestep_sampling".into(), name);
-    }
-    meta
-}
-
-/// The clip a Qwen-Image run's steps see: the largest cached latent (× the VAE's 8) and the batch size.
-fn largest_clip(items: &QwenImageItems) -> anyhow::Result<memory_plan::ClipShape> {
-    let mut largest = (0, 0);
-    for (item, _) in &items.items {
-        let (_, _, h, w) = item.latents.dims4()?;
-        if h * w > largest.0 * largest.1 {
-            largest = (h, w);
-        }
-    }
-    Ok(memory_plan::ClipShape {
-        width: largest.1 * VAE_FACTOR,
-        height: largest.0 * VAE_FACTOR,
-        frames: 1,
-        batch: items.batch_size.max(1),
-    })
-}
-
-/// The memory plan of a CUDA run (`None` elsewhere), made before the DiT takes device memory.
-fn memory_report(
-    plan: &RunPlan,
-    cfg: &QwenImageConfig,
-    clip: memory_plan::ClipShape,
-    device: &Device,
-) -> Option<Result<PlanReport, String>> {
-    if !(device.is_cuda() && plan.memory.applies) {
-        return None;
-    }
-    let model = memory_plan::PlanModel::new(QwenImagePlanModel {
-        config: cfg.clone(),
-    });
-    Some(memory_plan::plan_run(plan, model, clip).map_err(|e| e.to_string()))
-}
-
-/// The training items (each repeated `num_repeats` times) and, when the run validates, the held-out items.
-fn split_items(
-    plan: &RunPlan,
-    items: Vec<(TrainItem, usize)>,
-) -> anyhow::Result<(Vec<TrainItem>, Option<Validation>)> {
-    let (train, validation) = match &plan.validation {
-        Some(v) => {
-            let Some(split) = v.split.filter(|s| *s > 0.0) else {
-                anyhow::bail!(
-                    "a Qwen-Image run validates on items held out of its dataset: set validation.validation_split \
-                     (e.g. 0.1), or remove the [validation] schedule"
-                );
-            };
-            let (train, held) = hold_out(items, split, v.seed)?;
-            let validation = Validation {
-                plan: v.clone(),
-                items: held,
-            };
-            (train, Some(validation))
-        }
-        None => (items, None),
-    };
-    let train = train
-        .into_iter()
-        .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
-        .collect();
-    Ok((train, validation))
+    image_lora_metadata(
+        plan,
+        (BASE_VERSION, "https://github.com/QwenLM/Qwen-Image"),
+        &[
+            ("ss_network_module", "networks.lora_qwen_image"),
+            ("modelspec.architecture", "Qwen-Image/lora"),
+        ],
+    )
 }
 
 /// Builds a Qwen-Image run's part from a validated plan whose `model.dit` is the Qwen-Image transformer `dit`.
@@ -148,7 +75,12 @@ pub(crate) fn start_run_with(
         log(LogLevel::Warn, line.clone());
     }
     // Planned before the reservation and the DiT take the card's memory.
-    let memory = memory_report(plan, &cfg, largest_clip(&cached)?, &device);
+    let model = || {
+        memory_plan::PlanModel::new(QwenImagePlanModel {
+            config: cfg.clone(),
+        })
+    };
+    let memory = memory_report(plan, model, largest_clip(&cached, VAE_FACTOR)?, &device);
     if let Some(report) = memory.as_ref().and_then(|m| m.as_ref().ok()) {
         log_plan(report, log);
     }
@@ -185,7 +117,7 @@ pub(crate) fn start_run_with(
             ),
         );
     }
-    let (train, validation) = split_items(plan, cached.items)?;
+    let (train, validation) = split_items(plan, cached.items, "Qwen-Image")?;
     let data = TrainSet::new(train, cached.batch_size, 1, plan.training.seed)?;
     let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
     start_loras(

@@ -8,26 +8,24 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
+use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
+use crate::family::image::run::{model_timesteps, noisy_latents, ImageModel};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
-use framesmith_config::training::NUM_TRAIN_TIMESTEPS;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::family::qwen_image::cache::{
     parse_qwen_latent_cache_name, qwen_text_cache_name, read_qwen_latent_cache,
     read_qwen_text_cache,
 };
-use framesmith_data::problem::summary_lines;
-use framesmith_data::{DatasetKind, Unreadable};
+use framesmith_data::Unreadable;
 use framesmith_models::qwen_image::latents::pack;
 use framesmith_models::qwen_image::rope::ImageGrid;
 use framesmith_models::qwen_image::weights::{identify, is_unrecognised};
-use framesmith_models::qwen_image::{QwenImageConfig, QwenImageInputs};
-use framesmith_nn::init::randn;
+use framesmith_models::qwen_image::{QwenImageConfig, QwenImageInputs, QwenImageTransformer};
 
 /// Whether `path` is a Qwen-Image transformer (a file or a diffusers folder), or Qwen-Image tensors that do not
 /// make one (a lone shard), so the run goes the Qwen-Image way and [`dit_config`] names what is wrong.
@@ -71,130 +69,70 @@ fn cache_commands(dataset_toml: &Path) -> String {
     )
 }
 
-/// The cached items of a dataset config.
-pub struct QwenImageItems {
-    /// Each training item once, with its `num_repeats`.
-    pub items: Vec<(TrainItem, usize)>,
-    /// The first dataset's batch size.
-    pub batch_size: usize,
-    /// Entries left out because they cannot be read (`skip_unreadable`), as lines to log.
-    pub skipped: Vec<String>,
+/// Qwen-Image's `_qi` caches as a run reads them, checked against the transformer's sizes.
+struct QwenImageCaches<'a>(&'a QwenImageConfig);
+
+impl ImageCacheReader for QwenImageCaches<'_> {
+    fn family(&self) -> &'static str {
+        "Qwen-Image"
+    }
+
+    fn latent_stem(&self, file_name: &str) -> Option<String> {
+        parse_qwen_latent_cache_name(file_name).map(|p| p.stem)
+    }
+
+    fn found_instead(&self, _listing: &[String]) -> String {
+        "no Qwen-Image latent caches (*_qi.safetensors)".into()
+    }
+
+    fn text_cache_name(&self, stem: &str) -> String {
+        qwen_text_cache_name(stem)
+    }
+
+    fn how_to_cache(&self, dataset_toml: &Path) -> String {
+        format!("make them with {}", cache_commands(dataset_toml))
+    }
+
+    fn latent_channels(&self) -> usize {
+        self.0.in_channels / 4
+    }
+
+    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<Tensor> {
+        Ok(read_qwen_latent_cache(path, device)?)
+    }
+
+    fn read_text(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Option<Tensor>)> {
+        Ok((read_qwen_text_cache(path, device)?.vl_embed, None))
+    }
+
+    fn check_text(
+        &self,
+        embed: &Tensor,
+        _clip: Option<&Tensor>,
+        path: &Path,
+    ) -> anyhow::Result<()> {
+        let dim = self.0.joint_attention_dim;
+        if embed.rank() != 2 || embed.dim(1)? != dim || embed.dim(0)? == 0 {
+            anyhow::bail!(
+                "the text cache holds hidden states {:?}, but the model takes [L, {dim}] (made with another text \
+                 encoder?): {}",
+                embed.dims(),
+                path.display()
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The cached Qwen-Image items of every training dataset of a musubi-tuner dataset config, each with its
 /// `num_repeats`: the latents `[16, 1, H, W]` as [`TrainItem::latents`] and Qwen2.5-VL's hidden states `[L, D]` as
 /// [`TrainItem::context`]. A dataset not cached for Qwen-Image fails with the commands that cache it.
 pub fn load_qwen_items(
-    (dataset_toml, unreadable): (&Path, Unreadable),
+    dataset: (&Path, Unreadable),
     cfg: &QwenImageConfig,
     device: &Device,
-) -> anyhow::Result<QwenImageItems> {
-    let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
-    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
-    let mut items = Vec::new();
-    for dataset in &valid.datasets {
-        if dataset.kind() != DatasetKind::Image {
-            anyhow::bail!(
-                "datasets[{}] is a video dataset; Qwen-Image trains on images (image_directory or \
-                 image_jsonl_file): {}",
-                dataset.index,
-                dataset_toml.display()
-            );
-        }
-        let dir = dataset.cache_directory.clone().with_context(|| {
-            format!(
-                "datasets[{}] has no cache_directory; set one in {}",
-                dataset.index,
-                dataset_toml.display()
-            )
-        })?;
-        let repeats = dataset.num_repeats.max(1) as usize;
-        for item in load_dir(&dir, dataset_toml, cfg, device)? {
-            items.push((item, repeats));
-        }
-    }
-    Ok(QwenImageItems {
-        items,
-        batch_size,
-        skipped: summary_lines(&valid.warnings),
-    })
-}
-
-/// Reads one item's caches and checks them against the model `cfg`.
-fn load_item(
-    dir: &Path,
-    file: String,
-    stem: &str,
-    dataset_toml: &Path,
-    (cfg, device): (&QwenImageConfig, &Device),
-) -> anyhow::Result<TrainItem> {
-    let latent_path = dir.join(&file);
-    let text_path = dir.join(qwen_text_cache_name(stem));
-    if !text_path.exists() {
-        anyhow::bail!(
-            "the captions are not cached for Qwen-Image: {file} has no text cache beside it; make it with {}, then \
-             start the run again: {}",
-            cache_commands(dataset_toml),
-            text_path.display()
-        );
-    }
-    let latents = read_qwen_latent_cache(&latent_path, device)?;
-    let channels = cfg.in_channels / 4;
-    let (c, _, h, w) = latents.dims4()?;
-    if c != channels || h % 2 != 0 || w % 2 != 0 {
-        anyhow::bail!(
-            "{file} has latents of shape {:?}; this Qwen-Image transformer takes [{channels}, 1, H, W] with H and W \
-             even (a cache made with another VAE?): {}",
-            latents.dims(),
-            latent_path.display()
-        );
-    }
-    let text = read_qwen_text_cache(&text_path, device)
-        .with_context(|| format!("the text cache for {file} is unreadable"))?;
-    let embed = text.vl_embed;
-    if embed.rank() != 2 || embed.dim(1)? != cfg.joint_attention_dim || embed.dim(0)? == 0 {
-        anyhow::bail!(
-            "the text cache holds hidden states {:?}, but the model takes [L, {}] (made with another text \
-             encoder?): {}",
-            embed.dims(),
-            cfg.joint_attention_dim,
-            text_path.display()
-        );
-    }
-    Ok(TrainItem {
-        key: file,
-        latents,
-        context: embed,
-        image: None,
-        clip: None,
-    })
-}
-
-/// The Qwen-Image items cached in `dir`.
-fn load_dir(
-    dir: &Path,
-    dataset_toml: &Path,
-    cfg: &QwenImageConfig,
-    device: &Device,
-) -> anyhow::Result<Vec<TrainItem>> {
-    let listing = crate::train::data::list_cache_dir(dir)?;
-    let mut names: Vec<(String, String)> = listing
-        .iter()
-        .filter_map(|n| parse_qwen_latent_cache_name(n).map(|p| (n.clone(), p.stem)))
-        .collect();
-    names.sort();
-    if names.is_empty() {
-        anyhow::bail!(
-            "the dataset is not cached for Qwen-Image: its cache directory holds no Qwen-Image latent caches \
-             (*_qi.safetensors); make them with {}, then start the run again: {}",
-            cache_commands(dataset_toml),
-            dir.display()
-        );
-    }
-    names
-        .into_iter()
-        .map(|(file, stem)| load_item(dir, file, &stem, dataset_toml, (cfg, device)))
-        .collect()
+) -> anyhow::Result<ImageItems> {
+    load_image_items(dataset, &QwenImageCaches(cfg), device)
 }
 
 /// One Qwen-Image batch made ready for the transformer.
@@ -219,15 +157,6 @@ pub fn padded_text(contexts: &[&Tensor], dtype: DType) -> anyhow::Result<(Tensor
     Ok((Tensor::stack(&rows, 0)?, lens))
 }
 
-/// The transformer's timesteps [b] of `draws`: `model_timestep / 1000` (t + 0.001 in the continuous modes).
-pub fn model_timesteps(draws: &[TimestepDraw], device: &Device) -> candle_core::Result<Tensor> {
-    let ts: Vec<f32> = draws
-        .iter()
-        .map(|d| (d.model_timestep / NUM_TRAIN_TIMESTEPS as f64) as f32)
-        .collect();
-    Tensor::new(ts, device)
-}
-
 /// Noisy packed latents, the image grid, text and targets of `batch` (items of one latent shape) at `draws`, noise
 /// drawn from `rng` item by item; the model computes in `dtype`.
 pub fn qwen_batch(
@@ -236,16 +165,7 @@ pub fn qwen_batch(
     rng: &mut StdRng,
     dtype: DType,
 ) -> anyhow::Result<QwenImageBatch> {
-    let mut noisy = Vec::with_capacity(batch.len());
-    let mut targets = Vec::with_capacity(batch.len());
-    for (item, draw) in batch.iter().zip(draws) {
-        // [C, 1, H, W] → [1, C, H, W].
-        let x = item.latents.to_dtype(DType::F32)?.transpose(0, 1)?;
-        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
-        noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
-        targets.push(pack(&(noise - x)?)?.squeeze(0)?);
-    }
-    let noisy = Tensor::cat(&noisy, 0)?;
+    let (noisy, targets) = noisy_latents(batch, draws, rng, pack)?;
     let (_, _, h, w) = noisy.dims4()?;
     let contexts: Vec<&Tensor> = batch.iter().map(|i| &i.context).collect();
     let (txt, lens) = padded_text(&contexts, dtype)?;
@@ -257,4 +177,16 @@ pub fn qwen_batch(
         timesteps: model_timesteps(draws, noisy.device())?,
     };
     Ok(QwenImageBatch { inputs, targets })
+}
+
+impl ImageModel for QwenImageTransformer {
+    fn image_batch(
+        batch: &[&TrainItem],
+        draws: &[TimestepDraw],
+        rng: &mut StdRng,
+        dtype: DType,
+    ) -> anyhow::Result<(QwenImageInputs, Vec<Tensor>)> {
+        let QwenImageBatch { inputs, targets } = qwen_batch(batch, draws, rng, dtype)?;
+        Ok((inputs, targets))
+    }
 }

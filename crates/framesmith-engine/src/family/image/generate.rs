@@ -1,0 +1,198 @@
+//! What an image family's part of the generation call shares: the checks before anything loads (the options only
+//! other families take refused by flag, `--out` a PNG, one device), the VRAM budget held, and the end of the call
+//! (the denoising timed step by step, the model dropped, the image decoded, written and reported).
+
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+use image::RgbImage;
+
+use crate::generate::request::{create_out_folder, GenerationOutput, GenerationRequest, Placement};
+use crate::generate::run::{timing_line, vram_use, Session, StepClock};
+use crate::generate::sampler::Solver;
+use framesmith_config::run::DeviceSpec;
+use framesmith_nn::device::{hold_vram_budget, VramHold};
+
+/// The flags given that only other families take, in one order for every family: the clip and expert options
+/// every image family refuses, and those of `refused_too` (`--text-encoder`, `--clip-l`, `--t5`, `--negative`,
+/// `--blocks-to-swap`: the ones another image family takes); a solver other than Euler as `solver_note`.
+pub(crate) fn foreign_options(
+    request: &GenerationRequest,
+    solver_note: &'static str,
+    refused_too: &[&str],
+) -> Vec<&'static str> {
+    let f = &request.files;
+    // (given, flag, refused by every image family)
+    [
+        (request.dit_low_noise.is_some(), "--dit-low-noise", true),
+        (request.boundary.is_some(), "--boundary", true),
+        (
+            !request.loras_low_noise.is_empty(),
+            "--lora-low-noise",
+            true,
+        ),
+        (f.text_encoder.is_some(), "--text-encoder", false),
+        (request.image.is_some(), "--image", true),
+        (f.clip.is_some(), "--clip", true),
+        (f.clip_l.is_some(), "--clip-l", false),
+        (f.t5.is_some(), "--t5", false),
+        (request.negative.is_some(), "--negative", false),
+        (request.frames.is_some(), "--frames", true),
+        (request.shift.is_some(), "--shift", true),
+        (request.tiled, "--tiled", true),
+        (request.blocks_to_swap > 0, "--blocks-to-swap", false),
+        (
+            request.solver.is_some_and(|s| s != Solver::Euler),
+            solver_note,
+            true,
+        ),
+    ]
+    .into_iter()
+    .filter(|&(given, name, all)| given && (all || refused_too.contains(&name)))
+    .map(|(_, name, _)| name)
+    .collect()
+}
+
+/// Refuses the `foreign` flags given (for `whose` models), saying what the DiT at `dit` makes from what (`takes`).
+pub(crate) fn refuse_foreign(
+    foreign: &[&str],
+    (whose, takes): (&str, &str),
+    dit: &Path,
+) -> anyhow::Result<()> {
+    if foreign.is_empty() {
+        return Ok(());
+    }
+    let one = foreign.len() == 1;
+    anyhow::bail!(
+        "{} {} for {whose}; {takes}: drop {} ({})",
+        foreign.join(", "),
+        if one { "is" } else { "are" },
+        if one { "it" } else { "them" },
+        dit.display()
+    )
+}
+
+/// `--out` must name a PNG (the `family`'s image); its folder is made.
+pub(crate) fn check_png_out(out: &Path, family: &str) -> anyhow::Result<()> {
+    let png = out
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
+    if !png {
+        anyhow::bail!(
+            "--out: {family} makes an image, written as PNG: give a path ending in .png ({})",
+            out.display()
+        );
+    }
+    create_out_folder(out)
+}
+
+/// The one device a `family` DiT runs on: `--gpus N`, else `--device`; several GPUs are refused.
+pub(crate) fn one_device(placement: &Placement, family: &str) -> anyhow::Result<DeviceSpec> {
+    match *placement.gpus.as_slice() {
+        [] => Ok(placement.device),
+        [one] => Ok(DeviceSpec::Cuda(one)),
+        [first, ..] => {
+            let list: Vec<String> = placement.gpus.iter().map(usize::to_string).collect();
+            anyhow::bail!(
+                "--gpus {}: a {family} DiT runs on one GPU: give --gpus {first}",
+                list.join(",")
+            )
+        }
+    }
+}
+
+/// The request's VRAM budget held on `device` (`None` without a budget, or where nothing can be held); taken
+/// before anything takes device memory, so that what the encoders, the autoencoder and the DiT take counts.
+pub(crate) fn hold_budget(
+    request: &GenerationRequest,
+    device: &Device,
+) -> anyhow::Result<Option<VramHold>> {
+    Ok(request
+        .vram_budget_bytes
+        .map(|b| hold_vram_budget(device, b))
+        .transpose()?
+        .flatten())
+}
+
+/// How one image is denoised and decoded.
+pub(crate) struct ImageSteps<D, E> {
+    /// The denoising steps.
+    pub steps: usize,
+    /// Denoises (the model it owns dropped when it returns), polling the given cancel between steps.
+    pub denoise: D,
+    /// Decodes the latents into the image.
+    pub decode: E,
+}
+
+/// The end of an image generation: `steps.denoise` timed step by step on `device`, the image decoded and the
+/// timing (and the VRAM used, `held` counted) logged, the PNG written to the request's `--out` with `seed`.
+pub(crate) fn finish_image<D, E>(
+    request: &GenerationRequest,
+    session: &mut Session,
+    (device, held): (&Device, Option<&VramHold>),
+    steps: ImageSteps<D, E>,
+    seed: u64,
+) -> anyhow::Result<GenerationOutput>
+where
+    D: FnOnce(&dyn Fn() -> bool) -> anyhow::Result<Tensor>,
+    E: FnOnce(&Tensor) -> anyhow::Result<RgbImage>,
+{
+    let clock = StepClock::new(session, vec![device.clone()], steps.steps);
+    let z = clock.checked((steps.denoise)(&|| clock.poll()))?;
+    let starts = clock.finish()?;
+    let denoised = starts.last().copied().unwrap_or_else(Instant::now);
+    let image = (steps.decode)(&z)?;
+    let decode_secs = denoised.elapsed().as_secs_f64();
+    let vram: Vec<_> = vram_use(device, held).into_iter().collect();
+    session.log(timing_line(&starts, decode_secs, &vram));
+    image
+        .save(&request.out)
+        .with_context(|| format!("cannot write {}", request.out.display()))?;
+    Ok(GenerationOutput {
+        file: request.out.clone(),
+        frames_dir: None,
+        frames: 1,
+        width: image.width() as usize,
+        height: image.height() as usize,
+        seed,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::generate::request::DitSource;
+
+    #[test]
+    fn foreign_flags_come_in_one_order_with_the_familys_own_left_out() {
+        let mut request = GenerationRequest::new(DitSource::Demo, "", "out.png");
+        request.frames = Some(81);
+        request.negative = Some("blurry".into());
+        request.files.t5 = Some("t5xxl.safetensors".into());
+        request.files.clip = Some("clip.safetensors".into());
+        let flux = foreign_options(&request, "--solver", &["--negative"]);
+        assert_eq!(flux, ["--clip", "--negative", "--frames"]);
+        let qwen = foreign_options(&request, "--solver", &["--t5"]);
+        assert_eq!(qwen, ["--clip", "--t5", "--frames"]);
+    }
+
+    #[test]
+    fn an_image_family_runs_on_one_device() -> anyhow::Result<()> {
+        let on = |gpus: &[usize]| {
+            one_device(
+                &Placement {
+                    device: DeviceSpec::Cpu,
+                    gpus: gpus.to_vec(),
+                },
+                "FLUX.1",
+            )
+        };
+        assert_eq!(on(&[])?, DeviceSpec::Cpu);
+        assert_eq!(on(&[1])?, DeviceSpec::Cuda(1));
+        let err = on(&[1, 0]).err().map(|e| e.to_string()).unwrap_or_default();
+        assert!(err.contains("one GPU") && err.contains("--gpus 1"), "{err}");
+        Ok(())
+    }
+}
