@@ -10,18 +10,12 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device};
 
-use crate::prep::{
-    cache_image_latents, frames_to_video, header, images_only, scan_all, CacheOptions,
-    CacheProgress, CacheSummary, Expected, ItemOutcome,
+use crate::family::image::prep::{
+    cache_latents, cache_text, start_latent_pass, CaptionCache, ImageLatents,
 };
-use framesmith_data::cache::media_stem;
-use framesmith_data::family::flux::cache::{
-    flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
-    FluxTextCache, FLUX_ARCHITECTURE,
-};
-use framesmith_data::probe::image_size;
-use framesmith_data::samples::{cache_dir, image_sample};
-use framesmith_data::{ResolvedDataset, ValidConfig};
+use crate::prep::{CacheOptions, CacheProgress, CacheSummary};
+use framesmith_data::family::flux::cache::{write_flux_text_cache, FluxTextCache, FLUX_CACHES};
+use framesmith_data::ValidConfig;
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
 use framesmith_models::flux::weights::{identify, load_autoencoder, FluxComponent};
@@ -48,69 +42,22 @@ impl FluxLatentEncoder<'_> {
     }
 }
 
-/// Whether `path` holds a complete FLUX.1 cache with these tensors and, for text caches, this `caption`.
-fn cached(path: &std::path::Path, prefixes: &[&str], caption: Option<&str>) -> bool {
-    header::complete_cache(path, prefixes, FLUX_ARCHITECTURE).is_some_and(|meta| {
-        caption.is_none_or(|c| meta.get("caption1").map(String::as_str) == Some(c))
-    })
-}
-
-/// Writes the autoencoder latents of every image of the dataset config.
+/// Writes the autoencoder latents of every image of the dataset config: `[16, 1, h, w]` of each image resized to
+/// its bucket, scaled and shifted as the DiT takes them.
 pub fn cache_flux_latents(
     valid: &ValidConfig,
     encoder: &FluxLatentEncoder,
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    images_only(valid, "FLUX.1")?;
-    cache_image_latents(
-        valid,
-        (options, FLUX_ARCHITECTURE),
-        progress,
-        &mut |ds, media, expected| cache_image(ds, media, encoder, expected),
-    )
-}
-
-/// Caches one image: latents `[16, 1, h, w]` of the image resized to its bucket, scaled and shifted as the DiT
-/// takes them.
-fn cache_image(
-    ds: &ResolvedDataset,
-    media: &std::path::Path,
-    encoder: &FluxLatentEncoder,
-    expected: &mut Expected,
-) -> anyhow::Result<ItemOutcome> {
-    let dir = cache_dir(ds, media);
-    let stem = media_stem(media);
-    if let Ok(size) = image_size(media) {
-        let path = dir.join(flux_latent_cache_name(&stem, size));
-        expected.file(&path);
-        if cached(&path, &["latents_"], None) {
-            return Ok(ItemOutcome::Skipped);
-        }
-    }
-    // A file that does not decode is the item's failure; anything later (the autoencoder, the disk) stops the run.
-    let sample = match image_sample(ds, media, encoder.bucket_step()) {
-        Ok(sample) => sample,
-        Err(e) => {
-            expected.failed(ds, media);
-            return Ok(ItemOutcome::Failed(e.reason()));
-        }
+    let latents = ImageLatents {
+        arch: &FLUX_CACHES,
+        bucket_step: encoder.bucket_step(),
+        device: &encoder.device,
+        dtype: encoder.dtype,
+        encode: &|image| encoder.ae.encode(image)?.transpose(0, 1),
     };
-    let path = dir.join(flux_latent_cache_name(&stem, sample.original_size));
-    expected.file(&path);
-    let image = frames_to_video(&sample.frames, &encoder.device)?
-        .squeeze(2)?
-        .to_dtype(encoder.dtype)?;
-    let latents = encoder
-        .ae
-        .encode(&image)?
-        .transpose(0, 1)?
-        .to_dtype(encoder.dtype)?
-        .to_device(&Device::Cpu)?;
-    std::fs::create_dir_all(&dir)
-        .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-    write_flux_latent_cache(&path, &latents, sample.original_size)?;
-    Ok(ItemOutcome::Written(1))
+    cache_latents(valid, &latents, options, progress)
 }
 
 /// Writes the T5-XXL output and pooled CLIP-L vector of every caption of the dataset config, stored in `dtype`.
@@ -122,46 +69,25 @@ pub fn cache_flux_text(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    images_only(valid, "FLUX.1")?;
-    let mut summary = CacheSummary::default();
-    let mut expected = Expected::default();
-    let scans = scan_all(valid, None, &mut summary, progress);
-    for scan in &scans {
-        let ds = &scan.dataset;
-        expected.dataset(ds, scan);
-        for item in &scan.items {
-            let path =
-                cache_dir(ds, &item.media).join(flux_text_cache_name(&media_stem(&item.media)));
-            expected.file(&path);
-            let outcome = match &item.caption {
-                None => {
-                    expected.failed(ds, &item.media);
-                    ItemOutcome::Failed("no caption".into())
-                }
-                Some(caption) if cached(&path, &["t5_vec_", "clip_l_pooler_"], Some(caption)) => {
-                    ItemOutcome::Skipped
-                }
-                Some(caption) => {
-                    let (txt, vec) = encoder.encode(&[caption.as_str()]).with_context(|| {
-                        format!("encoding the caption of {}", item.media.display())
-                    })?;
-                    let cache = FluxTextCache {
-                        t5: txt.squeeze(0)?.to_dtype(dtype)?.to_device(&Device::Cpu)?,
-                        clip_l_pooler: vec.squeeze(0)?.to_dtype(dtype)?.to_device(&Device::Cpu)?,
-                        caption: caption.clone(),
-                    };
-                    write_flux_text_cache(&path, &cache)?;
-                    ItemOutcome::Written(1)
-                }
-            };
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !options.keep_stale {
-        summary.removed = expected.remove_stale(&format!("_{FLUX_ARCHITECTURE}_te.safetensors"))?;
-    }
-    Ok(summary)
+    let prefixes = ["t5_vec_", "clip_l_pooler_"];
+    let mut write = |c: CaptionCache<'_>| -> anyhow::Result<()> {
+        let (txt, vec) = encoder
+            .encode(&[c.caption])
+            .with_context(|| format!("encoding the caption of {}", c.media.display()))?;
+        let cache = FluxTextCache {
+            t5: txt.squeeze(0)?.to_dtype(dtype)?.to_device(&Device::Cpu)?,
+            clip_l_pooler: vec.squeeze(0)?.to_dtype(dtype)?.to_device(&Device::Cpu)?,
+            caption: c.caption.to_owned(),
+        };
+        Ok(write_flux_text_cache(c.path, &cache)?)
+    };
+    cache_text(
+        valid,
+        (&FLUX_CACHES, &prefixes),
+        options,
+        progress,
+        &mut write,
+    )
 }
 
 /// T5 tokens per caption: FLUX.1 [dev] reads 512.
@@ -179,16 +105,9 @@ pub(super) fn latents(
     progress: &mut dyn CacheProgress,
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<CacheSummary> {
-    if files.i2v || files.clip.is_some() || files.tiled {
-        anyhow::bail!(
-            "--i2v, --clip and --tiled are for Wan VAEs; FLUX.1's autoencoder caches images as they are: drop them"
-        );
-    }
-    if let Some(dit) = &files.dit {
-        dev_config(dit)?;
-    }
-    let valid = load_dataset(request, log)?;
-    let (device, dtype) = (request.open)()?;
+    let check_dit = |dit: &Path| dev_config(dit).map(drop);
+    let (valid, device, dtype) =
+        start_latent_pass((request, files), "FLUX.1's autoencoder", &check_dit, log)?;
     let ae = load_autoencoder(&files.vae, dtype, &device)?;
     log(&format!(
         "autoencoder: FLUX.1, {} latent channels, on {device:?} in {dtype:?}",
