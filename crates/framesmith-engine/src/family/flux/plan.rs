@@ -7,16 +7,19 @@ use framesmith_config::RunConfig;
 use framesmith_models::flux::tokenizer::T5_MAX_TOKENS_DEV;
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::FluxConfig;
-use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::lora::{LoraError, LoraFamily};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dev_config, is_flux_file};
+use crate::family::image::plan::{
+    block_buffers, family_lora_parameters, plan_model_of, weights_by_component, PlanNames,
+};
 use crate::family::Family;
 use crate::plan::{
-    dtype_bytes, fp8_weight_buffers, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory,
-    PlanError, PlanInput, StepShape,
+    dtype_bytes, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory, PlanError,
+    PlanInput, StepShape,
 };
-use crate::plan::{lora_parameters_of, AdapterCount, DescribeModel, LoraShape, PlanModel};
+use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
 
 /// FLUX.1's DiT as the planner sees it: its sizes and the order its blocks stream in (`memory.flux_stream_order`).
 #[derive(Debug, Clone, PartialEq)]
@@ -50,31 +53,18 @@ pub const FLUX_DEV_NAMES: [&str; 3] = ["flux-dev", "flux1-dev", "flux.1-dev"];
 /// FLUX.1 [dev] when the config names it (`model.variant = "flux-dev"`) or its `model.dit` is a FLUX.1 file (with
 /// `variant = "auto"`; reads the file's header, not its weights); `None` for any other model.
 pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
-    let m = &cfg.model;
-    let model = |config: FluxConfig| {
+    let names = PlanNames {
+        variants: &FLUX_DEV_NAMES,
+        named: FluxConfig::dev,
+        is_file: |path| !path.is_dir() && is_flux_file(path),
+        read: dev_config,
+    };
+    plan_model_of(cfg, &names, |config| {
         PlanModel::new(FluxPlanModel {
             config,
             order: cfg.memory.flux_stream_order,
         })
-    };
-    if m.demo {
-        return None;
-    }
-    if FLUX_DEV_NAMES
-        .iter()
-        .any(|n| m.variant.eq_ignore_ascii_case(n))
-    {
-        return Some(Ok(model(FluxConfig::dev())));
-    }
-    let auto = m.variant.eq_ignore_ascii_case("auto");
-    if !auto || m.dit.as_os_str().is_empty() || m.dit.is_dir() || !is_flux_file(&m.dit) {
-        return None;
-    }
-    Some(
-        dev_config(&m.dit)
-            .map(model)
-            .map_err(|err| PlanError::Inspect(format!("{err:#}"))),
-    )
+    })
 }
 
 /// The indices (into `Flux::blocks`: the `depth` double-stream blocks, then the single-stream ones) of
@@ -120,36 +110,10 @@ const TEXT_TOKENS: u64 = T5_MAX_TOKENS_DEV as u64;
 /// Pixels per token side: the autoencoder's 8× and the 2×2 packing of latents into tokens.
 const PIXELS_PER_TOKEN: usize = 16;
 
-fn elements(shape: &[usize]) -> u64 {
-    shape.iter().map(|&n| n as u64).product()
-}
-
-/// The size of every frozen buffer of one block under `prefix` (`double_blocks.0.`) as the engine holds it: linear
-/// weights in `base` (FP8: codes and scales), biases and q/k norm scales in the compute dtype.
-fn block_buffers(cfg: &FluxConfig, prefix: &str, base: BaseFormat) -> Vec<u64> {
-    let compute = dtype_bytes(base.compute_dtype());
-    let mut out = Vec::new();
-    for (name, shape) in official_shapes(cfg) {
-        let Some(rest) = name.strip_prefix(prefix) else {
-            continue;
-        };
-        let linear = shape.len() == 2 && rest.ends_with(".weight");
-        match (linear, base) {
-            (true, BaseFormat::Dense(d)) => out.push(elements(&shape) * dtype_bytes(d)),
-            (true, BaseFormat::Fp8(mode)) => {
-                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
-                out.extend([codes, scales]);
-            }
-            (false, _) => out.push(elements(&shape) * compute),
-        }
-    }
-    out
-}
-
 /// One block of the kind under `prefix`: (resident bytes, packed bytes as the streamer aligns each buffer).
 fn block_sizes(cfg: &FluxConfig, prefix: &str, base: BaseFormat) -> (u64, u64) {
     let align = ALIGN as u64;
-    let buffers = block_buffers(cfg, prefix, base);
+    let buffers = block_buffers(&official_shapes(cfg), prefix, base);
     (
         buffers.iter().sum(),
         buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
@@ -166,28 +130,12 @@ fn resident_weights(cfg: &FluxConfig, compute: u64) -> Vec<(&'static str, u64)> 
         ("vector_in.", "time, guidance and pooled-text embeddings"),
         ("final_layer.", "final layer"),
     ];
-    let mut out: Vec<(&'static str, u64)> = Vec::new();
-    for (name, shape) in official_shapes(cfg) {
-        let Some(&(_, label)) = GROUPS.iter().find(|(p, _)| name.starts_with(p)) else {
-            continue;
-        };
-        let bytes = elements(&shape) * compute;
-        match out.iter_mut().find(|(l, _)| *l == label) {
-            Some((_, total)) => *total += bytes,
-            None => out.push((label, bytes)),
-        }
-    }
-    out
+    weights_by_component(&official_shapes(cfg), &GROUPS, compute)
 }
 
 /// The adapter's size on FLUX.1's blocks (musubi-tuner's rules and FLUX.1 excludes).
 fn lora_parameters(cfg: &FluxConfig, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
-    let targets = LoraTargets::for_family(
-        LoraFamily::Flux,
-        &lora.include_patterns,
-        &lora.exclude_patterns,
-    )?;
-    lora_parameters_of(&official_shapes(cfg), &targets, lora)
+    family_lora_parameters(LoraFamily::Flux, &official_shapes(cfg), lora)
 }
 
 /// The double- and single-stream blocks' sizes for a step of `shape` (the tapes and kept values

@@ -8,17 +8,18 @@ use framesmith_data::family::qwen_image::cache::parse_qwen_latent_cache_name;
 use framesmith_data::ValidConfig;
 use framesmith_models::qwen_image::weights::official_shapes;
 use framesmith_models::qwen_image::QwenImageConfig;
-use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::lora::{LoraError, LoraFamily};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dit_config, is_qwen_image_file};
-use crate::family::Family;
-use crate::plan::{
-    clip_pixels, lora_parameters_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
+use crate::family::image::plan::{
+    block_buffers, family_lora_parameters, plan_model_of, weights_by_component, PlanNames,
 };
+use crate::family::Family;
+use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
-    dtype_bytes, fp8_weight_buffers, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory,
-    PlanError, PlanInput, StepShape,
+    dtype_bytes, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory, PlanError,
+    PlanInput, StepShape,
 };
 
 /// Qwen-Image's transformer as the planner sees it.
@@ -52,26 +53,15 @@ pub const QWEN_IMAGE_NAMES: [&str; 2] = ["qwen-image", "qwen_image"];
 /// Qwen-Image when the config names it (`model.variant = "qwen-image"`) or its `model.dit` is a Qwen-Image
 /// transformer (with `variant = "auto"`; reads the file's header, not its weights); `None` for any other model.
 pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
-    let m = &cfg.model;
-    let model = |config: QwenImageConfig| PlanModel::new(QwenImagePlanModel { config });
-    if m.demo {
-        return None;
-    }
-    if QWEN_IMAGE_NAMES
-        .iter()
-        .any(|n| m.variant.eq_ignore_ascii_case(n))
-    {
-        return Some(Ok(model(QwenImageConfig::qwen_image())));
-    }
-    let auto = m.variant.eq_ignore_ascii_case("auto");
-    if !auto || m.dit.as_os_str().is_empty() || !is_qwen_image_file(&m.dit) {
-        return None;
-    }
-    Some(
-        dit_config(&m.dit)
-            .map(model)
-            .map_err(|err| PlanError::Inspect(format!("{err:#}"))),
-    )
+    let names = PlanNames {
+        variants: &QWEN_IMAGE_NAMES,
+        named: QwenImageConfig::qwen_image,
+        is_file: is_qwen_image_file,
+        read: dit_config,
+    };
+    plan_model_of(cfg, &names, |config| {
+        PlanModel::new(QwenImagePlanModel { config })
+    })
 }
 
 /// The largest image among the Qwen-Image latent caches (`_qi`) of `valid`'s datasets, read from the cache files'
@@ -118,32 +108,6 @@ const VAE_FACTOR: usize = 8;
 /// Pixels per token side: the VAE's 8× and the 2×2 packing of latents into tokens.
 const PIXELS_PER_TOKEN: usize = 16;
 
-fn elements(shape: &[usize]) -> u64 {
-    shape.iter().map(|&n| n as u64).product()
-}
-
-/// The size of every frozen buffer of one block as the engine holds it: linear weights in `base` (FP8: codes and
-/// scales), biases and q/k norm scales in the compute dtype.
-fn block_buffers(cfg: &QwenImageConfig, base: BaseFormat) -> Vec<u64> {
-    let compute = dtype_bytes(base.compute_dtype());
-    let mut out = Vec::new();
-    for (name, shape) in official_shapes(cfg) {
-        let Some(rest) = name.strip_prefix("transformer_blocks.0.") else {
-            continue;
-        };
-        let linear = shape.len() == 2 && rest.ends_with(".weight");
-        match (linear, base) {
-            (true, BaseFormat::Dense(d)) => out.push(elements(&shape) * dtype_bytes(d)),
-            (true, BaseFormat::Fp8(mode)) => {
-                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
-                out.extend([codes, scales]);
-            }
-            (false, _) => out.push(elements(&shape) * compute),
-        }
-    }
-    out
-}
-
 /// The weights outside the blocks, all in the compute dtype, by component.
 fn resident_weights(cfg: &QwenImageConfig, compute: u64) -> Vec<(&'static str, u64)> {
     const GROUPS: [(&str, &str); 6] = [
@@ -154,28 +118,12 @@ fn resident_weights(cfg: &QwenImageConfig, compute: u64) -> Vec<(&'static str, u
         ("norm_out.", "output norm and projection"),
         ("proj_out.", "output norm and projection"),
     ];
-    let mut out: Vec<(&'static str, u64)> = Vec::new();
-    for (name, shape) in official_shapes(cfg) {
-        let Some(&(_, label)) = GROUPS.iter().find(|(p, _)| name.starts_with(p)) else {
-            continue;
-        };
-        let bytes = elements(&shape) * compute;
-        match out.iter_mut().find(|(l, _)| *l == label) {
-            Some((_, total)) => *total += bytes,
-            None => out.push((label, bytes)),
-        }
-    }
-    out
+    weights_by_component(&official_shapes(cfg), &GROUPS, compute)
 }
 
 /// The adapter's parameters and adapted linears for `lora` (musubi-tuner's Qwen-Image targets).
 fn lora_parameters(cfg: &QwenImageConfig, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
-    let targets = LoraTargets::for_family(
-        LoraFamily::QwenImage,
-        &lora.include_patterns,
-        &lora.exclude_patterns,
-    )?;
-    lora_parameters_of(&official_shapes(cfg), &targets, lora)
+    family_lora_parameters(LoraFamily::QwenImage, &official_shapes(cfg), lora)
 }
 
 /// The dual-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
@@ -187,7 +135,7 @@ fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> Bl
         cfg.mlp_hidden_dim() as u64,
         cfg.num_attention_heads as u64,
     );
-    let buffers = block_buffers(cfg, input.base);
+    let buffers = block_buffers(&official_shapes(cfg), "transformer_blocks.0.", input.base);
     let align = ALIGN as u64;
     BlockKind {
         label: "",

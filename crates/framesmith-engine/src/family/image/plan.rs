@@ -1,0 +1,113 @@
+//! What the image families' plan descriptions share: which model a run's config names (a variant the family
+//! answers to, or its DiT file), and the byte arithmetic over a DiT's official tensor shapes (a block's frozen
+//! buffers as the engine holds them, the weights outside the blocks by component).
+
+use std::path::Path;
+
+use framesmith_config::RunConfig;
+
+use crate::plan::{
+    dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
+    LoraShape, PlanError, PlanModel,
+};
+use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+
+/// How an image family's DiT is named and read for the planner.
+pub(crate) struct PlanNames<C> {
+    /// The `model.variant` names that plan the family's model.
+    pub variants: &'static [&'static str],
+    /// The model those names plan.
+    pub named: fn() -> C,
+    /// Whether `model.dit` is the family's file (read from its header, not its weights).
+    pub is_file: fn(&Path) -> bool,
+    /// The sizes of the family's DiT file, or what is wrong with it.
+    pub read: fn(&Path) -> anyhow::Result<C>,
+}
+
+/// The model the run `cfg` names, built by `model`, when it is the family's: a variant of `names`, or (with
+/// `variant = "auto"`) a `model.dit` that is the family's file; `None` for the demo model and any other model.
+pub(crate) fn plan_model_of<C>(
+    cfg: &RunConfig,
+    names: &PlanNames<C>,
+    model: impl Fn(C) -> PlanModel,
+) -> Option<Result<PlanModel, PlanError>> {
+    let m = &cfg.model;
+    if m.demo {
+        return None;
+    }
+    if names
+        .variants
+        .iter()
+        .any(|n| m.variant.eq_ignore_ascii_case(n))
+    {
+        return Some(Ok(model((names.named)())));
+    }
+    let auto = m.variant.eq_ignore_ascii_case("auto");
+    if !auto || m.dit.as_os_str().is_empty() || !(names.is_file)(&m.dit) {
+        return None;
+    }
+    Some(
+        (names.read)(&m.dit)
+            .map(model)
+            .map_err(|err| PlanError::Inspect(format!("{err:#}"))),
+    )
+}
+
+/// The size of every frozen buffer of one block, the tensors of `shapes` under `prefix` (`transformer_blocks.0.`),
+/// as the engine holds them: linear weights in `base` (FP8: codes and scales), biases and norm scales in the
+/// compute dtype.
+pub(crate) fn block_buffers(
+    shapes: &[(String, Vec<usize>)],
+    prefix: &str,
+    base: BaseFormat,
+) -> Vec<u64> {
+    let compute = dtype_bytes(base.compute_dtype());
+    let mut out = Vec::new();
+    for (name, shape) in shapes {
+        let Some(rest) = name.strip_prefix(prefix) else {
+            continue;
+        };
+        let linear = shape.len() == 2 && rest.ends_with(".weight");
+        match (linear, base) {
+            (true, BaseFormat::Dense(d)) => out.push(elements(shape) * dtype_bytes(d)),
+            (true, BaseFormat::Fp8(mode)) => {
+                let (codes, scales) = fp8_weight_buffers(shape[0], shape[1], mode);
+                out.extend([codes, scales]);
+            }
+            (false, _) => out.push(elements(shape) * compute),
+        }
+    }
+    out
+}
+
+/// The weights of `shapes` outside the blocks, all `compute` bytes per value, summed by component: `groups` maps a
+/// name prefix to its component's label (labels in the order they first appear).
+pub(crate) fn weights_by_component(
+    shapes: &[(String, Vec<usize>)],
+    groups: &[(&str, &'static str)],
+    compute: u64,
+) -> Vec<(&'static str, u64)> {
+    let mut out: Vec<(&'static str, u64)> = Vec::new();
+    for (name, shape) in shapes {
+        let Some(&(_, label)) = groups.iter().find(|(p, _)| name.starts_with(p)) else {
+            continue;
+        };
+        let bytes = elements(shape) * compute;
+        match out.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, total)) => *total += bytes,
+            None => out.push((label, bytes)),
+        }
+    }
+    out
+}
+
+/// The adapter's parameters and adapted linears for `lora` on the DiT of `shapes`, with the targets musubi-tuner
+/// gives `family` (and the family's excludes).
+pub(crate) fn family_lora_parameters(
+    family: LoraFamily,
+    shapes: &[(String, Vec<usize>)],
+    lora: &LoraShape,
+) -> Result<AdapterCount, LoraError> {
+    let targets = LoraTargets::for_family(family, &lora.include_patterns, &lora.exclude_patterns)?;
+    lora_parameters_of(shapes, &targets, lora)
+}
