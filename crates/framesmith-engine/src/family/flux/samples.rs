@@ -10,13 +10,15 @@ use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use image::RgbImage;
 
 use crate::family::flux::pipeline::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, SettingNames, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
+use crate::family::image::prompt_cache::{cached_encodings, CachedEncoding};
+use crate::family::image::samples::{self, ImagePipeline};
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
-use crate::train::samples::{SampleFiles, SampleSet};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
@@ -25,14 +27,36 @@ use framesmith_models::flux::text_encoder::TextEncoderFiles;
 use framesmith_models::flux::weights::load_autoencoder;
 use framesmith_models::flux::{Flux, FluxConfig};
 
-/// One image prompt: its text, its encoding and what to sample.
-pub struct ImagePrompt {
-    pub prompt: String,
-    pub encoded: FluxPrompt,
-    pub settings: FluxImageSettings,
-    /// The latent [h, w] of the image.
-    pub latent: [usize; 2],
+/// FLUX.1's sampling pipeline ([`crate::family::flux::pipeline`]): the DiT's denoising with the guidance input,
+/// the autoencoder's decoding.
+pub struct FluxImages;
+
+impl ImagePipeline for FluxImages {
+    type Model = Flux;
+    type Prompt = FluxPrompt;
+    type Settings = FluxImageSettings;
+    type Decoder = AutoEncoder;
+
+    fn denoise(
+        model: &Flux,
+        (prompt, settings): (&FluxPrompt, &FluxImageSettings),
+        latent: [usize; 2],
+        dtype: DType,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Tensor> {
+        denoise_image(model, prompt, settings, latent, dtype, cancelled)
+    }
+
+    fn decode(ae: &AutoEncoder, latents: &Tensor, dtype: DType) -> anyhow::Result<RgbImage> {
+        decode_image(ae, latents, dtype)
+    }
 }
+
+/// One FLUX.1 image prompt: its text, its CLIP-L and T5-XXL outputs and what to sample.
+pub type ImagePrompt = samples::ImagePrompt<FluxImages>;
+
+/// The prompts of a FLUX.1 run's samples and the autoencoder that decodes them.
+pub type ImageSamples = samples::ImageSamples<FluxImages>;
 
 /// The prompts' CLIP-L and T5-XXL outputs: from the output folder's prompt cache where it holds them (as Wan's
 /// samples do), the rest encoded (loading the encoders only then) and cached for the next start.
@@ -44,81 +68,39 @@ pub(super) fn cached_prompts(
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<Vec<FluxPrompt>> {
     let cache = PromptCache::new(&prompt_cache_dir(run_dir), &[files.clip, files.t5]);
-    let parts = |text: &str| {
-        [
-            "flux clip-l t5-xxl".to_owned(),
-            format!("t5 tokens {DEV_T5_TOKENS}"),
-            text.to_owned(),
-        ]
-    };
-    let mut found: Vec<Option<FluxPrompt>> = texts
-        .iter()
-        .map(|text| {
-            let parts = parts(text);
-            let mut t = cache.get(&parts.each_ref().map(String::as_str), dtype, device)?;
+    let how = CachedEncoding {
+        parts: |text| {
+            vec![
+                "flux clip-l t5-xxl".to_owned(),
+                format!("t5 tokens {DEV_T5_TOKENS}"),
+                text.to_owned(),
+            ]
+        },
+        from_tensors: |mut t| {
             Some(FluxPrompt {
                 txt: t.remove("txt")?,
                 vec: t.remove("vec")?,
             })
-        })
-        .collect();
-    let missing: Vec<&str> = texts
-        .iter()
-        .zip(&found)
-        .filter(|(_, f)| f.is_none())
-        .map(|(t, _)| *t)
-        .collect();
-    let from_cache = texts.len() - missing.len();
-    if missing.is_empty() {
-        log(
-            LogLevel::Info,
-            format!(
-                "{} sample prompts from the prompt cache in {}; CLIP-L and T5-XXL were not loaded",
-                texts.len(),
-                cache.dir().display()
-            ),
-        );
+        },
+        tensors: |p| vec![("txt", &p.txt), ("vec", &p.vec)],
+    };
+    let encode = |missing: &[&str]| encode_prompts(files, missing, (dtype, device));
+    let (prompts, encoded) = cached_encodings((&cache, &how), texts, (dtype, device), encode, log)?;
+    let dir = cache.dir().display();
+    let line = if encoded == 0 {
+        format!(
+            "{} sample prompts from the prompt cache in {dir}; CLIP-L and T5-XXL were not loaded",
+            texts.len()
+        )
     } else {
-        let mut encoded = encode_prompts(files, &missing, (dtype, device))?.into_iter();
-        for (text, slot) in texts.iter().zip(found.iter_mut()) {
-            if slot.is_none() {
-                let prompt = encoded
-                    .next()
-                    .context("the text encoders returned too few prompts")?;
-                let parts = parts(text);
-                let tensors = [("txt", &prompt.txt), ("vec", &prompt.vec)];
-                if let Err(e) = cache.put(&parts.each_ref().map(String::as_str), dtype, &tensors) {
-                    log(
-                        LogLevel::Warn,
-                        format!(
-                            "the sample prompt's embedding is not cached for the next run: {e}"
-                        ),
-                    );
-                }
-                *slot = Some(prompt);
-            }
-        }
-        log(
-            LogLevel::Info,
-            format!(
-                "{} sample prompts encoded ({from_cache} from the prompt cache in {}); CLIP-L and T5-XXL released",
-                texts.len(),
-                cache.dir().display()
-            ),
-        );
-    }
-    found
-        .into_iter()
-        .map(|p| p.context("a sample prompt has no embedding"))
-        .collect()
-}
-
-/// The prompts of a FLUX.1 run's samples and the autoencoder that decodes them.
-pub struct ImageSamples {
-    pub prompts: Vec<ImagePrompt>,
-    pub autoencoder: AutoEncoder,
-    /// The dtype the DiT's linears and the autoencoder compute in.
-    pub dtype: DType,
+        format!(
+            "{} sample prompts encoded ({} from the prompt cache in {dir}); CLIP-L and T5-XXL released",
+            texts.len(),
+            texts.len() - encoded
+        )
+    };
+    log(LogLevel::Info, line);
+    Ok(prompts)
 }
 
 /// The Wan options a prompt line gives, by name, with why FLUX.1 takes none of them.
@@ -261,50 +243,9 @@ pub fn image_samples(
         .collect();
     Ok(Some(ImageSamples {
         prompts,
-        autoencoder,
+        decoder: autoencoder,
         dtype,
     }))
-}
-
-impl SampleSet<Flux> for ImageSamples {
-    fn prompt_count(&self) -> usize {
-        self.prompts.len()
-    }
-
-    fn prompt(&self, i: usize) -> &str {
-        &self.prompts[i].prompt
-    }
-
-    /// The generator's denoising (streamed blocks come through their streamers as in a training step).
-    fn denoise(
-        &self,
-        i: usize,
-        model: &mut Flux,
-        cancelled: &dyn Fn() -> bool,
-    ) -> anyhow::Result<Tensor> {
-        let p = &self.prompts[i];
-        denoise_image(
-            model,
-            &p.encoded,
-            &p.settings,
-            p.latent,
-            self.dtype,
-            cancelled,
-        )
-    }
-
-    fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles> {
-        let image = decode_image(&self.autoencoder, &latents, self.dtype)?;
-        drop(latents);
-        let path = dir.join(format!("{stem}.png"));
-        image
-            .save(&path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(SampleFiles {
-            file: path.clone(),
-            frames: path,
-        })
-    }
 }
 
 #[cfg(test)]

@@ -1,13 +1,16 @@
 //! What the image families (FLUX.1, Qwen-Image) share, so that each keeps in its own folder only what differs:
 //! the cached items of a run and their clip ([`items`]), the run the trainer drives (micro-step, validation,
 //! samples) over the family's batch ([`run`]), its plan description's model and byte arithmetic ([`plan`]), the
-//! memory plan and LoRA metadata of its setup ([`setup`]), the cache passes' loops over images and captions
+//! memory plan and LoRA metadata of its setup ([`setup`]), the samples during training ([`samples`]) and their
+//! prompts through the prompt cache ([`prompt_cache`]), the cache passes' loops over images and captions
 //! ([`prep`]), and the checks and the end of an image generation ([`generate`]). Nothing here is one family's own;
-//! a family implements [`items::ImageCacheReader`] and [`run::ImageModel`].
+//! a family implements [`items::ImageCacheReader`], [`run::ImageModel`] and [`samples::ImagePipeline`].
 
 pub mod generate;
 pub mod items;
 pub mod plan;
 pub mod prep;
+pub mod prompt_cache;
 pub mod run;
+pub mod samples;
 pub mod setup;

@@ -9,13 +9,15 @@ use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use image::RgbImage;
 
 use super::encoder::{encode_each, EncoderFiles, LoadEncoder};
 use super::pipeline::{
     decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
 };
+use crate::family::image::prompt_cache::{cached_encodings, CachedEncoding};
+use crate::family::image::samples::{self, ImagePipeline};
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
-use crate::train::samples::{SampleFiles, SampleSet};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
@@ -26,22 +28,36 @@ use framesmith_nn::offload::release_cached_memory;
 /// The negative prompt of a sample that gives none (musubi-tuner's default).
 pub const DEFAULT_NEGATIVE: &str = " ";
 
-/// One image prompt: its text, its encoding and what to sample.
-pub struct ImagePrompt {
-    pub prompt: String,
-    pub encoded: QwenImagePrompt,
-    pub settings: QwenImageSettings,
-    /// The latent [h, w] of the image.
-    pub latent: [usize; 2],
+/// Qwen-Image's sampling pipeline ([`super::pipeline`]): the transformer's denoising with true CFG, the VAE's
+/// decoding.
+pub struct QwenImages;
+
+impl ImagePipeline for QwenImages {
+    type Model = QwenImageTransformer;
+    type Prompt = QwenImagePrompt;
+    type Settings = QwenImageSettings;
+    type Decoder = QwenImageVae;
+
+    fn denoise(
+        model: &QwenImageTransformer,
+        (prompt, settings): (&QwenImagePrompt, &QwenImageSettings),
+        latent: [usize; 2],
+        dtype: DType,
+        cancelled: &dyn Fn() -> bool,
+    ) -> anyhow::Result<Tensor> {
+        denoise_image(model, prompt, settings, latent, dtype, cancelled)
+    }
+
+    fn decode(vae: &QwenImageVae, latents: &Tensor, dtype: DType) -> anyhow::Result<RgbImage> {
+        decode_image(vae, latents, dtype)
+    }
 }
 
+/// One Qwen-Image prompt: its text, its hidden states (and its negative prompt's) and what to sample.
+pub type ImagePrompt = samples::ImagePrompt<QwenImages>;
+
 /// The prompts of a Qwen-Image run's samples and the VAE that decodes them.
-pub struct ImageSamples {
-    pub prompts: Vec<ImagePrompt>,
-    pub vae: QwenImageVae,
-    /// The dtype the DiT's linears and the VAE compute in.
-    pub dtype: DType,
-}
+pub type ImageSamples = samples::ImageSamples<QwenImages>;
 
 /// The embeddings of `texts` [L, D]: from the output folder's prompt cache where it holds them, the rest encoded
 /// (loading the encoder only then, and dropping it after) and cached for the next start.
@@ -55,64 +71,33 @@ pub(super) fn cached_embeddings(
     let mut encoders = vec![files.weights];
     encoders.extend(files.tokenizer);
     let cache = PromptCache::new(&prompt_cache_dir(run_dir), &encoders);
-    let parts = |text: &str| ["qwen-image qwen2.5-vl".to_owned(), text.to_owned()];
-    let lookup = |text: &str| {
-        let parts = parts(text);
-        cache
-            .get(&parts.each_ref().map(String::as_str), dtype, device)?
-            .remove("vl_embed")
+    let how = CachedEncoding {
+        parts: |text| vec!["qwen-image qwen2.5-vl".to_owned(), text.to_owned()],
+        from_tensors: |mut t| t.remove("vl_embed"),
+        tensors: |embed| vec![("vl_embed", embed)],
     };
-    let mut found: Vec<Option<Tensor>> = texts.iter().map(|t| lookup(t)).collect();
-    let missing: Vec<&str> = texts
-        .iter()
-        .zip(&found)
-        .filter(|(_, f)| f.is_none())
-        .map(|(t, _)| *t)
-        .collect();
-    if missing.is_empty() {
-        log(
-            LogLevel::Info,
-            format!(
-                "{} sample prompts from the prompt cache in {}; the text encoder was not loaded",
-                texts.len(),
-                cache.dir().display()
-            ),
-        );
-    } else {
+    let encode = |missing: &[&str]| -> anyhow::Result<Vec<Tensor>> {
         let encoder = load(files, dtype, device)?;
-        let mut encoded = encode_each(encoder.as_ref(), &missing, dtype)?.into_iter();
+        let encoded = encode_each(encoder.as_ref(), missing, dtype)?;
         drop(encoder);
         release_cached_memory(device)?;
-        for (text, slot) in texts.iter().zip(found.iter_mut()) {
-            if slot.is_some() {
-                continue;
-            }
-            let embed = encoded
-                .next()
-                .context("the text encoder returned too few prompts")?
-                .to_device(device)?;
-            let parts = parts(text);
-            let keyed = parts.each_ref().map(String::as_str);
-            if let Err(e) = cache.put(&keyed, dtype, &[("vl_embed", &embed)]) {
-                log(
-                    LogLevel::Warn,
-                    format!("the sample prompt's embedding is not cached for the next run: {e}"),
-                );
-            }
-            *slot = Some(embed);
-        }
-        log(
-            LogLevel::Info,
-            format!(
-                "{} sample prompts encoded, the text encoder released",
-                missing.len()
-            ),
-        );
-    }
-    found
-        .into_iter()
-        .map(|p| p.context("a sample prompt has no embedding"))
-        .collect()
+        encoded
+            .into_iter()
+            .map(|e| Ok(e.to_device(device)?))
+            .collect()
+    };
+    let (embeds, encoded) = cached_encodings((&cache, &how), texts, (dtype, device), encode, log)?;
+    let line = if encoded == 0 {
+        format!(
+            "{} sample prompts from the prompt cache in {}; the text encoder was not loaded",
+            texts.len(),
+            cache.dir().display()
+        )
+    } else {
+        format!("{encoded} sample prompts encoded, the text encoder released")
+    };
+    log(LogLevel::Info, line);
+    Ok(embeds)
 }
 
 /// What each prompt samples, checked; Wan's options are refused by name.
@@ -240,47 +225,7 @@ pub fn image_samples(
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok(Some(ImageSamples {
         prompts,
-        vae,
+        decoder: vae,
         dtype,
     }))
-}
-
-impl SampleSet<QwenImageTransformer> for ImageSamples {
-    fn prompt_count(&self) -> usize {
-        self.prompts.len()
-    }
-
-    fn prompt(&self, i: usize) -> &str {
-        &self.prompts[i].prompt
-    }
-
-    fn denoise(
-        &self,
-        i: usize,
-        model: &mut QwenImageTransformer,
-        cancelled: &dyn Fn() -> bool,
-    ) -> anyhow::Result<Tensor> {
-        let p = &self.prompts[i];
-        denoise_image(
-            model,
-            &p.encoded,
-            &p.settings,
-            p.latent,
-            self.dtype,
-            cancelled,
-        )
-    }
-
-    fn write(&self, latents: Tensor, dir: &Path, stem: &str) -> anyhow::Result<SampleFiles> {
-        let image = decode_image(&self.vae, &latents, self.dtype)?;
-        drop(latents);
-        let path = dir.join(format!("{stem}.png"));
-        image
-            .save(&path)
-            .with_context(|| format!("cannot write {}", path.display()))?;
-        Ok(SampleFiles {
-            file: path.clone(),
-            frames: path,
-        })
-    }
 }
