@@ -11,15 +11,13 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
+use crate::family::image::pipeline::{check_sides, rgb_image};
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::sampling::{denoise, pack, schedule, Shift, LATENT_CHANNELS};
 use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
 use framesmith_models::flux::weights::{identify_expected, FluxComponent, FluxFile, FluxKind};
 use framesmith_models::flux::{Flux, FluxConfig, FluxInputs};
-use framesmith_nn::init::randn;
 use framesmith_nn::offload::release_cached_memory;
 
 /// The guidance strength of the official FLUX.1 [dev] sampling (`cli.py`'s default).
@@ -66,10 +64,7 @@ pub struct FluxImageSettings {
     pub seed: u64,
 }
 
-/// A run of the loop stopped by its cancel poll.
-#[derive(Debug, thiserror::Error)]
-#[error("generation cancelled")]
-pub struct Cancelled;
+pub use crate::family::image::pipeline::Cancelled;
 
 /// The prompt as the DiT takes it: T5's token states `txt` [1, L, context_in_dim] and CLIP's pooled `vec`
 /// [1, vec_in_dim].
@@ -89,15 +84,8 @@ impl FluxImageSettings {
 
     /// [`FluxImageSettings::latent_size`] with the settings named by `names`.
     pub fn latent_size_as(&self, factor: usize, names: SettingNames) -> anyhow::Result<[usize; 2]> {
-        let step = 2 * factor.max(1);
-        for (name, px) in [(names.width, self.width), (names.height, self.height)] {
-            if px == 0 || px % step != 0 {
-                anyhow::bail!(
-                    "{name} {px}: FLUX.1 images are sized in multiples of {step} pixels (e.g. {})",
-                    (px / step).max(1) * step
-                );
-            }
-        }
+        let sides = [(names.width, self.width), (names.height, self.height)];
+        check_sides(sides, 2 * factor.max(1), "FLUX.1")?;
         if self.steps == 0 {
             anyhow::bail!(
                 "{} 0: give at least one sampling step (FLUX.1 [dev] is made for 20 to 50)",
@@ -116,9 +104,8 @@ impl FluxImageSettings {
 }
 
 /// The start noise [1, 16, h, w] (f32) of `seed`, drawn on the host so a seed gives the same image on any device.
-pub fn start_noise(seed: u64, [h, w]: [usize; 2], device: &Device) -> candle_core::Result<Tensor> {
-    let rng = &mut StdRng::seed_from_u64(seed);
-    randn(rng, (1, LATENT_CHANNELS, h, w), 0.0, 1.0, device)
+pub fn start_noise(seed: u64, latent: [usize; 2], device: &Device) -> candle_core::Result<Tensor> {
+    crate::family::image::pipeline::start_noise(seed, LATENT_CHANNELS, latent, device)
 }
 
 /// Tokens [b, (h/2)(w/2), 4c] back to the latent [b, c, h, w] (the official `unpack` on the latent size).
@@ -182,19 +169,11 @@ pub fn denoise_image(
 /// 8 bits as the official `cli.py` saves it.
 pub fn decode_image(ae: &AutoEncoder, latent: &Tensor, dtype: DType) -> anyhow::Result<RgbImage> {
     let x = ae.decode(&latent.to_dtype(dtype)?)?.to_dtype(DType::F32)?;
-    let (_, c, h, w) = x.dims4()?;
+    let (_, c, _, _) = x.dims4()?;
     if c != 3 {
         anyhow::bail!("the autoencoder decodes {c} channels, not RGB");
     }
-    let bytes = ((x.clamp(-1f32, 1f32)? + 1.0)? * 127.5)?
-        .floor()?
-        .get(0)?
-        .permute((1, 2, 0))?
-        .to_dtype(DType::U8)?
-        .flatten_all()?
-        .to_vec1::<u8>()?;
-    RgbImage::from_raw(w as u32, h as u32, bytes)
-        .ok_or_else(|| anyhow::anyhow!("the decoded image has the wrong number of pixels"))
+    rgb_image(&((x.clamp(-1f32, 1f32)? + 1.0)? * 127.5)?.floor()?)
 }
 
 /// [`denoise_image`] then [`decode_image`]: the image for `prompt` with these settings.

@@ -3,11 +3,13 @@
 //! samples) over the family's batch ([`run`]), its plan description's model and byte arithmetic ([`plan`]), the
 //! memory plan and LoRA metadata of its setup ([`setup`]), the samples during training ([`samples`]) and their
 //! prompts through the prompt cache ([`prompt_cache`]), the cache passes' loops over images and captions
-//! ([`prep`]), and the checks and the end of an image generation ([`generate`]). Nothing here is one family's own;
-//! a family implements [`items::ImageCacheReader`], [`run::ImageModel`] and [`samples::ImagePipeline`].
+//! ([`prep`]), what the sampling pipelines share ([`pipeline`]), and the checks and the end of an image generation
+//! ([`generate`]). Nothing here is one family's own; a family implements [`items::ImageCacheReader`],
+//! [`run::ImageModel`] and [`samples::ImagePipeline`].
 
 pub mod generate;
 pub mod items;
+pub mod pipeline;
 pub mod plan;
 pub mod prep;
 pub mod prompt_cache;

@@ -6,16 +6,14 @@
 //! prediction's norm). The VAE decodes the latent; the image is `round(255·clamp(x/2 + 1/2, 0, 1))`. `framesmith
 //! generate` and samples during Qwen-Image training both sample through here.
 
-use candle_core::{DType, Device, Tensor, D};
+use candle_core::{DType, Tensor, D};
 use image::RgbImage;
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
+use crate::family::image::pipeline::{check_sides, rgb_image, start_noise};
 use framesmith_models::qwen_image::latents::{pack, unpack};
 use framesmith_models::qwen_image::rope::ImageGrid;
 use framesmith_models::qwen_image::vae::QwenImageVae;
 use framesmith_models::qwen_image::{QwenImageInputs, QwenImageTransformer};
-use framesmith_nn::init::randn;
 
 /// The pipeline's defaults: 50 steps, `true_cfg_scale` 4.0, 1024×1024.
 pub const DEFAULT_STEPS: usize = 50;
@@ -51,23 +49,13 @@ pub struct QwenImagePrompt {
     pub negative: Option<Tensor>,
 }
 
-/// A run of the loop stopped by its cancel poll.
-#[derive(Debug, thiserror::Error)]
-#[error("generation cancelled")]
-pub struct Cancelled;
+pub use crate::family::image::pipeline::Cancelled;
 
 impl QwenImageSettings {
     /// The latent [h, w] of the image, or what is wrong with the settings named as `names` (width, height, steps).
     pub fn latent_size(&self, names: [&str; 3]) -> anyhow::Result<[usize; 2]> {
-        let step = 2 * VAE_FACTOR;
-        for (name, px) in [(names[0], self.width), (names[1], self.height)] {
-            if px == 0 || px % step != 0 {
-                anyhow::bail!(
-                    "{name} {px}: Qwen-Image images are sized in multiples of {step} pixels (e.g. {})",
-                    (px / step).max(1) * step
-                );
-            }
-        }
+        let sides = [(names[0], self.width), (names[1], self.height)];
+        check_sides(sides, 2 * VAE_FACTOR, "Qwen-Image")?;
         if self.steps == 0 {
             anyhow::bail!(
                 "{} 0: give at least one sampling step (Qwen-Image samples with {DEFAULT_STEPS})",
@@ -98,17 +86,6 @@ pub fn sigmas(steps: usize, image_tokens: usize) -> Vec<f64> {
     let mut out: Vec<f64> = shifted.iter().map(|s| 1.0 - (1.0 - s) / scale).collect();
     out.push(0.0);
     out
-}
-
-/// The start noise [1, 16, h, w] (f32) of `seed`, drawn on the host so a seed gives the same image on any device.
-pub fn start_noise(
-    seed: u64,
-    channels: usize,
-    [h, w]: [usize; 2],
-    device: &Device,
-) -> candle_core::Result<Tensor> {
-    let rng = &mut StdRng::seed_from_u64(seed);
-    randn(rng, (1, channels, h, w), 0.0, 1.0, device)
 }
 
 /// The model's velocity for `img` at sigma `t` under `embed` [L, D].
@@ -179,21 +156,16 @@ pub fn denoise_image(
 /// The decoded image of `latent` [1, 16, 1, h, w] through `vae` (in `dtype`).
 pub fn decode_image(vae: &QwenImageVae, latent: &Tensor, dtype: DType) -> anyhow::Result<RgbImage> {
     let x = vae.decode(&latent.to_dtype(dtype)?)?.to_dtype(DType::F32)?;
-    let (_, c, h, w) = x.dims4()?;
+    let (_, c, _, _) = x.dims4()?;
     if c != 3 {
         anyhow::bail!("the VAE decodes {c} channels, not RGB");
     }
-    let bytes = ((x * 0.5)? + 0.5)?
-        .clamp(0f32, 1f32)?
-        .affine(255.0, 0.0)?
-        .round()?
-        .get(0)?
-        .permute((1, 2, 0))?
-        .to_dtype(DType::U8)?
-        .flatten_all()?
-        .to_vec1::<u8>()?;
-    RgbImage::from_raw(w as u32, h as u32, bytes)
-        .ok_or_else(|| anyhow::anyhow!("the decoded image has the wrong number of pixels"))
+    rgb_image(
+        &((x * 0.5)? + 0.5)?
+            .clamp(0f32, 1f32)?
+            .affine(255.0, 0.0)?
+            .round()?,
+    )
 }
 
 #[cfg(test)]
@@ -218,7 +190,7 @@ mod tests {
 
     #[test]
     fn true_cfg_keeps_the_conditional_norm_per_token() -> candle_core::Result<()> {
-        let dev = Device::Cpu;
+        let dev = candle_core::Device::Cpu;
         let cond = Tensor::new(&[[[3f32, 4.0], [1.0, 0.0]]], &dev)?;
         let neg = Tensor::new(&[[[1f32, 0.0], [0.0, 1.0]]], &dev)?;
         let out = true_cfg(&cond, &neg, 4.0)?;
