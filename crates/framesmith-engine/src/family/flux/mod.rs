@@ -71,10 +71,7 @@ impl Family for FluxFamily {
     }
 
     fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
-        // `--variant flux-dev` names the family to plan; a FLUX.1 run reads it from model.dit.
-        let mut settings = config.clone();
-        settings.model.variant = "auto".into();
-        settings
+        super::image::settings_with_auto_variant(config)
     }
 
     fn start_run(

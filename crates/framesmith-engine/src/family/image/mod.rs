@@ -7,6 +7,8 @@
 //! ([`generate`]). Nothing here is one family's own; a family implements [`items::ImageCacheReader`],
 //! [`run::ImageModel`] and [`samples::ImagePipeline`].
 
+use framesmith_config::RunConfig;
+
 pub mod generate;
 pub mod items;
 pub mod pipeline;
@@ -16,3 +18,11 @@ pub mod prompt_cache;
 pub mod run;
 pub mod samples;
 pub mod setup;
+
+/// `config` as a plan's check of the settings takes it for an image family: `--variant` (`flux-dev`,
+/// `qwen-image`) names the family to plan, but a run reads its model from `model.dit`.
+pub(crate) fn settings_with_auto_variant(config: &RunConfig) -> RunConfig {
+    let mut settings = config.clone();
+    settings.model.variant = "auto".into();
+    settings
+}

@@ -56,10 +56,7 @@ impl Family for QwenImageFamily {
     }
 
     fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
-        // `--variant qwen-image` names the family to plan; a Qwen-Image run reads it from model.dit.
-        let mut settings = config.clone();
-        settings.model.variant = "auto".into();
-        settings
+        super::image::settings_with_auto_variant(config)
     }
 
     fn claims_cache(&self, pass: &CachePass) -> bool {
