@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::{FamilyRules, FamilySetting};
-use crate::run::{FluxStreamOrder, RunConfig, TrainingMode};
+use crate::run::{FluxStreamOrder, RunConfig};
 use crate::validate::Checker;
 
 /// FLUX.1 [dev]'s rules.
@@ -55,31 +55,7 @@ impl FamilyRules for FluxRules {
 
     /// The Wan-only settings of a FLUX.1 run (`validation_scheduled`: `[validation]` asks for evaluations).
     fn check(&self, c: &mut Checker, cfg: &RunConfig, validation_scheduled: bool) {
-        let m = &cfg.model;
-        if !m.variant.eq_ignore_ascii_case("auto") {
-            c.problem(
-                "model.variant",
-                format!(
-                    "names the Wan variant `{}`, but model.dit is FLUX.1 [dev]",
-                    m.variant
-                ),
-                "set model.variant = \"auto\" (FLUX.1 is read from the file)",
-            );
-        }
-        if !m.dit_low_noise.as_os_str().is_empty() {
-            c.problem(
-                "model.dit_low_noise",
-                "is for Wan2.2 A14B's low-noise expert; a FLUX.1 run trains one DiT",
-                "remove model.dit_low_noise",
-            );
-        }
-        if cfg.training.mode == TrainingMode::ImageToVideo {
-            c.problem(
-                "training.mode",
-                "image_to_video is for Wan; FLUX.1 [dev] trains text-to-image",
-                "remove training.mode or set it to \"auto\"",
-            );
-        }
+        super::image_family_checks(c, cfg, ("FLUX.1 [dev]", "FLUX.1"));
         if validation_scheduled {
             let v = &cfg.validation;
             let key = if v.validate_every_n_steps.is_some_and(|n| n > 0) {

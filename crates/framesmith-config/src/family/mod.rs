@@ -7,7 +7,7 @@ use std::path::Path;
 
 use crate::error::ConfigError;
 use crate::plan::ModelFamily;
-use crate::run::RunConfig;
+use crate::run::{RunConfig, TrainingMode};
 use crate::validate::Checker;
 
 mod flux;
@@ -89,6 +89,37 @@ pub(crate) fn rules(family: ModelFamily) -> &'static dyn FamilyRules {
         ModelFamily::Wan => &wan::WanRules,
         ModelFamily::Flux => &flux::FluxRules,
         ModelFamily::QwenImage => &qwen_image::QwenImageRules,
+    }
+}
+
+/// The checks every image family's runs share: `model.variant` left `auto` (the model is read from `model.dit`),
+/// no low-noise expert and no image-to-video mode. `model` names the DiT (`FLUX.1 [dev]`), `family` the family
+/// (`FLUX.1`).
+fn image_family_checks(c: &mut Checker, cfg: &RunConfig, (model, family): (&str, &str)) {
+    let m = &cfg.model;
+    if !m.variant.eq_ignore_ascii_case("auto") {
+        c.problem(
+            "model.variant",
+            format!(
+                "names the Wan variant `{}`, but model.dit is {model}",
+                m.variant
+            ),
+            format!("set model.variant = \"auto\" ({family} is read from the file)"),
+        );
+    }
+    if !m.dit_low_noise.as_os_str().is_empty() {
+        c.problem(
+            "model.dit_low_noise",
+            format!("is for Wan2.2 A14B's low-noise expert; a {family} run trains one DiT"),
+            "remove model.dit_low_noise",
+        );
+    }
+    if cfg.training.mode == TrainingMode::ImageToVideo {
+        c.problem(
+            "training.mode",
+            format!("image_to_video is for Wan; {model} trains text-to-image"),
+            "remove training.mode or set it to \"auto\"",
+        );
     }
 }
 

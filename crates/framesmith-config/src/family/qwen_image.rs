@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::FamilyRules;
-use crate::run::{RunConfig, TrainingMode};
+use crate::run::RunConfig;
 use crate::validate::Checker;
 
 /// Qwen-Image's rules.
@@ -35,36 +35,12 @@ impl FamilyRules for QwenImageRules {
     }
 
     fn check(&self, c: &mut Checker, cfg: &RunConfig, _validation_scheduled: bool) {
-        let m = &cfg.model;
-        if !m.variant.eq_ignore_ascii_case("auto") {
-            c.problem(
-                "model.variant",
-                format!(
-                    "names the Wan variant `{}`, but model.dit is Qwen-Image",
-                    m.variant
-                ),
-                "set model.variant = \"auto\" (Qwen-Image is read from the file)",
-            );
-        }
-        if !m.clip.as_os_str().is_empty() {
+        super::image_family_checks(c, cfg, ("Qwen-Image", "Qwen-Image"));
+        if !cfg.model.clip.as_os_str().is_empty() {
             c.problem(
                 "model.clip",
                 "Qwen-Image conditions on its Qwen2.5-VL text encoder alone, not on CLIP",
                 "remove model.clip",
-            );
-        }
-        if !m.dit_low_noise.as_os_str().is_empty() {
-            c.problem(
-                "model.dit_low_noise",
-                "is for Wan2.2 A14B's low-noise expert; a Qwen-Image run trains one DiT",
-                "remove model.dit_low_noise",
-            );
-        }
-        if cfg.training.mode == TrainingMode::ImageToVideo {
-            c.problem(
-                "training.mode",
-                "image_to_video is for Wan; Qwen-Image trains text-to-image",
-                "remove training.mode or set it to \"auto\"",
             );
         }
     }
