@@ -12,7 +12,8 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dev_config, is_flux_file};
 use crate::family::image::plan::{
-    block_buffers, family_lora_parameters, plan_model_of, weights_by_component, PlanNames,
+    block_buffers, family_lora_parameters, plan_model_of, token_grid, weights_by_component,
+    PlanNames,
 };
 use crate::family::Family;
 use crate::plan::{
@@ -203,20 +204,7 @@ pub(crate) fn describe(
     input: &PlanInput,
 ) -> Result<ModelMemory, PlanError> {
     let c = &input.clip;
-    if c.batch == 0 {
-        return Err(PlanError::ZeroBatch);
-    }
-    let whole = |n: usize| (n > 0 && n % PIXELS_PER_TOKEN == 0).then_some(n / PIXELS_PER_TOKEN);
-    let (Some(w), Some(h)) = (whole(c.width), whole(c.height)) else {
-        return Err(PlanError::Resolution {
-            width: c.width,
-            height: c.height,
-            multiple: PIXELS_PER_TOKEN,
-        });
-    };
-    if input.lora.rank == 0 {
-        return Err(LoraError::ZeroRank.into());
-    }
+    let (w, h) = token_grid(input, PIXELS_PER_TOKEN)?;
     let lora = lora_parameters(cfg, &input.lora)?;
     let batch = c.batch as u64;
     let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, c.batch)?;

@@ -8,7 +8,7 @@ use framesmith_config::RunConfig;
 
 use crate::plan::{
     dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
-    LoraShape, PlanError, PlanModel,
+    LoraShape, PlanError, PlanInput, PlanModel,
 };
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
 
@@ -110,4 +110,29 @@ pub(crate) fn family_lora_parameters(
 ) -> Result<AdapterCount, LoraError> {
     let targets = LoraTargets::for_family(family, &lora.include_patterns, &lora.exclude_patterns)?;
     lora_parameters_of(shapes, &targets, lora)
+}
+
+/// The image's token grid `(w, h)` of a step of `input` for a DiT that packs `pixels_per_token` pixels a side into
+/// a token (the autoencoder's down-sampling × the 2×2 packing), after checking what the plan cannot describe: no
+/// batch, sides that are not whole tokens, a LoRA of rank 0.
+pub(crate) fn token_grid(
+    input: &PlanInput,
+    pixels_per_token: usize,
+) -> Result<(usize, usize), PlanError> {
+    let clip = &input.clip;
+    if clip.batch == 0 {
+        return Err(PlanError::ZeroBatch);
+    }
+    let whole = |n: usize| (n > 0 && n % pixels_per_token == 0).then_some(n / pixels_per_token);
+    let (Some(w), Some(h)) = (whole(clip.width), whole(clip.height)) else {
+        return Err(PlanError::Resolution {
+            width: clip.width,
+            height: clip.height,
+            multiple: pixels_per_token,
+        });
+    };
+    if input.lora.rank == 0 {
+        return Err(LoraError::ZeroRank.into());
+    }
+    Ok((w, h))
 }

@@ -13,7 +13,8 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
-    block_buffers, family_lora_parameters, plan_model_of, weights_by_component, PlanNames,
+    block_buffers, family_lora_parameters, plan_model_of, token_grid, weights_by_component,
+    PlanNames,
 };
 use crate::family::Family;
 use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
@@ -164,20 +165,7 @@ fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> Bl
 /// the calibrated coefficients of [`WorkingSet`]; it is not yet measured on Qwen-Image.
 pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
-    if clip.batch == 0 {
-        return Err(PlanError::ZeroBatch);
-    }
-    let whole = |n: usize| (n > 0 && n % PIXELS_PER_TOKEN == 0).then_some(n / PIXELS_PER_TOKEN);
-    let (Some(w), Some(h)) = (whole(clip.width), whole(clip.height)) else {
-        return Err(PlanError::Resolution {
-            width: clip.width,
-            height: clip.height,
-            multiple: PIXELS_PER_TOKEN,
-        });
-    };
-    if input.lora.rank == 0 {
-        return Err(LoraError::ZeroRank.into());
-    }
+    let (w, h) = token_grid(input, PIXELS_PER_TOKEN)?;
     let lora = lora_parameters(cfg, &input.lora)?;
     let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, clip.batch)?;
     let (d, f, heads) = (
