@@ -1,22 +1,26 @@
 //! The language model, tokenizer and Qwen-Image prompt encoding against the fixtures made by transformers'
 //! `Qwen2_5_VLForConditionalGeneration` through diffusers' `QwenImagePipeline` (`bench/reference/qwen25vl.py`).
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 
 use candle_core::{DType, Device, Tensor};
 
 use super::encoder::{QWEN_IMAGE_DROP_TOKENS, QWEN_IMAGE_TEMPLATE};
 use super::*;
+use crate::fixtures::FixtureCase;
 
 pub(super) fn fixture_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/qwen25vl")
 }
 
+/// The fixture case: its config.json, weights, inputs and expected outputs.
+pub(super) fn case() -> anyhow::Result<FixtureCase> {
+    FixtureCase::load_dir(&fixture_dir())
+}
+
 /// The fixture's config.json.
 pub(super) fn fixture_json() -> anyhow::Result<serde_json::Value> {
-    let text = std::fs::read_to_string(fixture_dir().join("config.json"))?;
-    Ok(serde_json::from_str(&text)?)
+    Ok(case()?.config)
 }
 
 /// The fixture model's sizes.
@@ -24,13 +28,6 @@ pub(super) fn fixture_config() -> anyhow::Result<Qwen25VlTextConfig> {
     let json = fixture_json()?;
     Ok(Qwen25VlTextConfig::from_hf_json(
         &json["text_config"].to_string(),
-    )?)
-}
-
-fn read(name: &str) -> anyhow::Result<HashMap<String, Tensor>> {
-    Ok(candle_core::safetensors::load(
-        fixture_dir().join(name),
-        &Device::Cpu,
     )?)
 }
 
@@ -73,7 +70,8 @@ fn encoder() -> anyhow::Result<Qwen25VlTextEncoder> {
 
 #[test]
 fn hidden_states_match_transformers() -> anyhow::Result<()> {
-    let (inputs, expected) = (read("inputs.safetensors")?, read("expected.safetensors")?);
+    let case = case()?;
+    let (inputs, expected) = (&case.inputs, &case.expected);
     let model = encoder()?.model;
     let (ids, mask) = (&inputs["input_ids"], &inputs["attention_mask"]);
     assert_rel(
@@ -91,7 +89,8 @@ fn hidden_states_match_transformers() -> anyhow::Result<()> {
 
 #[test]
 fn a_perturbed_reference_fails() -> anyhow::Result<()> {
-    let (inputs, expected) = (read("inputs.safetensors")?, read("expected.safetensors")?);
+    let case = case()?;
+    let (inputs, expected) = (&case.inputs, &case.expected);
     let model = encoder()?.model;
     let got = model.hidden_states(&inputs["input_ids"], &inputs["attention_mask"], 0)?;
     let want = &expected["hidden_last"];
@@ -114,7 +113,7 @@ fn a_perturbed_reference_fails() -> anyhow::Result<()> {
 
 #[test]
 fn prompt_embeds_match_the_qwen_image_pipeline() -> anyhow::Result<()> {
-    let expected = read("expected.safetensors")?;
+    let expected = case()?.expected;
     let json = fixture_json()?;
     let prompts: Vec<String> = serde_json::from_value(json["prompts"].clone())?;
     let encoder = encoder()?;
@@ -145,7 +144,7 @@ fn prompt_embeds_match_the_qwen_image_pipeline() -> anyhow::Result<()> {
 
 #[test]
 fn the_tokenizer_gives_the_official_ids() -> anyhow::Result<()> {
-    let inputs = read("inputs.safetensors")?;
+    let inputs = case()?.inputs;
     let json = fixture_json()?;
     let prompts: Vec<String> = serde_json::from_value(json["prompts"].clone())?;
     let texts: Vec<String> = prompts
@@ -185,7 +184,7 @@ fn the_dropped_tokens_are_the_templates_system_part() -> anyhow::Result<()> {
     let tokenizer = Qwen2Tokenizer::load(&fixture_dir().join("tokenizer.json"))?;
     let (prefix, _) = QWEN_IMAGE_TEMPLATE.split_once("{}").unwrap_or_default();
     let ids = tokenizer.encode(prefix)?;
-    let want = read("expected.safetensors")?["template_prefix_ids"]
+    let want = case()?.expected["template_prefix_ids"]
         .to_dtype(DType::U32)?
         .to_vec1::<u32>()?;
     assert_eq!(ids, want);

@@ -140,13 +140,12 @@ pub fn load_umt5(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::{wan_case, FixtureCase};
     use crate::wan::text_encoder::load_umt5_auto;
 
     #[test]
     fn hf_tensor_shapes_are_the_official_encoders_tensors() -> anyhow::Result<()> {
-        let dir = crate::fixtures::wan_case("umt5_tiny");
-        let tensors =
-            candle_core::safetensors::load(dir.join("weights.safetensors"), &Device::Cpu)?;
+        let tensors = FixtureCase::load_dir(&wan_case("umt5_tiny"))?.weights;
         let mut official: Vec<(String, Vec<usize>)> = tensors
             .iter()
             .map(|(k, t)| (k.clone(), t.dims().to_vec()))
@@ -223,12 +222,12 @@ mod tests {
     /// loaded through [`load_umt5`] and run: the output must equal the official `hidden`.
     #[test]
     fn hf_named_safetensors_load_and_match_the_fixture() -> anyhow::Result<()> {
-        let case = crate::fixtures::wan_case("umt5_tiny");
-        let weights =
-            candle_core::safetensors::load(case.join("weights.safetensors"), &Device::Cpu)?;
-        let inputs = candle_core::safetensors::load(case.join("inputs.safetensors"), &Device::Cpu)?;
-        let expected =
-            candle_core::safetensors::load(case.join("expected.safetensors"), &Device::Cpu)?;
+        let FixtureCase {
+            weights,
+            inputs,
+            expected,
+            ..
+        } = FixtureCase::load_dir(&wan_case("umt5_tiny"))?;
         let hf: HashMap<String, Tensor> = weights
             .iter()
             .map(|(k, v)| (official_to_hf(k), v.clone()))
@@ -269,10 +268,9 @@ mod tests {
     #[test]
     fn comfy_scaled_fp8_umt5_loads_with_its_scales() -> anyhow::Result<()> {
         use framesmith_nn::fp8::{e4m3_decode, e4m3_encode};
-        let case = crate::fixtures::wan_case("umt5_tiny");
-        let weights =
-            candle_core::safetensors::load(case.join("weights.safetensors"), &Device::Cpu)?;
-        let inputs = candle_core::safetensors::load(case.join("inputs.safetensors"), &Device::Cpu)?;
+        let FixtureCase {
+            weights, inputs, ..
+        } = FixtureCase::load_dir(&wan_case("umt5_tiny"))?;
         let mut scaled = HashMap::new();
         let mut dequantized = HashMap::new();
         let mut min_scale = f32::INFINITY;

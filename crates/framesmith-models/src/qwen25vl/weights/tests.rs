@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 
 use super::{identify, Layout};
-use crate::qwen25vl::tests::{f32_options, fixture_dir, fixture_json, rel_error};
+use crate::qwen25vl::tests::{case, f32_options, fixture_dir, fixture_json, rel_error};
 use crate::qwen25vl::*;
 use framesmith_nn::fp8::{e4m3_decode, e4m3_encode, Fp8Scale};
 
@@ -38,16 +38,13 @@ fn save(path: &Path, tensors: &HashMap<String, Tensor>) -> anyhow::Result<PathBu
 }
 
 fn hidden_of(path: &Path, options: &LoadOptions) -> anyhow::Result<Tensor> {
-    let inputs =
-        candle_core::safetensors::load(fixture_dir().join("inputs.safetensors"), &Device::Cpu)?;
+    let inputs = case()?.inputs;
     let model = load_text_model(path, options)?;
     Ok(model.hidden_states(&inputs["input_ids"], &inputs["attention_mask"], 0)?)
 }
 
 fn expected_hidden() -> anyhow::Result<Tensor> {
-    let expected =
-        candle_core::safetensors::load(fixture_dir().join("expected.safetensors"), &Device::Cpu)?;
-    Ok(expected["hidden_last"].clone())
+    Ok(case()?.expected["hidden_last"].clone())
 }
 
 /// Every layer Linear's weight as e4m3 codes with a per-tensor `scale_weight`, and the `scaled_fp8` marker; and
