@@ -5,7 +5,8 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Device, Shape, Tensor, Var};
+use framesmith_nn::vb::TensorSource;
 
 /// The fixtures of one model family (`wan`, `flux`): the nearest `shared/fixtures/<family>` found walking up from
 /// this crate's folder, or the one beside the checkout when none exists (so a missing fixture names a real path).
@@ -64,6 +65,73 @@ impl FixtureCase {
         self.expected
             .get(name)
             .ok_or_else(|| anyhow::anyhow!("no expected `{name}`"))
+    }
+
+    /// Checks the gradients of the probe loss `Σ out · probe` against the case's `grad.*` tensors: those of the
+    /// `inputs` (`("grad.img", var)`, …) within `tol` (atol, rtol), and those of the identity LoRAs' factors that
+    /// stand for the weights `weights` (`(path, var)`: `grad.{path}.weight`) within `weight_tol`, which must cover
+    /// every weight gradient the case has (`name` in that message). Returns the largest absolute error.
+    pub fn check_probe_gradients(
+        &self,
+        name: &str,
+        out: &Tensor,
+        inputs: &[(&str, &Var)],
+        weights: &[(String, Var)],
+        (tol, weight_tol): ((f64, f64), (f64, f64)),
+    ) -> anyhow::Result<f64> {
+        let loss = (out * self.input("probe")?)?.sum_all()?;
+        let grads = loss.backward()?;
+        let grad = |var: &Var| -> anyhow::Result<Tensor> {
+            grads
+                .get(var.as_tensor())
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("no gradient"))
+        };
+        let mut worst = 0f64;
+        for (key, var) in inputs {
+            let err = assert_close(key, &grad(var)?, self.expected(key)?, tol.0, tol.1)?;
+            worst = worst.max(err);
+        }
+        for (path, up) in weights {
+            let key = format!("grad.{path}.weight");
+            let (atol, rtol) = weight_tol;
+            worst = worst.max(assert_close(
+                &key,
+                &grad(up)?,
+                self.expected(&key)?,
+                atol,
+                rtol,
+            )?);
+        }
+        let expected_weight_grads = self
+            .expected
+            .keys()
+            .filter(|k| k.starts_with("grad.") && k.ends_with(".weight"))
+            .count();
+        anyhow::ensure!(
+            expected_weight_grads == weights.len(),
+            "{name}: {expected_weight_grads} weight gradients expected, {} checked",
+            weights.len()
+        );
+        Ok(worst)
+    }
+}
+
+/// The tensors of a state dict's shapes (name → shape) as broadcast bf16 zeros: every shape is right and nothing is
+/// allocated, so a test can build a model of the released size (and its LoRA) without its weights.
+pub struct ZeroTensors(pub HashMap<String, Vec<usize>>);
+
+impl TensorSource for ZeroTensors {
+    fn contains(&self, key: &str) -> bool {
+        self.0.contains_key(key)
+    }
+
+    fn read(&self, key: &str) -> candle_core::Result<Option<Tensor>> {
+        let Some(shape) = self.0.get(key) else {
+            return Ok(None);
+        };
+        let zero = Tensor::zeros((), DType::BF16, &Device::Cpu)?;
+        zero.broadcast_as(Shape::from(shape.clone())).map(Some)
     }
 }
 

@@ -7,32 +7,16 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Result, Shape, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand::SeedableRng;
 
+use crate::fixtures::ZeroTensors;
 use crate::flux::testkit::Case;
 use crate::flux::weights::official_shapes;
 use crate::flux::{Flux, FluxConfig, FluxInputs};
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::vb::{TensorSource, Vb};
-
-/// The official tensors of a config as broadcast zeros: every shape is right, nothing is allocated.
-struct Zeros(HashMap<String, Vec<usize>>);
-
-impl TensorSource for Zeros {
-    fn contains(&self, key: &str) -> bool {
-        self.0.contains_key(key)
-    }
-
-    fn read(&self, key: &str) -> Result<Option<Tensor>> {
-        let Some(shape) = self.0.get(key) else {
-            return Ok(None);
-        };
-        let zero = Tensor::zeros((), DType::BF16, &Device::Cpu)?;
-        zero.broadcast_as(Shape::from(shape.clone())).map(Some)
-    }
-}
+use framesmith_nn::vb::Vb;
 
 fn spec(rank: usize, include: &[&str]) -> LoraSpec {
     LoraSpec {
@@ -75,7 +59,7 @@ fn expected_keys(
 fn a_dev_lora_has_the_keys_and_shapes_of_the_official_state_dict() -> anyhow::Result<()> {
     let cfg = FluxConfig::dev();
     let official = official_shapes(&cfg);
-    let source = Zeros(official.iter().cloned().collect());
+    let source = ZeroTensors(official.iter().cloned().collect());
     let vb = Vb::from_source(Arc::new(source), DType::BF16, &Device::Cpu);
     let mut model = Flux::new(&cfg, &vb)?;
     let dir = tempfile::tempdir()?;

@@ -8,33 +8,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use candle_core::{DType, Device, Result, Shape, Tensor};
+use candle_core::{DType, Device};
 use rand::SeedableRng;
 
 use super::testkit::Case;
 use super::weights::official_shapes;
 use super::{QwenImageConfig, QwenImageTransformer};
+use crate::fixtures::ZeroTensors;
 use crate::trainable::{attach_model_loras, TrainableModel};
 use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
-use framesmith_nn::vb::{TensorSource, Vb};
-
-/// The official tensors of a config as broadcast zeros: every shape is right, nothing is allocated.
-struct Zeros(HashMap<String, Vec<usize>>);
-
-impl TensorSource for Zeros {
-    fn contains(&self, key: &str) -> bool {
-        self.0.contains_key(key)
-    }
-
-    fn read(&self, key: &str) -> Result<Option<Tensor>> {
-        let Some(shape) = self.0.get(key) else {
-            return Ok(None);
-        };
-        let zero = Tensor::zeros((), DType::BF16, &Device::Cpu)?;
-        zero.broadcast_as(Shape::from(shape.clone())).map(Some)
-    }
-}
+use framesmith_nn::vb::Vb;
 
 fn spec(rank: usize) -> LoraSpec {
     LoraSpec {
@@ -71,7 +55,7 @@ fn expected_keys(official: &[(String, Vec<usize>)], rank: usize) -> BTreeMap<Str
 fn a_released_size_lora_has_the_keys_and_shapes_of_the_official_state_dict() -> anyhow::Result<()> {
     let cfg = QwenImageConfig::qwen_image();
     let official = official_shapes(&cfg);
-    let source = Zeros(official.iter().cloned().collect());
+    let source = ZeroTensors(official.iter().cloned().collect());
     let vb = Vb::from_source(Arc::new(source), DType::BF16, &Device::Cpu);
     let mut model = QwenImageTransformer::new(&cfg, &vb)?;
     let rank = 2;

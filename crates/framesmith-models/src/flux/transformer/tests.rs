@@ -125,42 +125,9 @@ fn check_gradients(
     (img, txt): (&Var, &Var),
     weight_grads: &[(String, Var)],
 ) -> anyhow::Result<()> {
-    let loss = (out * case.input("probe")?)?.sum_all()?;
-    let grads = loss.backward()?;
-    let grad = |var: &Var| -> anyhow::Result<Tensor> {
-        grads
-            .get(var.as_tensor())
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no gradient"))
-    };
-    assert_close(
-        "grad.img",
-        &grad(img)?,
-        case.expected("grad.img")?,
-        ATOL,
-        RTOL,
-    )?;
-    assert_close(
-        "grad.txt",
-        &grad(txt)?,
-        case.expected("grad.txt")?,
-        ATOL,
-        RTOL,
-    )?;
-    for (path, up) in weight_grads {
-        let key = format!("grad.{path}.weight");
-        assert_close(&key, &grad(up)?, case.expected(&key)?, 1e-3, 1e-3)?;
-    }
-    let expected_weight_grads = case
-        .expected
-        .keys()
-        .filter(|k| k.starts_with("grad.") && k.ends_with(".weight"))
-        .count();
-    anyhow::ensure!(
-        expected_weight_grads == weight_grads.len(),
-        "{name}: {expected_weight_grads} weight gradients expected, {} checked",
-        weight_grads.len()
-    );
+    let inputs = [("grad.img", img), ("grad.txt", txt)];
+    let tols = ((ATOL, RTOL), (1e-3, 1e-3));
+    case.check_probe_gradients(name, out, &inputs, weight_grads, tols)?;
     Ok(())
 }
 

@@ -140,44 +140,9 @@ fn check_case(name: &str) -> anyhow::Result<()> {
     };
     let (out, worst) = check_forward(&case, &model, &inputs)?;
 
-    let loss = (&out * case.input("probe")?)?.sum_all()?;
-    let grads = loss.backward()?;
-    let grad = |var: &Var| -> anyhow::Result<Tensor> {
-        grads
-            .get(var.as_tensor())
-            .cloned()
-            .ok_or_else(|| anyhow::anyhow!("no gradient"))
-    };
-    let mut worst_grad = 0f64;
-    for (key, var) in [("grad.img", &img), ("grad.txt", &txt)] {
-        worst_grad = worst_grad.max(assert_close(
-            key,
-            &grad(var)?,
-            case.expected(key)?,
-            ATOL,
-            RTOL,
-        )?);
-    }
-    for (path, up) in &weight_grads {
-        let key = format!("grad.{path}.weight");
-        worst_grad = worst_grad.max(assert_close(
-            &key,
-            &grad(up)?,
-            case.expected(&key)?,
-            ATOL,
-            RTOL,
-        )?);
-    }
-    let expected_weight_grads = case
-        .expected
-        .keys()
-        .filter(|k| k.starts_with("grad.") && k.ends_with(".weight"))
-        .count();
-    anyhow::ensure!(
-        expected_weight_grads == weight_grads.len(),
-        "{name}: {expected_weight_grads} weight gradients expected, {} checked",
-        weight_grads.len()
-    );
+    let inputs = [("grad.img", &img), ("grad.txt", &txt)];
+    let tols = ((ATOL, RTOL), (ATOL, RTOL));
+    let worst_grad = case.check_probe_gradients(name, &out, &inputs, &weight_grads, tols)?;
     eprintln!("{name}: max abs error {worst:.2e} (forward), {worst_grad:.2e} (gradients)");
     Ok(())
 }
