@@ -104,3 +104,132 @@ pub fn attach_model_loras<M: TrainableModel>(
 ) -> std::result::Result<LoraSet, LoraError> {
     attach_family_loras(model.lora_linears(), spec, M::LORA_FAMILY)
 }
+
+/// What every family's tests of its hand-written block backward share: random LoRAs on every block linear, and
+/// each block checked both ways against candle's autograd.
+#[cfg(test)]
+pub(crate) mod testing {
+    use candle_core::{DType, Device, Var};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    use super::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
+    use framesmith_nn::attention::KeptBlock;
+    use framesmith_nn::init::randn;
+    use framesmith_nn::lora::Lora;
+    use framesmith_nn::testing::rel;
+
+    /// LoRAs (rank 4, random non-zero `up`, multiplier 0.7, the same for the same model) on every linear `model`
+    /// trains; returns their factors.
+    pub(crate) fn random_loras<M: TrainableModel>(model: &mut M) -> anyhow::Result<Vec<Var>> {
+        let mut vars = Vec::new();
+        let rng = &mut StdRng::seed_from_u64(11);
+        for (_, linear) in model.lora_linears() {
+            let dims = [linear.in_dim(), linear.out_dim(), 4];
+            let mut lora = Lora::new(dims, 8.0, DType::F32, &Device::Cpu, rng)?;
+            lora.up
+                .set(&randn(rng, lora.up.shape(), 0.0, 0.1, &Device::Cpu)?)?;
+            lora.multiplier = 0.7;
+            vars.extend([lora.down.clone(), lora.up.clone()]);
+            linear.set_lora(Some(lora));
+        }
+        Ok(vars)
+    }
+
+    /// Every block of `model` for `inputs` both ways: the untracked forward's output, and the hand-written
+    /// backward's input gradient and every LoRA gradient (of `vars`, which must all get one) against candle's
+    /// autograd; the same gradients after recomputes that reuse the kept attention, and the kept gated branches'
+    /// outputs (`kept_outputs(i)` of them for block `i`).
+    pub(crate) fn check_blocks<M>(
+        model: &M,
+        inputs: &M::Inputs,
+        vars: &[Var],
+        kept_outputs: &dyn Fn(usize) -> usize,
+    ) -> anyhow::Result<()>
+    where
+        M: TrainableModel,
+        M::Block: TrainableBlock<Kept = KeptBlock>,
+    {
+        let prepared = model.prepare(inputs)?.detached();
+        let shared = prepared.shared();
+        let rng = &mut StdRng::seed_from_u64(5);
+        let mut xs = prepared.block_input().clone();
+        let mut checked = 0;
+        for i in 0..model.num_blocks() {
+            let block = model.block(i)?;
+            let block = &*block;
+            let grad = randn(rng, xs.shape(), 0.0, 1.0, xs.device())?;
+            let x = Var::from_tensor(&xs)?;
+            let out_ref = TrainableBlock::forward(block, x.as_tensor(), shared)?;
+            let store = (&out_ref * &grad)?.sum_all()?.backward()?;
+            let (out, kept) = block.forward_untracked(&xs, shared, false)?;
+            assert!(
+                !out.track_op(),
+                "block {i}: the untracked forward built a graph"
+            );
+            assert!(rel(&out, &out_ref)? <= 1e-6, "block {i} output");
+            // The hand-written backward after a recompute that reuses `kept` (nothing with `None`).
+            let backward_with = |kept: Option<&KeptBlock>| {
+                TrainableBlock::backward(block, block.recompute(&xs, shared, kept)?, &grad)
+            };
+            let grads = backward_with(None)?;
+            let want = store
+                .get(x.as_tensor())
+                .ok_or_else(|| anyhow::anyhow!("no input gradient"))?;
+            let r = rel(&grads.input, want)?;
+            eprintln!(
+                "block {i}: input gradient rel {r:.2e}, {} LoRA factors",
+                grads.params.len()
+            );
+            assert!(r <= 1e-5, "block {i} input gradient: rel {r}");
+            for p in &grads.params {
+                let want = store
+                    .get(p.var.as_tensor())
+                    .ok_or_else(|| anyhow::anyhow!("no LoRA gradient"))?;
+                let r = rel(&p.grad, want)?;
+                assert!(r <= 1e-5, "block {i}: LoRA gradient rel {r}");
+                checked += 1;
+            }
+            // Selective checkpointing: the recompute that reuses the kept attention gives the same gradients.
+            same_grads(
+                i,
+                &backward_with(Some(&kept))?,
+                &grads,
+                (0.0, "kept attention"),
+            )?;
+            // And with the gated branches' outputs kept too (`checkpointing = "attention_projection"`).
+            assert!(kept.outputs().is_empty());
+            let (out_kept, with_outputs) = block.forward_untracked(&xs, shared, true)?;
+            assert_eq!(with_outputs.outputs().len(), kept_outputs(i), "block {i}");
+            assert_eq!(
+                rel(&out_kept, &out)?,
+                0.0,
+                "block {i}: keeping changed the output"
+            );
+            let ours = backward_with(Some(&with_outputs))?;
+            same_grads(i, &ours, &grads, (1e-7, "kept projections"))?;
+            xs = out;
+        }
+        assert_eq!(checked, vars.len(), "every LoRA factor got a gradient");
+        Ok(())
+    }
+
+    /// Block `i`'s gradients after a recompute that reused kept values (`what`) against the plain recompute's,
+    /// within `tol`.
+    fn same_grads(
+        i: usize,
+        ours: &BlockGrads,
+        plain: &BlockGrads,
+        (tol, what): (f64, &str),
+    ) -> anyhow::Result<()> {
+        let r = rel(&ours.input, &plain.input)?;
+        assert!(r <= tol, "block {i}: {what}: input gradient rel {r}");
+        assert_eq!(ours.params.len(), plain.params.len());
+        for (a, b) in ours.params.iter().zip(&plain.params) {
+            assert_eq!(a.var.as_tensor().id(), b.var.as_tensor().id());
+            let r = rel(&a.grad, &b.grad)?;
+            assert!(r <= tol, "block {i}: {what}: LoRA gradient rel {r}");
+        }
+        Ok(())
+    }
+}

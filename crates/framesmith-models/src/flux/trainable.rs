@@ -199,31 +199,18 @@ mod tests {
     use super::*;
     use crate::flux::testkit::Case;
     use crate::flux::FluxConfig;
+    use crate::trainable::testing::{check_blocks, random_loras};
     use candle_core::{DType, Var};
     use framesmith_nn::adapter::AdapterKind;
-    use framesmith_nn::init::randn;
-    use framesmith_nn::lora::Lora;
-    use framesmith_nn::testing::{attach_random_adapters, rel};
+    use framesmith_nn::testing::attach_random_adapters;
     use framesmith_nn::vb::Vb;
-    use rand::rngs::StdRng;
-    use rand::SeedableRng;
 
     /// The fixture's model with LoRAs (random, non-zero `up`, multiplier ≠ 1) on every block linear.
     fn model_with_loras(case: &Case) -> anyhow::Result<(Flux, Vec<Var>)> {
         let cfg = FluxConfig::from_json(&case.config["init"].to_string())?;
         let vb = Vb::from_tensors(case.weights.clone(), DType::F32, &Device::Cpu);
         let mut model = Flux::new(&cfg, &vb)?;
-        let mut vars = Vec::new();
-        let rng = &mut StdRng::seed_from_u64(11);
-        for (_, linear) in model.linears_mut() {
-            let dims = [linear.in_dim(), linear.out_dim(), 4];
-            let mut lora = Lora::new(dims, 8.0, DType::F32, &Device::Cpu, rng)?;
-            lora.up
-                .set(&randn(rng, lora.up.shape(), 0.0, 0.1, &Device::Cpu)?)?;
-            lora.multiplier = 0.7;
-            vars.extend([lora.down.clone(), lora.up.clone()]);
-            linear.set_lora(Some(lora));
-        }
+        let vars = random_loras(&mut model)?;
         Ok((model, vars))
     }
 
@@ -234,7 +221,8 @@ mod tests {
         check_model(&case, &model, &vars)
     }
 
-    /// [`check`] for the fixture's model with `vars` attached.
+    /// [`check`] for the fixture's model with `vars` attached: a double-stream block keeps four gated branches'
+    /// outputs, a single-stream one its `linear2`'s.
     fn check_model(case: &Case, model: &Flux, vars: &[Var]) -> anyhow::Result<()> {
         let inputs = FluxInputs {
             img: case.input("img")?.clone(),
@@ -245,79 +233,8 @@ mod tests {
             y: case.input("y")?.clone(),
             guidance: case.inputs.get("guidance").cloned(),
         };
-        let prepared = TrainableModel::prepare(model, &inputs)?.detached();
-        let rng = &mut StdRng::seed_from_u64(5);
-        let mut xs = prepared.xs.clone();
-        let mut checked = 0;
-        for (i, block) in model.blocks.iter().enumerate() {
-            let grad = randn(rng, xs.shape(), 0.0, 1.0, xs.device())?;
-            let x = Var::from_tensor(&xs)?;
-            let out_ref = TrainableBlock::forward(block, x.as_tensor(), &prepared.blocks)?;
-            let store = (&out_ref * &grad)?.sum_all()?.backward()?;
-            let (out, kept) = block.forward_untracked(&xs, &prepared.blocks, false)?;
-            assert!(
-                !out.track_op(),
-                "block {i}: the untracked forward built a graph"
-            );
-            assert!(rel(&out, &out_ref)? <= 1e-6, "block {i} output");
-            // The hand-written backward after a recompute that reuses `kept` (nothing with `None`).
-            let backward_with = |kept: Option<&KeptBlock>| {
-                TrainableBlock::backward(
-                    block,
-                    block.recompute(&xs, &prepared.blocks, kept)?,
-                    &grad,
-                )
-            };
-            let grads = backward_with(None)?;
-            let want = store
-                .get(x.as_tensor())
-                .ok_or_else(|| anyhow::anyhow!("no input gradient"))?;
-            let r = rel(&grads.input, want)?;
-            eprintln!(
-                "block {i}: input gradient rel {r:.2e}, {} LoRA factors",
-                grads.params.len()
-            );
-            assert!(r <= 1e-5, "block {i} input gradient: rel {r}");
-            // Gradients after a recompute that reused kept values, against the plain recompute's, within `tol`.
-            let same_as_recompute =
-                |ours: &BlockGrads, tol: f64, what: &str| -> anyhow::Result<()> {
-                    let r = rel(&ours.input, &grads.input)?;
-                    assert!(r <= tol, "block {i}: {what}: input gradient rel {r}");
-                    for (a, b) in ours.params.iter().zip(&grads.params) {
-                        assert_eq!(a.var.as_tensor().id(), b.var.as_tensor().id());
-                        let r = rel(&a.grad, &b.grad)?;
-                        assert!(r <= tol, "block {i}: {what}: LoRA gradient rel {r}");
-                    }
-                    Ok(())
-                };
-            // Selective checkpointing: the recompute that reuses the kept attention gives the same gradients.
-            same_as_recompute(&backward_with(Some(&kept))?, 0.0, "kept attention")?;
-            // And with the gated branches' outputs kept too (`checkpointing = "attention_projection"`).
-            assert!(kept.outputs().is_empty());
-            let (out_kept, with_outputs) = block.forward_untracked(&xs, &prepared.blocks, true)?;
-            assert!(!with_outputs.outputs().is_empty());
-            assert_eq!(
-                rel(&out_kept, &out)?,
-                0.0,
-                "block {i}: keeping changed the output"
-            );
-            same_as_recompute(
-                &backward_with(Some(&with_outputs))?,
-                1e-7,
-                "kept projections",
-            )?;
-            for p in &grads.params {
-                let want = store
-                    .get(p.var.as_tensor())
-                    .ok_or_else(|| anyhow::anyhow!("no LoRA gradient"))?;
-                let r = rel(&p.grad, want)?;
-                assert!(r <= 1e-5, "block {i}: LoRA gradient rel {r}");
-                checked += 1;
-            }
-            xs = out;
-        }
-        assert_eq!(checked, vars.len(), "every LoRA factor got a gradient");
-        Ok(())
+        let depth = model.config().depth;
+        check_blocks(model, &inputs, vars, &|i| if i < depth { 4 } else { 1 })
     }
 
     #[test]

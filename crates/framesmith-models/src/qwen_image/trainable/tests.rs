@@ -6,15 +6,12 @@
 use std::collections::HashMap;
 
 use candle_core::{DType, Device, Tensor, TensorId, Var};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use crate::fixtures::assert_close;
 use crate::qwen_image::testkit::Case;
 use crate::qwen_image::{QwenImageInputs, QwenImageTransformer};
-use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
-use framesmith_nn::attention::KeptBlock;
-use framesmith_nn::init::randn;
+use crate::trainable::testing;
+use crate::trainable::{PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_nn::lora::Lora;
 use framesmith_nn::offload::OffloadOptions;
 use framesmith_nn::testing::rel;
@@ -27,89 +24,16 @@ fn model_with_loras(case: &Case) -> anyhow::Result<(QwenImageTransformer, Vec<Va
 
 /// `model` with LoRAs (random, non-zero `up`, multiplier ≠ 1, the same for the same model) on every block linear.
 fn with_loras(mut model: QwenImageTransformer) -> anyhow::Result<(QwenImageTransformer, Vec<Var>)> {
-    let mut vars = Vec::new();
-    let rng = &mut StdRng::seed_from_u64(11);
-    for (_, linear) in model.linears_mut() {
-        let dims = [linear.in_dim(), linear.out_dim(), 4];
-        let mut lora = Lora::new(dims, 8.0, DType::F32, &Device::Cpu, rng)?;
-        lora.up
-            .set(&randn(rng, lora.up.shape(), 0.0, 0.1, &Device::Cpu)?)?;
-        lora.multiplier = 0.7;
-        vars.extend([lora.down.clone(), lora.up.clone()]);
-        linear.set_lora(Some(lora));
-    }
+    let vars = testing::random_loras(&mut model)?;
     Ok((model, vars))
 }
 
-/// Every block both ways: output, input gradient and every LoRA gradient against candle's autograd.
+/// Every block both ways: output, input gradient and every LoRA gradient against candle's autograd (a block keeps
+/// its four gated branches' outputs).
 fn check_blocks(case_name: &str) -> anyhow::Result<()> {
     let case = Case::load(case_name)?;
     let (model, vars) = model_with_loras(&case)?;
-    let prepared = TrainableModel::prepare(&model, &case.model_inputs()?)?.detached();
-    let shared = prepared.shared();
-    let rng = &mut StdRng::seed_from_u64(5);
-    let mut xs = prepared.block_input().clone();
-    let mut checked = 0;
-    for (i, block) in model.transformer_blocks.iter().enumerate() {
-        let grad = randn(rng, xs.shape(), 0.0, 1.0, xs.device())?;
-        let x = Var::from_tensor(&xs)?;
-        let out_ref = TrainableBlock::forward(block, x.as_tensor(), shared)?;
-        let store = (&out_ref * &grad)?.sum_all()?.backward()?;
-        let (out, kept) = block.forward_untracked(&xs, shared, false)?;
-        assert!(
-            !out.track_op(),
-            "block {i}: the untracked forward built a graph"
-        );
-        assert!(rel(&out, &out_ref)? <= 1e-6, "block {i} output");
-        // The hand-written backward after a recompute that reuses `kept` (nothing with `None`).
-        let backward_with = |kept: Option<&KeptBlock>| {
-            TrainableBlock::backward(block, block.recompute(&xs, shared, kept)?, &grad)
-        };
-        let grads = backward_with(None)?;
-        let want = store
-            .get(x.as_tensor())
-            .ok_or_else(|| anyhow::anyhow!("no input gradient"))?;
-        let r = rel(&grads.input, want)?;
-        eprintln!("{case_name} block {i}: input gradient rel {r:.2e}");
-        assert!(r <= 1e-5, "block {i} input gradient: rel {r}");
-        for p in &grads.params {
-            let want = store
-                .get(p.var.as_tensor())
-                .ok_or_else(|| anyhow::anyhow!("no LoRA gradient"))?;
-            let r = rel(&p.grad, want)?;
-            assert!(r <= 1e-5, "block {i}: LoRA gradient rel {r}");
-            checked += 1;
-        }
-        // Gradients after a recompute that reused kept values, against the plain recompute's, within `tol`.
-        let same_as_recompute = |ours: &BlockGrads, tol: f64, what: &str| -> anyhow::Result<()> {
-            let r = rel(&ours.input, &grads.input)?;
-            assert!(r <= tol, "block {i}: {what}: input gradient rel {r}");
-            assert_eq!(ours.params.len(), grads.params.len());
-            for (a, b) in ours.params.iter().zip(&grads.params) {
-                assert_eq!(a.var.as_tensor().id(), b.var.as_tensor().id());
-                let r = rel(&a.grad, &b.grad)?;
-                assert!(r <= tol, "block {i}: {what}: LoRA gradient rel {r}");
-            }
-            Ok(())
-        };
-        same_as_recompute(&backward_with(Some(&kept))?, 0.0, "kept attention")?;
-        assert!(kept.outputs().is_empty());
-        let (out_kept, with_outputs) = block.forward_untracked(&xs, shared, true)?;
-        assert_eq!(with_outputs.outputs().len(), 4);
-        assert_eq!(
-            rel(&out_kept, &out)?,
-            0.0,
-            "block {i}: keeping changed the output"
-        );
-        same_as_recompute(
-            &backward_with(Some(&with_outputs))?,
-            1e-7,
-            "kept projections",
-        )?;
-        xs = out;
-    }
-    assert_eq!(checked, vars.len(), "every LoRA factor got a gradient");
-    Ok(())
+    testing::check_blocks(&model, &case.model_inputs()?, &vars, &|_| 4)
 }
 
 #[test]
