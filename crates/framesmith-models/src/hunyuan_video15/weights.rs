@@ -336,6 +336,10 @@ fn pytorch_listing(path: &Path) -> Result<Vec<TensorInfo>, HunyuanVideoFormatErr
 
 /// Whether `path` looks like a PyTorch archive (a zip file).
 fn is_pytorch(path: &Path) -> bool {
+    // Only a regular file is opened here: opening a FIFO would wait for a writer, and a device never ends.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
+        return false;
+    }
     let mut head = [0u8; 4];
     std::fs::File::open(path)
         .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head))
