@@ -212,7 +212,7 @@ fn inspect_says_what_any_model_file_is() {
                 "LoRA adapter",
                 "musubi-tuner",
                 "rank        4",
-                "2 in 2 transformer blocks",
+                "2 LoRA in 2 blocks",
             ],
         ),
         (

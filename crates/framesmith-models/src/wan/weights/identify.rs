@@ -324,7 +324,6 @@ fn describe_lora(listed: &[Listed], metadata: &BTreeMap<String, String>) -> (Str
         .map(|t| crate::adapter_file::HeaderTensor {
             name: &t.name,
             shape: &t.shape,
-            dtype: &t.dtype,
         })
         .collect();
     crate::adapter_file::describe(&header, metadata)
