@@ -97,14 +97,18 @@ def byte_alphabet():
     return [chr(c) for c in cs]
 
 
-def build_tokenizer(template):
-    """A Qwen2-style byte-level BPE whose merges spell each pre-token of `words_text` as one token."""
+def build_tokenizer(template, first_merges=()):
+    """A Qwen2-style byte-level BPE whose merges spell each pre-token of `words_text` as one token; `first_merges`
+    (pairs of byte-level strings) come before them."""
     pre = pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(QWEN2_SPLIT), behavior="isolated", invert=False),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
     ])
     vocab = {c: i for i, c in enumerate(byte_alphabet())}
     merges = []
+    for left, right in first_merges:
+        merges.append((left, right))
+        vocab[left + right] = len(vocab)
     words_text = template.replace("{}", " ").replace("<|im_start|>", "\n").replace("<|im_end|>", "\n")
     words_text += " " + " ".join(PROMPTS[:2])
     for piece, _ in pre.pre_tokenize_str(words_text):

@@ -1,7 +1,8 @@
 //! HunyuanVideo 1.5 (8.3B, T2V and I2V): the transformer with the official key names (config, embedders, the
 //! Qwen2.5-VL text refiner, the byT5 glyph and SigLIP image conditioning, 3-D RoPE, the double-stream blocks
 //! shared with Qwen-Image, head and unpatchify), its blocks as the engine trains and streams them, and its
-//! checkpoint layouts (official, ComfyUI, diffusers). The text encoder is the shared `qwen25vl` module.
+//! checkpoint layouts (official, ComfyUI, diffusers) and its prompt encoding (`text`) with the shared `qwen25vl`
+//! text encoder.
 
 pub mod block;
 pub mod conditioning;
@@ -13,6 +14,7 @@ pub mod refiner;
 pub mod rope;
 #[cfg(test)]
 mod testkit;
+pub mod text;
 mod trainable;
 pub mod transformer;
 pub mod weights;
