@@ -8,6 +8,8 @@
 //! The pipeline pads every row to 1000 tokens and keeps the pad tokens' states under a zero mask; the transformer
 //! reads only the masked-in tokens, so here the rows are re-padded with zeros to the longest prompt instead (the
 //! states at the prompts' own tokens are the same: attention is causal and masks the padding).
+//!
+//! The quoted text the glyph encoder (byT5) reads is taken from the prompt here too ([`glyph_text`]).
 
 use crate::qwen25vl::encoder::{chat_prompt, drop_and_repad};
 use crate::qwen25vl::{PromptEmbeds, Qwen25VlError, Qwen25VlTextEncoder};
@@ -51,6 +53,41 @@ pub fn encode_prompts_up_to(
         .map(|n| n as usize)
         .collect::<Vec<_>>();
     Ok(drop_and_repad(&hidden, &lens, CROP_START, max_length)?)
+}
+
+/// The text the glyph (byT5) encoder reads from `prompt`, as the pipeline's `extract_glyph_texts` makes it: the
+/// spans in straight ("…") or curly (“…”) double quotes, each closed by the nearest closing quote on its line,
+/// duplicates dropped (first kept), written `Text "a". Text "b". `; `None` when the prompt quotes nothing.
+pub fn glyph_text(prompt: &str) -> Option<String> {
+    let chars: Vec<char> = prompt.chars().collect();
+    let mut spans: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < chars.len() {
+        let close = match chars[i] {
+            '"' => '"',
+            '\u{201c}' => '\u{201d}',
+            _ => {
+                i += 1;
+                continue;
+            }
+        };
+        let rest = &chars[i + 1..];
+        match rest.iter().position(|&c| c == close || c == '\n') {
+            Some(n) if rest[n] == close => {
+                let span: String = rest[..n].iter().collect();
+                if !spans.contains(&span) {
+                    spans.push(span);
+                }
+                i += n + 2;
+            }
+            _ => i += 1,
+        }
+    }
+    if spans.is_empty() {
+        return None;
+    }
+    let texts: Vec<String> = spans.iter().map(|t| format!("Text \"{t}\"")).collect();
+    Some(texts.join(". ") + ". ")
 }
 
 #[cfg(test)]

@@ -162,3 +162,29 @@ fn a_perturbed_reference_or_selection_fails() -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+#[test]
+fn glyph_text_is_the_pipelines() {
+    // Outputs of diffusers 0.42.1's `extract_glyph_texts` on these prompts.
+    let cases: [(&str, Option<&str>); 7] = [
+        (
+            "A sign reads \"OPEN\" and \"OPEN\" and \u{201c}Caf\u{e9}\u{201d}.",
+            Some("Text \"OPEN\". Text \"Caf\u{e9}\". "),
+        ),
+        ("no quotes", None),
+        ("empty \"\" here", Some("Text \"\". ")),
+        (
+            "broken \"line\nend\" then \"ok\"",
+            Some("Text \" then \". "),
+        ),
+        (
+            "\u{201c}a\"b\u{201d} \"c\u{201c}d\"",
+            Some("Text \"a\"b\". Text \"c\u{201c}d\". "),
+        ),
+        ("odd \" one", None),
+        ("\u{201c}unclosed \"x\"", Some("Text \"x\". ")),
+    ];
+    for (prompt, want) in cases {
+        assert_eq!(glyph_text(prompt).as_deref(), want, "{prompt:?}");
+    }
+}
