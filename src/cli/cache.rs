@@ -118,11 +118,7 @@ pub struct BudgetArg {
 impl BudgetArg {
     /// The budget in bytes.
     fn bytes(self) -> anyhow::Result<Option<u64>> {
-        Ok(match self.vram_budget_gb {
-            Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * GIB) as u64),
-            Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
-            None => None,
-        })
+        super::models::vram_budget_bytes(self.vram_budget_gb)
     }
 }
 

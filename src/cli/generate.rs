@@ -144,15 +144,6 @@ pub struct GenerateArgs {
 }
 
 impl GenerateArgs {
-    /// `--vram-budget-gb` in bytes.
-    fn vram_budget(&self) -> anyhow::Result<Option<u64>> {
-        Ok(match self.vram_budget_gb {
-            Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * (1u64 << 30) as f64) as u64),
-            Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
-            None => None,
-        })
-    }
-
     /// The engine's request for these flags.
     fn request(&self) -> anyhow::Result<GenerationRequest> {
         let loras = |specs: &[String]| specs.iter().map(|s| LoraChoice::parse(s)).collect();
@@ -190,7 +181,7 @@ impl GenerateArgs {
             fp8: self.fp8,
             tiled: self.tiled,
             blocks_to_swap: self.blocks_to_swap,
-            vram_budget_bytes: self.vram_budget()?,
+            vram_budget_bytes: super::models::vram_budget_bytes(self.vram_budget_gb)?,
             out: self.out.clone(),
         })
     }

@@ -45,3 +45,12 @@ pub fn progress_bar(len: u64, template: &str) -> ProgressBar {
     );
     bar
 }
+
+/// A `--vram-budget-gb` flag in bytes: a positive number of GiB, or an error naming the flag.
+pub fn vram_budget_bytes(gb: Option<f64>) -> anyhow::Result<Option<u64>> {
+    Ok(match gb {
+        Some(gb) if gb.is_finite() && gb > 0.0 => Some((gb * (1u64 << 30) as f64) as u64),
+        Some(gb) => anyhow::bail!("--vram-budget-gb {gb}: give a positive number of GiB"),
+        None => None,
+    })
+}
