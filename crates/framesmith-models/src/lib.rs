@@ -6,6 +6,7 @@ pub mod fixtures;
 pub mod flux;
 pub mod hunyuan_video15;
 pub mod identify;
+pub mod mmdit;
 pub mod modulated;
 pub mod qwen25vl;
 pub mod qwen_image;

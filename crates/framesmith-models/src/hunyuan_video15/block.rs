@@ -1,6 +1,6 @@
 //! A double-stream block of HunyuanVideo 1.5 (`double_blocks.N`, the official `MMDoubleStreamBlock`), read from
-//! the official key names into the dual-stream block Framesmith shares with Qwen-Image: the two architectures are
-//! the same (per-stream AdaLN-zero modulation of six vectors, parameter-free LayerNorms, q/k RMSNorm per head,
+//! the official key names into the dual-stream block it shares with Qwen-Image (`crate::mmdit`): the two
+//! architectures are the same (per-stream AdaLN-zero modulation of six vectors, parameter-free LayerNorms, q/k RMSNorm per head,
 //! one joint attention with the text padding masked, GELU-tanh MLPs 4× wide), so its tracked forward, its
 //! hand-written backward and its streaming serve both. HunyuanVideo rotates only the latent tokens (the text's
 //! RoPE table is the identity, [`super::rope`]).
@@ -8,8 +8,7 @@
 use candle_core::Result;
 
 use super::config::HunyuanVideo15Config;
-use crate::qwen_image::attention::{JointAttention, StreamQkv};
-use crate::qwen_image::block::{FeedForward, Modulation, QwenImageBlock};
+use crate::mmdit::{DualStreamBlock, FeedForward, JointAttention, Modulation, StreamQkv};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::vb::Vb;
 
@@ -58,7 +57,7 @@ fn mlp(stream: &str, dim: usize, hidden: usize, vb: &Vb) -> Result<FeedForward> 
 }
 
 /// Reads `double_blocks.N` under `vb`.
-pub fn load_block(cfg: &HunyuanVideo15Config, vb: &Vb) -> Result<QwenImageBlock> {
+pub fn load_block(cfg: &HunyuanVideo15Config, vb: &Vb) -> Result<DualStreamBlock> {
     let (dim, head_dim, hidden) = (
         cfg.inner_dim(),
         cfg.attention_head_dim,
@@ -78,7 +77,7 @@ pub fn load_block(cfg: &HunyuanVideo15Config, vb: &Vb) -> Result<QwenImageBlock>
         Linear::load(&vb.pp("txt_attn_proj"), dim, dim)?,
         head_dim,
     );
-    Ok(QwenImageBlock {
+    Ok(DualStreamBlock {
         img_mod: modulation("img")?,
         txt_mod: modulation("txt")?,
         attn,
@@ -88,7 +87,7 @@ pub fn load_block(cfg: &HunyuanVideo15Config, vb: &Vb) -> Result<QwenImageBlock>
 }
 
 /// The block's linears by their official path under the block, in [`BLOCK_LINEARS`]' order, for LoRA.
-pub fn linears_mut(block: &mut QwenImageBlock) -> Vec<(String, &mut Linear)> {
+pub fn linears_mut(block: &mut DualStreamBlock) -> Vec<(String, &mut Linear)> {
     let attn = &mut block.attn;
     let linears: [&mut Linear; 14] = [
         &mut block.img_mod.lin,

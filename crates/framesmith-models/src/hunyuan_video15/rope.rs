@@ -1,11 +1,11 @@
 //! The 3-D rotary position embedding of HunyuanVideo 1.5 (diffusers' `HunyuanVideo15RotaryPosEmbed`): the latent
 //! token at frame t, row r, column c of the patched grid rotates the first `axes[0]` head channels by t, the next
 //! `axes[1]` by r and the last `axes[2]` by c (adjacent pairs, base θ = 256). Text tokens are not rotated: their
-//! table is the identity, so the dual-stream block shared with Qwen-Image runs unchanged.
+//! table is the identity, so the shared dual-stream block (`crate::mmdit`) runs unchanged.
 
 use candle_core::{Device, Result, Tensor};
 
-use crate::qwen_image::rope::{Rope, RopeTable};
+use crate::mmdit::{Rope, RopeTable};
 
 /// The latent grid in tokens (after patching): frames × rows × columns.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,25 +44,15 @@ pub fn video_table(
     b: usize,
     device: &Device,
 ) -> Result<RopeTable> {
-    let freqs = inv_freqs(axes_dim, theta);
-    let half = freqs.len();
-    let mut angles = Vec::with_capacity(grid.tokens() * half);
-    for t in 0..grid.frames {
-        for r in 0..grid.height {
-            for c in 0..grid.width {
-                let pos = [t as f32, r as f32, c as f32];
-                angles.extend(freqs.iter().map(|&(axis, w)| pos[axis] * w));
+    let mut positions = Vec::with_capacity(grid.tokens());
+    for t in 0..grid.frames as i64 {
+        for r in 0..grid.height as i64 {
+            for c in 0..grid.width as i64 {
+                positions.push([t, r, c]);
             }
         }
     }
-    let table = |f: fn(f64) -> f64| -> Result<Tensor> {
-        let values: Vec<f32> = angles.iter().map(|&a| f(f64::from(a)) as f32).collect();
-        Tensor::from_vec(values, (1, grid.tokens(), 1, half), device)?.repeat((b, 1, 1, 1))
-    };
-    Ok(RopeTable {
-        cos: table(f64::cos)?,
-        sin: table(f64::sin)?,
-    })
+    RopeTable::from_positions(&positions, &inv_freqs(axes_dim, theta), b, device)
 }
 
 /// The identity table (cos 1, sin 0) for `len` text tokens.

@@ -1,5 +1,5 @@
 //! HunyuanVideo 1.5 as the engine trains it: [`TrainableModel`] for [`HunyuanVideo15Transformer`], whose blocks
-//! are the dual-stream blocks shared with Qwen-Image (their [`crate::trainable::TrainableBlock`] impl, hand-written
+//! are the dual-stream blocks of `crate::mmdit` (their [`crate::trainable::TrainableBlock`] impl, hand-written
 //! backward and streaming serve both); the embeddings' results as a [`PreparedBatch`], and LoRA targets named as
 //! the official checkpoint and musubi-tuner name them (`double_blocks.0.img_attn_q`).
 
@@ -8,8 +8,7 @@ use std::borrow::Cow;
 use candle_core::{Device, Result, Tensor};
 
 use super::transformer::{HunyuanVideo15Inputs, HunyuanVideo15Transformer, Prepared};
-use crate::qwen_image::block::{BlockInputs, QwenImageBlock};
-use crate::qwen_image::rope::{Rope, RopeTable};
+use crate::mmdit::{BlockInputs, DualStreamBlock};
 use crate::trainable::{PreparedBatch, TrainableModel};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::lora::LoraFamily;
@@ -26,22 +25,9 @@ impl PreparedBatch for Prepared {
     }
 
     fn detached(&self) -> Self {
-        let b = &self.blocks;
-        let table = |t: &RopeTable| RopeTable {
-            cos: t.cos.detach(),
-            sin: t.sin.detach(),
-        };
         Prepared {
             xs: self.xs.detach(),
-            blocks: BlockInputs {
-                temb: b.temb.detach(),
-                rope: Rope {
-                    img: table(&b.rope.img),
-                    txt: table(&b.rope.txt),
-                },
-                txt_len: b.txt_len,
-                txt_lens: b.txt_lens.clone(),
-            },
+            blocks: self.blocks.detached(),
             grid: self.grid,
         }
     }
@@ -50,7 +36,7 @@ impl PreparedBatch for Prepared {
 impl TrainableModel for HunyuanVideo15Transformer {
     type Inputs = HunyuanVideo15Inputs;
     type Prepared = Prepared;
-    type Block = QwenImageBlock;
+    type Block = DualStreamBlock;
     const LORA_FAMILY: LoraFamily = LoraFamily::HunyuanVideo15;
 
     fn lora_linears(&mut self) -> Vec<(String, &mut Linear)> {
@@ -69,7 +55,7 @@ impl TrainableModel for HunyuanVideo15Transformer {
         HunyuanVideo15Transformer::begin_blocks(self, order, cyclic)
     }
 
-    fn block(&self, i: usize) -> Result<Cow<'_, QwenImageBlock>> {
+    fn block(&self, i: usize) -> Result<Cow<'_, DualStreamBlock>> {
         HunyuanVideo15Transformer::block(self, i)
     }
 

@@ -18,7 +18,7 @@ use super::embeddings::{
 };
 use super::refiner::TokenRefiner;
 use super::rope::{rope, VideoGrid};
-use crate::qwen_image::block::{BlockInputs, QwenImageBlock};
+use crate::mmdit::{BlockInputs, DualStreamBlock};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
 use framesmith_nn::vb::Vb;
@@ -61,7 +61,7 @@ pub struct HunyuanVideo15Transformer {
     pub cond_type_embedding: Tensor,
     /// `double_blocks.*` (a streamed block's shell points at a GPU slot: reach blocks through
     /// [`HunyuanVideo15Transformer::block`]).
-    pub double_blocks: Vec<QwenImageBlock>,
+    pub double_blocks: Vec<DualStreamBlock>,
     pub final_layer: FinalLayer,
     cfg: HunyuanVideo15Config,
     streamer: Option<Arc<BlockStreamer>>,
@@ -145,7 +145,7 @@ impl HunyuanVideo15Transformer {
     }
 
     /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot.
-    pub fn block(&self, i: usize) -> Result<Cow<'_, QwenImageBlock>> {
+    pub fn block(&self, i: usize) -> Result<Cow<'_, DualStreamBlock>> {
         let Some(block) = self.double_blocks.get(i) else {
             candle_core::bail!(
                 "HunyuanVideo 1.5: no block {i} (the model has {})",

@@ -3,14 +3,11 @@
 //! streams them (hand-written backward), the reader that says what a Qwen-Image transformer file is, and its VAE
 //! (the Wan 2.1 architecture with Qwen-Image's normalisation).
 
-pub mod attention;
-pub mod block;
 pub mod config;
 pub mod embeddings;
 pub mod latents;
 pub mod norm_out;
 pub mod rope;
-mod stream;
 #[cfg(test)]
 mod testkit;
 mod trainable;

@@ -5,9 +5,9 @@
 //! after every image position on the diagonal. Each axis rotates its own slice of the head (adjacent pairs).
 //! Angles are rounded as the official float32 tables are.
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{Device, Result};
 
-use framesmith_nn::ops::{rope_apply, rope_backward};
+pub use crate::mmdit::rope::{Rope, RopeTable};
 
 /// RoPE base.
 pub const THETA: f32 = 10_000.0;
@@ -34,55 +34,6 @@ impl ImageGrid {
     pub fn tokens(&self) -> usize {
         self.frames * self.height * self.width
     }
-}
-
-/// The cos / sin tables of one stream, [b, seq_len, 1, head_dim / 2] f32.
-#[derive(Clone, Debug)]
-pub struct RopeTable {
-    pub cos: Tensor,
-    pub sin: Tensor,
-}
-
-impl RopeTable {
-    fn new(
-        positions: &[[i64; 3]],
-        inv_freqs: &[(usize, f32)],
-        b: usize,
-        device: &Device,
-    ) -> Result<Self> {
-        let half = inv_freqs.len();
-        let angles: Vec<f32> = positions
-            .iter()
-            .flat_map(|pos| inv_freqs.iter().map(move |&(axis, w)| pos[axis] as f32 * w))
-            .collect();
-        let table = |f: fn(f64) -> f64| -> Result<Tensor> {
-            let values: Vec<f32> = angles.iter().map(|&a| f(f64::from(a)) as f32).collect();
-            Tensor::from_vec(values, (1, positions.len(), 1, half), device)?.repeat((b, 1, 1, 1))
-        };
-        Ok(Self {
-            cos: table(f64::cos)?,
-            sin: table(f64::sin)?,
-        })
-    }
-
-    /// Rotates `xs` [b, seq_len, heads, head_dim] (q or k).
-    pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
-        rope_apply(xs, &self.cos, &self.sin)
-    }
-
-    /// Input gradient of [`RopeTable::apply`].
-    pub fn backward(&self, dy: &Tensor) -> Result<Tensor> {
-        rope_backward(dy, &self.cos, &self.sin)
-    }
-}
-
-/// The tables of both streams.
-#[derive(Clone, Debug)]
-pub struct Rope {
-    /// Image tokens, in the order of the latent sequence (image by image, each frame-, row-, column-major).
-    pub img: RopeTable,
-    /// Text tokens.
-    pub txt: RopeTable,
 }
 
 /// The inverse frequencies 1 / θ^(2j / axis_dim), each tagged with its axis, in head order: f32 as officially.
@@ -121,27 +72,25 @@ fn image_positions(grids: &[ImageGrid]) -> (Vec<[i64; 3]>, i64) {
     (positions, text_start)
 }
 
-impl Rope {
-    /// Tables for a batch of `b` samples, each with the images `grids` (in sequence order) and `txt_len` text
-    /// tokens, over RoPE axes `axes_dim` (frame, height, width).
-    pub fn new(
-        grids: &[ImageGrid],
-        txt_len: usize,
-        axes_dim: &[usize],
-        b: usize,
-        device: &Device,
-    ) -> Result<Self> {
-        if axes_dim.len() != 3 {
-            candle_core::bail!("Qwen-Image RoPE: three axes expected, got {axes_dim:?}");
-        }
-        let freqs = inv_freqs(axes_dim);
-        let (img, text_start) = image_positions(grids);
-        let txt: Vec<[i64; 3]> = (0..txt_len as i64).map(|i| [text_start + i; 3]).collect();
-        Ok(Self {
-            img: RopeTable::new(&img, &freqs, b, device)?,
-            txt: RopeTable::new(&txt, &freqs, b, device)?,
-        })
+/// Tables for a batch of `b` samples, each with the images `grids` (in sequence order) and `txt_len` text
+/// tokens, over RoPE axes `axes_dim` (frame, height, width).
+pub fn rope(
+    grids: &[ImageGrid],
+    txt_len: usize,
+    axes_dim: &[usize],
+    b: usize,
+    device: &Device,
+) -> Result<Rope> {
+    if axes_dim.len() != 3 {
+        candle_core::bail!("Qwen-Image RoPE: three axes expected, got {axes_dim:?}");
     }
+    let freqs = inv_freqs(axes_dim);
+    let (img, text_start) = image_positions(grids);
+    let txt: Vec<[i64; 3]> = (0..txt_len as i64).map(|i| [text_start + i; 3]).collect();
+    Ok(Rope {
+        img: RopeTable::from_positions(&img, &freqs, b, device)?,
+        txt: RopeTable::from_positions(&txt, &freqs, b, device)?,
+    })
 }
 
 #[cfg(test)]
@@ -163,7 +112,7 @@ mod tests {
     #[test]
     fn the_first_text_token_of_a_2x2_image_turns_by_its_position() -> Result<()> {
         let dev = Device::Cpu;
-        let rope = Rope::new(&[ImageGrid::image(2, 2)], 1, &[2, 2, 2], 1, &dev)?;
+        let rope = rope(&[ImageGrid::image(2, 2)], 1, &[2, 2, 2], 1, &dev)?;
         // Text starts at position 1 on every axis; each axis' first frequency is 1.
         let close = |got: &[f32], want: &[f64]| {
             got.len() == want.len()

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::block::{BlockInputs, QwenImageBlock};
 use super::config::QwenImageConfig;
 use super::embeddings::TimestepEmbedding;
 use super::norm_out::AdaNormOut;
-use super::rope::{ImageGrid, Rope};
+use super::rope::{self, ImageGrid};
+use crate::mmdit::{BlockInputs, DualStreamBlock};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
 use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
@@ -74,7 +74,7 @@ pub struct QwenImageTransformer {
     pub time_text_embed: TimestepEmbedding,
     /// `transformer_blocks.*` (a streamed block's shell points at a GPU slot: reach blocks through
     /// [`QwenImageTransformer::block`]).
-    pub transformer_blocks: Vec<QwenImageBlock>,
+    pub transformer_blocks: Vec<DualStreamBlock>,
     pub norm_out: AdaNormOut,
     pub proj_out: Linear,
     cfg: QwenImageConfig,
@@ -108,8 +108,14 @@ impl QwenImageTransformer {
                 "Qwen-Image: streamed block {i} is out of range (the model has {n} blocks)"
             );
         }
-        let block_at =
-            |i: usize, vb: &Vb| QwenImageBlock::new(cfg, &vb.pp("transformer_blocks").pp(i));
+        let block_at = |i: usize, vb: &Vb| {
+            DualStreamBlock::new(
+                cfg.inner_dim(),
+                cfg.attention_head_dim,
+                cfg.mlp_hidden_dim(),
+                &vb.pp("transformer_blocks").pp(i),
+            )
+        };
         let mut blocks = Vec::with_capacity(n);
         for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
             blocks.push((i, block_at(i, vb)?));
@@ -158,7 +164,7 @@ impl QwenImageTransformer {
 
     /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot. Work
     /// reading a streamed block must be queued before the next call (the slot may then be refilled).
-    pub fn block(&self, i: usize) -> Result<Cow<'_, QwenImageBlock>> {
+    pub fn block(&self, i: usize) -> Result<Cow<'_, DualStreamBlock>> {
         let Some(block) = self.transformer_blocks.get(i) else {
             candle_core::bail!(
                 "Qwen-Image: no block {i} (the model has {})",
@@ -213,7 +219,7 @@ impl QwenImageTransformer {
         let txt = rms_norm(&inputs.txt, Some(&self.txt_norm), TXT_NORM_EPS)?;
         let txt = self.txt_in.forward(&txt)?;
         let temb = self.time_text_embed.forward(&inputs.timesteps, dtype)?;
-        let rope = Rope::new(
+        let rope = rope::rope(
             &inputs.img_grids,
             txt_len,
             &self.cfg.axes_dims_rope,

@@ -1,11 +1,11 @@
-//! Block streaming of the Qwen-Image transformer (DESIGN.md §4.4): the frozen tensors of a block in one fixed
+//! Block streaming of dual-stream blocks (DESIGN.md §4.4): the frozen tensors of a block in one fixed
 //! order, so the streamer can pack a block into host RAM and point its shell at a GPU slot. Every block has the
 //! same layout, so one streamer holds them all.
 
 use candle_core::{Result, Tensor};
 
 use super::attention::{JointAttention, StreamQkv};
-use super::block::{FeedForward, QwenImageBlock};
+use super::block::{DualStreamBlock, FeedForward};
 use framesmith_nn::offload::{frozen_fields, with_frozen_fields, Streamable};
 
 impl StreamQkv {
@@ -36,7 +36,7 @@ impl FeedForward {
     }
 }
 
-impl QwenImageBlock {
+impl DualStreamBlock {
     /// Every frozen tensor (linear bases, FP8 scales and biases, q/k norm weights), in a fixed order.
     pub fn frozen_tensors_mut(&mut self) -> Vec<&mut Tensor> {
         let mut out = self.img_mod.lin.frozen_tensors_mut();
@@ -48,18 +48,18 @@ impl QwenImageBlock {
     }
 }
 
-/// What block streaming packs and swaps: every frozen tensor, in [`QwenImageBlock::frozen_tensors_mut`]'s order.
-impl Streamable for QwenImageBlock {
+/// What block streaming packs and swaps: every frozen tensor, in [`DualStreamBlock::frozen_tensors_mut`]'s order.
+impl Streamable for DualStreamBlock {
     fn frozen_tensors(&self) -> Vec<Tensor> {
-        frozen_fields(self, QwenImageBlock::frozen_tensors_mut)
+        frozen_fields(self, DualStreamBlock::frozen_tensors_mut)
     }
 
     fn with_frozen(&self, tensors: &[Tensor]) -> Result<Self> {
         with_frozen_fields(
             self,
-            QwenImageBlock::frozen_tensors_mut,
+            DualStreamBlock::frozen_tensors_mut,
             tensors,
-            "Qwen-Image block",
+            "dual-stream block",
         )
     }
 }

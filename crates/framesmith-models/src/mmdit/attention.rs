@@ -1,5 +1,5 @@
-//! The joint attention of a Qwen-Image block (diffusers' `Attention` with `QwenDoubleStreamAttnProcessor2_0`):
-//! image tokens through `to_q` / `to_k` / `to_v`, text tokens through `add_q_proj` / `add_k_proj` /
+//! The joint attention of a dual-stream block (diffusers' `Attention` with `QwenDoubleStreamAttnProcessor2_0`,
+//! which HunyuanVideo 1.5's double blocks compute too): image tokens through `to_q` / `to_k` / `to_v`, text tokens through `add_q_proj` / `add_k_proj` /
 //! `add_v_proj`, RMSNorm of q and k per head (`norm_q`, `norm_k`, `norm_added_q`, `norm_added_k`, eps 1e-6),
 //! each stream's RoPE, one attention over every image and text token with the text padding masked as keys, then
 //! `to_out.0` (image) and `to_add_out` (text).

@@ -1,4 +1,4 @@
-//! Hand-written backward of a [`QwenImageBlock`]: a forward without an autograd graph that records its tape, and
+//! Hand-written backward of a [`DualStreamBlock`]: a forward without an autograd graph that records its tape, and
 //! the backward written op by op (gated residuals, modulation, LayerNorm, GELU-tanh MLP, per-head q/k RMSNorm,
 //! each stream's RoPE, the joint attention from its saved log-sum-exp with the text padding masked, linears
 //! through the frozen base plus LoRA gradients). The numerics follow the tracked forward step by step, so the
@@ -10,7 +10,7 @@ use candle_core::{DType, Result, Tensor};
 
 use super::super::attention::{joint_kv_lens, split_heads, StreamQkv, QK_NORM_EPS};
 use super::super::rope::{Rope, RopeTable};
-use super::{BlockInputs, FeedForward, Modulation, QwenImageBlock};
+use super::{BlockInputs, DualStreamBlock, FeedForward, Modulation};
 use crate::modulated::{
     modulation_backward, modulation_untracked, norm_modulate_backward, norm_modulate_untracked,
     ModGrad, ModTape, StreamTail, TailGrads, TailTape,
@@ -22,7 +22,7 @@ use framesmith_nn::norm::{rms_norm, rms_norm_backward};
 
 fn missing(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
-        "Qwen-Image block backward: no input gradient for {what}"
+        "dual-stream block backward: no input gradient for {what}"
     ))
 }
 
@@ -40,8 +40,8 @@ struct StreamTape {
     m: ModTape,
 }
 
-/// Everything [`QwenImageBlock::backward`] needs.
-pub struct QwenImageTape {
+/// Everything [`DualStreamBlock::backward`] needs.
+pub struct DualStreamTape {
     img: StreamTape,
     txt: StreamTape,
     attention: AttentionTape,
@@ -49,7 +49,7 @@ pub struct QwenImageTape {
     txt_len: usize,
 }
 
-impl QwenImageTape {
+impl DualStreamTape {
     /// The block's attention tape (output, LSE and the q, k, v it ran on).
     pub fn attention(&self) -> &AttentionTape {
         &self.attention
@@ -110,7 +110,7 @@ fn tail<'a>(proj: &'a Linear, mlp: &'a FeedForward) -> StreamTail<'a> {
         proj,
         mlp: [&mlp.proj_in, &mlp.proj_out],
         names: [
-            "Qwen-Image block",
+            "dual-stream block",
             "the output projection",
             "net.0.proj",
             "net.2",
@@ -158,7 +158,7 @@ enum Stream {
     Txt,
 }
 
-impl QwenImageBlock {
+impl DualStreamBlock {
     /// The stream's q / k / v with their norms, its modulation, output projection and MLP.
     fn stream(&self, s: Stream) -> (&StreamQkv, &Modulation, &Linear, &FeedForward) {
         match s {
@@ -177,16 +177,16 @@ impl QwenImageBlock {
         }
     }
 
-    /// [`QwenImageBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`]; `kept`:
+    /// [`DualStreamBlock::forward`] without an autograd graph, keeping the tape for [`Self::backward`]; `kept`:
     /// the joint attention of an earlier pass of this block on the same input (not run again); `kept_out`: that
-    /// pass's [`QwenImageTape::projections`], which skip those products.
+    /// pass's [`DualStreamTape::projections`], which skip those products.
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
         kept: Option<&KeptAttention>,
         kept_out: Option<[&Tensor; 4]>,
-    ) -> Result<(Tensor, QwenImageTape)> {
+    ) -> Result<(Tensor, DualStreamTape)> {
         let (t, total) = (inputs.txt_len, xs.dim(1)?);
         let img_len = total - t;
         let xs = xs.detach();
@@ -222,7 +222,7 @@ impl QwenImageBlock {
             compute,
             kept_out.map(|k| [k[2], k[3]]),
         )?;
-        let tape = QwenImageTape {
+        let tape = DualStreamTape {
             img: img_tape,
             txt: txt_tape,
             attention,
@@ -233,7 +233,7 @@ impl QwenImageBlock {
     }
 
     /// The block's backward for the output gradient `grad` [b, txt_len + img_len, dim].
-    pub fn backward(&self, tape: QwenImageTape, grad: &Tensor) -> Result<BlockGrads> {
+    pub fn backward(&self, tape: DualStreamTape, grad: &Tensor) -> Result<BlockGrads> {
         let (t, total) = (tape.txt_len, grad.dim(1)?);
         let img_len = total - t;
         let mut params = Vec::new();

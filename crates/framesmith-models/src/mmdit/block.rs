@@ -1,4 +1,5 @@
-//! A dual-stream block of the Qwen-Image transformer (`QwenImageTransformerBlock` of diffusers): image and text
+//! A dual-stream (MMDiT) block, as Qwen-Image's `QwenImageTransformerBlock` and HunyuanVideo 1.5's double blocks
+//! compute it: image and text
 //! tokens each have their modulation (`img_mod.1`, `txt_mod.1`: SiLU then a linear to two (shift, scale, gate)
 //! triples), parameter-free LayerNorms (eps 1e-6) and MLP (`img_mlp`, `txt_mlp`: GELU-tanh, 4× wide), and attend
 //! jointly. A block takes and returns the joint sequence [b, txt_len + img_len, dim], text rows first (the order
@@ -8,7 +9,6 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::attention::JointAttention;
-use super::config::QwenImageConfig;
 use super::rope::Rope;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::ops::{gated_residual, gelu_tanh};
@@ -36,6 +36,16 @@ impl BlockInputs {
     pub fn compute_dtype(&self) -> DType {
         self.temb.dtype()
     }
+
+    /// The same inputs outside any autograd graph.
+    pub fn detached(&self) -> Self {
+        Self {
+            temb: self.temb.detach(),
+            rope: self.rope.detached(),
+            txt_len: self.txt_len,
+            txt_lens: self.txt_lens.clone(),
+        }
+    }
 }
 
 /// `img_mod` / `txt_mod`: `1` is the linear [6·dim, dim] after the SiLU.
@@ -62,7 +72,7 @@ pub fn triples(out: &Tensor) -> Result<(ModulationOut, ModulationOut)> {
     let mut mods = crate::modulated::triples(out, 2)?.into_iter();
     match (mods.next(), mods.next()) {
         (Some(first), Some(second)) => Ok((first, second)),
-        _ => candle_core::bail!("Qwen-Image: a modulation needs two triples"),
+        _ => candle_core::bail!("dual-stream block: a modulation needs two triples"),
     }
 }
 
@@ -90,9 +100,9 @@ impl FeedForward {
     }
 }
 
-/// `transformer_blocks.N`.
+/// One dual-stream block (Qwen-Image's `transformer_blocks.N`, HunyuanVideo 1.5's `double_blocks.N`).
 #[derive(Clone)]
-pub struct QwenImageBlock {
+pub struct DualStreamBlock {
     pub img_mod: Modulation,
     pub txt_mod: Modulation,
     pub attn: JointAttention,
@@ -100,13 +110,13 @@ pub struct QwenImageBlock {
     pub txt_mlp: FeedForward,
 }
 
-impl QwenImageBlock {
-    pub fn new(cfg: &QwenImageConfig, vb: &Vb) -> Result<Self> {
-        let (dim, hidden) = (cfg.inner_dim(), cfg.mlp_hidden_dim());
+impl DualStreamBlock {
+    /// A block of width `dim`, heads of `head_dim` and MLPs `hidden` wide, under Qwen-Image's (diffusers') names.
+    pub fn new(dim: usize, head_dim: usize, hidden: usize, vb: &Vb) -> Result<Self> {
         Ok(Self {
             img_mod: Modulation::new(dim, &vb.pp("img_mod"))?,
             txt_mod: Modulation::new(dim, &vb.pp("txt_mod"))?,
-            attn: JointAttention::new(dim, cfg.attention_head_dim, &vb.pp("attn"))?,
+            attn: JointAttention::new(dim, head_dim, &vb.pp("attn"))?,
             img_mlp: FeedForward::new(dim, hidden, &vb.pp("img_mlp"))?,
             txt_mlp: FeedForward::new(dim, hidden, &vb.pp("txt_mlp"))?,
         })
