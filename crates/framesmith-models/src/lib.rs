@@ -2,6 +2,7 @@
 //! config files or logging policy.
 
 pub mod adapter_file;
+mod checkpoint;
 pub mod fixtures;
 pub mod flux;
 pub mod hunyuan_video15;

@@ -10,7 +10,7 @@ mod load;
 #[cfg(test)]
 mod tests;
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
@@ -19,12 +19,8 @@ pub use keys::official_shapes;
 pub use load::{load_autoencoder, load_clip_text, load_dit, load_dit_streamed, load_t5_xxl};
 
 use super::FluxConfig;
-use crate::wan::weights::{read_header, write_size_lines, Entry, MappedTensors, TensorInfo};
-
-/// Key prefixes ComfyUI puts before the DiT's official names, longest first.
-const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
-/// The tensor ComfyUI adds to a `scaled_fp8` file.
-const SCALED_FP8_MARKER: &str = "scaled_fp8";
+use crate::checkpoint::{comfy_prefix, entries, Names, Tally, SCALED_FP8_MARKER};
+use crate::wan::weights::{read_header, write_size_lines, MappedTensors, TensorInfo};
 
 /// The files a FLUX.1 run uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,18 +170,12 @@ pub fn identify(path: &Path) -> Result<FluxFile, FluxFormatError> {
         });
     }
     let header = read_header(path)?;
-    let names = Names::new(&header.tensors);
+    let prefix = comfy_prefix(&header.tensors, "double_blocks.");
+    let names = Names::new(&header.tensors, prefix);
     let kind = classify(&names, &header.metadata, path)?;
-    let mut dtypes = BTreeMap::new();
-    for t in &header.tensors {
-        *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
-    }
-    let fp8 = dtypes.contains_key("F8_E4M3").then(|| {
-        let scaled = names.has(SCALED_FP8_MARKER)
-            || header
-                .tensors
-                .iter()
-                .any(|t| t.name.ends_with(".scale_weight") || t.name.ends_with(".weight_scale"));
+    let tally = Tally::of(&header.tensors);
+    let fp8 = tally.dtypes.contains_key("F8_E4M3").then(|| {
+        let scaled = names.has(SCALED_FP8_MARKER) || tally.scaled_fp8;
         if scaled {
             Fp8Storage::Scaled
         } else {
@@ -195,10 +185,10 @@ pub fn identify(path: &Path) -> Result<FluxFile, FluxFormatError> {
     Ok(FluxFile {
         path: path.to_path_buf(),
         kind,
-        prefix: names.prefix,
+        prefix,
         fp8,
-        dtypes,
-        parameter_count: header.tensors.iter().map(TensorInfo::numel).sum(),
+        dtypes: tally.dtypes,
+        parameter_count: tally.parameter_count,
         bytes_on_disk: header.file_bytes,
         bundled: bundled(&header.tensors),
     })
@@ -252,59 +242,6 @@ fn bundled(tensors: &[TensorInfo]) -> Vec<&'static str> {
         .collect();
     found.dedup();
     found
-}
-
-/// Stored names with the DiT prefix stripped, and their shapes.
-struct Names<'a> {
-    prefix: Option<&'static str>,
-    shapes: BTreeMap<&'a str, &'a [usize]>,
-}
-
-impl<'a> Names<'a> {
-    fn new(tensors: &'a [TensorInfo]) -> Self {
-        let prefix = PREFIXES.into_iter().find(|p| {
-            tensors
-                .iter()
-                .any(|t| t.name.starts_with(p) && t.name.contains("double_blocks."))
-        });
-        let shapes = tensors
-            .iter()
-            .map(|t| {
-                let name = prefix
-                    .and_then(|p| t.name.strip_prefix(p))
-                    .unwrap_or(&t.name);
-                (name, t.shape.as_slice())
-            })
-            .collect();
-        Self { prefix, shapes }
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.shapes.contains_key(name)
-    }
-
-    fn any_prefix(&self, prefix: &str) -> bool {
-        self.shapes.keys().any(|n| n.starts_with(prefix))
-    }
-
-    fn dim(&self, name: &str, axis: usize) -> Option<usize> {
-        self.shapes.get(name).and_then(|s| s.get(axis).copied())
-    }
-
-    /// Number of distinct indices N in names `<prefix>N.…`.
-    fn count(&self, prefix: &str) -> usize {
-        self.shapes
-            .keys()
-            .filter_map(|n| {
-                n.strip_prefix(prefix)?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
-            .collect::<BTreeSet<_>>()
-            .len()
-    }
 }
 
 /// What the names say the file is.
@@ -557,21 +494,7 @@ pub fn open(
 ) -> Result<OpenedFlux, FluxFormatError> {
     let file = identify_expected(path, expected, variant)?;
     let header = read_header(path)?;
-    let entries: Vec<Entry> = header
-        .tensors
-        .iter()
-        .filter(|t| t.name != SCALED_FP8_MARKER)
-        .map(|t| Entry {
-            file: 0,
-            stored: t.name.clone(),
-            name: file
-                .prefix
-                .and_then(|p| t.name.strip_prefix(p))
-                .unwrap_or(&t.name)
-                .to_string(),
-            dtype: t.dtype.clone(),
-        })
-        .collect();
+    let entries = entries(header.tensors.iter().map(|t| (0, t)), file.prefix);
     let tensors = MappedTensors::open(&[path.to_path_buf()], &entries)?;
     Ok(OpenedFlux { file, tensors })
 }

@@ -6,16 +6,16 @@
 //! train. Sizes come from the shapes (a diffusers folder's from its `config.json`). [`load`] builds the 1.5
 //! transformer from any of its layouts.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::config::HunyuanVideo15Config;
 use super::layout::KeyLayout;
+use crate::checkpoint::{comfy_prefix, read_shards, Names, Tally};
 use crate::wan::weights::{
     pickle_reason, read_header, write_size_lines, ModelFormatError, TensorInfo,
 };
-use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
 
 mod keys;
 mod load;
@@ -24,12 +24,8 @@ mod pickle_check;
 pub use keys::official_shapes;
 pub use load::{load_dit, load_dit_streamed, open, OpenedHunyuanVideo15};
 
-/// Key prefixes ComfyUI may put before the transformer's names, longest first.
-const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
 /// diffusers' class name of the 1.5 transformer in a folder's `config.json`.
 const DIFFUSERS_CLASS: &str = "HunyuanVideo15Transformer3DModel";
-/// The marker tensor of ComfyUI's `scaled_fp8` files (not a weight).
-pub(crate) const SCALED_FP8_MARKER: &str = "scaled_fp8";
 /// Where the 1.5 release is, for the message that names a 1.0 file.
 const GET_15: &str =
     "Framesmith trains HunyuanVideo 1.5: download a transformer of tencent/HunyuanVideo-1.5 \
@@ -124,52 +120,12 @@ pub struct HunyuanVideoFile {
     pub bytes_on_disk: u64,
 }
 
-/// Tensor shapes by name (prefix stripped).
-struct Names<'a> {
-    shapes: BTreeMap<&'a str, &'a [usize]>,
+/// Which HunyuanVideo and which key layout names are.
+trait Classify {
+    fn classify(&self) -> Option<(Version, KeyLayout)>;
 }
 
-impl<'a> Names<'a> {
-    fn new(tensors: &'a [TensorInfo], prefix: Option<&str>) -> Self {
-        let shapes = tensors
-            .iter()
-            .map(|t| {
-                let name = prefix
-                    .and_then(|p| t.name.strip_prefix(p))
-                    .unwrap_or(&t.name);
-                (name, t.shape.as_slice())
-            })
-            .collect();
-        Self { shapes }
-    }
-
-    fn has(&self, name: &str) -> bool {
-        self.shapes.contains_key(name)
-    }
-
-    fn any_prefix(&self, prefix: &str) -> bool {
-        self.shapes.keys().any(|n| n.starts_with(prefix))
-    }
-
-    fn dim(&self, name: &str, axis: usize) -> Option<usize> {
-        self.shapes.get(name).and_then(|s| s.get(axis).copied())
-    }
-
-    /// Number of distinct indices after `prefix`.
-    fn count(&self, prefix: &str) -> usize {
-        self.shapes
-            .keys()
-            .filter_map(|n| {
-                n.strip_prefix(prefix)?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
-            .collect::<BTreeSet<_>>()
-            .len()
-    }
-
+impl Classify for Names<'_> {
     /// Which HunyuanVideo and which key layout these names are, if any.
     fn classify(&self) -> Option<(Version, KeyLayout)> {
         let refiner = self.any_prefix("txt_in.individual_token_refiner.");
@@ -195,15 +151,6 @@ impl<'a> Names<'a> {
         }
         None
     }
-}
-
-/// The ComfyUI prefix the names use, if any.
-fn prefix_of(tensors: &[TensorInfo]) -> Option<&'static str> {
-    PREFIXES.into_iter().find(|p| {
-        tensors
-            .iter()
-            .any(|t| t.name.starts_with(p) && t.name.contains("_blocks.0."))
-    })
 }
 
 /// The official tensor names of the sizes [`config_from_shapes`] reads, in `keys`' layout.
@@ -353,12 +300,7 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, HunyuanVideoFormatError> {
             path: path.to_path_buf(),
         };
         let (dir, files) = folder_files(path).ok_or_else(not_ours)?;
-        let (mut tensors, mut bytes_on_disk) = (Vec::new(), 0);
-        for (i, shard) in files.iter().enumerate() {
-            let header = read_header(shard)?;
-            tensors.extend(header.tensors.into_iter().map(|t| (i, t)));
-            bytes_on_disk += header.file_bytes;
-        }
+        let (tensors, bytes_on_disk) = read_shards(&files)?;
         let container = Container::Folder {
             shards: files.len(),
         };
@@ -394,7 +336,7 @@ pub(crate) fn scan(path: &Path) -> Result<Scan, HunyuanVideoFormatError> {
     }
     let header = read_header(path)?;
     let container = Container::SingleFile {
-        prefix: prefix_of(&header.tensors),
+        prefix: comfy_prefix(&header.tensors, "_blocks.0."),
     };
     Ok(Scan {
         files: vec![path.to_path_buf()],
@@ -410,8 +352,8 @@ pub(crate) fn describe(
     path: &Path,
     scan: &Scan,
 ) -> Result<HunyuanVideoFile, HunyuanVideoFormatError> {
-    let tensors: Vec<TensorInfo> = scan.tensors.iter().map(|(_, t)| t.clone()).collect();
-    let names = Names::new(&tensors, scan.container.prefix());
+    let tensors = || scan.tensors.iter().map(|(_, t)| t);
+    let names = Names::new(tensors(), scan.container.prefix());
     let Some((version, keys)) = names.classify() else {
         return Err(HunyuanVideoFormatError::NotHunyuanVideo {
             path: path.to_path_buf(),
@@ -431,25 +373,16 @@ pub(crate) fn describe(
             Some(config)
         }
     };
-    let mut dtypes = BTreeMap::new();
-    for t in &tensors {
-        *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
-    }
-    let scaled_fp8 = tensors.iter().any(|t| {
-        t.name == SCALED_FP8_MARKER
-            || WEIGHT_SCALE_KEYS
-                .iter()
-                .any(|k| t.name.ends_with(&format!(".{k}")))
-    });
+    let tally = Tally::of(tensors());
     Ok(HunyuanVideoFile {
         path: path.to_path_buf(),
         version,
         keys,
         container: scan.container.clone(),
         config,
-        dtypes,
-        scaled_fp8,
-        parameter_count: tensors.iter().map(TensorInfo::numel).sum(),
+        dtypes: tally.dtypes,
+        scaled_fp8: tally.scaled_fp8,
+        parameter_count: tally.parameter_count,
         bytes_on_disk: scan.bytes_on_disk,
     })
 }

@@ -4,13 +4,13 @@
 //! shards beside its `config.json`. Sizes come from the shapes (a folder's from its `config.json`). [`load_dit`]
 //! builds the transformer from any of them, in bf16 or FP8.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
 
 use super::QwenImageConfig;
+use crate::checkpoint::{comfy_prefix, read_shards, Names, Tally};
 use crate::wan::weights::{read_header, write_size_lines, ModelFormatError, TensorInfo};
-use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
 
 mod keys;
 mod load;
@@ -18,12 +18,8 @@ mod load;
 pub use keys::official_shapes;
 pub use load::{load_dit, load_dit_streamed, open, OpenedQwenImage};
 
-/// Key prefixes ComfyUI may put before the transformer's names, longest first.
-const PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
 /// diffusers' class name in a transformer folder's `config.json`.
 const DIFFUSERS_CLASS: &str = "QwenImageTransformer2DModel";
-/// The marker tensor of ComfyUI's `scaled_fp8` files (not a weight).
-const SCALED_FP8_MARKER: &str = "scaled_fp8";
 
 /// Why a path is not a Qwen-Image transformer Framesmith can name.
 #[derive(Debug, thiserror::Error)]
@@ -91,59 +87,11 @@ pub struct QwenImageFile {
     pub bytes_on_disk: u64,
 }
 
-/// Tensor shapes under diffusers' names (prefix stripped).
-struct Names<'a> {
-    shapes: BTreeMap<&'a str, &'a [usize]>,
-}
-
-impl<'a> Names<'a> {
-    fn new(tensors: &'a [TensorInfo], prefix: Option<&str>) -> Self {
-        let shapes = tensors
-            .iter()
-            .map(|t| {
-                let name = prefix
-                    .and_then(|p| t.name.strip_prefix(p))
-                    .unwrap_or(&t.name);
-                (name, t.shape.as_slice())
-            })
-            .collect();
-        Self { shapes }
-    }
-
-    fn dim(&self, name: &str, axis: usize) -> Option<usize> {
-        self.shapes.get(name).and_then(|s| s.get(axis).copied())
-    }
-
-    /// Whether the names are a Qwen-Image transformer's (its blocks' modulation and text attention).
-    fn is_qwen_image(&self) -> bool {
-        self.shapes.keys().any(|n| {
-            n.starts_with("transformer_blocks.")
-                && (n.ends_with(".img_mod.1.weight") || n.ends_with(".attn.norm_added_q.weight"))
-        })
-    }
-
-    /// Number of distinct block indices.
-    fn blocks(&self) -> usize {
-        self.shapes
-            .keys()
-            .filter_map(|n| {
-                n.strip_prefix("transformer_blocks.")?
-                    .split('.')
-                    .next()?
-                    .parse::<usize>()
-                    .ok()
-            })
-            .collect::<BTreeSet<_>>()
-            .len()
-    }
-}
-
-/// The ComfyUI prefix the names use, if any.
-fn prefix_of(tensors: &[TensorInfo]) -> Option<&'static str> {
-    PREFIXES.into_iter().find(|p| {
-        tensors
-            .iter()
-            .any(|t| t.name.starts_with(p) && t.name.contains("transformer_blocks."))
+/// Whether the names are a Qwen-Image transformer's (its blocks' modulation and text attention).
+fn is_qwen_image(names: &Names) -> bool {
+    names.shapes.keys().any(|n| {
+        n.starts_with("transformer_blocks.")
+            && (n.ends_with(".img_mod.1.weight") || n.ends_with(".attn.norm_added_q.weight"))
     })
 }
 
@@ -173,7 +121,7 @@ fn config_from_shapes(names: &Names, path: &Path) -> Result<QwenImageConfig, Qwe
         patch_size,
         in_channels: need("img_in.weight", 1)?,
         out_channels: Some(need("proj_out.weight", 0)? / (patch_size * patch_size)),
-        num_layers: names.blocks(),
+        num_layers: names.count("transformer_blocks."),
         attention_head_dim: head_dim,
         num_attention_heads: dim / head_dim.max(1),
         joint_attention_dim: need("txt_in.weight", 1)?,
@@ -219,7 +167,7 @@ fn scan(path: &Path) -> Result<Scan, QwenImageFormatError> {
     if !path.is_dir() {
         let header = read_header(path)?;
         let layout = Layout::SingleFile {
-            prefix: prefix_of(&header.tensors),
+            prefix: comfy_prefix(&header.tensors, "transformer_blocks."),
         };
         return Ok(Scan {
             files: vec![path.to_path_buf()],
@@ -236,12 +184,7 @@ fn scan(path: &Path) -> Result<Scan, QwenImageFormatError> {
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
-    let (mut tensors, mut bytes_on_disk) = (Vec::new(), 0);
-    for (i, shard) in files.iter().enumerate() {
-        let header = read_header(shard)?;
-        tensors.extend(header.tensors.into_iter().map(|t| (i, t)));
-        bytes_on_disk += header.file_bytes;
-    }
+    let (tensors, bytes_on_disk) = read_shards(&files)?;
     let layout = Layout::DiffusersFolder {
         shards: files.len(),
     };
@@ -256,9 +199,9 @@ fn scan(path: &Path) -> Result<Scan, QwenImageFormatError> {
 
 /// What the scanned tensors at `path` are.
 fn describe(path: &Path, scan: &Scan) -> Result<QwenImageFile, QwenImageFormatError> {
-    let tensors: Vec<TensorInfo> = scan.tensors.iter().map(|(_, t)| t.clone()).collect();
-    let names = Names::new(&tensors, scan.layout.prefix());
-    if !names.is_qwen_image() {
+    let tensors = || scan.tensors.iter().map(|(_, t)| t);
+    let names = Names::new(tensors(), scan.layout.prefix());
+    if !is_qwen_image(&names) {
         return Err(QwenImageFormatError::NotQwenImage {
             path: path.to_path_buf(),
         });
@@ -267,23 +210,14 @@ fn describe(path: &Path, scan: &Scan) -> Result<QwenImageFile, QwenImageFormatEr
         Some(config) => config.clone(),
         None => config_from_shapes(&names, path)?,
     };
-    let mut dtypes = BTreeMap::new();
-    for t in &tensors {
-        *dtypes.entry(t.dtype.clone()).or_insert(0) += 1;
-    }
-    let scaled_fp8 = tensors.iter().any(|t| {
-        t.name == SCALED_FP8_MARKER
-            || WEIGHT_SCALE_KEYS
-                .iter()
-                .any(|k| t.name.ends_with(&format!(".{k}")))
-    });
+    let tally = Tally::of(tensors());
     Ok(QwenImageFile {
         path: path.to_path_buf(),
         config,
         layout: scan.layout.clone(),
-        dtypes,
-        scaled_fp8,
-        parameter_count: tensors.iter().map(TensorInfo::numel).sum(),
+        dtypes: tally.dtypes,
+        scaled_fp8: tally.scaled_fp8,
+        parameter_count: tally.parameter_count,
         bytes_on_disk: scan.bytes_on_disk,
     })
 }

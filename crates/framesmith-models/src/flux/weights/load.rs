@@ -6,7 +6,8 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
-use super::{open, FluxComponent, FluxFormatError, FluxKind, FluxVariant, Names};
+use super::{open, FluxComponent, FluxFormatError, FluxKind, FluxVariant};
+use crate::checkpoint::{comfy_prefix, Names};
 use crate::flux::autoencoder::{AutoEncoder, AutoEncoderConfig};
 use crate::flux::clip_text::{text_model_prefix, ClipTextConfig, ClipTextModel};
 use crate::flux::Flux;
@@ -35,7 +36,8 @@ fn with_names<T>(
     what: &str,
 ) -> Result<T, FluxFormatError> {
     let header = read_header(path)?;
-    f(&Names::new(&header.tensors))
+    let prefix = comfy_prefix(&header.tensors, "double_blocks.");
+    f(&Names::new(&header.tensors, prefix))
         .ok_or_else(|| incomplete(what, "a tensor that gives its sizes is missing", path))
 }
 

@@ -9,13 +9,11 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
-use super::{
-    describe, scan, Container, HunyuanVideoFile, HunyuanVideoFormatError, Version,
-    SCALED_FP8_MARKER,
-};
+use super::{describe, scan, Container, HunyuanVideoFile, HunyuanVideoFormatError, Version};
+use crate::checkpoint::entries;
 use crate::hunyuan_video15::layout::LayoutSource;
 use crate::hunyuan_video15::HunyuanVideo15Transformer;
-use crate::wan::weights::{Entry, MappedTensors};
+use crate::wan::weights::MappedTensors;
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::offload::OffloadOptions;
 use framesmith_nn::vb::Vb;
@@ -46,20 +44,7 @@ pub fn open(path: &Path) -> Result<OpenedHunyuanVideo15, HunyuanVideoFormatError
         });
     }
     let prefix = file.container.prefix();
-    let entries: Vec<Entry> = scanned
-        .tensors
-        .iter()
-        .filter(|(_, t)| t.name != SCALED_FP8_MARKER)
-        .map(|(i, t)| Entry {
-            file: *i,
-            stored: t.name.clone(),
-            name: prefix
-                .and_then(|p| t.name.strip_prefix(p))
-                .unwrap_or(&t.name)
-                .to_string(),
-            dtype: t.dtype.clone(),
-        })
-        .collect();
+    let entries = entries(scanned.tensors.iter().map(|(i, t)| (*i, t)), prefix);
     let tensors = MappedTensors::open(&scanned.files, &entries)?;
     Ok(OpenedHunyuanVideo15 { file, tensors })
 }

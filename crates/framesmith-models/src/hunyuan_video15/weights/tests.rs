@@ -10,6 +10,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::super::testkit::Case;
 use super::*;
+use crate::checkpoint::SCALED_FP8_MARKER;
 use crate::fixtures::assert_close;
 use framesmith_nn::fp8::{e4m3_decode, e4m3_encode, Fp8Scale};
 use framesmith_nn::linear::BaseWeight;

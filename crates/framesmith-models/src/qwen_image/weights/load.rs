@@ -9,9 +9,10 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
-use super::{describe, scan, QwenImageFile, QwenImageFormatError, SCALED_FP8_MARKER};
+use super::{describe, scan, QwenImageFile, QwenImageFormatError};
+use crate::checkpoint::entries;
 use crate::qwen_image::QwenImageTransformer;
-use crate::wan::weights::{Entry, MappedTensors};
+use crate::wan::weights::MappedTensors;
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::offload::OffloadOptions;
 use framesmith_nn::vb::Vb;
@@ -28,20 +29,7 @@ pub fn open(path: &Path) -> Result<OpenedQwenImage, QwenImageFormatError> {
     let scanned = scan(path)?;
     let file = describe(path, &scanned)?;
     let prefix = file.layout.prefix();
-    let entries: Vec<Entry> = scanned
-        .tensors
-        .iter()
-        .filter(|(_, t)| t.name != SCALED_FP8_MARKER)
-        .map(|(i, t)| Entry {
-            file: *i,
-            stored: t.name.clone(),
-            name: prefix
-                .and_then(|p| t.name.strip_prefix(p))
-                .unwrap_or(&t.name)
-                .to_string(),
-            dtype: t.dtype.clone(),
-        })
-        .collect();
+    let entries = entries(scanned.tensors.iter().map(|(i, t)| (*i, t)), prefix);
     let tensors = MappedTensors::open(&scanned.files, &entries)?;
     Ok(OpenedQwenImage { file, tensors })
 }
@@ -94,6 +82,7 @@ mod tests {
     use candle_core::Tensor;
 
     use super::*;
+    use crate::checkpoint::SCALED_FP8_MARKER;
     use crate::fixtures::assert_close;
     use crate::qwen_image::testkit::Case;
     use framesmith_nn::fp8::{e4m3_decode, e4m3_encode};
