@@ -39,6 +39,17 @@ fn demo_trains_saves_and_samples() {
         .expect("framesmith runs");
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
+    // The start is accounted for once, at the end of the first step, with the setup among its parts.
+    let startup: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("first step done "))
+        .collect();
+    assert_eq!(startup.len(), 1, "{stderr}");
+    assert!(
+        startup[0].contains(" s after the start: ") && startup[0].contains("the first step "),
+        "{}",
+        startup[0]
+    );
 
     let losses = losses(&dir.path().join("output/metrics.jsonl"));
     assert_eq!(losses.len(), 60);

@@ -286,6 +286,7 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
     if trainer.sample_at_start() && !sample(trainer, events, alone_stop)? {
         return Ok(Outcome::Stopped);
     }
+    trainer.startup.mark("samples before training");
     let started = Instant::now();
     let first_step = trainer.step();
     let mut smoothed: Option<f64> = None;
@@ -298,6 +299,9 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
             Err(err) if StepError::is_interrupted(&err) => return Ok(Outcome::Stopped),
             Err(err) => return Err(err),
         };
+        if let Some(line) = trainer.startup.first_step_line(report.step_secs) {
+            events.log(LogLevel::Info, line);
+        }
         if let Some(message) = report.warning.clone() {
             events.log(LogLevel::Warn, message);
         }

@@ -11,6 +11,7 @@ pub mod preflight;
 pub mod ranks;
 pub mod samples;
 pub mod setup;
+pub mod startup;
 pub mod step;
 pub mod timesteps;
 pub mod trainer;

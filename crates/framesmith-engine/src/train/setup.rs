@@ -17,6 +17,7 @@ use crate::train::outputs::Outputs;
 use crate::train::preflight;
 use crate::train::ranks::Ranks;
 use crate::train::samples::Sampling;
+use crate::train::startup::Startup;
 use crate::train::trainer::Trainer;
 use crate::train::validation::Validation;
 use framesmith_config::plan::{FloatDtype, PlanDevice};
@@ -355,6 +356,7 @@ impl Trainer {
         ranks: &Ranks,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
+        let mut startup = Startup::begin();
         let family = family_of(&request.config).config_family();
         let mut plan = validate_for(
             &request.config,
@@ -390,18 +392,23 @@ impl Trainer {
         }
         let folder = preflight::take_run_folder(request, &mut plan, writes, log)?;
         preflight::check_init_from(&plan)?;
+        startup.mark("checks");
         let mut trainer = Self::from_plan(&plan, log)?;
+        startup.mark("setup (model, LoRA, items, sample prompts)");
         if let Some(lock) = folder.lock {
             trainer.outputs.hold(lock);
         }
         trainer.join_ranks(&plan, ranks, log)?;
+        startup.mark("joining the ranks");
         if let Some(state) = &folder.resume {
             let dir = trainer.resume(state, log)?;
             log(
                 LogLevel::Info,
                 format!("resumed at step {} from {}", trainer.step(), dir.display()),
             );
+            startup.mark("resuming");
         }
+        trainer.startup = startup;
         if writes {
             trainer.outputs.begin(trainer.step(), &plan.config)?;
         }
@@ -500,6 +507,7 @@ impl Trainer {
             outputs,
             validation: parts.validation,
             collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
+            startup: Startup::begin(),
         })
     }
 }

@@ -83,6 +83,8 @@ pub struct Trainer {
     pub(super) validation: Option<crate::train::validation::Validation>,
     /// The ranks this run trains with ([`crate::train::ranks`]); `Solo` for one GPU.
     pub(super) collective: Arc<dyn Collective>,
+    /// The run's start, in parts, until its first step is reported.
+    pub(super) startup: crate::train::startup::Startup,
 }
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
