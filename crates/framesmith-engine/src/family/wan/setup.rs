@@ -90,11 +90,16 @@ fn load_run(
             e
         }
     };
+    let building = std::time::Instant::now();
     let loaded = load_model(plan, None, device, memory).map_err(oom_on_load)?;
     let (mut model, base_name) = (loaded.model, loaded.name);
     log(
         LogLevel::Info,
-        format!("model: {base_name} on {}", device_label(device)),
+        format!(
+            "model: {base_name} on {} (built in {:.1} s)",
+            device_label(device),
+            building.elapsed().as_secs_f64()
+        ),
     );
     if let Some(line) = framesmith_nn::device::kernel_code_line(device) {
         log(LogLevel::Info, line);
