@@ -18,6 +18,10 @@
 #   text / text-24 / text-16   `framesmith cache text` of the CAPTIONS captions with the Qwen2.5-VL file (the
 #                 fixture's small tokenizer: more tokens per caption than Qwen's own), without a budget or under
 #                 `--vram-budget-gb N`.
+#   generate-24   `framesmith generate` of one 1024² image (GEN_STEPS denoising steps, true CFG, FP8 block-64 DiT
+#                 with GEN_SWAP blocks streamed) within `--vram-budget-gb 24`: time per step, decode, peak VRAM.
+#   samples-24    the budget-24 run with samples every STEPS/2 steps (one 1024² prompt, GEN_STEPS steps): the
+#                 sampling peak against the training plan (the plan does not count sampling yet: issue 47).
 # No CASE: torch bf16 fp8 budget-24 budget-16 text-24 text-16. STEPS (default 8) optimizer steps per training
 # run; SEED (default 0); TEXT_TOKENS (default 128) tokens of the cached text.
 set -uo pipefail
@@ -31,6 +35,7 @@ CASES=("$@")
 [[ ${#CASES[@]} -eq 0 ]] && CASES=(torch bf16 fp8 budget-24 budget-16 text-24 text-16)
 STEPS="${STEPS:-8}" SEED="${SEED:-0}" SIZE="${SIZE:-1024}" RANK="${RANK:-16}" CAPTIONS="${CAPTIONS:-100}"
 TEXT_TOKENS="${TEXT_TOKENS:-128}" TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-8}"
+GEN_STEPS="${GEN_STEPS:-8}" GEN_SWAP="${GEN_SWAP:-20}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TOKENIZER="$HERE/../crates/framesmith-models/tests/fixtures/qwen25vl/tokenizer.json"
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
@@ -147,6 +152,31 @@ for case in "${CASES[@]}"; do
         train_case "$D" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
         ;;
     text) text_case "$D" "cache text, no budget" ;;
+    generate-24)
+        timed "$D" generate framesmith generate --dit "$P/qwen_image_bf16.safetensors" \
+            --vae "$P/qwen_image_vae.safetensors" --text-encoder "$P/qwen_2.5_vl_7b_fp8_scaled.safetensors" \
+            --tokenizer "$TOKENIZER" --prompt "a red fox running through snow" --negative "blurry" \
+            --width "$SIZE" --height "$SIZE" --steps "$GEN_STEPS" --seed 7 --fp8 block64 \
+            --blocks-to-swap "$GEN_SWAP" --vram-budget-gb 24 --device cuda --out "$D/image.png"
+        grep -hE "step|decode|VRAM|peak|wrote|rror" "$D/generate.log" | tail -6 | sed "s/^/  generate-24: /" \
+            >> "$SUMMARY"
+        ;;
+    samples-24)
+        minimal_config "$P" "$P/samples.toml"
+        cp "$TOKENIZER" "$P/tokenizer.json"
+        echo "a red fox running through snow --w $SIZE --h $SIZE --s $GEN_STEPS --d 7" > "$P/prompts.txt"
+        python3 - "$P/samples.toml" "$P" "$STEPS" <<'EOF'
+import sys
+path, p, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+text = open(path).read().replace("[model]\n", f'[model]\nvae = "{p}/qwen_image_vae.safetensors"\n'
+    f'text_encoder = "{p}/qwen_2.5_vl_7b_fp8_scaled.safetensors"\n', 1)
+text += f'[sampling]\nprompts = "{p}/prompts.txt"\nsample_every_n_steps = {max(1, steps // 2)}\n'
+open(path, "w").write(text)
+EOF
+        extra=(--preset qwen-image-24gb --vram-budget-gb 24)
+        train_case "$D" "$P/samples.toml" "framesmith train, preset, 24 GiB, samples" "${extra[@]}"
+        grep -hE "sampl|VRAM" "$D/train.log" | tail -6 | sed "s/^/  samples-24: /" >> "$SUMMARY"
+        ;;
     text-24|text-16)
         gb="${case#text-}"
         text_case "$D" "cache text, $gb GiB" --vram-budget-gb "$gb"

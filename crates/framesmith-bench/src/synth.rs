@@ -289,6 +289,17 @@ pub fn write_random_encoders(
     write_safetensors(&umt5, views)?;
 
     let vae_path = dir.join(vae_file(vae));
+    write_random_wan_vae(&vae_path, vae, seed)?;
+    Ok((umt5, vae_path))
+}
+
+/// Writes random bf16 weights of the Wan VAE `vae` under the official key names to `path` (the layout of
+/// ComfyUI's `wan_2.1_vae.safetensors`, and of `qwen_image_vae.safetensors`, the same architecture).
+pub fn write_random_wan_vae(
+    path: &Path,
+    vae: &framesmith_models::wan::vae::VaeConfig,
+    seed: u64,
+) -> anyhow::Result<()> {
     let shapes = framesmith_models::wan::vae::WanVae::tensor_shapes(vae)?;
     let views = shapes
         .into_iter()
@@ -306,8 +317,7 @@ pub fn write_random_encoders(
             (name, SynthTensor::Random(tensor))
         })
         .collect();
-    write_safetensors(&vae_path, views)?;
-    Ok((umt5, vae_path))
+    write_safetensors(path, views)
 }
 
 /// Writes the clip's latent and text caches (bf16, as musubi-tuner caches Wan) into `dir/cache`; returns the

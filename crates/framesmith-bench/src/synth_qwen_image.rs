@@ -3,7 +3,8 @@
 //! `qwen_image_bf16.safetensors` without its prefix), one cached image in musubi-tuner's `_qi` format (random
 //! latents of the VAE's shape, a random Qwen2.5-VL output) with a grey stand-in image and caption, its dataset
 //! TOML and a run config that trains from the caches alone. With `--sample-files` also a random Qwen2.5-VL-7B in
-//! ComfyUI's scaled-FP8 layout and a `captions/` dataset of many captioned images, for timing the text cache.
+//! ComfyUI's scaled-FP8 layout, a random VAE (`qwen_image_vae.safetensors`) and a `captions/` dataset of many
+//! captioned images, for timing the text cache, samples and `framesmith generate`.
 //! For memory and speed trials of the real trainer on a GPU machine, and the weights for the PyTorch reference
 //! (`bench/reference/qwen_image_step.py`).
 
@@ -32,6 +33,8 @@ use framesmith_nn::init::randn;
 
 /// The DiT's file name.
 pub const DIT_FILE: &str = "qwen_image_bf16.safetensors";
+/// The VAE's file name (ComfyUI's).
+pub const VAE_FILE: &str = "qwen_image_vae.safetensors";
 /// The text encoder's file name (ComfyUI's).
 pub const TEXT_ENCODER_FILE: &str = "qwen_2.5_vl_7b_fp8_scaled.safetensors";
 /// The dataset config of the captions to cache.
@@ -77,6 +80,8 @@ pub struct QwenImageSynthFiles {
     pub dit_bytes: u64,
     /// The text encoder and the captions' dataset config, when asked for.
     pub captions: Option<(PathBuf, PathBuf)>,
+    /// The VAE, written with the captions.
+    pub vae: Option<PathBuf>,
 }
 
 /// The latents `[16, 1, H/8, W/8]` the VAE makes of the image, or why the size does not fit.
@@ -145,6 +150,15 @@ pub fn write_qwen_image_project(
         Some((count, encoder)) => Some(write_captions(&dir, *count, encoder, spec.seed)?),
         None => None,
     };
+    let vae = match spec.captions {
+        Some(_) => {
+            let path = dir.join(VAE_FILE);
+            let wan21 = framesmith_models::wan::vae::VaeConfig::wan21();
+            crate::synth::write_random_wan_vae(&path, &wan21, mix(spec.seed, 11))?;
+            Some(path)
+        }
+        None => None,
+    };
     Ok(QwenImageSynthFiles {
         dit,
         dataset,
@@ -153,6 +167,7 @@ pub fn write_qwen_image_project(
         text,
         dit_bytes,
         captions,
+        vae,
     })
 }
 
@@ -354,6 +369,9 @@ mod tests {
         let listed = fs::read_dir(dir.path().join("captions"))?.count();
         assert_eq!(listed, 24);
         assert!(fs::read_to_string(captions)?.contains("image_directory = \"captions\""));
+        let vae = files.vae.clone().expect("a VAE with the sample files");
+        assert_eq!(vae.file_name(), Some(VAE_FILE.as_ref()));
+        framesmith_models::qwen_image::vae::load_vae(&vae, DType::F32, &Device::Cpu)?;
         assert!(qwen_latent_shape(&QwenImageSynthProject {
             width: 40,
             ..spec.clone()

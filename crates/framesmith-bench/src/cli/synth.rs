@@ -43,7 +43,8 @@ pub(crate) struct SynthArgs {
     encoders: Option<std::path::PathBuf>,
     /// FLUX.1: also write random `ae.safetensors`, CLIP-L and T5-XXL at their released sizes (with stand-in
     /// tokenizers) and `prompts.txt`, for runs that sample during training. Qwen-Image: also write a random
-    /// Qwen2.5-VL-7B (ComfyUI scaled FP8) and `--captions` captioned images (`captions.toml`) for `cache text`.
+    /// Qwen2.5-VL-7B (ComfyUI scaled FP8), a random VAE and `--captions` captioned images (`captions.toml`) for
+    /// `cache text`, samples and `generate`.
     #[arg(long)]
     sample_files: bool,
     /// Qwen-Image with --sample-files: how many captioned images to write.
@@ -116,6 +117,9 @@ fn synth_qwen_image_project(args: &SynthArgs) -> Result<()> {
     let files = qi::write_qwen_image_project(&args.out, &spec)?;
     if let Some((encoder, captions)) = &files.captions {
         println!("wrote {}, {}", encoder.display(), captions.display());
+    }
+    if let Some(vae) = &files.vae {
+        println!("wrote {}", vae.display());
     }
     println!(
         "wrote {} ({:.2} GiB), {}, {}, {}, {}",
