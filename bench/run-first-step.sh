@@ -37,7 +37,7 @@ for run in 1 2; do
     "$BIN/framesmith" train --config "$PROJ/run.toml" --preset fast-24gb --vram-budget-gb 24 2>&1 | stamp \
         > "$OUT/train-$run.log"
     echo "run $run: exit ${PIPESTATUS[0]}" >> "$SUMMARY"
-    grep -E "sample prompts|text encoder|model: |streaming|step 1/" "$OUT/train-$run.log" | sed "s/^/  run $run: /" \
+    grep -E "sample prompts|text encoder|model: |streaming|step 1/|first step done" "$OUT/train-$run.log" | sed "s/^/  run $run: /" \
         >> "$SUMMARY"
 done
 cat "$SUMMARY"
