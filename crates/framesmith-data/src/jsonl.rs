@@ -20,6 +20,30 @@ pub struct JsonlItem {
     pub path: String,
     /// The caption, used as written (musubi-tuner does not trim JSONL captions).
     pub caption: String,
+    /// The control images as written (`control_path`, or `control_path_0`, `control_path_1`, … in the order of
+    /// their numbers, as musubi-tuner renumbers them); empty when the line names none.
+    pub controls: Vec<String>,
+}
+
+/// The control paths of a JSONL object in musubi-tuner's order: `control_path` first (it becomes
+/// `control_path_0`), then every `control_path_N` by its number.
+fn control_paths(object: &serde_json::Map<String, Value>) -> Vec<String> {
+    let mut numbered: Vec<(u64, String)> = object
+        .iter()
+        .filter_map(|(k, v)| {
+            let n = k.strip_prefix("control_path_")?.parse().ok()?;
+            Some((n, v.as_str()?.to_string()))
+        })
+        .collect();
+    numbered.sort_by_key(|(n, _)| *n);
+    let first = object
+        .get("control_path")
+        .and_then(Value::as_str)
+        .map(str::to_string);
+    first
+        .into_iter()
+        .chain(numbered.into_iter().map(|(_, p)| p))
+        .collect()
 }
 
 /// Parses JSONL text: one item per non-blank line, one problem per bad line (naming `file` and the line).
@@ -58,6 +82,7 @@ pub fn parse_jsonl(text: &str, kind: DatasetKind, file: &Path) -> (Vec<JsonlItem
                 line: line_no,
                 path: path.to_string(),
                 caption: caption.to_string(),
+                controls: control_paths(object),
             }),
             (None, _) => problems.push(bad(format!("has no \"{}\" string", path_keys[0]))),
             (_, None) => problems.push(bad("has no \"caption\" string".into())),
@@ -145,6 +170,18 @@ mod tests {
         let video = r#"{"video_path": "/v/1.mp4", "control_path": "/c/1.mp4", "caption": "x"}"#;
         let (items, _) = parse_jsonl(video, DatasetKind::Video, Path::new("m.jsonl"));
         assert_eq!(items[0].path, "/v/1.mp4");
+    }
+
+    #[test]
+    fn control_paths_come_in_musubi_tuners_order() {
+        let text = r#"{"image_path": "a.png", "control_path_10": "c10.png", "control_path_2": "c2.png", "caption": "x"}
+{"image_path": "b.png", "control_path": "c.png", "caption": "y"}
+{"image_path": "d.png", "caption": "z"}"#;
+        let (items, problems) = parse_jsonl(text, DatasetKind::Image, Path::new("m.jsonl"));
+        assert!(problems.is_empty());
+        assert_eq!(items[0].controls, ["c2.png", "c10.png"]);
+        assert_eq!(items[1].controls, ["c.png"]);
+        assert!(items[2].controls.is_empty());
     }
 
     #[test]

@@ -5,6 +5,7 @@
 pub mod bucket;
 pub mod cache;
 pub mod config;
+pub mod control;
 pub mod entries;
 pub mod family;
 pub mod frames;

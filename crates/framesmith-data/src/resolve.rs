@@ -87,8 +87,14 @@ pub struct ResolvedDataset {
     pub bucket_no_upscale: bool,
     /// `cache_directory`, else the image/video directory; `None` for a JSONL dataset without one.
     pub cache_directory: Option<PathBuf>,
-    /// Control images/videos (not used by the Wan T2V trainer).
+    /// Control images/videos (edit models' source images; not used by the Wan T2V trainer).
     pub control_directory: Option<PathBuf>,
+    /// `control_resolution` (`qwen_image_edit_control_resolution`): the area control images are bucketed to
+    /// instead of their target's bucket; `(width, height)`.
+    pub control_resolution: Option<(u32, u32)>,
+    /// `no_resize_control`: control images keep their size (rounded down to the bucket step, and no larger than
+    /// `control_resolution`'s area when set).
+    pub no_resize_control: bool,
     /// Present for video datasets.
     pub video: Option<VideoParams>,
 }
@@ -201,6 +207,8 @@ fn resolve_one(
                 .unwrap_or(false),
         cache_directory,
         control_directory: ds.control_directory.as_ref().map(|p| resolve_path(base, p)),
+        control_resolution: ds.control_resolution.map(Resolution::size),
+        no_resize_control: ds.no_resize_control.unwrap_or(false),
         video,
         source,
     })

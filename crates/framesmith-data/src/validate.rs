@@ -377,13 +377,21 @@ pub fn frame_count_problem(frames: u32) -> Option<String> {
 }
 
 fn check_unused(ds: &DatasetSection, cx: &Cx, out: &mut Vec<Problem>) {
+    // Control images are the edit models' (FLUX.1 Kontext, Qwen-Image-Edit) sources in an image dataset.
+    let video = ds.kind() == DatasetKind::Video;
     let other_models = [
-        ("control_directory", ds.control_directory.is_some()),
+        ("control_directory", video && ds.control_directory.is_some()),
         ("multiple_target", ds.multiple_target == Some(true)),
         ("fp_1f_clean_indices", ds.fp_1f_clean_indices.is_some()),
         ("fp_1f_target_index", ds.fp_1f_target_index.is_some()),
-        ("no_resize_control", ds.no_resize_control == Some(true)),
-        ("control_resolution", ds.control_resolution.is_some()),
+        (
+            "no_resize_control",
+            video && ds.no_resize_control == Some(true),
+        ),
+        (
+            "control_resolution",
+            video && ds.control_resolution.is_some(),
+        ),
     ];
     for (key, set) in other_models {
         if set {
