@@ -24,6 +24,27 @@ pub struct ImageCacheArch {
     pub architecture: &'static str,
     /// The family's name in messages (`FLUX.1`, `Qwen-Image`).
     pub family: &'static str,
+    /// How its latent caches name control latents (an edit model's source images).
+    pub control_keys: ControlKeys,
+}
+
+/// How a latent cache names the control latents stored beside the item's latents (musubi-tuner's keys).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControlKeys {
+    /// One control image: `latents_control_1x{H}x{W}_{dtype}` (FLUX.1 Kontext).
+    Single,
+    /// Any number: `latents_control_{i}_1x{H}x{W}_{dtype}` (Qwen-Image-Edit).
+    Indexed,
+}
+
+/// The index of a control latent key (`latents_control_{i}_…`, or `latents_control_{F}x…` for the only one);
+/// `None` for any other key.
+fn control_index(key: &str) -> Option<usize> {
+    let rest = key.strip_prefix("latents_control_")?;
+    match rest.split_once('_') {
+        Some((first, _)) if !first.contains('x') => first.parse().ok(),
+        _ => Some(0),
+    }
 }
 
 impl ImageCacheArch {
@@ -90,23 +111,92 @@ impl ImageCacheArch {
         latents: &Tensor,
         original_size: (u32, u32),
     ) -> Result<(), CacheError> {
-        let (_, f, h, w) = latents
-            .dims4()
-            .map_err(|e| format_error(path, format!("latents must be [C, 1, H, W]: {e}")))?;
+        self.write_latent_cache_with_controls(path, latents, &[], original_size)
+    }
+
+    /// Writes an image's latents `[C, 1, H, W]` and its control images' latents (each `[C, 1, h, w]`, in order)
+    /// under the family's [`ControlKeys`].
+    pub fn write_latent_cache_with_controls(
+        &self,
+        path: &Path,
+        latents: &Tensor,
+        controls: &[Tensor],
+        original_size: (u32, u32),
+    ) -> Result<(), CacheError> {
+        let shape = |t: &Tensor| {
+            t.dims4()
+                .map_err(|e| format_error(path, format!("latents must be [C, 1, H, W]: {e}")))
+        };
+        let (_, f, h, w) = shape(latents)?;
         let key = format!("latents_{f}x{h}x{w}_{}", torch_dtype_name(latents.dtype()));
-        let (raw, _) = RawTensor::from_tensor(latents, path)?;
+        let mut raw = vec![(key, RawTensor::from_tensor(latents, path)?.0)];
+        if self.control_keys == ControlKeys::Single && controls.len() > 1 {
+            return Err(format_error(
+                path,
+                format!(
+                    "{} takes one control image, not {}",
+                    self.family,
+                    controls.len()
+                ),
+            ));
+        }
+        for (i, control) in controls.iter().enumerate() {
+            let (_, f, h, w) = shape(control)?;
+            let dtype = torch_dtype_name(control.dtype());
+            let key = match self.control_keys {
+                ControlKeys::Single => format!("latents_control_{f}x{h}x{w}_{dtype}"),
+                ControlKeys::Indexed => format!("latents_control_{i}_{f}x{h}x{w}_{dtype}"),
+            };
+            raw.push((key, RawTensor::from_tensor(control, path)?.0));
+        }
         let (width, height) = original_size;
         let metadata =
             self.metadata([("width", width.to_string()), ("height", height.to_string())]);
-        write_tensor_file(path, &[(key, raw)], metadata)
+        write_tensor_file(path, &raw, metadata)
+    }
+
+    /// Reads the latents `[C, 1, H, W]` of a latent cache and its control latents (each `[C, 1, h, w]`, in
+    /// index order; none when the item has no control image).
+    pub fn read_latent_cache_with_controls(
+        &self,
+        path: &Path,
+        device: &Device,
+    ) -> Result<(Tensor, Vec<Tensor>), CacheError> {
+        let file = read_tensor_file(path, device)?;
+        self.check_architecture(path, &file.metadata)?;
+        let mut controls: Vec<(usize, Tensor)> = file
+            .tensors
+            .iter()
+            .filter_map(|(k, t)| control_index(k).map(|i| (i, t.clone())))
+            .collect();
+        controls.sort_by_key(|(i, _)| *i);
+        let controls: Vec<Tensor> = controls.into_iter().map(|(_, t)| t).collect();
+        for control in &controls {
+            if !matches!(control.dims(), [_, 1, _, _]) {
+                return Err(format_error(
+                    path,
+                    format!(
+                        "control latents of shape {:?}, not [C, 1, H, W]",
+                        control.dims()
+                    ),
+                ));
+            }
+        }
+        Ok((self.latents_of(path, &file.tensors)?, controls))
     }
 
     /// Reads the latents `[C, 1, H, W]` of a latent cache (other tensors, such as control latents, are not read).
     pub fn read_latent_cache(&self, path: &Path, device: &Device) -> Result<Tensor, CacheError> {
-        let file = read_tensor_file(path, device)?;
-        self.check_architecture(path, &file.metadata)?;
-        let latents = file
-            .tensors
+        Ok(self.read_latent_cache_with_controls(path, device)?.0)
+    }
+
+    /// The `latents_1x{H}x{W}_{dtype}` tensor among a cache's `tensors`.
+    fn latents_of(
+        &self,
+        path: &Path,
+        tensors: &HashMap<String, Tensor>,
+    ) -> Result<Tensor, CacheError> {
+        let latents = tensors
             .iter()
             .find(|(k, _)| {
                 k.strip_prefix("latents_")

@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 use crate::cache::LatentCacheName;
-use crate::image_cache::ImageCacheArch;
+use crate::image_cache::{ControlKeys, ImageCacheArch};
 use crate::tensor_file::CacheError;
 
 /// The architecture name at the end of FLUX.1 cache file names and in their metadata.
@@ -20,6 +20,7 @@ pub const FLUX_CACHES: ImageCacheArch = ImageCacheArch {
     suffix: FLUX_ARCHITECTURE,
     architecture: FLUX_ARCHITECTURE,
     family: "FLUX.1",
+    control_keys: ControlKeys::Single,
 };
 
 /// The text cache's tensors: T5-XXL's output and CLIP-L's pooled vector.

@@ -10,7 +10,7 @@ use std::path::Path;
 use candle_core::{Device, Tensor};
 
 use crate::cache::LatentCacheName;
-use crate::image_cache::ImageCacheArch;
+use crate::image_cache::{ControlKeys, ImageCacheArch};
 use crate::tensor_file::CacheError;
 
 /// The short architecture name at the end of Qwen-Image cache file names (musubi-tuner's `qi`).
@@ -23,6 +23,7 @@ pub const QWEN_IMAGE_CACHES: ImageCacheArch = ImageCacheArch {
     suffix: QWEN_IMAGE_SUFFIX,
     architecture: QWEN_IMAGE_ARCHITECTURE,
     family: "Qwen-Image",
+    control_keys: ControlKeys::Indexed,
 };
 
 /// The text cache's tensor: Qwen2.5-VL's hidden states of the caption's valid tokens.
@@ -143,6 +144,46 @@ mod tests {
             err.contains("made for architecture flux, not qwen_image"),
             "{err}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn control_latents_keep_musubi_tuners_keys_and_order() -> Result<(), Box<dyn std::error::Error>>
+    {
+        let dir = tempfile::tempdir()?;
+        let dev = Device::Cpu;
+        let latents = Tensor::zeros((16, 1, 2, 2), DType::F32, &dev)?;
+        let controls: Vec<Tensor> = (0..11)
+            .map(|i| Tensor::full(i as f32, (16, 1, 2, 1 + i % 3), &dev))
+            .collect::<candle_core::Result<_>>()?;
+        let path = dir.path().join(qwen_latent_cache_name("a", (16, 16)));
+        QWEN_IMAGE_CACHES.write_latent_cache_with_controls(&path, &latents, &controls, (16, 16))?;
+        let file = read_tensor_file(&path, &dev)?;
+        assert!(file
+            .tensors
+            .contains_key("latents_control_10_1x2x2_float32"));
+        let (_, back) = QWEN_IMAGE_CACHES.read_latent_cache_with_controls(&path, &dev)?;
+        let firsts: Vec<f32> = back
+            .iter()
+            .map(|t| t.flatten_all()?.get(0)?.to_scalar::<f32>())
+            .collect::<candle_core::Result<_>>()?;
+        assert_eq!(firsts, (0..11).map(|i| i as f32).collect::<Vec<_>>());
+
+        let flux = dir.path().join(flux_latent_cache_name("a", (16, 16)));
+        let flux_arch = crate::family::flux::cache::FLUX_CACHES;
+        flux_arch.write_latent_cache_with_controls(&flux, &latents, &controls[..1], (16, 16))?;
+        let file = read_tensor_file(&flux, &dev)?;
+        assert!(file.tensors.contains_key("latents_control_1x2x1_float32"));
+        assert_eq!(
+            flux_arch
+                .read_latent_cache_with_controls(&flux, &dev)?
+                .1
+                .len(),
+            1
+        );
+        assert!(flux_arch
+            .write_latent_cache_with_controls(&flux, &latents, &controls[..2], (16, 16))
+            .is_err());
         Ok(())
     }
 }
