@@ -150,6 +150,7 @@ impl PreparedBatch for Prepared {
                 },
                 txt_len: b.txt_len,
             },
+            target_len: self.target_len,
         }
     }
 }
@@ -180,8 +181,9 @@ impl TrainableModel for Flux {
         Flux::block(self, i)
     }
 
+    /// The prediction for the image being denoised only: Kontext's conditioning tokens are input, never target.
     fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
-        let out = Flux::finish(self, xs, prepared)?;
+        let out = Flux::finish(self, xs, prepared)?.narrow(1, 0, prepared.target_len)?;
         (0..out.dim(0)?).map(|i| out.get(i)).collect()
     }
 

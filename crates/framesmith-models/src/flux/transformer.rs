@@ -6,7 +6,7 @@
 use std::borrow::Cow;
 use std::sync::Arc;
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::block::{BlockInputs, FluxBlock};
 use super::config::FluxConfig;
@@ -43,6 +43,17 @@ pub struct FluxInputs {
 pub struct Prepared {
     pub xs: Tensor,
     pub blocks: BlockInputs,
+    /// The image tokens being denoised (ids axis 0 = 0), before any Kontext conditioning tokens: the rows a
+    /// training loss covers.
+    pub target_len: usize,
+}
+
+/// The number of leading image tokens of sample 0 whose ids' axis 0 is 0 (the image being denoised; Kontext's
+/// conditioning tokens follow with axis 0 = 1).
+fn target_len(img_ids: &Tensor) -> Result<usize> {
+    let axis0 = img_ids.get(0)?.narrow(1, 0, 1)?.flatten_all()?;
+    let axis0 = axis0.to_dtype(DType::F32)?.to_vec1::<f32>()?;
+    Ok(axis0.iter().take_while(|&&a| a == 0.0).count())
 }
 
 /// The FLUX.1 DiT.
@@ -225,6 +236,7 @@ impl Flux {
                 rope,
                 txt_len: txt.dim(1)?,
             },
+            target_len: target_len(&inputs.img_ids)?,
         })
     }
 

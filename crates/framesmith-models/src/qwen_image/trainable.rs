@@ -27,6 +27,7 @@ impl PreparedBatch for Prepared {
         Prepared {
             xs: self.xs.detach(),
             blocks: self.blocks.detached(),
+            target_len: self.target_len,
         }
     }
 }
@@ -57,8 +58,11 @@ impl TrainableModel for QwenImageTransformer {
         QwenImageTransformer::block(self, i)
     }
 
+    /// The prediction for the image being denoised only: Qwen-Image-Edit's conditioning images are input, never
+    /// target (the official pipeline keeps `noise_pred[:, :latents.size(1)]`).
     fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
-        let out = QwenImageTransformer::finish(self, xs, prepared)?;
+        let out =
+            QwenImageTransformer::finish(self, xs, prepared)?.narrow(1, 0, prepared.target_len)?;
         (0..out.dim(0)?).map(|i| out.get(i)).collect()
     }
 

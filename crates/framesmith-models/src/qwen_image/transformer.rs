@@ -61,6 +61,9 @@ pub fn txt_lens_from_mask(mask: &Tensor) -> Result<Vec<usize>> {
 pub struct Prepared {
     pub xs: Tensor,
     pub blocks: BlockInputs,
+    /// The tokens of the image being denoised (the first grid), before any conditioning images' tokens: the rows
+    /// a training loss covers.
+    pub target_len: usize,
 }
 
 /// The Qwen-Image transformer.
@@ -234,6 +237,7 @@ impl QwenImageTransformer {
                 txt_len,
                 txt_lens: inputs.txt_lens.clone(),
             },
+            target_len: inputs.img_grids.first().map_or(img_len, ImageGrid::tokens),
         })
     }
 

@@ -65,8 +65,11 @@ fn checkpointed_grads(
         saved.push(std::mem::replace(&mut xs, out));
     }
     let last = Var::from_tensor(&xs)?;
-    let head = TrainableModel::finish(model, last.as_tensor(), &detached)?;
-    let out = Tensor::stack(&head, 0)?;
+    // A training step's head keeps the target image's rows only (the loss never covers a conditioning image) …
+    let target = TrainableModel::finish(model, last.as_tensor(), &detached)?;
+    assert_eq!(target[0].dim(0)?, inputs.img_grids[0].tokens());
+    // … the official head every image row, as the fixtures' probe does.
+    let out = QwenImageTransformer::finish(model, last.as_tensor(), &detached)?;
     let head_grads = (&out * probe)?.sum_all()?.backward()?;
     let mut grad = head_grads
         .get(last.as_tensor())
