@@ -25,6 +25,17 @@ pub struct TrainItem {
     /// A second conditioning the family's caches hold for the item: CLIP vision features [tokens, clip_dim] of
     /// the first frame, or CLIP-L's pooled caption vector [768].
     pub clip: Option<Tensor>,
+    /// An edit model's control latents [C, 1, h, w] (its source images), in order; empty for other models.
+    pub control: Vec<Tensor>,
+}
+
+impl TrainItem {
+    /// What items of one batch share: the latents' shape and each control latent's.
+    fn bucket_key(&self) -> Vec<Vec<usize>> {
+        std::iter::once(self.latents.dims().to_vec())
+            .chain(self.control.iter().map(|c| c.dims().to_vec()))
+            .collect()
+    }
 }
 
 /// Items grouped into batches of one latent shape.
@@ -36,7 +47,8 @@ pub struct TrainSet {
 }
 
 impl TrainSet {
-    /// Groups `items` by latent shape into batches of at most `batch_size` (each item `repeats` times).
+    /// Groups `items` by latent shape (and control latents' shapes) into batches of at most `batch_size` (each item
+    /// `repeats` times).
     pub fn new(
         items: Vec<TrainItem>,
         batch_size: usize,
@@ -46,13 +58,10 @@ impl TrainSet {
         if items.is_empty() {
             candle_core::bail!("the dataset has no cached items");
         }
-        let mut buckets: BTreeMap<Vec<usize>, Vec<usize>> = BTreeMap::new();
+        let mut buckets: BTreeMap<Vec<Vec<usize>>, Vec<usize>> = BTreeMap::new();
         for (i, item) in items.iter().enumerate() {
             for _ in 0..repeats.max(1) {
-                buckets
-                    .entry(item.latents.dims().to_vec())
-                    .or_default()
-                    .push(i);
+                buckets.entry(item.bucket_key()).or_default().push(i);
             }
         }
         // A batch takes items of one bucket: a larger batch_size would silently become the bucket's size.
@@ -150,6 +159,7 @@ mod tests {
             context: Tensor::zeros((3, 4), DType::F32, &Device::Cpu)?,
             image: None,
             clip: None,
+            control: Vec::new(),
         })
     }
 

@@ -133,6 +133,7 @@ mod tests {
             context: Tensor::zeros((1, 1), DType::F32, &Device::Cpu).unwrap(),
             image: None,
             clip: None,
+            control: Vec::new(),
         }
     }
 

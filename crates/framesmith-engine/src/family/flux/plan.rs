@@ -10,7 +10,7 @@ use framesmith_models::flux::FluxConfig;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
-use super::train::{dev_config, is_flux_file};
+use super::train::{is_flux_file, train_dit};
 use crate::family::image::plan::{
     block_buffers, family_lora_parameters, plan_model_of, token_grid, weights_by_component,
     PlanNames,
@@ -58,7 +58,7 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
         variants: &FLUX_DEV_NAMES,
         named: FluxConfig::dev,
         is_file: |path| !path.is_dir() && is_flux_file(path),
-        read: dev_config,
+        read: |path| Ok(train_dit(path)?.0),
     };
     plan_model_of(cfg, &names, |config| {
         PlanModel::new(FluxPlanModel {

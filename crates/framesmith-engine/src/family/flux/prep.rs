@@ -20,7 +20,7 @@ use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::{FluxTextEncoder, TextEncoderFiles};
 use framesmith_models::flux::weights::{identify, load_autoencoder, FluxComponent};
 
-use super::train::dev_config;
+use super::train::train_dit;
 use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles, TextFiles};
 
 /// Side of the FLUX.1 DiT's square packing of latent pixels into tokens.
@@ -105,7 +105,7 @@ pub(super) fn latents(
     progress: &mut dyn CacheProgress,
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<CacheSummary> {
-    let check_dit = |dit: &Path| dev_config(dit).map(drop);
+    let check_dit = |dit: &Path| train_dit(dit).map(drop);
     let (valid, device, dtype) =
         start_latent_pass((request, files), "FLUX.1's autoencoder", &check_dit, log)?;
     let ae = load_autoencoder(&files.vae, dtype, &device)?;

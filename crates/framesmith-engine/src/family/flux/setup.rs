@@ -13,7 +13,7 @@ use candle_core::Device;
 
 use crate::family::flux::run::FluxRun;
 use crate::family::flux::samples::image_samples;
-use crate::family::flux::train::{dev_config, load_flux_items};
+use crate::family::flux::train::{load_flux_items, train_dit};
 use crate::family::image::items::{largest_clip, repeated};
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
@@ -107,7 +107,7 @@ pub(super) fn start_run(
     dit: &Path,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
-    let cfg = dev_config(dit)?;
+    let (cfg, variant) = train_dit(dit)?;
     let DatasetSource::Config(dataset) = &plan.dataset.source else {
         anyhow::bail!(
             "a FLUX.1 run trains on a dataset config: set dataset.config to a musubi-tuner image dataset TOML \
@@ -116,7 +116,7 @@ pub(super) fn start_run(
     };
     let device = device_for(plan)?;
     let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
-    let cached = load_flux_items((dataset, unreadable), &cfg, &device)?;
+    let cached = load_flux_items((dataset, unreadable), (&cfg, variant), &device)?;
     for line in &cached.skipped {
         log(LogLevel::Warn, line.clone());
     }
@@ -142,7 +142,7 @@ pub(super) fn start_run(
         flux_streaming(plan, &cfg, &device, memory.as_ref())?.unwrap_or_default();
     let mut model = load_dit_streamed(
         dit,
-        Some(FluxVariant::Dev),
+        Some(variant),
         (dtype, &device),
         fp8,
         plan.model.fp8_matmul,
@@ -152,9 +152,13 @@ pub(super) fn start_run(
         LogLevel::Info,
         format!("model: {BASE_NAME} on {}", device_label(&device)),
     );
+    let mode = match variant {
+        FluxVariant::Kontext => "edit (FLUX.1 Kontext [dev], a control image per item)",
+        _ => "text-to-image",
+    };
     log(
         LogLevel::Info,
-        "training mode: text-to-image, guidance 1.0".into(),
+        format!("training mode: {mode}, guidance 1.0"),
     );
     log_flux_streaming(&model, plan, log);
     let data = TrainSet::new(

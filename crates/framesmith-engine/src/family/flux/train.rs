@@ -18,10 +18,10 @@ use framesmith_config::plan::ModelSource;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::cache::parse_latent_cache_name;
 use framesmith_data::family::flux::cache::{
-    flux_text_cache_name, parse_flux_latent_cache_name, read_flux_latent_cache,
-    read_flux_text_cache,
+    flux_text_cache_name, parse_flux_latent_cache_name, read_flux_text_cache, FLUX_CACHES,
 };
 use framesmith_data::{DatasetKind, Unreadable};
+use framesmith_models::flux::rope::image_ids;
 use framesmith_models::flux::sampling::prepare;
 use framesmith_models::flux::weights::{
     identify, identify_expected, FluxComponent, FluxFormatError, FluxKind, FluxVariant,
@@ -58,11 +58,30 @@ pub fn flux_dit_of(plan: &RunPlan) -> Option<PathBuf> {
 /// The sizes of the FLUX.1 [dev] DiT at `path`, or an error naming the file and what to pick: schnell (no guidance
 /// input) or Kontext given as dev, the autoencoder or a text encoder given as the DiT, a Wan or diffusers file.
 pub fn dev_config(path: &Path) -> anyhow::Result<FluxConfig> {
-    let file = identify_expected(path, FluxComponent::Dit, Some(FluxVariant::Dev))
+    match train_dit(path)? {
+        (config, FluxVariant::Dev) => Ok(config),
+        _ => Err(dit_error(path, Some(FluxVariant::Dev))),
+    }
+}
+
+/// The sizes and variant of the DiT at `path` a run trains: FLUX.1 [dev], or FLUX.1 Kontext [dev] (an edit LoRA on
+/// control images); any other file is named with what to pick, as for [`dev_config`].
+pub fn train_dit(path: &Path) -> anyhow::Result<(FluxConfig, FluxVariant)> {
+    let file = identify_expected(path, FluxComponent::Dit, None)
         .map_err(|e| anyhow::anyhow!("model.dit: {e}"))?;
     match file.kind {
-        FluxKind::Dit { config, .. } => Ok(config),
-        _ => anyhow::bail!("model.dit holds no FLUX.1 DiT: {}", path.display()),
+        FluxKind::Dit { config, variant } if variant != FluxVariant::Schnell => {
+            Ok((config, variant))
+        }
+        _ => Err(dit_error(path, Some(FluxVariant::Dev))),
+    }
+}
+
+/// What [`identify_expected`] says of `path` when `variant` is expected.
+fn dit_error(path: &Path, variant: Option<FluxVariant>) -> anyhow::Error {
+    match identify_expected(path, FluxComponent::Dit, variant) {
+        Err(e) => anyhow::anyhow!("model.dit: {e}"),
+        Ok(_) => anyhow::anyhow!("model.dit holds no FLUX.1 DiT: {}", path.display()),
     }
 }
 
@@ -75,8 +94,9 @@ fn cache_commands(dataset_toml: &Path) -> String {
     )
 }
 
-/// FLUX.1's `_flux` caches as a run reads them, checked against the DiT's sizes.
-struct FluxCaches<'a>(&'a FluxConfig);
+/// FLUX.1's `_flux` caches as a run reads them, checked against the DiT's sizes and variant (Kontext trains on
+/// one control image per item, dev on none).
+struct FluxCaches<'a>(&'a FluxConfig, FluxVariant);
 
 impl ImageCacheReader for FluxCaches<'_> {
     fn family(&self) -> &'static str {
@@ -110,8 +130,30 @@ impl ImageCacheReader for FluxCaches<'_> {
         self.0.in_channels / 4
     }
 
-    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<Tensor> {
-        Ok(read_flux_latent_cache(path, device)?)
+    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
+        Ok(FLUX_CACHES.read_latent_cache_with_controls(path, device)?)
+    }
+
+    fn check_controls(&self, count: usize, path: &Path) -> anyhow::Result<()> {
+        match (self.1, count) {
+            (FluxVariant::Kontext, 1) | (FluxVariant::Dev, 0) => Ok(()),
+            (FluxVariant::Kontext, 0) => anyhow::bail!(
+                "model.dit is FLUX.1 Kontext [dev], which learns to edit a source image, but this item was cached \
+                 without one: give the dataset its control images (control_directory, or control_path in the \
+                 JSONL), run `framesmith cache latents` again, or train FLUX.1 [dev] instead: {}",
+                path.display()
+            ),
+            (FluxVariant::Kontext, n) => anyhow::bail!(
+                "FLUX.1 Kontext [dev] takes one control image per item, this item was cached with {n}; keep one \
+                 and cache the latents again: {}",
+                path.display()
+            ),
+            _ => anyhow::bail!(
+                "this item was cached with control images, which only FLUX.1 Kontext [dev] trains on; point \
+                 model.dit at flux1-kontext-dev.safetensors, or cache the dataset without control images: {}",
+                path.display()
+            ),
+        }
     }
 
     fn read_text(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Option<Tensor>)> {
@@ -143,10 +185,10 @@ impl ImageCacheReader for FluxCaches<'_> {
 /// FLUX.1 — nothing there, or only Wan caches — fails with the commands that cache it.
 pub fn load_flux_items(
     dataset: (&Path, Unreadable),
-    cfg: &FluxConfig,
+    (cfg, variant): (&FluxConfig, FluxVariant),
     device: &Device,
 ) -> anyhow::Result<ImageItems> {
-    load_image_items(dataset, &FluxCaches(cfg), device)
+    load_image_items(dataset, &FluxCaches(cfg, variant), device)
 }
 
 /// One FLUX.1 batch made ready for the DiT.
@@ -178,6 +220,7 @@ pub fn flux_batch(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let y = Tensor::stack(&y, 0)?.to_dtype(dtype)?;
     let [img, img_ids, txt_ids] = prepare(&noisy, txt.dim(1)?)?;
+    let (img, img_ids) = with_control_tokens(batch, img, img_ids)?;
     let device = img.device();
     let b = batch.len();
     let inputs = FluxInputs {
@@ -190,6 +233,46 @@ pub fn flux_batch(
         guidance: Some(Tensor::full(TRAIN_GUIDANCE as f32, b, device)?),
     };
     Ok(FluxBatch { inputs, targets })
+}
+
+/// `img` and `img_ids` with Kontext's conditioning tokens appended: each item's control latents packed like the
+/// image, their ids' axis 0 = 1 (as the official Kontext pipeline and musubi-tuner); unchanged without controls.
+fn with_control_tokens(
+    batch: &[&TrainItem],
+    img: Tensor,
+    img_ids: Tensor,
+) -> anyhow::Result<(Tensor, Tensor)> {
+    if batch[0].control.is_empty() {
+        return Ok((img, img_ids));
+    }
+    let mut controls = Vec::with_capacity(batch.len());
+    for item in batch {
+        let [control] = item.control.as_slice() else {
+            anyhow::bail!(
+                "FLUX.1 Kontext takes one control image per item; {} has {}",
+                item.key,
+                item.control.len()
+            );
+        };
+        controls.push(control.to_dtype(img.dtype())?.transpose(0, 1)?);
+    }
+    control_tokens(&Tensor::cat(&controls, 0)?, img, img_ids)
+}
+
+/// `img` and `img_ids` with the control latents `control` [b, C, h, w] packed and appended as Kontext's
+/// conditioning tokens (ids axis 0 = 1).
+pub fn control_tokens(
+    control: &Tensor,
+    img: Tensor,
+    img_ids: Tensor,
+) -> anyhow::Result<(Tensor, Tensor)> {
+    let (b, _, h, w) = control.dims4()?;
+    let packed = framesmith_models::flux::sampling::pack(&control.to_dtype(img.dtype())?)?;
+    let ids = image_ids(b, h / 2, w / 2, 1.0, img.device())?;
+    Ok((
+        Tensor::cat(&[&img, &packed], 1)?,
+        Tensor::cat(&[&img_ids, &ids], 1)?,
+    ))
 }
 
 impl ImageModel for Flux {

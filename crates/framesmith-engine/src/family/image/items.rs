@@ -30,8 +30,11 @@ pub(crate) trait ImageCacheReader {
     fn how_to_cache(&self, dataset_toml: &Path) -> String;
     /// The latent channels the model takes (its latents are `[channels, 1, H, W]`, H and W even).
     fn latent_channels(&self) -> usize;
-    /// Reads the latents of the cache at `path`.
-    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<Tensor>;
+    /// Reads the latents of the cache at `path` and its control latents (an edit model's source images).
+    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Vec<Tensor>)>;
+    /// Checks that an item with `count` control latents (read from `path`) suits the model: an edit model needs
+    /// its control images, a text-to-image model takes none.
+    fn check_controls(&self, count: usize, path: &Path) -> anyhow::Result<()>;
     /// Reads the text cache at `path`: the item's [`TrainItem::context`] and [`TrainItem::clip`].
     fn read_text(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Option<Tensor>)>;
     /// Checks a text cache's tensors (read from `path`) against the model.
@@ -139,18 +142,21 @@ fn load_item(
             text_path.display()
         );
     }
-    let latents = reader.read_latents(&latent_path, device)?;
+    let (latents, control) = reader.read_latents(&latent_path, device)?;
     let channels = reader.latent_channels();
-    let (c, _, h, w) = latents.dims4()?;
-    if c != channels || h % 2 != 0 || w % 2 != 0 {
-        anyhow::bail!(
-            "{file} has latents of shape {:?}; {} takes [{channels}, 1, H, W] with H and W even (a cache made with \
-             another VAE?): {}",
-            latents.dims(),
-            reader.family(),
-            latent_path.display()
-        );
+    for t in std::iter::once(&latents).chain(&control) {
+        let (c, _, h, w) = t.dims4()?;
+        if c != channels || h % 2 != 0 || w % 2 != 0 {
+            anyhow::bail!(
+                "{file} has latents of shape {:?}; {} takes [{channels}, 1, H, W] with H and W even (a cache made \
+                 with another VAE?): {}",
+                t.dims(),
+                reader.family(),
+                latent_path.display()
+            );
+        }
     }
+    reader.check_controls(control.len(), &latent_path)?;
     let (context, clip) = reader
         .read_text(&text_path, device)
         .with_context(|| format!("the text cache for {file} is unreadable"))?;
@@ -161,21 +167,36 @@ fn load_item(
         context,
         image: None,
         clip,
+        control,
     })
 }
 
 /// The clip an image run's steps see: the largest cached latent (× the autoencoder's `factor`) and the batch size.
+/// An edit model's control images add their tokens to the image sequence, so an item with controls counts as one
+/// image of the same width whose height also holds the controls' latents (the planner counts tokens, not sides).
 pub(crate) fn largest_clip(items: &ImageItems, factor: usize) -> anyhow::Result<ClipShape> {
-    let mut largest = (0, 0);
+    let mut largest = (0, 0, 0);
     for (item, _) in &items.items {
         let (_, _, h, w) = item.latents.dims4()?;
-        if h * w > largest.0 * largest.1 {
-            largest = (h, w);
+        let mut area = h * w;
+        for control in &item.control {
+            let (_, _, ch, cw) = control.dims4()?;
+            area += ch * cw;
+        }
+        if area > largest.0 {
+            largest = (area, h, w);
         }
     }
+    let (area, _, w) = largest;
+    // Whole 2×2 patches: the height rounded up to an even number of latent rows.
+    let h = if w == 0 {
+        0
+    } else {
+        area.div_ceil(w).div_ceil(2) * 2
+    };
     Ok(ClipShape {
-        width: largest.1 * factor,
-        height: largest.0 * factor,
+        width: w * factor,
+        height: h * factor,
         frames: 1,
         batch: items.batch_size.max(1),
     })

@@ -1,13 +1,16 @@
 //! What an image family's cache passes share: each image's latents (resized to its bucket, encoded by the family's
-//! autoencoder, written in the family's cache layout) and each caption's text-encoder outputs, one caption at a
-//! time, with caches already there kept (a text cache only while its caption is unchanged) and stale ones of the
-//! family removed unless asked not to. The family gives its cache layout ([`ImageCacheArch`]), its encoders and
+//! autoencoder, written in the family's cache layout, with an edit model's control images encoded beside them) and
+//! each caption's text-encoder outputs, one caption at a time, with caches already there kept (a text cache only
+//! while its caption is unchanged) and stale ones of the family removed unless asked not to. The family gives its cache layout ([`ImageCacheArch`]), its encoders and
 //! what it writes; other families' caches in the same folder are left alone.
 
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use image::RgbImage;
 
 use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles};
 use crate::prep::{
@@ -15,6 +18,7 @@ use crate::prep::{
     CacheProgress, CacheSummary, Expected, ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
+use framesmith_data::control::{load_controls, DatasetControls};
 use framesmith_data::image_cache::ImageCacheArch;
 use framesmith_data::probe::image_size;
 use framesmith_data::samples::{cache_dir, image_sample};
@@ -71,51 +75,82 @@ pub(crate) fn cache_latents(
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
     images_only(valid, latents.arch.family)?;
+    let mut controls: HashMap<usize, DatasetControls> = HashMap::new();
     cache_image_latents(
         valid,
         (options, latents.arch.suffix),
         progress,
-        &mut |ds, media, expected| cache_image(ds, media, latents, expected),
+        &mut |ds, media, expected| {
+            let found = match controls.entry(ds.index) {
+                Entry::Occupied(e) => e.into_mut(),
+                Entry::Vacant(e) => e.insert(DatasetControls::find(ds)?),
+            };
+            cache_image(ds, (media, found), latents, expected)
+        },
     )
 }
 
-/// Caches one image: its latents resized to its bucket, as the family's DiT takes them.
+/// Caches one image: its latents resized to its bucket, as the family's DiT takes them, and its control images'
+/// latents (an edit model's source images) beside them.
 fn cache_image(
     ds: &ResolvedDataset,
-    media: &Path,
+    (media, controls): (&Path, &DatasetControls),
     latents: &ImageLatents,
     expected: &mut Expected,
 ) -> anyhow::Result<ItemOutcome> {
     let arch = latents.arch;
     let dir = cache_dir(ds, media);
     let stem = media_stem(media);
+    let prefixes: &[&str] = if controls.any() {
+        &["latents_", "latents_control_"]
+    } else {
+        &["latents_"]
+    };
     if let Ok(size) = image_size(media) {
         let path = dir.join(arch.latent_cache_name(&stem, size));
         expected.file(&path);
-        if is_cached(&path, arch, &["latents_"], None) {
+        if is_cached(&path, arch, prefixes, None) {
             return Ok(ItemOutcome::Skipped);
         }
     }
-    // A file that does not decode is the item's failure; anything later (the autoencoder, the disk) stops the run.
-    let sample = match image_sample(ds, media, latents.bucket_step) {
-        Ok(sample) => sample,
-        Err(e) => {
+    // A file that does not decode (the image or a control image) is the item's failure; anything later (the
+    // autoencoder, the disk) stops the run.
+    let decoded = image_sample(ds, media, latents.bucket_step)
+        .map_err(|e| e.reason())
+        .and_then(|sample| {
+            let paths = controls.of(media).map_err(|e| e.to_string())?;
+            let step = (sample.bucket, latents.bucket_step);
+            let images = load_controls(ds, media, paths, step).map_err(|e| e.to_string())?;
+            Ok((sample, images))
+        });
+    let (sample, control_images) = match decoded {
+        Ok(decoded) => decoded,
+        Err(reason) => {
             expected.failed(ds, media);
-            return Ok(ItemOutcome::Failed(e.reason()));
+            return Ok(ItemOutcome::Failed(reason));
         }
     };
     let path = dir.join(arch.latent_cache_name(&stem, sample.original_size));
     expected.file(&path);
-    let image = frames_to_video(&sample.frames, latents.device)?
-        .squeeze(2)?
-        .to_dtype(latents.dtype)?;
-    let encoded = (latents.encode)(&image)?
-        .to_dtype(latents.dtype)?
-        .to_device(&Device::Cpu)?;
+    let encoded = encode_frames(&sample.frames, latents)?;
+    let control = control_images
+        .iter()
+        .map(|image| encode_frames(std::slice::from_ref(image), latents))
+        .collect::<anyhow::Result<Vec<_>>>()?;
     std::fs::create_dir_all(&dir)
         .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-    arch.write_latent_cache(&path, &encoded, sample.original_size)?;
+    arch.write_latent_cache_with_controls(&path, &encoded, &control, sample.original_size)?;
     Ok(ItemOutcome::Written(1))
+}
+
+/// The latents `[C, 1, h, w]` (on the CPU, in the cache's dtype) of one RGB image.
+fn encode_frames(frames: &[RgbImage], latents: &ImageLatents) -> anyhow::Result<Tensor> {
+    let image = frames_to_video(frames, latents.device)?
+        .squeeze(2)?
+        .to_dtype(latents.dtype)?;
+    Ok((latents.encode)(&image)?
+        .to_dtype(latents.dtype)?
+        .to_device(&Device::Cpu)?)
 }
 
 /// One caption's text cache to write: the caption, the image it describes (for messages) and the cache's path.

@@ -11,7 +11,7 @@ use super::plan::{qwen_streamed_blocks, QwenImagePlanModel};
 use super::run::QwenImageRun;
 use super::samples::image_samples;
 use super::train::{dit_config, load_qwen_items};
-use crate::family::image::items::{largest_clip, split_items};
+use crate::family::image::items::{largest_clip, split_items, ImageItems};
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
@@ -44,6 +44,23 @@ pub(crate) fn qwen_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
             ("modelspec.architecture", "Qwen-Image/lora"),
         ],
     )
+}
+
+/// Says when the cached items train Qwen-Image-Edit: they hold control latents.
+fn log_edit_mode(cached: &ImageItems, log: &mut dyn FnMut(LogLevel, String)) {
+    let controls = cached
+        .items
+        .first()
+        .map_or(0, |(item, _)| item.control.len());
+    if controls > 0 {
+        log(
+            LogLevel::Info,
+            format!(
+                "training mode: edit (Qwen-Image-Edit, {controls} control image(s) per item, their tokens after \
+                 the target's)"
+            ),
+        );
+    }
 }
 
 /// Builds a Qwen-Image run's part from a validated plan whose `model.dit` is the Qwen-Image transformer `dit`.
@@ -105,6 +122,7 @@ pub(crate) fn start_run_with(
         LogLevel::Info,
         format!("model: Qwen-Image on {}", device_label(&device)),
     );
+    log_edit_mode(&cached, log);
     if let Some(streamer) = model.streamer() {
         log(
             LogLevel::Info,

@@ -4,7 +4,9 @@
 //! `qwen_image_train_network.py` trains it: noisy latents `(1 − t)·x + t·noise` packed into 2×2 tokens, one image
 //! grid per sample (`img_shapes`), the captions' hidden states padded to the longest with their lengths
 //! (`txt_seq_lens`), timestep `t + 0.001` (musubi-tuner's `(t·1000 + 1) / 1000`) and the target `noise − latents`
-//! packed as the model's output.
+//! packed as the model's output. An edit item (Qwen-Image-Edit, -2509) appends its control latents' tokens after
+//! the noisy ones, each control image its own grid (`img_shapes`: frame k of the MSRoPE), and the loss covers the
+//! target's tokens only.
 
 use std::path::{Path, PathBuf};
 
@@ -18,8 +20,7 @@ use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::family::qwen_image::cache::{
-    parse_qwen_latent_cache_name, qwen_text_cache_name, read_qwen_latent_cache,
-    read_qwen_text_cache,
+    parse_qwen_latent_cache_name, qwen_text_cache_name, read_qwen_text_cache, QWEN_IMAGE_CACHES,
 };
 use framesmith_data::Unreadable;
 use framesmith_models::qwen_image::latents::pack;
@@ -97,8 +98,13 @@ impl ImageCacheReader for QwenImageCaches<'_> {
         self.0.in_channels / 4
     }
 
-    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<Tensor> {
-        Ok(read_qwen_latent_cache(path, device)?)
+    fn read_latents(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
+        Ok(QWEN_IMAGE_CACHES.read_latent_cache_with_controls(path, device)?)
+    }
+
+    /// Any number: an item with control latents trains Qwen-Image-Edit (the transformer has the same tensors).
+    fn check_controls(&self, _count: usize, _path: &Path) -> anyhow::Result<()> {
+        Ok(())
     }
 
     fn read_text(&self, path: &Path, device: &Device) -> anyhow::Result<(Tensor, Option<Tensor>)> {
@@ -169,14 +175,48 @@ pub fn qwen_batch(
     let (_, _, h, w) = noisy.dims4()?;
     let contexts: Vec<&Tensor> = batch.iter().map(|i| &i.context).collect();
     let (txt, lens) = padded_text(&contexts, dtype)?;
+    let (img, img_grids) =
+        with_control_tokens(batch, pack(&noisy)?, ImageGrid::image(h / 2, w / 2))?;
     let inputs = QwenImageInputs {
-        img: pack(&noisy)?.to_dtype(dtype)?,
-        img_grids: vec![ImageGrid::image(h / 2, w / 2)],
+        img: img.to_dtype(dtype)?,
+        img_grids,
         txt,
         txt_lens: Some(lens),
         timesteps: model_timesteps(draws, noisy.device())?,
     };
     Ok(QwenImageBatch { inputs, targets })
+}
+
+/// The packed noisy tokens `img` (of `grid`) followed by each control image's packed latents, and the grids in
+/// that order, as the Qwen-Image-Edit pipelines concatenate them; unchanged without controls.
+fn with_control_tokens(
+    batch: &[&TrainItem],
+    img: Tensor,
+    grid: ImageGrid,
+) -> anyhow::Result<(Tensor, Vec<ImageGrid>)> {
+    let count = batch[0].control.len();
+    let mut tokens = vec![img];
+    let mut grids = vec![grid];
+    for k in 0..count {
+        let controls = batch
+            .iter()
+            .map(|item| {
+                let control = item.control.get(k).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{} has {} control images, not {count}",
+                        item.key,
+                        item.control.len()
+                    )
+                })?;
+                Ok(control.to_dtype(tokens[0].dtype())?.transpose(0, 1)?)
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let control = Tensor::cat(&controls, 0)?;
+        let (_, _, ch, cw) = control.dims4()?;
+        tokens.push(pack(&control)?);
+        grids.push(ImageGrid::image(ch / 2, cw / 2));
+    }
+    Ok((Tensor::cat(&tokens, 1)?, grids))
 }
 
 impl ImageModel for QwenImageTransformer {

@@ -298,6 +298,7 @@ impl CachePlace<'_> {
                 context: text.t5,
                 image,
                 clip,
+                control: Vec::new(),
             });
         }
         Ok(items)

@@ -54,6 +54,7 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
                 context: demo::text::embed(&clip.caption, cfg.text_dim, cfg.text_len, device)?,
                 image: None,
                 clip: None,
+                control: Vec::new(),
             })
         })
         .collect()

@@ -25,7 +25,7 @@ use framesmith_data::family::flux::cache::{
     FluxTextCache,
 };
 use framesmith_data::Unreadable;
-use framesmith_models::flux::weights::official_shapes;
+use framesmith_models::flux::weights::{official_shapes, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet, LoraSpec};
@@ -125,10 +125,14 @@ fn a_dataset_not_cached_for_flux_says_which_commands_cache_it() -> anyhow::Resul
     let cfg = tiny_config()?;
     let cache = dir.path().join("cache");
     let message = || {
-        load_flux_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default()
+        load_flux_items(
+            (&toml, Unreadable::Refuse),
+            (&cfg, FluxVariant::Dev),
+            &Device::Cpu,
+        )
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default()
     };
     let err = message();
     assert!(err.contains("no FLUX.1 latent caches"), "{err}");
@@ -170,7 +174,12 @@ fn a_dataset_not_cached_for_flux_says_which_commands_cache_it() -> anyhow::Resul
     );
 
     cache_flux(&cache, "a", (4, 4), 1)?;
-    let items = load_flux_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
+    let items = load_flux_items(
+        (&toml, Unreadable::Refuse),
+        (&cfg, FluxVariant::Dev),
+        &Device::Cpu,
+    )?
+    .items;
     assert_eq!(items.len(), 1);
     let (item, repeats) = &items[0];
     assert_eq!(*repeats, 2);
@@ -219,7 +228,12 @@ impl MiniRun {
             })
             .collect();
         let optimizer = AdamW::new(named, Default::default())?;
-        let items = load_flux_items((toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
+        let items = load_flux_items(
+            (toml, Unreadable::Refuse),
+            (&cfg, FluxVariant::Dev),
+            &Device::Cpu,
+        )?
+        .items;
         let items = items.into_iter().map(|(item, _)| item).collect();
         Ok(Self {
             model,

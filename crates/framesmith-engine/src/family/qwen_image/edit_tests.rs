@@ -1,0 +1,225 @@
+//! Qwen-Image-Edit (-2509) on the CPU with the tiny model: a dataset with two control images per item
+//! (`control_directory`, musubi-tuner's `stem_0` / `stem_1` names) caches their latents beside the target's under
+//! musubi-tuner's keys, a batch appends their tokens as frames 1 and 2 of the RoPE and learns on the target's tokens
+//! only, a run config trains, and a missing control image is named.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::encoder::WordEncoder;
+use super::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
+use super::testkit::{dataset, tiny_config, tiny_dit, tiny_vae};
+use super::train::{load_qwen_items, qwen_batch};
+use crate::prep::CacheOptions;
+use crate::train::optimizer::AdamW;
+use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
+use crate::train::tests::try_start;
+use crate::train::timesteps::TimestepDraw;
+use framesmith_config::run::{Checkpointing, TimestepSampling};
+use framesmith_config::{presets, RunConfig};
+use framesmith_data::tensor_file::read_tensor_file;
+use framesmith_data::Unreadable;
+use framesmith_models::qwen_image::rope::ImageGrid;
+use framesmith_models::qwen_image::vae::load_vae;
+use framesmith_models::qwen_image::weights::load_dit;
+use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
+
+/// Two control images per item of the tiny dataset in `dir` (`ctl/{stem}_0.png` the item's colours inverted,
+/// `ctl/{stem}_1.png` a 48×32 grey), with `control_directory` in its TOML.
+pub(crate) fn edit_dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
+    let toml = dataset(dir, batch_size)?;
+    let ctl = dir.join("ctl");
+    std::fs::create_dir_all(&ctl)?;
+    for stem in ["a", "b", "c"] {
+        let mut img = image::open(dir.join("images").join(format!("{stem}.png")))?.to_rgb8();
+        image::imageops::invert(&mut img);
+        img.save(ctl.join(format!("{stem}_0.png")))?;
+        image::RgbImage::from_pixel(48, 32, image::Rgb([128, 128, 128]))
+            .save(ctl.join(format!("{stem}_1.png")))?;
+    }
+    let text = std::fs::read_to_string(&toml)?;
+    std::fs::write(
+        &toml,
+        text.replace(
+            "cache_directory",
+            "control_directory = \"ctl\"\ncache_directory",
+        ),
+    )?;
+    Ok(toml)
+}
+
+/// Caches `toml`'s dataset for Qwen-Image through the tiny VAE and the stand-in encoder.
+fn cache(dir: &Path, toml: &Path) -> anyhow::Result<crate::prep::CacheSummary> {
+    let valid = framesmith_data::load_valid(toml)?;
+    let vae = load_vae(&tiny_vae(dir)?, DType::F32, &Device::Cpu)?;
+    let encoder = QwenLatentEncoder {
+        vae: &vae,
+        device: Device::Cpu,
+        dtype: DType::F32,
+    };
+    let summary = cache_qwen_latents(&valid, &encoder, &CacheOptions::default(), &mut ())?;
+    let text = WordEncoder {
+        dim: tiny_config().joint_attention_dim,
+    };
+    cache_qwen_text(&valid, &text, DType::F32, &CacheOptions::default(), &mut ())?;
+    Ok(summary)
+}
+
+#[test]
+fn control_images_cache_beside_the_target_and_an_edit_batch_learns() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = edit_dataset(dir.path(), 1)?;
+    let summary = cache(dir.path(), &toml)?;
+    assert_eq!(summary.written, 3, "{summary:?}");
+    let file = read_tensor_file(
+        &dir.path().join("cache/a_0032x0032_qi.safetensors"),
+        &Device::Cpu,
+    )?;
+    // Both controls go to the target's bucket (musubi-tuner's default), whatever their own size.
+    for key in [
+        "latents_1x4x4_float32",
+        "latents_control_0_1x4x4_float32",
+        "latents_control_1_1x4x4_float32",
+    ] {
+        assert!(
+            file.tensors.contains_key(key),
+            "{key}: {:?}",
+            file.tensors.keys()
+        );
+    }
+
+    let items = load_qwen_items((&toml, Unreadable::Refuse), &tiny_config(), &Device::Cpu)?.items;
+    let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
+    assert!(batch.iter().all(|i| i.control.len() == 2));
+    let draws = vec![
+        TimestepDraw {
+            t: 0.6,
+            model_timestep: 601.0
+        };
+        batch.len()
+    ];
+    let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+    assert_eq!(b.inputs.img_grids, vec![ImageGrid::image(2, 2); 3]);
+    assert_eq!(
+        b.inputs.img.dims(),
+        &[3, 12, 64],
+        "target then two controls"
+    );
+    assert_eq!(
+        b.targets[0].dims(),
+        &[4, 64],
+        "the loss covers the target only"
+    );
+
+    let mut model = load_dit(
+        &tiny_dit(&dir.path().join("dit"))?,
+        DType::F32,
+        &Device::Cpu,
+        None,
+    )?;
+    let spec = LoraSpec {
+        rank: 4,
+        alpha: 4.0,
+        dtype: DType::F32,
+        include_patterns: vec![],
+        exclude_patterns: vec![],
+        seed: 3,
+        kind: Default::default(),
+    };
+    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::QwenImage)?;
+    let mut optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
+    let mut losses = Vec::new();
+    for _ in 0..12 {
+        let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let target = LossTarget {
+            targets: &b.targets,
+            weights: None,
+            skip_frames: 0,
+        };
+        let out = try_checkpointed_step(
+            &model,
+            &b.inputs,
+            &target,
+            &loras.vars(),
+            &StepOptions::default(),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        optimizer.step(&out.grads, 1e-2)?;
+        losses.push(out.loss);
+    }
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
+    Ok(())
+}
+
+#[test]
+fn a_missing_control_image_is_named_and_its_item_not_cached() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = edit_dataset(dir.path(), 1)?;
+    for i in 0..2 {
+        std::fs::remove_file(dir.path().join(format!("ctl/b_{i}.png")))?;
+    }
+    std::fs::write(dir.path().join("ctl/c_1.png"), b"not a png")?;
+    let summary = cache(dir.path(), &toml)?;
+    assert_eq!(summary.written, 1, "{summary:?}");
+    let reason = |stem: &str| {
+        summary
+            .failed
+            .iter()
+            .find(|(media, _)| media.ends_with(format!("images/{stem}.png")))
+            .map(|(_, why)| why.clone())
+            .unwrap_or_default()
+    };
+    let b = reason("b");
+    assert!(
+        b.contains("no control image for") && b.contains("b_0.png"),
+        "{b}"
+    );
+    assert!(
+        b.ends_with(&dir.path().join("ctl").display().to_string()),
+        "{b}"
+    );
+    let c = reason("c");
+    assert!(
+        c.contains("cannot be read") && c.ends_with("c_1.png"),
+        "{c}"
+    );
+    Ok(())
+}
+
+/// A `steps`-long Qwen-Image-Edit run on the tiny edit dataset cached in `dir`.
+fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
+    std::fs::create_dir_all(dir)?;
+    let toml = edit_dataset(dir, 2)?;
+    cache(dir, &toml)?;
+    let mut config = presets::builtin("demo-cpu")?
+        .apply(&RunConfig::default())?
+        .config;
+    config.model.demo = false;
+    config.model.dit = tiny_dit(dir)?;
+    config.dataset.synthetic = false;
+    config.dataset.config = toml;
+    config.lora.rank = 4;
+    config.lora.alpha = 4.0;
+    config.training.max_train_steps = steps;
+    config.training.timestep_sampling = TimestepSampling::QwenShift;
+    config.optimizer.lr_warmup_steps = 0;
+    config.memory.checkpointing = Checkpointing::Blocks;
+    config.output.output_dir = dir.join("run");
+    config.output.save_every_n_steps = Some(0);
+    Ok(config)
+}
+
+#[test]
+fn a_qwen_image_edit_run_config_trains_on_its_control_images() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut run = try_start(&config(dir.path(), 3)?, None)?;
+    while run.step() < 3 {
+        let loss = run.train_step(&|| false)?.loss;
+        assert!(loss.is_some_and(|l| l.is_finite() && l > 0.0), "{loss:?}");
+    }
+    Ok(())
+}
