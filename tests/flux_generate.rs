@@ -151,8 +151,86 @@ fn wrong_files_are_refused_by_name() {
         dit: kontext,
         ..files(&dir.path().join("e"))
     };
-    refused(&k, &out, &[], &["Kontext", "edits an input image"]);
+    refused(
+        &k,
+        &out,
+        &[],
+        &["Kontext", "edits an image", "--control IMAGE"],
+    );
     assert!(!out.exists());
+}
+
+#[test]
+fn a_kontext_dit_edits_its_control_image() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = files(dir.path());
+    let kontext = dir.path().join("flux1-kontext-dev.safetensors");
+    std::fs::copy(&f.dit, &kontext).unwrap();
+    let k = Files {
+        dit: kontext,
+        ..files(&dir.path().join("k"))
+    };
+    let control = |name: &str, colour: [u8; 3]| {
+        let path = dir.path().join(name);
+        image::RgbImage::from_pixel(34, 20, image::Rgb(colour))
+            .save(&path)
+            .unwrap();
+        path
+    };
+    let (red, blue) = (
+        control("red.png", [220, 20, 20]),
+        control("blue.png", [20, 20, 220]),
+    );
+    let edit = |control: &Path, out: &Path| {
+        let (ok, stdout, stderr) = framesmith(
+            &[
+                &[
+                    "generate",
+                    "--dit",
+                    s(&k.dit),
+                    "--vae",
+                    s(&k.ae),
+                    "--clip-l",
+                    s(&k.clip_l),
+                    "--t5",
+                    s(&k.t5),
+                    "--prompt",
+                    "a red fox in snow",
+                    "--steps",
+                    "2",
+                    "--device",
+                    "cpu",
+                    "--seed",
+                    "3",
+                    "--out",
+                    s(out),
+                ][..],
+                &["--control", s(control)],
+            ]
+            .concat(),
+        );
+        assert!(ok, "{stdout}{stderr}");
+        image::open(out).unwrap().to_rgb8()
+    };
+    let from_red = edit(&red, &dir.path().join("r.png"));
+    // The control's size rounded down to the autoencoder's 2× and the 2×2 packing.
+    assert_eq!(from_red.dimensions(), (32, 20));
+    assert_ne!(edit(&blue, &dir.path().join("b.png")), from_red);
+    // A text-to-image DiT refuses a control image, a missing control image is named.
+    let out = dir.path().join("x.png");
+    refused(
+        &f,
+        &out,
+        &["--control", s(&red)],
+        &["--control is for edit models", "flux1-kontext-dev"],
+    );
+    let missing = dir.path().join("missing.png");
+    refused(
+        &k,
+        &out,
+        &["--control", s(&missing)],
+        &["--control", "missing.png"],
+    );
 }
 
 #[test]

@@ -72,6 +72,10 @@ pub struct GenerateArgs {
     /// Start image (PNG, JPEG, WebP, BMP) for image-to-video models; centre-cropped to the clip's aspect ratio
     #[arg(long)]
     image: Option<PathBuf>,
+    /// An image an edit model edits (FLUX.1 Kontext [dev]: one; Qwen-Image-Edit: one or more, repeat the flag);
+    /// the output takes the first one's size unless --width / --height are given
+    #[arg(long = "control")]
+    controls: Vec<PathBuf>,
     /// CLIP image encoder, for an image-to-video model that takes one
     #[arg(long)]
     clip: Option<PathBuf>,
@@ -163,6 +167,7 @@ impl GenerateArgs {
                 clip: self.clip.clone(),
             },
             image: self.image.clone(),
+            controls: self.controls.clone(),
             prompt: self.prompt.clone(),
             negative: self.negative.clone(),
             width: self.width,

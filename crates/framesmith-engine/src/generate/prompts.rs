@@ -1,6 +1,7 @@
 //! Sample prompt files in musubi-tuner's syntax: one prompt per line with options `--w` width, `--h` height,
 //! `--f` frames, `--d` seed, `--s` steps, `--l` guidance scale, `--fs` flow shift, `--n` negative prompt, `--i`
-//! start image (relative paths are read from the prompt file's folder); `#` starts a comment line. A `.toml` file holds `[[prompt]]` tables with the same fields spelled out.
+//! start image, `--ci` an edit model's control image (repeatable; relative paths are read from the prompt file's
+//! folder); `#` starts a comment line. A `.toml` file holds `[[prompt]]` tables with the same fields spelled out.
 
 use std::path::{Path, PathBuf};
 
@@ -31,6 +32,8 @@ pub struct PromptSpec {
     pub flow_shift: Option<f64>,
     /// The start image of an image-to-video sample (`--i`).
     pub image: Option<PathBuf>,
+    /// The images an edit model's sample edits (`--ci`, repeatable, in order); `controls` in a TOML file.
+    pub controls: Vec<PathBuf>,
 }
 
 impl Default for PromptSpec {
@@ -46,6 +49,7 @@ impl Default for PromptSpec {
             guidance: None,
             flow_shift: None,
             image: None,
+            controls: Vec::new(),
         }
     }
 }
@@ -152,6 +156,7 @@ fn read_prompts(path: &Path) -> Result<Vec<PromptSpec>, PromptError> {
     let folder = path.parent().unwrap_or(Path::new(""));
     let beside_file = |mut spec: PromptSpec| {
         spec.image = spec.image.map(|image| folder.join(image));
+        spec.controls = spec.controls.iter().map(|c| folder.join(c)).collect();
         spec
     };
     if path.extension().and_then(|e| e.to_str()) == Some("toml") {
@@ -227,9 +232,10 @@ pub fn parse_line(line: &str) -> Result<PromptSpec, String> {
             "fs" => spec.flow_shift = Some(value.parse().map_err(|_| number("a flow shift"))?),
             "n" => spec.negative = Some(value.to_string()),
             "i" => spec.image = Some(PathBuf::from(value)),
+            "ci" => spec.controls.push(PathBuf::from(value)),
             other => {
                 return Err(format!(
-                    "unknown option --{other} (known: --w --h --f --d --s --l --fs --n --i)"
+                    "unknown option --{other} (known: --w --h --f --d --s --l --fs --n --i --ci)"
                 ))
             }
         }
@@ -386,5 +392,12 @@ mod tests {
         assert_eq!(specs[0].prompt, "a dot");
         assert_eq!(specs[0].image, Some(dir.path().join("start.png")));
         assert_eq!(specs[1].image, None);
+        let path = dir.path().join("edit.txt");
+        std::fs::write(&path, "make it red --ci a.png --ci b.png\n").expect("write");
+        let specs = read_prompt_file(&path).expect("valid file");
+        assert_eq!(
+            specs[0].controls,
+            [dir.path().join("a.png"), dir.path().join("b.png")]
+        );
     }
 }

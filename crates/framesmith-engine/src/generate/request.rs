@@ -95,6 +95,8 @@ pub struct GenerationRequest {
     pub files: CompanionFiles,
     /// The start image of an image-to-video clip.
     pub image: Option<PathBuf>,
+    /// The images an edit model edits (FLUX.1 Kontext: one; Qwen-Image-Edit: one or more), in order.
+    pub controls: Vec<PathBuf>,
     pub prompt: String,
     pub negative: Option<String>,
     pub width: Option<usize>,
@@ -132,6 +134,7 @@ impl GenerationRequest {
             loras_low_noise: Vec::new(),
             files: CompanionFiles::default(),
             image: None,
+            controls: Vec::new(),
             prompt: prompt.into(),
             negative: None,
             width: None,

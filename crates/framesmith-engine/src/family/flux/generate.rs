@@ -1,5 +1,6 @@
 //! FLUX.1's part of the generation call: one PNG image from a prompt — FLUX.1 [dev] (or [schnell]) with its LoRAs,
-//! CLIP-L and T5-XXL, the autoencoder. Every file is checked to be the component its flag names (and the text
+//! CLIP-L and T5-XXL, the autoencoder; FLUX.1 Kontext [dev] edits the image given with `--control` (kept at its size
+//! rounded down to 16 pixels, as musubi-tuner samples Kontext; the output takes that size by default). Every file is checked to be the component its flag names (and the text
 //! encoders and autoencoder to fit the DiT) before anything loads; then the text encoders run and are dropped, the
 //! autoencoder and the DiT load, and the engine samples ([`crate::family::flux::pipeline`]).
 
@@ -20,8 +21,8 @@ use crate::family::flux::pipeline::{
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
 use crate::family::image::generate::{
-    check_png_out, finish_image, foreign_options, hold_budget, one_device, refuse_foreign,
-    ImageSteps,
+    check_png_out, control_images, edit_size, finish_image, foreign_options, hold_budget,
+    one_device, refuse_foreign, ControlSizing, ImageSteps,
 };
 use crate::generate::request::{
     open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
@@ -65,18 +66,29 @@ fn expect(path: &Path, flag: &str, component: FluxComponent) -> anyhow::Result<F
     identify_expected(path, component, None).map_err(|e| anyhow::anyhow!("{flag}: {e}"))
 }
 
-/// The DiT's sizes and variant; Kontext (which edits an input image) is refused.
-fn dit_of(dit: &Path) -> anyhow::Result<(FluxVariant, FluxConfig)> {
+/// The DiT's sizes and variant, checked against the control images given: Kontext edits one (`--control`), dev
+/// and schnell make images from text alone.
+fn dit_of(dit: &Path, controls: usize) -> anyhow::Result<(FluxVariant, FluxConfig)> {
     let file = expect(dit, "--dit", FluxComponent::Dit)?;
     let FluxKind::Dit { variant, config } = file.kind else {
         anyhow::bail!("--dit holds no FLUX.1 DiT: {}", dit.display());
     };
-    if variant == FluxVariant::Kontext {
-        anyhow::bail!(
-            "--dit is FLUX.1 Kontext [dev], which edits an input image; `framesmith generate` makes images from text \
-             with FLUX.1 [dev] or [schnell]: pick flux1-dev.safetensors ({})",
+    match (variant, controls) {
+        (FluxVariant::Kontext, 1) | (FluxVariant::Dev | FluxVariant::Schnell, 0) => {}
+        (FluxVariant::Kontext, 0) => anyhow::bail!(
+            "--dit is FLUX.1 Kontext [dev], which edits an image: give it with --control IMAGE, or pick \
+             flux1-dev.safetensors to make one from text ({})",
             dit.display()
-        );
+        ),
+        (FluxVariant::Kontext, n) => anyhow::bail!(
+            "--control was given {n} times; FLUX.1 Kontext [dev] edits one image ({})",
+            dit.display()
+        ),
+        (other, _) => anyhow::bail!(
+            "--control is for edit models; --dit is {other}, which makes images from text: drop --control, or pick \
+             flux1-kontext-dev.safetensors ({})",
+            dit.display()
+        ),
     }
     Ok((variant, config))
 }
@@ -170,7 +182,7 @@ fn check_request<'a>(
     dit: &Path,
     request: &'a GenerationRequest,
 ) -> anyhow::Result<(FluxVariant, FluxConfig, Files<'a>)> {
-    let (variant, cfg) = dit_of(dit)?;
+    let (variant, cfg) = dit_of(dit, request.controls.len())?;
     refuse_foreign(
         &wan_options(request),
         (
@@ -223,13 +235,26 @@ pub fn generate(
     let dtype = pick_dtype(request.dtype, &device)?;
     let held = hold_budget(request, &device)?;
     let ae = load_autoencoder(files.autoencoder, dtype, &device)?;
-    let latent = settings.latent_size(ae.config().downsample_factor())?;
+    let factor = ae.config().downsample_factor();
+    let step = (2 * factor) as u32;
+    let controls = control_images(&request.controls, ControlSizing::Own { step }, &device)?;
+    (settings.width, settings.height) = edit_size(request, &controls, DEFAULT_SIDE)?;
+    let latent = settings.latent_size(factor)?;
+    let control = controls
+        .first()
+        .map(|c| -> anyhow::Result<Tensor> {
+            Ok(ae.encode(&c.to_dtype(dtype)?)?.to_dtype(DType::F32)?)
+        })
+        .transpose()?;
     let t5_tokens = if schnell {
         SCHNELL_T5_TOKENS
     } else {
         DEV_T5_TOKENS
     };
-    let prompt = encode_prompt(request, &files, t5_tokens, (dtype, &device))?;
+    let prompt = FluxPrompt {
+        control,
+        ..encode_prompt(request, &files, t5_tokens, (dtype, &device))?
+    };
     let dit = load_dit_with_loras((dit, variant), request, (dtype, &device), session)?;
     settings.seed = request.seed.unwrap_or_else(rand::random);
     session.log(format!(

@@ -12,6 +12,7 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
+use super::train::control_tokens;
 use crate::family::image::pipeline::{check_sides, rgb_image};
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::sampling::{denoise, pack, schedule, Shift, LATENT_CHANNELS};
@@ -67,11 +68,13 @@ pub struct FluxImageSettings {
 pub use crate::family::image::pipeline::Cancelled;
 
 /// The prompt as the DiT takes it: T5's token states `txt` [1, L, context_in_dim] and CLIP's pooled `vec`
-/// [1, vec_in_dim].
+/// [1, vec_in_dim]; for FLUX.1 Kontext, the latents [1, 16, h, w] of the image it edits.
 #[derive(Debug, Clone)]
 pub struct FluxPrompt {
     pub txt: Tensor,
     pub vec: Tensor,
+    /// Kontext's control image latents, appended as conditioning tokens (ids axis 0 = 1) at every step.
+    pub control: Option<Tensor>,
 }
 
 impl FluxImageSettings {
@@ -136,6 +139,16 @@ pub fn denoise_image(
     let img = pack(&noise)?;
     let txt_len = prompt.txt.dim(1)?;
     let [_, img_ids, txt_ids] = framesmith_models::flux::sampling::prepare(&noise, txt_len)?;
+    let target_len = img.dim(1)?;
+    // Kontext: the control tokens follow the image's at every step; the prediction keeps the image's rows.
+    let (control, img_ids) = match &prompt.control {
+        Some(c) => {
+            let empty = img.narrow(1, 0, 0)?.to_dtype(dtype)?;
+            let (tokens, ids) = control_tokens(&c.to_dtype(dtype)?, empty, img_ids)?;
+            (Some(tokens), ids)
+        }
+        None => (None, img_ids),
+    };
     let guided = model.config().guidance_embed;
     let timesteps = schedule(settings.steps, img.dim(1)?, guided.then(Shift::default));
     let txt = prompt.txt.to_dtype(dtype)?;
@@ -147,8 +160,13 @@ pub fn denoise_image(
                 stopped = true;
                 candle_core::bail!("{Cancelled}");
             }
+            let img = img.to_dtype(dtype)?;
+            let img = match &control {
+                Some(c) => Tensor::cat(&[&img, c], 1)?,
+                None => img,
+            };
             let inputs = FluxInputs {
-                img: img.to_dtype(dtype)?,
+                img,
                 img_ids: img_ids.clone(),
                 txt: txt.clone(),
                 txt_ids: txt_ids.clone(),
@@ -156,7 +174,10 @@ pub fn denoise_image(
                 y: y.clone(),
                 guidance: guided.then(|| g.clone()),
             };
-            model.forward(&inputs)?.to_dtype(DType::F32)
+            model
+                .forward(&inputs)?
+                .narrow(1, 0, target_len)?
+                .to_dtype(DType::F32)
         })
     });
     if stopped {
@@ -275,7 +296,11 @@ pub fn encode_prompts(
             let (txt, vec) = encoder
                 .encode(&[*prompt])
                 .with_context(|| format!("encoding the prompt \"{prompt}\""))?;
-            Ok(FluxPrompt { txt, vec })
+            Ok(FluxPrompt {
+                txt,
+                vec,
+                control: None,
+            })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     drop(encoder);

@@ -4,7 +4,8 @@
 //! sample is then the image `framesmith generate` makes ([`crate::family::flux::pipeline`]: seeded noise, the shifted
 //! schedule, Euler with the guidance input) with the LoRA being trained, decoded by the autoencoder (`model.vae`)
 //! and written as `samples/{step:06}-{prompt:02}.png` ([`crate::train::samples`] schedules and names them). A
-//! prompt line takes `--w --h --s --l --d`; Wan's `--f`, `--fs`, `--n` and `--i` are refused by name.
+//! prompt line takes `--w --h --s --l --d` (and for FLUX.1 Kontext [dev], `--ci` the image it edits); Wan's `--f`,
+//! `--fs`, `--n` and `--i` are refused by name.
 
 use std::path::Path;
 
@@ -16,6 +17,7 @@ use crate::family::flux::pipeline::{
     check_companions, decode_image, denoise_image, encode_prompts, Companion, Companions,
     FluxImageSettings, FluxPrompt, SettingNames, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
+use crate::family::image::generate::{control_images, ControlSizing};
 use crate::family::image::prompt_cache::{cached_encodings, CachedEncoding};
 use crate::family::image::samples::{self, ImagePipeline};
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
@@ -24,7 +26,7 @@ use framesmith_config::RunPlan;
 use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
 use framesmith_models::flux::autoencoder::AutoEncoder;
 use framesmith_models::flux::text_encoder::TextEncoderFiles;
-use framesmith_models::flux::weights::load_autoencoder;
+use framesmith_models::flux::weights::{load_autoencoder, FluxVariant};
 use framesmith_models::flux::{Flux, FluxConfig};
 
 /// FLUX.1's sampling pipeline ([`crate::family::flux::pipeline`]): the DiT's denoising with the guidance input,
@@ -80,6 +82,7 @@ pub(super) fn cached_prompts(
             Some(FluxPrompt {
                 txt: t.remove("txt")?,
                 vec: t.remove("vec")?,
+                control: None,
             })
         },
         tensors: |p| vec![("txt", &p.txt), ("vec", &p.vec)],
@@ -123,6 +126,33 @@ fn wan_options(spec: &PromptSpec) -> Vec<&'static str> {
     .into_iter()
     .filter_map(|(given, name)| given.then_some(name))
     .collect()
+}
+
+/// A Kontext sample's control image (`--ci`) as the autoencoder's latents [1, 16, h, w] (f32), kept at its size
+/// rounded down as `framesmith generate` keeps it; `None` for dev. Kontext needs one, dev takes none.
+fn sample_control(
+    spec: &PromptSpec,
+    variant: FluxVariant,
+    ae: &AutoEncoder,
+    (dtype, device): (DType, &Device),
+) -> anyhow::Result<Option<Tensor>> {
+    match (variant, spec.controls.as_slice()) {
+        (FluxVariant::Kontext, [path]) => {
+            let step = (2 * ae.config().downsample_factor()) as u32;
+            let sizing = ControlSizing::Own { step };
+            let images = control_images(std::slice::from_ref(path), sizing, device)?;
+            let image = images.first().context("no control image")?;
+            Ok(Some(ae.encode(&image.to_dtype(dtype)?)?.to_dtype(DType::F32)?))
+        }
+        (FluxVariant::Kontext, controls) => anyhow::bail!(
+            "FLUX.1 Kontext [dev] samples edit one image: give it with --ci IMAGE (the line gives {})",
+            controls.len()
+        ),
+        (_, []) => Ok(None),
+        (_, _) => anyhow::bail!(
+            "--ci gives a control image, which only FLUX.1 Kontext [dev] edits: remove it from the line"
+        ),
+    }
 }
 
 /// The path a `[model]` key must give for samples (the validator asks for it; this names it again if not).
@@ -179,7 +209,7 @@ fn image_settings(
 /// only inside this call) and the autoencoder loaded, in `dtype` on `device`. Called before the DiT loads.
 pub fn image_samples(
     plan: &RunPlan,
-    cfg: &FluxConfig,
+    (cfg, variant): (&FluxConfig, FluxVariant),
     (dtype, device): (DType, &Device),
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<Option<ImageSamples>> {
@@ -234,13 +264,23 @@ pub fn image_samples(
         .into_iter()
         .zip(encoded)
         .zip(settings)
-        .map(|((spec, encoded), (settings, latent))| ImagePrompt {
-            prompt: spec.prompt,
-            encoded,
-            settings,
-            latent,
+        .map(|((spec, encoded), (settings, latent))| {
+            let control = sample_control(&spec, variant, &autoencoder, (dtype, device))
+                .with_context(|| {
+                    format!(
+                        "sample prompt \"{}\" in {}",
+                        spec.prompt,
+                        sampling.prompts.display()
+                    )
+                })?;
+            Ok(ImagePrompt {
+                prompt: spec.prompt,
+                encoded: FluxPrompt { control, ..encoded },
+                settings,
+                latent,
+            })
         })
-        .collect();
+        .collect::<anyhow::Result<_>>()?;
     Ok(Some(ImageSamples {
         prompts,
         decoder: autoencoder,

@@ -137,7 +137,7 @@ pub(super) fn start_run(
     let dtype = float_dtype(plan.model.compute_dtype);
     let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
     // Before the DiT: the text encoders' memory is free again by the time the DiT takes its own.
-    let samples = image_samples(plan, &cfg, (dtype, &device), log)?;
+    let samples = image_samples(plan, (&cfg, variant), (dtype, &device), log)?;
     let (streamed, offload) =
         flux_streaming(plan, &cfg, &device, memory.as_ref())?.unwrap_or_default();
     let mut model = load_dit_streamed(

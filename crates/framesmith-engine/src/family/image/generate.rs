@@ -2,7 +2,7 @@
 //! other families take refused by flag, `--out` a PNG, one device), the VRAM budget held, and the end of the call
 //! (the denoising timed step by step, the model dropped, the image decoded, written and reported).
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
@@ -12,7 +12,12 @@ use image::RgbImage;
 use crate::generate::request::{create_out_folder, GenerationOutput, GenerationRequest, Placement};
 use crate::generate::run::{timing_line, vram_use, Session, StepClock};
 use crate::generate::sampler::Solver;
+use crate::prep::frames_to_video;
 use framesmith_config::run::DeviceSpec;
+use framesmith_data::bucket::round_down_to;
+use framesmith_data::control::bucket_at_area;
+use framesmith_data::probe::load_rgb;
+use framesmith_data::resize::resize_to_bucket;
 use framesmith_nn::device::{hold_vram_budget, VramHold};
 
 /// The flags given that only other families take, in one order for every family: the clip and expert options
@@ -195,4 +200,60 @@ mod tests {
         assert!(err.contains("one GPU") && err.contains("--gpus 1"), "{err}");
         Ok(())
     }
+}
+
+/// How an edit model's pipeline sizes a control image.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum ControlSizing {
+    /// Its own size rounded down to `step` pixels (musubi-tuner's FLUX.1 Kontext sampling).
+    Own { step: u32 },
+    /// About `area` pixels at its own aspect ratio, sides in `step`s (the Qwen-Image-Edit pipelines' 1024²).
+    Area { area: (u32, u32), step: u32 },
+}
+
+/// An edit model's control images (`--control`) for its autoencoder: each decoded and resized as `sizing` says,
+/// `[1, 3, H, W]` in [−1, 1] on `device`.
+pub(crate) fn control_images(
+    paths: &[PathBuf],
+    sizing: ControlSizing,
+    device: &Device,
+) -> anyhow::Result<Vec<Tensor>> {
+    paths
+        .iter()
+        .map(|path| {
+            let image = load_rgb(path).map_err(|e| {
+                anyhow::anyhow!("--control: {}: {}", e.reason(), path.display())
+            })?;
+            let (w, h) = image.dimensions();
+            let size = match sizing {
+                ControlSizing::Own { step } => (round_down_to(w, step), round_down_to(h, step)),
+                ControlSizing::Area { area, step } => bucket_at_area((w, h), area, step),
+            };
+            if size.0 == 0 || size.1 == 0 {
+                anyhow::bail!(
+                    "--control: the image is {w}x{h}, smaller than the model's smallest side; give a larger one: {}",
+                    path.display()
+                );
+            }
+            let resized = resize_to_bucket(&image, size);
+            Ok(frames_to_video(&[resized], device)?.squeeze(2)?)
+        })
+        .collect()
+}
+
+/// The output's size: `--width` / `--height` when given, else the first control image's (`[1, 3, H, W]`), else
+/// `default` on both sides.
+pub(crate) fn edit_size(
+    request: &GenerationRequest,
+    controls: &[Tensor],
+    default: usize,
+) -> anyhow::Result<(usize, usize)> {
+    let (h, w) = match controls.first() {
+        Some(c) => {
+            let (_, _, h, w) = c.dims4()?;
+            (h, w)
+        }
+        None => (default, default),
+    };
+    Ok((request.width.unwrap_or(w), request.height.unwrap_or(h)))
 }

@@ -223,3 +223,49 @@ fn a_qwen_image_edit_run_config_trains_on_its_control_images() -> anyhow::Result
     }
     Ok(())
 }
+
+#[test]
+fn an_edit_sample_follows_its_control_images() -> anyhow::Result<()> {
+    use super::pipeline::{denoise_image, QwenImagePrompt, QwenImageSettings};
+    use framesmith_nn::init::randn;
+    let dir = tempfile::tempdir()?;
+    let model = load_dit(&tiny_dit(dir.path())?, DType::F32, &Device::Cpu, None)?;
+    let rng = &mut StdRng::seed_from_u64(4);
+    let dim = tiny_config().joint_attention_dim;
+    let embed = randn(rng, (3, dim), 0.0, 1.0, &Device::Cpu)?;
+    let settings = QwenImageSettings {
+        width: 32,
+        height: 32,
+        steps: 2,
+        cfg_scale: 1.0,
+        seed: 1,
+    };
+    let mut control = || randn(rng, (1, 16, 4, 6), 0.0, 1.0, &Device::Cpu);
+    let (a, b, second) = (control()?, control()?, control()?);
+    let sample = |controls: Vec<candle_core::Tensor>| -> anyhow::Result<candle_core::Tensor> {
+        let prompt = QwenImagePrompt {
+            embed: embed.clone(),
+            negative: None,
+            controls,
+        };
+        denoise_image(&model, &prompt, &settings, [4, 4], DType::F32, &|| false)
+    };
+    let diff = |x: &candle_core::Tensor, y: &candle_core::Tensor| -> anyhow::Result<f32> {
+        Ok((x - y)?.abs()?.max_all()?.to_scalar::<f32>()?)
+    };
+    let with_a = sample(vec![a.clone()])?;
+    assert_eq!(with_a.dims(), &[1, 16, 1, 4, 4]);
+    assert!(
+        diff(&with_a, &sample(vec![b])?)? > 1e-4,
+        "two controls, two images"
+    );
+    assert!(
+        diff(&with_a, &sample(Vec::new())?)? > 1e-4,
+        "the control is read"
+    );
+    assert!(
+        diff(&with_a, &sample(vec![a, second])?)? > 1e-4,
+        "a second control is read too"
+    );
+    Ok(())
+}

@@ -2,7 +2,10 @@
 //! LoRAs, the text encoder (through the seam, [`super::encoder`]) and the VAE. Options of other families are refused
 //! by flag and the output checked before anything loads; then the prompt (and `--negative`, for true CFG at
 //! `--guidance`, 4.0 by default) is encoded and the encoder dropped, the VAE and the DiT load (its blocks streamed
-//! with `--blocks-to-swap`), and the engine samples ([`super::pipeline`]).
+//! with `--blocks-to-swap`), and the engine samples ([`super::pipeline`]). Qwen-Image-Edit (-2509) edits the images
+//! given with `--control` (their tokens after the image's; the output takes the first one's size by default).
+//! The edit prompt is encoded as Qwen-Image's for now: the image-conditioned (Qwen2.5-VL vision) encoding of the
+//! control images goes into [`encode_prompt`].
 
 use std::path::Path;
 
@@ -22,14 +25,21 @@ use super::pipeline::{
 use super::plan::qwen_streamed_blocks;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::generate::{
-    check_png_out, finish_image, foreign_options, hold_budget, one_device, refuse_foreign,
-    ImageSteps,
+    check_png_out, control_images, edit_size, finish_image, foreign_options, hold_budget,
+    one_device, refuse_foreign, ControlSizing, ImageSteps,
 };
 use crate::generate::request::{
     open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
 };
 use crate::generate::run::{given, loras_as_one, Session};
 use framesmith_nn::offload::release_cached_memory;
+
+/// Qwen-Image-Edit's control images: about 1024² pixels at their aspect ratio in 16-pixel steps, as the edit
+/// pipelines (and musubi-tuner's sampling) size them for the VAE.
+pub(super) const CONTROL_SIZING: ControlSizing = ControlSizing::Area {
+    area: (1024, 1024),
+    step: 16,
+};
 
 /// Whether `dit` is a Qwen-Image transformer (so generation goes the Qwen-Image way).
 pub fn is_qwen_image_dit(dit: &DitSource) -> bool {
@@ -115,7 +125,11 @@ fn encode_prompt(
         .context("the text encoder returned no prompt")?
         .to_device(device)?;
     let negative = encoded.next().map(|n| n.to_device(device)).transpose()?;
-    Ok(QwenImagePrompt { embed, negative })
+    Ok(QwenImagePrompt {
+        embed,
+        negative,
+        controls: Vec::new(),
+    })
 }
 
 /// Loads the DiT (streaming `--blocks-to-swap` of its blocks) and applies the LoRAs.
@@ -170,13 +184,24 @@ pub(crate) fn generate_with(
         cfg_scale: request.guidance.unwrap_or(DEFAULT_CFG_SCALE),
         seed: 0,
     };
-    let latent = settings.latent_size(["--width", "--height", "--steps"])?;
     let device = open_device(one_device(&request.placement, "Qwen-Image")?)?;
     let dtype = pick_dtype(request.dtype, &device)?;
     let held = hold_budget(request, &device)?;
-    let prompt = encode_prompt(request, text_encoder, load, (dtype, &device))?;
+    let controls = control_images(&request.controls, CONTROL_SIZING, &device)?;
+    (settings.width, settings.height) = edit_size(request, &controls, DEFAULT_SIDE)?;
+    let latent = settings.latent_size(["--width", "--height", "--steps"])?;
+    let mut prompt = encode_prompt(request, text_encoder, load, (dtype, &device))?;
     let vae = load_vae(vae_path, dtype, &device)
         .with_context(|| format!("--vae {}", vae_path.display()))?;
+    prompt.controls = controls
+        .iter()
+        .map(|c| -> anyhow::Result<Tensor> {
+            Ok(vae
+                .encode(&c.to_dtype(dtype)?)?
+                .squeeze(2)?
+                .to_dtype(DType::F32)?)
+        })
+        .collect::<anyhow::Result<_>>()?;
     let model = load_dit_with_loras(dit, request, (dtype, &device), session)?;
     settings.seed = request.seed.unwrap_or_else(rand::random);
     let cfg_line = match &prompt.negative {

@@ -42,11 +42,32 @@ pub struct QwenImageSettings {
 }
 
 /// A prompt as the transformer takes it: the hidden states of its valid tokens [L, D], and those of the negative
-/// prompt when classifier-free guidance is on.
+/// prompt when classifier-free guidance is on; for Qwen-Image-Edit, the latents [1, 16, h, w] of the images it edits.
 #[derive(Debug, Clone)]
 pub struct QwenImagePrompt {
     pub embed: Tensor,
     pub negative: Option<Tensor>,
+    /// Qwen-Image-Edit's control images' latents, in order: their tokens follow the image's at every step, each
+    /// its own grid (frame k of the RoPE), as the edit pipelines concatenate them.
+    pub controls: Vec<Tensor>,
+}
+
+/// The control images' packed tokens [1, n, 4c] (in `dtype`) and their grids; `None` without controls.
+fn control_tokens(
+    controls: &[Tensor],
+    dtype: DType,
+) -> candle_core::Result<Option<(Tensor, Vec<ImageGrid>)>> {
+    if controls.is_empty() {
+        return Ok(None);
+    }
+    let mut tokens = Vec::with_capacity(controls.len());
+    let mut grids = Vec::with_capacity(controls.len());
+    for control in controls {
+        let (_, _, h, w) = control.dims4()?;
+        tokens.push(pack(&control.to_dtype(dtype)?)?);
+        grids.push(ImageGrid::image(h / 2, w / 2));
+    }
+    Ok(Some((Tensor::cat(&tokens, 1)?, grids)))
 }
 
 pub use crate::family::image::pipeline::Cancelled;
@@ -88,21 +109,31 @@ pub fn sigmas(steps: usize, image_tokens: usize) -> Vec<f64> {
     out
 }
 
-/// The model's velocity for `img` at sigma `t` under `embed` [L, D].
+/// The model's velocity for `img` at sigma `t` under `embed` [L, D], with `controls` (tokens and grids) after the
+/// image's tokens; the prediction keeps the image's rows (`noise_pred[:, :latents.size(1)]`).
 fn velocity(
     model: &QwenImageTransformer,
-    img: &Tensor,
+    (img, controls): (&Tensor, Option<&(Tensor, Vec<ImageGrid>)>),
     embed: &Tensor,
     (grid, t, dtype): (ImageGrid, f64, DType),
 ) -> candle_core::Result<Tensor> {
+    let mut xs = img.to_dtype(dtype)?;
+    let mut img_grids = vec![grid];
+    if let Some((tokens, grids)) = controls {
+        xs = Tensor::cat(&[&xs, tokens], 1)?;
+        img_grids.extend_from_slice(grids);
+    }
     let inputs = QwenImageInputs {
-        img: img.to_dtype(dtype)?,
-        img_grids: vec![grid],
+        img: xs,
+        img_grids,
         txt: embed.to_dtype(dtype)?.unsqueeze(0)?,
         txt_lens: None,
         timesteps: Tensor::new(&[t as f32], img.device())?,
     };
-    model.forward(&inputs)?.to_dtype(DType::F32)
+    model
+        .forward(&inputs)?
+        .narrow(1, 0, grid.tokens())?
+        .to_dtype(DType::F32)
 }
 
 /// `neg + scale·(cond − neg)`, rescaled per token to the norm of `cond` (the pipeline's true CFG).
@@ -129,6 +160,7 @@ pub fn denoise_image(
     let mut img = pack(&noise)?;
     let grid = ImageGrid::image(latent[0] / 2, latent[1] / 2);
     let sigmas = sigmas(settings.steps, grid.tokens());
+    let controls = control_tokens(&prompt.controls, dtype)?;
     let guided = prompt
         .negative
         .as_ref()
@@ -139,10 +171,11 @@ pub fn denoise_image(
         }
         let (t, next) = (pair[0], pair[1]);
         let v = framesmith_nn::lora::untracked(|| -> candle_core::Result<Tensor> {
-            let cond = velocity(model, &img, &prompt.embed, (grid, t, dtype))?;
+            let x = (&img, controls.as_ref());
+            let cond = velocity(model, x, &prompt.embed, (grid, t, dtype))?;
             match guided {
                 Some(neg) => {
-                    let uncond = velocity(model, &img, neg, (grid, t, dtype))?;
+                    let uncond = velocity(model, x, neg, (grid, t, dtype))?;
                     true_cfg(&cond, &uncond, settings.cfg_scale)
                 }
                 None => Ok(cond),

@@ -3,7 +3,8 @@
 //! loads, the encoder dropped right after, and the embeddings cached in the output folder so a later start loads
 //! no encoder; each sample is then the image `framesmith generate` makes ([`super::pipeline`]: seeded noise, the
 //! shifted schedule, Euler with true CFG at `--l`, 4.0 when not given) with the LoRA being trained, decoded by the
-//! VAE (`model.vae`) and written as `samples/{step:06}-{prompt:02}.png`. Wan's `--f`, `--fs` and `--i` are refused.
+//! VAE (`model.vae`) and written as `samples/{step:06}-{prompt:02}.png`; `--ci` gives a Qwen-Image-Edit sample its
+//! control images. Wan's `--f`, `--fs` and `--i` are refused.
 
 use std::path::Path;
 
@@ -12,9 +13,11 @@ use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 use super::encoder::{encode_each, EncoderFiles, LoadEncoder};
+use super::generate::CONTROL_SIZING;
 use super::pipeline::{
     decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
 };
+use crate::family::image::generate::control_images;
 use crate::family::image::prompt_cache::{cached_encodings, CachedEncoding};
 use crate::family::image::samples::{self, ImagePipeline};
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
@@ -142,6 +145,40 @@ fn image_settings(
         .collect()
 }
 
+/// A Qwen-Image-Edit sample's control images (`--ci`, in order) as the VAE's latents [1, 16, h, w] (f32), sized
+/// as `framesmith generate` sizes them; none for a text-to-image sample.
+fn sample_controls(
+    spec: &PromptSpec,
+    vae: &QwenImageVae,
+    (dtype, device): (DType, &Device),
+) -> anyhow::Result<Vec<Tensor>> {
+    control_images(&spec.controls, CONTROL_SIZING, device)?
+        .iter()
+        .map(|c| {
+            Ok(vae
+                .encode(&c.to_dtype(dtype)?)?
+                .squeeze(2)?
+                .to_dtype(DType::F32)?)
+        })
+        .collect()
+}
+
+/// Each prompt and negative prompt of `specs` once, in order of appearance.
+fn prompt_texts(specs: &[PromptSpec]) -> Vec<&str> {
+    let mut texts: Vec<&str> = Vec::new();
+    for spec in specs {
+        for text in [
+            spec.prompt.as_str(),
+            spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE),
+        ] {
+            if !texts.contains(&text) {
+                texts.push(text);
+            }
+        }
+    }
+    texts
+}
+
 /// The samples of a Qwen-Image run whose DiT has config `cfg` (`None` when nothing is sampled): the prompt file
 /// read and checked, the prompts encoded through `load`'s encoder and the VAE loaded, in `dtype` on `device`.
 /// Called before the DiT loads.
@@ -178,17 +215,7 @@ pub fn image_samples(
             vae_path.display()
         );
     }
-    let mut texts: Vec<&str> = Vec::new();
-    for spec in &specs {
-        for text in [
-            spec.prompt.as_str(),
-            spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE),
-        ] {
-            if !texts.contains(&text) {
-                texts.push(text);
-            }
-        }
-    }
+    let texts = prompt_texts(&specs);
     let files = EncoderFiles {
         weights,
         tokenizer: None,
@@ -212,11 +239,14 @@ pub fn image_samples(
         .zip(settings)
         .map(|(spec, (settings, latent))| {
             let negative = spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE);
+            let controls = sample_controls(spec, &vae, (dtype, device))
+                .with_context(|| format!("sample prompt \"{}\"", spec.prompt))?;
             Ok(ImagePrompt {
                 prompt: spec.prompt.clone(),
                 encoded: QwenImagePrompt {
                     embed: embed_of(&spec.prompt)?,
                     negative: Some(embed_of(negative)?),
+                    controls,
                 },
                 settings,
                 latent,

@@ -47,6 +47,7 @@ fn foreign_options(request: &GenerationRequest) -> Vec<&'static str> {
         (request.fp8.is_some(), "--fp8"),
         (request.tiled, "--tiled"),
         (request.blocks_to_swap > 0, "--blocks-to-swap"),
+        (!request.controls.is_empty(), "--control"),
     ]
     .into_iter()
     .filter_map(|(given, name)| given.then_some(name))
@@ -66,6 +67,7 @@ fn prompt_spec(request: &GenerationRequest, seed: u64) -> PromptSpec {
         guidance: Some(request.guidance.unwrap_or(DEMO_GUIDANCE)),
         flow_shift: Some(request.shift.unwrap_or(DEMO_SHIFT)),
         image: request.image.clone(),
+        controls: Vec::new(),
     }
 }
 

@@ -118,6 +118,7 @@ fn foreign_options(request: &GenerationRequest) -> Vec<&'static str> {
         (f.t5.is_some(), "--t5"),
         (f.clip_l.is_some(), "--clip-l"),
         (f.clip_l_tokenizer.is_some(), "--clip-l-tokenizer"),
+        (!request.controls.is_empty(), "--control"),
     ]
     .into_iter()
     .filter_map(|(given, name)| given.then_some(name))

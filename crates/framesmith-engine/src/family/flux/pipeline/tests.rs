@@ -38,6 +38,7 @@ fn prompt(seed: u64) -> anyhow::Result<FluxPrompt> {
     Ok(FluxPrompt {
         txt: randn(rng, (1, 5, 32), 0.0, 1.0, &Device::Cpu)?,
         vec: randn(rng, (1, 32), 0.0, 1.0, &Device::Cpu)?,
+        control: None,
     })
 }
 
@@ -187,5 +188,28 @@ fn bad_settings_and_a_cancel_are_refused() -> anyhow::Result<()> {
         panic!("a cancelled run fails");
     };
     assert!(err.downcast_ref::<Cancelled>().is_some(), "{err:#}");
+    Ok(())
+}
+
+#[test]
+fn a_kontext_sample_follows_its_control_image() -> anyhow::Result<()> {
+    let (dit, _) = models()?;
+    let s = settings(7);
+    let latent = [8, 12];
+    let rng = &mut StdRng::seed_from_u64(3);
+    let with = |control: Option<Tensor>| -> anyhow::Result<Tensor> {
+        let p = FluxPrompt {
+            control,
+            ..prompt(1)?
+        };
+        denoise_image(&dit, &p, &s, latent, DType::F32, &|| false)
+    };
+    // A control of another size than the image is fine: its tokens have their own ids.
+    let a = with(Some(randn(rng, (1, 16, 8, 8), 0.0, 1.0, &Device::Cpu)?))?;
+    let b = with(Some(randn(rng, (1, 16, 8, 8), 0.0, 1.0, &Device::Cpu)?))?;
+    let none = with(None)?;
+    assert_eq!(a.dims(), [1, 16, 8, 12]);
+    assert!(max_abs_diff(&a, &b)? > 1e-4, "two controls, two images");
+    assert!(max_abs_diff(&a, &none)? > 1e-4, "the control is read");
     Ok(())
 }

@@ -210,6 +210,7 @@ fn a_streamed_model_samples_the_resident_image_and_trains_on_unchanged() -> anyh
     let prompt = FluxPrompt {
         txt: randn(rng, (1, 5, cfg.context_in_dim), 0.0, 1.0, &Device::Cpu)?,
         vec: randn(rng, (1, cfg.vec_in_dim), 0.0, 1.0, &Device::Cpu)?,
+        control: None,
     };
     let settings = FluxImageSettings {
         width: 24,
