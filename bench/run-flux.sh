@@ -25,10 +25,13 @@
 #   samples       the fp8 case sampling a SIZExSIZE image (20 steps, guidance 3.5) every SAMPLE_EVERY (default 4)
 #                 steps, with random ae / CLIP-L / T5-XXL files of the released sizes (synth-project --sample-files);
 #                 samples-budget-12 the same under the budget-12 settings. Each sample's seconds go to the summary.
+#   kontext / kontext-fp8 / kontext-budget-12   a FLUX.1 Kontext [dev] edit LoRA (synth-project --controls 1: the
+#                 DiT named flux1-kontext-dev.safetensors, the image cached with one SIZExSIZE control image, so a
+#                 step runs 2x the image tokens), bf16 resident, FP8 b64 resident, or FP8 under `--vram-budget-gb 12`.
 # No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,32p' "$0"
+    sed -n '2,35p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -55,6 +58,14 @@ synth() { # dir dtype
     timed "$OUT" "synth-$(basename "$dir")" framesmith-bench synth-project --model flux-dev --dtype "$dtype" \
         --out "$dir" --height "$SIZE" --width "$SIZE" --text-tokens 512 --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
         ${SAMPLE_FILES:+--sample-files}
+}
+# The Kontext project in $1: the same random sizes with one control image per item.
+synth_kontext() { # dir
+    local dir="$1"
+    [[ -f "$dir/flux1-kontext-dev.safetensors" && -f "$dir/run.toml" ]] && return 0
+    timed "$OUT" "synth-$(basename "$dir")" framesmith-bench synth-project --model flux-dev --dtype bf16 \
+        --out "$dir" --height "$SIZE" --width "$SIZE" --text-tokens 512 --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
+        --controls 1
 }
 # Adds the sample files of project $1 and a [sampling] section (every SAMPLE_EVERY steps) to the config $2.
 with_samples() {
@@ -216,6 +227,19 @@ for case in "${CASES[@]}"; do
         with_samples "$P" "$P/samples.toml"
         train_case "$D" "$P/samples.toml" "framesmith train, FP8 b64, sampling ${case#samples}" "${extra[@]}"
         summarise_samples "$D" train "$case"
+        ;;
+    kontext|kontext-fp8|kontext-budget-12)
+        PK="$WORK/flux-kontext"
+        synth_kontext "$PK" || { kill $SMI; continue; }
+        extra=()
+        case "$case" in
+        kontext) config "$PK" "$PK/run-$case.toml" bf16 off; label="bf16, resident" ;;
+        kontext-fp8) config "$PK" "$PK/run-$case.toml" fp8 off; label="FP8 b64, resident" ;;
+        *) config "$PK" "$PK/run-$case.toml" fp8 budget; extra=(--vram-budget-gb 12); label="FP8 b64, 12 GiB"
+           timed "$D" plan framesmith plan --config "$PK/run-$case.toml" "${extra[@]}" ;;
+        esac
+        # train_case keeps the outputs of the project in $P.
+        ( P="$PK"; train_case "$D" "$PK/run-$case.toml" "framesmith train, Kontext edit, $label" "${extra[@]}" )
         ;;
     *) note "unknown case $case" ;;
     esac

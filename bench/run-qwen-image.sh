@@ -22,11 +22,16 @@
 #                 with GEN_SWAP blocks streamed) within `--vram-budget-gb 24`: time per step, decode, peak VRAM.
 #   samples-24    the budget-24 run with samples every STEPS/2 steps (one 1024² prompt, GEN_STEPS steps): the
 #                 sampling peak against the training plan (the plan does not count sampling yet: issue 47).
+#   edit / edit-fp8 / edit-budget-24 / edit-budget-16   a Qwen-Image-Edit edit LoRA (synth-project --controls
+#                 CONTROLS, default 1; 2 or 3 for Edit-2509: the image cached with that many SIZExSIZE control images,
+#                 so a step runs (1 + CONTROLS)x the image tokens), bf16 resident, FP8 b64 resident, or the
+#                 qwen-image-Ngb preset under `--vram-budget-gb N` (`framesmith plan` first). The text cache is
+#                 Qwen-Image's (random), as the edit prompt encoding does not change the step's shapes.
 # No CASE: torch bf16 fp8 budget-24 budget-16 text-24 text-16. STEPS (default 8) optimizer steps per training
 # run; SEED (default 0); TEXT_TOKENS (default 128) tokens of the cached text.
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,22p' "$0"
+    sed -n '2,31p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -34,7 +39,7 @@ shift 3
 CASES=("$@")
 [[ ${#CASES[@]} -eq 0 ]] && CASES=(torch bf16 fp8 budget-24 budget-16 text-24 text-16)
 STEPS="${STEPS:-8}" SEED="${SEED:-0}" SIZE="${SIZE:-1024}" RANK="${RANK:-16}" CAPTIONS="${CAPTIONS:-100}"
-TEXT_TOKENS="${TEXT_TOKENS:-128}" TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-8}"
+CONTROLS="${CONTROLS:-1}" TEXT_TOKENS="${TEXT_TOKENS:-128}" TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-8}"
 GEN_STEPS="${GEN_STEPS:-8}" GEN_SWAP="${GEN_SWAP:-20}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 TOKENIZER="$HERE/../crates/framesmith-models/tests/fixtures/qwen25vl/tokenizer.json"
@@ -150,6 +155,26 @@ for case in "${CASES[@]}"; do
         extra=(--preset "qwen-image-${gb}gb" --vram-budget-gb "$gb")
         timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
         train_case "$D" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
+        ;;
+    edit|edit-fp8|edit-budget-24|edit-budget-16)
+        PE="$WORK/qwen-image-edit-$CONTROLS"
+        if [[ ! -f "$PE/run.toml" ]]; then
+            timed "$D" synth framesmith-bench synth-project --model qwen-image --out "$PE" --height "$SIZE" \
+                --width "$SIZE" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
+                --controls "$CONTROLS" || { kill $SMI; continue; }
+        fi
+        extra=()
+        case "$case" in
+        edit) config "$PE" "$PE/run-$case.toml" bf16 off; label="bf16, resident" ;;
+        edit-fp8) config "$PE" "$PE/run-$case.toml" fp8 off; label="FP8 b64, resident" ;;
+        *) gb="${case#edit-budget-}"
+           minimal_config "$PE" "$PE/run-$case.toml"
+           extra=(--preset "qwen-image-${gb}gb" --vram-budget-gb "$gb"); label="preset, $gb GiB"
+           timed "$D" plan framesmith plan --config "$PE/run-$case.toml" "${extra[@]}" ;;
+        esac
+        # train_case keeps the outputs of the project in $P.
+        ( P="$PE"; train_case "$D" "$PE/run-$case.toml" \
+            "framesmith train, edit x$CONTROLS, $label" "${extra[@]}" )
         ;;
     text) text_case "$D" "cache text, no budget" ;;
     generate-24)

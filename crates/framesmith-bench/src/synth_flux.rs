@@ -21,8 +21,7 @@ use crate::synth::{
 use framesmith_config::run::TimestepSampling;
 use framesmith_config::RunConfig;
 use framesmith_data::family::flux::cache::{
-    flux_latent_cache_name, flux_text_cache_name, write_flux_latent_cache, write_flux_text_cache,
-    FluxTextCache,
+    flux_latent_cache_name, flux_text_cache_name, write_flux_text_cache, FluxTextCache, FLUX_CACHES,
 };
 use framesmith_models::flux::weights::official_shapes;
 use framesmith_models::flux::FluxConfig;
@@ -56,6 +55,22 @@ pub struct FluxSynthProject {
     pub steps: usize,
     /// LoRA rank (and alpha) of the run config.
     pub rank: usize,
+    /// FLUX.1 Kontext [dev]: the DiT named as Kontext's file and the image cached with one control image of its
+    /// size (random latents under musubi-tuner's `latents_control_…` key), so the run trains an edit LoRA.
+    pub kontext: bool,
+}
+
+impl FluxSynthProject {
+    /// The DiT's file name in the project folder: the format's, `flux1-kontext-dev…` for Kontext (the name is
+    /// what tells Kontext's weights from dev's).
+    pub fn dit_file_name(&self) -> String {
+        let name = self.dit.file_name();
+        if self.kontext {
+            name.replacen("flux1-dev", "flux1-kontext-dev", 1)
+        } else {
+            name.to_string()
+        }
+    }
 }
 
 /// How [`write_random_flux_dit`] stores the weights.
@@ -150,7 +165,7 @@ pub fn write_flux_project(dir: &Path, spec: &FluxSynthProject) -> anyhow::Result
     fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
     let dir = std::path::absolute(dir)
         .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
-    let dit = dir.join(spec.dit.file_name());
+    let dit = dir.join(spec.dit_file_name());
     let dit_bytes = write_random_flux_dit(&dit, &spec.cfg, spec.dit, spec.seed)?;
     let (latents, text) = write_cached_image(&dir, spec, latent)?;
     let dataset = dir.join(DATASET_FILE);
@@ -250,7 +265,12 @@ fn write_cached_image(
     let dev = &Device::Cpu;
     let latents = randn(rng, latent.as_slice(), 0.0, 1.0, dev)?.to_dtype(DType::BF16)?;
     let latent_path = cache.join(flux_latent_cache_name(ITEM_STEM, (w, h)));
-    write_flux_latent_cache(&latent_path, &latents, (w, h))?;
+    let controls = if spec.kontext {
+        vec![randn(rng, latent.as_slice(), 0.0, 1.0, dev)?.to_dtype(DType::BF16)?]
+    } else {
+        Vec::new()
+    };
+    FLUX_CACHES.write_latent_cache_with_controls(&latent_path, &latents, &controls, (w, h))?;
     let text = FluxTextCache {
         t5: randn(
             rng,
@@ -283,7 +303,7 @@ fn dataset_toml(spec: &FluxSynthProject) -> String {
 /// timesteps, `spec.steps` steps on `cuda`, no samples, the LoRA saved at the end only, outputs in `dir/output`,
 /// every block resident; an FP8 DiT file trains with an FP8 base (its own scales), a dense one with a bf16 base.
 pub fn flux_run_config(dir: &Path, spec: &FluxSynthProject) -> RunConfig {
-    let dit = dir.join(spec.dit.file_name());
+    let dit = dir.join(spec.dit_file_name());
     let mut config = base_run_config(dir, &dit, (spec.steps, spec.seed), spec.rank);
     if !matches!(spec.dit, FluxDitFormat::Dense(_)) {
         config.model.base_dtype = framesmith_config::run::BaseDtype::Fp8;

@@ -23,8 +23,8 @@ use crate::synth::{
 };
 use framesmith_config::run::TimestepSampling;
 use framesmith_data::family::qwen_image::cache::{
-    qwen_latent_cache_name, qwen_text_cache_name, write_qwen_latent_cache, write_qwen_text_cache,
-    QwenTextCache,
+    qwen_latent_cache_name, qwen_text_cache_name, write_qwen_text_cache, QwenTextCache,
+    QWEN_IMAGE_CACHES,
 };
 use framesmith_models::qwen25vl::Qwen25VlTextConfig;
 use framesmith_models::qwen_image::weights::official_shapes;
@@ -66,6 +66,9 @@ pub struct QwenImageSynthProject {
     pub rank: usize,
     /// With this many captioned images and the text encoder of these sizes: the files for `framesmith cache text`.
     pub captions: Option<(usize, Qwen25VlTextConfig)>,
+    /// Control images of the cached image (Qwen-Image-Edit; -2509 takes several), each of the image's size: random
+    /// latents under musubi-tuner's `latents_control_{i}_…` keys, so the run trains an edit LoRA.
+    pub controls: usize,
 }
 
 /// What [`write_qwen_image_project`] wrote.
@@ -224,7 +227,10 @@ fn write_cached_image(
     let dev = &Device::Cpu;
     let latents = randn(rng, latent.as_slice(), 0.0, 1.0, dev)?.to_dtype(DType::BF16)?;
     let latent_path = cache.join(qwen_latent_cache_name(ITEM_STEM, size));
-    write_qwen_latent_cache(&latent_path, &latents, size)?;
+    let controls = (0..spec.controls)
+        .map(|_| randn(rng, latent.as_slice(), 0.0, 1.0, dev)?.to_dtype(DType::BF16))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    QWEN_IMAGE_CACHES.write_latent_cache_with_controls(&latent_path, &latents, &controls, size)?;
     let text = QwenTextCache {
         vl_embed: randn(
             rng,
@@ -341,6 +347,7 @@ mod tests {
             steps: 2,
             rank: 4,
             captions: Some((12, encoder.clone())),
+            controls: 2,
         };
         let files = write_qwen_image_project(dir.path(), &spec)?;
         let dit = framesmith_models::qwen_image::weights::identify(&files.dit)?;
@@ -350,6 +357,13 @@ mod tests {
             &Device::Cpu,
         )?;
         assert_eq!(latents.dims(), &[16, 1, 8, 6]);
+        let (_, controls) =
+            QWEN_IMAGE_CACHES.read_latent_cache_with_controls(&files.latents, &Device::Cpu)?;
+        assert_eq!(
+            controls.len(),
+            2,
+            "Qwen-Image-Edit-2509's two control images"
+        );
         let text = framesmith_data::family::qwen_image::cache::read_qwen_text_cache(
             &files.text,
             &Device::Cpu,

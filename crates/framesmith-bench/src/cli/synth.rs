@@ -50,12 +50,22 @@ pub(crate) struct SynthArgs {
     /// Qwen-Image with --sample-files: how many captioned images to write.
     #[arg(long, default_value_t = 100)]
     captions: usize,
+    /// Control images cached with the image (each of its size), for an edit LoRA: `qwen-image` any number
+    /// (Qwen-Image-Edit: 1; Edit-2509: several), `flux-dev` 1 (FLUX.1 Kontext [dev]: the DiT is named as Kontext's).
+    #[arg(long, default_value_t = 0)]
+    controls: usize,
 }
 
 /// Writes the synthetic FLUX.1 [dev] project and says what it wrote.
 fn synth_flux_project(args: &SynthArgs) -> Result<()> {
     if args.encoders.is_some() {
         bail!("--encoders is for Wan projects: a FLUX.1 project trains from its caches alone");
+    }
+    if args.controls > 1 {
+        bail!(
+            "--controls {}: FLUX.1 Kontext [dev] edits one image; give --controls 1",
+            args.controls
+        );
     }
     let spec = bench::synth_flux::FluxSynthProject {
         cfg: framesmith_models::flux::FluxConfig::dev(),
@@ -66,6 +76,7 @@ fn synth_flux_project(args: &SynthArgs) -> Result<()> {
         text_tokens: args.text_tokens,
         steps: args.steps,
         rank: args.rank,
+        kontext: args.controls == 1,
     };
     let files = bench::synth_flux::write_flux_project(&args.out, &spec)?;
     if args.sample_files {
@@ -113,6 +124,7 @@ fn synth_qwen_image_project(args: &SynthArgs) -> Result<()> {
         steps: args.steps,
         rank: args.rank,
         captions: args.sample_files.then_some((args.captions, encoder)),
+        controls: args.controls,
     };
     let files = qi::write_qwen_image_project(&args.out, &spec)?;
     if let Some((encoder, captions)) = &files.captions {
@@ -143,6 +155,9 @@ pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
     }
     if args.sample_files {
         bail!("--sample-files is for FLUX.1 projects (--model flux-dev); Wan projects take --encoders");
+    }
+    if args.controls > 0 {
+        bail!("--controls is for edit models (--model flux-dev or qwen-image)");
     }
     let dit = bench::synth::DitFormat::parse(&args.dtype)?;
     let spec = bench::synth::SynthProject {

@@ -38,6 +38,7 @@ fn tiny(height: usize, width: usize, dit: FluxDitFormat) -> FluxSynthProject {
         text_tokens: 7,
         steps: 2,
         rank: 4,
+        kontext: false,
     }
 }
 
@@ -232,4 +233,29 @@ fn fp8_files_hold_the_same_weights_and_train_with_an_fp8_base() {
         config.training.device = DeviceSpec::Cpu;
         assert_eq!(train(config), (2, true), "{format:?}");
     }
+}
+
+/// `--controls 1` writes a FLUX.1 Kontext [dev] project: the DiT is named (and so read) as Kontext's, the image is
+/// cached with one control image of its size, and the project trains an edit LoRA on the CPU.
+#[test]
+fn a_kontext_project_caches_a_control_image_and_trains() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = FluxSynthProject {
+        kontext: true,
+        ..tiny(48, 64, FluxDitFormat::Dense(DType::BF16))
+    };
+    let files = write_flux_project(dir.path(), &spec).unwrap();
+    assert!(files.dit.ends_with("flux1-kontext-dev.safetensors"));
+    match identify(&files.dit).unwrap().kind {
+        FluxKind::Dit { variant, .. } => assert_eq!(variant, FluxVariant::Kontext),
+        other => panic!("{other:?}"),
+    }
+    let (latents, controls) = framesmith_data::family::flux::cache::FLUX_CACHES
+        .read_latent_cache_with_controls(&files.latents, &Device::Cpu)
+        .unwrap();
+    assert_eq!(controls.len(), 1);
+    assert_eq!(controls[0].dims(), latents.dims());
+    let mut config = RunConfig::load(&files.run).unwrap();
+    config.training.device = DeviceSpec::Cpu;
+    assert_eq!(train(config), (2, true));
 }
