@@ -130,13 +130,21 @@ pub fn encode_sample_prompts(
 }
 
 /// Refuses a start image (`--i`) that the model does not read, and a missing one where every clip starts from one
-/// (`takes_image`: the model's rule; `None` before its file is read).
+/// (`takes_image`: the model's rule; `None` before its file is read); a control image (`--ci`) is never Wan's.
 fn check_start_images(
     specs: &[PromptSpec],
     takes_image: Option<StartImage>,
     prompts: &Path,
 ) -> anyhow::Result<()> {
     for spec in specs {
+        if let Some(control) = spec.controls.first() {
+            anyhow::bail!(
+                "sample prompt \"{}\": --ci gives an edit model's control image (FLUX.1 Kontext, Qwen-Image-Edit); \
+                 Wan clips start from --i: remove --ci from the line: {}",
+                spec.prompt,
+                control.display()
+            );
+        }
         match (&spec.image, takes_image) {
             (Some(image), Some(StartImage::Never)) => anyhow::bail!(
                 "sample prompt \"{}\": start images (--i) in training samples are read by the demo model, TI2V-5B \

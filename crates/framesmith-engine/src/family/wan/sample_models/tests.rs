@@ -134,3 +134,13 @@ fn a_real_model_run_samples_through_the_vae() -> anyhow::Result<()> {
     assert_eq!(std::fs::read(samples.join("000000-00.mp4"))?, first_clip);
     Ok(())
 }
+
+#[test]
+fn a_control_image_is_refused_by_name() {
+    let spec = crate::generate::prompts::parse_line("a cat --ci edit.png").expect("a line");
+    let err = super::check_start_images(&[spec], None, Path::new("prompts.txt"))
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("--ci") && err.ends_with("edit.png"), "{err}");
+}
