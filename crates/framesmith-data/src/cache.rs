@@ -66,7 +66,17 @@ pub struct LatentCacheName {
 /// Parses a latent cache file name the way musubi-tuner's training loader does (split on `_` from the right).
 /// `None` when the name is not a Wan latent cache of that kind.
 pub fn parse_latent_cache_name(file_name: &str, kind: DatasetKind) -> Option<LatentCacheName> {
-    let body = file_name.strip_suffix(&format!("_{WAN_ARCHITECTURE}.safetensors"))?;
+    parse_latent_cache_name_of(file_name, kind, WAN_ARCHITECTURE)
+}
+
+/// [`parse_latent_cache_name`] for the caches of musubi-tuner's architecture `suffix` (`wan`, `hv15`): the same
+/// names, `{stem}[_{start:05}-{frames:03}]_{W:04}x{H:04}_{suffix}.safetensors`, for every video architecture.
+pub fn parse_latent_cache_name_of(
+    file_name: &str,
+    kind: DatasetKind,
+    suffix: &str,
+) -> Option<LatentCacheName> {
+    let body = file_name.strip_suffix(&format!("_{suffix}.safetensors"))?;
     let (rest, size) = body.rsplit_once('_')?;
     let (w, h) = size.split_once('x')?;
     let original_size = (w.parse().ok()?, h.parse().ok()?);

@@ -73,7 +73,7 @@ impl ImageCacheArch {
     }
 
     /// Checks a cache's `architecture` metadata, naming what it was made for otherwise.
-    fn check_architecture(
+    pub(crate) fn check_architecture(
         &self,
         path: &Path,
         metadata: &HashMap<String, String>,
@@ -92,7 +92,10 @@ impl ImageCacheArch {
     }
 
     /// The metadata every cache of this family carries, with `extra` entries.
-    fn metadata<const N: usize>(&self, extra: [(&str, String); N]) -> HashMap<String, String> {
+    pub(crate) fn metadata<const N: usize>(
+        &self,
+        extra: [(&str, String); N],
+    ) -> HashMap<String, String> {
         let mut metadata = HashMap::from([
             ("architecture".to_string(), self.architecture.to_string()),
             (

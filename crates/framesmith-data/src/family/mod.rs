@@ -2,4 +2,5 @@
 //! dataset, buckets, frames, Wan's musubi-tuner caches) stays at the crate's top.
 
 pub mod flux;
+pub mod hunyuan_video15;
 pub mod qwen_image;
