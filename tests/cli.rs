@@ -39,6 +39,8 @@ fn presets_list_and_show() {
         "flux-dev-12gb",
         "qwen-image-24gb",
         "qwen-image-16gb",
+        "hunyuan-video15-24gb",
+        "hunyuan-video15-16gb",
     ] {
         assert!(stdout.contains(name), "{name} missing from\n{stdout}");
     }

@@ -47,6 +47,8 @@ pub enum ModelFamily {
     Flux,
     /// Qwen-Image.
     QwenImage,
+    /// HunyuanVideo 1.5.
+    HunyuanVideo15,
 }
 
 impl std::fmt::Display for ModelFamily {
@@ -55,6 +57,7 @@ impl std::fmt::Display for ModelFamily {
             Self::Wan => "Wan",
             Self::Flux => "FLUX.1",
             Self::QwenImage => "Qwen-Image",
+            Self::HunyuanVideo15 => "HunyuanVideo 1.5",
         })
     }
 }

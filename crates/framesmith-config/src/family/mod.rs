@@ -11,6 +11,7 @@ use crate::run::{RunConfig, TrainingMode};
 use crate::validate::Checker;
 
 mod flux;
+mod hunyuan_video15;
 mod qwen_image;
 mod wan;
 
@@ -78,9 +79,14 @@ impl FamilySetting {
 
 /// Every family's own settings.
 pub fn family_settings() -> impl Iterator<Item = &'static FamilySetting> {
-    [ModelFamily::Wan, ModelFamily::Flux, ModelFamily::QwenImage]
-        .into_iter()
-        .flat_map(|family| rules(family).settings())
+    [
+        ModelFamily::Wan,
+        ModelFamily::Flux,
+        ModelFamily::QwenImage,
+        ModelFamily::HunyuanVideo15,
+    ]
+    .into_iter()
+    .flat_map(|family| rules(family).settings())
 }
 
 /// The rules of `family`.
@@ -89,6 +95,7 @@ pub(crate) fn rules(family: ModelFamily) -> &'static dyn FamilyRules {
         ModelFamily::Wan => &wan::WanRules,
         ModelFamily::Flux => &flux::FluxRules,
         ModelFamily::QwenImage => &qwen_image::QwenImageRules,
+        ModelFamily::HunyuanVideo15 => &hunyuan_video15::HunyuanVideo15Rules,
     }
 }
 

@@ -50,4 +50,12 @@ pub(super) const BUILTIN: &[(&str, &str)] = &[
         "qwen-image-16gb",
         include_str!("../../../../presets/qwen-image-16gb.toml"),
     ),
+    (
+        "hunyuan-video15-24gb",
+        include_str!("../../../../presets/hunyuan-video15-24gb.toml"),
+    ),
+    (
+        "hunyuan-video15-16gb",
+        include_str!("../../../../presets/hunyuan-video15-16gb.toml"),
+    ),
 ];
