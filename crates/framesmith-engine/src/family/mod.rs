@@ -30,6 +30,7 @@ use framesmith_data::ValidConfig;
 use framesmith_nn::lora::LoraSet;
 
 pub mod flux;
+pub mod hunyuan_video15;
 pub mod image;
 pub mod qwen_image;
 #[cfg(test)]
@@ -119,7 +120,8 @@ pub fn flag_help(command: CliCommand) -> String {
 }
 
 /// Every family, in the order they are asked whether a run is theirs; the last takes any run no other claims.
-static FAMILIES: [&dyn Family; 3] = [
+static FAMILIES: [&dyn Family; 4] = [
+    &hunyuan_video15::HunyuanVideo15Family,
     &qwen_image::QwenImageFamily,
     &flux::FluxFamily,
     &wan::WanFamily,

@@ -1,0 +1,172 @@
+//! The cached items of a HunyuanVideo 1.5 run: every training dataset of a musubi-tuner dataset config (videos or
+//! images, each with a cache directory and its `num_repeats`), the `_hv15` latent caches found in each directory
+//! by musubi-tuner's names and each read beside its text cache, checked against the transformer's sizes: the
+//! latents `[32, F, H, W]` as [`TrainItem::latents`], Qwen2.5-VL's hidden states `[L, 3584]` as
+//! [`TrainItem::context`] and byT5's glyph states `[L2, 1472]` as [`TrainItem::clip`] (`None` when the caption
+//! quotes nothing). Framesmith cannot make these caches yet (no 3-D VAE, no byT5 encoder): a dataset not cached
+//! fails with musubi-tuner's commands.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{Device, Tensor};
+
+use crate::family::image::items::ImageItems;
+use crate::plan::ClipShape;
+use crate::train::data::{list_cache_dir, TrainItem};
+use framesmith_data::family::hunyuan_video15::cache::{
+    hv15_text_cache_name, parse_hv15_latent_cache_name, read_hv15_latent_cache,
+    read_hv15_text_cache,
+};
+use framesmith_data::problem::summary_lines;
+use framesmith_data::{DatasetKind, Unreadable};
+use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
+
+/// Pixels per latent pixel of HunyuanVideo 1.5's VAE.
+pub const VAE_FACTOR: usize = 16;
+/// Frames per latent frame of HunyuanVideo 1.5's VAE (after the first).
+pub const VAE_TEMPORAL: usize = 4;
+
+/// What Framesmith lacks to make HunyuanVideo 1.5's caches, and the musubi-tuner scripts that make them.
+pub const MUSUBI_CACHES: &str = "Framesmith cannot cache HunyuanVideo 1.5 datasets yet (its 3-D causal VAE and \
+     the byT5 glyph encoder are not implemented); cache the dataset with musubi-tuner's \
+     hv_1_5_cache_latents.py and hv_1_5_cache_text_encoder_outputs.py (`_hv15` caches), which Framesmith reads as \
+     they are";
+
+/// The cached items of every training dataset of the musubi-tuner dataset config `dataset_toml`, each with its
+/// `num_repeats`, checked against the transformer `cfg` and read onto `device`.
+pub fn load_hv15_items(
+    (dataset_toml, unreadable): (&Path, Unreadable),
+    cfg: &HunyuanVideo15Config,
+    device: &Device,
+) -> anyhow::Result<ImageItems> {
+    let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
+    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
+    let mut items = Vec::new();
+    for dataset in &valid.datasets {
+        let dir = dataset.cache_directory.clone().with_context(|| {
+            format!(
+                "datasets[{}] has no cache_directory; set one in {}",
+                dataset.index,
+                dataset_toml.display()
+            )
+        })?;
+        let repeats = dataset.num_repeats.max(1) as usize;
+        for item in load_dir(&dir, dataset.kind(), cfg, device)? {
+            items.push((item, repeats));
+        }
+    }
+    Ok(ImageItems {
+        items,
+        batch_size,
+        skipped: summary_lines(&valid.warnings),
+    })
+}
+
+/// The items cached for HunyuanVideo 1.5 in `dir` (a dataset of `kind`), in file-name order.
+fn load_dir(
+    dir: &Path,
+    kind: DatasetKind,
+    cfg: &HunyuanVideo15Config,
+    device: &Device,
+) -> anyhow::Result<Vec<TrainItem>> {
+    let mut names: Vec<(String, String)> = list_cache_dir(dir)?
+        .into_iter()
+        .filter_map(|n| parse_hv15_latent_cache_name(&n, kind).map(|p| (n, p.stem)))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        anyhow::bail!(
+            "the dataset is not cached for HunyuanVideo 1.5: its cache directory holds no *_hv15.safetensors; \
+             {MUSUBI_CACHES}: {}",
+            dir.display()
+        );
+    }
+    names
+        .into_iter()
+        .map(|(file, stem)| load_item(dir, file, &stem, (cfg, device)))
+        .collect()
+}
+
+/// Reads one item's caches and checks them against the model.
+fn load_item(
+    dir: &Path,
+    file: String,
+    stem: &str,
+    (cfg, device): (&HunyuanVideo15Config, &Device),
+) -> anyhow::Result<TrainItem> {
+    let latent_path = dir.join(&file);
+    let text_path = dir.join(hv15_text_cache_name(stem));
+    if !text_path.exists() {
+        anyhow::bail!(
+            "the captions are not cached for HunyuanVideo 1.5: {file} has no text cache beside it; run \
+             musubi-tuner's hv_1_5_cache_text_encoder_outputs.py on the dataset: {}",
+            text_path.display()
+        );
+    }
+    let latents = read_hv15_latent_cache(&latent_path, device)?.latents;
+    let channels = cfg.out_channels;
+    let (c, _, h, w) = latents.dims4()?;
+    let p = cfg.patch_size.max(1);
+    if c != channels || h % p != 0 || w % p != 0 {
+        anyhow::bail!(
+            "{file} has latents of shape {:?}; HunyuanVideo 1.5 takes [{channels}, F, H, W] (a cache made with \
+             another VAE?): {}",
+            latents.dims(),
+            latent_path.display()
+        );
+    }
+    let text = read_hv15_text_cache(&text_path, device)
+        .with_context(|| format!("the text cache for {file} is unreadable"))?;
+    check_width(&text.vl_embed, cfg.text_embed_dim, "Qwen2.5-VL", &text_path)?;
+    let glyph = if text.byt5_embed.dim(0)? == 0 {
+        None
+    } else {
+        check_width(&text.byt5_embed, cfg.text_embed_2_dim, "byT5", &text_path)?;
+        Some(text.byt5_embed)
+    };
+    Ok(TrainItem {
+        key: file,
+        latents,
+        context: text.vl_embed,
+        image: None,
+        clip: glyph,
+        control: Vec::new(),
+    })
+}
+
+/// Refuses hidden states `states` that are not `[L, dim]` with `L > 0` (`encoder`'s, read from `path`).
+fn check_width(states: &Tensor, dim: usize, encoder: &str, path: &Path) -> anyhow::Result<()> {
+    if states.rank() != 2 || states.dim(1)? != dim || states.dim(0)? == 0 {
+        anyhow::bail!(
+            "the text cache holds {encoder} states {:?}, but the model takes [L, {dim}] (made with another text \
+             encoder?): {}",
+            states.dims(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The clip of a latent shape `[C, F, H, W]`: its pixels through the VAE's factors.
+pub fn clip_of_latents(frames: usize, height: usize, width: usize, batch: usize) -> ClipShape {
+    ClipShape {
+        width: width * VAE_FACTOR,
+        height: height * VAE_FACTOR,
+        frames: (frames.max(1) - 1) * VAE_TEMPORAL + 1,
+        batch,
+    }
+}
+
+/// The clip a run's steps see: the cached latent of the most tokens, and the batch size.
+pub fn largest_clip(items: &ImageItems) -> anyhow::Result<ClipShape> {
+    let mut largest = (0, 0, 0);
+    for (item, _) in &items.items {
+        let (_, f, h, w) = item.latents.dims4()?;
+        if f * h * w > largest.0 * largest.1 * largest.2 {
+            largest = (f, h, w);
+        }
+    }
+    let (f, h, w) = largest;
+    Ok(clip_of_latents(f, h, w, items.batch_size.max(1)))
+}

@@ -1,0 +1,235 @@
+//! HunyuanVideo 1.5's description for the planner ([`ModelMemory`]): its double-stream blocks with their bytes
+//! from the official tensor list, which blocks stream for a count (spread evenly), the joint [text; video]
+//! sequence's tokens through the VAE's 16× spatial and 4× temporal compression (1×1×1 patches), and the step's
+//! activations.
+
+use framesmith_config::RunConfig;
+use framesmith_data::cache::read_latent_shape;
+use framesmith_data::family::hunyuan_video15::cache::parse_hv15_latent_cache_name;
+use framesmith_data::ValidConfig;
+use framesmith_models::hunyuan_video15::weights::official_shapes;
+use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
+use framesmith_nn::lora::{LoraError, LoraFamily};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
+
+use super::items::{clip_of_latents, VAE_FACTOR, VAE_TEMPORAL};
+use super::train::{dit_config, is_hv15_file};
+use crate::family::image::plan::{
+    block_buffers, family_lora_parameters, plan_model_of, token_grid, weights_by_component,
+    PlanNames,
+};
+use crate::family::Family;
+use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
+use crate::plan::{
+    dtype_bytes, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory, PlanError,
+    PlanInput, StepShape,
+};
+
+/// HunyuanVideo 1.5's transformer as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hv15PlanModel {
+    pub config: HunyuanVideo15Config,
+}
+
+impl DescribeModel for Hv15PlanModel {
+    fn family(&self) -> &'static dyn Family {
+        &super::HunyuanVideo15Family
+    }
+
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        describe(&self.config, input)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.config.num_layers
+    }
+}
+
+/// The `model.variant` names that plan HunyuanVideo 1.5 (a run trains it from its file, with `variant = "auto"`).
+pub const HV15_NAMES: [&str; 3] = ["hunyuan-video15", "hunyuan_video15", "hunyuan-video-1.5"];
+
+/// HunyuanVideo 1.5 when the config names it (`model.variant = "hunyuan-video15"`) or its `model.dit` is a
+/// HunyuanVideo transformer (with `variant = "auto"`; reads the file's header, not its weights); `None` for any
+/// other model.
+pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    let names = PlanNames {
+        variants: &HV15_NAMES,
+        named: HunyuanVideo15Config::hunyuan_video15,
+        is_file: is_hv15_file,
+        read: dit_config,
+    };
+    plan_model_of(cfg, &names, |config| {
+        PlanModel::new(Hv15PlanModel { config })
+    })
+}
+
+/// The largest clip among the HunyuanVideo 1.5 latent caches (`_hv15`) of `valid`'s datasets, read from the cache
+/// files' headers; `None` when nothing is cached for HunyuanVideo 1.5.
+pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
+    valid
+        .datasets
+        .iter()
+        .filter_map(|ds| {
+            let dir = ds.cache_directory.as_ref()?;
+            let batch = (ds.batch_size as usize).max(1);
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(|entry| {
+                    let name = entry.ok()?.file_name().into_string().ok()?;
+                    parse_hv15_latent_cache_name(&name, ds.kind())?;
+                    read_latent_shape(&dir.join(&name)).ok()
+                })
+                .map(|[_, frames, height, width]| clip_of_latents(frames, height, width, batch))
+                .max_by_key(clip_pixels)
+        })
+        .max_by_key(clip_pixels)
+}
+
+/// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
+/// most every block but one.
+pub fn hv15_streamed_blocks(cfg: &HunyuanVideo15Config, count: usize) -> Vec<usize> {
+    let n = cfg.num_layers;
+    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
+}
+
+/// Text tokens per sample the plan counts: Qwen2.5-VL's hidden states of the caption's valid tokens (up to 1000)
+/// and the glyph tokens of quoted text (up to 256); 256 covers the captions of usual datasets with no quotes.
+const TEXT_TOKENS: u64 = 256;
+
+/// The weights outside the blocks, all in the compute dtype, by component.
+fn resident_weights(cfg: &HunyuanVideo15Config, compute: u64) -> Vec<(&'static str, u64)> {
+    const GROUPS: [(&str, &str); 7] = [
+        ("img_in.", "latent and timestep embeddings"),
+        ("time_in.", "latent and timestep embeddings"),
+        ("txt_in.", "text refiner"),
+        ("byt5_in.", "glyph and image projections"),
+        ("vision_in.", "glyph and image projections"),
+        ("cond_type_embedding.", "glyph and image projections"),
+        ("final_layer.", "output norm and projection"),
+    ];
+    weights_by_component(&official_shapes(cfg), &GROUPS, compute)
+}
+
+/// The adapter's parameters and adapted linears for `lora` (musubi-tuner's HunyuanVideo 1.5 targets).
+fn lora_parameters(
+    cfg: &HunyuanVideo15Config,
+    lora: &LoraShape,
+) -> Result<AdapterCount, LoraError> {
+    family_lora_parameters(LoraFamily::HunyuanVideo15, &official_shapes(cfg), lora)
+}
+
+/// The double-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
+fn block_kind(cfg: &HunyuanVideo15Config, input: &PlanInput, shape: &StepShape) -> BlockKind {
+    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
+    let r = input.lora.rank as u64;
+    let (d, f, heads) = (
+        cfg.inner_dim() as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_attention_heads as u64,
+    );
+    let buffers = block_buffers(&official_shapes(cfg), "double_blocks.0.", input.base);
+    let align = ALIGN as u64;
+    BlockKind {
+        label: "",
+        data_bytes: buffers.iter().sum(),
+        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
+        tape_bytes: 2 * l * d * s
+            + 2 * l * d * 4
+            + 13 * l * d * c
+            + 2 * l * f * c
+            + 4 * l * r * c
+            + l * heads * 4,
+        kept_attention_bytes: l * d * c + l * heads * 4,
+        kept_projection_bytes: 2 * l * d * c,
+    }
+}
+
+/// The latent frames of a clip of `frames` frames (4k + 1), or the error naming the step.
+fn latent_frames(frames: usize) -> Result<usize, PlanError> {
+    if frames == 0 || (frames - 1) % VAE_TEMPORAL != 0 {
+        return Err(PlanError::Frames {
+            frames,
+            step: VAE_TEMPORAL,
+        });
+    }
+    Ok((frames - 1) / VAE_TEMPORAL + 1)
+}
+
+/// The HunyuanVideo 1.5 transformer `cfg` for `input`.
+///
+/// Its blocks are the dual-stream blocks Qwen-Image's are (`models::mmdit`: per-stream modulation, joint attention
+/// over [text; video], GELU-tanh MLPs of width `f` = 4d), so the tape is counted as Qwen-Image's (`L` tokens of the
+/// joint sequence, `d` width, `h` heads, `r` rank, `c` / `s` compute and residual dtype bytes): `2·L·d·s` of
+/// residual stream, `2·L·d·4` of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention
+/// output, `2·L·f·c` of MLP activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; `"attention"`
+/// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`. The working set uses the
+/// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on HunyuanVideo 1.5.
+pub(crate) fn describe(
+    cfg: &HunyuanVideo15Config,
+    input: &PlanInput,
+) -> Result<ModelMemory, PlanError> {
+    let clip = &input.clip;
+    let (w, h) = token_grid(input, VAE_FACTOR * cfg.patch_size.max(1))?;
+    let f = latent_frames(clip.frames)? / cfg.patch_size_t.max(1);
+    let lora = lora_parameters(cfg, &input.lora)?;
+    let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS, clip.batch)?;
+    let (d, ffn, heads) = (
+        cfg.inner_dim() as u64,
+        cfg.mlp_hidden_dim() as u64,
+        cfg.num_attention_heads as u64,
+    );
+    let compute = dtype_bytes(input.compute);
+    let shape = StepShape {
+        tokens,
+        compute_bytes: compute,
+        // The joint sequence between blocks is in the compute dtype (no f32 residual stream).
+        residual_bytes: compute,
+        // The widest block linear: a modulation's d → 6d.
+        dequantised_weight_bytes: match input.base {
+            BaseFormat::Fp8(_) => 6 * d * d * compute,
+            BaseFormat::Dense(_) => 0,
+        },
+        // The widest block linear input: the MLP's down projection takes f.
+        quantised_input_bytes: if input.fp8_products {
+            tokens * (ffn + 4)
+        } else {
+            0
+        },
+        per_token_time: false,
+    };
+    let n = cfg.num_layers;
+    let widths = BlockWidths {
+        dim: d,
+        ffn_dim: ffn,
+        heads,
+        per_token_modulation_bytes: 0,
+    };
+    Ok(ModelMemory {
+        name: if cfg.inner_dim() == 2048 && n == 54 {
+            "HunyuanVideo 1.5 (8.3B)".into()
+        } else {
+            format!("HunyuanVideo-1.5-style ({n} blocks, width {d})")
+        },
+        kinds: vec![block_kind(cfg, input, &shape)],
+        blocks: vec![0; n],
+        streamed: (0..n.max(1))
+            .map(|count| hv15_streamed_blocks(cfg, count))
+            .collect(),
+        resident: resident_weights(cfg, compute),
+        lora,
+        saved_input_bytes: tokens * d * shape.residual_bytes,
+        // The timestep embedding, and RoPE's cos and sin over each token's head dimension in f32.
+        shared_inputs: vec![(
+            "timestep embedding and RoPE tables",
+            clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
+        )],
+        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        pixel_multiple: VAE_FACTOR * cfg.patch_size.max(1),
+        frame_step: VAE_TEMPORAL,
+        shape,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

@@ -1,0 +1,138 @@
+//! A HunyuanVideo 1.5 run's part built from a validated plan whose `model.dit` is a HunyuanVideo 1.5 transformer:
+//! the DiT (in FP8 and streamed as the plan says), LoRA on musubi-tuner's targets under its names, items from
+//! `_hv15` caches (held-out items when the run validates), the memory plan (which picks `blocks_to_swap =
+//! "auto"`), and the LoRA metadata musubi-tuner writes for HunyuanVideo 1.5. The run makes no samples: they need
+//! the 3-D VAE, which the config validator says when `[sampling]` asks for them.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::items::{largest_clip, load_hv15_items};
+use super::plan::{hv15_streamed_blocks, Hv15PlanModel};
+use super::run::{Hv15Run, NoSamples};
+use super::train::dit_config;
+use crate::family::image::items::split_items;
+use crate::family::image::setup::{image_lora_metadata, memory_report};
+use crate::plan as memory_plan;
+use crate::train::data::TrainSet;
+use crate::train::setup::{
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
+    start_loras, RunParts,
+};
+use framesmith_config::plan::DatasetSource;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::RunPlan;
+use framesmith_data::Unreadable;
+use framesmith_models::hunyuan_video15::weights::load_dit_streamed;
+use framesmith_models::trainable::attach_model_loras;
+use framesmith_nn::offload::OffloadOptions;
+
+/// The name runs and LoRA metadata give the base model: musubi-tuner's `ss_base_model_version` for HunyuanVideo
+/// 1.5.
+const BASE_VERSION: &str = "hunyuan_video_1_5";
+
+/// The LoRA file's metadata: every family's keys with what musubi-tuner writes for HunyuanVideo 1.5 (its network
+/// module, `ss_base_model_version` and modelspec architecture `hunyuan-video-1.5/lora`), trained text-to-video.
+pub(crate) fn hv15_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
+    let mut meta = image_lora_metadata(
+        plan,
+        (
+            BASE_VERSION,
+            "https://github.com/Tencent-Hunyuan/HunyuanVideo-1.5",
+        ),
+        &[
+            ("ss_network_module", "networks.lora_hv_1_5"),
+            ("modelspec.architecture", "hunyuan-video-1.5/lora"),
+        ],
+    );
+    meta.insert("framesmith.training_mode".into(), "text_to_video".into());
+    meta
+}
+
+/// Builds a HunyuanVideo 1.5 run's part from a validated plan whose `model.dit` is the transformer `dit`.
+pub(super) fn start_run(
+    plan: &RunPlan,
+    dit: &Path,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    let cfg = dit_config(dit)?;
+    let DatasetSource::Config(dataset) = &plan.dataset.source else {
+        anyhow::bail!(
+            "a HunyuanVideo 1.5 run trains on a dataset config: set dataset.config to a musubi-tuner dataset TOML \
+             cached with hv_1_5_cache_latents.py and hv_1_5_cache_text_encoder_outputs.py"
+        );
+    };
+    let device = device_for(plan)?;
+    let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
+    let cached = load_hv15_items((dataset, unreadable), &cfg, &device)?;
+    for line in &cached.skipped {
+        log(LogLevel::Warn, line.clone());
+    }
+    // Planned before the reservation and the DiT take the card's memory.
+    let model = || {
+        memory_plan::PlanModel::new(Hv15PlanModel {
+            config: cfg.clone(),
+        })
+    };
+    let memory = memory_report(plan, model, largest_clip(&cached)?, &device);
+    if let Some(report) = memory.as_ref().and_then(|m| m.as_ref().ok()) {
+        log_plan(report, log);
+    }
+    let vram_reservation = reserve_budget(plan, &device)?;
+    let dtype = float_dtype(plan.model.compute_dtype);
+    let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+    let model_line = format!(
+        "HunyuanVideo 1.5 has {} double-stream blocks",
+        cfg.num_layers
+    );
+    let (streamed, offload): (Vec<usize>, OffloadOptions) =
+        blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
+            .map(|(count, offload)| (hv15_streamed_blocks(&cfg, count), offload))
+            .unwrap_or_default();
+    let mut model = load_dit_streamed(
+        dit,
+        (dtype, &device),
+        fp8,
+        plan.model.fp8_matmul,
+        (&streamed, &offload),
+    )?;
+    log(
+        LogLevel::Info,
+        format!("model: HunyuanVideo 1.5 on {}", device_label(&device)),
+    );
+    if let Some(streamer) = model.streamer() {
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                streamer.count(),
+                cfg.num_layers,
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+            ),
+        );
+    }
+    let (train, validation) = split_items(plan, cached.items, "HunyuanVideo 1.5")?;
+    let data = TrainSet::new(train, cached.batch_size, 1, plan.training.seed)?;
+    let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
+    start_loras(
+        plan,
+        &loras,
+        &device,
+        "a HunyuanVideo 1.5 LoRA .safetensors with this run's modules (one Framesmith or musubi-tuner saved)",
+        log,
+    )?;
+    Ok(RunParts {
+        family: Box::new(Hv15Run {
+            model,
+            dtype,
+            samples: None::<NoSamples>,
+        }),
+        loras,
+        data,
+        metadata: hv15_lora_metadata(plan),
+        validation,
+        report: memory.and_then(Result::ok),
+        vram_reservation,
+    })
+}

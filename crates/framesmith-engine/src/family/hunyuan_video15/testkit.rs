@@ -1,0 +1,103 @@
+//! A tiny HunyuanVideo 1.5 for CPU tests: a transformer of the official layout at small sizes with seeded random
+//! weights (4 latent channels, text width 24, glyph width 12), and a video dataset cached in musubi-tuner's `_hv15`
+//! format (written by the data crate's writers, as `hv_1_5_cache_latents.py` and
+//! `hv_1_5_cache_text_encoder_outputs.py` name and key them).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use framesmith_data::family::hunyuan_video15::cache::{
+    hv15_latent_cache_name, hv15_text_cache_name, write_hv15_latent_cache, write_hv15_text_cache,
+    Hv15LatentCache, Hv15TextCache,
+};
+use framesmith_data::frames::FrameWindow;
+use framesmith_models::hunyuan_video15::weights::official_shapes;
+use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
+use framesmith_nn::init::randn;
+
+/// The tiny transformer's sizes: 2 blocks of width 32 (2 heads of 16), one refiner block, 4 latent channels
+/// (9 input channels: noisy, condition, mask), text width 24, glyph width 12.
+pub fn tiny_config() -> HunyuanVideo15Config {
+    HunyuanVideo15Config {
+        in_channels: 9,
+        out_channels: 4,
+        num_attention_heads: 2,
+        attention_head_dim: 16,
+        num_layers: 2,
+        num_refiner_layers: 1,
+        text_embed_dim: 24,
+        text_embed_2_dim: 12,
+        byt5_hidden_dim: 16,
+        image_embed_dim: 8,
+        rope_axes_dim: vec![4, 6, 6],
+        ..HunyuanVideo15Config::hunyuan_video15()
+    }
+}
+
+/// The tiny transformer written into `dir` as one safetensors file of official names (seeded: the same weights
+/// every time); norm scales are ones and norm shifts zeros.
+pub fn tiny_dit(dir: &Path) -> anyhow::Result<PathBuf> {
+    let rng = &mut StdRng::seed_from_u64(5);
+    let mut tensors = HashMap::new();
+    for (name, shape) in official_shapes(&tiny_config()) {
+        let shape = shape.as_slice();
+        let t = match (name.contains("norm"), name.ends_with(".weight")) {
+            (true, true) => Tensor::ones(shape, DType::F32, &Device::Cpu)?,
+            (true, false) => Tensor::zeros(shape, DType::F32, &Device::Cpu)?,
+            _ => randn(rng, shape, 0.0, 0.2, &Device::Cpu)?,
+        };
+        tensors.insert(name, t);
+    }
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("hunyuanvideo1.5_tiny.safetensors");
+    candle_core::safetensors::save(&tensors, &path)?;
+    Ok(path)
+}
+
+/// The items of [`dataset`]: stem, caption words (Qwen2.5-VL tokens) and quoted glyph tokens.
+const ITEMS: [(&str, usize, usize); 3] = [("a", 3, 0), ("b", 5, 0), ("c", 4, 2)];
+
+/// A musubi-tuner video dataset in `dir` (no videos: only its `_hv15` caches in `cache/`, three clips of 9 frames
+/// at 64×64 — latents [4, 3, 4, 4] — the third caption quoting glyph text), batch size `batch_size`; returns its
+/// TOML.
+pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir.join("videos"))?;
+    let cache = dir.join("cache");
+    let cfg = tiny_config();
+    let rng = &mut StdRng::seed_from_u64(17);
+    let dev = Device::Cpu;
+    let window = FrameWindow {
+        start: 0,
+        frames: 9,
+    };
+    for (stem, words, glyphs) in ITEMS {
+        let latents = Hv15LatentCache {
+            latents: randn(rng, (cfg.out_channels, 3, 4, 4), 0.0, 1.0, &dev)?
+                .to_dtype(DType::BF16)?,
+            latents_image: None,
+            siglip: None,
+        };
+        let name = hv15_latent_cache_name(stem, Some(window), (64, 64));
+        write_hv15_latent_cache(&cache.join(name), &latents, (64, 64), Some(9))?;
+        let text = Hv15TextCache {
+            vl_embed: randn(rng, (words, cfg.text_embed_dim), 0.0, 1.0, &dev)?,
+            byt5_embed: randn(rng, (glyphs, cfg.text_embed_2_dim), 0.0, 1.0, &dev)?,
+            caption: format!("clip {stem}"),
+        };
+        write_hv15_text_cache(&cache.join(hv15_text_cache_name(stem)), &text)?;
+    }
+    let toml = dir.join("data.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[general]\nresolution = [64, 64]\ncaption_extension = \".txt\"\nenable_bucket = false\n\n\
+             [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [9]\n\
+             batch_size = {batch_size}\n"
+        ),
+    )?;
+    Ok(toml)
+}
