@@ -1,4 +1,5 @@
-//! `synth-project`: a training project of a real size, Wan, FLUX.1 [dev] or Qwen-Image, with nothing to download.
+//! `synth-project`: a training project of a real size, Wan, FLUX.1 [dev], Qwen-Image or HunyuanVideo 1.5, with
+//! nothing to download.
 
 use anyhow::{bail, Result};
 
@@ -10,7 +11,8 @@ use framesmith_bench::{self as bench};
 pub(crate) struct SynthArgs {
     /// Model family: `wan` (the Wan `--variant`), `flux-dev` (FLUX.1 [dev] at its released size, one cached
     /// image of `--width` x `--height`; `--frames` and `--encoders` do not apply) or `qwen-image` (Qwen-Image at
-    /// its released size, bf16 only, likewise).
+    /// its released size, bf16 only, likewise) or `hunyuan-video15` (HunyuanVideo 1.5 T2V at its released size,
+    /// bf16 only, one cached clip of `--width` x `--height` x `--frames`).
     #[arg(long, default_value = "wan")]
     model: String,
     /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
@@ -25,7 +27,8 @@ pub(crate) struct SynthArgs {
     /// for FLUX.1 also `fp8` (plain float8_e4m3fn block weights under the official names).
     #[arg(long, default_value = "bf16")]
     dtype: String,
-    /// LoRA rank (and alpha) of a FLUX.1 or Qwen-Image project's run config (Wan projects use 32).
+    /// LoRA rank (and alpha) of a FLUX.1, Qwen-Image or HunyuanVideo 1.5 project's run config (Wan projects use
+    /// 32).
     #[arg(long, default_value_t = 16)]
     rank: usize,
     #[arg(long, default_value_t = 0)]
@@ -145,13 +148,48 @@ fn synth_qwen_image_project(args: &SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes the synthetic HunyuanVideo 1.5 project and says what it wrote.
+fn synth_hv15_project(args: &SynthArgs) -> Result<()> {
+    use framesmith_bench::synth_hunyuan_video15 as hv;
+    if args.encoders.is_some() || args.sample_files || args.dtype != "bf16" {
+        bail!(
+            "a HunyuanVideo 1.5 project is a bf16 DiT trained from its caches: drop --encoders, --sample-files and \
+             --dtype"
+        );
+    }
+    let spec = hv::Hv15SynthProject {
+        cfg: framesmith_models::hunyuan_video15::HunyuanVideo15Config::hunyuan_video15(),
+        height: args.clip.height,
+        width: args.clip.width,
+        frames: args.clip.frames,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+        rank: args.rank,
+    };
+    let files = hv::write_hv15_project(&args.out, &spec)?;
+    println!(
+        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.latents.display(),
+        files.text.display(),
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
+
 /// Writes the synthetic project and says what it wrote.
 pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
     match args.model.as_str() {
         "wan" => {}
         "flux-dev" => return synth_flux_project(args),
         "qwen-image" => return synth_qwen_image_project(args),
-        other => bail!("unknown model `{other}` for synth-project (wan, flux-dev, qwen-image)"),
+        "hunyuan-video15" => return synth_hv15_project(args),
+        other => bail!(
+            "unknown model `{other}` for synth-project (wan, flux-dev, qwen-image, hunyuan-video15)"
+        ),
     }
     if args.sample_files {
         bail!("--sample-files is for FLUX.1 projects (--model flux-dev); Wan projects take --encoders");

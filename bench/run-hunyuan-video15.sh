@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# Issue 44's GPU rows through the product's own commands: HunyuanVideo 1.5 T2V LoRA rank 32 at 848x480 x 121 frames,
+# batch 1, random weights at the released size (`framesmith-bench synth-project --model hunyuan-video15`: a bf16 DiT
+# under the official release's names, one cached clip of random latents [32, 31, 30, 53], a random Qwen2.5-VL
+# output and an empty byT5 output, in musubi-tuner's `_hv15` format), trained with `framesmith train`, against a
+# PyTorch step of the official transformer (diffusers' HunyuanVideo15Transformer3DModel:
+# bench/reference/hunyuan_video15_step.py, SDPA, bf16, its per-block checkpointing, rank 32) on the same bf16
+# weights and cached inputs. The PyTorch case needs diffusers importable (carry its wheel).
+# Each case writes its logs (with timestamps; peak RAM from /usr/bin/time -v), its metrics.jsonl and an nvidia-smi
+# trace under OUT_DIR/CASE; OUT_DIR/summary.txt gets one line per run. Builds nothing.
+# Usage: bench/run-hunyuan-video15.sh BIN_DIR OUT_DIR WORK_DIR [CASE...]   (BIN_DIR holds framesmith, framesmith-bench)
+#   torch         the PyTorch step on the bf16 file and the project's caches (TORCH_WARMUP, TORCH_ITERS)
+#   bf16          `framesmith train`, bf16 base, every block resident
+#   fp8           FP8 block-64 base quantised from the bf16 file at load, resident
+#   budget-24 / budget-16   `--preset hunyuan-video15-Ngb --vram-budget-gb N` over a config that names only the
+#                 files, steps and outputs (so every memory setting is the preset's: FP8 block-64, pinned
+#                 streaming, blocks_to_swap = "auto", activations in RAM); `framesmith plan` first.
+# No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
+# TEXT_TOKENS (default 128) tokens of the cached Qwen2.5-VL output; WIDTH, HEIGHT, FRAMES (848, 480, 121).
+set -uo pipefail
+if [[ $# -lt 3 ]]; then
+    sed -n '2,19p' "$0"
+    exit 2
+fi
+BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
+shift 3
+CASES=("$@")
+[[ ${#CASES[@]} -eq 0 ]] && CASES=(torch bf16 fp8 budget-24 budget-16)
+STEPS="${STEPS:-6}" SEED="${SEED:-0}" RANK="${RANK:-32}" TEXT_TOKENS="${TEXT_TOKENS:-128}"
+WIDTH="${WIDTH:-848}" HEIGHT="${HEIGHT:-480}" FRAMES="${FRAMES:-121}"
+TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-6}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
+export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
+source "$HERE/device-env.sh"
+source "$HERE/train-cases.sh"
+use_nvidia_libs
+START=$(date +%s%N)
+mkdir -p "$OUT" "$WORK"
+LOG="$OUT/hunyuan-video15.log"
+SUMMARY="$OUT/summary.txt"
+TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|cached|HUNYUAN_VIDEO15_STEP|Error|error|Elapsed \(wall|Maximum resident"
+TIMED_LINES=16
+P="$WORK/hunyuan-video15"
+DIT="$P/hunyuanvideo1.5_t2v_official_bf16.safetensors"
+
+# The PyTorch step on the project's bf16 file and caches, and its summary line.
+torch_case() { # case-dir label
+    local d="$1" label="$2"
+    timed "$d" torch python3 "$HERE/reference/hunyuan_video15_step.py" --dit "$DIT" \
+        --latent-cache "$(ls "$P"/cache/*_hv15.safetensors | head -1)" \
+        --text-cache "$(ls "$P"/cache/*_hv15_te.safetensors | head -1)" \
+        --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
+    python3 - "$d/torch.log" "$label" >> "$SUMMARY" <<'EOF'
+import json, sys
+label = sys.argv[2]
+lines = [l.split("HUNYUAN_VIDEO15_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "HUNYUAN_VIDEO15_STEP " in l]
+if lines:
+    r = json.loads(lines[-1])
+    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
+          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
+          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
+          f"{r['lora_modules']} LoRA modules, {r['lora_parameters']} LoRA parameters, loss {r['loss']:.4f}")
+else:
+    print(f"{label:<34} failed: see {sys.argv[1]}")
+EOF
+}
+
+# The project's run.toml cut down to its files, steps, seed, device, LoRA size and outputs: a preset given on the
+# command line sets everything else (a key the config spells would win over the preset's).
+minimal_config() { # project-dir out-toml
+    python3 - "$1/run.toml" "$2" "$STEPS" <<'EOF'
+import json, sys, tomllib
+src, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
+cfg = tomllib.load(open(src, "rb"))
+keep = {"model": ["dit"], "dataset": ["config"], "training": ["seed", "device"], "lora": ["rank", "alpha"],
+        "output": ["output_dir", "output_name", "save_every_n_steps", "save_every_n_epochs", "save_state"]}
+lines = []
+for table, keys in keep.items():
+    lines.append(f"[{table}]")
+    lines += [f"{k} = {json.dumps(cfg[table][k])}" for k in keys if k in cfg.get(table, {})]
+    if table == "training":
+        lines.append(f"max_train_steps = {steps}")
+text = "\n".join(lines) + "\n"
+tomllib.loads(text)
+open(out, "w").write(text)
+EOF
+}
+
+{
+    date -u +%Y-%m-%dT%H:%M:%SZ
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+    python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1
+    framesmith --version 2>&1 | head -1
+    free -g | head -2; nproc
+} > "$OUT/env.txt" 2>&1
+if [[ ! -f "$P/run.toml" ]]; then
+    timed "$OUT" synth framesmith-bench synth-project --model hunyuan-video15 --out "$P" --height "$HEIGHT" \
+        --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
+        --seed "$SEED" || { note "synth failed"; exit 1; }
+fi
+for case in "${CASES[@]}"; do
+    D="$OUT/$case"
+    mkdir -p "$D"
+    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
+    SMI=$!
+    case "$case" in
+    torch) torch_case "$D" "PyTorch (diffusers, SDPA, bf16)" ;;
+    bf16)
+        config "$P" "$P/bf16.toml" bf16 off
+        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident"
+        ;;
+    fp8)
+        config "$P" "$P/fp8.toml" fp8 off
+        train_case "$D" "$P/fp8.toml" "framesmith train, FP8 b64, resident"
+        ;;
+    budget-24|budget-16)
+        gb="${case#budget-}"
+        minimal_config "$P" "$P/budget.toml"
+        extra=(--preset "hunyuan-video15-${gb}gb" --vram-budget-gb "$gb")
+        timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
+        train_case "$D" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
+        ;;
+    *) note "unknown case $case" ;;
+    esac
+    kill $SMI 2>/dev/null
+    awk -F', ' -v c="$case" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
+        "$D/smi.log" >> "$SUMMARY"
+done
+note "done"
+{
+    echo "== HunyuanVideo 1.5 T2V LoRA rank $RANK, ${WIDTH}x${HEIGHT}x${FRAMES}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
+    cat "$SUMMARY" 2>/dev/null
+} | tee "$OUT/summary-final.txt"
