@@ -1,10 +1,11 @@
-//! HunyuanVideo 1.5's part of validation: what its runs cannot do yet (samples and image-to-video) and the
-//! settings of other families a HunyuanVideo 1.5 run refuses, each by key with its fix.
+//! HunyuanVideo 1.5's part of validation: what its runs cannot do yet (samples, which need its VAE) and the
+//! settings of other families a HunyuanVideo 1.5 run refuses, each by key with its fix. `training.mode` picks text-
+//! or image-to-video (`auto`: what the caches hold, as musubi-tuner).
 
 use std::path::Path;
 
 use super::FamilyRules;
-use crate::run::{RunConfig, TrainingMode};
+use crate::run::RunConfig;
 use crate::validate::Checker;
 
 /// HunyuanVideo 1.5's rules.
@@ -49,14 +50,6 @@ impl FamilyRules for HunyuanVideo15Rules {
                 "remove model.clip",
             );
         }
-        if cfg.training.mode == TrainingMode::ImageToVideo {
-            c.problem(
-                "training.mode",
-                "image-to-video training of HunyuanVideo 1.5 (the first frame's latents and SigLIP features) is not \
-                 supported yet; Framesmith trains its text-to-video LoRAs",
-                "remove training.mode or set it to \"text_to_video\"",
-            );
-        }
         if cfg.sampling.prompts.is_some() {
             c.problem(
                 "sampling.prompts",
@@ -88,26 +81,26 @@ mod tests {
     }
 
     #[test]
-    fn a_text_to_video_run_validates() {
-        let plan = validate_for(
-            &hunyuan_video15(),
-            &HostInfo::cpu_only(),
-            ModelFamily::HunyuanVideo15,
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(plan.family, ModelFamily::HunyuanVideo15);
+    fn text_and_image_to_video_runs_validate() {
+        let mut cfg = hunyuan_video15();
+        for mode in [TrainingMode::TextToVideo, TrainingMode::ImageToVideo] {
+            cfg.training.mode = mode;
+            let plan = validate_for(&cfg, &HostInfo::cpu_only(), ModelFamily::HunyuanVideo15)
+                .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(plan.family, ModelFamily::HunyuanVideo15);
+            assert_eq!(plan.training.mode, mode);
+        }
         assert_eq!(ModelFamily::HunyuanVideo15.to_string(), "HunyuanVideo 1.5");
     }
 
     #[test]
-    fn samples_image_to_video_and_other_families_settings_are_refused_with_what_is_missing() {
+    fn samples_and_other_families_settings_are_refused_with_what_is_missing() {
         let mut cfg = hunyuan_video15();
         cfg.sampling.prompts = Some(cfg.model.dit.clone());
         cfg.sampling.sample_every_n_steps = Some(10);
         cfg.model.vae = cfg.model.dit.clone();
         cfg.model.variant = "t2v-1.3b".into();
         cfg.model.clip = cfg.model.dit.clone();
-        cfg.training.mode = TrainingMode::ImageToVideo;
         let errors =
             validate_for(&cfg, &HostInfo::cpu_only(), ModelFamily::HunyuanVideo15).unwrap_err();
         for (key, message, fix) in [
@@ -118,7 +111,6 @@ mod tests {
             ),
             ("model.variant", "Wan variant `t2v-1.3b`", "\"auto\""),
             ("model.clip", "not on CLIP", "remove model.clip"),
-            ("training.mode", "SigLIP", "text_to_video"),
         ] {
             let found = errors
                 .problems

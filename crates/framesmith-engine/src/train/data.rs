@@ -22,11 +22,14 @@ pub struct TrainItem {
     /// Image-to-video conditioning `y` [4 + C, F, H, W]: the first-frame mask and the latents of the first frame
     /// followed by zeros (the cache's `latents_image`); `None` for text-to-video models.
     pub image: Option<Tensor>,
-    /// A second conditioning the family's caches hold for the item: CLIP vision features [tokens, clip_dim] of
-    /// the first frame, or CLIP-L's pooled caption vector [768].
+    /// A second conditioning the family's caches hold for the item: image features [tokens, dim] of the first
+    /// frame (CLIP or SigLIP vision features), or CLIP-L's pooled caption vector [768].
     pub clip: Option<Tensor>,
     /// An edit model's control latents [C, 1, h, w] (its source images), in order; empty for other models.
     pub control: Vec<Tensor>,
+    /// A second text encoder's hidden states of the caption [L2, dim2], kept apart from `context` (e.g. a glyph
+    /// encoder's states of the caption's quoted text); `None` when the family has none or it is empty.
+    pub second_text: Option<Tensor>,
 }
 
 impl TrainItem {
@@ -120,16 +123,12 @@ impl TrainSet {
         for item in &mut self.items {
             item.latents = item.latents.to_device(device)?;
             item.context = item.context.to_device(device)?;
-            item.image = item
-                .image
-                .as_ref()
-                .map(|t| t.to_device(device))
-                .transpose()?;
-            item.clip = item
-                .clip
-                .as_ref()
-                .map(|t| t.to_device(device))
-                .transpose()?;
+            for part in [&mut item.image, &mut item.clip, &mut item.second_text] {
+                *part = part.as_ref().map(|t| t.to_device(device)).transpose()?;
+            }
+            for control in &mut item.control {
+                *control = control.to_device(device)?;
+            }
         }
         Ok(())
     }
@@ -160,6 +159,7 @@ mod tests {
             image: None,
             clip: None,
             control: Vec::new(),
+            second_text: None,
         })
     }
 

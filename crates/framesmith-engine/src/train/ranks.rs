@@ -134,6 +134,7 @@ mod tests {
             image: None,
             clip: None,
             control: Vec::new(),
+            second_text: None,
         }
     }
 

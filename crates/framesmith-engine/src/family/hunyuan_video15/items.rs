@@ -2,9 +2,11 @@
 //! images, each with a cache directory and its `num_repeats`), the `_hv15` latent caches found in each directory
 //! by musubi-tuner's names and each read beside its text cache, checked against the transformer's sizes: the
 //! latents `[32, F, H, W]` as [`TrainItem::latents`], Qwen2.5-VL's hidden states `[L, 3584]` as
-//! [`TrainItem::context`] and byT5's glyph states `[L2, 1472]` as [`TrainItem::clip`] (`None` when the caption
-//! quotes nothing). Framesmith cannot make these caches yet (no 3-D VAE, no byT5 encoder): a dataset not cached
-//! fails with musubi-tuner's commands.
+//! [`TrainItem::context`], byT5's glyph states `[L2, 1472]` as [`TrainItem::second_text`] (`None` when the caption
+//! quotes nothing), and for image-to-video (as musubi-tuner, whenever the caches hold them, unless the run says
+//! `training.mode = "text_to_video"`) the first frame's latents and mask `[33, F, H, W]` as [`TrainItem::image`]
+//! and its SigLIP features `[729, 1152]` as [`TrainItem::clip`]. Framesmith cannot make these caches yet (no 3-D
+//! VAE, no byT5 encoder): a dataset not cached fails with musubi-tuner's commands.
 
 use std::path::Path;
 
@@ -14,6 +16,8 @@ use candle_core::{Device, Tensor};
 use crate::family::image::items::ImageItems;
 use crate::plan::ClipShape;
 use crate::train::data::{list_cache_dir, TrainItem};
+use framesmith_config::run::TrainingMode;
+use framesmith_data::family::hunyuan_video15::cache::Hv15LatentCache;
 use framesmith_data::family::hunyuan_video15::cache::{
     hv15_text_cache_name, parse_hv15_latent_cache_name, read_hv15_latent_cache,
     read_hv15_text_cache,
@@ -33,12 +37,19 @@ pub const MUSUBI_CACHES: &str = "Framesmith cannot cache HunyuanVideo 1.5 datase
      hv_1_5_cache_latents.py and hv_1_5_cache_text_encoder_outputs.py (`_hv15` caches), which Framesmith reads as \
      they are";
 
+/// What an item is read for: the transformer's sizes, the run's training mode and the device.
+#[derive(Clone, Copy)]
+pub struct ItemReader<'a> {
+    pub cfg: &'a HunyuanVideo15Config,
+    pub mode: TrainingMode,
+    pub device: &'a Device,
+}
+
 /// The cached items of every training dataset of the musubi-tuner dataset config `dataset_toml`, each with its
-/// `num_repeats`, checked against the transformer `cfg` and read onto `device`.
+/// `num_repeats`, checked against the transformer and the mode of `reader` and read onto its device.
 pub fn load_hv15_items(
     (dataset_toml, unreadable): (&Path, Unreadable),
-    cfg: &HunyuanVideo15Config,
-    device: &Device,
+    reader: ItemReader<'_>,
 ) -> anyhow::Result<ImageItems> {
     let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
     let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
@@ -52,7 +63,7 @@ pub fn load_hv15_items(
             )
         })?;
         let repeats = dataset.num_repeats.max(1) as usize;
-        for item in load_dir(&dir, dataset.kind(), cfg, device)? {
+        for item in load_dir(&dir, dataset.kind(), reader)? {
             items.push((item, repeats));
         }
     }
@@ -67,8 +78,7 @@ pub fn load_hv15_items(
 fn load_dir(
     dir: &Path,
     kind: DatasetKind,
-    cfg: &HunyuanVideo15Config,
-    device: &Device,
+    reader: ItemReader<'_>,
 ) -> anyhow::Result<Vec<TrainItem>> {
     let mut names: Vec<(String, String)> = list_cache_dir(dir)?
         .into_iter()
@@ -84,7 +94,7 @@ fn load_dir(
     }
     names
         .into_iter()
-        .map(|(file, stem)| load_item(dir, file, &stem, (cfg, device)))
+        .map(|(file, stem)| load_item(dir, file, &stem, reader))
         .collect()
 }
 
@@ -93,8 +103,9 @@ fn load_item(
     dir: &Path,
     file: String,
     stem: &str,
-    (cfg, device): (&HunyuanVideo15Config, &Device),
+    reader: ItemReader<'_>,
 ) -> anyhow::Result<TrainItem> {
+    let (cfg, device) = (reader.cfg, reader.device);
     let latent_path = dir.join(&file);
     let text_path = dir.join(hv15_text_cache_name(stem));
     if !text_path.exists() {
@@ -104,7 +115,9 @@ fn load_item(
             text_path.display()
         );
     }
-    let latents = read_hv15_latent_cache(&latent_path, device)?.latents;
+    let cache = read_hv15_latent_cache(&latent_path, device)?;
+    let (image, siglip) = image_parts(&cache, reader, &latent_path)?;
+    let latents = cache.latents;
     let channels = cfg.out_channels;
     let (c, _, h, w) = latents.dims4()?;
     let p = cfg.patch_size.max(1);
@@ -129,10 +142,50 @@ fn load_item(
         key: file,
         latents,
         context: text.vl_embed,
-        image: None,
-        clip: glyph,
+        image,
+        clip: siglip,
+        second_text: glyph,
         control: Vec::new(),
     })
+}
+
+/// The image-to-video parts of a latent cache read from `path` (the first frame's latents and mask, its SigLIP
+/// features), checked against the model; `None` for text-to-video, and an error when the run asks for
+/// image-to-video and the cache has none.
+fn image_parts(
+    cache: &Hv15LatentCache,
+    reader: ItemReader<'_>,
+    path: &Path,
+) -> anyhow::Result<(Option<Tensor>, Option<Tensor>)> {
+    if reader.mode == TrainingMode::TextToVideo {
+        return Ok((None, None));
+    }
+    let (Some(image), Some(siglip)) = (&cache.latents_image, &cache.siglip) else {
+        if reader.mode == TrainingMode::ImageToVideo {
+            anyhow::bail!(
+                "training.mode = \"image_to_video\" needs each clip's first-frame latents and SigLIP features, which \
+                 this cache does not hold; cache the dataset with musubi-tuner's hv_1_5_cache_latents.py --i2v \
+                 --image_encoder <SigLIP>: {}",
+                path.display()
+            );
+        }
+        return Ok((None, None));
+    };
+    let (c, f, h, w) = cache.latents.dims4()?;
+    let dim = reader.cfg.image_embed_dim;
+    let siglip_ok = siglip.rank() == 2 && siglip.dim(1)? == dim && siglip.dim(0)? > 0;
+    if image.dims() != [c + 1, f, h, w] || !siglip_ok {
+        anyhow::bail!(
+            "the cache's first-frame latents {:?} and SigLIP features {:?} do not fit the latents {:?}: the model \
+             takes [{}, {f}, {h}, {w}] and [tokens, {dim}]: {}",
+            image.dims(),
+            siglip.dims(),
+            cache.latents.dims(),
+            c + 1,
+            path.display()
+        );
+    }
+    Ok((Some(image.clone()), Some(siglip.clone())))
 }
 
 /// Refuses hidden states `states` that are not `[L, dim]` with `L > 0` (`encoder`'s, read from `path`).

@@ -1,8 +1,8 @@
 //! The HunyuanVideo 1.5 family: which runs are HunyuanVideo 1.5's and its batch ([`train`]), the cached items of
 //! musubi-tuner's `_hv15` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), and its plan
-//! description ([`plan`]). It trains text-to-video LoRAs from caches only: the 3-D causal VAE and the byT5 glyph
-//! encoder are not implemented, so the cache passes, samples during training and `framesmith generate` are
-//! refused with what is missing and where the caches come from.
+//! description ([`plan`]). It trains text- and image-to-video LoRAs from caches only: the 3-D causal VAE and the
+//! byT5 glyph encoder are not implemented, so the cache passes, samples during training and `framesmith generate`
+//! are refused with what is missing and where the caches come from.
 
 use std::path::Path;
 

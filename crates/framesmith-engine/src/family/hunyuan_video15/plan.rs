@@ -3,6 +3,7 @@
 //! sequence's tokens through the VAE's 16× spatial and 4× temporal compression (1×1×1 patches), and the step's
 //! activations.
 
+use framesmith_config::run::TrainingMode;
 use framesmith_config::RunConfig;
 use framesmith_data::cache::read_latent_shape;
 use framesmith_data::family::hunyuan_video15::cache::parse_hv15_latent_cache_name;
@@ -29,7 +30,12 @@ use crate::plan::{
 #[derive(Debug, Clone, PartialEq)]
 pub struct Hv15PlanModel {
     pub config: HunyuanVideo15Config,
+    /// Whether it trains image-to-video (the first frame's SigLIP tokens join the text).
+    pub i2v: bool,
 }
+
+/// SigLIP tokens of an image-to-video clip's first frame.
+pub const SIGLIP_TOKENS: u64 = 729;
 
 impl DescribeModel for Hv15PlanModel {
     fn family(&self) -> &'static dyn Family {
@@ -37,7 +43,8 @@ impl DescribeModel for Hv15PlanModel {
     }
 
     fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
-        describe(&self.config, input)
+        let image_tokens = if self.i2v { SIGLIP_TOKENS } else { 0 };
+        describe(&self.config, input, image_tokens)
     }
 
     fn num_blocks(&self) -> usize {
@@ -49,9 +56,10 @@ impl DescribeModel for Hv15PlanModel {
 pub const HV15_NAMES: [&str; 3] = ["hunyuan-video15", "hunyuan_video15", "hunyuan-video-1.5"];
 
 /// HunyuanVideo 1.5 when the config names it (`model.variant = "hunyuan-video15"`) or its `model.dit` is a
-/// HunyuanVideo transformer (with `variant = "auto"`; reads the file's header, not its weights); `None` for any
-/// other model.
+/// HunyuanVideo transformer (with `variant = "auto"`; reads the file's header, not its weights), image-to-video
+/// when `training.mode` says so; `None` for any other model.
 pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    let i2v = cfg.training.mode == TrainingMode::ImageToVideo;
     let names = PlanNames {
         variants: &HV15_NAMES,
         named: HunyuanVideo15Config::hunyuan_video15,
@@ -59,7 +67,7 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
         read: dit_config,
     };
     plan_model_of(cfg, &names, |config| {
-        PlanModel::new(Hv15PlanModel { config })
+        PlanModel::new(Hv15PlanModel { config, i2v })
     })
 }
 
@@ -155,7 +163,7 @@ fn latent_frames(frames: usize) -> Result<usize, PlanError> {
     Ok((frames - 1) / VAE_TEMPORAL + 1)
 }
 
-/// The HunyuanVideo 1.5 transformer `cfg` for `input`.
+/// The HunyuanVideo 1.5 transformer `cfg` for `input`, with `image_tokens` I2V image tokens in the text.
 ///
 /// Its blocks are the dual-stream blocks Qwen-Image's are (`models::mmdit`: per-stream modulation, joint attention
 /// over [text; video], GELU-tanh MLPs of width `f` = 4d), so the tape is counted as Qwen-Image's (`L` tokens of the
@@ -167,12 +175,13 @@ fn latent_frames(frames: usize) -> Result<usize, PlanError> {
 pub(crate) fn describe(
     cfg: &HunyuanVideo15Config,
     input: &PlanInput,
+    image_tokens: u64,
 ) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR * cfg.patch_size.max(1))?;
     let f = latent_frames(clip.frames)? / cfg.patch_size_t.max(1);
     let lora = lora_parameters(cfg, &input.lora)?;
-    let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS, clip.batch)?;
+    let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS + image_tokens, clip.batch)?;
     let (d, ffn, heads) = (
         cfg.inner_dim() as u64,
         cfg.mlp_hidden_dim() as u64,

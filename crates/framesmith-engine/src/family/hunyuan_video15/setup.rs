@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::items::{largest_clip, load_hv15_items};
+use super::items::{largest_clip, load_hv15_items, ItemReader};
 use super::plan::{hv15_streamed_blocks, Hv15PlanModel};
 use super::run::{Hv15Run, NoSamples};
 use super::train::dit_config;
@@ -24,6 +24,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_data::Unreadable;
 use framesmith_models::hunyuan_video15::weights::load_dit_streamed;
+use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
 use framesmith_models::trainable::attach_model_loras;
 use framesmith_nn::offload::OffloadOptions;
 
@@ -32,8 +33,9 @@ use framesmith_nn::offload::OffloadOptions;
 const BASE_VERSION: &str = "hunyuan_video_1_5";
 
 /// The LoRA file's metadata: every family's keys with what musubi-tuner writes for HunyuanVideo 1.5 (its network
-/// module, `ss_base_model_version` and modelspec architecture `hunyuan-video-1.5/lora`), trained text-to-video.
-pub(crate) fn hv15_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
+/// module, `ss_base_model_version` and modelspec architecture `hunyuan-video-1.5/lora`), and whether it trained
+/// image-to-video (`i2v`) or text-to-video.
+pub(crate) fn hv15_lora_metadata(plan: &RunPlan, i2v: bool) -> HashMap<String, String> {
     let mut meta = image_lora_metadata(
         plan,
         (
@@ -45,8 +47,29 @@ pub(crate) fn hv15_lora_metadata(plan: &RunPlan) -> HashMap<String, String> {
             ("modelspec.architecture", "hunyuan-video-1.5/lora"),
         ],
     );
-    meta.insert("framesmith.training_mode".into(), "text_to_video".into());
+    let mode = if i2v {
+        "image_to_video"
+    } else {
+        "text_to_video"
+    };
+    meta.insert("framesmith.training_mode".into(), mode.into());
     meta
+}
+
+/// Says how many of `model`'s blocks stream, when some do.
+fn log_streaming(model: &HunyuanVideo15Transformer, log: &mut dyn FnMut(LogLevel, String)) {
+    if let Some(streamer) = model.streamer() {
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                streamer.count(),
+                model.double_blocks.len(),
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+            ),
+        );
+    }
 }
 
 /// Builds a HunyuanVideo 1.5 run's part from a validated plan whose `model.dit` is the transformer `dit`.
@@ -64,7 +87,13 @@ pub(super) fn start_run(
     };
     let device = device_for(plan)?;
     let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
-    let cached = load_hv15_items((dataset, unreadable), &cfg, &device)?;
+    let reader = ItemReader {
+        cfg: &cfg,
+        mode: plan.training.mode,
+        device: &device,
+    };
+    let cached = load_hv15_items((dataset, unreadable), reader)?;
+    let i2v = cached.items.iter().any(|(item, _)| item.image.is_some());
     for line in &cached.skipped {
         log(LogLevel::Warn, line.clone());
     }
@@ -72,6 +101,7 @@ pub(super) fn start_run(
     let model = || {
         memory_plan::PlanModel::new(Hv15PlanModel {
             config: cfg.clone(),
+            i2v,
         })
     };
     let memory = memory_report(plan, model, largest_clip(&cached)?, &device);
@@ -96,22 +126,15 @@ pub(super) fn start_run(
         plan.model.fp8_matmul,
         (&streamed, &offload),
     )?;
+    let task = if i2v { "image" } else { "text" };
     log(
         LogLevel::Info,
-        format!("model: HunyuanVideo 1.5 on {}", device_label(&device)),
+        format!(
+            "model: HunyuanVideo 1.5 on {}, trained {task}-to-video",
+            device_label(&device)
+        ),
     );
-    if let Some(streamer) = model.streamer() {
-        log(
-            LogLevel::Info,
-            format!(
-                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
-                streamer.count(),
-                cfg.num_layers,
-                streamer.mode().as_str(),
-                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
-            ),
-        );
-    }
+    log_streaming(&model, log);
     let (train, validation) = split_items(plan, cached.items, "HunyuanVideo 1.5")?;
     let data = TrainSet::new(train, cached.batch_size, 1, plan.training.seed)?;
     let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
@@ -130,7 +153,7 @@ pub(super) fn start_run(
         }),
         loras,
         data,
-        metadata: hv15_lora_metadata(plan),
+        metadata: hv15_lora_metadata(plan, i2v),
         validation,
         report: memory.and_then(Result::ok),
         vram_reservation,

@@ -58,13 +58,31 @@ pub fn tiny_dit(dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(path)
 }
 
+/// The condition channels musubi-tuner caches for I2V from `latents` [C, F, H, W]: the first frame's latents
+/// followed by zeros, then the mask (1 on the first frame) — [C + 1, F, H, W].
+fn first_frame(latents: &Tensor) -> anyhow::Result<Tensor> {
+    let (c, f, h, w) = latents.dims4()?;
+    let dev = latents.device();
+    let zeros =
+        |channels: usize, frames: usize| Tensor::zeros((channels, frames, h, w), DType::F32, dev);
+    let cond = Tensor::cat(&[&latents.narrow(1, 0, 1)?, &zeros(c, f - 1)?], 1)?;
+    let mask = Tensor::cat(
+        &[
+            &Tensor::ones((1, 1, h, w), DType::F32, dev)?,
+            &zeros(1, f - 1)?,
+        ],
+        1,
+    )?;
+    Ok(Tensor::cat(&[&cond, &mask], 0)?)
+}
+
 /// The items of [`dataset`]: stem, caption words (Qwen2.5-VL tokens) and quoted glyph tokens.
 const ITEMS: [(&str, usize, usize); 3] = [("a", 3, 0), ("b", 5, 0), ("c", 4, 2)];
 
 /// A musubi-tuner video dataset in `dir` (no videos: only its `_hv15` caches in `cache/`, three clips of 9 frames
-/// at 64×64 — latents [4, 3, 4, 4] — the third caption quoting glyph text), batch size `batch_size`; returns its
-/// TOML.
-pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
+/// at 64×64 — latents [4, 3, 4, 4] — the third caption quoting glyph text; with `i2v` also each clip's first-frame
+/// latents and mask [5, 3, 4, 4] and 6 SigLIP-like tokens), batch size `batch_size`; returns its TOML.
+pub fn dataset(dir: &Path, batch_size: usize, i2v: bool) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(dir.join("videos"))?;
     let cache = dir.join("cache");
     let cfg = tiny_config();
@@ -75,11 +93,19 @@ pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
         frames: 9,
     };
     for (stem, words, glyphs) in ITEMS {
+        let latents = randn(rng, (cfg.out_channels, 3, 4, 4), 0.0, 1.0, &dev)?;
+        let (latents_image, siglip) = if i2v {
+            (
+                Some(first_frame(&latents)?),
+                Some(randn(rng, (6, cfg.image_embed_dim), 0.0, 1.0, &dev)?),
+            )
+        } else {
+            (None, None)
+        };
         let latents = Hv15LatentCache {
-            latents: randn(rng, (cfg.out_channels, 3, 4, 4), 0.0, 1.0, &dev)?
-                .to_dtype(DType::BF16)?,
-            latents_image: None,
-            siglip: None,
+            latents: latents.to_dtype(DType::BF16)?,
+            latents_image,
+            siglip,
         };
         let name = hv15_latent_cache_name(stem, Some(window), (64, 64));
         write_hv15_latent_cache(&cache.join(name), &latents, (64, 64), Some(9))?;

@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::items::load_hv15_items;
+use super::items::{load_hv15_items, ItemReader};
 use super::testkit::{dataset, tiny_config, tiny_dit};
 use super::train::hv15_batch;
 use crate::family::{family_of, family_of_cache, family_of_dit};
@@ -20,13 +20,22 @@ use crate::train::optimizer::AdamW;
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
 use crate::train::tests::{all_lora_values, try_start};
 use crate::train::timesteps::TimestepDraw;
-use framesmith_config::run::{Checkpointing, TimestepSampling};
+use framesmith_config::run::{Checkpointing, TimestepSampling, TrainingMode};
 use framesmith_config::{presets, RunConfig};
 use framesmith_data::Unreadable;
 use framesmith_models::hunyuan_video15::weights::load_dit;
-use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
+use framesmith_models::hunyuan_video15::{HunyuanVideo15Config, HunyuanVideo15Transformer};
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet, LoraSpec};
 use framesmith_nn::lora_file::LoraFile;
+
+/// How the tests read items: on the CPU for the tiny model `cfg`, in `mode`.
+fn reader(cfg: &HunyuanVideo15Config, mode: TrainingMode) -> ItemReader<'_> {
+    ItemReader {
+        cfg,
+        mode,
+        device: &Device::Cpu,
+    }
+}
 
 /// The tiny transformer written into `dir` and loaded, with a rank-4 LoRA on musubi-tuner's targets and its
 /// optimizer.
@@ -49,9 +58,13 @@ fn tiny_model_with_lora(dir: &Path) -> anyhow::Result<(HunyuanVideo15Transformer
 #[test]
 fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
-    let toml = dataset(dir.path(), 1)?;
+    let toml = dataset(dir.path(), 1, false)?;
     let cfg = tiny_config();
-    let items = load_hv15_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
+    let items = load_hv15_items(
+        (&toml, Unreadable::Refuse),
+        reader(&cfg, TrainingMode::Auto),
+    )?
+    .items;
     assert_eq!(items.len(), 3);
     let shapes: Vec<_> = items
         .iter()
@@ -59,7 +72,7 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
             (
                 i.latents.dims().to_vec(),
                 i.context.dim(0).ok(),
-                i.clip.is_some(),
+                i.second_text.is_some(),
             )
         })
         .collect();
@@ -130,7 +143,7 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
 /// A `steps`-long HunyuanVideo 1.5 run on the cached tiny dataset in `dir`.
 fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
-    let toml = dataset(dir, 2)?;
+    let toml = dataset(dir, 2, false)?;
     let mut config = presets::builtin("demo-cpu")?
         .apply(&RunConfig::default())?
         .config;
@@ -277,15 +290,91 @@ fn what_needs_the_vae_or_byt5_is_refused_naming_what_is_missing() -> anyhow::Res
 
     // A dataset without `_hv15` caches names musubi-tuner's scripts.
     std::fs::remove_dir_all(dir.path().join("cache"))?;
+    let cfg = tiny_config();
     let err = error_of(load_hv15_items(
         (&config.dataset.config, Unreadable::Refuse),
-        &tiny_config(),
-        &Device::Cpu,
+        reader(&cfg, TrainingMode::Auto),
     ));
     assert!(
         err.contains("no *_hv15.safetensors")
             && err.contains("hv_1_5_cache_text_encoder_outputs.py"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn image_to_video_caches_condition_the_batch_and_train() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = dataset(dir.path(), 1, true)?;
+    let cfg = tiny_config();
+    let items = load_hv15_items(
+        (&toml, Unreadable::Refuse),
+        reader(&cfg, TrainingMode::Auto),
+    )?
+    .items;
+    let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
+    let draws = vec![
+        TimestepDraw {
+            t: 0.5,
+            model_timestep: 501.0
+        };
+        batch.len()
+    ];
+    let b = hv15_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+    assert_eq!(b.inputs.latents.dims(), &[3, 9, 3, 4, 4]);
+    // The mask channel is 1 on the first latent frame only, and the SigLIP tokens come along.
+    let mask: Vec<f32> = b
+        .inputs
+        .latents
+        .get(0)?
+        .get(8)?
+        .mean_keepdim(2)?
+        .mean_keepdim(1)?
+        .flatten_all()?
+        .to_vec1()?;
+    assert_eq!(mask, [1.0, 0.0, 0.0]);
+    assert_eq!(
+        b.inputs.image_embeds.as_ref().map(|t| t.dims().to_vec()),
+        Some(vec![3, 6, 8])
+    );
+    // Text-to-video leaves the image parts out; a batch that mixes the two is refused.
+    let t2v = load_hv15_items(
+        (&toml, Unreadable::Refuse),
+        reader(&cfg, TrainingMode::TextToVideo),
+    )?
+    .items;
+    assert!(t2v
+        .iter()
+        .all(|(i, _)| i.image.is_none() && i.clip.is_none()));
+    let mixed = [batch[0], &t2v[1].0];
+    let err = error_of(hv15_batch(
+        &mixed,
+        &draws[..2],
+        &mut StdRng::seed_from_u64(9),
+        DType::F32,
+    ));
+    assert!(err.contains("mixes image-to-video items"), "{err}");
+
+    // A run of it trains and says so in its LoRA; asked for I2V, text-to-video caches are refused by name.
+    let mut config = config(&dir.path().join("run"), 2)?;
+    config.dataset.config = toml;
+    config.training.mode = TrainingMode::ImageToVideo;
+    let mut trainer = try_start(&config, None)?;
+    let loss = trainer.train_step(&|| false)?.loss.unwrap_or(f64::NAN);
+    assert!(loss.is_finite() && loss > 0.0, "{loss}");
+    let saved = trainer.save(true)?;
+    let file = LoraFile::load(&saved.loras[0], &Device::Cpu)?;
+    let mode = file
+        .metadata
+        .get("framesmith.training_mode")
+        .map(String::as_str);
+    assert_eq!(mode, Some("image_to_video"));
+    let t2v_toml = dataset(&dir.path().join("t2v"), 1, false)?;
+    let err = error_of(load_hv15_items(
+        (&t2v_toml, Unreadable::Refuse),
+        reader(&cfg, TrainingMode::ImageToVideo),
+    ));
+    assert!(err.contains("hv_1_5_cache_latents.py --i2v"), "{err}");
     Ok(())
 }

@@ -1,10 +1,10 @@
 //! HunyuanVideo 1.5 training pieces the engine composes: which run `model.dit` is a HunyuanVideo 1.5 transformer,
 //! and the flow-matching batch the model-agnostic checkpointed step takes, as musubi-tuner's
-//! `hv_1_5_train_network.py` trains text-to-video: the cached latents × the VAE's scaling factor, noisy latents
-//! `(1 − t)·x + t·noise` beside the 33 zero condition channels (latents and first-frame mask) of T2V, the
-//! Qwen2.5-VL hidden states and the byT5 glyph states padded to the batch's longest with their lengths (an item
-//! whose caption quotes nothing has no glyph tokens), the raw timestep `t·1000 + 1`, and the target
-//! `noise − latents`.
+//! `hv_1_5_train_network.py` trains it: the cached latents × the VAE's scaling factor, noisy latents
+//! `(1 − t)·x + t·noise` beside 33 condition channels (T2V: zeros; I2V: the cached first-frame latents and mask,
+//! as the cache holds them) and, for I2V, the first frame's SigLIP features as image tokens, the Qwen2.5-VL hidden
+//! states and the byT5 glyph states padded to the batch's longest with their lengths (an item whose caption quotes
+//! nothing has no glyph tokens), the raw timestep `t·1000 + 1`, and the target `noise − latents`.
 
 use std::path::{Path, PathBuf};
 
@@ -135,8 +135,28 @@ fn noisy_video(
     Ok((Tensor::cat(&noisy, 0)?, targets))
 }
 
-/// The inputs and targets of `batch` (items of one latent shape) at `draws` for the text-to-video model, noise
-/// drawn from `rng` item by item; the model computes in `dtype`.
+/// The image-to-video conditioning of `batch`: the cached condition channels [b, 33, F, H, W] and SigLIP features
+/// [b, tokens, 1152], stacked; `None` for a text-to-video batch; an error for a batch that mixes the two.
+fn image_conditioning(batch: &[&TrainItem]) -> anyhow::Result<Option<(Tensor, Tensor)>> {
+    let parts: Vec<(&Tensor, &Tensor)> = batch
+        .iter()
+        .filter_map(|i| Some((i.image.as_ref()?, i.clip.as_ref()?)))
+        .collect();
+    if parts.is_empty() {
+        return Ok(None);
+    }
+    if parts.len() != batch.len() {
+        anyhow::bail!(
+            "a batch mixes image-to-video items (with first-frame latents and SigLIP features) and text-to-video \
+             ones; cache every dataset with hv_1_5_cache_latents.py --i2v, or set training.mode = \"text_to_video\""
+        );
+    }
+    let (cond, siglip): (Vec<&Tensor>, Vec<&Tensor>) = parts.into_iter().unzip();
+    Ok(Some((Tensor::stack(&cond, 0)?, Tensor::stack(&siglip, 0)?)))
+}
+
+/// The inputs and targets of `batch` (items of one latent shape) at `draws`, noise drawn from `rng` item by item;
+/// the model computes in `dtype`.
 pub fn hv15_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
@@ -149,15 +169,22 @@ pub fn hv15_batch(
     let key = batch.first().map_or("", |i| i.key.as_str());
     let txt = padded_states(&text, dtype)?
         .ok_or_else(|| anyhow::anyhow!("{key}: the text cache holds no tokens"))?;
-    let glyphs: Vec<Option<&Tensor>> = batch.iter().map(|i| i.clip.as_ref()).collect();
+    let glyphs: Vec<Option<&Tensor>> = batch.iter().map(|i| i.second_text.as_ref()).collect();
     let byt5 = padded_states(&glyphs, dtype)?;
+    let (latents, image_embeds) = match image_conditioning(batch)? {
+        Some((cond, siglip)) => (
+            Tensor::cat(&[&noisy, &cond.to_dtype(DType::F32)?], 1)?,
+            Some(siglip.to_dtype(dtype)?),
+        ),
+        None => (model_input(&noisy, None)?, None),
+    };
     let timesteps: Vec<f32> = draws.iter().map(|d| d.model_timestep as f32).collect();
     let inputs = HunyuanVideo15Inputs {
-        latents: model_input(&noisy, None)?.to_dtype(dtype)?,
+        latents: latents.to_dtype(dtype)?,
         timesteps: Tensor::new(timesteps, &device)?,
         txt,
         byt5,
-        image_embeds: None,
+        image_embeds,
     };
     Ok(Hv15Batch { inputs, targets })
 }

@@ -168,6 +168,7 @@ fn load_item(
         image: None,
         clip,
         control,
+        second_text: None,
     })
 }
 

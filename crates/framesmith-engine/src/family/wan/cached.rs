@@ -299,6 +299,7 @@ impl CachePlace<'_> {
                 image,
                 clip,
                 control: Vec::new(),
+                second_text: None,
             });
         }
         Ok(items)

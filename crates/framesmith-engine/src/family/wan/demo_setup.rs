@@ -55,6 +55,7 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
                 image: None,
                 clip: None,
                 control: Vec::new(),
+                second_text: None,
             })
         })
         .collect()

@@ -44,6 +44,16 @@ fn the_released_model_is_54_blocks_of_its_8_3b_parameters() {
     // 480p × 121 frames: 31 latent frames of 30 × 53 tokens, and the 256 text tokens the plan counts.
     assert_eq!(s.shape.tokens, 31 * 30 * 53 + 256);
     assert_eq!((s.pixel_multiple, s.frame_step), (16, 4));
+    // Image-to-video: the first frame's 729 SigLIP tokens join the text.
+    let mut i2v = input(121, BaseDtype::F32);
+    if let Some(m) = i2v.model.downcast_ref::<Hv15PlanModel>() {
+        i2v.model = PlanModel::new(Hv15PlanModel {
+            i2v: true,
+            ..m.clone()
+        });
+    }
+    let s = i2v.model.describe(&i2v).unwrap();
+    assert_eq!(s.shape.tokens, 31 * 30 * 53 + 256 + 729);
     assert!(input(120, BaseDtype::Bf16)
         .model
         .describe(&input(120, BaseDtype::Bf16))
