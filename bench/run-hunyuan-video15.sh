@@ -16,10 +16,11 @@
 #                 files, steps and outputs (so every memory setting is the preset's: FP8 block-64, pinned
 #                 streaming, blocks_to_swap = "auto", activations in RAM); `framesmith plan` first.
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
-# TEXT_TOKENS (default 128) tokens of the cached Qwen2.5-VL output; WIDTH, HEIGHT, FRAMES (848, 480, 121).
+# TEXT_TOKENS (default 128) tokens of the cached Qwen2.5-VL output; WIDTH, HEIGHT, FRAMES (848, 480, 121); I2V=1:
+# image-to-video (the project also caches the first frame's latents and 729 SigLIP features; its own WORK folder).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,19p' "$0"
+    sed -n '2,20p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -28,7 +29,9 @@ CASES=("$@")
 [[ ${#CASES[@]} -eq 0 ]] && CASES=(torch bf16 fp8 budget-24 budget-16)
 STEPS="${STEPS:-6}" SEED="${SEED:-0}" RANK="${RANK:-32}" TEXT_TOKENS="${TEXT_TOKENS:-128}"
 WIDTH="${WIDTH:-848}" HEIGHT="${HEIGHT:-480}" FRAMES="${FRAMES:-121}"
-TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-6}"
+TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-6}" I2V="${I2V:-0}"
+I2V_ARGS=()
+[[ "$I2V" == 1 ]] && I2V_ARGS=(--i2v)
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
 source "$HERE/device-env.sh"
@@ -40,7 +43,7 @@ LOG="$OUT/hunyuan-video15.log"
 SUMMARY="$OUT/summary.txt"
 TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|cached|HUNYUAN_VIDEO15_STEP|Error|error|Elapsed \(wall|Maximum resident"
 TIMED_LINES=16
-P="$WORK/hunyuan-video15"
+P="$WORK/hunyuan-video15$([[ "$I2V" == 1 ]] && echo -i2v)"
 DIT="$P/hunyuanvideo1.5_t2v_official_bf16.safetensors"
 
 # The PyTorch step on the project's bf16 file and caches, and its summary line.
@@ -49,7 +52,7 @@ torch_case() { # case-dir label
     timed "$d" torch python3 "$HERE/reference/hunyuan_video15_step.py" --dit "$DIT" \
         --latent-cache "$(ls "$P"/cache/*_hv15.safetensors | head -1)" \
         --text-cache "$(ls "$P"/cache/*_hv15_te.safetensors | head -1)" \
-        --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
+        --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS" "${I2V_ARGS[@]}"
     python3 - "$d/torch.log" "$label" >> "$SUMMARY" <<'EOF'
 import json, sys
 label = sys.argv[2]
@@ -72,7 +75,7 @@ minimal_config() { # project-dir out-toml
 import json, sys, tomllib
 src, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
 cfg = tomllib.load(open(src, "rb"))
-keep = {"model": ["dit"], "dataset": ["config"], "training": ["seed", "device"], "lora": ["rank", "alpha"],
+keep = {"model": ["dit"], "dataset": ["config"], "training": ["seed", "device", "mode"], "lora": ["rank", "alpha"],
         "output": ["output_dir", "output_name", "save_every_n_steps", "save_every_n_epochs", "save_state"]}
 lines = []
 for table, keys in keep.items():
@@ -97,7 +100,7 @@ EOF
 if [[ ! -f "$P/run.toml" ]]; then
     timed "$OUT" synth framesmith-bench synth-project --model hunyuan-video15 --out "$P" --height "$HEIGHT" \
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
-        --seed "$SEED" || { note "synth failed"; exit 1; }
+        --seed "$SEED" "${I2V_ARGS[@]}" || { note "synth failed"; exit 1; }
 fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
@@ -129,6 +132,6 @@ for case in "${CASES[@]}"; do
 done
 note "done"
 {
-    echo "== HunyuanVideo 1.5 T2V LoRA rank $RANK, ${WIDTH}x${HEIGHT}x${FRAMES}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
+    echo "== HunyuanVideo 1.5 $([[ "$I2V" == 1 ]] && echo I2V || echo T2V) LoRA rank $RANK, ${WIDTH}x${HEIGHT}x${FRAMES}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
     cat "$SUMMARY" 2>/dev/null
 } | tee "$OUT/summary-final.txt"

@@ -14,7 +14,9 @@ scaling factor 1.03682 as musubi-tuner's trainer does) and `_hv15_te` text cache
 [L2, 1472]), or random ones of --frames x --height x --width and --text-tokens. The text-to-video model input is
 the noisy latents with 33 zero condition channels; as the diffusers pipeline calls the model for T2V, the image
 embeds are 729 zero SigLIP tokens (masked out) and the byT5 states, when the caption quotes nothing, 256 masked
-zero tokens (both stay in diffusers' joint sequence as padding; Framesmith leaves them out).
+zero tokens (both stay in diffusers' joint sequence as padding; Framesmith leaves them out). With --i2v the
+condition channels are the cache's `latents_image` (first-frame latents and mask, used as cached, as musubi-tuner's
+trainer does) and the image embeds its `siglip` features.
 
 Prints each step's time, then `HUNYUAN_VIDEO15_STEP {json}` (mean and median ms of the timed steps after the
 warm-up, torch.cuda.max_memory_allocated and max_memory_reserved over the whole run, weights included) and a
@@ -177,19 +179,26 @@ def cache_tensor(path, prefix, device):
 
 
 def inputs(a, cfg, dev):
-    """Latents [1, 32, F, H, W] (scaled), Qwen2.5-VL states [1, L, 3584] and byT5 states [L2, 1472]."""
+    """Latents [1, 32, F, H, W] (scaled), Qwen2.5-VL states [1, L, 3584], byT5 states [L2, 1472] and, with
+    --i2v, the condition channels [1, 33, F, H, W] and SigLIP features [1, 729, 1152] (else None)."""
     if a.latent_cache:
         latent = cache_tensor(a.latent_cache, "latents_", dev).unsqueeze(0)
     else:
         f = (a.frames - 1) // 4 + 1
         latent = torch.randn(1, cfg["out_channels"], f, a.height // 16, a.width // 16, device=dev)
+    cond = siglip = None
+    if a.i2v:
+        if not a.latent_cache:
+            sys.exit("--i2v reads the first-frame latents and SigLIP features of --latent-cache")
+        cond = cache_tensor(a.latent_cache, "latents_image_", dev).unsqueeze(0)
+        siglip = cache_tensor(a.latent_cache, "siglip_", dev).unsqueeze(0)
     if a.text_cache:
         txt = cache_tensor(a.text_cache, "varlen_vl_embed_", dev).unsqueeze(0)
         glyph = cache_tensor(a.text_cache, "varlen_byt5_embed_", dev)
     else:
         txt = torch.randn(1, a.text_tokens, cfg["text_embed_dim"], device=dev)
         glyph = torch.zeros(0, cfg["text_embed_2_dim"], device=dev)
-    return latent * SCALING_FACTOR, txt, glyph
+    return latent * SCALING_FACTOR, txt, glyph, cond, siglip
 
 
 def glyph_states(glyph, dim, dev):
@@ -226,6 +235,7 @@ def parse():
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--no-checkpointing", action="store_true", help="keep every activation (no recompute)")
+    p.add_argument("--i2v", action="store_true", help="image-to-video: the cache's first frame and SigLIP features")
     p.add_argument("--device", default="cuda")
     return p.parse_args()
 
@@ -250,17 +260,21 @@ def main():
     params = add_lora(model, a.rank, a.alpha if a.alpha is not None else float(a.rank))
     model.train()
     load_secs = time.perf_counter() - t0
-    latent, txt, glyph = inputs(a, cfg, dev)
+    latent, txt, glyph, cond, siglip = inputs(a, cfg, dev)
     _, c, f, h, w = latent.shape
     noise = torch.randn_like(latent)
     noisy = (1 - a.sigma) * latent + a.sigma * noise
-    xt = torch.cat([noisy, torch.zeros(1, c + 1, f, h, w, device=dev)], dim=1).to(torch.bfloat16)
+    if cond is None:
+        cond = torch.zeros(1, c + 1, f, h, w, device=dev)
+    xt = torch.cat([noisy, cond], dim=1).to(torch.bfloat16)
     target = noise - latent
     txt = txt.to(torch.bfloat16)
     txt_mask = torch.ones(1, txt.shape[1], device=dev, dtype=torch.long)
     byt5, byt5_mask = glyph_states(glyph, cfg["text_embed_2_dim"], dev)
     byt5 = byt5.to(torch.bfloat16)
-    image = torch.zeros(1, SIGLIP_TOKENS, cfg["image_embed_dim"], device=dev, dtype=torch.bfloat16)
+    if siglip is None:
+        siglip = torch.zeros(1, SIGLIP_TOKENS, cfg["image_embed_dim"], device=dev)
+    image = siglip.to(torch.bfloat16)
     timestep = torch.tensor([a.sigma * 1000.0 + 1.0], device=dev)
     opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
     losses = []
@@ -292,13 +306,14 @@ def main():
     gib = 2**30
     peak = torch.cuda.max_memory_allocated() / gib if cuda else 0.0
     reserved = torch.cuda.max_memory_reserved() / gib if cuda else 0.0
-    img_len, txt_len = f * h * w, txt.shape[1] + BYT5_MAX + SIGLIP_TOKENS
+    img_len, txt_len = f * h * w, txt.shape[1] + BYT5_MAX + image.shape[1]
     mean = statistics.mean(times) if times else 0.0
     record = {
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch": torch.__version__,
         "blocks": cfg["num_layers"],
         "clip": [w * 16, h * 16, (f - 1) * 4 + 1],
+        "i2v": a.i2v,
         "img_tokens": img_len,
         "txt_tokens": txt_len,
         "rank": a.rank,

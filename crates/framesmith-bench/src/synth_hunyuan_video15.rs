@@ -2,7 +2,9 @@
 //! the released size (8.3B) with nothing to download — random DiT weights under the official release's names in
 //! one bf16 file, one cached clip in musubi-tuner's `_hv15` format (random latents of the VAE's shape: 32 channels,
 //! 16× spatial and 4× temporal compression; a random Qwen2.5-VL output and an empty byT5 output, as a caption
-//! that quotes nothing gives), its dataset TOML and a run config that trains from the caches alone. For memory
+//! that quotes nothing gives; for I2V also the first frame's condition latents and mask and 729 random SigLIP
+//! features, as `hv_1_5_cache_latents.py --i2v` caches them), its dataset TOML and a run config that trains from
+//! the caches alone. For memory
 //! and speed trials of the real trainer on a GPU machine, and the weights for the PyTorch reference
 //! (`bench/reference/hunyuan_video15_step.py`).
 
@@ -51,7 +53,12 @@ pub struct Hv15SynthProject {
     pub steps: usize,
     /// LoRA rank (and alpha) of the run config.
     pub rank: usize,
+    /// Cache the image-to-video conditioning too, and train image-to-video.
+    pub i2v: bool,
 }
+
+/// SigLIP tokens of the I2V image features.
+const SIGLIP_TOKENS: usize = 729;
 
 /// What [`write_hv15_project`] wrote.
 #[derive(Debug, Clone)]
@@ -117,6 +124,9 @@ pub fn write_hv15_project(dir: &Path, spec: &Hv15SynthProject) -> anyhow::Result
     config.training.timestep_sampling = TimestepSampling::Shift;
     config.training.discrete_flow_shift = 2.0;
     config.output.output_name = "synth-hunyuan-video15-lora".into();
+    if spec.i2v {
+        config.training.mode = framesmith_config::run::TrainingMode::ImageToVideo;
+    }
     fs::write(&run, run_config_toml(&config)?)
         .with_context(|| format!("cannot write {}", run.display()))?;
     Ok(Hv15SynthFiles {
@@ -182,6 +192,19 @@ fn dataset_toml(spec: &Hv15SynthProject) -> String {
     )
 }
 
+/// The I2V condition channels of `latents` [C, F, H, W] as musubi-tuner caches them: the first frame's latents,
+/// zeros, and the first-frame mask — [C + 1, F, H, W] in f32.
+fn condition(latents: &candle_core::Tensor) -> anyhow::Result<candle_core::Tensor> {
+    use candle_core::Tensor;
+    let (c, f, h, w) = latents.dims4()?;
+    let dev = latents.device();
+    let zeros = |n: usize, frames: usize| Tensor::zeros((n, frames, h, w), DType::F32, dev);
+    let cond = Tensor::cat(&[&latents.narrow(1, 0, 1)?, &zeros(c, f - 1)?], 1)?;
+    let ones = Tensor::ones((1, 1, h, w), DType::F32, dev)?;
+    let mask = Tensor::cat(&[&ones, &zeros(1, f - 1)?], 1)?;
+    Ok(Tensor::cat(&[&cond, &mask], 0)?)
+}
+
 /// Writes the clip's latent and text caches (bf16; no glyph tokens) into `dir/cache`, and the empty `videos/`.
 fn write_cached_clip(
     dir: &Path,
@@ -195,10 +218,26 @@ fn write_cached_clip(
     let size = (spec.width as u32, spec.height as u32);
     let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
     let dev = &Device::Cpu;
+    let latents = randn(rng, latent.as_slice(), 0.0, 1.0, dev)?;
+    let (latents_image, siglip) = if spec.i2v {
+        let features = randn(
+            rng,
+            (SIGLIP_TOKENS, spec.cfg.image_embed_dim),
+            0.0,
+            1.0,
+            dev,
+        )?;
+        (
+            Some(condition(&latents)?),
+            Some(features.to_dtype(DType::F16)?),
+        )
+    } else {
+        (None, None)
+    };
     let cached = Hv15LatentCache {
-        latents: randn(rng, latent.as_slice(), 0.0, 1.0, dev)?.to_dtype(DType::BF16)?,
-        latents_image: None,
-        siglip: None,
+        latents: latents.to_dtype(DType::BF16)?,
+        latents_image,
+        siglip,
     };
     let window = FrameWindow {
         start: 0,
@@ -256,6 +295,7 @@ mod tests {
             text_tokens: 5,
             steps: 2,
             rank: 4,
+            i2v: true,
         };
         let files = write_hv15_project(dir.path(), &spec)?;
         let dit = framesmith_models::hunyuan_video15::weights::identify(&files.dit)?;
@@ -265,6 +305,10 @@ mod tests {
             &Device::Cpu,
         )?;
         assert_eq!(latents.latents.dims(), &[4, 3, 2, 3]);
+        let image = latents.latents_image.map(|t| t.dims().to_vec());
+        assert_eq!(image, Some(vec![5, 3, 2, 3]));
+        let siglip = latents.siglip.map(|t| t.dims().to_vec());
+        assert_eq!(siglip, Some(vec![729, 8]));
         let text = framesmith_data::family::hunyuan_video15::cache::read_hv15_text_cache(
             &files.text,
             &Device::Cpu,
@@ -275,6 +319,10 @@ mod tests {
         );
         let config = framesmith_config::RunConfig::load(&files.run)?;
         assert_eq!(config.training.discrete_flow_shift, 2.0);
+        assert_eq!(
+            config.training.mode,
+            framesmith_config::run::TrainingMode::ImageToVideo
+        );
         assert_eq!((config.lora.rank, config.training.max_train_steps), (4, 2));
         assert!(hv15_latent_shape(&Hv15SynthProject { frames: 8, ..spec }).is_err());
         Ok(())

@@ -50,6 +50,10 @@ pub(crate) struct SynthArgs {
     /// `cache text`, samples and `generate`.
     #[arg(long)]
     sample_files: bool,
+    /// HunyuanVideo 1.5: cache the clip's image-to-video conditioning (first-frame latents, SigLIP features) too,
+    /// and train image-to-video.
+    #[arg(long)]
+    i2v: bool,
     /// Qwen-Image with --sample-files: how many captioned images to write.
     #[arg(long, default_value_t = 100)]
     captions: usize,
@@ -166,6 +170,7 @@ fn synth_hv15_project(args: &SynthArgs) -> Result<()> {
         text_tokens: args.text_tokens,
         steps: args.steps,
         rank: args.rank,
+        i2v: args.i2v,
     };
     let files = hv::write_hv15_project(&args.out, &spec)?;
     println!(
