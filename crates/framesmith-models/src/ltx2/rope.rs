@@ -1,0 +1,175 @@
+//! LTX-2's rotary position embedding for video tokens, as ltx-core's `precompute_freqs_cis` builds it with the
+//! `split` layout: each token's (time, height, width) position is the middle of its patch's bounds in seconds and
+//! pixels ([`video_positions`], the official trainer's), divided by `positional_embedding_max_pos` and mapped to
+//! [-1, 1]; one frequency grid `θ^linspace(0, 1, n) · π/2` spans the whole model width (not one head), the axes
+//! interleave, the unused leading entries are the identity, and each head takes its slice of the table. A head's
+//! two halves rotate against each other (`x₁ cos − x₂ sin`, `x₂ cos + x₁ sin`). The angles are computed in f32 as
+//! the official code does (its f32 products of large angles decide the last bits of the tables).
+
+use candle_core::{DType, Device, Result, Tensor};
+
+use super::config::Ltx2Config;
+
+/// The VAE's (time, height, width) downsampling of every release: latent positions times these are pixels.
+pub const VIDEO_SCALE_FACTORS: [i64; 3] = [8, 32, 32];
+
+/// Cosines and sines of one forward pass's angles, [b, tokens, heads, head_dim / 2] f32.
+#[derive(Clone, Debug)]
+pub struct RopeTable {
+    pub cos: Tensor,
+    pub sin: Tensor,
+}
+
+/// The patch bounds of every video token in pixel space, [batch, 3, frames·height·width, 2] f32 (start, end per
+/// axis), as the official trainer's `_get_video_positions` makes them: latent bounds times the VAE's factors, the
+/// time axis shifted by the causal first frame (`+1 − 8`, at least 0) and divided by `fps`.
+pub fn video_positions(
+    batch: usize,
+    (frames, height, width): (usize, usize, usize),
+    fps: f32,
+    device: &Device,
+) -> Result<Tensor> {
+    let tokens = frames * height * width;
+    let mut out = vec![0f32; 3 * tokens * 2];
+    let [st, sh, sw] = VIDEO_SCALE_FACTORS;
+    let mut i = 0;
+    for f in 0..frames as i64 {
+        for y in 0..height as i64 {
+            for x in 0..width as i64 {
+                let time = |t: i64| ((t * st + 1 - st).max(0) as f32) / fps;
+                let bounds = [
+                    [time(f), time(f + 1)],
+                    [(y * sh) as f32, ((y + 1) * sh) as f32],
+                    [(x * sw) as f32, ((x + 1) * sw) as f32],
+                ];
+                for (axis, [start, end]) in bounds.into_iter().enumerate() {
+                    out[(axis * tokens + i) * 2] = start;
+                    out[(axis * tokens + i) * 2 + 1] = end;
+                }
+                i += 1;
+            }
+        }
+    }
+    let one = Tensor::from_vec(out, (1, 3, tokens, 2), device)?;
+    one.repeat((batch, 1, 1, 1))
+}
+
+/// The frequency grid `θ^linspace(0, 1, n) · π/2` (`generate_freq_grid_np`: in f64, then f32). ltx-core's
+/// single-precision grid (`frequencies_precision` not `float64`) is taken to be the same values.
+fn freq_grid(theta: f64, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|i| {
+            let t = if n > 1 {
+                i as f64 / (n - 1) as f64
+            } else {
+                0.0
+            };
+            (theta.powf(t) * std::f64::consts::FRAC_PI_2) as f32
+        })
+        .collect()
+}
+
+impl RopeTable {
+    /// The table for `positions` [b, axes, tokens, 2] (patch bounds; see [`video_positions`]) with the video
+    /// stream's sizes and RoPE settings of `cfg`, on `device`.
+    pub fn new(positions: &Tensor, cfg: &Ltx2Config, device: &Device) -> Result<Self> {
+        let (b, axes, tokens, two) = positions.dims4()?;
+        let max_pos = &cfg.positional_embedding_max_pos;
+        if two != 2 || axes != max_pos.len() {
+            candle_core::bail!(
+                "LTX-2 RoPE: positions {:?}, expected [b, {}, tokens, 2]",
+                positions.dims(),
+                max_pos.len()
+            );
+        }
+        let (inner, heads) = (cfg.inner_dim(), cfg.num_attention_heads);
+        let n = inner / (2 * axes);
+        let half = inner / 2;
+        let pad = half - n * axes;
+        let grid = freq_grid(cfg.positional_embedding_theta, n);
+        let pos = positions
+            .to_dtype(DType::F32)?
+            .flatten_all()?
+            .to_vec1::<f32>()?;
+        let (mut cos, mut sin) = (vec![1f32; b * tokens * half], vec![0f32; b * tokens * half]);
+        for s in 0..b {
+            for t in 0..tokens {
+                let row = (s * tokens + t) * half + pad;
+                for (axis, &max) in max_pos.iter().enumerate() {
+                    let at = ((s * axes + axis) * tokens + t) * 2;
+                    let middle = (pos[at] + pos[at + 1]) / 2.0;
+                    let x = middle / max as f32 * 2.0 - 1.0;
+                    for (f, &g) in grid.iter().enumerate() {
+                        let angle = g * x;
+                        cos[row + f * axes + axis] = angle.cos();
+                        sin[row + f * axes + axis] = angle.sin();
+                    }
+                }
+            }
+        }
+        let shape = (b, tokens, heads, half / heads);
+        Ok(Self {
+            cos: Tensor::from_vec(cos, shape, device)?,
+            sin: Tensor::from_vec(sin, shape, device)?,
+        })
+    }
+
+    /// The tables without an autograd history.
+    pub fn detach(&self) -> Self {
+        Self {
+            cos: self.cos.detach(),
+            sin: self.sin.detach(),
+        }
+    }
+
+    /// `xs` [b, tokens, heads, head_dim] rotated (differentiable; in `xs`' dtype).
+    pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
+        rotate(xs, &self.cos, &self.sin)
+    }
+
+    /// Input gradient of [`Self::apply`]: `dy` rotated by the negative angles.
+    pub fn backward(&self, dy: &Tensor) -> Result<Tensor> {
+        rotate(dy, &self.cos, &self.sin.neg()?)
+    }
+}
+
+/// The split rotation of each head's halves by the angles of `cos` / `sin`.
+fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let d = xs.dim(3)?;
+    let (cos, sin) = (cos.to_dtype(xs.dtype())?, sin.to_dtype(xs.dtype())?);
+    let x1 = xs.narrow(3, 0, d / 2)?;
+    let x2 = xs.narrow(3, d / 2, d / 2)?;
+    let first = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
+    let second = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
+    Tensor::cat(&[first, second], 3)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_follow_the_causal_first_frame() -> anyhow::Result<()> {
+        let p = video_positions(1, (2, 1, 2), 24.0, &Device::Cpu)?;
+        let v = p.flatten_all()?.to_vec1::<f32>()?;
+        // Token 0 (frame 0): time [0, 1/24]; token 2 (frame 1): time [1/24, 9/24]; width of token 1: [32, 64].
+        assert_eq!(&v[0..2], &[0.0, 1.0 / 24.0]);
+        assert_eq!(&v[4..6], &[1.0 / 24.0, 9.0 / 24.0]);
+        assert_eq!(&v[(2 * 4 + 1) * 2..(2 * 4 + 1) * 2 + 2], &[32.0, 64.0]);
+        Ok(())
+    }
+
+    #[test]
+    fn backward_undoes_the_rotation() -> anyhow::Result<()> {
+        let cfg = Ltx2Config::from_transformer_json(&serde_json::json!({
+            "num_attention_heads": 2, "attention_head_dim": 8
+        }))?;
+        let pos = video_positions(1, (2, 2, 2), 25.0, &Device::Cpu)?;
+        let table = RopeTable::new(&pos, &cfg, &Device::Cpu)?;
+        let xs = Tensor::randn(0f32, 1.0, (1, 8, 2, 8), &Device::Cpu)?;
+        let back = table.backward(&table.apply(&xs)?)?;
+        let err = (back - &xs)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(err < 1e-5, "{err}");
+        Ok(())
+    }
+}
