@@ -201,6 +201,11 @@ pub const QWEN_IMAGE_ALWAYS_EXCLUDE: &str = r".*(_mod_).*";
 /// linear of a double block, the modulations included, is adapted.
 pub const HUNYUAN_VIDEO15_ALWAYS_EXCLUDE: &str = r".*(_in).*";
 
+/// The official LTX-2 trainer's default targets (`to_q`, `to_k`, `to_v`, `to_out.0` of every attention) as an
+/// exclude pattern: the feed-forwards and LTX-2.3's head gates, left out only when the user gives no exclude
+/// patterns of their own (the trainer's configs add `ff.net.0.proj` / `ff.net.2` by hand).
+pub const LTX2_DEFAULT_EXCLUDE: &str = r".*(\.ff\.|to_gate_logits).*";
+
 /// The model family a LoRA is for: which block lists hold its adapted linears and musubi-tuner's default
 /// exclusions for it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -214,6 +219,8 @@ pub enum LoraFamily {
     QwenImage,
     /// HunyuanVideo 1.5: `double_blocks.{i}.…` (official names).
     HunyuanVideo15,
+    /// LTX-2 / LTX-2.3: `transformer_blocks.{i}.…` (ltx-core's names).
+    Ltx2,
 }
 
 impl LoraFamily {
@@ -224,6 +231,7 @@ impl LoraFamily {
             Self::Flux => &["double_blocks", "single_blocks"],
             Self::QwenImage => &["transformer_blocks"],
             Self::HunyuanVideo15 => &["double_blocks"],
+            Self::Ltx2 => &["transformer_blocks"],
         }
     }
 
@@ -235,6 +243,8 @@ impl LoraFamily {
             Self::Flux => vec![FLUX_DEFAULT_EXCLUDE, FLUX_ALWAYS_EXCLUDE],
             Self::QwenImage => vec![QWEN_IMAGE_ALWAYS_EXCLUDE],
             Self::HunyuanVideo15 => vec![HUNYUAN_VIDEO15_ALWAYS_EXCLUDE],
+            Self::Ltx2 if user_excludes => Vec::new(),
+            Self::Ltx2 => vec![LTX2_DEFAULT_EXCLUDE],
         }
     }
 }

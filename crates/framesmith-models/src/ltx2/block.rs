@@ -20,6 +20,8 @@ use framesmith_nn::norm::rms_norm;
 use framesmith_nn::ops::gelu_tanh;
 use framesmith_nn::vb::Vb;
 
+pub mod grad;
+
 /// What every block of one forward pass shares.
 #[derive(Clone)]
 pub struct BlockInputs {

@@ -1,8 +1,8 @@
 //! LTX-2 and LTX-2.3 (Lightricks' audio-video models, 19B and 22B): the transformer's video stream with
 //! ltx-core's key names (config read from a checkpoint's embedded metadata, the AdaLN timestep embedding, the
-//! split 3-D RoPE over positions in seconds and pixels, the blocks, the head) as text-to-video runs it, the audio
-//! stream left out: with no audio the official blocks skip the audio-video cross-attentions, so nothing is read
-//! or computed for them.
+//! split 3-D RoPE over positions in seconds and pixels, the blocks with their hand-written backward, the head) as
+//! text-to-video trains it, the audio stream left out: with no audio the official blocks skip the audio-video
+//! cross-attentions, so nothing is read or computed for them.
 
 pub mod block;
 pub mod config;
@@ -10,6 +10,7 @@ pub mod embeddings;
 pub mod rope;
 #[cfg(test)]
 mod testkit;
+mod trainable;
 pub mod transformer;
 
 pub use config::{Ltx2Config, Ltx2Version};

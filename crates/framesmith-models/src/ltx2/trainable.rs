@@ -1,0 +1,133 @@
+//! LTX-2 / LTX-2.3 as the engine trains it: [`TrainableModel`] for [`Ltx2Transformer`] and [`TrainableBlock`] for
+//! [`Ltx2Block`] (the video stream of each block, with its hand-written backward), the embeddings' results as a
+//! [`PreparedBatch`], and LoRA targets named as ltx-core names the modules (`transformer_blocks.0.attn1.to_q`).
+//! With selective checkpointing a block keeps its self-attention for the recompute ([`KeptBlock`]; no gated
+//! branch output is kept).
+
+use std::borrow::Cow;
+
+use candle_core::{Device, Result, Tensor};
+
+use super::block::grad::Ltx2Tape;
+use super::block::{BlockInputs, Ltx2Block};
+use super::transformer::{Ltx2Inputs, Ltx2Transformer, Prepared};
+use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
+use framesmith_nn::attention::KeptBlock;
+use framesmith_nn::linear::Linear;
+use framesmith_nn::lora::LoraFamily;
+
+impl TrainableBlock for Ltx2Block {
+    type Shared = BlockInputs;
+    type Kept = KeptBlock;
+    type Tape = Ltx2Tape;
+
+    fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
+        Ltx2Block::forward(self, xs, shared)
+    }
+
+    /// The forward keeping the self-attention; `keep_projection` is ignored (no branch output is kept).
+    fn forward_untracked(
+        &self,
+        xs: &Tensor,
+        shared: &BlockInputs,
+        _keep_projection: bool,
+    ) -> Result<(Tensor, KeptBlock)> {
+        let (out, tape) = self.forward_with_tape(xs, shared, None)?;
+        Ok((out, KeptBlock::new(tape.kept(), Vec::new())))
+    }
+
+    fn forward_with_tape(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, Ltx2Tape)> {
+        Ltx2Block::forward_with_tape(self, xs, shared, None)
+    }
+
+    fn recompute(
+        &self,
+        xs: &Tensor,
+        shared: &BlockInputs,
+        kept: Option<&KeptBlock>,
+    ) -> Result<Ltx2Tape> {
+        Ok(Ltx2Block::forward_with_tape(self, xs, shared, kept.map(KeptBlock::attention))?.1)
+    }
+
+    fn backward(&self, tape: Ltx2Tape, grad: &Tensor) -> Result<BlockGrads> {
+        Ltx2Block::backward(self, tape, grad)
+    }
+}
+
+impl PreparedBatch for Prepared {
+    type Shared = BlockInputs;
+
+    fn block_input(&self) -> &Tensor {
+        &self.xs
+    }
+
+    fn shared(&self) -> &BlockInputs {
+        &self.blocks
+    }
+
+    fn detached(&self) -> Self {
+        let b = &self.blocks;
+        Prepared {
+            xs: self.xs.detach(),
+            blocks: BlockInputs {
+                timestep: b.timestep.detach(),
+                prompt_timestep: b.prompt_timestep.as_ref().map(Tensor::detach),
+                rope: b.rope.detach(),
+                context: b.context.detach(),
+                context_lens: b.context_lens.clone(),
+            },
+            embedded: self.embedded.detach(),
+        }
+    }
+}
+
+impl TrainableModel for Ltx2Transformer {
+    type Inputs = Ltx2Inputs;
+    type Prepared = Prepared;
+    type Block = Ltx2Block;
+    const LORA_FAMILY: LoraFamily = LoraFamily::Ltx2;
+
+    fn lora_linears(&mut self) -> Vec<(String, &mut Linear)> {
+        Ltx2Transformer::linears_mut(self)
+    }
+
+    fn prepare(&self, inputs: &Ltx2Inputs) -> Result<Prepared> {
+        Ltx2Transformer::prepare(self, inputs)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.transformer_blocks.len()
+    }
+
+    /// Every block is resident (block streaming comes with the engine's LTX-2 family).
+    fn begin_blocks(&self, _order: &[usize], _cyclic: bool) -> Result<()> {
+        Ok(())
+    }
+
+    fn block(&self, i: usize) -> Result<Cow<'_, Ltx2Block>> {
+        match self.transformer_blocks.get(i) {
+            Some(block) => Ok(Cow::Borrowed(block)),
+            None => candle_core::bail!(
+                "LTX-2: no block {i} (the model has {})",
+                self.transformer_blocks.len()
+            ),
+        }
+    }
+
+    /// One velocity [tokens, out_channels] per sample.
+    fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
+        let out = Ltx2Transformer::finish(self, xs, prepared)?;
+        (0..out.dim(0)?).map(|i| out.get(i)).collect()
+    }
+
+    fn device(&self) -> &Device {
+        self.scale_shift_table.device()
+    }
+
+    fn latents<'a>(&self, inputs: &'a Ltx2Inputs) -> &'a [Tensor] {
+        std::slice::from_ref(&inputs.latents)
+    }
+}
+
+#[cfg(test)]
+mod tests;
