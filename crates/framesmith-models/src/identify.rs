@@ -1,4 +1,5 @@
-//! `framesmith inspect` for a model file of any family: HunyuanVideo transformers (1.5 in every layout, 1.0 named
+//! `framesmith inspect` for a model file of any family: LTX-2 / LTX-2.3 transformers (official single files, FP8,
+//! diffusers folders) and their Gemma 3 12B text encoder by [`crate::ltx2::weights`], HunyuanVideo transformers (1.5 in every layout, 1.0 named
 //! with what to download instead) by [`crate::hunyuan_video15::weights`], Qwen-Image transformers (files and diffusers folders) are
 //! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
 //! [`crate::qwen25vl::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
@@ -12,6 +13,7 @@ use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
 use crate::hunyuan_video15::weights::{
     self as hunyuan_weights, HunyuanVideoFile, HunyuanVideoFormatError,
 };
+use crate::ltx2::weights::{self as ltx2_weights, Ltx2File, Ltx2FormatError};
 use crate::qwen25vl::weights::{self as qwen25vl_weights, Qwen25VlFile, Qwen25VlFormatError};
 use crate::qwen_image::weights::{self as qwen_weights, QwenImageFile, QwenImageFormatError};
 use crate::wan::weights::{self as wan_weights, ModelFormatError};
@@ -19,6 +21,9 @@ use crate::wan::weights::{self as wan_weights, ModelFormatError};
 /// What a model file is.
 #[derive(Debug, Clone)]
 pub enum ModelFile {
+    Ltx2(Box<Ltx2File>),
+    /// Gemma 3 12B, LTX-2's text encoder (named; not loaded yet).
+    Gemma3(std::path::PathBuf),
     HunyuanVideo(Box<HunyuanVideoFile>),
     QwenImage(Box<QwenImageFile>),
     Qwen25Vl(Box<Qwen25VlFile>),
@@ -30,6 +35,12 @@ impl fmt::Display for ModelFile {
     /// The report, with any control character of the file's names and metadata shown escaped.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let report = match self {
+            Self::Ltx2(file) => file.to_string(),
+            Self::Gemma3(path) => format!(
+                "{}\n  {:<11} Gemma 3 12B, the text encoder of LTX-2 and LTX-2.3 (Framesmith does not load it yet)\n",
+                path.display(),
+                "model"
+            ),
             Self::HunyuanVideo(file) => file.to_string(),
             Self::QwenImage(file) => file.to_string(),
             Self::Qwen25Vl(file) => file.to_string(),
@@ -44,6 +55,8 @@ impl fmt::Display for ModelFile {
 /// may quote the file's tensor names.
 #[derive(Debug, thiserror::Error)]
 pub enum IdentifyError {
+    #[error("{}", printable(&.0.to_string()))]
+    Ltx2(Ltx2FormatError),
     #[error("{}", printable(&.0.to_string()))]
     HunyuanVideo(HunyuanVideoFormatError),
     #[error("{}", printable(&.0.to_string()))]
@@ -87,6 +100,15 @@ pub fn printable(text: &str) -> String {
 
 /// Says what the model file at `path` is.
 pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
+    match ltx2_weights::identify(path) {
+        Ok(file) => return Ok(ModelFile::Ltx2(Box::new(file))),
+        // LTX-2 tensors that do not make a transformer Framesmith can build say so.
+        Err(err) if !ltx2_weights::is_unrecognised(&err) => return Err(IdentifyError::Ltx2(err)),
+        Err(_) => {}
+    }
+    if !path.is_dir() && ltx2_weights::is_gemma3_12b(path) {
+        return Ok(ModelFile::Gemma3(path.to_path_buf()));
+    }
     match qwen_weights::identify(path) {
         Ok(file) => return Ok(ModelFile::QwenImage(Box::new(file))),
         // Qwen-Image tensors that do not make a whole transformer (a lone shard) say so.
@@ -236,6 +258,16 @@ mod tests {
             err.contains("incomplete") && err.contains("one shard"),
             "{err}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn ltx2_files_are_named_as_ltx2_before_any_other_family() -> anyhow::Result<()> {
+        let fixture = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/ltx2/ltx23_t2v/weights.safetensors");
+        let file = identify(&fixture)?;
+        assert!(matches!(file, ModelFile::Ltx2(_)));
+        assert!(file.to_string().contains("LTX-2.3"), "{file}");
         Ok(())
     }
 }

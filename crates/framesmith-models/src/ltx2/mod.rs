@@ -7,11 +7,13 @@
 pub mod block;
 pub mod config;
 pub mod embeddings;
+pub mod layout;
 pub mod rope;
 #[cfg(test)]
 mod testkit;
 mod trainable;
 pub mod transformer;
+pub mod weights;
 
 pub use config::{Ltx2Config, Ltx2Version};
 pub use transformer::{Ltx2Inputs, Ltx2Transformer, Prepared};

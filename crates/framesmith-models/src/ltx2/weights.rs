@@ -1,0 +1,298 @@
+//! Says what an LTX-2 file is, from its safetensors header only, and builds the transformer's video stream from
+//! it: the official single files (`ltx-2-19b-*.safetensors`, `ltx-2.3-22b-*.safetensors`: the transformer under
+//! `model.diffusion_model.` beside the text connectors, the video and audio VAEs and the vocoder, the config in
+//! the `config` metadata entry; ComfyUI loads these same files, and a transformer-only file keeps the keys with or
+//! without the prefix), their FP8 versions (float8_e4m3fn weights with a per-tensor `weight_scale`, or none), and
+//! diffusers' `LTX2VideoTransformer3DModel` (its own names, sizes from `config.json`). Which release a file is
+//! comes from its config, else from its keys (LTX-2.3's head gates and prompt AdaLN, LTX-2's caption projection).
+//! Gemma 3 12B files, the text encoder of both releases, are named here too.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device};
+
+use super::config::{Ltx2Config, Ltx2Version};
+use super::layout::{DiffusersSource, Layout};
+use super::transformer::Ltx2Transformer;
+use crate::checkpoint::{entries, read_shards, Tally};
+use crate::wan::weights::{read_header, write_size_lines, MappedTensors, ModelFormatError};
+use framesmith_nn::fp8::Fp8Scale;
+use framesmith_nn::vb::{TensorSource, Vb};
+
+/// Width of Gemma 3 12B's hidden state (the connectors' input, per layer).
+const GEMMA3_12B_WIDTH: usize = 3840;
+/// Gemma 3's vocabulary.
+const GEMMA3_VOCAB: usize = 262_208;
+
+/// Why a path is not an LTX-2 transformer Framesmith can use.
+#[derive(Debug, thiserror::Error)]
+pub enum Ltx2FormatError {
+    /// The file could not be read as safetensors.
+    #[error(transparent)]
+    File(#[from] ModelFormatError),
+
+    /// Not an LTX-2 file: other readers may name it.
+    #[error("this is not an LTX-2 transformer: {}", path.display())]
+    NotLtx2 { path: PathBuf },
+
+    /// An LTX-2 transformer whose sizes cannot be known (no embedded config and not a released size).
+    #[error("this LTX-2 transformer carries no config and its sizes are not a release's; use the official \
+             ltx-2-19b-* or ltx-2.3-22b-* file: {}", path.display())]
+    NoConfig { path: PathBuf },
+
+    /// A transformer whose tensors do not make the model.
+    #[error("cannot build the LTX-2 transformer from this file: {problem}: {}", path.display())]
+    Build { problem: String, path: PathBuf },
+}
+
+/// Whether `err` only says the path is something else (so a caller trying other families goes on).
+pub fn is_unrecognised(err: &Ltx2FormatError) -> bool {
+    matches!(
+        err,
+        Ltx2FormatError::NotLtx2 { .. } | Ltx2FormatError::File(_)
+    )
+}
+
+/// What an LTX-2 file is.
+#[derive(Debug, Clone)]
+pub struct Ltx2File {
+    pub path: PathBuf,
+    pub version: Ltx2Version,
+    /// The transformer's sizes and switches (embedded, or the release's when only the keys tell it).
+    pub config: Ltx2Config,
+    /// Whether the config came from the file (`false`: the release's, from the keys).
+    pub embedded_config: bool,
+    pub layout: Layout,
+    /// The release's `model_version` metadata (`2.3.0`), when present.
+    pub model_version: Option<String>,
+    /// What else the file holds (`video VAE`, `audio VAE`, `vocoder`, `text connectors`).
+    pub parts: Vec<&'static str>,
+    /// Whether the block weights are stored as float8_e4m3fn, and with per-tensor `weight_scale`s.
+    pub fp8: Option<bool>,
+    tally: Tally,
+    file_bytes: u64,
+}
+
+/// What a safetensors file holds besides the transformer, by its top-level prefixes.
+fn parts(names: &[&str]) -> Vec<&'static str> {
+    let has = |p: &str| names.iter().any(|n| n.starts_with(p));
+    let mut out = Vec::new();
+    if has("model.diffusion_model.video_embeddings_connector.") || has("text_embedding_projection.")
+    {
+        out.push("text connectors");
+    }
+    for (prefix, part) in [
+        ("vae.", "video VAE"),
+        ("audio_vae.", "audio VAE"),
+        ("vocoder.", "vocoder"),
+    ] {
+        if has(prefix) {
+            out.push(part);
+        }
+    }
+    out
+}
+
+/// The layout of the transformer's keys, if the names are LTX-2's.
+fn layout_of(names: &[&str]) -> Option<Layout> {
+    let has = |n: &str| names.contains(&n);
+    for prefix in ["model.diffusion_model.", "diffusion_model.", ""] {
+        let key = |k: &str| format!("{prefix}{k}");
+        // The audio stream tells LTX-2 from LTX-Video 0.9, whose ltx-core names are otherwise the same.
+        if has(&key("patchify_proj.weight"))
+            && has(&key("audio_patchify_proj.weight"))
+            && has(&key("adaln_single.linear.weight"))
+            && has(&key("transformer_blocks.0.attn1.q_norm.weight"))
+        {
+            return Some(Layout::LtxCore {
+                prefix: prefix.to_string(),
+            });
+        }
+    }
+    (has("proj_in.weight")
+        && has("audio_proj_in.weight")
+        && has("time_embed.linear.weight")
+        && has("transformer_blocks.0.attn1.norm_q.weight"))
+    .then_some(Layout::Diffusers)
+}
+
+/// The release the keys show: LTX-2.3's head gates or prompt AdaLN, else LTX-2.
+fn version_from_keys(names: &[&str], layout: &Layout) -> Ltx2Version {
+    let gate = layout.stored("transformer_blocks.0.attn1.to_gate_logits.weight");
+    let prompt = layout.stored("prompt_adaln_single.linear.weight");
+    if names.iter().any(|n| *n == gate || *n == prompt) {
+        Ltx2Version::Ltx23
+    } else {
+        Ltx2Version::Ltx2
+    }
+}
+
+/// Says what the LTX-2 file at `path` is (a file, or a diffusers `transformer/` folder).
+pub fn identify(path: &Path) -> Result<Ltx2File, Ltx2FormatError> {
+    let (files, metadata, diffusers_config) = super::layout::files_of(path)?;
+    let (tensors, file_bytes) = read_shards(&files)?;
+    let tally = Tally::of(tensors.iter().map(|(_, t)| t));
+    let names: Vec<&str> = tensors.iter().map(|(_, t)| t.name.as_str()).collect();
+    let not = || Ltx2FormatError::NotLtx2 {
+        path: path.to_path_buf(),
+    };
+    let layout = layout_of(&names).ok_or_else(not)?;
+    let build = |problem: String| Ltx2FormatError::Build {
+        problem,
+        path: path.to_path_buf(),
+    };
+    let embedded = match (&layout, &diffusers_config) {
+        (Layout::Diffusers, Some(json)) => {
+            Some(Ltx2Config::from_diffusers_json(json).map_err(|e| build(e.to_string()))?)
+        }
+        _ => Ltx2Config::from_metadata(&metadata)
+            .transpose()
+            .map_err(|e| build(format!("the embedded config does not parse: {e}")))?
+            .map(|(cfg, _)| cfg),
+    };
+    let embedded_config = embedded.is_some();
+    let version = match &embedded {
+        Some(cfg) => cfg.version(),
+        None => version_from_keys(&names, &layout),
+    };
+    let config = match embedded {
+        Some(cfg) => cfg,
+        None => released(version, &names, &layout).ok_or_else(|| Ltx2FormatError::NoConfig {
+            path: path.to_path_buf(),
+        })?,
+    };
+    let q = layout.stored("transformer_blocks.0.attn1.to_q.weight");
+    let scale = format!("{q}_scale");
+    let q_dtype = tensors
+        .iter()
+        .find(|(_, t)| t.name == q)
+        .map(|(_, t)| t.dtype.as_str());
+    let fp8 = (q_dtype == Some("F8_E4M3")).then(|| names.contains(&scale.as_str()));
+    Ok(Ltx2File {
+        path: path.to_path_buf(),
+        version,
+        config,
+        embedded_config,
+        layout,
+        model_version: metadata.get("model_version").cloned(),
+        parts: parts(&names),
+        fp8,
+        tally,
+        file_bytes,
+    })
+}
+
+/// The release's config when the keys show its size (48 blocks of width 4096).
+fn released(version: Ltx2Version, names: &[&str], layout: &Layout) -> Option<Ltx2Config> {
+    let last = layout.stored("transformer_blocks.47.attn1.to_q.weight");
+    let past = layout.stored("transformer_blocks.48.attn1.to_q.weight");
+    if !names.contains(&last.as_str()) || names.contains(&past.as_str()) {
+        return None;
+    }
+    Some(match version {
+        Ltx2Version::Ltx2 => Ltx2Config::ltx2_19b(),
+        Ltx2Version::Ltx23 => Ltx2Config::ltx23_22b(),
+    })
+}
+
+impl Ltx2File {
+    /// The model, specifically.
+    pub fn title(&self) -> String {
+        let size = if self.config.inner_dim() == 4096 && self.config.num_layers == 48 {
+            match self.version {
+                Ltx2Version::Ltx2 => " (19B)",
+                Ltx2Version::Ltx23 => " (22B)",
+            }
+        } else {
+            ""
+        };
+        format!("{}{size} audio-video transformer", self.version.name())
+    }
+}
+
+impl fmt::Display for Ltx2File {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "{}", self.path.display())?;
+        writeln!(f, "  {:<11} {}", "model", self.title())?;
+        writeln!(f, "  {:<11} {}", "layout", self.layout.label())?;
+        let c = &self.config;
+        let source = if self.embedded_config {
+            "embedded config"
+        } else {
+            "the release's sizes (no config in the file)"
+        };
+        writeln!(
+            f,
+            "  {:<11} {} blocks, {} heads × {}, gated attention {}, cross-attention AdaLN {} ({source})",
+            "sizes", c.num_layers, c.num_attention_heads, c.attention_head_dim,
+            if c.apply_gated_attention { "on" } else { "off" },
+            if c.cross_attention_adaln { "on" } else { "off" },
+        )?;
+        if let Some(v) = &self.model_version {
+            writeln!(f, "  {:<11} {v}", "version")?;
+        }
+        if !self.parts.is_empty() {
+            writeln!(f, "  {:<11} {}", "also holds", self.parts.join(", "))?;
+        }
+        match self.fp8 {
+            Some(true) => writeln!(
+                f,
+                "  {:<11} float8_e4m3fn blocks with per-tensor weight_scale",
+                "fp8"
+            )?,
+            Some(false) => writeln!(f, "  {:<11} float8_e4m3fn blocks without scales", "fp8")?,
+            None => {}
+        }
+        write_size_lines(
+            f,
+            &self.tally.dtypes,
+            self.tally.parameter_count,
+            self.file_bytes,
+        )
+    }
+}
+
+/// Builds the video stream of the transformer at `path` in `dtype` on `device`, its block linears kept in FP8
+/// with `fp8` set (FP8 files stay FP8; dense files are quantised), else dense.
+pub fn load(
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+    fp8: Option<Fp8Scale>,
+) -> Result<(Ltx2File, Ltx2Transformer), Ltx2FormatError> {
+    let file = identify(path)?;
+    let (files, _, _) = super::layout::files_of(path)?;
+    let (tensors, _) = read_shards(&files)?;
+    let listed = entries(tensors.iter().map(|(i, t)| (*i, t)), None);
+    let mapped = MappedTensors::open(&files, &listed)?;
+    let source: Arc<dyn TensorSource> = match &file.layout {
+        Layout::Diffusers => Arc::new(DiffusersSource::new(Arc::new(mapped))),
+        Layout::LtxCore { .. } => Arc::new(mapped),
+    };
+    let vb = Vb::from_source(source, dtype, device).with_fp8(fp8);
+    let vb = match &file.layout {
+        Layout::LtxCore { prefix } if !prefix.is_empty() => vb.pp(prefix.trim_end_matches('.')),
+        _ => vb,
+    };
+    let model = Ltx2Transformer::load(&vb, &file.config).map_err(|e| Ltx2FormatError::Build {
+        problem: e.to_string(),
+        path: path.to_path_buf(),
+    })?;
+    Ok((file, model))
+}
+
+/// Whether the safetensors file at `path` is Gemma 3 12B (LTX-2's text encoder, as the official Gemma folders'
+/// shards or ComfyUI's single `gemma_3_12B_it*.safetensors` hold it): a token embedding of Gemma 3's vocabulary
+/// and width 3840 (the shard that holds it).
+pub fn is_gemma3_12b(path: &Path) -> bool {
+    read_header(path).is_ok_and(|h| {
+        h.tensors.iter().any(|t| {
+            t.name.ends_with("embed_tokens.weight") && t.shape == [GEMMA3_VOCAB, GEMMA3_12B_WIDTH]
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests;
