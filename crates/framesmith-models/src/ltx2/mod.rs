@@ -8,6 +8,7 @@ pub mod block;
 pub mod config;
 pub mod embeddings;
 pub mod layout;
+pub mod lora_keys;
 pub mod rope;
 #[cfg(test)]
 mod testkit;
