@@ -179,6 +179,31 @@ fn qwen_image_default_targets_are_every_block_linear_as_musubi_adapts_them() {
     assert!(!t.matches("transformer_blocks.0.img_mod_x"));
 }
 
+#[test]
+fn ltx2_default_targets_are_the_official_trainers_attention_projections() {
+    let s = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
+    let t = LoraTargets::for_family(LoraFamily::Ltx2, &[], &[]).unwrap();
+    for linear in ["attn1.to_q", "attn1.to_k", "attn2.to_v", "attn2.to_out.0"] {
+        assert!(
+            t.matches(&format!("transformer_blocks.47.{linear}")),
+            "{linear}"
+        );
+    }
+    for left_out in [
+        "transformer_blocks.0.ff.net.0.proj",
+        "transformer_blocks.0.ff.net.2",
+        "transformer_blocks.0.attn1.to_gate_logits",
+        "patchify_proj",
+        "adaln_single.linear",
+    ] {
+        assert!(!t.matches(left_out), "{left_out}");
+    }
+    // An exclude of the user's own replaces the default: the feed-forward is trained too.
+    let own = LoraTargets::for_family(LoraFamily::Ltx2, &[], &s(&[r".*attn2.*"])).unwrap();
+    assert!(own.matches("transformer_blocks.0.ff.net.2"));
+    assert!(!own.matches("transformer_blocks.0.attn2.to_q"));
+}
+
 /// A toy model: `blocks.{i}.self_attn.q` and `blocks.{i}.ffn.0` for 12 blocks, plus a head.
 fn toy_model(dtype: DType) -> Vec<(String, Linear)> {
     let mut layers = Vec::new();
