@@ -168,3 +168,26 @@ fn attending_to_the_text_padding_breaks_parity() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn bf16_weights_and_inputs_stay_near_the_f32_reference() -> anyhow::Result<()> {
+    for name in ["ltx2_t2v", "ltx23_t2v"] {
+        let case = testkit::load(name)?;
+        let model =
+            Ltx2Transformer::load(&testkit::vb(&case, DType::BF16), &testkit::config(&case)?)?;
+        let f32_inputs = testkit::inputs(&case)?;
+        let inputs = super::Ltx2Inputs {
+            latents: f32_inputs.latents.to_dtype(DType::BF16)?,
+            context: f32_inputs.context.to_dtype(DType::BF16)?,
+            ..f32_inputs
+        };
+        let out = model.forward(&inputs)?;
+        assert_eq!(out.dtype(), DType::BF16);
+        let r = framesmith_nn::testing::rel(&out.to_dtype(DType::F32)?, case.expected("out")?)?;
+        anyhow::ensure!(
+            r < 2e-2,
+            "{name}: bf16 output is {r:.3e} away from the f32 reference"
+        );
+    }
+    Ok(())
+}
