@@ -158,7 +158,12 @@ EOF
 } > "$OUT/env.txt" 2>&1
 P="$WORK/flux-dev"
 [[ " ${CASES[*]} " == *" samples"* ]] && SAMPLE_FILES=1
-synth "$P" bf16 || { note "synth failed"; exit 1; }
+# The base project only for the cases that use it (the Kontext cases make their own).
+needs_base=0
+for case in "${CASES[@]}"; do [[ "$case" != kontext* ]] && needs_base=1; done
+if [[ $needs_base == 1 ]]; then
+    synth "$P" bf16 || { note "synth failed"; exit 1; }
+fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
     mkdir -p "$D"

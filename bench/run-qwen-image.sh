@@ -129,7 +129,10 @@ EOF
     framesmith --version 2>&1 | head -1
     free -g | head -2; nproc
 } > "$OUT/env.txt" 2>&1
-if [[ ! -f "$P/run.toml" ]]; then
+# The base project only for the cases that use it (the edit cases make their own: two 38 GiB files may not fit).
+needs_base=0
+for case in "${CASES[@]}"; do [[ "$case" != edit* ]] && needs_base=1; done
+if [[ $needs_base == 1 && ! -f "$P/run.toml" ]]; then
     timed "$OUT" synth framesmith-bench synth-project --model qwen-image --out "$P" --height "$SIZE" \
         --width "$SIZE" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
         --sample-files --captions "$CAPTIONS" || { note "synth failed"; exit 1; }
