@@ -40,6 +40,55 @@ impl Rope {
         })
     }
 
+    /// The tables [b, 1, l, head_dim] of multimodal positions: `positions[row]` holds the (time, height, width)
+    /// position of each of the row's first tokens (the rest are padding, at position 0), and frequency `i` takes
+    /// its angle from the axis of the `mrope_section` part it falls in (`recomposition_frequencies`).
+    pub fn from_positions(
+        cfg: &Qwen25VlTextConfig,
+        positions: &[[Vec<u32>; 3]],
+        l: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let d = cfg.head_dim();
+        let inv_freq: Vec<f32> = (0..d / 2)
+            .map(|i| (1.0 / cfg.rope_theta.powf((2 * i) as f64 / d as f64)) as f32)
+            .collect();
+        let axis: Vec<usize> = cfg
+            .mrope_section
+            .iter()
+            .enumerate()
+            .flat_map(|(part, &n)| std::iter::repeat_n(part % 3, n))
+            .collect();
+        if axis.len() != d / 2 {
+            candle_core::bail!(
+                "Qwen2.5-VL: mrope_section {:?} does not cover {} frequencies",
+                cfg.mrope_section,
+                d / 2
+            );
+        }
+        let b = positions.len();
+        let mut emb = vec![0f32; b * l * d];
+        for (row, pos) in positions.iter().enumerate() {
+            if pos.iter().any(|p| p.len() > l) {
+                candle_core::bail!("Qwen2.5-VL: more positions than the {l} tokens of a row");
+            }
+            for j in 0..pos[0].len() {
+                let at = (row * l + j) * d;
+                for (i, (&f, &a)) in inv_freq.iter().zip(&axis).enumerate() {
+                    let angle = pos[a].get(j).copied().unwrap_or(0) as f32 * f;
+                    emb[at + i] = angle;
+                    emb[at + i + d / 2] = angle;
+                }
+            }
+        }
+        let emb = Tensor::from_vec(emb, (b, 1, l, d), device)?;
+        Ok(Self {
+            cos: emb.cos()?.to_dtype(dtype)?,
+            sin: emb.sin()?.to_dtype(dtype)?,
+        })
+    }
+
     /// `x·cos + rotate_half(x)·sin` for `xs` [b, heads, l, head_dim].
     fn apply(&self, xs: &Tensor) -> Result<Tensor> {
         let half = xs.dim(D::Minus1)? / 2;

@@ -95,17 +95,24 @@ impl Qwen25VlText {
                 ids.dims()
             );
         }
-        let n = self.layers.len();
-        if skip_last_layers > n {
-            candle_core::bail!("Qwen2.5-VL: cannot skip {skip_last_layers} of {n} layers");
-        }
         if b * l == 0 {
             return Tensor::zeros((b, l, self.cfg.hidden_size), self.dtype(), &self.device);
         }
+        let xs = self.embed(ids)?;
+        let rope = Rope::new(&self.cfg, l, self.dtype(), &self.device)?;
+        self.run(xs, mask, &rope, skip_last_layers)
+    }
+
+    /// The token embeddings [b, l, hidden] of `ids` [b, l] in the compute dtype on the compute device.
+    pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        let (b, l) = ids.dims2()?;
         let flat = ids
             .flatten_all()?
             .to_dtype(DType::I64)?
             .to_device(&Device::Cpu)?;
+        if b * l == 0 {
+            return Tensor::zeros((b, l, self.cfg.hidden_size), self.dtype(), &self.device);
+        }
         let (min, max) = (
             flat.min(0)?.to_scalar::<i64>()?,
             flat.max(0)?.to_scalar::<i64>()?,
@@ -116,19 +123,55 @@ impl Qwen25VlText {
                 self.cfg.vocab_size
             );
         }
-        let dtype = self.dtype();
-        let mut xs = self
-            .embed_tokens
+        self.embed_tokens
             .index_select(&flat.to_device(self.embed_tokens.device())?, 0)?
             .reshape((b, l, self.cfg.hidden_size))?
-            .to_device(&self.device)?;
-        let rope = Rope::new(&self.cfg, l, dtype, &self.device)?;
+            .to_device(&self.device)?
+            .to_dtype(self.dtype())
+    }
+
+    /// [`Self::hidden_states`] of input embeddings `xs` [b, l, hidden] (token embeddings with others spliced
+    /// in) at multimodal positions: `positions[row]` holds each token's (time, height, width) positions
+    /// (transformers' `get_rope_index`; padding's are ignored).
+    pub fn hidden_states_at(
+        &self,
+        xs: &Tensor,
+        mask: &Tensor,
+        positions: &[[Vec<u32>; 3]],
+        skip_last_layers: usize,
+    ) -> Result<Tensor> {
+        let l = xs.dim(1)?;
+        let rope = Rope::from_positions(&self.cfg, positions, l, self.dtype(), &self.device)?;
+        let xs = xs.to_device(&self.device)?.to_dtype(self.dtype())?;
+        self.run(xs, mask, &rope, skip_last_layers)
+    }
+
+    /// The decoder layers (all but the last `skip_last_layers`) and, without a skip, the final norm.
+    fn run(
+        &self,
+        xs: Tensor,
+        mask: &Tensor,
+        rope: &Rope,
+        skip_last_layers: usize,
+    ) -> Result<Tensor> {
+        let (b, l, _) = xs.dims3()?;
+        if mask.dims() != [b, l] {
+            candle_core::bail!(
+                "Qwen2.5-VL: mask shape {:?} differs from the input's [{b}, {l}]",
+                mask.dims()
+            );
+        }
+        let n = self.layers.len();
+        if skip_last_layers > n {
+            candle_core::bail!("Qwen2.5-VL: cannot skip {skip_last_layers} of {n} layers");
+        }
         let bias = attention_bias(&mask.to_device(&Device::Cpu)?)?.to_device(&self.device)?;
+        let mut xs = xs;
         for layer in &self.layers[..n - skip_last_layers] {
             xs = match self.placement {
-                LayerPlacement::Resident => layer.forward(&xs, &rope, &bias)?,
+                LayerPlacement::Resident => layer.forward(&xs, rope, &bias)?,
                 LayerPlacement::Streamed => {
-                    layer.to_device(&self.device)?.forward(&xs, &rope, &bias)?
+                    layer.to_device(&self.device)?.forward(&xs, rope, &bias)?
                 }
             };
         }

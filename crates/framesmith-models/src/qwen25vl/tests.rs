@@ -288,3 +288,25 @@ fn drop_and_repad_cuts_each_row_and_pads_with_zeros() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Text positions given as 3-D positions (all three axes 0..l, as `get_rope_index` gives text) reproduce the
+/// text-only states exactly; the height axis held at 0 changes them.
+#[test]
+fn text_positions_through_the_multimodal_path_are_the_text_path() -> anyhow::Result<()> {
+    let case = case()?;
+    let model = encoder()?.model;
+    let (ids, mask) = (&case.inputs["input_ids"], &case.inputs["attention_mask"]);
+    let (b, l) = ids.dims2()?;
+    let want = model.hidden_states(ids, mask, 0)?;
+    let text: Vec<u32> = (0..l as u32).collect();
+    let positions = vec![[text.clone(), text.clone(), text.clone()]; b];
+    let got = model.hidden_states_at(&model.embed(ids)?, mask, &positions, 0)?;
+    assert_eq!(rel_error(&got, &want)?, 0.0);
+    let mut moved = positions.clone();
+    for row in &mut moved {
+        row[1] = vec![0; l];
+    }
+    let got = model.hidden_states_at(&model.embed(ids)?, mask, &moved, 0)?;
+    assert!(rel_error(&got, &want)? > 1e-4);
+    Ok(())
+}
