@@ -1,8 +1,8 @@
 //! Qwen2.5-VL-7B's language model as a text encoder, shared by Qwen-Image and HunyuanVideo 1.5: config, decoder
 //! layers and model (`Qwen2_5_VLTextModel` of transformers, official key names), Qwen2's tokenizer from the
 //! user's files, Qwen-Image's prompt template and hidden-state selection, and the reader that names and loads
-//! the files users have (ComfyUI single files, bf16 or FP8; Hugging Face / diffusers folders), and the
-//! multimodal positions of image tokens. The vision tower is not built.
+//! the files users have (ComfyUI single files, bf16 or FP8; Hugging Face / diffusers folders); the vision tower
+//! with its image processor (`vision/`), and the multimodal positions of image tokens.
 
 pub mod config;
 pub mod encoder;
@@ -10,6 +10,7 @@ pub mod layer;
 pub mod model;
 pub mod mrope;
 pub mod tokenizer;
+pub mod vision;
 pub mod weights;
 
 #[cfg(test)]

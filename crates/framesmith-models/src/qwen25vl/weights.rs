@@ -23,12 +23,15 @@ use framesmith_nn::vb::{Vb, WEIGHT_SCALE_KEYS};
 /// Prefixes of the language model's names, most specific first.
 const PREFIXES: [&str; 3] = ["model.language_model.", "model.", ""];
 /// Prefixes of the vision tower's names.
-const VISION: [&str; 2] = ["visual.", "model.visual."];
+pub(super) const VISION: [&str; 2] = ["visual.", "model.visual."];
 /// The tensor every layout has, under its prefix.
 const PROBE: &str = "layers.0.self_attn.q_proj.bias";
 /// What to download instead of a wrong file.
 const PICK: &str = "pick qwen_2.5_vl_7b.safetensors (or qwen_2.5_vl_7b_fp8_scaled.safetensors) from \
     Comfy-Org/Qwen-Image_ComfyUI split_files/text_encoders, or the text_encoder/ folder of Qwen/Qwen-Image";
+/// What to download for Qwen-Image-Edit when a file lacks the vision tower.
+const PICK_VISION: &str = "pick qwen_2.5_vl_7b.safetensors (or qwen_2.5_vl_7b_fp8_scaled.safetensors) from \
+    Comfy-Org/Qwen-Image_ComfyUI split_files/text_encoders, or the text_encoder/ folder of Qwen/Qwen-Image-Edit";
 /// Head width of every released Qwen2.5 model (a single file's shapes give heads × head width only).
 const HEAD_DIM: usize = 128;
 
@@ -57,6 +60,11 @@ pub enum Qwen25VlFormatError {
         layers: usize,
         path: PathBuf,
     },
+
+    /// A text encoder without the vision tower, which Qwen-Image-Edit's prompt encoding needs.
+    #[error("this Qwen2.5-VL text encoder has no vision tower (no `visual.*` tensors), which Qwen-Image-Edit needs to \
+        encode its condition images; {PICK_VISION}: {}", path.display())]
+    NoVisionTower { path: PathBuf },
 
     /// The model could not be built from the tensors (a tensor missing or misshapen, a bad config.json).
     #[error("cannot build the Qwen2.5-VL text encoder from this file: {problem}: {}", path.display())]
@@ -100,12 +108,12 @@ pub struct Qwen25VlFile {
 }
 
 /// The safetensors files at a path and their tensors.
-struct Scan {
-    files: Vec<PathBuf>,
-    tensors: Vec<(usize, TensorInfo)>,
+pub(super) struct Scan {
+    pub(super) files: Vec<PathBuf>,
+    pub(super) tensors: Vec<(usize, TensorInfo)>,
     bytes_on_disk: u64,
     layout: Layout,
-    folder_config: Option<String>,
+    pub(super) folder_config: Option<String>,
 }
 
 /// The folder whose `config.json` is Qwen2.5-VL's: `path` itself, or with `within` also its `text_encoder/`
@@ -129,7 +137,7 @@ fn hf_folder(path: &Path, within: bool) -> Option<(PathBuf, String)> {
 
 /// Reads the headers at `path`: one file, or a folder's shards (with `within`, also the text encoder's folder
 /// inside a pipeline's folder).
-fn scan(path: &Path, within: bool) -> Result<Scan, Qwen25VlFormatError> {
+pub(super) fn scan(path: &Path, within: bool) -> Result<Scan, Qwen25VlFormatError> {
     if !path.is_dir() {
         let header = read_header(path)?;
         return Ok(Scan {
