@@ -2,15 +2,24 @@
 //! ([`PromptEncoder`]). The text cache pass, samples and generation encode only through it; [`load_encoder`]
 //! gives the language model with the official template (its system tokens dropped,
 //! `prompt_template_encode_start_idx` = 34), tests a stand-in. Each prompt keeps the hidden states of its valid
-//! tokens only, as musubi-tuner caches them (`embed[:txt_len]`).
+//! tokens only, as musubi-tuner caches them (`embed[:txt_len]`). Qwen-Image-Edit's prompts, which carry condition
+//! images, go through [`EditPromptEncoder`]; [`load_edit_encoder`] gives the language model with the vision tower
+//! of the same file.
 
 use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
-use framesmith_models::qwen25vl::{self, LayerPlacement, LoadOptions, Qwen25VlTextEncoder};
+use framesmith_models::qwen25vl::vision::{
+    load_vision_model, Qwen25VlVision, Qwen25VlVisionConfig, VisionLoadOptions,
+};
+use framesmith_models::qwen25vl::{
+    self, encode_edit_prompt, EditPipeline, EditPromptOptions, LayerPlacement, LoadOptions,
+    Qwen25VlTextEncoder,
+};
 use framesmith_nn::device::VramUse;
 use framesmith_nn::fp8::Fp8Scale;
+use image::RgbImage;
 
 /// Width of Qwen2.5-VL-7B's hidden states (the released transformer's `joint_attention_dim`).
 pub const TEXT_DIM: usize = 3584;
@@ -108,6 +117,93 @@ impl PromptEncoder for QwenVlPrompts {
         let prompts: Vec<String> = prompts.iter().map(|p| (*p).to_string()).collect();
         let out = self.encoder.encode_prompts(&prompts)?;
         Ok((out.embeds, out.mask))
+    }
+
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+}
+
+/// Turns a prompt and its condition images into Qwen-Image-Edit's text conditioning.
+pub trait EditPromptEncoder {
+    /// The hidden states [L, D] of `prompt` with its condition `images` (in the order the prompt's `Picture k`
+    /// names them), as the Edit pipeline takes them: every token valid.
+    fn encode_edit(&self, prompt: &str, images: &[RgbImage]) -> anyhow::Result<Tensor>;
+
+    /// What the encoder is and how it is kept, for the log.
+    fn describe(&self) -> String;
+}
+
+/// Loads Qwen-Image-Edit's text encoder from `files` in `dtype` on `device`: the vision tower resident (it is
+/// small and runs once per image), the language model placed by [`placement_for`] in what the tower leaves free.
+/// `pipeline` says whose encoding to reproduce (Edit, or Edit-2509 and later).
+pub fn load_edit_encoder(
+    files: EncoderFiles<'_>,
+    pipeline: EditPipeline,
+    dtype: DType,
+    device: &Device,
+) -> anyhow::Result<Box<dyn EditPromptEncoder>> {
+    let file = qwen25vl::identify(files.weights)?;
+    let vision_bytes: u64 = Qwen25VlVisionConfig::qwen25_vl_7b()
+        .tensor_shapes()
+        .iter()
+        .map(|(_, shape)| shape.iter().product::<usize>() as u64 * dtype.size_in_bytes() as u64)
+        .sum();
+    let free = VramUse::measure(device, 0).map(|use_| use_.free.saturating_sub(vision_bytes));
+    let (fp8, placement) = placement_for(file.parameter_count, free);
+    let options = LoadOptions {
+        dtype,
+        fp8,
+        placement,
+        ..LoadOptions::new(device)
+    };
+    let vision = VisionLoadOptions {
+        dtype,
+        ..VisionLoadOptions::new(device)
+    };
+    load_edit_encoder_with(files, EditPromptOptions::new(pipeline), &options, &vision)
+}
+
+/// Loads the edit encoder at `files` as the options say (tests give small models' sizes there).
+pub fn load_edit_encoder_with(
+    files: EncoderFiles<'_>,
+    edit: EditPromptOptions,
+    options: &LoadOptions,
+    vision: &VisionLoadOptions,
+) -> anyhow::Result<Box<dyn EditPromptEncoder>> {
+    let encoder = Qwen25VlTextEncoder::load(files.weights, files.tokenizer, options)?;
+    let tower = load_vision_model(files.weights, vision)?;
+    let what = format!(
+        "Qwen2.5-VL with its vision tower ({:?}), {:?} weights, {}",
+        edit.pipeline,
+        options.dtype,
+        match (options.fp8, options.placement) {
+            (_, LayerPlacement::Streamed) => "layers streamed from RAM",
+            (Some(_), LayerPlacement::Resident) => "FP8 layers resident",
+            (None, LayerPlacement::Resident) => "resident",
+        }
+    );
+    Ok(Box::new(QwenVlEditPrompts {
+        encoder,
+        vision: tower,
+        edit,
+        what,
+    }))
+}
+
+/// Qwen2.5-VL with its vision tower encoding prompts and images as Qwen-Image-Edit's pipelines do.
+struct QwenVlEditPrompts {
+    encoder: Qwen25VlTextEncoder,
+    vision: Qwen25VlVision,
+    edit: EditPromptOptions,
+    what: String,
+}
+
+impl EditPromptEncoder for QwenVlEditPrompts {
+    fn encode_edit(&self, prompt: &str, images: &[RgbImage]) -> anyhow::Result<Tensor> {
+        let out = encode_edit_prompt(&self.encoder, &self.vision, &self.edit, prompt, images)
+            .with_context(|| format!("encoding the edit prompt \"{prompt}\""))?;
+        Ok(out.embeds.squeeze(0)?)
     }
 
     fn describe(&self) -> String {
@@ -284,6 +380,59 @@ mod tests {
             let scale = w.abs()?.max_all()?.to_scalar::<f32>()?;
             assert!(err <= 1e-4 * scale, "max error {err} against {scale}");
         }
+        Ok(())
+    }
+    /// The tiny Qwen2.5-VL with its vision tower the official Edit-2509 pipeline encoded
+    /// (`bench/reference/qwen_image_edit_text.py`, case `plus2`) through this loader.
+    #[test]
+    fn the_loaded_edit_encoder_gives_the_edit_pipelines_embeds() -> anyhow::Result<()> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../framesmith-models/tests/fixtures/qwen25vl_edit");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+        let options = LoadOptions {
+            dtype: DType::F32,
+            config: Some(qwen25vl::Qwen25VlTextConfig::from_hf_json(
+                &json["text_config"].to_string(),
+            )?),
+            ..LoadOptions::new(&Device::Cpu)
+        };
+        let vision = VisionLoadOptions {
+            dtype: DType::F32,
+            config: Some(Qwen25VlVisionConfig::from_hf_json(
+                &json["vision_config"].to_string(),
+            )?),
+            ..VisionLoadOptions::new(&Device::Cpu)
+        };
+        let (weights, tokenizer) = (dir.join("weights.safetensors"), dir.join("tokenizer.json"));
+        let files = EncoderFiles {
+            weights: &weights,
+            tokenizer: Some(&tokenizer),
+        };
+        let edit = EditPromptOptions::new(EditPipeline::EditPlus);
+        let encoder = load_edit_encoder_with(files, edit, &options, &vision)?;
+        let inputs = candle_core::safetensors::load(dir.join("inputs.safetensors"), &Device::Cpu)?;
+        let images = ["image_fox", "image_wide"]
+            .iter()
+            .map(|name| {
+                let t = &inputs[*name];
+                let (h, w, _) = t.dims3()?;
+                RgbImage::from_raw(w as u32, h as u32, t.flatten_all()?.to_vec1::<u8>()?)
+                    .context("image size")
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let prompt = json["cases"]["plus2"]["prompt"]
+            .as_str()
+            .unwrap_or_default();
+        let got = encoder.encode_edit(prompt, &images)?;
+        let expected =
+            candle_core::safetensors::load(dir.join("expected.safetensors"), &Device::Cpu)?;
+        let want = expected["plus2_embeds"].squeeze(0)?;
+        assert_eq!(got.dims(), want.dims());
+        let err = (&got - &want)?.abs()?.max_all()?.to_scalar::<f32>()?;
+        let scale = want.abs()?.max_all()?.to_scalar::<f32>()?;
+        assert!(err <= 1e-4 * scale, "max error {err} against {scale}");
+        assert!(encoder.describe().contains("EditPlus"));
         Ok(())
     }
 }
