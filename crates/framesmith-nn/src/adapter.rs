@@ -16,6 +16,7 @@ use super::lora::Lora;
 mod dora;
 mod loha;
 mod lokr;
+mod merge;
 #[cfg(test)]
 mod tests;
 

@@ -408,6 +408,13 @@ fn normalize_module(module: &str) -> (String, Option<String>) {
     (musubi_name(path), Some(path.to_string()))
 }
 
+/// The module path of a musubi-tuner module name (`lora_unet_blocks_3_cross_attn_k_img` →
+/// `blocks.3.cross_attn.k_img`) for the Wan, FLUX.1 and Qwen-Image block linears; `None` elsewhere (underscores
+/// are ambiguous outside the known linears).
+pub fn module_path(musubi: &str) -> Option<String> {
+    block_path(musubi.strip_prefix(MUSUBI_PREFIX)?)
+}
+
 /// `blocks_3_cross_attn_k_img` → `blocks.3.cross_attn.k_img` for the Wan block linears,
 /// `double_blocks_0_img_mlp_0` → `double_blocks.0.img_mlp.0` and `single_blocks_5_linear1` →
 /// `single_blocks.5.linear1` for the FLUX.1 ones, `transformer_blocks_0_img_mlp_net_0_proj` →
@@ -461,9 +468,14 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
 
 mod flux_diffusers;
 mod kinds;
+mod raw;
 mod set;
 mod sorted_write;
 
+pub use flux_diffusers::{
+    diffusers_parts as flux_diffusers_parts, official as flux_official_module,
+};
 pub use kinds::LoadedAdapter;
+pub use raw::RawTensors;
 #[cfg(test)]
 mod tests;

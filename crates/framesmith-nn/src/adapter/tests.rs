@@ -310,3 +310,34 @@ fn lokr_picks_full_or_product_factors_as_lycoris_does() -> Result<()> {
     assert_eq!((a.in_dim(), a.out_dim()), (512, 1024));
     Ok(())
 }
+
+/// The merged weight of every kind (dense and FP8 base, strength 1 and 0.8) computes what the adapted layer does:
+/// `x W'ᵀ + b` equals the layer's forward with its adapter.
+#[test]
+fn the_merged_weight_of_every_kind_computes_the_adapted_output() -> Result<()> {
+    let rng = &mut StdRng::seed_from_u64(7);
+    for kind in KINDS {
+        for (fp8, multiplier) in [(false, 1.0), (true, 1.0), (false, 0.8)] {
+            let mut lin = layer(kind, fp8, DType::F32, rng)?;
+            randomise(&mut lin, multiplier, rng)?;
+            let adapter = lin
+                .adapter()
+                .cloned()
+                .ok_or_else(|| candle_core::Error::msg("no adapter"))?;
+            let merged = adapter.merged_weight(&lin.base().dense(DType::F32)?)?;
+            let bias = lin.bias().cloned();
+            let plain = Linear::from_weights(merged, bias);
+            let x = randn(rng, (5, 24), 0.0, 1.0, &Device::Cpu)?;
+            let (want, _) = lin.forward_untracked(&x)?;
+            let (got, _) = plain.forward_untracked(&x)?;
+            let (unadapted, _) = no_adapter(&lin).forward_untracked(&x)?;
+            let case = format!("{kind:?}, fp8 {fp8}, multiplier {multiplier}");
+            assert!(rel(&got, &want)? < 1e-5, "{case}: {}", rel(&got, &want)?);
+            assert!(
+                rel(&unadapted, &want)? > 1e-2,
+                "{case}: the adapter changes nothing"
+            );
+        }
+    }
+    Ok(())
+}

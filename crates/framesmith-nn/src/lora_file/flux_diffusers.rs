@@ -50,7 +50,7 @@ const MLP_RATIO: usize = 4;
 
 /// The official module, part and part count of a diffusers module path; `Ok(None)` when the path is not named
 /// after diffusers' FLUX.1 transformer.
-fn official(module_path: &str) -> Result<Option<(String, usize, usize)>, String> {
+pub fn official(module_path: &str) -> Result<Option<(String, usize, usize)>, String> {
     let (list, official_list, table): (&str, &str, &[Mapping]) =
         if module_path.starts_with("transformer_blocks.") {
             ("transformer_blocks.", "double_blocks", &DOUBLE)
@@ -75,6 +75,34 @@ fn official(module_path: &str) -> Result<Option<(String, usize, usize)>, String>
         *part,
         *parts,
     )))
+}
+
+/// The diffusers modules (in part order, with their share of the output rows in model widths: 1, or 4 for a
+/// single-stream block's MLP input) that make up the official FLUX.1 module `official_path`
+/// (`double_blocks.0.img_attn.qkv` → `transformer_blocks.0.attn.to_q`, `.to_k`, `.to_v`); `None` for a path
+/// that is not a FLUX.1 block linear. The inverse of [`official`].
+pub fn diffusers_parts(official_path: &str) -> Option<Vec<(String, usize)>> {
+    let (list, table, rest): (&str, &[Mapping], &str) =
+        if let Some(rest) = official_path.strip_prefix("double_blocks.") {
+            ("transformer_blocks", &DOUBLE, rest)
+        } else {
+            let rest = official_path.strip_prefix("single_blocks.")?;
+            ("single_transformer_blocks", &SINGLE, rest)
+        };
+    let (index, module) = rest.split_once('.')?;
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let mut parts: Vec<(usize, String, usize)> = table
+        .iter()
+        .filter(|(_, m, ..)| *m == module)
+        .map(|(name, _, part, _)| {
+            let width = if *name == "proj_mlp" { MLP_RATIO } else { 1 };
+            (*part, format!("{list}.{index}.{name}"), width)
+        })
+        .collect();
+    parts.sort();
+    (!parts.is_empty()).then(|| parts.into_iter().map(|(_, n, w)| (n, w)).collect())
 }
 
 /// FLUX.1's double-stream blocks (`transformer_blocks.0` to `.18` in diffusers' names).

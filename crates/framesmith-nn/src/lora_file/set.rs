@@ -160,7 +160,10 @@ fn tensor_bytes(t: &Tensor) -> FileResult<Option<Vec<u8>>> {
 
 /// Runs `write` on a temporary file next to `path`, fsyncs it, renames it over `path` and fsyncs the folder.
 /// On failure the temporary file is removed and `path` is untouched.
-fn write_atomically(path: &Path, write: impl FnOnce(&Path) -> FileResult<()>) -> FileResult<()> {
+pub(super) fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> FileResult<()>,
+) -> FileResult<()> {
     let io = |action, source| LoraFileError::Io {
         action,
         path: path.to_path_buf(),
