@@ -54,7 +54,7 @@ pub fn is_adapter<'a>(mut names: impl Iterator<Item = &'a str>) -> bool {
 }
 
 /// The module and part of an adapter tensor's name (`lora_unet_blocks_0_ffn_0`, `lora_down.weight`).
-fn split(name: &str) -> Option<(&str, &str)> {
+pub(crate) fn split(name: &str) -> Option<(&str, &str)> {
     PARTS
         .iter()
         .find_map(|part| Some((name.strip_suffix(part)?.strip_suffix('.')?, *part)))
@@ -137,7 +137,7 @@ fn module_summary(
 
 /// The block group and index of a module name: `lora_unet_double_blocks_3_img_attn_qkv` → (`double_blocks`, 3),
 /// `diffusion_model.transformer_blocks.7.attn.to_q` → (`transformer_blocks`, 7).
-fn block_of(module: &str) -> Option<(String, usize)> {
+pub(crate) fn block_of(module: &str) -> Option<(String, usize)> {
     let at = module.find("blocks")?;
     let rest = &module[at + "blocks".len()..];
     let digits: String = rest

@@ -7,6 +7,7 @@ pub mod fixtures;
 pub mod flux;
 pub mod hunyuan_video15;
 pub mod identify;
+pub mod lora_tools;
 pub mod ltx2;
 pub mod mmdit;
 pub mod modulated;

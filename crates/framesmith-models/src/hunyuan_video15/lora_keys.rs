@@ -31,6 +31,16 @@ fn qkv_part(module: &str) -> Option<(String, usize)> {
     })
 }
 
+/// The musubi-tuner names of the q, k and v adapters whose rows ComfyUI's stacked module `musubi_module`
+/// (`lora_unet_double_blocks_0_img_attn_qkv`) holds, in row order; `None` for any other module. A merge into a
+/// ComfyUI-layout HunyuanVideo 1.5 file applies each to its third of the stacked weight's rows.
+pub fn stacked_qkv(musubi_module: &str) -> Option<[String; 3]> {
+    let base = musubi_module
+        .strip_suffix("_qkv")
+        .filter(|b| b.ends_with("_img_attn") || b.ends_with("_txt_attn"))?;
+    Some(["q", "k", "v"].map(|x| format!("{base}_{x}")))
+}
+
 /// One fused q / k / v adapter from its three parts' `lora_down.weight`, `lora_up.weight` and `alpha`.
 fn fuse(name: &str, parts: &[HashMap<&str, Tensor>; 3]) -> Result<Vec<(String, Tensor)>> {
     let get = |i: usize, key: &str| -> Result<&Tensor> {
@@ -104,10 +114,13 @@ pub fn to_comfyui(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String, T
 }
 
 /// The tensors of a HunyuanVideo 1.5 LoRA file in ComfyUI's layout with musubi-tuner's names, exactly: a stacked
-/// `img_attn_qkv` adapter becomes three of the same rank and alpha, each with the whole `down` and its third of
-/// `up`'s rows (up · down restricted to those rows is that projection's weight change).
+/// `img_attn_qkv` adapter whose `up` is block-diagonal (as [`to_comfyui`] writes it) becomes the three adapters
+/// it was made of (a third of the rank each, alpha / 3), so musubi → ComfyUI → musubi gives the same tensors;
+/// any other stacked adapter becomes three of the same rank and alpha, each with the whole `down` and its third
+/// of `up`'s rows (up · down restricted to those rows is that projection's weight change).
 pub fn from_comfyui(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String, Tensor>> {
     let mut out = HashMap::new();
+    let mut stacked: HashMap<&str, HashMap<&str, &Tensor>> = HashMap::new();
     for (key, tensor) in tensors {
         let Some((module, suffix)) = key.split_once('.') else {
             out.insert(key.clone(), tensor.clone());
@@ -117,19 +130,12 @@ pub fn from_comfyui(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String,
             .strip_suffix("_qkv")
             .filter(|b| b.ends_with("_img_attn") || b.ends_with("_txt_attn"))
         {
-            for (i, x) in ["q", "k", "v"].iter().enumerate() {
-                let part = match suffix {
-                    "lora_up.weight" => {
-                        let rows = tensor.dim(0)? / 3;
-                        tensor.narrow(0, i * rows, rows)?
-                    }
-                    "lora_down.weight" | "alpha" => tensor.clone(),
-                    _ => candle_core::bail!(
-                        "`{key}`: only a plain LoRA on ComfyUI's stacked q, k, v can be split for musubi-tuner's names"
-                    ),
-                };
-                out.insert(format!("{base}_{x}.{suffix}"), part);
+            if !matches!(suffix, "lora_up.weight" | "lora_down.weight" | "alpha") {
+                candle_core::bail!(
+                    "`{key}`: only a plain LoRA on ComfyUI's stacked q, k, v can be split for musubi-tuner's names"
+                );
             }
+            stacked.entry(base).or_default().insert(suffix, tensor);
             continue;
         }
         let renamed = RENAMES
@@ -138,7 +144,71 @@ pub fn from_comfyui(tensors: &HashMap<String, Tensor>) -> Result<HashMap<String,
             .unwrap_or_else(|| module.to_string());
         out.insert(format!("{renamed}.{suffix}"), tensor.clone());
     }
+    for (base, parts) in stacked {
+        let (Some(down), Some(up)) = (parts.get("lora_down.weight"), parts.get("lora_up.weight"))
+        else {
+            candle_core::bail!("`{base}_qkv` needs lora_down and lora_up tensors");
+        };
+        out.extend(split_stacked(base, down, up, parts.get("alpha").copied())?);
+    }
     Ok(out)
+}
+
+/// Whether `up` [3·out, 3·r] is zero off its three diagonal blocks [out, r].
+fn block_diagonal(up: &Tensor) -> Result<bool> {
+    let (rows, cols) = up.dims2()?;
+    if rows % 3 != 0 || cols % 3 != 0 {
+        return Ok(false);
+    }
+    let (o, r) = (rows / 3, cols / 3);
+    for i in 0..3 {
+        let band = up.narrow(0, i * o, o)?;
+        for j in (0..3).filter(|j| *j != i) {
+            let block = band
+                .narrow(1, j * r, r)?
+                .to_dtype(candle_core::DType::F32)?;
+            if block.abs()?.max_all()?.to_scalar::<f32>()? != 0.0 {
+                return Ok(false);
+            }
+        }
+    }
+    Ok(true)
+}
+
+/// The q, k and v adapters (musubi-tuner's keys) of a stacked `{base}_qkv` adapter.
+fn split_stacked(
+    base: &str,
+    down: &Tensor,
+    up: &Tensor,
+    alpha: Option<&Tensor>,
+) -> Result<Vec<(String, Tensor)>> {
+    let exact = block_diagonal(up)? && down.dim(0)? == up.dim(1)?;
+    let rows = up.dim(0)? / 3;
+    let rank = if exact { up.dim(1)? / 3 } else { up.dim(1)? };
+    let mut out = Vec::with_capacity(9);
+    for (i, x) in ["q", "k", "v"].iter().enumerate() {
+        let m = format!("{base}_{x}");
+        let from = if exact { i * rank } else { 0 };
+        let part_up = up.narrow(0, i * rows, rows)?.narrow(1, from, rank)?;
+        out.push((format!("{m}.lora_down.weight"), down.narrow(0, from, rank)?));
+        out.push((format!("{m}.lora_up.weight"), part_up.contiguous()?));
+        if let Some(a) = alpha {
+            let a = if exact { third(a)? } else { a.clone() };
+            out.push((format!("{m}.alpha"), a));
+        }
+    }
+    Ok(out)
+}
+
+/// `alpha / 3` in `alpha`'s dtype and shape, divided in f64 (exact for the alphas [`to_comfyui`] tripled from
+/// integers and halves).
+fn third(alpha: &Tensor) -> Result<Tensor> {
+    let value = alpha
+        .flatten_all()?
+        .to_dtype(candle_core::DType::F64)?
+        .to_vec1::<f64>()?;
+    let thirds: Vec<f64> = value.iter().map(|v| v / 3.0).collect();
+    Tensor::from_vec(thirds, alpha.shape(), alpha.device())?.to_dtype(alpha.dtype())
 }
 
 #[cfg(test)]

@@ -4,6 +4,7 @@ pub mod block;
 pub mod clip;
 pub mod config;
 pub mod embeddings;
+pub mod lora_keys;
 pub mod random;
 pub mod rope;
 pub mod text_encoder;
