@@ -75,6 +75,11 @@ enum Command {
     },
     /// Say what a model file or folder is
     Inspect { path: PathBuf },
+    /// Adapter files: convert between key layouts, merge into a base model, resize, inspect
+    Lora {
+        #[command(subcommand)]
+        action: cli::lora::LoraAction,
+    },
     /// Datasets: check a musubi-tuner dataset TOML or a folder
     Dataset {
         #[command(subcommand)]
@@ -152,6 +157,7 @@ fn main() -> ExitCode {
         }
         Some(Command::Presets { action }) => show_presets(action),
         Some(Command::Inspect { path }) => inspect(&path),
+        Some(Command::Lora { action }) => cli::lora::run(action),
         Some(Command::Dataset {
             action:
                 DatasetAction::Check {

@@ -5,6 +5,7 @@ pub mod demo;
 pub mod doctor;
 pub mod generate;
 pub mod interrupt;
+pub mod lora;
 pub mod models;
 pub mod plan;
 pub mod ranks;
