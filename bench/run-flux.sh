@@ -28,6 +28,10 @@
 #   kontext / kontext-fp8 / kontext-budget-12   a FLUX.1 Kontext [dev] edit LoRA (synth-project --controls 1: the
 #                 DiT named flux1-kontext-dev.safetensors, the image cached with one SIZExSIZE control image, so a
 #                 step runs 2x the image tokens), bf16 resident, FP8 b64 resident, or FP8 under `--vram-budget-gb 12`.
+#   kinds         `framesmith train`, bf16, resident, once per adapter kind (KINDS, default "lora lokr loha dora";
+#                 `[lora] kind` set, the kinds' defaults otherwise), one summary line each.
+#   torch-kinds   bench/reference/flux_step.py --kind over the same kinds through PEFT (LoraConfig, LoKrConfig,
+#                 LoHaConfig, use_dora) on the weights loaded once, one summary line each.
 # No CASE: torch bf16 fp8 budget-12. STEPS (default 8) optimizer steps per training run; SEED (default 0).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
@@ -138,13 +142,17 @@ torch_case() { # case-dir log-name label [flux_step.py args...]   (--ncu CSV: un
 import json, sys
 label = sys.argv[2]
 lines = [l.split("FLUX_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "FLUX_STEP " in l]
-if lines:
-    r = json.loads(lines[-1])
-    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
+records = [json.loads(l) for l in lines]
+# One line per kind when the run trained several (--kind), else the last record.
+if records and "--kind" not in label:
+    records = records[-1:]
+for r in records:
+    name = f"{label} {r['kind']}" if len(records) > 1 or "--kind" in label else label
+    print(f"{name:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
           f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
           f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
           f"{r['lora_parameters']} LoRA parameters")
-else:
+if not records:
     print(f"{label:<34} failed: see {sys.argv[1]}")
 EOF
 }
@@ -191,6 +199,17 @@ for case in "${CASES[@]}"; do
         python3 "$HERE/reference/ncu_summary.py" "$D/kernels.csv" --steps "${PROFILE_STEPS:-2}" > "$D/kernels.txt"
         head -30 "$D/kernels.txt" | tee -a "$LOG"
         gzip -f "$D/kernels.csv"
+        ;;
+    torch-kinds)
+        kinds="${KINDS:-lora lokr loha dora}"
+        torch_case "$D" torch "PyTorch+PEFT --kind" --kind "${kinds// /,}"
+        ;;
+    kinds)
+        config "$P" "$P/kinds.toml" bf16 off
+        for kind in ${KINDS:-lora lokr loha dora}; do
+            with_kind "$P/kinds.toml" "$P/kind-$kind.toml" "$kind"
+            train_case "$D/$kind" "$P/kind-$kind.toml" "framesmith train, bf16, $kind"
+        done
         ;;
     bf16|bf16-attention|bf16-off)
         mode="${case#bf16}" mode="${mode#-}"

@@ -9,10 +9,18 @@
 #            bench/reference/flux_step.py (bench/run-flux.sh's torch and bf16 cases).
 #   wan14b   Wan2.1-14B 480x832x81 within 24 GiB through `framesmith train --preset fast-24gb` (ComfyUI scaled-FP8
 #            file, STEPS steps) against PyTorch's eager resident bf16 step.
+#   kinds    issue 46's adapter kinds: kinds-flux, then kinds-wan14b (about 8 minutes on an H200 with no projects in
+#            WORK_DIR yet; run the two as separate calls when a call is limited to 10 minutes).
+#   kinds-flux    FLUX.1 [dev] 1024² rank 16, bf16 resident: `framesmith train` once per kind (lora, lokr, loha,
+#            dora; STEPS, default 4) and bench/reference/flux_step.py --kind with the same kinds through PEFT
+#            (1 warm-up + 2 timed steps each, the weights loaded once).
+#   kinds-wan14b  Wan2.1-14B 480x832x81 rank 32 within 24 GiB (`--preset fast-24gb`, ComfyUI scaled-FP8 file):
+#            `framesmith train` with lora and with WAN_KIND (default dora; STEPS, default 3), and
+#            bench/reference/step.py --kind lora,WAN_KIND through PEFT (eager, resident bf16, 1 + 2 steps).
 # OUT_DIR/summary.txt gets the lines that matter; every log stays under OUT_DIR.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-    sed -n '2,13p' "$0"
+    sed -n '2,21p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")" PART="$4"
@@ -60,6 +68,33 @@ wan14b)
     echo "  product: exit $?" >> "$SUMMARY"
     grep -hE "step [0-9]+|VRAM|peak|blocks|Maximum resident|exit" "$OUT"/product/train-*.log 2>/dev/null \
         | tail -16 | sed "s/^/  train: /" >> "$SUMMARY"
+    ;;
+kinds|kinds-flux|kinds-wan14b)
+    if [[ "$PART" != kinds-wan14b ]]; then
+        STEPS="${STEPS:-4}" TORCH_WARMUP=1 TORCH_ITERS=2 timeout 570 "$HERE/run-flux.sh" "$BIN" "$OUT/flux-kinds" \
+            "$WORK/flux" torch-kinds kinds > "$OUT/flux-kinds.log" 2>&1
+        echo "  flux-kinds: exit $?" >> "$SUMMARY"
+        cat "$OUT/flux-kinds/summary.txt" >> "$SUMMARY" 2>/dev/null
+    fi
+    if [[ "$PART" != kinds-flux ]]; then
+        kind="${WAN_KIND:-dora}"
+        run 240 torch-14b-kinds python3 "$HERE/reference/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 \
+            --iters 2 --kind "lora,$kind"
+        grep -E "^(lora|$kind): " "$OUT/torch-14b-kinds.log" | sed "s/^/  PyTorch+PEFT 14B /" >> "$SUMMARY"
+        P="$WORK/wan14b" STEPS="${STEPS:-3}" LOG="$OUT/wan14b-kinds.log" TIMED_PATTERN="step [0-9]+|VRAM|error|Error"
+        export PATH="$BIN:$PATH"
+        source "$HERE/train-cases.sh"
+        START=$(date +%s%N)
+        [[ -f "$P/run.toml" ]] || "$BIN/framesmith-bench" synth-project --variant t2v-14b --dtype fp8-scaled \
+            --out "$P" --frames 81 --height 480 --width 832 --steps "$STEPS" > "$OUT/synth-14b.log" 2>&1
+        for k in lora "$kind"; do
+            with_kind "$P/run.toml" "$P/kind-$k.toml" "$k"
+            sed -i "s/^max_train_steps = .*/max_train_steps = $STEPS/" "$P/kind-$k.toml"
+            rm -rf "$P/output"
+            train_case "$OUT/wan14b-$k" "$P/kind-$k.toml" "framesmith train 14B fast-24gb, $k" \
+                --preset fast-24gb --vram-budget-gb 24
+        done
+    fi
     ;;
 *)
     echo "unknown part: $PART" >&2

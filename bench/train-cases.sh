@@ -65,6 +65,29 @@ if dit:
 open(path, "w").write(text)
 EOF
 }
+# A copy of a run.toml with `[lora] kind` set (the table added when missing; checked by parsing it back).
+with_kind() { # in-toml out-toml kind
+    python3 - "$1" "$2" "$3" <<'EOF'
+import re, sys, tomllib
+src, dst, kind = sys.argv[1:]
+out, table, done = [], None, False
+for line in open(src).read().splitlines():
+    m = re.match(r"^\[([A-Za-z_.]+)\]\s*$", line)
+    if m:
+        table = m.group(1)
+    if table == "lora" and re.match(r"^kind\s*=", line):
+        continue
+    out.append(line)
+    if m and table == "lora":
+        out.append(f'kind = "{kind}"')
+        done = True
+if not done:
+    out += ["", "[lora]", f'kind = "{kind}"']
+text = "\n".join(out) + "\n"
+assert tomllib.loads(text)["lora"]["kind"] == kind
+open(dst, "w").write(text)
+EOF
+}
 keep_outputs() { # project-dir case-dir
     find "$1/output" -name metrics.jsonl -exec cp {} "$2/" \; 2>/dev/null
     rm -rf "$1/output"

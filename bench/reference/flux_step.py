@@ -9,6 +9,10 @@ Kaiming-uniform, up zero) on the linears Framesmith's FLUX.1 trainer adapts by d
 attn.qkv, attn.proj, mlp.0, mlp.2; single blocks: linear1, linear2), flow-matching MSE loss in f32 with guidance
 1.0, AdamW (and gradient clipping at 1.0) on the LoRA parameters.
 
+`--kind lora,lokr,loha,dora` trains those kinds through PEFT instead (bench/reference/peft_kinds.py: PEFT's
+LoraConfig, LoKrConfig, LoHaConfig, `use_dora`) on the same targets, one after another on the weights loaded once,
+each with its own `FLUX_STEP` line (its `kind` field set) and its own peak memory.
+
 Prints each step's time, then `FLUX_STEP {json}` (mean and median ms of the timed steps after the warm-up,
 torch.cuda.max_memory_allocated and max_memory_reserved over the whole run, weights included) and a `BENCH` line
 in the format of bench/reference/common.py.
@@ -28,6 +32,11 @@ import time
 import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
+
+import peft_kinds
+
+# Set by --kind: adapted linears become PEFT targets instead of carrying the hand-written LoRA.
+PEFT_TARGETS = False
 
 from common import emit
 
@@ -131,8 +140,14 @@ class Linear(torch.nn.Module):
 
     def __init__(self, sd, name, rank=0, alpha=0.0):
         super().__init__()
-        self.register_buffer("weight", sd.pop(name + ".weight"))
-        self.register_buffer("bias", sd.pop(name + ".bias", None))
+        weight, bias = sd.pop(name + ".weight"), sd.pop(name + ".bias", None)
+        self.peft_base = None
+        if rank and PEFT_TARGETS:
+            self.peft_base = peft_kinds.frozen_linear(weight, bias)
+            rank = 0
+        else:
+            self.register_buffer("weight", weight)
+            self.register_buffer("bias", bias)
         self.rank = rank
         if rank:
             out_f, in_f = self.weight.shape
@@ -143,6 +158,8 @@ class Linear(torch.nn.Module):
             self.lora_scale = alpha / rank
 
     def forward(self, x):
+        if self.peft_base is not None:
+            return self.peft_base(x)
         y = F.linear(x, self.weight, self.bias)
         if self.rank:
             y = y + F.linear(F.linear(x, self.lora_down), self.lora_up) * self.lora_scale
@@ -432,6 +449,8 @@ def main():
     p.add_argument("--iters", type=int, default=8)
     p.add_argument("--no-checkpointing", action="store_true", help="keep every activation (no recompute)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--kind", help="comma-separated adapter kinds trained through PEFT, one after another "
+                   "(lora, lokr, loha, dora); without it, the hand-written LoRA")
     p.add_argument("--check-fixture", metavar="DIR", help="compare the forward with an official flux_dit fixture")
     a = p.parse_args()
     if a.check_fixture:
@@ -441,14 +460,35 @@ def main():
     if a.height % 16 or a.width % 16:
         p.error("--height and --width must be multiples of 16")
     dev = torch.device(a.device)
-    cuda = dev.type == "cuda"
     torch.manual_seed(0)
     t0 = time.perf_counter()
     sd = official_state(a.dit, dev, torch.bfloat16)
     cfg = config_of(sd)
-    model = Flux(sd, cfg, a.rank, a.alpha if a.alpha is not None else float(a.rank), not a.no_checkpointing)
     load_secs = time.perf_counter() - t0
-    params = [q for q in model.parameters() if q.requires_grad]
+    kinds = a.kind.split(",") if a.kind else [None]
+    global PEFT_TARGETS
+    PEFT_TARGETS = a.kind is not None
+    for kind in kinds:
+        run_kind(a, dict(sd), cfg, kind, load_secs)
+    return 0
+
+
+def run_kind(a, sd, cfg, kind, load_secs):
+    """Builds the model over `sd` (shared tensors) with `kind`'s adapters (None: the hand-written LoRA), times
+    the steps and prints its FLUX_STEP line."""
+    dev = torch.device(a.device)
+    cuda = dev.type == "cuda"
+    torch.manual_seed(0)
+    if cuda:
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    alpha = a.alpha if a.alpha is not None else float(a.rank)
+    model = Flux(sd, cfg, a.rank, alpha, not a.no_checkpointing)
+    if kind is not None:
+        params = peft_kinds.inject(model, kind, a.rank, alpha)
+    else:
+        params = [q for q in model.parameters() if q.requires_grad]
+    torch.manual_seed(1)  # the same inputs for every kind, whatever drawing the adapters took
     latent, txt, y = inputs(a, cfg, dev)
     noise = torch.randn_like(latent)
     xt, img_ids = pack((1 - a.sigma) * latent + a.sigma * noise)
@@ -496,6 +536,7 @@ def main():
         "img_tokens": img_len,
         "txt_tokens": txt_len,
         "rank": a.rank,
+        "kind": kind or "lora (hand-written)",
         "lora_parameters": sum(q.numel() for q in params),
         "checkpointing": not a.no_checkpointing,
         "warmup": a.warmup,
@@ -511,8 +552,10 @@ def main():
     print("FLUX_STEP " + json.dumps(record), flush=True)
     flops = (3.0 if a.no_checkpointing else 4.0) * forward_flops(cfg, img_len, txt_len)
     shape = f"b=1 {record['image'][0]}x{record['image'][1]} img={img_len} txt={txt_len} r={a.rank}"
-    emit("flux-step", "flux-dev bf16", "lora step", shape, flops, mean, peak)
-    return 0
+    emit("flux-step", "flux-dev bf16", f"{kind or 'lora'} step", shape, flops, mean, peak)
+    del model, params, opt
+
+
 
 
 if __name__ == "__main__":

@@ -7,7 +7,11 @@ each block's self-attention output and LSE through a selective-checkpointing pol
 `--compile` runs each block through torch.compile, as musubi-tuner's `--compile` does), LoRA (f32 factors, alpha = rank, up
 initialised to zero) on every block linear, flow-matching MSE loss in f32. Weights are random (the step's cost
 does not depend on their values). Prints a BENCH line like ours: median step time and peak allocated memory
-(weights included) over the timed steps."""
+(weights included) over the timed steps.
+
+`--kind lora,lokr,loha,dora` trains those kinds through PEFT instead (bench/reference/peft_kinds.py: PEFT's
+LoraConfig, LoKrConfig, LoHaConfig, `use_dora`) on the same linears, one after another (a fresh model each),
+each with its own BENCH line."""
 import argparse
 import csv
 import functools
@@ -17,7 +21,11 @@ import torch
 import torch.nn.functional as F
 from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
 
+import peft_kinds
 from common import emit, time_cuda
+
+# Set by --kind: block linears become PEFT targets instead of carrying the hand-written LoRA.
+PEFT_TARGETS = False
 
 VARIANTS = {
     "t2v-1.3b": dict(dim=1536, ffn=8960, heads=12, layers=30),
@@ -39,6 +47,9 @@ class LoraLinear(torch.nn.Module):
     def __init__(self, in_f, out_f, rank, dev):
         super().__init__()
         w, b = frozen(out_f, in_f, dev)
+        self.peft_base = peft_kinds.frozen_linear(w, b) if PEFT_TARGETS else None
+        if self.peft_base is not None:
+            return
         self.register_buffer("weight", w)
         self.register_buffer("bias", b)
         bound = 1 / math.sqrt(in_f)
@@ -46,6 +57,8 @@ class LoraLinear(torch.nn.Module):
         self.up = torch.nn.Parameter(torch.zeros(out_f, rank, device=dev))
 
     def forward(self, x):
+        if self.peft_base is not None:
+            return self.peft_base(x)
         return F.linear(x, self.weight, self.bias) + F.linear(F.linear(x, self.down), self.up)
 
 
@@ -243,11 +256,24 @@ def main():
     p.add_argument("--compile", action="store_true", help="each block through torch.compile (default mode)")
     p.add_argument("--profile", metavar="CSV", help="after the timed steps, one more step under torch.profiler; "
                    "its kernels written to CSV in the layout bench/reference/ncu_summary.py reads")
+    p.add_argument("--kind", help="comma-separated adapter kinds trained through PEFT, one after another "
+                   "(lora, lokr, loha, dora); without it, the hand-written LoRA")
     a = p.parse_args()
+    global PEFT_TARGETS
+    PEFT_TARGETS = a.kind is not None
+    for kind in a.kind.split(",") if a.kind else [None]:
+        run_kind(a, kind)
+        torch.cuda.empty_cache()
+
+
+def run_kind(a, kind):
+    """One model with `kind`'s adapters (None: the hand-written LoRA): the timed steps and the BENCH line."""
     dev = torch.device("cuda")
     torch.manual_seed(0)
     v = VARIANTS[a.variant]
     model = Wan(v, a.rank, dev)
+    if kind is not None:
+        peft_kinds.inject(model, kind, a.rank, float(a.rank))
     runs = [b if a.checkpointing == "off" else Checkpointed(b, a.checkpointing) for b in model.blocks]
     if a.compile:
         # One graph for every block (same code, parameters as inputs); the limit only guards against fallbacks.
@@ -279,11 +305,12 @@ def main():
     peak = peak_rel + torch.cuda.memory_allocated() / 2**30
     d, fd, L, c = v["dim"], v["ffn"], tokens, TEXT_LEN
     fwd = v["layers"] * (2 * L * (6 * d * d + 2 * d * fd) + 4 * c * d * d + 4 * L * L * d + 4 * L * c * d)
-    print(f"loss {losses[-1].item():.4f}, {sum(q.numel() for q in params)} LoRA parameters", flush=True)
+    print(f"{kind or 'lora'}: loss {losses[-1].item():.4f}, {sum(q.numel() for q in params)} LoRA parameters, "
+          f"median {ms:.1f} ms/step, peak {peak:.2f} GiB", flush=True)
     shape = f"b=1 {a.frames}x{a.height}x{a.width} tokens={tokens} text={TEXT_LEN} r={a.rank}"
     how = {"blocks": "", "attention": ", ckpt attention", "off": ", no ckpt"}[a.checkpointing]
     how += ", compiled" if a.compile else ""
-    emit("step", f"{a.variant} bf16{how}", "lora step", shape, 4.0 * fwd, ms, peak)
+    emit("step", f"{a.variant} bf16{how}", f"{kind or 'lora'} step", shape, 4.0 * fwd, ms, peak)
 
 
 if __name__ == "__main__":
