@@ -75,7 +75,19 @@ fn fuse(name: &str, parts: &[HashMap<&str, Tensor>; 3]) -> Result<Vec<(String, T
     let alphas: Vec<Option<&Tensor>> = parts.iter().map(|p| p.get("alpha")).collect();
     match alphas[..] {
         [None, None, None] => {}
-        [Some(a), Some(_), Some(_)] => out.push((format!("{name}.alpha"), a.affine(3.0, 0.0)?)),
+        [Some(a), Some(b), Some(c)] => {
+            let value = |t: &Tensor| -> Result<Vec<f64>> {
+                t.flatten_all()?
+                    .to_dtype(candle_core::DType::F64)?
+                    .to_vec1::<f64>()
+            };
+            if value(a)? != value(b)? || value(a)? != value(c)? {
+                candle_core::bail!(
+                    "the LoRA's q, k and v of `{name}` have different alphas; ComfyUI's stacked adapter has one"
+                );
+            }
+            out.push((format!("{name}.alpha"), a.affine(3.0, 0.0)?))
+        }
         _ => candle_core::bail!("the LoRA's q, k and v of `{name}` do not all have an alpha"),
     }
     Ok(out)
@@ -262,6 +274,28 @@ mod tests {
             diff < 1e-6,
             "the stacked adapter changes the weight by {diff} more"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn q_k_v_of_different_alphas_are_not_stacked_under_one() -> Result<()> {
+        let base = "lora_unet_double_blocks_0_img_attn";
+        let mut musubi = HashMap::new();
+        for (i, x) in ["q", "k", "v"].iter().enumerate() {
+            let m = format!("{base}_{x}");
+            musubi.insert(format!("{m}.lora_down.weight"), randn((2, 4), i as f64)?);
+            musubi.insert(
+                format!("{m}.lora_up.weight"),
+                randn((4, 2), 5.0 + i as f64)?,
+            );
+            let alpha = if *x == "k" { 2f32 } else { 1.5 };
+            musubi.insert(format!("{m}.alpha"), Tensor::new(alpha, &Device::Cpu)?);
+        }
+        let err = to_comfyui(&musubi)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(err.contains("different alphas"), "{err}");
         Ok(())
     }
 
