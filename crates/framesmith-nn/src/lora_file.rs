@@ -6,7 +6,8 @@
 //! `model.diffusion_model.` or `transformer.`, or none), SimpleTuner's `lycoris_` names as ComfyUI reads them,
 //! and FLUX.1 LoRAs named after diffusers' transformer (`transformer.transformer_blocks.0.attn.to_q.lora_A.weight`),
 //! fused onto the official modules — unless the names are Qwen-Image's, whose official names are diffusers' own.
-//! LoKr, LoHa and DoRA modules are written and read in the layout ComfyUI loads (`kinds.rs`).
+//! LoKr, LoHa and DoRA modules are written and read in the layout ComfyUI loads (`kinds.rs`). A diffusers / PEFT
+//! file's alphas come from its `lora_adapter_metadata` header entry (`peft.rs`).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -157,8 +158,9 @@ impl LoraFile {
             let down = p.down.ok_or_else(|| incomplete("lora_down / lora_A"))?;
             let up = p.up.ok_or_else(|| incomplete("lora_up / lora_B"))?;
             let rank = down.dims().first().copied().unwrap_or(0);
+            let dotted_path = p.path.as_deref().filter(|_| dotted.contains(&name));
             modules.push(LoadedLora {
-                alpha: p.alpha.unwrap_or(rank as f64),
+                alpha: module_alpha(p.alpha, dotted_path, &metadata, rank),
                 name,
                 path: p.path,
                 down,
@@ -276,6 +278,19 @@ impl LoraFile {
         }
         Ok(self.modules.len() + self.adapters.len())
     }
+}
+
+/// A plain module's alpha: the file's tensor, else (for a module named by its dotted `path`) what a diffusers /
+/// PEFT file's metadata says, else the rank (scale 1, as ComfyUI and diffusers read such files).
+fn module_alpha(
+    alpha: Option<f64>,
+    path: Option<&str>,
+    metadata: &HashMap<String, String>,
+    rank: usize,
+) -> f64 {
+    alpha
+        .or_else(|| peft::peft_alpha(metadata, path?))
+        .unwrap_or(rank as f64)
 }
 
 fn not_in_model(names: &[&str]) -> LoraFileError {
@@ -468,6 +483,7 @@ fn scalar(t: &Tensor) -> FileResult<f64> {
 
 mod flux_diffusers;
 mod kinds;
+mod peft;
 mod raw;
 mod set;
 mod sorted_write;
@@ -476,6 +492,7 @@ pub use flux_diffusers::{
     diffusers_parts as flux_diffusers_parts, official as flux_official_module,
 };
 pub use kinds::LoadedAdapter;
+pub use peft::{peft_alpha, PEFT_METADATA_KEY};
 pub use raw::RawTensors;
 #[cfg(test)]
 mod tests;

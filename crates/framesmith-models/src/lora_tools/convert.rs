@@ -19,7 +19,7 @@ use std::fmt;
 use std::path::Path;
 use std::str::FromStr;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use candle_core::Tensor;
 use framesmith_nn::lora::LoraFamily;
 use framesmith_nn::lora_file::{module_path, musubi_name, RawTensors, MUSUBI_PREFIX};
@@ -93,20 +93,23 @@ pub fn convert(
 ) -> Result<ConvertReport> {
     super::refuse_same_file(input, output, "convert")?;
     let raw = RawTensors::read(input).context("cannot read the adapter")?;
+    // The input's path last in every message about its contents.
+    let at = |e: anyhow::Error| anyhow!("{e:#}: {}", input.display());
     let keys: Vec<&str> = raw.tensors.iter().map(|(k, _)| k.as_str()).collect();
     let family = match family {
         Some(f) => f,
-        None => family::detect(&keys).with_context(|| format!("{}", input.display()))?,
+        None => family::detect(&keys).map_err(at)?,
     };
-    let (modules, from) =
-        to_musubi(&raw, family).with_context(|| format!("cannot read {}", input.display()))?;
+    let (modules, from) = to_musubi(&raw, family).map_err(at)?;
+    if to != Layout::Musubi {
+        check_family(&modules, family).map_err(at)?;
+    }
     let count = modules.len();
-    let out = from_musubi(modules, &raw.metadata, to, family).with_context(|| {
-        format!(
-            "cannot write {} in the {to} layout (convert to another layout, or keep musubi-tuner's)",
-            input.display()
-        )
-    })?;
+    let out = from_musubi(modules, &raw.metadata, to, family)
+        .context(format!(
+            "no {to} layout for this adapter (convert to another layout, or keep musubi-tuner's)"
+        ))
+        .map_err(at)?;
     out.write(output)
         .with_context(|| format!("cannot write {}", output.display()))?;
     Ok(ConvertReport {
@@ -115,6 +118,32 @@ pub fn convert(
         to,
         modules: count,
     })
+}
+
+/// Refuses a module (musubi-tuner's name) outside `family`'s blocks: an adapter for another model, or a
+/// `--family` that is not its own.
+fn check_family(modules: &Modules, family: LoraFamily) -> Result<()> {
+    let lists: &[&str] = match family {
+        LoraFamily::Wan => &["blocks."],
+        LoraFamily::Flux => &["double_blocks.", "single_blocks."],
+        LoraFamily::QwenImage => &["transformer_blocks."],
+        LoraFamily::HunyuanVideo15 => &[],
+        LoraFamily::Ltx2 => bail!("`lora convert` has no key map for LTX-2 LoRAs"),
+    };
+    for name in modules.keys() {
+        let fits = match family {
+            LoraFamily::HunyuanVideo15 => name.starts_with("lora_unet_double_blocks_"),
+            _ => module_path(name).is_some_and(|p| lists.iter().any(|l| p.starts_with(l))),
+        };
+        if !fits {
+            bail!(
+                "`{name}` is not a block linear of a {} model (is the adapter for another model? give its \
+                 --family)",
+                family::family_name(family)
+            );
+        }
+    }
+    Ok(())
 }
 
 /// The part after a module's name, in musubi-tuner's spelling (`lora_A.weight` → `lora_down.weight`).
@@ -172,7 +201,6 @@ fn naming(module: &str, family: LoraFamily) -> Naming<'_> {
 
 /// The file's modules under musubi-tuner's names and suffixes, and the layout most of them were in.
 fn to_musubi(raw: &RawTensors, family: LoraFamily) -> Result<(Modules, Layout)> {
-    let alphas = peft::alphas(&raw.metadata)?;
     let mut modules = Modules::new();
     let mut diffusers = Modules::new();
     let mut counts: HashMap<&'static str, usize> = HashMap::new();
@@ -200,7 +228,7 @@ fn to_musubi(raw: &RawTensors, family: LoraFamily) -> Result<(Modules, Layout)> 
             .insert(suffix, tensor.clone());
     }
     if !diffusers.is_empty() {
-        peft::add_alphas(&mut diffusers, &alphas)?;
+        peft::add_alphas(&mut diffusers, &raw.metadata)?;
         modules.extend(from_diffusers(diffusers, family)?);
     }
     let from = ["musubi", "comfyui", "diffusers"]

@@ -7,6 +7,7 @@ mod merge;
 use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
+use framesmith_nn::lora::LoraFamily;
 use framesmith_nn::lora_file::RawTensors;
 use rand::SeedableRng;
 
@@ -136,6 +137,16 @@ fn wan_and_qwen_image_round_trip_through_comfyui_and_diffusers() {
     ));
     write_file(&qwen, tensors);
     let seen = round_trips(&qwen_dir, &qwen, &[Layout::Comfyui, Layout::Diffusers]);
+    // Read for generation or a merge, the diffusers file scales by the alphas its metadata holds.
+    let read = framesmith_nn::lora_file::LoraFile::load(
+        &qwen_dir.join("diffusers.safetensors"),
+        &Device::Cpu,
+    );
+    let module = read
+        .unwrap()
+        .get("lora_unet_transformer_blocks_0_attn_to_q")
+        .cloned();
+    assert_eq!(module.map(|m| m.alpha), Some(3.0));
     assert!(seen[1].contains(
         &"transformer.transformer_blocks.2.img_mlp.net.0.proj.lora_A.weight".to_string()
     ));
@@ -229,6 +240,19 @@ fn lycoris_kinds_convert_where_a_layout_has_them_and_are_refused_by_name_elsewhe
         err.contains(m) && err.contains("LoKr") && err.contains("plain LoRA"),
         "{err}"
     );
+    let flux = Some(LoraFamily::Flux);
+    let wrong = convert(
+        &lokr,
+        &dir.path().join("f.safetensors"),
+        Layout::Comfyui,
+        flux,
+    );
+    let wrong = format!("{:#}", wrong.err().unwrap());
+    assert!(
+        wrong.contains("not a block linear of a flux model") && wrong.contains("--family"),
+        "{wrong}"
+    );
+    assert!(wrong.contains("lokr.safetensors"), "{wrong}");
     let same = format!(
         "{:#}",
         convert(&lokr, &lokr, Layout::Comfyui, None).err().unwrap()

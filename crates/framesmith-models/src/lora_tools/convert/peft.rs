@@ -8,69 +8,27 @@ use std::collections::{BTreeMap, HashMap};
 
 use anyhow::{Context, Result};
 use candle_core::{DType, Device, Tensor};
+use framesmith_nn::lora_file::peft_alpha;
 use serde_json::{json, Map, Value};
 
 use super::Modules;
 
 /// The header entry diffusers keeps a LoRA's `LoraConfig` in.
-pub(super) const METADATA_KEY: &str = "lora_adapter_metadata";
+pub(super) use framesmith_nn::lora_file::PEFT_METADATA_KEY as METADATA_KEY;
 
 /// The component prefix of a pipeline's DiT, on keys and on the config's entries.
 const PREFIX: &str = "transformer.";
 
-/// The alphas a diffusers file's metadata gives: the common one and the exceptions by module path.
-#[derive(Debug, Default)]
-pub(super) struct Alphas {
-    common: Option<f64>,
-    pattern: HashMap<String, f64>,
-}
-
-/// The alphas in `metadata`'s `lora_adapter_metadata`, if it has one.
-pub(super) fn alphas(metadata: &HashMap<String, String>) -> Result<Alphas> {
-    let Some(raw) = metadata.get(METADATA_KEY) else {
-        return Ok(Alphas::default());
-    };
-    let config: Map<String, Value> = serde_json::from_str(raw)
-        .context("the `lora_adapter_metadata` header entry is not a JSON object")?;
-    let field = |name: &str| {
-        config
-            .get(&format!("{PREFIX}{name}"))
-            .or_else(|| config.get(name))
-    };
-    let common = field("lora_alpha").and_then(Value::as_f64);
-    let pattern = field("alpha_pattern")
-        .and_then(Value::as_object)
-        .map(|m| {
-            m.iter()
-                .filter_map(|(k, v)| Some((k.clone(), v.as_f64()?)))
-                .collect()
-        })
-        .unwrap_or_default();
-    Ok(Alphas { common, pattern })
-}
-
-/// Adds an `alpha` (f32 scalar) from `alphas` to each module (diffusers' module path) that has none.
-pub(super) fn add_alphas(modules: &mut Modules, alphas: &Alphas) -> Result<()> {
-    let Some(common) = alphas.common else {
-        return Ok(());
-    };
+/// Adds an `alpha` (f32 scalar) from `metadata`'s `lora_adapter_metadata` to each module (diffusers' module
+/// path) that has none.
+pub(super) fn add_alphas(modules: &mut Modules, metadata: &HashMap<String, String>) -> Result<()> {
     for (path, parts) in modules.iter_mut() {
         if parts.contains_key("alpha") {
             continue;
         }
-        let alpha = alphas
-            .pattern
-            .get(path)
-            .or_else(|| {
-                alphas
-                    .pattern
-                    .iter()
-                    .find(|(k, _)| path.ends_with(&format!(".{k}")))
-                    .map(|(_, v)| v)
-            })
-            .copied()
-            .unwrap_or(common);
-        parts.insert("alpha".into(), Tensor::new(alpha as f32, &Device::Cpu)?);
+        if let Some(alpha) = peft_alpha(metadata, path) {
+            parts.insert("alpha".into(), Tensor::new(alpha as f32, &Device::Cpu)?);
+        }
     }
     Ok(())
 }
