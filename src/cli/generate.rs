@@ -72,8 +72,8 @@ pub struct GenerateArgs {
     /// Start image (PNG, JPEG, WebP, BMP) for image-to-video models; centre-cropped to the clip's aspect ratio
     #[arg(long)]
     image: Option<PathBuf>,
-    /// An image an edit model edits (FLUX.1 Kontext [dev]: one; Qwen-Image-Edit: one or more, repeat the flag);
-    /// the output takes the first one's size unless --width / --height are given
+    /// An image an edit model edits (repeat the flag for a model that takes several; see "Model families"); the
+    /// output takes the first one's size unless --width / --height are given
     #[arg(long = "control")]
     controls: Vec<PathBuf>,
     /// CLIP image encoder, for an image-to-video model that takes one

@@ -95,7 +95,7 @@ pub struct GenerationRequest {
     pub files: CompanionFiles,
     /// The start image of an image-to-video clip.
     pub image: Option<PathBuf>,
-    /// The images an edit model edits (FLUX.1 Kontext: one; Qwen-Image-Edit: one or more), in order.
+    /// The images an edit model edits (its control images: as many as the model takes), in order.
     pub controls: Vec<PathBuf>,
     pub prompt: String,
     pub negative: Option<String>,

@@ -25,8 +25,6 @@ mod setup;
 pub mod train;
 
 #[cfg(test)]
-mod kontext_tests;
-#[cfg(test)]
 mod tests;
 
 /// FLUX.1 [dev]: the runs whose `model.dit` is a FLUX.1 file of any kind.

@@ -27,8 +27,6 @@ mod setup;
 pub mod train;
 
 #[cfg(test)]
-mod edit_tests;
-#[cfg(test)]
 mod testkit;
 #[cfg(test)]
 mod tests;

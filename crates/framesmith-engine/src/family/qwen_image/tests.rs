@@ -4,6 +4,8 @@
 //! bit-identically, samples encode their prompts once (then come from the prompt cache), and `generate` writes a
 //! PNG with true CFG.
 
+mod edit;
+
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};

@@ -9,9 +9,9 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::prep::{cache_flux_latents, FluxLatentEncoder};
-use super::run::tests::dit;
-use super::train::{flux_batch, load_flux_items};
+use crate::family::flux::prep::{cache_flux_latents, FluxLatentEncoder};
+use crate::family::flux::run::tests::dit;
+use crate::family::flux::train::{flux_batch, load_flux_items};
 use crate::prep::CacheOptions;
 use crate::train::data::TrainItem;
 use crate::train::optimizer::AdamW;

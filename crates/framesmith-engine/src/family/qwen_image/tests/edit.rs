@@ -9,10 +9,10 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::encoder::WordEncoder;
-use super::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
-use super::testkit::{dataset, tiny_config, tiny_dit, tiny_vae};
-use super::train::{load_qwen_items, qwen_batch};
+use crate::family::qwen_image::encoder::WordEncoder;
+use crate::family::qwen_image::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
+use crate::family::qwen_image::testkit::{dataset, tiny_config, tiny_dit, tiny_vae};
+use crate::family::qwen_image::train::{load_qwen_items, qwen_batch};
 use crate::prep::CacheOptions;
 use crate::train::optimizer::AdamW;
 use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
@@ -226,7 +226,7 @@ fn a_qwen_image_edit_run_config_trains_on_its_control_images() -> anyhow::Result
 
 #[test]
 fn an_edit_sample_follows_its_control_images() -> anyhow::Result<()> {
-    use super::pipeline::{denoise_image, QwenImagePrompt, QwenImageSettings};
+    use crate::family::qwen_image::pipeline::{denoise_image, QwenImagePrompt, QwenImageSettings};
     use framesmith_nn::init::randn;
     let dir = tempfile::tempdir()?;
     let model = load_dit(&tiny_dit(dir.path())?, DType::F32, &Device::Cpu, None)?;
