@@ -16,14 +16,13 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 use super::items::{clip_of_latents, VAE_FACTOR, VAE_TEMPORAL};
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
-    block_buffers, family_lora_parameters, plan_model_of, token_grid, weights_by_component,
-    PlanNames,
+    block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
+    weights_by_component, PlanNames,
 };
 use crate::family::Family;
 use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
-    dtype_bytes, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory, PlanError,
-    PlanInput, StepShape,
+    dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
 };
 
 /// HunyuanVideo 1.5's transformer as the planner sees it.
@@ -188,31 +187,8 @@ pub(crate) fn describe(
         cfg.num_attention_heads as u64,
     );
     let compute = dtype_bytes(input.compute);
-    let shape = StepShape {
-        tokens,
-        compute_bytes: compute,
-        // The joint sequence between blocks is in the compute dtype (no f32 residual stream).
-        residual_bytes: compute,
-        // The widest block linear: a modulation's d → 6d.
-        dequantised_weight_bytes: match input.base {
-            BaseFormat::Fp8(_) => 6 * d * d * compute,
-            BaseFormat::Dense(_) => 0,
-        },
-        // The widest block linear input: the MLP's down projection takes f.
-        quantised_input_bytes: if input.fp8_products {
-            tokens * (ffn + 4)
-        } else {
-            0
-        },
-        per_token_time: false,
-    };
+    let (shape, widths) = dual_stream_shape(input, tokens, (d, ffn, heads));
     let n = cfg.num_layers;
-    let widths = BlockWidths {
-        dim: d,
-        ffn_dim: ffn,
-        heads,
-        per_token_modulation_bytes: 0,
-    };
     Ok(ModelMemory {
         name: if cfg.inner_dim() == 2048 && n == 54 {
             "HunyuanVideo 1.5 (8.3B)".into()

@@ -8,7 +8,7 @@ use framesmith_config::RunConfig;
 
 use crate::plan::{
     dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
-    LoraShape, PlanError, PlanInput, PlanModel,
+    BlockWidths, LoraShape, PlanError, PlanInput, PlanModel, StepShape,
 };
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
 
@@ -135,4 +135,38 @@ pub(crate) fn token_grid(
         return Err(LoraError::ZeroRank.into());
     }
     Ok((w, h))
+}
+
+/// The step shape and block widths of a dual-stream (MMDiT) DiT of width `d`, MLP width `ffn` and `heads` heads over
+/// `tokens` tokens a step: the joint sequence between blocks in the compute dtype (no f32 residual stream, so
+/// `memory.residual_dtype` does not apply), a modulation's d → 6d the widest dequantised linear, and the MLP's down
+/// projection (input `ffn`) the widest input of an FP8 product.
+pub(crate) fn dual_stream_shape(
+    input: &PlanInput,
+    tokens: u64,
+    (d, ffn, heads): (u64, u64, u64),
+) -> (StepShape, BlockWidths) {
+    let compute = dtype_bytes(input.compute);
+    let shape = StepShape {
+        tokens,
+        compute_bytes: compute,
+        residual_bytes: compute,
+        dequantised_weight_bytes: match input.base {
+            BaseFormat::Fp8(_) => 6 * d * d * compute,
+            BaseFormat::Dense(_) => 0,
+        },
+        quantised_input_bytes: if input.fp8_products {
+            tokens * (ffn + 4)
+        } else {
+            0
+        },
+        per_token_time: false,
+    };
+    let widths = BlockWidths {
+        dim: d,
+        ffn_dim: ffn,
+        heads,
+        per_token_modulation_bytes: 0,
+    };
+    (shape, widths)
 }

@@ -13,14 +13,13 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
-    block_buffers, family_lora_parameters, plan_model_of, token_grid, weights_by_component,
-    PlanNames,
+    block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
+    weights_by_component, PlanNames,
 };
 use crate::family::Family;
 use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
-    dtype_bytes, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory, PlanError,
-    PlanInput, StepShape,
+    dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
 };
 
 /// Qwen-Image's transformer as the planner sees it.
@@ -174,32 +173,8 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
         cfg.num_attention_heads as u64,
     );
     let compute = dtype_bytes(input.compute);
-    let shape = StepShape {
-        tokens,
-        compute_bytes: compute,
-        // The joint sequence between blocks is in the compute dtype (the batch comes in it; the model has no f32
-        // residual stream, so `memory.residual_dtype` does not apply).
-        residual_bytes: compute,
-        // The widest block linear: a modulation's d → 6d, or an MLP's d → 4d.
-        dequantised_weight_bytes: match input.base {
-            BaseFormat::Fp8(_) => 6 * d * d * compute,
-            BaseFormat::Dense(_) => 0,
-        },
-        // The widest block linear input: the MLP's down projection takes f.
-        quantised_input_bytes: if input.fp8_products {
-            tokens * (f + 4)
-        } else {
-            0
-        },
-        per_token_time: false,
-    };
+    let (shape, widths) = dual_stream_shape(input, tokens, (d, f, heads));
     let n = cfg.num_layers;
-    let widths = BlockWidths {
-        dim: d,
-        ffn_dim: f,
-        heads,
-        per_token_modulation_bytes: 0,
-    };
     Ok(ModelMemory {
         name: if cfg.inner_dim() == 3072 && n == 60 {
             "Qwen-Image".into()
