@@ -6,9 +6,9 @@
 use std::sync::Arc;
 
 use anyhow::Context;
-use candle_core::{DType, Device, Tensor, Var};
+use candle_core::{DType, Device, Var};
 
-use super::{compare, Fixture, ParityRow, GRAD_REL_TOL, OUTPUT_REL_TOL};
+use super::{compare, grad_rows, Fixture, ParityRow, OUTPUT_REL_TOL};
 use framesmith_models::hunyuan_video15::layout::{diffusers_block_path, KeyLayout, LayoutSource};
 use framesmith_models::hunyuan_video15::transformer::TextStates;
 use framesmith_models::hunyuan_video15::{
@@ -116,16 +116,7 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
         .iter()
         .map(|(k, v)| (k.to_string(), *v))
         .chain(weight_grads.iter().map(|(k, v)| (k.clone(), v)));
-    for (key, var) in all {
-        let Some(expected) = fixture.expected.get(&key) else {
-            continue;
-        };
-        let got = grads
-            .get(var.as_tensor())
-            .cloned()
-            .unwrap_or(Tensor::zeros_like(var.as_tensor())?);
-        rows.push(compare(&key, &got, expected, GRAD_REL_TOL)?);
-    }
+    rows.extend(grad_rows(fixture, &grads, all)?);
     Ok(rows)
 }
 
@@ -133,6 +124,8 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 mod tests {
     use std::collections::HashMap;
     use std::path::PathBuf;
+
+    use candle_core::Tensor;
 
     use super::*;
 

@@ -6,7 +6,7 @@
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::{attach_identity_loras, compare, Fixture, ParityRow, GRAD_REL_TOL, OUTPUT_REL_TOL};
+use super::{attach_identity_loras, compare, grad_rows, Fixture, ParityRow, OUTPUT_REL_TOL};
 use framesmith_models::ltx2::{Ltx2Config, Ltx2Inputs, Ltx2Transformer};
 use framesmith_nn::vb::Vb;
 
@@ -88,16 +88,7 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
                 .iter()
                 .map(|(path, v)| (format!("grad.{path}.weight"), v)),
         );
-    for (key, var) in all {
-        let Some(expected) = fixture.expected.get(&key) else {
-            continue;
-        };
-        let got = grads
-            .get(var.as_tensor())
-            .cloned()
-            .unwrap_or(Tensor::zeros_like(var.as_tensor())?);
-        rows.push(compare(&key, &got, expected, GRAD_REL_TOL)?);
-    }
+    rows.extend(grad_rows(fixture, &grads, all)?);
     Ok(rows)
 }
 

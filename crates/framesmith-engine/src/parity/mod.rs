@@ -126,6 +126,27 @@ pub fn compare(name: &str, got: &Tensor, expected: &Tensor, tol: f64) -> anyhow:
     })
 }
 
+/// One row for each `(name, var)` whose expected gradient the fixture holds: the gradient `grads` has for `var`
+/// (zeros where nothing reached it) against the fixture's, at [`GRAD_REL_TOL`]; names it does not hold are skipped.
+pub(crate) fn grad_rows<'a>(
+    fixture: &Fixture,
+    grads: &candle_core::backprop::GradStore,
+    vars: impl IntoIterator<Item = (String, &'a candle_core::Var)>,
+) -> anyhow::Result<Vec<ParityRow>> {
+    let mut rows = Vec::new();
+    for (key, var) in vars {
+        let Some(expected) = fixture.expected.get(&key) else {
+            continue;
+        };
+        let got = grads
+            .get(var.as_tensor())
+            .cloned()
+            .map_or_else(|| var.as_tensor().zeros_like(), Ok)?;
+        rows.push(compare(&key, &got, expected, GRAD_REL_TOL)?);
+    }
+    Ok(rows)
+}
+
 /// Compares integer tensors exactly (scheduler timesteps).
 pub fn compare_exact(name: &str, got: &[i64], expected: &Tensor) -> anyhow::Result<ParityRow> {
     let e = expected
