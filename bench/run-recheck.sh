@@ -15,8 +15,9 @@
 #            dora; STEPS, default 4) and bench/reference/flux_step.py --kind with the same kinds through PEFT
 #            (1 warm-up + 2 timed steps each, the weights loaded once).
 #   kinds-wan14b  Wan2.1-14B 480x832x81 rank 32 within 24 GiB (`--preset fast-24gb`, ComfyUI scaled-FP8 file):
-#            `framesmith train` with lora and with WAN_KIND (default dora; STEPS, default 3), and
-#            bench/reference/step.py --kind lora,WAN_KIND through PEFT (eager, resident bf16, 1 + 2 steps).
+#            `framesmith train` with lora and with each of WAN_KINDS (comma-separated, default dora; STEPS,
+#            default 3), and bench/reference/step.py --kind lora,WAN_KINDS through PEFT (eager, resident bf16,
+#            1 + 2 steps). kinds-wan14b-torch and kinds-wan14b-train run one half each (two calls).
 # OUT_DIR/summary.txt gets the lines that matter; every log stays under OUT_DIR.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
@@ -69,25 +70,27 @@ wan14b)
     grep -hE "step [0-9]+|VRAM|peak|blocks|Maximum resident|exit" "$OUT"/product/train-*.log 2>/dev/null \
         | tail -16 | sed "s/^/  train: /" >> "$SUMMARY"
     ;;
-kinds|kinds-flux|kinds-wan14b)
-    if [[ "$PART" != kinds-wan14b ]]; then
+kinds|kinds-flux|kinds-wan14b|kinds-wan14b-torch|kinds-wan14b-train)
+    if [[ "$PART" == kinds || "$PART" == kinds-flux ]]; then
         STEPS="${STEPS:-4}" TORCH_WARMUP=1 TORCH_ITERS=2 timeout 570 "$HERE/run-flux.sh" "$BIN" "$OUT/flux-kinds" \
             "$WORK/flux" torch-kinds kinds > "$OUT/flux-kinds.log" 2>&1
         echo "  flux-kinds: exit $?" >> "$SUMMARY"
         cat "$OUT/flux-kinds/summary.txt" >> "$SUMMARY" 2>/dev/null
     fi
-    if [[ "$PART" != kinds-flux ]]; then
-        kind="${WAN_KIND:-dora}"
-        run 240 torch-14b-kinds python3 "$HERE/reference/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 \
-            --iters 2 --kind "lora,$kind"
-        grep -E "^(lora|$kind): " "$OUT/torch-14b-kinds.log" | sed "s/^/  PyTorch+PEFT 14B /" >> "$SUMMARY"
+    kinds="${WAN_KINDS:-${WAN_KIND:-dora}}"
+    if [[ "$PART" == kinds || "$PART" == kinds-wan14b || "$PART" == kinds-wan14b-torch ]]; then
+        run 420 torch-14b-kinds python3 "$HERE/reference/step.py" --variant t2v-14b "${SHAPE[@]}" --warmup 1 \
+            --iters 2 --kind "lora,$kinds"
+        grep -E "^(lora|${kinds//,/|}): " "$OUT/torch-14b-kinds.log" | sed "s/^/  PyTorch+PEFT 14B /" >> "$SUMMARY"
+    fi
+    if [[ "$PART" == kinds || "$PART" == kinds-wan14b || "$PART" == kinds-wan14b-train ]]; then
         P="$WORK/wan14b" STEPS="${STEPS:-3}" LOG="$OUT/wan14b-kinds.log" TIMED_PATTERN="step [0-9]+|VRAM|error|Error"
         export PATH="$BIN:$PATH"
         source "$HERE/train-cases.sh"
         START=$(date +%s%N)
         [[ -f "$P/run.toml" ]] || "$BIN/framesmith-bench" synth-project --variant t2v-14b --dtype fp8-scaled \
             --out "$P" --frames 81 --height 480 --width 832 --steps "$STEPS" > "$OUT/synth-14b.log" 2>&1
-        for k in lora "$kind"; do
+        for k in lora ${kinds//,/ }; do
             with_kind "$P/run.toml" "$P/kind-$k.toml" "$k"
             sed -i "s/^max_train_steps = .*/max_train_steps = $STEPS/" "$P/kind-$k.toml"
             rm -rf "$P/output"
