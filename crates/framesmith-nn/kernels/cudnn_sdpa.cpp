@@ -8,6 +8,9 @@
 // opened at run time, so nothing here is linked against them. On Windows (MinGW) the frontend calls cuDNN and the
 // CUDA runtime directly, through delay-load import libraries (packaging/windows/cuda.sh): cudnn64_9.dll is
 // loaded from beside framesmith.exe by the first call, after init_locked has checked that it can be.
+// Built plans can be kept on disk (fs_sdpa_set_cache_dir): a later run deserialises them instead of building them
+// again, which for cuDNN's runtime-compiled attention kernels skips their compilation. A plan file that cannot be
+// read back is built again and rewritten; a file that cannot be written only costs the next run the build.
 // No C++ exception leaves this file: every entry point turns one into an error message.
 #include <cudnn_frontend.h>
 #ifdef _WIN32
@@ -18,11 +21,15 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #ifdef NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 namespace cudnn_frontend {
@@ -46,6 +53,10 @@ struct PerDevice {
     std::map<Key, std::shared_ptr<fe::graph::Graph>> graphs;
 };
 std::map<int, PerDevice> g_devices;
+
+// The folder each device's plans are kept in (none: plans are not kept), and what the disk cache did so far.
+std::map<int, std::string> g_cache_dirs;
+int64_t g_plans_read = 0, g_plans_built = 0, g_plans_unwritten = 0;
 
 struct Shape {
     int64_t b, h, sq, skv, d;
@@ -131,13 +142,79 @@ int build(fe::graph::Graph &g, cudnnHandle_t handle) {
     return 0;
 }
 
-int graph_for(PerDevice &dev, const Shape &s, bool padded, bool backward, float scale,
+// The plan file of `s` in `dir`: the shape, mask, direction and scale, and the cuDNN and frontend versions that
+// built it (a plan from another version is never read).
+std::string plan_path(const std::string &dir, const Shape &s, bool padded, bool backward, float scale) {
+    uint32_t scale_bits = 0;
+    std::memcpy(&scale_bits, &scale, sizeof scale_bits);
+    char name[256];
+    std::snprintf(name, sizeof name, "sdpa-%s-b%lld-h%lld-q%lld-kv%lld-d%lld-%s-s%08x-cudnn%lld-fe%d.plan",
+                  backward ? "bwd" : "fwd", static_cast<long long>(s.b), static_cast<long long>(s.h),
+                  static_cast<long long>(s.sq), static_cast<long long>(s.skv), static_cast<long long>(s.d),
+                  padded ? "pad" : "full", scale_bits, static_cast<long long>(fe::detail::get_backend_version()),
+                  CUDNN_FRONTEND_VERSION);
+    return dir + "/" + name;
+}
+
+// The graph read back from `path`, or null when there is none or it cannot be used.
+std::shared_ptr<fe::graph::Graph> read_plan(const std::string &path, cudnnHandle_t handle) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return nullptr;
+    std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (data.empty()) return nullptr;
+    auto g = new_graph();
+    try {
+        if (g->deserialize(handle, data).is_bad()) return nullptr;
+    } catch (const std::exception &) {
+        return nullptr;
+    }
+    return g;
+}
+
+// Keeps `g`'s plan at `path` (written beside it, then renamed, so a reader never sees half a file).
+void write_plan(const std::string &path, fe::graph::Graph &g) {
+    std::vector<uint8_t> data;
+    if (g.serialize(data).is_bad() || data.empty()) {
+        g_plans_unwritten++;
+        return;
+    }
+    const std::string tmp = path + ".part";
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(reinterpret_cast<const char *>(data.data()), static_cast<std::streamsize>(data.size()));
+        if (!out) {
+            g_plans_unwritten++;
+            std::remove(tmp.c_str());
+            return;
+        }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+        std::remove(path.c_str());
+        if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+            g_plans_unwritten++;
+            std::remove(tmp.c_str());
+        }
+    }
+}
+
+int graph_for(int device, PerDevice &dev, const Shape &s, bool padded, bool backward, float scale,
               std::shared_ptr<fe::graph::Graph> *out) {
     const Key key{s.b, s.h, s.sq, s.skv, s.d, padded, backward, scale};
     auto it = dev.graphs.find(key);
     if (it != dev.graphs.end()) {
         *out = it->second;
         return 0;
+    }
+    auto dir = g_cache_dirs.find(device);
+    std::string path;
+    if (dir != g_cache_dirs.end()) {
+        path = plan_path(dir->second, s, padded, backward, scale);
+        if (auto kept = read_plan(path, dev.handle)) {
+            g_plans_read++;
+            dev.graphs.emplace(key, kept);
+            *out = kept;
+            return 0;
+        }
     }
     auto g = new_graph();
     auto q = bshd(*g, "Q", Q, s, s.sq);
@@ -174,6 +251,8 @@ int graph_for(PerDevice &dev, const Shape &s, bool padded, bool backward, float 
         set_bshd_output(dv, DV, s, s.skv);
     }
     if (build(*g, dev.handle)) return 1;
+    g_plans_built++;
+    if (!path.empty()) write_plan(path, *g);
     dev.graphs.emplace(key, g);
     *out = g;
     return 0;
@@ -185,7 +264,7 @@ int prepare(int device, const Shape &s, bool padded, bool backward, float scale,
     PerDevice *dev = nullptr;
     if (init_locked(device, &dev)) return 1;
     *handle = dev->handle;
-    return graph_for(*dev, s, padded, backward, scale, g);
+    return graph_for(device, *dev, s, padded, backward, scale, g);
 }
 
 // Runs `body` under the lock; a C++ exception (the frontend throws on a missing symbol or library) becomes
@@ -208,6 +287,29 @@ extern "C" {
 
 /// The last error message (valid until the next call).
 const char *fs_sdpa_last_error() { return g_error.c_str(); }
+
+/// Keeps the plans built for CUDA device `device` in the existing folder `dir` and reads them back from it (an
+/// empty `dir`: plans of that device are no longer kept).
+int fs_sdpa_set_cache_dir(int device, const char *dir) {
+    return guarded([&] {
+        if (dir == nullptr || *dir == 0) {
+            g_cache_dirs.erase(device);
+        } else {
+            g_cache_dirs[device] = dir;
+        }
+        return 0;
+    });
+}
+
+/// How many plans were read from the disk cache, built, and built but not kept, since the process started.
+int fs_sdpa_cache_counts(int64_t *read, int64_t *built, int64_t *unwritten) {
+    return guarded([&] {
+        *read = g_plans_read;
+        *built = g_plans_built;
+        *unwritten = g_plans_unwritten;
+        return 0;
+    });
+}
 
 /// Workspace bytes the forward (backward = 0) or backward graph needs on CUDA device `device` (whose context is
 /// current); builds and caches the graph.

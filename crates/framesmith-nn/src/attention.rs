@@ -6,6 +6,7 @@
 
 mod lse;
 mod op;
+pub mod plans;
 #[cfg(test)]
 mod tests;
 mod tiled;

@@ -2,7 +2,9 @@
 //! the cuDNN frontend), forward and backward, bf16, `[b, l, heads, head_dim]` layout, per-sample key lengths.
 //! Same contract as [`crate::attention::attention`], which is the reference and the fallback.
 
-use std::ffi::{c_char, c_void, CStr};
+use std::collections::BTreeSet;
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use crate::ops::Dense;
@@ -15,6 +17,8 @@ use candle_core::{
 
 extern "C" {
     fn fs_sdpa_last_error() -> *const c_char;
+    fn fs_sdpa_set_cache_dir(device: i32, dir: *const c_char) -> i32;
+    fn fs_sdpa_cache_counts(read: *mut i64, built: *mut i64, unwritten: *mut i64) -> i32;
     fn fs_sdpa_workspace(
         device: i32,
         b: i64,
@@ -261,12 +265,66 @@ fn seq_lens(
     Ok((dev.clone_htod(&q)?, dev.clone_htod(kv_lens)?))
 }
 
+/// Where attention plans are kept (`None`: nowhere), and the devices whose folder the shim has been told.
+struct PlanRoot {
+    root: Option<PathBuf>,
+    told: BTreeSet<i32>,
+}
+
+static PLAN_ROOT: Mutex<PlanRoot> = Mutex::new(PlanRoot {
+    root: None,
+    told: BTreeSet::new(),
+});
+
+/// Keeps plans under `root` from each device's next call on (see [`crate::attention::plans`]).
+pub(crate) fn set_plan_root(root: Option<PathBuf>) {
+    if let Ok(mut plans) = PLAN_ROOT.lock() {
+        plans.root = root;
+        plans.told.clear();
+    }
+}
+
+/// The shim's plan-cache counts.
+pub(crate) fn plan_counts() -> Option<crate::attention::plans::PlanCounts> {
+    let (mut read, mut built, mut unwritten) = (0i64, 0i64, 0i64);
+    // SAFETY: pointers to three live i64s.
+    let rc = unsafe { fs_sdpa_cache_counts(&mut read, &mut built, &mut unwritten) };
+    (rc == 0).then(|| crate::attention::plans::PlanCounts {
+        read: read.max(0) as u64,
+        built: built.max(0) as u64,
+        unwritten: unwritten.max(0) as u64,
+    })
+}
+
+/// Tells the shim, once per device after the root changes, which folder keeps `device`'s plans. A folder that
+/// cannot be made leaves that device's plans unkept (they are built as without a cache).
+fn tell_plan_folder(ctx: &candle_core::cuda_backend::cudarc::driver::CudaContext, device: i32) {
+    let Ok(mut plans) = PLAN_ROOT.lock() else {
+        return;
+    };
+    if !plans.told.insert(device) {
+        return;
+    }
+    let folder = plans.root.as_ref().and_then(|root| {
+        let name = ctx.name().ok()?;
+        let capability = ctx.compute_capability().ok()?;
+        let folder = crate::attention::plans::device_folder(root, &name, capability);
+        std::fs::create_dir_all(&folder).ok()?;
+        CString::new(folder.to_string_lossy().into_owned()).ok()
+    });
+    let empty = CString::default();
+    // SAFETY: a NUL-terminated string alive for the call; the shim copies it.
+    unsafe { fs_sdpa_set_cache_dir(device, folder.as_ref().unwrap_or(&empty).as_ptr()) };
+}
+
 /// Makes `dev`'s context current on this thread, where the shim's cuDNN calls run, and returns its ordinal, which
 /// picks the shim's cuDNN handle for that device (a process may drive several GPUs).
 fn bind(dev: &CudaDevice) -> Result<i32> {
     let ctx = dev.cuda_stream().context().clone();
     ctx.bind_to_thread().w()?;
-    Ok(ctx.ordinal() as i32)
+    let device = ctx.ordinal() as i32;
+    tell_plan_folder(&ctx, device);
+    Ok(device)
 }
 
 fn workspace(dev: &CudaDevice, geo: Geo, padded: bool, backward: bool) -> Result<CudaSlice<u8>> {
