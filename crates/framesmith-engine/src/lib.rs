@@ -12,3 +12,4 @@ pub mod parity;
 pub mod plan;
 pub mod prep;
 pub mod train;
+pub mod user_cache;

@@ -201,6 +201,7 @@ pub fn open_device(spec: DeviceSpec) -> anyhow::Result<Device> {
         DeviceSpec::Auto => 0,
         DeviceSpec::Cuda(i) => i,
     };
+    crate::user_cache::keep_attention_plans();
     framesmith_nn::device::open_cuda(ordinal).map_err(|e| match e {
         DeviceError::DriverMissing(why) => anyhow::anyhow!("cannot open CUDA device {ordinal}: {why}"),
         e => anyhow::Error::new(e).context(format!(

@@ -393,6 +393,7 @@ impl Trainer {
         let folder = preflight::take_run_folder(request, &mut plan, writes, log)?;
         preflight::check_init_from(&plan)?;
         startup.mark("checks");
+        crate::user_cache::keep_attention_plans();
         let mut trainer = Self::from_plan(&plan, log)?;
         startup.mark("setup (model, LoRA, items, sample prompts)");
         if let Some(lock) = folder.lock {

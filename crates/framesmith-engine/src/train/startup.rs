@@ -41,24 +41,33 @@ impl Startup {
     }
 
     /// The line for the end of the first step, which took `step_secs`: the time since the start and its parts
-    /// (parts under 0.05 s left out); `None` after the first call.
+    /// (parts under 0.05 s left out), and what the attention-plan cache did; `None` after the first call.
     pub fn first_step_line(&mut self, step_secs: f64) -> Option<String> {
         if std::mem::replace(&mut self.reported, true) {
             return None;
         }
         let total = self.began.elapsed().as_secs_f64();
-        Some(first_step_line(total, &self.parts, step_secs))
+        let plans = framesmith_nn::attention::plans::plan_counts().and_then(|c| c.describe());
+        Some(first_step_line(total, &self.parts, step_secs, plans))
     }
 }
 
-/// "first step done 83.2 s after the start: setup 41.0 s, …, the first step 21.7 s".
-fn first_step_line(total: f64, parts: &[(&str, f64)], step_secs: f64) -> String {
+/// "first step done 83.2 s after the start: setup 41.0 s, …, the first step 21.7 s (attention plans: …)".
+fn first_step_line(
+    total: f64,
+    parts: &[(&str, f64)],
+    step_secs: f64,
+    plans: Option<String>,
+) -> String {
     let mut shown: Vec<String> = parts
         .iter()
         .filter(|(_, secs)| *secs >= 0.05)
         .map(|(name, secs)| format!("{name} {secs:.1} s"))
         .collect();
-    shown.push(format!("the first step {step_secs:.1} s"));
+    shown.push(match plans {
+        Some(plans) => format!("the first step {step_secs:.1} s ({plans})"),
+        None => format!("the first step {step_secs:.1} s"),
+    });
     format!(
         "first step done {total:.1} s after the start: {}",
         shown.join(", ")
@@ -73,8 +82,13 @@ mod tests {
     fn the_line_names_each_part_that_took_time_and_the_first_step() {
         let parts = [("checks", 0.01), ("setup", 41.04), ("resume", 0.4)];
         assert_eq!(
-            first_step_line(83.25, &parts, 21.66),
+            first_step_line(83.25, &parts, 21.66, None),
             "first step done 83.2 s after the start: setup 41.0 s, resume 0.4 s, the first step 21.7 s"
+        );
+        assert_eq!(
+            first_step_line(2.0, &[], 1.5, Some("attention plans: 4 read from the disk cache, 0 built".into())),
+            "first step done 2.0 s after the start: the first step 1.5 s (attention plans: 4 read from the disk \
+             cache, 0 built)"
         );
     }
 
