@@ -22,6 +22,9 @@ mod activations_pageable;
 mod copy_pool;
 mod host;
 mod pack;
+mod page_locking;
+#[cfg(feature = "cuda")]
+use page_locking::PAGE_LOCKING;
 mod ring;
 
 #[cfg(feature = "cuda")]
@@ -38,6 +41,7 @@ pub use activations::{
 pub use copy_pool::CopyPool;
 pub use host::HostBuffer;
 pub use pack::{BlockLayout, TensorSpec, ALIGN};
+pub use page_locking::{page_locking, PageLocking};
 pub use ring::{Decision, Load, Ring};
 
 /// How streamed blocks reach the GPU.

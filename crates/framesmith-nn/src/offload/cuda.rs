@@ -38,8 +38,10 @@ impl Pinned {
     }
 
     fn with_flags(len: usize, flags: u32) -> Result<Self> {
+        let began = std::time::Instant::now();
         // SAFETY: a fresh allocation of `len` bytes; the memory is only read after it has been written.
         let ptr = unsafe { result::malloc_host(len.max(1), flags) }.w()?;
+        super::PAGE_LOCKING.add(len, began.elapsed());
         Ok(Self {
             ptr: SendPtr(ptr.cast()),
             len,
