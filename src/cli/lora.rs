@@ -1,13 +1,14 @@
-//! `framesmith lora …`: convert, merge, resize and inspect adapter files. Parses and reports only; the work is
-//! `framesmith_models::lora_tools`'.
+//! `framesmith lora …`: convert, merge, resize and inspect adapter files. Parses and prints only; the work and its
+//! report are `framesmith::lora`'s (which the app's LoRA tools call too).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Subcommand;
-use framesmith_models::lora_tools::family::{family_name, parse_family};
-use framesmith_models::lora_tools::{self, Layout, MergeInput};
+use framesmith::lora;
+use framesmith_models::lora_tools::family::parse_family;
+use framesmith_models::lora_tools::{Layout, MergeInput};
 use framesmith_nn::lora::LoraFamily;
 
 /// What `framesmith lora` does.
@@ -54,34 +55,35 @@ pub enum LoraAction {
 
 /// Runs `action`, printing what it did.
 pub fn run(action: LoraAction) -> Result<ExitCode> {
-    match action {
+    let lines = match action {
         LoraAction::Convert {
             input,
             output,
             to,
             family,
-        } => {
-            let r = lora_tools::convert(&input, &output, to, family)?;
-            println!(
-                "converted {} modules of a {} adapter from the {} layout to {}: {}",
-                r.modules,
-                family_name(r.family),
-                r.from,
-                r.to,
-                output.display()
-            );
-        }
+        } => lora::convert(&input, &output, to, family)?,
         LoraAction::Merge {
             base,
             output,
             loras,
-        } => merge(&base, &output, &loras)?,
+        } => {
+            let inputs: Vec<MergeInput> = loras.iter().map(|a| parse_lora(a)).collect();
+            lora::merge(&base, &output, &inputs)?
+        }
         LoraAction::Resize {
             input,
             output,
             rank,
-        } => resize(&input, &output, rank)?,
-        LoraAction::Inspect { file } => inspect(&file)?,
+        } => lora::resize(&input, &output, rank)?,
+        LoraAction::Inspect { file } => {
+            let inspection = lora::inspect(&file)?;
+            let mut lines = vec![inspection.summary.clone()];
+            lines.extend(inspection.norm_lines());
+            lines
+        }
+    };
+    for line in lines {
+        println!("{line}");
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -100,66 +102,4 @@ fn parse_lora(arg: &str) -> MergeInput {
         path: PathBuf::from(arg),
         strength: 1.0,
     }
-}
-
-fn merge(base: &Path, output: &Path, loras: &[String]) -> Result<()> {
-    let inputs: Vec<MergeInput> = loras.iter().map(|a| parse_lora(a)).collect();
-    let report = lora_tools::merge(base, output, &inputs)?;
-    for (input, modules) in inputs.iter().zip(&report.modules_per_file) {
-        println!(
-            "merged {modules} modules at strength {}: {}",
-            input.strength,
-            input.path.display()
-        );
-    }
-    let fp8 = match report.fp8_weights {
-        0 => String::new(),
-        n => format!(" ({n} FP8, quantised again)"),
-    };
-    println!(
-        "wrote {} changed weights{fp8}: {}",
-        report.weights,
-        output.display()
-    );
-    Ok(())
-}
-
-fn resize(input: &Path, output: &Path, rank: usize) -> Result<()> {
-    let report = lora_tools::resize(input, output, rank)?;
-    let cut = report
-        .modules
-        .iter()
-        .filter(|m| m.rank_after < m.rank_before)
-        .count();
-    let kept = report.modules.len() - cut;
-    match report.cut_energy() {
-        Some((min, mean)) => println!(
-            "cut {cut} modules to rank {rank}: energy kept min {:.2}%, mean {:.2}%, overall {:.2}%",
-            100.0 * min,
-            100.0 * mean,
-            100.0 * report.overall_energy
-        ),
-        None => println!("no module is above rank {rank}"),
-    }
-    if kept > 0 {
-        println!("{kept} modules at or under rank {rank} copied unchanged");
-    }
-    println!("wrote {}", output.display());
-    Ok(())
-}
-
-fn inspect(file: &Path) -> Result<()> {
-    let report = framesmith_models::identify::identify(file)?;
-    let norms = lora_tools::block_norms(file).with_context(|| {
-        format!(
-            "not an adapter file (`framesmith inspect` says what it is): {}",
-            file.display()
-        )
-    })?;
-    println!("{report}");
-    for (group, blocks) in &norms {
-        let values: Vec<String> = blocks.iter().map(|(i, n)| format!("{i}: {n:.3}")).collect();
-        println!("‖ΔW‖ per block, {group}: {}", values.join(", "));
-    }
-    Ok(())
 }
