@@ -7,6 +7,8 @@
 //! events, which that process writes as JSON lines; the app's commands go to rank 0 the same way. So a lost rank
 //! ends those processes, never the app, and NCCL is never loaded into the app.
 
+mod lora;
+
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
@@ -151,6 +153,13 @@ impl Backend for EngineBackend {
 
     fn system_check(&self, output_dir: &Path) -> Result<SystemReport, String> {
         Ok(framesmith_engine::doctor::check(output_dir))
+    }
+
+    fn lora_tool(
+        &self,
+        task: &framesmith_app::LoraTask,
+    ) -> Result<framesmith_app::LoraReport, String> {
+        lora::lora_tool(task)
     }
 
     fn demo_project(&self) -> RunConfig {

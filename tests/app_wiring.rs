@@ -3,6 +3,7 @@
 //! project to the end with no downloads and no GPU.
 
 mod app_support;
+mod cli_support;
 
 use std::sync::Arc;
 
@@ -137,6 +138,54 @@ fn start_trains_the_demo_project_with_the_real_engine() {
         "no sample from the demo project: {:?}",
         view.samples
     );
+    // The finished run's LoRA is offered to the LoRA tools: Inspect shows its norms per block.
+    h.get_by_label("Samples").click();
+    settle(&mut h);
+    h.get_by_label("Inspect").click();
+    settle(&mut h);
+    h.get_by_label_contains("Inspecting: done");
+    h.get_by_label("Weight change norm");
+}
+
+#[test]
+fn the_lora_tools_convert_a_real_adapter_and_never_write_over_a_file() {
+    use framesmith_app::{Backend, LoraLayout, LoraTask};
+    let dir = tempfile::tempdir().unwrap();
+    let lora = dir.path().join("cat.safetensors");
+    cli_support::write_lora(&lora);
+    let backend = EngineBackend::new().unwrap();
+    let output = dir.path().join("cat_comfyui.safetensors");
+    let convert = LoraTask::Convert {
+        input: lora.clone(),
+        output: output.clone(),
+        to: LoraLayout::ComfyUi,
+    };
+    let report = backend.lora_tool(&convert).unwrap();
+    assert_eq!(report.written.as_ref(), Some(&output));
+    assert!(
+        report.lines[0].contains("from the musubi layout to comfyui"),
+        "{:?}",
+        report.lines
+    );
+    let written = std::fs::read(&output).unwrap();
+    let err = backend.lora_tool(&convert).unwrap_err();
+    assert!(
+        err.contains("never write over") && err.ends_with("cat_comfyui.safetensors"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read(&output).unwrap(), written);
+    let report = backend
+        .lora_tool(&LoraTask::Inspect { file: output })
+        .unwrap();
+    assert_eq!(report.norms.len(), 1, "{:?}", report.norms);
+    assert_eq!(report.norms[0].1.len(), 1);
+    let missing = dir.path().join("missing.safetensors");
+    let err = backend
+        .lora_tool(&LoraTask::Inspect {
+            file: missing.clone(),
+        })
+        .unwrap_err();
+    assert!(err.contains("missing.safetensors"), "{err}");
 }
 
 #[test]

@@ -173,6 +173,77 @@ pub struct GeneratedClip {
     pub frames: PathBuf,
 }
 
+/// A key layout the LoRA tools convert to (`framesmith lora convert --to`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoraLayout {
+    /// musubi-tuner's `lora_unet_…` names.
+    Musubi,
+    /// ComfyUI's `diffusion_model.…` names.
+    ComfyUi,
+    /// diffusers / PEFT's `transformer.….lora_A.weight` names.
+    Diffusers,
+}
+
+impl LoraLayout {
+    pub const ALL: [Self; 3] = [Self::Musubi, Self::ComfyUi, Self::Diffusers];
+
+    /// Name shown in the UI.
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Musubi => "musubi-tuner",
+            Self::ComfyUi => "ComfyUI",
+            Self::Diffusers => "diffusers",
+        }
+    }
+
+    /// What a converted file's name ends in, and the name `framesmith lora convert --to` takes.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Self::Musubi => "musubi",
+            Self::ComfyUi => "comfyui",
+            Self::Diffusers => "diffusers",
+        }
+    }
+}
+
+/// What the LoRA tools do (`framesmith lora inspect|convert|resize|merge`). The outputs are new files: the
+/// backend refuses one that exists.
+#[derive(Debug, Clone, PartialEq)]
+pub enum LoraTask {
+    Inspect {
+        file: PathBuf,
+    },
+    Convert {
+        input: PathBuf,
+        output: PathBuf,
+        to: LoraLayout,
+    },
+    /// Lower the rank by SVD, reporting the energy kept.
+    Resize {
+        input: PathBuf,
+        output: PathBuf,
+        rank: usize,
+    },
+    /// Fold the LoRA at `strength` into a copy of the base model file.
+    Merge {
+        base: PathBuf,
+        lora: PathBuf,
+        strength: f64,
+        output: PathBuf,
+    },
+}
+
+/// What a LoRA tool reports.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LoraReport {
+    /// What it found or did, one line each, as `framesmith lora` prints them.
+    pub lines: Vec<String>,
+    /// `‖ΔW‖` per block by block group (`inspect`): (group, [(block, norm)]).
+    pub norms: Vec<(String, Vec<(usize, f64)>)>,
+    /// The file it wrote (`convert`, `resize`, `merge`).
+    pub written: Option<PathBuf>,
+}
+
 /// Everything the app asks of the rest of Framesmith. Calls other than `presets` and `demo_project` run on
 /// background threads, so they may block (read files, open drivers) but must not panic.
 pub trait Backend: Send + Sync {
@@ -227,6 +298,13 @@ pub trait Backend: Send + Sync {
     ) -> Result<GeneratedClip, String> {
         let _ = (config, settings, updates, cancelled);
         Err("generation is not connected".into())
+    }
+
+    /// Runs a LoRA tool on a job thread: the same library calls as `framesmith lora`. Errors name the file and
+    /// the fix.
+    fn lora_tool(&self, task: &LoraTask) -> Result<LoraReport, String> {
+        let _ = task;
+        Err("the LoRA tools are not connected".into())
     }
 
     /// The built-in demo project: trains at once with no downloads and no GPU.

@@ -31,6 +31,14 @@ pub(super) fn pick(purpose: &PickPurpose) -> Vec<PathBuf> {
             })
         }
         PickPurpose::DatasetPath(_, _) | PickPurpose::ResumeState => one(dialog.pick_folder()),
+        PickPurpose::LoraFile => one(dialog
+            .set_title("Choose a LoRA file")
+            .add_filter("LoRA", &["safetensors"])
+            .pick_file()),
+        PickPurpose::MergeBase => one(dialog
+            .set_title("Choose the base model to merge the LoRA into")
+            .add_filter("Model weights", &["safetensors"])
+            .pick_file()),
         PickPurpose::LoadConfig | PickPurpose::ImportDataset => one(toml(dialog).pick_file()),
         PickPurpose::SaveConfig => one(toml(dialog).set_file_name("run.toml").save_file()),
         PickPurpose::ExportDataset => one(toml(dialog).set_file_name("dataset.toml").save_file()),

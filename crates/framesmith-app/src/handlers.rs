@@ -84,14 +84,37 @@ pub(super) fn handle(app: &mut FramesmithApp, result: JobResult) {
                 config: app.editor.config(),
             });
         }
-        JobResult::Generated { result, log } => {
-            if let Err(err) = &result {
-                app.run
-                    .note(LogLevel::Error, format!("Generating failed: {err}"));
-            }
-            app.generate.finished(result, log, &mut app.samples.player);
-        }
+        JobResult::LoraToolDone { label, result } => lora_tool_done(app, label, result),
+        JobResult::MergeBaseChosen(Some(base)) => app.lora_tools.choose_base(base),
+        JobResult::MergeBaseChosen(None) => {}
+        JobResult::Generated { result, log } => generated(app, result, log),
     }
+}
+
+/// A generation of the generate panel ended: its clip opened in the player, a failure in the log too.
+fn generated(
+    app: &mut FramesmithApp,
+    result: Result<super::backend::GeneratedClip, String>,
+    log: Vec<String>,
+) {
+    if let Err(err) = &result {
+        app.run
+            .note(LogLevel::Error, format!("Generating failed: {err}"));
+    }
+    app.generate.finished(result, log, &mut app.samples.player);
+}
+
+/// A LoRA tool ended: its outcome in the panel, and a failure in the log too.
+fn lora_tool_done(
+    app: &mut FramesmithApp,
+    label: String,
+    result: Result<super::backend::LoraReport, String>,
+) {
+    if let Err(err) = &result {
+        app.run
+            .note(LogLevel::Error, format!("{label} failed: {err}"));
+    }
+    app.lora_tools.finish(label, result);
 }
 
 fn run_prepared(app: &mut FramesmithApp, result: Result<Box<StartRun>, String>) {
@@ -152,6 +175,12 @@ fn picked(app: &mut FramesmithApp, purpose: PickPurpose, paths: Vec<PathBuf>) {
             });
         }
         PickPurpose::ResumeState => app.start(Some(first)),
+        PickPurpose::LoraFile => app.lora_tools.choose_file(first),
+        // Chosen through `lora_panel`'s own job, which reads the file's size too.
+        PickPurpose::MergeBase => app.lora_tools.choose_base(super::lora_tools::MergeBase {
+            bytes: None,
+            path: first,
+        }),
     }
 }
 

@@ -10,8 +10,9 @@ use framesmith_config::protocol::StartRun;
 use framesmith_config::RunConfig;
 
 use super::backend::{
-    DatasetSummary, FieldIssue, GenerateSettings, GeneratedClip, ModelRole, Thumbnail,
+    DatasetSummary, FieldIssue, GenerateSettings, GeneratedClip, LoraReport, ModelRole, Thumbnail,
 };
+use super::lora_tools::MergeBase;
 
 /// Results waiting to be drained; workers block (never the UI) when it is full.
 const RESULT_CAPACITY: usize = 64;
@@ -31,6 +32,10 @@ pub enum PickPurpose {
     ExportDataset,
     /// A training-state folder to resume from.
     ResumeState,
+    /// An adapter file for the LoRA tools.
+    LoraFile,
+    /// The base model file a LoRA is merged into.
+    MergeBase,
 }
 
 /// What a finished job hands back.
@@ -88,6 +93,13 @@ pub enum JobResult {
     },
     /// The generate panel's starting settings for the project.
     GenerateDefaults(Box<GenerateSettings>),
+    /// A LoRA tool's action ended (`LoraAction::label`).
+    LoraToolDone {
+        label: String,
+        result: Result<LoraReport, String>,
+    },
+    /// The base model of a merge was chosen, with its size when it could be read.
+    MergeBaseChosen(Option<MergeBase>),
     /// A generation of the generate panel ended, with its log.
     Generated {
         result: Result<GeneratedClip, String>,

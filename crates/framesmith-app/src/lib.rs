@@ -17,6 +17,8 @@ mod generate_panel;
 mod gpu_panel;
 mod handlers;
 mod jobs;
+mod lora_panel;
+mod lora_tools;
 mod monitor_panel;
 mod output_folder;
 mod platform;
@@ -44,7 +46,8 @@ use framesmith_config::RunConfig;
 
 pub use backend::{
     default_generate_settings, Backend, DatasetSummary, FieldIssue, GenerateSettings,
-    GenerateUpdate, GeneratedClip, ModelRole, PresetView, Severity, Thumbnail,
+    GenerateUpdate, GeneratedClip, LoraLayout, LoraReport, LoraTask, ModelRole, PresetView,
+    Severity, Thumbnail,
 };
 pub use jobs::JobMode;
 pub use platform::display_missing;

@@ -5,6 +5,7 @@ use egui::{RichText, Ui};
 use super::config_panel::{config_ui, ConfigContext};
 use super::generate_panel::{generate_ui, GenerateContext};
 use super::gpu_panel::{seen_gpus, GpuPicker};
+use super::lora_panel::{lora_tools_ui, LoraToolsContext};
 use super::monitor_panel::monitor_ui;
 use super::project_panel::{project_ui, ProjectContext};
 use super::run_view::{state_name, RunView};
@@ -83,6 +84,15 @@ fn tab_ui(app: &mut FramesmithApp, tab: Tab, ui: &mut Ui) {
                     backend: &app.backend,
                     jobs: &mut app.jobs,
                     config: app.editor.config(),
+                },
+                ui,
+            );
+            ui.separator();
+            lora_tools_ui(
+                &mut LoraToolsContext {
+                    view: &mut app.lora_tools,
+                    backend: &app.backend,
+                    jobs: &mut app.jobs,
                 },
                 ui,
             );

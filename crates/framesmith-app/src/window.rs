@@ -64,6 +64,8 @@ pub struct FramesmithApp {
     pub(super) samples: SamplesState,
     /// The Samples tab's "Try the LoRA" panel.
     pub(super) generate: super::generate_panel::GenerateView,
+    /// The Samples tab's LoRA tools.
+    pub(super) lora_tools: super::lora_tools::LoraToolsView,
     pub(super) dataset_thumbnails: std::collections::HashMap<PathBuf, egui::TextureHandle>,
     /// A run is being prepared (its dataset TOML written) and will start when the job reports.
     pub(super) preparing: bool,
@@ -127,6 +129,7 @@ impl FramesmithApp {
             spill_guard: SpillGuard::default(),
             samples: SamplesState::new(options.jobs, repaint),
             generate: Default::default(),
+            lora_tools: Default::default(),
             dataset_thumbnails: std::collections::HashMap::new(),
             preparing: false,
             validating: None,

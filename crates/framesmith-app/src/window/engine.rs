@@ -111,6 +111,7 @@ impl FramesmithApp {
     pub(super) fn run_ended(&mut self, end: RunEnd) {
         self.preparing = false;
         self.output_folder.mark_stale();
+        self.lora_tools.run_ended(end, &self.run.checkpoints);
         if let Some(next) = self.queue.next_after(end) {
             self.start_queued(next);
         }
