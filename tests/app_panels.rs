@@ -338,6 +338,7 @@ fn player_steps_frames_of_a_sample() {
             file: PathBuf::from("sample_000050.mp4"),
             frames,
             prompt: "a red fox in snow".into(),
+            controls: Vec::new(),
         })
         .unwrap();
     settle(&mut h);
@@ -391,6 +392,7 @@ fn an_image_sample_shows_still() {
             file: image.clone(),
             frames: image,
             prompt: "a red fox in snow".into(),
+            controls: Vec::new(),
         })
         .unwrap();
     settle(&mut h);

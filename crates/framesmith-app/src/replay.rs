@@ -1,5 +1,6 @@
-//! A finished run read back from its output folder (`metrics.jsonl`, `samples/`, `run.toml`) as the events the
-//! engine sent while it ran, so `framesmith --screenshot shot.png --run DIR` shows a real run.
+//! A finished run read back from its output folder (`metrics.jsonl`, `samples/`, `run.toml` and its prompt file's
+//! texts and control images) as the events the engine sent while it ran, so
+//! `framesmith --screenshot shot.png --run DIR` shows a real run.
 
 use std::path::{Path, PathBuf};
 
@@ -26,7 +27,7 @@ pub fn run_events(dir: &Path) -> Result<Vec<Event>, String> {
         .sampling
         .prompts
         .as_deref()
-        .map(prompt_texts)
+        .map(prompt_lines)
         .unwrap_or_default();
     events.extend(sample_events(&dir.join("samples"), &prompts)?);
     events.push(Event::StateChanged(RunState::Finished));
@@ -66,20 +67,37 @@ fn progress_events(metrics: &Path, total_steps: usize) -> Result<Vec<Event>, Str
     Ok(events)
 }
 
-/// The prompt text of each line of a musubi-tuner prompt file (before its ` --` options).
-fn prompt_texts(path: &Path) -> Vec<String> {
+/// A sample prompt as the replay shows it: its text and its control images.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct PromptLine {
+    text: String,
+    /// `--ci` images, beside the prompt file when relative (as the engine reads them).
+    controls: Vec<PathBuf>,
+}
+
+/// Each line of a musubi-tuner prompt file: its text (before its ` --` options) and its `--ci` control images.
+fn prompt_lines(path: &Path) -> Vec<PromptLine> {
+    let folder = path.parent().unwrap_or(Path::new(""));
     std::fs::read_to_string(path)
         .unwrap_or_default()
         .lines()
         .map(str::trim)
         .filter(|l| !l.is_empty() && !l.starts_with('#'))
-        .map(|l| l.split(" --").next().unwrap_or_default().trim().to_string())
+        .map(|l| {
+            let mut parts = l.split(" --");
+            let text = parts.next().unwrap_or_default().trim().to_string();
+            let controls = parts
+                .filter_map(|option| option.strip_prefix("ci "))
+                .map(|image| folder.join(image.trim()))
+                .collect();
+            PromptLine { text, controls }
+        })
         .collect()
 }
 
 /// A `SampleReady` for every `{step:06}-{prompt:02}` sample, by step: a clip's frames folder (beside its MP4) or an
 /// image's PNG.
-fn sample_events(samples: &Path, prompts: &[String]) -> Result<Vec<Event>, String> {
+fn sample_events(samples: &Path, prompts: &[PromptLine]) -> Result<Vec<Event>, String> {
     let entries = std::fs::read_dir(samples)
         .map_err(|err| format!("cannot read {}: {err}", samples.display()))?;
     let mut found: Vec<(usize, usize, PathBuf)> = entries
@@ -95,18 +113,22 @@ fn sample_events(samples: &Path, prompts: &[String]) -> Result<Vec<Event>, Strin
     found.sort();
     Ok(found
         .into_iter()
-        .map(|(step, index, frames)| Event::SampleReady {
-            step,
-            file: if frames.is_dir() {
-                frames.with_extension("mp4")
-            } else {
-                frames.clone()
-            },
-            prompt: prompts
-                .get(index)
-                .cloned()
-                .unwrap_or_else(|| format!("prompt {index}")),
-            frames,
+        .map(|(step, index, frames)| {
+            let line = prompts.get(index).cloned().unwrap_or_else(|| PromptLine {
+                text: format!("prompt {index}"),
+                controls: Vec::new(),
+            });
+            Event::SampleReady {
+                step,
+                file: if frames.is_dir() {
+                    frames.with_extension("mp4")
+                } else {
+                    frames.clone()
+                },
+                prompt: line.text,
+                frames,
+                controls: line.controls,
+            }
         })
         .collect())
 }
@@ -132,7 +154,7 @@ mod tests {
         config.save(&dir.path().join("run.toml")).unwrap();
         std::fs::write(
             dir.path().join("prompts.txt"),
-            "a red dot --w 48 --i a.png\n",
+            "a red dot --w 48 --i a.png --ci src.png --ci /abs/second.png\n",
         )
         .unwrap();
         std::fs::write(
@@ -175,8 +197,11 @@ mod tests {
                     file,
                     frames,
                     prompt,
+                    controls,
                 } => {
                     assert_eq!(prompt, "a red dot");
+                    let beside = dir.path().join("src.png");
+                    assert_eq!(controls, &[beside, PathBuf::from("/abs/second.png")]);
                     Some((*step, file.clone(), frames.clone()))
                 }
                 _ => None,

@@ -36,6 +36,8 @@ pub struct SampleClip {
     /// What the player shows: the clip's folder of PNG frames, or the PNG image itself.
     pub frames: PathBuf,
     pub prompt: String,
+    /// The images an edit model's sample edits, shown beside it (empty for other samples).
+    pub controls: Vec<PathBuf>,
 }
 
 impl SampleClip {
@@ -134,12 +136,14 @@ impl RunView {
                 file,
                 frames,
                 prompt,
+                controls,
             } => {
                 self.samples.push(SampleClip {
                     step,
                     file,
                     frames,
                     prompt,
+                    controls,
                 });
                 self.samples.sort_by_key(|s| s.step);
             }
@@ -465,9 +469,11 @@ mod tests {
                 file: PathBuf::from(format!("{step}.mp4")),
                 frames: PathBuf::from(format!("{step}")),
                 prompt: "a cat".into(),
+                controls: vec![PathBuf::from(format!("{step}-source.png"))],
             });
         }
         assert_eq!(view.samples[0].step, 10);
+        assert_eq!(view.samples[0].controls, [PathBuf::from("10-source.png")]);
         for i in 0..LOG_CAPACITY + 5 {
             view.note(LogLevel::Info, format!("line {i}"));
         }

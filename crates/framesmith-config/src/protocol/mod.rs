@@ -114,6 +114,9 @@ pub enum Event {
         /// What the player shows: the clip's folder of PNG frames, or the PNG image itself.
         frames: PathBuf,
         prompt: String,
+        /// The images an edit model's sample edits (its prompt's `--ci`), shown beside it; empty otherwise.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        controls: Vec<PathBuf>,
     },
     /// The run stopped with an error; the message says what and how to fix it.
     Failed {

@@ -85,6 +85,14 @@ mod tests {
                 file: PathBuf::from("/out/s.mp4"),
                 frames: PathBuf::from("/out/s"),
                 prompt: "a cat".into(),
+                controls: Vec::new(),
+            },
+            Event::SampleReady {
+                step: 4,
+                file: PathBuf::from("/out/s.png"),
+                frames: PathBuf::from("/out/s.png"),
+                prompt: "make it red".into(),
+                controls: vec![PathBuf::from("/in/a.png"), PathBuf::from("/in/b.png")],
             },
             Event::Failed {
                 message: "out of memory".into(),

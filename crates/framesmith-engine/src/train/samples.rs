@@ -1,9 +1,10 @@
 //! Samples during training, the same for every model family: when they are due (every N steps / epochs, and
 //! optionally before the first step), how they are named (`samples/{step:06}-{prompt:02}`), the `SampleReady`
-//! events and the device memory given back around them. What a family samples is its [`SampleSet`] (clips as an
-//! H.264 MP4 plus PNG frames for the in-app player, or images as one PNG each), its prompts encoded once at the
-//! start, made through [`crate::family::FamilyRun::sample`]. Generation draws from its own seeded RNG, so sampling
-//! never changes the training run. Also how clips are written as PNG frames, which `framesmith generate` shares.
+//! events (an edit model's name each prompt's control images) and the device memory given back around them. What
+//! a family samples is its [`SampleSet`] (clips as an H.264 MP4 plus PNG frames for the in-app player, or images
+//! as one PNG each), its prompts encoded once at the start, made through [`crate::family::FamilyRun::sample`].
+//! Generation draws from its own seeded RNG, so sampling never changes the training run. Also how clips are
+//! written as PNG frames, which `framesmith generate` shares.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -11,6 +12,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context;
 use candle_core::Tensor;
 
+use crate::generate::prompts::read_prompt_file;
 use crate::train::outputs::write_atomic;
 use crate::train::step::StepError;
 use crate::train::trainer::Trainer;
@@ -70,6 +72,9 @@ pub struct Sampling {
     pub at_first: bool,
     /// The run's `samples/` folder.
     pub dir: PathBuf,
+    /// The control images of each sample prompt (`--ci`; empty for a prompt without), which the `SampleReady`
+    /// events name so that the app shows them beside the sample.
+    pub controls: Vec<Vec<PathBuf>>,
 }
 
 /// The name of step `step`'s sample of prompt `index`, without extension: `{step:06}-{index:02}`.
@@ -78,15 +83,24 @@ pub fn sample_stem(step: usize, index: usize) -> String {
 }
 
 impl Sampling {
-    /// The schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder.
-    pub fn new(plan: &framesmith_config::RunPlan) -> Self {
+    /// The schedule of `plan`'s `[sampling]` (none: never due), into the run's `samples/` folder, with its prompt
+    /// file's control images.
+    pub fn new(plan: &framesmith_config::RunPlan) -> anyhow::Result<Self> {
         let s = plan.sampling.as_ref();
-        Self {
+        let controls = match s {
+            Some(s) => read_prompt_file(&s.prompts)?
+                .into_iter()
+                .map(|spec| spec.controls)
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Self {
             every_n_steps: s.and_then(|s| s.every_n_steps),
             every_n_epochs: s.and_then(|s| s.every_n_epochs),
             at_first: s.is_some_and(|s| s.at_first),
             dir: plan.output.output_dir.join("samples"),
-        }
+            controls,
+        })
     }
 
     /// Whether the schedule falls on `step` (`epoch_done`: the epoch that step completed, if any).
@@ -129,6 +143,7 @@ impl Trainer {
                 file: files.file,
                 frames: files.frames,
                 prompt,
+                controls: sampling.controls.get(i).cloned().unwrap_or_default(),
             });
         }
         release_cached_memory(&device)?;
@@ -162,4 +177,40 @@ pub fn write_frames(dir: &Path, frames: &[RgbFrame], fps: f64) -> anyhow::Result
     let (w, h) = frames.first().map_or((0, 0), |f| (f.width, f.height));
     let info = serde_json::json!({ "fps": fps, "frames": frames.len(), "width": w, "height": h });
     write_atomic(&dir.join("frames.json"), info.to_string().as_bytes())
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use framesmith_config::{presets, validate, HostInfo, RunConfig};
+
+    #[test]
+    fn each_prompts_control_images_are_what_its_sample_events_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let prompts = dir.path().join("prompts.txt");
+        fs::write(
+            &prompts,
+            "# an edit, then a plain prompt\nmake it red --ci src.png --ci /in/second.png\nsnow --s 4\n",
+        )
+        .unwrap();
+        let mut config = presets::builtin("demo-cpu")
+            .unwrap()
+            .apply(&RunConfig::default())
+            .unwrap()
+            .config;
+        config.sampling.prompts = Some(prompts);
+        config.sampling.sample_every_n_steps = Some(2);
+        config.output.output_dir = dir.path().join("out");
+        let plan = validate(&config, &HostInfo::new(1)).unwrap();
+        let sampling = Sampling::new(&plan).unwrap();
+        assert_eq!(
+            sampling.controls,
+            [
+                vec![dir.path().join("src.png"), PathBuf::from("/in/second.png")],
+                Vec::new()
+            ]
+        );
+        assert!(sampling.due(2, None) && !sampling.due(3, None));
+    }
 }

@@ -487,7 +487,11 @@ impl Trainer {
         outputs.config_toml = plan.config.to_toml_string()?;
         let report = parts.report.as_ref();
         Ok(Trainer {
-            sampling: plan.sampling.is_some().then(|| Sampling::new(plan)),
+            sampling: plan
+                .sampling
+                .is_some()
+                .then(|| Sampling::new(plan))
+                .transpose()?,
             saved_inputs: saved_inputs_for(plan, parts.family.device()),
             family: parts.family,
             loras: parts.loras,

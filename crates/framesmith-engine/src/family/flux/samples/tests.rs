@@ -110,11 +110,16 @@ fn a_flux_run_samples_pngs_on_schedule_that_generate_makes_from_its_lora() -> an
             file,
             frames,
             prompt,
+            controls,
         } = event
         else {
             panic!("not a sample: {event:?}");
         };
         assert_eq!(file, frames, "an image is its own frame");
+        assert!(
+            controls.is_empty(),
+            "no prompt edits an image: {controls:?}"
+        );
         seen.push((*step, file.clone(), prompt.clone()));
     }
     let expected: Vec<(usize, PathBuf, String)> = [2, 4]
