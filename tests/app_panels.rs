@@ -407,6 +407,44 @@ fn an_image_sample_shows_still() {
     for control in ["Play", "Next frame", "Previous frame", "Frame 1 / 1"] {
         assert!(h.query_by_label(control).is_none(), "{control}");
     }
+    assert!(h.query_by_label("Result").is_none(), "not an edit sample");
+}
+
+#[test]
+fn an_edit_sample_shows_its_source_beside_the_result() {
+    let dir = tempfile::tempdir().unwrap();
+    // A FLUX.1 Kontext run's sample of a prompt line with `--ci source.png`.
+    let (image, source) = (
+        dir.path().join("000004-00.png"),
+        dir.path().join("source.png"),
+    );
+    png(&image, [200, 40, 40, 255]);
+    png(&source, [40, 40, 200, 255]);
+    let backend = FakeBackend::new();
+    let mut h = harness(Arc::clone(&backend));
+    let engine = start_run(&backend, &mut h);
+    engine
+        .events
+        .send(Event::SampleReady {
+            step: 4,
+            file: image.clone(),
+            frames: image,
+            prompt: "make the fox red".into(),
+            controls: vec![source],
+        })
+        .unwrap();
+    settle(&mut h);
+    h.get_by_label("Samples").click();
+    settle(&mut h);
+    assert!(
+        h.query_by_label("Source: source.png").is_none(),
+        "nothing open yet"
+    );
+    h.get_by_label("Show step 4").click();
+    settle(&mut h);
+    h.get_by_label("Source: source.png");
+    h.get_by_label("Result");
+    h.get_by_label("Image, 8×6");
 }
 
 // ---- closing the window during a run; the output folder ----

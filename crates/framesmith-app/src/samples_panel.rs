@@ -1,5 +1,6 @@
 //! The Samples tab: a gallery of samples by step — clips, or images from image models' runs — (last-frame thumbnails
-//! made off the UI thread) and the player, which shows an image still.
+//! made off the UI thread) and the player, which shows an image still; an edit model's sample is shown with the
+//! control images it edits beside it (source and result side by side).
 
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -30,16 +31,33 @@ impl SamplesState {
         }
     }
 
-    /// Asks for a sample's last-frame thumbnail (once per sample; `frames`: its frames folder or image).
-    pub fn request_thumbnail(&mut self, jobs: &mut Jobs, frames: &Path) {
-        if !self.requested.insert(frames.to_path_buf()) {
-            return;
+    /// A sample arrived: asks for its last-frame thumbnail (`frames`: its frames folder or image) and for the
+    /// previews of its control images, each once.
+    pub fn sample_ready(&mut self, jobs: &mut Jobs, frames: &Path, controls: &[PathBuf]) {
+        if self.requested.insert(frames.to_path_buf()) {
+            let frames = frames.to_path_buf();
+            jobs.spawn("sample thumbnail", move || JobResult::SampleThumbnail {
+                thumbnail: last_frame_thumbnail(&frames),
+                frames,
+            });
         }
-        let frames = frames.to_path_buf();
-        jobs.spawn("sample thumbnail", move || JobResult::SampleThumbnail {
-            thumbnail: last_frame_thumbnail(&frames),
-            frames,
-        });
+        for control in controls {
+            if self.requested.insert(control.clone()) {
+                let control = control.clone();
+                jobs.spawn("control preview", move || JobResult::SampleThumbnail {
+                    thumbnail: preview(&control, theme::CONTROL_PREVIEW as u32),
+                    frames: control,
+                });
+            }
+        }
+    }
+
+    /// The control images of the sample the player shows (shown beside it); empty when it has none.
+    pub fn shown_controls<'a>(&self, clips: &'a [SampleClip]) -> &'a [PathBuf] {
+        self.player
+            .frames_dir()
+            .and_then(|dir| clips.iter().find(|c| c.frames == dir))
+            .map_or(&[], |clip| clip.controls.as_slice())
     }
 
     /// Keeps a finished thumbnail until the gallery draws it (textures are made on the UI thread).
@@ -70,11 +88,14 @@ impl SamplesState {
 /// sample), or the image.
 fn last_frame_thumbnail(frames: &Path) -> Option<Thumbnail> {
     let (frames, _) = list_frames(frames).ok()?;
-    let last = frames.last()?;
-    let side = theme::GALLERY_THUMBNAIL as u32;
-    let image = image::open(last).ok()?.thumbnail(side, side).to_rgba8();
+    preview(frames.last()?, theme::GALLERY_THUMBNAIL as u32)
+}
+
+/// The image at `path` with its longest side at most `side` pixels.
+fn preview(path: &Path, side: u32) -> Option<Thumbnail> {
+    let image = image::open(path).ok()?.thumbnail(side, side).to_rgba8();
     Some(Thumbnail {
-        path: last.clone(),
+        path: path.to_path_buf(),
         width: image.width(),
         height: image.height(),
         rgba: image.into_raw(),
@@ -123,5 +144,93 @@ pub(super) fn samples_ui(state: &mut SamplesState, clips: &[SampleClip], ui: &mu
     if let Some(clip) = playing {
         ui.label(format!("Step {} · {}", clip.step, clip.file.display()));
     }
-    state.player.ui(ui);
+    let controls = state.shown_controls(clips);
+    if controls.is_empty() {
+        state.player.ui(ui);
+        return;
+    }
+    ui.horizontal_top(|ui| {
+        ui.vertical(|ui| {
+            for control in controls {
+                control_ui(state, control, ui);
+            }
+        });
+        ui.vertical(|ui| {
+            ui.strong("Result");
+            state.player.ui(ui);
+        });
+    });
+}
+
+/// One control image of the sample shown: what the edit model was given.
+fn control_ui(state: &mut SamplesState, control: &Path, ui: &mut Ui) {
+    let name = control.file_name().map_or_else(
+        || control.display().to_string(),
+        |n| n.to_string_lossy().into_owned(),
+    );
+    ui.strong(format!("Source: {name}"));
+    match state.texture(ui.ctx(), control) {
+        Some(texture) => {
+            ui.add(egui::Image::new((texture.id(), texture.size_vec2())));
+        }
+        None => {
+            ui.label(RichText::new(control.display().to_string()).color(theme::MUTED));
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn png(path: &Path, (w, h): (u32, u32)) {
+        image::RgbImage::from_pixel(w, h, image::Rgb([200, 40, 40]))
+            .save(path)
+            .unwrap();
+    }
+
+    #[test]
+    fn an_edit_sample_shows_its_control_images_beside_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (sample, source) = (dir.path().join("000004-00.png"), dir.path().join("src.jpg"));
+        png(&sample, (8, 6));
+        png(&source, (640, 480));
+        let edit = SampleClip {
+            step: 4,
+            file: sample.clone(),
+            frames: sample.clone(),
+            prompt: "make it red".into(),
+            controls: vec![source.clone()],
+        };
+        let plain = SampleClip {
+            step: 6,
+            frames: dir.path().join("000006-00.png"),
+            controls: Vec::new(),
+            ..edit.clone()
+        };
+        let clips = [edit.clone(), plain.clone()];
+        let mut jobs = Jobs::new(JobMode::Inline, None);
+        let mut state = SamplesState::new(JobMode::Inline, None);
+        state.sample_ready(&mut jobs, &edit.frames, &edit.controls);
+        state.sample_ready(&mut jobs, &edit.frames, &edit.controls);
+        let mut previews = HashMap::new();
+        for result in jobs.drain() {
+            match result {
+                JobResult::SampleThumbnail { frames, thumbnail } => {
+                    assert!(previews.insert(frames, thumbnail).is_none(), "asked twice");
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        let control = previews[&source].as_ref().unwrap();
+        assert_eq!((control.width, control.height), (320, 240));
+        assert!(previews[&sample].is_some());
+
+        assert!(state.shown_controls(&clips).is_empty(), "nothing open");
+        state.player.open(&edit.frames);
+        assert_eq!(state.shown_controls(&clips), [source]);
+        state.player.open(&plain.frames);
+        assert!(state.shown_controls(&clips).is_empty());
+    }
 }

@@ -221,8 +221,11 @@ fn stage_run(app: &mut FramesmithApp, events: Vec<Event>) {
     app.run.begin_run();
     let mut last = None;
     for event in events {
-        if let Event::SampleReady { frames, .. } = &event {
-            app.samples.request_thumbnail(&mut app.jobs, frames);
+        if let Event::SampleReady {
+            frames, controls, ..
+        } = &event
+        {
+            app.samples.sample_ready(&mut app.jobs, frames, controls);
             last = Some(frames.clone());
         }
         app.apply_event(event);

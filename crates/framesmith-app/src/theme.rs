@@ -32,6 +32,8 @@ pub const MARK_WIDTH: f32 = 360.0;
 pub const CHART_HEIGHT: f32 = 180.0;
 /// Longest side of a sample thumbnail in the gallery.
 pub const GALLERY_THUMBNAIL: f32 = 120.0;
+/// Longest side of an edit sample's control image, shown beside the sample.
+pub const CONTROL_PREVIEW: f32 = 320.0;
 
 /// Applies the app's look to a context.
 pub fn apply(ctx: &egui::Context) {

@@ -86,8 +86,11 @@ impl FramesmithApp {
             }
         }
         for event in events {
-            if let Event::SampleReady { frames, .. } = &event {
-                self.samples.request_thumbnail(&mut self.jobs, frames);
+            if let Event::SampleReady {
+                frames, controls, ..
+            } = &event
+            {
+                self.samples.sample_ready(&mut self.jobs, frames, controls);
             }
             self.apply_event(event);
         }
