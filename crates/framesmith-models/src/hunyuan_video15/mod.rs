@@ -17,6 +17,7 @@ mod testkit;
 pub mod text;
 mod trainable;
 pub mod transformer;
+pub mod vae;
 pub mod weights;
 
 pub use config::HunyuanVideo15Config;

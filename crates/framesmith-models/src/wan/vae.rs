@@ -7,7 +7,7 @@
 //! [`WanVae`] with its own normalisation.
 
 mod infer;
-mod layers;
+pub(crate) mod layers;
 mod tiled;
 mod wan21;
 mod wan22;
