@@ -16,6 +16,7 @@ pub mod flux_dit;
 pub mod flux_schedule;
 pub mod flux_text;
 pub mod hunyuan_video15;
+pub mod hunyuan_video15_vae;
 pub mod ltx2;
 pub mod qwen25vl;
 pub mod schedulers;
@@ -208,7 +209,7 @@ impl Fixture {
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
     /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
-    /// `hunyuan_video15_transformer`, `ltx2_transformer`).
+    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `ltx2_transformer`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -246,11 +247,12 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "flux_schedule" => flux_schedule::check(&fixture),
         "qwen25vl_text_encoder" => qwen25vl::check(&fixture, dir),
         "hunyuan_video15_transformer" => hunyuan_video15::check(&fixture),
+        "hunyuan_video15_vae" => hunyuan_video15_vae::check(&fixture),
         "ltx2_transformer" => ltx2::check(&fixture),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
              flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
-             hunyuan_video15_transformer, ltx2_transformer) in {}",
+             hunyuan_video15_transformer, hunyuan_video15_vae, ltx2_transformer) in {}",
             dir.display()
         ),
     }
