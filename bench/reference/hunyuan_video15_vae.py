@@ -5,7 +5,7 @@ Official code: github:Tencent-Hunyuan/HunyuanVideo-1.5, hyvideo/models/autoencod
 (`AutoencoderKLConv3D`) at commit 60783e704160023913bee78f0b47036d393d4dfa (2026-04-10). Give its checkout with
 HV15_REPO (default: the mirror /work/.mirror/Tencent-Hunyuan+HunyuanVideo-1.5/repo, read with `git show`). Its
 only import this needs from the rest of the repository, `hyvideo.commons.parallel_states`, is used by the
-multi-GPU tile decode alone and is stubbed.
+multi-GPU tile decode alone and is stubbed (as is `loguru` when absent: imported, never used).
 
 The same weights are also run through diffusers' port (`AutoencoderKLHunyuanVideo15`, diffusers 0.42.1) after
 renaming the keys (`to_diffusers` below), and the script stops unless both agree (the untiled encode and decode,
@@ -15,6 +15,13 @@ Versions: torch 2.15.0 (CPU), diffusers 0.42.1, einops 0.8.2, safetensors 0.8.0,
 
 Command (from the repository root; writes crates/framesmith-models/tests/fixtures/hunyuan_video15_vae/<case>/):
   /work/venv-ref/bin/python bench/reference/hunyuan_video15_vae.py
+
+GPU modes (bench/run-hunyuan-video15-vae.sh; HV15_VAE_SOURCE names a copy of the official file when the mirror is
+absent):
+  --write-released PATH   random weights of the released VAE (official names, bf16), drawn on the GPU
+  --bench PATH            the official encode (and decode of its latents) of a WIDTHxHEIGHTxFRAMES clip with the
+                          official tiling (--tile, --overlap), bf16, printing `HV15_VAE_TORCH {json}` with the
+                          seconds and torch.cuda.max_memory_allocated of each
 
 Cases:
   video:  a 9-frame 64×80 clip, weights in the official release's key names (also ComfyUI's
@@ -68,11 +75,16 @@ CASES = {
 
 
 def load_official():
-    source = subprocess.run(
-        ["git", "-C", str(REPO), "show", f"{COMMIT}:{OFFICIAL_PATH}"], check=True, capture_output=True, text=True
-    ).stdout
-    for name in ("hyvideo", "hyvideo.commons"):
-        sys.modules.setdefault(name, types.ModuleType(name))
+    if os.environ.get("HV15_VAE_SOURCE"):
+        source = Path(os.environ["HV15_VAE_SOURCE"]).read_text()
+    else:
+        source = subprocess.run(
+            ["git", "-C", str(REPO), "show", f"{COMMIT}:{OFFICIAL_PATH}"], check=True, capture_output=True, text=True
+        ).stdout
+    # `loguru` is imported and never used by the file; a stand-in spares the device a wheel.
+    for name in ("hyvideo", "hyvideo.commons", "loguru"):
+        if name != "loguru" or importlib.util.find_spec(name) is None:
+            sys.modules.setdefault(name, types.ModuleType(name))
     stub = types.ModuleType("hyvideo.commons.parallel_states")
     stub.get_parallel_state = lambda: None
     sys.modules["hyvideo.commons.parallel_states"] = stub
@@ -182,7 +194,67 @@ def run_case(official, name, case):
     print(f"{name}: {shapes}, diffusers agrees to {agree:.2e} -> {folder}")
 
 
+RELEASED = {**INIT, "latent_channels": 32, "block_out_channels": [128, 256, 512, 1024, 1024], "sample_size": 256}
+
+
+def write_released(path):
+    official = load_official()
+    with torch.device("cuda"):
+        model = official.AutoencoderKLConv3D(**RELEASED)
+    randomise(model, 0)
+    sd = {k: v.detach().to(torch.bfloat16).contiguous().cpu() for k, v in model.state_dict().items()}
+    save_file(sd, path)
+    print(f"wrote {path}: {sum(v.numel() for v in sd.values())} parameters")
+
+
+def bench(args):
+    from safetensors.torch import load_file
+    import time
+
+    official = load_official()
+    model = official.AutoencoderKLConv3D(**RELEASED)
+    model.load_state_dict(load_file(args.bench), strict=True)
+    model = model.to("cuda", torch.bfloat16).eval()
+    model.set_tile_sample_min_size(args.tile, args.overlap)
+    model.enable_spatial_tiling()
+    video = torch.rand(1, 3, args.frames, args.height, args.width, device="cuda", dtype=torch.bfloat16) * 2 - 1
+    out = {"frames": args.frames, "height": args.height, "width": args.width, "tile": args.tile}
+    with torch.no_grad():
+        for name, run in (("encode", lambda: model.encode(video).latent_dist.mode()), ("decode", None)):
+            if name == "decode":
+                run = lambda: model.decode(latents).sample  # noqa: E731
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            start = time.perf_counter()
+            result = run()
+            torch.cuda.synchronize()
+            out[f"{name}_secs"] = round(time.perf_counter() - start, 3)
+            out[f"{name}_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 3)
+            if name == "encode":
+                latents = result
+                out["latents"] = list(latents.shape)
+    print("HV15_VAE_TORCH " + json.dumps(out), flush=True)
+
+
 def main():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--write-released")
+    parser.add_argument("--bench")
+    parser.add_argument("--frames", type=int, default=121)
+    parser.add_argument("--height", type=int, default=480)
+    parser.add_argument("--width", type=int, default=848)
+    parser.add_argument("--tile", type=int, default=256)
+    parser.add_argument("--overlap", type=float, default=0.125)
+    args = parser.parse_args()
+    if args.write_released:
+        write_released(args.write_released)
+        return 0
+    if args.bench:
+        bench(args)
+        return 0
+    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     torch.set_num_threads(1)
     torch.use_deterministic_algorithms(True)
     official = load_official()
@@ -194,5 +266,4 @@ def main():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
     sys.exit(main())
