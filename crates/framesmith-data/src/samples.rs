@@ -74,12 +74,24 @@ pub fn video_samples(
     media: &Path,
     step: u32,
 ) -> Result<Vec<Sample>, VideoProbeError> {
+    video_samples_at(ds, tools, media, step, WAN_TARGET_FPS)
+}
+
+/// [`video_samples`] for a family whose clips are thinned to `target_fps` when the dataset has `source_fps`
+/// (musubi-tuner's `TARGET_FPS_*` of the architecture).
+pub fn video_samples_at(
+    ds: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    media: &Path,
+    step: u32,
+    target_fps: f64,
+) -> Result<Vec<Sample>, VideoProbeError> {
     let Some(params) = &ds.video else {
         return Ok(Vec::new());
     };
     let info = probe_video(tools, media)?;
     let source_frames = info.frame_count.unwrap_or(0) as usize;
-    let clips = select_frames(source_frames, params, WAN_TARGET_FPS);
+    let clips = select_frames(source_frames, params, target_fps);
     let Some(needed) = clips
         .iter()
         .flat_map(|c| c.source_indices.iter())

@@ -30,6 +30,10 @@ pub const HV15_ARCHITECTURE: &str = "hunyuan_video_1_5";
 /// `VAE_SCALING_FACTOR`; the caches hold the VAE's latents as they come).
 pub const HV15_SCALING_FACTOR: f64 = 1.03682;
 
+/// Frames per second clips are thinned to when a dataset gives `source_fps` (musubi-tuner's
+/// `TARGET_FPS_HUNYUAN_VIDEO_1_5`).
+pub const HV15_TARGET_FPS: f64 = 24.0;
+
 /// What tells HunyuanVideo 1.5's caches from other families'.
 const HV15_CACHES: ImageCacheArch = ImageCacheArch {
     suffix: HV15_SUFFIX,
