@@ -1,8 +1,8 @@
 //! HunyuanVideo 1.5 (8.3B, T2V and I2V): the transformer with the official key names (config, embedders, the
 //! Qwen2.5-VL text refiner, the byT5 glyph and SigLIP image conditioning, 3-D RoPE, the double-stream blocks
 //! of `crate::mmdit`, head and unpatchify), its blocks as the engine trains and streams them, and its
-//! checkpoint layouts (official, ComfyUI, diffusers) and its prompt encoding (`text`) with the shared `qwen25vl`
-//! text encoder.
+//! checkpoint layouts (official, ComfyUI, diffusers), its prompt encoding (`text`) with the shared `qwen25vl`
+//! text encoder, and its 3-D causal VAE (`vae`).
 
 pub mod block;
 pub mod conditioning;

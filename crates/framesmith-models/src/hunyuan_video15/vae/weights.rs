@@ -5,12 +5,12 @@
 //! another model — HunyuanVideo 1.0's VAE, a Wan VAE, the HunyuanVideo 1.5 transformer — are named as such.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 
 use super::{Hv15Vae, Hv15VaeConfig, HV15_VAE_SCALING_FACTOR};
-use crate::wan::weights::{read_whole_file, WeightsFileError};
+use crate::wan::weights::{read_header, read_whole_file, WeightsFileError};
 use framesmith_nn::vb::Vb;
 
 /// The key layouts a HunyuanVideo 1.5 VAE file comes in.
@@ -191,12 +191,35 @@ pub fn vae_from_tensors(
     Hv15Vae::new(&cfg, &vb).map_err(|e| format!("{e}"))
 }
 
-/// Loads HunyuanVideo 1.5's VAE from `path` (safetensors or a pickle-free `.pt`), weights in `dtype` on `device`.
+/// The weights file of a folder (the release's or a diffusers pipeline's root, or its `vae/`), else `path` itself.
+pub fn vae_weights_file(path: &Path) -> PathBuf {
+    if !path.is_dir() {
+        return path.to_path_buf();
+    }
+    let name = "diffusion_pytorch_model.safetensors";
+    [path.join("vae").join(name), path.join(name)]
+        .into_iter()
+        .find(|p| p.is_file())
+        .unwrap_or_else(|| path.join("vae").join(name))
+}
+
+/// Whether `path` (a file or folder, read from its header only) holds HunyuanVideo 1.5's VAE in either layout.
+pub fn is_hv15_vae_file(path: &Path) -> bool {
+    read_header(&vae_weights_file(path)).is_ok_and(|h| {
+        h.tensors
+            .iter()
+            .any(|t| t.name.ends_with(OFFICIAL_PROBE) || t.name.ends_with(DIFFUSERS_PROBE))
+    })
+}
+
+/// Loads HunyuanVideo 1.5's VAE from `path` (safetensors or a pickle-free `.pt`, or a folder holding
+/// `vae/diffusion_pytorch_model.safetensors`), weights in `dtype` on `device`.
 pub fn load_hv15_vae(
     path: &Path,
     dtype: DType,
     device: &Device,
 ) -> Result<Hv15Vae, WeightsFileError> {
+    let path = &vae_weights_file(path);
     let tensors = strip_prefix(read_whole_file(path)?);
     if detect_layout(&tensors).is_none() {
         return Err(WeightsFileError::WrongModel {
