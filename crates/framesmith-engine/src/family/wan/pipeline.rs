@@ -4,7 +4,7 @@
 //! turned into RGB frames (written by [`crate::generate::run::write_clip`]).
 
 use anyhow::Context;
-use candle_core::{DType, Device, Tensor};
+use candle_core::{DType, Tensor};
 
 use crate::family::wan::denoise::{generate_from, Experts, GenerateRequest, ImageConditioning};
 use crate::generate::sampler::Solver;
@@ -153,29 +153,7 @@ impl VaeDecoder {
     }
 }
 
-/// `[3, T, H, W]` in [−1, 1] to RGB8 frames (clamped, `(x + 1) · 127.5` rounded).
-pub fn video_to_frames(video: &Tensor) -> anyhow::Result<Vec<RgbFrame>> {
-    let (c, t, h, w) = video.dims4()?;
-    if c != 3 {
-        anyhow::bail!("decoded video has {c} channels, expected 3");
-    }
-    let pixels = ((video.to_dtype(DType::F32)?.clamp(-1f32, 1f32)? + 1.0)? * 127.5)?
-        .round()?
-        .permute((1, 2, 3, 0))?
-        .to_device(&Device::Cpu)?
-        .to_dtype(DType::U8)?
-        .flatten_all()?
-        .to_vec1::<u8>()?;
-    Ok(pixels
-        .chunks_exact(h * w * 3)
-        .take(t)
-        .map(|data| RgbFrame {
-            width: w,
-            height: h,
-            data: data.to_vec(),
-        })
-        .collect())
-}
+pub use crate::generate::frames::video_to_frames;
 
 /// A text embedding `[L, dim]` cut to the DiT's `text_len` tokens, as the tokenizer would have cut the prompt.
 pub fn fit_context(context: &Tensor, text_len: usize) -> candle_core::Result<Tensor> {
