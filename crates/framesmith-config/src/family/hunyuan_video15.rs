@@ -53,8 +53,7 @@ impl FamilyRules for HunyuanVideo15Rules {
         if cfg.sampling.prompts.is_some() {
             c.problem(
                 "sampling.prompts",
-                "samples of a HunyuanVideo 1.5 run need its 3-D causal VAE (and the byT5 glyph encoder), which \
-                 Framesmith does not have yet",
+                "samples of a HunyuanVideo 1.5 run need the byT5 glyph encoder, which Framesmith does not have yet",
                 "remove sampling.prompts and the sample schedule (sample_every_n_* / sample_at_first)",
             );
         }
@@ -106,7 +105,7 @@ mod tests {
         for (key, message, fix) in [
             (
                 "sampling.prompts",
-                "3-D causal VAE",
+                "byT5 glyph encoder",
                 "remove sampling.prompts",
             ),
             ("model.variant", "Wan variant `t2v-1.3b`", "\"auto\""),

@@ -1,8 +1,8 @@
 //! The HunyuanVideo 1.5 family: which runs are HunyuanVideo 1.5's and its batch ([`train`]), the cached items of
-//! musubi-tuner's `_hv15` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), and its plan
-//! description ([`plan`]). It trains text- and image-to-video LoRAs from caches only: the 3-D causal VAE and the
-//! byT5 glyph encoder are not implemented, so the cache passes, samples during training and `framesmith generate`
-//! are refused with what is missing and where the caches come from.
+//! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]),
+//! a run's setup (`setup`) and model ([`run`]), and its plan description ([`plan`]). The byT5 glyph encoder is not
+//! implemented, so the text pass, samples during training and `framesmith generate` are refused with what is
+//! missing and where the caches come from.
 
 use std::path::Path;
 
@@ -19,6 +19,7 @@ use framesmith_data::ValidConfig;
 
 pub mod items;
 pub mod plan;
+pub mod prep;
 pub mod run;
 mod setup;
 pub mod train;
@@ -29,9 +30,8 @@ mod testkit;
 mod tests;
 
 /// Why `framesmith generate` does not run a HunyuanVideo 1.5 DiT.
-const NO_GENERATE: &str = "generating with HunyuanVideo 1.5 needs its 3-D causal VAE (to decode the clip) and \
-     the byT5 glyph encoder, which Framesmith does not have yet; use musubi-tuner's hv_1_5_generate_video.py with \
-     the LoRA (its names are musubi-tuner's)";
+const NO_GENERATE: &str = "generating with HunyuanVideo 1.5 needs the byT5 glyph encoder, which Framesmith \
+     does not have yet; use musubi-tuner's hv_1_5_generate_video.py with the LoRA (its names are musubi-tuner's)";
 
 /// HunyuanVideo 1.5: the runs whose `model.dit` is a HunyuanVideo transformer.
 pub struct HunyuanVideo15Family;
@@ -63,7 +63,7 @@ impl Family for HunyuanVideo15Family {
 
     fn claims_cache(&self, pass: &CachePass) -> bool {
         match pass {
-            CachePass::Latents(files) => files.dit.as_deref().is_some_and(train::is_hv15_file),
+            CachePass::Latents(files) => prep::is_hv15_latent_pass(files),
             // A text pass names Qwen2.5-VL alone, which Qwen-Image's caches take too.
             CachePass::Text(_) => false,
         }
@@ -72,10 +72,19 @@ impl Family for HunyuanVideo15Family {
     fn cache(
         &self,
         request: &CacheRequest<'_>,
-        _progress: &mut dyn CacheProgress,
-        _log: &mut dyn FnMut(&str),
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
     ) -> anyhow::Result<CacheSummary> {
-        anyhow::bail!("{}: {}", items::MUSUBI_CACHES, request.dataset.display())
+        match &request.pass {
+            CachePass::Latents(files) => prep::latents(request, files, progress, log),
+            CachePass::Text(_) => {
+                anyhow::bail!(
+                    "{}: {}",
+                    items::MUSUBI_TEXT_CACHES,
+                    request.dataset.display()
+                )
+            }
+        }
     }
 
     fn start_run(

@@ -12,8 +12,7 @@ use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
 
 /// Why a HunyuanVideo 1.5 run makes no samples.
 pub const NO_SAMPLES: &str =
-    "samples of HunyuanVideo 1.5 need its 3-D causal VAE to decode the clip, which \
-     Framesmith does not have yet";
+    "samples of HunyuanVideo 1.5 need the byT5 glyph encoder, which Framesmith does not have yet";
 
 /// The samples of a run that makes none ([`NO_SAMPLES`]): no value of it exists, so a run holds `None` and the
 /// config validator refuses `[sampling]` first.

@@ -2,7 +2,7 @@
 //! the DiT (in FP8 and streamed as the plan says), LoRA on musubi-tuner's targets under its names, items from
 //! `_hv15` caches (held-out items when the run validates), the memory plan (which picks `blocks_to_swap =
 //! "auto"`), and the LoRA metadata musubi-tuner writes for HunyuanVideo 1.5. The run makes no samples: they need
-//! the 3-D VAE, which the config validator says when `[sampling]` asks for them.
+//! the byT5 glyph encoder, which the config validator says when `[sampling]` asks for them.
 
 use std::collections::HashMap;
 use std::path::Path;

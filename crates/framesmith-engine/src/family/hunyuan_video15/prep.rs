@@ -1,0 +1,310 @@
+//! HunyuanVideo 1.5's latent pass, as musubi-tuner's `hv_1_5_cache_latents.py` makes its `_hv15` caches: the VAE's
+//! unscaled latents (the posterior's mean) of every image and clip (clips thinned to 24 fps when the dataset gives
+//! `source_fps`, sides in steps of 16 pixels), and with `--i2v` the first frame's latents and mask
+//! (`latents_image`, float32 as musubi-tuner stores it). The VAE runs on the pass's device, a clip in chunks of
+//! [`CHUNK_LATENTS`] latent frames (the whole clip's result with a chunk's memory) and, with `--tiled`, in
+//! musubi-tuner's 128-pixel tiles. SigLIP features are not computed (no SigLIP encoder yet): an image-to-video
+//! run needs musubi-tuner's `--i2v --image_encoder` caches. A pass is HunyuanVideo 1.5's when `--dit` names its
+//! transformer or `--vae` its VAE.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+use image::RgbImage;
+
+use super::train::is_hv15_file;
+use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles};
+use crate::prep::{
+    frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
+    ItemOutcome,
+};
+use framesmith_data::cache::media_stem;
+use framesmith_data::family::hunyuan_video15::cache::{
+    hv15_latent_cache_name, write_hv15_latent_cache, Hv15LatentCache, HV15_ARCHITECTURE,
+    HV15_SUFFIX, HV15_TARGET_FPS,
+};
+use framesmith_data::frames::select_frames;
+
+use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
+use framesmith_data::probe::{image_size, probe_video};
+use framesmith_data::samples::{cache_dir, image_sample, video_samples_at, Sample};
+use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
+use framesmith_models::hunyuan_video15::vae::weights::is_hv15_vae_file;
+use framesmith_models::hunyuan_video15::vae::{load_hv15_vae, Hv15Vae, SpatialTiles};
+
+/// Latent frames per chunk of a clip's encode (16 frames of 480p: a few GiB in bf16).
+pub const CHUNK_LATENTS: usize = 4;
+/// Pixel multiple of every bucket side (musubi-tuner's `RESOLUTION_STEPS_HUNYUAN_VIDEO_1_5`).
+pub const BUCKET_STEP: u32 = 16;
+
+/// Whether the latent pass `files` caches for HunyuanVideo 1.5.
+pub(super) fn is_hv15_latent_pass(files: &LatentFiles) -> bool {
+    files.dit.as_deref().is_some_and(is_hv15_file) || is_hv15_vae_file(&files.vae)
+}
+
+/// The VAE side of the pass.
+pub struct Hv15LatentEncoder<'a> {
+    pub vae: &'a Hv15Vae,
+    /// Where the VAE's weights are.
+    pub device: Device,
+    /// Dtype the frames are fed and the latents stored in.
+    pub dtype: DType,
+    /// Spatial tiles, for frames larger than a tile.
+    pub tiles: Option<SpatialTiles>,
+    /// Cache the first frame's latents and mask (`latents_image`).
+    pub i2v: bool,
+}
+
+impl Hv15LatentEncoder<'_> {
+    fn key_prefixes(&self) -> &'static [&'static str] {
+        if self.i2v {
+            &["latents_", "latents_image_"]
+        } else {
+            &["latents_"]
+        }
+    }
+
+    /// Whether the cache at `path` is complete for this encoder.
+    fn cached(&self, path: &Path) -> bool {
+        header::complete_cache(path, self.key_prefixes(), HV15_ARCHITECTURE).is_some()
+    }
+
+    /// Unscaled latents `[1, C, F, H, W]` of a video `[1, 3, T, H, W]` in [−1, 1], on the VAE's device.
+    fn encode_video(&self, video: &Tensor) -> anyhow::Result<Tensor> {
+        Ok(self
+            .vae
+            .encode_tiled(video, self.tiles, Some(CHUNK_LATENTS))?)
+    }
+
+    /// One sample's cache: the latents `[C, F, H, W]` in `self.dtype` and, with `i2v`, `latents_image` =
+    /// [the first frame's own latents then zeros; mask 1 on the first latent frame] `[C + 1, F, H, W]` in f32.
+    pub fn encode_cache(&self, frames: &[RgbImage]) -> anyhow::Result<Hv15LatentCache> {
+        let video = frames_to_video(frames, &self.device)?.to_dtype(self.dtype)?;
+        let latents = self.encode_video(&video)?;
+        let latents_image = if self.i2v {
+            let first = if video.dim(2)? == 1 {
+                latents.clone()
+            } else {
+                self.encode_video(&video.narrow(2, 0, 1)?)?
+            };
+            Some(image_latents(&first.squeeze(0)?, latents.dims5()?.2)?)
+        } else {
+            None
+        };
+        Ok(Hv15LatentCache {
+            latents: latents
+                .squeeze(0)?
+                .to_dtype(self.dtype)?
+                .to_device(&Device::Cpu)?,
+            latents_image,
+            siglip: None,
+        })
+    }
+}
+
+/// `[first frame's latents, zeros; mask]` `[C + 1, frames, H, W]` in f32 on the CPU from the first frame's latents
+/// `first` `[C, 1, H, W]` (musubi-tuner's `latents_concat` and `mask_concat`).
+pub fn image_latents(first: &Tensor, frames: usize) -> anyhow::Result<Tensor> {
+    let first = first.to_dtype(DType::F32)?.to_device(&Device::Cpu)?;
+    let (c, _, h, w) = first.dims4()?;
+    let mut latent = vec![first];
+    let mut mask = vec![Tensor::ones((1, 1, h, w), DType::F32, &Device::Cpu)?];
+    if frames > 1 {
+        latent.push(Tensor::zeros(
+            (c, frames - 1, h, w),
+            DType::F32,
+            &Device::Cpu,
+        )?);
+        mask.push(Tensor::zeros(
+            (1, frames - 1, h, w),
+            DType::F32,
+            &Device::Cpu,
+        )?);
+    }
+    Ok(Tensor::cat(
+        &[Tensor::cat(&latent, 1)?, Tensor::cat(&mask, 1)?],
+        0,
+    )?)
+}
+
+/// The latent pass with HunyuanVideo 1.5's VAE.
+pub(super) fn latents(
+    request: &CacheRequest<'_>,
+    files: &LatentFiles,
+    progress: &mut dyn CacheProgress,
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<CacheSummary> {
+    if let Some(clip) = &files.clip {
+        anyhow::bail!(
+            "HunyuanVideo 1.5 conditions on SigLIP image features, which Framesmith cannot compute yet: drop --clip \
+             (make image-to-video caches with musubi-tuner's hv_1_5_cache_latents.py --i2v --image_encoder): {}",
+            clip.display()
+        );
+    }
+    let valid = load_dataset(request, log)?;
+    let tools = MediaTools::locate().ok();
+    if tools.is_none()
+        && valid
+            .datasets
+            .iter()
+            .any(|d| d.kind() == DatasetKind::Video)
+    {
+        log(&format!(
+            "warning: ffmpeg was not found, so video files cannot be decoded; {FFMPEG_INSTALL_HINT}"
+        ));
+    }
+    let (device, dtype) = (request.open)()?;
+    let vae = load_hv15_vae(&files.vae, dtype, &device)?;
+    log(&format!(
+        "VAE: HunyuanVideo 1.5, {} latent channels, on {device:?} in {dtype:?}{}",
+        vae.config().latent_channels,
+        if files.tiled { ", 128-pixel tiles" } else { "" }
+    ));
+    if files.i2v {
+        log(
+            "image-to-video: caching the first frame's latents (latents_image); SigLIP features are not \
+             computed, so image-to-video training needs musubi-tuner's --i2v --image_encoder caches",
+        );
+    }
+    let encoder = Hv15LatentEncoder {
+        vae: &vae,
+        device,
+        dtype,
+        tiles: files.tiled.then(SpatialTiles::small),
+        i2v: files.i2v,
+    };
+    let options = CacheOptions {
+        keep_stale: request.keep_stale,
+    };
+    cache_hv15_latents(&valid, tools.as_ref(), &encoder, &options, progress)
+}
+
+/// Writes the `_hv15` latent cache of every image and clip of the dataset config.
+pub fn cache_hv15_latents(
+    valid: &ValidConfig,
+    tools: Option<&MediaTools>,
+    encoder: &Hv15LatentEncoder,
+    options: &CacheOptions,
+    progress: &mut dyn CacheProgress,
+) -> anyhow::Result<CacheSummary> {
+    let mut summary = CacheSummary::default();
+    let mut expected = Expected::default();
+    let scans = scan_all(valid, tools, &mut summary, progress);
+    for scan in &scans {
+        let ds = &scan.dataset;
+        expected.dataset(ds, scan);
+        for item in &scan.items {
+            let outcome = cache_item(ds, tools, &item.media, encoder, &mut expected)
+                .with_context(|| format!("caching {}", item.media.display()))?;
+            progress.item_done(&item.media, &outcome);
+            summary.record(&item.media, &outcome);
+        }
+    }
+    if !options.keep_stale {
+        summary.removed = expected.remove_stale(&format!("_{HV15_SUFFIX}.safetensors"))?;
+    }
+    Ok(summary)
+}
+
+/// The `_hv15` cache file of a sample, beside where the sample's own name would go.
+fn cache_path(sample: &Sample) -> PathBuf {
+    let dir = sample
+        .latent_cache
+        .parent()
+        .map(Path::to_path_buf)
+        .unwrap_or_default();
+    dir.join(hv15_latent_cache_name(
+        &media_stem(&sample.media),
+        sample.window,
+        sample.original_size,
+    ))
+}
+
+/// The cache files of an item from headers and a probe only; `None` when the media cannot be measured so.
+fn planned_caches(
+    ds: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    media: &Path,
+) -> Option<Vec<PathBuf>> {
+    let dir = cache_dir(ds, media);
+    let stem = media_stem(media);
+    match ds.kind() {
+        DatasetKind::Image => {
+            let size = image_size(media).ok()?;
+            Some(vec![dir.join(hv15_latent_cache_name(&stem, None, size))])
+        }
+        DatasetKind::Video => {
+            let params = ds.video.as_ref()?;
+            let info = probe_video(tools, media).ok()?;
+            let frames = info.frame_count? as usize;
+            let size = (info.width, info.height);
+            let names = select_frames(frames, params, HV15_TARGET_FPS)
+                .into_iter()
+                .map(|c| dir.join(hv15_latent_cache_name(&stem, Some(c.window), size)))
+                .collect();
+            Some(names)
+        }
+    }
+}
+
+/// Caches one image or video.
+fn cache_item(
+    ds: &ResolvedDataset,
+    tools: Option<&MediaTools>,
+    media: &Path,
+    encoder: &Hv15LatentEncoder,
+    expected: &mut Expected,
+) -> anyhow::Result<ItemOutcome> {
+    if let Some(planned) = planned_caches(ds, tools, media) {
+        planned.iter().for_each(|p| expected.file(p));
+        if !planned.is_empty() && planned.iter().all(|p| encoder.cached(p)) {
+            return Ok(ItemOutcome::Skipped);
+        }
+    }
+    // A file that does not decode is the item's failure; anything later (the VAE, the disk) stops the pass.
+    let decoded = match ds.kind() {
+        DatasetKind::Image => image_sample(ds, media, BUCKET_STEP)
+            .map(|s| vec![s])
+            .map_err(|e| e.reason()),
+        DatasetKind::Video => {
+            video_samples_at(ds, tools, media, BUCKET_STEP, HV15_TARGET_FPS).map_err(|e| e.reason())
+        }
+    };
+    let samples = match decoded {
+        Ok(samples) if !samples.is_empty() => samples,
+        failed => {
+            expected.failed(ds, media);
+            let reason = failed
+                .err()
+                .unwrap_or_else(|| "the video is too short for any clip of target_frames".into());
+            return Ok(ItemOutcome::Failed(reason));
+        }
+    };
+    let mut written = 0;
+    for sample in &samples {
+        let path = cache_path(sample);
+        expected.file(&path);
+        if encoder.cached(&path) {
+            continue;
+        }
+        let cache = encoder.encode_cache(&sample.frames)?;
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)
+                .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+        }
+        let frames = sample.window.map(|w| w.frames);
+        write_hv15_latent_cache(&path, &cache, sample.original_size, frames)?;
+        written += 1;
+    }
+    Ok(if written == 0 {
+        ItemOutcome::Skipped
+    } else {
+        ItemOutcome::Written(written)
+    })
+}
+
+// Tests may unwrap (STYLE.md: no unwrap outside tests).
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;
