@@ -1,8 +1,8 @@
 //! The HunyuanVideo 1.5 family: which runs are HunyuanVideo 1.5's and its batch ([`train`]), the cached items of
 //! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]),
-//! a run's setup (`setup`) and model ([`run`]), and its plan description ([`plan`]). The byT5 glyph encoder is not
-//! implemented, so the text pass, samples during training and `framesmith generate` are refused with what is
-//! missing and where the caches come from.
+//! a run's setup (`setup`) and model ([`run`]), its plan description ([`plan`]) and the clip decoder samples and
+//! generation will use ([`decode`]). The byT5 glyph encoder is not implemented, so the text pass, samples during
+//! training and `framesmith generate` are refused with what is missing and where the caches come from.
 
 use std::path::Path;
 
@@ -17,6 +17,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 use framesmith_data::ValidConfig;
 
+pub mod decode;
 pub mod items;
 pub mod plan;
 pub mod prep;
@@ -31,7 +32,8 @@ mod tests;
 
 /// Why `framesmith generate` does not run a HunyuanVideo 1.5 DiT.
 const NO_GENERATE: &str = "generating with HunyuanVideo 1.5 needs the byT5 glyph encoder, which Framesmith \
-     does not have yet; use musubi-tuner's hv_1_5_generate_video.py with the LoRA (its names are musubi-tuner's)";
+     does not have yet (its 3-D causal VAE decodes: `decode::Hv15Decoder`); use musubi-tuner's hv_1_5_generate_video.py \
+     with the LoRA (its names are musubi-tuner's)";
 
 /// HunyuanVideo 1.5: the runs whose `model.dit` is a HunyuanVideo transformer.
 pub struct HunyuanVideo15Family;
