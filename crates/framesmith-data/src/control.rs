@@ -16,7 +16,8 @@ use super::jsonl::parse_jsonl;
 use super::probe::{is_image, list_files, load_rgb};
 use super::resize::resize_to_bucket;
 use crate::DatasetKind;
-use framesmith_config::file_read::{read_bounded, ReadLimit};
+use framesmith_config::file_read::{open_regular, read_bounded, ReadLimit};
+use sha2::{Digest, Sha256};
 
 /// Why an item's control images cannot be found or read.
 #[derive(Debug, thiserror::Error)]
@@ -228,18 +229,51 @@ pub fn load_controls(
     paths: &[PathBuf],
     (bucket, step): (Size, u32),
 ) -> Result<Vec<RgbImage>, ControlError> {
+    read_controls(media, paths)?
+        .iter()
+        .map(|image| {
+            let size = control_size(ds, image.dimensions(), bucket, step);
+            Ok(resize_to_bucket(image, size))
+        })
+        .collect()
+}
+
+/// The control images `paths` of the item `media`, each decoded at its own size (for an encoder that sizes them
+/// as its pipeline does, such as Qwen-Image-Edit's vision-language text encoder).
+pub fn read_controls(media: &Path, paths: &[PathBuf]) -> Result<Vec<RgbImage>, ControlError> {
     paths
         .iter()
         .map(|path| {
-            let image = load_rgb(path).map_err(|e| ControlError::Unreadable {
+            load_rgb(path).map_err(|e| ControlError::Unreadable {
                 reason: e.message,
                 media: media.to_path_buf(),
                 path: path.clone(),
-            })?;
-            let size = control_size(ds, image.dimensions(), bucket, step);
-            Ok(resize_to_bucket(&image, size))
+            })
         })
         .collect()
+}
+
+/// What identifies the contents of the control images `paths` of the item `media`: each file's SHA-256, in order
+/// (`sha256:{hex}`, space-separated), so that an encoding made from them is known to be stale once one changes.
+pub fn control_stamp(media: &Path, paths: &[PathBuf]) -> Result<String, ControlError> {
+    let mut stamps = Vec::with_capacity(paths.len());
+    for path in paths {
+        let unreadable = |e: std::io::Error| ControlError::Unreadable {
+            reason: e.to_string(),
+            media: media.to_path_buf(),
+            path: path.clone(),
+        };
+        let mut file = open_regular(path).map_err(unreadable)?;
+        let mut hasher = Sha256::new();
+        std::io::copy(&mut file, &mut hasher).map_err(unreadable)?;
+        let hex: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        stamps.push(format!("sha256:{hex}"));
+    }
+    Ok(stamps.join(" "))
 }
 
 #[cfg(test)]

@@ -15,6 +15,10 @@ use crate::tensor_file::{
     CacheError, RawTensor,
 };
 
+/// The text cache's metadata entry saying which control images (and which encoding of them) an embedding was made
+/// from, for a family whose text encoder sees an edit item's control images; absent when it saw none.
+pub const CONTROLS_METADATA: &str = "framesmith_controls";
+
 /// What tells one image family's caches from another's.
 #[derive(Clone, Copy, Debug)]
 pub struct ImageCacheArch {
@@ -223,12 +227,26 @@ impl ImageCacheArch {
         tensors: &[(&str, &Tensor)],
         caption: &str,
     ) -> Result<(), CacheError> {
+        self.write_text_cache_with_controls(path, tensors, (caption, None))
+    }
+
+    /// [`Self::write_text_cache`] for an encoding that saw the item's control images: `controls` (what made it,
+    /// e.g. the pipeline and [`crate::control::control_stamp`]) is kept as [`CONTROLS_METADATA`].
+    pub fn write_text_cache_with_controls(
+        &self,
+        path: &Path,
+        tensors: &[(&str, &Tensor)],
+        (caption, controls): (&str, Option<&str>),
+    ) -> Result<(), CacheError> {
         let mut raw = Vec::with_capacity(tensors.len());
         for (name, t) in tensors {
             let key = format!("{name}_{}", torch_dtype_name(t.dtype()));
             raw.push((key, RawTensor::from_tensor(t, path)?.0));
         }
-        let metadata = self.metadata([("caption1", caption.to_string())]);
+        let mut metadata = self.metadata([("caption1", caption.to_string())]);
+        if let Some(controls) = controls {
+            metadata.insert(CONTROLS_METADATA.to_owned(), controls.to_owned());
+        }
         write_tensor_file(path, &raw, metadata)
     }
 

@@ -114,3 +114,37 @@ fn control_sizes_follow_musubi_tuners_rules() {
     );
     assert_eq!(control_size(&keep_max, (40, 40), (512, 256), 16), (32, 32));
 }
+
+#[test]
+fn a_control_stamp_follows_the_images_contents_and_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.png"), dir.path().join("b.png"));
+    png(&a, (16, 16));
+    RgbImage::from_pixel(16, 16, image::Rgb([9, 9, 9]))
+        .save(&b)
+        .unwrap();
+    let media = dir.path().join("img.png");
+    let stamp = |paths: &[PathBuf]| control_stamp(&media, paths).unwrap();
+    let ab = stamp(&[a.clone(), b.clone()]);
+    assert!(
+        ab.starts_with("sha256:") && ab.split(' ').count() == 2,
+        "{ab}"
+    );
+    assert_ne!(ab, stamp(&[b.clone(), a.clone()]));
+    // Same size, same name, other pixels: another stamp.
+    RgbImage::from_pixel(16, 16, image::Rgb([1, 2, 3]))
+        .save(&a)
+        .unwrap();
+    assert_ne!(ab, stamp(&[a.clone(), b.clone()]));
+    let err = control_stamp(&media, &[dir.path().join("gone.png")])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.ends_with("gone.png") && err.contains("img.png"),
+        "{err}"
+    );
+    assert_eq!(
+        read_controls(&media, &[b]).unwrap()[0].dimensions(),
+        (16, 16)
+    );
+}

@@ -69,7 +69,21 @@ pub struct QwenTextCache {
 
 /// Writes a Qwen-Image text-encoder cache.
 pub fn write_qwen_text_cache(path: &Path, cache: &QwenTextCache) -> Result<(), CacheError> {
-    QWEN_IMAGE_CACHES.write_text_cache(path, &[(VL_EMBED, &cache.vl_embed)], &cache.caption)
+    write_qwen_text_cache_with_controls(path, cache, None)
+}
+
+/// Writes a Qwen-Image text-encoder cache whose embedding Qwen-Image-Edit's encoder made with the item's control
+/// images, `controls` saying which ([`crate::image_cache::CONTROLS_METADATA`]); `None` for a text-only one.
+pub fn write_qwen_text_cache_with_controls(
+    path: &Path,
+    cache: &QwenTextCache,
+    controls: Option<&str>,
+) -> Result<(), CacheError> {
+    QWEN_IMAGE_CACHES.write_text_cache_with_controls(
+        path,
+        &[(VL_EMBED, &cache.vl_embed)],
+        (&cache.caption, controls),
+    )
 }
 
 /// Reads a Qwen-Image text-encoder cache.
