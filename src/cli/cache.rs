@@ -104,6 +104,10 @@ pub struct TextArgs {
     skip_unreadable: bool,
     #[command(flatten)]
     budget: BudgetArg,
+    /// The DiT the captions are for (its file name or model_index.json only): for an edit model whose captions are
+    /// encoded with their control images, which release's encoding to reproduce
+    #[arg(long)]
+    dit: Option<PathBuf>,
 }
 
 /// `--vram-budget-gb` of a cache pass.
@@ -150,6 +154,7 @@ pub fn run(action: &CacheAction) -> anyhow::Result<()> {
                 tokenizer: args.tokenizer.clone(),
                 clip_text: args.clip_l.clone(),
                 clip_tokenizer: args.clip_l_tokenizer.clone(),
+                dit: args.dit.clone(),
             }),
         ),
     };

@@ -40,6 +40,8 @@ pub struct TextFiles {
     pub clip_text: Option<PathBuf>,
     /// The CLIP text encoder's tokenizer (default: one beside its weights).
     pub clip_tokenizer: Option<PathBuf>,
+    /// The DiT the captions are cached for (its files only say which edit model's encoding to reproduce).
+    pub dit: Option<PathBuf>,
 }
 
 /// What a pass encodes.

@@ -83,7 +83,7 @@ pub fn cache_flux_text(
     };
     cache_text(
         valid,
-        (&FLUX_CACHES, &prefixes),
+        (&FLUX_CACHES, &prefixes, None),
         options,
         progress,
         &mut write,

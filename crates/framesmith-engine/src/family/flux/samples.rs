@@ -71,7 +71,7 @@ pub(super) fn cached_prompts(
 ) -> anyhow::Result<Vec<FluxPrompt>> {
     let cache = PromptCache::new(&prompt_cache_dir(run_dir), &[files.clip, files.t5]);
     let how = CachedEncoding {
-        parts: |text| {
+        parts: |text: &str| {
             vec![
                 "flux clip-l t5-xxl".to_owned(),
                 format!("t5 tokens {DEV_T5_TOKENS}"),

@@ -1,12 +1,14 @@
 //! What an image family's cache passes share: each image's latents (resized to its bucket, encoded by the family's
 //! autoencoder, written in the family's cache layout, with an edit model's control images encoded beside them) and
-//! each caption's text-encoder outputs, one caption at a time, with caches already there kept (a text cache only
-//! while its caption is unchanged) and stale ones of the family removed unless asked not to. The family gives its cache layout ([`ImageCacheArch`]), its encoders and
-//! what it writes; other families' caches in the same folder are left alone.
+//! each caption's text-encoder outputs, one caption at a time (with the item's control images for a family whose
+//! text encoder sees them), with caches already there kept (a text cache only while its caption, and the control
+//! images it was made from, are unchanged) and stale ones of the family removed unless asked not to. The family
+//! gives its cache layout ([`ImageCacheArch`]), its encoders and what it writes; other families' caches in the same
+//! folder are left alone.
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
@@ -18,8 +20,10 @@ use crate::prep::{
     CacheProgress, CacheSummary, Expected, ItemOutcome,
 };
 use framesmith_data::cache::media_stem;
-use framesmith_data::control::{load_controls, DatasetControls};
-use framesmith_data::image_cache::ImageCacheArch;
+use framesmith_data::control::{
+    control_stamp, load_controls, read_controls, ControlError, DatasetControls,
+};
+use framesmith_data::image_cache::{ImageCacheArch, CONTROLS_METADATA};
 use framesmith_data::probe::image_size;
 use framesmith_data::samples::{cache_dir, image_sample};
 use framesmith_data::{ResolvedDataset, ValidConfig};
@@ -45,12 +49,9 @@ pub(crate) fn start_latent_pass(
     Ok((valid, device, dtype))
 }
 
-/// Whether `path` holds a complete cache of `arch` with tensors starting with `prefixes` and, for a text cache,
-/// made from this `caption`.
-fn is_cached(path: &Path, arch: &ImageCacheArch, prefixes: &[&str], caption: Option<&str>) -> bool {
-    header::complete_cache(path, prefixes, arch.architecture).is_some_and(|meta| {
-        caption.is_none_or(|c| meta.get("caption1").map(String::as_str) == Some(c))
-    })
+/// Whether `path` holds a complete cache of `arch` with tensors starting with `prefixes`.
+fn is_cached(path: &Path, arch: &ImageCacheArch, prefixes: &[&str]) -> bool {
+    header::complete_cache(path, prefixes, arch.architecture).is_some()
 }
 
 /// How an image family's autoencoder makes one image's latents.
@@ -109,7 +110,7 @@ fn cache_image(
     if let Ok(size) = image_size(media) {
         let path = dir.join(arch.latent_cache_name(&stem, size));
         expected.file(&path);
-        if is_cached(&path, arch, prefixes, None) {
+        if is_cached(&path, arch, prefixes) {
             return Ok(ItemOutcome::Skipped);
         }
     }
@@ -153,20 +154,30 @@ fn encode_frames(frames: &[RgbImage], latents: &ImageLatents) -> anyhow::Result<
         .to_device(&Device::Cpu)?)
 }
 
-/// One caption's text cache to write: the caption, the image it describes (for messages) and the cache's path.
+/// One caption's text cache to write: the caption, the image it describes (for messages), the cache's path and,
+/// for a family whose text encoder sees an edit item's control images, those images (decoded at their own size)
+/// and what the cache records of them.
 pub(crate) struct CaptionCache<'a> {
     pub caption: &'a str,
     pub media: &'a Path,
     pub path: &'a Path,
+    /// The item's control images, in order (none for a text-only item or encoder).
+    pub controls: &'a [RgbImage],
+    /// The encoding's tag and the control images' stamp, for [`CONTROLS_METADATA`] (`None`: no control image).
+    pub stamp: Option<&'a str>,
 }
+
+/// How a family's text caches depend on their items' control images: `None` when its text encoder never sees
+/// them; else the tag of its encoding of them (e.g. the edit pipeline's version), recorded with their contents.
+pub(crate) type ControlEncoding<'a> = Option<&'a str>;
 
 /// Writes the text cache of every caption of the dataset config through `write` (which encodes the caption and
 /// writes the family's tensors), one caption at a time, so a caption's cache does not depend on which others were
-/// cached with it; a cache of `arch` already holding tensors starting with `prefixes` for the same caption is
-/// kept.
+/// cached with it; a cache of `arch` already holding tensors starting with `prefixes` for the same caption (and,
+/// under `edit`, the same control images) is kept.
 pub(crate) fn cache_text(
     valid: &ValidConfig,
-    (arch, prefixes): (&ImageCacheArch, &[&str]),
+    (arch, prefixes, edit): (&ImageCacheArch, &[&str], ControlEncoding<'_>),
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
     write: &mut dyn FnMut(CaptionCache<'_>) -> anyhow::Result<()>,
@@ -178,32 +189,26 @@ pub(crate) fn cache_text(
     for scan in &scans {
         let ds = &scan.dataset;
         expected.dataset(ds, scan);
+        let controls = match edit {
+            Some(_) => DatasetControls::find(ds)?,
+            None => DatasetControls::default(),
+        };
         for item in &scan.items {
             let media = &item.media;
             let path = cache_dir(ds, media).join(arch.text_cache_name(&media_stem(media)));
             expected.file(&path);
             let outcome = match &item.caption {
-                None => {
-                    expected.failed(ds, media);
-                    ItemOutcome::Failed("no caption".into())
-                }
-                Some(caption) if is_cached(&path, arch, prefixes, Some(caption)) => {
-                    ItemOutcome::Skipped
-                }
+                None => Err("no caption".to_owned()),
                 Some(caption) => {
-                    if let Some(dir) = path.parent() {
-                        std::fs::create_dir_all(dir).with_context(|| {
-                            format!("cannot create the cache directory {}", dir.display())
-                        })?;
-                    }
-                    write(CaptionCache {
-                        caption,
-                        media,
-                        path: &path,
-                    })?;
-                    ItemOutcome::Written(1)
+                    let item = (caption.as_str(), media.as_path(), path.as_path());
+                    let edit = edit.map(|tag| (tag, &controls));
+                    caption_outcome(item, (arch, prefixes), edit, write)?
                 }
             };
+            let outcome = outcome.unwrap_or_else(|reason| {
+                expected.failed(ds, media);
+                ItemOutcome::Failed(reason)
+            });
             progress.item_done(media, &outcome);
             summary.record(media, &outcome);
         }
@@ -212,4 +217,55 @@ pub(crate) fn cache_text(
         summary.removed = expected.remove_stale(&format!("_{}_te.safetensors", arch.suffix))?;
     }
     Ok(summary)
+}
+
+/// One caption's cache: kept when complete and made from the same caption (and control images), else encoded and
+/// written by `write`. `Ok(Err(reason))` when the item's control images cannot be found or read (the item's
+/// failure); `Err` when writing fails (the pass stops).
+fn caption_outcome(
+    (caption, media, path): (&str, &Path, &Path),
+    (arch, prefixes): (&ImageCacheArch, &[&str]),
+    edit: Option<(&str, &DatasetControls)>,
+    write: &mut dyn FnMut(CaptionCache<'_>) -> anyhow::Result<()>,
+) -> anyhow::Result<Result<ItemOutcome, String>> {
+    let stamped = || -> Result<(&[PathBuf], Option<String>), ControlError> {
+        let Some((tag, controls)) = edit else {
+            return Ok((&[], None));
+        };
+        let paths = controls.of(media)?;
+        if paths.is_empty() {
+            return Ok((paths, None));
+        }
+        Ok((
+            paths,
+            Some(format!("{tag} {}", control_stamp(media, paths)?)),
+        ))
+    };
+    let (paths, stamp) = match stamped() {
+        Ok(stamped) => stamped,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let fresh = header::complete_cache(path, prefixes, arch.architecture).is_some_and(|meta| {
+        meta.get("caption1").map(String::as_str) == Some(caption)
+            && (edit.is_none() || meta.get(CONTROLS_METADATA) == stamp.as_ref())
+    });
+    if fresh {
+        return Ok(Ok(ItemOutcome::Skipped));
+    }
+    let images = match read_controls(media, paths) {
+        Ok(images) => images,
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+    }
+    write(CaptionCache {
+        caption,
+        media,
+        path,
+        controls: &images,
+        stamp: stamp.as_deref(),
+    })?;
+    Ok(Ok(ItemOutcome::Written(1)))
 }

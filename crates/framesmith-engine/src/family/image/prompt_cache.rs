@@ -10,10 +10,12 @@ use candle_core::{DType, Device, Tensor};
 use framesmith_config::protocol::LogLevel;
 use framesmith_data::prompt_cache::PromptCache;
 
-/// How a family's prompt encodings go in and out of the prompt cache.
-pub(crate) struct CachedEncoding<T> {
-    /// The cache key's parts for a prompt (the encoders and their settings, then the text).
-    pub parts: fn(&str) -> Vec<String>,
+/// How a family's prompt encodings go in and out of the prompt cache; a prompt is a `K` (its text, or the text
+/// with what else it is encoded with, such as control images).
+pub(crate) struct CachedEncoding<T, K: ?Sized = str> {
+    /// The cache key's parts for a prompt (the encoders and their settings, then the text and anything else the
+    /// encoding depends on).
+    pub parts: fn(&K) -> Vec<String>,
     /// The encoding from a cache entry's tensors; `None` when one is missing.
     pub from_tensors: fn(HashMap<String, Tensor>) -> Option<T>,
     /// The encoding's tensors by name, as the cache stores them.
@@ -23,14 +25,14 @@ pub(crate) struct CachedEncoding<T> {
 /// The encodings of `texts`, in order, in `dtype` on `device`: from `cache` where it holds them, the rest by
 /// `encode` (called once, with the missing texts, only when there are some) and put in the cache for the next
 /// start (a failure to cache is logged as a warning). Also says how many were encoded.
-pub(crate) fn cached_encodings<T>(
-    (cache, how): (&PromptCache, &CachedEncoding<T>),
-    texts: &[&str],
+pub(crate) fn cached_encodings<T, K: ?Sized>(
+    (cache, how): (&PromptCache, &CachedEncoding<T, K>),
+    texts: &[&K],
     (dtype, device): (DType, &Device),
-    encode: impl FnOnce(&[&str]) -> anyhow::Result<Vec<T>>,
+    encode: impl FnOnce(&[&K]) -> anyhow::Result<Vec<T>>,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<(Vec<T>, usize)> {
-    let key = |text: &str| (how.parts)(text);
+    let key = |text: &K| (how.parts)(text);
     let mut found: Vec<Option<T>> = texts
         .iter()
         .map(|text| {
@@ -39,7 +41,7 @@ pub(crate) fn cached_encodings<T>(
             (how.from_tensors)(cache.get(&keyed, dtype, device)?)
         })
         .collect();
-    let missing: Vec<&str> = texts
+    let missing: Vec<&K> = texts
         .iter()
         .zip(&found)
         .filter(|(_, f)| f.is_none())

@@ -124,14 +124,41 @@ impl PromptEncoder for QwenVlPrompts {
     }
 }
 
-/// Turns a prompt and its condition images into Qwen-Image-Edit's text conditioning.
-pub trait EditPromptEncoder {
+/// Turns a prompt and its condition images into Qwen-Image-Edit's text conditioning; a prompt without images
+/// goes through [`PromptEncoder::encode`] (the language model alone, as Qwen-Image's).
+pub trait EditPromptEncoder: PromptEncoder {
     /// The hidden states [L, D] of `prompt` with its condition `images` (in the order the prompt's `Picture k`
     /// names them), as the Edit pipeline takes them: every token valid.
     fn encode_edit(&self, prompt: &str, images: &[RgbImage]) -> anyhow::Result<Tensor>;
 
-    /// What the encoder is and how it is kept, for the log.
-    fn describe(&self) -> String;
+    /// The pipeline whose encoding this reproduces.
+    fn pipeline(&self) -> EditPipeline;
+}
+
+/// How a caller gets its edit encoder: [`load_edit_encoder`] in a run; a stand-in in tests.
+pub type LoadEditEncoder<'a> = &'a dyn Fn(
+    EncoderFiles<'_>,
+    EditPipeline,
+    DType,
+    &Device,
+) -> anyhow::Result<Box<dyn EditPromptEncoder>>;
+
+/// Both ways a caller gets an encoder: the language model alone, or with its vision tower for prompts with
+/// control images.
+#[derive(Clone, Copy)]
+pub struct EncoderLoaders<'a> {
+    pub text: LoadEncoder<'a>,
+    pub edit: LoadEditEncoder<'a>,
+}
+
+impl EncoderLoaders<'static> {
+    /// [`load_encoder`] and [`load_edit_encoder`].
+    pub fn real() -> Self {
+        Self {
+            text: &load_encoder,
+            edit: &load_edit_encoder,
+        }
+    }
 }
 
 /// Loads Qwen-Image-Edit's text encoder from `files` in `dtype` on `device`: the vision tower resident (it is
@@ -199,6 +226,18 @@ struct QwenVlEditPrompts {
     what: String,
 }
 
+impl PromptEncoder for QwenVlEditPrompts {
+    fn encode(&self, prompts: &[&str]) -> anyhow::Result<(Tensor, Tensor)> {
+        let prompts: Vec<String> = prompts.iter().map(|p| (*p).to_string()).collect();
+        let out = self.encoder.encode_prompts(&prompts)?;
+        Ok((out.embeds, out.mask))
+    }
+
+    fn describe(&self) -> String {
+        self.what.clone()
+    }
+}
+
 impl EditPromptEncoder for QwenVlEditPrompts {
     fn encode_edit(&self, prompt: &str, images: &[RgbImage]) -> anyhow::Result<Tensor> {
         let out = encode_edit_prompt(&self.encoder, &self.vision, &self.edit, prompt, images)
@@ -206,8 +245,8 @@ impl EditPromptEncoder for QwenVlEditPrompts {
         Ok(out.embeds.squeeze(0)?)
     }
 
-    fn describe(&self) -> String {
-        self.what.clone()
+    fn pipeline(&self) -> EditPipeline {
+        self.edit.pipeline
     }
 }
 
@@ -288,6 +327,52 @@ impl PromptEncoder for WordEncoder {
             )?);
         }
         Ok((Tensor::stack(&padded, 0)?, Tensor::stack(&mask, 0)?))
+    }
+}
+
+/// A stand-in edit encoder for tests: one row per image (its mean pixel in 0..1 plus its index, so the encoding
+/// follows each image's contents and order) before the prompt's words as [`WordEncoder`]'s; the image count
+/// checked as the pipeline checks it.
+#[cfg(test)]
+pub(crate) struct WordEditEncoder {
+    pub dim: usize,
+    pub pipeline: EditPipeline,
+}
+
+#[cfg(test)]
+impl PromptEncoder for WordEditEncoder {
+    fn encode(&self, prompts: &[&str]) -> anyhow::Result<(Tensor, Tensor)> {
+        WordEncoder { dim: self.dim }.encode(prompts)
+    }
+}
+
+#[cfg(test)]
+impl EditPromptEncoder for WordEditEncoder {
+    fn encode_edit(&self, prompt: &str, images: &[RgbImage]) -> anyhow::Result<Tensor> {
+        self.pipeline
+            .text(prompt, images.len())
+            .map_err(anyhow::Error::msg)?;
+        let mut rows = images
+            .iter()
+            .enumerate()
+            .map(|(k, image)| {
+                let pixels = image.as_raw();
+                let sum: f32 = pixels.iter().map(|&v| f32::from(v)).sum();
+                let mean = sum / (pixels.len().max(1) as f32 * 255.0);
+                Tensor::full(mean + k as f32, (1, self.dim), &Device::Cpu)
+            })
+            .collect::<candle_core::Result<Vec<_>>>()?;
+        rows.push(crate::demo::text::embed(
+            prompt,
+            self.dim,
+            64,
+            &Device::Cpu,
+        )?);
+        Ok(Tensor::cat(&rows, 0)?)
+    }
+
+    fn pipeline(&self) -> EditPipeline {
+        self.pipeline
     }
 }
 

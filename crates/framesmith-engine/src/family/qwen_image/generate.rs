@@ -3,21 +3,23 @@
 //! by flag and the output checked before anything loads; then the prompt (and `--negative`, for true CFG at
 //! `--guidance`, 4.0 by default) is encoded and the encoder dropped, the VAE and the DiT load (its blocks streamed
 //! with `--blocks-to-swap`), and the engine samples ([`super::pipeline`]). Qwen-Image-Edit (-2509) edits the images
-//! given with `--control` (their tokens after the image's; the output takes the first one's size by default).
-//! The edit prompt is encoded as Qwen-Image's for now: the image-conditioned (Qwen2.5-VL vision) encoding of the
-//! control images goes into [`encode_prompt`].
+//! given with `--control` (their tokens after the image's; the output takes the first one's size by default),
+//! the prompt and the negative prompt each encoded with them by Qwen2.5-VL's vision tower, as the edit pipeline the
+//! DiT's files say ([`super::edit`]) encodes them.
 
 use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use framesmith_config::RunConfig;
+use framesmith_data::control::read_controls;
 use framesmith_models::qwen_image::vae::load_vae;
 use framesmith_models::qwen_image::weights::load_dit_streamed;
 use framesmith_models::qwen_image::QwenImageTransformer;
 use framesmith_nn::offload::OffloadOptions;
 
-use super::encoder::{encode_each, load_encoder, EncoderFiles, LoadEncoder};
+use super::edit::edit_pipeline_of;
+use super::encoder::{encode_each, EncoderFiles, EncoderLoaders};
 use super::pipeline::{
     decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
     DEFAULT_SIDE, DEFAULT_STEPS,
@@ -103,23 +105,33 @@ fn check_request<'a>(dit: &Path, request: &'a GenerationRequest) -> anyhow::Resu
     Ok([vae, text_encoder])
 }
 
-/// The prompt (and negative prompt) through the encoder `load` gives, dropped before returning.
-fn encode_prompt(
+/// The prompt (and negative prompt) through the encoder `load` gives, dropped before returning: with `--control`,
+/// the edit encoder of the pipeline the DiT `dit` takes, each text encoded with the control images.
+pub(super) fn encode_prompt(
     request: &GenerationRequest,
-    weights: &Path,
-    load: LoadEncoder<'_>,
+    (weights, dit): (&Path, &Path),
+    load: EncoderLoaders<'_>,
     (dtype, device): (DType, &Device),
 ) -> anyhow::Result<QwenImagePrompt> {
     let files = EncoderFiles {
         weights,
         tokenizer: request.files.tokenizer.as_deref(),
     };
-    let encoder = load(files, dtype, device)?;
     let mut texts = vec![request.prompt.as_str()];
     texts.extend(request.negative.as_deref());
-    let mut encoded = encode_each(encoder.as_ref(), &texts, dtype)?.into_iter();
-    drop(encoder);
+    let encoded = if request.controls.is_empty() {
+        let encoder = (load.text)(files, dtype, device)?;
+        encode_each(encoder.as_ref(), &texts, dtype)?
+    } else {
+        let images = read_controls(Path::new("--prompt"), &request.controls)?;
+        let encoder = (load.edit)(files, edit_pipeline_of(Some(dit)), dtype, device)?;
+        texts
+            .iter()
+            .map(|text| Ok(encoder.encode_edit(text, &images)?.to_dtype(dtype)?))
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
     release_cached_memory(device)?;
+    let mut encoded = encoded.into_iter();
     let embed = encoded
         .next()
         .context("the text encoder returned no prompt")?
@@ -162,14 +174,14 @@ pub fn generate(
     request: &GenerationRequest,
     session: &mut Session,
 ) -> anyhow::Result<GenerationOutput> {
-    generate_with(request, session, &load_encoder)
+    generate_with(request, session, EncoderLoaders::real())
 }
 
-/// [`generate`] with the text encoder from `load`.
+/// [`generate`] with the text encoders from `load`.
 pub(crate) fn generate_with(
     request: &GenerationRequest,
     session: &mut Session,
-    load: LoadEncoder<'_>,
+    load: EncoderLoaders<'_>,
 ) -> anyhow::Result<GenerationOutput> {
     let DitSource::File(dit) = &request.dit else {
         anyhow::bail!(
@@ -190,7 +202,12 @@ pub(crate) fn generate_with(
     let controls = control_images(&request.controls, CONTROL_SIZING, &device)?;
     (settings.width, settings.height) = edit_size(request, &controls, DEFAULT_SIDE)?;
     let latent = settings.latent_size(["--width", "--height", "--steps"])?;
-    let mut prompt = encode_prompt(request, text_encoder, load, (dtype, &device))?;
+    let mut prompt = encode_prompt(
+        request,
+        (text_encoder, dit.as_path()),
+        load,
+        (dtype, &device),
+    )?;
     let vae = load_vae(vae_path, dtype, &device)
         .with_context(|| format!("--vae {}", vae_path.display()))?;
     prompt.controls = controls

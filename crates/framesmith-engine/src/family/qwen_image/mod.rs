@@ -1,7 +1,8 @@
 //! The Qwen-Image family: which runs are Qwen-Image's and its cached items and batch ([`train`]), a run's setup
 //! (`setup`), micro-step, validation and samples ([`run`], [`samples`]), its plan description ([`plan`]), the cache
 //! passes ([`prep`]), images sampled with loaded models ([`pipeline`]) and generated from a prompt ([`generate`]).
-//! Every prompt goes through the text-encoder seam ([`encoder`]): Qwen2.5-VL in a run, a stand-in in tests.
+//! Every prompt goes through the text-encoder seam ([`encoder`]): Qwen2.5-VL in a run, a stand-in in tests; a
+//! prompt with control images through its vision tower, as the edit pipeline the DiT's files say ([`edit`]).
 
 use std::path::Path;
 
@@ -16,6 +17,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 use framesmith_data::ValidConfig;
 
+pub mod edit;
 pub mod encoder;
 pub mod generate;
 pub mod pipeline;

@@ -4,15 +4,17 @@
 //! no encoder; each sample is then the image `framesmith generate` makes ([`super::pipeline`]: seeded noise, the
 //! shifted schedule, Euler with true CFG at `--l`, 4.0 when not given) with the LoRA being trained, decoded by the
 //! VAE (`model.vae`) and written as `samples/{step:06}-{prompt:02}.png`; `--ci` gives a Qwen-Image-Edit sample its
-//! control images. Wan's `--f`, `--fs` and `--i` are refused.
+//! control images, with which its prompt and negative prompt are encoded (the vision tower, as the edit pipeline
+//! `model.dit` says), keyed in the prompt cache by the images' contents. Wan's `--f`, `--fs` and `--i` are refused.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
-use super::encoder::{encode_each, EncoderFiles, LoadEncoder};
+use super::edit::{control_record, edit_pipeline_of};
+use super::encoder::{encode_each, EditPromptEncoder, EncoderFiles, EncoderLoaders};
 use super::generate::CONTROL_SIZING;
 use super::pipeline::{
     decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
@@ -23,7 +25,9 @@ use crate::family::image::samples::{self, ImagePipeline};
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_data::control::read_controls;
 use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
+use framesmith_models::qwen25vl::EditPipeline;
 use framesmith_models::qwen_image::vae::{load_vae, QwenImageVae, LATENT_CHANNELS};
 use framesmith_models::qwen_image::{QwenImageConfig, QwenImageTransformer};
 use framesmith_nn::offload::release_cached_memory;
@@ -62,11 +66,32 @@ pub type ImagePrompt = samples::ImagePrompt<QwenImages>;
 /// The prompts of a Qwen-Image run's samples and the VAE that decodes them.
 pub type ImageSamples = samples::ImageSamples<QwenImages>;
 
+/// A sample's text as it is encoded: alone, or with the control images (`--ci`) it is encoded with and their record
+/// (the edit pipeline and the images' contents), which keys the prompt cache.
+pub(super) struct SampleText<'a> {
+    pub text: &'a str,
+    pub controls: &'a [PathBuf],
+    pub stamp: Option<String>,
+}
+
+/// The prompt cache's key parts of a sample text: a text with control images is another entry for other images.
+fn key_parts(text: &SampleText<'_>) -> Vec<String> {
+    match &text.stamp {
+        None => vec!["qwen-image qwen2.5-vl".to_owned(), text.text.to_owned()],
+        Some(stamp) => vec![
+            "qwen-image-edit qwen2.5-vl vision".to_owned(),
+            stamp.clone(),
+            text.text.to_owned(),
+        ],
+    }
+}
+
 /// The embeddings of `texts` [L, D]: from the output folder's prompt cache where it holds them, the rest encoded
-/// (loading the encoder only then, and dropping it after) and cached for the next start.
+/// (loading the encoder only then, and dropping it after; the edit encoder of `pipeline` when a text has control
+/// images) and cached for the next start.
 pub(super) fn cached_embeddings(
-    (files, load): (EncoderFiles<'_>, LoadEncoder<'_>),
-    texts: &[&str],
+    (files, load, pipeline): (EncoderFiles<'_>, EncoderLoaders<'_>, EditPipeline),
+    texts: &[&SampleText<'_>],
     run_dir: &Path,
     (dtype, device): (DType, &Device),
     log: &mut dyn FnMut(LogLevel, String),
@@ -75,14 +100,22 @@ pub(super) fn cached_embeddings(
     encoders.extend(files.tokenizer);
     let cache = PromptCache::new(&prompt_cache_dir(run_dir), &encoders);
     let how = CachedEncoding {
-        parts: |text| vec!["qwen-image qwen2.5-vl".to_owned(), text.to_owned()],
+        parts: key_parts,
         from_tensors: |mut t| t.remove("vl_embed"),
         tensors: |embed| vec![("vl_embed", embed)],
     };
-    let encode = |missing: &[&str]| -> anyhow::Result<Vec<Tensor>> {
-        let encoder = load(files, dtype, device)?;
-        let encoded = encode_each(encoder.as_ref(), missing, dtype)?;
-        drop(encoder);
+    let encode = |missing: &[&SampleText<'_>]| -> anyhow::Result<Vec<Tensor>> {
+        let encoded = if missing.iter().all(|t| t.controls.is_empty()) {
+            let encoder = (load.text)(files, dtype, device)?;
+            let plain: Vec<&str> = missing.iter().map(|t| t.text).collect();
+            encode_each(encoder.as_ref(), &plain, dtype)?
+        } else {
+            let encoder = (load.edit)(files, pipeline, dtype, device)?;
+            missing
+                .iter()
+                .map(|t| sample_embedding(encoder.as_ref(), t, dtype))
+                .collect::<anyhow::Result<Vec<_>>>()?
+        };
         release_cached_memory(device)?;
         encoded
             .into_iter()
@@ -101,6 +134,22 @@ pub(super) fn cached_embeddings(
     };
     log(LogLevel::Info, line);
     Ok(embeds)
+}
+
+/// One sample text's embedding [L, D] in `dtype`: with its control images through the vision tower, else the
+/// language model alone.
+fn sample_embedding(
+    encoder: &dyn EditPromptEncoder,
+    text: &SampleText<'_>,
+    dtype: DType,
+) -> anyhow::Result<Tensor> {
+    if text.controls.is_empty() {
+        return encode_each(encoder, &[text.text], dtype)?
+            .pop()
+            .context("the text encoder returned no prompt");
+    }
+    let images = read_controls(Path::new(text.text), text.controls)?;
+    Ok(encoder.encode_edit(text.text, &images)?.to_dtype(dtype)?)
 }
 
 /// What each prompt samples, checked; Wan's options are refused by name.
@@ -163,20 +212,34 @@ fn sample_controls(
         .collect()
 }
 
-/// Each prompt and negative prompt of `specs` once, in order of appearance.
-fn prompt_texts(specs: &[PromptSpec]) -> Vec<&str> {
-    let mut texts: Vec<&str> = Vec::new();
+/// Each prompt and negative prompt of `specs` once (with the sample's control images, which the edit pipelines
+/// encode both with), in order of appearance; a text with control images records them as `pipeline` encodes them.
+fn sample_texts<'a>(
+    specs: &'a [PromptSpec],
+    pipeline: EditPipeline,
+    prompts_file: &Path,
+) -> anyhow::Result<Vec<SampleText<'a>>> {
+    let mut texts: Vec<SampleText<'a>> = Vec::new();
     for spec in specs {
+        let stamp = if spec.controls.is_empty() {
+            None
+        } else {
+            Some(control_record(prompts_file, &spec.controls, pipeline)?)
+        };
         for text in [
             spec.prompt.as_str(),
             spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE),
         ] {
-            if !texts.contains(&text) {
-                texts.push(text);
+            if !texts.iter().any(|t| t.text == text && t.stamp == stamp) {
+                texts.push(SampleText {
+                    text,
+                    controls: &spec.controls,
+                    stamp: stamp.clone(),
+                });
             }
         }
     }
-    texts
+    Ok(texts)
 }
 
 /// The samples of a Qwen-Image run whose DiT has config `cfg` (`None` when nothing is sampled): the prompt file
@@ -186,7 +249,7 @@ pub fn image_samples(
     plan: &RunPlan,
     cfg: &QwenImageConfig,
     (dtype, device): (DType, &Device),
-    load: LoadEncoder<'_>,
+    load: EncoderLoaders<'_>,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<Option<ImageSamples>> {
     let Some(sampling) = &plan.sampling else {
@@ -215,22 +278,23 @@ pub fn image_samples(
             vae_path.display()
         );
     }
-    let texts = prompt_texts(&specs);
+    let pipeline = edit_pipeline_of(super::train::qwen_dit_of(plan).as_deref());
+    let texts = sample_texts(&specs, pipeline, &sampling.prompts)?;
     let files = EncoderFiles {
         weights,
         tokenizer: None,
     };
     let embeds = cached_embeddings(
-        (files, load),
-        &texts,
+        (files, load, pipeline),
+        &texts.iter().collect::<Vec<_>>(),
         &plan.output.output_dir,
         (dtype, device),
         log,
     )?;
-    let embed_of = |text: &str| -> anyhow::Result<Tensor> {
+    let embed_of = |text: &str, controls: &[PathBuf]| -> anyhow::Result<Tensor> {
         let i = texts
             .iter()
-            .position(|t| *t == text)
+            .position(|t| t.text == text && t.controls == controls)
             .context("a sample prompt was not encoded")?;
         Ok(embeds[i].clone())
     };
@@ -244,8 +308,8 @@ pub fn image_samples(
             Ok(ImagePrompt {
                 prompt: spec.prompt.clone(),
                 encoded: QwenImagePrompt {
-                    embed: embed_of(&spec.prompt)?,
-                    negative: Some(embed_of(negative)?),
+                    embed: embed_of(&spec.prompt, &spec.controls)?,
+                    negative: Some(embed_of(negative, &spec.controls)?),
                     controls,
                 },
                 settings,

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::encoder::{load_encoder, LoadEncoder};
+use super::encoder::EncoderLoaders;
 use super::plan::{qwen_streamed_blocks, QwenImagePlanModel};
 use super::run::QwenImageRun;
 use super::samples::image_samples;
@@ -69,14 +69,14 @@ pub(super) fn start_run(
     dit: &Path,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
-    start_run_with(plan, dit, &load_encoder, log)
+    start_run_with(plan, dit, EncoderLoaders::real(), log)
 }
 
-/// [`start_run`] with the text encoder of the samples from `load`.
+/// [`start_run`] with the text encoders of the samples from `load`.
 pub(crate) fn start_run_with(
     plan: &RunPlan,
     dit: &Path,
-    load: LoadEncoder<'_>,
+    load: EncoderLoaders<'_>,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
     let cfg = dit_config(dit)?;

@@ -1,6 +1,7 @@
 //! A tiny Qwen-Image for CPU tests: a transformer of the released layout at small sizes with seeded random weights
 //! (16 latent channels, so it takes the tiny Wan 2.1 VAE fixture's latents), that VAE as Qwen-Image's, the stand-in
-//! text encoder ([`WordEncoder`]) of the transformer's text width, and an image dataset.
+//! text encoder ([`WordEncoder`], and [`WordEditEncoder`] for prompts with control images) of the transformer's
+//! text width, and an image dataset.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -9,7 +10,10 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::encoder::{EncoderFiles, PromptEncoder, WordEncoder};
+use super::encoder::{
+    EditPromptEncoder, EncoderFiles, EncoderLoaders, PromptEncoder, WordEditEncoder, WordEncoder,
+};
+use framesmith_models::qwen25vl::EditPipeline;
 use framesmith_models::qwen_image::weights::official_shapes;
 use framesmith_models::qwen_image::QwenImageConfig;
 use framesmith_nn::init::randn;
@@ -69,6 +73,27 @@ pub fn stand_in(
     }))
 }
 
+/// The stand-in edit encoder as a [`super::encoder::LoadEditEncoder`] gives it.
+pub fn stand_in_edit(
+    _files: EncoderFiles<'_>,
+    pipeline: EditPipeline,
+    _dtype: DType,
+    _device: &Device,
+) -> anyhow::Result<Box<dyn EditPromptEncoder>> {
+    Ok(Box::new(WordEditEncoder {
+        dim: tiny_config().joint_attention_dim,
+        pipeline,
+    }))
+}
+
+/// Both stand-ins as the loaders of a run or a generation.
+pub fn stand_ins() -> EncoderLoaders<'static> {
+    EncoderLoaders {
+        text: &stand_in,
+        edit: &stand_in_edit,
+    }
+}
+
 /// A musubi-tuner image dataset in `dir`: three 32×32 images (two colours, a stripe) with captions, cached in
 /// `cache/`, at `resolution` 32; returns its TOML.
 pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
@@ -97,4 +122,35 @@ pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
         ),
     )?;
     Ok(toml)
+}
+
+/// The tiny Qwen2.5-VL with its vision tower that the official edit pipelines encoded (the models crate's
+/// `qwen25vl_edit` fixture), loaded as Qwen-Image-Edit's encoder for `pipeline` on the CPU in f32.
+pub fn tiny_edit_encoder(pipeline: EditPipeline) -> anyhow::Result<Box<dyn EditPromptEncoder>> {
+    use super::encoder::load_edit_encoder_with;
+    use framesmith_models::qwen25vl::vision::{Qwen25VlVisionConfig, VisionLoadOptions};
+    use framesmith_models::qwen25vl::{EditPromptOptions, LoadOptions, Qwen25VlTextConfig};
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../framesmith-models/tests/fixtures/qwen25vl_edit");
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json"))?)?;
+    let text = Qwen25VlTextConfig::from_hf_json(&json["text_config"].to_string())?;
+    let vision = Qwen25VlVisionConfig::from_hf_json(&json["vision_config"].to_string())?;
+    let options = LoadOptions {
+        dtype: DType::F32,
+        config: Some(text),
+        ..LoadOptions::new(&Device::Cpu)
+    };
+    let vision = VisionLoadOptions {
+        dtype: DType::F32,
+        config: Some(vision),
+        ..VisionLoadOptions::new(&Device::Cpu)
+    };
+    let (weights, tokenizer) = (dir.join("weights.safetensors"), dir.join("tokenizer.json"));
+    let files = EncoderFiles {
+        weights: &weights,
+        tokenizer: Some(&tokenizer),
+    };
+    let edit = EditPromptOptions::new(pipeline);
+    load_edit_encoder_with(files, edit, &options, &vision)
 }

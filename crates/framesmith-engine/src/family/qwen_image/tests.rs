@@ -5,6 +5,7 @@
 //! PNG with true CFG.
 
 mod edit;
+mod edit_text;
 
 use std::path::{Path, PathBuf};
 
@@ -12,10 +13,10 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
-use super::encoder::{EncoderFiles, PromptEncoder, WordEncoder};
-use super::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
+use super::encoder::{EditPromptEncoder, EncoderFiles, EncoderLoaders, PromptEncoder, WordEncoder};
+use super::prep::{cache_qwen_latents, cache_qwen_text, CaptionEncoder, QwenLatentEncoder};
 use super::setup::start_run_with;
-use super::testkit::{dataset, stand_in, tiny_config, tiny_dit, tiny_vae};
+use super::testkit::{dataset, stand_ins, tiny_config, tiny_dit, tiny_vae};
 use super::train::{load_qwen_items, qwen_batch};
 use crate::family::{family_of, family_of_dit};
 use crate::generate::request::{DitSource, GenerationRequest};
@@ -29,6 +30,7 @@ use framesmith_config::run::{Checkpointing, TimestepSampling};
 use framesmith_config::validate::validate_for;
 use framesmith_config::{presets, HostInfo, ModelFamily, RunConfig};
 use framesmith_data::Unreadable;
+use framesmith_models::qwen25vl::EditPipeline;
 use framesmith_models::qwen_image::vae::load_vae;
 use framesmith_models::qwen_image::weights::load_dit;
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
@@ -50,7 +52,13 @@ fn cached_dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
     let text = WordEncoder {
         dim: tiny_config().joint_attention_dim,
     };
-    let captions = cache_qwen_text(&valid, &text, DType::F32, &options, &mut ())?;
+    let captions = cache_qwen_text(
+        &valid,
+        CaptionEncoder::Text(&text),
+        DType::F32,
+        &options,
+        &mut (),
+    )?;
     assert_eq!(captions.written, 3, "{captions:?}");
     Ok(toml)
 }
@@ -66,7 +74,13 @@ fn images_and_captions_cache_under_musubi_names_and_a_fixed_batch_learns() -> an
     // A second pass finds every cache in place.
     let valid = framesmith_data::load_valid(&toml)?;
     let text = WordEncoder { dim: 24 };
-    let again = cache_qwen_text(&valid, &text, DType::F32, &CacheOptions::default(), &mut ())?;
+    let again = cache_qwen_text(
+        &valid,
+        CaptionEncoder::Text(&text),
+        DType::F32,
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     assert_eq!((again.written, again.skipped), (0, 3));
 
     let cfg = tiny_config();
@@ -218,7 +232,7 @@ fn generate_writes_a_png_with_true_cfg_and_refuses_other_families_options() -> a
     let lines = std::cell::RefCell::new(Vec::new());
     let mut events = |e| lines.borrow_mut().push(format!("{e:?}"));
     let mut session = Session::new(&mut events, &|| false);
-    let out = super::generate::generate_with(&request, &mut session, &stand_in)?;
+    let out = super::generate::generate_with(&request, &mut session, stand_ins())?;
     assert_eq!((out.width, out.height, out.seed), (32, 48, 7));
     let png = image::open(&out.file)?;
     assert_eq!((png.width(), png.height()), (32, 48));
@@ -231,7 +245,7 @@ fn generate_writes_a_png_with_true_cfg_and_refuses_other_families_options() -> a
     );
 
     request.frames = Some(9);
-    let err = super::generate::generate_with(&request, &mut session, &stand_in)
+    let err = super::generate::generate_with(&request, &mut session, stand_ins())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -266,7 +280,7 @@ fn samples_encode_once_through_the_seam_and_come_from_the_prompt_cache_after() -
     let plan = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::QwenImage)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut lines = Vec::new();
-    let mut parts = start_run_with(&plan, &config.model.dit, &stand_in, &mut |_, l| {
+    let mut parts = start_run_with(&plan, &config.model.dit, stand_ins(), &mut |_, l| {
         lines.push(l)
     })?;
     assert_eq!(parts.family.sample_count(), 2);
@@ -285,8 +299,21 @@ fn samples_encode_once_through_the_seam_and_come_from_the_prompt_cache_after() -
         |_: EncoderFiles<'_>, _: DType, _: &Device| -> anyhow::Result<Box<dyn PromptEncoder>> {
             anyhow::bail!("the encoder was loaded")
         };
+    let refuse_edit = |_: EncoderFiles<'_>,
+                       _: EditPipeline,
+                       _: DType,
+                       _: &Device|
+     -> anyhow::Result<Box<dyn EditPromptEncoder>> {
+        anyhow::bail!("the edit encoder was loaded")
+    };
+    let refusing = EncoderLoaders {
+        text: &refuse,
+        edit: &refuse_edit,
+    };
     let mut again = Vec::new();
-    start_run_with(&plan, &config.model.dit, &refuse, &mut |_, l| again.push(l))?;
+    start_run_with(&plan, &config.model.dit, refusing, &mut |_, l| {
+        again.push(l)
+    })?;
     assert!(
         again
             .iter()

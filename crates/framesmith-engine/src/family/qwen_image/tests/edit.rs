@@ -10,7 +10,9 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::family::qwen_image::encoder::WordEncoder;
-use crate::family::qwen_image::prep::{cache_qwen_latents, cache_qwen_text, QwenLatentEncoder};
+use crate::family::qwen_image::prep::{
+    cache_qwen_latents, cache_qwen_text, CaptionEncoder, QwenLatentEncoder,
+};
 use crate::family::qwen_image::testkit::{dataset, tiny_config, tiny_dit, tiny_vae};
 use crate::family::qwen_image::train::{load_qwen_items, qwen_batch};
 use crate::prep::CacheOptions;
@@ -64,7 +66,13 @@ fn cache(dir: &Path, toml: &Path) -> anyhow::Result<crate::prep::CacheSummary> {
     let text = WordEncoder {
         dim: tiny_config().joint_attention_dim,
     };
-    cache_qwen_text(&valid, &text, DType::F32, &CacheOptions::default(), &mut ())?;
+    cache_qwen_text(
+        &valid,
+        CaptionEncoder::Text(&text),
+        DType::F32,
+        &CacheOptions::default(),
+        &mut (),
+    )?;
     Ok(summary)
 }
 
