@@ -17,7 +17,8 @@
 #   kinds-wan14b  Wan2.1-14B 480x832x81 rank 32 within 24 GiB (`--preset fast-24gb`, ComfyUI scaled-FP8 file):
 #            `framesmith train` with lora and with each of WAN_KINDS (comma-separated, default dora; STEPS,
 #            default 3), and bench/reference/step.py --kind lora,WAN_KINDS through PEFT (eager, resident bf16,
-#            1 + 2 steps). kinds-wan14b-torch and kinds-wan14b-train run one half each (two calls).
+#            1 + 2 steps). kinds-wan14b-torch and kinds-wan14b-train run one half each (two calls); WAN_BASE=""
+#            leaves the plain-LoRA run out of the train half.
 # OUT_DIR/summary.txt gets the lines that matter; every log stays under OUT_DIR.
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
@@ -90,7 +91,7 @@ kinds|kinds-flux|kinds-wan14b|kinds-wan14b-torch|kinds-wan14b-train)
         START=$(date +%s%N)
         [[ -f "$P/run.toml" ]] || "$BIN/framesmith-bench" synth-project --variant t2v-14b --dtype fp8-scaled \
             --out "$P" --frames 81 --height 480 --width 832 --steps "$STEPS" > "$OUT/synth-14b.log" 2>&1
-        for k in lora ${kinds//,/ }; do
+        for k in ${WAN_BASE-lora} ${kinds//,/ }; do
             with_kind "$P/run.toml" "$P/kind-$k.toml" "$k"
             sed -i "s/^max_train_steps = .*/max_train_steps = $STEPS/" "$P/kind-$k.toml"
             rm -rf "$P/output"
