@@ -13,6 +13,7 @@ use rand::Rng;
 use super::linear::{BaseWeight, ParamGrad};
 use super::lora::Lora;
 
+mod cost;
 mod dora;
 mod loha;
 mod lokr;
@@ -20,7 +21,8 @@ mod merge;
 #[cfg(test)]
 mod tests;
 
-pub use dora::Dora;
+pub use cost::{UpdatePath, UpdateShape, LOKR_CHUNK_ROWS};
+pub use dora::{base_row_squares, Dora};
 pub use loha::Loha;
 pub use lokr::{factorization, Factor, Lokr};
 
@@ -89,16 +91,34 @@ impl AdapterKind {
         }
     }
 
-    /// Bytes per element of the widest adapted `[out, in]` that one layer's forward or backward holds beyond
-    /// plain LoRA's (`compute_bytes`: the compute dtype's size): LoKr's and LoHa's f32 update, sums and products
-    /// and the merged weight, DoRA's f32 row-norm terms.
-    pub fn work_bytes_per_weight(&self, compute_bytes: u64) -> u64 {
-        match self {
-            Self::Lora => 0,
-            Self::Lokr { .. } => 4 * 4 + compute_bytes,
-            Self::Loha => 5 * 4 + compute_bytes,
-            Self::Dora => 4 * 4,
-        }
+    /// Bytes one layer's adapter arithmetic holds beyond plain LoRA's on a layer `[in, out]` at `rank` for `rows`
+    /// rows in a compute dtype of `compute_bytes` bytes: LoKr's and LoHa's as [`UpdateShape::work_bytes`] counts
+    /// them (the way the layer picks), DoRA's output-sized product `dy ⊙ z` or `dy ⊙ g` [rows, out].
+    pub fn work_bytes(
+        &self,
+        [in_dim, out_dim]: [usize; 2],
+        rank: usize,
+        rows: usize,
+        compute_bytes: u64,
+    ) -> u64 {
+        let shape = match *self {
+            Self::Lora => return 0,
+            Self::Dora => return (rows * out_dim) as u64 * compute_bytes,
+            Self::Loha => UpdateShape::Loha {
+                in_dim,
+                out_dim,
+                rank,
+            },
+            Self::Lokr { factor, .. } => {
+                let (out_l, out_k) = factorization(out_dim, factor);
+                let (in_m, in_n) = factorization(in_dim, factor);
+                UpdateShape::Lokr {
+                    w1: [out_l, in_m],
+                    w2: [out_k, in_n],
+                }
+            }
+        };
+        shape.work_bytes(rows, compute_bytes)
     }
 }
 
@@ -283,6 +303,22 @@ impl Adapter {
                 magnitude: next("dora_scale", &d.magnitude)?,
                 multiplier: d.multiplier,
             }),
+        })
+    }
+
+    /// What picks how a LoKr or LoHa layer applies its update ([`UpdateShape::path`]); `None` for LoRA and DoRA.
+    pub fn update_shape(&self) -> Result<Option<UpdateShape>> {
+        Ok(match self {
+            Self::Loha(h) => Some(UpdateShape::Loha {
+                in_dim: h.in_dim(),
+                out_dim: h.out_dim(),
+                rank: h.rank(),
+            }),
+            Self::Lokr(k) => {
+                let (w1, w2) = k.factor_dims()?;
+                Some(UpdateShape::Lokr { w1, w2 })
+            }
+            Self::Lora(_) | Self::Dora(_) => None,
         })
     }
 

@@ -67,7 +67,14 @@ pub struct Linear {
     base: BaseWeight,
     bias: Option<Tensor>,
     adapter: Option<Adapter>,
+    /// `‖W_o‖²` per output row of the base, computed on DoRA's first use and kept: the base is frozen, and the
+    /// copies block streaming makes of a layer (other tensors, the same values) share it.
+    base_squares: RowSquares,
 }
+
+/// A lazily computed per-row constant of a frozen base, shared by a layer's clones.
+#[derive(Clone, Default)]
+struct RowSquares(std::sync::Arc<std::sync::OnceLock<Tensor>>);
 
 impl Linear {
     /// Reads `weight` [out, in] and, when present, `bias` [out] under `vb`.
@@ -117,11 +124,7 @@ impl Linear {
         } else {
             None
         };
-        Ok(Self {
-            base,
-            bias,
-            adapter: None,
-        })
+        Ok(Self::from_base(base, bias))
     }
 
     /// A layer from a dense weight [out, in] and optional bias [out].
@@ -135,6 +138,7 @@ impl Linear {
             base,
             bias,
             adapter: None,
+            base_squares: RowSquares::default(),
         }
     }
 

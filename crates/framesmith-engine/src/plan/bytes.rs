@@ -116,18 +116,22 @@ pub fn adapter_kind(lora: &LoraSection) -> AdapterKind {
 pub struct AdapterCount {
     pub params: u64,
     pub modules: usize,
-    /// The most elements `out · in` of one adapted linear.
-    pub largest_weight: u64,
+    /// `[in, out]` of the adapted linear with the most elements `out · in` (of those, the widest output).
+    pub largest: [usize; 2],
+    /// The rank the adapters were counted at.
+    pub rank: usize,
     /// The most summed output widths of the adapted linears of one block (`{list}.{i}.…`).
     pub block_outputs: u64,
 }
 
 impl AdapterCount {
-    /// Bytes one layer's adapter arithmetic holds beyond plain LoRA's for `kind` (LoKr's and LoHa's update and
-    /// merged weight, DoRA's norm terms: `nn::adapter::AdapterKind::work_bytes_per_weight` of the widest linear),
-    /// plus, for DoRA, the pre-magnitude outputs its backward keeps for every adapted linear of a block.
+    /// Bytes one layer's adapter arithmetic holds beyond plain LoRA's for `kind` (LoKr's and LoHa's factored
+    /// terms or merged weight, whichever way the layer runs; DoRA's output-sized product:
+    /// `nn::adapter::AdapterKind::work_bytes` of the widest linear at the step's tokens), plus, for DoRA, the
+    /// pre-magnitude outputs its backward keeps for every adapted linear of a block.
     pub fn work_bytes(&self, kind: AdapterKind, shape: &StepShape) -> u64 {
-        let per_layer = self.largest_weight * kind.work_bytes_per_weight(shape.compute_bytes);
+        let rows = usize::try_from(shape.tokens).unwrap_or(usize::MAX);
+        let per_layer = kind.work_bytes(self.largest, self.rank, rows, shape.compute_bytes);
         let kept = match kind {
             AdapterKind::Dora => shape.tokens * self.block_outputs * shape.compute_bytes,
             _ => 0,
@@ -175,11 +179,12 @@ pub fn lora_parameters_of(
             .map(|(_, dims)| kind.parameter_count(*dims, rank))
             .sum(),
         modules: adapted.len(),
-        largest_weight: adapted
+        largest: adapted
             .iter()
-            .map(|(_, [i, o])| (i * o) as u64)
-            .max()
-            .unwrap_or(0),
+            .map(|(_, dims)| *dims)
+            .max_by_key(|[i, o]| (i * o, *o))
+            .unwrap_or_default(),
+        rank,
         block_outputs: block_outputs.values().copied().max().unwrap_or(0),
     })
 }

@@ -805,7 +805,7 @@ fn each_adapter_kind_plans_its_parameters_moments_and_working_memory() {
             AdapterKind::Dora => tokens * (8 * 5120 + 13824 + 5120) * compute,
             _ => 0,
         };
-        let work = 5120 * 13824 * kind.work_bytes_per_weight(compute) + kept;
+        let work = kind.work_bytes([5120, 13824], 32, tokens as usize, compute) + kept;
         let line = |what: &str| {
             r.breakdown
                 .iter()

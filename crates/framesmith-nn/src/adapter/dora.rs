@@ -1,11 +1,14 @@
 //! DoRA: a LoRA whose layer output is rescaled per output row, `W' = m · (W + ΔW) / ‖W + ΔW‖`, with the magnitude
 //! `m` [out, 1] trained (`dora_scale`, LyCORIS' `wd_on_output` layout) and the norm taken from the frozen base
 //! (dequantised for FP8) and the LoRA's update, held constant in the backward as the DoRA paper and PEFT do.
+//! The norms never form `W + ΔW`: with `ΔW = s·B·A`, `‖W_o + ΔW_o‖² = ‖W_o‖² + 2s·B_o·(W Aᵀ)_o + s²·B_o (A Aᵀ) B_oᵀ`,
+//! where `‖W_o‖²` is a constant of the frozen base and the rest is a product of `A` with the base and rank-sized
+//! terms.
 
-use candle_core::{Result, Tensor, Var};
+use candle_core::{DType, Result, Tensor, Var};
 use rand::Rng;
 
-use super::{work_tensor, AdapterShape};
+use super::{work_dtype, work_tensor, AdapterShape};
 use crate::linear::BaseWeight;
 use crate::lora::Lora;
 
@@ -20,9 +23,16 @@ pub struct Dora {
     pub multiplier: f64,
 }
 
+/// `‖W_o‖²` per output row [out, 1] of a frozen weight, in `dtype` (the factors' work dtype): the constant term of
+/// [`Dora::norms`].
+pub fn base_row_squares(base: &BaseWeight, dtype: DType) -> Result<Tensor> {
+    base.dense(dtype)?.sqr()?.sum_keepdim(1)
+}
+
 impl Dora {
     /// A fresh adapter: a fresh LoRA (`up` zero) and `m` = the row norms of `W` computed exactly as the forward
-    /// computes them, so the layer is unchanged (bit for bit) until the first step.
+    /// computes them (with `up` zero every other term of [`Dora::norms`] is an exact zero), so the layer is
+    /// unchanged (bit for bit) until the first step.
     pub(super) fn new(shape: AdapterShape, base: &BaseWeight, rng: &mut impl Rng) -> Result<Self> {
         let lora = Lora::new(
             [shape.in_dim, shape.out_dim, shape.rank],
@@ -31,7 +41,8 @@ impl Dora {
             base.device(),
             rng,
         )?;
-        let norms = row_norms(base, &lora)?;
+        let squares = base_row_squares(base, work_dtype(&lora.down))?;
+        let norms = finish_norms(squares)?;
         Ok(Self {
             magnitude: Var::from_tensor(&norms.to_dtype(shape.dtype)?)?,
             lora,
@@ -39,9 +50,27 @@ impl Dora {
         })
     }
 
-    /// `‖W + ΔW‖ + ε` per output row, [out, 1] f32, detached (ε = f32's epsilon, as LyCORIS adds).
-    pub fn norms(&self, base: &BaseWeight) -> Result<Tensor> {
-        row_norms(base, &self.lora)
+    /// `‖W + ΔW‖ + ε` per output row, [out, 1] in the factors' work dtype (f32), detached (ε = f32's epsilon, as
+    /// LyCORIS adds), from `base_squares` = [`base_row_squares`] of `base`: `W Aᵀ` is computed in `dtype` (the
+    /// layer's compute dtype) on the weight dequantised as the layer's own product dequantises it, the rest in
+    /// the work dtype.
+    pub fn norms(&self, base: &BaseWeight, base_squares: &Tensor, dtype: DType) -> Result<Tensor> {
+        let (down, up) = (work_tensor(&self.lora.down)?, work_tensor(&self.lora.up)?);
+        let work = down.dtype();
+        let s = self.lora.scale();
+        // (A Wᵀ)ᵀ = W Aᵀ [out, r].
+        let wa = down
+            .to_dtype(dtype)?
+            .matmul(&base.dense(dtype)?.t()?)?
+            .to_dtype(work)?
+            .t()?;
+        let cross = (&up * wa)?.sum_keepdim(1)?;
+        let gram = down.matmul(&down.t()?)?;
+        let quad = (up.matmul(&gram)? * &up)?.sum_keepdim(1)?;
+        let squares = base_squares.to_dtype(work)?.to_device(up.device())?;
+        let squares = ((squares + (cross * (2.0 * s))?)? + (quad * (s * s))?)?;
+        // Rounding can take a norm that is (nearly) zero below it.
+        finish_norms(squares.relu()?)
     }
 
     /// The row scale `1 + multiplier · (m / norms − 1)` [out, 1] f32 for the magnitude `m` (tracked or not).
@@ -72,10 +101,7 @@ impl Dora {
     }
 }
 
-/// `‖W + up · down · s‖ + ε` per row of a layer's frozen weight and a LoRA's detached factors, [out, 1] in the
-/// factors' work dtype (f32).
-fn row_norms(base: &BaseWeight, lora: &Lora) -> Result<Tensor> {
-    let (down, up) = (work_tensor(&lora.down)?, work_tensor(&lora.up)?);
-    let w = (base.dense(down.dtype())? + (up.matmul(&down)? * lora.scale())?)?;
-    w.sqr()?.sum_keepdim(1)?.sqrt()? + f64::from(f32::EPSILON)
+/// `√squares + ε`.
+fn finish_norms(squares: Tensor) -> Result<Tensor> {
+    squares.sqrt()? + f64::from(f32::EPSILON)
 }

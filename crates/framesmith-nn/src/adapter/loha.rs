@@ -1,7 +1,7 @@
 //! LoHa: `ΔW = (w1_a w1_b) ⊙ (w2_a w2_b) · alpha / rank · multiplier`, the Hadamard product of two rank-`rank`
 //! products, initialised as LyCORIS does (`w2_a` zero).
 
-use candle_core::{Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::Rng;
 
 use super::{param_grad, work_tensor, AdapterShape};
@@ -109,6 +109,48 @@ impl Loha {
             param_grad(&self.w1_b, w1_a.t()?.matmul(&d_p1)?)?,
             param_grad(&self.w2_a, d_p2.matmul(&w2_b.t()?)?)?,
             param_grad(&self.w2_b, w2_a.t()?.matmul(&d_p2)?)?,
+        ])
+    }
+
+    /// `ΔW` as a LoRA of rank `rank²`: `(down [r², in], up [out, r²])`, detached, in `dtype`, with
+    /// `ΔW = scale · up · down`: `(P1 ⊙ P2)[o, i] = Σ_{p,q} w1_a[o,p] w2_a[o,q] · w1_b[p,i] w2_b[q,i]`, so
+    /// `up[o, (p,q)] = w1_a[o,p] w2_a[o,q]` and `down[(p,q), i] = w1_b[p,i] w2_b[q,i]`.
+    pub fn low_rank(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
+        let (r, in_dim, out) = (self.rank(), self.in_dim(), self.out_dim());
+        let (w1_a, w1_b) = (work_tensor(&self.w1_a)?, work_tensor(&self.w1_b)?);
+        let (w2_a, w2_b) = (work_tensor(&self.w2_a)?, work_tensor(&self.w2_b)?);
+        let up = w1_a
+            .reshape((out, r, 1))?
+            .broadcast_mul(&w2_a.reshape((out, 1, r))?)?
+            .reshape((out, r * r))?;
+        let down = w1_b
+            .reshape((r, 1, in_dim))?
+            .broadcast_mul(&w2_b.reshape((1, r, in_dim))?)?
+            .reshape((r * r, in_dim))?;
+        Ok((down.to_dtype(dtype)?, up.to_dtype(dtype)?))
+    }
+
+    /// The factors' gradients (in [`super::Adapter::named_vars`] order) from those of [`Loha::low_rank`]'s
+    /// `down` [r², in] and `up` [out, r²] (any float dtype): `∂w1_a[o,p] = Σ_q ∂up[o,(p,q)] w2_a[o,q]`, and so on.
+    pub fn low_rank_backward(&self, d_down: &Tensor, d_up: &Tensor) -> Result<Vec<ParamGrad>> {
+        let (r, in_dim, out) = (self.rank(), self.in_dim(), self.out_dim());
+        let (w1_a, w1_b) = (work_tensor(&self.w1_a)?, work_tensor(&self.w1_b)?);
+        let (w2_a, w2_b) = (work_tensor(&self.w2_a)?, work_tensor(&self.w2_b)?);
+        let d_up = d_up.to_dtype(w1_a.dtype())?.reshape((out, r, r))?;
+        let d_down = d_down.to_dtype(w1_a.dtype())?.reshape((r, r, in_dim))?;
+        let d_w1_a = d_up.broadcast_mul(&w2_a.reshape((out, 1, r))?)?.sum(2)?;
+        let d_w2_a = d_up.broadcast_mul(&w1_a.reshape((out, r, 1))?)?.sum(1)?;
+        let d_w1_b = d_down
+            .broadcast_mul(&w2_b.reshape((1, r, in_dim))?)?
+            .sum(1)?;
+        let d_w2_b = d_down
+            .broadcast_mul(&w1_b.reshape((r, 1, in_dim))?)?
+            .sum(0)?;
+        Ok(vec![
+            param_grad(&self.w1_a, d_w1_a)?,
+            param_grad(&self.w1_b, d_w1_b)?,
+            param_grad(&self.w2_a, d_w2_a)?,
+            param_grad(&self.w2_b, d_w2_b)?,
         ])
     }
 

@@ -223,8 +223,7 @@ impl Lokr {
     /// The factors' gradients from `grad` = ∂L/∂ΔW (f32 [out, in]): with `G` = grad · scale read as
     /// [a, c, b, d], `∂w1[i, j] = Σ G[i, k, j, l] w2[k, l]` and `∂w2[k, l] = Σ G[i, k, j, l] w1[i, j]`.
     pub(super) fn delta_backward(&self, grad: &Tensor) -> Result<Vec<ParamGrad>> {
-        let w1 = self.w1.dense(&work_tensor)?;
-        let w2 = self.w2.dense(&work_tensor)?;
+        let (w1, w2) = self.dense_factors()?;
         let (a, b) = w1.dims2()?;
         let (c, d) = w2.dims2()?;
         // [a·b, c·d]: rows index w1's entries, columns w2's.
@@ -235,9 +234,27 @@ impl Lokr {
             .reshape((a * b, c * d))?;
         let d_w1 = g.matmul(&w2.reshape((c * d, 1))?)?.reshape((a, b))?;
         let d_w2 = w1.reshape((1, a * b))?.matmul(&g)?.reshape((c, d))?;
+        self.factor_backward(&d_w1, &d_w2)
+    }
+
+    /// `w1` [a, b] and `w2` [c, d] as matrices (without the scale), detached, in the work dtype (f32).
+    pub fn dense_factors(&self) -> Result<(Tensor, Tensor)> {
+        Ok((self.w1.dense(&work_tensor)?, self.w2.dense(&work_tensor)?))
+    }
+
+    /// `([a, b], [c, d])`: the shapes of `w1` and `w2`.
+    pub fn factor_dims(&self) -> Result<([usize; 2], [usize; 2])> {
+        let (a, b) = self.w1.dims()?;
+        let (c, d) = self.w2.dims()?;
+        Ok(([a, b], [c, d]))
+    }
+
+    /// The variables' gradients (in [`super::Adapter::named_vars`] order) from those of the matrices `w1` and
+    /// `w2` (work dtype).
+    pub fn factor_backward(&self, d_w1: &Tensor, d_w2: &Tensor) -> Result<Vec<ParamGrad>> {
         let mut out = Vec::with_capacity(4);
-        self.w1.backward(&d_w1, &mut out)?;
-        self.w2.backward(&d_w2, &mut out)?;
+        self.w1.backward(d_w1, &mut out)?;
+        self.w2.backward(d_w2, &mut out)?;
         Ok(out)
     }
 

@@ -180,7 +180,11 @@ fn the_gradients_of_every_kind_match_finite_differences() -> Result<()> {
             .cloned()
             .ok_or_else(|| candle_core::Error::msg("no adapter"))?;
         let dora_norms = match &adapter {
-            Adapter::Dora(d) => Some(d.norms(lin.base())?),
+            Adapter::Dora(d) => Some(d.norms(
+                lin.base(),
+                &base_row_squares(lin.base(), DType::F64)?,
+                DType::F64,
+            )?),
             _ => None,
         };
         let eval = |lin: &Linear| match (&adapter, &dora_norms) {

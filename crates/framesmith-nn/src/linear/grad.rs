@@ -134,7 +134,7 @@ impl Linear {
     /// Whether the forward writes the LoRA product first and accumulates the base product onto it (CUDA, where
     /// [`add_matmul`] runs in place), rather than adding the LoRA product to the base output: not for FP8
     /// tensor-core products, whose kernel writes its output fresh.
-    fn low_rank_first(&self, x2: &Tensor) -> bool {
+    pub(super) fn low_rank_first(&self, x2: &Tensor) -> bool {
         let fp8_products = matches!(&self.base, super::BaseWeight::Fp8(w) if w.fp8_products());
         x2.device().is_cuda() && !fp8_products
     }
@@ -180,30 +180,12 @@ impl Linear {
             let d_down = terms.t.t()?.matmul(&x2)?;
             params.push(terms.grad_down(d_down)?);
             params.push(terms.d_up);
-            low_rank = Some((terms.t, terms.down));
+            low_rank = Some(InputShare {
+                t: terms.t,
+                down: terms.down,
+            });
         }
-        let base = |acc: Tensor| add_matmul(acc, &dy2, &self.base.dense(dtype)?, false);
-        let dx = match (input, low_rank) {
-            (InputGrad::Skip, _) => None,
-            (InputGrad::New, None) => Some(dy2.matmul(&self.base.dense(dtype)?)?),
-            // As in the forward: the small product first, the base product accumulating onto it.
-            (InputGrad::New, Some((t, down))) if x2.device().is_cuda() => {
-                Some(base(t.matmul(&down)?)?)
-            }
-            (InputGrad::New, Some((t, down))) => Some(add_matmul(
-                dy2.matmul(&self.base.dense(dtype)?)?,
-                &t,
-                &down,
-                false,
-            )?),
-            (InputGrad::Add(acc), low_rank) => {
-                let acc = base(acc.flatten_to(D::Minus2)?)?;
-                Some(match low_rank {
-                    Some((t, down)) => add_matmul(acc, &t, &down, false)?,
-                    None => acc,
-                })
-            }
-        };
+        let dx = self.input_grad(&dy2, low_rank, input)?;
         let dx = dx.map(|d| d.reshape(xs.shape())).transpose()?;
         Ok((dx, params))
     }
@@ -212,6 +194,63 @@ impl Linear {
 /// `t` detached, in `dtype`, dense and flattened to rows `[m, features]`.
 pub(super) fn rows(t: &Tensor, dtype: candle_core::DType) -> Result<Tensor> {
     t.detach().to_dtype(dtype)?.dense()?.flatten_to(D::Minus2)
+}
+
+/// An adapter's share `t · down` of a layer's input gradient [m, in], for `t` [rows, k] and `down` [k, cols] with
+/// `rows · cols = m · in` (a LoRA's `rows` are `m`; LoKr's `m · in_m`).
+pub(super) struct InputShare {
+    pub t: Tensor,
+    pub down: Tensor,
+}
+
+impl InputShare {
+    /// `t · down` as [m, in] (`like`'s shape).
+    fn fresh(&self, like: (usize, usize)) -> Result<Tensor> {
+        self.t.matmul(&self.down)?.reshape(like)
+    }
+
+    /// `acc + t · down` for `acc` [m, in] (in place on CUDA).
+    fn add_to(&self, acc: Tensor) -> Result<Tensor> {
+        let like = acc.dims2()?;
+        let rows = self.t.dim(0)?;
+        if rows == like.0 {
+            return add_matmul(acc, &self.t, &self.down, false);
+        }
+        let acc = acc.reshape((rows, like.0 * like.1 / rows.max(1)))?;
+        add_matmul(acc, &self.t, &self.down, false)?.reshape(like)
+    }
+}
+
+impl Linear {
+    /// The input gradient `dy W (+ the adapter's share)` [m, in] for `dy2` [m, out], as `input` says.
+    pub(super) fn input_grad(
+        &self,
+        dy2: &Tensor,
+        share: Option<InputShare>,
+        input: InputGrad,
+    ) -> Result<Option<Tensor>> {
+        let dtype = dy2.dtype();
+        let like = (dy2.dim(0)?, self.in_dim());
+        let base = |acc: Tensor| add_matmul(acc, dy2, &self.base.dense(dtype)?, false);
+        Ok(match (input, share) {
+            (InputGrad::Skip, _) => None,
+            (InputGrad::New, None) => Some(dy2.matmul(&self.base.dense(dtype)?)?),
+            // As in the forward: the small product first, the base product accumulating onto it.
+            (InputGrad::New, Some(share)) if dy2.device().is_cuda() => {
+                Some(base(share.fresh(like)?)?)
+            }
+            (InputGrad::New, Some(share)) => {
+                Some(share.add_to(dy2.matmul(&self.base.dense(dtype)?)?)?)
+            }
+            (InputGrad::Add(acc), share) => {
+                let acc = base(acc.flatten_to(D::Minus2)?)?;
+                Some(match share {
+                    Some(share) => share.add_to(acc)?,
+                    None => acc,
+                })
+            }
+        })
+    }
 }
 
 /// A LoRA linear's backward terms that do not involve its input gradient or `down`'s gradient.

@@ -1,13 +1,21 @@
 //! [`Linear`]'s forward and backward for the adapters other than plain LoRA, the one place their updates and
-//! gradients are computed for every model family. LoKr and LoHa run the layer on `W + ΔW` (summed in f32, rounded
-//! once to the compute dtype, as LyCORIS merges) and turn `∂L/∂ΔW = dyᵀ x` into their factors' gradients. DoRA
-//! keeps the LoRA's low-rank path and scales each output row by `m / ‖W + ΔW‖`, the norm held constant.
+//! gradients are computed for every model family. LoHa runs as a LoRA of rank `rank²` and LoKr by the Kronecker
+//! reshape identity (`kinds/lokr.rs`), neither forming `ΔW`, unless running on `W + ΔW` costs less
+//! ([`crate::adapter::UpdateShape::path`]): then the layer runs on `W + ΔW` (summed in f32, rounded once to the
+//! compute dtype, as LyCORIS merges) and turns `∂L/∂ΔW = dyᵀ x` into the factors' gradients. DoRA
+//! (`kinds/dora.rs`) keeps the LoRA's low-rank path and scales each output row by `m / ‖W + ΔW‖`, the norm held
+//! constant. The autograd forward runs on `W + ΔW` always: it is the reference the tests hold these to.
 
 use candle_core::{DType, Result, Tensor};
 
-use super::grad::{add_matmul, detached_factors, InputGrad, LinearTape, ParamGrad};
+use super::grad::{add_matmul, InputGrad, InputShare, LinearTape, ParamGrad};
 use super::{FrozenMatmul, Linear};
-use crate::adapter::{param_grad, work_dtype, Adapter, Dora};
+use crate::adapter::{work_dtype, Adapter, Loha, UpdatePath};
+
+mod dora;
+mod lokr;
+#[cfg(test)]
+mod tests;
 
 impl Linear {
     /// The untracked forward of a LoKr, LoHa or DoRA layer on the flattened input `x2`, shaped `out_dims`.
@@ -17,9 +25,30 @@ impl Linear {
         adapter: &Adapter,
         out_dims: Vec<usize>,
     ) -> Result<(Tensor, LinearTape)> {
+        let path = update_path(adapter, x2)?;
+        self.forward_kind_on(x2, adapter, out_dims, path)
+    }
+
+    /// [`Linear::forward_kind_untracked`] the way `path` says (DoRA has one way).
+    fn forward_kind_on(
+        &self,
+        x2: &Tensor,
+        adapter: &Adapter,
+        out_dims: Vec<usize>,
+        path: UpdatePath,
+    ) -> Result<(Tensor, LinearTape)> {
         let dtype = x2.dtype();
-        let (y, tape) = match adapter {
-            Adapter::Dora(dora) => self.dora_forward_untracked(dora, x2)?,
+        let (y, tape) = match (adapter, path) {
+            (Adapter::Loha(loha), UpdatePath::Factored) => {
+                let (down, up) = loha.low_rank(dtype)?;
+                let mid = (x2.matmul(&down.t()?)? * loha.scale())?;
+                return self.finish_forward(x2, mid, up, out_dims);
+            }
+            (Adapter::Lokr(lokr), UpdatePath::Factored) => {
+                let delta = lokr::Kron::new(lokr, dtype)?.apply(x2)?;
+                (self.base_plus(x2, delta)?, LinearTape::default())
+            }
+            (Adapter::Dora(dora), _) => self.dora_forward_untracked(dora, x2)?,
             _ => {
                 let w = self.merged_weight(adapter, dtype)?;
                 (x2.matmul(&w.t()?)?, LinearTape::default())
@@ -30,6 +59,16 @@ impl Linear {
             None => y,
         };
         Ok((y.reshape(out_dims)?, tape))
+    }
+
+    /// `x Wᵀ + c` for `c` [m, out] the caller owns: the base product accumulates onto `c` where that runs in place.
+    fn base_plus(&self, x2: &Tensor, c: Tensor) -> Result<Tensor> {
+        if self.low_rank_first(x2) {
+            return add_matmul(c, x2, &self.base.dense(x2.dtype())?, true);
+        }
+        x2.apply_op1_no_bwd(&FrozenMatmul {
+            base: self.base.clone(),
+        })? + c
     }
 
     /// `W + ΔW` [out, in] in `dtype` for LoKr and LoHa.
@@ -53,8 +92,27 @@ impl Linear {
         dy2: &Tensor,
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        if let Adapter::Dora(dora) = adapter {
-            return self.dora_backward(dora, x2, tape, dy2, input);
+        let path = update_path(adapter, x2)?;
+        self.backward_kind_on(adapter, (x2, tape, dy2), input, path)
+    }
+
+    /// [`Linear::backward_kind`] the way `path` says, for the input, tape and output gradient `(x2, tape, dy2)`.
+    fn backward_kind_on(
+        &self,
+        adapter: &Adapter,
+        (x2, tape, dy2): (&Tensor, &LinearTape, &Tensor),
+        input: InputGrad,
+        path: UpdatePath,
+    ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
+        match (adapter, path) {
+            (Adapter::Dora(dora), _) => return self.dora_backward(dora, x2, tape, dy2, input),
+            (Adapter::Loha(loha), UpdatePath::Factored) => {
+                return self.loha_backward(loha, (x2, tape, dy2), input)
+            }
+            (Adapter::Lokr(lokr), UpdatePath::Factored) => {
+                return self.lokr_backward(lokr, x2, dy2, input)
+            }
+            _ => {}
         }
         let w = self.merged_weight(adapter, x2.dtype())?;
         let work = adapter
@@ -76,73 +134,25 @@ impl Linear {
         Ok((dx, params))
     }
 
-    /// `x W'ᵀ` before the row scale (`z`, from the base and the LoRA), the scaled output (no bias) and the tape.
-    fn dora_forward_untracked(&self, dora: &Dora, x2: &Tensor) -> Result<(Tensor, LinearTape)> {
-        let dtype = x2.dtype();
-        let (down, up) = detached_factors(&dora.lora, dtype)?;
-        let mid = (x2.matmul(&down.t()?)? * dora.lora.scale())?;
-        let base = x2.apply_op1_no_bwd(&FrozenMatmul {
-            base: self.base.clone(),
-        })?;
-        let z = add_matmul(base, &mid, &up, true)?;
-        let norms = dora.norms(&self.base)?;
-        let gain = dora.gain(&norms, &dora.magnitude.as_tensor().detach())?;
-        let y = z.broadcast_mul(&row(&gain, dtype)?)?;
-        let tape = LinearTape {
-            mid: Some(mid),
-            dora: Some((z, norms)),
-        };
-        Ok((y, tape))
-    }
-
-    /// DoRA's backward: with `g` the row scale, the LoRA's gradients and the input gradient for `dy ⊙ g`, and
-    /// `∂m = multiplier · Σ_rows(dy ⊙ z) / ‖W + ΔW‖`.
-    fn dora_backward(
+    /// LoHa's backward as a LoRA of rank `rank²` ([`Loha::low_rank`], scale `s`): `t = (dy·s) up`, `∂down = tᵀ x`,
+    /// `∂up = dyᵀ mid` with `mid = (x downᵀ)·s` from the tape (recomputed without one), folded into the factors.
+    fn loha_backward(
         &self,
-        dora: &Dora,
-        x2: &Tensor,
-        tape: &LinearTape,
-        dy2: &Tensor,
+        loha: &Loha,
+        (x2, tape, dy2): (&Tensor, &LinearTape, &Tensor),
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        let dtype = x2.dtype();
-        let (down, up) = detached_factors(&dora.lora, dtype)?;
-        let s = dora.lora.scale();
+        let (down, up) = loha.low_rank(x2.dtype())?;
+        let s = loha.scale();
         let mid = match &tape.mid {
             Some(m) => m.clone(),
             None => (x2.matmul(&down.t()?)? * s)?,
         };
-        let (z, norms) = match &tape.dora {
-            Some((z, n)) => (z.clone(), n.clone()),
-            None => {
-                let base = x2.apply_op1_no_bwd(&FrozenMatmul {
-                    base: self.base.clone(),
-                })?;
-                (add_matmul(base, &mid, &up, true)?, dora.norms(&self.base)?)
-            }
-        };
-        let gain = dora.gain(&norms, &dora.magnitude.as_tensor().detach())?;
-        let dyg = dy2.broadcast_mul(&row(&gain, dtype)?)?;
-        let t = (dyg.matmul(&up)? * s)?;
+        let t = (dy2.matmul(&up)? * s)?;
+        let d_up = dy2.t()?.matmul(&mid)?;
         let d_down = t.t()?.matmul(x2)?;
-        let d_up = dyg.t()?.matmul(&mid)?;
-        let work = norms.dtype();
-        let zy = (dy2.to_dtype(work)? * z.to_dtype(work)?)?;
-        let d_m = (zy.sum(0)?.reshape(norms.shape())?.div(&norms)? * dora.multiplier)?;
-        let params = vec![
-            param_grad(&dora.lora.down, d_down)?,
-            param_grad(&dora.lora.up, d_up)?,
-            param_grad(&dora.magnitude, d_m)?,
-        ];
-        let w = self.base.dense(dtype)?;
-        let dx = match input {
-            InputGrad::Skip => None,
-            InputGrad::New => Some(add_matmul(dyg.matmul(&w)?, &t, &down, false)?),
-            InputGrad::Add(acc) => {
-                let acc = add_matmul(acc.flatten_to(candle_core::D::Minus2)?, &dyg, &w, false)?;
-                Some(add_matmul(acc, &t, &down, false)?)
-            }
-        };
+        let params = loha.low_rank_backward(&d_down, &d_up)?;
+        let dx = self.input_grad(dy2, Some(InputShare { t, down }), input)?;
         Ok((dx, params))
     }
 
@@ -154,27 +164,12 @@ impl Linear {
             .ok_or_else(|| candle_core::Error::msg("this adapter has no weight update"))?;
         x2.matmul(&delta.to_dtype(x2.dtype())?.t()?)
     }
-
-    /// DoRA on candle's autograd: `(y + lora(x)) ⊙ g` for the base output `y` (no bias), the norm detached.
-    pub(super) fn dora_forward_tracked(
-        &self,
-        dora: &Dora,
-        x2: &Tensor,
-        y: Tensor,
-    ) -> Result<Tensor> {
-        let z = (y + dora.lora.forward(x2)?)?;
-        let norms = dora.norms(&self.base)?;
-        let magnitude = if crate::lora::is_untracked() {
-            dora.magnitude.as_tensor().detach()
-        } else {
-            dora.magnitude.as_tensor().clone()
-        };
-        let gain = dora.gain(&norms, &magnitude)?;
-        z.broadcast_mul(&row(&gain, z.dtype())?)
-    }
 }
 
-/// A per-row scale [out, 1] as a row vector [1, out] in `dtype`, to broadcast over the outputs.
-fn row(gain: &Tensor, dtype: DType) -> Result<Tensor> {
-    gain.to_dtype(dtype)?.t()
+/// How the layer applies `adapter`'s update to the rows of `x2` (LoRA and DoRA: factored, their only way).
+fn update_path(adapter: &Adapter, x2: &Tensor) -> Result<UpdatePath> {
+    Ok(match adapter.update_shape()? {
+        Some(shape) => shape.path(x2.dim(0)?),
+        None => UpdatePath::Factored,
+    })
 }

@@ -1,0 +1,180 @@
+//! Which way a LoKr or LoHa layer applies its update for a given number of rows — through its factors, never
+//! forming `ΔW`, or on the merged weight `W + ΔW` — by counting the work of one forward and backward each way,
+//! and the working memory each way holds (the planner's count).
+
+/// A byte moved, counted as this many FLOPs: a GPU's bf16 tensor-core rate over its memory bandwidth is of this
+/// order, so the passes over large tensors are weighed against the products.
+const FLOPS_PER_BYTE: u64 = 128;
+
+/// Bytes per weight the merged path moves in a forward and backward besides its products: `ΔW` built in f32,
+/// the base added and the sum rounded (twice: forward and backward), `∂L/∂ΔW` cast to f32, and the factors'
+/// Hadamard or Kronecker terms, each a pass over an f32 [out, in].
+const MERGED_BYTES_PER_WEIGHT: u64 = 150;
+
+/// Tokens per chunk of the swapped copies LoKr's factored `w1` gradient makes.
+pub const LOKR_CHUNK_ROWS: usize = 4096;
+
+/// How a layer applies a LoKr or LoHa update.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdatePath {
+    /// Through the factors: LoHa as a LoRA of rank `rank²`, LoKr by the Kronecker reshape identity.
+    Factored,
+    /// On `W + ΔW` [out, in], with `∂L/∂ΔW = dyᵀ x`.
+    Merged,
+}
+
+/// What the choice depends on, besides the rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UpdateShape {
+    /// LoHa of `rank` on a layer [in, out].
+    Loha {
+        in_dim: usize,
+        out_dim: usize,
+        rank: usize,
+    },
+    /// LoKr with `w1` [a, b] and `w2` [c, d] (in = b·d, out = a·c).
+    Lokr { w1: [usize; 2], w2: [usize; 2] },
+}
+
+impl UpdateShape {
+    /// The cheaper way for `rows` rows (a tie goes to the factors).
+    pub fn path(&self, rows: usize) -> UpdatePath {
+        if self.factored_cost(rows) <= self.merged_cost(rows) {
+            UpdatePath::Factored
+        } else {
+            UpdatePath::Merged
+        }
+    }
+
+    /// `(in, out)`.
+    fn dims(&self) -> (u64, u64) {
+        match *self {
+            Self::Loha {
+                in_dim, out_dim, ..
+            } => (in_dim as u64, out_dim as u64),
+            Self::Lokr {
+                w1: [a, b],
+                w2: [c, d],
+            } => ((b * d) as u64, (a * c) as u64),
+        }
+    }
+
+    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward and backward through the factors.
+    fn factored_cost(&self, rows: usize) -> u64 {
+        let m = rows as u64;
+        match *self {
+            Self::Loha {
+                in_dim,
+                out_dim,
+                rank,
+            } => {
+                // x V and (x V) Uᵀ; dyᵀ (x V), dy U, xᵀ (dy U) and (dy U) Vᵀ, each 2·m·r²·width.
+                let (width, r2) = ((in_dim + out_dim) as u64, (rank * rank) as u64);
+                6 * m * r2 * width + width * r2 * 24 * FLOPS_PER_BYTE
+            }
+            Self::Lokr {
+                w1: [a, b],
+                w2: [c, d],
+            } => {
+                let [a, b, c, d] = [a, b, c, d].map(|v| v as u64);
+                // w2 on the last axis four times (forward, z again, ∂x, ∂w2), w1 on the middle one three times;
+                // `dy` and `z` copied once with their token and middle axes swapped.
+                2 * m * c * (4 * b * d + 3 * a * b) + 4 * m * c * (a + b) * FLOPS_PER_BYTE
+            }
+        }
+    }
+
+    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward and backward on the merged weight, beyond
+    /// the base's products: `dyᵀ x` and building `ΔW` and its factors' gradients.
+    fn merged_cost(&self, rows: usize) -> u64 {
+        let (i, o) = self.dims();
+        let build = match *self {
+            // Both products, in the forward and twice in the backward, and four rank-r gradient products.
+            Self::Loha { rank, .. } => 20 * rank as u64,
+            Self::Lokr { .. } => 4,
+        };
+        i * o * (2 * rows as u64 + build + MERGED_BYTES_PER_WEIGHT * FLOPS_PER_BYTE)
+    }
+
+    /// Bytes one layer's update arithmetic holds beyond plain LoRA's for `rows` rows in a compute dtype of
+    /// `compute_bytes` bytes, the way [`UpdateShape::path`] picks: the merged path's f32 update, sums and products
+    /// and the merged weight; LoHa's factored `U`, `V` (f32 and compute dtype) and gradients, and its rank-`r²`
+    /// activations; LoKr's half-applied input and a chunk of the swapped copies its `w1` gradient reads.
+    pub fn work_bytes(&self, rows: usize, compute_bytes: u64) -> u64 {
+        let m = rows as u64;
+        let (i, o) = self.dims();
+        match (self.path(rows), *self) {
+            (UpdatePath::Merged, Self::Loha { .. }) => i * o * (5 * 4 + compute_bytes),
+            (UpdatePath::Merged, Self::Lokr { .. }) => i * o * (4 * 4 + compute_bytes),
+            (UpdatePath::Factored, Self::Loha { rank, .. }) => {
+                let r2 = (rank * rank) as u64;
+                (i + o) * r2 * (3 * 4 + 2 * compute_bytes) + 2 * m * r2 * compute_bytes
+            }
+            (
+                UpdatePath::Factored,
+                Self::Lokr {
+                    w1: [a, b],
+                    w2: [c, _],
+                },
+            ) => {
+                // `z` (forward) or `R` (backward), [m, b, c]; a chunk's swapped `dy`, `z` and its copy.
+                let chunk = rows.min(LOKR_CHUNK_ROWS) as u64;
+                (m * (b * c) as u64 + chunk * (a * c + 2 * b * c) as u64) * compute_bytes
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Typical image and video layers take the factors; LoHa's factors give way to the merged weight once `r²`
+    /// nears the layer's widths, and LoKr's when `w1` is a single entry (a prime width).
+    #[test]
+    fn the_cheaper_path_is_picked() {
+        let loha = |in_dim, out_dim, rank| UpdateShape::Loha {
+            in_dim,
+            out_dim,
+            rank,
+        };
+        assert_eq!(loha(3072, 3072, 16).path(4608), UpdatePath::Factored);
+        assert_eq!(loha(5120, 13824, 32).path(32760), UpdatePath::Factored);
+        assert_eq!(loha(3072, 3072, 128).path(4608), UpdatePath::Merged);
+        assert_eq!(loha(64, 64, 16).path(4096), UpdatePath::Merged);
+        let lokr = |w1, w2| UpdateShape::Lokr { w1, w2 };
+        assert_eq!(lokr([48, 48], [64, 64]).path(4608), UpdatePath::Factored);
+        assert_eq!(lokr([4, 4], [768, 768]).path(4608), UpdatePath::Factored);
+        assert_eq!(lokr([1, 1], [127, 3072]).path(4608), UpdatePath::Merged);
+        // A rank whose r² products lose at many rows still wins at few.
+        assert_eq!(loha(3072, 3072, 64).path(4608), UpdatePath::Merged);
+        assert_eq!(loha(3072, 3072, 64).path(1), UpdatePath::Factored);
+    }
+
+    /// The factored paths hold far less than the merged weight on a large layer.
+    #[test]
+    fn the_factored_paths_hold_less_than_the_merged_weight() {
+        let merged = 5120 * 13824 * (5 * 4 + 2);
+        let loha = UpdateShape::Loha {
+            in_dim: 5120,
+            out_dim: 13824,
+            rank: 16,
+        };
+        assert!(loha.work_bytes(32760, 2) < merged / 4);
+        let lokr = UpdateShape::Lokr {
+            w1: [64, 64],
+            w2: [216, 80],
+        };
+        assert_eq!(
+            lokr.work_bytes(100, 2),
+            100 * (64 * 216 + 64 * 216 + 2 * 64 * 216) * 2
+        );
+        // Past a chunk, the swapped copies stop growing.
+        let chunk = LOKR_CHUNK_ROWS as u64;
+        assert_eq!(
+            lokr.work_bytes(32760, 2),
+            (32760 * 64 * 216 + chunk * 3 * 64 * 216) * 2
+        );
+        assert!(lokr.work_bytes(32760, 2) < 5120 * 13824 * (4 * 4 + 2));
+    }
+}

@@ -1,0 +1,118 @@
+//! LoKr's forward and backward on a [`Linear`] without forming `ΔW = s·(w1 ⊗ w2)`: with `x` read as
+//! [m, b, d] (`w1` [a, b], `w2` [c, d]), `x ΔWᵀ` is `w2` applied on the last axis and `s·w1` on the middle one,
+//! giving [m, a, c] = [m, out]; the backward applies the transposes to `dy` the same way, and the factors'
+//! gradients are products over the tokens: `∂w2 = Σ_{t,j} R[t,j,:]ᵀ x[t,j,:]` with `R = (s·w1)ᵀ` on `dy`'s middle
+//! axis, `∂w1 = s·Σ_{t,k} dy[t,:,k] z[t,:,k]ᵀ` with `z = w2` on `x`'s last axis.
+
+use candle_core::{DType, Result, Tensor};
+
+use super::super::grad::{InputGrad, InputShare, ParamGrad};
+use super::super::Linear;
+use crate::adapter::{Lokr, LOKR_CHUNK_ROWS as CHUNK_ROWS};
+
+/// A LoKr's factors as matrices in the compute dtype: `s·w1` [a, b] and `w2` [c, d].
+pub(super) struct Kron {
+    w1s: Tensor,
+    w2: Tensor,
+    /// `[a, b, c, d]`.
+    dims: [usize; 4],
+    /// The factors' work dtype (f32), their gradients' dtype.
+    work: DType,
+}
+
+impl Kron {
+    /// `lokr`'s factors (products multiplied out, scale and multiplier on `w1`), in `dtype`.
+    pub(super) fn new(lokr: &Lokr, dtype: DType) -> Result<Self> {
+        let (w1, w2) = lokr.dense_factors()?;
+        let (a, b) = w1.dims2()?;
+        let (c, d) = w2.dims2()?;
+        Ok(Self {
+            w1s: (&w1 * lokr.scale())?.to_dtype(dtype)?,
+            w2: w2.to_dtype(dtype)?,
+            dims: [a, b, c, d],
+            work: w1.dtype(),
+        })
+    }
+
+    /// `x ΔWᵀ` [m, out] for `x2` [m, in].
+    pub(super) fn apply(&self, x2: &Tensor) -> Result<Tensor> {
+        let [a, b, c, _] = self.dims;
+        let m = x2.dim(0)?;
+        let z = self.half(x2)?;
+        self.w1s
+            .broadcast_as((m, a, b))?
+            .matmul(&z)?
+            .reshape((m, a * c))
+    }
+
+    /// `z[t, j, k] = Σ_l x[t, j, l] w2[k, l]`, [m, b, c].
+    fn half(&self, x2: &Tensor) -> Result<Tensor> {
+        let [_, b, c, d] = self.dims;
+        let m = x2.dim(0)?;
+        x2.reshape((m * b, d))?
+            .matmul(&self.w2.t()?)?
+            .reshape((m, b, c))
+    }
+
+    /// `Σ_{t,k} dy[t, i, k] z[t, j, k]` [a, b] in the work dtype for `dy3` [m, a, c] (before the scale): per
+    /// chunk of [`CHUNK_ROWS`] tokens, the middle axes of `dy` and `z` brought to the front (copies) and one
+    /// product over the chunk's `(t, k)`, so the copies stay small.
+    fn w1_grad(&self, x2: &Tensor, dy3: &Tensor) -> Result<Tensor> {
+        let [a, b, c, _] = self.dims;
+        let m = x2.dim(0)?;
+        let mut sum: Option<Tensor> = None;
+        for start in (0..m).step_by(CHUNK_ROWS) {
+            let rows = CHUNK_ROWS.min(m - start);
+            let z = self
+                .half(&x2.narrow(0, start, rows)?)?
+                .permute((1, 0, 2))?
+                .contiguous()?
+                .reshape((b, rows * c))?;
+            let dy = dy3
+                .narrow(0, start, rows)?
+                .permute((1, 0, 2))?
+                .contiguous()?
+                .reshape((a, rows * c))?;
+            let part = dy.matmul(&z.t()?)?.to_dtype(self.work)?;
+            sum = Some(match sum {
+                Some(s) => (s + part)?,
+                None => part,
+            });
+        }
+        sum.ok_or_else(|| candle_core::Error::msg("LoKr backward: no rows"))
+    }
+}
+
+impl Linear {
+    /// LoKr's backward through its factors for `dy2` [m, out]: the input gradient `dy W + R w2` as `input` says
+    /// and the factors' gradients (module docs).
+    pub(super) fn lokr_backward(
+        &self,
+        lokr: &Lokr,
+        x2: &Tensor,
+        dy2: &Tensor,
+        input: InputGrad,
+    ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
+        let kron = Kron::new(lokr, x2.dtype())?;
+        let [a, b, c, d] = kron.dims;
+        let m = x2.dim(0)?;
+        let dy3 = dy2.reshape((m, a, c))?;
+        let d_w1 = (kron.w1_grad(x2, &dy3)? * lokr.scale())?;
+        // R[t, j, k] = Σ_i s·w1[i, j] dy[t, i, k], as [m·b, c].
+        let r = kron
+            .w1s
+            .t()?
+            .contiguous()?
+            .broadcast_as((m, b, a))?
+            .matmul(&dy3)?
+            .reshape((m * b, c))?;
+        let d_w2 = r.t()?.matmul(&x2.reshape((m * b, d))?)?;
+        let params = lokr.factor_backward(&d_w1, &d_w2.to_dtype(kron.work)?)?;
+        let share = InputShare {
+            t: r,
+            down: kron.w2,
+        };
+        let dx = self.input_grad(dy2, Some(share), input)?;
+        Ok((dx, params))
+    }
+}
