@@ -106,6 +106,27 @@ impl fmt::Display for Suggestion {
     }
 }
 
+/// The memory of a run's samples during training (`[sampling]`): what is on the device and in RAM while the
+/// largest sample is denoised and decoded between two steps, line by line as the training step's.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SamplingPhase {
+    /// The largest sample, in words ("1024x1024, 1 frame, 20 steps, 4608 tokens").
+    pub workload: String,
+    pub peak_vram_bytes: u64,
+    pub peak_ram_bytes: u64,
+    /// Every component while sampling, device and host.
+    pub breakdown: Vec<PlanLine>,
+}
+
+/// The part of a run whose memory is the plan's peak.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// The training step.
+    Step,
+    /// A sample during training.
+    Sampling,
+}
+
 /// The memory plan of one training configuration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct PlanReport {
@@ -122,8 +143,10 @@ pub struct PlanReport {
     pub blocks_chosen: bool,
     /// Frozen weights of one block in the chosen format, packed for streaming (a GPU slot's size).
     pub block_bytes: u64,
+    /// The larger of the training step's peak VRAM (its breakdown's device lines) and the sampling phase's.
     pub peak_vram_bytes: u64,
-    /// Host RAM the plan adds (streamed weights, staging ring, saved activations).
+    /// Host RAM the plan adds (streamed weights, staging ring, saved activations), the larger of the step's and
+    /// the sampling phase's.
     pub peak_ram_bytes: u64,
     /// The page-locked part of `peak_ram_bytes`.
     pub pinned_ram_bytes: u64,
@@ -161,6 +184,9 @@ pub struct PlanReport {
     /// `ram_budget_bytes` is `memory.ram_budget_gb`.
     #[serde(default)]
     pub ram_budget_set: bool,
+    /// The samples during training, when the run makes any and its family samples (`breakdown` is the step's).
+    #[serde(default)]
+    pub sampling: Option<SamplingPhase>,
 }
 
 fn one_rank() -> usize {
@@ -236,12 +262,40 @@ impl PlanReport {
             .saturating_mul(self.ranks_on_machine.max(1) as u64)
     }
 
-    /// Sum of the breakdown's lines that live on the device (equals `peak_vram_bytes`).
+    /// Which phase's peak VRAM is the plan's: sampling when it needs more than the training step.
+    pub fn binding_phase(&self) -> Phase {
+        match &self.sampling {
+            Some(s) if s.peak_vram_bytes > self.device_bytes() => Phase::Sampling,
+            _ => Phase::Step,
+        }
+    }
+
+    /// " while sampling (the training step: …)" or " in the training step (sampling: …)" for a run that samples:
+    /// which phase the peak is, and the other's; empty without samples.
+    pub fn phase_words(&self) -> String {
+        let Some(sampling) = &self.sampling else {
+            return String::new();
+        };
+        match self.binding_phase() {
+            Phase::Sampling => format!(
+                " while sampling (the training step: {})",
+                format_gib(self.device_bytes())
+            ),
+            Phase::Step => format!(
+                " in the training step (sampling: {})",
+                format_gib(sampling.peak_vram_bytes)
+            ),
+        }
+    }
+
+    /// Sum of the training step's breakdown lines that live on the device (`peak_vram_bytes` unless sampling
+    /// needs more).
     pub fn device_bytes(&self) -> u64 {
         self.sum(|p| p == Placement::Device)
     }
 
-    /// Sum of the breakdown's lines that live in host RAM (equals `peak_ram_bytes`).
+    /// Sum of the training step's breakdown lines that live in host RAM (`peak_ram_bytes` unless sampling needs
+    /// more).
     pub fn host_bytes(&self) -> u64 {
         self.sum(Placement::is_host)
     }
@@ -276,6 +330,7 @@ impl PlanReport {
             0 | 1 => peak,
             n => format!("{peak} per GPU ({n} GPUs)"),
         };
+        let peak = format!("{peak}{}", self.phase_words());
         let streamed = match (self.blocks_to_swap, self.blocks_chosen) {
             (0, _) => String::new(),
             (n, true) => format!(", {n} of {} blocks streamed (chosen)", self.num_blocks),
@@ -321,34 +376,58 @@ pub fn format_gib(bytes: u64) -> String {
     }
 }
 
+/// The table rows of `lines` (component, VRAM, RAM; `*` marks page-locked RAM), labels `width` wide.
+fn lines_fmt(f: &mut fmt::Formatter<'_>, lines: &[PlanLine], width: usize) -> fmt::Result {
+    for l in lines {
+        let size = format_gib(l.bytes);
+        let (vram, ram, mark) = match l.placement {
+            Placement::Device => (size, String::new(), ' '),
+            Placement::Host => (String::new(), size, ' '),
+            Placement::HostPinned => (String::new(), size, '*'),
+        };
+        writeln!(f, "{:<width$}  {vram:>11}  {ram:>11}{mark}", l.label)?;
+    }
+    Ok(())
+}
+
 impl fmt::Display for PlanReport {
     /// A table (component, VRAM, RAM), the totals and the verdict, for the terminal.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "{} — {}", self.model, self.workload)?;
+        let sampling_lines = self.sampling.iter().flat_map(|s| &s.breakdown);
         let width = self
             .breakdown
             .iter()
+            .chain(sampling_lines)
             .map(|l| l.label.chars().count())
             .max()
             .unwrap_or(0)
-            .max(9);
+            .max(18);
         writeln!(f, "{:<width$}  {:>11}  {:>11}", "component", "VRAM", "RAM")?;
-        for l in &self.breakdown {
-            let size = format_gib(l.bytes);
-            let (vram, ram, mark) = match l.placement {
-                Placement::Device => (size, String::new(), ' '),
-                Placement::Host => (String::new(), size, ' '),
-                Placement::HostPinned => (String::new(), size, '*'),
-            };
-            writeln!(f, "{:<width$}  {vram:>11}  {ram:>11}{mark}", l.label)?;
-        }
+        lines_fmt(f, &self.breakdown, width)?;
+        let step = if self.sampling.is_some() {
+            "training step peak"
+        } else {
+            "peak"
+        };
         writeln!(
             f,
             "{:<width$}  {:>11}  {:>11}",
-            "peak",
-            format_gib(self.peak_vram_bytes),
-            format_gib(self.peak_ram_bytes)
+            step,
+            format_gib(self.device_bytes()),
+            format_gib(self.host_bytes())
         )?;
+        if let Some(sampling) = &self.sampling {
+            writeln!(f, "sampling during training — {}", sampling.workload)?;
+            lines_fmt(f, &sampling.breakdown, width)?;
+            writeln!(
+                f,
+                "{:<width$}  {:>11}  {:>11}",
+                "sampling peak",
+                format_gib(sampling.peak_vram_bytes),
+                format_gib(sampling.peak_ram_bytes)
+            )?;
+        }
         if self.pinned_ram_bytes > 0 {
             writeln!(
                 f,

@@ -376,6 +376,7 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         busy_gpu: busy_gpu_note(input, peak_vram),
         ranks_on_machine: input.ranks_on_machine.max(1),
         ram_shortfall,
+        sampling: None,
     };
     let ram = report.ram_pressure();
     report.notes.extend(ram);
