@@ -24,7 +24,8 @@
 #                 summarised per step by kernel class into CASE/kernels.txt (bench/reference/ncu_summary.py).
 #   samples       the fp8 case sampling a SIZExSIZE image (20 steps, guidance 3.5) every SAMPLE_EVERY (default 4)
 #                 steps, with random ae / CLIP-L / T5-XXL files of the released sizes (synth-project --sample-files);
-#                 samples-budget-12 the same under the budget-12 settings. Each sample's seconds go to the summary.
+#                 samples-budget-12 the same under the budget-12 settings (blocks_to_swap = "auto"). Each sample's
+#                 seconds, the plan's two phases (training step, sampling) and the VRAM after sampling go to the summary.
 #   kontext / kontext-fp8 / kontext-budget-12   a FLUX.1 Kontext [dev] edit LoRA (synth-project --controls 1: the
 #                 DiT named flux1-kontext-dev.safetensors, the image cached with one SIZExSIZE control image, so a
 #                 step runs 2x the image tokens), bf16 resident, FP8 b64 resident, or FP8 under `--vram-budget-gb 12`.
@@ -120,6 +121,13 @@ for line in lines:
 shown = ", ".join(f"{s:.1f}" for s in secs) or "none written"
 print(f"{sys.argv[2] + ' samples':<34} {len(secs)} samples, seconds each: {shown}")
 EOF
+}
+# The plan's two phases (`framesmith plan`: the training step and sampling, which binds) and the run's VRAM lines
+# after each sampling round, into the summary.
+sampling_lines() { # case-dir label
+    { grep -hE "peak|Fits|fit:|sampling" "$1/plan.log" | grep -v "^ *[0-9.]* *note" | tail -5
+      grep -hE "VRAM after sampling|VRAM: peak" "$1/train.log" | tail -4; } 2>/dev/null \
+        | sed -E "s/^ *[0-9.]+ //; s/^/  $2: /" >> "$SUMMARY"
 }
 # The PyTorch step on the project's bf16 file and caches, and its summary line.
 torch_case() { # case-dir log-name label [flux_step.py args...]   (--ncu CSV: under Nsight Compute)
@@ -249,8 +257,12 @@ for case in "${CASES[@]}"; do
             extra=(--vram-budget-gb 12)
         fi
         with_samples "$P" "$P/samples.toml"
+        # The plan with its sampling phase (issue 47 item 2), then the run; the VRAM lines logged after each
+        # sampling round go to the summary beside the plan's two phases.
+        timed "$D" plan framesmith plan --config "$P/samples.toml" "${extra[@]}"
         train_case "$D" "$P/samples.toml" "framesmith train, FP8 b64, sampling ${case#samples}" "${extra[@]}"
         summarise_samples "$D" train "$case"
+        sampling_lines "$D" "$case"
         ;;
     kontext|kontext-fp8|kontext-budget-12)
         PK="$WORK/flux-kontext"

@@ -20,8 +20,9 @@
 #                 `--vram-budget-gb N`.
 #   generate-24   `framesmith generate` of one 1024² image (GEN_STEPS denoising steps, true CFG, FP8 block-64 DiT
 #                 with GEN_SWAP blocks streamed) within `--vram-budget-gb 24`: time per step, decode, peak VRAM.
-#   samples-24    the budget-24 run with samples every STEPS/2 steps (one 1024² prompt, GEN_STEPS steps): the
-#                 sampling peak against the training plan (the plan does not count sampling yet: issue 47).
+#   samples-24    the budget-24 run with samples every STEPS/2 steps (one 1024² prompt, GEN_STEPS steps), with
+#                 `framesmith plan` first: the plan's two phases (training step, sampling) against the VRAM lines
+#                 the run logs after each sampling round (issue 47 item 2).
 #   edit / edit-fp8 / edit-budget-24 / edit-budget-16   a Qwen-Image-Edit edit LoRA (synth-project --controls
 #                 CONTROLS, default 1; 2 or 3 for Edit-2509: the image cached with that many SIZExSIZE control images,
 #                 so a step runs (1 + CONTROLS)x the image tokens), bf16 resident, FP8 b64 resident, or the
@@ -202,6 +203,9 @@ text += f'[sampling]\nprompts = "{p}/prompts.txt"\nsample_every_n_steps = {max(1
 open(path, "w").write(text)
 EOF
         extra=(--preset qwen-image-24gb --vram-budget-gb 24)
+        timed "$D" plan framesmith plan --config "$P/samples.toml" "${extra[@]}"
+        grep -hE "peak|Fits|fit:|sampling" "$D/plan.log" | tail -5 | sed -E "s/^ *[0-9.]+ //; s/^/  samples-24 plan: /" \
+            >> "$SUMMARY"
         train_case "$D" "$P/samples.toml" "framesmith train, preset, 24 GiB, samples" "${extra[@]}"
         grep -hE "sampl|VRAM" "$D/train.log" | tail -6 | sed "s/^/  samples-24: /" >> "$SUMMARY"
         ;;

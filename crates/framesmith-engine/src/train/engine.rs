@@ -382,7 +382,12 @@ fn sample(
 ) -> anyhow::Result<bool> {
     events.state(RunState::Sampling);
     match trainer.sample(stop_requested) {
-        Ok(ready) => ready.into_iter().for_each(|e| events.send(e)),
+        Ok(ready) => {
+            ready.into_iter().for_each(|e| events.send(e));
+            if let Some(line) = trainer.sampling_vram_line() {
+                events.log(LogLevel::Info, line);
+            }
+        }
         Err(err) if StepError::is_interrupted(&err) => return Ok(false),
         Err(err) => return Err(err),
     }

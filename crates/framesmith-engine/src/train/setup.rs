@@ -508,6 +508,9 @@ impl Trainer {
             checkpointing: plan.memory.checkpointing,
             out_of_memory_advice: out_of_memory_advice(report),
             planned_vram_bytes: report.map(|r| r.peak_vram_bytes),
+            planned_sampling_vram_bytes: report
+                .and_then(|r| r.sampling.as_ref())
+                .map(|s| s.peak_vram_bytes),
             vram_reservation: parts.vram_reservation,
             outputs,
             validation: parts.validation,

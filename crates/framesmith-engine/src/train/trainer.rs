@@ -75,6 +75,8 @@ pub struct Trainer {
     pub(super) out_of_memory_advice: String,
     /// The memory planner's predicted peak VRAM for this run (CUDA runs with a plan).
     pub(super) planned_vram_bytes: Option<u64>,
+    /// The plan's peak VRAM while sampling (a run that samples, with a plan).
+    pub(super) planned_sampling_vram_bytes: Option<u64>,
     /// Device memory held back beyond `memory.vram_budget_gb` for the run's lifetime.
     pub(super) vram_reservation: Option<framesmith_nn::device::VramHold>,
     pub(super) outputs: crate::train::outputs::Outputs,
@@ -149,12 +151,34 @@ impl Trainer {
     /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
     /// next to the planner's prediction; `None` off CUDA.
     pub fn vram_line(&self) -> Option<String> {
+        self.vram_line_against("VRAM", ("the plan", self.planned_vram_bytes))
+    }
+
+    /// [`Trainer::vram_line`] after a sampling round, next to the plan's sampling phase (the high-water mark
+    /// then holds the samples' peak when they needed more than the steps).
+    pub fn sampling_vram_line(&self) -> Option<String> {
+        let planned = match self.planned_sampling_vram_bytes {
+            Some(bytes) => ("the plan's sampling phase", Some(bytes)),
+            None => ("the plan", self.planned_vram_bytes),
+        };
+        self.vram_line_against(
+            &format!("VRAM after sampling at step {}", self.step),
+            planned,
+        )
+    }
+
+    /// The VRAM line, opening with `label`, beside what `(whose, bytes)` of the plan predicted.
+    fn vram_line_against(
+        &self,
+        label: &str,
+        (whose, planned): (&str, Option<u64>),
+    ) -> Option<String> {
         let held_back = self.vram_reservation.as_ref().map_or(0, |h| h.bytes);
         let used = framesmith_nn::device::VramUse::measure(self.device(), held_back)?;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
-        let plan = match self.planned_vram_bytes {
+        let plan = match planned {
             Some(plan) => format!(
-                " (the plan predicted {:.2} GiB, {:+.1}%)",
+                " ({whose} predicted {:.2} GiB, {:+.1}%)",
                 gib(plan),
                 (used.peak as f64 / plan.max(1) as f64 - 1.0) * 100.0
             ),
@@ -175,7 +199,7 @@ impl Trainer {
             None => String::new(),
         };
         Some(format!(
-            "VRAM: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
+            "{label}: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
              steps ({:.2} GiB reserved), {:.2} GiB of the card free{second}",
             gib(used.peak),
             gib(used.outside_pool),
