@@ -54,7 +54,7 @@ pub(super) fn total_bytes(
 }
 
 /// The resident blocks of each kind with `streamed` streamed.
-fn resident_counts(s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
+pub(super) fn resident_counts(s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
     s.kind_counts()
         .iter()
         .zip(s.per_kind(streamed))
@@ -63,7 +63,7 @@ fn resident_counts(s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
 }
 
 /// The GPU slots of each kind with `streamed` streamed: each kind that streams has its own ring.
-fn slot_counts(input: &PlanInput, s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
+pub(super) fn slot_counts(input: &PlanInput, s: &ModelMemory, streamed: &[usize]) -> Vec<usize> {
     s.per_kind(streamed)
         .into_iter()
         .map(|n| input.streaming.gpu_slots.min(n))
@@ -182,7 +182,7 @@ pub(super) fn breakdown(
 /// streamed blocks stay in their host buffers, while its embeddings, head and GPU slots stay on the device, and
 /// with `split` its own LoRA and AdamW moments too (its gradients exist only while it runs). The expert in use
 /// keeps the host copy of its resident blocks that parking made.
-fn parked_expert_lines(
+pub(super) fn parked_expert_lines(
     input: &PlanInput,
     s: &ModelMemory,
     streamed: &[usize],
@@ -234,7 +234,11 @@ fn parked_expert_lines(
 }
 
 /// Host RAM of the streamed blocks' masters and the staging ring.
-fn streamed_host_lines(input: &PlanInput, s: &ModelMemory, streamed: &[usize]) -> Vec<PlanLine> {
+pub(super) fn streamed_host_lines(
+    input: &PlanInput,
+    s: &ModelMemory,
+    streamed: &[usize],
+) -> Vec<PlanLine> {
     if streamed.is_empty() {
         return Vec::new();
     }

@@ -175,6 +175,7 @@ impl PlanInput {
         let mem = &cfg.memory;
         let mut input = Self {
             start_frame: false,
+            sampling: None,
             model: model.clone(),
             compute: base.compute_dtype(),
             base,

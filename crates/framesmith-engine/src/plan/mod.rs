@@ -11,6 +11,7 @@ mod bytes;
 mod input;
 pub mod machine;
 mod model;
+mod sampling;
 mod suggest;
 mod working_set;
 
@@ -24,6 +25,7 @@ pub use input::{
     DEFAULT_CLIP,
 };
 pub use model::{BlockKind, DescribeModel, ModelMemory, PlanModel};
+pub use sampling::{chunked_decode_bytes, settle_sampling, SampleShape, SamplingMemory};
 pub use working_set::{
     auto_margin_bytes, pool_fragmentation_bytes, BlockWidths, StepShape, WorkingSet,
     CUDA_CONTEXT_BYTES, POOL_FRAGMENTATION_MIN_BYTES, POOL_FRAGMENTATION_PERCENT,
@@ -32,12 +34,15 @@ pub use working_set::{
 
 use breakdown::{breakdown, device_total};
 use framesmith_config::plan::FloatDtype;
-use framesmith_config::protocol::memory::{format_gib, Placement, PlanReport, Verdict};
+use framesmith_config::protocol::memory::{
+    format_gib, Placement, PlanLine, PlanReport, SamplingPhase, Verdict,
+};
 use framesmith_config::run::{
     ActivationPlacement, BlocksToSwap, Checkpointing, ExpertMode, ResidualDtype, StreamingMode,
 };
 use framesmith_nn::adapter::AdapterKind;
 use framesmith_nn::lora::LoraError;
+use sampling::SamplingSizes;
 
 /// Which linears get a LoRA, and its rank.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -112,6 +117,8 @@ pub struct PlanInput {
     /// per sample, also for a model that takes per-token timesteps: it collapses timesteps equal across a sample's
     /// tokens.
     pub start_frame: bool,
+    /// The largest sample the run makes during training (`[sampling]`), `None` when it makes none.
+    pub sampling: Option<SampleShape>,
 }
 
 /// Why a configuration cannot be planned.
@@ -210,10 +217,58 @@ pub(crate) fn residual_bytes(r: ResidualDtype) -> u64 {
     }
 }
 
-/// Peak VRAM with `streamed` blocks streamed (whatever `blocks_to_swap` says).
+/// The training step's lines with `streamed` blocks streamed: the step's own, and what the samples keep on the
+/// device for the whole run.
+fn step_lines(
+    input: &PlanInput,
+    s: &ModelMemory,
+    phase: Option<&SamplingSizes>,
+    streamed: usize,
+) -> Vec<PlanLine> {
+    let mut lines = breakdown(input, s, streamed);
+    if let Some(phase) = phase {
+        let at = lines
+            .iter()
+            .rposition(|l| l.placement == Placement::Device)
+            .map_or(0, |i| i + 1);
+        lines.splice(at..at, sampling::held_lines(phase));
+    }
+    lines
+}
+
+/// Peak VRAM of the run with `streamed` blocks streamed: the larger of the training step's and the sampling
+/// phase's.
+fn run_peak(
+    input: &PlanInput,
+    s: &ModelMemory,
+    phase: Option<&SamplingSizes>,
+    streamed: usize,
+) -> u64 {
+    let step = device_total(&step_lines(input, s, phase, streamed));
+    let sampling = phase.map_or(0, |p| {
+        device_total(&sampling::sampling_lines(input, s, p, streamed))
+    });
+    step.max(sampling)
+}
+
+/// The sampling phase's sizes, or a note saying why it is not planned (a prompt file that cannot be read or a
+/// sample size the model cannot make: the run refuses those at its start).
+fn sampling_phase(input: &PlanInput) -> (Option<SamplingSizes>, Option<String>) {
+    match sampling::sampling_sizes(input) {
+        Ok(phase) => (phase, None),
+        Err(e) => (
+            None,
+            Some(format!("the samples during training are not planned: {e}")),
+        ),
+    }
+}
+
+/// Peak VRAM with `streamed` blocks streamed (whatever `blocks_to_swap` says): the training step's, or the
+/// sampling phase's when it needs more.
 pub fn peak_vram_bytes(input: &PlanInput, streamed: usize) -> Result<u64, PlanError> {
     let s = sizes(input)?;
-    Ok(device_total(&breakdown(input, &s, streamed)))
+    let (phase, _) = sampling_phase(input);
+    Ok(run_peak(input, &s, phase.as_ref(), streamed))
 }
 
 /// The budget the verdict is against: the explicit one, else the free memory minus [`VRAM_HEADROOM_BYTES`].
@@ -228,12 +283,13 @@ pub fn default_budget(free_vram_bytes: u64) -> Option<u64> {
     free_vram_bytes.checked_sub(VRAM_HEADROOM_BYTES)
 }
 
-/// The smallest number of streamed blocks whose peak VRAM fits `budget_bytes`, or `None` when even streaming all
-/// blocks but one does not fit. Ignores `blocks_to_swap` and the streaming mode (the device side is the same for
+/// The smallest number of streamed blocks whose peak VRAM (the training step's and, for a run that samples, the
+/// sampling phase's) fits `budget_bytes`, or `None` when even streaming all blocks but one does not fit. Ignores `blocks_to_swap` and the streaming mode (the device side is the same for
 /// `pinned` and `staged`).
 pub fn auto_blocks(input: &PlanInput, budget_bytes: u64) -> Result<Option<usize>, PlanError> {
     let s = sizes(input)?;
-    Ok((0..s.num_blocks()).find(|&n| device_total(&breakdown(input, &s, n)) <= budget_bytes))
+    let (phase, _) = sampling_phase(input);
+    Ok((0..s.num_blocks()).find(|&n| run_peak(input, &s, phase.as_ref(), n) <= budget_bytes))
 }
 
 fn check_streaming(input: &PlanInput) -> Result<(), PlanError> {
@@ -311,21 +367,20 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     let s = sizes(input)?;
     let budget = budget_bytes(input);
     let (blocks_to_swap, chosen, note) = blocks_to_swap(input, budget)?;
-    let mut lines = breakdown(input, &s, blocks_to_swap);
+    let (phase, phase_note) = sampling_phase(input);
+    let mut lines = step_lines(input, &s, phase.as_ref(), blocks_to_swap);
     if input.on_cpu {
         for l in &mut lines {
             l.placement = Placement::Host;
         }
     }
-    let peak_vram = device_total(&lines);
-    let sum = |keep: &dyn Fn(Placement) -> bool| -> u64 {
-        lines
-            .iter()
-            .filter(|l| keep(l.placement))
-            .fold(0, |total: u64, l| total.saturating_add(l.bytes))
-    };
-    let peak_ram = sum(&|p| p.is_host());
-    let pinned = sum(&|p| p == Placement::HostPinned);
+    let sampling = phase
+        .as_ref()
+        .map(|p| sampling_report(input, &s, p, blocks_to_swap));
+    let phase_peak = |f: &dyn Fn(&SamplingPhase) -> u64| sampling.as_ref().map_or(0, f);
+    let peak_vram = device_total(&lines).max(phase_peak(&|p| p.peak_vram_bytes));
+    let peak_ram = sum_of(&lines, &|p| p.is_host()).max(phase_peak(&|p| p.peak_ram_bytes));
+    let pinned = sum_of(&lines, &|p| p == Placement::HostPinned);
     let ranks = input.ranks_on_machine.max(1) as u64;
     let (used, limit) = if input.on_cpu {
         (
@@ -348,7 +403,7 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         }
         _ => Vec::new(),
     };
-    let notes: Vec<String> = note.into_iter().collect();
+    let notes: Vec<String> = note.into_iter().chain(phase_note).collect();
     let c = &input.clip;
     let mut report = PlanReport {
         model: format!("{} ({})", s.name, input.base.label()),
@@ -376,12 +431,36 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         busy_gpu: busy_gpu_note(input, peak_vram),
         ranks_on_machine: input.ranks_on_machine.max(1),
         ram_shortfall,
-        sampling: None,
+        sampling,
     };
     let ram = report.ram_pressure();
     report.notes.extend(ram);
     report.notes.extend(report.busy_gpu.clone());
     Ok(report)
+}
+
+/// The report's sampling phase with `blocks_to_swap` blocks streamed.
+fn sampling_report(
+    input: &PlanInput,
+    s: &ModelMemory,
+    phase: &SamplingSizes,
+    blocks_to_swap: usize,
+) -> SamplingPhase {
+    let lines = sampling::sampling_lines(input, s, phase, blocks_to_swap);
+    SamplingPhase {
+        workload: phase.workload.clone(),
+        peak_vram_bytes: device_total(&lines),
+        peak_ram_bytes: sum_of(&lines, &|p| p.is_host()),
+        breakdown: lines,
+    }
+}
+
+/// Bytes of the lines of `lines` whose placement `keep` takes.
+fn sum_of(lines: &[PlanLine], keep: &dyn Fn(Placement) -> bool) -> u64 {
+    lines
+        .iter()
+        .filter(|l| keep(l.placement))
+        .fold(0, |total: u64, l| total.saturating_add(l.bytes))
 }
 
 /// A budget (`memory.vram_budget_gb`) the card cannot give now: other processes hold so much of it that the

@@ -10,6 +10,7 @@ use std::sync::Arc;
 use framesmith_config::RunConfig;
 
 use super::bytes::AdapterCount;
+use super::sampling::{SampleShape, SamplingMemory};
 use super::working_set::StepShape;
 use super::{PlanError, PlanInput};
 use crate::family::Family;
@@ -25,6 +26,15 @@ pub trait DescribeModel: fmt::Debug + Send + Sync {
     /// Sets what a plan of the run config `cfg` holds that depends on the family (the clip's frames, a start frame
     /// kept, a second expert parked); `input` comes with the settings every family shares.
     fn settle(&self, _cfg: &RunConfig, _input: &mut PlanInput) {}
+    /// What the family's samples during training hold and add for the largest sample `sample`
+    /// ([`super::sampling`]); `None` for a family that makes no samples during training.
+    fn sampling(
+        &self,
+        _input: &PlanInput,
+        _sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        Ok(None)
+    }
 }
 
 /// A [`DescribeModel`] that compares with another and can be looked inside.
@@ -77,6 +87,15 @@ impl PlanModel {
     /// Sets the family's part of a plan of `cfg` ([`DescribeModel::settle`]).
     pub fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
         self.0.settle(cfg, input);
+    }
+
+    /// What the family's samples hold and add for `sample` ([`DescribeModel::sampling`]).
+    pub fn sampling(
+        &self,
+        input: &PlanInput,
+        sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        self.0.sampling(input, sample)
     }
 
     /// The family's own description, when it is a `T` (for the family's code and tests).

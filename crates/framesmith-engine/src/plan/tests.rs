@@ -38,6 +38,7 @@ pub(crate) fn input(model: impl Into<PlanModel>, base: BaseFormat) -> PlanInput 
         checkpointing: Checkpointing::Blocks,
         optimizer_and_context: true,
         on_cpu: false,
+        sampling: None,
         experts: None,
         start_frame: false,
         fp8_products: false,

@@ -69,6 +69,23 @@ impl WorkingSet {
         head_tokens_dim_f32: 6,
     };
 
+    /// One block's forward without gradients (a sample's denoising: `forward_untracked`), at its peak: the
+    /// block's input and output in the residual dtype, the normed input, q/k/v and the attention output in the
+    /// compute dtype, the log-sum-exp, one f32 `[L, dim]` (norm statistics, modulation), and the MLP's hidden
+    /// layer with its activation; the head keeps two f32 `[L, dim]`. Counted from the block's code, not yet
+    /// measured (bench/run-sampling.sh measures the phase).
+    pub const FORWARD: Self = Self {
+        tokens_dim_f32: 1,
+        tokens_dim_compute: 5,
+        tokens_dim_residual: 2,
+        tokens_ffn_compute: 2,
+        tokens_heads_f32: 1,
+        per_token_modulation: 1,
+        dequantised_weights: 1,
+        quantised_inputs: 1,
+        head_tokens_dim_f32: 2,
+    };
+
     /// Bytes of this working set for a step of `shape` through blocks of `widths`.
     pub fn bytes_for(&self, widths: &BlockWidths, shape: &StepShape) -> u64 {
         let l = shape.tokens;
