@@ -20,7 +20,10 @@ use crate::plan::{
     dtype_bytes, step_tokens, BaseFormat, BlockKind, BlockWidths, ModelMemory, PlanError,
     PlanInput, StepShape,
 };
+use crate::plan::{settle_sampling, SampleShape, SamplingMemory};
 use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
+
+mod sampling;
 
 /// FLUX.1's DiT as the planner sees it: its sizes and the order its blocks stream in (`memory.flux_stream_order`).
 #[derive(Debug, Clone, PartialEq)]
@@ -42,9 +45,19 @@ impl DescribeModel for FluxPlanModel {
         self.config.depth + self.config.depth_single_blocks
     }
 
-    fn settle(&self, _cfg: &RunConfig, input: &mut PlanInput) {
+    fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
         // FLUX.1 trains on images: one frame, whatever a video default says.
         input.clip.frames = 1;
+        // Images, guidance-distilled: one pass per step, no negative prompt.
+        settle_sampling(cfg, input, |_| 1, |_| false);
+    }
+
+    fn sampling(
+        &self,
+        input: &PlanInput,
+        sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        sampling::sampling(&self.config, input, sample)
     }
 }
 

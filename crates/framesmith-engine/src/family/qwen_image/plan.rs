@@ -11,16 +11,20 @@ use framesmith_models::qwen_image::QwenImageConfig;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
+use super::pipeline::DEFAULT_CFG_SCALE;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
     block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
     weights_by_component, PlanNames,
 };
 use crate::family::Family;
+use crate::generate::prompts::PromptSpec;
+use crate::plan::{chunked_decode_bytes, settle_sampling, SampleShape, SamplingMemory};
 use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
 };
+use framesmith_models::wan::vae::{VaeConfig, WanVae};
 
 /// Qwen-Image's transformer as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -41,9 +45,51 @@ impl DescribeModel for QwenImagePlanModel {
         self.config.num_layers
     }
 
-    fn settle(&self, _cfg: &RunConfig, input: &mut PlanInput) {
+    fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
         // Qwen-Image trains on images: one frame, whatever a video default says.
         input.clip.frames = 1;
+        // True CFG against the negative prompt (" " when none is given) whenever the scale is above 1.
+        let guided = |spec: &PromptSpec| spec.guidance.unwrap_or(DEFAULT_CFG_SCALE) > 1.0;
+        settle_sampling(cfg, input, |_| 1, guided);
+    }
+
+    /// The VAE (Wan 2.1's architecture, loaded at the start) and each prompt's hidden states (and its negative
+    /// prompt's) stay on the device for the whole run; a guided sample runs the negative prompt's pass after the
+    /// prompt's; the VAE decodes the image as one chunk of one frame.
+    fn sampling(
+        &self,
+        input: &PlanInput,
+        sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        let c = dtype_bytes(input.compute);
+        let vae = VaeConfig::wan21();
+        let vae_bytes = WanVae::tensor_shapes(&vae).map_or(0, |shapes| {
+            shapes
+                .iter()
+                .map(|(_, shape)| shape.iter().product::<usize>() as u64 * c)
+                .sum()
+        });
+        let pixels = (sample.width * sample.height) as u64;
+        let passes = 1 + u64::from(sample.guided);
+        let prompts = sample.prompts as u64;
+        let embeddings =
+            prompts * passes * TEXT_TOKENS * self.config.joint_attention_dim as u64 * c;
+        let widest = (vae.dim * vae.dim_mult.first().copied().unwrap_or(1)) as u64;
+        Ok(Some(SamplingMemory {
+            held: vec![
+                ("VAE".into(), vae_bytes),
+                (
+                    format!("{prompts} prompts' hidden states (and their negative prompts')"),
+                    embeddings,
+                ),
+            ],
+            // The noise, the packed latents, their step and the predictions (one held through the negative
+            // prompt's pass): [tokens, 64] f32 each.
+            denoise_state_bytes: (3 + passes) * (pixels / 256) * self.config.in_channels as u64 * 4,
+            // The decoded image in f32 beside the decoder's own working set.
+            decode_bytes: chunked_decode_bytes(widest, 1, pixels, c) + 3 * pixels * 4,
+            decoded_host_bytes: pixels * 3 * (4 + 1),
+        }))
     }
 }
 

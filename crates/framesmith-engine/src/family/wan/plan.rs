@@ -13,6 +13,7 @@ use crate::plan::{
     dtype_bytes, residual_bytes, step_tokens, BaseFormat, BlockKind, ModelMemory, PlanError,
     PlanInput, StepShape,
 };
+use crate::plan::{settle_sampling, SampleShape, SamplingMemory};
 use framesmith_config::RunConfig;
 use framesmith_data::ValidConfig;
 use framesmith_models::wan::vae::VaeConfig;
@@ -21,6 +22,7 @@ use super::mode::StartFrame;
 
 mod activations;
 mod bytes;
+mod sampling;
 
 pub use activations::{
     block_tape_bytes, kept_attention_bytes, per_token_modulation_bytes, shared_inputs,
@@ -53,6 +55,20 @@ impl DescribeModel for WanConfig {
             && !cfg.model.demo
             && cfg.training.low_noise_device.trim().is_empty())
         .then_some(cfg.model.experts);
+        settle_sampling(
+            cfg,
+            input,
+            |spec| spec.clip_frames(),
+            |spec| spec.clip_guidance() > 1.0,
+        );
+    }
+
+    fn sampling(
+        &self,
+        input: &PlanInput,
+        sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        sampling::sampling(self, input, sample)
     }
 }
 
