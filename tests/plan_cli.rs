@@ -583,3 +583,65 @@ fn a_familys_own_setting_is_a_flag_that_changes_its_plan() {
     assert_eq!(code, Some(2), "{stderr}");
     assert!(stderr.contains("single_first"), "{stderr}");
 }
+
+#[test]
+fn a_run_that_samples_plans_its_sampling_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for file in ["ae.safetensors", "t5.safetensors", "clip.safetensors"] {
+        std::fs::write(d.join(file), b"").unwrap();
+    }
+    std::fs::write(
+        d.join("prompts.txt"),
+        "a fox --w 1024 --h 1024 --s 20 --d 7\n",
+    )
+    .unwrap();
+    let toml = |sampling: bool| {
+        let mut text = format!(
+            "[model]\nvariant = \"flux-dev\"\nbase_dtype = \"fp8\"\nvae = \"{0}/ae.safetensors\"\n\
+             text_encoder = \"{0}/t5.safetensors\"\nclip = \"{0}/clip.safetensors\"\n[dataset]\n\
+             resolution = [1024, 1024]\ntarget_frames = [1]\n[memory]\nstreaming = \"pinned\"\n\
+             blocks_to_swap = \"auto\"\nactivations = \"host\"\nvram_budget_gb = 12.0\n",
+            d.display()
+        );
+        if sampling {
+            text += &format!(
+                "[sampling]\nprompts = \"{}/prompts.txt\"\nsample_every_n_steps = 2\n",
+                d.display()
+            );
+        }
+        text
+    };
+    let plan = |name: &str, sampling: bool| {
+        let config = d.join(name);
+        std::fs::write(&config, toml(sampling)).unwrap();
+        let (code, stdout, stderr) =
+            framesmith(&["--config", config.to_str().unwrap(), "--ram-gb", "64"]);
+        println!("{stdout}");
+        assert_eq!(code, Some(0), "{stderr}");
+        stdout
+    };
+    let sampled = plan("samples.toml", true);
+    for needle in [
+        "training step peak",
+        "sampling during training — 1024x1024, 1 frame, 20 steps",
+        "samples: autoencoder (encoder and decoder)",
+        "sampling working set",
+        "sampling peak",
+        "while sampling (the training step: ",
+    ] {
+        assert!(
+            sampled.contains(needle),
+            "`{needle}` missing from\n{sampled}"
+        );
+    }
+    let plain = plan("plain.toml", false);
+    assert!(!plain.contains("sampling"), "{plain}");
+    let streamed = |text: &str| -> usize {
+        let at = text.find(" blocks streamed").unwrap();
+        let words: Vec<&str> = text[..at].rsplit(", ").next().unwrap().split(' ').collect();
+        words[0].parse().unwrap()
+    };
+    // The 1024² decode needs more than the step: `auto` streams more blocks so that both fit.
+    assert!(streamed(&sampled) > streamed(&plain), "{sampled}\n{plain}");
+}

@@ -244,3 +244,109 @@ pub(super) fn sampling_lines(
     }
     out
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+    use crate::plan::plan;
+    use crate::plan::tests::{fp8_14b, GIB};
+    use framesmith_config::protocol::memory::Phase;
+    use framesmith_config::run::AutoKeyword;
+    use framesmith_config::run::BlocksToSwap;
+
+    /// The 14B in FP8 within 24 GiB, `auto`, sampling `sample` (or nothing).
+    fn within_24(sample: Option<SampleShape>) -> PlanInput {
+        let mut i = fp8_14b();
+        i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
+        i.streaming.activations = framesmith_config::run::ActivationPlacement::Host;
+        i.vram_budget_bytes = Some(24 * GIB);
+        i.sampling = sample;
+        i
+    }
+
+    fn clip(width: usize, height: usize, frames: usize) -> SampleShape {
+        SampleShape {
+            width,
+            height,
+            frames,
+            steps: 20,
+            guided: true,
+            prompts: 1,
+        }
+    }
+
+    #[test]
+    fn without_samples_the_plan_is_the_steps() {
+        let r = plan(&within_24(None)).unwrap();
+        assert!(r.sampling.is_none());
+        assert_eq!(r.binding_phase(), Phase::Step);
+        assert_eq!(r.device_bytes(), r.peak_vram_bytes);
+        assert!(!r.breakdown.iter().any(|l| l.label.starts_with("samples:")));
+        assert!(!r.verdict_line().contains("sampling"), "{r}");
+    }
+
+    #[test]
+    fn a_sample_larger_than_the_step_makes_auto_stream_more() {
+        let plain = plan(&within_24(None)).unwrap();
+        // A 720p clip of 81 frames: its untiled decode needs more than the 480p step.
+        let r = plan(&within_24(Some(clip(1280, 720, 81)))).unwrap();
+        let sampling = r.sampling.as_ref().expect("a sampling phase");
+        assert_eq!(r.binding_phase(), Phase::Sampling, "{r}");
+        assert_eq!(r.peak_vram_bytes, sampling.peak_vram_bytes);
+        assert!(r.peak_vram_bytes <= 24 * GIB && r.fits(), "{r}");
+        assert!(r.blocks_to_swap > plain.blocks_to_swap, "{r}\n{plain}");
+        assert!(
+            r.verdict_line()
+                .contains("while sampling (the training step: "),
+            "{}",
+            r.verdict_line()
+        );
+        // The samples' VAE and embeddings stay on the device through the step too.
+        assert!(r.breakdown.iter().any(|l| l.label == "samples: VAE"), "{r}");
+    }
+
+    #[test]
+    fn a_small_sample_leaves_the_step_binding_and_auto_unchanged() {
+        let plain = plan(&within_24(None)).unwrap();
+        let r = plan(&within_24(Some(clip(832, 480, 17)))).unwrap();
+        assert_eq!(r.binding_phase(), Phase::Step, "{r}");
+        assert!(r.sampling.as_ref().unwrap().peak_vram_bytes < r.peak_vram_bytes);
+        // Only the VAE and the embeddings the samples keep are added to the step.
+        let held: u64 = r
+            .breakdown
+            .iter()
+            .filter(|l| l.label.starts_with("samples:"))
+            .map(|l| l.bytes)
+            .sum();
+        assert!(held > 0);
+        assert!(r.blocks_to_swap >= plain.blocks_to_swap);
+    }
+
+    #[test]
+    fn the_largest_prompt_of_the_file_is_planned() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("prompts.txt");
+        std::fs::write(
+            &path,
+            "small --w 512 --h 512 --f 17 --s 10\nlarge --w 1280 --h 720 --f 81 --s 30 --l 1\n",
+        )
+        .unwrap();
+        let guided = |s: &crate::generate::prompts::PromptSpec| s.clip_guidance() > 1.0;
+        let shape = SampleShape::from_prompt_file(&path, |s| s.clip_frames(), guided).unwrap();
+        assert_eq!(
+            shape,
+            SampleShape {
+                width: 1280,
+                height: 720,
+                frames: 81,
+                steps: 30,
+                guided: true,
+                prompts: 2,
+            }
+        );
+        assert!(
+            SampleShape::from_prompt_file(&dir.path().join("none.txt"), |_| 1, |_| false).is_err()
+        );
+    }
+}

@@ -292,3 +292,56 @@ fn the_largest_image_at_the_largest_rank_plans_and_past_them_is_refused() {
         ))
     ));
 }
+
+/// A 1024² sample: the autoencoder's decode (its widest GroupNorm, 256 channels over every pixel) is the phase's
+/// working set and needs more than the FP8 step, which then also holds the autoencoder and the embeddings.
+#[test]
+fn a_1024_sample_is_bound_by_the_decode() {
+    let mut i = input(1024, BaseDtype::Fp8, FluxStreamOrder::default());
+    i.streaming.mode = StreamingMode::Off;
+    i.streaming.blocks_to_swap = BlocksToSwap::Count(0);
+    i.sampling = Some(SampleShape {
+        width: 1024,
+        height: 1024,
+        frames: 1,
+        steps: 20,
+        guided: false,
+        prompts: 2,
+    });
+    let r = plan(&i).unwrap();
+    let s = r.sampling.as_ref().unwrap();
+    let decode = 24 * 256 * (1 << 20);
+    assert_eq!(
+        sampling::decode_bytes(
+            &framesmith_models::flux::autoencoder::AutoEncoderConfig::flux1(),
+            1 << 20,
+            2
+        ),
+        decode
+    );
+    let working = s
+        .breakdown
+        .iter()
+        .find(|l| l.label.starts_with("sampling working set"))
+        .unwrap();
+    assert_eq!(working.bytes, decode, "{r}");
+    assert!(s.peak_vram_bytes > r.device_bytes(), "{r}");
+    let held: Vec<&str> = r
+        .breakdown
+        .iter()
+        .filter(|l| l.label.starts_with("samples:"))
+        .map(|l| l.label.as_str())
+        .collect();
+    assert_eq!(
+        held,
+        [
+            "samples: autoencoder (encoder and decoder)",
+            "samples: 2 prompts' T5-XXL and CLIP-L outputs"
+        ]
+    );
+    // Without samples the step is planned as before.
+    i.sampling = None;
+    let plain = plan(&i).unwrap();
+    assert!(plain.sampling.is_none());
+    assert!(plain.device_bytes() < r.device_bytes());
+}

@@ -151,3 +151,40 @@ fn saved_block_inputs_are_in_the_compute_dtype() {
     let s = f32.model.describe(&f32).unwrap();
     assert_eq!(s.saved_input_bytes, s.shape.tokens * 3072 * 4);
 }
+
+/// Qwen-Image's samples: the Wan 2.1-architecture VAE and each prompt's hidden states, twice with true CFG (the
+/// negative prompt's too), stay on the device; a larger sample needs a larger decode.
+#[test]
+fn samples_hold_the_vae_and_both_prompts_hidden_states() {
+    let sample = |side: usize, guided: bool| SampleShape {
+        width: side,
+        height: side,
+        frames: 1,
+        steps: 8,
+        guided,
+        prompts: 1,
+    };
+    let mut i = input(1024, BaseDtype::Fp8);
+    let phase = |i: &PlanInput, s: SampleShape| {
+        i.model
+            .sampling(i, &s)
+            .unwrap()
+            .expect("Qwen-Image samples")
+    };
+    let guided = phase(&i, sample(1024, true));
+    let plain = phase(&i, sample(1024, false));
+    assert_eq!(guided.held[1].1, 2 * plain.held[1].1);
+    assert_eq!(guided.held[1].1, 2 * 256 * 3584 * 2);
+    // The VAE: about 127 M parameters in bf16.
+    let vae = guided.held[0].1;
+    assert!((200 << 20..300 << 20).contains(&vae), "{vae}");
+    assert!(phase(&i, sample(1328, true)).decode_bytes > guided.decode_bytes);
+    i.sampling = Some(sample(1024, true));
+    let r = plan(&i).unwrap();
+    assert!(r.sampling.is_some(), "{r}");
+    assert!(
+        r.to_string()
+            .contains("sampling during training — 1024x1024, 1 frame, 8 steps with CFG"),
+        "{r}"
+    );
+}

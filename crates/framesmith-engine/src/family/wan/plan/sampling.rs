@@ -73,3 +73,37 @@ pub(super) fn sampling(
         decoded_host_bytes: 3 * frames * pixels * (4 + 1 + 1),
     }))
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn longer_and_guided_clips_need_more() {
+        let cfg = WanConfig::wan21_t2v_14b();
+        let input = crate::plan::tests::fp8_14b();
+        let sample = |frames: usize, guided: bool| SampleShape {
+            width: 832,
+            height: 480,
+            frames,
+            steps: 20,
+            guided,
+            prompts: 1,
+        };
+        let of = |s| sampling(&cfg, &input, &s).unwrap().unwrap();
+        let (short, long) = (of(sample(17, true)), of(sample(81, true)));
+        assert!(long.decode_bytes > short.decode_bytes);
+        assert!(long.denoise_state_bytes > short.denoise_state_bytes);
+        assert_eq!(long.held[0].0, "VAE");
+        // umT5's 512 × 4096 embedding for the prompt and for the negative prompt, in bf16.
+        assert_eq!(long.held[1].1, 2 * 512 * 4096 * 2);
+        assert_eq!(of(sample(81, false)).held[1].1, 512 * 4096 * 2);
+        // The 81-frame decode: the last stage's chunk (96 channels × 4 frames over every pixel) beside the clip.
+        let pixels = 832 * 480;
+        assert_eq!(
+            long.decode_bytes,
+            chunked_decode_bytes(96, 4, pixels, 2) + 3 * 81 * pixels * 2
+        );
+    }
+}
