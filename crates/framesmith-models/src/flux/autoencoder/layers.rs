@@ -62,6 +62,9 @@ impl GroupNorm {
         })
     }
 
+    /// Each f32 intermediate is dropped as soon as the next one exists: at its peak the norm holds its input and
+    /// two f32 copies, where keeping them all held five (the decoder's widest norm, 256 channels over every pixel
+    /// of a 1024² image, then needed 6 GiB).
     pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
         let (b, c, h, w) = xs.dims4()?;
         let x = xs
@@ -69,14 +72,17 @@ impl GroupNorm {
             .reshape((b, GROUPS, (c / GROUPS) * h * w))?;
         let mean = x.mean_keepdim(D::Minus1)?;
         let centred = x.broadcast_sub(&mean)?;
+        drop(x);
         let var = centred.sqr()?.mean_keepdim(D::Minus1)?;
         let normed = centred
             .broadcast_div(&(var + EPS)?.sqrt()?)?
             .reshape((b, c, h, w))?;
-        normed
-            .broadcast_mul(&self.weight.reshape((1, c, 1, 1))?)?
-            .broadcast_add(&self.bias.reshape((1, c, 1, 1))?)?
-            .to_dtype(xs.dtype())
+        drop(centred);
+        let scaled = normed.broadcast_mul(&self.weight.reshape((1, c, 1, 1))?)?;
+        drop(normed);
+        let shifted = scaled.broadcast_add(&self.bias.reshape((1, c, 1, 1))?)?;
+        drop(scaled);
+        shifted.to_dtype(xs.dtype())
     }
 }
 

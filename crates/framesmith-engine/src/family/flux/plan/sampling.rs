@@ -22,8 +22,8 @@ fn autoencoder_bytes(ae: &AutoEncoderConfig, compute: u64) -> u64 {
 }
 
 /// The decoder's working set for an image of `pixels`, counted from `flux::autoencoder`'s code at the stage with
-/// the most: a GroupNorm over `C` channels of `P` pixels holds its input (`c` bytes an element), five f32 tensors
-/// (the input in f32, centred, normed, scaled, shifted) and its output (`2c + 20` bytes an element); a convolution
+/// the most: a GroupNorm over `C` channels of `P` pixels holds its input (`c` bytes an element) and two f32
+/// tensors at a time (`c + 8` bytes an element; it drops each as the next exists); a convolution
 /// its input, the normed and activated copies and its output (`(3·C_in + C_out)·c`); an up-sampling its input,
 /// the ×2 nearest copy and the convolution's output.
 pub(super) fn decode_bytes(ae: &AutoEncoderConfig, pixels: u64, c: u64) -> u64 {
@@ -31,7 +31,7 @@ pub(super) fn decode_bytes(ae: &AutoEncoderConfig, pixels: u64, c: u64) -> u64 {
     let Some(&top) = ae.ch_mult.last() else {
         return 0;
     };
-    let norm = |ch: u64, p: u64| (2 * c + 20) * ch * p;
+    let norm = |ch: u64, p: u64| (c + 8) * ch * p;
     let conv = |cin: u64, cout: u64, p: u64| (3 * cin + cout) * c * p;
     let mut block_in = (ae.ch * top) as u64;
     let mut peak = 0;

@@ -1,6 +1,7 @@
 use super::*;
 use crate::plan::{plan, DEFAULT_CLIP};
 use framesmith_config::plan::FloatDtype;
+use framesmith_config::protocol::memory::Phase;
 use framesmith_config::run::{
     ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, Checkpointing, StreamingMode,
 };
@@ -293,39 +294,39 @@ fn the_largest_image_at_the_largest_rank_plans_and_past_them_is_refused() {
     ));
 }
 
-/// A 1024² sample: the autoencoder's decode (its widest GroupNorm, 256 channels over every pixel) is the phase's
-/// working set and needs more than the FP8 step, which then also holds the autoencoder and the embeddings.
+/// The autoencoder's decode (its widest GroupNorm, 256 channels over every pixel) is the sampling phase's working
+/// set: a 1024² sample stays below the FP8 step at 1024², a 2048² one binds; the step also holds the autoencoder
+/// and the embeddings.
 #[test]
-fn a_1024_sample_is_bound_by_the_decode() {
+fn a_large_sample_is_bound_by_the_decode() {
     let mut i = input(1024, BaseDtype::Fp8, FluxStreamOrder::default());
     i.streaming.mode = StreamingMode::Off;
     i.streaming.blocks_to_swap = BlocksToSwap::Count(0);
-    i.sampling = Some(SampleShape {
-        width: 1024,
-        height: 1024,
+    let sample = |side: usize| SampleShape {
+        width: side,
+        height: side,
         frames: 1,
         steps: 20,
         guided: false,
         prompts: 2,
-    });
+    };
+    i.sampling = Some(sample(1024));
     let r = plan(&i).unwrap();
     let s = r.sampling.as_ref().unwrap();
-    let decode = 24 * 256 * (1 << 20);
-    assert_eq!(
-        sampling::decode_bytes(
-            &framesmith_models::flux::autoencoder::AutoEncoderConfig::flux1(),
-            1 << 20,
-            2
-        ),
-        decode
-    );
-    let working = s
-        .breakdown
-        .iter()
-        .find(|l| l.label.starts_with("sampling working set"))
-        .unwrap();
-    assert_eq!(working.bytes, decode, "{r}");
-    assert!(s.peak_vram_bytes > r.device_bytes(), "{r}");
+    let decode = 10 * 256 * (1 << 20);
+    let ae = framesmith_models::flux::autoencoder::AutoEncoderConfig::flux1();
+    assert_eq!(sampling::decode_bytes(&ae, 1 << 20, 2), decode);
+    let working = |r: &framesmith_config::protocol::memory::PlanReport| {
+        let s = r.sampling.as_ref().unwrap();
+        s.breakdown
+            .iter()
+            .find(|l| l.label.starts_with("sampling working set"))
+            .unwrap()
+            .bytes
+    };
+    assert_eq!(working(&r), decode, "{r}");
+    assert!(s.peak_vram_bytes < r.device_bytes(), "{r}");
+    assert_eq!(r.binding_phase(), Phase::Step);
     let held: Vec<&str> = r
         .breakdown
         .iter()
@@ -339,6 +340,10 @@ fn a_1024_sample_is_bound_by_the_decode() {
             "samples: 2 prompts' T5-XXL and CLIP-L outputs"
         ]
     );
+    i.sampling = Some(sample(2048));
+    let large = plan(&i).unwrap();
+    assert_eq!(working(&large), 4 * decode);
+    assert_eq!(large.binding_phase(), Phase::Sampling, "{large}");
     // Without samples the step is planned as before.
     i.sampling = None;
     let plain = plan(&i).unwrap();
