@@ -23,8 +23,8 @@ fn vae_bytes(vae: &VaeConfig, c: u64) -> u64 {
 
 /// The decode of a clip of `frames` × `pixels` by `vae` in `c`-byte elements: a chunk at the decoder's last stage
 /// (its widest channels × four frames, at the pixels it works at: Wan 2.2's un-patchifies after it) beside the
-/// frames decoded so far; then the joined clip beside the chunks, and its f32 conversion to RGB8 (the clip, the
-/// f32 copy and the four f32 steps of clamping and scaling, all alive in `pipeline::video_to_frames`).
+/// frames decoded so far; then the joined clip beside the chunks, and its conversion to RGB8 on the device (the
+/// clip and two f32 copies at a time in `generate::frames::video_to_frames`).
 fn decode_bytes(vae: &VaeConfig, frames: u64, pixels: u64, c: u64) -> u64 {
     let stages = 1usize << vae.dim_mult.len().saturating_sub(1);
     let patch = (vae.spatial_factor() / stages).max(1) as u64;
@@ -33,7 +33,7 @@ fn decode_bytes(vae: &VaeConfig, frames: u64, pixels: u64, c: u64) -> u64 {
     let chunk = chunked_decode_bytes(widest, frames.min(4), pixels / (patch * patch), c);
     (chunk + video * c)
         .max(2 * video * c)
-        .max(video * (c + 5 * 4))
+        .max(video * (c + 2 * 4))
 }
 
 /// What Wan's samples of `sample` hold and add, for the DiT `cfg` (the demo model's codec has no weights).
@@ -65,12 +65,12 @@ pub(super) fn sampling(
         // The latents, the noise prediction of each pass, the guided velocity and UniPC's two kept outputs.
         denoise_state_bytes: (3 + passes + 2) * latents,
         decode_bytes: if demo {
-            3 * frames * pixels * (c + 5 * 4)
+            3 * frames * pixels * (c + 2 * 4)
         } else {
             decode_bytes(&vae, frames, pixels, c)
         },
-        // The f32 clip copied to the host, its RGB8 frames, and the frames handed to the PNG and MP4 writers.
-        decoded_host_bytes: 3 * frames * pixels * (4 + 1 + 1),
+        // The clip's RGB8 bytes copied to the host, and the frames handed to the PNG and MP4 writers.
+        decoded_host_bytes: 3 * frames * pixels * 2,
     }))
 }
 
