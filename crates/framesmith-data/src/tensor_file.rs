@@ -214,6 +214,8 @@ fn candle_dtype(dtype: Dtype) -> Option<DType> {
         Dtype::I16 => DType::I16,
         Dtype::U32 => DType::U32,
         Dtype::U8 => DType::U8,
+        // A mask saved as torch.bool: one byte of 0 or 1, as U8.
+        Dtype::BOOL => DType::U8,
         Dtype::F8_E4M3 => DType::F8E4M3,
         _ => return None,
     })

@@ -3,4 +3,5 @@
 
 pub mod flux;
 pub mod hunyuan_video15;
+pub mod ltx2;
 pub mod qwen_image;

@@ -1,0 +1,263 @@
+//! Latent and text-encoder caches of LTX-2 / LTX-2.3 items as the LTX-2 branch of musubi-tuner
+//! (AkaneTendo25/musubi-tuner, `ltx2_cache_latents.py` and `ltx2_cache_text_encoder_outputs.py`) writes them, the
+//! caches LTX-2 LoRA trainers' users already have. Latents: `{stem}_{start:05}-{frames:03}_{W:04}x{H:04}_ltx2.safetensors`
+//! for a clip (`{stem}_{W:04}x{H:04}_ltx2` for an image) with `latents_{F}x{H}x{W}_{dtype}` — the video VAE's
+//! normalised latents `[128, F, H, W]`, as the transformer takes them. Text: `{stem}_ltx2_te.safetensors` with
+//! `video_prompt_embeds_{dtype}` — the text connector's output `[L, D]`, what the video cross-attention reads — and
+//! `prompt_attention_mask` `[L]` (its other tensors, the audio stream's and the pre-connector features, are not
+//! read). Both carry the metadata architecture `ltx2_v1`.
+//!
+//! The official trainer's `.precomputed/conditions/*.pt` hold the features *before* the connector (it runs the
+//! connector in every step), so they need the connector, which Framesmith does not have yet.
+
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor};
+
+use crate::cache::{parse_latent_cache_name_of, LatentCacheName};
+use crate::config::DatasetKind;
+use crate::frames::FrameWindow;
+use crate::image_cache::{ControlKeys, ImageCacheArch};
+use crate::tensor_file::{
+    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
+    CacheError, RawTensor,
+};
+
+/// The short architecture name at the end of LTX-2 cache file names.
+pub const LTX2_SUFFIX: &str = "ltx2";
+/// The architecture in the caches' metadata (musubi-tuner's LTX-2 branch's `ltx2_v1`).
+pub const LTX2_ARCHITECTURE: &str = "ltx2_v1";
+
+/// What tells LTX-2's caches from other families'.
+const LTX2_CACHES: ImageCacheArch = ImageCacheArch {
+    suffix: LTX2_SUFFIX,
+    architecture: LTX2_ARCHITECTURE,
+    family: "LTX-2",
+    // Its caches hold no control latents; only the architecture check and the metadata are used.
+    control_keys: ControlKeys::Indexed,
+};
+
+/// The text cache's tensors.
+const VIDEO_EMBEDS: &str = "video_prompt_embeds";
+const MASK: &str = "prompt_attention_mask";
+
+/// Latent cache file name of an item: a clip of a video (`window`) or an image (`None`); `original_size` is the
+/// media's size before resizing.
+pub fn ltx2_latent_cache_name(
+    stem: &str,
+    window: Option<FrameWindow>,
+    original_size: (u32, u32),
+) -> String {
+    let (w, h) = original_size;
+    match window {
+        Some(win) => format!(
+            "{stem}_{:05}-{:03}_{w:04}x{h:04}_{LTX2_SUFFIX}.safetensors",
+            win.start, win.frames
+        ),
+        None => format!("{stem}_{w:04}x{h:04}_{LTX2_SUFFIX}.safetensors"),
+    }
+}
+
+/// Text-encoder cache file name of an item (one per image or video, shared by all clips of a video).
+pub fn ltx2_text_cache_name(stem: &str) -> String {
+    LTX2_CACHES.text_cache_name(stem)
+}
+
+/// Parses an LTX-2 latent cache file name of a dataset of `kind`; `None` for anything else (other families'
+/// caches, the `_ltx2_audio` and `_ltx2_te` files included).
+pub fn parse_ltx2_latent_cache_name(file_name: &str, kind: DatasetKind) -> Option<LatentCacheName> {
+    parse_latent_cache_name_of(file_name, kind, LTX2_SUFFIX)
+}
+
+/// Writes an item's latents `[128, F, H, W]` as musubi-tuner's LTX-2 branch does (`original_size`: the media's
+/// size before resizing; `frame_count`: the clip's frames, `None` for an image).
+pub fn write_ltx2_latent_cache(
+    path: &Path,
+    latents: &Tensor,
+    original_size: (u32, u32),
+    frame_count: Option<u32>,
+) -> Result<(), CacheError> {
+    let (_, f, h, w) = latents
+        .dims4()
+        .map_err(|e| format_error(path, format!("latents must be [C, F, H, W]: {e}")))?;
+    let key = format!("latents_{f}x{h}x{w}_{}", torch_dtype_name(latents.dtype()));
+    let raw = vec![(key, RawTensor::from_tensor(latents, path)?.0)];
+    let (width, height) = original_size;
+    let mut metadata =
+        LTX2_CACHES.metadata([("width", width.to_string()), ("height", height.to_string())]);
+    if let Some(frames) = frame_count {
+        metadata.insert("frame_count".into(), frames.to_string());
+    }
+    write_tensor_file(path, &raw, metadata)
+}
+
+/// Reads the latents `[C, F, H, W]` of an LTX-2 latent cache.
+pub fn read_ltx2_latent_cache(path: &Path, device: &Device) -> Result<Tensor, CacheError> {
+    let file = read_tensor_file(path, device)?;
+    LTX2_CACHES.check_architecture(path, &file.metadata)?;
+    let latents = file
+        .tensors
+        .into_iter()
+        .find(|(key, _)| {
+            strip_dtype_suffix(key)
+                .strip_prefix("latents_")
+                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
+        })
+        .map(|(_, t)| t)
+        .ok_or_else(|| format_error(path, "no latents_{F}x{H}x{W}_{dtype} tensor"))?;
+    if latents.rank() != 4 {
+        return Err(format_error(
+            path,
+            format!("latents of shape {:?}, not [C, F, H, W]", latents.dims()),
+        ));
+    }
+    Ok(latents)
+}
+
+/// One item's text-encoder output for LTX-2's video stream.
+#[derive(Clone, Debug)]
+pub struct Ltx2TextCache {
+    /// The text connector's output `[L, D]`.
+    pub video_prompt_embeds: Tensor,
+    /// Gemma's attention mask of the caption `[L]` (1: a token; the connector gave padding its learnable
+    /// registers); `None` when the cache holds none.
+    pub prompt_attention_mask: Option<Tensor>,
+    /// The caption encoded (`caption1` metadata).
+    pub caption: String,
+}
+
+/// Writes an LTX-2 text-encoder cache as musubi-tuner's LTX-2 branch does (video-only: no audio embeddings).
+pub fn write_ltx2_text_cache(path: &Path, cache: &Ltx2TextCache) -> Result<(), CacheError> {
+    let embeds = &cache.video_prompt_embeds;
+    let dtype = torch_dtype_name(embeds.dtype());
+    let mut raw = vec![
+        (
+            format!("{VIDEO_EMBEDS}_{dtype}"),
+            RawTensor::from_tensor(embeds, path)?.0,
+        ),
+        (
+            format!("text_{dtype}"),
+            RawTensor::from_tensor(embeds, path)?.0,
+        ),
+    ];
+    if let Some(mask) = &cache.prompt_attention_mask {
+        let mask = mask
+            .to_dtype(DType::I64)
+            .map_err(|e| format_error(path, e.to_string()))?;
+        raw.push((MASK.to_string(), RawTensor::from_tensor(&mask, path)?.0));
+        raw.push((
+            "text_mask".to_string(),
+            RawTensor::from_tensor(&mask, path)?.0,
+        ));
+    }
+    let metadata = LTX2_CACHES.metadata([("caption1", cache.caption.clone())]);
+    write_tensor_file(path, &raw, metadata)
+}
+
+/// Reads an LTX-2 text-encoder cache.
+pub fn read_ltx2_text_cache(path: &Path, device: &Device) -> Result<Ltx2TextCache, CacheError> {
+    let file = read_tensor_file(path, device)?;
+    LTX2_CACHES.check_architecture(path, &file.metadata)?;
+    let get = |name: &str| {
+        file.tensors
+            .iter()
+            .find(|(k, _)| strip_dtype_suffix(k) == name)
+            .map(|(_, t)| t.clone())
+    };
+    let video_prompt_embeds = get(VIDEO_EMBEDS).ok_or_else(|| {
+        format_error(
+            path,
+            "no video_prompt_embeds_{dtype} tensor (a cache of another LTX-2 trainer?)",
+        )
+    })?;
+    Ok(Ltx2TextCache {
+        video_prompt_embeds,
+        prompt_attention_mask: get(MASK),
+        caption: file.metadata.get("caption1").cloned().unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_back_and_skip_the_text_and_audio_caches() {
+        let window = FrameWindow {
+            start: 0,
+            frames: 121,
+        };
+        let name = ltx2_latent_cache_name("clip", Some(window), (768, 512));
+        assert_eq!(name, "clip_00000-121_0768x0512_ltx2.safetensors");
+        let parsed = parse_ltx2_latent_cache_name(&name, DatasetKind::Video).expect("a cache name");
+        assert_eq!(parsed.stem, "clip");
+        assert_eq!(ltx2_text_cache_name("clip"), "clip_ltx2_te.safetensors");
+        for other in [
+            "clip_ltx2_te.safetensors",
+            "clip_00000-121_0768x0512_ltx2_audio.safetensors",
+            "clip_00000-121_0768x0512_hv15.safetensors",
+        ] {
+            assert!(
+                parse_ltx2_latent_cache_name(other, DatasetKind::Video).is_none(),
+                "{other}"
+            );
+        }
+    }
+
+    #[test]
+    fn caches_round_trip_and_refuse_other_architectures() {
+        let dir = tempfile::tempdir().unwrap();
+        let dev = Device::Cpu;
+        let latents = Tensor::arange(0f32, 2.0 * 3.0 * 2.0 * 2.0, &dev)
+            .unwrap()
+            .reshape((2, 3, 2, 2))
+            .unwrap()
+            .to_dtype(DType::BF16)
+            .unwrap();
+        let path = dir.path().join("a_00000-017_0064x0064_ltx2.safetensors");
+        write_ltx2_latent_cache(&path, &latents, (64, 64), Some(17)).unwrap();
+        let back = read_ltx2_latent_cache(&path, &dev).unwrap();
+        assert_eq!(back.dims(), [2, 3, 2, 2]);
+        assert_eq!(back.dtype(), DType::BF16);
+
+        let text = Ltx2TextCache {
+            video_prompt_embeds: Tensor::ones((5, 8), DType::F32, &dev).unwrap(),
+            prompt_attention_mask: Some(Tensor::new(&[0i64, 0, 1, 1, 1], &dev).unwrap()),
+            caption: "a cat".into(),
+        };
+        let text_path = dir.path().join(ltx2_text_cache_name("a"));
+        write_ltx2_text_cache(&text_path, &text).unwrap();
+        let back = read_ltx2_text_cache(&text_path, &dev).unwrap();
+        assert_eq!(back.video_prompt_embeds.dims(), [5, 8]);
+        let mask = back
+            .prompt_attention_mask
+            .unwrap()
+            .to_vec1::<i64>()
+            .unwrap();
+        assert_eq!(mask, [0, 0, 1, 1, 1]);
+        assert_eq!(back.caption, "a cat");
+
+        // A HunyuanVideo 1.5 latent cache is named, not misread.
+        let hv = crate::family::hunyuan_video15::cache::Hv15LatentCache {
+            latents: latents.clone(),
+            latents_image: None,
+            siglip: None,
+        };
+        let hv_path = dir.path().join("b_00000-017_0064x0064_hv15.safetensors");
+        crate::family::hunyuan_video15::cache::write_hv15_latent_cache(
+            &hv_path,
+            &hv,
+            (64, 64),
+            None,
+        )
+        .unwrap();
+        let err = read_ltx2_latent_cache(&hv_path, &dev)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("hunyuan_video_1_5") && err.contains("LTX-2"),
+            "{err}"
+        );
+    }
+}
