@@ -486,6 +486,7 @@ mod kinds;
 mod peft;
 mod raw;
 mod set;
+pub use set::SaveLayout;
 mod sorted_write;
 
 pub use flux_diffusers::{

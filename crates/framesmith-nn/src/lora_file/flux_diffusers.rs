@@ -105,6 +105,29 @@ pub fn diffusers_parts(official_path: &str) -> Option<Vec<(String, usize)>> {
     (!parts.is_empty()).then(|| parts.into_iter().map(|(_, n, w)| (n, w)).collect())
 }
 
+/// The attentions and feed-forwards of an LTX-2 block (ltx-core's names, which its official trainer's LoRA files
+/// keep: `transformer_blocks.{i}.attn1.to_q`); diffusers' FLUX.1 blocks have none of them (their feed-forwards'
+/// names are the same, so those tell nothing).
+const LTX2_BLOCK_MODULES: [&str; 7] = [
+    "attn1.",
+    "attn2.",
+    "audio_attn1.",
+    "audio_attn2.",
+    "audio_to_video_attn.",
+    "video_to_audio_attn.",
+    "audio_ff.",
+];
+
+/// Whether the dotted module paths (`paths`) name LTX-2's transformer: a block module of ltx-core's own (an
+/// `attn1` / `attn2` or an audio module), whose names are official already.
+fn names_ltx2(paths: &[&str]) -> bool {
+    paths.iter().any(|p| {
+        p.strip_prefix("transformer_blocks.")
+            .and_then(|rest| rest.split_once('.'))
+            .is_some_and(|(_, sub)| LTX2_BLOCK_MODULES.iter().any(|m| sub.starts_with(m)))
+    })
+}
+
 /// FLUX.1's double-stream blocks (`transformer_blocks.0` to `.18` in diffusers' names).
 const FLUX_DOUBLE_BLOCKS: usize = 19;
 
@@ -139,11 +162,12 @@ pub(super) fn to_official(
     dotted: &HashSet<String>,
     path: &Path,
 ) -> FileResult<Vec<LoadedLora>> {
-    let dotted_paths = modules
+    let dotted_paths: Vec<&str> = modules
         .iter()
         .filter(|m| dotted.contains(&m.name))
-        .filter_map(|m| m.path.as_deref());
-    if names_qwen_image(dotted_paths) {
+        .filter_map(|m| m.path.as_deref())
+        .collect();
+    if names_ltx2(&dotted_paths) || names_qwen_image(dotted_paths.iter().copied()) {
         return Ok(modules);
     }
     let mut out = Vec::with_capacity(modules.len());
@@ -269,6 +293,24 @@ mod tests {
         let mut names: Vec<String> = out.into_iter().map(|m| m.name).collect();
         names.sort();
         names
+    }
+
+    /// LTX-2's official names (`transformer_blocks.{i}.attn1.to_q`, the official trainer's files) are kept, its
+    /// feed-forwards too, where the same feed-forward alone in diffusers' FLUX.1 names is moved to FLUX.1's.
+    #[test]
+    fn ltx2_names_are_kept() {
+        let paths = [
+            "transformer_blocks.0.attn1.to_q",
+            "transformer_blocks.3.attn2.to_out.0",
+            "transformer_blocks.3.ff.net.2",
+        ];
+        let mut kept: Vec<String> = paths.iter().map(|p| musubi_name(p)).collect();
+        kept.sort();
+        assert_eq!(converted(&paths, true), kept);
+        assert_eq!(
+            converted(&["transformer_blocks.3.ff.net.2"], true),
+            ["lora_unet_double_blocks_3_img_mlp_2"]
+        );
     }
 
     /// Qwen-Image's official names are diffusers' (`transformer_blocks.{i}.attn.to_q`): a file naming

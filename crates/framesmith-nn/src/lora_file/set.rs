@@ -14,6 +14,21 @@ use super::{
 };
 use crate::lora::LoraSet;
 
+/// One tensor of a file being written: key, dtype, shape, little-endian bytes.
+type Entry = (String, StDtype, Vec<usize>, Vec<u8>);
+
+/// The keys a saved LoRA file uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SaveLayout {
+    /// musubi-tuner's (`lora_unet_blocks_0_self_attn_q.lora_down.weight`, `lora_up`, `alpha`); LyCORIS' for the
+    /// other adapter kinds.
+    Musubi,
+    /// PEFT's state dict under `prefix` with the module's dotted path (`diffusion_model.transformer_blocks.0.
+    /// attn1.to_q.lora_A.weight`, `lora_B`) and no alpha: `lora_B` carries `alpha / rank`, as loaders
+    /// that apply `B · A` unscaled need (an official trainer's layout). Other adapter kinds keep musubi's keys.
+    Peft { prefix: &'static str },
+}
+
 impl LoraSet {
     /// Writes the adapters with musubi-tuner's keys, tensors in `dtype` (f32, bf16 or f16; `alpha` always an f32
     /// scalar) and `metadata` in the header. Refuses to write NaN or infinite values; an existing file at
@@ -24,29 +39,54 @@ impl LoraSet {
         dtype: DType,
         metadata: &HashMap<String, String>,
     ) -> FileResult<()> {
+        self.save_as(path, dtype, metadata, SaveLayout::Musubi)
+    }
+
+    /// [`LoraSet::save`] with the keys of `layout`.
+    pub fn save_as(
+        &self,
+        path: &Path,
+        dtype: DType,
+        metadata: &HashMap<String, String>,
+        layout: SaveLayout,
+    ) -> FileResult<()> {
         let st_dtype = match dtype {
             DType::F32 => StDtype::F32,
             DType::BF16 => StDtype::BF16,
             DType::F16 => StDtype::F16,
             other => return Err(LoraFileError::SaveDtype(other)),
         };
-        let mut entries: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut entries: Vec<Entry> = Vec::new();
+        let entry = |key: String, t: &Tensor| -> FileResult<Entry> {
+            let t = t.to_device(&Device::Cpu)?.to_dtype(dtype)?;
+            let bytes = tensor_bytes(&t)?.ok_or_else(|| LoraFileError::NonFinite {
+                key: key.clone(),
+                path: path.to_path_buf(),
+            })?;
+            Ok((key, st_dtype, t.dims().to_vec(), bytes))
+        };
         for (module_path, lora) in self.iter() {
             let name = musubi_name(module_path);
-            for (suffix, var) in lora.named_vars() {
-                let key = format!("{name}.{suffix}");
-                let t = var.as_tensor().to_device(&Device::Cpu)?.to_dtype(dtype)?;
-                let bytes = tensor_bytes(&t)?.ok_or_else(|| LoraFileError::NonFinite {
-                    key: key.clone(),
-                    path: path.to_path_buf(),
-                })?;
-                entries.push((key, st_dtype, t.dims().to_vec(), bytes));
-            }
             if !lora.alpha().is_finite() {
                 return Err(LoraFileError::NonFinite {
                     key: format!("{name}.alpha"),
                     path: path.to_path_buf(),
                 });
+            }
+            if let (SaveLayout::Peft { prefix }, Some(plain)) = (layout, lora.as_lora()) {
+                let key = format!("{prefix}{module_path}");
+                entries.push(entry(
+                    format!("{key}.lora_A.weight"),
+                    plain.down.as_tensor(),
+                )?);
+                // Loaders of this layout apply `B · A` unscaled: the scale goes into B.
+                let up = plain.up.as_tensor().to_dtype(DType::F32)?;
+                let scale = plain.alpha / plain.rank() as f64;
+                entries.push(entry(format!("{key}.lora_B.weight"), &(up * scale)?)?);
+                continue;
+            }
+            for (suffix, var) in lora.named_vars() {
+                entries.push(entry(format!("{name}.{suffix}"), var.as_tensor())?);
             }
             let alpha = (lora.alpha() as f32).to_le_bytes().to_vec();
             entries.push((format!("{name}.alpha"), StDtype::F32, vec![], alpha));
