@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 fn default_heads() -> usize {
     32
@@ -55,7 +55,7 @@ fn default_rope_type() -> String {
 
 /// The `transformer` section of a checkpoint's embedded config, with ltx-core's defaults for absent keys.
 /// Unknown keys (the connector's, the VAE's switches) are ignored, as ltx-core does.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize, Serialize)]
 pub struct Ltx2Config {
     /// Video attention heads.
     #[serde(default = "default_heads")]
@@ -108,7 +108,7 @@ pub struct Ltx2Config {
     #[serde(default = "default_rope_type")]
     pub rope_type: String,
     /// `float64`: the RoPE frequency grid computed in double precision (every release).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequencies_precision: Option<String>,
     /// Per-head output gates in every attention (`to_gate_logits`; LTX-2.3).
     #[serde(default)]
@@ -128,21 +128,27 @@ pub struct Ltx2Config {
     #[serde(default)]
     pub caption_proj_before_connector: bool,
     /// Width of the connector's output that the transformer's caption projection reads (LTX-2: 3840).
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub caption_channels: Option<usize>,
     /// A learned marker added to single-pixel-frame tokens (keyframe checkpoints only).
     #[serde(default)]
     pub use_keyframes_abs_pos_embedding: bool,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     qk_norm: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     standardization_norm: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     activation_fn: Option<String>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     norm_elementwise_affine: Option<bool>,
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     share_ff: Option<bool>,
+}
+
+/// The `config` metadata entry of a single file holding the transformer `cfg` (`{"transformer": {…}}`, every key
+/// written), as the official releases carry it.
+pub fn metadata_config(cfg: &Ltx2Config) -> String {
+    serde_json::json!({ "transformer": cfg }).to_string()
 }
 
 /// Which release a checkpoint is, as its config and `model_version` say.

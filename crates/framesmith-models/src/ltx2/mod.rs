@@ -10,6 +10,7 @@ pub mod embeddings;
 pub mod layout;
 pub mod lora_keys;
 pub mod rope;
+mod stream;
 #[cfg(test)]
 mod testkit;
 mod trainable;

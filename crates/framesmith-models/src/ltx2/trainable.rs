@@ -99,19 +99,12 @@ impl TrainableModel for Ltx2Transformer {
         self.transformer_blocks.len()
     }
 
-    /// Every block is resident (block streaming comes with the engine's LTX-2 family).
-    fn begin_blocks(&self, _order: &[usize], _cyclic: bool) -> Result<()> {
-        Ok(())
+    fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        Ltx2Transformer::begin_blocks(self, order, cyclic)
     }
 
     fn block(&self, i: usize) -> Result<Cow<'_, Ltx2Block>> {
-        match self.transformer_blocks.get(i) {
-            Some(block) => Ok(Cow::Borrowed(block)),
-            None => candle_core::bail!(
-                "LTX-2: no block {i} (the model has {})",
-                self.transformer_blocks.len()
-            ),
-        }
+        Ltx2Transformer::block(self, i)
     }
 
     /// One velocity [tokens, out_channels] per sample.

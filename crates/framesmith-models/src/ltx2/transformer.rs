@@ -5,7 +5,10 @@
 //! LayerNorm, `proj_out`). Text-to-video without audio: the audio stream's and the audio-video cross-attentions'
 //! weights stay unread (ltx-core computes nothing for them when no audio is given).
 
-use candle_core::{DType, Result, Tensor};
+use std::borrow::Cow;
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Result, Tensor};
 
 use super::block::{BlockInputs, Ltx2Block};
 use super::config::Ltx2Config;
@@ -13,6 +16,7 @@ use super::embeddings::{AdaLayerNormSingle, CaptionProjection};
 use super::rope::RopeTable;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::layer_norm;
+use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
 use framesmith_nn::vb::Vb;
 
 /// One batch as the transformer takes it.
@@ -47,16 +51,57 @@ pub struct Ltx2Transformer {
     pub adaln_single: AdaLayerNormSingle,
     pub prompt_adaln_single: Option<AdaLayerNormSingle>,
     pub caption_projection: Option<CaptionProjection>,
+    /// `transformer_blocks.*` (a streamed block's shell points at a GPU slot: reach blocks through
+    /// [`Ltx2Transformer::block`]).
     pub transformer_blocks: Vec<Ltx2Block>,
     /// `scale_shift_table` [2, dim] of the head.
     pub scale_shift_table: Tensor,
     pub proj_out: Linear,
+    streamer: Option<Arc<BlockStreamer>>,
 }
 
 impl Ltx2Transformer {
-    /// Reads the video stream under `vb` (the model's root: `patchify_proj.weight` is `vb`'s `patchify_proj`).
+    /// Reads the video stream under `vb` (the model's root: `patchify_proj.weight` is `vb`'s `patchify_proj`),
+    /// every block on `vb`'s device.
     pub fn load(vb: &Vb, cfg: &Ltx2Config) -> Result<Self> {
+        Self::load_streamed(vb, cfg, &[], &OffloadOptions::default())
+    }
+
+    /// [`Ltx2Transformer::load`] with the blocks in `streamed` kept in host RAM and streamed through GPU slots
+    /// (DESIGN.md §4.4). `vb`'s FP8 mode applies to the blocks' linears only.
+    pub fn load_streamed(
+        vb: &Vb,
+        cfg: &Ltx2Config,
+        streamed: &[usize],
+        offload: &OffloadOptions,
+    ) -> Result<Self> {
         cfg.validate()?;
+        let n = cfg.num_layers;
+        let mut streamed = streamed.to_vec();
+        streamed.sort_unstable();
+        streamed.dedup();
+        if let Some(&i) = streamed.iter().find(|&&i| i >= n) {
+            candle_core::bail!(
+                "LTX-2: streamed block {i} is out of range (the model has {n} blocks)"
+            );
+        }
+        let block_at = |i: usize, vb: &Vb| Ltx2Block::load(&vb.pp("transformer_blocks").pp(i), cfg);
+        let mut blocks = Vec::with_capacity(n);
+        for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
+            blocks.push((i, block_at(i, vb)?));
+        }
+        let streamer = if streamed.is_empty() {
+            None
+        } else {
+            let host = vb.with_device(&Device::Cpu);
+            let built = streamed.iter().map(|&i| Ok((i, block_at(i, &host)?)));
+            let (streamer, shells) = BlockStreamer::new(vb.device(), n, built, offload)?;
+            blocks.extend(shells);
+            Some(Arc::new(streamer))
+        };
+        blocks.sort_by_key(|(i, _)| *i);
+        // Past the blocks, nothing is quantised.
+        let vb = &vb.with_fp8(None);
         let dim = cfg.inner_dim();
         let prompt = if cfg.cross_attention_adaln && cfg.use_prompt_adaln_single {
             Some(AdaLayerNormSingle::load(
@@ -75,9 +120,6 @@ impl Ltx2Transformer {
             )?),
             _ => None,
         };
-        let blocks = (0..cfg.num_layers)
-            .map(|i| Ltx2Block::load(&vb.pp("transformer_blocks").pp(i), cfg))
-            .collect::<Result<Vec<_>>>()?;
         Ok(Self {
             cfg: cfg.clone(),
             patchify_proj: Linear::load(&vb.pp("patchify_proj"), cfg.in_channels, dim)?,
@@ -88,10 +130,39 @@ impl Ltx2Transformer {
             )?,
             prompt_adaln_single: prompt,
             caption_projection: caption,
-            transformer_blocks: blocks,
+            transformer_blocks: blocks.into_iter().map(|(_, b)| b).collect(),
             scale_shift_table: vb.get((2, dim), "scale_shift_table")?,
             proj_out: Linear::load(&vb.pp("proj_out"), dim, cfg.out_channels)?,
+            streamer,
         })
+    }
+
+    /// The block streamer (`None` when every block is resident).
+    pub fn streamer(&self) -> Option<&BlockStreamer> {
+        self.streamer.as_deref()
+    }
+
+    /// Declares the order the coming [`Ltx2Transformer::block`] calls will follow (`cyclic`: the order repeats).
+    /// Does nothing without streaming.
+    pub fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
+        match &self.streamer {
+            Some(s) => s.begin(order, cyclic),
+            None => Ok(()),
+        }
+    }
+
+    /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot.
+    pub fn block(&self, i: usize) -> Result<Cow<'_, Ltx2Block>> {
+        let Some(block) = self.transformer_blocks.get(i) else {
+            candle_core::bail!(
+                "LTX-2: no block {i} (the model has {})",
+                self.transformer_blocks.len()
+            );
+        };
+        match self.streamer.as_ref().filter(|s| s.is_streamed(i)) {
+            Some(s) => Ok(Cow::Owned(block.with_frozen(&s.fetch(i)?)?)),
+            None => Ok(Cow::Borrowed(block)),
+        }
     }
 
     /// Every block linear by its full path (`transformer_blocks.0.attn1.to_q`, …), for LoRA.
@@ -162,8 +233,10 @@ impl Ltx2Transformer {
     pub fn forward(&self, inputs: &Ltx2Inputs) -> Result<Tensor> {
         let prepared = self.prepare(inputs)?;
         let mut xs = prepared.xs.clone();
-        for block in &self.transformer_blocks {
-            xs = block.forward(&xs, &prepared.blocks)?;
+        let order: Vec<usize> = (0..self.transformer_blocks.len()).collect();
+        self.begin_blocks(&order, false)?;
+        for i in order {
+            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
         }
         self.finish(&xs, &prepared)
     }

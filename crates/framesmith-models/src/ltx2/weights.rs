@@ -19,6 +19,7 @@ use super::transformer::Ltx2Transformer;
 use crate::checkpoint::{entries, read_shards, Tally};
 use crate::wan::weights::{read_header, write_size_lines, MappedTensors, ModelFormatError};
 use framesmith_nn::fp8::Fp8Scale;
+use framesmith_nn::offload::OffloadOptions;
 use framesmith_nn::vb::{TensorSource, Vb};
 
 /// Width of Gemma 3 12B's hidden state (the connectors' input, per layer).
@@ -262,6 +263,22 @@ pub fn load(
     device: &Device,
     fp8: Option<Fp8Scale>,
 ) -> Result<(Ltx2File, Ltx2Transformer), Ltx2FormatError> {
+    load_streamed(
+        path,
+        (dtype, device),
+        (fp8, false),
+        (&[], &OffloadOptions::default()),
+    )
+}
+
+/// [`load`] with FP8 products (`fp8.1`: FP8 matmuls) and the blocks in `streamed` kept in host RAM and streamed
+/// through GPU slots as `offload` says.
+pub fn load_streamed(
+    path: &Path,
+    (dtype, device): (DType, &Device),
+    (fp8, fp8_products): (Option<Fp8Scale>, bool),
+    (streamed, offload): (&[usize], &OffloadOptions),
+) -> Result<(Ltx2File, Ltx2Transformer), Ltx2FormatError> {
     let file = identify(path)?;
     let (files, _, _) = super::layout::files_of(path)?;
     let (tensors, _) = read_shards(&files)?;
@@ -271,15 +288,20 @@ pub fn load(
         Layout::Diffusers => Arc::new(DiffusersSource::new(Arc::new(mapped))),
         Layout::LtxCore { .. } => Arc::new(mapped),
     };
-    let vb = Vb::from_source(source, dtype, device).with_fp8(fp8);
+    let vb = Vb::from_source(source, dtype, device)
+        .with_fp8(fp8)
+        .with_fp8_products(fp8_products);
     let vb = match &file.layout {
         Layout::LtxCore { prefix } if !prefix.is_empty() => vb.pp(prefix.trim_end_matches('.')),
         _ => vb,
     };
-    let model = Ltx2Transformer::load(&vb, &file.config).map_err(|e| Ltx2FormatError::Build {
-        problem: e.to_string(),
-        path: path.to_path_buf(),
-    })?;
+    let model =
+        Ltx2Transformer::load_streamed(&vb, &file.config, streamed, offload).map_err(|e| {
+            Ltx2FormatError::Build {
+                problem: e.to_string(),
+                path: path.to_path_buf(),
+            }
+        })?;
     Ok((file, model))
 }
 
@@ -292,6 +314,76 @@ pub fn is_gemma3_12b(path: &Path) -> bool {
             t.name.ends_with("embed_tokens.weight") && t.shape == [GEMMA3_VOCAB, GEMMA3_12B_WIDTH]
         })
     })
+}
+
+/// The transformer's tensors a text-to-video run reads, by ltx-core's names (no `model.diffusion_model.` prefix)
+/// with their shapes: the video stream (embeddings, blocks, head) and `audio_patchify_proj`, which tells an LTX-2
+/// file from LTX-Video's; the rest of the audio stream and the audio-video cross-attentions are never read.
+pub fn video_stream_shapes(cfg: &Ltx2Config) -> Vec<(String, Vec<usize>)> {
+    let dim = cfg.inner_dim();
+    let mut out: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut linear = |name: String, i: usize, o: usize| {
+        out.push((format!("{name}.weight"), vec![o, i]));
+        out.push((format!("{name}.bias"), vec![o]));
+    };
+    linear("patchify_proj".into(), cfg.in_channels, dim);
+    let audio_dim = cfg.audio_num_attention_heads * cfg.audio_attention_head_dim;
+    linear(
+        "audio_patchify_proj".into(),
+        cfg.audio_in_channels,
+        audio_dim,
+    );
+    let adaln = |linear: &mut dyn FnMut(String, usize, usize), name: &str, k: usize| {
+        linear(format!("{name}.emb.timestep_embedder.linear_1"), 256, dim);
+        linear(format!("{name}.emb.timestep_embedder.linear_2"), dim, dim);
+        linear(format!("{name}.linear"), dim, k * dim);
+    };
+    adaln(&mut linear, "adaln_single", cfg.adaln_coefficient());
+    if cfg.cross_attention_adaln && cfg.use_prompt_adaln_single {
+        adaln(&mut linear, "prompt_adaln_single", 2);
+    }
+    if let (true, Some(channels)) = (cfg.has_caption_projection(), cfg.caption_channels) {
+        linear("caption_projection.linear_1".into(), channels, dim);
+        linear("caption_projection.linear_2".into(), dim, dim);
+    }
+    for i in 0..cfg.num_layers {
+        let b = format!("transformer_blocks.{i}");
+        for (attn, ctx) in [("attn1", dim), ("attn2", cfg.cross_attention_dim)] {
+            linear(format!("{b}.{attn}.to_q"), dim, dim);
+            linear(format!("{b}.{attn}.to_k"), ctx, dim);
+            linear(format!("{b}.{attn}.to_v"), ctx, dim);
+            linear(format!("{b}.{attn}.to_out.0"), dim, dim);
+            if cfg.apply_gated_attention {
+                linear(
+                    format!("{b}.{attn}.to_gate_logits"),
+                    dim,
+                    cfg.num_attention_heads,
+                );
+            }
+        }
+        linear(format!("{b}.ff.net.0.proj"), dim, 4 * dim);
+        linear(format!("{b}.ff.net.2"), 4 * dim, dim);
+    }
+    linear("proj_out".into(), dim, cfg.out_channels);
+    if !cfg.ff_bias {
+        out.retain(|(name, _)| !(name.contains(".ff.net.") && name.ends_with(".bias")));
+    }
+    for i in 0..cfg.num_layers {
+        let b = format!("transformer_blocks.{i}");
+        out.push((format!("{b}.attn1.q_norm.weight"), vec![dim]));
+        out.push((format!("{b}.attn1.k_norm.weight"), vec![dim]));
+        out.push((format!("{b}.attn2.q_norm.weight"), vec![dim]));
+        out.push((format!("{b}.attn2.k_norm.weight"), vec![dim]));
+        out.push((
+            format!("{b}.scale_shift_table"),
+            vec![cfg.adaln_coefficient(), dim],
+        ));
+        if cfg.cross_attention_adaln {
+            out.push((format!("{b}.prompt_scale_shift_table"), vec![2, dim]));
+        }
+    }
+    out.push(("scale_shift_table".into(), vec![2, dim]));
+    out
 }
 
 #[cfg(test)]
