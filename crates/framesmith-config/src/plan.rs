@@ -49,6 +49,8 @@ pub enum ModelFamily {
     QwenImage,
     /// HunyuanVideo 1.5.
     HunyuanVideo15,
+    /// LTX-2 and LTX-2.3.
+    Ltx2,
 }
 
 impl std::fmt::Display for ModelFamily {
@@ -58,6 +60,7 @@ impl std::fmt::Display for ModelFamily {
             Self::Flux => "FLUX.1",
             Self::QwenImage => "Qwen-Image",
             Self::HunyuanVideo15 => "HunyuanVideo 1.5",
+            Self::Ltx2 => "LTX-2",
         })
     }
 }

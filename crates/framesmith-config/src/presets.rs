@@ -292,7 +292,7 @@ mod tests {
     #[test]
     fn every_builtin_parses_explains_itself_and_sets_no_paths() {
         let presets = builtins().unwrap();
-        assert_eq!(presets.len(), 14);
+        assert_eq!(presets.len(), 16);
         for p in &presets {
             assert!(!p.title.is_empty() && !p.summary.is_empty(), "{}", p.name);
             let settings = p.settings();

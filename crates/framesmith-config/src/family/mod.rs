@@ -12,6 +12,7 @@ use crate::validate::Checker;
 
 mod flux;
 mod hunyuan_video15;
+mod ltx2;
 mod qwen_image;
 mod wan;
 
@@ -84,6 +85,7 @@ pub fn family_settings() -> impl Iterator<Item = &'static FamilySetting> {
         ModelFamily::Flux,
         ModelFamily::QwenImage,
         ModelFamily::HunyuanVideo15,
+        ModelFamily::Ltx2,
     ]
     .into_iter()
     .flat_map(|family| rules(family).settings())
@@ -96,6 +98,7 @@ pub(crate) fn rules(family: ModelFamily) -> &'static dyn FamilyRules {
         ModelFamily::Flux => &flux::FluxRules,
         ModelFamily::QwenImage => &qwen_image::QwenImageRules,
         ModelFamily::HunyuanVideo15 => &hunyuan_video15::HunyuanVideo15Rules,
+        ModelFamily::Ltx2 => &ltx2::Ltx2Rules,
     }
 }
 

@@ -58,4 +58,12 @@ pub(super) const BUILTIN: &[(&str, &str)] = &[
         "hunyuan-video15-16gb",
         include_str!("../../../../presets/hunyuan-video15-16gb.toml"),
     ),
+    (
+        "ltx2-24gb",
+        include_str!("../../../../presets/ltx2-24gb.toml"),
+    ),
+    (
+        "ltx2-16gb",
+        include_str!("../../../../presets/ltx2-16gb.toml"),
+    ),
 ];
