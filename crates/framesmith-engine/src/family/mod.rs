@@ -28,10 +28,12 @@ use framesmith_config::training::TimestepConfig;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 use framesmith_data::ValidConfig;
 use framesmith_nn::lora::LoraSet;
+use framesmith_nn::lora_file::SaveLayout;
 
 pub mod flux;
 pub mod hunyuan_video15;
 pub mod image;
+pub mod ltx2;
 pub mod qwen_image;
 #[cfg(test)]
 pub(crate) mod testkit;
@@ -120,7 +122,8 @@ pub fn flag_help(command: CliCommand) -> String {
 }
 
 /// Every family, in the order they are asked whether a run is theirs; the last takes any run no other claims.
-static FAMILIES: [&dyn Family; 4] = [
+static FAMILIES: [&dyn Family; 5] = [
+    &ltx2::Ltx2Family,
     &hunyuan_video15::HunyuanVideo15Family,
     &qwen_image::QwenImageFamily,
     &flux::FluxFamily,
@@ -204,6 +207,10 @@ pub trait FamilyRun {
     /// [`FamilyRun::second_lora`], mutable.
     fn second_lora_mut(&mut self) -> Option<&mut (LoraSet, AdamW)> {
         None
+    }
+    /// The keys the run's saved LoRA files use (the training state's copy is always musubi-tuner's).
+    fn lora_layout(&self) -> SaveLayout {
+        SaveLayout::Musubi
     }
     /// Sets the copies of `loras` on other devices equal to it (after an update or a resume).
     fn sync_lora(&self, _loras: &LoraSet) -> anyhow::Result<()> {

@@ -273,7 +273,7 @@ impl Trainer {
             if let Some((_, expert)) = suffix {
                 metadata.insert("framesmith.expert".into(), expert.into());
             }
-            set.save(&path, out.save_dtype, &metadata)
+            set.save_as(&path, out.save_dtype, &metadata, self.family.lora_layout())
                 .map_err(|e| lora_write_failure(e, "save the LoRA", &path, lora_bytes))?;
             loras.push(path);
         }

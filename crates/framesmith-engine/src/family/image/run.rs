@@ -20,11 +20,14 @@ use crate::train::validation::{Validation, NOISE_STREAM};
 use framesmith_config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
 use framesmith_models::trainable::TrainableModel;
 use framesmith_nn::init::randn;
+use framesmith_nn::lora_file::SaveLayout;
 
 /// An image family's model as a run trains it.
 pub trait ImageModel: TrainableModel + 'static {
     /// Why the family's runs do not validate, as the error a validation asks for; `None` when they do.
     const NO_VALIDATION: Option<&'static str> = None;
+    /// The keys of the run's saved LoRA files.
+    const LORA_LAYOUT: SaveLayout = SaveLayout::Musubi;
 
     /// The model's inputs and the flow-matching targets (packed as the model's output) of `batch` (items of one
     /// latent shape) at `draws`, noise drawn from `rng` item by item; the model computes in `dtype`.
@@ -86,6 +89,10 @@ impl<M: ImageModel, S> ImageRun<M, S> {
 impl<M: ImageModel, S: SampleSet<M> + 'static> FamilyRun for ImageRun<M, S> {
     fn device(&self) -> &Device {
         TrainableModel::device(&self.model)
+    }
+
+    fn lora_layout(&self) -> SaveLayout {
+        M::LORA_LAYOUT
     }
 
     fn micro_step(

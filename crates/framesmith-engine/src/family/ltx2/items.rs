@@ -1,0 +1,191 @@
+//! The cached items of an LTX-2 run: every training dataset of a musubi-tuner dataset config (videos or images,
+//! each with a cache directory and its `num_repeats`), the `_ltx2` latent caches of musubi-tuner's LTX-2 branch
+//! found in each directory and each read beside its `_ltx2_te` text cache, checked against the transformer: the
+//! normalised latents `[128, F, H, W]` as [`TrainItem::latents`] and the text connector's output `[L, D]` as
+//! [`TrainItem::context`]. Framesmith cannot make these caches yet (no video VAE, no Gemma 3): a dataset not cached
+//! fails with the commands that make them.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use crate::family::image::items::ImageItems;
+use crate::plan::ClipShape;
+use crate::train::data::{list_cache_dir, TrainItem};
+use framesmith_data::family::ltx2::cache::{
+    ltx2_text_cache_name, parse_ltx2_latent_cache_name, read_ltx2_latent_cache,
+    read_ltx2_text_cache,
+};
+use framesmith_data::problem::summary_lines;
+use framesmith_data::{DatasetKind, Unreadable};
+use framesmith_models::ltx2::Ltx2Config;
+
+/// Pixels per latent pixel of LTX-2's video VAE.
+pub const VAE_FACTOR: usize = 32;
+/// Frames per latent frame of LTX-2's video VAE (after the first).
+pub const VAE_TEMPORAL: usize = 8;
+
+/// What Framesmith lacks to make LTX-2's caches, and the scripts that make them.
+pub const LTX2_CACHES: &str = "Framesmith cannot cache LTX-2 datasets yet (its video VAE and the Gemma 3 text \
+     encoder are not implemented); cache the dataset with the LTX-2 branch of musubi-tuner \
+     (github.com/AkaneTendo25/musubi-tuner: ltx2_cache_latents.py and ltx2_cache_text_encoder_outputs.py, \
+     --ltx2_mode video, the same checkpoint), whose `_ltx2` caches Framesmith reads as they are";
+
+/// The width of the text context the model takes: the connector's output, before LTX-2's caption projection.
+pub fn context_width(cfg: &Ltx2Config) -> usize {
+    match (cfg.has_caption_projection(), cfg.caption_channels) {
+        (true, Some(channels)) => channels,
+        _ => cfg.cross_attention_dim,
+    }
+}
+
+/// The cached items of every training dataset of the musubi-tuner dataset config `dataset_toml`, each with its
+/// `num_repeats`, checked against `cfg` and read onto `device`.
+pub fn load_ltx2_items(
+    (dataset_toml, unreadable): (&Path, Unreadable),
+    cfg: &Ltx2Config,
+    device: &Device,
+) -> anyhow::Result<ImageItems> {
+    let valid = framesmith_data::load_valid_with(dataset_toml, unreadable)?;
+    let batch_size = valid.datasets.first().map_or(1, |d| d.batch_size as usize);
+    let mut items = Vec::new();
+    for dataset in &valid.datasets {
+        let dir = dataset.cache_directory.clone().with_context(|| {
+            format!(
+                "datasets[{}] has no cache_directory; set one in {}",
+                dataset.index,
+                dataset_toml.display()
+            )
+        })?;
+        let repeats = dataset.num_repeats.max(1) as usize;
+        for item in load_dir(&dir, dataset.kind(), cfg, device)? {
+            items.push((item, repeats));
+        }
+    }
+    Ok(ImageItems {
+        items,
+        batch_size,
+        skipped: summary_lines(&valid.warnings),
+    })
+}
+
+/// The items cached for LTX-2 in `dir` (a dataset of `kind`), in file-name order.
+fn load_dir(
+    dir: &Path,
+    kind: DatasetKind,
+    cfg: &Ltx2Config,
+    device: &Device,
+) -> anyhow::Result<Vec<TrainItem>> {
+    let mut names: Vec<(String, String)> = list_cache_dir(dir)?
+        .into_iter()
+        .filter_map(|n| parse_ltx2_latent_cache_name(&n, kind).map(|p| (n, p.stem)))
+        .collect();
+    names.sort();
+    if names.is_empty() {
+        anyhow::bail!(
+            "the dataset is not cached for LTX-2: its cache directory holds no *_ltx2.safetensors; \
+             {LTX2_CACHES}: {}",
+            dir.display()
+        );
+    }
+    names
+        .into_iter()
+        .map(|(file, stem)| load_item(dir, file, &stem, (cfg, device)))
+        .collect()
+}
+
+/// Reads one item's caches and checks them against the model.
+fn load_item(
+    dir: &Path,
+    file: String,
+    stem: &str,
+    (cfg, device): (&Ltx2Config, &Device),
+) -> anyhow::Result<TrainItem> {
+    let latent_path = dir.join(&file);
+    let text_path = dir.join(ltx2_text_cache_name(stem));
+    if !text_path.exists() {
+        anyhow::bail!(
+            "the captions are not cached for LTX-2: {file} has no text cache beside it; run musubi-tuner's \
+             ltx2_cache_text_encoder_outputs.py on the dataset: {}",
+            text_path.display()
+        );
+    }
+    let latents = read_ltx2_latent_cache(&latent_path, device)?;
+    let channels = cfg.in_channels;
+    if latents.dim(0)? != channels {
+        anyhow::bail!(
+            "{file} has latents of shape {:?}; LTX-2 takes [{channels}, F, H, W] (a cache made with another VAE?): {}",
+            latents.dims(),
+            latent_path.display()
+        );
+    }
+    let text = read_ltx2_text_cache(&text_path, device)
+        .with_context(|| format!("the text cache for {file} is unreadable"))?;
+    let context = text.video_prompt_embeds;
+    let width = context_width(cfg);
+    if context.rank() != 2 || context.dim(1)? != width || context.dim(0)? == 0 {
+        anyhow::bail!(
+            "the text cache holds video_prompt_embeds {:?}, but this {} takes [L, {width}] (made for the other \
+             release, or an audio-video cache?); cache the captions again with this checkpoint: {}",
+            context.dims(),
+            cfg.version().name(),
+            text_path.display()
+        );
+    }
+    check_mask(
+        text.prompt_attention_mask.as_ref(),
+        context.dim(0)?,
+        &text_path,
+    )?;
+    Ok(TrainItem {
+        key: file,
+        latents,
+        context,
+        image: None,
+        clip: None,
+        second_text: None,
+        control: Vec::new(),
+    })
+}
+
+/// Refuses a mask that does not cover the `tokens` context rows. Every row is attended to: the connector gave
+/// the caption's padding its learnable registers, and ltx-core attends to them all after it.
+fn check_mask(mask: Option<&Tensor>, tokens: usize, path: &Path) -> anyhow::Result<()> {
+    let Some(mask) = mask else {
+        return Ok(());
+    };
+    let valid = mask.to_dtype(DType::F32)?.sum_all()?.to_scalar::<f32>()?;
+    if mask.dims() != [tokens] || valid < 1.0 {
+        anyhow::bail!(
+            "the text cache's prompt_attention_mask {:?} does not fit its {tokens} text tokens (or marks none); \
+             cache the captions again: {}",
+            mask.dims(),
+            path.display()
+        );
+    }
+    Ok(())
+}
+
+/// The clip of a latent shape `[C, F, H, W]`: its pixels through the VAE's factors.
+pub fn clip_of_latents(frames: usize, height: usize, width: usize, batch: usize) -> ClipShape {
+    ClipShape {
+        width: width * VAE_FACTOR,
+        height: height * VAE_FACTOR,
+        frames: (frames.max(1) - 1) * VAE_TEMPORAL + 1,
+        batch,
+    }
+}
+
+/// The clip a run's steps see: the cached latent of the most tokens, and the batch size.
+pub fn largest_clip(items: &ImageItems) -> anyhow::Result<ClipShape> {
+    let mut largest = (0, 0, 0);
+    for (item, _) in &items.items {
+        let (_, f, h, w) = item.latents.dims4()?;
+        if f * h * w > largest.0 * largest.1 * largest.2 {
+            largest = (f, h, w);
+        }
+    }
+    let (f, h, w) = largest;
+    Ok(clip_of_latents(f, h, w, items.batch_size.max(1)))
+}

@@ -1,0 +1,205 @@
+//! LTX-2's description for the planner ([`ModelMemory`]): the video stream's blocks with their bytes from the
+//! tensor list of the official file, which blocks stream for a count (spread evenly), the video tokens through
+//! the VAE's 32× spatial and 8× temporal compression (1×1×1 patches), and the step's activations. Text-to-video:
+//! the audio stream is neither held nor computed.
+
+use framesmith_config::RunConfig;
+use framesmith_data::cache::read_latent_shape;
+use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
+use framesmith_data::ValidConfig;
+use framesmith_models::ltx2::weights::video_stream_shapes;
+use framesmith_models::ltx2::Ltx2Config;
+use framesmith_nn::lora::{LoraError, LoraFamily};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
+
+use super::items::{clip_of_latents, VAE_FACTOR, VAE_TEMPORAL};
+use super::train::{dit_config, is_ltx2_file};
+use crate::family::image::plan::{
+    block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
+    weights_by_component, PlanNames,
+};
+use crate::family::Family;
+use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
+use crate::plan::{
+    dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
+};
+
+/// LTX-2's transformer as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ltx2PlanModel {
+    pub config: Ltx2Config,
+}
+
+impl DescribeModel for Ltx2PlanModel {
+    fn family(&self) -> &'static dyn Family {
+        &super::Ltx2Family
+    }
+
+    fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+        describe(&self.config, input)
+    }
+
+    fn num_blocks(&self) -> usize {
+        self.config.num_layers
+    }
+}
+
+/// The `model.variant` names that plan LTX-2.3 (22B) (a run trains LTX-2 or LTX-2.3 from its file, with
+/// `variant = "auto"`).
+pub const LTX2_NAMES: [&str; 3] = ["ltx-2.3", "ltx2.3", "ltx23"];
+
+/// LTX-2.3 when the config names it (`model.variant = "ltx-2.3"`), or the release its `model.dit` is (with
+/// `variant = "auto"`; reads the file's header, not its weights); `None` for any other model.
+pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    let names = PlanNames {
+        variants: &LTX2_NAMES,
+        named: Ltx2Config::ltx23_22b,
+        is_file: is_ltx2_file,
+        read: dit_config,
+    };
+    plan_model_of(cfg, &names, |config| {
+        PlanModel::new(Ltx2PlanModel { config })
+    })
+}
+
+/// The largest clip among the LTX-2 latent caches (`_ltx2`) of `valid`'s datasets, read from the cache files'
+/// headers; `None` when nothing is cached for LTX-2.
+pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
+    valid
+        .datasets
+        .iter()
+        .filter_map(|ds| {
+            let dir = ds.cache_directory.as_ref()?;
+            let batch = (ds.batch_size as usize).max(1);
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(|entry| {
+                    let name = entry.ok()?.file_name().into_string().ok()?;
+                    parse_ltx2_latent_cache_name(&name, ds.kind())?;
+                    read_latent_shape(&dir.join(&name)).ok()
+                })
+                .map(|[_, frames, height, width]| clip_of_latents(frames, height, width, batch))
+                .max_by_key(clip_pixels)
+        })
+        .max_by_key(clip_pixels)
+}
+
+/// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
+/// most every block but one.
+pub fn ltx2_streamed_blocks(cfg: &Ltx2Config, count: usize) -> Vec<usize> {
+    let n = cfg.num_layers;
+    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
+}
+
+/// Text tokens per sample the plan counts: the connector's output of a caption padded to Gemma's 1024 tokens.
+const TEXT_TOKENS: u64 = 1024;
+
+/// The weights outside the blocks, all in the compute dtype, by component.
+fn resident_weights(cfg: &Ltx2Config, compute: u64) -> Vec<(&'static str, u64)> {
+    const GROUPS: [(&str, &str); 6] = [
+        ("patchify_proj.", "latent and timestep embeddings"),
+        ("adaln_single.", "latent and timestep embeddings"),
+        ("prompt_adaln_single.", "latent and timestep embeddings"),
+        ("caption_projection.", "caption projection"),
+        ("proj_out.", "output norm and projection"),
+        ("scale_shift_table", "output norm and projection"),
+    ];
+    weights_by_component(&video_stream_shapes(cfg), &GROUPS, compute)
+}
+
+/// The adapter's parameters and adapted linears for `lora` (the official trainer's LTX-2 targets).
+fn lora_parameters(cfg: &Ltx2Config, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
+    family_lora_parameters(LoraFamily::Ltx2, &video_stream_shapes(cfg), lora)
+}
+
+/// The block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
+fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape) -> BlockKind {
+    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
+    let r = input.lora.rank as u64;
+    let d = cfg.inner_dim() as u64;
+    let (f, heads) = (4 * d, cfg.num_attention_heads as u64);
+    let buffers = block_buffers(
+        &video_stream_shapes(cfg),
+        "transformer_blocks.0.",
+        input.base,
+    );
+    let align = ALIGN as u64;
+    BlockKind {
+        label: "",
+        data_bytes: buffers.iter().sum(),
+        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
+        tape_bytes: 2 * l * d * s
+            + 3 * l * d * 4
+            + 13 * l * d * c
+            + 2 * l * f * c
+            + 4 * l * r * c
+            + 2 * l * heads * 4,
+        kept_attention_bytes: l * d * c + l * heads * 4,
+        kept_projection_bytes: 2 * l * d * c,
+    }
+}
+
+/// The latent frames of a clip of `frames` frames (8k + 1), or the error naming the step.
+fn latent_frames(frames: usize) -> Result<usize, PlanError> {
+    if frames == 0 || (frames - 1) % VAE_TEMPORAL != 0 {
+        return Err(PlanError::Frames {
+            frames,
+            step: VAE_TEMPORAL,
+        });
+    }
+    Ok((frames - 1) / VAE_TEMPORAL + 1)
+}
+
+/// The LTX-2 transformer `cfg` for `input`.
+///
+/// A block runs RoPE self-attention over the video tokens, cross-attention from them to the text and a GELU-tanh
+/// MLP of width `f` = 4d. Its tape is counted as the dual-stream blocks' (`L` tokens, `d` width, `h` heads, `r`
+/// rank, `c` / `s` compute and residual dtype bytes) with the text tokens counted into `L`, which over-counts the
+/// cross-attention's keys and values on the safe side: `2·L·d·s` of residual stream, `3·L·d·4` of f32 norms,
+/// `13·L·d·c` of modulated inputs, projections, roped q/k, v, gates and attention outputs, `2·L·f·c` of MLP
+/// activations, `4·L·r·c` of LoRA activations and `2·L·h·4` of the two attentions' log-sum-exp; `"attention"`
+/// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`. The working set uses the
+/// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on LTX-2.
+pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+    let clip = &input.clip;
+    let (w, h) = token_grid(input, VAE_FACTOR)?;
+    let f = latent_frames(clip.frames)?;
+    let lora = lora_parameters(cfg, &input.lora)?;
+    let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS, clip.batch)?;
+    let (d, heads) = (cfg.inner_dim() as u64, cfg.num_attention_heads as u64);
+    let compute = dtype_bytes(input.compute);
+    let (shape, widths) = dual_stream_shape(input, tokens, (d, 4 * d, heads));
+    let n = cfg.num_layers;
+    let release = cfg.version().name();
+    Ok(ModelMemory {
+        name: if cfg.inner_dim() == 4096 && n == 48 {
+            match cfg.version() {
+                framesmith_models::ltx2::Ltx2Version::Ltx2 => "LTX-2 (19B), video stream".into(),
+                framesmith_models::ltx2::Ltx2Version::Ltx23 => "LTX-2.3 (22B), video stream".into(),
+            }
+        } else {
+            format!("{release}-style ({n} blocks, width {d}), video stream")
+        },
+        kinds: vec![block_kind(cfg, input, &shape)],
+        blocks: vec![0; n],
+        streamed: (0..n.max(1))
+            .map(|count| ltx2_streamed_blocks(cfg, count))
+            .collect(),
+        resident: resident_weights(cfg, compute),
+        lora,
+        saved_input_bytes: tokens * d * shape.residual_bytes,
+        // The AdaLN rows, and RoPE's cos and sin over each token's head dimension in f32.
+        shared_inputs: vec![(
+            "timestep embedding and RoPE tables",
+            clip.batch as u64 * d * compute * 12 + 2 * tokens * cfg.attention_head_dim as u64 * 4,
+        )],
+        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        pixel_multiple: VAE_FACTOR,
+        frame_step: VAE_TEMPORAL,
+        shape,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

@@ -1,0 +1,139 @@
+//! An LTX-2 run's part built from a validated plan whose `model.dit` is an LTX-2 transformer: the video stream of
+//! the DiT (in FP8 and streamed as the plan says), LoRA on the official trainer's targets under ltx-core's names,
+//! items from `_ltx2` caches (held-out items when the run validates), the memory plan (which picks
+//! `blocks_to_swap = "auto"`), and the LoRA metadata. The run makes no samples: they need the video VAE and Gemma
+//! 3, which the config validator says when `[sampling]` asks for them.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use super::items::{largest_clip, load_ltx2_items};
+use super::plan::{ltx2_streamed_blocks, Ltx2PlanModel};
+use super::run::{Ltx2Run, NoSamples};
+use super::train::dit_config;
+use crate::family::image::items::split_items;
+use crate::family::image::setup::{image_lora_metadata, memory_report};
+use crate::plan as memory_plan;
+use crate::train::data::TrainSet;
+use crate::train::setup::{
+    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
+    start_loras, RunParts,
+};
+use framesmith_config::plan::DatasetSource;
+use framesmith_config::protocol::LogLevel;
+use framesmith_config::RunPlan;
+use framesmith_data::Unreadable;
+use framesmith_models::ltx2::weights::load_streamed;
+use framesmith_models::ltx2::{Ltx2Config, Ltx2Transformer, Ltx2Version};
+use framesmith_models::trainable::attach_model_loras;
+use framesmith_nn::offload::OffloadOptions;
+
+/// The LoRA file's metadata: every family's keys with the release trained (`ss_base_model_version` `ltx2` or
+/// `ltx2.3`, modelspec architecture `ltx-2/lora`) and text-to-video.
+pub(crate) fn ltx2_lora_metadata(plan: &RunPlan, cfg: &Ltx2Config) -> HashMap<String, String> {
+    let base = match cfg.version() {
+        Ltx2Version::Ltx2 => "ltx2",
+        Ltx2Version::Ltx23 => "ltx2.3",
+    };
+    let mut meta = image_lora_metadata(
+        plan,
+        (base, "https://github.com/Lightricks/LTX-2"),
+        &[("modelspec.architecture", "ltx-2/lora")],
+    );
+    meta.insert("framesmith.training_mode".into(), "text_to_video".into());
+    meta.insert("framesmith.model_timestep".into(), "sigma*1000".into());
+    meta
+}
+
+/// Says how many of `model`'s blocks stream, when some do.
+fn log_streaming(model: &Ltx2Transformer, log: &mut dyn FnMut(LogLevel, String)) {
+    if let Some(streamer) = model.streamer() {
+        log(
+            LogLevel::Info,
+            format!(
+                "streaming {} of {} blocks from host RAM ({} mode, {:.1} MiB each)",
+                streamer.count(),
+                model.transformer_blocks.len(),
+                streamer.mode().as_str(),
+                streamer.block_bytes() as f64 / (1u64 << 20) as f64,
+            ),
+        );
+    }
+}
+
+/// Builds an LTX-2 run's part from a validated plan whose `model.dit` is the transformer `dit`.
+pub(super) fn start_run(
+    plan: &RunPlan,
+    dit: &Path,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    let cfg = dit_config(dit)?;
+    let DatasetSource::Config(dataset) = &plan.dataset.source else {
+        anyhow::bail!(
+            "an LTX-2 run trains on a dataset config: set dataset.config to a musubi-tuner dataset TOML cached \
+             with the LTX-2 branch's ltx2_cache_latents.py and ltx2_cache_text_encoder_outputs.py"
+        );
+    };
+    let device = device_for(plan)?;
+    let unreadable = Unreadable::skip_if(plan.dataset.skip_unreadable);
+    let cached = load_ltx2_items((dataset, unreadable), &cfg, &device)?;
+    for line in &cached.skipped {
+        log(LogLevel::Warn, line.clone());
+    }
+    // Planned before the reservation and the DiT take the card's memory.
+    let model = || {
+        memory_plan::PlanModel::new(Ltx2PlanModel {
+            config: cfg.clone(),
+        })
+    };
+    let memory = memory_report(plan, model, largest_clip(&cached)?, &device);
+    if let Some(report) = memory.as_ref().and_then(|m| m.as_ref().ok()) {
+        log_plan(report, log);
+    }
+    let vram_reservation = reserve_budget(plan, &device)?;
+    let dtype = float_dtype(plan.model.compute_dtype);
+    let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+    let release = cfg.version().name();
+    let model_line = format!("{release} has {} blocks", cfg.num_layers);
+    let (streamed, offload): (Vec<usize>, OffloadOptions) =
+        blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
+            .map(|(count, offload)| (ltx2_streamed_blocks(&cfg, count), offload))
+            .unwrap_or_default();
+    let (_, mut model) = load_streamed(
+        dit,
+        (dtype, &device),
+        (fp8, plan.model.fp8_matmul),
+        (&streamed, &offload),
+    )?;
+    log(
+        LogLevel::Info,
+        format!(
+            "model: {release} on {}, video stream trained text-to-video (audio left out)",
+            device_label(&device)
+        ),
+    );
+    log_streaming(&model, log);
+    let (train, validation) = split_items(plan, cached.items, release)?;
+    let data = TrainSet::new(train, cached.batch_size, 1, plan.training.seed)?;
+    let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
+    start_loras(
+        plan,
+        &loras,
+        &device,
+        "an LTX-2 LoRA .safetensors with this run's modules (one Framesmith or the official trainer saved)",
+        log,
+    )?;
+    Ok(RunParts {
+        family: Box::new(Ltx2Run {
+            model,
+            dtype,
+            samples: None::<NoSamples>,
+        }),
+        loras,
+        data,
+        metadata: ltx2_lora_metadata(plan, &cfg),
+        validation,
+        report: memory.and_then(Result::ok),
+        vram_reservation,
+    })
+}

@@ -1,0 +1,123 @@
+//! A tiny LTX-2.3 for CPU tests: the video stream of the official single-file layout (`model.diffusion_model.`,
+//! the config in the `config` metadata entry as the release embeds it) at small sizes with seeded random weights,
+//! and a video dataset cached in the `_ltx2` format of musubi-tuner's LTX-2 branch (written by the data crate's
+//! writers).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use framesmith_data::family::ltx2::cache::{
+    ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_latent_cache, write_ltx2_text_cache,
+    Ltx2TextCache,
+};
+use framesmith_data::frames::FrameWindow;
+use framesmith_models::ltx2::config::metadata_config;
+use framesmith_models::ltx2::weights::video_stream_shapes;
+use framesmith_models::ltx2::Ltx2Config;
+use framesmith_nn::init::randn;
+
+/// The tiny transformer's sizes: LTX-2.3's switches (gated attention, cross-attention AdaLN) with 2 blocks of
+/// width 16 (2 heads of 8), 4 latent channels and a text context of the model width.
+pub fn tiny_config() -> Ltx2Config {
+    let mut cfg = Ltx2Config::ltx23_22b();
+    cfg.num_attention_heads = 2;
+    cfg.attention_head_dim = 8;
+    cfg.in_channels = 4;
+    cfg.out_channels = 4;
+    cfg.num_layers = 2;
+    cfg.cross_attention_dim = 16;
+    cfg.audio_num_attention_heads = 2;
+    cfg.audio_attention_head_dim = 4;
+    cfg.audio_in_channels = 4;
+    cfg.audio_out_channels = 4;
+    cfg.audio_cross_attention_dim = 8;
+    cfg
+}
+
+/// The tiny transformer written into `dir` as one safetensors file in the official layout (seeded: the same
+/// weights every time); norm scales are ones.
+pub fn tiny_dit(dir: &Path) -> anyhow::Result<PathBuf> {
+    let cfg = tiny_config();
+    let rng = &mut StdRng::seed_from_u64(5);
+    let mut tensors = HashMap::new();
+    for (name, shape) in video_stream_shapes(&cfg) {
+        let shape = shape.as_slice();
+        let t = if name.contains("_norm.") {
+            Tensor::ones(shape, DType::F32, &Device::Cpu)?
+        } else {
+            randn(rng, shape, 0.0, 0.2, &Device::Cpu)?
+        };
+        tensors.insert(format!("model.diffusion_model.{name}"), t);
+    }
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("ltx-2.3-tiny.safetensors");
+    let mut raw = Vec::with_capacity(tensors.len());
+    for (name, t) in tensors {
+        let data: Vec<u8> = t
+            .flatten_all()?
+            .to_vec1::<f32>()?
+            .iter()
+            .flat_map(|v| v.to_le_bytes())
+            .collect();
+        raw.push((name, t.dims().to_vec(), data));
+    }
+    let views = raw
+        .iter()
+        .map(|(name, shape, data)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), data)?;
+            Ok((name.as_str(), view))
+        })
+        .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
+    let metadata = HashMap::from([("config".to_string(), metadata_config(&cfg))]);
+    safetensors::serialize_to_file(views, Some(metadata), &path)?;
+    Ok(path)
+}
+
+/// The items of [`dataset`]: stem and caption tokens.
+const ITEMS: [(&str, usize); 3] = [("a", 3), ("b", 5), ("c", 4)];
+
+/// A musubi-tuner video dataset in `dir` (no videos: only its `_ltx2` caches in `cache/`, three clips of 17
+/// frames at 96×64 — latents [4, 3, 2, 3] — and connector outputs of 3 to 5 tokens), batch size `batch_size`;
+/// returns its TOML.
+pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(dir.join("videos"))?;
+    let cache = dir.join("cache");
+    let cfg = tiny_config();
+    let rng = &mut StdRng::seed_from_u64(17);
+    let dev = Device::Cpu;
+    let window = FrameWindow {
+        start: 0,
+        frames: 17,
+    };
+    for (stem, words) in ITEMS {
+        let latents = randn(rng, (cfg.in_channels, 3, 2, 3), 0.0, 1.0, &dev)?;
+        let name = ltx2_latent_cache_name(stem, Some(window), (96, 64));
+        write_ltx2_latent_cache(
+            &cache.join(name),
+            &latents.to_dtype(DType::BF16)?,
+            (96, 64),
+            Some(17),
+        )?;
+        let text = Ltx2TextCache {
+            video_prompt_embeds: randn(rng, (words, cfg.cross_attention_dim), 0.0, 1.0, &dev)?,
+            prompt_attention_mask: Some(Tensor::ones(words, DType::I64, &dev)?),
+            caption: format!("clip {stem}"),
+        };
+        write_ltx2_text_cache(&cache.join(ltx2_text_cache_name(stem)), &text)?;
+    }
+    let toml = dir.join("data.toml");
+    std::fs::write(
+        &toml,
+        format!(
+            "[general]\nresolution = [96, 64]\ncaption_extension = \".txt\"\nenable_bucket = false\n\n\
+             [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [17]\n\
+             batch_size = {batch_size}\n"
+        ),
+    )?;
+    Ok(toml)
+}

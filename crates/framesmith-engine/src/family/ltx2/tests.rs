@@ -1,0 +1,281 @@
+//! LTX-2 on the CPU with the tiny model (`testkit`): the `_ltx2` caches of musubi-tuner's LTX-2 branch are read, a
+//! fixed batch learns, a run config trains through the same `Trainer` as every family, saves a LoRA under the
+//! official trainer's keys (which ComfyUI loads) and resumes bit-identically, the plan reads its clip from the
+//! caches, and what needs the missing VAE and Gemma 3 is refused by name.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use super::items::load_ltx2_items;
+use super::testkit::{dataset, tiny_config, tiny_dit};
+use super::train::ltx2_batch;
+use crate::family::{family_of, family_of_cache, family_of_dit};
+use crate::generate::request::{DitSource, GenerationRequest};
+use crate::generate::run::Session;
+use crate::prep::pass::{CachePass, CacheRequest, LatentFiles};
+use crate::train::optimizer::AdamW;
+use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
+use crate::train::tests::{all_lora_values, try_start};
+use crate::train::timesteps::TimestepDraw;
+use framesmith_config::run::{Checkpointing, TimestepSampling};
+use framesmith_config::{presets, RunConfig};
+use framesmith_data::Unreadable;
+use framesmith_models::ltx2::weights::load;
+use framesmith_models::ltx2::Ltx2Transformer;
+use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet, LoraSpec};
+use framesmith_nn::lora_file::LoraFile;
+
+/// The tiny transformer written into `dir` and loaded, with a rank-4 LoRA on the official targets and its
+/// optimizer.
+fn tiny_model_with_lora(dir: &Path) -> anyhow::Result<(Ltx2Transformer, LoraSet, AdamW)> {
+    let (_, mut model) = load(&tiny_dit(dir)?, DType::F32, &Device::Cpu, None)?;
+    let spec = LoraSpec {
+        rank: 4,
+        alpha: 4.0,
+        dtype: DType::F32,
+        include_patterns: vec![],
+        exclude_patterns: vec![],
+        seed: 3,
+        kind: Default::default(),
+    };
+    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::Ltx2)?;
+    let optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
+    Ok((model, loras, optimizer))
+}
+
+#[test]
+fn musubi_ltx2_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = dataset(dir.path(), 1)?;
+    let items = load_ltx2_items((&toml, Unreadable::Refuse), &tiny_config(), &Device::Cpu)?.items;
+    let shapes: Vec<_> = items
+        .iter()
+        .map(|(i, _)| (i.latents.dims().to_vec(), i.context.dims().to_vec()))
+        .collect();
+    assert_eq!(
+        shapes,
+        [
+            (vec![4, 3, 2, 3], vec![3, 16]),
+            (vec![4, 3, 2, 3], vec![5, 16]),
+            (vec![4, 3, 2, 3], vec![4, 16]),
+        ]
+    );
+
+    let (model, loras, mut optimizer) = tiny_model_with_lora(&dir.path().join("dit"))?;
+    let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
+    let draws = vec![
+        TimestepDraw {
+            t: 0.6,
+            model_timestep: 601.0
+        };
+        batch.len()
+    ];
+    let mut losses = Vec::new();
+    for _ in 0..12 {
+        // The same noise every step: the loss of one fixed batch.
+        let (inputs, targets) =
+            ltx2_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        assert_eq!(inputs.latents.dims(), &[3, 18, 4], "frame-major tokens");
+        assert_eq!(inputs.positions.dims(), &[3, 3, 18, 2]);
+        assert_eq!(inputs.context.dims(), &[3, 5, 16]);
+        assert_eq!(inputs.context_lens, Some(vec![3, 5, 4]));
+        assert_eq!(inputs.sigmas, [0.6; 3]);
+        assert_eq!(targets[0].dims(), &[18, 4]);
+        let target = LossTarget {
+            targets: &targets,
+            weights: None,
+            skip_frames: 0,
+        };
+        let out = try_checkpointed_step(
+            &model,
+            &inputs,
+            &target,
+            &loras.vars(),
+            &StepOptions::default(),
+        )
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        optimizer.step(&out.grads, 1e-2)?;
+        losses.push(out.loss);
+    }
+    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
+    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
+    Ok(())
+}
+
+/// A `steps`-long LTX-2 run on the cached tiny dataset in `dir`.
+fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
+    std::fs::create_dir_all(dir)?;
+    let toml = dataset(dir, 2)?;
+    let mut config = presets::builtin("demo-cpu")?
+        .apply(&RunConfig::default())?
+        .config;
+    config.model.demo = false;
+    config.model.dit = tiny_dit(dir)?;
+    config.dataset.synthetic = false;
+    config.dataset.config = toml;
+    config.lora.rank = 4;
+    config.lora.alpha = 2.0;
+    config.training.max_train_steps = steps;
+    config.training.timestep_sampling = TimestepSampling::Shift;
+    config.training.discrete_flow_shift = 3.0;
+    config.optimizer.lr_warmup_steps = 0;
+    config.memory.checkpointing = Checkpointing::Blocks;
+    config.output.output_dir = dir.join("run");
+    config.output.save_every_n_steps = Some(0);
+    Ok(config)
+}
+
+#[test]
+fn a_run_config_trains_saves_official_keys_and_resumes() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let steps = 4;
+    let config_a = config(&dir.path().join("a"), steps)?;
+    assert_eq!(family_of(&config_a).name(), "LTX-2");
+    let dit = DitSource::File(config_a.model.dit.clone());
+    assert_eq!(family_of_dit(&dit).name(), "LTX-2");
+    let mut straight = try_start(&config_a, None)?;
+    assert_eq!(straight.family.sample_count(), 0);
+    let mut losses = Vec::new();
+    while straight.step() < steps {
+        let report = straight.train_step(&|| false)?;
+        let loss = report.loss.ok_or_else(|| anyhow::anyhow!("no loss"))?;
+        assert!(loss.is_finite() && loss > 0.0, "{loss}");
+        losses.push(loss);
+    }
+    let saved = straight.save(true)?;
+
+    // The official trainer's keys (PEFT's under ComfyUI's prefix), alpha / rank folded into lora_B, no alpha.
+    let bytes = std::fs::read(&saved.loras[0])?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)?;
+    let mut keys: Vec<String> = st.names().into_iter().map(|k| k.to_string()).collect();
+    keys.sort();
+    assert_eq!(
+        keys.len(),
+        2 * 8 * 2,
+        "q, k, v, out of both attentions of both blocks: {keys:?}"
+    );
+    for key in [
+        "diffusion_model.transformer_blocks.0.attn1.to_q.lora_A.weight",
+        "diffusion_model.transformer_blocks.0.attn1.to_q.lora_B.weight",
+        "diffusion_model.transformer_blocks.1.attn2.to_out.0.lora_B.weight",
+        "diffusion_model.transformer_blocks.1.attn2.to_v.lora_A.weight",
+    ] {
+        assert!(keys.iter().any(|k| k == key), "{key}: {keys:?}");
+    }
+    assert!(
+        keys.iter()
+            .all(|k| !k.ends_with(".alpha") && !k.contains("lora_unet")),
+        "{keys:?}"
+    );
+    // Read back, the file gives the trained adapter's delta: B' = B · alpha / rank, read at alpha = rank.
+    let file = LoraFile::load(&saved.loras[0], &Device::Cpu)?;
+    let q = file
+        .get("lora_unet_transformer_blocks_0_attn1_to_q")
+        .ok_or_else(|| anyhow::anyhow!("no attn1.to_q"))?;
+    assert_eq!(q.alpha, 4.0);
+    let trained = straight
+        .loras()
+        .get("transformer_blocks.0.attn1.to_q")
+        .and_then(|a| a.as_lora().map(|l| l.up.as_tensor().clone()))
+        .ok_or_else(|| anyhow::anyhow!("no trained attn1.to_q"))?;
+    let diff = (q.up.to_dtype(DType::F32)? - (trained.to_dtype(DType::F32)? * 0.5)?)?
+        .abs()?
+        .max_all()?
+        .to_scalar::<f32>()?;
+    assert!(diff < 1e-6, "lora_B carries alpha / rank: {diff}");
+    let meta = |k: &str| file.metadata.get(k).map(String::as_str);
+    assert_eq!(meta("ss_base_model_version"), Some("ltx2.3"));
+    assert_eq!(meta("framesmith.training_mode"), Some("text_to_video"));
+
+    let config_b = config(&dir.path().join("b"), steps)?;
+    let mut first = try_start(&config_b, None)?;
+    let mut resumed = Vec::new();
+    while first.step() < 2 {
+        resumed.push(first.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
+    }
+    first.save(false)?;
+    drop(first);
+    let mut second = try_start(&config_b, Some(&dir.path().join("b").join("run")))?;
+    assert_eq!(second.step(), 2);
+    while second.step() < steps {
+        resumed.push(second.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
+    }
+    assert_eq!(losses, resumed);
+    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
+
+    let valid = framesmith_data::load_valid(&config_a.dataset.config)?;
+    let clip = crate::family::largest_cached_clip(&valid, false);
+    assert_eq!(
+        clip.map(|c| (c.width, c.height, c.frames, c.batch)),
+        Some((96, 64, 17, 2))
+    );
+    Ok(())
+}
+
+/// The error of `result`, in full.
+fn error_of<T>(result: anyhow::Result<T>) -> String {
+    result.err().map(|e| format!("{e:#}")).unwrap_or_default()
+}
+
+#[test]
+fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dit: PathBuf = tiny_dit(dir.path())?;
+    let pass = CachePass::Latents(LatentFiles {
+        vae: dir.path().join("ltx2_vae.safetensors"),
+        dit: Some(dit.clone()),
+        ..LatentFiles::default()
+    });
+    let family = family_of_cache(&pass);
+    assert_eq!(family.name(), "LTX-2");
+    let request = CacheRequest {
+        dataset: dir.path().join("data.toml"),
+        pass,
+        keep_stale: false,
+        unreadable: Unreadable::Refuse,
+        open: &|| anyhow::bail!("no device is opened for a refused pass"),
+    };
+    let err = error_of(family.cache(&request, &mut (), &mut |_| {}));
+    for part in ["video VAE", "Gemma 3", "ltx2_cache_latents.py", "data.toml"] {
+        assert!(err.contains(part), "{part}: {err}");
+    }
+
+    let request = GenerationRequest::new(
+        DitSource::File(dit.clone()),
+        "a cat",
+        dir.path().join("out"),
+    );
+    let mut events = |_| {};
+    let mut session = Session::new(&mut events, &|| false);
+    let err = error_of(family_of_dit(&request.dit).generate(&request, &mut session));
+    assert!(
+        err.contains("video VAE") && err.contains("ComfyUI"),
+        "{err}"
+    );
+
+    // Samples are refused when the run starts, before anything loads.
+    let mut config = config(dir.path(), 2)?;
+    config.sampling.prompts = Some(dit);
+    config.sampling.sample_every_n_steps = Some(1);
+    let err = error_of(try_start(&config, None));
+    assert!(
+        err.contains("sampling.prompts") && err.contains("Gemma 3"),
+        "{err}"
+    );
+
+    // A dataset without `_ltx2` caches names the scripts that make them.
+    std::fs::remove_dir_all(dir.path().join("cache"))?;
+    let err = error_of(load_ltx2_items(
+        (&config.dataset.config, Unreadable::Refuse),
+        &tiny_config(),
+        &Device::Cpu,
+    ));
+    assert!(
+        err.contains("no *_ltx2.safetensors") && err.contains("ltx2_cache_text_encoder_outputs.py"),
+        "{err}"
+    );
+    Ok(())
+}

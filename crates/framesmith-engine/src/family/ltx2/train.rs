@@ -1,0 +1,138 @@
+//! LTX-2 training pieces the engine composes: which run's `model.dit` is an LTX-2 transformer, and the
+//! flow-matching batch the model-agnostic checkpointed step takes, as the official trainer's text-to-video
+//! strategy builds it (ltx-trainer `training_strategies/text_to_video.py`, Lightricks/LTX-2 @400fd31): the cached
+//! latents patchified frame-major to `[F·H·W, 128]`, noisy latents `(1 − σ)·x + σ·noise` with one σ per sample (the
+//! run's timestep draw `t`; the model embeds `σ · 1000`), the pixel-space patch positions at 24 fps (the official
+//! `DEFAULT_FPS` when a cache carries none), the connector's output padded to the batch's longest with its
+//! lengths, and the target `noise − x`. The official trainer conditions 10% of its steps on the clean first frame
+//! (`first_frame_conditioning_p`), which needs per-token timesteps: not here yet, so every token is noised.
+
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Tensor};
+use rand::rngs::StdRng;
+
+use crate::family::image::run::ImageModel;
+use crate::train::data::TrainItem;
+use crate::train::timesteps::TimestepDraw;
+use framesmith_config::plan::ModelSource;
+use framesmith_config::{RunConfig, RunPlan};
+use framesmith_models::ltx2::lora_keys::OFFICIAL_PREFIX;
+use framesmith_models::ltx2::rope::video_positions;
+use framesmith_models::ltx2::weights::{identify, is_unrecognised};
+use framesmith_models::ltx2::{Ltx2Config, Ltx2Inputs, Ltx2Transformer};
+use framesmith_nn::init::randn;
+use framesmith_nn::lora_file::SaveLayout;
+
+/// The frame rate the positions are computed at (the official trainer's `DEFAULT_FPS`).
+pub const FRAME_RATE: f32 = 24.0;
+
+/// Whether `path` is an LTX-2 transformer, so the run goes the LTX-2 way and its messages say what is wrong.
+pub fn is_ltx2_file(path: &Path) -> bool {
+    match identify(path) {
+        Ok(_) => true,
+        Err(err) => !is_unrecognised(&err),
+    }
+}
+
+/// Whether the run `config` describes trains LTX-2: its `model.dit` is an LTX-2 transformer.
+pub fn is_ltx2_run(config: &RunConfig) -> bool {
+    let dit = &config.model.dit;
+    !config.model.demo && !dit.as_os_str().is_empty() && is_ltx2_file(dit)
+}
+
+/// The run's `model.dit` when it is an LTX-2 transformer.
+pub fn ltx2_dit_of(plan: &RunPlan) -> Option<PathBuf> {
+    match &plan.model.source {
+        ModelSource::File(path) if is_ltx2_file(path) => Some(path.clone()),
+        _ => None,
+    }
+}
+
+/// The sizes of the LTX-2 transformer at `path`, or an error naming the file and what is wrong with it.
+pub fn dit_config(path: &Path) -> anyhow::Result<Ltx2Config> {
+    let file = identify(path).map_err(|e| anyhow::anyhow!("model.dit: {e}"))?;
+    file.config
+        .validate()
+        .map_err(|e| anyhow::anyhow!("model.dit: {e}: {}", path.display()))?;
+    Ok(file.config)
+}
+
+/// `latents` [C, F, H, W] as tokens [F·H·W, C] (ltx-core's `VideoLatentPatchifier` order).
+fn patchify(latents: &Tensor) -> candle_core::Result<Tensor> {
+    let (c, f, h, w) = latents.dims4()?;
+    latents.permute((1, 2, 3, 0))?.reshape((f * h * w, c))
+}
+
+/// Text states `rows` [L_i, D] padded with zeros to the longest as [b, L, D] in `dtype`, and each length
+/// (`None` when every row is as long as the longest).
+fn padded_context(rows: &[&Tensor], dtype: DType) -> anyhow::Result<(Tensor, Option<Vec<usize>>)> {
+    let lens = rows
+        .iter()
+        .map(|t| t.dim(0))
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let longest = lens.iter().copied().max().unwrap_or(0);
+    let padded = rows
+        .iter()
+        .zip(&lens)
+        .map(|(t, &n)| {
+            let t = t.to_dtype(dtype)?;
+            if n == longest {
+                return Ok(t);
+            }
+            let pad = Tensor::zeros((longest - n, t.dim(1)?), dtype, t.device())?;
+            Tensor::cat(&[&t, &pad], 0)
+        })
+        .collect::<candle_core::Result<Vec<_>>>()?;
+    let all_full = lens.iter().all(|&n| n == longest);
+    Ok((Tensor::stack(&padded, 0)?, (!all_full).then_some(lens)))
+}
+
+/// The inputs and targets of `batch` (items of one latent shape) at `draws`, noise drawn from `rng` item by item;
+/// the model computes in `dtype`. Targets are `noise − x` as tokens [F·H·W, 128], as the model's output.
+pub fn ltx2_batch(
+    batch: &[&TrainItem],
+    draws: &[TimestepDraw],
+    rng: &mut StdRng,
+    dtype: DType,
+) -> anyhow::Result<(Ltx2Inputs, Vec<Tensor>)> {
+    let first = batch
+        .first()
+        .ok_or_else(|| anyhow::anyhow!("an empty LTX-2 batch"))?;
+    let (_, f, h, w) = first.latents.dims4()?;
+    let device = first.latents.device().clone();
+    let mut noisy = Vec::with_capacity(batch.len());
+    let mut targets = Vec::with_capacity(batch.len());
+    for (item, draw) in batch.iter().zip(draws) {
+        let x = patchify(&item.latents.to_dtype(DType::F32)?)?;
+        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+        noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
+        targets.push((noise - x)?);
+    }
+    let context: Vec<&Tensor> = batch.iter().map(|i| &i.context).collect();
+    let (context, context_lens) = padded_context(&context, dtype)?;
+    let inputs = Ltx2Inputs {
+        latents: Tensor::stack(&noisy, 0)?.to_dtype(dtype)?,
+        sigmas: draws.iter().map(|d| d.t as f32).collect(),
+        positions: video_positions(batch.len(), (f, h, w), FRAME_RATE, &device)?,
+        context,
+        context_lens,
+    };
+    Ok((inputs, targets))
+}
+
+impl ImageModel for Ltx2Transformer {
+    /// ComfyUI's and the official trainer's keys, which ltx-core's pipelines load too.
+    const LORA_LAYOUT: SaveLayout = SaveLayout::Peft {
+        prefix: OFFICIAL_PREFIX,
+    };
+
+    fn image_batch(
+        batch: &[&TrainItem],
+        draws: &[TimestepDraw],
+        rng: &mut StdRng,
+        dtype: DType,
+    ) -> anyhow::Result<(Ltx2Inputs, Vec<Tensor>)> {
+        ltx2_batch(batch, draws, rng, dtype)
+    }
+}
