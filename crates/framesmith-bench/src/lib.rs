@@ -2,8 +2,8 @@
 //! time over timed repetitions, TFLOP/s and peak pool memory, printed as a table and as `BENCH {json}` lines that
 //! `bench/reference/compare.py` joins with PyTorch's numbers from the same run; and a synthetic training project of
 //! a real size (`synth` for Wan, `synth_flux` for FLUX.1 [dev],
-//! `synth_qwen_image` for Qwen-Image, `synth_hunyuan_video15` for HunyuanVideo 1.5). No training code depends on
-//! this.
+//! `synth_qwen_image` for Qwen-Image, `synth_hunyuan_video15` for HunyuanVideo 1.5, `synth_ltx2` for LTX-2.3). No training
+//! code depends on this.
 
 pub mod attention;
 pub mod equivalence;
@@ -16,6 +16,7 @@ pub mod synth;
 pub mod synth_flux;
 pub mod synth_flux_samples;
 pub mod synth_hunyuan_video15;
+pub mod synth_ltx2;
 pub mod synth_qwen_image;
 
 use candle_core::{Device, Result};

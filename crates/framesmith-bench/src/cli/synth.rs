@@ -1,5 +1,5 @@
-//! `synth-project`: a training project of a real size, Wan, FLUX.1 [dev], Qwen-Image or HunyuanVideo 1.5, with
-//! nothing to download.
+//! `synth-project`: a training project of a real size, Wan, FLUX.1 [dev], Qwen-Image, HunyuanVideo 1.5 or LTX-2.3,
+//! with nothing to download.
 
 use anyhow::{bail, Result};
 
@@ -11,8 +11,9 @@ use framesmith_bench::{self as bench};
 pub(crate) struct SynthArgs {
     /// Model family: `wan` (the Wan `--variant`), `flux-dev` (FLUX.1 [dev] at its released size, one cached
     /// image of `--width` x `--height`; `--frames` and `--encoders` do not apply) or `qwen-image` (Qwen-Image at
-    /// its released size, bf16 only, likewise) or `hunyuan-video15` (HunyuanVideo 1.5 T2V at its released size,
-    /// bf16 only, one cached clip of `--width` x `--height` x `--frames`).
+    /// its released size, bf16 only, likewise), `hunyuan-video15` (HunyuanVideo 1.5 T2V at its released size,
+    /// bf16 only, one cached clip of `--width` x `--height` x `--frames`) or `ltx2` (LTX-2.3 22B T2V: the video
+    /// stream at its released size in the official single-file layout, bf16 only, one cached clip likewise).
     #[arg(long, default_value = "wan")]
     model: String,
     /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
@@ -185,6 +186,38 @@ fn synth_hv15_project(args: &SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes the synthetic LTX-2.3 project and says what it wrote.
+fn synth_ltx2_project(args: &SynthArgs) -> Result<()> {
+    use framesmith_bench::synth_ltx2 as ltx;
+    if args.encoders.is_some() || args.sample_files || args.i2v || args.dtype != "bf16" {
+        bail!(
+            "an LTX-2 project is a bf16 DiT trained text-to-video from its caches: drop --encoders, \
+             --sample-files, --i2v and --dtype"
+        );
+    }
+    let spec = ltx::Ltx2SynthProject {
+        cfg: framesmith_models::ltx2::Ltx2Config::ltx23_22b(),
+        height: args.clip.height,
+        width: args.clip.width,
+        frames: args.clip.frames,
+        seed: args.seed,
+        text_tokens: args.text_tokens,
+        steps: args.steps,
+        rank: args.rank,
+    };
+    let files = ltx::write_ltx2_project(&args.out, &spec)?;
+    println!(
+        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
+        files.dit.display(),
+        files.dit_bytes as f64 / (1u64 << 30) as f64,
+        files.latents.display(),
+        files.text.display(),
+        files.dataset.display(),
+        files.run.display()
+    );
+    Ok(())
+}
+
 /// Writes the synthetic project and says what it wrote.
 pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
     match args.model.as_str() {
@@ -192,8 +225,9 @@ pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
         "flux-dev" => return synth_flux_project(args),
         "qwen-image" => return synth_qwen_image_project(args),
         "hunyuan-video15" => return synth_hv15_project(args),
+        "ltx2" => return synth_ltx2_project(args),
         other => bail!(
-            "unknown model `{other}` for synth-project (wan, flux-dev, qwen-image, hunyuan-video15)"
+            "unknown model `{other}` for synth-project (wan, flux-dev, qwen-image, hunyuan-video15, ltx2)"
         ),
     }
     if args.sample_files {

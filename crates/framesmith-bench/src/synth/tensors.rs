@@ -89,14 +89,53 @@ pub(crate) fn encoder_init(name: &str, shape: &[usize]) -> (f32, f32) {
     }
 }
 
+/// Writes random `weights` (dense, under their own names) to `path` with `metadata` beside `format = pt`; returns
+/// the file size.
+pub(crate) fn write_random_weights_with_metadata(
+    path: &Path,
+    weights: impl IntoIterator<Item = RandomWeight>,
+    dense: safetensors::Dtype,
+    seed: u64,
+    metadata: HashMap<String, String>,
+) -> anyhow::Result<u64> {
+    let views = weights
+        .into_iter()
+        .enumerate()
+        .map(|(i, w)| {
+            let tensor = RandomTensor {
+                shape: w.shape,
+                dtype: dense,
+                mean: w.mean,
+                std: w.std,
+                seed: mix(seed, i as u64),
+                fp8_scale: None,
+            };
+            (w.name, SynthTensor::Random(tensor))
+        })
+        .collect();
+    write_safetensors_with(path, views, metadata)?;
+    Ok(fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len())
+}
+
 /// Writes `views` as a safetensors file, under another name first: an interrupted write never leaves a file that
 /// looks complete.
 pub(crate) fn write_safetensors(
     path: &Path,
     views: Vec<(String, SynthTensor)>,
 ) -> anyhow::Result<()> {
+    write_safetensors_with(path, views, HashMap::new())
+}
+
+/// [`write_safetensors`] with `metadata` beside `format = pt`.
+fn write_safetensors_with(
+    path: &Path,
+    views: Vec<(String, SynthTensor)>,
+    mut metadata: HashMap<String, String>,
+) -> anyhow::Result<()> {
     let partial = path.with_extension("safetensors.partial");
-    let metadata = HashMap::from([("format".to_string(), "pt".to_string())]);
+    metadata.insert("format".to_string(), "pt".to_string());
     safetensors::serialize_to_file(views, Some(metadata), &partial)
         .with_context(|| format!("cannot write {}", partial.display()))?;
     fs::rename(&partial, path).with_context(|| format!("cannot rename to {}", path.display()))

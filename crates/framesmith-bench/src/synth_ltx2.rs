@@ -1,0 +1,260 @@
+//! `framesmith-bench synth-project --model ltx2`: an LTX-2.3 (22B) text-to-video training project of the released
+//! size with nothing to download — random weights of the transformer's video stream in the official single-file
+//! layout (`model.diffusion_model.` names, bf16, the release's `config` metadata entry; the audio stream and the
+//! audio-video cross-attentions, which text-to-video never reads, are left out, so the file is the video
+//! stream's ~26 GB), one cached clip in the `_ltx2` format of musubi-tuner's LTX-2 branch (random latents of the
+//! VAE's shape: 128 channels, 32× spatial and 8× temporal compression; a random connector output with its mask),
+//! its dataset TOML and a run config that trains from the caches alone. For memory and speed trials of the real
+//! trainer on a GPU machine, and the weights for the PyTorch reference (`bench/reference/ltx2_step.py`).
+
+use std::collections::HashMap;
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::synth::tensors::{mix, write_random_weights_with_metadata, RandomWeight};
+use crate::synth::{base_run_config, run_config_toml, DATASET_FILE, RUN_FILE};
+use framesmith_config::run::TimestepSampling;
+use framesmith_data::family::ltx2::cache::{
+    ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_latent_cache, write_ltx2_text_cache,
+    Ltx2TextCache,
+};
+use framesmith_data::frames::FrameWindow;
+use framesmith_models::ltx2::config::metadata_config;
+use framesmith_models::ltx2::weights::video_stream_shapes;
+use framesmith_models::ltx2::Ltx2Config;
+use framesmith_nn::init::randn;
+
+/// The DiT's file name.
+pub const DIT_FILE: &str = "ltx-2.3-22b-video-stream-synth-bf16.safetensors";
+/// Stem of the one cached clip.
+const ITEM_STEM: &str = "synth_000";
+/// The clip's caption (its text features are random all the same).
+const CAPTION: &str = "a synthetic clip: random latents and random text features";
+/// The VAE's spatial and temporal compression.
+const VAE_FACTOR: usize = 32;
+const VAE_TEMPORAL: usize = 8;
+
+/// What to write.
+#[derive(Debug, Clone)]
+pub struct Ltx2SynthProject {
+    pub cfg: Ltx2Config,
+    /// Clip size in pixels (multiples of 32) and frames (8k + 1).
+    pub height: usize,
+    pub width: usize,
+    pub frames: usize,
+    pub seed: u64,
+    /// Tokens of the cached connector output (the official pipeline pads captions to 1024).
+    pub text_tokens: usize,
+    /// Optimizer steps of the run config.
+    pub steps: usize,
+    /// LoRA rank (and alpha) of the run config.
+    pub rank: usize,
+}
+
+/// What [`write_ltx2_project`] wrote.
+#[derive(Debug, Clone)]
+pub struct Ltx2SynthFiles {
+    pub dit: PathBuf,
+    pub dataset: PathBuf,
+    pub run: PathBuf,
+    pub latents: PathBuf,
+    pub text: PathBuf,
+    /// Size of the DiT file.
+    pub dit_bytes: u64,
+}
+
+/// The latents `[128, (F − 1)/8 + 1, H/32, W/32]` the VAE makes of the clip, or why the size does not fit.
+pub fn ltx2_latent_shape(spec: &Ltx2SynthProject) -> anyhow::Result<[usize; 4]> {
+    let (h, w, f) = (spec.height, spec.width, spec.frames);
+    if h == 0 || w == 0 || h % VAE_FACTOR != 0 || w % VAE_FACTOR != 0 {
+        bail!("{w}x{h} (width x height): LTX-2 needs both sides to be positive multiples of 32");
+    }
+    if f == 0 || (f - 1) % VAE_TEMPORAL != 0 {
+        bail!("{f} frames: LTX-2 takes 8k + 1 frames (1, 9, …, 121)");
+    }
+    Ok([
+        spec.cfg.in_channels,
+        (f - 1) / VAE_TEMPORAL + 1,
+        h / VAE_FACTOR,
+        w / VAE_FACTOR,
+    ])
+}
+
+/// Writes the project into `dir` (created when missing): [`DIT_FILE`], `dataset.toml` with its cache folder,
+/// `run.toml` (LoRA rank `spec.rank`, the `ltx2-24gb` preset's timesteps, no samples, saving at the end only,
+/// every block resident, bf16 base, on `cuda`).
+pub fn write_ltx2_project(dir: &Path, spec: &Ltx2SynthProject) -> anyhow::Result<Ltx2SynthFiles> {
+    let latent = ltx2_latent_shape(spec)?;
+    spec.cfg
+        .validate()
+        .map_err(|e| anyhow::anyhow!("the LTX-2 sizes: {e}"))?;
+    if spec.text_tokens == 0 || spec.text_tokens > 1024 {
+        bail!(
+            "the connector's output needs 1 to 1024 tokens, not {}",
+            spec.text_tokens
+        );
+    }
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let dir = std::path::absolute(dir)
+        .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
+    let dit = dir.join(DIT_FILE);
+    let dit_bytes = write_random_ltx2_dit(&dit, &spec.cfg, spec.seed)?;
+    let (latents, text) = write_cached_clip(&dir, spec, latent)?;
+    let dataset = dir.join(DATASET_FILE);
+    fs::write(&dataset, dataset_toml(spec))
+        .with_context(|| format!("cannot write {}", dataset.display()))?;
+    let run = dir.join(RUN_FILE);
+    let mut config = base_run_config(&dir, &dit, (spec.steps, spec.seed), spec.rank);
+    config.training.timestep_sampling = TimestepSampling::Shift;
+    config.training.discrete_flow_shift = 7.0;
+    config.output.output_name = "synth-ltx2-lora".into();
+    fs::write(&run, run_config_toml(&config)?)
+        .with_context(|| format!("cannot write {}", run.display()))?;
+    Ok(Ltx2SynthFiles {
+        dit,
+        dataset,
+        run,
+        latents,
+        text,
+        dit_bytes,
+    })
+}
+
+/// Mean and standard deviation of a random LTX-2 tensor: q / k norm scales 1 ± 0.1, biases 0 ± 0.05, the AdaLN
+/// tables and linears small (0 ± 0.1 and 0 ± 0.1/√fan_in: small gates keep 48 residual updates in range), every
+/// other weight 0 ± 1/√fan_in.
+pub fn ltx2_init_stats(name: &str, shape: &[usize]) -> (f32, f32) {
+    let fan_in = shape
+        .get(1..)
+        .map_or(1, |s| s.iter().product::<usize>().max(1));
+    let scaled = 1.0 / (fan_in as f32).sqrt();
+    if name.contains("_norm.") {
+        (1.0, 0.1)
+    } else if name.ends_with(".bias") {
+        (0.0, 0.05)
+    } else if name.contains("scale_shift_table") {
+        (0.0, 0.1)
+    } else if name.contains("adaln_single.linear.") {
+        (0.0, 0.1 * scaled)
+    } else {
+        (0.0, scaled)
+    }
+}
+
+/// Writes random bf16 weights of `cfg`'s video stream under the official single-file names to `path` with the
+/// `config` metadata, one tensor in memory at a time; returns the file size.
+pub fn write_random_ltx2_dit(path: &Path, cfg: &Ltx2Config, seed: u64) -> anyhow::Result<u64> {
+    let weights = video_stream_shapes(cfg).into_iter().map(|(name, shape)| {
+        let (mean, std) = ltx2_init_stats(&name, &shape);
+        RandomWeight {
+            name: format!("model.diffusion_model.{name}"),
+            shape,
+            mean,
+            std,
+            fp8_scale: None,
+        }
+    });
+    let metadata = HashMap::from([
+        ("config".to_string(), metadata_config(cfg)),
+        ("model_version".to_string(), "2.3.0".to_string()),
+    ]);
+    write_random_weights_with_metadata(path, weights, safetensors::Dtype::BF16, seed, metadata)
+}
+
+/// The project's musubi-tuner dataset config: one video dataset of the clip's size and length.
+fn dataset_toml(spec: &Ltx2SynthProject) -> String {
+    format!(
+        "# framesmith-bench synth-project --model ltx2: one cached clip of random latents and random text\n\
+         # features; videos/ is empty: training reads the caches (no VAE, no text encoder).\n\
+         [general]\nresolution = [{w}, {h}]\ncaption_extension = \".txt\"\nbatch_size = 1\nenable_bucket = false\n\n\
+         [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [{f}]\n\
+         frame_extraction = \"head\"\n",
+        w = spec.width,
+        h = spec.height,
+        f = spec.frames
+    )
+}
+
+/// Writes the clip's latent and text caches (bf16; every text token valid) into `dir/cache`, and the empty
+/// `videos/`.
+fn write_cached_clip(
+    dir: &Path,
+    spec: &Ltx2SynthProject,
+    latent: [usize; 4],
+) -> anyhow::Result<(PathBuf, PathBuf)> {
+    let cache = dir.join("cache");
+    for sub in [&cache, &dir.join("videos")] {
+        fs::create_dir_all(sub).with_context(|| format!("cannot create {}", sub.display()))?;
+    }
+    let size = (spec.width as u32, spec.height as u32);
+    let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
+    let dev = &Device::Cpu;
+    let latents = randn(rng, latent.as_slice(), 0.0, 1.0, dev)?.to_dtype(DType::BF16)?;
+    let window = FrameWindow {
+        start: 0,
+        frames: spec.frames as u32,
+    };
+    let latent_path = cache.join(ltx2_latent_cache_name(ITEM_STEM, Some(window), size));
+    write_ltx2_latent_cache(&latent_path, &latents, size, Some(spec.frames as u32))?;
+    let width = spec.cfg.cross_attention_dim;
+    let text = Ltx2TextCache {
+        video_prompt_embeds: randn(rng, (spec.text_tokens, width), 0.0, 1.0, dev)?
+            .to_dtype(DType::BF16)?,
+        prompt_attention_mask: Some(Tensor::ones(spec.text_tokens, DType::I64, dev)?),
+        caption: CAPTION.into(),
+    };
+    let text_path = cache.join(ltx2_text_cache_name(ITEM_STEM));
+    write_ltx2_text_cache(&text_path, &text)?;
+    Ok((latent_path, text_path))
+}
+
+#[cfg(test)]
+#[allow(clippy::expect_used, clippy::unwrap_used)]
+// test code: a failed expectation is the test failing
+mod tests {
+    use super::*;
+
+    /// The project trains as written: the DiT is an LTX-2.3 file of its sizes and the caches read back.
+    #[test]
+    fn a_tiny_project_is_an_ltx2_project() -> anyhow::Result<()> {
+        let dir = tempfile::tempdir()?;
+        let mut cfg = Ltx2Config::ltx23_22b();
+        cfg.num_attention_heads = 2;
+        cfg.attention_head_dim = 8;
+        cfg.in_channels = 4;
+        cfg.out_channels = 4;
+        cfg.num_layers = 2;
+        cfg.cross_attention_dim = 16;
+        let spec = Ltx2SynthProject {
+            cfg: cfg.clone(),
+            height: 64,
+            width: 96,
+            frames: 17,
+            seed: 3,
+            text_tokens: 5,
+            steps: 2,
+            rank: 4,
+        };
+        let files = write_ltx2_project(dir.path(), &spec)?;
+        let dit = framesmith_models::ltx2::weights::identify(&files.dit)?;
+        assert_eq!(dit.config, cfg);
+        assert!(dit.embedded_config);
+        let latents = framesmith_data::family::ltx2::cache::read_ltx2_latent_cache(
+            &files.latents,
+            &Device::Cpu,
+        )?;
+        assert_eq!(latents.dims(), &[4, 3, 2, 3]);
+        let text =
+            framesmith_data::family::ltx2::cache::read_ltx2_text_cache(&files.text, &Device::Cpu)?;
+        assert_eq!(text.video_prompt_embeds.dims(), &[5, 16]);
+        let config = framesmith_config::RunConfig::load(&files.run)?;
+        assert_eq!((config.lora.rank, config.training.max_train_steps), (4, 2));
+        assert!(ltx2_latent_shape(&Ltx2SynthProject { frames: 16, ..spec }).is_err());
+        Ok(())
+    }
+}
