@@ -86,7 +86,7 @@ pub fn ltx2_latent_shape(spec: &Ltx2SynthProject) -> anyhow::Result<[usize; 4]> 
 }
 
 /// Writes the project into `dir` (created when missing): [`DIT_FILE`], `dataset.toml` with its cache folder,
-/// `run.toml` (LoRA rank `spec.rank`, the `ltx2-24gb` preset's timesteps, no samples, saving at the end only,
+/// `run.toml` (LoRA rank `spec.rank`, the official trainer's `shifted_logit_normal` timesteps, no samples, saving at the end only,
 /// every block resident, bf16 base, on `cuda`).
 pub fn write_ltx2_project(dir: &Path, spec: &Ltx2SynthProject) -> anyhow::Result<Ltx2SynthFiles> {
     let latent = ltx2_latent_shape(spec)?;
@@ -110,8 +110,7 @@ pub fn write_ltx2_project(dir: &Path, spec: &Ltx2SynthProject) -> anyhow::Result
         .with_context(|| format!("cannot write {}", dataset.display()))?;
     let run = dir.join(RUN_FILE);
     let mut config = base_run_config(&dir, &dit, (spec.steps, spec.seed), spec.rank);
-    config.training.timestep_sampling = TimestepSampling::Shift;
-    config.training.discrete_flow_shift = 7.0;
+    config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
     config.output.output_name = "synth-ltx2-lora".into();
     fs::write(&run, run_config_toml(&config)?)
         .with_context(|| format!("cannot write {}", run.display()))?;

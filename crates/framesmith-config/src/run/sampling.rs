@@ -24,11 +24,15 @@ pub enum TimestepSampling {
     /// musubi-tuner's `qwen_shift`: a sigmoid draw shifted by Qwen-Image's resolution-dependent shift exp(μ), μ
     /// linear in the packed token count through (256, 0.5) and (8192, 0.9).
     QwenShift,
+    /// ltx-trainer's `shifted_logit_normal` (LTX-2's official trainer): sigmoid(N(μ, 1)) with μ linear in the
+    /// latent's token count through (1024, 0.95) and (4096, 2.05), stretched between its 0.5th and 99.9th
+    /// percentiles, and a uniform draw 10% of the time.
+    ShiftedLogitNormal,
 }
 
 impl TimestepSampling {
     /// Every mode by its TOML name, as the app lists them.
-    pub const NAMES: [&'static str; 9] = [
+    pub const NAMES: [&'static str; 10] = [
         "sigma",
         "uniform",
         "sigmoid",
@@ -38,10 +42,11 @@ impl TimestepSampling {
         "qinglong_qwen",
         "flux_shift",
         "qwen_shift",
+        "shifted_logit_normal",
     ];
 
     /// Every mode, in the order of [`TimestepSampling::NAMES`].
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 10] = [
         Self::Sigma,
         Self::Uniform,
         Self::Sigmoid,
@@ -51,6 +56,7 @@ impl TimestepSampling {
         Self::QinglongQwen,
         Self::FluxShift,
         Self::QwenShift,
+        Self::ShiftedLogitNormal,
     ];
 
     /// What the mode draws.
@@ -65,6 +71,7 @@ impl TimestepSampling {
             Self::QinglongQwen => SamplingKind::Qinglong(ShiftLine::QWEN_IMAGE),
             Self::FluxShift => SamplingKind::ResolutionShift(ShiftLine::FLUX),
             Self::QwenShift => SamplingKind::ResolutionShift(ShiftLine::QWEN_IMAGE),
+            Self::ShiftedLogitNormal => SamplingKind::ShiftedLogitNormal(ShiftLine::LTX2),
         }
     }
 }
@@ -87,6 +94,9 @@ pub enum SamplingKind {
     /// `qinglong`'s mix: 80% [`SamplingKind::ResolutionShift`] with the line, 7.5% logSNR(logit_mean, logit_std),
     /// 12.5% logSNR(5.36, 1).
     Qinglong(ShiftLine),
+    /// A logit-normal draw of mean μ (the line's, at the latent's token count) and deviation 1, stretched between
+    /// its 0.5th and 99.9th percentiles and reflected above 0.001, or a uniform draw 10% of the time.
+    ShiftedLogitNormal(ShiftLine),
 }
 
 /// A resolution-dependent shift exp(μ): μ is linear in the packed token count (h/2)·(w/2) of the latent, through
@@ -113,6 +123,15 @@ impl ShiftLine {
         mu_1: 0.5,
         tokens_2: 8192.0,
         mu_2: 0.9,
+    };
+
+    /// LTX-2's line (ltx-trainer's `_get_shift_for_sequence_length`), in the latent's tokens (1×1×1 patches,
+    /// every frame): (1024, 0.95) to (4096, 2.05).
+    pub const LTX2: Self = Self {
+        tokens_1: 1024.0,
+        mu_1: 0.95,
+        tokens_2: 4096.0,
+        mu_2: 2.05,
     };
 
     /// μ at `tokens` packed tokens.

@@ -35,16 +35,26 @@ pub struct TimestepDraw {
 }
 
 /// Draws one timestep per sample. `latent_hw` is the latent (height, width) of the batch, used only by the
-/// resolution-dependent shifts ([`SamplingKind::ResolutionShift`], [`SamplingKind::Qinglong`]).
+/// resolution-dependent shifts ([`SamplingKind::ResolutionShift`], [`SamplingKind::Qinglong`],
+/// [`SamplingKind::ShiftedLogitNormal`], which counts one frame).
 pub fn sample_timesteps(
     cfg: &TimestepConfig,
     batch: usize,
     latent_hw: (usize, usize),
     rng: &mut StdRng,
 ) -> Vec<TimestepDraw> {
-    (0..batch)
-        .map(|_| sample_one(cfg, latent_hw, rng))
-        .collect()
+    sample_clip_timesteps(cfg, batch, (1, latent_hw.0, latent_hw.1), rng)
+}
+
+/// [`sample_timesteps`] for a batch of latent clips of `(frames, height, width)`: the frames count only in
+/// [`SamplingKind::ShiftedLogitNormal`]'s token count.
+pub fn sample_clip_timesteps(
+    cfg: &TimestepConfig,
+    batch: usize,
+    latent: (usize, usize, usize),
+    rng: &mut StdRng,
+) -> Vec<TimestepDraw> {
+    (0..batch).map(|_| sample_one(cfg, latent, rng)).collect()
 }
 
 /// Whether a draw belongs to the high-noise expert of a run of two experts: at or above `boundary` (timesteps,
@@ -64,23 +74,28 @@ pub fn sample_expert_timesteps(
     rng: &mut StdRng,
     boundary: f64,
 ) -> (bool, Vec<TimestepDraw>) {
-    let first = sample_one(cfg, latent_hw, rng);
+    let latent = (1, latent_hw.0, latent_hw.1);
+    let first = sample_one(cfg, latent, rng);
     let high = is_high_noise(&first, boundary);
     let mut draws = vec![first];
     for _ in 1..batch {
-        let mut draw = sample_one(cfg, latent_hw, rng);
+        let mut draw = sample_one(cfg, latent, rng);
         for _ in 1..MAX_REJECTION_TRIES {
             if is_high_noise(&draw, boundary) == high {
                 break;
             }
-            draw = sample_one(cfg, latent_hw, rng);
+            draw = sample_one(cfg, latent, rng);
         }
         draws.push(draw);
     }
     (high, draws)
 }
 
-fn sample_one(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> TimestepDraw {
+fn sample_one(
+    cfg: &TimestepConfig,
+    latent: (usize, usize, usize),
+    rng: &mut StdRng,
+) -> TimestepDraw {
     if cfg.sampling == TimestepSampling::Sigma {
         return sample_sigma(cfg, rng);
     }
@@ -88,11 +103,11 @@ fn sample_one(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng)
     let hi = cfg.max_timestep / NUM_TRAIN_TIMESTEPS as f64;
     let t = if cfg.preserve_distribution_shape {
         (0..MAX_REJECTION_TRIES)
-            .map(|_| raw_t(cfg, latent_hw, rng))
+            .map(|_| raw_t(cfg, latent, rng))
             .find(|t| (lo..=hi).contains(t))
-            .unwrap_or_else(|| raw_t(cfg, latent_hw, rng) * (hi - lo) + lo)
+            .unwrap_or_else(|| raw_t(cfg, latent, rng) * (hi - lo) + lo)
     } else {
-        raw_t(cfg, latent_hw, rng) * (hi - lo) + lo
+        raw_t(cfg, latent, rng) * (hi - lo) + lo
     };
     TimestepDraw {
         t,
@@ -128,8 +143,10 @@ pub fn shift_t(t: f64, shift: f64) -> f64 {
     (t * shift) / (1.0 + (shift - 1.0) * t)
 }
 
-/// A draw of the mode's distribution on [0, 1], before the range is applied.
-fn raw_t(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> f64 {
+/// A draw of the mode's distribution on [0, 1], before the range is applied, for a latent of `(frames, height,
+/// width)`.
+fn raw_t(cfg: &TimestepConfig, (f, h, w): (usize, usize, usize), rng: &mut StdRng) -> f64 {
+    let latent_hw = (h, w);
     match cfg.sampling.kind() {
         // Handled by `sample_sigma`; uniform here keeps the match total.
         SamplingKind::Sigma | SamplingKind::Uniform => rng.random(),
@@ -149,6 +166,29 @@ fn raw_t(cfg: &TimestepConfig, latent_hw: (usize, usize), rng: &mut StdRng) -> f
                 logsnr_t(QINGLONG_LOGSNR2.0, QINGLONG_LOGSNR2.1, rng)
             }
         }
+        SamplingKind::ShiftedLogitNormal(line) => {
+            shifted_logit_normal(line.mu((f * h * w) as f64), rng)
+        }
+    }
+}
+
+/// ltx-trainer's `ShiftedLogitNormalTimestepSampler` (Lightricks/LTX-2 @400fd31, timestep_samplers.py:48-120) at
+/// mean `mu`: sigmoid(N(mu, 1)) stretched so its 0.5th and 99.9th percentiles become 0 and 1, reflected above
+/// 0.001 and clamped to [0, 1]; with probability 0.1 a uniform draw on [0.001, 1] instead.
+fn shifted_logit_normal(mu: f64, rng: &mut StdRng) -> f64 {
+    const EPS: f64 = 1e-3;
+    const UNIFORM_PROB: f64 = 0.1;
+    const PERCENTILE_999: f64 = 3.0902;
+    const PERCENTILE_005: f64 = -2.5758;
+    let drawn = sigmoid(mu + normal(rng));
+    let (lo, hi) = (sigmoid(mu + PERCENTILE_005), sigmoid(mu + PERCENTILE_999));
+    let raw = (drawn - lo) / (hi - lo);
+    let stretched = if raw >= EPS { raw } else { 2.0 * EPS - raw }.clamp(0.0, 1.0);
+    let uniform = (1.0 - EPS) * rng.random::<f64>() + EPS;
+    if rng.random::<f64>() > UNIFORM_PROB {
+        stretched
+    } else {
+        uniform
     }
 }
 
@@ -455,6 +495,31 @@ mod tests {
     fn same_seed_same_draws() {
         let c = cfg(TimestepSampling::Qinglong);
         assert_eq!(draws(&c, 64), draws(&c, 64));
+    }
+
+    /// The means of ltx-trainer's sampler at 1024, 4096 and 6144 tokens (2,000,000 draws of
+    /// `ShiftedLogitNormalTimestepSampler().sample(n, tokens)`, torch 2.15): 0.6259, 0.7429, 0.7890.
+    #[test]
+    fn shifted_logit_normal_matches_the_official_sampler_by_token_count() {
+        let cfg = cfg(TimestepSampling::ShiftedLogitNormal);
+        for ((f, h, w), official) in [
+            ((1, 32, 32), 0.6259),
+            ((4, 32, 32), 0.7429),
+            ((16, 16, 24), 0.7890),
+        ] {
+            let draws =
+                sample_clip_timesteps(&cfg, 200_000, (f, h, w), &mut StdRng::seed_from_u64(7));
+            assert!(draws.iter().all(|d| (0.0..=1.0).contains(&d.t)));
+            let mean = mean_t(&draws);
+            assert!(
+                (mean - official).abs() < 0.005,
+                "{f}x{h}x{w}: {mean} vs {official}"
+            );
+        }
+        // Images count one frame: the same draws as a one-frame clip.
+        let image = sample_timesteps(&cfg, 8, (32, 32), &mut StdRng::seed_from_u64(1));
+        let clip = sample_clip_timesteps(&cfg, 8, (1, 32, 32), &mut StdRng::seed_from_u64(1));
+        assert_eq!(image, clip);
     }
 
     #[test]

@@ -14,7 +14,7 @@ use crate::family::{FamilyRun, MicroStep, StepContext};
 use crate::train::data::TrainItem;
 use crate::train::samples::{make_sample, SampleFiles, SampleSet};
 use crate::train::step::{forward_loss, try_checkpointed_step, LossTarget, StepError};
-use crate::train::timesteps::{loss_weight, sample_timesteps, TimestepDraw};
+use crate::train::timesteps::{loss_weight, sample_clip_timesteps, TimestepDraw};
 use crate::train::trainer::mix;
 use crate::train::validation::{Validation, NOISE_STREAM};
 use framesmith_config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
@@ -101,8 +101,8 @@ impl<M: ImageModel, S: SampleSet<M> + 'static> FamilyRun for ImageRun<M, S> {
         rng: &mut StdRng,
         ctx: &StepContext<'_>,
     ) -> anyhow::Result<MicroStep> {
-        let (_, _, h, w) = batch[0].latents.dims4()?;
-        let draws = sample_timesteps(ctx.timesteps, batch.len(), (h, w), rng);
+        let (_, f, h, w) = batch[0].latents.dims4()?;
+        let draws = sample_clip_timesteps(ctx.timesteps, batch.len(), (f, h, w), rng);
         let (inputs, targets, weights) = self.step_target(batch, &draws, rng, ctx.timesteps)?;
         let target = LossTarget {
             targets: &targets,

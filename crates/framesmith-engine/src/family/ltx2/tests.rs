@@ -119,8 +119,7 @@ fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     config.lora.rank = 4;
     config.lora.alpha = 2.0;
     config.training.max_train_steps = steps;
-    config.training.timestep_sampling = TimestepSampling::Shift;
-    config.training.discrete_flow_shift = 3.0;
+    config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
     config.optimizer.lr_warmup_steps = 0;
     config.memory.checkpointing = Checkpointing::Blocks;
     config.output.output_dir = dir.join("run");
