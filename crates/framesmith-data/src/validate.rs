@@ -370,8 +370,8 @@ pub fn frame_count_problem(frames: u32) -> Option<String> {
     }
     let down = round_down_to_4n1(frames);
     Some(format!(
-        "{frames} is not N*4+1 frames (the Wan VAE packs 4 frames per latent after the first); use {down} or {} \
-         (musubi-tuner would silently round it down to {down})",
+        "{frames} is not N*4+1 frames (Wan's and HunyuanVideo 1.5's VAEs pack 4 frames per latent after the \
+         first); use {down} or {} (musubi-tuner would silently round it down to {down})",
         down + 4
     ))
 }
