@@ -152,6 +152,35 @@ fn largest_dataset_clip(text: &str, path: &Path) -> Option<ClipShape> {
         .max_by_key(clip_pixels)
 }
 
+/// The largest clip among the latent caches of `valid`'s datasets whose file names `is_cache` takes (for the
+/// dataset's kind), read from the files' headers, not their tensors: each latent shape `[c, f, h, w]` becomes a
+/// clip through `clip` with the dataset's batch size. `None` when nothing is cached for the family.
+pub(crate) fn largest_cached_clip_of(
+    valid: &framesmith_data::ValidConfig,
+    is_cache: impl Fn(&str, framesmith_data::DatasetKind) -> bool,
+    clip: impl Fn([usize; 4], usize) -> ClipShape,
+) -> Option<ClipShape> {
+    valid
+        .datasets
+        .iter()
+        .filter_map(|ds| {
+            let dir = ds.cache_directory.as_ref()?;
+            let batch = (ds.batch_size as usize).max(1);
+            std::fs::read_dir(dir)
+                .ok()?
+                .filter_map(|entry| {
+                    let name = entry.ok()?.file_name().into_string().ok()?;
+                    if !is_cache(&name, ds.kind()) {
+                        return None;
+                    }
+                    framesmith_data::cache::read_latent_shape(&dir.join(&name)).ok()
+                })
+                .map(|shape| clip(shape, batch))
+                .max_by_key(clip_pixels)
+        })
+        .max_by_key(clip_pixels)
+}
+
 /// Pixels of a step of `c` (saturating: a dataset config can name any size), to find the largest clip.
 pub(crate) fn clip_pixels(c: &ClipShape) -> u128 {
     [c.width, c.height, c.frames, c.batch]

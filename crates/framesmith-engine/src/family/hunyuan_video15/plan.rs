@@ -5,7 +5,6 @@
 
 use framesmith_config::run::TrainingMode;
 use framesmith_config::RunConfig;
-use framesmith_data::cache::read_latent_shape;
 use framesmith_data::family::hunyuan_video15::cache::parse_hv15_latent_cache_name;
 use framesmith_data::ValidConfig;
 use framesmith_models::hunyuan_video15::weights::official_shapes;
@@ -20,9 +19,11 @@ use crate::family::image::plan::{
     weights_by_component, PlanNames,
 };
 use crate::family::Family;
-use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
+};
+use crate::plan::{
+    largest_cached_clip_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
 };
 
 /// HunyuanVideo 1.5's transformer as the planner sees it.
@@ -73,23 +74,11 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
 /// The largest clip among the HunyuanVideo 1.5 latent caches (`_hv15`) of `valid`'s datasets, read from the cache
 /// files' headers; `None` when nothing is cached for HunyuanVideo 1.5.
 pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
-    valid
-        .datasets
-        .iter()
-        .filter_map(|ds| {
-            let dir = ds.cache_directory.as_ref()?;
-            let batch = (ds.batch_size as usize).max(1);
-            std::fs::read_dir(dir)
-                .ok()?
-                .filter_map(|entry| {
-                    let name = entry.ok()?.file_name().into_string().ok()?;
-                    parse_hv15_latent_cache_name(&name, ds.kind())?;
-                    read_latent_shape(&dir.join(&name)).ok()
-                })
-                .map(|[_, frames, height, width]| clip_of_latents(frames, height, width, batch))
-                .max_by_key(clip_pixels)
-        })
-        .max_by_key(clip_pixels)
+    largest_cached_clip_of(
+        valid,
+        |name, kind| parse_hv15_latent_cache_name(name, kind).is_some(),
+        |[_, frames, height, width], batch| clip_of_latents(frames, height, width, batch),
+    )
 }
 
 /// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at

@@ -4,7 +4,6 @@
 //! the audio stream is neither held nor computed.
 
 use framesmith_config::RunConfig;
-use framesmith_data::cache::read_latent_shape;
 use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
 use framesmith_data::ValidConfig;
 use framesmith_models::ltx2::weights::video_stream_shapes;
@@ -19,9 +18,11 @@ use crate::family::image::plan::{
     weights_by_component, PlanNames,
 };
 use crate::family::Family;
-use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
+};
+use crate::plan::{
+    largest_cached_clip_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
 };
 
 /// LTX-2's transformer as the planner sees it.
@@ -65,23 +66,11 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
 /// The largest clip among the LTX-2 latent caches (`_ltx2`) of `valid`'s datasets, read from the cache files'
 /// headers; `None` when nothing is cached for LTX-2.
 pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
-    valid
-        .datasets
-        .iter()
-        .filter_map(|ds| {
-            let dir = ds.cache_directory.as_ref()?;
-            let batch = (ds.batch_size as usize).max(1);
-            std::fs::read_dir(dir)
-                .ok()?
-                .filter_map(|entry| {
-                    let name = entry.ok()?.file_name().into_string().ok()?;
-                    parse_ltx2_latent_cache_name(&name, ds.kind())?;
-                    read_latent_shape(&dir.join(&name)).ok()
-                })
-                .map(|[_, frames, height, width]| clip_of_latents(frames, height, width, batch))
-                .max_by_key(clip_pixels)
-        })
-        .max_by_key(clip_pixels)
+    largest_cached_clip_of(
+        valid,
+        |name, kind| parse_ltx2_latent_cache_name(name, kind).is_some(),
+        |[_, frames, height, width], batch| clip_of_latents(frames, height, width, batch),
+    )
 }
 
 /// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at

@@ -3,7 +3,6 @@
 //! tokens, and the step's activations.
 
 use framesmith_config::RunConfig;
-use framesmith_data::cache::read_latent_shape;
 use framesmith_data::family::qwen_image::cache::parse_qwen_latent_cache_name;
 use framesmith_data::ValidConfig;
 use framesmith_models::qwen_image::weights::official_shapes;
@@ -20,9 +19,11 @@ use crate::family::image::plan::{
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
 use crate::plan::{chunked_decode_bytes, settle_sampling, SampleShape, SamplingMemory};
-use crate::plan::{clip_pixels, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel};
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
+};
+use crate::plan::{
+    largest_cached_clip_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
 };
 use framesmith_models::wan::vae::{VaeConfig, WanVae};
 
@@ -113,28 +114,16 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
 /// The largest image among the Qwen-Image latent caches (`_qi`) of `valid`'s datasets, read from the cache files'
 /// headers; `None` when nothing is cached for Qwen-Image.
 pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
-    valid
-        .datasets
-        .iter()
-        .filter_map(|ds| {
-            let dir = ds.cache_directory.as_ref()?;
-            let batch = (ds.batch_size as usize).max(1);
-            std::fs::read_dir(dir)
-                .ok()?
-                .filter_map(|entry| {
-                    let name = entry.ok()?.file_name().into_string().ok()?;
-                    parse_qwen_latent_cache_name(&name)?;
-                    read_latent_shape(&dir.join(&name)).ok()
-                })
-                .map(|[_, _, height, width]| ClipShape {
-                    width: width * VAE_FACTOR,
-                    height: height * VAE_FACTOR,
-                    frames: 1,
-                    batch,
-                })
-                .max_by_key(clip_pixels)
-        })
-        .max_by_key(clip_pixels)
+    largest_cached_clip_of(
+        valid,
+        |name, _| parse_qwen_latent_cache_name(name).is_some(),
+        |[_, _, height, width], batch| ClipShape {
+            width: width * VAE_FACTOR,
+            height: height * VAE_FACTOR,
+            frames: 1,
+            batch,
+        },
+    )
 }
 
 /// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at

@@ -8,12 +8,12 @@ use framesmith_nn::offload::{streamed_blocks, StreamPlacement};
 
 use super::demo_setup::demo_model_config;
 use crate::family::Family;
-use crate::plan::{clip_pixels, ClipShape, DescribeModel, PlanModel};
 use crate::plan::{
     dtype_bytes, residual_bytes, step_tokens, BaseFormat, BlockKind, ModelMemory, PlanError,
     PlanInput, StepShape,
 };
 use crate::plan::{settle_sampling, SampleShape, SamplingMemory};
+use crate::plan::{ClipShape, DescribeModel, PlanModel};
 use framesmith_config::RunConfig;
 use framesmith_data::ValidConfig;
 use framesmith_models::wan::vae::VaeConfig;
@@ -184,33 +184,20 @@ pub fn variant_name(cfg: &WanConfig) -> String {
 /// The largest clip among the Wan latent caches of `valid`'s datasets (read from the cache files' headers, through
 /// the demo codec's factors for the `demo` model and the VAE's otherwise); `None` when nothing is cached yet.
 pub(crate) fn largest_cached_clip(valid: &ValidConfig, demo: bool) -> Option<ClipShape> {
-    use framesmith_data::cache::{parse_latent_cache_name, read_latent_shape};
-    let pixels = clip_pixels;
-    valid
-        .datasets
-        .iter()
-        .filter_map(|ds| {
-            let dir = ds.cache_directory.as_ref()?;
-            let batch = (ds.batch_size as usize).max(1);
-            std::fs::read_dir(dir)
-                .ok()?
-                .filter_map(|entry| {
-                    let name = entry.ok()?.file_name().into_string().ok()?;
-                    parse_latent_cache_name(&name, ds.kind())?;
-                    read_latent_shape(&dir.join(&name)).ok()
-                })
-                .map(|[channels, frames, height, width]| {
-                    let (s, t) = cache_factors(channels, demo);
-                    ClipShape {
-                        width: width * s,
-                        height: height * s,
-                        frames: (frames.max(1) - 1) * t + 1,
-                        batch,
-                    }
-                })
-                .max_by_key(pixels)
-        })
-        .max_by_key(pixels)
+    use framesmith_data::cache::parse_latent_cache_name;
+    crate::plan::largest_cached_clip_of(
+        valid,
+        |name, kind| parse_latent_cache_name(name, kind).is_some(),
+        |[channels, frames, height, width], batch| {
+            let (s, t) = cache_factors(channels, demo);
+            ClipShape {
+                width: width * s,
+                height: height * s,
+                frames: (frames.max(1) - 1) * t + 1,
+                batch,
+            }
+        },
+    )
 }
 
 /// Spatial and temporal compression of latents of `channels` channels: the demo codec's for the demo model
