@@ -13,8 +13,7 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 
-use crate::family::image::items::ImageItems;
-use crate::plan::ClipShape;
+use crate::family::image::items::{ImageItems, VideoVae};
 use crate::train::data::{list_cache_dir, TrainItem};
 use framesmith_config::run::TrainingMode;
 use framesmith_data::family::hunyuan_video15::cache::Hv15LatentCache;
@@ -206,25 +205,8 @@ fn check_width(states: &Tensor, dim: usize, encoder: &str, path: &Path) -> anyho
     Ok(())
 }
 
-/// The clip of a latent shape `[C, F, H, W]`: its pixels through the VAE's factors.
-pub fn clip_of_latents(frames: usize, height: usize, width: usize, batch: usize) -> ClipShape {
-    ClipShape {
-        width: width * VAE_FACTOR,
-        height: height * VAE_FACTOR,
-        frames: (frames.max(1) - 1) * VAE_TEMPORAL + 1,
-        batch,
-    }
-}
-
-/// The clip a run's steps see: the cached latent of the most tokens, and the batch size.
-pub fn largest_clip(items: &ImageItems) -> anyhow::Result<ClipShape> {
-    let mut largest = (0, 0, 0);
-    for (item, _) in &items.items {
-        let (_, f, h, w) = item.latents.dims4()?;
-        if f * h * w > largest.0 * largest.1 * largest.2 {
-            largest = (f, h, w);
-        }
-    }
-    let (f, h, w) = largest;
-    Ok(clip_of_latents(f, h, w, items.batch_size.max(1)))
-}
+/// The VAE's compression, for the clips of cached latents.
+pub(crate) const VAE: VideoVae = VideoVae {
+    spatial: VAE_FACTOR,
+    temporal: VAE_TEMPORAL,
+};

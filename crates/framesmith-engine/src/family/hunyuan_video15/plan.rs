@@ -12,11 +12,11 @@ use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
-use super::items::{clip_of_latents, VAE_FACTOR, VAE_TEMPORAL};
+use super::items::{VAE, VAE_FACTOR, VAE_TEMPORAL};
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
-    weights_by_component, PlanNames,
+    block_buffers, dual_stream_shape, family_lora_parameters, latent_frames, plan_model_of,
+    token_grid, weights_by_component, PlanNames,
 };
 use crate::family::Family;
 use crate::plan::{
@@ -77,7 +77,7 @@ pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
     largest_cached_clip_of(
         valid,
         |name, kind| parse_hv15_latent_cache_name(name, kind).is_some(),
-        |[_, frames, height, width], batch| clip_of_latents(frames, height, width, batch),
+        |[_, frames, height, width], batch| VAE.clip_of_latents([frames, height, width], batch),
     )
 }
 
@@ -140,17 +140,6 @@ fn block_kind(cfg: &HunyuanVideo15Config, input: &PlanInput, shape: &StepShape) 
     }
 }
 
-/// The latent frames of a clip of `frames` frames (4k + 1), or the error naming the step.
-fn latent_frames(frames: usize) -> Result<usize, PlanError> {
-    if frames == 0 || (frames - 1) % VAE_TEMPORAL != 0 {
-        return Err(PlanError::Frames {
-            frames,
-            step: VAE_TEMPORAL,
-        });
-    }
-    Ok((frames - 1) / VAE_TEMPORAL + 1)
-}
-
 /// The HunyuanVideo 1.5 transformer `cfg` for `input`, with `image_tokens` I2V image tokens in the text.
 ///
 /// Its blocks are the dual-stream blocks Qwen-Image's are (`models::mmdit`: per-stream modulation, joint attention
@@ -167,7 +156,7 @@ pub(crate) fn describe(
 ) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR * cfg.patch_size.max(1))?;
-    let f = latent_frames(clip.frames)? / cfg.patch_size_t.max(1);
+    let f = latent_frames(clip.frames, VAE_TEMPORAL)? / cfg.patch_size_t.max(1);
     let lora = lora_parameters(cfg, &input.lora)?;
     let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS + image_tokens, clip.batch)?;
     let (d, ffn, heads) = (

@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::items::{largest_clip, load_hv15_items, ItemReader};
+use super::items::{load_hv15_items, ItemReader, VAE};
 use super::plan::{hv15_streamed_blocks, Hv15PlanModel};
 use super::run::{Hv15Run, NoSamples};
 use super::train::dit_config;
@@ -104,7 +104,7 @@ pub(super) fn start_run(
             i2v,
         })
     };
-    let memory = memory_report(plan, model, largest_clip(&cached)?, &device);
+    let memory = memory_report(plan, model, VAE.largest_clip(&cached)?, &device);
     if let Some(report) = memory.as_ref().and_then(|m| m.as_ref().ok()) {
         log_plan(report, log);
     }

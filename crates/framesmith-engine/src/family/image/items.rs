@@ -237,3 +237,38 @@ pub(crate) fn repeated(items: Vec<(TrainItem, usize)>) -> Vec<TrainItem> {
         .flat_map(|(item, repeats)| std::iter::repeat_n(item, repeats.max(1)))
         .collect()
 }
+
+/// A video VAE's compression: pixels per latent a side, and frames per latent frame after the first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct VideoVae {
+    pub spatial: usize,
+    pub temporal: usize,
+}
+
+impl VideoVae {
+    /// The clip of `frames` × `height` × `width` latents: its pixels through the VAE's factors.
+    pub(crate) fn clip_of_latents(
+        self,
+        [frames, height, width]: [usize; 3],
+        batch: usize,
+    ) -> ClipShape {
+        ClipShape {
+            width: width * self.spatial,
+            height: height * self.spatial,
+            frames: (frames.max(1) - 1) * self.temporal + 1,
+            batch,
+        }
+    }
+
+    /// The clip a video run's steps see: the cached latent `[C, F, H, W]` of the most tokens, and the batch size.
+    pub(crate) fn largest_clip(self, items: &ImageItems) -> anyhow::Result<ClipShape> {
+        let mut largest = [0, 0, 0];
+        for (item, _) in &items.items {
+            let (_, f, h, w) = item.latents.dims4()?;
+            if f * h * w > largest.iter().product() {
+                largest = [f, h, w];
+            }
+        }
+        Ok(self.clip_of_latents(largest, items.batch_size.max(1)))
+    }
+}

@@ -112,6 +112,15 @@ pub(crate) fn family_lora_parameters(
     lora_parameters_of(shapes, &targets, lora)
 }
 
+/// The latent frames of a clip of `frames` frames for a VAE that packs `step` frames a latent after the first
+/// (`step`·k + 1 frames), or the error naming the step.
+pub(crate) fn latent_frames(frames: usize, step: usize) -> Result<usize, PlanError> {
+    if frames == 0 || (frames - 1) % step != 0 {
+        return Err(PlanError::Frames { frames, step });
+    }
+    Ok((frames - 1) / step + 1)
+}
+
 /// The image's token grid `(w, h)` of a step of `input` for a DiT that packs `pixels_per_token` pixels a side into
 /// a token (the autoencoder's down-sampling × the 2×2 packing), after checking what the plan cannot describe: no
 /// batch, sides that are not whole tokens, a LoRA of rank 0.

@@ -11,11 +11,11 @@ use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
-use super::items::{clip_of_latents, VAE_FACTOR, VAE_TEMPORAL};
+use super::items::{VAE, VAE_FACTOR, VAE_TEMPORAL};
 use super::train::{dit_config, is_ltx2_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
-    weights_by_component, PlanNames,
+    block_buffers, dual_stream_shape, family_lora_parameters, latent_frames, plan_model_of,
+    token_grid, weights_by_component, PlanNames,
 };
 use crate::family::Family;
 use crate::plan::{
@@ -69,7 +69,7 @@ pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
     largest_cached_clip_of(
         valid,
         |name, kind| parse_ltx2_latent_cache_name(name, kind).is_some(),
-        |[_, frames, height, width], batch| clip_of_latents(frames, height, width, batch),
+        |[_, frames, height, width], batch| VAE.clip_of_latents([frames, height, width], batch),
     )
 }
 
@@ -128,17 +128,6 @@ fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape) -> BlockKi
     }
 }
 
-/// The latent frames of a clip of `frames` frames (8k + 1), or the error naming the step.
-fn latent_frames(frames: usize) -> Result<usize, PlanError> {
-    if frames == 0 || (frames - 1) % VAE_TEMPORAL != 0 {
-        return Err(PlanError::Frames {
-            frames,
-            step: VAE_TEMPORAL,
-        });
-    }
-    Ok((frames - 1) / VAE_TEMPORAL + 1)
-}
-
 /// The LTX-2 transformer `cfg` for `input`.
 ///
 /// A block runs RoPE self-attention over the video tokens, cross-attention from them to the text and a GELU-tanh
@@ -152,7 +141,7 @@ fn latent_frames(frames: usize) -> Result<usize, PlanError> {
 pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR)?;
-    let f = latent_frames(clip.frames)?;
+    let f = latent_frames(clip.frames, VAE_TEMPORAL)?;
     let lora = lora_parameters(cfg, &input.lora)?;
     let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS, clip.batch)?;
     let (d, heads) = (cfg.inner_dim() as u64, cfg.num_attention_heads as u64);

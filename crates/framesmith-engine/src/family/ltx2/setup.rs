@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use super::items::{largest_clip, load_ltx2_items};
+use super::items::{load_ltx2_items, VAE};
 use super::plan::{ltx2_streamed_blocks, Ltx2PlanModel};
 use super::run::{Ltx2Run, NoSamples};
 use super::train::dit_config;
@@ -86,7 +86,7 @@ pub(super) fn start_run(
             config: cfg.clone(),
         })
     };
-    let memory = memory_report(plan, model, largest_clip(&cached)?, &device);
+    let memory = memory_report(plan, model, VAE.largest_clip(&cached)?, &device);
     if let Some(report) = memory.as_ref().and_then(|m| m.as_ref().ok()) {
         log_plan(report, log);
     }
