@@ -1,14 +1,17 @@
 #!/usr/bin/env python3
 """Reads the kernel timeline that kernel_trace.c writes (start_ns, end_ns, stream, name) and says where a run's GPU
 time goes at the run's own clocks: the window from the first attention kernel to the last kernel (one step when
-the program ran one step after its set-up), kernel time by class (the classes of bench/reference/ncu_summary.py),
-the idle time between kernels, and after which kernels the GPU waited longest.
+the program ran one step after its set-up), or with --step K the K-th training step alone (from the end of the
+optimizer's kernels of step K-1 to the end of step K's; the optimizer's kernels are those --marker matches), kernel
+time by class (the classes of bench/reference/ncu_summary.py), the kernels that take the most time, the idle time
+between kernels, and after which kernels the GPU waited longest.
 
-Usage: kernel_gaps.py TRACE.csv [--top N]"""
+Usage: kernel_gaps.py TRACE.csv [--top N] [--step K] [--marker REGEX]"""
 import argparse
 import collections
 import csv
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
@@ -21,6 +24,8 @@ def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("trace")
     p.add_argument("--top", type=int, default=15)
+    p.add_argument("--step", type=int, help="the K-th training step alone (1 = the first)")
+    p.add_argument("--marker", default=r"adamw|adam_|multi_tensor_apply", help="the optimizer's kernels")
     a = p.parse_args()
     rows = []
     with open(a.trace, newline="") as f:
@@ -31,7 +36,15 @@ def main() -> int:
     if first is None:
         print(f"{a.trace}: no attention kernel", file=sys.stderr)
         return 1
-    rows = rows[first:]
+    if a.step:
+        ends = optimizer_ends(rows, re.compile(a.marker, re.IGNORECASE))
+        if len(ends) < a.step:
+            print(f"{a.trace}: {len(ends)} optimizer steps found, not {a.step}", file=sys.stderr)
+            return 1
+        start = ends[a.step - 2] + 1 if a.step > 1 else first
+        rows = rows[start : ends[a.step - 1] + 1]
+    else:
+        rows = rows[first:]
     t0, t1 = rows[0][0], max(r[1] for r in rows)
     wall = t1 - t0
     by_class = collections.Counter()
@@ -45,12 +58,21 @@ def main() -> int:
         prev = name
     idle = sum(g for g, _, _ in gaps)
     kernels = sum(by_class.values())
-    print(f"window {wall / 1e6:.1f} ms from the first attention kernel: {len(rows)} kernels, "
+    where = f"of step {a.step}" if a.step else "from the first attention kernel"
+    print(f"window {wall / 1e6:.1f} ms {where}: {len(rows)} kernels, "
           f"kernel time {kernels / 1e6:.1f} ms, GPU idle {idle / 1e6:.1f} ms ({idle / wall:.1%}) in {len(gaps)} gaps")
     print()
     print(f"{'class':<40} {'ms':>9} {'share':>6}")
     for label, ns in by_class.most_common():
         print(f"{label:<40} {ns / 1e6:9.1f} {ns / kernels:6.1%}")
+    print()
+    per_kernel, calls = collections.Counter(), collections.Counter()
+    for start, end, name in rows:
+        per_kernel[short(name)] += end - start
+        calls[short(name)] += 1
+    print(f"{'kernel':<90} {'ms':>8} {'calls':>7} {'us/call':>8}")
+    for name, ns in per_kernel.most_common(a.top):
+        print(f"{name:<90} {ns / 1e6:8.1f} {calls[name]:7d} {ns / 1e3 / calls[name]:8.1f}")
     print()
     print(f"{'gap':<12} {'count':>7} {'ms':>9}")
     lower = 0.0
@@ -72,6 +94,21 @@ def main() -> int:
     for g, before, nxt in sorted(gaps, reverse=True)[: a.top]:
         print(f"{(short(before)[:58] + ' -> ' + short(nxt)[:58]):<120} {g / 1e3:8.1f}")
     return 0
+
+
+def optimizer_ends(rows, marker, slack=64):
+    """The index of the last optimizer kernel of each training step: runs of kernels that `marker` matches, with
+    at most `slack` other kernels between two of them (the optimizer's own reductions and casts)."""
+    ends, last = [], None
+    for i, (_, _, name) in enumerate(rows):
+        if not marker.search(name):
+            continue
+        if last is not None and i - last > slack:
+            ends.append(last)
+        last = i
+    if last is not None:
+        ends.append(last)
+    return ends
 
 
 if __name__ == "__main__":
