@@ -4,6 +4,7 @@
 
 pub mod bucket;
 pub mod cache;
+pub mod clip_cache;
 pub mod config;
 pub mod control;
 pub mod entries;

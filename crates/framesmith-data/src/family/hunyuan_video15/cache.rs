@@ -13,13 +13,14 @@ use std::path::Path;
 
 use candle_core::{Device, Tensor};
 
-use crate::cache::{parse_latent_cache_name_of, LatentCacheName};
+use crate::cache::LatentCacheName;
+use crate::clip_cache::{checked_clip_latents, clip_latents_entry, is_clip_latents_key};
 use crate::config::DatasetKind;
 use crate::frames::FrameWindow;
 use crate::image_cache::{ControlKeys, ImageCacheArch};
 use crate::tensor_file::{
-    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
-    CacheError, RawTensor,
+    read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file, CacheError,
+    RawTensor,
 };
 
 /// The short architecture name at the end of HunyuanVideo 1.5 cache file names (musubi-tuner's `hv15`).
@@ -54,14 +55,7 @@ pub fn hv15_latent_cache_name(
     window: Option<FrameWindow>,
     original_size: (u32, u32),
 ) -> String {
-    let (w, h) = original_size;
-    match window {
-        Some(win) => format!(
-            "{stem}_{:05}-{:03}_{w:04}x{h:04}_{HV15_SUFFIX}.safetensors",
-            win.start, win.frames
-        ),
-        None => format!("{stem}_{w:04}x{h:04}_{HV15_SUFFIX}.safetensors"),
-    }
+    HV15_CACHES.clip_latent_cache_name(stem, window, original_size)
 }
 
 /// Text-encoder cache file name of an item (one per image or video, shared by all clips of a video).
@@ -72,7 +66,7 @@ pub fn hv15_text_cache_name(stem: &str) -> String {
 /// Parses a HunyuanVideo 1.5 latent cache file name of a dataset of `kind`; `None` for anything else (other
 /// families' caches included).
 pub fn parse_hv15_latent_cache_name(file_name: &str, kind: DatasetKind) -> Option<LatentCacheName> {
-    parse_latent_cache_name_of(file_name, kind, HV15_SUFFIX)
+    HV15_CACHES.parse_clip_latent_cache_name(file_name, kind)
 }
 
 /// One item's latent cache.
@@ -94,30 +88,19 @@ pub fn write_hv15_latent_cache(
     original_size: (u32, u32),
     frame_count: Option<u32>,
 ) -> Result<(), CacheError> {
-    let mut raw = Vec::with_capacity(3);
-    let mut latent = |name: &str, t: &Tensor| -> Result<(), CacheError> {
-        let (_, f, h, w) = t
-            .dims4()
-            .map_err(|e| format_error(path, format!("{name} must be [C, F, H, W]: {e}")))?;
-        let key = format!("{name}_{f}x{h}x{w}_{}", torch_dtype_name(t.dtype()));
-        raw.push((key, RawTensor::from_tensor(t, path)?.0));
-        Ok(())
-    };
-    latent("latents", &cache.latents)?;
+    let mut raw = vec![clip_latents_entry(path, "latents", &cache.latents)?];
     if let Some(image) = &cache.latents_image {
-        latent("latents_image", image)?;
+        raw.push(clip_latents_entry(path, "latents_image", image)?);
     }
     if let Some(siglip) = &cache.siglip {
         let key = format!("siglip_{}", torch_dtype_name(siglip.dtype()));
         raw.push((key, RawTensor::from_tensor(siglip, path)?.0));
     }
-    let (width, height) = original_size;
-    let mut metadata =
-        HV15_CACHES.metadata([("width", width.to_string()), ("height", height.to_string())]);
-    if let Some(frames) = frame_count {
-        metadata.insert("frame_count".into(), frames.to_string());
-    }
-    write_tensor_file(path, &raw, metadata)
+    write_tensor_file(
+        path,
+        &raw,
+        HV15_CACHES.clip_metadata(original_size, frame_count),
+    )
 }
 
 /// Reads a HunyuanVideo 1.5 latent cache written by musubi-tuner or by [`write_hv15_latent_cache`].
@@ -129,23 +112,13 @@ pub fn read_hv15_latent_cache(path: &Path, device: &Device) -> Result<Hv15Latent
         let base = strip_dtype_suffix(&key);
         if base.starts_with("latents_image_") {
             latents_image = Some(t);
-        } else if base
-            .strip_prefix("latents_")
-            .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
-        {
+        } else if is_clip_latents_key(base) {
             latents = Some(t);
         } else if base == "siglip" {
             siglip = Some(t);
         }
     }
-    let latents =
-        latents.ok_or_else(|| format_error(path, "no latents_{F}x{H}x{W}_{dtype} tensor"))?;
-    if latents.rank() != 4 {
-        return Err(format_error(
-            path,
-            format!("latents of shape {:?}, not [C, F, H, W]", latents.dims()),
-        ));
-    }
+    let latents = checked_clip_latents(path, latents)?;
     Ok(Hv15LatentCache {
         latents,
         latents_image,

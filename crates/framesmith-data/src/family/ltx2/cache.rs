@@ -14,7 +14,8 @@ use std::path::Path;
 
 use candle_core::{DType, Device, Tensor};
 
-use crate::cache::{parse_latent_cache_name_of, LatentCacheName};
+use crate::cache::LatentCacheName;
+use crate::clip_cache::{checked_clip_latents, clip_latents_entry, is_clip_latents_key};
 use crate::config::DatasetKind;
 use crate::frames::FrameWindow;
 use crate::image_cache::{ControlKeys, ImageCacheArch};
@@ -48,14 +49,7 @@ pub fn ltx2_latent_cache_name(
     window: Option<FrameWindow>,
     original_size: (u32, u32),
 ) -> String {
-    let (w, h) = original_size;
-    match window {
-        Some(win) => format!(
-            "{stem}_{:05}-{:03}_{w:04}x{h:04}_{LTX2_SUFFIX}.safetensors",
-            win.start, win.frames
-        ),
-        None => format!("{stem}_{w:04}x{h:04}_{LTX2_SUFFIX}.safetensors"),
-    }
+    LTX2_CACHES.clip_latent_cache_name(stem, window, original_size)
 }
 
 /// Text-encoder cache file name of an item (one per image or video, shared by all clips of a video).
@@ -66,7 +60,7 @@ pub fn ltx2_text_cache_name(stem: &str) -> String {
 /// Parses an LTX-2 latent cache file name of a dataset of `kind`; `None` for anything else (other families'
 /// caches, the `_ltx2_audio` and `_ltx2_te` files included).
 pub fn parse_ltx2_latent_cache_name(file_name: &str, kind: DatasetKind) -> Option<LatentCacheName> {
-    parse_latent_cache_name_of(file_name, kind, LTX2_SUFFIX)
+    LTX2_CACHES.parse_clip_latent_cache_name(file_name, kind)
 }
 
 /// Writes an item's latents `[128, F, H, W]` as musubi-tuner's LTX-2 branch does (`original_size`: the media's
@@ -77,18 +71,12 @@ pub fn write_ltx2_latent_cache(
     original_size: (u32, u32),
     frame_count: Option<u32>,
 ) -> Result<(), CacheError> {
-    let (_, f, h, w) = latents
-        .dims4()
-        .map_err(|e| format_error(path, format!("latents must be [C, F, H, W]: {e}")))?;
-    let key = format!("latents_{f}x{h}x{w}_{}", torch_dtype_name(latents.dtype()));
-    let raw = vec![(key, RawTensor::from_tensor(latents, path)?.0)];
-    let (width, height) = original_size;
-    let mut metadata =
-        LTX2_CACHES.metadata([("width", width.to_string()), ("height", height.to_string())]);
-    if let Some(frames) = frame_count {
-        metadata.insert("frame_count".into(), frames.to_string());
-    }
-    write_tensor_file(path, &raw, metadata)
+    let raw = vec![clip_latents_entry(path, "latents", latents)?];
+    write_tensor_file(
+        path,
+        &raw,
+        LTX2_CACHES.clip_metadata(original_size, frame_count),
+    )
 }
 
 /// Reads the latents `[C, F, H, W]` of an LTX-2 latent cache.
@@ -98,20 +86,9 @@ pub fn read_ltx2_latent_cache(path: &Path, device: &Device) -> Result<Tensor, Ca
     let latents = file
         .tensors
         .into_iter()
-        .find(|(key, _)| {
-            strip_dtype_suffix(key)
-                .strip_prefix("latents_")
-                .is_some_and(|rest| rest.starts_with(|c: char| c.is_ascii_digit()))
-        })
-        .map(|(_, t)| t)
-        .ok_or_else(|| format_error(path, "no latents_{F}x{H}x{W}_{dtype} tensor"))?;
-    if latents.rank() != 4 {
-        return Err(format_error(
-            path,
-            format!("latents of shape {:?}, not [C, F, H, W]", latents.dims()),
-        ));
-    }
-    Ok(latents)
+        .find(|(key, _)| is_clip_latents_key(strip_dtype_suffix(key)))
+        .map(|(_, t)| t);
+    checked_clip_latents(path, latents)
 }
 
 /// One item's text-encoder output for LTX-2's video stream.
