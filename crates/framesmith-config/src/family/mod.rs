@@ -10,6 +10,7 @@ use crate::plan::ModelFamily;
 use crate::run::{RunConfig, TrainingMode};
 use crate::validate::Checker;
 
+mod cached;
 mod flux;
 mod hunyuan_video15;
 mod ltx2;
@@ -97,8 +98,8 @@ pub(crate) fn rules(family: ModelFamily) -> &'static dyn FamilyRules {
         ModelFamily::Wan => &wan::WanRules,
         ModelFamily::Flux => &flux::FluxRules,
         ModelFamily::QwenImage => &qwen_image::QwenImageRules,
-        ModelFamily::HunyuanVideo15 => &hunyuan_video15::HunyuanVideo15Rules,
-        ModelFamily::Ltx2 => &ltx2::Ltx2Rules,
+        ModelFamily::HunyuanVideo15 => &hunyuan_video15::HUNYUAN_VIDEO15_RULES,
+        ModelFamily::Ltx2 => &ltx2::LTX2_RULES,
     }
 }
 

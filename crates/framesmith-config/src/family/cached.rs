@@ -1,0 +1,126 @@
+//! The rules of a family whose runs train one DiT from caches made elsewhere, read from `model.dit` alone: the
+//! settings of other families such a run refuses and what it cannot do yet (samples, and for some image-to-video),
+//! each by key with its fix. A family gives only its names and what it lacks ([`CacheOnlyRules`]).
+
+use std::path::Path;
+
+use super::FamilyRules;
+use crate::run::{RunConfig, TrainingMode};
+use crate::validate::Checker;
+
+/// What a cache-only family's messages say; the checks are the same for each.
+pub(crate) struct CacheOnlyRules {
+    /// The DiT as `model.dit is …` names it (`LTX-2`).
+    pub model: &'static str,
+    /// Who is read from the file, with its verb (`LTX-2 and LTX-2.3 are`).
+    pub read_from_file: &'static str,
+    /// One of its runs, with its article (`an LTX-2 run`).
+    pub a_run: &'static str,
+    /// What `model.clip` holds for its runs (`CLIP model (LTX-2 takes none)`).
+    pub clip_file: &'static str,
+    /// What it conditions on instead of CLIP (`Gemma 3 through its text connector`).
+    pub conditions_on: &'static str,
+    /// What its samples need that Framesmith lacks, and that it lacks it.
+    pub samples_need: &'static str,
+    /// Why image-to-video is refused, when it is.
+    pub no_image_to_video: Option<&'static str>,
+}
+
+impl FamilyRules for CacheOnlyRules {
+    fn sampling_files<'a>(
+        &self,
+        _cfg: &'a RunConfig,
+    ) -> Vec<(&'static str, &'a Path, &'static str)> {
+        // Samples are refused in `check`, whatever files are given.
+        Vec::new()
+    }
+
+    fn clip_file(&self) -> &'static str {
+        self.clip_file
+    }
+
+    fn check(&self, c: &mut Checker, cfg: &RunConfig, _validation_scheduled: bool) {
+        let m = &cfg.model;
+        if !m.variant.eq_ignore_ascii_case("auto") {
+            c.problem(
+                "model.variant",
+                format!(
+                    "names the Wan variant `{}`, but model.dit is {}",
+                    m.variant, self.model
+                ),
+                format!(
+                    "set model.variant = \"auto\" ({} read from the file)",
+                    self.read_from_file
+                ),
+            );
+        }
+        if !m.dit_low_noise.as_os_str().is_empty() {
+            c.problem(
+                "model.dit_low_noise",
+                format!(
+                    "is for Wan2.2 A14B's low-noise expert; {} trains one DiT",
+                    self.a_run
+                ),
+                "remove model.dit_low_noise",
+            );
+        }
+        if !m.clip.as_os_str().is_empty() {
+            c.problem(
+                "model.clip",
+                format!(
+                    "{} conditions on {}, not on CLIP",
+                    self.model, self.conditions_on
+                ),
+                "remove model.clip",
+            );
+        }
+        if let Some(why) = self.no_image_to_video {
+            if cfg.training.mode == TrainingMode::ImageToVideo {
+                c.problem(
+                    "training.mode",
+                    why,
+                    "set training.mode = \"text_to_video\" (or \"auto\")",
+                );
+            }
+        }
+        if cfg.sampling.prompts.is_some() {
+            c.problem(
+                "sampling.prompts",
+                format!("samples of {} need {}", self.a_run, self.samples_need),
+                "remove sampling.prompts and the sample schedule (sample_every_n_* / sample_at_first)",
+            );
+        }
+    }
+}
+
+/// A run of a family whose files all exist: the source file `source` of this crate (`src/family/ltx2.rs`) stands
+/// in for each.
+#[cfg(test)]
+pub(crate) fn run_of_existing_files(source: &str) -> RunConfig {
+    let here = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(source);
+    let mut cfg = RunConfig::default();
+    cfg.model.dit = here.clone();
+    cfg.dataset.config = here;
+    cfg
+}
+
+/// `cfg`, validated for `family`, is refused with each of `expected`: a problem of its key whose message and fix
+/// hold the given parts.
+#[cfg(test)]
+pub(crate) fn assert_refused(
+    cfg: &RunConfig,
+    family: crate::plan::ModelFamily,
+    expected: &[(&str, &str, &str)],
+) {
+    let host = crate::plan::HostInfo::cpu_only();
+    let Err(errors) = crate::validate::validate_for(cfg, &host, family) else {
+        panic!("{family} validated a run it must refuse");
+    };
+    for &(key, message, fix) in expected {
+        let found = errors
+            .problems
+            .iter()
+            .any(|p| p.key == key && p.message.contains(message) && p.fix.contains(fix));
+        assert!(found, "{key}: {errors}");
+    }
+}
