@@ -122,54 +122,14 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::path::PathBuf;
-
-    use candle_core::Tensor;
-
-    use super::*;
-
-    fn case_dir(case: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../framesmith-models/tests/fixtures/hunyuan_video15")
-            .join(case)
-    }
-
-    fn failed(rows: &[ParityRow]) -> Vec<String> {
-        rows.iter()
-            .filter(|r| !r.passed)
-            .map(|r| r.name.clone())
-            .collect()
-    }
+    use super::super::tests::assert_cases_pass_and_a_perturbed_row_fails;
 
     #[test]
     fn both_cases_pass_and_a_perturbed_output_fails() -> anyhow::Result<()> {
-        for (case, count) in [("t2v", 20), ("i2v", 21)] {
-            let rows = super::super::check_fixture(&case_dir(case))?;
-            for row in &rows {
-                println!("{case}: {row}");
-            }
-            assert_eq!(rows.len(), count, "{case}");
-            assert!(
-                failed(&rows).is_empty(),
-                "{case}: failed rows {:?}",
-                failed(&rows)
-            );
-        }
-        let dir = tempfile::tempdir()?;
-        for name in ["config.json", "weights.safetensors", "inputs.safetensors"] {
-            std::fs::copy(case_dir("i2v").join(name), dir.path().join(name))?;
-        }
-        let mut expected: HashMap<String, Tensor> = candle_core::safetensors::load(
-            case_dir("i2v").join("expected.safetensors"),
-            &Device::Cpu,
-        )?;
-        let out = &expected["out"];
-        let bumped = (out + out.affine(0.0, 1e-2)?)?;
-        expected.insert("out".into(), bumped);
-        candle_core::safetensors::save(&expected, dir.path().join("expected.safetensors"))?;
-        let rows = super::super::check_fixture(dir.path())?;
-        assert_eq!(failed(&rows), vec!["out".to_string()]);
-        Ok(())
+        assert_cases_pass_and_a_perturbed_row_fails(
+            "hunyuan_video15",
+            &[("t2v", 20), ("i2v", 21)],
+            ("i2v", "out"),
+        )
     }
 }

@@ -72,54 +72,14 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::path::PathBuf;
-
-    use candle_core::Tensor;
-
-    use super::*;
-
-    fn case_dir(case: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../framesmith-models/tests/fixtures/hunyuan_video15_vae")
-            .join(case)
-    }
-
-    fn failed(rows: &[ParityRow]) -> Vec<String> {
-        rows.iter()
-            .filter(|r| !r.passed)
-            .map(|r| r.name.clone())
-            .collect()
-    }
+    use super::super::tests::assert_cases_pass_and_a_perturbed_row_fails;
 
     #[test]
     fn both_cases_pass_and_a_perturbed_tiled_decode_fails() -> anyhow::Result<()> {
-        for (case, count) in [("video", 6), ("image", 4)] {
-            let rows = super::super::check_fixture(&case_dir(case))?;
-            for row in &rows {
-                println!("{case}: {row}");
-            }
-            assert_eq!(rows.len(), count, "{case}");
-            assert!(
-                failed(&rows).is_empty(),
-                "{case}: failed rows {:?}",
-                failed(&rows)
-            );
-        }
-        let dir = tempfile::tempdir()?;
-        for name in ["config.json", "weights.safetensors", "inputs.safetensors"] {
-            std::fs::copy(case_dir("video").join(name), dir.path().join(name))?;
-        }
-        let mut expected: HashMap<String, Tensor> = candle_core::safetensors::load(
-            case_dir("video").join("expected.safetensors"),
-            &Device::Cpu,
-        )?;
-        let out = &expected["decoded_tiled"];
-        let bumped = (out + out.affine(0.0, 1e-2)?)?;
-        expected.insert("decoded_tiled".into(), bumped);
-        candle_core::safetensors::save(&expected, dir.path().join("expected.safetensors"))?;
-        let rows = super::super::check_fixture(dir.path())?;
-        assert_eq!(failed(&rows), vec!["decoded_tiled".to_string()]);
-        Ok(())
+        assert_cases_pass_and_a_perturbed_row_fails(
+            "hunyuan_video15_vae",
+            &[("video", 6), ("image", 4)],
+            ("video", "decoded_tiled"),
+        )
     }
 }

@@ -94,53 +94,15 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
-    use std::path::PathBuf;
-
-    use super::*;
-
-    fn case_dir(case: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-            .join("../framesmith-models/tests/fixtures/ltx2")
-            .join(case)
-    }
-
-    fn failed(rows: &[ParityRow]) -> Vec<String> {
-        rows.iter()
-            .filter(|r| !r.passed)
-            .map(|r| r.name.clone())
-            .collect()
-    }
+    use super::super::tests::assert_cases_pass_and_a_perturbed_row_fails;
 
     #[test]
     fn both_releases_pass_and_a_perturbed_output_fails() -> anyhow::Result<()> {
         // timestep, block0.out, out, two input gradients and 10 (LTX-2) or 12 (LTX-2.3) weight gradients.
-        for (case, count) in [("ltx2_t2v", 15), ("ltx23_t2v", 17)] {
-            let rows = super::super::check_fixture(&case_dir(case))?;
-            for row in &rows {
-                println!("{case}: {row}");
-            }
-            assert_eq!(rows.len(), count, "{case}");
-            assert!(
-                failed(&rows).is_empty(),
-                "{case}: failed rows {:?}",
-                failed(&rows)
-            );
-        }
-        let dir = tempfile::tempdir()?;
-        for name in ["config.json", "weights.safetensors", "inputs.safetensors"] {
-            std::fs::copy(case_dir("ltx23_t2v").join(name), dir.path().join(name))?;
-        }
-        let mut expected: HashMap<String, Tensor> = candle_core::safetensors::load(
-            case_dir("ltx23_t2v").join("expected.safetensors"),
-            &Device::Cpu,
-        )?;
-        let out = &expected["out"];
-        let bumped = (out + out.affine(0.0, 1e-2)?)?;
-        expected.insert("out".into(), bumped);
-        candle_core::safetensors::save(&expected, dir.path().join("expected.safetensors"))?;
-        let rows = super::super::check_fixture(dir.path())?;
-        assert_eq!(failed(&rows), vec!["out".to_string()]);
-        Ok(())
+        assert_cases_pass_and_a_perturbed_row_fails(
+            "ltx2",
+            &[("ltx2_t2v", 15), ("ltx23_t2v", 17)],
+            ("ltx23_t2v", "out"),
+        )
     }
 }

@@ -1,9 +1,59 @@
 //! Every FLUX.1 fixture case through [`check_fixture`]: each row passes and every expected tensor is
-//! compared.
+//! compared; and the check the other kinds' tests share ([`assert_cases_pass_and_a_perturbed_row_fails`]).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 
-use super::{check_fixture, Fixture};
+use candle_core::{Device, Tensor};
+
+use super::{check_fixture, Fixture, ParityRow};
+
+/// The names of the rows of `rows` that failed.
+fn failed(rows: &[ParityRow]) -> Vec<String> {
+    rows.iter()
+        .filter(|r| !r.passed)
+        .map(|r| r.name.clone())
+        .collect()
+}
+
+/// Each case of the fixture folder `family` (this workspace's `framesmith-models/tests/fixtures/<family>`) passes with its count of rows, and a copy of case `perturbed` whose
+/// expected tensor `row` is bumped by 1 % fails on that row alone.
+pub(super) fn assert_cases_pass_and_a_perturbed_row_fails(
+    family: &str,
+    cases: &[(&str, usize)],
+    (perturbed, row): (&str, &str),
+) -> anyhow::Result<()> {
+    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../framesmith-models/tests/fixtures")
+        .join(family);
+    let case_dir = |case: &str| fixtures.join(case);
+    for &(case, count) in cases {
+        let rows = check_fixture(&case_dir(case))?;
+        for row in &rows {
+            println!("{case}: {row}");
+        }
+        assert_eq!(rows.len(), count, "{case}");
+        assert!(
+            failed(&rows).is_empty(),
+            "{case}: failed rows {:?}",
+            failed(&rows)
+        );
+    }
+    let dir = tempfile::tempdir()?;
+    for name in ["config.json", "weights.safetensors", "inputs.safetensors"] {
+        std::fs::copy(case_dir(perturbed).join(name), dir.path().join(name))?;
+    }
+    let mut expected: HashMap<String, Tensor> = candle_core::safetensors::load(
+        case_dir(perturbed).join("expected.safetensors"),
+        &Device::Cpu,
+    )?;
+    let out = &expected[row];
+    let bumped = (out + out.affine(0.0, 1e-2)?)?;
+    expected.insert(row.into(), bumped);
+    candle_core::safetensors::save(&expected, dir.path().join("expected.safetensors"))?;
+    let rows = check_fixture(dir.path())?;
+    assert_eq!(failed(&rows), vec![row.to_string()]);
+    Ok(())
+}
 
 fn assert_case(case: &str) -> anyhow::Result<()> {
     let dir = framesmith_models::fixtures::case_dir("flux", case);
