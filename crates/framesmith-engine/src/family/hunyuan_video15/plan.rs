@@ -5,26 +5,22 @@
 
 use framesmith_config::run::TrainingMode;
 use framesmith_config::RunConfig;
-use framesmith_data::family::hunyuan_video15::cache::parse_hv15_latent_cache_name;
-use framesmith_data::ValidConfig;
 use framesmith_models::hunyuan_video15::weights::official_shapes;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
-use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
-use super::items::{VAE, VAE_FACTOR, VAE_TEMPORAL};
+use super::items::{VAE_FACTOR, VAE_TEMPORAL};
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_shape, family_lora_parameters, latent_frames, plan_model_of,
-    token_grid, weights_by_component, PlanNames,
+    block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
+    latent_frames, plan_model_of, spread_streamed_blocks, token_grid, weights_by_component,
+    PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
 };
-use crate::plan::{
-    largest_cached_clip_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
-};
+use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
 
 /// HunyuanVideo 1.5's transformer as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -71,23 +67,6 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
     })
 }
 
-/// The largest clip among the HunyuanVideo 1.5 latent caches (`_hv15`) of `valid`'s datasets, read from the cache
-/// files' headers; `None` when nothing is cached for HunyuanVideo 1.5.
-pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
-    largest_cached_clip_of(
-        valid,
-        |name, kind| parse_hv15_latent_cache_name(name, kind).is_some(),
-        |[_, frames, height, width], batch| VAE.clip_of_latents([frames, height, width], batch),
-    )
-}
-
-/// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
-/// most every block but one.
-pub fn hv15_streamed_blocks(cfg: &HunyuanVideo15Config, count: usize) -> Vec<usize> {
-    let n = cfg.num_layers;
-    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
-}
-
 /// Text tokens per sample the plan counts: Qwen2.5-VL's hidden states of the caption's valid tokens (up to 1000)
 /// and the glyph tokens of quoted text (up to 256); 256 covers the captions of usual datasets with no quotes.
 const TEXT_TOKENS: u64 = 256;
@@ -116,28 +95,17 @@ fn lora_parameters(
 
 /// The double-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
 fn block_kind(cfg: &HunyuanVideo15Config, input: &PlanInput, shape: &StepShape) -> BlockKind {
-    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
-    let r = input.lora.rank as u64;
-    let (d, f, heads) = (
+    let buffers = block_buffers(&official_shapes(cfg), "double_blocks.0.", input.base);
+    let dims = (
         cfg.inner_dim() as u64,
         cfg.mlp_hidden_dim() as u64,
         cfg.num_attention_heads as u64,
     );
-    let buffers = block_buffers(&official_shapes(cfg), "double_blocks.0.", input.base);
-    let align = ALIGN as u64;
-    BlockKind {
-        label: "",
-        data_bytes: buffers.iter().sum(),
-        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
-        tape_bytes: 2 * l * d * s
-            + 2 * l * d * 4
-            + 13 * l * d * c
-            + 2 * l * f * c
-            + 4 * l * r * c
-            + l * heads * 4,
-        kept_attention_bytes: l * d * c + l * heads * 4,
-        kept_projection_bytes: 2 * l * d * c,
-    }
+    let counts = TapeCounts {
+        f32_norms: 2,
+        attentions: 1,
+    };
+    dual_stream_block_kind(&buffers, input, shape, dims, counts)
 }
 
 /// The HunyuanVideo 1.5 transformer `cfg` for `input`, with `image_tokens` I2V image tokens in the text.
@@ -176,7 +144,7 @@ pub(crate) fn describe(
         kinds: vec![block_kind(cfg, input, &shape)],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
-            .map(|count| hv15_streamed_blocks(cfg, count))
+            .map(|count| spread_streamed_blocks(n, count))
             .collect(),
         resident: resident_weights(cfg, compute),
         lora,

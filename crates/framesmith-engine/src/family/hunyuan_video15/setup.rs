@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::items::{load_hv15_items, ItemReader, VAE};
-use super::plan::{hv15_streamed_blocks, Hv15PlanModel};
+use super::plan::Hv15PlanModel;
 use super::run::{Hv15Run, NoSamples};
 use super::train::dit_config;
 use crate::family::image::items::split_items;
+use crate::family::image::plan::spread_streamed_blocks;
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
@@ -117,7 +118,7 @@ pub(super) fn start_run(
     );
     let (streamed, offload): (Vec<usize>, OffloadOptions) =
         blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
-            .map(|(count, offload)| (hv15_streamed_blocks(&cfg, count), offload))
+            .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
             .unwrap_or_default();
     let mut model = load_dit_streamed(
         dit,

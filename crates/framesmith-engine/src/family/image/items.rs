@@ -8,12 +8,12 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{Device, Tensor};
 
-use crate::plan::ClipShape;
+use crate::plan::{largest_cached_clip_of, ClipShape};
 use crate::train::data::{list_cache_dir, TrainItem};
 use crate::train::validation::{hold_out, Validation};
 use framesmith_config::RunPlan;
 use framesmith_data::problem::summary_lines;
-use framesmith_data::{DatasetKind, Unreadable};
+use framesmith_data::{DatasetKind, Unreadable, ValidConfig};
 
 /// How an image family's cached items are found, read and checked against its model.
 pub(crate) trait ImageCacheReader {
@@ -258,6 +258,18 @@ impl VideoVae {
             frames: (frames.max(1) - 1) * self.temporal + 1,
             batch,
         }
+    }
+
+    /// The largest clip among the latent caches of `valid`'s datasets that `is_cache` says are the family's
+    /// (given a file name and its dataset's kind), read from the cache files' headers; `None` when there is none.
+    pub(crate) fn largest_cached_clip(
+        self,
+        valid: &ValidConfig,
+        is_cache: impl Fn(&str, DatasetKind) -> bool,
+    ) -> Option<ClipShape> {
+        largest_cached_clip_of(valid, is_cache, |[_, frames, height, width], batch| {
+            self.clip_of_latents([frames, height, width], batch)
+        })
     }
 
     /// The clip a video run's steps see: the cached latent `[C, F, H, W]` of the most tokens, and the batch size.

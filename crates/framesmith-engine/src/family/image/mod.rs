@@ -4,11 +4,13 @@
 //! memory plan and LoRA metadata of its setup ([`setup`]), the samples during training ([`samples`]) and their
 //! prompts through the prompt cache ([`prompt_cache`]), the cache passes' loops over images and captions
 //! ([`prep`]), what the sampling pipelines share ([`pipeline`]), and the checks and the end of an image generation
-//! ([`generate`]). Nothing here is one family's own; a family implements [`items::ImageCacheReader`],
-//! [`run::ImageModel`] and [`samples::ImagePipeline`].
+//! ([`generate`]); and the whole family impl of a video family trained from caches made elsewhere
+//! ([`cached_video`]). Nothing here is one family's own; a family implements [`items::ImageCacheReader`],
+//! [`run::ImageModel`] and [`samples::ImagePipeline`], or [`cached_video::CachedVideoFamily`].
 
 use framesmith_config::RunConfig;
 
+pub(crate) mod cached_video;
 pub mod generate;
 pub mod items;
 pub mod pipeline;

@@ -8,9 +8,10 @@ use framesmith_config::RunConfig;
 
 use crate::plan::{
     dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
-    BlockWidths, LoraShape, PlanError, PlanInput, PlanModel, StepShape,
+    BlockKind, BlockWidths, LoraShape, PlanError, PlanInput, PlanModel, StepShape,
 };
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
+use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 /// How an image family's DiT is named and read for the planner.
 pub(crate) struct PlanNames<C> {
@@ -78,6 +79,54 @@ pub(crate) fn block_buffers(
         }
     }
     out
+}
+
+/// The blocks of a DiT of `num_blocks` blocks that stream when `count` do: spread evenly, so resident blocks between
+/// them hide their copies; at most every block but one.
+pub fn spread_streamed_blocks(num_blocks: usize, count: usize) -> Vec<usize> {
+    let n = num_blocks;
+    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
+}
+
+/// What a dual-stream block's tape holds beyond the terms every such block has: its f32 norm outputs and its
+/// attentions' log-sum-exp, each counted in `L·d` and `L·h` values.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TapeCounts {
+    /// The f32 norm outputs, in `L·d` values.
+    pub f32_norms: u64,
+    /// The attentions whose log-sum-exp the tape keeps, in `L·h` values.
+    pub attentions: u64,
+}
+
+/// The sizes of a dual-stream block of width `d`, MLP width `f` and `heads` heads whose frozen buffers are
+/// `buffers` ([`block_buffers`]), for a step of `shape` at `input`'s LoRA rank `r` (`L` tokens, `c` / `s` compute
+/// and residual dtype bytes): a tape of `2·L·d·s` of residual stream, `n·L·d·4` of f32 norms, `13·L·d·c` of
+/// modulated inputs, projections, roped q/k, v, gates and attention outputs, `2·L·f·c` of MLP activations, `4·L·r·c`
+/// of LoRA activations and `a·L·h·4` of log-sum-exp (`n`, `a`: `counts`); `"attention"` checkpointing keeps
+/// `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`.
+pub(crate) fn dual_stream_block_kind(
+    buffers: &[u64],
+    input: &PlanInput,
+    shape: &StepShape,
+    (d, f, heads): (u64, u64, u64),
+    counts: TapeCounts,
+) -> BlockKind {
+    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
+    let r = input.lora.rank as u64;
+    let align = ALIGN as u64;
+    BlockKind {
+        label: "",
+        data_bytes: buffers.iter().sum(),
+        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
+        tape_bytes: 2 * l * d * s
+            + counts.f32_norms * l * d * 4
+            + 13 * l * d * c
+            + 2 * l * f * c
+            + 4 * l * r * c
+            + counts.attentions * l * heads * 4,
+        kept_attention_bytes: l * d * c + l * heads * 4,
+        kept_projection_bytes: 2 * l * d * c,
+    }
 }
 
 /// The weights of `shapes` outside the blocks, all `compute` bytes per value, summed by component: `groups` maps a

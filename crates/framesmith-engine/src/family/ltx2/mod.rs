@@ -6,16 +6,15 @@
 
 use std::path::Path;
 
-use crate::family::Family;
-use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
-use crate::generate::run::{given, Session};
-use crate::plan::{ClipShape, PlanError, PlanModel};
-use crate::prep::pass::{CachePass, CacheRequest};
-use crate::prep::{CacheProgress, CacheSummary};
+use crate::family::image::cached_video::CachedVideoFamily;
+use crate::family::image::items::VideoVae;
+use crate::plan::{PlanError, PlanModel};
+use crate::prep::pass::LatentFiles;
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
-use framesmith_data::ValidConfig;
+use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
+use framesmith_data::DatasetKind;
 
 pub mod items;
 pub mod plan;
@@ -28,98 +27,45 @@ mod testkit;
 #[cfg(test)]
 mod tests;
 
-/// Why `framesmith generate` does not run an LTX-2 DiT.
-const NO_GENERATE: &str = "generating with LTX-2 needs its video VAE (to decode the clip) and the Gemma 3 text \
-     encoder, which Framesmith does not have yet; use ComfyUI's LTX-2 workflow or ltx-pipelines with the LoRA \
-     (its keys are the official trainer's)";
-
 /// LTX-2 and LTX-2.3: the runs whose `model.dit` is an LTX-2 transformer.
 pub struct Ltx2Family;
 
-impl Family for Ltx2Family {
-    fn name(&self) -> &'static str {
-        "LTX-2"
-    }
+impl CachedVideoFamily for Ltx2Family {
+    const NAME: &'static str = "LTX-2";
+    const CONFIG_FAMILY: ModelFamily = ModelFamily::Ltx2;
+    const VAE: VideoVae = items::VAE;
+    const NOT_ITS_DIT: &'static str =
+        "model.dit is not an LTX-2 transformer; point it at Lightricks' \
+         ltx-2-19b-*.safetensors or ltx-2.3-22b-*.safetensors";
+    const NO_CACHE_PASS: &'static str = items::LTX2_CACHES;
+    const NO_GENERATE: &'static str = "generating with LTX-2 needs its video VAE (to decode the clip) and the \
+         Gemma 3 text encoder, which Framesmith does not have yet; use ComfyUI's LTX-2 workflow or ltx-pipelines \
+         with the LoRA (its keys are the official trainer's)";
 
-    fn claims(&self, config: &RunConfig) -> bool {
+    fn is_run(config: &RunConfig) -> bool {
         train::is_ltx2_run(config)
     }
 
-    fn config_family(&self) -> ModelFamily {
-        ModelFamily::Ltx2
+    fn is_dit_file(path: &Path) -> bool {
+        train::is_ltx2_file(path)
     }
 
-    fn plan_model(&self, config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
+    fn is_latent_cache(file_name: &str, kind: DatasetKind) -> bool {
+        parse_ltx2_latent_cache_name(file_name, kind).is_some()
+    }
+
+    fn claims_latent_pass(files: &LatentFiles) -> bool {
+        files.dit.as_deref().is_some_and(train::is_ltx2_file)
+    }
+
+    fn plan_model(config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
         plan::plan_model(config)
     }
 
-    fn largest_cached_clip(&self, valid: &ValidConfig, _demo: bool) -> Option<ClipShape> {
-        plan::largest_cached_clip(valid)
-    }
-
-    fn settings_to_check(&self, config: &RunConfig) -> RunConfig {
-        super::image::settings_with_auto_variant(config)
-    }
-
-    fn claims_cache(&self, pass: &CachePass) -> bool {
-        match pass {
-            CachePass::Latents(files) => files.dit.as_deref().is_some_and(train::is_ltx2_file),
-            CachePass::Text(_) => false,
-        }
-    }
-
-    fn cache(
-        &self,
-        request: &CacheRequest<'_>,
-        _progress: &mut dyn CacheProgress,
-        _log: &mut dyn FnMut(&str),
-    ) -> anyhow::Result<CacheSummary> {
-        anyhow::bail!("{}: {}", items::LTX2_CACHES, request.dataset.display())
-    }
-
     fn start_run(
-        &self,
         plan: &RunPlan,
         log: &mut dyn FnMut(LogLevel, String),
-    ) -> anyhow::Result<RunParts> {
-        let Some(dit) = train::ltx2_dit_of(plan) else {
-            anyhow::bail!(
-                "model.dit is not an LTX-2 transformer; point it at Lightricks' ltx-2-19b-*.safetensors or \
-                 ltx-2.3-22b-*.safetensors"
-            );
-        };
-        setup::start_run(plan, &dit, log)
-    }
-
-    fn run_request(&self, config: &RunConfig, out_stem: &Path) -> GenerationRequest {
-        let m = &config.model;
-        let mut request = GenerationRequest::new(
-            DitSource::File(m.dit.clone()),
-            "",
-            out_stem.with_extension("mp4"),
-        );
-        request.files.vae = given(&m.vae);
-        request.files.text_encoder = given(&m.text_encoder);
-        request.placement.device = config.training.device;
-        request
-    }
-
-    fn claims_dit(&self, dit: &DitSource) -> bool {
-        match dit {
-            DitSource::File(path) => train::is_ltx2_file(path),
-            DitSource::Demo => false,
-        }
-    }
-
-    fn generate(
-        &self,
-        request: &GenerationRequest,
-        _session: &mut Session,
-    ) -> anyhow::Result<GenerationOutput> {
-        let dit = match &request.dit {
-            DitSource::File(path) => path.display().to_string(),
-            DitSource::Demo => String::new(),
-        };
-        anyhow::bail!("{NO_GENERATE}: {dit}")
+    ) -> Option<anyhow::Result<RunParts>> {
+        train::ltx2_dit_of(plan).map(|dit| setup::start_run(plan, &dit, log))
     }
 }

@@ -4,26 +4,22 @@
 //! the audio stream is neither held nor computed.
 
 use framesmith_config::RunConfig;
-use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
-use framesmith_data::ValidConfig;
 use framesmith_models::ltx2::weights::video_stream_shapes;
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
-use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
-use super::items::{VAE, VAE_FACTOR, VAE_TEMPORAL};
+use super::items::{VAE_FACTOR, VAE_TEMPORAL};
 use super::train::{dit_config, is_ltx2_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_shape, family_lora_parameters, latent_frames, plan_model_of,
-    token_grid, weights_by_component, PlanNames,
+    block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
+    latent_frames, plan_model_of, spread_streamed_blocks, token_grid, weights_by_component,
+    PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
 };
-use crate::plan::{
-    largest_cached_clip_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
-};
+use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
 
 /// LTX-2's transformer as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -63,23 +59,6 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
     })
 }
 
-/// The largest clip among the LTX-2 latent caches (`_ltx2`) of `valid`'s datasets, read from the cache files'
-/// headers; `None` when nothing is cached for LTX-2.
-pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
-    largest_cached_clip_of(
-        valid,
-        |name, kind| parse_ltx2_latent_cache_name(name, kind).is_some(),
-        |[_, frames, height, width], batch| VAE.clip_of_latents([frames, height, width], batch),
-    )
-}
-
-/// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
-/// most every block but one.
-pub fn ltx2_streamed_blocks(cfg: &Ltx2Config, count: usize) -> Vec<usize> {
-    let n = cfg.num_layers;
-    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
-}
-
 /// Text tokens per sample the plan counts: the connector's output of a caption padded to Gemma's 1024 tokens.
 const TEXT_TOKENS: u64 = 1024;
 
@@ -103,29 +82,18 @@ fn lora_parameters(cfg: &Ltx2Config, lora: &LoraShape) -> Result<AdapterCount, L
 
 /// The block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
 fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape) -> BlockKind {
-    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
-    let r = input.lora.rank as u64;
     let d = cfg.inner_dim() as u64;
-    let (f, heads) = (4 * d, cfg.num_attention_heads as u64);
     let buffers = block_buffers(
         &video_stream_shapes(cfg),
         "transformer_blocks.0.",
         input.base,
     );
-    let align = ALIGN as u64;
-    BlockKind {
-        label: "",
-        data_bytes: buffers.iter().sum(),
-        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
-        tape_bytes: 2 * l * d * s
-            + 3 * l * d * 4
-            + 13 * l * d * c
-            + 2 * l * f * c
-            + 4 * l * r * c
-            + 2 * l * heads * 4,
-        kept_attention_bytes: l * d * c + l * heads * 4,
-        kept_projection_bytes: 2 * l * d * c,
-    }
+    let dims = (d, 4 * d, cfg.num_attention_heads as u64);
+    let counts = TapeCounts {
+        f32_norms: 3,
+        attentions: 2,
+    };
+    dual_stream_block_kind(&buffers, input, shape, dims, counts)
 }
 
 /// The LTX-2 transformer `cfg` for `input`.
@@ -161,7 +129,7 @@ pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemor
         kinds: vec![block_kind(cfg, input, &shape)],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
-            .map(|count| ltx2_streamed_blocks(cfg, count))
+            .map(|count| spread_streamed_blocks(n, count))
             .collect(),
         resident: resident_weights(cfg, compute),
         lora,

@@ -8,10 +8,11 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::items::{load_ltx2_items, VAE};
-use super::plan::{ltx2_streamed_blocks, Ltx2PlanModel};
+use super::plan::Ltx2PlanModel;
 use super::run::{Ltx2Run, NoSamples};
 use super::train::dit_config;
 use crate::family::image::items::split_items;
+use crate::family::image::plan::spread_streamed_blocks;
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
@@ -97,7 +98,7 @@ pub(super) fn start_run(
     let model_line = format!("{release} has {} blocks", cfg.num_layers);
     let (streamed, offload): (Vec<usize>, OffloadOptions) =
         blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
-            .map(|(count, offload)| (ltx2_streamed_blocks(&cfg, count), offload))
+            .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
             .unwrap_or_default();
     let (_, mut model) = load_streamed(
         dit,

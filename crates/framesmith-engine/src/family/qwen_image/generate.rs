@@ -24,12 +24,12 @@ use super::pipeline::{
     decode_image, denoise_image, QwenImagePrompt, QwenImageSettings, DEFAULT_CFG_SCALE,
     DEFAULT_SIDE, DEFAULT_STEPS,
 };
-use super::plan::qwen_streamed_blocks;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::generate::{
     check_png_out, control_images, edit_size, finish_image, foreign_options, hold_budget,
     one_device, refuse_foreign, ControlSizing, ImageSteps,
 };
+use crate::family::image::plan::spread_streamed_blocks;
 use crate::generate::request::{
     open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
 };
@@ -152,7 +152,7 @@ fn load_dit_with_loras(
     session: &mut Session,
 ) -> anyhow::Result<QwenImageTransformer> {
     let cfg = dit_config(dit)?;
-    let streamed = qwen_streamed_blocks(&cfg, request.blocks_to_swap);
+    let streamed = spread_streamed_blocks(cfg.num_layers, request.blocks_to_swap);
     let mut model = load_dit_streamed(
         dit,
         (dtype, device),

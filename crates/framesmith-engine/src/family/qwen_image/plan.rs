@@ -8,13 +8,12 @@ use framesmith_data::ValidConfig;
 use framesmith_models::qwen_image::weights::official_shapes;
 use framesmith_models::qwen_image::QwenImageConfig;
 use framesmith_nn::lora::{LoraError, LoraFamily};
-use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
 
 use super::pipeline::DEFAULT_CFG_SCALE;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_shape, family_lora_parameters, plan_model_of, token_grid,
-    weights_by_component, PlanNames,
+    block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
+    plan_model_of, spread_streamed_blocks, token_grid, weights_by_component, PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
@@ -126,13 +125,6 @@ pub(crate) fn largest_cached_clip(valid: &ValidConfig) -> Option<ClipShape> {
     )
 }
 
-/// The blocks that stream when `count` do: spread evenly, so resident blocks between them hide their copies; at
-/// most every block but one.
-pub fn qwen_streamed_blocks(cfg: &QwenImageConfig, count: usize) -> Vec<usize> {
-    let n = cfg.num_layers;
-    streamed_blocks(n, count.min(n.saturating_sub(1)), StreamPlacement::Spread)
-}
-
 /// Text tokens per sample the plan counts: captions are as long as they are (Qwen2.5-VL's hidden states of the
 /// valid tokens, up to 1024); 256 covers the long captions of usual datasets. Longer captions take more.
 const TEXT_TOKENS: u64 = 256;
@@ -163,28 +155,17 @@ fn lora_parameters(cfg: &QwenImageConfig, lora: &LoraShape) -> Result<AdapterCou
 
 /// The dual-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
 fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> BlockKind {
-    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
-    let r = input.lora.rank as u64;
-    let (d, f, heads) = (
+    let buffers = block_buffers(&official_shapes(cfg), "transformer_blocks.0.", input.base);
+    let dims = (
         cfg.inner_dim() as u64,
         cfg.mlp_hidden_dim() as u64,
         cfg.num_attention_heads as u64,
     );
-    let buffers = block_buffers(&official_shapes(cfg), "transformer_blocks.0.", input.base);
-    let align = ALIGN as u64;
-    BlockKind {
-        label: "",
-        data_bytes: buffers.iter().sum(),
-        packed_bytes: buffers.iter().map(|b| b.div_ceil(align) * align).sum(),
-        tape_bytes: 2 * l * d * s
-            + 2 * l * d * 4
-            + 13 * l * d * c
-            + 2 * l * f * c
-            + 4 * l * r * c
-            + l * heads * 4,
-        kept_attention_bytes: l * d * c + l * heads * 4,
-        kept_projection_bytes: 2 * l * d * c,
-    }
+    let counts = TapeCounts {
+        f32_norms: 2,
+        attentions: 1,
+    };
+    dual_stream_block_kind(&buffers, input, shape, dims, counts)
 }
 
 /// The Qwen-Image transformer `cfg` for `input` (an image step: `clip.frames` is ignored).
@@ -219,7 +200,7 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
         kinds: vec![block_kind(cfg, input, &shape)],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
-            .map(|count| qwen_streamed_blocks(cfg, count))
+            .map(|count| spread_streamed_blocks(n, count))
             .collect(),
         resident: resident_weights(cfg, compute),
         lora,

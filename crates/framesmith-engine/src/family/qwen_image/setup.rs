@@ -7,11 +7,12 @@ use std::collections::HashMap;
 use std::path::Path;
 
 use super::encoder::EncoderLoaders;
-use super::plan::{qwen_streamed_blocks, QwenImagePlanModel};
+use super::plan::QwenImagePlanModel;
 use super::run::QwenImageRun;
 use super::samples::image_samples;
 use super::train::{dit_config, load_qwen_items};
 use crate::family::image::items::{largest_clip, split_items, ImageItems};
+use crate::family::image::plan::spread_streamed_blocks;
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
@@ -109,7 +110,7 @@ pub(crate) fn start_run_with(
     let model_line = format!("Qwen-Image has {} dual-stream blocks", cfg.num_layers);
     let (streamed, offload): (Vec<usize>, OffloadOptions) =
         blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
-            .map(|(count, offload)| (qwen_streamed_blocks(&cfg, count), offload))
+            .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
             .unwrap_or_default();
     let mut model = load_dit_streamed(
         dit,

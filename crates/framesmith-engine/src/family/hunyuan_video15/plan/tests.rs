@@ -1,43 +1,32 @@
 use super::*;
-use crate::plan::{plan, DEFAULT_CLIP};
-use framesmith_config::run::{
-    ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, StreamingMode,
+use crate::family::testkit::plan::{
+    assert_auto_streams_within, assert_blocks_hold_every_weight, assert_presets_fit,
+    assert_streamed_blocks_spread, variant_input,
 };
-use framesmith_config::RunConfig;
-
-const GIB: u64 = 1 << 30;
+use crate::plan::{plan, ClipShape, PlanModel, DEFAULT_CLIP};
+use framesmith_config::run::BaseDtype;
+use framesmith_config::ModelFamily;
 
 /// HunyuanVideo 1.5 at 848×480 × `frames`, rank 32, with `base`, planned as `framesmith plan --variant
 /// hunyuan-video15` does.
 fn input(frames: usize, base: BaseDtype) -> PlanInput {
-    let mut cfg = RunConfig::default();
-    cfg.model.variant = "hunyuan-video15".into();
-    cfg.model.base_dtype = base;
-    cfg.lora.rank = 32;
-    let model = crate::plan::model_for_config(&cfg).unwrap();
-    assert!(model.downcast_ref::<Hv15PlanModel>().is_some());
     let clip = ClipShape {
         width: 848,
         height: 480,
         frames,
         ..DEFAULT_CLIP
     };
-    PlanInput::from_config(&cfg, model, clip)
+    let i = variant_input("hunyuan-video15", 32, base, clip).unwrap();
+    assert!(i.model.downcast_ref::<Hv15PlanModel>().is_some());
+    i
 }
 
 #[test]
 fn the_released_model_is_54_blocks_of_its_8_3b_parameters() {
     let i = input(121, BaseDtype::F32);
     let s = i.model.describe(&i).unwrap();
-    assert_eq!(s.num_blocks(), 54);
-    assert_eq!(s.kind_counts(), [54]);
     let cfg = HunyuanVideo15Config::hunyuan_video15();
-    let params: u64 = official_shapes(&cfg)
-        .iter()
-        .map(|(_, shape)| shape.iter().map(|&n| n as u64).product::<u64>())
-        .sum();
-    let resident: u64 = s.resident.iter().map(|(_, b)| b).sum();
-    assert_eq!(54 * s.kinds[0].data_bytes + resident, 4 * params);
+    let params = assert_blocks_hold_every_weight(&s, 54, &official_shapes(&cfg));
     assert!((8_200_000_000..8_500_000_000).contains(&params), "{params}");
     // Every linear of both streams of every block: 14 per block (musubi-tuner's targets).
     assert_eq!(s.lora.modules, 54 * 14);
@@ -71,64 +60,25 @@ fn peaks_grow_with_the_frames_and_auto_streams_within_budgets() {
         })
         .collect();
     assert!(peaks.windows(2).all(|w| w[0] < w[1]), "{peaks:?}");
-    let mut last = 0;
-    for budget_gib in [24, 16] {
-        let mut i = input(121, BaseDtype::Fp8);
-        i.streaming.mode = StreamingMode::Pinned;
-        i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
-        i.streaming.activations = ActivationPlacement::Host;
-        i.vram_budget_bytes = Some(budget_gib * GIB);
-        let r = plan(&i).unwrap();
+    let reports = assert_auto_streams_within(|| input(121, BaseDtype::Fp8), &[24, 16], false);
+    for r in &reports {
         assert!(r.model.starts_with("HunyuanVideo 1.5"), "{}", r.model);
-        assert!(
-            r.fits() && r.blocks_chosen,
-            "{budget_gib} GiB: {}",
-            r.verdict_line()
-        );
-        assert!(r.peak_vram_bytes <= budget_gib * GIB);
-        assert!(
-            r.blocks_to_swap >= last,
-            "{budget_gib} GiB streams {}",
-            r.blocks_to_swap
-        );
-        last = r.blocks_to_swap;
     }
-    assert!(last > 0, "16 GiB streams blocks");
+    assert!(reports[1].blocks_to_swap > 0, "16 GiB streams blocks");
 }
 
 #[test]
 fn streamed_blocks_spread_and_leave_one_resident() {
-    let cfg = HunyuanVideo15Config::hunyuan_video15();
-    assert!(hv15_streamed_blocks(&cfg, 0).is_empty());
-    let ten = hv15_streamed_blocks(&cfg, 10);
-    assert_eq!(ten.len(), 10);
-    assert!(ten[0] < 10 && ten[9] > 44, "{ten:?}");
-    assert_eq!(hv15_streamed_blocks(&cfg, 100).len(), 53);
+    assert_streamed_blocks_spread(HunyuanVideo15Config::hunyuan_video15().num_layers, 44);
 }
 
 /// The HunyuanVideo 1.5 presets at 480p × 121 frames, planned as `framesmith plan --variant hunyuan-video15
 /// --preset …` does: each fits its card.
 #[test]
 fn the_presets_fit_their_cards_at_480p_and_121_frames() {
-    for (name, gib) in [("hunyuan-video15-24gb", 24), ("hunyuan-video15-16gb", 16)] {
-        let preset = framesmith_config::presets::builtin(name).unwrap();
-        assert_eq!(
-            preset.family,
-            Some(framesmith_config::ModelFamily::HunyuanVideo15),
-            "{name}"
-        );
-        let mut cfg = preset.apply(&RunConfig::default()).unwrap().config;
-        cfg.model.variant = "hunyuan-video15".into();
-        let model = crate::plan::model_for_config(&cfg).unwrap();
-        let (clip, _) = crate::plan::clip_for_config(&cfg);
-        assert_eq!(
-            (clip.width, clip.height, clip.frames),
-            (848, 480, 121),
-            "{name}"
-        );
-        let mut i = PlanInput::from_config(&cfg, model, clip);
-        i.free_vram_bytes = Some(gib * GIB);
-        let r = plan(&i).unwrap();
-        assert!(r.fits(), "{name}: {}", r.verdict_line());
-    }
+    assert_presets_fit(
+        &[("hunyuan-video15-24gb", 24), ("hunyuan-video15-16gb", 16)],
+        (ModelFamily::HunyuanVideo15, "hunyuan-video15"),
+        (848, 480, Some(121)),
+    );
 }

@@ -1,42 +1,31 @@
 use super::*;
+use crate::family::testkit::plan::{
+    assert_auto_streams_within, assert_blocks_hold_every_weight, assert_presets_fit,
+    assert_streamed_blocks_spread, variant_input, GIB,
+};
 use crate::plan::{plan, DEFAULT_CLIP};
 use framesmith_config::plan::FloatDtype;
-use framesmith_config::run::{
-    ActivationPlacement, AutoKeyword, BaseDtype, BlocksToSwap, StreamingMode,
-};
-use framesmith_config::RunConfig;
-
-const GIB: u64 = 1 << 30;
+use framesmith_config::run::BaseDtype;
+use framesmith_config::ModelFamily;
 
 /// Qwen-Image at `side`², rank 16, with `base`, planned as `framesmith plan --variant qwen-image` does.
 fn input(side: usize, base: BaseDtype) -> PlanInput {
-    let mut cfg = RunConfig::default();
-    cfg.model.variant = "qwen-image".into();
-    cfg.model.base_dtype = base;
-    cfg.lora.rank = 16;
-    let model = crate::plan::model_for_config(&cfg).unwrap();
-    assert!(model.downcast_ref::<QwenImagePlanModel>().is_some());
-    let clip = crate::plan::ClipShape {
+    let clip = ClipShape {
         width: side,
         height: side,
         ..DEFAULT_CLIP
     };
-    PlanInput::from_config(&cfg, model, clip)
+    let i = variant_input("qwen-image", 16, base, clip).unwrap();
+    assert!(i.model.downcast_ref::<QwenImagePlanModel>().is_some());
+    i
 }
 
 #[test]
 fn the_released_model_is_60_blocks_of_its_parameters_and_fp8_halves_them() {
     let i = input(1024, BaseDtype::F32);
     let s = i.model.describe(&i).unwrap();
-    assert_eq!(s.num_blocks(), 60);
-    assert_eq!(s.kind_counts(), [60]);
     let cfg = QwenImageConfig::qwen_image();
-    let params: u64 = official_shapes(&cfg)
-        .iter()
-        .map(|(_, shape)| shape.iter().map(|&n| n as u64).product::<u64>())
-        .sum();
-    let resident: u64 = s.resident.iter().map(|(_, b)| b).sum();
-    assert_eq!(60 * s.kinds[0].data_bytes + resident, 4 * params);
+    let params = assert_blocks_hold_every_weight(&s, 60, &official_shapes(&cfg));
     // Qwen-Image is a 20 B-parameter MMDiT.
     assert!(
         (20_000_000_000..20_600_000_000).contains(&params),
@@ -74,27 +63,7 @@ fn peaks_grow_with_the_resolution_and_auto_streams_within_budgets() {
     assert!(peaks.windows(2).all(|w| w[0] < w[1]), "{peaks:?}");
     // 20 B parameters: neither bf16 (~41 GB) nor FP8 (~21 GB of blocks) fits 24 GB whole.
     assert!(plan(&input(1024, BaseDtype::Fp8)).unwrap().peak_vram_bytes > 20 * GIB);
-    let mut last = 0;
-    for budget_gib in [24, 16] {
-        let mut i = input(1024, BaseDtype::Fp8);
-        i.streaming.mode = StreamingMode::Pinned;
-        i.streaming.blocks_to_swap = BlocksToSwap::Auto(AutoKeyword::Auto);
-        i.streaming.activations = ActivationPlacement::Host;
-        i.vram_budget_bytes = Some(budget_gib * GIB);
-        let r = plan(&i).unwrap();
-        assert!(
-            r.fits() && r.blocks_chosen,
-            "{budget_gib} GiB: {}",
-            r.peak_vram_bytes
-        );
-        assert!(r.peak_vram_bytes <= budget_gib * GIB);
-        assert!(
-            r.blocks_to_swap > last,
-            "{budget_gib} GiB streams {}",
-            r.blocks_to_swap
-        );
-        last = r.blocks_to_swap;
-    }
+    assert_auto_streams_within(|| input(1024, BaseDtype::Fp8), &[24, 16], true);
     assert!(input(1000, BaseDtype::Fp8)
         .model
         .describe(&input(1000, BaseDtype::Fp8))
@@ -103,43 +72,25 @@ fn peaks_grow_with_the_resolution_and_auto_streams_within_budgets() {
 
 #[test]
 fn streamed_blocks_spread_and_leave_one_resident() {
-    let cfg = QwenImageConfig::qwen_image();
-    assert!(qwen_streamed_blocks(&cfg, 0).is_empty());
-    let ten = qwen_streamed_blocks(&cfg, 10);
-    assert_eq!(ten.len(), 10);
-    assert!(ten[0] < 10 && ten[9] > 50, "{ten:?}");
-    assert_eq!(qwen_streamed_blocks(&cfg, 100).len(), 59);
+    assert_streamed_blocks_spread(QwenImageConfig::qwen_image().num_layers, 50);
 }
 
 /// The Qwen-Image presets at 1024², planned as `framesmith plan --variant qwen-image --preset …` does: each fits
 /// its card by streaming blocks, the 16 GB card more of them.
 #[test]
 fn the_qwen_image_presets_fit_their_cards_at_1024() {
-    let mut streamed = Vec::new();
-    for (name, gib) in [("qwen-image-24gb", 24), ("qwen-image-16gb", 16)] {
-        let preset = framesmith_config::presets::builtin(name).unwrap();
-        assert_eq!(
-            preset.family,
-            Some(framesmith_config::ModelFamily::QwenImage),
-            "{name}"
-        );
-        let mut cfg = preset.apply(&RunConfig::default()).unwrap().config;
-        cfg.model.variant = "qwen-image".into();
-        let model = crate::plan::model_for_config(&cfg).unwrap();
-        let (clip, _) = crate::plan::clip_for_config(&cfg);
-        assert_eq!((clip.width, clip.height), (1024, 1024), "{name}");
-        let mut i = PlanInput::from_config(&cfg, model, clip);
-        i.free_vram_bytes = Some(gib * GIB);
-        let r = plan(&i).unwrap();
-        assert!(r.fits(), "{name}: {}", r.verdict_line());
-        assert!(r.blocks_to_swap > 0, "{name}: {}", r.verdict_line());
-        streamed.push(r.blocks_to_swap);
+    let reports = assert_presets_fit(
+        &[("qwen-image-24gb", 24), ("qwen-image-16gb", 16)],
+        (ModelFamily::QwenImage, "qwen-image"),
+        (1024, 1024, None),
+    );
+    let streamed: Vec<usize> = reports.iter().map(|r| r.blocks_to_swap).collect();
+    for r in &reports {
+        assert!(r.blocks_to_swap > 0, "{}", r.verdict_line());
     }
     assert!(streamed[1] > streamed[0], "{streamed:?}");
 }
 
-/// The joint sequence between blocks is in the compute dtype (the model has no f32 residual stream), so a saved
-/// block input is tokens × width × 2 bytes in bf16 whatever `memory.residual_dtype` says.
 #[test]
 fn saved_block_inputs_are_in_the_compute_dtype() {
     let bf16 = input(1024, BaseDtype::Fp8);
