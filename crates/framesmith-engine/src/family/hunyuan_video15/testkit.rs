@@ -19,6 +19,8 @@ use framesmith_models::hunyuan_video15::weights::official_shapes;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
 use framesmith_nn::init::randn;
 
+use crate::family::testkit::run::cached_video_dataset_toml;
+
 /// The tiny transformer's sizes: 2 blocks of width 32 (2 heads of 16), one refiner block, 4 latent channels
 /// (9 input channels: noisy, condition, mask), text width 24, glyph width 12.
 pub fn tiny_config() -> HunyuanVideo15Config {
@@ -83,7 +85,6 @@ const ITEMS: [(&str, usize, usize); 3] = [("a", 3, 0), ("b", 5, 0), ("c", 4, 2)]
 /// at 64×64 — latents [4, 3, 4, 4] — the third caption quoting glyph text; with `i2v` also each clip's first-frame
 /// latents and mask [5, 3, 4, 4] and 6 SigLIP-like tokens), batch size `batch_size`; returns its TOML.
 pub fn dataset(dir: &Path, batch_size: usize, i2v: bool) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(dir.join("videos"))?;
     let cache = dir.join("cache");
     let cfg = tiny_config();
     let rng = &mut StdRng::seed_from_u64(17);
@@ -116,14 +117,5 @@ pub fn dataset(dir: &Path, batch_size: usize, i2v: bool) -> anyhow::Result<PathB
         };
         write_hv15_text_cache(&cache.join(hv15_text_cache_name(stem)), &text)?;
     }
-    let toml = dir.join("data.toml");
-    std::fs::write(
-        &toml,
-        format!(
-            "[general]\nresolution = [64, 64]\ncaption_extension = \".txt\"\nenable_bucket = false\n\n\
-             [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [9]\n\
-             batch_size = {batch_size}\n"
-        ),
-    )?;
-    Ok(toml)
+    cached_video_dataset_toml(dir, (64, 64, 9), batch_size)
 }

@@ -12,20 +12,21 @@ use rand::SeedableRng;
 use super::items::{load_hv15_items, ItemReader};
 use super::testkit::{dataset, tiny_config, tiny_dit};
 use super::train::hv15_batch;
-use crate::family::{family_of, family_of_cache, family_of_dit};
-use crate::generate::request::{DitSource, GenerationRequest};
-use crate::generate::run::Session;
+use crate::family::family_of_cache;
+use crate::family::testkit::run::{
+    assert_a_fixed_batch_learns, assert_family_named, assert_trains_and_resumes, cached_clip,
+    cached_run_config, error_of, fixed_draws, generate_error, refused_cache_request,
+    sampling_start_error, tiny_lora_spec,
+};
 use crate::prep::pass::{CachePass, CacheRequest, LatentFiles};
 use crate::train::optimizer::AdamW;
-use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
-use crate::train::tests::{all_lora_values, try_start};
-use crate::train::timesteps::TimestepDraw;
-use framesmith_config::run::{Checkpointing, TimestepSampling, TrainingMode};
-use framesmith_config::{presets, RunConfig};
+use crate::train::tests::try_start;
+use framesmith_config::run::{TimestepSampling, TrainingMode};
+use framesmith_config::RunConfig;
 use framesmith_data::Unreadable;
 use framesmith_models::hunyuan_video15::weights::load_dit;
 use framesmith_models::hunyuan_video15::{HunyuanVideo15Config, HunyuanVideo15Transformer};
-use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet, LoraSpec};
+use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet};
 use framesmith_nn::lora_file::LoraFile;
 
 /// How the tests read items: on the CPU for the tiny model `cfg`, in `mode`.
@@ -41,16 +42,11 @@ fn reader(cfg: &HunyuanVideo15Config, mode: TrainingMode) -> ItemReader<'_> {
 /// optimizer.
 fn tiny_model_with_lora(dir: &Path) -> anyhow::Result<(HunyuanVideo15Transformer, LoraSet, AdamW)> {
     let mut model = load_dit(&tiny_dit(dir)?, DType::F32, &Device::Cpu, None)?;
-    let spec = LoraSpec {
-        rank: 4,
-        alpha: 4.0,
-        dtype: DType::F32,
-        include_patterns: vec![],
-        exclude_patterns: vec![],
-        seed: 3,
-        kind: Default::default(),
-    };
-    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::HunyuanVideo15)?;
+    let loras = attach_family_loras(
+        model.linears_mut(),
+        &tiny_lora_spec(),
+        LoraFamily::HunyuanVideo15,
+    )?;
     let optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
     Ok((model, loras, optimizer))
 }
@@ -87,15 +83,8 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
 
     let (model, loras, mut optimizer) = tiny_model_with_lora(&dir.path().join("dit"))?;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
-    let draws = vec![
-        TimestepDraw {
-            t: 0.6,
-            model_timestep: 601.0
-        };
-        batch.len()
-    ];
-    let mut losses = Vec::new();
-    for _ in 0..12 {
+    let draws = fixed_draws(batch.len(), 0.6, 601.0);
+    assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
         let b = hv15_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
         assert_eq!(
@@ -111,24 +100,8 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
             "glyph tokens where the caption quotes"
         );
         assert_eq!(b.inputs.timesteps.to_vec1::<f32>()?, [601.0; 3]);
-        let target = LossTarget {
-            targets: &b.targets,
-            weights: None,
-            skip_frames: 0,
-        };
-        let out = try_checkpointed_step(
-            &model,
-            &b.inputs,
-            &target,
-            &loras.vars(),
-            &StepOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-        optimizer.step(&out.grads, 1e-2)?;
-        losses.push(out.loss);
-    }
-    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
+        Ok((b.inputs, b.targets))
+    })?;
     // Without glyph text in the batch there are no glyph tokens at all.
     let b = hv15_batch(
         &batch[..2],
@@ -144,22 +117,9 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
 fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
     let toml = dataset(dir, 2, false)?;
-    let mut config = presets::builtin("demo-cpu")?
-        .apply(&RunConfig::default())?
-        .config;
-    config.model.demo = false;
-    config.model.dit = tiny_dit(dir)?;
-    config.dataset.synthetic = false;
-    config.dataset.config = toml;
-    config.lora.rank = 4;
-    config.lora.alpha = 4.0;
-    config.training.max_train_steps = steps;
-    config.training.timestep_sampling = TimestepSampling::Shift;
+    let files = (tiny_dit(dir)?, toml);
+    let mut config = cached_run_config(dir, files, steps, TimestepSampling::Shift)?;
     config.training.discrete_flow_shift = 2.0;
-    config.optimizer.lr_warmup_steps = 0;
-    config.memory.checkpointing = Checkpointing::Blocks;
-    config.output.output_dir = dir.join("run");
-    config.output.save_every_n_steps = Some(0);
     Ok(config)
 }
 
@@ -168,20 +128,11 @@ fn a_run_config_trains_saves_musubi_names_and_metadata_and_resumes() -> anyhow::
     let dir = tempfile::tempdir()?;
     let steps = 4;
     let config_a = config(&dir.path().join("a"), steps)?;
-    assert_eq!(family_of(&config_a).name(), "HunyuanVideo 1.5");
-    let dit = DitSource::File(config_a.model.dit.clone());
-    assert_eq!(family_of_dit(&dit).name(), "HunyuanVideo 1.5");
-    let mut straight = try_start(&config_a, None)?;
+    assert_family_named(&config_a, "HunyuanVideo 1.5");
+    let config_b = config(&dir.path().join("b"), steps)?;
+    let (straight, lora) = assert_trains_and_resumes(&config_a, &config_b, steps)?;
     assert_eq!(straight.family.sample_count(), 0);
-    let mut losses = Vec::new();
-    while straight.step() < steps {
-        let report = straight.train_step(&|| false)?;
-        let loss = report.loss.ok_or_else(|| anyhow::anyhow!("no loss"))?;
-        assert!(loss.is_finite() && loss > 0.0, "{loss}");
-        losses.push(loss);
-    }
-    let saved = straight.save(true)?;
-    let file = LoraFile::load(&saved.loras[0], &Device::Cpu)?;
+    let file = LoraFile::load(&lora, &Device::Cpu)?;
     let names: Vec<&str> = file.modules.iter().map(|m| m.name.as_str()).collect();
     assert_eq!(
         names.len(),
@@ -207,34 +158,8 @@ fn a_run_config_trains_saves_musubi_names_and_metadata_and_resumes() -> anyhow::
     );
     assert_eq!(meta("framesmith.training_mode"), Some("text_to_video"));
 
-    let config_b = config(&dir.path().join("b"), steps)?;
-    let mut first = try_start(&config_b, None)?;
-    let mut resumed = Vec::new();
-    while first.step() < 2 {
-        resumed.push(first.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
-    }
-    first.save(false)?;
-    drop(first);
-    let mut second = try_start(&config_b, Some(&dir.path().join("b").join("run")))?;
-    assert_eq!(second.step(), 2);
-    while second.step() < steps {
-        resumed.push(second.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
-    }
-    assert_eq!(losses, resumed);
-    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
-
-    let valid = framesmith_data::load_valid(&config_a.dataset.config)?;
-    let clip = crate::family::largest_cached_clip(&valid, false);
-    assert_eq!(
-        clip.map(|c| (c.width, c.height, c.frames, c.batch)),
-        Some((64, 64, 9, 2))
-    );
+    assert_eq!(cached_clip(&config_a)?, Some((64, 64, 9, 2)));
     Ok(())
-}
-
-/// The error of `result`, in full.
-fn error_of<T>(result: anyhow::Result<T>) -> String {
-    result.err().map(|e| format!("{e:#}")).unwrap_or_default()
 }
 
 #[test]
@@ -248,13 +173,7 @@ fn what_needs_byt5_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
     });
     let family = family_of_cache(&pass);
     assert_eq!(family.name(), "HunyuanVideo 1.5");
-    let request = CacheRequest {
-        dataset: dir.path().join("data.toml"),
-        pass,
-        keep_stale: false,
-        unreadable: Unreadable::Refuse,
-        open: &|| anyhow::bail!("no device is opened for a refused pass"),
-    };
+    let request = refused_cache_request(dir.path(), pass);
     // The latent pass runs (its dataset config is missing here); the text pass needs byT5.
     let err = error_of(family.cache(&request, &mut (), &mut |_| {}));
     assert!(err.contains("data.toml"), "{err}");
@@ -267,24 +186,15 @@ fn what_needs_byt5_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
         assert!(err.contains(part), "{part}: {err}");
     }
 
-    let request = GenerationRequest::new(
-        DitSource::File(dit.clone()),
-        "a cat",
-        dir.path().join("out"),
-    );
-    let mut events = |_| {};
-    let mut session = Session::new(&mut events, &|| false);
-    let err = error_of(family_of_dit(&request.dit).generate(&request, &mut session));
+    let err = generate_error(&dit, dir.path());
     assert!(
         err.contains("byT5") && err.contains("hv_1_5_generate_video.py"),
         "{err}"
     );
 
     // Samples are refused when the run starts, before anything loads.
-    let mut config = config(dir.path(), 2)?;
-    config.sampling.prompts = Some(dit);
-    config.sampling.sample_every_n_steps = Some(1);
-    let err = error_of(try_start(&config, None));
+    let config = config(dir.path(), 2)?;
+    let err = sampling_start_error(&config, &dit);
     assert!(
         err.contains("sampling.prompts") && err.contains("byT5"),
         "{err}"
@@ -316,13 +226,7 @@ fn image_to_video_caches_condition_the_batch_and_train() -> anyhow::Result<()> {
     )?
     .items;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
-    let draws = vec![
-        TimestepDraw {
-            t: 0.5,
-            model_timestep: 501.0
-        };
-        batch.len()
-    ];
+    let draws = fixed_draws(batch.len(), 0.5, 501.0);
     let b = hv15_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
     assert_eq!(b.inputs.latents.dims(), &[3, 9, 3, 4, 4]);
     // The mask channel is 1 on the first latent frame only, and the SigLIP tokens come along.

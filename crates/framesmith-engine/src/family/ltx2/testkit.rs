@@ -20,6 +20,8 @@ use framesmith_models::ltx2::weights::video_stream_shapes;
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::init::randn;
 
+use crate::family::testkit::run::cached_video_dataset_toml;
+
 /// The tiny transformer's sizes: LTX-2.3's switches (gated attention, cross-attention AdaLN) with 2 blocks of
 /// width 16 (2 heads of 8), 4 latent channels and a text context of the model width.
 pub fn tiny_config() -> Ltx2Config {
@@ -85,7 +87,6 @@ const ITEMS: [(&str, usize); 3] = [("a", 3), ("b", 5), ("c", 4)];
 /// frames at 96×64 — latents [4, 3, 2, 3] — and connector outputs of 3 to 5 tokens), batch size `batch_size`;
 /// returns its TOML.
 pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
-    std::fs::create_dir_all(dir.join("videos"))?;
     let cache = dir.join("cache");
     let cfg = tiny_config();
     let rng = &mut StdRng::seed_from_u64(17);
@@ -110,14 +111,5 @@ pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
         };
         write_ltx2_text_cache(&cache.join(ltx2_text_cache_name(stem)), &text)?;
     }
-    let toml = dir.join("data.toml");
-    std::fs::write(
-        &toml,
-        format!(
-            "[general]\nresolution = [96, 64]\ncaption_extension = \".txt\"\nenable_bucket = false\n\n\
-             [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [17]\n\
-             batch_size = {batch_size}\n"
-        ),
-    )?;
-    Ok(toml)
+    cached_video_dataset_toml(dir, (96, 64, 17), batch_size)
 }

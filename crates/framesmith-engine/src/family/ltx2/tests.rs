@@ -12,36 +12,27 @@ use rand::SeedableRng;
 use super::items::load_ltx2_items;
 use super::testkit::{dataset, tiny_config, tiny_dit};
 use super::train::ltx2_batch;
-use crate::family::{family_of, family_of_cache, family_of_dit};
-use crate::generate::request::{DitSource, GenerationRequest};
-use crate::generate::run::Session;
-use crate::prep::pass::{CachePass, CacheRequest, LatentFiles};
+use crate::family::family_of_cache;
+use crate::family::testkit::run::{
+    assert_a_fixed_batch_learns, assert_family_named, assert_trains_and_resumes, cached_clip,
+    cached_run_config, error_of, fixed_draws, generate_error, refused_cache_request,
+    sampling_start_error, tiny_lora_spec,
+};
+use crate::prep::pass::{CachePass, LatentFiles};
 use crate::train::optimizer::AdamW;
-use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
-use crate::train::tests::{all_lora_values, try_start};
-use crate::train::timesteps::TimestepDraw;
-use framesmith_config::run::{Checkpointing, TimestepSampling};
-use framesmith_config::{presets, RunConfig};
+use framesmith_config::run::TimestepSampling;
+use framesmith_config::RunConfig;
 use framesmith_data::Unreadable;
 use framesmith_models::ltx2::weights::load;
 use framesmith_models::ltx2::Ltx2Transformer;
-use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet, LoraSpec};
+use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet};
 use framesmith_nn::lora_file::LoraFile;
 
 /// The tiny transformer written into `dir` and loaded, with a rank-4 LoRA on the official targets and its
 /// optimizer.
 fn tiny_model_with_lora(dir: &Path) -> anyhow::Result<(Ltx2Transformer, LoraSet, AdamW)> {
     let (_, mut model) = load(&tiny_dit(dir)?, DType::F32, &Device::Cpu, None)?;
-    let spec = LoraSpec {
-        rank: 4,
-        alpha: 4.0,
-        dtype: DType::F32,
-        include_patterns: vec![],
-        exclude_patterns: vec![],
-        seed: 3,
-        kind: Default::default(),
-    };
-    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::Ltx2)?;
+    let loras = attach_family_loras(model.linears_mut(), &tiny_lora_spec(), LoraFamily::Ltx2)?;
     let optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
     Ok((model, loras, optimizer))
 }
@@ -66,15 +57,8 @@ fn musubi_ltx2_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> 
 
     let (model, loras, mut optimizer) = tiny_model_with_lora(&dir.path().join("dit"))?;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
-    let draws = vec![
-        TimestepDraw {
-            t: 0.6,
-            model_timestep: 601.0
-        };
-        batch.len()
-    ];
-    let mut losses = Vec::new();
-    for _ in 0..12 {
+    let draws = fixed_draws(batch.len(), 0.6, 601.0);
+    assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
         let (inputs, targets) =
             ltx2_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
@@ -84,46 +68,17 @@ fn musubi_ltx2_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> 
         assert_eq!(inputs.context_lens, Some(vec![3, 5, 4]));
         assert_eq!(inputs.sigmas, [0.6; 3]);
         assert_eq!(targets[0].dims(), &[18, 4]);
-        let target = LossTarget {
-            targets: &targets,
-            weights: None,
-            skip_frames: 0,
-        };
-        let out = try_checkpointed_step(
-            &model,
-            &inputs,
-            &target,
-            &loras.vars(),
-            &StepOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-        optimizer.step(&out.grads, 1e-2)?;
-        losses.push(out.loss);
-    }
-    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
-    Ok(())
+        Ok((inputs, targets))
+    })
 }
 
 /// A `steps`-long LTX-2 run on the cached tiny dataset in `dir`.
 fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
     let toml = dataset(dir, 2)?;
-    let mut config = presets::builtin("demo-cpu")?
-        .apply(&RunConfig::default())?
-        .config;
-    config.model.demo = false;
-    config.model.dit = tiny_dit(dir)?;
-    config.dataset.synthetic = false;
-    config.dataset.config = toml;
-    config.lora.rank = 4;
+    let files = (tiny_dit(dir)?, toml);
+    let mut config = cached_run_config(dir, files, steps, TimestepSampling::ShiftedLogitNormal)?;
     config.lora.alpha = 2.0;
-    config.training.max_train_steps = steps;
-    config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
-    config.optimizer.lr_warmup_steps = 0;
-    config.memory.checkpointing = Checkpointing::Blocks;
-    config.output.output_dir = dir.join("run");
-    config.output.save_every_n_steps = Some(0);
     Ok(config)
 }
 
@@ -132,22 +87,13 @@ fn a_run_config_trains_saves_official_keys_and_resumes() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let steps = 4;
     let config_a = config(&dir.path().join("a"), steps)?;
-    assert_eq!(family_of(&config_a).name(), "LTX-2");
-    let dit = DitSource::File(config_a.model.dit.clone());
-    assert_eq!(family_of_dit(&dit).name(), "LTX-2");
-    let mut straight = try_start(&config_a, None)?;
+    assert_family_named(&config_a, "LTX-2");
+    let config_b = config(&dir.path().join("b"), steps)?;
+    let (straight, lora) = assert_trains_and_resumes(&config_a, &config_b, steps)?;
     assert_eq!(straight.family.sample_count(), 0);
-    let mut losses = Vec::new();
-    while straight.step() < steps {
-        let report = straight.train_step(&|| false)?;
-        let loss = report.loss.ok_or_else(|| anyhow::anyhow!("no loss"))?;
-        assert!(loss.is_finite() && loss > 0.0, "{loss}");
-        losses.push(loss);
-    }
-    let saved = straight.save(true)?;
 
     // The official trainer's keys (PEFT's under ComfyUI's prefix), alpha / rank folded into lora_B, no alpha.
-    let bytes = std::fs::read(&saved.loras[0])?;
+    let bytes = std::fs::read(&lora)?;
     let st = safetensors::SafeTensors::deserialize(&bytes)?;
     let mut keys: Vec<String> = st.names().into_iter().map(|k| k.to_string()).collect();
     keys.sort();
@@ -170,7 +116,7 @@ fn a_run_config_trains_saves_official_keys_and_resumes() -> anyhow::Result<()> {
         "{keys:?}"
     );
     // Read back, the file gives the trained adapter's delta: B' = B · alpha / rank, read at alpha = rank.
-    let file = LoraFile::load(&saved.loras[0], &Device::Cpu)?;
+    let file = LoraFile::load(&lora, &Device::Cpu)?;
     let q = file
         .get("lora_unet_transformer_blocks_0_attn1_to_q")
         .ok_or_else(|| anyhow::anyhow!("no attn1.to_q"))?;
@@ -189,34 +135,8 @@ fn a_run_config_trains_saves_official_keys_and_resumes() -> anyhow::Result<()> {
     assert_eq!(meta("ss_base_model_version"), Some("ltx2.3"));
     assert_eq!(meta("framesmith.training_mode"), Some("text_to_video"));
 
-    let config_b = config(&dir.path().join("b"), steps)?;
-    let mut first = try_start(&config_b, None)?;
-    let mut resumed = Vec::new();
-    while first.step() < 2 {
-        resumed.push(first.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
-    }
-    first.save(false)?;
-    drop(first);
-    let mut second = try_start(&config_b, Some(&dir.path().join("b").join("run")))?;
-    assert_eq!(second.step(), 2);
-    while second.step() < steps {
-        resumed.push(second.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
-    }
-    assert_eq!(losses, resumed);
-    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
-
-    let valid = framesmith_data::load_valid(&config_a.dataset.config)?;
-    let clip = crate::family::largest_cached_clip(&valid, false);
-    assert_eq!(
-        clip.map(|c| (c.width, c.height, c.frames, c.batch)),
-        Some((96, 64, 17, 2))
-    );
+    assert_eq!(cached_clip(&config_a)?, Some((96, 64, 17, 2)));
     Ok(())
-}
-
-/// The error of `result`, in full.
-fn error_of<T>(result: anyhow::Result<T>) -> String {
-    result.err().map(|e| format!("{e:#}")).unwrap_or_default()
 }
 
 #[test]
@@ -230,36 +150,21 @@ fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Re
     });
     let family = family_of_cache(&pass);
     assert_eq!(family.name(), "LTX-2");
-    let request = CacheRequest {
-        dataset: dir.path().join("data.toml"),
-        pass,
-        keep_stale: false,
-        unreadable: Unreadable::Refuse,
-        open: &|| anyhow::bail!("no device is opened for a refused pass"),
-    };
+    let request = refused_cache_request(dir.path(), pass);
     let err = error_of(family.cache(&request, &mut (), &mut |_| {}));
     for part in ["video VAE", "Gemma 3", "ltx2_cache_latents.py", "data.toml"] {
         assert!(err.contains(part), "{part}: {err}");
     }
 
-    let request = GenerationRequest::new(
-        DitSource::File(dit.clone()),
-        "a cat",
-        dir.path().join("out"),
-    );
-    let mut events = |_| {};
-    let mut session = Session::new(&mut events, &|| false);
-    let err = error_of(family_of_dit(&request.dit).generate(&request, &mut session));
+    let err = generate_error(&dit, dir.path());
     assert!(
         err.contains("video VAE") && err.contains("ComfyUI"),
         "{err}"
     );
 
     // Samples are refused when the run starts, before anything loads.
-    let mut config = config(dir.path(), 2)?;
-    config.sampling.prompts = Some(dit);
-    config.sampling.sample_every_n_steps = Some(1);
-    let err = error_of(try_start(&config, None));
+    let config = config(dir.path(), 2)?;
+    let err = sampling_start_error(&config, &dit);
     assert!(
         err.contains("sampling.prompts") && err.contains("Gemma 3"),
         "{err}"

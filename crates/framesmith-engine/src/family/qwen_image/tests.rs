@@ -18,22 +18,23 @@ use super::prep::{cache_qwen_latents, cache_qwen_text, CaptionEncoder, QwenLaten
 use super::setup::start_run_with;
 use super::testkit::{dataset, stand_ins, tiny_config, tiny_dit, tiny_vae};
 use super::train::{load_qwen_items, qwen_batch};
-use crate::family::{family_of, family_of_dit};
+use crate::family::testkit::run::{
+    assert_a_fixed_batch_learns, assert_family_named, assert_trains_and_resumes, cached_run_config,
+    fixed_draws, tiny_lora_spec,
+};
 use crate::generate::request::{DitSource, GenerationRequest};
 use crate::generate::run::Session;
 use crate::prep::CacheOptions;
 use crate::train::optimizer::AdamW;
-use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
-use crate::train::tests::{all_lora_values, try_start};
-use crate::train::timesteps::TimestepDraw;
-use framesmith_config::run::{Checkpointing, TimestepSampling};
+use crate::train::tests::try_start;
+use framesmith_config::run::TimestepSampling;
 use framesmith_config::validate::validate_for;
-use framesmith_config::{presets, HostInfo, ModelFamily, RunConfig};
+use framesmith_config::{HostInfo, ModelFamily, RunConfig};
 use framesmith_data::Unreadable;
 use framesmith_models::qwen25vl::EditPipeline;
 use framesmith_models::qwen_image::vae::load_vae;
 use framesmith_models::qwen_image::weights::load_dit;
-use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
+use framesmith_nn::lora::{attach_family_loras, LoraFamily};
 use framesmith_nn::lora_file::LoraFile;
 
 /// A dataset in `dir` cached for Qwen-Image through the tiny VAE and the stand-in encoder; returns its TOML.
@@ -96,72 +97,29 @@ fn images_and_captions_cache_under_musubi_names_and_a_fixed_batch_learns() -> an
 
     let dit_dir = dir.path().join("dit");
     let mut model = load_dit(&tiny_dit(&dit_dir)?, DType::F32, &Device::Cpu, None)?;
-    let spec = LoraSpec {
-        rank: 4,
-        alpha: 4.0,
-        dtype: DType::F32,
-        include_patterns: vec![],
-        exclude_patterns: vec![],
-        seed: 3,
-        kind: Default::default(),
-    };
-    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::QwenImage)?;
+    let loras = attach_family_loras(
+        model.linears_mut(),
+        &tiny_lora_spec(),
+        LoraFamily::QwenImage,
+    )?;
     let named = crate::train::setup::named_vars(&loras);
     let mut optimizer = AdamW::new(named, Default::default())?;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
-    let draws = vec![
-        TimestepDraw {
-            t: 0.6,
-            model_timestep: 601.0
-        };
-        batch.len()
-    ];
-    let mut losses = Vec::new();
-    for _ in 0..12 {
+    let draws = fixed_draws(batch.len(), 0.6, 601.0);
+    assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
         let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
         assert_eq!(b.inputs.txt_lens.as_deref(), Some(&[3, 3, 6][..]));
-        let target = LossTarget {
-            targets: &b.targets,
-            weights: None,
-            skip_frames: 0,
-        };
-        let out = try_checkpointed_step(
-            &model,
-            &b.inputs,
-            &target,
-            &loras.vars(),
-            &StepOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-        optimizer.step(&out.grads, 1e-2)?;
-        losses.push(out.loss);
-    }
-    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
-    Ok(())
+        Ok((b.inputs, b.targets))
+    })
 }
 
 /// A `steps`-long Qwen-Image run on the cached tiny dataset in `dir`.
 fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
     let toml = cached_dataset(dir, 2)?;
-    let mut config = presets::builtin("demo-cpu")?
-        .apply(&RunConfig::default())?
-        .config;
-    config.model.demo = false;
-    config.model.dit = tiny_dit(dir)?;
-    config.dataset.synthetic = false;
-    config.dataset.config = toml;
-    config.lora.rank = 4;
-    config.lora.alpha = 4.0;
-    config.training.max_train_steps = steps;
-    config.training.timestep_sampling = TimestepSampling::QwenShift;
-    config.optimizer.lr_warmup_steps = 0;
-    config.memory.checkpointing = Checkpointing::Blocks;
-    config.output.output_dir = dir.join("run");
-    config.output.save_every_n_steps = Some(0);
-    Ok(config)
+    let files = (tiny_dit(dir)?, toml);
+    cached_run_config(dir, files, steps, TimestepSampling::QwenShift)
 }
 
 #[test]
@@ -169,21 +127,10 @@ fn a_qwen_image_run_config_trains_saves_musubi_metadata_and_resumes() -> anyhow:
     let dir = tempfile::tempdir()?;
     let steps = 4;
     let config_a = config(&dir.path().join("a"), steps)?;
-    assert_eq!(family_of(&config_a).name(), "Qwen-Image");
-    assert_eq!(
-        family_of_dit(&DitSource::File(config_a.model.dit.clone())).name(),
-        "Qwen-Image"
-    );
-    let mut straight = try_start(&config_a, None)?;
-    let mut losses = Vec::new();
-    while straight.step() < steps {
-        let report = straight.train_step(&|| false)?;
-        let loss = report.loss.ok_or_else(|| anyhow::anyhow!("no loss"))?;
-        assert!(loss.is_finite() && loss > 0.0, "{loss}");
-        losses.push(loss);
-    }
-    let saved = straight.save(true)?;
-    let file = LoraFile::load(&saved.loras[0], &Device::Cpu)?;
+    assert_family_named(&config_a, "Qwen-Image");
+    let config_b = config(&dir.path().join("b"), steps)?;
+    let (_, lora) = assert_trains_and_resumes(&config_a, &config_b, steps)?;
+    let file = LoraFile::load(&lora, &Device::Cpu)?;
     assert!(
         file.modules
             .iter()
@@ -196,21 +143,6 @@ fn a_qwen_image_run_config_trains_saves_musubi_metadata_and_resumes() -> anyhow:
     assert_eq!(meta("modelspec.architecture"), Some("Qwen-Image/lora"));
     assert_eq!(meta("ss_timestep_sampling"), Some("qwen_shift"));
 
-    let config_b = config(&dir.path().join("b"), steps)?;
-    let mut first = try_start(&config_b, None)?;
-    let mut resumed = Vec::new();
-    while first.step() < 2 {
-        resumed.push(first.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
-    }
-    first.save(false)?;
-    drop(first);
-    let mut second = try_start(&config_b, Some(&dir.path().join("b").join("run")))?;
-    assert_eq!(second.step(), 2);
-    while second.step() < steps {
-        resumed.push(second.train_step(&|| false)?.loss.unwrap_or(f64::NAN));
-    }
-    assert_eq!(losses, resumed);
-    assert_eq!(all_lora_values(&straight)?, all_lora_values(&second)?);
     Ok(())
 }
 

@@ -15,19 +15,20 @@ use crate::family::qwen_image::prep::{
 };
 use crate::family::qwen_image::testkit::{dataset, tiny_config, tiny_dit, tiny_vae};
 use crate::family::qwen_image::train::{load_qwen_items, qwen_batch};
+use crate::family::testkit::run::{
+    assert_a_fixed_batch_learns, cached_run_config, fixed_draws, tiny_lora_spec,
+};
 use crate::prep::CacheOptions;
 use crate::train::optimizer::AdamW;
-use crate::train::step::{try_checkpointed_step, LossTarget, StepOptions};
 use crate::train::tests::try_start;
-use crate::train::timesteps::TimestepDraw;
-use framesmith_config::run::{Checkpointing, TimestepSampling};
-use framesmith_config::{presets, RunConfig};
+use framesmith_config::run::TimestepSampling;
+use framesmith_config::RunConfig;
 use framesmith_data::tensor_file::read_tensor_file;
 use framesmith_data::Unreadable;
 use framesmith_models::qwen_image::rope::ImageGrid;
 use framesmith_models::qwen_image::vae::load_vae;
 use framesmith_models::qwen_image::weights::load_dit;
-use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSpec};
+use framesmith_nn::lora::{attach_family_loras, LoraFamily};
 
 /// Two control images per item of the tiny dataset in `dir` (`ctl/{stem}_0.png` the item's colours inverted,
 /// `ctl/{stem}_1.png` a 48×32 grey), with `control_directory` in its TOML.
@@ -102,13 +103,7 @@ fn control_images_cache_beside_the_target_and_an_edit_batch_learns() -> anyhow::
     let items = load_qwen_items((&toml, Unreadable::Refuse), &tiny_config(), &Device::Cpu)?.items;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
     assert!(batch.iter().all(|i| i.control.len() == 2));
-    let draws = vec![
-        TimestepDraw {
-            t: 0.6,
-            model_timestep: 601.0
-        };
-        batch.len()
-    ];
+    let draws = fixed_draws(batch.len(), 0.6, 601.0);
     let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
     assert_eq!(b.inputs.img_grids, vec![ImageGrid::image(2, 2); 3]);
     assert_eq!(
@@ -128,39 +123,16 @@ fn control_images_cache_beside_the_target_and_an_edit_batch_learns() -> anyhow::
         &Device::Cpu,
         None,
     )?;
-    let spec = LoraSpec {
-        rank: 4,
-        alpha: 4.0,
-        dtype: DType::F32,
-        include_patterns: vec![],
-        exclude_patterns: vec![],
-        seed: 3,
-        kind: Default::default(),
-    };
-    let loras = attach_family_loras(model.linears_mut(), &spec, LoraFamily::QwenImage)?;
+    let loras = attach_family_loras(
+        model.linears_mut(),
+        &tiny_lora_spec(),
+        LoraFamily::QwenImage,
+    )?;
     let mut optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
-    let mut losses = Vec::new();
-    for _ in 0..12 {
+    assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
-        let target = LossTarget {
-            targets: &b.targets,
-            weights: None,
-            skip_frames: 0,
-        };
-        let out = try_checkpointed_step(
-            &model,
-            &b.inputs,
-            &target,
-            &loras.vars(),
-            &StepOptions::default(),
-        )
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-        optimizer.step(&out.grads, 1e-2)?;
-        losses.push(out.loss);
-    }
-    assert!(losses.iter().all(|l| l.is_finite()), "{losses:?}");
-    assert!(losses[11] < 0.9 * losses[0], "the loss falls: {losses:?}");
-    Ok(())
+        Ok((b.inputs, b.targets))
+    })
 }
 
 #[test]
@@ -203,22 +175,8 @@ fn config(dir: &Path, steps: usize) -> anyhow::Result<RunConfig> {
     std::fs::create_dir_all(dir)?;
     let toml = edit_dataset(dir, 2)?;
     cache(dir, &toml)?;
-    let mut config = presets::builtin("demo-cpu")?
-        .apply(&RunConfig::default())?
-        .config;
-    config.model.demo = false;
-    config.model.dit = tiny_dit(dir)?;
-    config.dataset.synthetic = false;
-    config.dataset.config = toml;
-    config.lora.rank = 4;
-    config.lora.alpha = 4.0;
-    config.training.max_train_steps = steps;
-    config.training.timestep_sampling = TimestepSampling::QwenShift;
-    config.optimizer.lr_warmup_steps = 0;
-    config.memory.checkpointing = Checkpointing::Blocks;
-    config.output.output_dir = dir.join("run");
-    config.output.save_every_n_steps = Some(0);
-    Ok(config)
+    let files = (tiny_dit(dir)?, toml);
+    cached_run_config(dir, files, steps, TimestepSampling::QwenShift)
 }
 
 #[test]
