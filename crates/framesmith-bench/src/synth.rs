@@ -4,6 +4,7 @@
 //! and caption, its dataset TOML and a run config that trains from the caches alone (no VAE, no text encoder).
 //! For memory and speed trials of the real trainer on a GPU machine; no training code depends on this.
 
+pub mod cached;
 pub(crate) mod tensors;
 #[cfg(test)]
 #[allow(clippy::expect_used, clippy::unwrap_used)]

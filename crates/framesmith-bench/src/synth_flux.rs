@@ -13,11 +13,9 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::synth::cached::{write_cached_project, CachedProject, CachedProjectFiles};
 use crate::synth::tensors::{mix, write_random_weights, RandomWeight, FP8_MAX};
-use crate::synth::{
-    base_run_config, image_dataset_toml, run_config_toml, write_stand_in_image, DATASET_FILE,
-    RUN_FILE,
-};
+use crate::synth::{base_run_config, image_dataset_toml, write_stand_in_image};
 use framesmith_config::run::TimestepSampling;
 use framesmith_config::RunConfig;
 use framesmith_data::family::flux::cache::{
@@ -109,19 +107,6 @@ impl FluxDitFormat {
     }
 }
 
-/// What [`write_flux_project`] wrote.
-#[derive(Debug, Clone)]
-pub struct FluxSynthFiles {
-    pub dit: PathBuf,
-    pub dataset: PathBuf,
-    pub run: PathBuf,
-    /// The latent and text caches of the image.
-    pub latents: PathBuf,
-    pub text: PathBuf,
-    /// Size of the DiT file.
-    pub dit_bytes: u64,
-}
-
 /// The latents `[16, 1, H/8, W/8]` the FLUX.1 autoencoder makes of the image, or why the size does not fit (both
 /// sides must be multiples of 16: 8× down-sampling, then 2×2 packing).
 pub fn flux_latent_shape(spec: &FluxSynthProject) -> anyhow::Result<[usize; 4]> {
@@ -151,7 +136,10 @@ pub fn flux_latent_shape(spec: &FluxSynthProject) -> anyhow::Result<[usize; 4]> 
 /// Writes the project into `dir` (created when missing): the DiT ([`FluxDitFormat::file_name`]), `dataset.toml`
 /// with its cache folder and stand-in image, and `run.toml` (LoRA rank `spec.rank`, `flux_shift` timesteps, no
 /// samples, saving at the end only, every block resident, on `cuda`; an FP8 file trains with an FP8 base).
-pub fn write_flux_project(dir: &Path, spec: &FluxSynthProject) -> anyhow::Result<FluxSynthFiles> {
+pub fn write_flux_project(
+    dir: &Path,
+    spec: &FluxSynthProject,
+) -> anyhow::Result<CachedProjectFiles> {
     let latent = flux_latent_shape(spec)?;
     spec.cfg
         .validate()
@@ -162,26 +150,20 @@ pub fn write_flux_project(dir: &Path, spec: &FluxSynthProject) -> anyhow::Result
             spec.text_tokens
         );
     }
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = std::path::absolute(dir)
-        .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
-    let dit = dir.join(spec.dit_file_name());
-    let dit_bytes = write_random_flux_dit(&dit, &spec.cfg, spec.dit, spec.seed)?;
-    let (latents, text) = write_cached_image(&dir, spec, latent)?;
-    let dataset = dir.join(DATASET_FILE);
-    fs::write(&dataset, dataset_toml(spec))
-        .with_context(|| format!("cannot write {}", dataset.display()))?;
-    let run = dir.join(RUN_FILE);
-    fs::write(&run, run_config_toml(&flux_run_config(&dir, spec))?)
-        .with_context(|| format!("cannot write {}", run.display()))?;
-    Ok(FluxSynthFiles {
-        dit,
-        dataset,
-        run,
-        latents,
-        text,
-        dit_bytes,
-    })
+    let dit_file = spec.dit_file_name();
+    let project = CachedProject {
+        dit_file: &dit_file,
+        dataset_toml: dataset_toml(spec),
+        steps_seed: (spec.steps, spec.seed),
+        rank: spec.rank,
+    };
+    write_cached_project(
+        dir,
+        project,
+        |dit| write_random_flux_dit(dit, &spec.cfg, spec.dit, spec.seed),
+        |dir| write_cached_image(dir, spec, latent),
+        |config| tune_flux_run_config(config, spec),
+    )
 }
 
 /// Mean and standard deviation of a random official-layout FLUX.1 tensor: the q/k RMSNorm scales 1 ± 0.1,
@@ -305,12 +287,18 @@ fn dataset_toml(spec: &FluxSynthProject) -> String {
 pub fn flux_run_config(dir: &Path, spec: &FluxSynthProject) -> RunConfig {
     let dit = dir.join(spec.dit_file_name());
     let mut config = base_run_config(dir, &dit, (spec.steps, spec.seed), spec.rank);
+    tune_flux_run_config(&mut config, spec);
+    config
+}
+
+/// What a FLUX.1 project's run config sets beyond every project's: an FP8 base for an FP8 DiT file, `flux_shift`
+/// timesteps, its output name.
+fn tune_flux_run_config(config: &mut RunConfig, spec: &FluxSynthProject) {
     if !matches!(spec.dit, FluxDitFormat::Dense(_)) {
         config.model.base_dtype = framesmith_config::run::BaseDtype::Fp8;
     }
     config.training.timestep_sampling = TimestepSampling::FluxShift;
     config.output.output_name = "synth-flux-lora".into();
-    config
 }
 
 #[cfg(test)]

@@ -8,16 +8,18 @@
 //! and speed trials of the real trainer on a GPU machine, and the weights for the PyTorch reference
 //! (`bench/reference/hunyuan_video15_step.py`).
 
-use std::fs;
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::synth::cached::{
+    clip_cache_dir, clip_dataset_toml, write_cached_project, CachedProject, CachedProjectFiles,
+    ClipVae,
+};
 use crate::synth::tensors::{mix, write_random_weights, RandomWeight};
-use crate::synth::{base_run_config, run_config_toml, DATASET_FILE, RUN_FILE};
 use framesmith_config::run::TimestepSampling;
 use framesmith_data::family::hunyuan_video15::cache::{
     hv15_latent_cache_name, hv15_text_cache_name, write_hv15_latent_cache, write_hv15_text_cache,
@@ -35,8 +37,16 @@ const ITEM_STEM: &str = "synth_000";
 /// The clip's caption (its text features are random all the same).
 const CAPTION: &str = "a synthetic clip: random latents and random text features";
 /// The VAE's spatial and temporal compression.
-const VAE_FACTOR: usize = 16;
-const VAE_TEMPORAL: usize = 4;
+const VAE: ClipVae = ClipVae {
+    family: "HunyuanVideo 1.5",
+    spatial: 16,
+    temporal: 4,
+};
+/// The dataset config's comment.
+const DATASET_HEADER: &str =
+    "framesmith-bench synth-project --model hunyuan-video15: one cached clip of random \
+     latents and random\ntext features; videos/ is empty: training reads the caches \
+     (no VAE, no text encoders).";
 
 /// What to write.
 #[derive(Debug, Clone)]
@@ -60,27 +70,10 @@ pub struct Hv15SynthProject {
 /// SigLIP tokens of the I2V image features.
 const SIGLIP_TOKENS: usize = 729;
 
-/// What [`write_hv15_project`] wrote.
-#[derive(Debug, Clone)]
-pub struct Hv15SynthFiles {
-    pub dit: PathBuf,
-    pub dataset: PathBuf,
-    pub run: PathBuf,
-    pub latents: PathBuf,
-    pub text: PathBuf,
-    /// Size of the DiT file.
-    pub dit_bytes: u64,
-}
-
 /// The latents `[32, (F − 1)/4 + 1, H/16, W/16]` the VAE makes of the clip, or why the size does not fit.
 pub fn hv15_latent_shape(spec: &Hv15SynthProject) -> anyhow::Result<[usize; 4]> {
-    let (h, w, f) = (spec.height, spec.width, spec.frames);
-    if h == 0 || w == 0 || h % VAE_FACTOR != 0 || w % VAE_FACTOR != 0 {
-        bail!("{w}x{h} (width x height): HunyuanVideo 1.5 needs both sides to be positive multiples of 16");
-    }
-    if f == 0 || (f - 1) % VAE_TEMPORAL != 0 {
-        bail!("{f} frames: HunyuanVideo 1.5 takes 4k + 1 frames (1, 5, …, 121)");
-    }
+    let clip = (spec.width, spec.height, spec.frames);
+    let shape = VAE.latent_shape(spec.cfg.out_channels, clip)?;
     if spec.cfg.in_channels != 2 * spec.cfg.out_channels + 1 {
         bail!(
             "the DiT takes {} input channels; HunyuanVideo 1.5 takes 2 × {} + 1 (noisy, condition, mask)",
@@ -88,18 +81,16 @@ pub fn hv15_latent_shape(spec: &Hv15SynthProject) -> anyhow::Result<[usize; 4]> 
             spec.cfg.out_channels
         );
     }
-    Ok([
-        spec.cfg.out_channels,
-        (f - 1) / VAE_TEMPORAL + 1,
-        h / VAE_FACTOR,
-        w / VAE_FACTOR,
-    ])
+    Ok(shape)
 }
 
 /// Writes the project into `dir` (created when missing): [`DIT_FILE`], `dataset.toml` with its cache folder,
 /// `run.toml` (LoRA rank `spec.rank`, musubi-tuner's documented shift 2.0 timesteps, no samples, saving at the end
 /// only, every block resident, bf16 base, on `cuda`).
-pub fn write_hv15_project(dir: &Path, spec: &Hv15SynthProject) -> anyhow::Result<Hv15SynthFiles> {
+pub fn write_hv15_project(
+    dir: &Path,
+    spec: &Hv15SynthProject,
+) -> anyhow::Result<CachedProjectFiles> {
     let latent = hv15_latent_shape(spec)?;
     spec.cfg
         .validate()
@@ -110,33 +101,26 @@ pub fn write_hv15_project(dir: &Path, spec: &Hv15SynthProject) -> anyhow::Result
             spec.text_tokens
         );
     }
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = std::path::absolute(dir)
-        .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
-    let dit = dir.join(DIT_FILE);
-    let dit_bytes = write_random_hv15_dit(&dit, &spec.cfg, spec.seed)?;
-    let (latents, text) = write_cached_clip(&dir, spec, latent)?;
-    let dataset = dir.join(DATASET_FILE);
-    fs::write(&dataset, dataset_toml(spec))
-        .with_context(|| format!("cannot write {}", dataset.display()))?;
-    let run = dir.join(RUN_FILE);
-    let mut config = base_run_config(&dir, &dit, (spec.steps, spec.seed), spec.rank);
-    config.training.timestep_sampling = TimestepSampling::Shift;
-    config.training.discrete_flow_shift = 2.0;
-    config.output.output_name = "synth-hunyuan-video15-lora".into();
-    if spec.i2v {
-        config.training.mode = framesmith_config::run::TrainingMode::ImageToVideo;
-    }
-    fs::write(&run, run_config_toml(&config)?)
-        .with_context(|| format!("cannot write {}", run.display()))?;
-    Ok(Hv15SynthFiles {
-        dit,
-        dataset,
-        run,
-        latents,
-        text,
-        dit_bytes,
-    })
+    let project = CachedProject {
+        dit_file: DIT_FILE,
+        dataset_toml: clip_dataset_toml(DATASET_HEADER, (spec.width, spec.height, spec.frames)),
+        steps_seed: (spec.steps, spec.seed),
+        rank: spec.rank,
+    };
+    write_cached_project(
+        dir,
+        project,
+        |dit| write_random_hv15_dit(dit, &spec.cfg, spec.seed),
+        |dir| write_cached_clip(dir, spec, latent),
+        |config| {
+            config.training.timestep_sampling = TimestepSampling::Shift;
+            config.training.discrete_flow_shift = 2.0;
+            config.output.output_name = "synth-hunyuan-video15-lora".into();
+            if spec.i2v {
+                config.training.mode = framesmith_config::run::TrainingMode::ImageToVideo;
+            }
+        },
+    )
 }
 
 /// Mean and standard deviation of a random official-layout HunyuanVideo 1.5 tensor: norm scales 1 ± 0.1, biases
@@ -178,20 +162,6 @@ pub fn write_random_hv15_dit(
     write_random_weights(path, weights, safetensors::Dtype::BF16, None, seed)
 }
 
-/// The project's musubi-tuner dataset config: one video dataset of the clip's size and length.
-fn dataset_toml(spec: &Hv15SynthProject) -> String {
-    format!(
-        "# framesmith-bench synth-project --model hunyuan-video15: one cached clip of random latents and random\n\
-         # text features; videos/ is empty: training reads the caches (no VAE, no text encoders).\n\
-         [general]\nresolution = [{w}, {h}]\ncaption_extension = \".txt\"\nbatch_size = 1\nenable_bucket = false\n\n\
-         [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [{f}]\n\
-         frame_extraction = \"head\"\n",
-        w = spec.width,
-        h = spec.height,
-        f = spec.frames
-    )
-}
-
 /// The I2V condition channels of `latents` [C, F, H, W] as musubi-tuner caches them: the first frame's latents,
 /// zeros, and the first-frame mask — [C + 1, F, H, W] in f32.
 fn condition(latents: &candle_core::Tensor) -> anyhow::Result<candle_core::Tensor> {
@@ -211,10 +181,7 @@ fn write_cached_clip(
     spec: &Hv15SynthProject,
     latent: [usize; 4],
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let cache = dir.join("cache");
-    for sub in [&cache, &dir.join("videos")] {
-        fs::create_dir_all(sub).with_context(|| format!("cannot create {}", sub.display()))?;
-    }
+    let cache = clip_cache_dir(dir)?;
     let size = (spec.width as u32, spec.height as u32);
     let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
     let dev = &Device::Cpu;

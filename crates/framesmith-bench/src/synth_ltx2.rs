@@ -8,16 +8,19 @@
 //! trainer on a GPU machine, and the weights for the PyTorch reference (`bench/reference/ltx2_step.py`).
 
 use std::collections::HashMap;
-use std::fs;
+
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::synth::cached::{
+    clip_cache_dir, clip_dataset_toml, write_cached_project, CachedProject, CachedProjectFiles,
+    ClipVae,
+};
 use crate::synth::tensors::{mix, write_random_weights_with_metadata, RandomWeight};
-use crate::synth::{base_run_config, run_config_toml, DATASET_FILE, RUN_FILE};
 use framesmith_config::run::TimestepSampling;
 use framesmith_data::family::ltx2::cache::{
     ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_latent_cache, write_ltx2_text_cache,
@@ -36,8 +39,15 @@ const ITEM_STEM: &str = "synth_000";
 /// The clip's caption (its text features are random all the same).
 const CAPTION: &str = "a synthetic clip: random latents and random text features";
 /// The VAE's spatial and temporal compression.
-const VAE_FACTOR: usize = 32;
-const VAE_TEMPORAL: usize = 8;
+const VAE: ClipVae = ClipVae {
+    family: "LTX-2",
+    spatial: 32,
+    temporal: 8,
+};
+/// The dataset config's comment.
+const DATASET_HEADER: &str =
+    "framesmith-bench synth-project --model ltx2: one cached clip of random latents and \
+     random text\nfeatures; videos/ is empty: training reads the caches (no VAE, no text encoder).";
 
 /// What to write.
 #[derive(Debug, Clone)]
@@ -56,39 +66,18 @@ pub struct Ltx2SynthProject {
     pub rank: usize,
 }
 
-/// What [`write_ltx2_project`] wrote.
-#[derive(Debug, Clone)]
-pub struct Ltx2SynthFiles {
-    pub dit: PathBuf,
-    pub dataset: PathBuf,
-    pub run: PathBuf,
-    pub latents: PathBuf,
-    pub text: PathBuf,
-    /// Size of the DiT file.
-    pub dit_bytes: u64,
-}
-
 /// The latents `[128, (F − 1)/8 + 1, H/32, W/32]` the VAE makes of the clip, or why the size does not fit.
 pub fn ltx2_latent_shape(spec: &Ltx2SynthProject) -> anyhow::Result<[usize; 4]> {
-    let (h, w, f) = (spec.height, spec.width, spec.frames);
-    if h == 0 || w == 0 || h % VAE_FACTOR != 0 || w % VAE_FACTOR != 0 {
-        bail!("{w}x{h} (width x height): LTX-2 needs both sides to be positive multiples of 32");
-    }
-    if f == 0 || (f - 1) % VAE_TEMPORAL != 0 {
-        bail!("{f} frames: LTX-2 takes 8k + 1 frames (1, 9, …, 121)");
-    }
-    Ok([
-        spec.cfg.in_channels,
-        (f - 1) / VAE_TEMPORAL + 1,
-        h / VAE_FACTOR,
-        w / VAE_FACTOR,
-    ])
+    VAE.latent_shape(spec.cfg.in_channels, (spec.width, spec.height, spec.frames))
 }
 
 /// Writes the project into `dir` (created when missing): [`DIT_FILE`], `dataset.toml` with its cache folder,
 /// `run.toml` (LoRA rank `spec.rank`, the official trainer's `shifted_logit_normal` timesteps, no samples, saving at the end only,
 /// every block resident, bf16 base, on `cuda`).
-pub fn write_ltx2_project(dir: &Path, spec: &Ltx2SynthProject) -> anyhow::Result<Ltx2SynthFiles> {
+pub fn write_ltx2_project(
+    dir: &Path,
+    spec: &Ltx2SynthProject,
+) -> anyhow::Result<CachedProjectFiles> {
     let latent = ltx2_latent_shape(spec)?;
     spec.cfg
         .validate()
@@ -99,29 +88,22 @@ pub fn write_ltx2_project(dir: &Path, spec: &Ltx2SynthProject) -> anyhow::Result
             spec.text_tokens
         );
     }
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = std::path::absolute(dir)
-        .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
-    let dit = dir.join(DIT_FILE);
-    let dit_bytes = write_random_ltx2_dit(&dit, &spec.cfg, spec.seed)?;
-    let (latents, text) = write_cached_clip(&dir, spec, latent)?;
-    let dataset = dir.join(DATASET_FILE);
-    fs::write(&dataset, dataset_toml(spec))
-        .with_context(|| format!("cannot write {}", dataset.display()))?;
-    let run = dir.join(RUN_FILE);
-    let mut config = base_run_config(&dir, &dit, (spec.steps, spec.seed), spec.rank);
-    config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
-    config.output.output_name = "synth-ltx2-lora".into();
-    fs::write(&run, run_config_toml(&config)?)
-        .with_context(|| format!("cannot write {}", run.display()))?;
-    Ok(Ltx2SynthFiles {
-        dit,
-        dataset,
-        run,
-        latents,
-        text,
-        dit_bytes,
-    })
+    let project = CachedProject {
+        dit_file: DIT_FILE,
+        dataset_toml: clip_dataset_toml(DATASET_HEADER, (spec.width, spec.height, spec.frames)),
+        steps_seed: (spec.steps, spec.seed),
+        rank: spec.rank,
+    };
+    write_cached_project(
+        dir,
+        project,
+        |dit| write_random_ltx2_dit(dit, &spec.cfg, spec.seed),
+        |dir| write_cached_clip(dir, spec, latent),
+        |config| {
+            config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
+            config.output.output_name = "synth-ltx2-lora".into();
+        },
+    )
 }
 
 /// Mean and standard deviation of a random LTX-2 tensor: q / k norm scales 1 ± 0.1, biases 0 ± 0.05, the AdaLN
@@ -165,20 +147,6 @@ pub fn write_random_ltx2_dit(path: &Path, cfg: &Ltx2Config, seed: u64) -> anyhow
     write_random_weights_with_metadata(path, weights, safetensors::Dtype::BF16, seed, metadata)
 }
 
-/// The project's musubi-tuner dataset config: one video dataset of the clip's size and length.
-fn dataset_toml(spec: &Ltx2SynthProject) -> String {
-    format!(
-        "# framesmith-bench synth-project --model ltx2: one cached clip of random latents and random text\n\
-         # features; videos/ is empty: training reads the caches (no VAE, no text encoder).\n\
-         [general]\nresolution = [{w}, {h}]\ncaption_extension = \".txt\"\nbatch_size = 1\nenable_bucket = false\n\n\
-         [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [{f}]\n\
-         frame_extraction = \"head\"\n",
-        w = spec.width,
-        h = spec.height,
-        f = spec.frames
-    )
-}
-
 /// Writes the clip's latent and text caches (bf16; every text token valid) into `dir/cache`, and the empty
 /// `videos/`.
 fn write_cached_clip(
@@ -186,10 +154,7 @@ fn write_cached_clip(
     spec: &Ltx2SynthProject,
     latent: [usize; 4],
 ) -> anyhow::Result<(PathBuf, PathBuf)> {
-    let cache = dir.join("cache");
-    for sub in [&cache, &dir.join("videos")] {
-        fs::create_dir_all(sub).with_context(|| format!("cannot create {}", sub.display()))?;
-    }
+    let cache = clip_cache_dir(dir)?;
     let size = (spec.width as u32, spec.height as u32);
     let rng = &mut StdRng::seed_from_u64(mix(spec.seed, u64::MAX));
     let dev = &Device::Cpu;

@@ -16,11 +16,9 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use crate::synth::cached::{write_cached_project, CachedProject, CachedProjectFiles};
 use crate::synth::tensors::{encoder_init, mix, write_random_weights, RandomWeight, FP8_MAX};
-use crate::synth::{
-    base_run_config, image_dataset_toml, run_config_toml, write_stand_in_image, DATASET_FILE,
-    RUN_FILE,
-};
+use crate::synth::{image_dataset_toml, write_stand_in_image};
 use framesmith_config::run::TimestepSampling;
 use framesmith_data::family::qwen_image::cache::{
     qwen_latent_cache_name, qwen_text_cache_name, write_qwen_text_cache, QwenTextCache,
@@ -74,13 +72,8 @@ pub struct QwenImageSynthProject {
 /// What [`write_qwen_image_project`] wrote.
 #[derive(Debug, Clone)]
 pub struct QwenImageSynthFiles {
-    pub dit: PathBuf,
-    pub dataset: PathBuf,
-    pub run: PathBuf,
-    pub latents: PathBuf,
-    pub text: PathBuf,
-    /// Size of the DiT file.
-    pub dit_bytes: u64,
+    /// The DiT, the image's caches and the configs.
+    pub project: CachedProjectFiles,
     /// The text encoder and the captions' dataset config, when asked for.
     pub captions: Option<(PathBuf, PathBuf)>,
     /// The VAE, written with the captions.
@@ -129,28 +122,27 @@ pub fn write_qwen_image_project(
             spec.text_tokens
         );
     }
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let dir = std::path::absolute(dir)
-        .with_context(|| format!("cannot resolve the folder {}", dir.display()))?;
-    let dit = dir.join(DIT_FILE);
-    let dit_bytes = write_random_qwen_image_dit(&dit, &spec.cfg, spec.seed)?;
-    let (latents, text) = write_cached_image(&dir, spec, latent)?;
-    let dataset = dir.join(DATASET_FILE);
     let header = "framesmith-bench synth-project --model qwen-image: one cached image of random latents and\n\
                   random text features. The grey image in images/ only stands for it: training reads the caches.";
-    fs::write(
-        &dataset,
-        image_dataset_toml(header, ("images", "cache"), (spec.width, spec.height)),
-    )
-    .with_context(|| format!("cannot write {}", dataset.display()))?;
-    let run = dir.join(RUN_FILE);
-    let mut config = base_run_config(&dir, &dit, (spec.steps, spec.seed), spec.rank);
-    config.training.timestep_sampling = TimestepSampling::QwenShift;
-    config.output.output_name = "synth-qwen-image-lora".into();
-    fs::write(&run, run_config_toml(&config)?)
-        .with_context(|| format!("cannot write {}", run.display()))?;
+    let project = CachedProject {
+        dit_file: DIT_FILE,
+        dataset_toml: image_dataset_toml(header, ("images", "cache"), (spec.width, spec.height)),
+        steps_seed: (spec.steps, spec.seed),
+        rank: spec.rank,
+    };
+    let project = write_cached_project(
+        dir,
+        project,
+        |dit| write_random_qwen_image_dit(dit, &spec.cfg, spec.seed),
+        |dir| write_cached_image(dir, spec, latent),
+        |config| {
+            config.training.timestep_sampling = TimestepSampling::QwenShift;
+            config.output.output_name = "synth-qwen-image-lora".into();
+        },
+    )?;
+    let dir = &project.dir;
     let captions = match &spec.captions {
-        Some((count, encoder)) => Some(write_captions(&dir, *count, encoder, spec.seed)?),
+        Some((count, encoder)) => Some(write_captions(dir, *count, encoder, spec.seed)?),
         None => None,
     };
     let vae = match spec.captions {
@@ -163,12 +155,7 @@ pub fn write_qwen_image_project(
         None => None,
     };
     Ok(QwenImageSynthFiles {
-        dit,
-        dataset,
-        run,
-        latents,
-        text,
-        dit_bytes,
+        project,
         captions,
         vae,
     })
@@ -350,26 +337,26 @@ mod tests {
             controls: 2,
         };
         let files = write_qwen_image_project(dir.path(), &spec)?;
-        let dit = framesmith_models::qwen_image::weights::identify(&files.dit)?;
+        let dit = framesmith_models::qwen_image::weights::identify(&files.project.dit)?;
         assert_eq!(dit.config, spec.cfg);
         let latents = framesmith_data::family::qwen_image::cache::read_qwen_latent_cache(
-            &files.latents,
+            &files.project.latents,
             &Device::Cpu,
         )?;
         assert_eq!(latents.dims(), &[16, 1, 8, 6]);
-        let (_, controls) =
-            QWEN_IMAGE_CACHES.read_latent_cache_with_controls(&files.latents, &Device::Cpu)?;
+        let (_, controls) = QWEN_IMAGE_CACHES
+            .read_latent_cache_with_controls(&files.project.latents, &Device::Cpu)?;
         assert_eq!(
             controls.len(),
             2,
             "Qwen-Image-Edit-2509's two control images"
         );
         let text = framesmith_data::family::qwen_image::cache::read_qwen_text_cache(
-            &files.text,
+            &files.project.text,
             &Device::Cpu,
         )?;
         assert_eq!(text.vl_embed.dims(), &[5, 24]);
-        let config = framesmith_config::RunConfig::load(&files.run)?;
+        let config = framesmith_config::RunConfig::load(&files.project.run)?;
         assert_eq!(
             config.training.timestep_sampling,
             TimestepSampling::QwenShift

@@ -104,15 +104,7 @@ fn synth_flux_project(args: &SynthArgs) -> Result<()> {
             samples.prompts.display()
         );
     }
-    println!(
-        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
-        files.dit.display(),
-        files.dit_bytes as f64 / (1u64 << 30) as f64,
-        files.latents.display(),
-        files.text.display(),
-        files.dataset.display(),
-        files.run.display()
-    );
+    println!("{}", files.wrote_line());
     Ok(())
 }
 
@@ -141,15 +133,7 @@ fn synth_qwen_image_project(args: &SynthArgs) -> Result<()> {
     if let Some(vae) = &files.vae {
         println!("wrote {}", vae.display());
     }
-    println!(
-        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
-        files.dit.display(),
-        files.dit_bytes as f64 / (1u64 << 30) as f64,
-        files.latents.display(),
-        files.text.display(),
-        files.dataset.display(),
-        files.run.display()
-    );
+    println!("{}", files.project.wrote_line());
     Ok(())
 }
 
@@ -174,15 +158,7 @@ fn synth_hv15_project(args: &SynthArgs) -> Result<()> {
         i2v: args.i2v,
     };
     let files = hv::write_hv15_project(&args.out, &spec)?;
-    println!(
-        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
-        files.dit.display(),
-        files.dit_bytes as f64 / (1u64 << 30) as f64,
-        files.latents.display(),
-        files.text.display(),
-        files.dataset.display(),
-        files.run.display()
-    );
+    println!("{}", files.wrote_line());
     Ok(())
 }
 
@@ -206,15 +182,7 @@ fn synth_ltx2_project(args: &SynthArgs) -> Result<()> {
         rank: args.rank,
     };
     let files = ltx::write_ltx2_project(&args.out, &spec)?;
-    println!(
-        "wrote {} ({:.2} GiB), {}, {}, {}, {}",
-        files.dit.display(),
-        files.dit_bytes as f64 / (1u64 << 30) as f64,
-        files.latents.display(),
-        files.text.display(),
-        files.dataset.display(),
-        files.run.display()
-    );
+    println!("{}", files.wrote_line());
     Ok(())
 }
 
