@@ -49,13 +49,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
 source "$HERE/device-env.sh"
 source "$HERE/train-cases.sh"
-use_nvidia_libs
-START=$(date +%s%N)
-mkdir -p "$OUT" "$WORK"
-LOG="$OUT/flux.log"
-SUMMARY="$OUT/summary.txt"
+begin_cases flux
 TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM: peak|stream|plan|sample|FLUX_STEP|Error|error|Elapsed \(wall|Maximum resident"
-TIMED_LINES=16
 synth() { # dir dtype
     local dir="$1" dtype="$2" file
     case "$dtype" in bf16) file=flux1-dev.safetensors ;; fp8-scaled) file=flux1-dev-fp8-scaled.safetensors ;; esac
@@ -183,8 +178,7 @@ fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
     mkdir -p "$D"
-    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
-    SMI=$!
+    start_smi "$D"
     case "$case" in
     torch|torch-none)
         extra=()
@@ -230,7 +224,7 @@ for case in "${CASES[@]}"; do
         ;;
     fp8-file)
         P8="$WORK/flux-dev-fp8"
-        synth "$P8" fp8-scaled || { kill $SMI; continue; }
+        synth "$P8" fp8-scaled || { kill "$SMI"; continue; }
         config "$P" "$P/fp8-file.toml" fp8 off "$P8/flux1-dev-fp8-scaled.safetensors"
         train_case "$D" "$P/fp8-file.toml" "framesmith train, FP8 file, resident"
         ;;
@@ -266,7 +260,7 @@ for case in "${CASES[@]}"; do
         ;;
     kontext|kontext-fp8|kontext-budget-12)
         PK="$WORK/flux-kontext"
-        synth_kontext "$PK" || { kill $SMI; continue; }
+        synth_kontext "$PK" || { kill "$SMI"; continue; }
         extra=()
         case "$case" in
         kontext) config "$PK" "$PK/run-$case.toml" bf16 off; label="bf16, resident" ;;
@@ -279,13 +273,6 @@ for case in "${CASES[@]}"; do
         ;;
     *) note "unknown case $case" ;;
     esac
-    kill $SMI 2>/dev/null
-    # nvidia-smi's view (every process on the card, the CUDA context included), next to each run's own numbers.
-    awk -F', ' -v c="$case" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
-        "$D/smi.log" >> "$SUMMARY"
+    stop_smi "$case" "$D"
 done
-note "done"
-{
-    echo "== FLUX.1 [dev] LoRA rank $RANK, ${SIZE}x${SIZE}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
-    cat "$SUMMARY" 2>/dev/null
-} | tee "$OUT/summary-final.txt"
+finish_cases "FLUX.1 [dev] LoRA rank $RANK, ${SIZE}x${SIZE}, batch 1"

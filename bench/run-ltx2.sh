@@ -38,13 +38,8 @@ HERE="$(cd "$(dirname "$0")" && pwd)"
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
 source "$HERE/device-env.sh"
 source "$HERE/train-cases.sh"
-use_nvidia_libs
-START=$(date +%s%N)
-mkdir -p "$OUT" "$WORK"
-LOG="$OUT/ltx2.log"
-SUMMARY="$OUT/summary.txt"
+begin_cases ltx2
 TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|cached|LTX2_STEP|Error|error|Elapsed \(wall|Maximum resident"
-TIMED_LINES=16
 P="$WORK/ltx2"
 DIT="$P/ltx-2.3-22b-video-stream-synth-bf16.safetensors"
 PYDEPS="$WORK/pydeps"
@@ -63,50 +58,10 @@ torch_case() { # case-dir label
             --text-cache "$(ls "$P"/cache/*_ltx2_te.safetensors | head -1)" \
             --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
     )
-    python3 - "$d/torch.log" "$label" >> "$SUMMARY" <<'EOF'
-import json, sys
-label = sys.argv[2]
-lines = [l.split("LTX2_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "LTX2_STEP " in l]
-if lines:
-    r = json.loads(lines[-1])
-    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
-          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
-          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
-          f"{r['lora_modules']} LoRA modules, {r['lora_parameters']} LoRA parameters, loss {r['loss']:.4f}")
-else:
-    print(f"{label:<34} failed: see {sys.argv[1]}")
-EOF
+    summarise_torch "$d/torch.log" "$label" LTX2_STEP
 }
 
-# The project's run.toml cut down to its files, steps, seed, device, LoRA size and outputs: a preset given on the
-# command line sets everything else (a key the config spells would win over the preset's).
-minimal_config() { # project-dir out-toml
-    python3 - "$1/run.toml" "$2" "$STEPS" <<'EOF'
-import json, sys, tomllib
-src, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-cfg = tomllib.load(open(src, "rb"))
-keep = {"model": ["dit"], "dataset": ["config"], "training": ["seed", "device", "mode"], "lora": ["rank", "alpha"],
-        "output": ["output_dir", "output_name", "save_every_n_steps", "save_every_n_epochs", "save_state"]}
-lines = []
-for table, keys in keep.items():
-    lines.append(f"[{table}]")
-    lines += [f"{k} = {json.dumps(cfg[table][k])}" for k in keys if k in cfg.get(table, {})]
-    if table == "training":
-        lines.append(f"max_train_steps = {steps}")
-text = "\n".join(lines) + "\n"
-tomllib.loads(text)
-open(out, "w").write(text)
-EOF
-}
-
-{
-    date -u +%Y-%m-%dT%H:%M:%SZ
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-    PYTHONPATH="$PYDEPS" python3 -c 'import ltx_core; print("ltx-core", ltx_core.__file__)' 2>&1 | tail -1
-    framesmith --version 2>&1 | head -1
-    free -g | head -2; nproc
-} > "$OUT/env.txt" 2>&1
+write_env "$(PYTHONPATH="$PYDEPS" python3 -c 'import ltx_core; print("ltx-core", ltx_core.__file__)' 2>&1 | tail -1)"
 if [[ ! -f "$P/run.toml" ]]; then
     df -h "$WORK" | tail -1 | tee -a "$OUT/env.txt"
     timed "$OUT" synth framesmith-bench synth-project --model ltx2 --out "$P" --height "$HEIGHT" \
@@ -116,33 +71,11 @@ fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
     mkdir -p "$D"
-    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
-    SMI=$!
+    start_smi "$D"
     case "$case" in
     torch) torch_case "$D" "PyTorch (ltx-core LTXModel, bf16)" ;;
-    bf16)
-        config "$P" "$P/bf16.toml" bf16 off
-        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident"
-        ;;
-    fp8)
-        config "$P" "$P/fp8.toml" fp8 off
-        train_case "$D" "$P/fp8.toml" "framesmith train, FP8 b64, resident"
-        ;;
-    budget-24|budget-16)
-        gb="${case#budget-}"
-        minimal_config "$P" "$P/budget.toml"
-        extra=(--preset "ltx2-${gb}gb" --vram-budget-gb "$gb")
-        timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
-        train_case "$D" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
-        ;;
-    *) note "unknown case $case" ;;
+    *) memory_case "$case" "$D" ltx2 || note "unknown case $case" ;;
     esac
-    kill $SMI 2>/dev/null
-    awk -F', ' -v c="$case" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
-        "$D/smi.log" >> "$SUMMARY"
+    stop_smi "$case" "$D"
 done
-note "done"
-{
-    echo "== LTX-2.3 T2V LoRA rank $RANK, ${WIDTH}x${HEIGHT}x${FRAMES}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
-    cat "$SUMMARY" 2>/dev/null
-} | tee "$OUT/summary-final.txt"
+finish_cases "LTX-2.3 T2V LoRA rank $RANK, ${WIDTH}x${HEIGHT}x${FRAMES}, batch 1"

@@ -47,13 +47,8 @@ TOKENIZER="$HERE/../crates/framesmith-models/tests/fixtures/qwen25vl/tokenizer.j
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
 source "$HERE/device-env.sh"
 source "$HERE/train-cases.sh"
-use_nvidia_libs
-START=$(date +%s%N)
-mkdir -p "$OUT" "$WORK"
-LOG="$OUT/qwen-image.log"
-SUMMARY="$OUT/summary.txt"
+begin_cases qwen-image
 TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|text encoder|cached|QWEN_IMAGE_STEP|Error|error|Elapsed \(wall|Maximum resident"
-TIMED_LINES=16
 P="$WORK/qwen-image"
 
 # The PyTorch step on the project's bf16 file and caches, and its summary line.
@@ -63,40 +58,7 @@ torch_case() { # case-dir label
         --latent-cache "$(ls "$P"/cache/*_qi.safetensors | head -1)" \
         --text-cache "$(ls "$P"/cache/*_qi_te.safetensors | head -1)" \
         --rank "$RANK" --warmup "$TORCH_WARMUP" --iters "$TORCH_ITERS"
-    python3 - "$d/torch.log" "$label" >> "$SUMMARY" <<'EOF'
-import json, sys
-label = sys.argv[2]
-lines = [l.split("QWEN_IMAGE_STEP ", 1)[1] for l in open(sys.argv[1], errors="replace") if "QWEN_IMAGE_STEP " in l]
-if lines:
-    r = json.loads(lines[-1])
-    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
-          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
-          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
-          f"{r['lora_modules']} LoRA modules, {r['lora_parameters']} LoRA parameters, loss {r['loss']:.4f}")
-else:
-    print(f"{label:<34} failed: see {sys.argv[1]}")
-EOF
-}
-
-# The project's run.toml cut down to its files, steps, seed, device, LoRA size and outputs: a preset given on the
-# command line sets everything else (a key the config spells would win over the preset's).
-minimal_config() { # project-dir out-toml
-    python3 - "$1/run.toml" "$2" "$STEPS" <<'EOF'
-import json, sys, tomllib
-src, out, steps = sys.argv[1], sys.argv[2], int(sys.argv[3])
-cfg = tomllib.load(open(src, "rb"))
-keep = {"model": ["dit"], "dataset": ["config"], "training": ["seed", "device"], "lora": ["rank", "alpha"],
-        "output": ["output_dir", "output_name", "save_every_n_steps", "save_every_n_epochs", "save_state"]}
-lines = []
-for table, keys in keep.items():
-    lines.append(f"[{table}]")
-    lines += [f"{k} = {json.dumps(cfg[table][k])}" for k in keys if k in cfg.get(table, {})]
-    if table == "training":
-        lines.append(f"max_train_steps = {steps}")
-text = "\n".join(lines) + "\n"
-tomllib.loads(text)
-open(out, "w").write(text)
-EOF
+    summarise_torch "$d/torch.log" "$label" QWEN_IMAGE_STEP
 }
 
 # `framesmith cache text` of the captions, fresh each time, and its summary line (wall time, VRAM peak, RSS).
@@ -122,14 +84,7 @@ print(out)
 EOF
 }
 
-{
-    date -u +%Y-%m-%dT%H:%M:%SZ
-    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
-    python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
-    python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1
-    framesmith --version 2>&1 | head -1
-    free -g | head -2; nproc
-} > "$OUT/env.txt" 2>&1
+write_env "$(python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1)"
 # The base project only for the cases that use it (the edit cases make their own: two 38 GiB files may not fit).
 needs_base=0
 for case in "${CASES[@]}"; do [[ "$case" != edit* ]] && needs_base=1; done
@@ -141,38 +96,22 @@ fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
     mkdir -p "$D"
-    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$D/smi.log" 2>&1 &
-    SMI=$!
+    start_smi "$D"
     case "$case" in
     torch) torch_case "$D" "PyTorch (diffusers, SDPA, bf16)" ;;
-    bf16)
-        config "$P" "$P/bf16.toml" bf16 off
-        train_case "$D" "$P/bf16.toml" "framesmith train, bf16, resident"
-        ;;
-    fp8)
-        config "$P" "$P/fp8.toml" fp8 off
-        train_case "$D" "$P/fp8.toml" "framesmith train, FP8 b64, resident"
-        ;;
-    budget-24|budget-16)
-        gb="${case#budget-}"
-        minimal_config "$P" "$P/budget.toml"
-        extra=(--preset "qwen-image-${gb}gb" --vram-budget-gb "$gb")
-        timed "$D" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
-        train_case "$D" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
-        ;;
     edit|edit-fp8|edit-budget-24|edit-budget-16)
         PE="$WORK/qwen-image-edit-$CONTROLS"
         if [[ ! -f "$PE/run.toml" ]]; then
             timed "$D" synth framesmith-bench synth-project --model qwen-image --out "$PE" --height "$SIZE" \
                 --width "$SIZE" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" --seed "$SEED" \
-                --controls "$CONTROLS" || { kill $SMI; continue; }
+                --controls "$CONTROLS" || { kill "$SMI"; continue; }
         fi
         extra=()
         case "$case" in
         edit) config "$PE" "$PE/run-$case.toml" bf16 off; label="bf16, resident" ;;
         edit-fp8) config "$PE" "$PE/run-$case.toml" fp8 off; label="FP8 b64, resident" ;;
         *) gb="${case#edit-budget-}"
-           minimal_config "$PE" "$PE/run-$case.toml"
+           minimal_config "$PE" "$PE/run-$case.toml" "seed device"
            extra=(--preset "qwen-image-${gb}gb" --vram-budget-gb "$gb"); label="preset, $gb GiB"
            timed "$D" plan framesmith plan --config "$PE/run-$case.toml" "${extra[@]}" ;;
         esac
@@ -191,7 +130,7 @@ for case in "${CASES[@]}"; do
             >> "$SUMMARY"
         ;;
     samples-24)
-        minimal_config "$P" "$P/samples.toml"
+        minimal_config "$P" "$P/samples.toml" "seed device"
         cp "$TOKENIZER" "$P/tokenizer.json"
         echo "a red fox running through snow --w $SIZE --h $SIZE --s $GEN_STEPS --d 7" > "$P/prompts.txt"
         python3 - "$P/samples.toml" "$P" "$STEPS" <<'EOF'
@@ -213,14 +152,8 @@ EOF
         gb="${case#text-}"
         text_case "$D" "cache text, $gb GiB" --vram-budget-gb "$gb"
         ;;
-    *) note "unknown case $case" ;;
+    *) memory_case "$case" "$D" qwen-image "seed device" || note "unknown case $case" ;;
     esac
-    kill $SMI 2>/dev/null
-    awk -F', ' -v c="$case" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
-        "$D/smi.log" >> "$SUMMARY"
+    stop_smi "$case" "$D"
 done
-note "done"
-{
-    echo "== Qwen-Image LoRA rank $RANK, ${SIZE}x${SIZE}, batch 1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
-    cat "$SUMMARY" 2>/dev/null
-} | tee "$OUT/summary-final.txt"
+finish_cases "Qwen-Image LoRA rank $RANK, ${SIZE}x${SIZE}, batch 1"

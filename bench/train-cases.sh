@@ -1,5 +1,6 @@
 # Sourced by the bench/run-*.sh scripts that time `framesmith train` cases on the GPU test machine. Uses the
-# caller's P (the project folder), STEPS, SUMMARY and, from device-env.sh, timed.
+# caller's P (the project folder), STEPS, OUT and WORK (the output and work folders), SUMMARY (set by begin_cases)
+# and, from device-env.sh, timed, note and use_nvidia_libs.
 # One line of the summary from a training run's metrics.jsonl and log: mean step_secs over steps 2..N, the
 # VRAM line's peak (and the plan's prediction when there is one), peak RSS.
 summarise_train() { # case-dir log-name label
@@ -99,3 +100,110 @@ train_case() { # case-dir config label [extra framesmith args...]
     summarise_train "$d" train "$label"
 }
 
+# One line of the summary from a reference step's log: its last `MARKER {json}` line (time per step, peak memory,
+# tokens, LoRA size, loss), or where to look when there is none.
+summarise_torch() { # log label marker
+    python3 - "$1" "$2" "$3" >> "$SUMMARY" <<'EOF'
+import json, sys
+log, label, marker = sys.argv[1], sys.argv[2], sys.argv[3] + " "
+lines = [l.split(marker, 1)[1] for l in open(log, errors="replace") if marker in l]
+if lines:
+    r = json.loads(lines[-1])
+    print(f"{label:<34} step {r['ms_mean'] / 1e3:7.3f} s (mean of {r['steps_timed']}, "
+          f"median {r['ms_median'] / 1e3:.3f}), peak allocated {r['peak_allocated_gib']:.2f} GiB "
+          f"(reserved {r['peak_reserved_gib']:.2f}), {r['img_tokens']}+{r['txt_tokens']} tokens, "
+          f"{r['lora_modules']} LoRA modules, {r['lora_parameters']} LoRA parameters, loss {r['loss']:.4f}")
+else:
+    print(f"{label:<34} failed: see {log}")
+EOF
+}
+# The project's run.toml cut down to its files, steps, seed, device, LoRA size and outputs: a preset given on the
+# command line sets everything else (a key the config spells would win over the preset's). Keeps the [training]
+# keys named (default: seed device mode).
+minimal_config() { # project-dir out-toml [training-keys]
+    python3 - "$1/run.toml" "$2" "$STEPS" "${3:-seed device mode}" <<'EOF'
+import json, sys, tomllib
+src, out, steps, training = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4].split()
+cfg = tomllib.load(open(src, "rb"))
+keep = {"model": ["dit"], "dataset": ["config"], "training": training, "lora": ["rank", "alpha"],
+        "output": ["output_dir", "output_name", "save_every_n_steps", "save_every_n_epochs", "save_state"]}
+lines = []
+for table, keys in keep.items():
+    lines.append(f"[{table}]")
+    lines += [f"{k} = {json.dumps(cfg[table][k])}" for k in keys if k in cfg.get(table, {})]
+    if table == "training":
+        lines.append(f"max_train_steps = {steps}")
+text = "\n".join(lines) + "\n"
+tomllib.loads(text)
+open(out, "w").write(text)
+EOF
+}
+# The machine into OUT/env.txt: the time, the GPU, torch, the reference's package (`reference`: what a check of it
+# printed), framesmith's version, memory and cores.
+write_env() { # reference
+    {
+        date -u +%Y-%m-%dT%H:%M:%SZ
+        nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm,power.limit --format=csv,noheader
+        python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)'
+        echo "$1"
+        framesmith --version 2>&1 | head -1
+        free -g | head -2; nproc
+    } > "$OUT/env.txt" 2>&1
+}
+# nvidia-smi's memory and utilisation every second into CASE_DIR/smi.log, in the background (SMI: its pid).
+start_smi() { # case-dir
+    ( while true; do nvidia-smi --query-gpu=timestamp,memory.used,utilization.gpu --format=csv,noheader; sleep 1; done ) > "$1/smi.log" 2>&1 &
+    SMI=$!
+}
+# Stops start_smi's sampler and adds the case's largest memory.used to the summary: nvidia-smi's view (every process
+# on the card, the CUDA context included), next to each run's own numbers.
+stop_smi() { # case case-dir
+    kill "$SMI" 2>/dev/null
+    awk -F', ' -v c="$1" '$2 ~ /MiB/ { v = $2 + 0; if (v > m) m = v } END { if (m) printf "%-34s nvidia-smi memory.used max %d MiB\n", "  (" c ")", m }' \
+        "$2/smi.log" >> "$SUMMARY"
+}
+# The cases every family's script runs alike on the project in P: bf16 / fp8 (`framesmith train`, every block
+# resident) and budget-24 / budget-16 (`--preset PREFIX-Ngb --vram-budget-gb N` over minimal_config, whose
+# [training] keys are TRAINING_KEYS; `framesmith plan` first). Returns 1 for any other case.
+memory_case() { # case case-dir preset-prefix [training-keys]
+    local case="$1" d="$2" prefix="$3" gb extra
+    case "$case" in
+    bf16)
+        config "$P" "$P/bf16.toml" bf16 off
+        train_case "$d" "$P/bf16.toml" "framesmith train, bf16, resident"
+        ;;
+    fp8)
+        config "$P" "$P/fp8.toml" fp8 off
+        train_case "$d" "$P/fp8.toml" "framesmith train, FP8 b64, resident"
+        ;;
+    budget-24|budget-16)
+        gb="${case#budget-}"
+        minimal_config "$P" "$P/budget.toml" "${4:-}"
+        extra=(--preset "${prefix}-${gb}gb" --vram-budget-gb "$gb")
+        timed "$d" plan framesmith plan --config "$P/budget.toml" "${extra[@]}"
+        train_case "$d" "$P/budget.toml" "framesmith train, preset, $gb GiB" "${extra[@]}"
+        ;;
+    *) return 1 ;;
+    esac
+    return 0
+}
+# The start of a run of cases: the NVIDIA libraries on the path, the clock started (START), OUT and WORK created,
+# the run's log OUT/NAME.log (LOG), the summary (SUMMARY) and how many matching lines `timed` keeps (TIMED_LINES).
+# shellcheck disable=SC2034  # START, LOG and TIMED_LINES are read by device-env.sh's stamp, note and timed.
+begin_cases() { # name
+    use_nvidia_libs
+    START=$(date +%s%N)
+    mkdir -p "$OUT" "$WORK"
+    LOG="$OUT/$1.log"
+    SUMMARY="$OUT/summary.txt"
+    TIMED_LINES=16
+}
+# The end of a run of cases: `done` in the log, and the summary under its TITLE line (with the GPU from env.txt)
+# into OUT/summary-final.txt and on the terminal.
+finish_cases() { # title
+    note "done"
+    {
+        echo "== $1 ($(head -2 "$OUT/env.txt" | tail -1)) =="
+        cat "$SUMMARY" 2>/dev/null
+    } | tee "$OUT/summary-final.txt"
+}
