@@ -24,7 +24,6 @@ reference is the official architecture. Needs only PyTorch (no safetensors or ei
 import argparse
 import json
 import math
-import statistics
 import struct
 import sys
 import time
@@ -38,7 +37,7 @@ import peft_kinds
 # Set by --kind: adapted linears become PEFT targets instead of carrying the hand-written LoRA.
 PEFT_TARGETS = False
 
-from common import emit
+from common import adamw, optimizer_step, report_train_step, time_train_steps
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 DTYPES = {
@@ -497,39 +496,18 @@ def run_kind(a, sd, cfg, kind, load_secs):
     timesteps = torch.tensor([a.sigma], device=dev)
     guidance = torch.tensor([1.0], device=dev)
     xt, txt, y = xt.to(torch.bfloat16), txt.to(torch.bfloat16), y.to(torch.bfloat16)
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = adamw(params, a.lr)
     losses = []
 
     def step():
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             pred = model(xt, img_ids, txt, txt_ids, timesteps, y, guidance)
         loss = F.mse_loss(pred.float(), target)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        optimizer_step(loss, params, opt, losses)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times = []
-    for i in range(a.warmup + a.iters):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        ms = (time.perf_counter() - start) * 1e3
-        timed = i >= a.warmup
-        if timed:
-            times.append(ms)
-        print(f"step {i + 1}: {ms:.1f} ms, loss {losses[-1].item():.4f}{'' if timed else ' (warm-up)'}", flush=True)
-    gib = 2**30
-    peak = torch.cuda.max_memory_allocated() / gib if cuda else 0.0
-    reserved = torch.cuda.max_memory_reserved() / gib if cuda else 0.0
+    timing = time_train_steps(step, losses, a.warmup, a.iters, cuda)
     img_len, txt_len = xt.shape[1], txt.shape[1]
-    mean = statistics.mean(times) if times else 0.0
-    record = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
+    fields = {
         "blocks": [cfg["depth"], cfg["depth_single_blocks"]],
         "hidden": cfg["hidden_size"],
         "image": [a.width, a.height] if not a.latent_cache else [latent.shape[3] * 8, latent.shape[2] * 8],
@@ -539,20 +517,12 @@ def run_kind(a, sd, cfg, kind, load_secs):
         "kind": kind or "lora (hand-written)",
         "lora_parameters": sum(q.numel() for q in params),
         "checkpointing": not a.no_checkpointing,
-        "warmup": a.warmup,
-        "steps_timed": len(times),
-        "ms_mean": mean,
-        "ms_median": statistics.median(times) if times else 0.0,
-        "ms_min": min(times) if times else 0.0,
-        "peak_allocated_gib": peak,
-        "peak_reserved_gib": reserved,
-        "load_secs": load_secs,
-        "loss": losses[-1].item(),
     }
-    print("FLUX_STEP " + json.dumps(record), flush=True)
     flops = (3.0 if a.no_checkpointing else 4.0) * forward_flops(cfg, img_len, txt_len)
-    shape = f"b=1 {record['image'][0]}x{record['image'][1]} img={img_len} txt={txt_len} r={a.rank}"
-    emit("flux-step", "flux-dev bf16", f"{kind or 'lora'} step", shape, flops, mean, peak)
+    shape = f"b=1 {fields['image'][0]}x{fields['image'][1]} img={img_len} txt={txt_len} r={a.rank}"
+    last = {"load_secs": load_secs, "loss": losses[-1].item()}
+    bench = ("flux-step", "flux-dev bf16", f"{kind or 'lora'} step", shape, flops)
+    report_train_step("FLUX_STEP", cuda, fields, timing, last, bench)
     del model, params, opt
 
 

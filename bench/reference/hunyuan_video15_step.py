@@ -23,9 +23,6 @@ warm-up, torch.cuda.max_memory_allocated and max_memory_reserved over the whole 
 `BENCH` line in the format of bench/reference/common.py. Needs diffusers (carry its wheel to the GPU machine) and
 safetensors."""
 import argparse
-import json
-import math
-import statistics
 import sys
 import time
 
@@ -33,7 +30,15 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from common import emit
+from common import (
+    adamw,
+    add_step_args,
+    cache_tensor,
+    optimizer_step,
+    report_train_step,
+    time_train_steps,
+    wrap_block_linears,
+)
 
 SCALING_FACTOR = 1.03682
 SIGLIP_TOKENS = 729
@@ -137,45 +142,9 @@ def config_of(sd, layers, refiners):
     )
 
 
-class LoRALinear(torch.nn.Module):
-    """`base(x) + (x A^T B^T) · alpha/rank`, A and B f32 and trainable, `base` frozen."""
-
-    def __init__(self, base, rank, alpha):
-        super().__init__()
-        self.base = base
-        self.down = torch.nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
-        self.up = torch.nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-        torch.nn.init.kaiming_uniform_(self.down, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def forward(self, x):
-        return self.base(x) + F.linear(F.linear(x, self.down.to(x.dtype)), self.up.to(x.dtype)) * self.scale
-
-
 def add_lora(model, rank, alpha):
     """Wraps every linear inside the double-stream blocks (14 each); returns the LoRA parameters."""
-    params = []
-    for block in model.transformer_blocks:
-        for name, module in list(block.named_modules()):
-            if not isinstance(module, torch.nn.Linear):
-                continue
-            parent = block
-            *path, leaf = name.split(".")
-            for p in path:
-                parent = getattr(parent, p)
-            wrapped = LoRALinear(module, rank, alpha)
-            setattr(parent, leaf, wrapped)
-            params += [wrapped.down, wrapped.up]
-    return params
-
-
-def cache_tensor(path, prefix, device):
-    """The tensor whose key starts with `prefix` (`latents_` + digit, `varlen_vl_embed_`, …), f32 on `device`."""
-    with safe_open(path, framework="pt", device="cpu") as f:
-        keys = [k for k in f.keys() if k.startswith(prefix) and (prefix != "latents_" or k[8].isdigit())]
-        if not keys:
-            sys.exit(f"no {prefix}* tensor in {path}")
-        return f.get_tensor(keys[0]).to(device, torch.float32)
+    return wrap_block_linears(model.transformer_blocks, rank, alpha)
 
 
 def inputs(a, cfg, dev):
@@ -228,13 +197,7 @@ def parse():
     p.add_argument("--height", type=int, default=480)
     p.add_argument("--width", type=int, default=848)
     p.add_argument("--text-tokens", type=int, default=128)
-    p.add_argument("--rank", type=int, default=32)
-    p.add_argument("--alpha", type=float, default=None, help="LoRA alpha (default: the rank)")
-    p.add_argument("--sigma", type=float, default=0.75, help="the noise level of the step's sample")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=8)
-    p.add_argument("--no-checkpointing", action="store_true", help="keep every activation (no recompute)")
+    add_step_args(p, rank=32, iters=8)
     p.add_argument("--i2v", action="store_true", help="image-to-video: the cache's first frame and SigLIP features")
     p.add_argument("--device", default="cuda")
     return p.parse_args()
@@ -276,7 +239,7 @@ def main():
         siglip = torch.zeros(1, SIGLIP_TOKENS, cfg["image_embed_dim"], device=dev)
     image = siglip.to(torch.bfloat16)
     timestep = torch.tensor([a.sigma * 1000.0 + 1.0], device=dev)
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = adamw(params, a.lr)
     losses = []
 
     def step():
@@ -285,32 +248,11 @@ def main():
                          encoder_attention_mask=txt_mask, encoder_hidden_states_2=byt5,
                          encoder_attention_mask_2=byt5_mask, image_embeds=image, return_dict=False)[0]
         loss = F.mse_loss(pred.float(), target)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        optimizer_step(loss, params, opt, losses)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times = []
-    for i in range(a.warmup + a.iters):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        ms = (time.perf_counter() - start) * 1e3
-        timed = i >= a.warmup
-        if timed:
-            times.append(ms)
-        print(f"step {i + 1}: {ms:.1f} ms, loss {losses[-1].item():.4f}{'' if timed else ' (warm-up)'}", flush=True)
-    gib = 2**30
-    peak = torch.cuda.max_memory_allocated() / gib if cuda else 0.0
-    reserved = torch.cuda.max_memory_reserved() / gib if cuda else 0.0
+    timing = time_train_steps(step, losses, a.warmup, a.iters, cuda)
     img_len, txt_len = f * h * w, txt.shape[1] + BYT5_MAX + image.shape[1]
-    mean = statistics.mean(times) if times else 0.0
-    record = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
+    fields = {
         "blocks": cfg["num_layers"],
         "clip": [w * 16, h * 16, (f - 1) * 4 + 1],
         "i2v": a.i2v,
@@ -320,20 +262,12 @@ def main():
         "lora_modules": len(params) // 2,
         "lora_parameters": sum(q.numel() for q in params),
         "checkpointing": not a.no_checkpointing,
-        "warmup": a.warmup,
-        "steps_timed": len(times),
-        "ms_mean": mean,
-        "ms_median": statistics.median(times) if times else 0.0,
-        "ms_min": min(times) if times else 0.0,
-        "peak_allocated_gib": peak,
-        "peak_reserved_gib": reserved,
-        "load_secs": load_secs,
-        "loss": losses[-1].item(),
     }
-    print("HUNYUAN_VIDEO15_STEP " + json.dumps(record), flush=True)
     flops = (3.0 if a.no_checkpointing else 4.0) * forward_flops(cfg, img_len, txt_len)
     shape = f"b=1 {w * 16}x{h * 16}x{(f - 1) * 4 + 1} img={img_len} txt={txt_len} r={a.rank}"
-    emit("hunyuan-video15-step", "hunyuan-video15 bf16", "lora step", shape, flops, mean, peak)
+    last = {"load_secs": load_secs, "loss": losses[-1].item()}
+    bench = ("hunyuan-video15-step", "hunyuan-video15 bf16", "lora step", shape, flops)
+    report_train_step("HUNYUAN_VIDEO15_STEP", cuda, fields, timing, last, bench)
     return 0
 
 

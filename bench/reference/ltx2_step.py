@@ -22,8 +22,6 @@ machine: `/work/venv-ref/bin/python -m pip wheel --no-deps -w wheels <LTX-2 chec
 and safetensors."""
 import argparse
 import json
-import math
-import statistics
 import sys
 import time
 
@@ -31,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from common import emit
+from common import LoRALinear, adamw, add_step_args, cache_tensor, optimizer_step, report_train_step, time_train_steps
 
 PREFIX = "model.diffusion_model."
 FPS = 24.0
@@ -97,21 +95,6 @@ def build(cfg):
     )
 
 
-class LoRALinear(torch.nn.Module):
-    """`base(x) + (x A^T B^T) · alpha/rank`, A and B f32 and trainable, `base` frozen."""
-
-    def __init__(self, base, rank, alpha):
-        super().__init__()
-        self.base = base
-        self.down = torch.nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
-        self.up = torch.nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-        torch.nn.init.kaiming_uniform_(self.down, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def forward(self, x):
-        return self.base(x) + F.linear(F.linear(x, self.down.to(x.dtype)), self.up.to(x.dtype)) * self.scale
-
-
 def add_lora(model, rank, alpha):
     """Wraps q, k, v and out of `attn1` and `attn2` of every block (8 each); returns the LoRA parameters."""
     params = []
@@ -127,15 +110,6 @@ def add_lora(model, rank, alpha):
                     setattr(parent, leaf, wrapped)
                 params += [wrapped.down, wrapped.up]
     return params
-
-
-def cache_tensor(path, prefix, dev):
-    """The tensor whose key starts with `prefix` (`latents_` + digit, `video_prompt_embeds_`), f32 on `dev`."""
-    with safe_open(path, framework="pt", device="cpu") as f:
-        keys = [k for k in f.keys() if k.startswith(prefix) and (prefix != "latents_" or k[8].isdigit())]
-        if not keys:
-            sys.exit(f"no {prefix}* tensor in {path}")
-        return f.get_tensor(keys[0]).to(dev, torch.float32)
 
 
 def positions(frames, height, width, dev):
@@ -159,13 +133,7 @@ def parse():
     p.add_argument("--height", type=int, default=512)
     p.add_argument("--width", type=int, default=768)
     p.add_argument("--text-tokens", type=int, default=1024)
-    p.add_argument("--rank", type=int, default=32)
-    p.add_argument("--alpha", type=float, default=None, help="LoRA alpha (default: the rank)")
-    p.add_argument("--sigma", type=float, default=0.75, help="the noise level of the step's sample")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=6)
-    p.add_argument("--no-checkpointing", action="store_true", help="keep every activation (no recompute)")
+    add_step_args(p, rank=32, iters=6)
     p.add_argument("--device", default="cuda")
     return p.parse_args()
 
@@ -224,39 +192,18 @@ def main():
         context=context.to(torch.bfloat16),
         context_mask=mask,
     )
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = adamw(params, a.lr)
     losses = []
 
     def step():
         with torch.autocast(dev.type, dtype=torch.bfloat16):
             pred, _ = model(video=video, audio=None, perturbations=None)
         loss = F.mse_loss(pred.float(), target)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        optimizer_step(loss, params, opt, losses)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times = []
-    for i in range(a.warmup + a.iters):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        ms = (time.perf_counter() - start) * 1e3
-        timed = i >= a.warmup
-        if timed:
-            times.append(ms)
-        print(f"step {i + 1}: {ms:.1f} ms, loss {losses[-1].item():.4f}{'' if timed else ' (warm-up)'}", flush=True)
-    gib = 2**30
-    peak = torch.cuda.max_memory_allocated() / gib if cuda else 0.0
-    reserved = torch.cuda.max_memory_reserved() / gib if cuda else 0.0
+    timing = time_train_steps(step, losses, a.warmup, a.iters, cuda)
     tokens, txt_len = f * h * w, context.shape[1]
-    mean = statistics.mean(times) if times else 0.0
-    record = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
+    fields = {
         "blocks": len(model.transformer_blocks),
         "clip": [w * 32, h * 32, (f - 1) * 8 + 1],
         "img_tokens": tokens,
@@ -265,22 +212,14 @@ def main():
         "lora_modules": len(params) // 2,
         "lora_parameters": sum(q.numel() for q in params),
         "checkpointing": not a.no_checkpointing,
-        "warmup": a.warmup,
-        "steps_timed": len(times),
-        "ms_mean": mean,
-        "ms_median": statistics.median(times) if times else 0.0,
-        "ms_min": min(times) if times else 0.0,
-        "peak_allocated_gib": peak,
-        "peak_reserved_gib": reserved,
-        "load_secs": load_secs,
-        "loss": losses[-1].item(),
     }
-    print("LTX2_STEP " + json.dumps(record), flush=True)
     dim = cfg.get("num_attention_heads", 32) * cfg.get("attention_head_dim", 128)
     per_block = 2 * tokens * 12 * dim * dim + 4 * tokens * tokens * dim + 4 * tokens * txt_len * dim
     flops = (3.0 if a.no_checkpointing else 4.0) * len(model.transformer_blocks) * per_block
     shape = f"b=1 {w * 32}x{h * 32}x{(f - 1) * 8 + 1} img={tokens} txt={txt_len} r={a.rank}"
-    emit("ltx2-step", "ltx2.3 bf16", "lora step", shape, flops, mean, peak)
+    last = {"load_secs": load_secs, "loss": losses[-1].item()}
+    bench = ("ltx2-step", "ltx2.3 bf16", "lora step", shape, flops)
+    report_train_step("LTX2_STEP", cuda, fields, timing, last, bench)
     return 0
 
 

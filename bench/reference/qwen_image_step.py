@@ -14,9 +14,6 @@ Prints each step's time, then `QWEN_IMAGE_STEP {json}` (mean and median ms of th
 torch.cuda.max_memory_allocated and max_memory_reserved over the whole run, weights included) and a `BENCH` line
 in the format of bench/reference/common.py. Needs diffusers (carry its wheel to the GPU machine) and safetensors."""
 import argparse
-import json
-import math
-import statistics
 import sys
 import time
 
@@ -24,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from safetensors import safe_open
 
-from common import emit
+from common import adamw, add_step_args, optimizer_step, report_train_step, time_train_steps, wrap_block_linears
 
 PREFIXES = ("model.diffusion_model.", "diffusion_model.")
 
@@ -71,36 +68,9 @@ def config_of(sd):
     )
 
 
-class LoRALinear(torch.nn.Module):
-    """`base(x) + (x A^T B^T) · alpha/rank`, A and B f32 and trainable, `base` frozen."""
-
-    def __init__(self, base, rank, alpha):
-        super().__init__()
-        self.base = base
-        self.down = torch.nn.Parameter(torch.empty(rank, base.in_features, device=base.weight.device))
-        self.up = torch.nn.Parameter(torch.zeros(base.out_features, rank, device=base.weight.device))
-        torch.nn.init.kaiming_uniform_(self.down, a=math.sqrt(5))
-        self.scale = alpha / rank
-
-    def forward(self, x):
-        return self.base(x) + F.linear(F.linear(x, self.down.to(x.dtype)), self.up.to(x.dtype)) * self.scale
-
-
 def add_lora(model, rank, alpha):
     """Wraps every linear inside the transformer blocks; returns the LoRA parameters."""
-    params = []
-    for block in model.transformer_blocks:
-        for name, module in list(block.named_modules()):
-            if not isinstance(module, torch.nn.Linear):
-                continue
-            parent = block
-            *path, leaf = name.split(".")
-            for p in path:
-                parent = getattr(parent, p)
-            wrapped = LoRALinear(module, rank, alpha)
-            setattr(parent, leaf, wrapped)
-            params += [wrapped.down, wrapped.up]
-    return params
+    return wrap_block_linears(model.transformer_blocks, rank, alpha)
 
 
 def pack(latent):
@@ -146,13 +116,7 @@ def main():
     p.add_argument("--height", type=int, default=1024)
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--text-tokens", type=int, default=64)
-    p.add_argument("--rank", type=int, default=16)
-    p.add_argument("--alpha", type=float, default=None, help="LoRA alpha (default: the rank)")
-    p.add_argument("--sigma", type=float, default=0.75, help="the noise level of the step's sample")
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--warmup", type=int, default=2)
-    p.add_argument("--iters", type=int, default=8)
-    p.add_argument("--no-checkpointing", action="store_true", help="keep every activation (no recompute)")
+    add_step_args(p, rank=16, iters=8)
     p.add_argument("--device", default="cuda")
     a = p.parse_args()
     from diffusers import QwenImageTransformer2DModel
@@ -184,7 +148,7 @@ def main():
     mask = torch.ones(1, txt.shape[1], device=dev, dtype=torch.bfloat16)
     timestep = torch.tensor([a.sigma], device=dev)
     img_shapes = [[(1, h // 2, w // 2)]]
-    opt = torch.optim.AdamW(params, lr=a.lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+    opt = adamw(params, a.lr)
     losses = []
 
     def step():
@@ -192,32 +156,11 @@ def main():
             pred = model(hidden_states=xt, encoder_hidden_states=txt, encoder_hidden_states_mask=mask,
                          timestep=timestep, img_shapes=img_shapes, return_dict=False)[0]
         loss = F.mse_loss(pred.float(), target)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, 1.0)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
+        optimizer_step(loss, params, opt, losses)
 
-    sync = torch.cuda.synchronize if cuda else (lambda: None)
-    times = []
-    for i in range(a.warmup + a.iters):
-        sync()
-        start = time.perf_counter()
-        step()
-        sync()
-        ms = (time.perf_counter() - start) * 1e3
-        timed = i >= a.warmup
-        if timed:
-            times.append(ms)
-        print(f"step {i + 1}: {ms:.1f} ms, loss {losses[-1].item():.4f}{'' if timed else ' (warm-up)'}", flush=True)
-    gib = 2**30
-    peak = torch.cuda.max_memory_allocated() / gib if cuda else 0.0
-    reserved = torch.cuda.max_memory_reserved() / gib if cuda else 0.0
+    timing = time_train_steps(step, losses, a.warmup, a.iters, cuda)
     img_len, txt_len = xt.shape[1], txt.shape[1]
-    mean = statistics.mean(times) if times else 0.0
-    record = {
-        "device": torch.cuda.get_device_name() if cuda else "cpu",
-        "torch": torch.__version__,
+    fields = {
         "blocks": cfg["num_layers"],
         "image": [w * 8, h * 8],
         "img_tokens": img_len,
@@ -226,20 +169,12 @@ def main():
         "lora_modules": len(params) // 2,
         "lora_parameters": sum(q.numel() for q in params),
         "checkpointing": not a.no_checkpointing,
-        "warmup": a.warmup,
-        "steps_timed": len(times),
-        "ms_mean": mean,
-        "ms_median": statistics.median(times) if times else 0.0,
-        "ms_min": min(times) if times else 0.0,
-        "peak_allocated_gib": peak,
-        "peak_reserved_gib": reserved,
-        "load_secs": load_secs,
-        "loss": losses[-1].item(),
     }
-    print("QWEN_IMAGE_STEP " + json.dumps(record), flush=True)
     flops = (3.0 if a.no_checkpointing else 4.0) * forward_flops(cfg, img_len, txt_len)
     shape = f"b=1 {w * 8}x{h * 8} img={img_len} txt={txt_len} r={a.rank}"
-    emit("qwen-image-step", "qwen-image bf16", "lora step", shape, flops, mean, peak)
+    last = {"load_secs": load_secs, "loss": losses[-1].item()}
+    bench = ("qwen-image-step", "qwen-image bf16", "lora step", shape, flops)
+    report_train_step("QWEN_IMAGE_STEP", cuda, fields, timing, last, bench)
     return 0
 
 
