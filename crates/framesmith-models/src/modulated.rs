@@ -189,14 +189,14 @@ impl StreamTail<'_> {
         let residual = xs.dtype();
         let [fc0_lin, fc2_lin] = self.mlp;
         let (y1, proj) = match kept {
-            Some([y1, _]) => (y1.clone(), LinearTape::default()),
+            Some([y1, _]) => (y1.clone(), LinearTape::kept(y1)),
             None => self.proj.forward_untracked(&attn)?,
         };
         let x1 = gated_residual(xs, &y1, &m1.gate, residual)?;
         let (h2, n2) = norm_modulate_untracked(&x1, m2, compute)?;
         let (f0, fc0) = fc0_lin.forward_untracked(&h2)?;
         let (y2, fc2) = match kept {
-            Some([_, y2]) => (y2.clone(), LinearTape::default()),
+            Some([_, y2]) => (y2.clone(), LinearTape::kept(y2)),
             None => fc2_lin.forward_untracked(&gelu_tanh(&f0)?)?,
         };
         let out = gated_residual(&x1, &y2, &m2.gate, residual)?;

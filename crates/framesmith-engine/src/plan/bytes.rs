@@ -128,7 +128,7 @@ impl AdapterCount {
     /// Bytes one layer's adapter arithmetic holds beyond plain LoRA's for `kind` (LoKr's and LoHa's factored
     /// terms or merged weight, whichever way the layer runs; DoRA's output-sized product:
     /// `nn::adapter::AdapterKind::work_bytes` of the widest linear at the step's tokens), plus, for DoRA, the
-    /// pre-magnitude outputs its backward keeps for every adapted linear of a block.
+    /// outputs its backward keeps for every adapted linear of a block (for its magnitude gradient).
     pub fn work_bytes(&self, kind: AdapterKind, shape: &StepShape) -> u64 {
         let rows = usize::try_from(shape.tokens).unwrap_or(usize::MAX);
         let per_layer = kind.work_bytes(self.largest, self.rank, rows, shape.compute_bytes);

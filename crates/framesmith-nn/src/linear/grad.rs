@@ -16,8 +16,24 @@ use crate::ops::Dense;
 #[derive(Clone, Debug, Default)]
 pub struct LinearTape {
     pub(super) mid: Option<Tensor>,
-    /// DoRA's output before its row scale (`x W'ᵀ`, [m, out]) and the row norms `‖W + ΔW‖` [out, 1] f32.
-    pub(super) dora: Option<(Tensor, Tensor)>,
+    /// The layer's output (bias included), from DoRA's forward or an earlier pass ([`LinearTape::kept`]): DoRA's
+    /// magnitude gradient reads it instead of recomputing the product.
+    pub(super) output: Option<Tensor>,
+    /// DoRA's row norms `‖W + ΔW‖` [out, 1] in the factors' work dtype.
+    pub(super) norms: Option<Tensor>,
+}
+
+impl LinearTape {
+    /// The tape of a layer whose output `y` an earlier pass on the same input kept, so the product was not run
+    /// again: the backward recomputes the low-rank activation, and a DoRA layer takes its magnitude gradient from
+    /// `y` rather than from the base product run once more.
+    pub fn kept(y: &Tensor) -> Self {
+        Self {
+            mid: None,
+            output: Some(y.clone()),
+            norms: None,
+        }
+    }
 }
 
 /// What [`Linear::backward_with`] does with the input gradient.
@@ -109,7 +125,7 @@ impl Linear {
             y.reshape(out_dims)?,
             LinearTape {
                 mid: Some(mid),
-                dora: None,
+                ..LinearTape::default()
             },
         ))
     }

@@ -48,7 +48,11 @@ impl Linear {
                 let delta = lokr::Kron::new(lokr, dtype)?.apply(x2)?;
                 (self.base_plus(x2, delta)?, LinearTape::default())
             }
-            (Adapter::Dora(dora), _) => self.dora_forward_untracked(dora, x2)?,
+            (Adapter::Dora(dora), _) => {
+                // The bias is added with the row scale.
+                let (y, tape) = self.dora_forward_untracked(dora, x2)?;
+                return Ok((y.reshape(out_dims)?, tape));
+            }
             _ => {
                 let w = self.merged_weight(adapter, dtype)?;
                 (x2.matmul(&w.t()?)?, LinearTape::default())

@@ -72,7 +72,7 @@ impl SingleStreamBlock {
         let (attn, attention) = rope_attention_untracked([&q, &k, &v], &inputs.rope, kept)?;
         let cat = Tensor::cat(&[&attn, &gelu_tanh(&mlp)?], 2)?;
         let (out, linear2) = match kept_out {
-            Some(out) => (out.clone(), LinearTape::default()),
+            Some(out) => (out.clone(), LinearTape::kept(out)),
             None => self.linear2.forward_untracked(&cat)?,
         };
         let y = gated_residual(&x, &out, &m.mods[0].gate, x.dtype())?;

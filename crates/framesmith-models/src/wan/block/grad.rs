@@ -375,7 +375,7 @@ impl Block {
         // A kept output of `o` is the product this recompute would make; its LoRA activation, which the
         // backward needs, is then recomputed there (an empty tape).
         let (y, o) = match kept.and_then(|k| k.outputs().first()) {
-            Some(y) => (y.clone(), LinearTape::default()),
+            Some(y) => (y.clone(), LinearTape::kept(y)),
             None => sa.o.forward_untracked(&attn.out().flatten_from(2)?)?,
         };
         let tape = SelfTape {
