@@ -82,6 +82,22 @@ pub fn residual_add(x: &Tensor, y: &Tensor) -> Result<Tensor> {
     (x.to_dtype(DType::F32)? + y.to_dtype(DType::F32)?)?.to_dtype(x.dtype())
 }
 
+/// `xs + row` for `xs` [.., n] and `row` [n] (a bias) broadcast over the rows, in `xs`' dtype, outside autograd:
+/// on CUDA the modulation kernel with a zero scale (one pass, the sum in f32), not candle's broadcast add, whose
+/// strided index arithmetic keeps it far below the memory's speed on a layer's output; elsewhere candle's
+/// broadcast add in `xs`' dtype.
+pub fn add_row(xs: &Tensor, row: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if on_kernel(xs) && !tracked(&[xs, row]) {
+        let n = xs.dim(D::Minus1)?;
+        let x3 = xs.reshape((1, xs.elem_count() / n.max(1), n))?;
+        let shift = row.to_dtype(DType::F32)?.reshape((1, n))?;
+        let scale = Tensor::zeros((1, n), DType::F32, xs.device())?;
+        return modulate_to(&x3, &scale, &shift, xs.dtype())?.reshape(xs.shape());
+    }
+    xs.broadcast_add(&row.to_dtype(xs.dtype())?)
+}
+
 /// `layer_norm(x) * (1 + scale) + shift` — LayerNorm without affine parameters, then the block's modulation
 /// ([`modulate_to`]) — written in `dtype`. On CUDA one kernel with the two ops' arithmetic (LayerNorm's output
 /// rounded to `x`'s dtype, as it is stored between them), elsewhere the two ops. No gradient on CUDA.

@@ -78,7 +78,7 @@ impl Linear {
                 base: self.base.clone(),
             })?;
             let y = match bias {
-                Some(b) => y.broadcast_add(&b)?,
+                Some(b) => crate::ops::add_row(&y, &b)?,
                 None => y,
             };
             return Ok((y.reshape(out_dims)?, LinearTape::default()));

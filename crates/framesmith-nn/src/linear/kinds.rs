@@ -59,7 +59,7 @@ impl Linear {
             }
         };
         let y = match self.bias.as_ref() {
-            Some(b) => y.broadcast_add(&b.detach().to_dtype(dtype)?)?,
+            Some(b) => crate::ops::add_row(&y, &b.detach())?,
             None => y,
         };
         Ok((y.reshape(out_dims)?, tape))
