@@ -11,7 +11,7 @@ const FLOPS_PER_BYTE: u64 = 128;
 /// Hadamard or Kronecker terms, each a pass over an f32 [out, in].
 const MERGED_BYTES_PER_WEIGHT: u64 = 150;
 
-/// Tokens per chunk of the swapped copies LoKr's factored `w1` gradient makes.
+/// Tokens per chunk of LoKr's factored `w1` gradient (its per-token products are summed a chunk at a time).
 pub const LOKR_CHUNK_ROWS: usize = 4096;
 
 /// How a layer applies a LoKr or LoHa update.
@@ -77,9 +77,9 @@ impl UpdateShape {
                 w2: [c, d],
             } => {
                 let [a, b, c, d] = [a, b, c, d].map(|v| v as u64);
-                // w2 on the last axis four times (forward, z again, ∂x, ∂w2), w1 on the middle one three times;
-                // `dy` and `z` copied once with their token and middle axes swapped.
-                2 * m * c * (4 * b * d + 3 * a * b) + 4 * m * c * (a + b) * FLOPS_PER_BYTE
+                // w2 on the last axis four times (forward, z again, ∂x, ∂w2), w1 on the middle one three times
+                // (forward, R, the per-token `dy_t z_tᵀ` of ∂w1), whose [m, a, b] products are written and read.
+                2 * m * c * (4 * b * d + 3 * a * b) + 4 * m * a * b * FLOPS_PER_BYTE
             }
         }
     }
@@ -99,7 +99,8 @@ impl UpdateShape {
     /// Bytes one layer's update arithmetic holds beyond plain LoRA's for `rows` rows in a compute dtype of
     /// `compute_bytes` bytes, the way [`UpdateShape::path`] picks: the merged path's f32 update, sums and products
     /// and the merged weight; LoHa's factored `U`, `V` (f32 and compute dtype) and gradients, and its rank-`r²`
-    /// activations; LoKr's half-applied input and a chunk of the swapped copies its `w1` gradient reads.
+    /// activations; LoKr's half-applied input and a chunk of `z` and of the per-token products of its `w1`
+    /// gradient.
     pub fn work_bytes(&self, rows: usize, compute_bytes: u64) -> u64 {
         let m = rows as u64;
         let (i, o) = self.dims();
@@ -117,9 +118,9 @@ impl UpdateShape {
                     w2: [c, _],
                 },
             ) => {
-                // `z` (forward) or `R` (backward), [m, b, c]; a chunk's swapped `dy`, `z` and its copy.
+                // `z` (forward) or `R` (backward), [m, b, c]; a chunk's `z` [rows, b, c] and `dy_t z_tᵀ` [rows, a, b].
                 let chunk = rows.min(LOKR_CHUNK_ROWS) as u64;
-                (m * (b * c) as u64 + chunk * (a * c + 2 * b * c) as u64) * compute_bytes
+                (m * (b * c) as u64 + chunk * (b * c + a * b) as u64) * compute_bytes
             }
         }
     }
@@ -167,13 +168,13 @@ mod tests {
         };
         assert_eq!(
             lokr.work_bytes(100, 2),
-            100 * (64 * 216 + 64 * 216 + 2 * 64 * 216) * 2
+            100 * (64 * 216 + 64 * 216 + 64 * 64) * 2
         );
-        // Past a chunk, the swapped copies stop growing.
+        // Past a chunk, the per-chunk terms stop growing.
         let chunk = LOKR_CHUNK_ROWS as u64;
         assert_eq!(
             lokr.work_bytes(32760, 2),
-            (32760 * 64 * 216 + chunk * 3 * 64 * 216) * 2
+            (32760 * 64 * 216 + chunk * (64 * 216 + 64 * 64)) * 2
         );
         assert!(lokr.work_bytes(32760, 2) < 5120 * 13824 * (4 * 4 + 2));
     }

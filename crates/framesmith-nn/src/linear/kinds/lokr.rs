@@ -55,25 +55,26 @@ impl Kron {
     }
 
     /// `Σ_{t,k} dy[t, i, k] z[t, j, k]` [a, b] in the work dtype for `dy3` [m, a, c] (before the scale): per
-    /// chunk of [`CHUNK_ROWS`] tokens, the middle axes of `dy` and `z` brought to the front (copies) and one
-    /// product over the chunk's `(t, k)`, so the copies stay small.
+    /// chunk of [`CHUNK_ROWS`] tokens, one batched product `dy_t z_tᵀ` per token ([rows, a, b]) summed over the
+    /// tokens by a product with a row of ones, so nothing is copied to bring the middle axes to the front and
+    /// every product has room to spread over the GPU (a single product over `(t, k)` has an output of a few
+    /// thousand values and a reduction axis of a million).
     fn w1_grad(&self, x2: &Tensor, dy3: &Tensor) -> Result<Tensor> {
-        let [a, b, c, _] = self.dims;
+        let [a, b, ..] = self.dims;
         let m = x2.dim(0)?;
         let mut sum: Option<Tensor> = None;
         for start in (0..m).step_by(CHUNK_ROWS) {
             let rows = CHUNK_ROWS.min(m - start);
-            let z = self
-                .half(&x2.narrow(0, start, rows)?)?
-                .permute((1, 0, 2))?
-                .contiguous()?
-                .reshape((b, rows * c))?;
-            let dy = dy3
+            let z = self.half(&x2.narrow(0, start, rows)?)?;
+            let per_token = dy3
                 .narrow(0, start, rows)?
-                .permute((1, 0, 2))?
-                .contiguous()?
-                .reshape((a, rows * c))?;
-            let part = dy.matmul(&z.t()?)?.to_dtype(self.work)?;
+                .matmul(&z.t()?)?
+                .reshape((rows, a * b))?;
+            let ones = Tensor::ones((1, rows), per_token.dtype(), per_token.device())?;
+            let part = ones
+                .matmul(&per_token)?
+                .to_dtype(self.work)?
+                .reshape((a, b))?;
             sum = Some(match sum {
                 Some(s) => (s + part)?,
                 None => part,
