@@ -112,40 +112,40 @@ impl Loha {
         ])
     }
 
-    /// `ΔW` as a LoRA of rank `rank²`: `(down [r², in], up [out, r²])`, detached, in `dtype`, with
+    /// `ΔW` as a LoRA of rank `rank²`: `(downᵀ [in, r²], up [out, r²])`, detached, in `dtype`, with
     /// `ΔW = scale · up · down`: `(P1 ⊙ P2)[o, i] = Σ_{p,q} w1_a[o,p] w2_a[o,q] · w1_b[p,i] w2_b[q,i]`, so
-    /// `up[o, (p,q)] = w1_a[o,p] w2_a[o,q]` and `down[(p,q), i] = w1_b[p,i] w2_b[q,i]`.
+    /// `up[o, (p,q)] = w1_a[o,p] w2_a[o,q]` and `down[(p,q), i] = w1_b[p,i] w2_b[q,i]`. Each is a batch of outer
+    /// products (one per row of `up`, one per column of `down`, hence `down` transposed) made by one batched
+    /// matrix product, not candle's broadcast multiply, whose strided index arithmetic is slow at this size.
     pub fn low_rank(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
         let (r, in_dim, out) = (self.rank(), self.in_dim(), self.out_dim());
-        let (w1_a, w1_b) = (work_tensor(&self.w1_a)?, work_tensor(&self.w1_b)?);
-        let (w2_a, w2_b) = (work_tensor(&self.w2_a)?, work_tensor(&self.w2_b)?);
-        let up = w1_a
-            .reshape((out, r, 1))?
-            .broadcast_mul(&w2_a.reshape((out, 1, r))?)?
-            .reshape((out, r * r))?;
-        let down = w1_b
-            .reshape((r, 1, in_dim))?
-            .broadcast_mul(&w2_b.reshape((1, r, in_dim))?)?
-            .reshape((r * r, in_dim))?;
-        Ok((down.to_dtype(dtype)?, up.to_dtype(dtype)?))
+        let (w1_a, w2_a) = (work_tensor(&self.w1_a)?, work_tensor(&self.w2_a)?);
+        let (w1_bt, w2_bt) = (columns(&self.w1_b)?, columns(&self.w2_b)?);
+        let up = outer(&w1_a, &w2_a, out, r)?;
+        let down_t = outer(&w1_bt, &w2_bt, in_dim, r)?;
+        Ok((down_t.to_dtype(dtype)?, up.to_dtype(dtype)?))
     }
 
     /// The factors' gradients (in [`super::Adapter::named_vars`] order) from those of [`Loha::low_rank`]'s
-    /// `down` [r², in] and `up` [out, r²] (any float dtype): `∂w1_a[o,p] = Σ_q ∂up[o,(p,q)] w2_a[o,q]`, and so on.
-    pub fn low_rank_backward(&self, d_down: &Tensor, d_up: &Tensor) -> Result<Vec<ParamGrad>> {
+    /// `downᵀ` [in, r²] and `up` [out, r²] (any float dtype): `∂w1_a[o,p] = Σ_q ∂up[o,(p,q)] w2_a[o,q]`, and so
+    /// on, each a batch of small matrix-vector products.
+    pub fn low_rank_backward(&self, d_down_t: &Tensor, d_up: &Tensor) -> Result<Vec<ParamGrad>> {
         let (r, in_dim, out) = (self.rank(), self.in_dim(), self.out_dim());
-        let (w1_a, w1_b) = (work_tensor(&self.w1_a)?, work_tensor(&self.w1_b)?);
-        let (w2_a, w2_b) = (work_tensor(&self.w2_a)?, work_tensor(&self.w2_b)?);
-        let d_up = d_up.to_dtype(w1_a.dtype())?.reshape((out, r, r))?;
-        let d_down = d_down.to_dtype(w1_a.dtype())?.reshape((r, r, in_dim))?;
-        let d_w1_a = d_up.broadcast_mul(&w2_a.reshape((out, 1, r))?)?.sum(2)?;
-        let d_w2_a = d_up.broadcast_mul(&w1_a.reshape((out, r, 1))?)?.sum(1)?;
-        let d_w1_b = d_down
-            .broadcast_mul(&w2_b.reshape((1, r, in_dim))?)?
-            .sum(1)?;
-        let d_w2_b = d_down
-            .broadcast_mul(&w1_b.reshape((r, 1, in_dim))?)?
-            .sum(0)?;
+        let (w1_a, w2_a) = (work_tensor(&self.w1_a)?, work_tensor(&self.w2_a)?);
+        let (w1_bt, w2_bt) = (columns(&self.w1_b)?, columns(&self.w2_b)?);
+        let work = w1_a.dtype();
+        let d_up = d_up.to_dtype(work)?.reshape((out, r, r))?;
+        let d_down = d_down_t.to_dtype(work)?.reshape((in_dim, r, r))?;
+        // Per row o: ∂up[o] [r, r] times w2_a[o] as a column gives ∂w1_a[o]; w1_a[o] as a row times ∂up[o]
+        // gives ∂w2_a[o]. The same per column i of the `b` factors.
+        let first =
+            |d: &Tensor, v: &Tensor, n: usize| d.matmul(&v.reshape((n, r, 1))?)?.reshape((n, r));
+        let second =
+            |d: &Tensor, v: &Tensor, n: usize| v.reshape((n, 1, r))?.matmul(d)?.reshape((n, r));
+        let d_w1_a = first(&d_up, &w2_a, out)?;
+        let d_w2_a = second(&d_up, &w1_a, out)?;
+        let d_w1_b = first(&d_down, &w2_bt, in_dim)?.t()?;
+        let d_w2_b = second(&d_down, &w1_bt, in_dim)?.t()?;
         Ok(vec![
             param_grad(&self.w1_a, d_w1_a)?,
             param_grad(&self.w1_b, d_w1_b)?,
@@ -191,4 +191,17 @@ impl Loha {
             multiplier: 1.0,
         })
     }
+}
+
+/// A `[rank, width]` factor transposed to `[width, rank]` (contiguous), detached, in its work dtype.
+fn columns(v: &Var) -> Result<Tensor> {
+    work_tensor(v)?.t()?.contiguous()
+}
+
+/// `[n, r²]` whose row `j` is the outer product of row `j` of `a` [n, r] with row `j` of `b` [n, r]
+/// (`a[j, p] · b[j, q]` at column `p·r + q`), as one batched product of `[r, 1]` by `[1, r]`.
+fn outer(a: &Tensor, b: &Tensor, n: usize, r: usize) -> Result<Tensor> {
+    a.reshape((n, r, 1))?
+        .matmul(&b.reshape((n, 1, r))?)?
+        .reshape((n, r * r))
 }

@@ -213,7 +213,8 @@ pub(super) fn rows(t: &Tensor, dtype: candle_core::DType) -> Result<Tensor> {
 }
 
 /// An adapter's share `t · down` of a layer's input gradient [m, in], for `t` [rows, k] and `down` [k, cols] with
-/// `rows · cols = m · in` (a LoRA's `rows` are `m`; LoKr's `m · in_m`).
+/// `rows · cols = m · in` (a LoRA's `rows` are `m`; LoKr's `m · in_m`). `down` may be the transposed view of a
+/// contiguous [cols, k] (LoHa's): the product then reads it transposed, with no copy.
 pub(super) struct InputShare {
     pub t: Tensor,
     pub down: Tensor,
@@ -229,11 +230,16 @@ impl InputShare {
     fn add_to(&self, acc: Tensor) -> Result<Tensor> {
         let like = acc.dims2()?;
         let rows = self.t.dim(0)?;
+        let (b, transposed) = if !self.down.is_contiguous() && self.down.t()?.is_contiguous() {
+            (self.down.t()?, true)
+        } else {
+            (self.down.clone(), false)
+        };
         if rows == like.0 {
-            return add_matmul(acc, &self.t, &self.down, false);
+            return add_matmul(acc, &self.t, &b, transposed);
         }
         let acc = acc.reshape((rows, like.0 * like.1 / rows.max(1)))?;
-        add_matmul(acc, &self.t, &self.down, false)?.reshape(like)
+        add_matmul(acc, &self.t, &b, transposed)?.reshape(like)
     }
 }
 

@@ -40,8 +40,8 @@ impl Linear {
         let dtype = x2.dtype();
         let (y, tape) = match (adapter, path) {
             (Adapter::Loha(loha), UpdatePath::Factored) => {
-                let (down, up) = loha.low_rank(dtype)?;
-                let mid = (x2.matmul(&down.t()?)? * loha.scale())?;
+                let (down_t, up) = loha.low_rank(dtype)?;
+                let mid = (x2.matmul(&down_t)? * loha.scale())?;
                 return self.finish_forward(x2, mid, up, out_dims);
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
@@ -138,25 +138,30 @@ impl Linear {
         Ok((dx, params))
     }
 
-    /// LoHa's backward as a LoRA of rank `rank²` ([`Loha::low_rank`], scale `s`): `t = (dy·s) up`, `∂down = tᵀ x`,
-    /// `∂up = dyᵀ mid` with `mid = (x downᵀ)·s` from the tape (recomputed without one), folded into the factors.
+    /// LoHa's backward as a LoRA of rank `rank²` ([`Loha::low_rank`], scale `s`): `t = (dy·s) up`,
+    /// `∂downᵀ = xᵀ t`, `∂up = dyᵀ mid` with `mid = (x downᵀ)·s` from the tape (recomputed without one), folded
+    /// into the factors.
     fn loha_backward(
         &self,
         loha: &Loha,
         (x2, tape, dy2): (&Tensor, &LinearTape, &Tensor),
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        let (down, up) = loha.low_rank(x2.dtype())?;
+        let (down_t, up) = loha.low_rank(x2.dtype())?;
         let s = loha.scale();
         let mid = match &tape.mid {
             Some(m) => m.clone(),
-            None => (x2.matmul(&down.t()?)? * s)?,
+            None => (x2.matmul(&down_t)? * s)?,
         };
         let t = (dy2.matmul(&up)? * s)?;
         let d_up = dy2.t()?.matmul(&mid)?;
-        let d_down = t.t()?.matmul(x2)?;
-        let params = loha.low_rank_backward(&d_down, &d_up)?;
-        let dx = self.input_grad(dy2, Some(InputShare { t, down }), input)?;
+        let d_down_t = x2.t()?.matmul(&t)?;
+        let params = loha.low_rank_backward(&d_down_t, &d_up)?;
+        let share = InputShare {
+            t,
+            down: down_t.t()?,
+        };
+        let dx = self.input_grad(dy2, Some(share), input)?;
         Ok((dx, params))
     }
 
