@@ -1,6 +1,7 @@
 //! `RunConfig`: everything a training run reads, as the user writes it in TOML (and as the GUI edits it).
 //! Plain data with defaults; validation into a `RunPlan` lives in `config::validate`.
 
+mod lora_file;
 mod memory;
 mod sampling;
 
@@ -204,9 +205,23 @@ pub enum LoraKind {
     Dora,
 }
 
-/// The LoRA being trained.
+impl LoraKind {
+    /// `alpha` when a config leaves it out: for LoHa 1, the low end of LyCORIS' recommended range (1 to half the
+    /// rank) and musubi-tuner's `network_alpha` default (from LyCORIS' initialisation one LoHa step moves the
+    /// layer about `0.1·√(3·rank·in)` times as much as a LoRA step at the same `alpha / rank`); for the other
+    /// kinds the default section's 32.
+    pub fn default_alpha(self) -> f64 {
+        match self {
+            Self::Loha => 1.0,
+            _ => LoraSection::default().alpha,
+        }
+    }
+}
+
+/// The LoRA being trained. Read through `lora_file::LoraFile`, which gives a left-out `alpha` the kind's
+/// default.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default, deny_unknown_fields)]
+#[serde(from = "lora_file::LoraFile")]
 pub struct LoraSection {
     /// `lora`, `lokr`, `loha` or `dora`.
     pub kind: LoraKind,
