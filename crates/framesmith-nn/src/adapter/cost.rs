@@ -11,6 +11,10 @@ const FLOPS_PER_BYTE: u64 = 128;
 /// Hadamard or Kronecker terms, each a pass over an f32 [out, in].
 const MERGED_BYTES_PER_WEIGHT: u64 = 150;
 
+/// Bytes per weight of building `W + ΔW` in the compute dtype for LoHa's forward on the merged weight: its two
+/// products written and read, their product written and read, the base read and the sum written.
+const MERGED_FORWARD_BYTES_PER_WEIGHT: u64 = 16;
+
 /// Tokens per chunk of LoKr's factored `w1` gradient (its per-token products are summed a chunk at a time).
 pub const LOKR_CHUNK_ROWS: usize = 4096;
 
@@ -21,6 +25,10 @@ pub enum UpdatePath {
     Factored,
     /// On `W + ΔW` [out, in], with `∂L/∂ΔW = dyᵀ x`.
     Merged,
+    /// LoHa's forward (and its recompute) on `W + ΔW` built in the compute dtype, its backward through the
+    /// factors: for many rows at a large rank, where the forward's two rank-`rank²` products cost more than
+    /// building the weight.
+    MergedForward,
 }
 
 /// What the choice depends on, besides the rows.
@@ -37,12 +45,34 @@ pub enum UpdateShape {
 }
 
 impl UpdateShape {
-    /// The cheaper way for `rows` rows (a tie goes to the factors).
+    /// The cheapest way for `rows` rows (a tie goes to the factors, then to the merged forward).
     pub fn path(&self, rows: usize) -> UpdatePath {
-        if self.factored_cost(rows) <= self.merged_cost(rows) {
+        let factored = self.factored_cost(rows);
+        let merged_forward = self.merged_forward_cost(rows);
+        let merged = self.merged_cost(rows);
+        if factored <= merged_forward && factored <= merged {
             UpdatePath::Factored
+        } else if merged_forward <= merged {
+            UpdatePath::MergedForward
         } else {
             UpdatePath::Merged
+        }
+    }
+
+    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward on `W + ΔW` and a backward through the
+    /// factors: LoHa's backward recomputes `x V` and runs its four products; building the weight takes its two
+    /// rank-`rank` products and a few passes. LoKr does not take this way.
+    fn merged_forward_cost(&self, rows: usize) -> u64 {
+        let m = rows as u64;
+        let (i, o) = self.dims();
+        match *self {
+            Self::Loha { rank, .. } => {
+                let (width, r2) = (i + o, (rank * rank) as u64);
+                let build =
+                    i * o * (4 * rank as u64 + MERGED_FORWARD_BYTES_PER_WEIGHT * FLOPS_PER_BYTE);
+                2 * m * r2 * (3 * i + 2 * o) + width * r2 * 24 * FLOPS_PER_BYTE + build
+            }
+            Self::Lokr { .. } => u64::MAX,
         }
     }
 
@@ -106,6 +136,14 @@ impl UpdateShape {
         let (i, o) = self.dims();
         match (self.path(rows), *self) {
             (UpdatePath::Merged, Self::Loha { .. }) => i * o * (5 * 4 + compute_bytes),
+            (UpdatePath::MergedForward, Self::Loha { rank, .. }) => {
+                // The build's three weight-sized terms, or the backward's factored ones, whichever is more.
+                let r2 = (rank * rank) as u64;
+                let factored =
+                    (i + o) * r2 * (3 * 4 + 2 * compute_bytes) + 2 * m * r2 * compute_bytes;
+                (3 * i * o * compute_bytes).max(factored)
+            }
+            (UpdatePath::MergedForward, Self::Lokr { .. }) => i * o * (4 * 4 + compute_bytes),
             (UpdatePath::Merged, Self::Lokr { .. }) => i * o * (4 * 4 + compute_bytes),
             (UpdatePath::Factored, Self::Loha { rank, .. }) => {
                 let r2 = (rank * rank) as u64;
@@ -140,7 +178,11 @@ mod tests {
             rank,
         };
         assert_eq!(loha(3072, 3072, 16).path(4608), UpdatePath::Factored);
-        assert_eq!(loha(5120, 13824, 32).path(32760), UpdatePath::Factored);
+        // Wan's 32760 tokens at rank 32: the r² = 1024 products of the forward cost more than the weight.
+        assert_eq!(loha(5120, 13824, 32).path(32760), UpdatePath::MergedForward);
+        assert_eq!(loha(5120, 5120, 32).path(32760), UpdatePath::MergedForward);
+        assert_eq!(loha(5120, 5120, 32).path(512), UpdatePath::Factored);
+        assert_eq!(loha(3072, 12288, 16).path(4608), UpdatePath::Factored);
         assert_eq!(loha(3072, 3072, 128).path(4608), UpdatePath::Merged);
         assert_eq!(loha(64, 64, 16).path(4096), UpdatePath::Merged);
         let lokr = |w1, w2| UpdateShape::Lokr { w1, w2 };
@@ -161,7 +203,11 @@ mod tests {
             out_dim: 13824,
             rank: 16,
         };
-        assert!(loha.work_bytes(32760, 2) < merged / 4);
+        assert_eq!(loha.path(4608), UpdatePath::Factored);
+        assert!(loha.work_bytes(4608, 2) < merged / 4);
+        // The forward on the merged weight builds it in the compute dtype only.
+        assert_eq!(loha.path(32760), UpdatePath::MergedForward);
+        assert!(loha.work_bytes(32760, 2) < merged / 3);
         let lokr = UpdateShape::Lokr {
             w1: [64, 64],
             w2: [216, 80],

@@ -95,6 +95,16 @@ impl Loha {
         (p1 * p2)? * self.scale()
     }
 
+    /// `ΔW` [out, in] (scale and multiplier included) in `dtype`, detached, its two products made in `dtype`: for a
+    /// forward on `W + ΔW`, where the update is rounded to the compute dtype with the sum anyway.
+    pub fn delta_in(&self, dtype: DType) -> Result<Tensor> {
+        let read = |v: &Var| v.as_tensor().detach().to_dtype(dtype);
+        let w1_a = (work_tensor(&self.w1_a)? * self.scale())?.to_dtype(dtype)?;
+        let p1 = w1_a.matmul(&read(&self.w1_b)?)?;
+        let p2 = read(&self.w2_a)?.matmul(&read(&self.w2_b)?)?;
+        p1 * p2
+    }
+
     /// The factors' gradients from `grad` = ∂L/∂ΔW (f32 [out, in]): `∂P1 = G ⊙ P2`, `∂P2 = G ⊙ P1` with
     /// `G = grad · scale`, then each product's two factors as for a matmul.
     pub(super) fn delta_backward(&self, grad: &Tensor) -> Result<Vec<ParamGrad>> {

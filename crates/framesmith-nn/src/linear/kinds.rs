@@ -2,7 +2,8 @@
 //! gradients are computed for every model family. LoHa runs as a LoRA of rank `rank²` and LoKr by the Kronecker
 //! reshape identity (`kinds/lokr.rs`), neither forming `ΔW`, unless running on `W + ΔW` costs less
 //! ([`crate::adapter::UpdateShape::path`]): then the layer runs on `W + ΔW` (summed in f32, rounded once to the
-//! compute dtype, as LyCORIS merges) and turns `∂L/∂ΔW = dyᵀ x` into the factors' gradients. DoRA
+//! compute dtype, as LyCORIS merges) and turns `∂L/∂ΔW = dyᵀ x` into the factors' gradients. LoHa at many rows
+//! and a large rank runs its forward on `W + ΔW` built in the compute dtype and its backward through the factors. DoRA
 //! (`kinds/dora.rs`) keeps the LoRA's low-rank path and scales each output row by `m / ‖W + ΔW‖`, the norm held
 //! constant. The autograd forward runs on `W + ΔW` always: it is the reference the tests hold these to.
 
@@ -47,6 +48,10 @@ impl Linear {
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
                 let delta = lokr::Kron::new(lokr, dtype)?.apply(x2)?;
                 (self.base_plus(x2, delta)?, LinearTape::default())
+            }
+            (Adapter::Loha(loha), UpdatePath::MergedForward) => {
+                let w = (self.base.dense(dtype)? + loha.delta_in(dtype)?)?;
+                (x2.matmul(&w.t()?)?, LinearTape::default())
             }
             (Adapter::Dora(dora), _) => {
                 // The bias is added with the row scale.
@@ -110,7 +115,7 @@ impl Linear {
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         match (adapter, path) {
             (Adapter::Dora(dora), _) => return self.dora_backward(dora, x2, tape, dy2, input),
-            (Adapter::Loha(loha), UpdatePath::Factored) => {
+            (Adapter::Loha(loha), UpdatePath::Factored | UpdatePath::MergedForward) => {
                 return self.loha_backward(loha, (x2, tape, dy2), input)
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {

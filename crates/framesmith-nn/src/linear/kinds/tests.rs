@@ -52,10 +52,10 @@ fn lokr(factor: i64, decompose_both: bool, full_matrix: bool) -> AdapterKind {
     }
 }
 
-/// Each way of applying a LoKr or LoHa update (factored and merged) gives the forward, the input gradient
-/// (fresh and added to a sum) and every factor's gradient of candle's autograd through `x (W + ΔW)ᵀ`, on
-/// non-square layers, a prime width (LoKr's `w1` one column), `w2` a product and full, `w1` a product, dense and
-/// FP8 bases.
+/// Each way of applying a LoKr or LoHa update (factored, merged, LoHa's forward on the merged weight) gives the
+/// forward, the input gradient (fresh and added to a sum) and every factor's gradient of candle's autograd through
+/// `x (W + ΔW)ᵀ`, on non-square layers, a prime width (LoKr's `w1` one column), `w2` a product and full, `w1` a
+/// product, dense and FP8 bases.
 #[test]
 fn both_update_paths_equal_the_merged_reference() -> Result<()> {
     let cases = [
@@ -84,7 +84,11 @@ fn both_update_paths_equal_the_merged_reference() -> Result<()> {
             let dx_ref = store
                 .get(x.as_tensor())
                 .ok_or_else(|| candle_core::Error::msg("no dx"))?;
-            for path in [UpdatePath::Factored, UpdatePath::Merged] {
+            for path in [
+                UpdatePath::Factored,
+                UpdatePath::Merged,
+                UpdatePath::MergedForward,
+            ] {
                 let case = format!("{kind:?} {dims:?} fp8 {fp8} {path:?} ({names:?})");
                 let (y, tape) =
                     lin.forward_kind_on(x.as_tensor(), &adapter, vec![5, dims[1]], path)?;
