@@ -62,17 +62,17 @@ pub struct PlanArgs {
     /// LoRA rank
     #[arg(long)]
     rank: Option<usize>,
-    /// Block streaming: off, pinned or staged
+    /// Block streaming: off, pinned, staged or auto (the planner picks pinned or staged)
     #[arg(long, value_parser = config_value::<framesmith_config::run::StreamingMode>)]
     streaming: Option<framesmith_config::run::StreamingMode>,
     /// Blocks to stream: a count or `auto` (the fewest that fit the budget)
     #[arg(long, value_parser = blocks_value)]
     blocks_to_swap: Option<BlocksToSwap>,
-    /// Saved block inputs: device or host
+    /// Saved block inputs: device, host, pinned, pageable or auto (the planner picks)
     #[arg(long, value_parser = config_value::<framesmith_config::run::ActivationPlacement>)]
     activations: Option<framesmith_config::run::ActivationPlacement>,
     /// What the step keeps from each block's forward: blocks (inputs only), attention, attention_projection (and
-    /// the output projection's input where a block has one) or off (everything)
+    /// the output projection's input where a block has one), off (everything) or auto (the most that fits)
     #[arg(long, value_parser = config_value::<framesmith_config::run::Checkpointing>)]
     checkpointing: Option<framesmith_config::run::Checkpointing>,
     #[command(flatten)]
@@ -99,6 +99,9 @@ pub struct PlanArgs {
     /// RAM budget in GiB (default: what this machine can give without swapping)
     #[arg(long, allow_negative_numbers = true)]
     ram_budget_gb: Option<f64>,
+    /// Page-locked RAM budget in GiB (default: on Windows about half of RAM, elsewhere the RAM budget)
+    #[arg(long, allow_negative_numbers = true)]
+    pinned_budget_gb: Option<f64>,
     /// Leave out AdamW's moments and the CUDA context, as `framesmith-bench step|stream` measure peaks
     #[arg(long)]
     as_bench: bool,
@@ -212,6 +215,10 @@ fn resolved_config(args: &PlanArgs) -> anyhow::Result<RunConfig> {
     if let Some(gb) = args.ram_budget_gb {
         gib(gb, "--ram-budget-gb")?;
         mem.ram_budget_gb = Some(gb);
+    }
+    if let Some(gb) = args.pinned_budget_gb {
+        gib(gb, "--pinned-budget-gb")?;
+        mem.pinned_budget_gb = Some(gb);
     }
     args.family.apply(cfg)
 }

@@ -45,9 +45,9 @@ const SCHEDULERS: &[&str] = &[
 ];
 const TIMESTEPS: &[&str] = &framesmith_config::run::TimestepSampling::NAMES;
 const WEIGHTINGS: &[&str] = &["none", "sigma_sqrt", "cosmap"];
-const STREAMING: &[&str] = &["off", "pinned", "staged"];
-const PLACEMENTS: &[&str] = &["device", "host"];
-const CHECKPOINTING: &[&str] = &["blocks", "attention", "attention_projection", "off"];
+const STREAMING: &[&str] = &["off", "pinned", "staged", "auto"];
+const PLACEMENTS: &[&str] = &["device", "host", "pinned", "pageable", "auto"];
+const CHECKPOINTING: &[&str] = &["blocks", "attention", "attention_projection", "off", "auto"];
 const LORA_KINDS: &[&str] = &["lora", "lokr", "loha", "dora"];
 const SAVE_DTYPES: &[&str] = &["fp32", "bf16", "fp16", "dit"];
 const FRAME_EXTRACTION: &[&str] = &["head", "chunk", "slide", "uniform", "full"];
@@ -306,7 +306,8 @@ pub const RUN_SECTIONS: &[Section] = &[
                 ),
                 "blocks: recompute each block in the backward (least memory); attention: also keep \
                  self-attention outputs (faster, a few GB more); attention_projection: also keep their \
-                 projection (as much again, a little faster); off: keep everything (fastest, most memory)",
+                 projection (as much again, a little faster); off: keep everything (fastest, most memory); \
+                 auto: the most kept that fits the VRAM and RAM budgets",
             ),
             help(
                 optional(

@@ -251,6 +251,8 @@ pub struct MemoryPlan {
     pub vram_budget_bytes: Option<u64>,
     /// RAM budget in bytes (GiB × 2³⁰); `None`: the RAM available when the run is planned.
     pub ram_budget_bytes: Option<u64>,
+    /// Page-locked RAM budget in bytes (GiB × 2³⁰); `None`: on Windows about half of RAM, elsewhere the RAM limit.
+    pub pinned_budget_bytes: Option<u64>,
     pub staging_slots: usize,
     /// Which FLUX.1 block kind streams first (ignored by Wan runs).
     pub flux_stream_order: FluxStreamOrder,

@@ -3,8 +3,8 @@
 
 use super::plan::{HostInfo, MemoryPlan, PlanDevice, SchedulePlan, TrainLength, TrainingPlan};
 use super::run::{
-    ActivationPlacement, BlocksToSwap, Checkpointing, LrScheduler, MemorySection, RunConfig,
-    StreamingMode, TimestepSampling,
+    BlocksToSwap, Checkpointing, LrScheduler, MemorySection, RunConfig, StreamingMode,
+    TimestepSampling,
 };
 use super::validate::Checker;
 use crate::catalog::TrainingModeError;
@@ -294,22 +294,8 @@ pub(crate) fn check_memory(
         ("memory.ram_budget_gb", m.ram_budget_gb),
         "use the GB of RAM the run may take, e.g. 28 on a machine of 32, or remove the key",
     );
-    if m.streaming == StreamingMode::Staged && m.staging_slots == 0 {
-        c.problem(
-            "memory.staging_slots",
-            "staged streaming needs at least 1 staging buffer",
-            "use staging_slots = 4 (four 8 MiB buffers: one fills while the others copy to the GPU)",
-        );
-    } else if m.streaming == StreamingMode::Staged && m.staging_slots < 3 {
-        c.note(format!(
-            "memory.staging_slots = {}: the host copy and the GPU copy barely overlap; 4 is faster",
-            m.staging_slots
-        ));
-    } else if m.streaming != StreamingMode::Staged
-        && m.staging_slots != MemorySection::default().staging_slots
-    {
-        c.note("memory.staging_slots is used by memory.streaming = \"staged\" only; it is ignored here");
-    }
+    let pinned_budget_bytes = pinned_budget(c, m, ram_budget_bytes);
+    check_staging(c, m);
     check_checkpointing(c, m);
     let applies = device.is_cuda();
     if !applies {
@@ -325,10 +311,52 @@ pub(crate) fn check_memory(
         checkpointing: m.checkpointing,
         vram_budget_bytes,
         ram_budget_bytes,
+        pinned_budget_bytes,
         staging_slots: m.staging_slots,
         flux_stream_order: m.flux_stream_order,
         shared_memory_guard: applies && host.windows && m.shared_memory_guard,
         ranks_on_machine: 1,
+    }
+}
+
+/// `memory.pinned_budget_gb` in bytes: a positive number of GB, no more than the RAM budget it is part of.
+fn pinned_budget(c: &mut Checker, m: &MemorySection, ram_budget_bytes: Option<u64>) -> Option<u64> {
+    let pinned_budget_bytes = budget_bytes(
+        c,
+        ("memory.pinned_budget_gb", m.pinned_budget_gb),
+        "use the GB of page-locked RAM the run may take, e.g. 14 on a Windows machine of 32, or remove the key",
+    );
+    if let (Some(pinned), Some(ram)) = (pinned_budget_bytes, ram_budget_bytes) {
+        if pinned > ram {
+            c.problem(
+                "memory.pinned_budget_gb",
+                "the page-locked budget is more than memory.ram_budget_gb, and page-locked memory is part of the RAM",
+                "use at most memory.ram_budget_gb, or remove the key",
+            );
+        }
+    }
+    pinned_budget_bytes
+}
+
+/// `memory.staging_slots`: at least one for `staged` streaming, a note when too few overlap or when nothing uses
+/// them (`"auto"` streaming may stage).
+fn check_staging(c: &mut Checker, m: &MemorySection) {
+    let staged = matches!(m.streaming, StreamingMode::Staged | StreamingMode::Auto);
+    if m.streaming == StreamingMode::Staged && m.staging_slots == 0 {
+        c.problem(
+            "memory.staging_slots",
+            "staged streaming needs at least 1 staging buffer",
+            "use staging_slots = 4 (four 8 MiB buffers: one fills while the others copy to the GPU)",
+        );
+    } else if staged && m.staging_slots < 3 {
+        c.note(format!(
+            "memory.staging_slots = {}: the host copy and the GPU copy barely overlap; 4 is faster",
+            m.staging_slots
+        ));
+    } else if !staged && m.staging_slots != MemorySection::default().staging_slots {
+        c.note(
+            "memory.staging_slots is used by memory.streaming = \"staged\" (or \"auto\") only; it is ignored here",
+        );
     }
 }
 
@@ -342,7 +370,7 @@ fn budget_bytes(c: &mut Checker, (key, gb): (&str, Option<f64>), fix: &str) -> O
 /// `checkpointing = "off"` keeps each block's input inside its tape on the device, so there is no saved input
 /// left for `activations = "host"` to move: the two together would silently keep everything on the GPU.
 fn check_checkpointing(c: &mut Checker, m: &MemorySection) {
-    if m.checkpointing == Checkpointing::Off && m.activations == ActivationPlacement::Host {
+    if m.checkpointing == Checkpointing::Off && m.activations.is_host() {
         c.problem(
             "memory.checkpointing",
             "\"off\" keeps every block's whole forward (its input included) on the GPU, so \
@@ -368,6 +396,9 @@ fn note_cpu_ignores(c: &mut Checker, m: &MemorySection) {
     }
     if m.vram_budget_gb != d.vram_budget_gb {
         set.push("vram_budget_gb");
+    }
+    if m.pinned_budget_gb != d.pinned_budget_gb {
+        set.push("pinned_budget_gb");
     }
     if m.staging_slots != d.staging_slots {
         set.push("staging_slots");

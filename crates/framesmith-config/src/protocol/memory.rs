@@ -5,6 +5,8 @@ use std::fmt;
 
 use serde::{Deserialize, Serialize};
 
+use crate::run::{Checkpointing, StreamingMode};
+
 /// Where a planned allocation lives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -21,6 +23,73 @@ impl Placement {
     /// Whether the bytes count against host RAM.
     pub fn is_host(self) -> bool {
         matches!(self, Self::Host | Self::HostPinned)
+    }
+}
+
+/// A memory limit a plan is checked against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Limit {
+    /// The VRAM budget (`memory.vram_budget_gb`, else the card's free memory minus headroom).
+    Vram,
+    /// The RAM limit (`memory.ram_budget_gb`, else what the machine can give without swapping).
+    Ram,
+    /// The page-locked RAM limit (`memory.pinned_budget_gb`, else on Windows about half of RAM, else the RAM
+    /// limit).
+    PinnedRam,
+}
+
+impl fmt::Display for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Vram => "VRAM",
+            Self::Ram => "RAM",
+            Self::PinnedRam => "page-locked RAM",
+        })
+    }
+}
+
+/// Where a plan puts what streams and what is saved: the settings' values, or the planner's choice where
+/// `[memory]` says `"auto"`. A run uses these.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placements {
+    /// How streamed blocks reach the GPU: `Pinned` (page-locked masters) or `Staged` (pageable masters through a
+    /// page-locked ring); `Off` when no block streams. Never `Auto`.
+    pub streaming: StreamingMode,
+    /// Where the saved block inputs (and kept attention outputs) wait: the GPU, pageable or page-locked RAM.
+    pub saved: Placement,
+    /// What the step keeps from each block's forward. Never `Auto`.
+    pub checkpointing: Checkpointing,
+    /// The settings the planner chose (dotted keys), empty when none said `"auto"`.
+    pub chosen: Vec<String>,
+}
+
+impl fmt::Display for Placements {
+    /// "blocks from page-locked RAM, saved inputs in pageable RAM, checkpointing blocks (chosen: …)".
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let blocks = match self.streaming {
+            StreamingMode::Off => "no block streamed",
+            StreamingMode::Pinned => "blocks streamed from page-locked RAM",
+            StreamingMode::Staged | StreamingMode::Auto => {
+                "blocks streamed from pageable RAM through a page-locked ring"
+            }
+        };
+        let saved = match self.saved {
+            Placement::Device => "saved inputs on the GPU",
+            Placement::Host => "saved inputs in pageable RAM",
+            Placement::HostPinned => "saved inputs in page-locked RAM",
+        };
+        let checkpointing = match self.checkpointing {
+            Checkpointing::Blocks | Checkpointing::Auto => "blocks",
+            Checkpointing::Attention => "attention",
+            Checkpointing::AttentionProjection => "attention_projection",
+            Checkpointing::Off => "off",
+        };
+        write!(f, "{blocks}, {saved}, checkpointing {checkpointing}")?;
+        if !self.chosen.is_empty() {
+            write!(f, " (chosen: {})", self.chosen.join(", "))?;
+        }
+        Ok(())
     }
 }
 
@@ -187,6 +256,18 @@ pub struct PlanReport {
     /// The samples during training, when the run makes any and its family samples (`breakdown` is the step's).
     #[serde(default)]
     pub sampling: Option<SamplingPhase>,
+    /// The page-locked RAM the plan must fit (`memory.pinned_budget_gb`, else on Windows about half of RAM, else
+    /// the RAM limit; `None`: unknown).
+    #[serde(default)]
+    pub pinned_budget_bytes: Option<u64>,
+    /// Where streamed blocks and saved activations go and what the step keeps: the settings', or what the planner
+    /// chose for those that say `"auto"`. `None` in reports made before placements were planned.
+    #[serde(default)]
+    pub placements: Option<Placements>,
+    /// The limit that binds: the one that ruled out a faster plan (the VRAM when it set the streamed block
+    /// count), or the one a plan that does not fit misses; `None` when nothing limits the plan.
+    #[serde(default)]
+    pub binding_limit: Option<Limit>,
 }
 
 fn one_rank() -> usize {
@@ -208,7 +289,12 @@ impl PlanReport {
         }
         let ram = self.ram_budget_bytes.or(self.host_ram_bytes)?;
         let all = self.machine_ram_bytes();
-        if all <= ram / 10 * 8 {
+        // Placements the planner chose fit the RAM limit with room to spare by construction.
+        let chosen = self
+            .placements
+            .as_ref()
+            .is_some_and(|p| !p.chosen.is_empty());
+        if all <= ram / 10 * 8 || (chosen && all <= ram) {
             return None;
         }
         let has = self.ram_limit_words(ram);
@@ -306,6 +392,33 @@ impl PlanReport {
             .filter(|l| keep(l.placement))
             .map(|l| l.bytes)
             .sum()
+    }
+
+    /// "limits: VRAM … of …, RAM … of …, page-locked … of …; RAM binds" (the known limits, and the one that binds);
+    /// `None` for a CPU run.
+    pub fn limits_line(&self) -> Option<String> {
+        if self.on_cpu {
+            return None;
+        }
+        let of = |used: u64, limit: Option<u64>| match limit {
+            Some(limit) => format!("{} of {}", format_gib(used), format_gib(limit)),
+            None => format!("{} (no limit known)", format_gib(used)),
+        };
+        let ranks = self.ranks_on_machine.max(1) as u64;
+        let binds = match self.binding_limit {
+            Some(limit) if self.fits() => format!("; {limit} binds (a faster plan needs more)"),
+            Some(limit) => format!("; {limit} binds (the plan does not fit it)"),
+            None => "; nothing binds".to_string(),
+        };
+        Some(format!(
+            "limits: VRAM {}, RAM {}, page-locked {}{binds}",
+            of(self.peak_vram_bytes, self.vram_budget_bytes),
+            of(self.machine_ram_bytes(), self.ram_budget_bytes),
+            of(
+                self.pinned_ram_bytes.saturating_mul(ranks),
+                self.pinned_budget_bytes
+            ),
+        ))
     }
 
     /// One line: the verdict with peak VRAM against the budget.
@@ -444,6 +557,12 @@ impl fmt::Display for PlanReport {
             )?;
         }
         writeln!(f, "{}", self.verdict_line())?;
+        if let Some(placements) = &self.placements {
+            writeln!(f, "placements: {placements}")?;
+        }
+        if let Some(line) = self.limits_line() {
+            writeln!(f, "{line}")?;
+        }
         for s in &self.suggestions {
             writeln!(f, "suggestion: {s}")?;
         }

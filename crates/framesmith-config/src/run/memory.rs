@@ -7,8 +7,12 @@ use serde::{Deserialize, Serialize};
 #[serde(rename_all = "lowercase")]
 pub enum StreamingMode {
     Off,
+    /// Streamed blocks live in page-locked RAM (the fastest copies).
     Pinned,
+    /// Streamed blocks live in pageable RAM and reach the GPU through a small page-locked staging ring.
     Staged,
+    /// The planner picks `pinned` or `staged`: the faster one that fits the RAM and page-locked budgets.
+    Auto,
 }
 
 /// Where the checkpointed step keeps saved block inputs. In RAM (`host`) they are page-locked, except with
@@ -18,6 +22,19 @@ pub enum StreamingMode {
 pub enum ActivationPlacement {
     Device,
     Host,
+    /// Page-locked RAM, whatever the streaming mode (the fastest copies).
+    Pinned,
+    /// Pageable RAM, whatever the streaming mode (copied through a small page-locked ring).
+    Pageable,
+    /// The planner picks the GPU, page-locked or pageable RAM: the fastest that fits every budget.
+    Auto,
+}
+
+impl ActivationPlacement {
+    /// Whether saved inputs leave the GPU (`"auto"` may keep them there, so it is not counted).
+    pub fn is_host(self) -> bool {
+        matches!(self, Self::Host | Self::Pinned | Self::Pageable)
+    }
 }
 
 /// How much of each block's forward the training step keeps for the backward (`train::step::StepOptions`).
@@ -42,6 +59,9 @@ pub enum Checkpointing {
     /// No checkpointing: every block's whole forward tape is kept and nothing is recomputed (the fastest steps,
     /// about 2 GiB per Wan2.1-1.3B block at 480×832×81).
     Off,
+    /// The planner picks `attention_projection`, `attention` or `blocks`: the most kept (the least recompute) that
+    /// fits every budget. Where there is no plan (a CPU run) it is `blocks`.
+    Auto,
 }
 
 impl Checkpointing {
@@ -118,6 +138,9 @@ pub struct MemorySection {
     /// Use at most this much RAM (GB); `None`: what the machine can give without swapping (its available RAM when
     /// the run is planned).
     pub ram_budget_gb: Option<f64>,
+    /// Page-lock at most this much RAM (GB); `None`: on Windows about half of RAM (its cap, where page-locked
+    /// memory shows as shared GPU memory), elsewhere the RAM budget.
+    pub pinned_budget_gb: Option<f64>,
     /// Page-locked staging buffers (8 MiB chunks) of `staged` streaming.
     pub staging_slots: usize,
     /// FLUX.1 only: which block kind streams first.
@@ -136,9 +159,14 @@ impl Default for MemorySection {
             checkpointing: Checkpointing::Blocks,
             vram_budget_gb: None,
             ram_budget_gb: None,
+            pinned_budget_gb: None,
             staging_slots: crate::training::STAGING_SLOTS,
             flux_stream_order: FluxStreamOrder::SingleFirst,
             shared_memory_guard: false,
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests;

@@ -5,13 +5,13 @@
 use super::breakdown::{blocks_label, line, total_bytes};
 use super::model::{BlockKind, ModelMemory};
 use framesmith_config::protocol::memory::{format_gib, Placement, PlanLine};
-use framesmith_config::run::{ActivationPlacement, Checkpointing, StreamingMode};
+use framesmith_config::run::Checkpointing;
 
-/// The plan's lines for what the step keeps between a block's forward and its backward.
+/// The plan's lines for what the step keeps between a block's forward and its backward, the saved inputs (and kept
+/// attention outputs) waiting at `saved_at` ([`super::placement::saved_placement`]).
 pub(super) fn kept_lines(
     checkpointing: Checkpointing,
-    activations: ActivationPlacement,
-    streaming: StreamingMode,
+    saved_at: Placement,
     s: &ModelMemory,
 ) -> Vec<PlanLine> {
     let n = s.num_blocks();
@@ -28,12 +28,7 @@ pub(super) fn kept_lines(
             Placement::Device,
         )];
     }
-    let saved_at = match activations {
-        ActivationPlacement::Device => Placement::Device,
-        // `staged` streaming keeps its promise of little page-locked memory: saved inputs go to pageable RAM.
-        ActivationPlacement::Host if streaming == StreamingMode::Staged => Placement::Host,
-        ActivationPlacement::Host => Placement::HostPinned,
-    };
+    let in_ram = saved_at.is_host();
     let residual = if s.shape.residual_bytes == 4 {
         "f32"
     } else {
@@ -45,7 +40,7 @@ pub(super) fn kept_lines(
         n as u64 * saved_input,
         saved_at,
     )];
-    if activations == ActivationPlacement::Host {
+    if in_ram {
         // `nn::offload::activations` copies the next block's input back while this block's backward runs.
         out.push(line(
             "saved input prefetched from RAM (1 block)",
@@ -77,7 +72,7 @@ pub(super) fn kept_lines(
             total_bytes(s, &counts, kept),
             saved_at,
         ));
-        if activations == ActivationPlacement::Host {
+        if in_ram {
             // The block before's outputs come back while a block's backward runs, and the last block's never
             // leave the device.
             let largest = s.kinds.iter().map(kept).max().unwrap_or(0);

@@ -141,8 +141,7 @@ pub(super) fn breakdown(
     out.extend(adapter_lines(input, s));
     out.extend(activations::kept_lines(
         input.checkpointing,
-        input.streaming.activations,
-        input.streaming.mode,
+        super::placement::saved_placement(input),
         s,
     ));
     for &(label, bytes) in &s.shared_inputs {
@@ -269,7 +268,8 @@ pub(super) fn streamed_host_lines(
                 ),
             ]
         }
-        StreamingMode::Pinned | StreamingMode::Off => {
+        // An unsettled "auto" (a caller that plans without choosing) is planned as `pinned`.
+        StreamingMode::Pinned | StreamingMode::Off | StreamingMode::Auto => {
             vec![line(masters, master_bytes, Placement::HostPinned)]
         }
     }

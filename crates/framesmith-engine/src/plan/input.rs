@@ -234,6 +234,10 @@ impl PlanInput {
                 .filter(|gb| gb.is_finite() && *gb > 0.0)
                 .map(|gb| (gb * (1u64 << 30) as f64) as u64),
             available_ram_bytes: None,
+            pinned_budget_bytes: mem
+                .pinned_budget_gb
+                .filter(|gb| gb.is_finite() && *gb > 0.0)
+                .map(|gb| (gb * (1u64 << 30) as f64) as u64),
             ranks_on_machine: 1,
             windows: cfg!(windows),
             working_set: WORKING_SET,
@@ -260,6 +264,7 @@ impl PlanInput {
         input.fp8_products = plan.model.fp8_matmul;
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
         input.ram_budget_bytes = plan.memory.ram_budget_bytes;
+        input.pinned_budget_bytes = plan.memory.pinned_budget_bytes;
         input.streaming.staging_slots = plan.memory.staging_slots;
         input.checkpointing = plan.memory.checkpointing;
         input.on_cpu = plan.device == PlanDevice::Cpu;

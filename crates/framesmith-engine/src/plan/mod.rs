@@ -11,6 +11,8 @@ mod bytes;
 mod input;
 pub mod machine;
 mod model;
+mod placement;
+mod ram;
 mod sampling;
 mod suggest;
 mod working_set;
@@ -42,6 +44,7 @@ use framesmith_config::run::{
 };
 use framesmith_nn::adapter::AdapterKind;
 use framesmith_nn::lora::LoraError;
+use ram::{pinned_limit, ram_limit, ram_shortfall};
 use sampling::SamplingSizes;
 
 /// Which linears get a LoRA, and its rank.
@@ -88,6 +91,9 @@ pub struct PlanInput {
     pub ram_budget_bytes: Option<u64>,
     /// What the machine can give now without swapping (its available RAM); the RAM limit when no budget is set.
     pub available_ram_bytes: Option<u64>,
+    /// An explicit page-locked budget (`memory.pinned_budget_gb`); else on Windows about half of RAM, else the
+    /// RAM limit.
+    pub pinned_budget_bytes: Option<u64>,
     /// Processes of the run on this machine, one per GPU (`framesmith train --gpus`): each plans its VRAM against
     /// its own GPU, and their host RAM (streamed blocks, saved activations, a parked expert: each rank's own)
     /// adds up against `host_ram_bytes`.
@@ -360,13 +366,15 @@ fn blocks_to_swap(
     }
 }
 
-/// Plans `input`: peak VRAM and RAM, the breakdown, the verdict against the budget and, when it does not fit,
-/// what would.
+/// Plans `input`: the placements it leaves to the planner ([`placement`]), peak VRAM and RAM, the breakdown, the
+/// verdict against the budgets and, when it does not fit, what would.
 pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
     check_streaming(input)?;
-    let s = sizes(input)?;
     let budget = budget_bytes(input);
-    let (blocks_to_swap, chosen, note) = blocks_to_swap(input, budget)?;
+    let choice = placement::choose(input, budget)?;
+    let input = &choice.input;
+    let s = sizes(input)?;
+    let (blocks_to_swap, chosen, note) = choice.blocks;
     let (phase, phase_note) = sampling_phase(input);
     let mut lines = step_lines(input, &s, phase.as_ref(), blocks_to_swap);
     if input.on_cpu {
@@ -432,6 +440,9 @@ pub fn plan(input: &PlanInput) -> Result<PlanReport, PlanError> {
         ranks_on_machine: input.ranks_on_machine.max(1),
         ram_shortfall,
         sampling,
+        pinned_budget_bytes: pinned_limit(input),
+        placements: (!input.on_cpu).then_some(choice.placements),
+        binding_limit: choice.binding,
     };
     let ram = report.ram_pressure();
     report.notes.extend(ram);
@@ -480,104 +491,6 @@ fn busy_gpu_note(input: &PlanInput, peak_vram: u64) -> Option<String> {
         format_gib(budget),
         format_gib(usable)
     ))
-}
-
-/// Why this machine's RAM cannot hold a GPU run whose ranks each need `peak_ram` of RAM, `pinned` of it
-/// page-locked (`None` when it can, or when the RAM is unknown). Page-locked memory cannot be swapped out, so it
-/// must fit the RAM (on Windows, about half of it); the rest could swap, but a step that pages its own streamed
-/// blocks and saved activations through the disk does not train.
-fn ram_shortfall(input: &PlanInput, peak_ram: u64, pinned: u64) -> Option<String> {
-    let (limit, source) = ram_limit(input)?;
-    if input.on_cpu {
-        return None;
-    }
-    let ranks = input.ranks_on_machine.max(1) as u64;
-    let needed = |bytes: u64| match ranks {
-        1 => format_gib(bytes),
-        n => format!(
-            "{} ({n} ranks × {})",
-            format_gib(bytes.saturating_mul(n)),
-            format_gib(bytes)
-        ),
-    };
-    let fewer_gpus = if ranks > 1 {
-        "fewer GPUs (--gpus), "
-    } else {
-        ""
-    };
-    let total = input.host_ram_bytes.unwrap_or(limit);
-    let has = source.describe(limit, total);
-    // Windows caps page-locked memory near half of the RAM, whatever the budget.
-    let pinned_cap = if input.windows {
-        limit.min(total / 2)
-    } else {
-        limit
-    };
-    if pinned.saturating_mul(ranks) > pinned_cap {
-        let has = if input.windows && pinned_cap < limit {
-            format!(
-                "Windows allows about half of RAM, {} of this machine's {}",
-                format_gib(pinned_cap),
-                format_gib(total)
-            )
-        } else {
-            has
-        };
-        return Some(format!(
-            "the plan needs {} of page-locked RAM, which cannot be swapped out, and {has}: use \
-             memory.streaming = \"staged\" (a small page-locked ring), {fewer_gpus}fewer streamed blocks or \
-             activations on the GPU",
-            needed(pinned)
-        ));
-    }
-    (peak_ram.saturating_mul(ranks) > limit).then(|| {
-        format!(
-            "the plan needs {} of RAM and {has}: use {fewer_gpus}fewer streamed blocks, activations on the GPU \
-             or shorter clips",
-            needed(peak_ram),
-        )
-    })
-}
-
-/// Where the RAM limit a plan is checked against comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum RamLimit {
-    /// `memory.ram_budget_gb`.
-    Budget,
-    /// What the machine could give without swapping when the plan was made.
-    Available,
-    /// The machine's RAM (what it could give is unknown).
-    Total,
-}
-
-impl RamLimit {
-    /// "the RAM budget is …" in words, for a limit of `limit` bytes on a machine of `total`.
-    fn describe(self, limit: u64, total: u64) -> String {
-        match self {
-            Self::Budget => format!(
-                "the RAM budget (memory.ram_budget_gb) is {}",
-                format_gib(limit)
-            ),
-            Self::Available => format!(
-                "this machine can give {} without swapping ({} in all; the rest is in use)",
-                format_gib(limit),
-                format_gib(total)
-            ),
-            Self::Total => format!("this machine has {}", format_gib(limit)),
-        }
-    }
-}
-
-/// The RAM a plan must fit, and where that limit comes from: `memory.ram_budget_gb`, else what the machine can
-/// give now, else its RAM; `None` when nothing is known.
-fn ram_limit(input: &PlanInput) -> Option<(u64, RamLimit)> {
-    if let Some(budget) = input.ram_budget_bytes {
-        return Some((budget, RamLimit::Budget));
-    }
-    if let Some(available) = input.available_ram_bytes {
-        return Some((available, RamLimit::Available));
-    }
-    input.host_ram_bytes.map(|total| (total, RamLimit::Total))
 }
 
 #[cfg(test)]

@@ -32,6 +32,7 @@ pub(crate) fn input(model: impl Into<PlanModel>, base: BaseFormat) -> PlanInput 
         host_ram_bytes: None,
         ram_budget_bytes: None,
         available_ram_bytes: None,
+        pinned_budget_bytes: None,
         ranks_on_machine: 1,
         windows: false,
         working_set: WORKING_SET,

@@ -7,6 +7,7 @@ pub mod engine;
 pub mod launch;
 pub mod optimizer;
 pub mod outputs;
+pub(crate) mod placements;
 pub mod preflight;
 pub mod ranks;
 pub mod samples;

@@ -14,6 +14,7 @@ use crate::plan::adapter_kind;
 use crate::train::data::TrainSet;
 use crate::train::optimizer::AdamW;
 use crate::train::outputs::Outputs;
+use crate::train::placements;
 use crate::train::preflight;
 use crate::train::ranks::Ranks;
 use crate::train::samples::Sampling;
@@ -23,12 +24,12 @@ use crate::train::validation::Validation;
 use framesmith_config::plan::{FloatDtype, PlanDevice};
 use framesmith_config::protocol::memory::{format_gib, PlanReport};
 use framesmith_config::protocol::{LogLevel, StartRun};
-use framesmith_config::run::{ActivationPlacement, BlocksToSwap, LoraKind, StreamingMode};
+use framesmith_config::run::{BlocksToSwap, LoraKind};
 use framesmith_config::{validate_for, HostInfo, RunPlan};
 use framesmith_nn::collective::broadcast_tensors;
 use framesmith_nn::device::{DeviceError, VramHold};
 use framesmith_nn::lora::{LoraSet, LoraSpec};
-use framesmith_nn::offload::{OffloadOptions, SavedPlacement, StreamMode};
+use framesmith_nn::offload::OffloadOptions;
 
 pub(crate) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     let device = open_device(plan.device)?;
@@ -111,14 +112,13 @@ pub(crate) fn blocks_to_swap(
     blocks: usize,
     model: &str,
 ) -> anyhow::Result<Option<(usize, OffloadOptions)>> {
-    let mode = match plan.memory.streaming {
-        StreamingMode::Off => return Ok(None),
-        StreamingMode::Pinned => StreamMode::Pinned,
-        StreamingMode::Staged => StreamMode::Staged,
-    };
     if !plan.memory.applies || !device.is_cuda() {
         return Ok(None);
     }
+    placements::refuse_swapping(&plan.memory, memory)?;
+    let Some(mode) = placements::stream_mode(&plan.memory, memory)? else {
+        return Ok(None);
+    };
     let blocks_to_swap = match plan.memory.blocks_to_swap {
         BlocksToSwap::Count(n) if n >= blocks => anyhow::bail!(
             "memory.blocks_to_swap = {n}, but {model}: stream at most {}, or \"auto\"",
@@ -155,31 +155,25 @@ pub(crate) fn auto_count(report: &PlanReport) -> anyhow::Result<usize> {
     }
 }
 
-/// Where the step keeps saved block inputs: host RAM with `memory.activations = "host"` on CUDA, pageable when
-/// `memory.streaming = "staged"` promises little page-locked memory.
-pub(crate) fn saved_inputs_for(plan: &RunPlan, device: &Device) -> SavedPlacement {
-    if !(plan.memory.applies
-        && device.is_cuda()
-        && plan.memory.activations == ActivationPlacement::Host)
-    {
-        return SavedPlacement::Device;
-    }
-    match plan.memory.streaming {
-        StreamingMode::Staged => SavedPlacement::host_for(StreamMode::Staged),
-        StreamingMode::Pinned | StreamingMode::Off => SavedPlacement::host_for(StreamMode::Pinned),
-    }
-}
-
 /// The memory plan of a run, or why it could not be made.
 pub(crate) type MemoryReport = Result<PlanReport, String>;
 
-/// Logs the memory plan: its verdict, what would fit when it predicts no fit, and a warning when the RAM of the
-/// ranks on this machine nears the machine's.
+/// Logs the memory plan: its verdict, placements and limits, what would fit when it predicts no fit, and a warning
+/// when the RAM of the ranks on this machine nears the machine's.
 pub(crate) fn log_plan(report: &PlanReport, log: &mut dyn FnMut(LogLevel, String)) {
     log(
         LogLevel::Info,
         format!("memory plan: {}", report.verdict_line()),
     );
+    if let Some(placements) = &report.placements {
+        log(
+            LogLevel::Info,
+            format!("memory plan: placements: {placements}"),
+        );
+    }
+    if let Some(limits) = report.limits_line() {
+        log(LogLevel::Info, format!("memory plan: {limits}"));
+    }
     if !report.fits() && !report.suggestions.is_empty() {
         let options: Vec<String> = report.suggestions.iter().map(|s| s.to_string()).collect();
         log(
@@ -492,7 +486,7 @@ impl Trainer {
                 .is_some()
                 .then(|| Sampling::new(plan))
                 .transpose()?,
-            saved_inputs: saved_inputs_for(plan, parts.family.device()),
+            saved_inputs: placements::saved_inputs_for(plan, parts.family.device(), report)?,
             family: parts.family,
             loras: parts.loras,
             optimizer,
@@ -505,7 +499,7 @@ impl Trainer {
             max_consecutive_nonfinite: plan.training.max_consecutive_nonfinite,
             step: 0,
             consecutive_nonfinite: 0,
-            checkpointing: plan.memory.checkpointing,
+            checkpointing: placements::checkpointing_for(&plan.memory, report),
             out_of_memory_advice: out_of_memory_advice(report),
             planned_vram_bytes: report.map(|r| r.peak_vram_bytes),
             planned_sampling_vram_bytes: report
