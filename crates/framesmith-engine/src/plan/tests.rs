@@ -591,33 +591,61 @@ fn presets_plan_as_issue_7_wires_them() {
     assert!(full.model.contains("bf16"));
 }
 
-/// The 16 GB presets fit a 16 GB card and the RAM their names say, less what an OS and the app keep (4 GiB): 33
-/// frames in 32 GB, 81 frames in 64 GB (and not in 32 GB).
+/// The 16 GB presets fit Wan2.1-14B FP8 at 480×832×81 on a 16 GB card within the RAM budgets they set (the RAM
+/// their names say, less what an OS and the app keep), on Linux and on Windows (page-locked memory within half of
+/// the machine's RAM), the planner choosing the placements; 64 GB's preset in 28 GiB does not fit, and says so.
 #[test]
 fn the_16gb_presets_fit_the_card_and_the_ram_they_name() {
     use framesmith_config::presets::builtin;
     use framesmith_config::RunConfig;
-    let planned = |name: &str, frames: usize, ram_gib: u64| {
+    let planned = |name: &str, machine_gib: u64, windows: bool| {
         let mut base = RunConfig::default();
         base.model.variant = "t2v-14b".into();
         base.memory.vram_budget_gb = Some(16.0);
         let cfg = builtin(name).unwrap().apply(&base).unwrap().config;
         let model = model_for_config(&cfg).unwrap();
         let (mut clip, _) = clip_for_config(&cfg);
-        clip.frames = frames;
+        clip.frames = 81;
         let mut i = PlanInput::from_config(&cfg, model, clip);
-        i.host_ram_bytes = Some((ram_gib + 4) * GIB);
-        i.ram_budget_bytes = Some(ram_gib * GIB);
-        i.windows = true;
+        i.host_ram_bytes = Some(machine_gib * GIB);
+        i.windows = windows;
         plan(&i).unwrap()
     };
-    let small = planned("16gb-32gb-ram", 33, 28);
-    assert!(small.fits() && small.blocks_chosen, "{small}");
-    assert!(small.pinned_ram_bytes < GIB, "{small}");
-    let large = planned("16gb-64gb-ram", 81, 60);
-    assert!(large.fits() && large.blocks_chosen, "{large}");
-    let too_long = planned("16gb-64gb-ram", 81, 28);
+    for (name, machine, budget) in [("16gb-32gb-ram", 32, 28), ("16gb-64gb-ram", 64, 60)] {
+        for windows in [false, true] {
+            let r = planned(name, machine, windows);
+            assert!(r.fits() && r.blocks_chosen, "{name}: {r}");
+            assert_eq!(r.ram_budget_bytes, Some(budget * GIB), "{name}");
+            assert!(r.peak_ram_bytes <= budget * GIB, "{name}: {r}");
+            assert!(r.peak_vram_bytes <= 16 * GIB, "{name}: {r}");
+            if windows {
+                assert!(r.pinned_ram_bytes <= machine * GIB / 2, "{name}: {r}");
+            }
+            let chosen = &r.placements.as_ref().unwrap().chosen;
+            assert_eq!(
+                chosen.len(),
+                3,
+                "{name}: every placement is the planner's: {r}"
+            );
+            assert!(r.to_string().contains("Fits: peak VRAM"), "{r}");
+        }
+    }
+    let mut base = RunConfig::default();
+    base.model.variant = "t2v-14b".into();
+    base.memory.vram_budget_gb = Some(16.0);
+    let mut cfg = builtin("16gb-64gb-ram")
+        .unwrap()
+        .apply(&base)
+        .unwrap()
+        .config;
+    cfg.memory.ram_budget_gb = Some(28.0);
+    let i = PlanInput::from_config(&cfg, model_for_config(&cfg).unwrap(), DEFAULT_CLIP);
+    let too_long = plan(&i).unwrap();
     assert!(too_long.ram_shortfall.is_some(), "{too_long}");
+    assert_eq!(
+        too_long.binding_limit,
+        Some(framesmith_config::protocol::memory::Limit::Ram)
+    );
 }
 
 #[test]
