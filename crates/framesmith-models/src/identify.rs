@@ -1,6 +1,7 @@
 //! `framesmith inspect` for a model file of any family: LTX-2 / LTX-2.3 transformers (official single files, FP8,
 //! diffusers folders) and their Gemma 3 12B text encoder by [`crate::ltx2::weights`], HunyuanVideo transformers (1.5 in every layout, 1.0 named
-//! with what to download instead) by [`crate::hunyuan_video15::weights`], Qwen-Image transformers (files and diffusers folders) are
+//! with what to download instead) by [`crate::hunyuan_video15::weights`], its byT5 glyph encoder by
+//! [`crate::hunyuan_video15::byt5`], Qwen-Image transformers (files and diffusers folders) are
 //! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
 //! [`crate::qwen25vl::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
 //! [`crate::flux::weights`], everything else (Wan files, LoRAs, folders, PyTorch archives) by
@@ -10,6 +11,7 @@ use std::fmt;
 use std::path::Path;
 
 use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
+use crate::hunyuan_video15::byt5::{self as glyph, GlyphFile};
 use crate::hunyuan_video15::weights::{
     self as hunyuan_weights, HunyuanVideoFile, HunyuanVideoFormatError,
 };
@@ -25,6 +27,8 @@ pub enum ModelFile {
     /// Gemma 3 12B, LTX-2's text encoder (named; not loaded yet).
     Gemma3(std::path::PathBuf),
     HunyuanVideo(Box<HunyuanVideoFile>),
+    /// A byT5 encoder: HunyuanVideo 1.5's glyph encoder, or the base it was trained from.
+    Glyph(Box<GlyphFile>),
     QwenImage(Box<QwenImageFile>),
     Qwen25Vl(Box<Qwen25VlFile>),
     Flux(Box<FluxFile>),
@@ -42,6 +46,7 @@ impl fmt::Display for ModelFile {
                 "model"
             ),
             Self::HunyuanVideo(file) => file.to_string(),
+            Self::Glyph(file) => file.to_string(),
             Self::QwenImage(file) => file.to_string(),
             Self::Qwen25Vl(file) => file.to_string(),
             Self::Flux(file) => file.to_string(),
@@ -132,6 +137,9 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
             return Err(IdentifyError::Qwen25Vl(err))
         }
         Err(_) => {}
+    }
+    if let Some(file) = glyph::identify(path) {
+        return Ok(ModelFile::Glyph(Box::new(file)));
     }
     if !path.is_dir() {
         match flux_weights::identify(path) {

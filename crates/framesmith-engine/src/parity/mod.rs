@@ -16,6 +16,7 @@ pub mod flux_dit;
 pub mod flux_schedule;
 pub mod flux_text;
 pub mod hunyuan_video15;
+pub mod hunyuan_video15_byt5;
 pub mod hunyuan_video15_vae;
 pub mod ltx2;
 pub mod qwen25vl;
@@ -209,7 +210,7 @@ impl Fixture {
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
     /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
-    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `ltx2_transformer`).
+    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `ltx2_transformer`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -248,11 +249,12 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "qwen25vl_text_encoder" => qwen25vl::check(&fixture, dir),
         "hunyuan_video15_transformer" => hunyuan_video15::check(&fixture),
         "hunyuan_video15_vae" => hunyuan_video15_vae::check(&fixture),
+        "hunyuan_video15_byt5" => hunyuan_video15_byt5::check(&fixture, dir),
         "ltx2_transformer" => ltx2::check(&fixture),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
              flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
-             hunyuan_video15_transformer, hunyuan_video15_vae, ltx2_transformer) in {}",
+             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, ltx2_transformer) in {}",
             dir.display()
         ),
     }

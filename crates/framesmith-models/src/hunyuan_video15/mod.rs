@@ -2,9 +2,10 @@
 //! Qwen2.5-VL text refiner, the byT5 glyph and SigLIP image conditioning, 3-D RoPE, the double-stream blocks
 //! of `crate::mmdit`, head and unpatchify), its blocks as the engine trains and streams them, and its
 //! checkpoint layouts (official, ComfyUI, diffusers), its prompt encoding (`text`) with the shared `qwen25vl`
-//! text encoder, and its 3-D causal VAE (`vae`).
+//! text encoder, its byT5 glyph encoder (`byt5`), and its 3-D causal VAE (`vae`).
 
 pub mod block;
+pub mod byt5;
 pub mod conditioning;
 pub mod config;
 pub mod embeddings;

@@ -341,6 +341,11 @@ impl UmT5Encoder {
         &self.cfg
     }
 
+    /// The device the encoder's weights are on.
+    pub fn device(&self) -> &candle_core::Device {
+        self.token_embedding.device()
+    }
+
     /// Hidden states [b, l, dim] for token `ids` [b, l] (integer) with `mask` [b, l] (non-zero = token). Every
     /// position is returned, padded ones included; see [`UmT5Encoder::encode_trimmed`] for the official trimming.
     pub fn encode(&self, ids: &Tensor, mask: &Tensor) -> Result<Tensor> {

@@ -82,6 +82,53 @@ pub fn t5_config_from_hf_json(json: &str) -> anyhow::Result<T5Config> {
     })
 }
 
+/// The sizes of a Hugging Face T5 v1.1 encoder read from its tensors' shapes (`shape_of` gives a tensor's shape by
+/// its Hugging Face name, `encoder.`-prefixed): vocabulary and width from the embedding, attention width from `q`,
+/// heads and buckets from the first layer's position table, feed-forward width from `wi_0`, and the layer count.
+/// The saturation distance and norm epsilon are not stored in a file: T5's defaults (128, 1e-6). A missing or
+/// inconsistent tensor is named in the error.
+pub fn t5_config_from_hf_shapes(
+    shape_of: impl Fn(&str) -> Option<Vec<usize>>,
+) -> Result<T5Config, String> {
+    let dims2 = |name: &str| -> Result<(usize, usize), String> {
+        match shape_of(name).as_deref() {
+            Some(&[rows, cols]) => Ok((rows, cols)),
+            Some(other) => Err(format!(
+                "`{name}` has shape {other:?}, expected two dimensions"
+            )),
+            None => Err(format!("no tensor `{name}`")),
+        }
+    };
+    let block = |i: usize, name: &str| format!("encoder.block.{i}.{name}");
+    let (vocab, dim) = dims2("shared.weight").or_else(|_| dims2("encoder.embed_tokens.weight"))?;
+    let (dim_attn, _) = dims2(&block(0, "layer.0.SelfAttention.q.weight"))?;
+    let (dim_ffn, _) = dims2(&block(0, "layer.1.DenseReluDense.wi_0.weight"))?;
+    let (num_buckets, num_heads) = dims2(&block(
+        0,
+        "layer.0.SelfAttention.relative_attention_bias.weight",
+    ))?;
+    let num_layers = (0..)
+        .take_while(|&i| shape_of(&block(i, "layer.0.SelfAttention.q.weight")).is_some())
+        .count();
+    if num_heads == 0 || dim_attn % num_heads != 0 {
+        return Err(format!(
+            "attention width {dim_attn} is not a multiple of the {num_heads} heads of the position table"
+        ));
+    }
+    Ok(T5Config {
+        vocab,
+        dim,
+        dim_attn,
+        dim_ffn,
+        num_heads,
+        num_layers,
+        num_buckets,
+        shared_pos: true,
+        max_dist: 128,
+        eps: 1e-6,
+    })
+}
+
 /// Hugging Face T5 v1.1 keys → the encoder's names; the first layer's relative-position table becomes the
 /// shared one (`pos_embedding.embedding.weight`).
 pub fn t5_encoder_keys(tensors: HashMap<String, Tensor>) -> HashMap<String, Tensor> {

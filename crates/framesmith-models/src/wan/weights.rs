@@ -43,6 +43,7 @@ use detect::{DetectError, Detected, Mismatch};
 use header::Header;
 use keys::Foreign;
 pub(crate) use mmap::Entry;
+pub(crate) use pickle::pth_listing;
 pub(crate) use report::{dtype_label, write_size_lines};
 
 /// Dtypes the DiT can be built from; anything else is refused by [`load`] with a message naming the tensor.
