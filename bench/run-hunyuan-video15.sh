@@ -15,12 +15,19 @@
 #   budget-24 / budget-16   `--preset hunyuan-video15-Ngb --vram-budget-gb N` over a config that names only the
 #                 files, steps and outputs (so every memory setting is the preset's: FP8 block-64, pinned
 #                 streaming, blocks_to_swap = "auto", activations in RAM); `framesmith plan` first.
+#   generate-24   `framesmith generate` of one GEN_FRAMES-frame (121) 848x480 clip within `--vram-budget-gb 24`:
+#                 GEN_STEPS (4) denoising steps with CFG 6 (the empty negative prompt as its own pass), FP8 block-64
+#                 DiT with GEN_SWAP (20) of its 54 blocks streamed, the random VAE, Qwen2.5-VL-7B (scaled FP8) and
+#                 byT5 glyph encoder of `synth-project --sample-files` (written when the project lacks them; the
+#                 Qwen2.5-VL tokenizer is the hunyuan_video15_text fixture's, whose template crop is 108 like
+#                 Qwen's); a quoted word in the prompt runs the glyph encoder. Summary: the per-step times, the
+#                 decode time and peak VRAM the generator logs.
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 128) tokens of the cached Qwen2.5-VL output; WIDTH, HEIGHT, FRAMES (848, 480, 121); I2V=1:
 # image-to-video (the project also caches the first frame's latents and 729 SigLIP features; its own WORK folder).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,20p' "$0"
+    sed -n '2,27p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -30,6 +37,8 @@ CASES=("$@")
 STEPS="${STEPS:-6}" SEED="${SEED:-0}" RANK="${RANK:-32}" TEXT_TOKENS="${TEXT_TOKENS:-128}"
 WIDTH="${WIDTH:-848}" HEIGHT="${HEIGHT:-480}" FRAMES="${FRAMES:-121}"
 TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-6}" I2V="${I2V:-0}"
+GEN_STEPS="${GEN_STEPS:-4}" GEN_SWAP="${GEN_SWAP:-20}" GEN_FRAMES="${GEN_FRAMES:-121}"
+TOKENIZER="$(cd "$(dirname "$0")" && pwd)/../crates/framesmith-models/tests/fixtures/hunyuan_video15_text/tokenizer.json"
 I2V_ARGS=()
 [[ "$I2V" == 1 ]] && I2V_ARGS=(--i2v)
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -52,10 +61,12 @@ torch_case() { # case-dir label
 }
 
 write_env "$(python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1)"
-if [[ ! -f "$P/run.toml" ]]; then
+SAMPLE_ARGS=()
+[[ " ${CASES[*]} " == *" generate-24 "* ]] && SAMPLE_ARGS=(--sample-files)
+if [[ ! -f "$P/run.toml" || ( ${#SAMPLE_ARGS[@]} -gt 0 && ! -f "$P/byt5_small_glyphxl_fp16.safetensors" ) ]]; then
     timed "$OUT" synth framesmith-bench synth-project --model hunyuan-video15 --out "$P" --height "$HEIGHT" \
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
-        --seed "$SEED" "${I2V_ARGS[@]}" || { note "synth failed"; exit 1; }
+        --seed "$SEED" "${I2V_ARGS[@]}" "${SAMPLE_ARGS[@]}" || { note "synth failed"; exit 1; }
 fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
@@ -63,6 +74,15 @@ for case in "${CASES[@]}"; do
     start_smi "$D"
     case "$case" in
     torch) torch_case "$D" "PyTorch (diffusers, SDPA, bf16)" ;;
+    generate-24)
+        timed "$D" generate framesmith generate --dit "$DIT" --vae "$P/hunyuanvideo15_vae_fp16.safetensors" \
+            --text-encoder "$P/qwen_2.5_vl_7b_fp8_scaled.safetensors" --tokenizer "$TOKENIZER" \
+            --prompt 'a neon sign reading "OPEN" flickers above a rainy street at night' \
+            --width 848 --height 480 --frames "$GEN_FRAMES" --steps "$GEN_STEPS" --seed 7 --fp8 block64 \
+            --blocks-to-swap "$GEN_SWAP" --vram-budget-gb 24 --device cuda --out "$D/clip.mp4"
+        grep -hE "step|decode|VRAM|peak|glyph|wrote|rror" "$D/generate.log" | tail -8 | sed "s/^/  generate-24: /" \
+            >> "$SUMMARY"
+        ;;
     *) memory_case "$case" "$D" hunyuan-video15 || note "unknown case $case" ;;
     esac
     stop_smi "$case" "$D"

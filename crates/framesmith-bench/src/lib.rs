@@ -16,6 +16,7 @@ pub mod synth;
 pub mod synth_flux;
 pub mod synth_flux_samples;
 pub mod synth_hunyuan_video15;
+pub mod synth_hunyuan_video15_samples;
 pub mod synth_ltx2;
 pub mod synth_qwen_image;
 

@@ -48,7 +48,8 @@ pub(crate) struct SynthArgs {
     /// FLUX.1: also write random `ae.safetensors`, CLIP-L and T5-XXL at their released sizes (with stand-in
     /// tokenizers) and `prompts.txt`, for runs that sample during training. Qwen-Image: also write a random
     /// Qwen2.5-VL-7B (ComfyUI scaled FP8), a random VAE and `--captions` captioned images (`captions.toml`) for
-    /// `cache text`, samples and `generate`.
+    /// `cache text`, samples and `generate`. HunyuanVideo 1.5: also write its random VAE, Qwen2.5-VL-7B (ComfyUI
+    /// scaled FP8) and byT5 glyph encoder at their released sizes, for `generate` and samples.
     #[arg(long)]
     sample_files: bool,
     /// HunyuanVideo 1.5: cache the clip's image-to-video conditioning (first-frame latents, SigLIP features) too,
@@ -140,10 +141,9 @@ fn synth_qwen_image_project(args: &SynthArgs) -> Result<()> {
 /// Writes the synthetic HunyuanVideo 1.5 project and says what it wrote.
 fn synth_hv15_project(args: &SynthArgs) -> Result<()> {
     use framesmith_bench::synth_hunyuan_video15 as hv;
-    if args.encoders.is_some() || args.sample_files || args.dtype != "bf16" {
+    if args.encoders.is_some() || args.dtype != "bf16" {
         bail!(
-            "a HunyuanVideo 1.5 project is a bf16 DiT trained from its caches: drop --encoders, --sample-files and \
-             --dtype"
+            "a HunyuanVideo 1.5 project is a bf16 DiT trained from its caches: drop --encoders and --dtype"
         );
     }
     let spec = hv::Hv15SynthProject {
@@ -158,6 +158,17 @@ fn synth_hv15_project(args: &SynthArgs) -> Result<()> {
         i2v: args.i2v,
     };
     let files = hv::write_hv15_project(&args.out, &spec)?;
+    if args.sample_files {
+        let samples = framesmith_bench::synth_hunyuan_video15_samples::write_hv15_sample_files(
+            &args.out, args.seed,
+        )?;
+        println!(
+            "wrote {}, {}, {}",
+            samples.vae.display(),
+            samples.text_encoder.display(),
+            samples.glyph.display()
+        );
+    }
     println!("{}", files.wrote_line());
     Ok(())
 }
