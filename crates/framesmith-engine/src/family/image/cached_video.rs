@@ -1,7 +1,8 @@
 //! What a video family that trains from caches made elsewhere shares: the whole [`Family`] impl around what differs
 //! ([`CachedVideoFamily`]: its names, its files and caches, its VAE's compression, its plan and its setup). Such a
 //! family reads its `model.dit` alone, plans its clip from its latent caches' headers, refuses the cache passes it
-//! cannot run and `framesmith generate` with what is missing, and writes a run's clips as `.mp4`.
+//! cannot run and `framesmith generate` with what is missing (a family that has them gives its own), and writes a
+//! run's clips as `.mp4`.
 
 use std::path::Path;
 
@@ -10,7 +11,7 @@ use crate::family::Family;
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::{given, Session};
 use crate::plan::{ClipShape, PlanError, PlanModel};
-use crate::prep::pass::{CachePass, CacheRequest, LatentFiles};
+use crate::prep::pass::{CachePass, CacheRequest, LatentFiles, TextFiles};
 use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
@@ -27,10 +28,12 @@ pub(crate) trait CachedVideoFamily: Sync {
     const VAE: VideoVae;
     /// Why a run's `model.dit` is refused when it is not the family's transformer, and what to point it at.
     const NOT_ITS_DIT: &'static str;
-    /// What Framesmith lacks to make the caches a refused pass would, and the scripts that make them.
-    const NO_CACHE_PASS: &'static str;
-    /// Why `framesmith generate` does not run the family's DiT, and what does.
-    const NO_GENERATE: &'static str;
+    /// What Framesmith lacks to make the caches a refused pass would, and the scripts that make them (a family
+    /// that runs both passes leaves it out).
+    const NO_CACHE_PASS: &'static str = "Framesmith cannot make this family's caches";
+    /// Why `framesmith generate` does not run the family's DiT, and what does (a family that generates leaves it
+    /// out).
+    const NO_GENERATE: &'static str = "Framesmith cannot generate with this family's DiT";
 
     /// Whether the run `config` describes trains the family's model.
     fn is_run(config: &RunConfig) -> bool;
@@ -55,6 +58,31 @@ pub(crate) trait CachedVideoFamily: Sync {
         _log: &mut dyn FnMut(&str),
     ) -> anyhow::Result<CacheSummary> {
         anyhow::bail!("{}: {}", Self::NO_CACHE_PASS, request.dataset.display())
+    }
+    /// Whether the text pass of `files` is the family's (never, unless the family caches captions: its text
+    /// encoder alone may be another family's too).
+    fn claims_text_pass(_files: &TextFiles) -> bool {
+        false
+    }
+    /// The text pass of `request` over `files`; refused with [`Self::NO_CACHE_PASS`] unless the family has one.
+    fn cache_text(
+        request: &CacheRequest<'_>,
+        _files: &TextFiles,
+        _progress: &mut dyn CacheProgress,
+        _log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        anyhow::bail!("{}: {}", Self::NO_CACHE_PASS, request.dataset.display())
+    }
+    /// `framesmith generate` with the family's DiT; refused with [`Self::NO_GENERATE`] unless the family has it.
+    fn generate(
+        request: &GenerationRequest,
+        _session: &mut Session,
+    ) -> anyhow::Result<GenerationOutput> {
+        let dit = match &request.dit {
+            DitSource::File(path) => path.display().to_string(),
+            DitSource::Demo => String::new(),
+        };
+        anyhow::bail!("{}: {dit}", Self::NO_GENERATE)
     }
 }
 
@@ -86,9 +114,7 @@ impl<F: CachedVideoFamily> Family for F {
     fn claims_cache(&self, pass: &CachePass) -> bool {
         match pass {
             CachePass::Latents(files) => F::claims_latent_pass(files),
-            // A text pass is never the family's: it makes no text caches, and its text encoder alone may be
-            // another family's too.
-            CachePass::Text(_) => false,
+            CachePass::Text(files) => F::claims_text_pass(files),
         }
     }
 
@@ -100,9 +126,7 @@ impl<F: CachedVideoFamily> Family for F {
     ) -> anyhow::Result<CacheSummary> {
         match &request.pass {
             CachePass::Latents(files) => F::cache_latents(request, files, progress, log),
-            CachePass::Text(_) => {
-                anyhow::bail!("{}: {}", F::NO_CACHE_PASS, request.dataset.display())
-            }
+            CachePass::Text(files) => F::cache_text(request, files, progress, log),
         }
     }
 
@@ -137,12 +161,8 @@ impl<F: CachedVideoFamily> Family for F {
     fn generate(
         &self,
         request: &GenerationRequest,
-        _session: &mut Session,
+        session: &mut Session,
     ) -> anyhow::Result<GenerationOutput> {
-        let dit = match &request.dit {
-            DitSource::File(path) => path.display().to_string(),
-            DitSource::Demo => String::new(),
-        };
-        anyhow::bail!("{}: {dit}", F::NO_GENERATE)
+        F::generate(request, session)
     }
 }
