@@ -66,6 +66,10 @@ pub struct GenerateArgs {
     /// CLIP-L's tokenizer.json (default: one beside clip_l.safetensors)
     #[arg(long)]
     clip_l_tokenizer: Option<PathBuf>,
+    /// The byT5 glyph encoder of HunyuanVideo 1.5 (byt5_small_glyphxl_fp16.safetensors, or the release's
+    /// Glyph-SDXL-v2 folder; default: the one beside --text-encoder)
+    #[arg(long)]
+    byt5: Option<PathBuf>,
     /// The VAE (or autoencoder) of the DiT's family
     #[arg(long)]
     vae: PathBuf,
@@ -165,6 +169,7 @@ impl GenerateArgs {
                 clip_l: self.clip_l.clone(),
                 clip_l_tokenizer: self.clip_l_tokenizer.clone(),
                 clip: self.clip.clone(),
+                byt5: self.byt5.clone(),
             },
             image: self.image.clone(),
             controls: self.controls.clone(),

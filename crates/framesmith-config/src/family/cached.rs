@@ -1,5 +1,5 @@
 //! The rules of a family whose runs train one DiT from caches made elsewhere, read from `model.dit` alone: the
-//! settings of other families such a run refuses and what it cannot do yet (samples, and for some image-to-video),
+//! settings of other families such a run refuses and what it cannot do yet (for some samples and image-to-video),
 //! each by key with its fix. A family gives only its names and what it lacks ([`CacheOnlyRules`]).
 
 use std::path::Path;
@@ -20,19 +20,37 @@ pub(crate) struct CacheOnlyRules {
     pub clip_file: &'static str,
     /// What it conditions on instead of CLIP (`Gemma 3 through its text connector`).
     pub conditions_on: &'static str,
-    /// What its samples need that Framesmith lacks, and that it lacks it.
-    pub samples_need: &'static str,
+    /// Its samples: what they need that Framesmith lacks (refused), or the VAE and text encoder files they are
+    /// made with (`model.vae`, `model.text_encoder`, each described).
+    pub samples: CacheOnlySamples,
     /// Why image-to-video is refused, when it is.
     pub no_image_to_video: Option<&'static str>,
+}
+
+/// Whether a cache-only family's runs make samples.
+pub(crate) enum CacheOnlySamples {
+    /// No: what they need that Framesmith lacks, and that it lacks it.
+    Refused(&'static str),
+    /// Yes, with the VAE and the text encoder these describe.
+    Made {
+        vae: &'static str,
+        text_encoder: &'static str,
+    },
 }
 
 impl FamilyRules for CacheOnlyRules {
     fn sampling_files<'a>(
         &self,
-        _cfg: &'a RunConfig,
+        cfg: &'a RunConfig,
     ) -> Vec<(&'static str, &'a Path, &'static str)> {
-        // Samples are refused in `check`, whatever files are given.
-        Vec::new()
+        match self.samples {
+            // Refused in `check`, whatever files are given.
+            CacheOnlySamples::Refused(_) => Vec::new(),
+            CacheOnlySamples::Made { vae, text_encoder } => vec![
+                ("model.vae", &cfg.model.vae, vae),
+                ("model.text_encoder", &cfg.model.text_encoder, text_encoder),
+            ],
+        }
     }
 
     fn clip_file(&self) -> &'static str {
@@ -83,10 +101,10 @@ impl FamilyRules for CacheOnlyRules {
                 );
             }
         }
-        if cfg.sampling.prompts.is_some() {
+        if let (Some(_), CacheOnlySamples::Refused(need)) = (&cfg.sampling.prompts, &self.samples) {
             c.problem(
                 "sampling.prompts",
-                format!("samples of {} need {}", self.a_run, self.samples_need),
+                format!("samples of {} need {need}", self.a_run),
                 "remove sampling.prompts and the sample schedule (sample_every_n_* / sample_at_first)",
             );
         }

@@ -1,8 +1,8 @@
-//! HunyuanVideo 1.5's part of validation: what its runs cannot do yet (samples, which need its VAE) and the
-//! settings of other families a HunyuanVideo 1.5 run refuses, each by key with its fix. `training.mode` picks text-
-//! or image-to-video (`auto`: what the caches hold, as musubi-tuner).
+//! HunyuanVideo 1.5's part of validation: the files its samples are made with (its VAE, Qwen2.5-VL with the byT5
+//! glyph encoder beside it) and the settings of other families a HunyuanVideo 1.5 run refuses, each by key with its
+//! fix. `training.mode` picks text- or image-to-video (`auto`: what the caches hold, as musubi-tuner).
 
-use super::cached::CacheOnlyRules;
+use super::cached::{CacheOnlyRules, CacheOnlySamples};
 
 /// HunyuanVideo 1.5's rules.
 pub(crate) const HUNYUAN_VIDEO15_RULES: CacheOnlyRules = CacheOnlyRules {
@@ -11,7 +11,12 @@ pub(crate) const HUNYUAN_VIDEO15_RULES: CacheOnlyRules = CacheOnlyRules {
     a_run: "a HunyuanVideo 1.5 run",
     clip_file: "CLIP model (HunyuanVideo 1.5 takes none)",
     conditions_on: "Qwen2.5-VL and byT5",
-    samples_need: "the byT5 glyph encoder, which Framesmith does not have yet",
+    samples: CacheOnlySamples::Made {
+        vae: "the HunyuanVideo 1.5 VAE, e.g. hunyuanvideo15_vae_fp16.safetensors (to decode clips)",
+        text_encoder:
+            "the Qwen2.5-VL-7B text encoder, e.g. qwen_2.5_vl_7b.safetensors, with the byT5 glyph \
+                       encoder byt5_small_glyphxl_fp16.safetensors beside it (to encode prompts)",
+    },
     no_image_to_video: None,
 };
 
@@ -37,25 +42,32 @@ mod tests {
     }
 
     #[test]
-    fn samples_and_other_families_settings_are_refused_with_what_is_missing() {
+    fn samples_need_their_files_and_other_families_settings_are_refused() {
         let mut cfg = run_of_existing_files("src/family/hunyuan_video15.rs");
         cfg.sampling.prompts = Some(cfg.model.dit.clone());
         cfg.sampling.sample_every_n_steps = Some(10);
-        cfg.model.vae = cfg.model.dit.clone();
         cfg.model.variant = "t2v-1.3b".into();
         cfg.model.clip = cfg.model.dit.clone();
         assert_refused(
             &cfg,
             ModelFamily::HunyuanVideo15,
             &[
+                ("model.vae", "HunyuanVideo 1.5 VAE", "model.vae"),
                 (
-                    "sampling.prompts",
-                    "byT5 glyph encoder",
-                    "remove sampling.prompts",
+                    "model.text_encoder",
+                    "byt5_small_glyphxl",
+                    "model.text_encoder",
                 ),
                 ("model.variant", "Wan variant `t2v-1.3b`", "\"auto\""),
                 ("model.clip", "not on CLIP", "remove model.clip"),
             ],
         );
+        cfg.model.variant = "auto".into();
+        cfg.model.clip = Default::default();
+        cfg.model.vae = cfg.model.dit.clone();
+        cfg.model.text_encoder = cfg.model.dit.clone();
+        let plan = validate_for(&cfg, &HostInfo::cpu_only(), ModelFamily::HunyuanVideo15)
+            .unwrap_or_else(|e| panic!("{e}"));
+        assert!(plan.sampling.is_some());
     }
 }

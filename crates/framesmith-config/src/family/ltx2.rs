@@ -2,7 +2,7 @@
 //! image-to-video, which needs per-token timesteps) and the settings of other families an LTX-2 run refuses, each
 //! by key with its fix.
 
-use super::cached::CacheOnlyRules;
+use super::cached::{CacheOnlyRules, CacheOnlySamples};
 
 /// LTX-2's rules.
 pub(crate) const LTX2_RULES: CacheOnlyRules = CacheOnlyRules {
@@ -11,7 +11,9 @@ pub(crate) const LTX2_RULES: CacheOnlyRules = CacheOnlyRules {
     a_run: "an LTX-2 run",
     clip_file: "CLIP model (LTX-2 takes none)",
     conditions_on: "Gemma 3 through its text connector",
-    samples_need: "its video VAE and the Gemma 3 text encoder, which Framesmith does not have yet",
+    samples: CacheOnlySamples::Refused(
+        "its video VAE and the Gemma 3 text encoder, which Framesmith does not have yet",
+    ),
     no_image_to_video: Some(
         "LTX-2's image-to-video training conditions on the clean first frame with per-token timesteps, which \
          Framesmith does not have yet",

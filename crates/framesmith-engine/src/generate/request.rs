@@ -64,6 +64,8 @@ pub struct CompanionFiles {
     pub clip_l_tokenizer: Option<PathBuf>,
     /// A CLIP image encoder's weights (image-to-video models that take CLIP features).
     pub clip: Option<PathBuf>,
+    /// A byT5 glyph encoder's weights (HunyuanVideo 1.5; default: the one beside the text encoder).
+    pub byt5: Option<PathBuf>,
 }
 
 /// Where generation runs: `device`, unless `gpus` names CUDA GPUs (one; or two for a DiT pair, one each).

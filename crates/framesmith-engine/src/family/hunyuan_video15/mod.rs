@@ -1,13 +1,15 @@
 //! The HunyuanVideo 1.5 family: which runs are HunyuanVideo 1.5's and its batch ([`train`]), the cached items of
-//! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]),
-//! a run's setup (`setup`) and model ([`run`]), its plan description ([`plan`]) and the clip decoder samples and
-//! generation will use ([`decode`]). The byT5 glyph encoder is not implemented, so the text pass, samples during
-//! training and `framesmith generate` are refused with what is missing and where the caches come from.
+//! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]), a
+//! run's setup (`setup`), model and samples ([`run`], [`samples`]), its plan description ([`plan`]), and
+//! text-to-video generation ([`generate`]: Qwen2.5-VL and the byT5 glyph encoder through [`encoder`], the official
+//! sampling loop of [`pipeline`], the clip decoder of [`decode`]). The text pass is refused, naming musubi-tuner's.
 
 use std::path::Path;
 
 use crate::family::image::cached_video::CachedVideoFamily;
 use crate::family::image::items::VideoVae;
+use crate::generate::request::{GenerationOutput, GenerationRequest};
+use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
 use crate::prep::pass::{CacheRequest, LatentFiles};
 use crate::prep::{CacheProgress, CacheSummary};
@@ -18,10 +20,14 @@ use framesmith_data::family::hunyuan_video15::cache::parse_hv15_latent_cache_nam
 use framesmith_data::DatasetKind;
 
 pub mod decode;
+pub mod encoder;
+pub mod generate;
 pub mod items;
+pub mod pipeline;
 pub mod plan;
 pub mod prep;
 pub mod run;
+pub mod samples;
 mod setup;
 pub mod train;
 
@@ -41,11 +47,8 @@ impl CachedVideoFamily for HunyuanVideo15Family {
         "model.dit is not a HunyuanVideo 1.5 transformer; point it at a \
          transformer of tencent/HunyuanVideo-1.5 (e.g. transformer/480p_t2v) or ComfyUI's \
          hunyuanvideo1.5_*.safetensors";
-    // Its latent pass runs; a text pass needs the byT5 glyph encoder.
+    // Its latent pass runs; its text pass is musubi-tuner's.
     const NO_CACHE_PASS: &'static str = items::MUSUBI_TEXT_CACHES;
-    const NO_GENERATE: &'static str = "generating with HunyuanVideo 1.5 needs the byT5 glyph encoder, which \
-         Framesmith does not have yet (its 3-D causal VAE decodes: `decode::Hv15Decoder`); use musubi-tuner's \
-         hv_1_5_generate_video.py with the LoRA (its names are musubi-tuner's)";
 
     fn is_run(config: &RunConfig) -> bool {
         train::is_hv15_run(config)
@@ -81,5 +84,12 @@ impl CachedVideoFamily for HunyuanVideo15Family {
         log: &mut dyn FnMut(&str),
     ) -> anyhow::Result<CacheSummary> {
         prep::latents(request, files, progress, log)
+    }
+
+    fn generate(
+        request: &GenerationRequest,
+        session: &mut Session,
+    ) -> anyhow::Result<GenerationOutput> {
+        generate::generate(request, session)
     }
 }

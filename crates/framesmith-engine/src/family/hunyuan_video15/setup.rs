@@ -1,15 +1,19 @@
 //! A HunyuanVideo 1.5 run's part built from a validated plan whose `model.dit` is a HunyuanVideo 1.5 transformer:
 //! the DiT (in FP8 and streamed as the plan says), LoRA on musubi-tuner's targets under its names, items from
 //! `_hv15` caches (held-out items when the run validates), the memory plan (which picks `blocks_to_swap =
-//! "auto"`), and the LoRA metadata musubi-tuner writes for HunyuanVideo 1.5. The run makes no samples: they need
-//! the byT5 glyph encoder, which the config validator says when `[sampling]` asks for them.
+//! "auto"`), samples during training (their prompts encoded before the DiT loads), and the LoRA metadata
+//! musubi-tuner writes for HunyuanVideo 1.5.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use candle_core::{DType, Device};
+
+use super::encoder::{load_qwen, LoadQwen};
 use super::items::{load_hv15_items, ItemReader, VAE};
 use super::plan::Hv15PlanModel;
-use super::run::{Hv15Run, NoSamples};
+use super::run::Hv15Run;
+use super::samples::{clip_samples, Hv15Samples};
 use super::train::dit_config;
 use crate::family::image::items::split_items;
 use crate::family::image::plan::spread_streamed_blocks;
@@ -27,6 +31,7 @@ use framesmith_data::Unreadable;
 use framesmith_models::hunyuan_video15::weights::load_dit_streamed;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
 use framesmith_models::trainable::attach_model_loras;
+use framesmith_nn::device::VramUse;
 use framesmith_nn::offload::OffloadOptions;
 
 /// The name runs and LoRA metadata give the base model: musubi-tuner's `ss_base_model_version` for HunyuanVideo
@@ -73,10 +78,46 @@ fn log_streaming(model: &HunyuanVideo15Transformer, log: &mut dyn FnMut(LogLevel
     }
 }
 
+/// The run's samples (`None` without `[sampling]`), their prompts encoded by the encoders `load` gives and their
+/// VAE tiled for the run's VRAM budget (else the card); an image-to-video run's are refused.
+fn samples_of(
+    plan: &RunPlan,
+    i2v: bool,
+    (dtype, device): (DType, &Device),
+    load: LoadQwen<'_>,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Option<Hv15Samples>> {
+    if plan.sampling.is_none() {
+        return Ok(None);
+    }
+    if i2v {
+        anyhow::bail!(
+            "samples of an image-to-video HunyuanVideo 1.5 run need the start image's SigLIP features, which \
+             Framesmith cannot compute yet (its samples are text-to-video): remove sampling.prompts, or train \
+             text-to-video with training.mode = \"text_to_video\""
+        );
+    }
+    let vram_bytes = plan
+        .memory
+        .vram_budget_bytes
+        .unwrap_or_else(|| VramUse::measure(device, 0).map_or(u64::MAX, |u| u.free + u.reserved));
+    clip_samples(plan, (dtype, device, vram_bytes), load, log)
+}
+
 /// Builds a HunyuanVideo 1.5 run's part from a validated plan whose `model.dit` is the transformer `dit`.
 pub(super) fn start_run(
     plan: &RunPlan,
     dit: &Path,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    start_run_with(plan, dit, &load_qwen, log)
+}
+
+/// [`start_run`] with the samples' Qwen2.5-VL from `load`.
+pub(crate) fn start_run_with(
+    plan: &RunPlan,
+    dit: &Path,
+    load: LoadQwen<'_>,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
     let cfg = dit_config(dit)?;
@@ -112,6 +153,8 @@ pub(super) fn start_run(
     let vram_reservation = reserve_budget(plan, &device)?;
     let dtype = float_dtype(plan.model.compute_dtype);
     let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+    // Before the DiT: the text encoders' memory is free again by the time the DiT takes its own.
+    let samples = samples_of(plan, i2v, (dtype, &device), load, log)?;
     let model_line = format!(
         "HunyuanVideo 1.5 has {} double-stream blocks",
         cfg.num_layers
@@ -150,7 +193,7 @@ pub(super) fn start_run(
         family: Box::new(Hv15Run {
             model,
             dtype,
-            samples: None::<NoSamples>,
+            samples,
         }),
         loras,
         data,

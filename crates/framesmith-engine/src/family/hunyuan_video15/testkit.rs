@@ -85,8 +85,17 @@ const ITEMS: [(&str, usize, usize); 3] = [("a", 3, 0), ("b", 5, 0), ("c", 4, 2)]
 /// at 64×64 — latents [4, 3, 4, 4] — the third caption quoting glyph text; with `i2v` also each clip's first-frame
 /// latents and mask [5, 3, 4, 4] and 6 SigLIP-like tokens), batch size `batch_size`; returns its TOML.
 pub fn dataset(dir: &Path, batch_size: usize, i2v: bool) -> anyhow::Result<PathBuf> {
+    dataset_for(dir, batch_size, i2v, &tiny_config())
+}
+
+/// [`dataset`] with the text widths of the transformer `cfg`.
+pub fn dataset_for(
+    dir: &Path,
+    batch_size: usize,
+    i2v: bool,
+    cfg: &HunyuanVideo15Config,
+) -> anyhow::Result<PathBuf> {
     let cache = dir.join("cache");
-    let cfg = tiny_config();
     let rng = &mut StdRng::seed_from_u64(17);
     let dev = Device::Cpu;
     let window = FrameWindow {

@@ -1,7 +1,8 @@
 //! HunyuanVideo 1.5 on the CPU with the tiny model (`testkit`): musubi-tuner's `_hv15` caches are read (glyph
 //! states only where the caption quotes text), a fixed batch learns, a run config trains through the same
 //! `Trainer` as every family, saves a LoRA with musubi-tuner's names and metadata and resumes bit-identically, the
-//! plan reads its clip from the caches, and what needs the missing byT5 encoder is refused by name.
+//! plan reads its clip from the caches, the text pass is refused naming musubi-tuner's, and samples during a run are clips
+//! whose prompts are encoded once (with the fixtures' tiny encoders) and then come from the prompt cache.
 
 use std::path::{Path, PathBuf};
 
@@ -9,20 +10,22 @@ use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use super::encoder::testkit as encoder_testkit;
 use super::items::{load_hv15_items, ItemReader};
-use super::testkit::{dataset, tiny_config, tiny_dit};
+use super::setup::start_run_with;
+use super::testkit::{dataset, dataset_for, tiny_config, tiny_dit};
 use super::train::hv15_batch;
 use crate::family::family_of_cache;
 use crate::family::testkit::run::{
     assert_a_fixed_batch_learns, assert_family_named, assert_trains_and_resumes, cached_clip,
-    cached_run_config, error_of, fixed_draws, generate_error, refused_cache_request,
-    sampling_start_error, tiny_lora_spec,
+    cached_run_config, error_of, fixed_draws, refused_cache_request, tiny_lora_spec,
 };
 use crate::prep::pass::{CachePass, CacheRequest, LatentFiles};
 use crate::train::optimizer::AdamW;
 use crate::train::tests::try_start;
 use framesmith_config::run::{TimestepSampling, TrainingMode};
-use framesmith_config::RunConfig;
+use framesmith_config::validate::validate_for;
+use framesmith_config::{HostInfo, ModelFamily, RunConfig};
 use framesmith_data::Unreadable;
 use framesmith_models::hunyuan_video15::weights::load_dit;
 use framesmith_models::hunyuan_video15::{HunyuanVideo15Config, HunyuanVideo15Transformer};
@@ -163,7 +166,7 @@ fn a_run_config_trains_saves_musubi_names_and_metadata_and_resumes() -> anyhow::
 }
 
 #[test]
-fn what_needs_byt5_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
+fn the_text_pass_is_refused_naming_musubi_tuners_script() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let dit: PathBuf = tiny_dit(dir.path())?;
     let pass = CachePass::Latents(LatentFiles {
@@ -174,7 +177,7 @@ fn what_needs_byt5_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
     let family = family_of_cache(&pass);
     assert_eq!(family.name(), "HunyuanVideo 1.5");
     let request = refused_cache_request(dir.path(), pass);
-    // The latent pass runs (its dataset config is missing here); the text pass needs byT5.
+    // The latent pass runs (its dataset config is missing here); the text pass is musubi-tuner's.
     let err = error_of(family.cache(&request, &mut (), &mut |_| {}));
     assert!(err.contains("data.toml"), "{err}");
     let text = CacheRequest {
@@ -182,25 +185,12 @@ fn what_needs_byt5_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
         ..request
     };
     let err = error_of(family.cache(&text, &mut (), &mut |_| {}));
-    for part in ["byT5", "hv_1_5_cache_text_encoder_outputs.py", "data.toml"] {
+    for part in ["hv_1_5_cache_text_encoder_outputs.py", "data.toml"] {
         assert!(err.contains(part), "{part}: {err}");
     }
 
-    let err = generate_error(&dit, dir.path());
-    assert!(
-        err.contains("byT5") && err.contains("hv_1_5_generate_video.py"),
-        "{err}"
-    );
-
-    // Samples are refused when the run starts, before anything loads.
-    let config = config(dir.path(), 2)?;
-    let err = sampling_start_error(&config, &dit);
-    assert!(
-        err.contains("sampling.prompts") && err.contains("byT5"),
-        "{err}"
-    );
-
     // A dataset without `_hv15` caches names musubi-tuner's scripts.
+    let config = config(dir.path(), 2)?;
     std::fs::remove_dir_all(dir.path().join("cache"))?;
     let cfg = tiny_config();
     let err = error_of(load_hv15_items(
@@ -211,6 +201,63 @@ fn what_needs_byt5_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
         err.contains("no *_hv15.safetensors")
             && err.contains("hv_1_5_cache_text_encoder_outputs.py"),
         "{err}"
+    );
+    Ok(())
+}
+
+#[test]
+fn samples_are_clips_encoded_once_then_read_from_the_prompt_cache() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dit = encoder_testkit::dit(dir.path())?;
+    let toml = dataset_for(
+        dir.path(),
+        1,
+        false,
+        &encoder_testkit::encoder_width_config(),
+    )?;
+    let mut config =
+        cached_run_config(dir.path(), (dit.clone(), toml), 2, TimestepSampling::Shift)?;
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a sign reading \"OPEN\" --w 32 --h 48 --f 5 --s 2 --d 5\n",
+    )?;
+    config.sampling.prompts = Some(prompts);
+    config.sampling.sample_every_n_steps = Some(1);
+    config.model.vae = encoder_testkit::fixture("hunyuan_video15_vae/video/weights.safetensors");
+    config.model.text_encoder = encoder_testkit::encoders_side_by_side(&dir.path().join("te"))?;
+    let plan = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::HunyuanVideo15)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut lines = Vec::new();
+    let mut parts = start_run_with(&plan, &dit, &encoder_testkit::tiny_qwen, &mut |_, l| {
+        lines.push(l)
+    })?;
+    assert_eq!(parts.family.sample_count(), 1);
+    let out = dir.path().join("samples");
+    std::fs::create_dir_all(&out)?;
+    let files = parts.family.sample(0, &out, "000001-00", &|| false)?;
+    assert_eq!(files.file, out.join("000001-00.mp4"));
+    assert!(files.file.is_file());
+    let pngs = std::fs::read_dir(&files.frames)?
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "png"))
+        })
+        .count();
+    assert_eq!(pngs, 5);
+    // The prompt and the default "" negative prompt.
+    assert!(
+        lines.iter().any(|l| l.contains("2 sample prompts encoded")),
+        "{lines:?}"
+    );
+    let refuse = |_: &Path, _: Option<&Path>, _: DType, _: &Device| -> anyhow::Result<_> {
+        anyhow::bail!("the text encoder was loaded")
+    };
+    let mut again = Vec::new();
+    start_run_with(&plan, &dit, &refuse, &mut |_, l| again.push(l))?;
+    assert!(
+        again.iter().any(|l| l.contains("from the prompt cache")),
+        "{again:?}"
     );
     Ok(())
 }

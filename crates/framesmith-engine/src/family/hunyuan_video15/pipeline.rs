@@ -1,0 +1,236 @@
+//! HunyuanVideo 1.5 text-to-video with loaded models, as the official pipeline samples
+//! (github:Tencent-Hunyuan/HunyuanVideo-1.5 @60783e7, `HunyuanVideo_1_5_Pipeline.__call__` with its
+//! `FlowMatchDiscreteScheduler`): seeded start noise [1, 32, (F − 1)/4 + 1, H/16, W/16], sigmas
+//! `linspace(1, 0, n + 1)` under the time shift `s·σ / (1 + (s − 1)·σ)` (5 at 480p, 9 at 720p; `PIPELINE_CONFIGS`),
+//! the transformer given `σ·1000` and the T2V input (zero condition latents and mask), classifier-free guidance
+//! `uncond + g·(cond − uncond)` at 6.0 with the negative prompt ("" by default) run as its own pass, and Euler
+//! steps `x += (σ_next − σ)·v`. The decoder ([`super::decode`]) turns the latents into frames. `framesmith generate`
+//! and samples during training both sample through here.
+
+use candle_core::{DType, Device, Tensor};
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+
+use crate::generate::request::Cancelled;
+use framesmith_models::hunyuan_video15::conditioning::model_input;
+use framesmith_models::hunyuan_video15::transformer::TextStates;
+use framesmith_models::hunyuan_video15::{HunyuanVideo15Inputs, HunyuanVideo15Transformer};
+use framesmith_nn::init::randn;
+
+/// The official defaults: 50 steps, guidance 6.0, 121 frames of 848×480 at 24 fps.
+pub const DEFAULT_STEPS: usize = 50;
+pub const DEFAULT_GUIDANCE: f64 = 6.0;
+pub const DEFAULT_FRAMES: usize = 121;
+pub const DEFAULT_WIDTH: usize = 848;
+pub const DEFAULT_HEIGHT: usize = 480;
+pub const FPS: f64 = 24.0;
+/// The flow shift of the 480p and 720p T2V configs.
+const SHIFT_480P: f64 = 5.0;
+const SHIFT_720P: f64 = 9.0;
+/// Pixels per latent pixel, and frames per latent frame after the first.
+const SPATIAL: usize = 16;
+const TEMPORAL: usize = 4;
+
+/// What to sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hv15Settings {
+    /// Clip size in pixels (multiples of 16) and frames (4n + 1).
+    pub width: usize,
+    pub height: usize,
+    pub frames: usize,
+    pub steps: usize,
+    /// Classifier-free guidance scale; at 1 or below the negative prompt is not run.
+    pub guidance: f64,
+    pub shift: f64,
+    pub seed: u64,
+}
+
+/// The official flow shift for a clip of `width`×`height`: the 720p configs' from 720p up, else the 480p ones'.
+pub fn default_shift(width: usize, height: usize) -> f64 {
+    if width.min(height) >= 720 {
+        SHIFT_720P
+    } else {
+        SHIFT_480P
+    }
+}
+
+impl Hv15Settings {
+    /// The latent [frames, h, w] of the clip, or what is wrong with the settings, named as `names` (width,
+    /// height, frames, steps).
+    pub fn latent_shape(&self, names: [&str; 4]) -> anyhow::Result<[usize; 3]> {
+        for (name, px) in [(names[0], self.width), (names[1], self.height)] {
+            if px == 0 || px % SPATIAL != 0 {
+                anyhow::bail!(
+                    "{name} {px}: HunyuanVideo 1.5 clips are sized in multiples of {SPATIAL} pixels (e.g. {})",
+                    (px / SPATIAL).max(1) * SPATIAL
+                );
+            }
+        }
+        if self.frames == 0 || (self.frames - 1) % TEMPORAL != 0 {
+            anyhow::bail!(
+                "{} {}: HunyuanVideo 1.5 makes 4n + 1 frames (e.g. {})",
+                names[2],
+                self.frames,
+                (self.frames / TEMPORAL) * TEMPORAL + 1
+            );
+        }
+        if self.steps == 0 {
+            anyhow::bail!("{} 0: at least one denoising step is needed", names[3]);
+        }
+        Ok([
+            (self.frames - 1) / TEMPORAL + 1,
+            self.height / SPATIAL,
+            self.width / SPATIAL,
+        ])
+    }
+}
+
+/// A prompt's encoding: the Qwen2.5-VL states of its valid tokens [L, 3584] and its glyph states [L2, 1472]
+/// (`None`: nothing quoted).
+#[derive(Debug, Clone)]
+pub struct Hv15Text {
+    pub txt: Tensor,
+    pub glyph: Option<Tensor>,
+}
+
+/// A prompt, and the negative prompt's encoding when guidance runs it.
+#[derive(Debug, Clone)]
+pub struct Hv15Prompt {
+    pub text: Hv15Text,
+    pub negative: Option<Hv15Text>,
+}
+
+/// The scheduler's sigmas (n + 1 of them, the last 0), in float32 as the official scheduler computes them.
+pub fn sigmas(steps: usize, shift: f64) -> Vec<f32> {
+    let shift = shift as f32;
+    (0..=steps)
+        .map(|i| {
+            // torch.linspace(1, 0, n + 1) in float32: start + i·step, the second half from the end.
+            let step = -1.0f32 / steps as f32;
+            let s = if i < steps.div_ceil(2) {
+                1.0 + step * i as f32
+            } else {
+                0.0 - step * (steps - i) as f32
+            };
+            shift * s / (1.0 + (shift - 1.0) * s)
+        })
+        .collect()
+}
+
+/// The seeded start noise [1, `channels`, f, h, w] (f32), drawn on the host so a seed gives the same clip on any
+/// device.
+pub fn start_noise(
+    seed: u64,
+    channels: usize,
+    [f, h, w]: [usize; 3],
+    device: &Device,
+) -> candle_core::Result<Tensor> {
+    let rng = &mut StdRng::seed_from_u64(seed);
+    randn(rng, (1, channels, f, h, w), 0.0, 1.0, device)
+}
+
+/// The transformer's velocity for the model input `x` at sigma `sigma` under `text`.
+fn velocity(
+    model: &HunyuanVideo15Transformer,
+    x: &Tensor,
+    text: &Hv15Text,
+    (sigma, dtype): (f32, DType),
+) -> candle_core::Result<Tensor> {
+    let device = x.device();
+    let states = |t: &Tensor| -> candle_core::Result<TextStates> {
+        TextStates::all_valid(t.to_device(device)?.to_dtype(dtype)?.unsqueeze(0)?)
+    };
+    let inputs = HunyuanVideo15Inputs {
+        latents: x.to_dtype(dtype)?,
+        timesteps: Tensor::new(&[sigma * 1000.0], device)?,
+        txt: states(&text.txt)?,
+        byt5: text.glyph.as_ref().map(states).transpose()?,
+        image_embeds: None,
+    };
+    model.forward(&inputs)?.to_dtype(DType::F32)
+}
+
+/// Denoises the clip `settings` asks for under `prompt` into the DiT's latents [c, f, h, w] (f32), polling
+/// `cancelled` between steps.
+pub fn denoise_clip(
+    model: &HunyuanVideo15Transformer,
+    prompt: &Hv15Prompt,
+    settings: &Hv15Settings,
+    (latent, dtype, device): ([usize; 3], DType, &Device),
+    cancelled: &dyn Fn() -> bool,
+) -> anyhow::Result<Tensor> {
+    let channels = model.config().out_channels;
+    let mut latents = start_noise(settings.seed, channels, latent, device)?;
+    let guided = prompt.negative.as_ref().filter(|_| settings.guidance > 1.0);
+    for pair in sigmas(settings.steps, settings.shift).windows(2) {
+        if cancelled() {
+            return Err(Cancelled.into());
+        }
+        let (sigma, next) = (pair[0], pair[1]);
+        let v = framesmith_nn::lora::untracked(|| -> candle_core::Result<Tensor> {
+            let x = model_input(&latents, None)?;
+            let cond = velocity(model, &x, &prompt.text, (sigma, dtype))?;
+            match guided {
+                Some(negative) => {
+                    let uncond = velocity(model, &x, negative, (sigma, dtype))?;
+                    uncond.clone() + ((cond - uncond)? * settings.guidance)?
+                }
+                None => Ok(cond),
+            }
+        })?;
+        latents = (latents + (v * f64::from(next - sigma))?)?;
+    }
+    Ok(latents.squeeze(0)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_is_the_official_shifted_linspace() {
+        // FlowMatchDiscreteScheduler(shift=5.0).set_timesteps(4).sigmas of the official scheduler (torch 2.15).
+        let want = [1.0f32, 0.937_5, 0.833_333_3, 0.625, 0.0];
+        let got = sigmas(4, 5.0);
+        for (g, w) in got.iter().zip(want) {
+            assert!((g - w).abs() < 1e-6, "{got:?}");
+        }
+        assert_eq!(sigmas(3, 1.0).len(), 4);
+        assert_eq!(
+            (default_shift(848, 480), default_shift(1280, 720)),
+            (5.0, 9.0)
+        );
+    }
+
+    #[test]
+    fn settings_name_what_is_wrong() {
+        let s = Hv15Settings {
+            width: 848,
+            height: 480,
+            frames: 121,
+            steps: 2,
+            guidance: 6.0,
+            shift: 5.0,
+            seed: 0,
+        };
+        let names = ["--width", "--height", "--frames", "--steps"];
+        assert_eq!(s.latent_shape(names).ok(), Some([31, 30, 53]));
+        let err = |s: Hv15Settings| {
+            s.latent_shape(names)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(err(Hv15Settings {
+            frames: 120,
+            ..s.clone()
+        })
+        .contains("4n + 1"));
+        assert!(err(Hv15Settings {
+            width: 850,
+            ..s.clone()
+        })
+        .contains("--width 850"));
+        assert!(err(Hv15Settings { steps: 0, ..s }).contains("--steps 0"));
+    }
+}
