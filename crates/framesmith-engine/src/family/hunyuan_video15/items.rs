@@ -6,7 +6,7 @@
 //! quotes nothing), and for image-to-video (as musubi-tuner, whenever the caches hold them, unless the run says
 //! `training.mode = "text_to_video"`) the first frame's latents and mask `[33, F, H, W]` as [`TrainItem::image`]
 //! and its SigLIP features `[729, 1152]` as [`TrainItem::clip`]. The latent caches come from `super::prep` or
-//! musubi-tuner, the text caches from musubi-tuner (no byT5 encoder here yet): a dataset not cached fails saying so.
+//! musubi-tuner, the text caches from `super::text_cache` or musubi-tuner: a dataset not cached fails saying so.
 
 use std::path::Path;
 
@@ -30,16 +30,12 @@ pub const VAE_FACTOR: usize = 16;
 /// Frames per latent frame of HunyuanVideo 1.5's VAE (after the first).
 pub const VAE_TEMPORAL: usize = 4;
 
-/// What Framesmith lacks to make HunyuanVideo 1.5's text caches, and the musubi-tuner script that makes them.
-pub const MUSUBI_TEXT_CACHES: &str = "Framesmith cannot cache HunyuanVideo 1.5 captions yet (the byT5 glyph \
-     encoder is not implemented); cache them with musubi-tuner's hv_1_5_cache_text_encoder_outputs.py \
-     (`_hv15_te` caches), which Framesmith reads as they are";
-
 /// Where a dataset's `_hv15` caches come from.
 pub const MUSUBI_CACHES: &str =
     "cache its latents with `framesmith cache latents --vae <HunyuanVideo 1.5 VAE>` \
-     (or musubi-tuner's hv_1_5_cache_latents.py) and its captions with musubi-tuner's \
-     hv_1_5_cache_text_encoder_outputs.py (no byT5 glyph encoder here yet)";
+     (or musubi-tuner's hv_1_5_cache_latents.py) and its captions with `framesmith cache text --text-encoder \
+     <Qwen2.5-VL-7B> --dit <HunyuanVideo 1.5 transformer>` (the byT5 glyph encoder beside the text encoder), or \
+     musubi-tuner's hv_1_5_cache_text_encoder_outputs.py";
 
 /// What an item is read for: the transformer's sizes, the run's training mode and the device.
 #[derive(Clone, Copy)]

@@ -1,8 +1,8 @@
 //! The HunyuanVideo 1.5 family: which runs are HunyuanVideo 1.5's and its batch ([`train`]), the cached items of
-//! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]), a
-//! run's setup (`setup`), model and samples ([`run`], [`samples`]), its plan description ([`plan`]), and
-//! text-to-video generation ([`generate`]: Qwen2.5-VL and the byT5 glyph encoder through [`encoder`], the official
-//! sampling loop of [`pipeline`], the clip decoder of [`decode`]). The text pass is refused, naming musubi-tuner's.
+//! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]) and
+//! the text pass with Qwen2.5-VL and the byT5 glyph encoder ([`text_cache`], through [`encoder`]), a run's setup
+//! (`setup`), model and samples ([`run`], [`samples`]), its plan description ([`plan`]), and text-to-video
+//! generation ([`generate`]: the official sampling loop of [`pipeline`], the clip decoder of [`decode`]).
 
 use std::path::Path;
 
@@ -11,7 +11,7 @@ use crate::family::image::items::VideoVae;
 use crate::generate::request::{GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
-use crate::prep::pass::{CacheRequest, LatentFiles};
+use crate::prep::pass::{CacheRequest, LatentFiles, TextFiles};
 use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
@@ -29,6 +29,7 @@ pub mod prep;
 pub mod run;
 pub mod samples;
 mod setup;
+pub mod text_cache;
 pub mod train;
 
 #[cfg(test)]
@@ -47,8 +48,6 @@ impl CachedVideoFamily for HunyuanVideo15Family {
         "model.dit is not a HunyuanVideo 1.5 transformer; point it at a \
          transformer of tencent/HunyuanVideo-1.5 (e.g. transformer/480p_t2v) or ComfyUI's \
          hunyuanvideo1.5_*.safetensors";
-    // Its latent pass runs; its text pass is musubi-tuner's.
-    const NO_CACHE_PASS: &'static str = items::MUSUBI_TEXT_CACHES;
 
     fn is_run(config: &RunConfig) -> bool {
         train::is_hv15_run(config)
@@ -84,6 +83,19 @@ impl CachedVideoFamily for HunyuanVideo15Family {
         log: &mut dyn FnMut(&str),
     ) -> anyhow::Result<CacheSummary> {
         prep::latents(request, files, progress, log)
+    }
+
+    fn claims_text_pass(files: &TextFiles) -> bool {
+        text_cache::is_hv15_text_pass(files)
+    }
+
+    fn cache_text(
+        request: &CacheRequest<'_>,
+        files: &TextFiles,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        text_cache::text(request, files, progress, log)
     }
 
     fn generate(

@@ -1,7 +1,7 @@
 //! HunyuanVideo 1.5 on the CPU with the tiny model (`testkit`): musubi-tuner's `_hv15` caches are read (glyph
 //! states only where the caption quotes text), a fixed batch learns, a run config trains through the same
 //! `Trainer` as every family, saves a LoRA with musubi-tuner's names and metadata and resumes bit-identically, the
-//! plan reads its clip from the caches, the text pass is refused naming musubi-tuner's, and samples during a run are clips
+//! plan reads its clip from the caches, both cache passes are the family's, and samples during a run are clips
 //! whose prompts are encoded once (with the fixtures' tiny encoders) and then come from the prompt cache.
 
 use std::path::{Path, PathBuf};
@@ -20,7 +20,7 @@ use crate::family::testkit::run::{
     assert_a_fixed_batch_learns, assert_family_named, assert_trains_and_resumes, cached_clip,
     cached_run_config, error_of, fixed_draws, refused_cache_request, tiny_lora_spec,
 };
-use crate::prep::pass::{CachePass, CacheRequest, LatentFiles};
+use crate::prep::pass::{CachePass, CacheRequest, LatentFiles, TextFiles};
 use crate::train::optimizer::AdamW;
 use crate::train::tests::try_start;
 use framesmith_config::run::{TimestepSampling, TrainingMode};
@@ -166,7 +166,7 @@ fn a_run_config_trains_saves_musubi_names_and_metadata_and_resumes() -> anyhow::
 }
 
 #[test]
-fn the_text_pass_is_refused_naming_musubi_tuners_script() -> anyhow::Result<()> {
+fn both_cache_passes_are_the_familys_and_an_uncached_dataset_names_them() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let dit: PathBuf = tiny_dit(dir.path())?;
     let pass = CachePass::Latents(LatentFiles {
@@ -177,19 +177,30 @@ fn the_text_pass_is_refused_naming_musubi_tuners_script() -> anyhow::Result<()> 
     let family = family_of_cache(&pass);
     assert_eq!(family.name(), "HunyuanVideo 1.5");
     let request = refused_cache_request(dir.path(), pass);
-    // The latent pass runs (its dataset config is missing here); the text pass is musubi-tuner's.
+    // Both passes run (their dataset config is missing here).
     let err = error_of(family.cache(&request, &mut (), &mut |_| {}));
     assert!(err.contains("data.toml"), "{err}");
+    let text = CachePass::Text(TextFiles {
+        text_encoder: Some(dir.path().join("qwen_2.5_vl_7b.safetensors")),
+        dit: Some(dit.clone()),
+        ..TextFiles::default()
+    });
+    let family = family_of_cache(&text);
+    assert_eq!(family.name(), "HunyuanVideo 1.5");
     let text = CacheRequest {
-        pass: CachePass::Text(Default::default()),
+        pass: text,
         ..request
     };
     let err = error_of(family.cache(&text, &mut (), &mut |_| {}));
-    for part in ["hv_1_5_cache_text_encoder_outputs.py", "data.toml"] {
-        assert!(err.contains(part), "{part}: {err}");
-    }
+    assert!(err.contains("data.toml"), "{err}");
+    // Without --dit naming it, a text pass is not HunyuanVideo 1.5's.
+    let other = CachePass::Text(TextFiles {
+        text_encoder: Some(dir.path().join("qwen_2.5_vl_7b.safetensors")),
+        ..TextFiles::default()
+    });
+    assert_ne!(family_of_cache(&other).name(), "HunyuanVideo 1.5");
 
-    // A dataset without `_hv15` caches names musubi-tuner's scripts.
+    // A dataset without `_hv15` caches names the passes that make them.
     let config = config(dir.path(), 2)?;
     std::fs::remove_dir_all(dir.path().join("cache"))?;
     let cfg = tiny_config();
@@ -199,6 +210,7 @@ fn the_text_pass_is_refused_naming_musubi_tuners_script() -> anyhow::Result<()> 
     ));
     assert!(
         err.contains("no *_hv15.safetensors")
+            && err.contains("framesmith cache text")
             && err.contains("hv_1_5_cache_text_encoder_outputs.py"),
         "{err}"
     );
