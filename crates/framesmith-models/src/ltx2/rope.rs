@@ -4,7 +4,9 @@
 //! [-1, 1]; one frequency grid `θ^linspace(0, 1, n) · π/2` spans the whole model width (not one head), the axes
 //! interleave, the unused leading entries are the identity, and each head takes its slice of the table. A head's
 //! two halves rotate against each other (`x₁ cos − x₂ sin`, `x₂ cos + x₁ sin`). The angles are computed in f32 as
-//! the official code does (its f32 products of large angles decide the last bits of the tables).
+//! the official code does (its f32 products of large angles decide the last bits of the tables), on the tokens'
+//! device: the table spans the whole width, 32 times a per-head table, too many cosines for the host each step.
+//! The tables are held at full head width in the compute dtype, so a rotation is two products of dense tensors.
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -13,11 +15,13 @@ use super::config::Ltx2Config;
 /// The VAE's (time, height, width) downsampling of every release: latent positions times these are pixels.
 pub const VIDEO_SCALE_FACTORS: [i64; 3] = [8, 32, 32];
 
-/// Cosines and sines of one forward pass's angles, [b, tokens, heads, head_dim / 2] f32.
+/// Cosines and sines of one forward pass's angles at full head width, [b, tokens, heads, head_dim] in the
+/// compute dtype: `cos` repeats each head's cosines over both halves, `sin` holds `−sin` on the first half and
+/// `sin` on the second, so that a rotation is `x · cos + swap_halves(x) · sin`.
 #[derive(Clone, Debug)]
 pub struct RopeTable {
-    pub cos: Tensor,
-    pub sin: Tensor,
+    cos: Tensor,
+    sin: Tensor,
 }
 
 /// The patch bounds of every video token in pixel space, [batch, 3, frames·height·width, 2] f32 (start, end per
@@ -71,8 +75,13 @@ fn freq_grid(theta: f64, n: usize) -> Vec<f32> {
 
 impl RopeTable {
     /// The table for `positions` [b, axes, tokens, 2] (patch bounds; see [`video_positions`]) with the video
-    /// stream's sizes and RoPE settings of `cfg`, on `device`.
-    pub fn new(positions: &Tensor, cfg: &Ltx2Config, device: &Device) -> Result<Self> {
+    /// stream's sizes and RoPE settings of `cfg`, in `dtype` on `device`.
+    pub fn new(
+        positions: &Tensor,
+        cfg: &Ltx2Config,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
         let (b, axes, tokens, two) = positions.dims4()?;
         let max_pos = &cfg.positional_embedding_max_pos;
         if two != 2 || axes != max_pos.len() {
@@ -86,32 +95,55 @@ impl RopeTable {
         let n = inner / (2 * axes);
         let half = inner / 2;
         let pad = half - n * axes;
-        let grid = freq_grid(cfg.positional_embedding_theta, n);
         let pos = positions
             .to_dtype(DType::F32)?
             .flatten_all()?
             .to_vec1::<f32>()?;
-        let (mut cos, mut sin) = (vec![1f32; b * tokens * half], vec![0f32; b * tokens * half]);
+        // Each token's coordinate in [-1, 1] per axis, [b, tokens, 1, axes].
+        let mut coords = Vec::with_capacity(b * tokens * axes);
         for s in 0..b {
             for t in 0..tokens {
-                let row = (s * tokens + t) * half + pad;
                 for (axis, &max) in max_pos.iter().enumerate() {
                     let at = ((s * axes + axis) * tokens + t) * 2;
                     let middle = (pos[at] + pos[at + 1]) / 2.0;
-                    let x = middle / max as f32 * 2.0 - 1.0;
-                    for (f, &g) in grid.iter().enumerate() {
-                        let angle = g * x;
-                        cos[row + f * axes + axis] = angle.cos();
-                        sin[row + f * axes + axis] = angle.sin();
-                    }
+                    coords.push(middle / max as f32 * 2.0 - 1.0);
                 }
             }
         }
+        let coords = Tensor::from_vec(coords, (b, tokens, 1, axes), device)?;
+        let grid = Tensor::from_vec(
+            freq_grid(cfg.positional_embedding_theta, n),
+            (1, 1, n, 1),
+            device,
+        )?;
+        // Entry `f · axes + axis` of a token's row, after the identity padding.
+        let angles = grid
+            .broadcast_mul(&coords)?
+            .reshape((b, tokens, n * axes))?;
+        let (mut cos, mut sin) = (angles.cos()?, angles.sin()?);
+        if pad > 0 {
+            let ones = Tensor::ones((b, tokens, pad), DType::F32, device)?;
+            cos = Tensor::cat(&[&ones, &cos], 2)?;
+            sin = Tensor::cat(&[&ones.zeros_like()?, &sin], 2)?;
+        }
         let shape = (b, tokens, heads, half / heads);
+        let (cos, sin) = (cos.reshape(shape)?, sin.reshape(shape)?);
         Ok(Self {
-            cos: Tensor::from_vec(cos, shape, device)?,
-            sin: Tensor::from_vec(sin, shape, device)?,
+            cos: Tensor::cat(&[&cos, &cos], 3)?.to_dtype(dtype)?,
+            sin: Tensor::cat(&[&sin.neg()?, &sin], 3)?.to_dtype(dtype)?,
         })
+    }
+
+    /// The cosines [b, tokens, heads, head_dim / 2] (ltx-core's `cos_freq`, heads second there).
+    pub fn cos(&self) -> Result<Tensor> {
+        let d = self.cos.dim(3)?;
+        self.cos.narrow(3, 0, d / 2)
+    }
+
+    /// The sines [b, tokens, heads, head_dim / 2] (ltx-core's `sin_freq`, heads second there).
+    pub fn sin(&self) -> Result<Tensor> {
+        let d = self.sin.dim(3)?;
+        self.sin.narrow(3, d / 2, d / 2)
     }
 
     /// The tables without an autograd history.
@@ -122,26 +154,22 @@ impl RopeTable {
         }
     }
 
-    /// `xs` [b, tokens, heads, head_dim] rotated (differentiable; in `xs`' dtype).
+    /// `xs` [b, tokens, heads, head_dim] rotated (differentiable; in the tables' dtype): `x · cos +
+    /// swap_halves(x) · sin` rounds as `x₁ cos − x₂ sin`, `x₂ cos + x₁ sin` do.
     pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
-        rotate(xs, &self.cos, &self.sin)
+        xs.mul(&self.cos)? + swap_halves(xs)?.mul(&self.sin)?
     }
 
-    /// Input gradient of [`Self::apply`]: `dy` rotated by the negative angles.
+    /// Input gradient of [`Self::apply`] (the transposed rotation): `dy · cos + swap_halves(dy · sin)`.
     pub fn backward(&self, dy: &Tensor) -> Result<Tensor> {
-        rotate(dy, &self.cos, &self.sin.neg()?)
+        dy.mul(&self.cos)? + swap_halves(&dy.mul(&self.sin)?)?
     }
 }
 
-/// The split rotation of each head's halves by the angles of `cos` / `sin`.
-fn rotate(xs: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+/// Each head's two halves swapped: [x₂, x₁].
+fn swap_halves(xs: &Tensor) -> Result<Tensor> {
     let d = xs.dim(3)?;
-    let (cos, sin) = (cos.to_dtype(xs.dtype())?, sin.to_dtype(xs.dtype())?);
-    let x1 = xs.narrow(3, 0, d / 2)?;
-    let x2 = xs.narrow(3, d / 2, d / 2)?;
-    let first = (x1.broadcast_mul(&cos)? - x2.broadcast_mul(&sin)?)?;
-    let second = (x2.broadcast_mul(&cos)? + x1.broadcast_mul(&sin)?)?;
-    Tensor::cat(&[first, second], 3)
+    Tensor::cat(&[xs.narrow(3, d / 2, d / 2)?, xs.narrow(3, 0, d / 2)?], 3)
 }
 
 #[cfg(test)]
@@ -165,7 +193,7 @@ mod tests {
             "num_attention_heads": 2, "attention_head_dim": 8
         }))?;
         let pos = video_positions(1, (2, 2, 2), 25.0, &Device::Cpu)?;
-        let table = RopeTable::new(&pos, &cfg, &Device::Cpu)?;
+        let table = RopeTable::new(&pos, &cfg, DType::F32, &Device::Cpu)?;
         let xs = Tensor::randn(0f32, 1.0, (1, 8, 2, 8), &Device::Cpu)?;
         let back = table.backward(&table.apply(&xs)?)?;
         let err = (back - &xs)?.abs()?.max_all()?.to_scalar::<f32>()?;

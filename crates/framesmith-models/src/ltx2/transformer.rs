@@ -201,7 +201,7 @@ impl Ltx2Transformer {
             Some(p) => p.forward(&inputs.context)?,
             None => inputs.context.clone(),
         };
-        let rope = RopeTable::new(&inputs.positions, &self.cfg, xs.device())?;
+        let rope = RopeTable::new(&inputs.positions, &self.cfg, dtype, xs.device())?;
         Ok(Prepared {
             xs,
             blocks: BlockInputs {
