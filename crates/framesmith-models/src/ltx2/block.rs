@@ -10,14 +10,14 @@
 //! reverse: `run_a2v` needs audio tokens) and the audio stream, so their weights are not read here and nothing
 //! is computed for them; the video stream's result is exact.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{DType, Result, Tensor, D};
 
 use super::config::Ltx2Config;
 use super::rope::RopeTable;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
-use framesmith_nn::ops::gelu_tanh;
+use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to};
 use framesmith_nn::vb::Vb;
 
 pub mod grad;
@@ -147,9 +147,10 @@ impl FeedForward {
     }
 }
 
-/// The modulation vectors of one block and pass, [b, 1, dim] each, in the order of the AdaLN rows: shift,
-/// scale and gate of the self-attention, of the feed-forward and (LTX-2.3) of the cross-attention's queries; and
-/// the cross-attention context's shift and scale.
+/// The modulation vectors of one block and pass, [b, 1, dim] f32 each (the values ltx-core forms in the compute
+/// dtype, held in f32 for the fused element-wise ops), in the order of the AdaLN rows: shift, scale and gate of
+/// the self-attention, of the feed-forward and (LTX-2.3) of the cross-attention's queries; and the
+/// cross-attention context's shift and scale.
 #[derive(Clone)]
 pub struct Modulation {
     pub rows: Vec<Tensor>,
@@ -162,11 +163,14 @@ impl Modulation {
     }
 }
 
-/// `rms_norm(x) · (1 + scale) + shift`.
+/// `rms_norm(x) · (1 + scale) + shift`, the modulation in f32 (one fused pass on CUDA), in `xs`' dtype.
 pub fn ada_norm(xs: &Tensor, scale: &Tensor, shift: &Tensor, eps: f64) -> Result<Tensor> {
-    rms_norm(xs, None, eps)?
-        .broadcast_mul(&(scale + 1.0)?)?
-        .broadcast_add(shift)
+    modulate_to(&rms_norm(xs, None, eps)?, scale, shift, xs.dtype())
+}
+
+/// The residual `xs + y · gate` in `xs`' dtype (the gate f32; one fused pass on CUDA).
+pub fn gated(xs: &Tensor, y: &Tensor, gate: &Tensor) -> Result<Tensor> {
+    gated_residual(xs, y, gate, xs.dtype())
 }
 
 /// `transformer_blocks.N`, the video stream.
@@ -218,15 +222,22 @@ impl Ltx2Block {
         out
     }
 
-    /// The modulation vectors for this pass, in `xs`' dtype.
+    /// The modulation vectors for this pass: each row formed in the compute dtype (as ltx-core adds the table
+    /// to the timestep's rows), then held in f32, [b, 1, dim].
     pub fn modulation(&self, inputs: &BlockInputs) -> Result<Modulation> {
         let dtype = inputs.context.dtype();
+        let b = inputs.context.dim(0)?;
         let table = self.scale_shift_table.to_dtype(dtype)?;
         let (k, dim) = table.dims2()?;
+        let f32_row = |t: Tensor| {
+            t.broadcast_as((b, 1, dim))?
+                .to_dtype(DType::F32)?
+                .contiguous()
+        };
         let rows = (0..k)
             .map(|i| {
                 let t = inputs.timestep.narrow(2, i * dim, dim)?;
-                t.to_dtype(dtype)?.broadcast_add(&table.get(i)?)
+                f32_row(t.to_dtype(dtype)?.broadcast_add(&table.get(i)?)?)
             })
             .collect::<Result<Vec<_>>>()?;
         let context = match &self.prompt_scale_shift_table {
@@ -234,13 +245,13 @@ impl Ltx2Block {
                 let p = p.to_dtype(dtype)?;
                 let row = |i: usize| -> Result<Tensor> {
                     let base = p.get(i)?.reshape((1, 1, dim))?;
-                    match &inputs.prompt_timestep {
+                    f32_row(match &inputs.prompt_timestep {
                         Some(t) => t
                             .narrow(2, i * dim, dim)?
                             .to_dtype(dtype)?
-                            .broadcast_add(&base),
-                        None => Ok(base),
-                    }
+                            .broadcast_add(&base)?,
+                        None => base,
+                    })
                 };
                 Some([row(0)?, row(1)?])
             }
@@ -254,24 +265,19 @@ impl Ltx2Block {
         let m = self.modulation(inputs)?;
         let h = ada_norm(xs, m.row(1), m.row(0), self.eps)?;
         let y = self.attn1.forward(&h, &h, Some(&inputs.rope), None)?;
-        let xs = (xs + y.broadcast_mul(m.row(2))?)?;
+        let xs = gated(xs, &y, m.row(2))?;
         let normed = rms_norm(&xs, None, self.eps)?;
         let lens = inputs.context_lens.as_deref();
         let xs = match &m.context {
             Some([shift_kv, scale_kv]) => {
-                let q_in = normed
-                    .broadcast_mul(&(m.row(7) + 1.0)?)?
-                    .broadcast_add(m.row(6))?;
-                let ctx = inputs
-                    .context
-                    .broadcast_mul(&(scale_kv + 1.0)?)?
-                    .broadcast_add(shift_kv)?;
+                let q_in = modulate_to(&normed, m.row(7), m.row(6), normed.dtype())?;
+                let ctx = modulate_to(&inputs.context, scale_kv, shift_kv, normed.dtype())?;
                 let y = self.attn2.forward(&q_in, &ctx, None, lens)?;
-                (xs + y.broadcast_mul(m.row(8))?)?
+                gated(&xs, &y, m.row(8))?
             }
             None => (&xs + self.attn2.forward(&normed, &inputs.context, None, lens)?)?,
         };
         let h = ada_norm(&xs, m.row(4), m.row(3), self.eps)?;
-        xs + self.ff.forward(&h)?.broadcast_mul(m.row(5))?
+        gated(&xs, &self.ff.forward(&h)?, m.row(5))
     }
 }

@@ -8,13 +8,15 @@
 
 use candle_core::{Result, Tensor, D};
 
-use super::{head_gates, Attention, BlockInputs, Ltx2Block, Modulation};
+use super::{ada_norm, gated, head_gates, Attention, BlockInputs, Ltx2Block, Modulation};
 use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::{rms_norm, rms_norm_backward};
-use framesmith_nn::ops::{gelu_tanh, gelu_tanh_backward};
+use framesmith_nn::ops::{
+    gate_backward, gelu_tanh, gelu_tanh_backward, modulate_backward, modulate_to,
+};
 
 fn missing(what: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!(
@@ -194,9 +196,9 @@ impl Ltx2Tape {
     }
 }
 
-/// `rms_norm(x) · (1 + scale) + shift` and its input gradient.
+/// The input gradient of `rms_norm(x) · (1 + scale) + shift`.
 fn ada_norm_backward(xs: &Tensor, scale: &Tensor, dy: &Tensor, eps: f64) -> Result<Tensor> {
-    rms_norm_backward(xs, None, &dy.broadcast_mul(&(scale + 1.0)?)?, eps)
+    rms_norm_backward(xs, None, &modulate_backward(dy, scale, xs.dtype())?, eps)
 }
 
 impl Ltx2Block {
@@ -211,7 +213,7 @@ impl Ltx2Block {
         let x0 = xs.detach();
         let m = self.modulation(inputs)?;
         let eps = self.eps;
-        let h = super::ada_norm(&x0, &m.rows[1], &m.rows[0], eps)?;
+        let h = ada_norm(&x0, &m.rows[1], &m.rows[0], eps)?;
         let call = AttnCall {
             context: None,
             rope: Some(&inputs.rope),
@@ -219,19 +221,14 @@ impl Ltx2Block {
             kept,
         };
         let (y, attn1) = attn_forward(&self.attn1, &h, call)?;
-        let x1 = (&x0 + y.broadcast_mul(&m.rows[2])?)?;
+        let x1 = gated(&x0, &y, &m.rows[2])?;
         let normed = rms_norm(&x1, None, eps)?;
         let lens = inputs.context_lens.as_deref();
         let (x2, attn2) = match &m.context {
             Some([shift_kv, scale_kv]) => {
-                let q_in = normed
-                    .broadcast_mul(&(&m.rows[7] + 1.0)?)?
-                    .broadcast_add(&m.rows[6])?;
-                let ctx = inputs
-                    .context
-                    .detach()
-                    .broadcast_mul(&(scale_kv + 1.0)?)?
-                    .broadcast_add(shift_kv)?;
+                let q_in = modulate_to(&normed, &m.rows[7], &m.rows[6], normed.dtype())?;
+                let ctx =
+                    modulate_to(&inputs.context.detach(), scale_kv, shift_kv, normed.dtype())?;
                 let call = AttnCall {
                     context: Some(&ctx),
                     rope: None,
@@ -239,7 +236,7 @@ impl Ltx2Block {
                     kept: None,
                 };
                 let (y, tape) = attn_forward(&self.attn2, &q_in, call)?;
-                ((&x1 + y.broadcast_mul(&m.rows[8])?)?, tape)
+                (gated(&x1, &y, &m.rows[8])?, tape)
             }
             None => {
                 let ctx = inputs.context.detach();
@@ -253,11 +250,11 @@ impl Ltx2Block {
                 ((&x1 + y)?, tape)
             }
         };
-        let h3 = super::ada_norm(&x2, &m.rows[4], &m.rows[3], eps)?;
+        let h3 = ada_norm(&x2, &m.rows[4], &m.rows[3], eps)?;
         let (f1, t1) = self.ff.proj_in.forward_untracked(&h3)?;
         let a = gelu_tanh(&f1)?;
         let (y3, t2) = self.ff.proj_out.forward_untracked(&a)?;
-        let out = (&x2 + y3.broadcast_mul(&m.rows[5])?)?;
+        let out = gated(&x2, &y3, &m.rows[5])?;
         let tape = Ltx2Tape {
             m,
             rope: inputs.rope.detach(),
@@ -278,7 +275,7 @@ impl Ltx2Block {
         // Feed-forward.
         let [h3, f1, a] = &tape.ff;
         let [t1, t2] = &tape.ff_tapes;
-        let dy3 = grad.broadcast_mul(&m.rows[5])?;
+        let dy3 = gate_backward(grad, &m.rows[5], f1.dtype())?;
         let (da, p) = self.ff.proj_out.backward(a, t2, &dy3, true)?;
         params.extend(p);
         let df1 = gelu_tanh_backward(f1, &da.ok_or_else(|| missing("net.2"))?)?;
@@ -289,15 +286,15 @@ impl Ltx2Block {
         // Text cross-attention.
         let dnormed = match &m.context {
             Some(_) => {
-                let dy2 = dx2.broadcast_mul(&m.rows[8])?;
+                let dy2 = gate_backward(&dx2, &m.rows[8], x1.dtype())?;
                 let dq_in = attn_backward(&self.attn2, &tape.attn2, None, &dy2, &mut params)?;
-                dq_in.broadcast_mul(&(&m.rows[7] + 1.0)?)?
+                modulate_backward(&dq_in, &m.rows[7], x1.dtype())?
             }
             None => attn_backward(&self.attn2, &tape.attn2, None, &dx2, &mut params)?,
         };
         let dx1 = (&dx2 + rms_norm_backward(x1, None, &dnormed, eps)?)?;
         // Self-attention.
-        let dy1 = dx1.broadcast_mul(&m.rows[2])?;
+        let dy1 = gate_backward(&dx1, &m.rows[2], x0.dtype())?;
         let dh = attn_backward(
             &self.attn1,
             &tape.attn1,
