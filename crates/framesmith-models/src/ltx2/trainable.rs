@@ -32,12 +32,12 @@ impl TrainableBlock for Ltx2Block {
         shared: &BlockInputs,
         _keep_projection: bool,
     ) -> Result<(Tensor, KeptBlock)> {
-        let (out, tape) = self.forward_with_tape(xs, shared, None)?;
+        let (out, tape) = Ltx2Block::forward_with_tape(self, xs, shared)?;
         Ok((out, KeptBlock::new(tape.kept(), Vec::new())))
     }
 
     fn forward_with_tape(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, Ltx2Tape)> {
-        Ltx2Block::forward_with_tape(self, xs, shared, None)
+        Ltx2Block::forward_with_tape(self, xs, shared)
     }
 
     fn recompute(
@@ -46,7 +46,7 @@ impl TrainableBlock for Ltx2Block {
         shared: &BlockInputs,
         kept: Option<&KeptBlock>,
     ) -> Result<Ltx2Tape> {
-        Ok(Ltx2Block::forward_with_tape(self, xs, shared, kept.map(KeptBlock::attention))?.1)
+        Ltx2Block::recompute(self, xs, shared, kept.map(KeptBlock::attention))
     }
 
     fn backward(&self, tape: Ltx2Tape, grad: &Tensor) -> Result<BlockGrads> {

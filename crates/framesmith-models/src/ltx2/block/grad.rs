@@ -186,6 +186,8 @@ pub struct Ltx2Tape {
     attn2: AttnTape,
     /// The feed-forward's input, its first linear's output (before the GELU), the GELU's output.
     ff: [Tensor; 3],
+    /// The feed-forward linears' tapes; `net.2`'s is empty after a recompute, which stops before `net.2` (its
+    /// output is not needed; the backward recomputes its LoRA activation).
     ff_tapes: [LinearTape; 2],
 }
 
@@ -202,14 +204,36 @@ fn ada_norm_backward(xs: &Tensor, scale: &Tensor, dy: &Tensor, eps: f64) -> Resu
 }
 
 impl Ltx2Block {
-    /// [`Ltx2Block::forward`] without an autograd graph, keeping the tape for [`Self::backward`]; `kept`: the
-    /// self-attention of an earlier pass on the same input (not run again).
+    /// [`Ltx2Block::forward`] without an autograd graph, keeping the tape for [`Self::backward`].
     pub fn forward_with_tape(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&KeptAttention>,
     ) -> Result<(Tensor, Ltx2Tape)> {
+        match self.run(xs, inputs, None, true)? {
+            (Some(out), tape) => Ok((out, tape)),
+            (None, _) => candle_core::bail!("LTX-2 block forward: no output"),
+        }
+    }
+
+    /// The tape of the block on `xs` for [`Self::backward`], stopping before `ff.net.2` (the block's output is
+    /// not needed); `kept`: the self-attention of an earlier pass on the same input (not run again).
+    pub fn recompute(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
+    ) -> Result<Ltx2Tape> {
+        Ok(self.run(xs, inputs, kept, false)?.1)
+    }
+
+    fn run(
+        &self,
+        xs: &Tensor,
+        inputs: &BlockInputs,
+        kept: Option<&KeptAttention>,
+        with_out: bool,
+    ) -> Result<(Option<Tensor>, Ltx2Tape)> {
         let x0 = xs.detach();
         let m = self.modulation(inputs)?;
         let eps = self.eps;
@@ -253,8 +277,12 @@ impl Ltx2Block {
         let h3 = ada_norm(&x2, &m.rows[4], &m.rows[3], eps)?;
         let (f1, t1) = self.ff.proj_in.forward_untracked(&h3)?;
         let a = gelu_tanh(&f1)?;
-        let (y3, t2) = self.ff.proj_out.forward_untracked(&a)?;
-        let out = gated(&x2, &y3, &m.rows[5])?;
+        let (out, t2) = if with_out {
+            let (y3, t2) = self.ff.proj_out.forward_untracked(&a)?;
+            (Some(gated(&x2, &y3, &m.rows[5])?), t2)
+        } else {
+            (None, LinearTape::default())
+        };
         let tape = Ltx2Tape {
             m,
             rope: inputs.rope.detach(),
