@@ -6,9 +6,12 @@
 //! gradients equal candle's autograd through it. The AdaLN rows and the text context are constants here: the
 //! blocks' LoRAs are the only trainable tensors.
 
-use candle_core::{Result, Tensor, D};
+use candle_core::{Result, Tensor};
 
-use super::{ada_norm, gated, head_gates, Attention, BlockInputs, Ltx2Block, Modulation};
+use super::{
+    ada_norm, gate_heads, gated, head_gates, head_sums, Attention, BlockInputs, Ltx2Block,
+    Modulation,
+};
 use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
@@ -87,7 +90,7 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
         Some(lin) => {
             let (logits, tape) = lin.forward_untracked(&x)?;
             let g = head_gates(&logits)?;
-            o = o.broadcast_mul(&g.unsqueeze(D::Minus1)?)?;
+            o = gate_heads(&o, &g)?;
             Some((tape, g))
         }
         None => None,
@@ -124,12 +127,12 @@ fn attn_backward(
     let d_att = match (&attn.to_gate_logits, &t.gate) {
         (Some(lin), Some((tape, g))) => {
             // g = 2σ(z): dg/dz = 2σ(1 − σ) = g · (1 − g/2).
-            let dg = (&d_o * t.attention.out())?.sum(D::Minus1)?;
+            let dg = head_sums(&(&d_o * t.attention.out())?)?;
             let dz = ((dg * g)? * (1.0 - (g * 0.5)?)?)?;
             let (dx, p) = lin.backward(&t.x, tape, &dz, true)?;
             params.extend(p);
             dx_gate = dx;
-            d_o.broadcast_mul(&g.unsqueeze(D::Minus1)?)?
+            gate_heads(&d_o, g)?
         }
         _ => d_o,
     };
