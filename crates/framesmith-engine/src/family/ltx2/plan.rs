@@ -80,8 +80,9 @@ fn lora_parameters(cfg: &Ltx2Config, lora: &LoraShape) -> Result<AdapterCount, L
     family_lora_parameters(LoraFamily::Ltx2, &video_stream_shapes(cfg), lora)
 }
 
-/// The block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
-fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape) -> BlockKind {
+/// The block's sizes for a step of `shape` with `text` text tokens in all: the tape and kept values [`describe`]
+/// spells out.
+fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape, text: u64) -> BlockKind {
     let d = cfg.inner_dim() as u64;
     let buffers = block_buffers(
         &video_stream_shapes(cfg),
@@ -93,25 +94,32 @@ fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape) -> BlockKi
         f32_norms: 3,
         attentions: 2,
     };
-    dual_stream_block_kind(&buffers, input, shape, dims, counts)
+    let mut kind = dual_stream_block_kind(&buffers, input, shape, dims, counts);
+    let (c, r) = (shape.compute_bytes, input.lora.rank as u64);
+    kind.tape_bytes += 4 * text * d * c + 2 * text * r * c;
+    kind
 }
 
 /// The LTX-2 transformer `cfg` for `input`.
 ///
 /// A block runs RoPE self-attention over the video tokens, cross-attention from them to the text and a GELU-tanh
-/// MLP of width `f` = 4d. Its tape is counted as the dual-stream blocks' (`L` tokens, `d` width, `h` heads, `r`
-/// rank, `c` / `s` compute and residual dtype bytes) with the text tokens counted into `L`, which over-counts the
-/// cross-attention's keys and values on the safe side: `2·L·d·s` of residual stream, `3·L·d·4` of f32 norms,
+/// MLP of width `f` = 4d. Its tape is counted as the dual-stream blocks' (`L` video tokens, `d` width, `h` heads,
+/// `r` rank, `c` / `s` compute and residual dtype bytes): `2·L·d·s` of residual stream, `3·L·d·4` of f32 norms,
 /// `13·L·d·c` of modulated inputs, projections, roped q/k, v, gates and attention outputs, `2·L·f·c` of MLP
 /// activations, `4·L·r·c` of LoRA activations and `2·L·h·4` of the two attentions' log-sum-exp; `"attention"`
-/// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`. The working set uses the
+/// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`; the text side of the
+/// cross-attention (`T` text tokens, 1024 per sample) adds `4·T·d·c` (the modulated context, k before and after its
+/// norm, v) and `2·T·r·c` (k's and v's LoRA activations). The blocks share the AdaLN rows, the text context
+/// `T·d·c` and the RoPE tables, cos and sin at full head width over the video tokens: `2·L·d·c`. The working set
+/// uses the
 /// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on LTX-2.
 pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR)?;
     let f = latent_frames(clip.frames, VAE_TEMPORAL)?;
     let lora = lora_parameters(cfg, &input.lora)?;
-    let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS, clip.batch)?;
+    let tokens = step_tokens((f * w * h) as u64, clip.batch)?;
+    let text = clip.batch as u64 * TEXT_TOKENS;
     let (d, heads) = (cfg.inner_dim() as u64, cfg.num_attention_heads as u64);
     let compute = dtype_bytes(input.compute);
     let (shape, widths) = dual_stream_shape(input, tokens, (d, 4 * d, heads));
@@ -126,7 +134,7 @@ pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemor
         } else {
             format!("{release}-style ({n} blocks, width {d}), video stream")
         },
-        kinds: vec![block_kind(cfg, input, &shape)],
+        kinds: vec![block_kind(cfg, input, &shape, text)],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
             .map(|count| spread_streamed_blocks(n, count))
@@ -134,10 +142,9 @@ pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemor
         resident: resident_weights(cfg, compute),
         lora,
         saved_input_bytes: tokens * d * shape.residual_bytes,
-        // The AdaLN rows, and RoPE's cos and sin over each token's head dimension in f32.
         shared_inputs: vec![(
-            "timestep embedding and RoPE tables",
-            clip.batch as u64 * d * compute * 12 + 2 * tokens * cfg.attention_head_dim as u64 * 4,
+            "timestep embedding, text and RoPE tables",
+            clip.batch as u64 * d * compute * 12 + text * d * compute + 2 * tokens * d * compute,
         )],
         working_set_bytes: input.working_set.bytes_for(&widths, &shape),
         pixel_multiple: VAE_FACTOR,

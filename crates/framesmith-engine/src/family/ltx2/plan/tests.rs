@@ -37,14 +37,40 @@ fn the_video_stream_of_ltx23_is_48_blocks_of_its_tensors() {
     );
     // q, k, v and out of both attentions of every block (the official trainer's targets).
     assert_eq!(s.lora.modules, 48 * 8);
-    // 768×512 × 121 frames: 16 latent frames of 16 × 24 tokens, and the 1024 text tokens the plan counts.
-    assert_eq!(s.shape.tokens, 16 * 16 * 24 + 1024);
+    // 768×512 × 121 frames: 16 latent frames of 16 × 24 tokens; the 1024 text tokens are the cross-attention's
+    // keys, not part of the video sequence.
+    assert_eq!(s.shape.tokens, 16 * 16 * 24);
     assert_eq!((s.pixel_multiple, s.frame_step), (32, 8));
     assert!(s.name.starts_with("LTX-2.3 (22B)"), "{}", s.name);
     assert!(input(120, BaseDtype::Bf16)
         .model
         .describe(&input(120, BaseDtype::Bf16))
         .is_err());
+}
+
+/// The blocks share RoPE tables at full head width over the video tokens (cos and sin in the compute dtype) and
+/// the 1024-token text context; a block's tape holds the text side of its cross-attention.
+#[test]
+fn rope_tables_and_the_text_are_counted_at_their_sizes() {
+    let i = input(121, BaseDtype::Bf16);
+    let s = i.model.describe(&i).unwrap();
+    let (video, text, d) = (16 * 16 * 24u64, 1024u64, 4096u64);
+    let shared: u64 = s.shared_inputs.iter().map(|(_, b)| b).sum();
+    assert!(shared >= 2 * video * d * 2 + text * d * 2, "{shared}");
+    let video_only = dual_stream_block_kind(
+        &[],
+        &i,
+        &s.shape,
+        (d, 4 * d, 32),
+        TapeCounts {
+            f32_norms: 3,
+            attentions: 2,
+        },
+    );
+    assert_eq!(
+        s.kinds[0].tape_bytes - video_only.tape_bytes,
+        4 * text * d * 2 + 2 * text * 32 * 2
+    );
 }
 
 #[test]
