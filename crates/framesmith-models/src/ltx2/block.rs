@@ -249,7 +249,7 @@ impl Ltx2Block {
     }
 
     /// The modulation vectors for this pass: each row formed in the compute dtype (as ltx-core adds the table
-    /// to the timestep's rows), then held in f32, [b, 1, dim].
+    /// to the timestep's rows), then held in f32, [b, 1, dim]. All rows in one sum and one cast.
     pub fn modulation(&self, inputs: &BlockInputs) -> Result<Modulation> {
         let dtype = inputs.context.dtype();
         let b = inputs.context.dim(0)?;
@@ -260,11 +260,14 @@ impl Ltx2Block {
                 .to_dtype(DType::F32)?
                 .contiguous()
         };
+        let all = inputs
+            .timestep
+            .to_dtype(dtype)?
+            .reshape((b, k, dim))?
+            .broadcast_add(&table.unsqueeze(0)?)?
+            .to_dtype(DType::F32)?;
         let rows = (0..k)
-            .map(|i| {
-                let t = inputs.timestep.narrow(2, i * dim, dim)?;
-                f32_row(t.to_dtype(dtype)?.broadcast_add(&table.get(i)?)?)
-            })
+            .map(|i| all.narrow(1, i, 1)?.contiguous())
             .collect::<Result<Vec<_>>>()?;
         let context = match &self.prompt_scale_shift_table {
             Some(p) => {
