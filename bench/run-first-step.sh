@@ -4,10 +4,12 @@
 # folder's prompt cache and loads no text encoder. Random weights at the real sizes (`framesmith-bench
 # synth-project --variant t2v-14b --dtype fp8-scaled --encoders`: the ComfyUI scaled-FP8 DiT, the scaled-FP8
 # umT5-XXL and the Wan VAE), one cached clip, `--preset fast-24gb --vram-budget-gb 24`, one step, no save.
+# The summary keeps each start's breakdown lines (the model build's parts, the activation buffers page-locked
+# beside the setup, the first step's parts) and the seconds from the process start to the end of step 1.
 # Builds nothing. Usage: bench/run-first-step.sh BIN_DIR OUT_DIR WORK_DIR
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,7p' "$0"
+    sed -n '2,9p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" PROJ="$(realpath -m "$3")/first-step"
@@ -37,7 +39,10 @@ for run in 1 2; do
     "$BIN/framesmith" train --config "$PROJ/run.toml" --preset fast-24gb --vram-budget-gb 24 2>&1 | stamp \
         > "$OUT/train-$run.log"
     echo "run $run: exit ${PIPESTATUS[0]}" >> "$SUMMARY"
-    grep -E "sample prompts|text encoder|model: |streaming|step 1/|first step done" "$OUT/train-$run.log" | sed "s/^/  run $run: /" \
-        >> "$SUMMARY"
+    grep -E "sample prompts|text encoder|model: |model built|activation buffers|streaming|step 1/|first step done" \
+        "$OUT/train-$run.log" | sed "s/^/  run $run: /" >> "$SUMMARY"
+    # The stamp of the first-step line: seconds from the process start to the end of step 1, measured outside.
+    awk '/first step done/ { printf "  run %s: start -> end of step 1: %.1f s (stamped)\n", run, $1; exit }' \
+        run="$run" "$OUT/train-$run.log" >> "$SUMMARY"
 done
 cat "$SUMMARY"
