@@ -19,12 +19,14 @@ mod activations;
 mod activations_cuda;
 #[cfg(feature = "cuda")]
 mod activations_pageable;
+mod arena;
 mod copy_pool;
 mod host;
 mod pack;
 mod page_locking;
 #[cfg(feature = "cuda")]
 use page_locking::PAGE_LOCKING;
+mod prelock;
 mod ring;
 
 #[cfg(feature = "cuda")]
@@ -42,6 +44,7 @@ pub use copy_pool::CopyPool;
 pub use host::HostBuffer;
 pub use pack::{BlockLayout, TensorSpec, ALIGN};
 pub use page_locking::{page_locking, PageLocking};
+pub use prelock::{ActivationBuffers, PrelockReport};
 pub use ring::{Decision, Load, Ring};
 
 /// How streamed blocks reach the GPU.

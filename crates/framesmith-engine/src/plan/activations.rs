@@ -89,6 +89,29 @@ pub(super) fn kept_lines(
     out
 }
 
+/// What the step keeps in RAM for each block, in block order, when its saved activations wait there: the block's
+/// saved input and what it keeps of its attention, exactly as [`kept_lines`] counts them (nothing with
+/// `checkpointing = "off"`, whose tapes stay on the device). Page-locked buffers of these sizes are set aside
+/// while the model is built, one per block, so that the first step does not lock them itself.
+pub fn host_activation_block_bytes(checkpointing: Checkpointing, s: &ModelMemory) -> Vec<u64> {
+    if checkpointing == Checkpointing::Off {
+        return Vec::new();
+    }
+    let kept = |k: &BlockKind| {
+        if !checkpointing.keeps_attention() {
+            0
+        } else if checkpointing.keeps_projection() {
+            k.kept_attention_bytes + k.kept_projection_bytes
+        } else {
+            k.kept_attention_bytes
+        }
+    };
+    s.blocks
+        .iter()
+        .map(|&kind| s.saved_input_bytes + s.kinds.get(kind).map_or(0, kept))
+        .collect()
+}
+
 /// The small page-locked ring that pageable activations of one kind (`what`) move through.
 fn pageable_ring_line(what: &str) -> PlanLine {
     let (slots, chunk) = (
@@ -100,4 +123,55 @@ fn pageable_ring_line(what: &str) -> PlanLine {
         slots * chunk,
         Placement::HostPinned,
     )
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::plan::tests::fp8_14b;
+    use crate::plan::{plan, sizes};
+    use framesmith_config::run::ActivationPlacement;
+
+    /// The buffers set aside before the first step are the plan's page-locked activations, block by block: as
+    /// many as there are blocks, and together exactly what the plan's lines say RAM holds for them.
+    #[test]
+    fn the_buffers_set_aside_are_the_plans_page_locked_activations() {
+        let mut input = fp8_14b();
+        input.streaming.activations = ActivationPlacement::Host;
+        for checkpointing in [
+            Checkpointing::Blocks,
+            Checkpointing::Attention,
+            Checkpointing::AttentionProjection,
+            Checkpointing::Off,
+        ] {
+            input.checkpointing = checkpointing;
+            let s = sizes(&input).unwrap();
+            let blocks = host_activation_block_bytes(checkpointing, &s);
+            let report = plan(&input).unwrap();
+            let planned: u64 = report
+                .breakdown
+                .iter()
+                .filter(|l| l.placement == Placement::HostPinned)
+                .map(|l| l.bytes)
+                .sum();
+            assert_eq!(blocks.iter().sum::<u64>(), planned, "{checkpointing:?}");
+            if checkpointing == Checkpointing::Off {
+                assert!(blocks.is_empty());
+                continue;
+            }
+            assert_eq!(blocks.len(), s.num_blocks(), "{checkpointing:?}");
+            // One block: its saved input and, when kept, its attention (and projection) outputs.
+            let k = &s.kinds[0];
+            let want = s.saved_input_bytes
+                + match checkpointing {
+                    Checkpointing::Attention => k.kept_attention_bytes,
+                    Checkpointing::AttentionProjection => {
+                        k.kept_attention_bytes + k.kept_projection_bytes
+                    }
+                    _ => 0,
+                };
+            assert!(blocks.iter().all(|&b| b == want), "{checkpointing:?}");
+        }
+    }
 }

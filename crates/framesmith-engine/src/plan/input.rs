@@ -9,7 +9,7 @@ use super::{LoraShape, PlanError, PlanInput, PlanModel, StreamingSetup};
 use crate::demo::project::{DEMO_FRAMES, DEMO_SIZE};
 use framesmith_config::plan::{PlanDevice, RunPlan};
 use framesmith_config::protocol::memory::PlanReport;
-use framesmith_config::run::{DeviceSpec, RunConfig};
+use framesmith_config::run::{Checkpointing, DeviceSpec, RunConfig};
 use framesmith_config::training::DEFAULT_GPU_SLOTS;
 
 /// The clip one training step sees: the largest bucket of the dataset.
@@ -302,6 +302,20 @@ pub fn plan_run(
         PlanDevice::Cuda(n) => DeviceSpec::Cuda(n),
     });
     super::plan(&input)
+}
+
+/// What the step of a validated run keeps in RAM for each block when its saved activations wait there
+/// ([`super::host_activation_block_bytes`]) under `checkpointing` (the run's, settled), for the loaded
+/// checkpoint's config and the step's largest clip, as [`plan_run`] plans them.
+pub fn host_activation_blocks(
+    plan: &RunPlan,
+    model: impl Into<PlanModel>,
+    clip: ClipShape,
+    checkpointing: Checkpointing,
+) -> Result<Vec<u64>, PlanError> {
+    let input = PlanInput::from_run_plan(plan, model, clip);
+    let sizes = super::sizes(&input)?;
+    Ok(super::host_activation_block_bytes(checkpointing, &sizes))
 }
 
 impl PlanInput {

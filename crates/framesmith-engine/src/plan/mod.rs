@@ -17,13 +17,14 @@ mod sampling;
 mod suggest;
 mod working_set;
 
+pub use activations::host_activation_block_bytes;
 pub use bytes::{
     adapter_kind, dtype_bytes, dtype_name, elements, fp8_scale, fp8_weight_buffers,
     fp8_weight_bytes, lora_parameters_of, AdapterCount, BaseFormat,
 };
 pub use input::{
-    clip_for_config, clip_with_dataset, model_for_config, plan_config, plan_run, ClipShape,
-    DEFAULT_CLIP,
+    clip_for_config, clip_with_dataset, host_activation_blocks, model_for_config, plan_config,
+    plan_run, ClipShape, DEFAULT_CLIP,
 };
 pub(crate) use input::{clip_pixels, largest_cached_clip_of};
 pub use model::{BlockKind, DescribeModel, ModelMemory, PlanModel};

@@ -287,6 +287,11 @@ fn train_loop(trainer: &mut Trainer, inbox: &Inbox, events: &Events) -> anyhow::
         return Ok(Outcome::Stopped);
     }
     trainer.startup.mark("samples before training");
+    if let Some((level, line)) = trainer.install_activation_buffers() {
+        events.log(level, line);
+    }
+    trainer.startup.mark("waiting for the activation buffers");
+    trainer.startup.step_begins();
     let started = Instant::now();
     let first_step = trainer.step();
     let mut smoothed: Option<f64> = None;

@@ -2,6 +2,7 @@
 //! timestep sampling, the training set, run outputs (LoRA files, training states, metrics), validation and the
 //! samples' schedule. What is model-specific goes through [`crate::family`].
 
+pub(crate) mod buffers;
 pub mod data;
 pub mod engine;
 pub mod launch;

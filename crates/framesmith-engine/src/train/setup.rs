@@ -510,6 +510,7 @@ impl Trainer {
             validation: parts.validation,
             collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
             startup: Startup::begin(),
+            activation_buffers: parts.activation_buffers,
         })
     }
 }
@@ -530,6 +531,9 @@ pub struct RunParts {
     pub report: Option<PlanReport>,
     /// Device memory held back beyond the run's budget.
     pub vram_reservation: Option<VramHold>,
+    /// The step's page-locked activation buffers, set aside beside the model's build
+    /// ([`crate::train::buffers`]); `None` leaves them to the first step.
+    pub activation_buffers: Option<framesmith_nn::offload::ActivationBuffers>,
 }
 
 /// The run's LoRA settings (`[lora]`, f32 factors, the run's seed).

@@ -1,9 +1,12 @@
 //! How long a run took from its start to the end of its first step, and where the time went: the checks and run
 //! folder, the family's setup (model, LoRA, training items, sample prompts), joining other ranks, resuming,
-//! samples before training, and the first step itself. One log line says it once the first step is done, so a
-//! slow start shows which part to look at.
+//! samples before training, and the first step itself, with what ran beside the setup on threads of its own
+//! (the activation buffers' page-locking). One log line says it once the first step is done, so a slow start
+//! shows which part to look at.
 
 use std::time::Instant;
+
+use framesmith_nn::offload::{page_locking, PageLocking};
 
 /// The start of a run, split into named parts as they finish.
 #[derive(Debug, Clone)]
@@ -11,6 +14,10 @@ pub struct Startup {
     began: Instant,
     last: Instant,
     parts: Vec<(&'static str, f64)>,
+    /// What ran beside the parts on threads of its own ("activation buffers 45.0 GiB page-locked in 17.9 s").
+    beside: Vec<String>,
+    /// The page-locking so far when the first step began: what the step locked itself is what came after.
+    locked_before_step: Option<PageLocking>,
     reported: bool,
 }
 
@@ -28,6 +35,8 @@ impl Startup {
             began: now,
             last: now,
             parts: Vec::new(),
+            beside: Vec::new(),
+            locked_before_step: None,
             reported: false,
         }
     }
@@ -40,22 +49,43 @@ impl Startup {
         self.last = now;
     }
 
+    /// Notes `what` ran beside the parts, on a thread of its own (named after the first step's own details).
+    pub fn ran_beside(&mut self, what: String) {
+        self.beside.push(what);
+    }
+
+    /// The first step begins now: what is page-locked from here on is the step's own.
+    pub fn step_begins(&mut self) {
+        self.locked_before_step = Some(page_locking());
+    }
+
     /// The line for the end of the first step, which took `step_secs`: the time since the start and its parts
-    /// (parts under 0.05 s left out), and what the attention-plan cache did; `None` after the first call.
+    /// (parts under 0.05 s left out), what the attention-plan cache did and what the step page-locked itself,
+    /// then what ran beside the setup; `None` after the first call.
     pub fn first_step_line(&mut self, step_secs: f64) -> Option<String> {
         if std::mem::replace(&mut self.reported, true) {
             return None;
         }
         let total = self.began.elapsed().as_secs_f64();
+        let locked = page_locking();
+        let locked_in_step = match &self.locked_before_step {
+            Some(before) => locked.since(before),
+            None => locked,
+        };
         let details: Vec<String> = [
             framesmith_nn::attention::plans::plan_counts().and_then(|c| c.describe()),
-            framesmith_nn::offload::page_locking().describe(),
+            locked_in_step.describe(),
         ]
         .into_iter()
         .flatten()
         .collect();
         let details = (!details.is_empty()).then(|| details.join("; "));
-        Some(first_step_line(total, &self.parts, step_secs, details))
+        let line = first_step_line(total, &self.parts, step_secs, details);
+        Some(if self.beside.is_empty() {
+            line
+        } else {
+            format!("{line}; beside the setup: {}", self.beside.join(", "))
+        })
     }
 }
 
@@ -112,5 +142,23 @@ mod tests {
             .expect("first call gives the line");
         assert!(line.ends_with("the first step 1.0 s"), "{line}");
         assert_eq!(startup.first_step_line(1.0), None);
+    }
+
+    #[test]
+    fn what_ran_beside_the_setup_follows_the_first_step() {
+        let mut startup = Startup::begin();
+        startup.mark("setup");
+        startup.ran_beside("activation buffers 45.0 GiB page-locked in 17.9 s".into());
+        startup.step_begins();
+        let line = startup
+            .first_step_line(6.0)
+            .expect("first call gives the line");
+        // Nothing is page-locked on the CPU: the step's own details stay empty, whatever came before it.
+        assert!(
+            line.ends_with(
+                "the first step 6.0 s; beside the setup: activation buffers 45.0 GiB page-locked in 17.9 s"
+            ),
+            "{line}"
+        );
     }
 }

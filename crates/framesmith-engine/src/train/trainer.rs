@@ -87,6 +87,8 @@ pub struct Trainer {
     pub(super) collective: Arc<dyn Collective>,
     /// The run's start, in parts, until its first step is reported.
     pub(super) startup: crate::train::startup::Startup,
+    /// The step's page-locked activation buffers, being set aside beside the setup until the first step.
+    pub(super) activation_buffers: Option<framesmith_nn::offload::ActivationBuffers>,
 }
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.

@@ -13,10 +13,11 @@ use candle_core::cuda_backend::cudarc::driver::{result, sys, CudaContext, CudaSt
 use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{DType, Device, Result, Shape, Tensor};
 
+use super::arena::{Arena, HostChunk, Lent};
 use super::cuda::{device_ptr, new_event, stream_wait, Pinned};
 
 /// A page-locked buffer with the context it was allocated in, kept alive so the buffer stays valid.
-struct Pooled {
+pub(super) struct Pooled {
     buf: Pinned,
     ctx: Arc<CudaContext>,
 }
@@ -28,9 +29,80 @@ impl Drop for Pooled {
     }
 }
 
+impl HostChunk for Pooled {
+    fn base(&mut self) -> *mut u8 {
+        self.buf.as_mut_slice().as_mut_ptr()
+    }
+
+    fn len(&self) -> usize {
+        self.buf.len()
+    }
+}
+
 /// Page-locked buffers kept between steps, so that a steady run allocates no page-locked memory: every step saves
 /// buffers of the same sizes (one per block).
 static POOL: Mutex<Vec<Pooled>> = Mutex::new(Vec::new());
+
+/// Page-locked chunks set aside before the first step (`prelock.rs`), into which saved inputs are laid first.
+static ARENA: Mutex<Option<Arena<Pooled>>> = Mutex::new(None);
+
+/// Makes `chunks` the arena saved inputs are laid into from now on.
+pub(super) fn install_arena(chunks: Vec<Pooled>) {
+    if let Ok(mut arena) = ARENA.lock() {
+        *arena = Some(Arena::new(chunks));
+    }
+}
+
+/// Allocates page-locked chunks for an arena on another thread, in `dev`'s context.
+pub(super) fn chunk_allocator(
+    dev: &CudaDevice,
+) -> impl FnMut(usize) -> std::result::Result<Pooled, String> + Send + 'static {
+    let ctx = dev.cuda_stream().context().clone();
+    move |bytes| {
+        ctx.bind_to_thread()
+            .w()
+            .and_then(|()| Pinned::portable(bytes))
+            .map(|buf| Pooled {
+                buf,
+                ctx: ctx.clone(),
+            })
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// A saved input's page-locked host buffer: a piece of the arena, or a pooled buffer of its own.
+enum HostBuf {
+    Lent(Lent<Pooled>),
+    Own(Pooled),
+}
+
+impl HostBuf {
+    fn as_slice(&self) -> &[u8] {
+        match self {
+            Self::Lent(piece) => piece.as_slice(),
+            Self::Own(pooled) => pooled.buf.as_slice(),
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [u8] {
+        match self {
+            Self::Lent(piece) => piece.as_mut_slice(),
+            Self::Own(pooled) => pooled.buf.as_mut_slice(),
+        }
+    }
+}
+
+/// `bytes` of the arena when it has room, else the smallest pooled buffer that fits, else a new one.
+fn take_host(ctx: &Arc<CudaContext>, bytes: usize) -> Result<HostBuf> {
+    let lent = ARENA
+        .lock()
+        .ok()
+        .and_then(|arena| arena.as_ref().and_then(|a| a.lend(bytes)));
+    match lent {
+        Some(piece) => Ok(HostBuf::Lent(piece)),
+        None => take_pinned(ctx, bytes).map(HostBuf::Own),
+    }
+}
 
 /// The smallest pooled buffer of at least `bytes`, else a new one. A pooled buffer too small for the request is
 /// freed first, so the pool holds about one step's worth of the largest sizes seen.
@@ -58,19 +130,27 @@ fn take_pinned(ctx: &Arc<CudaContext>, bytes: usize) -> Result<Pooled> {
     })
 }
 
-fn give_back(bufs: impl IntoIterator<Item = Pooled>) {
+/// Pools the buffers of their own; pieces of the arena go back to it (dropped).
+fn give_back(bufs: impl IntoIterator<Item = HostBuf>) {
+    let own = bufs.into_iter().filter_map(|buf| match buf {
+        HostBuf::Own(pooled) => Some(pooled),
+        HostBuf::Lent(_) => None,
+    });
     if let Ok(mut pool) = POOL.lock() {
-        pool.extend(bufs);
+        pool.extend(own);
     }
 }
 
-/// Frees every pooled buffer (binding each buffer's context to the calling thread to do so).
+/// Frees every pooled buffer and the arena (binding each buffer's context to the calling thread to do so); an
+/// arena piece still out keeps its chunk until it is dropped.
 pub(super) fn release_pool() {
     let bufs = match POOL.lock() {
         Ok(mut pool) => std::mem::take(&mut *pool),
         Err(_) => return,
     };
     drop(bufs);
+    let arena = ARENA.lock().ok().and_then(|mut arena| arena.take());
+    drop(arena);
 }
 
 /// The copy stream and its events.
@@ -139,7 +219,7 @@ impl Drop for Streams {
 
 /// One saved input in host memory.
 struct Saved {
-    host: Pooled,
+    host: HostBuf,
     bytes: usize,
     shape: Shape,
     dtype: DType,
@@ -162,8 +242,8 @@ pub(super) struct HostStash {
     device: Device,
     saved: Vec<Saved>,
     ahead: Option<Upload>,
-    /// Buffers of inputs already taken back; returned to the pool once the copy stream is idle.
-    spent: Vec<Pooled>,
+    /// Buffers of inputs already taken back; returned to the pool (or the arena) once the copy stream is idle.
+    spent: Vec<HostBuf>,
     // Declared last: dropped after the tensors above, which the copy stream may read until its synchronisation.
     streams: Streams,
 }
@@ -215,11 +295,11 @@ impl HostStash {
         }
         let xs = xs.contiguous()?;
         let bytes = xs.elem_count() * xs.dtype().size_in_bytes();
-        let mut host = take_pinned(&self.streams.ctx, bytes)?;
+        let mut host = take_host(&self.streams.ctx, bytes)?;
         let src = device_ptr(&xs, &self.streams.stream)?;
         self.streams.copy_after_compute()?;
         if bytes > 0 {
-            let dst = &mut host.buf.as_mut_slice()[..bytes];
+            let dst = &mut host.as_mut_slice()[..bytes];
             // SAFETY: `src` is `bytes` bytes of `xs`, which stays alive (kept in `device`) until compute has
             // waited for this copy; `dst` is page-locked and stays in the stash until the copy stream is idle.
             unsafe { result::memcpy_dtoh_async(dst, src, self.streams.copy) }.w()?;
@@ -291,7 +371,7 @@ impl HostStash {
         let dst = device_ptr(&tensor, &streams.stream)?;
         streams.copy_after_compute()?;
         if saved.bytes > 0 {
-            let src = &saved.host.buf.as_slice()[..saved.bytes];
+            let src = &saved.host.as_slice()[..saved.bytes];
             // SAFETY: `dst` is a fresh tensor of `bytes` bytes whose allocation is ordered before this copy (the
             // wait above); `src` is page-locked and stays in the stash until the copy stream is idle.
             unsafe { result::memcpy_htod_async(dst, src, streams.copy) }.w()?;

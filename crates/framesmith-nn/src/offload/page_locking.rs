@@ -23,6 +23,14 @@ impl PageLocking {
             )
         })
     }
+
+    /// What was page-locked after `earlier` (a reading of the same totals).
+    pub fn since(&self, earlier: &PageLocking) -> PageLocking {
+        PageLocking {
+            bytes: self.bytes.saturating_sub(earlier.bytes),
+            secs: (self.secs - earlier.secs).max(0.0),
+        }
+    }
 }
 
 /// The running totals every page-locked allocation adds to.
@@ -78,5 +86,13 @@ mod tests {
             read.describe().as_deref(),
             Some("3.5 GiB page-locked in 1.8 s")
         );
+        let later = PageLocking {
+            bytes: read.bytes + (1 << 30),
+            secs: read.secs + 0.5,
+        };
+        let step = later.since(&read);
+        assert_eq!(step.bytes, 1 << 30);
+        assert!((step.secs - 0.5).abs() < 1e-9);
+        assert_eq!(read.since(&read).describe(), None);
     }
 }

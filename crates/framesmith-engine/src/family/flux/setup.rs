@@ -129,8 +129,7 @@ pub(super) fn start_run(
     };
     let clip = largest_clip(&cached, AUTOENCODER_FACTOR)?;
     let memory = memory_report(plan, model, clip, &device);
-    let report = memory.as_ref().and_then(|m| m.as_ref().ok());
-    if let Some(report) = report {
+    if let Some(Ok(report)) = &memory {
         log_plan(report, log);
     }
     let vram_reservation = reserve_budget(plan, &device)?;
@@ -188,5 +187,6 @@ pub(super) fn start_run(
         validation: None,
         report: memory.and_then(Result::ok),
         vram_reservation,
+        activation_buffers: None,
     })
 }

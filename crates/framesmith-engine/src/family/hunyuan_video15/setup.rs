@@ -155,10 +155,8 @@ pub(crate) fn start_run_with(
     let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
     // Before the DiT: the text encoders' memory is free again by the time the DiT takes its own.
     let samples = samples_of(plan, i2v, (dtype, &device), load, log)?;
-    let model_line = format!(
-        "HunyuanVideo 1.5 has {} double-stream blocks",
-        cfg.num_layers
-    );
+    let blocks = cfg.num_layers;
+    let model_line = format!("HunyuanVideo 1.5 has {blocks} double-stream blocks");
     let (streamed, offload): (Vec<usize>, OffloadOptions) =
         blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
             .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
@@ -201,5 +199,6 @@ pub(crate) fn start_run_with(
         validation,
         report: memory.and_then(Result::ok),
         vram_reservation,
+        activation_buffers: None,
     })
 }

@@ -136,5 +136,6 @@ pub(super) fn start_run(
         validation,
         report: memory.and_then(Result::ok),
         vram_reservation,
+        activation_buffers: None,
     })
 }

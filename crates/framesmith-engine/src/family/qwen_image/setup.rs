@@ -158,5 +158,6 @@ pub(crate) fn start_run_with(
         validation,
         report: memory.and_then(Result::ok),
         vram_reservation,
+        activation_buffers: None,
     })
 }

@@ -18,8 +18,10 @@ use crate::family::wan::run::WanRun;
 use crate::family::wan::sample_models::{encode_sample_prompts, vae_sampling, EncodedPrompt};
 use crate::family::wan::samples::{ClipSamples, Decoder};
 use crate::plan as memory_plan;
+use crate::train::buffers::start_activation_buffers;
 use crate::train::data::TrainSet;
 use crate::train::optimizer::AdamW;
+use crate::train::placements::checkpointing_for;
 use crate::train::setup::{
     blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
     named_vars, open_device, out_of_memory_advice, reserve_budget, start_loras, MemoryReport,
@@ -49,7 +51,7 @@ pub(super) fn start_run(
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
     let device = device_for(plan)?;
-    let memory = memory_report(plan, &device);
+    let (memory, activation_blocks) = memory_report(plan, &device).unzip();
     if let Some(Ok(report)) = &memory {
         log_plan(report, log);
     }
@@ -64,10 +66,16 @@ pub(super) fn start_run(
         mode::resolve(cfg, plan.training.mode, demo)?;
     }
     let vram_reservation = reserve_budget(plan, &device)?;
+    // Locked on a thread of their own while the prompts are read and the model is built (dropped, and so stopped,
+    // when the setup fails or is stopped).
+    let report = memory.as_ref().and_then(|m| m.as_ref().ok());
+    let activation_buffers = activation_blocks
+        .and_then(|blocks| start_activation_buffers((plan, report), &device, blocks, log));
     let encoded = encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
     let mut parts = load_run(plan, &device, memory.as_ref(), encoded, log)?;
     parts.report = memory.and_then(Result::ok);
     parts.vram_reservation = vram_reservation;
+    parts.activation_buffers = activation_buffers;
     Ok(parts)
 }
 
@@ -93,12 +101,12 @@ fn load_run(
     let building = std::time::Instant::now();
     let loaded = load_model(plan, None, device, memory).map_err(oom_on_load)?;
     let (mut model, base_name) = (loaded.model, loaded.name);
+    let built_secs = building.elapsed().as_secs_f64();
     log(
         LogLevel::Info,
         format!(
-            "model: {base_name} on {} (built in {:.1} s)",
-            device_label(device),
-            building.elapsed().as_secs_f64()
+            "model: {base_name} on {} (built in {built_secs:.1} s)",
+            device_label(device)
         ),
     );
     if let Some(line) = framesmith_nn::device::kernel_code_line(device) {
@@ -148,6 +156,7 @@ fn load_run(
         validation: run_data.validation,
         report: None,
         vram_reservation: None,
+        activation_buffers: None,
     })
 }
 
@@ -222,17 +231,27 @@ fn streaming_for(
 }
 
 /// The memory plan of a CUDA run (`None` elsewhere), made once before anything takes device memory: it picks
-/// `blocks_to_swap = "auto"` and words the out-of-memory advice.
-fn memory_report(plan: &RunPlan, device: &Device) -> Option<MemoryReport> {
+/// `blocks_to_swap = "auto"` and words the out-of-memory advice. Beside it, what each block keeps in RAM when the
+/// saved activations wait there (the buffers set aside before the first step).
+fn memory_report(
+    plan: &RunPlan,
+    device: &Device,
+) -> Option<(MemoryReport, Result<Vec<u64>, String>)> {
     if !(device.is_cuda() && plan.memory.applies) {
         return None;
     }
     let (clip, _) = memory_plan::clip_for_config(&plan.config);
-    Some(
-        memory_plan::model_for_config(&plan.config)
-            .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip))
-            .map_err(|e| e.to_string()),
-    )
+    let model = memory_plan::model_for_config(&plan.config).map_err(|e| e.to_string());
+    let report = model
+        .clone()
+        .and_then(|cfg| memory_plan::plan_run(plan, cfg, clip).map_err(|e| e.to_string()));
+    // What the step keeps follows the plan's choice of checkpointing where it has one, as the trainer's does.
+    let checkpointing = checkpointing_for(&plan.memory, report.as_ref().ok());
+    let blocks = model.and_then(|cfg| {
+        memory_plan::host_activation_blocks(plan, cfg, clip, checkpointing)
+            .map_err(|e| e.to_string())
+    });
+    Some((report, blocks))
 }
 
 /// Where the official code of a Wan generation lives (`modelspec.implementation`).
