@@ -386,6 +386,7 @@ fn sample(
     stop_requested: &dyn Fn() -> bool,
 ) -> anyhow::Result<bool> {
     events.state(RunState::Sampling);
+    trainer.restart_vram_peak();
     match trainer.sample(stop_requested) {
         Ok(ready) => {
             ready.into_iter().for_each(|e| events.send(e));

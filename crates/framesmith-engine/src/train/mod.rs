@@ -18,6 +18,7 @@ pub mod step;
 pub mod timesteps;
 pub mod trainer;
 pub mod validation;
+pub mod vram_peak;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -510,6 +510,7 @@ impl Trainer {
             validation: parts.validation,
             collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
             startup: Startup::begin(),
+            vram_peak: Default::default(),
             activation_buffers: parts.activation_buffers,
         })
     }

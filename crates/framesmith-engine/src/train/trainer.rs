@@ -87,6 +87,8 @@ pub struct Trainer {
     pub(super) collective: Arc<dyn Collective>,
     /// The run's start, in parts, until its first step is reported.
     pub(super) startup: crate::train::startup::Startup,
+    /// The run's VRAM peak from before the pool's mark was last restarted (before a sampling round).
+    pub(super) vram_peak: crate::train::vram_peak::RunPeak,
     /// The step's page-locked activation buffers, being set aside beside the setup until the first step.
     pub(super) activation_buffers: Option<framesmith_nn::offload::ActivationBuffers>,
 }
@@ -150,14 +152,14 @@ impl Trainer {
         })
     }
 
-    /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark)
-    /// next to the planner's prediction; `None` off CUDA.
+    /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark, and
+    /// the peak from before its restarts) next to the planner's prediction; `None` off CUDA.
     pub fn vram_line(&self) -> Option<String> {
-        self.vram_line_against("VRAM", ("the plan", self.planned_vram_bytes))
+        self.vram_line_against("VRAM", ("the plan", self.planned_vram_bytes), false)
     }
 
-    /// [`Trainer::vram_line`] after a sampling round, next to the plan's sampling phase (the high-water mark
-    /// then holds the samples' peak when they needed more than the steps).
+    /// [`Trainer::vram_line`] after a sampling round, next to the plan's sampling phase: the round's own peak (the
+    /// pool's mark restarted before it, [`Trainer::restart_vram_peak`]).
     pub fn sampling_vram_line(&self) -> Option<String> {
         let planned = match self.planned_sampling_vram_bytes {
             Some(bytes) => ("the plan's sampling phase", Some(bytes)),
@@ -166,17 +168,26 @@ impl Trainer {
         self.vram_line_against(
             &format!("VRAM after sampling at step {}", self.step),
             planned,
+            true,
         )
     }
 
-    /// The VRAM line, opening with `label`, beside what `(whose, bytes)` of the plan predicted.
+    /// The VRAM line, opening with `label`, beside what `(whose, bytes)` of the plan predicted: the peak of the
+    /// sampling round just done (`round`), else the run's so far.
     fn vram_line_against(
         &self,
         label: &str,
         (whose, planned): (&str, Option<u64>),
+        round: bool,
     ) -> Option<String> {
         let held_back = self.vram_reservation.as_ref().map_or(0, |h| h.bytes);
-        let used = framesmith_nn::device::VramUse::measure(self.device(), held_back)?;
+        let mut used = framesmith_nn::device::VramUse::measure(self.device(), held_back)?;
+        let when = if round {
+            "while sampling"
+        } else {
+            used.peak = self.vram_peak.so_far(used.peak);
+            "so far"
+        };
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         let plan = match planned {
             Some(plan) => format!(
@@ -201,7 +212,7 @@ impl Trainer {
             None => String::new(),
         };
         Some(format!(
-            "{label}: peak {:.2} GiB so far{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
+            "{label}: peak {:.2} GiB {when}{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
              steps ({:.2} GiB reserved), {:.2} GiB of the card free{second}",
             gib(used.peak),
             gib(used.outside_pool),
