@@ -464,9 +464,11 @@ fn codes_to_bytes(codes: &Tensor) -> Result<Vec<u8>> {
     let flat = codes.flatten_all()?.to_device(&Device::Cpu)?;
     match codes.dtype() {
         DType::U8 => flat.to_vec1::<u8>(),
+        // Collected in place: the codes' own buffer (same size and alignment) becomes the bytes, so a model's
+        // FP8 weights are not copied once more into freshly faulted-in memory on their way to the model.
         DType::F8E4M3 => Ok(flat
             .to_vec1::<F8E4M3>()?
-            .iter()
+            .into_iter()
             .map(|c| c.to_bits())
             .collect()),
         other => candle_core::bail!("FP8 weight has dtype {other:?}, expected F8E4M3"),
