@@ -14,6 +14,7 @@ pub mod file;
 pub mod fp8;
 pub mod init;
 pub mod linear;
+pub mod load_timing;
 pub mod lora;
 pub mod lora_file;
 pub mod norm;

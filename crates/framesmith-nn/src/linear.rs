@@ -11,6 +11,7 @@ use candle_core::{
 
 use super::adapter::Adapter;
 use super::fp8::{self, Fp8Scale, Fp8Weight};
+use super::load_timing::{timed, LoadPart};
 use super::lora::Lora;
 use super::vb::Vb;
 
@@ -101,11 +102,18 @@ impl Linear {
                 Ok(w)
             }
         };
+        let to_device = |w: &Fp8Weight| timed(LoadPart::ToDevice, || w.to_device(vb.device()));
         let base = if stored.dtype() == DType::F8E4M3 {
-            let weight = load_prequantized(vb, &stored)?;
+            let weight = timed(LoadPart::Fp8, || load_prequantized(vb, &stored))?;
             match vb.fp8() {
-                Some(_) => BaseWeight::Fp8(for_products(weight)?.to_device(vb.device())?),
-                None => BaseWeight::Dense(weight.dequantize(vb.dtype())?.to_device(vb.device())?),
+                Some(_) => {
+                    let weight = timed(LoadPart::Fp8, || for_products(weight))?;
+                    BaseWeight::Fp8(to_device(&weight)?)
+                }
+                None => {
+                    let dense = timed(LoadPart::Fp8, || weight.dequantize(vb.dtype()))?;
+                    BaseWeight::Dense(timed(LoadPart::ToDevice, || dense.to_device(vb.device()))?)
+                }
             }
         } else if let Some(mode) = vb.fp8() {
             // FP8 products take one scale per channel: quantised so from the start, rounding each value once.
@@ -114,8 +122,10 @@ impl Linear {
             } else {
                 mode
             };
-            let weight = for_products(fp8::quantize(&stored, mode)?)?;
-            BaseWeight::Fp8(weight.to_device(vb.device())?)
+            let weight = timed(LoadPart::Fp8, || {
+                fp8::quantize(&stored, mode).and_then(for_products)
+            })?;
+            BaseWeight::Fp8(to_device(&weight)?)
         } else {
             BaseWeight::Dense(vb.get((out_dim, in_dim), "weight")?)
         };

@@ -36,6 +36,8 @@ use std::sync::Mutex;
 
 use candle_core::{Device, Result, Tensor};
 
+use crate::load_timing::{timed, LoadPart};
+
 pub use crate::bytes::tensor_bytes;
 pub use activations::{
     release_host_activation_buffers, KeptValues, SavedInputs, SavedPlacement, Stashable,
@@ -219,20 +221,40 @@ impl SlotBackend for HostBackend {
 enum Masters {
     /// Ordinary RAM (huge-page advised): `staged` streaming, and the synchronous host backend.
     Pageable(Vec<HostBuffer>),
-    /// Page-locked RAM: `pinned` streaming.
+    /// Page-locked RAM: `pinned` streaming. The buffers are page-locked on a thread of their own (`ahead`) while
+    /// the blocks before them are read and packed, rather than one after another in between.
     #[cfg(feature = "cuda")]
-    PageLocked(Vec<cuda::Pinned>),
+    PageLocked {
+        bufs: Vec<cuda::Pinned>,
+        ahead: Option<prelock::Ahead<cuda::Pinned>>,
+    },
 }
 
 impl Masters {
-    /// Empty masters of the kind `mode` keeps blocks in.
+    /// Empty masters of the kind `mode` keeps blocks in, for about `expected` blocks of `layout`.
     #[cfg_attr(not(feature = "cuda"), allow(unused_variables))]
-    fn new(mode: StreamMode, device: &Device) -> Result<Self> {
+    fn new(
+        mode: StreamMode,
+        device: &Device,
+        layout: &BlockLayout,
+        expected: usize,
+    ) -> Result<Self> {
         match mode {
             #[cfg(feature = "cuda")]
             StreamMode::Pinned => {
                 cuda::bind_context(device)?;
-                Ok(Self::PageLocked(Vec::new()))
+                let (bytes, device) = (layout.total_bytes, device.clone());
+                // Without the thread every buffer is page-locked where it is needed, as before.
+                let ahead = prelock::Ahead::start(expected, move || {
+                    cuda::bind_context(&device)
+                        .and_then(|()| cuda::Pinned::new(bytes))
+                        .map_err(|e| e.to_string())
+                })
+                .ok();
+                Ok(Self::PageLocked {
+                    bufs: Vec::with_capacity(expected),
+                    ahead,
+                })
             }
             _ => Ok(Self::Pageable(Vec::new())),
         }
@@ -243,13 +265,22 @@ impl Masters {
         match self {
             Self::Pageable(bufs) => {
                 let mut buf = HostBuffer::zeroed(layout.total_bytes);
-                layout.pack_block(block, &mut buf)?;
+                timed(LoadPart::Packing, || layout.pack_block(block, &mut buf))?;
                 bufs.push(buf);
             }
             #[cfg(feature = "cuda")]
-            Self::PageLocked(bufs) => {
-                let mut buf = cuda::Pinned::new(layout.total_bytes)?;
-                layout.pack_block(block, buf.as_mut_slice())?;
+            Self::PageLocked { bufs, ahead } => {
+                let bytes = layout.total_bytes;
+                let mut buf = timed(LoadPart::PageLocking, || {
+                    match ahead.as_ref().and_then(prelock::Ahead::next) {
+                        Some(buf) => Ok(buf),
+                        None => cuda::Pinned::new(bytes),
+                    }
+                })?;
+                crate::load_timing::add_page_locked(bytes);
+                timed(LoadPart::Packing, || {
+                    layout.pack_block(block, buf.as_mut_slice())
+                })?;
                 bufs.push(buf);
             }
         }
@@ -333,6 +364,8 @@ fn pack_blocks<B: Streamable>(
     num_blocks: usize,
     blocks: impl IntoIterator<Item = Result<(usize, B)>>,
 ) -> Result<Packed<B>> {
+    let blocks = blocks.into_iter();
+    let expected = blocks.size_hint().0.max(1);
     let mut index = vec![None; num_blocks];
     let mut layout: Option<BlockLayout> = None;
     let mut masters = Masters::Pageable(Vec::new());
@@ -351,7 +384,7 @@ fn pack_blocks<B: Streamable>(
             Some(l) => l,
             None => {
                 let l = layout.insert(BlockLayout::of(&block.frozen_tensors()));
-                masters = Masters::new(mode, device)?;
+                masters = Masters::new(mode, device, l, expected)?;
                 l
             }
         };
@@ -405,13 +438,11 @@ impl BlockStreamer {
         let slots = options.slots.max(1);
         let (backend, slot0): (Box<dyn SlotBackend>, Vec<Tensor>) = match masters {
             #[cfg(feature = "cuda")]
-            Masters::PageLocked(masters) => {
-                let backend = cuda::CudaBackend::new(
-                    device,
-                    &layout,
-                    cuda::Masters::Pinned(masters),
-                    options,
-                )?;
+            Masters::PageLocked { bufs, ahead } => {
+                // Every buffer was taken: the thread has ended.
+                drop(ahead);
+                let backend =
+                    cuda::CudaBackend::new(device, &layout, cuda::Masters::Pinned(bufs), options)?;
                 let slot0 = backend.slot_tensors(0);
                 (Box::new(backend), slot0)
             }

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use candle_core::{DType, Device, Result, Shape, Tensor};
 
 use super::fp8::Fp8Scale;
+use super::load_timing::{timed, LoadPart};
 
 /// Where a [`Vb`]'s tensors come from: each read by its full (official) name.
 pub trait TensorSource: Send + Sync {
@@ -153,12 +154,13 @@ impl Vb {
         // ends the load at the next tensor.
         super::cancel::check_candle()?;
         let key = self.path(name);
-        found(&key, self.tensors.read(&key)?)
+        found(&key, timed(LoadPart::Reading, || self.tensors.read(&key))?)
     }
 
     /// The tensor as stored (dtype unchanged), moved to the device.
     pub fn get_raw(&self, name: &str) -> Result<Tensor> {
-        self.get_stored(name)?.to_device(&self.device)
+        let stored = self.get_stored(name)?;
+        timed(LoadPart::ToDevice, || stored.to_device(&self.device))
     }
 
     /// The tensor with the expected shape, converted to the compute dtype. An FP8 `weight` stored with a scale
@@ -168,7 +170,11 @@ impl Vb {
         let shape = shape.into();
         super::cancel::check_candle()?;
         let key = self.path(name);
-        let t = found(&key, self.tensors.read_shaped(&key, &shape)?)?.to_device(&self.device)?;
+        let read = found(
+            &key,
+            timed(LoadPart::Reading, || self.tensors.read_shaped(&key, &shape))?,
+        )?;
+        let t = timed(LoadPart::ToDevice, || read.to_device(&self.device))?;
         if t.shape() != &shape {
             candle_core::bail!(
                 "tensor `{key}` has shape {:?}, expected {:?}",
@@ -178,7 +184,7 @@ impl Vb {
         }
         if t.dtype() == DType::F8E4M3 && name == "weight" {
             if let Some(scale) = self.weight_scale()? {
-                return self.dequantize(&t, &scale);
+                return timed(LoadPart::Fp8, || self.dequantize(&t, &scale));
             }
         }
         t.to_dtype(self.dtype)

@@ -8,7 +8,7 @@
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{mpsc, Arc};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -138,6 +138,65 @@ impl<C: HostChunk> Drop for Prelocking<C> {
         self.stop();
         if let Some(thread) = self.thread.take() {
             drop(thread.join());
+        }
+    }
+}
+
+/// Buffers of one size allocated on a thread of their own ahead of their use and handed out in turn
+/// ([`Ahead::next`]): the host copies of streamed blocks page-locked while the blocks before them are read and
+/// packed. A failed allocation ends the thread; dropping the handle stops it and frees what was not taken.
+pub(crate) struct Ahead<C: Send + 'static> {
+    ready: mpsc::Receiver<Result<C, String>>,
+    stopping: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl<C: Send + 'static> Ahead<C> {
+    /// Starts allocating `count` buffers with `alloc`, one after another.
+    pub(crate) fn start<A>(count: usize, mut alloc: A) -> std::io::Result<Self>
+    where
+        A: FnMut() -> Result<C, String> + Send + 'static,
+    {
+        let (send, ready) = mpsc::channel();
+        let stopping = Arc::new(AtomicBool::new(false));
+        let stopped = stopping.clone();
+        let thread = std::thread::Builder::new()
+            .name("host-buffers-ahead".into())
+            .spawn(move || {
+                for _ in 0..count {
+                    if stopped.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let made = alloc();
+                    let failed = made.is_err();
+                    if send.send(made).is_err() || failed {
+                        break;
+                    }
+                }
+            })?;
+        Ok(Self {
+            ready,
+            stopping,
+            thread: Some(thread),
+        })
+    }
+
+    /// The next buffer, waiting for it; `None` when the thread has none left to give (every one was taken, or an
+    /// allocation failed): the caller then allocates it itself.
+    pub(crate) fn next(&self) -> Option<C> {
+        self.ready.recv().ok()?.ok()
+    }
+}
+
+impl<C: Send + 'static> Drop for Ahead<C> {
+    /// Stops the thread after the buffer it is allocating; what it made and nobody took is freed here.
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            drop(thread.join());
+        }
+        while let Ok(made) = self.ready.try_recv() {
+            drop(made);
         }
     }
 }
@@ -288,6 +347,58 @@ mod tests {
             0,
             "the stopped thread's chunk is freed"
         );
+    }
+
+    #[test]
+    fn buffers_made_ahead_come_in_turn_then_the_caller_makes_its_own() {
+        let alive = Arc::new(AtomicUsize::new(0));
+        let made = alive.clone();
+        let ahead = Ahead::start(2, move || Ok(Counted::new(4, &made))).expect("thread starts");
+        let first = ahead.next().expect("first");
+        let second = ahead.next().expect("second");
+        assert_eq!((first.len(), second.len()), (4, 4));
+        assert!(ahead.next().is_none(), "only two were asked for");
+        drop(ahead);
+        assert_eq!(alive.load(Ordering::SeqCst), 2, "the taken ones stay");
+        drop((first, second));
+        assert_eq!(alive.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn a_failure_ahead_leaves_the_rest_to_the_caller() {
+        let alive = Arc::new(AtomicUsize::new(0));
+        let made = alive.clone();
+        let ahead = Ahead::start(5, move || {
+            if made.load(Ordering::SeqCst) == 2 {
+                Err("no more page-locked memory".to_string())
+            } else {
+                Ok(Counted::new(4, &made))
+            }
+        })
+        .expect("thread starts");
+        let taken = [ahead.next(), ahead.next(), ahead.next(), ahead.next()];
+        assert_eq!(
+            taken.iter().map(Option::is_some).collect::<Vec<_>>(),
+            [true, true, false, false]
+        );
+        drop((ahead, taken));
+        assert_eq!(alive.load(Ordering::SeqCst), 0);
+    }
+
+    #[test]
+    fn buffers_nobody_took_are_freed_with_the_handle() {
+        let alive = Arc::new(AtomicUsize::new(0));
+        let made = alive.clone();
+        let ahead = Ahead::start(3, move || Ok(Counted::new(4, &made))).expect("thread starts");
+        let taken = ahead.next().expect("one");
+        drop(ahead);
+        assert_eq!(
+            alive.load(Ordering::SeqCst),
+            1,
+            "only the taken one is left"
+        );
+        drop(taken);
+        assert_eq!(alive.load(Ordering::SeqCst), 0);
     }
 
     #[test]

@@ -34,6 +34,7 @@ use framesmith_config::RunPlan;
 use framesmith_models::trainable::attach_model_loras;
 use framesmith_models::wan::config::Expert;
 use framesmith_models::wan::{ModelOptions, WanConfig, WanModel};
+use framesmith_nn::load_timing::load_timing;
 use framesmith_nn::lora::{LoraSet, LoraSpec};
 use framesmith_nn::offload::{
     release_cached_memory, streamed_blocks, OutOfMemory, StreamPlacement,
@@ -99,6 +100,7 @@ fn load_run(
         }
     };
     let building = std::time::Instant::now();
+    let timing = load_timing();
     let loaded = load_model(plan, None, device, memory).map_err(oom_on_load)?;
     let (mut model, base_name) = (loaded.model, loaded.name);
     let built_secs = building.elapsed().as_secs_f64();
@@ -108,6 +110,10 @@ fn load_run(
             "model: {base_name} on {} (built in {built_secs:.1} s)",
             device_label(device)
         ),
+    );
+    log(
+        LogLevel::Info,
+        load_timing().since(&timing).describe(built_secs),
     );
     if let Some(line) = framesmith_nn::device::kernel_code_line(device) {
         log(LogLevel::Info, line);
