@@ -107,7 +107,8 @@ pub struct GlyphFile {
 /// The file at `path` as a byT5 encoder (byT5-small's width 1472, or Glyph-SDXL-v2's vocabulary 1510), named from
 /// its header or pickle listing; `None` for anything else.
 pub fn identify(path: &Path) -> Option<GlyphFile> {
-    if path.is_dir() {
+    // Only a regular file: a folder is not one file, and opening a FIFO or a device would wait or never end.
+    if !std::fs::metadata(path).is_ok_and(|m| m.is_file()) {
         return None;
     }
     let (listed, pytorch, bytes_on_disk) = match read_header(path) {
