@@ -7,8 +7,9 @@
 
 #![cfg_attr(not(feature = "cuda"), allow(dead_code))]
 
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, Condvar, Mutex};
 use std::thread::JoinHandle;
 use std::time::Instant;
 
@@ -146,9 +147,34 @@ impl<C: HostChunk> Drop for Prelocking<C> {
 /// ([`Ahead::next`]): the host copies of streamed blocks page-locked while the blocks before them are read and
 /// packed. A failed allocation ends the thread; dropping the handle stops it and frees what was not taken.
 pub(crate) struct Ahead<C: Send + 'static> {
-    ready: mpsc::Receiver<Result<C, String>>,
-    stopping: Arc<AtomicBool>,
+    shared: Arc<Handoff<C>>,
     thread: Option<JoinHandle<()>>,
+}
+
+/// What the allocating thread hands over: the buffers made and not yet taken, whether it has finished, and
+/// whether it was asked to stop.
+struct Handoff<C> {
+    state: Mutex<HandoffState<C>>,
+    changed: Condvar,
+}
+
+struct HandoffState<C> {
+    made: VecDeque<Result<C, String>>,
+    finished: bool,
+    stopping: bool,
+}
+
+impl<C> Handoff<C> {
+    /// Runs `f` on the state (a poisoned lock still holds usable buffers: the thread only pushes to it).
+    fn with<R>(&self, f: impl FnOnce(&mut HandoffState<C>) -> R) -> R {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let out = f(&mut state);
+        self.changed.notify_all();
+        out
+    }
 }
 
 impl<C: Send + 'static> Ahead<C> {
@@ -157,26 +183,33 @@ impl<C: Send + 'static> Ahead<C> {
     where
         A: FnMut() -> Result<C, String> + Send + 'static,
     {
-        let (send, ready) = mpsc::channel();
-        let stopping = Arc::new(AtomicBool::new(false));
-        let stopped = stopping.clone();
+        let shared = Arc::new(Handoff {
+            state: Mutex::new(HandoffState {
+                made: VecDeque::new(),
+                finished: false,
+                stopping: false,
+            }),
+            changed: Condvar::new(),
+        });
+        let theirs = shared.clone();
         let thread = std::thread::Builder::new()
             .name("host-buffers-ahead".into())
             .spawn(move || {
                 for _ in 0..count {
-                    if stopped.load(Ordering::Relaxed) {
+                    if theirs.with(|s| s.stopping) {
                         break;
                     }
                     let made = alloc();
                     let failed = made.is_err();
-                    if send.send(made).is_err() || failed {
+                    theirs.with(|s| s.made.push_back(made));
+                    if failed {
                         break;
                     }
                 }
+                theirs.with(|s| s.finished = true);
             })?;
         Ok(Self {
-            ready,
-            stopping,
+            shared,
             thread: Some(thread),
         })
     }
@@ -184,20 +217,35 @@ impl<C: Send + 'static> Ahead<C> {
     /// The next buffer, waiting for it; `None` when the thread has none left to give (every one was taken, or an
     /// allocation failed): the caller then allocates it itself.
     pub(crate) fn next(&self) -> Option<C> {
-        self.ready.recv().ok()?.ok()
+        let h = &self.shared;
+        let mut state = h
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        loop {
+            if let Some(made) = state.made.pop_front() {
+                return made.ok();
+            }
+            if state.finished {
+                return None;
+            }
+            state = h
+                .changed
+                .wait(state)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
     }
 }
 
 impl<C: Send + 'static> Drop for Ahead<C> {
     /// Stops the thread after the buffer it is allocating; what it made and nobody took is freed here.
     fn drop(&mut self) {
-        self.stopping.store(true, Ordering::Relaxed);
+        self.shared.with(|s| s.stopping = true);
         if let Some(thread) = self.thread.take() {
             drop(thread.join());
         }
-        while let Ok(made) = self.ready.try_recv() {
-            drop(made);
-        }
+        let left = self.shared.with(|s| std::mem::take(&mut s.made));
+        drop(left);
     }
 }
 
