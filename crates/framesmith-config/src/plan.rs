@@ -263,6 +263,27 @@ pub struct MemoryPlan {
     pub ranks_on_machine: usize,
 }
 
+impl Default for MemoryPlan {
+    /// `[memory]` left out, as a CUDA run off Windows resolves it (no budgets, one rank).
+    fn default() -> Self {
+        let m = super::run::MemorySection::default();
+        Self {
+            applies: true,
+            streaming: m.streaming,
+            blocks_to_swap: m.blocks_to_swap,
+            activations: m.activations,
+            checkpointing: m.checkpointing,
+            vram_budget_bytes: None,
+            ram_budget_bytes: None,
+            pinned_budget_bytes: None,
+            staging_slots: m.staging_slots,
+            flux_stream_order: m.flux_stream_order,
+            shared_memory_guard: false,
+            ranks_on_machine: 1,
+        }
+    }
+}
+
 /// Resolved `[output]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct OutputPlan {

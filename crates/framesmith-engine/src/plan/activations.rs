@@ -163,7 +163,7 @@ mod tests {
             assert_eq!(blocks.len(), s.num_blocks(), "{checkpointing:?}");
             // One block: its saved input and, when kept, its attention (and projection) outputs.
             let k = &s.kinds[0];
-            let want = s.saved_input_bytes
+            let expected = s.saved_input_bytes
                 + match checkpointing {
                     Checkpointing::Attention => k.kept_attention_bytes,
                     Checkpointing::AttentionProjection => {
@@ -171,7 +171,7 @@ mod tests {
                     }
                     _ => 0,
                 };
-            assert!(blocks.iter().all(|&b| b == want), "{checkpointing:?}");
+            assert!(blocks.iter().all(|&b| b == expected), "{checkpointing:?}");
         }
     }
 }

@@ -591,7 +591,7 @@ fn presets_plan_as_issue_7_wires_them() {
     assert!(full.model.contains("bf16"));
 }
 
-/// The 16 GB presets fit Wan2.1-14B FP8 at 480×832×81 on a 16 GB card within the RAM budgets they set (the RAM
+/// The 16 GB presets fit a 14B video model in FP8 at 480×832×81 on a 16 GB card within the RAM budgets they set (the RAM
 /// their names say, less what an OS and the app keep), on Linux and on Windows (page-locked memory within half of
 /// the machine's RAM), the planner choosing the placements; 64 GB's preset in 28 GiB does not fit, and says so.
 #[test]

@@ -5,7 +5,7 @@ use framesmith_config::run::{
     ActivationPlacement, AutoKeyword, BlocksToSwap, Checkpointing, StreamingMode,
 };
 
-/// Wan2.1-14B FP8 at 480×832×81 on a card of `vram_gib` with a RAM budget of `ram_gib`, every placement left
+/// A 14B video model in FP8 at 480×832×81 on a card of `vram_gib` with a RAM budget of `ram_gib`, every placement left
 /// to the planner but the checkpointing (`checkpointing`).
 fn auto_14b(vram_gib: u64, ram_gib: u64, checkpointing: Checkpointing) -> PlanInput {
     let mut i = fp8_14b();

@@ -1,7 +1,7 @@
 use super::*;
 use crate::plan::tests::{fp8_14b, GIB};
 use framesmith_config::protocol::memory::Placements;
-use framesmith_config::run::{AutoKeyword, BlocksToSwap, FluxStreamOrder};
+use framesmith_config::run::{AutoKeyword, BlocksToSwap};
 
 fn memory(
     streaming: StreamingMode,
@@ -15,12 +15,8 @@ fn memory(
         activations,
         checkpointing,
         vram_budget_bytes: Some(24 * GIB),
-        ram_budget_bytes: None,
-        pinned_budget_bytes: None,
         staging_slots: 4,
-        flux_stream_order: FluxStreamOrder::SingleFirst,
-        shared_memory_guard: false,
-        ranks_on_machine: 1,
+        ..MemoryPlan::default()
     }
 }
 
