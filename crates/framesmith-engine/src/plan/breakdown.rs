@@ -97,7 +97,7 @@ fn adapter_lines(input: &PlanInput, s: &ModelMemory) -> Vec<PlanLine> {
     let work = s.lora.work_bytes(kind, &s.shape);
     if work > 0 {
         out.push(line(
-            format!("{name} working memory (one layer's update or norms, kept outputs)"),
+            format!("{name} working memory (one layer's update or norm terms)"),
             work,
             Placement::Device,
         ));

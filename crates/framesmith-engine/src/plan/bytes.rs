@@ -2,8 +2,6 @@
 //! `nn::linear` and `nn::fp8` hold them), dtypes' sizes, and the LoRA parameters over a model's official tensor
 //! list. Each family counts its own blocks with these in its `family/<name>/plan.rs`.
 
-use std::collections::BTreeMap;
-
 use framesmith_config::plan::FloatDtype;
 use framesmith_config::run::{BaseDtype, Fp8ScaleMode, LoraKind, LoraSection};
 use framesmith_nn::adapter::AdapterKind;
@@ -120,23 +118,17 @@ pub struct AdapterCount {
     pub largest: [usize; 2],
     /// The rank the adapters were counted at.
     pub rank: usize,
-    /// The most summed output widths of the adapted linears of one block (`{list}.{i}.…`).
-    pub block_outputs: u64,
 }
 
 impl AdapterCount {
     /// Bytes one layer's adapter arithmetic holds beyond plain LoRA's for `kind` (LoKr's and LoHa's factored
     /// terms or merged weight, whichever way the layer runs; DoRA's output-sized product:
-    /// `nn::adapter::AdapterKind::work_bytes` of the widest linear at the step's tokens), plus, for DoRA, the
-    /// outputs its backward keeps for every adapted linear of a block (for its magnitude gradient).
+    /// `nn::adapter::AdapterKind::work_bytes` of the widest linear at the step's tokens). DoRA's tape keeps each
+    /// layer's output for its magnitude gradient, but that output is the tensor the block's own tape keeps
+    /// (shared, not copied), so it adds nothing here.
     pub fn work_bytes(&self, kind: AdapterKind, shape: &StepShape) -> u64 {
         let rows = usize::try_from(shape.tokens).unwrap_or(usize::MAX);
-        let per_layer = kind.work_bytes(self.largest, self.rank, rows, shape.compute_bytes);
-        let kept = match kind {
-            AdapterKind::Dora => shape.tokens * self.block_outputs * shape.compute_bytes,
-            _ => 0,
-        };
-        per_layer + kept
+        kind.work_bytes(self.largest, self.rank, rows, shape.compute_bytes)
     }
 }
 
@@ -164,15 +156,6 @@ pub fn lora_parameters_of(
     if !matches!(kind, AdapterKind::Lokr { .. }) {
         check_rank(rank, adapted.iter().copied())?;
     }
-    let mut block_outputs: BTreeMap<(&str, &str), u64> = BTreeMap::new();
-    for (module, [_, out_dim]) in &adapted {
-        let mut parts = module.splitn(3, '.');
-        let block = (
-            parts.next().unwrap_or_default(),
-            parts.next().unwrap_or_default(),
-        );
-        *block_outputs.entry(block).or_default() += *out_dim as u64;
-    }
     Ok(AdapterCount {
         params: adapted
             .iter()
@@ -185,6 +168,5 @@ pub fn lora_parameters_of(
             .max_by_key(|[i, o]| (i * o, *o))
             .unwrap_or_default(),
         rank,
-        block_outputs: block_outputs.values().copied().max().unwrap_or(0),
     })
 }
