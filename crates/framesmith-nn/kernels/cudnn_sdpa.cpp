@@ -11,6 +11,10 @@
 // Built plans can be kept on disk (fs_sdpa_set_cache_dir): a later run deserialises them instead of building them
 // again, which for cuDNN's runtime-compiled attention kernels skips their compilation. A plan file that cannot be
 // read back is built again and rewritten; a file that cannot be written only costs the next run the build.
+// FP8 (fs_sdpa_fp8_*): the same attention with q, k, v (and, backward, o and dO) in e4m3fn, each with a per-tensor
+// descale, the softmax probabilities and dP scaled into e4m3fn inside the kernels, and cuDNN's amax outputs; the
+// scale and amax tensors are slots of one f32 array on the GPU (fp8_attention.h) that kernels/fp8_attention.cu
+// fills. Outputs (O, dQ, dK, dV) are bf16 where cuDNN allows it (Blackwell, cuDNN 9.13+), e4m3fn otherwise.
 // No C++ exception leaves this file: every entry point turns one into an error message.
 #include <cudnn_frontend.h>
 #ifdef _WIN32
@@ -23,6 +27,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <initializer_list>
 #include <iterator>
 #include <map>
 #include <memory>
@@ -30,6 +35,8 @@
 #include <string>
 #include <tuple>
 #include <vector>
+
+#include "fp8_attention.h"
 
 #ifdef NV_CUDNN_FRONTEND_USE_DYNAMIC_LOADING
 namespace cudnn_frontend {
@@ -41,11 +48,14 @@ namespace fe = cudnn_frontend;
 
 namespace {
 
-enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, SEQ_Q, SEQ_KV };
+enum Uid : int64_t { Q = 1, K, V, O, STATS, DO, DQ, DK, DV, SEQ_Q, SEQ_KV, SLOT0 = 100 };
+
+// What a graph computes in: bf16 throughout, or FP8 with e4m3fn or bf16 outputs.
+enum Kind : int { BF16 = 0, FP8 = 1, FP8_BF16_OUT = 2 };
 
 std::mutex g_mutex;
 std::string g_error;
-using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, float>;
+using Key = std::tuple<int64_t, int64_t, int64_t, int64_t, int64_t, bool, bool, float, int>;
 
 // A device's handle and the graphs built with it.
 struct PerDevice {
@@ -124,9 +134,9 @@ std::shared_ptr<fe::graph::Tensor_attributes> seq_lens(fe::graph::Graph &g, cons
                         .set_data_type(fe::DataType_t::INT32));
 }
 
-std::shared_ptr<fe::graph::Graph> new_graph() {
+std::shared_ptr<fe::graph::Graph> new_graph(int kind) {
     auto g = std::make_shared<fe::graph::Graph>();
-    g->set_io_data_type(fe::DataType_t::BFLOAT16)
+    g->set_io_data_type(kind == BF16 ? fe::DataType_t::BFLOAT16 : fe::DataType_t::FP8_E4M3)
         .set_intermediate_data_type(fe::DataType_t::FLOAT)
         .set_compute_data_type(fe::DataType_t::FLOAT);
     return g;
@@ -144,12 +154,13 @@ int build(fe::graph::Graph &g, cudnnHandle_t handle) {
 
 // The plan file of `s` in `dir`: the shape, mask, direction and scale, and the cuDNN and frontend versions that
 // built it (a plan from another version is never read).
-std::string plan_path(const std::string &dir, const Shape &s, bool padded, bool backward, float scale) {
+std::string plan_path(const std::string &dir, const Shape &s, bool padded, bool backward, float scale, int kind) {
     uint32_t scale_bits = 0;
     std::memcpy(&scale_bits, &scale, sizeof scale_bits);
     char name[256];
-    std::snprintf(name, sizeof name, "sdpa-%s-b%lld-h%lld-q%lld-kv%lld-d%lld-%s-s%08x-cudnn%lld-fe%d.plan",
-                  backward ? "bwd" : "fwd", static_cast<long long>(s.b), static_cast<long long>(s.h),
+    const char *tag = kind == FP8 ? "fp8-" : kind == FP8_BF16_OUT ? "fp8b-" : "";
+    std::snprintf(name, sizeof name, "sdpa-%s%s-b%lld-h%lld-q%lld-kv%lld-d%lld-%s-s%08x-cudnn%lld-fe%d.plan",
+                  tag, backward ? "bwd" : "fwd", static_cast<long long>(s.b), static_cast<long long>(s.h),
                   static_cast<long long>(s.sq), static_cast<long long>(s.skv), static_cast<long long>(s.d),
                   padded ? "pad" : "full", scale_bits, static_cast<long long>(fe::detail::get_backend_version()),
                   CUDNN_FRONTEND_VERSION);
@@ -157,12 +168,12 @@ std::string plan_path(const std::string &dir, const Shape &s, bool padded, bool 
 }
 
 // The graph read back from `path`, or null when there is none or it cannot be used.
-std::shared_ptr<fe::graph::Graph> read_plan(const std::string &path, cudnnHandle_t handle) {
+std::shared_ptr<fe::graph::Graph> read_plan(const std::string &path, cudnnHandle_t handle, int kind) {
     std::ifstream in(path, std::ios::binary);
     if (!in) return nullptr;
     std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     if (data.empty()) return nullptr;
-    auto g = new_graph();
+    auto g = new_graph(kind);
     try {
         if (g->deserialize(handle, data).is_bad()) return nullptr;
     } catch (const std::exception &) {
@@ -197,42 +208,25 @@ void write_plan(const std::string &path, fe::graph::Graph &g) {
     }
 }
 
-int graph_for(int device, PerDevice &dev, const Shape &s, bool padded, bool backward, float scale,
-              std::shared_ptr<fe::graph::Graph> *out) {
-    const Key key{s.b, s.h, s.sq, s.skv, s.d, padded, backward, scale};
-    auto it = dev.graphs.find(key);
-    if (it != dev.graphs.end()) {
-        *out = it->second;
-        return 0;
-    }
-    auto dir = g_cache_dirs.find(device);
-    std::string path;
-    if (dir != g_cache_dirs.end()) {
-        path = plan_path(dir->second, s, padded, backward, scale);
-        if (auto kept = read_plan(path, dev.handle)) {
-            g_plans_read++;
-            dev.graphs.emplace(key, kept);
-            *out = kept;
-            return 0;
-        }
-    }
-    auto g = new_graph();
-    auto q = bshd(*g, "Q", Q, s, s.sq);
-    auto k = bshd(*g, "K", K, s, s.skv);
-    auto v = bshd(*g, "V", V, s, s.skv);
+// The bf16 graph of `s` (forward: o and stats; backward: dq, dk, dv).
+void describe_bf16(fe::graph::Graph &graph, const Shape &s, bool padded, bool backward, float scale) {
+    auto *g = &graph;
+    auto q = bshd(graph, "Q", Q, s, s.sq);
+    auto k = bshd(graph, "K", K, s, s.skv);
+    auto v = bshd(graph, "V", V, s, s.skv);
     if (!backward) {
         auto opts = fe::graph::SDPA_attributes().set_name("sdpa").set_generate_stats(true).set_attn_scale(scale);
         if (padded) {
             opts.set_padding_mask(true)
-                .set_seq_len_q(seq_lens(*g, "seq_q", SEQ_Q, s))
-                .set_seq_len_kv(seq_lens(*g, "seq_kv", SEQ_KV, s));
+                .set_seq_len_q(seq_lens(graph, "seq_q", SEQ_Q, s))
+                .set_seq_len_kv(seq_lens(graph, "seq_kv", SEQ_KV, s));
         }
         auto [o, stats] = g->sdpa(q, k, v, opts);
         set_bshd_output(o, O, s, s.sq);
         stats->set_output(true).set_uid(STATS).set_data_type(fe::DataType_t::FLOAT);
     } else {
-        auto o = bshd(*g, "O", O, s, s.sq);
-        auto d_o = bshd(*g, "dO", DO, s, s.sq);
+        auto o = bshd(graph, "O", O, s, s.sq);
+        auto d_o = bshd(graph, "dO", DO, s, s.sq);
         auto stats = g->tensor(fe::graph::Tensor_attributes()
                                    .set_name("stats")
                                    .set_uid(STATS)
@@ -242,13 +236,118 @@ int graph_for(int device, PerDevice &dev, const Shape &s, bool padded, bool back
         auto opts = fe::graph::SDPA_backward_attributes().set_name("sdpa_backward").set_attn_scale(scale);
         if (padded) {
             opts.set_padding_mask(true)
-                .set_seq_len_q(seq_lens(*g, "seq_q", SEQ_Q, s))
-                .set_seq_len_kv(seq_lens(*g, "seq_kv", SEQ_KV, s));
+                .set_seq_len_q(seq_lens(graph, "seq_q", SEQ_Q, s))
+                .set_seq_len_kv(seq_lens(graph, "seq_kv", SEQ_KV, s));
         }
         auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, d_o, stats, opts);
         set_bshd_output(dq, DQ, s, s.sq);
         set_bshd_output(dk, DK, s, s.skv);
         set_bshd_output(dv, DV, s, s.skv);
+    }
+}
+
+// A per-call scale or amax tensor: slot `slot` of the f32 array of fp8_attention.h.
+std::shared_ptr<fe::graph::Tensor_attributes> slot(fe::graph::Graph &g, const char *name, int slot) {
+    return g.tensor(fe::graph::Tensor_attributes()
+                        .set_name(name)
+                        .set_uid(SLOT0 + slot)
+                        .set_dim({1, 1, 1, 1})
+                        .set_stride({1, 1, 1, 1})
+                        .set_data_type(fe::DataType_t::FLOAT));
+}
+
+void set_slot_output(const std::shared_ptr<fe::graph::Tensor_attributes> &t, int slot) {
+    t->set_output(true).set_uid(SLOT0 + slot).set_dim({1, 1, 1, 1}).set_stride({1, 1, 1, 1}).set_data_type(
+        fe::DataType_t::FLOAT);
+}
+
+// The FP8 forward of `s`: e4m3fn q, k, v in, o (e4m3fn, or bf16 with `bf16_out`) and stats out, with S's and O's
+// amaxes.
+void describe_fp8_forward(fe::graph::Graph &g, const Shape &s, bool padded, float scale, bool bf16_out) {
+    auto q = bshd(g, "Q", Q, s, s.sq);
+    auto k = bshd(g, "K", K, s, s.skv);
+    auto v = bshd(g, "V", V, s, s.skv);
+    auto opts = fe::graph::SDPA_fp8_attributes().set_name("sdpa_fp8").set_generate_stats(true).set_attn_scale(scale);
+    if (padded) {
+        opts.set_padding_mask(true)
+            .set_seq_len_q(seq_lens(g, "seq_q", SEQ_Q, s))
+            .set_seq_len_kv(seq_lens(g, "seq_kv", SEQ_KV, s));
+    }
+    auto [o, stats, amax_s, amax_o] =
+        g.sdpa_fp8(q, k, v, slot(g, "descale_q", FS_DESCALE_Q), slot(g, "descale_k", FS_DESCALE_K),
+                   slot(g, "descale_v", FS_DESCALE_V), slot(g, "descale_s", FS_DESCALE_S),
+                   slot(g, "scale_s", FS_SCALE_S), slot(g, "scale_o", FS_SCALE_O), opts);
+    set_bshd_output(o, O, s, s.sq);
+    if (bf16_out) o->set_data_type(fe::DataType_t::BFLOAT16);
+    stats->set_output(true).set_uid(STATS).set_data_type(fe::DataType_t::FLOAT);
+    set_slot_output(amax_s, FS_AMAX_OUT_S);
+    set_slot_output(amax_o, FS_AMAX_OUT_O);
+}
+
+// The FP8 backward of `s`: e4m3fn q, k, v, o, dO and the forward's stats in; dq, dk, dv (e4m3fn, or bf16 with
+// `bf16_out`) out, with the amaxes of dQ, dK, dV and dP.
+void describe_fp8_backward(fe::graph::Graph &g, const Shape &s, bool padded, float scale, bool bf16_out) {
+    auto q = bshd(g, "Q", Q, s, s.sq);
+    auto k = bshd(g, "K", K, s, s.skv);
+    auto v = bshd(g, "V", V, s, s.skv);
+    auto o = bshd(g, "O", O, s, s.sq);
+    auto d_o = bshd(g, "dO", DO, s, s.sq);
+    auto stats = g.tensor(fe::graph::Tensor_attributes()
+                              .set_name("stats")
+                              .set_uid(STATS)
+                              .set_dim({s.b, s.h, s.sq, 1})
+                              .set_stride({s.h * s.sq, s.sq, 1, 1})
+                              .set_data_type(fe::DataType_t::FLOAT));
+    auto opts = fe::graph::SDPA_fp8_backward_attributes().set_name("sdpa_fp8_backward").set_attn_scale(scale);
+    if (padded) {
+        opts.set_padding_mask(true)
+            .set_seq_len_q(seq_lens(g, "seq_q", SEQ_Q, s))
+            .set_seq_len_kv(seq_lens(g, "seq_kv", SEQ_KV, s));
+    }
+    auto [dq, dk, dv, amax_dq, amax_dk, amax_dv, amax_dp] = g.sdpa_fp8_backward(
+        q, k, v, o, d_o, stats, slot(g, "descale_q", FS_DESCALE_Q), slot(g, "descale_k", FS_DESCALE_K),
+        slot(g, "descale_v", FS_DESCALE_V), slot(g, "descale_o", FS_DESCALE_O), slot(g, "descale_do", FS_DESCALE_DO),
+        slot(g, "descale_s", FS_DESCALE_S), slot(g, "descale_dp", FS_DESCALE_DP), slot(g, "scale_s", FS_SCALE_S),
+        slot(g, "scale_dq", FS_SCALE_DQ), slot(g, "scale_dk", FS_SCALE_DK), slot(g, "scale_dv", FS_SCALE_DV),
+        slot(g, "scale_dp", FS_SCALE_DP), opts);
+    set_bshd_output(dq, DQ, s, s.sq);
+    set_bshd_output(dk, DK, s, s.skv);
+    set_bshd_output(dv, DV, s, s.skv);
+    if (bf16_out) {
+        for (auto &t : {dq, dk, dv}) t->set_data_type(fe::DataType_t::BFLOAT16);
+    }
+    set_slot_output(amax_dq, FS_AMAX_OUT_DQ);
+    set_slot_output(amax_dk, FS_AMAX_OUT_DK);
+    set_slot_output(amax_dv, FS_AMAX_OUT_DV);
+    set_slot_output(amax_dp, FS_AMAX_OUT_DP);
+}
+
+int graph_for(int device, PerDevice &dev, const Shape &s, bool padded, bool backward, float scale, int kind,
+              std::shared_ptr<fe::graph::Graph> *out) {
+    const Key key{s.b, s.h, s.sq, s.skv, s.d, padded, backward, scale, kind};
+    auto it = dev.graphs.find(key);
+    if (it != dev.graphs.end()) {
+        *out = it->second;
+        return 0;
+    }
+    auto dir = g_cache_dirs.find(device);
+    std::string path;
+    if (dir != g_cache_dirs.end()) {
+        path = plan_path(dir->second, s, padded, backward, scale, kind);
+        if (auto kept = read_plan(path, dev.handle, kind)) {
+            g_plans_read++;
+            dev.graphs.emplace(key, kept);
+            *out = kept;
+            return 0;
+        }
+    }
+    auto g = new_graph(kind);
+    if (kind == BF16) {
+        describe_bf16(*g, s, padded, backward, scale);
+    } else if (backward) {
+        describe_fp8_backward(*g, s, padded, scale, kind == FP8_BF16_OUT);
+    } else {
+        describe_fp8_forward(*g, s, padded, scale, kind == FP8_BF16_OUT);
     }
     if (build(*g, dev.handle)) return 1;
     g_plans_built++;
@@ -259,12 +358,12 @@ int graph_for(int device, PerDevice &dev, const Shape &s, bool padded, bool back
 }
 
 // The graph for `s` on `device`, and the device's handle.
-int prepare(int device, const Shape &s, bool padded, bool backward, float scale,
+int prepare(int device, const Shape &s, bool padded, bool backward, float scale, int kind,
             std::shared_ptr<fe::graph::Graph> *g, cudnnHandle_t *handle) {
     PerDevice *dev = nullptr;
     if (init_locked(device, &dev)) return 1;
     *handle = dev->handle;
-    return graph_for(device, *dev, s, padded, backward, scale, g);
+    return graph_for(device, *dev, s, padded, backward, scale, kind, g);
 }
 
 // Runs `body` under the lock; a C++ exception (the frontend throws on a missing symbol or library) becomes
@@ -279,6 +378,11 @@ int guarded(F body) {
     } catch (...) {
         return fail("cuDNN attention: unknown C++ exception");
     }
+}
+
+// Adds slots `which` of the f32 array `slots` to a variant pack.
+void add_slots(std::unordered_map<int64_t, void *> &pack, void *slots, std::initializer_list<int> which) {
+    for (int i : which) pack[SLOT0 + i] = static_cast<float *>(slots) + i;
 }
 
 }  // namespace
@@ -318,7 +422,7 @@ int fs_sdpa_workspace(int device, int64_t b, int64_t h, int64_t sq, int64_t skv,
     return guarded([&] {
         std::shared_ptr<fe::graph::Graph> g;
         cudnnHandle_t handle = nullptr;
-        if (prepare(device, {b, h, sq, skv, d}, padded != 0, backward != 0, scale, &g, &handle)) return 1;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, backward != 0, scale, BF16, &g, &handle)) return 1;
         auto st = g->get_workspace_size(*bytes);
         if (st.is_bad()) return fail("cuDNN workspace size: " + st.get_message());
         return 0;
@@ -333,7 +437,7 @@ int fs_sdpa_forward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, i
     return guarded([&] {
         std::shared_ptr<fe::graph::Graph> g;
         cudnnHandle_t handle = nullptr;
-        if (prepare(device, {b, h, sq, skv, d}, padded != 0, false, scale, &g, &handle)) return 1;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, false, scale, BF16, &g, &handle)) return 1;
         if (fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
             return fail("cudnnSetStream failed");
         std::unordered_map<int64_t, void *> pack{{Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},
@@ -356,7 +460,7 @@ int fs_sdpa_backward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, 
     return guarded([&] {
         std::shared_ptr<fe::graph::Graph> g;
         cudnnHandle_t handle = nullptr;
-        if (prepare(device, {b, h, sq, skv, d}, padded != 0, true, scale, &g, &handle)) return 1;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, true, scale, BF16, &g, &handle)) return 1;
         if (fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
             return fail("cudnnSetStream failed");
         std::unordered_map<int64_t, void *> pack{
@@ -369,6 +473,80 @@ int fs_sdpa_backward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, 
         }
         auto st = g->execute(handle, pack, workspace);
         if (st.is_bad()) return fail("cuDNN SDPA backward: " + st.get_message());
+        return 0;
+    });
+}
+
+/// Workspace bytes of the FP8 forward (backward = 0) or backward graph on CUDA device `device` (whose context is
+/// current), with bf16 outputs when `bf16_out`; builds and caches the graph, so this is also the check that cuDNN
+/// can run it there.
+int fs_sdpa_fp8_workspace(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded,
+                          int backward, int bf16_out, float scale, int64_t *bytes) {
+    return guarded([&] {
+        std::shared_ptr<fe::graph::Graph> g;
+        cudnnHandle_t handle = nullptr;
+        const int kind = bf16_out ? FP8_BF16_OUT : FP8;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, backward != 0, scale, kind, &g, &handle)) return 1;
+        auto st = g->get_workspace_size(*bytes);
+        if (st.is_bad()) return fail("cuDNN workspace size: " + st.get_message());
+        return 0;
+    });
+}
+
+/// FP8 forward: o (e4m3fn, or bf16 with `bf16_out`) and stats from e4m3fn q, k, v, with the scales in `slots`
+/// (fp8_attention.h) and the amaxes of S and O written there.
+int fs_sdpa_fp8_forward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded,
+                        int bf16_out, float scale, void *stream, const void *q, const void *k, const void *v,
+                        void *o, void *stats, void *slots, const void *seq_q, const void *seq_kv, void *workspace) {
+    return guarded([&] {
+        std::shared_ptr<fe::graph::Graph> g;
+        cudnnHandle_t handle = nullptr;
+        const int kind = bf16_out ? FP8_BF16_OUT : FP8;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, false, scale, kind, &g, &handle)) return 1;
+        if (fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+            return fail("cudnnSetStream failed");
+        std::unordered_map<int64_t, void *> pack{{Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},
+                                                 {V, const_cast<void *>(v)}, {O, o}, {STATS, stats}};
+        add_slots(pack, slots,
+                  {FS_DESCALE_Q, FS_DESCALE_K, FS_DESCALE_V, FS_DESCALE_S, FS_SCALE_S, FS_SCALE_O, FS_AMAX_OUT_S,
+                   FS_AMAX_OUT_O});
+        if (padded) {
+            pack[SEQ_Q] = const_cast<void *>(seq_q);
+            pack[SEQ_KV] = const_cast<void *>(seq_kv);
+        }
+        auto st = g->execute(handle, pack, workspace);
+        if (st.is_bad()) return fail("cuDNN FP8 SDPA forward: " + st.get_message());
+        return 0;
+    });
+}
+
+/// FP8 backward: dq, dk, dv (e4m3fn, or bf16 with `bf16_out`) from e4m3fn q, k, v, o, d_o and the forward's
+/// stats, with the scales in `slots` and the amaxes of dQ, dK, dV and dP written there.
+int fs_sdpa_fp8_backward(int device, int64_t b, int64_t h, int64_t sq, int64_t skv, int64_t d, int padded,
+                         int bf16_out, float scale, void *stream, const void *q, const void *k, const void *v,
+                         const void *o, const void *d_o, const void *stats, void *dq, void *dk, void *dv, void *slots,
+                         const void *seq_q, const void *seq_kv, void *workspace) {
+    return guarded([&] {
+        std::shared_ptr<fe::graph::Graph> g;
+        cudnnHandle_t handle = nullptr;
+        const int kind = bf16_out ? FP8_BF16_OUT : FP8;
+        if (prepare(device, {b, h, sq, skv, d}, padded != 0, true, scale, kind, &g, &handle)) return 1;
+        if (fe::detail::set_stream(handle, static_cast<cudaStream_t>(stream)) != CUDNN_STATUS_SUCCESS)
+            return fail("cudnnSetStream failed");
+        std::unordered_map<int64_t, void *> pack{
+            {Q, const_cast<void *>(q)}, {K, const_cast<void *>(k)},    {V, const_cast<void *>(v)},
+            {O, const_cast<void *>(o)}, {DO, const_cast<void *>(d_o)}, {STATS, const_cast<void *>(stats)},
+            {DQ, dq},                   {DK, dk},                      {DV, dv}};
+        add_slots(pack, slots,
+                  {FS_DESCALE_Q, FS_DESCALE_K, FS_DESCALE_V, FS_DESCALE_O, FS_DESCALE_DO, FS_DESCALE_S,
+                   FS_DESCALE_DP, FS_SCALE_S, FS_SCALE_DQ, FS_SCALE_DK, FS_SCALE_DV, FS_SCALE_DP, FS_AMAX_OUT_DQ,
+                   FS_AMAX_OUT_DK, FS_AMAX_OUT_DV, FS_AMAX_OUT_DP});
+        if (padded) {
+            pack[SEQ_Q] = const_cast<void *>(seq_q);
+            pack[SEQ_KV] = const_cast<void *>(seq_kv);
+        }
+        auto st = g->execute(handle, pack, workspace);
+        if (st.is_bad()) return fail("cuDNN FP8 SDPA backward: " + st.get_message());
         return 0;
     });
 }
