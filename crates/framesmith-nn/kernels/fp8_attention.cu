@@ -26,9 +26,9 @@ __device__ __forceinline__ float scale_of(float amax) {
     return (amax > 1e-30f && isfinite(amax)) ? fminf(E4M3_MAX / amax, 1e30f) : 1.f;
 }
 
-// Largest |x| over n bf16 values, folded into *amax (zeroed by the caller) with an integer atomic max: the bit
-// patterns of non-negative floats order as integers. NaNs are skipped.
-extern "C" __global__ void fs_fp8_attn_amax_bf16(const __nv_bfloat16* x, long n, int vec, float* amax) {
+// Largest |x| over n bf16 values, folded into slots[slot] (zeroed by the caller) with an integer atomic max: the
+// bit patterns of non-negative floats order as integers. NaNs are skipped.
+extern "C" __global__ void fs_fp8_attn_amax_bf16(const __nv_bfloat16* x, long n, int vec, float* slots, int slot) {
     __shared__ float scratch[32];
     float m = 0.f;
     if (vec) {
@@ -45,7 +45,7 @@ extern "C" __global__ void fs_fp8_attn_amax_bf16(const __nv_bfloat16* x, long n,
         }
     }
     m = block_max(m, scratch);
-    if (threadIdx.x == 0 && m > 0.f) atomicMax(reinterpret_cast<int*>(amax), __float_as_int(m));
+    if (threadIdx.x == 0 && m > 0.f) atomicMax(reinterpret_cast<int*>(slots + slot), __float_as_int(m));
 }
 
 // codes = e4m3fn(x * slots[scale]), rounded to nearest even and saturated at +-448.

@@ -23,14 +23,45 @@ use tiled::{PeakElems, Problem, Tiles};
 /// attended (`None`: all; lengths above `lk` are clamped). A sample with no keys gets a zero output and zero
 /// gradients. `kv_lens` holds one length per sample, else this is an error. Differentiable; computed in f32 and returned in `q`'s dtype. Memory is O(tokens × tile).
 /// On CUDA with the `cudnn` feature, bf16 inputs with a head dim up to 128 run cuDNN's fused kernels (also
-/// differentiable); everything else runs [`portable_attention`].
+/// differentiable), in FP8 on a device where [`crate::device::set_fp8_attention`] turned FP8 attention on (for the
+/// shapes cuDNN's FP8 kernels take there); everything else runs [`portable_attention`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
     #[cfg(feature = "cudnn")]
     if crate::cuda::attention::runs_fused(q) && k.dtype() == DType::BF16 && v.dtype() == DType::BF16
     {
+        if crate::cuda::attention_fp8::ready(q, k, kv_lens.is_some()) {
+            return crate::cuda::attention_fp8::attention(q, k, v, kv_lens);
+        }
         return crate::cuda::attention::attention(q, k, v, kv_lens);
     }
     portable_attention(q, k, v, kv_lens)
+}
+
+/// FP8 attention's calls so far in this process (forward and backward passes counted apart): how many ran in FP8,
+/// and how many ran in bf16 on a device with FP8 attention on because cuDNN refused their shape. Zeros without the
+/// `cudnn` feature.
+pub fn fp8_calls() -> (u64, u64) {
+    #[cfg(feature = "cudnn")]
+    return crate::cuda::attention_fp8::calls();
+    #[cfg(not(feature = "cudnn"))]
+    (0, 0)
+}
+
+/// "FP8 attention: 120 passes in FP8, 4 in bf16 (shapes cuDNN's FP8 kernels refuse)" for [`fp8_calls`], `None`
+/// when FP8 attention has not been asked for.
+pub fn fp8_calls_line() -> Option<String> {
+    fp8_calls_text(fp8_calls())
+}
+
+fn fp8_calls_text((fp8, bf16): (u64, u64)) -> Option<String> {
+    if fp8 + bf16 == 0 {
+        return None;
+    }
+    let mut text = format!("FP8 attention: {fp8} passes in FP8");
+    if bf16 > 0 {
+        text.push_str(&format!(", {bf16} in bf16 (shapes cuDNN's FP8 kernels refuse)"));
+    }
+    Some(text)
 }
 
 /// The portable tiled attention on any device (the CPU path of [`attention`] and the fallback of the fused one).

@@ -25,6 +25,9 @@ pub enum DeviceError {
     /// The NVIDIA driver (or cuDNN, for a build that imports it lazily) cannot be loaded.
     #[error("{0}")]
     DriverMissing(String),
+    /// The device (or this build) cannot do what was asked; says which and why.
+    #[error("{0}")]
+    Unsupported(String),
     /// CUDA or candle reported an error.
     #[error(transparent)]
     Cuda(#[from] candle_core::Error),
@@ -81,6 +84,38 @@ pub fn probe_fp8_matmul(device: &Device) -> Result<(), DeviceError> {
     {
         let _ = device;
         Err(DeviceError::NotBuilt("FP8 matrix products"))
+    }
+}
+
+/// `model.fp8_attention`: from now on attention on `device` runs cuDNN's FP8 fused kernels, forward and backward
+/// (`on`), or bf16 ones again (`off`; always `Ok`). Turning it on first checks that the card and cuDNN can (compute
+/// capability 9.0 or newer, one small FP8 attention forward and backward): the error names the card and why, and
+/// a CPU device or a build without cuDNN is refused. Shapes cuDNN's FP8 kernels do not take on that card (a head
+/// dim other than 128 on Hopper) keep running in bf16; [`crate::attention::fp8_calls`] counts both.
+pub fn set_fp8_attention(device: &Device, on: bool) -> Result<(), DeviceError> {
+    if !on {
+        #[cfg(feature = "cudnn")]
+        if let Device::Cuda(cuda) = device {
+            crate::cuda::attention_fp8::disable(cuda);
+        }
+        return Ok(());
+    }
+    match device {
+        #[cfg(feature = "cudnn")]
+        Device::Cuda(cuda) => crate::cuda::attention_fp8::probe(cuda)
+            .map_err(|e| DeviceError::Unsupported(format!("{e:#}"))),
+        #[cfg(not(feature = "cudnn"))]
+        Device::Cuda(_) => Err(DeviceError::Unsupported(
+            "FP8 attention is cuDNN's fused FP8 attention, and this build of Framesmith has no cuDNN (it was \
+             built without the `cudnn` feature)"
+                .into(),
+        )),
+        Device::Cpu => Err(DeviceError::Unsupported(
+            "FP8 attention runs on NVIDIA GPUs only (cuDNN's fused FP8 attention), not on the CPU".into(),
+        )),
+        _ => Err(DeviceError::Unsupported(
+            "FP8 attention runs on NVIDIA GPUs only (cuDNN's fused FP8 attention)".into(),
+        )),
     }
 }
 
@@ -400,6 +435,17 @@ mod tests {
         reset_peak_memory(&cpu)?;
         reset_peak_reserved(&cpu)?;
         set_pool_release_threshold(&cpu, u64::MAX)
+    }
+
+    /// FP8 attention is refused on the CPU by name; turning it off is always fine.
+    #[test]
+    fn fp8_attention_is_refused_on_the_cpu() {
+        let err = set_fp8_attention(&Device::Cpu, true).err();
+        assert!(
+            matches!(&err, Some(DeviceError::Unsupported(why)) if why.contains("not on the CPU")),
+            "{err:?}"
+        );
+        assert!(set_fp8_attention(&Device::Cpu, false).is_ok());
     }
 
     #[test]

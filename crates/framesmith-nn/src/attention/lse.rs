@@ -1,20 +1,34 @@
 //! Attention outside autograd, for hand-written backward passes: a forward that also returns the per-row
 //! log-sum-exp, and the matching backward. cuDNN's fused kernels where [`super::attention`] uses them (its
-//! statistics tensor is the LSE), the portable tiled kernels elsewhere. Either way the LSE is `[b, h, lq]` f32.
+//! statistics tensor is the LSE; FP8 ones on a device with `model.fp8_attention` on), the portable tiled kernels
+//! elsewhere. Either way the LSE is `[b, h, lq]` f32, so a tape's kernels need not match its forward's.
 
 use candle_core::{DType, Result, Tensor};
 
 use super::tiled::{self, PeakElems, Saved, Tiles};
 
-/// Whether cuDNN runs these inputs (the same test [`super::attention`] makes).
-fn fused(q: &Tensor, k: &Tensor, v: &Tensor) -> bool {
+/// The kernels that run an attention call: cuDNN's FP8 ones (on a device with `model.fp8_attention` on, for the
+/// shapes they take), cuDNN's bf16 ones, or the portable tiled ones; the same choice [`super::attention`] makes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Kernels {
+    #[cfg(feature = "cudnn")]
+    Fp8,
+    #[cfg(feature = "cudnn")]
+    Fused,
+    Portable,
+}
+
+fn kernels(q: &Tensor, k: &Tensor, v: &Tensor, padded: bool) -> Kernels {
     #[cfg(feature = "cudnn")]
     if crate::cuda::attention::runs_fused(q) && k.dtype() == DType::BF16 && v.dtype() == DType::BF16
     {
-        return true;
+        if crate::cuda::attention_fp8::ready(q, k, padded) {
+            return Kernels::Fp8;
+        }
+        return Kernels::Fused;
     }
-    let _ = (q, k, v);
-    false
+    let _ = (q, k, v, padded);
+    Kernels::Portable
 }
 
 /// One attention call's inputs, output and LSE: everything [`AttentionTape::backward`] needs.
@@ -37,10 +51,12 @@ pub fn attention_forward(
     kv_lens: Option<&[usize]>,
 ) -> Result<AttentionTape> {
     let (q, k, v) = (q.detach(), k.detach(), v.detach());
-    let (out, lse) = if fused(&q, &k, &v) {
-        fused_forward(&q, &k, &v, kv_lens)?
-    } else {
-        portable_forward(&q, &k, &v, kv_lens)?
+    let (out, lse) = match kernels(&q, &k, &v, kv_lens.is_some()) {
+        #[cfg(feature = "cudnn")]
+        Kernels::Fp8 => crate::cuda::attention_fp8::forward_stats(&q, &k, &v, kv_lens)?,
+        #[cfg(feature = "cudnn")]
+        Kernels::Fused => crate::cuda::attention::attention_forward_stats(&q, &k, &v, kv_lens)?,
+        Kernels::Portable => portable_forward(&q, &k, &v, kv_lens)?,
     };
     Ok(AttentionTape {
         q,
@@ -205,10 +221,18 @@ impl AttentionTape {
                 self.out.dims()
             );
         }
-        if fused(&self.q, &self.k, &self.v) {
-            return self.fused_backward(d_out);
+        let lens = self.kv_lens.as_deref();
+        match kernels(&self.q, &self.k, &self.v, lens.is_some()) {
+            #[cfg(feature = "cudnn")]
+            Kernels::Fp8 => crate::cuda::attention_fp8::backward_stats(
+                [&self.q, &self.k, &self.v, &self.out, d_out],
+                &self.lse,
+                lens,
+            ),
+            #[cfg(feature = "cudnn")]
+            Kernels::Fused => self.fused_backward(d_out),
+            Kernels::Portable => self.portable_backward(d_out),
         }
-        self.portable_backward(d_out)
     }
 
     fn portable_backward(&self, d_out: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
@@ -244,31 +268,6 @@ impl AttentionTape {
             self.kv_lens.as_deref(),
         )
     }
-
-    #[cfg(not(feature = "cudnn"))]
-    fn fused_backward(&self, d_out: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        self.portable_backward(d_out)
-    }
-}
-
-#[cfg(feature = "cudnn")]
-fn fused_forward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    kv_lens: Option<&[usize]>,
-) -> Result<(Tensor, Tensor)> {
-    crate::cuda::attention::attention_forward_stats(q, k, v, kv_lens)
-}
-
-#[cfg(not(feature = "cudnn"))]
-fn fused_forward(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    kv_lens: Option<&[usize]>,
-) -> Result<(Tensor, Tensor)> {
-    portable_forward(q, k, v, kv_lens)
 }
 
 fn portable_forward(

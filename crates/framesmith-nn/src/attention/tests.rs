@@ -380,3 +380,17 @@ fn timing() -> Result<()> {
     }
     Ok(())
 }
+
+/// The line about FP8 attention's calls: none before it is asked for, the bf16 ones named when there are some.
+#[test]
+fn the_fp8_calls_line_names_the_passes_kept_in_bf16() {
+    assert_eq!(super::fp8_calls_text((0, 0)), None);
+    assert_eq!(
+        super::fp8_calls_text((120, 0)).as_deref(),
+        Some("FP8 attention: 120 passes in FP8")
+    );
+    assert_eq!(
+        super::fp8_calls_text((120, 4)).as_deref(),
+        Some("FP8 attention: 120 passes in FP8, 4 in bf16 (shapes cuDNN's FP8 kernels refuse)")
+    );
+}

@@ -186,31 +186,33 @@ pub fn attention_backward_stats(
     backward(g, op.kv_lens.as_deref(), [&q, &k, &v, &o, &d_o], slice)
 }
 
-#[derive(Clone, Copy, Debug)]
-struct Geo {
-    b: usize,
-    h: usize,
-    lq: usize,
-    lk: usize,
-    d: usize,
+/// An attention call's shape: batch, heads, query and key lengths, head dim.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(super) struct Geo {
+    pub b: usize,
+    pub h: usize,
+    pub lq: usize,
+    pub lk: usize,
+    pub d: usize,
 }
 
 impl Geo {
-    fn scale(&self) -> f32 {
+    /// The softmax scale, 1/sqrt(d).
+    pub fn scale(&self) -> f32 {
         1.0 / (self.d as f32).sqrt()
     }
 }
 
 /// The forward op keeps the log-sum-exp it computed for its backward.
-struct Sdpa {
-    geo: Geo,
-    kv_lens: Option<Vec<i32>>,
+pub(super) struct Sdpa {
+    pub geo: Geo,
+    pub kv_lens: Option<Vec<i32>>,
     stats: Arc<Mutex<Option<CudaSlice<f32>>>>,
 }
 
 impl Sdpa {
     /// Checks the shapes of q [b, lq, h, d], k and v [b, lk, h, d] and the key lengths.
-    fn new(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Self> {
+    pub fn new(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Self> {
         let (b, lq, h, d) = q.dims4()?;
         let (bk, lk, hk, dk) = k.dims4()?;
         if (bk, hk, dk) != (b, h, d) || v.dims() != k.dims() {
@@ -235,7 +237,15 @@ impl Sdpa {
         })
     }
 
-    fn take_stats(&self) -> Result<CudaSlice<f32>> {
+    /// Keeps the forward's statistics for the backward.
+    pub fn keep_stats(&self, stats: CudaSlice<f32>) {
+        if let Ok(mut slot) = self.stats.lock() {
+            *slot = Some(stats);
+        }
+    }
+
+    /// The forward's statistics (once).
+    pub fn take_stats(&self) -> Result<CudaSlice<f32>> {
         self.stats
             .lock()
             .map_err(|_| candle_core::Error::Msg("attention statistics lock poisoned".into()))?
@@ -246,7 +256,7 @@ impl Sdpa {
     }
 }
 
-fn shim_error(what: &str) -> candle_core::Error {
+pub(super) fn shim_error(what: &str) -> candle_core::Error {
     // SAFETY: the shim returns a pointer to a NUL-terminated string it owns, valid until its next call; it is
     // copied at once.
     let msg = unsafe { CStr::from_ptr(fs_sdpa_last_error()) }
@@ -256,7 +266,7 @@ fn shim_error(what: &str) -> candle_core::Error {
 }
 
 /// Sequence-length buffers for the padding mask: every query row, `kv_lens` keys.
-fn seq_lens(
+pub(super) fn seq_lens(
     dev: &CudaDevice,
     geo: Geo,
     kv_lens: &[i32],
@@ -319,7 +329,7 @@ fn tell_plan_folder(ctx: &candle_core::cuda_backend::cudarc::driver::CudaContext
 
 /// Makes `dev`'s context current on this thread, where the shim's cuDNN calls run, and returns its ordinal, which
 /// picks the shim's cuDNN handle for that device (a process may drive several GPUs).
-fn bind(dev: &CudaDevice) -> Result<i32> {
+pub(super) fn bind(dev: &CudaDevice) -> Result<i32> {
     let ctx = dev.cuda_stream().context().clone();
     ctx.bind_to_thread().w()?;
     let device = ctx.ordinal() as i32;
@@ -359,7 +369,7 @@ fn workspace(dev: &CudaDevice, geo: Geo, padded: bool, backward: bool) -> Result
     unsafe { dev.alloc::<u8>((bytes as usize).max(1)) }
 }
 
-fn bf16_view<'a>(
+pub(super) fn bf16_view<'a>(
     s: &'a CudaStorage,
     l: &Layout,
 ) -> Result<candle_core::cuda_backend::cudarc::driver::CudaView<'a, half::bf16>> {
@@ -462,7 +472,7 @@ impl CustomOp3 for Sdpa {
     }
 }
 
-fn cuda_storage(s: &Storage) -> Result<&CudaStorage> {
+pub(super) fn cuda_storage(s: &Storage) -> Result<&CudaStorage> {
     super::ptx::cuda_storage(s, "cuDNN attention backward")
 }
 

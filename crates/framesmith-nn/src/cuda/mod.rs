@@ -41,6 +41,8 @@ pub(crate) fn cuda_only(op: &str, cpu_version: &str) -> candle_core::Error {
 
 #[cfg(feature = "cudnn")]
 pub mod attention;
+#[cfg(feature = "cudnn")]
+pub mod attention_fp8;
 pub mod check;
 pub mod device;
 pub mod elementwise;
