@@ -108,6 +108,11 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "FP8 base only, Hopper GPUs: the block linears multiply on FP8 tensor cores (faster, less exact; \
                  the base is held with per-channel scales)",
             ),
+            help(
+                field("model.fp8_attention", "FP8 attention", FieldKind::Bool),
+                "Hopper GPUs or newer: attention forward and backward in FP8 through cuDNN (faster, less exact; \
+                 recorded in the LoRA)",
+            ),
         ],
     },
     Section {

@@ -125,6 +125,8 @@ pub struct ModelPlan {
     pub residual_dtype: ResidualDtype,
     /// The block linears multiply on FP8 tensor cores (`model.fp8_matmul`; only with an FP8 base on a GPU).
     pub fp8_matmul: bool,
+    /// Attention runs cuDNN's FP8 fused kernels (`model.fp8_attention`; only on a GPU, computing in bf16).
+    pub fp8_attention: bool,
     /// Dtype activations and dequantised weights are computed in (bf16 for an FP8 base).
     pub compute_dtype: FloatDtype,
 }

@@ -117,6 +117,10 @@ pub struct ModelSection {
     /// per output channel) without dequantising them; input gradients and the LoRA stay in bf16. Faster and less
     /// exact, so off by default; bench/RESULTS.md measures its effect on the loss and the LoRA.
     pub fp8_matmul: bool,
+    /// Attention (forward and backward) in FP8 through cuDNN's fused FP8 attention, on GPUs that have it (Hopper,
+    /// compute capability 9.0, or newer): q, k, v, the softmax and the gradients are scaled per tensor into e4m3;
+    /// inputs and outputs stay bf16. Faster and less exact, so off by default; recorded in the LoRA's metadata.
+    pub fp8_attention: bool,
     /// Train the built-in tiny demo model (no files needed).
     pub demo: bool,
 }
@@ -169,6 +173,7 @@ impl Default for ModelSection {
             fp8_scale: Fp8ScaleMode::Block64,
             residual_dtype: ResidualDtype::F32,
             fp8_matmul: false,
+            fp8_attention: false,
             demo: false,
         }
     }

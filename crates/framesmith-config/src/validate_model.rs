@@ -55,6 +55,7 @@ pub(crate) fn check_model(
         BaseDtype::F16 => FloatDtype::F16,
         BaseDtype::Bf16 | BaseDtype::Fp8 => FloatDtype::Bf16,
     };
+    check_fp8_attention(c, m, device, compute_dtype);
     ModelPlan {
         source,
         variant,
@@ -66,7 +67,33 @@ pub(crate) fn check_model(
         fp8_scale: (m.base_dtype == BaseDtype::Fp8).then_some(m.effective_fp8_scale()),
         residual_dtype: m.residual_dtype,
         fp8_matmul: m.fp8_matmul,
+        fp8_attention: m.fp8_attention,
         compute_dtype,
+    }
+}
+
+/// `model.fp8_attention` needs a GPU and bf16 activations (cuDNN's FP8 attention reads bf16 and writes bf16). Whether
+/// the card and cuDNN have it is checked when the run opens the GPU.
+fn check_fp8_attention(c: &mut Checker, m: &ModelSection, device: PlanDevice, compute: FloatDtype) {
+    if !m.fp8_attention {
+        return;
+    }
+    if device == PlanDevice::Cpu {
+        c.problem(
+            "model.fp8_attention",
+            "FP8 attention is cuDNN's fused FP8 attention, on NVIDIA GPUs (Hopper or newer), not on the CPU",
+            "set fp8_attention = false to train on the CPU",
+        );
+    } else if compute != FloatDtype::Bf16 {
+        c.problem(
+            "model.fp8_attention",
+            format!(
+                "FP8 attention takes bf16 activations, but base_dtype = \"{}\" computes in {}",
+                format!("{:?}", m.base_dtype).to_lowercase(),
+                format!("{compute:?}").to_lowercase()
+            ),
+            "set base_dtype = \"bf16\" or \"fp8\", or fp8_attention = false",
+        );
     }
 }
 

@@ -761,6 +761,35 @@ fn fp8_matmul_needs_an_fp8_base_on_a_gpu_and_holds_it_per_channel() {
     assert_eq!(plan.model.fp8_scale, Some(Fp8ScaleMode::Tensor));
 }
 
+/// `model.fp8_attention` is off by default, reaches the plan on a GPU with bf16 activations, and is refused by
+/// name on the CPU and for f32/f16 activations.
+#[test]
+fn fp8_attention_needs_a_gpu_and_bf16_activations() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = runnable(dir.path());
+    assert!(!cfg.model.fp8_attention);
+    assert!(!validate(&cfg, &HostInfo::new(1)).unwrap().model.fp8_attention);
+
+    let section: crate::run::ModelSection = toml::from_str("fp8_attention = true").unwrap();
+    assert!(section.fp8_attention);
+    cfg.model.fp8_attention = true;
+    for base in [BaseDtype::Bf16, BaseDtype::Fp8] {
+        cfg.model.base_dtype = base;
+        assert!(validate(&cfg, &HostInfo::new(1)).unwrap().model.fp8_attention);
+    }
+
+    cfg.model.base_dtype = BaseDtype::F32;
+    let e = problems(&cfg, &HostInfo::new(1));
+    let p = e.for_key("model.fp8_attention").unwrap();
+    assert!(p.message.contains("\"f32\" computes in f32") && p.fix.contains("fp8_attention = false"), "{p}");
+
+    cfg.model.base_dtype = BaseDtype::Bf16;
+    cfg.training.device = DeviceSpec::Cpu;
+    let e = problems(&cfg, &HostInfo::new(1));
+    let p = e.for_key("model.fp8_attention").unwrap();
+    assert!(p.message.contains("not on the CPU") && p.fix.contains("fp8_attention = false"), "{p}");
+}
+
 /// `[lora] kind` reads as users write it; LoKr's options are checked, and refused on the other kinds.
 #[test]
 fn lokr_options_are_checked_and_belong_to_lokr_only() {
