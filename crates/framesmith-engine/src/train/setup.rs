@@ -36,7 +36,23 @@ pub(crate) fn device_for(plan: &RunPlan) -> anyhow::Result<Device> {
     if plan.model.fp8_matmul {
         check_fp8_products(&device)?;
     }
+    set_attention_precision(&device, plan.model.fp8_attention)?;
     Ok(device)
+}
+
+/// Opens `spec`, a further device `plan` trains on (a second expert's), with the attention `plan` asks for.
+pub(crate) fn training_device(plan: &RunPlan, spec: PlanDevice) -> anyhow::Result<Device> {
+    let device = open_device(spec)?;
+    set_attention_precision(&device, plan.model.fp8_attention)?;
+    Ok(device)
+}
+
+/// `model.fp8_attention`: attention on `device` runs cuDNN's FP8 kernels from now on (after one small FP8
+/// attention forward and backward, so a card or cuDNN without them fails here with the fix rather than in the
+/// first step), or bf16 ones (turned back off for a later run in the same process).
+fn set_attention_precision(device: &Device, fp8: bool) -> anyhow::Result<()> {
+    framesmith_nn::device::set_fp8_attention(device, fp8)
+        .map_err(|e| anyhow::anyhow!("model.fp8_attention: {e}: set fp8_attention = false"))
 }
 
 /// `model.fp8_matmul`: one small FP8 product on `device` before anything loads, so a card or cuBLAS without them
@@ -294,6 +310,7 @@ pub(crate) fn lora_metadata(
         format!("{:?}", m.base_dtype).to_lowercase(),
     );
     put("framesmith.fp8_matmul", m.fp8_matmul.to_string());
+    put("framesmith.fp8_attention", m.fp8_attention.to_string());
     put(
         "framesmith.fp8_scale",
         m.fp8_scale

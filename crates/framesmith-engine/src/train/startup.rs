@@ -74,6 +74,7 @@ impl Startup {
         };
         let details: Vec<String> = [
             framesmith_nn::attention::plans::plan_counts().and_then(|c| c.describe()),
+            framesmith_nn::attention::fp8_calls_line(),
             locked_in_step.describe(),
         ]
         .into_iter()

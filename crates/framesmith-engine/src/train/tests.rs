@@ -2,6 +2,7 @@
 //! that every checkpointing setting trains the same LoRA.
 
 mod ranks;
+mod setup;
 
 use std::path::Path;
 

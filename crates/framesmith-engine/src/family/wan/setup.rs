@@ -24,7 +24,7 @@ use crate::train::optimizer::AdamW;
 use crate::train::placements::checkpointing_for;
 use crate::train::setup::{
     blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_metadata, lora_spec,
-    named_vars, open_device, out_of_memory_advice, reserve_budget, start_loras, MemoryReport,
+    named_vars, out_of_memory_advice, reserve_budget, start_loras, training_device, MemoryReport,
     RunParts,
 };
 use framesmith_config::plan::{LowNoisePlan, ModelSource};
@@ -359,7 +359,7 @@ impl LowExpertLoad<'_> {
         let own_device = match low.device {
             Some(spec) => Some((
                 spec,
-                open_device(spec).context("opening training.low_noise_device")?,
+                training_device(self.plan, spec).context("opening training.low_noise_device")?,
             )),
             None => {
                 high.park()
