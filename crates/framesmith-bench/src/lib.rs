@@ -6,6 +6,8 @@
 //! code depends on this.
 
 pub mod attention;
+#[cfg(feature = "cudnn")]
+pub mod attention_fp8;
 pub mod equivalence;
 #[cfg(feature = "cuda")]
 pub mod kernels;

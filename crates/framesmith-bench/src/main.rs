@@ -10,7 +10,8 @@ use candle_core::Device;
 use clap::{Parser, Subcommand};
 
 use cli::ops::{
-    check, run_attention, run_kernels, run_linear, AttentionArgs, KernelsArgs, LinearArgs,
+    check, run_attention, run_attention_fp8, run_kernels, run_linear, AttentionArgs,
+    AttentionFp8Args, KernelsArgs, LinearArgs,
 };
 use cli::step::{run_equivalence, run_step, EquivalenceArgs, StepArgs};
 use cli::stream::{run_stage_sweep, run_stream, StageSweepArgs, StreamArgs};
@@ -62,6 +63,9 @@ enum Command {
     Check,
     /// Time fused attention (self and cross) at a Wan variant's head count.
     Attention(AttentionArgs),
+    /// FP8 attention (`model.fp8_attention`) against the bf16 kernel at a Wan variant's shapes: the error of O,
+    /// dQ, dK and dV, then both timed, forward and forward+backward.
+    AttentionFp8(AttentionFp8Args),
     /// Time the element-wise kernels (norms, modulation, GELU, RoPE) at a Wan variant's activation shapes.
     Kernels(KernelsArgs),
     /// Time a Wan block's linear layers, bf16 and FP8 block-64, forward + input gradient.
@@ -136,6 +140,7 @@ fn main() -> Result<()> {
     match cli.command {
         Command::Check => check(&dev),
         Command::Attention(args) => run_attention(&dev, &args),
+        Command::AttentionFp8(args) => run_attention_fp8(&dev, &args),
         Command::Kernels(args) => run_kernels(&dev, &args),
         Command::Linear(args) => run_linear(&dev, &args),
         Command::Step(args) => run_step(&dev, &args),

@@ -30,6 +30,26 @@ pub(crate) struct AttentionArgs {
     portable: bool,
 }
 
+/// `attention-fp8`'s arguments.
+#[derive(clap::Args)]
+pub(crate) struct AttentionFp8Args {
+    /// Wan variant (t2v-1.3b: 12 heads, t2v-14b: 40 heads; head dim 128).
+    #[arg(long, default_value = "t2v-14b")]
+    variant: String,
+    /// Video tokens (32,760 for 480×832×81).
+    #[arg(long, default_value_t = 32_760)]
+    tokens: usize,
+    /// Batch size.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Timed repetitions.
+    #[arg(long, default_value_t = 10)]
+    iters: usize,
+    /// Scale of q and k (1: unit-variance scores; larger: sharper attention).
+    #[arg(long, default_value_t = 1.0)]
+    qk_gain: f64,
+}
+
 /// `kernels`'s arguments.
 #[derive(clap::Args)]
 pub(crate) struct KernelsArgs {
@@ -120,6 +140,45 @@ pub(crate) fn run_attention(dev: &Device, args: &AttentionArgs) -> Result<()> {
     let cfg = variant(&args.variant)?;
     report(&bench::attention::run(dev, &cfg, &opts)?);
     Ok(())
+}
+
+/// `attention-fp8`: FP8 attention turned on for the device (refused with the reason where it cannot run), its
+/// deviation from the bf16 kernel per case and tensor, then both timed.
+#[cfg(feature = "cudnn")]
+pub(crate) fn run_attention_fp8(dev: &Device, args: &AttentionFp8Args) -> Result<()> {
+    framesmith_nn::device::set_fp8_attention(dev, true)?;
+    let opts = AttentionBench {
+        tokens: args.tokens,
+        batch: args.batch,
+        iters: args.iters,
+        ..AttentionBench::default()
+    };
+    let cfg = variant(&args.variant)?;
+    let (deviations, records) = bench::attention_fp8::run(dev, &cfg, &opts, args.qk_gain)?;
+    for r in &deviations {
+        println!(
+            "FP8_DEVIATION {{\"variant\": \"{}\", \"qk_gain\": {}, \"case\": \"{}\", \"tensor\": \"{}\", \
+             \"max_rel\": {:e}, \"mean_rel\": {:e}}}",
+            args.variant, args.qk_gain, r.case, r.tensor, r.max_rel, r.mean_rel
+        );
+    }
+    print!("{}", bench::attention_fp8::deviation_table(&deviations));
+    report(&records);
+    let (fp8_calls, bf16_calls) = framesmith_nn::attention::fp8_calls();
+    let saturated = match dev {
+        Device::Cuda(cuda) => framesmith_nn::cuda::attention_fp8::saturations(cuda)?,
+        _ => 0,
+    };
+    println!(
+        "FP8 attention: {fp8_calls} passes in FP8, {bf16_calls} refused to bf16, {saturated} gradient tensors \
+         saturated"
+    );
+    Ok(())
+}
+
+#[cfg(not(feature = "cudnn"))]
+pub(crate) fn run_attention_fp8(_: &Device, _: &AttentionFp8Args) -> Result<()> {
+    bail!("FP8 attention needs a build with the cudnn feature")
 }
 
 /// `kernels`: the element-wise kernels timed at the variant's activation shapes.
