@@ -87,14 +87,15 @@ __device__ __forceinline__ void put_scale(float* slots, int scale, int descale, 
     slots[descale] = 1.f / s;
 }
 
-// The forward's scales from the amaxes of q, k and v (one thread).
-extern "C" __global__ void fs_fp8_attn_forward_scales(float* slots) {
+// The forward's scales from the amaxes of q, k and v (one thread). `fp8_out`: cuDNN writes O in e4m3 (with v's
+// scale), else in bf16 (unscaled).
+extern "C" __global__ void fs_fp8_attn_forward_scales(float* slots, int fp8_out) {
     if (blockIdx.x != 0 || threadIdx.x != 0) return;
     put_scale(slots, FS_SCALE_Q, FS_DESCALE_Q, scale_of(slots[FS_AMAX_Q]));
     put_scale(slots, FS_SCALE_K, FS_DESCALE_K, scale_of(slots[FS_AMAX_K]));
     const float sv = scale_of(slots[FS_AMAX_V]);
     put_scale(slots, FS_SCALE_V, FS_DESCALE_V, sv);
-    put_scale(slots, FS_SCALE_O, FS_DESCALE_O, sv);
+    put_scale(slots, FS_SCALE_O, FS_DESCALE_O, fp8_out ? sv : 1.f);
     put_scale(slots, FS_SCALE_S, FS_DESCALE_S, E4M3_MAX);
 }
 
