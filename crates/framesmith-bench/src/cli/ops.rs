@@ -30,8 +30,9 @@ pub(crate) struct AttentionArgs {
     portable: bool,
 }
 
-/// `attention-fp8`'s arguments.
+/// `attention-fp8`'s arguments (read only by a build with cuDNN; without it the command is refused).
 #[derive(clap::Args)]
+#[cfg_attr(not(feature = "cudnn"), allow(dead_code))]
 pub(crate) struct AttentionFp8Args {
     /// Wan variant (t2v-1.3b: 12 heads, t2v-14b: 40 heads; head dim 128).
     #[arg(long, default_value = "t2v-14b")]
