@@ -142,21 +142,40 @@ fn timings(
     let t = time(dev, w, n, || {
         bf16::attention_forward_stats(q, k, v, lens).map(drop)
     })?;
-    out.push(record("attention", c.name, "fwd bf16", &shape, fwd_flops, t));
-    let t = time(dev, w, n, || {
-        fp8::forward_stats(q, k, v, lens).map(drop)
-    })?;
+    out.push(record(
+        "attention",
+        c.name,
+        "fwd bf16",
+        &shape,
+        fwd_flops,
+        t,
+    ));
+    let t = time(dev, w, n, || fp8::forward_stats(q, k, v, lens).map(drop))?;
     out.push(record("attention", c.name, "fwd fp8", &shape, fwd_flops, t));
     let t = time(dev, w, n, || {
         let (o, lse) = bf16::attention_forward_stats(q, k, v, lens)?;
         bf16::attention_backward_stats([q, k, v, &o, d_o], &lse, lens).map(drop)
     })?;
-    out.push(record("attention", c.name, "fwd+bwd bf16", &shape, 3.5 * fwd_flops, t));
+    out.push(record(
+        "attention",
+        c.name,
+        "fwd+bwd bf16",
+        &shape,
+        3.5 * fwd_flops,
+        t,
+    ));
     let t = time(dev, w, n, || {
         let (o, lse) = fp8::forward_stats(q, k, v, lens)?;
         fp8::backward_stats([q, k, v, &o, d_o], &lse, lens).map(drop)
     })?;
-    out.push(record("attention", c.name, "fwd+bwd fp8", &shape, 3.5 * fwd_flops, t));
+    out.push(record(
+        "attention",
+        c.name,
+        "fwd+bwd fp8",
+        &shape,
+        3.5 * fwd_flops,
+        t,
+    ));
     Ok(out)
 }
 

@@ -59,7 +59,9 @@ fn fp8_calls_text((fp8, bf16): (u64, u64)) -> Option<String> {
     }
     let mut text = format!("FP8 attention: {fp8} passes in FP8");
     if bf16 > 0 {
-        text.push_str(&format!(", {bf16} in bf16 (shapes cuDNN's FP8 kernels refuse)"));
+        text.push_str(&format!(
+            ", {bf16} in bf16 (shapes cuDNN's FP8 kernels refuse)"
+        ));
     }
     Some(text)
 }

@@ -768,26 +768,42 @@ fn fp8_attention_needs_a_gpu_and_bf16_activations() {
     let dir = tempfile::tempdir().unwrap();
     let mut cfg = runnable(dir.path());
     assert!(!cfg.model.fp8_attention);
-    assert!(!validate(&cfg, &HostInfo::new(1)).unwrap().model.fp8_attention);
+    assert!(
+        !validate(&cfg, &HostInfo::new(1))
+            .unwrap()
+            .model
+            .fp8_attention
+    );
 
     let section: crate::run::ModelSection = toml::from_str("fp8_attention = true").unwrap();
     assert!(section.fp8_attention);
     cfg.model.fp8_attention = true;
     for base in [BaseDtype::Bf16, BaseDtype::Fp8] {
         cfg.model.base_dtype = base;
-        assert!(validate(&cfg, &HostInfo::new(1)).unwrap().model.fp8_attention);
+        assert!(
+            validate(&cfg, &HostInfo::new(1))
+                .unwrap()
+                .model
+                .fp8_attention
+        );
     }
 
     cfg.model.base_dtype = BaseDtype::F32;
     let e = problems(&cfg, &HostInfo::new(1));
     let p = e.for_key("model.fp8_attention").unwrap();
-    assert!(p.message.contains("\"f32\" computes in f32") && p.fix.contains("fp8_attention = false"), "{p}");
+    assert!(
+        p.message.contains("\"f32\" computes in f32") && p.fix.contains("fp8_attention = false"),
+        "{p}"
+    );
 
     cfg.model.base_dtype = BaseDtype::Bf16;
     cfg.training.device = DeviceSpec::Cpu;
     let e = problems(&cfg, &HostInfo::new(1));
     let p = e.for_key("model.fp8_attention").unwrap();
-    assert!(p.message.contains("not on the CPU") && p.fix.contains("fp8_attention = false"), "{p}");
+    assert!(
+        p.message.contains("not on the CPU") && p.fix.contains("fp8_attention = false"),
+        "{p}"
+    );
 }
 
 /// `[lora] kind` reads as users write it; LoKr's options are checked, and refused on the other kinds.

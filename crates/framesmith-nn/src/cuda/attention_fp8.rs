@@ -73,7 +73,11 @@ pub fn probe(dev: &CudaDevice) -> Result<()> {
         d: 128,
     };
     // Blackwell with cuDNN 9.13+ writes bf16 outputs; anything else (or a cuDNN that will not) e4m3fn ones.
-    let modes: &[bool] = if major >= 10 { &[true, false] } else { &[false] };
+    let modes: &[bool] = if major >= 10 {
+        &[true, false]
+    } else {
+        &[false]
+    };
     let mut chosen = None;
     let mut refusal = None;
     for &bf16_out in modes {
@@ -99,12 +103,18 @@ pub fn probe(dev: &CudaDevice) -> Result<()> {
     );
     let run = || -> Result<bool> {
         let device = candle_core::Device::Cuda(dev.clone());
-        let x = Tensor::randn(0f32, 1.0, (geo.b, geo.lq, geo.h, geo.d), &device)?.to_dtype(DType::BF16)?;
+        let x = Tensor::randn(0f32, 1.0, (geo.b, geo.lq, geo.h, geo.d), &device)?
+            .to_dtype(DType::BF16)?;
         let (o, stats) = forward_stats(&x, &x, &x, None)?;
         let (dq, dk, dv) = backward_stats([&x, &x, &x, &o, &x], &stats, None)?;
         let mut finite = true;
         for t in [&o, &dq, &dk, &dv] {
-            finite &= t.to_dtype(DType::F32)?.sqr()?.sum_all()?.to_scalar::<f32>()?.is_finite();
+            finite &= t
+                .to_dtype(DType::F32)?
+                .sqr()?
+                .sum_all()?
+                .to_scalar::<f32>()?
+                .is_finite();
         }
         Ok(finite)
     };
@@ -117,7 +127,9 @@ pub fn probe(dev: &CudaDevice) -> Result<()> {
         Ok(true) => Ok(()),
         Ok(false) => {
             lock().remove(&ordinal(dev));
-            candle_core::bail!("cuDNN's FP8 attention on {name} gave non-finite values in a test call")
+            candle_core::bail!(
+                "cuDNN's FP8 attention on {name} gave non-finite values in a test call"
+            )
         }
         Err(e) => {
             lock().remove(&ordinal(dev));
@@ -208,7 +220,9 @@ pub fn saturations(dev: &CudaDevice) -> Result<u64> {
 fn bf16_out(dev: &CudaDevice) -> Result<bool> {
     match lock().get(&ordinal(dev)) {
         Some(state) => Ok(state.bf16_out),
-        None => candle_core::bail!("FP8 attention was not checked on this GPU (framesmith_nn::device::set_fp8_attention)"),
+        None => candle_core::bail!(
+            "FP8 attention was not checked on this GPU (framesmith_nn::device::set_fp8_attention)"
+        ),
     }
 }
 
@@ -234,7 +248,10 @@ pub fn forward_stats(
     let candle_core::Device::Cuda(dev) = q.device() else {
         candle_core::bail!("FP8 attention: q is not on CUDA");
     };
-    let stats = ptx::untracked(CudaStorage::wrap_cuda_slice(stats, dev.clone()), (g.b, g.h, g.lq));
+    let stats = ptx::untracked(
+        CudaStorage::wrap_cuda_slice(stats, dev.clone()),
+        (g.b, g.h, g.lq),
+    );
     Ok((o, stats))
 }
 
@@ -292,15 +309,26 @@ impl CustomOp3 for Fp8Sdpa {
         vl: &Layout,
     ) -> Result<(CudaStorage, Shape)> {
         let dev = q.device().clone();
-        let call = Call::new(&dev, self.inner.geo, self.inner.kv_lens.as_deref(), bf16_out(&dev)?)?;
+        let call = Call::new(
+            &dev,
+            self.inner.geo,
+            self.inner.kv_lens.as_deref(),
+            bf16_out(&dev)?,
+        )?;
         let inputs = [Input::new(q, ql)?, Input::new(k, kl)?, Input::new(v, vl)?];
         let mut slots = dev.alloc_zeros::<f32>(slot::COUNT)?;
-        for (x, at) in inputs.iter().zip([slot::AMAX_Q, slot::AMAX_K, slot::AMAX_V]) {
+        for (x, at) in inputs
+            .iter()
+            .zip([slot::AMAX_Q, slot::AMAX_K, slot::AMAX_V])
+        {
             call::amax(&dev, x, &mut slots, at)?;
         }
         call::forward_scales(&dev, &mut slots, !call.bf16_out)?;
         let mut codes = Vec::with_capacity(3);
-        for (x, at) in inputs.iter().zip([slot::SCALE_Q, slot::SCALE_K, slot::SCALE_V]) {
+        for (x, at) in inputs
+            .iter()
+            .zip([slot::SCALE_Q, slot::SCALE_K, slot::SCALE_V])
+        {
             codes.push(call::quantize(&dev, x, &slots, at)?);
         }
         let qkv: [CudaSlice<u8>; 3] = codes
@@ -355,7 +383,9 @@ fn backward(
     // The device's state stays locked while the backward is queued: its history buffer is an argument.
     let mut devices = lock();
     let Some(state) = devices.get_mut(&ordinal(&dev)) else {
-        candle_core::bail!("FP8 attention is not on for this GPU (framesmith_nn::device::set_fp8_attention)");
+        candle_core::bail!(
+            "FP8 attention is not on for this GPU (framesmith_nn::device::set_fp8_attention)"
+        );
     };
     let call = Call::new(&dev, g, kv_lens, state.bf16_out)?;
     let history = match state.histories.entry((g, call.padded())) {
@@ -368,13 +398,25 @@ fn backward(
     let calibrate = !std::mem::replace(&mut history.calibrated, true);
     let history = &mut history.values;
     let mut slots = dev.alloc_zeros::<f32>(slot::COUNT)?;
-    let amaxes = [slot::AMAX_Q, slot::AMAX_K, slot::AMAX_V, slot::AMAX_O, slot::AMAX_DO];
+    let amaxes = [
+        slot::AMAX_Q,
+        slot::AMAX_K,
+        slot::AMAX_V,
+        slot::AMAX_O,
+        slot::AMAX_DO,
+    ];
     for (x, at) in inputs.iter().zip(amaxes) {
         call::amax(&dev, x, &mut slots, at)?;
     }
     let fp8_grads = !call.bf16_out;
     call::backward_scales(&dev, &mut slots, history, fp8_grads)?;
-    let scales = [slot::SCALE_Q, slot::SCALE_K, slot::SCALE_V, slot::SCALE_O, slot::SCALE_DO];
+    let scales = [
+        slot::SCALE_Q,
+        slot::SCALE_K,
+        slot::SCALE_V,
+        slot::SCALE_O,
+        slot::SCALE_DO,
+    ];
     let mut codes = Vec::with_capacity(5);
     for (x, at) in inputs.iter().zip(scales) {
         codes.push(call::quantize(&dev, x, &slots, at)?);

@@ -15,10 +15,16 @@ fn demo_plan() -> RunPlan {
 fn the_lora_records_whether_attention_ran_in_fp8() {
     let mut plan = demo_plan();
     let meta = lora_metadata(&plan, "wan2.1", "https://github.com/Wan-Video/Wan2.1");
-    assert_eq!(meta.get("framesmith.fp8_attention").map(String::as_str), Some("false"));
+    assert_eq!(
+        meta.get("framesmith.fp8_attention").map(String::as_str),
+        Some("false")
+    );
     plan.model.fp8_attention = true;
     let meta = lora_metadata(&plan, "wan2.1", "https://github.com/Wan-Video/Wan2.1");
-    assert_eq!(meta.get("framesmith.fp8_attention").map(String::as_str), Some("true"));
+    assert_eq!(
+        meta.get("framesmith.fp8_attention").map(String::as_str),
+        Some("true")
+    );
 }
 
 #[test]
