@@ -14,13 +14,13 @@ fn demo_plan() -> RunPlan {
 #[test]
 fn the_lora_records_whether_attention_ran_in_fp8() {
     let mut plan = demo_plan();
-    let meta = lora_metadata(&plan, "wan2.1", "https://github.com/Wan-Video/Wan2.1");
+    let meta = lora_metadata(&plan, "base", "https://example.invalid/base");
     assert_eq!(
         meta.get("framesmith.fp8_attention").map(String::as_str),
         Some("false")
     );
     plan.model.fp8_attention = true;
-    let meta = lora_metadata(&plan, "wan2.1", "https://github.com/Wan-Video/Wan2.1");
+    let meta = lora_metadata(&plan, "base", "https://example.invalid/base");
     assert_eq!(
         meta.get("framesmith.fp8_attention").map(String::as_str),
         Some("true")
