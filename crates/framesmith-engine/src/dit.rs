@@ -1,5 +1,5 @@
 //! Loading a Wan DiT, the one path training and `generate` share. A file is opened, not loaded: each tensor is
-//! read from the mapped file as its block is built (resident blocks go to the device, streamed ones into their
+//! read from the file as its block is built (resident blocks go to the device, streamed ones into their
 //! host buffers), so neither the GPU nor RAM ever holds the whole file on top of the model.
 
 use std::path::Path;

@@ -1,6 +1,8 @@
 //! Opening model files (weights, LoRAs, tokenizers) without blocking: a FIFO, device, socket or folder given as a
 //! model path is refused with what it is, from its metadata, instead of opened (opening a FIFO waits for a writer
 //! forever, reading a device never ends). The same rule as the config crate's `file_read`, which nn cannot use.
+//! Reads at an offset ([`read_exact_at`]) for readers that copy parts of a large file into their own buffers,
+//! several threads at once, instead of mapping it.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -37,6 +39,36 @@ pub fn read_regular(path: &Path, max_bytes: u64) -> io::Result<Vec<u8>> {
         return Err(too_large());
     }
     Ok(bytes)
+}
+
+/// Fills `buf` from the bytes of `file` starting at `offset`, without moving a shared cursor: threads may read
+/// different parts of one file at once. A file that ends first is an `UnexpectedEof` error.
+#[cfg(unix)]
+pub fn read_exact_at(file: &File, buf: &mut [u8], offset: u64) -> io::Result<()> {
+    std::os::unix::fs::FileExt::read_exact_at(file, buf, offset)
+}
+
+/// Fills `buf` from the bytes of `file` starting at `offset` (see the Unix version).
+#[cfg(windows)]
+pub fn read_exact_at(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    use std::os::windows::fs::FileExt;
+    while !buf.is_empty() {
+        match file.seek_read(buf, offset) {
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "the file ended before the bytes asked for",
+                ))
+            }
+            Ok(n) => {
+                buf = &mut buf[n..];
+                offset += n as u64;
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 #[cfg(target_os = "linux")]

@@ -255,8 +255,8 @@ impl Fp8Weight {
     pub fn from_checkpoint(codes: &Tensor, scale: Option<&Tensor>) -> Result<Self> {
         let (out_dim, in_dim) = codes.dims2()?;
         let device = codes.device().clone();
-        let raw = codes_to_bytes(codes)?;
-        if let Some(i) = raw.iter().position(|&c| is_nan_code(c)) {
+        let codes = codes_as_bytes(codes)?;
+        if let Some(i) = crate::bytes::with_tensor_bytes(&codes, first_nan_code)? {
             candle_core::bail!(
                 "FP8 weight holds a NaN at [{}, {}]",
                 i / in_dim.max(1),
@@ -276,7 +276,6 @@ impl Fp8Weight {
                 (mode, s)
             }
         };
-        let codes = Tensor::from_vec(raw, (out_dim, in_dim), &device)?;
         Self::new(codes, scale, mode)
     }
 
@@ -457,6 +456,30 @@ fn scale_layout(dims: &[usize], out_dim: usize, in_dim: usize) -> Result<Fp8Scal
          [{out_dim}, 1] or [{out_dim}, {}] for blocks of {BLOCK_SIZE})",
         in_dim / BLOCK_SIZE
     )
+}
+
+/// FP8 codes given as `F8E4M3` or `U8` as a `U8` tensor of their shape on their device whose buffer holds them
+/// from its start: `U8` codes that already do are kept as they are (a large weight is not copied again).
+fn codes_as_bytes(codes: &Tensor) -> Result<Tensor> {
+    let whole = codes.is_contiguous() && codes.layout().start_offset() == 0;
+    if codes.dtype() == DType::U8 && whole {
+        return Ok(codes.clone());
+    }
+    Tensor::from_vec(codes_to_bytes(codes)?, codes.shape(), codes.device())
+}
+
+/// Where the first NaN code of `codes` is, searched by several threads, a part each.
+fn first_nan_code(codes: &[u8]) -> Option<usize> {
+    const PART: usize = 1 << 20;
+    let part = codes
+        .par_chunks(PART)
+        .position_first(|part| part.iter().fold(false, |nan, &c| nan | is_nan_code(c)))?;
+    let start = part * PART;
+    codes
+        .get(start..)?
+        .iter()
+        .position(|&c| is_nan_code(c))
+        .map(|i| start + i)
 }
 
 /// The bytes of FP8 codes given as `F8E4M3` or `U8`, read on the CPU.

@@ -87,7 +87,15 @@ impl Linear {
     /// per channel and marked for FP8 tensor-core products. Input scales (`scale_input`, `input_scale`)
     /// only matter to FP8×FP8 matmuls and are not read: activations stay in the compute dtype here.
     pub fn load(vb: &Vb, in_dim: usize, out_dim: usize) -> Result<Self> {
-        let stored = vb.get_stored("weight")?;
+        // FP8 codes come as their bytes where the source can give them so: no conversion on the way in.
+        let (stored, fp8_codes) = match vb.get_fp8_codes("weight")? {
+            Some(codes) => (codes, true),
+            None => {
+                let stored = vb.get_stored("weight")?;
+                let fp8 = stored.dtype() == DType::F8E4M3;
+                (stored, fp8)
+            }
+        };
         if stored.dims() != [out_dim, in_dim] {
             candle_core::bail!(
                 "tensor `{}` has shape {:?}, expected [{out_dim}, {in_dim}]",
@@ -103,7 +111,7 @@ impl Linear {
             }
         };
         let to_device = |w: &Fp8Weight| timed(LoadPart::ToDevice, || w.to_device(vb.device()));
-        let base = if stored.dtype() == DType::F8E4M3 {
+        let base = if fp8_codes {
             let weight = timed(LoadPart::Fp8, || load_prequantized(vb, &stored))?;
             match vb.fp8() {
                 Some(_) => {
@@ -127,7 +135,8 @@ impl Linear {
             })?;
             BaseWeight::Fp8(to_device(&weight)?)
         } else {
-            BaseWeight::Dense(vb.get((out_dim, in_dim), "weight")?)
+            let dense = timed(LoadPart::ToDevice, || stored.to_device(vb.device()))?;
+            BaseWeight::Dense(dense.to_dtype(vb.dtype())?)
         };
         let bias = if vb.contains("bias") {
             Some(vb.get(out_dim, "bias")?)

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 /// A part of a model's build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum LoadPart {
-    /// A tensor read from its source (a mapped file: copied out of the page cache).
+    /// A tensor read from its source (a file: copied out of the page cache).
     Reading,
     /// FP8 weights taken apart, re-scaled or quantised.
     Fp8,

@@ -1,7 +1,7 @@
 //! `Vb`: a read-only view of named checkpoint tensors with a key prefix, so model code reads straight down the
 //! key tree (`Block::new(cfg, vb.pp("self_attn").pp("q"))`). Knows nothing of file formats: loaders fill it, with
 //! a map of tensors or with a [`TensorSource`] that reads each tensor only when it is asked for (so a model is
-//! built block by block from a mapped file, never holding the whole file in memory).
+//! built block by block from a file, never holding the whole file in memory).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,7 +15,7 @@ use super::load_timing::{timed, LoadPart};
 pub trait TensorSource: Send + Sync {
     /// Whether a tensor is stored under `key`.
     fn contains(&self, key: &str) -> bool;
-    /// The tensor stored under `key`, dtype as stored, wherever the source keeps it (a mapped file reads it into
+    /// The tensor stored under `key`, dtype as stored, wherever the source keeps it (a file source reads it into
     /// host memory); `None` when there is none.
     fn read(&self, key: &str) -> Result<Option<Tensor>>;
     /// The tensor under `key` when the module asking knows its shape ([`Vb::get`]): a file source reads it as
@@ -23,6 +23,14 @@ pub trait TensorSource: Send + Sync {
     fn read_shaped(&self, key: &str, shape: &Shape) -> Result<Option<Tensor>> {
         let _ = shape;
         self.read(key)
+    }
+    /// The codes of an FP8 (e4m3) tensor stored under `key` as their raw bytes, `U8` of the stored shape, when
+    /// the source can give them so without converting them (a file source reads the bytes straight into the
+    /// tensor's buffer); `None` when the tensor is not FP8, there is none, or the source cannot: the caller then
+    /// reads it with [`TensorSource::read`].
+    fn read_fp8_codes(&self, key: &str) -> Result<Option<Tensor>> {
+        let _ = key;
+        Ok(None)
     }
 }
 
@@ -155,6 +163,14 @@ impl Vb {
         super::cancel::check_candle()?;
         let key = self.path(name);
         found(&key, timed(LoadPart::Reading, || self.tensors.read(&key))?)
+    }
+
+    /// The codes of the FP8 tensor `name` as `U8` bytes, on the host, when the source gives them without a
+    /// conversion ([`TensorSource::read_fp8_codes`]); `None` otherwise (read it with [`Vb::get_stored`]).
+    pub fn get_fp8_codes(&self, name: &str) -> Result<Option<Tensor>> {
+        super::cancel::check_candle()?;
+        let key = self.path(name);
+        timed(LoadPart::Reading, || self.tensors.read_fp8_codes(&key))
     }
 
     /// The tensor as stored (dtype unchanged), moved to the device.

@@ -83,6 +83,10 @@ impl TensorSource for DiffusersSource {
     fn read_shaped(&self, key: &str, shape: &Shape) -> Result<Option<Tensor>> {
         self.inner.read_shaped(&diffusers_name(key), shape)
     }
+
+    fn read_fp8_codes(&self, key: &str) -> Result<Option<Tensor>> {
+        self.inner.read_fp8_codes(&diffusers_name(key))
+    }
 }
 
 /// The safetensors files at `path` (the file itself, or a folder's `*.safetensors` sorted by name), the first

@@ -334,7 +334,7 @@ impl LoadOptions {
 }
 
 /// Builds the language model at `path` (a file, its folder, or a Qwen-Image / HunyuanVideo 1.5 folder holding
-/// it), its tensors read from the mapped files as the model
+/// it), its tensors read from the opened files as the model
 /// asks for them.
 pub fn load_text_model(
     path: &Path,

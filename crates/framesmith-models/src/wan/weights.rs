@@ -1,14 +1,14 @@
 //! Checkpoint reader for the Wan DiT. Finds the safetensors files behind a path (official Wan-AI shards with or
 //! without index, single files, ComfyUI files with `model.diffusion_model.` keys, FP8 files with scales), says
 //! what they are ([`inspect`]) and loads their tensors under the official names ([`load`]). Headers are read and
-//! validated here without touching data; data is memory-mapped. Knows nothing of run configs or logging.
+//! validated here without touching data; data is read from the opened files as it is asked for. Knows nothing of run configs or logging.
 
 mod detect;
 mod error;
+mod file_tensors;
 mod header;
 mod identify;
 mod keys;
-mod mmap;
 mod pickle;
 mod report;
 mod source;
@@ -26,13 +26,13 @@ use candle_core::{Device, Tensor};
 
 pub use detect::{heads_for_dim, variant_name};
 pub use error::{ForeignModel, ModelFormatError, NotSafetensors};
+pub use file_tensors::MappedTensors;
 pub(crate) use header::{
     hex_prefix, read_head, read_header, read_tensor_data, safetensors_header_len, sniff_kind,
     TensorInfo,
 };
 pub use identify::{identify, ComponentReport, ModelFile};
 pub use keys::official_shapes;
-pub use mmap::MappedTensors;
 pub use pickle::pickle_reason;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
 pub use whole::{read_whole_file, WeightsFileError};
@@ -40,9 +40,9 @@ pub use whole::{read_whole_file, WeightsFileError};
 use super::config::Expert;
 use super::WanConfig;
 use detect::{DetectError, Detected, Mismatch};
+pub(crate) use file_tensors::Entry;
 use header::Header;
 use keys::Foreign;
-pub(crate) use mmap::Entry;
 pub(crate) use pickle::pth_listing;
 pub(crate) use report::{dtype_label, write_size_lines};
 

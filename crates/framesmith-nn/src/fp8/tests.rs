@@ -544,3 +544,42 @@ fn weights_for_fp8_products_are_per_channel() {
         }
     }
 }
+
+#[test]
+fn checkpoint_codes_from_views_and_the_nan_found_past_the_first_part() {
+    // A U8 view that does not start its buffer is copied; the weight holds the view's codes.
+    let all = Tensor::from_vec(vec![0x38u8, 0x38, 0xb8, 0x01], (2, 2), &Device::Cpu).unwrap();
+    let lower = all.narrow(0, 1, 1).unwrap();
+    let w = Fp8Weight::from_checkpoint(&lower, None).unwrap();
+    assert_eq!(w.codes().layout().start_offset(), 0);
+    assert_eq!(
+        w.codes().flatten_all().unwrap().to_vec1::<u8>().unwrap(),
+        vec![0xb8, 0x01]
+    );
+    // F8E4M3 codes become the same bytes.
+    let f8 = Tensor::from_vec(
+        vec![0x38u8, 0xb8]
+            .into_iter()
+            .map(F8E4M3::from_bits)
+            .collect::<Vec<_>>(),
+        (1, 2),
+        &Device::Cpu,
+    )
+    .unwrap();
+    let w = Fp8Weight::from_checkpoint(&f8, None).unwrap();
+    assert_eq!(
+        w.codes().flatten_all().unwrap().to_vec1::<u8>().unwrap(),
+        vec![0x38, 0xb8]
+    );
+    // A NaN (0xff) far into a weight larger than one search part is found at its place.
+    let (rows, cols) = (1024, 3000);
+    let mut codes = vec![0x30u8; rows * cols];
+    let at = 700 * cols + 17;
+    codes[at] = 0xff;
+    codes[at + 5] = 0x7f;
+    let codes = Tensor::from_vec(codes, (rows, cols), &Device::Cpu).unwrap();
+    let err = Fp8Weight::from_checkpoint(&codes, None)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("NaN at [700, 17]"), "{err}");
+}

@@ -3,7 +3,31 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use crate::bytes::tensor_bytes;
+use rayon::prelude::*;
+
+use crate::bytes::with_tensor_bytes;
+
+/// Copies larger than this are split between threads, a part of this size each.
+const COPY_PART_BYTES: usize = 4 << 20;
+
+/// Copies `from` into `to` (the same length), large copies by several threads.
+fn copy_parallel(to: &mut [u8], from: &[u8]) -> Result<()> {
+    if to.len() != from.len() {
+        candle_core::bail!(
+            "a tensor of {} bytes does not fit its {} bytes in the packed block",
+            from.len(),
+            to.len()
+        );
+    }
+    if from.len() <= COPY_PART_BYTES {
+        to.copy_from_slice(from);
+    } else {
+        to.par_chunks_mut(COPY_PART_BYTES)
+            .zip(from.par_chunks(COPY_PART_BYTES))
+            .for_each(|(to, from)| to.copy_from_slice(from));
+    }
+    Ok(())
+}
 
 /// Offsets are aligned to this many bytes (the copy engine's and the allocator's preferred granularity).
 pub const ALIGN: usize = 256;
@@ -69,8 +93,8 @@ impl BlockLayout {
             candle_core::bail!("packed buffer or tensor count does not match the block layout");
         }
         for (spec, t) in self.specs.iter().zip(tensors) {
-            let bytes = tensor_bytes(t)?;
-            out[spec.offset..spec.offset + spec.bytes].copy_from_slice(&bytes);
+            let place = &mut out[spec.offset..spec.offset + spec.bytes];
+            with_tensor_bytes(t, |bytes| copy_parallel(place, bytes))??;
         }
         Ok(())
     }

@@ -38,7 +38,7 @@ impl VisionLoadOptions {
 }
 
 /// Builds the vision tower at `path` (a single file, a text encoder's folder, or a Qwen-Image-Edit folder holding
-/// one), its tensors read from the mapped files as the tower asks for them.
+/// one), its tensors read from the opened files as the tower asks for them.
 pub fn load_vision_model(
     path: &Path,
     options: &VisionLoadOptions,

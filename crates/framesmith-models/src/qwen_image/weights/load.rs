@@ -1,6 +1,6 @@
 //! Builds the Qwen-Image transformer from its files — a single safetensors file with diffusers' names (bare or
 //! under ComfyUI's prefix) or a diffusers `transformer/` folder of shards — each checked as [`super::identify`]
-//! does, its tensors read from the mapped files as the model asks for them. FP8 files stay FP8 when the run keeps
+//! does, its tensors read from the opened files as the model asks for them. FP8 files stay FP8 when the run keeps
 //! its blocks in FP8 (plain `float8_e4m3fn` or ComfyUI `scaled_fp8` with per-tensor scales) and are dequantised
 //! otherwise; bf16 files are quantised on load when asked.
 

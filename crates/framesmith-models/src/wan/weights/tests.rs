@@ -2,6 +2,7 @@
 
 mod error;
 mod fuzz;
+mod reading;
 
 use anyhow::{bail, Context, Result};
 use candle_core::{DType, Device};
