@@ -256,6 +256,8 @@ fn train(
     options: TrainOptions,
     rank_args: &cli::ranks::RankArgs,
 ) -> anyhow::Result<ExitCode> {
+    // The first run's time to its first step counts from here.
+    framesmith_engine::train::startup::program_started();
     let TrainOptions {
         resume,
         vram_budget_gb,

@@ -367,7 +367,7 @@ impl Trainer {
         ranks: &Ranks,
         log: &mut dyn FnMut(LogLevel, String),
     ) -> anyhow::Result<Trainer> {
-        let mut startup = Startup::begin();
+        let mut startup = Startup::begin_run();
         let family = family_of(&request.config).config_family();
         let mut plan = validate_for(
             &request.config,
@@ -401,12 +401,13 @@ impl Trainer {
         for note in &plan.notes {
             log(LogLevel::Info, note.clone());
         }
+        startup.mark("checking the config");
         let folder = preflight::take_run_folder(request, &mut plan, writes, log)?;
         preflight::check_init_from(&plan)?;
-        startup.mark("checks");
+        startup.mark("the run folder");
         crate::user_cache::keep_attention_plans();
         let mut trainer = Self::from_plan(&plan, log)?;
-        startup.mark("setup (model, LoRA, items, sample prompts)");
+        startup.mark_setup("the rest of the setup");
         if let Some(lock) = folder.lock {
             trainer.outputs.hold(lock);
         }

@@ -4,9 +4,35 @@
 //! (the activation buffers' page-locking). One log line says it once the first step is done, so a slow start
 //! shows which part to look at.
 
+use std::cell::RefCell;
+use std::sync::Mutex;
 use std::time::Instant;
 
 use framesmith_nn::offload::{page_locking, PageLocking};
+
+/// When the program started, until the first run takes it ([`program_started`]).
+static PROGRAM_START: Mutex<Option<Instant>> = Mutex::new(None);
+
+thread_local! {
+    /// The parts of the setup of the run being started on this thread that have ended, and when each ended.
+    static SETUP_PARTS: RefCell<Vec<(&'static str, Instant)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Notes that the program starts now (the first thing `main` does): the first run started after it counts its
+/// time to the first step from here, what came before the run (reading the config and presets, starting the
+/// engine thread) as its first part.
+pub fn program_started() {
+    *PROGRAM_START
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+}
+
+/// Ends the part `name` ("the model", "the training items") of the setup of the run being started on this
+/// thread: a family's setup calls it as each of its parts ends, and the first-step line shows those parts in the
+/// setup's place.
+pub fn setup_part_done(name: &'static str) {
+    SETUP_PARTS.with(|parts| parts.borrow_mut().push((name, Instant::now())));
+}
 
 /// The start of a run, split into named parts as they finish.
 #[derive(Debug, Clone)]
@@ -39,6 +65,42 @@ impl Startup {
             locked_before_step: None,
             reported: false,
         }
+    }
+
+    /// The start of a run on this thread beginning now: from the program's start when this is the first run
+    /// since it ([`program_started`]), that time its first part; the setup parts noted before are forgotten.
+    pub fn begin_run() -> Self {
+        let program = PROGRAM_START
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        Self::begin_after(program)
+    }
+
+    /// [`Startup::begin_run`] for a program that started at `program` (`None`: not this run's concern).
+    fn begin_after(program: Option<Instant>) -> Self {
+        let mut startup = Self::begin();
+        SETUP_PARTS.with(|parts| parts.borrow_mut().clear());
+        if let Some(program) = program.filter(|&p| p <= startup.began) {
+            startup.began = program;
+            startup.last = program;
+            startup.mark("starting the program");
+        }
+        startup
+    }
+
+    /// Ends the setup: each part its family noted ([`setup_part_done`]) since the previous part ended, then
+    /// `rest` for the time after the last of them.
+    pub fn mark_setup(&mut self, rest: &'static str) {
+        let parts = SETUP_PARTS.with(|parts| std::mem::take(&mut *parts.borrow_mut()));
+        for (name, ended) in parts {
+            if ended >= self.last {
+                self.parts
+                    .push((name, ended.duration_since(self.last).as_secs_f64()));
+                self.last = ended;
+            }
+        }
+        self.mark(rest);
     }
 
     /// Ends the part `name`: the time since the previous part ended (or the start).
@@ -143,6 +205,44 @@ mod tests {
             .expect("first call gives the line");
         assert!(line.ends_with("the first step 1.0 s"), "{line}");
         assert_eq!(startup.first_step_line(1.0), None);
+    }
+
+    #[test]
+    fn the_setup_is_split_into_the_parts_its_family_noted() {
+        let mut startup = Startup::begin_after(None);
+        startup.mark("checks");
+        setup_part_done("the model");
+        setup_part_done("the training items");
+        startup.mark_setup("the rest of the setup");
+        let names: Vec<&str> = startup.parts.iter().map(|(name, _)| *name).collect();
+        assert_eq!(
+            names,
+            [
+                "checks",
+                "the model",
+                "the training items",
+                "the rest of the setup"
+            ]
+        );
+        assert!(startup.parts.iter().all(|(_, secs)| *secs >= 0.0));
+        // Noted parts are taken once; a part noted before a run began is not that run's.
+        setup_part_done("a part of an earlier run");
+        let mut next = Startup::begin_after(None);
+        next.mark_setup("setup");
+        let names: Vec<&str> = next.parts.iter().map(|(name, _)| *name).collect();
+        assert_eq!(names, ["setup"]);
+    }
+
+    #[test]
+    fn the_first_run_counts_from_the_program_start() {
+        let program = Instant::now();
+        let startup = Startup::begin_after(Some(program));
+        assert_eq!(startup.began, program);
+        assert_eq!(
+            startup.parts.first().map(|(name, _)| *name),
+            Some("starting the program")
+        );
+        assert!(Startup::begin_after(None).parts.is_empty());
     }
 
     #[test]

@@ -27,6 +27,7 @@ use crate::train::setup::{
     named_vars, out_of_memory_advice, reserve_budget, start_loras, training_device, MemoryReport,
     RunParts,
 };
+use crate::train::startup::setup_part_done;
 use framesmith_config::plan::{LowNoisePlan, ModelSource};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::run::ExpertMode;
@@ -52,10 +53,12 @@ pub(super) fn start_run(
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
     let device = device_for(plan)?;
+    setup_part_done("opening the device");
     let (memory, activation_blocks) = memory_report(plan, &device).unzip();
     if let Some(Ok(report)) = &memory {
         log_plan(report, log);
     }
+    setup_part_done("the memory plan");
     let demo = plan.model.source == ModelSource::Demo;
     // A mode the model cannot train in fails before anything loads (the header tells the model).
     let model = memory_plan::model_for_config(&plan.config);
@@ -67,12 +70,15 @@ pub(super) fn start_run(
         mode::resolve(cfg, plan.training.mode, demo)?;
     }
     let vram_reservation = reserve_budget(plan, &device)?;
+    setup_part_done("holding the VRAM beyond the budget");
     // Locked on a thread of their own while the prompts are read and the model is built (dropped, and so stopped,
     // when the setup fails or is stopped).
     let report = memory.as_ref().and_then(|m| m.as_ref().ok());
     let activation_buffers = activation_blocks
         .and_then(|blocks| start_activation_buffers((plan, report), &device, blocks, log));
+    setup_part_done("starting the activation buffers");
     let encoded = encode_sample_prompts(plan, float_dtype(plan.model.compute_dtype), &device, log)?;
+    setup_part_done("the sample prompts");
     let mut parts = load_run(plan, &device, memory.as_ref(), encoded, log)?;
     parts.report = memory.and_then(Result::ok);
     parts.vram_reservation = vram_reservation;
@@ -119,12 +125,14 @@ fn load_run(
         log(LogLevel::Info, line);
     }
     log_streaming(&model, log);
+    setup_part_done("the model");
     let cfg = model.config().clone();
     let demo = plan.model.source == ModelSource::Demo;
     let start_frame = mode::resolve(&cfg, plan.training.mode, demo)?;
     log(LogLevel::Info, start_frame.log_line().into());
     let run_data = load_run_data(plan, &cfg, device, log)?;
     let data = TrainSet::new(run_data.items, run_data.batch_size, 1, plan.training.seed)?;
+    setup_part_done("the training items");
     let spec = lora_spec(plan);
     let loras = attach_model_loras(&mut model, &spec)?;
     start_loras(
@@ -134,6 +142,7 @@ fn load_run(
         "a LoRA .safetensors for this model (one Framesmith or musubi-tuner saved)",
         log,
     )?;
+    setup_part_done("the LoRA");
     let low_noise = match &plan.model.low_noise {
         Some(low) => {
             let expert = LowExpertLoad {
@@ -150,6 +159,7 @@ fn load_run(
     };
     let metadata = wan_lora_metadata(plan, &base_name, official_code(cfg.generation), start_frame);
     let samples = sampling(plan, &cfg, encoded, device)?;
+    setup_part_done("the low-noise expert and the models for samples");
     Ok(RunParts {
         family: Box::new(WanRun {
             experts: Experts { model, low_noise },
