@@ -108,6 +108,9 @@ if cols:
     mx = lambda i: max(c[i] for c in cols) * 1024
     out += (f"; sampled max anon {gib(mx(2)):.2f} file {gib(mx(3)):.2f} shmem {gib(mx(4)):.2f}"
             f" locked {gib(mx(5)):.2f} pinned {gib(mx(6)):.2f} GiB")
+    top = max(cols, key=lambda c: c[1])
+    out += (f"; at the sampled RSS peak {gib(top[1] * 1024):.2f} GiB: anon {gib(top[2] * 1024):.2f}"
+            f" file {gib(top[3] * 1024):.2f} shmem {gib(top[4] * 1024):.2f} GiB")
     drop = before_kb * 1024 - min(c[7] for c in cols) * 1024
     out += f", MemAvailable drop {gib(drop):.2f} GiB"
 rows = []
