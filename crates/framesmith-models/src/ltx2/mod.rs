@@ -15,6 +15,7 @@ mod stream;
 mod testkit;
 mod trainable;
 pub mod transformer;
+pub mod vae;
 pub mod weights;
 
 pub use config::{Ltx2Config, Ltx2Version};
