@@ -2,7 +2,8 @@
 //! ltx-core's key names (config read from a checkpoint's embedded metadata, the AdaLN timestep embedding, the
 //! split 3-D RoPE over positions in seconds and pixels, the blocks with their hand-written backward, the head) as
 //! text-to-video trains it, the audio stream left out: with no audio the official blocks skip the audio-video
-//! cross-attentions, so nothing is read or computed for them.
+//! cross-attentions, so nothing is read or computed for them. The video VAE ([`vae`]) encodes clips to the
+//! normalised latents the transformer takes and decodes them, whole or in ltx-core's tiles.
 
 pub mod block;
 pub mod config;
