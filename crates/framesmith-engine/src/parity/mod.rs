@@ -19,6 +19,7 @@ pub mod hunyuan_video15;
 pub mod hunyuan_video15_byt5;
 pub mod hunyuan_video15_vae;
 pub mod ltx2;
+pub mod ltx2_vae;
 pub mod qwen25vl;
 pub mod schedulers;
 pub mod umt5;
@@ -210,7 +211,8 @@ impl Fixture {
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
     /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
-    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `ltx2_transformer`).
+    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `ltx2_transformer`,
+    /// `ltx2_vae`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -251,10 +253,11 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "hunyuan_video15_vae" => hunyuan_video15_vae::check(&fixture),
         "hunyuan_video15_byt5" => hunyuan_video15_byt5::check(&fixture, dir),
         "ltx2_transformer" => ltx2::check(&fixture),
+        "ltx2_vae" => ltx2_vae::check(&fixture),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
              flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
-             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, ltx2_transformer) in {}",
+             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, ltx2_transformer, ltx2_vae) in {}",
             dir.display()
         ),
     }
