@@ -26,10 +26,10 @@ pub const VAE_FACTOR: usize = 32;
 pub const VAE_TEMPORAL: usize = 8;
 
 /// What Framesmith lacks to make LTX-2's caches, and the scripts that make them.
-pub const LTX2_CACHES: &str = "Framesmith cannot cache LTX-2 datasets yet (its video VAE and the Gemma 3 text \
-     encoder are not implemented); cache the dataset with the LTX-2 branch of musubi-tuner \
-     (github.com/AkaneTendo25/musubi-tuner: ltx2_cache_latents.py and ltx2_cache_text_encoder_outputs.py, \
-     --ltx2_mode video, the same checkpoint), whose `_ltx2` caches Framesmith reads as they are";
+pub const LTX2_CACHES: &str = "Framesmith caches LTX-2 latents (`framesmith cache latents --vae` the official \
+     checkpoint) but not captions yet (the Gemma 3 text encoder is not implemented); cache the captions with the \
+     LTX-2 branch of musubi-tuner (github.com/AkaneTendo25/musubi-tuner: ltx2_cache_text_encoder_outputs.py, \
+     --ltx2_mode video, the same checkpoint), whose `_ltx2_te` caches Framesmith reads as they are";
 
 /// The width of the text context the model takes: the connector's output, before LTX-2's caption projection.
 pub fn context_width(cfg: &Ltx2Config) -> usize {

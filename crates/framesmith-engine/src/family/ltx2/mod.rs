@@ -1,15 +1,17 @@
 //! The LTX-2 family (LTX-2 19B and LTX-2.3 22B): which runs are LTX-2's and its batch ([`train`]), the cached
 //! items of musubi-tuner's LTX-2 `_ltx2` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), and its
-//! plan description ([`plan`]). It trains text-to-video LoRAs of the video stream from caches only, the audio
-//! stream left out: the video VAE and the Gemma 3 text encoder are not implemented, so the cache passes, samples
-//! during training and `framesmith generate` are refused with what is missing and where the caches come from.
+//! plan description ([`plan`]), and its latent pass ([`prep`]: the video VAE's `_ltx2` caches). It trains
+//! text-to-video LoRAs of the video stream from caches, the audio stream left out: the Gemma 3 text encoder is not
+//! implemented, so the text pass, samples during training and `framesmith generate` are refused with what is
+//! missing and where the caches come from.
 
 use std::path::Path;
 
 use crate::family::image::cached_video::CachedVideoFamily;
 use crate::family::image::items::VideoVae;
 use crate::plan::{PlanError, PlanModel};
-use crate::prep::pass::LatentFiles;
+use crate::prep::pass::{CacheRequest, LatentFiles};
+use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::{ModelFamily, RunConfig, RunPlan};
@@ -18,6 +20,7 @@ use framesmith_data::DatasetKind;
 
 pub mod items;
 pub mod plan;
+pub mod prep;
 pub mod run;
 mod setup;
 pub mod train;
@@ -55,7 +58,16 @@ impl CachedVideoFamily for Ltx2Family {
     }
 
     fn claims_latent_pass(files: &LatentFiles) -> bool {
-        files.dit.as_deref().is_some_and(train::is_ltx2_file)
+        prep::is_ltx2_latent_pass(files)
+    }
+
+    fn cache_latents(
+        request: &CacheRequest<'_>,
+        files: &LatentFiles,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        prep::latents(request, files, progress, log)
     }
 
     fn plan_model(config: &RunConfig) -> Option<Result<PlanModel, PlanError>> {
