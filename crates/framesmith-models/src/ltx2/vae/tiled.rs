@@ -107,8 +107,8 @@ pub(crate) fn trapezoid(len: usize, left: usize, right: usize, from_zero: bool) 
             (i + 1) as f32 / (left + 1) as f32
         };
     }
-    for i in 0..right {
-        mask[len - right + i] *= 1.0 - (i + 1) as f32 / (right + 1) as f32;
+    for (i, m) in mask.iter_mut().skip(len - right).enumerate() {
+        *m *= 1.0 - (i + 1) as f32 / (right + 1) as f32;
     }
     mask
 }
