@@ -100,6 +100,8 @@ CASES = {
                         "connector_attention_head_dim": 8, "connector_num_layers": 2, "rope_type": "split",
                         "frequencies_precision": "float64", "caption_channels": 16},
         "gemma_prefix": "language_model.model.",
+        "gemma_layout": "folder",
+        "release": "LTX-2",
         "connector_prefix": "model.diffusion_model.video_embeddings_connector.",
         "seed": 11,
     },
@@ -115,6 +117,8 @@ CASES = {
                         "caption_projection_first_linear": False, "caption_proj_input_norm": False,
                         "caption_projection_second_linear": False},
         "gemma_prefix": "model.",
+        "gemma_layout": "single_file",
+        "release": "LTX-2.3",
         "connector_prefix": "model.diffusion_model.video_embeddings_connector.",
         "seed": 23,
     },
@@ -153,7 +157,6 @@ def make_case(name: str, case: dict) -> None:
     torch.manual_seed(case["seed"])
 
     tok = tokenizer_json()
-    tok.save(str(out / "tokenizer.json"))
     hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>",
                                      pad_token="<pad>", unk_token="<unk>")
     ltx_tok = LTXGemmaTokenizer(hf_tok, MAX_LENGTH, padding_side=PaddingSide.LEFT)
@@ -191,13 +194,21 @@ def make_case(name: str, case: dict) -> None:
             expected[f"p{i}.video_encoding"] = result.video_encoding[0].contiguous()
             expected[f"p{i}.attention_mask"] = result.attention_mask[0].to(torch.int64).contiguous()
 
-    # Gemma's language model under the case's prefix (the vision tower and lm_head are not read).
+    # Gemma's language model under the case's prefix (the vision tower and lm_head are not read): a Hugging Face
+    # folder (config.json + shard), or one file with the config in its `gemma_config` metadata and the tokenizer
+    # in a `tokenizer_json` tensor, as ltx-core packs its single-file text encoders.
     gemma = {}
     for key, value in model.state_dict().items():
         if key.startswith("model.language_model."):
             gemma[case["gemma_prefix"] + key.removeprefix("model.language_model.")] = value.contiguous()
-    save_file(gemma, out / "gemma.safetensors")
-    (out / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+    if case["gemma_layout"] == "folder":
+        (out / "gemma").mkdir(exist_ok=True)
+        save_file(gemma, out / "gemma" / "model-00001-of-00001.safetensors")
+        (out / "gemma" / "config.json").write_text(json.dumps(config_json, indent=2) + "\n")
+        tok.save(str(out / "gemma" / "tokenizer.json"))
+    else:
+        gemma["tokenizer_json"] = torch.frombuffer(bytearray(tok.to_str().encode()), dtype=torch.uint8)
+        save_file(gemma, out / "gemma_3_12B_it.safetensors", metadata={"gemma_config": json.dumps(config_json)})
 
     # The LTX-2 checkpoint's text parts under the release's names, with its config metadata (the audio
     # connector's weights are left out: nothing here reads them).
@@ -209,12 +220,16 @@ def make_case(name: str, case: dict) -> None:
             ltx[case["connector_prefix"] + key.removeprefix("video_connector.")] = value.contiguous()
     save_file(ltx, out / "ltx_text.safetensors",
               metadata={"config": json.dumps({"transformer": case["transformer"]})})
+    inputs = {"ids": torch.cat([expected.pop(f"p{i}.ids") for i in range(len(PROMPTS))]),
+              "mask": torch.cat([expected.pop(f"p{i}.mask") for i in range(len(PROMPTS))])}
+    save_file(inputs, out / "inputs.safetensors")
     save_file(expected, out / "expected.safetensors")
-    (out / "case.json").write_text(json.dumps({
-        "commit": COMMIT, "prompts": PROMPTS, "max_length": MAX_LENGTH, "seed": case["seed"],
-        "hidden_states": GEMMA_TEXT["num_hidden_layers"] + 1,
+    (out / "config.json").write_text(json.dumps({
+        "kind": "ltx2_text", "commit": COMMIT, "release": case["release"], "gemma_layout": case["gemma_layout"],
+        "prompts": PROMPTS, "max_length": MAX_LENGTH, "hidden_states": GEMMA_TEXT["num_hidden_layers"] + 1,
+        "seed": case["seed"],
     }, indent=2) + "\n")
-    print(name, {k: list(v.shape) for k, v in expected.items() if k.startswith("p0.")})
+    print(name, {k: list(v.shape) for k, v in {**inputs, **expected}.items() if not k[1:2].isdigit() or k.startswith("p0.")})
 
 
 def main() -> None:
