@@ -1,5 +1,5 @@
 //! `framesmith inspect` for a model file of any family: LTX-2 / LTX-2.3 transformers (official single files, FP8,
-//! diffusers folders) and their Gemma 3 12B text encoder by [`crate::ltx2::weights`], HunyuanVideo transformers (1.5 in every layout, 1.0 named
+//! diffusers folders) by [`crate::ltx2::weights`], their Gemma 3 12B text encoder by [`crate::gemma3::weights`], HunyuanVideo transformers (1.5 in every layout, 1.0 named
 //! with what to download instead) by [`crate::hunyuan_video15::weights`], its byT5 glyph encoder by
 //! [`crate::hunyuan_video15::byt5`], Qwen-Image transformers (files and diffusers folders) are
 //! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
@@ -11,6 +11,7 @@ use std::fmt;
 use std::path::Path;
 
 use crate::flux::weights::{self as flux_weights, FluxFile, FluxFormatError};
+use crate::gemma3::weights::{self as gemma3_weights, Gemma3File, Gemma3FormatError};
 use crate::hunyuan_video15::byt5::{self as glyph, GlyphFile};
 use crate::hunyuan_video15::weights::{
     self as hunyuan_weights, HunyuanVideoFile, HunyuanVideoFormatError,
@@ -24,8 +25,10 @@ use crate::wan::weights::{self as wan_weights, ModelFormatError};
 #[derive(Debug, Clone)]
 pub enum ModelFile {
     Ltx2(Box<Ltx2File>),
-    /// Gemma 3 12B, LTX-2's text encoder (named; not loaded yet).
-    Gemma3(std::path::PathBuf),
+    /// Gemma 3, LTX-2's text encoder.
+    Gemma3(Box<Gemma3File>),
+    /// A file holding Gemma 3 12B's token embedding but not its first layer: one shard of the folder.
+    Gemma3Shard(std::path::PathBuf),
     HunyuanVideo(Box<HunyuanVideoFile>),
     /// A byT5 encoder: HunyuanVideo 1.5's glyph encoder, or the base it was trained from.
     Glyph(Box<GlyphFile>),
@@ -40,8 +43,10 @@ impl fmt::Display for ModelFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let report = match self {
             Self::Ltx2(file) => file.to_string(),
-            Self::Gemma3(path) => format!(
-                "{}\n  {:<11} Gemma 3 12B, the text encoder of LTX-2 and LTX-2.3 (Framesmith does not load it yet)\n",
+            Self::Gemma3(file) => file.to_string(),
+            Self::Gemma3Shard(path) => format!(
+                "{}\n  {:<11} one shard of Gemma 3 12B, the text encoder of LTX-2 and LTX-2.3: give the folder that \
+                 holds every shard (with config.json and tokenizer.json) to `framesmith cache text`\n",
                 path.display(),
                 "model"
             ),
@@ -62,6 +67,8 @@ impl fmt::Display for ModelFile {
 pub enum IdentifyError {
     #[error("{}", printable(&.0.to_string()))]
     Ltx2(Ltx2FormatError),
+    #[error("{}", printable(&.0.to_string()))]
+    Gemma3(Gemma3FormatError),
     #[error("{}", printable(&.0.to_string()))]
     HunyuanVideo(HunyuanVideoFormatError),
     #[error("{}", printable(&.0.to_string()))]
@@ -111,8 +118,15 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
         Err(err) if !ltx2_weights::is_unrecognised(&err) => return Err(IdentifyError::Ltx2(err)),
         Err(_) => {}
     }
+    match gemma3_weights::identify(path) {
+        Ok(file) => return Ok(ModelFile::Gemma3(Box::new(file))),
+        Err(err) if !gemma3_weights::is_unrecognised(&err) => {
+            return Err(IdentifyError::Gemma3(err))
+        }
+        Err(_) => {}
+    }
     if !path.is_dir() && ltx2_weights::is_gemma3_12b(path) {
-        return Ok(ModelFile::Gemma3(path.to_path_buf()));
+        return Ok(ModelFile::Gemma3Shard(path.to_path_buf()));
     }
     match qwen_weights::identify(path) {
         Ok(file) => return Ok(ModelFile::QwenImage(Box::new(file))),

@@ -5,6 +5,7 @@ pub mod adapter_file;
 mod checkpoint;
 pub mod fixtures;
 pub mod flux;
+pub mod gemma3;
 pub mod hunyuan_video15;
 pub mod identify;
 pub mod lora_tools;

@@ -215,7 +215,7 @@ impl Mlp {
 }
 
 /// A copy of `linear` on `device` (FP8 bases stay FP8).
-fn linear_to_device(linear: &Linear, device: &Device) -> Result<Linear> {
+pub(crate) fn linear_to_device(linear: &Linear, device: &Device) -> Result<Linear> {
     let base = match linear.base() {
         BaseWeight::Dense(w) => BaseWeight::Dense(w.to_device(device)?),
         BaseWeight::Fp8(w) => BaseWeight::Fp8(w.to_device(device)?),
