@@ -4,6 +4,8 @@
 //! text-to-video trains it, the audio stream left out: with no audio the official blocks skip the audio-video
 //! cross-attentions, so nothing is read or computed for them. The video VAE ([`vae`]) encodes clips to the
 //! normalised latents the transformer takes and decodes them, whole or in ltx-core's tiles.
+//! The text side ([`text`]): Gemma 3's hidden states
+//! through the release's feature extractor and the video connector, into what the cross-attention reads.
 
 pub mod block;
 pub mod config;
@@ -14,6 +16,7 @@ pub mod rope;
 mod stream;
 #[cfg(test)]
 mod testkit;
+pub mod text;
 mod trainable;
 pub mod transformer;
 pub mod vae;
