@@ -171,6 +171,7 @@ fn write_cached_clip(
             .to_dtype(DType::BF16)?,
         prompt_attention_mask: Some(Tensor::ones(spec.text_tokens, DType::I64, dev)?),
         caption: CAPTION.into(),
+        encoding: None,
     };
     let text_path = cache.join(ltx2_text_cache_name(ITEM_STEM));
     write_ltx2_text_cache(&text_path, &text)?;

@@ -1,4 +1,4 @@
-//! LTX-2's part of validation: what its runs cannot do yet (samples, which need its video VAE and Gemma 3;
+//! LTX-2's part of validation: what its runs cannot do yet (samples, which need the denoising loop around its video VAE;
 //! image-to-video, which needs per-token timesteps) and the settings of other families an LTX-2 run refuses, each
 //! by key with its fix.
 
@@ -12,7 +12,7 @@ pub(crate) const LTX2_RULES: CacheOnlyRules = CacheOnlyRules {
     clip_file: "CLIP model (LTX-2 takes none)",
     conditions_on: "Gemma 3 through its text connector",
     samples: CacheOnlySamples::Refused(
-        "its video VAE and the Gemma 3 text encoder, which Framesmith does not have yet",
+        "the denoising loop around its video VAE's decode, which Framesmith does not have yet",
     ),
     no_image_to_video: Some(
         "LTX-2's image-to-video training conditions on the clean first frame with per-token timesteps, which \

@@ -8,7 +8,7 @@
 //! read). Both carry the metadata architecture `ltx2_v1`.
 //!
 //! The official trainer's `.precomputed/conditions/*.pt` hold the features *before* the connector (it runs the
-//! connector in every step), so they need the connector, which Framesmith does not have yet.
+//! connector in every step); these caches hold its output, as `framesmith cache text` writes them too.
 
 use std::path::Path;
 
@@ -101,7 +101,13 @@ pub struct Ltx2TextCache {
     pub prompt_attention_mask: Option<Tensor>,
     /// The caption encoded (`caption1` metadata).
     pub caption: String,
+    /// What encoded it, when Framesmith did (`framesmith.text_encoding` metadata: the release whose text side
+    /// made it and the width, e.g. `LTX-2.3 4096`), so a cache made for the other release is made again.
+    pub encoding: Option<String>,
 }
+
+/// The metadata entry naming what encoded a text cache.
+pub const TEXT_ENCODING_METADATA: &str = "framesmith.text_encoding";
 
 /// Writes an LTX-2 text-encoder cache as musubi-tuner's LTX-2 branch does (video-only: no audio embeddings).
 pub fn write_ltx2_text_cache(path: &Path, cache: &Ltx2TextCache) -> Result<(), CacheError> {
@@ -127,7 +133,10 @@ pub fn write_ltx2_text_cache(path: &Path, cache: &Ltx2TextCache) -> Result<(), C
             RawTensor::from_tensor(&mask, path)?.0,
         ));
     }
-    let metadata = LTX2_CACHES.metadata([("caption1", cache.caption.clone())]);
+    let mut metadata = LTX2_CACHES.metadata([("caption1", cache.caption.clone())]);
+    if let Some(encoding) = &cache.encoding {
+        metadata.insert(TEXT_ENCODING_METADATA.to_string(), encoding.clone());
+    }
     write_tensor_file(path, &raw, metadata)
 }
 
@@ -151,6 +160,7 @@ pub fn read_ltx2_text_cache(path: &Path, device: &Device) -> Result<Ltx2TextCach
         video_prompt_embeds,
         prompt_attention_mask: get(MASK),
         caption: file.metadata.get("caption1").cloned().unwrap_or_default(),
+        encoding: file.metadata.get(TEXT_ENCODING_METADATA).cloned(),
     })
 }
 
@@ -202,6 +212,7 @@ mod tests {
             video_prompt_embeds: Tensor::ones((5, 8), DType::F32, &dev).unwrap(),
             prompt_attention_mask: Some(Tensor::new(&[0i64, 0, 1, 1, 1], &dev).unwrap()),
             caption: "a cat".into(),
+            encoding: Some("LTX-2 8".into()),
         };
         let text_path = dir.path().join(ltx2_text_cache_name("a"));
         write_ltx2_text_cache(&text_path, &text).unwrap();
@@ -214,6 +225,7 @@ mod tests {
             .unwrap();
         assert_eq!(mask, [0, 0, 1, 1, 1]);
         assert_eq!(back.caption, "a cat");
+        assert_eq!(back.encoding.as_deref(), Some("LTX-2 8"));
 
         // A HunyuanVideo 1.5 latent cache is named, not misread.
         let hv = crate::family::hunyuan_video15::cache::Hv15LatentCache {

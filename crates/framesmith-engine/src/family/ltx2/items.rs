@@ -2,8 +2,8 @@
 //! each with a cache directory and its `num_repeats`), the `_ltx2` latent caches of musubi-tuner's LTX-2 branch
 //! found in each directory and each read beside its `_ltx2_te` text cache, checked against the transformer: the
 //! normalised latents `[128, F, H, W]` as [`TrainItem::latents`] and the text connector's output `[L, D]` as
-//! [`TrainItem::context`]. Framesmith cannot make these caches yet (no video VAE, no Gemma 3): a dataset not cached
-//! fails with the commands that make them.
+//! [`TrainItem::context`]. Framesmith makes the text caches (`framesmith cache text`), not the latent ones yet (no
+//! video VAE): a dataset not cached fails with the commands that make them.
 
 use std::path::Path;
 
@@ -25,11 +25,10 @@ pub const VAE_FACTOR: usize = 32;
 /// Frames per latent frame of LTX-2's video VAE (after the first).
 pub const VAE_TEMPORAL: usize = 8;
 
-/// What Framesmith lacks to make LTX-2's caches, and the scripts that make them.
-pub const LTX2_CACHES: &str = "Framesmith caches LTX-2 latents (`framesmith cache latents --vae` the official \
-     checkpoint) but not captions yet (the Gemma 3 text encoder is not implemented); cache the captions with the \
-     LTX-2 branch of musubi-tuner (github.com/AkaneTendo25/musubi-tuner: ltx2_cache_text_encoder_outputs.py, \
-     --ltx2_mode video, the same checkpoint), whose `_ltx2_te` caches Framesmith reads as they are";
+/// How LTX-2's caches are made.
+pub const LTX2_CACHES: &str = "make them with `framesmith cache latents --vae <the LTX-2 checkpoint>` and \
+     `framesmith cache text --text-encoder <Gemma 3 12B> --dit <the checkpoint>` (the `_ltx2` caches of \
+     musubi-tuner's LTX-2 branch, --ltx2_mode video, are read as they are)";
 
 /// The width of the text context the model takes: the connector's output, before LTX-2's caption projection.
 pub fn context_width(cfg: &Ltx2Config) -> usize {
@@ -105,8 +104,8 @@ fn load_item(
     let text_path = dir.join(ltx2_text_cache_name(stem));
     if !text_path.exists() {
         anyhow::bail!(
-            "the captions are not cached for LTX-2: {file} has no text cache beside it; run musubi-tuner's \
-             ltx2_cache_text_encoder_outputs.py on the dataset: {}",
+            "the captions are not cached for LTX-2: {file} has no text cache beside it; run `framesmith cache \
+             text --dataset <this dataset> --text-encoder <Gemma 3 12B> --dit <this checkpoint>`: {}",
             text_path.display()
         );
     }

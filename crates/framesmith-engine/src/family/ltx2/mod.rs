@@ -1,16 +1,16 @@
 //! The LTX-2 family (LTX-2 19B and LTX-2.3 22B): which runs are LTX-2's and its batch ([`train`]), the cached
-//! items of musubi-tuner's LTX-2 `_ltx2` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), and its
-//! plan description ([`plan`]), and its latent pass ([`prep`]: the video VAE's `_ltx2` caches). It trains
-//! text-to-video LoRAs of the video stream from caches, the audio stream left out: the Gemma 3 text encoder is not
-//! implemented, so the text pass, samples during training and `framesmith generate` are refused with what is
-//! missing and where the caches come from.
+//! items of musubi-tuner's LTX-2 `_ltx2` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), its
+//! plan description ([`plan`]), its latent pass ([`prep`]: the video VAE's `_ltx2` caches) and its text pass
+//! ([`text_cache`], with Gemma 3 and the checkpoint's connector: [`encoder`]). It trains text-to-video LoRAs of
+//! the video stream from caches, the audio stream left out; samples during training and `framesmith generate`
+//! are refused with what is missing.
 
 use std::path::Path;
 
 use crate::family::image::cached_video::CachedVideoFamily;
 use crate::family::image::items::VideoVae;
 use crate::plan::{PlanError, PlanModel};
-use crate::prep::pass::{CacheRequest, LatentFiles};
+use crate::prep::pass::{CacheRequest, LatentFiles, TextFiles};
 use crate::prep::{CacheProgress, CacheSummary};
 use crate::train::setup::RunParts;
 use framesmith_config::protocol::LogLevel;
@@ -18,11 +18,13 @@ use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
 use framesmith_data::DatasetKind;
 
+pub mod encoder;
 pub mod items;
 pub mod plan;
 pub mod prep;
 pub mod run;
 mod setup;
+pub mod text_cache;
 pub mod train;
 
 #[cfg(test)]
@@ -41,9 +43,9 @@ impl CachedVideoFamily for Ltx2Family {
         "model.dit is not an LTX-2 transformer; point it at Lightricks' \
          ltx-2-19b-*.safetensors or ltx-2.3-22b-*.safetensors";
     const NO_CACHE_PASS: &'static str = items::LTX2_CACHES;
-    const NO_GENERATE: &'static str = "generating with LTX-2 needs its video VAE (to decode the clip) and the \
-         Gemma 3 text encoder, which Framesmith does not have yet; use ComfyUI's LTX-2 workflow or ltx-pipelines \
-         with the LoRA (its keys are the official trainer's)";
+    const NO_GENERATE: &'static str = "generating with LTX-2 (the denoising loop around its video VAE's \
+         decode) is not in Framesmith yet; use ComfyUI's LTX-2 workflow or ltx-pipelines with the LoRA (its keys are \
+         the official trainer's)";
 
     fn is_run(config: &RunConfig) -> bool {
         train::is_ltx2_run(config)
@@ -79,5 +81,18 @@ impl CachedVideoFamily for Ltx2Family {
         log: &mut dyn FnMut(LogLevel, String),
     ) -> Option<anyhow::Result<RunParts>> {
         train::ltx2_dit_of(plan).map(|dit| setup::start_run(plan, &dit, log))
+    }
+
+    fn claims_text_pass(files: &TextFiles) -> bool {
+        text_cache::is_ltx2_text_pass(files)
+    }
+
+    fn cache_text(
+        request: &CacheRequest<'_>,
+        files: &TextFiles,
+        progress: &mut dyn CacheProgress,
+        log: &mut dyn FnMut(&str),
+    ) -> anyhow::Result<CacheSummary> {
+        text_cache::text(request, files, progress, log)
     }
 }

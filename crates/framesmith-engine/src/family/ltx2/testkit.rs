@@ -108,6 +108,7 @@ pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
             video_prompt_embeds: randn(rng, (words, cfg.cross_attention_dim), 0.0, 1.0, &dev)?,
             prompt_attention_mask: Some(Tensor::ones(words, DType::I64, &dev)?),
             caption: format!("clip {stem}"),
+            encoding: None,
         };
         write_ltx2_text_cache(&cache.join(ltx2_text_cache_name(stem)), &text)?;
     }

@@ -166,7 +166,7 @@ fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Re
     let config = config(dir.path(), 2)?;
     let err = sampling_start_error(&config, &dit);
     assert!(
-        err.contains("sampling.prompts") && err.contains("Gemma 3"),
+        err.contains("sampling.prompts") && err.contains("video VAE"),
         "{err}"
     );
 

@@ -1,0 +1,128 @@
+//! LTX-2's prompt encoding as the text pass runs it, in two phases so that a 16 GB card holds each: Gemma 3 12B
+//! (kept as what the card has free allows: bf16 resident, FP8 resident, or FP8 layers streamed from host memory)
+//! with the checkpoint's feature extractor gives every prompt's features, kept in host memory; Gemma is dropped;
+//! then the checkpoint's video connector turns each into what the transformer reads.
+
+use std::path::Path;
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use crate::family::qwen_image::encoder::placement_for;
+use framesmith_models::gemma3::{self, GemmaTokenizer, LoadOptions, LTX2_MAX_LENGTH};
+use framesmith_models::ltx2::text::{connect, prompt_features, PromptFeatures, TextParts};
+use framesmith_nn::device::VramUse;
+use framesmith_nn::offload::release_cached_memory;
+
+/// The encoder's files.
+#[derive(Debug, Clone, Copy)]
+pub struct Ltx2EncoderFiles<'a> {
+    /// Gemma 3 12B (the Hugging Face folder, ComfyUI's single file).
+    pub text_encoder: &'a Path,
+    /// Its tokenizer (default: the one beside the weights or embedded in them).
+    pub tokenizer: Option<&'a Path>,
+    /// The LTX-2 checkpoint holding the feature extractor and the connector.
+    pub dit: &'a Path,
+}
+
+/// One prompt encoded: what the cache holds.
+pub struct Ltx2Text {
+    /// The connector's output [max_length, D].
+    pub embeds: Tensor,
+    /// 1 for each row the transformer attends to (every row: the registers fill the padding).
+    pub mask: Vec<u32>,
+}
+
+/// How Gemma 3 is loaded: for the card ([`load_gemma`]), or at a small size in tests.
+pub type LoadGemma<'a> =
+    &'a dyn Fn(&Path, DType, &Device, u64) -> anyhow::Result<gemma3::Gemma3Text>;
+
+/// Loads Gemma 3 12B from `weights` in `dtype` on `device`, kept as what the card has free allows once
+/// `also_bytes` (the feature extractor) are placed beside it.
+pub fn load_gemma(
+    weights: &Path,
+    dtype: DType,
+    device: &Device,
+    also_bytes: u64,
+) -> anyhow::Result<gemma3::Gemma3Text> {
+    let file = gemma3::identify(weights)?;
+    let c = &file.config;
+    // The token embedding stays in host memory.
+    let on_card = file
+        .parameter_count
+        .saturating_sub((c.vocab_size * c.hidden_size) as u64);
+    let free = VramUse::measure(device, 0).map(|use_| use_.free.saturating_sub(also_bytes));
+    let (fp8, placement) = placement_for(on_card, free);
+    let options = LoadOptions {
+        dtype,
+        fp8,
+        placement,
+        ..LoadOptions::new(device)
+    };
+    Ok(gemma3::load_text_model(weights, &options)?.1)
+}
+
+/// What the encoder is kept as, for the log.
+pub fn describe(model: &gemma3::Gemma3Text) -> String {
+    let placement = match model.placement() {
+        gemma3::LayerPlacement::Resident => "resident",
+        gemma3::LayerPlacement::Streamed => "layers streamed from host memory",
+    };
+    format!(
+        "Gemma 3 ({} layers, {placement})",
+        model.config().num_hidden_layers
+    )
+}
+
+/// Each of `texts` encoded as LTX-2's pipeline encodes it (one prompt at a time: every prompt is padded to the
+/// same length, so the results do not depend on the batch), in `dtype` on `device`; `log` hears how Gemma is kept.
+pub fn encode_texts(
+    files: Ltx2EncoderFiles<'_>,
+    load: LoadGemma<'_>,
+    texts: &[&str],
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<Ltx2Text>> {
+    let parts = TextParts::open(files.dit)?;
+    let tokenizer =
+        GemmaTokenizer::for_weights(files.text_encoder, files.tokenizer, LTX2_MAX_LENGTH)?;
+    let (projection_bytes, _) = parts.bytes();
+    let gemma = load(files.text_encoder, dtype, device, projection_bytes)
+        .with_context(|| format!("--text-encoder {}", files.text_encoder.display()))?;
+    log(&format!("text encoder: {}", describe(&gemma)));
+    let cfg = gemma.config();
+    let extractor =
+        parts.feature_extractor((cfg.hidden_size, cfg.num_hidden_layers + 1), dtype, device)?;
+    let cpu = Device::Cpu;
+    let features = texts
+        .iter()
+        .map(|text| {
+            let f = prompt_features((&gemma, &tokenizer), &extractor, text)
+                .with_context(|| format!("encoding the prompt \"{text}\""))?;
+            Ok(PromptFeatures {
+                features: f.features.to_device(&cpu)?,
+                prompt: f.prompt,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    drop((gemma, extractor));
+    release_cached_memory(device)?;
+    let connector = parts.connector(dtype, device)?;
+    let out = features
+        .into_iter()
+        .map(|f| {
+            let on_device = PromptFeatures {
+                features: f.features.to_device(device)?,
+                prompt: f.prompt,
+            };
+            let (embeds, mask) = connect(&connector, &on_device)?;
+            Ok(Ltx2Text {
+                embeds: embeds.to_dtype(dtype)?.to_device(&cpu)?,
+                mask,
+            })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    drop(connector);
+    release_cached_memory(device)?;
+    Ok(out)
+}

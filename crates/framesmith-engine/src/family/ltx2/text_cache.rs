@@ -1,0 +1,184 @@
+//! LTX-2 caching of a dataset's captions: each caption through Gemma 3 12B, the checkpoint's feature extractor and
+//! video connector ([`super::encoder`]) to `{stem}_ltx2_te.safetensors` in the format of musubi-tuner's LTX-2
+//! branch, which the LTX-2 run reads: `video_prompt_embeds_{dtype}` [1024, D] (the connector's output: D is 3840 for
+//! LTX-2, the transformer's 4096 for LTX-2.3) with `prompt_attention_mask` [1024] and the caption as `caption1`.
+//! A cache is kept while its caption and the release that encoded it are unchanged; stale `_ltx2_te` caches are
+//! removed unless asked not to. A text pass is LTX-2's when `--dit` names an LTX-2 checkpoint (which holds the
+//! connector).
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use candle_core::{DType, Device, Tensor};
+
+use super::encoder::{encode_texts, load_gemma, Ltx2EncoderFiles, Ltx2Text};
+use super::train::is_ltx2_file;
+use crate::prep::pass::{load_dataset, CacheRequest, TextFiles};
+use crate::prep::{
+    header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome,
+};
+use framesmith_data::cache::media_stem;
+use framesmith_data::family::ltx2::cache::{
+    ltx2_text_cache_name, write_ltx2_text_cache, Ltx2TextCache, LTX2_ARCHITECTURE, LTX2_SUFFIX,
+    TEXT_ENCODING_METADATA,
+};
+use framesmith_data::media::MediaTools;
+use framesmith_data::samples::cache_dir;
+use framesmith_data::ValidConfig;
+use framesmith_models::ltx2::text::{FeatureVersion, TextParts};
+
+/// Whether the text pass `files` caches for LTX-2.
+pub(super) fn is_ltx2_text_pass(files: &TextFiles) -> bool {
+    files.dit.as_deref().is_some_and(is_ltx2_file)
+}
+
+/// What encodes a checkpoint's captions, as the caches record it: the release and the width.
+pub fn encoding_tag(parts: &TextParts) -> String {
+    let release = match parts.config.features {
+        FeatureVersion::V1 => "LTX-2",
+        FeatureVersion::V2 { .. } => "LTX-2.3",
+    };
+    format!("{release} {}", parts.config.output_width())
+}
+
+/// One caption waiting to be encoded.
+struct Pending {
+    media: PathBuf,
+    caption: String,
+    path: PathBuf,
+}
+
+/// Whether `path` holds a complete LTX-2 text cache of `caption` made by `encoding`.
+fn cached(path: &Path, caption: &str, encoding: &str) -> bool {
+    header::complete_cache(path, &["video_prompt_embeds_"], LTX2_ARCHITECTURE).is_some_and(|meta| {
+        meta.get("caption1").map(String::as_str) == Some(caption)
+            && meta.get(TEXT_ENCODING_METADATA).map(String::as_str) == Some(encoding)
+    })
+}
+
+/// The text pass with Gemma 3 and the connector of the checkpoint `--dit` names.
+pub(super) fn text(
+    request: &CacheRequest<'_>,
+    files: &TextFiles,
+    progress: &mut dyn CacheProgress,
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<CacheSummary> {
+    let text_encoder = files.text_encoder.as_deref().context(
+        "LTX-2 captions are encoded by Gemma 3 12B: give --text-encoder (the google/gemma-3-12b-it folder or \
+         ComfyUI's gemma_3_12B_it.safetensors) with --dit",
+    )?;
+    let dit = files
+        .dit
+        .as_deref()
+        .context("LTX-2 captions need --dit, the checkpoint whose text connector encodes them")?;
+    let parts = TextParts::open(dit)?;
+    let encoding = encoding_tag(&parts);
+    let valid = load_dataset(request, log)?;
+    let (device, dtype) = (request.open)()?;
+    log(&format!(
+        "text encoder: Gemma 3 with {encoding}'s feature extractor and connector, on {device:?}, stored in {dtype:?}"
+    ));
+    let encoder_files = Ltx2EncoderFiles {
+        text_encoder,
+        tokenizer: files.tokenizer.as_deref(),
+        dit,
+    };
+    let mut encode = |captions: &[&str]| {
+        encode_texts(
+            encoder_files,
+            &load_gemma,
+            captions,
+            (dtype, &device),
+            &mut *log,
+        )
+    };
+    let options = CacheOptions {
+        keep_stale: request.keep_stale,
+    };
+    cache_ltx2_text(&valid, (&mut encode, &encoding), dtype, &options, progress)
+}
+
+/// How captions are encoded (the encoders loaded for the call and dropped after it).
+pub type EncodeCaptions<'a> = &'a mut dyn FnMut(&[&str]) -> anyhow::Result<Vec<Ltx2Text>>;
+
+/// Writes the `_ltx2_te` cache of every caption of the dataset config that has none for its caption and
+/// `encoding`, the captions encoded by `encode` in one call and stored in `dtype`.
+pub fn cache_ltx2_text(
+    valid: &ValidConfig,
+    (encode, encoding): (EncodeCaptions<'_>, &str),
+    dtype: DType,
+    options: &CacheOptions,
+    progress: &mut dyn CacheProgress,
+) -> anyhow::Result<CacheSummary> {
+    let mut summary = CacheSummary::default();
+    let mut expected = Expected::default();
+    let tools = MediaTools::locate().ok();
+    let scans = scan_all(valid, tools.as_ref(), &mut summary, progress);
+    let mut pending = Vec::new();
+    for scan in &scans {
+        let ds = &scan.dataset;
+        expected.dataset(ds, scan);
+        for item in &scan.items {
+            let path =
+                cache_dir(ds, &item.media).join(ltx2_text_cache_name(&media_stem(&item.media)));
+            expected.file(&path);
+            let outcome = match &item.caption {
+                None => {
+                    expected.failed(ds, &item.media);
+                    ItemOutcome::Failed("no caption".into())
+                }
+                Some(caption) if cached(&path, caption, encoding) => ItemOutcome::Skipped,
+                Some(caption) => {
+                    pending.push(Pending {
+                        media: item.media.clone(),
+                        caption: caption.clone(),
+                        path,
+                    });
+                    continue;
+                }
+            };
+            progress.item_done(&item.media, &outcome);
+            summary.record(&item.media, &outcome);
+        }
+    }
+    if !pending.is_empty() {
+        let captions: Vec<&str> = pending.iter().map(|p| p.caption.as_str()).collect();
+        let encoded = encode(&captions)?;
+        anyhow::ensure!(
+            encoded.len() == pending.len(),
+            "the text encoder returned {} encodings for {} captions",
+            encoded.len(),
+            pending.len()
+        );
+        for (item, text) in pending.iter().zip(encoded) {
+            write(item, &text, (dtype, encoding))
+                .with_context(|| format!("writing the text cache of {}", item.media.display()))?;
+            let outcome = ItemOutcome::Written(1);
+            progress.item_done(&item.media, &outcome);
+            summary.record(&item.media, &outcome);
+        }
+    }
+    if !options.keep_stale {
+        summary.removed = expected.remove_stale(&format!("_{LTX2_SUFFIX}_te.safetensors"))?;
+    }
+    Ok(summary)
+}
+
+fn write(item: &Pending, text: &Ltx2Text, (dtype, encoding): (DType, &str)) -> anyhow::Result<()> {
+    let cpu = Device::Cpu;
+    if let Some(dir) = item.path.parent() {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
+    }
+    let rows = text.mask.len();
+    let cache = Ltx2TextCache {
+        video_prompt_embeds: text.embeds.to_dtype(dtype)?.to_device(&cpu)?,
+        prompt_attention_mask: Some(Tensor::from_vec(text.mask.clone(), rows, &cpu)?),
+        caption: item.caption.clone(),
+        encoding: Some(encoding.to_string()),
+    };
+    Ok(write_ltx2_text_cache(&item.path, &cache)?)
+}
+
+#[cfg(test)]
+mod tests;
