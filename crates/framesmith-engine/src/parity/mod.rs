@@ -19,6 +19,7 @@ pub mod hunyuan_video15;
 pub mod hunyuan_video15_byt5;
 pub mod hunyuan_video15_vae;
 pub mod ltx2;
+pub mod ltx2_text;
 pub mod ltx2_vae;
 pub mod qwen25vl;
 pub mod schedulers;
@@ -212,7 +213,7 @@ impl Fixture {
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
     /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
     /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `ltx2_transformer`,
-    /// `ltx2_vae`).
+    /// `ltx2_vae`, `ltx2_text`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -254,10 +255,12 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "hunyuan_video15_byt5" => hunyuan_video15_byt5::check(&fixture, dir),
         "ltx2_transformer" => ltx2::check(&fixture),
         "ltx2_vae" => ltx2_vae::check(&fixture),
+        "ltx2_text" => ltx2_text::check(&fixture, dir),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
              flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
-             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, ltx2_transformer, ltx2_vae) in {}",
+             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, ltx2_transformer, ltx2_vae, \
+             ltx2_text) in {}",
             dir.display()
         ),
     }
