@@ -20,6 +20,7 @@ pub mod synth_flux_samples;
 pub mod synth_hunyuan_video15;
 pub mod synth_hunyuan_video15_samples;
 pub mod synth_ltx2;
+pub mod synth_ltx2_text;
 pub mod synth_qwen_image;
 
 use candle_core::{Device, Result};

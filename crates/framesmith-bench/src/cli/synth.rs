@@ -13,9 +13,14 @@ pub(crate) struct SynthArgs {
     /// image of `--width` x `--height`; `--frames` and `--encoders` do not apply) or `qwen-image` (Qwen-Image at
     /// its released size, bf16 only, likewise), `hunyuan-video15` (HunyuanVideo 1.5 T2V at its released size,
     /// bf16 only, one cached clip of `--width` x `--height` x `--frames`) or `ltx2` (LTX-2.3 22B T2V: the video
-    /// stream at its released size in the official single-file layout, bf16 only, one cached clip likewise).
+    /// stream at its released size in the official single-file layout, bf16 only, one cached clip likewise) or
+    /// `ltx2-text` (what `framesmith cache text` needs for LTX-2: a random Gemma 3 12B in ComfyUI's scaled-FP8
+    /// layout, the `--release`'s checkpoint holding its text side, `--captions` captioned images).
     #[arg(long, default_value = "wan")]
     model: String,
+    /// `ltx2-text`: whose text side, `ltx23` (LTX-2.3 22B) or `ltx2` (LTX-2 19B).
+    #[arg(long, default_value = "ltx23")]
+    release: String,
     /// Wan variant (t2v-1.3b, t2v-14b, i2v-14b, t2v-a14b, i2v-a14b, ti2v-5b).
     #[arg(long, default_value = "t2v-1.3b")]
     variant: String,
@@ -56,7 +61,7 @@ pub(crate) struct SynthArgs {
     /// and train image-to-video.
     #[arg(long)]
     i2v: bool,
-    /// Qwen-Image with --sample-files: how many captioned images to write.
+    /// Qwen-Image with --sample-files, and ltx2-text: how many captioned images to write.
     #[arg(long, default_value_t = 100)]
     captions: usize,
     /// Control images cached with the image (each of its size), for an edit LoRA: `qwen-image` any number
@@ -197,6 +202,29 @@ fn synth_ltx2_project(args: &SynthArgs) -> Result<()> {
     Ok(())
 }
 
+/// Writes what `framesmith cache text` needs for LTX-2 and says what it wrote.
+fn synth_ltx2_text(args: &SynthArgs) -> Result<()> {
+    use framesmith_models::ltx2::Ltx2Version;
+    let version = match args.release.as_str() {
+        "ltx2" => Ltx2Version::Ltx2,
+        "ltx23" => Ltx2Version::Ltx23,
+        other => bail!("--release {other}: give ltx2 (LTX-2 19B) or ltx23 (LTX-2.3 22B)"),
+    };
+    let files = framesmith_bench::synth_ltx2_text::write_ltx2_text_files(
+        &args.out,
+        version,
+        args.captions,
+        args.seed,
+    )?;
+    println!(
+        "wrote {}, {}, {}",
+        files.gemma.display(),
+        files.checkpoint.display(),
+        files.captions.display()
+    );
+    Ok(())
+}
+
 /// Writes the synthetic project and says what it wrote.
 pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
     match args.model.as_str() {
@@ -205,8 +233,10 @@ pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
         "qwen-image" => return synth_qwen_image_project(args),
         "hunyuan-video15" => return synth_hv15_project(args),
         "ltx2" => return synth_ltx2_project(args),
+        "ltx2-text" => return synth_ltx2_text(args),
         other => bail!(
-            "unknown model `{other}` for synth-project (wan, flux-dev, qwen-image, hunyuan-video15, ltx2)"
+            "unknown model `{other}` for synth-project (wan, flux-dev, qwen-image, hunyuan-video15, ltx2, \
+             ltx2-text)"
         ),
     }
     if args.sample_files {
