@@ -54,69 +54,96 @@ pub fn check(fixture: &Fixture, dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
     let states = file.config.num_hidden_layers + 1;
     let extractor = parts.feature_extractor((file.config.hidden_size, states), DType::F32, &cpu)?;
     let connector = parts.connector(DType::F32, &cpu)?;
-    let (ids, mask) = (fixture.input("ids")?, fixture.input("mask")?);
+    let models = Models {
+        tokenizer: &tokenizer,
+        gemma: &gemma,
+        extractor: &extractor,
+        connector: &connector,
+    };
     let mut rows = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
-        let padded = tokenizer.encode_padded(prompt)?;
-        let want_ids = ids.get(i)?;
-        let want_mask = mask.get(i)?;
-        let as_i64 = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
-        rows.push(compare_exact(
-            &format!("p{i}.ids"),
-            &as_i64(&padded.ids),
-            &want_ids,
-        )?);
-        rows.push(compare_exact(
-            &format!("p{i}.mask"),
-            &as_i64(&padded.mask),
-            &want_mask,
-        )?);
-        // The model runs on the official tokens, so a tokenizer mismatch shows in its own rows only.
-        let official = PaddedPrompt {
-            ids: ints(&want_ids)?.into_iter().map(|x| x as u32).collect(),
-            mask: ints(&want_mask)?.into_iter().map(|x| x as u32).collect(),
-        };
-        let ids_t = want_ids.unsqueeze(0)?.to_dtype(DType::U32)?;
-        let mask_t = want_mask.unsqueeze(0)?.to_dtype(DType::U32)?;
-        let hidden = gemma.hidden_states(&ids_t, &mask_t)?;
-        for (k, state) in hidden.iter().enumerate() {
-            let name = format!("p{i}.hidden.{k}");
-            rows.push(compare(
-                &name,
-                &state.squeeze(0)?,
-                fixture.expected(&name)?,
-                OUTPUT_REL_TOL,
-            )?);
-        }
-        let features = extractor.forward(&hidden, &mask_t)?.squeeze(0)?;
-        let name = format!("p{i}.features");
+        rows.extend(prompt_rows(fixture, &models, i, prompt)?);
+    }
+    Ok(rows)
+}
+
+/// The models a case runs.
+struct Models<'a> {
+    tokenizer: &'a GemmaTokenizer,
+    gemma: &'a framesmith_models::gemma3::Gemma3Text,
+    extractor: &'a framesmith_models::ltx2::text::FeatureExtractor,
+    connector: &'a framesmith_models::ltx2::text::Connector,
+}
+
+/// The rows of prompt `i`: its tokens, Gemma's hidden states on the official tokens, the features, the
+/// connector's output and mask.
+fn prompt_rows(
+    fixture: &Fixture,
+    m: &Models<'_>,
+    i: usize,
+    prompt: &str,
+) -> anyhow::Result<Vec<ParityRow>> {
+    let (ids, mask) = (fixture.input("ids")?, fixture.input("mask")?);
+    let mut rows = Vec::new();
+    let padded = m.tokenizer.encode_padded(prompt)?;
+    let want_ids = ids.get(i)?;
+    let want_mask = mask.get(i)?;
+    let as_i64 = |v: &[u32]| v.iter().map(|&x| i64::from(x)).collect::<Vec<_>>();
+    rows.push(compare_exact(
+        &format!("p{i}.ids"),
+        &as_i64(&padded.ids),
+        &want_ids,
+    )?);
+    rows.push(compare_exact(
+        &format!("p{i}.mask"),
+        &as_i64(&padded.mask),
+        &want_mask,
+    )?);
+    // The model runs on the official tokens, so a tokenizer mismatch shows in its own rows only.
+    let official = PaddedPrompt {
+        ids: ints(&want_ids)?.into_iter().map(|x| x as u32).collect(),
+        mask: ints(&want_mask)?.into_iter().map(|x| x as u32).collect(),
+    };
+    let ids_t = want_ids.unsqueeze(0)?.to_dtype(DType::U32)?;
+    let mask_t = want_mask.unsqueeze(0)?.to_dtype(DType::U32)?;
+    let hidden = m.gemma.hidden_states(&ids_t, &mask_t)?;
+    for (k, state) in hidden.iter().enumerate() {
+        let name = format!("p{i}.hidden.{k}");
         rows.push(compare(
             &name,
-            &features,
+            &state.squeeze(0)?,
             fixture.expected(&name)?,
             OUTPUT_REL_TOL,
-        )?);
-        let (encoding, out_mask) = connect(
-            &connector,
-            &PromptFeatures {
-                features,
-                prompt: official,
-            },
-        )?;
-        let name = format!("p{i}.video_encoding");
-        rows.push(compare(
-            &name,
-            &encoding,
-            fixture.expected(&name)?,
-            OUTPUT_REL_TOL,
-        )?);
-        let name = format!("p{i}.attention_mask");
-        rows.push(compare_exact(
-            &name,
-            &as_i64(&out_mask),
-            fixture.expected(&name)?,
         )?);
     }
+    let features = m.extractor.forward(&hidden, &mask_t)?.squeeze(0)?;
+    let name = format!("p{i}.features");
+    rows.push(compare(
+        &name,
+        &features,
+        fixture.expected(&name)?,
+        OUTPUT_REL_TOL,
+    )?);
+    let (encoding, out_mask) = connect(
+        m.connector,
+        &PromptFeatures {
+            features,
+            prompt: official,
+        },
+    )?;
+    let name = format!("p{i}.video_encoding");
+    rows.push(compare(
+        &name,
+        &encoding,
+        fixture.expected(&name)?,
+        OUTPUT_REL_TOL,
+    )?);
+    let name = format!("p{i}.attention_mask");
+    rows.push(compare_exact(
+        &name,
+        &as_i64(&out_mask),
+        fixture.expected(&name)?,
+    )?);
     Ok(rows)
 }
 
