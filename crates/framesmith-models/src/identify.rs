@@ -3,7 +3,8 @@
 //! with what to download instead) by [`crate::hunyuan_video15::weights`], its byT5 glyph encoder by
 //! [`crate::hunyuan_video15::byt5`], Qwen-Image transformers (files and diffusers folders) are
 //! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
-//! [`crate::qwen25vl::weights`], FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
+//! [`crate::qwen25vl::weights`], SigLIP image encoders (files and FLUX.1-Redux-dev's folder) by [`crate::siglip`],
+//! FLUX.1 files (DiT, autoencoder, CLIP-L, T5-XXL) by
 //! [`crate::flux::weights`], everything else (Wan files, LoRAs, folders, PyTorch archives) by
 //! [`crate::wan::weights::identify`]. Headers only.
 
@@ -19,6 +20,7 @@ use crate::hunyuan_video15::weights::{
 use crate::ltx2::weights::{self as ltx2_weights, Ltx2File, Ltx2FormatError};
 use crate::qwen25vl::weights::{self as qwen25vl_weights, Qwen25VlFile, Qwen25VlFormatError};
 use crate::qwen_image::weights::{self as qwen_weights, QwenImageFile, QwenImageFormatError};
+use crate::siglip::{self, SiglipFile};
 use crate::wan::weights::{self as wan_weights, ModelFormatError};
 
 /// What a model file is.
@@ -32,6 +34,8 @@ pub enum ModelFile {
     HunyuanVideo(Box<HunyuanVideoFile>),
     /// A byT5 encoder: HunyuanVideo 1.5's glyph encoder, or the base it was trained from.
     Glyph(Box<GlyphFile>),
+    /// A SigLIP vision tower (HunyuanVideo 1.5's image encoder).
+    Siglip(Box<SiglipFile>),
     QwenImage(Box<QwenImageFile>),
     Qwen25Vl(Box<Qwen25VlFile>),
     Flux(Box<FluxFile>),
@@ -52,6 +56,7 @@ impl fmt::Display for ModelFile {
             ),
             Self::HunyuanVideo(file) => file.to_string(),
             Self::Glyph(file) => file.to_string(),
+            Self::Siglip(file) => file.to_string(),
             Self::QwenImage(file) => file.to_string(),
             Self::Qwen25Vl(file) => file.to_string(),
             Self::Flux(file) => file.to_string(),
@@ -154,6 +159,9 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
     }
     if let Some(file) = glyph::identify(path) {
         return Ok(ModelFile::Glyph(Box::new(file)));
+    }
+    if let Some(file) = siglip::identify(path) {
+        return Ok(ModelFile::Siglip(Box::new(file)));
     }
     if !path.is_dir() {
         match flux_weights::identify(path) {
@@ -280,6 +288,23 @@ mod tests {
             err.contains("incomplete") && err.contains("one shard"),
             "{err}"
         );
+        Ok(())
+    }
+
+    #[test]
+    fn siglip_files_and_the_redux_folder_are_named_as_siglip_not_clip() -> anyhow::Result<()> {
+        let folder = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/siglip");
+        for path in [
+            folder.clone(),
+            folder.join("image_encoder/model.safetensors"),
+        ] {
+            let file = identify(&path)?;
+            assert!(matches!(file, ModelFile::Siglip(_)), "{file}");
+            assert!(
+                file.to_string().starts_with("SigLIP image encoder"),
+                "{file}"
+            );
+        }
         Ok(())
     }
 

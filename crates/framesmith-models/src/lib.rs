@@ -14,6 +14,8 @@ pub mod mmdit;
 pub mod modulated;
 pub mod qwen25vl;
 pub mod qwen_image;
+pub mod resample;
+pub mod siglip;
 pub mod t5;
 pub mod trainable;
 pub mod wan;

@@ -35,7 +35,7 @@ pub use identify::{identify, ComponentReport, ModelFile};
 pub use keys::official_shapes;
 pub use pickle::pickle_reason;
 pub use report::{Fp8Info, Fp8Scaling, HeadsSource, Layout, ModelReport, ScaleNaming};
-pub use whole::{read_whole_file, WeightsFileError};
+pub use whole::{read_whole_file, weights_file_in, WeightsFileError};
 
 use super::config::Expert;
 use super::WanConfig;

@@ -8,7 +8,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::path::{Path, PathBuf};
 
-use crate::wan::weights::{read_header, write_size_lines, WeightsFileError};
+use crate::wan::weights::{read_header, weights_file_in, write_size_lines, WeightsFileError};
 
 use super::tokenizer::{BASE_VOCAB, GLYPH_VOCAB};
 use super::WIDTH;
@@ -43,14 +43,6 @@ fn hf_name(name: &str) -> Option<String> {
 /// The weights file at `path`: the file itself, or the official checkpoint in a folder (the release's
 /// `text_encoder/`, `Glyph-SDXL-v2/` or its `checkpoints/`), or ComfyUI's file in one.
 pub fn glyph_weights_file(path: &Path) -> Result<PathBuf, WeightsFileError> {
-    if !path.exists() {
-        return Err(WeightsFileError::NotFound {
-            path: path.to_path_buf(),
-        });
-    }
-    if !path.is_dir() {
-        return Ok(path.to_path_buf());
-    }
     let candidates = [
         OFFICIAL_FILE,
         "checkpoints/byt5_model.pt",
@@ -58,17 +50,12 @@ pub fn glyph_weights_file(path: &Path) -> Result<PathBuf, WeightsFileError> {
         "text_encoder/Glyph-SDXL-v2/checkpoints/byt5_model.pt",
         COMFY_FILE,
     ];
-    candidates
-        .iter()
-        .map(|c| path.join(c))
-        .find(|p| p.is_file())
-        .ok_or_else(|| WeightsFileError::WrongModel {
-            path: path.to_path_buf(),
-            what: format!(
-                "this folder holds no glyph encoder ({OFFICIAL_FILE} of the release's text_encoder/, or \
-                 ComfyUI's {COMFY_FILE}); point to the byT5 weights file"
-            ),
-        })
+    weights_file_in(path, &candidates, || {
+        format!(
+            "this folder holds no glyph encoder ({OFFICIAL_FILE} of the release's text_encoder/, or ComfyUI's \
+             {COMFY_FILE}); point to the byT5 weights file"
+        )
+    })
 }
 
 /// The glyph encoder beside a text encoder: the release's `text_encoder/` holds `Glyph-SDXL-v2/` next to

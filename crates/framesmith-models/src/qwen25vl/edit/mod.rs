@@ -16,8 +16,8 @@ use image::RgbImage;
 
 use super::encoder::{drop_and_repad, PromptEmbeds, Qwen25VlError, Qwen25VlTextEncoder};
 use super::mrope::rope_index;
-use super::vision::resample::{resize, Filter};
 use super::vision::{ImageProcessorConfig, Qwen25VlVision};
+use crate::resample::{resize, Filter};
 
 /// The Edit pipelines' `prompt_template_encode` (both use it; Edit writes its one image in it).
 pub const EDIT_TEMPLATE: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n{}<|im_end|>\n<|im_start|>assistant\n";

@@ -1,13 +1,13 @@
 //! The Qwen2.5-VL vision tower and its image processor, shared by every family that encodes images with
 //! Qwen2.5-VL (Qwen-Image-Edit): sizes, blocks and tower (`Qwen2_5_VisionTransformerPretrainedModel` of
-//! transformers, checkpoint names without `visual.`), the window index arithmetic, Pillow-exact resizing, the
-//! `Qwen2VLImageProcessor` steps, and the loader for the files users have.
+//! transformers, checkpoint names without `visual.`), the window index arithmetic, the
+//! `Qwen2VLImageProcessor` steps (resizing Pillow-exactly with [`crate::resample`]), and the loader for the files
+//! users have.
 
 pub mod block;
 pub mod config;
 pub mod model;
 pub mod processor;
-pub mod resample;
 pub mod weights;
 pub mod window;
 

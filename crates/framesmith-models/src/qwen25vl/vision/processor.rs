@@ -7,8 +7,8 @@
 use candle_core::{Device, Tensor};
 use image::RgbImage;
 
-use super::resample::{resize, Filter};
 use super::window::Grid;
+use crate::resample::{resize, Filter};
 
 /// CLIP's per-channel mean (`OPENAI_CLIP_MEAN`).
 pub const CLIP_MEAN: [f64; 3] = [0.48145466, 0.4578275, 0.40821073];

@@ -47,6 +47,31 @@ impl WeightsFileError {
     }
 }
 
+/// The weights file at `path`: the file itself, or the first of `candidates` (paths inside it) that a folder
+/// holds; a folder with none is the error `missing` says.
+pub fn weights_file_in(
+    path: &Path,
+    candidates: &[&str],
+    missing: impl FnOnce() -> String,
+) -> Result<PathBuf, WeightsFileError> {
+    if !path.exists() {
+        return Err(WeightsFileError::NotFound {
+            path: path.to_path_buf(),
+        });
+    }
+    if !path.is_dir() {
+        return Ok(path.to_path_buf());
+    }
+    candidates
+        .iter()
+        .map(|c| path.join(c))
+        .find(|p| p.is_file())
+        .ok_or_else(|| WeightsFileError::WrongModel {
+            path: path.to_path_buf(),
+            what: missing(),
+        })
+}
+
 /// Why a legacy (non-zip) PyTorch pickle cannot be used.
 const LEGACY_PICKLE: &str = "this is a legacy PyTorch pickle (not the zip format torch.save has written since \
                              PyTorch 1.6), which Framesmith's safe reader cannot read; use the official .pth release \

@@ -1,9 +1,9 @@
 //! Image resizing exactly as Pillow 13's `Image.resize` does it for 8-bit RGB (`libImaging/Resample.c`): a
 //! separable convolution whose kernel widens by the scale when shrinking, coefficients normalised per output pixel
-//! and turned into 22-bit fixed point, one pass per axis, each rounded to 8 bits. The pipelines and processors
-//! that prepare Qwen-Image-Edit's condition images run it (Lanczos in diffusers' `VaeImageProcessor.resize`,
-//! bicubic in the Qwen2-VL image processor), so the same bytes come out here; the `image` crate's filters are
-//! float and differ by a level here and there.
+//! and turned into 22-bit fixed point, one pass per axis, each rounded to 8 bits. Every image processor that
+//! resizes with Pillow runs it (Lanczos in diffusers' `VaeImageProcessor.resize` for Qwen-Image-Edit's condition
+//! images, bicubic in the Qwen2-VL and SigLIP image processors), so the same bytes come out here; the `image`
+//! crate's filters are float and differ by a level here and there.
 
 use image::RgbImage;
 
