@@ -23,6 +23,7 @@ pub mod ltx2_text;
 pub mod ltx2_vae;
 pub mod qwen25vl;
 pub mod schedulers;
+pub mod siglip;
 pub mod umt5;
 pub mod vae;
 pub mod wan_dit;
@@ -212,8 +213,8 @@ impl Fixture {
 
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
     /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
-    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `ltx2_transformer`,
-    /// `ltx2_vae`, `ltx2_text`).
+    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `siglip_vision`,
+    /// `ltx2_transformer`, `ltx2_vae`, `ltx2_text`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -253,14 +254,15 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "hunyuan_video15_transformer" => hunyuan_video15::check(&fixture),
         "hunyuan_video15_vae" => hunyuan_video15_vae::check(&fixture),
         "hunyuan_video15_byt5" => hunyuan_video15_byt5::check(&fixture, dir),
+        "siglip_vision" => siglip::check(&fixture, dir),
         "ltx2_transformer" => ltx2::check(&fixture),
         "ltx2_vae" => ltx2_vae::check(&fixture),
         "ltx2_text" => ltx2_text::check(&fixture, dir),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
              flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
-             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, ltx2_transformer, ltx2_vae, \
-             ltx2_text) in {}",
+             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, siglip_vision, \
+             ltx2_transformer, ltx2_vae, ltx2_text) in {}",
             dir.display()
         ),
     }
