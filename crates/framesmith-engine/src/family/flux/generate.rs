@@ -21,8 +21,8 @@ use crate::family::flux::pipeline::{
     FluxImageSettings, FluxPrompt, DEV_GUIDANCE, DEV_T5_TOKENS,
 };
 use crate::family::image::generate::{
-    check_png_out, control_images, edit_size, finish_image, foreign_options, hold_budget,
-    one_device, refuse_foreign, ControlSizing, ImageSteps,
+    check_out, control_images, edit_size, finish_image, foreign_options, hold_budget, one_device,
+    refuse_foreign, ControlSizing, ImageSteps, OutKind,
 };
 use crate::generate::request::{
     open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
@@ -192,7 +192,7 @@ fn check_request<'a>(
         dit,
     )?;
     let files = check_files(dit, request, &cfg)?;
-    check_png_out(&request.out, "FLUX.1")?;
+    check_out(&request.out, "FLUX.1", OutKind::Png)?;
     Ok((variant, cfg, files))
 }
 

@@ -1,5 +1,5 @@
 //! What an image family's part of the generation call shares: the checks before anything loads (the options only
-//! other families take refused by flag, `--out` a PNG, one device), the VRAM budget held, and the end of the call
+//! other families take refused by flag, the VAE and text encoder given, `--out` a PNG or an MP4, one device), the VRAM budget held, and the end of the call
 //! (the denoising timed step by step, the model dropped, the image decoded, written and reported).
 
 use std::path::{Path, PathBuf};
@@ -79,18 +79,75 @@ pub(crate) fn refuse_foreign(
     )
 }
 
-/// `--out` must name a PNG (the `family`'s image); its folder is made.
-pub(crate) fn check_png_out(out: &Path, family: &str) -> anyhow::Result<()> {
-    let png = out
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("png"));
-    if !png {
+/// What a family's generation writes to `--out`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OutKind {
+    /// One image, as PNG.
+    Png,
+    /// A clip, as MP4.
+    Mp4,
+}
+
+/// `--out` must name the `family`'s output (`kind`); its folder is made.
+pub(crate) fn check_out(out: &Path, family: &str, kind: OutKind) -> anyhow::Result<()> {
+    let (ext, what) = match kind {
+        OutKind::Png => ("png", "an image, written as PNG"),
+        OutKind::Mp4 => ("mp4", "a clip, written as MP4"),
+    };
+    if !out.extension().is_some_and(|e| e.eq_ignore_ascii_case(ext)) {
         anyhow::bail!(
-            "--out: {family} makes an image, written as PNG: give a path ending in .png ({})",
+            "--out: {family} makes {what}: give a path ending in .{ext} ({})",
             out.display()
         );
     }
     create_out_folder(out)
+}
+
+/// What a family whose DiT takes a VAE and one text encoder checks in a request before anything loads.
+pub(crate) struct RequestChecks<'a> {
+    /// The family, as messages name it.
+    pub family: &'a str,
+    /// The flags given that only other families take, and what refusing them says: for whom, and what the DiT
+    /// makes from what ([`refuse_foreign`]).
+    pub foreign: Vec<&'static str>,
+    pub refusal: (&'a str, &'a str),
+    /// The file names the errors that ask for the VAE and the text encoder give.
+    pub vae: &'a str,
+    pub text_encoder: &'a str,
+    /// What `--out` must be.
+    pub out: OutKind,
+}
+
+/// The checks before anything loads: the DiT readable (`dit_read`, the family's reading of its config, whose
+/// `model.dit` error is said as `--dit`'s), the foreign flags refused, the VAE and the text encoder given and
+/// `--out` of the right kind; returns the VAE and the text encoder's weights.
+pub(crate) fn check_request<'a, T>(
+    (dit, dit_read): (&Path, anyhow::Result<T>),
+    request: &'a GenerationRequest,
+    checks: &RequestChecks<'_>,
+) -> anyhow::Result<[&'a Path; 2]> {
+    dit_read.map_err(|e| {
+        anyhow::anyhow!("--dit{}", format!("{e:#}").trim_start_matches("model.dit"))
+    })?;
+    refuse_foreign(&checks.foreign, checks.refusal, dit)?;
+    let family = checks.family;
+    let f = &request.files;
+    let Some(vae) = f.vae.as_deref() else {
+        anyhow::bail!(
+            "a {family} DiT needs its VAE: --vae {} ({})",
+            checks.vae,
+            dit.display()
+        );
+    };
+    let Some(text_encoder) = f.text_encoder.as_deref() else {
+        anyhow::bail!(
+            "a {family} DiT needs its text encoder: --text-encoder {} ({})",
+            checks.text_encoder,
+            dit.display()
+        );
+    };
+    check_out(&request.out, family, checks.out)?;
+    Ok([vae, text_encoder])
 }
 
 /// The one device a `family` DiT runs on: `--gpus N`, else `--device`; several GPUs are refused.

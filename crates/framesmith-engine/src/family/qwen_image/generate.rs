@@ -26,8 +26,8 @@ use super::pipeline::{
 };
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::generate::{
-    check_png_out, control_images, edit_size, finish_image, foreign_options, hold_budget,
-    one_device, refuse_foreign, ControlSizing, ImageSteps,
+    check_request, control_images, edit_size, finish_image, foreign_options, hold_budget,
+    one_device, ControlSizing, ImageSteps, OutKind, RequestChecks,
 };
 use crate::family::image::plan::spread_streamed_blocks;
 use crate::generate::request::{
@@ -76,33 +76,22 @@ pub fn run_request(config: &RunConfig, out_stem: &Path) -> GenerationRequest {
 }
 
 /// The request's checks before anything loads; returns the VAE and the text encoder's weights.
-fn check_request<'a>(dit: &Path, request: &'a GenerationRequest) -> anyhow::Result<[&'a Path; 2]> {
-    dit_config(dit).map_err(|e| {
-        anyhow::anyhow!("--dit{}", format!("{e:#}").trim_start_matches("model.dit"))
-    })?;
-    refuse_foreign(
-        &other_options(request),
-        (
+fn check_qwen_request<'a>(
+    dit: &Path,
+    request: &'a GenerationRequest,
+) -> anyhow::Result<[&'a Path; 2]> {
+    let checks = RequestChecks {
+        family: "Qwen-Image",
+        foreign: other_options(request),
+        refusal: (
             "other models",
             "a Qwen-Image DiT makes one image from --prompt (and --negative) with --vae and --text-encoder",
         ),
-        dit,
-    )?;
-    let f = &request.files;
-    let Some(vae) = f.vae.as_deref() else {
-        anyhow::bail!(
-            "a Qwen-Image DiT needs its VAE: --vae qwen_image_vae.safetensors ({})",
-            dit.display()
-        );
+        vae: "qwen_image_vae.safetensors",
+        text_encoder: "qwen_2.5_vl_7b.safetensors",
+        out: OutKind::Png,
     };
-    let Some(text_encoder) = f.text_encoder.as_deref() else {
-        anyhow::bail!(
-            "a Qwen-Image DiT needs its text encoder: --text-encoder qwen_2.5_vl_7b.safetensors ({})",
-            dit.display()
-        );
-    };
-    check_png_out(&request.out, "Qwen-Image")?;
-    Ok([vae, text_encoder])
+    check_request((dit, dit_config(dit)), request, &checks)
 }
 
 /// The prompt (and negative prompt) through the encoder `load` gives, dropped before returning: with `--control`,
@@ -188,7 +177,7 @@ pub(crate) fn generate_with(
             "Qwen-Image generates from a DiT file: give --dit qwen_image_bf16.safetensors"
         );
     };
-    let [vae_path, text_encoder] = check_request(dit, request)?;
+    let [vae_path, text_encoder] = check_qwen_request(dit, request)?;
     let mut settings = QwenImageSettings {
         width: request.width.unwrap_or(DEFAULT_SIDE),
         height: request.height.unwrap_or(DEFAULT_SIDE),
