@@ -62,8 +62,9 @@ pub struct LatentArgs {
     /// implied by --clip and by an I2V --dit
     #[arg(long)]
     i2v: bool,
-    /// CLIP image encoder, for an image-to-video model that takes one: the first frame's features are cached too
-    #[arg(long)]
+    /// Image encoder (CLIP or SigLIP, see "Model families"), for an image-to-video model that takes one: the first
+    /// frame's features are cached too
+    #[arg(long, visible_alias = "image-encoder")]
     clip: Option<PathBuf>,
 }
 

@@ -33,9 +33,9 @@ pub const VAE_TEMPORAL: usize = 4;
 /// Where a dataset's `_hv15` caches come from.
 pub const MUSUBI_CACHES: &str =
     "cache its latents with `framesmith cache latents --vae <HunyuanVideo 1.5 VAE>` \
-     (or musubi-tuner's hv_1_5_cache_latents.py) and its captions with `framesmith cache text --text-encoder \
-     <Qwen2.5-VL-7B> --dit <HunyuanVideo 1.5 transformer>` (the byT5 glyph encoder beside the text encoder), or \
-     musubi-tuner's hv_1_5_cache_text_encoder_outputs.py";
+     (for image-to-video also `--clip <SigLIP>`; or musubi-tuner's hv_1_5_cache_latents.py) and its captions \
+     with `framesmith cache text --text-encoder <Qwen2.5-VL-7B> --dit <HunyuanVideo 1.5 transformer>` (the byT5 \
+     glyph encoder beside the text encoder), or musubi-tuner's hv_1_5_cache_text_encoder_outputs.py";
 
 /// What an item is read for: the transformer's sizes, the run's training mode and the device.
 #[derive(Clone, Copy)]
@@ -164,8 +164,8 @@ fn image_parts(
         if reader.mode == TrainingMode::ImageToVideo {
             anyhow::bail!(
                 "training.mode = \"image_to_video\" needs each clip's first-frame latents and SigLIP features, which \
-                 this cache does not hold; cache the dataset with musubi-tuner's hv_1_5_cache_latents.py --i2v \
-                 --image_encoder <SigLIP>: {}",
+                 this cache does not hold; cache the dataset with `framesmith cache latents --clip <SigLIP>` (or \
+                 musubi-tuner's hv_1_5_cache_latents.py --i2v --image_encoder <SigLIP>): {}",
                 path.display()
             );
         }

@@ -1,11 +1,12 @@
 //! HunyuanVideo 1.5's latent pass, as musubi-tuner's `hv_1_5_cache_latents.py` makes its `_hv15` caches: the VAE's
 //! unscaled latents (the posterior's mean) of every image and clip (clips thinned to 24 fps when the dataset gives
-//! `source_fps`, sides in steps of 16 pixels), and with `--i2v` the first frame's latents and mask
-//! (`latents_image`, float32 as musubi-tuner stores it). The VAE runs on the pass's device, a clip in chunks of
-//! [`CHUNK_LATENTS`] latent frames (the whole clip's result with a chunk's memory) and, with `--tiled`, in
-//! musubi-tuner's 128-pixel tiles. SigLIP features are not computed (no SigLIP encoder yet): an image-to-video
-//! run needs musubi-tuner's `--i2v --image_encoder` caches. A pass is HunyuanVideo 1.5's when `--dit` names its
-//! transformer or `--vae` its VAE.
+//! `source_fps`, sides in steps of 16 pixels), and for image-to-video (`--clip` with the SigLIP image encoder,
+//! musubi-tuner's `--image_encoder`; `--i2v` alone is refused, naming it) the first frame's latents and mask
+//! (`latents_image`, float32) and the first frame's SigLIP `last_hidden_state` (`siglip_float16`, [729, 1152]), as
+//! musubi-tuner stores them. The VAE runs on the pass's device, a clip in chunks of [`CHUNK_LATENTS`] latent frames
+//! (the whole clip's result with a chunk's memory) and, with `--tiled`, in musubi-tuner's 128-pixel tiles; SigLIP
+//! beside it in the pass's dtype. A pass is HunyuanVideo 1.5's when `--dit` names its transformer or `--vae` its
+//! VAE.
 
 use std::path::{Path, PathBuf};
 
@@ -32,6 +33,7 @@ use framesmith_data::samples::{cache_dir, image_sample, video_samples_at, Sample
 use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
 use framesmith_models::hunyuan_video15::vae::weights::is_hv15_vae_file;
 use framesmith_models::hunyuan_video15::vae::{load_hv15_vae, Hv15Vae, SpatialTiles};
+use framesmith_models::siglip::{load_siglip, siglip_weights_file, SiglipVision, SIGLIP_FILES};
 
 /// Latent frames per chunk of a clip's encode (16 frames of 480p: a few GiB in bf16).
 pub const CHUNK_LATENTS: usize = 4;
@@ -52,14 +54,15 @@ pub struct Hv15LatentEncoder<'a> {
     pub dtype: DType,
     /// Spatial tiles, for frames larger than a tile.
     pub tiles: Option<SpatialTiles>,
-    /// Cache the first frame's latents and mask (`latents_image`).
-    pub i2v: bool,
+    /// For image-to-video: SigLIP, whose features of the first frame are cached with its latents and mask
+    /// (`siglip`, `latents_image`).
+    pub image_encoder: Option<&'a SiglipVision>,
 }
 
 impl Hv15LatentEncoder<'_> {
     fn key_prefixes(&self) -> &'static [&'static str] {
-        if self.i2v {
-            &["latents_", "latents_image_"]
+        if self.image_encoder.is_some() {
+            &["latents_", "latents_image_", "siglip_"]
         } else {
             &["latents_"]
         }
@@ -77,20 +80,30 @@ impl Hv15LatentEncoder<'_> {
             .encode_tiled(video, self.tiles, Some(CHUNK_LATENTS))?)
     }
 
-    /// One sample's cache: the latents `[C, F, H, W]` in `self.dtype` and, with `i2v`, `latents_image` =
-    /// [the first frame's own latents then zeros; mask 1 on the first latent frame] `[C + 1, F, H, W]` in f32.
+    /// One sample's cache: the latents `[C, F, H, W]` in `self.dtype` and, with an image encoder,
+    /// `latents_image` = [the first frame's own latents then zeros; mask 1 on the first latent frame]
+    /// `[C + 1, F, H, W]` in f32 and the first frame's SigLIP features `[tokens, width]` in f16.
     pub fn encode_cache(&self, frames: &[RgbImage]) -> anyhow::Result<Hv15LatentCache> {
         let video = frames_to_video(frames, &self.device)?.to_dtype(self.dtype)?;
         let latents = self.encode_video(&video)?;
-        let latents_image = if self.i2v {
-            let first = if video.dim(2)? == 1 {
-                latents.clone()
-            } else {
-                self.encode_video(&video.narrow(2, 0, 1)?)?
-            };
-            Some(image_latents(&first.squeeze(0)?, latents.dims5()?.2)?)
-        } else {
-            None
+        let (latents_image, siglip) = match (self.image_encoder, frames.first()) {
+            (Some(siglip), Some(frame)) => {
+                let first = if video.dim(2)? == 1 {
+                    latents.clone()
+                } else {
+                    self.encode_video(&video.narrow(2, 0, 1)?)?
+                };
+                let features = siglip
+                    .encode_image(frame)?
+                    .squeeze(0)?
+                    .to_dtype(DType::F16)?
+                    .to_device(&Device::Cpu)?;
+                (
+                    Some(image_latents(&first.squeeze(0)?, latents.dims5()?.2)?),
+                    Some(features),
+                )
+            }
+            _ => (None, None),
         };
         Ok(Hv15LatentCache {
             latents: latents
@@ -98,7 +111,7 @@ impl Hv15LatentEncoder<'_> {
                 .to_dtype(self.dtype)?
                 .to_device(&Device::Cpu)?,
             latents_image,
-            siglip: None,
+            siglip,
         })
     }
 }
@@ -135,13 +148,7 @@ pub(super) fn latents(
     progress: &mut dyn CacheProgress,
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<CacheSummary> {
-    if let Some(clip) = &files.clip {
-        anyhow::bail!(
-            "HunyuanVideo 1.5 conditions on SigLIP image features, which Framesmith cannot compute yet: drop --clip \
-             (make image-to-video caches with musubi-tuner's hv_1_5_cache_latents.py --i2v --image_encoder): {}",
-            clip.display()
-        );
-    }
+    let siglip_file = image_encoder_file(files)?;
     let valid = load_dataset(request, log)?;
     let tools = MediaTools::locate().ok();
     if tools.is_none()
@@ -161,23 +168,47 @@ pub(super) fn latents(
         vae.config().latent_channels,
         if files.tiled { ", 128-pixel tiles" } else { "" }
     ));
-    if files.i2v {
-        log(
-            "image-to-video: caching the first frame's latents (latents_image); SigLIP features are not \
-             computed, so image-to-video training needs musubi-tuner's --i2v --image_encoder caches",
-        );
-    }
+    let siglip = match &siglip_file {
+        Some(path) => {
+            let tower = load_siglip(path, dtype, &device)
+                .with_context(|| format!("--clip {}", path.display()))?;
+            log(&format!(
+                "image-to-video: caching each first frame's latents and mask (latents_image) and SigLIP features \
+                 ({} tokens of width {}, {})",
+                tower.config().tokens(),
+                tower.config().hidden_size,
+                path.display()
+            ));
+            Some(tower)
+        }
+        None => None,
+    };
     let encoder = Hv15LatentEncoder {
         vae: &vae,
         device,
         dtype,
         tiles: files.tiled.then(SpatialTiles::small),
-        i2v: files.i2v,
+        image_encoder: siglip.as_ref(),
     };
     let options = CacheOptions {
         keep_stale: request.keep_stale,
     };
     cache_hv15_latents(&valid, tools.as_ref(), &encoder, &options, progress)
+}
+
+/// The SigLIP weights file of an image-to-video pass (`--clip`, which `--i2v` needs), checked before anything
+/// loads; `None` for text-to-video.
+fn image_encoder_file(files: &LatentFiles) -> anyhow::Result<Option<PathBuf>> {
+    match &files.clip {
+        Some(clip) => Ok(Some(
+            siglip_weights_file(clip).context("--clip: the SigLIP image encoder")?,
+        )),
+        None if files.i2v => anyhow::bail!(
+            "--i2v: HunyuanVideo 1.5's image-to-video caches hold each first frame's SigLIP features too; give the \
+             SigLIP image encoder with --clip: {SIGLIP_FILES}"
+        ),
+        None => Ok(None),
+    }
 }
 
 /// Writes the `_hv15` latent cache of every image and clip of the dataset config.

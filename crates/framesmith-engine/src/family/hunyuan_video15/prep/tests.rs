@@ -1,6 +1,7 @@
 //! The latent pass with the fixture VAE (`hunyuan_video15_vae/video`, 4 latent channels like the tiny DiT):
-//! musubi-tuner's `_hv15` names and keys, the latents as the VAE gives them (unscaled), the first-frame latents
-//! and mask of `--i2v`, caches kept on a second pass, the family chosen by the VAE file alone, and the cache read
+//! musubi-tuner's `_hv15` names and keys, the latents as the VAE gives them (unscaled), the first-frame latents,
+//! mask and SigLIP features of an image-to-video pass (the tiny SigLIP fixture), caches kept on a second pass, the
+//! family chosen by the VAE file alone, an image-to-video pass without its image encoder refused, and the cache read
 //! back by the trainer's reader.
 
 use std::path::{Path, PathBuf};
@@ -15,10 +16,15 @@ use framesmith_data::family::hunyuan_video15::cache::read_hv15_latent_cache;
 use framesmith_data::load_valid;
 use framesmith_data::tensor_file::read_tensor_file;
 use framesmith_models::hunyuan_video15::vae::load_hv15_vae;
+use framesmith_models::siglip::load_siglip;
 
 fn fixture_vae() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../framesmith-models/tests/fixtures/hunyuan_video15_vae/video/weights.safetensors")
+}
+
+fn fixture_siglip() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../framesmith-models/tests/fixtures/siglip")
 }
 
 fn image(path: &Path, w: u32, h: u32, seed: u8) -> anyhow::Result<()> {
@@ -51,12 +57,13 @@ fn image_latents_are_the_vaes_with_the_first_frame_mask() -> anyhow::Result<()> 
     )?;
     let valid = load_valid(&toml)?;
     let vae = load_hv15_vae(&fixture_vae(), DType::F32, &Device::Cpu)?;
+    let siglip = load_siglip(&fixture_siglip(), DType::F32, &Device::Cpu)?;
     let encoder = Hv15LatentEncoder {
         vae: &vae,
         device: Device::Cpu,
         dtype: DType::F32,
         tiles: None,
-        i2v: true,
+        image_encoder: Some(&siglip),
     };
     let summary = cache_hv15_latents(&valid, None, &encoder, &CacheOptions::default(), &mut ())?;
     assert_eq!((summary.items, summary.written), (1, 1), "{summary}");
@@ -68,13 +75,17 @@ fn image_latents_are_the_vaes_with_the_first_frame_mask() -> anyhow::Result<()> 
     keys.sort();
     assert_eq!(
         keys,
-        ["latents_1x2x2_float32", "latents_image_1x2x2_float32"]
+        [
+            "latents_1x2x2_float32",
+            "latents_image_1x2x2_float32",
+            "siglip_float16"
+        ]
     );
     let cache = read_hv15_latent_cache(&path, &Device::Cpu)?;
     // The latents are the VAE's posterior mean of the resized image, unscaled.
     let img = image::open(images.join("red.png"))?.to_rgb8();
     let resized = framesmith_data::resize::resize_to_bucket(&img, (32, 32));
-    let video = frames_to_video(&[resized], &Device::Cpu)?;
+    let video = frames_to_video(std::slice::from_ref(&resized), &Device::Cpu)?;
     let want = vae.encode(&video, None)?.squeeze(0)?;
     assert!(max_diff(&cache.latents, &want)? < 1e-5);
     let image = cache.latents_image.expect("latents_image");
@@ -84,12 +95,20 @@ fn image_latents_are_the_vaes_with_the_first_frame_mask() -> anyhow::Result<()> 
         image.narrow(0, 4, 1)?.flatten_all()?.to_vec1::<f32>()?,
         vec![1.0; 4]
     );
+    // SigLIP's last hidden state of the resized first frame, in float16 as musubi-tuner stores it.
+    let features = cache.siglip.expect("siglip");
+    assert_eq!(
+        (features.dims(), features.dtype()),
+        (&[16, 32][..], DType::F16)
+    );
+    let want = siglip.encode_image(&resized)?.squeeze(0)?;
+    assert!(max_diff(&features, &want)? < 1e-2);
 
     let again = cache_hv15_latents(&valid, None, &encoder, &CacheOptions::default(), &mut ())?;
     assert_eq!((again.written, again.skipped), (0, 1), "{again}");
     // The same cache is complete for a pass without --i2v.
     let t2v = Hv15LatentEncoder {
-        i2v: false,
+        image_encoder: None,
         ..encoder
     };
     assert!(t2v.cached(&path));
@@ -152,7 +171,7 @@ fn video_clips_are_cached_per_window_at_24_fps_names() -> anyhow::Result<()> {
         device: Device::Cpu,
         dtype: DType::F32,
         tiles: Some(SpatialTiles::small()),
-        i2v: false,
+        image_encoder: None,
     };
     let summary = cache_hv15_latents(
         &valid,
@@ -173,13 +192,9 @@ fn video_clips_are_cached_per_window_at_24_fps_names() -> anyhow::Result<()> {
     Ok(())
 }
 
-#[test]
-fn the_vae_file_alone_picks_the_family_and_clip_is_refused() -> anyhow::Result<()> {
-    let pass = CachePass::Latents(LatentFiles {
-        vae: fixture_vae(),
-        clip: Some(PathBuf::from("clip_vision_h.safetensors")),
-        ..LatentFiles::default()
-    });
+/// The error of the pass `files` over a dataset that is never read: the files are checked first.
+fn refused(files: LatentFiles) -> String {
+    let pass = CachePass::Latents(files);
     let family = family_of_cache(&pass);
     assert_eq!(family.name(), "HunyuanVideo 1.5");
     let request = CacheRequest {
@@ -189,14 +204,36 @@ fn the_vae_file_alone_picks_the_family_and_clip_is_refused() -> anyhow::Result<(
         unreadable: framesmith_data::Unreadable::Refuse,
         open: &|| anyhow::bail!("no device is opened for a refused pass"),
     };
-    let err = family
+    family
         .cache(&request, &mut (), &mut |_| {})
         .err()
         .map(|e| format!("{e:#}"))
-        .unwrap_or_default();
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_vae_file_alone_picks_the_family_and_i2v_needs_siglip() {
+    let err = refused(LatentFiles {
+        vae: fixture_vae(),
+        i2v: true,
+        ..LatentFiles::default()
+    });
     assert!(
-        err.contains("SigLIP") && err.contains("clip_vision_h"),
+        err.contains("--i2v")
+            && err.contains("--clip")
+            && err.contains("sigclip_vision_patch14_384"),
         "{err}"
     );
-    Ok(())
+    let missing = PathBuf::from("no/such/sigclip_vision_patch14_384.safetensors");
+    let err = refused(LatentFiles {
+        vae: fixture_vae(),
+        clip: Some(missing.clone()),
+        ..LatentFiles::default()
+    });
+    assert!(
+        err.contains("--clip")
+            && err.contains("not found")
+            && err.ends_with(&missing.display().to_string()),
+        "{err}"
+    );
 }
