@@ -539,11 +539,18 @@ fn help_says_which_flags_each_model_family_takes() {
                 "--text-encoder umT5",
                 "FLUX.1: one image",
                 "--clip-l clip_l",
+                "HunyuanVideo 1.5: a clip",
+                "SigLIP",
             ][..],
         ),
         (
             &["cache", "latents", "--help"][..],
-            &["Wan: images and clips", "FLUX.1: images only"][..],
+            &[
+                "Wan: images and clips",
+                "FLUX.1: images only",
+                "HunyuanVideo 1.5: images and clips",
+                "image-encoder",
+            ][..],
         ),
         (
             &["cache", "text", "--help"][..],

@@ -80,8 +80,8 @@ pub struct GenerateArgs {
     /// output takes the first one's size unless --width / --height are given
     #[arg(long = "control")]
     controls: Vec<PathBuf>,
-    /// CLIP image encoder, for an image-to-video model that takes one
-    #[arg(long)]
+    /// Image encoder (CLIP or SigLIP, see "Model families"), for an image-to-video model that takes one
+    #[arg(long, visible_alias = "image-encoder")]
     clip: Option<PathBuf>,
     /// What the clip shows
     #[arg(long)]

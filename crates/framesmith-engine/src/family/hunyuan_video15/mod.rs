@@ -1,13 +1,15 @@
 //! The HunyuanVideo 1.5 family: which runs are HunyuanVideo 1.5's and its batch ([`train`]), the cached items of
 //! musubi-tuner's `_hv15` caches ([`items`]), the latent pass that makes them with the 3-D causal VAE ([`prep`]) and
 //! the text pass with Qwen2.5-VL and the byT5 glyph encoder ([`text_cache`], through [`encoder`]), a run's setup
-//! (`setup`), model and samples ([`run`], [`samples`]), its plan description ([`plan`]), and text-to-video
-//! generation ([`generate`]: the official sampling loop of [`pipeline`], the clip decoder of [`decode`]).
+//! (`setup`), model and samples ([`run`], [`samples`]), its plan description ([`plan`]), text- and image-to-video
+//! generation ([`generate`]: the official sampling loop of [`pipeline`], the clip decoder of [`decode`]) and what
+//! its models take from the commands' flags (`help`).
 
 use std::path::Path;
 
 use crate::family::image::cached_video::CachedVideoFamily;
 use crate::family::image::items::VideoVae;
+use crate::family::CliCommand;
 use crate::generate::request::{GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
@@ -22,6 +24,7 @@ use framesmith_data::DatasetKind;
 pub mod decode;
 pub mod encoder;
 pub mod generate;
+mod help;
 pub mod items;
 pub mod pipeline;
 pub mod plan;
@@ -103,5 +106,9 @@ impl CachedVideoFamily for HunyuanVideo15Family {
         session: &mut Session,
     ) -> anyhow::Result<GenerationOutput> {
         generate::generate(request, session)
+    }
+
+    fn flag_help(command: CliCommand) -> Option<&'static str> {
+        help::flag_help(command)
     }
 }

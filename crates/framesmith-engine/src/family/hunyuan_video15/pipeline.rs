@@ -1,11 +1,14 @@
 //! HunyuanVideo 1.5 text-to-video with loaded models, as the official pipeline samples
 //! (github:Tencent-Hunyuan/HunyuanVideo-1.5 @60783e7, `HunyuanVideo_1_5_Pipeline.__call__` with its
 //! `FlowMatchDiscreteScheduler`): seeded start noise [1, 32, (F − 1)/4 + 1, H/16, W/16], sigmas
-//! `linspace(1, 0, n + 1)` under the time shift `s·σ / (1 + (s − 1)·σ)` (5 at 480p, 9 at 720p; `PIPELINE_CONFIGS`),
-//! the transformer given `σ·1000` and the T2V input (zero condition latents and mask), classifier-free guidance
-//! `uncond + g·(cond − uncond)` at 6.0 with the negative prompt ("" by default) run as its own pass, and Euler
-//! steps `x += (σ_next − σ)·v`. The decoder ([`super::decode`]) turns the latents into frames. `framesmith generate`
-//! and samples during training both sample through here.
+//! `linspace(1, 0, n + 1)` under the time shift `s·σ / (1 + (s − 1)·σ)` (5 at 480p; 9 at 720p, 7 for I2V;
+//! `PIPELINE_CONFIGS`), the transformer given `σ·1000` and the T2V input (zero condition latents and mask) or the
+//! I2V one (the start image's scaled VAE latents at frame 0 with mask 1 there, and its SigLIP features as image
+//! tokens, in both guidance passes), classifier-free guidance `uncond + g·(cond − uncond)` at 6.0 with the
+//! negative prompt ("" by default) run as its own pass, and Euler steps `x += (σ_next − σ)·v`. An I2V clip without
+//! a size takes the official 480p bucket of its image's aspect ratio ([`i2v_size`]). The decoder
+//! ([`super::decode`]) turns the latents into frames. `framesmith generate` and samples during training both sample
+//! through here.
 
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
@@ -24,9 +27,14 @@ pub const DEFAULT_FRAMES: usize = 121;
 pub const DEFAULT_WIDTH: usize = 848;
 pub const DEFAULT_HEIGHT: usize = 480;
 pub const FPS: f64 = 24.0;
-/// The flow shift of the 480p and 720p T2V configs.
+/// The flow shift of the 480p configs, and of the 720p T2V and I2V ones.
 const SHIFT_480P: f64 = 5.0;
 const SHIFT_720P: f64 = 9.0;
+const SHIFT_720P_I2V: f64 = 7.0;
+/// `bucket_hw_base_size` of the pipeline's 480p I2V sizes: buckets of about 640² pixels.
+const I2V_BUCKET_BASE: usize = 640;
+/// Largest aspect ratio of an I2V bucket.
+const I2V_MAX_RATIO: f64 = 4.0;
 /// Pixels per latent pixel, and frames per latent frame after the first.
 const SPATIAL: usize = 16;
 const TEMPORAL: usize = 4;
@@ -45,13 +53,44 @@ pub struct Hv15Settings {
     pub seed: u64,
 }
 
-/// The official flow shift for a clip of `width`×`height`: the 720p configs' from 720p up, else the 480p ones'.
-pub fn default_shift(width: usize, height: usize) -> f64 {
-    if width.min(height) >= 720 {
-        SHIFT_720P
-    } else {
-        SHIFT_480P
+/// The official flow shift for a clip of `width`×`height` (`i2v`: from a start image): the 720p configs' from
+/// 720p up, else the 480p ones'.
+pub fn default_shift(width: usize, height: usize, i2v: bool) -> f64 {
+    match (width.min(height) >= 720, i2v) {
+        (false, _) => SHIFT_480P,
+        (true, false) => SHIFT_720P,
+        (true, true) => SHIFT_720P_I2V,
     }
+}
+
+/// The official 480p I2V size (width, height) for a start image of `width`×`height`: of the pipeline's buckets
+/// (`generate_crop_size_list(640, 16)`: sides in 16s, at most 40² patches, aspect ratio up to 4), the first whose
+/// height/width ratio (rounded to 5 places) is closest to the image's (`get_closest_ratio`).
+pub fn i2v_size(width: u32, height: u32) -> (usize, usize) {
+    let patches = (I2V_BUCKET_BASE / SPATIAL).pow(2);
+    let mut buckets = Vec::new();
+    let (mut wp, mut hp) = (patches, 1usize);
+    while wp > 0 {
+        if wp.max(hp) as f64 / wp.min(hp) as f64 <= I2V_MAX_RATIO {
+            // The official list holds (wp, hp) · 16 and reads each as (height, width).
+            buckets.push((wp * SPATIAL, hp * SPATIAL));
+        }
+        if (hp + 1) * wp <= patches {
+            hp += 1;
+        } else {
+            wp -= 1;
+        }
+    }
+    let ratio = f64::from(height) / f64::from(width.max(1));
+    let round5 = |x: f64| (x * 1e5).round() / 1e5;
+    let mut best = (f64::INFINITY, (DEFAULT_WIDTH, DEFAULT_HEIGHT));
+    for (h, w) in buckets {
+        let gap = (round5(h as f64 / w as f64) - ratio).abs();
+        if gap < best.0 {
+            best = (gap, (w, h));
+        }
+    }
+    best.1
 }
 
 impl Hv15Settings {
@@ -100,6 +139,14 @@ pub struct Hv15Prompt {
     pub negative: Option<Hv15Text>,
 }
 
+/// An image-to-video start image as the DiT takes it: its VAE latents × the scaling factor [1, c, 1, h, w] and its
+/// SigLIP `last_hidden_state` [1, tokens, 1152].
+#[derive(Debug, Clone)]
+pub struct Hv15Image {
+    pub latents: Tensor,
+    pub siglip: Tensor,
+}
+
 /// The scheduler's sigmas (n + 1 of them, the last 0), in float32 as the official scheduler computes them.
 pub fn sigmas(steps: usize, shift: f64) -> Vec<f32> {
     let shift = shift as f32;
@@ -129,10 +176,11 @@ pub fn start_noise(
     randn(rng, (1, channels, f, h, w), 0.0, 1.0, device)
 }
 
-/// The transformer's velocity for the model input `x` at sigma `sigma` under `text`.
+/// The transformer's velocity for the model input `x` at sigma `sigma` under `text` (and the image tokens of
+/// `image`).
 fn velocity(
     model: &HunyuanVideo15Transformer,
-    x: &Tensor,
+    (x, image): (&Tensor, Option<&Hv15Image>),
     text: &Hv15Text,
     (sigma, dtype): (f32, DType),
 ) -> candle_core::Result<Tensor> {
@@ -145,16 +193,18 @@ fn velocity(
         timesteps: Tensor::new(&[sigma * 1000.0], device)?,
         txt: states(&text.txt)?,
         byt5: text.glyph.as_ref().map(states).transpose()?,
-        image_embeds: None,
+        image_embeds: image
+            .map(|i| i.siglip.to_device(device)?.to_dtype(dtype))
+            .transpose()?,
     };
     model.forward(&inputs)?.to_dtype(DType::F32)
 }
 
-/// Denoises the clip `settings` asks for under `prompt` into the DiT's latents [c, f, h, w] (f32), polling
-/// `cancelled` between steps.
+/// Denoises the clip `settings` asks for under `prompt` (from the start image `image`, for I2V) into the DiT's
+/// latents [c, f, h, w] (f32), polling `cancelled` between steps.
 pub fn denoise_clip(
     model: &HunyuanVideo15Transformer,
-    prompt: &Hv15Prompt,
+    (prompt, image): (&Hv15Prompt, Option<&Hv15Image>),
     settings: &Hv15Settings,
     (latent, dtype, device): ([usize; 3], DType, &Device),
     cancelled: &dyn Fn() -> bool,
@@ -162,17 +212,20 @@ pub fn denoise_clip(
     let channels = model.config().out_channels;
     let mut latents = start_noise(settings.seed, channels, latent, device)?;
     let guided = prompt.negative.as_ref().filter(|_| settings.guidance > 1.0);
+    let first_frame = image
+        .map(|i| i.latents.to_device(device)?.to_dtype(DType::F32))
+        .transpose()?;
     for pair in sigmas(settings.steps, settings.shift).windows(2) {
         if cancelled() {
             return Err(Cancelled.into());
         }
         let (sigma, next) = (pair[0], pair[1]);
         let v = framesmith_nn::lora::untracked(|| -> candle_core::Result<Tensor> {
-            let x = model_input(&latents, None)?;
-            let cond = velocity(model, &x, &prompt.text, (sigma, dtype))?;
+            let x = model_input(&latents, first_frame.as_ref())?;
+            let cond = velocity(model, (&x, image), &prompt.text, (sigma, dtype))?;
             match guided {
                 Some(negative) => {
-                    let uncond = velocity(model, &x, negative, (sigma, dtype))?;
+                    let uncond = velocity(model, (&x, image), negative, (sigma, dtype))?;
                     uncond.clone() + ((cond - uncond)? * settings.guidance)?
                 }
                 None => Ok(cond),
@@ -197,9 +250,34 @@ mod tests {
         }
         assert_eq!(sigmas(3, 1.0).len(), 4);
         assert_eq!(
-            (default_shift(848, 480), default_shift(1280, 720)),
+            (
+                default_shift(848, 480, false),
+                default_shift(1280, 720, false)
+            ),
             (5.0, 9.0)
         );
+        assert_eq!(
+            (
+                default_shift(848, 480, true),
+                default_shift(1280, 720, true)
+            ),
+            (5.0, 7.0)
+        );
+    }
+
+    #[test]
+    fn an_i2v_clip_takes_the_official_480p_bucket_of_its_image() {
+        // `get_closest_ratio` over `generate_crop_size_list(640, 16)` of the official code, for (width, height).
+        for (image, want) in [
+            ((1920, 1080), (848, 480)),
+            ((1080, 1920), (480, 848)),
+            ((512, 512), (640, 640)),
+            ((100, 37), (1040, 384)),
+            ((1000, 1), (1280, 320)),
+            ((640, 480), (720, 544)),
+        ] {
+            assert_eq!(i2v_size(image.0, image.1), want, "{image:?}");
+        }
     }
 
     #[test]

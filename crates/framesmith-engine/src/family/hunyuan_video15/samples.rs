@@ -65,7 +65,7 @@ impl SampleSet<HunyuanVideo15Transformer> for Hv15Samples {
         let device = self.decoder.device.clone();
         denoise_clip(
             model,
-            &p.encoded,
+            (&p.encoded, None),
             &p.settings,
             (p.latent, self.dtype, &device),
             cancelled,
@@ -108,7 +108,7 @@ fn clip_settings(
                 guidance: spec.guidance.unwrap_or(DEFAULT_GUIDANCE),
                 shift: spec
                     .flow_shift
-                    .unwrap_or_else(|| default_shift(spec.width, spec.height)),
+                    .unwrap_or_else(|| default_shift(spec.width, spec.height, false)),
                 seed: spec.seed,
             };
             let latent = settings

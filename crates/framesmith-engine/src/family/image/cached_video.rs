@@ -7,7 +7,7 @@
 use std::path::Path;
 
 use super::items::VideoVae;
-use crate::family::Family;
+use crate::family::{CliCommand, Family};
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::{given, Session};
 use crate::plan::{ClipShape, PlanError, PlanModel};
@@ -83,6 +83,10 @@ pub(crate) trait CachedVideoFamily: Sync {
             DitSource::Demo => String::new(),
         };
         anyhow::bail!("{}: {dit}", Self::NO_GENERATE)
+    }
+    /// What the family's models take from the flags of `command`, for its `--help` (`None`: nothing said).
+    fn flag_help(_command: CliCommand) -> Option<&'static str> {
+        None
     }
 }
 
@@ -164,5 +168,9 @@ impl<F: CachedVideoFamily> Family for F {
         session: &mut Session,
     ) -> anyhow::Result<GenerationOutput> {
         F::generate(request, session)
+    }
+
+    fn flag_help(&self, command: CliCommand) -> Option<&'static str> {
+        F::flag_help(command)
     }
 }

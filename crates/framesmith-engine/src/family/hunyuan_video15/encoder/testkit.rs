@@ -1,6 +1,6 @@
 //! The tiny encoders of the models crate's fixtures for CPU tests: the Qwen2.5-VL of `hunyuan_video15_text` (text
-//! width 64, with its tokenizer) and the glyph encoder of `hunyuan_video15_byt5` (width 32), and a tiny DiT that
-//! takes their states.
+//! width 64, with its tokenizer), the glyph encoder of `hunyuan_video15_byt5` (width 32) and the SigLIP of `siglip`
+//! (width 32), and a tiny DiT that takes their states.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -72,11 +72,12 @@ pub fn tiny_qwen(
     })
 }
 
-/// The tiny transformer's sizes with the fixture encoders' widths (Qwen2.5-VL 64, byT5 32).
+/// The tiny transformer's sizes with the fixture encoders' widths (Qwen2.5-VL 64, byT5 32, SigLIP 32).
 pub fn encoder_width_config() -> HunyuanVideo15Config {
     HunyuanVideo15Config {
         text_embed_dim: 64,
         text_embed_2_dim: 32,
+        image_embed_dim: 32,
         ..tiny_config()
     }
 }

@@ -1,6 +1,6 @@
-//! `framesmith generate` for HunyuanVideo 1.5 on the CPU with tiny models: a tiny DiT whose text widths are the
-//! fixtures' encoders' (the tiny Qwen2.5-VL of `hunyuan_video15_text`, the tiny glyph encoder of
-//! `hunyuan_video15_byt5`) and the 4-channel VAE of `hunyuan_video15_vae/video`.
+//! `framesmith generate` for HunyuanVideo 1.5 on the CPU with tiny models: a tiny DiT whose text and image widths
+//! are the fixtures' encoders' (the tiny Qwen2.5-VL of `hunyuan_video15_text`, the tiny glyph encoder of
+//! `hunyuan_video15_byt5`, the tiny SigLIP of `siglip`) and the 4-channel VAE of `hunyuan_video15_vae/video`.
 
 use std::path::Path;
 
@@ -68,12 +68,7 @@ fn the_seed_fixes_the_clip_and_the_glyph_text_changes_it() -> anyhow::Result<()>
         let mut r = request(dir.path(), prompt)?;
         r.out = dir.path().join(format!("{name}.mp4"));
         r.guidance = Some(1.0);
-        let (out, _, _) = run(&r)?;
-        let first = out.frames_dir.context("frames")?.join("frame_0000.png");
-        Ok(image::open(&first)
-            .with_context(|| first.display().to_string())?
-            .to_rgb8()
-            .into_raw())
+        first_frame(&r)
     };
     let a = frame("a sign reading \"OPEN\"", "a")?;
     assert_eq!(a, frame("a sign reading \"OPEN\"", "b")?);
@@ -99,5 +94,59 @@ fn missing_files_and_foreign_flags_are_named() -> anyhow::Result<()> {
     r.files.t5 = None;
     let err = run(&r).err().map(|e| format!("{e:#}")).unwrap_or_default();
     assert!(err.contains(".mp4"), "{err}");
+    Ok(())
+}
+
+/// The first frame of the clip `request` makes (guidance off), as RGB bytes.
+fn first_frame(request: &GenerationRequest) -> anyhow::Result<Vec<u8>> {
+    let (out, _, _) = run(request)?;
+    let first = out.frames_dir.context("frames")?.join("frame_0000.png");
+    Ok(image::open(&first)
+        .with_context(|| first.display().to_string())?
+        .to_rgb8()
+        .into_raw())
+}
+
+#[test]
+fn a_start_image_with_siglip_makes_an_image_to_video_clip() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let png = dir.path().join("start.png");
+    image::RgbImage::from_fn(40, 24, |x, y| {
+        image::Rgb([(x * 6) as u8, (y * 10) as u8, 90])
+    })
+    .save(&png)?;
+    let mut t2v = request(dir.path(), "a fox")?;
+    t2v.guidance = Some(1.0);
+    let mut i2v = t2v.clone();
+    i2v.out = dir.path().join("i2v.mp4");
+    i2v.image = Some(png.clone());
+    i2v.files.clip = Some(fixture("siglip"));
+    let (out, lines, _) = run(&i2v)?;
+    assert_eq!((out.frames, out.width, out.height), (5, 32, 48));
+    let log = lines.join("\n");
+    assert!(
+        log.contains("start image: 40x24 to 32x48, 16 SigLIP tokens"),
+        "{log}"
+    );
+    // The start image conditions the clip: the same seed and prompt without it give another clip.
+    assert_ne!(first_frame(&i2v)?, first_frame(&t2v)?);
+
+    let mut lone = i2v.clone();
+    lone.files.clip = None;
+    let err = run(&lone)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(
+        err.contains("--image") && err.contains("--clip") && err.contains("sigclip_vision"),
+        "{err}"
+    );
+    let mut lone = i2v;
+    lone.image = None;
+    let err = run(&lone)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(err.contains("give the start image with --image"), "{err}");
     Ok(())
 }
