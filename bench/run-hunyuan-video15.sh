@@ -22,12 +22,20 @@
 #                 Qwen2.5-VL tokenizer is the hunyuan_video15_text fixture's, whose template crop is 108 like
 #                 Qwen's); a quoted word in the prompt runs the glyph encoder. Summary: the per-step times, the
 #                 decode time and peak VRAM the generator logs.
+#   generate-i2v-24   generate-24 from a start image (a 1280x720 test pattern, so the clip takes its official
+#                 480p bucket, 848x480) with --clip a random SigLIP at the released size (so400m-patch14-384, bf16,
+#                 under ComfyUI's sigclip_vision_patch14_384.safetensors names; written once into the project).
+#                 Summary: the start-image line (729 SigLIP tokens), per-step times, decode time and peak VRAM.
+#   cache-i2v     `framesmith cache latents --clip` of one 480x272 image through that SigLIP and the random VAE on
+#                 the GPU (bf16) and on the CPU (f32): both caches must hold latents, latents_image and
+#                 siglip_float16 [729, 1152]; the summary gives the GPU pass's time and the relative difference of
+#                 the two SigLIP features (bf16 against f32: a few 1e-3; above 5e-2 is a failure).
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 128) tokens of the cached Qwen2.5-VL output; WIDTH, HEIGHT, FRAMES (848, 480, 121); I2V=1:
 # image-to-video (the project also caches the first frame's latents and 729 SigLIP features; its own WORK folder).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,27p' "$0"
+    sed -n '2,35p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -62,12 +70,58 @@ torch_case() { # case-dir label
 
 write_env "$(python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1)"
 SAMPLE_ARGS=()
-[[ " ${CASES[*]} " == *" generate-24 "* ]] && SAMPLE_ARGS=(--sample-files)
+[[ " ${CASES[*]} " =~ " "(generate-24|generate-i2v-24|cache-i2v)" " ]] && SAMPLE_ARGS=(--sample-files)
 if [[ ! -f "$P/run.toml" || ( ${#SAMPLE_ARGS[@]} -gt 0 && ! -f "$P/byt5_small_glyphxl_fp16.safetensors" ) ]]; then
     timed "$OUT" synth framesmith-bench synth-project --model hunyuan-video15 --out "$P" --height "$HEIGHT" \
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
         --seed "$SEED" "${I2V_ARGS[@]}" "${SAMPLE_ARGS[@]}" || { note "synth failed"; exit 1; }
 fi
+SIGLIP="$P/sigclip_vision_patch14_384.safetensors" START="$P/start.png"
+# A random SigLIP so400m-patch14-384 (bf16, transformers' names) and a 1280x720 RGB test pattern, written once.
+i2v_files() {
+    [[ -f "$SIGLIP" && -f "$START" ]] && return 0
+    python3 - "$SIGLIP" "$START" <<'PY'
+import struct, sys, zlib
+import torch
+from safetensors.torch import save_file
+g = torch.Generator().manual_seed(5)
+d, m, p, n = 1152, 4304, 14, 729
+shapes = {"embeddings.patch_embedding.weight": (d, 3, p, p), "embeddings.patch_embedding.bias": (d,),
+          "embeddings.position_embedding.weight": (n, d), "post_layernorm.weight": (d,), "post_layernorm.bias": (d,)}
+for i in range(27):
+    for name, shape in [("self_attn.q_proj", (d, d)), ("self_attn.k_proj", (d, d)), ("self_attn.v_proj", (d, d)),
+                        ("self_attn.out_proj", (d, d)), ("mlp.fc1", (m, d)), ("mlp.fc2", (d, m))]:
+        shapes[f"encoder.layers.{i}.{name}.weight"] = shape
+        shapes[f"encoder.layers.{i}.{name}.bias"] = shape[:1]
+    for norm in ("layer_norm1", "layer_norm2"):
+        shapes[f"encoder.layers.{i}.{norm}.weight"] = (d,)
+        shapes[f"encoder.layers.{i}.{norm}.bias"] = (d,)
+def tensor(name, shape):
+    if "norm" in name and name.endswith("weight"):
+        return torch.ones(shape)
+    return torch.randn(shape, generator=g) * 0.02
+save_file({f"vision_model.{k}": tensor(k, s).to(torch.bfloat16) for k, s in shapes.items()}, sys.argv[1])
+w, h = 1280, 720
+rows = b"".join(b"\0" + bytes((x * 255 // w, y * 255 // h, (x ^ y) & 255)[c] for x in range(w) for c in range(3))
+                for y in range(h))
+chunk = lambda kind, data: struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
+open(sys.argv[2], "wb").write(png + chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b""))
+PY
+}
+
+# The SigLIP latent pass on DEVICE into CACHE-DIR over one 480x272 crop of the start image.
+cache_i2v() { # case-dir device
+    local d="$1" device="$2" data="$1/data-$2"
+    mkdir -p "$data/images"
+    python3 -c "import shutil,sys; shutil.copy(sys.argv[1], sys.argv[2])" "$START" "$data/images/start.png"
+    echo "a test pattern" > "$data/images/start.txt"
+    printf '[general]\nresolution = [480, 272]\ncaption_extension = ".txt"\nenable_bucket = false\n\n[[datasets]]\nimage_directory = "images"\ncache_directory = "cache"\n' \
+        > "$data/dataset.toml"
+    timed "$d" "cache-$device" framesmith cache latents --dataset "$data/dataset.toml" \
+        --vae "$P/hunyuanvideo15_vae_fp16.safetensors" --clip "$SIGLIP" --device "$device"
+}
+
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
     mkdir -p "$D"
@@ -82,6 +136,31 @@ for case in "${CASES[@]}"; do
             --blocks-to-swap "$GEN_SWAP" --vram-budget-gb 24 --device cuda --out "$D/clip.mp4"
         grep -hE "step|decode|VRAM|peak|glyph|wrote|rror" "$D/generate.log" | tail -8 | sed "s/^/  generate-24: /" \
             >> "$SUMMARY"
+        ;;
+    generate-i2v-24)
+        i2v_files || { note "i2v files failed"; continue; }
+        timed "$D" generate framesmith generate --dit "$DIT" --vae "$P/hunyuanvideo15_vae_fp16.safetensors" \
+            --text-encoder "$P/qwen_2.5_vl_7b_fp8_scaled.safetensors" --tokenizer "$TOKENIZER" \
+            --image "$START" --clip "$SIGLIP" --prompt 'the pattern slowly turns' \
+            --frames "$GEN_FRAMES" --steps "$GEN_STEPS" --seed 7 --fp8 block64 \
+            --blocks-to-swap "$GEN_SWAP" --vram-budget-gb 24 --device cuda --out "$D/clip.mp4"
+        grep -hE "start image|step|decode|VRAM|peak|wrote|rror" "$D/generate.log" | tail -8 \
+            | sed "s/^/  generate-i2v-24: /" >> "$SUMMARY"
+        ;;
+    cache-i2v)
+        i2v_files || { note "i2v files failed"; continue; }
+        cache_i2v "$D" cuda
+        cache_i2v "$D" cpu
+        python3 - "$D" >> "$SUMMARY" 2>&1 <<'PY'
+import glob, sys
+from safetensors.torch import load_file
+gpu, cpu = (load_file(glob.glob(f"{sys.argv[1]}/data-{d}/cache/*_hv15.safetensors")[0]) for d in ("cuda", "cpu"))
+a, b = gpu["siglip_float16"].float(), cpu["siglip_float16"].float()
+rel = ((a - b).norm() / b.norm()).item()
+print(f"  cache-i2v: keys {sorted(gpu)}; siglip {list(a.shape)}; GPU (bf16) vs CPU (f32) relative difference "
+      f"{rel:.2e} -> {'PASS' if rel < 5e-2 and list(a.shape) == [729, 1152] else 'FAIL'}")
+PY
+        grep -hE "Elapsed \(wall|SigLIP|cached" "$D/cache-cuda.log" | tail -3 | sed "s/^/  cache-i2v (cuda): /" >> "$SUMMARY"
         ;;
     *) memory_case "$case" "$D" hunyuan-video15 || note "unknown case $case" ;;
     esac
