@@ -201,10 +201,11 @@ pub const QWEN_IMAGE_ALWAYS_EXCLUDE: &str = r".*(_mod_).*";
 /// linear of a double block, the modulations included, is adapted.
 pub const HUNYUAN_VIDEO15_ALWAYS_EXCLUDE: &str = r".*(_in).*";
 
-/// The official LTX-2 trainer's default targets (`to_q`, `to_k`, `to_v`, `to_out.0` of every attention) as an
-/// exclude pattern: the feed-forwards and LTX-2.3's head gates, left out only when the user gives no exclude
-/// patterns of their own (the trainer's configs add `ff.net.0.proj` / `ff.net.2` by hand).
-pub const LTX2_DEFAULT_EXCLUDE: &str = r".*(\.ff\.|to_gate_logits).*";
+/// The official LTX-2 trainer's default targets (`to_q`, `to_k`, `to_v`, `to_out.0` of every attention: video,
+/// audio and the audio-video cross-attentions) as an exclude pattern: the feed-forwards (`ff`, `audio_ff`) and
+/// LTX-2.3's head gates, left out only when the user gives no exclude patterns of their own (the trainer's configs
+/// add `ff.net.0.proj` / `ff.net.2` by hand).
+pub const LTX2_DEFAULT_EXCLUDE: &str = r".*(ff\.net\.|to_gate_logits).*";
 
 /// The model family a LoRA is for: which block lists hold its adapted linears and musubi-tuner's default
 /// exclusions for it.

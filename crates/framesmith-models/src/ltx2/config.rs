@@ -123,6 +123,9 @@ pub struct Ltx2Config {
     /// Biases in the video feed-forward (false from LTX 2.5 on).
     #[serde(default = "default_true")]
     pub ff_bias: bool,
+    /// Biases in the audio feed-forward.
+    #[serde(default = "default_true")]
+    pub audio_ff_bias: bool,
     /// The caption projection runs in the text encoder's feature extractor (LTX-2.3); false: it is the
     /// transformer's `caption_projection` (LTX-2).
     #[serde(default)]
@@ -200,6 +203,7 @@ impl Ltx2Config {
             cross_attention_adaln: false,
             use_prompt_adaln_single: true,
             ff_bias: true,
+            audio_ff_bias: true,
             caption_proj_before_connector: false,
             caption_channels: Some(3840),
             use_keyframes_abs_pos_embedding: false,
@@ -301,6 +305,54 @@ impl Ltx2Config {
     /// Video model width (heads × head width).
     pub fn inner_dim(&self) -> usize {
         self.num_attention_heads * self.attention_head_dim
+    }
+
+    /// Audio model width (audio heads × audio head width).
+    pub fn audio_inner_dim(&self) -> usize {
+        self.audio_num_attention_heads * self.audio_attention_head_dim
+    }
+
+    /// The RoPE divisor of the audio-video cross-attentions' time positions: the larger of the two streams'
+    /// time divisors (ltx-core's `cross_pe_max_pos`).
+    pub fn cross_max_pos(&self) -> f64 {
+        let video = self.positional_embedding_max_pos.first().copied();
+        let audio = self.audio_positional_embedding_max_pos.first().copied();
+        video.unwrap_or(0.0).max(audio.unwrap_or(0.0))
+    }
+
+    /// Checks what the audio stream needs besides [`Self::validate`], collecting every problem: audio heads of
+    /// even width, as many as the video's (ltx-core's configurator requires it: the cross-attentions' RoPE tables
+    /// are split by either stream's head count), one time axis, and the audio text width and the cross-attentions'
+    /// width equal to the audio model width.
+    pub fn validate_audio(&self) -> candle_core::Result<()> {
+        let mut problems = Vec::new();
+        if self.audio_num_attention_heads == 0 || self.audio_attention_head_dim % 2 != 0 {
+            problems.push("audio attention heads must exist and have an even width".to_string());
+        }
+        if self.audio_num_attention_heads != self.num_attention_heads {
+            problems.push(format!(
+                "{} audio heads but {} video heads (ltx-core requires them equal)",
+                self.audio_num_attention_heads, self.num_attention_heads
+            ));
+        }
+        if self.audio_positional_embedding_max_pos.len() != 1 {
+            problems.push("audio_positional_embedding_max_pos needs one axis (time)".into());
+        }
+        if self.audio_cross_attention_dim != self.audio_inner_dim() {
+            problems.push(format!(
+                "audio_cross_attention_dim {} differs from the audio model width {}",
+                self.audio_cross_attention_dim,
+                self.audio_inner_dim()
+            ));
+        }
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            candle_core::bail!(
+                "LTX-2 transformer config (audio stream): {}",
+                problems.join("; ")
+            )
+        }
     }
 
     /// Rows of a block's `scale_shift_table` and of the AdaLN output per width: 6, or 9 with the cross-attention

@@ -1,11 +1,12 @@
-//! LTX-2 and LTX-2.3 (Lightricks' audio-video models, 19B and 22B): the transformer's video stream with
-//! ltx-core's key names (config read from a checkpoint's embedded metadata, the AdaLN timestep embedding, the
-//! split 3-D RoPE over positions in seconds and pixels, the blocks with their hand-written backward, the head) as
-//! text-to-video trains it, the audio stream left out: with no audio the official blocks skip the audio-video
-//! cross-attentions, so nothing is read or computed for them. The video VAE ([`vae`]) encodes clips to the
-//! normalised latents the transformer takes and decodes them, whole or in ltx-core's tiles.
-//! The text side ([`text`]): Gemma 3's hidden states
-//! through the release's feature extractor and the video connector, into what the cross-attention reads.
+//! LTX-2 and LTX-2.3 (Lightricks' audio-video models, 19B and 22B): the transformer with ltx-core's key names
+//! (config read from a checkpoint's embedded metadata, the AdaLN timestep embeddings, the split RoPE over
+//! positions in seconds and pixels, the blocks with their hand-written backward, the heads). Text-to-video reads
+//! and runs the video stream only (with no audio the official blocks skip the audio stream and the audio-video
+//! cross-attentions); read with audio, a batch with audio latents runs both streams and the cross-attentions
+//! between them, as joint audio-video training does.
+//! The video VAE ([`vae`]) encodes clips to the normalised latents the transformer takes and decodes them,
+//! whole or in ltx-core's tiles. The text side ([`text`]): Gemma 3's hidden states through the release's
+//! feature extractor and the video connector, into what the cross-attention reads.
 
 pub mod block;
 pub mod config;
@@ -23,4 +24,5 @@ pub mod vae;
 pub mod weights;
 
 pub use config::{Ltx2Config, Ltx2Version};
-pub use transformer::{Ltx2Inputs, Ltx2Transformer, Prepared};
+pub use trainable::joint_loss_view;
+pub use transformer::{Ltx2AudioInputs, Ltx2Inputs, Ltx2Transformer, Prepared};

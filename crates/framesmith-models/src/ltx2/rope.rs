@@ -73,6 +73,26 @@ fn freq_grid(theta: f64, n: usize) -> Vec<f32> {
         .collect()
 }
 
+/// The audio latents' timing of every release: 16 kHz audio, a 160-sample hop between spectrogram frames, four
+/// spectrogram frames per latent frame (ltx-core's `AudioPatchifier` defaults, as the official trainer uses it).
+pub const AUDIO_SAMPLE_RATE: f32 = 16000.0;
+pub const AUDIO_HOP_LENGTH: f32 = 160.0;
+pub const AUDIO_LATENT_DOWNSAMPLE: i64 = 4;
+
+/// The bounds in seconds of every audio latent frame, [batch, 1, frames, 2] f32 (start, end), as the official
+/// trainer's `_get_audio_positions` makes them: latent frame `i` starts at spectrogram frame `4i + 1 − 4` (the
+/// causal offset, at least 0), times the hop over the sample rate; it ends where frame `i + 1` starts.
+pub fn audio_positions(batch: usize, frames: usize, device: &Device) -> Result<Tensor> {
+    let seconds = |i: i64| {
+        let mel = (i * AUDIO_LATENT_DOWNSAMPLE + 1 - AUDIO_LATENT_DOWNSAMPLE).max(0) as f32;
+        mel * AUDIO_HOP_LENGTH / AUDIO_SAMPLE_RATE
+    };
+    let out: Vec<f32> = (0..frames as i64)
+        .flat_map(|i| [seconds(i), seconds(i + 1)])
+        .collect();
+    Tensor::from_vec(out, (1, 1, frames, 2), device)?.repeat((batch, 1, 1, 1))
+}
+
 impl RopeTable {
     /// The table for `positions` [b, axes, tokens, 2] (patch bounds; see [`video_positions`]) with the video
     /// stream's sizes and RoPE settings of `cfg`, in `dtype` on `device`.
@@ -82,8 +102,72 @@ impl RopeTable {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let (b, axes, tokens, two) = positions.dims4()?;
         let max_pos = &cfg.positional_embedding_max_pos;
+        let sizes = (cfg.inner_dim(), cfg.num_attention_heads);
+        Self::build(
+            positions,
+            max_pos,
+            sizes,
+            cfg.positional_embedding_theta,
+            dtype,
+            device,
+        )
+    }
+
+    /// The audio self-attention's table for `positions` [b, 1, tokens, 2] (see [`audio_positions`]).
+    pub fn audio(
+        positions: &Tensor,
+        cfg: &Ltx2Config,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let max_pos = &cfg.audio_positional_embedding_max_pos;
+        let sizes = (cfg.audio_inner_dim(), cfg.audio_num_attention_heads);
+        Self::build(
+            positions,
+            max_pos,
+            sizes,
+            cfg.positional_embedding_theta,
+            dtype,
+            device,
+        )
+    }
+
+    /// A stream's table for the audio-video cross-attentions (ltx-core's `cross_positional_embeddings`): the time
+    /// axis of its `positions` [b, axes, tokens, 2] only, over the cross-attentions' width
+    /// (`audio_cross_attention_dim`) split into `heads` (the stream's own head count), divided by
+    /// [`Ltx2Config::cross_max_pos`].
+    pub fn cross(
+        positions: &Tensor,
+        cfg: &Ltx2Config,
+        heads: usize,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let time = positions.narrow(1, 0, 1)?;
+        let sizes = (cfg.audio_cross_attention_dim, heads);
+        let max_pos = [cfg.cross_max_pos()];
+        Self::build(
+            &time,
+            &max_pos,
+            sizes,
+            cfg.positional_embedding_theta,
+            dtype,
+            device,
+        )
+    }
+
+    /// The table for `positions` [b, axes, tokens, 2] divided per axis by `max_pos`, over `inner` = the
+    /// attention's width split into `heads`, with RoPE base `theta`.
+    pub fn build(
+        positions: &Tensor,
+        max_pos: &[f64],
+        (inner, heads): (usize, usize),
+        theta: f64,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Self> {
+        let (b, axes, tokens, two) = positions.dims4()?;
         if two != 2 || axes != max_pos.len() {
             candle_core::bail!(
                 "LTX-2 RoPE: positions {:?}, expected [b, {}, tokens, 2]",
@@ -91,7 +175,6 @@ impl RopeTable {
                 max_pos.len()
             );
         }
-        let (inner, heads) = (cfg.inner_dim(), cfg.num_attention_heads);
         let n = inner / (2 * axes);
         let half = inner / 2;
         let pad = half - n * axes;
@@ -111,11 +194,7 @@ impl RopeTable {
             }
         }
         let coords = Tensor::from_vec(coords, (b, tokens, 1, axes), device)?;
-        let grid = Tensor::from_vec(
-            freq_grid(cfg.positional_embedding_theta, n),
-            (1, 1, n, 1),
-            device,
-        )?;
+        let grid = Tensor::from_vec(freq_grid(theta, n), (1, 1, n, 1), device)?;
         // Entry `f · axes + axis` of a token's row, after the identity padding.
         let angles = grid
             .broadcast_mul(&coords)?

@@ -1,10 +1,11 @@
-//! Block streaming of LTX-2's blocks (DESIGN.md §4.4): the frozen tensors of a block's video stream in one fixed
+//! Block streaming of LTX-2's blocks (DESIGN.md §4.4): the frozen tensors of a block (its video stream, then its
+//! audio stream and audio-video cross-attentions when read) in one fixed
 //! order, so the streamer can pack a block into host RAM and point its shell at a GPU slot. Every block has the
 //! same layout, so one streamer holds them all.
 
 use candle_core::{Result, Tensor};
 
-use super::block::{Attention, FeedForward, Ltx2Block};
+use super::block::{Attention, AudioStream, FeedForward, Ltx2Block};
 use framesmith_nn::offload::{frozen_fields, with_frozen_fields, Streamable};
 
 impl Attention {
@@ -40,6 +41,25 @@ impl Ltx2Block {
         if let Some(table) = self.prompt_scale_shift_table.as_mut() {
             out.push(table);
         }
+        if let Some(audio) = self.audio.as_mut() {
+            out.extend(audio.frozen_tensors_mut());
+        }
+        out
+    }
+}
+
+impl AudioStream {
+    fn frozen_tensors_mut(&mut self) -> Vec<&mut Tensor> {
+        let mut out = self.attn1.frozen_tensors_mut();
+        out.extend(self.attn2.frozen_tensors_mut());
+        out.extend(self.ff.frozen_tensors_mut());
+        out.extend(self.audio_to_video.frozen_tensors_mut());
+        out.extend(self.video_to_audio.frozen_tensors_mut());
+        out.push(&mut self.scale_shift_table);
+        if let Some(table) = self.prompt_scale_shift_table.as_mut() {
+            out.push(table);
+        }
+        out.extend([&mut self.av_table_video, &mut self.av_table_audio]);
         out
     }
 }

@@ -1,4 +1,4 @@
-//! Fixture cases of `tests/fixtures/ltx2` (made by `bench/reference/ltx2.py` from ltx-core) for the LTX-2 tests:
+//! Fixture cases of `tests/fixtures/ltx2` (made by `bench/reference/ltx2.py` and `ltx2_av.py` from ltx-core) for the LTX-2 tests:
 //! the model built from a case's weights in the case's layout, and its inputs as the model takes them.
 
 use std::path::PathBuf;
@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use candle_core::DType;
 
 use super::config::Ltx2Config;
-use super::transformer::{Ltx2Inputs, Ltx2Transformer};
+use super::transformer::{Ltx2AudioInputs, Ltx2Inputs, Ltx2Transformer};
 use crate::fixtures::FixtureCase;
 use framesmith_nn::vb::Vb;
 
@@ -36,12 +36,19 @@ pub fn vb(case: &FixtureCase, dtype: DType) -> Vb {
     }
 }
 
-/// The case's model in f32.
+/// Whether the case runs both streams (`bench/reference/ltx2_av.py`'s cases).
+pub fn is_joint(case: &FixtureCase) -> bool {
+    case.config["call"].get("audio_frames").is_some()
+}
+
+/// The case's model in f32 (with its audio stream for a joint case).
 pub fn model(case: &FixtureCase) -> anyhow::Result<Ltx2Transformer> {
-    Ok(Ltx2Transformer::load(
-        &vb(case, DType::F32),
-        &config(case)?,
-    )?)
+    let (vb, cfg) = (vb(case, DType::F32), config(case)?);
+    Ok(if is_joint(case) {
+        Ltx2Transformer::load_av(&vb, &cfg)?
+    } else {
+        Ltx2Transformer::load(&vb, &cfg)?
+    })
 }
 
 /// The case's inputs.
@@ -53,5 +60,14 @@ pub fn inputs(case: &FixtureCase) -> anyhow::Result<Ltx2Inputs> {
         positions: case.input("positions")?.clone(),
         context: case.input("context")?.clone(),
         context_lens: Some(lens),
+        audio: if is_joint(case) {
+            Some(Ltx2AudioInputs {
+                latents: case.input("audio_latent")?.clone(),
+                positions: case.input("audio_positions")?.clone(),
+                context: case.input("audio_context")?.clone(),
+            })
+        } else {
+            None
+        },
     })
 }

@@ -1,15 +1,16 @@
 //! LTX-2 / LTX-2.3 as the engine trains it: [`TrainableModel`] for [`Ltx2Transformer`] and [`TrainableBlock`] for
 //! [`Ltx2Block`] (the video stream of each block, with its hand-written backward), the embeddings' results as a
 //! [`PreparedBatch`], and LoRA targets named as ltx-core names the modules (`transformer_blocks.0.attn1.to_q`).
-//! With selective checkpointing a block keeps its self-attention for the recompute ([`KeptBlock`]; no gated
-//! branch output is kept).
+//! With selective checkpointing a block keeps its video self-attention for the recompute ([`KeptBlock`]; no gated
+//! branch output is kept). A joint audio-video batch runs the joint blocks on both streams packed into one block
+//! input, and its loss compares [`joint_loss_view`]s.
 
 use std::borrow::Cow;
 
 use candle_core::{Device, Result, Tensor};
 
 use super::block::grad::Ltx2Tape;
-use super::block::{BlockInputs, Ltx2Block};
+use super::block::{AudioInputs, BlockInputs, Ltx2Block};
 use super::transformer::{Ltx2Inputs, Ltx2Transformer, Prepared};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_nn::attention::KeptBlock;
@@ -75,8 +76,10 @@ impl PreparedBatch for Prepared {
                 rope: b.rope.detach(),
                 context: b.context.detach(),
                 context_lens: b.context_lens.clone(),
+                audio: b.audio.as_ref().map(AudioInputs::detach),
             },
             embedded: self.embedded.detach(),
+            audio_embedded: self.audio_embedded.as_ref().map(Tensor::detach),
         }
     }
 }
@@ -107,10 +110,16 @@ impl TrainableModel for Ltx2Transformer {
         Ltx2Transformer::block(self, i)
     }
 
-    /// One velocity [tokens, out_channels] per sample.
+    /// One velocity [tokens, out_channels] per sample; in a joint pass both streams' velocities per sample as
+    /// [`joint_loss_view`] joins them.
     fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
-        let out = Ltx2Transformer::finish(self, xs, prepared)?;
-        (0..out.dim(0)?).map(|i| out.get(i)).collect()
+        let (video, audio) = Ltx2Transformer::finish_streams(self, xs, prepared)?;
+        (0..video.dim(0)?)
+            .map(|i| match &audio {
+                Some(audio) => joint_loss_view(&video.get(i)?, &audio.get(i)?),
+                None => video.get(i),
+            })
+            .collect()
     }
 
     fn device(&self) -> &Device {
@@ -120,6 +129,18 @@ impl TrainableModel for Ltx2Transformer {
     fn latents<'a>(&self, inputs: &'a Ltx2Inputs) -> &'a [Tensor] {
         std::slice::from_ref(&inputs.latents)
     }
+}
+
+/// One sample's video velocity (or target) [tokens, channels] and audio one [frames, channels] as the step's loss
+/// compares them in a joint pass: both flattened and joined, [video elements + audio elements, 1], each scaled by
+/// √(all elements / its elements). The mean squared error over the join is then the video stream's mean plus the
+/// audio stream's, the official trainer's joint loss (`video_loss + audio_loss`, each a mean over its elements).
+pub fn joint_loss_view(video: &Tensor, audio: &Tensor) -> Result<Tensor> {
+    let (nv, na) = (video.elem_count(), audio.elem_count());
+    let all = (nv + na) as f64;
+    let v = (video.flatten_all()? * (all / nv as f64).sqrt())?;
+    let a = (audio.flatten_all()? * (all / na as f64).sqrt())?;
+    Tensor::cat(&[v, a], 0)?.unsqueeze(1)
 }
 
 #[cfg(test)]

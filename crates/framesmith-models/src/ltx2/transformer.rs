@@ -2,15 +2,19 @@
 //! patchified latents, the AdaLN-single timestep embedding (`adaln_single`; LTX-2.3's `prompt_adaln_single` for
 //! the cross-attention's context), LTX-2's `caption_projection` of the text, the RoPE table of the tokens'
 //! positions, the blocks, and the head (`scale_shift_table` with the embedded timestep around a parameter-free
-//! LayerNorm, `proj_out`). Text-to-video without audio: the audio stream's and the audio-video cross-attentions'
-//! weights stay unread (ltx-core computes nothing for them when no audio is given).
+//! LayerNorm, `proj_out`). Text-to-video reads the video stream only (ltx-core computes nothing for the audio
+//! stream when no audio is given). Read with audio ([`Ltx2Transformer::load_streamed_av`]), the model also holds
+//! the audio stream's embeddings and head (`audio_patchify_proj`, `audio_adaln_single`, LTX-2's
+//! `audio_caption_projection`, LTX-2.3's `audio_prompt_adaln_single`, `audio_scale_shift_table`,
+//! `audio_proj_out`) and the audio-video cross-attentions' AdaLNs (`av_ca_*_adaln_single`), and a batch with
+//! audio latents runs both streams jointly.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::block::{BlockInputs, Ltx2Block};
+use super::block::{unpack_joint, AudioInputs, BlockInputs, Ltx2Block};
 use super::config::Ltx2Config;
 use super::embeddings::{AdaLayerNormSingle, CaptionProjection};
 use super::rope::RopeTable;
@@ -31,8 +35,23 @@ pub struct Ltx2Inputs {
     /// The text context: the connector's output ([b, text_len, caption_channels] for LTX-2, [b, text_len, dim]
     /// for LTX-2.3).
     pub context: Tensor,
-    /// Valid text tokens per sample; `None`: all.
+    /// Valid text tokens per sample (of both streams' texts); `None`: all.
     pub context_lens: Option<Vec<usize>>,
+    /// The audio stream of a joint audio-video batch (at the same σ, as the official trainer noises it);
+    /// `None`: text-to-video.
+    pub audio: Option<Ltx2AudioInputs>,
+}
+
+/// The audio stream's part of a joint batch.
+pub struct Ltx2AudioInputs {
+    /// Noisy audio latents, patchified: [b, frames, audio_in_channels] (ltx-core's `AudioPatchifier`: a latent
+    /// frame's channels × mel bins).
+    pub latents: Tensor,
+    /// Frame bounds in seconds [b, 1, frames, 2] (see [`super::rope::audio_positions`]).
+    pub positions: Tensor,
+    /// The audio text context: the connector's audio output ([b, text_len, caption_channels] for LTX-2,
+    /// [b, text_len, audio dim] for LTX-2.3).
+    pub context: Tensor,
 }
 
 /// The embeddings' results: the first block's input, what the blocks share, and what the head needs.
@@ -42,6 +61,77 @@ pub struct Prepared {
     pub blocks: BlockInputs,
     /// The embedded timestep [b, 1, dim] the head modulates with.
     pub embedded: Tensor,
+    /// The audio head's embedded timestep [b, 1, audio dim] (joint passes).
+    pub audio_embedded: Option<Tensor>,
+}
+
+/// The audio stream's embeddings and head, and the audio-video cross-attentions' AdaLNs.
+pub struct Ltx2AudioModel {
+    pub audio_patchify_proj: Linear,
+    pub audio_adaln_single: AdaLayerNormSingle,
+    pub audio_prompt_adaln_single: Option<AdaLayerNormSingle>,
+    pub audio_caption_projection: Option<CaptionProjection>,
+    /// `av_ca_video_scale_shift_adaln_single` (4 rows of the video width, video σ) and its audio twin.
+    pub av_ca_video_scale_shift_adaln_single: AdaLayerNormSingle,
+    pub av_ca_audio_scale_shift_adaln_single: AdaLayerNormSingle,
+    /// `av_ca_a2v_gate_adaln_single` (1 row of the video width, audio σ) and `av_ca_v2a_gate_adaln_single` (1 row
+    /// of the audio width, video σ).
+    pub av_ca_a2v_gate_adaln_single: AdaLayerNormSingle,
+    pub av_ca_v2a_gate_adaln_single: AdaLayerNormSingle,
+    /// `audio_scale_shift_table` [2, audio dim] of the audio head.
+    pub audio_scale_shift_table: Tensor,
+    pub audio_proj_out: Linear,
+}
+
+impl Ltx2AudioModel {
+    /// Reads the audio parts outside the blocks under `vb` (the model's root).
+    pub fn load(vb: &Vb, cfg: &Ltx2Config) -> Result<Self> {
+        let (dim, adim) = (cfg.inner_dim(), cfg.audio_inner_dim());
+        let prompt = if cfg.cross_attention_adaln && cfg.use_prompt_adaln_single {
+            Some(AdaLayerNormSingle::load(
+                &vb.pp("audio_prompt_adaln_single"),
+                adim,
+                2,
+            )?)
+        } else {
+            None
+        };
+        let caption = match (cfg.has_caption_projection(), cfg.caption_channels) {
+            (true, Some(channels)) => Some(CaptionProjection::load(
+                &vb.pp("audio_caption_projection"),
+                channels,
+                adim,
+            )?),
+            _ => None,
+        };
+        let adaln = |name: &str, width: usize, rows: usize| {
+            AdaLayerNormSingle::load(&vb.pp(name), width, rows)
+        };
+        Ok(Self {
+            audio_patchify_proj: Linear::load(
+                &vb.pp("audio_patchify_proj"),
+                cfg.audio_in_channels,
+                adim,
+            )?,
+            audio_adaln_single: adaln("audio_adaln_single", adim, cfg.adaln_coefficient())?,
+            audio_prompt_adaln_single: prompt,
+            audio_caption_projection: caption,
+            av_ca_video_scale_shift_adaln_single: adaln(
+                "av_ca_video_scale_shift_adaln_single",
+                dim,
+                4,
+            )?,
+            av_ca_audio_scale_shift_adaln_single: adaln(
+                "av_ca_audio_scale_shift_adaln_single",
+                adim,
+                4,
+            )?,
+            av_ca_a2v_gate_adaln_single: adaln("av_ca_a2v_gate_adaln_single", dim, 1)?,
+            av_ca_v2a_gate_adaln_single: adaln("av_ca_v2a_gate_adaln_single", adim, 1)?,
+            audio_scale_shift_table: vb.get((2, adim), "audio_scale_shift_table")?,
+            audio_proj_out: Linear::load(&vb.pp("audio_proj_out"), adim, cfg.audio_out_channels)?,
+        })
+    }
 }
 
 /// The video stream of `LTXModel`.
@@ -57,6 +147,8 @@ pub struct Ltx2Transformer {
     /// `scale_shift_table` [2, dim] of the head.
     pub scale_shift_table: Tensor,
     pub proj_out: Linear,
+    /// The audio stream outside the blocks (read for joint audio-video training only).
+    pub audio: Option<Ltx2AudioModel>,
     streamer: Option<Arc<BlockStreamer>>,
 }
 
@@ -75,7 +167,27 @@ impl Ltx2Transformer {
         streamed: &[usize],
         offload: &OffloadOptions,
     ) -> Result<Self> {
+        Self::load_streamed_av(vb, cfg, streamed, offload, false)
+    }
+
+    /// Reads both streams, every block resident (joint audio-video training).
+    pub fn load_av(vb: &Vb, cfg: &Ltx2Config) -> Result<Self> {
+        Self::load_streamed_av(vb, cfg, &[], &OffloadOptions::default(), true)
+    }
+
+    /// [`Ltx2Transformer::load_streamed`] reading the audio stream and the audio-video cross-attentions too
+    /// when `audio`.
+    pub fn load_streamed_av(
+        vb: &Vb,
+        cfg: &Ltx2Config,
+        streamed: &[usize],
+        offload: &OffloadOptions,
+        audio: bool,
+    ) -> Result<Self> {
         cfg.validate()?;
+        if audio {
+            cfg.validate_audio()?;
+        }
         let n = cfg.num_layers;
         let mut streamed = streamed.to_vec();
         streamed.sort_unstable();
@@ -85,7 +197,9 @@ impl Ltx2Transformer {
                 "LTX-2: streamed block {i} is out of range (the model has {n} blocks)"
             );
         }
-        let block_at = |i: usize, vb: &Vb| Ltx2Block::load(&vb.pp("transformer_blocks").pp(i), cfg);
+        let block_at = |i: usize, vb: &Vb| {
+            Ltx2Block::load_streams(&vb.pp("transformer_blocks").pp(i), cfg, audio)
+        };
         let mut blocks = Vec::with_capacity(n);
         for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
             blocks.push((i, block_at(i, vb)?));
@@ -133,6 +247,11 @@ impl Ltx2Transformer {
             transformer_blocks: blocks.into_iter().map(|(_, b)| b).collect(),
             scale_shift_table: vb.get((2, dim), "scale_shift_table")?,
             proj_out: Linear::load(&vb.pp("proj_out"), dim, cfg.out_channels)?,
+            audio: if audio {
+                Some(Ltx2AudioModel::load(vb, cfg)?)
+            } else {
+                None
+            },
             streamer,
         })
     }
@@ -179,7 +298,9 @@ impl Ltx2Transformer {
             .collect()
     }
 
-    /// The embeddings of `inputs`: patchified tokens, AdaLN rows, the projected text and the RoPE table.
+    /// The embeddings of `inputs`: patchified tokens, AdaLN rows, the projected text and the RoPE table; in a
+    /// joint pass the audio stream's too and the audio-video cross-attentions' rows and tables, the block input
+    /// both streams' tokens packed.
     pub fn prepare(&self, inputs: &Ltx2Inputs) -> Result<Prepared> {
         let dtype = inputs.latents.dtype();
         let b = inputs.latents.dim(0)?;
@@ -202,7 +323,7 @@ impl Ltx2Transformer {
             None => inputs.context.clone(),
         };
         let rope = RopeTable::new(&inputs.positions, &self.cfg, dtype, xs.device())?;
-        Ok(Prepared {
+        let mut prepared = Prepared {
             xs,
             blocks: BlockInputs {
                 timestep: rows.unsqueeze(1)?,
@@ -210,23 +331,115 @@ impl Ltx2Transformer {
                 rope,
                 context,
                 context_lens: inputs.context_lens.clone(),
+                audio: None,
             },
             embedded: embedded.unsqueeze(1)?,
-        })
+            audio_embedded: None,
+        };
+        let Some(audio) = &inputs.audio else {
+            return Ok(prepared);
+        };
+        let Some(model) = &self.audio else {
+            candle_core::bail!(
+                "LTX-2: a batch with audio latents for a transformer read without its audio stream"
+            );
+        };
+        let ax = model.audio_patchify_proj.forward(&audio.latents)?;
+        let (arows, aembedded) = model.audio_adaln_single.forward(&scaled, dtype)?;
+        let aprompt = match &model.audio_prompt_adaln_single {
+            Some(p) => Some(p.forward(&scaled, dtype)?.0.unsqueeze(1)?),
+            None => None,
+        };
+        let acontext = match &model.audio_caption_projection {
+            Some(p) => p.forward(&audio.context)?,
+            None => audio.context.clone(),
+        };
+        let device = ax.device().clone();
+        let cfg = &self.cfg;
+        // The gates embed the other stream's σ times `av_ca_timestep_scale_multiplier` (ltx-core's factor
+        // `av / timestep_scale` times the scaled σ); both streams share σ here.
+        let factor = (cfg.av_ca_timestep_scale_multiplier / cfg.timestep_scale_multiplier) as f32;
+        let gate_t: Vec<f32> = scaled.iter().map(|t| t * factor).collect();
+        let cross = |adaln: &AdaLayerNormSingle, t: &[f32]| -> Result<Tensor> {
+            adaln.forward(t, dtype)?.0.unsqueeze(1)
+        };
+        let positions = &inputs.positions;
+        let ai = AudioInputs {
+            timestep: arows.unsqueeze(1)?,
+            prompt_timestep: aprompt,
+            rope: RopeTable::audio(&audio.positions, cfg, dtype, &device)?,
+            context: acontext,
+            video_cross_rope: RopeTable::cross(
+                positions,
+                cfg,
+                cfg.num_attention_heads,
+                dtype,
+                &device,
+            )?,
+            audio_cross_rope: RopeTable::cross(
+                &audio.positions,
+                cfg,
+                cfg.audio_num_attention_heads,
+                dtype,
+                &device,
+            )?,
+            video_cross: cross(&model.av_ca_video_scale_shift_adaln_single, &scaled)?,
+            video_gate: cross(&model.av_ca_a2v_gate_adaln_single, &gate_t)?,
+            audio_cross: cross(&model.av_ca_audio_scale_shift_adaln_single, &scaled)?,
+            audio_gate: cross(&model.av_ca_v2a_gate_adaln_single, &gate_t)?,
+            video_shape: (prepared.xs.dim(1)?, prepared.xs.dim(2)?),
+            audio_shape: (ax.dim(1)?, ax.dim(2)?),
+        };
+        prepared.xs = AudioInputs::pack(&prepared.xs, &ax)?;
+        prepared.blocks.audio = Some(ai);
+        prepared.audio_embedded = Some(aembedded.unsqueeze(1)?);
+        Ok(prepared)
     }
 
-    /// The head on the last block's output `xs` [b, tokens, dim]: the velocity [b, tokens, out_channels].
+    /// The head on the last block's output `xs` [b, tokens, dim] (or a joint pass's packed streams): the video
+    /// velocity [b, tokens, out_channels].
     pub fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Tensor> {
-        let dtype = xs.dtype();
-        let table = self.scale_shift_table.to_dtype(dtype)?;
-        let embedded = prepared.embedded.to_dtype(dtype)?;
-        let shift = embedded.broadcast_add(&table.get(0)?)?;
-        let scale = embedded.broadcast_add(&table.get(1)?)?;
-        let normed = layer_norm(xs, None, None, self.cfg.norm_eps)?;
-        let h = normed
-            .broadcast_mul(&(scale + 1.0)?)?
-            .broadcast_add(&shift)?;
-        self.proj_out.forward(&h)
+        Ok(self.finish_streams(xs, prepared)?.0)
+    }
+
+    /// Both heads on the last block's output: the video velocity and, in a joint pass, the audio velocity
+    /// [b, audio frames, audio_out_channels].
+    pub fn finish_streams(
+        &self,
+        xs: &Tensor,
+        prepared: &Prepared,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let (Some(ai), Some(aembedded), Some(model)) = (
+            &prepared.blocks.audio,
+            &prepared.audio_embedded,
+            &self.audio,
+        ) else {
+            let video = head(
+                xs,
+                &self.scale_shift_table,
+                &prepared.embedded,
+                &self.proj_out,
+                self.cfg.norm_eps,
+            )?;
+            return Ok((video, None));
+        };
+        let (vx, ax) = unpack_joint(xs, ai.video_shape, ai.audio_shape)?;
+        let eps = self.cfg.norm_eps;
+        let video = head(
+            &vx,
+            &self.scale_shift_table,
+            &prepared.embedded,
+            &self.proj_out,
+            eps,
+        )?;
+        let audio = head(
+            &ax,
+            &model.audio_scale_shift_table,
+            aembedded,
+            &model.audio_proj_out,
+            eps,
+        )?;
+        Ok((video, Some(audio)))
     }
 
     /// The whole forward (differentiable): the velocity [b, tokens, out_channels].
@@ -241,10 +454,36 @@ impl Ltx2Transformer {
         self.finish(&xs, &prepared)
     }
 
+    /// Whether the model was read with its audio stream.
+    pub fn has_audio(&self) -> bool {
+        self.audio.is_some()
+    }
+
     /// The dtype the model's weights were read in.
     pub fn dtype(&self) -> DType {
         self.scale_shift_table.dtype()
     }
+}
+
+/// A head: `proj_out` of the parameter-free LayerNorm of `xs` modulated by `table` [2, dim] plus `embedded`
+/// [b, 1, dim] (shift, scale).
+fn head(
+    xs: &Tensor,
+    table: &Tensor,
+    embedded: &Tensor,
+    proj_out: &Linear,
+    eps: f64,
+) -> Result<Tensor> {
+    let dtype = xs.dtype();
+    let table = table.to_dtype(dtype)?;
+    let embedded = embedded.to_dtype(dtype)?;
+    let shift = embedded.broadcast_add(&table.get(0)?)?;
+    let scale = embedded.broadcast_add(&table.get(1)?)?;
+    let normed = layer_norm(xs, None, None, eps)?;
+    let h = normed
+        .broadcast_mul(&(scale + 1.0)?)?
+        .broadcast_add(&shift)?;
+    proj_out.forward(&h)
 }
 
 #[cfg(test)]

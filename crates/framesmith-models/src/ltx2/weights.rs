@@ -279,6 +279,24 @@ pub fn load_streamed(
     (fp8, fp8_products): (Option<Fp8Scale>, bool),
     (streamed, offload): (&[usize], &OffloadOptions),
 ) -> Result<(Ltx2File, Ltx2Transformer), Ltx2FormatError> {
+    load_streamed_av(
+        path,
+        (dtype, device),
+        (fp8, fp8_products),
+        (streamed, offload),
+        false,
+    )
+}
+
+/// [`load_streamed`] reading the audio stream and the audio-video cross-attentions too when `audio` (joint
+/// audio-video training).
+pub fn load_streamed_av(
+    path: &Path,
+    (dtype, device): (DType, &Device),
+    (fp8, fp8_products): (Option<Fp8Scale>, bool),
+    (streamed, offload): (&[usize], &OffloadOptions),
+    audio: bool,
+) -> Result<(Ltx2File, Ltx2Transformer), Ltx2FormatError> {
     let file = identify(path)?;
     let (files, _, _) = super::layout::files_of(path)?;
     let (tensors, _) = read_shards(&files)?;
@@ -295,12 +313,10 @@ pub fn load_streamed(
         Layout::LtxCore { prefix } if !prefix.is_empty() => vb.pp(prefix.trim_end_matches('.')),
         _ => vb,
     };
-    let model =
-        Ltx2Transformer::load_streamed(&vb, &file.config, streamed, offload).map_err(|e| {
-            Ltx2FormatError::Build {
-                problem: e.to_string(),
-                path: path.to_path_buf(),
-            }
+    let model = Ltx2Transformer::load_streamed_av(&vb, &file.config, streamed, offload, audio)
+        .map_err(|e| Ltx2FormatError::Build {
+            problem: e.to_string(),
+            path: path.to_path_buf(),
         })?;
     Ok((file, model))
 }
@@ -314,6 +330,80 @@ pub fn is_gemma3_12b(path: &Path) -> bool {
             t.name.ends_with("embed_tokens.weight") && t.shape == [GEMMA3_VOCAB, GEMMA3_12B_WIDTH]
         })
     })
+}
+
+/// The tensors joint audio-video training reads besides [`video_stream_shapes`], by ltx-core's names with their
+/// shapes: the audio stream's embeddings (`audio_adaln_single`, LTX-2.3's `audio_prompt_adaln_single`, LTX-2's
+/// `audio_caption_projection`), the audio-video cross-attentions' AdaLNs, each block's audio stream,
+/// cross-attentions and their tables, and the audio head.
+pub fn audio_stream_shapes(cfg: &Ltx2Config) -> Vec<(String, Vec<usize>)> {
+    let (dim, adim) = (cfg.inner_dim(), cfg.audio_inner_dim());
+    let mut out: Vec<(String, Vec<usize>)> = Vec::new();
+    let mut linear = |name: String, i: usize, o: usize| {
+        out.push((format!("{name}.weight"), vec![o, i]));
+        out.push((format!("{name}.bias"), vec![o]));
+    };
+    let adaln = |linear: &mut dyn FnMut(String, usize, usize), name: &str, w: usize, k: usize| {
+        linear(format!("{name}.emb.timestep_embedder.linear_1"), 256, w);
+        linear(format!("{name}.emb.timestep_embedder.linear_2"), w, w);
+        linear(format!("{name}.linear"), w, k * w);
+    };
+    adaln(
+        &mut linear,
+        "audio_adaln_single",
+        adim,
+        cfg.adaln_coefficient(),
+    );
+    if cfg.cross_attention_adaln && cfg.use_prompt_adaln_single {
+        adaln(&mut linear, "audio_prompt_adaln_single", adim, 2);
+    }
+    adaln(&mut linear, "av_ca_video_scale_shift_adaln_single", dim, 4);
+    adaln(&mut linear, "av_ca_audio_scale_shift_adaln_single", adim, 4);
+    adaln(&mut linear, "av_ca_a2v_gate_adaln_single", dim, 1);
+    adaln(&mut linear, "av_ca_v2a_gate_adaln_single", adim, 1);
+    if let (true, Some(channels)) = (cfg.has_caption_projection(), cfg.caption_channels) {
+        linear("audio_caption_projection.linear_1".into(), channels, adim);
+        linear("audio_caption_projection.linear_2".into(), adim, adim);
+    }
+    let heads = cfg.audio_num_attention_heads;
+    let mut norms = Vec::new();
+    for i in 0..cfg.num_layers {
+        let b = format!("transformer_blocks.{i}");
+        for (attn, query, ctx) in [
+            ("audio_attn1", adim, adim),
+            ("audio_attn2", adim, cfg.audio_cross_attention_dim),
+            ("audio_to_video_attn", dim, adim),
+            ("video_to_audio_attn", adim, dim),
+        ] {
+            linear(format!("{b}.{attn}.to_q"), query, adim);
+            linear(format!("{b}.{attn}.to_k"), ctx, adim);
+            linear(format!("{b}.{attn}.to_v"), ctx, adim);
+            linear(format!("{b}.{attn}.to_out.0"), adim, query);
+            if cfg.apply_gated_attention {
+                linear(format!("{b}.{attn}.to_gate_logits"), query, heads);
+            }
+            norms.push((format!("{b}.{attn}.q_norm.weight"), vec![adim]));
+            norms.push((format!("{b}.{attn}.k_norm.weight"), vec![adim]));
+        }
+        linear(format!("{b}.audio_ff.net.0.proj"), adim, 4 * adim);
+        linear(format!("{b}.audio_ff.net.2"), 4 * adim, adim);
+        norms.push((
+            format!("{b}.audio_scale_shift_table"),
+            vec![cfg.adaln_coefficient(), adim],
+        ));
+        if cfg.cross_attention_adaln {
+            norms.push((format!("{b}.audio_prompt_scale_shift_table"), vec![2, adim]));
+        }
+        norms.push((format!("{b}.scale_shift_table_a2v_ca_video"), vec![5, dim]));
+        norms.push((format!("{b}.scale_shift_table_a2v_ca_audio"), vec![5, adim]));
+    }
+    linear("audio_proj_out".into(), adim, cfg.audio_out_channels);
+    if !cfg.audio_ff_bias {
+        out.retain(|(name, _)| !(name.contains(".audio_ff.net.") && name.ends_with(".bias")));
+    }
+    out.extend(norms);
+    out.push(("audio_scale_shift_table".into(), vec![2, adim]));
+    out
 }
 
 /// The transformer's tensors a text-to-video run reads, by ltx-core's names (no `model.diffusion_model.` prefix)

@@ -183,7 +183,16 @@ fn qwen_image_default_targets_are_every_block_linear_as_musubi_adapts_them() {
 fn ltx2_default_targets_are_the_official_trainers_attention_projections() {
     let s = |v: &[&str]| v.iter().map(|p| p.to_string()).collect::<Vec<_>>();
     let t = LoraTargets::for_family(LoraFamily::Ltx2, &[], &[]).unwrap();
-    for linear in ["attn1.to_q", "attn1.to_k", "attn2.to_v", "attn2.to_out.0"] {
+    for linear in [
+        "attn1.to_q",
+        "attn1.to_k",
+        "attn2.to_v",
+        "attn2.to_out.0",
+        "audio_attn1.to_q",
+        "audio_attn2.to_out.0",
+        "audio_to_video_attn.to_k",
+        "video_to_audio_attn.to_v",
+    ] {
         assert!(
             t.matches(&format!("transformer_blocks.47.{linear}")),
             "{linear}"
@@ -192,7 +201,10 @@ fn ltx2_default_targets_are_the_official_trainers_attention_projections() {
     for left_out in [
         "transformer_blocks.0.ff.net.0.proj",
         "transformer_blocks.0.ff.net.2",
+        "transformer_blocks.0.audio_ff.net.0.proj",
+        "transformer_blocks.0.audio_ff.net.2",
         "transformer_blocks.0.attn1.to_gate_logits",
+        "transformer_blocks.0.audio_to_video_attn.to_gate_logits",
         "patchify_proj",
         "adaln_single.linear",
     ] {

@@ -1,16 +1,18 @@
-//! Hand-written backward of an [`Ltx2Block`]'s video stream: a forward without an autograd graph that records
-//! its tape, and the backward written op by op (gated residuals, the modulated RMSNorms, the GELU-tanh
+//! Hand-written backward of an [`Ltx2Block`] (the video stream, and in a joint pass the audio stream and the two
+//! audio-video cross-attentions): a forward without an autograd graph that records its tape, and the backward
+//! written op by op (gated residuals, the modulated RMSNorms, the GELU-tanh
 //! feed-forward, each attention's output projection, LTX-2.3's head gates, the attention from its saved
 //! log-sum-exp with the text padding masked, RoPE, the q / k RMSNorms over the width, the q / k / v linears
-//! through the frozen base plus LoRA gradients). The numerics follow the tracked forward step by step, so the
-//! gradients equal candle's autograd through it. The AdaLN rows and the text context are constants here: the
-//! blocks' LoRAs are the only trainable tensors.
+//! through the frozen base plus LoRA gradients; the audio-video cross-attentions' keys and values pass their
+//! gradient on to the other stream). The numerics follow the tracked forward step by step, so the gradients
+//! equal candle's autograd through it. The AdaLN rows and the text contexts are constants here: the blocks'
+//! LoRAs are the only trainable tensors.
 
 use candle_core::{Result, Tensor};
 
 use super::{
-    ada_norm, gate_heads, gated, head_gates, head_sums, Attention, BlockInputs, Ltx2Block,
-    Modulation,
+    ada_norm, gate_heads, gated, head_gates, head_sums, unpack_joint, Attention, AudioInputs,
+    AvModulation, BlockInputs, Ltx2Block, Modulation, Ropes, StreamCall, StreamRef,
 };
 use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
@@ -31,8 +33,10 @@ fn missing(what: &str) -> candle_core::Error {
 struct AttnTape {
     /// The query input (and the keys' and values' for the self-attention).
     x: Tensor,
-    /// The keys' and values' input of a cross-attention (a constant: no gradient is taken for it).
+    /// The keys' and values' input of a cross-attention.
     context: Option<Tensor>,
+    /// Whether the context's gradient is wanted (the audio-video cross-attentions; not for the text).
+    context_grad: bool,
     qkv: [LinearTape; 3],
     /// q and k [b, l, dim] before their RMSNorms.
     raw_qk: [Tensor; 2],
@@ -47,9 +51,10 @@ struct AttnTape {
 /// What an attention's forward reads besides the module and its query input.
 struct AttnCall<'a> {
     context: Option<&'a Tensor>,
-    rope: Option<&'a RopeTable>,
+    rope: Option<Ropes<'a>>,
     lens: Option<&'a [usize]>,
     kept: Option<&'a KeptAttention>,
+    context_grad: bool,
 }
 
 fn three<T>(v: Vec<T>) -> Result<[T; 3]> {
@@ -78,7 +83,7 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
     let kh = attn.split(&rms_norm(&k, Some(&attn.k_norm), attn.eps)?)?;
     let vh = attn.split(&v)?;
     let (qh, kh) = match call.rope {
-        Some(rope) => (rope.apply(&qh)?, rope.apply(&kh)?),
+        Some((rq, rk)) => (rq.apply(&qh)?, rk.apply(&kh)?),
         None => (qh, kh),
     };
     let attention = match call.kept {
@@ -100,6 +105,7 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
     let tape = AttnTape {
         x,
         context: call.context.map(Tensor::detach),
+        context_grad: call.context_grad,
         qkv: [tq, tk, tv],
         raw_qk: [q, k],
         attention,
@@ -110,14 +116,15 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
     Ok((y, tape))
 }
 
-/// The gradient of the query input for the output gradient `dy`; the LoRA gradients go to `params`.
+/// The gradients of the query input and (where wanted) of the context for the output gradient `dy`; the LoRA
+/// gradients go to `params`.
 fn attn_backward(
     attn: &Attention,
     t: &AttnTape,
-    rope: Option<&RopeTable>,
+    rope: Option<Ropes>,
     dy: &Tensor,
     params: &mut Vec<ParamGrad>,
-) -> Result<Tensor> {
+) -> Result<(Tensor, Option<Tensor>)> {
     let (d_in, p) = attn.to_out.backward(&t.out_in, &t.out, dy, true)?;
     params.extend(p);
     let d_o = d_in
@@ -138,7 +145,7 @@ fn attn_backward(
     };
     let (dq, dk, dv) = t.attention.backward(&d_att)?;
     let (dq, dk) = match rope {
-        Some(rope) => (rope.backward(&dq)?, rope.backward(&dk)?),
+        Some((rq, rk)) => (rq.backward(&dq)?, rk.backward(&dk)?),
         None => (dq, dk),
     };
     let [q, k] = &t.raw_qk;
@@ -146,7 +153,7 @@ fn attn_backward(
     let dk = rms_norm_backward(k, Some(&attn.k_norm), &dk.flatten_from(2)?, attn.eps)?;
     let dv = dv.flatten_from(2)?;
     let [tq, tk, tv] = &t.qkv;
-    let dx = match &t.context {
+    let (dx, dcontext) = match &t.context {
         None => {
             let (dx, p) = Linear::backward_shared(
                 &[&attn.to_q, &attn.to_k, &attn.to_v],
@@ -156,54 +163,221 @@ fn attn_backward(
                 InputGrad::New,
             )?;
             params.extend(p);
-            dx
+            (dx, None)
         }
         Some(c) => {
             let (dx, p) = attn.to_q.backward(&t.x, tq, &dq, true)?;
             params.extend(p);
-            let (_, p) = Linear::backward_shared(
+            let wanted = if t.context_grad {
+                InputGrad::New
+            } else {
+                InputGrad::Skip
+            };
+            let (dc, p) = Linear::backward_shared(
                 &[&attn.to_k, &attn.to_v],
                 c,
                 &[tk, tv],
                 &[dk, dv],
-                InputGrad::Skip,
+                wanted,
             )?;
             params.extend(p);
-            dx
+            if t.context_grad && dc.is_none() {
+                return Err(missing("k, v"));
+            }
+            (dx, dc)
         }
     };
     let dx = dx.ok_or_else(|| missing("q, k, v"))?;
-    match dx_gate {
-        Some(g) => dx + g,
-        None => Ok(dx),
-    }
+    let dx = match dx_gate {
+        Some(g) => (dx + g)?,
+        None => dx,
+    };
+    Ok((dx, dcontext))
+}
+
+/// A stream's self-attention and text cross-attention: their input, the residual after the self-attention and
+/// after the cross-attention, and the attentions' tapes.
+struct AttnHalf {
+    x: [Tensor; 3],
+    attn1: AttnTape,
+    attn2: AttnTape,
+}
+
+/// A stream's feed-forward: its residual input, the modulated input, its first linear's output (before the GELU),
+/// the GELU's output, and the linears' tapes (`net.2`'s is empty after a recompute, which stops before `net.2`:
+/// its output is not needed; the backward recomputes its LoRA activation).
+struct FfHalf {
+    x: Tensor,
+    ff: [Tensor; 3],
+    tapes: [LinearTape; 2],
+}
+
+/// One stream's tape.
+struct StreamTape {
+    m: Modulation,
+    rope: RopeTable,
+    attn: AttnHalf,
+    ff: FfHalf,
+}
+
+/// A joint pass's audio stream and audio-video cross-attentions.
+struct JointTape {
+    audio: StreamTape,
+    av: AvModulation,
+    a2v: AttnTape,
+    v2a: AttnTape,
+    /// The cross-attentions' RoPE tables of the video and the audio tokens.
+    cross_ropes: [RopeTable; 2],
 }
 
 /// Everything [`Ltx2Block::backward`] needs.
 pub struct Ltx2Tape {
-    m: Modulation,
-    rope: RopeTable,
-    /// The block input and the residual after each attention.
-    x: [Tensor; 3],
-    attn1: AttnTape,
-    attn2: AttnTape,
-    /// The feed-forward's input, its first linear's output (before the GELU), the GELU's output.
-    ff: [Tensor; 3],
-    /// The feed-forward linears' tapes; `net.2`'s is empty after a recompute, which stops before `net.2` (its
-    /// output is not needed; the backward recomputes its LoRA activation).
-    ff_tapes: [LinearTape; 2],
+    video: StreamTape,
+    joint: Option<JointTape>,
 }
 
 impl Ltx2Tape {
-    /// The self-attention's output and LSE, to keep for a recompute.
+    /// The video self-attention's output and LSE, to keep for a recompute.
     pub fn kept(&self) -> KeptAttention {
-        self.attn1.attention.kept()
+        self.video.attn.attn1.attention.kept()
     }
 }
 
 /// The input gradient of `rms_norm(x) · (1 + scale) + shift`.
 fn ada_norm_backward(xs: &Tensor, scale: &Tensor, dy: &Tensor, eps: f64) -> Result<Tensor> {
     rms_norm_backward(xs, None, &modulate_backward(dy, scale, xs.dtype())?, eps)
+}
+
+/// A stream's self-attention and text cross-attention on `x0` without a graph, with their tape.
+fn attn_half(
+    s: StreamRef,
+    x0: &Tensor,
+    m: &Modulation,
+    call: StreamCall,
+    (kept, eps): (Option<&KeptAttention>, f64),
+) -> Result<AttnHalf> {
+    let x0 = x0.detach();
+    let h = ada_norm(&x0, &m.rows[1], &m.rows[0], eps)?;
+    let self_call = AttnCall {
+        context: None,
+        rope: Some((call.rope, call.rope)),
+        lens: None,
+        kept,
+        context_grad: false,
+    };
+    let (y, attn1) = attn_forward(s.attn1, &h, self_call)?;
+    let x1 = gated(&x0, &y, &m.rows[2])?;
+    let normed = rms_norm(&x1, None, eps)?;
+    let (x2, attn2) = match &m.context {
+        Some([shift_kv, scale_kv]) => {
+            let q_in = modulate_to(&normed, &m.rows[7], &m.rows[6], normed.dtype())?;
+            let ctx = modulate_to(&call.context.detach(), scale_kv, shift_kv, normed.dtype())?;
+            let (y, tape) = attn_forward(s.attn2, &q_in, text_call(&ctx, call.lens))?;
+            (gated(&x1, &y, &m.rows[8])?, tape)
+        }
+        None => {
+            let ctx = call.context.detach();
+            let (y, tape) = attn_forward(s.attn2, &normed, text_call(&ctx, call.lens))?;
+            ((&x1 + y)?, tape)
+        }
+    };
+    Ok(AttnHalf {
+        x: [x0, x1, x2],
+        attn1,
+        attn2,
+    })
+}
+
+/// A stream's feed-forward on `x` without a graph: its output (with `with_out`) and its tape.
+fn ff_half(
+    s: StreamRef,
+    x: &Tensor,
+    m: &Modulation,
+    with_out: bool,
+    eps: f64,
+) -> Result<(Option<Tensor>, FfHalf)> {
+    let h3 = ada_norm(x, &m.rows[4], &m.rows[3], eps)?;
+    let (f1, t1) = s.ff.proj_in.forward_untracked(&h3)?;
+    let a = gelu_tanh(&f1)?;
+    let (out, t2) = if with_out {
+        let (y3, t2) = s.ff.proj_out.forward_untracked(&a)?;
+        (Some(gated(x, &y3, &m.rows[5])?), t2)
+    } else {
+        (None, LinearTape::default())
+    };
+    let tape = FfHalf {
+        x: x.clone(),
+        ff: [h3, f1, a],
+        tapes: [t1, t2],
+    };
+    Ok((out, tape))
+}
+
+/// The gradient of the feed-forward's residual input for the output gradient `grad`.
+fn ff_backward(
+    s: StreamRef,
+    t: &FfHalf,
+    m: &Modulation,
+    grad: &Tensor,
+    (eps, params): (f64, &mut Vec<ParamGrad>),
+) -> Result<Tensor> {
+    let [h3, f1, a] = &t.ff;
+    let [t1, t2] = &t.tapes;
+    let dy3 = gate_backward(grad, &m.rows[5], f1.dtype())?;
+    let (da, p) = s.ff.proj_out.backward(a, t2, &dy3, true)?;
+    params.extend(p);
+    let df1 = gelu_tanh_backward(f1, &da.ok_or_else(|| missing("net.2"))?)?;
+    let (dh3, p) = s.ff.proj_in.backward(h3, t1, &df1, true)?;
+    params.extend(p);
+    let dh3 = dh3.ok_or_else(|| missing("net.0.proj"))?;
+    grad + ada_norm_backward(&t.x, &m.rows[4], &dh3, eps)?
+}
+
+/// The gradient of a stream's input for the gradient `dx2` of its residual after the text cross-attention.
+fn attn_half_backward(
+    s: StreamRef,
+    t: &AttnHalf,
+    (m, rope): (&Modulation, &RopeTable),
+    dx2: &Tensor,
+    (eps, params): (f64, &mut Vec<ParamGrad>),
+) -> Result<Tensor> {
+    let [x0, x1, _] = &t.x;
+    // Text cross-attention.
+    let dnormed = match &m.context {
+        Some(_) => {
+            let dy2 = gate_backward(dx2, &m.rows[8], x1.dtype())?;
+            let (dq_in, _) = attn_backward(s.attn2, &t.attn2, None, &dy2, params)?;
+            modulate_backward(&dq_in, &m.rows[7], x1.dtype())?
+        }
+        None => attn_backward(s.attn2, &t.attn2, None, dx2, params)?.0,
+    };
+    let dx1 = (dx2 + rms_norm_backward(x1, None, &dnormed, eps)?)?;
+    // Self-attention.
+    let dy1 = gate_backward(&dx1, &m.rows[2], x0.dtype())?;
+    let (dh, _) = attn_backward(s.attn1, &t.attn1, Some((rope, rope)), &dy1, params)?;
+    &dx1 + ada_norm_backward(x0, &m.rows[1], &dh, eps)?
+}
+
+/// The text cross-attention's call over `context` (a constant) with `lens` valid tokens.
+fn text_call<'a>(context: &'a Tensor, lens: Option<&'a [usize]>) -> AttnCall<'a> {
+    AttnCall {
+        context: Some(context),
+        rope: None,
+        lens,
+        kept: None,
+        context_grad: false,
+    }
+}
+
+/// The cross-attention call of queries over the other stream's `context`, its gradient wanted.
+fn av_call<'a>(context: &'a Tensor, rope: Ropes<'a>) -> AttnCall<'a> {
+    AttnCall {
+        context: Some(context),
+        rope: Some(rope),
+        lens: None,
+        kept: None,
+        context_grad: true,
+    }
 }
 
 impl Ltx2Block {
@@ -220,7 +394,7 @@ impl Ltx2Block {
     }
 
     /// The tape of the block on `xs` for [`Self::backward`], stopping before `ff.net.2` (the block's output is
-    /// not needed); `kept`: the self-attention of an earlier pass on the same input (not run again).
+    /// not needed); `kept`: the video self-attention of an earlier pass on the same input (not run again).
     pub fn recompute(
         &self,
         xs: &Tensor,
@@ -237,103 +411,147 @@ impl Ltx2Block {
         kept: Option<&KeptAttention>,
         with_out: bool,
     ) -> Result<(Option<Tensor>, Ltx2Tape)> {
-        let x0 = xs.detach();
-        let m = self.modulation(inputs)?;
         let eps = self.eps;
-        let h = ada_norm(&x0, &m.rows[1], &m.rows[0], eps)?;
-        let call = AttnCall {
-            context: None,
-            rope: Some(&inputs.rope),
-            lens: None,
-            kept,
+        let m = self.modulation(inputs)?;
+        let video_call = StreamCall {
+            rope: &inputs.rope,
+            context: &inputs.context,
+            lens: inputs.context_lens.as_deref(),
         };
-        let (y, attn1) = attn_forward(&self.attn1, &h, call)?;
-        let x1 = gated(&x0, &y, &m.rows[2])?;
-        let normed = rms_norm(&x1, None, eps)?;
-        let lens = inputs.context_lens.as_deref();
-        let (x2, attn2) = match &m.context {
-            Some([shift_kv, scale_kv]) => {
-                let q_in = modulate_to(&normed, &m.rows[7], &m.rows[6], normed.dtype())?;
-                let ctx =
-                    modulate_to(&inputs.context.detach(), scale_kv, shift_kv, normed.dtype())?;
-                let call = AttnCall {
-                    context: Some(&ctx),
-                    rope: None,
-                    lens,
-                    kept: None,
-                };
-                let (y, tape) = attn_forward(&self.attn2, &q_in, call)?;
-                (gated(&x1, &y, &m.rows[8])?, tape)
-            }
-            None => {
-                let ctx = inputs.context.detach();
-                let call = AttnCall {
-                    context: Some(&ctx),
-                    rope: None,
-                    lens,
-                    kept: None,
-                };
-                let (y, tape) = attn_forward(&self.attn2, &normed, call)?;
-                ((&x1 + y)?, tape)
-            }
+        let Some((stream, ai)) = self.joint(inputs)? else {
+            let attn = attn_half(self.video(), xs, &m, video_call, (kept, eps))?;
+            let (out, ff) = ff_half(self.video(), &attn.x[2], &m, with_out, eps)?;
+            let video = StreamTape {
+                m,
+                rope: inputs.rope.detach(),
+                attn,
+                ff,
+            };
+            return Ok((out, Ltx2Tape { video, joint: None }));
         };
-        let h3 = ada_norm(&x2, &m.rows[4], &m.rows[3], eps)?;
-        let (f1, t1) = self.ff.proj_in.forward_untracked(&h3)?;
-        let a = gelu_tanh(&f1)?;
-        let (out, t2) = if with_out {
-            let (y3, t2) = self.ff.proj_out.forward_untracked(&a)?;
-            (Some(gated(&x2, &y3, &m.rows[5])?), t2)
-        } else {
-            (None, LinearTape::default())
+        let (ma, av) = self.audio_modulation(stream, inputs, ai)?;
+        let (vx, ax) = ai.unpack(&xs.detach())?;
+        let audio_call = StreamCall {
+            rope: &ai.rope,
+            context: &ai.context,
+            lens: inputs.context_lens.as_deref(),
+        };
+        let vattn = attn_half(self.video(), &vx, &m, video_call, (kept, eps))?;
+        let aattn = attn_half(stream.stream(), &ax, &ma, audio_call, (None, eps))?;
+        let (v2, a2) = (&vattn.x[2], &aattn.x[2]);
+        let (mv, mav) = (&av.video, &av.audio);
+        let (vrope, arope) = (ai.video_cross_rope.detach(), ai.audio_cross_rope.detach());
+        let vq = ada_norm(v2, &mv[0], &mv[1], eps)?;
+        let ak = ada_norm(a2, &mav[0], &mav[1], eps)?;
+        let (y, a2v) = attn_forward(&stream.audio_to_video, &vq, av_call(&ak, (&vrope, &arope)))?;
+        let aq = ada_norm(a2, &mav[2], &mav[3], eps)?;
+        let vk = ada_norm(v2, &mv[2], &mv[3], eps)?;
+        let (ya, v2a) = attn_forward(&stream.video_to_audio, &aq, av_call(&vk, (&arope, &vrope)))?;
+        let v3 = gated(v2, &y, &mv[4])?;
+        let a3 = gated(a2, &ya, &mav[4])?;
+        let (vout, vff) = ff_half(self.video(), &v3, &m, with_out, eps)?;
+        let (aout, aff) = ff_half(stream.stream(), &a3, &ma, with_out, eps)?;
+        let out = match (vout, aout) {
+            (Some(v), Some(a)) => Some(AudioInputs::pack(&v, &a)?),
+            _ => None,
         };
         let tape = Ltx2Tape {
-            m,
-            rope: inputs.rope.detach(),
-            x: [x0, x1, x2],
-            attn1,
-            attn2,
-            ff: [h3, f1, a],
-            ff_tapes: [t1, t2],
+            video: StreamTape {
+                m,
+                rope: inputs.rope.detach(),
+                attn: vattn,
+                ff: vff,
+            },
+            joint: Some(JointTape {
+                audio: StreamTape {
+                    m: ma,
+                    rope: ai.rope.detach(),
+                    attn: aattn,
+                    ff: aff,
+                },
+                av,
+                a2v,
+                v2a,
+                cross_ropes: [vrope, arope],
+            }),
         };
         Ok((out, tape))
     }
 
-    /// The block's backward for the output gradient `grad` [b, tokens, dim].
+    /// The block's backward for the output gradient `grad` (shaped as the block's input).
     pub fn backward(&self, tape: Ltx2Tape, grad: &Tensor) -> Result<BlockGrads> {
-        let (m, eps) = (&tape.m, self.eps);
-        let [x0, x1, x2] = &tape.x;
+        let eps = self.eps;
         let mut params = Vec::new();
-        // Feed-forward.
-        let [h3, f1, a] = &tape.ff;
-        let [t1, t2] = &tape.ff_tapes;
-        let dy3 = gate_backward(grad, &m.rows[5], f1.dtype())?;
-        let (da, p) = self.ff.proj_out.backward(a, t2, &dy3, true)?;
-        params.extend(p);
-        let df1 = gelu_tanh_backward(f1, &da.ok_or_else(|| missing("net.2"))?)?;
-        let (dh3, p) = self.ff.proj_in.backward(h3, t1, &df1, true)?;
-        params.extend(p);
-        let dh3 = dh3.ok_or_else(|| missing("net.0.proj"))?;
-        let dx2 = (grad + ada_norm_backward(x2, &m.rows[4], &dh3, eps)?)?;
-        // Text cross-attention.
-        let dnormed = match &m.context {
-            Some(_) => {
-                let dy2 = gate_backward(&dx2, &m.rows[8], x1.dtype())?;
-                let dq_in = attn_backward(&self.attn2, &tape.attn2, None, &dy2, &mut params)?;
-                modulate_backward(&dq_in, &m.rows[7], x1.dtype())?
-            }
-            None => attn_backward(&self.attn2, &tape.attn2, None, &dx2, &mut params)?,
+        let v = &tape.video;
+        let Some(joint) = &tape.joint else {
+            let dx2 = ff_backward(self.video(), &v.ff, &v.m, grad, (eps, &mut params))?;
+            let input = attn_half_backward(
+                self.video(),
+                &v.attn,
+                (&v.m, &v.rope),
+                &dx2,
+                (eps, &mut params),
+            )?;
+            return Ok(BlockGrads { input, params });
         };
-        let dx1 = (&dx2 + rms_norm_backward(x1, None, &dnormed, eps)?)?;
-        // Self-attention.
-        let dy1 = gate_backward(&dx1, &m.rows[2], x0.dtype())?;
-        let dh = attn_backward(
-            &self.attn1,
-            &tape.attn1,
-            Some(&tape.rope),
-            &dy1,
+        let Some(stream) = &self.audio else {
+            candle_core::bail!(
+                "LTX-2 block backward: a joint tape for a block without its audio stream"
+            );
+        };
+        let a = &joint.audio;
+        let shapes = |t: &Tensor| -> Result<(usize, usize)> { Ok((t.dim(1)?, t.dim(2)?)) };
+        let (gv, ga) = unpack_joint(grad, shapes(&v.attn.x[0])?, shapes(&a.attn.x[0])?)?;
+        let dv3 = ff_backward(self.video(), &v.ff, &v.m, &gv, (eps, &mut params))?;
+        let da3 = ff_backward(stream.stream(), &a.ff, &a.m, &ga, (eps, &mut params))?;
+        // The audio-video cross-attentions.
+        let (mv, ma) = (&joint.av.video, &joint.av.audio);
+        let [vrope, arope] = &joint.cross_ropes;
+        let (v2, a2) = (&v.attn.x[2], &a.attn.x[2]);
+        let dy = gate_backward(&dv3, &mv[4], v2.dtype())?;
+        let (dvq, dak) = attn_backward(
+            &stream.audio_to_video,
+            &joint.a2v,
+            Some((vrope, arope)),
+            &dy,
             &mut params,
         )?;
-        let input = (&dx1 + ada_norm_backward(x0, &m.rows[1], &dh, eps)?)?;
-        Ok(BlockGrads { input, params })
+        let dy = gate_backward(&da3, &ma[4], a2.dtype())?;
+        let (daq, dvk) = attn_backward(
+            &stream.video_to_audio,
+            &joint.v2a,
+            Some((arope, vrope)),
+            &dy,
+            &mut params,
+        )?;
+        let (dak, dvk) = (
+            dak.ok_or_else(|| missing("audio_to_video_attn k, v"))?,
+            dvk.ok_or_else(|| missing("video_to_audio_attn k, v"))?,
+        );
+        // Both sides of each stream read its residual through one RMSNorm: the modulations' gradients add.
+        let dv_mod = (modulate_backward(&dvq, &mv[0], v2.dtype())?
+            + modulate_backward(&dvk, &mv[2], v2.dtype())?)?;
+        let da_mod = (modulate_backward(&dak, &ma[0], a2.dtype())?
+            + modulate_backward(&daq, &ma[2], a2.dtype())?)?;
+        let dv2 = (&dv3 + rms_norm_backward(v2, None, &dv_mod, eps)?)?;
+        let da2 = (&da3 + rms_norm_backward(a2, None, &da_mod, eps)?)?;
+        let dv0 = attn_half_backward(
+            self.video(),
+            &v.attn,
+            (&v.m, &v.rope),
+            &dv2,
+            (eps, &mut params),
+        )?;
+        let da0 = attn_half_backward(
+            stream.stream(),
+            &a.attn,
+            (&a.m, &a.rope),
+            &da2,
+            (eps, &mut params),
+        )?;
+        Ok(BlockGrads {
+            input: AudioInputs::pack(&dv0, &da0)?,
+            params,
+        })
     }
 }

@@ -228,3 +228,31 @@ fn gemma3_12b_is_named_by_its_token_embedding() -> anyhow::Result<()> {
     ));
     Ok(())
 }
+
+#[test]
+fn both_streams_shapes_are_every_tensor_of_the_audio_video_model() -> anyhow::Result<()> {
+    // ltx-core's `LTXModel` of the joint fixtures holds exactly the video and audio streams' tensors.
+    for name in ["ltx2_av", "ltx23_av"] {
+        let case = testkit::load(name)?;
+        let cfg = testkit::config(&case)?;
+        let prefix = if case.config["call"]["layout"] == "single_file" {
+            "model.diffusion_model."
+        } else {
+            ""
+        };
+        let mut ours: Vec<(String, Vec<usize>)> = super::video_stream_shapes(&cfg)
+            .into_iter()
+            .chain(super::audio_stream_shapes(&cfg))
+            .map(|(k, s)| (format!("{prefix}{k}"), s))
+            .collect();
+        ours.sort();
+        let mut theirs: Vec<(String, Vec<usize>)> = case
+            .weights
+            .iter()
+            .map(|(k, t)| (k.clone(), t.dims().to_vec()))
+            .collect();
+        theirs.sort();
+        assert_eq!(ours, theirs, "{name}");
+    }
+    Ok(())
+}
