@@ -1,16 +1,23 @@
-//! Parity for fixture kind `ltx2_transformer` (the LTX-2 / LTX-2.3 transformer's video stream against ltx-core's
-//! `LTXModel` called without audio, `bench/reference/ltx2.py`): the AdaLN rows, the first block's output, the
-//! velocity, and the gradients of the latents, the text and every block linear weight the fixture lists; weights
-//! in the fixture's layout (ltx-core's names, bare or as the single file stores them).
+//! Parity for fixture kind `ltx2_transformer` (the LTX-2 / LTX-2.3 transformer against ltx-core's `LTXModel`):
+//! called without audio (`bench/reference/ltx2.py`), the video stream's AdaLN rows, first block output, velocity,
+//! and the gradients of the latents, the text and every block linear weight the fixture lists; called with audio
+//! (`bench/reference/ltx2_av.py`, the fixture's `call` has `audio_frames`), both streams' of each, both
+//! first-block outputs and velocities, and the gradients of both latents and both texts. Weights in the
+//! fixture's layout (ltx-core's names, bare or as the single file stores them).
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::{attach_identity_loras, compare, grad_rows, Fixture, ParityRow, OUTPUT_REL_TOL};
-use framesmith_models::ltx2::{Ltx2Config, Ltx2Inputs, Ltx2Transformer};
+use framesmith_models::ltx2::{Ltx2AudioInputs, Ltx2Config, Ltx2Inputs, Ltx2Transformer};
 use framesmith_nn::vb::Vb;
 
-/// The model of the fixture, in f32 on the CPU.
+/// Whether the fixture runs both streams.
+fn is_joint(fixture: &Fixture) -> bool {
+    fixture.config["call"].get("audio_frames").is_some()
+}
+
+/// The model of the fixture, in f32 on the CPU (with its audio stream for a joint fixture).
 fn model(fixture: &Fixture) -> anyhow::Result<Ltx2Transformer> {
     let cfg = Ltx2Config::from_transformer_json(&fixture.config["init"])
         .context("config.json `init` is not an LTX-2 transformer config")?;
@@ -20,7 +27,11 @@ fn model(fixture: &Fixture) -> anyhow::Result<Ltx2Transformer> {
     } else {
         vb
     };
-    Ok(Ltx2Transformer::load(&vb, &cfg)?)
+    Ok(if is_joint(fixture) {
+        Ltx2Transformer::load_av(&vb, &cfg)?
+    } else {
+        Ltx2Transformer::load(&vb, &cfg)?
+    })
 }
 
 /// Valid text tokens per sample of a 0 / 1 mask [b, len] whose ones come first.
@@ -42,52 +53,114 @@ fn lens(mask: &Tensor) -> anyhow::Result<Vec<usize>> {
 pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
     let mut model = model(fixture)?;
     let weight_grads = attach_identity_loras(model.linears_mut(), fixture)?;
-    let latent = Var::from_tensor(fixture.input("latent")?)?;
-    let context = Var::from_tensor(fixture.input("context")?)?;
+    let var = |name: &str| -> anyhow::Result<Var> { Ok(Var::from_tensor(fixture.input(name)?)?) };
+    let (latent, context) = (var("latent")?, var("context")?);
+    let joint = is_joint(fixture);
+    let audio_vars = if joint {
+        Some((var("audio_latent")?, var("audio_context")?))
+    } else {
+        None
+    };
+    let audio = match &audio_vars {
+        Some((l, c)) => Some(Ltx2AudioInputs {
+            latents: l.as_tensor().clone(),
+            positions: fixture.input("audio_positions")?.clone(),
+            context: c.as_tensor().clone(),
+        }),
+        None => None,
+    };
     let inputs = Ltx2Inputs {
         latents: latent.as_tensor().clone(),
         sigmas: fixture.input("sigma")?.to_vec1::<f32>()?,
         positions: fixture.input("positions")?.clone(),
         context: context.as_tensor().clone(),
         context_lens: Some(lens(fixture.input("context_mask")?)?),
+        audio,
     };
     let mut rows = Vec::new();
     let prepared = model.prepare(&inputs)?;
-    let first_token = fixture.expected("timestep")?.narrow(1, 0, 1)?;
+    let first_token =
+        |key: &str| -> anyhow::Result<Tensor> { Ok(fixture.expected(key)?.narrow(1, 0, 1)?) };
     rows.push(compare(
         "timestep",
         &prepared.blocks.timestep,
-        &first_token,
+        &first_token("timestep")?,
         OUTPUT_REL_TOL,
     )?);
+    if let Some(ai) = &prepared.blocks.audio {
+        for (key, got) in [
+            ("audio.timestep", &ai.timestep),
+            ("cross_scale_shift_timestep", &ai.video_cross),
+            ("audio.cross_scale_shift_timestep", &ai.audio_cross),
+        ] {
+            rows.push(compare(key, got, &first_token(key)?, OUTPUT_REL_TOL)?);
+        }
+        for (key, got) in [
+            ("cross_gate_timestep", &ai.video_gate),
+            ("audio.cross_gate_timestep", &ai.audio_gate),
+        ] {
+            rows.push(compare(key, got, fixture.expected(key)?, OUTPUT_REL_TOL)?);
+        }
+    }
     let mut xs = prepared.xs.clone();
     for (i, block) in model.transformer_blocks.iter().enumerate() {
         xs = block.forward(&xs, &prepared.blocks)?;
-        if i == 0 {
-            rows.push(compare(
+        if i != 0 {
+            continue;
+        }
+        match &prepared.blocks.audio {
+            Some(ai) => {
+                let (v, a) = ai.unpack(&xs)?;
+                rows.push(compare(
+                    "block0.out",
+                    &v,
+                    fixture.expected("block0.out")?,
+                    OUTPUT_REL_TOL,
+                )?);
+                let want = fixture.expected("audio.block0.out")?;
+                rows.push(compare("audio.block0.out", &a, want, OUTPUT_REL_TOL)?);
+            }
+            None => rows.push(compare(
                 "block0.out",
                 &xs,
                 fixture.expected("block0.out")?,
                 OUTPUT_REL_TOL,
-            )?);
+            )?),
         }
     }
-    let out = model.finish(&xs, &prepared)?;
+    let (out, audio_out) = model.finish_streams(&xs, &prepared)?;
     rows.push(compare(
         "out",
         &out,
         fixture.expected("out")?,
         OUTPUT_REL_TOL,
     )?);
-    let grads = (&out * fixture.input("probe")?)?.sum_all()?.backward()?;
-    let all = [("grad.latent", &latent), ("grad.context", &context)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), v))
-        .chain(
-            weight_grads
-                .iter()
-                .map(|(path, v)| (format!("grad.{path}.weight"), v)),
-        );
+    let mut loss = (&out * fixture.input("probe")?)?.sum_all()?;
+    if let Some(a) = &audio_out {
+        rows.push(compare(
+            "audio.out",
+            a,
+            fixture.expected("audio.out")?,
+            OUTPUT_REL_TOL,
+        )?);
+        loss = (loss + (a * fixture.input("audio_probe")?)?.sum_all()?)?;
+    }
+    let grads = loss.backward()?;
+    let mut all: Vec<(String, &Var)> = vec![
+        ("grad.latent".into(), &latent),
+        ("grad.context".into(), &context),
+    ];
+    if let Some((l, c)) = &audio_vars {
+        all.extend([
+            ("grad.audio_latent".to_string(), l),
+            ("grad.audio_context".to_string(), c),
+        ]);
+    }
+    all.extend(
+        weight_grads
+            .iter()
+            .map(|(path, v)| (format!("grad.{path}.weight"), v)),
+    );
     rows.extend(grad_rows(fixture, &grads, all)?);
     Ok(rows)
 }
@@ -98,11 +171,23 @@ mod tests {
 
     #[test]
     fn both_releases_pass_and_a_perturbed_output_fails() -> anyhow::Result<()> {
-        // timestep, block0.out, out, two input gradients and 10 (LTX-2) or 12 (LTX-2.3) weight gradients.
+        // timestep, block0.out, out, two input gradients and 10 (LTX-2) or 12 (LTX-2.3) weight gradients; joint:
+        // 6 AdaLN rows, 2 block outputs, 2 velocities, 4 input gradients and 28 (LTX-2) or 34 (LTX-2.3) weight
+        // gradients (both streams' linears and both audio-video cross-attentions').
         assert_cases_pass_and_a_perturbed_row_fails(
             "ltx2",
-            &[("ltx2_t2v", 15), ("ltx23_t2v", 17)],
+            &[
+                ("ltx2_t2v", 15),
+                ("ltx23_t2v", 17),
+                ("ltx2_av", 42),
+                ("ltx23_av", 48),
+            ],
             ("ltx23_t2v", "out"),
         )
+    }
+
+    #[test]
+    fn a_perturbed_audio_velocity_fails() -> anyhow::Result<()> {
+        assert_cases_pass_and_a_perturbed_row_fails("ltx2", &[], ("ltx2_av", "audio.out"))
     }
 }

@@ -28,15 +28,20 @@ pub struct TrainItem {
     /// An edit model's control latents [C, 1, h, w] (its source images), in order; empty for other models.
     pub control: Vec<Tensor>,
     /// A second text encoder's hidden states of the caption [L2, dim2], kept apart from `context` (e.g. a glyph
-    /// encoder's states of the caption's quoted text); `None` when the family has none or it is empty.
+    /// encoder's states of the caption's quoted text, or the text states a second stream reads); `None` when the
+    /// family has none or it is empty.
     pub second_text: Option<Tensor>,
+    /// A second stream's latents trained jointly with `latents` (audio latents [C, T, mel] beside a clip's);
+    /// `None` when the family has none or the cache holds none.
+    pub audio: Option<Tensor>,
 }
 
 impl TrainItem {
-    /// What items of one batch share: the latents' shape and each control latent's.
+    /// What items of one batch share: the latents' shape, each control latent's and the second stream's.
     fn bucket_key(&self) -> Vec<Vec<usize>> {
         std::iter::once(self.latents.dims().to_vec())
             .chain(self.control.iter().map(|c| c.dims().to_vec()))
+            .chain(self.audio.iter().map(|a| a.dims().to_vec()))
             .collect()
     }
 }
@@ -160,6 +165,7 @@ mod tests {
             clip: None,
             control: Vec::new(),
             second_text: None,
+            audio: None,
         })
     }
 

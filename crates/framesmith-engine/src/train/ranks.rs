@@ -135,6 +135,7 @@ mod tests {
             clip: None,
             control: Vec::new(),
             second_text: None,
+            audio: None,
         }
     }
 

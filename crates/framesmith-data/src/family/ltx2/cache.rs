@@ -4,8 +4,12 @@
 //! for a clip (`{stem}_{W:04}x{H:04}_ltx2` for an image) with `latents_{F}x{H}x{W}_{dtype}` — the video VAE's
 //! normalised latents `[128, F, H, W]`, as the transformer takes them. Text: `{stem}_ltx2_te.safetensors` with
 //! `video_prompt_embeds_{dtype}` — the text connector's output `[L, D]`, what the video cross-attention reads — and
-//! `prompt_attention_mask` `[L]` (its other tensors, the audio stream's and the pre-connector features, are not
-//! read). Both carry the metadata architecture `ltx2_v1`.
+//! `prompt_attention_mask` `[L]`, and for joint audio-video training `audio_prompt_embeds_{dtype}` (the audio
+//! connector's output, what the audio cross-attention reads; the pre-connector features are not read). Audio
+//! (`--ltx2_mode av`): `{latent file's name with _ltx2_audio}.safetensors` beside each latent cache, with
+//! `audio_latents_{T}x{mel}x{C}_{dtype}` — the audio VAE's latents `[C, T, mel]` (8 channels × 16 mel bins per
+//! latent frame) — and `audio_lengths_int32` (the frames that hold audio; the rest pads to the clip's length).
+//! All carry the metadata architecture `ltx2_v1`.
 //!
 //! The official trainer's `.precomputed/conditions/*.pt` hold the features *before* the connector (it runs the
 //! connector in every step); these caches hold its output, as `framesmith cache text` writes them too.
@@ -40,6 +44,13 @@ const LTX2_CACHES: ImageCacheArch = ImageCacheArch {
 
 /// The text cache's tensors.
 const VIDEO_EMBEDS: &str = "video_prompt_embeds";
+const AUDIO_EMBEDS: &str = "audio_prompt_embeds";
+/// The audio cache's tensors.
+const AUDIO_LATENTS: &str = "audio_latents";
+const AUDIO_LENGTHS: &str = "audio_lengths";
+/// The end of a latent cache's name and of its audio cache's.
+const LATENT_END: &str = "_ltx2.safetensors";
+const AUDIO_END: &str = "_ltx2_audio.safetensors";
 const MASK: &str = "prompt_attention_mask";
 
 /// Latent cache file name of an item: a clip of a video (`window`) or an image (`None`); `original_size` is the
@@ -91,11 +102,88 @@ pub fn read_ltx2_latent_cache(path: &Path, device: &Device) -> Result<Tensor, Ca
     checked_clip_latents(path, latents)
 }
 
+/// The audio latent cache beside the latent cache `latent_file` (`…_ltx2.safetensors` → `…_ltx2_audio.safetensors`,
+/// as musubi-tuner's LTX-2 branch names it); `None` for a name that is not a latent cache's.
+pub fn ltx2_audio_cache_name(latent_file: &str) -> Option<String> {
+    latent_file
+        .strip_suffix(LATENT_END)
+        .map(|stem| format!("{stem}{AUDIO_END}"))
+}
+
+/// One clip's audio latents.
+#[derive(Clone, Debug)]
+pub struct Ltx2AudioCache {
+    /// The audio VAE's latents `[C, T, mel]`.
+    pub latents: Tensor,
+    /// The latent frames that hold audio (`audio_lengths`); `None` when the cache holds none (all do).
+    pub length: Option<usize>,
+}
+
+/// Writes a clip's audio latent cache as musubi-tuner's LTX-2 branch does.
+pub fn write_ltx2_audio_cache(path: &Path, cache: &Ltx2AudioCache) -> Result<(), CacheError> {
+    let latents = &cache.latents;
+    let (c, t, mel) = latents
+        .dims3()
+        .map_err(|e| format_error(path, format!("audio latents: {e}")))?;
+    let dtype = torch_dtype_name(latents.dtype());
+    let length = cache.length.unwrap_or(t) as i32;
+    let lengths =
+        Tensor::new(length, &Device::Cpu).map_err(|e| format_error(path, e.to_string()))?;
+    let raw = vec![
+        (
+            format!("{AUDIO_LATENTS}_{t}x{mel}x{c}_{dtype}"),
+            RawTensor::from_tensor(latents, path)?.0,
+        ),
+        (
+            format!("{AUDIO_LENGTHS}_int32"),
+            RawTensor::from_tensor(&lengths, path)?.0,
+        ),
+    ];
+    let metadata = LTX2_CACHES.metadata([("format_version", "1.0.1".to_string())]);
+    write_tensor_file(path, &raw, metadata)
+}
+
+/// Reads an audio latent cache.
+pub fn read_ltx2_audio_cache(path: &Path, device: &Device) -> Result<Ltx2AudioCache, CacheError> {
+    let file = read_tensor_file(path, device)?;
+    LTX2_CACHES.check_architecture(path, &file.metadata)?;
+    let find = |prefix: &str| {
+        file.tensors
+            .iter()
+            .find(|(k, _)| k.starts_with(&format!("{prefix}_")))
+            .map(|(_, t)| t.clone())
+    };
+    let latents = find(AUDIO_LATENTS)
+        .ok_or_else(|| format_error(path, "no audio_latents_{T}x{mel}x{C}_{dtype} tensor"))?;
+    if latents.rank() != 3 || latents.elem_count() == 0 {
+        return Err(format_error(
+            path,
+            format!(
+                "audio latents of shape {:?}, expected [C, T, mel]",
+                latents.dims()
+            ),
+        ));
+    }
+    let length = match find(AUDIO_LENGTHS) {
+        Some(t) => {
+            let n = t
+                .to_dtype(DType::I64)
+                .and_then(|t| t.flatten_all()?.to_vec1::<i64>())
+                .map_err(|e| format_error(path, format!("audio_lengths: {e}")))?;
+            n.first().map(|&n| n.max(0) as usize)
+        }
+        None => None,
+    };
+    Ok(Ltx2AudioCache { latents, length })
+}
+
 /// One item's text-encoder output for LTX-2's video stream.
 #[derive(Clone, Debug)]
 pub struct Ltx2TextCache {
     /// The text connector's output `[L, D]`.
     pub video_prompt_embeds: Tensor,
+    /// The audio connector's output `[L, D_audio]` (caches made for joint audio-video training).
+    pub audio_prompt_embeds: Option<Tensor>,
     /// Gemma's attention mask of the caption `[L]` (1: a token; the connector gave padding its learnable
     /// registers); `None` when the cache holds none.
     pub prompt_attention_mask: Option<Tensor>,
@@ -109,7 +197,7 @@ pub struct Ltx2TextCache {
 /// The metadata entry naming what encoded a text cache.
 pub const TEXT_ENCODING_METADATA: &str = "framesmith.text_encoding";
 
-/// Writes an LTX-2 text-encoder cache as musubi-tuner's LTX-2 branch does (video-only: no audio embeddings).
+/// Writes an LTX-2 text-encoder cache as musubi-tuner's LTX-2 branch does (the audio embeddings when given).
 pub fn write_ltx2_text_cache(path: &Path, cache: &Ltx2TextCache) -> Result<(), CacheError> {
     let embeds = &cache.video_prompt_embeds;
     let dtype = torch_dtype_name(embeds.dtype());
@@ -123,6 +211,13 @@ pub fn write_ltx2_text_cache(path: &Path, cache: &Ltx2TextCache) -> Result<(), C
             RawTensor::from_tensor(embeds, path)?.0,
         ),
     ];
+    if let Some(audio) = &cache.audio_prompt_embeds {
+        let dtype = torch_dtype_name(audio.dtype());
+        raw.push((
+            format!("{AUDIO_EMBEDS}_{dtype}"),
+            RawTensor::from_tensor(audio, path)?.0,
+        ));
+    }
     if let Some(mask) = &cache.prompt_attention_mask {
         let mask = mask
             .to_dtype(DType::I64)
@@ -158,6 +253,7 @@ pub fn read_ltx2_text_cache(path: &Path, device: &Device) -> Result<Ltx2TextCach
     })?;
     Ok(Ltx2TextCache {
         video_prompt_embeds,
+        audio_prompt_embeds: get(AUDIO_EMBEDS),
         prompt_attention_mask: get(MASK),
         caption: file.metadata.get("caption1").cloned().unwrap_or_default(),
         encoding: file.metadata.get(TEXT_ENCODING_METADATA).cloned(),
@@ -210,6 +306,7 @@ mod tests {
 
         let text = Ltx2TextCache {
             video_prompt_embeds: Tensor::ones((5, 8), DType::F32, &dev).unwrap(),
+            audio_prompt_embeds: Some(Tensor::ones((5, 4), DType::BF16, &dev).unwrap()),
             prompt_attention_mask: Some(Tensor::new(&[0i64, 0, 1, 1, 1], &dev).unwrap()),
             caption: "a cat".into(),
             encoding: Some("LTX-2 8".into()),
@@ -226,6 +323,26 @@ mod tests {
         assert_eq!(mask, [0, 0, 1, 1, 1]);
         assert_eq!(back.caption, "a cat");
         assert_eq!(back.encoding.as_deref(), Some("LTX-2 8"));
+        assert_eq!(back.audio_prompt_embeds.unwrap().dims(), [5, 4]);
+
+        // The audio latents beside the clip's latents, with their valid length.
+        let audio_name = ltx2_audio_cache_name("a_00000-017_0064x0064_ltx2.safetensors").unwrap();
+        assert_eq!(audio_name, "a_00000-017_0064x0064_ltx2_audio.safetensors");
+        assert!(ltx2_audio_cache_name("a_ltx2_te.safetensors").is_none());
+        let audio = Ltx2AudioCache {
+            latents: Tensor::ones((8, 9, 16), DType::BF16, &dev).unwrap(),
+            length: Some(7),
+        };
+        let audio_path = dir.path().join(&audio_name);
+        write_ltx2_audio_cache(&audio_path, &audio).unwrap();
+        let raw = read_tensor_file(&audio_path, &dev).unwrap();
+        assert!(raw.tensors.contains_key("audio_latents_9x16x8_bf16"));
+        assert!(raw.tensors.contains_key("audio_lengths_int32"));
+        let back = read_ltx2_audio_cache(&audio_path, &dev).unwrap();
+        assert_eq!(
+            (back.latents.dims(), back.length),
+            (&[8, 9, 16][..], Some(7))
+        );
 
         // A HunyuanVideo 1.5 latent cache is named, not misread.
         let hv = crate::family::hunyuan_video15::cache::Hv15LatentCache {

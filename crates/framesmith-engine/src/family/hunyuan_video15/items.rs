@@ -145,6 +145,7 @@ fn load_item(
         image,
         clip: siglip,
         second_text: glyph,
+        audio: None,
         control: Vec::new(),
     })
 }

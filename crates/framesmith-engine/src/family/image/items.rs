@@ -169,6 +169,7 @@ fn load_item(
         clip,
         control,
         second_text: None,
+        audio: None,
     })
 }
 

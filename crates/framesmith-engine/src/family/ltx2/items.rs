@@ -2,8 +2,11 @@
 //! each with a cache directory and its `num_repeats`), the `_ltx2` latent caches of musubi-tuner's LTX-2 branch
 //! found in each directory and each read beside its `_ltx2_te` text cache, checked against the transformer: the
 //! normalised latents `[128, F, H, W]` as [`TrainItem::latents`] and the text connector's output `[L, D]` as
-//! [`TrainItem::context`]. Framesmith makes the text caches (`framesmith cache text`), not the latent ones yet (no
-//! video VAE): a dataset not cached fails with the commands that make them.
+//! [`TrainItem::context`]; with an `_ltx2_audio` cache beside a clip's (musubi-tuner's `--ltx2_mode av`), its audio
+//! latents `[8, T, 16]` (cut to the frames that hold audio) as [`TrainItem::audio`] and the audio connector's
+//! output as [`TrainItem::second_text`]. Framesmith makes the video latent and text caches (`framesmith cache
+//! latents`, `framesmith cache text`), not the audio ones (no audio VAE): a dataset not cached fails with the
+//! commands that make them.
 
 use std::path::Path;
 
@@ -13,8 +16,8 @@ use candle_core::{DType, Device, Tensor};
 use crate::family::image::items::{ImageItems, VideoVae};
 use crate::train::data::{list_cache_dir, TrainItem};
 use framesmith_data::family::ltx2::cache::{
-    ltx2_text_cache_name, parse_ltx2_latent_cache_name, read_ltx2_latent_cache,
-    read_ltx2_text_cache,
+    ltx2_audio_cache_name, ltx2_text_cache_name, parse_ltx2_latent_cache_name,
+    read_ltx2_audio_cache, read_ltx2_latent_cache, read_ltx2_text_cache,
 };
 use framesmith_data::problem::summary_lines;
 use framesmith_data::{DatasetKind, Unreadable};
@@ -136,15 +139,82 @@ fn load_item(
         context.dim(0)?,
         &text_path,
     )?;
+    let audio = match ltx2_audio_cache_name(&file).map(|name| dir.join(name)) {
+        Some(path) if path.exists() => Some(load_audio(&path, &file, cfg, device)?),
+        _ => None,
+    };
+    let second_text = match (&audio, text.audio_prompt_embeds) {
+        (None, _) => None,
+        (Some(_), Some(a)) => {
+            let width = audio_context_width(cfg);
+            if a.rank() != 2 || a.dims() != [context.dim(0)?, width] {
+                anyhow::bail!(
+                    "the text cache holds audio_prompt_embeds {:?}, but this {} takes [{}, {width}] (as many \
+                     tokens as video_prompt_embeds); cache the captions again with this checkpoint: {}",
+                    a.dims(),
+                    cfg.version().name(),
+                    context.dim(0)?,
+                    text_path.display()
+                );
+            }
+            Some(a)
+        }
+        (Some(_), None) => anyhow::bail!(
+            "{file} has audio latents but its text cache no audio_prompt_embeds; cache the captions for \
+             audio-video (musubi-tuner's ltx2_cache_text_encoder_outputs.py --ltx2_mode av): {}",
+            text_path.display()
+        ),
+    };
     Ok(TrainItem {
         key: file,
         latents,
         context,
         image: None,
         clip: None,
-        second_text: None,
         control: Vec::new(),
+        second_text,
+        audio,
     })
+}
+
+/// The width of the audio text context the model takes: the audio connector's output, before LTX-2's audio
+/// caption projection.
+pub fn audio_context_width(cfg: &Ltx2Config) -> usize {
+    match (cfg.has_caption_projection(), cfg.caption_channels) {
+        (true, Some(channels)) => channels,
+        _ => cfg.audio_cross_attention_dim,
+    }
+}
+
+/// Reads the audio latents of `file` at `path` as `[C, T, mel]`, cut to the frames that hold audio, checked
+/// against the model's audio channels (`C · mel`).
+fn load_audio(
+    path: &Path,
+    file: &str,
+    cfg: &Ltx2Config,
+    device: &Device,
+) -> anyhow::Result<Tensor> {
+    let cache = read_ltx2_audio_cache(path, device)
+        .with_context(|| format!("the audio cache for {file} is unreadable"))?;
+    let (c, t, mel) = cache.latents.dims3()?;
+    if c * mel != cfg.audio_in_channels {
+        anyhow::bail!(
+            "{} holds audio latents [{c}, {t}, {mel}]; this {} takes {} channels × mel bins per frame (a cache \
+             made with another audio VAE?): {}",
+            file,
+            cfg.version().name(),
+            cfg.audio_in_channels,
+            path.display()
+        );
+    }
+    let frames = cache.length.map_or(t, |n| n.min(t));
+    if frames == 0 {
+        anyhow::bail!(
+            "the audio cache of {file} holds no audio frames: {}",
+            path.display()
+        );
+    }
+    Ok(cache.latents.narrow(1, 0, frames)?)
 }
 
 /// Refuses a mask that does not cover the `tokens` context rows. Every row is attended to: the connector gave

@@ -2,8 +2,9 @@
 //! items of musubi-tuner's LTX-2 `_ltx2` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), its
 //! plan description ([`plan`]), its latent pass ([`prep`]: the video VAE's `_ltx2` caches) and its text pass
 //! ([`text_cache`], with Gemma 3 and the checkpoint's connector: [`encoder`]). It trains text-to-video LoRAs of
-//! the video stream from caches, the audio stream left out; samples during training and `framesmith generate`
-//! are refused with what is missing.
+//! the video stream, and both streams jointly when the caches hold audio latents (musubi-tuner's `_ltx2_audio`
+//! caches; the audio VAE is not implemented); samples during training and `framesmith generate` are refused with
+//! what is missing.
 
 use std::path::Path;
 

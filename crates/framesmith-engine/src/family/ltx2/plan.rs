@@ -1,10 +1,12 @@
-//! LTX-2's description for the planner ([`ModelMemory`]): the video stream's blocks with their bytes from the
-//! tensor list of the official file, which blocks stream for a count (spread evenly), the video tokens through
-//! the VAE's 32× spatial and 8× temporal compression (1×1×1 patches), and the step's activations. Text-to-video:
-//! the audio stream is neither held nor computed.
+//! LTX-2's description for the planner ([`ModelMemory`]): the blocks with their bytes from the tensor list of the
+//! official file, which blocks stream for a count (spread evenly), the video tokens through the VAE's 32× spatial
+//! and 8× temporal compression (1×1×1 patches), and the step's activations. Text-to-video: the audio stream is
+//! neither held nor computed. Joint audio-video training (`audio`): the blocks hold both streams and the
+//! audio-video cross-attentions, and the step counts the audio tokens (25 latent frames a second of the clip) in
+//! the saved inputs, the tapes and the shared tables too.
 
 use framesmith_config::RunConfig;
-use framesmith_models::ltx2::weights::video_stream_shapes;
+use framesmith_models::ltx2::weights::{audio_stream_shapes, video_stream_shapes};
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 
@@ -25,6 +27,8 @@ use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ltx2PlanModel {
     pub config: Ltx2Config,
+    /// Both streams trained (the caches hold audio latents).
+    pub audio: bool,
 }
 
 impl DescribeModel for Ltx2PlanModel {
@@ -33,7 +37,7 @@ impl DescribeModel for Ltx2PlanModel {
     }
 
     fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
-        describe(&self.config, input)
+        describe(&self.config, input, self.audio)
     }
 
     fn num_blocks(&self) -> usize {
@@ -55,37 +59,92 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
         read: dit_config,
     };
     plan_model_of(cfg, &names, |config| {
-        PlanModel::new(Ltx2PlanModel { config })
+        PlanModel::new(Ltx2PlanModel {
+            config,
+            audio: false,
+        })
     })
 }
 
 /// Text tokens per sample the plan counts: the connector's output of a caption padded to Gemma's 1024 tokens.
 const TEXT_TOKENS: u64 = 1024;
 
+/// The tensors the run reads: the video stream's, and the audio stream's too when `audio`.
+fn shapes(cfg: &Ltx2Config, audio: bool) -> Vec<(String, Vec<usize>)> {
+    let mut out = video_stream_shapes(cfg);
+    if audio {
+        out.extend(audio_stream_shapes(cfg));
+    }
+    out
+}
+
+/// Audio latent frames per second of a clip (16 kHz, a 160-sample hop, 4 spectrogram frames a latent frame).
+const AUDIO_FRAMES_PER_SECOND: f64 = 25.0;
+/// The frame rate a clip's duration is taken at (the official trainer's default).
+const CLIP_FPS: f64 = 24.0;
+
+/// The audio latent frames of a clip of `frames` video frames (musubi-tuner's length for a clip's audio).
+pub fn audio_frames(frames: usize) -> usize {
+    ((frames as f64 / CLIP_FPS * AUDIO_FRAMES_PER_SECOND) as usize).max(1)
+}
+
 /// The weights outside the blocks, all in the compute dtype, by component.
-fn resident_weights(cfg: &Ltx2Config, compute: u64) -> Vec<(&'static str, u64)> {
-    const GROUPS: [(&str, &str); 6] = [
+fn resident_weights(cfg: &Ltx2Config, audio: bool, compute: u64) -> Vec<(&'static str, u64)> {
+    const GROUPS: [(&str, &str); 13] = [
         ("patchify_proj.", "latent and timestep embeddings"),
         ("adaln_single.", "latent and timestep embeddings"),
         ("prompt_adaln_single.", "latent and timestep embeddings"),
         ("caption_projection.", "caption projection"),
         ("proj_out.", "output norm and projection"),
         ("scale_shift_table", "output norm and projection"),
+        (
+            "audio_adaln_single.",
+            "audio latent and timestep embeddings",
+        ),
+        (
+            "audio_prompt_adaln_single.",
+            "audio latent and timestep embeddings",
+        ),
+        ("av_ca_", "audio-video cross-attention embeddings"),
+        ("audio_caption_projection.", "caption projection"),
+        ("audio_proj_out.", "audio output norm and projection"),
+        (
+            "audio_scale_shift_table",
+            "audio output norm and projection",
+        ),
+        (
+            "audio_patchify_proj.",
+            "audio latent and timestep embeddings",
+        ),
     ];
-    weights_by_component(&video_stream_shapes(cfg), &GROUPS, compute)
+    let all = shapes(cfg, audio);
+    let read: Vec<_> = all
+        .into_iter()
+        .filter(|(name, _)| audio || !name.starts_with("audio_patchify_proj."))
+        .collect();
+    weights_by_component(&read, &GROUPS, compute)
 }
 
 /// The adapter's parameters and adapted linears for `lora` (the official trainer's LTX-2 targets).
-fn lora_parameters(cfg: &Ltx2Config, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
-    family_lora_parameters(LoraFamily::Ltx2, &video_stream_shapes(cfg), lora)
+fn lora_parameters(
+    cfg: &Ltx2Config,
+    audio: bool,
+    lora: &LoraShape,
+) -> Result<AdapterCount, LoraError> {
+    family_lora_parameters(LoraFamily::Ltx2, &shapes(cfg, audio), lora)
 }
 
 /// The block's sizes for a step of `shape` with `text` text tokens in all: the tape and kept values [`describe`]
-/// spells out.
-fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape, text: u64) -> BlockKind {
+/// spells out; with `audio` (its tokens in all), the audio stream's and the cross-attentions' too.
+fn block_kind(
+    cfg: &Ltx2Config,
+    input: &PlanInput,
+    (shape, text): (&StepShape, u64),
+    audio: Option<u64>,
+) -> BlockKind {
     let d = cfg.inner_dim() as u64;
     let buffers = block_buffers(
-        &video_stream_shapes(cfg),
+        &shapes(cfg, audio.is_some()),
         "transformer_blocks.0.",
         input.base,
     );
@@ -97,6 +156,28 @@ fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape, text: u64)
     let mut kind = dual_stream_block_kind(&buffers, input, shape, dims, counts);
     let (c, r) = (shape.compute_bytes, input.lora.rank as u64);
     kind.tape_bytes += 4 * text * d * c + 2 * text * r * c;
+    if let Some(la) = audio {
+        let ad = cfg.audio_inner_dim() as u64;
+        let aheads = cfg.audio_num_attention_heads as u64;
+        let audio_shape = StepShape {
+            tokens: la,
+            ..*shape
+        };
+        let stream = dual_stream_block_kind(&[], input, &audio_shape, (ad, 4 * ad, aheads), counts);
+        let lv = shape.tokens;
+        // Per direction: both modulated inputs, q, k, v before and after their norms, the output, the gates'
+        // inputs at the cross-attention width, LoRA activations of four linears, the log-sum-exp.
+        let cross = |lq: u64, lk: u64, dq: u64, dk: u64| {
+            (lq * dq + lk * dk + 3 * lq * ad + 4 * lk * ad + lq * ad) * c
+                + 4 * (lq + lk) * r * c
+                + lq * aheads * 4
+        };
+        kind.tape_bytes += stream.tape_bytes
+            + 4 * text * ad * c
+            + 2 * text * r * c
+            + cross(lv, la, d, ad)
+            + cross(la, lv, ad, d);
+    }
     kind
 }
 
@@ -113,11 +194,21 @@ fn block_kind(cfg: &Ltx2Config, input: &PlanInput, shape: &StepShape, text: u64)
 /// `T·d·c` and the RoPE tables, cos and sin at full head width over the video tokens: `2·L·d·c`. The working set
 /// uses the
 /// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on LTX-2.
-pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+///
+/// With `audio`, the audio tokens `La` (25 a second of the clip at 24 fps, per sample) add the audio stream's tape
+/// (the same terms at the audio width), its text side, and each audio-video cross-attention's (both modulated
+/// inputs, q / k / v before and after their norms and the output at the cross-attention width, four linears'
+/// LoRA activations, the log-sum-exp); the saved inputs `La·d_a·s`; the audio tables, text and the cross tables
+/// `2·La·d_a·c + T·d_a·c + 2·(L + La)·d_a·c`.
+pub(crate) fn describe(
+    cfg: &Ltx2Config,
+    input: &PlanInput,
+    audio: bool,
+) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR)?;
     let f = latent_frames(clip.frames, VAE_TEMPORAL)?;
-    let lora = lora_parameters(cfg, &input.lora)?;
+    let lora = lora_parameters(cfg, audio, &input.lora)?;
     let tokens = step_tokens((f * w * h) as u64, clip.batch)?;
     let text = clip.batch as u64 * TEXT_TOKENS;
     let (d, heads) = (cfg.inner_dim() as u64, cfg.num_attention_heads as u64);
@@ -125,26 +216,43 @@ pub(crate) fn describe(cfg: &Ltx2Config, input: &PlanInput) -> Result<ModelMemor
     let (shape, widths) = dual_stream_shape(input, tokens, (d, 4 * d, heads));
     let n = cfg.num_layers;
     let release = cfg.version().name();
+    let audio_tokens = audio.then(|| clip.batch as u64 * audio_frames(clip.frames) as u64);
+    let ad = cfg.audio_inner_dim() as u64;
+    let (audio_saved, audio_shared) = match audio_tokens {
+        Some(la) => (
+            la * ad * shape.residual_bytes,
+            2 * la * ad * compute + text * ad * compute + 2 * (tokens + la) * ad * compute,
+        ),
+        None => (0, 0),
+    };
+    let streams = if audio {
+        "video and audio streams"
+    } else {
+        "video stream"
+    };
     Ok(ModelMemory {
         name: if cfg.inner_dim() == 4096 && n == 48 {
             match cfg.version() {
-                framesmith_models::ltx2::Ltx2Version::Ltx2 => "LTX-2 (19B), video stream".into(),
-                framesmith_models::ltx2::Ltx2Version::Ltx23 => "LTX-2.3 (22B), video stream".into(),
+                framesmith_models::ltx2::Ltx2Version::Ltx2 => format!("LTX-2 (19B), {streams}"),
+                framesmith_models::ltx2::Ltx2Version::Ltx23 => format!("LTX-2.3 (22B), {streams}"),
             }
         } else {
-            format!("{release}-style ({n} blocks, width {d}), video stream")
+            format!("{release}-style ({n} blocks, width {d}), {streams}")
         },
-        kinds: vec![block_kind(cfg, input, &shape, text)],
+        kinds: vec![block_kind(cfg, input, (&shape, text), audio_tokens)],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
             .map(|count| spread_streamed_blocks(n, count))
             .collect(),
-        resident: resident_weights(cfg, compute),
+        resident: resident_weights(cfg, audio, compute),
         lora,
-        saved_input_bytes: tokens * d * shape.residual_bytes,
+        saved_input_bytes: tokens * d * shape.residual_bytes + audio_saved,
         shared_inputs: vec![(
             "timestep embedding, text and RoPE tables",
-            clip.batch as u64 * d * compute * 12 + text * d * compute + 2 * tokens * d * compute,
+            clip.batch as u64 * d * compute * 12
+                + text * d * compute
+                + 2 * tokens * d * compute
+                + audio_shared,
         )],
         working_set_bytes: input.working_set.bytes_for(&widths, &shape),
         pixel_multiple: VAE_FACTOR,

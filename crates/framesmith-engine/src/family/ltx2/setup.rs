@@ -1,5 +1,5 @@
 //! An LTX-2 run's part built from a validated plan whose `model.dit` is an LTX-2 transformer: the video stream of
-//! the DiT (in FP8 and streamed as the plan says), LoRA on the official trainer's targets under ltx-core's names,
+//! the DiT, and its audio stream when the caches hold audio latents (in FP8 and streamed as the plan says), LoRA on the official trainer's targets under ltx-core's names,
 //! items from `_ltx2` caches (held-out items when the run validates), the memory plan (which picks
 //! `blocks_to_swap = "auto"`), and the LoRA metadata. The run makes no samples: they need the video VAE and Gemma
 //! 3, which the config validator says when `[sampling]` asks for them.
@@ -15,7 +15,7 @@ use crate::family::image::items::split_items;
 use crate::family::image::plan::spread_streamed_blocks;
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
-use crate::train::data::TrainSet;
+use crate::train::data::{TrainItem, TrainSet};
 use crate::train::setup::{
     blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
     start_loras, RunParts,
@@ -24,14 +24,18 @@ use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_data::Unreadable;
-use framesmith_models::ltx2::weights::load_streamed;
+use framesmith_models::ltx2::weights::load_streamed_av;
 use framesmith_models::ltx2::{Ltx2Config, Ltx2Transformer, Ltx2Version};
 use framesmith_models::trainable::attach_model_loras;
 use framesmith_nn::offload::OffloadOptions;
 
 /// The LoRA file's metadata: every family's keys with the release trained (`ss_base_model_version` `ltx2` or
-/// `ltx2.3`, modelspec architecture `ltx-2/lora`) and text-to-video.
-pub(crate) fn ltx2_lora_metadata(plan: &RunPlan, cfg: &Ltx2Config) -> HashMap<String, String> {
+/// `ltx2.3`, modelspec architecture `ltx-2/lora`) and text-to-video (with audio when `joint`).
+pub(crate) fn ltx2_lora_metadata(
+    plan: &RunPlan,
+    cfg: &Ltx2Config,
+    joint: bool,
+) -> HashMap<String, String> {
     let base = match cfg.version() {
         Ltx2Version::Ltx2 => "ltx2",
         Ltx2Version::Ltx23 => "ltx2.3",
@@ -41,9 +45,33 @@ pub(crate) fn ltx2_lora_metadata(plan: &RunPlan, cfg: &Ltx2Config) -> HashMap<St
         (base, "https://github.com/Lightricks/LTX-2"),
         &[("modelspec.architecture", "ltx-2/lora")],
     );
-    meta.insert("framesmith.training_mode".into(), "text_to_video".into());
+    let mode = if joint {
+        "text_to_video_with_audio"
+    } else {
+        "text_to_video"
+    };
+    meta.insert("framesmith.training_mode".into(), mode.into());
     meta.insert("framesmith.model_timestep".into(), "sigma*1000".into());
     meta
+}
+
+/// Whether the run trains both streams: every item has audio latents (true), none has (false); a dataset with
+/// both is refused, naming an item without audio.
+fn joint_items(items: &[(TrainItem, usize)]) -> anyhow::Result<bool> {
+    let with_audio = items.iter().filter(|(i, _)| i.audio.is_some()).count();
+    if with_audio == 0 {
+        return Ok(false);
+    }
+    if let Some((item, _)) = items.iter().find(|(i, _)| i.audio.is_none()) {
+        anyhow::bail!(
+            "{with_audio} of {} cached clips have audio latents (_ltx2_audio.safetensors) but {} has none: cache \
+             audio for every clip (musubi-tuner's ltx2_cache_latents.py --ltx2_mode av) to train audio and video \
+             jointly, or remove the audio caches to train video only",
+            items.len(),
+            item.key
+        );
+    }
+    Ok(true)
 }
 
 /// Says how many of `model`'s blocks stream, when some do.
@@ -81,10 +109,16 @@ pub(super) fn start_run(
     for line in &cached.skipped {
         log(LogLevel::Warn, line.clone());
     }
+    let joint = joint_items(&cached.items)?;
+    if joint {
+        cfg.validate_audio()
+            .map_err(|e| anyhow::anyhow!("model.dit: {e}: {}", dit.display()))?;
+    }
     // Planned before the reservation and the DiT take the card's memory.
     let model = || {
         memory_plan::PlanModel::new(Ltx2PlanModel {
             config: cfg.clone(),
+            audio: joint,
         })
     };
     let memory = memory_report(plan, model, VAE.largest_clip(&cached)?, &device);
@@ -100,18 +134,21 @@ pub(super) fn start_run(
         blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
             .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
             .unwrap_or_default();
-    let (_, mut model) = load_streamed(
+    let (_, mut model) = load_streamed_av(
         dit,
         (dtype, &device),
         (fp8, plan.model.fp8_matmul),
         (&streamed, &offload),
+        joint,
     )?;
+    let streams = if joint {
+        "video and audio streams trained jointly from the audio latent caches"
+    } else {
+        "video stream trained text-to-video (no audio latent caches: audio left out)"
+    };
     log(
         LogLevel::Info,
-        format!(
-            "model: {release} on {}, video stream trained text-to-video (audio left out)",
-            device_label(&device)
-        ),
+        format!("model: {release} on {}, {streams}", device_label(&device)),
     );
     log_streaming(&model, log);
     let (train, validation) = split_items(plan, cached.items, release)?;
@@ -132,7 +169,7 @@ pub(super) fn start_run(
         }),
         loras,
         data,
-        metadata: ltx2_lora_metadata(plan, &cfg),
+        metadata: ltx2_lora_metadata(plan, &cfg, joint),
         validation,
         report: memory.and_then(Result::ok),
         vram_reservation,

@@ -11,12 +11,12 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use framesmith_data::family::ltx2::cache::{
-    ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_latent_cache, write_ltx2_text_cache,
-    Ltx2TextCache,
+    ltx2_audio_cache_name, ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_audio_cache,
+    write_ltx2_latent_cache, write_ltx2_text_cache, Ltx2AudioCache, Ltx2TextCache,
 };
 use framesmith_data::frames::FrameWindow;
 use framesmith_models::ltx2::config::metadata_config;
-use framesmith_models::ltx2::weights::video_stream_shapes;
+use framesmith_models::ltx2::weights::{audio_stream_shapes, video_stream_shapes};
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::init::randn;
 
@@ -34,6 +34,7 @@ pub fn tiny_config() -> Ltx2Config {
     cfg.cross_attention_dim = 16;
     cfg.audio_num_attention_heads = 2;
     cfg.audio_attention_head_dim = 4;
+    // Audio latents of 2 channels × 2 mel bins a frame.
     cfg.audio_in_channels = 4;
     cfg.audio_out_channels = 4;
     cfg.audio_cross_attention_dim = 8;
@@ -43,10 +44,20 @@ pub fn tiny_config() -> Ltx2Config {
 /// The tiny transformer written into `dir` as one safetensors file in the official layout (seeded: the same
 /// weights every time); norm scales are ones.
 pub fn tiny_dit(dir: &Path) -> anyhow::Result<PathBuf> {
+    tiny_dit_with(dir, false)
+}
+
+/// [`tiny_dit`] with the audio stream and the audio-video cross-attentions too when `audio` (as the releases
+/// hold them).
+pub fn tiny_dit_with(dir: &Path, audio: bool) -> anyhow::Result<PathBuf> {
     let cfg = tiny_config();
     let rng = &mut StdRng::seed_from_u64(5);
     let mut tensors = HashMap::new();
-    for (name, shape) in video_stream_shapes(&cfg) {
+    let mut shapes = video_stream_shapes(&cfg);
+    if audio {
+        shapes.extend(audio_stream_shapes(&cfg));
+    }
+    for (name, shape) in shapes {
         let shape = shape.as_slice();
         let t = if name.contains("_norm.") {
             Tensor::ones(shape, DType::F32, &Device::Cpu)?
@@ -87,6 +98,16 @@ const ITEMS: [(&str, usize); 3] = [("a", 3), ("b", 5), ("c", 4)];
 /// frames at 96×64 — latents [4, 3, 2, 3] — and connector outputs of 3 to 5 tokens), batch size `batch_size`;
 /// returns its TOML.
 pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
+    dataset_with(dir, batch_size, false)
+}
+
+/// Audio latent frames of each clip of [`dataset_with`] (before the padding its caches carry).
+pub const AUDIO_FRAMES: usize = 9;
+
+/// [`dataset`] with, when `audio`, each clip's `_ltx2_audio` cache beside its latents (audio latents [2, 11, 2]
+/// of which [`AUDIO_FRAMES`] hold audio, as musubi-tuner pads them) and the audio connector's output in its text
+/// cache.
+pub fn dataset_with(dir: &Path, batch_size: usize, audio: bool) -> anyhow::Result<PathBuf> {
     let cache = dir.join("cache");
     let cfg = tiny_config();
     let rng = &mut StdRng::seed_from_u64(17);
@@ -99,13 +120,34 @@ pub fn dataset(dir: &Path, batch_size: usize) -> anyhow::Result<PathBuf> {
         let latents = randn(rng, (cfg.in_channels, 3, 2, 3), 0.0, 1.0, &dev)?;
         let name = ltx2_latent_cache_name(stem, Some(window), (96, 64));
         write_ltx2_latent_cache(
-            &cache.join(name),
+            &cache.join(&name),
             &latents.to_dtype(DType::BF16)?,
             (96, 64),
             Some(17),
         )?;
+        if audio {
+            let latents = randn(rng, (2, AUDIO_FRAMES + 2, 2), 0.0, 1.0, &dev)?;
+            let file = ltx2_audio_cache_name(&name).ok_or_else(|| anyhow::anyhow!("{name}"))?;
+            let audio_cache = Ltx2AudioCache {
+                latents: latents.to_dtype(DType::BF16)?,
+                length: Some(AUDIO_FRAMES),
+            };
+            write_ltx2_audio_cache(&cache.join(file), &audio_cache)?;
+        }
+        let audio_text = if audio {
+            Some(randn(
+                rng,
+                (words, cfg.audio_cross_attention_dim),
+                0.0,
+                1.0,
+                &dev,
+            )?)
+        } else {
+            None
+        };
         let text = Ltx2TextCache {
             video_prompt_embeds: randn(rng, (words, cfg.cross_attention_dim), 0.0, 1.0, &dev)?,
+            audio_prompt_embeds: audio_text,
             prompt_attention_mask: Some(Tensor::ones(words, DType::I64, &dev)?),
             caption: format!("clip {stem}"),
             encoding: None,

@@ -10,7 +10,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::items::load_ltx2_items;
-use super::testkit::{dataset, tiny_config, tiny_dit};
+use super::testkit::{dataset, dataset_with, tiny_config, tiny_dit, tiny_dit_with, AUDIO_FRAMES};
 use super::train::ltx2_batch;
 use crate::family::family_of_cache;
 use crate::family::testkit::run::{
@@ -23,10 +23,11 @@ use crate::train::optimizer::AdamW;
 use framesmith_config::run::TimestepSampling;
 use framesmith_config::RunConfig;
 use framesmith_data::Unreadable;
-use framesmith_models::ltx2::weights::load;
+use framesmith_models::ltx2::weights::{load, load_streamed_av};
 use framesmith_models::ltx2::Ltx2Transformer;
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet};
 use framesmith_nn::lora_file::LoraFile;
+use framesmith_nn::offload::OffloadOptions;
 
 /// The tiny transformer written into `dir` and loaded, with a rank-4 LoRA on the official targets and its
 /// optimizer.
@@ -179,6 +180,124 @@ fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Re
     ));
     assert!(
         err.contains("no *_ltx2.safetensors") && err.contains("ltx2_cache_text_encoder_outputs.py"),
+        "{err}"
+    );
+    Ok(())
+}
+
+/// Joint audio-video training: with `_ltx2_audio` caches beside the clips, the items carry their audio latents
+/// (cut to the frames that hold audio) and the audio connector's output, the batch noises both streams at one σ
+/// with the joint loss's targets, and a fixed batch learns through both streams' hand-written block backward.
+#[test]
+fn audio_latent_caches_train_both_streams_and_a_fixed_batch_learns() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let toml = dataset_with(dir.path(), 1, true)?;
+    let cfg = tiny_config();
+    let items = load_ltx2_items((&toml, Unreadable::Refuse), &cfg, &Device::Cpu)?.items;
+    for (item, _) in &items {
+        let audio = item
+            .audio
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no audio"))?;
+        assert_eq!(audio.dims(), &[2, AUDIO_FRAMES, 2]);
+        let text = item
+            .second_text
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no audio text"))?;
+        assert_eq!(text.dim(1)?, 8);
+    }
+    let dit = tiny_dit_with(&dir.path().join("dit"), true)?;
+    let (_, mut model) = load_streamed_av(
+        &dit,
+        (DType::F32, &Device::Cpu),
+        (None, false),
+        (&[], &OffloadOptions::default()),
+        true,
+    )?;
+    let loras = attach_family_loras(model.linears_mut(), &tiny_lora_spec(), LoraFamily::Ltx2)?;
+    let names: Vec<&str> = loras.iter().map(|(n, _)| n).collect();
+    for module in [
+        "audio_attn1.to_q",
+        "audio_to_video_attn.to_k",
+        "video_to_audio_attn.to_out.0",
+    ] {
+        assert!(
+            names.iter().any(|n| n.ends_with(module)),
+            "{module}: {names:?}"
+        );
+    }
+    let mut optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
+    let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
+    let draws = fixed_draws(batch.len(), 0.6, 601.0);
+    assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
+        let (inputs, targets) =
+            ltx2_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let audio = inputs
+            .audio
+            .as_ref()
+            .ok_or_else(|| anyhow::anyhow!("no audio inputs"))?;
+        assert_eq!(
+            audio.latents.dims(),
+            &[3, AUDIO_FRAMES, 4],
+            "[T, C·mel] tokens"
+        );
+        assert_eq!(audio.positions.dims(), &[3, 1, AUDIO_FRAMES, 2]);
+        assert_eq!(audio.context.dims(), &[3, 5, 8]);
+        // Both streams' targets joined: 18 × 4 video values and 9 × 4 audio values.
+        assert_eq!(targets[0].dims(), &[18 * 4 + AUDIO_FRAMES * 4, 1]);
+        Ok((inputs, targets))
+    })
+}
+
+/// A run on clips with audio caches trains both streams from the run config, saves the audio and cross-modal
+/// modules under the official trainer's keys, and says so in the metadata; a dataset with audio for some clips
+/// only is refused by name.
+#[test]
+fn a_run_with_audio_caches_trains_jointly_and_mixed_caches_are_refused() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let joint_config = |sub: &str| -> anyhow::Result<RunConfig> {
+        let dir = dir.path().join(sub);
+        std::fs::create_dir_all(&dir)?;
+        let toml = dataset_with(&dir, 2, true)?;
+        let mut config = cached_run_config(
+            &dir,
+            (tiny_dit_with(&dir, true)?, toml),
+            2,
+            TimestepSampling::ShiftedLogitNormal,
+        )?;
+        config.lora.alpha = 2.0;
+        Ok(config)
+    };
+    let (a, b) = (joint_config("a")?, joint_config("b")?);
+    let (_, lora) = assert_trains_and_resumes(&a, &b, 2)?;
+    let file = LoraFile::load(&lora, &Device::Cpu)?;
+    // q, k, v, out of the six attentions of both blocks.
+    assert_eq!(file.modules.len(), 2 * 24);
+    assert!(file
+        .get("lora_unet_transformer_blocks_1_video_to_audio_attn_to_v")
+        .is_some());
+    assert_eq!(
+        file.metadata
+            .get("framesmith.training_mode")
+            .map(String::as_str),
+        Some("text_to_video_with_audio")
+    );
+
+    // One clip's audio cache gone: refused, naming it.
+    let cache = a
+        .dataset
+        .config
+        .parent()
+        .map(|d| d.join("cache"))
+        .unwrap_or_default();
+    let audio = std::fs::read_dir(&cache)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.to_string_lossy().ends_with("_ltx2_audio.safetensors"))
+        .ok_or_else(|| anyhow::anyhow!("no audio cache"))?;
+    std::fs::remove_file(&audio)?;
+    let err = error_of(crate::train::tests::try_start(&a, None).map(|_| ()));
+    assert!(
+        err.contains("_ltx2_audio") && err.contains("has none"),
         "{err}"
     );
     Ok(())

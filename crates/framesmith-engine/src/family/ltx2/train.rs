@@ -6,6 +6,10 @@
 //! `DEFAULT_FPS` when a cache carries none), the connector's output padded to the batch's longest with its
 //! lengths, and the target `noise − x`. The official trainer conditions 10% of its steps on the clean first frame
 //! (`first_frame_conditioning_p`), which needs per-token timesteps: not here yet, so every token is noised.
+//! With audio latents (its `with_audio`), the audio is noised at the same σ with its own noise, patchified to
+//! `[T, C·mel]`, placed at the audio patchifier's seconds, reads the audio connector's output, and the loss is the
+//! video mean plus the audio mean (`compute_loss`: `video_loss + audio_loss`), as [`joint_loss_view`] lays out the
+//! outputs and targets.
 
 use std::path::{Path, PathBuf};
 
@@ -18,9 +22,11 @@ use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_models::ltx2::lora_keys::OFFICIAL_PREFIX;
-use framesmith_models::ltx2::rope::video_positions;
+use framesmith_models::ltx2::rope::{audio_positions, video_positions};
 use framesmith_models::ltx2::weights::{identify, is_unrecognised};
-use framesmith_models::ltx2::{Ltx2Config, Ltx2Inputs, Ltx2Transformer};
+use framesmith_models::ltx2::{
+    joint_loss_view, Ltx2AudioInputs, Ltx2Config, Ltx2Inputs, Ltx2Transformer,
+};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora_file::SaveLayout;
 
@@ -89,7 +95,8 @@ fn padded_context(rows: &[&Tensor], dtype: DType) -> anyhow::Result<(Tensor, Opt
 }
 
 /// The inputs and targets of `batch` (items of one latent shape) at `draws`, noise drawn from `rng` item by item;
-/// the model computes in `dtype`. Targets are `noise − x` as tokens [F·H·W, 128], as the model's output.
+/// the model computes in `dtype`. Targets are `noise − x` as tokens [F·H·W, 128], as the model's output; with
+/// audio latents (every item of a joint run has them), both streams' targets as [`joint_loss_view`] joins them.
 pub fn ltx2_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
@@ -111,14 +118,66 @@ pub fn ltx2_batch(
     }
     let context: Vec<&Tensor> = batch.iter().map(|i| &i.context).collect();
     let (context, context_lens) = padded_context(&context, dtype)?;
+    let audio = if first.audio.is_some() {
+        Some(audio_batch(
+            batch,
+            draws,
+            rng,
+            (dtype, &device),
+            &mut targets,
+        )?)
+    } else {
+        None
+    };
     let inputs = Ltx2Inputs {
         latents: Tensor::stack(&noisy, 0)?.to_dtype(dtype)?,
         sigmas: draws.iter().map(|d| d.t as f32).collect(),
         positions: video_positions(batch.len(), (f, h, w), FRAME_RATE, &device)?,
         context,
         context_lens,
+        audio,
     };
     Ok((inputs, targets))
+}
+
+/// The audio stream of a joint batch: each item's audio latents `[C, T, mel]` as tokens `[T, C·mel]` (ltx-core's
+/// `AudioPatchifier`) noised at the item's σ with their own noise, the audio positions and the audio connector's
+/// output padded as the video text is; each sample's target becomes the [`joint_loss_view`] of its video target
+/// and `noise − x` of its audio.
+fn audio_batch(
+    batch: &[&TrainItem],
+    draws: &[TimestepDraw],
+    rng: &mut StdRng,
+    (dtype, device): (DType, &candle_core::Device),
+    targets: &mut [Tensor],
+) -> anyhow::Result<Ltx2AudioInputs> {
+    let mut noisy = Vec::with_capacity(batch.len());
+    let mut texts = Vec::with_capacity(batch.len());
+    for ((item, draw), target) in batch.iter().zip(draws).zip(targets.iter_mut()) {
+        let (Some(audio), Some(text)) = (&item.audio, &item.second_text) else {
+            anyhow::bail!(
+                "{} has no audio latents (or no audio text) but its batch trains audio; cache audio for every \
+                 clip of the dataset, or none",
+                item.key
+            );
+        };
+        let (c, t, mel) = audio.dims3()?;
+        let x = audio
+            .to_dtype(DType::F32)?
+            .permute((1, 0, 2))?
+            .reshape((t, c * mel))?;
+        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+        noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
+        *target = joint_loss_view(target, &(noise - x)?)?;
+        texts.push(text);
+    }
+    let frames = noisy[0].dim(0)?;
+    let (context, _) = padded_context(&texts, dtype)?;
+    Ok(Ltx2AudioInputs {
+        latents: Tensor::stack(&noisy, 0)?.to_dtype(dtype)?,
+        positions: audio_positions(batch.len(), frames, device)?,
+        context,
+    })
 }
 
 impl ImageModel for Ltx2Transformer {

@@ -300,6 +300,7 @@ impl CachePlace<'_> {
                 clip,
                 control: Vec::new(),
                 second_text: None,
+                audio: None,
             });
         }
         Ok(items)

@@ -56,6 +56,7 @@ pub fn demo_items(cfg: &WanConfig, seed: u64, device: &Device) -> anyhow::Result
                 clip: None,
                 control: Vec::new(),
                 second_text: None,
+                audio: None,
             })
         })
         .collect()

@@ -95,3 +95,40 @@ fn the_presets_fit_their_cards_at_768x512_and_121_frames() {
         (768, 512, Some(121)),
     );
 }
+
+/// Joint audio-video training holds both streams and the audio-video cross-attentions in every block, trains the
+/// official trainer's default targets of all six attentions, and counts the audio tokens (25 a second of the
+/// clip) in the saved inputs and the tapes.
+#[test]
+fn joint_training_counts_both_streams() {
+    let cfg = Ltx2Config::ltx23_22b();
+    let i = input(121, BaseDtype::F32);
+    let video = describe(&cfg, &i, false).unwrap();
+    let joint = describe(&cfg, &i, true).unwrap();
+    assert!(
+        joint.name.ends_with("video and audio streams"),
+        "{}",
+        joint.name
+    );
+    let shapes: Vec<_> = video_stream_shapes(&cfg)
+        .into_iter()
+        .chain(framesmith_models::ltx2::weights::audio_stream_shapes(&cfg))
+        .collect();
+    let params = assert_blocks_hold_every_weight(&joint, 48, &shapes);
+    // The audio stream and the cross-attentions add about 5.6B to the video stream's 13.1B.
+    assert!(
+        (18_000_000_000..19_500_000_000).contains(&params),
+        "{params}"
+    );
+    assert_eq!(joint.lora.modules, 48 * 24);
+    // 121 frames at 24 fps: 126 audio latent frames of width 2048.
+    assert_eq!(audio_frames(121), 126);
+    let residual = joint.shape.residual_bytes;
+    assert_eq!(
+        joint.saved_input_bytes - video.saved_input_bytes,
+        126 * 2048 * residual
+    );
+    assert!(joint.kinds[0].tape_bytes > video.kinds[0].tape_bytes);
+    let shared = |m: &ModelMemory| m.shared_inputs.iter().map(|(_, b)| b).sum::<u64>();
+    assert!(shared(&joint) > shared(&video));
+}
