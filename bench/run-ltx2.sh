@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Issue 45's GPU rows through the product's own commands: LTX-2.3 (22B) T2V LoRA rank 32 at 768x512 x 121 frames,
+# Issue 45's GPU rows through the product's own commands: LTX-2.3 (22B) T2V LoRA rank 32 at 768x512 x 121 frames
+# (and the joint audio-video step, case av-bf16),
 # batch 1, random weights at the released size (`framesmith-bench synth-project --model ltx2`: the video stream of
 # the transformer in bf16 under the official single-file names with the release's `config` metadata, ~26 GB; the
 # audio stream, never read for T2V, is left out; one cached clip of random latents [128, 16, 16, 24] and a random
@@ -20,11 +21,16 @@
 #   budget-24 / budget-16   `--preset ltx2-Ngb --vram-budget-gb N` over a config that names only the files, steps
 #                 and outputs (so every memory setting is the preset's: FP8 block-64, pinned streaming,
 #                 blocks_to_swap = "auto", activations in RAM); `framesmith plan` first.
+#   av-bf16       joint audio-video training at the released size: its own project (`synth-project --audio`: both
+#                 streams and the audio-video cross-attentions in bf16, ~37 GB, and the clip's `_ltx2_audio` cache,
+#                 audio latents [8, 126, 16] at 121 frames, with the audio connector's output), `framesmith train`,
+#                 bf16, every block resident. Disk: run it alone (`bench/run-ltx2.sh BIN OUT WORK av-bf16`), so
+#                 the video-only project (~26 GB) is not written beside it.
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 1024) tokens of the cached connector output; WIDTH, HEIGHT, FRAMES (768, 512, 121).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,25p' "$0"
+    sed -n '2,30p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -61,8 +67,25 @@ torch_case() { # case-dir label
     summarise_torch "$d/torch.log" "$label" LTX2_STEP
 }
 
+# The joint audio-video case on its own project (both streams), and its summary line.
+av_case() { # case-dir
+    local d="$1" pa="$WORK/ltx2-av"
+    if [[ ! -f "$pa/run.toml" ]]; then
+        timed "$d" synth framesmith-bench synth-project --model ltx2 --audio --out "$pa" --height "$HEIGHT" \
+            --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
+            --seed "$SEED" || { note "synth --audio failed"; return 1; }
+    fi
+    local p_video="$P"
+    P="$pa"
+    config "$pa" "$pa/av-bf16.toml" bf16 off
+    train_case "$d" "$pa/av-bf16.toml" "framesmith train, audio+video, bf16, resident"
+    P="$p_video"
+}
+
 write_env "$(PYTHONPATH="$PYDEPS" python3 -c 'import ltx_core; print("ltx-core", ltx_core.__file__)' 2>&1 | tail -1)"
-if [[ ! -f "$P/run.toml" ]]; then
+video_cases=0
+for case in "${CASES[@]}"; do [[ "$case" == av-* ]] || video_cases=1; done
+if [[ $video_cases == 1 && ! -f "$P/run.toml" ]]; then
     df -h "$WORK" | tail -1 | tee -a "$OUT/env.txt"
     timed "$OUT" synth framesmith-bench synth-project --model ltx2 --out "$P" --height "$HEIGHT" \
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
@@ -74,6 +97,7 @@ for case in "${CASES[@]}"; do
     start_smi "$D"
     case "$case" in
     torch) torch_case "$D" "PyTorch (ltx-core LTXModel, bf16)" ;;
+    av-bf16) av_case "$D" ;;
     *) memory_case "$case" "$D" ltx2 || note "unknown case $case" ;;
     esac
     stop_smi "$case" "$D"

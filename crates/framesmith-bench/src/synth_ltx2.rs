@@ -4,7 +4,10 @@
 //! audio-video cross-attentions, which text-to-video never reads, are left out, so the file is the video
 //! stream's ~26 GB), one cached clip in the `_ltx2` format of musubi-tuner's LTX-2 branch (random latents of the
 //! VAE's shape: 128 channels, 32× spatial and 8× temporal compression; a random connector output with its mask),
-//! its dataset TOML and a run config that trains from the caches alone. For memory and speed trials of the real
+//! its dataset TOML and a run config that trains from the caches alone. With `audio` (`--audio`), the file holds
+//! both streams and the audio-video cross-attentions (~37 GB), and the clip an `_ltx2_audio` cache (random audio
+//! latents [8, T, 16], 25 frames a second of the clip at 24 fps) and the audio connector's output, so the run
+//! trains audio and video jointly. For memory and speed trials of the real
 //! trainer on a GPU machine, and the weights for the PyTorch reference (`bench/reference/ltx2_step.py`).
 
 use std::collections::HashMap;
@@ -23,17 +26,22 @@ use crate::synth::cached::{
 use crate::synth::tensors::{mix, write_random_weights_with_metadata, RandomWeight};
 use framesmith_config::run::TimestepSampling;
 use framesmith_data::family::ltx2::cache::{
-    ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_latent_cache, write_ltx2_text_cache,
-    Ltx2TextCache,
+    ltx2_audio_cache_name, ltx2_latent_cache_name, ltx2_text_cache_name, write_ltx2_audio_cache,
+    write_ltx2_latent_cache, write_ltx2_text_cache, Ltx2AudioCache, Ltx2TextCache,
 };
 use framesmith_data::frames::FrameWindow;
 use framesmith_models::ltx2::config::metadata_config;
-use framesmith_models::ltx2::weights::video_stream_shapes;
+use framesmith_models::ltx2::weights::{audio_stream_shapes, video_stream_shapes};
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::init::randn;
 
 /// The DiT's file name.
 pub const DIT_FILE: &str = "ltx-2.3-22b-video-stream-synth-bf16.safetensors";
+/// The DiT's file name with both streams.
+pub const AV_DIT_FILE: &str = "ltx-2.3-22b-audio-video-synth-bf16.safetensors";
+/// Audio latent channels and mel bins of the release's audio VAE.
+const AUDIO_CHANNELS: usize = 8;
+const AUDIO_MEL_BINS: usize = 16;
 /// Stem of the one cached clip.
 const ITEM_STEM: &str = "synth_000";
 /// The clip's caption (its text features are random all the same).
@@ -64,6 +72,13 @@ pub struct Ltx2SynthProject {
     pub steps: usize,
     /// LoRA rank (and alpha) of the run config.
     pub rank: usize,
+    /// Both streams: the audio stream's weights and the clip's audio caches too.
+    pub audio: bool,
+}
+
+/// The audio latent frames of a clip of `frames` frames at 24 fps (25 a second, as musubi-tuner sizes them).
+pub fn ltx2_audio_frames(frames: usize) -> usize {
+    (frames * 25 / 24).max(1)
 }
 
 /// The latents `[128, (F − 1)/8 + 1, H/32, W/32]` the VAE makes of the clip, or why the size does not fit.
@@ -88,8 +103,20 @@ pub fn write_ltx2_project(
             spec.text_tokens
         );
     }
+    if spec.audio {
+        spec.cfg
+            .validate_audio()
+            .map_err(|e| anyhow::anyhow!("the LTX-2 sizes: {e}"))?;
+        if spec.cfg.audio_in_channels != AUDIO_CHANNELS * AUDIO_MEL_BINS {
+            bail!(
+                "the audio cache holds {AUDIO_CHANNELS} channels × {AUDIO_MEL_BINS} mel bins a frame, but the \
+                 model takes {}",
+                spec.cfg.audio_in_channels
+            );
+        }
+    }
     let project = CachedProject {
-        dit_file: DIT_FILE,
+        dit_file: if spec.audio { AV_DIT_FILE } else { DIT_FILE },
         dataset_toml: clip_dataset_toml(DATASET_HEADER, (spec.width, spec.height, spec.frames)),
         steps_seed: (spec.steps, spec.seed),
         rank: spec.rank,
@@ -97,7 +124,7 @@ pub fn write_ltx2_project(
     write_cached_project(
         dir,
         project,
-        |dit| write_random_ltx2_dit(dit, &spec.cfg, spec.seed),
+        |dit| write_random_ltx2_dit(dit, &spec.cfg, spec.seed, spec.audio),
         |dir| write_cached_clip(dir, spec, latent),
         |config| {
             config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
@@ -120,17 +147,27 @@ pub fn ltx2_init_stats(name: &str, shape: &[usize]) -> (f32, f32) {
         (0.0, 0.05)
     } else if name.contains("scale_shift_table") {
         (0.0, 0.1)
-    } else if name.contains("adaln_single.linear.") {
+    } else if name.contains("adaln_single.linear.") || name.contains("_adaln_single.linear.") {
         (0.0, 0.1 * scaled)
     } else {
         (0.0, scaled)
     }
 }
 
-/// Writes random bf16 weights of `cfg`'s video stream under the official single-file names to `path` with the
-/// `config` metadata, one tensor in memory at a time; returns the file size.
-pub fn write_random_ltx2_dit(path: &Path, cfg: &Ltx2Config, seed: u64) -> anyhow::Result<u64> {
-    let weights = video_stream_shapes(cfg).into_iter().map(|(name, shape)| {
+/// Writes random bf16 weights of `cfg`'s video stream (and with `audio` its audio stream and audio-video
+/// cross-attentions) under the official single-file names to `path` with the `config` metadata, one tensor in
+/// memory at a time; returns the file size.
+pub fn write_random_ltx2_dit(
+    path: &Path,
+    cfg: &Ltx2Config,
+    seed: u64,
+    audio: bool,
+) -> anyhow::Result<u64> {
+    let mut shapes = video_stream_shapes(cfg);
+    if audio {
+        shapes.extend(audio_stream_shapes(cfg));
+    }
+    let weights = shapes.into_iter().map(|(name, shape)| {
         let (mean, std) = ltx2_init_stats(&name, &shape);
         RandomWeight {
             name: format!("model.diffusion_model.{name}"),
@@ -165,10 +202,30 @@ fn write_cached_clip(
     };
     let latent_path = cache.join(ltx2_latent_cache_name(ITEM_STEM, Some(window), size));
     write_ltx2_latent_cache(&latent_path, &latents, size, Some(spec.frames as u32))?;
+    if spec.audio {
+        let frames = ltx2_audio_frames(spec.frames);
+        let shape = (AUDIO_CHANNELS, frames, AUDIO_MEL_BINS);
+        let audio = Ltx2AudioCache {
+            latents: randn(rng, shape, 0.0, 1.0, dev)?.to_dtype(DType::BF16)?,
+            length: Some(frames),
+        };
+        let name = latent_path
+            .file_name()
+            .and_then(|n| ltx2_audio_cache_name(&n.to_string_lossy()))
+            .ok_or_else(|| anyhow::anyhow!("no audio cache name for {}", latent_path.display()))?;
+        write_ltx2_audio_cache(&cache.join(name), &audio)?;
+    }
+    let audio_text = if spec.audio {
+        let width = spec.cfg.audio_cross_attention_dim;
+        Some(randn(rng, (spec.text_tokens, width), 0.0, 1.0, dev)?.to_dtype(DType::BF16)?)
+    } else {
+        None
+    };
     let width = spec.cfg.cross_attention_dim;
     let text = Ltx2TextCache {
         video_prompt_embeds: randn(rng, (spec.text_tokens, width), 0.0, 1.0, dev)?
             .to_dtype(DType::BF16)?,
+        audio_prompt_embeds: audio_text,
         prompt_attention_mask: Some(Tensor::ones(spec.text_tokens, DType::I64, dev)?),
         caption: CAPTION.into(),
         encoding: None,
@@ -204,6 +261,7 @@ mod tests {
             text_tokens: 5,
             steps: 2,
             rank: 4,
+            audio: false,
         };
         let files = write_ltx2_project(dir.path(), &spec)?;
         let dit = framesmith_models::ltx2::weights::identify(&files.dit)?;
@@ -219,7 +277,45 @@ mod tests {
         assert_eq!(text.video_prompt_embeds.dims(), &[5, 16]);
         let config = framesmith_config::RunConfig::load(&files.run)?;
         assert_eq!((config.lora.rank, config.training.max_train_steps), (4, 2));
-        assert!(ltx2_latent_shape(&Ltx2SynthProject { frames: 16, ..spec }).is_err());
+        assert!(ltx2_latent_shape(&Ltx2SynthProject {
+            frames: 16,
+            ..spec.clone()
+        })
+        .is_err());
+
+        // With audio: both streams in the file, the audio latents and audio text beside the clip's.
+        let mut av = spec;
+        av.cfg.audio_num_attention_heads = 2;
+        av.cfg.audio_attention_head_dim = 8;
+        av.cfg.audio_cross_attention_dim = 16;
+        av.audio = true;
+        let av_dir = dir.path().join("av");
+        let files = write_ltx2_project(&av_dir, &av)?;
+        let names = safetensors_names(&files.dit)?;
+        assert!(names
+            .iter()
+            .any(|n| n.ends_with("transformer_blocks.1.video_to_audio_attn.to_q.weight")));
+        let audio_path = files
+            .latents
+            .file_name()
+            .and_then(|n| ltx2_audio_cache_name(&n.to_string_lossy()))
+            .map(|n| files.latents.with_file_name(n))
+            .expect("an audio cache name");
+        let audio =
+            framesmith_data::family::ltx2::cache::read_ltx2_audio_cache(&audio_path, &Device::Cpu)?;
+        assert_eq!(audio.latents.dims(), &[8, 17, 16]);
+        let text =
+            framesmith_data::family::ltx2::cache::read_ltx2_text_cache(&files.text, &Device::Cpu)?;
+        assert_eq!(
+            text.audio_prompt_embeds.expect("audio text").dims(),
+            &[5, 16]
+        );
         Ok(())
+    }
+
+    fn safetensors_names(path: &Path) -> anyhow::Result<Vec<String>> {
+        let bytes = std::fs::read(path)?;
+        let st = safetensors::SafeTensors::deserialize(&bytes)?;
+        Ok(st.names().into_iter().map(String::from).collect())
     }
 }

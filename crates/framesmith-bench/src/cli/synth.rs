@@ -61,6 +61,10 @@ pub(crate) struct SynthArgs {
     /// and train image-to-video.
     #[arg(long)]
     i2v: bool,
+    /// LTX-2 only: write the audio stream and the audio-video cross-attentions too, and the clip's audio latent
+    /// cache and audio text (joint audio-video training).
+    #[arg(long)]
+    audio: bool,
     /// Qwen-Image with --sample-files, and ltx2-text: how many captioned images to write.
     #[arg(long, default_value_t = 100)]
     captions: usize,
@@ -183,8 +187,8 @@ fn synth_ltx2_project(args: &SynthArgs) -> Result<()> {
     use framesmith_bench::synth_ltx2 as ltx;
     if args.encoders.is_some() || args.sample_files || args.i2v || args.dtype != "bf16" {
         bail!(
-            "an LTX-2 project is a bf16 DiT trained text-to-video from its caches: drop --encoders, \
-             --sample-files, --i2v and --dtype"
+            "an LTX-2 project is a bf16 DiT trained text-to-video (with --audio: and audio) from its caches: drop \
+             --encoders, --sample-files, --i2v and --dtype"
         );
     }
     let spec = ltx::Ltx2SynthProject {
@@ -196,6 +200,7 @@ fn synth_ltx2_project(args: &SynthArgs) -> Result<()> {
         text_tokens: args.text_tokens,
         steps: args.steps,
         rank: args.rank,
+        audio: args.audio,
     };
     let files = ltx::write_ltx2_project(&args.out, &spec)?;
     println!("{}", files.wrote_line());
@@ -227,6 +232,9 @@ fn synth_ltx2_text(args: &SynthArgs) -> Result<()> {
 
 /// Writes the synthetic project and says what it wrote.
 pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
+    if args.audio && args.model != "ltx2" {
+        bail!("--audio is for LTX-2 projects (--model ltx2)");
+    }
     match args.model.as_str() {
         "wan" => {}
         "flux-dev" => return synth_flux_project(args),
