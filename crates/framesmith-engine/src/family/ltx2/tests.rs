@@ -262,14 +262,14 @@ fn a_run_with_audio_caches_trains_jointly_and_mixed_caches_are_refused() -> anyh
         let mut config = cached_run_config(
             &dir,
             (tiny_dit_with(&dir, true)?, toml),
-            2,
+            4,
             TimestepSampling::ShiftedLogitNormal,
         )?;
         config.lora.alpha = 2.0;
         Ok(config)
     };
     let (a, b) = (joint_config("a")?, joint_config("b")?);
-    let (_, lora) = assert_trains_and_resumes(&a, &b, 2)?;
+    let (_, lora) = assert_trains_and_resumes(&a, &b, 4)?;
     let file = LoraFile::load(&lora, &Device::Cpu)?;
     // q, k, v, out of the six attentions of both blocks.
     assert_eq!(file.modules.len(), 2 * 24);
