@@ -339,15 +339,28 @@ impl Ltx2Transformer {
         let Some(audio) = &inputs.audio else {
             return Ok(prepared);
         };
+        self.prepare_audio(&mut prepared, (audio, &inputs.positions), &scaled)?;
+        Ok(prepared)
+    }
+
+    /// The audio stream's embeddings of a joint pass into `prepared`: its AdaLN rows, text, RoPE tables, the
+    /// audio-video rows and tables, and the block input packed with the audio tokens.
+    fn prepare_audio(
+        &self,
+        prepared: &mut Prepared,
+        (audio, positions): (&Ltx2AudioInputs, &Tensor),
+        scaled: &[f32],
+    ) -> Result<()> {
+        let dtype = audio.latents.dtype();
         let Some(model) = &self.audio else {
             candle_core::bail!(
                 "LTX-2: a batch with audio latents for a transformer read without its audio stream"
             );
         };
         let ax = model.audio_patchify_proj.forward(&audio.latents)?;
-        let (arows, aembedded) = model.audio_adaln_single.forward(&scaled, dtype)?;
+        let (arows, aembedded) = model.audio_adaln_single.forward(scaled, dtype)?;
         let aprompt = match &model.audio_prompt_adaln_single {
-            Some(p) => Some(p.forward(&scaled, dtype)?.0.unsqueeze(1)?),
+            Some(p) => Some(p.forward(scaled, dtype)?.0.unsqueeze(1)?),
             None => None,
         };
         let acontext = match &model.audio_caption_projection {
@@ -363,7 +376,6 @@ impl Ltx2Transformer {
         let cross = |adaln: &AdaLayerNormSingle, t: &[f32]| -> Result<Tensor> {
             adaln.forward(t, dtype)?.0.unsqueeze(1)
         };
-        let positions = &inputs.positions;
         let ai = AudioInputs {
             timestep: arows.unsqueeze(1)?,
             prompt_timestep: aprompt,
@@ -383,9 +395,9 @@ impl Ltx2Transformer {
                 dtype,
                 &device,
             )?,
-            video_cross: cross(&model.av_ca_video_scale_shift_adaln_single, &scaled)?,
+            video_cross: cross(&model.av_ca_video_scale_shift_adaln_single, scaled)?,
             video_gate: cross(&model.av_ca_a2v_gate_adaln_single, &gate_t)?,
-            audio_cross: cross(&model.av_ca_audio_scale_shift_adaln_single, &scaled)?,
+            audio_cross: cross(&model.av_ca_audio_scale_shift_adaln_single, scaled)?,
             audio_gate: cross(&model.av_ca_v2a_gate_adaln_single, &gate_t)?,
             video_shape: (prepared.xs.dim(1)?, prepared.xs.dim(2)?),
             audio_shape: (ax.dim(1)?, ax.dim(2)?),
@@ -393,7 +405,7 @@ impl Ltx2Transformer {
         prepared.xs = AudioInputs::pack(&prepared.xs, &ax)?;
         prepared.blocks.audio = Some(ai);
         prepared.audio_embedded = Some(aembedded.unsqueeze(1)?);
-        Ok(prepared)
+        Ok(())
     }
 
     /// The head on the last block's output `xs` [b, tokens, dim] (or a joint pass's packed streams): the video
