@@ -50,6 +50,8 @@ fn lens(mask: &Tensor) -> anyhow::Result<Vec<usize>> {
 }
 
 /// Runs the transformer of an `ltx2_transformer` fixture and compares every expected tensor.
+// One fixture's rows, compared in the order the model makes them (both streams of a joint fixture).
+#[allow(clippy::too_many_lines)]
 pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
     let mut model = model(fixture)?;
     let weight_grads = attach_identity_loras(model.linears_mut(), fixture)?;
