@@ -130,7 +130,7 @@ impl Connector {
         let rope = RopeTable::new(&positions, &self.cfg, dtype, device)?;
         for block in &self.blocks {
             let h = rms_norm(&xs, None, EPS)?;
-            xs = (&xs + block.attn1.forward(&h, &h, Some(&rope), None)?)?;
+            xs = (&xs + block.attn1.forward(&h, &h, Some((&rope, &rope)), None)?)?;
             let h = rms_norm(&xs, None, EPS)?;
             xs = (&xs + block.ff.forward(&h)?)?;
         }
