@@ -174,6 +174,8 @@ fn write(item: &Pending, text: &Ltx2Text, (dtype, encoding): (DType, &str)) -> a
     let cache = Ltx2TextCache {
         video_prompt_embeds: text.embeds.to_dtype(dtype)?.to_device(&cpu)?,
         prompt_attention_mask: Some(Tensor::from_vec(text.mask.clone(), rows, &cpu)?),
+        // The audio connector is not built: the cache holds the video stream's text only.
+        audio_prompt_embeds: None,
         caption: item.caption.clone(),
         encoding: Some(encoding.to_string()),
     };
