@@ -336,7 +336,7 @@ mod tests {
         let audio_path = dir.path().join(&audio_name);
         write_ltx2_audio_cache(&audio_path, &audio).unwrap();
         let raw = read_tensor_file(&audio_path, &dev).unwrap();
-        assert!(raw.tensors.contains_key("audio_latents_9x16x8_bf16"));
+        assert!(raw.tensors.contains_key("audio_latents_9x16x8_bfloat16"));
         assert!(raw.tensors.contains_key("audio_lengths_int32"));
         let back = read_ltx2_audio_cache(&audio_path, &dev).unwrap();
         assert_eq!(
