@@ -91,18 +91,14 @@ fn init(name: &str, shape: &[usize]) -> (f32, f32) {
     }
 }
 
-/// Writes the files for `version` into `dir`: Gemma, the checkpoint (`ltx-2-19b-text-synth.safetensors` or
-/// `ltx-2.3-22b-text-synth.safetensors`) and `captions` captioned images.
-pub fn write_ltx2_text_files(
+/// Writes a random Gemma 3 text model of `cfg` (ComfyUI's single-file names, linears with FP8 scales) into `dir`.
+fn write_gemma(
     dir: &Path,
-    version: Ltx2Version,
-    captions: usize,
+    cfg: &Gemma3TextConfig,
     seed: u64,
-) -> anyhow::Result<Ltx2TextFiles> {
-    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let gemma_cfg = Gemma3TextConfig::gemma3_12b();
+) -> anyhow::Result<std::path::PathBuf> {
     let gemma = dir.join(GEMMA_FILE);
-    let weights = gemma_cfg
+    let weights = cfg
         .tensor_shapes()
         .into_iter()
         .map(|(name, shape, linear)| {
@@ -122,6 +118,20 @@ pub fn write_ltx2_text_files(
         Some("model."),
         mix(seed, 3),
     )?;
+    Ok(gemma)
+}
+
+/// Writes the files for `version` into `dir`: Gemma, the checkpoint (`ltx-2-19b-text-synth.safetensors` or
+/// `ltx-2.3-22b-text-synth.safetensors`) and `captions` captioned images.
+pub fn write_ltx2_text_files(
+    dir: &Path,
+    version: Ltx2Version,
+    captions: usize,
+    seed: u64,
+) -> anyhow::Result<Ltx2TextFiles> {
+    fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+    let gemma_cfg = Gemma3TextConfig::gemma3_12b();
+    let gemma = write_gemma(dir, &gemma_cfg, seed)?;
 
     let (cfg, text) = release(version)?;
     let stem = match version {
