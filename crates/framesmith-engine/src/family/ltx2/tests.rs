@@ -171,7 +171,7 @@ fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Re
         "{err}"
     );
 
-    // A dataset without `_ltx2` caches names the scripts that make them.
+    // A dataset without `_ltx2` caches names the commands that make them.
     std::fs::remove_dir_all(dir.path().join("cache"))?;
     let err = error_of(load_ltx2_items(
         (&config.dataset.config, Unreadable::Refuse),
@@ -179,7 +179,9 @@ fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Re
         &Device::Cpu,
     ));
     assert!(
-        err.contains("no *_ltx2.safetensors") && err.contains("ltx2_cache_text_encoder_outputs.py"),
+        err.contains("no *_ltx2.safetensors")
+            && err.contains("framesmith cache latents")
+            && err.contains("framesmith cache text"),
         "{err}"
     );
     Ok(())
