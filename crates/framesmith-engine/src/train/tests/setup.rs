@@ -33,7 +33,7 @@ fn fp8_attention_on_the_cpu_is_refused_by_name_with_the_fix() {
     plan.device = PlanDevice::Cpu;
     assert!(device_for(&plan).is_ok());
     plan.model.fp8_attention = true;
-    let err = format!("{:#}", device_for(&plan).err().expect("refused"));
+    let err = format!("{:#}", device_for(&plan).expect_err("refused"));
     assert!(
         err.contains("model.fp8_attention")
             && err.contains("not on the CPU")
