@@ -15,22 +15,17 @@ use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 use super::train::is_hv15_file;
+use crate::family::image::clip_prep::{cache_clip_latents, ClipLatents};
 use crate::prep::pass::{load_dataset, CacheRequest, LatentFiles};
-use crate::prep::{
-    frames_to_video, header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected,
-    ItemOutcome,
-};
-use framesmith_data::cache::media_stem;
+use crate::prep::{frames_to_video, header, CacheOptions, CacheProgress, CacheSummary};
 use framesmith_data::family::hunyuan_video15::cache::{
     hv15_latent_cache_name, write_hv15_latent_cache, Hv15LatentCache, HV15_ARCHITECTURE,
     HV15_SUFFIX, HV15_TARGET_FPS,
 };
-use framesmith_data::frames::select_frames;
 
 use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
-use framesmith_data::probe::{image_size, probe_video};
-use framesmith_data::samples::{cache_dir, image_sample, video_samples_at, Sample};
-use framesmith_data::{DatasetKind, ResolvedDataset, ValidConfig};
+use framesmith_data::samples::Sample;
+use framesmith_data::{DatasetKind, ValidConfig};
 use framesmith_models::hunyuan_video15::vae::weights::is_hv15_vae_file;
 use framesmith_models::hunyuan_video15::vae::{load_hv15_vae, Hv15Vae, SpatialTiles};
 use framesmith_models::siglip::{load_siglip, siglip_weights_file, SiglipVision, SIGLIP_FILES};
@@ -219,120 +214,25 @@ pub fn cache_hv15_latents(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    let mut summary = CacheSummary::default();
-    let mut expected = Expected::default();
-    let scans = scan_all(valid, tools, &mut summary, progress);
-    for scan in &scans {
-        let ds = &scan.dataset;
-        expected.dataset(ds, scan);
-        for item in &scan.items {
-            let outcome = cache_item(ds, tools, &item.media, encoder, &mut expected)
-                .with_context(|| format!("caching {}", item.media.display()))?;
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !options.keep_stale {
-        summary.removed = expected.remove_stale(&format!("_{HV15_SUFFIX}.safetensors"))?;
-    }
-    Ok(summary)
-}
-
-/// The `_hv15` cache file of a sample, beside where the sample's own name would go.
-fn cache_path(sample: &Sample) -> PathBuf {
-    let dir = sample
-        .latent_cache
-        .parent()
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
-    dir.join(hv15_latent_cache_name(
-        &media_stem(&sample.media),
-        sample.window,
-        sample.original_size,
-    ))
-}
-
-/// The cache files of an item from headers and a probe only; `None` when the media cannot be measured so.
-fn planned_caches(
-    ds: &ResolvedDataset,
-    tools: Option<&MediaTools>,
-    media: &Path,
-) -> Option<Vec<PathBuf>> {
-    let dir = cache_dir(ds, media);
-    let stem = media_stem(media);
-    match ds.kind() {
-        DatasetKind::Image => {
-            let size = image_size(media).ok()?;
-            Some(vec![dir.join(hv15_latent_cache_name(&stem, None, size))])
-        }
-        DatasetKind::Video => {
-            let params = ds.video.as_ref()?;
-            let info = probe_video(tools, media).ok()?;
-            let frames = info.frame_count? as usize;
-            let size = (info.width, info.height);
-            let names = select_frames(frames, params, HV15_TARGET_FPS)
-                .into_iter()
-                .map(|c| dir.join(hv15_latent_cache_name(&stem, Some(c.window), size)))
-                .collect();
-            Some(names)
-        }
-    }
-}
-
-/// Caches one image or video.
-fn cache_item(
-    ds: &ResolvedDataset,
-    tools: Option<&MediaTools>,
-    media: &Path,
-    encoder: &Hv15LatentEncoder,
-    expected: &mut Expected,
-) -> anyhow::Result<ItemOutcome> {
-    if let Some(planned) = planned_caches(ds, tools, media) {
-        planned.iter().for_each(|p| expected.file(p));
-        if !planned.is_empty() && planned.iter().all(|p| encoder.cached(p)) {
-            return Ok(ItemOutcome::Skipped);
-        }
-    }
-    // A file that does not decode is the item's failure; anything later (the VAE, the disk) stops the pass.
-    let decoded = match ds.kind() {
-        DatasetKind::Image => image_sample(ds, media, BUCKET_STEP)
-            .map(|s| vec![s])
-            .map_err(|e| e.reason()),
-        DatasetKind::Video => {
-            video_samples_at(ds, tools, media, BUCKET_STEP, HV15_TARGET_FPS).map_err(|e| e.reason())
-        }
-    };
-    let samples = match decoded {
-        Ok(samples) if !samples.is_empty() => samples,
-        failed => {
-            expected.failed(ds, media);
-            let reason = failed
-                .err()
-                .unwrap_or_else(|| "the video is too short for any clip of target_frames".into());
-            return Ok(ItemOutcome::Failed(reason));
-        }
-    };
-    let mut written = 0;
-    for sample in &samples {
-        let path = cache_path(sample);
-        expected.file(&path);
-        if encoder.cached(&path) {
-            continue;
-        }
+    let write = |sample: &Sample, path: &Path| -> anyhow::Result<()> {
         let cache = encoder.encode_cache(&sample.frames)?;
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)
-                .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-        }
         let frames = sample.window.map(|w| w.frames);
-        write_hv15_latent_cache(&path, &cache, sample.original_size, frames)?;
-        written += 1;
-    }
-    Ok(if written == 0 {
-        ItemOutcome::Skipped
-    } else {
-        ItemOutcome::Written(written)
-    })
+        Ok(write_hv15_latent_cache(
+            path,
+            &cache,
+            sample.original_size,
+            frames,
+        )?)
+    };
+    let latents = ClipLatents {
+        suffix: HV15_SUFFIX,
+        name: hv15_latent_cache_name,
+        step: BUCKET_STEP,
+        fps: HV15_TARGET_FPS,
+        cached: &|path: &Path| encoder.cached(path),
+        write: &write,
+    };
+    cache_clip_latents(valid, tools, &latents, options, progress)
 }
 
 // Tests may unwrap (STYLE.md: no unwrap outside tests).
