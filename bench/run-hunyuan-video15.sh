@@ -76,11 +76,11 @@ if [[ ! -f "$P/run.toml" || ( ${#SAMPLE_ARGS[@]} -gt 0 && ! -f "$P/byt5_small_gl
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
         --seed "$SEED" "${I2V_ARGS[@]}" "${SAMPLE_ARGS[@]}" || { note "synth failed"; exit 1; }
 fi
-SIGLIP="$P/sigclip_vision_patch14_384.safetensors" START="$P/start.png"
+SIGLIP="$P/sigclip_vision_patch14_384.safetensors" START_IMAGE="$P/start.png"
 # A random SigLIP so400m-patch14-384 (bf16, transformers' names) and a 1280x720 RGB test pattern, written once.
 i2v_files() {
-    [[ -f "$SIGLIP" && -f "$START" ]] && return 0
-    python3 - "$SIGLIP" "$START" <<'PY'
+    [[ -f "$SIGLIP" && -f "$START_IMAGE" ]] && return 0
+    python3 - "$SIGLIP" "$START_IMAGE" <<'PY'
 import struct, sys, zlib
 import torch
 from safetensors.torch import save_file
@@ -114,7 +114,7 @@ PY
 cache_i2v() { # case-dir device
     local d="$1" device="$2" data="$1/data-$2"
     mkdir -p "$data/images"
-    python3 -c "import shutil,sys; shutil.copy(sys.argv[1], sys.argv[2])" "$START" "$data/images/start.png"
+    python3 -c "import shutil,sys; shutil.copy(sys.argv[1], sys.argv[2])" "$START_IMAGE" "$data/images/start.png"
     echo "a test pattern" > "$data/images/start.txt"
     printf '[general]\nresolution = [480, 272]\ncaption_extension = ".txt"\nenable_bucket = false\n\n[[datasets]]\nimage_directory = "images"\ncache_directory = "cache"\n' \
         > "$data/dataset.toml"
@@ -141,7 +141,7 @@ for case in "${CASES[@]}"; do
         i2v_files || { note "i2v files failed"; continue; }
         timed "$D" generate framesmith generate --dit "$DIT" --vae "$P/hunyuanvideo15_vae_fp16.safetensors" \
             --text-encoder "$P/qwen_2.5_vl_7b_fp8_scaled.safetensors" --tokenizer "$TOKENIZER" \
-            --image "$START" --clip "$SIGLIP" --prompt 'the pattern slowly turns' \
+            --image "$START_IMAGE" --clip "$SIGLIP" --prompt 'the pattern slowly turns' \
             --frames "$GEN_FRAMES" --steps "$GEN_STEPS" --seed 7 --fp8 block64 \
             --blocks-to-swap "$GEN_SWAP" --vram-budget-gb 24 --device cuda --out "$D/clip.mp4"
         grep -hE "start image|step|decode|VRAM|peak|wrote|rror" "$D/generate.log" | tail -8 \
