@@ -23,18 +23,28 @@ use tiled::{PeakElems, Problem, Tiles};
 /// attended (`None`: all; lengths above `lk` are clamped). A sample with no keys gets a zero output and zero
 /// gradients. `kv_lens` holds one length per sample, else this is an error. Differentiable; computed in f32 and returned in `q`'s dtype. Memory is O(tokens × tile).
 /// On CUDA with the `cudnn` feature, bf16 inputs with a head dim up to 128 run cuDNN's fused kernels (also
-/// differentiable), in FP8 on a device where [`crate::device::set_fp8_attention`] turned FP8 attention on (for the
-/// shapes cuDNN's FP8 kernels take there); everything else runs [`portable_attention`].
+/// differentiable), self-attention in FP8 on a device where [`crate::device::set_fp8_attention`] turned FP8
+/// attention on (for the shapes cuDNN's FP8 kernels take there); everything else runs [`portable_attention`].
 pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, kv_lens: Option<&[usize]>) -> Result<Tensor> {
     #[cfg(feature = "cudnn")]
     if crate::cuda::attention::runs_fused(q) && k.dtype() == DType::BF16 && v.dtype() == DType::BF16
     {
-        if crate::cuda::attention_fp8::ready(q, k, kv_lens.is_some()) {
+        if runs_fp8(q, k, kv_lens.is_some()) {
             return crate::cuda::attention_fp8::attention(q, k, v, kv_lens);
         }
         return crate::cuda::attention::attention(q, k, v, kv_lens);
     }
     portable_attention(q, k, v, kv_lens)
+}
+
+/// Whether attention of `q` over `k` runs cuDNN's FP8 kernels: self-attention only (the keys are the queries' own
+/// sequence, a joint text-and-image one included) on a device with FP8 attention on, for the shapes its kernels
+/// take. Cross-attention over a separate key sequence (a short text) stays in bf16: there the quantisation passes
+/// cost more than the shorter product saves (bench/RESULTS.md, session 34).
+#[cfg(feature = "cudnn")]
+pub(crate) fn runs_fp8(q: &Tensor, k: &Tensor, padded: bool) -> bool {
+    let same_sequence = matches!((q.dim(1), k.dim(1)), (Ok(lq), Ok(lk)) if lq == lk);
+    same_sequence && crate::cuda::attention_fp8::ready(q, k, padded)
 }
 
 /// FP8 attention's calls so far in this process (forward and backward passes counted apart): how many ran in FP8,

@@ -7,8 +7,8 @@ use candle_core::{DType, Result, Tensor};
 
 use super::tiled::{self, PeakElems, Saved, Tiles};
 
-/// The kernels that run an attention call: cuDNN's FP8 ones (on a device with `model.fp8_attention` on, for the
-/// shapes they take), cuDNN's bf16 ones, or the portable tiled ones; the same choice [`super::attention`] makes.
+/// The kernels that run an attention call: cuDNN's FP8 ones (self-attention on a device with
+/// `model.fp8_attention` on, for the shapes they take), cuDNN's bf16 ones, or the portable tiled ones; the same choice [`super::attention`] makes.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Kernels {
     #[cfg(feature = "cudnn")]
@@ -22,7 +22,7 @@ fn kernels(q: &Tensor, k: &Tensor, v: &Tensor, padded: bool) -> Kernels {
     #[cfg(feature = "cudnn")]
     if crate::cuda::attention::runs_fused(q) && k.dtype() == DType::BF16 && v.dtype() == DType::BF16
     {
-        if crate::cuda::attention_fp8::ready(q, k, padded) {
+        if super::runs_fp8(q, k, padded) {
             return Kernels::Fp8;
         }
         return Kernels::Fused;
