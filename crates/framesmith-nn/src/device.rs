@@ -119,6 +119,13 @@ pub fn set_fp8_attention(device: &Device, on: bool) -> Result<(), DeviceError> {
     }
 }
 
+/// Attention runs in bf16 again on every device [`set_fp8_attention`] turned FP8 on: what a run asked for ends
+/// with the run, so a later run or a generation in the same process starts from bf16.
+pub fn clear_fp8_attention() {
+    #[cfg(feature = "cudnn")]
+    crate::cuda::attention_fp8::disable_all();
+}
+
 #[cfg(feature = "cuda")]
 type Reservation = crate::cuda::device::VramReservation;
 /// Nothing can be held without CUDA: a [`VramHold`] is never made.

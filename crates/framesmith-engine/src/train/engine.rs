@@ -142,7 +142,17 @@ enum Outcome {
     Stopped,
 }
 
+/// Ends what a run switched on for its devices (FP8 attention), however the run ends.
+struct RunScope;
+
+impl Drop for RunScope {
+    fn drop(&mut self) {
+        framesmith_nn::device::clear_fp8_attention();
+    }
+}
+
 fn run(request: &StartRun, ranks: &Ranks, inbox: &Rc<Inbox>, events: &Events) {
+    let _scope = RunScope;
     events.state(RunState::Preparing);
     let mut log = |level, message| events.log(level, message);
     // A stop while the run is prepared ends the preparation at the next tensor loaded or item read.

@@ -143,6 +143,11 @@ pub fn disable(dev: &CudaDevice) {
     lock().remove(&ordinal(dev));
 }
 
+/// Attention on every device runs in bf16 again (all histories dropped).
+pub fn disable_all() {
+    lock().clear();
+}
+
 fn lock() -> std::sync::MutexGuard<'static, BTreeMap<usize, DeviceState>> {
     DEVICES.lock().unwrap_or_else(PoisonError::into_inner)
 }
