@@ -25,6 +25,10 @@ pub struct WorkingSet {
     /// Inputs of the widest block linear quantised to FP8 for its product (`[L, ffn_dim]` codes and `[L]` scales;
     /// 0 bytes without FP8 products).
     pub quantised_inputs: u64,
+    /// `[L, dim]` tensors of one-byte FP8 codes that FP8 attention (`model.fp8_attention`) holds beside the bf16
+    /// kernels' tensors: the backward quantises q, k, v, o and dO and has cuDNN write dQ, dK and dV as codes
+    /// before reading them back to bf16 (8), the forward quantises q, k, v and has O written as codes (4).
+    pub fp8_attention_codes: u64,
     /// `[L, dim]` f32 tensors of the head and the loss (held with every saved input, but not with a block's
     /// working set: the larger of the two counts).
     pub head_tokens_dim_f32: u64,
@@ -47,6 +51,7 @@ impl WorkingSet {
         per_token_modulation: 1,
         dequantised_weights: 1,
         quantised_inputs: 1,
+        fp8_attention_codes: 8,
         head_tokens_dim_f32: 6,
     };
 
@@ -66,6 +71,7 @@ impl WorkingSet {
         per_token_modulation: 1,
         dequantised_weights: 1,
         quantised_inputs: 1,
+        fp8_attention_codes: 8,
         head_tokens_dim_f32: 6,
     };
 
@@ -83,6 +89,7 @@ impl WorkingSet {
         per_token_modulation: 1,
         dequantised_weights: 1,
         quantised_inputs: 1,
+        fp8_attention_codes: 4,
         head_tokens_dim_f32: 2,
     };
 
@@ -97,7 +104,12 @@ impl WorkingSet {
                 + l * h * 4 * self.tokens_heads_f32
                 + self.per_token_modulation * widths.per_token_modulation_bytes
                 + self.dequantised_weights * shape.dequantised_weight_bytes
-                + self.quantised_inputs * shape.quantised_input_bytes;
+                + self.quantised_inputs * shape.quantised_input_bytes
+                + if shape.fp8_attention {
+                    self.fp8_attention_codes * l * d
+                } else {
+                    0
+                };
         let head = l * d * 4 * self.head_tokens_dim_f32;
         block.max(head)
     }
@@ -168,6 +180,9 @@ pub struct StepShape {
     pub dequantised_weight_bytes: u64,
     /// The widest block linear's input quantised to FP8 (FP8 products), else 0.
     pub quantised_input_bytes: u64,
+    /// Self-attention runs cuDNN's FP8 kernels (`model.fp8_attention`), which hold one-byte codes of their inputs,
+    /// outputs and gradients beside the bf16 tensors.
+    pub fp8_attention: bool,
     /// The time modulation is per token ([`PlanInput::start_frame`](super::PlanInput::start_frame)).
     pub per_token_time: bool,
 }
