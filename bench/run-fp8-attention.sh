@@ -10,8 +10,9 @@
 #              fp8_attention off, then on (STEPS, default 6), and PyTorch eager (bench/reference/step.py, 1 + 3
 #              steps). About 4 minutes with the project written.
 #   step-14b   Wan2.1-14B 480x832x81 rank 32 within 24 GiB (ComfyUI scaled-FP8 file, `--preset fast-24gb
-#              --vram-budget-gb 24`): `framesmith train` off, then on (STEPS, default 3). About 7 minutes the first
-#              time (the project is written into WORK_DIR), 5 after.
+#              --vram-budget-gb 24`): `framesmith train` off, then on (STEPS, default 3); FP8_PRODUCTS=1 adds a
+#              run with `model.fp8_matmul` on as well. About 7 minutes the first time (the project is written into
+#              WORK_DIR), 5 after.
 #   torch-14b  PyTorch's eager resident bf16 14B step (bench/reference/step.py, 1 + 2 steps), the reference of the
 #              14B goal. About 2 minutes.
 #   quality    Wan2.1-1.3B random weights, one cached 480x832x17 clip, QUALITY_STEPS (default 200) steps, rank 32:
@@ -23,7 +24,7 @@
 # Usage: bench/run-fp8-attention.sh BIN_DIR OUT_DIR WORK_DIR PART [PART...]
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-    sed -n '2,24p' "$0"
+    sed -n '2,25p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -140,6 +141,13 @@ for PART in "$@"; do
         train_case "$OUT/step-14b-bf16" "$P/budget.toml" "14B 24 GiB fast-24gb, bf16 attention" "${extra[@]}"
         train_case "$OUT/step-14b-fp8" "$P/budget-fp8-attention.toml" "14B 24 GiB fast-24gb, FP8 attention" \
             "${extra[@]}"
+        if [[ -n "${FP8_PRODUCTS:-}" ]]; then
+            # Every FP8 lever at once: FP8 attention and the block linears on FP8 tensor cores (model.fp8_matmul).
+            python3 -c 'import sys; t=open(sys.argv[1]).read().replace("[model]\n", "[model]\nfp8_matmul = true\n", 1); open(sys.argv[2], "w").write(t)' \
+                "$P/budget-fp8-attention.toml" "$P/budget-fp8-both.toml"
+            train_case "$OUT/step-14b-fp8-both" "$P/budget-fp8-both.toml" \
+                "14B 24 GiB fast-24gb, FP8 attention and FP8 products" "${extra[@]}"
+        fi
         ;;
     torch-14b)
         timed "$OUT/torch-14b" torch python3 "$HERE/reference/step.py" --variant t2v-14b "${SHAPE[@]}" \
