@@ -24,7 +24,7 @@
 # Usage: bench/run-fp8-attention.sh BIN_DIR OUT_DIR WORK_DIR PART [PART...]
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-    sed -n '2,25p' "$0"
+    sed -n '2,24p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
