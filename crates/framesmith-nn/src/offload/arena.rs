@@ -74,6 +74,7 @@ impl Cursor {
     }
 
     /// Pieces handed out and not yet back.
+    #[cfg(test)]
     pub(crate) fn out(&self) -> usize {
         self.out
     }
@@ -136,6 +137,7 @@ impl<C: HostChunk> Arena<C> {
     }
 
     /// Pieces out now.
+    #[cfg(test)]
     pub(crate) fn out(&self) -> usize {
         self.shared.cursor.lock().map_or(0, |c| c.out())
     }
@@ -149,10 +151,6 @@ pub(crate) struct Lent<C> {
 }
 
 impl<C> Lent<C> {
-    pub(crate) fn len(&self) -> usize {
-        self.len
-    }
-
     pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes inside a chunk that `shared` keeps alive; the cursor hands a range to one piece at a
         // time and reuses it only after every piece came back, so no other piece overlaps this one.
