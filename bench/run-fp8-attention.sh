@@ -53,11 +53,24 @@ run() {
 
 # with_fp8_attention IN OUT: a copy of run config IN with `fp8_attention = true` in [model].
 with_fp8_attention() {
-    python3 - "$1" "$2" <<'EOF'
-import sys, tomllib
-src, dst = sys.argv[1:]
-text = open(src).read().replace("[model]\n", "[model]\nfp8_attention = true\n", 1)
-assert tomllib.loads(text)["model"]["fp8_attention"] is True
+    with_model_key "$1" "$2" fp8_attention true
+}
+
+# with_model_key IN OUT KEY VALUE: a copy of run config IN with [model] KEY = VALUE (the line replaced where the
+# config has one, else added; checked by parsing it back).
+with_model_key() {
+    python3 - "$@" <<'EOF'
+import re, sys, tomllib
+src, dst, key, value = sys.argv[1:]
+text = open(src).read()
+line = f"{key} = {value}"
+head, sep, rest = text.partition("[model]\n")
+assert sep, f"{src} has no [model] table"
+body, nxt, tail = rest.partition("\n[")
+pattern = re.compile(rf"(?m)^{re.escape(key)} = .*$")
+body = pattern.sub(line, body) if pattern.search(body) else line + "\n" + body
+text = head + sep + body + nxt + tail
+assert tomllib.loads(text)["model"][key] == tomllib.loads(f"v = {value}")["v"]
 open(dst, "w").write(text)
 EOF
 }
@@ -143,8 +156,7 @@ for PART in "$@"; do
             "${extra[@]}"
         if [[ -n "${FP8_PRODUCTS:-}" ]]; then
             # Every FP8 lever at once: FP8 attention and the block linears on FP8 tensor cores (model.fp8_matmul).
-            python3 -c 'import sys; t=open(sys.argv[1]).read().replace("[model]\n", "[model]\nfp8_matmul = true\n", 1); open(sys.argv[2], "w").write(t)' \
-                "$P/budget-fp8-attention.toml" "$P/budget-fp8-both.toml"
+            with_model_key "$P/budget-fp8-attention.toml" "$P/budget-fp8-both.toml" fp8_matmul true
             train_case "$OUT/step-14b-fp8-both" "$P/budget-fp8-both.toml" \
                 "14B 24 GiB fast-24gb, FP8 attention and FP8 products" "${extra[@]}"
         fi
