@@ -246,7 +246,6 @@ impl PlanInput {
             on_cpu: cfg.training.device == DeviceSpec::Cpu,
             experts: None,
             fp8_products: cfg.model.fp8_matmul && matches!(base, BaseFormat::Fp8(_)),
-            fp8_attention: cfg.model.fp8_attention && cfg.training.device != DeviceSpec::Cpu,
         };
         model.settle(cfg, &mut input);
         input
@@ -263,7 +262,6 @@ impl PlanInput {
         input.compute = plan.model.compute_dtype;
         input.residual = plan.model.residual_dtype;
         input.fp8_products = plan.model.fp8_matmul;
-        input.fp8_attention = plan.model.fp8_attention && plan.device != PlanDevice::Cpu;
         input.vram_budget_bytes = plan.memory.vram_budget_bytes;
         input.ram_budget_bytes = plan.memory.ram_budget_bytes;
         input.pinned_budget_bytes = plan.memory.pinned_budget_bytes;

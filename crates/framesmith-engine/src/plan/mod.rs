@@ -119,8 +119,6 @@ pub struct PlanInput {
     /// The block linears multiply on FP8 tensor cores (`model.fp8_matmul`): each holds its input quantised to
     /// FP8 for the product, beside the dequantised weight its backward still needs.
     pub fp8_products: bool,
-    /// Self-attention runs cuDNN's FP8 kernels (`model.fp8_attention`; on a GPU only).
-    pub fp8_attention: bool,
     /// The step keeps each clip's first latent frame as the start image at timestep 0 (`training.mode =
     /// "image_to_video"` on TI2V-5B, the demo model), so its time modulation is per token. Otherwise it is one row
     /// per sample, also for a model that takes per-token timesteps: it collapses timesteps equal across a sample's

@@ -43,7 +43,6 @@ pub(crate) fn input(model: impl Into<PlanModel>, base: BaseFormat) -> PlanInput 
         experts: None,
         start_frame: false,
         fp8_products: false,
-        fp8_attention: false,
     }
 }
 

@@ -25,10 +25,6 @@ pub struct WorkingSet {
     /// Inputs of the widest block linear quantised to FP8 for its product (`[L, ffn_dim]` codes and `[L]` scales;
     /// 0 bytes without FP8 products).
     pub quantised_inputs: u64,
-    /// `[L, dim]` tensors of one-byte FP8 codes that FP8 attention (`model.fp8_attention`) holds beside the bf16
-    /// kernels' tensors: the backward quantises q, k, v, o and dO and has cuDNN write dQ, dK and dV as codes
-    /// before reading them back to bf16 (8), the forward quantises q, k, v and has O written as codes (4).
-    pub fp8_attention_codes: u64,
     /// `[L, dim]` f32 tensors of the head and the loss (held with every saved input, but not with a block's
     /// working set: the larger of the two counts).
     pub head_tokens_dim_f32: u64,
@@ -51,7 +47,6 @@ impl WorkingSet {
         per_token_modulation: 1,
         dequantised_weights: 1,
         quantised_inputs: 1,
-        fp8_attention_codes: 8,
         head_tokens_dim_f32: 6,
     };
 
@@ -61,7 +56,9 @@ impl WorkingSet {
     /// bf16 tensors), then refitted to our own step's used peaks on the H200 (bench/RESULTS.md, block streaming,
     /// session 3: 1.3B f32 resident, 1.3B bf16 with 20 and 21 blocks streamed, 14B FP8 at 480p and 720p): the
     /// fused backward holds one `[L, ffn_dim]` tensor fewer than PyTorch's. What makes a 14B model train on a
-    /// 24 GB card at 480×832×81.
+    /// 24 GB card at 480×832×81. FP8 attention (`model.fp8_attention`) is planned the same: with it on, the
+    /// block's peak was not above the bf16 kernels' on the H200 (its one-byte codes stand where cuDNN's bf16
+    /// backward keeps wider tensors; bench/RESULTS.md, session 35).
     pub const FUSED_BACKWARD: Self = Self {
         tokens_dim_f32: 4,
         tokens_dim_compute: 8,
@@ -71,7 +68,6 @@ impl WorkingSet {
         per_token_modulation: 1,
         dequantised_weights: 1,
         quantised_inputs: 1,
-        fp8_attention_codes: 8,
         head_tokens_dim_f32: 6,
     };
 
@@ -89,7 +85,6 @@ impl WorkingSet {
         per_token_modulation: 1,
         dequantised_weights: 1,
         quantised_inputs: 1,
-        fp8_attention_codes: 4,
         head_tokens_dim_f32: 2,
     };
 
@@ -104,12 +99,7 @@ impl WorkingSet {
                 + l * h * 4 * self.tokens_heads_f32
                 + self.per_token_modulation * widths.per_token_modulation_bytes
                 + self.dequantised_weights * shape.dequantised_weight_bytes
-                + self.quantised_inputs * shape.quantised_input_bytes
-                + if shape.fp8_attention {
-                    self.fp8_attention_codes * l * d
-                } else {
-                    0
-                };
+                + self.quantised_inputs * shape.quantised_input_bytes;
         let head = l * d * 4 * self.head_tokens_dim_f32;
         block.max(head)
     }
@@ -180,9 +170,6 @@ pub struct StepShape {
     pub dequantised_weight_bytes: u64,
     /// The widest block linear's input quantised to FP8 (FP8 products), else 0.
     pub quantised_input_bytes: u64,
-    /// Self-attention runs cuDNN's FP8 kernels (`model.fp8_attention`), which hold one-byte codes of their inputs,
-    /// outputs and gradients beside the bf16 tensors.
-    pub fp8_attention: bool,
     /// The time modulation is per token ([`PlanInput::start_frame`](super::PlanInput::start_frame)).
     pub per_token_time: bool,
 }

@@ -244,7 +244,6 @@ pub(crate) fn describe(
         } else {
             0
         },
-        fp8_attention: input.fp8_attention,
         per_token_time: false,
     };
     let (l, s) = (tokens, shape.residual_bytes);

@@ -218,7 +218,6 @@ pub(crate) fn dual_stream_shape(
         } else {
             0
         },
-        fp8_attention: input.fp8_attention,
         per_token_time: false,
     };
     let widths = BlockWidths {

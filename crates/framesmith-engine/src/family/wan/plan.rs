@@ -135,7 +135,6 @@ pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         } else {
             0
         },
-        fp8_attention: input.fp8_attention,
         per_token_time: input.start_frame,
     };
     let batch = c.batch as u64;

@@ -210,7 +210,6 @@ mod tests {
             residual_bytes: 4,
             dequantised_weight_bytes: 0,
             quantised_input_bytes: 0,
-            fp8_attention: false,
             per_token_time: false,
         };
         let t2v = WanConfig::wan21_t2v_14b();
@@ -228,7 +227,6 @@ mod tests {
         // A step with per-token timesteps (TI2V-5B's start frame) keeps its modulation rows in every tape.
         let ti2v = WanConfig::wan22_ti2v_5b();
         let per_token = StepShape {
-            fp8_attention: false,
             per_token_time: true,
             ..shape(1000)
         };

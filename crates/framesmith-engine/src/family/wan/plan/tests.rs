@@ -489,26 +489,6 @@ fn fp8_products_hold_channel_scales_and_a_quantised_input() {
     assert!(!dense.fp8_products, "FP8 products need an FP8 base");
 }
 
-/// `model.fp8_attention`: each block's working set holds FP8 attention's one-byte codes (q, k, v, o, dO and the
-/// three gradients: eight `[L, dim]`) on top of the bf16 kernels' tensors; a CPU run never takes it.
-#[test]
-fn fp8_attention_holds_its_codes_in_the_working_set() {
-    let mut cfg = RunConfig::default();
-    cfg.model.variant = "t2v-14b".into();
-    cfg.model.base_dtype = BaseDtype::Fp8;
-    let model = WanConfig::wan21_t2v_14b();
-    let plain = PlanInput::from_config(&cfg, model.clone(), DEFAULT_CLIP);
-    cfg.model.fp8_attention = true;
-    let fp8 = PlanInput::from_config(&cfg, model.clone(), DEFAULT_CLIP);
-    assert!(fp8.fp8_attention && !plain.fp8_attention);
-    let codes = 8 * 32_760u64 * model.dim as u64;
-    assert_eq!(working_set_line(&fp8) - working_set_line(&plain), codes);
-
-    cfg.training.device = framesmith_config::run::DeviceSpec::Cpu;
-    let cpu = PlanInput::from_config(&cfg, model, DEFAULT_CLIP);
-    assert!(!cpu.fp8_attention, "the CPU runs no FP8 attention");
-}
-
 /// The demo project's caches (64×64, 5 frames, through the demo codec) plan as the 64×64 clips they hold.
 #[test]
 fn the_demo_project_plans_its_cached_clip_size() {
