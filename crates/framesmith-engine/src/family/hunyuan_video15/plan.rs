@@ -12,9 +12,9 @@ use framesmith_nn::lora::{LoraError, LoraFamily};
 use super::items::{VAE_FACTOR, VAE_TEMPORAL};
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
-    latent_frames, plan_model_of, spread_streamed_blocks, token_grid, weights_by_component,
-    PlanNames, TapeCounts,
+    block_buffers, dual_stream_block_kind, dual_stream_shape, dual_stream_working_set,
+    family_lora_parameters, latent_frames, plan_model_of, spread_streamed_blocks, token_grid,
+    weights_by_component, PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::plan::{
@@ -115,8 +115,9 @@ fn block_kind(cfg: &HunyuanVideo15Config, input: &PlanInput, shape: &StepShape) 
 /// joint sequence, `d` width, `h` heads, `r` rank, `c` / `s` compute and residual dtype bytes): `2·L·d·s` of
 /// residual stream, `2·L·d·4` of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention
 /// output, `2·L·f·c` of MLP activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; `"attention"`
-/// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`. The working set uses the
-/// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on HunyuanVideo 1.5.
+/// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`. The working set is the
+/// dual-stream block's backward counted from its tensors ([`dual_stream_working_set`]): at 49k tokens the
+/// coefficients fitted to Wan's block left out one of the MLP's hidden layers and several `[L, d]` gradients.
 pub(crate) fn describe(
     cfg: &HunyuanVideo15Config,
     input: &PlanInput,
@@ -154,7 +155,7 @@ pub(crate) fn describe(
             "timestep embedding and RoPE tables",
             clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
         )],
-        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        working_set_bytes: dual_stream_working_set(input, &shape, &widths),
         pixel_multiple: VAE_FACTOR * cfg.patch_size.max(1),
         frame_step: VAE_TEMPORAL,
         shape,

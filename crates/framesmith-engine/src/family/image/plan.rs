@@ -8,7 +8,7 @@ use framesmith_config::RunConfig;
 
 use crate::plan::{
     dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
-    BlockKind, BlockWidths, LoraShape, PlanError, PlanInput, PlanModel, StepShape,
+    BlockKind, BlockWidths, LoraShape, PlanError, PlanInput, PlanModel, StepShape, WorkingSet,
 };
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
@@ -127,6 +127,48 @@ pub(crate) fn dual_stream_block_kind(
         kept_attention_bytes: l * d * c + l * heads * 4,
         kept_projection_bytes: 2 * l * d * c,
     }
+}
+
+/// The working set of one dual-stream block's recompute and hand-written backward (`models::mmdit::block::grad`
+/// with `models::modulated::StreamTail`), counted from the tensors alive at its peak rather than from the
+/// coefficients [`WorkingSet::FUSED_BACKWARD`] fitted to Wan's block: the backward holds the recompute's whole tape
+/// until it returns, and the peak is the end of the image stream's backward through its MLP and output projection,
+/// whose intermediates are locals alive until that function returns. Over the step's `L` tokens (the image stream
+/// is nearly all of them), `d` width, MLP width `f`, `heads` heads and LoRA rank `r`, with `c` / `s` the compute and
+/// residual dtype bytes:
+///
+/// - `7·L·d·s`: the block input and the incoming gradient, both LayerNorm outputs and the residual after the
+///   attention (the tape's, in the stream's dtype), the MLP half's input gradient and its sum with the gradient;
+/// - `14·L·d·c`: the tape's modulated norms (2), raw q and k, the projection's and the MLP's outputs, the attention's
+///   q, k, v and output, and the gradients of the MLP's output, the MLP's input, the projection's output and the
+///   attention output;
+/// - `4·L·f·c`: the MLP's hidden layer (taped), its GELU recomputed for `net.2`'s backward, and the gradients of
+///   both;
+/// - `6·L·r·c` of LoRA activations (q, k, v, the projection and both MLP linears) and `L·h·4` of log-sum-exp;
+/// - an FP8 base's dequantised weight and an FP8 product's quantised input, as the calibrated model counts them.
+///
+/// The head's f32 tensors count as [`WorkingSet::bytes_for`] counts them, when they are more. Only for the manual
+/// backward ([`WorkingSet::FUSED_BACKWARD`], the engine's default); any other working set (candle's autograd, a
+/// sample's forward) keeps its coefficients.
+pub(crate) fn dual_stream_working_set(
+    input: &PlanInput,
+    shape: &StepShape,
+    widths: &BlockWidths,
+) -> u64 {
+    let set = &input.working_set;
+    if *set != WorkingSet::FUSED_BACKWARD {
+        return set.bytes_for(widths, shape);
+    }
+    let (l, s, c) = (shape.tokens, shape.residual_bytes, shape.compute_bytes);
+    let (d, f, h) = (widths.dim, widths.ffn_dim, widths.heads);
+    let r = input.lora.rank as u64;
+    let block = l * d * (7 * s + 14 * c)
+        + 4 * l * f * c
+        + 6 * l * r * c
+        + l * h * 4
+        + set.dequantised_weights * shape.dequantised_weight_bytes
+        + set.quantised_inputs * shape.quantised_input_bytes;
+    block.max(l * d * 4 * set.head_tokens_dim_f32)
 }
 
 /// The weights of `shapes` outside the blocks, all `compute` bytes per value, summed by component: `groups` maps a

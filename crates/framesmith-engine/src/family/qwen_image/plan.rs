@@ -12,8 +12,9 @@ use framesmith_nn::lora::{LoraError, LoraFamily};
 use super::pipeline::DEFAULT_CFG_SCALE;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
-    plan_model_of, spread_streamed_blocks, token_grid, weights_by_component, PlanNames, TapeCounts,
+    block_buffers, dual_stream_block_kind, dual_stream_shape, dual_stream_working_set,
+    family_lora_parameters, plan_model_of, spread_streamed_blocks, token_grid,
+    weights_by_component, PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
@@ -176,8 +177,8 @@ fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> Bl
 /// residual stream, `2·L·d·4` of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention
 /// output, `2·L·f·c` of MLP activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp. With
 /// `checkpointing = "attention"` a block keeps its attention output and log-sum-exp, `L·d·c + L·h·4`;
-/// `"attention_projection"` adds the four gated branches' outputs over both streams, `2·L·d·c`. The working set uses
-/// the calibrated coefficients of [`WorkingSet`]; it is not yet measured on Qwen-Image.
+/// `"attention_projection"` adds the four gated branches' outputs over both streams, `2·L·d·c`. The working set is
+/// the dual-stream block's backward counted from its tensors ([`dual_stream_working_set`]).
 pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
     let clip = &input.clip;
     let (w, h) = token_grid(input, PIXELS_PER_TOKEN)?;
@@ -210,7 +211,7 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
             "timestep embedding and RoPE tables",
             clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
         )],
-        working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        working_set_bytes: dual_stream_working_set(input, &shape, &widths),
         pixel_multiple: PIXELS_PER_TOKEN,
         frame_step: 0,
         shape,
