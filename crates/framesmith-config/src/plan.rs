@@ -115,7 +115,8 @@ pub struct ModelPlan {
     pub variant: Option<String>,
     pub vae: Option<PathBuf>,
     pub text_encoder: Option<PathBuf>,
-    /// The CLIP image encoder of Wan2.1 I2V (start images of samples).
+    /// The image encoder of the start images of samples: Wan2.1 I2V's CLIP, HunyuanVideo 1.5's SigLIP (FLUX.1:
+    /// CLIP-L, a text encoder).
     pub clip: Option<PathBuf>,
     /// Wan2.2 A14B's low-noise expert, trained in the same run (`model.source` is then the high-noise one).
     pub low_noise: Option<LowNoisePlan>,

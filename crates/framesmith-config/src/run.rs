@@ -97,8 +97,10 @@ pub struct ModelSection {
     /// umT5 for Wan, T5-XXL for FLUX.1 (encodes the sample prompts).
     pub text_encoder: PathBuf,
     /// CLIP image encoder of Wan2.1 I2V (models_clip_open-clip-xlm-roberta-large-vit-huge-14.pth or ComfyUI's
-    /// clip_vision_h.safetensors): encodes the start images of samples during training. For FLUX.1, CLIP-L
-    /// (`clip_l.safetensors`), which encodes the sample prompts with T5-XXL.
+    /// clip_vision_h.safetensors): encodes the start images of samples during training. For HunyuanVideo 1.5
+    /// image-to-video, the SigLIP image encoder (`sigclip_vision_patch14_384.safetensors`, or FLUX.1-Redux's
+    /// `image_encoder` folder), which encodes those start images too. For FLUX.1, CLIP-L (`clip_l.safetensors`),
+    /// which encodes the sample prompts with T5-XXL.
     pub clip: PathBuf,
     /// Wan2.2 A14B's low-noise expert (file or folder). With it one run trains both experts, `model.dit` being
     /// the high-noise one; each step's timestep picks the expert that owns it.

@@ -20,6 +20,9 @@ pub(crate) struct CacheOnlyRules {
     pub clip_file: &'static str,
     /// What it conditions on instead of CLIP (`Gemma 3 through its text connector`).
     pub conditions_on: &'static str,
+    /// The image encoder `model.clip` names for its image-to-video samples' start images, described with a file to
+    /// set it to; `None`: its runs take no `model.clip`.
+    pub sample_image_encoder: Option<&'static str>,
     /// Its samples: what they need that Framesmith lacks (refused), or the VAE and text encoder files they are
     /// made with (`model.vae`, `model.text_encoder`, each described).
     pub samples: CacheOnlySamples,
@@ -82,16 +85,7 @@ impl FamilyRules for CacheOnlyRules {
                 "remove model.dit_low_noise",
             );
         }
-        if !m.clip.as_os_str().is_empty() {
-            c.problem(
-                "model.clip",
-                format!(
-                    "{} conditions on {}, not on CLIP",
-                    self.model, self.conditions_on
-                ),
-                "remove model.clip",
-            );
-        }
+        self.check_clip(c, cfg);
         if let Some(why) = self.no_image_to_video {
             if cfg.training.mode == TrainingMode::ImageToVideo {
                 c.problem(
@@ -107,6 +101,46 @@ impl FamilyRules for CacheOnlyRules {
                 format!("samples of {} need {need}", self.a_run),
                 "remove sampling.prompts and the sample schedule (sample_every_n_* / sample_at_first)",
             );
+        }
+    }
+}
+
+impl CacheOnlyRules {
+    /// `model.clip`: refused where the family takes no image encoder, and for a text-to-video run; required for the
+    /// samples of an image-to-video run (a run whose mode is `auto` learns that from its caches, and its start
+    /// checks it).
+    fn check_clip(&self, c: &mut Checker, cfg: &RunConfig) {
+        let (clip, mode) = (&cfg.model.clip, cfg.training.mode);
+        match (self.sample_image_encoder, clip.as_os_str().is_empty()) {
+            (None, false) => c.problem(
+                "model.clip",
+                format!(
+                    "{} conditions on {}, not on CLIP",
+                    self.model, self.conditions_on
+                ),
+                "remove model.clip",
+            ),
+            (Some(_), false) if mode == TrainingMode::TextToVideo => c.problem(
+                "model.clip",
+                format!(
+                    "encodes the start images of image-to-video samples, but {} is text-to-video here",
+                    self.a_run
+                ),
+                "remove model.clip, or set training.mode = \"image_to_video\" (or \"auto\")",
+            ),
+            (Some(encoder), true)
+                if mode == TrainingMode::ImageToVideo && cfg.sampling.prompts.is_some() =>
+            {
+                c.problem(
+                    "model.clip",
+                    format!(
+                        "is not set, but the samples of an image-to-video run start from images (--i) that {encoder} \
+                         encodes"
+                    ),
+                    format!("set model.clip to {encoder}, or remove sampling.prompts"),
+                );
+            }
+            _ => {}
         }
     }
 }

@@ -11,6 +11,7 @@ pub(crate) const LTX2_RULES: CacheOnlyRules = CacheOnlyRules {
     a_run: "an LTX-2 run",
     clip_file: "CLIP model (LTX-2 takes none)",
     conditions_on: "Gemma 3 through its text connector",
+    sample_image_encoder: None,
     samples: CacheOnlySamples::Refused(
         "the denoising loop around its video VAE's decode, which Framesmith does not have yet",
     ),
