@@ -1,15 +1,18 @@
 //! HunyuanVideo 1.5's description for the planner ([`ModelMemory`]): its double-stream blocks with their bytes
 //! from the official tensor list, which blocks stream for a count (spread evenly), the joint [text; video]
-//! sequence's tokens through the VAE's 16× spatial and 4× temporal compression (1×1×1 patches), and the step's
-//! activations.
+//! sequence's tokens through the VAE's 16× spatial and 4× temporal compression (1×1×1 patches), the step's
+//! activations, and what its samples during training hold and add (image-to-video: each prompt's start image).
 
 use framesmith_config::run::TrainingMode;
 use framesmith_config::RunConfig;
+use framesmith_models::hunyuan_video15::vae::{Hv15Vae, Hv15VaeConfig};
 use framesmith_models::hunyuan_video15::weights::official_shapes;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 
+use super::decode::{official_tiles, DECODE_CHUNK_LATENTS};
 use super::items::{VAE_FACTOR, VAE_TEMPORAL};
+use super::pipeline::DEFAULT_GUIDANCE;
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
     block_buffers, dual_stream_block_kind, dual_stream_shape, dual_stream_working_set,
@@ -17,8 +20,10 @@ use crate::family::image::plan::{
     weights_by_component, PlanNames, TapeCounts,
 };
 use crate::family::Family;
+use crate::generate::prompts::PromptSpec;
 use crate::plan::{
-    dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
+    budget_bytes, chunked_decode_bytes, dtype_bytes, settle_sampling, step_tokens, BlockKind,
+    ModelMemory, PlanError, PlanInput, SampleShape, SamplingMemory, StepShape,
 };
 use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
 
@@ -45,6 +50,85 @@ impl DescribeModel for Hv15PlanModel {
 
     fn num_blocks(&self) -> usize {
         self.config.num_layers
+    }
+
+    fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
+        // The negative prompt ("" when none is given) runs as its own pass whenever the scale is above 1.
+        let guided = |spec: &PromptSpec| spec.guidance.unwrap_or(DEFAULT_GUIDANCE) > 1.0;
+        settle_sampling(cfg, input, PromptSpec::clip_frames, guided);
+    }
+
+    fn sampling(
+        &self,
+        input: &PlanInput,
+        sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        Ok(Some(sampling(&self.config, self.i2v, input, sample)))
+    }
+}
+
+/// What HunyuanVideo 1.5's samples of `sample` hold and add ([`super::samples`]): the VAE (loaded at the start) and
+/// each prompt's Qwen2.5-VL states (and its negative prompt's) stay on the device for the whole run, and for
+/// image-to-video (`i2v`) each prompt's start image as the DiT takes it, its SigLIP features and first-frame latents
+/// (SigLIP and the VAE's encoder run before the DiT loads and are gone by then); the DiT's forward at the sample's
+/// size counts the 729 image tokens with the text. A clip is denoised with Euler, the negative prompt's pass after
+/// the prompt's (its prediction held meanwhile), each pass's input the noisy latents beside the condition latents
+/// and mask, then decoded in the official tiles two latent frames at a time.
+fn sampling(
+    cfg: &HunyuanVideo15Config,
+    i2v: bool,
+    input: &PlanInput,
+    sample: &SampleShape,
+) -> SamplingMemory {
+    let c = dtype_bytes(input.compute);
+    let vae = Hv15VaeConfig::released();
+    let vae_bytes = Hv15Vae::tensor_shapes(&vae).map_or(0, |shapes| {
+        shapes
+            .iter()
+            .map(|(_, shape)| shape.iter().product::<usize>() as u64 * c)
+            .sum()
+    });
+    let (frames, pixels) = (sample.frames as u64, (sample.width * sample.height) as u64);
+    let s = VAE_FACTOR as u64;
+    let grid = pixels / (s * s);
+    let channels = cfg.out_channels as u64;
+    let latent_frames = (frames.saturating_sub(1)) / VAE_TEMPORAL as u64 + 1;
+    let latents = channels * latent_frames * grid;
+    let passes = 1 + u64::from(sample.guided);
+    let prompts = sample.prompts as u64;
+    let embeddings = prompts * passes * TEXT_TOKENS * cfg.text_embed_dim as u64 * c;
+    let mut held = vec![
+        ("VAE".to_owned(), vae_bytes),
+        (
+            format!("{prompts} prompts' Qwen2.5-VL states (and their negative prompts')"),
+            embeddings,
+        ),
+    ];
+    if i2v {
+        held.push((
+            format!("{prompts} start images' SigLIP features and first-frame latents"),
+            prompts * (SIGLIP_TOKENS * cfg.image_embed_dim as u64 + channels * grid) * c,
+        ));
+    }
+    // The model input of a pass: the noisy latents, the condition latents and the mask, in f32 and in the
+    // compute dtype; and the first frame's latents in f32 beside it.
+    let model_input = (2 * channels + 1) * latent_frames * grid * (4 + c);
+    let first_frame = if i2v { channels * grid * 4 } else { 0 };
+    // The decode: a tile's chunk at the decoder's last stage (its first encoder width at full resolution, two
+    // latent frames' video frames) beside the clip assembled in the compute dtype; then the clip with two f32
+    // copies on its way to RGB8.
+    let tile = official_tiles(budget_bytes(input).unwrap_or(u64::MAX)).sample_size as u64;
+    let widest = vae.block_out_channels.first().copied().unwrap_or(128) as u64;
+    let chunk_frames = frames.min((DECODE_CHUNK_LATENTS * VAE_TEMPORAL) as u64);
+    let chunk = chunked_decode_bytes(widest, chunk_frames, pixels.min(tile * tile), c);
+    let video = 3 * frames * pixels;
+    SamplingMemory {
+        held,
+        // The latents, each pass's prediction, the guided velocity's scaled difference and sum (f32).
+        denoise_state_bytes: (3 + passes) * latents * 4 + model_input + first_frame,
+        decode_bytes: (chunk + video * c).max(video * (c + 2 * 4)),
+        // The clip's RGB8 bytes copied to the host, and the frames handed to the PNG and MP4 writers.
+        decoded_host_bytes: video * 2,
     }
 }
 

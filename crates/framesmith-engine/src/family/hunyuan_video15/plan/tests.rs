@@ -4,7 +4,7 @@ use crate::family::testkit::plan::{
     assert_auto_streams_within, assert_blocks_hold_every_weight, assert_presets_fit,
     assert_streamed_blocks_spread, variant_input,
 };
-use crate::plan::{plan, BlockWidths, ClipShape, PlanModel, WorkingSet, DEFAULT_CLIP};
+use crate::plan::{plan, BlockWidths, ClipShape, PlanModel, SampleShape, WorkingSet, DEFAULT_CLIP};
 use framesmith_config::protocol::memory::PlanReport;
 use framesmith_config::run::{
     ActivationPlacement, BaseDtype, BlocksToSwap, Checkpointing, StreamingMode,
@@ -164,4 +164,50 @@ fn only_the_manual_backward_is_counted_from_the_blocks_tensors() {
         };
         assert_eq!(d.working_set_bytes, set.bytes_for(&widths, &d.shape));
     }
+}
+
+/// Samples hold the VAE and both prompts' states; an image-to-video run's also hold each prompt's start image
+/// (729 SigLIP features and its first-frame latents), and their DiT forward runs the 729 image tokens with the text.
+#[test]
+fn image_to_video_samples_hold_their_start_images() {
+    let sample = SampleShape {
+        width: 848,
+        height: 480,
+        frames: 121,
+        steps: 8,
+        guided: true,
+        prompts: 2,
+    };
+    let with_samples = |i2v: bool| {
+        let mut i = input(121, BaseDtype::Fp8);
+        if let Some(m) = i.model.downcast_ref::<Hv15PlanModel>() {
+            i.model = PlanModel::new(Hv15PlanModel { i2v, ..m.clone() });
+        }
+        i.sampling = Some(sample);
+        i
+    };
+    let (t2v, i2v) = (with_samples(false), with_samples(true));
+    let held = |i: &PlanInput| i.model.sampling(i, &sample).unwrap().expect("samples");
+    let (a, b) = (held(&t2v), held(&i2v));
+    assert_eq!(a.held[1].1, 2 * 2 * 256 * 3584 * 2);
+    // The VAE: its ~1.26 G parameters (encoder and decoder) in bf16.
+    assert!((2 << 30..3 << 30).contains(&a.held[0].1), "{}", a.held[0].1);
+    assert_eq!(a.held.len(), 2);
+    assert_eq!(b.held[..2], a.held[..]);
+    assert_eq!(b.held[2].1, 2 * (729 * 1152 + 32 * 30 * 53) * 2);
+    assert!(b.denoise_state_bytes > a.denoise_state_bytes);
+    let (pa, pb) = (plan(&t2v).unwrap(), plan(&i2v).unwrap());
+    let phase = |r: &PlanReport| r.sampling.clone().expect("a sampling phase");
+    assert!(phase(&pa)
+        .workload
+        .contains(&format!("{} tokens", 31 * 30 * 53 + 256)));
+    assert!(phase(&pb)
+        .workload
+        .contains(&format!("{} tokens", 31 * 30 * 53 + 256 + 729)));
+    assert!(phase(&pb).peak_vram_bytes > phase(&pa).peak_vram_bytes);
+    // What the samples keep for the whole run is in the step's plan too.
+    assert!(
+        pb.to_string().contains("start images' SigLIP features"),
+        "{pb}"
+    );
 }
