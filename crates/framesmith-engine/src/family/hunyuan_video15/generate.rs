@@ -33,7 +33,7 @@ use crate::generate::sampler::Solver;
 use crate::prep::frames_to_video;
 use framesmith_data::probe::load_rgb;
 use framesmith_data::resize::resize_to_bucket;
-use framesmith_models::hunyuan_video15::vae::load_hv15_vae;
+use framesmith_models::hunyuan_video15::vae::{load_hv15_vae, Hv15Vae};
 use framesmith_models::hunyuan_video15::weights::load_dit_streamed;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
 use framesmith_models::siglip::{load_siglip, siglip_weights_file, SIGLIP_FILES};
@@ -129,33 +129,40 @@ fn settings_of(request: &GenerationRequest, image: Option<(u32, u32)>) -> Hv15Se
     }
 }
 
-/// The start image as the DiT takes it: resized and centre-cropped to the clip, its SigLIP features (the tower
-/// loaded from `siglip` and dropped) and its VAE latents × the scaling factor (the VAE of `vae` loaded and
-/// dropped), as musubi-tuner's and the official I2V sampling make them.
-fn encode_start_image(
-    (image, siglip): (&RgbImage, &Path),
-    vae: &Path,
-    settings: &Hv15Settings,
+/// Start images as the DiT takes them, each resized and centre-cropped to its clip's size: their SigLIP features
+/// (the tower loaded from `siglip` once and dropped; `siglip_key` names it in errors) and their latents × the
+/// scaling factor through `vae`'s encoder, as musubi-tuner's and the official I2V sampling make them. Shared by
+/// `framesmith generate --image` and the image-to-video samples during training ([`super::samples`]).
+pub(super) fn encode_start_images(
+    images: &[(&RgbImage, &Hv15Settings)],
+    (siglip, siglip_key): (&Path, &str),
+    vae: &Hv15Vae,
     (dtype, device): (DType, &Device),
-) -> anyhow::Result<Hv15Image> {
-    let size = (settings.width as u32, settings.height as u32);
-    let frame = resize_to_bucket(image, size);
+) -> anyhow::Result<Vec<Hv15Image>> {
+    let frames: Vec<RgbImage> = images
+        .iter()
+        .map(|(image, s)| resize_to_bucket(image, (s.width as u32, s.height as u32)))
+        .collect();
     let tower = load_siglip(siglip, dtype, device)
-        .with_context(|| format!("--clip {}", siglip.display()))?;
-    let features = tower.encode_image(&frame)?;
+        .with_context(|| format!("{siglip_key} {}", siglip.display()))?;
+    let features = frames
+        .iter()
+        .map(|frame| tower.encode_image(frame))
+        .collect::<candle_core::Result<Vec<_>>>()?;
     drop(tower);
-    let vae =
-        load_hv15_vae(vae, dtype, device).with_context(|| format!("--vae {}", vae.display()))?;
-    let video = frames_to_video(&[frame], device)?.to_dtype(dtype)?;
-    let latents = vae
-        .encode(&video, None)?
-        .affine(vae.config().scaling_factor, 0.0)?;
-    drop(vae);
+    let encoded = frames
+        .iter()
+        .zip(features)
+        .map(|(frame, siglip)| -> anyhow::Result<Hv15Image> {
+            let video = frames_to_video(std::slice::from_ref(frame), device)?.to_dtype(dtype)?;
+            let latents = vae
+                .encode(&video, None)?
+                .affine(vae.config().scaling_factor, 0.0)?;
+            Ok(Hv15Image { latents, siglip })
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
     release_cached_memory(device)?;
-    Ok(Hv15Image {
-        latents,
-        siglip: features,
-    })
+    Ok(encoded)
 }
 
 /// The prompt (and, when guidance runs it, the negative prompt) through Qwen2.5-VL from `load` and the glyph
@@ -189,7 +196,7 @@ fn encode_prompt(
     })
 }
 
-/// [`encode_start_image`] of the request's start image, logged.
+/// [`encode_start_images`] of the request's start image (the VAE of `vae` loaded for it and dropped), logged.
 fn start_conditioning(
     (image, siglip): (RgbImage, PathBuf),
     vae: &Path,
@@ -197,7 +204,18 @@ fn start_conditioning(
     (dtype, device): (DType, &Device),
     session: &mut Session,
 ) -> anyhow::Result<Hv15Image> {
-    let encoded = encode_start_image((&image, &siglip), vae, settings, (dtype, device))?;
+    let vae =
+        load_hv15_vae(vae, dtype, device).with_context(|| format!("--vae {}", vae.display()))?;
+    let encoded = encode_start_images(
+        &[(&image, settings)],
+        (&siglip, "--clip"),
+        &vae,
+        (dtype, device),
+    )?
+    .pop()
+    .context("the start image was not encoded")?;
+    drop(vae);
+    release_cached_memory(device)?;
     session.log(format!(
         "start image: {}x{} to {}x{}, {} SigLIP tokens",
         image.width(),

@@ -4,19 +4,25 @@
 //! output folder so a later start loads no encoder; each sample is then the clip `framesmith generate` makes
 //! ([`super::pipeline`]: seeded noise, the shifted schedule (`--fs`, else the official one for its size), Euler
 //! with CFG at `--l`, 6.0 when not given) with the LoRA being trained, decoded by the VAE (`model.vae`, in the
-//! official tiles) and written as `samples/{stem}.mp4` with its frames in `samples/{stem}/`. `--i` (image-to-video)
-//! and `--ci` are refused.
+//! official tiles) and written as `samples/{stem}.mp4` with its frames in `samples/{stem}/`. An image-to-video
+//! run's samples start from the image each prompt names with `--i` (relative to the prompt file), resized to the
+//! sample's size and encoded by SigLIP (`model.clip`, loaded and dropped) and the VAE's encoder as `framesmith
+//! generate --image` encodes it; every start image is read before any model loads. A text-to-video run refuses
+//! `--i`, and `--ci` is refused.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
+use image::RgbImage;
 
 use super::decode::Hv15Decoder;
 use super::encoder::{encode_texts, Hv15EncoderFiles, LoadQwen};
+use super::generate::encode_start_images;
 use super::pipeline::{
-    default_shift, denoise_clip, Hv15Prompt, Hv15Settings, Hv15Text, DEFAULT_GUIDANCE, FPS,
+    default_shift, denoise_clip, Hv15Image, Hv15Prompt, Hv15Settings, Hv15Text, DEFAULT_GUIDANCE,
+    FPS,
 };
 use crate::family::image::prompt_cache::{cached_encodings, CachedEncoding};
 use crate::generate::prompts::{read_prompt_file, PromptSpec};
@@ -24,8 +30,10 @@ use crate::generate::run::write_clip;
 use crate::train::samples::{SampleFiles, SampleSet};
 use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
+use framesmith_data::probe::load_rgb;
 use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
 use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
+use framesmith_models::siglip::{siglip_weights_file, SIGLIP_FILES};
 
 /// The negative prompt of a sample that gives none (the official pipeline's).
 pub const DEFAULT_NEGATIVE: &str = "";
@@ -36,6 +44,8 @@ pub struct Hv15SamplePrompt {
     pub encoded: Hv15Prompt,
     pub settings: Hv15Settings,
     pub latent: [usize; 3],
+    /// The start image of an image-to-video sample (its latents and SigLIP features, on the device for the run).
+    pub image: Option<Hv15Image>,
 }
 
 /// The samples of a HunyuanVideo 1.5 run and the VAE that decodes them.
@@ -65,7 +75,7 @@ impl SampleSet<HunyuanVideo15Transformer> for Hv15Samples {
         let device = self.decoder.device.clone();
         denoise_clip(
             model,
-            (&p.encoded, None),
+            (&p.encoded, p.image.as_ref()),
             &p.settings,
             (p.latent, self.dtype, &device),
             cancelled,
@@ -84,22 +94,57 @@ impl SampleSet<HunyuanVideo15Transformer> for Hv15Samples {
     }
 }
 
-/// What each prompt samples, checked; the options HunyuanVideo 1.5 text-to-video does not take are refused.
-fn clip_settings(
+/// One prompt's sample as checked before anything loads: its settings, latent shape and, for image-to-video, its
+/// start image read from the file `--i` names.
+struct SampleSpec {
+    settings: Hv15Settings,
+    latent: [usize; 3],
+    image: Option<RgbImage>,
+}
+
+/// What each prompt of `prompts_file` samples, checked, with an image-to-video run's (`i2v`) start images read: a
+/// missing `--i` or an image that cannot be read is refused by prompt and file, as are `--i` in a text-to-video
+/// run and `--ci`.
+fn sample_specs(
     specs: &[PromptSpec],
     prompts_file: &Path,
-) -> anyhow::Result<Vec<(Hv15Settings, [usize; 3])>> {
+    i2v: bool,
+) -> anyhow::Result<Vec<SampleSpec>> {
     specs
         .iter()
         .map(|spec| {
             let at = || format!("sample prompt \"{}\" in {}", spec.prompt, prompts_file.display());
-            if spec.image.is_some() || !spec.controls.is_empty() {
+            if !spec.controls.is_empty() {
                 anyhow::bail!(
-                    "{}: --i and --ci are for image-to-video and edit models; HunyuanVideo 1.5 samples are \
-                     text-to-video clips from --w, --h, --f, --s, --l, --fs, --n and --d: remove them",
+                    "{}: --ci gives an edit model's control image; HunyuanVideo 1.5 samples start from --i in an \
+                     image-to-video run: remove --ci",
                     at()
                 );
             }
+            let image = match (&spec.image, i2v) {
+                (Some(path), false) => anyhow::bail!(
+                    "{}: --i {} gives a start image, but this run trains text-to-video (its caches hold no \
+                     first-frame latents): remove --i, or cache the dataset with `framesmith cache latents --i2v \
+                     --clip <SigLIP>` to train image-to-video",
+                    at(),
+                    path.display()
+                ),
+                (None, true) => anyhow::bail!(
+                    "{}: this run trains image-to-video, so every sample starts from an image: add --i with a start \
+                     image (PNG, JPEG, WebP or BMP; relative to the prompt file) to the line",
+                    at()
+                ),
+                (Some(path), true) => Some(load_rgb(path).map_err(|e| {
+                    anyhow::anyhow!(
+                        "{}: the start image --i cannot be used: {}: {}; point --i at a PNG, JPEG, WebP or BMP \
+                         image",
+                        at(),
+                        e.reason(),
+                        path.display()
+                    )
+                })?),
+                (None, false) => None,
+            };
             let settings = Hv15Settings {
                 width: spec.width,
                 height: spec.height,
@@ -108,15 +153,34 @@ fn clip_settings(
                 guidance: spec.guidance.unwrap_or(DEFAULT_GUIDANCE),
                 shift: spec
                     .flow_shift
-                    .unwrap_or_else(|| default_shift(spec.width, spec.height, false)),
+                    .unwrap_or_else(|| default_shift(spec.width, spec.height, i2v)),
                 seed: spec.seed,
             };
             let latent = settings
                 .latent_shape(["--w", "--h", "--f", "--s"])
                 .with_context(at)?;
-            Ok((settings, latent))
+            Ok(SampleSpec {
+                settings,
+                latent,
+                image,
+            })
         })
         .collect()
+}
+
+/// The SigLIP weights of an image-to-video run's samples (`model.clip`), found before anything loads.
+fn sample_siglip(plan: &RunPlan) -> anyhow::Result<PathBuf> {
+    let clip = plan.model.clip.as_deref().context(
+        "model.clip is not set, but this run trains image-to-video and its samples start from images (--i) that \
+         the SigLIP image encoder encodes: set model.clip to ComfyUI's sigclip_vision_patch14_384.safetensors (or \
+         the image_encoder folder of FLUX.1-Redux-dev), or remove sampling.prompts",
+    )?;
+    siglip_weights_file(clip).with_context(|| {
+        format!(
+            "model.clip: the SigLIP image encoder of the samples' start images ({SIGLIP_FILES}): {}",
+            clip.display()
+        )
+    })
 }
 
 /// The prompt cache's key parts of a sample text.
@@ -149,11 +213,14 @@ const CACHED: CachedEncoding<Hv15Text> = CachedEncoding {
     tensors: to_tensors,
 };
 
-/// The samples of a HunyuanVideo 1.5 run (`None` when nothing is sampled): the prompt file read and checked, the
-/// prompts encoded (through the prompt cache, Qwen2.5-VL from `load`) and the VAE loaded, in `dtype` on `device`
-/// for a card of `vram_bytes`. Called before the DiT loads.
+/// The samples of a HunyuanVideo 1.5 run (`None` when nothing is sampled): the prompt file read and checked (and,
+/// for an image-to-video run (`i2v`), every start image read and SigLIP found) before any model loads, the prompts
+/// encoded (through the prompt cache, Qwen2.5-VL from `load`), the VAE loaded and, for image-to-video, the start
+/// images encoded by SigLIP and the VAE's encoder, in `dtype` on `device` for a card of `vram_bytes`. Called before
+/// the DiT loads.
 pub fn clip_samples(
     plan: &RunPlan,
+    i2v: bool,
     (dtype, device, vram_bytes): (DType, &Device, u64),
     load: LoadQwen<'_>,
     log: &mut dyn FnMut(LogLevel, String),
@@ -171,7 +238,14 @@ pub fn clip_samples(
          set it, or remove sampling.prompts",
     )?;
     let specs = read_prompt_file(&sampling.prompts)?;
-    let settings = clip_settings(&specs, &sampling.prompts)?;
+    let samples = sample_specs(&specs, &sampling.prompts, i2v)?;
+    let siglip = i2v.then(|| sample_siglip(plan)).transpose()?;
+    if !i2v && m.clip.is_some() {
+        log(
+            LogLevel::Warn,
+            "model.clip is not used: this run trains text-to-video, whose samples start from no image".into(),
+        );
+    }
     let mut texts: Vec<&str> = Vec::new();
     for spec in &specs {
         for text in [
@@ -209,10 +283,40 @@ pub fn clip_samples(
             .context("a sample prompt was not encoded")?;
         Ok(encoded[i].clone())
     };
+    let decoder = Hv15Decoder::load(vae_path, (dtype, device), vram_bytes).with_context(|| {
+        format!(
+            "model.vae: loading the VAE for samples from {}",
+            vae_path.display()
+        )
+    })?;
+    let mut images = match &siglip {
+        Some(siglip) => {
+            let starts: Vec<(&RgbImage, &Hv15Settings)> = samples
+                .iter()
+                .filter_map(|s| Some((s.image.as_ref()?, &s.settings)))
+                .collect();
+            let encoded = encode_start_images(
+                &starts,
+                (siglip, "model.clip"),
+                &decoder.vae,
+                (dtype, device),
+            )?;
+            log(
+                LogLevel::Info,
+                format!(
+                    "{} sample start images encoded by SigLIP and the VAE, SigLIP released",
+                    encoded.len()
+                ),
+            );
+            encoded.into_iter().map(Some).collect()
+        }
+        None => Vec::new(),
+    }
+    .into_iter();
     let prompts = specs
         .iter()
-        .zip(settings)
-        .map(|(spec, (settings, latent))| {
+        .zip(samples)
+        .map(|(spec, sample)| {
             let negative = spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE);
             Ok(Hv15SamplePrompt {
                 prompt: spec.prompt.clone(),
@@ -220,17 +324,12 @@ pub fn clip_samples(
                     text: text_of(&spec.prompt)?,
                     negative: Some(text_of(negative)?),
                 },
-                settings,
-                latent,
+                settings: sample.settings,
+                latent: sample.latent,
+                image: images.next().flatten(),
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    let decoder = Hv15Decoder::load(vae_path, (dtype, device), vram_bytes).with_context(|| {
-        format!(
-            "model.vae: loading the VAE for samples from {}",
-            vae_path.display()
-        )
-    })?;
     Ok(Some(Hv15Samples {
         prompts,
         decoder,

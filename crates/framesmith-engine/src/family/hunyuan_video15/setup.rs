@@ -1,8 +1,8 @@
 //! A HunyuanVideo 1.5 run's part built from a validated plan whose `model.dit` is a HunyuanVideo 1.5 transformer:
 //! the DiT (in FP8 and streamed as the plan says), LoRA on musubi-tuner's targets under its names, items from
 //! `_hv15` caches (held-out items when the run validates), the memory plan (which picks `blocks_to_swap =
-//! "auto"`), samples during training (their prompts encoded before the DiT loads), and the LoRA metadata
-//! musubi-tuner writes for HunyuanVideo 1.5.
+//! "auto"`), samples during training (their prompts and, image-to-video, start images encoded before the DiT
+//! loads), and the LoRA metadata musubi-tuner writes for HunyuanVideo 1.5.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -78,8 +78,8 @@ fn log_streaming(model: &HunyuanVideo15Transformer, log: &mut dyn FnMut(LogLevel
     }
 }
 
-/// The run's samples (`None` without `[sampling]`), their prompts encoded by the encoders `load` gives and their
-/// VAE tiled for the run's VRAM budget (else the card); an image-to-video run's are refused.
+/// The run's samples (`None` without `[sampling]`), their prompts encoded by the encoders `load` gives, their VAE
+/// tiled for the run's VRAM budget (else the card) and, for an image-to-video run, their start images encoded.
 fn samples_of(
     plan: &RunPlan,
     i2v: bool,
@@ -90,18 +90,11 @@ fn samples_of(
     if plan.sampling.is_none() {
         return Ok(None);
     }
-    if i2v {
-        anyhow::bail!(
-            "samples of an image-to-video HunyuanVideo 1.5 run need the start image's SigLIP features, which \
-             Framesmith cannot compute yet (its samples are text-to-video): remove sampling.prompts, or train \
-             text-to-video with training.mode = \"text_to_video\""
-        );
-    }
     let vram_bytes = plan
         .memory
         .vram_budget_bytes
         .unwrap_or_else(|| VramUse::measure(device, 0).map_or(u64::MAX, |u| u.free + u.reserved));
-    clip_samples(plan, (dtype, device, vram_bytes), load, log)
+    clip_samples(plan, i2v, (dtype, device, vram_bytes), load, log)
 }
 
 /// Builds a HunyuanVideo 1.5 run's part from a validated plan whose `model.dit` is the transformer `dit`.

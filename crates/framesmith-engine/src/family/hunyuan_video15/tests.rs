@@ -2,7 +2,9 @@
 //! states only where the caption quotes text), a fixed batch learns, a run config trains through the same
 //! `Trainer` as every family, saves a LoRA with musubi-tuner's names and metadata and resumes bit-identically, the
 //! plan reads its clip from the caches, both cache passes are the family's, and samples during a run are clips
-//! whose prompts are encoded once (with the fixtures' tiny encoders) and then come from the prompt cache.
+//! whose prompts are encoded once (with the fixtures' tiny encoders) and then come from the prompt cache; an
+//! image-to-video run's samples start from their prompts' images (through the fixtures' SigLIP and VAE), and a
+//! start image that cannot be read is refused before any model loads.
 
 use std::path::{Path, PathBuf};
 
@@ -341,5 +343,91 @@ fn image_to_video_caches_condition_the_batch_and_train() -> anyhow::Result<()> {
         reader(&cfg, TrainingMode::ImageToVideo),
     ));
     assert!(err.contains("hv_1_5_cache_latents.py --i2v"), "{err}");
+    Ok(())
+}
+
+/// An image-to-video run with samples: each prompt's start image (`--i`, beside the prompt file) goes through the
+/// fixture SigLIP (`model.clip`) and the VAE's encoder, and the sample is a clip; a start image that cannot be read,
+/// or a prompt without one, is refused by prompt file and path before any encoder or the DiT loads.
+#[test]
+fn image_to_video_samples_start_from_their_images() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dit = encoder_testkit::dit(dir.path())?;
+    let toml = dataset_for(
+        dir.path(),
+        1,
+        true,
+        &encoder_testkit::encoder_width_config(),
+    )?;
+    let mut config =
+        cached_run_config(dir.path(), (dit.clone(), toml), 2, TimestepSampling::Shift)?;
+    image::RgbImage::from_fn(40, 24, |x, y| {
+        image::Rgb([(x * 6) as u8, (y * 10) as u8, 90])
+    })
+    .save(dir.path().join("start.png"))?;
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a pattern turns --i start.png --w 32 --h 48 --f 5 --s 2 --d 5\n",
+    )?;
+    config.training.mode = TrainingMode::ImageToVideo;
+    config.sampling.prompts = Some(prompts.clone());
+    config.sampling.sample_every_n_steps = Some(1);
+    config.model.vae = encoder_testkit::fixture("hunyuan_video15_vae/video/weights.safetensors");
+    config.model.text_encoder = encoder_testkit::encoders_side_by_side(&dir.path().join("te"))?;
+    config.model.clip = encoder_testkit::fixture("siglip");
+    let plan = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::HunyuanVideo15)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut lines = Vec::new();
+    let mut parts = start_run_with(&plan, &dit, &encoder_testkit::tiny_qwen, &mut |_, l| {
+        lines.push(l)
+    })?;
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("1 sample start images encoded by SigLIP")),
+        "{lines:?}"
+    );
+    let out = dir.path().join("samples");
+    std::fs::create_dir_all(&out)?;
+    let files = parts.family.sample(0, &out, "000001-00", &|| false)?;
+    assert!(files.file.is_file());
+    let pngs = std::fs::read_dir(&files.frames)?
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "png"))
+        })
+        .count();
+    assert_eq!(pngs, 5);
+
+    // Nothing loads before the start images are checked: a loader that fails shows it is never reached.
+    let refuse = |_: &Path, _: Option<&Path>, _: DType, _: &Device| -> anyhow::Result<_> {
+        anyhow::bail!("the text encoder was loaded")
+    };
+    let start = |line: &str| -> String {
+        std::fs::write(&prompts, line)
+            .map_err(anyhow::Error::from)
+            .and_then(|()| start_run_with(&plan, &dit, &refuse, &mut |_, _| {}).map(|_| ()))
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default()
+    };
+    let err = start("a pattern turns --i missing.png --w 32 --h 48 --f 5 --s 2\n");
+    assert!(
+        err.contains("missing.png") && err.contains("prompts.txt") && err.contains("--i"),
+        "{err}"
+    );
+    let err = start("a pattern turns --w 32 --h 48 --f 5 --s 2\n");
+    assert!(err.contains("add --i with a start image"), "{err}");
+    // The same run without its SigLIP is refused at its config check.
+    config.model.clip = PathBuf::new();
+    let errors = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::HunyuanVideo15)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(
+        errors.contains("model.clip") && errors.contains("sigclip_vision"),
+        "{errors}"
+    );
     Ok(())
 }
