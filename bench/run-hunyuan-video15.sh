@@ -30,12 +30,18 @@
 #                 the GPU (bf16) and on the CPU (f32): both caches must hold latents, latents_image and
 #                 siglip_float16 [729, 1152]; the summary gives the GPU pass's time and the relative difference of
 #                 the two SigLIP features (bf16 against f32: a few 1e-3; above 5e-2 is a failure).
+#   samples-i2v-24  (I2V=1) the budget-24 run with samples every STEPS/2 steps: one WIDTHxHEIGHT prompt of
+#                 SAMPLE_FRAMES (121) frames and GEN_STEPS (4) steps with CFG, starting from the test pattern (--i)
+#                 through the random SigLIP (model.clip) and the VAE, with `framesmith plan` first: the plan's two
+#                 phases (training step, sampling with the 729 image tokens) against the VRAM lines the run logs
+#                 after each sampling round.
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 128) tokens of the cached Qwen2.5-VL output; WIDTH, HEIGHT, FRAMES (848, 480, 121); I2V=1:
-# image-to-video (the project also caches the first frame's latents and 729 SigLIP features; its own WORK folder).
+# image-to-video (the project also caches the first frame's latents and 729 SigLIP features; its own WORK folder):
+# `I2V=1 … bf16 budget-24 budget-16` are the image-to-video training rows, resident and within 24 and 16 GiB.
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,35p' "$0"
+    sed -n '2,42p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -45,7 +51,7 @@ CASES=("$@")
 STEPS="${STEPS:-6}" SEED="${SEED:-0}" RANK="${RANK:-32}" TEXT_TOKENS="${TEXT_TOKENS:-128}"
 WIDTH="${WIDTH:-848}" HEIGHT="${HEIGHT:-480}" FRAMES="${FRAMES:-121}"
 TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-6}" I2V="${I2V:-0}"
-GEN_STEPS="${GEN_STEPS:-4}" GEN_SWAP="${GEN_SWAP:-20}" GEN_FRAMES="${GEN_FRAMES:-121}"
+GEN_STEPS="${GEN_STEPS:-4}" GEN_SWAP="${GEN_SWAP:-20}" GEN_FRAMES="${GEN_FRAMES:-121}" SAMPLE_FRAMES="${SAMPLE_FRAMES:-121}"
 TOKENIZER="$(cd "$(dirname "$0")" && pwd)/../crates/framesmith-models/tests/fixtures/hunyuan_video15_text/tokenizer.json"
 I2V_ARGS=()
 [[ "$I2V" == 1 ]] && I2V_ARGS=(--i2v)
@@ -70,7 +76,7 @@ torch_case() { # case-dir label
 
 write_env "$(python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1)"
 SAMPLE_ARGS=()
-[[ " ${CASES[*]} " =~ " "(generate-24|generate-i2v-24|cache-i2v)" " ]] && SAMPLE_ARGS=(--sample-files)
+[[ " ${CASES[*]} " =~ " "(generate-24|generate-i2v-24|cache-i2v|samples-i2v-24)" " ]] && SAMPLE_ARGS=(--sample-files)
 if [[ ! -f "$P/run.toml" || ( ${#SAMPLE_ARGS[@]} -gt 0 && ! -f "$P/byt5_small_glyphxl_fp16.safetensors" ) ]]; then
     timed "$OUT" synth framesmith-bench synth-project --model hunyuan-video15 --out "$P" --height "$HEIGHT" \
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
@@ -161,6 +167,33 @@ print(f"  cache-i2v: keys {sorted(gpu)}; siglip {list(a.shape)}; GPU (bf16) vs C
       f"{rel:.2e} -> {'PASS' if rel < 5e-2 and list(a.shape) == [729, 1152] else 'FAIL'}")
 PY
         grep -hE "Elapsed \(wall|SigLIP|cached" "$D/cache-cuda.log" | tail -3 | sed "s/^/  cache-i2v (cuda): /" >> "$SUMMARY"
+        ;;
+    samples-i2v-24)
+        if [[ "$I2V" != 1 ]]; then
+            note "samples-i2v-24 trains image-to-video: run it with I2V=1"
+        elif ! i2v_files; then
+            note "i2v files failed"
+        else
+            minimal_config "$P" "$P/samples.toml"
+            cp "$TOKENIZER" "$P/tokenizer.json"
+            echo "the pattern slowly turns --i $START_IMAGE --w $WIDTH --h $HEIGHT --f $SAMPLE_FRAMES --s $GEN_STEPS --d 7" \
+                > "$P/prompts.txt"
+            python3 - "$P/samples.toml" "$P" "$STEPS" "$SIGLIP" <<'EOF'
+import sys, tomllib
+path, p, steps, siglip = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+text = open(path).read().replace("[model]\n", f'[model]\nvae = "{p}/hunyuanvideo15_vae_fp16.safetensors"\n'
+    f'text_encoder = "{p}/qwen_2.5_vl_7b_fp8_scaled.safetensors"\nclip = "{siglip}"\n', 1)
+text += f'[sampling]\nprompts = "{p}/prompts.txt"\nsample_every_n_steps = {max(1, steps // 2)}\n'
+tomllib.loads(text)
+open(path, "w").write(text)
+EOF
+            extra=(--preset hunyuan-video15-24gb --vram-budget-gb 24)
+            timed "$D" plan framesmith plan --config "$P/samples.toml" "${extra[@]}"
+            grep -hE "peak|Fits|fit:|sampling" "$D/plan.log" | tail -5 \
+                | sed -E "s/^ *[0-9.]+ //; s/^/  samples-i2v-24 plan: /" >> "$SUMMARY"
+            train_case "$D" "$P/samples.toml" "framesmith train, preset, 24 GiB, I2V samples" "${extra[@]}"
+            grep -hE "sampl|start images|VRAM" "$D/train.log" | tail -6 | sed "s/^/  samples-i2v-24: /" >> "$SUMMARY"
+        fi
         ;;
     *) memory_case "$case" "$D" hunyuan-video15 || note "unknown case $case" ;;
     esac
