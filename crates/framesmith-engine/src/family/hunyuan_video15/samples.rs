@@ -32,6 +32,7 @@ use framesmith_config::protocol::LogLevel;
 use framesmith_config::RunPlan;
 use framesmith_data::probe::load_rgb;
 use framesmith_data::prompt_cache::{prompt_cache_dir, PromptCache};
+use framesmith_models::hunyuan_video15::vae::Hv15Vae;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
 use framesmith_models::siglip::{siglip_weights_file, SIGLIP_FILES};
 
@@ -213,41 +214,17 @@ const CACHED: CachedEncoding<Hv15Text> = CachedEncoding {
     tensors: to_tensors,
 };
 
-/// The samples of a HunyuanVideo 1.5 run (`None` when nothing is sampled): the prompt file read and checked (and,
-/// for an image-to-video run (`i2v`), every start image read and SigLIP found) before any model loads, the prompts
-/// encoded (through the prompt cache, Qwen2.5-VL from `load`), the VAE loaded and, for image-to-video, the start
-/// images encoded by SigLIP and the VAE's encoder, in `dtype` on `device` for a card of `vram_bytes`. Called before
-/// the DiT loads.
-pub fn clip_samples(
+/// Each prompt's encoding and its negative prompt's ("" when it gives none), through the prompt cache of the run's
+/// output folder, Qwen2.5-VL from `load` (with the glyph encoder beside `text_encoder`) encoding what it lacks.
+fn encode_prompts(
     plan: &RunPlan,
-    i2v: bool,
-    (dtype, device, vram_bytes): (DType, &Device, u64),
-    load: LoadQwen<'_>,
+    specs: &[PromptSpec],
+    (text_encoder, load): (&Path, LoadQwen<'_>),
+    (dtype, device): (DType, &Device),
     log: &mut dyn FnMut(LogLevel, String),
-) -> anyhow::Result<Option<Hv15Samples>> {
-    let Some(sampling) = &plan.sampling else {
-        return Ok(None);
-    };
-    let m = &plan.model;
-    let vae_path = m
-        .vae
-        .as_deref()
-        .context("HunyuanVideo 1.5 samples need model.vae; set it, or remove sampling.prompts")?;
-    let text_encoder = m.text_encoder.as_deref().context(
-        "HunyuanVideo 1.5 samples need model.text_encoder (Qwen2.5-VL-7B, with the byT5 glyph encoder beside it); \
-         set it, or remove sampling.prompts",
-    )?;
-    let specs = read_prompt_file(&sampling.prompts)?;
-    let samples = sample_specs(&specs, &sampling.prompts, i2v)?;
-    let siglip = i2v.then(|| sample_siglip(plan)).transpose()?;
-    if !i2v && m.clip.is_some() {
-        log(
-            LogLevel::Warn,
-            "model.clip is not used: this run trains text-to-video, whose samples start from no image".into(),
-        );
-    }
+) -> anyhow::Result<Vec<Hv15Prompt>> {
     let mut texts: Vec<&str> = Vec::new();
-    for spec in &specs {
+    for spec in specs {
         for text in [
             spec.prompt.as_str(),
             spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE),
@@ -283,53 +260,110 @@ pub fn clip_samples(
             .context("a sample prompt was not encoded")?;
         Ok(encoded[i].clone())
     };
+    specs
+        .iter()
+        .map(|spec| {
+            Ok(Hv15Prompt {
+                text: text_of(&spec.prompt)?,
+                negative: Some(text_of(
+                    spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE),
+                )?),
+            })
+        })
+        .collect()
+}
+
+/// The start image of each of `samples` (all of them, in an image-to-video run whose SigLIP is `siglip`) as the DiT
+/// takes it, through SigLIP and `vae`'s encoder; none for a text-to-video run (`siglip` `None`).
+fn start_images(
+    samples: &[SampleSpec],
+    siglip: Option<&Path>,
+    vae: &Hv15Vae,
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Vec<Option<Hv15Image>>> {
+    let Some(siglip) = siglip else {
+        return Ok(samples.iter().map(|_| None).collect());
+    };
+    let starts: Vec<(&RgbImage, &Hv15Settings)> = samples
+        .iter()
+        .map(|s| {
+            s.image
+                .as_ref()
+                .map(|image| (image, &s.settings))
+                .context("an image-to-video sample lost its start image")
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let encoded = encode_start_images(&starts, (siglip, "model.clip"), vae, (dtype, device))?;
+    log(
+        LogLevel::Info,
+        format!(
+            "{} sample start images encoded by SigLIP and the VAE, SigLIP released",
+            encoded.len()
+        ),
+    );
+    Ok(encoded.into_iter().map(Some).collect())
+}
+
+/// The samples of a HunyuanVideo 1.5 run (`None` when nothing is sampled): the prompt file read and checked (and,
+/// for an image-to-video run (`i2v`), every start image read and SigLIP found) before any model loads, the prompts
+/// encoded (through the prompt cache, Qwen2.5-VL from `load`), the VAE loaded and, for image-to-video, the start
+/// images encoded by SigLIP and the VAE's encoder, in `dtype` on `device` for a card of `vram_bytes`. Called before
+/// the DiT loads.
+pub fn clip_samples(
+    plan: &RunPlan,
+    i2v: bool,
+    (dtype, device, vram_bytes): (DType, &Device, u64),
+    load: LoadQwen<'_>,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Option<Hv15Samples>> {
+    let Some(sampling) = &plan.sampling else {
+        return Ok(None);
+    };
+    let m = &plan.model;
+    let vae_path = m
+        .vae
+        .as_deref()
+        .context("HunyuanVideo 1.5 samples need model.vae; set it, or remove sampling.prompts")?;
+    let text_encoder = m.text_encoder.as_deref().context(
+        "HunyuanVideo 1.5 samples need model.text_encoder (Qwen2.5-VL-7B, with the byT5 glyph encoder beside it); \
+         set it, or remove sampling.prompts",
+    )?;
+    let specs = read_prompt_file(&sampling.prompts)?;
+    let samples = sample_specs(&specs, &sampling.prompts, i2v)?;
+    let siglip = i2v.then(|| sample_siglip(plan)).transpose()?;
+    if !i2v && m.clip.is_some() {
+        log(
+            LogLevel::Warn,
+            "model.clip is not used: this run trains text-to-video, whose samples start from no image".into(),
+        );
+    }
+    let encoded = encode_prompts(plan, &specs, (text_encoder, load), (dtype, device), log)?;
     let decoder = Hv15Decoder::load(vae_path, (dtype, device), vram_bytes).with_context(|| {
         format!(
             "model.vae: loading the VAE for samples from {}",
             vae_path.display()
         )
     })?;
-    let mut images = match &siglip {
-        Some(siglip) => {
-            let starts: Vec<(&RgbImage, &Hv15Settings)> = samples
-                .iter()
-                .filter_map(|s| Some((s.image.as_ref()?, &s.settings)))
-                .collect();
-            let encoded = encode_start_images(
-                &starts,
-                (siglip, "model.clip"),
-                &decoder.vae,
-                (dtype, device),
-            )?;
-            log(
-                LogLevel::Info,
-                format!(
-                    "{} sample start images encoded by SigLIP and the VAE, SigLIP released",
-                    encoded.len()
-                ),
-            );
-            encoded.into_iter().map(Some).collect()
-        }
-        None => Vec::new(),
-    }
-    .into_iter();
+    let images = start_images(
+        &samples,
+        siglip.as_deref(),
+        &decoder.vae,
+        (dtype, device),
+        log,
+    )?;
     let prompts = specs
-        .iter()
-        .zip(samples)
-        .map(|(spec, sample)| {
-            let negative = spec.negative.as_deref().unwrap_or(DEFAULT_NEGATIVE);
-            Ok(Hv15SamplePrompt {
-                prompt: spec.prompt.clone(),
-                encoded: Hv15Prompt {
-                    text: text_of(&spec.prompt)?,
-                    negative: Some(text_of(negative)?),
-                },
-                settings: sample.settings,
-                latent: sample.latent,
-                image: images.next().flatten(),
-            })
+        .into_iter()
+        .zip(encoded)
+        .zip(samples.into_iter().zip(images))
+        .map(|((spec, encoded), (sample, image))| Hv15SamplePrompt {
+            prompt: spec.prompt,
+            encoded,
+            settings: sample.settings,
+            latent: sample.latent,
+            image,
         })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+        .collect();
     Ok(Some(Hv15Samples {
         prompts,
         decoder,
