@@ -29,6 +29,9 @@ else:
 if vram:
     peak, plan = vram[-1]
     out += f", peak VRAM {float(peak):.2f} GiB" + (f" (plan {float(plan):.2f})" if plan else "")
+tensors = re.findall(r"VRAM: peak .* so far.*the tensors' own peak ([0-9.]+) GiB", log)
+if tensors:
+    out += f", tensors' peak {float(tensors[-1]):.2f} GiB"
 if rss:
     out += f", peak RSS {int(rss[-1]) / 2**20:.1f} GiB"
 losses = [r["loss"] for r in rows if "loss" in r]

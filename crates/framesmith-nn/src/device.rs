@@ -166,6 +166,9 @@ pub struct VramUse {
     pub peak: u64,
     /// Of that, outside the pool.
     pub outside_pool: u64,
+    /// The most the pool handed out at once since the process began: the tensors' own peak, without what the
+    /// pool reserved beyond them (its fragmentation) or what lives outside it.
+    pub peak_used: u64,
     /// Allocated from the pool now.
     pub in_use: u64,
     /// Reserved by the pool now (in use or cached).
@@ -177,6 +180,7 @@ pub struct VramUse {
 /// A CUDA pool's marks and its card's memory, as [`VramUse`] reads them.
 struct PoolMarks {
     peak_reserved: u64,
+    peak_used: u64,
     in_use: u64,
     reserved: u64,
     free: u64,
@@ -192,6 +196,7 @@ impl PoolMarks {
             let (free, total) = device::memory_info(dev).ok()?;
             return Some(Self {
                 peak_reserved: device::peak_reserved_bytes(dev).ok()?,
+                peak_used: device::peak_memory_bytes(dev).ok()?,
                 in_use: device::used_memory_bytes(dev).ok()?,
                 reserved: device::reserved_bytes(dev).ok()?,
                 free,
@@ -220,6 +225,7 @@ impl VramUse {
         Self {
             peak: marks.peak_reserved + outside_pool,
             outside_pool,
+            peak_used: marks.peak_used,
             in_use: marks.in_use,
             reserved: marks.reserved,
             free: marks.free,
@@ -461,6 +467,7 @@ mod tests {
         // An 80 GiB card with 10 free: 70 taken, of which 50 reserved by the pool and 8 held back: 12 outside.
         let marks = PoolMarks {
             peak_reserved: 40 * gib,
+            peak_used: 35 * gib,
             in_use: 30 * gib,
             reserved: 50 * gib,
             free: 10 * gib,
@@ -468,7 +475,7 @@ mod tests {
         };
         let used = VramUse::from_marks(&marks, 8 * gib);
         assert_eq!(used.outside_pool, 12 * gib);
-        assert_eq!(used.peak, 52 * gib);
+        assert_eq!((used.peak, used.peak_used), (52 * gib, 35 * gib));
         assert_eq!(
             (used.in_use, used.reserved, used.free),
             (30 * gib, 50 * gib, 10 * gib)

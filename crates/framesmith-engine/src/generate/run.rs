@@ -268,6 +268,7 @@ mod tests {
         let use_of = |gib: u64| VramUse {
             peak: gib << 30,
             outside_pool: 0,
+            peak_used: 0,
             in_use: 0,
             reserved: 0,
             free: 0,

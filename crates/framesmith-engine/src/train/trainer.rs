@@ -153,7 +153,9 @@ impl Trainer {
     }
 
     /// A line on the device memory the run has used at most so far (the CUDA memory pool's high-water mark, and
-    /// the peak from before its restarts) next to the planner's prediction; `None` off CUDA.
+    /// the peak from before its restarts) next to the planner's prediction, and the tensors' own peak (what the pool
+    /// handed out at most, so the rest of the peak is the pool's fragmentation and what lives outside it); `None`
+    /// off CUDA.
     pub fn vram_line(&self) -> Option<String> {
         self.vram_line_against("VRAM", ("the plan", self.planned_vram_bytes), false)
     }
@@ -189,6 +191,15 @@ impl Trainer {
             "so far"
         };
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        // The pool's handed-out mark is not restarted for a sampling round, so only the run's line gives it.
+        let tensors = if round {
+            String::new()
+        } else {
+            format!(
+                "; the tensors' own peak {:.2} GiB (the pool's in-use high-water)",
+                gib(used.peak_used)
+            )
+        };
         let plan = match planned {
             Some(plan) => format!(
                 " ({whose} predicted {:.2} GiB, {:+.1}%)",
@@ -213,7 +224,7 @@ impl Trainer {
         };
         Some(format!(
             "{label}: peak {:.2} GiB {when}{plan}, {:.2} GiB of it outside the memory pool; {:.2} GiB held between \
-             steps ({:.2} GiB reserved), {:.2} GiB of the card free{second}",
+             steps ({:.2} GiB reserved), {:.2} GiB of the card free{second}{tensors}",
             gib(used.peak),
             gib(used.outside_pool),
             gib(used.in_use),
