@@ -72,7 +72,7 @@ pub const RUN_SECTIONS: &[Section] = &[
             field("model.text_encoder", "Text encoder", FieldKind::Path),
             help(
                 field("model.clip", "CLIP", FieldKind::Path),
-                "Image-to-video models with a CLIP image encoder: encodes the start images of samples",
+                "Image-to-video models with an image encoder (CLIP or SigLIP): encodes the start images of samples",
             ),
             help(
                 field("model.variant", "Variant", FieldKind::Text),
