@@ -151,6 +151,11 @@ pub(crate) struct Lent<C> {
 }
 
 impl<C> Lent<C> {
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.len
+    }
+
     pub(crate) fn as_slice(&self) -> &[u8] {
         // SAFETY: `len` bytes inside a chunk that `shared` keeps alive; the cursor hands a range to one piece at a
         // time and reuses it only after every piece came back, so no other piece overlaps this one.
