@@ -5,6 +5,8 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
+use crate::vb::Vb;
+
 mod grad;
 pub use grad::{layer_norm_backward, rms_norm_backward};
 
@@ -101,5 +103,29 @@ mod tests {
             assert!(total > 0.0, "input gradient missing");
         }
         Ok(())
+    }
+}
+
+/// A LayerNorm with its affine `weight` and `bias` [dim] (PyTorch's `nn.LayerNorm`), read from a checkpoint.
+#[derive(Clone)]
+pub struct AffineNorm {
+    pub weight: Tensor,
+    pub bias: Tensor,
+    pub eps: f64,
+}
+
+impl AffineNorm {
+    /// Reads `weight` and `bias` [dim] under `vb`.
+    pub fn new(dim: usize, eps: f64, vb: &Vb) -> Result<Self> {
+        Ok(Self {
+            weight: vb.get(dim, "weight")?,
+            bias: vb.get(dim, "bias")?,
+            eps,
+        })
+    }
+
+    /// `xs` [..., dim] normalised over its last dim, scaled and shifted.
+    pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        layer_norm(xs, Some(&self.weight), Some(&self.bias), self.eps)
     }
 }

@@ -8,7 +8,7 @@ use candle_core::{DType, Result, Tensor};
 
 use super::config::HunyuanVideo15Config;
 use framesmith_nn::linear::Linear;
-use framesmith_nn::norm::layer_norm;
+use framesmith_nn::norm::{layer_norm, AffineNorm};
 use framesmith_nn::ops::modulate_to;
 use framesmith_nn::vb::Vb;
 
@@ -62,29 +62,6 @@ impl TimestepEmbedder {
     pub fn forward(&self, t: &Tensor, dtype: DType) -> Result<Tensor> {
         let proj = timestep_embedding(t, TIMESTEP_DIM)?.to_dtype(dtype)?;
         self.mlp_2.forward(&self.mlp_0.forward(&proj)?.silu()?)
-    }
-}
-
-/// An affine LayerNorm's parameters.
-#[derive(Clone)]
-pub struct AffineNorm {
-    pub weight: Tensor,
-    pub bias: Tensor,
-    pub eps: f64,
-}
-
-impl AffineNorm {
-    /// Reads `weight` and `bias` [dim] under `vb`.
-    pub fn new(dim: usize, eps: f64, vb: &Vb) -> Result<Self> {
-        Ok(Self {
-            weight: vb.get(dim, "weight")?,
-            bias: vb.get(dim, "bias")?,
-            eps,
-        })
-    }
-
-    pub fn forward(&self, xs: &Tensor) -> Result<Tensor> {
-        layer_norm(xs, Some(&self.weight), Some(&self.bias), self.eps)
     }
 }
 

@@ -7,9 +7,10 @@
 use candle_core::{DType, Result, Tensor};
 
 use super::config::HunyuanVideo15Config;
-use super::embeddings::{AffineNorm, TimestepEmbedder};
+use super::embeddings::TimestepEmbedder;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
+use framesmith_nn::norm::AffineNorm;
 use framesmith_nn::vb::Vb;
 
 /// Epsilon of the refiner blocks' LayerNorms.

@@ -13,8 +13,8 @@ pub mod preprocess;
 use candle_core::{Result, Tensor};
 use image::RgbImage;
 
-use crate::hunyuan_video15::embeddings::AffineNorm;
 use framesmith_nn::linear::Linear;
+use framesmith_nn::norm::AffineNorm;
 use framesmith_nn::vb::Vb;
 
 pub use files::{identify, load_siglip, siglip_weights_file, SiglipFile, SIGLIP_FILES};
