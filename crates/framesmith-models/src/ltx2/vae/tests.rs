@@ -116,6 +116,34 @@ fn ltx23_case_matches_ltx_core_with_timestep_and_noise() -> anyhow::Result<()> {
     };
     let got = vae.decode(c.input("latents")?, &other)?;
     assert!(assert_close("other noise", &got, c.expected("decoded")?, ATOL, RTOL).is_err());
+    // Tiled, each tile takes the given noise under it: one tile covering the clip is the untiled decode.
+    let latents = c.input("latents")?;
+    let (_, _, f, h, w) = latents.dims5()?;
+    let (fs, ft) = vae.config().decoder_factors();
+    let axis = |n: usize| {
+        Some(AxisTiles {
+            tile: n,
+            overlap: n / 2,
+        })
+    };
+    let one = VaeTiling {
+        frames: axis(((f - 1) * ft + 1).max(32)),
+        height: axis((h * fs).max(128)),
+        width: axis((w * fs).max(128)),
+    };
+    let tiled = vae.decode_tiled(latents, &one, &cond)?;
+    assert_close(
+        "tiled, given noise",
+        &tiled,
+        c.expected("decoded")?,
+        ATOL,
+        RTOL,
+    )?;
+    let short = DecodeConditioning {
+        noise: Some(c.input("decode_noise")?.narrow(2, 0, 1)?),
+        ..DecodeConditioning::default()
+    };
+    assert!(vae.decode_tiled(latents, &one, &short).is_err());
     Ok(())
 }
 

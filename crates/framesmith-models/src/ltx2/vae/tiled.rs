@@ -230,21 +230,26 @@ fn add_at(buf: &Tensor, ranges: [std::ops::Range<usize>; 5], src: &Tensor) -> Re
     buf.slice_assign(&ranges, &cur.broadcast_add(src)?)
 }
 
-/// Runs `f` on each tile's input and blends the results into a tensor of `shape`.
+/// `xs` [b, c, t, h, w] cut to `ranges` of its last three axes.
+fn cut(xs: &Tensor, ranges: &[(usize, usize); 3]) -> Result<Tensor> {
+    let mut part = xs.clone();
+    for (axis, &(a, b)) in ranges.iter().enumerate() {
+        part = part.narrow(axis + 2, a, b - a)?;
+    }
+    Ok(part)
+}
+
+/// Runs `f` on each tile's input (and where it reads) and blends the results into a tensor of `shape`.
 fn run_tiles(
     xs: &Tensor,
     tiles: &[Tile],
     shape: (usize, usize, usize, usize, usize),
-    f: impl Fn(&Tensor) -> Result<Tensor>,
+    f: impl Fn(&Tensor, &[(usize, usize); 3]) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let mut blend = Blend::new(shape, xs.device())?;
     let mut seen: [Vec<(usize, usize)>; 3] = [Vec::new(), Vec::new(), Vec::new()];
     for tile in tiles {
-        let mut part = xs.clone();
-        for (axis, &(a, b)) in tile.input.iter().enumerate() {
-            part = part.narrow(axis + 2, a, b - a)?;
-        }
-        let ys = f(&part)?;
+        let ys = f(&cut(xs, &tile.input)?, &tile.input)?;
         let want: Vec<usize> = tile.output.iter().map(|&(a, b)| b - a).collect();
         if ys.dims()[2..] != want[..] {
             candle_core::bail!(
@@ -303,19 +308,24 @@ impl Ltx2Vae {
             }
         }
         let shape = (b, self.cfg.latent_channels, lt, lh, lw);
-        run_tiles(video, &tiles, shape, |tile| self.encode(tile))
+        run_tiles(video, &tiles, shape, |tile, _| self.encode(tile))
     }
 
-    /// [`Ltx2Vae::decode`] in tiles (`ConvVideoDecoder.tiled_decode`, its chunks joined). Each tile of a
-    /// timestep-conditioned decoder draws its own noise (a given `cond.noise` is refused: it cannot cover tiles).
+    /// [`Ltx2Vae::decode`] in tiles (`ConvVideoDecoder.tiled_decode`, its chunks joined). A timestep-conditioned
+    /// decoder mixes each tile with the part of `cond.noise` (of `z`'s shape) under it, so that a seeded noise
+    /// gives the same clip however it is tiled; without one, each tile draws its own.
     pub fn decode_tiled(
         &self,
         z: &Tensor,
         tiling: &VaeTiling,
         cond: &DecodeConditioning,
     ) -> Result<Tensor> {
-        if cond.noise.is_some() {
-            candle_core::bail!("LTX-2 VAE tiled decode draws its noise per tile; give no noise");
+        if let Some(noise) = cond.noise.as_ref().filter(|n| n.dims() != z.dims()) {
+            candle_core::bail!(
+                "LTX-2 VAE tiled decode: the noise is {:?}, the latents {:?}; give noise of the latents' shape",
+                noise.dims(),
+                z.dims()
+            );
         }
         let (b, _, f, h, w) = z.dims5()?;
         let (fs, ft) = self.cfg.decoder_factors();
@@ -354,6 +364,13 @@ impl Ltx2Vae {
             }
         }
         let shape = (b, self.cfg.out_channels, (f - 1) * ft + 1, h * fs, w * fs);
-        run_tiles(z, &tiles, shape, |tile| self.decode(tile, cond))
+        run_tiles(z, &tiles, shape, |tile, ranges| {
+            let noise = cond.noise.as_ref().map(|n| cut(n, ranges)).transpose()?;
+            let cond = DecodeConditioning {
+                noise,
+                ..cond.clone()
+            };
+            self.decode(tile, &cond)
+        })
     }
 }

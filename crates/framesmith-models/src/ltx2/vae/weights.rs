@@ -45,6 +45,8 @@ pub struct Ltx2VaeFile {
     /// `"vae."` for the official files, `""` for a bare extract.
     pub prefix: &'static str,
     pub config: Ltx2VaeConfig,
+    /// Elements of its tensors (the encoder's, the decoder's and the statistics).
+    pub parameters: u64,
 }
 
 /// The prefix of the VAE's keys among `names`, if it has them.
@@ -81,10 +83,23 @@ pub fn identify_vae(path: &Path) -> Result<Ltx2VaeFile, Ltx2VaeError> {
         problem,
         path: path.to_path_buf(),
     })?;
+    let parameters = header
+        .tensors
+        .iter()
+        .filter(|t| {
+            t.name.strip_prefix(prefix).is_some_and(|n| {
+                ["encoder.", "decoder.", "per_channel_statistics."]
+                    .iter()
+                    .any(|p| n.starts_with(p))
+            })
+        })
+        .map(|t| t.numel())
+        .sum();
     Ok(Ltx2VaeFile {
         path: path.to_path_buf(),
         prefix,
         config,
+        parameters,
     })
 }
 
