@@ -12,7 +12,9 @@ use serde::{Deserialize, Serialize};
 
 pub use dpmpp::FlowDpmSolverScheduler;
 pub use euler::FlowEulerScheduler;
-pub use schedule::{np_linspace, sampling_sigmas, FlowSchedule, SchedulerConfig};
+pub use schedule::{
+    np_linspace, sampling_sigmas, torch_linspace_f32, FlowSchedule, SchedulerConfig,
+};
 pub use unipc::FlowUniPcScheduler;
 
 /// Sampling solver.

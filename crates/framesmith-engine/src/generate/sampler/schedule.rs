@@ -58,6 +58,25 @@ pub fn np_linspace(start: f64, stop: f64, num: usize) -> Vec<f64> {
     out
 }
 
+/// `torch.linspace(start, end, num)` in float32 as torch computes it on the CPU: `start + i·step` for the first
+/// half, `end − (num − 1 − i)·step` for the rest, so both ends are exact.
+pub fn torch_linspace_f32(start: f32, end: f32, num: usize) -> Vec<f32> {
+    if num <= 1 {
+        return if num == 1 { vec![start] } else { Vec::new() };
+    }
+    let step = (end - start) / (num - 1) as f32;
+    let half = num / 2;
+    (0..num)
+        .map(|i| {
+            if i < half {
+                start + step * i as f32
+            } else {
+                end - step * (num - 1 - i) as f32
+            }
+        })
+        .collect()
+}
+
 /// The official time shift `shift * s / (1 + (shift - 1) * s)` in float64.
 fn shift_sigmas(sigmas: &[f64], shift: f64) -> Vec<f64> {
     sigmas
@@ -129,6 +148,21 @@ mod tests {
         assert_eq!(v, vec![1.0, 0.75, 0.5, 0.25, 0.0]);
         assert_eq!(np_linspace(2.0, 3.0, 1), vec![2.0]);
         assert!(np_linspace(0.0, 1.0, 0).is_empty());
+    }
+
+    #[test]
+    fn torch_linspace_meets_both_ends() {
+        assert_eq!(
+            torch_linspace_f32(1.0, 0.0, 5),
+            vec![1.0, 0.75, 0.5, 0.25, 0.0]
+        );
+        // torch.linspace(1, 0, 4) in float32.
+        assert_eq!(
+            torch_linspace_f32(1.0, 0.0, 4),
+            vec![1.0, 0.666_666_6, 0.333_333_34, 0.0]
+        );
+        assert_eq!(torch_linspace_f32(2.0, 3.0, 1), vec![2.0]);
+        assert!(torch_linspace_f32(0.0, 1.0, 0).is_empty());
     }
 
     #[test]
