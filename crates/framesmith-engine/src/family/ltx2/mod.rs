@@ -19,8 +19,10 @@ use framesmith_config::{ModelFamily, RunConfig, RunPlan};
 use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
 use framesmith_data::DatasetKind;
 
+pub mod decode;
 pub mod encoder;
 pub mod items;
+pub mod pipeline;
 pub mod plan;
 pub mod prep;
 pub mod run;
