@@ -1,6 +1,7 @@
 //! The rules of a family whose runs train one DiT from caches made elsewhere, read from `model.dit` alone: the
-//! settings of other families such a run refuses and what it cannot do yet (for some samples and image-to-video),
-//! each by key with its fix. A family gives only its names and what it lacks ([`CacheOnlyRules`]).
+//! settings of other families such a run refuses, the files its samples need, and what it cannot do yet
+//! (image-to-video, for some), each by key with its fix. A family gives only its names and what it lacks
+//! ([`CacheOnlyRules`]).
 
 use std::path::Path;
 
@@ -23,8 +24,7 @@ pub(crate) struct CacheOnlyRules {
     /// The image encoder `model.clip` names for its image-to-video samples' start images, described with a file to
     /// set it to; `None`: its runs take no `model.clip`.
     pub sample_image_encoder: Option<&'static str>,
-    /// Its samples: what they need that Framesmith lacks (refused), or the VAE and text encoder files they are
-    /// made with (`model.vae`, `model.text_encoder`, each described).
+    /// The files its samples are made with (`model.vae`, `model.text_encoder`, each described).
     pub samples: CacheOnlySamples,
     /// Why image-to-video is refused, when it is.
     pub no_image_to_video: Option<&'static str>,
@@ -32,13 +32,14 @@ pub(crate) struct CacheOnlyRules {
 
 /// Whether a cache-only family's runs make samples.
 pub(crate) enum CacheOnlySamples {
-    /// No: what they need that Framesmith lacks, and that it lacks it.
-    Refused(&'static str),
     /// Yes, with the VAE and the text encoder these describe.
     Made {
         vae: &'static str,
         text_encoder: &'static str,
     },
+    /// Yes, with the text encoder this describes and the VAE of the checkpoint `model.dit` names (or of
+    /// `model.vae`, when set).
+    MadeWithCheckpointVae { text_encoder: &'static str },
 }
 
 impl FamilyRules for CacheOnlyRules {
@@ -47,12 +48,13 @@ impl FamilyRules for CacheOnlyRules {
         cfg: &'a RunConfig,
     ) -> Vec<(&'static str, &'a Path, &'static str)> {
         match self.samples {
-            // Refused in `check`, whatever files are given.
-            CacheOnlySamples::Refused(_) => Vec::new(),
             CacheOnlySamples::Made { vae, text_encoder } => vec![
                 ("model.vae", &cfg.model.vae, vae),
                 ("model.text_encoder", &cfg.model.text_encoder, text_encoder),
             ],
+            CacheOnlySamples::MadeWithCheckpointVae { text_encoder } => {
+                vec![("model.text_encoder", &cfg.model.text_encoder, text_encoder)]
+            }
         }
     }
 
@@ -94,13 +96,6 @@ impl FamilyRules for CacheOnlyRules {
                     "set training.mode = \"text_to_video\" (or \"auto\")",
                 );
             }
-        }
-        if let (Some(_), CacheOnlySamples::Refused(need)) = (&cfg.sampling.prompts, &self.samples) {
-            c.problem(
-                "sampling.prompts",
-                format!("samples of {} need {need}", self.a_run),
-                "remove sampling.prompts and the sample schedule (sample_every_n_* / sample_at_first)",
-            );
         }
     }
 }

@@ -1,6 +1,6 @@
-//! LTX-2's part of validation: what its runs cannot do yet (samples, which need the denoising loop around its video VAE;
-//! image-to-video, which needs per-token timesteps) and the settings of other families an LTX-2 run refuses, each
-//! by key with its fix.
+//! LTX-2's part of validation: the file its samples need besides the checkpoint (Gemma 3; the VAE is the
+//! checkpoint's unless `model.vae` names another), what its runs cannot do yet (image-to-video, which needs
+//! per-token timesteps) and the settings of other families an LTX-2 run refuses, each by key with its fix.
 
 use super::cached::{CacheOnlyRules, CacheOnlySamples};
 
@@ -12,9 +12,10 @@ pub(crate) const LTX2_RULES: CacheOnlyRules = CacheOnlyRules {
     clip_file: "CLIP model (LTX-2 takes none)",
     conditions_on: "Gemma 3 through its text connector",
     sample_image_encoder: None,
-    samples: CacheOnlySamples::Refused(
-        "the denoising loop around its video VAE's decode, which Framesmith does not have yet",
-    ),
+    samples: CacheOnlySamples::MadeWithCheckpointVae {
+        text_encoder: "Gemma 3 12B, e.g. gemma_3_12B_it.safetensors or the google/gemma-3-12b-it folder (to \
+                       encode prompts; the video VAE and the text connector are read from model.dit)",
+    },
     no_image_to_video: Some(
         "LTX-2's image-to-video training conditions on the clean first frame with per-token timesteps, which \
          Framesmith does not have yet",
@@ -40,7 +41,7 @@ mod tests {
     }
 
     #[test]
-    fn samples_image_to_video_and_other_families_settings_are_refused() {
+    fn samples_need_gemma_image_to_video_and_other_families_settings_are_refused() {
         let mut cfg = run_of_existing_files("src/family/ltx2.rs");
         cfg.sampling.prompts = Some(cfg.model.dit.clone());
         cfg.sampling.sample_every_n_steps = Some(10);
@@ -51,7 +52,7 @@ mod tests {
             &cfg,
             ModelFamily::Ltx2,
             &[
-                ("sampling.prompts", "video VAE", "remove sampling.prompts"),
+                ("model.text_encoder", "Gemma 3 12B", "model.text_encoder"),
                 ("training.mode", "per-token timesteps", "text_to_video"),
                 ("model.variant", "Wan variant `t2v-1.3b`", "\"auto\""),
                 ("model.clip", "not on CLIP", "remove model.clip"),

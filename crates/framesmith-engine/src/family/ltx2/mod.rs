@@ -3,13 +3,15 @@
 //! plan description ([`plan`]), its latent pass ([`prep`]: the video VAE's `_ltx2` caches) and its text pass
 //! ([`text_cache`], with Gemma 3 and the checkpoint's connector: [`encoder`]). It trains text-to-video LoRAs of
 //! the video stream, and both streams jointly when the caches hold audio latents (musubi-tuner's `_ltx2_audio`
-//! caches; the audio VAE is not implemented); samples during training and `framesmith generate` are refused with
-//! what is missing.
+//! caches; the audio VAE is not implemented). Samples during training ([`samples`]) and `framesmith generate`
+//! ([`generate`]) make video-only clips through ltx-core's sampling ([`pipeline`]) and the VAE ([`decode`]).
 
 use std::path::Path;
 
 use crate::family::image::cached_video::CachedVideoFamily;
 use crate::family::image::items::VideoVae;
+use crate::generate::request::{GenerationOutput, GenerationRequest};
+use crate::generate::run::Session;
 use crate::plan::{PlanError, PlanModel};
 use crate::prep::pass::{CacheRequest, LatentFiles, TextFiles};
 use crate::prep::{CacheProgress, CacheSummary};
@@ -21,11 +23,13 @@ use framesmith_data::DatasetKind;
 
 pub mod decode;
 pub mod encoder;
+pub mod generate;
 pub mod items;
 pub mod pipeline;
 pub mod plan;
 pub mod prep;
 pub mod run;
+pub mod samples;
 mod setup;
 pub mod text_cache;
 pub mod train;
@@ -46,9 +50,6 @@ impl CachedVideoFamily for Ltx2Family {
         "model.dit is not an LTX-2 transformer; point it at Lightricks' \
          ltx-2-19b-*.safetensors or ltx-2.3-22b-*.safetensors";
     const NO_CACHE_PASS: &'static str = items::LTX2_CACHES;
-    const NO_GENERATE: &'static str = "generating with LTX-2 (the denoising loop around its video VAE's \
-         decode) is not in Framesmith yet; use ComfyUI's LTX-2 workflow or ltx-pipelines with the LoRA (its keys are \
-         the official trainer's)";
 
     fn is_run(config: &RunConfig) -> bool {
         train::is_ltx2_run(config)
@@ -97,5 +98,12 @@ impl CachedVideoFamily for Ltx2Family {
         log: &mut dyn FnMut(&str),
     ) -> anyhow::Result<CacheSummary> {
         text_cache::text(request, files, progress, log)
+    }
+
+    fn generate(
+        request: &GenerationRequest,
+        session: &mut Session,
+    ) -> anyhow::Result<GenerationOutput> {
+        generate::generate(request, session)
     }
 }

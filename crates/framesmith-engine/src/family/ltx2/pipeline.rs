@@ -348,13 +348,7 @@ mod tests {
     fn the_scheduler_shifts_by_tokens_and_stretches_to_the_terminal() {
         // LTX2Scheduler().execute(steps=4) and execute(steps=4, latent of 1024 tokens) (torch 2.15, float32).
         let default = scheduler_sigmas(4, None);
-        let want = [
-            0.999_999_8f32,
-            0.867_083_1,
-            0.631_568_85,
-            0.100_000_02,
-            0.0,
-        ];
+        let want = [0.999_999_8f32, 0.867_083_1, 0.631_568_85, 0.100_000_02, 0.0];
         for (g, w) in default.iter().zip(want) {
             assert!((g - w).abs() < 1e-6, "{default:?}");
         }

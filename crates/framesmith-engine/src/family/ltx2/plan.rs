@@ -3,14 +3,18 @@
 //! and 8× temporal compression (1×1×1 patches), and the step's activations. Text-to-video: the audio stream is
 //! neither held nor computed. Joint audio-video training (`audio`): the blocks hold both streams and the
 //! audio-video cross-attentions, and the step counts the audio tokens (25 latent frames a second of the clip) in
-//! the saved inputs, the tapes and the shared tables too.
+//! the saved inputs, the tapes and the shared tables too. Samples during training ([`super::samples`]) hold the
+//! video VAE and the prompts' connector outputs on the device for the whole run, denoise at the sample's size and
+//! decode in ltx-core's tiles.
 
 use framesmith_config::RunConfig;
+use framesmith_models::ltx2::vae::{identify_vae, Ltx2VaeConfig, VaeTiling};
 use framesmith_models::ltx2::weights::{audio_stream_shapes, video_stream_shapes};
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 
-use super::items::{VAE_FACTOR, VAE_TEMPORAL};
+use super::items::{context_width, VAE_FACTOR, VAE_TEMPORAL};
+use super::pipeline::DEFAULT_GUIDANCE;
 use super::train::{dit_config, is_ltx2_file};
 use crate::family::image::plan::{
     block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
@@ -18,6 +22,7 @@ use crate::family::image::plan::{
     PlanNames, TapeCounts,
 };
 use crate::family::Family;
+use crate::plan::{chunked_decode_bytes, settle_sampling, SampleShape, SamplingMemory};
 use crate::plan::{
     dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
 };
@@ -29,6 +34,38 @@ pub struct Ltx2PlanModel {
     pub config: Ltx2Config,
     /// Both streams trained (the caches hold audio latents).
     pub audio: bool,
+    /// The video VAE samples decode with, when the checkpoint (or `model.vae`) holds one.
+    pub vae: Option<PlanVae>,
+}
+
+/// The video VAE as the planner sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanVae {
+    pub config: Ltx2VaeConfig,
+    /// Elements of its weights.
+    pub parameters: u64,
+}
+
+impl PlanVae {
+    /// The VAE of the run config `cfg` (`model.vae`, else `model.dit`), from the file's header; `None` when
+    /// neither holds one.
+    pub fn of_run(cfg: &RunConfig) -> Option<Self> {
+        let m = &cfg.model;
+        let path = if m.vae.as_os_str().is_empty() {
+            &m.dit
+        } else {
+            &m.vae
+        };
+        Self::of_file(path)
+    }
+
+    /// The VAE of the file at `path`, from its header.
+    pub fn of_file(path: &std::path::Path) -> Option<Self> {
+        identify_vae(path).ok().map(|file| Self {
+            config: file.config,
+            parameters: file.parameters,
+        })
+    }
 }
 
 impl DescribeModel for Ltx2PlanModel {
@@ -42,6 +79,73 @@ impl DescribeModel for Ltx2PlanModel {
 
     fn num_blocks(&self) -> usize {
         self.config.num_layers
+    }
+
+    fn settle(&self, cfg: &RunConfig, input: &mut PlanInput) {
+        settle_sampling(
+            cfg,
+            input,
+            |spec| spec.clip_frames(),
+            |spec| spec.guidance.unwrap_or(DEFAULT_GUIDANCE) > 1.0,
+        );
+    }
+
+    fn sampling(
+        &self,
+        input: &PlanInput,
+        sample: &SampleShape,
+    ) -> Result<Option<SamplingMemory>, PlanError> {
+        Ok(Some(sampling(self, input, sample)))
+    }
+}
+
+/// What LTX-2's samples of `sample` hold and add: the VAE (when the plan knows it) and each prompt's connector
+/// output (and its negative prompt's) for the whole run; the denoising's f32 tokens (the latents, the prompt's and
+/// the negative prompt's denoised latents, the guided ones, the velocity); the decode of one of ltx-core's default
+/// tiles at a time, its widest activations the decoder's last stage (its base width over every frame and pixel of
+/// the tile, before the un-patchify), counted as a chunked decoder's, beside the blended f32 clip and its RGB8
+/// conversion.
+fn sampling(model: &Ltx2PlanModel, input: &PlanInput, sample: &SampleShape) -> SamplingMemory {
+    let c = dtype_bytes(input.compute);
+    let cfg = &model.config;
+    let vae = model.vae.as_ref();
+    let (space, time) = vae.map_or((VAE_FACTOR, VAE_TEMPORAL), |v| v.config.decoder_factors());
+    let (frames, pixels) = (sample.frames as u64, (sample.width * sample.height) as u64);
+    let latent_frames = (sample.frames.max(1) as u64 - 1) / time as u64 + 1;
+    let tokens = latent_frames * pixels / (space * space) as u64;
+    let latents = tokens * cfg.out_channels as u64 * 4;
+    let passes = 1 + u64::from(sample.guided);
+    let prompts = sample.prompts as u64;
+    let embeddings = prompts * passes * TEXT_TOKENS * context_width(cfg) as u64 * c;
+    let mut held = Vec::with_capacity(2);
+    if let Some(v) = vae {
+        held.push(("video VAE".to_owned(), v.parameters * c));
+    }
+    held.push((
+        format!("{prompts} prompts' connector outputs (and their negative prompts')"),
+        embeddings,
+    ));
+    let tiles = VaeTiling::official();
+    let side = |n: usize, axis: Option<framesmith_models::ltx2::vae::AxisTiles>| {
+        axis.map_or(n, |a| n.min(a.tile)) as u64
+    };
+    let tile_frames = side(sample.frames, tiles.frames);
+    let tile_pixels = side(sample.width, tiles.width) * side(sample.height, tiles.height);
+    let (base, patch) = vae.map_or((128, 4), |v| {
+        (v.config.decoder_base_channels, v.config.patch_size)
+    });
+    let video = 3 * frames * pixels;
+    SamplingMemory {
+        held,
+        denoise_state_bytes: (3 + passes + 1) * latents,
+        decode_bytes: chunked_decode_bytes(
+            base as u64,
+            tile_frames,
+            tile_pixels / (patch * patch).max(1) as u64,
+            c,
+        ) + video * 4
+            + video * (4 + 1),
+        decoded_host_bytes: video * 2,
     }
 }
 
@@ -58,10 +162,12 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
         is_file: is_ltx2_file,
         read: dit_config,
     };
+    let vae = PlanVae::of_run(cfg);
     plan_model_of(cfg, &names, |config| {
         PlanModel::new(Ltx2PlanModel {
             config,
             audio: false,
+            vae: vae.clone(),
         })
     })
 }

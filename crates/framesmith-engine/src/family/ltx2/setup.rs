@@ -1,15 +1,20 @@
 //! An LTX-2 run's part built from a validated plan whose `model.dit` is an LTX-2 transformer: the video stream of
 //! the DiT, and its audio stream when the caches hold audio latents (in FP8 and streamed as the plan says), LoRA on the official trainer's targets under ltx-core's names,
 //! items from `_ltx2` caches (held-out items when the run validates), the memory plan (which picks
-//! `blocks_to_swap = "auto"`), and the LoRA metadata. The run makes no samples: they need the video VAE and Gemma
-//! 3, which the config validator says when `[sampling]` asks for them.
+//! `blocks_to_swap = "auto"`), samples during training (their prompts encoded by Gemma 3 before the DiT loads,
+//! the video VAE from `model.vae` or the checkpoint) and the LoRA metadata.
 
 use std::collections::HashMap;
 use std::path::Path;
 
+use anyhow::Context;
+use candle_core::{DType, Device};
+
+use super::encoder::{load_gemma, LoadGemma};
 use super::items::{load_ltx2_items, VAE};
-use super::plan::Ltx2PlanModel;
-use super::run::{Ltx2Run, NoSamples};
+use super::plan::{Ltx2PlanModel, PlanVae};
+use super::run::Ltx2Run;
+use super::samples::{clip_samples, Ltx2Samples, SampleFilesIn};
 use super::train::dit_config;
 use crate::family::image::items::split_items;
 use crate::family::image::plan::spread_streamed_blocks;
@@ -90,10 +95,44 @@ fn log_streaming(model: &Ltx2Transformer, log: &mut dyn FnMut(LogLevel, String))
     }
 }
 
+/// The run's samples (`None` without `[sampling]`): their prompts encoded by Gemma 3 from `load` with the
+/// checkpoint `dit`'s connector, their VAE `model.vae` (else the checkpoint's).
+fn samples_of(
+    plan: &RunPlan,
+    dit: &Path,
+    (dtype, device): (DType, &Device),
+    load: LoadGemma<'_>,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<Option<Ltx2Samples>> {
+    if plan.sampling.is_none() {
+        return Ok(None);
+    }
+    let text_encoder = plan.model.text_encoder.as_deref().context(
+        "LTX-2 samples need model.text_encoder (Gemma 3 12B: the google/gemma-3-12b-it folder or ComfyUI's \
+         gemma_3_12B_it.safetensors); set it, or remove sampling.prompts",
+    )?;
+    let files = SampleFilesIn {
+        dit,
+        vae: plan.model.vae.as_deref().unwrap_or(dit),
+        text_encoder,
+    };
+    clip_samples(plan, files, (dtype, device), load, log)
+}
+
 /// Builds an LTX-2 run's part from a validated plan whose `model.dit` is the transformer `dit`.
 pub(super) fn start_run(
     plan: &RunPlan,
     dit: &Path,
+    log: &mut dyn FnMut(LogLevel, String),
+) -> anyhow::Result<RunParts> {
+    start_run_with(plan, dit, &load_gemma, log)
+}
+
+/// [`start_run`] with the samples' Gemma 3 from `load`.
+pub(crate) fn start_run_with(
+    plan: &RunPlan,
+    dit: &Path,
+    load: LoadGemma<'_>,
     log: &mut dyn FnMut(LogLevel, String),
 ) -> anyhow::Result<RunParts> {
     let cfg = dit_config(dit)?;
@@ -119,6 +158,7 @@ pub(super) fn start_run(
         memory_plan::PlanModel::new(Ltx2PlanModel {
             config: cfg.clone(),
             audio: joint,
+            vae: PlanVae::of_file(plan.model.vae.as_deref().unwrap_or(dit)),
         })
     };
     let memory = memory_report(plan, model, VAE.largest_clip(&cached)?, &device);
@@ -128,6 +168,8 @@ pub(super) fn start_run(
     let vram_reservation = reserve_budget(plan, &device)?;
     let dtype = float_dtype(plan.model.compute_dtype);
     let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
+    // Before the DiT: Gemma's memory is free again by the time the DiT takes its own.
+    let samples = samples_of(plan, dit, (dtype, &device), load, log)?;
     let release = cfg.version().name();
     let model_line = format!("{release} has {} blocks", cfg.num_layers);
     let (streamed, offload): (Vec<usize>, OffloadOptions) =
@@ -165,7 +207,7 @@ pub(super) fn start_run(
         family: Box::new(Ltx2Run {
             model,
             dtype,
-            samples: None::<NoSamples>,
+            samples,
         }),
         loras,
         data,

@@ -1,7 +1,8 @@
 //! A tiny LTX-2.3 for CPU tests: the video stream of the official single-file layout (`model.diffusion_model.`,
 //! the config in the `config` metadata entry as the release embeds it) at small sizes with seeded random weights,
 //! and a video dataset cached in the `_ltx2` format of musubi-tuner's LTX-2 branch (written by the data crate's
-//! writers).
+//! writers); a whole tiny checkpoint as the release is one (the transformer beside the text fixture's connector
+//! and the VAE fixture's video VAE, one `config` entry for all three) with the text fixture's Gemma 3.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -50,12 +51,90 @@ pub fn tiny_dit(dir: &Path) -> anyhow::Result<PathBuf> {
 /// [`tiny_dit`] with the audio stream and the audio-video cross-attentions too when `audio` (as the releases
 /// hold them).
 pub fn tiny_dit_with(dir: &Path, audio: bool) -> anyhow::Result<PathBuf> {
-    let cfg = tiny_config();
+    let tensors = dit_tensors(&tiny_config(), audio)?;
+    let metadata = HashMap::from([("config".to_string(), metadata_config(&tiny_config()))]);
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("ltx-2.3-tiny.safetensors");
+    write_f32(&path, tensors, metadata)?;
+    Ok(path)
+}
+
+/// The LTX-2 text fixture's LTX-2.3 case (its Gemma 3 file and its checkpoint's text parts).
+pub fn text_case_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../framesmith-models/tests/fixtures/ltx2_text/ltx23")
+}
+
+/// The text fixture's Gemma 3 of `path`, any size, in `dtype` on `device` (not the 12B size `load_gemma`
+/// requires).
+pub fn tiny_gemma(
+    path: &Path,
+    dtype: DType,
+    device: &Device,
+    _also: u64,
+) -> anyhow::Result<framesmith_models::gemma3::Gemma3Text> {
+    let options = framesmith_models::gemma3::LoadOptions {
+        dtype,
+        any_size: true,
+        ..framesmith_models::gemma3::LoadOptions::new(device)
+    };
+    Ok(framesmith_models::gemma3::load_text_model(path, &options)?.1)
+}
+
+/// A tiny whole LTX-2.3 checkpoint in `dir`, as the releases are one file: a transformer whose text width is the
+/// text fixture's connector's (3 heads of 8), that connector and feature extractor, and the VAE fixture's video
+/// VAE (4 latent channels), under their released names with one `config` entry holding all three sections.
+pub fn tiny_checkpoint(dir: &Path) -> anyhow::Result<PathBuf> {
+    let mut cfg = tiny_config();
+    cfg.num_attention_heads = 3;
+    cfg.cross_attention_dim = 24;
+    let mut tensors = dit_tensors(&cfg, false)?;
+    let fixtures =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../framesmith-models/tests/fixtures");
+    let text_file = text_case_dir().join("ltx_text.safetensors");
+    let vae_file = fixtures.join("ltx2/vae_ltx23/weights.safetensors");
+    let mut config: serde_json::Value = serde_json::from_str(&metadata_config(&cfg))?;
+    for (file, section) in [(&text_file, "transformer"), (&vae_file, "vae")] {
+        let loaded = candle_core::safetensors::load(file, &Device::Cpu)?;
+        for (name, t) in loaded {
+            tensors.insert(name, t.to_dtype(DType::F32)?);
+        }
+        let bytes = std::fs::read(file)?;
+        let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)?;
+        let text = meta
+            .metadata()
+            .as_ref()
+            .and_then(|m| m.get("config").cloned())
+            .ok_or_else(|| anyhow::anyhow!("no config in {}", file.display()))?;
+        let theirs: serde_json::Value = serde_json::from_str(&text)?;
+        let (Some(mine), Some(their)) = (
+            config.as_object_mut(),
+            theirs.get(section).and_then(|v| v.as_object()),
+        ) else {
+            anyhow::bail!("no {section} section in {}", file.display());
+        };
+        let entry = mine.entry(section).or_insert_with(|| serde_json::json!({}));
+        if let Some(entry) = entry.as_object_mut() {
+            for (k, v) in their {
+                // The transformer's own keys win over the text file's copy of them.
+                entry.entry(k.clone()).or_insert_with(|| v.clone());
+            }
+        }
+    }
+    let metadata = HashMap::from([("config".to_string(), config.to_string())]);
+    std::fs::create_dir_all(dir)?;
+    let path = dir.join("ltx-2.3-tiny-dev.safetensors");
+    write_f32(&path, tensors, metadata)?;
+    Ok(path)
+}
+
+/// The transformer `cfg`'s tensors under the released prefix, seeded; norm scales are ones.
+fn dit_tensors(cfg: &Ltx2Config, audio: bool) -> anyhow::Result<HashMap<String, Tensor>> {
     let rng = &mut StdRng::seed_from_u64(5);
     let mut tensors = HashMap::new();
-    let mut shapes = video_stream_shapes(&cfg);
+    let mut shapes = video_stream_shapes(cfg);
     if audio {
-        shapes.extend(audio_stream_shapes(&cfg));
+        shapes.extend(audio_stream_shapes(cfg));
     }
     for (name, shape) in shapes {
         let shape = shape.as_slice();
@@ -66,8 +145,15 @@ pub fn tiny_dit_with(dir: &Path, audio: bool) -> anyhow::Result<PathBuf> {
         };
         tensors.insert(format!("model.diffusion_model.{name}"), t);
     }
-    std::fs::create_dir_all(dir)?;
-    let path = dir.join("ltx-2.3-tiny.safetensors");
+    Ok(tensors)
+}
+
+/// Writes `tensors` (f32) and `metadata` as the safetensors file `path`.
+fn write_f32(
+    path: &Path,
+    tensors: HashMap<String, Tensor>,
+    metadata: HashMap<String, String>,
+) -> anyhow::Result<()> {
     let mut raw = Vec::with_capacity(tensors.len());
     for (name, t) in tensors {
         let data: Vec<u8> = t
@@ -86,9 +172,8 @@ pub fn tiny_dit_with(dir: &Path, audio: bool) -> anyhow::Result<PathBuf> {
             Ok((name.as_str(), view))
         })
         .collect::<Result<Vec<_>, safetensors::SafeTensorError>>()?;
-    let metadata = HashMap::from([("config".to_string(), metadata_config(&cfg))]);
-    safetensors::serialize_to_file(views, Some(metadata), &path)?;
-    Ok(path)
+    safetensors::serialize_to_file(views, Some(metadata), path)?;
+    Ok(())
 }
 
 /// The items of [`dataset`]: stem and caption tokens.
@@ -108,8 +193,16 @@ pub const AUDIO_FRAMES: usize = 9;
 /// of which [`AUDIO_FRAMES`] hold audio, as musubi-tuner pads them) and the audio connector's output in its text
 /// cache.
 pub fn dataset_with(dir: &Path, batch_size: usize, audio: bool) -> anyhow::Result<PathBuf> {
+    dataset_for(dir, batch_size, (audio, &tiny_config()))
+}
+
+/// [`dataset_with`] for the transformer `cfg` (its latent channels and text widths).
+pub fn dataset_for(
+    dir: &Path,
+    batch_size: usize,
+    (audio, cfg): (bool, &Ltx2Config),
+) -> anyhow::Result<PathBuf> {
     let cache = dir.join("cache");
-    let cfg = tiny_config();
     let rng = &mut StdRng::seed_from_u64(17);
     let dev = Device::Cpu;
     let window = FrameWindow {

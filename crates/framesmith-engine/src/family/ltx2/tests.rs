@@ -1,7 +1,8 @@
 //! LTX-2 on the CPU with the tiny model (`testkit`): the `_ltx2` caches of musubi-tuner's LTX-2 branch are read, a
 //! fixed batch learns, a run config trains through the same `Trainer` as every family, saves a LoRA under the
 //! official trainer's keys (which ComfyUI loads) and resumes bit-identically, the plan reads its clip from the
-//! caches, and what needs the missing VAE and Gemma 3 is refused by name.
+//! caches, what needs a missing VAE or Gemma 3 is refused by name, and a run with sample prompts writes its
+//! clips (the prompts encoded once, then read from the prompt cache) and a LoRA that `generate` applies.
 
 use std::path::{Path, PathBuf};
 
@@ -10,7 +11,11 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::items::load_ltx2_items;
-use super::testkit::{dataset, dataset_with, tiny_config, tiny_dit, tiny_dit_with, AUDIO_FRAMES};
+use super::setup::start_run_with;
+use super::testkit::{
+    dataset, dataset_for, dataset_with, text_case_dir, tiny_checkpoint, tiny_config, tiny_dit,
+    tiny_dit_with, tiny_gemma, AUDIO_FRAMES,
+};
 use super::train::ltx2_batch;
 use crate::family::family_of_cache;
 use crate::family::testkit::run::{
@@ -21,7 +26,8 @@ use crate::family::testkit::run::{
 use crate::prep::pass::{CachePass, LatentFiles};
 use crate::train::optimizer::AdamW;
 use framesmith_config::run::TimestepSampling;
-use framesmith_config::RunConfig;
+use framesmith_config::validate::validate_for;
+use framesmith_config::{HostInfo, ModelFamily, RunConfig};
 use framesmith_data::Unreadable;
 use framesmith_models::ltx2::weights::{load, load_streamed_av};
 use framesmith_models::ltx2::Ltx2Transformer;
@@ -141,7 +147,7 @@ fn a_run_config_trains_saves_official_keys_and_resumes() -> anyhow::Result<()> {
 }
 
 #[test]
-fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
+fn what_needs_a_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let dit: PathBuf = tiny_dit(dir.path())?;
     // The latent pass is LTX-2's; a checkpoint without the video VAE (the tiny transformer) is named as such.
@@ -159,15 +165,15 @@ fn what_needs_the_vae_or_gemma_is_refused_naming_what_is_missing() -> anyhow::Re
 
     let err = generate_error(&dit, dir.path());
     assert!(
-        err.contains("video VAE") && err.contains("ComfyUI"),
+        err.contains("--text-encoder") && err.contains("Gemma 3"),
         "{err}"
     );
 
-    // Samples are refused when the run starts, before anything loads.
+    // Samples without Gemma are refused when the run starts, before anything loads.
     let config = config(dir.path(), 2)?;
     let err = sampling_start_error(&config, &dit);
     assert!(
-        err.contains("sampling.prompts") && err.contains("video VAE"),
+        err.contains("model.text_encoder") && err.contains("Gemma 3 12B"),
         "{err}"
     );
 
@@ -302,5 +308,84 @@ fn a_run_with_audio_caches_trains_jointly_and_mixed_caches_are_refused() -> anyh
         err.contains("_ltx2_audio") && err.contains("has none"),
         "{err}"
     );
+    Ok(())
+}
+
+#[test]
+fn samples_are_clips_encoded_once_and_generate_applies_the_trained_lora() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dit = tiny_checkpoint(&dir.path().join("ckpt"))?;
+    let cfg = super::train::dit_config(&dit)?;
+    let toml = dataset_for(dir.path(), 1, (false, &cfg))?;
+    let mut config = cached_run_config(
+        dir.path(),
+        (dit.clone(), toml),
+        2,
+        TimestepSampling::ShiftedLogitNormal,
+    )?;
+    let prompts = dir.path().join("prompts.txt");
+    std::fs::write(
+        &prompts,
+        "a red fox runs through deep snow --w 24 --h 16 --f 5 --s 2 --d 5\n",
+    )?;
+    config.sampling.prompts = Some(prompts);
+    config.sampling.sample_every_n_steps = Some(1);
+    config.model.text_encoder = text_case_dir().join("gemma_3_12B_it.safetensors");
+    let plan = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::Ltx2)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut lines = Vec::new();
+    let mut parts = start_run_with(&plan, &dit, &tiny_gemma, &mut |_, l| lines.push(l))?;
+    assert_eq!(parts.family.sample_count(), 1);
+    let out = dir.path().join("samples");
+    std::fs::create_dir_all(&out)?;
+    let files = parts.family.sample(0, &out, "000001-00", &|| false)?;
+    assert_eq!(files.file, out.join("000001-00.mp4"));
+    assert!(files.file.is_file());
+    let pngs = std::fs::read_dir(&files.frames)?
+        .filter(|e| {
+            e.as_ref()
+                .is_ok_and(|e| e.path().extension().is_some_and(|x| x == "png"))
+        })
+        .count();
+    assert_eq!(pngs, 5);
+    // The prompt and the trainer's default negative prompt.
+    assert!(
+        lines.iter().any(|l| l.contains("2 sample prompts encoded")),
+        "{lines:?}"
+    );
+    let refuse = |_: &Path, _: DType, _: &Device, _: u64| -> anyhow::Result<_> {
+        anyhow::bail!("Gemma was loaded")
+    };
+    let mut again = Vec::new();
+    start_run_with(&plan, &dit, &refuse, &mut |_, l| again.push(l))?;
+    assert!(
+        again.iter().any(|l| l.contains("from the prompt cache")),
+        "{again:?}"
+    );
+
+    // A trained LoRA changes what `generate` makes with the checkpoint.
+    let mut plain_run = config.clone();
+    plain_run.sampling.prompts = None;
+    plain_run.sampling.sample_every_n_steps = None;
+    let mut run = crate::train::tests::try_start(&plain_run, None)?;
+    while run.step() < 2 {
+        run.train_step(&|| false)?;
+    }
+    let lora = run
+        .save(true)?
+        .loras
+        .first()
+        .cloned()
+        .ok_or_else(|| anyhow::anyhow!("no LoRA saved"))?;
+    drop(run);
+    let mut request = super::generate::tests::request(&dir.path().join("gen"), "a red fox")?;
+    request.dit = crate::generate::request::DitSource::File(dit);
+    let plain = super::generate::tests::first_frame(&request)?;
+    request.loras = vec![crate::generate::request::LoraChoice {
+        path: lora,
+        strength: 1.0,
+    }];
+    request.out = dir.path().join("gen/lora.mp4");
+    assert_ne!(plain, super::generate::tests::first_frame(&request)?);
     Ok(())
 }

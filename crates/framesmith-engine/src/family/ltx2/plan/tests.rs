@@ -132,3 +132,46 @@ fn joint_training_counts_both_streams() {
     let shared = |m: &ModelMemory| m.shared_inputs.iter().map(|(_, b)| b).sum::<u64>();
     assert!(shared(&joint) > shared(&video));
 }
+
+/// Samples hold the VAE and the prompts' connector outputs for the whole run; a longer sample denoises and
+/// decodes more; the decode is of one of ltx-core's tiles at a time, so a clip past a tile adds no decode memory.
+#[test]
+fn samples_count_the_vae_the_texts_the_denoising_and_a_tiles_decode() {
+    let fixture = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../framesmith-models/tests/fixtures/ltx2/vae_ltx23/weights.safetensors");
+    let vae = PlanVae::of_file(&fixture).unwrap();
+    let model = Ltx2PlanModel {
+        config: Ltx2Config::ltx23_22b(),
+        audio: false,
+        vae: Some(vae.clone()),
+    };
+    let i = input(121, BaseDtype::Bf16);
+    let sample = |width: usize, height: usize, frames: usize| SampleShape {
+        width,
+        height,
+        frames,
+        steps: 30,
+        guided: true,
+        prompts: 2,
+    };
+    let of = |s| sampling(&model, &i, &s);
+    let short = of(sample(768, 512, 25));
+    let long = of(sample(768, 512, 121));
+    assert_eq!(short.held[0], ("video VAE".to_owned(), vae.parameters * 2));
+    // Two prompts and their negative prompts: 1024 × 4096 each in bf16.
+    assert_eq!(short.held[1].1, 4 * 1024 * 4096 * 2);
+    assert!(long.denoise_state_bytes > short.denoise_state_bytes);
+    assert!(long.decode_bytes > short.decode_bytes);
+    // 121 and 193 frames both decode in tiles of 80 frames: only the blended clip grows.
+    let longer = of(sample(768, 512, 193));
+    let clip = |frames: u64| 3 * frames * 768 * 512 * (4 + 5);
+    assert_eq!(
+        longer.decode_bytes - clip(193),
+        long.decode_bytes - clip(121)
+    );
+    let unguided = of(SampleShape {
+        guided: false,
+        ..sample(768, 512, 121)
+    });
+    assert_eq!(unguided.held[1].1, 2 * 1024 * 4096 * 2);
+}

@@ -9,7 +9,7 @@ use candle_core::{DType, Device};
 
 use super::*;
 use crate::family::family_of_cache;
-use crate::family::ltx2::testkit::tiny_dit;
+use crate::family::ltx2::testkit::{tiny_dit, tiny_gemma};
 use crate::family::testkit::run::{error_of, refused_cache_request};
 use crate::prep::pass::CachePass;
 use framesmith_data::family::ltx2::cache::read_ltx2_text_cache;
@@ -20,21 +20,6 @@ use framesmith_models::ltx2::text::{connect, prompt_features};
 fn case_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../framesmith-models/tests/fixtures/ltx2_text/ltx2")
-}
-
-/// The fixture's tiny Gemma in f32 on the CPU (not the 12B size [`load_gemma`] requires).
-fn tiny_gemma(
-    path: &Path,
-    dtype: DType,
-    device: &Device,
-    _also: u64,
-) -> anyhow::Result<gemma3::Gemma3Text> {
-    let options = LoadOptions {
-        dtype,
-        any_size: true,
-        ..LoadOptions::new(device)
-    };
-    Ok(gemma3::load_text_model(path, &options)?.1)
 }
 
 /// Two captioned 32×32 images in `dir`; returns the dataset TOML.
