@@ -26,11 +26,21 @@
 #                 audio latents [8, 126, 16] at 121 frames, with the audio connector's output), `framesmith train`,
 #                 bf16, every block resident. Disk: run it alone (`bench/run-ltx2.sh BIN OUT WORK av-bf16`), so
 #                 the video-only project (~26 GB) is not written beside it.
+#   generate-24   `framesmith generate` of one GEN_FRAMES-frame (121) 768x512 clip within `--vram-budget-gb 24`:
+#                 GEN_STEPS (4) LTX2Scheduler steps with CFG 3 and the rescale (the default negative prompt as its
+#                 own pass), the project's DiT in FP8 block-64 with GEN_SWAP (16) of its 48 blocks streamed, video
+#                 stream only; Gemma 3 12B (ComfyUI scaled FP8, random) with the LTX-2.3 text connector of
+#                 `synth-project --model ltx2-text` (the LTX-2 text fixture's tokenizer stands in for Gemma's) and
+#                 LTX-2.3's video VAE at its released architecture (random bf16, bench/reference/ltx2_vae.py
+#                 --write-released: needs torch and ltx-core as the torch case does), the VAE and the connector
+#                 joined into one file given as --vae (the DiT file holds neither), written once under
+#                 WORK/ltx2-gen (~20 GB more). Summary: the per-step times, the decode time and peak VRAM the
+#                 generator logs. Run it after (or without) the training cases: disk.
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 1024) tokens of the cached connector output; WIDTH, HEIGHT, FRAMES (768, 512, 121).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,30p' "$0"
+    sed -n '2,40p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -40,6 +50,7 @@ CASES=("$@")
 STEPS="${STEPS:-6}" SEED="${SEED:-0}" RANK="${RANK:-32}" TEXT_TOKENS="${TEXT_TOKENS:-1024}"
 WIDTH="${WIDTH:-768}" HEIGHT="${HEIGHT:-512}" FRAMES="${FRAMES:-121}"
 TORCH_WARMUP="${TORCH_WARMUP:-2}" TORCH_ITERS="${TORCH_ITERS:-6}" LTX_WHEELS="${LTX_WHEELS:-}"
+GEN_STEPS="${GEN_STEPS:-4}" GEN_SWAP="${GEN_SWAP:-16}" GEN_FRAMES="${GEN_FRAMES:-121}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
 export PATH="$BIN:$PATH" PYTHONUNBUFFERED=1
 source "$HERE/device-env.sh"
@@ -49,6 +60,7 @@ TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|cached|LTX2_STEP|Error|e
 P="$WORK/ltx2"
 DIT="$P/ltx-2.3-22b-video-stream-synth-bf16.safetensors"
 PYDEPS="$WORK/pydeps"
+GEMMA_TOKENIZER="$HERE/../crates/framesmith-models/tests/fixtures/ltx2_text/ltx2/gemma/tokenizer.json"
 
 # The PyTorch step on the project's bf16 file and caches, and its summary line.
 torch_case() { # case-dir label
@@ -82,6 +94,51 @@ av_case() { # case-dir
     P="$p_video"
 }
 
+# The files `framesmith generate` takes besides the DiT, written once into WORK/ltx2-gen: Gemma 3 and the
+# LTX-2.3 text side (synth-project ltx2-text), the released-architecture VAE, and that VAE with the text side
+# joined into one file (as the official checkpoint holds both).
+generate_files() { # case-dir
+    local d="$1" g="$WORK/ltx2-gen"
+    if [[ ! -f "$g/captions.toml" ]]; then
+        timed "$d" synth-text framesmith-bench synth-project --model ltx2-text --release ltx23 --out "$g" \
+            --captions 1 --seed "$SEED" || return 1
+    fi
+    if [[ ! -f "$g/vae-and-text.safetensors" ]]; then
+        if [[ -n "$LTX_WHEELS" && ! -d "$PYDEPS" ]]; then
+            python3 -m pip install --no-deps --no-index --target "$PYDEPS" "$LTX_WHEELS"/*.whl > "$d/pip.log" 2>&1
+        fi
+        PYTHONPATH="$PYDEPS${PYTHONPATH:+:$PYTHONPATH}" timed "$d" write-vae python3 \
+            "$HERE/reference/ltx2_vae.py" --write-released "$g/vae.safetensors" || return 1
+        python3 - "$g/vae.safetensors" "$(ls "$g"/ltx-2*-text-synth.safetensors | head -1)" \
+            "$g/vae-and-text.safetensors" <<'PY' || return 1
+import json, sys
+from safetensors import safe_open
+from safetensors.torch import save_file
+tensors, config = {}, {}
+for path in sys.argv[1:3]:
+    with safe_open(path, framework="pt") as f:
+        config.update(json.loads(f.metadata()["config"]))
+        tensors.update({k: f.get_tensor(k) for k in f.keys()})
+save_file(tensors, sys.argv[3], metadata={"config": json.dumps(config)})
+print(f"joined {len(tensors)} tensors into {sys.argv[3]}")
+PY
+        rm -f "$g/vae.safetensors"
+    fi
+}
+
+# `framesmith generate` within 24 GiB, and its summary lines.
+generate_case() { # case-dir
+    local d="$1" g="$WORK/ltx2-gen"
+    generate_files "$d" || { note "generate files failed"; return 1; }
+    timed "$d" generate framesmith generate --dit "$DIT" --vae "$g/vae-and-text.safetensors" \
+        --text-encoder "$g/gemma_3_12B_it_fp8_scaled.safetensors" --tokenizer "$GEMMA_TOKENIZER" \
+        --prompt "a red fox runs through deep snow at dawn, the camera tracking beside it" \
+        --width 768 --height 512 --frames "$GEN_FRAMES" --steps "$GEN_STEPS" --seed 7 --fp8 block64 \
+        --blocks-to-swap "$GEN_SWAP" --vram-budget-gb 24 --device cuda --out "$d/clip.mp4"
+    grep -hE "step|decode|VRAM|peak|Gemma|DiT:|wrote|rror" "$d/generate.log" | tail -10 \
+        | sed "s/^/  generate-24: /" >> "$SUMMARY"
+}
+
 write_env "$(PYTHONPATH="$PYDEPS" python3 -c 'import ltx_core; print("ltx-core", ltx_core.__file__)' 2>&1 | tail -1)"
 video_cases=0
 for case in "${CASES[@]}"; do [[ "$case" == av-* ]] || video_cases=1; done
@@ -98,6 +155,7 @@ for case in "${CASES[@]}"; do
     case "$case" in
     torch) torch_case "$D" "PyTorch (ltx-core LTXModel, bf16)" ;;
     av-bf16) av_case "$D" ;;
+    generate-24) generate_case "$D" ;;
     *) memory_case "$case" "$D" ltx2 || note "unknown case $case" ;;
     esac
     stop_smi "$case" "$D"
