@@ -8,6 +8,7 @@
 //! whole or in ltx-core's tiles. The text side ([`text`]): Gemma 3's hidden states through the release's
 //! feature extractor and the video connector, into what the cross-attention reads.
 
+pub mod audio;
 pub mod block;
 pub mod config;
 pub mod embeddings;
