@@ -19,6 +19,7 @@ pub mod hunyuan_video15;
 pub mod hunyuan_video15_byt5;
 pub mod hunyuan_video15_vae;
 pub mod ltx2;
+pub mod ltx2_audio;
 pub mod ltx2_sampling;
 pub mod ltx2_text;
 pub mod ltx2_vae;
@@ -215,7 +216,7 @@ impl Fixture {
     /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
     /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
     /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `siglip_vision`,
-    /// `ltx2_transformer`, `ltx2_vae`, `ltx2_text`, `ltx2_sampling`).
+    /// `ltx2_transformer`, `ltx2_vae`, `ltx2_audio`, `ltx2_text`, `ltx2_sampling`).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -258,13 +259,14 @@ pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
         "siglip_vision" => siglip::check(&fixture, dir),
         "ltx2_transformer" => ltx2::check(&fixture),
         "ltx2_vae" => ltx2_vae::check(&fixture),
+        "ltx2_audio" => ltx2_audio::check(&fixture),
         "ltx2_text" => ltx2_text::check(&fixture, dir),
         "ltx2_sampling" => ltx2_sampling::check(&fixture),
         other => bail!(
             "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
              flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
              hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, siglip_vision, \
-             ltx2_transformer, ltx2_vae, ltx2_text, ltx2_sampling) in {}",
+             ltx2_transformer, ltx2_vae, ltx2_audio, ltx2_text, ltx2_sampling) in {}",
             dir.display()
         ),
     }
