@@ -2,6 +2,7 @@
 //! process is killed and the file reported. Finds the tools beside the executable first, then on `PATH`; on
 //! Windows without ffmpeg, videos are read with Windows' own Media Foundation (`media_foundation`).
 
+pub mod audio;
 mod process;
 
 use std::path::{Path, PathBuf};

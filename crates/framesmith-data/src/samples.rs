@@ -30,6 +30,9 @@ pub struct Sample {
     pub latent_cache: PathBuf,
     /// Text-encoder cache file (shared by every clip of a video).
     pub text_cache: PathBuf,
+    /// Where a clip lies in its video file, in seconds: the first frame's time and the span its source frames
+    /// cover (what its sound is cut to); `None` for images, folders of frames and videos of unknown frame rate.
+    pub span_secs: Option<(f64, f64)>,
 }
 
 /// The folder an item's caches go to: the dataset's cache directory, else the media's own folder.
@@ -62,6 +65,7 @@ pub fn image_sample(
         frames: vec![resize_to_bucket(&image, bucket)],
         latent_cache: dir.join(image_latent_cache_name(&stem, original_size)),
         text_cache: dir.join(text_cache_name(&stem)),
+        span_secs: None,
     })
 }
 
@@ -133,9 +137,18 @@ pub fn video_samples_at(
             frames,
             latent_cache: dir.join(video_latent_cache_name(&stem, clip.window, original_size)),
             text_cache: dir.join(text_cache_name(&stem)),
+            span_secs: clip_span(&clip.source_indices, info.fps),
         });
     }
     Ok(samples)
+}
+
+/// The start and length in seconds of a clip made of `source_indices` of a video at `fps`: from its first frame's
+/// time to the end of its last frame.
+fn clip_span(source_indices: &[usize], fps: Option<f64>) -> Option<(f64, f64)> {
+    let fps = fps.filter(|f| *f > 0.0)?;
+    let (first, last) = (source_indices.first()?, source_indices.last()?);
+    Some((*first as f64 / fps, (last + 1 - first) as f64 / fps))
 }
 
 #[cfg(test)]
@@ -144,6 +157,18 @@ mod tests {
     use super::*;
     use crate::bucket::WAN_BUCKET_STEP;
     use crate::config::DatasetConfig;
+
+    #[test]
+    fn a_clip_spans_its_source_frames() {
+        assert_eq!(
+            clip_span(&[24, 25, 26, 27], Some(24.0)),
+            Some((1.0, 4.0 / 24.0))
+        );
+        // Thinned from 30 to 24 fps: the span covers the source frames skipped in between.
+        assert_eq!(clip_span(&[0, 1, 2, 3, 5], Some(30.0)), Some((0.0, 0.2)));
+        assert_eq!(clip_span(&[0, 1], None), None);
+        assert_eq!(clip_span(&[], Some(24.0)), None);
+    }
 
     #[test]
     fn folder_of_frames_gives_named_resized_clips() {
