@@ -229,7 +229,7 @@ pub fn cache_hv15_latents(
         name: hv15_latent_cache_name,
         step: BUCKET_STEP,
         fps: HV15_TARGET_FPS,
-        cached: &|path: &Path| encoder.cached(path),
+        cached: &|_: &Path, path: &Path| encoder.cached(path),
         write: &write,
     };
     cache_clip_latents(valid, tools, &latents, options, progress)

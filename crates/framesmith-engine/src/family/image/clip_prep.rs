@@ -26,7 +26,8 @@ pub(crate) struct ClipLatents<'a> {
     pub step: u32,
     /// The frame rate clips are cut at.
     pub fps: f64,
-    pub cached: &'a dyn Fn(&Path) -> bool,
+    /// Whether an item's caches are complete, from the media and its latent cache file.
+    pub cached: &'a dyn Fn(&Path, &Path) -> bool,
     pub write: &'a dyn Fn(&Sample, &Path) -> anyhow::Result<()>,
 }
 
@@ -109,7 +110,7 @@ fn cache_item(
 ) -> anyhow::Result<ItemOutcome> {
     if let Some(planned) = planned_caches(ds, tools, media, latents) {
         planned.iter().for_each(|p| expected.file(p));
-        if !planned.is_empty() && planned.iter().all(|p| (latents.cached)(p)) {
+        if !planned.is_empty() && planned.iter().all(|p| (latents.cached)(media, p)) {
             return Ok(ItemOutcome::Skipped);
         }
     }
@@ -136,7 +137,7 @@ fn cache_item(
     for sample in &samples {
         let path = cache_path(sample, latents);
         expected.file(&path);
-        if (latents.cached)(&path) {
+        if (latents.cached)(media, &path) {
             continue;
         }
         if let Some(dir) = path.parent() {

@@ -4,7 +4,9 @@
 //! frames (for the releases 32 and 8k + 1, as the official trainer requires); clips are thinned to 24 fps when the dataset gives `source_fps` (the rate the run's positions assume). The VAE is read
 //! from the official checkpoint (`--vae`, or `--dit` alone: the same file holds it); `--tiled` encodes in
 //! ltx-core's tiles of 512 pixels with 128 shared (the official trainer's sizes). A pass is LTX-2's when `--dit`
-//! names its transformer or `--vae` a file holding its VAE.
+//! names its transformer or `--vae` a file holding its VAE. When that file also holds the audio VAE (the official
+//! checkpoints do), each clip with sound gets its `_ltx2_audio` cache too ([`audio`]), and videos without sound are
+//! named in the summary's warnings.
 
 use std::path::{Path, PathBuf};
 
@@ -22,7 +24,11 @@ use framesmith_data::family::ltx2::cache::{
 use framesmith_data::media::{MediaTools, FFMPEG_INSTALL_HINT};
 use framesmith_data::samples::Sample;
 use framesmith_data::{DatasetKind, FrameExtraction, ValidConfig};
+use framesmith_models::ltx2::audio::{identify_audio, load_ltx2_audio, AudioVae, Ltx2AudioParts};
 use framesmith_models::ltx2::vae::{identify_vae, load_ltx2_vae, AxisTiles, Ltx2Vae, VaeTiling};
+
+mod audio;
+pub use audio::Ltx2AudioEncoder;
 
 /// The VAE's compression, which the samples must fit: bucket sides are multiples of `space` (32 for the
 /// releases), clips `time`·k + 1 frames (8k + 1).
@@ -150,17 +156,68 @@ pub(super) fn latents(
     if files.i2v {
         log("image-to-video: the first latent frame of each clip is its conditioning; the caches need nothing more");
     }
+    let audio_vae = load_audio_encoder(&vae_path, &valid, tools.as_ref(), (dtype, &device), log)?;
+    let audio = match (&audio_vae, &tools) {
+        (Some(vae), Some(tools)) => Some(Ltx2AudioEncoder {
+            vae,
+            tools,
+            dtype,
+            silent: Default::default(),
+        }),
+        _ => None,
+    };
     let encoder = Ltx2LatentEncoder {
         vae: &vae,
         device,
         dtype,
         tiling: files.tiled.then(cache_tiling),
         steps,
+        audio,
     };
     let options = CacheOptions {
         keep_stale: request.keep_stale,
     };
     cache_ltx2_latents(&valid, tools.as_ref(), &encoder, &options, progress)
+}
+
+/// The audio VAE's encoder, when the file holds it, the datasets have videos and ffmpeg is there to decode their
+/// sound (said in the log either way).
+fn load_audio_encoder(
+    path: &Path,
+    valid: &ValidConfig,
+    tools: Option<&MediaTools>,
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<Option<AudioVae>> {
+    if !valid
+        .datasets
+        .iter()
+        .any(|d| d.kind() == DatasetKind::Video)
+    {
+        return Ok(None);
+    }
+    let file = match identify_audio(path) {
+        Ok(file) if file.encoder => file,
+        _ => {
+            log("no audio VAE in this file: clips are cached without their sound (text-to-video training)");
+            return Ok(None);
+        }
+    };
+    if tools.is_none() {
+        log("warning: ffmpeg was not found, so the clips' sound cannot be decoded: no _ltx2_audio caches");
+        return Ok(None);
+    }
+    let parts = Ltx2AudioParts {
+        encoder: true,
+        decoder: false,
+        vocoder: false,
+    };
+    let (vae, _) = load_ltx2_audio(path, parts, dtype, device)?;
+    log(&format!(
+        "audio VAE: clips with sound get _ltx2_audio caches ({} Hz, {} mel bins, {} latent channels)",
+        file.config.sample_rate, file.config.mel_bins, file.config.z_channels
+    ));
+    Ok(Some(vae))
 }
 
 /// The VAE side of the pass.
@@ -173,11 +230,18 @@ pub struct Ltx2LatentEncoder<'a> {
     pub tiling: Option<VaeTiling>,
     /// The VAE's compression.
     pub steps: Steps,
+    /// The audio VAE, for clips' sound (`_ltx2_audio` caches) when the file holds it.
+    pub audio: Option<Ltx2AudioEncoder<'a>>,
 }
 
 impl Ltx2LatentEncoder<'_> {
-    fn cached(&self, path: &Path) -> bool {
+    fn latents_cached(path: &Path) -> bool {
         header::complete_cache(path, &["latents_"], LTX2_ARCHITECTURE).is_some()
+    }
+
+    /// Whether an item's caches are complete: its latents, and a clip's sound's when the audio VAE is there.
+    fn cached(&self, media: &Path, path: &Path) -> bool {
+        Self::latents_cached(path) && self.audio.as_ref().is_none_or(|a| a.cached(media, path))
     }
 
     /// The latents `[C, F, H, W]` of a clip or image in `self.dtype` on the CPU.
@@ -210,24 +274,33 @@ pub fn cache_ltx2_latents(
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
     let write = |sample: &Sample, path: &Path| -> anyhow::Result<()> {
-        let latents = encoder.encode(&sample.frames)?;
-        let frames = sample.window.map(|w| w.frames);
-        Ok(write_ltx2_latent_cache(
-            path,
-            &latents,
-            sample.original_size,
-            frames,
-        )?)
+        if !Ltx2LatentEncoder::latents_cached(path) {
+            let latents = encoder.encode(&sample.frames)?;
+            let frames = sample.window.map(|w| w.frames);
+            write_ltx2_latent_cache(path, &latents, sample.original_size, frames)?;
+        }
+        match (&encoder.audio, sample.window) {
+            (Some(audio), Some(_)) => audio.write(sample, path),
+            _ => Ok(()),
+        }
     };
     let latents = ClipLatents {
         suffix: LTX2_SUFFIX,
         name: ltx2_latent_cache_name,
         step: encoder.steps.space,
         fps: TARGET_FPS,
-        cached: &|path: &Path| encoder.cached(path),
+        cached: &|media: &Path, path: &Path| encoder.cached(media, path),
         write: &write,
     };
-    cache_clip_latents(valid, tools, &latents, options, progress)
+    let mut summary = cache_clip_latents(valid, tools, &latents, options, progress)?;
+    if let Some(warning) = encoder
+        .audio
+        .as_ref()
+        .and_then(Ltx2AudioEncoder::silent_warning)
+    {
+        summary.warnings.push(warning);
+    }
+    Ok(summary)
 }
 
 // Tests may unwrap (STYLE.md: no unwrap outside tests).

@@ -70,8 +70,9 @@ fn joint_items(items: &[(TrainItem, usize)]) -> anyhow::Result<bool> {
     if let Some((item, _)) = items.iter().find(|(i, _)| i.audio.is_none()) {
         anyhow::bail!(
             "{with_audio} of {} cached clips have audio latents (_ltx2_audio.safetensors) but {} has none: cache \
-             audio for every clip (musubi-tuner's ltx2_cache_latents.py --ltx2_mode av) to train audio and video \
-             jointly, or remove the audio caches to train video only",
+             audio for every clip (`framesmith cache latents` with the LTX-2 checkpoint writes it for clips with \
+             sound; musubi-tuner's ltx2_cache_latents.py --ltx2_mode av) to train audio and video jointly, or remove \
+             the audio caches to train video only",
             items.len(),
             item.key
         );

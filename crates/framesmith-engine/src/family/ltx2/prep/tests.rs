@@ -11,8 +11,9 @@ use image::RgbImage;
 use super::*;
 use crate::family::family_of_cache;
 use crate::prep::pass::CachePass;
-use framesmith_data::family::ltx2::cache::read_ltx2_latent_cache;
+use framesmith_data::family::ltx2::cache::{read_ltx2_audio_cache, read_ltx2_latent_cache};
 use framesmith_data::load_valid;
+use framesmith_models::ltx2::audio::{load_ltx2_audio, Ltx2AudioParts};
 use framesmith_models::ltx2::vae::load_ltx2_vae;
 
 fn fixture_vae() -> PathBuf {
@@ -53,6 +54,7 @@ fn image_latents_are_the_vaes_normalised_and_kept_on_a_second_pass() -> anyhow::
         dtype: DType::F32,
         tiling: None,
         steps: STEPS,
+        audio: None,
     };
     let summary = cache_ltx2_latents(&valid, None, &encoder, &CacheOptions::default(), &mut ())?;
     assert_eq!((summary.items, summary.written), (1, 1), "{summary}");
@@ -112,6 +114,7 @@ fn clip_lengths_off_the_vae_grid_are_refused_with_the_fix() -> anyhow::Result<()
         dtype: DType::F32,
         tiling: None,
         steps: STEPS,
+        audio: None,
     };
     let frames = vec![RgbImage::new(16, 16); 8];
     let err = encoder.encode(&frames).unwrap_err().to_string();
@@ -160,6 +163,7 @@ fn video_clips_are_cached_per_window() -> anyhow::Result<()> {
         dtype: DType::F32,
         tiling: None,
         steps: STEPS,
+        audio: None,
     };
     let summary = cache_ltx2_latents(
         &valid,
@@ -190,4 +194,152 @@ fn the_checkpoint_alone_picks_the_family() {
         ..LatentFiles::default()
     });
     assert_eq!(family_of_cache(&pass).name(), "LTX-2");
+}
+
+/// A 24 fps 48×32 test pattern of `frames` frames, with a 440 Hz stereo tone at 44.1 kHz when `sound`.
+fn pattern(
+    tools: &MediaTools,
+    path: &std::path::Path,
+    frames: usize,
+    sound: bool,
+) -> anyhow::Result<()> {
+    let mut cmd = std::process::Command::new(&tools.ffmpeg);
+    cmd.args([
+        "-v",
+        "error",
+        "-f",
+        "lavfi",
+        "-i",
+        "testsrc=size=48x32:rate=24",
+    ]);
+    if sound {
+        cmd.args([
+            "-f",
+            "lavfi",
+            "-i",
+            "sine=frequency=440:sample_rate=44100:duration=2",
+        ])
+        .args(["-ac", "2", "-c:a", "aac"]);
+    }
+    // A length in seconds, not in frames: `-frames:v` would end the file before the sound's encoder caught up.
+    let status = cmd
+        .args([
+            "-t",
+            &format!("{:.4}", frames as f64 / 24.0),
+            "-pix_fmt",
+            "yuv420p",
+        ])
+        .arg(path)
+        .status()?;
+    anyhow::ensure!(
+        status.success(),
+        "ffmpeg could not write {}",
+        path.display()
+    );
+    Ok(())
+}
+
+/// A dataset of two videos cut into 5-frame chunks: `tone.mp4` (10 frames, with sound), `quiet.mp4` (5, without).
+fn tone_and_quiet(tools: &MediaTools) -> anyhow::Result<(tempfile::TempDir, ValidConfig)> {
+    let dir = tempfile::tempdir()?;
+    let videos = dir.path().join("videos");
+    std::fs::create_dir_all(&videos)?;
+    pattern(tools, &videos.join("tone.mp4"), 10, true)?;
+    pattern(tools, &videos.join("quiet.mp4"), 5, false)?;
+    for stem in ["tone", "quiet"] {
+        std::fs::write(videos.join(format!("{stem}.txt")), "a pattern")?;
+    }
+    let toml = dir.path().join("d.toml");
+    std::fs::write(
+        &toml,
+        "[general]\nresolution = [32, 32]\ncaption_extension = \".txt\"\nenable_bucket = false\n\n\
+         [[datasets]]\nvideo_directory = \"videos\"\ncache_directory = \"cache\"\ntarget_frames = [5]\n\
+         frame_extraction = \"chunk\"\n",
+    )?;
+    let valid = load_valid(&toml)?;
+    Ok((dir, valid))
+}
+
+/// Clips with sound get `_ltx2_audio` caches of the audio VAE's latents of their own span (the fixture audio VAE:
+/// one latent channel × 16 mel bins, 16 kHz, hop 160), read back by the trainer's reader; a video without sound is
+/// named in a warning; a second pass keeps them all.
+#[test]
+fn clips_with_sound_get_audio_caches_and_silent_videos_are_named() -> anyhow::Result<()> {
+    let Ok(tools) = MediaTools::locate() else {
+        eprintln!("ffmpeg not found: audio caching not tested");
+        return Ok(());
+    };
+    let (dir, valid) = tone_and_quiet(&tools)?;
+    let videos = dir.path().join("videos");
+    let vae = load_ltx2_vae(&fixture_vae(), DType::F32, &Device::Cpu)?;
+    let audio_file = fixture_vae().with_file_name("../audio_ltx2/weights.safetensors");
+    let parts = Ltx2AudioParts {
+        encoder: true,
+        decoder: false,
+        vocoder: false,
+    };
+    let (audio_vae, _) = load_ltx2_audio(&audio_file, parts, DType::F32, &Device::Cpu)?;
+    let encoder = || Ltx2LatentEncoder {
+        vae: &vae,
+        device: Device::Cpu,
+        dtype: DType::F32,
+        tiling: None,
+        steps: STEPS,
+        audio: Some(Ltx2AudioEncoder {
+            vae: &audio_vae,
+            tools: &tools,
+            dtype: DType::F32,
+            silent: Default::default(),
+        }),
+    };
+    let summary = cache_ltx2_latents(
+        &valid,
+        Some(&tools),
+        &encoder(),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
+    assert_eq!((summary.items, summary.written), (2, 3), "{summary}");
+    let warning = summary.warnings.join("\n");
+    assert!(
+        warning.contains("1 video(s) have no sound") && warning.contains("quiet.mp4"),
+        "{warning}"
+    );
+    assert!(!warning.contains("tone.mp4"), "{warning}");
+    let cache = dir.path().join("cache");
+    assert!(!cache
+        .join("quiet_00000-005_0048x0032_ltx2_audio.safetensors")
+        .exists());
+    // The second clip's sound, decoded as the pass decodes it: 5 frames from frame 5 at 24 fps.
+    let clip = tools
+        .decode_audio(&videos.join("tone.mp4"), (5.0 / 24.0, 5.0 / 24.0), 16000)?
+        .ok_or_else(|| anyhow::anyhow!("no sound"))?;
+    let len = (5.0 / 24.0 * 16000.0) as usize;
+    let mut planes = [clip.channel(0), clip.channel(1)];
+    planes.iter_mut().for_each(|p| p.resize(len, 0.0));
+    let data: Vec<f32> = planes.iter().flatten().copied().collect();
+    let want = audio_vae
+        .encode(&Tensor::from_vec(data, (1, 2, len), &Device::Cpu)?)?
+        .squeeze(0)?;
+    for start in [0, 5] {
+        let path = cache.join(format!(
+            "tone_{start:05}-005_0048x0032_ltx2_audio.safetensors"
+        ));
+        let got = read_ltx2_audio_cache(&path, &Device::Cpu)?;
+        // 3333 samples: 21 mel frames, 6 latent frames, all with sound.
+        assert_eq!(got.latents.dims(), &[1, 6, 16]);
+        assert_eq!(got.length, Some(6));
+        if start == 5 {
+            assert!(max_diff(&got.latents, &want)? < 1e-5);
+        }
+    }
+    let again = cache_ltx2_latents(
+        &valid,
+        Some(&tools),
+        &encoder(),
+        &CacheOptions::default(),
+        &mut (),
+    )?;
+    assert_eq!((again.written, again.skipped), (0, 2), "{again}");
+    Ok(())
 }
