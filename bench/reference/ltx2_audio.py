@@ -19,9 +19,9 @@ Versions (the environment the committed fixtures were made in):
 Command (from the repository root; writes crates/framesmith-models/tests/fixtures/ltx2/audio_<case>/):
   PYTHONPATH=/tmp/LTX-2/packages/ltx-core/src:/path/to/torchaudio /work/venv-ref/bin/python bench/reference/ltx2_audio.py
 
-Device use (bench/run-ltx2-audio.sh): `--write-released PATH` writes LTX-2's released audio VAE and vocoder
-(`RELEASED_AUDIO_VAE`, `RELEASED_VOCODER`: ltx-core's configurator defaults, which are the 19B file's) with random
-bf16 weights as the single file stores them; `--bench PATH SECONDS` times the official encode and decode of a
+Device use (bench/run-ltx2-audio.sh): `--write-released PATH [VIDEO_VAE]` writes LTX-2's released audio VAE and
+vocoder (`RELEASED_AUDIO_VAE`, `RELEASED_VOCODER`: ltx-core's configurator defaults, which are the 19B file's) with
+random bf16 weights as the single file stores them (beside the tensors and config of VIDEO_VAE when given); `--bench PATH SECONDS` times the official encode and decode of a
 random waveform with it on the GPU and prints one `LTX2_AUDIO_TORCH` JSON line.
 
 Cases:
@@ -35,14 +35,20 @@ Cases:
 import json
 import math
 import sys
+import types
 from pathlib import Path
 
 import torch
 
 _cuda = torch.version.cuda
 torch.version.cuda = "13.0"
-import torchaudio  # noqa: E402,F401
-
+try:
+    import torchaudio  # noqa: E402,F401
+except ImportError:
+    if "--write-released" not in sys.argv:
+        raise
+    # Writing weights builds the modules only; `AudioProcessor`, the one user of torchaudio, is not made.
+    sys.modules["torchaudio"] = types.ModuleType("torchaudio")
 torch.version.cuda = _cuda
 
 from safetensors.torch import save_file  # noqa: E402
@@ -292,12 +298,20 @@ def run_case(name, case):
     print(f"{name}: {sizes}", file=sys.stderr)
 
 
-def write_released(path):
-    """LTX-2's released audio VAE and vocoder with random weights (bf16), as the single file stores them."""
-    metadata = {"config": {"audio_vae": RELEASED_AUDIO_VAE, "vocoder": RELEASED_VOCODER}}
-    encoder, decoder, vocoder, stats = build(metadata, 1)
+def write_released(path, merge=None):
+    """LTX-2's released audio VAE and vocoder with random weights (bf16), as the single file stores them; with
+    `merge`, beside that file's tensors and `config` sections (a video VAE written by ltx2_vae.py), as the
+    checkpoint holds both."""
+    config = {"audio_vae": RELEASED_AUDIO_VAE, "vocoder": RELEASED_VOCODER}
+    encoder, decoder, vocoder, stats = build({"config": config}, 1)
     sd = {k: v.to(torch.bfloat16).contiguous() for k, v in state_dict(encoder, decoder, vocoder, stats).items()}
-    save_file(sd, path, metadata={"config": json.dumps(metadata["config"])})
+    if merge is not None:
+        from safetensors import safe_open
+
+        with safe_open(merge, "pt") as f:
+            config = {**json.loads(f.metadata()["config"]), **config}
+            sd.update({k: f.get_tensor(k) for k in f.keys()})
+    save_file(sd, path, metadata={"config": json.dumps(config)})
     print(f"wrote {path}: {sum(v.numel() for v in sd.values()) / 1e6:.1f} M parameters", file=sys.stderr)
 
 
@@ -350,7 +364,7 @@ def bench(path, seconds):
 def main():
     torch.set_num_threads(1)
     if len(sys.argv) >= 3 and sys.argv[1] == "--write-released":
-        write_released(sys.argv[2])
+        write_released(sys.argv[2], sys.argv[3] if len(sys.argv) >= 4 else None)
         return
     if len(sys.argv) >= 4 and sys.argv[1] == "--bench":
         bench(sys.argv[2], float(sys.argv[3]))

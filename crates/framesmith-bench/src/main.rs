@@ -9,6 +9,7 @@ use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use clap::{Parser, Subcommand};
 
+use cli::audio::{run_audio, AudioArgs};
 use cli::ops::{
     check, run_attention, run_attention_fp8, run_kernels, run_linear, AttentionArgs,
     AttentionFp8Args, KernelsArgs, LinearArgs,
@@ -84,6 +85,8 @@ enum Command {
     /// Copy bandwidth of block streaming for each staging setting (no compute, no whole-model build): copies of
     /// one block streamed in order, `pinned` first for reference.
     StageSweep(StageSweepArgs),
+    /// LTX-2's audio VAE and vocoder at the file's size: encode, decode and vocode timed, checked against the CPU.
+    Ltx2Audio(AudioArgs),
 }
 
 /// A comma-separated list of positive counts given to `flag`.
@@ -148,5 +151,6 @@ fn main() -> Result<()> {
         Command::Stream(args) => run_stream(&dev, &args),
         Command::SynthProject(args) => synth_project(&args),
         Command::StageSweep(args) => run_stage_sweep(&dev, &args),
+        Command::Ltx2Audio(args) => run_audio(&dev, &args),
     }
 }
