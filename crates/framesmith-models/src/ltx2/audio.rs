@@ -339,5 +339,23 @@ impl AudioVae {
     }
 }
 
+/// The waveform [b, 2, samples] (f32, at `vocoder.output_sampling_rate()`) of normalised audio latents `z`
+/// [b, z_channels, f, mel/4]: the decoder's spectrogram through the vocoder (ltx-core's `decode_audio`).
+pub fn decode_audio(vae: &AudioVae, vocoder: &Vocoder, z: &Tensor) -> Result<Tensor> {
+    vocoder.forward(&vae.decode(z)?)
+}
+
+/// Audio latents [b, c, t, f] from the audio stream's tokens [b, t, c·f] (`AudioPatchifier.unpatchify`).
+pub fn unpatchify_audio(tokens: &Tensor, channels: usize) -> Result<Tensor> {
+    let (b, t, d) = tokens.dims3()?;
+    if channels == 0 || d % channels != 0 {
+        candle_core::bail!("audio tokens of width {d} do not split into {channels} channels");
+    }
+    tokens
+        .reshape((b, t, channels, d / channels))?
+        .transpose(1, 2)?
+        .contiguous()
+}
+
 #[cfg(test)]
 mod tests;

@@ -1,10 +1,11 @@
 //! The LTX-2 family (LTX-2 19B and LTX-2.3 22B): which runs are LTX-2's and its batch ([`train`]), the cached
 //! items of musubi-tuner's LTX-2 `_ltx2` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), its
-//! plan description ([`plan`]), its latent pass ([`prep`]: the video VAE's `_ltx2` caches) and its text pass
-//! ([`text_cache`], with Gemma 3 and the checkpoint's connector: [`encoder`]). It trains text-to-video LoRAs of
-//! the video stream, and both streams jointly when the caches hold audio latents (musubi-tuner's `_ltx2_audio`
-//! caches; the audio VAE is not implemented). Samples during training ([`samples`]) and `framesmith generate`
-//! ([`generate`]) make video-only clips through ltx-core's sampling ([`pipeline`]) and the VAE ([`decode`]).
+//! plan description ([`plan`]), its latent pass ([`prep`]: the video VAE's `_ltx2` caches, and the audio VAE's
+//! `_ltx2_audio` caches of clips with sound) and its text pass ([`text_cache`], with Gemma 3 and the checkpoint's
+//! connector: [`encoder`]). It trains text-to-video LoRAs of the video stream, and both streams jointly when the
+//! caches hold audio latents. Samples during training ([`samples`]) and `framesmith generate` ([`generate`]) make
+//! video-only clips through ltx-core's sampling ([`pipeline`]) and the VAE ([`decode`]); [`sound`] turns audio
+//! latents back into sound and muxes it into a clip.
 
 use std::path::Path;
 
@@ -31,6 +32,7 @@ pub mod prep;
 pub mod run;
 pub mod samples;
 mod setup;
+pub mod sound;
 pub mod text_cache;
 pub mod train;
 

@@ -42,10 +42,22 @@ fn check_case(name: &str) -> anyhow::Result<()> {
         ATOL,
         RTOL,
     )?;
-    let mel = vae.decode(c.input("latents")?)?;
+    let latents = c.input("latents")?;
+    let mel = vae.decode(latents)?;
     assert_close("decoded_mel", &mel, c.expected("decoded_mel")?, ATOL, RTOL)?;
     let wave = vocoder.forward(&mel)?.squeeze(0)?;
     assert_close("waveform", &wave, c.expected("waveform")?, ATOL, RTOL)?;
+    // The same from the audio stream's tokens, as a sampler has them.
+    let (b, ch, t, f) = latents.dims4()?;
+    let tokens = latents.transpose(1, 2)?.reshape((b, t, ch * f))?;
+    let wave = decode_audio(&vae, &vocoder, &unpatchify_audio(&tokens, ch)?)?.squeeze(0)?;
+    assert_close(
+        "waveform from tokens",
+        &wave,
+        c.expected("waveform")?,
+        ATOL,
+        RTOL,
+    )?;
     let rate = c.config["output_sampling_rate"].as_u64().unwrap_or(0) as usize;
     assert_eq!(vocoder.output_sampling_rate(), rate);
     Ok(())
