@@ -1,5 +1,5 @@
 //! `framesmith inspect` for a model file of any family: LTX-2 / LTX-2.3 transformers (official single files, FP8,
-//! diffusers folders) by [`crate::ltx2::weights`], their Gemma 3 12B text encoder by [`crate::gemma3::weights`], HunyuanVideo transformers (1.5 in every layout, 1.0 named
+//! diffusers folders) by [`crate::ltx2::weights`], their audio VAE files by [`crate::ltx2::audio`], their Gemma 3 12B text encoder by [`crate::gemma3::weights`], HunyuanVideo transformers (1.5 in every layout, 1.0 named
 //! with what to download instead) by [`crate::hunyuan_video15::weights`], its byT5 glyph encoder by
 //! [`crate::hunyuan_video15::byt5`], Qwen-Image transformers (files and diffusers folders) are
 //! named by [`crate::qwen_image::weights`], Qwen2.5-VL text encoders (Qwen-Image's and HunyuanVideo 1.5's) by
@@ -17,6 +17,7 @@ use crate::hunyuan_video15::byt5::{self as glyph, GlyphFile};
 use crate::hunyuan_video15::weights::{
     self as hunyuan_weights, HunyuanVideoFile, HunyuanVideoFormatError,
 };
+use crate::ltx2::audio::{identify_audio, Ltx2AudioFile};
 use crate::ltx2::weights::{self as ltx2_weights, Ltx2File, Ltx2FormatError};
 use crate::qwen25vl::weights::{self as qwen25vl_weights, Qwen25VlFile, Qwen25VlFormatError};
 use crate::qwen_image::weights::{self as qwen_weights, QwenImageFile, QwenImageFormatError};
@@ -27,6 +28,8 @@ use crate::wan::weights::{self as wan_weights, ModelFormatError};
 #[derive(Debug, Clone)]
 pub enum ModelFile {
     Ltx2(Box<Ltx2File>),
+    /// LTX-2's audio VAE (and vocoder) without the transformer: a split pack's audio file.
+    Ltx2Audio(Box<Ltx2AudioFile>),
     /// Gemma 3, LTX-2's text encoder.
     Gemma3(Box<Gemma3File>),
     /// A file holding Gemma 3 12B's token embedding but not its first layer: one shard of the folder.
@@ -47,6 +50,7 @@ impl fmt::Display for ModelFile {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let report = match self {
             Self::Ltx2(file) => file.to_string(),
+            Self::Ltx2Audio(file) => file.to_string(),
             Self::Gemma3(file) => file.to_string(),
             Self::Gemma3Shard(path) => format!(
                 "{}\n  {:<11} one shard of Gemma 3 12B, the text encoder of LTX-2 and LTX-2.3: give the folder that \
@@ -122,6 +126,11 @@ pub fn identify(path: &Path) -> Result<ModelFile, IdentifyError> {
         // LTX-2 tensors that do not make a transformer Framesmith can build say so.
         Err(err) if !ltx2_weights::is_unrecognised(&err) => return Err(IdentifyError::Ltx2(err)),
         Err(_) => {}
+    }
+    if !path.is_dir() {
+        if let Ok(file) = identify_audio(path) {
+            return Ok(ModelFile::Ltx2Audio(Box::new(file)));
+        }
     }
     match gemma3_weights::identify(path) {
         Ok(file) => return Ok(ModelFile::Gemma3(Box::new(file))),
@@ -315,6 +324,22 @@ mod tests {
         let file = identify(&fixture)?;
         assert!(matches!(file, ModelFile::Ltx2(_)));
         assert!(file.to_string().contains("LTX-2.3"), "{file}");
+        Ok(())
+    }
+
+    #[test]
+    fn an_audio_vae_file_is_named_with_its_vocoder() -> anyhow::Result<()> {
+        let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ltx2");
+        let file = identify(&fixtures.join("audio_ltx23/weights.safetensors"))?;
+        assert!(matches!(file, ModelFile::Ltx2Audio(_)), "{file}");
+        let text = file.to_string();
+        assert!(
+            text.contains("LTX-2 audio VAE (encoder and decoder) with LTX-2.3's vocoder")
+                && text.contains(
+                    "16000 Hz, 64 mel bins, 1 latent channels × 16 mel bins, sound out at 1200 Hz"
+                ),
+            "{text}"
+        );
         Ok(())
     }
 }

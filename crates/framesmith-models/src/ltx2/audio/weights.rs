@@ -66,6 +66,44 @@ pub struct Ltx2AudioFile {
     pub vocoder: Option<VocoderConfig>,
 }
 
+impl std::fmt::Display for Ltx2AudioFile {
+    /// What `framesmith inspect` says of a file holding the audio VAE without the transformer.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let halves = match (self.encoder, self.decoder) {
+            (true, true) => "encoder and decoder",
+            (true, false) => "encoder only",
+            _ => "decoder only",
+        };
+        let vocoder = match &self.vocoder {
+            Some(v) if v.bwe.is_some() => "with LTX-2.3's vocoder (bandwidth extension)",
+            Some(_) => "with LTX-2's vocoder",
+            None => "without a vocoder",
+        };
+        let c = &self.config;
+        writeln!(f, "{}", self.path.display())?;
+        writeln!(f, "  {:<11} LTX-2 audio VAE ({halves}) {vocoder}", "model")?;
+        writeln!(
+            f,
+            "  {:<11} {} Hz, {} mel bins, {} latent channels × {} mel bins{}",
+            "sizes",
+            c.sample_rate,
+            c.mel_bins,
+            c.z_channels,
+            c.latent_mel_bins(),
+            self.vocoder
+                .as_ref()
+                .map(|v| format!(", sound out at {} Hz", v.output_sampling_rate()))
+                .unwrap_or_default()
+        )?;
+        writeln!(
+            f,
+            "  {:<11} clips' sound for joint audio-video training (`framesmith cache latents --vae` with the file \
+             that also holds the video VAE) and sound for samples",
+            "use"
+        )
+    }
+}
+
 /// Which parts to load.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Ltx2AudioParts {
