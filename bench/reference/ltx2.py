@@ -127,6 +127,23 @@ CASES = {
         "seed_weights": 3,
         "seed_inputs": 4,
     },
+    # Image-to-video (the trainer's first-frame conditioning): the first sample's first latent frame (its 3 x 2
+    # leading tokens) is conditioning, timestep 0 on those tokens; the second sample is not conditioned.
+    "ltx23_i2v": {
+        "variant": "ltx23",
+        "batch": 2,
+        "frames": 3,
+        "height": 3,
+        "width": 2,
+        "txt_len": 4,
+        "txt_lens": [4, 3],
+        "sigmas": [0.6, 0.35],
+        "conditioned": [6, 0],
+        "fps": 25.0,
+        "layout": "single_file",
+        "seed_weights": 9,
+        "seed_inputs": 10,
+    },
 }
 
 
@@ -197,6 +214,16 @@ def video_positions(case):
     return pixel
 
 
+def token_timesteps(sigma, tokens, case):
+    """The per-token timesteps [b, tokens]: the sample's sigma, and 0 on the leading `conditioned` tokens of each
+    sample (the trainer's `_create_per_token_timesteps` for a first-frame conditioning mask)."""
+    timesteps = sigma.view(-1, 1).expand(-1, tokens).contiguous()
+    mask = torch.zeros(timesteps.shape, dtype=torch.bool)
+    for i, n in enumerate(case.get("conditioned", [])):
+        mask[i, :n] = True
+    return torch.where(mask, torch.zeros_like(timesteps), timesteps)
+
+
 def make_inputs(case, cfg):
     b, f, h, w = case["batch"], case["frames"], case["height"], case["width"]
     tokens = f * h * w
@@ -213,7 +240,7 @@ def make_inputs(case, cfg):
         "context": context,
         "context_mask": mask,
         "sigma": sigma,
-        "timesteps": sigma.view(-1, 1).expand(-1, tokens).contiguous(),
+        "timesteps": token_timesteps(sigma, tokens, case),
         "positions": video_positions(case),
         "probe": torch.randn(b, tokens, cfg["out_channels"], generator=g),
     }

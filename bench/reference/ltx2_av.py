@@ -28,7 +28,16 @@ import torch
 from safetensors.torch import save_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from ltx2 import BLOCK_LINEARS, COMMIT, GATES, INNER, randomise, transformer_config, video_positions  # noqa: E402
+from ltx2 import (  # noqa: E402
+    BLOCK_LINEARS,
+    COMMIT,
+    GATES,
+    INNER,
+    randomise,
+    token_timesteps,
+    transformer_config,
+    video_positions,
+)
 
 from ltx_core.components.patchifiers import AudioPatchifier  # noqa: E402
 from ltx_core.model.transformer.model import LTXModel, LTXModelType  # noqa: E402
@@ -80,6 +89,25 @@ CASES = {
         "layout": "single_file",
         "seed_weights": 7,
         "seed_inputs": 8,
+    },
+    # Image-to-video with audio: the second sample's first latent frame (2 x 3 tokens) is conditioning (timestep
+    # 0 there, its audio at sigma on every frame, as the trainer's `_prepare_audio_inputs` makes it); the first
+    # sample is not conditioned.
+    "ltx2_av_i2v": {
+        "variant": "ltx2",
+        "batch": 2,
+        "frames": 3,
+        "height": 2,
+        "width": 3,
+        "audio_frames": 4,
+        "txt_len": 5,
+        "txt_lens": [4, 5],
+        "sigmas": [0.45, 0.8],
+        "conditioned": [0, 6],
+        "fps": 24.0,
+        "layout": "ltx_core",
+        "seed_weights": 11,
+        "seed_inputs": 12,
     },
 }
 
@@ -153,7 +181,7 @@ def make_inputs(case, cfg):
         "audio_context": audio_context,
         "context_mask": mask,
         "sigma": sigma,
-        "timesteps": sigma.view(-1, 1).expand(-1, tokens).contiguous(),
+        "timesteps": token_timesteps(sigma, tokens, case),
         "audio_timesteps": sigma.view(-1, 1).expand(-1, audio_tokens).contiguous(),
         "positions": video_positions(case),
         "audio_positions": audio_positions(case),

@@ -31,8 +31,13 @@ pub mod grad;
 /// What every block of one forward pass shares.
 #[derive(Clone)]
 pub struct BlockInputs {
-    /// The AdaLN rows of each sample, [b, 1, coefficient · dim].
+    /// The AdaLN rows of each sample, [b, 1, coefficient · dim]; with per-token timesteps ([`BlockInputs::pick`])
+    /// the rows of each of the sample's timesteps, [b, n, coefficient · dim].
     pub timestep: Tensor,
+    /// Per-token timesteps (first-frame conditioning): the row of `timestep` (and of the video's audio-video
+    /// scale and shift rows) each video token takes, u32 [b · tokens] indexing the b · n rows; `None`: every token
+    /// of a sample at the sample's one timestep.
+    pub pick: Option<Tensor>,
     /// The prompt AdaLN's rows [b, 1, 2 · dim] (LTX-2.3 with `use_prompt_adaln_single`).
     pub prompt_timestep: Option<Tensor>,
     /// The self-attention's RoPE tables.
@@ -44,6 +49,27 @@ pub struct BlockInputs {
     /// The audio stream's inputs of a joint audio-video pass; `None`: text-to-video, nothing is computed for
     /// audio.
     pub audio: Option<AudioInputs>,
+}
+
+impl BlockInputs {
+    /// Rows [b, n, width] of the video's timesteps as the tokens take them: [b, tokens, width] with per-token
+    /// timesteps ([`BlockInputs::pick`]), as they are ([b, 1, width]) without.
+    pub fn per_token(&self, rows: &Tensor) -> Result<Tensor> {
+        match &self.pick {
+            Some(pick) => pick_rows(rows, pick),
+            None => Ok(rows.clone()),
+        }
+    }
+}
+
+/// `rows` [b, n, width] as [b, tokens, width], token j of sample i taking row `pick[i · tokens + j]` of the
+/// b · n rows (u32 [b · tokens]).
+pub fn pick_rows(rows: &Tensor, pick: &Tensor) -> Result<Tensor> {
+    let (b, n, width) = rows.dims3()?;
+    let tokens = pick.elem_count() / b.max(1);
+    rows.reshape((b * n, width))?
+        .index_select(pick, 0)?
+        .reshape((b, tokens, width))
 }
 
 /// An attention (`attn1`, `attn2`): q, k, v, output projection, q / k RMSNorms over the width, optional gates.
@@ -205,8 +231,8 @@ impl FeedForward {
     }
 }
 
-/// The modulation vectors of one block and pass, [b, 1, dim] f32 each (the values ltx-core forms in the compute
-/// dtype, held in f32 for the fused element-wise ops), in the order of the AdaLN rows: shift, scale and gate of
+/// The modulation vectors of one block and pass, [b, 1, dim] f32 each ([b, tokens, dim] with per-token timesteps;
+/// the values ltx-core forms in the compute dtype, held in f32 for the fused element-wise ops), in the order of the AdaLN rows: shift, scale and gate of
 /// the self-attention, of the feed-forward and (LTX-2.3) of the cross-attention's queries; and the
 /// cross-attention context's shift and scale.
 #[derive(Clone)]
@@ -335,8 +361,9 @@ pub struct AudioInputs {
     /// The cross-attentions' RoPE tables of the video and the audio tokens (time only).
     pub video_cross_rope: RopeTable,
     pub audio_cross_rope: RopeTable,
-    /// The cross-attentions' scale and shift rows of each stream [b, 1, 4 · width] (its own σ) and its gate row
-    /// [b, 1, width] (the other stream's σ).
+    /// The cross-attentions' scale and shift rows of each stream [b, 1, 4 · width] (its own timesteps: per token
+    /// for the video with [`BlockInputs::pick`], [b, n, 4 · dim]) and its gate row [b, 1, width] (the other
+    /// stream's σ).
     pub video_cross: Tensor,
     pub video_gate: Tensor,
     pub audio_cross: Tensor,
@@ -416,15 +443,14 @@ pub(crate) struct StreamCall<'a> {
 /// (the compute dtype, as ltx-core adds the table to the timestep's rows), then held in f32; and the text
 /// context's shift and scale from `prompt` (the prompt table [2, dim] and its optional timestep rows).
 fn modulation_of(
-    table: &Tensor,
-    timestep: &Tensor,
+    (table, timestep, pick): (&Tensor, &Tensor, Option<&Tensor>),
     prompt: Option<(&Tensor, Option<&Tensor>)>,
     b: usize,
     dtype: DType,
 ) -> Result<Modulation> {
     let table = table.to_dtype(dtype)?;
     let dim = table.dim(1)?;
-    let rows = table_rows(&table, timestep, b, dtype)?;
+    let rows = table_rows(&table, timestep, b, dtype, pick)?;
     let context = match prompt {
         Some((p, prompt_timestep)) => {
             let p = p.to_dtype(dtype)?;
@@ -449,29 +475,48 @@ fn modulation_of(
 }
 
 /// `table` [k, dim] (in `dtype`) plus `timestep` [b, 1, k · dim] as k rows [b, 1, dim] f32, in one sum and one
-/// cast.
-fn table_rows(table: &Tensor, timestep: &Tensor, b: usize, dtype: DType) -> Result<Vec<Tensor>> {
+/// cast. With `pick` (per-token timesteps), `timestep` holds n rows per sample [b, n, k · dim] and each row
+/// comes out per token, [b, tokens, dim], the row of each token chosen by `pick` (u32 [b · tokens] over the
+/// b · n rows): the values ltx-core forms from every token's own timestep embedding.
+fn table_rows(
+    table: &Tensor,
+    timestep: &Tensor,
+    b: usize,
+    dtype: DType,
+    pick: Option<&Tensor>,
+) -> Result<Vec<Tensor>> {
     let (k, dim) = table.dims2()?;
+    let Some(pick) = pick else {
+        let all = timestep
+            .to_dtype(dtype)?
+            .reshape((b, k, dim))?
+            .broadcast_add(&table.unsqueeze(0)?)?
+            .to_dtype(DType::F32)?;
+        return (0..k).map(|i| all.narrow(1, i, 1)?.contiguous()).collect();
+    };
+    let n = timestep.dim(1)?;
     let all = timestep
         .to_dtype(dtype)?
-        .reshape((b, k, dim))?
+        .reshape((b * n, k, dim))?
         .broadcast_add(&table.unsqueeze(0)?)?
         .to_dtype(DType::F32)?;
-    (0..k).map(|i| all.narrow(1, i, 1)?.contiguous()).collect()
+    (0..k)
+        .map(|i| pick_rows(&all.narrow(1, i, 1)?.reshape((b, n, dim))?, pick))
+        .collect()
 }
 
 /// The audio-video cross-attentions' rows of one stream: `table` [5, dim]'s first four rows plus `cross`
-/// [b, 1, 4 · dim] (scale and shift of audio-to-video, then of video-to-audio), its last plus `gate` [b, 1, dim].
+/// [b, 1, 4 · dim] (scale and shift of audio-to-video, then of video-to-audio; per token with `pick`, as
+/// [`table_rows`] says), its last plus `gate` [b, 1, dim] (one per sample).
 fn av_rows(
-    table: &Tensor,
-    cross: &Tensor,
-    gate: &Tensor,
+    (table, cross, gate): (&Tensor, &Tensor, &Tensor),
+    pick: Option<&Tensor>,
     b: usize,
     dtype: DType,
 ) -> Result<Vec<Tensor>> {
     let table = table.to_dtype(dtype)?;
-    let mut rows = table_rows(&table.narrow(0, 0, 4)?, cross, b, dtype)?;
-    rows.extend(table_rows(&table.narrow(0, 4, 1)?, gate, b, dtype)?);
+    let mut rows = table_rows(&table.narrow(0, 0, 4)?, cross, b, dtype, pick)?;
+    rows.extend(table_rows(&table.narrow(0, 4, 1)?, gate, b, dtype, None)?);
     Ok(rows)
 }
 
@@ -601,7 +646,12 @@ impl Ltx2Block {
             .prompt_scale_shift_table
             .as_ref()
             .map(|p| (p, inputs.prompt_timestep.as_ref()));
-        modulation_of(&self.scale_shift_table, &inputs.timestep, prompt, b, dtype)
+        let own = (
+            &self.scale_shift_table,
+            &inputs.timestep,
+            inputs.pick.as_ref(),
+        );
+        modulation_of(own, prompt, b, dtype)
     }
 
     /// The audio stream's modulation vectors and the audio-video rows for this joint pass.
@@ -617,22 +667,13 @@ impl Ltx2Block {
             .prompt_scale_shift_table
             .as_ref()
             .map(|p| (p, ai.prompt_timestep.as_ref()));
-        let m = modulation_of(&stream.scale_shift_table, &ai.timestep, prompt, b, dtype)?;
+        let own = (&stream.scale_shift_table, &ai.timestep, None);
+        let m = modulation_of(own, prompt, b, dtype)?;
+        let video = (&stream.av_table_video, &ai.video_cross, &ai.video_gate);
+        let audio = (&stream.av_table_audio, &ai.audio_cross, &ai.audio_gate);
         let av = AvModulation {
-            video: av_rows(
-                &stream.av_table_video,
-                &ai.video_cross,
-                &ai.video_gate,
-                b,
-                dtype,
-            )?,
-            audio: av_rows(
-                &stream.av_table_audio,
-                &ai.audio_cross,
-                &ai.audio_gate,
-                b,
-                dtype,
-            )?,
+            video: av_rows(video, inputs.pick.as_ref(), b, dtype)?,
+            audio: av_rows(audio, None, b, dtype)?,
         };
         Ok((m, av))
     }

@@ -3,7 +3,9 @@
 //! positions in seconds and pixels, the blocks with their hand-written backward, the heads). Text-to-video reads
 //! and runs the video stream only (with no audio the official blocks skip the audio stream and the audio-video
 //! cross-attentions); read with audio, a batch with audio latents runs both streams and the cross-attentions
-//! between them, as joint audio-video training does.
+//! between them, as joint audio-video training does. First-frame conditioning (image-to-video training) gives
+//! the leading video tokens timestep 0: their AdaLN rows, audio-video scale and shift rows and head modulation
+//! are per token, and the loss leaves them out.
 //! The video VAE ([`vae`]) encodes clips to the normalised latents the transformer takes and decodes them,
 //! whole or in ltx-core's tiles. The text side ([`text`]): Gemma 3's hidden states through the release's
 //! feature extractor and the video connector, into what the cross-attention reads.
@@ -25,5 +27,5 @@ pub mod vae;
 pub mod weights;
 
 pub use config::{Ltx2Config, Ltx2Version};
-pub use trainable::joint_loss_view;
+pub use trainable::{joint_loss_view, loss_views};
 pub use transformer::{Ltx2AudioInputs, Ltx2Inputs, Ltx2Transformer, Prepared};

@@ -69,5 +69,15 @@ pub fn inputs(case: &FixtureCase) -> anyhow::Result<Ltx2Inputs> {
         } else {
             None
         },
+        conditioned_tokens: conditioned_tokens(case)?,
     })
+}
+
+/// The leading clean tokens of each sample of a first-frame conditioned case (`call.conditioned`); empty for the
+/// others.
+pub fn conditioned_tokens(case: &FixtureCase) -> anyhow::Result<Vec<usize>> {
+    match case.config["call"].get("conditioned") {
+        Some(v) => Ok(serde_json::from_value(v.clone())?),
+        None => Ok(Vec::new()),
+    }
 }

@@ -72,6 +72,7 @@ impl PreparedBatch for Prepared {
             xs: self.xs.detach(),
             blocks: BlockInputs {
                 timestep: b.timestep.detach(),
+                pick: b.pick.clone(),
                 prompt_timestep: b.prompt_timestep.as_ref().map(Tensor::detach),
                 rope: b.rope.detach(),
                 context: b.context.detach(),
@@ -79,6 +80,7 @@ impl PreparedBatch for Prepared {
                 audio: b.audio.as_ref().map(AudioInputs::detach),
             },
             embedded: self.embedded.detach(),
+            conditioned_tokens: self.conditioned_tokens.clone(),
             audio_embedded: self.audio_embedded.as_ref().map(Tensor::detach),
         }
     }
@@ -110,16 +112,17 @@ impl TrainableModel for Ltx2Transformer {
         Ltx2Transformer::block(self, i)
     }
 
-    /// One velocity [tokens, out_channels] per sample; in a joint pass both streams' velocities per sample as
-    /// [`joint_loss_view`] joins them.
+    /// One velocity [tokens, out_channels] per sample as [`loss_views`] lays it out (the conditioning tokens
+    /// left out; in a joint pass both streams' velocities joined).
     fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
         let (video, audio) = Ltx2Transformer::finish_streams(self, xs, prepared)?;
-        (0..video.dim(0)?)
-            .map(|i| match &audio {
-                Some(audio) => joint_loss_view(&video.get(i)?, &audio.get(i)?),
-                None => video.get(i),
-            })
-            .collect()
+        let b = video.dim(0)?;
+        let video = (0..b).map(|i| video.get(i)).collect::<Result<Vec<_>>>()?;
+        let audio = match &audio {
+            Some(a) => Some((0..b).map(|i| a.get(i)).collect::<Result<Vec<_>>>()?),
+            None => None,
+        };
+        loss_views(video, audio, &prepared.conditioned_tokens)
     }
 
     fn device(&self) -> &Device {
@@ -129,6 +132,49 @@ impl TrainableModel for Ltx2Transformer {
     fn latents<'a>(&self, inputs: &'a Ltx2Inputs) -> &'a [Tensor] {
         std::slice::from_ref(&inputs.latents)
     }
+}
+
+/// The per-sample tensors the step's loss compares (model outputs or targets alike), from each sample's video
+/// [tokens, channels] and, in a joint pass, audio [frames, channels]: the video without its leading
+/// `conditioned` tokens (first-frame conditioning; empty: none), joined with the audio by [`joint_loss_view`].
+/// The official trainer's loss is the mean over the batch of each sample's mean over its kept elements
+/// (`compute_loss`'s masked mean, then `loss.mean()`); the step's loss is one mean over every kept element, so
+/// when the samples keep different counts, sample i is scaled by √(Σⱼ nⱼ / (b · nᵢ)), which makes the two equal.
+pub fn loss_views(
+    video: Vec<Tensor>,
+    audio: Option<Vec<Tensor>>,
+    conditioned: &[usize],
+) -> Result<Vec<Tensor>> {
+    let mut views = Vec::with_capacity(video.len());
+    for (i, v) in video.into_iter().enumerate() {
+        let skip = conditioned.get(i).copied().unwrap_or(0);
+        let v = if skip > 0 {
+            let tokens = v.dim(0)?;
+            if skip >= tokens {
+                candle_core::bail!(
+                    "LTX-2: {skip} conditioning tokens leave nothing of {tokens} to train on"
+                );
+            }
+            v.narrow(0, skip, tokens - skip)?
+        } else {
+            v
+        };
+        views.push(match &audio {
+            Some(a) => joint_loss_view(&v, &a[i])?,
+            None => v,
+        });
+    }
+    let counts: Vec<usize> = views.iter().map(Tensor::elem_count).collect();
+    if counts.windows(2).all(|w| w[0] == w[1]) {
+        return Ok(views);
+    }
+    let total = counts.iter().sum::<usize>() as f64;
+    let b = views.len() as f64;
+    views
+        .into_iter()
+        .zip(counts)
+        .map(|(v, n)| v * (total / (b * n as f64)).sqrt())
+        .collect()
 }
 
 /// One sample's video velocity (or target) [tokens, channels] and audio one [frames, channels] as the step's loss

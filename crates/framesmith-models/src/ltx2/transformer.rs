@@ -40,6 +40,10 @@ pub struct Ltx2Inputs {
     /// The audio stream of a joint audio-video batch (at the same σ, as the official trainer noises it);
     /// `None`: text-to-video.
     pub audio: Option<Ltx2AudioInputs>,
+    /// First-frame conditioning (the official trainer's `first_frame_conditioning_p`): the leading video tokens
+    /// of each sample that are clean conditioning, at timestep 0 (per-token timesteps; the rest at the sample's
+    /// σ) and left out of the loss ([`super::loss_views`]). Empty, or all zero: none, every token at σ.
+    pub conditioned_tokens: Vec<usize>,
 }
 
 /// The audio stream's part of a joint batch.
@@ -59,8 +63,11 @@ pub struct Prepared {
     /// Video tokens [b, tokens, dim].
     pub xs: Tensor,
     pub blocks: BlockInputs,
-    /// The embedded timestep [b, 1, dim] the head modulates with.
+    /// The embedded timestep [b, 1, dim] the head modulates with ([b, n, dim] with per-token timesteps, each
+    /// token's row picked by [`BlockInputs::pick`]).
     pub embedded: Tensor,
+    /// The leading clean tokens of each sample ([`Ltx2Inputs::conditioned_tokens`]; empty: none).
+    pub conditioned_tokens: Vec<usize>,
     /// The audio head's embedded timestep [b, 1, audio dim] (joint passes).
     pub audio_embedded: Option<Tensor>,
 }
@@ -313,7 +320,10 @@ impl Ltx2Transformer {
             .map(|s| s * self.cfg.timestep_scale_multiplier as f32)
             .collect();
         let xs = self.patchify_proj.forward(&inputs.latents)?;
-        let (rows, embedded) = self.adaln_single.forward(&scaled, dtype)?;
+        let tokens = TokenTimesteps::new(&inputs.conditioned_tokens, &scaled, xs.dim(1)?)?;
+        let (rows, embedded) = self
+            .adaln_single
+            .forward(tokens.timesteps(&scaled), dtype)?;
         let prompt_timestep = match &self.prompt_adaln_single {
             Some(p) => Some(p.forward(&scaled, dtype)?.0.unsqueeze(1)?),
             None => None,
@@ -323,23 +333,30 @@ impl Ltx2Transformer {
             None => inputs.context.clone(),
         };
         let rope = RopeTable::new(&inputs.positions, &self.cfg, dtype, xs.device())?;
+        let pick = tokens.pick(xs.device())?;
         let mut prepared = Prepared {
             xs,
             blocks: BlockInputs {
-                timestep: rows.unsqueeze(1)?,
+                timestep: tokens.per_sample(&rows, b)?,
+                pick,
                 prompt_timestep,
                 rope,
                 context,
                 context_lens: inputs.context_lens.clone(),
                 audio: None,
             },
-            embedded: embedded.unsqueeze(1)?,
+            embedded: tokens.per_sample(&embedded, b)?,
+            conditioned_tokens: inputs.conditioned_tokens.clone(),
             audio_embedded: None,
         };
         let Some(audio) = &inputs.audio else {
             return Ok(prepared);
         };
-        self.prepare_audio(&mut prepared, (audio, &inputs.positions), &scaled)?;
+        self.prepare_audio(
+            &mut prepared,
+            (audio, &inputs.positions),
+            (&scaled, &tokens),
+        )?;
         Ok(prepared)
     }
 
@@ -349,7 +366,7 @@ impl Ltx2Transformer {
         &self,
         prepared: &mut Prepared,
         (audio, positions): (&Ltx2AudioInputs, &Tensor),
-        scaled: &[f32],
+        (scaled, tokens): (&[f32], &TokenTimesteps),
     ) -> Result<()> {
         let dtype = audio.latents.dtype();
         let Some(model) = &self.audio else {
@@ -395,7 +412,14 @@ impl Ltx2Transformer {
                 dtype,
                 &device,
             )?,
-            video_cross: cross(&model.av_ca_video_scale_shift_adaln_single, scaled)?,
+            // The video side's scale and shift embed the video's timesteps (per token), the gates each σ.
+            video_cross: tokens.per_sample(
+                &model
+                    .av_ca_video_scale_shift_adaln_single
+                    .forward(tokens.timesteps(scaled), dtype)?
+                    .0,
+                scaled.len(),
+            )?,
             video_gate: cross(&model.av_ca_a2v_gate_adaln_single, &gate_t)?,
             audio_cross: cross(&model.av_ca_audio_scale_shift_adaln_single, scaled)?,
             audio_gate: cross(&model.av_ca_v2a_gate_adaln_single, &gate_t)?,
@@ -429,7 +453,7 @@ impl Ltx2Transformer {
             let video = head(
                 xs,
                 &self.scale_shift_table,
-                &prepared.embedded,
+                &prepared.token_embedded()?,
                 &self.proj_out,
                 self.cfg.norm_eps,
             )?;
@@ -440,7 +464,7 @@ impl Ltx2Transformer {
         let video = head(
             &vx,
             &self.scale_shift_table,
-            &prepared.embedded,
+            &prepared.token_embedded()?,
             &self.proj_out,
             eps,
         )?;
@@ -477,8 +501,74 @@ impl Ltx2Transformer {
     }
 }
 
+impl Prepared {
+    /// The video head's embedded timestep: [b, 1, dim], or per token [b, tokens, dim] with per-token timesteps.
+    pub fn token_embedded(&self) -> Result<Tensor> {
+        self.blocks.per_token(&self.embedded)
+    }
+}
+
+/// The video timesteps of a pass: one per sample, or with first-frame conditioning two per sample (its σ and 0,
+/// the clean tokens'), each token picking its own.
+struct TokenTimesteps {
+    /// Scaled timesteps, two per sample (`[t₀, 0, t₁, 0, …]`), when some sample is conditioned.
+    pairs: Option<Vec<f32>>,
+    /// The leading clean tokens of each sample, and the tokens per sample.
+    conditioned: Vec<usize>,
+    tokens: usize,
+}
+
+impl TokenTimesteps {
+    /// The timesteps of samples at `scaled` (one each) whose leading `conditioned` tokens of `tokens` are clean.
+    fn new(conditioned: &[usize], scaled: &[f32], tokens: usize) -> Result<Self> {
+        let any = conditioned.iter().any(|&n| n > 0);
+        if any && conditioned.len() != scaled.len() {
+            candle_core::bail!(
+                "LTX-2: first-frame conditioning for {} samples of a batch of {}",
+                conditioned.len(),
+                scaled.len()
+            );
+        }
+        if let Some(&n) = conditioned.iter().find(|&&n| n > tokens) {
+            candle_core::bail!("LTX-2: {n} conditioning tokens of a sample of {tokens}");
+        }
+        let pairs = any.then(|| scaled.iter().flat_map(|&t| [t, 0.0]).collect());
+        Ok(Self {
+            pairs,
+            conditioned: conditioned.to_vec(),
+            tokens,
+        })
+    }
+
+    /// The timesteps to embed: `scaled` (one per sample) or the pairs.
+    fn timesteps<'a>(&'a self, scaled: &'a [f32]) -> &'a [f32] {
+        self.pairs.as_deref().unwrap_or(scaled)
+    }
+
+    /// Embedded rows [b · n, width] as [b, n, width].
+    fn per_sample(&self, rows: &Tensor, b: usize) -> Result<Tensor> {
+        let (count, width) = rows.dims2()?;
+        rows.reshape((b, count / b.max(1), width))
+    }
+
+    /// Each video token's row (u32 [b · tokens]): `2i` (σ) or `2i + 1` (0) for sample i; `None` without
+    /// conditioning.
+    fn pick(&self, device: &Device) -> Result<Option<Tensor>> {
+        if self.pairs.is_none() {
+            return Ok(None);
+        }
+        let mut index = Vec::with_capacity(self.conditioned.len() * self.tokens);
+        for (i, &n) in self.conditioned.iter().enumerate() {
+            let row = 2 * i as u32;
+            index.extend((0..self.tokens).map(|t| if t < n { row + 1 } else { row }));
+        }
+        let len = index.len();
+        Tensor::from_vec(index, len, device).map(Some)
+    }
+}
+
 /// A head: `proj_out` of the parameter-free LayerNorm of `xs` modulated by `table` [2, dim] plus `embedded`
-/// [b, 1, dim] (shift, scale).
+/// [b, 1, dim] or [b, tokens, dim] (shift, scale).
 fn head(
     xs: &Tensor,
     table: &Tensor,

@@ -261,6 +261,7 @@ fn denoised(
         context: text.to_device(device)?.to_dtype(dtype)?.unsqueeze(0)?,
         context_lens: None,
         audio: None,
+        conditioned_tokens: Vec::new(),
     };
     let v = model.forward(&inputs)?.to_dtype(DType::F32)?;
     x - (v * f64::from(sigma))?

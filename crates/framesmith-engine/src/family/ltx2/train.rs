@@ -136,6 +136,7 @@ pub fn ltx2_batch(
         context,
         context_lens,
         audio,
+        conditioned_tokens: Vec::new(),
     };
     Ok((inputs, targets))
 }

@@ -1,14 +1,23 @@
 //! The LTX-2 blocks' hand-written backward against candle's autograd (both releases' fixtures, text-to-video and
-//! joint audio-video, random LoRAs on every block linear), the joint loss view, and the LoRA targets' names.
+//! joint audio-video, each with and without first-frame conditioning, random LoRAs on every block linear), the
+//! loss views (the official masked loss), and the LoRA targets' names.
 
 use super::super::testkit;
-use crate::ltx2::joint_loss_view;
+use crate::ltx2::{joint_loss_view, loss_views};
 use crate::trainable::testing::{check_blocks, random_loras};
 use crate::trainable::TrainableModel;
 
 #[test]
 fn block_backward_matches_autograd_for_both_releases() -> anyhow::Result<()> {
-    for name in ["ltx2_t2v", "ltx23_t2v", "ltx2_av", "ltx23_av"] {
+    let cases = [
+        "ltx2_t2v",
+        "ltx23_t2v",
+        "ltx2_av",
+        "ltx23_av",
+        "ltx23_i2v",
+        "ltx2_av_i2v",
+    ];
+    for name in cases {
         let case = testkit::load(name)?;
         let mut model = testkit::model(&case)?;
         let vars = random_loras(&mut model)?;
@@ -83,5 +92,59 @@ fn the_joint_loss_view_sums_both_streams_means() -> anyhow::Result<()> {
     let joint = mse(&joint_loss_view(&v, &a)?, &joint_loss_view(&tv, &ta)?)?;
     let want = mse(&v, &tv)? + mse(&a, &ta)?;
     assert!((joint - want).abs() < 1e-5 * want, "{joint} vs {want}");
+    Ok(())
+}
+
+/// The step's loss over views: one mean over every element of every view.
+fn step_loss(outs: &[candle_core::Tensor], targets: &[candle_core::Tensor]) -> anyhow::Result<f64> {
+    let mut sum = 0f64;
+    let mut count = 0usize;
+    for (o, t) in outs.iter().zip(targets) {
+        sum += f64::from((o - t)?.sqr()?.sum_all()?.to_scalar::<f32>()?);
+        count += o.elem_count();
+    }
+    Ok(sum / count as f64)
+}
+
+#[test]
+fn loss_views_give_the_official_masked_loss() -> anyhow::Result<()> {
+    // ltx-trainer's `compute_loss`: per sample the mean over the tokens its loss mask keeps (plus the audio mean
+    // in a joint pass), then `loss.mean()` over the batch. Sample 0 keeps every token, sample 1 drops 4.
+    let dev = candle_core::Device::Cpu;
+    let rand = |shape: (usize, usize)| candle_core::Tensor::randn(0f32, 1.0, shape, &dev);
+    let (out, target) = (
+        [rand((10, 3))?, rand((10, 3))?],
+        [rand((10, 3))?, rand((10, 3))?],
+    );
+    let (aout, atarget) = (
+        [rand((5, 2))?, rand((5, 2))?],
+        [rand((5, 2))?, rand((5, 2))?],
+    );
+    let conditioned = [0, 4];
+    let mse = |x: &candle_core::Tensor, y: &candle_core::Tensor| -> anyhow::Result<f64> {
+        Ok(f64::from((x - y)?.sqr()?.mean_all()?.to_scalar::<f32>()?))
+    };
+    let kept = |t: &candle_core::Tensor, i: usize| t.narrow(0, conditioned[i], 10 - conditioned[i]);
+    for joint in [false, true] {
+        let mut want = 0f64;
+        for i in 0..2 {
+            want += mse(&kept(&out[i], i)?, &kept(&target[i], i)?)? / 2.0;
+            if joint {
+                want += mse(&aout[i], &atarget[i])? / 2.0;
+            }
+        }
+        let audio = |a: &[candle_core::Tensor; 2]| joint.then(|| a.to_vec());
+        let o = loss_views(out.to_vec(), audio(&aout), &conditioned)?;
+        let t = loss_views(target.to_vec(), audio(&atarget), &conditioned)?;
+        let got = step_loss(&o, &t)?;
+        assert!(
+            (got - want).abs() < 1e-5 * want,
+            "joint {joint}: {got} vs {want}"
+        );
+    }
+    // Without conditioning the views are the outputs themselves.
+    let views = loss_views(out.to_vec(), None, &[])?;
+    assert_eq!(framesmith_nn::testing::rel(&views[1], &out[1])?, 0.0);
+    assert!(loss_views(out.to_vec(), None, &[10, 0]).is_err());
     Ok(())
 }

@@ -37,6 +37,19 @@ fn first_row(t: &Tensor) -> candle_core::Result<Tensor> {
     t.narrow(1, 0, 1)
 }
 
+/// Our video timestep `rows` and ltx-core's per-token `want` as compared: every token's row with per-token
+/// timesteps, the first token's (every token shares it) without.
+fn video_rows(
+    blocks: &super::BlockInputs,
+    rows: &Tensor,
+    want: &Tensor,
+) -> candle_core::Result<(Tensor, Tensor)> {
+    match blocks.pick {
+        Some(_) => Ok((blocks.per_token(rows)?, want.clone())),
+        None => Ok((rows.clone(), first_row(want)?)),
+    }
+}
+
 fn check_case(name: &str) -> anyhow::Result<()> {
     let case = testkit::load(name)?;
     let mut model = testkit::model(&case)?;
@@ -57,12 +70,10 @@ fn check_case(name: &str) -> anyhow::Result<()> {
         worst = worst.max(assert_close(k, got, want, ATOL, RTOL)?);
         Ok(())
     };
-    check("timestep", &blocks.timestep, &first_row(want("timestep")?)?)?;
-    check(
-        "embedded_timestep",
-        &prepared.embedded,
-        &first_row(want("embedded_timestep")?)?,
-    )?;
+    let (got, rows) = video_rows(blocks, &blocks.timestep, want("timestep")?)?;
+    check("timestep", &got, &rows)?;
+    let (got, rows) = video_rows(blocks, &prepared.embedded, want("embedded_timestep")?)?;
+    check("embedded_timestep", &got, &rows)?;
     if let Some(p) = &blocks.prompt_timestep {
         check("prompt_timestep", p, want("prompt_timestep")?)?;
     }
@@ -234,7 +245,8 @@ fn check_joint_case(name: &str) -> anyhow::Result<()> {
         worst = worst.max(assert_close(k, got, want, ATOL, RTOL)?);
         Ok(())
     };
-    check("timestep", &blocks.timestep, &first_row(want("timestep")?)?)?;
+    let (got, rows) = video_rows(blocks, &blocks.timestep, want("timestep")?)?;
+    check("timestep", &got, &rows)?;
     check(
         "audio.timestep",
         &ai.timestep,
@@ -252,12 +264,11 @@ fn check_joint_case(name: &str) -> anyhow::Result<()> {
     if let Some(p) = &ai.prompt_timestep {
         check("audio.prompt_timestep", p, want("audio.prompt_timestep")?)?;
     }
-    for (key, got) in [
-        ("cross_scale_shift_timestep", &ai.video_cross),
-        ("audio.cross_scale_shift_timestep", &ai.audio_cross),
-    ] {
-        check(key, got, &first_row(want(key)?)?)?;
-    }
+    let key = "cross_scale_shift_timestep";
+    let (got, rows) = video_rows(blocks, &ai.video_cross, want(key)?)?;
+    check(key, &got, &rows)?;
+    let key = "audio.cross_scale_shift_timestep";
+    check(key, &ai.audio_cross, &first_row(want(key)?)?)?;
     check(
         "cross_gate_timestep",
         &ai.video_gate,
@@ -349,6 +360,52 @@ fn check_joint_case(name: &str) -> anyhow::Result<()> {
 #[test]
 fn ltx2_audio_video_matches_ltx_core() -> anyhow::Result<()> {
     check_joint_case("ltx2_av")
+}
+
+#[test]
+fn ltx23_first_frame_conditioning_matches_ltx_core() -> anyhow::Result<()> {
+    // Per-token timesteps: the first sample's first latent frame at timestep 0, the second sample at σ.
+    check_case("ltx23_i2v")
+}
+
+#[test]
+fn ltx2_audio_video_first_frame_conditioning_matches_ltx_core() -> anyhow::Result<()> {
+    check_joint_case("ltx2_av_i2v")
+}
+
+#[test]
+fn no_conditioned_token_is_the_text_to_video_pass_exactly() -> anyhow::Result<()> {
+    // All-zero counts take the one-timestep path: bit-identical to giving none.
+    for name in ["ltx23_t2v", "ltx2_av"] {
+        let case = testkit::load(name)?;
+        let model = testkit::model(&case)?;
+        let plain = model.forward(&testkit::inputs(&case)?)?;
+        let zeros = super::Ltx2Inputs {
+            conditioned_tokens: vec![0, 0],
+            ..testkit::inputs(&case)?
+        };
+        assert!(model.prepare(&zeros)?.blocks.pick.is_none(), "{name}");
+        let same = model.forward(&zeros)?;
+        assert_eq!(framesmith_nn::testing::rel(&plain, &same)?, 0.0, "{name}");
+    }
+    Ok(())
+}
+
+#[test]
+fn conditioned_tokens_change_the_velocity_of_their_sample_only() -> anyhow::Result<()> {
+    // The reference case run without its conditioning leaves the unconditioned sample's output as it is and
+    // moves the conditioned one's away from ltx-core's.
+    let case = testkit::load("ltx23_i2v")?;
+    let model = testkit::model(&case)?;
+    let inputs = super::Ltx2Inputs {
+        conditioned_tokens: Vec::new(),
+        ..testkit::inputs(&case)?
+    };
+    let out = model.forward(&inputs)?;
+    let want = case.expected("out")?;
+    assert!(assert_close("out[0]", &out.get(0)?, &want.get(0)?, ATOL, RTOL).is_err());
+    assert_close("out[1]", &out.get(1)?, &want.get(1)?, ATOL, RTOL)?;
+    Ok(())
 }
 
 #[test]
