@@ -273,6 +273,15 @@ pub const RUN_SECTIONS: &[Section] = &[
                 "Keep the timestep distribution's shape inside the range by rejection instead of scaling",
             ),
             help(
+                optional(
+                    "training.first_frame_conditioning_p",
+                    "First-frame conditioning",
+                    FieldKind::Float,
+                ),
+                "The probability that a clip's first frame is given clean, as image-to-video conditioning \
+                 (models trained that way); empty: the model's official default",
+            ),
+            help(
                 field(
                     "training.max_consecutive_nonfinite",
                     "Stop after non-finite steps",
@@ -530,6 +539,7 @@ mod tests {
         let mut config = RunConfig::default();
         // Fill the optional keys so that they appear in the serialized table.
         config.training.max_train_epochs = Some(1);
+        config.training.first_frame_conditioning_p = Some(0.1);
         config.memory.vram_budget_gb = Some(20.0);
         config.memory.ram_budget_gb = Some(28.0);
         config.output.save_every_n_steps = Some(100);

@@ -373,6 +373,11 @@ pub struct TrainingSection {
     /// Keep the sampling distribution's shape inside [min_timestep, max_timestep] by rejection instead of
     /// scaling [0, 1] onto the range.
     pub preserve_distribution_shape: bool,
+    /// First-frame conditioning (LTX-2, as its official trainer's `first_frame_conditioning_p`): the probability
+    /// that a clip's first latent frame is given clean as conditioning (timestep 0 on its tokens, left out of the
+    /// loss), drawn per clip and step: image-to-video training mixed into text-to-video. Unset: the family's
+    /// default (LTX-2: 0.1, the official trainer's); 0: never; 1: every clip. Other families refuse it.
+    pub first_frame_conditioning_p: Option<f64>,
 }
 
 impl Default for TrainingSection {
@@ -395,6 +400,7 @@ impl Default for TrainingSection {
             logit_mean: 0.0,
             logit_std: 1.0,
             preserve_distribution_shape: false,
+            first_frame_conditioning_p: None,
         }
     }
 }

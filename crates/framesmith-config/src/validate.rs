@@ -11,7 +11,9 @@ use super::plan::{
 };
 use super::run::{DeviceSpec, LoraKind, LoraSection, RunConfig, SaveDtype, SCHEMA_VERSION};
 use super::validate_model::{check_low_noise_device, check_model};
-use super::validate_train::{check_memory, check_mode, check_optimizer, check_training};
+use super::validate_train::{
+    check_first_frame_conditioning, check_memory, check_mode, check_optimizer, check_training,
+};
 use super::validate_validation::check_validation;
 use crate::catalog;
 
@@ -206,6 +208,8 @@ fn checked(
     let sampling = check_sampling(&mut c, cfg, family);
     let validation = check_validation(&mut c, cfg);
     rules(family).check(&mut c, cfg, validation.is_some());
+    let conditioning = rules(family).first_frame_conditioning();
+    check_first_frame_conditioning(&mut c, cfg, (family, conditioning));
     if !c.problems.is_empty() {
         return Err(ValidationErrors {
             problems: c.problems,

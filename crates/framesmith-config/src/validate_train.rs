@@ -1,7 +1,9 @@
 //! Validation of the numeric training sections: `[optimizer]` (AdamW and the LR schedule), `[training]`
 //! (length, timestep sampling) and `[memory]` (CUDA-only streaming knobs, checkpointing).
 
-use super::plan::{HostInfo, MemoryPlan, PlanDevice, SchedulePlan, TrainLength, TrainingPlan};
+use super::plan::{
+    HostInfo, MemoryPlan, ModelFamily, PlanDevice, SchedulePlan, TrainLength, TrainingPlan,
+};
 use super::run::{
     BlocksToSwap, Checkpointing, LrScheduler, MemorySection, RunConfig, StreamingMode,
     TimestepSampling,
@@ -135,6 +137,31 @@ pub(crate) fn check_mode(c: &mut Checker, cfg: &RunConfig, variant: Option<&str>
             }
         };
         c.problem("training.mode", e.to_string(), fix);
+    }
+}
+
+/// `training.first_frame_conditioning_p`: a probability, and only for a family whose runs read it (`supported`).
+pub(crate) fn check_first_frame_conditioning(
+    c: &mut Checker,
+    cfg: &RunConfig,
+    (family, supported): (ModelFamily, bool),
+) {
+    let Some(p) = cfg.training.first_frame_conditioning_p else {
+        return;
+    };
+    let key = "training.first_frame_conditioning_p";
+    if !supported {
+        c.problem(
+            key,
+            format!("{family} runs have no first-frame conditioning"),
+            "remove training.first_frame_conditioning_p",
+        );
+    } else if !(0.0..=1.0).contains(&p) {
+        c.problem(
+            key,
+            format!("is {p}, not a probability"),
+            "set it between 0 and 1 (0.1 is the official trainer's default)",
+        );
     }
 }
 

@@ -28,6 +28,8 @@ pub(crate) struct CacheOnlyRules {
     pub samples: CacheOnlySamples,
     /// Why image-to-video is refused, when it is.
     pub no_image_to_video: Option<&'static str>,
+    /// Whether its runs read `training.first_frame_conditioning_p`.
+    pub first_frame_conditioning: bool,
 }
 
 /// Whether a cache-only family's runs make samples.
@@ -60,6 +62,10 @@ impl FamilyRules for CacheOnlyRules {
 
     fn clip_file(&self) -> &'static str {
         self.clip_file
+    }
+
+    fn first_frame_conditioning(&self) -> bool {
+        self.first_frame_conditioning
     }
 
     fn check(&self, c: &mut Checker, cfg: &RunConfig, _validation_scheduled: bool) {

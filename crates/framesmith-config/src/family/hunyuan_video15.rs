@@ -23,6 +23,7 @@ pub(crate) const HUNYUAN_VIDEO15_RULES: CacheOnlyRules = CacheOnlyRules {
                        encoder byt5_small_glyphxl_fp16.safetensors beside it (to encode prompts)",
     },
     no_image_to_video: None,
+    first_frame_conditioning: false,
 };
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! LTX-2's part of validation: the file its samples need besides the checkpoint (Gemma 3; the VAE is the
-//! checkpoint's unless `model.vae` names another), what its runs cannot do yet (image-to-video, which needs
-//! per-token timesteps) and the settings of other families an LTX-2 run refuses, each by key with its fix.
+//! checkpoint's unless `model.vae` names another), image-to-video asked the way LTX-2 does not take it (its official
+//! trainer mixes it into text-to-video with `training.first_frame_conditioning_p`, which its runs read) and the
+//! settings of other families an LTX-2 run refuses, each by key with its fix.
 
 use super::cached::{CacheOnlyRules, CacheOnlySamples};
 
@@ -17,9 +18,11 @@ pub(crate) const LTX2_RULES: CacheOnlyRules = CacheOnlyRules {
                        encode prompts; the video VAE and the text connector are read from model.dit)",
     },
     no_image_to_video: Some(
-        "LTX-2's image-to-video training conditions on the clean first frame with per-token timesteps, which \
-         Framesmith does not have yet",
+        "LTX-2 trains image-to-video as its official trainer does, inside text-to-video: set \
+         training.first_frame_conditioning_p, the probability that a clip's first frame is given clean (0.1 by \
+         default, 1.0 for every clip)",
     ),
+    first_frame_conditioning: true,
 };
 
 #[cfg(test)]
@@ -41,6 +44,34 @@ mod tests {
     }
 
     #[test]
+    fn first_frame_conditioning_is_a_probability_ltx2_runs_read() {
+        let mut cfg = run_of_existing_files("src/family/ltx2.rs");
+        cfg.training.first_frame_conditioning_p = Some(1.0);
+        validate_for(&cfg, &HostInfo::cpu_only(), ModelFamily::Ltx2)
+            .unwrap_or_else(|e| panic!("{e}"));
+        cfg.training.first_frame_conditioning_p = Some(1.5);
+        assert_refused(
+            &cfg,
+            ModelFamily::Ltx2,
+            &[(
+                "training.first_frame_conditioning_p",
+                "not a probability",
+                "between 0 and 1",
+            )],
+        );
+        cfg.training.first_frame_conditioning_p = Some(0.5);
+        assert_refused(
+            &cfg,
+            ModelFamily::HunyuanVideo15,
+            &[(
+                "training.first_frame_conditioning_p",
+                "no first-frame conditioning",
+                "remove training.first_frame_conditioning_p",
+            )],
+        );
+    }
+
+    #[test]
     fn samples_need_gemma_image_to_video_and_other_families_settings_are_refused() {
         let mut cfg = run_of_existing_files("src/family/ltx2.rs");
         cfg.sampling.prompts = Some(cfg.model.dit.clone());
@@ -53,7 +84,11 @@ mod tests {
             ModelFamily::Ltx2,
             &[
                 ("model.text_encoder", "Gemma 3 12B", "model.text_encoder"),
-                ("training.mode", "per-token timesteps", "text_to_video"),
+                (
+                    "training.mode",
+                    "first_frame_conditioning_p",
+                    "text_to_video",
+                ),
                 ("model.variant", "Wan variant `t2v-1.3b`", "\"auto\""),
                 ("model.clip", "not on CLIP", "remove model.clip"),
             ],

@@ -30,6 +30,10 @@ pub(crate) trait FamilyRules: Sync {
     fn settings(&self) -> &'static [FamilySetting] {
         &[]
     }
+    /// Whether its runs read `training.first_frame_conditioning_p` (the others refuse it).
+    fn first_frame_conditioning(&self) -> bool {
+        false
+    }
 }
 
 /// A run-config key only one family's models read, with what the app and the command line show for it.
