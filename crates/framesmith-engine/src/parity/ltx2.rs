@@ -2,8 +2,10 @@
 //! called without audio (`bench/reference/ltx2.py`), the video stream's AdaLN rows, first block output, velocity,
 //! and the gradients of the latents, the text and every block linear weight the fixture lists; called with audio
 //! (`bench/reference/ltx2_av.py`, the fixture's `call` has `audio_frames`), both streams' of each, both
-//! first-block outputs and velocities, and the gradients of both latents and both texts. Weights in the
-//! fixture's layout (ltx-core's names, bare or as the single file stores them).
+//! first-block outputs and velocities, and the gradients of both latents and both texts. Per-token timesteps
+//! (first-frame conditioning: the inputs' `timesteps` 0 on a sample's leading tokens, its σ on the rest) are run
+//! as such, and the video's AdaLN rows compared at every token. Weights in the fixture's layout (ltx-core's
+//! names, bare or as the single file stores them).
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor, Var};
@@ -49,6 +51,36 @@ fn lens(mask: &Tensor) -> anyhow::Result<Vec<usize>> {
         .collect()
 }
 
+/// The leading conditioned tokens of each sample of per-token `timesteps` [b, tokens]: those at 0 before the rest,
+/// which must all be the sample's σ (empty when no sample has any).
+fn conditioned_tokens(timesteps: &Tensor, sigmas: &[f32]) -> anyhow::Result<Vec<usize>> {
+    let rows = timesteps.to_dtype(DType::F32)?.to_vec2::<f32>()?;
+    anyhow::ensure!(
+        rows.len() == sigmas.len(),
+        "{} timestep rows for {} sigmas",
+        rows.len(),
+        sigmas.len()
+    );
+    let mut out = Vec::with_capacity(rows.len());
+    for (row, &sigma) in rows.iter().zip(sigmas) {
+        let n = if sigma == 0.0 {
+            0
+        } else {
+            row.iter().take_while(|&&t| t == 0.0).count()
+        };
+        anyhow::ensure!(
+            row[n..].iter().all(|&t| t == sigma),
+            "per-token timesteps other than 0 on leading tokens and σ on the rest (first-frame conditioning) are \
+             not supported"
+        );
+        out.push(n);
+    }
+    if out.iter().all(|&n| n == 0) {
+        out.clear();
+    }
+    Ok(out)
+}
+
 /// Runs the transformer of an `ltx2_transformer` fixture and compares every expected tensor.
 // One fixture's rows, compared in the order the model makes them (both streams of a joint fixture).
 #[allow(clippy::too_many_lines)]
@@ -71,28 +103,39 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
         }),
         None => None,
     };
+    let sigmas = fixture.input("sigma")?.to_vec1::<f32>()?;
+    let conditioned = conditioned_tokens(fixture.input("timesteps")?, &sigmas)?;
     let inputs = Ltx2Inputs {
         latents: latent.as_tensor().clone(),
-        sigmas: fixture.input("sigma")?.to_vec1::<f32>()?,
+        sigmas,
         positions: fixture.input("positions")?.clone(),
         context: context.as_tensor().clone(),
         context_lens: Some(lens(fixture.input("context_mask")?)?),
         audio,
+        conditioned_tokens: conditioned,
     };
     let mut rows = Vec::new();
     let prepared = model.prepare(&inputs)?;
     let first_token =
         |key: &str| -> anyhow::Result<Tensor> { Ok(fixture.expected(key)?.narrow(1, 0, 1)?) };
-    rows.push(compare(
-        "timestep",
-        &prepared.blocks.timestep,
-        &first_token("timestep")?,
-        OUTPUT_REL_TOL,
-    )?);
+    // The video's rows: at every token with per-token timesteps, else the first token's (all tokens share it).
+    let blocks = &prepared.blocks;
+    let video_rows = |key: &str, rows: &Tensor| -> anyhow::Result<ParityRow> {
+        match blocks.pick {
+            Some(_) => compare(
+                key,
+                &blocks.per_token(rows)?,
+                fixture.expected(key)?,
+                OUTPUT_REL_TOL,
+            ),
+            None => compare(key, rows, &first_token(key)?, OUTPUT_REL_TOL),
+        }
+    };
+    rows.push(video_rows("timestep", &blocks.timestep)?);
     if let Some(ai) = &prepared.blocks.audio {
+        rows.push(video_rows("cross_scale_shift_timestep", &ai.video_cross)?);
         for (key, got) in [
             ("audio.timestep", &ai.timestep),
-            ("cross_scale_shift_timestep", &ai.video_cross),
             ("audio.cross_scale_shift_timestep", &ai.audio_cross),
         ] {
             rows.push(compare(key, got, &first_token(key)?, OUTPUT_REL_TOL)?);
@@ -183,9 +226,18 @@ mod tests {
                 ("ltx23_t2v", 17),
                 ("ltx2_av", 42),
                 ("ltx23_av", 48),
+                ("ltx23_i2v", 17),
+                ("ltx2_av_i2v", 42),
             ],
             ("ltx23_t2v", "out"),
         )
+    }
+
+    #[test]
+    fn a_perturbed_first_frame_conditioned_case_fails() -> anyhow::Result<()> {
+        // The per-token AdaLN rows and the velocity of a conditioned case.
+        assert_cases_pass_and_a_perturbed_row_fails("ltx2", &[], ("ltx23_i2v", "timestep"))?;
+        assert_cases_pass_and_a_perturbed_row_fails("ltx2", &[], ("ltx2_av_i2v", "out"))
     }
 
     #[test]

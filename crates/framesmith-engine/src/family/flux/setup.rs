@@ -176,11 +176,7 @@ pub(super) fn start_run(
         log,
     )?;
     Ok(RunParts {
-        family: Box::new(FluxRun {
-            model,
-            dtype,
-            samples,
-        }),
+        family: Box::new(FluxRun::new(model, dtype, samples)),
         loras,
         data,
         metadata: flux_lora_metadata(plan),

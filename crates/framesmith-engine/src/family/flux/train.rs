@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
 use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
-use crate::family::image::run::{model_timesteps, noisy_latents, ImageModel};
+use crate::family::image::run::{model_timesteps, noisy_latents, BatchOptions, ImageModel};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
@@ -286,6 +286,7 @@ impl ImageModel for Flux {
         draws: &[TimestepDraw],
         rng: &mut StdRng,
         dtype: DType,
+        _options: &BatchOptions,
     ) -> anyhow::Result<(FluxInputs, Vec<Tensor>)> {
         let FluxBatch { inputs, targets } = flux_batch(batch, draws, rng, dtype)?;
         Ok((inputs, targets))

@@ -181,11 +181,7 @@ pub(crate) fn start_run_with(
         log,
     )?;
     Ok(RunParts {
-        family: Box::new(Hv15Run {
-            model,
-            dtype,
-            samples,
-        }),
+        family: Box::new(Hv15Run::new(model, dtype, samples)),
         loras,
         data,
         metadata: hv15_lora_metadata(plan, i2v),

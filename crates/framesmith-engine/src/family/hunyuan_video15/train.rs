@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
-use crate::family::image::run::ImageModel;
+use crate::family::image::run::{BatchOptions, ImageModel};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
@@ -195,6 +195,7 @@ impl ImageModel for HunyuanVideo15Transformer {
         draws: &[TimestepDraw],
         rng: &mut StdRng,
         dtype: DType,
+        _options: &BatchOptions,
     ) -> anyhow::Result<(HunyuanVideo15Inputs, Vec<Tensor>)> {
         let Hv15Batch { inputs, targets } = hv15_batch(batch, draws, rng, dtype)?;
         Ok((inputs, targets))

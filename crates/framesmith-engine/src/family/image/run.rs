@@ -30,13 +30,23 @@ pub trait ImageModel: TrainableModel + 'static {
     const LORA_LAYOUT: SaveLayout = SaveLayout::Musubi;
 
     /// The model's inputs and the flow-matching targets (packed as the model's output) of `batch` (items of one
-    /// latent shape) at `draws`, noise drawn from `rng` item by item; the model computes in `dtype`.
+    /// latent shape) at `draws`, noise drawn from `rng` item by item, as the run's `options` ask (a family reads
+    /// those it supports: validation refuses the others); the model computes in `dtype`.
     fn image_batch(
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
         rng: &mut StdRng,
         dtype: DType,
+        options: &BatchOptions,
     ) -> anyhow::Result<(Self::Inputs, Vec<Tensor>)>;
+}
+
+/// What a run's training options ask of its batches besides the items and their timesteps.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct BatchOptions {
+    /// The probability that a clip's first latent frame is given clean as conditioning, drawn per clip and batch
+    /// (image-to-video training inside text-to-video, `training.first_frame_conditioning_p`); 0: never.
+    pub first_frame_conditioning_p: f64,
 }
 
 /// The model of an image family's run and its samples.
@@ -45,6 +55,25 @@ pub struct ImageRun<M, S> {
     /// The dtype its linears compute in (the batch's conditioning comes in it).
     pub(crate) dtype: DType,
     pub(crate) samples: Option<S>,
+    /// What the run's options ask of each batch.
+    pub(crate) batch: BatchOptions,
+}
+
+impl<M, S> ImageRun<M, S> {
+    /// The run of `model` computing in `dtype`, with `samples`, its batches without options.
+    pub(crate) fn new(model: M, dtype: DType, samples: Option<S>) -> Self {
+        Self {
+            model,
+            dtype,
+            samples,
+            batch: BatchOptions::default(),
+        }
+    }
+
+    /// The run with its batches made as `batch` asks.
+    pub(crate) fn with_batch(self, batch: BatchOptions) -> Self {
+        Self { batch, ..self }
+    }
 }
 
 impl<M: ImageModel, S> ImageRun<M, S> {
@@ -56,7 +85,7 @@ impl<M: ImageModel, S> ImageRun<M, S> {
         rng: &mut StdRng,
         timesteps: &TimestepConfig,
     ) -> anyhow::Result<(M::Inputs, Vec<Tensor>, Vec<f64>)> {
-        let (inputs, targets) = M::image_batch(batch, draws, rng, self.dtype)?;
+        let (inputs, targets) = M::image_batch(batch, draws, rng, self.dtype, &self.batch)?;
         let weights = draws
             .iter()
             .map(|d| loss_weight(timesteps.weighting, d.model_timestep))

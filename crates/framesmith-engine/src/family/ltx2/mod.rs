@@ -2,10 +2,11 @@
 //! items of musubi-tuner's LTX-2 `_ltx2` caches ([`items`]), a run's setup (`setup`) and model ([`run`]), its
 //! plan description ([`plan`]), its latent pass ([`prep`]: the video VAE's `_ltx2` caches, and the audio VAE's
 //! `_ltx2_audio` caches of clips with sound) and its text pass ([`text_cache`], with Gemma 3 and the checkpoint's
-//! connector: [`encoder`]). It trains text-to-video LoRAs of the video stream, and both streams jointly when the
-//! caches hold audio latents. Samples during training ([`samples`]) and `framesmith generate` ([`generate`]) make
-//! video-only clips through ltx-core's sampling ([`pipeline`]) and the VAE ([`decode`]); [`sound`] turns audio
-//! latents back into sound and muxes it into a clip.
+//! connector: [`encoder`]). It trains text-to-video LoRAs of the video stream, with the official trainer's
+//! first-frame (image-to-video) conditioning mixed in at `training.first_frame_conditioning_p`, and both streams
+//! jointly when the caches hold audio latents. Samples during training ([`samples`]) and `framesmith generate`
+//! ([`generate`]) make video-only clips through ltx-core's sampling ([`pipeline`]) and the VAE ([`decode`]);
+//! [`sound`] turns audio latents back into sound and muxes it into a clip.
 
 use std::path::Path;
 

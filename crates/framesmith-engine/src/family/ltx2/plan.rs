@@ -3,9 +3,10 @@
 //! and 8× temporal compression (1×1×1 patches), and the step's activations. Text-to-video: the audio stream is
 //! neither held nor computed. Joint audio-video training (`audio`): the blocks hold both streams and the
 //! audio-video cross-attentions, and the step counts the audio tokens (25 latent frames a second of the clip) in
-//! the saved inputs, the tapes and the shared tables too. Samples during training ([`super::samples`]) hold the
-//! video VAE and the prompts' connector outputs on the device for the whole run, denoise at the sample's size and
-//! decode in ltx-core's tiles.
+//! the saved inputs, the tapes and the shared tables too. First-frame conditioning (on unless
+//! `training.first_frame_conditioning_p` is 0) makes the video's AdaLN rows per token: each block's tape holds them
+//! at every token, in f32. Samples during training ([`super::samples`]) hold the video VAE and the prompts'
+//! connector outputs on the device for the whole run, denoise at the sample's size and decode in ltx-core's tiles.
 
 use framesmith_config::RunConfig;
 use framesmith_models::ltx2::vae::{identify_vae, Ltx2VaeConfig, VaeTiling};
@@ -15,7 +16,7 @@ use framesmith_nn::lora::{LoraError, LoraFamily};
 
 use super::items::{context_width, VAE_FACTOR, VAE_TEMPORAL};
 use super::pipeline::DEFAULT_GUIDANCE;
-use super::train::{dit_config, is_ltx2_file};
+use super::train::{dit_config, first_frame_conditioning_p, is_ltx2_file};
 use crate::family::image::plan::{
     block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
     latent_frames, plan_model_of, spread_streamed_blocks, token_grid, weights_by_component,
@@ -36,6 +37,8 @@ pub struct Ltx2PlanModel {
     pub audio: bool,
     /// The video VAE samples decode with, when the checkpoint (or `model.vae`) holds one.
     pub vae: Option<PlanVae>,
+    /// First-frame conditioning may fire (its probability is above 0): per-token AdaLN rows.
+    pub first_frame_conditioning: bool,
 }
 
 /// The video VAE as the planner sees it.
@@ -74,7 +77,7 @@ impl DescribeModel for Ltx2PlanModel {
     }
 
     fn describe(&self, input: &PlanInput) -> Result<ModelMemory, PlanError> {
-        describe(&self.config, input, self.audio)
+        describe(self, input)
     }
 
     fn num_blocks(&self) -> usize {
@@ -163,11 +166,13 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
         read: dit_config,
     };
     let vae = PlanVae::of_run(cfg);
+    let first_frame_conditioning = first_frame_conditioning_p(cfg) > 0.0;
     plan_model_of(cfg, &names, |config| {
         PlanModel::new(Ltx2PlanModel {
             config,
             audio: false,
             vae: vae.clone(),
+            first_frame_conditioning,
         })
     })
 }
@@ -306,11 +311,13 @@ fn block_kind(
 /// inputs, q / k / v before and after their norms and the output at the cross-attention width, four linears'
 /// LoRA activations, the log-sum-exp); the saved inputs `La·d_a·s`; the audio tables, text and the cross tables
 /// `2·La·d_a·c + T·d_a·c + 2·(L + La)·d_a·c`.
-pub(crate) fn describe(
-    cfg: &Ltx2Config,
-    input: &PlanInput,
-    audio: bool,
-) -> Result<ModelMemory, PlanError> {
+///
+/// With first-frame conditioning (clips of more than one latent frame), each block's tape holds the video's
+/// AdaLN rows per token in f32, `k·L·d·4` (`k` = 6, or 9 with LTX-2.3's cross-attention AdaLN; 4 rows more with
+/// audio, the video side's audio-video scales and shifts), and the blocks share each token's row index `4·L`, the
+/// second AdaLN row set per sample `b·(k + 4)·d·c` and the head's per-token embedding, shift and scale `3·L·d·c`.
+pub(crate) fn describe(model: &Ltx2PlanModel, input: &PlanInput) -> Result<ModelMemory, PlanError> {
+    let (cfg, audio) = (&model.config, model.audio);
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR)?;
     let f = latent_frames(clip.frames, VAE_TEMPORAL)?;
@@ -336,6 +343,22 @@ pub(crate) fn describe(
     } else {
         "video stream"
     };
+    let mut kind = block_kind(cfg, input, (&shape, text), audio_tokens);
+    let mut shared_inputs = vec![(
+        "timestep embedding, text and RoPE tables",
+        clip.batch as u64 * d * compute * 12
+            + text * d * compute
+            + 2 * tokens * d * compute
+            + audio_shared,
+    )];
+    if model.first_frame_conditioning && f > 1 {
+        let rows = cfg.adaln_coefficient() as u64 + if audio { 4 } else { 0 };
+        kind.tape_bytes += rows * tokens * d * 4;
+        shared_inputs.push((
+            "per-token timesteps (first-frame conditioning)",
+            4 * tokens + clip.batch as u64 * (rows + 4) * d * compute + 3 * tokens * d * compute,
+        ));
+    }
     Ok(ModelMemory {
         name: if cfg.inner_dim() == 4096 && n == 48 {
             match cfg.version() {
@@ -345,7 +368,7 @@ pub(crate) fn describe(
         } else {
             format!("{release}-style ({n} blocks, width {d}), {streams}")
         },
-        kinds: vec![block_kind(cfg, input, (&shape, text), audio_tokens)],
+        kinds: vec![kind],
         blocks: vec![0; n],
         streamed: (0..n.max(1))
             .map(|count| spread_streamed_blocks(n, count))
@@ -353,13 +376,7 @@ pub(crate) fn describe(
         resident: resident_weights(cfg, audio, compute),
         lora,
         saved_input_bytes: tokens * d * shape.residual_bytes + audio_saved,
-        shared_inputs: vec![(
-            "timestep embedding, text and RoPE tables",
-            clip.batch as u64 * d * compute * 12
-                + text * d * compute
-                + 2 * tokens * d * compute
-                + audio_shared,
-        )],
+        shared_inputs,
         working_set_bytes: input.working_set.bytes_for(&widths, &shape),
         pixel_multiple: VAE_FACTOR,
         frame_step: VAE_TEMPORAL,

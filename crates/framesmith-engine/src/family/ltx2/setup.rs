@@ -15,9 +15,10 @@ use super::items::{load_ltx2_items, VAE};
 use super::plan::{Ltx2PlanModel, PlanVae};
 use super::run::Ltx2Run;
 use super::samples::{clip_samples, Ltx2Samples, SampleFilesIn};
-use super::train::dit_config;
+use super::train::{dit_config, first_frame_conditioning_p};
 use crate::family::image::items::split_items;
 use crate::family::image::plan::spread_streamed_blocks;
+use crate::family::image::run::BatchOptions;
 use crate::family::image::setup::{image_lora_metadata, memory_report};
 use crate::plan as memory_plan;
 use crate::train::data::{TrainItem, TrainSet};
@@ -35,11 +36,12 @@ use framesmith_models::trainable::attach_model_loras;
 use framesmith_nn::offload::OffloadOptions;
 
 /// The LoRA file's metadata: every family's keys with the release trained (`ss_base_model_version` `ltx2` or
-/// `ltx2.3`, modelspec architecture `ltx-2/lora`) and text-to-video (with audio when `joint`).
+/// `ltx2.3`, modelspec architecture `ltx-2/lora`), text-to-video (with audio when `joint`) and the first-frame
+/// conditioning probability.
 pub(crate) fn ltx2_lora_metadata(
     plan: &RunPlan,
     cfg: &Ltx2Config,
-    joint: bool,
+    (joint, conditioning_p): (bool, f64),
 ) -> HashMap<String, String> {
     let base = match cfg.version() {
         Ltx2Version::Ltx2 => "ltx2",
@@ -56,6 +58,10 @@ pub(crate) fn ltx2_lora_metadata(
         "text_to_video"
     };
     meta.insert("framesmith.training_mode".into(), mode.into());
+    meta.insert(
+        "framesmith.first_frame_conditioning_p".into(),
+        conditioning_p.to_string(),
+    );
     meta.insert("framesmith.model_timestep".into(), "sigma*1000".into());
     meta
 }
@@ -80,8 +86,22 @@ fn joint_items(items: &[(TrainItem, usize)]) -> anyhow::Result<bool> {
     Ok(true)
 }
 
-/// Says how many of `model`'s blocks stream, when some do.
-fn log_streaming(model: &Ltx2Transformer, log: &mut dyn FnMut(LogLevel, String)) {
+/// Says what `model` (`release` on `device`) trains (both streams when `joint`) and how many of its blocks
+/// stream, when some do.
+fn log_model(
+    model: &Ltx2Transformer,
+    (release, joint, device): (&str, bool, &Device),
+    log: &mut dyn FnMut(LogLevel, String),
+) {
+    let streams = if joint {
+        "video and audio streams trained jointly from the audio latent caches"
+    } else {
+        "video stream trained text-to-video (no audio latent caches: audio left out)"
+    };
+    log(
+        LogLevel::Info,
+        format!("model: {release} on {}, {streams}", device_label(device)),
+    );
     if let Some(streamer) = model.streamer() {
         log(
             LogLevel::Info,
@@ -155,11 +175,13 @@ pub(crate) fn start_run_with(
             .map_err(|e| anyhow::anyhow!("model.dit: {e}: {}", dit.display()))?;
     }
     // Planned before the reservation and the DiT take the card's memory.
+    let conditioning_p = first_frame_conditioning_p(&plan.config);
     let model = || {
         memory_plan::PlanModel::new(Ltx2PlanModel {
             config: cfg.clone(),
             audio: joint,
             vae: PlanVae::of_file(plan.model.vae.as_deref().unwrap_or(dit)),
+            first_frame_conditioning: conditioning_p > 0.0,
         })
     };
     let memory = memory_report(plan, model, VAE.largest_clip(&cached)?, &device);
@@ -184,16 +206,7 @@ pub(crate) fn start_run_with(
         (&streamed, &offload),
         joint,
     )?;
-    let streams = if joint {
-        "video and audio streams trained jointly from the audio latent caches"
-    } else {
-        "video stream trained text-to-video (no audio latent caches: audio left out)"
-    };
-    log(
-        LogLevel::Info,
-        format!("model: {release} on {}, {streams}", device_label(&device)),
-    );
-    log_streaming(&model, log);
+    log_model(&model, (release, joint, &device), log);
     let (train, validation) = split_items(plan, cached.items, release)?;
     let data = TrainSet::new(train, cached.batch_size, 1, plan.training.seed)?;
     let loras = attach_model_loras(&mut model, &lora_spec(plan))?;
@@ -205,14 +218,14 @@ pub(crate) fn start_run_with(
         log,
     )?;
     Ok(RunParts {
-        family: Box::new(Ltx2Run {
-            model,
-            dtype,
-            samples,
-        }),
+        family: Box::new(
+            Ltx2Run::new(model, dtype, samples).with_batch(BatchOptions {
+                first_frame_conditioning_p: conditioning_p,
+            }),
+        ),
         loras,
         data,
-        metadata: ltx2_lora_metadata(plan, &cfg, joint),
+        metadata: ltx2_lora_metadata(plan, &cfg, (joint, conditioning_p)),
         validation,
         report: memory.and_then(Result::ok),
         vram_reservation,

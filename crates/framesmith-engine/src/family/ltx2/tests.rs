@@ -3,6 +3,7 @@
 //! official trainer's keys (which ComfyUI loads) and resumes bit-identically, the plan reads its clip from the
 //! caches, what needs a missing VAE or Gemma 3 is refused by name, and a run with sample prompts writes its
 //! clips (the prompts encoded once, then read from the prompt cache) and a LoRA that `generate` applies.
+//! First-frame conditioning (the official trainer's image-to-video) is tested in [`i2v`].
 
 use std::path::{Path, PathBuf};
 
@@ -18,6 +19,7 @@ use super::testkit::{
 };
 use super::train::ltx2_batch;
 use crate::family::family_of_cache;
+use crate::family::image::run::BatchOptions;
 use crate::family::testkit::run::{
     assert_a_fixed_batch_learns, assert_family_named, assert_trains_and_resumes, cached_clip,
     cached_run_config, error_of, fixed_draws, generate_error, refused_cache_request,
@@ -34,6 +36,11 @@ use framesmith_models::ltx2::Ltx2Transformer;
 use framesmith_nn::lora::{attach_family_loras, LoraFamily, LoraSet};
 use framesmith_nn::lora_file::LoraFile;
 use framesmith_nn::offload::OffloadOptions;
+
+/// Text-to-video batches: no first-frame conditioning.
+const T2V: BatchOptions = BatchOptions {
+    first_frame_conditioning_p: 0.0,
+};
 
 /// The tiny transformer written into `dir` and loaded, with a rank-4 LoRA on the official targets and its
 /// optimizer.
@@ -67,8 +74,13 @@ fn musubi_ltx2_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> 
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
-        let (inputs, targets) =
-            ltx2_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let (inputs, targets) = ltx2_batch(
+            &batch,
+            &draws,
+            &mut StdRng::seed_from_u64(9),
+            DType::F32,
+            &T2V,
+        )?;
         assert_eq!(inputs.latents.dims(), &[3, 18, 4], "frame-major tokens");
         assert_eq!(inputs.positions.dims(), &[3, 3, 18, 2]);
         assert_eq!(inputs.context.dims(), &[3, 5, 16]);
@@ -238,8 +250,13 @@ fn audio_latent_caches_train_both_streams_and_a_fixed_batch_learns() -> anyhow::
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
-        let (inputs, targets) =
-            ltx2_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let (inputs, targets) = ltx2_batch(
+            &batch,
+            &draws,
+            &mut StdRng::seed_from_u64(9),
+            DType::F32,
+            &T2V,
+        )?;
         let audio = inputs
             .audio
             .as_ref()
@@ -389,3 +406,5 @@ fn samples_are_clips_encoded_once_and_generate_applies_the_trained_lora() -> any
     assert_ne!(plain, super::generate::tests::first_frame(&request)?);
     Ok(())
 }
+
+mod i2v;

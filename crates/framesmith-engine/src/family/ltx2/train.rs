@@ -4,8 +4,11 @@
 //! latents patchified frame-major to `[F·H·W, 128]`, noisy latents `(1 − σ)·x + σ·noise` with one σ per sample (the
 //! run's timestep draw `t`; the model embeds `σ · 1000`), the pixel-space patch positions at 24 fps (the official
 //! `DEFAULT_FPS` when a cache carries none), the connector's output padded to the batch's longest with its
-//! lengths, and the target `noise − x`. The official trainer conditions 10% of its steps on the clean first frame
-//! (`first_frame_conditioning_p`), which needs per-token timesteps: not here yet, so every token is noised.
+//! lengths, and the target `noise − x`. First-frame conditioning (`first_frame_conditioning_p`, 0.1 by default as
+//! the official trainer's): each clip of more than one latent frame is drawn, with that probability, to have its
+//! first latent frame clean (its `H·W` leading tokens are the cached latents, at timestep 0) and left out of the
+//! loss (`compute_loss`'s masked mean per sample, then the batch mean: [`loss_views`]); the draws come after every
+//! noise draw, so a conditioned clip's other tokens are noised as they would be without.
 //! With audio latents (its `with_audio`), the audio is noised at the same σ with its own noise, patchified to
 //! `[T, C·mel]`, placed at the audio patchifier's seconds, reads the audio connector's output, and the loss is the
 //! video mean plus the audio mean (`compute_loss`: `video_loss + audio_loss`), as [`joint_loss_view`] lays out the
@@ -15,8 +18,9 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
+use rand::Rng;
 
-use crate::family::image::run::ImageModel;
+use crate::family::image::run::{BatchOptions, ImageModel};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
@@ -25,13 +29,48 @@ use framesmith_models::ltx2::lora_keys::OFFICIAL_PREFIX;
 use framesmith_models::ltx2::rope::{audio_positions, video_positions};
 use framesmith_models::ltx2::weights::{identify, is_unrecognised};
 use framesmith_models::ltx2::{
-    joint_loss_view, Ltx2AudioInputs, Ltx2Config, Ltx2Inputs, Ltx2Transformer,
+    loss_views, Ltx2AudioInputs, Ltx2Config, Ltx2Inputs, Ltx2Transformer,
 };
 use framesmith_nn::init::randn;
 use framesmith_nn::lora_file::SaveLayout;
 
 /// The frame rate the positions are computed at (the official trainer's `DEFAULT_FPS`).
 pub const FRAME_RATE: f32 = 24.0;
+
+/// The official trainer's `first_frame_conditioning_p` default, what a run without
+/// `training.first_frame_conditioning_p` uses.
+pub const FIRST_FRAME_CONDITIONING_P: f64 = 0.1;
+
+/// The first-frame conditioning probability of the run `config`.
+pub fn first_frame_conditioning_p(config: &RunConfig) -> f64 {
+    config
+        .training
+        .first_frame_conditioning_p
+        .unwrap_or(FIRST_FRAME_CONDITIONING_P)
+}
+
+/// The leading clean tokens of each of `b` clips of `(f, h, w)` latent tokens: `h·w` (the first frame) with
+/// probability `p` each, drawn from `rng` (one draw a clip, as the official trainer's per-sample Bernoulli); empty,
+/// drawing nothing, when `p` is 0 or the clips have one latent frame (nothing would be left to train on).
+fn first_frame_tokens(
+    b: usize,
+    (f, h, w): (usize, usize, usize),
+    p: f64,
+    rng: &mut StdRng,
+) -> Vec<usize> {
+    if p <= 0.0 || f <= 1 {
+        return Vec::new();
+    }
+    (0..b)
+        .map(|_| if rng.random::<f64>() < p { h * w } else { 0 })
+        .collect()
+}
+
+/// `noisy` tokens [L, C] with the leading `n` replaced by the clean `x`'s.
+fn with_clean_lead(noisy: &Tensor, x: &Tensor, n: usize) -> candle_core::Result<Tensor> {
+    let l = noisy.dim(0)?;
+    Tensor::cat(&[x.narrow(0, 0, n)?, noisy.narrow(0, n, l - n)?], 0)
+}
 
 /// Whether `path` is an LTX-2 transformer, so the run goes the LTX-2 way and its messages say what is wrong.
 pub fn is_ltx2_file(path: &Path) -> bool {
@@ -94,14 +133,16 @@ fn padded_context(rows: &[&Tensor], dtype: DType) -> anyhow::Result<(Tensor, Opt
     Ok((Tensor::stack(&padded, 0)?, (!all_full).then_some(lens)))
 }
 
-/// The inputs and targets of `batch` (items of one latent shape) at `draws`, noise drawn from `rng` item by item;
-/// the model computes in `dtype`. Targets are `noise − x` as tokens [F·H·W, 128], as the model's output; with
-/// audio latents (every item of a joint run has them), both streams' targets as [`joint_loss_view`] joins them.
+/// The inputs and targets of `batch` (items of one latent shape) at `draws`, noise drawn from `rng` item by item,
+/// then the first-frame conditioning `options` ask for; the model computes in `dtype`. Targets are `noise − x` as
+/// tokens [F·H·W, 128], as the model's output; with audio latents (every item of a joint run has them), both
+/// streams' targets; laid out by [`loss_views`] (a conditioned clip's first frame left out).
 pub fn ltx2_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
     rng: &mut StdRng,
     dtype: DType,
+    options: &BatchOptions,
 ) -> anyhow::Result<(Ltx2Inputs, Vec<Tensor>)> {
     let first = batch
         .first()
@@ -109,26 +150,31 @@ pub fn ltx2_batch(
     let (_, f, h, w) = first.latents.dims4()?;
     let device = first.latents.device().clone();
     let mut noisy = Vec::with_capacity(batch.len());
+    let mut clean = Vec::with_capacity(batch.len());
     let mut targets = Vec::with_capacity(batch.len());
     for (item, draw) in batch.iter().zip(draws) {
         let x = patchify(&item.latents.to_dtype(DType::F32)?)?;
         let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
         noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
-        targets.push((noise - x)?);
+        targets.push((noise - &x)?);
+        clean.push(x);
     }
     let context: Vec<&Tensor> = batch.iter().map(|i| &i.context).collect();
     let (context, context_lens) = padded_context(&context, dtype)?;
-    let audio = if first.audio.is_some() {
-        Some(audio_batch(
-            batch,
-            draws,
-            rng,
-            (dtype, &device),
-            &mut targets,
-        )?)
+    let (audio, audio_targets) = if first.audio.is_some() {
+        let (audio, targets) = audio_batch(batch, draws, rng, (dtype, &device))?;
+        (Some(audio), Some(targets))
     } else {
-        None
+        (None, None)
     };
+    let p = options.first_frame_conditioning_p;
+    let conditioned = first_frame_tokens(batch.len(), (f, h, w), p, rng);
+    for ((noisy, x), &n) in noisy.iter_mut().zip(&clean).zip(&conditioned) {
+        if n > 0 {
+            *noisy = with_clean_lead(noisy, x, n)?;
+        }
+    }
+    let targets = loss_views(targets, audio_targets, &conditioned)?;
     let inputs = Ltx2Inputs {
         latents: Tensor::stack(&noisy, 0)?.to_dtype(dtype)?,
         sigmas: draws.iter().map(|d| d.t as f32).collect(),
@@ -136,25 +182,24 @@ pub fn ltx2_batch(
         context,
         context_lens,
         audio,
-        conditioned_tokens: Vec::new(),
+        conditioned_tokens: conditioned,
     };
     Ok((inputs, targets))
 }
 
 /// The audio stream of a joint batch: each item's audio latents `[C, T, mel]` as tokens `[T, C·mel]` (ltx-core's
 /// `AudioPatchifier`) noised at the item's σ with their own noise, the audio positions and the audio connector's
-/// output padded as the video text is; each sample's target becomes the [`joint_loss_view`] of its video target
-/// and `noise − x` of its audio.
+/// output padded as the video text is; and each sample's audio target `noise − x`.
 fn audio_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
     rng: &mut StdRng,
     (dtype, device): (DType, &candle_core::Device),
-    targets: &mut [Tensor],
-) -> anyhow::Result<Ltx2AudioInputs> {
+) -> anyhow::Result<(Ltx2AudioInputs, Vec<Tensor>)> {
     let mut noisy = Vec::with_capacity(batch.len());
     let mut texts = Vec::with_capacity(batch.len());
-    for ((item, draw), target) in batch.iter().zip(draws).zip(targets.iter_mut()) {
+    let mut targets = Vec::with_capacity(batch.len());
+    for (item, draw) in batch.iter().zip(draws) {
         let (Some(audio), Some(text)) = (&item.audio, &item.second_text) else {
             anyhow::bail!(
                 "{} has no audio latents (or no audio text) but its batch trains audio; cache audio for every \
@@ -169,16 +214,17 @@ fn audio_batch(
             .reshape((t, c * mel))?;
         let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
         noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
-        *target = joint_loss_view(target, &(noise - x)?)?;
+        targets.push((noise - x)?);
         texts.push(text);
     }
     let frames = noisy[0].dim(0)?;
     let (context, _) = padded_context(&texts, dtype)?;
-    Ok(Ltx2AudioInputs {
+    let inputs = Ltx2AudioInputs {
         latents: Tensor::stack(&noisy, 0)?.to_dtype(dtype)?,
         positions: audio_positions(batch.len(), frames, device)?,
         context,
-    })
+    };
+    Ok((inputs, targets))
 }
 
 impl ImageModel for Ltx2Transformer {
@@ -192,7 +238,8 @@ impl ImageModel for Ltx2Transformer {
         draws: &[TimestepDraw],
         rng: &mut StdRng,
         dtype: DType,
+        options: &BatchOptions,
     ) -> anyhow::Result<(Ltx2Inputs, Vec<Tensor>)> {
-        ltx2_batch(batch, draws, rng, dtype)
+        ltx2_batch(batch, draws, rng, dtype, options)
     }
 }

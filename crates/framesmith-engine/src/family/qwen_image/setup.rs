@@ -147,11 +147,7 @@ pub(crate) fn start_run_with(
         log,
     )?;
     Ok(RunParts {
-        family: Box::new(QwenImageRun {
-            model,
-            dtype,
-            samples,
-        }),
+        family: Box::new(QwenImageRun::new(model, dtype, samples)),
         loras,
         data,
         metadata: qwen_lora_metadata(plan),

@@ -14,7 +14,7 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 
 use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
-use crate::family::image::run::{model_timesteps, noisy_latents, ImageModel};
+use crate::family::image::run::{model_timesteps, noisy_latents, BatchOptions, ImageModel};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
 use framesmith_config::plan::ModelSource;
@@ -225,6 +225,7 @@ impl ImageModel for QwenImageTransformer {
         draws: &[TimestepDraw],
         rng: &mut StdRng,
         dtype: DType,
+        _options: &BatchOptions,
     ) -> anyhow::Result<(QwenImageInputs, Vec<Tensor>)> {
         let QwenImageBatch { inputs, targets } = qwen_batch(batch, draws, rng, dtype)?;
         Ok((inputs, targets))

@@ -67,9 +67,10 @@ fn rope_tables_and_the_text_are_counted_at_their_sizes() {
             attentions: 2,
         },
     );
+    // The text side's, and the 9 per-token f32 AdaLN rows of first-frame conditioning (on by default).
     assert_eq!(
         s.kinds[0].tape_bytes - video_only.tape_bytes,
-        4 * text * d * 2 + 2 * text * 32 * 2
+        4 * text * d * 2 + 2 * text * 32 * 2 + 9 * video * d * 4
     );
 }
 
@@ -103,8 +104,14 @@ fn the_presets_fit_their_cards_at_768x512_and_121_frames() {
 fn joint_training_counts_both_streams() {
     let cfg = Ltx2Config::ltx23_22b();
     let i = input(121, BaseDtype::F32);
-    let video = describe(&cfg, &i, false).unwrap();
-    let joint = describe(&cfg, &i, true).unwrap();
+    let model = |audio: bool| Ltx2PlanModel {
+        config: cfg.clone(),
+        audio,
+        vae: None,
+        first_frame_conditioning: false,
+    };
+    let video = describe(&model(false), &i).unwrap();
+    let joint = describe(&model(true), &i).unwrap();
     assert!(
         joint.name.ends_with("video and audio streams"),
         "{}",
@@ -144,6 +151,7 @@ fn samples_count_the_vae_the_texts_the_denoising_and_a_tiles_decode() {
         config: Ltx2Config::ltx23_22b(),
         audio: false,
         vae: Some(vae.clone()),
+        first_frame_conditioning: false,
     };
     let i = input(121, BaseDtype::Bf16);
     let sample = |width: usize, height: usize, frames: usize| SampleShape {
@@ -174,4 +182,43 @@ fn samples_count_the_vae_the_texts_the_denoising_and_a_tiles_decode() {
         ..sample(768, 512, 121)
     });
     assert_eq!(unguided.held[1].1, 2 * 1024 * 4096 * 2);
+}
+
+/// First-frame conditioning makes the video's AdaLN rows per token: 9 f32 rows of every token in each block's
+/// tape for LTX-2.3 (13 with audio), and the per-token head and row index among the shared inputs; a single
+/// latent frame is never conditioned.
+#[test]
+fn first_frame_conditioning_counts_the_per_token_rows() {
+    let cfg = Ltx2Config::ltx23_22b();
+    let model = |audio: bool, first_frame_conditioning: bool| Ltx2PlanModel {
+        config: cfg.clone(),
+        audio,
+        vae: None,
+        first_frame_conditioning,
+    };
+    let i = input(121, BaseDtype::Bf16);
+    // 16 latent frames of 16 × 24 tokens, width 4096.
+    let tokens = 16 * 16 * 24;
+    let shared = |m: &ModelMemory| m.shared_inputs.iter().map(|(_, b)| b).sum::<u64>();
+    for (audio, rows) in [(false, 9), (true, 13)] {
+        let plain = describe(&model(audio, false), &i).unwrap();
+        let conditioned = describe(&model(audio, true), &i).unwrap();
+        assert_eq!(
+            conditioned.kinds[0].tape_bytes - plain.kinds[0].tape_bytes,
+            rows * tokens * 4096 * 4
+        );
+        assert!(shared(&conditioned) > shared(&plain) + 3 * tokens * 4096 * 2);
+    }
+    let image = input(1, BaseDtype::Bf16);
+    let (plain, conditioned) = (
+        describe(&model(false, false), &image).unwrap(),
+        describe(&model(false, true), &image).unwrap(),
+    );
+    assert_eq!(conditioned.kinds[0].tape_bytes, plain.kinds[0].tape_bytes);
+    assert_eq!(shared(&conditioned), shared(&plain));
+    // `framesmith plan` counts them unless the run turns conditioning off.
+    assert!(input(121, BaseDtype::Bf16)
+        .model
+        .downcast_ref::<Ltx2PlanModel>()
+        .is_some_and(|m| m.first_frame_conditioning));
 }
