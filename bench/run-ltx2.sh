@@ -36,11 +36,14 @@
 #                 joined into one file given as --vae (the DiT file holds neither), written once under
 #                 WORK/ltx2-gen (~20 GB more). Summary: the per-step times, the decode time and peak VRAM the
 #                 generator logs. Run it after (or without) the training cases: disk.
+#   i2v-bf16      as bf16 with `training.first_frame_conditioning_p = 1.0`: every step conditioned on the clip's
+#                 clean first frame (per-token AdaLN rows, the first frame out of the loss). The other training
+#                 cases run at the official default 0.1 (a step in ten, on average, conditioned).
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 1024) tokens of the cached connector output; WIDTH, HEIGHT, FRAMES (768, 512, 121).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,40p' "$0"
+    sed -n '2,43p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -139,6 +142,21 @@ generate_case() { # case-dir
         | sed "s/^/  generate-24: /" >> "$SUMMARY"
 }
 
+# `bf16` with every clip conditioned on its first frame, and its summary line.
+i2v_case() { # case-dir
+    local d="$1" toml="$P/i2v-bf16.toml"
+    config "$P" "$toml" bf16 off
+    python3 - "$toml" <<'EOF'
+import sys
+path = sys.argv[1]
+text = open(path).read()
+key = "first_frame_conditioning_p = 1.0"
+assert "[training]\n" in text, "run.toml has no [training] table"
+open(path, "w").write(text.replace("[training]\n", "[training]\n" + key + "\n", 1))
+EOF
+    train_case "$d" "$toml" "framesmith train, bf16, resident, I2V p=1"
+}
+
 write_env "$(PYTHONPATH="$PYDEPS" python3 -c 'import ltx_core; print("ltx-core", ltx_core.__file__)' 2>&1 | tail -1)"
 video_cases=0
 for case in "${CASES[@]}"; do [[ "$case" == av-* ]] || video_cases=1; done
@@ -156,6 +174,7 @@ for case in "${CASES[@]}"; do
     torch) torch_case "$D" "PyTorch (ltx-core LTXModel, bf16)" ;;
     av-bf16) av_case "$D" ;;
     generate-24) generate_case "$D" ;;
+    i2v-bf16) i2v_case "$D" ;;
     *) memory_case "$case" "$D" ltx2 || note "unknown case $case" ;;
     esac
     stop_smi "$case" "$D"
