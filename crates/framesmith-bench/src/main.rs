@@ -61,7 +61,12 @@ struct Workload {
 #[derive(Subcommand)]
 enum Command {
     /// Compare every CUDA kernel with its CPU reference on fresh random inputs.
-    Check,
+    Check {
+        /// Only these groups of checks (e.g. `--only mixed --only norm_mod`); every group when absent. An unknown
+        /// name lists the groups.
+        #[arg(long)]
+        only: Vec<String>,
+    },
     /// Time fused attention (self and cross) at a Wan variant's head count.
     Attention(AttentionArgs),
     /// FP8 attention (`model.fp8_attention`) against the bf16 kernel at a Wan variant's shapes: the error of O,
@@ -141,7 +146,7 @@ fn main() -> Result<()> {
         framesmith_nn::cuda::device::set_pool_release_threshold(cuda, u64::MAX)?;
     }
     match cli.command {
-        Command::Check => check(&dev),
+        Command::Check { only } => check(&dev, &only),
         Command::Attention(args) => run_attention(&dev, &args),
         Command::AttentionFp8(args) => run_attention_fp8(&dev, &args),
         Command::Kernels(args) => run_kernels(&dev, &args),

@@ -83,8 +83,8 @@ pub(crate) struct LinearArgs {
 }
 
 #[cfg(feature = "cuda")]
-pub(crate) fn check(dev: &Device) -> Result<()> {
-    let outcomes = framesmith_nn::cuda::check::run_all(dev)?;
+pub(crate) fn check(dev: &Device, only: &[String]) -> Result<()> {
+    let outcomes = framesmith_nn::cuda::check::run_groups(dev, only)?;
     let mut failed = 0;
     for o in &outcomes {
         let verdict = if o.passed() { "ok  " } else { "FAIL" };
@@ -105,7 +105,7 @@ pub(crate) fn check(dev: &Device) -> Result<()> {
 }
 
 #[cfg(not(feature = "cuda"))]
-pub(crate) fn check(_: &Device) -> Result<()> {
+pub(crate) fn check(_: &Device, _: &[String]) -> Result<()> {
     bail!("device checks need a build with the cuda feature")
 }
 
@@ -129,7 +129,7 @@ fn kernels(_: &Device, _: &WanConfig, _: usize, _: usize) -> Result<()> {
 /// `attention`: the device checks first when asked, then the timings.
 pub(crate) fn run_attention(dev: &Device, args: &AttentionArgs) -> Result<()> {
     if args.check {
-        check(dev)?;
+        check(dev, &[])?;
     }
     let opts = AttentionBench {
         tokens: args.tokens,
@@ -190,7 +190,7 @@ pub(crate) fn run_kernels(dev: &Device, args: &KernelsArgs) -> Result<()> {
 /// `linear`: the device checks first when asked, then the timings.
 pub(crate) fn run_linear(dev: &Device, args: &LinearArgs) -> Result<()> {
     if args.check {
-        check(dev)?;
+        check(dev, &[])?;
     }
     let opts = LinearBench {
         tokens: args.tokens,

@@ -480,21 +480,51 @@ pub fn attention_direct_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
 
 /// Every check this build has.
 pub fn run_all(dev: &Device) -> Result<Vec<CheckOutcome>> {
-    let mut out = fp8_checks(dev)?;
-    out.extend(fp8_gemm::fp8_gemm_checks(dev)?);
-    out.extend(linear::linear_checks(dev)?);
-    out.extend(norm_checks(dev)?);
-    out.extend(elementwise_checks(dev)?);
-    out.extend(rope_checks(dev)?);
-    out.extend(direct_backward_checks(dev)?);
-    out.extend(mixed::mixed_checks(dev)?);
-    out.extend(norm_mod::norm_mod_checks(dev)?);
-    out.extend(rms_rope::rms_rope_checks(dev)?);
-    out.extend(optim::optim_checks(dev)?);
+    run_groups(dev, &[])
+}
+
+/// One group of checks: its name (what [`run_groups`] is given) and how it runs.
+type Group = (&'static str, fn(&Device) -> Result<Vec<CheckOutcome>>);
+
+/// Every group of checks, in the order [`run_all`] runs them.
+const GROUPS: &[Group] = &[
+    ("fp8", fp8_checks),
+    ("fp8_gemm", fp8_gemm::fp8_gemm_checks),
+    ("linear", linear::linear_checks),
+    ("norm", norm_checks),
+    ("elementwise", elementwise_checks),
+    ("rope", rope_checks),
+    ("direct_backward", direct_backward_checks),
+    ("mixed", mixed::mixed_checks),
+    ("norm_mod", norm_mod::norm_mod_checks),
+    ("rms_rope", rms_rope::rms_rope_checks),
+    ("optim", optim::optim_checks),
     #[cfg(feature = "cudnn")]
-    out.extend(attention_checks(dev)?);
+    ("attention", attention_checks),
     #[cfg(feature = "cudnn")]
-    out.extend(attention_direct_checks(dev)?);
+    ("attention_direct", attention_direct_checks),
+];
+
+/// The names of the groups of checks this build has.
+pub fn group_names() -> Vec<&'static str> {
+    GROUPS.iter().map(|(name, _)| *name).collect()
+}
+
+/// The checks of the groups named in `only` (every group when it is empty), so a short run can check the kernels
+/// a change touched. An unknown name is an error that lists the groups.
+pub fn run_groups(dev: &Device, only: &[String]) -> Result<Vec<CheckOutcome>> {
+    if let Some(unknown) = only.iter().find(|n| !GROUPS.iter().any(|(g, _)| g == n)) {
+        candle_core::bail!(
+            "no group of device checks is called {unknown:?}; the groups are: {}",
+            group_names().join(", ")
+        );
+    }
+    let mut out = Vec::new();
+    for (name, run) in GROUPS {
+        if only.is_empty() || only.iter().any(|n| n == name) {
+            out.extend(run(dev)?);
+        }
+    }
     Ok(out)
 }
 
