@@ -213,10 +213,7 @@ impl Fixture {
         })
     }
 
-    /// The fixture's `kind` (`wan_dit`, `wan_vae`, `umt5`, `flow_unipc`, `flow_dpmpp`, `flux_dit`, `flux_ae`,
-    /// `clip_text`, `t5_encoder`, `flux_schedule`, `qwen25vl_text_encoder`,
-    /// `hunyuan_video15_transformer`, `hunyuan_video15_vae`, `hunyuan_video15_byt5`, `siglip_vision`,
-    /// `ltx2_transformer`, `ltx2_vae`, `ltx2_audio`, `ltx2_text`, `ltx2_sampling`).
+    /// The fixture's `kind`: one of the names in [`KINDS`] (what [`check_fixture`] runs).
     pub fn kind(&self) -> &str {
         self.config
             .get("kind")
@@ -239,34 +236,48 @@ impl Fixture {
     }
 }
 
+/// How one kind of fixture is checked: the fixture and its directory (for tokenizers beside it) in, its rows out.
+type Checker = fn(&Fixture, &Path) -> anyhow::Result<Vec<ParityRow>>;
+
+/// Every fixture kind `check-parity` handles, with its check.
+const KINDS: &[(&str, Checker)] = &[
+    ("wan_dit", |f, _| wan_dit::check(f)),
+    ("wan_vae", |f, _| vae::check(f)),
+    ("umt5", |f, _| umt5::check(f)),
+    ("flow_unipc", |f, _| schedulers::check(f)),
+    ("flow_dpmpp", |f, _| schedulers::check(f)),
+    ("flux_dit", |f, _| flux_dit::check(f)),
+    ("flux_ae", |f, _| flux_ae::check(f)),
+    ("clip_text", |f, _| flux_text::check_clip(f)),
+    ("t5_encoder", |f, _| flux_text::check_t5(f)),
+    ("flux_schedule", |f, _| flux_schedule::check(f)),
+    ("qwen25vl_text_encoder", qwen25vl::check),
+    ("hunyuan_video15_transformer", |f, _| {
+        hunyuan_video15::check(f)
+    }),
+    ("hunyuan_video15_vae", |f, _| hunyuan_video15_vae::check(f)),
+    ("hunyuan_video15_byt5", hunyuan_video15_byt5::check),
+    ("siglip_vision", siglip::check),
+    ("ltx2_transformer", |f, _| ltx2::check(f)),
+    ("ltx2_vae", |f, _| ltx2_vae::check(f)),
+    ("ltx2_audio", |f, _| ltx2_audio::check(f)),
+    ("ltx2_text", ltx2_text::check),
+    ("ltx2_sampling", |f, _| ltx2_sampling::check(f)),
+];
+
 /// Runs the module a fixture directory describes and compares every expected tensor.
 pub fn check_fixture(dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
     let fixture = Fixture::load(dir)?;
-    match fixture.kind() {
-        "wan_dit" => wan_dit::check(&fixture),
-        "wan_vae" => vae::check(&fixture),
-        "umt5" => umt5::check(&fixture),
-        "flow_unipc" | "flow_dpmpp" => schedulers::check(&fixture),
-        "flux_dit" => flux_dit::check(&fixture),
-        "flux_ae" => flux_ae::check(&fixture),
-        "clip_text" => flux_text::check_clip(&fixture),
-        "t5_encoder" => flux_text::check_t5(&fixture),
-        "flux_schedule" => flux_schedule::check(&fixture),
-        "qwen25vl_text_encoder" => qwen25vl::check(&fixture, dir),
-        "hunyuan_video15_transformer" => hunyuan_video15::check(&fixture),
-        "hunyuan_video15_vae" => hunyuan_video15_vae::check(&fixture),
-        "hunyuan_video15_byt5" => hunyuan_video15_byt5::check(&fixture, dir),
-        "siglip_vision" => siglip::check(&fixture, dir),
-        "ltx2_transformer" => ltx2::check(&fixture),
-        "ltx2_vae" => ltx2_vae::check(&fixture),
-        "ltx2_audio" => ltx2_audio::check(&fixture),
-        "ltx2_text" => ltx2_text::check(&fixture, dir),
-        "ltx2_sampling" => ltx2_sampling::check(&fixture),
-        other => bail!(
-            "fixture kind `{other}` is not handled yet (supported: wan_dit, wan_vae, umt5, flow_unipc, flow_dpmpp, \
-             flux_dit, flux_ae, clip_text, t5_encoder, flux_schedule, qwen25vl_text_encoder, \
-             hunyuan_video15_transformer, hunyuan_video15_vae, hunyuan_video15_byt5, siglip_vision, \
-             ltx2_transformer, ltx2_vae, ltx2_audio, ltx2_text, ltx2_sampling) in {}",
+    let kind = fixture.kind();
+    match KINDS.iter().find(|(name, _)| *name == kind) {
+        Some((_, check)) => check(&fixture, dir),
+        None => bail!(
+            "fixture kind `{kind}` is not handled yet (supported: {}) in {}",
+            KINDS
+                .iter()
+                .map(|(name, _)| *name)
+                .collect::<Vec<_>>()
+                .join(", "),
             dir.display()
         ),
     }
