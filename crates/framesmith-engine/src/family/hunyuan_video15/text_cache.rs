@@ -8,37 +8,24 @@
 //! A cache is kept while its caption is unchanged; stale `_hv15_te` caches are removed unless asked not to.
 //! A text pass is HunyuanVideo 1.5's when `--dit` names its transformer.
 
-use std::path::PathBuf;
-
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use super::encoder::{encode_texts, load_qwen, Hv15EncoderFiles};
 use super::pipeline::Hv15Text;
 use super::train::is_hv15_file;
+use crate::family::image::caption_pass::{cache_captions, CaptionCaches, PendingCaption};
 use crate::prep::pass::{load_dataset, CacheRequest, TextFiles};
-use crate::prep::{
-    header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome,
-};
-use framesmith_data::cache::media_stem;
+use crate::prep::{header, CacheOptions, CacheProgress, CacheSummary};
 use framesmith_data::family::hunyuan_video15::cache::{
     hv15_text_cache_name, write_hv15_text_cache, Hv15TextCache, HV15_ARCHITECTURE, HV15_SUFFIX,
 };
-use framesmith_data::media::MediaTools;
-use framesmith_data::samples::cache_dir;
 use framesmith_data::ValidConfig;
 use framesmith_models::hunyuan_video15::byt5::WIDTH as GLYPH_WIDTH;
 
 /// Whether the text pass `files` caches for HunyuanVideo 1.5.
 pub(super) fn is_hv15_text_pass(files: &TextFiles) -> bool {
     files.dit.as_deref().is_some_and(is_hv15_file)
-}
-
-/// One caption waiting to be encoded.
-struct Pending {
-    media: PathBuf,
-    caption: String,
-    path: PathBuf,
 }
 
 /// Whether `path` holds a complete HunyuanVideo 1.5 text cache of `caption`.
@@ -89,70 +76,27 @@ pub fn cache_hv15_text(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    let mut summary = CacheSummary::default();
-    let mut expected = Expected::default();
-    let tools = MediaTools::locate().ok();
-    let scans = scan_all(valid, tools.as_ref(), &mut summary, progress);
-    let mut pending = Vec::new();
-    for scan in &scans {
-        let ds = &scan.dataset;
-        expected.dataset(ds, scan);
-        for item in &scan.items {
-            let path =
-                cache_dir(ds, &item.media).join(hv15_text_cache_name(&media_stem(&item.media)));
-            expected.file(&path);
-            let outcome = match &item.caption {
-                None => {
-                    expected.failed(ds, &item.media);
-                    ItemOutcome::Failed("no caption".into())
-                }
-                Some(caption) if cached(&path, caption) => ItemOutcome::Skipped,
-                Some(caption) => {
-                    pending.push(Pending {
-                        media: item.media.clone(),
-                        caption: caption.clone(),
-                        path,
-                    });
-                    continue;
-                }
-            };
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !pending.is_empty() {
-        let captions: Vec<&str> = pending.iter().map(|p| p.caption.as_str()).collect();
-        let encoded = encode(&captions)?;
-        anyhow::ensure!(
-            encoded.len() == pending.len(),
-            "the text encoders returned {} encodings for {} captions",
-            encoded.len(),
-            pending.len()
-        );
-        for (item, text) in pending.iter().zip(encoded) {
-            write(item, &text, dtype)
-                .with_context(|| format!("writing the text cache of {}", item.media.display()))?;
-            let outcome = ItemOutcome::Written(1);
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !options.keep_stale {
-        summary.removed = expected.remove_stale(&format!("_{HV15_SUFFIX}_te.safetensors"))?;
-    }
-    Ok(summary)
+    let caches = CaptionCaches {
+        name: &hv15_text_cache_name,
+        cached: &cached,
+        write: &|item: &PendingCaption, text: &Hv15Text| write(item, text, dtype),
+        stale_suffix: format!("_{HV15_SUFFIX}_te.safetensors"),
+    };
+    cache_captions(
+        valid,
+        &caches,
+        &mut |captions| encode(captions),
+        options,
+        progress,
+    )
 }
 
-fn write(item: &Pending, text: &Hv15Text, dtype: DType) -> anyhow::Result<()> {
+fn write(item: &PendingCaption, text: &Hv15Text, dtype: DType) -> anyhow::Result<()> {
     let cpu = Device::Cpu;
     let byt5_embed = match &text.glyph {
         Some(g) => g.to_dtype(dtype)?.to_device(&cpu)?,
         None => Tensor::zeros((0, GLYPH_WIDTH), dtype, &cpu)?,
     };
-    if let Some(dir) = item.path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-    }
     let cache = Hv15TextCache {
         vl_embed: text.txt.to_dtype(dtype)?.to_device(&cpu)?,
         byt5_embed,

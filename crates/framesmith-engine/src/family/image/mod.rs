@@ -11,6 +11,7 @@
 use framesmith_config::RunConfig;
 
 pub(crate) mod cached_video;
+pub(crate) mod caption_pass;
 pub(crate) mod clip_prep;
 pub mod generate;
 pub mod items;

@@ -6,24 +6,20 @@
 //! removed unless asked not to. A text pass is LTX-2's when `--dit` names an LTX-2 checkpoint (which holds the
 //! connector).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use super::encoder::{encode_texts, load_gemma, Ltx2EncoderFiles, Ltx2Text};
 use super::train::is_ltx2_file;
+use crate::family::image::caption_pass::{cache_captions, CaptionCaches, PendingCaption};
 use crate::prep::pass::{load_dataset, CacheRequest, TextFiles};
-use crate::prep::{
-    header, scan_all, CacheOptions, CacheProgress, CacheSummary, Expected, ItemOutcome,
-};
-use framesmith_data::cache::media_stem;
+use crate::prep::{header, CacheOptions, CacheProgress, CacheSummary};
 use framesmith_data::family::ltx2::cache::{
     ltx2_text_cache_name, write_ltx2_text_cache, Ltx2TextCache, LTX2_ARCHITECTURE, LTX2_SUFFIX,
     TEXT_ENCODING_METADATA,
 };
-use framesmith_data::media::MediaTools;
-use framesmith_data::samples::cache_dir;
 use framesmith_data::ValidConfig;
 use framesmith_models::ltx2::text::{FeatureVersion, TextParts};
 
@@ -39,13 +35,6 @@ pub fn encoding_tag(parts: &TextParts) -> String {
         FeatureVersion::V2 { .. } => "LTX-2.3",
     };
     format!("{release} {}", parts.config.output_width())
-}
-
-/// One caption waiting to be encoded.
-struct Pending {
-    media: PathBuf,
-    caption: String,
-    path: PathBuf,
 }
 
 /// Whether `path` holds a complete LTX-2 text cache of `caption` made by `encoding`.
@@ -110,66 +99,21 @@ pub fn cache_ltx2_text(
     options: &CacheOptions,
     progress: &mut dyn CacheProgress,
 ) -> anyhow::Result<CacheSummary> {
-    let mut summary = CacheSummary::default();
-    let mut expected = Expected::default();
-    let tools = MediaTools::locate().ok();
-    let scans = scan_all(valid, tools.as_ref(), &mut summary, progress);
-    let mut pending = Vec::new();
-    for scan in &scans {
-        let ds = &scan.dataset;
-        expected.dataset(ds, scan);
-        for item in &scan.items {
-            let path =
-                cache_dir(ds, &item.media).join(ltx2_text_cache_name(&media_stem(&item.media)));
-            expected.file(&path);
-            let outcome = match &item.caption {
-                None => {
-                    expected.failed(ds, &item.media);
-                    ItemOutcome::Failed("no caption".into())
-                }
-                Some(caption) if cached(&path, caption, encoding) => ItemOutcome::Skipped,
-                Some(caption) => {
-                    pending.push(Pending {
-                        media: item.media.clone(),
-                        caption: caption.clone(),
-                        path,
-                    });
-                    continue;
-                }
-            };
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !pending.is_empty() {
-        let captions: Vec<&str> = pending.iter().map(|p| p.caption.as_str()).collect();
-        let encoded = encode(&captions)?;
-        anyhow::ensure!(
-            encoded.len() == pending.len(),
-            "the text encoder returned {} encodings for {} captions",
-            encoded.len(),
-            pending.len()
-        );
-        for (item, text) in pending.iter().zip(encoded) {
-            write(item, &text, (dtype, encoding))
-                .with_context(|| format!("writing the text cache of {}", item.media.display()))?;
-            let outcome = ItemOutcome::Written(1);
-            progress.item_done(&item.media, &outcome);
-            summary.record(&item.media, &outcome);
-        }
-    }
-    if !options.keep_stale {
-        summary.removed = expected.remove_stale(&format!("_{LTX2_SUFFIX}_te.safetensors"))?;
-    }
-    Ok(summary)
+    let caches = CaptionCaches {
+        name: &ltx2_text_cache_name,
+        cached: &|path: &Path, caption: &str| cached(path, caption, encoding),
+        write: &|item: &PendingCaption, text: &Ltx2Text| write(item, text, (dtype, encoding)),
+        stale_suffix: format!("_{LTX2_SUFFIX}_te.safetensors"),
+    };
+    cache_captions(valid, &caches, encode, options, progress)
 }
 
-fn write(item: &Pending, text: &Ltx2Text, (dtype, encoding): (DType, &str)) -> anyhow::Result<()> {
+fn write(
+    item: &PendingCaption,
+    text: &Ltx2Text,
+    (dtype, encoding): (DType, &str),
+) -> anyhow::Result<()> {
     let cpu = Device::Cpu;
-    if let Some(dir) = item.path.parent() {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("cannot create the cache directory {}", dir.display()))?;
-    }
     let rows = text.mask.len();
     let cache = Ltx2TextCache {
         video_prompt_embeds: text.embeds.to_dtype(dtype)?.to_device(&cpu)?,

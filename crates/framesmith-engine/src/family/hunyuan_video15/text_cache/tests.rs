@@ -2,7 +2,7 @@
 //! `_hv15_te` names and keys (an empty glyph embedding of width 1472 for a caption that quotes nothing), caches
 //! kept while their captions are unchanged, an edited caption encoded again, stale caches removed.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 

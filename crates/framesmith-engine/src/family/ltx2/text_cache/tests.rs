@@ -3,7 +3,7 @@
 //! kept while caption and release are unchanged, made again for an edited caption or another release, stale
 //! caches removed; the family claims a text pass by its `--dit` and refuses a checkpoint without the connector.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device};
 
