@@ -15,6 +15,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use crate::generate::request::Cancelled;
+use crate::generate::sampler::torch_linspace_f32;
 use framesmith_models::hunyuan_video15::conditioning::model_input;
 use framesmith_models::hunyuan_video15::transformer::TextStates;
 use framesmith_models::hunyuan_video15::{HunyuanVideo15Inputs, HunyuanVideo15Transformer};
@@ -150,17 +151,9 @@ pub struct Hv15Image {
 /// The scheduler's sigmas (n + 1 of them, the last 0), in float32 as the official scheduler computes them.
 pub fn sigmas(steps: usize, shift: f64) -> Vec<f32> {
     let shift = shift as f32;
-    (0..=steps)
-        .map(|i| {
-            // torch.linspace(1, 0, n + 1) in float32: start + i·step, the second half from the end.
-            let step = -1.0f32 / steps as f32;
-            let s = if i < steps.div_ceil(2) {
-                1.0 + step * i as f32
-            } else {
-                0.0 - step * (steps - i) as f32
-            };
-            shift * s / (1.0 + (shift - 1.0) * s)
-        })
+    torch_linspace_f32(1.0, 0.0, steps + 1)
+        .into_iter()
+        .map(|s| shift * s / (1.0 + (shift - 1.0) * s))
         .collect()
 }
 
