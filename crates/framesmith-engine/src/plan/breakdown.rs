@@ -155,11 +155,15 @@ pub(super) fn breakdown(
     ));
     if !input.on_cpu {
         out.push(line(
-            format!(
-                "memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set, at least {})",
-                format_gib(POOL_FRAGMENTATION_MIN_BYTES)
-            ),
-            pool_fragmentation_bytes(working),
+            match s.fragmentation_bytes {
+                None => format!(
+                    "memory pool fragmentation ({POOL_FRAGMENTATION_PERCENT}% of the working set, at least {})",
+                    format_gib(POOL_FRAGMENTATION_MIN_BYTES)
+                ),
+                Some(_) => "memory pool fragmentation (as measured for this block)".to_string(),
+            },
+            s.fragmentation_bytes
+                .unwrap_or_else(|| pool_fragmentation_bytes(working)),
             Placement::Device,
         ));
     }

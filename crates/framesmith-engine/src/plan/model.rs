@@ -144,6 +144,10 @@ pub struct ModelMemory {
     pub shared_inputs: Vec<(&'static str, u64)>,
     /// The working set of one block's recompute and backward.
     pub working_set_bytes: u64,
+    /// What the memory pool reserves beyond the tensors alive at the step's peak (freed blocks of other sizes),
+    /// where the family measured its block's own; `None`: [`pool_fragmentation_bytes`](super::pool_fragmentation_bytes)
+    /// of the working set.
+    pub fragmentation_bytes: Option<u64>,
     /// What a lower-resolution suggestion rounds to (pixels), and the frame step of a shorter clip (0: images).
     pub pixel_multiple: usize,
     pub frame_step: usize,

@@ -274,6 +274,7 @@ pub(crate) fn describe(
             batch * d * compute + 2 * l * cfg.head_dim() as u64 * 4,
         )],
         working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        fragmentation_bytes: None,
         pixel_multiple: PIXELS_PER_TOKEN,
         frame_step: 0,
         shape,

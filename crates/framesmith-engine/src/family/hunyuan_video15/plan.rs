@@ -15,9 +15,9 @@ use super::items::{VAE_FACTOR, VAE_TEMPORAL};
 use super::pipeline::DEFAULT_GUIDANCE;
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_block_kind, dual_stream_shape, dual_stream_working_set,
-    family_lora_parameters, latent_frames, plan_model_of, spread_streamed_blocks, token_grid,
-    weights_by_component, PlanNames, TapeCounts,
+    block_buffers, dual_stream_block_kind, dual_stream_fragmentation, dual_stream_shape,
+    dual_stream_working_set, family_lora_parameters, latent_frames, plan_model_of,
+    spread_streamed_blocks, token_grid, weights_by_component, PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
@@ -240,6 +240,7 @@ pub(crate) fn describe(
             clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
         )],
         working_set_bytes: dual_stream_working_set(input, &shape, &widths),
+        fragmentation_bytes: dual_stream_fragmentation(input, &shape, &widths),
         pixel_multiple: VAE_FACTOR * cfg.patch_size.max(1),
         frame_step: VAE_TEMPORAL,
         shape,

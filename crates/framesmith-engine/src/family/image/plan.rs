@@ -7,8 +7,9 @@ use std::path::Path;
 use framesmith_config::RunConfig;
 
 use crate::plan::{
-    dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, AdapterCount, BaseFormat,
-    BlockKind, BlockWidths, LoraShape, PlanError, PlanInput, PlanModel, StepShape, WorkingSet,
+    dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, pool_fragmentation_bytes,
+    AdapterCount, BaseFormat, BlockKind, BlockWidths, LoraShape, PlanError, PlanInput, PlanModel,
+    StepShape, WorkingSet,
 };
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
@@ -170,6 +171,30 @@ pub(crate) fn dual_stream_working_set(
         + set.quantised_inputs * shape.quantised_input_bytes;
     block.max(l * d * 4 * set.head_tokens_dim_f32)
 }
+
+/// The memory pool's fragmentation under the dual-stream block's manual backward on an FP8 base: measured on the
+/// H200 (bench/RESULTS.md, session 36: HunyuanVideo 1.5 at 49k tokens, reserved less the tensors' own peak) at
+/// [`DUAL_STREAM_FP8_FRAGMENTATION_PERCENT`] of the working set, where a bf16 base left 0.4 GiB. Each of the block's
+/// 14 linears dequantises its weight between the `[L, f]` and `[L, d]` tensors the tape holds through the whole
+/// backward, and the pool cannot reuse the holes those small temporaries split. `None` (the shared share) for a
+/// bf16 base or another working set.
+pub(crate) fn dual_stream_fragmentation(
+    input: &PlanInput,
+    shape: &StepShape,
+    widths: &BlockWidths,
+) -> Option<u64> {
+    if input.working_set != WorkingSet::FUSED_BACKWARD || shape.dequantised_weight_bytes == 0 {
+        return None;
+    }
+    let working = dual_stream_working_set(input, shape, widths);
+    Some(
+        (working * DUAL_STREAM_FP8_FRAGMENTATION_PERCENT / 100)
+            .max(pool_fragmentation_bytes(working)),
+    )
+}
+
+/// The dual-stream block's pool fragmentation on an FP8 base, as a percentage of its working set (measured).
+pub(crate) const DUAL_STREAM_FP8_FRAGMENTATION_PERCENT: u64 = 42;
 
 /// The weights of `shapes` outside the blocks, all `compute` bytes per value, summed by component: `groups` maps a
 /// name prefix to its component's label (labels in the order they first appear).

@@ -378,6 +378,7 @@ pub(crate) fn describe(model: &Ltx2PlanModel, input: &PlanInput) -> Result<Model
         saved_input_bytes: tokens * d * shape.residual_bytes + audio_saved,
         shared_inputs,
         working_set_bytes: input.working_set.bytes_for(&widths, &shape),
+        fragmentation_bytes: None,
         pixel_multiple: VAE_FACTOR,
         frame_step: VAE_TEMPORAL,
         shape,

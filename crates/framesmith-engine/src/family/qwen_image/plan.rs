@@ -12,9 +12,9 @@ use framesmith_nn::lora::{LoraError, LoraFamily};
 use super::pipeline::DEFAULT_CFG_SCALE;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_block_kind, dual_stream_shape, dual_stream_working_set,
-    family_lora_parameters, plan_model_of, spread_streamed_blocks, token_grid,
-    weights_by_component, PlanNames, TapeCounts,
+    block_buffers, dual_stream_block_kind, dual_stream_fragmentation, dual_stream_shape,
+    dual_stream_working_set, family_lora_parameters, plan_model_of, spread_streamed_blocks,
+    token_grid, weights_by_component, PlanNames, TapeCounts,
 };
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
@@ -212,6 +212,7 @@ pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<Model
             clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
         )],
         working_set_bytes: dual_stream_working_set(input, &shape, &widths),
+        fragmentation_bytes: dual_stream_fragmentation(input, &shape, &widths),
         pixel_multiple: PIXELS_PER_TOKEN,
         frame_step: 0,
         shape,

@@ -158,6 +158,7 @@ pub(crate) fn describe(cfg: &WanConfig, input: &PlanInput) -> Result<ModelMemory
         saved_input_bytes: shape.tokens * cfg.dim as u64 * shape.residual_bytes,
         shared_inputs: shared_inputs(cfg, batch, &shape),
         working_set_bytes: working_set_bytes(&input.working_set, cfg, &shape),
+        fragmentation_bytes: None,
         pixel_multiple: 16 * (vae_for(cfg).spatial_factor() / 8).max(1),
         frame_step: vae_for(cfg).temporal_factor(),
         shape,
