@@ -9,6 +9,7 @@ use rand::SeedableRng;
 use super::{elementwise, fp8, norm, rope};
 use crate::init;
 
+mod adapter;
 mod fp8_gemm;
 mod linear;
 mod mixed;
@@ -499,6 +500,7 @@ const GROUPS: &[Group] = &[
     ("norm_mod", norm_mod::norm_mod_checks),
     ("rms_rope", rms_rope::rms_rope_checks),
     ("optim", optim::optim_checks),
+    ("adapter", adapter::adapter_checks),
     #[cfg(feature = "cudnn")]
     ("attention", attention_checks),
     #[cfg(feature = "cudnn")]
@@ -589,6 +591,12 @@ mod tests {
     #[test]
     fn direct_backward_kernels_match_reference() -> Result<()> {
         assert_all_pass(direct_backward_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn adapter_kernels_match_reference() -> Result<()> {
+        assert_all_pass(adapter::adapter_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

@@ -39,6 +39,7 @@ pub(crate) fn cuda_only(op: &str, cpu_version: &str) -> candle_core::Error {
     ))
 }
 
+pub(crate) mod adapter;
 #[cfg(feature = "cudnn")]
 pub mod attention;
 #[cfg(feature = "cudnn")]

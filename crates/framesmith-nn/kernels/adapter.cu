@@ -1,0 +1,92 @@
+// The small per-layer passes of the LoHa and DoRA adapters (`framesmith_nn::ops::adapter`), each one launch where
+// candle's composition took several: LoHa's row-wise outer products and their gradients (cuBLAS ran them as
+// batched products of 1-wide matrices, one tile per row), and DoRA's row norms from their low-rank terms.
+// Factors are f32; a factor `a` of `n` vectors of `r` values is stored [n, r] (`columns` 0) or [r, n] (`columns` 1).
+#include "common.cuh"
+
+#define FOR_EACH(i, n) for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
+// Value `k` of vector `j` of a factor of `n` vectors of `r` values.
+__device__ __forceinline__ float factor_at(const float* a, long j, long k, long n, long r, int columns) {
+    return columns ? a[k * n + j] : a[j * r + k];
+}
+
+// out[j, p·r + q] = (a_j[p] · b_j[q]) · s, rounded once to TO; each product rounded as f32 first (the reference's
+// batched product of a [r, 1] by a [1, r] column, then its scale).
+template <typename TO>
+__device__ void pair_products(const float* a, const float* b, TO* out, long n, long r, int columns, float s) {
+    const long r2 = r * r;
+    FOR_EACH(i, n * r2) {
+        const long j = i / r2;
+        const long pq = i - j * r2;
+        const long p = pq / r;
+        const long q = pq - p * r;
+        float v = __fmul_rn(factor_at(a, j, p, n, r, columns), factor_at(b, j, q, n, r, columns));
+        if (s != 1.f) v = __fmul_rn(v, s);
+        out[i] = from_f32<TO>(v);
+    }
+}
+
+// The gradients of pair_products for d [n, r²]: da_j[k] = s · Σ_q d[j, k·r + q] b_j[q] and
+// db_j[k] = s · Σ_p d[j, p·r + k] a_j[p], written f32 in the factors' layout. One thread per (j, k), the index
+// running over j fastest for column factors so that the writes stay contiguous.
+template <typename TD>
+__device__ void pair_products_bwd(const TD* d, const float* a, const float* b, float* da, float* db, long n, long r,
+                                  int columns, float s) {
+    FOR_EACH(i, n * r) {
+        const long j = columns ? i % n : i / r;
+        const long k = columns ? i / n : i % r;
+        const TD* row = d + j * r * r;
+        float sa = 0.f, sb = 0.f;
+        for (long t = 0; t < r; ++t) {
+            sa = fmaf(to_f32(row[k * r + t]), factor_at(b, j, t, n, r, columns), sa);
+            sb = fmaf(to_f32(row[t * r + k]), factor_at(a, j, t, n, r, columns), sb);
+        }
+        if (s != 1.f) {
+            sa = __fmul_rn(sa, s);
+            sb = __fmul_rn(sb, s);
+        }
+        da[i] = sa;
+        db[i] = sb;
+    }
+}
+
+// DoRA's row norms ‖W_o + s·B_o A‖ + eps from their terms, one thread per output row o:
+// squares[o] + 2s·Σ_p up[o, p] wa[p, o] + s²·Σ_{p,q} up[o, p] gram[p, q] up[o, q], clamped at zero (rounding can
+// take a vanishing norm below it), square-rooted, eps added. `up` [out, r] and `gram` = A Aᵀ [r, r] f32, `wa` =
+// A Wᵀ [r, out] in TW, `squares` = ‖W_o‖² [out] f32.
+template <typename TW>
+__device__ void dora_norms(const float* squares, const float* up, const TW* wa, const float* gram, float* norms,
+                           long out, long r, float s, float eps) {
+    FOR_EACH(o, out) {
+        const float* u = up + o * r;
+        float cross = 0.f, quad = 0.f;
+        for (long p = 0; p < r; ++p) {
+            cross = fmaf(u[p], to_f32(wa[p * out + o]), cross);
+            float g = 0.f;
+            for (long q = 0; q < r; ++q) g = fmaf(gram[p * r + q], u[q], g);
+            quad = fmaf(u[p], g, quad);
+        }
+        float sq = squares[o] + cross * (2.f * s) + quad * (s * s);
+        sq = fmaxf(sq, 0.f);
+        norms[o] = __fsqrt_rn(sq) + eps;
+    }
+}
+
+#define DEFINE(S, T)                                                                                                \
+    extern "C" __global__ void fs_pair_products_##S(const float* a, const float* b, T* out, long n, long r,       \
+                                                    int columns, float s) {                                       \
+        pair_products<T>(a, b, out, n, r, columns, s);                                                            \
+    }                                                                                                               \
+    extern "C" __global__ void fs_pair_products_bwd_##S(const T* d, const float* a, const float* b, float* da,     \
+                                                        float* db, long n, long r, int columns, float s) {        \
+        pair_products_bwd<T>(d, a, b, da, db, n, r, columns, s);                                                  \
+    }                                                                                                               \
+    extern "C" __global__ void fs_dora_norms_##S(const float* squares, const float* up, const T* wa,              \
+                                                 const float* gram, float* norms, long out, long r, float s,      \
+                                                 float eps) {                                                     \
+        dora_norms<T>(squares, up, wa, gram, norms, out, r, s, eps);                                              \
+    }
+
+DEFINE(f32, float)
+DEFINE(bf16, __nv_bfloat16)

@@ -1,0 +1,230 @@
+//! The adapters' small per-layer passes on CUDA (`kernels/adapter.cu`), outside autograd: LoHa's row-wise outer
+//! products and their gradients, DoRA's row norms from their low-rank terms. The portable versions (and the
+//! references the device checks hold these to) are in `crate::ops::adapter`, which calls these only for f32
+//! factors on CUDA.
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{CudaDevice, CudaStorage, DType, Layout, Result, Tensor, WithDType};
+
+use super::ptx::{self, cuda_storage, long, untracked};
+
+/// The kernel `fs_{name}_{suffix of dtype}` on `dev`.
+fn function(dev: &CudaDevice, name: &str, dtype: DType) -> Result<CudaFunction> {
+    ptx::load(
+        dev,
+        &ptx::ADAPTER,
+        &format!("fs_{name}_{}", ptx::suffix(dtype)?),
+    )
+}
+
+/// A dense f32 CUDA tensor, as every factor the kernels read.
+fn f32_dense(t: &Tensor) -> Result<Tensor> {
+    t.detach().to_dtype(DType::F32)?.contiguous()
+}
+
+/// `[n, r²]` in `dtype` whose row `j` is `s · a_j ⊗ b_j` for `a`, `b` holding `n` vectors of `r` values (rows of
+/// [n, r], or with `columns` columns of [r, n]), f32 CUDA tensors.
+pub fn pair_products(
+    a: &Tensor,
+    b: &Tensor,
+    [n, r]: [usize; 2],
+    columns: bool,
+    scale: f64,
+    dtype: DType,
+) -> Result<Tensor> {
+    let (a, b) = (f32_dense(a)?, f32_dense(b)?);
+    let (ag, bg) = (a.storage_and_layout(), b.storage_and_layout());
+    let (sa, sb) = (
+        cuda_storage(&ag.0, "pair products")?,
+        cuda_storage(&bg.0, "pair products")?,
+    );
+    let dev = sa.device().clone();
+    let func = function(&dev, "pair_products", dtype)?;
+    let args = PairArgs {
+        n: long(n)?,
+        r: long(r)?,
+        columns: i32::from(columns),
+        scale: scale as f32,
+    };
+    let count = n * r * r;
+    let out = match dtype {
+        DType::F32 => products::<f32>(&func, &dev, [(sa, ag.1), (sb, bg.1)], &args, count)?,
+        DType::BF16 => products::<half::bf16>(&func, &dev, [(sa, ag.1), (sb, bg.1)], &args, count)?,
+        other => candle_core::bail!("pair products: no {other:?} output"),
+    };
+    drop((ag, bg));
+    Ok(untracked(out, (n, r * r)))
+}
+
+/// The sizes and scalars every pair kernel takes after its buffers.
+struct PairArgs {
+    n: i64,
+    r: i64,
+    columns: i32,
+    scale: f32,
+}
+
+fn products<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    dev: &CudaDevice,
+    [a, b]: [(&CudaStorage, &Layout); 2],
+    args: &PairArgs,
+    count: usize,
+) -> Result<CudaStorage> {
+    let av = ptx::view::<f32>(a.0, a.1)?;
+    let bv = ptx::view::<f32>(b.0, b.1)?;
+    // SAFETY: the kernel writes every one of the `count` values (one per grid-stride index) before it is read.
+    let out = unsafe { dev.alloc::<T>(count)? };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&av).arg(&bv).arg(&out);
+    l.arg(&args.n)
+        .arg(&args.r)
+        .arg(&args.columns)
+        .arg(&args.scale);
+    // SAFETY: argument order and types match fs_pair_products_* in kernels/adapter.cu; `a` and `b` hold n·r f32
+    // values each (checked by the caller), the output n·r².
+    unsafe { l.launch(ptx::elementwise_config(count)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// The gradients `(∂a, ∂b)` of [`pair_products`] for `d` [n, r²] (f32 or bf16), f32 in the factors' layout.
+pub fn pair_products_backward(
+    d: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    [n, r]: [usize; 2],
+    columns: bool,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
+    let d = d.detach().contiguous()?;
+    let (a, b) = (f32_dense(a)?, f32_dense(b)?);
+    let guards = [
+        d.storage_and_layout(),
+        a.storage_and_layout(),
+        b.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(st, _)| cuda_storage(st, "pair products backward"))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let func = function(&dev, "pair_products_bwd", d.dtype())?;
+    let args = PairArgs {
+        n: long(n)?,
+        r: long(r)?,
+        columns: i32::from(columns),
+        scale: scale as f32,
+    };
+    let inputs = [
+        (stores[0], guards[0].1),
+        (stores[1], guards[1].1),
+        (stores[2], guards[2].1),
+    ];
+    let (da, db) = match d.dtype() {
+        DType::F32 => folds::<f32>(&func, &dev, inputs, &args, n * r)?,
+        DType::BF16 => folds::<half::bf16>(&func, &dev, inputs, &args, n * r)?,
+        other => candle_core::bail!("pair products backward: no {other:?} gradient"),
+    };
+    drop(stores);
+    drop(guards);
+    let shape = if columns { (r, n) } else { (n, r) };
+    Ok((untracked(da, shape), untracked(db, shape)))
+}
+
+fn folds<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    dev: &CudaDevice,
+    [d, a, b]: [(&CudaStorage, &Layout); 3],
+    args: &PairArgs,
+    count: usize,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dv = ptx::view::<T>(d.0, d.1)?;
+    let av = ptx::view::<f32>(a.0, a.1)?;
+    let bv = ptx::view::<f32>(b.0, b.1)?;
+    // SAFETY: the kernel writes every one of the `count` values of both outputs before they are read.
+    let (da, db) = unsafe { (dev.alloc::<f32>(count)?, dev.alloc::<f32>(count)?) };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&dv).arg(&av).arg(&bv).arg(&da).arg(&db);
+    l.arg(&args.n)
+        .arg(&args.r)
+        .arg(&args.columns)
+        .arg(&args.scale);
+    // SAFETY: argument order and types match fs_pair_products_bwd_* in kernels/adapter.cu; `d` holds n·r² values,
+    // the factors and both outputs n·r (checked by the caller).
+    unsafe { l.launch(ptx::elementwise_config(count)) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(da, dev.clone()),
+        CudaStorage::wrap_cuda_slice(db, dev.clone()),
+    ))
+}
+
+/// DoRA's row norms [out, 1] f32 from `squares` = ‖W_o‖² (out values, f32), `up` [out, r] (f32), `wa` = A Wᵀ
+/// [r, out] (f32 or bf16) and `gram` = A Aᵀ [r, r] (f32), for the LoRA scale `scale`.
+pub fn dora_norms(
+    squares: &Tensor,
+    up: &Tensor,
+    wa: &Tensor,
+    gram: &Tensor,
+    scale: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let (out, r) = up.dims2()?;
+    let wa = wa.detach().contiguous()?;
+    let (squares, up, gram) = (f32_dense(squares)?, f32_dense(up)?, f32_dense(gram)?);
+    let guards = [
+        squares.storage_and_layout(),
+        up.storage_and_layout(),
+        wa.storage_and_layout(),
+        gram.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(st, _)| cuda_storage(st, "DoRA norms"))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let func = function(&dev, "dora_norms", wa.dtype())?;
+    let inputs = [
+        (stores[0], guards[0].1),
+        (stores[1], guards[1].1),
+        (stores[2], guards[2].1),
+        (stores[3], guards[3].1),
+    ];
+    let sizes = [long(out)?, long(r)?];
+    let scalars = [scale as f32, eps as f32];
+    let norms = match wa.dtype() {
+        DType::F32 => norms::<f32>(&func, &dev, inputs, sizes, scalars)?,
+        DType::BF16 => norms::<half::bf16>(&func, &dev, inputs, sizes, scalars)?,
+        other => candle_core::bail!("DoRA norms: no {other:?} kernel"),
+    };
+    drop(stores);
+    drop(guards);
+    Ok(untracked(norms, (out, 1)))
+}
+
+fn norms<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    dev: &CudaDevice,
+    [squares, up, wa, gram]: [(&CudaStorage, &Layout); 4],
+    [out, r]: [i64; 2],
+    [scale, eps]: [f32; 2],
+) -> Result<CudaStorage> {
+    let sv = ptx::view::<f32>(squares.0, squares.1)?;
+    let uv = ptx::view::<f32>(up.0, up.1)?;
+    let wv = ptx::view::<T>(wa.0, wa.1)?;
+    let gv = ptx::view::<f32>(gram.0, gram.1)?;
+    let rows = usize::try_from(out).map_err(|_| candle_core::Error::Msg("negative rows".into()))?;
+    // SAFETY: the kernel writes every one of the `rows` values before they are read.
+    let norms = unsafe { dev.alloc::<f32>(rows)? };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&sv).arg(&uv).arg(&wv).arg(&gv).arg(&norms);
+    l.arg(&out).arg(&r).arg(&scale).arg(&eps);
+    // SAFETY: argument order and types match fs_dora_norms_* in kernels/adapter.cu; `squares` holds out values,
+    // `up` out·r, `wa` r·out, `gram` r·r (checked by the caller), the output out.
+    unsafe { l.launch(ptx::elementwise_config(rows)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(norms, dev.clone()))
+}

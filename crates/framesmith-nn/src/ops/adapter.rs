@@ -1,0 +1,217 @@
+//! The adapters' small per-layer passes (LoHa's row-wise outer products and their gradients, DoRA's row norms),
+//! each one kernel on CUDA for f32 factors and the candle composition written here elsewhere — the reference the
+//! device checks hold the kernels to. Outside autograd: the adapters' hand-written backward calls them.
+
+use candle_core::{DType, Result, Tensor};
+
+/// Whether the CUDA kernels take factors `ts`: f32 CUDA tensors outside autograd.
+#[cfg(feature = "cuda")]
+fn on_kernel(ts: &[&Tensor]) -> bool {
+    ts.iter()
+        .all(|t| t.device().is_cuda() && t.dtype() == DType::F32 && !t.track_op())
+}
+
+/// A dtype the kernels write or read: f32 or bf16.
+#[cfg(feature = "cuda")]
+fn kernel_dtype(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::BF16)
+}
+
+/// `(n, r)` of two factors each holding `n` vectors of `r` values: rows of [n, r], or with `columns` columns of
+/// [r, n].
+fn pair_dims(a: &Tensor, b: &Tensor, columns: bool) -> Result<[usize; 2]> {
+    let (rows, cols) = a.dims2()?;
+    if b.dims() != a.dims() {
+        candle_core::bail!(
+            "pair products: factors of shapes {:?} and {:?}",
+            a.dims(),
+            b.dims()
+        );
+    }
+    Ok(if columns { [cols, rows] } else { [rows, cols] })
+}
+
+/// `a` as [n, r] rows in its own dtype (a column factor transposed and copied).
+fn as_rows(a: &Tensor, columns: bool) -> Result<Tensor> {
+    if columns {
+        a.t()?.contiguous()
+    } else {
+        Ok(a.clone())
+    }
+}
+
+/// The [n, r²] matrix whose row `j` is `scale · a_j ⊗ b_j` (`a_j[p] · b_j[q]` at column `p·r + q`), for factors
+/// `a`, `b` holding `n` vectors of `r` values — rows of [n, r], or with `columns` columns of [r, n] — computed in
+/// the factors' dtype (f32; f64 in tests) and written in `dtype`. LoHa's rank-`r²` factors: one kernel on CUDA,
+/// where candle ran a batched product of `n` [r, 1] by [1, r] matrices (one GPU tile each) and a cast.
+pub fn pair_products(
+    a: &Tensor,
+    b: &Tensor,
+    columns: bool,
+    scale: f64,
+    dtype: DType,
+) -> Result<Tensor> {
+    let [n, r] = pair_dims(a, b, columns)?;
+    #[cfg(feature = "cuda")]
+    if on_kernel(&[a, b]) && kernel_dtype(dtype) {
+        return crate::cuda::adapter::pair_products(a, b, [n, r], columns, scale, dtype);
+    }
+    let (a, b) = (
+        as_rows(&a.detach(), columns)?,
+        as_rows(&b.detach(), columns)?,
+    );
+    let outer = a
+        .reshape((n, r, 1))?
+        .matmul(&b.reshape((n, 1, r))?)?
+        .reshape((n, r * r))?;
+    let outer = if scale == 1.0 {
+        outer
+    } else {
+        (outer * scale)?
+    };
+    outer.to_dtype(dtype)
+}
+
+/// The gradients `(∂a, ∂b)` of [`pair_products`] (same `a`, `b`, `columns`, `scale`) for the output gradient `d`
+/// [n, r²] in any float dtype: `∂a_j[p] = scale · Σ_q d[j, p·r + q] b_j[q]` and `∂b_j[q] = scale · Σ_p d[j, p·r + q]
+/// a_j[p]`, in the factors' dtype and layout. One kernel on CUDA for both, reading `d` as it is (no cast).
+pub fn pair_products_backward(
+    d: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    columns: bool,
+    scale: f64,
+) -> Result<(Tensor, Tensor)> {
+    let [n, r] = pair_dims(a, b, columns)?;
+    if d.dims() != [n, r * r] {
+        candle_core::bail!(
+            "pair products backward: a gradient of shape {:?} for {n} vectors of {r}",
+            d.dims()
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if on_kernel(&[a, b]) && kernel_dtype(d.dtype()) && d.device().is_cuda() {
+        return crate::cuda::adapter::pair_products_backward(d, a, b, [n, r], columns, scale);
+    }
+    let work = a.dtype();
+    let (a, b) = (
+        as_rows(&a.detach(), columns)?,
+        as_rows(&b.detach(), columns)?,
+    );
+    let d = d.detach().to_dtype(work)?.reshape((n, r, r))?;
+    // Per vector j: d_j [r, r] times b_j as a column gives ∂a_j; a_j as a row times d_j gives ∂b_j.
+    let da = d.matmul(&b.reshape((n, r, 1))?)?.reshape((n, r))?;
+    let db = a.reshape((n, 1, r))?.matmul(&d)?.reshape((n, r))?;
+    let finish = |g: Tensor| -> Result<Tensor> {
+        let g = if scale == 1.0 { g } else { (g * scale)? };
+        if columns {
+            g.t()?.contiguous()
+        } else {
+            Ok(g)
+        }
+    };
+    Ok((finish(da)?, finish(db)?))
+}
+
+/// DoRA's row norms `‖W_o + s·B_o A‖ + eps` [out, 1] from their terms, without forming the sum: `squares` =
+/// `‖W_o‖²` (out values), `up` = B [out, r], `wa` = A Wᵀ [r, out] (any float dtype, e.g. the product's compute
+/// dtype), `gram` = A Aᵀ [r, r], `scale` = s: `squares + 2s·Σ_p B[o,p] (A Wᵀ)[p,o] + s²·B_o (A Aᵀ) B_oᵀ`,
+/// clamped at zero (rounding can take a vanishing norm below it), square-rooted. In `up`'s dtype; one kernel on
+/// CUDA (f32 factors) where candle took about a dozen.
+pub fn dora_row_norms(
+    squares: &Tensor,
+    up: &Tensor,
+    wa: &Tensor,
+    gram: &Tensor,
+    scale: f64,
+    eps: f64,
+) -> Result<Tensor> {
+    let (out, r) = up.dims2()?;
+    let fits = squares.elem_count() == out && wa.dims() == [r, out] && gram.dims() == [r, r];
+    if !fits {
+        candle_core::bail!(
+            "DoRA norms: squares of {} values, up {:?}, A Wᵀ {:?}, A Aᵀ {:?}",
+            squares.elem_count(),
+            up.dims(),
+            wa.dims(),
+            gram.dims()
+        );
+    }
+    #[cfg(feature = "cuda")]
+    if on_kernel(&[up, gram]) && squares.device().is_cuda() && kernel_dtype(wa.dtype()) {
+        return crate::cuda::adapter::dora_norms(squares, up, wa, gram, scale, eps);
+    }
+    let work = up.dtype();
+    let (up, gram) = (up.detach(), gram.detach().to_dtype(work)?);
+    let cross = (&up * wa.detach().to_dtype(work)?.t()?)?.sum_keepdim(1)?;
+    let quad = (up.matmul(&gram)? * &up)?.sum_keepdim(1)?;
+    let squares = squares.detach().to_dtype(work)?.reshape((out, 1))?;
+    let squares = ((squares + (cross * (2.0 * scale))?)? + (quad * (scale * scale))?)?;
+    squares.relu()?.sqrt()? + eps
+}
+
+#[cfg(test)]
+mod tests {
+    use candle_core::{Device, Var};
+    use rand::rngs::StdRng;
+    use rand::SeedableRng;
+
+    use super::*;
+    use crate::init::randn;
+    use crate::testing::rel;
+
+    /// The pair products equal the broadcast products they stand for, for row and column factors, and their
+    /// backward equals candle's autograd through that broadcast composition.
+    #[test]
+    fn pair_products_and_their_gradients_match_broadcast_products() -> Result<()> {
+        let rng = &mut StdRng::seed_from_u64(41);
+        let dev = Device::Cpu;
+        let (n, r, scale) = (7, 3, 0.625);
+        for columns in [false, true] {
+            let shape = if columns { (r, n) } else { (n, r) };
+            let a = Var::from_tensor(&randn(rng, shape, 0.0, 1.0, &dev)?)?;
+            let b = Var::from_tensor(&randn(rng, shape, 0.0, 1.0, &dev)?)?;
+            let rows = |v: &Var| as_rows(v.as_tensor(), columns);
+            // a_j[p] · b_j[q] by broadcasting [n, r, 1] against [n, 1, r].
+            let want = rows(&a)?
+                .reshape((n, r, 1))?
+                .broadcast_mul(&rows(&b)?.reshape((n, 1, r))?)?
+                .reshape((n, r * r))?
+                .affine(scale, 0.0)?;
+            let got = pair_products(a.as_tensor(), b.as_tensor(), columns, scale, DType::F32)?;
+            assert!(rel(&got, &want)? < 1e-7, "columns {columns}: forward");
+            let d = randn(rng, (n, r * r), 0.0, 1.0, &dev)?;
+            let store = (&want * &d)?.sum_all()?.backward()?;
+            let (da, db) =
+                pair_products_backward(&d, a.as_tensor(), b.as_tensor(), columns, scale)?;
+            for (name, got, var) in [("a", &da, &a), ("b", &db, &b)] {
+                let want = store
+                    .get(var.as_tensor())
+                    .ok_or_else(|| candle_core::Error::msg("no gradient"))?;
+                assert_eq!(got.dims(), var.dims(), "columns {columns}: {name} shape");
+                assert!(rel(got, want)? < 1e-6, "columns {columns}: ∂{name}");
+            }
+        }
+        Ok(())
+    }
+
+    /// DoRA's row norms from their terms equal the norms of the merged weight's rows.
+    #[test]
+    fn dora_row_norms_equal_the_merged_rows_norms() -> Result<()> {
+        let rng = &mut StdRng::seed_from_u64(43);
+        let dev = Device::Cpu;
+        let (out, r, input, s) = (9, 3, 11, 0.75);
+        let w = randn(rng, (out, input), 0.0, 0.5, &dev)?.to_dtype(DType::F64)?;
+        let down = randn(rng, (r, input), 0.0, 0.5, &dev)?.to_dtype(DType::F64)?;
+        let up = randn(rng, (out, r), 0.0, 0.5, &dev)?.to_dtype(DType::F64)?;
+        let merged = (&w + (up.matmul(&down)? * s)?)?;
+        let want = (merged.sqr()?.sum_keepdim(1)?.sqrt()? + 1e-7)?;
+        let squares = w.sqr()?.sum_keepdim(1)?;
+        let wa = down.matmul(&w.t()?)?;
+        let gram = down.matmul(&down.t()?)?;
+        let got = dora_row_norms(&squares, &up, &wa, &gram, s, 1e-7)?;
+        assert_eq!(got.dims(), [out, 1]);
+        assert!(rel(&got, &want)? < 1e-12, "{}", rel(&got, &want)?);
+        Ok(())
+    }
+}
