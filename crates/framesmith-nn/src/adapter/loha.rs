@@ -123,39 +123,35 @@ impl Loha {
     }
 
     /// `ΔW` as a LoRA of rank `rank²`: `(downᵀ [in, r²], up [out, r²])`, detached, in `dtype`, with
-    /// `ΔW = scale · up · down`: `(P1 ⊙ P2)[o, i] = Σ_{p,q} w1_a[o,p] w2_a[o,q] · w1_b[p,i] w2_b[q,i]`, so
-    /// `up[o, (p,q)] = w1_a[o,p] w2_a[o,q]` and `down[(p,q), i] = w1_b[p,i] w2_b[q,i]`. Each is a batch of outer
-    /// products (one per row of `up`, one per column of `down`, hence `down` transposed) made by one batched
-    /// matrix product, not candle's broadcast multiply, whose strided index arithmetic is slow at this size.
+    /// `ΔW = up · down` (the scale and multiplier on `down`): `(P1 ⊙ P2)[o, i] = Σ_{p,q} w1_a[o,p] w2_a[o,q] ·
+    /// w1_b[p,i] w2_b[q,i]`, so `up[o, (p,q)] = w1_a[o,p] w2_a[o,q]` and `down[(p,q), i] = s · w1_b[p,i] w2_b[q,i]`:
+    /// each the row-wise outer products of two factors ([`crate::ops::pair_products`], one kernel on CUDA; the `b`
+    /// factors read as columns, hence `down` transposed).
     pub fn low_rank(&self, dtype: DType) -> Result<(Tensor, Tensor)> {
-        let (r, in_dim, out) = (self.rank(), self.in_dim(), self.out_dim());
-        let (w1_a, w2_a) = (work_tensor(&self.w1_a)?, work_tensor(&self.w2_a)?);
-        let (w1_bt, w2_bt) = (columns(&self.w1_b)?, columns(&self.w2_b)?);
-        let up = outer(&w1_a, &w2_a, out, r)?;
-        let down_t = outer(&w1_bt, &w2_bt, in_dim, r)?;
-        Ok((down_t.to_dtype(dtype)?, up.to_dtype(dtype)?))
+        let pairs = |a: &Var, b: &Var, columns: bool, scale: f64| {
+            crate::ops::pair_products(&work_tensor(a)?, &work_tensor(b)?, columns, scale, dtype)
+        };
+        let up = pairs(&self.w1_a, &self.w2_a, false, 1.0)?;
+        let down_t = pairs(&self.w1_b, &self.w2_b, true, self.scale())?;
+        Ok((down_t, up))
     }
 
     /// The factors' gradients (in [`super::Adapter::named_vars`] order) from those of [`Loha::low_rank`]'s
     /// `downᵀ` [in, r²] and `up` [out, r²] (any float dtype): `∂w1_a[o,p] = Σ_q ∂up[o,(p,q)] w2_a[o,q]`, and so
-    /// on, each a batch of small matrix-vector products.
+    /// on, times the scale for the `b` factors ([`crate::ops::pair_products_backward`], one kernel per side on
+    /// CUDA).
     pub fn low_rank_backward(&self, d_down_t: &Tensor, d_up: &Tensor) -> Result<Vec<ParamGrad>> {
-        let (r, in_dim, out) = (self.rank(), self.in_dim(), self.out_dim());
-        let (w1_a, w2_a) = (work_tensor(&self.w1_a)?, work_tensor(&self.w2_a)?);
-        let (w1_bt, w2_bt) = (columns(&self.w1_b)?, columns(&self.w2_b)?);
-        let work = w1_a.dtype();
-        let d_up = d_up.to_dtype(work)?.reshape((out, r, r))?;
-        let d_down = d_down_t.to_dtype(work)?.reshape((in_dim, r, r))?;
-        // Per row o: ∂up[o] [r, r] times w2_a[o] as a column gives ∂w1_a[o]; w1_a[o] as a row times ∂up[o]
-        // gives ∂w2_a[o]. The same per column i of the `b` factors.
-        let first =
-            |d: &Tensor, v: &Tensor, n: usize| d.matmul(&v.reshape((n, r, 1))?)?.reshape((n, r));
-        let second =
-            |d: &Tensor, v: &Tensor, n: usize| v.reshape((n, 1, r))?.matmul(d)?.reshape((n, r));
-        let d_w1_a = first(&d_up, &w2_a, out)?;
-        let d_w2_a = second(&d_up, &w1_a, out)?;
-        let d_w1_b = first(&d_down, &w2_bt, in_dim)?.t()?;
-        let d_w2_b = second(&d_down, &w1_bt, in_dim)?.t()?;
+        let folds = |d: &Tensor, a: &Var, b: &Var, columns: bool, scale: f64| {
+            crate::ops::pair_products_backward(
+                d,
+                &work_tensor(a)?,
+                &work_tensor(b)?,
+                columns,
+                scale,
+            )
+        };
+        let (d_w1_a, d_w2_a) = folds(d_up, &self.w1_a, &self.w2_a, false, 1.0)?;
+        let (d_w1_b, d_w2_b) = folds(d_down_t, &self.w1_b, &self.w2_b, true, self.scale())?;
         Ok(vec![
             param_grad(&self.w1_a, d_w1_a)?,
             param_grad(&self.w1_b, d_w1_b)?,
@@ -201,17 +197,4 @@ impl Loha {
             multiplier: 1.0,
         })
     }
-}
-
-/// A `[rank, width]` factor transposed to `[width, rank]` (contiguous), detached, in its work dtype.
-fn columns(v: &Var) -> Result<Tensor> {
-    work_tensor(v)?.t()?.contiguous()
-}
-
-/// `[n, r²]` whose row `j` is the outer product of row `j` of `a` [n, r] with row `j` of `b` [n, r]
-/// (`a[j, p] · b[j, q]` at column `p·r + q`), as one batched product of `[r, 1]` by `[1, r]`.
-fn outer(a: &Tensor, b: &Tensor, n: usize, r: usize) -> Result<Tensor> {
-    a.reshape((n, r, 1))?
-        .matmul(&b.reshape((n, 1, r))?)?
-        .reshape((n, r * r))
 }

@@ -41,8 +41,9 @@ impl Linear {
         let dtype = x2.dtype();
         let (y, tape) = match (adapter, path) {
             (Adapter::Loha(loha), UpdatePath::Factored) => {
+                // The scale rides on `down`: `mid` is the scaled activation without a pass of its own.
                 let (down_t, up) = loha.low_rank(dtype)?;
-                let mid = (x2.matmul(&down_t)? * loha.scale())?;
+                let mid = x2.matmul(&down_t)?;
                 return self.finish_forward(x2, mid, up, out_dims);
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
@@ -143,9 +144,9 @@ impl Linear {
         Ok((dx, params))
     }
 
-    /// LoHa's backward as a LoRA of rank `rank²` ([`Loha::low_rank`], scale `s`): `t = (dy·s) up`,
-    /// `∂downᵀ = xᵀ t`, `∂up = dyᵀ mid` with `mid = (x downᵀ)·s` from the tape (recomputed without one), folded
-    /// into the factors.
+    /// LoHa's backward as a LoRA of rank `rank²` ([`Loha::low_rank`], the scale `s` on `down`): `t = dy up`,
+    /// `∂downᵀ = xᵀ t`, `∂up = dyᵀ mid` with `mid = x downᵀ` from the tape (recomputed without one), folded into
+    /// the factors.
     fn loha_backward(
         &self,
         loha: &Loha,
@@ -153,12 +154,11 @@ impl Linear {
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let (down_t, up) = loha.low_rank(x2.dtype())?;
-        let s = loha.scale();
         let mid = match &tape.mid {
             Some(m) => m.clone(),
-            None => (x2.matmul(&down_t)? * s)?,
+            None => x2.matmul(&down_t)?,
         };
-        let t = (dy2.matmul(&up)? * s)?;
+        let t = dy2.matmul(&up)?;
         let d_up = dy2.t()?.matmul(&mid)?;
         let d_down_t = x2.t()?.matmul(&t)?;
         let params = loha.low_rank_backward(&d_down_t, &d_up)?;
