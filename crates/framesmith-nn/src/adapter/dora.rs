@@ -41,8 +41,19 @@ impl Dora {
             base.device(),
             rng,
         )?;
-        let squares = base_row_squares(base, work_dtype(&lora.down))?;
-        let norms = finish_norms(squares)?;
+        let work = work_dtype(&lora.down);
+        let squares = base_row_squares(base, work)?;
+        // The terms with `up` are exact zeros whatever `A Wᵀ` and `A Aᵀ` are: zeros stand for them.
+        let (r, out) = (shape.rank, shape.out_dim);
+        let up = work_tensor(&lora.up)?;
+        let norms = crate::ops::dora_row_norms(
+            &squares,
+            &up,
+            &Tensor::zeros((r, out), work, up.device())?,
+            &Tensor::zeros((r, r), work, up.device())?,
+            lora.scale(),
+            NORM_EPS,
+        )?;
         Ok(Self {
             magnitude: Var::from_tensor(&norms.to_dtype(shape.dtype)?)?,
             lora,
@@ -56,21 +67,11 @@ impl Dora {
     /// the work dtype.
     pub fn norms(&self, base: &BaseWeight, base_squares: &Tensor, dtype: DType) -> Result<Tensor> {
         let (down, up) = (work_tensor(&self.lora.down)?, work_tensor(&self.lora.up)?);
-        let work = down.dtype();
-        let s = self.lora.scale();
-        // (A Wᵀ)ᵀ = W Aᵀ [out, r].
-        let wa = down
-            .to_dtype(dtype)?
-            .matmul(&base.dense(dtype)?.t()?)?
-            .to_dtype(work)?
-            .t()?;
-        let cross = (&up * wa)?.sum_keepdim(1)?;
+        // A Wᵀ [r, out], left in the compute dtype: the norms' op reads it as it is.
+        let wa = down.to_dtype(dtype)?.matmul(&base.dense(dtype)?.t()?)?;
         let gram = down.matmul(&down.t()?)?;
-        let quad = (up.matmul(&gram)? * &up)?.sum_keepdim(1)?;
-        let squares = base_squares.to_dtype(work)?.to_device(up.device())?;
-        let squares = ((squares + (cross * (2.0 * s))?)? + (quad * (s * s))?)?;
-        // Rounding can take a norm that is (nearly) zero below it.
-        finish_norms(squares.relu()?)
+        let squares = base_squares.to_device(up.device())?;
+        crate::ops::dora_row_norms(&squares, &up, &wa, &gram, self.lora.scale(), NORM_EPS)
     }
 
     /// The row scale `1 + multiplier · (m / norms − 1)` [out, 1] f32 for the magnitude `m` (tracked or not).
@@ -101,7 +102,5 @@ impl Dora {
     }
 }
 
-/// `√squares + ε`.
-fn finish_norms(squares: Tensor) -> Result<Tensor> {
-    squares.sqrt()? + f64::from(f32::EPSILON)
-}
+/// ε added to every row norm: f32's epsilon, as LyCORIS adds.
+const NORM_EPS: f64 = f32::EPSILON as f64;
