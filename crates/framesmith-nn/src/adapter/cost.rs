@@ -25,9 +25,9 @@ pub enum UpdatePath {
     Factored,
     /// On `W + ΔW` [out, in], with `∂L/∂ΔW = dyᵀ x`.
     Merged,
-    /// LoHa's forward (and its recompute) on `W + ΔW` built in the compute dtype, its backward through the
-    /// factors: for many rows at a large rank, where the forward's two rank-`rank²` products cost more than
-    /// building the weight.
+    /// LoHa's forward (and its recompute) and its input gradient on `W + ΔW` built in the compute dtype, its
+    /// factors' gradients through the factors: for many rows at a large rank, where the rank-`rank²` products of
+    /// the forward and of the input gradient cost more than building the weight.
     MergedForward,
 }
 
@@ -59,9 +59,10 @@ impl UpdateShape {
         }
     }
 
-    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward on `W + ΔW` and a backward through the
-    /// factors: LoHa's backward recomputes `x V` and runs its four products; building the weight takes its two
-    /// rank-`rank` products and a few passes. LoKr does not take this way.
+    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward on `W + ΔW`, an input gradient on it built
+    /// again, and the factors' gradients through the factors: LoHa's backward recomputes `x V` and runs `dy U`,
+    /// `dyᵀ (x V)` and `xᵀ (dy U)`; building the weight takes its two rank-`rank` products and a few passes.
+    /// LoKr does not take this way.
     fn merged_forward_cost(&self, rows: usize) -> u64 {
         let m = rows as u64;
         let (i, o) = self.dims();
@@ -70,7 +71,7 @@ impl UpdateShape {
                 let (width, r2) = (i + o, (rank * rank) as u64);
                 let build =
                     i * o * (4 * rank as u64 + MERGED_FORWARD_BYTES_PER_WEIGHT * FLOPS_PER_BYTE);
-                2 * m * r2 * (3 * i + 2 * o) + width * r2 * 24 * FLOPS_PER_BYTE + build
+                2 * m * r2 * (2 * i + 2 * o) + width * r2 * 24 * FLOPS_PER_BYTE + 2 * build
             }
             Self::Lokr { .. } => u64::MAX,
         }

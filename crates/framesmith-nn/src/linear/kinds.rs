@@ -3,7 +3,8 @@
 //! reshape identity (`kinds/lokr.rs`), neither forming `ΔW`, unless running on `W + ΔW` costs less
 //! ([`crate::adapter::UpdateShape::path`]): then the layer runs on `W + ΔW` (summed in f32, rounded once to the
 //! compute dtype, as LyCORIS merges) and turns `∂L/∂ΔW = dyᵀ x` into the factors' gradients. LoHa at many rows
-//! and a large rank runs its forward on `W + ΔW` built in the compute dtype and its backward through the factors. DoRA
+//! and a large rank runs its forward and its input gradient on `W + ΔW` built in the compute dtype, and its factors'
+//! gradients through the factors. DoRA
 //! (`kinds/dora.rs`) keeps the LoRA's low-rank path and scales each output row by `m / ‖W + ΔW‖`, the norm held
 //! constant. The autograd forward runs on `W + ΔW` always: it is the reference the tests hold these to.
 
@@ -117,7 +118,8 @@ impl Linear {
         match (adapter, path) {
             (Adapter::Dora(dora), _) => return self.dora_backward(dora, x2, tape, dy2, input),
             (Adapter::Loha(loha), UpdatePath::Factored | UpdatePath::MergedForward) => {
-                return self.loha_backward(loha, (x2, tape, dy2), input)
+                let merged = path == UpdatePath::MergedForward;
+                return self.loha_backward(loha, (x2, tape, dy2), input, merged);
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
                 return self.lokr_backward(lokr, x2, dy2, input)
@@ -131,29 +133,22 @@ impl Linear {
             .map_or(DType::F32, |(_, v)| work_dtype(v));
         let grad = dy2.t()?.matmul(x2)?.to_dtype(work)?;
         let params = adapter.delta_backward(&grad)?;
-        let dx = match input {
-            InputGrad::Skip => None,
-            InputGrad::New => Some(dy2.matmul(&w)?),
-            InputGrad::Add(acc) => Some(add_matmul(
-                acc.flatten_to(candle_core::D::Minus2)?,
-                dy2,
-                &w,
-                false,
-            )?),
-        };
-        Ok((dx, params))
+        Ok((merged_input_grad(dy2, &w, input)?, params))
     }
 
     /// LoHa's backward as a LoRA of rank `rank²` ([`Loha::low_rank`], the scale `s` on `down`): `t = dy up`,
     /// `∂downᵀ = xᵀ t`, `∂up = dyᵀ mid` with `mid = x downᵀ` from the tape (recomputed without one), folded into
-    /// the factors.
+    /// the factors. The input gradient is `dy W + t down`, or with `merged` (the forward ran on `W + ΔW`, where
+    /// building the weight costs less than the rank-`r²` product `t down`) `dy (W + ΔW)`.
     fn loha_backward(
         &self,
         loha: &Loha,
         (x2, tape, dy2): (&Tensor, &LinearTape, &Tensor),
         input: InputGrad,
+        merged: bool,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        let (down_t, up) = loha.low_rank(x2.dtype())?;
+        let dtype = x2.dtype();
+        let (down_t, up) = loha.low_rank(dtype)?;
         let mid = match &tape.mid {
             Some(m) => m.clone(),
             None => x2.matmul(&down_t)?,
@@ -162,6 +157,10 @@ impl Linear {
         let d_up = dy2.t()?.matmul(&mid)?;
         let d_down_t = x2.t()?.matmul(&t)?;
         let params = loha.low_rank_backward(&d_down_t, &d_up)?;
+        if merged && !matches!(input, InputGrad::Skip) {
+            let w = (self.base.dense(dtype)? + loha.delta_in(dtype)?)?;
+            return Ok((merged_input_grad(dy2, &w, input)?, params));
+        }
         let share = InputShare {
             t,
             down: down_t.t()?,
@@ -178,6 +177,20 @@ impl Linear {
             .ok_or_else(|| candle_core::Error::msg("this adapter has no weight update"))?;
         x2.matmul(&delta.to_dtype(x2.dtype())?.t()?)
     }
+}
+
+/// The input gradient `dy2 w` [m, in] on a merged weight `w` [out, in], as `input` says.
+fn merged_input_grad(dy2: &Tensor, w: &Tensor, input: InputGrad) -> Result<Option<Tensor>> {
+    Ok(match input {
+        InputGrad::Skip => None,
+        InputGrad::New => Some(dy2.matmul(w)?),
+        InputGrad::Add(acc) => Some(add_matmul(
+            acc.flatten_to(candle_core::D::Minus2)?,
+            dy2,
+            w,
+            false,
+        )?),
+    })
 }
 
 /// How the layer applies `adapter`'s update to the rows of `x2` (LoRA and DoRA: factored, their only way).
