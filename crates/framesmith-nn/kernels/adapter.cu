@@ -73,6 +73,22 @@ __device__ void dora_norms(const float* squares, const float* up, const TW* wa, 
     }
 }
 
+// out = w + p1 ⊙ p2 over n values of T, the product rounded to T before the sum (the reference's two separate ops,
+// bit for bit: a product of two bf16 values is exact in f32). LoHa's merged weight W + ΔW in one pass. `vec`: 8
+// values per thread through 16-byte accesses (n a multiple of 8, every buffer 16-byte aligned), else 1.
+template <typename T, int W>
+__device__ void add_product(const T* w, const T* p1, const T* p2, T* out, long n) {
+    for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * W; i < n; i += (long)gridDim.x * blockDim.x * W) {
+        float a[W], b[W], c[W];
+        load_n<T, W>(w + i, a);
+        load_n<T, W>(p1 + i, b);
+        load_n<T, W>(p2 + i, c);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] = __fadd_rn(a[k], round_through<T>(__fmul_rn(b[k], c[k])));
+        store_n<T, W>(out + i, a);
+    }
+}
+
 #define DEFINE(S, T)                                                                                                \
     extern "C" __global__ void fs_pair_products_##S(const float* a, const float* b, T* out, long n, long r,       \
                                                     int columns, float s) {                                       \
@@ -86,6 +102,10 @@ __device__ void dora_norms(const float* squares, const float* up, const TW* wa, 
                                                  const float* gram, float* norms, long out, long r, float s,      \
                                                  float eps) {                                                     \
         dora_norms<T>(squares, up, wa, gram, norms, out, r, s, eps);                                              \
+    }                                                                                                               \
+    extern "C" __global__ void fs_add_product_##S(const T* w, const T* p1, const T* p2, T* out, long n,          \
+                                                  long vec) {                                                     \
+        DISPATCH_MIXED((add_product<T, W>(w, p1, p2, out, n)))                                                    \
     }
 
 DEFINE(f32, float)

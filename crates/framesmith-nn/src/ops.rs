@@ -5,7 +5,7 @@
 use candle_core::{DType, Result, Tensor, D};
 
 mod adapter;
-pub use adapter::{dora_row_norms, pair_products, pair_products_backward};
+pub use adapter::{add_product, dora_row_norms, pair_products, pair_products_backward};
 
 /// `x * (1 + scale) + shift` for an f32 `x` with f32 modulation vectors; the fused kernel on CUDA (same f32
 /// arithmetic, one pass instead of four).

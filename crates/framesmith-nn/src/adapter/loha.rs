@@ -95,14 +95,16 @@ impl Loha {
         (p1 * p2)? * self.scale()
     }
 
-    /// `ΔW` [out, in] (scale and multiplier included) in `dtype`, detached, its two products made in `dtype`: for a
-    /// forward on `W + ΔW`, where the update is rounded to the compute dtype with the sum anyway.
-    pub fn delta_in(&self, dtype: DType) -> Result<Tensor> {
+    /// `W + ΔW` [out, in] in `dtype` for the frozen weight `base` (already in `dtype`), detached, `ΔW`'s two
+    /// products made in `dtype` (scale and multiplier on the first) and their Hadamard product added to the base
+    /// in one pass ([`crate::ops::add_product`]): for a forward on `W + ΔW`, where the update is rounded to the
+    /// compute dtype with the sum anyway.
+    pub fn merged_in(&self, base: &Tensor, dtype: DType) -> Result<Tensor> {
         let read = |v: &Var| v.as_tensor().detach().to_dtype(dtype);
         let w1_a = (work_tensor(&self.w1_a)? * self.scale())?.to_dtype(dtype)?;
         let p1 = w1_a.matmul(&read(&self.w1_b)?)?;
         let p2 = read(&self.w2_a)?.matmul(&read(&self.w2_b)?)?;
-        p1 * p2
+        crate::ops::add_product(base, &p1, &p2)
     }
 
     /// The factors' gradients from `grad` = ∂L/∂ΔW (f32 [out, in]): `∂P1 = G ⊙ P2`, `∂P2 = G ⊙ P1` with

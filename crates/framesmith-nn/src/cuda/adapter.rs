@@ -228,3 +228,67 @@ fn norms<T: CudaDType + DeviceRepr + WithDType>(
     unsafe { l.launch(ptx::elementwise_config(rows)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(norms, dev.clone()))
 }
+
+/// `w + p1 ⊙ p2` for three f32 or bf16 CUDA tensors of one shape and dtype, the product rounded to the dtype
+/// before the sum.
+pub fn add_product(w: &Tensor, p1: &Tensor, p2: &Tensor) -> Result<Tensor> {
+    let (w, p1, p2) = (w.contiguous()?, p1.contiguous()?, p2.contiguous()?);
+    let dtype = w.dtype();
+    let n = w.elem_count();
+    let guards = [
+        w.storage_and_layout(),
+        p1.storage_and_layout(),
+        p2.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(st, _)| cuda_storage(st, "add product"))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let func = function(&dev, "add_product", dtype)?;
+    let aligned = guards
+        .iter()
+        .all(|(_, l)| (l.start_offset() * dtype.size_in_bytes()) % 16 == 0);
+    let vec = n % super::mixed::MIXED_WIDTH == 0 && aligned;
+    let inputs = [
+        (stores[0], guards[0].1),
+        (stores[1], guards[1].1),
+        (stores[2], guards[2].1),
+    ];
+    let out = match dtype {
+        DType::F32 => sum_product::<f32>(&func, &dev, inputs, n, vec)?,
+        DType::BF16 => sum_product::<half::bf16>(&func, &dev, inputs, n, vec)?,
+        other => candle_core::bail!("add product: no {other:?} kernel"),
+    };
+    drop(stores);
+    drop(guards);
+    Ok(untracked(out, w.shape().clone()))
+}
+
+fn sum_product<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    dev: &CudaDevice,
+    [w, p1, p2]: [(&CudaStorage, &Layout); 3],
+    n: usize,
+    vec: bool,
+) -> Result<CudaStorage> {
+    let wv = ptx::view::<T>(w.0, w.1)?;
+    let av = ptx::view::<T>(p1.0, p1.1)?;
+    let bv = ptx::view::<T>(p2.0, p2.1)?;
+    // SAFETY: the kernel writes every one of the n values before they are read.
+    let out = unsafe { dev.alloc::<T>(n)? };
+    let (n_arg, vec_arg) = (long(n)?, i64::from(vec));
+    let width = if vec { super::mixed::MIXED_WIDTH } else { 1 };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&wv)
+        .arg(&av)
+        .arg(&bv)
+        .arg(&out)
+        .arg(&n_arg)
+        .arg(&vec_arg);
+    // SAFETY: argument order and types match fs_add_product_* in kernels/adapter.cu; the three inputs and the
+    // output hold n values; `vec` only when n is a multiple of 8 and every buffer starts 16-byte aligned.
+    unsafe { l.launch(ptx::elementwise_config(n / width)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}

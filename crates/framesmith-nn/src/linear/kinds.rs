@@ -52,7 +52,7 @@ impl Linear {
                 (self.base_plus(x2, delta)?, LinearTape::default())
             }
             (Adapter::Loha(loha), UpdatePath::MergedForward) => {
-                let w = (self.base.dense(dtype)? + loha.delta_in(dtype)?)?;
+                let w = loha.merged_in(&self.base.dense(dtype)?, dtype)?;
                 (x2.matmul(&w.t()?)?, LinearTape::default())
             }
             (Adapter::Dora(dora), _) => {
@@ -158,7 +158,7 @@ impl Linear {
         let d_down_t = x2.t()?.matmul(&t)?;
         let params = loha.low_rank_backward(&d_down_t, &d_up)?;
         if merged && !matches!(input, InputGrad::Skip) {
-            let w = (self.base.dense(dtype)? + loha.delta_in(dtype)?)?;
+            let w = loha.merged_in(&self.base.dense(dtype)?, dtype)?;
             return Ok((merged_input_grad(dy2, &w, input)?, params));
         }
         let share = InputShare {

@@ -150,6 +150,27 @@ pub fn dora_row_norms(
     squares.relu()?.sqrt()? + eps
 }
 
+/// `w + p1 ⊙ p2` in `w`'s dtype for three tensors of one shape (LoHa's merged weight from the base and its two
+/// products): the product rounded to the dtype, then the sum, as the two separate ops round them; one pass on CUDA
+/// (f32 or bf16), where candle's two ops wrote and read back the product.
+pub fn add_product(w: &Tensor, p1: &Tensor, p2: &Tensor) -> Result<Tensor> {
+    if p1.dims() != w.dims() || p2.dims() != w.dims() {
+        candle_core::bail!(
+            "add product: shapes {:?}, {:?} and {:?}",
+            w.dims(),
+            p1.dims(),
+            p2.dims()
+        );
+    }
+    let dtype = w.dtype();
+    let (p1, p2) = (p1.detach().to_dtype(dtype)?, p2.detach().to_dtype(dtype)?);
+    #[cfg(feature = "cuda")]
+    if w.device().is_cuda() && kernel_dtype(dtype) && !w.track_op() {
+        return crate::cuda::adapter::add_product(w, &p1, &p2);
+    }
+    w.detach() + (p1 * p2)?
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Var};
@@ -192,6 +213,24 @@ mod tests {
                 assert!(rel(got, want)? < 1e-6, "columns {columns}: ∂{name}");
             }
         }
+        Ok(())
+    }
+
+    /// The sum with the product equals the two ops it stands for, with the product rounded to bf16 before the sum.
+    #[test]
+    fn add_product_rounds_the_product_before_the_sum() -> Result<()> {
+        let rng = &mut StdRng::seed_from_u64(47);
+        let dev = Device::Cpu;
+        let [w, p1, p2] = [0.3, 1.0, 1.0]
+            .map(|std| randn(rng, (5, 8), 0.0, std, &dev).and_then(|t| t.to_dtype(DType::BF16)));
+        let (w, p1, p2) = (w?, p1?, p2?);
+        let got = add_product(&w, &p1, &p2)?;
+        assert_eq!(got.dtype(), DType::BF16);
+        let f32 = |t: &Tensor| t.to_dtype(DType::F32);
+        let product = (f32(&p1)? * f32(&p2)?)?.to_dtype(DType::BF16)?;
+        let want = (f32(&w)? + f32(&product)?)?.to_dtype(DType::BF16)?;
+        assert_eq!(rel(&got, &want)?, 0.0);
+        assert!(add_product(&w, &p1, &p2.t()?).is_err());
         Ok(())
     }
 

@@ -21,6 +21,7 @@ pub fn adapter_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         out.extend(pair_checks(dev, rng, [n, r])?);
         out.extend(norm_checks(dev, rng, [n, r])?);
     }
+    out.extend(add_product_checks(dev, rng)?);
     for kind in [AdapterKind::Loha, AdapterKind::Dora] {
         for bias in [false, true] {
             out.extend(layer(dev, rng, kind, bias, [300, 384, 256])?);
@@ -61,6 +62,29 @@ fn pair_checks(dev: &Device, rng: &mut StdRng, [n, r]: [usize; 2]) -> Result<Vec
                 &db,
                 &wb,
                 1e-5,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// `add_product` in f32 and bf16, on a vectorised length and on an odd one: the same roundings as the CPU's.
+fn add_product_checks(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        for shape in [[384, 256], [77, 5]] {
+            let w = randn(rng, &shape, 0.0, 0.3, dtype)?;
+            let p1 = randn(rng, &shape, 0.0, 1.0, dtype)?;
+            let p2 = randn(rng, &shape, 0.0, 1.0, dtype)?;
+            let on = |t: &Tensor| t.to_device(dev);
+            poison(dev)?;
+            let got = ops::add_product(&on(&w)?, &on(&p1)?, &on(&p2)?)?;
+            let want = ops::add_product(&w, &p1, &p2)?;
+            out.push(compare(
+                format!("add product {dtype:?} {shape:?}"),
+                &got,
+                &want,
+                1e-7,
             )?);
         }
     }
