@@ -107,7 +107,12 @@ impl Linear {
                 column_sums(&z, dy2, false, norms.dtype())?.0
             }
         };
-        let d_m = (dy_z.div(&norms)? * dora.multiplier)?;
+        let d_m = dy_z.div(&norms)?;
+        let d_m = if dora.multiplier == 1.0 {
+            d_m
+        } else {
+            (d_m * dora.multiplier)?
+        };
         let dyg = scale_rows(dy2, &gain, None)?;
         let t = (dyg.matmul(&up)? * s)?;
         let d_down = t.t()?.matmul(x2)?;
