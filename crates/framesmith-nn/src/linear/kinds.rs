@@ -149,15 +149,19 @@ impl Linear {
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
         let dtype = x2.dtype();
         let (down_t, up) = loha.low_rank(dtype)?;
-        let mid = match &tape.mid {
-            Some(m) => m.clone(),
-            None => x2.matmul(&down_t)?,
+        let (t, params) = {
+            let mid = match &tape.mid {
+                Some(m) => m.clone(),
+                None => x2.matmul(&down_t)?,
+            };
+            let t = dy2.matmul(&up)?;
+            let d_up = dy2.t()?.matmul(&mid)?;
+            let d_down_t = x2.t()?.matmul(&t)?;
+            (t, loha.low_rank_backward(&d_down_t, &d_up)?)
         };
-        let t = dy2.matmul(&up)?;
-        let d_up = dy2.t()?.matmul(&mid)?;
-        let d_down_t = x2.t()?.matmul(&t)?;
-        let params = loha.low_rank_backward(&d_down_t, &d_up)?;
         if merged && !matches!(input, InputGrad::Skip) {
+            // The rank-r² terms go before the weight-sized ones come.
+            drop((t, down_t, up));
             let w = loha.merged_in(&self.base.dense(dtype)?, dtype)?;
             return Ok((merged_input_grad(dy2, &w, input)?, params));
         }
