@@ -9,7 +9,7 @@
 #   step-1.3b  Wan2.1-1.3B 480x832x81 rank 32, bf16, resident, per-block checkpointing: `framesmith train` with
 #              fp8_attention off, then on (STEPS, default 6), and PyTorch eager (bench/reference/step.py, 1 + 3
 #              steps). About 4 minutes with the project written. FP8_PRODUCTS=1 adds a run with `model.fp8_matmul`
-#              on as well; BF16_ROW=0 leaves the bf16-attention run out.
+#              on as well (on an FP8 base, which it needs); BF16_ROW=0 leaves the bf16-attention run out.
 #   step-14b   Wan2.1-14B 480x832x81 rank 32 within 24 GiB (ComfyUI scaled-FP8 file, `--preset fast-24gb
 #              --vram-budget-gb 24`): `framesmith train` off, then on (STEPS, default 3); FP8_PRODUCTS=1 adds a
 #              run with `model.fp8_matmul` on as well. About 7 minutes the first time (the project is written into
@@ -143,8 +143,11 @@ for PART in "$@"; do
         [[ "${BF16_ROW:-1}" == 1 ]] && train_case "$OUT/step-1.3b-bf16" "$P/bf16.toml" "1.3B framesmith train, bf16 attention"
         train_case "$OUT/step-1.3b-fp8" "$P/fp8-attention.toml" "1.3B framesmith train, FP8 attention"
         if [[ -n "${FP8_PRODUCTS:-}" ]]; then
-            with_model_key "$P/fp8-attention.toml" "$P/fp8-both.toml" fp8_matmul true
-            train_case "$OUT/step-1.3b-fp8-both" "$P/fp8-both.toml" "1.3B framesmith train, FP8 attention and FP8 products"
+            # FP8 products need an FP8 base: the bf16 file quantised at load (per channel), unlike the other rows.
+            with_model_key "$P/fp8-attention.toml" "$P/fp8-base.toml" base_dtype '"fp8"'
+            with_model_key "$P/fp8-base.toml" "$P/fp8-both.toml" fp8_matmul true
+            train_case "$OUT/step-1.3b-fp8-both" "$P/fp8-both.toml" \
+                "1.3B framesmith train, FP8 base, FP8 attention and FP8 products"
         fi
         timed "$OUT/torch-1.3b" torch python3 "$HERE/reference/step.py" --variant t2v-1.3b "${SHAPE[@]}" \
             --warmup 1 --iters 3
