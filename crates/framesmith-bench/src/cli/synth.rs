@@ -65,6 +65,11 @@ pub(crate) struct SynthArgs {
     /// cache and audio text (joint audio-video training).
     #[arg(long)]
     audio: bool,
+    /// LTX-2 only: write the first N transformer blocks of the release instead of all 48 (the `config`
+    /// metadata says so, which the official model code reads too): a short trial of the step at the real width and
+    /// sequence, with a file of a few GB.
+    #[arg(long)]
+    layers: Option<usize>,
     /// Qwen-Image with --sample-files, and ltx2-text: how many captioned images to write.
     #[arg(long, default_value_t = 100)]
     captions: usize,
@@ -191,8 +196,15 @@ fn synth_ltx2_project(args: &SynthArgs) -> Result<()> {
              --encoders, --sample-files, --i2v and --dtype"
         );
     }
+    let mut cfg = framesmith_models::ltx2::Ltx2Config::ltx23_22b();
+    if let Some(layers) = args.layers {
+        if layers == 0 || layers > cfg.num_layers {
+            bail!("--layers {layers}: give 1 to {}", cfg.num_layers);
+        }
+        cfg.num_layers = layers;
+    }
     let spec = ltx::Ltx2SynthProject {
-        cfg: framesmith_models::ltx2::Ltx2Config::ltx23_22b(),
+        cfg,
         height: args.clip.height,
         width: args.clip.width,
         frames: args.clip.frames,
@@ -232,8 +244,8 @@ fn synth_ltx2_text(args: &SynthArgs) -> Result<()> {
 
 /// Writes the synthetic project and says what it wrote.
 pub(crate) fn synth_project(args: &SynthArgs) -> Result<()> {
-    if args.audio && args.model != "ltx2" {
-        bail!("--audio is for LTX-2 projects (--model ltx2)");
+    if (args.audio || args.layers.is_some()) && args.model != "ltx2" {
+        bail!("--audio and --layers are for LTX-2 projects (--model ltx2)");
     }
     match args.model.as_str() {
         "wan" => {}
