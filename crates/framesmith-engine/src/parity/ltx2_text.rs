@@ -128,6 +128,7 @@ fn prompt_rows(
         m.connector,
         &PromptFeatures {
             features,
+            audio_features: None,
             prompt: official,
         },
     )?;

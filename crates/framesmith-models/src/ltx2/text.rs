@@ -30,6 +30,8 @@ const PROJECTION: &str = "text_embedding_projection.";
 /// Where the video connector's weights are, most common first (an audio-video file, a video-only file), under
 /// the transformer's prefix.
 const CONNECTORS: [&str; 2] = ["video_embeddings_connector.", "embeddings_connector."];
+/// Where the audio connector's weights are, under the transformer's prefix (audio-video files only).
+const AUDIO_CONNECTOR: &str = "audio_embeddings_connector.";
 /// The transformer's prefixes in single files.
 const PREFIXES: [&str; 3] = ["model.diffusion_model.", "diffusion_model.", ""];
 
@@ -54,6 +56,8 @@ pub struct TextParts {
     pub path: PathBuf,
     pub config: Ltx2TextConfig,
     connector_prefix: String,
+    /// The audio connector's prefix, when the file holds one.
+    audio_connector_prefix: Option<String>,
     tensors: Vec<TensorInfo>,
 }
 
@@ -80,6 +84,10 @@ impl TextParts {
                 path: path.to_path_buf(),
             });
         }
+        let audio_connector_prefix = PREFIXES
+            .iter()
+            .map(|p| format!("{p}{AUDIO_CONNECTOR}"))
+            .find(|p| has_prefix(p));
         let config = header
             .metadata
             .get("config")
@@ -89,6 +97,7 @@ impl TextParts {
             path: path.to_path_buf(),
             config,
             connector_prefix,
+            audio_connector_prefix,
             tensors: header.tensors,
         })
     }
@@ -130,6 +139,40 @@ impl TextParts {
             .map_err(|e| self.build_error(e))
     }
 
+    /// [`Self::feature_extractor`] with the audio stream's projection too (LTX-2.3's `audio_aggregate_embed`).
+    pub fn feature_extractor_av(
+        &self,
+        (gemma_width, states): (usize, usize),
+        dtype: DType,
+        device: &Device,
+    ) -> Result<FeatureExtractor, Ltx2TextError> {
+        let vb = self.vb(PROJECTION, dtype, device)?;
+        FeatureExtractor::load_av(&vb, self.config.features, gemma_width, states)
+            .map_err(|e| self.build_error(e))
+    }
+
+    /// Whether the file holds the audio connector (an audio-video checkpoint).
+    pub fn has_audio(&self) -> bool {
+        self.audio_connector_prefix.is_some()
+    }
+
+    /// The audio connector in `dtype` on `device`; a file without one is refused by name.
+    pub fn audio_connector(
+        &self,
+        dtype: DType,
+        device: &Device,
+    ) -> Result<Connector, Ltx2TextError> {
+        let prefix =
+            self.audio_connector_prefix
+                .as_deref()
+                .ok_or_else(|| Ltx2TextError::Missing {
+                    part: "audio text connector (`audio_embeddings_connector.*`)",
+                    path: self.path.clone(),
+                })?;
+        let vb = self.vb(prefix, dtype, device)?;
+        Connector::load(&vb, &self.config.audio_connector).map_err(|e| self.build_error(e))
+    }
+
     /// The video connector in `dtype` on `device`.
     pub fn connector(&self, dtype: DType, device: &Device) -> Result<Connector, Ltx2TextError> {
         let vb = self.vb(&self.connector_prefix, dtype, device)?;
@@ -157,6 +200,8 @@ impl TextParts {
 pub struct PromptFeatures {
     /// [max_length, D] in the compute dtype, zero at padding.
     pub features: Tensor,
+    /// The audio stream's features [max_length, D_audio], when the extractor has the audio side.
+    pub audio_features: Option<Tensor>,
     pub prompt: PaddedPrompt,
 }
 
@@ -174,9 +219,10 @@ pub fn prompt_features(
     let ids = Tensor::from_vec(padded.ids.clone(), (1, l), device)?;
     let mask = Tensor::from_vec(padded.mask.clone(), (1, l), device)?;
     let states = gemma.hidden_states(&ids, &mask)?;
-    let features = extractor.forward(&states, &mask)?.squeeze(0)?;
+    let (features, audio) = extractor.forward_av(&states, &mask)?;
     Ok(PromptFeatures {
-        features,
+        features: features.squeeze(0)?,
+        audio_features: audio.map(|a| a.squeeze(0)).transpose()?,
         prompt: padded,
     })
 }
@@ -195,4 +241,18 @@ pub fn connect(
         .forward(&features.features.unsqueeze(0)?, &mask)?
         .squeeze(0)?;
     Ok((out, vec![1; l]))
+}
+
+/// The audio connector's output [max_length, D_audio] for the audio features of `features` (ltx-core's
+/// `EmbeddingsProcessor`: the audio connector over the audio features with the same mask, its output not masked).
+pub fn connect_audio(
+    connector: &Connector,
+    features: &PromptFeatures,
+) -> candle_core::Result<Tensor> {
+    let Some(audio) = &features.audio_features else {
+        candle_core::bail!("LTX-2: the audio connector needs the audio features of the prompt");
+    };
+    let l = features.prompt.mask.len();
+    let mask = Tensor::from_vec(features.prompt.mask.clone(), (1, l), audio.device())?;
+    connector.forward(&audio.unsqueeze(0)?, &mask)?.squeeze(0)
 }

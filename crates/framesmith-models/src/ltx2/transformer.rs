@@ -480,6 +480,12 @@ impl Ltx2Transformer {
 
     /// The whole forward (differentiable): the velocity [b, tokens, out_channels].
     pub fn forward(&self, inputs: &Ltx2Inputs) -> Result<Tensor> {
+        Ok(self.forward_streams(inputs)?.0)
+    }
+
+    /// The whole forward of both streams: the video velocity and, with audio inputs, the audio velocity
+    /// [b, audio frames, audio_out_channels].
+    pub fn forward_streams(&self, inputs: &Ltx2Inputs) -> Result<(Tensor, Option<Tensor>)> {
         let prepared = self.prepare(inputs)?;
         let mut xs = prepared.xs.clone();
         let order: Vec<usize> = (0..self.transformer_blocks.len()).collect();
@@ -487,7 +493,7 @@ impl Ltx2Transformer {
         for i in order {
             xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
         }
-        self.finish(&xs, &prepared)
+        self.finish_streams(&xs, &prepared)
     }
 
     /// Whether the model was read with its audio stream.

@@ -1,7 +1,8 @@
 //! LTX-2's prompt encoding as the text pass runs it, in two phases so that a 16 GB card holds each: Gemma 3 12B
 //! (kept as what the card has free allows: bf16 resident, FP8 resident, or FP8 layers streamed from host memory)
 //! with the checkpoint's feature extractor gives every prompt's features, kept in host memory; Gemma is dropped;
-//! then the checkpoint's video connector turns each into what the transformer reads.
+//! then the checkpoint's video connector turns each into what the transformer reads (and, for sound, the audio
+//! connector the audio stream's features into what the audio stream reads).
 
 use std::path::Path;
 
@@ -10,7 +11,9 @@ use candle_core::{DType, Device, Tensor};
 
 use crate::family::qwen_image::encoder::placement_for;
 use framesmith_models::gemma3::{self, GemmaTokenizer, LoadOptions, LTX2_MAX_LENGTH};
-use framesmith_models::ltx2::text::{connect, prompt_features, PromptFeatures, TextParts};
+use framesmith_models::ltx2::text::{
+    connect, connect_audio, prompt_features, PromptFeatures, TextParts,
+};
 use framesmith_nn::device::VramUse;
 use framesmith_nn::offload::release_cached_memory;
 
@@ -31,6 +34,8 @@ pub struct Ltx2Text {
     pub embeds: Tensor,
     /// 1 for each row the transformer attends to (every row: the registers fill the padding).
     pub mask: Vec<u32>,
+    /// The audio connector's output [max_length, D_audio], when encoded for sound.
+    pub audio_embeds: Option<Tensor>,
 }
 
 /// How Gemma 3 is loaded: for the card ([`load_gemma`]), or at a small size in tests.
@@ -83,7 +88,22 @@ pub fn encode_texts(
     (dtype, device): (DType, &Device),
     log: &mut dyn FnMut(&str),
 ) -> anyhow::Result<Vec<Ltx2Text>> {
+    encode_texts_for(files, load, (texts, false), (dtype, device), log)
+}
+
+/// [`encode_texts`], with the audio connector's output too when `audio` (the checkpoint must hold the audio
+/// connector: refused by name otherwise, before Gemma loads).
+pub fn encode_texts_for(
+    files: Ltx2EncoderFiles<'_>,
+    load: LoadGemma<'_>,
+    (texts, audio): (&[&str], bool),
+    (dtype, device): (DType, &Device),
+    log: &mut dyn FnMut(&str),
+) -> anyhow::Result<Vec<Ltx2Text>> {
     let parts = TextParts::open(files.dit)?;
+    if audio && !parts.has_audio() {
+        parts.audio_connector(dtype, device)?;
+    }
     let tokenizer =
         GemmaTokenizer::for_weights(files.text_encoder, files.tokenizer, LTX2_MAX_LENGTH)?;
     let (projection_bytes, _) = parts.bytes();
@@ -91,8 +111,12 @@ pub fn encode_texts(
         .with_context(|| format!("--text-encoder {}", files.text_encoder.display()))?;
     log(&format!("text encoder: {}", describe(&gemma)));
     let cfg = gemma.config();
-    let extractor =
-        parts.feature_extractor((cfg.hidden_size, cfg.num_hidden_layers + 1), dtype, device)?;
+    let sizes = (cfg.hidden_size, cfg.num_hidden_layers + 1);
+    let extractor = if audio {
+        parts.feature_extractor_av(sizes, dtype, device)?
+    } else {
+        parts.feature_extractor(sizes, dtype, device)?
+    };
     let cpu = Device::Cpu;
     let features = texts
         .iter()
@@ -101,6 +125,10 @@ pub fn encode_texts(
                 .with_context(|| format!("encoding the prompt \"{text}\""))?;
             Ok(PromptFeatures {
                 features: f.features.to_device(&cpu)?,
+                audio_features: match (audio, f.audio_features) {
+                    (true, Some(a)) => Some(a.to_device(&cpu)?),
+                    _ => None,
+                },
                 prompt: f.prompt,
             })
         })
@@ -108,21 +136,34 @@ pub fn encode_texts(
     drop((gemma, extractor));
     release_cached_memory(device)?;
     let connector = parts.connector(dtype, device)?;
+    let audio_connector = audio
+        .then(|| parts.audio_connector(dtype, device))
+        .transpose()?;
     let out = features
         .into_iter()
         .map(|f| {
             let on_device = PromptFeatures {
                 features: f.features.to_device(device)?,
+                audio_features: f.audio_features.map(|a| a.to_device(device)).transpose()?,
                 prompt: f.prompt,
             };
             let (embeds, mask) = connect(&connector, &on_device)?;
+            let audio_embeds = match &audio_connector {
+                Some(c) => Some(
+                    connect_audio(c, &on_device)?
+                        .to_dtype(dtype)?
+                        .to_device(&cpu)?,
+                ),
+                None => None,
+            };
             Ok(Ltx2Text {
                 embeds: embeds.to_dtype(dtype)?.to_device(&cpu)?,
                 mask,
+                audio_embeds,
             })
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
-    drop(connector);
+    drop((connector, audio_connector));
     release_cached_memory(device)?;
     Ok(out)
 }

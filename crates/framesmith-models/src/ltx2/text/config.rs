@@ -28,8 +28,10 @@ pub enum FeatureVersion {
     /// projected by `aggregate_embed` (no bias) to Gemma's width.
     V1,
     /// LTX-2.3 (22B): each token of each layer RMS-normalised, rescaled by `√(video_dim / gemma_width)`, projected
-    /// by `video_aggregate_embed` (with bias) to the transformer's width `video_dim`.
-    V2 { video_dim: usize },
+    /// by `video_aggregate_embed` (with bias) to the transformer's width `video_dim`; the audio stream's features
+    /// likewise by `audio_aggregate_embed` to the audio stream's width `audio_dim` (LTX-2 gives both streams the
+    /// same features).
+    V2 { video_dim: usize, audio_dim: usize },
 }
 
 /// The video connector (`Embeddings1DConnector`).
@@ -60,6 +62,10 @@ impl ConnectorConfig {
 pub struct Ltx2TextConfig {
     pub connector: ConnectorConfig,
     pub features: FeatureVersion,
+    /// The audio connector (`AudioEmbeddings1DConnectorConfigurator`: `audio_connector_num_attention_heads`,
+    /// `audio_connector_attention_head_dim`, `audio_connector_num_layers`, each falling back to the video
+    /// connector's; the rest shared with it).
+    pub audio_connector: ConnectorConfig,
 }
 
 impl Ltx2TextConfig {
@@ -83,10 +89,13 @@ impl Ltx2TextConfig {
                     )
                 })?,
         };
+        let heads = size("connector_num_attention_heads", 30);
+        let head_dim = size("connector_attention_head_dim", 128);
+        let layers = size("connector_num_layers", 2);
         let connector = ConnectorConfig {
-            heads: size("connector_num_attention_heads", 30),
-            head_dim: size("connector_attention_head_dim", 128),
-            layers: size("connector_num_layers", 2),
+            heads,
+            head_dim,
+            layers,
             max_pos,
             gated_attention: flag("connector_apply_gated_attention"),
             rope_type: t
@@ -108,35 +117,20 @@ impl Ltx2TextConfig {
         if connector.heads == 0 || connector.head_dim % 2 != 0 {
             return Err("the connector's heads must exist and have an even width".into());
         }
-        let present: Vec<_> = V2_KEYS
-            .iter()
-            .filter(|(k, _)| t.get(*k).is_some())
-            .collect();
-        let features = if present.is_empty() {
-            FeatureVersion::V1
-        } else if present.len() < V2_KEYS.len() {
-            let missing: Vec<_> = V2_KEYS
-                .iter()
-                .filter(|(k, _)| t.get(*k).is_none())
-                .map(|(k, _)| *k)
-                .collect();
-            return Err(format!(
-                "a partial LTX-2.3 caption-projection config (missing {})",
-                missing.join(", ")
-            ));
-        } else if let Some((k, want)) = V2_KEYS
-            .iter()
-            .find(|(k, want)| t.get(*k).and_then(Value::as_bool) != Some(*want))
-        {
-            return Err(format!("{k} = {} (LTX-2.3 has {want})", t[*k]));
-        } else {
-            FeatureVersion::V2 {
-                video_dim: size("num_attention_heads", 32) * size("attention_head_dim", 128),
-            }
+        let audio_connector = ConnectorConfig {
+            heads: size("audio_connector_num_attention_heads", heads),
+            head_dim: size("audio_connector_attention_head_dim", head_dim),
+            layers: size("audio_connector_num_layers", layers),
+            ..connector.clone()
         };
+        if audio_connector.heads == 0 || audio_connector.head_dim % 2 != 0 {
+            return Err("the audio connector's heads must exist and have an even width".into());
+        }
+        let features = features_of(t)?;
         Ok(Self {
             connector,
             features,
+            audio_connector,
         })
     }
 
@@ -170,6 +164,15 @@ impl Ltx2TextConfig {
                 map.insert(k.to_string(), Value::Bool(v));
             }
         }
+        let a = &self.audio_connector;
+        if let Some(map) = keys.as_object_mut() {
+            map.insert("audio_connector_num_attention_heads".into(), a.heads.into());
+            map.insert(
+                "audio_connector_attention_head_dim".into(),
+                a.head_dim.into(),
+            );
+            map.insert("audio_connector_num_layers".into(), a.layers.into());
+        }
         keys.as_object().cloned().unwrap_or_default()
     }
 
@@ -187,7 +190,7 @@ impl Ltx2TextConfig {
                 vec![gemma_width, flat],
                 true,
             )],
-            FeatureVersion::V2 { video_dim } => vec![
+            FeatureVersion::V2 { video_dim, .. } => vec![
                 (
                     "text_embedding_projection.video_aggregate_embed.weight".to_string(),
                     vec![video_dim, flat],
@@ -200,35 +203,103 @@ impl Ltx2TextConfig {
                 ),
             ],
         };
-        let p = "model.diffusion_model.video_embeddings_connector";
-        let d = self.connector.inner_dim();
-        out.push((
-            format!("{p}.learnable_registers"),
-            vec![CONNECTOR_REGISTERS, d],
-            false,
+        out.extend(connector_shapes(
+            &self.connector,
+            "model.diffusion_model.video_embeddings_connector",
         ));
-        for i in 0..self.connector.layers {
-            let b = format!("{p}.transformer_1d_blocks.{i}");
-            let mut linears = vec![
-                ("attn1.to_q", d, d),
-                ("attn1.to_k", d, d),
-                ("attn1.to_v", d, d),
-                ("attn1.to_out.0", d, d),
-                ("ff.net.0.proj", d, 4 * d),
-                ("ff.net.2", 4 * d, d),
-            ];
-            if self.connector.gated_attention {
-                linears.push(("attn1.to_gate_logits", d, self.connector.heads));
-            }
-            for (name, fan_in, fan_out) in linears {
-                out.push((format!("{b}.{name}.weight"), vec![fan_out, fan_in], true));
-                out.push((format!("{b}.{name}.bias"), vec![fan_out], false));
-            }
-            out.push((format!("{b}.attn1.q_norm.weight"), vec![d], false));
-            out.push((format!("{b}.attn1.k_norm.weight"), vec![d], false));
-        }
         out
     }
+
+    /// [`Self::tensor_shapes`] with the audio side too: LTX-2.3's `audio_aggregate_embed` and the audio
+    /// connector (`audio_embeddings_connector`), as the audio-video releases hold them.
+    pub fn tensor_shapes_av(
+        &self,
+        gemma_width: usize,
+        states: usize,
+    ) -> Vec<(String, Vec<usize>, bool)> {
+        let mut out = self.tensor_shapes(gemma_width, states);
+        if let FeatureVersion::V2 { audio_dim, .. } = self.features {
+            let p = "text_embedding_projection.audio_aggregate_embed";
+            out.push((
+                format!("{p}.weight"),
+                vec![audio_dim, gemma_width * states],
+                true,
+            ));
+            out.push((format!("{p}.bias"), vec![audio_dim], false));
+        }
+        out.extend(connector_shapes(
+            &self.audio_connector,
+            "model.diffusion_model.audio_embeddings_connector",
+        ));
+        out
+    }
+}
+
+/// Which feature extractor the transformer section `t` selects (`_create_feature_extractor`): none of LTX-2.3's
+/// caption-projection keys → V1; all of them with LTX-2.3's values → V2 at the streams' widths; else refused.
+fn features_of(t: &Value) -> Result<FeatureVersion, String> {
+    let size = |k: &str, default: usize| {
+        t.get(k)
+            .and_then(Value::as_u64)
+            .map_or(default, |v| v as usize)
+    };
+    let present = V2_KEYS.iter().filter(|(k, _)| t.get(*k).is_some()).count();
+    if present == 0 {
+        return Ok(FeatureVersion::V1);
+    }
+    if present < V2_KEYS.len() {
+        let missing: Vec<_> = V2_KEYS
+            .iter()
+            .filter(|(k, _)| t.get(*k).is_none())
+            .map(|(k, _)| *k)
+            .collect();
+        return Err(format!(
+            "a partial LTX-2.3 caption-projection config (missing {})",
+            missing.join(", ")
+        ));
+    }
+    if let Some((k, want)) = V2_KEYS
+        .iter()
+        .find(|(k, want)| t.get(*k).and_then(Value::as_bool) != Some(*want))
+    {
+        return Err(format!("{k} = {} (LTX-2.3 has {want})", t[*k]));
+    }
+    Ok(FeatureVersion::V2 {
+        video_dim: size("num_attention_heads", 32) * size("attention_head_dim", 128),
+        audio_dim: size("audio_num_attention_heads", 32) * size("audio_attention_head_dim", 64),
+    })
+}
+
+/// The tensors of a connector of `c` under `p`, with their shapes and whether each is a linear weight.
+fn connector_shapes(c: &ConnectorConfig, p: &str) -> Vec<(String, Vec<usize>, bool)> {
+    let d = c.inner_dim();
+    let mut out = Vec::new();
+    out.push((
+        format!("{p}.learnable_registers"),
+        vec![CONNECTOR_REGISTERS, d],
+        false,
+    ));
+    for i in 0..c.layers {
+        let b = format!("{p}.transformer_1d_blocks.{i}");
+        let mut linears = vec![
+            ("attn1.to_q", d, d),
+            ("attn1.to_k", d, d),
+            ("attn1.to_v", d, d),
+            ("attn1.to_out.0", d, d),
+            ("ff.net.0.proj", d, 4 * d),
+            ("ff.net.2", 4 * d, d),
+        ];
+        if c.gated_attention {
+            linears.push(("attn1.to_gate_logits", d, c.heads));
+        }
+        for (name, fan_in, fan_out) in linears {
+            out.push((format!("{b}.{name}.weight"), vec![fan_out, fan_in], true));
+            out.push((format!("{b}.{name}.bias"), vec![fan_out], false));
+        }
+        out.push((format!("{b}.attn1.q_norm.weight"), vec![d], false));
+        out.push((format!("{b}.attn1.k_norm.weight"), vec![d], false));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -249,7 +320,22 @@ mod tests {
             "caption_proj_input_norm": false, "caption_projection_second_linear": false,
             "connector_num_attention_heads": 32, "connector_num_layers": 8, "connector_apply_gated_attention": true,
         }))?;
-        assert_eq!(ltx23.features, FeatureVersion::V2 { video_dim: 4096 });
+        assert_eq!(
+            ltx23.features,
+            FeatureVersion::V2 {
+                video_dim: 4096,
+                audio_dim: 2048
+            }
+        );
+        // The audio connector falls back to the video connector's sizes unless given its own.
+        assert_eq!(
+            (ltx23.audio_connector.heads, ltx23.audio_connector.layers),
+            (32, 8)
+        );
+        let own = Ltx2TextConfig::from_transformer_json(&serde_json::json!({
+            "audio_connector_num_attention_heads": 16, "audio_connector_attention_head_dim": 64,
+        }))?;
+        assert_eq!(own.audio_connector.inner_dim(), 1024);
         assert_eq!(
             (ltx23.output_width(), ltx23.connector.gated_attention),
             (4096, true)
