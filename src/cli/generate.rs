@@ -137,6 +137,13 @@ pub struct GenerateArgs {
     /// Decode in overlapping spatial tiles (less memory for large frames; approximate)
     #[arg(long)]
     tiled: bool,
+    /// Make the clip's sound too, and fail where it cannot be made (a model that makes sound, LTX-2's audio-video
+    /// checkpoints, makes it by default when its file holds the audio VAE and vocoder)
+    #[arg(long, conflicts_with = "no_sound")]
+    sound: bool,
+    /// Video only, for a model that would make sound
+    #[arg(long)]
+    no_sound: bool,
     /// Blocks of each DiT kept in RAM and streamed to the GPU as they run (block swap), for cards too small for
     /// the whole model; with two experts on one GPU, the one not in use waits in RAM either way
     #[arg(long, default_value_t = 0)]
@@ -190,6 +197,11 @@ impl GenerateArgs {
             dtype: self.dtype.map(DType::from),
             fp8: self.fp8,
             tiled: self.tiled,
+            sound: match (self.sound, self.no_sound) {
+                (true, _) => Some(true),
+                (_, true) => Some(false),
+                _ => None,
+            },
             blocks_to_swap: self.blocks_to_swap,
             vram_budget_bytes: super::models::vram_budget_bytes(self.vram_budget_gb)?,
             out: self.out.clone(),
@@ -350,6 +362,10 @@ mod tests {
         assert_eq!(request.vram_budget_bytes, Some(2 << 30));
         assert_eq!(request.files.vae, Some(PathBuf::from("v")));
         assert_eq!((request.seed, request.steps), (Some(3), None));
+        assert_eq!(request.sound, None);
+        assert_eq!(parse(&["--sound"]).request()?.sound, Some(true));
+        assert_eq!(parse(&["--no-sound"]).request()?.sound, Some(false));
+        assert!(try_parse(&["--sound", "--no-sound"]).is_err());
         let err = parse(&["--vram-budget-gb", "0"])
             .request()
             .err()

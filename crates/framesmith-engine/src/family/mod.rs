@@ -95,6 +95,10 @@ pub trait Family: Sync {
     fn flag_help(&self, _command: CliCommand) -> Option<&'static str> {
         None
     }
+    /// Whether the family's models can make sound with a clip (a request's `sound`); others refuse `--sound`.
+    fn makes_sound(&self) -> bool {
+        false
+    }
 }
 
 /// A command whose flags mean something different for each family.

@@ -117,6 +117,9 @@ pub struct GenerationRequest {
     pub fp8: Option<Fp8Scale>,
     /// Decode in overlapping spatial tiles.
     pub tiled: bool,
+    /// Sound with the clip, for a model that makes it: `Some(true)` required (refused where it cannot be made),
+    /// `Some(false)` video only, `None` the family's default.
+    pub sound: Option<bool>,
     /// Blocks of the DiT kept in RAM and streamed to the GPU as they run.
     pub blocks_to_swap: usize,
     /// Use at most this many bytes of the card (the rest is held back while generating).
@@ -151,6 +154,7 @@ impl GenerationRequest {
             dtype: None,
             fp8: None,
             tiled: false,
+            sound: None,
             blocks_to_swap: 0,
             vram_budget_bytes: None,
             out: out.into(),

@@ -30,6 +30,13 @@ pub fn run(
     cancelled: &dyn Fn() -> bool,
 ) -> anyhow::Result<GenerationOutput> {
     let family = crate::family::family_of_dit(&request.dit);
+    if request.sound == Some(true) && !family.makes_sound() {
+        anyhow::bail!(
+            "--sound: {} makes no sound (only an audio-video model does); drop --sound ({})",
+            family.name(),
+            request.dit_name()
+        );
+    }
     let mut session = Session { events, cancelled };
     family.generate(request, &mut session)
 }
@@ -280,5 +287,25 @@ mod tests {
         );
         let line = timing_line(&[t0, t0], 0.0, &[use_of(30)]);
         assert!(line.ends_with("; peak VRAM 30.00 GiB"), "{line}");
+    }
+
+    /// `--sound` for a model that makes no sound is refused by name before anything loads; `--no-sound` is not.
+    #[test]
+    fn sound_is_refused_where_the_model_makes_none() {
+        let out = tempfile::tempdir()
+            .map(|d| d.path().join("clip.mp4"))
+            .unwrap_or_default();
+        let mut request =
+            GenerationRequest::new(crate::generate::request::DitSource::Demo, "a", out);
+        request.sound = Some(true);
+        let err = run(&request, &mut |_| {}, &|| false)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            err.contains("--sound") && err.contains("makes no sound"),
+            "{err}"
+        );
+        assert!(!crate::family::family_of_dit(&request.dit).makes_sound());
     }
 }

@@ -88,6 +88,8 @@ pub(crate) trait CachedVideoFamily: Sync {
     fn flag_help(_command: CliCommand) -> Option<&'static str> {
         None
     }
+    /// Whether the family's models can make sound with a clip.
+    const MAKES_SOUND: bool = false;
 }
 
 impl<F: CachedVideoFamily> Family for F {
@@ -172,5 +174,9 @@ impl<F: CachedVideoFamily> Family for F {
 
     fn flag_help(&self, command: CliCommand) -> Option<&'static str> {
         F::flag_help(command)
+    }
+
+    fn makes_sound(&self) -> bool {
+        F::MAKES_SOUND
     }
 }
