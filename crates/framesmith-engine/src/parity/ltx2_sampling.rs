@@ -2,15 +2,17 @@
 //! the official trainer's validation drives them: `bench/reference/ltx2_sampling.py`): `LTX2Scheduler`'s sigmas
 //! (the pipelines' call, and the token-count shift for the clip's tokens), step 0's denoised latents for the
 //! prompt and the negative prompt and their guided mix (CFG and the rescale), and the tokens after every Euler
-//! step, through the same functions `framesmith generate` and samples run ([`crate::family::ltx2::pipeline`]).
+//! step, through the same functions `framesmith generate` and samples run ([`crate::family::ltx2::pipeline`],
+//! [`crate::family::ltx2::denoise`]). A joint case (`call.audio_frames`) denoises the audio stream with the video
+//! (its own noise, contexts and guidance, `audio_*` tensors); an image-to-video case (input `first_frame`, the clean
+//! first-frame tokens) keeps them clean at timestep 0.
 
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use super::{compare, Fixture, ParityRow, OUTPUT_REL_TOL};
-use crate::family::ltx2::pipeline::{
-    denoise_tokens, guide, scheduler_sigmas, Ltx2Prompt, GUIDANCE_RESCALE,
-};
+use crate::family::ltx2::denoise::{denoise_tokens, ClipTokens, Guidance, Ltx2Context, Ltx2Prompt};
+use crate::family::ltx2::pipeline::{guide, scheduler_sigmas, GUIDANCE_RESCALE};
 use framesmith_models::ltx2::{Ltx2Config, Ltx2Transformer};
 use framesmith_nn::vb::Vb;
 
@@ -25,86 +27,156 @@ fn count(fixture: &Fixture, key: &str) -> anyhow::Result<usize> {
         .with_context(|| format!("config.json `call.{key}` is not a count"))
 }
 
+/// The fixture's text context `name` of both streams (`audio_{name}` too for a joint case).
+fn context(fixture: &Fixture, name: &str, joint: bool) -> anyhow::Result<Ltx2Context> {
+    Ok(Ltx2Context {
+        video: fixture.input(name)?.clone(),
+        audio: if joint {
+            Some(fixture.input(&format!("audio_{name}"))?.clone())
+        } else {
+            None
+        },
+    })
+}
+
+/// The tokens the fixture starts from: its noise (with the clean first frame in front for image-to-video), and
+/// for a joint case the audio noise.
+fn start_of(fixture: &Fixture, latent: [usize; 3], joint: bool) -> anyhow::Result<ClipTokens> {
+    let f32_input =
+        |name: &str| -> anyhow::Result<Tensor> { Ok(fixture.input(name)?.to_dtype(DType::F32)?) };
+    let first_frame = fixture
+        .inputs
+        .contains_key("first_frame")
+        .then(|| f32_input("first_frame"))
+        .transpose()?;
+    let mut video = f32_input("noise")?;
+    if let Some(lead) = &first_frame {
+        let (n, all) = (lead.dim(1)?, video.dim(1)?);
+        video = Tensor::cat(&[lead, &video.narrow(1, n, all - n)?], 1)?;
+    }
+    Ok(ClipTokens {
+        video,
+        latent,
+        audio: joint.then(|| f32_input("audio_noise")).transpose()?,
+        first_frame,
+    })
+}
+
+/// The scheduler's sigmas for `steps` (the pipelines' call, and for `tokens`) against the fixture's.
+fn sigma_rows(fixture: &Fixture, steps: usize, tokens: usize) -> anyhow::Result<Vec<ParityRow>> {
+    let as_tensor = |s: &[f32]| Tensor::from_slice(s, s.len(), &Device::Cpu);
+    Ok(vec![
+        compare(
+            "sigmas",
+            &as_tensor(&scheduler_sigmas(steps, None))?,
+            fixture.expected("sigmas")?,
+            SIGMA_REL_TOL,
+        )?,
+        compare(
+            "sigmas_tokens",
+            &as_tensor(&scheduler_sigmas(steps, Some(tokens)))?,
+            fixture.expected("sigmas_tokens")?,
+            SIGMA_REL_TOL,
+        )?,
+    ])
+}
+
+/// The guidance of the fixture's call: the video's, and the audio's for a joint case.
+fn guidance_of(fixture: &Fixture, joint: bool) -> anyhow::Result<Guidance> {
+    let call = &fixture.config["call"];
+    let scale = |key: &str| {
+        call[key]
+            .as_f64()
+            .with_context(|| format!("config.json `call.{key}`"))
+    };
+    anyhow::ensure!(
+        call["rescale_scale"].as_f64() == Some(GUIDANCE_RESCALE),
+        "the fixture's rescale is not the official {GUIDANCE_RESCALE}"
+    );
+    Ok(Guidance {
+        video: scale("cfg_scale")?,
+        audio: if joint {
+            scale("audio_cfg_scale")?
+        } else {
+            1.0
+        },
+    })
+}
+
 /// Runs the sampling an `ltx2_sampling` fixture describes and compares every expected tensor.
 pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
     let cfg = Ltx2Config::from_transformer_json(&fixture.config["init"])
         .context("config.json `init` is not an LTX-2 transformer config")?;
     let vb = Vb::from_tensors(fixture.weights.clone(), DType::F32, &Device::Cpu);
-    let model = Ltx2Transformer::load(&vb.pp("model.diffusion_model"), &cfg)?;
-    let call = &fixture.config["call"];
+    let joint = fixture.config["call"].get("audio_frames").is_some();
+    let vb = vb.pp("model.diffusion_model");
+    let model = if joint {
+        Ltx2Transformer::load_av(&vb, &cfg)?
+    } else {
+        Ltx2Transformer::load(&vb, &cfg)?
+    };
     let (steps, f, h, w) = (
         count(fixture, "steps")?,
         count(fixture, "frames")?,
         count(fixture, "height")?,
         count(fixture, "width")?,
     );
-    let scale = call["cfg_scale"]
-        .as_f64()
-        .context("config.json `call.cfg_scale`")?;
-    anyhow::ensure!(
-        call["rescale_scale"].as_f64() == Some(GUIDANCE_RESCALE),
-        "the fixture's rescale is not the official {GUIDANCE_RESCALE}"
-    );
+    let guidance = guidance_of(fixture, joint)?;
+    let mut rows = sigma_rows(fixture, steps, f * h * w)?;
     let sigmas = scheduler_sigmas(steps, None);
-    let as_tensor = |s: &[f32]| Tensor::from_slice(s, s.len(), &Device::Cpu);
-    let mut rows = vec![
-        compare(
-            "sigmas",
-            &as_tensor(&sigmas)?,
-            fixture.expected("sigmas")?,
-            SIGMA_REL_TOL,
-        )?,
-        compare(
-            "sigmas_tokens",
-            &as_tensor(&scheduler_sigmas(steps, Some(f * h * w)))?,
-            fixture.expected("sigmas_tokens")?,
-            SIGMA_REL_TOL,
-        )?,
-    ];
     let prompt = Ltx2Prompt {
-        text: fixture.input("context")?.clone(),
-        negative: Some(fixture.input("negative_context")?.clone()),
+        text: context(fixture, "context", joint)?,
+        negative: Some(context(fixture, "negative_context", joint)?),
     };
-    let noise = fixture.input("noise")?.to_dtype(DType::F32)?;
-    // Step 0's denoised latents: a step to σ_next = 0 from σ₀ is exactly the denoised latents.
-    let denoised_at = |prompt: &Ltx2Prompt| -> anyhow::Result<Tensor> {
+    let start = start_of(fixture, [f, h, w], joint)?;
+    let run = |prompt: &Ltx2Prompt, sigmas: &[f32]| {
         denoise_tokens(
             &model,
             prompt,
-            (noise.clone(), [f, h, w]),
-            (&[sigmas[0], 0.0], 1.0),
+            start.clone(),
+            (sigmas, guidance),
             (DType::F32, &|| false),
         )
     };
-    let alone = |text: &Tensor| Ltx2Prompt {
+    // Step 0's denoised latents: a step to σ_next = 0 from σ₀ is exactly the denoised latents.
+    let alone = |text: &Ltx2Context| Ltx2Prompt {
         text: text.clone(),
         negative: None,
     };
-    let cond = denoised_at(&alone(&prompt.text))?;
-    let uncond = denoised_at(&alone(fixture.input("negative_context")?))?;
-    let guided = guide(&cond, &uncond, (scale, GUIDANCE_RESCALE))?;
-    for (name, got) in [
-        ("denoised.0", &cond),
-        ("uncond.0", &uncond),
-        ("guided.0", &guided),
-    ] {
-        rows.push(compare(name, got, fixture.expected(name)?, OUTPUT_REL_TOL)?);
+    let cond = run(&alone(&prompt.text), &[sigmas[0], 0.0])?;
+    let uncond = run(
+        &context(fixture, "negative_context", joint).map(|c| alone(&c))?,
+        &[sigmas[0], 0.0],
+    )?;
+    let mut got = vec![
+        ("denoised.0".to_string(), cond.video.clone()),
+        ("uncond.0".to_string(), uncond.video.clone()),
+        (
+            "guided.0".to_string(),
+            guide(
+                &cond.video,
+                &uncond.video,
+                (guidance.video, GUIDANCE_RESCALE),
+            )?,
+        ),
+    ];
+    if let (Some(c), Some(u)) = (&cond.audio, &uncond.audio) {
+        got.push(("audio_denoised.0".into(), c.clone()));
+        got.push(("audio_uncond.0".into(), u.clone()));
+        got.push((
+            "audio_guided.0".into(),
+            guide(c, u, (guidance.audio, GUIDANCE_RESCALE))?,
+        ));
     }
     for k in 1..=steps {
-        let got = denoise_tokens(
-            &model,
-            &prompt,
-            (noise.clone(), [f, h, w]),
-            (&sigmas[..=k], scale),
-            (DType::F32, &|| false),
-        )?;
-        let name = format!("latent.{k}");
-        rows.push(compare(
-            &name,
-            &got,
-            fixture.expected(&name)?,
-            OUTPUT_REL_TOL,
-        )?);
+        let out = run(&prompt, &sigmas[..=k])?;
+        got.push((format!("latent.{k}"), out.video));
+        if let Some(audio) = out.audio {
+            got.push((format!("audio_latent.{k}"), audio));
+        }
+    }
+    for (name, t) in &got {
+        rows.push(compare(name, t, fixture.expected(name)?, OUTPUT_REL_TOL)?);
     }
     Ok(rows)
 }

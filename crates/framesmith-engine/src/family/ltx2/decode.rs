@@ -4,7 +4,7 @@
 //! 0.05 — the noise seeded, so a seed gives one clip. A clip larger than one of ltx-core's default tiles (80
 //! frames with 24 shared, 768 pixels with 64) decodes in those tiles; the frames are the official
 //! `((video + 1) / 2).clamp(0, 1)` in RGB8. The written clip ([`Ltx2Clip`]) is the MP4 with its PNG frames: the
-//! one place both write it.
+//! one place both write it, with its sound muxed in when it has one.
 
 use std::path::{Path, PathBuf};
 
@@ -13,8 +13,10 @@ use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
 
+use super::sound::mux_sound;
 use crate::generate::frames::video_to_frames;
 use crate::generate::run::write_clip;
+use framesmith_data::media::audio::AudioClip;
 use framesmith_data::video::encode::RgbFrame;
 use framesmith_models::ltx2::vae::{load_ltx2_vae, DecodeConditioning, Ltx2Vae, VaeTiling};
 use framesmith_nn::init::randn;
@@ -33,13 +35,19 @@ pub struct Ltx2Decoder {
 pub struct Ltx2Clip {
     pub frames: Vec<RgbFrame>,
     pub fps: f64,
+    /// Its sound, when the audio stream was sampled.
+    pub sound: Option<AudioClip>,
 }
 
 impl Ltx2Clip {
-    /// Writes the clip as the MP4 `path` with its PNG frames beside it (see [`write_clip`]); returns the frames'
-    /// folder. (A sound track, once decoded, is muxed here.)
+    /// Writes the clip as the MP4 `path` with its PNG frames beside it (see [`write_clip`]) and its sound muxed in
+    /// (ffmpeg); returns the frames' folder.
     pub fn write(&self, path: &Path) -> anyhow::Result<PathBuf> {
-        write_clip(path, &self.frames, self.fps)
+        let frames = write_clip(path, &self.frames, self.fps)?;
+        if let Some(sound) = &self.sound {
+            mux_sound(path, sound)?;
+        }
+        Ok(frames)
     }
 }
 

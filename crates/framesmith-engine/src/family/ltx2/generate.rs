@@ -1,13 +1,18 @@
-//! LTX-2's part of the generation call: one text-to-video clip from a prompt with the transformer and its LoRAs,
-//! Gemma 3 with the checkpoint's feature extractor and connector ([`super::encoder`]) and the video VAE
-//! ([`super::decode`]). The official checkpoint holds the transformer, the connector and the VAE: `--dit` alone
+//! LTX-2's part of the generation call: one clip from a prompt (and with `--image` its first frame) with the
+//! transformer and its LoRAs, Gemma 3 with the checkpoint's feature extractor and connectors ([`super::encoder`]),
+//! the video VAE ([`super::decode`]) and, for sound, the audio VAE's decoder and the vocoder ([`super::sound`]). The official checkpoint holds the transformer, the connector and the VAE: `--dit` alone
 //! names them, `--vae` another file holding the VAE (and the connector, when the `--dit` file is the transformer
 //! alone). Options of other families are refused by flag, and the files, sizes (multiples of the VAE's spatial
 //! factor, 8k + 1 frames) and output checked, before a device opens; then the prompt (and the negative prompt,
 //! ltx-pipelines' default unless `--negative` gives one, when the guidance of 3.0 runs it) is encoded and Gemma
-//! dropped, the DiT loads (its blocks streamed with `--blocks-to-swap`, video stream only) and samples
-//! ([`super::pipeline`]: 40 steps for LTX-2, 30 for LTX-2.3, a distilled checkpoint's eight), is dropped, and the
-//! VAE decodes the clip; the MP4 and its frames are written.
+//! dropped, the DiT loads (its blocks streamed with `--blocks-to-swap`) and samples ([`super::pipeline`]: 40 steps
+//! for LTX-2, 30 for LTX-2.3, a distilled checkpoint's eight), is dropped, and the VAE decodes the clip; the MP4
+//! and its frames are written. Sound, as ltx-pipelines makes it with every clip: by default when the files hold
+//! what it needs (the audio connector, and the audio VAE's decoder and vocoder in `--vae` or `--dit`), required by
+//! `--sound` (refused, naming the files, when they do not), left out by `--no-sound`; with sound the DiT's audio
+//! stream loads too, both streams are denoised jointly ([`super::denoise`]) and the sound is muxed into the MP4.
+//! `--image` (read before anything loads) is resized and centre-cropped to the clip, encoded by the video VAE as
+//! the first latent frame and kept clean through denoising (image-to-video).
 
 use std::path::Path;
 use std::time::Instant;
@@ -16,12 +21,18 @@ use anyhow::Context;
 use candle_core::{DType, Device};
 
 use super::decode::{Ltx2Clip, Ltx2Decoder};
-use super::encoder::{encode_texts, load_gemma, LoadGemma, Ltx2EncoderFiles};
+use super::denoise::{
+    audio_latent_frames, denoise_clip, ClipLatents, ClipStart, Ltx2Context, Ltx2Prompt,
+    AUDIO_GUIDANCE,
+};
+use super::encoder::{encode_texts_for, load_gemma, LoadGemma, Ltx2EncoderFiles};
 use super::items::context_width;
 use super::pipeline::{
-    default_steps, denoise_clip, Ltx2Prompt, Ltx2Settings, Schedule, DEFAULT_FRAMES,
-    DEFAULT_GUIDANCE, DEFAULT_HEIGHT, DEFAULT_WIDTH, DISTILLED_SIGMAS, FPS, PIPELINE_NEGATIVE,
+    default_steps, Ltx2Settings, Schedule, DEFAULT_FRAMES, DEFAULT_GUIDANCE, DEFAULT_HEIGHT,
+    DEFAULT_WIDTH, DISTILLED_SIGMAS, FPS, PIPELINE_NEGATIVE,
 };
+use super::samples::first_frame;
+use super::sound::{sound_file, Ltx2SoundDecoder};
 use super::train::dit_config;
 use crate::family::image::generate::{check_out, hold_budget, one_device, refuse_foreign, OutKind};
 use crate::family::image::plan::spread_streamed_blocks;
@@ -30,11 +41,13 @@ use crate::generate::request::{
 };
 use crate::generate::run::{loras_as_one, timing_line, vram_use, Session, StepClock};
 use crate::generate::sampler::Solver;
+use framesmith_data::probe::load_rgb;
 use framesmith_models::ltx2::text::TextParts;
 use framesmith_models::ltx2::vae::identify_vae;
 use framesmith_models::ltx2::weights::load_streamed_av;
 use framesmith_models::ltx2::{Ltx2Config, Ltx2Transformer};
 use framesmith_nn::offload::{release_cached_memory, OffloadOptions};
+use image::RgbImage;
 
 /// The flags given that an LTX-2 clip does not take.
 fn other_options(request: &GenerationRequest) -> Vec<&'static str> {
@@ -44,7 +57,6 @@ fn other_options(request: &GenerationRequest) -> Vec<&'static str> {
         (request.boundary.is_some(), "--boundary"),
         (!request.loras_low_noise.is_empty(), "--lora-low-noise"),
         (!request.controls.is_empty(), "--control"),
-        (request.image.is_some(), "--image"),
         (f.clip.is_some(), "--clip"),
         (f.clip_l.is_some(), "--clip-l"),
         (f.t5.is_some(), "--t5"),
@@ -73,6 +85,10 @@ struct Checked<'a> {
     connector: &'a Path,
     settings: Ltx2Settings,
     latent: [usize; 3],
+    /// The `--image` start image, read.
+    image: Option<RgbImage>,
+    /// The file holding the audio VAE's decoder and the vocoder, for sound.
+    sound: Option<&'a Path>,
 }
 
 /// The file holding the text connector: the DiT's, else `--vae`'s.
@@ -100,8 +116,9 @@ fn check_ltx2_request<'a>(
     let cfg = dit_config(dit).map_err(|e| {
         anyhow::anyhow!("--dit{}", format!("{e:#}").trim_start_matches("model.dit"))
     })?;
-    let takes = "it makes a clip from --prompt (and --negative) with --text-encoder (Gemma 3) and the VAE and text \
-                 connector of its checkpoint (--vae for another file)";
+    let takes = "it makes a clip (with sound) from --prompt (and --negative, and --image for its first frame) with \
+                 --text-encoder (Gemma 3) and the VAEs, vocoder and text connectors of its checkpoint (--vae for \
+                 another file)";
     refuse_foreign(&other_options(request), ("LTX-2", takes), dit)?;
     let text_encoder = request.files.text_encoder.as_deref().with_context(|| {
         format!(
@@ -131,7 +148,25 @@ fn check_ltx2_request<'a>(
         );
     }
     check_out(&request.out, "LTX-2", OutKind::Mp4)?;
-    let settings = settings_of(request, &cfg, Schedule::of_checkpoint(dit));
+    let image = request
+        .image
+        .as_deref()
+        .map(|path| {
+            load_rgb(path).map_err(|e| {
+                anyhow::anyhow!(
+                    "--image: {}: {}; give a PNG, JPEG, WebP or BMP image",
+                    e.reason(),
+                    path.display()
+                )
+            })
+        })
+        .transpose()?;
+    let sound = sound_of(request, (dit, &cfg), &parts, connector)?;
+    let settings = settings_of(
+        request,
+        &cfg,
+        (Schedule::of_checkpoint(dit), sound.is_some()),
+    );
     let latent = settings.latent_shape(
         vae_file.config.decoder_factors(),
         ["--width", "--height", "--frames", "--steps"],
@@ -143,11 +178,45 @@ fn check_ltx2_request<'a>(
         connector,
         settings,
         latent,
+        image,
+        sound,
     })
 }
 
+/// The file holding the audio VAE's decoder and the vocoder when the clip gets sound: `--no-sound` none,
+/// `--sound` one or a refusal naming what is missing, by default one when the files hold everything sound needs.
+fn sound_of<'a>(
+    request: &'a GenerationRequest,
+    (dit, cfg): (&'a Path, &Ltx2Config),
+    parts: &TextParts,
+    connector: &Path,
+) -> anyhow::Result<Option<&'a Path>> {
+    let candidates: Vec<&Path> = request
+        .files
+        .vae
+        .as_deref()
+        .into_iter()
+        .chain([dit])
+        .collect();
+    let found = || sound_file(&candidates, cfg.audio_in_channels, "--dit (or --vae)");
+    match request.sound {
+        Some(false) => Ok(None),
+        Some(true) if !parts.has_audio() => anyhow::bail!(
+            "--sound: {} holds no audio text connector (`audio_embeddings_connector.*`); give the official \
+             ltx-2-19b-* or ltx-2.3-22b-* checkpoint with --dit (or --vae), or drop --sound",
+            connector.display()
+        ),
+        Some(true) => Ok(Some(found()?)),
+        None => Ok(if parts.has_audio() { found().ok() } else { None }),
+    }
+}
+
 /// The clip's settings: the request's, the official defaults for the rest.
-fn settings_of(request: &GenerationRequest, cfg: &Ltx2Config, schedule: Schedule) -> Ltx2Settings {
+fn settings_of(
+    request: &GenerationRequest,
+    cfg: &Ltx2Config,
+    (schedule, sound): (Schedule, bool),
+) -> Ltx2Settings {
     let steps = match schedule {
         Schedule::Scheduler => request
             .steps
@@ -162,41 +231,49 @@ fn settings_of(request: &GenerationRequest, cfg: &Ltx2Config, schedule: Schedule
         guidance: request.guidance.unwrap_or(DEFAULT_GUIDANCE),
         seed: request.seed.unwrap_or_else(rand::random),
         schedule,
+        sound,
     }
 }
 
-/// The prompt (and, when guidance runs it, the negative prompt) through Gemma 3 from `load` and the connector of
-/// `connector`, Gemma dropped before this returns.
+/// The prompt (and, when guidance runs it, the negative prompt) through Gemma 3 from `load` and the connectors of
+/// `connector` (the audio one too for sound), Gemma dropped before this returns.
 fn encode_prompt(
     request: &GenerationRequest,
     (files, load): (Ltx2EncoderFiles<'_>, LoadGemma<'_>),
-    guided: bool,
+    settings: &Ltx2Settings,
     (dtype, device): (DType, &Device),
     session: &mut Session,
 ) -> anyhow::Result<Ltx2Prompt> {
     let mut texts = vec![request.prompt.as_str()];
-    if guided {
+    if settings.guided() {
         texts.push(request.negative.as_deref().unwrap_or(PIPELINE_NEGATIVE));
     }
     let mut lines = Vec::new();
-    let encoded = encode_texts(files, load, &texts, (dtype, device), &mut |l: &str| {
-        lines.push(l.to_owned())
-    })?;
+    let encoded = encode_texts_for(
+        files,
+        load,
+        (&texts, settings.sound),
+        (dtype, device),
+        &mut |l: &str| lines.push(l.to_owned()),
+    )?;
     for line in lines {
         session.log(line);
     }
-    let mut encoded = encoded.into_iter().map(|t| t.embeds);
+    let mut encoded = encoded.into_iter().map(|t| Ltx2Context {
+        video: t.embeds,
+        audio: t.audio_embeds,
+    });
     Ok(Ltx2Prompt {
         text: encoded.next().context("Gemma 3 returned no prompt")?,
         negative: encoded.next(),
     })
 }
 
-/// Loads the DiT's video stream (streaming `--blocks-to-swap` of its blocks, FP8 with `--fp8`) and applies the
-/// LoRAs.
+/// Loads the DiT's video stream, and its audio stream for `sound` (streaming `--blocks-to-swap` of its blocks, FP8
+/// with `--fp8`), and applies the LoRAs.
 fn load_dit_with_loras(
     dit: &Path,
-    (cfg, request): (&Ltx2Config, &GenerationRequest),
+    (cfg, request, sound): (&Ltx2Config, &GenerationRequest, bool),
     (dtype, device): (DType, &Device),
     session: &mut Session,
 ) -> anyhow::Result<Ltx2Transformer> {
@@ -206,12 +283,17 @@ fn load_dit_with_loras(
         (dtype, device),
         (request.fp8, false),
         (&streamed, &OffloadOptions::default()),
-        false,
+        sound,
     )?;
     session.log(format!(
-        "DiT: {} ({}), video stream, {} of {} blocks streamed",
+        "DiT: {} ({}), {}, {} of {} blocks streamed",
         cfg.version().name(),
         dit.display(),
+        if sound {
+            "video and audio streams"
+        } else {
+            "video stream"
+        },
         streamed.len(),
         cfg.num_layers
     ));
@@ -220,6 +302,86 @@ fn load_dit_with_loras(
             .context("the LoRA does not fit this LTX-2 DiT (a LoRA made for another model?)")?;
     }
     Ok(model)
+}
+
+/// Where the clip starts: its latent, the `--image` encoded by the VAE (loaded for it and dropped) as the first
+/// latent frame, the audio frames for sound.
+fn clip_start(
+    c: &Checked<'_>,
+    (dtype, device): (DType, &Device),
+    session: &mut Session,
+) -> anyhow::Result<ClipStart> {
+    let settings = &c.settings;
+    let first_frame = match &c.image {
+        Some(image) => {
+            let encoder = Ltx2Decoder::load(c.vae, (dtype, device))
+                .with_context(|| format!("--vae {}", c.vae.display()))?;
+            let latents = first_frame(&encoder, image, settings)?;
+            drop(encoder);
+            release_cached_memory(device)?;
+            session.log("start image encoded as the first latent frame".to_string());
+            Some(latents)
+        }
+        None => None,
+    };
+    Ok(ClipStart {
+        latent: c.latent,
+        first_frame,
+        audio_frames: settings
+            .sound
+            .then(|| audio_latent_frames(settings.frames, FPS)),
+    })
+}
+
+/// The log line of what is sampled.
+fn settings_line(settings: &Ltx2Settings) -> String {
+    format!(
+        "seed {}, {}x{}, {} frames, {} steps ({}){}",
+        settings.seed,
+        settings.width,
+        settings.height,
+        settings.frames,
+        settings.sigmas().len() - 1,
+        match settings.schedule {
+            Schedule::Scheduler => "LTX2Scheduler",
+            Schedule::Distilled => "distilled sigmas",
+        },
+        match (settings.guided(), settings.sound) {
+            (true, true) => format!(
+                ", CFG {} (audio {AUDIO_GUIDANCE}) with rescale, with sound",
+                settings.guidance
+            ),
+            (true, false) => format!(", CFG {} with rescale", settings.guidance),
+            (false, true) => ", with sound".to_string(),
+            (false, false) => String::new(),
+        }
+    )
+}
+
+/// The clip of `latents`: the video decoded by the VAE, then the sound by the audio VAE and vocoder (each loaded
+/// for it and dropped).
+fn decode_clip(
+    c: &Checked<'_>,
+    latents: &ClipLatents,
+    (dtype, device): (DType, &Device),
+) -> anyhow::Result<Ltx2Clip> {
+    let decoder = Ltx2Decoder::load(c.vae, (dtype, device))
+        .with_context(|| format!("--vae {}", c.vae.display()))?;
+    let frames = decoder.decode(&latents.video, c.settings.seed)?;
+    drop(decoder);
+    let sound = match (c.sound, &latents.audio) {
+        (Some(path), Some(tokens)) => {
+            let sound = Ltx2SoundDecoder::load(path, dtype, device)
+                .with_context(|| format!("the audio VAE and vocoder of {}", path.display()))?;
+            Some(sound.decode_tokens(tokens)?)
+        }
+        _ => None,
+    };
+    Ok(Ltx2Clip {
+        frames,
+        fps: FPS,
+        sound,
+    })
 }
 
 /// Generates the clip `request` asks for with the LTX-2 DiT it names.
@@ -249,49 +411,28 @@ pub(crate) fn generate_with(
         tokenizer: request.files.tokenizer.as_deref(),
         dit: c.connector,
     };
-    let prompt = encode_prompt(
-        request,
-        (files, load),
-        settings.guided(),
+    let prompt = encode_prompt(request, (files, load), settings, (dtype, &device), session)?;
+    let start = clip_start(&c, (dtype, &device), session)?;
+    let model = load_dit_with_loras(
+        dit,
+        (&c.cfg, request, settings.sound),
         (dtype, &device),
         session,
     )?;
-    let model = load_dit_with_loras(dit, (&c.cfg, request), (dtype, &device), session)?;
-    session.log(format!(
-        "seed {}, {}x{}, {} frames, {} steps ({}){}",
-        settings.seed,
-        settings.width,
-        settings.height,
-        settings.frames,
-        settings.sigmas().len() - 1,
-        match settings.schedule {
-            Schedule::Scheduler => "LTX2Scheduler",
-            Schedule::Distilled => "distilled sigmas",
-        },
-        if settings.guided() {
-            format!(", CFG {} with rescale", settings.guidance)
-        } else {
-            String::new()
-        }
-    ));
+    session.log(settings_line(settings));
     let clock = StepClock::new(session, vec![device.clone()], settings.sigmas().len() - 1);
     let latents = clock.checked(denoise_clip(
         &model,
         &prompt,
         settings,
-        (c.latent, dtype, &device),
+        (&start, dtype, &device),
         &|| clock.poll(),
     ))?;
     let starts = clock.finish()?;
     drop(model);
     release_cached_memory(&device)?;
-    let decoder = Ltx2Decoder::load(c.vae, (dtype, &device))
-        .with_context(|| format!("--vae {}", c.vae.display()))?;
     let decode_start = Instant::now();
-    let clip = Ltx2Clip {
-        frames: decoder.decode(&latents, settings.seed)?,
-        fps: FPS,
-    };
+    let clip = decode_clip(&c, &latents, (dtype, &device))?;
     let decode_secs = decode_start.elapsed().as_secs_f64();
     let vram: Vec<_> = vram_use(&device, held.as_ref()).into_iter().collect();
     session.log(timing_line(&starts, decode_secs, &vram));

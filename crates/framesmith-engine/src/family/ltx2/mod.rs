@@ -5,8 +5,9 @@
 //! connector: [`encoder`]). It trains text-to-video LoRAs of the video stream, with the official trainer's
 //! first-frame (image-to-video) conditioning mixed in at `training.first_frame_conditioning_p`, and both streams
 //! jointly when the caches hold audio latents. Samples during training ([`samples`]) and `framesmith generate`
-//! ([`generate`]) make video-only clips through ltx-core's sampling ([`pipeline`]) and the VAE ([`decode`]);
-//! [`sound`] turns audio latents back into sound and muxes it into a clip.
+//! ([`generate`]) make clips through ltx-core's sampling ([`pipeline`], [`denoise`]: with sound when the audio
+//! stream is trained or asked for, from a first-frame image with `--i` / `--image`) and the VAE ([`decode`]);
+//! [`sound`] turns the audio stream's latents into sound and muxes it into the clip.
 
 use std::path::Path;
 
@@ -24,6 +25,7 @@ use framesmith_data::family::ltx2::cache::parse_ltx2_latent_cache_name;
 use framesmith_data::DatasetKind;
 
 pub mod decode;
+pub mod denoise;
 pub mod encoder;
 pub mod generate;
 pub mod items;
@@ -53,6 +55,7 @@ impl CachedVideoFamily for Ltx2Family {
         "model.dit is not an LTX-2 transformer; point it at Lightricks' \
          ltx-2-19b-*.safetensors or ltx-2.3-22b-*.safetensors";
     const NO_CACHE_PASS: &'static str = items::LTX2_CACHES;
+    const MAKES_SOUND: bool = true;
 
     fn is_run(config: &RunConfig) -> bool {
         train::is_ltx2_run(config)

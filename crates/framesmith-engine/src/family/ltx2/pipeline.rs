@@ -8,22 +8,18 @@
 //! `x − σ·v` (`X0Model`), classifier-free guidance on them as `MultiModalGuider` computes it (`cond + (g − 1)·(cond
 //! − uncond)` at 3.0 with the negative prompt as its own pass, then the guidance rescale 0.7: the result scaled by
 //! `0.7·std(cond)/std(pred) + 0.3`; STG, which perturbs the model, is not run), and Euler steps
-//! (`EulerDiffusionStep`: `x + (x − denoised)/σ · (σ_next − σ)`). The clip is video only: the transformer runs its
-//! video stream, the audio stream computes nothing. The decoder ([`super::decode`]) turns the latents into frames.
-//! `framesmith generate` and samples during training both sample through here.
+//! (`EulerDiffusionStep`: `x + (x − denoised)/σ · (σ_next − σ)`). The loop itself, over the video stream alone or
+//! both streams for sound, and the image-to-video first frame, is [`super::denoise`]. The decoder
+//! ([`super::decode`]) turns the latents into frames, [`super::sound`] the audio into sound. `framesmith generate`
+//! and samples during training both sample through here.
 
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
+use candle_core::{DType, Tensor};
 
 use super::train::FRAME_RATE;
-use crate::generate::request::Cancelled;
 use crate::generate::sampler::torch_linspace_f32;
-use framesmith_models::ltx2::rope::video_positions;
-use framesmith_models::ltx2::{Ltx2Inputs, Ltx2Transformer, Ltx2Version};
-use framesmith_nn::init::randn;
+use framesmith_models::ltx2::Ltx2Version;
 
 /// The negative prompt of the official trainer's validation samples (`ltx_trainer.config.DEFAULT_NEGATIVE_PROMPT`).
 macro_rules! trainer_negative {
@@ -146,6 +142,8 @@ pub struct Ltx2Settings {
     pub guidance: f64,
     pub seed: u64,
     pub schedule: Schedule,
+    /// Whether the audio stream is sampled too (a clip with sound).
+    pub sound: bool,
 }
 
 impl Ltx2Settings {
@@ -192,28 +190,11 @@ impl Ltx2Settings {
         }
     }
 
-    /// Whether the negative prompt runs (a distilled schedule never guides).
+    /// Whether the negative prompt runs (a distilled schedule never guides; with sound the audio's guidance of
+    /// 7.0 runs it whatever the video's scale).
     pub fn guided(&self) -> bool {
-        self.schedule == Schedule::Scheduler && self.guidance > 1.0
+        self.schedule == Schedule::Scheduler && (self.guidance > 1.0 || self.sound)
     }
-}
-
-/// A prompt's text context (the connector's output [L, D]), and the negative prompt's when guidance runs it.
-#[derive(Debug, Clone)]
-pub struct Ltx2Prompt {
-    pub text: Tensor,
-    pub negative: Option<Tensor>,
-}
-
-/// The seeded start noise as tokens [1, `tokens`, `channels`] (f32), drawn on the host so a seed gives the same
-/// clip on any device.
-pub fn start_noise(
-    seed: u64,
-    (tokens, channels): (usize, usize),
-    device: &Device,
-) -> candle_core::Result<Tensor> {
-    let rng = &mut StdRng::seed_from_u64(seed);
-    randn(rng, (1, tokens, channels), 0.0, 1.0, device)
 }
 
 /// The unbiased standard deviation of every element of `xs` (torch's `Tensor.std()`).
@@ -245,28 +226,6 @@ pub fn guide(
     pred * (rescale * factor + (1.0 - rescale))
 }
 
-/// The transformer's denoised latents `x − σ·v` for the tokens `x` [1, T, C] (f32) at `sigma` under the text
-/// context `text` [L, D], computed in `dtype`.
-fn denoised(
-    model: &Ltx2Transformer,
-    (x, positions): (&Tensor, &Tensor),
-    text: &Tensor,
-    (sigma, dtype): (f32, DType),
-) -> candle_core::Result<Tensor> {
-    let device = x.device();
-    let inputs = Ltx2Inputs {
-        latents: x.to_dtype(dtype)?,
-        sigmas: vec![sigma],
-        positions: positions.clone(),
-        context: text.to_device(device)?.to_dtype(dtype)?.unsqueeze(0)?,
-        context_lens: None,
-        audio: None,
-        conditioned_tokens: Vec::new(),
-    };
-    let v = model.forward(&inputs)?.to_dtype(DType::F32)?;
-    x - (v * f64::from(sigma))?
-}
-
 /// One Euler step of `x` (f32) to `next` from its denoised latents at `sigma` (`EulerDiffusionStep.step`).
 pub fn euler_step(
     x: &Tensor,
@@ -277,73 +236,10 @@ pub fn euler_step(
     x + (velocity * f64::from(next - sigma))?
 }
 
-/// Denoises the tokens `x` [1, F·H·W, C] of a clip of latent `[f, h, w]` along `sigmas` under `prompt` (guided
-/// at `guidance` when the prompt carries a negative one), polling `cancelled` between steps; returns the tokens.
-pub fn denoise_tokens(
-    model: &Ltx2Transformer,
-    prompt: &Ltx2Prompt,
-    (mut x, [f, h, w]): (Tensor, [usize; 3]),
-    (sigmas, guidance): (&[f32], f64),
-    (dtype, cancelled): (DType, &dyn Fn() -> bool),
-) -> anyhow::Result<Tensor> {
-    let positions = video_positions(1, (f, h, w), FRAME_RATE, x.device())?.to_dtype(DType::F32)?;
-    for pair in sigmas.windows(2) {
-        if cancelled() {
-            return Err(Cancelled.into());
-        }
-        let (sigma, next) = (pair[0], pair[1]);
-        x = framesmith_nn::lora::untracked(|| -> candle_core::Result<Tensor> {
-            let cond = denoised(model, (&x, &positions), &prompt.text, (sigma, dtype))?;
-            let pred = match &prompt.negative {
-                Some(negative) => {
-                    let uncond = denoised(model, (&x, &positions), negative, (sigma, dtype))?;
-                    guide(&cond, &uncond, (guidance, GUIDANCE_RESCALE))?
-                }
-                None => cond,
-            };
-            euler_step(&x, &pred, (sigma, next))
-        })?;
-    }
-    Ok(x)
-}
-
-/// Denoises the clip `settings` asks for under `prompt` into the DiT's latents [C, F, H, W] (f32, normalised as
-/// the VAE's encoder gives them), polling `cancelled` between steps.
-pub fn denoise_clip(
-    model: &Ltx2Transformer,
-    prompt: &Ltx2Prompt,
-    settings: &Ltx2Settings,
-    (latent, dtype, device): ([usize; 3], DType, &Device),
-    cancelled: &dyn Fn() -> bool,
-) -> anyhow::Result<Tensor> {
-    let channels = model.cfg.out_channels;
-    let [f, h, w] = latent;
-    let noise = start_noise(settings.seed, (f * h * w, channels), device)?;
-    let prompt = if settings.guided() {
-        prompt.clone()
-    } else {
-        Ltx2Prompt {
-            text: prompt.text.clone(),
-            negative: None,
-        }
-    };
-    let tokens = denoise_tokens(
-        model,
-        &prompt,
-        (noise, latent),
-        (&settings.sigmas(), settings.guidance),
-        (dtype, cancelled),
-    )?;
-    Ok(tokens
-        .squeeze(0)?
-        .reshape((f, h, w, channels))?
-        .permute((3, 0, 1, 2))?
-        .contiguous()?)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use candle_core::Device;
 
     #[test]
     fn the_scheduler_shifts_by_tokens_and_stretches_to_the_terminal() {
@@ -379,6 +275,7 @@ mod tests {
             guidance: 3.0,
             seed: 0,
             schedule: Schedule::Scheduler,
+            sound: false,
         };
         let names = ["--width", "--height", "--frames", "--steps"];
         assert_eq!(s.latent_shape((32, 8), names).ok(), Some([16, 16, 24]));
@@ -409,6 +306,18 @@ mod tests {
         };
         assert!(!distilled.guided());
         assert_eq!(distilled.sigmas().len(), 9);
+        // Sound guides the audio at 7.0 even when the video is not guided.
+        let unguided = Ltx2Settings {
+            guidance: 1.0,
+            schedule: Schedule::Scheduler,
+            ..distilled
+        };
+        assert!(!unguided.guided());
+        assert!(Ltx2Settings {
+            sound: true,
+            ..unguided
+        }
+        .guided());
     }
 
     #[test]

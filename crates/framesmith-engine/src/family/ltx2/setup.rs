@@ -15,6 +15,7 @@ use super::items::{load_ltx2_items, VAE};
 use super::plan::{Ltx2PlanModel, PlanVae};
 use super::run::Ltx2Run;
 use super::samples::{clip_samples, Ltx2Samples, SampleFilesIn};
+use super::sound::sound_file;
 use super::train::{dit_config, first_frame_conditioning_p};
 use crate::family::image::items::split_items;
 use crate::family::image::plan::spread_streamed_blocks;
@@ -117,10 +118,11 @@ fn log_model(
 }
 
 /// The run's samples (`None` without `[sampling]`): their prompts encoded by Gemma 3 from `load` with the
-/// checkpoint `dit`'s connector, their VAE `model.vae` (else the checkpoint's).
+/// checkpoint `dit`'s connector, their VAE `model.vae` (else the checkpoint's); with sound when the run trains the
+/// audio stream (`joint`: the audio VAE's decoder and vocoder from `model.vae`, else the checkpoint).
 fn samples_of(
     plan: &RunPlan,
-    dit: &Path,
+    (dit, cfg, joint): (&Path, &Ltx2Config, bool),
     (dtype, device): (DType, &Device),
     load: LoadGemma<'_>,
     log: &mut dyn FnMut(LogLevel, String),
@@ -132,10 +134,25 @@ fn samples_of(
         "LTX-2 samples need model.text_encoder (Gemma 3 12B: the google/gemma-3-12b-it folder or ComfyUI's \
          gemma_3_12B_it.safetensors); set it, or remove sampling.prompts",
     )?;
+    let vae = plan.model.vae.as_deref().unwrap_or(dit);
+    let sound = if joint {
+        let candidates: Vec<&Path> = plan.model.vae.as_deref().into_iter().chain([dit]).collect();
+        Some(
+            sound_file(
+                &candidates,
+                cfg.audio_in_channels,
+                "model.dit (or model.vae)",
+            )
+            .context("the samples of this audio-video run have sound")?,
+        )
+    } else {
+        None
+    };
     let files = SampleFilesIn {
         dit,
-        vae: plan.model.vae.as_deref().unwrap_or(dit),
+        vae,
         text_encoder,
+        sound,
     };
     clip_samples(plan, files, (dtype, device), load, log)
 }
@@ -192,7 +209,7 @@ pub(crate) fn start_run_with(
     let dtype = float_dtype(plan.model.compute_dtype);
     let fp8 = plan.model.fp8_scale.map(memory_plan::fp8_scale);
     // Before the DiT: Gemma's memory is free again by the time the DiT takes its own.
-    let samples = samples_of(plan, dit, (dtype, &device), load, log)?;
+    let samples = samples_of(plan, (dit, &cfg, joint), (dtype, &device), load, log)?;
     let release = cfg.version().name();
     let model_line = format!("{release} has {} blocks", cfg.num_layers);
     let (streamed, offload): (Vec<usize>, OffloadOptions) =

@@ -10,7 +10,8 @@ use candle_core::{DType, Device, Tensor};
 use framesmith_data::media::audio::AudioClip;
 use framesmith_data::media::MediaTools;
 use framesmith_models::ltx2::audio::{
-    decode_audio, load_ltx2_audio, unpatchify_audio, AudioVae, Ltx2AudioParts, Vocoder,
+    decode_audio, identify_audio, load_ltx2_audio, unpatchify_audio, AudioVae, Ltx2AudioParts,
+    Vocoder,
 };
 
 /// The audio VAE's decoder and the vocoder (frozen).
@@ -67,6 +68,50 @@ impl Ltx2SoundDecoder {
     pub fn decode_tokens(&self, tokens: &Tensor) -> anyhow::Result<AudioClip> {
         self.decode_audio(&unpatchify_audio(tokens, self.channels())?)
     }
+}
+
+/// The first of `candidates` (each with the setting that names it) holding the audio VAE's decoder and the
+/// vocoder, checked against the transformer's audio stream of `audio_in_channels` (channels × mel bins per latent
+/// frame), from the files' headers; none holding them is refused, naming each file and what to pass (`what`:
+/// "model.dit", "--dit", …).
+pub fn sound_file<'a>(
+    candidates: &[&'a Path],
+    audio_in_channels: usize,
+    what: &str,
+) -> anyhow::Result<&'a Path> {
+    let mut problems = Vec::new();
+    for &path in candidates {
+        match identify_audio(path) {
+            Ok(file) if file.decoder && file.vocoder.is_some() => {
+                let c = &file.config;
+                let per_frame = c.z_channels * c.latent_mel_bins();
+                if per_frame != audio_in_channels {
+                    anyhow::bail!(
+                        "the audio VAE of {} makes latents of {per_frame} channels × mel bins a frame, but the \
+                         transformer's audio stream takes {audio_in_channels} (the audio VAE of another release?): \
+                         give the checkpoint matching the transformer",
+                        path.display()
+                    );
+                }
+                return Ok(path);
+            }
+            Ok(file) => problems.push(format!(
+                "{} holds no audio {}",
+                path.display(),
+                if file.decoder {
+                    "vocoder"
+                } else {
+                    "VAE decoder"
+                }
+            )),
+            Err(e) => problems.push(format!("{e}")),
+        }
+    }
+    anyhow::bail!(
+        "sound needs LTX-2's audio VAE decoder and vocoder ({}); point {what} at the official ltx-2-19b-* or \
+         ltx-2.3-22b-* checkpoint, which holds them",
+        problems.join("; ")
+    )
 }
 
 /// Muxes `sound` into the sample clip `mp4` (its video kept as it is, the sound as AAC) with ffmpeg.
