@@ -2,7 +2,8 @@
 //! the config in the `config` metadata entry as the release embeds it) at small sizes with seeded random weights,
 //! and a video dataset cached in the `_ltx2` format of musubi-tuner's LTX-2 branch (written by the data crate's
 //! writers); a whole tiny checkpoint as the release is one (the transformer beside the text fixture's connector
-//! and the VAE fixture's video VAE, one `config` entry for all three) with the text fixture's Gemma 3.
+//! and the VAE fixture's video VAE, one `config` entry for all three) with the text fixture's Gemma 3; and an
+//! audio-video one (the transformer's audio stream, an audio connector, the audio fixture's audio VAE and vocoder).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -85,16 +86,47 @@ pub fn tiny_gemma(
 /// text fixture's connector's (3 heads of 8), that connector and feature extractor, and the VAE fixture's video
 /// VAE (4 latent channels), under their released names with one `config` entry holding all three sections.
 pub fn tiny_checkpoint(dir: &Path) -> anyhow::Result<PathBuf> {
+    checkpoint_with(dir, false)
+}
+
+/// The transformer config of [`tiny_checkpoint_av`]: [`tiny_checkpoint`]'s with the audio fixture's audio latents
+/// (1 channel × 16 mel bins a frame).
+pub fn tiny_checkpoint_config(audio: bool) -> Ltx2Config {
     let mut cfg = tiny_config();
     cfg.num_attention_heads = 3;
     cfg.cross_attention_dim = 24;
-    let mut tensors = dit_tensors(&cfg, false)?;
+    if audio {
+        // As many audio heads as video heads (ltx-core's requirement), of 4.
+        cfg.audio_num_attention_heads = 3;
+        cfg.audio_cross_attention_dim = 12;
+        cfg.audio_in_channels = 16;
+        cfg.audio_out_channels = 16;
+    }
+    cfg
+}
+
+/// [`tiny_checkpoint`] as the audio-video releases are: with the transformer's audio stream and the audio-video
+/// cross-attentions, an audio projection and connector of its audio width (3 heads of 4, seeded), and the audio
+/// fixture's LTX-2.3 audio VAE and vocoder (`audio_vae.*`, `vocoder.*`, their `config` sections).
+pub fn tiny_checkpoint_av(dir: &Path) -> anyhow::Result<PathBuf> {
+    checkpoint_with(dir, true)
+}
+
+fn checkpoint_with(dir: &Path, audio: bool) -> anyhow::Result<PathBuf> {
+    let cfg = tiny_checkpoint_config(audio);
+    let mut tensors = dit_tensors(&cfg, audio)?;
     let fixtures =
         PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../framesmith-models/tests/fixtures");
     let text_file = text_case_dir().join("ltx_text.safetensors");
     let vae_file = fixtures.join("ltx2/vae_ltx23/weights.safetensors");
+    let audio_file = fixtures.join("ltx2/audio_ltx23/weights.safetensors");
     let mut config: serde_json::Value = serde_json::from_str(&metadata_config(&cfg))?;
-    for (file, section) in [(&text_file, "transformer"), (&vae_file, "vae")] {
+    let mut sources = vec![(&text_file, "transformer"), (&vae_file, "vae")];
+    if audio {
+        sources.push((&audio_file, "audio_vae"));
+        sources.push((&audio_file, "vocoder"));
+    }
+    for (file, section) in sources {
         let loaded = candle_core::safetensors::load(file, &Device::Cpu)?;
         for (name, t) in loaded {
             tensors.insert(name, t.to_dtype(DType::F32)?);
@@ -121,11 +153,51 @@ pub fn tiny_checkpoint(dir: &Path) -> anyhow::Result<PathBuf> {
             }
         }
     }
+    if audio {
+        if let Some(t) = config
+            .get_mut("transformer")
+            .and_then(|t| t.as_object_mut())
+        {
+            t.insert("audio_connector_num_attention_heads".into(), 3.into());
+            t.insert("audio_connector_attention_head_dim".into(), 4.into());
+        }
+        audio_text_side(&mut tensors, &config)?;
+    }
     let metadata = HashMap::from([("config".to_string(), config.to_string())]);
     std::fs::create_dir_all(dir)?;
-    let path = dir.join("ltx-2.3-tiny-dev.safetensors");
+    let name = if audio {
+        "ltx-2.3-tiny-av-dev.safetensors"
+    } else {
+        "ltx-2.3-tiny-dev.safetensors"
+    };
+    let path = dir.join(name);
     write_f32(&path, tensors, metadata)?;
     Ok(path)
+}
+
+/// Seeded weights of the audio projection and connector `config`'s transformer section describes, into `tensors`
+/// (norm scales ones; the projection for the text fixture's Gemma states, 64 values a token).
+fn audio_text_side(
+    tensors: &mut HashMap<String, Tensor>,
+    config: &serde_json::Value,
+) -> anyhow::Result<()> {
+    let text = framesmith_models::ltx2::text::Ltx2TextConfig::from_transformer_json(
+        &config["transformer"],
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let rng = &mut StdRng::seed_from_u64(23);
+    for (name, shape, _) in text.tensor_shapes_av(64, 1) {
+        if !name.contains("audio_") {
+            continue;
+        }
+        let t = if name.contains("_norm.") {
+            Tensor::ones(shape.as_slice(), DType::F32, &Device::Cpu)?
+        } else {
+            randn(rng, shape.as_slice(), 0.0, 0.2, &Device::Cpu)?
+        };
+        tensors.insert(name, t);
+    }
+    Ok(())
 }
 
 /// The transformer `cfg`'s tensors under the released prefix, seeded; norm scales are ones.
@@ -196,6 +268,15 @@ pub fn dataset_with(dir: &Path, batch_size: usize, audio: bool) -> anyhow::Resul
     dataset_for(dir, batch_size, (audio, &tiny_config()))
 }
 
+/// The audio latents' `(channels, mel bins)` of the datasets for `cfg`: the tiny transformer's 4 a frame as 2 × 2,
+/// else one channel of all mel bins (the audio fixture's VAE makes 1 × 16).
+pub fn audio_layout(cfg: &Ltx2Config) -> (usize, usize) {
+    match cfg.audio_in_channels {
+        4 => (2, 2),
+        n => (1, n),
+    }
+}
+
 /// [`dataset_with`] for the transformer `cfg` (its latent channels and text widths).
 pub fn dataset_for(
     dir: &Path,
@@ -219,7 +300,8 @@ pub fn dataset_for(
             Some(17),
         )?;
         if audio {
-            let latents = randn(rng, (2, AUDIO_FRAMES + 2, 2), 0.0, 1.0, &dev)?;
+            let (c, mel) = audio_layout(cfg);
+            let latents = randn(rng, (c, AUDIO_FRAMES + 2, mel), 0.0, 1.0, &dev)?;
             let file = ltx2_audio_cache_name(&name).ok_or_else(|| anyhow::anyhow!("{name}"))?;
             let audio_cache = Ltx2AudioCache {
                 latents: latents.to_dtype(DType::BF16)?,

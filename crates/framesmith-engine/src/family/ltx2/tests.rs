@@ -407,4 +407,5 @@ fn samples_are_clips_encoded_once_and_generate_applies_the_trained_lora() -> any
     Ok(())
 }
 
+mod av;
 mod i2v;
