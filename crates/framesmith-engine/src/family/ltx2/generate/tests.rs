@@ -145,3 +145,94 @@ fn bad_sizes_files_and_flags_are_refused_before_a_device_opens() -> anyhow::Resu
     );
     Ok(())
 }
+
+/// A start image written as a PNG in `dir`.
+fn start_image(dir: &Path) -> anyhow::Result<std::path::PathBuf> {
+    let path = dir.join("start.png");
+    let image = image::RgbImage::from_fn(40, 30, |x, y| {
+        image::Rgb([(x * 6) as u8, (y * 8) as u8, 90])
+    });
+    image.save(&path)?;
+    Ok(path)
+}
+
+#[test]
+fn an_audio_video_checkpoint_makes_sound_by_default_and_an_image_starts_the_clip(
+) -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut r = request(dir.path(), "a dog barks in the rain")?;
+    r.dit = DitSource::File(crate::family::ltx2::testkit::tiny_checkpoint_av(
+        &dir.path().join("av"),
+    )?);
+    r.frames = Some(9);
+    let (out, lines, _) = run(&r)?;
+    let log = lines.join("\n");
+    assert!(
+        log.contains("video and audio streams")
+            && log.contains("(audio 7) with rescale, with sound"),
+        "{log}"
+    );
+    let tools = framesmith_data::media::MediaTools::locate();
+    match &tools {
+        Ok(t) => assert_eq!(t.audio_channels(&out.file)?, Some(2)),
+        Err(e) => eprintln!("skipped the audio stream's check: ffmpeg / ffprobe not found ({e})"),
+    }
+    // --no-sound: video only.
+    r.sound = Some(false);
+    r.out = dir.path().join("silent.mp4");
+    let (out, lines, _) = run(&r)?;
+    assert!(
+        lines.iter().any(|l| l.contains(", video stream,")),
+        "{lines:?}"
+    );
+    if let Ok(t) = &tools {
+        assert_eq!(t.audio_channels(&out.file)?, None);
+    }
+    // --image: the clip starts from the image, so its first frame differs from the text-to-video clip's.
+    let plain = first_frame(&r)?;
+    r.image = Some(start_image(dir.path())?);
+    r.out = dir.path().join("i2v.mp4");
+    let (_, lines, _) = run(&r)?;
+    assert!(
+        lines.iter().any(|l| l.contains("start image encoded")),
+        "{lines:?}"
+    );
+    assert_ne!(plain, first_frame(&r)?);
+    Ok(())
+}
+
+#[test]
+fn sound_and_images_that_cannot_be_had_are_refused_before_a_device_opens() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut base = request(dir.path(), "a fox")?;
+    base.placement.device = DeviceSpec::Cuda(0);
+    // The video-only checkpoint has no audio connector: --sound is refused naming it; by default no sound.
+    let mut r = base.clone();
+    r.sound = Some(true);
+    let err = error(&r);
+    assert!(
+        err.contains("--sound")
+            && err.contains("audio text connector")
+            && err.contains("ltx-2.3-tiny-dev"),
+        "{err}"
+    );
+    let mut r = base;
+    r.image = Some(dir.path().join("missing.png"));
+    let err = error(&r);
+    assert!(
+        err.contains("--image") && err.contains("missing.png"),
+        "{err}"
+    );
+    // An audio-video transformer file alone, with --vae the checkpoint holding the audio VAE, vocoder and
+    // connectors: sound is found there, so the request gets as far as the device.
+    let mut r = request(dir.path(), "a fox")?;
+    r.placement.device = DeviceSpec::Cuda(0);
+    r.sound = Some(true);
+    let av = crate::family::ltx2::testkit::tiny_checkpoint_av(&dir.path().join("av"))?;
+    let bare = crate::family::ltx2::testkit::tiny_dit_with(&dir.path().join("bare"), true)?;
+    r.dit = DitSource::File(bare.clone());
+    r.files.vae = Some(av);
+    let err = error(&r);
+    assert!(!err.is_empty() && !err.contains("--sound"), "{err}");
+    Ok(())
+}
