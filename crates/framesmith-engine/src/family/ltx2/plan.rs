@@ -6,16 +6,21 @@
 //! the saved inputs, the tapes and the shared tables too. First-frame conditioning (on unless
 //! `training.first_frame_conditioning_p` is 0) makes the video's AdaLN rows per token: each block's tape holds them
 //! at every token, in f32. Samples during training ([`super::samples`]) hold the video VAE and the prompts'
-//! connector outputs on the device for the whole run, denoise at the sample's size and decode in ltx-core's tiles.
+//! connector outputs on the device for the whole run, denoise at the sample's size (with a `--i` prompt's clean
+//! first-frame tokens) and decode in ltx-core's tiles; a joint run's samples have sound: they also hold the audio
+//! VAE's decoder, the vocoder and the audio connector's outputs, denoise the audio tokens (25 latent frames a second)
+//! and decode them through the vocoder after the video.
 
 use framesmith_config::RunConfig;
+use framesmith_models::ltx2::audio::identify_audio;
 use framesmith_models::ltx2::vae::{identify_vae, Ltx2VaeConfig, VaeTiling};
 use framesmith_models::ltx2::weights::{audio_stream_shapes, video_stream_shapes};
 use framesmith_models::ltx2::Ltx2Config;
 use framesmith_nn::lora::{LoraError, LoraFamily};
 
-use super::items::{context_width, VAE_FACTOR, VAE_TEMPORAL};
-use super::pipeline::DEFAULT_GUIDANCE;
+use super::denoise::audio_latent_frames;
+use super::items::{audio_context_width, context_width, VAE_FACTOR, VAE_TEMPORAL};
+use super::pipeline::{DEFAULT_GUIDANCE, FPS};
 use super::train::{dit_config, first_frame_conditioning_p, is_ltx2_file};
 use crate::family::image::plan::{
     block_buffers, dual_stream_block_kind, dual_stream_shape, family_lora_parameters,
@@ -39,6 +44,35 @@ pub struct Ltx2PlanModel {
     pub vae: Option<PlanVae>,
     /// First-frame conditioning may fire (its probability is above 0): per-token AdaLN rows.
     pub first_frame_conditioning: bool,
+    /// What the samples' sound is decoded with (a joint run's samples have sound).
+    pub sound: Option<PlanSound>,
+}
+
+/// The audio VAE's decoder and the vocoder as the planner sees them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PlanSound {
+    /// Elements of their weights.
+    pub parameters: u64,
+    /// The vocoder's first width and its upsampling rates (its widest activation), and the sound's sample rate.
+    pub vocoder_channels: usize,
+    pub upsample_rates: Vec<usize>,
+    pub sampling_rate: usize,
+}
+
+impl PlanSound {
+    /// The decoder and vocoder of the first of `paths` that holds both, from the file's header.
+    pub fn of_files(paths: &[&std::path::Path]) -> Option<Self> {
+        paths.iter().find_map(|p| {
+            let file = identify_audio(p).ok().filter(|f| f.decoder)?;
+            let vocoder = file.vocoder?;
+            Some(Self {
+                parameters: file.decode_parameters,
+                vocoder_channels: vocoder.vocoder.upsample_initial_channel,
+                upsample_rates: vocoder.vocoder.upsample_rates.clone(),
+                sampling_rate: vocoder.output_sampling_rate(),
+            })
+        })
+    }
 }
 
 /// The video VAE as the planner sees it.
@@ -117,10 +151,11 @@ fn sampling(model: &Ltx2PlanModel, input: &PlanInput, sample: &SampleShape) -> S
     let latent_frames = (sample.frames.max(1) as u64 - 1) / time as u64 + 1;
     let tokens = latent_frames * pixels / (space * space) as u64;
     let latents = tokens * cfg.out_channels as u64 * 4;
-    let passes = 1 + u64::from(sample.guided);
+    // With sound the audio's guidance runs the negative prompt whatever the video's.
+    let passes = 1 + u64::from(sample.guided || model.sound.is_some());
     let prompts = sample.prompts as u64;
     let embeddings = prompts * passes * TEXT_TOKENS * context_width(cfg) as u64 * c;
-    let mut held = Vec::with_capacity(2);
+    let mut held = Vec::with_capacity(4);
     if let Some(v) = vae {
         held.push(("video VAE".to_owned(), v.parameters * c));
     }
@@ -128,6 +163,26 @@ fn sampling(model: &Ltx2PlanModel, input: &PlanInput, sample: &SampleShape) -> S
         format!("{prompts} prompts' connector outputs (and their negative prompts')"),
         embeddings,
     ));
+    // A `--i` prompt's clean first-frame tokens, and the image's latents.
+    let first_frame = 2 * pixels / (space * space) as u64 * cfg.out_channels as u64 * 4;
+    let (audio_state, audio_decode) = match &model.sound {
+        Some(sound) => {
+            held.push((
+                "audio VAE decoder and vocoder".to_owned(),
+                sound.parameters * c,
+            ));
+            held.push((
+                format!("{prompts} prompts' audio connector outputs"),
+                prompts * passes * TEXT_TOKENS * audio_context_width(cfg) as u64 * c,
+            ));
+            let audio_frames = audio_latent_frames(sample.frames, FPS) as u64;
+            (
+                (3 + passes + 1) * audio_frames * cfg.audio_in_channels as u64 * 4,
+                sound_decode_bytes(sound, audio_frames, c),
+            )
+        }
+        None => (0, 0),
+    };
     let tiles = VaeTiling::official();
     let side = |n: usize, axis: Option<framesmith_models::ltx2::vae::AxisTiles>| {
         axis.map_or(n, |a| n.min(a.tile)) as u64
@@ -138,18 +193,35 @@ fn sampling(model: &Ltx2PlanModel, input: &PlanInput, sample: &SampleShape) -> S
         (v.config.decoder_base_channels, v.config.patch_size)
     });
     let video = 3 * frames * pixels;
+    let video_decode = chunked_decode_bytes(
+        base as u64,
+        tile_frames,
+        tile_pixels / (patch * patch).max(1) as u64,
+        c,
+    ) + video * 4
+        + video * (4 + 1);
     SamplingMemory {
         held,
-        denoise_state_bytes: (3 + passes + 1) * latents,
-        decode_bytes: chunked_decode_bytes(
-            base as u64,
-            tile_frames,
-            tile_pixels / (patch * patch).max(1) as u64,
-            c,
-        ) + video * 4
-            + video * (4 + 1),
+        denoise_state_bytes: (3 + passes + 1) * latents + audio_state + first_frame,
+        // The sound is decoded before the video, each freed before the other.
+        decode_bytes: video_decode.max(audio_decode),
         decoded_host_bytes: video * 2,
     }
+}
+
+/// The vocoder's working set for `audio_frames` latent frames (4 spectrogram frames each), at its widest stage
+/// (the upsampling halves the width as it multiplies the length), ten such tensors alive as a chunked decoder's
+/// are counted, beside the f32 stereo waveform.
+fn sound_decode_bytes(sound: &PlanSound, audio_frames: u64, compute_bytes: u64) -> u64 {
+    let mut length = audio_frames * 4;
+    let mut widest = sound.vocoder_channels as u64 * length;
+    for (i, rate) in sound.upsample_rates.iter().enumerate() {
+        length *= *rate as u64;
+        widest = widest.max((sound.vocoder_channels as u64 >> (i + 1)) * length);
+    }
+    let seconds = audio_frames as f64 / 25.0;
+    let waveform = (seconds * sound.sampling_rate as f64) as u64 * 2 * 4;
+    10 * widest * compute_bytes + waveform
 }
 
 /// The `model.variant` names that plan LTX-2.3 (22B) (a run trains LTX-2 or LTX-2.3 from its file, with
@@ -173,6 +245,7 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
             audio: false,
             vae: vae.clone(),
             first_frame_conditioning,
+            sound: None,
         })
     })
 }

@@ -12,7 +12,7 @@ use candle_core::{DType, Device};
 
 use super::encoder::{load_gemma, LoadGemma};
 use super::items::{load_ltx2_items, VAE};
-use super::plan::{Ltx2PlanModel, PlanVae};
+use super::plan::{Ltx2PlanModel, PlanSound, PlanVae};
 use super::run::Ltx2Run;
 use super::samples::{clip_samples, Ltx2Samples, SampleFilesIn};
 use super::sound::sound_file;
@@ -199,6 +199,13 @@ pub(crate) fn start_run_with(
             audio: joint,
             vae: PlanVae::of_file(plan.model.vae.as_deref().unwrap_or(dit)),
             first_frame_conditioning: conditioning_p > 0.0,
+            sound: joint
+                .then(|| {
+                    let files: Vec<&Path> =
+                        plan.model.vae.as_deref().into_iter().chain([dit]).collect();
+                    PlanSound::of_files(&files)
+                })
+                .flatten(),
         })
     };
     let memory = memory_report(plan, model, VAE.largest_clip(&cached)?, &device);

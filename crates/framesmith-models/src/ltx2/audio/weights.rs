@@ -64,6 +64,8 @@ pub struct Ltx2AudioFile {
     pub config: AudioVaeConfig,
     /// The vocoder's architecture, when the file holds one.
     pub vocoder: Option<VocoderConfig>,
+    /// Elements of what sound is decoded with: the audio VAE's decoder and statistics, and the vocoder.
+    pub decode_parameters: u64,
 }
 
 impl std::fmt::Display for Ltx2AudioFile {
@@ -160,12 +162,27 @@ pub fn identify_audio(path: &Path) -> Result<Ltx2AudioFile, Ltx2AudioError> {
     } else {
         None
     };
+    let decode_parameters = header
+        .tensors
+        .iter()
+        .filter(|t| {
+            [
+                "audio_vae.decoder.",
+                "audio_vae.per_channel_statistics.",
+                "vocoder.",
+            ]
+            .iter()
+            .any(|p| t.name.starts_with(p))
+        })
+        .map(|t| t.shape.iter().product::<usize>() as u64)
+        .sum();
     Ok(Ltx2AudioFile {
         path: path.to_path_buf(),
         encoder,
         decoder,
         config: audio,
         vocoder,
+        decode_parameters,
     })
 }
 

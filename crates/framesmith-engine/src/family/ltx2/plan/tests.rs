@@ -109,6 +109,7 @@ fn joint_training_counts_both_streams() {
         audio,
         vae: None,
         first_frame_conditioning: false,
+        sound: None,
     };
     let video = describe(&model(false), &i).unwrap();
     let joint = describe(&model(true), &i).unwrap();
@@ -152,6 +153,7 @@ fn samples_count_the_vae_the_texts_the_denoising_and_a_tiles_decode() {
         audio: false,
         vae: Some(vae.clone()),
         first_frame_conditioning: false,
+        sound: None,
     };
     let i = input(121, BaseDtype::Bf16);
     let sample = |width: usize, height: usize, frames: usize| SampleShape {
@@ -195,6 +197,7 @@ fn first_frame_conditioning_counts_the_per_token_rows() {
         audio,
         vae: None,
         first_frame_conditioning,
+        sound: None,
     };
     let i = input(121, BaseDtype::Bf16);
     // 16 latent frames of 16 × 24 tokens, width 4096.
@@ -221,4 +224,55 @@ fn first_frame_conditioning_counts_the_per_token_rows() {
         .model
         .downcast_ref::<Ltx2PlanModel>()
         .is_some_and(|m| m.first_frame_conditioning));
+}
+
+/// A joint run's samples have sound: they hold the audio VAE's decoder, the vocoder and the audio connector's
+/// outputs, always run the negative prompt (the audio's guidance), and denoise the audio tokens beside the video's.
+#[test]
+fn samples_with_sound_count_the_audio_decoder_texts_and_tokens() {
+    let fixtures = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../framesmith-models/tests/fixtures/ltx2");
+    let sound = PlanSound::of_files(&[
+        &fixtures.join("vae_ltx23/weights.safetensors"),
+        &fixtures.join("audio_ltx23/weights.safetensors"),
+    ])
+    .unwrap();
+    assert!(sound.parameters > 0);
+    let model = |sound: Option<PlanSound>| Ltx2PlanModel {
+        config: Ltx2Config::ltx23_22b(),
+        audio: sound.is_some(),
+        vae: None,
+        first_frame_conditioning: false,
+        sound,
+    };
+    let i = input(121, BaseDtype::Bf16);
+    let shape = SampleShape {
+        width: 768,
+        height: 512,
+        frames: 121,
+        steps: 30,
+        guided: false,
+        prompts: 1,
+    };
+    let silent = sampling(&model(None), &i, &shape);
+    let loud = sampling(&model(Some(sound.clone())), &i, &shape);
+    let held = |m: &SamplingMemory, what: &str| {
+        m.held
+            .iter()
+            .find(|(name, _)| name.contains(what))
+            .map(|(_, b)| *b)
+    };
+    assert_eq!(held(&loud, "audio VAE decoder"), Some(sound.parameters * 2));
+    // The prompt and its negative prompt (run for the audio's guidance): 1024 × 2048 each in bf16.
+    assert_eq!(held(&loud, "audio connector"), Some(2 * 1024 * 2048 * 2));
+    assert_eq!(held(&silent, "audio"), None);
+    // 126 audio latent frames of 128 values, f32, in the five denoising tensors of two passes' run.
+    let video_passes = |m: &SamplingMemory| m.held[0].1 / (1024 * 4096 * 2);
+    assert_eq!((video_passes(&silent), video_passes(&loud)), (1, 2));
+    let video_latents = 16 * 16 * 24 * 128 * 4;
+    assert_eq!(
+        loud.denoise_state_bytes - silent.denoise_state_bytes,
+        video_latents + 6 * 126 * 128 * 4
+    );
+    assert!(loud.decode_bytes >= silent.decode_bytes);
 }
