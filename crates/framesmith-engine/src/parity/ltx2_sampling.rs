@@ -183,14 +183,22 @@ pub fn check(fixture: &Fixture) -> anyhow::Result<Vec<ParityRow>> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::tests::assert_cases_pass_and_a_perturbed_row_fails;
+    use super::super::tests::{assert_cases_pass_and_a_perturbed_row_fails, failed_when_bumped};
 
+    /// Text-to-video (8 rows), and both streams from a first frame (8 + the audio's 3 at step 0 and 3 latents).
     #[test]
     fn sampling_matches_ltx_core_and_a_perturbed_reference_fails() -> anyhow::Result<()> {
         assert_cases_pass_and_a_perturbed_row_fails(
             "ltx2",
-            &[("sampling_ltx23", 8)],
+            &[("sampling_ltx23", 8), ("sampling_ltx23_av_i2v", 14)],
             ("sampling_ltx23", "latent.3"),
-        )
+        )?;
+        let av = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../framesmith-models/tests/fixtures/ltx2/sampling_ltx23_av_i2v");
+        let files = ["config.json", "weights.safetensors", "inputs.safetensors"];
+        for row in ["audio_latent.3", "latent.2"] {
+            assert_eq!(failed_when_bumped(&av, &files, row)?, vec![row.to_string()]);
+        }
+        Ok(())
     }
 }
