@@ -3,7 +3,8 @@ weights at small shapes: the prompt tokenised by ltx-core's `LTXGemmaTokenizer` 
 leading <bos>, no <eos>), Gemma 3 run by ltx-core's `LTXGemmaTextEncoder.encode` (transformers'
 `Gemma3ForConditionalGeneration`, every hidden state), then ltx-core's `EmbeddingsProcessor.process_hidden_states`
 (the feature extractor the checkpoint's config selects: V1 for LTX-2, V2 for LTX-2.3; the video connector
-`Embeddings1DConnector` with its learnable registers), in float32 on the CPU with one thread.
+`Embeddings1DConnector` with its learnable registers, and the audio connector of an audio-video release, whose
+output sound is sampled with), in float32 on the CPU with one thread.
 
 Official code: github:Lightricks/LTX-2 (package ltx-core 1.2.0) at commit 400fd31054597515f47125691032c04b1c3ee24e
 (`ltx_core.text_encoders.gemma`), and Hugging Face transformers 5.24.0 (`transformers.models.gemma3`).
@@ -45,6 +46,8 @@ from ltx_core.text_encoders.gemma.tokenizer import LTXGemmaTokenizer, PaddingSid
 COMMIT = "400fd31054597515f47125691032c04b1c3ee24e"
 OUT = Path(__file__).resolve().parents[2] / "crates/framesmith-models/tests/fixtures/ltx2_text"
 
+# Where the release keeps the audio connector.
+AUDIO_CONNECTOR_PREFIX = "model.diffusion_model.audio_embeddings_connector."
 # Gemma's special tokens at the ids the real tokenizer gives them.
 SPECIAL = ["<pad>", "<eos>", "<bos>", "<unk>"]
 WORDS = (
@@ -174,7 +177,7 @@ def make_case(name: str, case: dict) -> None:
     processor = EmbeddingsProcessor(
         feature_extractor=_create_feature_extractor(case["transformer"], config.text_config),
         video_connector=Embeddings1DConnectorConfigurator.from_metadata(metadata),
-        # The release is audio-video: the audio connector runs too (its output is not cached).
+        # The release is audio-video: the audio connector runs too (the audio stream reads its output).
         audio_connector=AudioEmbeddings1DConnectorConfigurator.from_metadata(metadata),
     ).float().eval()
     randomise(processor, gen)
@@ -190,8 +193,10 @@ def make_case(name: str, case: dict) -> None:
                 expected[f"p{i}.hidden.{layer}"] = hidden[layer][0].contiguous()
             video, audio = processor.feature_extractor(hidden, mask, "left")
             expected[f"p{i}.features"] = video[0].contiguous()
+            expected[f"p{i}.audio_features"] = audio[0].clone().contiguous()
             result = processor.process_hidden_states(hidden, mask, "left")
             expected[f"p{i}.video_encoding"] = result.video_encoding[0].contiguous()
+            expected[f"p{i}.audio_encoding"] = result.audio_encoding[0].contiguous()
             expected[f"p{i}.attention_mask"] = result.attention_mask[0].to(torch.int64).contiguous()
 
     # Gemma's language model under the case's prefix (the vision tower and lm_head are not read): a Hugging Face
@@ -210,14 +215,15 @@ def make_case(name: str, case: dict) -> None:
         gemma["tokenizer_json"] = torch.frombuffer(bytearray(tok.to_str().encode()), dtype=torch.uint8)
         save_file(gemma, out / "gemma_3_12B_it.safetensors", metadata={"gemma_config": json.dumps(config_json)})
 
-    # The LTX-2 checkpoint's text parts under the release's names, with its config metadata (the audio
-    # connector's weights are left out: nothing here reads them).
+    # The LTX-2 checkpoint's text parts under the release's names, with its config metadata.
     ltx = {}
     for key, value in processor.state_dict().items():
         if key.startswith("feature_extractor."):
             ltx["text_embedding_projection." + key.removeprefix("feature_extractor.")] = value.contiguous()
         elif key.startswith("video_connector."):
             ltx[case["connector_prefix"] + key.removeprefix("video_connector.")] = value.contiguous()
+        elif key.startswith("audio_connector."):
+            ltx[AUDIO_CONNECTOR_PREFIX + key.removeprefix("audio_connector.")] = value.contiguous()
     save_file(ltx, out / "ltx_text.safetensors",
               metadata={"config": json.dumps({"transformer": case["transformer"]})})
     inputs = {"ids": torch.cat([expected.pop(f"p{i}.ids") for i in range(len(PROMPTS))]),

@@ -1,8 +1,8 @@
 //! Parity of LTX-2's text side (`ltx2_text` fixtures of `bench/reference/ltx2_text.py`): the Gemma 3 files read
 //! through the users' loader (a Hugging Face folder, or one file with its config and tokenizer embedded), each
 //! prompt's ids and mask from the tokenizer against ltx-core's, Gemma's every hidden state on the official ids, the
-//! feature extractor's output, and the connector's output and mask (the LTX-2 checkpoint's text parts read from
-//! `ltx_text.safetensors` as from a release file).
+//! feature extractor's output, and the connector's output and mask, and the audio stream's features and audio
+//! connector's output (the LTX-2 checkpoint's text parts read from `ltx_text.safetensors` as from a release file).
 
 use std::path::{Path, PathBuf};
 
@@ -11,7 +11,7 @@ use candle_core::{DType, Device, Tensor};
 
 use super::{compare, compare_exact, Fixture, ParityRow, OUTPUT_REL_TOL};
 use framesmith_models::gemma3::{load_text_model, GemmaTokenizer, LoadOptions, PaddedPrompt};
-use framesmith_models::ltx2::text::{connect, PromptFeatures, TextParts};
+use framesmith_models::ltx2::text::{connect, connect_audio, PromptFeatures, TextParts};
 
 /// The fixture's Gemma 3: its folder, or its single file.
 fn gemma_path(dir: &Path) -> PathBuf {
@@ -52,13 +52,16 @@ pub fn check(fixture: &Fixture, dir: &Path) -> anyhow::Result<Vec<ParityRow>> {
     let tokenizer = GemmaTokenizer::for_weights(&gemma_file, None, max_length)?;
     let parts = TextParts::open(&dir.join("ltx_text.safetensors"))?;
     let states = file.config.num_hidden_layers + 1;
-    let extractor = parts.feature_extractor((file.config.hidden_size, states), DType::F32, &cpu)?;
+    let extractor =
+        parts.feature_extractor_av((file.config.hidden_size, states), DType::F32, &cpu)?;
     let connector = parts.connector(DType::F32, &cpu)?;
+    let audio_connector = parts.audio_connector(DType::F32, &cpu)?;
     let models = Models {
         tokenizer: &tokenizer,
         gemma: &gemma,
         extractor: &extractor,
         connector: &connector,
+        audio_connector: &audio_connector,
     };
     let mut rows = Vec::new();
     for (i, prompt) in prompts.iter().enumerate() {
@@ -73,6 +76,7 @@ struct Models<'a> {
     gemma: &'a framesmith_models::gemma3::Gemma3Text,
     extractor: &'a framesmith_models::ltx2::text::FeatureExtractor,
     connector: &'a framesmith_models::ltx2::text::Connector,
+    audio_connector: &'a framesmith_models::ltx2::text::Connector,
 }
 
 /// The rows of prompt `i`: its tokens, Gemma's hidden states on the official tokens, the features, the
@@ -116,22 +120,33 @@ fn prompt_rows(
             OUTPUT_REL_TOL,
         )?);
     }
-    let features = m.extractor.forward(&hidden, &mask_t)?.squeeze(0)?;
-    let name = format!("p{i}.features");
+    let (features, audio) = m.extractor.forward_av(&hidden, &mask_t)?;
+    let features = features.squeeze(0)?;
+    let audio_features = audio
+        .context("the feature extractor gave no audio features")?
+        .squeeze(0)?;
+    for (name, got) in [("features", &features), ("audio_features", &audio_features)] {
+        let name = format!("p{i}.{name}");
+        rows.push(compare(
+            &name,
+            got,
+            fixture.expected(&name)?,
+            OUTPUT_REL_TOL,
+        )?);
+    }
+    let prompt = PromptFeatures {
+        features,
+        audio_features: Some(audio_features),
+        prompt: official,
+    };
+    let (encoding, out_mask) = connect(m.connector, &prompt)?;
+    let name = format!("p{i}.audio_encoding");
     rows.push(compare(
         &name,
-        &features,
+        &connect_audio(m.audio_connector, &prompt)?,
         fixture.expected(&name)?,
         OUTPUT_REL_TOL,
     )?);
-    let (encoding, out_mask) = connect(
-        m.connector,
-        &PromptFeatures {
-            features,
-            audio_features: None,
-            prompt: official,
-        },
-    )?;
     let name = format!("p{i}.video_encoding");
     rows.push(compare(
         &name,
@@ -195,7 +210,7 @@ mod tests {
             for row in &rows {
                 println!("{case} {row}");
             }
-            assert_eq!(rows.len(), 4 * 9, "{case}");
+            assert_eq!(rows.len(), 4 * 11, "{case}");
             assert!(
                 failed(&rows).is_empty(),
                 "{case}: failed rows {:?}",
@@ -208,12 +223,20 @@ mod tests {
             case_dir("ltx23").join("expected.safetensors"),
             &Device::Cpu,
         )?;
-        let encoding = &expected["p2.video_encoding"];
-        let bumped = (encoding + encoding.affine(0.0, 1e-2)?)?;
-        expected.insert("p2.video_encoding".into(), bumped);
+        for row in ["p2.video_encoding", "p1.audio_encoding"] {
+            let encoding = &expected[row];
+            let bumped = (encoding + encoding.affine(0.0, 1e-2)?)?;
+            expected.insert(row.into(), bumped);
+        }
         candle_core::safetensors::save(&expected, dir.path().join("expected.safetensors"))?;
         let rows = super::super::check_fixture(dir.path())?;
-        assert_eq!(failed(&rows), vec!["p2.video_encoding".to_string()]);
+        assert_eq!(
+            failed(&rows),
+            vec![
+                "p1.audio_encoding".to_string(),
+                "p2.video_encoding".to_string()
+            ]
+        );
         Ok(())
     }
 }

@@ -128,8 +128,11 @@ fn checkpoint_with(dir: &Path, audio: bool) -> anyhow::Result<PathBuf> {
     }
     for (file, section) in sources {
         let loaded = candle_core::safetensors::load(file, &Device::Cpu)?;
+        // A video-only checkpoint holds no audio connector.
         for (name, t) in loaded {
-            tensors.insert(name, t.to_dtype(DType::F32)?);
+            if audio || !name.contains("audio_embeddings_connector") {
+                tensors.insert(name, t.to_dtype(DType::F32)?);
+            }
         }
         let bytes = std::fs::read(file)?;
         let (_, meta) = safetensors::SafeTensors::read_metadata(&bytes)?;
