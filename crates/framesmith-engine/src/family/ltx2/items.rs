@@ -161,7 +161,8 @@ fn load_item(
         }
         (Some(_), None) => anyhow::bail!(
             "{file} has audio latents but its text cache no audio_prompt_embeds; cache the captions for \
-             audio-video (musubi-tuner's ltx2_cache_text_encoder_outputs.py --ltx2_mode av): {}",
+             audio-video (`framesmith cache text` with the audio-video checkpoint as --dit, or musubi-tuner's \
+             ltx2_cache_text_encoder_outputs.py --ltx2_mode av): {}",
             text_path.display()
         ),
     };

@@ -11,7 +11,7 @@ use std::path::Path;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
-use super::encoder::{encode_texts, load_gemma, Ltx2EncoderFiles, Ltx2Text};
+use super::encoder::{encode_texts_for, load_gemma, Ltx2EncoderFiles, Ltx2Text};
 use super::train::is_ltx2_file;
 use crate::family::image::caption_pass::{cache_captions, CaptionCaches, PendingCaption};
 use crate::prep::pass::{load_dataset, CacheRequest, TextFiles};
@@ -28,18 +28,32 @@ pub(super) fn is_ltx2_text_pass(files: &TextFiles) -> bool {
     files.dit.as_deref().is_some_and(is_ltx2_file)
 }
 
-/// What encodes a checkpoint's captions, as the caches record it: the release and the width.
+/// What encodes a checkpoint's captions, as the caches record it: the release and the width, and the audio
+/// connector's width when the checkpoint has one.
 pub fn encoding_tag(parts: &TextParts) -> String {
     let release = match parts.config.features {
         FeatureVersion::V1 => "LTX-2",
         FeatureVersion::V2 { .. } => "LTX-2.3",
     };
-    format!("{release} {}", parts.config.output_width())
+    let width = parts.config.output_width();
+    if parts.has_audio() {
+        format!(
+            "{release} {width} + audio {}",
+            parts.config.audio_connector.inner_dim()
+        )
+    } else {
+        format!("{release} {width}")
+    }
 }
 
 /// Whether `path` holds a complete LTX-2 text cache of `caption` made by `encoding`.
 fn cached(path: &Path, caption: &str, encoding: &str) -> bool {
-    header::complete_cache(path, &["video_prompt_embeds_"], LTX2_ARCHITECTURE).is_some_and(|meta| {
+    let keys: &[&str] = if encoding.contains("+ audio") {
+        &["video_prompt_embeds_", "audio_prompt_embeds_"]
+    } else {
+        &["video_prompt_embeds_"]
+    };
+    header::complete_cache(path, keys, LTX2_ARCHITECTURE).is_some_and(|meta| {
         meta.get("caption1").map(String::as_str) == Some(caption)
             && meta.get(TEXT_ENCODING_METADATA).map(String::as_str) == Some(encoding)
     })
@@ -62,10 +76,16 @@ pub(super) fn text(
         .context("LTX-2 captions need --dit, the checkpoint whose text connector encodes them")?;
     let parts = TextParts::open(dit)?;
     let encoding = encoding_tag(&parts);
+    let audio = parts.has_audio();
     let valid = load_dataset(request, log)?;
     let (device, dtype) = (request.open)()?;
     log(&format!(
-        "text encoder: Gemma 3 with {encoding}'s feature extractor and connector, on {device:?}, stored in {dtype:?}"
+        "text encoder: Gemma 3 with {encoding}'s feature extractor and {}, on {device:?}, stored in {dtype:?}",
+        if audio {
+            "connectors (video and audio)"
+        } else {
+            "connector"
+        }
     ));
     let encoder_files = Ltx2EncoderFiles {
         text_encoder,
@@ -73,10 +93,10 @@ pub(super) fn text(
         dit,
     };
     let mut encode = |captions: &[&str]| {
-        encode_texts(
+        encode_texts_for(
             encoder_files,
             &load_gemma,
-            captions,
+            (captions, audio),
             (dtype, &device),
             &mut *log,
         )
@@ -118,8 +138,11 @@ fn write(
     let cache = Ltx2TextCache {
         video_prompt_embeds: text.embeds.to_dtype(dtype)?.to_device(&cpu)?,
         prompt_attention_mask: Some(Tensor::from_vec(text.mask.clone(), rows, &cpu)?),
-        // The audio connector is not built: the cache holds the video stream's text only.
-        audio_prompt_embeds: None,
+        audio_prompt_embeds: text
+            .audio_embeds
+            .as_ref()
+            .map(|a| a.to_dtype(dtype)?.to_device(&cpu))
+            .transpose()?,
         caption: item.caption.clone(),
         encoding: Some(encoding.to_string()),
     };

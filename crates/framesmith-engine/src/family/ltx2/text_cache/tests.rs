@@ -1,7 +1,8 @@
 //! The text pass with the parity fixture's tiny Gemma 3 and LTX-2 text parts over an image dataset: musubi-tuner's
 //! `_ltx2_te` names and keys at LTX-2's 1024 tokens, the caches equal to the models' own encoding of the caption,
 //! kept while caption and release are unchanged, made again for an edited caption or another release, stale
-//! caches removed; the family claims a text pass by its `--dit` and refuses a checkpoint without the connector.
+//! caches removed; the audio connector's output cached too for an audio-video checkpoint; the family claims a text
+//! pass by its `--dit` and refuses a checkpoint without the connector.
 
 use std::path::{Path, PathBuf};
 
@@ -14,7 +15,7 @@ use crate::family::testkit::run::{error_of, refused_cache_request};
 use crate::prep::pass::CachePass;
 use framesmith_data::family::ltx2::cache::read_ltx2_text_cache;
 use framesmith_models::gemma3::{self, GemmaTokenizer, LoadOptions, LTX2_MAX_LENGTH};
-use framesmith_models::ltx2::text::{connect, prompt_features};
+use framesmith_models::ltx2::text::{connect, connect_audio, prompt_features};
 
 /// The fixture case whose Gemma folder and text parts the tests encode with.
 fn case_dir() -> PathBuf {
@@ -56,12 +57,13 @@ fn run(
         tokenizer: None,
         dit: &dit,
     };
+    let audio = TextParts::open(&dit)?.has_audio();
     let mut encode = |captions: &[&str]| {
         calls.set(calls.get() + captions.len());
-        encode_texts(
+        encode_texts_for(
             files,
             &tiny_gemma,
-            captions,
+            (captions, audio),
             (DType::F32, &Device::Cpu),
             &mut |_| {},
         )
@@ -81,7 +83,7 @@ fn captions_cache_under_musubi_names_and_are_kept_until_edited() -> anyhow::Resu
     let toml = dataset(dir.path())?;
     let parts = TextParts::open(&case_dir().join("ltx_text.safetensors"))?;
     let encoding = encoding_tag(&parts);
-    assert_eq!(encoding, "LTX-2 16");
+    assert_eq!(encoding, "LTX-2 16 + audio 16");
     let calls = std::cell::Cell::new(0);
     let first = run(&toml, &encoding, &calls)?;
     assert_eq!((first.written, calls.get()), (2, 2), "{first:?}");
@@ -90,7 +92,7 @@ fn captions_cache_under_musubi_names_and_are_kept_until_edited() -> anyhow::Resu
     let a = read_ltx2_text_cache(&cache.join("a_ltx2_te.safetensors"), &Device::Cpu)?;
     assert_eq!(a.video_prompt_embeds.dims(), [LTX2_MAX_LENGTH, 16]);
     assert_eq!(a.caption, "a red fox runs through deep snow");
-    assert_eq!(a.encoding.as_deref(), Some("LTX-2 16"));
+    assert_eq!(a.encoding.as_deref(), Some("LTX-2 16 + audio 16"));
     let mask = a
         .prompt_attention_mask
         .map(|m| m.to_vec1::<i64>())
@@ -106,7 +108,7 @@ fn captions_cache_under_musubi_names_and_are_kept_until_edited() -> anyhow::Resu
         },
     )?;
     let tokenizer = GemmaTokenizer::for_weights(&case_dir().join("gemma"), None, LTX2_MAX_LENGTH)?;
-    let extractor = parts.feature_extractor((16, 4), DType::F32, &Device::Cpu)?;
+    let extractor = parts.feature_extractor_av((16, 4), DType::F32, &Device::Cpu)?;
     let features = prompt_features(
         (&gemma, &tokenizer),
         &extractor,
@@ -119,6 +121,12 @@ fn captions_cache_under_musubi_names_and_are_kept_until_edited() -> anyhow::Resu
         .max_all()?
         .to_scalar::<f32>()?;
     assert!(diff < 1e-5, "{diff}");
+    let audio = a
+        .audio_prompt_embeds
+        .ok_or_else(|| anyhow::anyhow!("no audio_prompt_embeds"))?;
+    let direct = connect_audio(&parts.audio_connector(DType::F32, &Device::Cpu)?, &features)?;
+    let diff = (direct - audio)?.abs()?.max_all()?.to_scalar::<f32>()?;
+    assert!(diff < 1e-5, "the audio connector's output: {diff}");
 
     let again = run(&toml, &encoding, &calls)?;
     assert_eq!((again.written, again.skipped, calls.get()), (0, 2, 2));
