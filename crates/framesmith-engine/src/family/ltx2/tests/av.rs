@@ -320,3 +320,46 @@ fn missing_images_and_sound_files_are_refused_by_name() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+#[test]
+fn an_i2v_sample_starts_from_its_image() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let dit = tiny_checkpoint(&dir.path().join("ckpt"))?;
+    image::RgbImage::from_fn(40, 30, |x, y| {
+        image::Rgb([(x * 6) as u8, (y * 8) as u8, 200])
+    })
+    .save(dir.path().join("start.png"))?;
+    // The same prompt and seed, the second from the image beside the prompt file.
+    let line = "a fox runs --w 24 --h 16 --f 9 --s 2 --d 5";
+    let config = run_config(
+        dir.path(),
+        (&dit, false),
+        2,
+        &format!("{line}\n{line} --i start.png\n"),
+    )?;
+    let plan = validate_for(&config, &HostInfo::cpu_only(), ModelFamily::Ltx2)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let mut parts = start_run_with(&plan, &dit, &tiny_gemma, &mut |_, _| {})?;
+    let out = dir.path().join("samples");
+    std::fs::create_dir_all(&out)?;
+    let mut first_frame = |i: usize| -> anyhow::Result<Vec<u8>> {
+        let files = parts_sample(&mut parts, i, &out)?;
+        Ok(std::fs::read(files.join("frame_0000.png"))?)
+    };
+    let (t2v, i2v) = (first_frame(0)?, first_frame(1)?);
+    assert_ne!(t2v, i2v, "the image starts the clip");
+    Ok(())
+}
+
+/// Sample `i` of the run `parts` written into `out`; returns its frames' folder.
+fn parts_sample(
+    parts: &mut crate::train::setup::RunParts,
+    i: usize,
+    out: &Path,
+) -> anyhow::Result<PathBuf> {
+    let files = parts
+        .family
+        .sample(i, out, &format!("000001-{i:02}"), &|| false)?;
+    assert!(files.file.is_file());
+    Ok(files.frames)
+}
