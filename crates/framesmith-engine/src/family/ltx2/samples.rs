@@ -296,8 +296,10 @@ fn encode_prompts(
     Ok(encoded)
 }
 
-/// The first-frame latents [C, 1, H, W] of `image` resized and centre-cropped to the clip of `settings`, encoded
-/// by the video VAE.
+/// The first-frame latents [C, 1, H, W] of `image` resized to cover the clip of `settings` and centre-cropped (the
+/// trainer's validation `_resize_and_center_crop`, here with the datasets' resize filters rather than bicubic),
+/// encoded by the video VAE. ltx-pipelines also re-compresses the image as H.264 at CRF 33 before encoding; the
+/// trainer's validation does not, nor does this.
 pub(super) fn first_frame(
     decoder: &Ltx2Decoder,
     image: &RgbImage,
