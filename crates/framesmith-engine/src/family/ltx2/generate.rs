@@ -32,7 +32,7 @@ use super::pipeline::{
     DEFAULT_WIDTH, DISTILLED_SIGMAS, FPS, PIPELINE_NEGATIVE,
 };
 use super::samples::first_frame;
-use super::sound::{sound_file, Ltx2SoundDecoder};
+use super::sound::{muxer, sound_file, Ltx2SoundDecoder};
 use super::train::dit_config;
 use crate::family::image::generate::{check_out, hold_budget, one_device, refuse_foreign, OutKind};
 use crate::family::image::plan::spread_streamed_blocks;
@@ -184,7 +184,8 @@ fn check_ltx2_request<'a>(
 }
 
 /// The file holding the audio VAE's decoder and the vocoder when the clip gets sound: `--no-sound` none,
-/// `--sound` one or a refusal naming what is missing, by default one when the files hold everything sound needs.
+/// `--sound` one or a refusal naming what is missing, by default one when the files hold everything sound needs and
+/// ffmpeg is there to mux it.
 fn sound_of<'a>(
     request: &'a GenerationRequest,
     (dit, cfg): (&'a Path, &Ltx2Config),
@@ -206,8 +207,13 @@ fn sound_of<'a>(
              ltx-2-19b-* or ltx-2.3-22b-* checkpoint with --dit (or --vae), or drop --sound",
             connector.display()
         ),
-        Some(true) => Ok(Some(found()?)),
-        None => Ok(if parts.has_audio() { found().ok() } else { None }),
+        Some(true) => {
+            let file = found()?;
+            muxer().context("--sound")?;
+            Ok(Some(file))
+        }
+        None if parts.has_audio() && muxer().is_ok() => Ok(found().ok()),
+        None => Ok(None),
     }
 }
 

@@ -15,7 +15,7 @@ use super::items::{load_ltx2_items, VAE};
 use super::plan::{Ltx2PlanModel, PlanSound, PlanVae};
 use super::run::Ltx2Run;
 use super::samples::{clip_samples, Ltx2Samples, SampleFilesIn};
-use super::sound::sound_file;
+use super::sound::{muxer, sound_file};
 use super::train::{dit_config, first_frame_conditioning_p};
 use crate::family::image::items::split_items;
 use crate::family::image::plan::spread_streamed_blocks;
@@ -137,14 +137,15 @@ fn samples_of(
     let vae = plan.model.vae.as_deref().unwrap_or(dit);
     let sound = if joint {
         let candidates: Vec<&Path> = plan.model.vae.as_deref().into_iter().chain([dit]).collect();
-        Some(
-            sound_file(
-                &candidates,
-                cfg.audio_in_channels,
-                "model.dit (or model.vae)",
-            )
-            .context("the samples of this audio-video run have sound")?,
+        let context = "the samples of this audio-video run have sound (or remove sampling.prompts)";
+        let file = sound_file(
+            &candidates,
+            cfg.audio_in_channels,
+            "model.dit (or model.vae)",
         )
+        .context(context)?;
+        muxer().context(context)?;
+        Some(file)
     } else {
         None
     };

@@ -8,7 +8,7 @@ use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
 
 use framesmith_data::media::audio::AudioClip;
-use framesmith_data::media::MediaTools;
+use framesmith_data::media::{MediaBackend, MediaTools};
 use framesmith_models::ltx2::audio::{
     decode_audio, identify_audio, load_ltx2_audio, unpatchify_audio, AudioVae, Ltx2AudioParts,
     Vocoder,
@@ -114,9 +114,21 @@ pub fn sound_file<'a>(
     )
 }
 
+/// The ffmpeg that muxes sound into clips (Windows' Media Foundation, which reads videos, writes no sound), found
+/// beside the executable or on `PATH`.
+pub fn muxer() -> anyhow::Result<MediaTools> {
+    match MediaTools::locate() {
+        Ok(tools) if tools.backend == MediaBackend::Ffmpeg => Ok(tools),
+        _ => anyhow::bail!(
+            "sound is muxed into the MP4 by ffmpeg, which is not found: install ffmpeg (on PATH, or beside the \
+             framesmith executable)"
+        ),
+    }
+}
+
 /// Muxes `sound` into the sample clip `mp4` (its video kept as it is, the sound as AAC) with ffmpeg.
 pub fn mux_sound(mp4: &Path, sound: &AudioClip) -> anyhow::Result<()> {
-    let tools = MediaTools::locate()?;
+    let tools = muxer()?;
     tools
         .mux_audio(mp4, sound)
         .with_context(|| format!("adding the sound to {}", mp4.display()))
