@@ -40,10 +40,12 @@
 #                 clean first frame (per-token AdaLN rows, the first frame out of the loss). The other training
 #                 cases run at the official default 0.1 (a step in ten, on average, conditioned).
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
-# TEXT_TOKENS (default 1024) tokens of the cached connector output; WIDTH, HEIGHT, FRAMES (768, 512, 121).
+# TEXT_TOKENS (default 1024) tokens of the cached connector output; WIDTH, HEIGHT, FRAMES (768, 512, 121); LAYERS:
+# the video-stream project with only the first LAYERS of the 48 blocks (its own folder; a short trial of the step at
+# the real width and sequence, for torch and the training cases).
 set -uo pipefail
 if [[ $# -lt 3 ]]; then
-    sed -n '2,43p' "$0"
+    sed -n '2,45p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -60,7 +62,9 @@ source "$HERE/device-env.sh"
 source "$HERE/train-cases.sh"
 begin_cases ltx2
 TIMED_PATTERN="step [0-9]+.*loss|LoRA:|VRAM|stream|plan|cached|LTX2_STEP|Error|error|Elapsed \(wall|Maximum resident"
-P="$WORK/ltx2"
+LAYER_ARGS=()
+[[ -n "${LAYERS:-}" ]] && LAYER_ARGS=(--layers "$LAYERS")
+P="$WORK/ltx2${LAYERS:+-$LAYERS-layers}"
 DIT="$P/ltx-2.3-22b-video-stream-synth-bf16.safetensors"
 PYDEPS="$WORK/pydeps"
 GEMMA_TOKENIZER="$HERE/../crates/framesmith-models/tests/fixtures/ltx2_text/ltx2/gemma/tokenizer.json"
@@ -164,7 +168,7 @@ if [[ $video_cases == 1 && ! -f "$P/run.toml" ]]; then
     df -h "$WORK" | tail -1 | tee -a "$OUT/env.txt"
     timed "$OUT" synth framesmith-bench synth-project --model ltx2 --out "$P" --height "$HEIGHT" \
         --width "$WIDTH" --frames "$FRAMES" --text-tokens "$TEXT_TOKENS" --rank "$RANK" --steps "$STEPS" \
-        --seed "$SEED" || { note "synth failed"; exit 1; }
+        --seed "$SEED" "${LAYER_ARGS[@]}" || { note "synth failed"; exit 1; }
 fi
 for case in "${CASES[@]}"; do
     D="$OUT/$case"
