@@ -38,7 +38,7 @@
 #                 generator logs. Run it after (or without) the training cases: disk.
 #   i2v-bf16      as bf16 with `training.first_frame_conditioning_p = 1.0`: every step conditioned on the clip's
 #                 clean first frame (per-token AdaLN rows, the first frame out of the loss). The other training
-#                 cases run at the official default 0.1 (a step in ten, on average, conditioned).
+#                 cases are text-to-video on every step (the synth project's p = 0), as the PyTorch step is.
 # No CASE: torch bf16 fp8 budget-24 budget-16. STEPS (default 6) optimizer steps per training run; SEED (default 0);
 # TEXT_TOKENS (default 1024) tokens of the cached connector output; WIDTH, HEIGHT, FRAMES (768, 512, 121); LAYERS:
 # the video-stream project with only the first LAYERS of the 48 blocks (its own folder; a short trial of the step at
@@ -151,12 +151,14 @@ i2v_case() { # case-dir
     local d="$1" toml="$P/i2v-bf16.toml"
     config "$P" "$toml" bf16 off
     python3 - "$toml" <<'EOF'
-import sys
+import re, sys, tomllib
 path = sys.argv[1]
-text = open(path).read()
+text = re.sub(r"(?m)^first_frame_conditioning_p = .*\n", "", open(path).read())
 key = "first_frame_conditioning_p = 1.0"
 assert "[training]\n" in text, "run.toml has no [training] table"
-open(path, "w").write(text.replace("[training]\n", "[training]\n" + key + "\n", 1))
+text = text.replace("[training]\n", "[training]\n" + key + "\n", 1)
+assert tomllib.loads(text)["training"]["first_frame_conditioning_p"] == 1.0
+open(path, "w").write(text)
 EOF
     train_case "$d" "$toml" "framesmith train, bf16, resident, I2V p=1"
 }

@@ -128,6 +128,9 @@ pub fn write_ltx2_project(
         |dir| write_cached_clip(dir, spec, latent),
         |config| {
             config.training.timestep_sampling = TimestepSampling::ShiftedLogitNormal;
+            // Text-to-video on every step, as the PyTorch step it is timed against (the official default 0.1
+            // conditions a random step in ten on the first frame, with per-token modulation rows).
+            config.training.first_frame_conditioning_p = Some(0.0);
             config.output.output_name = "synth-ltx2-lora".into();
         },
     )
