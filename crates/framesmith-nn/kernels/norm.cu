@@ -51,16 +51,21 @@ __device__ float row_rstd_rms(const T* x, long cols, float eps, float* scratch) 
 
 // ---- LayerNorm ----
 
+// With `rms` (uniform over the block) the mean is taken as 0, so `var` is RMSNorm's mean square, summed as
+// row_rstd_rms sums it.
 template <typename T, int W>
-__device__ void row_stats_ln(const T* x, long cols, float* scratch, float* mean, float* var) {
-    float s = 0.f;
-    FOR_CHUNKS(c, cols) {
-        float v[W];
-        load_n<T, W>(x + c, v);
+__device__ void row_stats_ln(const T* x, long cols, float* scratch, float* mean, float* var, bool rms = false) {
+    float m = 0.f;
+    if (!rms) {
+        float s = 0.f;
+        FOR_CHUNKS(c, cols) {
+            float v[W];
+            load_n<T, W>(x + c, v);
 #pragma unroll
-        for (int k = 0; k < W; ++k) s += v[k];
+            for (int k = 0; k < W; ++k) s += v[k];
+        }
+        m = block_sum(s, scratch) / (float)cols;
     }
-    const float m = block_sum(s, scratch) / (float)cols;
     float q = 0.f;
     FOR_CHUNKS(c, cols) {
         float v[W];
@@ -122,18 +127,20 @@ __device__ void ln_fwd_to(const TI* x, const TI* w, const TI* b, TO* y, long col
 // arithmetic as the separate kernels, with the intermediate roundings they make (a value stored in the
 // residual dtype TX is rounded to it here too), so results equal theirs. Modulation vectors are f32
 // [B * Ls, cols] with Ls 1 (one per sample) or L (one per token), as in elementwise.cu. W is 8 (one or two
-// 16-byte accesses per side: DISPATCH_MIXED) when `vec` is nonzero, else 1.
+// 16-byte accesses per side: DISPATCH_MIXED) when `vec` is nonzero, else 1. With `rms` the statistics are
+// RMSNorm's (mean 0, no affine parameters; LTX-2's blocks): `round(x · rstd)` as fs_rms_fwd stores it, and
+// RMSNorm's backward.
 
 template <typename TI, typename TO, int W>
 __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, TO* y, long cols, long L, long Ls,
-                           float eps) {
+                           float eps, bool rms) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     x += row * cols;
     y += row * cols;
     const long m = mod_row(row, L, Ls) * cols;
     float mean, var;
-    row_stats_ln<TI, W>(x, cols, scratch, &mean, &var);
+    row_stats_ln<TI, W>(x, cols, scratch, &mean, &var, rms);
     ln_write<TI, TO, W>(x, nullptr, nullptr, scale + m, shift + m, y, cols, mean, rsqrtf(var + eps));
 }
 
@@ -142,7 +149,7 @@ __device__ void ln_mod_fwd(const TI* x, const float* scale, const float* shift, 
 // (fs_ln_bwd_*) is this with neither modulation nor residual gradient.
 template <typename TX, typename TH, int W>
 __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scale, const TX* dres, TX* dx,
-                           long cols, long L, long Ls, float eps) {
+                           long cols, long L, long Ls, float eps, bool rms = false) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     x += row * cols;
@@ -151,7 +158,7 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
     dx += row * cols;
     if (scale) scale += mod_row(row, L, Ls) * cols;
     float mean, var;
-    row_stats_ln<TX, W>(x, cols, scratch, &mean, &var);
+    row_stats_ln<TX, W>(x, cols, scratch, &mean, &var, rms);
     const float rstd = rsqrtf(var + eps);
     float sg = 0.f, sgx = 0.f;
     FOR_CHUNKS(c, cols) {
@@ -165,7 +172,8 @@ __device__ void ln_bwd(const TX* x, const TX* w, const TH* dh, const float* scal
             sgx += d[k] * g[k] * (v[k] - mean) * rstd;
         }
     }
-    const float mean_g = block_sum(sg, scratch) / (float)cols;
+    // RMSNorm's gradient has no mean term: rstd · (g − x̂ · mean(g · x̂)).
+    const float mean_g = rms ? 0.f : block_sum(sg, scratch) / (float)cols;
     const float mean_gx = block_sum(sgx, scratch) / (float)cols;
     FOR_CHUNKS(c, cols) {
         float v[W], d[W], g[W], r[W];
@@ -305,6 +313,103 @@ __device__ void rms_bwd(const T* x, const T* w, const T* dy, const float* cosv, 
     }
 }
 
+// ---- RMSNorm fused with the rotate-half RoPE that follows it (LTX-2's q and k) ----
+// Each head of `d` values rotates its first half against its second, `y₁ = x₁ c − x₂ s`, `y₂ = x₂ c + x₁ s`, by
+// per-head tables `c`, `s` of d/2 values in T (cols/2 per row). Each product and the sum are rounded to T as the
+// separate element-wise ops store them (`x · cos + swap_halves(x) · sin`), and the normalised value as fs_rms_fwd
+// stores it; the backward rotates the gradient back the same way (`dy · cos + swap_halves(dy · sin)`) and runs
+// rms_bwd's arithmetic on it. A chunk of W values never straddles a half (the launcher vectorises only when d/2
+// is a multiple of W).
+
+// Where chunk c's partner chunk and its table entries are, and whether it is in the first half of its head.
+struct HalfPos {
+    long partner;
+    long table;
+    bool first;
+};
+
+__device__ __forceinline__ HalfPos half_pos(long c, long d) {
+    const long half = d / 2, o = c % d;
+    const bool first = o < half;
+    return HalfPos{first ? c + half : c - half, (c / d) * half + (first ? o : o - half), first};
+}
+
+// `round(round(a · c) + sign · round(b · s))` for W values, in T's rounding.
+template <typename T, int W>
+__device__ __forceinline__ void rotate_half(float* a, const float* b, const T* cosv, const T* sinv, float sign) {
+    float co[W], si[W];
+    load_vec<T, W>(cosv, co);
+    load_vec<T, W>(sinv, si);
+#pragma unroll
+    for (int k = 0; k < W; ++k) {
+        const float left = round_through<T>(__fmul_rn(a[k], co[k]));
+        const float right = round_through<T>(__fmul_rn(b[k], si[k]));
+        a[k] = round_through<T>(__fadd_rn(left, sign * right));
+    }
+}
+
+template <typename T, int W>
+__device__ void rms_rope_halves_fwd(const T* x, const T* w, const T* cosv, const T* sinv, T* y, long cols, long d,
+                                    float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    y += row * cols;
+    cosv += row * (cols / 2);
+    sinv += row * (cols / 2);
+    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
+    FOR_CHUNKS(c, cols) {
+        const HalfPos at = half_pos(c, d);
+        float v[W], p[W];
+        rms_values<T, W>(x, w, c, rstd, v);
+        rms_values<T, W>(x, w, at.partner, rstd, p);
+        rotate_half<T, W>(v, p, cosv + at.table, sinv + at.table, at.first ? -1.f : 1.f);
+        store_vec<T, W>(y + c, v);
+    }
+}
+
+// The gradient of the rotation's input at [c .. c+W) from its output gradient dy.
+template <typename T, int W>
+__device__ __forceinline__ void unrotated_halves(const T* dy, const T* cosv, const T* sinv, long c, long d, float* g) {
+    const HalfPos at = half_pos(c, d);
+    float p[W];
+    load_vec<T, W>(dy + c, g);
+    load_vec<T, W>(dy + at.partner, p);
+    rotate_half<T, W>(g, p, cosv + at.table, sinv + at.table, at.first ? 1.f : -1.f);
+}
+
+template <typename T, int W>
+__device__ void rms_rope_halves_bwd(const T* x, const T* w, const T* dy, const T* cosv, const T* sinv, T* dx,
+                                    long cols, long d, float eps) {
+    __shared__ float scratch[32];
+    const long row = blockIdx.x;
+    x += row * cols;
+    dy += row * cols;
+    dx += row * cols;
+    cosv += row * (cols / 2);
+    sinv += row * (cols / 2);
+    const float rstd = row_rstd_rms<T, W>(x, cols, eps, scratch);
+    float dot = 0.f;
+    FOR_CHUNKS(c, cols) {
+        float v[W], g[W], wt[W];
+        load_vec<T, W>(x + c, v);
+        unrotated_halves<T, W>(dy, cosv, sinv, c, d, g);
+        load_param<T, W>(w, c, wt);
+#pragma unroll
+        for (int k = 0; k < W; ++k) dot += g[k] * wt[k] * v[k] * rstd;
+    }
+    const float mean_dot = block_sum(dot, scratch) / (float)cols;
+    FOR_CHUNKS(c, cols) {
+        float v[W], g[W], wt[W];
+        load_vec<T, W>(x + c, v);
+        unrotated_halves<T, W>(dy, cosv, sinv, c, d, g);
+        load_param<T, W>(w, c, wt);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = rstd * (g[k] * wt[k] - v[k] * rstd * mean_dot);
+        store_vec<T, W>(dx + c, v);
+    }
+}
+
 // ---- A residual update fused with the LayerNorm that reads its result (Wan's `x1 = x + gate·y` then `norm3`, and
 // `x2 = x1 + y` then `norm2` with the modulation) ----
 // Writes the residual `xo = x + y · gate` (gate null: 1) in TX as fs_gated_fwd does, and the normalised row
@@ -314,7 +419,7 @@ __device__ void rms_bwd(const T* x, const T* w, const T* dy, const float* cosv, 
 template <typename TX, typename TY, int W>
 __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX* w, const TX* b,
                            const float* scale, const float* shift, TX* xo, TY* h, long cols, long L, long Lg,
-                           long Ls, float eps) {
+                           long Ls, float eps, bool rms) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     x += row * cols;
@@ -343,7 +448,7 @@ __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX
     }
     // Each thread reads back only the chunks it wrote.
     float mean, var;
-    row_stats_ln<TX, W>(xo, cols, scratch, &mean, &var);
+    row_stats_ln<TX, W>(xo, cols, scratch, &mean, &var, rms);
     ln_write<TX, TY, W>(xo, w, b, scale, shift, h, cols, mean, rsqrtf(var + eps));
 }
 
@@ -380,6 +485,15 @@ __device__ void res_ln_fwd(const TX* x, const TY* y, const float* gate, const TX
                                                    const float* s, T* dx, long cols, long half, float eps,      \
                                                    int vec) {                                                   \
         DISPATCH_VEC(T, (rms_bwd<T, W>(x, w, dy, c, s, dx, cols, half, eps)))                                  \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rms_rope_halves_fwd_##S(const T* x, const T* w, const T* c, const T* s, T* y,  \
+                                                          long cols, long d, float eps, int vec) {              \
+        DISPATCH_VEC(T, (rms_rope_halves_fwd<T, W>(x, w, c, s, y, cols, d, eps)))                              \
+    }                                                                                                           \
+    extern "C" __global__ void fs_rms_rope_halves_bwd_##S(const T* x, const T* w, const T* dy, const T* c,       \
+                                                          const T* s, T* dx, long cols, long d, float eps,      \
+                                                          int vec) {                                            \
+        DISPATCH_VEC(T, (rms_rope_halves_bwd<T, W>(x, w, dy, c, s, dx, cols, d, eps)))                         \
     }
 
 NORM_KERNELS(float, f32)
@@ -387,8 +501,9 @@ NORM_KERNELS(__nv_bfloat16, bf16)
 
 #define FUSED_NORM_KERNELS(TA, SA, TB, SB)                                                                      \
     extern "C" __global__ void fs_ln_mod_fwd_##SA##_##SB(const TA* x, const float* scale, const float* shift,   \
-                                                         TB* y, long cols, long L, long Ls, float eps, int vec) { \
-        DISPATCH_MIXED((ln_mod_fwd<TA, TB, W>(x, scale, shift, y, cols, L, Ls, eps)))                           \
+                                                         TB* y, long cols, long L, long Ls, float eps, int vec,  \
+                                                         int rms) {                                              \
+        DISPATCH_MIXED((ln_mod_fwd<TA, TB, W>(x, scale, shift, y, cols, L, Ls, eps, rms != 0)))                 \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_fwd_to_##SA##_##SB(const TA* x, const TA* w, const TA* b, TB* y, long cols,  \
                                                         float eps, int vec) {                                   \
@@ -397,13 +512,14 @@ NORM_KERNELS(__nv_bfloat16, bf16)
     extern "C" __global__ void fs_res_ln_fwd_##SA##_##SB(const TA* x, const TB* y, const float* gate, const TA* w, \
                                                          const TA* b, const float* scale, const float* shift,   \
                                                          TA* xo, TB* h, long cols, long L, long Lg, long Ls,    \
-                                                         float eps, int vec) {                                  \
-        DISPATCH_MIXED((res_ln_fwd<TA, TB, W>(x, y, gate, w, b, scale, shift, xo, h, cols, L, Lg, Ls, eps)))    \
+                                                         float eps, int vec, int rms) {                         \
+        DISPATCH_MIXED((res_ln_fwd<TA, TB, W>(x, y, gate, w, b, scale, shift, xo, h, cols, L, Lg, Ls, eps,      \
+                                              rms != 0)))                                                       \
     }                                                                                                           \
     extern "C" __global__ void fs_ln_bwd_add_##SA##_##SB(const TA* x, const TA* w, const TB* dh,                \
                                                          const float* scale, const TA* dres, TA* dx, long cols, \
-                                                         long L, long Ls, float eps, int vec) {                 \
-        DISPATCH_MIXED((ln_bwd<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps)))                    \
+                                                         long L, long Ls, float eps, int vec, int rms) {        \
+        DISPATCH_MIXED((ln_bwd<TA, TB, W>(x, w, dh, scale, dres, dx, cols, L, Ls, eps, rms != 0)))          \
     }
 
 FUSED_NORM_KERNELS(float, f32, float, f32)

@@ -5,7 +5,14 @@
 use candle_core::{DType, Result, Tensor, D};
 
 mod adapter;
+mod rope_halves;
 pub use adapter::{add_product, dora_row_norms, pair_products, pair_products_backward};
+pub use rope_halves::{
+    rms_norm_rope_halves, rms_norm_rope_halves_backward, rope_halves, rope_halves_backward,
+};
+
+#[cfg(feature = "cuda")]
+use crate::cuda::norm_mod::Stats;
 
 /// `x * (1 + scale) + shift` for an f32 `x` with f32 modulation vectors; the fused kernel on CUDA (same f32
 /// arithmetic, one pass instead of four).
@@ -113,7 +120,13 @@ pub fn layer_norm_modulate(
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if crate::cuda::norm_mod::applies(x, dtype) && !tracked(&[x, scale, shift]) {
-        return crate::cuda::norm_mod::layer_norm_modulate(x, scale, shift, eps, dtype);
+        return crate::cuda::norm_mod::layer_norm_modulate(
+            x,
+            scale,
+            shift,
+            Stats::Layer(eps),
+            dtype,
+        );
     }
     modulate_to(
         &crate::norm::layer_norm(x, None, None, eps)?,
@@ -142,7 +155,24 @@ pub fn layer_norm_to(
     cast(&crate::norm::layer_norm(x, weight, bias, eps)?, dtype)
 }
 
-/// The LayerNorm [`residual_layer_norm`] applies to the updated residual.
+/// `rms_norm(x) · (1 + scale) + shift` — RMSNorm without a weight ([`crate::norm::rms_norm`], its output in `x`'s
+/// dtype), then the block's modulation ([`modulate_to`]) — written in `dtype`. On CUDA one kernel with the two
+/// ops' arithmetic and roundings, elsewhere the two ops. No gradient on CUDA.
+pub fn rms_norm_modulate(
+    x: &Tensor,
+    scale: &Tensor,
+    shift: &Tensor,
+    eps: f64,
+    dtype: DType,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::norm_mod::applies(x, dtype) && !tracked(&[x, scale, shift]) {
+        return crate::cuda::norm_mod::layer_norm_modulate(x, scale, shift, Stats::Rms(eps), dtype);
+    }
+    modulate_to(&crate::norm::rms_norm(x, None, eps)?, scale, shift, dtype)
+}
+
+/// The norm [`residual_layer_norm`] applies to the updated residual.
 #[derive(Clone, Copy, Debug)]
 pub enum NormAfter<'a> {
     /// LayerNorm with optional affine parameters ([`layer_norm_to`]).
@@ -152,6 +182,9 @@ pub enum NormAfter<'a> {
         scale: &'a Tensor,
         shift: &'a Tensor,
     },
+    /// RMSNorm without a weight ([`crate::norm::rms_norm`], cast to the output dtype), then with a modulation
+    /// `(scale, shift)` `· (1 + scale) + shift` ([`rms_norm_modulate`]).
+    Rms(Option<(&'a Tensor, &'a Tensor)>),
 }
 
 /// The residual update `x + y · gate` ([`gated_residual`]; [`residual_add`] without a gate) in `x`'s dtype, and
@@ -167,9 +200,12 @@ pub fn residual_layer_norm(
 ) -> Result<(Tensor, Tensor)> {
     #[cfg(feature = "cuda")]
     {
-        let (affine, modulation) = match norm {
-            NormAfter::Affine(w, b) => ((w, b), None),
-            NormAfter::Modulated { scale, shift } => ((None, None), Some((scale, shift))),
+        let (affine, modulation, stats) = match norm {
+            NormAfter::Affine(w, b) => ((w, b), None, Stats::Layer(eps)),
+            NormAfter::Modulated { scale, shift } => {
+                ((None, None), Some((scale, shift)), Stats::Layer(eps))
+            }
+            NormAfter::Rms(modulation) => ((None, None), modulation, Stats::Rms(eps)),
         };
         let inputs: Vec<&Tensor> = [Some(x), Some(y), gate, affine.0, affine.1]
             .into_iter()
@@ -177,7 +213,9 @@ pub fn residual_layer_norm(
             .chain(modulation.into_iter().flat_map(|(s, h)| [s, h]))
             .collect();
         if crate::cuda::norm_mod::applies(x, dtype) && y.dtype() == dtype && !tracked(&inputs) {
-            return crate::cuda::norm_mod::residual_layer_norm(x, y, gate, affine, modulation, eps);
+            return crate::cuda::norm_mod::residual_layer_norm(
+                x, y, gate, affine, modulation, stats,
+            );
         }
     }
     let updated = match gate {
@@ -189,6 +227,10 @@ pub fn residual_layer_norm(
         NormAfter::Modulated { scale, shift } => {
             layer_norm_modulate(&updated, scale, shift, eps, dtype)?
         }
+        NormAfter::Rms(Some((scale, shift))) => {
+            rms_norm_modulate(&updated, scale, shift, eps, dtype)?
+        }
+        NormAfter::Rms(None) => cast(&crate::norm::rms_norm(&updated, None, eps)?, dtype)?,
     };
     Ok((updated, normed))
 }
@@ -207,13 +249,36 @@ pub fn layer_norm_backward_add(
 ) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if crate::cuda::norm_mod::applies(x, dh.dtype()) && dres.dtype() == x.dtype() {
-        return crate::cuda::norm_mod::layer_norm_backward_add(x, weight, dh, scale, dres, eps);
+        let stats = Stats::Layer(eps);
+        return crate::cuda::norm_mod::layer_norm_backward_add(x, weight, dh, scale, dres, stats);
     }
     let dy = match scale {
         Some(scale) => modulate_backward(dh, scale, x.dtype())?,
         None => cast(dh, x.dtype())?,
     };
     dres + crate::norm::layer_norm_backward(x, weight, &dy, eps)?
+}
+
+/// [`layer_norm_backward_add`] for RMSNorm without a weight: `dres` plus [`crate::norm::rms_norm_backward`] for
+/// `dy = dh · (1 + scale)` (with a modulation) or `dh`, taken in `x`'s dtype; the gradient of a residual stream
+/// that feeds `x + f(rms_norm_modulate(x))`. On CUDA one kernel, elsewhere the separate ops; in `x`'s dtype.
+pub fn rms_norm_backward_add(
+    x: &Tensor,
+    dh: &Tensor,
+    scale: Option<&Tensor>,
+    dres: &Tensor,
+    eps: f64,
+) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::norm_mod::applies(x, dh.dtype()) && dres.dtype() == x.dtype() {
+        let stats = Stats::Rms(eps);
+        return crate::cuda::norm_mod::layer_norm_backward_add(x, None, dh, scale, dres, stats);
+    }
+    let dy = match scale {
+        Some(scale) => modulate_backward(dh, scale, x.dtype())?,
+        None => cast(dh, x.dtype())?,
+    };
+    dres + crate::norm::rms_norm_backward(x, None, &dy, eps)?
 }
 
 /// Input gradient of `x * (1 + scale) + shift`: `dy * (1 + scale)` computed in f32, returned in `dtype`.

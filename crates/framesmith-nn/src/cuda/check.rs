@@ -15,6 +15,7 @@ mod linear;
 mod mixed;
 mod norm_mod;
 mod optim;
+mod rms_halves;
 mod rms_rope;
 
 pub use crate::device::CheckOutcome;
@@ -499,6 +500,7 @@ const GROUPS: &[Group] = &[
     ("mixed", mixed::mixed_checks),
     ("norm_mod", norm_mod::norm_mod_checks),
     ("rms_rope", rms_rope::rms_rope_checks),
+    ("rms_halves", rms_halves::rms_halves_checks),
     ("optim", optim::optim_checks),
     ("adapter", adapter::adapter_checks),
     #[cfg(feature = "cudnn")]

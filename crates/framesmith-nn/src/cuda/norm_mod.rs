@@ -1,10 +1,10 @@
 //! LayerNorm fused with the Wan block's modulation (`kernels/norm.cu`, `fs_ln_mod_fwd_*` / `fs_ln_bwd_add_*`),
-//! outside autograd. The forward writes `LayerNorm(x) · (1 + scale) + shift` in the compute dtype in one pass
-//! (the separate kernels write LayerNorm's f32 output, read it back and write the modulated copy); the backward
-//! takes the modulated value's gradient and the residual gradient and returns the block input's, with the
-//! modulation's backward, LayerNorm's backward and the residual add in one pass (three kernels and two f32
-//! intermediates otherwise). Same arithmetic and roundings as the separate ops, which [`crate::ops`] runs on
-//! other devices and dtypes.
+//! outside autograd; the same with RMSNorm's statistics ([`Stats::Rms`], LTX-2's blocks). The forward writes
+//! `LayerNorm(x) · (1 + scale) + shift` in the compute dtype in one pass (the separate kernels write LayerNorm's
+//! f32 output, read it back and write the modulated copy); the backward takes the modulated value's gradient and
+//! the residual gradient and returns the block input's, with the modulation's backward, LayerNorm's backward and
+//! the residual add in one pass (three kernels and two f32 intermediates otherwise). Same arithmetic and
+//! roundings as the separate ops, which [`crate::ops`] runs on other devices and dtypes.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
@@ -29,6 +29,29 @@ macro_rules! dtype_pair {
     };
 }
 
+/// The statistics the fused kernels normalise each row by, with the epsilon added to the variance.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Stats {
+    /// LayerNorm: mean and variance.
+    Layer(f64),
+    /// RMSNorm without a weight: the mean square, the row not centred (`round(x · rstd)` as
+    /// [`super::norm::rms_norm`] stores it).
+    Rms(f64),
+}
+
+impl Stats {
+    fn eps(self) -> f32 {
+        match self {
+            Stats::Layer(eps) | Stats::Rms(eps) => eps as f32,
+        }
+    }
+
+    /// The kernels' `rms` flag.
+    fn rms(self) -> i32 {
+        i32::from(matches!(self, Stats::Rms(_)))
+    }
+}
+
 /// Whether the fused kernels take `xs` (a float CUDA tensor) and `other` dtype.
 pub fn applies(xs: &Tensor, other: DType) -> bool {
     let float = |d: DType| matches!(d, DType::F32 | DType::BF16);
@@ -44,13 +67,14 @@ fn vec_flag(cols: usize, buffers: &[(&Layout, DType)]) -> i32 {
 }
 
 /// `LayerNorm(x) · (1 + scale) + shift` (LayerNorm without affine parameters, statistics and arithmetic in f32,
-/// its output rounded to `x`'s dtype as the separate kernel stores it), written in `out`. `x` [b, …, D];
-/// modulation [b, 1, D] or [b, L, D]. CUDA f32 / bf16 only; the caller checks [`applies`].
+/// its output rounded to `x`'s dtype as the separate kernel stores it), written in `out`; RMSNorm instead with
+/// [`Stats::Rms`]. `x` [b, …, D]; modulation [b, 1, D] or [b, L, D]. CUDA f32 / bf16 only; the caller checks
+/// [`applies`].
 pub fn layer_norm_modulate(
     xs: &Tensor,
     scale: &Tensor,
     shift: &Tensor,
-    eps: f64,
+    stats: Stats,
     out: DType,
 ) -> Result<Tensor> {
     let g = Geometry::of(xs, scale)?;
@@ -84,7 +108,6 @@ pub fn layer_norm_modulate(
     ];
     let vec = vec_flag(cols, &layouts);
     let sizes = [long(cols)?, long(g.tokens)?, long(g.mod_tokens)?];
-    let eps = eps as f32;
     let sv = ptx::view::<f32>(sc, guards[1].1)?;
     let hv = ptx::view::<f32>(hc, guards[2].1)?;
     fn go<TI: CudaDType + DeviceRepr, TO: CudaDType + DeviceRepr>(
@@ -96,7 +119,7 @@ pub fn layer_norm_modulate(
             &candle_core::cuda_backend::cudarc::driver::CudaView<'_, f32>,
         ),
         rows: usize,
-        (sizes, eps, vec): ([i64; 3], f32, i32),
+        (sizes, eps, vec, rms): ([i64; 3], f32, i32, i32),
     ) -> Result<CudaStorage> {
         let xv = ptx::view::<TI>(xc, xl)?;
         // SAFETY: every row is written by its block before the tensor is read.
@@ -108,13 +131,14 @@ pub fn layer_norm_modulate(
             .arg(&sizes[1])
             .arg(&sizes[2])
             .arg(&eps)
-            .arg(&vec);
+            .arg(&vec)
+            .arg(&rms);
         // SAFETY: argument order and types match fs_ln_mod_fwd in kernels/norm.cu; x and y hold rows × cols
         // values, scale and shift one row per sample or per token; `vec` only for whole aligned chunks.
         unsafe { b.launch(ptx::row_config(rows)?) }.w()?;
         Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
     }
-    let args = (sizes, eps, vec);
+    let args = (sizes, stats.eps(), vec, stats.rms());
     let x_in = (xc, guards[0].1);
     let y = dtype_pair!(
         x.dtype(),
@@ -127,14 +151,15 @@ pub fn layer_norm_modulate(
 
 /// The block input's gradient `dres + LayerNorm_bwd(x, weight, dy)` with `dy = dh · (1 + scale)` (with a
 /// modulation) or `dh`, rounded to `x`'s dtype as the separate ops store it; the result in `x`'s dtype (the
-/// residual's). `dh` in any float dtype; `dres` in `x`'s. CUDA f32 / bf16 only; the caller checks [`applies`].
+/// residual's); RMSNorm's backward instead with [`Stats::Rms`]. `dh` in any float dtype; `dres` in `x`'s. CUDA
+/// f32 / bf16 only; the caller checks [`applies`].
 pub fn layer_norm_backward_add(
     xs: &Tensor,
     weight: Option<&Tensor>,
     dh: &Tensor,
     scale: Option<&Tensor>,
     dres: &Tensor,
-    eps: f64,
+    stats: Stats,
 ) -> Result<Tensor> {
     if dh.dims() != xs.dims() || dres.dims() != xs.dims() {
         candle_core::bail!(
@@ -211,7 +236,7 @@ pub fn layer_norm_backward_add(
         inputs: [(&CudaStorage, &Layout); 5],
         (has_weight, has_scale): (bool, bool),
         rows: usize,
-        (sizes, eps, vec): ([i64; 3], f32, i32),
+        (sizes, eps, vec, rms): ([i64; 3], f32, i32, i32),
     ) -> Result<CudaStorage> {
         let [x, w, dh, s, dres] = inputs;
         let xv = ptx::view::<TX>(x.0, x.1)?;
@@ -241,7 +266,8 @@ pub fn layer_norm_backward_add(
             .arg(&sizes[1])
             .arg(&sizes[2])
             .arg(&eps)
-            .arg(&vec);
+            .arg(&vec)
+            .arg(&rms);
         // SAFETY: argument order and types match fs_ln_bwd_add in kernels/norm.cu; x, dh, dres and dx hold
         // rows × cols values, the weight cols, the modulation one row per sample or per token; a missing
         // weight or modulation is a null pointer the kernel does not read; `vec` only for whole aligned chunks.
@@ -255,7 +281,7 @@ pub fn layer_norm_backward_add(
         (stores[3], guards[3].1),
         (stores[4], guards[4].1),
     ];
-    let args = (sizes, eps as f32, vec);
+    let args = (sizes, stats.eps(), vec, stats.rms());
     let dx = dtype_pair!(
         dtype,
         dh.dtype(),
@@ -365,15 +391,19 @@ pub fn layer_norm_to(
 /// computes it, and LayerNorm of it written in `y`'s dtype: affine parameters `weight` / `bias` (in `x`'s dtype,
 /// optional) as [`layer_norm_to`], then with `modulation` `(scale, shift)` the block's `· (1 + scale) + shift`
 /// as [`layer_norm_modulate`]. One pass: the updated residual is not read back from memory. Gate and modulation
-/// [b, 1, D] or [b, L, D]. CUDA f32 / bf16 only; the caller checks [`applies`]. Returns `(x + y·gate, norm)`.
+/// [b, 1, D] or [b, L, D]. With [`Stats::Rms`], RMSNorm without affine parameters instead. CUDA f32 / bf16 only;
+/// the caller checks [`applies`]. Returns `(x + y·gate, norm)`.
 pub fn residual_layer_norm(
     xs: &Tensor,
     y: &Tensor,
     gate: Option<&Tensor>,
     (weight, bias): (Option<&Tensor>, Option<&Tensor>),
     modulation: Option<(&Tensor, &Tensor)>,
-    eps: f64,
+    stats: Stats,
 ) -> Result<(Tensor, Tensor)> {
+    if matches!(stats, Stats::Rms(_)) && (weight.is_some() || bias.is_some()) {
+        candle_core::bail!("residual RMSNorm: the fused kernel takes no affine parameters");
+    }
     if y.dims() != xs.dims() {
         candle_core::bail!(
             "residual LayerNorm: x {:?} and y {:?} differ",
@@ -462,7 +492,7 @@ pub fn residual_layer_norm(
     ];
     let sizes = [long(cols)?, long(l)?, long(gate_tokens)?, long(mod_tokens)?];
     let inputs: [(&CudaStorage, &Layout); 7] = std::array::from_fn(|i| (stores[i], guards[i].1));
-    let args = (sizes, eps as f32, vec);
+    let args = (sizes, stats.eps(), vec, stats.rms());
     let (xo, ho) = dtype_pair!(dtype, out, res_ln(&func, &dev, inputs, present, rows, args))?;
     drop(stores);
     drop(guards);
@@ -478,7 +508,7 @@ fn res_ln<TX: CudaDType + DeviceRepr, TY: CudaDType + DeviceRepr>(
     inputs: [(&CudaStorage, &Layout); 7],
     [has_gate, has_weight, has_bias, has_mod]: [bool; 4],
     rows: usize,
-    (sizes, eps, vec): ([i64; 4], f32, i32),
+    (sizes, eps, vec, rms): ([i64; 4], f32, i32, i32),
 ) -> Result<(CudaStorage, CudaStorage)> {
     let [x, y, g, w, b, s, h] = inputs;
     let xv = ptx::view::<TX>(x.0, x.1)?;
@@ -521,7 +551,8 @@ fn res_ln<TX: CudaDType + DeviceRepr, TY: CudaDType + DeviceRepr>(
         .arg(&sizes[2])
         .arg(&sizes[3])
         .arg(&eps)
-        .arg(&vec);
+        .arg(&vec)
+        .arg(&rms);
     // SAFETY: argument order and types match fs_res_ln_fwd in kernels/norm.cu: x, y and both outputs hold
     // rows × cols values, the weight and bias cols, the gate and modulation one row per sample or per token; a
     // missing one is a null pointer the kernel does not read; `vec` only for whole aligned chunks.

@@ -7,7 +7,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::{compare, poison, randn, tol, CheckOutcome};
-use crate::cuda::norm_mod;
+use crate::cuda::norm_mod::{self, Stats};
 
 /// Rows of a vectorisable width and of one that is not (odd widths take the one-value path).
 const SHAPES: [[usize; 3]; 2] = [[2, 37, 1536], [3, 5, 7]];
@@ -53,7 +53,8 @@ pub fn norm_mod_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
                 let xg = x.to_device(dev)?;
 
                 poison(dev)?;
-                let fused = norm_mod::layer_norm_modulate(&xg, &sg, &hg, eps, compute)?;
+                let fused =
+                    norm_mod::layer_norm_modulate(&xg, &sg, &hg, Stats::Layer(eps), compute)?;
                 let separate = crate::ops::modulate_to(
                     &crate::norm::layer_norm(&xg, None, None, eps)?,
                     &sg,
@@ -85,7 +86,9 @@ pub fn norm_mod_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
                     let case = if modulated { "modulated" } else { "weighted" };
                     poison(dev)?;
                     let s = modulated.then_some(&sg);
-                    let fused = norm_mod::layer_norm_backward_add(&xg, weight, &dh, s, &dres, eps)?;
+                    let stats = Stats::Layer(eps);
+                    let fused =
+                        norm_mod::layer_norm_backward_add(&xg, weight, &dh, s, &dres, stats)?;
                     let dy = match s {
                         Some(s) => crate::ops::modulate_backward(&dh, s, residual)?,
                         None => crate::ops::cast(&dh, residual)?,
@@ -180,11 +183,17 @@ fn residual_layer_norm_checks(
                 let gate_g = gated.then_some(&gg);
                 let affine = match norm {
                     NormAfter::Affine(w, b) => (w, b),
-                    NormAfter::Modulated { .. } => (None, None),
+                    NormAfter::Modulated { .. } | NormAfter::Rms(_) => (None, None),
                 };
                 let modulation = modulated.then_some((&sg, &hg));
-                let (xo, h) =
-                    norm_mod::residual_layer_norm(&xg, &yg, gate_g, affine, modulation, eps)?;
+                let (xo, h) = norm_mod::residual_layer_norm(
+                    &xg,
+                    &yg,
+                    gate_g,
+                    affine,
+                    modulation,
+                    Stats::Layer(eps),
+                )?;
                 // The separate device ops: the residual kernel, then the LayerNorm kernels.
                 let x_sep = match gate_g {
                     Some(gate) => crate::ops::gated_residual(&xg, &yg, gate, residual)?,
@@ -192,8 +201,15 @@ fn residual_layer_norm_checks(
                 };
                 let h_sep = match norm {
                     NormAfter::Affine(w, b) => norm_mod::layer_norm_to(&x_sep, w, b, eps, compute)?,
-                    NormAfter::Modulated { scale, shift } => {
-                        norm_mod::layer_norm_modulate(&x_sep, scale, shift, eps, compute)?
+                    NormAfter::Modulated { scale, shift } => norm_mod::layer_norm_modulate(
+                        &x_sep,
+                        scale,
+                        shift,
+                        Stats::Layer(eps),
+                        compute,
+                    )?,
+                    NormAfter::Rms(_) => {
+                        candle_core::bail!("the LayerNorm checks build no RMSNorm")
                     }
                 };
                 out.push(compare(
