@@ -148,26 +148,34 @@ impl Attention {
         rope: Option<Ropes>,
         context_lens: Option<&[usize]>,
     ) -> Result<Tensor> {
-        let q = self.split(&rms_norm(
-            &self.to_q.forward(xs)?,
-            Some(&self.q_norm),
-            self.eps,
-        )?)?;
-        let k = self.split(&rms_norm(
-            &self.to_k.forward(context)?,
-            Some(&self.k_norm),
-            self.eps,
-        )?)?;
+        let (q, k) = self.normed_qk(&self.to_q.forward(xs)?, &self.to_k.forward(context)?, rope)?;
         let v = self.split(&self.to_v.forward(context)?)?;
-        let (q, k) = match rope {
-            Some((rq, rk)) => (rq.apply(&q)?, rk.apply(&k)?),
-            None => (q, k),
-        };
         let mut out = attention(&q, &k, &v, context_lens)?;
         if let Some(gate) = &self.to_gate_logits {
             out = gate_heads(&out, &head_gates(&gate.forward(xs)?)?)?;
         }
         self.to_out.forward(&out.flatten_from(2)?)
+    }
+
+    /// The projections `q` and `k` [b, l, heads · d] through their RMSNorms, as heads [b, l, heads, d], rotated
+    /// by `rope` when given (RMSNorm and rotation one kernel on CUDA outside autograd).
+    pub fn normed_qk(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        rope: Option<Ropes>,
+    ) -> Result<(Tensor, Tensor)> {
+        let (eps, heads) = (self.eps, self.heads);
+        match rope {
+            Some((rq, rk)) => Ok((
+                rq.norm_apply(q, &self.q_norm, eps, heads)?,
+                rk.norm_apply(k, &self.k_norm, eps, heads)?,
+            )),
+            None => Ok((
+                self.split(&rms_norm(q, Some(&self.q_norm), eps)?)?,
+                self.split(&rms_norm(k, Some(&self.k_norm), eps)?)?,
+            )),
+        }
     }
 
     /// `xs` [b, l, heads · d] as [b, l, heads, d].

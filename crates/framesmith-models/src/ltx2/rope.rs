@@ -6,18 +6,21 @@
 //! two halves rotate against each other (`x₁ cos − x₂ sin`, `x₂ cos + x₁ sin`). The angles are computed in f32 as
 //! the official code does (its f32 products of large angles decide the last bits of the tables), on the tokens'
 //! device: the table spans the whole width, 32 times a per-head table, too many cosines for the host each step.
-//! The tables are held at full head width in the compute dtype, so a rotation is two products of dense tensors.
+//! The tables are held per head and pair in the compute dtype, [b, tokens, heads, head_dim / 2], the layout of
+//! `framesmith_nn::ops::rope_halves` (on CUDA the q / k RMSNorm and the rotation run as one kernel).
 
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::config::Ltx2Config;
+use framesmith_nn::ops::{
+    rms_norm_rope_halves, rms_norm_rope_halves_backward, rope_halves, rope_halves_backward,
+};
 
 /// The VAE's (time, height, width) downsampling of every release: latent positions times these are pixels.
 pub const VIDEO_SCALE_FACTORS: [i64; 3] = [8, 32, 32];
 
-/// Cosines and sines of one forward pass's angles at full head width, [b, tokens, heads, head_dim] in the
-/// compute dtype: `cos` repeats each head's cosines over both halves, `sin` holds `−sin` on the first half and
-/// `sin` on the second, so that a rotation is `x · cos + swap_halves(x) · sin`.
+/// Cosines and sines of one forward pass's angles, [b, tokens, heads, head_dim / 2] in the compute dtype: each
+/// head's first half rotates against its second by them (`x₁ cos − x₂ sin`, `x₂ cos + x₁ sin`).
 #[derive(Clone, Debug)]
 pub struct RopeTable {
     cos: Tensor,
@@ -206,23 +209,20 @@ impl RopeTable {
             sin = Tensor::cat(&[&ones.zeros_like()?, &sin], 2)?;
         }
         let shape = (b, tokens, heads, half / heads);
-        let (cos, sin) = (cos.reshape(shape)?, sin.reshape(shape)?);
         Ok(Self {
-            cos: Tensor::cat(&[&cos, &cos], 3)?.to_dtype(dtype)?,
-            sin: Tensor::cat(&[&sin.neg()?, &sin], 3)?.to_dtype(dtype)?,
+            cos: cos.reshape(shape)?.to_dtype(dtype)?.contiguous()?,
+            sin: sin.reshape(shape)?.to_dtype(dtype)?.contiguous()?,
         })
     }
 
     /// The cosines [b, tokens, heads, head_dim / 2] (ltx-core's `cos_freq`, heads second there).
     pub fn cos(&self) -> Result<Tensor> {
-        let d = self.cos.dim(3)?;
-        self.cos.narrow(3, 0, d / 2)
+        Ok(self.cos.clone())
     }
 
     /// The sines [b, tokens, heads, head_dim / 2] (ltx-core's `sin_freq`, heads second there).
     pub fn sin(&self) -> Result<Tensor> {
-        let d = self.sin.dim(3)?;
-        self.sin.narrow(3, d / 2, d / 2)
+        Ok(self.sin.clone())
     }
 
     /// The tables without an autograd history.
@@ -233,22 +233,39 @@ impl RopeTable {
         }
     }
 
-    /// `xs` [b, tokens, heads, head_dim] rotated (differentiable; in the tables' dtype): `x · cos +
-    /// swap_halves(x) · sin` rounds as `x₁ cos − x₂ sin`, `x₂ cos + x₁ sin` do.
+    /// `xs` [b, tokens, heads, head_dim] rotated (differentiable; in `xs`' dtype, each product and the sum
+    /// rounded to it).
     pub fn apply(&self, xs: &Tensor) -> Result<Tensor> {
-        xs.mul(&self.cos)? + swap_halves(xs)?.mul(&self.sin)?
+        rope_halves(xs, &self.cos, &self.sin)
     }
 
-    /// Input gradient of [`Self::apply`] (the transposed rotation): `dy · cos + swap_halves(dy · sin)`.
+    /// Input gradient of [`Self::apply`] (the transposed rotation).
     pub fn backward(&self, dy: &Tensor) -> Result<Tensor> {
-        dy.mul(&self.cos)? + swap_halves(&dy.mul(&self.sin)?)?
+        rope_halves_backward(dy, &self.cos, &self.sin)
     }
-}
 
-/// Each head's two halves swapped: [x₂, x₁].
-fn swap_halves(xs: &Tensor) -> Result<Tensor> {
-    let d = xs.dim(3)?;
-    Tensor::cat(&[xs.narrow(3, d / 2, d / 2)?, xs.narrow(3, 0, d / 2)?], 3)
+    /// `x` [b, tokens, heads · head_dim] (a q or k projection) through its RMSNorm with `weight`, split into
+    /// `heads` and rotated: [`Self::apply`] of the normalised heads (one kernel on CUDA outside autograd).
+    pub fn norm_apply(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        eps: f64,
+        heads: usize,
+    ) -> Result<Tensor> {
+        rms_norm_rope_halves(x, weight, eps, heads, &self.cos, &self.sin)
+    }
+
+    /// Input gradient of [`Self::norm_apply`] at `x` for the rotated heads' gradient `dy`, outside autograd.
+    pub fn norm_backward(
+        &self,
+        x: &Tensor,
+        weight: &Tensor,
+        dy: &Tensor,
+        eps: f64,
+    ) -> Result<Tensor> {
+        rms_norm_rope_halves_backward(x, weight, dy, eps, &self.cos, &self.sin)
+    }
 }
 
 #[cfg(test)]

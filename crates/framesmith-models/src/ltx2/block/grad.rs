@@ -79,13 +79,8 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
             }
         }
     };
-    let qh = attn.split(&rms_norm(&q, Some(&attn.q_norm), attn.eps)?)?;
-    let kh = attn.split(&rms_norm(&k, Some(&attn.k_norm), attn.eps)?)?;
+    let (qh, kh) = attn.normed_qk(&q, &k, call.rope)?;
     let vh = attn.split(&v)?;
-    let (qh, kh) = match call.rope {
-        Some((rq, rk)) => (rq.apply(&qh)?, rk.apply(&kh)?),
-        None => (qh, kh),
-    };
     let attention = match call.kept {
         Some(kept) => kept.tape([&qh, &kh, &vh], call.lens)?,
         None => attention_forward(&qh, &kh, &vh, call.lens)?,
@@ -144,13 +139,18 @@ fn attn_backward(
         _ => d_o,
     };
     let (dq, dk, dv) = t.attention.backward(&d_att)?;
-    let (dq, dk) = match rope {
-        Some((rq, rk)) => (rq.backward(&dq)?, rk.backward(&dk)?),
-        None => (dq, dk),
-    };
     let [q, k] = &t.raw_qk;
-    let dq = rms_norm_backward(q, Some(&attn.q_norm), &dq.flatten_from(2)?, attn.eps)?;
-    let dk = rms_norm_backward(k, Some(&attn.k_norm), &dk.flatten_from(2)?, attn.eps)?;
+    let eps = attn.eps;
+    let (dq, dk) = match rope {
+        Some((rq, rk)) => (
+            rq.norm_backward(q, &attn.q_norm, &dq, eps)?,
+            rk.norm_backward(k, &attn.k_norm, &dk, eps)?,
+        ),
+        None => (
+            rms_norm_backward(q, Some(&attn.q_norm), &dq.flatten_from(2)?, eps)?,
+            rms_norm_backward(k, Some(&attn.k_norm), &dk.flatten_from(2)?, eps)?,
+        ),
+    };
     let dv = dv.flatten_from(2)?;
     let [tq, tk, tv] = &t.qkv;
     let (dx, dcontext) = match &t.context {
