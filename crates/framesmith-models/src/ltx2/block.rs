@@ -23,7 +23,7 @@ use super::rope::RopeTable;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
-use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to};
+use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to, rms_norm_modulate};
 use framesmith_nn::vb::Vb;
 
 pub mod grad;
@@ -255,9 +255,10 @@ impl Modulation {
     }
 }
 
-/// `rms_norm(x) · (1 + scale) + shift`, the modulation in f32 (one fused pass on CUDA), in `xs`' dtype.
+/// `rms_norm(x) · (1 + scale) + shift`, the modulation in f32 (norm and modulation one fused pass on CUDA
+/// outside autograd), in `xs`' dtype.
 pub fn ada_norm(xs: &Tensor, scale: &Tensor, shift: &Tensor, eps: f64) -> Result<Tensor> {
-    modulate_to(&rms_norm(xs, None, eps)?, scale, shift, xs.dtype())
+    rms_norm_modulate(xs, scale, shift, eps, xs.dtype())
 }
 
 /// The residual `xs + y · gate` in `xs`' dtype (the gate f32; one fused pass on CUDA).

@@ -18,9 +18,10 @@ use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
-use framesmith_nn::norm::{rms_norm, rms_norm_backward};
+use framesmith_nn::norm::rms_norm_backward;
 use framesmith_nn::ops::{
     gate_backward, gelu_tanh, gelu_tanh_backward, modulate_backward, modulate_to,
+    residual_layer_norm, rms_norm_backward_add, NormAfter,
 };
 
 fn missing(what: &str) -> candle_core::Error {
@@ -243,20 +244,19 @@ impl Ltx2Tape {
     }
 }
 
-/// The input gradient of `rms_norm(x) · (1 + scale) + shift`.
-fn ada_norm_backward(xs: &Tensor, scale: &Tensor, dy: &Tensor, eps: f64) -> Result<Tensor> {
-    rms_norm_backward(xs, None, &modulate_backward(dy, scale, xs.dtype())?, eps)
-}
-
-/// A stream's self-attention and text cross-attention on `x0` without a graph, with their tape.
+/// A stream's self-attention and text cross-attention on `x0` without a graph, with their tape; with `with_ff`
+/// (the feed-forward follows directly: no audio-video cross-attentions between), also the feed-forward's
+/// modulated input, formed in the pass that writes the residual. Each residual update and the RMSNorm that
+/// reads it are one pass on CUDA.
 fn attn_half(
     s: StreamRef,
     x0: &Tensor,
     m: &Modulation,
     call: StreamCall,
-    (kept, eps): (Option<&KeptAttention>, f64),
-) -> Result<AttnHalf> {
+    (kept, eps, with_ff): (Option<&KeptAttention>, f64, bool),
+) -> Result<(AttnHalf, Option<Tensor>)> {
     let x0 = x0.detach();
+    let dtype = x0.dtype();
     let h = ada_norm(&x0, &m.rows[1], &m.rows[0], eps)?;
     let self_call = AttnCall {
         context: None,
@@ -266,37 +266,57 @@ fn attn_half(
         context_grad: false,
     };
     let (y, attn1) = attn_forward(s.attn1, &h, self_call)?;
-    let x1 = gated(&x0, &y, &m.rows[2])?;
-    let normed = rms_norm(&x1, None, eps)?;
-    let (x2, attn2) = match &m.context {
+    // The cross-attention's queries: the residual's RMSNorm, modulated with LTX-2.3's cross-attention AdaLN.
+    let query_mod = m.context.as_ref().map(|_| (&m.rows[7], &m.rows[6]));
+    let (x1, q_in) = residual_layer_norm(
+        &x0,
+        &y,
+        Some(&m.rows[2]),
+        NormAfter::Rms(query_mod),
+        eps,
+        dtype,
+    )?;
+    drop(y);
+    let ctx = match &m.context {
         Some([shift_kv, scale_kv]) => {
-            let q_in = modulate_to(&normed, &m.rows[7], &m.rows[6], normed.dtype())?;
-            let ctx = modulate_to(&call.context.detach(), scale_kv, shift_kv, normed.dtype())?;
-            let (y, tape) = attn_forward(s.attn2, &q_in, text_call(&ctx, call.lens))?;
-            (gated(&x1, &y, &m.rows[8])?, tape)
+            modulate_to(&call.context.detach(), scale_kv, shift_kv, dtype)?
         }
-        None => {
-            let ctx = call.context.detach();
-            let (y, tape) = attn_forward(s.attn2, &normed, text_call(&ctx, call.lens))?;
-            ((&x1 + y)?, tape)
-        }
+        None => call.context.detach(),
     };
-    Ok(AttnHalf {
+    let (y, attn2) = attn_forward(s.attn2, &q_in, text_call(&ctx, call.lens))?;
+    let gate = m.context.as_ref().map(|_| &m.rows[8]);
+    let (x2, h3) = if with_ff {
+        let ff_mod = NormAfter::Rms(Some((&m.rows[4], &m.rows[3])));
+        let (x2, h3) = residual_layer_norm(&x1, &y, gate, ff_mod, eps, dtype)?;
+        (x2, Some(h3))
+    } else {
+        let x2 = match gate {
+            Some(g) => gated(&x1, &y, g)?,
+            None => (&x1 + y)?,
+        };
+        (x2, None)
+    };
+    let half = AttnHalf {
         x: [x0, x1, x2],
         attn1,
         attn2,
-    })
+    };
+    Ok((half, h3))
 }
 
-/// A stream's feed-forward on `x` without a graph: its output (with `with_out`) and its tape.
+/// A stream's feed-forward on `x` without a graph (`h3` its modulated input when already formed): its output
+/// (with `with_out`) and its tape.
 fn ff_half(
     s: StreamRef,
-    x: &Tensor,
+    (x, h3): (&Tensor, Option<Tensor>),
     m: &Modulation,
     with_out: bool,
     eps: f64,
 ) -> Result<(Option<Tensor>, FfHalf)> {
-    let h3 = ada_norm(x, &m.rows[4], &m.rows[3], eps)?;
+    let h3 = match h3 {
+        Some(h3) => h3,
+        None => ada_norm(x, &m.rows[4], &m.rows[3], eps)?,
+    };
     let (f1, t1) = s.ff.proj_in.forward_untracked(&h3)?;
     let a = gelu_tanh(&f1)?;
     let (out, t2) = if with_out {
@@ -330,7 +350,7 @@ fn ff_backward(
     let (dh3, p) = s.ff.proj_in.backward(h3, t1, &df1, true)?;
     params.extend(p);
     let dh3 = dh3.ok_or_else(|| missing("net.0.proj"))?;
-    grad + ada_norm_backward(&t.x, &m.rows[4], &dh3, eps)?
+    rms_norm_backward_add(&t.x, &dh3, Some(&m.rows[4]), grad, eps)
 }
 
 /// The gradient of a stream's input for the gradient `dx2` of its residual after the text cross-attention.
@@ -342,20 +362,22 @@ fn attn_half_backward(
     (eps, params): (f64, &mut Vec<ParamGrad>),
 ) -> Result<Tensor> {
     let [x0, x1, _] = &t.x;
-    // Text cross-attention.
-    let dnormed = match &m.context {
+    // Text cross-attention (its queries modulated with LTX-2.3's cross-attention AdaLN).
+    let dx1 = match &m.context {
         Some(_) => {
             let dy2 = gate_backward(dx2, &m.rows[8], x1.dtype())?;
             let (dq_in, _) = attn_backward(s.attn2, &t.attn2, None, &dy2, params)?;
-            modulate_backward(&dq_in, &m.rows[7], x1.dtype())?
+            rms_norm_backward_add(x1, &dq_in, Some(&m.rows[7]), dx2, eps)?
         }
-        None => attn_backward(s.attn2, &t.attn2, None, dx2, params)?.0,
+        None => {
+            let (dnormed, _) = attn_backward(s.attn2, &t.attn2, None, dx2, params)?;
+            rms_norm_backward_add(x1, &dnormed, None, dx2, eps)?
+        }
     };
-    let dx1 = (dx2 + rms_norm_backward(x1, None, &dnormed, eps)?)?;
     // Self-attention.
     let dy1 = gate_backward(&dx1, &m.rows[2], x0.dtype())?;
     let (dh, _) = attn_backward(s.attn1, &t.attn1, Some((rope, rope)), &dy1, params)?;
-    &dx1 + ada_norm_backward(x0, &m.rows[1], &dh, eps)?
+    rms_norm_backward_add(x0, &dh, Some(&m.rows[1]), &dx1, eps)
 }
 
 /// The text cross-attention's call over `context` (a constant) with `lens` valid tokens.
@@ -419,8 +441,8 @@ impl Ltx2Block {
             lens: inputs.context_lens.as_deref(),
         };
         let Some((stream, ai)) = self.joint(inputs)? else {
-            let attn = attn_half(self.video(), xs, &m, video_call, (kept, eps))?;
-            let (out, ff) = ff_half(self.video(), &attn.x[2], &m, with_out, eps)?;
+            let (attn, h3) = attn_half(self.video(), xs, &m, video_call, (kept, eps, true))?;
+            let (out, ff) = ff_half(self.video(), (&attn.x[2], h3), &m, with_out, eps)?;
             let video = StreamTape {
                 m,
                 rope: inputs.rope.detach(),
@@ -436,8 +458,8 @@ impl Ltx2Block {
             context: &ai.context,
             lens: inputs.context_lens.as_deref(),
         };
-        let vattn = attn_half(self.video(), &vx, &m, video_call, (kept, eps))?;
-        let aattn = attn_half(stream.stream(), &ax, &ma, audio_call, (None, eps))?;
+        let (vattn, _) = attn_half(self.video(), &vx, &m, video_call, (kept, eps, false))?;
+        let (aattn, _) = attn_half(stream.stream(), &ax, &ma, audio_call, (None, eps, false))?;
         let (v2, a2) = (&vattn.x[2], &aattn.x[2]);
         let (mv, mav) = (&av.video, &av.audio);
         let (vrope, arope) = (ai.video_cross_rope.detach(), ai.audio_cross_rope.detach());
@@ -449,8 +471,8 @@ impl Ltx2Block {
         let (ya, v2a) = attn_forward(&stream.video_to_audio, &aq, av_call(&vk, (&arope, &vrope)))?;
         let v3 = gated(v2, &y, &mv[4])?;
         let a3 = gated(a2, &ya, &mav[4])?;
-        let (vout, vff) = ff_half(self.video(), &v3, &m, with_out, eps)?;
-        let (aout, aff) = ff_half(stream.stream(), &a3, &ma, with_out, eps)?;
+        let (vout, vff) = ff_half(self.video(), (&v3, None), &m, with_out, eps)?;
+        let (aout, aff) = ff_half(stream.stream(), (&a3, None), &ma, with_out, eps)?;
         let out = match (vout, aout) {
             (Some(v), Some(a)) => Some(AudioInputs::pack(&v, &a)?),
             _ => None,
@@ -533,8 +555,8 @@ impl Ltx2Block {
             + modulate_backward(&dvk, &mv[2], v2.dtype())?)?;
         let da_mod = (modulate_backward(&dak, &ma[0], a2.dtype())?
             + modulate_backward(&daq, &ma[2], a2.dtype())?)?;
-        let dv2 = (&dv3 + rms_norm_backward(v2, None, &dv_mod, eps)?)?;
-        let da2 = (&da3 + rms_norm_backward(a2, None, &da_mod, eps)?)?;
+        let dv2 = rms_norm_backward_add(v2, &dv_mod, None, &dv3, eps)?;
+        let da2 = rms_norm_backward_add(a2, &da_mod, None, &da3, eps)?;
         let dv0 = attn_half_backward(
             self.video(),
             &v.attn,
