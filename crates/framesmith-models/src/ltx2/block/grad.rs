@@ -154,6 +154,11 @@ fn attn_backward(
     };
     let dv = dv.flatten_from(2)?;
     let [tq, tk, tv] = &t.qkv;
+    // The gates' share of the input gradient is the sum the q (k, v) products accumulate onto.
+    let input = match dx_gate {
+        Some(g) => InputGrad::Add(g),
+        None => InputGrad::New,
+    };
     let (dx, dcontext) = match &t.context {
         None => {
             let (dx, p) = Linear::backward_shared(
@@ -161,13 +166,13 @@ fn attn_backward(
                 &t.x,
                 &[tq, tk, tv],
                 &[dq, dk, dv],
-                InputGrad::New,
+                input,
             )?;
             params.extend(p);
             (dx, None)
         }
         Some(c) => {
-            let (dx, p) = attn.to_q.backward(&t.x, tq, &dq, true)?;
+            let (dx, p) = attn.to_q.backward_with(&t.x, tq, &dq, input)?;
             params.extend(p);
             let wanted = if t.context_grad {
                 InputGrad::New
@@ -188,12 +193,7 @@ fn attn_backward(
             (dx, dc)
         }
     };
-    let dx = dx.ok_or_else(|| missing("q, k, v"))?;
-    let dx = match dx_gate {
-        Some(g) => (dx + g)?,
-        None => dx,
-    };
-    Ok((dx, dcontext))
+    Ok((dx.ok_or_else(|| missing("q, k, v"))?, dcontext))
 }
 
 /// A stream's self-attention and text cross-attention: their input, the residual after the self-attention and
