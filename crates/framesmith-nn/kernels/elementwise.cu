@@ -185,6 +185,47 @@ __device__ void copy_rows(const T* x, T* y, long rows, long cols, long stride) {
         call; \
     }
 
+// ---- Per-head gates (LTX-2.3's gated attention): rows of d values (a token's head), each times its gate ----
+
+// y = x · g[row], rounded to T (a chunk of W values never straddles a row: the caller vectorises only when W
+// divides d).
+template <typename T, int W>
+__device__ void head_gate_fwd(const T* x, const T* g, T* y, long n, long d) {
+    FOR_CHUNKS(i, n) {
+        const float gv = to_f32(g[i / d]);
+        float v[W];
+        load_vec<T, W>(x + i, v);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v[k] = __fmul_rn(v[k], gv);
+        store_vec<T, W>(y + i, v);
+    }
+}
+
+// dx = dy · g[row] (as head_gate_fwd) and dg[row] = Σ round(dy · x) over the row, summed in f32 and rounded to T
+// (the gate's gradient from the rounded products). One warp per row.
+template <typename T, int W>
+__device__ void head_gate_bwd(const T* dy, const T* x, const T* g, T* dx, T* dg, long rows, long d) {
+    const long row = ((long)blockIdx.x * blockDim.x + threadIdx.x) / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= rows) return;
+    const long base = row * d;
+    const float gv = to_f32(g[row]);
+    float s = 0.f;
+    for (long c = (long)lane * W; c < d; c += 32L * W) {
+        float a[W], b[W];
+        load_vec<T, W>(dy + base + c, a);
+        load_vec<T, W>(x + base + c, b);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            s += round_through<T>(__fmul_rn(a[k], b[k]));
+            a[k] = __fmul_rn(a[k], gv);
+        }
+        store_vec<T, W>(dx + base + c, a);
+    }
+    s = warp_sum(s);
+    if (lane == 0) dg[row] = from_f32<T>(s);
+}
+
 #define ELEMENTWISE_KERNELS(T, S)                                                                               \
     extern "C" __global__ void fs_modulate_fwd_##S(const T* x, const float* scale, const float* shift, T* y,    \
                                                    long rows, long D, long L, long Ls, long vec) {              \
@@ -214,6 +255,13 @@ __device__ void copy_rows(const T* x, T* y, long rows, long cols, long stride) {
     }                                                                                                           \
     extern "C" __global__ void fs_gelu_bwd_##S(const T* x, const T* dy, T* dx, long n, long vec) {              \
         DISPATCH_VEC(T, (gelu_bwd<T, W>(x, dy, dx, n)))                                                         \
+    }                                                                                                           \
+    extern "C" __global__ void fs_head_gate_fwd_##S(const T* x, const T* g, T* y, long n, long d, long vec) {   \
+        DISPATCH_VEC(T, (head_gate_fwd<T, W>(x, g, y, n, d)))                                                   \
+    }                                                                                                           \
+    extern "C" __global__ void fs_head_gate_bwd_##S(const T* dy, const T* x, const T* g, T* dx, T* dg,          \
+                                                    long rows, long d, long vec) {                              \
+        DISPATCH_VEC(T, (head_gate_bwd<T, W>(dy, x, g, dx, dg, rows, d)))                                       \
     }
 
 ELEMENTWISE_KERNELS(float, f32)

@@ -11,6 +11,7 @@ use crate::init;
 
 mod adapter;
 mod fp8_gemm;
+mod head_gate;
 mod linear;
 mod mixed;
 mod norm_mod;
@@ -501,6 +502,7 @@ const GROUPS: &[Group] = &[
     ("norm_mod", norm_mod::norm_mod_checks),
     ("rms_rope", rms_rope::rms_rope_checks),
     ("rms_halves", rms_halves::rms_halves_checks),
+    ("head_gate", head_gate::head_gate_checks),
     ("optim", optim::optim_checks),
     ("adapter", adapter::adapter_checks),
     #[cfg(feature = "cudnn")]
