@@ -16,14 +16,14 @@
 //! the audio stream, so their weights are not read (unless the model was read for joint training) and nothing is
 //! computed for them; the video stream's result is exact.
 
-use candle_core::{DType, Result, Tensor, D};
+use candle_core::{DType, Result, Tensor};
 
 use super::config::Ltx2Config;
 use super::rope::RopeTable;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
-use framesmith_nn::ops::{gated_residual, gelu_tanh, modulate_to, rms_norm_modulate};
+use framesmith_nn::ops::{gated_residual, gelu_tanh, head_gate, modulate_to, rms_norm_modulate};
 use framesmith_nn::vb::Vb;
 
 pub mod grad;
@@ -152,7 +152,7 @@ impl Attention {
         let v = self.split(&self.to_v.forward(context)?)?;
         let mut out = attention(&q, &k, &v, context_lens)?;
         if let Some(gate) = &self.to_gate_logits {
-            out = gate_heads(&out, &head_gates(&gate.forward(xs)?)?)?;
+            out = head_gate(&out, &head_gates(&gate.forward(xs)?)?)?;
         }
         self.to_out.forward(&out.flatten_from(2)?)
     }
@@ -188,33 +188,6 @@ impl Attention {
 /// The per-head gates `2·sigmoid(logits)` of LTX-2.3's gated attention.
 pub fn head_gates(logits: &Tensor) -> Result<Tensor> {
     (logits.neg()?.exp()? + 1.0)?.recip()? * 2.0
-}
-
-/// Each head of `xs` [b, l, heads, d] times its gate of `gates` [b, l, heads] (differentiable). The gates are
-/// spread over the head width by a rank-1 product, then multiply in one dense pass: candle's broadcast
-/// multiply computes a strided index per value and ran at a tenth of a dense pass on the GPU.
-pub fn gate_heads(xs: &Tensor, gates: &Tensor) -> Result<Tensor> {
-    xs.mul(&per_value(gates, xs.dim(D::Minus1)?)?)
-}
-
-/// `gates` [b, l, heads] repeated over `d` values: [b, l, heads, d], dense (`gates · 1ᵀ`, exact in any dtype).
-fn per_value(gates: &Tensor, d: usize) -> Result<Tensor> {
-    let (b, l, heads) = gates.dims3()?;
-    let ones = Tensor::ones((1, d), gates.dtype(), gates.device())?;
-    gates
-        .reshape((b * l * heads, 1))?
-        .matmul(&ones)?
-        .reshape((b, l, heads, d))
-}
-
-/// The sums over each head's values of `xs` [b, l, heads, d]: [b, l, heads], as a product with a ones vector
-/// (f32 accumulation, a matrix-vector product instead of candle's slower last-dimension sum).
-pub fn head_sums(xs: &Tensor) -> Result<Tensor> {
-    let (b, l, heads, d) = xs.dims4()?;
-    let ones = Tensor::ones((d, 1), xs.dtype(), xs.device())?;
-    xs.reshape((b * l * heads, d))?
-        .matmul(&ones)?
-        .reshape((b, l, heads))
 }
 
 /// `ff`: `net.0.proj` → GELU-tanh → `net.2`.

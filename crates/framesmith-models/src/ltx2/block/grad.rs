@@ -11,8 +11,8 @@
 use candle_core::{Result, Tensor};
 
 use super::{
-    ada_norm, gate_heads, gated, head_gates, head_sums, unpack_joint, Attention, AudioInputs,
-    AvModulation, BlockInputs, Ltx2Block, Modulation, Ropes, StreamCall, StreamRef,
+    ada_norm, gated, head_gates, unpack_joint, Attention, AudioInputs, AvModulation, BlockInputs,
+    Ltx2Block, Modulation, Ropes, StreamCall, StreamRef,
 };
 use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
@@ -20,8 +20,8 @@ use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::rms_norm_backward;
 use framesmith_nn::ops::{
-    gate_backward, gelu_tanh, gelu_tanh_backward, modulate_backward, modulate_to,
-    residual_layer_norm, rms_norm_backward_add, NormAfter,
+    gate_backward, gelu_tanh, gelu_tanh_backward, head_gate, head_gate_backward, modulate_backward,
+    modulate_to, residual_layer_norm, rms_norm_backward_add, NormAfter,
 };
 
 fn missing(what: &str) -> candle_core::Error {
@@ -91,7 +91,7 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
         Some(lin) => {
             let (logits, tape) = lin.forward_untracked(&x)?;
             let g = head_gates(&logits)?;
-            o = gate_heads(&o, &g)?;
+            o = head_gate(&o, &g)?;
             Some((tape, g))
         }
         None => None,
@@ -129,13 +129,13 @@ fn attn_backward(
     let mut dx_gate = None;
     let d_att = match (&attn.to_gate_logits, &t.gate) {
         (Some(lin), Some((tape, g))) => {
+            let (d_att, dg) = head_gate_backward(&d_o, t.attention.out(), g)?;
             // g = 2σ(z): dg/dz = 2σ(1 − σ) = g · (1 − g/2).
-            let dg = head_sums(&(&d_o * t.attention.out())?)?;
             let dz = ((dg * g)? * (1.0 - (g * 0.5)?)?)?;
             let (dx, p) = lin.backward(&t.x, tape, &dz, true)?;
             params.extend(p);
             dx_gate = dx;
-            gate_heads(&d_o, g)?
+            d_att
         }
         _ => d_o,
     };
