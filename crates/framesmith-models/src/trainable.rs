@@ -122,9 +122,17 @@ pub(crate) mod testing {
     /// LoRAs (rank 4, random non-zero `up`, multiplier 0.7, the same for the same model) on every linear `model`
     /// trains; returns their factors.
     pub(crate) fn random_loras<M: TrainableModel>(model: &mut M) -> anyhow::Result<Vec<Var>> {
+        random_loras_on(model, &|_| true)
+    }
+
+    /// [`random_loras`] on the linears whose names `keep` takes only (the others without an adapter).
+    pub(crate) fn random_loras_on<M: TrainableModel>(
+        model: &mut M,
+        keep: &dyn Fn(&str) -> bool,
+    ) -> anyhow::Result<Vec<Var>> {
         let mut vars = Vec::new();
         let rng = &mut StdRng::seed_from_u64(11);
-        for (_, linear) in model.lora_linears() {
+        for (_, linear) in model.lora_linears().into_iter().filter(|(n, _)| keep(n)) {
             let dims = [linear.in_dim(), linear.out_dim(), 4];
             let mut lora = Lora::new(dims, 8.0, DType::F32, &Device::Cpu, rng)?;
             lora.up

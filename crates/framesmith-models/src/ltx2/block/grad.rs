@@ -205,11 +205,11 @@ struct AttnHalf {
 }
 
 /// A stream's feed-forward: its residual input, the modulated input, its first linear's output (before the GELU),
-/// the GELU's output, and the linears' tapes (`net.2`'s is empty after a recompute, which stops before `net.2`:
-/// its output is not needed; the backward recomputes its LoRA activation).
+/// and the linears' tapes (`net.2`'s is empty after a recompute, which stops before `net.2`: its output is not
+/// needed; the backward recomputes the GELU and the LoRA activation where `net.2` has an adapter).
 struct FfHalf {
     x: Tensor,
-    ff: [Tensor; 3],
+    ff: [Tensor; 2],
     tapes: [LinearTape; 2],
 }
 
@@ -318,16 +318,15 @@ fn ff_half(
         None => ada_norm(x, &m.rows[4], &m.rows[3], eps)?,
     };
     let (f1, t1) = s.ff.proj_in.forward_untracked(&h3)?;
-    let a = gelu_tanh(&f1)?;
     let (out, t2) = if with_out {
-        let (y3, t2) = s.ff.proj_out.forward_untracked(&a)?;
+        let (y3, t2) = s.ff.proj_out.forward_untracked(&gelu_tanh(&f1)?)?;
         (Some(gated(x, &y3, &m.rows[5])?), t2)
     } else {
         (None, LinearTape::default())
     };
     let tape = FfHalf {
         x: x.clone(),
-        ff: [h3, f1, a],
+        ff: [h3, f1],
         tapes: [t1, t2],
     };
     Ok((out, tape))
@@ -341,10 +340,17 @@ fn ff_backward(
     grad: &Tensor,
     (eps, params): (f64, &mut Vec<ParamGrad>),
 ) -> Result<Tensor> {
-    let [h3, f1, a] = &t.ff;
+    let [h3, f1] = &t.ff;
     let [t1, t2] = &t.tapes;
     let dy3 = gate_backward(grad, &m.rows[5], f1.dtype())?;
-    let (da, p) = s.ff.proj_out.backward(a, t2, &dy3, true)?;
+    // `net.2`'s input, the GELU's output, for its adapter's gradients; a layer without an adapter reads only its
+    // input's shape and dtype (its input gradient is `dy3` through the frozen weight), which `f1` shares.
+    let a = match s.ff.proj_out.adapter() {
+        Some(_) => gelu_tanh(f1)?,
+        None => f1.clone(),
+    };
+    let (da, p) = s.ff.proj_out.backward(&a, t2, &dy3, true)?;
+    drop(a);
     params.extend(p);
     let df1 = gelu_tanh_backward(f1, &da.ok_or_else(|| missing("net.2"))?)?;
     let (dh3, p) = s.ff.proj_in.backward(h3, t1, &df1, true)?;
