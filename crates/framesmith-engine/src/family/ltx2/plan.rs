@@ -339,6 +339,8 @@ fn block_kind(
     };
     let mut kind = dual_stream_block_kind(&buffers, input, shape, dims, counts);
     let (c, r) = (shape.compute_bytes, input.lora.rank as u64);
+    // The GELU's output is not taped (the backward recomputes it where `ff.net.2` has an adapter).
+    kind.tape_bytes -= shape.tokens * 4 * d * c;
     kind.tape_bytes += 4 * text * d * c + 2 * text * r * c;
     if let Some(la) = audio {
         let ad = cfg.audio_inner_dim() as u64;
@@ -347,7 +349,9 @@ fn block_kind(
             tokens: la,
             ..*shape
         };
-        let stream = dual_stream_block_kind(&[], input, &audio_shape, (ad, 4 * ad, aheads), counts);
+        let mut stream =
+            dual_stream_block_kind(&[], input, &audio_shape, (ad, 4 * ad, aheads), counts);
+        stream.tape_bytes -= la * 4 * ad * c;
         let lv = shape.tokens;
         // Per direction: both modulated inputs, q, k, v before and after their norms, the output, the gates'
         // inputs at the cross-attention width, LoRA activations of four linears, the log-sum-exp.
@@ -370,12 +374,12 @@ fn block_kind(
 /// A block runs RoPE self-attention over the video tokens, cross-attention from them to the text and a GELU-tanh
 /// MLP of width `f` = 4d. Its tape is counted as the dual-stream blocks' (`L` video tokens, `d` width, `h` heads,
 /// `r` rank, `c` / `s` compute and residual dtype bytes): `2·L·d·s` of residual stream, `3·L·d·4` of f32 norms,
-/// `13·L·d·c` of modulated inputs, projections, roped q/k, v, gates and attention outputs, `2·L·f·c` of MLP
-/// activations, `4·L·r·c` of LoRA activations and `2·L·h·4` of the two attentions' log-sum-exp; `"attention"`
+/// `13·L·d·c` of modulated inputs, projections, roped q/k, v, gates and attention outputs, `L·f·c` of MLP
+/// activations (the GELU's input: its output is not taped), `4·L·r·c` of LoRA activations and `2·L·h·4` of the two attentions' log-sum-exp; `"attention"`
 /// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`; the text side of the
 /// cross-attention (`T` text tokens, 1024 per sample) adds `4·T·d·c` (the modulated context, k before and after its
 /// norm, v) and `2·T·r·c` (k's and v's LoRA activations). The blocks share the AdaLN rows, the text context
-/// `T·d·c` and the RoPE tables, cos and sin at full head width over the video tokens: `2·L·d·c`. The working set
+/// `T·d·c` and the RoPE tables, cos and sin per head and pair over the video tokens: `L·d·c`. The working set
 /// uses the
 /// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on LTX-2.
 ///
@@ -383,7 +387,7 @@ fn block_kind(
 /// (the same terms at the audio width), its text side, and each audio-video cross-attention's (both modulated
 /// inputs, q / k / v before and after their norms and the output at the cross-attention width, four linears'
 /// LoRA activations, the log-sum-exp); the saved inputs `La·d_a·s`; the audio tables, text and the cross tables
-/// `2·La·d_a·c + T·d_a·c + 2·(L + La)·d_a·c`.
+/// `La·d_a·c + T·d_a·c + (L + La)·d_a·c`.
 ///
 /// With first-frame conditioning (clips of more than one latent frame), each block's tape holds the video's
 /// AdaLN rows per token in f32, `k·L·d·4` (`k` = 6, or 9 with LTX-2.3's cross-attention AdaLN; 4 rows more with
@@ -407,7 +411,7 @@ pub(crate) fn describe(model: &Ltx2PlanModel, input: &PlanInput) -> Result<Model
     let (audio_saved, audio_shared) = match audio_tokens {
         Some(la) => (
             la * ad * shape.residual_bytes,
-            2 * la * ad * compute + text * ad * compute + 2 * (tokens + la) * ad * compute,
+            la * ad * compute + text * ad * compute + (tokens + la) * ad * compute,
         ),
         None => (0, 0),
     };
@@ -421,7 +425,7 @@ pub(crate) fn describe(model: &Ltx2PlanModel, input: &PlanInput) -> Result<Model
         "timestep embedding, text and RoPE tables",
         clip.batch as u64 * d * compute * 12
             + text * d * compute
-            + 2 * tokens * d * compute
+            + tokens * d * compute
             + audio_shared,
     )];
     if model.first_frame_conditioning && f > 1 {
