@@ -1,37 +1,17 @@
 //! HunyuanVideo 1.5 as the engine trains it: [`TrainableModel`] for [`HunyuanVideo15Transformer`], whose blocks
 //! are the dual-stream blocks of `crate::mmdit` (their [`crate::trainable::TrainableBlock`] impl, hand-written
-//! backward and streaming serve both); the embeddings' results as a [`PreparedBatch`], and LoRA targets named as
-//! the official checkpoint and musubi-tuner name them (`double_blocks.0.img_attn_q`).
+//! backward, streaming and `mmdit::Prepared` serve both), and LoRA targets named as the official checkpoint and
+//! musubi-tuner name them (`double_blocks.0.img_attn_q`).
 
 use std::borrow::Cow;
 
 use candle_core::{Device, Result, Tensor};
 
 use super::transformer::{HunyuanVideo15Inputs, HunyuanVideo15Transformer, Prepared};
-use crate::mmdit::{BlockInputs, DualStreamBlock};
-use crate::trainable::{PreparedBatch, TrainableModel};
+use crate::mmdit::DualStreamBlock;
+use crate::trainable::TrainableModel;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::lora::LoraFamily;
-
-impl PreparedBatch for Prepared {
-    type Shared = BlockInputs;
-
-    fn block_input(&self) -> &Tensor {
-        &self.xs
-    }
-
-    fn shared(&self) -> &BlockInputs {
-        &self.blocks
-    }
-
-    fn detached(&self) -> Self {
-        Prepared {
-            xs: self.xs.detach(),
-            blocks: self.blocks.detached(),
-            grid: self.grid,
-        }
-    }
-}
 
 impl TrainableModel for HunyuanVideo15Transformer {
     type Inputs = HunyuanVideo15Inputs;

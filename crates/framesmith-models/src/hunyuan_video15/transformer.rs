@@ -5,9 +5,8 @@
 //! double-stream blocks on the joint [text; latent] sequence, and `final_layer` + unpatchify on the latent rows.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
-use candle_core::{Device, Result, Tensor};
+use candle_core::{Result, Tensor};
 
 use super::block::{linears_mut, load_block};
 use super::conditioning::joint_text;
@@ -18,9 +17,9 @@ use super::embeddings::{
 };
 use super::refiner::TokenRefiner;
 use super::rope::{rope, VideoGrid};
-use crate::mmdit::{BlockInputs, DualStreamBlock};
+use crate::mmdit::{BlockInputs, BlockStack, DualStreamBlock};
 use framesmith_nn::linear::Linear;
-use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
+use framesmith_nn::offload::{BlockStreamer, OffloadOptions};
 use framesmith_nn::vb::Vb;
 
 /// One batch as the official forward takes it.
@@ -41,13 +40,8 @@ pub struct HunyuanVideo15Inputs {
 }
 
 /// What the embeddings produce: the first block's input [b, txt_len + tokens, dim], what every block shares, and
-/// the latent grid the head folds the prediction back into.
-#[derive(Clone)]
-pub struct Prepared {
-    pub xs: Tensor,
-    pub blocks: BlockInputs,
-    pub grid: VideoGrid,
-}
+/// (`head`) the latent grid the head folds the prediction back into.
+pub type Prepared = crate::mmdit::Prepared<VideoGrid>;
 
 /// The HunyuanVideo 1.5 transformer.
 #[derive(Clone)]
@@ -59,12 +53,10 @@ pub struct HunyuanVideo15Transformer {
     pub vision_in: VisionProjection,
     /// `cond_type_embedding.weight` [3, dim]: rows for text (0), glyph (1) and image (2) tokens.
     pub cond_type_embedding: Tensor,
-    /// `double_blocks.*` (a streamed block's shell points at a GPU slot: reach blocks through
-    /// [`HunyuanVideo15Transformer::block`]).
-    pub double_blocks: Vec<DualStreamBlock>,
+    /// `double_blocks.*`, resident or streamed.
+    pub double_blocks: BlockStack,
     pub final_layer: FinalLayer,
     cfg: HunyuanVideo15Config,
-    streamer: Option<Arc<BlockStreamer>>,
 }
 
 impl HunyuanVideo15Transformer {
@@ -83,30 +75,15 @@ impl HunyuanVideo15Transformer {
         offload: &OffloadOptions,
     ) -> Result<Self> {
         cfg.validate()?;
-        let n = cfg.num_layers;
-        let mut streamed = streamed.to_vec();
-        streamed.sort_unstable();
-        streamed.dedup();
-        if let Some(&i) = streamed.iter().find(|&&i| i >= n) {
-            candle_core::bail!(
-                "HunyuanVideo 1.5: streamed block {i} is out of range (the model has {n} blocks)"
-            );
-        }
         let block_at = |i: usize, vb: &Vb| load_block(cfg, &vb.pp("double_blocks").pp(i));
-        let mut blocks = Vec::with_capacity(n);
-        for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
-            blocks.push((i, block_at(i, vb)?));
-        }
-        let streamer = if streamed.is_empty() {
-            None
-        } else {
-            let host = vb.with_device(&Device::Cpu);
-            let built = streamed.iter().map(|&i| Ok((i, block_at(i, &host)?)));
-            let (streamer, shells) = BlockStreamer::new(vb.device(), n, built, offload)?;
-            blocks.extend(shells);
-            Some(Arc::new(streamer))
-        };
-        blocks.sort_by_key(|(i, _)| *i);
+        let double_blocks = BlockStack::load(
+            "HunyuanVideo 1.5",
+            cfg.num_layers,
+            vb,
+            block_at,
+            streamed,
+            offload,
+        )?;
         // Past the blocks, nothing is quantised.
         let vb = &vb.with_fp8(None);
         Ok(Self {
@@ -118,10 +95,9 @@ impl HunyuanVideo15Transformer {
             cond_type_embedding: vb
                 .pp("cond_type_embedding")
                 .get((3, cfg.inner_dim()), "weight")?,
-            double_blocks: blocks.into_iter().map(|(_, b)| b).collect(),
+            double_blocks,
             final_layer: FinalLayer::new(cfg, &vb.pp("final_layer"))?,
             cfg: cfg.clone(),
-            streamer,
         })
     }
 
@@ -132,43 +108,23 @@ impl HunyuanVideo15Transformer {
 
     /// The block streamer (`None` when every block is resident).
     pub fn streamer(&self) -> Option<&BlockStreamer> {
-        self.streamer.as_deref()
+        self.double_blocks.streamer()
     }
 
     /// Declares the order the coming [`HunyuanVideo15Transformer::block`] calls will follow (`cyclic`: the order
     /// repeats). Does nothing without streaming.
     pub fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
-        match &self.streamer {
-            Some(s) => s.begin(order, cyclic),
-            None => Ok(()),
-        }
+        self.double_blocks.begin(order, cyclic)
     }
 
     /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot.
     pub fn block(&self, i: usize) -> Result<Cow<'_, DualStreamBlock>> {
-        let Some(block) = self.double_blocks.get(i) else {
-            candle_core::bail!(
-                "HunyuanVideo 1.5: no block {i} (the model has {})",
-                self.double_blocks.len()
-            );
-        };
-        match self.streamer.as_ref().filter(|s| s.is_streamed(i)) {
-            Some(s) => Ok(Cow::Owned(block.with_frozen(&s.fetch(i)?)?)),
-            None => Ok(Cow::Borrowed(block)),
-        }
+        self.double_blocks.block(i)
     }
 
     /// Every block linear by its full official path (`double_blocks.0.img_attn_q`, …), for LoRA.
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
-        self.double_blocks
-            .iter_mut()
-            .enumerate()
-            .flat_map(|(i, block)| {
-                linears_mut(block)
-                    .into_iter()
-                    .map(move |(path, l)| (format!("double_blocks.{i}.{path}"), l))
-            })
-            .collect()
+        self.double_blocks.linears_mut("double_blocks", linears_mut)
     }
 
     /// `xs` plus row `kind` of `cond_type_embedding`.
@@ -244,7 +200,7 @@ impl HunyuanVideo15Transformer {
                 txt_len,
                 txt_lens: Some(txt_lens),
             },
-            grid,
+            head: grid,
         })
     }
 
@@ -253,7 +209,7 @@ impl HunyuanVideo15Transformer {
         let t = prepared.blocks.txt_len;
         let img = xs.narrow(1, t, xs.dim(1)? - t)?;
         let out = self.final_layer.forward(&img, &prepared.blocks.temb)?;
-        let g = prepared.grid;
+        let g = prepared.head;
         unpatchify(
             &out,
             (g.frames, g.height, g.width),
@@ -264,12 +220,7 @@ impl HunyuanVideo15Transformer {
     /// The whole forward pass, as the official `forward`.
     pub fn forward(&self, inputs: &HunyuanVideo15Inputs) -> Result<Tensor> {
         let prepared = self.prepare(inputs)?;
-        let mut xs = prepared.xs.clone();
-        let order: Vec<usize> = (0..self.double_blocks.len()).collect();
-        self.begin_blocks(&order, true)?;
-        for i in order {
-            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
-        }
+        let xs = self.double_blocks.forward(&prepared.xs, &prepared.blocks)?;
         self.finish(&xs, &prepared)
     }
 }

@@ -1,12 +1,13 @@
 //! [`TrainableBlock`] for [`DualStreamBlock`]: the block as a unit on the joint [text; image] sequence with its
 //! hand-written backward. With selective checkpointing a block keeps its attention (and, optionally, its gated
-//! branches' outputs) for the recompute ([`KeptBlock`]).
+//! branches' outputs) for the recompute ([`KeptBlock`]). [`PreparedBatch`] for the embeddings' [`Prepared`].
 
 use candle_core::{Result, Tensor};
 
 use super::block::grad::DualStreamTape;
 use super::block::{BlockInputs, DualStreamBlock};
-use crate::trainable::{BlockGrads, TrainableBlock};
+use super::stack::Prepared;
+use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock};
 use framesmith_nn::attention::KeptBlock;
 
 impl DualStreamTape {
@@ -82,5 +83,25 @@ impl TrainableBlock for DualStreamBlock {
 
     fn backward(&self, tape: DualStreamTape, grad: &Tensor) -> Result<BlockGrads> {
         DualStreamBlock::backward(self, tape, grad)
+    }
+}
+
+impl<H: Clone> PreparedBatch for Prepared<H> {
+    type Shared = BlockInputs;
+
+    fn block_input(&self) -> &Tensor {
+        &self.xs
+    }
+
+    fn shared(&self) -> &BlockInputs {
+        &self.blocks
+    }
+
+    fn detached(&self) -> Self {
+        Prepared {
+            xs: self.xs.detach(),
+            blocks: self.blocks.detached(),
+            head: self.head.clone(),
+        }
     }
 }

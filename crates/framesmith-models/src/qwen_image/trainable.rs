@@ -7,30 +7,10 @@ use std::borrow::Cow;
 use candle_core::{Device, Result, Tensor};
 
 use super::transformer::{Prepared, QwenImageInputs, QwenImageTransformer};
-use crate::mmdit::{BlockInputs, DualStreamBlock};
-use crate::trainable::{PreparedBatch, TrainableModel};
+use crate::mmdit::DualStreamBlock;
+use crate::trainable::TrainableModel;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::lora::LoraFamily;
-
-impl PreparedBatch for Prepared {
-    type Shared = BlockInputs;
-
-    fn block_input(&self) -> &Tensor {
-        &self.xs
-    }
-
-    fn shared(&self) -> &BlockInputs {
-        &self.blocks
-    }
-
-    fn detached(&self) -> Self {
-        Prepared {
-            xs: self.xs.detach(),
-            blocks: self.blocks.detached(),
-            target_len: self.target_len,
-        }
-    }
-}
 
 impl TrainableModel for QwenImageTransformer {
     type Inputs = QwenImageInputs;
@@ -61,8 +41,7 @@ impl TrainableModel for QwenImageTransformer {
     /// The prediction for the image being denoised only: Qwen-Image-Edit's conditioning images are input, never
     /// target (the official pipeline keeps `noise_pred[:, :latents.size(1)]`).
     fn finish(&self, xs: &Tensor, prepared: &Prepared) -> Result<Vec<Tensor>> {
-        let out =
-            QwenImageTransformer::finish(self, xs, prepared)?.narrow(1, 0, prepared.target_len)?;
+        let out = QwenImageTransformer::finish(self, xs, prepared)?.narrow(1, 0, prepared.head)?;
         (0..out.dim(0)?).map(|i| out.get(i)).collect()
     }
 

@@ -4,18 +4,17 @@
 //! [text; image] sequence, and `norm_out` + `proj_out` on the image rows.
 
 use std::borrow::Cow;
-use std::sync::Arc;
 
-use candle_core::{DType, Device, Result, Tensor};
+use candle_core::{DType, Result, Tensor};
 
 use super::config::QwenImageConfig;
 use super::embeddings::TimestepEmbedding;
 use super::norm_out::AdaNormOut;
 use super::rope::{self, ImageGrid};
-use crate::mmdit::{BlockInputs, DualStreamBlock};
+use crate::mmdit::{BlockInputs, BlockStack, DualStreamBlock};
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
-use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
+use framesmith_nn::offload::{BlockStreamer, OffloadOptions};
 use framesmith_nn::vb::Vb;
 
 /// Epsilon of `txt_norm`.
@@ -56,15 +55,10 @@ pub fn txt_lens_from_mask(mask: &Tensor) -> Result<Vec<usize>> {
         .collect()
 }
 
-/// What the embeddings produce: the first block's input (the joint sequence) and what every block shares.
-#[derive(Clone)]
-pub struct Prepared {
-    pub xs: Tensor,
-    pub blocks: BlockInputs,
-    /// The tokens of the image being denoised (the first grid), before any conditioning images' tokens: the rows
-    /// a training loss covers.
-    pub target_len: usize,
-}
+/// What the embeddings produce: the first block's input (the joint sequence), what every block shares, and
+/// (`head`) the tokens of the image being denoised (the first grid), before any conditioning images' tokens: the
+/// rows a training loss covers.
+pub type Prepared = crate::mmdit::Prepared<usize>;
 
 /// The Qwen-Image transformer.
 #[derive(Clone)]
@@ -75,14 +69,11 @@ pub struct QwenImageTransformer {
     pub txt_in: Linear,
     /// `time_text_embed.timestep_embedder`.
     pub time_text_embed: TimestepEmbedding,
-    /// `transformer_blocks.*` (a streamed block's shell points at a GPU slot: reach blocks through
-    /// [`QwenImageTransformer::block`]).
-    pub transformer_blocks: Vec<DualStreamBlock>,
+    /// `transformer_blocks.*`, resident or streamed.
+    pub transformer_blocks: BlockStack,
     pub norm_out: AdaNormOut,
     pub proj_out: Linear,
     cfg: QwenImageConfig,
-    /// The streamer of the blocks kept in host RAM (`None`: every block is resident).
-    streamer: Option<Arc<BlockStreamer>>,
 }
 
 impl QwenImageTransformer {
@@ -102,15 +93,7 @@ impl QwenImageTransformer {
         offload: &OffloadOptions,
     ) -> Result<Self> {
         cfg.validate()?;
-        let (dim, n) = (cfg.inner_dim(), cfg.num_layers);
-        let mut streamed = streamed.to_vec();
-        streamed.sort_unstable();
-        streamed.dedup();
-        if let Some(&i) = streamed.iter().find(|&&i| i >= n) {
-            candle_core::bail!(
-                "Qwen-Image: streamed block {i} is out of range (the model has {n} blocks)"
-            );
-        }
+        let dim = cfg.inner_dim();
         let block_at = |i: usize, vb: &Vb| {
             DualStreamBlock::new(
                 cfg.inner_dim(),
@@ -119,20 +102,14 @@ impl QwenImageTransformer {
                 &vb.pp("transformer_blocks").pp(i),
             )
         };
-        let mut blocks = Vec::with_capacity(n);
-        for i in (0..n).filter(|i| streamed.binary_search(i).is_err()) {
-            blocks.push((i, block_at(i, vb)?));
-        }
-        let host = vb.with_device(&Device::Cpu);
-        let streamer = if streamed.is_empty() {
-            None
-        } else {
-            let built = streamed.iter().map(|&i| Ok((i, block_at(i, &host)?)));
-            let (streamer, shells) = BlockStreamer::new(vb.device(), n, built, offload)?;
-            blocks.extend(shells);
-            Some(Arc::new(streamer))
-        };
-        blocks.sort_by_key(|(i, _)| *i);
+        let transformer_blocks = BlockStack::load(
+            "Qwen-Image",
+            cfg.num_layers,
+            vb,
+            block_at,
+            streamed,
+            offload,
+        )?;
         // Past the blocks, nothing is quantised.
         let vb = &vb.with_fp8(None);
         Ok(Self {
@@ -143,41 +120,28 @@ impl QwenImageTransformer {
                 dim,
                 &vb.pp("time_text_embed").pp("timestep_embedder"),
             )?,
-            transformer_blocks: blocks.into_iter().map(|(_, b)| b).collect(),
+            transformer_blocks,
             norm_out: AdaNormOut::new(dim, &vb.pp("norm_out"))?,
             proj_out: Linear::load(&vb.pp("proj_out"), dim, cfg.out_dim())?,
             cfg: cfg.clone(),
-            streamer,
         })
     }
 
     /// The block streamer (`None` when every block is resident).
     pub fn streamer(&self) -> Option<&BlockStreamer> {
-        self.streamer.as_deref()
+        self.transformer_blocks.streamer()
     }
 
     /// Declares the order the coming [`QwenImageTransformer::block`] calls will follow, so streamed blocks are
     /// prefetched (`cyclic`: the order repeats, as in sampling). Does nothing without streaming.
     pub fn begin_blocks(&self, order: &[usize], cyclic: bool) -> Result<()> {
-        match &self.streamer {
-            Some(s) => s.begin(order, cyclic),
-            None => Ok(()),
-        }
+        self.transformer_blocks.begin(order, cyclic)
     }
 
     /// Block `i`, ready to run: a resident block as it is, a streamed one with its weights in a GPU slot. Work
     /// reading a streamed block must be queued before the next call (the slot may then be refilled).
     pub fn block(&self, i: usize) -> Result<Cow<'_, DualStreamBlock>> {
-        let Some(block) = self.transformer_blocks.get(i) else {
-            candle_core::bail!(
-                "Qwen-Image: no block {i} (the model has {})",
-                self.transformer_blocks.len()
-            );
-        };
-        match self.streamer.as_ref().filter(|s| s.is_streamed(i)) {
-            Some(s) => Ok(Cow::Owned(block.with_frozen(&s.fetch(i)?)?)),
-            None => Ok(Cow::Borrowed(block)),
-        }
+        self.transformer_blocks.block(i)
     }
 
     /// The model's sizes.
@@ -188,15 +152,7 @@ impl QwenImageTransformer {
     /// Every block linear by its full path (`transformer_blocks.0.attn.to_q`, …), for LoRA.
     pub fn linears_mut(&mut self) -> Vec<(String, &mut Linear)> {
         self.transformer_blocks
-            .iter_mut()
-            .enumerate()
-            .flat_map(|(i, block)| {
-                block
-                    .linears_mut()
-                    .into_iter()
-                    .map(move |(path, l)| (format!("transformer_blocks.{i}.{path}"), l))
-            })
-            .collect()
+            .linears_mut("transformer_blocks", DualStreamBlock::linears_mut)
     }
 
     /// Runs the embeddings: the joint sequence [b, txt_len + img_len, dim] and what every block shares.
@@ -237,7 +193,7 @@ impl QwenImageTransformer {
                 txt_len,
                 txt_lens: inputs.txt_lens.clone(),
             },
-            target_len: inputs.img_grids.first().map_or(img_len, ImageGrid::tokens),
+            head: inputs.img_grids.first().map_or(img_len, ImageGrid::tokens),
         })
     }
 
@@ -252,12 +208,9 @@ impl QwenImageTransformer {
     /// The whole forward pass, as the official `forward`.
     pub fn forward(&self, inputs: &QwenImageInputs) -> Result<Tensor> {
         let prepared = self.prepare(inputs)?;
-        let mut xs = prepared.xs.clone();
-        let order: Vec<usize> = (0..self.transformer_blocks.len()).collect();
-        self.begin_blocks(&order, true)?;
-        for i in order {
-            xs = self.block(i)?.forward(&xs, &prepared.blocks)?;
-        }
+        let xs = self
+            .transformer_blocks
+            .forward(&prepared.xs, &prepared.blocks)?;
         self.finish(&xs, &prepared)
     }
 }
