@@ -3,6 +3,7 @@
 
 pub mod adapter_file;
 mod checkpoint;
+pub mod decoder;
 pub mod fixtures;
 pub mod flux;
 pub mod gemma3;

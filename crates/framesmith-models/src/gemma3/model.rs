@@ -12,7 +12,7 @@
 use candle_core::{DType, Device, Result, Tensor};
 
 use super::config::{Gemma3TextConfig, LayerType};
-use super::layer::{attention_bias, DecoderLayer, GemmaRmsNorm, Rope};
+use super::layer::{attention_bias, rope, DecoderLayer, GemmaRmsNorm};
 pub use crate::qwen25vl::LayerPlacement;
 use framesmith_nn::vb::Vb;
 
@@ -128,8 +128,8 @@ impl Gemma3Text {
         let full_bias = attention_bias(&cpu_mask, None)?.to_device(&self.device)?;
         let sliding_bias =
             attention_bias(&cpu_mask, Some(self.cfg.sliding_window))?.to_device(&self.device)?;
-        let rope = |kind| {
-            Rope::new(
+        let tables = |kind| {
+            rope(
                 self.cfg.rope(kind),
                 self.cfg.head_dim,
                 l,
@@ -137,7 +137,7 @@ impl Gemma3Text {
                 &self.device,
             )
         };
-        let (full_rope, sliding_rope) = (rope(LayerType::Full)?, rope(LayerType::Sliding)?);
+        let (full_rope, sliding_rope) = (tables(LayerType::Full)?, tables(LayerType::Sliding)?);
         let mut states = Vec::with_capacity(self.layers.len() + 1);
         for layer in &self.layers {
             states.push(xs.clone());

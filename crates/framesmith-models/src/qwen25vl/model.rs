@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::layer::{attention_bias, DecoderLayer, Rope};
+use super::layer::{attention_bias, rope, rope_from_positions, DecoderLayer, Rope};
 use super::Qwen25VlTextConfig;
 use framesmith_nn::norm::rms_norm;
 use framesmith_nn::vb::Vb;
@@ -99,7 +99,7 @@ impl Qwen25VlText {
             return Tensor::zeros((b, l, self.cfg.hidden_size), self.dtype(), &self.device);
         }
         let xs = self.embed(ids)?;
-        let rope = Rope::new(&self.cfg, l, self.dtype(), &self.device)?;
+        let rope = rope(&self.cfg, l, self.dtype(), &self.device)?;
         self.run(xs, mask, &rope, skip_last_layers)
     }
 
@@ -141,7 +141,7 @@ impl Qwen25VlText {
         skip_last_layers: usize,
     ) -> Result<Tensor> {
         let l = xs.dim(1)?;
-        let rope = Rope::from_positions(&self.cfg, positions, l, self.dtype(), &self.device)?;
+        let rope = rope_from_positions(&self.cfg, positions, l, self.dtype(), &self.device)?;
         let xs = xs.to_device(&self.device)?.to_dtype(self.dtype())?;
         self.run(xs, mask, &rope, skip_last_layers)
     }
@@ -165,7 +165,7 @@ impl Qwen25VlText {
         if skip_last_layers > n {
             candle_core::bail!("Qwen2.5-VL: cannot skip {skip_last_layers} of {n} layers");
         }
-        let bias = attention_bias(&mask.to_device(&Device::Cpu)?)?.to_device(&self.device)?;
+        let bias = attention_bias(&mask.to_device(&Device::Cpu)?, None)?.to_device(&self.device)?;
         let mut xs = xs;
         for layer in &self.layers[..n - skip_last_layers] {
             xs = match self.placement {
