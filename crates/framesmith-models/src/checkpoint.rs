@@ -4,9 +4,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use crate::wan::weights::{read_header, Entry, ModelFormatError, TensorInfo};
-use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
+use candle_core::{DType, Device};
+
+use crate::wan::weights::{read_header, Entry, MappedTensors, ModelFormatError, TensorInfo};
+use framesmith_nn::fp8::Fp8Scale;
+use framesmith_nn::vb::{Vb, WEIGHT_SCALE_KEYS};
 
 /// The prefixes ComfyUI puts before a diffusion model's own names in a single-file checkpoint.
 pub(crate) const COMFY_PREFIXES: [&str; 2] = ["model.diffusion_model.", "diffusion_model."];
@@ -44,6 +48,32 @@ pub(crate) fn entries<'a>(
             dtype: t.dtype.clone(),
         })
         .collect()
+}
+
+/// A [`Vb`] in `dtype` on `device` (linear bases in FP8 with `fp8`) over the tensors of `files` (each
+/// `(file index, header entry)`) that `rename` gives a model name, the others left out; tensors are read from the
+/// mapped files only as the model asks for them.
+pub(crate) fn mapped_vb(
+    files: &[PathBuf],
+    tensors: &[(usize, TensorInfo)],
+    rename: impl Fn(&str) -> Option<&str>,
+    dtype: DType,
+    device: &Device,
+    fp8: Option<Fp8Scale>,
+) -> Result<Vb, ModelFormatError> {
+    let entries: Vec<Entry> = tensors
+        .iter()
+        .filter_map(|(i, t)| {
+            Some(Entry {
+                file: *i,
+                stored: t.name.clone(),
+                name: rename(&t.name)?.to_string(),
+                dtype: t.dtype.clone(),
+            })
+        })
+        .collect();
+    let tensors = MappedTensors::open(files, &entries)?;
+    Ok(Vb::from_source(Arc::new(tensors), dtype, device).with_fp8(fp8))
 }
 
 /// The headers of `files` (a folder's shards, in order): each tensor with its file's index, and the files' bytes.

@@ -8,20 +8,17 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
 use super::config::Gemma3TextConfig;
 use super::model::{Gemma3Text, LayerPlacement};
 use super::tokenizer::EMBEDDED_TOKENIZER;
-use crate::checkpoint::{read_shards, Tally};
+use crate::checkpoint::{mapped_vb, read_shards, Tally};
 use crate::wan::weights::{
-    read_header, read_tensor_data, write_size_lines, Entry, MappedTensors, ModelFormatError,
-    TensorInfo,
+    read_header, read_tensor_data, write_size_lines, ModelFormatError, TensorInfo,
 };
 use framesmith_nn::fp8::Fp8Scale;
-use framesmith_nn::vb::Vb;
 
 /// Prefixes of the language model's names, most specific first.
 const PREFIXES: [&str; 4] = [
@@ -311,21 +308,14 @@ pub fn load_text_model(
             path: path.to_path_buf(),
         });
     }
-    let entries: Vec<Entry> = scanned
-        .tensors
-        .iter()
-        .filter_map(|(i, t)| {
-            Some(Entry {
-                file: *i,
-                stored: t.name.clone(),
-                name: lm_name(&t.name, file.prefix)?.to_string(),
-                dtype: t.dtype.clone(),
-            })
-        })
-        .collect();
-    let tensors = MappedTensors::open(&scanned.files, &entries)?;
-    let vb =
-        Vb::from_source(Arc::new(tensors), options.dtype, &options.device).with_fp8(options.fp8);
+    let vb = mapped_vb(
+        &scanned.files,
+        &scanned.tensors,
+        |name| lm_name(name, file.prefix),
+        options.dtype,
+        &options.device,
+        options.fp8,
+    )?;
     let model = Gemma3Text::new(&file.config, &vb, options.placement).map_err(|e| {
         Gemma3FormatError::Build {
             problem: e.to_string(),

@@ -8,17 +8,15 @@
 use std::collections::BTreeMap;
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
 use super::model::{LayerPlacement, Qwen25VlText};
 use super::Qwen25VlTextConfig;
-use crate::wan::weights::{
-    read_header, write_size_lines, Entry, MappedTensors, ModelFormatError, TensorInfo,
-};
+use crate::checkpoint::mapped_vb;
+use crate::wan::weights::{read_header, write_size_lines, ModelFormatError, TensorInfo};
 use framesmith_nn::fp8::Fp8Scale;
-use framesmith_nn::vb::{Vb, WEIGHT_SCALE_KEYS};
+use framesmith_nn::vb::WEIGHT_SCALE_KEYS;
 
 /// Prefixes of the language model's names, most specific first.
 const PREFIXES: [&str; 3] = ["model.language_model.", "model.", ""];
@@ -353,21 +351,14 @@ pub fn load_text_model(
         }
         None => file.config.clone(),
     };
-    let entries: Vec<Entry> = scanned
-        .tensors
-        .iter()
-        .filter_map(|(i, t)| {
-            Some(Entry {
-                file: *i,
-                stored: t.name.clone(),
-                name: lm_name(&t.name, file.prefix)?.to_string(),
-                dtype: t.dtype.clone(),
-            })
-        })
-        .collect();
-    let tensors = MappedTensors::open(&scanned.files, &entries)?;
-    let vb =
-        Vb::from_source(Arc::new(tensors), options.dtype, &options.device).with_fp8(options.fp8);
+    let vb = mapped_vb(
+        &scanned.files,
+        &scanned.tensors,
+        |name| lm_name(name, file.prefix),
+        options.dtype,
+        &options.device,
+        options.fp8,
+    )?;
     Qwen25VlText::new(&config, &vb, options.placement).map_err(|e| Qwen25VlFormatError::Build {
         problem: e.to_string(),
         path: path.to_path_buf(),

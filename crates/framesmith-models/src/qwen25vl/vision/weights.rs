@@ -6,14 +6,12 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use candle_core::{DType, Device};
 
 use super::{Qwen25VlVision, Qwen25VlVisionConfig};
+use crate::checkpoint::mapped_vb;
 use crate::qwen25vl::weights::{scan, Qwen25VlFormatError, VISION};
-use crate::wan::weights::{Entry, MappedTensors};
-use framesmith_nn::vb::Vb;
 
 /// How to build the vision tower.
 #[derive(Debug, Clone)]
@@ -60,18 +58,6 @@ pub fn load_vision_model(
         .ok_or_else(|| Qwen25VlFormatError::NoVisionTower {
             path: path.to_path_buf(),
         })?;
-    let entries: Vec<Entry> = scanned
-        .tensors
-        .iter()
-        .filter_map(|(i, t)| {
-            Some(Entry {
-                file: *i,
-                stored: t.name.clone(),
-                name: t.name.strip_prefix(prefix)?.to_string(),
-                dtype: t.dtype.clone(),
-            })
-        })
-        .collect();
     let config = match (&options.config, &scanned.folder_config) {
         (Some(cfg), _) => cfg.clone(),
         (None, Some(text)) => {
@@ -92,7 +78,13 @@ pub fn load_vision_model(
             config.hidden_size, config.depth
         )));
     }
-    let tensors = MappedTensors::open(&scanned.files, &entries)?;
-    let vb = Vb::from_source(Arc::new(tensors), options.dtype, &options.device);
+    let vb = mapped_vb(
+        &scanned.files,
+        &scanned.tensors,
+        |name| name.strip_prefix(prefix),
+        options.dtype,
+        &options.device,
+        None,
+    )?;
     Qwen25VlVision::new(&config, &vb).map_err(|e| build(e.to_string()))
 }
