@@ -8,24 +8,22 @@ use framesmith_config::RunConfig;
 use framesmith_models::hunyuan_video15::vae::{Hv15Vae, Hv15VaeConfig};
 use framesmith_models::hunyuan_video15::weights::official_shapes;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Config;
-use framesmith_nn::lora::{LoraError, LoraFamily};
+use framesmith_nn::lora::LoraFamily;
 
 use super::decode::{official_tiles, DECODE_CHUNK_LATENTS};
 use super::items::{VAE_FACTOR, VAE_TEMPORAL};
 use super::pipeline::DEFAULT_GUIDANCE;
 use super::train::{dit_config, is_hv15_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_block_kind, dual_stream_fragmentation, dual_stream_shape,
-    dual_stream_working_set, family_lora_parameters, latent_frames, plan_model_of,
-    spread_streamed_blocks, token_grid, weights_by_component, PlanNames, TapeCounts,
+    dual_stream_memory, latent_frames, plan_model_of, token_grid, DualStreamDit, PlanNames,
 };
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
 use crate::plan::{
-    budget_bytes, chunked_decode_bytes, dtype_bytes, settle_sampling, step_tokens, BlockKind,
-    ModelMemory, PlanError, PlanInput, SampleShape, SamplingMemory, StepShape,
+    budget_bytes, chunked_decode_bytes, dtype_bytes, settle_sampling, ModelMemory, PlanError,
+    PlanInput, SampleShape, SamplingMemory,
 };
-use crate::plan::{AdapterCount, DescribeModel, LoraShape, PlanModel};
+use crate::plan::{DescribeModel, PlanModel};
 
 /// HunyuanVideo 1.5's transformer as the planner sees it.
 #[derive(Debug, Clone, PartialEq)]
@@ -155,42 +153,16 @@ pub(crate) fn plan_model(cfg: &RunConfig) -> Option<Result<PlanModel, PlanError>
 /// and the glyph tokens of quoted text (up to 256); 256 covers the captions of usual datasets with no quotes.
 const TEXT_TOKENS: u64 = 256;
 
-/// The weights outside the blocks, all in the compute dtype, by component.
-fn resident_weights(cfg: &HunyuanVideo15Config, compute: u64) -> Vec<(&'static str, u64)> {
-    const GROUPS: [(&str, &str); 7] = [
-        ("img_in.", "latent and timestep embeddings"),
-        ("time_in.", "latent and timestep embeddings"),
-        ("txt_in.", "text refiner"),
-        ("byt5_in.", "glyph and image projections"),
-        ("vision_in.", "glyph and image projections"),
-        ("cond_type_embedding.", "glyph and image projections"),
-        ("final_layer.", "output norm and projection"),
-    ];
-    weights_by_component(&official_shapes(cfg), &GROUPS, compute)
-}
-
-/// The adapter's parameters and adapted linears for `lora` (musubi-tuner's HunyuanVideo 1.5 targets).
-fn lora_parameters(
-    cfg: &HunyuanVideo15Config,
-    lora: &LoraShape,
-) -> Result<AdapterCount, LoraError> {
-    family_lora_parameters(LoraFamily::HunyuanVideo15, &official_shapes(cfg), lora)
-}
-
-/// The double-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
-fn block_kind(cfg: &HunyuanVideo15Config, input: &PlanInput, shape: &StepShape) -> BlockKind {
-    let buffers = block_buffers(&official_shapes(cfg), "double_blocks.0.", input.base);
-    let dims = (
-        cfg.inner_dim() as u64,
-        cfg.mlp_hidden_dim() as u64,
-        cfg.num_attention_heads as u64,
-    );
-    let counts = TapeCounts {
-        f32_norms: 2,
-        attentions: 1,
-    };
-    dual_stream_block_kind(&buffers, input, shape, dims, counts)
-}
+/// The weights outside the blocks by name prefix and component.
+const RESIDENT_GROUPS: [(&str, &str); 7] = [
+    ("img_in.", "latent and timestep embeddings"),
+    ("time_in.", "latent and timestep embeddings"),
+    ("txt_in.", "text refiner"),
+    ("byt5_in.", "glyph and image projections"),
+    ("vision_in.", "glyph and image projections"),
+    ("cond_type_embedding.", "glyph and image projections"),
+    ("final_layer.", "output norm and projection"),
+];
 
 /// The HunyuanVideo 1.5 transformer `cfg` for `input`, with `image_tokens` I2V image tokens in the text.
 ///
@@ -200,7 +172,7 @@ fn block_kind(cfg: &HunyuanVideo15Config, input: &PlanInput, shape: &StepShape) 
 /// residual stream, `2·L·d·4` of f32 norms, `13·L·d·c` of modulated inputs, projections, roped q/k, v and attention
 /// output, `2·L·f·c` of MLP activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp; `"attention"`
 /// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`. The working set is the
-/// dual-stream block's backward counted from its tensors ([`dual_stream_working_set`]): at 49k tokens the
+/// dual-stream block's backward counted from its tensors ([`dual_stream_memory`]): at 49k tokens the
 /// coefficients fitted to Wan's block left out one of the MLP's hidden layers and several `[L, d]` gradients.
 pub(crate) fn describe(
     cfg: &HunyuanVideo15Config,
@@ -210,41 +182,31 @@ pub(crate) fn describe(
     let clip = &input.clip;
     let (w, h) = token_grid(input, VAE_FACTOR * cfg.patch_size.max(1))?;
     let f = latent_frames(clip.frames, VAE_TEMPORAL)? / cfg.patch_size_t.max(1);
-    let lora = lora_parameters(cfg, &input.lora)?;
-    let tokens = step_tokens((f * w * h) as u64 + TEXT_TOKENS + image_tokens, clip.batch)?;
-    let (d, ffn, heads) = (
-        cfg.inner_dim() as u64,
-        cfg.mlp_hidden_dim() as u64,
-        cfg.num_attention_heads as u64,
-    );
-    let compute = dtype_bytes(input.compute);
-    let (shape, widths) = dual_stream_shape(input, tokens, (d, ffn, heads));
-    let n = cfg.num_layers;
-    Ok(ModelMemory {
-        name: if cfg.inner_dim() == 2048 && n == 54 {
-            "HunyuanVideo 1.5 (8.3B)".into()
-        } else {
-            format!("HunyuanVideo-1.5-style ({n} blocks, width {d})")
+    let (d, n) = (cfg.inner_dim() as u64, cfg.num_layers);
+    dual_stream_memory(
+        DualStreamDit {
+            name: if d == 2048 && n == 54 {
+                "HunyuanVideo 1.5 (8.3B)".into()
+            } else {
+                format!("HunyuanVideo-1.5-style ({n} blocks, width {d})")
+            },
+            shapes: &official_shapes(cfg),
+            block_prefix: "double_blocks.0.",
+            groups: &RESIDENT_GROUPS,
+            lora_family: LoraFamily::HunyuanVideo15,
+            num_blocks: n,
+            dims: (
+                d,
+                cfg.mlp_hidden_dim() as u64,
+                cfg.num_attention_heads as u64,
+            ),
+            head_dim: cfg.attention_head_dim as u64,
+            sample_tokens: (f * w * h) as u64 + TEXT_TOKENS + image_tokens,
+            pixel_multiple: VAE_FACTOR * cfg.patch_size.max(1),
+            frame_step: VAE_TEMPORAL,
         },
-        kinds: vec![block_kind(cfg, input, &shape)],
-        blocks: vec![0; n],
-        streamed: (0..n.max(1))
-            .map(|count| spread_streamed_blocks(n, count))
-            .collect(),
-        resident: resident_weights(cfg, compute),
-        lora,
-        saved_input_bytes: tokens * d * shape.residual_bytes,
-        // The timestep embedding, and RoPE's cos and sin over each token's head dimension in f32.
-        shared_inputs: vec![(
-            "timestep embedding and RoPE tables",
-            clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
-        )],
-        working_set_bytes: dual_stream_working_set(input, &shape, &widths),
-        fragmentation_bytes: dual_stream_fragmentation(input, &shape, &widths),
-        pixel_multiple: VAE_FACTOR * cfg.patch_size.max(1),
-        frame_step: VAE_TEMPORAL,
-        shape,
-    })
+        input,
+    )
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! What the image families' plan descriptions share: which model a run's config names (a variant the family
 //! answers to, or its DiT file), and the byte arithmetic over a DiT's official tensor shapes (a block's frozen
-//! buffers as the engine holds them, the weights outside the blocks by component).
+//! buffers as the engine holds them, the weights outside the blocks by component), and the whole description of a
+//! dual-stream (MMDiT) DiT.
 
 use std::path::Path;
 
@@ -8,8 +9,8 @@ use framesmith_config::RunConfig;
 
 use crate::plan::{
     dtype_bytes, elements, fp8_weight_buffers, lora_parameters_of, pool_fragmentation_bytes,
-    AdapterCount, BaseFormat, BlockKind, BlockWidths, LoraShape, PlanError, PlanInput, PlanModel,
-    StepShape, WorkingSet,
+    step_tokens, AdapterCount, BaseFormat, BlockKind, BlockWidths, LoraShape, ModelMemory,
+    PlanError, PlanInput, PlanModel, StepShape, WorkingSet,
 };
 use framesmith_nn::lora::{LoraError, LoraFamily, LoraTargets};
 use framesmith_nn::offload::{streamed_blocks, StreamPlacement, ALIGN};
@@ -294,4 +295,70 @@ pub(crate) fn dual_stream_shape(
         per_token_modulation_bytes: 0,
     };
     (shape, widths)
+}
+
+/// A dual-stream (MMDiT) DiT as the planner describes it: what a family says about its own model.
+pub(crate) struct DualStreamDit<'a> {
+    /// The model's name in the plan.
+    pub name: String,
+    /// The official tensor shapes of the DiT.
+    pub shapes: &'a [(String, Vec<usize>)],
+    /// The first block's prefix in `shapes` (`transformer_blocks.0.`).
+    pub block_prefix: &'a str,
+    /// The weights outside the blocks: name prefix and component label ([`weights_by_component`]).
+    pub groups: &'a [(&'a str, &'static str)],
+    /// Whose musubi-tuner LoRA targets apply.
+    pub lora_family: LoraFamily,
+    pub num_blocks: usize,
+    /// Width `d`, MLP width and heads.
+    pub dims: (u64, u64, u64),
+    pub head_dim: u64,
+    /// Tokens of the joint sequence per sample.
+    pub sample_tokens: u64,
+    pub pixel_multiple: usize,
+    pub frame_step: usize,
+}
+
+/// The memory of a step of `dit` at `input`: its blocks ([`dual_stream_block_kind`] with two f32 norms and one
+/// attention on the tape), any of them streamed ([`spread_streamed_blocks`]), the weights outside them in the
+/// compute dtype, the LoRA, the saved block inputs in the compute dtype, the timestep embedding and RoPE's cos and
+/// sin in f32 that every block shares, and the block backward's working set and fragmentation.
+pub(crate) fn dual_stream_memory(
+    dit: DualStreamDit<'_>,
+    input: &PlanInput,
+) -> Result<ModelMemory, PlanError> {
+    let clip = &input.clip;
+    let lora = family_lora_parameters(dit.lora_family, dit.shapes, &input.lora)?;
+    let tokens = step_tokens(dit.sample_tokens, clip.batch)?;
+    let d = dit.dims.0;
+    let compute = dtype_bytes(input.compute);
+    let (shape, widths) = dual_stream_shape(input, tokens, dit.dims);
+    let counts = TapeCounts {
+        f32_norms: 2,
+        attentions: 1,
+    };
+    let buffers = block_buffers(dit.shapes, dit.block_prefix, input.base);
+    let n = dit.num_blocks;
+    Ok(ModelMemory {
+        name: dit.name,
+        kinds: vec![dual_stream_block_kind(
+            &buffers, input, &shape, dit.dims, counts,
+        )],
+        blocks: vec![0; n],
+        streamed: (0..n.max(1))
+            .map(|count| spread_streamed_blocks(n, count))
+            .collect(),
+        resident: weights_by_component(dit.shapes, dit.groups, compute),
+        lora,
+        saved_input_bytes: tokens * d * shape.residual_bytes,
+        shared_inputs: vec![(
+            "timestep embedding and RoPE tables",
+            clip.batch as u64 * d * compute + 2 * tokens * dit.head_dim * 4,
+        )],
+        working_set_bytes: dual_stream_working_set(input, &shape, &widths),
+        fragmentation_bytes: dual_stream_fragmentation(input, &shape, &widths),
+        pixel_multiple: dit.pixel_multiple,
+        frame_step: dit.frame_step,
+        shape,
+    })
 }

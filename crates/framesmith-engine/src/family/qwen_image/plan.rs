@@ -7,24 +7,18 @@ use framesmith_data::family::qwen_image::cache::parse_qwen_latent_cache_name;
 use framesmith_data::ValidConfig;
 use framesmith_models::qwen_image::weights::official_shapes;
 use framesmith_models::qwen_image::QwenImageConfig;
-use framesmith_nn::lora::{LoraError, LoraFamily};
+use framesmith_nn::lora::LoraFamily;
 
 use super::pipeline::DEFAULT_CFG_SCALE;
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::plan::{
-    block_buffers, dual_stream_block_kind, dual_stream_fragmentation, dual_stream_shape,
-    dual_stream_working_set, family_lora_parameters, plan_model_of, spread_streamed_blocks,
-    token_grid, weights_by_component, PlanNames, TapeCounts,
+    dual_stream_memory, plan_model_of, token_grid, DualStreamDit, PlanNames,
 };
 use crate::family::Family;
 use crate::generate::prompts::PromptSpec;
 use crate::plan::{chunked_decode_bytes, settle_sampling, SampleShape, SamplingMemory};
-use crate::plan::{
-    dtype_bytes, step_tokens, BlockKind, ModelMemory, PlanError, PlanInput, StepShape,
-};
-use crate::plan::{
-    largest_cached_clip_of, AdapterCount, ClipShape, DescribeModel, LoraShape, PlanModel,
-};
+use crate::plan::{dtype_bytes, ModelMemory, PlanError, PlanInput};
+use crate::plan::{largest_cached_clip_of, ClipShape, DescribeModel, PlanModel};
 use framesmith_models::wan::vae::{VaeConfig, WanVae};
 
 /// Qwen-Image's transformer as the planner sees it.
@@ -136,38 +130,15 @@ const VAE_FACTOR: usize = 8;
 /// Pixels per token side: the VAE's 8× and the 2×2 packing of latents into tokens.
 const PIXELS_PER_TOKEN: usize = 16;
 
-/// The weights outside the blocks, all in the compute dtype, by component.
-fn resident_weights(cfg: &QwenImageConfig, compute: u64) -> Vec<(&'static str, u64)> {
-    const GROUPS: [(&str, &str); 6] = [
-        ("img_in.", "image and text input projections"),
-        ("txt_in.", "image and text input projections"),
-        ("txt_norm.", "image and text input projections"),
-        ("time_text_embed.", "timestep embedding"),
-        ("norm_out.", "output norm and projection"),
-        ("proj_out.", "output norm and projection"),
-    ];
-    weights_by_component(&official_shapes(cfg), &GROUPS, compute)
-}
-
-/// The adapter's parameters and adapted linears for `lora` (musubi-tuner's Qwen-Image targets).
-fn lora_parameters(cfg: &QwenImageConfig, lora: &LoraShape) -> Result<AdapterCount, LoraError> {
-    family_lora_parameters(LoraFamily::QwenImage, &official_shapes(cfg), lora)
-}
-
-/// The dual-stream block's sizes for a step of `shape`: the tape and kept values [`describe`] spells out.
-fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> BlockKind {
-    let buffers = block_buffers(&official_shapes(cfg), "transformer_blocks.0.", input.base);
-    let dims = (
-        cfg.inner_dim() as u64,
-        cfg.mlp_hidden_dim() as u64,
-        cfg.num_attention_heads as u64,
-    );
-    let counts = TapeCounts {
-        f32_norms: 2,
-        attentions: 1,
-    };
-    dual_stream_block_kind(&buffers, input, shape, dims, counts)
-}
+/// The weights outside the blocks by name prefix and component.
+const RESIDENT_GROUPS: [(&str, &str); 6] = [
+    ("img_in.", "image and text input projections"),
+    ("txt_in.", "image and text input projections"),
+    ("txt_norm.", "image and text input projections"),
+    ("time_text_embed.", "timestep embedding"),
+    ("norm_out.", "output norm and projection"),
+    ("proj_out.", "output norm and projection"),
+];
 
 /// The Qwen-Image transformer `cfg` for `input` (an image step: `clip.frames` is ignored).
 ///
@@ -178,45 +149,34 @@ fn block_kind(cfg: &QwenImageConfig, input: &PlanInput, shape: &StepShape) -> Bl
 /// output, `2·L·f·c` of MLP activations, `4·L·r·c` of LoRA activations and `L·h·4` of log-sum-exp. With
 /// `checkpointing = "attention"` a block keeps its attention output and log-sum-exp, `L·d·c + L·h·4`;
 /// `"attention_projection"` adds the four gated branches' outputs over both streams, `2·L·d·c`. The working set is
-/// the dual-stream block's backward counted from its tensors ([`dual_stream_working_set`]).
+/// the dual-stream block's backward counted from its tensors ([`dual_stream_memory`]).
 pub(crate) fn describe(cfg: &QwenImageConfig, input: &PlanInput) -> Result<ModelMemory, PlanError> {
-    let clip = &input.clip;
     let (w, h) = token_grid(input, PIXELS_PER_TOKEN)?;
-    let lora = lora_parameters(cfg, &input.lora)?;
-    let tokens = step_tokens((w * h) as u64 + TEXT_TOKENS, clip.batch)?;
-    let (d, f, heads) = (
-        cfg.inner_dim() as u64,
-        cfg.mlp_hidden_dim() as u64,
-        cfg.num_attention_heads as u64,
-    );
-    let compute = dtype_bytes(input.compute);
-    let (shape, widths) = dual_stream_shape(input, tokens, (d, f, heads));
-    let n = cfg.num_layers;
-    Ok(ModelMemory {
-        name: if cfg.inner_dim() == 3072 && n == 60 {
-            "Qwen-Image".into()
-        } else {
-            format!("Qwen-Image-style ({n} blocks, width {d})")
+    let (d, n) = (cfg.inner_dim() as u64, cfg.num_layers);
+    dual_stream_memory(
+        DualStreamDit {
+            name: if d == 3072 && n == 60 {
+                "Qwen-Image".into()
+            } else {
+                format!("Qwen-Image-style ({n} blocks, width {d})")
+            },
+            shapes: &official_shapes(cfg),
+            block_prefix: "transformer_blocks.0.",
+            groups: &RESIDENT_GROUPS,
+            lora_family: LoraFamily::QwenImage,
+            num_blocks: n,
+            dims: (
+                d,
+                cfg.mlp_hidden_dim() as u64,
+                cfg.num_attention_heads as u64,
+            ),
+            head_dim: cfg.attention_head_dim as u64,
+            sample_tokens: (w * h) as u64 + TEXT_TOKENS,
+            pixel_multiple: PIXELS_PER_TOKEN,
+            frame_step: 0,
         },
-        kinds: vec![block_kind(cfg, input, &shape)],
-        blocks: vec![0; n],
-        streamed: (0..n.max(1))
-            .map(|count| spread_streamed_blocks(n, count))
-            .collect(),
-        resident: resident_weights(cfg, compute),
-        lora,
-        saved_input_bytes: tokens * d * shape.residual_bytes,
-        // The timestep embedding, and RoPE's cos and sin over each token's head dimension in f32.
-        shared_inputs: vec![(
-            "timestep embedding and RoPE tables",
-            clip.batch as u64 * d * compute + 2 * tokens * cfg.attention_head_dim as u64 * 4,
-        )],
-        working_set_bytes: dual_stream_working_set(input, &shape, &widths),
-        fragmentation_bytes: dual_stream_fragmentation(input, &shape, &widths),
-        pixel_multiple: PIXELS_PER_TOKEN,
-        frame_step: 0,
-        shape,
-    })
+        input,
+    )
 }
 
 #[cfg(test)]
