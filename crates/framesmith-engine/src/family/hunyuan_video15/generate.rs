@@ -22,13 +22,13 @@ use super::pipeline::{
 };
 use super::train::dit_config;
 use crate::family::image::generate::{
-    check_request, hold_budget, one_device, OutKind, RequestChecks,
+    apply_loras, check_request, hold_budget, one_device, OutKind, RequestChecks,
 };
 use crate::family::image::plan::spread_streamed_blocks;
 use crate::generate::request::{
     open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
 };
-use crate::generate::run::{loras_as_one, timing_line, vram_use, write_clip, Session, StepClock};
+use crate::generate::run::{timing_line, vram_use, write_clip, Session, StepClock};
 use crate::generate::sampler::Solver;
 use crate::prep::frames_to_video;
 use framesmith_data::probe::load_rgb;
@@ -249,11 +249,13 @@ pub(super) fn load_dit_with_loras(
         streamed.len(),
         cfg.num_layers
     ));
-    if let Some((lora, multiplier)) = loras_as_one(&request.loras, device, session)? {
-        lora.apply(model.linears_mut(), multiplier, dtype).context(
-            "the LoRA does not fit this HunyuanVideo 1.5 DiT (a LoRA made for another model?)",
-        )?;
-    }
+    apply_loras(
+        &mut model,
+        request,
+        (dtype, device),
+        session,
+        "HunyuanVideo 1.5",
+    )?;
     Ok(model)
 }
 

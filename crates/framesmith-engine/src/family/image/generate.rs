@@ -6,11 +6,11 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context;
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use image::RgbImage;
 
 use crate::generate::request::{create_out_folder, GenerationOutput, GenerationRequest, Placement};
-use crate::generate::run::{timing_line, vram_use, Session, StepClock};
+use crate::generate::run::{loras_as_one, timing_line, vram_use, Session, StepClock};
 use crate::generate::sampler::Solver;
 use crate::prep::frames_to_video;
 use framesmith_config::run::DeviceSpec;
@@ -18,6 +18,7 @@ use framesmith_data::bucket::round_down_to;
 use framesmith_data::control::bucket_at_area;
 use framesmith_data::probe::load_rgb;
 use framesmith_data::resize::resize_to_bucket;
+use framesmith_models::trainable::TrainableModel;
 use framesmith_nn::device::{hold_vram_budget, VramHold};
 
 /// The flags given that only other families take, in one order for every family: the clip and expert options
@@ -176,6 +177,24 @@ pub(crate) fn hold_budget(
         .map(|b| hold_vram_budget(device, b))
         .transpose()?
         .flatten())
+}
+
+/// Applies the request's LoRAs, as one ([`loras_as_one`]), to the LoRA linears of `model`, a DiT of the model
+/// `name` names in the error when they do not fit.
+pub(crate) fn apply_loras<M: TrainableModel>(
+    model: &mut M,
+    request: &GenerationRequest,
+    (dtype, device): (DType, &Device),
+    session: &mut Session,
+    name: &str,
+) -> anyhow::Result<()> {
+    if let Some((lora, multiplier)) = loras_as_one(&request.loras, device, session)? {
+        lora.apply(model.lora_linears(), multiplier, dtype)
+            .with_context(|| {
+                format!("the LoRA does not fit this {name} DiT (a LoRA made for another model?)")
+            })?;
+    }
+    Ok(())
 }
 
 /// How one image is denoised and decoded.

@@ -26,14 +26,14 @@ use super::pipeline::{
 };
 use super::train::{dit_config, is_qwen_image_file};
 use crate::family::image::generate::{
-    check_request, control_images, edit_size, finish_image, foreign_options, hold_budget,
-    one_device, ControlSizing, ImageSteps, OutKind, RequestChecks,
+    apply_loras, check_request, control_images, edit_size, finish_image, foreign_options,
+    hold_budget, one_device, ControlSizing, ImageSteps, OutKind, RequestChecks,
 };
 use crate::family::image::plan::spread_streamed_blocks;
 use crate::generate::request::{
     open_device, pick_dtype, DitSource, GenerationOutput, GenerationRequest,
 };
-use crate::generate::run::{given, loras_as_one, Session};
+use crate::generate::run::{given, Session};
 use framesmith_nn::offload::release_cached_memory;
 
 /// Qwen-Image-Edit's control images: about 1024² pixels at their aspect ratio in 16-pixel steps, as the edit
@@ -150,11 +150,7 @@ fn load_dit_with_loras(
         (&streamed, &OffloadOptions::default()),
     )?;
     session.log(format!("DiT: Qwen-Image ({})", dit.display()));
-    if let Some((lora, multiplier)) = loras_as_one(&request.loras, device, session)? {
-        lora.apply(model.linears_mut(), multiplier, dtype).context(
-            "the LoRA does not fit this Qwen-Image DiT (a LoRA made for another model?)",
-        )?;
-    }
+    apply_loras(&mut model, request, (dtype, device), session, "Qwen-Image")?;
     Ok(model)
 }
 
