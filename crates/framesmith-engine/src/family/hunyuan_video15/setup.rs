@@ -16,13 +16,12 @@ use super::run::Hv15Run;
 use super::samples::{clip_samples, Hv15Samples};
 use super::train::dit_config;
 use crate::family::image::items::split_items;
-use crate::family::image::plan::spread_streamed_blocks;
-use crate::family::image::setup::{image_lora_metadata, memory_report};
+use crate::family::image::setup::{image_lora_metadata, memory_report, streamed_blocks_of};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::setup::{
-    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
-    start_loras, RunParts,
+    device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget, start_loras,
+    RunParts,
 };
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::LogLevel;
@@ -32,7 +31,6 @@ use framesmith_models::hunyuan_video15::weights::load_dit_streamed;
 use framesmith_models::hunyuan_video15::HunyuanVideo15Transformer;
 use framesmith_models::trainable::attach_model_loras;
 use framesmith_nn::device::VramUse;
-use framesmith_nn::offload::OffloadOptions;
 
 /// The name runs and LoRA metadata give the base model: musubi-tuner's `ss_base_model_version` for HunyuanVideo
 /// 1.5.
@@ -150,10 +148,8 @@ pub(crate) fn start_run_with(
     let samples = samples_of(plan, i2v, (dtype, &device), load, log)?;
     let blocks = cfg.num_layers;
     let model_line = format!("HunyuanVideo 1.5 has {blocks} double-stream blocks");
-    let (streamed, offload): (Vec<usize>, OffloadOptions) =
-        blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
-            .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
-            .unwrap_or_default();
+    let (streamed, offload) =
+        streamed_blocks_of(plan, &device, memory.as_ref(), blocks, &model_line)?;
     let mut model = load_dit_streamed(
         dit,
         (dtype, &device),

@@ -12,13 +12,12 @@ use super::run::QwenImageRun;
 use super::samples::image_samples;
 use super::train::{dit_config, load_qwen_items};
 use crate::family::image::items::{largest_clip, split_items, ImageItems};
-use crate::family::image::plan::spread_streamed_blocks;
-use crate::family::image::setup::{image_lora_metadata, memory_report};
+use crate::family::image::setup::{image_lora_metadata, memory_report, streamed_blocks_of};
 use crate::plan as memory_plan;
 use crate::train::data::TrainSet;
 use crate::train::setup::{
-    blocks_to_swap, device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget,
-    start_loras, RunParts,
+    device_for, device_label, float_dtype, log_plan, lora_spec, reserve_budget, start_loras,
+    RunParts,
 };
 use framesmith_config::plan::DatasetSource;
 use framesmith_config::protocol::LogLevel;
@@ -26,7 +25,6 @@ use framesmith_config::RunPlan;
 use framesmith_data::Unreadable;
 use framesmith_models::qwen_image::weights::load_dit_streamed;
 use framesmith_models::trainable::attach_model_loras;
-use framesmith_nn::offload::OffloadOptions;
 
 /// Pixels per latent pixel of Qwen-Image's VAE.
 const VAE_FACTOR: usize = 8;
@@ -108,10 +106,8 @@ pub(crate) fn start_run_with(
     // Before the DiT: the text encoder's memory is free again by the time the DiT takes its own.
     let samples = image_samples(plan, &cfg, (dtype, &device), load, log)?;
     let model_line = format!("Qwen-Image has {} dual-stream blocks", cfg.num_layers);
-    let (streamed, offload): (Vec<usize>, OffloadOptions) =
-        blocks_to_swap(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?
-            .map(|(count, offload)| (spread_streamed_blocks(cfg.num_layers, count), offload))
-            .unwrap_or_default();
+    let (streamed, offload) =
+        streamed_blocks_of(plan, &device, memory.as_ref(), cfg.num_layers, &model_line)?;
     let mut model = load_dit_streamed(
         dit,
         (dtype, &device),
