@@ -12,9 +12,9 @@ use candle_core::{DType, Tensor};
 use rand::rngs::StdRng;
 
 use crate::family::image::run::{BatchOptions, ImageModel};
+use crate::family::image::{dit_of, is_dit_run};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
-use framesmith_config::plan::ModelSource;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::family::hunyuan_video15::cache::HV15_SCALING_FACTOR;
 use framesmith_models::hunyuan_video15::conditioning::model_input;
@@ -36,16 +36,12 @@ pub fn is_hv15_file(path: &Path) -> bool {
 
 /// Whether the run `config` describes trains HunyuanVideo 1.5: its `model.dit` is a HunyuanVideo transformer.
 pub fn is_hv15_run(config: &RunConfig) -> bool {
-    let dit = &config.model.dit;
-    !config.model.demo && !dit.as_os_str().is_empty() && is_hv15_file(dit)
+    is_dit_run(config, is_hv15_file)
 }
 
 /// The run's `model.dit` when it is a HunyuanVideo transformer.
 pub fn hv15_dit_of(plan: &RunPlan) -> Option<PathBuf> {
-    match &plan.model.source {
-        ModelSource::File(path) if is_hv15_file(path) => Some(path.clone()),
-        _ => None,
-    }
+    dit_of(plan, is_hv15_file)
 }
 
 /// The sizes of the HunyuanVideo 1.5 transformer at `path`, or an error naming the file and what is wrong with it

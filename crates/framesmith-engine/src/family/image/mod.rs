@@ -8,7 +8,10 @@
 //! ([`cached_video`]). Nothing here is one family's own; a family implements [`items::ImageCacheReader`],
 //! [`run::ImageModel`] and [`samples::ImagePipeline`], or [`cached_video::CachedVideoFamily`].
 
-use framesmith_config::RunConfig;
+use std::path::{Path, PathBuf};
+
+use framesmith_config::plan::ModelSource;
+use framesmith_config::{RunConfig, RunPlan};
 
 pub(crate) mod cached_video;
 pub(crate) mod caption_pass;
@@ -22,6 +25,21 @@ pub mod prompt_cache;
 pub mod run;
 pub mod samples;
 pub mod setup;
+
+/// Whether the run `config` describes trains the family whose DiT files `is_dit` recognises: not the demo, and its
+/// `model.dit` is one.
+pub(crate) fn is_dit_run(config: &RunConfig, is_dit: impl Fn(&Path) -> bool) -> bool {
+    let dit = &config.model.dit;
+    !config.model.demo && !dit.as_os_str().is_empty() && is_dit(dit)
+}
+
+/// The run's `model.dit` when `is_dit` recognises it.
+pub(crate) fn dit_of(plan: &RunPlan, is_dit: impl Fn(&Path) -> bool) -> Option<PathBuf> {
+    match &plan.model.source {
+        ModelSource::File(path) if is_dit(path) => Some(path.clone()),
+        _ => None,
+    }
+}
 
 /// `config` as a plan's check of the settings takes it for an image family: `--variant` (`flux-dev`,
 /// `qwen-image`) names the family to plan, but a run reads its model from `model.dit`.

@@ -15,9 +15,9 @@ use rand::rngs::StdRng;
 
 use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
 use crate::family::image::run::{model_timesteps, noisy_latents, BatchOptions, ImageModel};
+use crate::family::image::{dit_of, is_dit_run};
 use crate::train::data::TrainItem;
 use crate::train::timesteps::TimestepDraw;
-use framesmith_config::plan::ModelSource;
 use framesmith_config::{RunConfig, RunPlan};
 use framesmith_data::family::qwen_image::cache::{
     parse_qwen_latent_cache_name, qwen_text_cache_name, read_qwen_text_cache, QWEN_IMAGE_CACHES,
@@ -39,16 +39,12 @@ pub fn is_qwen_image_file(path: &Path) -> bool {
 
 /// Whether the run `config` describes trains Qwen-Image: its `model.dit` is a Qwen-Image transformer.
 pub fn is_qwen_image_run(config: &RunConfig) -> bool {
-    let dit = &config.model.dit;
-    !config.model.demo && !dit.as_os_str().is_empty() && is_qwen_image_file(dit)
+    is_dit_run(config, is_qwen_image_file)
 }
 
 /// The run's `model.dit` when it is a Qwen-Image transformer.
 pub fn qwen_dit_of(plan: &RunPlan) -> Option<PathBuf> {
-    match &plan.model.source {
-        ModelSource::File(path) if is_qwen_image_file(path) => Some(path.clone()),
-        _ => None,
-    }
+    dit_of(plan, is_qwen_image_file)
 }
 
 /// The sizes of the Qwen-Image transformer at `path`, or an error naming the file and what is wrong with it.
