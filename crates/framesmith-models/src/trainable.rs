@@ -109,7 +109,9 @@ pub fn attach_model_loras<M: TrainableModel>(
 /// each block checked both ways against candle's autograd.
 #[cfg(test)]
 pub(crate) mod testing {
-    use candle_core::{DType, Device, Var};
+    use std::collections::HashMap;
+
+    use candle_core::{DType, Device, Tensor, TensorId, Var};
     use rand::rngs::StdRng;
     use rand::SeedableRng;
 
@@ -123,6 +125,53 @@ pub(crate) mod testing {
     /// trains; returns their factors.
     pub(crate) fn random_loras<M: TrainableModel>(model: &mut M) -> anyhow::Result<Vec<Var>> {
         random_loras_on(model, &|_| true)
+    }
+
+    /// The gradients of `(head(last block output) · probe).sum()` as the checkpointed step finds them: every block
+    /// of `model` run untracked on the detached embeddings of `inputs`, the head back-propagated by autograd, each
+    /// block recomputed from its saved input and back-propagated by hand, and the embeddings by autograd again.
+    /// Returns every LoRA gradient and the gradients of those of `input_vars` (tensors of `inputs`) that get one, by
+    /// tensor id.
+    pub(crate) fn checkpointed_grads<M: TrainableModel>(
+        model: &M,
+        inputs: &M::Inputs,
+        head: impl Fn(&Tensor, &M::Prepared) -> anyhow::Result<Tensor>,
+        probe: &Tensor,
+        input_vars: &[&Tensor],
+    ) -> anyhow::Result<HashMap<TensorId, Tensor>> {
+        let prepared = model.prepare(inputs)?;
+        let detached = prepared.detached();
+        let mut saved = Vec::new();
+        let mut xs = detached.block_input().clone();
+        for i in 0..model.num_blocks() {
+            let block = model.block(i)?;
+            let (out, _) = block.forward_untracked(&xs, detached.shared(), false)?;
+            saved.push(std::mem::replace(&mut xs, out));
+        }
+        let last = Var::from_tensor(&xs)?;
+        let out = head(last.as_tensor(), &detached)?;
+        let head_grads = (&out * probe)?.sum_all()?.backward()?;
+        let mut grad = head_grads
+            .get(last.as_tensor())
+            .cloned()
+            .ok_or_else(|| anyhow::anyhow!("no gradient of the last block's output"))?;
+        let mut found = HashMap::new();
+        for (i, input) in saved.iter().enumerate().rev() {
+            let block = model.block(i)?;
+            let tape = block.recompute(input, detached.shared(), None)?;
+            let grads = TrainableBlock::backward(block.as_ref(), tape, &grad)?;
+            for p in grads.params {
+                found.insert(p.var.as_tensor().id(), p.grad);
+            }
+            grad = grads.input;
+        }
+        let embedding_grads = (prepared.block_input() * &grad)?.sum_all()?.backward()?;
+        for var in input_vars {
+            if let Some(g) = embedding_grads.get(var) {
+                found.insert(var.id(), g.clone());
+            }
+        }
+        Ok(found)
     }
 
     /// [`random_loras`] on the linears whose names `keep` takes only (the others without an adapter).

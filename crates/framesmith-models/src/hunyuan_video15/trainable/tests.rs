@@ -10,9 +10,10 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 
 use super::super::testkit::{diffusers_grad_key, Case};
-use super::super::{HunyuanVideo15Inputs, HunyuanVideo15Transformer};
+use super::super::{HunyuanVideo15Inputs, HunyuanVideo15Transformer, Prepared};
 use crate::fixtures::assert_close;
-use crate::trainable::{attach_model_loras, PreparedBatch, TrainableBlock, TrainableModel};
+use crate::trainable::testing;
+use crate::trainable::{attach_model_loras, TrainableModel};
 use framesmith_nn::init::randn;
 use framesmith_nn::lora::{Lora, LoraSpec};
 use framesmith_nn::offload::OffloadOptions;
@@ -25,34 +26,12 @@ fn checkpointed_grads(
     inputs: &HunyuanVideo15Inputs,
     probe: &Tensor,
 ) -> anyhow::Result<HashMap<TensorId, Tensor>> {
-    let prepared = TrainableModel::prepare(model, inputs)?;
-    let detached = prepared.detached();
-    let mut saved = Vec::new();
-    let mut xs = detached.block_input().clone();
-    for i in 0..model.num_blocks() {
-        let block = TrainableModel::block(model, i)?;
-        let (out, _) = block.forward_untracked(&xs, detached.shared(), false)?;
-        saved.push(std::mem::replace(&mut xs, out));
-    }
-    let last = Var::from_tensor(&xs)?;
-    let head = TrainableModel::finish(model, last.as_tensor(), &detached)?;
-    let out = Tensor::stack(&head, 0)?;
-    let head_grads = (&out * probe)?.sum_all()?.backward()?;
-    let mut grad = head_grads
-        .get(last.as_tensor())
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("no gradient of the last block's output"))?;
-    let mut found = HashMap::new();
-    for (i, input) in saved.iter().enumerate().rev() {
-        let block = TrainableModel::block(model, i)?;
-        let tape = block.recompute(input, detached.shared(), None)?;
-        let grads = TrainableBlock::backward(block.as_ref(), tape, &grad)?;
-        for p in grads.params {
-            found.insert(p.var.as_tensor().id(), p.grad);
-        }
-        grad = grads.input;
-    }
-    let embedding_grads = (prepared.block_input() * &grad)?.sum_all()?.backward()?;
+    let head = |xs: &Tensor, prepared: &Prepared| {
+        Ok(Tensor::stack(
+            &TrainableModel::finish(model, xs, prepared)?,
+            0,
+        )?)
+    };
     let glyph = inputs.byt5.as_ref().map(|g| &g.states);
     let vars = [
         Some(&inputs.latents),
@@ -60,12 +39,8 @@ fn checkpointed_grads(
         glyph,
         inputs.image_embeds.as_ref(),
     ];
-    for var in vars.into_iter().flatten() {
-        if let Some(g) = embedding_grads.get(var) {
-            found.insert(var.id(), g.clone());
-        }
-    }
-    Ok(found)
+    let vars: Vec<&Tensor> = vars.into_iter().flatten().collect();
+    testing::checkpointed_grads(model, inputs, head, probe, &vars)
 }
 
 /// The case's inputs with the latents, both texts and the image embeds as variables, keyed by the fixture's

@@ -9,9 +9,9 @@ use candle_core::{DType, Device, Tensor, TensorId, Var};
 
 use crate::fixtures::assert_close;
 use crate::qwen_image::testkit::Case;
-use crate::qwen_image::{QwenImageInputs, QwenImageTransformer};
+use crate::qwen_image::{Prepared, QwenImageInputs, QwenImageTransformer};
 use crate::trainable::testing;
-use crate::trainable::{PreparedBatch, TrainableBlock, TrainableModel};
+use crate::trainable::TrainableModel;
 use framesmith_nn::lora::Lora;
 use framesmith_nn::offload::OffloadOptions;
 use framesmith_nn::testing::rel;
@@ -55,43 +55,15 @@ fn checkpointed_grads(
     inputs: &QwenImageInputs,
     probe: &Tensor,
 ) -> anyhow::Result<HashMap<TensorId, Tensor>> {
-    let prepared = TrainableModel::prepare(model, inputs)?;
-    let detached = prepared.detached();
-    let mut saved = Vec::new();
-    let mut xs = detached.block_input().clone();
-    for i in 0..model.num_blocks() {
-        let block = TrainableModel::block(model, i)?;
-        let (out, _) = block.forward_untracked(&xs, detached.shared(), false)?;
-        saved.push(std::mem::replace(&mut xs, out));
-    }
-    let last = Var::from_tensor(&xs)?;
-    // A training step's head keeps the target image's rows only (the loss never covers a conditioning image) …
-    let target = TrainableModel::finish(model, last.as_tensor(), &detached)?;
-    assert_eq!(target[0].dim(0)?, inputs.img_grids[0].tokens());
-    // … the official head every image row, as the fixtures' probe does.
-    let out = QwenImageTransformer::finish(model, last.as_tensor(), &detached)?;
-    let head_grads = (&out * probe)?.sum_all()?.backward()?;
-    let mut grad = head_grads
-        .get(last.as_tensor())
-        .cloned()
-        .ok_or_else(|| anyhow::anyhow!("no gradient of the last block's output"))?;
-    let mut found = HashMap::new();
-    for (i, input) in saved.iter().enumerate().rev() {
-        let block = TrainableModel::block(model, i)?;
-        let tape = block.recompute(input, detached.shared(), None)?;
-        let grads = TrainableBlock::backward(block.as_ref(), tape, &grad)?;
-        for p in grads.params {
-            found.insert(p.var.as_tensor().id(), p.grad);
-        }
-        grad = grads.input;
-    }
-    let embedding_grads = (prepared.block_input() * &grad)?.sum_all()?.backward()?;
-    for var in [&inputs.img, &inputs.txt] {
-        if let Some(g) = embedding_grads.get(var) {
-            found.insert(var.id(), g.clone());
-        }
-    }
-    Ok(found)
+    let head = |xs: &Tensor, prepared: &Prepared| {
+        // A training step's head keeps the target image's rows only (the loss never covers a conditioning
+        // image) …
+        let target = TrainableModel::finish(model, xs, prepared)?;
+        assert_eq!(target[0].dim(0)?, inputs.img_grids[0].tokens());
+        // … the official head every image row, as the fixtures' probe does.
+        Ok(QwenImageTransformer::finish(model, xs, prepared)?)
+    };
+    testing::checkpointed_grads(model, inputs, head, probe, &[&inputs.img, &inputs.txt])
 }
 
 /// `inputs` with `img` and `txt` as variables, so their gradients are reported.
