@@ -173,21 +173,20 @@ pub(crate) fn dual_stream_working_set(
     block.max(l * d * 4 * set.head_tokens_dim_f32)
 }
 
-/// The memory pool's fragmentation under the dual-stream block's manual backward on an FP8 base: measured on the
-/// H200 (bench/RESULTS.md, session 36: HunyuanVideo 1.5 at 49k tokens, reserved less the tensors' own peak) at
-/// [`DUAL_STREAM_FP8_FRAGMENTATION_PERCENT`] of the working set, where a bf16 base left 0.4 GiB. Each of the block's
-/// 14 linears dequantises its weight between the `[L, f]` and `[L, d]` tensors the tape holds through the whole
-/// backward, and the pool cannot reuse the holes those small temporaries split. `None` (the shared share) for a
-/// bf16 base or another working set.
+/// The memory pool's fragmentation under the dual-stream block's manual backward on an FP8 base, for its
+/// `working` set: [`DUAL_STREAM_FP8_FRAGMENTATION_PERCENT`] of it, measured on the H200 (bench/RESULTS.md, session
+/// 36: reserved less the tensors' own peak), far above the shared share a bf16 base stays within. Each of the
+/// block's 14 linears dequantises its weight between the `[L, f]` and `[L, d]` tensors the tape holds through the
+/// whole backward, and the pool cannot reuse the holes those small temporaries split. `None` (the shared share)
+/// for a bf16 base or another working set.
 pub(crate) fn dual_stream_fragmentation(
     input: &PlanInput,
     shape: &StepShape,
-    widths: &BlockWidths,
+    working: u64,
 ) -> Option<u64> {
     if input.working_set != WorkingSet::FUSED_BACKWARD || shape.dequantised_weight_bytes == 0 {
         return None;
     }
-    let working = dual_stream_working_set(input, shape, widths);
     Some(
         (working * DUAL_STREAM_FP8_FRAGMENTATION_PERCENT / 100)
             .max(pool_fragmentation_bytes(working)),
@@ -339,6 +338,7 @@ pub(crate) fn dual_stream_memory(
     };
     let buffers = block_buffers(dit.shapes, dit.block_prefix, input.base);
     let n = dit.num_blocks;
+    let working = dual_stream_working_set(input, &shape, &widths);
     Ok(ModelMemory {
         name: dit.name,
         kinds: vec![dual_stream_block_kind(
@@ -355,8 +355,8 @@ pub(crate) fn dual_stream_memory(
             "timestep embedding and RoPE tables",
             clip.batch as u64 * d * compute + 2 * tokens * dit.head_dim * 4,
         )],
-        working_set_bytes: dual_stream_working_set(input, &shape, &widths),
-        fragmentation_bytes: dual_stream_fragmentation(input, &shape, &widths),
+        working_set_bytes: working,
+        fragmentation_bytes: dual_stream_fragmentation(input, &shape, working),
         pixel_multiple: dit.pixel_multiple,
         frame_step: dit.frame_step,
         shape,
