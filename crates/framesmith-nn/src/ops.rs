@@ -249,16 +249,7 @@ pub fn layer_norm_backward_add(
     dres: &Tensor,
     eps: f64,
 ) -> Result<Tensor> {
-    #[cfg(feature = "cuda")]
-    if crate::cuda::norm_mod::applies(x, dh.dtype()) && dres.dtype() == x.dtype() {
-        let stats = Stats::Layer(eps);
-        return crate::cuda::norm_mod::layer_norm_backward_add(x, weight, dh, scale, dres, stats);
-    }
-    let dy = match scale {
-        Some(scale) => modulate_backward(dh, scale, x.dtype())?,
-        None => cast(dh, x.dtype())?,
-    };
-    dres + crate::norm::layer_norm_backward(x, weight, &dy, eps)?
+    norm_backward_add(x, weight, dh, scale, dres, NormOf::Layer(eps))
 }
 
 /// [`layer_norm_backward_add`] for RMSNorm without a weight: `dres` plus [`crate::norm::rms_norm_backward`] for
@@ -271,16 +262,43 @@ pub fn rms_norm_backward_add(
     dres: &Tensor,
     eps: f64,
 ) -> Result<Tensor> {
+    norm_backward_add(x, None, dh, scale, dres, NormOf::Rms(eps))
+}
+
+/// Which norm's statistics a fused backward takes, with its epsilon.
+#[derive(Clone, Copy)]
+enum NormOf {
+    Layer(f64),
+    Rms(f64),
+}
+
+/// [`layer_norm_backward_add`] and [`rms_norm_backward_add`]: one kernel on CUDA, the modulation's backward then the
+/// norm's elsewhere.
+fn norm_backward_add(
+    x: &Tensor,
+    weight: Option<&Tensor>,
+    dh: &Tensor,
+    scale: Option<&Tensor>,
+    dres: &Tensor,
+    norm: NormOf,
+) -> Result<Tensor> {
     #[cfg(feature = "cuda")]
     if crate::cuda::norm_mod::applies(x, dh.dtype()) && dres.dtype() == x.dtype() {
-        let stats = Stats::Rms(eps);
-        return crate::cuda::norm_mod::layer_norm_backward_add(x, None, dh, scale, dres, stats);
+        let stats = match norm {
+            NormOf::Layer(eps) => Stats::Layer(eps),
+            NormOf::Rms(eps) => Stats::Rms(eps),
+        };
+        return crate::cuda::norm_mod::layer_norm_backward_add(x, weight, dh, scale, dres, stats);
     }
     let dy = match scale {
         Some(scale) => modulate_backward(dh, scale, x.dtype())?,
         None => cast(dh, x.dtype())?,
     };
-    dres + crate::norm::rms_norm_backward(x, None, &dy, eps)?
+    let dx = match norm {
+        NormOf::Layer(eps) => crate::norm::layer_norm_backward(x, weight, &dy, eps)?,
+        NormOf::Rms(eps) => crate::norm::rms_norm_backward(x, weight, &dy, eps)?,
+    };
+    dres + dx
 }
 
 /// Input gradient of `x * (1 + scale) + shift`: `dy * (1 + scale)` computed in f32, returned in `dtype`.
