@@ -5,11 +5,13 @@
 // Build (CUPTI headers and library from the nvidia-cuda-cupti wheel, cuda.h from the CUDA toolkit):
 //   gcc -O2 -shared -fPIC -I<cu13>/include kernel_trace.c -o libkernel_trace.so -L<cu13>/lib -l:libcupti.so.13
 // Run: CUDA_INJECTION64_PATH=$PWD/libkernel_trace.so KERNEL_TRACE_OUT=trace.csv <program ...>
+// (a "%p" in KERNEL_TRACE_OUT becomes PROGRAM-PID: one file per process of a script).
 // The CSV has one row per kernel: start and end (ns, GPU clock), stream, name.
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define BUF_BYTES (8u << 20)
 
@@ -46,6 +48,21 @@ static void finish(void) {
 
 int InitializeInjection(void) {
     const char *path = getenv("KERNEL_TRACE_OUT");
+    char named[4096];
+    const char *pid_at = path ? strstr(path, "%p") : NULL;
+    if (pid_at) {
+        // One file per process: "%p" becomes the program's name and process id.
+        char comm[64] = "prog";
+        FILE *f = fopen("/proc/self/comm", "r");
+        if (f) {
+            if (fgets(comm, sizeof comm, f)) {
+                comm[strcspn(comm, "\n")] = 0;
+            }
+            fclose(f);
+        }
+        snprintf(named, sizeof named, "%.*s%s-%d%s", (int)(pid_at - path), path, comm, (int)getpid(), pid_at + 2);
+        path = named;
+    }
     out = fopen(path ? path : "kernel_trace.csv", "w");
     if (!out) {
         return 0;
