@@ -5,13 +5,13 @@
 use std::collections::HashMap;
 use std::path::Path;
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use super::config::DatasetKind;
 use super::frames::FrameWindow;
 use super::tensor_file::{
-    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
-    CacheError, RawTensor,
+    format_error, host_integers, read_tensor_file, strip_dtype_suffix, torch_dtype_name,
+    write_tensor_file, CacheError, RawTensor,
 };
 
 /// musubi-tuner's short architecture name, at the end of cache file names.
@@ -265,9 +265,7 @@ pub fn read_wan_latent_cache(
         latents.ok_or_else(|| format_error(path, "no latents_{F}x{H}x{W}_{dtype} tensor"))?;
     let f_indices = match cache_parts.remove("f_indices") {
         Some(t) => Some(
-            t.to_dtype(DType::I64)
-                .and_then(|t| t.flatten_all()?.to_vec1::<i64>())
-                .map_err(|e| format_error(path, e.to_string()))?
+            host_integers(path, "f_indices", &t)?
                 .into_iter()
                 .map(|v| v as i32)
                 .collect(),

@@ -24,7 +24,7 @@ pub enum CacheError {
         source: std::io::Error,
     },
     /// The file is not a valid safetensors file, or its content is not what the cache format says.
-    #[error("the cache file is damaged or not a musubi-tuner Wan cache ({message}): {path}")]
+    #[error("the cache file is damaged or not a cache of the layout musubi-tuner writes ({message}): {path}")]
     Format {
         /// What is wrong.
         message: String,
@@ -260,6 +260,15 @@ pub fn read_tensor_file(path: &Path, device: &Device) -> Result<TensorFile, Cach
         tensors.insert(name, t);
     }
     Ok(TensorFile { tensors, metadata })
+}
+
+/// An integer tensor of a cache (frame indices, lengths) as host integers: copied to the CPU first, so a cache read
+/// onto a GPU needs no integer cast there (not every integer dtype has a device cast).
+pub(crate) fn host_integers(path: &Path, what: &str, t: &Tensor) -> Result<Vec<i64>, CacheError> {
+    t.to_device(&Device::Cpu)
+        .and_then(|t| t.to_dtype(DType::I64))
+        .and_then(|t| t.flatten_all()?.to_vec1::<i64>())
+        .map_err(|e| format_error(path, format!("{what}: {e}")))
 }
 
 /// Writes tensors and metadata to `path` through a temporary file that is synced, then renamed over `path`.

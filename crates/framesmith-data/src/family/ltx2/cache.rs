@@ -24,8 +24,8 @@ use crate::config::DatasetKind;
 use crate::frames::FrameWindow;
 use crate::image_cache::{ControlKeys, ImageCacheArch};
 use crate::tensor_file::{
-    format_error, read_tensor_file, strip_dtype_suffix, torch_dtype_name, write_tensor_file,
-    CacheError, RawTensor,
+    format_error, host_integers, read_tensor_file, strip_dtype_suffix, torch_dtype_name,
+    write_tensor_file, CacheError, RawTensor,
 };
 
 /// The short architecture name at the end of LTX-2 cache file names.
@@ -165,13 +165,9 @@ pub fn read_ltx2_audio_cache(path: &Path, device: &Device) -> Result<Ltx2AudioCa
         ));
     }
     let length = match find(AUDIO_LENGTHS) {
-        Some(t) => {
-            let n = t
-                .to_dtype(DType::I64)
-                .and_then(|t| t.flatten_all()?.to_vec1::<i64>())
-                .map_err(|e| format_error(path, format!("audio_lengths: {e}")))?;
-            n.first().map(|&n| n.max(0) as usize)
-        }
+        Some(t) => host_integers(path, AUDIO_LENGTHS, &t)?
+            .first()
+            .map(|&n| n.max(0) as usize),
         None => None,
     };
     Ok(Ltx2AudioCache { latents, length })
