@@ -2,7 +2,9 @@
 //! tensor with no allocation (a candle composition takes about twenty kernels and as many fresh buffers per
 //! tensor, which for hundreds of LoRA tensors costs more than the update itself). Computes what
 //! `torch.optim.AdamW`'s single-tensor path computes in f32, each product and sum rounded on its own, on the CPU
-//! and (`kernels/optim.cu`) on CUDA.
+//! and (`kernels/optim.cu`) on CUDA. An optimizer's step runs all its tensors at once ([`adamw_update_all`], one
+//! fused launch on CUDA) after their sums of squares for the gradient norm ([`sums_of_squares`], one launch and
+//! one read).
 
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, DType, InplaceOp2, InplaceOp3, Layout, Result, Tensor};
@@ -37,7 +39,7 @@ pub(crate) struct Scalars {
 }
 
 impl AdamWUpdate {
-    fn scalars(&self) -> Scalars {
+    pub(crate) fn scalars(&self) -> Scalars {
         Scalars {
             grad_scale: self.grad_scale as f32,
             one_minus_beta1: (1.0 - self.beta1) as f32,
@@ -51,6 +53,15 @@ impl AdamWUpdate {
     }
 }
 
+/// One parameter's tensors for [`adamw_update_all`]: as [`adamw_update`] takes them.
+#[derive(Clone, Copy, Debug)]
+pub struct AdamWTensors<'a> {
+    pub param: &'a Tensor,
+    pub grad: &'a Tensor,
+    pub exp_avg: &'a Tensor,
+    pub exp_avg_sq: &'a Tensor,
+}
+
 /// Applies one AdamW update in place: `exp_avg` and `exp_avg_sq` (f32) from `grad`, then `param` (f32 or bf16).
 /// All four tensors have one shape, live on one device and are contiguous; `grad` is f32 or bf16.
 pub fn adamw_update(
@@ -60,35 +71,82 @@ pub fn adamw_update(
     exp_avg_sq: &Tensor,
     update: &AdamWUpdate,
 ) -> Result<()> {
-    for (what, t) in [
-        ("gradient", grad),
-        ("exp_avg", exp_avg),
-        ("exp_avg_sq", exp_avg_sq),
-    ] {
-        if t.shape() != param.shape() {
-            candle_core::bail!(
-                "adamw_update: {what} is {:?}, the parameter {:?}",
-                t.shape(),
-                param.shape()
-            );
-        }
-    }
-    if exp_avg.dtype() != DType::F32 || exp_avg_sq.dtype() != DType::F32 {
-        candle_core::bail!("adamw_update: the moments must be f32");
-    }
-    for t in [param, grad] {
-        if !matches!(t.dtype(), DType::F32 | DType::BF16) {
-            candle_core::bail!(
-                "adamw_update takes f32 or bf16 parameters and gradients, not {:?}",
-                t.dtype()
-            );
-        }
-    }
+    check(&AdamWTensors {
+        param,
+        grad,
+        exp_avg,
+        exp_avg_sq,
+    })?;
     let grad = grad.contiguous()?;
     let s = update.scalars();
     exp_avg.inplace_op2(&grad, &ExpAvg(s))?;
     exp_avg_sq.inplace_op2(&grad, &ExpAvgSq(s))?;
     param.inplace_op3(exp_avg, exp_avg_sq, &Param(s))
+}
+
+/// [`adamw_update`] for many parameters with one update's scalars (an optimizer's step): the same bits, and on one
+/// CUDA device a single kernel launch for all of them instead of three per tensor. Every item is checked before
+/// anything changes.
+pub fn adamw_update_all(items: &[AdamWTensors<'_>], update: &AdamWUpdate) -> Result<()> {
+    for item in items {
+        check(item)?;
+    }
+    #[cfg(feature = "cuda")]
+    if crate::cuda::optim::adamw_multi(items, &update.scalars())? {
+        return Ok(());
+    }
+    for i in items {
+        adamw_update(i.param, i.grad, i.exp_avg, i.exp_avg_sq, update)?;
+    }
+    Ok(())
+}
+
+/// Each tensor's sum of squares in f32, as `t.to_dtype(F32)?.sqr()?.sum_all()` computes it, read to the host in
+/// one transfer (on one CUDA device, from one kernel launch). The tensors share one device.
+pub fn sums_of_squares(tensors: &[Tensor]) -> Result<Vec<f32>> {
+    #[cfg(feature = "cuda")]
+    if let Some(sums) = crate::cuda::optim::sums_of_squares(tensors)? {
+        return Ok(sums);
+    }
+    if tensors.is_empty() {
+        return Ok(Vec::new());
+    }
+    let sums = tensors
+        .iter()
+        .map(|t| t.to_dtype(DType::F32)?.sqr()?.sum_all()?.reshape(1))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&sums, 0)?
+        .to_device(&candle_core::Device::Cpu)?
+        .to_vec1::<f32>()
+}
+
+/// One shape for all four tensors, f32 moments, f32 or bf16 parameter and gradient.
+fn check(t: &AdamWTensors<'_>) -> Result<()> {
+    for (what, x) in [
+        ("gradient", t.grad),
+        ("exp_avg", t.exp_avg),
+        ("exp_avg_sq", t.exp_avg_sq),
+    ] {
+        if x.shape() != t.param.shape() {
+            candle_core::bail!(
+                "adamw_update: {what} is {:?}, the parameter {:?}",
+                x.shape(),
+                t.param.shape()
+            );
+        }
+    }
+    if t.exp_avg.dtype() != DType::F32 || t.exp_avg_sq.dtype() != DType::F32 {
+        candle_core::bail!("adamw_update: the moments must be f32");
+    }
+    for x in [t.param, t.grad] {
+        if !matches!(x.dtype(), DType::F32 | DType::BF16) {
+            candle_core::bail!(
+                "adamw_update takes f32 or bf16 parameters and gradients, not {:?}",
+                x.dtype()
+            );
+        }
+    }
+    Ok(())
 }
 
 fn contiguous(layout: &Layout) -> Result<(usize, usize)> {
@@ -325,6 +383,120 @@ mod tests {
                 );
             }
         }
+    }
+
+    fn update(grad_scale: f64, decay: f64) -> AdamWUpdate {
+        AdamWUpdate {
+            grad_scale,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            decay,
+            bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(4)).sqrt(),
+            step_size: 1e-3 / (1.0 - 0.9f64.powi(4)),
+        }
+    }
+
+    #[test]
+    fn update_all_equals_one_tensor_at_a_time() {
+        let rng = &mut rand::rngs::StdRng::seed_from_u64(5);
+        let dev = Device::Cpu;
+        let kinds = [
+            (5, DType::F32, DType::F32),
+            (33, DType::F32, DType::BF16),
+            (1030, DType::BF16, DType::F32),
+            (4097, DType::BF16, DType::BF16),
+        ];
+        let mut starts = Vec::new();
+        for (n, pd, gd) in kinds {
+            let p = crate::init::randn(&mut *rng, n, 0.0, 1.0, &dev).unwrap();
+            let g = crate::init::randn(&mut *rng, n, 0.0, 0.1, &dev).unwrap();
+            let m = crate::init::randn(&mut *rng, n, 0.0, 0.01, &dev).unwrap();
+            let v = (m.sqr().unwrap() * 0.5).unwrap();
+            starts.push([p.to_dtype(pd).unwrap(), g.to_dtype(gd).unwrap(), m, v]);
+        }
+        let u = update(0.5, 0.999);
+        let vars = |starts: &[[Tensor; 4]]| -> Vec<[Var; 3]> {
+            starts
+                .iter()
+                .map(|[p, _, m, v]| [p, m, v].map(|t| Var::from_tensor(t).unwrap()))
+                .collect()
+        };
+        let (all, one) = (vars(&starts), vars(&starts));
+        let items: Vec<_> = all
+            .iter()
+            .zip(&starts)
+            .map(|([p, m, v], s)| AdamWTensors {
+                param: p.as_tensor(),
+                grad: &s[1],
+                exp_avg: m.as_tensor(),
+                exp_avg_sq: v.as_tensor(),
+            })
+            .collect();
+        adamw_update_all(&items, &u).unwrap();
+        for (([p, m, v], s), got) in one.iter().zip(&starts).zip(&all) {
+            adamw_update(p.as_tensor(), &s[1], m.as_tensor(), v.as_tensor(), &u).unwrap();
+            for (a, b) in [p, m, v].iter().zip(got) {
+                assert_eq!(bits(a.as_tensor()), bits(b.as_tensor()));
+                assert_eq!(a.dtype(), b.dtype());
+            }
+            assert_ne!(bits(p.as_tensor()), bits(&s[0]), "the update moved nothing");
+        }
+    }
+
+    #[test]
+    fn update_all_checks_every_item_before_changing_any() {
+        let dev = Device::Cpu;
+        let p = Var::from_tensor(&Tensor::ones(4, DType::F32, &dev).unwrap()).unwrap();
+        let m = Var::zeros(4, DType::F32, &dev).unwrap();
+        let v = Var::zeros(4, DType::F32, &dev).unwrap();
+        let g = Tensor::ones(4, DType::F32, &dev).unwrap();
+        let short = Tensor::ones(3, DType::F32, &dev).unwrap();
+        let good = AdamWTensors {
+            param: p.as_tensor(),
+            grad: &g,
+            exp_avg: m.as_tensor(),
+            exp_avg_sq: v.as_tensor(),
+        };
+        let bad = AdamWTensors {
+            grad: &short,
+            ..good
+        };
+        assert!(adamw_update_all(&[good, bad], &update(1.0, 1.0)).is_err());
+        assert_eq!(
+            bits(p.as_tensor()),
+            bits(&Tensor::ones(4, DType::F32, &dev).unwrap())
+        );
+        assert_eq!(bits(m.as_tensor()), vec![0; 4]);
+    }
+
+    #[test]
+    fn sums_of_squares_are_each_tensors_f32_sum() {
+        let rng = &mut rand::rngs::StdRng::seed_from_u64(9);
+        let dev = Device::Cpu;
+        let tensors: Vec<Tensor> = [(7, DType::F32), (40, DType::BF16), (1025, DType::F32)]
+            .into_iter()
+            .map(|(n, dtype)| {
+                crate::init::randn(&mut *rng, n, 0.0, 1.0, &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap()
+            })
+            .collect();
+        let got = sums_of_squares(&tensors).unwrap();
+        assert_eq!(got.len(), 3);
+        for (t, s) in tensors.iter().zip(&got) {
+            let want: f64 = t
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .map(|x| x * x)
+                .sum();
+            assert!((f64::from(*s) - want).abs() <= 1e-5 * want, "{s} vs {want}");
+        }
+        assert!(sums_of_squares(&[]).unwrap().is_empty());
     }
 
     #[test]

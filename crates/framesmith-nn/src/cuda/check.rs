@@ -16,6 +16,7 @@ mod linear;
 mod mixed;
 mod norm_mod;
 mod optim;
+mod optim_multi;
 mod rms_halves;
 mod rms_rope;
 
@@ -504,6 +505,7 @@ const GROUPS: &[Group] = &[
     ("rms_halves", rms_halves::rms_halves_checks),
     ("head_gate", head_gate::head_gate_checks),
     ("optim", optim::optim_checks),
+    ("optim_multi", optim_multi::optim_multi_checks),
     ("adapter", adapter::adapter_checks),
     #[cfg(feature = "cudnn")]
     ("attention", attention_checks),
@@ -601,6 +603,12 @@ mod tests {
     #[test]
     fn adapter_kernels_match_reference() -> Result<()> {
         assert_all_pass(adapter::adapter_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn multi_tensor_optimizer_matches_per_tensor() -> Result<()> {
+        assert_all_pass(optim_multi::optim_multi_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 
