@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use candle_core::{bail, DType, Device, Result, Tensor, Var};
-use framesmith_nn::optim::{adamw_update, AdamWUpdate};
+use framesmith_nn::optim::{adamw_update_all, sums_of_squares, AdamWTensors, AdamWUpdate};
 
 use framesmith_config::training::AdamWConfig;
 
@@ -107,24 +107,27 @@ impl AdamW {
         let bias_correction1 = 1.0 - self.cfg.beta1.powf(step as f64);
         let bias_correction2_sqrt = (1.0 - self.cfg.beta2.powf(step as f64)).sqrt();
         let step_size = lr / bias_correction1;
-        for (slot, grad) in self.slots.iter_mut().zip(grads) {
-            let update = AdamWUpdate {
-                grad_scale: clip_scale,
-                beta1: self.cfg.beta1,
-                beta2: self.cfg.beta2,
-                eps: self.cfg.eps,
-                decay: 1.0 - lr * self.cfg.weight_decay,
-                bias_correction2_sqrt,
-                step_size,
-            };
-            adamw_update(
-                slot.var.as_tensor(),
+        let update = AdamWUpdate {
+            grad_scale: clip_scale,
+            beta1: self.cfg.beta1,
+            beta2: self.cfg.beta2,
+            eps: self.cfg.eps,
+            decay: 1.0 - lr * self.cfg.weight_decay,
+            bias_correction2_sqrt,
+            step_size,
+        };
+        let items: Vec<_> = self
+            .slots
+            .iter()
+            .zip(grads)
+            .map(|(slot, grad)| AdamWTensors {
+                param: slot.var.as_tensor(),
                 grad,
-                slot.exp_avg.as_tensor(),
-                slot.exp_avg_sq.as_tensor(),
-                &update,
-            )?;
-        }
+                exp_avg: slot.exp_avg.as_tensor(),
+                exp_avg_sq: slot.exp_avg_sq.as_tensor(),
+            })
+            .collect();
+        adamw_update_all(&items, &update)?;
         self.step = step;
         Ok(StepOutcome::Applied {
             grad_norm,
@@ -205,18 +208,10 @@ fn clip_scale(grad_norm: f64, max_grad_norm: Option<f64>) -> f64 {
     }
 }
 
-/// Global L2 norm of all gradients (accumulated in f64 over per-tensor f32 sums of squares; one host transfer).
-/// NaN or infinity when any gradient holds one.
+/// Global L2 norm of all gradients (accumulated in f64 over per-tensor f32 sums of squares, computed together and
+/// read in one host transfer). NaN or infinity when any gradient holds one.
 pub fn global_grad_norm(grads: &[Tensor]) -> Result<f64> {
-    if grads.is_empty() {
-        return Ok(0.0);
-    }
-    let sums = grads
-        .iter()
-        .map(|g| g.to_dtype(DType::F32)?.sqr()?.sum_all()?.reshape(1))
-        .collect::<Result<Vec<_>>>()?;
-    let sums = Tensor::cat(&sums, 0)?.to_device(&Device::Cpu)?;
-    let total: f64 = sums.to_vec1::<f32>()?.iter().map(|&s| f64::from(s)).sum();
+    let total: f64 = sums_of_squares(grads)?.iter().map(|&s| f64::from(s)).sum();
     Ok(total.sqrt())
 }
 
