@@ -566,16 +566,21 @@ pub(super) fn step_output(
     }
 }
 
-/// Adds `grads` divided by `divisor` to `sum` (which starts empty).
+/// Adds `grads` divided by `divisor` to `sum` (which starts empty). A divisor of 1 (one micro-batch per step) takes
+/// the gradients as they are: dividing by 1 is exact, and skipping it saves a kernel per tensor.
 fn add_divided(
     sum: &mut Option<Vec<Tensor>>,
     grads: &[Tensor],
     divisor: f64,
 ) -> candle_core::Result<()> {
-    let scaled = grads
-        .iter()
-        .map(|g| g / divisor)
-        .collect::<candle_core::Result<Vec<_>>>()?;
+    let scaled = if divisor == 1.0 {
+        grads.to_vec()
+    } else {
+        grads
+            .iter()
+            .map(|g| g / divisor)
+            .collect::<candle_core::Result<Vec<_>>>()?
+    };
     *sum = Some(match sum.take() {
         None => scaled,
         Some(acc) => acc
