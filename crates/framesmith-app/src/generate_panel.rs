@@ -77,7 +77,7 @@ impl GenerateView {
     ) {
         self.running = None;
         if let Ok(clip) = &result {
-            player.open(&clip.frames);
+            player.open(&clip.frames, &clip.file);
         }
         self.outcome = Some(result);
         self.log = log;

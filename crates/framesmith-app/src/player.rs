@@ -1,6 +1,10 @@
 //! The sample player: PNG frames from a sample's frames folder, decoded off the UI thread, shown at the clip's fps
 //! (from `frames.json`, default 16) through one texture that is updated in place. An image sample (one PNG, as
-//! an image model's runs make) is shown still, without the playback controls.
+//! an image model's runs make) is shown still, without the playback controls. A clip's MP4 with sound plays it
+//! with the frames (`sound`: ffprobe and ffplay as child processes, `sync`: when to start and stop).
+
+mod sound;
+mod sync;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
@@ -10,6 +14,7 @@ use egui::{ColorImage, TextureHandle, TextureOptions, Ui};
 
 use super::jobs::JobMode;
 use super::theme;
+use sound::{ClipSound, SoundTools};
 
 /// Frame rate when a clip has no `frames.json`.
 pub const DEFAULT_FPS: f64 = 16.0;
@@ -76,6 +81,16 @@ impl PlayerClock {
     pub fn seek(&mut self, frame: usize) {
         self.frame = frame.min(self.count.saturating_sub(1));
         self.carry_secs = 0.0;
+    }
+
+    /// Where the clip is, in seconds from its start (between frames too).
+    pub fn position_secs(&self) -> f64 {
+        self.frame as f64 / self.fps + self.carry_secs
+    }
+
+    /// How long the clip's frames last.
+    pub fn duration_secs(&self) -> f64 {
+        self.count as f64 / self.fps
     }
 
     /// Play from the start when the clip has ended, else toggle.
@@ -242,11 +257,18 @@ pub struct Player {
     requested: Option<usize>,
     error: Option<String>,
     decoder: Decoder,
+    sound: ClipSound,
 }
 
 impl Player {
+    /// In `JobMode::Inline` (the UI tests) clips play without sound: no ffprobe or ffplay runs.
     pub fn new(mode: JobMode, repaint: Option<egui::Context>) -> Self {
+        let tools = match mode {
+            JobMode::Background => SoundTools::locate(),
+            JobMode::Inline => SoundTools::default(),
+        };
         Self {
+            sound: ClipSound::new(tools, repaint.clone()),
             frames_dir: None,
             frames: Vec::new(),
             clock: PlayerClock::new(0, DEFAULT_FPS),
@@ -258,8 +280,10 @@ impl Player {
         }
     }
 
-    /// Loads a clip's frames (listed on the decoder thread).
-    pub fn open(&mut self, frames_dir: &Path) {
+    /// Loads a clip's frames (listed on the decoder thread); `file` is the sample's MP4, whose sound plays with
+    /// the frames when it has any, or its PNG image.
+    pub fn open(&mut self, frames_dir: &Path, file: &Path) {
+        self.sound.open(file);
         self.frames_dir = Some(frames_dir.to_path_buf());
         self.frames.clear();
         self.clock = PlayerClock::new(0, DEFAULT_FPS);
@@ -274,6 +298,25 @@ impl Player {
     /// The frames folder or image the player has open.
     pub fn frames_dir(&self) -> Option<&Path> {
         self.frames_dir.as_deref()
+    }
+
+    /// Whether clips play muted (a setting).
+    pub fn muted(&self) -> bool {
+        self.sound.muted()
+    }
+
+    pub fn set_muted(&mut self, muted: bool) {
+        self.sound.set_muted(muted);
+    }
+
+    /// Pauses the clip (frames and sound).
+    pub fn pause(&mut self) {
+        self.clock.playing = false;
+    }
+
+    /// Stops the sound (the app exits).
+    pub fn stop_sound(&mut self) {
+        self.sound.stop();
     }
 
     /// The frame now in the texture.
@@ -292,6 +335,7 @@ impl Player {
             }
             self.request_due_frame();
         }
+        self.sound.logic(&self.clock);
         if self.clock.playing {
             ctx.request_repaint();
         }
@@ -392,6 +436,7 @@ impl Player {
             ui.checkbox(&mut self.clock.looping, "Loop");
             ui.label(format!("Frame {} / {count}", self.clock.frame + 1));
             ui.label(egui::RichText::new(format!("{:.0} fps", self.clock.fps)).color(theme::MUTED));
+            self.sound.controls_ui(ui);
         });
         let mut frame = self.clock.frame;
         let last = count.saturating_sub(1);

@@ -126,15 +126,15 @@ pub(super) fn samples_ui(state: &mut SamplesState, clips: &[SampleClip], ui: &mu
                         }
                         let verb = if clip.is_image() { "Show" } else { "Play" };
                         if ui.button(format!("{verb} step {}", clip.step)).clicked() {
-                            open = Some(clip.frames.clone());
+                            open = Some(clip);
                         }
                         ui.label(RichText::new(&clip.prompt).small().color(theme::MUTED));
                     });
                 }
             });
         });
-    if let Some(frames) = open {
-        state.player.open(&frames);
+    if let Some(clip) = open {
+        state.player.open(&clip.frames, &clip.file);
     }
     ui.separator();
     let playing = state
@@ -228,9 +228,9 @@ mod tests {
         assert!(previews[&sample].is_some());
 
         assert!(state.shown_controls(&clips).is_empty(), "nothing open");
-        state.player.open(&edit.frames);
+        state.player.open(&edit.frames, &edit.file);
         assert_eq!(state.shown_controls(&clips), [source]);
-        state.player.open(&plain.frames);
+        state.player.open(&plain.frames, &plain.file);
         assert!(state.shown_controls(&clips).is_empty());
     }
 }

@@ -222,16 +222,19 @@ fn stage_run(app: &mut FramesmithApp, events: Vec<Event>) {
     let mut last = None;
     for event in events {
         if let Event::SampleReady {
-            frames, controls, ..
+            file,
+            frames,
+            controls,
+            ..
         } = &event
         {
             app.samples.sample_ready(&mut app.jobs, frames, controls);
-            last = Some(frames.clone());
+            last = Some((frames.clone(), file.clone()));
         }
         app.apply_event(event);
     }
-    if let Some(frames) = last {
-        app.samples.player.open(&frames);
+    if let Some((frames, file)) = last {
+        app.samples.player.open(&frames, &file);
     }
 }
 

@@ -59,6 +59,8 @@ pub struct Settings {
     pub smoothed_only: bool,
     /// The GPUs chosen in the Train tab's picker (empty: the config's `training.device`).
     pub gpus: Vec<usize>,
+    /// Sample clips play without their sound.
+    pub sound_muted: bool,
 }
 
 impl Settings {
@@ -112,6 +114,7 @@ mod tests {
             }],
             smoothed_only: true,
             gpus: vec![2, 3],
+            sound_muted: true,
         };
         let mut storage = MemoryStorage::default();
         settings.save(&mut storage);

@@ -142,6 +142,7 @@ impl FramesmithApp {
             backend,
             settings,
         };
+        app.samples.player.set_muted(app.settings.sound_muted);
         if let Some(path) = options.project {
             app.load_config_file(path);
         }
@@ -361,6 +362,7 @@ impl FramesmithApp {
     fn save_settings(&mut self) {
         self.settings.config_toml = self.editor.to_toml().ok();
         self.settings.dataset_toml = self.dataset.to_toml().unwrap_or_default();
+        self.settings.sound_muted = self.samples.player.muted();
         self.settings.queue = self
             .queue
             .iter()
@@ -440,6 +442,10 @@ impl eframe::App for FramesmithApp {
         // Only a run of the engine's has anything to save (a screenshot's staged run has no engine).
         let engine_run = self.engine.is_some() && self.run.is_active();
         self.closing.logic(ctx, engine_run);
+        if self.settings.tab != Tab::Samples {
+            // A clip plays only while its tab shows it: its sound would otherwise go on behind the other tabs.
+            self.samples.player.pause();
+        }
         self.samples.player.logic(ctx);
         super::screenshot::logic(self, ctx);
         self.schedule_repaint(ctx);
@@ -462,6 +468,8 @@ impl eframe::App for FramesmithApp {
     }
 
     fn on_exit(&mut self) {
+        // The sample player's ffplay, if one plays, ends with the window.
+        self.samples.player.stop_sound();
         // Reached during a run only when the window is torn down without a close request (the session ends):
         // the engine is asked to stop, and dropping the handle tells it so too.
         if self.run.is_active() {
