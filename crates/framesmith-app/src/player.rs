@@ -438,6 +438,7 @@ impl Player {
             ui.label(egui::RichText::new(format!("{:.0} fps", self.clock.fps)).color(theme::MUTED));
             self.sound.controls_ui(ui);
         });
+        self.sound.note_ui(ui);
         let mut frame = self.clock.frame;
         let last = count.saturating_sub(1);
         let slider = ui.add(

@@ -348,17 +348,9 @@ impl ClipSound {
         }
     }
 
-    /// The sound controls beside the playback controls: that the clip has sound, the mute toggle, and why the
-    /// sound does not play when it cannot. Nothing for a clip without sound.
+    /// The sound controls beside the playback controls: that the clip has sound, and the mute toggle. Nothing
+    /// for a clip without sound.
     pub fn controls_ui(&mut self, ui: &mut Ui) {
-        if let Probe::Answered(Err(err)) = &self.probe {
-            ui.label(
-                RichText::new(format!("Sound not checked: {err}"))
-                    .small()
-                    .color(theme::MUTED),
-            );
-            return;
-        }
         if !self.has_sound() {
             return;
         }
@@ -368,16 +360,29 @@ impl ClipSound {
         if ui.checkbox(&mut muted, "Mute").changed() {
             self.set_muted(muted);
         }
-        let note = match (&self.tools.ffplay, &self.failure) {
+    }
+
+    /// Why the open clip's sound does not play, under the controls; nothing when it plays or has none.
+    pub fn note_ui(&self, ui: &mut Ui) {
+        if let Some(note) = self.note() {
+            ui.label(RichText::new(note).small().color(theme::WARNING));
+        }
+    }
+
+    fn note(&self) -> Option<String> {
+        if let Probe::Answered(Err(err)) = &self.probe {
+            return Some(format!("Sound not checked: {err}"));
+        }
+        if !self.has_sound() {
+            return None;
+        }
+        match (&self.tools.ffplay, &self.failure) {
             (None, _) => Some(
                 "ffplay not found, so the frames play without sound (it comes with ffmpeg)"
                     .to_owned(),
             ),
             (Some(_), Some(failure)) => Some(format!("No sound: {failure}")),
             (Some(_), None) => None,
-        };
-        if let Some(note) = note {
-            ui.label(RichText::new(note).small().color(theme::WARNING));
         }
     }
 
@@ -446,6 +451,27 @@ mod tests {
         sound.logic(&clock);
         assert!(!sound.has_sound());
         assert!(sound.playback.is_none());
+    }
+
+    #[test]
+    fn the_note_says_why_a_clip_with_sound_plays_silently() {
+        let mut sound = ClipSound::new(SoundTools::default(), None);
+        assert_eq!(sound.note(), None, "no clip");
+        sound.probe = Probe::Answered(Ok(false));
+        assert_eq!(sound.note(), None, "a silent clip needs no note");
+        sound.probe = Probe::Answered(Ok(true));
+        assert!(sound.note().is_some_and(|n| n.contains("ffplay not found")));
+        sound.tools.ffplay = Some(PathBuf::from("/opt/ffplay"));
+        assert_eq!(sound.note(), None, "it plays");
+        sound.failure = Some("audio open failed".into());
+        assert_eq!(sound.note().as_deref(), Some("No sound: audio open failed"));
+        sound.set_muted(true);
+        assert_eq!(sound.note(), None, "toggling mute tries again");
+        sound.probe = Probe::Answered(Err("bad file: /s/x.mp4".into()));
+        assert_eq!(
+            sound.note().as_deref(),
+            Some("Sound not checked: bad file: /s/x.mp4")
+        );
     }
 
     /// A clip with a sine tone (and a silent one) made by ffmpeg's lavfi sources; `None` without ffmpeg.
