@@ -254,7 +254,13 @@ impl ClipSound {
         let spawned = std::thread::Builder::new()
             .name("sound probe".into())
             .spawn(move || {
-                let _ = tx.send(probe_sound(&ffprobe, &clip));
+                // A clip whose MP4 is gone (only its frames are left) plays silently, without a note.
+                let answer = if clip.is_file() {
+                    probe_sound(&ffprobe, &clip)
+                } else {
+                    Ok(false)
+                };
+                let _ = tx.send(answer);
                 if let Some(ctx) = repaint {
                     ctx.request_repaint();
                 }
