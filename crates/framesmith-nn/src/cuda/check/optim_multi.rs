@@ -13,7 +13,20 @@ use crate::optim::{adamw_update, adamw_update_all, sums_of_squares, AdamWTensors
 /// Sizes around the kernels' edges: candle's one-thread sum (n <= 32), its block sizes (powers of two up to 1024),
 /// groups of four with a tail, and AdamW's 4096-element chunks.
 const SIZES: [usize; 14] = [
-    1, 7, 32, 33, 100, 1023, 1024, 1025, 4095, 4096, 4097, 12_289, 38_829, 262_147,
+    1,
+    7,
+    32,
+    33,
+    100,
+    1023,
+    1024,
+    1025,
+    4095,
+    4096,
+    4097,
+    12_289,
+    38_829,
+    7 * 37_449,
 ];
 
 /// (parameter, gradient) dtypes, cycled over the sizes.
@@ -74,7 +87,7 @@ fn cases(rng: &mut StdRng) -> Result<Vec<Case>> {
         let (pd, gd) = DTYPES[i % DTYPES.len()];
         let p = init::randn(&mut *rng, n, 0.0, 1.0, cpu)?.to_dtype(pd)?;
         let g = if i + 1 == SIZES.len() {
-            // 262_147 = 7 · 37_449: stored [37_449, 7] and transposed to [7, 37_449], then flattened by the shape.
+            // The last size, 7 · 37_449: stored [37_449, 7] and transposed to [7, 37_449], then flattened by the shape.
             init::randn(&mut *rng, (37_449, 7), 0.0, 0.1, cpu)?
                 .to_dtype(gd)?
                 .t()?
