@@ -10,7 +10,7 @@ use candle_core::{DType, Device, Result, Tensor};
 use super::block::{Block, BlockInputs, Head};
 use super::config::WanConfig;
 use super::embeddings::{ImageEmbedding, PatchEmbedding, TextEmbedding, TimeEmbedding};
-use super::rope::Rope;
+use super::rope::{Rope, RopeCache};
 use framesmith_nn::fp8::Fp8Scale;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
@@ -126,6 +126,8 @@ pub struct WanModel {
     /// Host copies of the resident blocks' frozen weights, by block, made at the first park and kept: the
     /// weights are frozen, so later parks only drop the device copies.
     host_frozen: Vec<Option<Vec<Tensor>>>,
+    /// The RoPE host tables of the last grids [`WanModel::prepare`] embedded (every step of a run uses the same).
+    rope_tables: RopeCache,
 }
 
 impl WanModel {
@@ -158,6 +160,7 @@ impl WanModel {
             streamer: None,
             parked: false,
             host_frozen: Vec::new(),
+            rope_tables: RopeCache::default(),
         })
     }
 
@@ -362,10 +365,10 @@ impl WanModel {
             (Some(_), None) => candle_core::bail!("this I2V model needs CLIP image features"),
             _ => None,
         };
-        let rope = Rope::new(
+        let rope = Rope::cached(
+            &self.rope_tables,
             &grid_sizes,
-            seq_len,
-            self.cfg.head_dim(),
+            (seq_len, self.cfg.head_dim()),
             compute,
             &self.device,
         )?;
