@@ -6,7 +6,9 @@
 //   gcc -O2 -shared -fPIC -I<cu13>/include kernel_trace.c -o libkernel_trace.so -L<cu13>/lib -l:libcupti.so.13
 // Run: CUDA_INJECTION64_PATH=$PWD/libkernel_trace.so KERNEL_TRACE_OUT=trace.csv <program ...>
 // (a "%p" in KERNEL_TRACE_OUT becomes PROGRAM-PID: one file per process of a script).
-// The CSV has one row per kernel: start and end (ns, GPU clock), stream, name.
+// The CSV has one row per kernel: start and end (ns, GPU clock), stream, name. With KERNEL_TRACE_API_US=N it also
+// has a row for every CUDA driver call that took N microseconds or more on the host (stream "api", the call's
+// name; CUPTI gives both kinds of record one clock), so kernel_gaps.py can say which host calls an idle gap holds.
 #include <cupti.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +18,7 @@
 #define BUF_BYTES (8u << 20)
 
 static FILE *out;
+static unsigned long long api_min_ns;
 
 static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
     *buffer = (uint8_t *)aligned_alloc(8, BUF_BYTES);
@@ -33,6 +36,16 @@ static void CUPTIAPI buffer_completed(CUcontext ctx, uint32_t stream, uint8_t *b
             const CUpti_ActivityKernel10 *k = (const CUpti_ActivityKernel10 *)record;
             fprintf(out, "%llu,%llu,%u,\"%s\"\n", (unsigned long long)k->start, (unsigned long long)k->end,
                     k->streamId, k->name ? k->name : "?");
+        } else if (record->kind == CUPTI_ACTIVITY_KIND_DRIVER) {
+            const CUpti_ActivityAPI *a = (const CUpti_ActivityAPI *)record;
+            if (a->end - a->start >= api_min_ns) {
+                const char *name = NULL;
+                if (cuptiGetCallbackName(CUPTI_CB_DOMAIN_DRIVER_API, a->cbid, &name) != CUPTI_SUCCESS || !name) {
+                    name = "?";
+                }
+                fprintf(out, "%llu,%llu,api,\"%s\"\n", (unsigned long long)a->start, (unsigned long long)a->end,
+                        name);
+            }
         }
     }
     free(buffer);
@@ -72,6 +85,13 @@ int InitializeInjection(void) {
         cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) != CUPTI_SUCCESS) {
         fprintf(stderr, "kernel_trace: CUPTI activity setup failed\n");
         return 0;
+    }
+    const char *api_us = getenv("KERNEL_TRACE_API_US");
+    if (api_us && *api_us) {
+        api_min_ns = strtoull(api_us, NULL, 10) * 1000ull;
+        if (cuptiActivityEnable(CUPTI_ACTIVITY_KIND_DRIVER) != CUPTI_SUCCESS) {
+            fprintf(stderr, "kernel_trace: CUPTI driver-call records unavailable\n");
+        }
     }
     atexit(finish);
     return 1;
