@@ -1,7 +1,10 @@
 //! Rotary position embedding of the FLUX.1 DiT (`EmbedND` / `rope` / `apply_rope` of the official `math.py`):
 //! every token has an id per axis — (t, h, w): 0 / row / col for image tokens, 1 / row / col for Kontext
 //! conditioning tokens, zeros for text tokens — and each axis rotates its own slice of the head dimension.
-//! Angles are computed in f64 as the official `rope` does; the rotation rotates adjacent pairs (2j, 2j+1).
+//! Angles are computed in f64 as the official `rope` does; the rotation rotates adjacent pairs (2j, 2j+1). A model
+//! keeps the host tables of the last ids it saw ([`RopeCache`]): a training run's steps share them.
+
+use std::sync::Mutex;
 
 use candle_core::{DType, Device, Result, Tensor};
 
@@ -15,10 +18,9 @@ pub struct Rope {
     pub sin: Tensor,
 }
 
-/// The angles position · θ^(−2j/axis_dim) for ids [b, seq_len, n_axes], concatenated over the axes in order:
-/// [b][seq_len][head_dim / 2].
-fn angles(ids: &Tensor, axes_dim: &[usize], theta: f64) -> Result<Vec<f64>> {
-    let (b, l, n_axes) = ids.dims3()?;
+/// The angles position · θ^(−2j/axis_dim) for the ids `ids` (of `n_axes` axes each, flattened), concatenated over
+/// the axes in order: [b][seq_len][head_dim / 2].
+fn angles(ids: &[f32], n_axes: usize, axes_dim: &[usize], theta: f64) -> Result<Vec<f64>> {
     if n_axes != axes_dim.len() {
         candle_core::bail!(
             "FLUX RoPE: ids have {n_axes} axes, the model has {} ({:?})",
@@ -33,8 +35,7 @@ fn angles(ids: &Tensor, axes_dim: &[usize], theta: f64) -> Result<Vec<f64>> {
             (0..dim / 2).map(move |j| (axis, 1.0 / theta.powf((2 * j) as f64 / dim as f64)))
         })
         .collect();
-    let ids = ids.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?;
-    let mut out = Vec::with_capacity(b * l * omegas.len());
+    let mut out = Vec::with_capacity(ids.len() / n_axes.max(1) * omegas.len());
     for token in ids.chunks_exact(n_axes) {
         out.extend(omegas.iter().map(|&(axis, w)| f64::from(token[axis]) * w));
     }
@@ -44,16 +45,46 @@ fn angles(ids: &Tensor, axes_dim: &[usize], theta: f64) -> Result<Vec<f64>> {
 impl Rope {
     /// Tables for `ids` [b, seq_len, n_axes] (the concatenation of `txt_ids` and `img_ids`).
     pub fn new(ids: &Tensor, axes_dim: &[usize], theta: f64, device: &Device) -> Result<Self> {
-        let (b, l, _) = ids.dims3()?;
-        let half: usize = axes_dim.iter().map(|d| d / 2).sum();
-        let angles = angles(ids, axes_dim, theta)?;
-        let table = |f: fn(f64) -> f64| -> Result<Tensor> {
-            let values: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
-            Tensor::from_vec(values, (b, l, 1, half), device)
+        Self::cached(&RopeCache::default(), ids, (axes_dim, theta), device)
+    }
+
+    /// [`Rope::new`] with the host tables taken from `cache` when it holds those of the same ids, axes and θ (else
+    /// built and kept there): the same values, without a cos and a sin per token and frequency.
+    pub fn cached(
+        cache: &RopeCache,
+        ids: &Tensor,
+        (axes_dim, theta): (&[usize], f64),
+        device: &Device,
+    ) -> Result<Self> {
+        let (b, l, n_axes) = ids.dims3()?;
+        let key = RopeKey {
+            ids: ids.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?,
+            dims: (b, l, n_axes),
+            axes_dim: axes_dim.to_vec(),
+            theta,
         };
+        let mut slot = cache
+            .0
+            .lock()
+            .map_err(|_| candle_core::Error::msg("the RoPE table cache was poisoned"))?;
+        let (cos, sin) = match slot.as_ref() {
+            Some((k, cos, sin)) if *k == key => (cos.clone(), sin.clone()),
+            _ => {
+                let half: usize = axes_dim.iter().map(|d| d / 2).sum();
+                let angles = angles(&key.ids, n_axes, axes_dim, theta)?;
+                let table = |f: fn(f64) -> f64| -> Result<Tensor> {
+                    let values: Vec<f32> = angles.iter().map(|&a| f(a) as f32).collect();
+                    Tensor::from_vec(values, (b, l, 1, half), &Device::Cpu)
+                };
+                let (cos, sin) = (table(f64::cos)?, table(f64::sin)?);
+                *slot = Some((key, cos.clone(), sin.clone()));
+                (cos, sin)
+            }
+        };
+        drop(slot);
         Ok(Self {
-            cos: table(f64::cos)?,
-            sin: table(f64::sin)?,
+            cos: cos.to_device(device)?,
+            sin: sin.to_device(device)?,
         })
     }
 
@@ -76,6 +107,25 @@ impl Rope {
             self.sin.reshape((b, l, half))?,
         );
         Tensor::stack(&[&cos, &sin.neg()?, &sin, &cos], 3)?.reshape((b, 1, l, half, 2, 2))
+    }
+}
+
+/// What the host tables of [`Rope::new`] depend on: the ids (flattened, and their dims), the axes and θ.
+#[derive(Clone, Debug, PartialEq)]
+struct RopeKey {
+    ids: Vec<f32>,
+    dims: (usize, usize, usize),
+    axes_dim: Vec<usize>,
+    theta: f64,
+}
+
+/// The f32 host tables (cos, sin) of the last ids a model embedded, kept for its next call with the same ones.
+#[derive(Default)]
+pub struct RopeCache(Mutex<Option<(RopeKey, Tensor, Tensor)>>);
+
+impl Clone for RopeCache {
+    fn clone(&self) -> Self {
+        Self(Mutex::new(self.0.lock().ok().and_then(|slot| slot.clone())))
     }
 }
 
@@ -110,6 +160,38 @@ mod tests {
             .max_all()?
             .to_scalar::<f32>()?;
         assert_eq!(diff, 0.0);
+        Ok(())
+    }
+
+    #[test]
+    fn cached_tables_follow_the_ids() -> Result<()> {
+        let dev = Device::Cpu;
+        let cache = RopeCache::default();
+        let values = |t: &Tensor| t.flatten_all().and_then(|t| t.to_vec1::<f32>());
+        let grid = |h, w, axis0| -> Result<Tensor> {
+            Tensor::cat(
+                &[&text_ids(1, 2, &dev)?, &image_ids(1, h, w, axis0, &dev)?],
+                1,
+            )
+        };
+        // A, then other ids of the same shape (a Kontext axis), another grid, then A again: always the uncached.
+        for ids in [
+            grid(2, 3, 0.0)?,
+            grid(2, 3, 1.0)?,
+            grid(3, 2, 0.0)?,
+            grid(2, 3, 0.0)?,
+        ] {
+            let fresh = Rope::new(&ids, &[4, 6, 6], 10_000.0, &dev)?;
+            let cached = Rope::cached(&cache, &ids, (&[4, 6, 6], 10_000.0), &dev)?;
+            assert_eq!(values(&fresh.cos)?, values(&cached.cos)?);
+            assert_eq!(values(&fresh.sin)?, values(&cached.sin)?);
+        }
+        let ids = grid(2, 3, 0.0)?;
+        let other_theta = Rope::cached(&cache, &ids, (&[4, 6, 6], 1_000.0), &dev)?;
+        assert_eq!(
+            values(&Rope::new(&ids, &[4, 6, 6], 1_000.0, &dev)?.sin)?,
+            values(&other_theta.sin)?
+        );
         Ok(())
     }
 

@@ -13,7 +13,7 @@ use super::config::FluxConfig;
 use super::double_block::DoubleStreamBlock;
 use super::embeddings::{timestep_embedding, MlpEmbedder, TIMESTEP_DIM};
 use super::last_layer::LastLayer;
-use super::rope::Rope;
+use super::rope::{Rope, RopeCache};
 use super::single_block::SingleStreamBlock;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::offload::{BlockStreamer, OffloadOptions, Streamable};
@@ -71,6 +71,8 @@ pub struct Flux {
     /// One streamer per block kind that streams (double-stream, single-stream): the two kinds' blocks have
     /// different layouts. `blocks` then holds the streamed blocks' shells.
     streamers: Vec<Arc<BlockStreamer>>,
+    /// The RoPE host tables of the last ids [`Flux::prepare`] embedded (every step of a run uses the same).
+    rope_tables: RopeCache,
 }
 
 impl Flux {
@@ -142,6 +144,7 @@ impl Flux {
             final_layer: LastLayer::new(dim, cfg.out_channels, &vb.pp("final_layer"))?,
             cfg: cfg.clone(),
             streamers,
+            rope_tables: RopeCache::default(),
         })
     }
 
@@ -228,7 +231,12 @@ impl Flux {
         let txt = self.txt_in.forward(&inputs.txt)?;
         let vec = self.conditioning(inputs)?;
         let ids = Tensor::cat(&[&inputs.txt_ids, &inputs.img_ids], 1)?;
-        let rope = Rope::new(&ids, &self.cfg.axes_dim, self.cfg.theta, img.device())?;
+        let rope = Rope::cached(
+            &self.rope_tables,
+            &ids,
+            (&self.cfg.axes_dim, self.cfg.theta),
+            img.device(),
+        )?;
         Ok(Prepared {
             xs: Tensor::cat(&[&txt, &img], 1)?,
             blocks: BlockInputs {
