@@ -72,11 +72,19 @@ impl TextEmbedding {
 }
 
 /// `sinusoidal_embedding_1d` of the official code: [cos, sin] of position·10000^(−i/half), computed in f64,
-/// returned as f32 with shape [n, dim].
+/// returned as f32 with shape [n, dim]. A position met before takes the row computed for it (per-token timesteps
+/// repeat a few values over tens of thousands of tokens).
 pub fn sinusoidal_embedding(dim: usize, positions: &[f64], device: &Device) -> Result<Tensor> {
     let half = dim / 2;
-    let mut out = Vec::with_capacity(positions.len() * dim);
+    let mut out: Vec<f32> = Vec::with_capacity(positions.len() * dim);
+    let mut rows: std::collections::HashMap<u64, usize> = std::collections::HashMap::new();
+    let row_len = 2 * half;
     for &p in positions {
+        if let Some(&row) = rows.get(&p.to_bits()) {
+            out.extend_from_within(row * row_len..(row + 1) * row_len);
+            continue;
+        }
+        rows.insert(p.to_bits(), out.len() / row_len.max(1));
         let angles: Vec<f64> = (0..half)
             .map(|i| p * 10000f64.powf(-(i as f64) / half as f64))
             .collect();
@@ -170,5 +178,25 @@ impl ImageEmbedding {
             Some(&self.norm_out.1),
             TORCH_LAYER_NORM_EPS,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn repeated_positions_take_the_rows_computed_for_them() -> Result<()> {
+        let dev = Device::Cpu;
+        // Per-token timesteps: a clean first frame (0) and the rest at one timestep, then another sample's.
+        let positions = [0.0, 0.0, 601.5, 601.5, 601.5, 0.0, 999.0, 601.5];
+        let all = sinusoidal_embedding(16, &positions, &dev)?.to_vec2::<f32>()?;
+        assert_eq!(all.len(), positions.len());
+        for (row, &p) in all.iter().zip(&positions) {
+            let alone = sinusoidal_embedding(16, &[p], &dev)?.to_vec2::<f32>()?;
+            assert_eq!(row, &alone[0], "position {p}");
+        }
+        assert_ne!(all[0], all[2]);
+        Ok(())
     }
 }
