@@ -8,8 +8,8 @@
 
 use std::path::Path;
 
+use crate::train::noise::StepRng;
 use candle_core::Device;
-use rand::rngs::StdRng;
 
 use crate::generate::request::{DitSource, GenerationOutput, GenerationRequest};
 use crate::generate::run::Session;
@@ -224,7 +224,7 @@ pub trait FamilyRun {
     fn micro_step(
         &mut self,
         batch: &[&TrainItem],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         ctx: &StepContext<'_>,
     ) -> anyhow::Result<MicroStep>;
     /// The experts' part of a step's report, the last micro-step having run on the `second` model (`None` for a

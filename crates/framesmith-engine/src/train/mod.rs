@@ -6,6 +6,7 @@ pub(crate) mod buffers;
 pub mod data;
 pub mod engine;
 pub mod launch;
+pub mod noise;
 pub mod optimizer;
 pub mod outputs;
 pub(crate) mod placements;

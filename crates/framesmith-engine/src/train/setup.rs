@@ -529,6 +529,7 @@ impl Trainer {
             collective: std::sync::Arc::new(framesmith_nn::collective::Solo),
             startup: Startup::begin(),
             vram_peak: Default::default(),
+            noise: Default::default(),
             activation_buffers: parts.activation_buffers,
         })
     }

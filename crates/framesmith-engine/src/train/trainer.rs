@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use crate::family::{FamilyRun, StepContext};
 use crate::train::data::TrainSet;
@@ -91,6 +89,8 @@ pub struct Trainer {
     pub(super) vram_peak: crate::train::vram_peak::RunPeak,
     /// The step's page-locked activation buffers, being set aside beside the setup until the first step.
     pub(super) activation_buffers: Option<framesmith_nn::offload::ActivationBuffers>,
+    /// The next micro-step's noise, drawn on a helper thread while this one runs.
+    pub(super) noise: crate::train::noise::NoiseAhead,
 }
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
@@ -287,16 +287,31 @@ impl Trainer {
         interrupted: &dyn Fn() -> bool,
     ) -> anyhow::Result<(usize, bool, Option<StepOutput>)> {
         let (epoch, batch) = self.data.batch_at(index);
-        let rng = &mut StdRng::seed_from_u64(mix(self.seed, index as u64));
+        let next = self
+            .next_micro_index(index)
+            .map(|i| mix(self.seed, i as u64));
+        let mut rng = self.noise.stream(mix(self.seed, index as u64), next);
         let options = self.step_options(interrupted);
         let ctx = StepContext {
             timesteps: &self.timesteps,
             loras: &self.loras,
             options: &options,
         };
-        let step = self.family.micro_step(&batch, rng, &ctx)?;
+        let step = self.family.micro_step(&batch, &mut rng, &ctx)?;
+        self.noise.record(rng);
         let out = step_output(step.result, &batch[0].key, &self.out_of_memory_advice)?;
         Ok((epoch, step.second, out))
+    }
+
+    /// The micro-step this rank runs after `index` (one of the current step's), `None` after the run's last.
+    fn next_micro_index(&self, index: usize) -> Option<usize> {
+        let (rank, world) = (self.collective.rank(), self.collective.world());
+        let indices =
+            |step| crate::train::ranks::micro_indices(step, self.accumulation, rank, world);
+        if index + 1 < indices(self.step).end {
+            return Some(index + 1);
+        }
+        (self.step + 1 < self.total_steps).then(|| indices(self.step + 1).start)
     }
 
     /// The gradient norm of an applied update, or the warning of a skipped one (whose count in a row it keeps).

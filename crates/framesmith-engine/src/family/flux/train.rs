@@ -6,9 +6,9 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use anyhow::Context;
 use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
 
 use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
 use crate::family::image::run::{model_timesteps, noisy_latents, BatchOptions, ImageModel};
@@ -203,7 +203,7 @@ pub struct FluxBatch {
 pub fn flux_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
     dtype: DType,
 ) -> anyhow::Result<FluxBatch> {
     let (noisy, targets) =
@@ -284,7 +284,7 @@ impl ImageModel for Flux {
     fn image_batch(
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         dtype: DType,
         _options: &BatchOptions,
     ) -> anyhow::Result<(FluxInputs, Vec<Tensor>)> {

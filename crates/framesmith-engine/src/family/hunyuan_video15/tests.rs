@@ -8,9 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use super::encoder::testkit as encoder_testkit;
 use super::items::{load_hv15_items, ItemReader};
@@ -91,7 +90,7 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
-        let b = hv15_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let b = hv15_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32)?;
         assert_eq!(
             b.inputs.latents.dims(),
             &[3, 9, 3, 4, 4],
@@ -111,7 +110,7 @@ fn musubi_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> {
     let b = hv15_batch(
         &batch[..2],
         &draws[..2],
-        &mut StdRng::seed_from_u64(9),
+        &mut StepRng::seeded(9),
         DType::F32,
     )?;
     assert!(b.inputs.byt5.is_none());
@@ -288,7 +287,7 @@ fn image_to_video_caches_condition_the_batch_and_train() -> anyhow::Result<()> {
     .items;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
     let draws = fixed_draws(batch.len(), 0.5, 501.0);
-    let b = hv15_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+    let b = hv15_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32)?;
     assert_eq!(b.inputs.latents.dims(), &[3, 9, 3, 4, 4]);
     // The mask channel is 1 on the first latent frame only, and the SigLIP tokens come along.
     let mask: Vec<f32> = b
@@ -318,7 +317,7 @@ fn image_to_video_caches_condition_the_batch_and_train() -> anyhow::Result<()> {
     let err = error_of(hv15_batch(
         &mixed,
         &draws[..2],
-        &mut StdRng::seed_from_u64(9),
+        &mut StepRng::seeded(9),
         DType::F32,
     ));
     assert!(err.contains("mixes image-to-video items"), "{err}");

@@ -8,8 +8,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Tensor};
-use rand::rngs::StdRng;
 
 use crate::family::image::run::{BatchOptions, ImageModel};
 use crate::family::image::{dit_of, is_dit_run};
@@ -23,7 +23,6 @@ use framesmith_models::hunyuan_video15::weights::{identify, is_unrecognised, Ver
 use framesmith_models::hunyuan_video15::{
     HunyuanVideo15Config, HunyuanVideo15Inputs, HunyuanVideo15Transformer,
 };
-use framesmith_nn::init::randn;
 
 /// Whether `path` is a HunyuanVideo transformer (1.5 in any layout, or a 1.0 file that [`dit_config`] names), so
 /// the run goes the HunyuanVideo 1.5 way and its messages say what is wrong.
@@ -115,7 +114,7 @@ fn padded_states(rows: &[Option<&Tensor>], dtype: DType) -> anyhow::Result<Optio
 fn noisy_video(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
 ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
     let mut noisy = Vec::with_capacity(batch.len());
     let mut targets = Vec::with_capacity(batch.len());
@@ -124,7 +123,7 @@ fn noisy_video(
             .latents
             .to_dtype(DType::F32)?
             .affine(HV15_SCALING_FACTOR, 0.0)?;
-        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+        let noise = rng.normal(x.shape(), x.device())?;
         noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?.unsqueeze(0)?);
         targets.push((noise - x)?);
     }
@@ -156,7 +155,7 @@ fn image_conditioning(batch: &[&TrainItem]) -> anyhow::Result<Option<(Tensor, Te
 pub fn hv15_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
     dtype: DType,
 ) -> anyhow::Result<Hv15Batch> {
     let (noisy, targets) = noisy_video(batch, draws, rng)?;
@@ -189,7 +188,7 @@ impl ImageModel for HunyuanVideo15Transformer {
     fn image_batch(
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         dtype: DType,
         _options: &BatchOptions,
     ) -> anyhow::Result<(HunyuanVideo15Inputs, Vec<Tensor>)> {

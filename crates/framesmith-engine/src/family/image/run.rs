@@ -6,9 +6,8 @@
 
 use std::path::Path;
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use crate::family::{FamilyRun, MicroStep, StepContext};
 use crate::train::data::TrainItem;
@@ -19,7 +18,6 @@ use crate::train::trainer::mix;
 use crate::train::validation::{Validation, NOISE_STREAM};
 use framesmith_config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
 use framesmith_models::trainable::TrainableModel;
-use framesmith_nn::init::randn;
 use framesmith_nn::lora_file::SaveLayout;
 
 /// An image family's model as a run trains it.
@@ -35,7 +33,7 @@ pub trait ImageModel: TrainableModel + 'static {
     fn image_batch(
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         dtype: DType,
         options: &BatchOptions,
     ) -> anyhow::Result<(Self::Inputs, Vec<Tensor>)>;
@@ -82,7 +80,7 @@ impl<M: ImageModel, S> ImageRun<M, S> {
         &self,
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         timesteps: &TimestepConfig,
     ) -> anyhow::Result<(M::Inputs, Vec<Tensor>, Vec<f64>)> {
         let (inputs, targets) = M::image_batch(batch, draws, rng, self.dtype, &self.batch)?;
@@ -98,7 +96,7 @@ impl<M: ImageModel, S> ImageRun<M, S> {
         &self,
         item: &TrainItem,
         draw: TimestepDraw,
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         timesteps: &TimestepConfig,
         interrupted: &dyn Fn() -> bool,
     ) -> anyhow::Result<f32> {
@@ -127,7 +125,7 @@ impl<M: ImageModel, S: SampleSet<M> + 'static> FamilyRun for ImageRun<M, S> {
     fn micro_step(
         &mut self,
         batch: &[&TrainItem],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         ctx: &StepContext<'_>,
     ) -> anyhow::Result<MicroStep> {
         let (_, f, h, w) = batch[0].latents.dims4()?;
@@ -164,7 +162,7 @@ impl<M: ImageModel, S: SampleSet<M> + 'static> FamilyRun for ImageRun<M, S> {
                     model_timestep: t * NUM_TRAIN_TIMESTEPS as f64 + 1.0,
                 };
                 let pair = (i * sigmas.len() + k) as u64;
-                let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
+                let rng = &mut StepRng::seeded(mix(v.plan.seed ^ NOISE_STREAM, pair));
                 sum += f64::from(self.item_loss(item, draw, rng, timesteps, interrupted)?);
             }
         }
@@ -206,7 +204,7 @@ impl<M: ImageModel, S: SampleSet<M> + 'static> FamilyRun for ImageRun<M, S> {
 pub(crate) fn noisy_latents(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
     pack: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
 ) -> anyhow::Result<(Tensor, Vec<Tensor>)> {
     let mut noisy = Vec::with_capacity(batch.len());
@@ -214,7 +212,7 @@ pub(crate) fn noisy_latents(
     for (item, draw) in batch.iter().zip(draws) {
         // [C, 1, H, W] → [1, C, H, W].
         let x = item.latents.to_dtype(DType::F32)?.transpose(0, 1)?;
-        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+        let noise = rng.normal(x.shape(), x.device())?;
         noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
         targets.push(pack(&(noise - x)?)?.squeeze(0)?);
     }

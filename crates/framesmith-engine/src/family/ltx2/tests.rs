@@ -7,9 +7,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use super::items::load_ltx2_items;
 use super::setup::start_run_with;
@@ -74,13 +73,8 @@ fn musubi_ltx2_caches_are_read_and_a_fixed_batch_learns() -> anyhow::Result<()> 
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
-        let (inputs, targets) = ltx2_batch(
-            &batch,
-            &draws,
-            &mut StdRng::seed_from_u64(9),
-            DType::F32,
-            &T2V,
-        )?;
+        let (inputs, targets) =
+            ltx2_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32, &T2V)?;
         assert_eq!(inputs.latents.dims(), &[3, 18, 4], "frame-major tokens");
         assert_eq!(inputs.positions.dims(), &[3, 3, 18, 2]);
         assert_eq!(inputs.context.dims(), &[3, 5, 16]);
@@ -250,13 +244,8 @@ fn audio_latent_caches_train_both_streams_and_a_fixed_batch_learns() -> anyhow::
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
-        let (inputs, targets) = ltx2_batch(
-            &batch,
-            &draws,
-            &mut StdRng::seed_from_u64(9),
-            DType::F32,
-            &T2V,
-        )?;
+        let (inputs, targets) =
+            ltx2_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32, &T2V)?;
         let audio = inputs
             .audio
             .as_ref()

@@ -16,8 +16,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Tensor};
-use rand::rngs::StdRng;
 use rand::Rng;
 
 use crate::family::image::run::{BatchOptions, ImageModel};
@@ -31,7 +31,6 @@ use framesmith_models::ltx2::weights::{identify, is_unrecognised};
 use framesmith_models::ltx2::{
     loss_views, Ltx2AudioInputs, Ltx2Config, Ltx2Inputs, Ltx2Transformer,
 };
-use framesmith_nn::init::randn;
 use framesmith_nn::lora_file::SaveLayout;
 
 /// The frame rate the positions are computed at (the official trainer's `DEFAULT_FPS`).
@@ -56,7 +55,7 @@ fn first_frame_tokens(
     b: usize,
     (f, h, w): (usize, usize, usize),
     p: f64,
-    rng: &mut StdRng,
+    rng: &mut StepRng,
 ) -> Vec<usize> {
     if p <= 0.0 || f <= 1 {
         return Vec::new();
@@ -140,7 +139,7 @@ fn padded_context(rows: &[&Tensor], dtype: DType) -> anyhow::Result<(Tensor, Opt
 pub fn ltx2_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
     dtype: DType,
     options: &BatchOptions,
 ) -> anyhow::Result<(Ltx2Inputs, Vec<Tensor>)> {
@@ -154,7 +153,7 @@ pub fn ltx2_batch(
     let mut targets = Vec::with_capacity(batch.len());
     for (item, draw) in batch.iter().zip(draws) {
         let x = patchify(&item.latents.to_dtype(DType::F32)?)?;
-        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+        let noise = rng.normal(x.shape(), x.device())?;
         noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
         targets.push((noise - &x)?);
         clean.push(x);
@@ -193,7 +192,7 @@ pub fn ltx2_batch(
 fn audio_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
     (dtype, device): (DType, &candle_core::Device),
 ) -> anyhow::Result<(Ltx2AudioInputs, Vec<Tensor>)> {
     let mut noisy = Vec::with_capacity(batch.len());
@@ -212,7 +211,7 @@ fn audio_batch(
             .to_dtype(DType::F32)?
             .permute((1, 0, 2))?
             .reshape((t, c * mel))?;
-        let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+        let noise = rng.normal(x.shape(), x.device())?;
         noisy.push(((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?);
         targets.push((noise - x)?);
         texts.push(text);
@@ -236,7 +235,7 @@ impl ImageModel for Ltx2Transformer {
     fn image_batch(
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         dtype: DType,
         options: &BatchOptions,
     ) -> anyhow::Result<(Ltx2Inputs, Vec<Tensor>)> {

@@ -9,9 +9,8 @@ mod edit_text;
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use super::encoder::{EditPromptEncoder, EncoderFiles, EncoderLoaders, PromptEncoder, WordEncoder};
 use super::prep::{cache_qwen_latents, cache_qwen_text, CaptionEncoder, QwenLatentEncoder};
@@ -108,7 +107,7 @@ fn images_and_captions_cache_under_musubi_names_and_a_fixed_batch_learns() -> an
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
         // The same noise every step: the loss of one fixed batch.
-        let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let b = qwen_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32)?;
         assert_eq!(b.inputs.txt_lens.as_deref(), Some(&[3, 3, 6][..]));
         Ok((b.inputs, b.targets))
     })

@@ -10,8 +10,8 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
 
 use crate::family::image::items::{load_image_items, ImageCacheReader, ImageItems};
 use crate::family::image::run::{model_timesteps, noisy_latents, BatchOptions, ImageModel};
@@ -164,7 +164,7 @@ pub fn padded_text(contexts: &[&Tensor], dtype: DType) -> anyhow::Result<(Tensor
 pub fn qwen_batch(
     batch: &[&TrainItem],
     draws: &[TimestepDraw],
-    rng: &mut StdRng,
+    rng: &mut StepRng,
     dtype: DType,
 ) -> anyhow::Result<QwenImageBatch> {
     let (noisy, targets) = noisy_latents(batch, draws, rng, pack)?;
@@ -219,7 +219,7 @@ impl ImageModel for QwenImageTransformer {
     fn image_batch(
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         dtype: DType,
         _options: &BatchOptions,
     ) -> anyhow::Result<(QwenImageInputs, Vec<Tensor>)> {

@@ -6,9 +6,8 @@
 
 use std::path::Path;
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device, Tensor};
-use rand::rngs::StdRng;
-use rand::SeedableRng;
 
 use crate::family::wan::cached::image_inputs;
 use crate::family::wan::denoise::{first_frame_row, with_first_frame};
@@ -27,7 +26,6 @@ use crate::train::trainer::{mix, ExpertStep};
 use crate::train::validation::{Validation, NOISE_STREAM};
 use framesmith_config::training::{TimestepConfig, NUM_TRAIN_TIMESTEPS};
 use framesmith_models::wan::{Timesteps, WanInputs};
-use framesmith_nn::init::randn;
 use framesmith_nn::lora::LoraSet;
 
 /// A batch made ready for the DiT: noisy inputs, flow-matching targets and loss weights.
@@ -64,7 +62,7 @@ impl WanRun {
         &self,
         batch: &[&TrainItem],
         draws: &[TimestepDraw],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         timesteps: &TimestepConfig,
     ) -> anyhow::Result<FlowBatch> {
         let cfg = self.experts.model.config();
@@ -76,7 +74,7 @@ impl WanRun {
         let mut rows = Vec::with_capacity(batch.len());
         for (item, draw) in batch.iter().zip(draws) {
             let x = item.latents.to_dtype(DType::F32)?;
-            let noise = randn(rng, x.shape(), 0.0, 1.0, x.device())?;
+            let noise = rng.normal(x.shape(), x.device())?;
             let mixed = ((&x * (1.0 - draw.t))? + (&noise * draw.t)?)?;
             if start_frame {
                 noisy.push(with_first_frame(&mixed, &x.narrow(1, 0, 1)?)?);
@@ -118,7 +116,7 @@ impl WanRun {
         &self,
         item: &TrainItem,
         (draw, high): (TimestepDraw, bool),
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         timesteps: &TimestepConfig,
         interrupted: &dyn Fn() -> bool,
     ) -> anyhow::Result<f32> {
@@ -162,7 +160,7 @@ impl FamilyRun for WanRun {
     fn micro_step(
         &mut self,
         batch: &[&TrainItem],
-        rng: &mut StdRng,
+        rng: &mut StepRng,
         ctx: &StepContext<'_>,
     ) -> anyhow::Result<MicroStep> {
         let (_, _, h, w) = batch[0].latents.dims4()?;
@@ -236,7 +234,7 @@ impl FamilyRun for WanRun {
                         continue;
                     }
                     let pair = (i * sigmas.len() + k) as u64;
-                    let rng = &mut StdRng::seed_from_u64(mix(v.plan.seed ^ NOISE_STREAM, pair));
+                    let rng = &mut StepRng::seeded(mix(v.plan.seed ^ NOISE_STREAM, pair));
                     sum += self.item_loss(item, (draw, high), rng, timesteps, interrupted)? as f64;
                 }
             }

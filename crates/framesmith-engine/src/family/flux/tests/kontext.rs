@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -111,7 +112,7 @@ fn fixed_batch_losses(
     let mut optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
     let mut losses = Vec::new();
     for _ in 0..12 {
-        let b = flux_batch(batch, draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let b = flux_batch(batch, draws, &mut StepRng::seeded(9), DType::F32)?;
         let target = LossTarget {
             targets: &b.targets,
             weights: None,
@@ -136,7 +137,7 @@ fn item_loss(model: &Flux, item: &TrainItem, draw: &TimestepDraw) -> anyhow::Res
     let b = flux_batch(
         &[item],
         std::slice::from_ref(draw),
-        &mut StdRng::seed_from_u64(9),
+        &mut StepRng::seeded(9),
         DType::F32,
     )?;
     let target = LossTarget {
@@ -177,7 +178,7 @@ fn a_kontext_batch_appends_the_control_tokens_and_learns() -> anyhow::Result<()>
         };
         batch.len()
     ];
-    let b = flux_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+    let b = flux_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32)?;
     assert_eq!(
         b.inputs.img.dims(),
         &[3, 32, 64],

@@ -7,6 +7,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -250,7 +251,7 @@ impl MiniRun {
     /// Optimizer step `index` (one micro-batch): its loss.
     fn step(&mut self, index: usize) -> anyhow::Result<f32> {
         let (_, batch) = self.set.batch_at(index);
-        let rng = &mut StdRng::seed_from_u64(mix(SEED, index as u64));
+        let rng = &mut StepRng::seeded(mix(SEED, index as u64));
         let (_, _, h, w) = batch[0].latents.dims4()?;
         let draws = sample_timesteps(&self.timesteps, batch.len(), (h, w), rng);
         let flux = flux_batch(&batch, &draws, rng, DType::F32)?;

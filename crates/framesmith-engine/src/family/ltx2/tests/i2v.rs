@@ -2,6 +2,7 @@
 //! frame clean and out of the loss, a conditioned batch learns (with audio too, and mixed with plain clips), a run
 //! trains and resumes with it, and with its probability 0 the batch is text-to-video's.
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -40,7 +41,7 @@ fn first_frame_conditioning_keeps_the_first_frame_clean_and_out_of_the_loss() ->
     let items = load_ltx2_items((&toml, Unreadable::Refuse), &tiny_config(), &Device::Cpu)?.items;
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
-    let rng = &mut StdRng::seed_from_u64(9);
+    let rng = &mut StepRng::seeded(9);
     let (t2v, t2v_targets) = ltx2_batch(&batch, &draws, rng, DType::F32, &T2V)?;
     let after_t2v = rand::Rng::random::<u64>(rng);
     assert!(t2v.conditioned_tokens.is_empty());
@@ -62,13 +63,7 @@ fn first_frame_conditioning_keeps_the_first_frame_clean_and_out_of_the_loss() ->
         "nothing else drawn"
     );
 
-    let (i2v, targets) = ltx2_batch(
-        &batch,
-        &draws,
-        &mut StdRng::seed_from_u64(9),
-        DType::F32,
-        &I2V,
-    )?;
+    let (i2v, targets) = ltx2_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32, &I2V)?;
     assert_eq!(i2v.conditioned_tokens, [6, 6, 6]);
     for (i, item) in batch.iter().enumerate() {
         let x = item
@@ -111,7 +106,7 @@ fn a_first_frame_conditioned_batch_learns() -> anyhow::Result<()> {
             ltx2_batch(
                 &batch,
                 &draws,
-                &mut StdRng::seed_from_u64(seed),
+                &mut StepRng::seeded(seed),
                 DType::F32,
                 &half,
             )
@@ -124,7 +119,7 @@ fn a_first_frame_conditioned_batch_learns() -> anyhow::Result<()> {
     for (options, seed) in [(I2V, 9), (half, mixed_seed)] {
         let (model, loras, mut optimizer) = tiny_model_with_lora(&dir.path().join("dit"))?;
         assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
-            let rng = &mut StdRng::seed_from_u64(seed);
+            let rng = &mut StepRng::seeded(seed);
             ltx2_batch(&batch, &draws, rng, DType::F32, &options)
         })?;
     }
@@ -144,13 +139,8 @@ fn a_first_frame_conditioned_batch_learns() -> anyhow::Result<()> {
     let loras = attach_family_loras(model.linears_mut(), &tiny_lora_spec(), LoraFamily::Ltx2)?;
     let mut optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
-        let (inputs, targets) = ltx2_batch(
-            &batch,
-            &draws,
-            &mut StdRng::seed_from_u64(9),
-            DType::F32,
-            &I2V,
-        )?;
+        let (inputs, targets) =
+            ltx2_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32, &I2V)?;
         // 12 of 18 video tokens and every audio frame in the loss.
         assert_eq!(targets[0].dims(), &[12 * 4 + AUDIO_FRAMES * 4, 1]);
         Ok((inputs, targets))

@@ -5,6 +5,7 @@
 
 use std::path::{Path, PathBuf};
 
+use crate::train::noise::StepRng;
 use candle_core::{DType, Device};
 use rand::rngs::StdRng;
 use rand::SeedableRng;
@@ -104,7 +105,7 @@ fn control_images_cache_beside_the_target_and_an_edit_batch_learns() -> anyhow::
     let batch: Vec<_> = items.iter().map(|(i, _)| i).collect();
     assert!(batch.iter().all(|i| i.control.len() == 2));
     let draws = fixed_draws(batch.len(), 0.6, 601.0);
-    let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+    let b = qwen_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32)?;
     assert_eq!(b.inputs.img_grids, vec![ImageGrid::image(2, 2); 3]);
     assert_eq!(
         b.inputs.img.dims(),
@@ -130,7 +131,7 @@ fn control_images_cache_beside_the_target_and_an_edit_batch_learns() -> anyhow::
     )?;
     let mut optimizer = AdamW::new(crate::train::setup::named_vars(&loras), Default::default())?;
     assert_a_fixed_batch_learns(&model, &loras, &mut optimizer, || {
-        let b = qwen_batch(&batch, &draws, &mut StdRng::seed_from_u64(9), DType::F32)?;
+        let b = qwen_batch(&batch, &draws, &mut StepRng::seeded(9), DType::F32)?;
         Ok((b.inputs, b.targets))
     })
 }
