@@ -28,6 +28,7 @@ mod page_locking;
 use page_locking::PAGE_LOCKING;
 mod prelock;
 mod ring;
+mod step_trim;
 
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -48,6 +49,7 @@ pub use pack::{BlockLayout, TensorSpec, ALIGN};
 pub use page_locking::{page_locking, PageLocking};
 pub use prelock::{ActivationBuffers, PrelockReport};
 pub use ring::{Decision, Load, Ring};
+pub use step_trim::{PoolReading, StepTrim};
 
 /// How streamed blocks reach the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -530,6 +530,7 @@ impl Trainer {
             startup: Startup::begin(),
             vram_peak: Default::default(),
             noise: Default::default(),
+            pool_trims: Default::default(),
             activation_buffers: parts.activation_buffers,
         })
     }

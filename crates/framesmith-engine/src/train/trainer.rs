@@ -91,6 +91,8 @@ pub struct Trainer {
     pub(super) activation_buffers: Option<framesmith_nn::offload::ActivationBuffers>,
     /// The next micro-step's noise, drawn on a helper thread while this one runs.
     pub(super) noise: crate::train::noise::NoiseAhead,
+    /// When each step starts from a trimmed memory pool, on the run's device and on a second model's.
+    pub(super) pool_trims: [framesmith_nn::offload::StepTrim; 2],
 }
 
 /// SplitMix64 finaliser: decorrelates the per-micro-step seeds.
@@ -350,10 +352,11 @@ impl Trainer {
     /// and any rank's stop stops every rank after the step (`StepReport::stop_requested`).
     pub fn train_step(&mut self, interrupted: &dyn Fn() -> bool) -> anyhow::Result<StepReport> {
         let started = Instant::now();
-        // The last step's transient memory goes back to the driver: each step then needs what the first did.
-        framesmith_nn::offload::release_cached_memory(self.device())?;
+        // The last step's transient memory goes back to the driver where keeping it could make this step need
+        // more than the first did (`StepTrim`).
+        self.pool_trims[0].before_step(self.family.device())?;
         if let Some(low) = self.family.second_device() {
-            framesmith_nn::offload::release_cached_memory(low)?;
+            self.pool_trims[1].before_step(low)?;
         }
         // The summed gradients of each LoRA: the only (or joint, or high-noise) one, and a split run's low-noise one.
         let mut sums: [Option<Vec<Tensor>>; 2] = [None, None];
