@@ -40,6 +40,18 @@ pub trait TrainableBlock {
         shared: &Self::Shared,
         keep_projection: bool,
     ) -> Result<(Tensor, Self::Kept)>;
+    /// The forward under per-block checkpointing (nothing but the block's input is kept for it by default): its
+    /// output, and what the block keeps beside its saved input for the recompute, small values only (never the
+    /// attention): e.g. the keys and values of a short text context, which the recompute would otherwise project
+    /// again. The default keeps nothing (`None`, and the recompute gets `None`). A block type keeps a value at
+    /// every block of a pass or at none.
+    fn forward_checkpointed(
+        &self,
+        xs: &Tensor,
+        shared: &Self::Shared,
+    ) -> Result<(Tensor, Option<Self::Kept>)> {
+        Ok((self.forward_untracked(xs, shared, false)?.0, None))
+    }
     /// The forward keeping its whole tape (no recompute needed before the backward).
     fn forward_with_tape(&self, xs: &Tensor, shared: &Self::Shared)
         -> Result<(Tensor, Self::Tape)>;
@@ -195,8 +207,8 @@ pub(crate) mod testing {
 
     /// Every block of `model` for `inputs` both ways: the untracked forward's output, and the hand-written
     /// backward's input gradient and every LoRA gradient (of `vars`, which must all get one) against candle's
-    /// autograd; the same gradients after recomputes that reuse the kept attention, and the kept gated branches'
-    /// outputs (`kept_outputs(i)` of them for block `i`).
+    /// autograd; the same gradients after recomputes that reuse the kept attention, what the block keeps under
+    /// per-block checkpointing, and the kept gated branches' outputs (`kept_outputs(i)` of them for block `i`).
     pub(crate) fn check_blocks<M>(
         model: &M,
         inputs: &M::Inputs,
@@ -205,7 +217,7 @@ pub(crate) mod testing {
     ) -> anyhow::Result<()>
     where
         M: TrainableModel,
-        M::Block: TrainableBlock<Kept = KeptBlock>,
+        <M::Block as TrainableBlock>::Kept: KeptOutputs,
     {
         let prepared = model.prepare(inputs)?.detached();
         let shared = prepared.shared();
@@ -226,7 +238,7 @@ pub(crate) mod testing {
             );
             assert!(rel(&out, &out_ref)? <= 1e-6, "block {i} output");
             // The hand-written backward after a recompute that reuses `kept` (nothing with `None`).
-            let backward_with = |kept: Option<&KeptBlock>| {
+            let backward_with = |kept: Option<&<M::Block as TrainableBlock>::Kept>| {
                 TrainableBlock::backward(block, block.recompute(&xs, shared, kept)?, &grad)
             };
             let grads = backward_with(None)?;
@@ -254,10 +266,25 @@ pub(crate) mod testing {
                 &grads,
                 (0.0, "kept attention"),
             )?;
+            // Per-block checkpointing: what the block keeps beside its input (if anything) changes nothing either.
+            let (out_checkpointed, beside_input) = block.forward_checkpointed(&xs, shared)?;
+            assert_eq!(
+                rel(&out_checkpointed, &out)?,
+                0.0,
+                "block {i}: the checkpointed forward changed the output"
+            );
+            if let Some(beside_input) = &beside_input {
+                same_grads(
+                    i,
+                    &backward_with(Some(beside_input))?,
+                    &grads,
+                    (0.0, "kept beside the input"),
+                )?;
+            }
             // And with the gated branches' outputs kept too (`checkpointing = "attention_projection"`).
-            assert!(kept.outputs().is_empty());
+            assert_eq!(kept.output_count(), 0);
             let (out_kept, with_outputs) = block.forward_untracked(&xs, shared, true)?;
-            assert_eq!(with_outputs.outputs().len(), kept_outputs(i), "block {i}");
+            assert_eq!(with_outputs.output_count(), kept_outputs(i), "block {i}");
             assert_eq!(
                 rel(&out_kept, &out)?,
                 0.0,
@@ -269,6 +296,17 @@ pub(crate) mod testing {
         }
         assert_eq!(checked, vars.len(), "every LoRA factor got a gradient");
         Ok(())
+    }
+
+    /// How many branch outputs a block's kept value holds (the shared checks read no more of it).
+    pub(crate) trait KeptOutputs {
+        fn output_count(&self) -> usize;
+    }
+
+    impl KeptOutputs for KeptBlock {
+        fn output_count(&self) -> usize {
+            self.outputs().len()
+        }
     }
 
     /// Block `i`'s gradients after a recompute that reused kept values (`what`) against the plain recompute's,

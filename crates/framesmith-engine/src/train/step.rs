@@ -243,14 +243,10 @@ pub fn try_checkpointed_step<M: TrainableModel>(
     let manual = options.backward == BlockBackward::Manual;
     let keep = options.keep_attention && manual;
     let mut saved = SavedInputs::new(model.device(), options.saved_inputs)?;
-    // Kept attention waits where the saved inputs do (in RAM, a block's output comes back a block ahead); a step
-    // that keeps none makes no stash for it.
-    let kept_at = if keep {
-        options.saved_inputs
-    } else {
-        SavedPlacement::Device
-    };
-    let mut kept = KeptValues::new(model.device(), kept_at)?;
+    // Kept values wait where the saved inputs do (in RAM, a block's output comes back a block ahead); a step that
+    // keeps none makes no stash for them.
+    let mut kept = KeptValues::new(model.device(), options.saved_inputs)?;
+    let mut kept_count = 0;
     let mut tapes = Vec::new();
     let mut xs = head_inputs.block_input().clone();
     for i in 0..n {
@@ -263,14 +259,26 @@ pub fn try_checkpointed_step<M: TrainableModel>(
         }
         // Saved before the block runs: a copy to the host overlaps the block.
         saved.push(xs.clone())?;
-        let (next, attention) =
-            model
-                .block(i)?
-                .forward_untracked(&xs, shared, keep && options.keep_projection)?;
-        if keep {
-            kept.push(attention)?;
+        let block = model.block(i)?;
+        let (next, value) = if keep {
+            let (next, value) = block.forward_untracked(&xs, shared, options.keep_projection)?;
+            (next, Some(value))
+        } else if manual {
+            block.forward_checkpointed(&xs, shared)?
+        } else {
+            (block.forward_untracked(&xs, shared, false)?.0, None)
+        };
+        if let Some(value) = value {
+            kept.push(value)?;
+            kept_count += 1;
         }
         xs = next;
+    }
+    // The backward takes one kept value per block, last block first.
+    if kept_count != 0 && kept_count != n {
+        return Err(StepError::Candle(candle_core::Error::Msg(format!(
+            "the blocks kept values for {kept_count} of {n} blocks (a block type keeps one at every block or none)"
+        ))));
     }
 
     let last = Var::from_tensor(&xs)?;

@@ -1,40 +1,51 @@
 //! LTX-2 / LTX-2.3 as the engine trains it: [`TrainableModel`] for [`Ltx2Transformer`] and [`TrainableBlock`] for
 //! [`Ltx2Block`] (the video stream of each block, with its hand-written backward), the embeddings' results as a
 //! [`PreparedBatch`], and LoRA targets named as ltx-core names the modules (`transformer_blocks.0.attn1.to_q`).
-//! With selective checkpointing a block keeps its video self-attention for the recompute ([`KeptBlock`]; no gated
-//! branch output is kept). A joint audio-video batch runs the joint blocks on both streams packed into one block
+//! A block keeps its video text cross-attention's keys and values for the recompute under every checkpointing
+//! that recomputes, and with selective checkpointing its video self-attention too ([`Ltx2Kept`]; no gated branch
+//! output is kept). A joint audio-video batch runs the joint blocks on both streams packed into one block
 //! input, and its loss compares [`joint_loss_view`]s.
 
 use std::borrow::Cow;
 
 use candle_core::{Device, Result, Tensor};
 
-use super::block::grad::Ltx2Tape;
+use super::block::grad::{Ltx2Kept, Ltx2Tape};
 use super::block::{AudioInputs, BlockInputs, Ltx2Block};
 use super::transformer::{Ltx2Inputs, Ltx2Transformer, Prepared};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
-use framesmith_nn::attention::KeptBlock;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::lora::LoraFamily;
 
 impl TrainableBlock for Ltx2Block {
     type Shared = BlockInputs;
-    type Kept = KeptBlock;
+    type Kept = Ltx2Kept;
     type Tape = Ltx2Tape;
 
     fn forward(&self, xs: &Tensor, shared: &BlockInputs) -> Result<Tensor> {
         Ltx2Block::forward(self, xs, shared)
     }
 
-    /// The forward keeping the self-attention; `keep_projection` is ignored (no branch output is kept).
+    /// The forward keeping the text keys and values and the self-attention; `keep_projection` is ignored (no
+    /// branch output is kept).
     fn forward_untracked(
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
         _keep_projection: bool,
-    ) -> Result<(Tensor, KeptBlock)> {
+    ) -> Result<(Tensor, Ltx2Kept)> {
         let (out, tape) = Ltx2Block::forward_with_tape(self, xs, shared)?;
-        Ok((out, KeptBlock::new(tape.kept(), Vec::new())))
+        Ok((out, tape.kept(true)))
+    }
+
+    /// The forward keeping the text keys and values.
+    fn forward_checkpointed(
+        &self,
+        xs: &Tensor,
+        shared: &BlockInputs,
+    ) -> Result<(Tensor, Option<Ltx2Kept>)> {
+        let (out, tape) = Ltx2Block::forward_with_tape(self, xs, shared)?;
+        Ok((out, Some(tape.kept(false))))
     }
 
     fn forward_with_tape(&self, xs: &Tensor, shared: &BlockInputs) -> Result<(Tensor, Ltx2Tape)> {
@@ -45,9 +56,9 @@ impl TrainableBlock for Ltx2Block {
         &self,
         xs: &Tensor,
         shared: &BlockInputs,
-        kept: Option<&KeptBlock>,
+        kept: Option<&Ltx2Kept>,
     ) -> Result<Ltx2Tape> {
-        Ltx2Block::recompute(self, xs, shared, kept.map(KeptBlock::attention))
+        Ltx2Block::recompute(self, xs, shared, kept)
     }
 
     fn backward(&self, tape: Ltx2Tape, grad: &Tensor) -> Result<BlockGrads> {

@@ -378,7 +378,9 @@ fn block_kind(
 /// activations (the GELU's input: its output is not taped), `4·L·r·c` of LoRA activations and `2·L·h·4` of the two attentions' log-sum-exp; `"attention"`
 /// checkpointing keeps `L·d·c + L·h·4`, `"attention_projection"` adds `2·L·d·c`; the text side of the
 /// cross-attention (`T` text tokens, 1024 per sample) adds `4·T·d·c` (the modulated context, k before and after its
-/// norm, v) and `2·T·r·c` (k's and v's LoRA activations). The blocks share the AdaLN rows, the text context
+/// norm, v) and `2·T·r·c` (k's and v's LoRA activations). Every checkpointing that recomputes keeps each block's
+/// text k (before its norm) and v from the forward for the recompute, `2·T·d·c` beside the saved input (counted
+/// in it: they wait where it does). The blocks share the AdaLN rows, the text context
 /// `T·d·c` and the RoPE tables, cos and sin per head and pair over the video tokens: `L·d·c`. The working set
 /// uses the
 /// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on LTX-2.
@@ -452,7 +454,8 @@ pub(crate) fn describe(model: &Ltx2PlanModel, input: &PlanInput) -> Result<Model
             .collect(),
         resident: resident_weights(cfg, audio, compute),
         lora,
-        saved_input_bytes: tokens * d * shape.residual_bytes + audio_saved,
+        // The text keys and values each block keeps for its recompute wait with its input.
+        saved_input_bytes: tokens * d * shape.residual_bytes + 2 * text * d * compute + audio_saved,
         shared_inputs,
         working_set_bytes: input.working_set.bytes_for(&widths, &shape),
         fragmentation_bytes: None,

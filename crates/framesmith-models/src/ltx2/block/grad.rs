@@ -17,6 +17,7 @@ use super::{
 use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
+use framesmith_nn::offload::Stashable;
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::rms_norm_backward;
 use framesmith_nn::ops::{
@@ -41,6 +42,8 @@ struct AttnTape {
     qkv: [LinearTape; 3],
     /// q and k [b, l, dim] before their RMSNorms.
     raw_qk: [Tensor; 2],
+    /// v [b, l, dim] before the split into heads.
+    v: Tensor,
     attention: AttentionTape,
     /// The gate linear's tape and the gates [b, l, heads] (LTX-2.3).
     gate: Option<(LinearTape, Tensor)>,
@@ -55,6 +58,9 @@ struct AttnCall<'a> {
     rope: Option<Ropes<'a>>,
     lens: Option<&'a [usize]>,
     kept: Option<&'a KeptAttention>,
+    /// A cross-attention's keys (before their RMSNorm) and values from an earlier pass on the same context: not
+    /// projected again.
+    kv: Option<&'a [Tensor; 2]>,
     context_grad: bool,
 }
 
@@ -65,12 +71,18 @@ fn three<T>(v: Vec<T>) -> Result<[T; 3]> {
 
 fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor, AttnTape)> {
     let x = x.detach();
-    let [(q, tq), (k, tk), (v, tv)] = match call.context {
-        None => three(Linear::forward_untracked_shared(
+    let [(q, tq), (k, tk), (v, tv)] = match (call.context, call.kv) {
+        (None, _) => three(Linear::forward_untracked_shared(
             &[&attn.to_q, &attn.to_k, &attn.to_v],
             &x,
         )?)?,
-        Some(c) => {
+        // The tapes of kept outputs: the backward recomputes the low-rank activations (a [text, rank] product).
+        (Some(_), Some([k, v])) => [
+            attn.to_q.forward_untracked(&x)?,
+            (k.clone(), LinearTape::kept(k)),
+            (v.clone(), LinearTape::kept(v)),
+        ],
+        (Some(c), None) => {
             let q = attn.to_q.forward_untracked(&x)?;
             let mut kv =
                 Linear::forward_untracked_shared(&[&attn.to_k, &attn.to_v], c)?.into_iter();
@@ -104,6 +116,7 @@ fn attn_forward(attn: &Attention, x: &Tensor, call: AttnCall) -> Result<(Tensor,
         context_grad: call.context_grad,
         qkv: [tq, tk, tv],
         raw_qk: [q, k],
+        v,
         attention,
         gate,
         out_in,
@@ -238,22 +251,71 @@ pub struct Ltx2Tape {
 }
 
 impl Ltx2Tape {
-    /// The video self-attention's output and LSE, to keep for a recompute.
-    pub fn kept(&self) -> KeptAttention {
-        self.video.attn.attn1.attention.kept()
+    /// What the block keeps for its recompute: the video text keys and values, and with `attention` the video
+    /// self-attention's output and LSE.
+    pub fn kept(&self, attention: bool) -> Ltx2Kept {
+        let text = &self.video.attn.attn2;
+        Ltx2Kept {
+            text: [text.raw_qk[1].clone(), text.v.clone()],
+            attention: attention.then(|| self.video.attn.attn1.attention.kept()),
+        }
     }
 }
 
-/// A stream's self-attention and text cross-attention on `x0` without a graph, with their tape; with `with_ff`
-/// (the feed-forward follows directly: no audio-video cross-attentions between), also the feed-forward's
-/// modulated input, formed in the pass that writes the residual. Each residual update and the RMSNorm that
-/// reads it are one pass on CUDA.
+/// What an LTX-2 block keeps from its first forward for the recompute: the video text cross-attention's keys
+/// (before their RMSNorm) and values under every checkpointing that recomputes (a short context, 1,024 tokens a
+/// sample: the recompute then projects the queries only), and with selective checkpointing the video
+/// self-attention's output and LSE.
+pub struct Ltx2Kept {
+    text: [Tensor; 2],
+    attention: Option<KeptAttention>,
+}
+
+impl Ltx2Kept {
+    /// The kept self-attention (selective checkpointing).
+    pub fn attention(&self) -> Option<&KeptAttention> {
+        self.attention.as_ref()
+    }
+}
+
+impl Stashable for Ltx2Kept {
+    fn into_tensors(self) -> Vec<Tensor> {
+        let mut out = self.text.to_vec();
+        if let Some(a) = self.attention {
+            out.extend(a.into_tensors());
+        }
+        out
+    }
+
+    fn from_tensors(mut tensors: Vec<Tensor>) -> Result<Self> {
+        if tensors.len() != 2 && tensors.len() != 4 {
+            candle_core::bail!(
+                "an LTX-2 block keeps its text keys and values and maybe an attention, not {} tensors",
+                tensors.len()
+            );
+        }
+        let rest = tensors.split_off(2);
+        let attention = if rest.is_empty() {
+            None
+        } else {
+            Some(KeptAttention::from_tensors(rest)?)
+        };
+        let text = <[Tensor; 2]>::try_from(tensors)
+            .map_err(|_| candle_core::Error::Msg("text keys and values expected".into()))?;
+        Ok(Self { text, attention })
+    }
+}
+
+/// A stream's self-attention and text cross-attention on `x0` without a graph, with their tape (reusing what
+/// `kept` holds from an earlier pass); with `with_ff` (the feed-forward follows directly: no audio-video
+/// cross-attentions between), also the feed-forward's modulated input, formed in the pass that writes the
+/// residual. Each residual update and the RMSNorm that reads it are one pass on CUDA.
 fn attn_half(
     s: StreamRef,
     x0: &Tensor,
     m: &Modulation,
     call: StreamCall,
-    (kept, eps, with_ff): (Option<&KeptAttention>, f64, bool),
+    (kept, eps, with_ff): (Option<&Ltx2Kept>, f64, bool),
 ) -> Result<(AttnHalf, Option<Tensor>)> {
     let x0 = x0.detach();
     let dtype = x0.dtype();
@@ -262,7 +324,8 @@ fn attn_half(
         context: None,
         rope: Some((call.rope, call.rope)),
         lens: None,
-        kept,
+        kept: kept.and_then(Ltx2Kept::attention),
+        kv: None,
         context_grad: false,
     };
     let (y, attn1) = attn_forward(s.attn1, &h, self_call)?;
@@ -283,7 +346,11 @@ fn attn_half(
         }
         None => call.context.detach(),
     };
-    let (y, attn2) = attn_forward(s.attn2, &q_in, text_call(&ctx, call.lens))?;
+    let text = AttnCall {
+        kv: kept.map(|k| &k.text),
+        ..text_call(&ctx, call.lens)
+    };
+    let (y, attn2) = attn_forward(s.attn2, &q_in, text)?;
     let gate = m.context.as_ref().map(|_| &m.rows[8]);
     let (x2, h3) = if with_ff {
         let ff_mod = NormAfter::Rms(Some((&m.rows[4], &m.rows[3])));
@@ -393,6 +460,7 @@ fn text_call<'a>(context: &'a Tensor, lens: Option<&'a [usize]>) -> AttnCall<'a>
         rope: None,
         lens,
         kept: None,
+        kv: None,
         context_grad: false,
     }
 }
@@ -404,6 +472,7 @@ fn av_call<'a>(context: &'a Tensor, rope: Ropes<'a>) -> AttnCall<'a> {
         rope: Some(rope),
         lens: None,
         kept: None,
+        kv: None,
         context_grad: true,
     }
 }
@@ -422,12 +491,12 @@ impl Ltx2Block {
     }
 
     /// The tape of the block on `xs` for [`Self::backward`], stopping before `ff.net.2` (the block's output is
-    /// not needed); `kept`: the video self-attention of an earlier pass on the same input (not run again).
+    /// not needed); `kept`: what an earlier pass on the same input kept (not computed again).
     pub fn recompute(
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&Ltx2Kept>,
     ) -> Result<Ltx2Tape> {
         Ok(self.run(xs, inputs, kept, false)?.1)
     }
@@ -436,7 +505,7 @@ impl Ltx2Block {
         &self,
         xs: &Tensor,
         inputs: &BlockInputs,
-        kept: Option<&KeptAttention>,
+        kept: Option<&Ltx2Kept>,
         with_out: bool,
     ) -> Result<(Option<Tensor>, Ltx2Tape)> {
         let eps = self.eps;

@@ -2,10 +2,43 @@
 //! joint audio-video, each with and without first-frame conditioning, random LoRAs on every block linear), the
 //! loss views (the official masked loss), and the LoRA targets' names.
 
+use super::super::block::grad::Ltx2Kept;
 use super::super::testkit;
 use crate::ltx2::{joint_loss_view, loss_views};
-use crate::trainable::testing::{check_blocks, random_loras, random_loras_on};
-use crate::trainable::TrainableModel;
+use crate::trainable::testing::{check_blocks, random_loras, random_loras_on, KeptOutputs};
+use crate::trainable::{PreparedBatch, TrainableBlock, TrainableModel};
+use framesmith_nn::offload::Stashable;
+
+impl KeptOutputs for Ltx2Kept {
+    fn output_count(&self) -> usize {
+        0
+    }
+}
+
+/// What a block keeps comes back from its tensors as it went in (the text keys and values, then the
+/// self-attention when kept), as it does from host RAM; any other count is refused.
+#[test]
+fn kept_values_come_back_from_their_tensors() -> anyhow::Result<()> {
+    let case = testkit::load("ltx23_t2v")?;
+    let model = testkit::model(&case)?;
+    let prepared = model.prepare(&testkit::inputs(&case)?)?.detached();
+    let block = model.block(0)?;
+    let (_, with_attention) =
+        block.forward_untracked(prepared.block_input(), prepared.shared(), false)?;
+    let (_, text_only) = block.forward_checkpointed(prepared.block_input(), prepared.shared())?;
+    let text_only = text_only.ok_or_else(|| anyhow::anyhow!("nothing kept beside the input"))?;
+    assert!(text_only.attention().is_none());
+    for (kept, count) in [(with_attention, 4), (text_only, 2)] {
+        let attention = kept.attention().is_some();
+        let tensors = kept.into_tensors();
+        assert_eq!(tensors.len(), count);
+        let back = Ltx2Kept::from_tensors(tensors.clone())?;
+        assert_eq!(back.attention().is_some(), attention);
+        assert_eq!(back.into_tensors().len(), count);
+        assert!(Ltx2Kept::from_tensors(tensors[..count - 1].to_vec()).is_err());
+    }
+    Ok(())
+}
 
 #[test]
 fn block_backward_matches_autograd_for_both_releases() -> anyhow::Result<()> {
