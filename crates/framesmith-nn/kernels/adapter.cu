@@ -1,6 +1,7 @@
-// The small per-layer passes of the LoHa and DoRA adapters (`framesmith_nn::ops::adapter`), each one launch where
+// The small per-layer passes of the adapters (`framesmith_nn::ops::adapter`), each one launch where
 // candle's composition took several: LoHa's row-wise outer products and their gradients (cuBLAS ran them as
-// batched products of 1-wide matrices, one tile per row), and DoRA's row norms from their low-rank terms.
+// batched products of 1-wide matrices, one tile per row), DoRA's row norms from their low-rank terms, and a LoRA
+// layer's bias columns (candle's affine, cast and two three-way concatenations).
 // Factors are f32; a factor `a` of `n` vectors of `r` values is stored [n, r] (`columns` 0) or [r, n] (`columns` 1).
 #include "common.cuh"
 
@@ -89,6 +90,37 @@ __device__ void add_product(const T* w, const T* p1, const T* p2, T* out, long n
     }
 }
 
+// A LoRA layer's low-rank activation as its forward uses it, from the down product `raw` [m, r] (row stride `ld`):
+// `mid` = raw · s rounded to T ([m, r], candle's affine bit for bit: `s` comes already rounded to T, and the
+// product's rounding is followed by the affine's `+ 0`), and `mid1` = [mid | 1 | 0…] [m, width] (the bias as one
+// more rank column, zero columns up to `width`).
+template <typename T>
+__device__ void lora_mid(const T* raw, T* mid, T* mid1, long m, long r, long ld, long width, float s) {
+    FOR_EACH(i, m * width) {
+        const long row = i / width;
+        const long j = i - row * width;
+        T v;
+        if (j < r) {
+            v = from_f32<T>(__fadd_rn(round_through<T>(__fmul_rn(to_f32(raw[row * ld + j]), s)), 0.f));
+            mid[row * r + j] = v;
+        } else {
+            v = from_f32<T>(j == r ? 1.f : 0.f);
+        }
+        mid1[i] = v;
+    }
+}
+
+// `up1` = [up | bias | 0…] [n, width] in T from the f32 factor `up` [n, r] (rounded to nearest, as candle's cast)
+// and the bias [n] in T: the other side of lora_mid's bias column.
+template <typename T>
+__device__ void lora_up(const float* up, const T* bias, T* up1, long n, long r, long width) {
+    FOR_EACH(i, n * width) {
+        const long row = i / width;
+        const long j = i - row * width;
+        up1[i] = j < r ? from_f32<T>(up[row * r + j]) : (j == r ? bias[row] : from_f32<T>(0.f));
+    }
+}
+
 #define DEFINE(S, T)                                                                                                \
     extern "C" __global__ void fs_pair_products_##S(const float* a, const float* b, T* out, long n, long r,       \
                                                     int columns, float s) {                                       \
@@ -106,6 +138,14 @@ __device__ void add_product(const T* w, const T* p1, const T* p2, T* out, long n
     extern "C" __global__ void fs_add_product_##S(const T* w, const T* p1, const T* p2, T* out, long n,          \
                                                   long vec) {                                                     \
         DISPATCH_MIXED((add_product<T, W>(w, p1, p2, out, n)))                                                    \
+    }                                                                                                               \
+    extern "C" __global__ void fs_lora_mid_##S(const T* raw, T* mid, T* mid1, long m, long r, long ld,           \
+                                               long width, float s) {                                             \
+        lora_mid<T>(raw, mid, mid1, m, r, ld, width, s);                                                          \
+    }                                                                                                               \
+    extern "C" __global__ void fs_lora_up_##S(const float* up, const T* bias, T* up1, long n, long r,             \
+                                              long width) {                                                       \
+        lora_up<T>(up, bias, up1, n, r, width);                                                                   \
     }
 
 DEFINE(f32, float)

@@ -292,3 +292,120 @@ fn sum_product<T: CudaDType + DeviceRepr + WithDType>(
     unsafe { l.launch(ptx::elementwise_config(n / width)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }
+
+/// A LoRA layer's `(mid, mid1)` from its down product `raw` [m, r] (f32 or bf16 CUDA, rows at one stride: a narrow
+/// of a batched product's columns is read in place): `mid` = raw · scale in raw's dtype (candle's affine, bit for
+/// bit) and `mid1` = [mid | 1 | 0…] [m, width].
+pub fn lora_mid(raw: &Tensor, scale: f64, width: usize) -> Result<(Tensor, Tensor)> {
+    let (m, r) = raw.dims2()?;
+    let (storage, layout) = raw.storage_and_layout();
+    let rows = crate::ops::row_strided(layout)
+        .filter(|s| s.rows == m && s.cols == r && width > r)
+        .ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "LoRA activation: {:?} with strides {:?} is not rows at one stride, or width {width} too small",
+                raw.dims(),
+                layout.stride()
+            ))
+        })?;
+    let store = cuda_storage(&storage, "LoRA activation")?;
+    let dev = store.device().clone();
+    let func = function(&dev, "lora_mid", raw.dtype())?;
+    let (mid, mid1) = match raw.dtype() {
+        DType::F32 => mids::<f32>(&func, store, rows, width, scale as f32)?,
+        DType::BF16 => mids::<half::bf16>(
+            &func,
+            store,
+            rows,
+            width,
+            half::bf16::from_f64(scale).to_f32(),
+        )?,
+        other => candle_core::bail!("LoRA activation: no {other:?} kernel"),
+    };
+    drop(storage);
+    Ok((untracked(mid, (m, r)), untracked(mid1, (m, width))))
+}
+
+fn mids<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    store: &CudaStorage,
+    rows: crate::ops::RowStrided,
+    width: usize,
+    scale: f32,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let dev = store.device().clone();
+    let (m, r) = (rows.rows, rows.cols);
+    let end = rows.start + (m.max(1) - 1) * rows.stride + r;
+    let raw = store.as_cuda_slice::<T>()?.slice(rows.start..end);
+    // SAFETY: the kernel writes every value of both outputs (one grid-stride index per value of `mid1`, which
+    // covers every value of `mid`) before either is read.
+    let (mid, mid1) = unsafe { (dev.alloc::<T>(m * r)?, dev.alloc::<T>(m * width)?) };
+    let args = [long(m)?, long(r)?, long(rows.stride)?, long(width)?];
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&raw).arg(&mid).arg(&mid1);
+    l.arg(&args[0])
+        .arg(&args[1])
+        .arg(&args[2])
+        .arg(&args[3])
+        .arg(&scale);
+    // SAFETY: argument order and types match fs_lora_mid_* in kernels/adapter.cu; `raw` holds row i's r values at
+    // i · stride (the slice ends after the last row's), `mid` m·r values, `mid1` m·width.
+    unsafe { l.launch(ptx::elementwise_config(m * width)) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(mid, dev.clone()),
+        CudaStorage::wrap_cuda_slice(mid1, dev),
+    ))
+}
+
+/// `[up | bias | 0…]` [n, width] in `bias`' dtype (f32 or bf16) from a LoRA's f32 `up` [n, r] (CUDA) and the
+/// layer's bias [n].
+pub fn lora_up(up: &Tensor, bias: &Tensor, width: usize) -> Result<Tensor> {
+    let (n, r) = up.dims2()?;
+    if bias.elem_count() != n || width <= r {
+        candle_core::bail!(
+            "LoRA factor with its bias: up {:?}, bias {:?}, width {width}",
+            up.dims(),
+            bias.dims()
+        );
+    }
+    let up = f32_dense(up)?;
+    let bias = bias.detach().contiguous()?;
+    let dtype = bias.dtype();
+    let (ug, bg) = (up.storage_and_layout(), bias.storage_and_layout());
+    let (su, sb) = (
+        cuda_storage(&ug.0, "LoRA factor with its bias")?,
+        cuda_storage(&bg.0, "LoRA factor with its bias")?,
+    );
+    let dev = su.device().clone();
+    let func = function(&dev, "lora_up", dtype)?;
+    let sizes = [long(n)?, long(r)?, long(width)?];
+    let out = match dtype {
+        DType::F32 => ups::<f32>(&func, &dev, [(su, ug.1), (sb, bg.1)], sizes, n * width)?,
+        DType::BF16 => ups::<half::bf16>(&func, &dev, [(su, ug.1), (sb, bg.1)], sizes, n * width)?,
+        other => candle_core::bail!("LoRA factor with its bias: no {other:?} kernel"),
+    };
+    drop((ug, bg));
+    Ok(untracked(out, (n, width)))
+}
+
+fn ups<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    dev: &CudaDevice,
+    [up, bias]: [(&CudaStorage, &Layout); 2],
+    [n, r, width]: [i64; 3],
+    count: usize,
+) -> Result<CudaStorage> {
+    let uv = ptx::view::<f32>(up.0, up.1)?;
+    let bv = ptx::view::<T>(bias.0, bias.1)?;
+    // SAFETY: the kernel writes every one of the `count` values before they are read.
+    let out = unsafe { dev.alloc::<T>(count)? };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&uv).arg(&bv).arg(&out);
+    l.arg(&n).arg(&r).arg(&width);
+    // SAFETY: argument order and types match fs_lora_up_* in kernels/adapter.cu; `up` holds n·r f32 values, the
+    // bias n, the output n·width.
+    unsafe { l.launch(ptx::elementwise_config(count)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}

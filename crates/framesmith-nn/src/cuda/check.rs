@@ -13,6 +13,7 @@ mod adapter;
 mod fp8_gemm;
 mod head_gate;
 mod linear;
+mod lora_bias;
 mod mixed;
 mod norm_mod;
 mod optim;
@@ -507,6 +508,7 @@ const GROUPS: &[Group] = &[
     ("optim", optim::optim_checks),
     ("optim_multi", optim_multi::optim_multi_checks),
     ("adapter", adapter::adapter_checks),
+    ("lora_bias", lora_bias::lora_bias_checks),
     #[cfg(feature = "cudnn")]
     ("attention", attention_checks),
     #[cfg(feature = "cudnn")]
@@ -609,6 +611,12 @@ mod tests {
     #[test]
     fn multi_tensor_optimizer_matches_per_tensor() -> Result<()> {
         assert_all_pass(optim_multi::optim_multi_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn lora_bias_kernels_match_reference() -> Result<()> {
+        assert_all_pass(lora_bias::lora_bias_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

@@ -86,25 +86,41 @@ impl Linear {
         let Adapter::Lora(lora) = adapter else {
             return self.forward_kind_untracked(&x2, adapter, out_dims);
         };
-        let (down, up) = detached_factors(lora, dtype)?;
-        let mid = (x2.matmul(&down.t()?)? * lora.scale())?;
-        self.finish_forward(&x2, mid, up, out_dims)
+        let down = lora.down.as_tensor().detach().to_dtype(dtype)?;
+        let raw = x2.matmul(&down.t()?)?;
+        self.finish_forward(&x2, LowRank::Lora { raw, lora }, out_dims)
     }
 
-    /// The rest of a LoRA linear's forward once its scaled low-rank activation `mid` [m, rank] is known: the
-    /// output `x Wᵀ + b + mid upᵀ` shaped `out_dims`, and the tape.
+    /// The rest of a LoRA-shaped linear's forward once its low-rank activation is known: the output
+    /// `x Wᵀ + b + mid upᵀ` shaped `out_dims` (`mid` the scaled activation [m, rank]), and the tape.
     pub(super) fn finish_forward(
         &self,
         x2: &Tensor,
-        mid: Tensor,
-        up: Tensor,
+        low: LowRank,
         out_dims: Vec<usize>,
     ) -> Result<(Tensor, LinearTape)> {
-        let bias = self.detached_bias(x2.dtype())?;
-        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ).
-        let (mid1, up1) = match bias {
-            Some(b) => with_bias_column(&mid, &up, &b)?,
-            None => (mid.clone(), up),
+        let dtype = x2.dtype();
+        let bias = self.detached_bias(dtype)?;
+        // The bias rides on the LoRA product as one more rank column ([mid | 1] [up | b]ᵀ), widened with zero
+        // columns to a multiple of 8 so the product's operands stay 16-byte aligned (cuBLAS falls back to a slow
+        // unaligned kernel for a rank of 33).
+        let (mid, mid1, up1) = match (low, bias) {
+            (LowRank::Scaled { mid, up }, Some(b)) => {
+                let (mid1, up1) = with_bias_column(&mid, &up, &b)?;
+                (mid, mid1, up1)
+            }
+            (LowRank::Scaled { mid, up }, None) => (mid.clone(), mid, up),
+            (LowRank::Lora { raw, lora }, Some(b)) => {
+                let width = (raw.dim(1)? + 1).next_multiple_of(8);
+                let (mid, mid1) = crate::ops::lora_mid(&raw, lora.scale(), width)?;
+                let up1 = crate::ops::lora_up(&lora.up.as_tensor().detach(), &b, width)?;
+                (mid, mid1, up1)
+            }
+            (LowRank::Lora { raw, lora }, None) => {
+                let mid = (raw * lora.scale())?;
+                let up = lora.up.as_tensor().detach().to_dtype(dtype)?;
+                (mid.clone(), mid, up)
+            }
         };
         let y = if self.low_rank_first(x2) {
             // The low-rank product is written alone, and the base product accumulates onto it in its epilogue,
@@ -330,9 +346,17 @@ impl Linear {
     }
 }
 
-/// `[mid | 1 | 0…]` and `[up | bias | 0…]`: the LoRA factors with the bias as one more rank column, widened with
-/// zero columns to a multiple of 8 so the product's operands stay 16-byte aligned (cuBLAS falls back to a slow
-/// unaligned kernel for a rank of 33).
+/// A LoRA-shaped update's low-rank side as [`Linear::finish_forward`] takes it.
+pub(super) enum LowRank<'a> {
+    /// The scaled activation [m, rank] and `up` [out, rank] in the compute dtype (LoHa's factored update).
+    Scaled { mid: Tensor, up: Tensor },
+    /// A LoRA's down product `x downᵀ` [m, rank] before its scale (a narrow of a batched product may be passed
+    /// as it is), and the LoRA, whose `up` and scale finish it.
+    Lora { raw: Tensor, lora: &'a Lora },
+}
+
+/// `[mid | 1 | 0…]` and `[up | bias | 0…]`: the low-rank factors with the bias as one more rank column, widened
+/// with zero columns to a multiple of 8 ([`Linear::finish_forward`]).
 fn with_bias_column(mid: &Tensor, up: &Tensor, bias: &Tensor) -> Result<(Tensor, Tensor)> {
     let (m, rank) = mid.dims2()?;
     let n = up.dim(0)?;

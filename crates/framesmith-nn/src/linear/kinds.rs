@@ -10,7 +10,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use super::grad::{add_matmul, InputGrad, InputShare, LinearTape, ParamGrad};
+use super::grad::{add_matmul, InputGrad, InputShare, LinearTape, LowRank, ParamGrad};
 use super::{FrozenMatmul, Linear};
 use crate::adapter::{work_dtype, Adapter, Loha, UpdatePath};
 
@@ -45,7 +45,7 @@ impl Linear {
                 // The scale rides on `down`: `mid` is the scaled activation without a pass of its own.
                 let (down_t, up) = loha.low_rank(dtype)?;
                 let mid = x2.matmul(&down_t)?;
-                return self.finish_forward(x2, mid, up, out_dims);
+                return self.finish_forward(x2, LowRank::Scaled { mid, up }, out_dims);
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
                 let delta = lokr::Kron::new(lokr, dtype)?.apply(x2)?;

@@ -7,7 +7,7 @@
 
 use candle_core::{Result, Tensor, D};
 
-use super::grad::{add_matmul, detached_factors, rows, InputGrad, LinearTape, ParamGrad};
+use super::grad::{add_matmul, rows, InputGrad, LinearTape, LowRank, ParamGrad};
 use super::Linear;
 use crate::ops::Dense;
 
@@ -39,22 +39,22 @@ impl Linear {
     fn forward_batched(linears: &[&Linear], xs: &Tensor) -> Result<Vec<(Tensor, LinearTape)>> {
         let x2 = xs.detach().dense()?.flatten_to(D::Minus2)?;
         let dtype = x2.dtype();
-        let mut downs = Vec::with_capacity(linears.len());
-        let mut ups = Vec::with_capacity(linears.len());
-        for lora in linears.iter().filter_map(|l| l.lora()) {
-            let (down, up) = detached_factors(lora, dtype)?;
-            downs.push(down);
-            ups.push(up);
+        let loras: Vec<_> = linears.iter().filter_map(|l| l.lora()).collect();
+        if loras.len() != linears.len() {
+            candle_core::bail!("shared forward: a layer lost its LoRA");
         }
+        let downs = loras
+            .iter()
+            .map(|lora| lora.down.as_tensor().detach().to_dtype(dtype))
+            .collect::<Result<Vec<_>>>()?;
         let mids = x2.matmul(&Tensor::cat(&downs, 0)?.t()?)?;
         let mut offset = 0;
         let mut out = Vec::with_capacity(linears.len());
-        for ((lin, down), up) in linears.iter().zip(&downs).zip(ups) {
+        for ((lin, lora), down) in linears.iter().zip(loras).zip(&downs) {
             let rank = down.dim(0)?;
-            let scale = lin.lora().map_or(1.0, |l| l.scale());
-            let mid = (mids.narrow(1, offset, rank)? * scale)?;
+            let raw = mids.narrow(1, offset, rank)?;
             offset += rank;
-            out.push(lin.finish_forward(&x2, mid, up, lin.out_dims(xs))?);
+            out.push(lin.finish_forward(&x2, LowRank::Lora { raw, lora }, lin.out_dims(xs))?);
         }
         Ok(out)
     }

@@ -171,6 +171,64 @@ pub fn add_product(w: &Tensor, p1: &Tensor, p2: &Tensor) -> Result<Tensor> {
     w.detach() + (p1 * p2)?
 }
 
+/// A LoRA layer's activation as its forward uses it with a bias, from its down product `raw` [m, r] (`x downᵀ`,
+/// which may be a column narrow of a batched product): `mid` = raw · scale in raw's dtype (the tape's activation)
+/// and `[mid | 1 | 0…]` [m, width] (the bias as one more rank column, zero columns up to `width`). One kernel on
+/// CUDA (f32 or bf16 outside autograd, the same values bit for bit); candle's affine and concatenation
+/// elsewhere — the reference the device checks hold it to.
+pub fn lora_mid(raw: &Tensor, scale: f64, width: usize) -> Result<(Tensor, Tensor)> {
+    let (m, r) = raw.dims2()?;
+    if width <= r {
+        candle_core::bail!("LoRA activation: width {width} for rank {r}");
+    }
+    #[cfg(feature = "cuda")]
+    if raw.device().is_cuda()
+        && kernel_dtype(raw.dtype())
+        && !raw.track_op()
+        && m > 0
+        && super::row_strided(raw.layout()).is_some_and(|s| s.rows == m && s.cols == r)
+    {
+        return crate::cuda::adapter::lora_mid(raw, scale, width);
+    }
+    let mid = (raw.detach() * scale)?;
+    let (dtype, dev) = (mid.dtype(), mid.device());
+    let mut parts = vec![mid.clone(), Tensor::ones((m, 1), dtype, dev)?];
+    if width > r + 1 {
+        parts.push(Tensor::zeros((m, width - r - 1), dtype, dev)?);
+    }
+    Ok((mid, Tensor::cat(&parts, 1)?))
+}
+
+/// `[up | bias | 0…]` [n, width] in `bias`' dtype: a LoRA's `up` factor [n, r] (cast to that dtype) with the
+/// layer's bias [n] as one more column, the other side of [`lora_mid`]. One kernel on CUDA (an f32 factor, an f32
+/// or bf16 bias, outside autograd); candle's cast and concatenation elsewhere.
+pub fn lora_up(up: &Tensor, bias: &Tensor, width: usize) -> Result<Tensor> {
+    let (n, r) = up.dims2()?;
+    if bias.elem_count() != n || width <= r {
+        candle_core::bail!(
+            "LoRA factor with its bias: up {:?}, bias {:?}, width {width}",
+            up.dims(),
+            bias.dims()
+        );
+    }
+    let dtype = bias.dtype();
+    #[cfg(feature = "cuda")]
+    if up.device().is_cuda()
+        && up.dtype() == DType::F32
+        && kernel_dtype(dtype)
+        && !up.track_op()
+        && !bias.track_op()
+        && n > 0
+    {
+        return crate::cuda::adapter::lora_up(up, bias, width);
+    }
+    let mut parts = vec![up.detach().to_dtype(dtype)?, bias.detach().reshape((n, 1))?];
+    if width > r + 1 {
+        parts.push(Tensor::zeros((n, width - r - 1), dtype, up.device())?);
+    }
+    Tensor::cat(&parts, 1)
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Var};
@@ -231,6 +289,44 @@ mod tests {
         let want = (f32(&w)? + f32(&product)?)?.to_dtype(DType::BF16)?;
         assert_eq!(rel(&got, &want)?, 0.0);
         assert!(add_product(&w, &p1, &p2.t()?).is_err());
+        Ok(())
+    }
+
+    /// A LoRA's activation and `up` factor with the bias column: the scaled activation, a 1 and zeros beside it,
+    /// and the factor beside the bias, for a column narrow of a batched product too.
+    #[test]
+    fn lora_bias_columns_hold_the_scaled_activation_and_the_bias() -> Result<()> {
+        let rng = &mut StdRng::seed_from_u64(53);
+        let dev = Device::Cpu;
+        let (m, r, n, width, scale) = (5, 3, 4, 8, 0.75);
+        let batched = randn(rng, (m, 2 * r), 0.0, 1.0, &dev)?;
+        let raw = batched.narrow(1, r, r)?;
+        let (mid, mid1) = lora_mid(&raw, scale, width)?;
+        assert_eq!(rel(&mid, &(raw.contiguous()? * scale)?)?, 0.0);
+        assert_eq!(mid1.dims(), [m, width]);
+        assert_eq!(rel(&mid1.narrow(1, 0, r)?, &mid)?, 0.0);
+        assert_eq!(
+            mid1.narrow(1, r, 1)?.flatten_all()?.to_vec1::<f32>()?,
+            vec![1.0; m]
+        );
+        assert_eq!(
+            mid1.narrow(1, r + 1, width - r - 1)?
+                .abs()?
+                .sum_all()?
+                .to_scalar::<f32>()?,
+            0.0
+        );
+        let up = randn(rng, (n, r), 0.0, 1.0, &dev)?;
+        let bias = randn(rng, n, 0.0, 1.0, &dev)?.to_dtype(DType::BF16)?;
+        let up1 = lora_up(&up, &bias, width)?;
+        assert_eq!(
+            (up1.dims(), up1.dtype()),
+            ([n, width].as_slice(), DType::BF16)
+        );
+        assert_eq!(rel(&up1.narrow(1, 0, r)?, &up.to_dtype(DType::BF16)?)?, 0.0);
+        assert_eq!(rel(&up1.narrow(1, r, 1)?.flatten_all()?, &bias)?, 0.0);
+        assert!(lora_mid(&raw, scale, r).is_err());
+        assert!(lora_up(&up, &bias.narrow(0, 0, n - 1)?, width).is_err());
         Ok(())
     }
 
