@@ -226,6 +226,36 @@ __device__ void head_gate_bwd(const T* dy, const T* x, const T* g, T* dx, T* dg,
     if (lane == 0) dg[row] = from_f32<T>(s);
 }
 
+// The gates 2·sigmoid(z) from their logits as candle's composition `(exp(-z) + 1).recip() · 2` computes them, bit
+// for bit: each step rounded to T by the same operation candle's unary and affine kernels use (for f32, its
+// reciprocal's division in double). One value per thread.
+__device__ __forceinline__ float sigmoid_gate(float z) {
+    const float a = expf(-z) * 1.f + 1.f;
+    const float r = (float)(1.0 / (double)a);
+    return r * 2.f + 0.f;
+}
+__device__ __forceinline__ __nv_bfloat16 sigmoid_gate(__nv_bfloat16 z) {
+    const __nv_bfloat16 one = __float2bfloat16(1.f), two = __float2bfloat16(2.f), zero = __float2bfloat16(0.f);
+    const __nv_bfloat16 a = hexp(-z) * one + one;
+    const __nv_bfloat16 r = one / a;
+    return r * two + zero;
+}
+
+// The gates' logit gradient dz = (dg · g) · (1 − g · 0.5) (dg/dz of g = 2σ(z) is g · (1 − g/2)), as candle's
+// products and affine ops round it.
+__device__ __forceinline__ float sigmoid_gate_grad(float dg, float g) {
+    const float h = g * 0.5f + 0.f;
+    return (dg * g) * (h * -1.f + 1.f);
+}
+__device__ __forceinline__ __nv_bfloat16 sigmoid_gate_grad(__nv_bfloat16 dg, __nv_bfloat16 g) {
+    const __nv_bfloat16 one = __float2bfloat16(1.f), half = __float2bfloat16(0.5f), zero = __float2bfloat16(0.f),
+                        minus = __float2bfloat16(-1.f);
+    const __nv_bfloat16 h = g * half + zero;
+    return (dg * g) * (h * minus + one);
+}
+
+#define FOR_VALUES(i, n) for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
+
 #define ELEMENTWISE_KERNELS(T, S)                                                                               \
     extern "C" __global__ void fs_modulate_fwd_##S(const T* x, const float* scale, const float* shift, T* y,    \
                                                    long rows, long D, long L, long Ls, long vec) {              \
@@ -262,6 +292,12 @@ __device__ void head_gate_bwd(const T* dy, const T* x, const T* g, T* dx, T* dg,
     extern "C" __global__ void fs_head_gate_bwd_##S(const T* dy, const T* x, const T* g, T* dx, T* dg,          \
                                                     long rows, long d, long vec) {                              \
         DISPATCH_VEC(T, (head_gate_bwd<T, W>(dy, x, g, dx, dg, rows, d)))                                       \
+    }                                                                                                           \
+    extern "C" __global__ void fs_sigmoid_gate_fwd_##S(const T* z, T* g, long n) {                              \
+        FOR_VALUES(i, n) g[i] = sigmoid_gate(z[i]);                                                             \
+    }                                                                                                           \
+    extern "C" __global__ void fs_sigmoid_gate_bwd_##S(const T* dg, const T* g, T* dz, long n) {                \
+        FOR_VALUES(i, n) dz[i] = sigmoid_gate_grad(dg[i], g[i]);                                                \
     }
 
 ELEMENTWISE_KERNELS(float, f32)

@@ -137,3 +137,78 @@ fn go<T: CudaDType + DeviceRepr + WithDType>(
         CudaStorage::wrap_cuda_slice(dg, dev),
     ))
 }
+
+/// The gates `2·sigmoid(logits)` of LTX-2.3's gated attention in one pass, in the logits' dtype, bit for bit as
+/// `crate::ops::sigmoid_gates`' composition. CUDA f32 / bf16 only; the caller checks [`applies`].
+pub fn sigmoid_gates(logits: &Tensor) -> Result<Tensor> {
+    let z = logits.dense()?;
+    unary_pass("fs_sigmoid_gate_fwd", &[&z], "sigmoid gates")
+}
+
+/// The logits' gradient `(dg · g) · (1 − g/2)` for the gates `g` and their gradient `dg` (one shape, `g`'s
+/// dtype), in one pass, bit for bit as `crate::ops::sigmoid_gates_backward`' composition. CUDA f32 / bf16 only.
+pub fn sigmoid_gates_backward(dg: &Tensor, g: &Tensor) -> Result<Tensor> {
+    if dg.dims() != g.dims() {
+        candle_core::bail!(
+            "sigmoid gates backward: dg {:?} for gates {:?}",
+            dg.dims(),
+            g.dims()
+        );
+    }
+    let (dg, g) = (dg.to_dtype(g.dtype())?.dense()?, g.dense()?);
+    unary_pass("fs_sigmoid_gate_bwd", &[&dg, &g], "sigmoid gates backward")
+}
+
+/// One value of the output per value of `inputs` (dense, one shape and dtype) through `fs_{name}_{dtype}`.
+fn unary_pass(name: &str, inputs: &[&Tensor], op: &str) -> Result<Tensor> {
+    let first = inputs
+        .first()
+        .ok_or_else(|| candle_core::Error::Msg(format!("{op}: no input")))?;
+    let (dtype, shape, n) = (first.dtype(), first.shape().clone(), first.elem_count());
+    let guards: Vec<_> = inputs.iter().map(|t| t.storage_and_layout()).collect();
+    let stores = guards
+        .iter()
+        .map(|(s, _)| cuda_storage(s, op))
+        .collect::<Result<Vec<_>>>()?;
+    let layouts: Vec<&Layout> = guards.iter().map(|(_, l)| *l).collect();
+    let out = match dtype {
+        DType::F32 => pass::<f32>(name, &stores, &layouts, n)?,
+        DType::BF16 => pass::<half::bf16>(name, &stores, &layouts, n)?,
+        other => candle_core::bail!("{op}: no {other:?} kernel"),
+    };
+    drop(stores);
+    drop(guards);
+    Ok(untracked(out, shape))
+}
+
+fn pass<T: CudaDType + DeviceRepr + WithDType>(
+    name: &str,
+    stores: &[&CudaStorage],
+    layouts: &[&Layout],
+    n: usize,
+) -> Result<CudaStorage> {
+    let dev = stores[0].device().clone();
+    let func = ptx::load(
+        &dev,
+        &ptx::ELEMENTWISE,
+        &format!("{name}_{}", ptx::suffix(T::DTYPE)?),
+    )?;
+    let views = stores
+        .iter()
+        .zip(layouts)
+        .map(|(s, l)| ptx::view::<T>(s, l))
+        .collect::<Result<Vec<_>>>()?;
+    // SAFETY: the kernel writes every one of the n values before they are read.
+    let out = unsafe { dev.alloc::<T>(n)? };
+    let n_arg = long(n)?;
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&func);
+    for v in &views {
+        b.arg(v);
+    }
+    b.arg(&out).arg(&n_arg);
+    // SAFETY: argument order and types match fs_sigmoid_gate_{fwd,bwd}_* in kernels/elementwise.cu: each input and
+    // the output hold n values of T.
+    unsafe { b.launch(ptx::elementwise_config(n)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}

@@ -19,6 +19,29 @@ pub fn head_gate(xs: &Tensor, gates: &Tensor) -> Result<Tensor> {
     )?)
 }
 
+/// The per-head gates `2·sigmoid(logits)` of LTX-2.3's gated attention, computed as
+/// `(exp(−logits) + 1)⁻¹ · 2` in the logits' dtype, each step rounded to it: one pass on CUDA outside autograd
+/// (the same values bit for bit), candle's ops elsewhere (differentiable).
+pub fn sigmoid_gates(logits: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::head_gate::applies(logits) && !super::tracked(&[logits]) {
+        return crate::cuda::head_gate::sigmoid_gates(logits);
+    }
+    (logits.neg()?.exp()? + 1.0)?.recip()? * 2.0
+}
+
+/// The logits' gradient of [`sigmoid_gates`] from the gates `g` and their gradient `dg`, outside autograd:
+/// `dg/dz = 2σ(1 − σ) = g · (1 − g/2)`, as `(dg · g) · (1 − g · 0.5)` in `g`'s dtype, each step rounded to it
+/// (one pass on CUDA, the same values).
+pub fn sigmoid_gates_backward(dg: &Tensor, g: &Tensor) -> Result<Tensor> {
+    #[cfg(feature = "cuda")]
+    if crate::cuda::head_gate::applies(g) {
+        return crate::cuda::head_gate::sigmoid_gates_backward(dg, g);
+    }
+    let dg = dg.to_dtype(g.dtype())?;
+    (dg * g)? * (1.0 - (g * 0.5)?)?
+}
+
 /// The backward of [`head_gate`] at `xs` for its output gradient `dy`, outside autograd: `xs`' gradient
 /// `dy · gate` and the gates' `Σ_d dy · xs` [b, l, heads] (the products rounded to `xs`' dtype, summed in f32),
 /// both in `xs`' dtype.
@@ -56,6 +79,35 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device, Var};
     use rand::SeedableRng;
+
+    /// The gates are 2·sigmoid of their logits, and their logits' gradient is autograd's through them.
+    #[test]
+    fn sigmoid_gates_and_their_gradient_match_autograd() -> Result<()> {
+        let rng = &mut rand::rngs::StdRng::seed_from_u64(13);
+        let dev = Device::Cpu;
+        let z = Var::from_tensor(&crate::init::randn(rng, (2, 3, 4), 0.0, 2.0, &dev)?)?;
+        let g = sigmoid_gates(z.as_tensor())?;
+        let want = (candle_nn_sigmoid(z.as_tensor())? * 2.0)?;
+        assert!(crate::testing::rel(&g, &want)? < 1e-6);
+        let dg = crate::init::randn(rng, (2, 3, 4), 0.0, 1.0, &dev)?;
+        let store = (&g * &dg)?.sum_all()?.backward()?;
+        let want = store
+            .get(z.as_tensor())
+            .ok_or_else(|| candle_core::Error::msg("no reference gradient"))?;
+        let got = sigmoid_gates_backward(&dg, &g.detach())?;
+        assert!(crate::testing::rel(&got, want)? < 1e-6);
+        Ok(())
+    }
+
+    /// sigmoid(z) = 1 / (1 + e^−z) elementwise, in f64 for the reference.
+    fn candle_nn_sigmoid(z: &Tensor) -> Result<Tensor> {
+        let v: Vec<f32> = z.flatten_all()?.to_vec1()?;
+        let s: Vec<f32> = v
+            .iter()
+            .map(|&x| (1.0 / (1.0 + (-(x as f64)).exp())) as f32)
+            .collect();
+        Tensor::from_vec(s, z.shape(), z.device())
+    }
 
     /// The backward equals candle's autograd through the gate's product, for the heads and the gates.
     #[test]

@@ -1,7 +1,8 @@
 //! Device checks of the per-head gates (`nn::cuda::head_gate`): forward and backward against the composition of
 //! device ops they replace (rank-1 spread and dense products; equal up to a rare last-bit difference in the
 //! gates' gradient, summed in another order) and against candle's autograd in f32 on the CPU, f32 and bf16,
-//! vectorised heads and the one-value path.
+//! vectorised heads and the one-value path; and the gates `2·sigmoid(z)` from their logits and the logits'
+//! gradient, one pass each, against candle's ops on the device (bit for bit) and on the CPU.
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::rngs::StdRng;
@@ -87,6 +88,57 @@ pub fn head_gate_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
                 )?);
             }
         }
+    }
+    for dtype in [DType::F32, DType::BF16] {
+        out.extend(sigmoid_gate_checks(dev, rng, dtype)?);
+    }
+    Ok(out)
+}
+
+/// The gates `2·sigmoid(z)` from their logits and the logits' gradient, one pass each: against candle's ops on
+/// the device (the composition they replace, bit for bit) and against f32 on the CPU, over LTX-2.3's
+/// [1, 6144, 32] gates and an odd length.
+fn sigmoid_gate_checks(dev: &Device, rng: &mut StdRng, dtype: DType) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for shape in [[1, 6144, 32], [1, 7, 3]] {
+        let label = format!("{shape:?} {dtype:?}");
+        let z = randn(rng, &shape, 0.0, 2.0, dtype)?;
+        let dg = randn(rng, &shape, 0.0, 1.0, dtype)?;
+        let (zg, dgg) = (z.to_device(dev)?, dg.to_device(dev)?);
+        poison(dev)?;
+        let g = head_gate::sigmoid_gates(&zg)?;
+        let g_ops = ((zg.neg()?.exp()? + 1.0)?.recip()? * 2.0)?;
+        out.push(compare(
+            format!("sigmoid gates vs device ops {label}"),
+            &g,
+            &g_ops,
+            0.0,
+        )?);
+        let z32 = z.to_dtype(DType::F32)?;
+        let g_cpu = ((z32.neg()?.exp()? + 1.0)?.recip()? * 2.0)?;
+        out.push(compare(
+            format!("sigmoid gates vs CPU {label}"),
+            &g,
+            &g_cpu,
+            tol(dtype, 1e-6),
+        )?);
+        poison(dev)?;
+        let dz = head_gate::sigmoid_gates_backward(&dgg, &g)?;
+        let dz_ops = ((&dgg * &g)? * (1.0 - (&g * 0.5)?)?)?;
+        out.push(compare(
+            format!("sigmoid gates backward vs device ops {label}"),
+            &dz,
+            &dz_ops,
+            0.0,
+        )?);
+        let dg32 = dg.to_dtype(DType::F32)?;
+        let dz_cpu = ((&dg32 * &g_cpu)? * (1.0 - (&g_cpu * 0.5)?)?)?;
+        out.push(compare(
+            format!("sigmoid gates backward vs CPU {label}"),
+            &dz,
+            &dz_cpu,
+            tol(dtype, 1e-6),
+        )?);
     }
     Ok(out)
 }
