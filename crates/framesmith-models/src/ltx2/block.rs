@@ -23,10 +23,15 @@ use super::rope::RopeTable;
 use framesmith_nn::attention::attention;
 use framesmith_nn::linear::Linear;
 use framesmith_nn::norm::rms_norm;
-use framesmith_nn::ops::{gated_residual, gelu_tanh, head_gate, modulate_to, rms_norm_modulate};
+use framesmith_nn::ops::{
+    gated_residual, gelu_tanh, head_gate, modulate_to, rms_norm_modulate, sigmoid_gates,
+};
 use framesmith_nn::vb::Vb;
 
 pub mod grad;
+mod rows;
+
+pub use rows::{BlockTables, PassRows};
 
 /// What every block of one forward pass shares.
 #[derive(Clone)]
@@ -49,6 +54,9 @@ pub struct BlockInputs {
     /// The audio stream's inputs of a joint audio-video pass; `None`: text-to-video, nothing is computed for
     /// audio.
     pub audio: Option<AudioInputs>,
+    /// Every block's video modulation rows for this pass, formed at once (per-sample timesteps only); `None`:
+    /// each block forms its own.
+    pub rows: Option<PassRows>,
 }
 
 impl BlockInputs {
@@ -185,9 +193,9 @@ impl Attention {
     }
 }
 
-/// The per-head gates `2·sigmoid(logits)` of LTX-2.3's gated attention.
+/// The per-head gates `2·sigmoid(logits)` of LTX-2.3's gated attention (one pass on CUDA outside autograd).
 pub fn head_gates(logits: &Tensor) -> Result<Tensor> {
-    (logits.neg()?.exp()? + 1.0)?.recip()? * 2.0
+    sigmoid_gates(logits)
 }
 
 /// `ff`: `net.0.proj` → GELU-tanh → `net.2`.
@@ -555,6 +563,8 @@ pub struct Ltx2Block {
     /// The audio stream (joint audio-video models only).
     pub audio: Option<AudioStream>,
     pub eps: f64,
+    /// The block's place in its transformer (its rows in [`BlockInputs::rows`]); `None` for a block read alone.
+    pub index: Option<usize>,
 }
 
 impl Ltx2Block {
@@ -583,6 +593,7 @@ impl Ltx2Block {
                 None
             },
             eps: cfg.norm_eps,
+            index: None,
         })
     }
 
@@ -620,8 +631,13 @@ impl Ltx2Block {
         }
     }
 
-    /// The video stream's modulation vectors for this pass.
+    /// The video stream's modulation vectors for this pass (the pass's rows of this block when formed at once).
     pub fn modulation(&self, inputs: &BlockInputs) -> Result<Modulation> {
+        if let (Some(rows), Some(i), None) = (&inputs.rows, self.index, &inputs.pick) {
+            if let Some(m) = rows.modulation(i)? {
+                return Ok(m);
+            }
+        }
         let dtype = inputs.context.dtype();
         let b = inputs.context.dim(0)?;
         let prompt = self

@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use candle_core::{Device, Result, Tensor};
 
 use super::block::grad::{Ltx2Kept, Ltx2Tape};
-use super::block::{AudioInputs, BlockInputs, Ltx2Block};
+use super::block::{AudioInputs, BlockInputs, Ltx2Block, PassRows};
 use super::transformer::{Ltx2Inputs, Ltx2Transformer, Prepared};
 use crate::trainable::{BlockGrads, PreparedBatch, TrainableBlock, TrainableModel};
 use framesmith_nn::linear::Linear;
@@ -89,6 +89,7 @@ impl PreparedBatch for Prepared {
                 context: b.context.detach(),
                 context_lens: b.context_lens.clone(),
                 audio: b.audio.as_ref().map(AudioInputs::detach),
+                rows: b.rows.as_ref().map(PassRows::detach),
             },
             embedded: self.embedded.detach(),
             conditioned_tokens: self.conditioned_tokens.clone(),

@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use candle_core::{DType, Device, Result, Tensor};
 
-use super::block::{unpack_joint, AudioInputs, BlockInputs, Ltx2Block};
+use super::block::{unpack_joint, AudioInputs, BlockInputs, BlockTables, Ltx2Block, PassRows};
 use super::config::Ltx2Config;
 use super::embeddings::{AdaLayerNormSingle, CaptionProjection};
 use super::rope::RopeTable;
@@ -157,6 +157,8 @@ pub struct Ltx2Transformer {
     /// The audio stream outside the blocks (read for joint audio-video training only).
     pub audio: Option<Ltx2AudioModel>,
     streamer: Option<Arc<BlockStreamer>>,
+    /// The blocks' AdaLN tables stacked, for each pass's rows at once.
+    tables: BlockTables,
 }
 
 impl Ltx2Transformer {
@@ -221,6 +223,9 @@ impl Ltx2Transformer {
             Some(Arc::new(streamer))
         };
         blocks.sort_by_key(|(i, _)| *i);
+        for (i, block) in blocks.iter_mut() {
+            block.index = Some(*i);
+        }
         // Past the blocks, nothing is quantised.
         let vb = &vb.with_fp8(None);
         let dim = cfg.inner_dim();
@@ -260,6 +265,7 @@ impl Ltx2Transformer {
                 None
             },
             streamer,
+            tables: BlockTables::load(vb, cfg)?,
         })
     }
 
@@ -334,16 +340,28 @@ impl Ltx2Transformer {
         };
         let rope = RopeTable::new(&inputs.positions, &self.cfg, dtype, xs.device())?;
         let pick = tokens.pick(xs.device())?;
+        let timestep = tokens.per_sample(&rows, b)?;
+        // Per-token timesteps take each block's rows at every token, formed by the block.
+        let rows = match pick {
+            Some(_) => None,
+            None => Some(PassRows::new(
+                &self.tables,
+                (&timestep, prompt_timestep.as_ref()),
+                b,
+                context.dtype(),
+            )?),
+        };
         let mut prepared = Prepared {
             xs,
             blocks: BlockInputs {
-                timestep: tokens.per_sample(&rows, b)?,
+                timestep,
                 pick,
                 prompt_timestep,
                 rope,
                 context,
                 context_lens: inputs.context_lens.clone(),
                 audio: None,
+                rows,
             },
             embedded: tokens.per_sample(&embedded, b)?,
             conditioned_tokens: inputs.conditioned_tokens.clone(),

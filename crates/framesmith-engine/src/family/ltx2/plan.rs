@@ -380,7 +380,8 @@ fn block_kind(
 /// cross-attention (`T` text tokens, 1024 per sample) adds `4·T·d·c` (the modulated context, k before and after its
 /// norm, v) and `2·T·r·c` (k's and v's LoRA activations). Every checkpointing that recomputes keeps each block's
 /// text k (before its norm) and v from the forward for the recompute, `2·T·d·c` beside the saved input (counted
-/// in it: they wait where it does). The blocks share the AdaLN rows, the text context
+/// in it: they wait where it does). The blocks share the AdaLN rows, every block's modulation rows of the pass
+/// (`n·(k + 2)·b·d·4`), the text context
 /// `T·d·c` and the RoPE tables, cos and sin per head and pair over the video tokens: `L·d·c`. The working set
 /// uses the
 /// calibrated coefficients of [`crate::plan::WorkingSet`]; it is not yet measured on LTX-2.
@@ -423,9 +424,12 @@ pub(crate) fn describe(model: &Ltx2PlanModel, input: &PlanInput) -> Result<Model
         "video stream"
     };
     let mut kind = block_kind(cfg, input, (&shape, text), audio_tokens);
+    // Every block's modulation rows of the pass (its k AdaLN rows and the context's two), f32, formed at once.
+    let pass_rows = n as u64 * (cfg.adaln_coefficient() as u64 + 2) * clip.batch as u64 * d * 4;
     let mut shared_inputs = vec![(
-        "timestep embedding, text and RoPE tables",
+        "timestep embedding, modulation rows, text and RoPE tables",
         clip.batch as u64 * d * compute * 12
+            + pass_rows
             + text * d * compute
             + tokens * d * compute
             + audio_shared,

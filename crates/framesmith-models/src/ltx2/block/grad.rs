@@ -17,12 +17,12 @@ use super::{
 use crate::ltx2::rope::RopeTable;
 use crate::trainable::BlockGrads;
 use framesmith_nn::attention::{attention_forward, AttentionTape, KeptAttention};
-use framesmith_nn::offload::Stashable;
 use framesmith_nn::linear::{InputGrad, Linear, LinearTape, ParamGrad};
 use framesmith_nn::norm::rms_norm_backward;
+use framesmith_nn::offload::Stashable;
 use framesmith_nn::ops::{
     gate_backward, gelu_tanh, gelu_tanh_backward, head_gate, head_gate_backward, modulate_backward,
-    modulate_to, residual_layer_norm, rms_norm_backward_add, NormAfter,
+    modulate_to, residual_layer_norm, rms_norm_backward_add, sigmoid_gates_backward, NormAfter,
 };
 
 fn missing(what: &str) -> candle_core::Error {
@@ -144,7 +144,7 @@ fn attn_backward(
         (Some(lin), Some((tape, g))) => {
             let (d_att, dg) = head_gate_backward(&d_o, t.attention.out(), g)?;
             // g = 2σ(z): dg/dz = 2σ(1 − σ) = g · (1 − g/2).
-            let dz = ((dg * g)? * (1.0 - (g * 0.5)?)?)?;
+            let dz = sigmoid_gates_backward(&dg, g)?;
             let (dx, p) = lin.backward(&t.x, tape, &dz, true)?;
             params.extend(p);
             dx_gate = dx;

@@ -76,6 +76,24 @@ fn rope_tables_and_the_text_are_counted_at_their_sizes() {
     );
 }
 
+/// Each block's saved input holds its residual stream and the text keys and values it keeps for the recompute
+/// (they wait where the input does); the blocks share every block's f32 modulation rows of the pass.
+#[test]
+fn saved_inputs_hold_the_text_keys_and_values() {
+    let i = input(121, BaseDtype::Bf16);
+    let s = i.model.describe(&i).unwrap();
+    let (video, text, d) = (16 * 16 * 24u64, 1024u64, 4096u64);
+    assert_eq!(
+        s.saved_input_bytes,
+        video * d * s.shape.residual_bytes + 2 * text * d * 2
+    );
+    let shared: u64 = s.shared_inputs.iter().map(|(_, b)| b).sum();
+    assert!(
+        shared >= 48 * (9 + 2) * d * 4 + video * d * 2 + text * d * 2,
+        "{shared}"
+    );
+}
+
 #[test]
 fn auto_streams_more_blocks_within_smaller_budgets() {
     let reports = assert_auto_streams_within(|| input(121, BaseDtype::Fp8), &[24, 16, 12], false);
