@@ -1,10 +1,10 @@
 //! LoKr: `ΔW = (w1 ⊗ w2) · alpha / rank · multiplier`, each factor a full matrix or a product of two rank-`rank`
 //! matrices, with LyCORIS' rules for the split of the widths and for which factor is a product.
 
-use candle_core::{Device, Result, Tensor, Var};
+use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::Rng;
 
-use super::{kaiming, param_grad, work_tensor, AdapterShape};
+use super::{kaiming, param_grad, work_dtype, work_tensor, AdapterShape};
 use crate::linear::ParamGrad;
 
 /// Splits `dimension` into `(m, n)`, `m <= n`, `m · n = dimension`, as LyCORIS' `factorization` does: with a
@@ -240,6 +240,13 @@ impl Lokr {
     /// `w1` [a, b] and `w2` [c, d] as matrices (without the scale), detached, in the work dtype (f32).
     pub fn dense_factors(&self) -> Result<(Tensor, Tensor)> {
         Ok((self.w1.dense(&work_tensor)?, self.w2.dense(&work_tensor)?))
+    }
+
+    /// The dtype of the factors' arithmetic and of their gradients ([`super::work_dtype`]).
+    pub fn work_dtype(&self) -> DType {
+        match &self.w1 {
+            Factor::Full(w) | Factor::Product { a: w, .. } => work_dtype(w),
+        }
     }
 
     /// `([a, b], [c, d])`: the shapes of `w1` and `w2`.

@@ -21,6 +21,9 @@ pub struct LinearTape {
     pub(super) output: Option<Tensor>,
     /// DoRA's row norms `‖W + ΔW‖` [out, 1] in the factors' work dtype.
     pub(super) norms: Option<Tensor>,
+    /// LoKr's factors as its forward applied them (`s·w1` and `w2` in the compute dtype), so the backward does
+    /// not build them again.
+    pub(super) factors: Option<[Tensor; 2]>,
 }
 
 impl LinearTape {
@@ -31,7 +34,7 @@ impl LinearTape {
         Self {
             mid: None,
             output: Some(y.clone()),
-            norms: None,
+            ..Self::default()
         }
     }
 }

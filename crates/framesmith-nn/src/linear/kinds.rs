@@ -48,8 +48,12 @@ impl Linear {
                 return self.finish_forward(x2, LowRank::Scaled { mid, up }, out_dims);
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
-                let delta = lokr::Kron::new(lokr, dtype)?.apply(x2)?;
-                (self.base_plus(x2, delta)?, LinearTape::default())
+                let kron = lokr::Kron::new(lokr, dtype)?;
+                let tape = LinearTape {
+                    factors: Some(kron.factors()),
+                    ..LinearTape::default()
+                };
+                (self.base_plus(x2, kron.apply(x2)?)?, tape)
             }
             (Adapter::Loha(loha), UpdatePath::MergedForward) => {
                 let w = loha.merged_in(&self.base.dense(dtype)?, dtype)?;
@@ -122,7 +126,7 @@ impl Linear {
                 return self.loha_backward(loha, (x2, tape, dy2), input, merged);
             }
             (Adapter::Lokr(lokr), UpdatePath::Factored) => {
-                return self.lokr_backward(lokr, x2, dy2, input)
+                return self.lokr_backward(lokr, (x2, tape, dy2), input)
             }
             _ => {}
         }

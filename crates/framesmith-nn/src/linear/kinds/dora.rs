@@ -74,6 +74,7 @@ impl Linear {
             mid: Some(mid),
             output: Some(y.clone()),
             norms: Some(norms),
+            factors: None,
         };
         Ok((y, tape))
     }

@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Result, Tensor};
 
-use super::super::grad::{InputGrad, InputShare, ParamGrad};
+use super::super::grad::{InputGrad, InputShare, LinearTape, ParamGrad};
 use super::super::Linear;
 use crate::adapter::{Lokr, LOKR_CHUNK_ROWS as CHUNK_ROWS};
 
@@ -24,14 +24,34 @@ impl Kron {
     /// `lokr`'s factors (products multiplied out, scale and multiplier on `w1`), in `dtype`.
     pub(super) fn new(lokr: &Lokr, dtype: DType) -> Result<Self> {
         let (w1, w2) = lokr.dense_factors()?;
-        let (a, b) = w1.dims2()?;
+        Self::from_factors(
+            lokr,
+            [(&w1 * lokr.scale())?.to_dtype(dtype)?, w2.to_dtype(dtype)?],
+        )
+    }
+
+    /// The factors a forward kept on its tape ([`Kron::factors`]), or `lokr`'s built again in `dtype`.
+    pub(super) fn of_tape(lokr: &Lokr, tape: &LinearTape, dtype: DType) -> Result<Self> {
+        match &tape.factors {
+            Some(f) if f[0].dtype() == dtype => Self::from_factors(lokr, f.clone()),
+            _ => Self::new(lokr, dtype),
+        }
+    }
+
+    fn from_factors(lokr: &Lokr, [w1s, w2]: [Tensor; 2]) -> Result<Self> {
+        let (a, b) = w1s.dims2()?;
         let (c, d) = w2.dims2()?;
         Ok(Self {
-            w1s: (&w1 * lokr.scale())?.to_dtype(dtype)?,
-            w2: w2.to_dtype(dtype)?,
+            w1s,
+            w2,
             dims: [a, b, c, d],
-            work: w1.dtype(),
+            work: lokr.work_dtype(),
         })
+    }
+
+    /// `s·w1` and `w2` in the compute dtype, for a tape.
+    pub(super) fn factors(&self) -> [Tensor; 2] {
+        [self.w1s.clone(), self.w2.clone()]
     }
 
     /// `x ΔWᵀ` [m, out] for `x2` [m, in].
@@ -85,16 +105,15 @@ impl Kron {
 }
 
 impl Linear {
-    /// LoKr's backward through its factors for `dy2` [m, out]: the input gradient `dy W + R w2` as `input` says
-    /// and the factors' gradients (module docs).
+    /// LoKr's backward through its factors for `dy2` [m, out] (the factors from the forward's `tape` when it kept
+    /// them): the input gradient `dy W + R w2` as `input` says and the factors' gradients (module docs).
     pub(super) fn lokr_backward(
         &self,
         lokr: &Lokr,
-        x2: &Tensor,
-        dy2: &Tensor,
+        (x2, tape, dy2): (&Tensor, &LinearTape, &Tensor),
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        let kron = Kron::new(lokr, x2.dtype())?;
+        let kron = Kron::of_tape(lokr, tape, x2.dtype())?;
         let [a, b, c, d] = kron.dims;
         let m = x2.dim(0)?;
         let dy3 = dy2.reshape((m, a, c))?;
@@ -103,7 +122,6 @@ impl Linear {
         let r = kron
             .w1s
             .t()?
-            .contiguous()?
             .broadcast_as((m, b, a))?
             .matmul(&dy3)?
             .reshape((m * b, c))?;
