@@ -347,7 +347,7 @@ impl CustomOp1 for FrozenMatmul {
 mod grad;
 mod kinds;
 mod shared;
-pub use grad::{add_matmul, InputGrad, LinearTape, ParamGrad};
+pub use grad::{add_matmul, add_matmul_bias, matmul_bias, InputGrad, LinearTape, ParamGrad};
 
 #[cfg(test)]
 mod tests;

@@ -11,6 +11,7 @@ use crate::init;
 
 mod adapter;
 mod fp8_gemm;
+mod gemm_bias;
 mod head_gate;
 mod linear;
 mod lora_bias;
@@ -509,6 +510,7 @@ const GROUPS: &[Group] = &[
     ("optim_multi", optim_multi::optim_multi_checks),
     ("adapter", adapter::adapter_checks),
     ("lora_bias", lora_bias::lora_bias_checks),
+    ("gemm_bias", gemm_bias::gemm_bias_checks),
     #[cfg(feature = "cudnn")]
     ("attention", attention_checks),
     #[cfg(feature = "cudnn")]
@@ -617,6 +619,12 @@ mod tests {
     #[test]
     fn lora_bias_kernels_match_reference() -> Result<()> {
         assert_all_pass(lora_bias::lora_bias_checks(&Device::new_cuda(0)?)?);
+        Ok(())
+    }
+
+    #[test]
+    fn bias_epilogue_product_matches_reference() -> Result<()> {
+        assert_all_pass(gemm_bias::gemm_bias_checks(&Device::new_cuda(0)?)?);
         Ok(())
     }
 

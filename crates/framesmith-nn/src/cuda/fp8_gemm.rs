@@ -210,14 +210,14 @@ fn lt_context(dev: &CudaDevice) -> Result<Arc<Mutex<LtContext>>> {
     Ok(c)
 }
 
-fn blas_error(what: &'static str) -> impl Fn(lt::CublasError) -> candle_core::Error {
+pub(super) fn blas_error(what: &'static str) -> impl Fn(lt::CublasError) -> candle_core::Error {
     move |e| candle_core::Error::Msg(format!("{what} failed: {e:?}"))
 }
 
 /// A cuBLASLt descriptor freed on drop.
-struct Desc<T: Copy> {
-    raw: T,
-    destroy: unsafe fn(T) -> std::result::Result<(), lt::CublasError>,
+pub(super) struct Desc<T: Copy> {
+    pub(super) raw: T,
+    pub(super) destroy: unsafe fn(T) -> std::result::Result<(), lt::CublasError>,
 }
 
 impl<T: Copy> Drop for Desc<T> {
@@ -227,7 +227,7 @@ impl<T: Copy> Drop for Desc<T> {
     }
 }
 
-fn matrix(
+pub(super) fn matrix(
     dtype: sys::cudaDataType,
     rows: usize,
     cols: usize,
@@ -240,7 +240,7 @@ fn matrix(
     })
 }
 
-fn set_attr<V>(
+pub(super) fn set_attr<V>(
     desc: sys::cublasLtMatmulDesc_t,
     attr: sys::cublasLtMatmulDescAttributes_t,
     v: &V,

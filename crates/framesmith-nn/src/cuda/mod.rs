@@ -50,6 +50,7 @@ pub mod elementwise;
 pub mod fp8;
 pub mod fp8_gemm;
 pub mod gemm;
+pub mod gemm_bias;
 pub mod head_gate;
 pub mod libraries;
 pub mod mixed;

@@ -391,6 +391,47 @@ pub fn add_matmul(c: Tensor, a: &Tensor, b: &Tensor, b_transposed: bool) -> Resu
     c + a.matmul(&b)?
 }
 
+/// `c + a · bᵀ + bias` for 2-D `a` [m, k], `b` [n, k], `c` [m, n] and a `bias` [n] in `c`'s dtype ([`add_matmul`]
+/// without one), consuming `c`: on CUDA one cuBLASLt product accumulated in place with the bias added in its
+/// epilogue, where it has an algorithm for the shape; otherwise the product accumulated, then the bias added
+/// ([`crate::ops::add_row`]). `c` must be a tensor the caller owns.
+pub fn add_matmul_bias(c: Tensor, a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let Some(bias) = bias else {
+        return add_matmul(c, a, b, true);
+    };
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::gemm_bias;
+        let (a, b, bias) = (a.dense()?, b.dense()?, bias.dense()?);
+        if gemm_bias::supported(&c, &a, &b, &bias)
+            && gemm_bias::add_matmul_bias_(&c, &a, &b, &bias)?
+        {
+            return Ok(c);
+        }
+    }
+    crate::ops::add_row(&add_matmul(c, a, b, true)?, bias)
+}
+
+/// `a · bᵀ + bias` for 2-D `a` [m, k], `b` [n, k] and a `bias` [n] in `a`'s dtype (none: the product alone): on
+/// CUDA one cuBLASLt product with the bias added in its epilogue where it has an algorithm for the shape;
+/// otherwise the product, then the bias added ([`crate::ops::add_row`]).
+pub fn matmul_bias(a: &Tensor, b: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let Some(bias) = bias else {
+        return a.matmul(&b.t()?);
+    };
+    #[cfg(feature = "cuda")]
+    {
+        use crate::cuda::gemm_bias;
+        let (a, b, bias) = (a.dense()?, b.dense()?, bias.dense()?);
+        if gemm_bias::product_supported(&a, &b, &bias) {
+            if let Some(y) = gemm_bias::matmul_bias(&a, &b, &bias)? {
+                return Ok(y);
+            }
+        }
+    }
+    crate::ops::add_row(&a.matmul(&b.t()?)?, bias)
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{DType, Device};

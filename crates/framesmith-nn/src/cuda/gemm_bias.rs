@@ -1,0 +1,432 @@
+//! `c += a · bᵀ + bias` in place ([`add_matmul_bias_`]) or `a · bᵀ + bias` ([`matmul_bias`]) through cuBLASLt's
+//! bias epilogue: a linear's base product accumulated onto an update its caller wrote first (LoKr's Kronecker
+//! product), or on a merged weight, the bias added by the product rather than by a pass of its own over the
+//! `[m, n]` output (a read and a write of it). The sum is rounded once. Both say when cuBLASLt has no algorithm
+//! for a shape, and the caller then adds the bias apart.
+
+use std::cell::Cell;
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t;
+use candle_core::cuda_backend::cudarc::cublaslt::result as lt;
+use candle_core::cuda_backend::cudarc::cublaslt::sys;
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::{CudaDType, DeviceId, WrapErr};
+use candle_core::{CpuStorage, CudaDevice, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+
+use super::fp8_gemm::{blas_error, matrix, set_attr, Desc};
+use super::ptx;
+
+/// cuBLASLt workspace of these products (large bf16 products need no split-K reduction space).
+const WORKSPACE_BYTES: usize = 8 << 20;
+
+/// Whether [`matmul_bias`] may run for these tensors: CUDA, all bf16 or all f16, `a` `[m, k]`, `b` `[n, k]`,
+/// `bias` `[n]`, contiguous.
+pub fn product_supported(a: &Tensor, b: &Tensor, bias: &Tensor) -> bool {
+    let dtype_ok = matches!(a.dtype(), DType::BF16 | DType::F16)
+        && [b, bias].iter().all(|t| t.dtype() == a.dtype());
+    let dims_ok = match (a.dims2(), b.dims2()) {
+        (Ok((_, k)), Ok((n, bk))) => bk == k && bias.dims() == [n],
+        _ => false,
+    };
+    a.device().is_cuda() && dtype_ok && dims_ok && [a, b, bias].iter().all(|t| t.is_contiguous())
+}
+
+/// Whether [`add_matmul_bias_`] may run for these tensors: [`product_supported`] and `c` `[m, n]` contiguous in
+/// their dtype.
+pub fn supported(c: &Tensor, a: &Tensor, b: &Tensor, bias: &Tensor) -> bool {
+    let fits = match (c.dims2(), a.dims2(), b.dims2()) {
+        (Ok((m, n)), Ok((am, _)), Ok((bn, _))) => am == m && bn == n,
+        _ => false,
+    };
+    fits && c.dtype() == a.dtype()
+        && c.is_contiguous()
+        && c.device().is_cuda()
+        && product_supported(a, b, bias)
+}
+
+/// `c += a · bᵀ + bias` in place (see [`supported`]); `Ok(false)`, `c` untouched, when cuBLASLt has no algorithm
+/// for the shape and the operands' alignment. `c` must not share storage with another live tensor that expects its
+/// old values (callers pass results they just computed), nor with `bias`.
+pub fn add_matmul_bias_(c: &Tensor, a: &Tensor, b: &Tensor, bias: &Tensor) -> Result<bool> {
+    if !supported(c, a, b, bias) {
+        candle_core::bail!(
+            "add_matmul_bias_: needs contiguous CUDA tensors in bf16 or f16, c [m, n] a [m, k] b [n, k] bias [n], \
+             got {:?} {:?} {:?} {:?} ({:?})",
+            c.dims(),
+            a.dims(),
+            b.dims(),
+            bias.dims(),
+            c.dtype()
+        );
+    }
+    product(c, a, b, bias, 1.0)
+}
+
+/// `a · bᵀ + bias` [m, n] (`a` [m, k], `b` [n, k], `bias` [n], contiguous CUDA tensors in bf16 or f16), the bias
+/// added by the product; `None` when cuBLASLt has no algorithm for the shape and the operands' alignment.
+pub fn matmul_bias(a: &Tensor, b: &Tensor, bias: &Tensor) -> Result<Option<Tensor>> {
+    if !product_supported(a, b, bias) {
+        candle_core::bail!(
+            "matmul_bias: needs contiguous CUDA tensors in bf16 or f16, a [m, k] b [n, k] bias [n], got {:?} {:?} \
+             {:?} ({:?})",
+            a.dims(),
+            b.dims(),
+            bias.dims(),
+            a.dtype()
+        );
+    }
+    let (m, n) = (a.dim(0)?, b.dim(0)?);
+    let candle_core::Device::Cuda(dev) = a.device() else {
+        candle_core::bail!("matmul_bias: a tensor that is not on CUDA");
+    };
+    // SAFETY (both arms): the product writes all m · n values (beta = 0: C is not read) before anything reads
+    // them; when it does not run, the buffer is dropped unread.
+    let out = match a.dtype() {
+        DType::BF16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::bf16>(m * n)? }, dev.clone())
+        }
+        DType::F16 => {
+            CudaStorage::wrap_cuda_slice(unsafe { dev.alloc::<half::f16>(m * n)? }, dev.clone())
+        }
+        other => candle_core::bail!("matmul_bias: {other:?} is not supported"),
+    };
+    let out = ptx::untracked(out, (m, n));
+    Ok(product(&out, a, b, bias, 0.0)?.then_some(out))
+}
+
+/// `c = a · bᵀ + beta · c + bias` in place, whether it ran.
+fn product(c: &Tensor, a: &Tensor, b: &Tensor, bias: &Tensor, beta: f32) -> Result<bool> {
+    let op = AddMatmulBias {
+        bias: bias.clone(),
+        beta,
+        ran: Cell::new(false),
+    };
+    c.inplace_op3(a, b, &op)?;
+    Ok(op.ran.get())
+}
+
+struct AddMatmulBias {
+    bias: Tensor,
+    /// 1: accumulate onto `c`; 0: `c` is written fresh (not read).
+    beta: f32,
+    /// Set when the product ran (cuBLASLt had an algorithm).
+    ran: Cell<bool>,
+}
+
+/// What picks a plan: the product's sizes, the dtype and each operand's alignment (the heuristic's algorithms may
+/// assume it).
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+struct Key {
+    m: usize,
+    n: usize,
+    k: usize,
+    bf16: bool,
+    /// Bytes of alignment of `b` (cuBLASLt's A), `a` (B), `c` (C and D) and the bias, each at most 256.
+    align: [u32; 4],
+}
+
+/// The descriptors of one product shape and the algorithm cuBLASLt chose for them (`None`: none was found).
+struct Plan {
+    desc: Desc<sys::cublasLtMatmulDesc_t>,
+    a: Desc<sys::cublasLtMatrixLayout_t>,
+    b: Desc<sys::cublasLtMatrixLayout_t>,
+    d: Desc<sys::cublasLtMatrixLayout_t>,
+    algo: sys::cublasLtMatmulAlgo_t,
+}
+
+/// One cuBLASLt handle and workspace per device, and the plan of each product shape.
+struct Context {
+    handle: sys::cublasLtHandle_t,
+    workspace: CudaSlice<u8>,
+    plans: HashMap<Key, Option<Plan>>,
+}
+
+// SAFETY: the handle is only used under the context's mutex, on the device whose context is bound first.
+unsafe impl Send for Context {}
+
+type Contexts = Mutex<HashMap<DeviceId, Arc<Mutex<Context>>>>;
+
+fn context(dev: &CudaDevice) -> Result<Arc<Mutex<Context>>> {
+    static CONTEXTS: OnceLock<Contexts> = OnceLock::new();
+    let mut all = CONTEXTS
+        .get_or_init(Mutex::default)
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = all.get(&dev.id()) {
+        return Ok(c.clone());
+    }
+    dev.cuda_stream().context().bind_to_thread().w()?;
+    let handle = lt::create_handle().map_err(blas_error("cublasLtCreate"))?;
+    // SAFETY: a scratch buffer cuBLASLt may overwrite; never read by us.
+    let workspace = unsafe { dev.alloc::<u8>(WORKSPACE_BYTES)? };
+    let c = Arc::new(Mutex::new(Context {
+        handle,
+        workspace,
+        plans: HashMap::new(),
+    }));
+    all.insert(dev.id(), c.clone());
+    Ok(c)
+}
+
+/// Sets a preference attribute; `V` must be its documented type (the workspace a u64, the alignments u32).
+fn set_pref<V>(
+    pref: &Desc<sys::cublasLtMatmulPreference_t>,
+    attr: sys::cublasLtMatmulPreferenceAttributes_t,
+    v: &V,
+) -> Result<()> {
+    // SAFETY: `pref` is live and `v` is the attribute's documented type and size.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            pref.raw,
+            attr,
+            (v as *const V).cast(),
+            std::mem::size_of::<V>(),
+        )
+    }
+    .map_err(blas_error("cublasLtMatmulPreferenceSetAttribute"))
+}
+
+/// The alignment in bytes of a device address, at most 256.
+fn alignment(ptr: u64) -> u32 {
+    if ptr == 0 {
+        256
+    } else {
+        1u32 << ptr.trailing_zeros().min(8)
+    }
+}
+
+impl Plan {
+    /// The row-major `c [m, n] += a [m, k] · bᵀ + bias` as cuBLASLt's column-major `cᵀ [n, m] += op(B) · aᵀ +
+    /// bias`: `b` stored `[n, k]` row-major is a `k × n` column-major matrix taken transposed, `a` a `k × m` one
+    /// taken as is, the bias one value per row of `cᵀ` (output feature), broadcast over its columns (rows of `c`).
+    /// `None` when the heuristic has no algorithm.
+    fn new(handle: sys::cublasLtHandle_t, key: Key, bias_ptr: u64) -> Result<Option<Self>> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        use sys::cublasLtMatmulPreferenceAttributes_t as P;
+        let Key {
+            m,
+            n,
+            k,
+            bf16,
+            align,
+        } = key;
+        let dtype = if bf16 {
+            sys::cudaDataType_t::CUDA_R_16BF
+        } else {
+            sys::cudaDataType_t::CUDA_R_16F
+        };
+        let desc = Desc {
+            raw: lt::create_matmul_desc(
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                sys::cudaDataType_t::CUDA_R_32F,
+            )
+            .map_err(blas_error("cublasLtMatmulDescCreate"))?,
+            destroy: lt::destroy_matmul_desc,
+        };
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_TRANSA,
+            &(cublasOperation_t::CUBLAS_OP_T as i32),
+        )?;
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_TRANSB,
+            &(cublasOperation_t::CUBLAS_OP_N as i32),
+        )?;
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+            &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32),
+        )?;
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+            &(dtype as i32),
+        )?;
+        set_attr(
+            desc.raw,
+            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            &(bias_ptr as *const c_void),
+        )?;
+        let a = matrix(dtype, k, n)?;
+        let b = matrix(dtype, k, m)?;
+        let d = matrix(dtype, n, m)?;
+        let pref = Desc {
+            raw: lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
+            destroy: lt::destroy_matmul_pref,
+        };
+        let [align_a, align_b, align_c, _] = align;
+        set_pref(
+            &pref,
+            P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &(WORKSPACE_BYTES as u64),
+        )?;
+        set_pref(
+            &pref,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+            &align_a,
+        )?;
+        set_pref(
+            &pref,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            &align_b,
+        )?;
+        set_pref(
+            &pref,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+            &align_c,
+        )?;
+        set_pref(
+            &pref,
+            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+            &align_c,
+        )?;
+        // SAFETY: every descriptor is live; D's layout stands for C's (the product runs in place, or with beta 0
+        // does not read C).
+        let found = unsafe {
+            lt::get_matmul_algo_heuristic(handle, desc.raw, a.raw, b.raw, d.raw, d.raw, pref.raw)
+        };
+        Ok(found.ok().map(|found| Self {
+            desc,
+            a,
+            b,
+            d,
+            algo: found.algo,
+        }))
+    }
+}
+
+impl AddMatmulBias {
+    // A cuBLASLt call: each of the three matrices comes as candle hands it to a custom op, a (storage, layout)
+    // pair; the bias is read from the tensor the op holds.
+    #[allow(clippy::too_many_arguments)]
+    fn run<T: CudaDType>(
+        &self,
+        bf16: bool,
+        c: &mut CudaStorage,
+        cl: &Layout,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+    ) -> Result<()> {
+        use sys::cublasLtMatmulDescAttributes_t as A;
+        let (m, n) = cl.shape().dims2()?;
+        let k = al.shape().dims2()?.1;
+        let dev = c.device().clone();
+        dev.cuda_stream().context().bind_to_thread().w()?;
+        let stream = dev.cuda_stream();
+        let (bias_storage, bias_layout) = self.bias.storage_and_layout();
+        let bias = ptx::view::<T>(
+            ptx::cuda_storage(&bias_storage, "add_matmul_bias_")?,
+            bias_layout,
+        )?;
+        let a = ptx::view::<T>(a, al)?;
+        let b = ptx::view::<T>(b, bl)?;
+        let Some((cs, ce)) = cl.contiguous_offsets() else {
+            candle_core::bail!("add_matmul_bias_: non-contiguous output");
+        };
+        let mut c = c.as_cuda_slice_mut::<T>()?.slice_mut(cs..ce);
+        let (bias_ptr, _bias_guard) = bias.device_ptr(&stream);
+        let (a_ptr, _a_guard) = a.device_ptr(&stream);
+        let (b_ptr, _b_guard) = b.device_ptr(&stream);
+        let (c_ptr, _c_guard) = c.device_ptr_mut(&stream);
+        if alignment(bias_ptr) < 16 {
+            // No preference says how the bias is aligned: a bias whose loads may not be vectorised is added apart.
+            return Ok(());
+        }
+        let key = Key {
+            m,
+            n,
+            k,
+            bf16,
+            align: [b_ptr, a_ptr, c_ptr, bias_ptr].map(alignment),
+        };
+        let context = context(&dev)?;
+        let mut guard = context.lock().unwrap_or_else(PoisonError::into_inner);
+        let context = &mut *guard;
+        let handle = context.handle;
+        let plan = match context.plans.entry(key) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(Plan::new(handle, key, bias_ptr)?),
+        };
+        let Some(plan) = plan.as_ref() else {
+            return Ok(());
+        };
+        set_attr(
+            plan.desc.raw,
+            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+            &(bias_ptr as *const c_void),
+        )?;
+        let (alpha, beta) = (1f32, self.beta);
+        let (algo, desc, da, db, dd) =
+            (plan.algo, plan.desc.raw, plan.a.raw, plan.b.raw, plan.d.raw);
+        let (work_ptr, _work) = context.workspace.device_ptr_mut(&stream);
+        // SAFETY: the descriptors describe the buffers exactly (b n·k, a m·k, c m·n values and n bias values, all
+        // contiguous, of the dtype the plan was made for, with the alignments it was chosen for), all on
+        // `stream`, whose context is bound; C and D are the same buffer and layout (in place); the algorithm was
+        // chosen for these descriptors with this workspace size.
+        unsafe {
+            lt::matmul(
+                handle,
+                desc,
+                (&alpha as *const f32).cast(),
+                (&beta as *const f32).cast(),
+                b_ptr as *const c_void,
+                da,
+                a_ptr as *const c_void,
+                db,
+                c_ptr as *const c_void,
+                dd,
+                c_ptr as *mut c_void,
+                dd,
+                &algo,
+                work_ptr as *mut c_void,
+                WORKSPACE_BYTES,
+                stream.cu_stream() as sys::cudaStream_t,
+            )
+        }
+        .map_err(blas_error("cublasLtMatmul (bias epilogue)"))?;
+        self.ran.set(true);
+        Ok(())
+    }
+}
+
+impl InplaceOp3 for AddMatmulBias {
+    fn name(&self) -> &'static str {
+        "framesmith-add-matmul-bias"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &mut CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<()> {
+        Err(super::cuda_only(self.name(), "nn::linear::add_matmul_bias"))
+    }
+
+    fn cuda_fwd(
+        &self,
+        c: &mut CudaStorage,
+        cl: &Layout,
+        a: &CudaStorage,
+        al: &Layout,
+        b: &CudaStorage,
+        bl: &Layout,
+    ) -> Result<()> {
+        match c.dtype() {
+            DType::BF16 => self.run::<half::bf16>(true, c, cl, a, al, b, bl),
+            DType::F16 => self.run::<half::f16>(false, c, cl, a, al, b, bl),
+            other => candle_core::bail!("add_matmul_bias_: {other:?} is not supported"),
+        }
+    }
+}
