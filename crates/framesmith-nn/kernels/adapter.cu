@@ -1,8 +1,9 @@
 // The small per-layer passes of the adapters (`framesmith_nn::ops::adapter`), each one launch where
 // candle's composition took several: LoHa's row-wise outer products and their gradients (cuBLAS ran them as
 // batched products of 1-wide matrices, one tile per row), DoRA's row norms from their low-rank terms, and a LoRA
-// layer's bias columns (candle's affine, cast and two three-way concatenations).
-// Factors are f32; a factor `a` of `n` vectors of `r` values is stored [n, r] (`columns` 0) or [r, n] (`columns` 1).
+// layer's bias columns (candle's affine, cast and two three-way concatenations); and the merged weights W + ΔW of
+// LoHa and LoKr. LoHa's, DoRA's and LoRA's factors are f32; a factor `a` of `n` vectors of `r` values is stored
+// [n, r] (`columns` 0) or [r, n] (`columns` 1).
 #include "common.cuh"
 
 #define FOR_EACH(i, n) for (long i = (long)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (long)gridDim.x * blockDim.x)
@@ -121,6 +122,29 @@ __device__ void lora_up(const float* up, const T* bias, T* up1, long n, long r, 
     }
 }
 
+// out[o, p] = w[o, p] + w1[o / c, p / d] · w2[o % c, p % d] over a [rows, b·d] weight (rows = a·c): LoKr's merged
+// weight W + ΔW, the scale already on w1, in one pass; the product and the sum in f32, rounded once to T (the
+// reference's f32 Kronecker product added to the f32 base). `vec`: W values per thread through 16-byte accesses
+// (d a multiple of 8, every buffer 16-byte aligned), so a thread's values share their w1 entry and read
+// consecutive w2 ones; else 1.
+template <typename T, int W>
+__device__ void add_kron(const T* w, const T* w1, const T* w2, T* out, long rows, long b, long c, long d) {
+    const long in = b * d;
+    const long n = rows * in;
+    for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * W; i < n; i += (long)gridDim.x * blockDim.x * W) {
+        const long o = i / in, p = i - o * in;
+        const long oi = o / c, ok = o - oi * c;
+        const long pj = p / d, pl = p - pj * d;
+        const float s = to_f32(w1[oi * b + pj]);
+        float a[W], q[W];
+        load_n<T, W>(w + i, a);
+        load_n<T, W>(w2 + ok * d + pl, q);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] = __fadd_rn(a[k], __fmul_rn(s, q[k]));
+        store_n<T, W>(out + i, a);
+    }
+}
+
 #define DEFINE(S, T)                                                                                                \
     extern "C" __global__ void fs_pair_products_##S(const float* a, const float* b, T* out, long n, long r,       \
                                                     int columns, float s) {                                       \
@@ -146,6 +170,10 @@ __device__ void lora_up(const float* up, const T* bias, T* up1, long n, long r, 
     extern "C" __global__ void fs_lora_up_##S(const float* up, const T* bias, T* up1, long n, long r,             \
                                               long width) {                                                       \
         lora_up<T>(up, bias, up1, n, r, width);                                                                   \
+    }                                                                                                               \
+    extern "C" __global__ void fs_add_kron_##S(const T* w, const T* w1, const T* w2, T* out, long rows, long b,   \
+                                               long c, long d, long vec) {                                        \
+        DISPATCH_MIXED((add_kron<T, W>(w, w1, w2, out, rows, b, c, d)))                                           \
     }
 
 DEFINE(f32, float)

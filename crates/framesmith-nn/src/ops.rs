@@ -8,7 +8,7 @@ mod adapter;
 mod heads;
 mod rope_halves;
 pub use adapter::{
-    add_product, dora_row_norms, lora_mid, lora_up, pair_products, pair_products_backward,
+    add_kron, add_product, dora_row_norms, lora_mid, lora_up, pair_products, pair_products_backward,
 };
 pub use heads::{head_gate, head_gate_backward, sigmoid_gates, sigmoid_gates_backward};
 pub use rope_halves::{

@@ -1,7 +1,7 @@
 //! The adapters' small per-layer passes on CUDA (`kernels/adapter.cu`), outside autograd: LoHa's row-wise outer
-//! products and their gradients, DoRA's row norms from their low-rank terms. The portable versions (and the
-//! references the device checks hold these to) are in `crate::ops::adapter`, which calls these only for f32
-//! factors on CUDA.
+//! products and their gradients, DoRA's row norms from their low-rank terms, LoHa's and LoKr's merged weights,
+//! a LoRA layer's bias columns. The portable versions (and the references the device checks hold these to) are
+//! in `crate::ops::adapter`, which calls these only for f32 factors on CUDA.
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{CudaFunction, DeviceRepr, PushKernelArg};
@@ -407,5 +407,98 @@ fn ups<T: CudaDType + DeviceRepr + WithDType>(
     // SAFETY: argument order and types match fs_lora_up_* in kernels/adapter.cu; `up` holds n·r f32 values, the
     // bias n, the output n·width.
     unsafe { l.launch(ptx::elementwise_config(count)) }.w()?;
+    Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+}
+
+/// `w + w1 ⊗ w2` for a CUDA weight `w` [a·c, b·d] and its LoKr factors `w1` [a, b] (the scale on it) and `w2`
+/// [c, d], all of one dtype (f32 or bf16): the product and the sum in f32, rounded once (see `fs_add_kron_*`).
+pub fn add_kron(w: &Tensor, w1: &Tensor, w2: &Tensor) -> Result<Tensor> {
+    let (w, w1, w2) = (w.contiguous()?, w1.contiguous()?, w2.contiguous()?);
+    let dtype = w.dtype();
+    let (rows, cols) = w.dims2()?;
+    let (a, b) = w1.dims2()?;
+    let (c, d) = w2.dims2()?;
+    if rows != a * c || cols != b * d || w1.dtype() != dtype || w2.dtype() != dtype {
+        candle_core::bail!(
+            "add kron: weight {:?} ({dtype:?}) against factors {:?} ({:?}) and {:?} ({:?})",
+            w.dims(),
+            w1.dims(),
+            w1.dtype(),
+            w2.dims(),
+            w2.dtype()
+        );
+    }
+    let guards = [
+        w.storage_and_layout(),
+        w1.storage_and_layout(),
+        w2.storage_and_layout(),
+    ];
+    let stores = guards
+        .iter()
+        .map(|(st, _)| cuda_storage(st, "add kron"))
+        .collect::<Result<Vec<_>>>()?;
+    let dev = stores[0].device().clone();
+    let func = function(&dev, "add_kron", dtype)?;
+    let aligned = guards
+        .iter()
+        .all(|(_, l)| (l.start_offset() * dtype.size_in_bytes()) % 16 == 0);
+    let vec = d % super::mixed::MIXED_WIDTH == 0 && aligned;
+    let inputs = [
+        (stores[0], guards[0].1),
+        (stores[1], guards[1].1),
+        (stores[2], guards[2].1),
+    ];
+    let dims = KronDims { rows, b, c, d };
+    let out = match dtype {
+        DType::F32 => kron_sum::<f32>(&func, &dev, inputs, dims, vec)?,
+        DType::BF16 => kron_sum::<half::bf16>(&func, &dev, inputs, dims, vec)?,
+        other => candle_core::bail!("add kron: no {other:?} kernel"),
+    };
+    drop(stores);
+    drop(guards);
+    Ok(untracked(out, (rows, cols)))
+}
+
+/// The weight's rows (`a · c`) and the factors' `b`, `c`, `d`.
+#[derive(Clone, Copy)]
+struct KronDims {
+    rows: usize,
+    b: usize,
+    c: usize,
+    d: usize,
+}
+
+fn kron_sum<T: CudaDType + DeviceRepr + WithDType>(
+    func: &CudaFunction,
+    dev: &CudaDevice,
+    [w, w1, w2]: [(&CudaStorage, &Layout); 3],
+    KronDims { rows, b, c, d }: KronDims,
+    vec: bool,
+) -> Result<CudaStorage> {
+    let wv = ptx::view::<T>(w.0, w.1)?;
+    let v1 = ptx::view::<T>(w1.0, w1.1)?;
+    let v2 = ptx::view::<T>(w2.0, w2.1)?;
+    let n = rows * b * d;
+    // SAFETY: the kernel writes every one of the n values before they are read.
+    let out = unsafe { dev.alloc::<T>(n)? };
+    let args = [rows, b, c, d].map(long);
+    let [rows_arg, b_arg, c_arg, d_arg] = [args[0]?, args[1]?, args[2]?, args[3]?];
+    let vec_arg = i64::from(vec);
+    let width = if vec { super::mixed::MIXED_WIDTH } else { 1 };
+    let stream = dev.cuda_stream();
+    let mut l = stream.launch_builder(func);
+    l.arg(&wv)
+        .arg(&v1)
+        .arg(&v2)
+        .arg(&out)
+        .arg(&rows_arg)
+        .arg(&b_arg)
+        .arg(&c_arg)
+        .arg(&d_arg)
+        .arg(&vec_arg);
+    // SAFETY: argument order and types match fs_add_kron_* in kernels/adapter.cu; `w` and the output hold
+    // rows · b · d values, `w1` (rows / c) · b and `w2` c · d (checked by the caller); `vec` only when d is a
+    // multiple of 8 and every buffer starts 16-byte aligned.
+    unsafe { l.launch(ptx::elementwise_config(n / width)) }.w()?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
 }

@@ -229,6 +229,40 @@ pub fn lora_up(up: &Tensor, bias: &Tensor, width: usize) -> Result<Tensor> {
     Tensor::cat(&parts, 1)
 }
 
+/// `w + w1 ⊗ w2` in `w`'s dtype for a weight [a·c, b·d] and LoKr's factors `w1` [a, b] (the scale on it) and `w2`
+/// [c, d] (LoKr's merged weight): the Kronecker product and the sum in f32 (f64 for an f64 weight), rounded once,
+/// as LyCORIS merges; one pass on CUDA (f32 or bf16), where candle's broadcast product and sum wrote and read an
+/// f32 [out, in] twice.
+pub fn add_kron(w: &Tensor, w1: &Tensor, w2: &Tensor) -> Result<Tensor> {
+    let dtype = w.dtype();
+    #[cfg(feature = "cuda")]
+    if w.device().is_cuda() && kernel_dtype(dtype) && !w.track_op() {
+        let (w1, w2) = (w1.detach().to_dtype(dtype)?, w2.detach().to_dtype(dtype)?);
+        return crate::cuda::adapter::add_kron(w, &w1, &w2);
+    }
+    let (a, b) = w1.dims2()?;
+    let (c, d) = w2.dims2()?;
+    if w.dims() != [a * c, b * d] {
+        candle_core::bail!(
+            "add kron: weight {:?} against factors {:?} and {:?}",
+            w.dims(),
+            w1.dims(),
+            w2.dims()
+        );
+    }
+    let work = if dtype == DType::F64 {
+        DType::F64
+    } else {
+        DType::F32
+    };
+    let read = |t: &Tensor| t.detach().to_dtype(work);
+    let kron = read(w1)?
+        .reshape((a, 1, b, 1))?
+        .broadcast_mul(&read(w2)?.reshape((1, c, 1, d))?)?
+        .reshape((a * c, b * d))?;
+    (read(w)? + kron)?.to_dtype(dtype)
+}
+
 #[cfg(test)]
 mod tests {
     use candle_core::{Device, Var};
@@ -327,6 +361,35 @@ mod tests {
         assert_eq!(rel(&up1.narrow(1, r, 1)?.flatten_all()?, &bias)?, 0.0);
         assert!(lora_mid(&raw, scale, r).is_err());
         assert!(lora_up(&up, &bias.narrow(0, 0, n - 1)?, width).is_err());
+        Ok(())
+    }
+
+    /// LoKr's merged weight holds `w[o, p] + w1[o / c, p / d] · w2[o % c, p % d]` entry by entry, rounded once to
+    /// the weight's dtype; factors that do not tile the weight are refused.
+    #[test]
+    fn add_kron_adds_the_kronecker_product_entry_by_entry() -> Result<()> {
+        let rng = &mut StdRng::seed_from_u64(59);
+        let dev = Device::Cpu;
+        let [a, b, c, d] = [3, 2, 4, 5];
+        let w = randn(rng, (a * c, b * d), 0.0, 0.3, &dev)?.to_dtype(DType::BF16)?;
+        let w1 = randn(rng, (a, b), 0.0, 1.0, &dev)?;
+        let w2 = randn(rng, (c, d), 0.0, 1.0, &dev)?;
+        let got = add_kron(&w, &w1, &w2)?;
+        assert_eq!(got.dtype(), DType::BF16);
+        let (wv, v1, v2) = (
+            w.to_dtype(DType::F32)?.to_vec2::<f32>()?,
+            w1.to_vec2::<f32>()?,
+            w2.to_vec2::<f32>()?,
+        );
+        let mut want = Vec::new();
+        for o in 0..a * c {
+            for p in 0..b * d {
+                want.push(wv[o][p] + v1[o / c][p / d] * v2[o % c][p % d]);
+            }
+        }
+        let want = Tensor::from_vec(want, (a * c, b * d), &dev)?.to_dtype(DType::BF16)?;
+        assert_eq!(rel(&got, &want)?, 0.0);
+        assert!(add_kron(&w, &w1.t()?, &w2).is_err());
         Ok(())
     }
 
