@@ -15,6 +15,13 @@ const MERGED_BYTES_PER_WEIGHT: u64 = 150;
 /// products written and read, their product written and read, the base read and the sum written.
 const MERGED_FORWARD_BYTES_PER_WEIGHT: u64 = 16;
 
+/// Bytes per weight of building LoKr's `W + ΔW` in the compute dtype for its forward: the base read and the sum
+/// written, in one pass (the product then reads the sum in place of the base).
+const LOKR_MERGED_FORWARD_BYTES_PER_WEIGHT: u64 = 4;
+
+/// Bytes per value of the activations the cost counts passes over (bf16).
+const ACTIVATION_BYTES: u64 = 2;
+
 /// Tokens per chunk of LoKr's factored `w1` gradient (its per-token products are summed a chunk at a time).
 pub const LOKR_CHUNK_ROWS: usize = 4096;
 
@@ -27,7 +34,9 @@ pub enum UpdatePath {
     Merged,
     /// LoHa's forward (and its recompute) and its input gradient on `W + ΔW` built in the compute dtype, its
     /// factors' gradients through the factors: for many rows at a large rank, where the rank-`rank²` products of
-    /// the forward and of the input gradient cost more than building the weight.
+    /// the forward and of the input gradient cost more than building the weight. LoKr's forward alone (its
+    /// backward through the factors), for many rows: where the factored forward's `[m, b·c]` half-applied input
+    /// and `[m, out]` update, each written and read, move more than the weight.
     MergedForward,
 }
 
@@ -59,10 +68,10 @@ impl UpdateShape {
         }
     }
 
-    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward on `W + ΔW`, an input gradient on it built
-    /// again, and the factors' gradients through the factors: LoHa's backward recomputes `x V` and runs `dy U`,
-    /// `dyᵀ (x V)` and `xᵀ (dy U)`; building the weight takes its two rank-`rank` products and a few passes.
-    /// LoKr does not take this way.
+    /// FLOPs (bytes moved counted at [`FLOPS_PER_BYTE`]) of a forward on `W + ΔW`, LoHa's input gradient on it
+    /// built again, and the factors' gradients through the factors: LoHa's backward recomputes `x V` and runs
+    /// `dy U`, `dyᵀ (x V)` and `xᵀ (dy U)`; building the weight takes its two rank-`rank` products and a few
+    /// passes. LoKr builds the weight once (one pass) and runs its factored backward.
     fn merged_forward_cost(&self, rows: usize) -> u64 {
         let m = rows as u64;
         let (i, o) = self.dims();
@@ -73,7 +82,26 @@ impl UpdateShape {
                     i * o * (4 * rank as u64 + MERGED_FORWARD_BYTES_PER_WEIGHT * FLOPS_PER_BYTE);
                 2 * m * r2 * (2 * i + 2 * o) + width * r2 * 24 * FLOPS_PER_BYTE + 2 * build
             }
-            Self::Lokr { .. } => u64::MAX,
+            Self::Lokr { .. } => {
+                i * o * LOKR_MERGED_FORWARD_BYTES_PER_WEIGHT * FLOPS_PER_BYTE
+                    + self.lokr_backward_cost(rows)
+            }
+        }
+    }
+
+    /// LoKr's factored backward (0 for LoHa): `w2` on the last axis three times (`z` again, ∂x, ∂w2), `w1` on the
+    /// middle one twice (`R`, the per-token `dy_t z_tᵀ` of ∂w1), whose [m, a, b] products are written and read.
+    fn lokr_backward_cost(&self, rows: usize) -> u64 {
+        let m = rows as u64;
+        match *self {
+            Self::Lokr {
+                w1: [a, b],
+                w2: [c, d],
+            } => {
+                let [a, b, c, d] = [a, b, c, d].map(|v| v as u64);
+                2 * m * c * (3 * b * d + 2 * a * b) + 4 * m * a * b * FLOPS_PER_BYTE
+            }
+            Self::Loha { .. } => 0,
         }
     }
 
@@ -108,9 +136,11 @@ impl UpdateShape {
                 w2: [c, d],
             } => {
                 let [a, b, c, d] = [a, b, c, d].map(|v| v as u64);
-                // w2 on the last axis four times (forward, z again, ∂x, ∂w2), w1 on the middle one three times
-                // (forward, R, the per-token `dy_t z_tᵀ` of ∂w1), whose [m, a, b] products are written and read.
-                2 * m * c * (4 * b * d + 3 * a * b) + 4 * m * a * b * FLOPS_PER_BYTE
+                // The forward: w2 on the last axis and w1 on the middle one, the half-applied input [m, b·c] and
+                // the update [m, a·c] each written and read (the update by the base product); then the backward.
+                let forward = 2 * m * c * (b * d + a * b)
+                    + 2 * m * c * (b + a) * ACTIVATION_BYTES * FLOPS_PER_BYTE;
+                forward + self.lokr_backward_cost(rows)
             }
         }
     }
@@ -144,24 +174,32 @@ impl UpdateShape {
                     (i + o) * r2 * (3 * 4 + 2 * compute_bytes) + 2 * m * r2 * compute_bytes;
                 (3 * i * o * compute_bytes).max(factored)
             }
-            (UpdatePath::MergedForward, Self::Lokr { .. }) => i * o * (4 * 4 + compute_bytes),
+            (UpdatePath::MergedForward, Self::Lokr { w1, w2 }) => {
+                // The weight built for the forward, or the backward's factored terms, whichever is more.
+                let factored = Self::lokr_factored_bytes(w1, w2, rows, compute_bytes);
+                (i * o * compute_bytes).max(factored)
+            }
             (UpdatePath::Merged, Self::Lokr { .. }) => i * o * (4 * 4 + compute_bytes),
             (UpdatePath::Factored, Self::Loha { rank, .. }) => {
                 let r2 = (rank * rank) as u64;
                 (i + o) * r2 * (3 * 4 + 2 * compute_bytes) + 2 * m * r2 * compute_bytes
             }
-            (
-                UpdatePath::Factored,
-                Self::Lokr {
-                    w1: [a, b],
-                    w2: [c, _],
-                },
-            ) => {
-                // `z` (forward) or `R` (backward), [m, b, c]; a chunk's `z` [rows, b, c] and `dy_t z_tᵀ` [rows, a, b].
-                let chunk = rows.min(LOKR_CHUNK_ROWS) as u64;
-                (m * (b * c) as u64 + chunk * (b * c + a * b) as u64) * compute_bytes
+            (UpdatePath::Factored, Self::Lokr { w1, w2 }) => {
+                Self::lokr_factored_bytes(w1, w2, rows, compute_bytes)
             }
         }
+    }
+
+    /// LoKr's factored terms: `z` (forward) or `R` (backward), [m, b, c]; a chunk's `z` [rows, b, c] and
+    /// `dy_t z_tᵀ` [rows, a, b].
+    fn lokr_factored_bytes(
+        [a, b]: [usize; 2],
+        [c, _]: [usize; 2],
+        rows: usize,
+        compute_bytes: u64,
+    ) -> u64 {
+        let chunk = rows.min(LOKR_CHUNK_ROWS) as u64;
+        (rows as u64 * (b * c) as u64 + chunk * (b * c + a * b) as u64) * compute_bytes
     }
 }
 
@@ -170,7 +208,7 @@ mod tests {
     use super::*;
 
     /// Typical image and video layers take the factors; LoHa's factors give way to the merged weight once `r²`
-    /// nears the layer's widths, and LoKr's when `w1` is a single entry (a prime width).
+    /// nears the layer's widths, and LoKr's forward to the merged weight at many rows.
     #[test]
     fn the_cheaper_path_is_picked() {
         let loha = |in_dim, out_dim, rank| UpdateShape::Loha {
@@ -187,9 +225,26 @@ mod tests {
         assert_eq!(loha(3072, 3072, 128).path(4608), UpdatePath::Merged);
         assert_eq!(loha(64, 64, 16).path(4096), UpdatePath::Merged);
         let lokr = |w1, w2| UpdateShape::Lokr { w1, w2 };
-        assert_eq!(lokr([48, 48], [64, 64]).path(4608), UpdatePath::Factored);
-        assert_eq!(lokr([4, 4], [768, 768]).path(4608), UpdatePath::Factored);
-        assert_eq!(lokr([1, 1], [127, 3072]).path(4608), UpdatePath::Merged);
+        // FLUX.1's image stream builds the weight for the forward; its 512 text tokens run through the factors.
+        assert_eq!(
+            lokr([48, 48], [64, 64]).path(4608),
+            UpdatePath::MergedForward
+        );
+        assert_eq!(
+            lokr([96, 48], [96, 64]).path(4096),
+            UpdatePath::MergedForward
+        );
+        assert_eq!(lokr([96, 48], [96, 64]).path(512), UpdatePath::Factored);
+        assert_eq!(lokr([48, 48], [64, 64]).path(512), UpdatePath::Factored);
+        assert_eq!(
+            lokr([4, 4], [768, 768]).path(4608),
+            UpdatePath::MergedForward
+        );
+        assert_eq!(
+            lokr([1, 1], [127, 3072]).path(4608),
+            UpdatePath::MergedForward
+        );
+        assert_eq!(lokr([48, 48], [64, 64]).path(1), UpdatePath::Factored);
         // A rank whose r² products lose at many rows still wins at few.
         assert_eq!(loha(3072, 3072, 64).path(4608), UpdatePath::Merged);
         assert_eq!(loha(3072, 3072, 64).path(1), UpdatePath::Factored);

@@ -4,13 +4,16 @@
 //! ([`crate::adapter::UpdateShape::path`]): then the layer runs on `W + ΔW` (summed in f32, rounded once to the
 //! compute dtype, as LyCORIS merges) and turns `∂L/∂ΔW = dyᵀ x` into the factors' gradients. LoHa at many rows
 //! and a large rank runs its forward and its input gradient on `W + ΔW` built in the compute dtype, and its factors'
-//! gradients through the factors. DoRA
+//! gradients through the factors; LoKr at many rows its forward alone (its `[m, out]` update and half-applied
+//! input cost more than building the weight), the rest through the factors. DoRA
 //! (`kinds/dora.rs`) keeps the LoRA's low-rank path and scales each output row by `m / ‖W + ΔW‖`, the norm held
 //! constant. The autograd forward runs on `W + ΔW` always: it is the reference the tests hold these to.
 
 use candle_core::{DType, Result, Tensor};
 
-use super::grad::{add_matmul, InputGrad, InputShare, LinearTape, LowRank, ParamGrad};
+use super::grad::{
+    add_matmul, add_matmul_bias, matmul_bias, InputGrad, InputShare, LinearTape, LowRank, ParamGrad,
+};
 use super::{FrozenMatmul, Linear};
 use crate::adapter::{work_dtype, Adapter, Loha, UpdatePath};
 
@@ -47,13 +50,24 @@ impl Linear {
                 let mid = x2.matmul(&down_t)?;
                 return self.finish_forward(x2, LowRank::Scaled { mid, up }, out_dims);
             }
-            (Adapter::Lokr(lokr), UpdatePath::Factored) => {
+            (Adapter::Lokr(lokr), UpdatePath::Factored | UpdatePath::MergedForward) => {
                 let kron = lokr::Kron::new(lokr, dtype)?;
                 let tape = LinearTape {
                     factors: Some(kron.factors()),
                     ..LinearTape::default()
                 };
-                (self.base_plus(x2, kron.apply(x2)?)?, tape)
+                let bias = self
+                    .bias
+                    .as_ref()
+                    .map(|b| b.detach().to_dtype(dtype))
+                    .transpose()?;
+                let y = if path == UpdatePath::MergedForward {
+                    let w = kron.merged_in(&self.base.dense(dtype)?)?;
+                    matmul_bias(x2, &w, bias.as_ref())?
+                } else {
+                    self.base_plus(x2, kron.apply(x2)?, bias.as_ref())?
+                };
+                return Ok((y.reshape(out_dims)?, tape));
             }
             (Adapter::Loha(loha), UpdatePath::MergedForward) => {
                 let w = loha.merged_in(&self.base.dense(dtype)?, dtype)?;
@@ -76,14 +90,20 @@ impl Linear {
         Ok((y.reshape(out_dims)?, tape))
     }
 
-    /// `x Wᵀ + c` for `c` [m, out] the caller owns: the base product accumulates onto `c` where that runs in place.
-    fn base_plus(&self, x2: &Tensor, c: Tensor) -> Result<Tensor> {
+    /// `x Wᵀ + c + bias` for `c` [m, out] the caller owns and a `bias` in `x2`'s dtype: the base product
+    /// accumulates onto `c` where that runs in place, adding the bias in the same product where it can
+    /// ([`add_matmul_bias`]).
+    fn base_plus(&self, x2: &Tensor, c: Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
         if self.low_rank_first(x2) {
-            return add_matmul(c, x2, &self.base.dense(x2.dtype())?, true);
+            return add_matmul_bias(c, x2, &self.base.dense(x2.dtype())?, bias);
         }
-        x2.apply_op1_no_bwd(&FrozenMatmul {
+        let y = (x2.apply_op1_no_bwd(&FrozenMatmul {
             base: self.base.clone(),
-        })? + c
+        })? + c)?;
+        match bias {
+            Some(b) => crate::ops::add_row(&y, b),
+            None => Ok(y),
+        }
     }
 
     /// `W + ΔW` [out, in] in `dtype` for LoKr and LoHa.
@@ -125,7 +145,7 @@ impl Linear {
                 let merged = path == UpdatePath::MergedForward;
                 return self.loha_backward(loha, (x2, tape, dy2), input, merged);
             }
-            (Adapter::Lokr(lokr), UpdatePath::Factored) => {
+            (Adapter::Lokr(lokr), UpdatePath::Factored | UpdatePath::MergedForward) => {
                 return self.lokr_backward(lokr, (x2, tape, dy2), input)
             }
             _ => {}

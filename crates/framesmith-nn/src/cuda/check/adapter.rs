@@ -1,7 +1,8 @@
 //! Device checks of the adapters' kernels (`kernels/adapter.cu` through `crate::ops`: LoHa's pair products and
-//! their gradients, DoRA's row norms) against the candle compositions on the CPU, and of LoHa and DoRA layers
-//! outside autograd (`forward_untracked`, `backward_with`) in bf16 on the device against their f32 twins on the
-//! CPU holding the same values.
+//! their gradients, DoRA's row norms, the merged weights) against the candle compositions on the CPU, and of LoHa,
+//! DoRA and LoKr layers outside autograd (`forward_untracked`, `backward_with`) in bf16 on the device against their
+//! f32 twins on the CPU holding the same values (LoKr at 300 rows runs its forward on the merged weight, at 16
+//! through its factors).
 
 use candle_core::{DType, Device, Result, Tensor, Var};
 use rand::rngs::StdRng;
@@ -22,10 +23,19 @@ pub fn adapter_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         out.extend(norm_checks(dev, rng, [n, r])?);
     }
     out.extend(add_product_checks(dev, rng)?);
-    for kind in [AdapterKind::Loha, AdapterKind::Dora] {
+    out.extend(add_kron_checks(dev, rng)?);
+    let lokr = AdapterKind::Lokr {
+        factor: -1,
+        decompose_both: false,
+        full_matrix: false,
+    };
+    for kind in [AdapterKind::Loha, AdapterKind::Dora, lokr] {
         for bias in [false, true] {
             out.extend(layer(dev, rng, kind, bias, [300, 384, 256])?);
         }
+    }
+    for bias in [false, true] {
+        out.extend(layer(dev, rng, lokr, bias, [16, 384, 256])?);
     }
     Ok(out)
 }
@@ -82,6 +92,30 @@ fn add_product_checks(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome
             let want = ops::add_product(&w, &p1, &p2)?;
             out.push(compare(
                 format!("add product {dtype:?} {shape:?}"),
+                &got,
+                &want,
+                1e-7,
+            )?);
+        }
+    }
+    Ok(out)
+}
+
+/// `add_kron` in f32 and bf16 on FLUX.1's qkv factors (vectorised), on a `d` not a multiple of 8 and on a single
+/// `w1` entry: the same roundings as the CPU's (the product and the sum in f32, rounded once).
+fn add_kron_checks(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
+    let mut out = Vec::new();
+    for dtype in [DType::F32, DType::BF16] {
+        for [a, b, c, d] in [[96, 48, 96, 64], [6, 4, 5, 7], [1, 1, 127, 24]] {
+            let w = randn(rng, &[a * c, b * d], 0.0, 0.3, dtype)?;
+            let w1 = randn(rng, &[a, b], 0.0, 1.0, dtype)?;
+            let w2 = randn(rng, &[c, d], 0.0, 0.1, dtype)?;
+            let on = |t: &Tensor| t.to_device(dev);
+            poison(dev)?;
+            let got = ops::add_kron(&on(&w)?, &on(&w1)?, &on(&w2)?)?;
+            let want = ops::add_kron(&w, &w1, &w2)?;
+            out.push(compare(
+                format!("add kron {dtype:?} w1 [{a}, {b}] w2 [{c}, {d}]"),
                 &got,
                 &want,
                 1e-7,

@@ -54,6 +54,12 @@ impl Kron {
         [self.w1s.clone(), self.w2.clone()]
     }
 
+    /// `W + ΔW` [out, in] in the compute dtype for the frozen weight `base` (in that dtype): the Kronecker product
+    /// of the factors added in one pass ([`crate::ops::add_kron`]).
+    pub(super) fn merged_in(&self, base: &Tensor) -> Result<Tensor> {
+        crate::ops::add_kron(base, &self.w1s, &self.w2)
+    }
+
     /// `x ΔWᵀ` [m, out] for `x2` [m, in].
     pub(super) fn apply(&self, x2: &Tensor) -> Result<Tensor> {
         let [a, b, c, _] = self.dims;
