@@ -30,7 +30,7 @@ impl Linear {
         adapter: &Adapter,
         out_dims: Vec<usize>,
     ) -> Result<(Tensor, LinearTape)> {
-        let path = update_path(adapter, x2)?;
+        let path = self.update_path(adapter, x2)?;
         self.forward_kind_on(x2, adapter, out_dims, path)
     }
 
@@ -127,7 +127,7 @@ impl Linear {
         dy2: &Tensor,
         input: InputGrad,
     ) -> Result<(Option<Tensor>, Vec<ParamGrad>)> {
-        let path = update_path(adapter, x2)?;
+        let path = self.update_path(adapter, x2)?;
         self.backward_kind_on(adapter, (x2, tape, dy2), input, path)
     }
 
@@ -221,10 +221,18 @@ fn merged_input_grad(dy2: &Tensor, w: &Tensor, input: InputGrad) -> Result<Optio
     })
 }
 
-/// How the layer applies `adapter`'s update to the rows of `x2` (LoRA and DoRA: factored, their only way).
-fn update_path(adapter: &Adapter, x2: &Tensor) -> Result<UpdatePath> {
-    Ok(match adapter.update_shape()? {
-        Some(shape) => shape.path(x2.dim(0)?),
-        None => UpdatePath::Factored,
-    })
+impl Linear {
+    /// How the layer applies `adapter`'s update to the rows of `x2` (LoRA and DoRA: factored, their only way). A
+    /// base whose products run on FP8 tensor cores has no merged weight for them: LoKr's forward stays factored.
+    fn update_path(&self, adapter: &Adapter, x2: &Tensor) -> Result<UpdatePath> {
+        let path = match adapter.update_shape()? {
+            Some(shape) => shape.path(x2.dim(0)?),
+            None => UpdatePath::Factored,
+        };
+        let fp8_products = matches!(&self.base, super::BaseWeight::Fp8(w) if w.fp8_products());
+        Ok(match (adapter, path) {
+            (Adapter::Lokr(_), UpdatePath::MergedForward) if fp8_products => UpdatePath::Factored,
+            _ => path,
+        })
+    }
 }

@@ -165,3 +165,38 @@ fn dora_norms_equal_the_merged_weights_norms() -> Result<()> {
     }
     Ok(())
 }
+
+/// LoKr at many rows runs its forward on the merged weight, except over a base whose products run on FP8 tensor
+/// cores (no merged weight for them); at a few rows it runs through its factors.
+#[test]
+fn lokr_builds_the_merged_weight_only_where_the_base_product_can_use_it() -> Result<()> {
+    let dense = layer(lokr(-1, false, false), [768, 768, 4], false)?;
+    let fp8 = layer(lokr(-1, false, false), [768, 768, 4], true)?;
+    let adapter = dense
+        .adapter()
+        .cloned()
+        .ok_or_else(|| candle_core::Error::msg("no adapter"))?;
+    let rows = |m: usize| Tensor::zeros((m, 768), DType::F32, &Device::Cpu);
+    assert_eq!(
+        dense.update_path(&adapter, &rows(4096)?)?,
+        UpdatePath::MergedForward
+    );
+    assert_eq!(
+        dense.update_path(&adapter, &rows(2)?)?,
+        UpdatePath::Factored
+    );
+    assert_eq!(
+        fp8.update_path(&adapter, &rows(4096)?)?,
+        UpdatePath::MergedForward
+    );
+    let BaseWeight::Fp8(w) = fp8.base.clone() else {
+        candle_core::bail!("not an FP8 base");
+    };
+    let mut products = Linear::from_base(BaseWeight::Fp8(w.for_fp8_products()?), None);
+    products.set_adapter(Some(adapter.clone()));
+    assert_eq!(
+        products.update_path(&adapter, &rows(4096)?)?,
+        UpdatePath::Factored
+    );
+    Ok(())
+}
