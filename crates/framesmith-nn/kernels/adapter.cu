@@ -131,14 +131,18 @@ template <typename T, int W>
 __device__ void add_kron(const T* w, const T* w1, const T* w2, T* out, long rows, long b, long c, long d) {
     const long in = b * d;
     const long n = rows * in;
+    // Row and column indices fit in 32 bits (each below a width): their divisions run on 32-bit integers, which
+    // cost a fraction of 64-bit ones.
+    const bool narrow = n <= 0x7fffffffL;
     for (long i = ((long)blockIdx.x * blockDim.x + threadIdx.x) * W; i < n; i += (long)gridDim.x * blockDim.x * W) {
-        const long o = i / in, p = i - o * in;
-        const long oi = o / c, ok = o - oi * c;
-        const long pj = p / d, pl = p - pj * d;
-        const float s = to_f32(w1[oi * b + pj]);
+        const unsigned o = narrow ? (unsigned)i / (unsigned)in : (unsigned)(i / in);
+        const unsigned p = (unsigned)(i - (long)o * in);
+        const unsigned oi = o / (unsigned)c, ok = o - oi * (unsigned)c;
+        const unsigned pj = p / (unsigned)d, pl = p - pj * (unsigned)d;
+        const float s = to_f32(w1[(long)oi * b + pj]);
         float a[W], q[W];
         load_n<T, W>(w + i, a);
-        load_n<T, W>(w2 + ok * d + pl, q);
+        load_n<T, W>(w2 + (long)ok * d + pl, q);
 #pragma unroll
         for (int k = 0; k < W; ++k) a[k] = __fadd_rn(a[k], __fmul_rn(s, q[k]));
         store_n<T, W>(out + i, a);

@@ -481,8 +481,7 @@ fn kron_sum<T: CudaDType + DeviceRepr + WithDType>(
     let n = rows * b * d;
     // SAFETY: the kernel writes every one of the n values before they are read.
     let out = unsafe { dev.alloc::<T>(n)? };
-    let args = [rows, b, c, d].map(long);
-    let [rows_arg, b_arg, c_arg, d_arg] = [args[0]?, args[1]?, args[2]?, args[3]?];
+    let (rows_arg, b_arg, c_arg, d_arg) = (long(rows)?, long(b)?, long(c)?, long(d)?);
     let vec_arg = i64::from(vec);
     let width = if vec { super::mixed::MIXED_WIDTH } else { 1 };
     let stream = dev.cuda_stream();

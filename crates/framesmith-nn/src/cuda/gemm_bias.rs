@@ -173,6 +173,73 @@ fn context(dev: &CudaDevice) -> Result<Arc<Mutex<Context>>> {
     Ok(c)
 }
 
+/// The operations (`op(A)` transposed, f32 accumulation and scale) and the bias epilogue (a `dtype` vector at
+/// `bias_ptr`, set again by each call).
+fn matmul_desc(
+    dtype: sys::cudaDataType_t,
+    bias_ptr: u64,
+) -> Result<Desc<sys::cublasLtMatmulDesc_t>> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    let desc = Desc {
+        raw: lt::create_matmul_desc(
+            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            sys::cudaDataType_t::CUDA_R_32F,
+        )
+        .map_err(blas_error("cublasLtMatmulDescCreate"))?,
+        destroy: lt::destroy_matmul_desc,
+    };
+    let ops = [
+        (
+            A::CUBLASLT_MATMUL_DESC_TRANSA,
+            cublasOperation_t::CUBLAS_OP_T as i32,
+        ),
+        (
+            A::CUBLASLT_MATMUL_DESC_TRANSB,
+            cublasOperation_t::CUBLAS_OP_N as i32,
+        ),
+        (A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, dtype as i32),
+    ];
+    for (attr, value) in ops {
+        set_attr(desc.raw, attr, &value)?;
+    }
+    set_attr(
+        desc.raw,
+        A::CUBLASLT_MATMUL_DESC_EPILOGUE,
+        &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32),
+    )?;
+    set_attr(
+        desc.raw,
+        A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+        &(bias_ptr as *const c_void),
+    )?;
+    Ok(desc)
+}
+
+/// The heuristic's preferences: the workspace, and the alignments in bytes of cuBLASLt's A (`b`), B (`a`) and C / D
+/// (`c`) from `align` ([`Key::align`]).
+fn preference(align: [u32; 4]) -> Result<Desc<sys::cublasLtMatmulPreference_t>> {
+    use sys::cublasLtMatmulPreferenceAttributes_t as P;
+    let pref = Desc {
+        raw: lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
+        destroy: lt::destroy_matmul_pref,
+    };
+    set_pref(
+        &pref,
+        P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+        &(WORKSPACE_BYTES as u64),
+    )?;
+    let [align_a, align_b, align_c, _] = align;
+    for (attr, value) in [
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c),
+        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c),
+    ] {
+        set_pref(&pref, attr, &value)?;
+    }
+    Ok(pref)
+}
+
 /// Sets a preference attribute; `V` must be its documented type (the workspace a u64, the alignments u32).
 fn set_pref<V>(
     pref: &Desc<sys::cublasLtMatmulPreference_t>,
@@ -206,8 +273,6 @@ impl Plan {
     /// taken as is, the bias one value per row of `cᵀ` (output feature), broadcast over its columns (rows of `c`).
     /// `None` when the heuristic has no algorithm.
     fn new(handle: sys::cublasLtHandle_t, key: Key, bias_ptr: u64) -> Result<Option<Self>> {
-        use sys::cublasLtMatmulDescAttributes_t as A;
-        use sys::cublasLtMatmulPreferenceAttributes_t as P;
         let Key {
             m,
             n,
@@ -220,72 +285,11 @@ impl Plan {
         } else {
             sys::cudaDataType_t::CUDA_R_16F
         };
-        let desc = Desc {
-            raw: lt::create_matmul_desc(
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType_t::CUDA_R_32F,
-            )
-            .map_err(blas_error("cublasLtMatmulDescCreate"))?,
-            destroy: lt::destroy_matmul_desc,
-        };
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_TRANSA,
-            &(cublasOperation_t::CUBLAS_OP_T as i32),
-        )?;
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_TRANSB,
-            &(cublasOperation_t::CUBLAS_OP_N as i32),
-        )?;
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_EPILOGUE,
-            &(sys::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS as u32),
-        )?;
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-            &(dtype as i32),
-        )?;
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-            &(bias_ptr as *const c_void),
-        )?;
+        let desc = matmul_desc(dtype, bias_ptr)?;
         let a = matrix(dtype, k, n)?;
         let b = matrix(dtype, k, m)?;
         let d = matrix(dtype, n, m)?;
-        let pref = Desc {
-            raw: lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
-            destroy: lt::destroy_matmul_pref,
-        };
-        let [align_a, align_b, align_c, _] = align;
-        set_pref(
-            &pref,
-            P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &(WORKSPACE_BYTES as u64),
-        )?;
-        set_pref(
-            &pref,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-            &align_a,
-        )?;
-        set_pref(
-            &pref,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-            &align_b,
-        )?;
-        set_pref(
-            &pref,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-            &align_c,
-        )?;
-        set_pref(
-            &pref,
-            P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-            &align_c,
-        )?;
+        let pref = preference(align)?;
         // SAFETY: every descriptor is live; D's layout stands for C's (the product runs in place, or with beta 0
         // does not read C).
         let found = unsafe {
