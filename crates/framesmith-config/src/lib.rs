@@ -14,6 +14,7 @@ pub mod protocol;
 pub mod run;
 pub mod schedule;
 pub mod text_file;
+pub mod tools;
 pub mod training;
 pub mod validate;
 mod validate_model;

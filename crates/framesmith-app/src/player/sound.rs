@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use egui::{RichText, Ui};
+use framesmith_config::tools::find_tool;
 
 use super::sync::{SoundAction, SoundSync, SyncInput};
 use super::PlayerClock;
@@ -37,25 +38,6 @@ impl SoundTools {
             ffplay: find_tool("ffplay"),
         }
     }
-}
-
-/// `name` beside the running executable, else the first match on `PATH`.
-pub fn find_tool(name: &str) -> Option<PathBuf> {
-    let file = if cfg!(windows) {
-        format!("{name}.exe")
-    } else {
-        name.to_owned()
-    };
-    let beside_exe = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(&file)))
-        .filter(|p| p.is_file());
-    beside_exe.or_else(|| {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(&file))
-            .find(|p| p.is_file())
-    })
 }
 
 /// A child process without a console window (from the app on Windows, each would flash one).

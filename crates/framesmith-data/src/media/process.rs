@@ -2,7 +2,7 @@
 //! executable or on `PATH`, asked for their version.
 
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::thread;
@@ -90,14 +90,6 @@ fn wait(child: &mut Child, tool: &str, path: &Path) -> Result<ExitStatus, MediaE
     })
 }
 
-fn exe_name(name: &str) -> String {
-    if cfg!(windows) {
-        format!("{name}.exe")
-    } else {
-        name.to_string()
-    }
-}
-
 /// The first line of `tool -version` (`ffmpeg version 6.1.1-3ubuntu5 …`), or why it did not answer; within the
 /// probe time limit, so a hung tool is reported, not waited on.
 pub fn tool_version(tool: &Path) -> Result<String, String> {
@@ -126,21 +118,8 @@ pub fn tool_version(tool: &Path) -> Result<String, String> {
         .ok_or_else(|| format!("{name} -version printed nothing"))
 }
 
-/// `name` (`ffmpeg`, `ffprobe`) beside the running executable, else the first match on `PATH`: where
-/// [`MediaTools::locate`] finds the tools.
-pub fn find_tool(name: &str) -> Option<PathBuf> {
-    let file = exe_name(name);
-    let beside_exe = std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|dir| dir.join(&file)))
-        .filter(|p| p.is_file());
-    beside_exe.or_else(|| {
-        let path = std::env::var_os("PATH")?;
-        std::env::split_paths(&path)
-            .map(|dir| dir.join(&file))
-            .find(|p| p.is_file())
-    })
-}
+/// Where [`MediaTools::locate`] finds the tools: beside the running executable, else on `PATH`.
+pub use framesmith_config::tools::find_tool;
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
