@@ -135,7 +135,8 @@ pub fn fp8_linear_storage(
         x: &xq,
         x_scale: &xs,
     };
-    let context = lt_context(&dev)?;
+    static CONTEXTS: OnceLock<LtContexts<HashMap<Dims, ShapePlan>>> = OnceLock::new();
+    let context = lt_context(&CONTEXTS, &dev, WORKSPACE_BYTES)?;
     let mut context = context.lock().unwrap_or_else(PoisonError::into_inner);
     context.matmul(&dev, Dims { m, n, k }, operands, &mut out)?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
@@ -166,11 +167,12 @@ struct Operands<'a> {
     x_scale: &'a CudaSlice<f32>,
 }
 
-/// One cuBLASLt handle and workspace per device, and the descriptors of each product shape.
-struct LtContext {
-    handle: sys::cublasLtHandle_t,
-    workspace: CudaSlice<u8>,
-    shapes: HashMap<Dims, ShapePlan>,
+/// One cuBLASLt handle and workspace per device, and what its user keeps per product shape (`cache`): the FP8
+/// products' descriptors here, the bias-epilogue products' in `gemm_bias`.
+pub(super) struct LtContext<C> {
+    pub(super) handle: sys::cublasLtHandle_t,
+    pub(super) workspace: CudaSlice<u8>,
+    pub(super) cache: C,
 }
 
 /// What one product shape needs, made on its first call: the matmul descriptor (operations and scale modes; a
@@ -183,14 +185,20 @@ struct ShapePlan {
     algo: sys::cublasLtMatmulAlgo_t,
 }
 
-// SAFETY: the handle is only used under the context's mutex, on the device whose context is bound first.
-unsafe impl Send for LtContext {}
+// SAFETY: the handle and the descriptors cached with it are only used under the context's mutex, on the device
+// whose context is bound first.
+unsafe impl<C> Send for LtContext<C> {}
 
-type Contexts = Mutex<HashMap<DeviceId, Arc<Mutex<LtContext>>>>;
+/// Every device's context of one user of cuBLASLt (each keeps its own static).
+pub(super) type LtContexts<C> = Mutex<HashMap<DeviceId, Arc<Mutex<LtContext<C>>>>>;
 
-fn lt_context(dev: &CudaDevice) -> Result<Arc<Mutex<LtContext>>> {
-    static CONTEXTS: OnceLock<Contexts> = OnceLock::new();
-    let mut all = CONTEXTS
+/// `dev`'s context in `all`, made on first use with a workspace of `workspace_bytes`.
+pub(super) fn lt_context<C: Default>(
+    all: &'static OnceLock<LtContexts<C>>,
+    dev: &CudaDevice,
+    workspace_bytes: usize,
+) -> Result<Arc<Mutex<LtContext<C>>>> {
+    let mut all = all
         .get_or_init(Mutex::default)
         .lock()
         .unwrap_or_else(PoisonError::into_inner);
@@ -200,11 +208,11 @@ fn lt_context(dev: &CudaDevice) -> Result<Arc<Mutex<LtContext>>> {
     dev.cuda_stream().context().bind_to_thread().w()?;
     let handle = lt::create_handle().map_err(blas_error("cublasLtCreate"))?;
     // SAFETY: a scratch buffer cuBLASLt may overwrite; never read by us.
-    let workspace = unsafe { dev.alloc::<u8>(WORKSPACE_BYTES)? };
+    let workspace = unsafe { dev.alloc::<u8>(workspace_bytes)? };
     let c = Arc::new(Mutex::new(LtContext {
         handle,
         workspace,
-        shapes: HashMap::new(),
+        cache: C::default(),
     }));
     all.insert(dev.id(), c.clone());
     Ok(c)
@@ -252,7 +260,7 @@ pub(super) fn set_attr<V>(
     .map_err(blas_error("cublasLtMatmulDescSetAttribute"))
 }
 
-impl LtContext {
+impl LtContext<HashMap<Dims, ShapePlan>> {
     /// The row-major `y [m, n] = x [m, k] · Wᵀ` as cuBLASLt's column-major `yᵀ [n, m] = op(W) · xᵀ`: `W` stored
     /// `[n, k]` row-major is a `k × n` column-major matrix taken transposed, `x` a `k × m` one taken as is (the
     /// "TN" layout FP8 tensor cores need), scales per row of `op(W)` (output channel) and per column of `xᵀ`
@@ -283,7 +291,7 @@ impl LtContext {
                 &(xs_ptr as *const c_void),
             )
         };
-        let plan = match self.shapes.entry(dims) {
+        let plan = match self.cache.entry(dims) {
             Entry::Occupied(e) => {
                 let plan = e.into_mut();
                 scales(plan.desc.raw)?;

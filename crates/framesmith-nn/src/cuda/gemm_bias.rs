@@ -8,17 +8,17 @@ use std::cell::Cell;
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{OnceLock, PoisonError};
 
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t;
 use candle_core::cuda_backend::cudarc::cublaslt::result as lt;
 use candle_core::cuda_backend::cudarc::cublaslt::sys;
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut};
-use candle_core::cuda_backend::{CudaDType, DeviceId, WrapErr};
-use candle_core::{CpuStorage, CudaDevice, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
-use super::fp8_gemm::{blas_error, matrix, set_attr, Desc};
+use super::fp8_gemm::{blas_error, lt_context, matrix, set_attr, Desc, LtContexts};
 use super::ptx;
 
 /// cuBLASLt workspace of these products (large bf16 products need no split-K reduction space).
@@ -137,40 +137,6 @@ struct Plan {
     b: Desc<sys::cublasLtMatrixLayout_t>,
     d: Desc<sys::cublasLtMatrixLayout_t>,
     algo: sys::cublasLtMatmulAlgo_t,
-}
-
-/// One cuBLASLt handle and workspace per device, and the plan of each product shape.
-struct Context {
-    handle: sys::cublasLtHandle_t,
-    workspace: CudaSlice<u8>,
-    plans: HashMap<Key, Option<Plan>>,
-}
-
-// SAFETY: the handle is only used under the context's mutex, on the device whose context is bound first.
-unsafe impl Send for Context {}
-
-type Contexts = Mutex<HashMap<DeviceId, Arc<Mutex<Context>>>>;
-
-fn context(dev: &CudaDevice) -> Result<Arc<Mutex<Context>>> {
-    static CONTEXTS: OnceLock<Contexts> = OnceLock::new();
-    let mut all = CONTEXTS
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(c) = all.get(&dev.id()) {
-        return Ok(c.clone());
-    }
-    dev.cuda_stream().context().bind_to_thread().w()?;
-    let handle = lt::create_handle().map_err(blas_error("cublasLtCreate"))?;
-    // SAFETY: a scratch buffer cuBLASLt may overwrite; never read by us.
-    let workspace = unsafe { dev.alloc::<u8>(WORKSPACE_BYTES)? };
-    let c = Arc::new(Mutex::new(Context {
-        handle,
-        workspace,
-        plans: HashMap::new(),
-    }));
-    all.insert(dev.id(), c.clone());
-    Ok(c)
 }
 
 /// The operations (`op(A)` transposed, f32 accumulation and scale) and the bias epilogue (a `dtype` vector at
@@ -351,11 +317,12 @@ impl AddMatmulBias {
             bf16,
             align: [b_ptr, a_ptr, c_ptr, bias_ptr].map(alignment),
         };
-        let context = context(&dev)?;
+        static CONTEXTS: OnceLock<LtContexts<HashMap<Key, Option<Plan>>>> = OnceLock::new();
+        let context = lt_context(&CONTEXTS, &dev, WORKSPACE_BYTES)?;
         let mut guard = context.lock().unwrap_or_else(PoisonError::into_inner);
         let context = &mut *guard;
         let handle = context.handle;
-        let plan = match context.plans.entry(key) {
+        let plan = match context.cache.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(Plan::new(handle, key, bias_ptr)?),
         };
