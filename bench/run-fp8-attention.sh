@@ -12,8 +12,9 @@
 #              on as well (on an FP8 base, which it needs); BF16_ROW=0 leaves the bf16-attention run out.
 #   step-14b   Wan2.1-14B 480x832x81 rank 32 within 24 GiB (ComfyUI scaled-FP8 file, `--preset fast-24gb
 #              --vram-budget-gb 24`): `framesmith train` off, then on (STEPS, default 3); FP8_PRODUCTS=1 adds a
-#              run with `model.fp8_matmul` on as well; BF16_ROW=0 leaves the off run out. About 7 minutes the first
-#              time (the project is written into WORK_DIR), 5 after.
+#              run with `model.fp8_matmul` on as well (PROJECTION=1 one more with `memory.checkpointing =
+#              "attention_projection"`); BF16_ROW=0 leaves the off run out, FP8_ROW=0 the FP8-attention-only one.
+#              About 7 minutes the first time (the project is written into WORK_DIR), 5 after.
 #   torch-14b  PyTorch's eager resident bf16 14B step (bench/reference/step.py, 1 + 2 steps), the reference of the
 #              14B goal. About 2 minutes.
 #   quality    Wan2.1-1.3B random weights, one cached 480x832x17 clip, QUALITY_STEPS (default 200) steps, rank 32:
@@ -25,7 +26,7 @@
 # Usage: bench/run-fp8-attention.sh BIN_DIR OUT_DIR WORK_DIR PART [PART...]
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-    sed -n '2,24p' "$0"
+    sed -n '2,26p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -60,18 +61,25 @@ with_fp8_attention() {
 # with_model_key IN OUT KEY VALUE: a copy of run config IN with [model] KEY = VALUE (the line replaced where the
 # config has one, else added; checked by parsing it back).
 with_model_key() {
+    with_key "$1" "$2" model "$3" "$4"
+}
+
+# with_key IN OUT TABLE KEY VALUE: a copy of run config IN with [TABLE] KEY = VALUE (the table added at the end
+# where the config has none).
+with_key() {
     python3 - "$@" <<'EOF'
 import re, sys, tomllib
-src, dst, key, value = sys.argv[1:]
+src, dst, table, key, value = sys.argv[1:]
 text = open(src).read()
 line = f"{key} = {value}"
-head, sep, rest = text.partition("[model]\n")
-assert sep, f"{src} has no [model] table"
+if f"[{table}]\n" not in text:
+    text = text.rstrip("\n") + f"\n\n[{table}]\n"
+head, sep, rest = text.partition(f"[{table}]\n")
 body, nxt, tail = rest.partition("\n[")
 pattern = re.compile(rf"(?m)^{re.escape(key)} = .*$")
 body = pattern.sub(line, body) if pattern.search(body) else line + "\n" + body
 text = head + sep + body + nxt + tail
-assert tomllib.loads(text)["model"][key] == tomllib.loads(f"v = {value}")["v"]
+assert tomllib.loads(text)[table][key] == tomllib.loads(f"v = {value}")["v"]
 open(dst, "w").write(text)
 EOF
 }
@@ -161,13 +169,20 @@ for PART in "$@"; do
         extra=(--preset fast-24gb --vram-budget-gb 24)
         [[ "${BF16_ROW:-1}" == 1 ]] &&
             train_case "$OUT/step-14b-bf16" "$P/budget.toml" "14B 24 GiB fast-24gb, bf16 attention" "${extra[@]}"
-        train_case "$OUT/step-14b-fp8" "$P/budget-fp8-attention.toml" "14B 24 GiB fast-24gb, FP8 attention" \
-            "${extra[@]}"
+        [[ "${FP8_ROW:-1}" == 1 ]] && train_case "$OUT/step-14b-fp8" "$P/budget-fp8-attention.toml" \
+            "14B 24 GiB fast-24gb, FP8 attention" "${extra[@]}"
         if [[ -n "${FP8_PRODUCTS:-}" ]]; then
             # Every FP8 lever at once: FP8 attention and the block linears on FP8 tensor cores (model.fp8_matmul).
             with_model_key "$P/budget-fp8-attention.toml" "$P/budget-fp8-both.toml" fp8_matmul true
             train_case "$OUT/step-14b-fp8-both" "$P/budget-fp8-both.toml" \
                 "14B 24 GiB fast-24gb, FP8 attention and FP8 products" "${extra[@]}"
+            if [[ -n "${PROJECTION:-}" ]]; then
+                # The same with `memory.checkpointing = "attention_projection"` (self_attn.o's output kept too).
+                with_key "$P/budget-fp8-both.toml" "$P/budget-fp8-projection.toml" memory checkpointing \
+                    '"attention_projection"'
+                train_case "$OUT/step-14b-fp8-projection" "$P/budget-fp8-projection.toml" \
+                    "14B 24 GiB fast-24gb, FP8 attention and products, projection kept" "${extra[@]}"
+            fi
         fi
         ;;
     torch-14b)

@@ -81,8 +81,17 @@ extern "C" __global__ void fs_fp8_dequant_f32(const uint8_t* w, const float* sca
 // e4m3fn(x / scale), rounded to nearest even and saturated to +-448 (the hardware conversion on 8.9+). One block
 // per row: a pass for the row's largest magnitude, then a pass that encodes (the row is read twice, the second
 // time mostly from L2). `vec` (cols % 8 == 0, 16-byte aligned rows): 8 values per 16-byte load and 8-byte store.
-extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, uint8_t* codes, float* scale,
-                                                     long rows, long cols, int vec) {
+// `col_scale` (f32 [cols], or null): each value is multiplied by its column's factor in f32 first, so what is
+// quantised is x · diag(col_scale) (an input gradient dY · diag(s) whose product then takes the weight's bare codes).
+__device__ __forceinline__ void scale_cols8(float* v, const float* col_scale, long c) {
+    if (col_scale == nullptr) return;
+    const float4 a = *reinterpret_cast<const float4*>(col_scale + c);
+    const float4 b = *reinterpret_cast<const float4*>(col_scale + c + 4);
+    v[0] *= a.x, v[1] *= a.y, v[2] *= a.z, v[3] *= a.w, v[4] *= b.x, v[5] *= b.y, v[6] *= b.z, v[7] *= b.w;
+}
+
+extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, const float* col_scale,
+                                                     uint8_t* codes, float* scale, long rows, long cols, int vec) {
     __shared__ float scratch[32];
     const long row = blockIdx.x;
     if (row >= rows) return;
@@ -93,11 +102,15 @@ extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, uin
         for (long c = (long)threadIdx.x * 8; c < cols; c += (long)blockDim.x * 8) {
             float v[8];
             load_vec<__nv_bfloat16, 8>(xr + c, v);
+            scale_cols8(v, col_scale, c);
 #pragma unroll
             for (int k = 0; k < 8; ++k) amax = fmaxf(amax, fabsf(v[k]));
         }
     } else {
-        for (long c = threadIdx.x; c < cols; c += blockDim.x) amax = fmaxf(amax, fabsf(to_f32(xr[c])));
+        for (long c = threadIdx.x; c < cols; c += blockDim.x) {
+            const float v = to_f32(xr[c]) * (col_scale ? col_scale[c] : 1.f);
+            amax = fmaxf(amax, fabsf(v));
+        }
     }
     amax = block_max(amax, scratch);
     float s = amax / 448.f;
@@ -107,6 +120,7 @@ extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, uin
         for (long c = (long)threadIdx.x * 8; c < cols; c += (long)blockDim.x * 8) {
             float v[8];
             load_vec<__nv_bfloat16, 8>(xr + c, v);
+            scale_cols8(v, col_scale, c);
             uint32_t lo = 0, hi = 0;
 #pragma unroll
             for (int k = 0; k < 4; ++k) {
@@ -117,7 +131,34 @@ extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, uin
         }
     } else {
         for (long c = threadIdx.x; c < cols; c += blockDim.x) {
-            cr[c] = __nv_cvt_float_to_fp8(to_f32(xr[c]) / s, __NV_SATFINITE, __NV_E4M3);
+            const float v = to_f32(xr[c]) * (col_scale ? col_scale[c] : 1.f);
+            cr[c] = __nv_cvt_float_to_fp8(v / s, __NV_SATFINITE, __NV_E4M3);
+        }
+    }
+}
+
+// out [cols, rows] = in [rows, cols]ᵀ for bytes (e4m3fn codes: an FP8 weight [out, in] as the [in, out] operand of
+// its input-gradient product, which FP8 tensor cores take only with the reduced dimension contiguous). A 64 × 64
+// tile per block of 16 × 16 threads, read and written 4 bytes a thread along rows, through shared memory; edges
+// bytewise.
+extern "C" __global__ void fs_transpose_u8(const uint8_t* in, uint8_t* out, long rows, long cols) {
+    __shared__ uint8_t tile[64][64 + 4];
+    const long r0 = (long)blockIdx.y * 64, c0 = (long)blockIdx.x * 64;
+    const int tx = threadIdx.x, ty = threadIdx.y;
+    for (int r = ty; r < 64; r += 16) {
+        const long row = r0 + r;
+        for (int k = 0; k < 4; ++k) {
+            const long col = c0 + tx * 4 + k;
+            if (row < rows && col < cols) tile[r][tx * 4 + k] = in[row * cols + col];
+        }
+    }
+    __syncthreads();
+    for (int c = ty; c < 64; c += 16) {
+        const long col = c0 + c;
+        if (col >= cols) continue;
+        for (int k = 0; k < 4; ++k) {
+            const long row = r0 + tx * 4 + k;
+            if (row < rows) out[col * rows + row] = tile[tx * 4 + k][c];
         }
     }
 }

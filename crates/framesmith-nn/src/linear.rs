@@ -59,6 +59,34 @@ impl BaseWeight {
             Self::Fp8(w) => w.dequantize(dtype),
         }
     }
+
+    /// The input gradient `dy · W` `[m, in]` for `dy` `[m, out]`, added to `acc` (`[m, in]` in `dy`'s dtype, a
+    /// tensor the caller owns; in place on CUDA) when given. A weight marked for FP8 products
+    /// ([`Fp8Weight::for_fp8_products`]) takes it on FP8 tensor cores where the shape allows
+    /// ([`crate::cuda::fp8_gemm::fp8_input_grad`]); otherwise the dense weight in `dy`'s dtype.
+    pub fn input_grad(&self, dy: &Tensor, acc: Option<Tensor>) -> Result<Tensor> {
+        #[cfg(feature = "cuda")]
+        if let Self::Fp8(w) = self {
+            use crate::cuda::fp8_gemm;
+            let (m, n) = dy.dims2()?;
+            let k = w.dims().1;
+            let acc_fits = acc.as_ref().is_none_or(|a| {
+                a.is_contiguous() && a.dtype() == DType::BF16 && a.layout().start_offset() % 8 == 0
+            });
+            if w.fp8_products()
+                && dy.device().is_cuda()
+                && acc_fits
+                && fp8_gemm::input_grad_supported(dy.dtype(), m, n, k)
+            {
+                return fp8_gemm::fp8_input_grad(dy, w.codes(), w.scale(), acc);
+            }
+        }
+        let w = self.dense(dy.dtype())?;
+        match acc {
+            Some(acc) => grad::add_matmul(acc, dy, &w, false),
+            None => dy.matmul(&w),
+        }
+    }
 }
 
 /// A frozen linear layer `y = x Wᵀ + b` with an optional adapter, e.g. a LoRA
@@ -339,8 +367,7 @@ impl CustomOp1 for FrozenMatmul {
     }
 
     fn bwd(&self, _arg: &Tensor, _res: &Tensor, grad_res: &Tensor) -> Result<Option<Tensor>> {
-        let w = self.base.dense(grad_res.dtype())?;
-        Ok(Some(grad_res.matmul(&w)?))
+        Ok(Some(self.base.input_grad(grad_res, None)?))
     }
 }
 

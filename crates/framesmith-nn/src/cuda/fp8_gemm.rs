@@ -4,6 +4,11 @@
 //! Both scale vectors are applied inside the product, so nothing is dequantised. Needs FP8 tensor cores and a
 //! cuBLASLt with outer-vector scaling for them (Hopper with cuBLAS 12.9 or later); [`probe`] says whether this
 //! GPU and library can.
+//!
+//! The input gradient `dY · W` of such a layer ([`fp8_input_grad`]) runs on FP8 tensor cores as well: `W`'s scale
+//! is per output channel, which is the reduced dimension there, so it multiplies `dY`'s columns before `dY` is
+//! quantised per row, and the codes are transposed to `[in, out]` for the product (Hopper's FP8 kernels take only
+//! operands whose reduced dimension is contiguous).
 
 use std::collections::hash_map::Entry;
 use std::collections::HashMap;
@@ -15,10 +20,12 @@ use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t;
 use candle_core::cuda_backend::cudarc::cublaslt::result as lt;
 use candle_core::cuda_backend::cudarc::cublaslt::sys;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, DevicePtr, DevicePtrMut, PushKernelArg,
+    CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{DeviceId, WrapErr};
-use candle_core::{CudaDevice, CudaStorage, DType, Device, Layout, Result, Tensor};
+use candle_core::{
+    CpuStorage, CudaDevice, CudaStorage, DType, Device, InplaceOp2, Layout, Result, Tensor,
+};
 
 use super::ptx::{self, long};
 
@@ -35,6 +42,12 @@ pub fn supported(x_dtype: DType, m: usize, n: usize, k: usize) -> bool {
 /// e4m3fn codes `[m, k]` (`U8`) and f32 scales `[m]` of a bf16 CUDA tensor `[m, k]`, one scale per row
 /// (`amax / 448`); see `fs_fp8_quantize_rows_bf16`. [`crate::fp8::quantize_rows_reference`] is the CPU version.
 pub fn quantize_rows(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    quantize_rows_scaled(x, None)
+}
+
+/// [`quantize_rows`] of `x · diag(col_scale)` for f32 column factors `[k]` (the input gradient's quantisation,
+/// [`fp8_input_grad`]): each value multiplied by its factor in f32, then quantised.
+pub fn quantize_rows_scaled(x: &Tensor, col_scale: Option<&Tensor>) -> Result<(Tensor, Tensor)> {
     let (m, k) = x.dims2()?;
     if x.dtype() != DType::BF16 {
         candle_core::bail!("quantize_rows takes bf16 activations, not {:?}", x.dtype());
@@ -44,16 +57,45 @@ pub fn quantize_rows(x: &Tensor) -> Result<(Tensor, Tensor)> {
     let storage = ptx::cuda_storage(&storage, "quantize_rows")?;
     let view = ptx::view::<half::bf16>(storage, layout)?;
     let dev = storage.device().clone();
-    let (codes, scale) = quantize_rows_view(&dev, &view, m, k, layout.start_offset())?;
+    let factors = col_scale.map(|f| f.contiguous()).transpose()?;
+    if let Some(f) = &factors {
+        if f.dims() != [k] || f.dtype() != DType::F32 {
+            candle_core::bail!(
+                "quantize_rows: column factors must be f32 [{k}], got {:?} {:?}",
+                f.dims(),
+                f.dtype()
+            );
+        }
+    }
+    let guard = factors.as_ref().map(|f| f.storage_and_layout());
+    let col = match &guard {
+        Some((fs, fl)) => Some(ColScale {
+            values: ptx::view::<f32>(ptx::cuda_storage(fs, "quantize_rows")?, fl)?,
+            start_offset: fl.start_offset(),
+        }),
+        None => None,
+    };
+    let (codes, scale) =
+        quantize_rows_view(&dev, &view, col.as_ref(), m, k, layout.start_offset())?;
     Ok((
         ptx::untracked(CudaStorage::wrap_cuda_slice(codes, dev.clone()), (m, k)),
         ptx::untracked(CudaStorage::wrap_cuda_slice(scale, dev), m),
     ))
 }
 
+/// A column factor vector for [`quantize_rows_view`]: the values and their offset in elements within their
+/// allocation (the kernel's 16-byte loads of it need the offset a multiple of 4).
+struct ColScale<'a> {
+    values: CudaView<'a, f32>,
+    start_offset: usize,
+}
+
+/// Row-wise quantisation of `x` `[m, k]` (starting `start_offset` elements into its allocation), each column first
+/// multiplied by its `col_scale` factor when given.
 fn quantize_rows_view(
     dev: &CudaDevice,
     x: &CudaView<'_, half::bf16>,
+    col_scale: Option<&ColScale<'_>>,
     m: usize,
     k: usize,
     start_offset: usize,
@@ -63,20 +105,70 @@ fn quantize_rows_view(
     let codes = unsafe { dev.alloc::<u8>(m * k)? };
     // SAFETY: as above.
     let scale = unsafe { dev.alloc::<f32>(m)? };
-    let vec = i32::from(k % 8 == 0 && start_offset % 8 == 0);
+    let factors_aligned = col_scale.is_none_or(|c| c.start_offset % 4 == 0);
+    let vec = i32::from(k % 8 == 0 && start_offset % 8 == 0 && factors_aligned);
     let (rows, cols) = (long(m)?, long(k)?);
+    let no_factors = 0u64;
     let stream = dev.cuda_stream();
     let mut b = stream.launch_builder(&func);
-    b.arg(x)
-        .arg(&codes)
-        .arg(&scale)
-        .arg(&rows)
-        .arg(&cols)
-        .arg(&vec);
-    // SAFETY: argument types and order match the kernel's signature; `x` holds m * k values and the outputs
-    // m * k codes and m scales; with `vec` every row starts 16-byte aligned (k and the offset multiples of 8).
+    b.arg(x);
+    match col_scale {
+        Some(c) => b.arg(&c.values),
+        None => b.arg(&no_factors),
+    };
+    b.arg(&codes).arg(&scale).arg(&rows).arg(&cols).arg(&vec);
+    // SAFETY: argument types and order match the kernel's signature (a null pointer for no column factors);
+    // `x` holds m * k values, the factors k, and the outputs m * k codes and m scales; with `vec` every row
+    // starts 16-byte aligned (k and the offset multiples of 8) and so does every 8 factors' group.
     unsafe { b.launch(ptx::row_config(m)?) }.w()?;
     Ok((codes, scale))
+}
+
+/// A CUDA `U8` tensor `[rows, cols]` transposed to `[cols, rows]` (the kernel [`fp8_input_grad`] uses on the
+/// weight's codes).
+pub fn transpose_bytes(codes: &Tensor) -> Result<Tensor> {
+    let (rows, cols) = codes.dims2()?;
+    if codes.dtype() != DType::U8 {
+        candle_core::bail!("transpose_bytes takes U8, not {:?}", codes.dtype());
+    }
+    let codes = codes.contiguous()?;
+    let (storage, layout) = codes.storage_and_layout();
+    let storage = ptx::cuda_storage(&storage, "transpose_bytes")?;
+    let dev = storage.device().clone();
+    let out = transpose_codes(&dev, &ptx::view::<u8>(storage, layout)?, rows, cols)?;
+    Ok(ptx::untracked(
+        CudaStorage::wrap_cuda_slice(out, dev),
+        (cols, rows),
+    ))
+}
+
+/// `codes` `[rows, cols]` (bytes) transposed to `[cols, rows]` (`fs_transpose_u8`).
+fn transpose_codes(
+    dev: &CudaDevice,
+    codes: &CudaView<'_, u8>,
+    rows: usize,
+    cols: usize,
+) -> Result<CudaSlice<u8>> {
+    let func = ptx::load(dev, &ptx::FP8, "fs_transpose_u8")?;
+    // SAFETY: the kernel writes every element (each of the rows · cols inputs lands once).
+    let out = unsafe { dev.alloc::<u8>(rows * cols)? };
+    let tiles = |n: usize| {
+        u32::try_from(n.div_ceil(64))
+            .map_err(|_| candle_core::Error::Msg(format!("transpose: {n} rows or columns")))
+    };
+    let config = LaunchConfig {
+        grid_dim: (tiles(cols)?, tiles(rows)?, 1),
+        block_dim: (16, 16, 1),
+        shared_mem_bytes: 0,
+    };
+    let (r, c) = (long(rows)?, long(cols)?);
+    let stream = dev.cuda_stream();
+    let mut b = stream.launch_builder(&func);
+    b.arg(codes).arg(&out).arg(&r).arg(&c);
+    // SAFETY: argument types and order match the kernel's signature; `codes` holds rows · cols bytes and `out`
+    // as many; the grid covers every 64 × 64 tile.
+    unsafe { b.launch(config) }.w()?;
+    Ok(out)
 }
 
 /// `x · Wᵀ` in bf16 for a bf16 CUDA `x` `[m, k]` and an FP8 weight given by its e4m3fn `codes` `[n, k]` (`U8`,
@@ -120,7 +212,7 @@ pub fn fp8_linear_storage(
     }
     let dev = x.device().clone();
     let x_view = ptx::view::<half::bf16>(x, x_layout)?;
-    let (xq, xs) = quantize_rows_view(&dev, &x_view, m, k, x_layout.start_offset())?;
+    let (xq, xs) = quantize_rows_view(&dev, &x_view, None, m, k, x_layout.start_offset())?;
     let codes = codes.contiguous()?;
     let scale = scale.contiguous()?;
     let (cs, cl) = codes.storage_and_layout();
@@ -135,11 +227,162 @@ pub fn fp8_linear_storage(
         x: &xq,
         x_scale: &xs,
     };
-    static CONTEXTS: OnceLock<LtContexts<HashMap<Dims, ShapePlan>>> = OnceLock::new();
-    let context = lt_context(&CONTEXTS, &dev, WORKSPACE_BYTES)?;
+    let context = fp8_context(&dev)?;
     let mut context = context.lock().unwrap_or_else(PoisonError::into_inner);
-    context.matmul(&dev, Dims { m, n, k }, operands, &mut out)?;
+    context.matmul(
+        &dev,
+        Dims { m, n, k },
+        operands,
+        &mut out.slice_mut(..),
+        0.0,
+    )?;
     Ok(CudaStorage::wrap_cuda_slice(out, dev))
+}
+
+/// This device's cuBLASLt context of the FP8 products.
+fn fp8_context(dev: &CudaDevice) -> Result<Arc<Mutex<LtContext<Fp8Cache>>>> {
+    static CONTEXTS: OnceLock<LtContexts<Fp8Cache>> = OnceLock::new();
+    lt_context(&CONTEXTS, dev, WORKSPACE_BYTES)
+}
+
+/// Whether a CUDA input gradient `dy [m, n] · W` for an FP8 weight `W` `[n, k]` takes the FP8 path
+/// ([`fp8_input_grad`]): what [`supported`] asks of the forward `x [m, k] · Wᵀ`.
+pub fn input_grad_supported(dy_dtype: DType, m: usize, n: usize, k: usize) -> bool {
+    supported(dy_dtype, m, n, k)
+}
+
+/// The input gradient `dy · W` `[m, k]` of a layer with an FP8 weight `W` `[n, k]` (e4m3fn `codes` `[n, k]`,
+/// f32 `scale` `[n]` per output channel), for a bf16 CUDA `dy` `[m, n]`, through FP8 tensor cores: `dy ·
+/// diag(scale)` quantised to e4m3fn per row, times the codes transposed, with one scale per row of `dy` (see
+/// the module docs). With `acc` (bf16 `[m, k]`, contiguous, a tensor the caller owns) the product is added to it
+/// in place and `acc` returned; otherwise a new tensor.
+pub fn fp8_input_grad(
+    dy: &Tensor,
+    codes: &Tensor,
+    scale: &Tensor,
+    acc: Option<Tensor>,
+) -> Result<Tensor> {
+    let (m, n) = dy.dims2()?;
+    let (cn, k) = codes.dims2()?;
+    if cn != n || scale.elem_count() != n {
+        candle_core::bail!(
+            "fp8_input_grad: gradient [{m}, {n}] against FP8 codes {:?} with {} scales",
+            codes.dims(),
+            scale.elem_count()
+        );
+    }
+    if dy.dtype() != DType::BF16 || codes.dtype() != DType::U8 || scale.dtype() != DType::F32 {
+        candle_core::bail!(
+            "fp8_input_grad takes a bf16 gradient, U8 codes and f32 scales, got {:?} {:?} {:?}",
+            dy.dtype(),
+            codes.dtype(),
+            scale.dtype()
+        );
+    }
+    if !supported(dy.dtype(), m, n, k) {
+        candle_core::bail!("fp8_input_grad: [{m}, {n}] · [{n}, {k}] is not an FP8 product shape");
+    }
+    let (out, beta) = match acc {
+        Some(acc) => {
+            if acc.dims() != [m, k] || acc.dtype() != DType::BF16 || !acc.is_contiguous() {
+                candle_core::bail!(
+                    "fp8_input_grad: the sum must be a contiguous bf16 [{m}, {k}], got {:?} {:?}",
+                    acc.dims(),
+                    acc.dtype()
+                );
+            }
+            (acc, 1.0)
+        }
+        None => {
+            let candle_core::Device::Cuda(dev) = dy.device() else {
+                candle_core::bail!("fp8_input_grad: a gradient that is not on CUDA");
+            };
+            // SAFETY: with beta = 0 cuBLASLt writes all m · k values without reading them.
+            let out = unsafe { dev.alloc::<half::bf16>(m * k)? };
+            (
+                ptx::untracked(CudaStorage::wrap_cuda_slice(out, dev.clone()), (m, k)),
+                0.0,
+            )
+        }
+    };
+    out.inplace_op2(
+        &dy.contiguous()?,
+        &InputGrad {
+            codes: codes.contiguous()?,
+            scale: scale.contiguous()?,
+            dims: Dims { m, n: k, k: n },
+            beta,
+        },
+    )?;
+    Ok(out)
+}
+
+/// [`fp8_input_grad`]'s product on the output's storage: `dims` as the forward names them for the product run
+/// (`n` the input gradient's width, `k` the reduced output width).
+struct InputGrad {
+    codes: Tensor,
+    scale: Tensor,
+    dims: Dims,
+    /// 1: added to the output; 0: the output written fresh.
+    beta: f32,
+}
+
+impl InplaceOp2 for InputGrad {
+    fn name(&self) -> &'static str {
+        "framesmith-fp8-input-grad"
+    }
+
+    fn cpu_fwd(&self, _: &mut CpuStorage, _: &Layout, _: &CpuStorage, _: &Layout) -> Result<()> {
+        Err(super::cuda_only(
+            self.name(),
+            "nn::cuda::fp8_gemm::fp8_input_grad",
+        ))
+    }
+
+    fn cuda_fwd(
+        &self,
+        out: &mut CudaStorage,
+        out_layout: &Layout,
+        dy: &CudaStorage,
+        dy_layout: &Layout,
+    ) -> Result<()> {
+        let Dims { m, n: k, k: n } = self.dims;
+        let dev = dy.device().clone();
+        let (cs, cl) = self.codes.storage_and_layout();
+        let (ss, sl) = self.scale.storage_and_layout();
+        let codes = ptx::view::<u8>(ptx::cuda_storage(&cs, self.name())?, cl)?;
+        let factors = ColScale {
+            values: ptx::view::<f32>(ptx::cuda_storage(&ss, self.name())?, sl)?,
+            start_offset: sl.start_offset(),
+        };
+        let dy_view = ptx::view::<half::bf16>(dy, dy_layout)?;
+        let (dq, dq_scale) = quantize_rows_view(
+            &dev,
+            &dy_view,
+            Some(&factors),
+            m,
+            n,
+            dy_layout.start_offset(),
+        )?;
+        let transposed = transpose_codes(&dev, &codes, n, k)?;
+        let context = fp8_context(&dev)?;
+        let mut context = context.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((start, end)) = out_layout.contiguous_offsets() else {
+            candle_core::bail!("fp8_input_grad: a strided output");
+        };
+        let mut target = out.as_cuda_slice_mut::<half::bf16>()?.slice_mut(start..end);
+        // Lent out of the cache for the product, which borrows the context.
+        let ones = context.cache.take_ones(&dev, k)?;
+        let operands = Operands {
+            w: &transposed.slice(..),
+            w_scale: &ones.slice(..k),
+            x: &dq,
+            x_scale: &dq_scale,
+        };
+        let ran = context.matmul(&dev, self.dims, operands, &mut target, self.beta);
+        context.cache.ones = Some(ones);
+        ran
+    }
 }
 
 /// Whether this GPU and cuBLASLt run the FP8 product (a small one, checked against nothing: an error or no
@@ -165,6 +408,24 @@ struct Operands<'a> {
     w_scale: &'a CudaView<'a, f32>,
     x: &'a CudaSlice<u8>,
     x_scale: &'a CudaSlice<f32>,
+}
+
+/// What the FP8 products keep per device: each product shape's plan, and a vector of ones (the unit scales of
+/// the input gradient's transposed codes), grown to the widest use.
+#[derive(Default)]
+pub(super) struct Fp8Cache {
+    plans: HashMap<Dims, ShapePlan>,
+    ones: Option<CudaSlice<f32>>,
+}
+
+impl Fp8Cache {
+    /// At least `len` ones on `dev`, taken out of the cache (the caller puts them back).
+    fn take_ones(&mut self, dev: &CudaDevice, len: usize) -> Result<CudaSlice<f32>> {
+        match self.ones.take() {
+            Some(ones) if ones.len() >= len => Ok(ones),
+            _ => dev.clone_htod(&vec![1f32; len]),
+        }
+    }
 }
 
 /// One cuBLASLt handle and workspace per device, and what its user keeps per product shape (`cache`): the FP8
@@ -260,17 +521,19 @@ pub(super) fn set_attr<V>(
     .map_err(blas_error("cublasLtMatmulDescSetAttribute"))
 }
 
-impl LtContext<HashMap<Dims, ShapePlan>> {
+impl LtContext<Fp8Cache> {
     /// The row-major `y [m, n] = x [m, k] · Wᵀ` as cuBLASLt's column-major `yᵀ [n, m] = op(W) · xᵀ`: `W` stored
     /// `[n, k]` row-major is a `k × n` column-major matrix taken transposed, `x` a `k × m` one taken as is (the
     /// "TN" layout FP8 tensor cores need), scales per row of `op(W)` (output channel) and per column of `xᵀ`
     /// (token).
+    /// With `beta` 1 the product is added to `out`, with 0 `out` is written fresh.
     fn matmul(
         &mut self,
         dev: &CudaDevice,
         dims: Dims,
         ops: Operands<'_>,
-        out: &mut CudaSlice<half::bf16>,
+        out: &mut CudaViewMut<'_, half::bf16>,
+        beta: f32,
     ) -> Result<()> {
         use sys::cublasLtMatmulDescAttributes_t as A;
         dev.cuda_stream().context().bind_to_thread().w()?;
@@ -291,7 +554,7 @@ impl LtContext<HashMap<Dims, ShapePlan>> {
                 &(xs_ptr as *const c_void),
             )
         };
-        let plan = match self.cache.entry(dims) {
+        let plan = match self.cache.plans.entry(dims) {
             Entry::Occupied(e) => {
                 let plan = e.into_mut();
                 scales(plan.desc.raw)?;
@@ -301,7 +564,7 @@ impl LtContext<HashMap<Dims, ShapePlan>> {
         };
         let (d_ptr, _d) = out.device_ptr_mut(&stream);
         let (work_ptr, _work) = self.workspace.device_ptr_mut(&stream);
-        let (alpha, beta) = (1f32, 0f32);
+        let alpha = 1f32;
         // SAFETY: the descriptors describe the buffers exactly (W n·k codes, x m·k codes, D n·m bf16, one scale
         // per output channel and per token), all on `stream`, whose context is bound; the algorithm was chosen
         // for these descriptors with this workspace size.

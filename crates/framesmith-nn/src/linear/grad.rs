@@ -1,6 +1,6 @@
 //! [`Linear`] outside candle's autograd, for hand-written backward passes: a forward that builds no graph (the LoRA
 //! factors are used detached) and keeps the LoRA's low-rank activation, and a backward that gives the input
-//! gradient through the frozen base (dequantised again for FP8, as [`FrozenMatmul`]'s backward does) plus the
+//! gradient through the frozen base ([`super::BaseWeight::input_grad`], as [`FrozenMatmul`]'s backward) plus the
 //! gradients of the LoRA factors: `dUp = (dy·s)ᵀ (x Aᵀ)`, `dDown = ((dy·s) B)ᵀ x`, `s = alpha / rank · multiplier`.
 
 use candle_core::{Result, Tensor, Var, D};
@@ -270,19 +270,16 @@ impl Linear {
         share: Option<InputShare>,
         input: InputGrad,
     ) -> Result<Option<Tensor>> {
-        let dtype = dy2.dtype();
         let like = (dy2.dim(0)?, self.in_dim());
-        let base = |acc: Tensor| add_matmul(acc, dy2, &self.base.dense(dtype)?, false);
+        let base = |acc: Tensor| self.base.input_grad(dy2, Some(acc));
         Ok(match (input, share) {
             (InputGrad::Skip, _) => None,
-            (InputGrad::New, None) => Some(dy2.matmul(&self.base.dense(dtype)?)?),
+            (InputGrad::New, None) => Some(self.base.input_grad(dy2, None)?),
             // As in the forward: the small product first, the base product accumulating onto it.
             (InputGrad::New, Some(share)) if dy2.device().is_cuda() => {
                 Some(base(share.fresh(like)?)?)
             }
-            (InputGrad::New, Some(share)) => {
-                Some(share.add_to(dy2.matmul(&self.base.dense(dtype)?)?)?)
-            }
+            (InputGrad::New, Some(share)) => Some(share.add_to(self.base.input_grad(dy2, None)?)?),
             (InputGrad::Add(acc), share) => {
                 let acc = base(acc.flatten_to(D::Minus2)?)?;
                 Some(match share {
