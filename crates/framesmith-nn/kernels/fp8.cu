@@ -139,26 +139,41 @@ extern "C" __global__ void fs_fp8_quantize_rows_bf16(const __nv_bfloat16* x, con
 
 // out [cols, rows] = in [rows, cols]ᵀ for bytes (e4m3fn codes: an FP8 weight [out, in] as the [in, out] operand of
 // its input-gradient product, which FP8 tensor cores take only with the reduced dimension contiguous). A 64 × 64
-// tile per block of 16 × 16 threads, read and written 4 bytes a thread along rows, through shared memory; edges
-// bytewise.
-extern "C" __global__ void fs_transpose_u8(const uint8_t* in, uint8_t* out, long rows, long cols) {
+// tile per block of 16 × 16 threads through shared memory, each thread moving 4 consecutive bytes of a row in and
+// of a column out: as one 32-bit word when `words` (rows and cols multiples of 4, 4-byte aligned buffers), byte by
+// byte otherwise.
+extern "C" __global__ void fs_transpose_u8(const uint8_t* in, uint8_t* out, long rows, long cols, int words) {
     __shared__ uint8_t tile[64][64 + 4];
     const long r0 = (long)blockIdx.y * 64, c0 = (long)blockIdx.x * 64;
     const int tx = threadIdx.x, ty = threadIdx.y;
     for (int r = ty; r < 64; r += 16) {
-        const long row = r0 + r;
-        for (int k = 0; k < 4; ++k) {
-            const long col = c0 + tx * 4 + k;
-            if (row < rows && col < cols) tile[r][tx * 4 + k] = in[row * cols + col];
+        const long row = r0 + r, col = c0 + tx * 4;
+        if (row >= rows) continue;
+        if (words) {
+            if (col >= cols) continue;
+            const uint32_t w = *reinterpret_cast<const uint32_t*>(in + row * cols + col);
+#pragma unroll
+            for (int k = 0; k < 4; ++k) tile[r][tx * 4 + k] = (uint8_t)(w >> (8 * k));
+        } else {
+            for (int k = 0; k < 4; ++k) {
+                if (col + k < cols) tile[r][tx * 4 + k] = in[row * cols + col + k];
+            }
         }
     }
     __syncthreads();
     for (int c = ty; c < 64; c += 16) {
-        const long col = c0 + c;
+        const long col = c0 + c, row = r0 + tx * 4;
         if (col >= cols) continue;
-        for (int k = 0; k < 4; ++k) {
-            const long row = r0 + tx * 4 + k;
-            if (row < rows) out[col * rows + row] = tile[tx * 4 + k][c];
+        if (words) {
+            if (row >= rows) continue;
+            uint32_t w = 0;
+#pragma unroll
+            for (int k = 0; k < 4; ++k) w |= (uint32_t)tile[tx * 4 + k][c] << (8 * k);
+            *reinterpret_cast<uint32_t*>(out + col * rows + row) = w;
+        } else {
+            for (int k = 0; k < 4; ++k) {
+                if (row + k < rows) out[col * rows + row + k] = tile[tx * 4 + k][c];
+            }
         }
     }
 }

@@ -163,10 +163,13 @@ fn transpose_codes(
     };
     let (r, c) = (long(rows)?, long(cols)?);
     let stream = dev.cuda_stream();
+    let (in_ptr, _guard) = codes.device_ptr(&stream);
+    let words = i32::from(rows % 4 == 0 && cols % 4 == 0 && in_ptr % 4 == 0);
     let mut b = stream.launch_builder(&func);
-    b.arg(codes).arg(&out).arg(&r).arg(&c);
+    b.arg(codes).arg(&out).arg(&r).arg(&c).arg(&words);
     // SAFETY: argument types and order match the kernel's signature; `codes` holds rows · cols bytes and `out`
-    // as many; the grid covers every 64 × 64 tile.
+    // as many (a fresh allocation, aligned); with `words` every 4-byte access is aligned (the input pointer and
+    // both dims multiples of 4); the grid covers every 64 × 64 tile.
     unsafe { b.launch(config) }.w()?;
     Ok(out)
 }
