@@ -22,11 +22,13 @@
 #              moves things by). Per-step loss curves (OUT_DIR/quality/loss-curves.csv, from metrics.jsonl) and
 #              bench/reference/compare_runs.py (losses, LoRA delta cosine per module) of B and C against A.
 #              About 5 minutes.
+#   quality-products  the same with A an FP8 base per channel (bf16 products), B that with `model.fp8_matmul`
+#              (FP8 forward and input-gradient products), C A with seed 7.
 # OUT_DIR/summary.txt collects the lines that matter; each run's log stays under OUT_DIR.
 # Usage: bench/run-fp8-attention.sh BIN_DIR OUT_DIR WORK_DIR PART [PART...]
 set -uo pipefail
 if [[ $# -lt 4 ]]; then
-    sed -n '2,26p' "$0"
+    sed -n '2,28p' "$0"
     exit 2
 fi
 BIN="$(realpath "$1")" OUT="$(realpath -m "$2")" WORK="$(realpath -m "$3")"
@@ -190,20 +192,29 @@ for PART in "$@"; do
             --warmup 1 --iters 2
         grep -E "ms|loss|peak" "$OUT/torch-14b/torch.log" | tail -4 | sed "s/^/  PyTorch eager 14B: /" >> "$SUMMARY"
         ;;
-    quality)
+    quality | quality-products)
+        # quality: A bf16 attention, B FP8 attention. quality-products: A an FP8 base per channel with bf16
+        # products, B the same with `fp8_matmul` (FP8 forward and input-gradient products). C: A with seed 7.
         P="$WORK/quality-1.3b" STEPS="${QUALITY_STEPS:-200}"
         synth "$P" t2v-1.3b bf16 17 "$STEPS"
-        config "$P" "$P/a-bf16.toml" bf16 off
-        with_fp8_attention "$P/a-bf16.toml" "$P/b-fp8.toml"
-        with_seed "$P/a-bf16.toml" "$P/c-seed7.toml" 7
-        quality_run a-bf16 "$P/a-bf16.toml"
-        quality_run b-fp8 "$P/b-fp8.toml"
-        quality_run c-seed7 "$P/c-seed7.toml"
-        python3 - "$OUT/quality" <<'EOF' >> "$SUMMARY"
+        if [[ "$PART" == quality ]]; then
+            names=(a-bf16 b-fp8 c-seed7) label=fp8-attention
+            config "$P" "$P/a-bf16.toml" bf16 off
+            with_fp8_attention "$P/a-bf16.toml" "$P/b-fp8.toml"
+        else
+            names=(a-fp8-base b-fp8-products c-seed7) label=fp8-products
+            config "$P" "$P/a-block64.toml" fp8 off
+            with_model_key "$P/a-block64.toml" "$P/a-fp8-base.toml" fp8_scale '"channel"'
+            with_model_key "$P/a-fp8-base.toml" "$P/b-fp8-products.toml" fp8_matmul true
+        fi
+        with_seed "$P/${names[0]}.toml" "$P/c-seed7.toml" 7
+        rm -rf "$OUT/quality"
+        for n in "${names[@]}"; do quality_run "$n" "$P/$n.toml"; done
+        python3 - "$OUT/quality" "${names[@]}" <<'EOF' >> "$SUMMARY"
 import json, pathlib, statistics, sys
-root = pathlib.Path(sys.argv[1])
+root, names = pathlib.Path(sys.argv[1]), sys.argv[2:]
 runs = {}
-for name in ("a-bf16", "b-fp8", "c-seed7"):
+for name in names:
     losses = {}
     for f in (root / name).rglob("metrics.jsonl"):
         for line in f.read_text().splitlines():
@@ -219,18 +230,19 @@ with open(root / "loss-curves.csv", "w") as out:
     out.write("step," + ",".join(runs) + "\n")
     for s in steps:
         out.write(f"{s}," + ",".join(f"{runs[n][s]:.6f}" for n in runs) + "\n")
-ref = runs["a-bf16"]
-for name in ("b-fp8", "c-seed7"):
+ref_name = names[0]
+ref = runs[ref_name]
+for name in names[1:]:
     rel = [abs(runs[name][s] - ref[s]) / abs(ref[s]) for s in steps if ref[s]]
     if rel:
-        print(f"quality {name} vs a-bf16: {len(rel)} steps, loss rel. change mean {statistics.mean(rel):.3e}, "
-              f"max {max(rel):.3e}; a-bf16 loss mean {statistics.mean(ref[s] for s in steps):.4f}, "
+        print(f"quality {name} vs {ref_name}: {len(rel)} steps, loss rel. change mean {statistics.mean(rel):.3e}, "
+              f"max {max(rel):.3e}; {ref_name} loss mean {statistics.mean(ref[s] for s in steps):.4f}, "
               f"sd {statistics.pstdev([ref[s] for s in steps]):.4f}")
     else:
         print(f"quality {name}: no common steps")
 EOF
-        python3 "$HERE/reference/compare_runs.py" "$OUT/quality/a-bf16/train.log" "$(lora_of a-bf16)" \
-            "fp8-attention=$OUT/quality/b-fp8/train.log=$(lora_of b-fp8)" \
+        python3 "$HERE/reference/compare_runs.py" "$OUT/quality/${names[0]}/train.log" "$(lora_of "${names[0]}")" \
+            "$label=$OUT/quality/${names[1]}/train.log=$(lora_of "${names[1]}")" \
             "seed7=$OUT/quality/c-seed7/train.log=$(lora_of c-seed7)" > "$OUT/quality/compare.log" 2>&1
         grep -E "COMPARE|rror" "$OUT/quality/compare.log" | sed "s/^/  /" >> "$SUMMARY"
         ;;
