@@ -116,8 +116,9 @@ pub struct ModelSection {
     pub residual_dtype: ResidualDtype,
     /// FP8 tensor-core matrix products for an FP8 base (`base_dtype = "fp8"`, on a GPU with FP8 tensor cores):
     /// the block linears' inputs are quantised to e4m3 per token and multiplied with the FP8 weights (one scale
-    /// per output channel) without dequantising them; input gradients and the LoRA stay in bf16. Faster and less
-    /// exact, so off by default; bench/RESULTS.md measures its effect on the loss and the LoRA.
+    /// per output channel) without dequantising them, and their input gradients likewise (the output gradient
+    /// quantised per token); the LoRA and its gradients stay in bf16. Faster and less exact, so off by default;
+    /// bench/RESULTS.md measures its effect on the loss and the LoRA.
     pub fp8_matmul: bool,
     /// Attention (forward and backward) in FP8 through cuDNN's fused FP8 attention, on GPUs that have it (Hopper,
     /// compute capability 9.0, or newer): q, k, v, the softmax and the gradients are scaled per tensor into e4m3;

@@ -222,7 +222,8 @@ impl Fp8Weight {
     }
 
     /// This weight with one scale per output channel, marked for FP8 tensor-core products (`model.fp8_matmul`:
-    /// [`crate::linear::Linear`]'s forward then quantises its input per row instead of dequantising the weight).
+    /// [`crate::linear::Linear`]'s forward then quantises its input per row instead of dequantising the weight,
+    /// and its backward the output gradient, [`crate::linear::BaseWeight::input_grad`]).
     /// Per-tensor scales are repeated per channel (the same codes); block-64 weights are dequantised and quantised
     /// again per channel (a second rounding of each value, on the CPU), as FP8 products take one scale per row.
     pub fn for_fp8_products(&self) -> Result<Self> {
