@@ -16,15 +16,14 @@ use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t;
-use candle_core::cuda_backend::cudarc::cublaslt::result as lt;
 use candle_core::cuda_backend::cudarc::cublaslt::sys;
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, CudaViewMut, DevicePtr, DevicePtrMut, PushKernelArg,
 };
-use candle_core::cuda_backend::{DeviceId, WrapErr};
+use candle_core::cuda_backend::WrapErr;
 use candle_core::{CudaDevice, CudaStorage, DType, Device, Layout, Result, Tensor};
 
+use super::lt::{lt_context, matrix, set_attr, tn_desc, Layouts, LtContext, LtContexts, Plan};
 use super::ptx::{self, long};
 
 mod input_grad;
@@ -228,7 +227,7 @@ struct Operands<'a> {
 /// the input gradient's transposed codes), grown to the widest use.
 #[derive(Default)]
 pub(super) struct Fp8Cache {
-    plans: HashMap<Dims, ShapePlan>,
+    plans: HashMap<Dims, Plan>,
     ones: Option<CudaSlice<f32>>,
 }
 
@@ -242,105 +241,11 @@ impl Fp8Cache {
     }
 }
 
-/// One cuBLASLt handle and workspace per device, and what its user keeps per product shape (`cache`): the FP8
-/// products' descriptors here, the bias-epilogue products' in `gemm_bias`.
-pub(super) struct LtContext<C> {
-    pub(super) handle: sys::cublasLtHandle_t,
-    pub(super) workspace: CudaSlice<u8>,
-    pub(super) cache: C,
-}
-
-/// What one product shape needs, made on its first call: the matmul descriptor (operations and scale modes; a
-/// call sets only the two scale pointers), the operand layouts and the algorithm cuBLASLt chose for them.
-struct ShapePlan {
-    desc: Desc<sys::cublasLtMatmulDesc_t>,
-    a: Desc<sys::cublasLtMatrixLayout_t>,
-    b: Desc<sys::cublasLtMatrixLayout_t>,
-    d: Desc<sys::cublasLtMatrixLayout_t>,
-    algo: sys::cublasLtMatmulAlgo_t,
-}
-
-// SAFETY: the handle and the descriptors cached with it are only used under the context's mutex, on the device
-// whose context is bound first.
-unsafe impl<C> Send for LtContext<C> {}
-
-/// Every device's context of one user of cuBLASLt (each keeps its own static).
-pub(super) type LtContexts<C> = Mutex<HashMap<DeviceId, Arc<Mutex<LtContext<C>>>>>;
-
-/// `dev`'s context in `all`, made on first use with a workspace of `workspace_bytes`.
-pub(super) fn lt_context<C: Default>(
-    all: &'static OnceLock<LtContexts<C>>,
-    dev: &CudaDevice,
-    workspace_bytes: usize,
-) -> Result<Arc<Mutex<LtContext<C>>>> {
-    let mut all = all
-        .get_or_init(Mutex::default)
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner);
-    if let Some(c) = all.get(&dev.id()) {
-        return Ok(c.clone());
-    }
-    dev.cuda_stream().context().bind_to_thread().w()?;
-    let handle = lt::create_handle().map_err(blas_error("cublasLtCreate"))?;
-    // SAFETY: a scratch buffer cuBLASLt may overwrite; never read by us.
-    let workspace = unsafe { dev.alloc::<u8>(workspace_bytes)? };
-    let c = Arc::new(Mutex::new(LtContext {
-        handle,
-        workspace,
-        cache: C::default(),
-    }));
-    all.insert(dev.id(), c.clone());
-    Ok(c)
-}
-
-pub(super) fn blas_error(what: &'static str) -> impl Fn(lt::CublasError) -> candle_core::Error {
-    move |e| candle_core::Error::Msg(format!("{what} failed: {e:?}"))
-}
-
-/// A cuBLASLt descriptor freed on drop.
-pub(super) struct Desc<T: Copy> {
-    pub(super) raw: T,
-    pub(super) destroy: unsafe fn(T) -> std::result::Result<(), lt::CublasError>,
-}
-
-impl<T: Copy> Drop for Desc<T> {
-    fn drop(&mut self) {
-        // SAFETY: created by cuBLASLt and destroyed once, here. A failure to free leaks a few bytes.
-        let _ = unsafe { (self.destroy)(self.raw) };
-    }
-}
-
-pub(super) fn matrix(
-    dtype: sys::cudaDataType,
-    rows: usize,
-    cols: usize,
-) -> Result<Desc<sys::cublasLtMatrixLayout_t>> {
-    let raw = lt::create_matrix_layout(dtype, rows as u64, cols as u64, rows as i64)
-        .map_err(blas_error("cublasLtMatrixLayoutCreate"))?;
-    Ok(Desc {
-        raw,
-        destroy: lt::destroy_matrix_layout,
-    })
-}
-
-pub(super) fn set_attr<V>(
-    desc: sys::cublasLtMatmulDesc_t,
-    attr: sys::cublasLtMatmulDescAttributes_t,
-    v: &V,
-) -> Result<()> {
-    // SAFETY: `desc` is live and `v` is the attribute's documented type and size.
-    unsafe {
-        lt::set_matmul_desc_attribute(desc, attr, (v as *const V).cast(), std::mem::size_of::<V>())
-    }
-    .map_err(blas_error("cublasLtMatmulDescSetAttribute"))
-}
-
 impl LtContext<Fp8Cache> {
     /// The row-major `y [m, n] = x [m, k] · Wᵀ` as cuBLASLt's column-major `yᵀ [n, m] = op(W) · xᵀ`: `W` stored
     /// `[n, k]` row-major is a `k × n` column-major matrix taken transposed, `x` a `k × m` one taken as is (the
     /// "TN" layout FP8 tensor cores need), scales per row of `op(W)` (output channel) and per column of `xᵀ`
-    /// (token).
-    /// With `beta` 1 the product is added to `out`, with 0 `out` is written fresh.
+    /// (token). With `beta` 1 the product is added to `out`, with 0 `out` is written fresh.
     fn matmul(
         &mut self,
         dev: &CudaDevice,
@@ -356,126 +261,56 @@ impl LtContext<Fp8Cache> {
         let (ws_ptr, _ws) = ops.w_scale.device_ptr(&stream);
         let (x_ptr, _x) = ops.x.device_ptr(&stream);
         let (xs_ptr, _xs) = ops.x_scale.device_ptr(&stream);
-        let scales = |desc: sys::cublasLtMatmulDesc_t| -> Result<()> {
-            set_attr(
-                desc,
-                A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
-                &(ws_ptr as *const c_void),
-            )?;
-            set_attr(
-                desc,
-                A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
-                &(xs_ptr as *const c_void),
-            )
-        };
         let plan = match self.cache.plans.entry(dims) {
-            Entry::Occupied(e) => {
-                let plan = e.into_mut();
-                scales(plan.desc.raw)?;
-                plan
-            }
-            Entry::Vacant(e) => e.insert(ShapePlan::new(self.handle, dims, scales)?),
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(fp8_plan(self.handle, dims)?),
         };
+        set_attr(
+            plan.desc.raw,
+            A::CUBLASLT_MATMUL_DESC_A_SCALE_POINTER,
+            &(ws_ptr as *const c_void),
+        )?;
+        set_attr(
+            plan.desc.raw,
+            A::CUBLASLT_MATMUL_DESC_B_SCALE_POINTER,
+            &(xs_ptr as *const c_void),
+        )?;
         let (d_ptr, _d) = out.device_ptr_mut(&stream);
-        let (work_ptr, _work) = self.workspace.device_ptr_mut(&stream);
-        let alpha = 1f32;
         // SAFETY: the descriptors describe the buffers exactly (W n·k codes, x m·k codes, D n·m bf16, one scale
-        // per output channel and per token), all on `stream`, whose context is bound; the algorithm was chosen
-        // for these descriptors with this workspace size.
+        // per output channel and per token, both pointers set above), all on `stream`, whose context is bound; the
+        // algorithm was chosen for these descriptors with this context's workspace.
         unsafe {
-            lt::matmul(
+            plan.run(
                 self.handle,
-                plan.desc.raw,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                w_ptr as *const c_void,
-                plan.a.raw,
-                x_ptr as *const c_void,
-                plan.b.raw,
-                d_ptr as *const c_void,
-                plan.d.raw,
-                d_ptr as *mut c_void,
-                plan.d.raw,
-                &plan.algo,
-                work_ptr as *mut c_void,
-                WORKSPACE_BYTES,
-                stream.cu_stream() as sys::cudaStream_t,
+                &mut self.workspace,
+                [w_ptr, x_ptr, d_ptr],
+                beta,
+                &stream,
             )
         }
-        .map_err(blas_error("cublasLtMatmul (FP8)"))?;
-        Ok(())
     }
 }
 
-impl ShapePlan {
-    /// The descriptors of a `dims` product (operations, outer-vector scale modes, the pointers `scales` sets) and
-    /// the fastest algorithm cuBLASLt's heuristic gives for them within the workspace.
-    fn new(
-        handle: sys::cublasLtHandle_t,
-        dims: Dims,
-        scales: impl Fn(sys::cublasLtMatmulDesc_t) -> Result<()>,
-    ) -> Result<Self> {
-        use sys::cublasLtMatmulDescAttributes_t as A;
-        let Dims { m, n, k } = dims;
-        let desc = Desc {
-            raw: lt::create_matmul_desc(
-                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                sys::cudaDataType_t::CUDA_R_32F,
-            )
-            .map_err(blas_error("cublasLtMatmulDescCreate"))?,
-            destroy: lt::destroy_matmul_desc,
-        };
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_TRANSA,
-            &(cublasOperation_t::CUBLAS_OP_T as i32),
-        )?;
-        set_attr(
-            desc.raw,
-            A::CUBLASLT_MATMUL_DESC_TRANSB,
-            &(cublasOperation_t::CUBLAS_OP_N as i32),
-        )?;
-        let outer =
-            sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
-        set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
-        set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
-        scales(desc.raw)?;
-        let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
-        let a = matrix(e4m3, k, n)?;
-        let b = matrix(e4m3, k, m)?;
-        let d = matrix(sys::cudaDataType_t::CUDA_R_16BF, n, m)?;
-        let pref = Desc {
-            raw: lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
-            destroy: lt::destroy_matmul_pref,
-        };
-        let bytes = WORKSPACE_BYTES as u64;
-        // SAFETY: `pref` is live; the attribute is a u64.
-        unsafe {
-            lt::set_matmul_pref_attribute(
-                pref.raw,
-                sys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                (&bytes as *const u64).cast(),
-                std::mem::size_of::<u64>(),
-            )
-        }
-        .map_err(blas_error("cublasLtMatmulPreferenceSetAttribute"))?;
-        // SAFETY: every descriptor is live; D's layout stands for C's (beta is 0).
-        let found = unsafe {
-            lt::get_matmul_algo_heuristic(handle, desc.raw, a.raw, b.raw, d.raw, d.raw, pref.raw)
-        }
-        .map_err(|e| {
-            candle_core::Error::Msg(format!(
-                "this GPU or its cuBLASLt has no FP8 product with per-channel scales for [{m}, {k}] × \
-                 [{k}, {n}] ({e:?}); FP8 matrix products need FP8 tensor cores (Hopper or newer) and \
-                 cuBLAS 12.9 or later — set `fp8_matmul = false` under [model]"
-            ))
-        })?;
-        Ok(Self {
-            desc,
-            a,
-            b,
-            d,
-            algo: found.algo,
-        })
-    }
+/// The plan of a `dims` FP8 product: the TN descriptor with outer-vector scale modes (a call sets the two scale
+/// pointers), e4m3fn operands and a bf16 output, and the algorithm cuBLASLt's heuristic gives for them.
+fn fp8_plan(handle: sys::cublasLtHandle_t, dims: Dims) -> Result<Plan> {
+    use sys::cublasLtMatmulDescAttributes_t as A;
+    let Dims { m, n, k } = dims;
+    let desc = tn_desc()?;
+    let outer = sys::cublasLtMatmulMatrixScale_t::CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F as i32;
+    set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &outer)?;
+    set_attr(desc.raw, A::CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &outer)?;
+    let e4m3 = sys::cudaDataType_t::CUDA_R_8F_E4M3;
+    let layouts = Layouts {
+        a: matrix(e4m3, k, n)?,
+        b: matrix(e4m3, k, m)?,
+        d: matrix(sys::cudaDataType_t::CUDA_R_16BF, n, m)?,
+    };
+    Plan::choose(handle, desc, layouts, WORKSPACE_BYTES, None)?.ok_or_else(|| {
+        candle_core::Error::Msg(format!(
+            "this GPU or its cuBLASLt has no FP8 product with per-channel scales for [{m}, {k}] × [{k}, {n}]; \
+             FP8 matrix products need FP8 tensor cores (Hopper or newer) and cuBLAS 12.9 or later — set \
+             `fp8_matmul = false` under [model]"
+        ))
+    })
 }

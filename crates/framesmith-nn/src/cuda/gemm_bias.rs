@@ -11,14 +11,12 @@ use std::ffi::c_void;
 use std::sync::{OnceLock, PoisonError};
 
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::cublas::sys::cublasOperation_t;
-use candle_core::cuda_backend::cudarc::cublaslt::result as lt;
 use candle_core::cuda_backend::cudarc::cublaslt::sys;
 use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CpuStorage, CudaStorage, DType, InplaceOp3, Layout, Result, Tensor};
 
-use super::fp8_gemm::{blas_error, lt_context, matrix, set_attr, Desc, LtContexts};
+use super::lt::{lt_context, matrix, set_attr, tn_desc, Desc, Layouts, LtContexts, Plan};
 use super::ptx;
 
 /// cuBLASLt workspace of these products (large bf16 products need no split-K reduction space).
@@ -130,44 +128,19 @@ struct Key {
     align: [u32; 4],
 }
 
-/// The descriptors of one product shape and the algorithm cuBLASLt chose for them (`None`: none was found).
-struct Plan {
-    desc: Desc<sys::cublasLtMatmulDesc_t>,
-    a: Desc<sys::cublasLtMatrixLayout_t>,
-    b: Desc<sys::cublasLtMatrixLayout_t>,
-    d: Desc<sys::cublasLtMatrixLayout_t>,
-    algo: sys::cublasLtMatmulAlgo_t,
-}
-
-/// The operations (`op(A)` transposed, f32 accumulation and scale) and the bias epilogue (a `dtype` vector at
+/// The TN product's descriptor ([`tn_desc`]) with the bias epilogue (a `dtype` vector at
 /// `bias_ptr`, set again by each call).
 fn matmul_desc(
     dtype: sys::cudaDataType_t,
     bias_ptr: u64,
 ) -> Result<Desc<sys::cublasLtMatmulDesc_t>> {
     use sys::cublasLtMatmulDescAttributes_t as A;
-    let desc = Desc {
-        raw: lt::create_matmul_desc(
-            sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-            sys::cudaDataType_t::CUDA_R_32F,
-        )
-        .map_err(blas_error("cublasLtMatmulDescCreate"))?,
-        destroy: lt::destroy_matmul_desc,
-    };
-    let ops = [
-        (
-            A::CUBLASLT_MATMUL_DESC_TRANSA,
-            cublasOperation_t::CUBLAS_OP_T as i32,
-        ),
-        (
-            A::CUBLASLT_MATMUL_DESC_TRANSB,
-            cublasOperation_t::CUBLAS_OP_N as i32,
-        ),
-        (A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, dtype as i32),
-    ];
-    for (attr, value) in ops {
-        set_attr(desc.raw, attr, &value)?;
-    }
+    let desc = tn_desc()?;
+    set_attr(
+        desc.raw,
+        A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+        &(dtype as i32),
+    )?;
     set_attr(
         desc.raw,
         A::CUBLASLT_MATMUL_DESC_EPILOGUE,
@@ -181,49 +154,6 @@ fn matmul_desc(
     Ok(desc)
 }
 
-/// The heuristic's preferences: the workspace, and the alignments in bytes of cuBLASLt's A (`b`), B (`a`) and C / D
-/// (`c`) from `align` ([`Key::align`]).
-fn preference(align: [u32; 4]) -> Result<Desc<sys::cublasLtMatmulPreference_t>> {
-    use sys::cublasLtMatmulPreferenceAttributes_t as P;
-    let pref = Desc {
-        raw: lt::create_matmul_pref().map_err(blas_error("cublasLtMatmulPreferenceCreate"))?,
-        destroy: lt::destroy_matmul_pref,
-    };
-    set_pref(
-        &pref,
-        P::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-        &(WORKSPACE_BYTES as u64),
-    )?;
-    let [align_a, align_b, align_c, _] = align;
-    for (attr, value) in [
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, align_a),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, align_b),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c),
-        (P::CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c),
-    ] {
-        set_pref(&pref, attr, &value)?;
-    }
-    Ok(pref)
-}
-
-/// Sets a preference attribute; `V` must be its documented type (the workspace a u64, the alignments u32).
-fn set_pref<V>(
-    pref: &Desc<sys::cublasLtMatmulPreference_t>,
-    attr: sys::cublasLtMatmulPreferenceAttributes_t,
-    v: &V,
-) -> Result<()> {
-    // SAFETY: `pref` is live and `v` is the attribute's documented type and size.
-    unsafe {
-        lt::set_matmul_pref_attribute(
-            pref.raw,
-            attr,
-            (v as *const V).cast(),
-            std::mem::size_of::<V>(),
-        )
-    }
-    .map_err(blas_error("cublasLtMatmulPreferenceSetAttribute"))
-}
-
 /// The alignment in bytes of a device address, at most 256.
 fn alignment(ptr: u64) -> u32 {
     if ptr == 0 {
@@ -233,42 +163,36 @@ fn alignment(ptr: u64) -> u32 {
     }
 }
 
-impl Plan {
-    /// The row-major `c [m, n] += a [m, k] · bᵀ + bias` as cuBLASLt's column-major `cᵀ [n, m] += op(B) · aᵀ +
-    /// bias`: `b` stored `[n, k]` row-major is a `k × n` column-major matrix taken transposed, `a` a `k × m` one
-    /// taken as is, the bias one value per row of `cᵀ` (output feature), broadcast over its columns (rows of `c`).
-    /// `None` when the heuristic has no algorithm.
-    fn new(handle: sys::cublasLtHandle_t, key: Key, bias_ptr: u64) -> Result<Option<Self>> {
-        let Key {
-            m,
-            n,
-            k,
-            bf16,
-            align,
-        } = key;
-        let dtype = if bf16 {
-            sys::cudaDataType_t::CUDA_R_16BF
-        } else {
-            sys::cudaDataType_t::CUDA_R_16F
-        };
-        let desc = matmul_desc(dtype, bias_ptr)?;
-        let a = matrix(dtype, k, n)?;
-        let b = matrix(dtype, k, m)?;
-        let d = matrix(dtype, n, m)?;
-        let pref = preference(align)?;
-        // SAFETY: every descriptor is live; D's layout stands for C's (the product runs in place, or with beta 0
-        // does not read C).
-        let found = unsafe {
-            lt::get_matmul_algo_heuristic(handle, desc.raw, a.raw, b.raw, d.raw, d.raw, pref.raw)
-        };
-        Ok(found.ok().map(|found| Self {
-            desc,
-            a,
-            b,
-            d,
-            algo: found.algo,
-        }))
-    }
+/// The plan of a bias-epilogue product: the row-major `c [m, n] += a [m, k] · bᵀ + bias` as cuBLASLt's
+/// column-major `cᵀ [n, m] += op(B) · aᵀ + bias`: `b` stored `[n, k]` row-major is a `k × n` column-major matrix
+/// taken transposed, `a` a `k × m` one taken as is, the bias one value per row of `cᵀ` (output feature), broadcast
+/// over its columns (rows of `c`). `None` when the heuristic has no algorithm.
+fn bias_plan(handle: sys::cublasLtHandle_t, key: Key, bias_ptr: u64) -> Result<Option<Plan>> {
+    let Key {
+        m,
+        n,
+        k,
+        bf16,
+        align,
+    } = key;
+    let dtype = if bf16 {
+        sys::cudaDataType_t::CUDA_R_16BF
+    } else {
+        sys::cudaDataType_t::CUDA_R_16F
+    };
+    let layouts = Layouts {
+        a: matrix(dtype, k, n)?,
+        b: matrix(dtype, k, m)?,
+        d: matrix(dtype, n, m)?,
+    };
+    let [align_a, align_b, align_c, _] = align;
+    Plan::choose(
+        handle,
+        matmul_desc(dtype, bias_ptr)?,
+        layouts,
+        WORKSPACE_BYTES,
+        Some([align_a, align_b, align_c]),
+    )
 }
 
 impl AddMatmulBias {
@@ -324,7 +248,7 @@ impl AddMatmulBias {
         let handle = context.handle;
         let plan = match context.cache.entry(key) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(Plan::new(handle, key, bias_ptr)?),
+            Entry::Vacant(e) => e.insert(bias_plan(handle, key, bias_ptr)?),
         };
         let Some(plan) = plan.as_ref() else {
             return Ok(());
@@ -334,35 +258,19 @@ impl AddMatmulBias {
             A::CUBLASLT_MATMUL_DESC_BIAS_POINTER,
             &(bias_ptr as *const c_void),
         )?;
-        let (alpha, beta) = (1f32, self.beta);
-        let (algo, desc, da, db, dd) =
-            (plan.algo, plan.desc.raw, plan.a.raw, plan.b.raw, plan.d.raw);
-        let (work_ptr, _work) = context.workspace.device_ptr_mut(&stream);
         // SAFETY: the descriptors describe the buffers exactly (b n·k, a m·k, c m·n values and n bias values, all
-        // contiguous, of the dtype the plan was made for, with the alignments it was chosen for), all on
-        // `stream`, whose context is bound; C and D are the same buffer and layout (in place); the algorithm was
-        // chosen for these descriptors with this workspace size.
+        // contiguous, of the dtype the plan was made for, with the alignments it was chosen for, the bias pointer
+        // set above), all on `stream`, whose context is bound; C and D are the same buffer and layout (in place);
+        // the algorithm was chosen for these descriptors with this context's workspace.
         unsafe {
-            lt::matmul(
+            plan.run(
                 handle,
-                desc,
-                (&alpha as *const f32).cast(),
-                (&beta as *const f32).cast(),
-                b_ptr as *const c_void,
-                da,
-                a_ptr as *const c_void,
-                db,
-                c_ptr as *const c_void,
-                dd,
-                c_ptr as *mut c_void,
-                dd,
-                &algo,
-                work_ptr as *mut c_void,
-                WORKSPACE_BYTES,
-                stream.cu_stream() as sys::cudaStream_t,
+                &mut context.workspace,
+                [b_ptr, a_ptr, c_ptr],
+                self.beta,
+                &stream,
             )
-        }
-        .map_err(blas_error("cublasLtMatmul (bias epilogue)"))?;
+        }?;
         self.ran.set(true);
         Ok(())
     }

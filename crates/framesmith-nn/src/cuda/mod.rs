@@ -53,6 +53,7 @@ pub mod gemm;
 pub mod gemm_bias;
 pub mod head_gate;
 pub mod libraries;
+mod lt;
 pub mod mixed;
 pub mod norm;
 pub mod norm_mod;
