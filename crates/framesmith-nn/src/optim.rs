@@ -39,6 +39,27 @@ pub(crate) struct Scalars {
 }
 
 impl AdamWUpdate {
+    /// The update of step `step` (1-based) at learning rate `lr`, its scalars as torch computes them in Python
+    /// floats: bias corrections `1 − β^step`, decay `1 − lr · weight_decay`, the gradient scaled by `grad_scale`.
+    pub fn at_step(
+        step: u64,
+        lr: f64,
+        (beta1, beta2): (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        grad_scale: f64,
+    ) -> Self {
+        Self {
+            grad_scale,
+            beta1,
+            beta2,
+            eps,
+            decay: 1.0 - lr * weight_decay,
+            bias_correction2_sqrt: (1.0 - beta2.powf(step as f64)).sqrt(),
+            step_size: lr / (1.0 - beta1.powf(step as f64)),
+        }
+    }
+
     pub(crate) fn scalars(&self) -> Scalars {
         Scalars {
             grad_scale: self.grad_scale as f32,
@@ -355,13 +376,8 @@ mod tests {
                 .sqr()
                 .unwrap();
             let u = AdamWUpdate {
-                grad_scale,
-                beta1: 0.9,
-                beta2: 0.999,
-                eps: 1e-8,
                 decay,
-                bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(3)).sqrt(),
-                step_size: 1e-3 / (1.0 - 0.9f64.powi(3)),
+                ..AdamWUpdate::at_step(3, 1e-3, (0.9, 0.999), 1e-8, 0.0, grad_scale)
             };
             let want = composed(&p0, &g, &m0, &v0, &u);
             let (p, m, v) = (
@@ -387,13 +403,8 @@ mod tests {
 
     fn update(grad_scale: f64, decay: f64) -> AdamWUpdate {
         AdamWUpdate {
-            grad_scale,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             decay,
-            bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(4)).sqrt(),
-            step_size: 1e-3 / (1.0 - 0.9f64.powi(4)),
+            ..AdamWUpdate::at_step(4, 1e-3, (0.9, 0.999), 1e-8, 0.0, grad_scale)
         }
     }
 

@@ -104,18 +104,14 @@ impl AdamW {
         let clip_scale = clip_scale(grad_norm, self.cfg.max_grad_norm);
         let step = self.step + 1;
         // Scalars as torch computes them: Python floats (f64), cast to f32 inside the kernels.
-        let bias_correction1 = 1.0 - self.cfg.beta1.powf(step as f64);
-        let bias_correction2_sqrt = (1.0 - self.cfg.beta2.powf(step as f64)).sqrt();
-        let step_size = lr / bias_correction1;
-        let update = AdamWUpdate {
-            grad_scale: clip_scale,
-            beta1: self.cfg.beta1,
-            beta2: self.cfg.beta2,
-            eps: self.cfg.eps,
-            decay: 1.0 - lr * self.cfg.weight_decay,
-            bias_correction2_sqrt,
-            step_size,
-        };
+        let update = AdamWUpdate::at_step(
+            step,
+            lr,
+            (self.cfg.beta1, self.cfg.beta2),
+            self.cfg.eps,
+            self.cfg.weight_decay,
+            clip_scale,
+        );
         let items: Vec<_> = self
             .slots
             .iter()

@@ -24,13 +24,8 @@ pub fn optim_checks(dev: &Device) -> Result<Vec<CheckOutcome>> {
         let m0 = init::randn(&mut *rng, shape, 0.0, 0.01, &Device::Cpu)?;
         let v0 = init::randn(&mut *rng, shape, 0.0, 0.01, &Device::Cpu)?.sqr()?;
         let u = AdamWUpdate {
-            grad_scale,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             decay,
-            bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(5)).sqrt(),
-            step_size: 2e-4 / (1.0 - 0.9f64.powi(5)),
+            ..AdamWUpdate::at_step(5, 2e-4, (0.9, 0.999), 1e-8, 0.0, grad_scale)
         };
         let on = |d: &Device| -> Result<[Var; 3]> {
             Ok([

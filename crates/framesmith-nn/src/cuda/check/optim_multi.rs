@@ -130,13 +130,8 @@ fn adamw_checks(dev: &Device, rng: &mut StdRng) -> Result<Vec<CheckOutcome>> {
     let mut out = Vec::new();
     for (grad_scale, decay) in [(1.0, 1.0), (0.37, 0.999)] {
         let u = AdamWUpdate {
-            grad_scale,
-            beta1: 0.9,
-            beta2: 0.999,
-            eps: 1e-8,
             decay,
-            bias_correction2_sqrt: (1.0f64 - 0.999f64.powi(5)).sqrt(),
-            step_size: 2e-4 / (1.0 - 0.9f64.powi(5)),
+            ..AdamWUpdate::at_step(5, 2e-4, (0.9, 0.999), 1e-8, 0.0, grad_scale)
         };
         let multi = vars(&cases, dev)?;
         let items: Vec<_> = multi
