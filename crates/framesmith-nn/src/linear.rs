@@ -70,9 +70,7 @@ impl BaseWeight {
             use crate::cuda::fp8_gemm;
             let (m, n) = dy.dims2()?;
             let k = w.dims().1;
-            let acc_fits = acc.as_ref().is_none_or(|a| {
-                a.is_contiguous() && a.dtype() == DType::BF16 && a.layout().start_offset() % 8 == 0
-            });
+            let acc_fits = acc.as_ref().is_none_or(|a| fp8_gemm::takes_sum(a));
             if w.fp8_products()
                 && dy.device().is_cuda()
                 && acc_fits

@@ -27,7 +27,7 @@ use super::lt::{lt_context, matrix, set_attr, tn_desc, Layouts, LtContext, LtCon
 use super::ptx::{self, long};
 
 mod input_grad;
-pub use input_grad::{fp8_input_grad, input_grad_supported, transpose_bytes};
+pub use input_grad::{fp8_input_grad, input_grad_supported, takes_sum, transpose_bytes};
 
 /// cuBLASLt workspace: NVIDIA's recommendation for Hopper.
 const WORKSPACE_BYTES: usize = 32 << 20;

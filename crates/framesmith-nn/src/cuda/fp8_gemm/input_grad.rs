@@ -69,6 +69,12 @@ pub fn input_grad_supported(dy_dtype: DType, m: usize, n: usize, k: usize) -> bo
     supported(dy_dtype, m, n, k)
 }
 
+/// Whether [`fp8_input_grad`] can add its product to `acc`: contiguous bf16 at the start of its storage (whose
+/// allocation is 256-byte aligned, the alignment cuBLASLt's algorithms assume without a preference saying less).
+pub fn takes_sum(acc: &Tensor) -> bool {
+    acc.is_contiguous() && acc.dtype() == DType::BF16 && acc.layout().start_offset() == 0
+}
+
 /// The input gradient `dy · W` `[m, k]` of a layer with an FP8 weight `W` `[n, k]` (e4m3fn `codes` `[n, k]`,
 /// f32 `scale` `[n]` per output channel), for a bf16 CUDA `dy` `[m, n]`, through FP8 tensor cores: `dy ·
 /// diag(scale)` quantised to e4m3fn per row, times the codes transposed, with one scale per row of `dy` (see
@@ -102,9 +108,10 @@ pub fn fp8_input_grad(
     }
     let (out, beta) = match acc {
         Some(acc) => {
-            if acc.dims() != [m, k] || acc.dtype() != DType::BF16 || !acc.is_contiguous() {
+            if acc.dims() != [m, k] || !takes_sum(&acc) {
                 candle_core::bail!(
-                    "fp8_input_grad: the sum must be a contiguous bf16 [{m}, {k}], got {:?} {:?}",
+                    "fp8_input_grad: the sum must be a contiguous bf16 [{m}, {k}] at the start of its storage, got \
+                     {:?} {:?}",
                     acc.dims(),
                     acc.dtype()
                 );
